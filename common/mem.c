@@ -1,0 +1,69 @@
+/* mem.c - allocation wrappers with failure injection for tests. */
+#include "mem.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+static _Atomic long g_fail_after; /* 0: off; 1: next one fails */
+static _Atomic long g_allocs;
+
+void fy_mem_fail_after(long n) { g_fail_after = n; }
+
+long fy_mem_alloc_count(void) { return g_allocs; }
+
+static bool should_fail(void)
+{
+    long n = atomic_load(&g_fail_after);
+    if (n <= 0) return false;
+    if (n == 1) return true; /* stays at 1: all later allocations fail too */
+    atomic_fetch_sub(&g_fail_after, 1);
+    return false;
+}
+
+static void *counted(void *p)
+{
+    if (p) atomic_fetch_add(&g_allocs, 1);
+    return p;
+}
+
+void *fy_malloc(size_t size)
+{
+    if (should_fail()) return NULL;
+    return counted(malloc(size ? size : 1));
+}
+
+void *fy_calloc(size_t count, size_t size)
+{
+    size_t total;
+    if (!fy_mul_size(count, size, &total) || should_fail()) return NULL;
+    return counted(calloc(total ? total : 1, 1));
+}
+
+void *fy_realloc(void *ptr, size_t size)
+{
+    if (should_fail()) return NULL;
+    return realloc(ptr, size ? size : 1);
+}
+
+void *fy_aligned_alloc(size_t align, size_t size)
+{
+    void *p = NULL;
+    if (should_fail()) return NULL;
+    if (posix_memalign(&p, align, size ? size : align) != 0) return NULL;
+    return counted(p);
+}
+
+char *fy_strndup(const char *s, size_t n)
+{
+    size_t len = strnlen(s, n);
+    char *d = fy_malloc(len + 1);
+    if (!d) return NULL;
+    memcpy(d, s, len);
+    d[len] = '\0';
+    return d;
+}
+
+char *fy_strdup(const char *s) { return fy_strndup(s, strlen(s)); }
+
+void fy_free(void *ptr) { free(ptr); }

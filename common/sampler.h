@@ -1,0 +1,54 @@
+/*
+ * sampler.h - turning logits into the next token: greedy, temperature,
+ * top-k, top-p, min-p, with a per-request seeded generator.
+ *
+ * A seeded request draws only from its own generator, and the candidate
+ * order is fixed (by logit, ties by token id), so it produces the same
+ * tokens whatever runs beside it.  The sampler's scratch space is
+ * allocated once at creation.
+ */
+#ifndef FY_SAMPLER_H
+#define FY_SAMPLER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "status.h"
+
+typedef struct fy_sampling_params {
+    float temperature; /* 0: greedy */
+    int32_t top_k;     /* 0: off */
+    float top_p;       /* 1: off */
+    float min_p;       /* 0: off; drop tokens below min_p * p(best) */
+    uint64_t seed;
+} fy_sampling_params_t;
+
+void fy_sampling_params_default(fy_sampling_params_t *p); /* greedy */
+/* Range checks; logs the offending field. */
+fy_status_t fy_sampling_params_check(const fy_sampling_params_t *p);
+
+/* xoshiro256** seeded through splitmix64. */
+typedef struct fy_rng {
+    uint64_t s[4];
+} fy_rng_t;
+
+void fy_rng_seed(fy_rng_t *rng, uint64_t seed);
+uint64_t fy_rng_next(fy_rng_t *rng);
+double fy_rng_uniform(fy_rng_t *rng); /* [0, 1) */
+
+typedef struct fy_sampler fy_sampler_t;
+
+fy_status_t fy_sampler_create(int32_t vocab_size, fy_sampler_t **s_p);
+void fy_sampler_destroy(fy_sampler_t *s); /* accepts NULL */
+
+/* Picks a token from logits [vocab_size] (not modified).  logprob_p, if
+ * not NULL, receives the log-probability of the pick under the
+ * temperature-scaled full distribution (0 for greedy... it is computed
+ * from the raw logits then). */
+int32_t fy_sampler_sample(fy_sampler_t *s, const fy_sampling_params_t *p, fy_rng_t *rng, const float *logits,
+                          float *logprob_p);
+
+/* Index of the largest logit (lowest id on ties). */
+int32_t fy_argmax(const float *logits, int32_t n);
+
+#endif /* FY_SAMPLER_H */

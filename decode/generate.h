@@ -1,0 +1,66 @@
+/*
+ * generate.h - one request from prompt to finished text on one runner:
+ * chunked prefill, then a decode loop that samples, detokenizes as a
+ * stream and stops on EOS, a stop string or max_tokens.
+ *
+ * This is the single-sequence path of `ferry generate` and of the tests;
+ * the serving engine (continuous batching) drives the same runner with
+ * many sequences per step.  Every block taken from the pool is returned
+ * before fy_generate returns, whatever happened.
+ */
+#ifndef FY_GENERATE_H
+#define FY_GENERATE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kv.h"
+#include "runner.h"
+#include "sampler.h"
+#include "status.h"
+#include "tokenizer.h"
+
+typedef enum fy_finish_reason {
+    FY_FINISH_NONE = 0,
+    FY_FINISH_LENGTH, /* max_tokens reached */
+    FY_FINISH_STOP,   /* a stop string matched */
+    FY_FINISH_EOS,    /* the model ended its turn */
+    FY_FINISH_CONTEXT, /* the context window is full */
+    FY_FINISH_CALLBACK, /* the text callback asked to stop */
+} fy_finish_reason_t;
+
+const char *fy_finish_reason_str(fy_finish_reason_t r);
+
+typedef struct fy_gen_params {
+    fy_sampling_params_t sampling;
+    int32_t max_tokens;       /* tokens to generate at most */
+    const char *const *stop;  /* stop strings */
+    int n_stop;
+    int32_t prefill_chunk;    /* prompt tokens per forward; 0: the runner's batch size */
+    bool ignore_eos;
+} fy_gen_params_t;
+
+void fy_gen_params_default(fy_gen_params_t *p);
+
+typedef struct fy_gen_stats {
+    int32_t n_prompt;
+    int32_t n_generated;
+    double prefill_s; /* prompt processing up to the first token's logits */
+    double decode_s;  /* everything after */
+    fy_finish_reason_t finish;
+} fy_gen_stats_t;
+
+/* Receives text as it becomes final; return false to stop generating. */
+typedef bool (*fy_gen_text_fn)(void *arg, const char *text, size_t len);
+
+/*
+ * Generates from prompt[n_prompt].  out_tokens (may be NULL) receives up
+ * to max_out generated ids.  Returns FY_ERR_NO_SPACE when the pool cannot
+ * hold the prompt, FY_ERR_INVALID for bad input; on every path all blocks
+ * are back in the pool.
+ */
+fy_status_t fy_generate(fy_runner_t *runner, fy_kv_pool_t *pool, const fy_tokenizer_t *tok, const int32_t *prompt,
+                        int32_t n_prompt, const fy_gen_params_t *params, fy_gen_text_fn on_text, void *arg,
+                        int32_t *out_tokens, int32_t max_out, fy_gen_stats_t *stats_p);
+
+#endif /* FY_GENERATE_H */

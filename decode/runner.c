@@ -1,0 +1,292 @@
+/*
+ * runner.c - the Llama forward pass over a batch, through the backend ops.
+ *
+ *   x = embed(tokens)
+ *   per layer:  h = rmsnorm(x);  q, k, v = h Wq, h Wk, h Wv;  rope(q, k)
+ *               write k, v to the paged cache;  a = attention(q, cache)
+ *               x += a Wo;  h = rmsnorm(x);  x += (silu(h Wgate) * h Wup) Wdown
+ *   logits = rmsnorm(x[rows wanted]) Wout
+ */
+#include "runner.h"
+
+#include <string.h>
+
+#include "log.h"
+#include "mem.h"
+
+struct fy_runner {
+    const fy_model_t *model;
+    const fy_model_config_t *cfg;
+    fy_backend_t *be;
+    fy_runner_params_t p;
+    fy_kv_layout_t kv;
+    void *arena; /* device: n_kv_blocks * kv.block_bytes */
+
+    /* device copies of the weights */
+    fy_tensor_t tok_embd, out_norm, output;
+    fy_layer_weights_t *layers;
+
+    /* device activations; T = max_batch_tokens, L = max_logits */
+    float *x, *xb, *xb2;  /* [T, dim] */
+    float *q, *att;       /* [T, n_heads * head_dim] */
+    float *k, *v;         /* [T, n_kv_heads * head_dim] */
+    float *hb, *hb2;      /* [T, ffn_dim] */
+    float *xl;            /* [L, dim] */
+    float *logits;        /* [L, vocab] */
+
+    /* host metadata for one batch */
+    int32_t *tokens, *pos, *slots; /* [T] */
+    int32_t *logit_rows;           /* [L] */
+    fy_attn_seq_t *seqs;           /* [max_seqs] */
+};
+
+void fy_runner_params_default(fy_runner_params_t *p)
+{
+    *p = (fy_runner_params_t){
+        .max_batch_tokens = 512,
+        .max_seqs = 64,
+        .max_logits = 64,
+        .max_ctx = 0,
+        .n_kv_blocks = 0,
+        .block_size = 16,
+        .kv_dtype = FY_DTYPE_F16,
+    };
+}
+
+const fy_kv_layout_t *fy_runner_kv_layout(const fy_runner_t *r) { return &r->kv; }
+const fy_runner_params_t *fy_runner_params(const fy_runner_t *r) { return &r->p; }
+const fy_model_t *fy_runner_model(const fy_runner_t *r) { return r->model; }
+void *fy_runner_kv_arena(fy_runner_t *r) { return r->arena; }
+
+static fy_status_t dev_alloc(fy_runner_t *r, size_t n_floats, float **p)
+{
+    return fy_backend_alloc(r->be, n_floats * sizeof(float), (void **)p);
+}
+
+static fy_status_t upload_weights(fy_runner_t *r)
+{
+    const fy_model_weights_t *w = fy_model_weights(r->model);
+    fy_status_t st;
+    r->layers = fy_calloc((size_t)r->cfg->n_layers, sizeof(*r->layers));
+    if (!r->layers) return FY_ERR_NOMEM;
+    if ((st = fy_backend_upload(r->be, &w->tok_embd, &r->tok_embd)) ||
+        (st = fy_backend_upload(r->be, &w->out_norm, &r->out_norm)) ||
+        (st = fy_backend_upload(r->be, &w->output, &r->output)))
+        return st;
+    for (int32_t l = 0; l < r->cfg->n_layers; l++) {
+        const fy_layer_weights_t *src = &w->layers[l];
+        fy_layer_weights_t *dst = &r->layers[l];
+        const fy_tensor_t *s[] = {&src->attn_norm, &src->wq, &src->wk, &src->wv, &src->wo,
+                                  &src->ffn_norm, &src->w_gate, &src->w_up, &src->w_down};
+        fy_tensor_t *d[] = {&dst->attn_norm, &dst->wq, &dst->wk, &dst->wv, &dst->wo,
+                            &dst->ffn_norm, &dst->w_gate, &dst->w_up, &dst->w_down};
+        for (size_t i = 0; i < FY_ARRAY_LEN(s); i++)
+            if ((st = fy_backend_upload(r->be, s[i], d[i]))) return st;
+    }
+    return FY_OK;
+}
+
+fy_status_t fy_runner_create(const fy_model_t *model, fy_backend_t *be, const fy_runner_params_t *params,
+                             fy_runner_t **runner_p)
+{
+    const fy_model_config_t *c = fy_model_config(model);
+    fy_runner_params_t p = *params;
+    if (p.max_ctx <= 0 || p.max_ctx > c->max_ctx) p.max_ctx = c->max_ctx;
+    if (p.max_batch_tokens < 1 || p.max_batch_tokens > (1 << 20) || p.max_seqs < 1 ||
+        p.max_seqs > p.max_batch_tokens || p.max_logits < 1 || p.max_logits > p.max_batch_tokens ||
+        p.n_kv_blocks < 1) {
+        fy_error("runner: bad parameters (batch %d tokens, %d sequences, %d logit rows, %d kv blocks)",
+                 p.max_batch_tokens, p.max_seqs, p.max_logits, p.n_kv_blocks);
+        return FY_ERR_INVALID;
+    }
+    fy_runner_t *r = fy_calloc(1, sizeof(*r));
+    if (!r) {
+        fy_error("runner: out of memory");
+        return FY_ERR_NOMEM;
+    }
+    r->model = model;
+    r->cfg = c;
+    r->be = be;
+    r->p = p;
+    fy_status_t st = fy_kv_layout_init(&r->kv, c->n_layers, c->n_kv_heads, c->head_dim, p.block_size, p.kv_dtype);
+    if (st != FY_OK) goto fail;
+
+    size_t arena_bytes;
+    if (!fy_mul_size((size_t)p.n_kv_blocks, r->kv.block_bytes, &arena_bytes)) {
+        fy_error("runner: kv arena of %d blocks overflows", p.n_kv_blocks);
+        st = FY_ERR_INVALID;
+        goto fail;
+    }
+    if ((st = fy_backend_alloc(be, arena_bytes, &r->arena))) goto fail;
+    if ((st = upload_weights(r))) goto fail;
+
+    size_t T = (size_t)p.max_batch_tokens, L = (size_t)p.max_logits;
+    size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    if ((st = dev_alloc(r, T * c->dim, &r->x)) || (st = dev_alloc(r, T * c->dim, &r->xb)) ||
+        (st = dev_alloc(r, T * c->dim, &r->xb2)) || (st = dev_alloc(r, T * qd, &r->q)) ||
+        (st = dev_alloc(r, T * qd, &r->att)) || (st = dev_alloc(r, T * kvd, &r->k)) ||
+        (st = dev_alloc(r, T * kvd, &r->v)) || (st = dev_alloc(r, T * c->ffn_dim, &r->hb)) ||
+        (st = dev_alloc(r, T * c->ffn_dim, &r->hb2)) || (st = dev_alloc(r, L * c->dim, &r->xl)) ||
+        (st = dev_alloc(r, L * c->vocab_size, &r->logits)))
+        goto fail;
+
+    r->tokens = fy_calloc(T, sizeof(int32_t));
+    r->pos = fy_calloc(T, sizeof(int32_t));
+    r->slots = fy_calloc(T, sizeof(int32_t));
+    r->logit_rows = fy_calloc(L, sizeof(int32_t));
+    r->seqs = fy_calloc((size_t)p.max_seqs, sizeof(fy_attn_seq_t));
+    if (!r->tokens || !r->pos || !r->slots || !r->logit_rows || !r->seqs) {
+        fy_error("runner: out of memory for batch metadata");
+        st = FY_ERR_NOMEM;
+        goto fail;
+    }
+    int32_t max_row = c->dim;
+    if (c->ffn_dim > max_row) max_row = c->ffn_dim;
+    if ((int32_t)qd > max_row) max_row = (int32_t)qd;
+    int32_t blocks_per_seq = (p.max_ctx + p.block_size - 1) / p.block_size;
+    fy_backend_reserve_t res = {
+        .max_tokens = p.max_batch_tokens,
+        .max_row = max_row,
+        .max_seqs = p.max_seqs,
+        .max_blocks = p.max_seqs * blocks_per_seq,
+        .max_kv_len = p.max_ctx,
+    };
+    if ((st = fy_backend_reserve(be, &res))) goto fail;
+    *runner_p = r;
+    return FY_OK;
+fail:
+    if (st == FY_ERR_NOMEM) fy_error("runner: out of memory");
+    fy_runner_destroy(r);
+    return st;
+}
+
+void fy_runner_destroy(fy_runner_t *r)
+{
+    if (!r) return;
+    float *bufs[] = {r->x, r->xb, r->xb2, r->q, r->att, r->k, r->v, r->hb, r->hb2, r->xl, r->logits};
+    for (size_t i = 0; i < FY_ARRAY_LEN(bufs); i++) fy_backend_free(r->be, bufs[i]);
+    fy_backend_free(r->be, r->arena);
+    if (r->layers) {
+        for (int32_t l = 0; l < r->cfg->n_layers; l++) {
+            fy_layer_weights_t *L = &r->layers[l];
+            fy_tensor_t *t[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
+                                &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+            for (size_t i = 0; i < FY_ARRAY_LEN(t); i++) fy_backend_release_tensor(r->be, t[i]);
+        }
+    }
+    fy_backend_release_tensor(r->be, &r->tok_embd);
+    fy_backend_release_tensor(r->be, &r->out_norm);
+    fy_backend_release_tensor(r->be, &r->output);
+    fy_free(r->layers);
+    fy_free(r->tokens);
+    fy_free(r->pos);
+    fy_free(r->slots);
+    fy_free(r->logit_rows);
+    fy_free(r->seqs);
+    fy_free(r);
+}
+
+/* Fills the host metadata for a batch; FY_ERR_INVALID on bad input. */
+static fy_status_t build_batch(fy_runner_t *r, const fy_forward_seq_t *seqs, int32_t n_seqs, int32_t *n_tokens_p,
+                               int32_t *n_logits_p)
+{
+    const fy_model_config_t *c = r->cfg;
+    if (n_seqs < 1 || n_seqs > r->p.max_seqs) {
+        fy_error("runner: %d sequences in a batch (1 to %d)", n_seqs, r->p.max_seqs);
+        return FY_ERR_INVALID;
+    }
+    int32_t nt = 0, nl = 0;
+    for (int32_t s = 0; s < n_seqs; s++) {
+        const fy_forward_seq_t *f = &seqs[s];
+        const fy_block_table_t *bt = f->bt;
+        if (f->n_tokens < 1 || f->pos < 0 || f->n_logits < 0 || f->n_logits > f->n_tokens) {
+            fy_error("runner: sequence %d: %d tokens at position %d with %d logits", s, f->n_tokens, f->pos,
+                     f->n_logits);
+            return FY_ERR_INVALID;
+        }
+        if (nt + f->n_tokens > r->p.max_batch_tokens || nl + f->n_logits > r->p.max_logits) {
+            fy_error("runner: batch exceeds %d tokens or %d logit rows", r->p.max_batch_tokens, r->p.max_logits);
+            return FY_ERR_INVALID;
+        }
+        int32_t kv_len = f->pos + f->n_tokens;
+        if (kv_len > r->p.max_ctx) {
+            fy_error("runner: sequence %d reaches %d tokens, past the context limit %d", s, kv_len, r->p.max_ctx);
+            return FY_ERR_INVALID;
+        }
+        if (!bt || bt->block_size != r->kv.block_size || kv_len > bt->n_blocks * bt->block_size) {
+            fy_error("runner: sequence %d: %d tokens need more blocks than its table holds", s, kv_len);
+            return FY_ERR_INVALID;
+        }
+        for (int32_t i = 0; i < f->n_tokens; i++) {
+            int32_t tok = f->tokens[i];
+            if (tok < 0 || tok >= c->vocab_size) {
+                fy_error("runner: sequence %d: token id %d out of range (vocabulary %d)", s, tok, c->vocab_size);
+                return FY_ERR_INVALID;
+            }
+            r->tokens[nt + i] = tok;
+            r->pos[nt + i] = f->pos + i;
+            r->slots[nt + i] = fy_block_table_slot(bt, f->pos + i);
+        }
+        for (int32_t i = 0; i < f->n_logits; i++) r->logit_rows[nl + i] = nt + f->n_tokens - f->n_logits + i;
+        r->seqs[s] = (fy_attn_seq_t){
+            .q_start = nt,
+            .n_q = f->n_tokens,
+            .kv_len = kv_len,
+            .n_blocks = (kv_len + bt->block_size - 1) / bt->block_size,
+            .block_table = bt->blocks,
+        };
+        nt += f->n_tokens;
+        nl += f->n_logits;
+    }
+    *n_tokens_p = nt;
+    *n_logits_p = nl;
+    return FY_OK;
+}
+
+fy_status_t fy_runner_forward(fy_runner_t *r, const fy_forward_seq_t *seqs, int32_t n_seqs, float *logits)
+{
+    const fy_model_config_t *c = r->cfg;
+    fy_backend_t *be = r->be;
+    int32_t n, nl;
+    fy_status_t st = build_batch(r, seqs, n_seqs, &n, &nl);
+    if (st != FY_OK) return st;
+    fy_batch_meta_t meta = {
+        .n_tokens = n, .tokens = r->tokens, .pos = r->pos, .slots = r->slots, .n_seqs = n_seqs, .seqs = r->seqs,
+    };
+    size_t dim = (size_t)c->dim;
+    if ((st = fy_backend_set_batch(be, &meta)) || (st = fy_backend_embed(be, &r->tok_embd, r->x))) return st;
+
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const fy_layer_weights_t *L = &r->layers[l];
+        const fy_tensor_t *qkv_w[3] = {&L->wq, &L->wk, &L->wv};
+        float *qkv_y[3] = {r->q, r->k, r->v};
+        const fy_tensor_t *gu_w[2] = {&L->w_gate, &L->w_up};
+        float *gu_y[2] = {r->hb, r->hb2};
+        const fy_tensor_t *o_w[1] = {&L->wo}, *d_w[1] = {&L->w_down};
+        float *xb2[1] = {r->xb2};
+        if ((st = fy_backend_rmsnorm(be, r->x, &L->attn_norm, n, c->norm_eps, r->xb)) ||
+            (st = fy_backend_matmul(be, 3, qkv_w, r->xb, n, qkv_y)) ||
+            (st = fy_backend_rope(be, r->q, r->k, c->n_heads, c->n_kv_heads, c->head_dim, c->rope_theta,
+                                  c->rope_style)) ||
+            (st = fy_backend_kv_write(be, &r->kv, r->arena, l, r->k, r->v)) ||
+            (st = fy_backend_attention(be, &r->kv, r->arena, l, c->n_heads, r->q, r->att)) ||
+            (st = fy_backend_matmul(be, 1, o_w, r->att, n, xb2)) ||
+            (st = fy_backend_add(be, r->x, r->xb2, (size_t)n * dim)) ||
+            (st = fy_backend_rmsnorm(be, r->x, &L->ffn_norm, n, c->norm_eps, r->xb)) ||
+            (st = fy_backend_matmul(be, 2, gu_w, r->xb, n, gu_y)) ||
+            (st = fy_backend_swiglu(be, r->hb, r->hb2, r->hb, (size_t)n * (size_t)c->ffn_dim)) ||
+            (st = fy_backend_matmul(be, 1, d_w, r->hb, n, xb2)) ||
+            (st = fy_backend_add(be, r->x, r->xb2, (size_t)n * dim)))
+            return st;
+    }
+    if (nl == 0) return fy_backend_sync(be);
+    const fy_tensor_t *out_w[1] = {&r->output};
+    float *out_y[1] = {r->logits};
+    if ((st = fy_backend_get_rows(be, r->x, r->logit_rows, nl, c->dim, r->xl)) ||
+        (st = fy_backend_rmsnorm(be, r->xl, &r->out_norm, nl, c->norm_eps, r->xl)) ||
+        (st = fy_backend_matmul(be, 1, out_w, r->xl, nl, out_y)) ||
+        (st = fy_backend_memcpy(be, logits, r->logits, (size_t)nl * (size_t)c->vocab_size * sizeof(float),
+                                FY_COPY_D2H)))
+        return st;
+    return fy_backend_sync(be);
+}

@@ -1,0 +1,68 @@
+/*
+ * runner.h - the model runner: one forward pass of a Llama-family model
+ * over a batch of sequences, reading and writing K/V through each
+ * sequence's block table.
+ *
+ * A batch mixes sequences freely: a prompt chunk (many tokens), a decode
+ * step (one token), a speculative verification (k + 1 tokens).  Each
+ * entry says how many of its last tokens want logits.  The runner owns the
+ * device copies of the weights, the KV arena and every work buffer, all
+ * allocated at creation: a forward pass allocates nothing.
+ *
+ * The runner does not own block tables or the block pool: its caller (the
+ * generate loop now, the engine's scheduler later) reserves blocks before
+ * calling forward.  Not thread-safe: one engine thread drives it.
+ */
+#ifndef FY_RUNNER_H
+#define FY_RUNNER_H
+
+#include <stdint.h>
+
+#include "backend.h"
+#include "kv.h"
+#include "model.h"
+#include "status.h"
+
+typedef struct fy_runner_params {
+    int32_t max_batch_tokens; /* tokens per forward (prefill chunk + decodes) */
+    int32_t max_seqs;         /* sequences per forward */
+    int32_t max_logits;       /* logit rows per forward */
+    int32_t max_ctx;          /* longest sequence; 0: the model's trained context */
+    int32_t n_kv_blocks;      /* blocks in the KV arena */
+    int32_t block_size;       /* tokens per block: 8, 16, 32 */
+    fy_dtype_t kv_dtype;      /* f32 or f16 */
+} fy_runner_params_t;
+
+/* Sensible defaults: 512-token batches, 64 sequences, f16 KV in 16-token
+ * blocks, enough blocks for max_seqs... callers set n_kv_blocks. */
+void fy_runner_params_default(fy_runner_params_t *p);
+
+typedef struct fy_runner fy_runner_t;
+
+typedef struct fy_forward_seq {
+    const fy_block_table_t *bt; /* blocks reserved for kv_len tokens */
+    const int32_t *tokens;      /* [n_tokens] new tokens */
+    int32_t n_tokens;
+    int32_t pos;      /* position of tokens[0]: tokens already in the KV cache */
+    int32_t n_logits; /* logits for the last n_logits of the new tokens (0..n_tokens) */
+} fy_forward_seq_t;
+
+/* The model and backend must outlive the runner. */
+fy_status_t fy_runner_create(const fy_model_t *model, fy_backend_t *be, const fy_runner_params_t *params,
+                             fy_runner_t **runner_p);
+void fy_runner_destroy(fy_runner_t *runner); /* accepts NULL */
+
+const fy_kv_layout_t *fy_runner_kv_layout(const fy_runner_t *runner);
+const fy_runner_params_t *fy_runner_params(const fy_runner_t *runner);
+const fy_model_t *fy_runner_model(const fy_runner_t *runner);
+void *fy_runner_kv_arena(fy_runner_t *runner);
+
+/*
+ * Runs one forward pass.  logits (host memory) receives, for each sequence
+ * in order, n_logits rows of vocab_size floats.  Token ids are checked
+ * against the vocabulary and positions against the block tables:
+ * FY_ERR_INVALID (logged) and nothing written on bad input.
+ */
+fy_status_t fy_runner_forward(fy_runner_t *runner, const fy_forward_seq_t *seqs, int32_t n_seqs, float *logits);
+
+#endif /* FY_RUNNER_H */

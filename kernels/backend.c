@@ -1,0 +1,138 @@
+/* backend.c - backend selection and dispatch through the ops table. */
+#include "backend_impl.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "log.h"
+#include "mem.h"
+
+struct fy_backend {
+    const fy_backend_ops_t *ops;
+    void *ctx;
+    int n_threads;
+    char desc[96];
+};
+
+fy_status_t fy_backend_create(const char *name, const fy_backend_params_t *params, fy_backend_t **be_p)
+{
+    fy_backend_params_t dflt = {0};
+    if (!params) params = &dflt;
+    fy_backend_t *be = fy_calloc(1, sizeof(*be));
+    if (!be) {
+        fy_error("backend: out of memory");
+        return FY_ERR_NOMEM;
+    }
+    fy_status_t st;
+    if (!strcmp(name, "cpu")) {
+        st = fy_backend_cpu_init(params, &be->ops, &be->ctx, be->desc, sizeof(be->desc), &be->n_threads);
+    } else {
+        fy_error("backend: unknown backend '%s' (this build has: cpu)", name);
+        st = FY_ERR_INVALID;
+    }
+    if (st != FY_OK) {
+        fy_free(be);
+        return st;
+    }
+    *be_p = be;
+    return FY_OK;
+}
+
+void fy_backend_destroy(fy_backend_t *be)
+{
+    if (!be) return;
+    be->ops->destroy(be->ctx);
+    fy_free(be);
+}
+
+const char *fy_backend_describe(const fy_backend_t *be) { return be->desc; }
+int fy_backend_n_threads(const fy_backend_t *be) { return be->n_threads; }
+
+static fy_status_t missing(const fy_backend_t *be, const char *op)
+{
+    fy_error("backend %s: op '%s' is not implemented", be->ops->name, op);
+    return FY_ERR_UNSUPPORTED;
+}
+
+#define CALL(op, ...) (be->ops->op ? be->ops->op(be->ctx, __VA_ARGS__) : missing(be, #op))
+
+fy_status_t fy_backend_reserve(fy_backend_t *be, const fy_backend_reserve_t *r) { return CALL(reserve, r); }
+fy_status_t fy_backend_alloc(fy_backend_t *be, size_t bytes, void **ptr_p) { return CALL(alloc, bytes, ptr_p); }
+
+void fy_backend_free(fy_backend_t *be, void *ptr)
+{
+    if (ptr) be->ops->free(be->ctx, ptr);
+}
+
+fy_status_t fy_backend_memcpy(fy_backend_t *be, void *dst, const void *src, size_t bytes, fy_copy_kind_t kind)
+{
+    return CALL(memcpy, dst, src, bytes, kind);
+}
+
+fy_status_t fy_backend_upload(fy_backend_t *be, const fy_tensor_t *host, fy_tensor_t *dev_p)
+{
+    return CALL(upload, host, dev_p);
+}
+
+void fy_backend_release_tensor(fy_backend_t *be, fy_tensor_t *dev)
+{
+    if (dev && be->ops->release_tensor) be->ops->release_tensor(be->ctx, dev);
+}
+
+fy_status_t fy_backend_copy_blocks(fy_backend_t *be, const fy_kv_layout_t *lay, void *dst_arena,
+                                   const void *src_arena, const int32_t *dst, const int32_t *src, int32_t n)
+{
+    return CALL(copy_blocks, lay, dst_arena, src_arena, dst, src, n);
+}
+
+fy_status_t fy_backend_set_batch(fy_backend_t *be, const fy_batch_meta_t *meta) { return CALL(set_batch, meta); }
+
+fy_status_t fy_backend_embed(fy_backend_t *be, const fy_tensor_t *table, float *out)
+{
+    return CALL(embed, table, out);
+}
+
+fy_status_t fy_backend_matmul(fy_backend_t *be, int n_w, const fy_tensor_t *const *w, const float *x, int32_t n,
+                              float *const *y)
+{
+    return CALL(matmul, n_w, w, x, n, y);
+}
+
+fy_status_t fy_backend_rmsnorm(fy_backend_t *be, const float *x, const fy_tensor_t *w, int32_t n, float eps,
+                               float *y)
+{
+    return CALL(rmsnorm, x, w, n, eps, y);
+}
+
+fy_status_t fy_backend_rope(fy_backend_t *be, float *q, float *k, int32_t n_heads, int32_t n_kv_heads,
+                            int32_t head_dim, float theta, fy_rope_style_t style)
+{
+    return CALL(rope, q, k, n_heads, n_kv_heads, head_dim, theta, style);
+}
+
+fy_status_t fy_backend_swiglu(fy_backend_t *be, const float *gate, const float *up, float *out, size_t n)
+{
+    return CALL(swiglu, gate, up, out, n);
+}
+
+fy_status_t fy_backend_add(fy_backend_t *be, float *x, const float *y, size_t n) { return CALL(add, x, y, n); }
+
+fy_status_t fy_backend_get_rows(fy_backend_t *be, const float *src, const int32_t *rows, int32_t n, int32_t dim,
+                                float *dst)
+{
+    return CALL(get_rows, src, rows, n, dim, dst);
+}
+
+fy_status_t fy_backend_kv_write(fy_backend_t *be, const fy_kv_layout_t *lay, void *arena, int32_t layer,
+                                const float *k, const float *v)
+{
+    return CALL(kv_write, lay, arena, layer, k, v);
+}
+
+fy_status_t fy_backend_attention(fy_backend_t *be, const fy_kv_layout_t *lay, const void *arena, int32_t layer,
+                                 int32_t n_heads, const float *q, float *out)
+{
+    return CALL(attention, lay, arena, layer, n_heads, q, out);
+}
+
+fy_status_t fy_backend_sync(fy_backend_t *be) { return be->ops->sync ? be->ops->sync(be->ctx) : FY_OK; }

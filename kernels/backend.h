@@ -1,0 +1,137 @@
+/*
+ * backend.h - the compute backend: an ops table plus a context, behind an
+ * opaque handle (ggml-backend's shape).  Callers (the model runner) see
+ * only these functions; each backend lives in its own folder (cpu/ now,
+ * cuda/ in its own issue) and is compiled only when enabled.
+ *
+ * Memory.  "Device" pointers are what fy_backend_alloc returns: host
+ * memory for the CPU backend, GPU memory for CUDA.  Every compute op takes
+ * device pointers.  Weights are made device-resident once with
+ * fy_backend_upload (the CPU backend aliases the mmap: no copy).
+ *
+ * Batches.  A forward pass runs one batch of tokens from one or more
+ * sequences.  fy_backend_set_batch hands the backend the batch's metadata
+ * (positions, KV slots, per-sequence block tables) once; the ops that need
+ * it (embed, rope, kv_write, attention) then read it from the backend's
+ * copy, so the CUDA backend uploads it once per step, not once per op.
+ *
+ * Determinism.  Every op computes each output element in one fixed order,
+ * whatever the thread count or batch composition, so the same request
+ * gives the same bits alone or in a batch.
+ *
+ * All ops return FY_OK or a backend error (already logged).
+ */
+#ifndef FY_BACKEND_H
+#define FY_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dtype.h"
+#include "kv.h"
+#include "rope.h"
+#include "status.h"
+
+typedef struct fy_backend fy_backend_t;
+
+typedef struct fy_backend_params {
+    int n_threads;   /* CPU: worker threads including the caller; 0 = one per core */
+    const char *isa; /* CPU: "auto" (default), "avx2" or "scalar" */
+} fy_backend_params_t;
+
+/* One sequence of a batch: its query tokens are rows [q_start, q_start +
+ * n_q) of the batch, at positions kv_len - n_q .. kv_len - 1; their K/V
+ * are written this step and attention reads tokens [0, kv_len) of the
+ * sequence through its block table. */
+typedef struct fy_attn_seq {
+    int32_t q_start;
+    int32_t n_q;
+    int32_t kv_len;
+    int32_t n_blocks;
+    const int32_t *block_table; /* [n_blocks] (host pointer in set_batch's argument) */
+} fy_attn_seq_t;
+
+typedef struct fy_batch_meta {
+    int32_t n_tokens;
+    const int32_t *tokens; /* [n_tokens] */
+    const int32_t *pos;    /* [n_tokens] position of each token in its sequence */
+    const int32_t *slots;  /* [n_tokens] KV slot: block * block_size + offset */
+    int32_t n_seqs;
+    const fy_attn_seq_t *seqs; /* [n_seqs] */
+} fy_batch_meta_t;
+
+/* Reservation made once at start-up so the ops never allocate. */
+typedef struct fy_backend_reserve {
+    int32_t max_tokens;   /* rows per op (batch tokens) */
+    int32_t max_row;      /* widest matmul input (elements) */
+    int32_t max_seqs;     /* sequences per batch */
+    int32_t max_blocks;   /* total block-table entries per batch */
+    int32_t max_kv_len;   /* longest sequence */
+} fy_backend_reserve_t;
+
+typedef enum fy_copy_kind {
+    FY_COPY_H2D = 0,
+    FY_COPY_D2H,
+    FY_COPY_D2D,
+} fy_copy_kind_t;
+
+/* name: "cpu" ("cuda" once it exists).  Logs and fails for unknown names. */
+fy_status_t fy_backend_create(const char *name, const fy_backend_params_t *params, fy_backend_t **be_p);
+void fy_backend_destroy(fy_backend_t *be); /* accepts NULL */
+/* "cpu/avx2 x2 threads" and the like. */
+const char *fy_backend_describe(const fy_backend_t *be);
+int fy_backend_n_threads(const fy_backend_t *be);
+
+fy_status_t fy_backend_reserve(fy_backend_t *be, const fy_backend_reserve_t *r);
+
+/* ---- memory ---- */
+fy_status_t fy_backend_alloc(fy_backend_t *be, size_t bytes, void **ptr_p);
+void fy_backend_free(fy_backend_t *be, void *ptr); /* accepts NULL */
+fy_status_t fy_backend_memcpy(fy_backend_t *be, void *dst, const void *src, size_t bytes, fy_copy_kind_t kind);
+/* A device-resident tensor for a host one; release with
+ * fy_backend_release_tensor.  The CPU backend aliases host->data. */
+fy_status_t fy_backend_upload(fy_backend_t *be, const fy_tensor_t *host, fy_tensor_t *dev_p);
+void fy_backend_release_tensor(fy_backend_t *be, fy_tensor_t *dev);
+/* Copies n whole blocks of the KV arena: dst_arena[dst[i]] = src_arena[src[i]]
+ * (both may be the same arena; block ids are host arrays). */
+fy_status_t fy_backend_copy_blocks(fy_backend_t *be, const fy_kv_layout_t *lay, void *dst_arena,
+                                   const void *src_arena, const int32_t *dst, const int32_t *src, int32_t n);
+
+/* ---- batch ---- */
+fy_status_t fy_backend_set_batch(fy_backend_t *be, const fy_batch_meta_t *meta);
+
+/* ---- compute (device pointers) ---- */
+/* out[t] = table row tokens[t], as f32.  out: [n_tokens, dim] */
+fy_status_t fy_backend_embed(fy_backend_t *be, const fy_tensor_t *table, float *out);
+/* For each of n_w weights w[i] (rows, in): y[i][t] = w[i] . x[t] over the
+ * n rows of x ([n, in]); all w[i] share x and its width.  y[i]: [n, rows_i]. */
+fy_status_t fy_backend_matmul(fy_backend_t *be, int n_w, const fy_tensor_t *const *w, const float *x, int32_t n,
+                              float *const *y);
+/* y[t] = x[t] / rms(x[t]) * w; x, y: [n, dim]; may alias. w: f32 (dim). */
+fy_status_t fy_backend_rmsnorm(fy_backend_t *be, const float *x, const fy_tensor_t *w, int32_t n, float eps,
+                               float *y);
+/* Rotary embedding of q [n_tokens, n_heads, head_dim] and k [n_tokens,
+ * n_kv_heads, head_dim] in place, at the batch's positions. */
+fy_status_t fy_backend_rope(fy_backend_t *be, float *q, float *k, int32_t n_heads, int32_t n_kv_heads,
+                            int32_t head_dim, float theta, fy_rope_style_t style);
+/* out = silu(gate) * up, elementwise; n elements; out may alias gate. */
+fy_status_t fy_backend_swiglu(fy_backend_t *be, const float *gate, const float *up, float *out, size_t n);
+/* x += y; n elements */
+fy_status_t fy_backend_add(fy_backend_t *be, float *x, const float *y, size_t n);
+/* dst[i] = src[rows[i]] for i < n; rows of dim floats; rows is a host array. */
+fy_status_t fy_backend_get_rows(fy_backend_t *be, const float *src, const int32_t *rows, int32_t n, int32_t dim,
+                                float *dst);
+/* Writes k, v ([n_tokens, n_kv_heads, head_dim]) of one layer into the
+ * arena at the batch's slots. */
+fy_status_t fy_backend_kv_write(fy_backend_t *be, const fy_kv_layout_t *lay, void *arena, int32_t layer,
+                                const float *k, const float *v);
+/* Causal paged attention of one layer for the whole batch: out[t, h] =
+ * softmax(q[t, h] . K / sqrt(d)) V over the sequence's tokens up to t's
+ * position, K/V of kv head h / (n_heads / n_kv_heads).
+ * q, out: [n_tokens, n_heads, head_dim]. */
+fy_status_t fy_backend_attention(fy_backend_t *be, const fy_kv_layout_t *lay, const void *arena, int32_t layer,
+                                 int32_t n_heads, const float *q, float *out);
+fy_status_t fy_backend_sync(fy_backend_t *be);
+
+#endif /* FY_BACKEND_H */

@@ -1,0 +1,604 @@
+/*
+ * cpu_backend.c - the CPU backend: ops parallelized over a thread pool,
+ * inner loops from the scalar or AVX2 kernel table chosen at start-up.
+ *
+ * Device memory is host memory; weights are used in place from the mmap.
+ * Work is split so that every output element is computed by exactly one
+ * work item in a fixed order (rows of a matmul, one (token, kv head) pair
+ * of attention): results are identical for any thread count and any
+ * batch a sequence happens to share.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend_impl.h"
+#include "cpu_kernels.h"
+#include "log.h"
+#include "mem.h"
+#include "threadpool.h"
+
+#define MAX_GROUP 32     /* query heads per kv head */
+#define MAX_HEAD_DIM 512
+#define MAX_MATMUL_W 8
+
+int fy_cpu_has_avx2(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+    return 0;
+#endif
+}
+
+typedef struct cpu_ctx {
+    const fy_cpu_kernels_t *k;
+    fy_threadpool_t *tp;
+    int n_threads;
+    fy_backend_reserve_t res;
+    bool reserved;
+    fy_block_q8a_t *xq; /* [max_tokens * max_row / 32] quantized activations */
+    /* the current batch (copied by set_batch) */
+    int32_t n_tokens, n_seqs;
+    int32_t *tokens, *pos, *slots, *tok_seq; /* [max_tokens] */
+    fy_attn_seq_t *seqs;                     /* [max_seqs] */
+    int32_t *block_tables;                   /* [max_blocks] */
+} cpu_ctx_t;
+
+/* ---- memory ---------------------------------------------------------------------- */
+
+static void cpu_destroy(void *p)
+{
+    cpu_ctx_t *c = p;
+    if (!c) return;
+    fy_threadpool_destroy(c->tp);
+    fy_free(c->xq);
+    fy_free(c->tokens);
+    fy_free(c->pos);
+    fy_free(c->slots);
+    fy_free(c->tok_seq);
+    fy_free(c->seqs);
+    fy_free(c->block_tables);
+    fy_free(c);
+}
+
+static fy_status_t cpu_reserve(void *p, const fy_backend_reserve_t *r)
+{
+    cpu_ctx_t *c = p;
+    if (r->max_tokens < 1 || r->max_row < FY_QK || r->max_seqs < 1 || r->max_blocks < 1 || r->max_kv_len < 1) {
+        fy_error("cpu backend: bad reservation (tokens %d, row %d, seqs %d, blocks %d)", r->max_tokens,
+                 r->max_row, r->max_seqs, r->max_blocks);
+        return FY_ERR_INVALID;
+    }
+    size_t xq_blocks;
+    if (!fy_mul_size((size_t)r->max_tokens, (size_t)(r->max_row / FY_QK + 1), &xq_blocks)) return FY_ERR_INVALID;
+    fy_block_q8a_t *xq = fy_aligned_alloc(64, xq_blocks * sizeof(fy_block_q8a_t));
+    int32_t *tokens = fy_calloc((size_t)r->max_tokens, sizeof(int32_t));
+    int32_t *pos = fy_calloc((size_t)r->max_tokens, sizeof(int32_t));
+    int32_t *slots = fy_calloc((size_t)r->max_tokens, sizeof(int32_t));
+    int32_t *tok_seq = fy_calloc((size_t)r->max_tokens, sizeof(int32_t));
+    fy_attn_seq_t *seqs = fy_calloc((size_t)r->max_seqs, sizeof(fy_attn_seq_t));
+    int32_t *bts = fy_calloc((size_t)r->max_blocks, sizeof(int32_t));
+    if (!xq || !tokens || !pos || !slots || !tok_seq || !seqs || !bts) {
+        fy_free(xq), fy_free(tokens), fy_free(pos), fy_free(slots), fy_free(tok_seq), fy_free(seqs), fy_free(bts);
+        fy_error("cpu backend: out of memory reserving work buffers");
+        return FY_ERR_NOMEM;
+    }
+    fy_free(c->xq), fy_free(c->tokens), fy_free(c->pos), fy_free(c->slots), fy_free(c->tok_seq);
+    fy_free(c->seqs), fy_free(c->block_tables);
+    c->xq = xq, c->tokens = tokens, c->pos = pos, c->slots = slots, c->tok_seq = tok_seq;
+    c->seqs = seqs, c->block_tables = bts;
+    c->res = *r;
+    c->reserved = true;
+    return FY_OK;
+}
+
+static fy_status_t cpu_alloc(void *p, size_t bytes, void **ptr_p)
+{
+    void *m = fy_aligned_alloc(64, bytes);
+    if (!m) {
+        fy_error("cpu backend: cannot allocate %zu bytes", bytes);
+        return FY_ERR_NOMEM;
+    }
+    *ptr_p = m;
+    return FY_OK;
+}
+
+static void cpu_free(void *p, void *ptr) { fy_free(ptr); }
+
+static fy_status_t cpu_memcpy(void *p, void *dst, const void *src, size_t bytes, fy_copy_kind_t kind)
+{
+    memcpy(dst, src, bytes);
+    return FY_OK;
+}
+
+static fy_status_t cpu_upload(void *p, const fy_tensor_t *host, fy_tensor_t *dev_p)
+{
+    *dev_p = *host; /* host memory is device memory: use the mapping in place */
+    return FY_OK;
+}
+
+static fy_status_t cpu_copy_blocks(void *p, const fy_kv_layout_t *lay, void *dst_arena, const void *src_arena,
+                                   const int32_t *dst, const int32_t *src, int32_t n)
+{
+    for (int32_t i = 0; i < n; i++)
+        memcpy((char *)dst_arena + (size_t)dst[i] * lay->block_bytes,
+               (const char *)src_arena + (size_t)src[i] * lay->block_bytes, lay->block_bytes);
+    return FY_OK;
+}
+
+/* ---- batch ------------------------------------------------------------------------ */
+
+static fy_status_t cpu_set_batch(void *p, const fy_batch_meta_t *m)
+{
+    cpu_ctx_t *c = p;
+    if (!c->reserved) {
+        fy_error("cpu backend: set_batch before reserve");
+        return FY_ERR_INTERNAL;
+    }
+    if (m->n_tokens < 1 || m->n_tokens > c->res.max_tokens || m->n_seqs < 1 || m->n_seqs > c->res.max_seqs) {
+        fy_error("cpu backend: batch of %d tokens in %d sequences exceeds the reservation (%d, %d)", m->n_tokens,
+                 m->n_seqs, c->res.max_tokens, c->res.max_seqs);
+        return FY_ERR_INVALID;
+    }
+    memcpy(c->tokens, m->tokens, (size_t)m->n_tokens * sizeof(int32_t));
+    memcpy(c->pos, m->pos, (size_t)m->n_tokens * sizeof(int32_t));
+    memcpy(c->slots, m->slots, (size_t)m->n_tokens * sizeof(int32_t));
+    int32_t used = 0, covered = 0;
+    for (int32_t s = 0; s < m->n_seqs; s++) {
+        fy_attn_seq_t q = m->seqs[s];
+        if (q.q_start != covered || q.n_q < 1 || q.q_start + q.n_q > m->n_tokens || q.kv_len < q.n_q ||
+            q.kv_len > c->res.max_kv_len || q.n_blocks < 1 || used + q.n_blocks > c->res.max_blocks) {
+            fy_error("cpu backend: inconsistent batch metadata for sequence %d", s);
+            return FY_ERR_INVALID;
+        }
+        memcpy(c->block_tables + used, q.block_table, (size_t)q.n_blocks * sizeof(int32_t));
+        q.block_table = c->block_tables + used;
+        used += q.n_blocks;
+        c->seqs[s] = q;
+        for (int32_t t = q.q_start; t < q.q_start + q.n_q; t++) c->tok_seq[t] = s;
+        covered += q.n_q;
+    }
+    if (covered != m->n_tokens) {
+        fy_error("cpu backend: batch sequences cover %d of %d tokens", covered, m->n_tokens);
+        return FY_ERR_INVALID;
+    }
+    c->n_tokens = m->n_tokens;
+    c->n_seqs = m->n_seqs;
+    return FY_OK;
+}
+
+/* ---- elementwise and row ops ---------------------------------------------------------- */
+
+static fy_status_t cpu_embed(void *p, const fy_tensor_t *table, float *out)
+{
+    cpu_ctx_t *c = p;
+    int64_t dim = table->ne[0];
+    for (int32_t t = 0; t < c->n_tokens; t++) {
+        int32_t tok = c->tokens[t];
+        if (tok < 0 || tok >= table->ne[1]) {
+            fy_error("cpu backend: token id %d out of range (vocabulary %lld)", tok, (long long)table->ne[1]);
+            return FY_ERR_INVALID;
+        }
+        fy_dequantize_row(table->dtype, (const char *)table->data + (size_t)tok * table->row_bytes, out + t * dim,
+                          dim);
+    }
+    return FY_OK;
+}
+
+typedef struct rms_job {
+    const float *x;
+    const float *w;
+    float *y;
+    int64_t dim;
+    float eps;
+} rms_job_t;
+
+static void rms_rows(void *arg, int64_t b, int64_t e, int thread)
+{
+    const rms_job_t *j = arg;
+    for (int64_t t = b; t < e; t++) {
+        const float *x = j->x + t * j->dim;
+        float *y = j->y + t * j->dim;
+        double ss = 0.0;
+        for (int64_t i = 0; i < j->dim; i++) ss += (double)x[i] * x[i];
+        float scale = (float)(1.0 / sqrt(ss / (double)j->dim + (double)j->eps));
+        for (int64_t i = 0; i < j->dim; i++) y[i] = x[i] * scale * j->w[i];
+    }
+}
+
+static fy_status_t cpu_rmsnorm(void *p, const float *x, const fy_tensor_t *w, int32_t n, float eps, float *y)
+{
+    cpu_ctx_t *c = p;
+    if (w->dtype != FY_DTYPE_F32) {
+        fy_error("cpu backend: rmsnorm weight must be f32, not %s", fy_dtype_name(w->dtype));
+        return FY_ERR_INVALID;
+    }
+    rms_job_t j = {x, w->data, y, w->ne[0], eps};
+    fy_threadpool_run(c->tp, n, 4, rms_rows, &j);
+    return FY_OK;
+}
+
+typedef struct rope_job {
+    cpu_ctx_t *c;
+    float *q, *k;
+    int32_t n_heads, n_kv_heads, head_dim;
+    fy_rope_style_t style;
+    const double *inv_freq; /* [head_dim / 2] */
+} rope_job_t;
+
+static void rope_apply(float *x, int32_t n_heads, int32_t hd, const float *cs, const float *sn, fy_rope_style_t st)
+{
+    int32_t half = hd / 2;
+    for (int32_t h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * hd;
+        for (int32_t i = 0; i < half; i++) {
+            int32_t a = st == FY_ROPE_NORM ? 2 * i : i;
+            int32_t b = st == FY_ROPE_NORM ? 2 * i + 1 : i + half;
+            float x0 = v[a], x1 = v[b];
+            v[a] = x0 * cs[i] - x1 * sn[i];
+            v[b] = x0 * sn[i] + x1 * cs[i];
+        }
+    }
+}
+
+static void rope_rows(void *arg, int64_t b, int64_t e, int thread)
+{
+    const rope_job_t *j = arg;
+    float cs[MAX_HEAD_DIM / 2], sn[MAX_HEAD_DIM / 2];
+    for (int64_t t = b; t < e; t++) {
+        double pos = (double)j->c->pos[t];
+        for (int32_t i = 0; i < j->head_dim / 2; i++) {
+            double a = pos * j->inv_freq[i];
+            cs[i] = (float)cos(a);
+            sn[i] = (float)sin(a);
+        }
+        rope_apply(j->q + t * j->n_heads * j->head_dim, j->n_heads, j->head_dim, cs, sn, j->style);
+        rope_apply(j->k + t * j->n_kv_heads * j->head_dim, j->n_kv_heads, j->head_dim, cs, sn, j->style);
+    }
+}
+
+static fy_status_t cpu_rope(void *p, float *q, float *k, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                            float theta, fy_rope_style_t style)
+{
+    cpu_ctx_t *c = p;
+    if (head_dim > MAX_HEAD_DIM || head_dim % 2) {
+        fy_error("cpu backend: rope head size %d unsupported (even, at most %d)", head_dim, MAX_HEAD_DIM);
+        return FY_ERR_UNSUPPORTED;
+    }
+    double inv_freq[MAX_HEAD_DIM / 2];
+    for (int32_t i = 0; i < head_dim / 2; i++) inv_freq[i] = pow((double)theta, -2.0 * i / head_dim);
+    rope_job_t j = {c, q, k, n_heads, n_kv_heads, head_dim, style, inv_freq};
+    fy_threadpool_run(c->tp, c->n_tokens, 8, rope_rows, &j);
+    return FY_OK;
+}
+
+typedef struct ew_job {
+    float *out;
+    const float *a, *b;
+} ew_job_t;
+
+static void swiglu_range(void *arg, int64_t b, int64_t e, int thread)
+{
+    const ew_job_t *j = arg;
+    for (int64_t i = b; i < e; i++) {
+        float g = j->a[i];
+        j->out[i] = g / (1.0f + expf(-g)) * j->b[i];
+    }
+}
+
+static fy_status_t cpu_swiglu(void *p, const float *gate, const float *up, float *out, size_t n)
+{
+    cpu_ctx_t *c = p;
+    ew_job_t j = {out, gate, up};
+    fy_threadpool_run(c->tp, (int64_t)n, 4096, swiglu_range, &j);
+    return FY_OK;
+}
+
+static void add_range(void *arg, int64_t b, int64_t e, int thread)
+{
+    const ew_job_t *j = arg;
+    for (int64_t i = b; i < e; i++) j->out[i] += j->a[i];
+}
+
+static fy_status_t cpu_add(void *p, float *x, const float *y, size_t n)
+{
+    cpu_ctx_t *c = p;
+    ew_job_t j = {x, y, NULL};
+    fy_threadpool_run(c->tp, (int64_t)n, 16384, add_range, &j);
+    return FY_OK;
+}
+
+static fy_status_t cpu_get_rows(void *p, const float *src, const int32_t *rows, int32_t n, int32_t dim, float *dst)
+{
+    for (int32_t i = 0; i < n; i++)
+        memmove(dst + (size_t)i * dim, src + (size_t)rows[i] * dim, (size_t)dim * sizeof(float));
+    return FY_OK;
+}
+
+/* ---- matmul ------------------------------------------------------------------------- */
+
+typedef struct mm_job {
+    const fy_cpu_kernels_t *k;
+    int n_w;
+    const fy_tensor_t *const *w;
+    float *const *y;
+    int64_t row_end[MAX_MATMUL_W]; /* cumulative rows */
+    const float *x;
+    const fy_block_q8a_t *xq;
+    int64_t in;     /* input width */
+    int64_t xq_row; /* Q8A blocks per token */
+    int32_t n;      /* tokens */
+} mm_job_t;
+
+static void quant_rows(void *arg, int64_t b, int64_t e, int thread)
+{
+    const mm_job_t *j = arg;
+    for (int64_t t = b; t < e; t++)
+        j->k->quantize_q8a(j->x + t * j->in, (fy_block_q8a_t *)j->xq + t * j->xq_row, j->in);
+}
+
+static void mm_rows(void *arg, int64_t b, int64_t e, int thread)
+{
+    const mm_job_t *j = arg;
+    int wi = 0;
+    int64_t r = b;
+    while (r < e) {
+        while (r >= j->row_end[wi]) wi++;
+        const fy_tensor_t *w = j->w[wi];
+        int64_t first = wi ? j->row_end[wi - 1] : 0;
+        int64_t stop = e < j->row_end[wi] ? e : j->row_end[wi];
+        int64_t rows = w->ne[1];
+        fy_vec_dot_fn dot = j->k->vec_dot[w->dtype];
+        bool quant = fy_dtype_is_quantized(w->dtype);
+        float *y = j->y[wi];
+        for (; r < stop; r++) {
+            int64_t lr = r - first;
+            const void *wrow = (const char *)w->data + (size_t)lr * w->row_bytes;
+            for (int32_t t = 0; t < j->n; t++) {
+                const void *xr = quant ? (const void *)(j->xq + t * j->xq_row) : (const void *)(j->x + t * j->in);
+                y[t * rows + lr] = dot(wrow, xr, j->in);
+            }
+        }
+    }
+}
+
+static fy_status_t cpu_matmul(void *p, int n_w, const fy_tensor_t *const *w, const float *x, int32_t n,
+                              float *const *y)
+{
+    cpu_ctx_t *c = p;
+    if (n_w < 1 || n_w > MAX_MATMUL_W) return FY_ERR_INVALID;
+    mm_job_t j = {.k = c->k, .n_w = n_w, .w = w, .y = y, .x = x, .xq = c->xq, .in = w[0]->ne[0], .n = n};
+    bool any_quant = false;
+    int64_t total = 0;
+    for (int i = 0; i < n_w; i++) {
+        if (w[i]->ne[0] != j.in || !c->k->vec_dot[w[i]->dtype]) {
+            fy_error("cpu backend: matmul weights of mixed widths or unsupported type %s", fy_dtype_name(w[i]->dtype));
+            return FY_ERR_INVALID;
+        }
+        any_quant |= fy_dtype_is_quantized(w[i]->dtype);
+        total += w[i]->ne[1];
+        j.row_end[i] = total;
+    }
+    if (n > c->res.max_tokens || j.in > c->res.max_row) {
+        fy_error("cpu backend: matmul of %d x %lld exceeds the reservation", n, (long long)j.in);
+        return FY_ERR_INVALID;
+    }
+    if (any_quant) {
+        j.xq_row = j.in / FY_QK;
+        fy_threadpool_run(c->tp, n, 8, quant_rows, &j);
+    }
+    /* chunks of rows sized so each claim does a few microseconds of work */
+    int64_t chunk = n >= 16 ? 4 : 32;
+    fy_threadpool_run(c->tp, total, chunk, mm_rows, &j);
+    return FY_OK;
+}
+
+/* ---- KV cache and attention ------------------------------------------------------------ */
+
+typedef struct kv_job {
+    cpu_ctx_t *c;
+    const fy_kv_layout_t *lay;
+    char *arena;
+    int32_t layer;
+    const float *k, *v;
+} kv_job_t;
+
+static void kv_rows(void *arg, int64_t b, int64_t e, int thread)
+{
+    const kv_job_t *j = arg;
+    const fy_kv_layout_t *L = j->lay;
+    int64_t hd = L->head_dim;
+    for (int64_t t = b; t < e; t++) {
+        int32_t slot = j->c->slots[t];
+        int32_t block = slot / L->block_size, off = slot % L->block_size;
+        for (int32_t h = 0; h < L->n_kv_heads; h++) {
+            for (int is_v = 0; is_v < 2; is_v++) {
+                const float *src = (is_v ? j->v : j->k) + (t * L->n_kv_heads + h) * hd;
+                char *dst = j->arena + fy_kv_offset(L, block, j->layer, is_v, h) + (size_t)off * hd * L->elem_bytes;
+                if (L->dtype == FY_DTYPE_F32)
+                    memcpy(dst, src, (size_t)hd * sizeof(float));
+                else
+                    j->c->k->f32_to_f16(src, (uint16_t *)dst, hd);
+            }
+        }
+    }
+}
+
+static fy_status_t cpu_kv_write(void *p, const fy_kv_layout_t *lay, void *arena, int32_t layer, const float *k,
+                                const float *v)
+{
+    cpu_ctx_t *c = p;
+    kv_job_t j = {c, lay, arena, layer, k, v};
+    fy_threadpool_run(c->tp, c->n_tokens, 16, kv_rows, &j);
+    return FY_OK;
+}
+
+typedef struct attn_job {
+    cpu_ctx_t *c;
+    const fy_kv_layout_t *lay;
+    const char *arena;
+    int32_t layer, n_heads, group;
+    float scale;
+    const float *q;
+    float *out;
+} attn_job_t;
+
+/* One (token, kv head) item: the group of query heads that share the kv
+ * head attend over the sequence's blocks with an online softmax, one
+ * block at a time, so K/V of a block are read once for the whole group. */
+static void attn_one(const attn_job_t *j, int32_t t, int32_t kvh)
+{
+    const cpu_ctx_t *c = j->c;
+    const fy_kv_layout_t *L = j->lay;
+    const fy_attn_seq_t *s = &c->seqs[c->tok_seq[t]];
+    const int32_t hd = L->head_dim, bs = L->block_size, G = j->group;
+    const int32_t p = s->kv_len - s->n_q + (t - s->q_start); /* this token's position */
+    const fy_vec_dot_fn dot = c->k->vec_dot[L->dtype];
+    float m[MAX_GROUP], l[MAX_GROUP], sc[32];
+    float acc[MAX_GROUP][MAX_HEAD_DIM];
+    for (int32_t g = 0; g < G; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+        memset(acc[g], 0, (size_t)hd * sizeof(float));
+    }
+    const float *qt = j->q + ((size_t)t * j->n_heads + (size_t)kvh * G) * hd;
+    for (int32_t blk = 0; blk * bs <= p; blk++) {
+        int32_t nk = p + 1 - blk * bs < bs ? p + 1 - blk * bs : bs;
+        int32_t id = s->block_table[blk];
+        const char *kb = j->arena + fy_kv_offset(L, id, j->layer, 0, kvh);
+        const char *vb = j->arena + fy_kv_offset(L, id, j->layer, 1, kvh);
+        size_t row = (size_t)hd * L->elem_bytes;
+        for (int32_t g = 0; g < G; g++) {
+            const float *qg = qt + (size_t)g * hd;
+            float mb = m[g];
+            for (int32_t i = 0; i < nk; i++) {
+                sc[i] = dot(kb + i * row, qg, hd) * j->scale;
+                if (sc[i] > mb) mb = sc[i];
+            }
+            if (mb > m[g]) {
+                float corr = expf(m[g] - mb); /* 0 on the first block */
+                l[g] *= corr;
+                for (int32_t d = 0; d < hd; d++) acc[g][d] *= corr;
+                m[g] = mb;
+            }
+            for (int32_t i = 0; i < nk; i++) {
+                float e = expf(sc[i] - m[g]);
+                l[g] += e;
+                if (L->dtype == FY_DTYPE_F32)
+                    c->k->axpy_f32(acc[g], e, (const float *)(vb + i * row), hd);
+                else
+                    c->k->axpy_f16(acc[g], e, (const uint16_t *)(vb + i * row), hd);
+            }
+        }
+    }
+    float *ot = j->out + ((size_t)t * j->n_heads + (size_t)kvh * G) * hd;
+    for (int32_t g = 0; g < G; g++) {
+        float inv = 1.0f / l[g];
+        for (int32_t d = 0; d < hd; d++) ot[(size_t)g * hd + d] = acc[g][d] * inv;
+    }
+}
+
+static void attn_items(void *arg, int64_t b, int64_t e, int thread)
+{
+    const attn_job_t *j = arg;
+    int32_t n_kv = j->lay->n_kv_heads;
+    for (int64_t it = b; it < e; it++) attn_one(j, (int32_t)(it / n_kv), (int32_t)(it % n_kv));
+}
+
+static fy_status_t cpu_attention(void *p, const fy_kv_layout_t *lay, const void *arena, int32_t layer,
+                                 int32_t n_heads, const float *q, float *out)
+{
+    cpu_ctx_t *c = p;
+    if (n_heads % lay->n_kv_heads || n_heads / lay->n_kv_heads > MAX_GROUP || lay->head_dim > MAX_HEAD_DIM ||
+        lay->block_size > 32) {
+        fy_error("cpu backend: attention shape unsupported (%d heads, %d kv heads, head size %d)", n_heads,
+                 lay->n_kv_heads, lay->head_dim);
+        return FY_ERR_UNSUPPORTED;
+    }
+    for (int32_t s = 0; s < c->n_seqs; s++) {
+        if (c->seqs[s].kv_len > c->seqs[s].n_blocks * lay->block_size) {
+            fy_error("cpu backend: sequence %d has %d tokens but only %d blocks", s, c->seqs[s].kv_len,
+                     c->seqs[s].n_blocks);
+            return FY_ERR_INVALID;
+        }
+    }
+    attn_job_t j = {c, lay, arena, layer, n_heads, n_heads / lay->n_kv_heads, 1.0f / sqrtf((float)lay->head_dim),
+                    q, out};
+    fy_threadpool_run(c->tp, (int64_t)c->n_tokens * lay->n_kv_heads, 1, attn_items, &j);
+    return FY_OK;
+}
+
+static fy_status_t cpu_sync(void *p) { return FY_OK; }
+
+static const fy_backend_ops_t g_cpu_ops = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .reserve = cpu_reserve,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .memcpy = cpu_memcpy,
+    .upload = cpu_upload,
+    .release_tensor = NULL,
+    .copy_blocks = cpu_copy_blocks,
+    .set_batch = cpu_set_batch,
+    .embed = cpu_embed,
+    .matmul = cpu_matmul,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .swiglu = cpu_swiglu,
+    .add = cpu_add,
+    .get_rows = cpu_get_rows,
+    .kv_write = cpu_kv_write,
+    .attention = cpu_attention,
+    .sync = cpu_sync,
+};
+
+fy_status_t fy_backend_cpu_init(const fy_backend_params_t *params, const fy_backend_ops_t **ops_p, void **ctx_p,
+                                char *desc, size_t desc_cap, int *n_threads_p)
+{
+    const char *isa = params->isa && params->isa[0] ? params->isa : "auto";
+    const fy_cpu_kernels_t *k;
+    if (!strcmp(isa, "auto")) {
+        k = fy_cpu_has_avx2() ? &fy_cpu_kernels_avx2 : &fy_cpu_kernels_scalar;
+    } else if (!strcmp(isa, "avx2")) {
+        if (!fy_cpu_has_avx2()) {
+            fy_error("cpu backend: this machine lacks avx2/fma/f16c");
+            return FY_ERR_UNSUPPORTED;
+        }
+        k = &fy_cpu_kernels_avx2;
+    } else if (!strcmp(isa, "scalar")) {
+        k = &fy_cpu_kernels_scalar;
+    } else {
+        fy_error("cpu backend: unknown isa '%s' (auto, avx2, scalar)", isa);
+        return FY_ERR_INVALID;
+    }
+    int n = params->n_threads;
+    if (n <= 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        n = cores > 0 ? (int)cores : 1;
+    }
+    if (n > 256) {
+        fy_error("cpu backend: %d threads is absurd (at most 256)", n);
+        return FY_ERR_INVALID;
+    }
+    cpu_ctx_t *c = fy_calloc(1, sizeof(*c));
+    if (!c) {
+        fy_error("cpu backend: out of memory");
+        return FY_ERR_NOMEM;
+    }
+    c->k = k;
+    c->n_threads = n;
+    fy_status_t st = fy_threadpool_create(n, &c->tp);
+    if (st != FY_OK) {
+        cpu_destroy(c);
+        return st;
+    }
+    snprintf(desc, desc_cap, "cpu/%s x%d", k->name, n);
+    *ops_p = &g_cpu_ops;
+    *ctx_p = c;
+    *n_threads_p = n;
+    return FY_OK;
+}

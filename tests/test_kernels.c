@@ -1,0 +1,391 @@
+/*
+ * test_kernels.c - the kernel layer: quantized formats against blocks
+ * worked out by hand, half-precision conversions, scalar against AVX2
+ * inner loops on identical inputs, paged attention against contiguous
+ * attention for every block size, and the thread pool.
+ */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "cpu_kernels.h"
+#include "dtype.h"
+#include "kv.h"
+#include "mem.h"
+#include "testutil.h"
+#include "threadpool.h"
+
+/* ---- formats ------------------------------------------------------------------------ */
+
+static void test_fp16_known_values(void **state)
+{
+    assert_int_equal(fy_fp32_to_fp16(1.0f), 0x3c00);
+    assert_int_equal(fy_fp32_to_fp16(-2.0f), 0xc000);
+    assert_int_equal(fy_fp32_to_fp16(0.5f), 0x3800);
+    assert_int_equal(fy_fp32_to_fp16(65504.0f), 0x7bff);
+    assert_int_equal(fy_fp32_to_fp16(65520.0f), 0x7c00); /* rounds up to inf */
+    assert_int_equal(fy_fp32_to_fp16(1e9f), 0x7c00);
+    assert_int_equal(fy_fp32_to_fp16(5.9604645e-8f), 0x0001); /* smallest subnormal */
+    assert_int_equal(fy_fp32_to_fp16(2.9802322e-8f), 0x0000); /* half of it: ties to even */
+    assert_int_equal(fy_fp32_to_fp16(1.0f + 1.0f / 2048), 0x3c00); /* tie, to even */
+    assert_int_equal(fy_fp32_to_fp16(1.0f + 3.0f / 2048), 0x3c02); /* tie, to even (up) */
+    assert_true(fy_fp16_to_fp32(0x7e00) != fy_fp16_to_fp32(0x7e00)); /* NaN */
+    assert_float_equal(fy_fp16_to_fp32(0x3555), 0.33325195f, 0);
+    /* every finite half survives the round trip */
+    for (uint32_t h = 0; h < 0x10000; h++) {
+        if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) continue; /* NaN payloads */
+        assert_int_equal(fy_fp32_to_fp16(fy_fp16_to_fp32((uint16_t)h)), h);
+    }
+}
+
+static void test_bf16(void **state)
+{
+    assert_int_equal(fy_fp32_to_bf16(1.0f), 0x3f80);
+    assert_float_equal(fy_bf16_to_fp32(0x4049), 3.140625f, 0);
+    assert_int_equal(fy_fp32_to_bf16(fy_fp32_from_bits(0x3f808000)), 0x3f80); /* tie to even */
+    assert_int_equal(fy_fp32_to_bf16(fy_fp32_from_bits(0x3f818000)), 0x3f82);
+    for (uint32_t h = 0; h < 0x10000; h++) {
+        if ((h & 0x7f80) == 0x7f80 && (h & 0x7f)) continue;
+        assert_int_equal(fy_fp32_to_bf16(fy_bf16_to_fp32((uint16_t)h)), h);
+    }
+}
+
+static void test_q8_0_by_hand(void **state)
+{
+    fy_block_q8_0_t b;
+    b.d = 0x3800; /* 0.5 */
+    for (int i = 0; i < 32; i++) b.qs[i] = (int8_t)(i - 16);
+    float out[32];
+    fy_dequantize_row(FY_DTYPE_Q8_0, &b, out, 32);
+    for (int i = 0; i < 32; i++) assert_float_equal(out[i], 0.5f * (i - 16), 0);
+}
+
+static void test_q4_0_by_hand(void **state)
+{
+    fy_block_q4_0_t b;
+    b.d = 0x4000; /* 2.0 */
+    for (int i = 0; i < 16; i++) b.qs[i] = (uint8_t)(i | ((15 - i) << 4));
+    float out[32];
+    fy_dequantize_row(FY_DTYPE_Q4_0, &b, out, 32);
+    /* element i (i < 16) is the low nibble, element i + 16 the high one; x = d (q - 8) */
+    for (int i = 0; i < 16; i++) {
+        assert_float_equal(out[i], 2.0f * (i - 8), 0);
+        assert_float_equal(out[i + 16], 2.0f * (15 - i - 8), 0);
+    }
+    assert_float_equal(out[0], -16.0f, 0);
+    assert_float_equal(out[31], -16.0f, 0);
+    assert_float_equal(out[16], 14.0f, 0);
+}
+
+static void test_q4_1_by_hand(void **state)
+{
+    fy_block_q4_1_t b;
+    b.d = 0x3400; /* 0.25 */
+    b.m = 0xbc00; /* -1.0 */
+    for (int i = 0; i < 16; i++) b.qs[i] = (uint8_t)((i % 16) | (3 << 4));
+    float out[32];
+    fy_dequantize_row(FY_DTYPE_Q4_1, &b, out, 32);
+    for (int i = 0; i < 16; i++) {
+        assert_float_equal(out[i], 0.25f * i - 1.0f, 0);
+        assert_float_equal(out[i + 16], 0.25f * 3 - 1.0f, 0);
+    }
+    assert_float_equal(out[15], 2.75f, 0);
+}
+
+static void test_quantize_roundtrip_error(void **state)
+{
+    uint64_t s = 3;
+    float x[256], y[256];
+    for (int i = 0; i < 256; i++) x[i] = fy_test_rand_uniform(&s);
+    struct {
+        fy_dtype_t t;
+        double tol; /* relative L2 error bound */
+    } cases[] = {{FY_DTYPE_Q8_0, 0.01}, {FY_DTYPE_Q4_0, 0.15}, {FY_DTYPE_Q4_1, 0.12}, {FY_DTYPE_F16, 1e-3},
+                 {FY_DTYPE_BF16, 8e-3}};
+    for (size_t c = 0; c < FY_ARRAY_LEN(cases); c++) {
+        char buf[1024];
+        fy_quantize_row(cases[c].t, x, buf, 256);
+        fy_dequantize_row(cases[c].t, buf, y, 256);
+        double num = 0, den = 0;
+        for (int i = 0; i < 256; i++) num += (x[i] - y[i]) * (x[i] - y[i]), den += x[i] * x[i];
+        assert_true(sqrt(num / den) < cases[c].tol);
+    }
+    size_t rb;
+    assert_int_equal(fy_dtype_row_bytes(FY_DTYPE_Q4_1, 33, &rb), FY_ERR_INVALID);
+    assert_int_equal(fy_dtype_row_bytes(FY_DTYPE_Q4_1, 64, &rb), FY_OK);
+    assert_int_equal(rb, 40);
+}
+
+/* ---- scalar against AVX2 ------------------------------------------------------------ */
+
+static void test_isa_kernels_agree(void **state)
+{
+    if (!fy_cpu_has_avx2()) skip();
+    const fy_cpu_kernels_t *S = &fy_cpu_kernels_scalar, *A = &fy_cpu_kernels_avx2;
+    uint64_t s = 17;
+    enum { N = 1536 };
+    float *x = malloc(N * sizeof(float)), *w = malloc(N * sizeof(float));
+    fy_block_q8a_t qs[N / 32], qa[N / 32];
+    char *wq = malloc(N * 4);
+    for (int rep = 0; rep < 50; rep++) {
+        float scale = rep % 2 ? 1000.0f : 0.01f;
+        for (int i = 0; i < N; i++) x[i] = fy_test_rand_uniform(&s) * scale, w[i] = fy_test_rand_uniform(&s);
+        if (rep == 3) memset(x, 0, 32 * sizeof(float)); /* an all-zero block */
+        S->quantize_q8a(x, qs, N);
+        A->quantize_q8a(x, qa, N);
+        assert_memory_equal(qs, qa, sizeof(qs)); /* same rounding, same bits */
+        for (int t = 0; t < FY_DTYPE_COUNT; t++) {
+            fy_quantize_row((fy_dtype_t)t, w, wq, N);
+            const void *xin = fy_dtype_is_quantized((fy_dtype_t)t) ? (const void *)qs : (const void *)x;
+            float a = S->vec_dot[t](wq, xin, N), b = A->vec_dot[t](wq, xin, N);
+            /* bound by the magnitudes summed, not the (possibly cancelled) result */
+            double mag = 0;
+            float wd[N];
+            fy_dequantize_row((fy_dtype_t)t, wq, wd, N);
+            for (int i = 0; i < N; i++) mag += fabs((double)wd[i] * x[i]);
+            assert_true(fabs((double)a - b) <= 1e-5 * mag + 1e-30);
+        }
+    }
+    /* axpy and f16 conversion */
+    float y1[100], y2[100], xv[100];
+    uint16_t h1[100], h2[100];
+    for (int i = 0; i < 100; i++) xv[i] = fy_test_rand_uniform(&s), y1[i] = y2[i] = fy_test_rand_uniform(&s);
+    S->axpy_f32(y1, 0.7f, xv, 100);
+    A->axpy_f32(y2, 0.7f, xv, 100);
+    for (int i = 0; i < 100; i++) assert_float_equal(y1[i], y2[i], 1e-6);
+    S->f32_to_f16(xv, h1, 100);
+    A->f32_to_f16(xv, h2, 100);
+    assert_memory_equal(h1, h2, sizeof(h1));
+    S->axpy_f16(y1, -1.5f, h1, 100);
+    A->axpy_f16(y2, -1.5f, h2, 100);
+    for (int i = 0; i < 100; i++) assert_float_equal(y1[i], y2[i], 1e-5);
+    free(x), free(w), free(wq);
+}
+
+/* ---- paged attention ------------------------------------------------------------------ */
+
+typedef struct attn_case {
+    int n_seqs;
+    int len[4];  /* tokens in the cache after this step */
+    int n_q[4];  /* of which queried this step */
+} attn_case_t;
+
+/* Contiguous reference over the same (possibly f16-rounded) K/V. */
+static void ref_attention(const float *q, const float *K, const float *V, int n_heads, int n_kv, int hd, int kv_len,
+                          int pos, double *out)
+{
+    int group = n_heads / n_kv;
+    for (int h = 0; h < n_heads; h++) {
+        int kh = h / group;
+        double mx = -INFINITY, sum = 0, sc[512];
+        for (int s = 0; s <= pos; s++) {
+            double d = 0;
+            for (int i = 0; i < hd; i++) d += (double)q[h * hd + i] * K[((size_t)s * n_kv + kh) * hd + i];
+            sc[s] = d / sqrt((double)hd);
+            if (sc[s] > mx) mx = sc[s];
+        }
+        for (int s = 0; s <= pos; s++) sum += (sc[s] = exp(sc[s] - mx));
+        for (int i = 0; i < hd; i++) {
+            double a = 0;
+            for (int s = 0; s <= pos; s++) a += sc[s] * V[((size_t)s * n_kv + kh) * hd + i];
+            out[h * hd + i] = a / sum;
+        }
+        (void)kv_len;
+    }
+}
+
+static void run_attention_case(fy_backend_t *be, int bs, fy_dtype_t kvt, const attn_case_t *c, uint64_t seed)
+{
+    const int n_heads = 6, n_kv = 2, hd = 32, n_layers = 2, layer = 1;
+    fy_kv_layout_t lay;
+    assert_int_equal(fy_kv_layout_init(&lay, n_layers, n_kv, hd, bs, kvt), FY_OK);
+    int total_blocks = 0;
+    for (int s = 0; s < c->n_seqs; s++) total_blocks += (c->len[s] + bs - 1) / bs;
+    int n_blocks = total_blocks + 8;
+    char *arena = calloc((size_t)n_blocks, lay.block_bytes);
+    /* a shuffled block order so that block tables are not the identity */
+    int *perm = malloc(sizeof(int) * n_blocks);
+    for (int i = 0; i < n_blocks; i++) perm[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) {
+        int j = (int)(fy_test_rand_u64(&seed) % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    int32_t tables[4][64];
+    fy_attn_seq_t seqs[4];
+    int used = 0, n_tok = 0;
+    for (int s = 0; s < c->n_seqs; s++) {
+        int nb = (c->len[s] + bs - 1) / bs;
+        for (int b = 0; b < nb; b++) tables[s][b] = perm[used++];
+        seqs[s] = (fy_attn_seq_t){n_tok, c->n_q[s], c->len[s], nb, tables[s]};
+        n_tok += c->n_q[s];
+    }
+    /* full K/V of every sequence (f16-rounded when the cache is f16) */
+    float *K[4], *V[4];
+    for (int s = 0; s < c->n_seqs; s++) {
+        size_t n = (size_t)c->len[s] * n_kv * hd;
+        K[s] = malloc(n * sizeof(float)), V[s] = malloc(n * sizeof(float));
+        for (size_t i = 0; i < n; i++) {
+            K[s][i] = fy_test_rand_uniform(&seed) * 2, V[s][i] = fy_test_rand_uniform(&seed);
+            if (kvt == FY_DTYPE_F16) {
+                K[s][i] = fy_fp16_to_fp32(fy_fp32_to_fp16(K[s][i]));
+                V[s][i] = fy_fp16_to_fp32(fy_fp32_to_fp16(V[s][i]));
+            }
+        }
+    }
+    /* earlier tokens: written one batch per sequence, as earlier steps would */
+    for (int s = 0; s < c->n_seqs; s++) {
+        int old = c->len[s] - c->n_q[s];
+        if (!old) continue;
+        int32_t *tok = calloc((size_t)old, sizeof(int32_t)), *pos = malloc(sizeof(int32_t) * old),
+                *slot = malloc(sizeof(int32_t) * old);
+        for (int t = 0; t < old; t++) pos[t] = t, slot[t] = tables[s][t / bs] * bs + t % bs;
+        fy_attn_seq_t one = {0, old, old, (old + bs - 1) / bs, tables[s]};
+        fy_batch_meta_t m = {old, tok, pos, slot, 1, &one};
+        assert_int_equal(fy_backend_set_batch(be, &m), FY_OK);
+        assert_int_equal(fy_backend_kv_write(be, &lay, arena, layer, K[s], V[s]), FY_OK);
+        free(tok), free(pos), free(slot);
+    }
+    /* this step: the new tokens of every sequence in one batch */
+    int32_t *tok = calloc((size_t)n_tok, sizeof(int32_t)), *pos = malloc(sizeof(int32_t) * n_tok),
+            *slot = malloc(sizeof(int32_t) * n_tok);
+    float *kn = malloc(sizeof(float) * n_tok * n_kv * hd), *vn = malloc(sizeof(float) * n_tok * n_kv * hd);
+    float *q = malloc(sizeof(float) * n_tok * n_heads * hd), *out = malloc(sizeof(float) * n_tok * n_heads * hd);
+    for (int s = 0, t = 0; s < c->n_seqs; s++) {
+        for (int i = 0; i < c->n_q[s]; i++, t++) {
+            int p = c->len[s] - c->n_q[s] + i;
+            pos[t] = p;
+            slot[t] = tables[s][p / bs] * bs + p % bs;
+            memcpy(kn + (size_t)t * n_kv * hd, K[s] + (size_t)p * n_kv * hd, sizeof(float) * n_kv * hd);
+            memcpy(vn + (size_t)t * n_kv * hd, V[s] + (size_t)p * n_kv * hd, sizeof(float) * n_kv * hd);
+        }
+    }
+    for (int i = 0; i < n_tok * n_heads * hd; i++) q[i] = fy_test_rand_uniform(&seed);
+    fy_batch_meta_t m = {n_tok, tok, pos, slot, c->n_seqs, seqs};
+    assert_int_equal(fy_backend_set_batch(be, &m), FY_OK);
+    assert_int_equal(fy_backend_kv_write(be, &lay, arena, layer, kn, vn), FY_OK);
+    assert_int_equal(fy_backend_attention(be, &lay, arena, layer, n_heads, q, out), FY_OK);
+    double ref[6 * 32];
+    for (int s = 0, t = 0; s < c->n_seqs; s++) {
+        for (int i = 0; i < c->n_q[s]; i++, t++) {
+            ref_attention(q + (size_t)t * n_heads * hd, K[s], V[s], n_heads, n_kv, hd, c->len[s], pos[t], ref);
+            for (int j = 0; j < n_heads * hd; j++) {
+                double g = out[(size_t)t * n_heads * hd + j];
+                if (fabs(g - ref[j]) > 1e-5 * (1 + fabs(ref[j])))
+                    fail_msg("block %d, seq %d, token %d, elem %d: %g vs %g", bs, s, t, j, g, ref[j]);
+            }
+        }
+    }
+    /* the other layer's slots of the touched blocks stay untouched */
+    for (int b = 0; b < n_blocks; b++) {
+        const char *l0 = arena + fy_kv_offset(&lay, b, 0, 0, 0);
+        for (size_t i = 0; i < lay.layer_bytes; i++) assert_int_equal(l0[i], 0);
+    }
+    for (int s = 0; s < c->n_seqs; s++) free(K[s]), free(V[s]);
+    free(tok), free(pos), free(slot), free(kn), free(vn), free(q), free(out), free(arena), free(perm);
+}
+
+static void test_paged_attention_matches_contiguous(void **state)
+{
+    fy_backend_t *be;
+    fy_backend_params_t bp = {.n_threads = 2};
+    assert_int_equal(fy_backend_create("cpu", &bp, &be), FY_OK);
+    fy_backend_reserve_t r = {.max_tokens = 512, .max_row = 256, .max_seqs = 4, .max_blocks = 256, .max_kv_len = 512};
+    assert_int_equal(fy_backend_reserve(be, &r), FY_OK);
+    const attn_case_t cases[] = {
+        {1, {1}, {1}},                              /* first token */
+        {1, {7}, {7}},                              /* prefill inside one block */
+        {1, {33}, {33}},                            /* prefill straddling blocks */
+        {1, {100}, {1}},                            /* decode at a long position */
+        {3, {8, 9, 16}, {1, 1, 1}},                 /* decode batch at block edges */
+        {4, {15, 17, 31, 64}, {15, 1, 4, 30}},      /* mixed prefill, decode, chunk */
+        {2, {32, 65}, {32, 33}},                    /* chunked prefill after a cached prefix */
+    };
+    int bss[] = {8, 16, 32};
+    fy_dtype_t kvts[] = {FY_DTYPE_F32, FY_DTYPE_F16};
+    for (size_t b = 0; b < 3; b++)
+        for (size_t k = 0; k < 2; k++)
+            for (size_t c = 0; c < FY_ARRAY_LEN(cases); c++)
+                run_attention_case(be, bss[b], kvts[k], &cases[c], 1000 + c);
+    fy_backend_destroy(be);
+}
+
+/* ---- thread pool ------------------------------------------------------------------------ */
+
+typedef struct tp_job {
+    _Atomic int *hits;
+    _Atomic long sum;
+} tp_job_t;
+
+static void tp_fn(void *arg, int64_t b, int64_t e, int thread)
+{
+    tp_job_t *j = arg;
+    long s = 0;
+    for (int64_t i = b; i < e; i++) {
+        atomic_fetch_add(&j->hits[i], 1);
+        s += i;
+    }
+    atomic_fetch_add(&j->sum, s);
+}
+
+static void test_threadpool_runs_every_item_once(void **state)
+{
+    enum { N = 10000 };
+    _Atomic int *hits = calloc(N, sizeof(*hits));
+    for (int threads = 1; threads <= 4; threads++) {
+        fy_threadpool_t *tp;
+        assert_int_equal(fy_threadpool_create(threads, &tp), FY_OK);
+        for (int rep = 0; rep < 2000; rep++) {
+            int64_t n = 1 + rep * 7 % N, chunk = 1 + rep % 13;
+            for (int64_t i = 0; i < n; i++) hits[i] = 0;
+            tp_job_t j = {hits, 0};
+            fy_threadpool_run(tp, n, chunk, tp_fn, &j);
+            assert_int_equal(j.sum, n * (n - 1) / 2);
+            for (int64_t i = 0; i < n; i++) assert_int_equal(hits[i], 1);
+        }
+        /* more chunks than the claim word holds: the pool widens them */
+        tp_job_t j = {hits, 0};
+        for (int64_t i = 0; i < N; i++) hits[i] = 0;
+        fy_threadpool_run(tp, N, 1, tp_fn, &j);
+        assert_int_equal(j.sum, (long)N * (N - 1) / 2);
+        fy_threadpool_destroy(tp);
+    }
+    free(hits);
+    fy_threadpool_t *tp;
+    fy_test_log_begin();
+    assert_int_equal(fy_threadpool_create(0, &tp), FY_ERR_INVALID);
+    fy_test_log_end();
+}
+
+static void test_backend_rejects_bad_params(void **state)
+{
+    fy_backend_t *be;
+    fy_test_log_begin();
+    fy_backend_params_t bp = {.isa = "sse9"};
+    assert_int_equal(fy_backend_create("cpu", &bp, &be), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("unknown isa", "sse9", NULL));
+    assert_int_equal(fy_backend_create("tpu", NULL, &be), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("unknown backend", "tpu", NULL));
+    fy_backend_params_t many = {.n_threads = 100000};
+    assert_int_equal(fy_backend_create("cpu", &many, &be), FY_ERR_INVALID);
+    fy_test_log_end();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fp16_known_values),
+        cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_q8_0_by_hand),
+        cmocka_unit_test(test_q4_0_by_hand),
+        cmocka_unit_test(test_q4_1_by_hand),
+        cmocka_unit_test(test_quantize_roundtrip_error),
+        cmocka_unit_test(test_isa_kernels_agree),
+        cmocka_unit_test(test_paged_attention_matches_contiguous),
+        cmocka_unit_test(test_threadpool_runs_every_item_once),
+        cmocka_unit_test(test_backend_rejects_bad_params),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

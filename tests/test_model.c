@@ -1,0 +1,428 @@
+/*
+ * test_model.c - loading tiny models from GGUF and safetensors, and the
+ * forward pass against a double-precision reference: prefill in chunks,
+ * token-by-token decode, every KV block size, batches of several
+ * sequences, thread counts and instruction sets.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "gguf_writer.h"
+#include "kv.h"
+#include "mem.h"
+#include "model.h"
+#include "runner.h"
+#include "testutil.h"
+#include "tinymodel.h"
+
+#define N_TOK 45 /* straddles block boundaries at 8, 16 and 32 */
+
+static void make_tokens(int32_t *t, int n, int vocab, uint64_t seed)
+{
+    for (int i = 0; i < n; i++) t[i] = (int32_t)(fy_test_rand_u64(&seed) % (uint64_t)vocab);
+}
+
+typedef struct env {
+    fy_model_t *m;
+    fy_backend_t *be;
+    fy_runner_t *r;
+    fy_kv_pool_t *pool;
+} env_t;
+
+static void env_open(env_t *e, const char *path, int threads, const char *isa, int block_size, fy_dtype_t kv,
+                     int max_batch, int max_seqs)
+{
+    memset(e, 0, sizeof(*e));
+    assert_int_equal(fy_model_load(path, &e->m), FY_OK);
+    fy_backend_params_t bp = {.n_threads = threads, .isa = isa};
+    assert_int_equal(fy_backend_create("cpu", &bp, &e->be), FY_OK);
+    fy_runner_params_t rp;
+    fy_runner_params_default(&rp);
+    rp.max_batch_tokens = max_batch;
+    rp.max_seqs = max_seqs;
+    rp.max_logits = max_batch;
+    rp.max_ctx = 256;
+    rp.block_size = block_size;
+    rp.kv_dtype = kv;
+    rp.n_kv_blocks = max_seqs * (256 / block_size);
+    assert_int_equal(fy_runner_create(e->m, e->be, &rp, &e->r), FY_OK);
+    assert_int_equal(fy_kv_pool_create(rp.n_kv_blocks, &e->pool), FY_OK);
+}
+
+static void env_close(env_t *e)
+{
+    assert_int_equal(fy_kv_pool_n_free(e->pool), fy_kv_pool_n_blocks(e->pool)); /* nothing leaked */
+    fy_kv_pool_destroy(e->pool);
+    fy_runner_destroy(e->r);
+    fy_backend_destroy(e->be);
+    fy_model_destroy(e->m);
+}
+
+/* Runs tokens through the runner in chunks of `chunk`, asking logits for
+ * every token; fills out [n, vocab]. */
+static void run_chunked(env_t *e, const int32_t *tok, int n, int chunk, float *out)
+{
+    int vocab = fy_model_config(e->m)->vocab_size;
+    fy_block_table_t bt;
+    assert_int_equal(fy_block_table_init(&bt, fy_runner_kv_layout(e->r)->block_size, 256), FY_OK);
+    for (int done = 0; done < n;) {
+        int k = n - done < chunk ? n - done : chunk;
+        assert_int_equal(fy_block_table_reserve(&bt, e->pool, done + k), FY_OK);
+        fy_forward_seq_t f = {&bt, tok + done, k, done, k};
+        assert_int_equal(fy_runner_forward(e->r, &f, 1, out + (long)done * vocab), FY_OK);
+        done += k;
+        bt.n_tokens = done;
+    }
+    fy_block_table_release(&bt, e->pool);
+    fy_block_table_deinit(&bt);
+}
+
+static void check_against_reference(const char *path, const fy_tiny_model_t *tm, double tol, fy_dtype_t kv)
+{
+    int32_t tok[N_TOK];
+    make_tokens(tok, N_TOK, tm->vocab, 7);
+    double *ref = malloc(sizeof(double) * N_TOK * tm->vocab);
+    float *got = malloc(sizeof(float) * N_TOK * tm->vocab);
+    fy_tiny_reference(tm, tok, N_TOK, ref);
+    int block_sizes[] = {8, 16, 32};
+    int chunks[] = {1, 7, N_TOK};
+    for (size_t b = 0; b < 3; b++) {
+        env_t e;
+        env_open(&e, path, 2, NULL, block_sizes[b], kv, 64, 4);
+        for (size_t c = 0; c < 3; c++) {
+            memset(got, 0, sizeof(float) * N_TOK * tm->vocab);
+            run_chunked(&e, tok, N_TOK, chunks[c], got);
+            double err = fy_rel_err(got, ref, (long)N_TOK * tm->vocab);
+            if (err >= tol)
+                fprintf(stderr, "%s: block %d chunk %d: relative error %.3g >= %.3g\n", path, block_sizes[b],
+                        chunks[c], err, tol);
+            assert_true(err < tol);
+        }
+        env_close(&e);
+    }
+    free(ref);
+    free(got);
+}
+
+static void test_gguf_f32_matches_reference(void **state)
+{
+    fy_tiny_cfg_t c;
+    fy_tiny_cfg_default(&c);
+    fy_tiny_model_t tm;
+    fy_tiny_init(&tm, &c);
+    const char *path = fy_test_path("tiny-f32.gguf");
+    assert_true(fy_tiny_write_gguf(&tm, path, GW_F32));
+    check_against_reference(path, &tm, 1e-5, FY_DTYPE_F32);
+    fy_tiny_free(&tm);
+}
+
+static void test_gguf_tied_f32(void **state)
+{
+    fy_tiny_cfg_t c;
+    fy_tiny_cfg_default(&c);
+    c.tied = true;
+    c.n_kv_heads = 4; /* plain multi-head attention too */
+    c.seed = 5;
+    fy_tiny_model_t tm;
+    fy_tiny_init(&tm, &c);
+    const char *path = fy_test_path("tiny-tied.gguf");
+    assert_true(fy_tiny_write_gguf(&tm, path, GW_F32));
+    fy_model_t *m;
+    assert_int_equal(fy_model_load(path, &m), FY_OK);
+    assert_true(fy_model_config(m)->tied_embeddings);
+    assert_ptr_equal(fy_model_weights(m)->output.data, fy_model_weights(m)->tok_embd.data);
+    fy_model_destroy(m);
+    check_against_reference(path, &tm, 1e-5, FY_DTYPE_F32);
+    fy_tiny_free(&tm);
+}
+
+static void test_hf_f32_matches_reference(void **state)
+{
+    fy_tiny_cfg_t c;
+    fy_tiny_cfg_default(&c);
+    c.seed = 11;
+    fy_tiny_model_t tm;
+    fy_tiny_init(&tm, &c);
+    const char *dir = fy_test_path("tiny-hf");
+    assert_true(fy_tiny_write_hf(&tm, dir, "F32", 1));
+    check_against_reference(dir, &tm, 1e-5, FY_DTYPE_F32);
+    fy_tiny_free(&tm);
+}
+
+static void test_hf_sharded_tied(void **state)
+{
+    fy_tiny_cfg_t c;
+    fy_tiny_cfg_default(&c);
+    c.seed = 12;
+    c.tied = true;
+    fy_tiny_model_t tm;
+    fy_tiny_init(&tm, &c);
+    const char *dir = fy_test_path("tiny-hf-sharded");
+    assert_true(fy_tiny_write_hf(&tm, dir, "F32", 3));
+    check_against_reference(dir, &tm, 1e-5, FY_DTYPE_F32);
+    fy_tiny_free(&tm);
+}
+
+static void test_16bit_weights(void **state)
+{
+    struct {
+        uint32_t gguf;
+        const char *hf;
+    } cases[] = {{GW_F16, "F16"}, {GW_BF16, "BF16"}};
+    for (size_t i = 0; i < 2; i++) {
+        fy_tiny_cfg_t c;
+        fy_tiny_cfg_default(&c);
+        c.seed = 20 + i;
+        fy_tiny_model_t tm;
+        fy_tiny_init(&tm, &c);
+        fy_tiny_roundtrip(&tm, cases[i].gguf); /* the reference sees the stored weights */
+        char name[64];
+        snprintf(name, sizeof(name), "tiny-%s.gguf", cases[i].hf);
+        const char *path = fy_test_path(name);
+        assert_true(fy_tiny_write_gguf(&tm, path, cases[i].gguf));
+        check_against_reference(path, &tm, 1e-5, FY_DTYPE_F32);
+        snprintf(name, sizeof(name), "tiny-hf-%s", cases[i].hf);
+        const char *dir = fy_test_path(name);
+        assert_true(fy_tiny_write_hf(&tm, dir, cases[i].hf, 1));
+        check_against_reference(dir, &tm, 1e-5, FY_DTYPE_F32);
+        fy_tiny_free(&tm);
+    }
+}
+
+static void test_quantized_weights(void **state)
+{
+    /* activations are quantized to 8 bits for the integer dot products:
+     * about 1% relative error is the expected cost */
+    uint32_t types[] = {GW_Q8_0, GW_Q4_0, GW_Q4_1};
+    for (size_t i = 0; i < 3; i++) {
+        fy_tiny_cfg_t c;
+        fy_tiny_cfg_default(&c);
+        c.seed = 30 + i;
+        fy_tiny_model_t tm;
+        fy_tiny_init(&tm, &c);
+        fy_tiny_roundtrip(&tm, types[i]);
+        char name[64];
+        snprintf(name, sizeof(name), "tiny-q%u.gguf", types[i]);
+        const char *path = fy_test_path(name);
+        assert_true(fy_tiny_write_gguf(&tm, path, types[i]));
+        check_against_reference(path, &tm, 3e-2, FY_DTYPE_F32);
+        fy_tiny_free(&tm);
+    }
+}
+
+static void test_f16_kv(void **state)
+{
+    fy_tiny_cfg_t c;
+    fy_tiny_cfg_default(&c);
+    fy_tiny_model_t tm;
+    fy_tiny_init(&tm, &c);
+    const char *path = fy_test_path("tiny-kvf16.gguf");
+    assert_true(fy_tiny_write_gguf(&tm, path, GW_F32));
+    check_against_reference(path, &tm, 2e-3, FY_DTYPE_F16);
+    fy_tiny_free(&tm);
+}
+
+/* Logits of several sequences run together equal, bit for bit, the logits
+ * of each run alone; so do results across thread counts. */
+static void test_batch_and_thread_invariance(void **state)
+{
+    fy_tiny_cfg_t c;
+    fy_tiny_cfg_default(&c);
+    fy_tiny_model_t tm;
+    fy_tiny_init(&tm, &c);
+    const char *path = fy_test_path("tiny-q4.gguf");
+    assert_true(fy_tiny_write_gguf(&tm, path, GW_Q4_1));
+    int vocab = tm.vocab;
+    enum { NS = 3 };
+    int lens[NS] = {5, 23, 17};
+    int32_t tok[NS][32];
+    for (int s = 0; s < NS; s++) make_tokens(tok[s], lens[s], vocab, 100 + s);
+
+    /* alone, 1 thread: prefill all but the last token, then decode it */
+    float *alone = calloc((size_t)NS * vocab, sizeof(float));
+    env_t e;
+    env_open(&e, path, 1, NULL, 16, FY_DTYPE_F16, 64, NS);
+    for (int s = 0; s < NS; s++) {
+        fy_block_table_t bt;
+        assert_int_equal(fy_block_table_init(&bt, 16, 256), FY_OK);
+        assert_int_equal(fy_block_table_reserve(&bt, e.pool, lens[s]), FY_OK);
+        fy_forward_seq_t f = {&bt, tok[s], lens[s] - 1, 0, 0};
+        float dummy;
+        assert_int_equal(fy_runner_forward(e.r, &f, 1, &dummy), FY_OK);
+        fy_forward_seq_t d = {&bt, tok[s] + lens[s] - 1, 1, lens[s] - 1, 1};
+        assert_int_equal(fy_runner_forward(e.r, &d, 1, alone + (long)s * vocab), FY_OK);
+        fy_block_table_release(&bt, e.pool);
+        fy_block_table_deinit(&bt);
+    }
+    env_close(&e);
+
+    for (int threads = 1; threads <= 3; threads++) {
+        env_open(&e, path, threads, NULL, 16, FY_DTYPE_F16, 64, NS);
+        fy_block_table_t bt[NS];
+        fy_forward_seq_t f[NS];
+        /* a mixed batch: prefill of all but the last token for each */
+        for (int s = 0; s < NS; s++) {
+            assert_int_equal(fy_block_table_init(&bt[s], 16, 256), FY_OK);
+            assert_int_equal(fy_block_table_reserve(&bt[s], e.pool, lens[s]), FY_OK);
+            f[s] = (fy_forward_seq_t){&bt[s], tok[s], lens[s] - 1, 0, 0};
+        }
+        float dummy;
+        assert_int_equal(fy_runner_forward(e.r, f, NS, &dummy), FY_OK);
+        for (int s = 0; s < NS; s++) f[s] = (fy_forward_seq_t){&bt[s], tok[s] + lens[s] - 1, 1, lens[s] - 1, 1};
+        float *batched = calloc((size_t)NS * vocab, sizeof(float));
+        assert_int_equal(fy_runner_forward(e.r, f, NS, batched), FY_OK);
+        assert_memory_equal(batched, alone, sizeof(float) * NS * vocab);
+        free(batched);
+        for (int s = 0; s < NS; s++) {
+            fy_block_table_release(&bt[s], e.pool);
+            fy_block_table_deinit(&bt[s]);
+        }
+        env_close(&e);
+    }
+    free(alone);
+    fy_tiny_free(&tm);
+}
+
+/* The AVX2 kernels agree with the scalar reference kernels. */
+static void test_isa_agreement(void **state)
+{
+    fy_backend_t *probe;
+    fy_backend_params_t bp = {.n_threads = 1, .isa = "avx2"};
+    fy_test_log_begin();
+    fy_status_t st = fy_backend_create("cpu", &bp, &probe);
+    fy_test_log_end();
+    if (st != FY_OK) {
+        skip(); /* no avx2 here */
+    }
+    fy_backend_destroy(probe);
+    uint32_t types[] = {GW_F32, GW_F16, GW_BF16, GW_Q8_0, GW_Q4_0, GW_Q4_1};
+    for (size_t i = 0; i < FY_ARRAY_LEN(types); i++) {
+        fy_tiny_cfg_t c;
+        fy_tiny_cfg_default(&c);
+        fy_tiny_model_t tm;
+        fy_tiny_init(&tm, &c);
+        char name[64];
+        snprintf(name, sizeof(name), "tiny-isa-%u.gguf", types[i]);
+        const char *path = fy_test_path(name);
+        assert_true(fy_tiny_write_gguf(&tm, path, types[i]));
+        int32_t tok[N_TOK];
+        make_tokens(tok, N_TOK, tm.vocab, 9);
+        float *a = malloc(sizeof(float) * N_TOK * tm.vocab), *b = malloc(sizeof(float) * N_TOK * tm.vocab);
+        env_t e;
+        env_open(&e, path, 2, "scalar", 16, FY_DTYPE_F16, 64, 1);
+        run_chunked(&e, tok, N_TOK, 16, a);
+        env_close(&e);
+        env_open(&e, path, 2, "avx2", 16, FY_DTYPE_F16, 64, 1);
+        run_chunked(&e, tok, N_TOK, 16, b);
+        env_close(&e);
+        double num = 0, den = 0;
+        for (long j = 0; j < (long)N_TOK * tm.vocab; j++) {
+            num += ((double)a[j] - b[j]) * ((double)a[j] - b[j]);
+            den += (double)a[j] * a[j];
+        }
+        /* quantized weights multiply 8-bit activations: a rounding step
+         * that turns last-bit differences upstream into 1/127 steps, so
+         * whole-model agreement is looser there (tests/test_kernels.c
+         * compares the kernels themselves on identical inputs) */
+        double tol = types[i] == GW_F32 || types[i] == GW_F16 || types[i] == GW_BF16 ? 1e-5 : 1e-2;
+        if (sqrt(num / den) >= tol) fprintf(stderr, "type %u: scalar vs avx2 %.3g\n", types[i], sqrt(num / den));
+        assert_true(sqrt(num / den) < tol);
+        free(a), free(b);
+        fy_tiny_free(&tm);
+    }
+}
+
+static void test_forward_rejects_bad_input(void **state)
+{
+    fy_tiny_cfg_t c;
+    fy_tiny_cfg_default(&c);
+    fy_tiny_model_t tm;
+    fy_tiny_init(&tm, &c);
+    const char *path = fy_test_path("tiny-bad.gguf");
+    assert_true(fy_tiny_write_gguf(&tm, path, GW_F32));
+    env_t e;
+    env_open(&e, path, 1, NULL, 16, FY_DTYPE_F32, 32, 2);
+    fy_block_table_t bt;
+    assert_int_equal(fy_block_table_init(&bt, 16, 256), FY_OK);
+    assert_int_equal(fy_block_table_reserve(&bt, e.pool, 16), FY_OK);
+    float *logits = malloc(sizeof(float) * tm.vocab);
+    int32_t bad[2] = {5, tm.vocab};
+    fy_forward_seq_t f = {&bt, bad, 2, 0, 1};
+    fy_test_log_begin();
+    assert_int_equal(fy_runner_forward(e.r, &f, 1, logits), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("token id", "out of range", NULL));
+    int32_t ok[1] = {3};
+    fy_forward_seq_t past = {&bt, ok, 1, 16, 1}; /* position 16 has no block */
+    assert_int_equal(fy_runner_forward(e.r, &past, 1, logits), FY_ERR_INVALID);
+    fy_forward_seq_t big = {&bt, ok, 40, 0, 1}; /* more than the batch allows */
+    assert_int_equal(fy_runner_forward(e.r, &big, 1, logits), FY_ERR_INVALID);
+    fy_test_log_end();
+    fy_block_table_release(&bt, e.pool);
+    fy_block_table_deinit(&bt);
+    free(logits);
+    env_close(&e);
+    fy_tiny_free(&tm);
+}
+
+static void test_load_reports_config(void **state)
+{
+    fy_tiny_cfg_t c;
+    fy_tiny_cfg_default(&c);
+    fy_tiny_model_t tm;
+    fy_tiny_init(&tm, &c);
+    const char *path = fy_test_path("tiny-cfg.gguf");
+    assert_true(fy_tiny_write_gguf(&tm, path, GW_Q4_1));
+    const char *dir = fy_test_path("tiny-cfg-hf");
+    assert_true(fy_tiny_write_hf(&tm, dir, "BF16", 1));
+    const char *paths[] = {path, dir};
+    for (int i = 0; i < 2; i++) {
+        fy_model_t *m;
+        assert_int_equal(fy_model_load(paths[i], &m), FY_OK);
+        const fy_model_config_t *mc = fy_model_config(m);
+        assert_int_equal(mc->n_layers, c.n_layers);
+        assert_int_equal(mc->dim, c.dim);
+        assert_int_equal(mc->n_heads, c.n_heads);
+        assert_int_equal(mc->n_kv_heads, c.n_kv_heads);
+        assert_int_equal(mc->head_dim, c.dim / c.n_heads);
+        assert_int_equal(mc->ffn_dim, c.ffn);
+        assert_int_equal(mc->vocab_size, tm.vocab);
+        assert_int_equal(mc->max_ctx, c.max_ctx);
+        assert_float_equal(mc->rope_theta, c.theta, 1e-3);
+        assert_float_equal(mc->norm_eps, c.eps, 1e-9);
+        assert_int_equal(mc->rope_style, i == 0 ? FY_ROPE_NORM : FY_ROPE_NEOX);
+        const fy_layer_weights_t *L = &fy_model_weights(m)->layers[1];
+        assert_int_equal(L->wq.dtype, i == 0 ? FY_DTYPE_Q4_1 : FY_DTYPE_BF16);
+        assert_int_equal(L->w_down.ne[0], c.ffn);
+        assert_int_equal(L->w_down.ne[1], c.dim);
+        assert_int_equal(L->attn_norm.dtype, FY_DTYPE_F32); /* bf16 norms converted */
+        fy_model_destroy(m);
+    }
+    fy_tiny_free(&tm);
+}
+
+static int teardown(void **state)
+{
+    fy_test_tmpdir_remove();
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_load_reports_config),
+        cmocka_unit_test(test_gguf_f32_matches_reference),
+        cmocka_unit_test(test_gguf_tied_f32),
+        cmocka_unit_test(test_hf_f32_matches_reference),
+        cmocka_unit_test(test_hf_sharded_tied),
+        cmocka_unit_test(test_16bit_weights),
+        cmocka_unit_test(test_quantized_weights),
+        cmocka_unit_test(test_f16_kv),
+        cmocka_unit_test(test_batch_and_thread_invariance),
+        cmocka_unit_test(test_isa_agreement),
+        cmocka_unit_test(test_forward_rejects_bad_input),
+    };
+    return cmocka_run_group_tests(tests, NULL, teardown);
+}

@@ -1,0 +1,228 @@
+/*
+ * test_sampling.c - the sampler (greedy, temperature, top-k, top-p,
+ * min-p, seeding) and stop strings over streamed text.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mem.h"
+#include "sampler.h"
+#include "stop.h"
+#include "testutil.h"
+
+#define V 8
+
+static void counts_for(const fy_sampling_params_t *p, const float *logits, int n_draws, int *counts)
+{
+    fy_sampler_t *s;
+    assert_int_equal(fy_sampler_create(V, &s), FY_OK);
+    fy_rng_t rng;
+    fy_rng_seed(&rng, p->seed);
+    memset(counts, 0, sizeof(int) * V);
+    for (int i = 0; i < n_draws; i++) counts[fy_sampler_sample(s, p, &rng, logits, NULL)]++;
+    fy_sampler_destroy(s);
+}
+
+static void test_greedy_and_ties(void **state)
+{
+    float l[V] = {0, 3, 1, 3, -1, 2, 0, 0};
+    assert_int_equal(fy_argmax(l, V), 1); /* lowest id wins a tie */
+    fy_sampling_params_t p;
+    fy_sampling_params_default(&p);
+    int c[V];
+    counts_for(&p, l, 100, c);
+    assert_int_equal(c[1], 100);
+    p.temperature = 1.0f, p.top_k = 1;
+    counts_for(&p, l, 100, c);
+    assert_int_equal(c[1], 100);
+}
+
+/* At temperature 1 with no filters, draws follow softmax(logits):
+ * chi-square with 7 degrees of freedom below its 0.999 quantile (24.3). */
+static void test_distribution_matches_softmax(void **state)
+{
+    float l[V] = {0.5f, 1.0f, -0.3f, 2.0f, 0.0f, -1.0f, 1.5f, 0.2f};
+    fy_sampling_params_t p = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 99};
+    enum { N = 200000 };
+    int c[V];
+    counts_for(&p, l, N, c);
+    double z = 0, chi = 0;
+    for (int i = 0; i < V; i++) z += exp(l[i]);
+    for (int i = 0; i < V; i++) {
+        double e = N * exp(l[i]) / z;
+        chi += (c[i] - e) * (c[i] - e) / e;
+    }
+    assert_true(chi < 24.3);
+    /* temperature 0.5 sharpens: the top token gains */
+    int c2[V];
+    p.temperature = 0.5f;
+    counts_for(&p, l, N, c2);
+    assert_true(c2[3] > c[3] + N / 20);
+}
+
+static void test_filters(void **state)
+{
+    /* probabilities at temperature 1: token 3 ~ 0.35, 6 ~ 0.21, 1 ~ 0.13, ... */
+    float l[V] = {0.5f, 1.0f, -0.3f, 2.0f, 0.0f, -1.0f, 1.5f, 0.2f};
+    fy_sampling_params_t p = {.temperature = 1.0f, .top_k = 2, .top_p = 1.0f, .min_p = 0.0f, .seed = 1};
+    int c[V];
+    counts_for(&p, l, 10000, c);
+    for (int i = 0; i < V; i++)
+        if (i != 3 && i != 6) assert_int_equal(c[i], 0);
+    assert_true(c[3] > c[6] && c[6] > 2000);
+    /* top_p 0.5: the nucleus is {3, 6} (0.35 + 0.21 >= 0.5) */
+    p.top_k = 0, p.top_p = 0.5f;
+    counts_for(&p, l, 10000, c);
+    for (int i = 0; i < V; i++)
+        if (i != 3 && i != 6) assert_int_equal(c[i], 0);
+    /* top_p 0.3: only the best token */
+    p.top_p = 0.3f;
+    counts_for(&p, l, 1000, c);
+    assert_int_equal(c[3], 1000);
+    /* min_p 0.5: tokens with p >= 0.5 p(best): 3 and 6 (e^-0.5 = 0.61) */
+    p.top_p = 1.0f, p.min_p = 0.5f;
+    counts_for(&p, l, 10000, c);
+    for (int i = 0; i < V; i++)
+        if (i != 3 && i != 6) assert_int_equal(c[i], 0);
+    /* top_k larger than the vocabulary is no filter */
+    p.min_p = 0.0f, p.top_k = 1000;
+    counts_for(&p, l, 20000, c);
+    for (int i = 0; i < V; i++) assert_true(c[i] > 0);
+}
+
+static void test_seeded_reproducible(void **state)
+{
+    float l[V] = {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f, 0.7f, 0.8f};
+    fy_sampler_t *s;
+    assert_int_equal(fy_sampler_create(V, &s), FY_OK);
+    fy_sampling_params_t p = {.temperature = 1.0f, .top_k = 5, .top_p = 0.9f, .min_p = 0.0f, .seed = 1234};
+    int32_t a[200], b[200], d[200];
+    fy_rng_t r1, r2, r3;
+    fy_rng_seed(&r1, 1234);
+    fy_rng_seed(&r2, 1234);
+    fy_rng_seed(&r3, 1235);
+    for (int i = 0; i < 200; i++) {
+        a[i] = fy_sampler_sample(s, &p, &r1, l, NULL);
+        b[i] = fy_sampler_sample(s, &p, &r2, l, NULL);
+        d[i] = fy_sampler_sample(s, &p, &r3, l, NULL);
+    }
+    assert_memory_equal(a, b, sizeof(a));
+    assert_memory_not_equal(a, d, sizeof(a));
+    float lp;
+    fy_sampling_params_default(&p);
+    fy_sampler_sample(s, &p, &r1, l, &lp);
+    double z = 0;
+    for (int i = 0; i < V; i++) z += exp(l[i]);
+    assert_float_equal(lp, log(exp(0.8) / z), 1e-5);
+    fy_sampler_destroy(s);
+}
+
+static void test_params_checked(void **state)
+{
+    fy_sampling_params_t p;
+    fy_sampling_params_default(&p);
+    assert_int_equal(fy_sampling_params_check(&p), FY_OK);
+    fy_test_log_begin();
+    p.temperature = -1;
+    assert_int_equal(fy_sampling_params_check(&p), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("temperature", NULL));
+    fy_sampling_params_default(&p);
+    p.top_p = 0;
+    assert_int_equal(fy_sampling_params_check(&p), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("top_p", NULL));
+    fy_sampling_params_default(&p);
+    p.top_k = -5;
+    assert_int_equal(fy_sampling_params_check(&p), FY_ERR_INVALID);
+    fy_sampling_params_default(&p);
+    p.min_p = NAN;
+    assert_int_equal(fy_sampling_params_check(&p), FY_ERR_INVALID);
+    fy_test_log_end();
+}
+
+/* ---- stop strings ---------------------------------------------------------------------- */
+
+typedef struct sink {
+    char buf[1024];
+    size_t len;
+} sink_t;
+
+static void collect(void *arg, const char *text, size_t len)
+{
+    sink_t *s = arg;
+    assert_true(s->len + len < sizeof(s->buf));
+    memcpy(s->buf + s->len, text, len);
+    s->len += len;
+    s->buf[s->len] = '\0';
+}
+
+static bool feed_pieces(fy_stopper_t *st, const char *const *pieces, sink_t *out)
+{
+    for (int i = 0; pieces[i]; i++)
+        if (fy_stopper_feed(st, pieces[i], strlen(pieces[i]), collect, out)) return true;
+    fy_stopper_flush(st, collect, out);
+    return false;
+}
+
+static void test_stop_strings(void **state)
+{
+    const char *stops[] = {"\n\nUser:", "END"};
+    fy_stopper_t st;
+    sink_t out = {0};
+    assert_int_equal(fy_stopper_init(&st, stops, 2, 64), FY_OK);
+    const char *p1[] = {"Hello", " there", "\n", "\nUs", "er:", " more", NULL};
+    assert_true(feed_pieces(&st, p1, &out));
+    assert_string_equal(out.buf, "Hello there");
+    fy_stopper_deinit(&st);
+
+    /* a partial match that turns out not to be one is released */
+    assert_int_equal(fy_stopper_init(&st, stops, 2, 64), FY_OK);
+    memset(&out, 0, sizeof(out));
+    const char *p2[] = {"EN", "D", NULL};
+    assert_true(feed_pieces(&st, p2, &out));
+    assert_string_equal(out.buf, "");
+    fy_stopper_deinit(&st);
+
+    assert_int_equal(fy_stopper_init(&st, stops, 2, 64), FY_OK);
+    memset(&out, 0, sizeof(out));
+    const char *p3[] = {"EN", "TRY ", "\n\nUse", "d", NULL};
+    assert_false(feed_pieces(&st, p3, &out));
+    assert_string_equal(out.buf, "ENTRY \n\nUsed");
+    fy_stopper_deinit(&st);
+
+    /* the earliest match wins; nothing after it leaks */
+    assert_int_equal(fy_stopper_init(&st, stops, 2, 64), FY_OK);
+    memset(&out, 0, sizeof(out));
+    const char *p4[] = {"aENDb\n\nUser:c", NULL};
+    assert_true(feed_pieces(&st, p4, &out));
+    assert_string_equal(out.buf, "a");
+    fy_stopper_deinit(&st);
+
+    /* no stop strings: everything passes straight through */
+    assert_int_equal(fy_stopper_init(&st, NULL, 0, 64), FY_OK);
+    memset(&out, 0, sizeof(out));
+    const char *p5[] = {"x", "y", NULL};
+    assert_false(feed_pieces(&st, p5, &out));
+    assert_string_equal(out.buf, "xy");
+    fy_stopper_deinit(&st);
+
+    const char *bad[] = {""};
+    fy_test_log_begin();
+    assert_int_equal(fy_stopper_init(&st, bad, 1, 64), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("empty", NULL));
+    fy_test_log_end();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_greedy_and_ties),
+        cmocka_unit_test(test_distribution_matches_softmax),
+        cmocka_unit_test(test_filters),
+        cmocka_unit_test(test_seeded_reproducible),
+        cmocka_unit_test(test_params_checked),
+        cmocka_unit_test(test_stop_strings),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

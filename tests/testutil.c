@@ -1,0 +1,162 @@
+/* testutil.c - shared helpers for the tests. */
+#define _GNU_SOURCE
+#include "testutil.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "mem.h"
+
+#define LOG_CAP (64 * 1024)
+static char g_log[LOG_CAP];
+static size_t g_log_len;
+
+static void sink(fy_log_level_t level, const char *line, void *arg)
+{
+    (void)level;
+    (void)arg;
+    size_t n = strlen(line);
+    if (g_log_len + n + 2 < LOG_CAP) {
+        memcpy(g_log + g_log_len, line, n);
+        g_log_len += n;
+        g_log[g_log_len++] = '\n';
+        g_log[g_log_len] = '\0';
+    }
+    if (getenv("FERRY_TEST_VERBOSE")) fprintf(stderr, "[captured] %s\n", line);
+}
+
+void fy_test_log_begin(void)
+{
+    g_log_len = 0;
+    g_log[0] = '\0';
+    fy_log_set_sink(sink, NULL);
+}
+
+void fy_test_log_end(void) { fy_log_set_sink(NULL, NULL); }
+
+const char *fy_test_log_text(void) { return g_log; }
+
+bool fy_test_log_has(const char *first, ...)
+{
+    const char *line = g_log;
+    while (*line) {
+        const char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) : strlen(line);
+        char buf[2048];
+        snprintf(buf, sizeof(buf), "%.*s", (int)len, line);
+        bool all = true;
+        va_list ap;
+        va_start(ap, first);
+        for (const char *s = first; s; s = va_arg(ap, const char *))
+            if (!strstr(buf, s)) all = false;
+        va_end(ap);
+        if (all) return true;
+        line += len + (end ? 1 : 0);
+    }
+    return false;
+}
+
+static char g_tmpdir[512];
+
+const char *fy_test_tmpdir(void)
+{
+    if (g_tmpdir[0]) return g_tmpdir;
+    const char *base = getenv("TMPDIR");
+    snprintf(g_tmpdir, sizeof(g_tmpdir), "%s/ferry-test-XXXXXX", base ? base : "/tmp");
+    if (!mkdtemp(g_tmpdir)) {
+        perror("mkdtemp");
+        abort();
+    }
+    return g_tmpdir;
+}
+
+static void remove_tree(const char *path)
+{
+    DIR *d = opendir(path);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            char sub[1024];
+            snprintf(sub, sizeof(sub), "%s/%s", path, e->d_name);
+            struct stat sb;
+            if (lstat(sub, &sb) == 0 && S_ISDIR(sb.st_mode))
+                remove_tree(sub);
+            else
+                unlink(sub);
+        }
+        closedir(d);
+        rmdir(path);
+    }
+}
+
+void fy_test_tmpdir_remove(void)
+{
+    if (!g_tmpdir[0]) return;
+    remove_tree(g_tmpdir);
+    g_tmpdir[0] = '\0';
+}
+
+const char *fy_test_path(const char *name)
+{
+    static char bufs[8][1024];
+    static int next;
+    char *b = bufs[next++ % 8];
+    snprintf(b, sizeof(bufs[0]), "%s/%s", fy_test_tmpdir(), name);
+    return b;
+}
+
+const char *fy_test_default_model(void)
+{
+    const char *p = getenv("FERRY_MODEL");
+    if (!p) p = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (access(p, R_OK) != 0) {
+        fprintf(stderr, "note: default model %s not present (run 'make model'); skipping\n", p);
+        return NULL;
+    }
+    return p;
+}
+
+char *fy_test_read_file(const char *path, size_t *len_p)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = fy_malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        fy_free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (!buf) return NULL;
+    buf[n] = '\0';
+    if (len_p) *len_p = (size_t)n;
+    return buf;
+}
+
+bool fy_test_write_file(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) return false;
+    bool ok = fwrite(data, 1, len, f) == len;
+    return fclose(f) == 0 && ok;
+}
+
+uint64_t fy_test_rand_u64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+float fy_test_rand_uniform(uint64_t *s)
+{
+    return (float)((fy_test_rand_u64(s) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}

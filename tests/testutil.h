@@ -1,0 +1,45 @@
+/*
+ * testutil.h - shared helpers for ferry's cmocka tests: log capture,
+ * temporary directories, the default model's path, a fixed seed.
+ */
+#ifndef FY_TESTUTIL_H
+#define FY_TESTUTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "log.h"
+
+/* Captures log lines (all levels) until fy_test_log_end(); the text of the
+ * captured lines, newline-separated, is in fy_test_log_text(). */
+void fy_test_log_begin(void);
+void fy_test_log_end(void);
+const char *fy_test_log_text(void);
+/* True when a captured line contains every one of the given substrings
+ * (NULL-terminated list). */
+bool fy_test_log_has(const char *first, ...);
+
+/* A fresh directory under $TMPDIR; removed with its files by
+ * fy_test_tmpdir_remove.  Returns a static buffer. */
+const char *fy_test_tmpdir(void);
+void fy_test_tmpdir_remove(void);
+/* path = tmpdir/name, in a static rotating buffer. */
+const char *fy_test_path(const char *name);
+
+/* The default model's path ($FERRY_MODEL, else models/SmolLM2-...gguf), or
+ * NULL (with a message) when the file is absent. */
+const char *fy_test_default_model(void);
+
+/* Reads a whole file; fy_free() the result. */
+char *fy_test_read_file(const char *path, size_t *len_p);
+bool fy_test_write_file(const char *path, const void *data, size_t len);
+
+/* Deterministic random numbers for tests (splitmix64). */
+uint64_t fy_test_rand_u64(uint64_t *state);
+float fy_test_rand_uniform(uint64_t *state); /* [-1, 1) */
+
+#endif /* FY_TESTUTIL_H */

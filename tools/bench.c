@@ -1,0 +1,286 @@
+/*
+ * bench.c - `ferry bench`: prefill and decode tokens per second at batch 1
+ * on one model, for each thread count asked, next to the memory-bandwidth
+ * bound measured in the same run with the same threads.
+ *
+ * The bound: a decode step reads every weight once, so it cannot run
+ * faster than (weight bytes per token) / (memory bandwidth).  Bandwidth is
+ * measured two ways: memcpy counted as bytes read + bytes written (the
+ * STREAM "copy" convention), and a plain read-only sweep.  Both buffers
+ * are far larger than the last-level cache.  Tokens are random ids drawn
+ * with a fixed seed; the figures are medians of --reps runs.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "cli.h"
+#include "log.h"
+#include "mem.h"
+#include "model.h"
+#include "runner.h"
+#include "sampler.h"
+
+#define BW_BYTES ((size_t)512 << 20)
+#define MAX_THREAD_COUNTS 8
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* ---- memory bandwidth --------------------------------------------------------------- */
+
+typedef struct bw_job {
+    char *dst;
+    const char *src;
+    size_t bytes;
+    int read_only;
+    uint64_t sink;
+    pthread_barrier_t *barrier;
+} bw_job_t;
+
+static void *bw_thread(void *p)
+{
+    bw_job_t *j = p;
+    pthread_barrier_wait(j->barrier);
+    if (!j->read_only) {
+        memcpy(j->dst, j->src, j->bytes);
+    } else {
+        const uint64_t *s = (const uint64_t *)j->src;
+        size_t n = j->bytes / 8;
+        uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+        for (size_t i = 0; i + 8 <= n; i += 8) {
+            a0 += s[i], a1 += s[i + 1], a2 += s[i + 2], a3 += s[i + 3];
+            a4 += s[i + 4], a5 += s[i + 5], a6 += s[i + 6], a7 += s[i + 7];
+        }
+        j->sink = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
+    }
+    return NULL;
+}
+
+/* Bytes per second moved by n_threads: memcpy (read + write counted) or a
+ * read-only sweep; best of 5. */
+static double measure_bw(char *a, char *b, int n_threads, int read_only)
+{
+    double best = 0.0;
+    for (int rep = 0; rep < 5; rep++) {
+        pthread_t th[64];
+        bw_job_t jobs[64];
+        pthread_barrier_t barrier;
+        pthread_barrier_init(&barrier, NULL, (unsigned)n_threads + 1);
+        size_t share = BW_BYTES / (size_t)n_threads & ~(size_t)4095;
+        for (int i = 0; i < n_threads; i++) {
+            jobs[i] = (bw_job_t){b + (size_t)i * share, a + (size_t)i * share, share, read_only, 0, &barrier};
+            pthread_create(&th[i], NULL, bw_thread, &jobs[i]);
+        }
+        pthread_barrier_wait(&barrier);
+        double t = now_s();
+        for (int i = 0; i < n_threads; i++) pthread_join(th[i], NULL);
+        t = now_s() - t;
+        pthread_barrier_destroy(&barrier);
+        double moved = (double)share * n_threads * (read_only ? 1.0 : 2.0);
+        if (moved / t > best) best = moved / t;
+    }
+    return best;
+}
+
+/* ---- model speed --------------------------------------------------------------------- */
+
+typedef struct bench_result {
+    int threads;
+    double copy_bw, read_bw;
+    double prefill_tps, decode_tps;
+} bench_result_t;
+
+static fy_status_t run_model(const fy_model_t *m, int threads, const char *isa, int n_prompt, int n_gen, int reps,
+                             bench_result_t *res)
+{
+    const fy_model_config_t *c = fy_model_config(m);
+    fy_backend_t *be = NULL;
+    fy_runner_t *r = NULL;
+    fy_kv_pool_t *pool = NULL;
+    fy_block_table_t bt = {0};
+    int32_t *prompt = NULL;
+    float *logits = NULL;
+    double *pre = NULL, *dec = NULL;
+    fy_status_t st;
+    fy_backend_params_t bp = {.n_threads = threads, .isa = isa};
+    if ((st = fy_backend_create("cpu", &bp, &be))) return st;
+    fy_runner_params_t rp;
+    fy_runner_params_default(&rp);
+    rp.max_batch_tokens = n_prompt;
+    rp.max_seqs = 1;
+    rp.max_logits = 1;
+    rp.max_ctx = n_prompt + n_gen + 1;
+    rp.n_kv_blocks = (rp.max_ctx + rp.block_size - 1) / rp.block_size;
+    if ((st = fy_runner_create(m, be, &rp, &r)) || (st = fy_kv_pool_create(rp.n_kv_blocks, &pool)) ||
+        (st = fy_block_table_init(&bt, rp.block_size, rp.max_ctx)))
+        goto out;
+    prompt = fy_malloc((size_t)n_prompt * sizeof(int32_t));
+    logits = fy_malloc((size_t)c->vocab_size * sizeof(float));
+    pre = fy_calloc((size_t)reps, sizeof(double));
+    dec = fy_calloc((size_t)reps, sizeof(double));
+    if (!prompt || !logits || !pre || !dec) {
+        st = FY_ERR_NOMEM;
+        goto out;
+    }
+    fy_rng_t rng;
+    fy_rng_seed(&rng, 1234);
+    for (int i = 0; i < n_prompt; i++) prompt[i] = (int32_t)(fy_rng_next(&rng) % (uint64_t)c->vocab_size);
+
+    for (int rep = -1; rep < reps; rep++) { /* rep -1 warms caches and page tables */
+        if ((st = fy_block_table_reserve(&bt, pool, rp.max_ctx))) goto out;
+        fy_forward_seq_t f = {&bt, prompt, n_prompt, 0, 1};
+        double t = now_s();
+        if ((st = fy_runner_forward(r, &f, 1, logits))) goto out;
+        t = now_s() - t;
+        int32_t tok = fy_argmax(logits, c->vocab_size);
+        double t2 = now_s();
+        for (int i = 0; i < n_gen; i++) {
+            fy_forward_seq_t d = {&bt, &tok, 1, n_prompt + i, 1};
+            if ((st = fy_runner_forward(r, &d, 1, logits))) goto out;
+            tok = fy_argmax(logits, c->vocab_size);
+        }
+        t2 = now_s() - t2;
+        fy_block_table_release(&bt, pool);
+        if (rep >= 0) {
+            pre[rep] = n_prompt / t;
+            dec[rep] = n_gen / t2;
+        }
+    }
+    res->prefill_tps = median(pre, reps);
+    res->decode_tps = median(dec, reps);
+out:
+    if (bt.blocks) {
+        fy_block_table_release(&bt, pool);
+        fy_block_table_deinit(&bt);
+    }
+    fy_free(prompt);
+    fy_free(logits);
+    fy_free(pre);
+    fy_free(dec);
+    fy_kv_pool_destroy(pool);
+    fy_runner_destroy(r);
+    fy_backend_destroy(be);
+    return st;
+}
+
+static void cpu_name(char *buf, size_t cap)
+{
+    snprintf(buf, cap, "unknown cpu");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof(line), f)) {
+        if (!strncmp(line, "model name", 10)) {
+            char *c = strchr(line, ':');
+            if (c) {
+                c += 2;
+                c[strcspn(c, "\n")] = '\0';
+                snprintf(buf, cap, "%s", c);
+            }
+            break;
+        }
+    }
+    fclose(f);
+}
+
+int fy_cmd_bench(int argc, char **argv)
+{
+    const char *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    const char *isa = NULL;
+    int counts[MAX_THREAD_COUNTS] = {1, 2}, n_counts = 2;
+    long n_prompt = 128, n_gen = 64, reps = 3;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) {
+            model = v, i++;
+        } else if (!strcmp(a, "--threads") && v) {
+            n_counts = 0;
+            char buf[128];
+            snprintf(buf, sizeof(buf), "%s", v);
+            for (char *s = strtok(buf, ","); s && n_counts < MAX_THREAD_COUNTS; s = strtok(NULL, ",")) {
+                long t;
+                if (!fy_cli_parse_int("--threads", s, 1, 64, &t)) return 2;
+                counts[n_counts++] = (int)t;
+            }
+            i++;
+        } else if (!strcmp(a, "--prompt-tokens") && v) {
+            if (!fy_cli_parse_int(a, v, 1, 8192, &n_prompt)) return 2;
+            i++;
+        } else if (!strcmp(a, "--gen-tokens") && v) {
+            if (!fy_cli_parse_int(a, v, 1, 8192, &n_gen)) return 2;
+            i++;
+        } else if (!strcmp(a, "--reps") && v) {
+            if (!fy_cli_parse_int(a, v, 1, 100, &reps)) return 2;
+            i++;
+        } else if (!strcmp(a, "--isa") && v) {
+            isa = v, i++;
+        } else {
+            fprintf(stderr, "usage: ferry bench [-m MODEL] [--threads 1,2] [--prompt-tokens 128] "
+                            "[--gen-tokens 64] [--reps 3] [--isa auto|avx2|scalar]\n");
+            return strcmp(a, "-h") && strcmp(a, "--help") ? 2 : 0;
+        }
+    }
+    fy_model_t *m;
+    if (fy_model_load(model, &m) != FY_OK) return 1;
+    char *a = fy_aligned_alloc(4096, BW_BYTES), *b = fy_aligned_alloc(4096, BW_BYTES);
+    if (!a || !b) {
+        fprintf(stderr, "ferry: bench: cannot allocate bandwidth buffers\n");
+        fy_free(a), fy_free(b), fy_model_destroy(m);
+        return 1;
+    }
+    memset(a, 1, BW_BYTES);
+    memset(b, 2, BW_BYTES);
+
+    char cpu[256], desc[512], date[64];
+    cpu_name(cpu, sizeof(cpu));
+    fy_model_describe(m, desc, sizeof(desc));
+    time_t now = time(NULL);
+    strftime(date, sizeof(date), "%Y-%m-%d", gmtime(&now));
+    double wbytes = (double)fy_model_weight_bytes_per_token(m);
+    printf("ferry bench, %s\nmachine: %s, %ld cores online\nmodel: %s\n", date, cpu, sysconf(_SC_NPROCESSORS_ONLN),
+           desc);
+    printf("batch 1, prompt %ld tokens, decode %ld tokens, median of %ld runs\n\n", n_prompt, n_gen, reps);
+    printf("| threads | copy GB/s | read GB/s | bound tok/s (copy / read) | prefill tok/s | decode tok/s | "
+           "decode / copy bound | decode / read bound |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    int rc = 0;
+    for (int i = 0; i < n_counts; i++) {
+        bench_result_t res = {.threads = counts[i]};
+        res.copy_bw = measure_bw(a, b, counts[i], 0);
+        res.read_bw = measure_bw(a, b, counts[i], 1);
+        if (run_model(m, counts[i], isa, (int)n_prompt, (int)n_gen, (int)reps, &res) != FY_OK) {
+            rc = 1;
+            break;
+        }
+        double cb = res.copy_bw / wbytes, rb = res.read_bw / wbytes;
+        printf("| %d | %.1f | %.1f | %.0f / %.0f | %.1f | %.1f | %.0f%% | %.0f%% |\n", counts[i], res.copy_bw / 1e9,
+               res.read_bw / 1e9, cb, rb, res.prefill_tps, res.decode_tps, 100.0 * res.decode_tps / cb,
+               100.0 * res.decode_tps / rb);
+        fflush(stdout);
+    }
+    fy_free(a);
+    fy_free(b);
+    fy_model_destroy(m);
+    return rc;
+}

@@ -1,0 +1,17 @@
+/* cli.h - helpers shared by the ferry subcommands (tools/). */
+#ifndef FY_CLI_H
+#define FY_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Parse option values; print "ferry: OPT expects ..." and return false on error. */
+bool fy_cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out);
+bool fy_cli_parse_float(const char *opt, const char *s, double lo, double hi, double *out);
+bool fy_cli_parse_u64(const char *opt, const char *s, uint64_t *out);
+/* A whole file as a NUL-terminated string (fy_free it); NULL and a message on error. */
+char *fy_cli_read_file(const char *path);
+
+int fy_cmd_bench(int argc, char **argv);
+
+#endif /* FY_CLI_H */

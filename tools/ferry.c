@@ -1,0 +1,419 @@
+/*
+ * ferry.c - the ferry command: `ferry generate` runs a model on a prompt
+ * and streams the text; `ferry info` describes a model file; `ferry bench`
+ * measures prefill and decode speed against the memory-bandwidth bound.
+ * Later issues add the cluster commands (serve, request, plan).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "chat.h"
+#include "cli.h"
+#include "generate.h"
+#include "log.h"
+#include "mem.h"
+#include "model.h"
+#include "runner.h"
+#include "stop.h"
+
+#define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+/* ---- shared option parsing ---------------------------------------------------- */
+
+bool fy_cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "ferry: %s expects an integer from %ld to %ld, got '%s'\n", opt, lo, hi, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool fy_cli_parse_float(const char *opt, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "ferry: %s expects a number from %g to %g, got '%s'\n", opt, lo, hi, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool fy_cli_parse_u64(const char *opt, const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-') {
+        fprintf(stderr, "ferry: %s expects a non-negative integer, got '%s'\n", opt, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+/* ---- ferry generate --------------------------------------------------------------- */
+
+static void generate_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: ferry generate [-m MODEL] (-p PROMPT | -f FILE) [options]\n"
+            "  -m, --model PATH      .gguf file or Hugging Face folder (default " DEFAULT_MODEL ")\n"
+            "  -p, --prompt TEXT     the prompt\n"
+            "  -f, --file PATH       read the prompt from a file\n"
+            "  -n, --max-tokens N    tokens to generate (default 256)\n"
+            "      --temp T          temperature; 0 is greedy (default 0.8)\n"
+            "      --top-k K         keep the K most likely tokens; 0 is off (default 40)\n"
+            "      --top-p P         nucleus sampling; 1 is off (default 0.95)\n"
+            "      --min-p P         drop tokens below P times the best; 0 is off (default 0.05)\n"
+            "      --seed S          sampling seed (default: random, printed)\n"
+            "      --stop TEXT       stop when TEXT is generated (repeatable)\n"
+            "      --chat            apply the model's chat template (a user turn)\n"
+            "      --system TEXT     system message for --chat\n"
+            "      --ignore-eos      keep generating past the end-of-turn token\n"
+            "  -t, --threads N       CPU threads (default: one per core)\n"
+            "      --isa NAME        CPU kernels: auto, avx2, scalar (default auto)\n"
+            "      --ctx N           context window (default: prompt + max tokens, at most the model's)\n"
+            "      --kv-dtype T      f16 or f32 (default f16)\n"
+            "      --block-size B    KV block size: 8, 16, 32 (default 16)\n"
+            "      --batch N         prompt tokens per forward pass (default 512)\n"
+            "  -v, --verbose         more logging\n");
+}
+
+typedef struct gen_opts {
+    const char *model;
+    char *prompt;
+    const char *system;
+    bool chat;
+    fy_gen_params_t gp;
+    const char *stops[FY_STOP_MAX];
+    bool seeded;
+    int threads;
+    const char *isa;
+    long ctx;
+    fy_dtype_t kv_dtype;
+    int block_size;
+    int batch;
+} gen_opts_t;
+
+static bool on_text(void *arg, const char *text, size_t len)
+{
+    fwrite(text, 1, len, stdout);
+    fflush(stdout);
+    return true;
+}
+
+static int parse_generate(int argc, char **argv, gen_opts_t *o)
+{
+    enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_SEED, O_STOP, O_CHAT, O_SYSTEM, O_IGNORE_EOS, O_ISA, O_CTX,
+           O_KVD, O_BS, O_BATCH };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},     {"prompt", required_argument, 0, 'p'},
+        {"file", required_argument, 0, 'f'},      {"max-tokens", required_argument, 0, 'n'},
+        {"temp", required_argument, 0, O_TEMP},   {"top-k", required_argument, 0, O_TOPK},
+        {"top-p", required_argument, 0, O_TOPP},  {"min-p", required_argument, 0, O_MINP},
+        {"seed", required_argument, 0, O_SEED},   {"stop", required_argument, 0, O_STOP},
+        {"chat", no_argument, 0, O_CHAT},         {"system", required_argument, 0, O_SYSTEM},
+        {"ignore-eos", no_argument, 0, O_IGNORE_EOS}, {"threads", required_argument, 0, 't'},
+        {"isa", required_argument, 0, O_ISA},     {"ctx", required_argument, 0, O_CTX},
+        {"kv-dtype", required_argument, 0, O_KVD}, {"block-size", required_argument, 0, O_BS},
+        {"batch", required_argument, 0, O_BATCH}, {"verbose", no_argument, 0, 'v'},
+        {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
+    };
+    long l;
+    double d;
+    const char *prompt_file = NULL;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:p:f:n:t:vh", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': o->model = optarg; break;
+        case 'p':
+            fy_free(o->prompt);
+            if (!(o->prompt = fy_strdup(optarg))) return 1;
+            break;
+        case 'f': prompt_file = optarg; break;
+        case 'n':
+            if (!fy_cli_parse_int("--max-tokens", optarg, 0, 1 << 20, &l)) return 2;
+            o->gp.max_tokens = (int32_t)l;
+            break;
+        case O_TEMP:
+            if (!fy_cli_parse_float("--temp", optarg, 0, 100, &d)) return 2;
+            o->gp.sampling.temperature = (float)d;
+            break;
+        case O_TOPK:
+            if (!fy_cli_parse_int("--top-k", optarg, 0, INT32_MAX, &l)) return 2;
+            o->gp.sampling.top_k = (int32_t)l;
+            break;
+        case O_TOPP:
+            if (!fy_cli_parse_float("--top-p", optarg, 1e-6, 1, &d)) return 2;
+            o->gp.sampling.top_p = (float)d;
+            break;
+        case O_MINP:
+            if (!fy_cli_parse_float("--min-p", optarg, 0, 1, &d)) return 2;
+            o->gp.sampling.min_p = (float)d;
+            break;
+        case O_SEED:
+            if (!fy_cli_parse_u64("--seed", optarg, &o->gp.sampling.seed)) return 2;
+            o->seeded = true;
+            break;
+        case O_STOP:
+            if (o->gp.n_stop >= FY_STOP_MAX) {
+                fprintf(stderr, "ferry: at most %d --stop strings\n", FY_STOP_MAX);
+                return 2;
+            }
+            o->stops[o->gp.n_stop++] = optarg;
+            break;
+        case O_CHAT: o->chat = true; break;
+        case O_SYSTEM: o->system = optarg; break;
+        case O_IGNORE_EOS: o->gp.ignore_eos = true; break;
+        case 't':
+            if (!fy_cli_parse_int("--threads", optarg, 1, 256, &l)) return 2;
+            o->threads = (int)l;
+            break;
+        case O_ISA: o->isa = optarg; break;
+        case O_CTX:
+            if (!fy_cli_parse_int("--ctx", optarg, 1, 1 << 24, &l)) return 2;
+            o->ctx = l;
+            break;
+        case O_KVD:
+            if (fy_dtype_from_name(optarg, &o->kv_dtype) != FY_OK ||
+                (o->kv_dtype != FY_DTYPE_F16 && o->kv_dtype != FY_DTYPE_F32)) {
+                fprintf(stderr, "ferry: --kv-dtype expects f16 or f32, got '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case O_BS:
+            if (!fy_cli_parse_int("--block-size", optarg, 8, 32, &l) || (l != 8 && l != 16 && l != 32)) {
+                fprintf(stderr, "ferry: --block-size expects 8, 16 or 32\n");
+                return 2;
+            }
+            o->block_size = (int)l;
+            break;
+        case O_BATCH:
+            if (!fy_cli_parse_int("--batch", optarg, 1, 65536, &l)) return 2;
+            o->batch = (int)l;
+            break;
+        case 'v': fy_log_set_level(FY_LOG_DEBUG); break;
+        case 'h': generate_usage(stdout); return -1;
+        default: generate_usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "ferry: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (prompt_file) {
+        fy_free(o->prompt);
+        o->prompt = fy_cli_read_file(prompt_file);
+        if (!o->prompt) return 1;
+    }
+    if (!o->prompt) {
+        fprintf(stderr, "ferry: generate needs a prompt (-p TEXT or -f FILE)\n");
+        generate_usage(stderr);
+        return 2;
+    }
+    o->gp.stop = o->stops;
+    return 0;
+}
+
+char *fy_cli_read_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "ferry: %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 4096, len = 0;
+    char *buf = fy_malloc(cap);
+    size_t n;
+    while (buf && (n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += n;
+        if (cap - len - 1 == 0) {
+            char *nb = cap < (64u << 20) ? fy_realloc(buf, cap * 2) : NULL;
+            if (!nb) {
+                fprintf(stderr, "ferry: %s: too large (64 MiB at most)\n", path);
+                fy_free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    if (buf) buf[len] = '\0';
+    return buf;
+}
+
+/* Builds the prompt's token ids (chat template applied when asked). */
+static fy_status_t tokenize_prompt(const fy_model_t *m, const gen_opts_t *o, int32_t **ids_p, int32_t *n_p)
+{
+    const fy_tokenizer_t *tok = fy_model_tokenizer(m);
+    char *text = o->prompt;
+    char *rendered = NULL;
+    bool special = false;
+    if (o->chat) {
+        fy_chat_msg_t msgs[2];
+        size_t nm = 0;
+        if (o->system) msgs[nm++] = (fy_chat_msg_t){"system", o->system};
+        msgs[nm++] = (fy_chat_msg_t){"user", o->prompt};
+        fy_status_t st = fy_chat_template_apply(fy_model_chat_template(m), msgs, nm, true, &rendered);
+        if (st != FY_OK) return st;
+        text = rendered;
+        special = true; /* the template's own markers; the user text was inserted verbatim */
+    }
+    size_t len = strlen(text), n = 0;
+    size_t cap = len + 8;
+    int32_t *ids = fy_malloc(cap * sizeof(int32_t));
+    fy_status_t st = ids ? fy_tokenizer_encode(tok, text, len, true, special, ids, cap, &n) : FY_ERR_NOMEM;
+    fy_free(rendered);
+    if (st != FY_OK) {
+        fy_free(ids);
+        fy_error("generate: cannot tokenize the prompt: %s", fy_status_str(st));
+        return st;
+    }
+    *ids_p = ids;
+    *n_p = (int32_t)n;
+    return FY_OK;
+}
+
+static int cmd_generate(int argc, char **argv)
+{
+    gen_opts_t o = {.model = DEFAULT_MODEL, .kv_dtype = FY_DTYPE_F16, .block_size = 16, .batch = 512};
+    fy_gen_params_default(&o.gp);
+    o.gp.max_tokens = 256;
+    o.gp.sampling.temperature = 0.8f;
+    o.gp.sampling.top_k = 40;
+    o.gp.sampling.top_p = 0.95f;
+    o.gp.sampling.min_p = 0.05f;
+    int rc = parse_generate(argc, argv, &o);
+    if (rc) {
+        fy_free(o.prompt);
+        return rc < 0 ? 0 : rc;
+    }
+    if (!o.seeded) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        o.gp.sampling.seed = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)getpid();
+    }
+    fy_model_t *m = NULL;
+    fy_backend_t *be = NULL;
+    fy_runner_t *r = NULL;
+    fy_kv_pool_t *pool = NULL;
+    int32_t *ids = NULL, n_ids = 0;
+    rc = 1;
+    if (fy_model_load(o.model, &m) != FY_OK) goto out;
+    const fy_model_config_t *cfg = fy_model_config(m);
+    if (tokenize_prompt(m, &o, &ids, &n_ids) != FY_OK) goto out;
+    long ctx = o.ctx ? o.ctx : (long)n_ids + o.gp.max_tokens + 1;
+    if (ctx > cfg->max_ctx) ctx = cfg->max_ctx;
+    if (n_ids >= ctx) {
+        fy_error("generate: the prompt has %d tokens; the context window is %ld", n_ids, ctx);
+        goto out;
+    }
+    fy_backend_params_t bp = {.n_threads = o.threads, .isa = o.isa};
+    if (fy_backend_create("cpu", &bp, &be) != FY_OK) goto out;
+    fy_runner_params_t rpm;
+    fy_runner_params_default(&rpm);
+    rpm.max_batch_tokens = o.batch;
+    rpm.max_seqs = 1;
+    rpm.max_logits = 1;
+    rpm.max_ctx = (int32_t)ctx;
+    rpm.block_size = o.block_size;
+    rpm.kv_dtype = o.kv_dtype;
+    rpm.n_kv_blocks = (int32_t)((ctx + o.block_size - 1) / o.block_size);
+    if (fy_runner_create(m, be, &rpm, &r) != FY_OK) goto out;
+    if (fy_kv_pool_create(rpm.n_kv_blocks, &pool) != FY_OK) goto out;
+
+    char desc[512];
+    fy_model_describe(m, desc, sizeof(desc));
+    fy_info("model: %s", desc);
+    fy_info("backend: %s; kv: %s, %d-token blocks, %d blocks", fy_backend_describe(be), fy_dtype_name(o.kv_dtype),
+            o.block_size, rpm.n_kv_blocks);
+
+    fy_gen_stats_t stats;
+    fy_status_t st = fy_generate(r, pool, fy_model_tokenizer(m), ids, n_ids, &o.gp, on_text, NULL, NULL, 0, &stats);
+    printf("\n");
+    fflush(stdout);
+    if (st != FY_OK) goto out;
+    fprintf(stderr,
+            "ferry: prompt tokens: %d, generated tokens: %d, prefill: %.1f tok/s (%.3f s), decode: %.1f tok/s "
+            "(%.3f s), finish: %s, seed: %llu\n",
+            stats.n_prompt, stats.n_generated, stats.n_prompt / (stats.prefill_s > 0 ? stats.prefill_s : 1e-9),
+            stats.prefill_s,
+            stats.n_generated > 1 ? (stats.n_generated - 1) / (stats.decode_s > 0 ? stats.decode_s : 1e-9) : 0.0,
+            stats.decode_s, fy_finish_reason_str(stats.finish), (unsigned long long)o.gp.sampling.seed);
+    rc = 0;
+out:
+    fy_kv_pool_destroy(pool);
+    fy_runner_destroy(r);
+    fy_backend_destroy(be);
+    fy_model_destroy(m);
+    fy_free(ids);
+    fy_free(o.prompt);
+    return rc;
+}
+
+/* ---- ferry info ----------------------------------------------------------------- */
+
+static int cmd_info(int argc, char **argv)
+{
+    const char *path = argc > 1 ? argv[1] : DEFAULT_MODEL;
+    fy_model_t *m;
+    if (fy_model_load(path, &m) != FY_OK) return 1;
+    char desc[512];
+    fy_model_describe(m, desc, sizeof(desc));
+    printf("%s\n", desc);
+    const fy_tokenizer_t *tok = fy_model_tokenizer(m);
+    printf("tokenizer: %s, %d tokens, bos %d, eos %d\n",
+           fy_tokenizer_kind(tok) == FY_TOKENIZER_BPE_BYTE ? "byte-level bpe" : "sentencepiece bpe",
+           fy_tokenizer_vocab_size(tok), fy_tokenizer_bos(tok), fy_tokenizer_eos(tok));
+    fy_model_destroy(m);
+    return 0;
+}
+
+/* ---- main -------------------------------------------------------------------------- */
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: ferry COMMAND [options]\n"
+               "commands:\n"
+               "  generate   run a model on a prompt and stream the text\n"
+               "  info       describe a model file\n"
+               "  bench      prefill and decode speed against the memory-bandwidth bound\n"
+               "run 'ferry COMMAND --help' for a command's options\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "info")) return cmd_info(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return fy_cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "ferry: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}
