@@ -59,6 +59,8 @@ LDLIBS  += $(PKG_LIBS) -lm
 
 # Files compiled with extra ISA flags; the code picks them at run time.
 AVX2_FLAGS := -mavx2 -mfma -mf16c
+AVXVNNI_FLAGS := $(AVX2_FLAGS) -mavxvnni
+AVX512VNNI_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512vl -mavx512bw -mavx512vnni
 
 # ---- sources ------------------------------------------------------------------
 LIB_SRC := $(wildcard common/*.c) $(wildcard kernels/*.c) $(wildcard kernels/cpu/*.c) \
@@ -91,6 +93,16 @@ $(BUILD)/%_avx2.o: %_avx2.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC     $<")
 	$(Q)$(CC) $(CFLAGS) $(AVX2_FLAGS) -c $< -o $@
+
+$(BUILD)/%_avxvnni.o: %_avxvnni.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC     $<")
+	$(Q)$(CC) $(CFLAGS) $(AVXVNNI_FLAGS) -c $< -o $@
+
+$(BUILD)/%_avx512vnni.o: %_avx512vnni.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC     $<")
+	$(Q)$(CC) $(CFLAGS) $(AVX512VNNI_FLAGS) -c $< -o $@
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)

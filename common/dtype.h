@@ -70,6 +70,9 @@ bool fy_dtype_is_quantized(fy_dtype_t dtype);
  * each row row_bytes long.  For a weight matrix ne[0] is the input size and
  * ne[1] the output size (GGUF's convention, and safetensors' [out, in]).
  * data points into backend memory: the mmap for the CPU backend.
+ * packing is 0 for the layout above; a backend that rearranges a tensor
+ * for its kernels (interleaved rows, dequantized copies) sets its own tag
+ * and is the only reader of such a tensor.
  */
 typedef struct fy_tensor {
     fy_dtype_t dtype;
@@ -77,6 +80,7 @@ typedef struct fy_tensor {
     size_t row_bytes;
     size_t nbytes;
     const void *data;
+    uint32_t packing;
 } fy_tensor_t;
 
 /* Half and bfloat16 conversions (round to nearest even). */

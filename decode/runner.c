@@ -69,9 +69,9 @@ static fy_status_t upload_weights(fy_runner_t *r)
     fy_status_t st;
     r->layers = fy_calloc((size_t)r->cfg->n_layers, sizeof(*r->layers));
     if (!r->layers) return FY_ERR_NOMEM;
-    if ((st = fy_backend_upload(r->be, &w->tok_embd, &r->tok_embd)) ||
-        (st = fy_backend_upload(r->be, &w->out_norm, &r->out_norm)) ||
-        (st = fy_backend_upload(r->be, &w->output, &r->output)))
+    if ((st = fy_backend_upload(r->be, &w->tok_embd, FY_USE_ROWS, &r->tok_embd)) ||
+        (st = fy_backend_upload(r->be, &w->out_norm, FY_USE_VECTOR, &r->out_norm)) ||
+        (st = fy_backend_upload(r->be, &w->output, FY_USE_MATMUL, &r->output)))
         return st;
     for (int32_t l = 0; l < r->cfg->n_layers; l++) {
         const fy_layer_weights_t *src = &w->layers[l];
@@ -80,8 +80,10 @@ static fy_status_t upload_weights(fy_runner_t *r)
                                   &src->ffn_norm, &src->w_gate, &src->w_up, &src->w_down};
         fy_tensor_t *d[] = {&dst->attn_norm, &dst->wq, &dst->wk, &dst->wv, &dst->wo,
                             &dst->ffn_norm, &dst->w_gate, &dst->w_up, &dst->w_down};
-        for (size_t i = 0; i < FY_ARRAY_LEN(s); i++)
-            if ((st = fy_backend_upload(r->be, s[i], d[i]))) return st;
+        for (size_t i = 0; i < FY_ARRAY_LEN(s); i++) {
+            fy_tensor_use_t use = s[i]->ne[1] == 1 ? FY_USE_VECTOR : FY_USE_MATMUL;
+            if ((st = fy_backend_upload(r->be, s[i], use, d[i]))) return st;
+        }
     }
     return FY_OK;
 }

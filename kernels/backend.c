@@ -69,9 +69,9 @@ fy_status_t fy_backend_memcpy(fy_backend_t *be, void *dst, const void *src, size
     return CALL(memcpy, dst, src, bytes, kind);
 }
 
-fy_status_t fy_backend_upload(fy_backend_t *be, const fy_tensor_t *host, fy_tensor_t *dev_p)
+fy_status_t fy_backend_upload(fy_backend_t *be, const fy_tensor_t *host, fy_tensor_use_t use, fy_tensor_t *dev_p)
 {
-    return CALL(upload, host, dev_p);
+    return CALL(upload, host, use, dev_p);
 }
 
 void fy_backend_release_tensor(fy_backend_t *be, fy_tensor_t *dev)

@@ -37,7 +37,8 @@ typedef struct fy_backend fy_backend_t;
 
 typedef struct fy_backend_params {
     int n_threads;   /* CPU: worker threads including the caller; 0 = one per core */
-    const char *isa; /* CPU: "auto" (default), "avx2" or "scalar" */
+    const char *isa; /* CPU: "auto" (default), "avx512vnni", "avxvnni", "avx2" or "scalar" */
+    bool no_repack;  /* CPU: use matmul weights in their file layout */
 } fy_backend_params_t;
 
 /* One sequence of a batch: its query tokens are rows [q_start, q_start +
@@ -89,9 +90,17 @@ fy_status_t fy_backend_reserve(fy_backend_t *be, const fy_backend_reserve_t *r);
 fy_status_t fy_backend_alloc(fy_backend_t *be, size_t bytes, void **ptr_p);
 void fy_backend_free(fy_backend_t *be, void *ptr); /* accepts NULL */
 fy_status_t fy_backend_memcpy(fy_backend_t *be, void *dst, const void *src, size_t bytes, fy_copy_kind_t kind);
+/* How a weight will be used, so the backend can lay it out for that use. */
+typedef enum fy_tensor_use {
+    FY_USE_MATMUL = 0, /* right operand of fy_backend_matmul */
+    FY_USE_ROWS,       /* rows read one at a time (embedding lookup) */
+    FY_USE_VECTOR,     /* a 1-d parameter (norm weights) */
+} fy_tensor_use_t;
+
 /* A device-resident tensor for a host one; release with
- * fy_backend_release_tensor.  The CPU backend aliases host->data. */
-fy_status_t fy_backend_upload(fy_backend_t *be, const fy_tensor_t *host, fy_tensor_t *dev_p);
+ * fy_backend_release_tensor.  The CPU backend aliases host->data, or for
+ * matmul weights makes a copy with rows interleaved for its kernels. */
+fy_status_t fy_backend_upload(fy_backend_t *be, const fy_tensor_t *host, fy_tensor_use_t use, fy_tensor_t *dev_p);
 void fy_backend_release_tensor(fy_backend_t *be, fy_tensor_t *dev);
 /* Copies n whole blocks of the KV arena: dst_arena[dst[i]] = src_arena[src[i]]
  * (both may be the same arena; block ids are host arrays). */

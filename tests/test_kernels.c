@@ -126,20 +126,22 @@ static void test_isa_kernels_agree(void **state)
     if (!fy_cpu_has_avx2()) skip();
     const fy_cpu_kernels_t *S = &fy_cpu_kernels_scalar, *A = &fy_cpu_kernels_avx2;
     uint64_t s = 17;
-    enum { N = 1536 };
+    enum { N = 1632 }; /* 51 blocks: groups of 8 and a tail */
     float *x = malloc(N * sizeof(float)), *w = malloc(N * sizeof(float));
-    fy_block_q8a_t qs[N / 32], qa[N / 32];
+    void *ms = fy_aligned_alloc(64, fy_q8a_bytes(N)), *ma = fy_aligned_alloc(64, fy_q8a_bytes(N));
+    memset(ms, 0, fy_q8a_bytes(N)), memset(ma, 0, fy_q8a_bytes(N));
+    fy_q8a_t qs = fy_q8a_at(ms, N), qa = fy_q8a_at(ma, N);
     char *wq = malloc(N * 4);
     for (int rep = 0; rep < 50; rep++) {
         float scale = rep % 2 ? 1000.0f : 0.01f;
         for (int i = 0; i < N; i++) x[i] = fy_test_rand_uniform(&s) * scale, w[i] = fy_test_rand_uniform(&s);
         if (rep == 3) memset(x, 0, 32 * sizeof(float)); /* an all-zero block */
-        S->quantize_q8a(x, qs, N);
-        A->quantize_q8a(x, qa, N);
-        assert_memory_equal(qs, qa, sizeof(qs)); /* same rounding, same bits */
+        S->quantize_q8a(x, &qs, N);
+        A->quantize_q8a(x, &qa, N);
+        assert_memory_equal(ms, ma, fy_q8a_bytes(N)); /* same rounding, same bits */
         for (int t = 0; t < FY_DTYPE_COUNT; t++) {
             fy_quantize_row((fy_dtype_t)t, w, wq, N);
-            const void *xin = fy_dtype_is_quantized((fy_dtype_t)t) ? (const void *)qs : (const void *)x;
+            const void *xin = fy_dtype_is_quantized((fy_dtype_t)t) ? (const void *)&qs : (const void *)x;
             float a = S->vec_dot[t](wq, xin, N), b = A->vec_dot[t](wq, xin, N);
             /* bound by the magnitudes summed, not the (possibly cancelled) result */
             double mag = 0;
@@ -163,6 +165,59 @@ static void test_isa_kernels_agree(void **state)
     A->axpy_f16(y2, -1.5f, h2, 100);
     for (int i = 0; i < 100; i++) assert_float_equal(y1[i], y2[i], 1e-5);
     free(x), free(w), free(wq);
+    fy_free(ms), fy_free(ma);
+}
+
+
+/* Packed (x8) gemm kernels of every table this machine runs equal the
+ * plain row dots of the scalar table on the same inputs. */
+static void test_packed_gemm_matches_rows(void **state)
+{
+    const char *isas[] = {"avx2", "avxvnni", "avx512vnni"};
+    fy_dtype_t types[] = {FY_DTYPE_Q4_0, FY_DTYPE_Q4_1, FY_DTYPE_Q8_0};
+    enum { ROWS = 24, N = 1632, TOK = 7 }; /* 3 groups; 51 blocks; a token group of 4 and a tail of 3 */
+    uint64_t s = 23;
+    float *w = malloc(sizeof(float) * ROWS * N), *x = malloc(sizeof(float) * TOK * N);
+    for (int i = 0; i < ROWS * N; i++) w[i] = fy_test_rand_uniform(&s);
+    for (int i = 0; i < TOK * N; i++) x[i] = fy_test_rand_uniform(&s) * (i % 7 ? 1.0f : 30.0f);
+    char *mem = fy_aligned_alloc(64, fy_q8a_bytes(N) * TOK);
+    fy_q8a_t xq[TOK];
+    for (int t = 0; t < TOK; t++) {
+        xq[t] = fy_q8a_at(mem + (size_t)t * fy_q8a_bytes(N), N);
+        fy_cpu_kernels_scalar.quantize_q8a(x + (size_t)t * N, &xq[t], N);
+    }
+    int ran = 0;
+    for (size_t i = 0; i < FY_ARRAY_LEN(isas); i++) {
+        const fy_cpu_kernels_t *k = fy_cpu_kernels_pick(isas[i]);
+        if (!k) continue;
+        for (size_t ti = 0; ti < FY_ARRAY_LEN(types); ti++) {
+            fy_dtype_t t = types[ti];
+            size_t rb;
+            assert_int_equal(fy_dtype_row_bytes(t, N, &rb), FY_OK);
+            char *plain = malloc(rb * ROWS), *packed = malloc(rb * ROWS);
+            for (int r = 0; r < ROWS; r++) fy_quantize_row(t, w + (size_t)r * N, plain + r * rb, N);
+            for (int g = 0; g < ROWS / 8; g++) fy_pack_x8(t, plain + g * 8 * rb, rb, N / 32, packed + g * 8 * rb);
+            float y[TOK * ROWS];
+            for (int g = 0; g < ROWS / 8; g++)
+                k->gemm_x8[t](packed + g * 8 * rb, N / 32, xq, TOK, y + g * 8, ROWS);
+            for (int tok = 0; tok < TOK; tok++) {
+                for (int r = 0; r < ROWS; r++) {
+                    float want = fy_cpu_kernels_scalar.vec_dot[t](plain + r * rb, &xq[tok], N);
+                    float got = y[tok * ROWS + r];
+                    if (fabsf(got - want) > 1e-4f * (1.0f + fabsf(want)))
+                        fail_msg("%s %s row %d token %d: %g, want %g", isas[i], fy_dtype_name(t), r, tok, got, want);
+                }
+            }
+            /* one token alone gives the same bits as within the group */
+            float y1[8];
+            k->gemm_x8[t](packed, N / 32, &xq[5], 1, y1, 8);
+            assert_memory_equal(y1, y + 5 * ROWS, sizeof(y1));
+            free(plain), free(packed);
+            ran++;
+        }
+    }
+    free(w), free(x), fy_free(mem);
+    if (!ran) skip();
 }
 
 /* ---- paged attention ------------------------------------------------------------------ */
@@ -383,6 +438,7 @@ int main(void)
         cmocka_unit_test(test_q4_1_by_hand),
         cmocka_unit_test(test_quantize_roundtrip_error),
         cmocka_unit_test(test_isa_kernels_agree),
+        cmocka_unit_test(test_packed_gemm_matches_rows),
         cmocka_unit_test(test_paged_attention_matches_contiguous),
         cmocka_unit_test(test_threadpool_runs_every_item_once),
         cmocka_unit_test(test_backend_rejects_bad_params),

@@ -33,18 +33,40 @@ int fy_cpu_has_avx2(void)
 #endif
 }
 
+const fy_cpu_kernels_t *fy_cpu_kernels_pick(const char *name)
+{
+    bool avx2 = fy_cpu_has_avx2(), avxvnni = false, avx512vnni = false;
+#if defined(__x86_64__) || defined(__i386__)
+    avxvnni = avx2 && __builtin_cpu_supports("avxvnni");
+    avx512vnni = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                 __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+#endif
+    if (!name || !strcmp(name, "auto"))
+        return avxvnni      ? &fy_cpu_kernels_avxvnni
+               : avx512vnni ? &fy_cpu_kernels_avx512vnni
+               : avx2       ? &fy_cpu_kernels_avx2
+                            : &fy_cpu_kernels_scalar;
+    if (!strcmp(name, "scalar")) return &fy_cpu_kernels_scalar;
+    if (!strcmp(name, "avx2")) return avx2 ? &fy_cpu_kernels_avx2 : NULL;
+    if (!strcmp(name, "avxvnni")) return avxvnni ? &fy_cpu_kernels_avxvnni : NULL;
+    if (!strcmp(name, "avx512vnni")) return avx512vnni ? &fy_cpu_kernels_avx512vnni : NULL;
+    return NULL;
+}
+
 typedef struct cpu_ctx {
     const fy_cpu_kernels_t *k;
     fy_threadpool_t *tp;
     int n_threads;
+    bool no_repack;
     fy_backend_reserve_t res;
     bool reserved;
-    fy_block_q8a_t *xq; /* [max_tokens * max_row / 32] quantized activations */
+    char *xq;           /* max_tokens rows of fy_q8a_bytes(max_row): quantized activations */
     /* the current batch (copied by set_batch) */
     int32_t n_tokens, n_seqs;
     int32_t *tokens, *pos, *slots, *tok_seq; /* [max_tokens] */
     fy_attn_seq_t *seqs;                     /* [max_seqs] */
     int32_t *block_tables;                   /* [max_blocks] */
+    fy_q8a_t *rows;                          /* [max_tokens] */
 } cpu_ctx_t;
 
 /* ---- memory ---------------------------------------------------------------------- */
@@ -61,6 +83,7 @@ static void cpu_destroy(void *p)
     fy_free(c->tok_seq);
     fy_free(c->seqs);
     fy_free(c->block_tables);
+    fy_free(c->rows);
     fy_free(c);
 }
 
@@ -72,24 +95,27 @@ static fy_status_t cpu_reserve(void *p, const fy_backend_reserve_t *r)
                  r->max_row, r->max_seqs, r->max_blocks);
         return FY_ERR_INVALID;
     }
-    size_t xq_blocks;
-    if (!fy_mul_size((size_t)r->max_tokens, (size_t)(r->max_row / FY_QK + 1), &xq_blocks)) return FY_ERR_INVALID;
-    fy_block_q8a_t *xq = fy_aligned_alloc(64, xq_blocks * sizeof(fy_block_q8a_t));
+    size_t xq_bytes;
+    if (!fy_mul_size((size_t)r->max_tokens, fy_q8a_bytes(FY_ALIGN_UP(r->max_row, FY_QK)), &xq_bytes))
+        return FY_ERR_INVALID;
+    char *xq = fy_aligned_alloc(64, xq_bytes);
     int32_t *tokens = fy_calloc((size_t)r->max_tokens, sizeof(int32_t));
     int32_t *pos = fy_calloc((size_t)r->max_tokens, sizeof(int32_t));
     int32_t *slots = fy_calloc((size_t)r->max_tokens, sizeof(int32_t));
     int32_t *tok_seq = fy_calloc((size_t)r->max_tokens, sizeof(int32_t));
     fy_attn_seq_t *seqs = fy_calloc((size_t)r->max_seqs, sizeof(fy_attn_seq_t));
     int32_t *bts = fy_calloc((size_t)r->max_blocks, sizeof(int32_t));
-    if (!xq || !tokens || !pos || !slots || !tok_seq || !seqs || !bts) {
+    fy_q8a_t *rows = fy_calloc((size_t)r->max_tokens, sizeof(fy_q8a_t));
+    if (!xq || !tokens || !pos || !slots || !tok_seq || !seqs || !bts || !rows) {
         fy_free(xq), fy_free(tokens), fy_free(pos), fy_free(slots), fy_free(tok_seq), fy_free(seqs), fy_free(bts);
+        fy_free(rows);
         fy_error("cpu backend: out of memory reserving work buffers");
         return FY_ERR_NOMEM;
     }
     fy_free(c->xq), fy_free(c->tokens), fy_free(c->pos), fy_free(c->slots), fy_free(c->tok_seq);
-    fy_free(c->seqs), fy_free(c->block_tables);
+    fy_free(c->seqs), fy_free(c->block_tables), fy_free(c->rows);
     c->xq = xq, c->tokens = tokens, c->pos = pos, c->slots = slots, c->tok_seq = tok_seq;
-    c->seqs = seqs, c->block_tables = bts;
+    c->seqs = seqs, c->block_tables = bts, c->rows = rows;
     c->res = *r;
     c->reserved = true;
     return FY_OK;
@@ -114,10 +140,45 @@ static fy_status_t cpu_memcpy(void *p, void *dst, const void *src, size_t bytes,
     return FY_OK;
 }
 
-static fy_status_t cpu_upload(void *p, const fy_tensor_t *host, fy_tensor_t *dev_p)
+typedef struct pack_job {
+    const fy_tensor_t *t;
+    char *dst;
+} pack_job_t;
+
+static void pack_groups(void *arg, int64_t b, int64_t e, int thread)
 {
-    *dev_p = *host; /* host memory is device memory: use the mapping in place */
+    const pack_job_t *j = arg;
+    size_t group = j->t->row_bytes * 8;
+    for (int64_t g = b; g < e; g++)
+        fy_pack_x8(j->t->dtype, (const char *)j->t->data + (size_t)g * group, j->t->row_bytes, j->t->ne[0] / FY_QK,
+                   j->dst + (size_t)g * group);
+}
+
+static fy_status_t cpu_upload(void *p, const fy_tensor_t *host, fy_tensor_use_t use, fy_tensor_t *dev_p)
+{
+    cpu_ctx_t *c = p;
+    fy_tensor_t t = *host; /* host memory is device memory: use the mapping in place */
+    if (use == FY_USE_MATMUL && !c->no_repack && c->k->gemm_x8[host->dtype] && host->ne[1] % 8 == 0) {
+        char *buf = fy_aligned_alloc(64, host->nbytes);
+        if (!buf) {
+            fy_error("cpu backend: out of memory packing a %lld x %lld matrix", (long long)host->ne[1],
+                     (long long)host->ne[0]);
+            return FY_ERR_NOMEM;
+        }
+        pack_job_t j = {host, buf};
+        fy_threadpool_run(c->tp, host->ne[1] / 8, 16, pack_groups, &j);
+        t.data = buf;
+        t.packing = FY_CPU_PACK_X8;
+    }
+    *dev_p = t;
     return FY_OK;
+}
+
+static void cpu_release_tensor(void *p, fy_tensor_t *t)
+{
+    if (t->packing == FY_CPU_PACK_X8) fy_free((void *)t->data);
+    t->data = NULL;
+    t->packing = 0;
 }
 
 static fy_status_t cpu_copy_blocks(void *p, const fy_kv_layout_t *lay, void *dst_arena, const void *src_arena,
@@ -325,40 +386,52 @@ typedef struct mm_job {
     int n_w;
     const fy_tensor_t *const *w;
     float *const *y;
-    int64_t row_end[MAX_MATMUL_W]; /* cumulative rows */
+    int64_t unit_end[MAX_MATMUL_W]; /* cumulative work units: a row, or 8 rows of a packed matrix */
     const float *x;
-    const fy_block_q8a_t *xq;
+    char *xq;       /* workspace: one quantized row per token */
+    fy_q8a_t *rows; /* [n] views of the quantized rows */
     int64_t in;     /* input width */
-    int64_t xq_row; /* Q8A blocks per token */
+    size_t xq_row;  /* workspace bytes per token */
     int32_t n;      /* tokens */
 } mm_job_t;
 
 static void quant_rows(void *arg, int64_t b, int64_t e, int thread)
 {
     const mm_job_t *j = arg;
-    for (int64_t t = b; t < e; t++)
-        j->k->quantize_q8a(j->x + t * j->in, (fy_block_q8a_t *)j->xq + t * j->xq_row, j->in);
+    for (int64_t t = b; t < e; t++) {
+        j->rows[t] = fy_q8a_at(j->xq + (size_t)t * j->xq_row, j->in);
+        j->k->quantize_q8a(j->x + t * j->in, &j->rows[t], j->in);
+    }
 }
 
-static void mm_rows(void *arg, int64_t b, int64_t e, int thread)
+static void mm_units(void *arg, int64_t b, int64_t e, int thread)
 {
     const mm_job_t *j = arg;
     int wi = 0;
-    int64_t r = b;
-    while (r < e) {
-        while (r >= j->row_end[wi]) wi++;
+    int64_t u = b;
+    while (u < e) {
+        while (u >= j->unit_end[wi]) wi++;
         const fy_tensor_t *w = j->w[wi];
-        int64_t first = wi ? j->row_end[wi - 1] : 0;
-        int64_t stop = e < j->row_end[wi] ? e : j->row_end[wi];
+        int64_t first = wi ? j->unit_end[wi - 1] : 0;
+        int64_t stop = e < j->unit_end[wi] ? e : j->unit_end[wi];
         int64_t rows = w->ne[1];
+        float *y = j->y[wi];
+        if (w->packing == FY_CPU_PACK_X8) {
+            fy_gemm_x8_fn gemm = j->k->gemm_x8[w->dtype];
+            for (; u < stop; u++) {
+                int64_t g = u - first;
+                gemm((const char *)w->data + (size_t)g * 8 * w->row_bytes, j->in / FY_QK, j->rows, j->n, y + g * 8,
+                     rows);
+            }
+            continue;
+        }
         fy_vec_dot_fn dot = j->k->vec_dot[w->dtype];
         bool quant = fy_dtype_is_quantized(w->dtype);
-        float *y = j->y[wi];
-        for (; r < stop; r++) {
-            int64_t lr = r - first;
+        for (; u < stop; u++) {
+            int64_t lr = u - first;
             const void *wrow = (const char *)w->data + (size_t)lr * w->row_bytes;
             for (int32_t t = 0; t < j->n; t++) {
-                const void *xr = quant ? (const void *)(j->xq + t * j->xq_row) : (const void *)(j->x + t * j->in);
+                const void *xr = quant ? (const void *)&j->rows[t] : (const void *)(j->x + t * j->in);
                 y[t * rows + lr] = dot(wrow, xr, j->in);
             }
         }
@@ -371,7 +444,7 @@ static fy_status_t cpu_matmul(void *p, int n_w, const fy_tensor_t *const *w, con
     cpu_ctx_t *c = p;
     if (n_w < 1 || n_w > MAX_MATMUL_W) return FY_ERR_INVALID;
     mm_job_t j = {.k = c->k, .n_w = n_w, .w = w, .y = y, .x = x, .xq = c->xq, .in = w[0]->ne[0], .n = n};
-    bool any_quant = false;
+    bool any_quant = false, any_packed = false;
     int64_t total = 0;
     for (int i = 0; i < n_w; i++) {
         if (w[i]->ne[0] != j.in || !c->k->vec_dot[w[i]->dtype]) {
@@ -379,20 +452,26 @@ static fy_status_t cpu_matmul(void *p, int n_w, const fy_tensor_t *const *w, con
             return FY_ERR_INVALID;
         }
         any_quant |= fy_dtype_is_quantized(w[i]->dtype);
-        total += w[i]->ne[1];
-        j.row_end[i] = total;
+        any_packed |= w[i]->packing == FY_CPU_PACK_X8;
+        total += w[i]->packing == FY_CPU_PACK_X8 ? w[i]->ne[1] / 8 : w[i]->ne[1];
+        j.unit_end[i] = total;
+    }
+    if (j.in % FY_QK && any_quant) {
+        fy_error("cpu backend: matmul input width %lld is not a multiple of %d", (long long)j.in, FY_QK);
+        return FY_ERR_INVALID;
     }
     if (n > c->res.max_tokens || j.in > c->res.max_row) {
         fy_error("cpu backend: matmul of %d x %lld exceeds the reservation", n, (long long)j.in);
         return FY_ERR_INVALID;
     }
     if (any_quant) {
-        j.xq_row = j.in / FY_QK;
+        j.xq_row = fy_q8a_bytes(j.in);
+        j.rows = c->rows;
         fy_threadpool_run(c->tp, n, 8, quant_rows, &j);
     }
-    /* chunks of rows sized so each claim does a few microseconds of work */
-    int64_t chunk = n >= 16 ? 4 : 32;
-    fy_threadpool_run(c->tp, total, chunk, mm_rows, &j);
+    /* claims of a few microseconds of work each */
+    int64_t chunk = any_packed ? (n >= 8 ? 1 : 4) : (n >= 16 ? 4 : 32);
+    fy_threadpool_run(c->tp, total, chunk, mm_units, &j);
     return FY_OK;
 }
 
@@ -541,7 +620,7 @@ static const fy_backend_ops_t g_cpu_ops = {
     .free = cpu_free,
     .memcpy = cpu_memcpy,
     .upload = cpu_upload,
-    .release_tensor = NULL,
+    .release_tensor = cpu_release_tensor,
     .copy_blocks = cpu_copy_blocks,
     .set_batch = cpu_set_batch,
     .embed = cpu_embed,
@@ -560,20 +639,15 @@ fy_status_t fy_backend_cpu_init(const fy_backend_params_t *params, const fy_back
                                 char *desc, size_t desc_cap, int *n_threads_p)
 {
     const char *isa = params->isa && params->isa[0] ? params->isa : "auto";
-    const fy_cpu_kernels_t *k;
-    if (!strcmp(isa, "auto")) {
-        k = fy_cpu_has_avx2() ? &fy_cpu_kernels_avx2 : &fy_cpu_kernels_scalar;
-    } else if (!strcmp(isa, "avx2")) {
-        if (!fy_cpu_has_avx2()) {
-            fy_error("cpu backend: this machine lacks avx2/fma/f16c");
-            return FY_ERR_UNSUPPORTED;
-        }
-        k = &fy_cpu_kernels_avx2;
-    } else if (!strcmp(isa, "scalar")) {
-        k = &fy_cpu_kernels_scalar;
-    } else {
-        fy_error("cpu backend: unknown isa '%s' (auto, avx2, scalar)", isa);
-        return FY_ERR_INVALID;
+    const fy_cpu_kernels_t *k = fy_cpu_kernels_pick(isa);
+    if (!k) {
+        if (fy_cpu_kernels_pick(isa) == NULL && (!strcmp(isa, "avx2") || !strcmp(isa, "avxvnni") ||
+                                                 !strcmp(isa, "avx512vnni")))
+            fy_error("cpu backend: this machine cannot run the %s kernels", isa);
+        else
+            fy_error("cpu backend: unknown isa '%s' (auto, avx512vnni, avxvnni, avx2, scalar)", isa);
+        return strcmp(isa, "avx2") && strcmp(isa, "avxvnni") && strcmp(isa, "avx512vnni") ? FY_ERR_INVALID
+                                                                                             : FY_ERR_UNSUPPORTED;
     }
     int n = params->n_threads;
     if (n <= 0) {
@@ -591,12 +665,13 @@ fy_status_t fy_backend_cpu_init(const fy_backend_params_t *params, const fy_back
     }
     c->k = k;
     c->n_threads = n;
+    c->no_repack = params->no_repack;
     fy_status_t st = fy_threadpool_create(n, &c->tp);
     if (st != FY_OK) {
         cpu_destroy(c);
         return st;
     }
-    snprintf(desc, desc_cap, "cpu/%s x%d", k->name, n);
+    snprintf(desc, desc_cap, "cpu/%s x%d%s", k->name, n, c->no_repack || !k->gemm_x8[FY_DTYPE_Q4_1] ? "" : ", packed");
     *ops_p = &g_cpu_ops;
     *ctx_p = c;
     *n_threads_p = n;

@@ -1,35 +1,92 @@
 /*
  * cpu_kernels.h - the inner loops of the CPU backend, one table per
- * instruction set (scalar, AVX2+FMA+F16C), picked at run time.
+ * instruction set (scalar; AVX2+FMA+F16C; the same with AVX-VNNI or
+ * AVX512-VNNI integer dot products), picked at run time.
  *
  * Quantized weights are multiplied straight from their GGUF blocks: the
- * activation row is quantized once to Q8A blocks (32 int8 plus an f32
- * scale d and d * sum(q)), and each weight block contributes an integer
- * dot product times two scales (plus min * d * sum(q) for Q4_1).  No
- * dequantized copy of any weight matrix exists.
+ * activation row is quantized once to 8 bits per 32-element block (an f32
+ * scale d and d * sum(q) per block), and each weight block contributes an
+ * integer dot product times two scales (plus min * d * sum(q) for Q4_1).
+ * No dequantized copy of any weight matrix exists.
+ *
+ * Packed weights.  At upload the backend re-lays quantized matrices whose
+ * row count is a multiple of 8 as "x8" blocks: one 32-column block of 8
+ * consecutive rows, the 8 scales together, then the quants interleaved 4
+ * bytes per row.  A 32-byte load then holds 4 quants of each of the 8
+ * rows, so an integer dot against 4 activation bytes broadcast to all
+ * lanes accumulates row r in lane r: no horizontal sums, one vector load
+ * for 8 scales.  Same bytes as the file (a copy, not a dequantization);
+ * this is the layout llama.cpp's CPU "repack" buffers use for the same
+ * reason.
  */
 #ifndef FY_CPU_KERNELS_H
 #define FY_CPU_KERNELS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "dtype.h"
 
-typedef struct fy_block_q8a {
-    float d;          /* scale */
-    float s;          /* d * sum(qs) */
-    int8_t qs[FY_QK]; /* x ~= d * q */
-} fy_block_q8a_t;
+/* An activation row quantized to 8 bits, as a structure of arrays so that
+ * the scales of 8 consecutive blocks load as one vector: block b holds
+ * qs[32 b .. 32 b + 31] ~= x / d[b], and s[b] = d[b] * sum of those 32. */
+typedef struct fy_q8a {
+    float *d;      /* [n / 32] */
+    float *s;      /* [n / 32] */
+    int32_t *isum; /* [n / 32] sum of the block's quants */
+    int8_t *qs;    /* [n] */
+} fy_q8a_t;
+
+/* Bytes a row of n elements takes in a workspace (64-byte aligned parts). */
+size_t fy_q8a_bytes(int64_t n);
+/* Lays out a row of n elements at mem (64-byte aligned, fy_q8a_bytes(n) long). */
+fy_q8a_t fy_q8a_at(void *mem, int64_t n);
+
+/* 8 rows x 32 columns of a packed matrix (see above): quants of row r,
+ * columns 4c .. 4c + 3 of the block's 32, at qs[32 c + 4 r] (for Q4 each
+ * byte holds column j in its low nibble and j + 16 in its high one, as in
+ * GGUF) */
+typedef struct fy_block_q4_0x8 {
+    uint16_t d[8];
+    uint8_t qs[128];
+} fy_block_q4_0x8_t;
+
+typedef struct fy_block_q4_1x8 {
+    uint16_t d[8];
+    uint16_t m[8];
+    uint8_t qs[128];
+} fy_block_q4_1x8_t;
+
+typedef struct fy_block_q8_0x8 {
+    uint16_t d[8];
+    int8_t qs[256];
+} fy_block_q8_0x8_t;
+
+_Static_assert(sizeof(fy_block_q4_0x8_t) == 8 * sizeof(fy_block_q4_0_t), "x8 keeps the size");
+_Static_assert(sizeof(fy_block_q4_1x8_t) == 8 * sizeof(fy_block_q4_1_t), "x8 keeps the size");
+_Static_assert(sizeof(fy_block_q8_0x8_t) == 8 * sizeof(fy_block_q8_0_t), "x8 keeps the size");
+
+#define FY_CPU_PACK_X8 1 /* fy_tensor_t.packing of a packed matrix */
+
+/* Re-lays rows [8 g, 8 g + 8) of a Q4_0/Q4_1/Q8_0 matrix (nb blocks per
+ * row, rows row_bytes apart) as nb x8 blocks at dst. */
+void fy_pack_x8(fy_dtype_t dtype, const void *src, size_t row_bytes, int64_t nb, void *dst);
+
+/* y[t * ldy + r] = row r of an 8-row packed group (nb blocks) . x[t],
+ * for t < n_tok.  Each token's result is computed the same way whatever
+ * n_tok is. */
+typedef void (*fy_gemm_x8_fn)(const void *w, int64_t nb, const fy_q8a_t *x, int n_tok, float *y, int64_t ldy);
 
 /* dot of one weight row (n elements of dtype) with one activation row:
- * a Q8A row for quantized dtypes, an f32 row otherwise. */
+ * a const fy_q8a_t * for quantized dtypes, a const float * otherwise. */
 typedef float (*fy_vec_dot_fn)(const void *w, const void *x, int64_t n);
 
 typedef struct fy_cpu_kernels {
     const char *name;
-    /* x (n floats, n % 32 == 0) to n / 32 Q8A blocks */
-    void (*quantize_q8a)(const float *x, fy_block_q8a_t *y, int64_t n);
+    /* x (n floats, n % 32 == 0) into the row y */
+    void (*quantize_q8a)(const float *x, const fy_q8a_t *y, int64_t n);
     fy_vec_dot_fn vec_dot[FY_DTYPE_COUNT];
+    fy_gemm_x8_fn gemm_x8[FY_DTYPE_COUNT]; /* NULL: no packed path */
     /* y += a * x, x in f32 or f16 (the KV cache types) */
     void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
     void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
@@ -39,6 +96,13 @@ typedef struct fy_cpu_kernels {
 
 extern const fy_cpu_kernels_t fy_cpu_kernels_scalar;
 extern const fy_cpu_kernels_t fy_cpu_kernels_avx2;
+extern const fy_cpu_kernels_t fy_cpu_kernels_avxvnni;
+extern const fy_cpu_kernels_t fy_cpu_kernels_avx512vnni;
+
+/* The best table this machine runs, or the one named ("scalar", "avx2",
+ * "avxvnni", "avx512vnni"; NULL or "auto" for the best); NULL if the
+ * machine lacks what the named one needs. */
+const fy_cpu_kernels_t *fy_cpu_kernels_pick(const char *name);
 /* Does this machine run the AVX2 table (AVX2, FMA and F16C)? */
 int fy_cpu_has_avx2(void);
 

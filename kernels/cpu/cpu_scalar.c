@@ -4,10 +4,62 @@
  * tested against.
  */
 #include <math.h>
+#include <string.h>
+
+#include "mem.h"
 
 #include "cpu_kernels.h"
 
-static void quantize_q8a(const float *x, fy_block_q8a_t *y, int64_t n)
+size_t fy_q8a_bytes(int64_t n)
+{
+    size_t nb = (size_t)n / FY_QK;
+    return 3 * FY_ALIGN_UP(nb * sizeof(float), 64) + FY_ALIGN_UP((size_t)n, 64);
+}
+
+fy_q8a_t fy_q8a_at(void *mem, int64_t n)
+{
+    size_t nb = (size_t)n / FY_QK, fb = FY_ALIGN_UP(nb * sizeof(float), 64);
+    char *p = mem;
+    return (fy_q8a_t){
+        .d = (float *)p, .s = (float *)(p + fb), .isum = (int32_t *)(p + 2 * fb), .qs = (int8_t *)(p + 3 * fb)};
+}
+
+void fy_pack_x8(fy_dtype_t dtype, const void *src, size_t row_bytes, int64_t nb, void *dst)
+{
+    const char *rows = src;
+    for (int64_t b = 0; b < nb; b++) {
+        for (int r = 0; r < 8; r++) {
+            const char *blk = rows + (size_t)r * row_bytes;
+            switch (dtype) {
+            case FY_DTYPE_Q4_0: {
+                const fy_block_q4_0_t *in = (const fy_block_q4_0_t *)blk + b;
+                fy_block_q4_0x8_t *out = (fy_block_q4_0x8_t *)dst + b;
+                out->d[r] = in->d;
+                for (int c = 0; c < 4; c++) memcpy(out->qs + 32 * c + 4 * r, in->qs + 4 * c, 4);
+                break;
+            }
+            case FY_DTYPE_Q4_1: {
+                const fy_block_q4_1_t *in = (const fy_block_q4_1_t *)blk + b;
+                fy_block_q4_1x8_t *out = (fy_block_q4_1x8_t *)dst + b;
+                out->d[r] = in->d;
+                out->m[r] = in->m;
+                for (int c = 0; c < 4; c++) memcpy(out->qs + 32 * c + 4 * r, in->qs + 4 * c, 4);
+                break;
+            }
+            case FY_DTYPE_Q8_0: {
+                const fy_block_q8_0_t *in = (const fy_block_q8_0_t *)blk + b;
+                fy_block_q8_0x8_t *out = (fy_block_q8_0x8_t *)dst + b;
+                out->d[r] = in->d;
+                for (int c = 0; c < 8; c++) memcpy(out->qs + 32 * c + 4 * r, in->qs + 4 * c, 4);
+                break;
+            }
+            default: break;
+            }
+        }
+    }
+}
+
+static void quantize_q8a(const float *x, const fy_q8a_t *y, int64_t n)
 {
     for (int64_t b = 0; b < n / FY_QK; b++) {
         const float *xb = x + b * FY_QK;
@@ -18,23 +70,25 @@ static void quantize_q8a(const float *x, fy_block_q8a_t *y, int64_t n)
         int sum = 0;
         for (int j = 0; j < FY_QK; j++) {
             int q = (int)nearbyintf(xb[j] * id); /* to nearest even, as AVX2's cvtps */
-            y[b].qs[j] = (int8_t)q;
+            y->qs[b * FY_QK + j] = (int8_t)q;
             sum += q;
         }
-        y[b].d = d;
-        y[b].s = d * (float)sum;
+        y->d[b] = d;
+        y->s[b] = d * (float)sum;
+        y->isum[b] = sum;
     }
 }
 
 static float dot_q8_0(const void *w, const void *x, int64_t n)
 {
     const fy_block_q8_0_t *wb = w;
-    const fy_block_q8a_t *xb = x;
+    const fy_q8a_t *xa = x;
     float sum = 0.0f;
     for (int64_t b = 0; b < n / FY_QK; b++) {
+        const int8_t *xq = xa->qs + b * FY_QK;
         int isum = 0;
-        for (int j = 0; j < FY_QK; j++) isum += wb[b].qs[j] * xb[b].qs[j];
-        sum += fy_fp16_to_fp32(wb[b].d) * xb[b].d * (float)isum;
+        for (int j = 0; j < FY_QK; j++) isum += wb[b].qs[j] * xq[j];
+        sum += fy_fp16_to_fp32(wb[b].d) * xa->d[b] * (float)isum;
     }
     return sum;
 }
@@ -42,15 +96,16 @@ static float dot_q8_0(const void *w, const void *x, int64_t n)
 static float dot_q4_0(const void *w, const void *x, int64_t n)
 {
     const fy_block_q4_0_t *wb = w;
-    const fy_block_q8a_t *xb = x;
+    const fy_q8a_t *xa = x;
     float sum = 0.0f;
     for (int64_t b = 0; b < n / FY_QK; b++) {
+        const int8_t *xq = xa->qs + b * FY_QK;
         int isum = 0;
         for (int j = 0; j < FY_QK / 2; j++) {
-            isum += ((wb[b].qs[j] & 0x0f) - 8) * xb[b].qs[j];
-            isum += ((wb[b].qs[j] >> 4) - 8) * xb[b].qs[j + FY_QK / 2];
+            isum += ((wb[b].qs[j] & 0x0f) - 8) * xq[j];
+            isum += ((wb[b].qs[j] >> 4) - 8) * xq[j + FY_QK / 2];
         }
-        sum += fy_fp16_to_fp32(wb[b].d) * xb[b].d * (float)isum;
+        sum += fy_fp16_to_fp32(wb[b].d) * xa->d[b] * (float)isum;
     }
     return sum;
 }
@@ -58,15 +113,16 @@ static float dot_q4_0(const void *w, const void *x, int64_t n)
 static float dot_q4_1(const void *w, const void *x, int64_t n)
 {
     const fy_block_q4_1_t *wb = w;
-    const fy_block_q8a_t *xb = x;
+    const fy_q8a_t *xa = x;
     float sum = 0.0f;
     for (int64_t b = 0; b < n / FY_QK; b++) {
+        const int8_t *xq = xa->qs + b * FY_QK;
         int isum = 0;
         for (int j = 0; j < FY_QK / 2; j++) {
-            isum += (wb[b].qs[j] & 0x0f) * xb[b].qs[j];
-            isum += (wb[b].qs[j] >> 4) * xb[b].qs[j + FY_QK / 2];
+            isum += (wb[b].qs[j] & 0x0f) * xq[j];
+            isum += (wb[b].qs[j] >> 4) * xq[j + FY_QK / 2];
         }
-        sum += fy_fp16_to_fp32(wb[b].d) * xb[b].d * (float)isum + fy_fp16_to_fp32(wb[b].m) * xb[b].s;
+        sum += fy_fp16_to_fp32(wb[b].d) * xa->d[b] * (float)isum + fy_fp16_to_fp32(wb[b].m) * xa->s[b];
     }
     return sum;
 }

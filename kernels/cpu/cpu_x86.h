@@ -1,0 +1,463 @@
+/*
+ * cpu_x86.h - the x86 vector kernels, written once and compiled three
+ * times (cpu_avx2.c, cpu_avxvnni.c, cpu_avx512vnni.c) with different
+ * instruction-set flags; the including file defines FY_X86_TABLE (the
+ * table's name), FY_X86_NAME and FY_X86_VNNI (0: AVX2 maddubs+madd,
+ * 1: AVX-VNNI, 2: AVX512-VNNI on 256-bit vectors).  Only included by
+ * those files; the backend calls a table only after checking the CPU.
+ */
+#include <immintrin.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+
+/* acc + sum over each 4 bytes of u (unsigned) times s (signed), per int32
+ * lane.  Without VNNI the 16-bit intermediate sums saturate past 32767:
+ * callers keep |u| <= 128 (quants of at most 8 bits, magnitudes only). */
+#if FY_X86_VNNI == 2
+#define DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#elif FY_X86_VNNI == 1
+#define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#else
+#define DPBUSD(acc, u, s) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+#endif
+
+static inline float hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+/* 16 bytes of packed nibbles -> 32 bytes 0..15: low nibbles (elements
+ * 0..15) in the low lane, high nibbles (16..31) in the high lane */
+static inline __m256i unpack_nibbles(const uint8_t *qs)
+{
+    __m128i b = _mm_loadu_si128((const __m128i *)qs);
+    __m128i m = _mm_set1_epi8(0x0f);
+    __m128i lo = _mm_and_si128(b, m);
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+}
+
+/* unsigned bytes times signed bytes, summed to 8 int32 lanes */
+static inline __m256i dot_u8s8(__m256i u, __m256i s) { return DPBUSD(_mm256_setzero_si256(), u, s); }
+
+/* signed times signed bytes, through |a| and sign(b, a) */
+static inline __m256i dot_s8s8(__m256i a, __m256i b)
+{
+    return dot_u8s8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+}
+
+/* p[0..7] -> [sum(p[0]), ..., sum(p[7])] */
+static inline __m256i hsum8_epi32(const __m256i *p)
+{
+    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* The first two fp16 values of each of 8 blocks `stride` bytes apart
+ * (GGUF puts d, then m for Q4_1, at the start of a block), as floats. */
+static inline void load_scales8(const void *base, int stride, __m256 *d, __m256 *m)
+{
+    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(stride));
+    __m256i g = _mm256_i32gather_epi32((const int *)base, idx, 1);
+    /* per lane: the low halves (d) of its 4 dwords, then the high halves (m) */
+    const __m256i sh = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12,
+                                        13, 2, 3, 6, 7, 10, 11, 14, 15);
+    __m256i v = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(g, sh), _MM_SHUFFLE(3, 1, 2, 0));
+    *d = _mm256_cvtph_ps(_mm256_castsi256_si128(v));
+    if (m) *m = _mm256_cvtph_ps(_mm256_extracti128_si256(v, 1));
+}
+
+static void quantize_q8a(const float *x, const fy_q8a_t *y, int64_t n)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < n / FY_QK; b++) {
+        const float *xb = x + b * FY_QK;
+        __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
+        __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float d = _mm_cvtss_f32(m4) / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, vid));
+        __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vid));
+        __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vid));
+        __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vid));
+        __m256i s = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        s4 = _mm_hadd_epi32(s4, s4);
+        s4 = _mm_hadd_epi32(s4, s4);
+        /* pack 32 int32 -> 32 int8; packs work per 128-bit lane, so fix
+         * the order with a cross-lane permute */
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(y->qs + b * FY_QK), p);
+        y->d[b] = d;
+        y->isum[b] = _mm_cvtsi128_si32(s4);
+        y->s[b] = d * (float)y->isum[b];
+    }
+}
+
+/*
+ * The quantized dots work on groups of 8 blocks: 8 integer block dots
+ * are reduced to one vector of 8 sums, and the 8 weight scales (gathered)
+ * times the 8 activation scales (one load) scale them in one multiply.
+ * That is about half the instructions of scaling each block on its own,
+ * and the decode step is instruction-bound before it is memory-bound.
+ */
+#define Q8_0_BYTES ((int)sizeof(fy_block_q8_0_t))
+#define Q4_0_BYTES ((int)sizeof(fy_block_q4_0_t))
+#define Q4_1_BYTES ((int)sizeof(fy_block_q4_1_t))
+
+static inline __m256i qdot_q8_0(const fy_block_q8_0_t *w, const int8_t *xq)
+{
+    return dot_s8s8(_mm256_loadu_si256((const __m256i *)w->qs), _mm256_loadu_si256((const __m256i *)xq));
+}
+
+static inline __m256i qdot_q4_0(const fy_block_q4_0_t *w, const int8_t *xq)
+{
+    /* q - 8 in [-8, 7]; subtracting 8 * sum(x) afterwards would cancel badly */
+    __m256i q = _mm256_sub_epi8(unpack_nibbles(w->qs), _mm256_set1_epi8(8));
+    return dot_s8s8(q, _mm256_loadu_si256((const __m256i *)xq));
+}
+
+static inline __m256i qdot_q4_1(const fy_block_q4_1_t *w, const int8_t *xq)
+{
+    return dot_u8s8(unpack_nibbles(w->qs), _mm256_loadu_si256((const __m256i *)xq));
+}
+
+static float dot_q8_0(const void *w, const void *x, int64_t n)
+{
+    const fy_block_q8_0_t *wb = w;
+    const fy_q8a_t *xa = x;
+    int64_t nb = n / FY_QK, b = 0;
+    __m256 acc = _mm256_setzero_ps();
+    for (; b + 8 <= nb; b += 8) {
+        __m256i p[8];
+        for (int j = 0; j < 8; j++) p[j] = qdot_q8_0(&wb[b + j], xa->qs + (b + j) * FY_QK);
+        __m256 d;
+        load_scales8(&wb[b], Q8_0_BYTES, &d, NULL);
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(xa->d + b)), _mm256_cvtepi32_ps(hsum8_epi32(p)), acc);
+    }
+    __m256 tail = _mm256_setzero_ps();
+    for (; b < nb; b++)
+        tail = _mm256_fmadd_ps(_mm256_set1_ps(h2f(wb[b].d) * xa->d[b]),
+                               _mm256_cvtepi32_ps(qdot_q8_0(&wb[b], xa->qs + b * FY_QK)), tail);
+    return hsum(acc) + hsum(tail);
+}
+
+static float dot_q4_0(const void *w, const void *x, int64_t n)
+{
+    const fy_block_q4_0_t *wb = w;
+    const fy_q8a_t *xa = x;
+    int64_t nb = n / FY_QK, b = 0;
+    __m256 acc = _mm256_setzero_ps();
+    for (; b + 8 <= nb; b += 8) {
+        __m256i p[8];
+        for (int j = 0; j < 8; j++) p[j] = qdot_q4_0(&wb[b + j], xa->qs + (b + j) * FY_QK);
+        __m256 d;
+        load_scales8(&wb[b], Q4_0_BYTES, &d, NULL);
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(xa->d + b)), _mm256_cvtepi32_ps(hsum8_epi32(p)), acc);
+    }
+    __m256 tail = _mm256_setzero_ps();
+    for (; b < nb; b++)
+        tail = _mm256_fmadd_ps(_mm256_set1_ps(h2f(wb[b].d) * xa->d[b]),
+                               _mm256_cvtepi32_ps(qdot_q4_0(&wb[b], xa->qs + b * FY_QK)), tail);
+    return hsum(acc) + hsum(tail);
+}
+
+static float dot_q4_1(const void *w, const void *x, int64_t n)
+{
+    const fy_block_q4_1_t *wb = w;
+    const fy_q8a_t *xa = x;
+    int64_t nb = n / FY_QK, b = 0;
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (; b + 8 <= nb; b += 8) {
+        __m256i p[8];
+        for (int j = 0; j < 8; j++) p[j] = qdot_q4_1(&wb[b + j], xa->qs + (b + j) * FY_QK);
+        __m256 d, m;
+        load_scales8(&wb[b], Q4_1_BYTES, &d, &m);
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(xa->d + b)), _mm256_cvtepi32_ps(hsum8_epi32(p)), acc);
+        accm = _mm256_fmadd_ps(m, _mm256_loadu_ps(xa->s + b), accm);
+    }
+    float tail_m = 0.0f;
+    __m256 tail = _mm256_setzero_ps();
+    for (; b < nb; b++) {
+        tail = _mm256_fmadd_ps(_mm256_set1_ps(h2f(wb[b].d) * xa->d[b]),
+                               _mm256_cvtepi32_ps(qdot_q4_1(&wb[b], xa->qs + b * FY_QK)), tail);
+        tail_m += h2f(wb[b].m) * xa->s[b];
+    }
+    return hsum(acc) + hsum(accm) + hsum(tail) + tail_m;
+}
+
+/* ---- packed (x8) matrices ------------------------------------------------------------ */
+
+static inline __m256i bcast4(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/*
+ * The gemm kernels take tokens in groups of up to 4 so that each weight
+ * chunk is unpacked once per group; each token's arithmetic is one
+ * inline function, the same in any group, so results do not depend on
+ * the batch.  A lone token (decode) gets its own loop so that the
+ * unpacked chunks stay in registers.
+ */
+#define TOK_GROUP 4
+#define PREFETCH_BLOCKS 4 /* blocks ahead: a few hundred bytes, past what the prefetcher tracks alone */
+
+typedef struct unpacked4 {
+    __m256i lo[4], hi[4]; /* columns 4c..4c+3 and 16+4c..16+4c+3 of 8 rows */
+} unpacked4_t;
+
+static inline void unpack_q4x8(const uint8_t *qs, unpacked4_t *u)
+{
+    const __m256i mask = _mm256_set1_epi8(0x0f);
+    for (int c = 0; c < 4; c++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        u->lo[c] = _mm256_and_si256(v, mask);
+        u->hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+    }
+}
+
+/* sum over the block of quant(row) * x_q, one row per lane */
+static inline __m256i isum_q4x8(const unpacked4_t *u, const int8_t *xq)
+{
+    __m256i is = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {
+        is = DPBUSD(is, u->lo[c], bcast4(xq + 4 * c));
+        is = DPBUSD(is, u->hi[c], bcast4(xq + 16 + 4 * c));
+    }
+    return is;
+}
+
+static inline __m256 step_q4_0x8(__m256 acc, const unpacked4_t *u, __m256 dw, const fy_q8a_t *x, int64_t b)
+{
+    /* quants are q - 8: exact in integers */
+    __m256i is = _mm256_sub_epi32(isum_q4x8(u, x->qs + b * FY_QK), _mm256_set1_epi32(8 * x->isum[b]));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, _mm256_set1_ps(x->d[b])), acc);
+}
+
+static inline __m256 step_q4_1x8(__m256 acc, const unpacked4_t *u, __m256 dw, __m256 mw, const fy_q8a_t *x,
+                                 int64_t b)
+{
+    /* x = d q + m:  d d_x sum(q x_q) + m d_x sum(x_q) */
+    __m256i is = isum_q4x8(u, x->qs + b * FY_QK);
+    __m256 a = _mm256_fmadd_ps(mw, _mm256_set1_ps(x->s[b]), acc);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, _mm256_set1_ps(x->d[b])), a);
+}
+
+static inline __m256 step_q8_0x8(__m256 acc, const int8_t *qs, __m256 dw, const fy_q8a_t *x, int64_t b)
+{
+    const int8_t *xq = x->qs + b * FY_QK;
+    __m256i is = _mm256_setzero_si256();
+    for (int c = 0; c < 8; c++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+#if FY_X86_VNNI
+        /* w + 128 is unsigned; subtract 128 sum(x) after */
+        is = DPBUSD(is, _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)), bcast4(xq + 4 * c));
+#else
+        __m256i xb = bcast4(xq + 4 * c);
+        is = DPBUSD(is, _mm256_sign_epi8(v, v), _mm256_sign_epi8(xb, v));
+#endif
+    }
+#if FY_X86_VNNI
+    is = _mm256_sub_epi32(is, _mm256_set1_epi32(128 * x->isum[b]));
+#endif
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, _mm256_set1_ps(x->d[b])), acc);
+}
+
+static inline __m256 load_h8(const uint16_t *h) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)); }
+
+static void gemm_q4_0x8(const void *w, int64_t nb, const fy_q8a_t *x, int n_tok, float *y, int64_t ldy)
+{
+    const fy_block_q4_0x8_t *wb = w;
+    unpacked4_t u;
+    if (n_tok == 1) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            _mm_prefetch((const char *)(wb + b + PREFETCH_BLOCKS), _MM_HINT_T0);
+            unpack_q4x8(wb[b].qs, &u);
+            acc = step_q4_0x8(acc, &u, load_h8(wb[b].d), x, b);
+        }
+        _mm256_storeu_ps(y, acc);
+        return;
+    }
+    for (int t0 = 0; t0 < n_tok; t0 += TOK_GROUP) {
+        int nt = n_tok - t0 < TOK_GROUP ? n_tok - t0 : TOK_GROUP;
+        __m256 acc[TOK_GROUP];
+        for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            unpack_q4x8(wb[b].qs, &u);
+            __m256 dw = load_h8(wb[b].d);
+            for (int t = 0; t < nt; t++) acc[t] = step_q4_0x8(acc[t], &u, dw, &x[t0 + t], b);
+        }
+        for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + (t0 + t) * ldy, acc[t]);
+    }
+}
+
+static void gemm_q4_1x8(const void *w, int64_t nb, const fy_q8a_t *x, int n_tok, float *y, int64_t ldy)
+{
+    const fy_block_q4_1x8_t *wb = w;
+    unpacked4_t u;
+    if (n_tok == 1) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            _mm_prefetch((const char *)(wb + b + PREFETCH_BLOCKS), _MM_HINT_T0);
+            unpack_q4x8(wb[b].qs, &u);
+            acc = step_q4_1x8(acc, &u, load_h8(wb[b].d), load_h8(wb[b].m), x, b);
+        }
+        _mm256_storeu_ps(y, acc);
+        return;
+    }
+    for (int t0 = 0; t0 < n_tok; t0 += TOK_GROUP) {
+        int nt = n_tok - t0 < TOK_GROUP ? n_tok - t0 : TOK_GROUP;
+        __m256 acc[TOK_GROUP];
+        for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            unpack_q4x8(wb[b].qs, &u);
+            __m256 dw = load_h8(wb[b].d), mw = load_h8(wb[b].m);
+            for (int t = 0; t < nt; t++) acc[t] = step_q4_1x8(acc[t], &u, dw, mw, &x[t0 + t], b);
+        }
+        for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + (t0 + t) * ldy, acc[t]);
+    }
+}
+
+static void gemm_q8_0x8(const void *w, int64_t nb, const fy_q8a_t *x, int n_tok, float *y, int64_t ldy)
+{
+    const fy_block_q8_0x8_t *wb = w;
+    for (int t0 = 0; t0 < n_tok; t0 += TOK_GROUP) {
+        int nt = n_tok - t0 < TOK_GROUP ? n_tok - t0 : TOK_GROUP;
+        __m256 acc[TOK_GROUP];
+        for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            _mm_prefetch((const char *)(wb + b + PREFETCH_BLOCKS / 2), _MM_HINT_T0);
+            __m256 dw = load_h8(wb[b].d);
+            for (int t = 0; t < nt; t++) acc[t] = step_q8_0x8(acc[t], wb[b].qs, dw, &x[t0 + t], b);
+        }
+        for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + (t0 + t) * ldy, acc[t]);
+    }
+}
+
+static float dot_f32(const void *w, const void *x, int64_t n)
+{
+    const float *a = w, *b = x;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+        acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), acc2);
+        acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), acc3);
+    }
+    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    float sum = hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+    for (; i < n; i++) sum += a[i] * b[i];
+    return sum;
+}
+
+static float dot_f16(const void *w, const void *x, int64_t n)
+{
+    const uint16_t *a = w;
+    const float *b = x;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i))),
+                               _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i + 8))),
+                               _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    for (; i + 8 <= n; i += 8)
+        acc0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i))),
+                               _mm256_loadu_ps(b + i), acc0);
+    float sum = hsum(_mm256_add_ps(acc0, acc1));
+    for (; i < n; i++) sum += h2f(a[i]) * b[i];
+    return sum;
+}
+
+static inline __m256 load_bf16(const uint16_t *p)
+{
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+static float dot_bf16(const void *w, const void *x, int64_t n)
+{
+    const uint16_t *a = w;
+    const float *b = x;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(load_bf16(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(load_bf16(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(load_bf16(a + i), _mm256_loadu_ps(b + i), acc0);
+    float sum = hsum(_mm256_add_ps(acc0, acc1));
+    for (; i < n; i++) sum += fy_bf16_to_fp32(a[i]) * b[i];
+    return sum;
+}
+
+static void axpy_f32(float *y, float a, const float *x, int64_t n)
+{
+    __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+static void axpy_f16(float *y, float a, const uint16_t *x, int64_t n)
+{
+    __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))),
+                                                _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * h2f(x[i]);
+}
+
+static void f32_to_f16(const float *x, uint16_t *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) y[i] = fy_fp32_to_fp16(x[i]);
+}
+
+const fy_cpu_kernels_t FY_X86_TABLE = {
+    .name = FY_X86_NAME,
+    .quantize_q8a = quantize_q8a,
+    .vec_dot =
+        {
+            [FY_DTYPE_F32] = dot_f32,
+            [FY_DTYPE_F16] = dot_f16,
+            [FY_DTYPE_BF16] = dot_bf16,
+            [FY_DTYPE_Q8_0] = dot_q8_0,
+            [FY_DTYPE_Q4_0] = dot_q4_0,
+            [FY_DTYPE_Q4_1] = dot_q4_1,
+        },
+    .gemm_x8 =
+        {
+            [FY_DTYPE_Q8_0] = gemm_q8_0x8,
+            [FY_DTYPE_Q4_0] = gemm_q4_0x8,
+            [FY_DTYPE_Q4_1] = gemm_q4_1x8,
+        },
+    .axpy_f32 = axpy_f32,
+    .axpy_f16 = axpy_f16,
+    .f32_to_f16 = f32_to_f16,
+};
