@@ -11,7 +11,8 @@
 
 CC      ?= gcc
 SAN     ?=
-WERROR  ?= 0
+# CI (set by .ci/run and most CI systems) makes warnings errors
+WERROR  ?= $(if $(CI),1,0)
 V       ?= 0
 
 ifeq ($(SAN),)

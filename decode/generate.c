@@ -6,6 +6,7 @@
 
 #include "log.h"
 #include "mem.h"
+#include "prefill.h"
 #include "stop.h"
 
 const char *fy_finish_reason_str(fy_finish_reason_t r)
@@ -63,8 +64,6 @@ fy_status_t fy_generate(fy_runner_t *r, fy_kv_pool_t *pool, const fy_tokenizer_t
         fy_error("generate: prompt of %d tokens does not fit the context of %d", n_prompt, rp->max_ctx);
         return FY_ERR_INVALID;
     }
-    int32_t chunk = gp->prefill_chunk > 0 && gp->prefill_chunk < rp->max_batch_tokens ? gp->prefill_chunk
-                                                                                      : rp->max_batch_tokens;
     fy_gen_stats_t stats = {.n_prompt = n_prompt};
     fy_block_table_t bt;
     fy_sampler_t *sampler = NULL;
@@ -90,19 +89,7 @@ fy_status_t fy_generate(fy_runner_t *r, fy_kv_pool_t *pool, const fy_tokenizer_t
 
     /* prefill in chunks; logits only for the last prompt token */
     double t0 = now_s();
-    for (int32_t done = 0; done < n_prompt;) {
-        int32_t n = n_prompt - done < chunk ? n_prompt - done : chunk;
-        if ((st = fy_block_table_reserve(&bt, pool, done + n))) {
-            if (st == FY_ERR_NO_SPACE)
-                fy_error("generate: kv pool too small for a %d-token prompt (%d blocks free)", n_prompt,
-                         fy_kv_pool_n_free(pool));
-            goto out;
-        }
-        fy_forward_seq_t f = {&bt, prompt + done, n, done, done + n == n_prompt ? 1 : 0};
-        if ((st = fy_runner_forward(r, &f, 1, logits))) goto out;
-        done += n;
-        bt.n_tokens = done;
-    }
+    if ((st = fy_prefill_run(r, pool, &bt, prompt, n_prompt, gp->prefill_chunk, NULL, NULL, logits))) goto out;
     stats.prefill_s = now_s() - t0;
     t0 = now_s();
 
@@ -143,8 +130,10 @@ fy_status_t fy_generate(fy_runner_t *r, fy_kv_pool_t *pool, const fy_tokenizer_t
     if (gp->max_tokens == 0) stats.finish = FY_FINISH_LENGTH;
     if (stats.finish != FY_FINISH_STOP) {
         size_t n = fy_detok_flush(&detok, piece, sizeof(piece));
-        fy_stopper_feed(&stopper, piece, n, emit, &ec);
-        fy_stopper_flush(&stopper, emit, &ec);
+        if (fy_stopper_feed(&stopper, piece, n, emit, &ec))
+            stats.finish = FY_FINISH_STOP;
+        else
+            fy_stopper_flush(&stopper, emit, &ec);
     }
     stats.decode_s = now_s() - t0;
     if (stats_p) *stats_p = stats;
