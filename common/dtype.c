@@ -50,20 +50,24 @@ fy_status_t fy_dtype_row_bytes(fy_dtype_t dtype, int64_t n, size_t *bytes_p)
     return FY_OK;
 }
 
+/* 16-bit values at any address: safetensors does not align tensor data */
+static inline uint16_t load_u16(const void *p, int64_t i)
+{
+    uint16_t v;
+    memcpy(&v, (const char *)p + 2 * i, 2);
+    return v;
+}
+
 void fy_dequantize_row(fy_dtype_t dtype, const void *src, float *dst, int64_t n)
 {
     switch (dtype) {
     case FY_DTYPE_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
-    case FY_DTYPE_F16: {
-        const uint16_t *s = src;
-        for (int64_t i = 0; i < n; i++) dst[i] = fy_fp16_to_fp32(s[i]);
+    case FY_DTYPE_F16:
+        for (int64_t i = 0; i < n; i++) dst[i] = fy_fp16_to_fp32(load_u16(src, i));
         break;
-    }
-    case FY_DTYPE_BF16: {
-        const uint16_t *s = src;
-        for (int64_t i = 0; i < n; i++) dst[i] = fy_bf16_to_fp32(s[i]);
+    case FY_DTYPE_BF16:
+        for (int64_t i = 0; i < n; i++) dst[i] = fy_bf16_to_fp32(load_u16(src, i));
         break;
-    }
     case FY_DTYPE_Q8_0: {
         const fy_block_q8_0_t *b = src;
         for (int64_t i = 0; i < n / FY_QK; i++) {

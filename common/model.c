@@ -174,7 +174,9 @@ static fy_status_t get_tensor(fy_model_t *m, find_fn find, const char *name, int
                  (unsigned long long)r.nbytes, t->row_bytes * (size_t)t->ne[1]);
         return FY_ERR_FORMAT;
     }
-    if (!ne1 && r.dtype != FY_DTYPE_F32) {
+    /* norms are read by plain f32 loops: 16-bit ones and any at an odd
+     * address (safetensors does not align data) get an aligned f32 copy */
+    if (!ne1 && (r.dtype != FY_DTYPE_F32 || (uintptr_t)r.data % sizeof(float))) {
         if (fy_dtype_is_quantized(r.dtype)) {
             fy_error("model: %s: norm tensor '%s' is quantized (%s); expected a float type", m->path, name,
                      fy_dtype_name(r.dtype));

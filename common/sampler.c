@@ -103,9 +103,15 @@ void fy_sampler_destroy(fy_sampler_t *s)
 
 int32_t fy_argmax(const float *x, int32_t n)
 {
+    /* the running maximum in a register, not reloaded through x[best] */
     int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
+    float bv = x[0];
+    for (int32_t i = 1; i < n; i++) {
+        if (x[i] > bv) {
+            bv = x[i];
+            best = i;
+        }
+    }
     return best;
 }
 

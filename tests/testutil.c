@@ -1,5 +1,4 @@
 /* testutil.c - shared helpers for the tests. */
-#define _GNU_SOURCE
 #include "testutil.h"
 
 #include <dirent.h>

@@ -19,7 +19,7 @@
 #include "mem.h"
 #include "threadpool.h"
 
-#define MAX_GROUP 32     /* query heads per kv head */
+#define MAX_GROUP FY_ATTN_MAX_GROUP /* query heads per kv head */
 #define MAX_HEAD_DIM 512
 #define MAX_MATMUL_W 8
 
@@ -517,6 +517,7 @@ static fy_status_t cpu_kv_write(void *p, const fy_kv_layout_t *lay, void *arena,
 
 typedef struct attn_job {
     cpu_ctx_t *c;
+    fy_attn_block_fn block;
     const fy_kv_layout_t *lay;
     const char *arena;
     int32_t layer, n_heads, group;
@@ -535,48 +536,21 @@ static void attn_one(const attn_job_t *j, int32_t t, int32_t kvh)
     const fy_attn_seq_t *s = &c->seqs[c->tok_seq[t]];
     const int32_t hd = L->head_dim, bs = L->block_size, G = j->group;
     const int32_t p = s->kv_len - s->n_q + (t - s->q_start); /* this token's position */
-    const fy_vec_dot_fn dot = c->k->vec_dot[L->dtype];
-    float m[MAX_GROUP], l[MAX_GROUP], sc[32];
-    float acc[MAX_GROUP][MAX_HEAD_DIM];
-    for (int32_t g = 0; g < G; g++) {
-        m[g] = -INFINITY;
-        l[g] = 0.0f;
-        memset(acc[g], 0, (size_t)hd * sizeof(float));
-    }
+    float m[MAX_GROUP], l[MAX_GROUP];
+    float acc[MAX_GROUP * MAX_HEAD_DIM];
+    for (int32_t g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0.0f;
+    memset(acc, 0, (size_t)G * hd * sizeof(float));
     const float *qt = j->q + ((size_t)t * j->n_heads + (size_t)kvh * G) * hd;
     for (int32_t blk = 0; blk * bs <= p; blk++) {
         int32_t nk = p + 1 - blk * bs < bs ? p + 1 - blk * bs : bs;
         int32_t id = s->block_table[blk];
-        const char *kb = j->arena + fy_kv_offset(L, id, j->layer, 0, kvh);
-        const char *vb = j->arena + fy_kv_offset(L, id, j->layer, 1, kvh);
-        size_t row = (size_t)hd * L->elem_bytes;
-        for (int32_t g = 0; g < G; g++) {
-            const float *qg = qt + (size_t)g * hd;
-            float mb = m[g];
-            for (int32_t i = 0; i < nk; i++) {
-                sc[i] = dot(kb + i * row, qg, hd) * j->scale;
-                if (sc[i] > mb) mb = sc[i];
-            }
-            if (mb > m[g]) {
-                float corr = expf(m[g] - mb); /* 0 on the first block */
-                l[g] *= corr;
-                for (int32_t d = 0; d < hd; d++) acc[g][d] *= corr;
-                m[g] = mb;
-            }
-            for (int32_t i = 0; i < nk; i++) {
-                float e = expf(sc[i] - m[g]);
-                l[g] += e;
-                if (L->dtype == FY_DTYPE_F32)
-                    c->k->axpy_f32(acc[g], e, (const float *)(vb + i * row), hd);
-                else
-                    c->k->axpy_f16(acc[g], e, (const uint16_t *)(vb + i * row), hd);
-            }
-        }
+        j->block(qt, G, j->arena + fy_kv_offset(L, id, j->layer, 0, kvh), j->arena + fy_kv_offset(L, id, j->layer, 1, kvh),
+                 nk, hd, j->scale, m, l, acc);
     }
     float *ot = j->out + ((size_t)t * j->n_heads + (size_t)kvh * G) * hd;
     for (int32_t g = 0; g < G; g++) {
         float inv = 1.0f / l[g];
-        for (int32_t d = 0; d < hd; d++) ot[(size_t)g * hd + d] = acc[g][d] * inv;
+        for (int32_t d = 0; d < hd; d++) ot[(size_t)g * hd + d] = acc[(size_t)g * hd + d] * inv;
     }
 }
 
@@ -604,7 +578,10 @@ static fy_status_t cpu_attention(void *p, const fy_kv_layout_t *lay, const void 
             return FY_ERR_INVALID;
         }
     }
-    attn_job_t j = {c, lay, arena, layer, n_heads, n_heads / lay->n_kv_heads, 1.0f / sqrtf((float)lay->head_dim),
+    /* the vector tables want whole 8-float chunks of a head */
+    fy_attn_block_fn block = c->k->attn_block[lay->dtype];
+    if (lay->head_dim % 8) block = fy_cpu_kernels_scalar.attn_block[lay->dtype];
+    attn_job_t j = {c,  block, lay, arena, layer, n_heads, n_heads / lay->n_kv_heads, 1.0f / sqrtf((float)lay->head_dim),
                     q, out};
     fy_threadpool_run(c->tp, (int64_t)c->n_tokens * lay->n_kv_heads, 1, attn_items, &j);
     return FY_OK;
@@ -641,13 +618,13 @@ fy_status_t fy_backend_cpu_init(const fy_backend_params_t *params, const fy_back
     const char *isa = params->isa && params->isa[0] ? params->isa : "auto";
     const fy_cpu_kernels_t *k = fy_cpu_kernels_pick(isa);
     if (!k) {
-        if (fy_cpu_kernels_pick(isa) == NULL && (!strcmp(isa, "avx2") || !strcmp(isa, "avxvnni") ||
-                                                 !strcmp(isa, "avx512vnni")))
+        bool known = !strcmp(isa, "avx2") || !strcmp(isa, "avxvnni") || !strcmp(isa, "avx512vnni");
+        if (known) {
             fy_error("cpu backend: this machine cannot run the %s kernels", isa);
-        else
-            fy_error("cpu backend: unknown isa '%s' (auto, avx512vnni, avxvnni, avx2, scalar)", isa);
-        return strcmp(isa, "avx2") && strcmp(isa, "avxvnni") && strcmp(isa, "avx512vnni") ? FY_ERR_INVALID
-                                                                                             : FY_ERR_UNSUPPORTED;
+            return FY_ERR_UNSUPPORTED;
+        }
+        fy_error("cpu backend: unknown isa '%s' (auto, avx512vnni, avxvnni, avx2, scalar)", isa);
+        return FY_ERR_INVALID;
     }
     int n = params->n_threads;
     if (n <= 0) {

@@ -81,15 +81,24 @@ typedef void (*fy_gemm_x8_fn)(const void *w, int64_t nb, const fy_q8a_t *x, int 
  * a const fy_q8a_t * for quantized dtypes, a const float * otherwise. */
 typedef float (*fy_vec_dot_fn)(const void *w, const void *x, int64_t n);
 
+/* One K/V block of online-softmax attention for the G query heads that
+ * share a KV head.  q: [G][hd]; k, v: nk <= 32 rows of hd elements (f32 or
+ * f16, by the table entry); scores are q . k * scale.  m, l: [G] running
+ * maximum score and sum of exp(score - m); acc: [G][hd] running sum of
+ * exp(score - m) * v.  Start with m = -inf, l = 0, acc = 0; the output is
+ * acc / l.  G <= FY_ATTN_MAX_GROUP. */
+#define FY_ATTN_MAX_GROUP 32
+typedef void (*fy_attn_block_fn)(const float *q, int G, const void *k, const void *v, int nk, int hd, float scale,
+                                 float *m, float *l, float *acc);
+
 typedef struct fy_cpu_kernels {
     const char *name;
     /* x (n floats, n % 32 == 0) into the row y */
     void (*quantize_q8a)(const float *x, const fy_q8a_t *y, int64_t n);
     fy_vec_dot_fn vec_dot[FY_DTYPE_COUNT];
     fy_gemm_x8_fn gemm_x8[FY_DTYPE_COUNT]; /* NULL: no packed path */
-    /* y += a * x, x in f32 or f16 (the KV cache types) */
-    void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
-    void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
+    /* by KV dtype (f32, f16); hd must be a multiple of 8 for the vector tables */
+    fy_attn_block_fn attn_block[FY_DTYPE_COUNT];
     /* f16 <-> f32 rows (KV writes) */
     void (*f32_to_f16)(const float *x, uint16_t *y, int64_t n);
 } fy_cpu_kernels_t;

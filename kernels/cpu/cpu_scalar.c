@@ -127,40 +127,86 @@ static float dot_q4_1(const void *w, const void *x, int64_t n)
     return sum;
 }
 
+/* Float weights straight from safetensors can sit at any address: load
+ * them through memcpy (one plain load on x86). */
+static inline float ld_f32(const void *p, int64_t i)
+{
+    float v;
+    memcpy(&v, (const char *)p + 4 * i, 4);
+    return v;
+}
+
+static inline uint16_t ld_u16(const void *p, int64_t i)
+{
+    uint16_t v;
+    memcpy(&v, (const char *)p + 2 * i, 2);
+    return v;
+}
+
 static float dot_f32(const void *w, const void *x, int64_t n)
 {
-    const float *a = w, *b = x;
+    const float *b = x;
     float sum = 0.0f;
-    for (int64_t i = 0; i < n; i++) sum += a[i] * b[i];
+    for (int64_t i = 0; i < n; i++) sum += ld_f32(w, i) * b[i];
     return sum;
 }
 
 static float dot_f16(const void *w, const void *x, int64_t n)
 {
-    const uint16_t *a = w;
     const float *b = x;
     float sum = 0.0f;
-    for (int64_t i = 0; i < n; i++) sum += fy_fp16_to_fp32(a[i]) * b[i];
+    for (int64_t i = 0; i < n; i++) sum += fy_fp16_to_fp32(ld_u16(w, i)) * b[i];
     return sum;
 }
 
 static float dot_bf16(const void *w, const void *x, int64_t n)
 {
-    const uint16_t *a = w;
     const float *b = x;
     float sum = 0.0f;
-    for (int64_t i = 0; i < n; i++) sum += fy_bf16_to_fp32(a[i]) * b[i];
+    for (int64_t i = 0; i < n; i++) sum += fy_bf16_to_fp32(ld_u16(w, i)) * b[i];
     return sum;
 }
 
-static void axpy_f32(float *y, float a, const float *x, int64_t n)
+static inline float kv_f32(const void *p, int64_t i) { return ((const float *)p)[i]; }
+static inline float kv_f16(const void *p, int64_t i) { return fy_fp16_to_fp32(((const uint16_t *)p)[i]); }
+
+static inline void attn_block(const float *q, int G, const void *k, const void *v, int nk, int hd, float scale,
+                              float *m, float *l, float *acc, float (*get)(const void *, int64_t))
 {
-    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+    for (int g = 0; g < G; g++) {
+        const float *qg = q + (size_t)g * hd;
+        float *ag = acc + (size_t)g * hd;
+        float sc[32], mb = m[g];
+        for (int i = 0; i < nk; i++) {
+            float d = 0.0f;
+            for (int j = 0; j < hd; j++) d += qg[j] * get(k, (int64_t)i * hd + j);
+            sc[i] = d * scale;
+            if (sc[i] > mb) mb = sc[i];
+        }
+        if (mb > m[g]) {
+            float corr = expf(m[g] - mb); /* 0 on the first block */
+            l[g] *= corr;
+            for (int j = 0; j < hd; j++) ag[j] *= corr;
+            m[g] = mb;
+        }
+        for (int i = 0; i < nk; i++) {
+            float e = expf(sc[i] - m[g]);
+            l[g] += e;
+            for (int j = 0; j < hd; j++) ag[j] += e * get(v, (int64_t)i * hd + j);
+        }
+    }
 }
 
-static void axpy_f16(float *y, float a, const uint16_t *x, int64_t n)
+static void attn_block_f32(const float *q, int G, const void *k, const void *v, int nk, int hd, float scale, float *m,
+                           float *l, float *acc)
 {
-    for (int64_t i = 0; i < n; i++) y[i] += a * fy_fp16_to_fp32(x[i]);
+    attn_block(q, G, k, v, nk, hd, scale, m, l, acc, kv_f32);
+}
+
+static void attn_block_f16(const float *q, int G, const void *k, const void *v, int nk, int hd, float scale, float *m,
+                           float *l, float *acc)
+{
+    attn_block(q, G, k, v, nk, hd, scale, m, l, acc, kv_f16);
 }
 
 static void f32_to_f16(const float *x, uint16_t *y, int64_t n)
@@ -180,7 +226,6 @@ const fy_cpu_kernels_t fy_cpu_kernels_scalar = {
             [FY_DTYPE_Q4_0] = dot_q4_0,
             [FY_DTYPE_Q4_1] = dot_q4_1,
         },
-    .axpy_f32 = axpy_f32,
-    .axpy_f16 = axpy_f16,
+    .attn_block = {[FY_DTYPE_F32] = attn_block_f32, [FY_DTYPE_F16] = attn_block_f16},
     .f32_to_f16 = f32_to_f16,
 };

@@ -7,6 +7,7 @@
  * those files; the backend calls a table only after checking the CPU.
  */
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "cpu_kernels.h"
@@ -412,23 +413,85 @@ static float dot_bf16(const void *w, const void *x, int64_t n)
     return sum;
 }
 
-static void axpy_f32(float *y, float a, const float *x, int64_t n)
+/* exp(x) for 8 floats: 2^n * p(r), x = n ln2 + r, |r| <= ln2 / 2, p the
+ * degree-7 Taylor polynomial (relative error ~1e-8, below float's own);
+ * inputs below -87.3 give ~1e-38, not 0 */
+static inline __m256 exp8(__m256 x)
 {
-    __m256 va = _mm256_set1_ps(a);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += a * x[i];
+    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3f)), _mm256_set1_ps(-87.3f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
 }
 
-static void axpy_f16(float *y, float a, const uint16_t *x, int64_t n)
+static inline __m256 kv8_f32(const void *p, int64_t i) { return _mm256_loadu_ps((const float *)p + i); }
+static inline __m256 kv8_f16(const void *p, int64_t i)
 {
-    __m256 va = _mm256_set1_ps(a);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))),
-                                                _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += a * h2f(x[i]);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+}
+
+/* Each K and V row is loaded (and converted) once for all G heads. */
+static inline void attn_block_x86(const float *q, int G, const void *k, const void *v, int nk, int hd, float scale,
+                                  float *m, float *l, float *acc, __m256 (*load8)(const void *, int64_t))
+{
+    float sc[FY_ATTN_MAX_GROUP][32] __attribute__((aligned(32)));
+    __m256 sums[FY_ATTN_MAX_GROUP];
+    for (int i = 0; i < nk; i++) {
+        for (int g = 0; g < G; g++) sums[g] = _mm256_setzero_ps();
+        for (int j = 0; j < hd; j += 8) {
+            __m256 kv = load8(k, (int64_t)i * hd + j);
+            for (int g = 0; g < G; g++) sums[g] = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q + (size_t)g * hd + j), sums[g]);
+        }
+        for (int g = 0; g < G; g++) sc[g][i] = hsum(sums[g]) * scale;
+    }
+    for (int g = 0; g < G; g++) /* the last 8-wide exp reads up to here */
+        for (int i = nk; i < ((nk + 7) & ~7); i++) sc[g][i] = 0.0f;
+    float corr[FY_ATTN_MAX_GROUP];
+    for (int g = 0; g < G; g++) {
+        float mb = m[g];
+        for (int i = 0; i < nk; i++) mb = sc[g][i] > mb ? sc[g][i] : mb;
+        corr[g] = 1.0f;
+        if (mb > m[g]) {
+            corr[g] = expf(m[g] - mb); /* 0 on the first block */
+            l[g] *= corr[g];
+            m[g] = mb;
+        }
+        for (int i = 0; i < nk; i += 8) /* entries past nk are computed and ignored */
+            _mm256_store_ps(&sc[g][i], exp8(_mm256_sub_ps(_mm256_load_ps(&sc[g][i]), _mm256_set1_ps(m[g]))));
+        for (int i = 0; i < nk; i++) l[g] += sc[g][i];
+    }
+    for (int j = 0; j < hd; j += 8) {
+        __m256 a[FY_ATTN_MAX_GROUP];
+        for (int g = 0; g < G; g++) a[g] = _mm256_mul_ps(_mm256_loadu_ps(acc + (size_t)g * hd + j), _mm256_set1_ps(corr[g]));
+        for (int i = 0; i < nk; i++) {
+            __m256 vv = load8(v, (int64_t)i * hd + j);
+            for (int g = 0; g < G; g++) a[g] = _mm256_fmadd_ps(_mm256_set1_ps(sc[g][i]), vv, a[g]);
+        }
+        for (int g = 0; g < G; g++) _mm256_storeu_ps(acc + (size_t)g * hd + j, a[g]);
+    }
+}
+
+static void attn_block_f32(const float *q, int G, const void *k, const void *v, int nk, int hd, float scale, float *m,
+                           float *l, float *acc)
+{
+    attn_block_x86(q, G, k, v, nk, hd, scale, m, l, acc, kv8_f32);
+}
+
+static void attn_block_f16(const float *q, int G, const void *k, const void *v, int nk, int hd, float scale, float *m,
+                           float *l, float *acc)
+{
+    attn_block_x86(q, G, k, v, nk, hd, scale, m, l, acc, kv8_f16);
 }
 
 static void f32_to_f16(const float *x, uint16_t *y, int64_t n)
@@ -457,7 +520,6 @@ const fy_cpu_kernels_t FY_X86_TABLE = {
             [FY_DTYPE_Q4_0] = gemm_q4_0x8,
             [FY_DTYPE_Q4_1] = gemm_q4_1x8,
         },
-    .axpy_f32 = axpy_f32,
-    .axpy_f16 = axpy_f16,
+    .attn_block = {[FY_DTYPE_F32] = attn_block_f32, [FY_DTYPE_F16] = attn_block_f16},
     .f32_to_f16 = f32_to_f16,
 };
