@@ -152,6 +152,8 @@ fy_status_t fy_runner_create(const fy_model_t *model, fy_backend_t *be, const fy
         .max_seqs = p.max_seqs,
         .max_blocks = p.max_seqs * blocks_per_seq,
         .max_kv_len = p.max_ctx,
+        .n_heads = c->n_heads,
+        .head_dim = c->head_dim,
     };
     if ((st = fy_backend_reserve(be, &res))) goto fail;
     *runner_p = r;

@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "log.h"
 #include "mem.h"
@@ -12,7 +13,31 @@ struct fy_backend {
     void *ctx;
     int n_threads;
     char desc[96];
+    bool profiling;
+    fy_backend_profile_t prof;
 };
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void fy_backend_profile_enable(fy_backend_t *be, bool on)
+{
+    be->profiling = on;
+    memset(&be->prof, 0, sizeof(be->prof));
+}
+
+void fy_backend_profile_get(const fy_backend_t *be, fy_backend_profile_t *out) { *out = be->prof; }
+
+const char *fy_backend_op_name(fy_backend_op_t op)
+{
+    static const char *names[FY_OP_COUNT] = {"embed",    "matmul",   "rmsnorm",   "rope", "swiglu",
+                                             "add",      "get_rows", "kv_write",  "attention", "copy"};
+    return (unsigned)op < FY_OP_COUNT ? names[op] : "?";
+}
 
 fy_status_t fy_backend_create(const char *name, const fy_backend_params_t *params, fy_backend_t **be_p)
 {
@@ -56,6 +81,18 @@ static fy_status_t missing(const fy_backend_t *be, const char *op)
 
 #define CALL(op, ...) (be->ops->op ? be->ops->op(be->ctx, __VA_ARGS__) : missing(be, #op))
 
+/* a compute op, timed (with a sync, so the time is the op's) when profiling */
+#define TIMED(kind, op, ...)                                                                       \
+    do {                                                                                           \
+        if (!be->profiling) return CALL(op, __VA_ARGS__);                                          \
+        uint64_t t0_ = now_ns();                                                                   \
+        fy_status_t st_ = CALL(op, __VA_ARGS__);                                                   \
+        if (st_ == FY_OK && be->ops->sync) st_ = be->ops->sync(be->ctx);                            \
+        be->prof.ns[kind] += now_ns() - t0_;                                                       \
+        be->prof.calls[kind]++;                                                                    \
+        return st_;                                                                                \
+    } while (0)
+
 fy_status_t fy_backend_reserve(fy_backend_t *be, const fy_backend_reserve_t *r) { return CALL(reserve, r); }
 fy_status_t fy_backend_alloc(fy_backend_t *be, size_t bytes, void **ptr_p) { return CALL(alloc, bytes, ptr_p); }
 
@@ -66,7 +103,7 @@ void fy_backend_free(fy_backend_t *be, void *ptr)
 
 fy_status_t fy_backend_memcpy(fy_backend_t *be, void *dst, const void *src, size_t bytes, fy_copy_kind_t kind)
 {
-    return CALL(memcpy, dst, src, bytes, kind);
+    TIMED(FY_OP_COPY, memcpy, dst, src, bytes, kind);
 }
 
 fy_status_t fy_backend_upload(fy_backend_t *be, const fy_tensor_t *host, fy_tensor_use_t use, fy_tensor_t *dev_p)
@@ -82,57 +119,57 @@ void fy_backend_release_tensor(fy_backend_t *be, fy_tensor_t *dev)
 fy_status_t fy_backend_copy_blocks(fy_backend_t *be, const fy_kv_layout_t *lay, void *dst_arena,
                                    const void *src_arena, const int32_t *dst, const int32_t *src, int32_t n)
 {
-    return CALL(copy_blocks, lay, dst_arena, src_arena, dst, src, n);
+    TIMED(FY_OP_COPY, copy_blocks, lay, dst_arena, src_arena, dst, src, n);
 }
 
 fy_status_t fy_backend_set_batch(fy_backend_t *be, const fy_batch_meta_t *meta) { return CALL(set_batch, meta); }
 
 fy_status_t fy_backend_embed(fy_backend_t *be, const fy_tensor_t *table, float *out)
 {
-    return CALL(embed, table, out);
+    TIMED(FY_OP_EMBED, embed, table, out);
 }
 
 fy_status_t fy_backend_matmul(fy_backend_t *be, int n_w, const fy_tensor_t *const *w, const float *x, int32_t n,
                               float *const *y)
 {
-    return CALL(matmul, n_w, w, x, n, y);
+    TIMED(FY_OP_MATMUL, matmul, n_w, w, x, n, y);
 }
 
 fy_status_t fy_backend_rmsnorm(fy_backend_t *be, const float *x, const fy_tensor_t *w, int32_t n, float eps,
                                float *y)
 {
-    return CALL(rmsnorm, x, w, n, eps, y);
+    TIMED(FY_OP_RMSNORM, rmsnorm, x, w, n, eps, y);
 }
 
 fy_status_t fy_backend_rope(fy_backend_t *be, float *q, float *k, int32_t n_heads, int32_t n_kv_heads,
                             int32_t head_dim, float theta, fy_rope_style_t style)
 {
-    return CALL(rope, q, k, n_heads, n_kv_heads, head_dim, theta, style);
+    TIMED(FY_OP_ROPE, rope, q, k, n_heads, n_kv_heads, head_dim, theta, style);
 }
 
 fy_status_t fy_backend_swiglu(fy_backend_t *be, const float *gate, const float *up, float *out, size_t n)
 {
-    return CALL(swiglu, gate, up, out, n);
+    TIMED(FY_OP_SWIGLU, swiglu, gate, up, out, n);
 }
 
-fy_status_t fy_backend_add(fy_backend_t *be, float *x, const float *y, size_t n) { return CALL(add, x, y, n); }
+fy_status_t fy_backend_add(fy_backend_t *be, float *x, const float *y, size_t n) { TIMED(FY_OP_ADD, add, x, y, n); }
 
 fy_status_t fy_backend_get_rows(fy_backend_t *be, const float *src, const int32_t *rows, int32_t n, int32_t dim,
                                 float *dst)
 {
-    return CALL(get_rows, src, rows, n, dim, dst);
+    TIMED(FY_OP_GET_ROWS, get_rows, src, rows, n, dim, dst);
 }
 
 fy_status_t fy_backend_kv_write(fy_backend_t *be, const fy_kv_layout_t *lay, void *arena, int32_t layer,
                                 const float *k, const float *v)
 {
-    return CALL(kv_write, lay, arena, layer, k, v);
+    TIMED(FY_OP_KV_WRITE, kv_write, lay, arena, layer, k, v);
 }
 
 fy_status_t fy_backend_attention(fy_backend_t *be, const fy_kv_layout_t *lay, const void *arena, int32_t layer,
                                  int32_t n_heads, const float *q, float *out)
 {
-    return CALL(attention, lay, arena, layer, n_heads, q, out);
+    TIMED(FY_OP_ATTENTION, attention, lay, arena, layer, n_heads, q, out);
 }
 
 fy_status_t fy_backend_sync(fy_backend_t *be) { return be->ops->sync ? be->ops->sync(be->ctx) : FY_OK; }

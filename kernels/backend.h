@@ -69,6 +69,8 @@ typedef struct fy_backend_reserve {
     int32_t max_seqs;     /* sequences per batch */
     int32_t max_blocks;   /* total block-table entries per batch */
     int32_t max_kv_len;   /* longest sequence */
+    int32_t n_heads;      /* query heads of attention */
+    int32_t head_dim;
 } fy_backend_reserve_t;
 
 typedef enum fy_copy_kind {
@@ -142,5 +144,29 @@ fy_status_t fy_backend_kv_write(fy_backend_t *be, const fy_kv_layout_t *lay, voi
 fy_status_t fy_backend_attention(fy_backend_t *be, const fy_kv_layout_t *lay, const void *arena, int32_t layer,
                                  int32_t n_heads, const float *q, float *out);
 fy_status_t fy_backend_sync(fy_backend_t *be);
+
+/* ---- profiling: wall time per op, synchronizing after each op when on ---- */
+typedef enum fy_backend_op {
+    FY_OP_EMBED = 0,
+    FY_OP_MATMUL,
+    FY_OP_RMSNORM,
+    FY_OP_ROPE,
+    FY_OP_SWIGLU,
+    FY_OP_ADD,
+    FY_OP_GET_ROWS,
+    FY_OP_KV_WRITE,
+    FY_OP_ATTENTION,
+    FY_OP_COPY, /* memcpy and copy_blocks */
+    FY_OP_COUNT
+} fy_backend_op_t;
+
+typedef struct fy_backend_profile {
+    uint64_t ns[FY_OP_COUNT];
+    uint64_t calls[FY_OP_COUNT];
+} fy_backend_profile_t;
+
+void fy_backend_profile_enable(fy_backend_t *be, bool on); /* also resets the counters */
+void fy_backend_profile_get(const fy_backend_t *be, fy_backend_profile_t *out);
+const char *fy_backend_op_name(fy_backend_op_t op);
 
 #endif /* FY_BACKEND_H */

@@ -7,9 +7,11 @@
  * faster than (weight bytes per token) / (memory bandwidth).  Bandwidth is
  * measured two ways: memcpy counted as bytes read + bytes written (the
  * STREAM "copy" convention), and a plain read-only sweep.  Both buffers
- * are far larger than the last-level cache.  Tokens are random ids drawn
- * with a fixed seed; the figures are medians of --reps runs.
+ * are far larger than the last-level cache; each figure is the best of 5
+ * sweeps before and 5 after the model runs.  Tokens are random ids drawn
+ * with a fixed seed; speeds are medians of --reps runs.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,6 +111,8 @@ typedef struct bench_result {
     int threads;
     double copy_bw, read_bw;
     double prefill_tps, decode_tps;
+    fy_backend_profile_t prof; /* one profiled decode run */
+    int prof_tokens;
 } bench_result_t;
 
 static fy_status_t run_model(const fy_model_t *m, int threads, const char *isa, int n_prompt, int n_gen, int reps,
@@ -169,6 +173,23 @@ static fy_status_t run_model(const fy_model_t *m, int threads, const char *isa, 
     }
     res->prefill_tps = median(pre, reps);
     res->decode_tps = median(dec, reps);
+    /* one more decode run with per-op timing, for the breakdown */
+    if ((st = fy_block_table_reserve(&bt, pool, rp.max_ctx))) goto out;
+    {
+        fy_forward_seq_t f = {&bt, prompt, n_prompt, 0, 1};
+        if ((st = fy_runner_forward(r, &f, 1, logits))) goto out;
+        int32_t tok = fy_argmax(logits, c->vocab_size);
+        fy_backend_profile_enable(be, true);
+        for (int i = 0; i < n_gen; i++) {
+            fy_forward_seq_t d = {&bt, &tok, 1, n_prompt + i, 1};
+            if ((st = fy_runner_forward(r, &d, 1, logits))) goto out;
+            tok = fy_argmax(logits, c->vocab_size);
+        }
+        fy_backend_profile_get(be, &res->prof);
+        res->prof_tokens = n_gen;
+        fy_backend_profile_enable(be, false);
+    }
+    fy_block_table_release(&bt, pool);
 out:
     if (bt.blocks) {
         fy_block_table_release(&bt, pool);
@@ -265,19 +286,39 @@ int fy_cmd_bench(int argc, char **argv)
            "decode / copy bound | decode / read bound |\n");
     printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     int rc = 0;
+    bench_result_t profiles[MAX_THREAD_COUNTS] = {0};
     for (int i = 0; i < n_counts; i++) {
         bench_result_t res = {.threads = counts[i]};
+        /* bandwidth on this shared machine moves between runs: measure it
+         * before and after the model and keep the higher figure, which
+         * makes the bound the stricter one */
         res.copy_bw = measure_bw(a, b, counts[i], 0);
         res.read_bw = measure_bw(a, b, counts[i], 1);
         if (run_model(m, counts[i], isa, (int)n_prompt, (int)n_gen, (int)reps, &res) != FY_OK) {
             rc = 1;
             break;
         }
+        res.copy_bw = fmax(res.copy_bw, measure_bw(a, b, counts[i], 0));
+        res.read_bw = fmax(res.read_bw, measure_bw(a, b, counts[i], 1));
         double cb = res.copy_bw / wbytes, rb = res.read_bw / wbytes;
         printf("| %d | %.1f | %.1f | %.0f / %.0f | %.1f | %.1f | %.0f%% | %.0f%% |\n", counts[i], res.copy_bw / 1e9,
                res.read_bw / 1e9, cb, rb, res.prefill_tps, res.decode_tps, 100.0 * res.decode_tps / cb,
                100.0 * res.decode_tps / rb);
         fflush(stdout);
+        profiles[i] = res;
+    }
+    if (rc == 0) {
+        printf("\ndecode time per token by op (ms, one profiled run)\n\n| op |");
+        for (int i = 0; i < n_counts; i++) printf(" %d thread%s |", counts[i], counts[i] > 1 ? "s" : "");
+        printf("\n|---|");
+        for (int i = 0; i < n_counts; i++) printf("---:|");
+        printf("\n");
+        for (int op = 0; op < FY_OP_COUNT; op++) {
+            printf("| %s |", fy_backend_op_name((fy_backend_op_t)op));
+            for (int i = 0; i < n_counts; i++)
+                printf(" %.3f |", (double)profiles[i].prof.ns[op] / 1e6 / profiles[i].prof_tokens);
+            printf("\n");
+        }
     }
     fy_free(a);
     fy_free(b);

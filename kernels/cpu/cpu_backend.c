@@ -22,6 +22,7 @@
 #define MAX_GROUP FY_ATTN_MAX_GROUP /* query heads per kv head */
 #define MAX_HEAD_DIM 512
 #define MAX_MATMUL_W 8
+#define ATTN_SEG 64 /* attention segment: a multiple of every block size (see below) */
 
 int fy_cpu_has_avx2(void)
 {
@@ -67,6 +68,9 @@ typedef struct cpu_ctx {
     fy_attn_seq_t *seqs;                     /* [max_seqs] */
     int32_t *block_tables;                   /* [max_blocks] */
     fy_q8a_t *rows;                          /* [max_tokens] */
+    int32_t *ent_off;                        /* [max_tokens + 1] attention partial offsets */
+    float *part;                             /* attention partials of split (few-token) batches */
+    size_t part_floats;
 } cpu_ctx_t;
 
 /* ---- memory ---------------------------------------------------------------------- */
@@ -84,38 +88,53 @@ static void cpu_destroy(void *p)
     fy_free(c->seqs);
     fy_free(c->block_tables);
     fy_free(c->rows);
+    fy_free(c->ent_off);
+    fy_free(c->part);
     fy_free(c);
 }
 
 static fy_status_t cpu_reserve(void *p, const fy_backend_reserve_t *r)
 {
     cpu_ctx_t *c = p;
-    if (r->max_tokens < 1 || r->max_row < FY_QK || r->max_seqs < 1 || r->max_blocks < 1 || r->max_kv_len < 1) {
-        fy_error("cpu backend: bad reservation (tokens %d, row %d, seqs %d, blocks %d)", r->max_tokens,
-                 r->max_row, r->max_seqs, r->max_blocks);
+    if (r->max_tokens < 1 || r->max_row < FY_QK || r->max_seqs < 1 || r->max_blocks < 1 || r->max_kv_len < 1 ||
+        r->n_heads < 1 || r->head_dim < 1) {
+        fy_error("cpu backend: bad reservation (tokens %d, row %d, seqs %d, blocks %d, heads %d x %d)",
+                 r->max_tokens, r->max_row, r->max_seqs, r->max_blocks, r->n_heads, r->head_dim);
         return FY_ERR_INVALID;
     }
     size_t xq_bytes;
     if (!fy_mul_size((size_t)r->max_tokens, fy_q8a_bytes(FY_ALIGN_UP(r->max_row, FY_QK)), &xq_bytes))
         return FY_ERR_INVALID;
-    char *xq = fy_aligned_alloc(64, xq_bytes);
-    int32_t *tokens = fy_calloc((size_t)r->max_tokens, sizeof(int32_t));
-    int32_t *pos = fy_calloc((size_t)r->max_tokens, sizeof(int32_t));
-    int32_t *slots = fy_calloc((size_t)r->max_tokens, sizeof(int32_t));
-    int32_t *tok_seq = fy_calloc((size_t)r->max_tokens, sizeof(int32_t));
-    fy_attn_seq_t *seqs = fy_calloc((size_t)r->max_seqs, sizeof(fy_attn_seq_t));
-    int32_t *bts = fy_calloc((size_t)r->max_blocks, sizeof(int32_t));
-    fy_q8a_t *rows = fy_calloc((size_t)r->max_tokens, sizeof(fy_q8a_t));
-    if (!xq || !tokens || !pos || !slots || !tok_seq || !seqs || !bts || !rows) {
-        fy_free(xq), fy_free(tokens), fy_free(pos), fy_free(slots), fy_free(tok_seq), fy_free(seqs), fy_free(bts);
-        fy_free(rows);
-        fy_error("cpu backend: out of memory reserving work buffers");
-        return FY_ERR_NOMEM;
+    /* split attention runs for fewer than 4 (token, kv head) pairs per
+     * thread; each pair has a partial per segment of every head, plus
+     * max and sum */
+    size_t part_floats = (size_t)4 * (size_t)c->n_threads * (size_t)(r->max_kv_len / ATTN_SEG + 1) *
+                         (size_t)r->n_heads * (size_t)(r->head_dim + 2);
+    struct {
+        void **slot;
+        size_t bytes;
+    } bufs[] = {
+        {(void **)&c->xq, xq_bytes},
+        {(void **)&c->tokens, (size_t)r->max_tokens * sizeof(int32_t)},
+        {(void **)&c->pos, (size_t)r->max_tokens * sizeof(int32_t)},
+        {(void **)&c->slots, (size_t)r->max_tokens * sizeof(int32_t)},
+        {(void **)&c->tok_seq, (size_t)r->max_tokens * sizeof(int32_t)},
+        {(void **)&c->seqs, (size_t)r->max_seqs * sizeof(fy_attn_seq_t)},
+        {(void **)&c->block_tables, (size_t)r->max_blocks * sizeof(int32_t)},
+        {(void **)&c->rows, (size_t)r->max_tokens * sizeof(fy_q8a_t)},
+        {(void **)&c->ent_off, ((size_t)r->max_tokens + 1) * sizeof(int32_t)},
+        {(void **)&c->part, part_floats * sizeof(float)},
+    };
+    for (size_t i = 0; i < FY_ARRAY_LEN(bufs); i++) {
+        fy_free(*bufs[i].slot);
+        *bufs[i].slot = fy_aligned_alloc(64, bufs[i].bytes);
+        if (!*bufs[i].slot) {
+            c->reserved = false;
+            fy_error("cpu backend: out of memory reserving %zu bytes of work buffers", bufs[i].bytes);
+            return FY_ERR_NOMEM;
+        }
     }
-    fy_free(c->xq), fy_free(c->tokens), fy_free(c->pos), fy_free(c->slots), fy_free(c->tok_seq);
-    fy_free(c->seqs), fy_free(c->block_tables), fy_free(c->rows);
-    c->xq = xq, c->tokens = tokens, c->pos = pos, c->slots = slots, c->tok_seq = tok_seq;
-    c->seqs = seqs, c->block_tables = bts, c->rows = rows;
+    c->part_floats = part_floats;
     c->res = *r;
     c->reserved = true;
     return FY_OK;
@@ -444,7 +463,7 @@ static fy_status_t cpu_matmul(void *p, int n_w, const fy_tensor_t *const *w, con
     cpu_ctx_t *c = p;
     if (n_w < 1 || n_w > MAX_MATMUL_W) return FY_ERR_INVALID;
     mm_job_t j = {.k = c->k, .n_w = n_w, .w = w, .y = y, .x = x, .xq = c->xq, .in = w[0]->ne[0], .n = n};
-    bool any_quant = false, any_packed = false;
+    bool any_quant = false;
     int64_t total = 0;
     for (int i = 0; i < n_w; i++) {
         if (w[i]->ne[0] != j.in || !c->k->vec_dot[w[i]->dtype]) {
@@ -452,7 +471,6 @@ static fy_status_t cpu_matmul(void *p, int n_w, const fy_tensor_t *const *w, con
             return FY_ERR_INVALID;
         }
         any_quant |= fy_dtype_is_quantized(w[i]->dtype);
-        any_packed |= w[i]->packing == FY_CPU_PACK_X8;
         total += w[i]->packing == FY_CPU_PACK_X8 ? w[i]->ne[1] / 8 : w[i]->ne[1];
         j.unit_end[i] = total;
     }
@@ -469,9 +487,10 @@ static fy_status_t cpu_matmul(void *p, int n_w, const fy_tensor_t *const *w, con
         j.rows = c->rows;
         fy_threadpool_run(c->tp, n, 8, quant_rows, &j);
     }
-    /* claims of a few microseconds of work each */
-    int64_t chunk = any_packed ? (n >= 8 ? 1 : 4) : (n >= 16 ? 4 : 32);
-    fy_threadpool_run(c->tp, total, chunk, mm_units, &j);
+    /* rows cost the same: a few large claims per thread (every claim is a
+     * contended compare-and-swap) leave enough slack for imbalance */
+    int64_t chunk = total / (4 * (int64_t)c->n_threads);
+    fy_threadpool_run(c->tp, total, chunk > 0 ? chunk : 1, mm_units, &j);
     return FY_OK;
 }
 
@@ -515,50 +534,133 @@ static fy_status_t cpu_kv_write(void *p, const fy_kv_layout_t *lay, void *arena,
     return FY_OK;
 }
 
+/*
+ * Attention runs over fixed segments of ATTN_SEG positions: for each
+ * segment an online softmax over its blocks gives a partial (max, sum,
+ * numerator), and the partials are merged in segment order.  When a batch
+ * has few (token, KV head) pairs (decoding a sequence or two), segments
+ * become separate work items whose partials are merged afterwards
+ * (flash-decoding); otherwise one item walks all its segments.  The
+ * segments and the merge order depend only on the token's position, so
+ * both ways give the same bits and a sequence's output does not depend on
+ * the batch it is in.
+ */
+
 typedef struct attn_job {
     cpu_ctx_t *c;
     fy_attn_block_fn block;
     const fy_kv_layout_t *lay;
     const char *arena;
-    int32_t layer, n_heads, group;
+    int32_t layer, n_heads, G;
     float scale;
     const float *q;
     float *out;
+    int32_t *ent_off; /* split mode: first partial of each token, [n_tokens + 1] */
+    float *part;      /* split mode: partials, G * (head_dim + 2) floats each */
 } attn_job_t;
 
-/* One (token, kv head) item: the group of query heads that share the kv
- * head attend over the sequence's blocks with an online softmax, one
- * block at a time, so K/V of a block are read once for the whole group. */
-static void attn_one(const attn_job_t *j, int32_t t, int32_t kvh)
+static int32_t tok_pos(const cpu_ctx_t *c, int32_t t)
+{
+    const fy_attn_seq_t *s = &c->seqs[c->tok_seq[t]];
+    return s->kv_len - s->n_q + (t - s->q_start);
+}
+
+static int32_t n_segs(int32_t pos) { return pos / ATTN_SEG + 1; }
+
+/* Partial attention of token t's G heads of KV head kvh over positions
+ * [seg * ATTN_SEG, min(p + 1, (seg + 1) * ATTN_SEG)).  ml: m[G] then l[G]. */
+static void attn_segment(const attn_job_t *j, int32_t t, int32_t kvh, int32_t seg, float *ml, float *acc)
 {
     const cpu_ctx_t *c = j->c;
     const fy_kv_layout_t *L = j->lay;
     const fy_attn_seq_t *s = &c->seqs[c->tok_seq[t]];
-    const int32_t hd = L->head_dim, bs = L->block_size, G = j->group;
-    const int32_t p = s->kv_len - s->n_q + (t - s->q_start); /* this token's position */
-    float m[MAX_GROUP], l[MAX_GROUP];
-    float acc[MAX_GROUP * MAX_HEAD_DIM];
-    for (int32_t g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0.0f;
+    const int32_t hd = L->head_dim, bs = L->block_size, G = j->G, p = tok_pos(c, t);
+    for (int32_t g = 0; g < G; g++) ml[g] = -INFINITY, ml[G + g] = 0.0f;
     memset(acc, 0, (size_t)G * hd * sizeof(float));
     const float *qt = j->q + ((size_t)t * j->n_heads + (size_t)kvh * G) * hd;
-    for (int32_t blk = 0; blk * bs <= p; blk++) {
-        int32_t nk = p + 1 - blk * bs < bs ? p + 1 - blk * bs : bs;
-        int32_t id = s->block_table[blk];
+    int32_t last = (seg + 1) * ATTN_SEG < p + 1 ? (seg + 1) * ATTN_SEG : p + 1;
+    for (int32_t pos = seg * ATTN_SEG; pos < last; pos += bs) {
+        int32_t id = s->block_table[pos / bs];
+        int32_t nk = last - pos < bs ? last - pos : bs;
         j->block(qt, G, j->arena + fy_kv_offset(L, id, j->layer, 0, kvh), j->arena + fy_kv_offset(L, id, j->layer, 1, kvh),
-                 nk, hd, j->scale, m, l, acc);
-    }
-    float *ot = j->out + ((size_t)t * j->n_heads + (size_t)kvh * G) * hd;
-    for (int32_t g = 0; g < G; g++) {
-        float inv = 1.0f / l[g];
-        for (int32_t d = 0; d < hd; d++) ot[(size_t)g * hd + d] = acc[(size_t)g * hd + d] * inv;
+                 nk, hd, j->scale, ml, ml + G, acc);
     }
 }
 
-static void attn_items(void *arg, int64_t b, int64_t e, int thread)
+/* Folds a partial (ml, acc) into the running (ML, A). */
+static void attn_merge(int32_t G, int32_t hd, const float *ml, const float *acc, float *ML, float *A)
+{
+    for (int32_t g = 0; g < G; g++) {
+        float mx = ml[g] > ML[g] ? ml[g] : ML[g];
+        float ca = expf(ML[g] - mx), cs = expf(ml[g] - mx); /* ca is 0 at the first merge */
+        ML[G + g] = ML[G + g] * ca + ml[G + g] * cs;
+        for (int32_t d = 0; d < hd; d++) A[g * hd + d] = A[g * hd + d] * ca + acc[g * hd + d] * cs;
+        ML[g] = mx;
+    }
+}
+
+static void attn_store(const attn_job_t *j, int32_t t, int32_t kvh, const float *ML, const float *A)
+{
+    int32_t hd = j->lay->head_dim;
+    float *ot = j->out + ((size_t)t * j->n_heads + (size_t)kvh * j->G) * hd;
+    for (int32_t g = 0; g < j->G; g++) {
+        float inv = 1.0f / ML[j->G + g];
+        for (int32_t d = 0; d < hd; d++) ot[(size_t)g * hd + d] = A[(size_t)g * hd + d] * inv;
+    }
+}
+
+static void attn_start(int32_t G, int32_t hd, float *ML, float *A)
+{
+    for (int32_t g = 0; g < G; g++) ML[g] = -INFINITY, ML[G + g] = 0.0f;
+    memset(A, 0, (size_t)G * hd * sizeof(float));
+}
+
+/* items (t, kvh), each walking all its segments */
+static void attn_whole(void *arg, int64_t b, int64_t e, int thread)
 {
     const attn_job_t *j = arg;
-    int32_t n_kv = j->lay->n_kv_heads;
-    for (int64_t it = b; it < e; it++) attn_one(j, (int32_t)(it / n_kv), (int32_t)(it % n_kv));
+    const int32_t n_kv = j->lay->n_kv_heads, G = j->G, hd = j->lay->head_dim;
+    float ml[2 * MAX_GROUP], ML[2 * MAX_GROUP], acc[MAX_GROUP * MAX_HEAD_DIM], A[MAX_GROUP * MAX_HEAD_DIM];
+    for (int64_t it = b; it < e; it++) {
+        int32_t t = (int32_t)(it / n_kv), kvh = (int32_t)(it % n_kv);
+        attn_start(G, hd, ML, A);
+        for (int32_t seg = 0; seg < n_segs(tok_pos(j->c, t)); seg++) {
+            attn_segment(j, t, kvh, seg, ml, acc);
+            attn_merge(G, hd, ml, acc, ML, A);
+        }
+        attn_store(j, t, kvh, ML, A);
+    }
+}
+
+/* split mode, pass 1: one item per (t, kvh, segment) partial */
+static void attn_parts(void *arg, int64_t b, int64_t e, int thread)
+{
+    const attn_job_t *j = arg;
+    const int32_t G = j->G, hd = j->lay->head_dim;
+    for (int64_t it = b; it < e; it++) {
+        int32_t t = 0;
+        while (j->ent_off[t + 1] <= it) t++;
+        int32_t segs = n_segs(tok_pos(j->c, t)), local = (int32_t)(it - j->ent_off[t]);
+        float *ml = j->part + (size_t)it * G * (hd + 2);
+        attn_segment(j, t, local / segs, local % segs, ml, ml + 2 * G);
+    }
+}
+
+/* split mode, pass 2: merge each (t, kvh)'s partials in segment order */
+static void attn_reduce(void *arg, int64_t b, int64_t e, int thread)
+{
+    const attn_job_t *j = arg;
+    const int32_t n_kv = j->lay->n_kv_heads, G = j->G, hd = j->lay->head_dim;
+    float ML[2 * MAX_GROUP], A[MAX_GROUP * MAX_HEAD_DIM];
+    for (int64_t it = b; it < e; it++) {
+        int32_t t = (int32_t)(it / n_kv), kvh = (int32_t)(it % n_kv), segs = n_segs(tok_pos(j->c, t));
+        attn_start(G, hd, ML, A);
+        for (int32_t seg = 0; seg < segs; seg++) {
+            const float *ml = j->part + (size_t)(j->ent_off[t] + kvh * segs + seg) * G * (hd + 2);
+            attn_merge(G, hd, ml, ml + 2 * G, ML, A);
+        }
+        attn_store(j, t, kvh, ML, A);
+    }
 }
 
 static fy_status_t cpu_attention(void *p, const fy_kv_layout_t *lay, const void *arena, int32_t layer,
@@ -566,7 +668,7 @@ static fy_status_t cpu_attention(void *p, const fy_kv_layout_t *lay, const void 
 {
     cpu_ctx_t *c = p;
     if (n_heads % lay->n_kv_heads || n_heads / lay->n_kv_heads > MAX_GROUP || lay->head_dim > MAX_HEAD_DIM ||
-        lay->block_size > 32) {
+        lay->block_size > 32 || ATTN_SEG % lay->block_size) {
         fy_error("cpu backend: attention shape unsupported (%d heads, %d kv heads, head size %d)", n_heads,
                  lay->n_kv_heads, lay->head_dim);
         return FY_ERR_UNSUPPORTED;
@@ -581,9 +683,23 @@ static fy_status_t cpu_attention(void *p, const fy_kv_layout_t *lay, const void 
     /* the vector tables want whole 8-float chunks of a head */
     fy_attn_block_fn block = c->k->attn_block[lay->dtype];
     if (lay->head_dim % 8) block = fy_cpu_kernels_scalar.attn_block[lay->dtype];
-    attn_job_t j = {c,  block, lay, arena, layer, n_heads, n_heads / lay->n_kv_heads, 1.0f / sqrtf((float)lay->head_dim),
-                    q, out};
-    fy_threadpool_run(c->tp, (int64_t)c->n_tokens * lay->n_kv_heads, 1, attn_items, &j);
+    const int32_t n_kv = lay->n_kv_heads, G = n_heads / n_kv;
+    attn_job_t j = {c, block, lay, arena, layer, n_heads, G, 1.0f / sqrtf((float)lay->head_dim), q, out, NULL, NULL};
+    int64_t pairs = (int64_t)c->n_tokens * n_kv;
+    if (c->n_threads > 1 && pairs < 4 * (int64_t)c->n_threads) {
+        int64_t n_part = 0;
+        c->ent_off[0] = 0;
+        for (int32_t t = 0; t < c->n_tokens; t++) c->ent_off[t + 1] = c->ent_off[t] + n_kv * n_segs(tok_pos(c, t));
+        n_part = c->ent_off[c->n_tokens];
+        if ((size_t)n_part * (size_t)G * (size_t)(lay->head_dim + 2) <= c->part_floats) {
+            j.ent_off = c->ent_off;
+            j.part = c->part;
+            fy_threadpool_run(c->tp, n_part, 1, attn_parts, &j);
+            fy_threadpool_run(c->tp, pairs, 1, attn_reduce, &j);
+            return FY_OK;
+        }
+    }
+    fy_threadpool_run(c->tp, pairs, 1, attn_whole, &j);
     return FY_OK;
 }
 

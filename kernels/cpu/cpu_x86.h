@@ -218,7 +218,7 @@ static inline __m256i bcast4(const int8_t *p)
  * unpacked chunks stay in registers.
  */
 #define TOK_GROUP 4
-#define PREFETCH_BLOCKS 4 /* blocks ahead: a few hundred bytes, past what the prefetcher tracks alone */
+#define PREFETCH_BLOCKS 16 /* blocks ahead (2-3 KiB): about a DRAM latency of streaming */
 
 typedef struct unpacked4 {
     __m256i lo[4], hi[4]; /* columns 4c..4c+3 and 16+4c..16+4c+3 of 8 rows */
@@ -227,6 +227,7 @@ typedef struct unpacked4 {
 static inline void unpack_q4x8(const uint8_t *qs, unpacked4_t *u)
 {
     const __m256i mask = _mm256_set1_epi8(0x0f);
+#pragma GCC unroll 4
     for (int c = 0; c < 4; c++) {
         __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
         u->lo[c] = _mm256_and_si256(v, mask);
@@ -234,15 +235,18 @@ static inline void unpack_q4x8(const uint8_t *qs, unpacked4_t *u)
     }
 }
 
-/* sum over the block of quant(row) * x_q, one row per lane */
+/* sum over the block of quant(row) * x_q, one row per lane; two
+ * accumulators so that the dependent dot products form two short chains
+ * instead of one of eight (the chain's latency bounded the kernel) */
 static inline __m256i isum_q4x8(const unpacked4_t *u, const int8_t *xq)
 {
-    __m256i is = _mm256_setzero_si256();
+    __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
+#pragma GCC unroll 4
     for (int c = 0; c < 4; c++) {
-        is = DPBUSD(is, u->lo[c], bcast4(xq + 4 * c));
-        is = DPBUSD(is, u->hi[c], bcast4(xq + 16 + 4 * c));
+        a = DPBUSD(a, u->lo[c], bcast4(xq + 4 * c));
+        b = DPBUSD(b, u->hi[c], bcast4(xq + 16 + 4 * c));
     }
-    return is;
+    return _mm256_add_epi32(a, b);
 }
 
 static inline __m256 step_q4_0x8(__m256 acc, const unpacked4_t *u, __m256 dw, const fy_q8a_t *x, int64_t b)
@@ -264,17 +268,24 @@ static inline __m256 step_q4_1x8(__m256 acc, const unpacked4_t *u, __m256 dw, __
 static inline __m256 step_q8_0x8(__m256 acc, const int8_t *qs, __m256 dw, const fy_q8a_t *x, int64_t b)
 {
     const int8_t *xq = x->qs + b * FY_QK;
-    __m256i is = _mm256_setzero_si256();
-    for (int c = 0; c < 8; c++) {
-        __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+    /* four accumulators: short dependency chains (a loop over an array of
+     * them kept them in memory; spelled out they stay in registers) */
 #if FY_X86_VNNI
-        /* w + 128 is unsigned; subtract 128 sum(x) after */
-        is = DPBUSD(is, _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)), bcast4(xq + 4 * c));
+    /* w + 128 is unsigned; subtract 128 sum(x) after */
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+#define Q8_DOT(acc, c)                                                                                             \
+    DPBUSD(acc, _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qs + 32 * (c))), flip), bcast4(xq + 4 * (c)))
 #else
-        __m256i xb = bcast4(xq + 4 * c);
-        is = DPBUSD(is, _mm256_sign_epi8(v, v), _mm256_sign_epi8(xb, v));
+#define Q8_DOT(acc, c)                                                                                             \
+    DPBUSD(acc, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(qs + 32 * (c))),                            \
+                                 _mm256_loadu_si256((const __m256i *)(qs + 32 * (c)))),                            \
+           _mm256_sign_epi8(bcast4(xq + 4 * (c)), _mm256_loadu_si256((const __m256i *)(qs + 32 * (c)))))
 #endif
-    }
+    __m256i c0 = Q8_DOT(_mm256_setzero_si256(), 0), c1 = Q8_DOT(_mm256_setzero_si256(), 1);
+    __m256i c2 = Q8_DOT(_mm256_setzero_si256(), 2), c3 = Q8_DOT(_mm256_setzero_si256(), 3);
+    c0 = Q8_DOT(c0, 4), c1 = Q8_DOT(c1, 5), c2 = Q8_DOT(c2, 6), c3 = Q8_DOT(c3, 7);
+#undef Q8_DOT
+    __m256i is = _mm256_add_epi32(_mm256_add_epi32(c0, c1), _mm256_add_epi32(c2, c3));
 #if FY_X86_VNNI
     is = _mm256_sub_epi32(is, _mm256_set1_epi32(128 * x->isum[b]));
 #endif
@@ -283,30 +294,36 @@ static inline __m256 step_q8_0x8(__m256 acc, const int8_t *qs, __m256 dw, const 
 
 static inline __m256 load_h8(const uint16_t *h) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)); }
 
+/*
+ * Each token accumulates even and odd blocks separately and adds the two
+ * at the end: two independent chains of dependent multiply-adds instead of
+ * one (the single chain bounded the decode kernel).  The single-token and
+ * grouped paths do the same arithmetic.
+ */
 static void gemm_q4_0x8(const void *w, int64_t nb, const fy_q8a_t *x, int n_tok, float *y, int64_t ldy)
 {
     const fy_block_q4_0x8_t *wb = w;
     unpacked4_t u;
     if (n_tok == 1) {
-        __m256 acc = _mm256_setzero_ps();
+        __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
         for (int64_t b = 0; b < nb; b++) {
             _mm_prefetch((const char *)(wb + b + PREFETCH_BLOCKS), _MM_HINT_T0);
             unpack_q4x8(wb[b].qs, &u);
-            acc = step_q4_0x8(acc, &u, load_h8(wb[b].d), x, b);
+            acc[b & 1] = step_q4_0x8(acc[b & 1], &u, load_h8(wb[b].d), x, b);
         }
-        _mm256_storeu_ps(y, acc);
+        _mm256_storeu_ps(y, _mm256_add_ps(acc[0], acc[1]));
         return;
     }
     for (int t0 = 0; t0 < n_tok; t0 += TOK_GROUP) {
         int nt = n_tok - t0 < TOK_GROUP ? n_tok - t0 : TOK_GROUP;
-        __m256 acc[TOK_GROUP];
-        for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+        __m256 acc[TOK_GROUP][2];
+        for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             unpack_q4x8(wb[b].qs, &u);
             __m256 dw = load_h8(wb[b].d);
-            for (int t = 0; t < nt; t++) acc[t] = step_q4_0x8(acc[t], &u, dw, &x[t0 + t], b);
+            for (int t = 0; t < nt; t++) acc[t][b & 1] = step_q4_0x8(acc[t][b & 1], &u, dw, &x[t0 + t], b);
         }
-        for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + (t0 + t) * ldy, acc[t]);
+        for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + (t0 + t) * ldy, _mm256_add_ps(acc[t][0], acc[t][1]));
     }
 }
 
@@ -315,25 +332,25 @@ static void gemm_q4_1x8(const void *w, int64_t nb, const fy_q8a_t *x, int n_tok,
     const fy_block_q4_1x8_t *wb = w;
     unpacked4_t u;
     if (n_tok == 1) {
-        __m256 acc = _mm256_setzero_ps();
+        __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
         for (int64_t b = 0; b < nb; b++) {
             _mm_prefetch((const char *)(wb + b + PREFETCH_BLOCKS), _MM_HINT_T0);
             unpack_q4x8(wb[b].qs, &u);
-            acc = step_q4_1x8(acc, &u, load_h8(wb[b].d), load_h8(wb[b].m), x, b);
+            acc[b & 1] = step_q4_1x8(acc[b & 1], &u, load_h8(wb[b].d), load_h8(wb[b].m), x, b);
         }
-        _mm256_storeu_ps(y, acc);
+        _mm256_storeu_ps(y, _mm256_add_ps(acc[0], acc[1]));
         return;
     }
     for (int t0 = 0; t0 < n_tok; t0 += TOK_GROUP) {
         int nt = n_tok - t0 < TOK_GROUP ? n_tok - t0 : TOK_GROUP;
-        __m256 acc[TOK_GROUP];
-        for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+        __m256 acc[TOK_GROUP][2];
+        for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             unpack_q4x8(wb[b].qs, &u);
             __m256 dw = load_h8(wb[b].d), mw = load_h8(wb[b].m);
-            for (int t = 0; t < nt; t++) acc[t] = step_q4_1x8(acc[t], &u, dw, mw, &x[t0 + t], b);
+            for (int t = 0; t < nt; t++) acc[t][b & 1] = step_q4_1x8(acc[t][b & 1], &u, dw, mw, &x[t0 + t], b);
         }
-        for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + (t0 + t) * ldy, acc[t]);
+        for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + (t0 + t) * ldy, _mm256_add_ps(acc[t][0], acc[t][1]));
     }
 }
 
@@ -342,16 +359,18 @@ static void gemm_q8_0x8(const void *w, int64_t nb, const fy_q8a_t *x, int n_tok,
     const fy_block_q8_0x8_t *wb = w;
     for (int t0 = 0; t0 < n_tok; t0 += TOK_GROUP) {
         int nt = n_tok - t0 < TOK_GROUP ? n_tok - t0 : TOK_GROUP;
-        __m256 acc[TOK_GROUP];
-        for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+        __m256 acc[TOK_GROUP][2];
+        for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             _mm_prefetch((const char *)(wb + b + PREFETCH_BLOCKS / 2), _MM_HINT_T0);
             __m256 dw = load_h8(wb[b].d);
-            for (int t = 0; t < nt; t++) acc[t] = step_q8_0x8(acc[t], wb[b].qs, dw, &x[t0 + t], b);
+            for (int t = 0; t < nt; t++) acc[t][b & 1] = step_q8_0x8(acc[t][b & 1], wb[b].qs, dw, &x[t0 + t], b);
         }
-        for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + (t0 + t) * ldy, acc[t]);
+        for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + (t0 + t) * ldy, _mm256_add_ps(acc[t][0], acc[t][1]));
     }
 }
+
+
 
 static float dot_f32(const void *w, const void *x, int64_t n)
 {
@@ -435,51 +454,73 @@ static inline __m256 exp8(__m256 x)
     return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
 }
 
-static inline __m256 kv8_f32(const void *p, int64_t i) { return _mm256_loadu_ps((const float *)p + i); }
-static inline __m256 kv8_f16(const void *p, int64_t i)
+static inline __attribute__((always_inline)) __m256 kv8_f32(const void *p, int64_t i) { return _mm256_loadu_ps((const float *)p + i); }
+static inline __attribute__((always_inline)) __m256 kv8_f16(const void *p, int64_t i)
 {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
 }
 
-/* Each K and V row is loaded (and converted) once for all G heads. */
-static inline void attn_block_x86(const float *q, int G, const void *k, const void *v, int nk, int hd, float scale,
-                                  float *m, float *l, float *acc, __m256 (*load8)(const void *, int64_t))
+/* [sum(s[0]), ..., sum(s[7])] */
+static inline __m256 hsum8_ps(const __m256 *s)
 {
-    float sc[FY_ATTN_MAX_GROUP][32] __attribute__((aligned(32)));
-    __m256 sums[FY_ATTN_MAX_GROUP];
-    for (int i = 0; i < nk; i++) {
-        for (int g = 0; g < G; g++) sums[g] = _mm256_setzero_ps();
-        for (int j = 0; j < hd; j += 8) {
-            __m256 kv = load8(k, (int64_t)i * hd + j);
-            for (int g = 0; g < G; g++) sums[g] = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q + (size_t)g * hd + j), sums[g]);
+    __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(s[0], s[1]), _mm256_hadd_ps(s[2], s[3]));
+    __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(s[4], s[5]), _mm256_hadd_ps(s[6], s[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+/*
+ * One head at a time, so that everything lives in registers: scores of 8
+ * keys at once (8 accumulators, one horizontal-sum tree), then the values
+ * 8 columns at a time.  K and V rows are re-read per head of the group;
+ * they are in L1 by then, and converting f16 is one instruction per 8.
+ */
+static inline __attribute__((always_inline)) void attn_head(const float *q, const void *k, const void *v, int nk,
+                                                            int hd, float scale, float *m, float *l, float *acc,
+                                                            __m256 (*load8)(const void *, int64_t))
+{
+    float sc[32] __attribute__((aligned(32)));
+    for (int i0 = 0; i0 < nk; i0 += 8) {
+        __m256 s8[8];
+        for (int i = 0; i < 8; i++) s8[i] = _mm256_setzero_ps();
+        if (nk - i0 >= 8) {
+            for (int j = 0; j < hd; j += 8) {
+                __m256 qv = _mm256_loadu_ps(q + j);
+#pragma GCC unroll 8
+                for (int i = 0; i < 8; i++) s8[i] = _mm256_fmadd_ps(load8(k, (int64_t)(i0 + i) * hd + j), qv, s8[i]);
+            }
+        } else { /* the last, partial group of a sequence's last block */
+            for (int j = 0; j < hd; j += 8) {
+                __m256 qv = _mm256_loadu_ps(q + j);
+                for (int i = 0; i < nk - i0; i++)
+                    s8[i] = _mm256_fmadd_ps(load8(k, (int64_t)(i0 + i) * hd + j), qv, s8[i]);
+            }
         }
-        for (int g = 0; g < G; g++) sc[g][i] = hsum(sums[g]) * scale;
+        _mm256_store_ps(sc + i0, _mm256_mul_ps(hsum8_ps(s8), _mm256_set1_ps(scale)));
     }
-    for (int g = 0; g < G; g++) /* the last 8-wide exp reads up to here */
-        for (int i = nk; i < ((nk + 7) & ~7); i++) sc[g][i] = 0.0f;
-    float corr[FY_ATTN_MAX_GROUP];
-    for (int g = 0; g < G; g++) {
-        float mb = m[g];
-        for (int i = 0; i < nk; i++) mb = sc[g][i] > mb ? sc[g][i] : mb;
-        corr[g] = 1.0f;
-        if (mb > m[g]) {
-            corr[g] = expf(m[g] - mb); /* 0 on the first block */
-            l[g] *= corr[g];
-            m[g] = mb;
-        }
-        for (int i = 0; i < nk; i += 8) /* entries past nk are computed and ignored */
-            _mm256_store_ps(&sc[g][i], exp8(_mm256_sub_ps(_mm256_load_ps(&sc[g][i]), _mm256_set1_ps(m[g]))));
-        for (int i = 0; i < nk; i++) l[g] += sc[g][i];
+    float mb = *m;
+    for (int i = 0; i < nk; i++) mb = sc[i] > mb ? sc[i] : mb;
+    float corr = 1.0f;
+    if (mb > *m) {
+        corr = expf(*m - mb); /* 0 on the first block */
+        *l *= corr;
+        *m = mb;
     }
+    for (int i = 0; i < nk; i += 8) /* entries past nk are computed and ignored */
+        _mm256_store_ps(sc + i, exp8(_mm256_sub_ps(_mm256_load_ps(sc + i), _mm256_set1_ps(*m))));
+    for (int i = 0; i < nk; i++) *l += sc[i];
     for (int j = 0; j < hd; j += 8) {
-        __m256 a[FY_ATTN_MAX_GROUP];
-        for (int g = 0; g < G; g++) a[g] = _mm256_mul_ps(_mm256_loadu_ps(acc + (size_t)g * hd + j), _mm256_set1_ps(corr[g]));
-        for (int i = 0; i < nk; i++) {
-            __m256 vv = load8(v, (int64_t)i * hd + j);
-            for (int g = 0; g < G; g++) a[g] = _mm256_fmadd_ps(_mm256_set1_ps(sc[g][i]), vv, a[g]);
-        }
-        for (int g = 0; g < G; g++) _mm256_storeu_ps(acc + (size_t)g * hd + j, a[g]);
+        __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc + j), _mm256_set1_ps(corr));
+        for (int i = 0; i < nk; i++) a = _mm256_fmadd_ps(_mm256_set1_ps(sc[i]), load8(v, (int64_t)i * hd + j), a);
+        _mm256_storeu_ps(acc + j, a);
     }
+}
+
+static inline __attribute__((always_inline)) void attn_block_x86(const float *q, int G, const void *k, const void *v,
+                                                                 int nk, int hd, float scale, float *m, float *l,
+                                                                 float *acc, __m256 (*load8)(const void *, int64_t))
+{
+    for (int g = 0; g < G; g++)
+        attn_head(q + (size_t)g * hd, k, v, nk, hd, scale, m + g, l + g, acc + (size_t)g * hd, load8);
 }
 
 static void attn_block_f32(const float *q, int G, const void *k, const void *v, int nk, int hd, float scale, float *m,
@@ -520,6 +561,7 @@ const fy_cpu_kernels_t FY_X86_TABLE = {
             [FY_DTYPE_Q4_0] = gemm_q4_0x8,
             [FY_DTYPE_Q4_1] = gemm_q4_1x8,
         },
+
     .attn_block = {[FY_DTYPE_F32] = attn_block_f32, [FY_DTYPE_F16] = attn_block_f16},
     .f32_to_f16 = f32_to_f16,
 };
