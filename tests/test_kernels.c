@@ -151,19 +151,37 @@ static void test_isa_kernels_agree(void **state)
             assert_true(fabs((double)a - b) <= 1e-5 * mag + 1e-30);
         }
     }
-    /* axpy and f16 conversion */
-    float y1[100], y2[100], xv[100];
+    /* f16 conversion */
+    float xv[100];
     uint16_t h1[100], h2[100];
-    for (int i = 0; i < 100; i++) xv[i] = fy_test_rand_uniform(&s), y1[i] = y2[i] = fy_test_rand_uniform(&s);
-    S->axpy_f32(y1, 0.7f, xv, 100);
-    A->axpy_f32(y2, 0.7f, xv, 100);
-    for (int i = 0; i < 100; i++) assert_float_equal(y1[i], y2[i], 1e-6);
+    for (int i = 0; i < 100; i++) xv[i] = fy_test_rand_uniform(&s);
     S->f32_to_f16(xv, h1, 100);
     A->f32_to_f16(xv, h2, 100);
     assert_memory_equal(h1, h2, sizeof(h1));
-    S->axpy_f16(y1, -1.5f, h1, 100);
-    A->axpy_f16(y2, -1.5f, h2, 100);
-    for (int i = 0; i < 100; i++) assert_float_equal(y1[i], y2[i], 1e-5);
+    /* attention blocks: two blocks in a row, so the rescaling runs too */
+    for (int kt = 0; kt < 2; kt++) {
+        fy_dtype_t t = kt ? FY_DTYPE_F16 : FY_DTYPE_F32;
+        enum { G = 3, HD = 64, NK = 13 };
+        float q[G * HD], kf[NK * HD], vf[NK * HD];
+        uint16_t kh[NK * HD], vh[NK * HD];
+        for (int i = 0; i < G * HD; i++) q[i] = fy_test_rand_uniform(&s);
+        for (int i = 0; i < NK * HD; i++) kf[i] = fy_test_rand_uniform(&s) * 3, vf[i] = fy_test_rand_uniform(&s);
+        S->f32_to_f16(kf, kh, NK * HD);
+        S->f32_to_f16(vf, vh, NK * HD);
+        const void *kk = kt ? (const void *)kh : kf, *vv = kt ? (const void *)vh : vf;
+        float m1[G], l1[G], a1[G * HD], m2[G], l2[G], a2[G * HD];
+        for (int g = 0; g < G; g++) m1[g] = m2[g] = -INFINITY, l1[g] = l2[g] = 0;
+        memset(a1, 0, sizeof(a1)), memset(a2, 0, sizeof(a2));
+        for (int rep = 0; rep < 2; rep++) {
+            S->attn_block[t](q, G, kk, vv, NK - rep * 4, HD, 0.125f, m1, l1, a1);
+            A->attn_block[t](q, G, kk, vv, NK - rep * 4, HD, 0.125f, m2, l2, a2);
+        }
+        for (int g = 0; g < G; g++) {
+            assert_float_equal(m1[g], m2[g], 1e-5);
+            assert_float_equal(l1[g], l2[g], 1e-5 * l1[g]);
+        }
+        for (int i = 0; i < G * HD; i++) assert_float_equal(a1[i], a2[i], 1e-5 * (1 + fabsf(a1[i])));
+    }
     free(x), free(w), free(wq);
     fy_free(ms), fy_free(ma);
 }
@@ -212,6 +230,7 @@ static void test_packed_gemm_matches_rows(void **state)
             float y1[8];
             k->gemm_x8[t](packed, N / 32, &xq[5], 1, y1, 8);
             assert_memory_equal(y1, y + 5 * ROWS, sizeof(y1));
+
             free(plain), free(packed);
             ran++;
         }
@@ -347,7 +366,8 @@ static void test_paged_attention_matches_contiguous(void **state)
     fy_backend_t *be;
     fy_backend_params_t bp = {.n_threads = 2};
     assert_int_equal(fy_backend_create("cpu", &bp, &be), FY_OK);
-    fy_backend_reserve_t r = {.max_tokens = 512, .max_row = 256, .max_seqs = 4, .max_blocks = 256, .max_kv_len = 512};
+    fy_backend_reserve_t r = {.max_tokens = 512, .max_row = 256, .max_seqs = 4, .max_blocks = 256, .max_kv_len = 512,
+                              .n_heads = 6, .head_dim = 32};
     assert_int_equal(fy_backend_reserve(be, &r), FY_OK);
     const attn_case_t cases[] = {
         {1, {1}, {1}},                              /* first token */
