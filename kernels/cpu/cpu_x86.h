@@ -120,15 +120,17 @@ static void quantize_q8a(const float *x, const fy_q8a_t *y, int64_t n)
 #define Q4_0_BYTES ((int)sizeof(fy_block_q4_0_t))
 #define Q4_1_BYTES ((int)sizeof(fy_block_q4_1_t))
 
-static inline __m256i qdot_q8_0(const fy_block_q8_0_t *w, const int8_t *xq)
+static inline __m256i qdot_q8_0(const void *w, const int8_t *xq)
 {
-    return dot_s8s8(_mm256_loadu_si256((const __m256i *)w->qs), _mm256_loadu_si256((const __m256i *)xq));
+    const fy_block_q8_0_t *b = w;
+    return dot_s8s8(_mm256_loadu_si256((const __m256i *)b->qs), _mm256_loadu_si256((const __m256i *)xq));
 }
 
-static inline __m256i qdot_q4_0(const fy_block_q4_0_t *w, const int8_t *xq)
+static inline __m256i qdot_q4_0(const void *w, const int8_t *xq)
 {
     /* q - 8 in [-8, 7]; subtracting 8 * sum(x) afterwards would cancel badly */
-    __m256i q = _mm256_sub_epi8(unpack_nibbles(w->qs), _mm256_set1_epi8(8));
+    const fy_block_q4_0_t *b = w;
+    __m256i q = _mm256_sub_epi8(unpack_nibbles(b->qs), _mm256_set1_epi8(8));
     return dot_s8s8(q, _mm256_loadu_si256((const __m256i *)xq));
 }
 
@@ -137,45 +139,32 @@ static inline __m256i qdot_q4_1(const fy_block_q4_1_t *w, const int8_t *xq)
     return dot_u8s8(unpack_nibbles(w->qs), _mm256_loadu_si256((const __m256i *)xq));
 }
 
-static float dot_q8_0(const void *w, const void *x, int64_t n)
+/* x = d q blocks (Q8_0, Q4_0): the fp16 scale leads each block */
+static inline __attribute__((always_inline)) float dot_scaled(const void *w, int bytes, const fy_q8a_t *xa, int64_t n,
+                                                              __m256i (*qdot)(const void *, const int8_t *))
 {
-    const fy_block_q8_0_t *wb = w;
-    const fy_q8a_t *xa = x;
+    const char *wb = w;
     int64_t nb = n / FY_QK, b = 0;
     __m256 acc = _mm256_setzero_ps();
     for (; b + 8 <= nb; b += 8) {
         __m256i p[8];
-        for (int j = 0; j < 8; j++) p[j] = qdot_q8_0(&wb[b + j], xa->qs + (b + j) * FY_QK);
+        for (int j = 0; j < 8; j++) p[j] = qdot(wb + (b + j) * bytes, xa->qs + (b + j) * FY_QK);
         __m256 d;
-        load_scales8(&wb[b], Q8_0_BYTES, &d, NULL);
+        load_scales8(wb + b * bytes, bytes, &d, NULL);
         acc = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(xa->d + b)), _mm256_cvtepi32_ps(hsum8_epi32(p)), acc);
     }
     __m256 tail = _mm256_setzero_ps();
-    for (; b < nb; b++)
-        tail = _mm256_fmadd_ps(_mm256_set1_ps(h2f(wb[b].d) * xa->d[b]),
-                               _mm256_cvtepi32_ps(qdot_q8_0(&wb[b], xa->qs + b * FY_QK)), tail);
+    for (; b < nb; b++) {
+        uint16_t d;
+        memcpy(&d, wb + b * bytes, 2);
+        tail = _mm256_fmadd_ps(_mm256_set1_ps(h2f(d) * xa->d[b]),
+                               _mm256_cvtepi32_ps(qdot(wb + b * bytes, xa->qs + b * FY_QK)), tail);
+    }
     return hsum(acc) + hsum(tail);
 }
 
-static float dot_q4_0(const void *w, const void *x, int64_t n)
-{
-    const fy_block_q4_0_t *wb = w;
-    const fy_q8a_t *xa = x;
-    int64_t nb = n / FY_QK, b = 0;
-    __m256 acc = _mm256_setzero_ps();
-    for (; b + 8 <= nb; b += 8) {
-        __m256i p[8];
-        for (int j = 0; j < 8; j++) p[j] = qdot_q4_0(&wb[b + j], xa->qs + (b + j) * FY_QK);
-        __m256 d;
-        load_scales8(&wb[b], Q4_0_BYTES, &d, NULL);
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(xa->d + b)), _mm256_cvtepi32_ps(hsum8_epi32(p)), acc);
-    }
-    __m256 tail = _mm256_setzero_ps();
-    for (; b < nb; b++)
-        tail = _mm256_fmadd_ps(_mm256_set1_ps(h2f(wb[b].d) * xa->d[b]),
-                               _mm256_cvtepi32_ps(qdot_q4_0(&wb[b], xa->qs + b * FY_QK)), tail);
-    return hsum(acc) + hsum(tail);
-}
+static float dot_q8_0(const void *w, const void *x, int64_t n) { return dot_scaled(w, Q8_0_BYTES, x, n, qdot_q8_0); }
+static float dot_q4_0(const void *w, const void *x, int64_t n) { return dot_scaled(w, Q4_0_BYTES, x, n, qdot_q4_0); }
 
 static float dot_q4_1(const void *w, const void *x, int64_t n)
 {
