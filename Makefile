@@ -9,7 +9,9 @@
 #   make WERROR=1    warnings are errors (CI)
 #   make CUDA=0      never build CUDA code, even where nvcc exists
 
-CC      ?= gcc
+ifeq ($(origin CC),default)
+CC      := gcc
+endif
 SAN     ?=
 # CI (set by .ci/run and most CI systems) makes warnings errors
 WERROR  ?= $(if $(CI),1,0)
