@@ -1,7 +1,23 @@
-/* kv.c - KV layout arithmetic, the block pool and block tables. */
+/*
+ * kv.c - the KV block manager: tiers of fixed-size blocks with O(1)
+ * allocate and free, refcounted sharing, copy-on-write, a keyed-hash
+ * prefix index with an LRU of evictable blocks, demotion of evicted prefix
+ * blocks down the tiers (device -> host -> disk) and promotion back on a
+ * hit, swapping of whole sequences, and admission promises.
+ *
+ * Each tier is the same structure: per-block state, refcount and name, a
+ * free stack, a doubly linked LRU list of cached blocks (head = least
+ * recently used) and an open-addressing index from name to block.
+ */
 #include "kv.h"
 
-#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "mem.h"
@@ -37,116 +53,983 @@ fy_status_t fy_kv_layout_init(fy_kv_layout_t *lay, int32_t n_layers, int32_t n_k
     return FY_OK;
 }
 
-/* ---- pool ------------------------------------------------------------------------- */
+const char *fy_kv_tier_name(fy_kv_tier_t t)
+{
+    switch (t) {
+    case FY_KV_DEVICE: return "device";
+    case FY_KV_HOST: return "host";
+    case FY_KV_DISK: return "disk";
+    case FY_KV_TIERS: break;
+    }
+    return "?";
+}
 
-struct fy_kv_pool {
-    int32_t n_blocks;
-    int32_t n_free;
-    int32_t *free_stack; /* [n_blocks]; the top n_free entries are free */
-    int32_t *refcount;   /* [n_blocks] */
+/* ---- keyed hashing ---------------------------------------------------------------------- */
+
+struct fy_kv_hasher {
+    /* the keyed BLAKE2b state before any message: copied per hash, so each
+     * block name costs one compression, not two */
+    crypto_generichash_blake2b_state base;
 };
 
-fy_status_t fy_kv_pool_create(int32_t n_blocks, fy_kv_pool_t **pool_p)
+_Static_assert(FY_KV_HASH_BYTES >= crypto_generichash_blake2b_BYTES_MIN, "hash length");
+
+fy_status_t fy_kv_hasher_create(const uint8_t *secret, size_t len, fy_kv_hasher_t **h_p)
 {
-    if (n_blocks < 1) {
-        fy_error("kv: pool of %d blocks", n_blocks);
+    if (len < 16 || len > crypto_generichash_blake2b_KEYBYTES_MAX) {
+        fy_error("kv: the prefix-cache secret must be 16 to %d bytes, not %zu",
+                 (int)crypto_generichash_blake2b_KEYBYTES_MAX, len);
         return FY_ERR_INVALID;
     }
-    fy_kv_pool_t *p = fy_calloc(1, sizeof(*p));
-    if (!p) goto nomem;
-    p->free_stack = fy_malloc((size_t)n_blocks * sizeof(int32_t));
-    p->refcount = fy_calloc((size_t)n_blocks, sizeof(int32_t));
-    if (!p->free_stack || !p->refcount) goto nomem;
-    p->n_blocks = p->n_free = n_blocks;
-    /* lowest ids on top, so a fresh pool hands out 0, 1, 2, ... */
-    for (int32_t i = 0; i < n_blocks; i++) p->free_stack[i] = n_blocks - 1 - i;
-    *pool_p = p;
+    if (sodium_init() < 0) {
+        fy_error("kv: libsodium failed to initialize");
+        return FY_ERR_INTERNAL;
+    }
+    fy_kv_hasher_t *h = fy_aligned_alloc(64, sizeof(*h));
+    if (!h) {
+        fy_error("kv: out of memory");
+        return FY_ERR_NOMEM;
+    }
+    crypto_generichash_blake2b_init(&h->base, secret, len, FY_KV_HASH_BYTES);
+    *h_p = h;
+    return FY_OK;
+}
+
+fy_status_t fy_kv_hasher_create_random(fy_kv_hasher_t **h_p)
+{
+    if (sodium_init() < 0) {
+        fy_error("kv: libsodium failed to initialize");
+        return FY_ERR_INTERNAL;
+    }
+    uint8_t key[32];
+    randombytes_buf(key, sizeof(key));
+    fy_status_t st = fy_kv_hasher_create(key, sizeof(key), h_p);
+    sodium_memzero(key, sizeof(key));
+    return st;
+}
+
+void fy_kv_hasher_destroy(fy_kv_hasher_t *h)
+{
+    if (!h) return;
+    sodium_memzero(h, sizeof(*h));
+    fy_free(h);
+}
+
+static void put_len(crypto_generichash_blake2b_state *st, uint64_t len)
+{
+    uint8_t l[8];
+    for (int i = 0; i < 8; i++) l[i] = (uint8_t)(len >> (8 * i)); /* little-endian length prefix */
+    crypto_generichash_blake2b_update(st, l, 8);
+}
+
+static void put_field(crypto_generichash_blake2b_state *st, const void *p, uint64_t len)
+{
+    put_len(st, len);
+    if (len) crypto_generichash_blake2b_update(st, p, len);
+}
+
+static void put_str(crypto_generichash_blake2b_state *st, const char *s)
+{
+    if (!s) {
+        put_len(st, UINT64_MAX); /* absent differs from "": a length no string has */
+        return;
+    }
+    put_field(st, s, strlen(s));
+}
+
+static void put_int(crypto_generichash_blake2b_state *st, int64_t v)
+{
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)((uint64_t)v >> (8 * i));
+    put_field(st, b, 8);
+}
+
+void fy_kv_ns_make(const fy_kv_hasher_t *h, const char *tenant, const char *model_id, const fy_kv_layout_t *lay,
+                   const char *adapter, fy_kv_ns_t *ns_p)
+{
+    crypto_generichash_blake2b_state st __attribute__((aligned(64)));
+    memcpy(&st, &h->base, sizeof(st));
+    put_str(&st, "ferry kv namespace v1");
+    put_str(&st, tenant);
+    put_str(&st, model_id);
+    put_int(&st, lay->n_layers);
+    put_int(&st, lay->n_kv_heads);
+    put_int(&st, lay->head_dim);
+    put_int(&st, lay->block_size);
+    put_str(&st, fy_dtype_name(lay->dtype));
+    put_str(&st, adapter);
+    crypto_generichash_blake2b_final(&st, ns_p->digest.b, FY_KV_HASH_BYTES);
+}
+
+void fy_kv_hash_block(const fy_kv_hasher_t *h, const fy_kv_ns_t *ns, const fy_kv_hash_t *parent,
+                      const int32_t *tokens, int32_t block_size, fy_kv_hash_t *out)
+{
+    crypto_generichash_blake2b_state st __attribute__((aligned(64)));
+    memcpy(&st, &h->base, sizeof(st));
+    /* fixed-size fields, so no separators are needed: ns (16), a marker
+     * telling the first block from the others, parent (16), tokens */
+    uint8_t head[1 + 2 * FY_KV_HASH_BYTES];
+    memcpy(head, ns->digest.b, FY_KV_HASH_BYTES);
+    head[FY_KV_HASH_BYTES] = parent ? 1 : 0;
+    if (parent)
+        memcpy(head + FY_KV_HASH_BYTES + 1, parent->b, FY_KV_HASH_BYTES);
+    else
+        memset(head + FY_KV_HASH_BYTES + 1, 0, FY_KV_HASH_BYTES);
+    crypto_generichash_blake2b_update(&st, head, sizeof(head));
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    crypto_generichash_blake2b_update(&st, (const uint8_t *)tokens, (size_t)block_size * 4);
+#else
+    for (int32_t i = 0; i < block_size; i++) {
+        uint8_t b[4] = {(uint8_t)tokens[i], (uint8_t)(tokens[i] >> 8), (uint8_t)(tokens[i] >> 16),
+                        (uint8_t)(tokens[i] >> 24)};
+        crypto_generichash_blake2b_update(&st, b, 4);
+    }
+#endif
+    crypto_generichash_blake2b_final(&st, out->b, FY_KV_HASH_BYTES);
+}
+
+/* ---- one tier ------------------------------------------------------------------------------ */
+
+enum { BLOCK_FREE = 0, BLOCK_USED, BLOCK_CACHED };
+
+typedef struct tier {
+    int32_t n;
+    int32_t *ref;        /* [n] */
+    uint8_t *state;      /* [n] */
+    uint8_t *named;      /* [n] listed in the index */
+    fy_kv_hash_t *name;  /* [n] */
+    uint16_t *filled;    /* [n] token slots written (device tier: waste) */
+    int32_t *free_stack; /* [n] */
+    int32_t n_free;
+    int32_t *prev, *next; /* [n] LRU links of cached blocks; -1 ends */
+    int32_t head, tail;   /* head: least recently used */
+    int32_t n_cached, n_used;
+    int32_t *index; /* [index_mask + 1] block ids, -1 empty */
+    uint32_t index_mask;
+    uint64_t hits, evictions;
+} tier_t;
+
+static fy_status_t tier_init(tier_t *t, int32_t n)
+{
+    memset(t, 0, sizeof(*t));
+    t->head = t->tail = -1;
+    if (n <= 0) return FY_OK;
+    uint32_t cap = 16;
+    while (cap < 2u * (uint32_t)n) cap *= 2;
+    t->ref = fy_calloc((size_t)n, sizeof(int32_t));
+    t->state = fy_calloc((size_t)n, 1);
+    t->named = fy_calloc((size_t)n, 1);
+    t->name = fy_calloc((size_t)n, sizeof(fy_kv_hash_t));
+    t->filled = fy_calloc((size_t)n, sizeof(uint16_t));
+    t->free_stack = fy_malloc((size_t)n * sizeof(int32_t));
+    t->prev = fy_malloc((size_t)n * sizeof(int32_t));
+    t->next = fy_malloc((size_t)n * sizeof(int32_t));
+    t->index = fy_malloc((size_t)cap * sizeof(int32_t));
+    if (!t->ref || !t->state || !t->named || !t->name || !t->filled || !t->free_stack || !t->prev || !t->next ||
+        !t->index)
+        return FY_ERR_NOMEM;
+    t->n = n;
+    t->index_mask = cap - 1;
+    for (uint32_t i = 0; i < cap; i++) t->index[i] = -1;
+    /* lowest ids on top, so a fresh tier hands out 0, 1, 2, ... */
+    for (int32_t i = 0; i < n; i++) t->free_stack[i] = n - 1 - i;
+    t->n_free = n;
+    return FY_OK;
+}
+
+static void tier_deinit(tier_t *t)
+{
+    fy_free(t->ref), fy_free(t->state), fy_free(t->named), fy_free(t->name), fy_free(t->filled);
+    fy_free(t->free_stack), fy_free(t->prev), fy_free(t->next), fy_free(t->index);
+    memset(t, 0, sizeof(*t));
+}
+
+static uint32_t bucket(const tier_t *t, const fy_kv_hash_t *h)
+{
+    uint64_t x; /* keyed BLAKE2b output: any 8 bytes are uniform */
+    memcpy(&x, h->b, 8);
+    return (uint32_t)x & t->index_mask;
+}
+
+static int32_t index_find(const tier_t *t, const fy_kv_hash_t *h)
+{
+    if (!t->n) return -1;
+    for (uint32_t i = bucket(t, h);; i = (i + 1) & t->index_mask) {
+        int32_t b = t->index[i];
+        if (b < 0) return -1;
+        if (!memcmp(t->name[b].b, h->b, FY_KV_HASH_BYTES)) return b;
+    }
+}
+
+static void index_add(tier_t *t, int32_t b, const fy_kv_hash_t *h)
+{
+    t->name[b] = *h;
+    t->named[b] = 1;
+    uint32_t i = bucket(t, h);
+    while (t->index[i] >= 0) i = (i + 1) & t->index_mask;
+    t->index[i] = b;
+}
+
+static void index_remove(tier_t *t, int32_t b)
+{
+    uint32_t i = bucket(t, &t->name[b]);
+    while (t->index[i] != b) i = (i + 1) & t->index_mask;
+    /* backward-shift deletion keeps probe chains intact without tombstones */
+    uint32_t j = i;
+    for (;;) {
+        j = (j + 1) & t->index_mask;
+        int32_t c = t->index[j];
+        if (c < 0) break;
+        uint32_t home = bucket(t, &t->name[c]);
+        /* c may move to i if its home is not in the cyclic range (i, j] */
+        bool in_range = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+        if (!in_range) {
+            t->index[i] = c;
+            i = j;
+        }
+    }
+    t->index[i] = -1;
+    t->named[b] = 0;
+}
+
+static void lru_push_tail(tier_t *t, int32_t b)
+{
+    t->prev[b] = t->tail;
+    t->next[b] = -1;
+    if (t->tail >= 0)
+        t->next[t->tail] = b;
+    else
+        t->head = b;
+    t->tail = b;
+    t->n_cached++;
+}
+
+static void lru_remove(tier_t *t, int32_t b)
+{
+    if (t->prev[b] >= 0)
+        t->next[t->prev[b]] = t->next[b];
+    else
+        t->head = t->next[b];
+    if (t->next[b] >= 0)
+        t->prev[t->next[b]] = t->prev[b];
+    else
+        t->tail = t->prev[b];
+    t->n_cached--;
+}
+
+/* FREE -> USED */
+static int32_t take_free(tier_t *t)
+{
+    int32_t b = t->free_stack[--t->n_free];
+    t->state[b] = BLOCK_USED;
+    t->ref[b] = 1;
+    t->filled[b] = 0;
+    t->n_used++;
+    return b;
+}
+
+/* USED (last reference) or CACHED -> FREE, dropping its name */
+static void make_free(tier_t *t, int32_t b)
+{
+    if (t->state[b] == BLOCK_CACHED) lru_remove(t, b);
+    else t->n_used--;
+    if (t->named[b]) index_remove(t, b);
+    t->state[b] = BLOCK_FREE;
+    t->ref[b] = 0;
+    t->free_stack[t->n_free++] = b;
+}
+
+/* CACHED -> USED (a prefix hit takes it) */
+static void take_cached(tier_t *t, int32_t b)
+{
+    lru_remove(t, b);
+    t->state[b] = BLOCK_USED;
+    t->ref[b] = 1;
+    t->n_used++;
+}
+
+/* ---- the manager --------------------------------------------------------------------------------- */
+
+struct fy_kvm {
+    fy_kv_layout_t lay;
+    tier_t tier[FY_KV_TIERS];
+    char *host_arena;
+    int disk_fd;
+    fy_kv_copy_fn copy;
+    void *copy_arg;
+    const fy_kv_hasher_t *hasher;
+    bool prefix_caching;
+    int32_t watermark_blocks;
+    int32_t promised;
+    /* figures */
+    uint64_t queries, query_tokens, hit_blocks, hit_tokens, cow_copies;
+    uint64_t swap_out_blocks, swap_in_blocks, demotions, promotions;
+};
+
+const fy_kv_layout_t *fy_kvm_layout(const fy_kvm_t *m) { return &m->lay; }
+
+static fy_status_t open_disk(fy_kvm_t *m, const char *dir, int32_t slots)
+{
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        fy_error("kv: disk tier: cannot create %s: %m", dir);
+        return FY_ERR_IO;
+    }
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/ferry-kv-%ld.bin", dir, (long)getpid());
+    m->disk_fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (m->disk_fd < 0) {
+        fy_error("kv: disk tier: cannot open %s: %m", path);
+        return FY_ERR_IO;
+    }
+    unlink(path); /* the space goes back when the process ends, however it ends */
+    if (ftruncate(m->disk_fd, (off_t)slots * (off_t)m->lay.block_bytes) != 0) {
+        fy_error("kv: disk tier: cannot size %s to %d blocks: %m", path, slots);
+        return FY_ERR_IO;
+    }
+    return FY_OK;
+}
+
+fy_status_t fy_kvm_create(const fy_kvm_params_t *p, fy_kvm_t **m_p)
+{
+    if (p->n_device_blocks < 1 || p->n_host_blocks < 0 || !p->copy || !p->hasher ||
+        (p->n_host_blocks > 0 && !p->host_arena) || p->watermark < 0.0f || p->watermark >= 1.0f ||
+        p->layout.block_bytes == 0) {
+        fy_error("kv: bad manager parameters (%d device blocks, %d host blocks, watermark %g)", p->n_device_blocks,
+                 p->n_host_blocks, (double)p->watermark);
+        return FY_ERR_INVALID;
+    }
+    int32_t disk_slots = 0;
+    if (p->disk_dir && p->disk_bytes > 0) {
+        if (p->n_host_blocks == 0) {
+            fy_error("kv: a disk tier needs a host tier to stage through");
+            return FY_ERR_INVALID;
+        }
+        int64_t s = p->disk_bytes / (int64_t)p->layout.block_bytes;
+        disk_slots = s > INT32_MAX / 2 ? INT32_MAX / 2 : (int32_t)s;
+        if (disk_slots < 1) {
+            fy_error("kv: disk tier of %lld bytes holds no %zu-byte block", (long long)p->disk_bytes,
+                     p->layout.block_bytes);
+            return FY_ERR_INVALID;
+        }
+    }
+    fy_kvm_t *m = fy_calloc(1, sizeof(*m));
+    if (!m) goto nomem;
+    m->disk_fd = -1;
+    m->lay = p->layout;
+    m->host_arena = p->host_arena;
+    m->copy = p->copy;
+    m->copy_arg = p->copy_arg;
+    m->hasher = p->hasher;
+    m->prefix_caching = p->prefix_caching;
+    m->watermark_blocks = (int32_t)((double)p->watermark * p->n_device_blocks);
+    int32_t n[FY_KV_TIERS] = {p->n_device_blocks, p->n_host_blocks, disk_slots};
+    for (int t = 0; t < FY_KV_TIERS; t++)
+        if (tier_init(&m->tier[t], n[t]) != FY_OK) goto nomem;
+    if (disk_slots && open_disk(m, p->disk_dir, disk_slots) != FY_OK) {
+        fy_kvm_destroy(m);
+        return FY_ERR_IO;
+    }
+    *m_p = m;
     return FY_OK;
 nomem:
-    fy_kv_pool_destroy(p);
-    fy_error("kv: out of memory for a pool of %d blocks", n_blocks);
+    fy_kvm_destroy(m);
+    fy_error("kv: out of memory for a manager of %d device blocks", p->n_device_blocks);
     return FY_ERR_NOMEM;
 }
 
-void fy_kv_pool_destroy(fy_kv_pool_t *p)
+void fy_kvm_destroy(fy_kvm_t *m)
 {
-    if (!p) return;
-    fy_free(p->free_stack);
-    fy_free(p->refcount);
-    fy_free(p);
+    if (!m) return;
+    for (int t = 0; t < FY_KV_TIERS; t++) tier_deinit(&m->tier[t]);
+    if (m->disk_fd >= 0) close(m->disk_fd);
+    fy_free(m);
 }
 
-fy_status_t fy_kv_pool_alloc(fy_kv_pool_t *p, int32_t *block_p)
+static char *host_block(const fy_kvm_t *m, int32_t b) { return m->host_arena + (size_t)b * m->lay.block_bytes; }
+
+/* Blocks of a tier that an allocation can take: free, or cached (evictable). */
+static int32_t takeable(const fy_kvm_t *m, fy_kv_tier_t t) { return m->tier[t].n_free + m->tier[t].n_cached; }
+
+static int32_t alloc_block(fy_kvm_t *m, fy_kv_tier_t t);
+
+/* Moves block b's name from tier `from` to block nb of tier `to`. */
+static void move_name(fy_kvm_t *m, fy_kv_tier_t from, int32_t b, fy_kv_tier_t to, int32_t nb)
 {
-    if (p->n_free == 0) return FY_ERR_NO_SPACE;
-    int32_t b = p->free_stack[--p->n_free];
-    assert(p->refcount[b] == 0);
-    p->refcount[b] = 1;
-    *block_p = b;
-    return FY_OK;
+    fy_kv_hash_t h = m->tier[from].name[b];
+    index_remove(&m->tier[from], b);
+    index_add(&m->tier[to], nb, &h);
 }
 
-void fy_kv_pool_ref(fy_kv_pool_t *p, int32_t b)
+/* The least recently used cached block of tier t leaves it: its contents
+ * go one tier down when there is room there, else its name is dropped. */
+static void evict_one(fy_kvm_t *m, fy_kv_tier_t t)
 {
-    assert(b >= 0 && b < p->n_blocks && p->refcount[b] > 0);
-    p->refcount[b]++;
+    tier_t *T = &m->tier[t];
+    int32_t b = T->head;
+    T->evictions++;
+    fy_kv_tier_t below = (fy_kv_tier_t)(t + 1);
+    if (below < FY_KV_TIERS && m->tier[below].n > 0 && takeable(m, below) > 0) {
+        int32_t nb = alloc_block(m, below);
+        bool ok = true;
+        if (below == FY_KV_HOST) {
+            ok = m->copy(m->copy_arg, FY_KV_HOST, &nb, FY_KV_DEVICE, &b, 1) == FY_OK;
+        } else {
+            ssize_t w = pwrite(m->disk_fd, host_block(m, b), m->lay.block_bytes, (off_t)nb * (off_t)m->lay.block_bytes);
+            if (w != (ssize_t)m->lay.block_bytes) {
+                fy_warn("kv: disk tier: write failed (%s); dropping the block", w < 0 ? strerror(errno) : "short");
+                ok = false;
+            }
+        }
+        if (ok) {
+            move_name(m, t, b, below, nb);
+            /* the demoted copy is cached below: an evictable name, no owner */
+            tier_t *B = &m->tier[below];
+            B->state[nb] = BLOCK_CACHED;
+            B->ref[nb] = 0;
+            B->n_used--;
+            lru_push_tail(B, nb);
+            m->demotions++;
+        } else {
+            make_free(&m->tier[below], nb);
+        }
+    }
+    make_free(T, b);
 }
 
-void fy_kv_pool_unref(fy_kv_pool_t *p, int32_t b)
+/* A block of tier t with refcount 1, evicting if no block is free; the
+ * caller checked takeable(). */
+static int32_t alloc_block(fy_kvm_t *m, fy_kv_tier_t t)
 {
-    assert(b >= 0 && b < p->n_blocks && p->refcount[b] > 0);
-    if (--p->refcount[b] == 0) p->free_stack[p->n_free++] = b;
+    tier_t *T = &m->tier[t];
+    if (T->n_free == 0) evict_one(m, t);
+    return take_free(T);
 }
 
-int32_t fy_kv_pool_refcount(const fy_kv_pool_t *p, int32_t b) { return p->refcount[b]; }
-int32_t fy_kv_pool_n_blocks(const fy_kv_pool_t *p) { return p->n_blocks; }
-int32_t fy_kv_pool_n_free(const fy_kv_pool_t *p) { return p->n_free; }
-
-/* ---- block table ------------------------------------------------------------------ */
-
-fy_status_t fy_block_table_init(fy_block_table_t *bt, int32_t block_size, int32_t max_tokens)
+/* Device blocks an allocation may take: what is takeable, less what is
+ * promised to requests other than resv's. */
+static int32_t available(const fy_kvm_t *m, const fy_kv_resv_t *resv)
 {
-    if (block_size < 1 || max_tokens < 1) return FY_ERR_INVALID;
-    int32_t max_blocks = (max_tokens + block_size - 1) / block_size;
-    int32_t *blocks = fy_malloc((size_t)max_blocks * sizeof(int32_t));
-    if (!blocks) {
+    int32_t others = m->promised - (resv ? resv->blocks : 0);
+    return takeable(m, FY_KV_DEVICE) - others;
+}
+
+static void draw(fy_kvm_t *m, fy_kv_resv_t *resv, int32_t n)
+{
+    if (!resv) return;
+    int32_t k = resv->blocks < n ? resv->blocks : n;
+    resv->blocks -= k;
+    m->promised -= k;
+}
+
+static void unref(fy_kvm_t *m, fy_kv_tier_t t, int32_t b)
+{
+    tier_t *T = &m->tier[t];
+    if (--T->ref[b] > 0) return;
+    if (T->named[b]) {
+        T->state[b] = BLOCK_CACHED;
+        T->n_used--;
+        lru_push_tail(T, b);
+    } else {
+        T->ref[b] = 1; /* make_free expects a used block with its reference */
+        make_free(T, b);
+    }
+}
+
+/* ---- sequences ------------------------------------------------------------------------------------ */
+
+fy_status_t fy_kvm_seq_init(fy_kvm_t *m, fy_block_table_t *bt, int32_t max_tokens, const fy_kv_ns_t *ns)
+{
+    int32_t bs = m->lay.block_size;
+    if (max_tokens < 1 || max_tokens > (INT32_MAX - bs)) {
+        fy_error("kv: a sequence of %d tokens", max_tokens);
+        return FY_ERR_INVALID;
+    }
+    int32_t max_blocks = (max_tokens + bs - 1) / bs;
+    memset(bt, 0, sizeof(*bt));
+    bt->blocks = fy_malloc((size_t)max_blocks * sizeof(int32_t));
+    bt->hashes = fy_malloc((size_t)max_blocks * sizeof(fy_kv_hash_t));
+    if (!bt->blocks || !bt->hashes) {
+        fy_free(bt->blocks);
+        fy_free(bt->hashes);
+        bt->blocks = NULL;
+        bt->hashes = NULL;
         fy_error("kv: out of memory for a block table of %d blocks", max_blocks);
         return FY_ERR_NOMEM;
     }
-    *bt = (fy_block_table_t){.blocks = blocks, .max_blocks = max_blocks, .block_size = block_size};
+    bt->max_blocks = max_blocks;
+    bt->block_size = bs;
+    bt->tier = FY_KV_DEVICE;
+    if (ns) bt->ns = *ns;
     return FY_OK;
 }
 
-void fy_block_table_deinit(fy_block_table_t *bt)
+void fy_kvm_seq_deinit(fy_block_table_t *bt)
 {
-    assert(bt->n_blocks == 0);
     fy_free(bt->blocks);
-    bt->blocks = NULL;
-    bt->max_blocks = 0;
+    fy_free(bt->hashes);
+    memset(bt, 0, sizeof(*bt));
 }
 
-fy_status_t fy_block_table_reserve(fy_block_table_t *bt, fy_kv_pool_t *pool, int32_t n_tokens)
+/* Names of the full blocks among the first n tokens, computed once. */
+static void hash_upto(const fy_kvm_t *m, fy_block_table_t *bt, const int32_t *tokens, int32_t n)
 {
-    int32_t need = (n_tokens + bt->block_size - 1) / bt->block_size;
+    int32_t bs = bt->block_size, full = n / bs;
+    if (full > bt->max_blocks) full = bt->max_blocks;
+    for (int32_t i = bt->n_hashed; i < full; i++)
+        fy_kv_hash_block(m->hasher, &bt->ns, i ? &bt->hashes[i - 1] : NULL, tokens + (size_t)i * bs, bs,
+                         &bt->hashes[i]);
+    if (full > bt->n_hashed) bt->n_hashed = full;
+}
+
+/* While a lookup pins blocks of several tiers, a table slot holds the
+ * tier and the block: device ids as they are, host ids below -1, disk ids
+ * below INT32_MIN / 2 (tier sizes are capped well under those ranges). */
+static int32_t loc_encode(fy_kv_tier_t t, int32_t b)
+{
+    return t == FY_KV_DEVICE ? b : t == FY_KV_HOST ? -2 - b : INT32_MIN / 2 - b;
+}
+
+static int32_t loc_decode(int32_t v, fy_kv_tier_t *t)
+{
+    if (v >= 0) return *t = FY_KV_DEVICE, v;
+    if (v > INT32_MIN / 2) return *t = FY_KV_HOST, -2 - v;
+    return *t = FY_KV_DISK, INT32_MIN / 2 - v;
+}
+
+/* Takes a reference on a block found in the index (cached -> used). */
+static void pin(tier_t *T, int32_t b)
+{
+    if (T->state[b] == BLOCK_CACHED)
+        take_cached(T, b);
+    else
+        T->ref[b]++;
+}
+
+/* Copies a pinned host block hb into a new device block, which takes over
+ * its name; the host block is freed.  On failure (-1) the pin is let go. */
+static int32_t promote_host(fy_kvm_t *m, int32_t hb)
+{
+    tier_t *D = &m->tier[FY_KV_DEVICE], *H = &m->tier[FY_KV_HOST];
+    int32_t db = -1;
+    if (available(m, NULL) >= 1) {
+        db = alloc_block(m, FY_KV_DEVICE);
+        if (m->copy(m->copy_arg, FY_KV_DEVICE, &db, FY_KV_HOST, &hb, 1) != FY_OK) {
+            unref(m, FY_KV_DEVICE, db);
+            db = -1;
+        }
+    }
+    if (db < 0) {
+        unref(m, FY_KV_HOST, hb); /* still named: back to the host LRU */
+        return -1;
+    }
+    move_name(m, FY_KV_HOST, hb, FY_KV_DEVICE, db);
+    make_free(H, hb);
+    D->filled[db] = (uint16_t)m->lay.block_size;
+    m->promotions++;
+    return db;
+}
+
+/* Reads a pinned disk slot kb into a new host block, which takes over its
+ * name; the slot is freed.  On failure (-1) the pin is let go (and an
+ * unreadable slot dropped). */
+static int32_t stage_disk(fy_kvm_t *m, int32_t kb)
+{
+    tier_t *K = &m->tier[FY_KV_DISK];
+    if (takeable(m, FY_KV_HOST) < 1) {
+        unref(m, FY_KV_DISK, kb);
+        return -1;
+    }
+    int32_t hb = alloc_block(m, FY_KV_HOST);
+    ssize_t r = pread(m->disk_fd, host_block(m, hb), m->lay.block_bytes, (off_t)kb * (off_t)m->lay.block_bytes);
+    if (r != (ssize_t)m->lay.block_bytes) {
+        fy_warn("kv: disk tier: read failed (%s); dropping the block", r < 0 ? strerror(errno) : "short");
+        unref(m, FY_KV_HOST, hb);
+        make_free(K, kb);
+        return -1;
+    }
+    move_name(m, FY_KV_DISK, kb, FY_KV_HOST, hb);
+    make_free(K, kb);
+    return hb;
+}
+
+/* A pinned prefix block of tier t, as a device block (-1: no room; the
+ * pin is let go). */
+static int32_t bring_to_device(fy_kvm_t *m, fy_kv_tier_t t, int32_t b)
+{
+    if (t == FY_KV_DISK && (b = stage_disk(m, b)) < 0) return -1;
+    return t == FY_KV_DEVICE ? b : promote_host(m, b);
+}
+
+fy_status_t fy_kvm_seq_lookup(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *tokens, int32_t n, int32_t *hit_p)
+{
+    if (bt->n_blocks || bt->tier != FY_KV_DEVICE || n < 0) {
+        fy_error("kv: prefix lookup on a table that is not empty");
+        return FY_ERR_INVALID;
+    }
+    m->queries++;
+    m->query_tokens += (uint64_t)(n > 0 ? n : 0);
+    int32_t bs = bt->block_size, hit = 0;
+    if (m->prefix_caching && n > 1) {
+        int32_t want = (n - 1) / bs; /* at least one token is left to compute */
+        if (want > bt->max_blocks) want = bt->max_blocks;
+        /* first pin every block of the prefix wherever it is, so that
+         * promoting one cannot evict another from a lower tier; names are
+         * computed only as far as the prefix is found (the caller may go on
+         * with other tokens after the hit) */
+        int32_t found = 0;
+        for (; found < want; found++) {
+            hash_upto(m, bt, tokens, (found + 1) * bs);
+            int32_t b = -1;
+            fy_kv_tier_t t;
+            for (t = FY_KV_DEVICE; t < FY_KV_TIERS; t++)
+                if ((b = index_find(&m->tier[t], &bt->hashes[found])) >= 0) break;
+            if (b < 0) break;
+            pin(&m->tier[t], b);
+            bt->blocks[found] = loc_encode(t, b);
+        }
+        /* then bring them to the device in order, stopping where there is
+         * no room (the prefix found so far is kept) */
+        for (int32_t i = 0; i < found; i++) {
+            fy_kv_tier_t from;
+            int32_t b = loc_decode(bt->blocks[i], &from), db = bring_to_device(m, from, b);
+            if (db < 0) {
+                for (int32_t j = i + 1; j < found; j++) {
+                    fy_kv_tier_t tj;
+                    int32_t bj = loc_decode(bt->blocks[j], &tj);
+                    unref(m, tj, bj);
+                }
+                break;
+            }
+            m->tier[from].hits++;
+            bt->blocks[i] = db;
+            bt->n_blocks = ++hit;
+        }
+        bt->n_named = hit;
+        bt->n_hashed = hit;
+        m->hit_blocks += (uint64_t)hit;
+        m->hit_tokens += (uint64_t)hit * (uint64_t)bs;
+    }
+    bt->n_tokens = hit * bs;
+    if (hit_p) *hit_p = hit * bs;
+    return FY_OK;
+}
+
+fy_status_t fy_kvm_seq_reserve(fy_kvm_t *m, fy_block_table_t *bt, int32_t n_tokens, fy_kv_resv_t *resv)
+{
+    int32_t bs = bt->block_size;
+    if (bt->tier != FY_KV_DEVICE) {
+        fy_error("kv: reserve on a swapped-out sequence");
+        return FY_ERR_INVALID;
+    }
+    int32_t need = (n_tokens + bs - 1) / bs;
     if (need > bt->max_blocks) return FY_ERR_INVALID;
-    if (need - bt->n_blocks > fy_kv_pool_n_free(pool)) return FY_ERR_NO_SPACE;
+    tier_t *D = &m->tier[FY_KV_DEVICE];
+    /* the block the next token goes into must be this sequence's alone
+     * and not a named (immutable) prefix block */
+    int32_t cur = bt->n_tokens / bs;
+    bool cow = n_tokens > bt->n_tokens && cur < bt->n_blocks &&
+               (D->ref[bt->blocks[cur]] > 1 || D->named[bt->blocks[cur]]);
+    int32_t grow = need > bt->n_blocks ? need - bt->n_blocks : 0;
+    if (grow + (cow ? 1 : 0) > available(m, resv)) return FY_ERR_NO_SPACE;
+    if (cow) {
+        int32_t old = bt->blocks[cur], nb = alloc_block(m, FY_KV_DEVICE);
+        draw(m, resv, 1);
+        fy_status_t st = m->copy(m->copy_arg, FY_KV_DEVICE, &nb, FY_KV_DEVICE, &old, 1);
+        if (st != FY_OK) {
+            unref(m, FY_KV_DEVICE, nb);
+            return st;
+        }
+        D->filled[nb] = D->filled[old];
+        unref(m, FY_KV_DEVICE, old);
+        bt->blocks[cur] = nb;
+        if (bt->n_named > cur) bt->n_named = cur;
+        m->cow_copies++;
+    }
     while (bt->n_blocks < need) {
-        fy_status_t st = fy_kv_pool_alloc(pool, &bt->blocks[bt->n_blocks]);
-        assert(st == FY_OK); /* checked above */
-        (void)st;
-        bt->n_blocks++;
+        bt->blocks[bt->n_blocks++] = alloc_block(m, FY_KV_DEVICE);
+        draw(m, resv, 1);
     }
     return FY_OK;
 }
 
-void fy_block_table_truncate(fy_block_table_t *bt, fy_kv_pool_t *pool, int32_t n_tokens)
+void fy_kvm_seq_commit(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *tokens, int32_t n)
 {
-    int32_t keep = (n_tokens + bt->block_size - 1) / bt->block_size;
-    while (bt->n_blocks > keep) fy_kv_pool_unref(pool, bt->blocks[--bt->n_blocks]);
-    if (bt->n_tokens > n_tokens) bt->n_tokens = n_tokens;
+    int32_t bs = bt->block_size;
+    if (n > bt->n_blocks * bs) n = bt->n_blocks * bs; /* a caller bug; never write past the table */
+    tier_t *D = &m->tier[FY_KV_DEVICE];
+    for (int32_t b = bt->n_tokens / bs; b * bs < n; b++) {
+        int32_t f = n - b * bs < bs ? n - b * bs : bs;
+        if (D->filled[bt->blocks[b]] < f) D->filled[bt->blocks[b]] = (uint16_t)f;
+    }
+    if (n > bt->n_tokens) bt->n_tokens = n;
+    if (!m->prefix_caching || bt->tier != FY_KV_DEVICE) return;
+    hash_upto(m, bt, tokens, n);
+    for (int32_t i = bt->n_named; i < n / bs; i++) {
+        int32_t b = bt->blocks[i];
+        if (D->named[b]) continue;
+        /* a name lives in one tier at a time: the device copy wins; an
+         * identical block already named on the device keeps its name */
+        if (index_find(D, &bt->hashes[i]) >= 0) continue;
+        for (fy_kv_tier_t t = FY_KV_HOST; t < FY_KV_TIERS; t++) {
+            int32_t o = index_find(&m->tier[t], &bt->hashes[i]);
+            if (o >= 0 && m->tier[t].state[o] == BLOCK_CACHED) make_free(&m->tier[t], o);
+        }
+        index_add(D, b, &bt->hashes[i]);
+    }
+    bt->n_named = n / bs;
 }
 
-void fy_block_table_release(fy_block_table_t *bt, fy_kv_pool_t *pool)
+void fy_kvm_seq_truncate(fy_kvm_t *m, fy_block_table_t *bt, int32_t n)
 {
-    fy_block_table_truncate(bt, pool, 0);
+    int32_t bs = bt->block_size;
+    if (n < 0) n = 0;
+    int32_t keep = (n + bs - 1) / bs;
+    while (bt->n_blocks > keep) unref(m, bt->tier, bt->blocks[--bt->n_blocks]);
+    if (bt->n_tokens > n) bt->n_tokens = n;
+    if (bt->n_hashed > n / bs) bt->n_hashed = n / bs;
+    if (bt->n_named > n / bs) bt->n_named = n / bs;
+    if (bt->tier == FY_KV_DEVICE && keep > 0 && n % bs) {
+        tier_t *D = &m->tier[FY_KV_DEVICE];
+        int32_t last = bt->blocks[keep - 1];
+        if (D->ref[last] == 1 && !D->named[last]) D->filled[last] = (uint16_t)(n % bs);
+    }
+}
+
+fy_status_t fy_kvm_seq_fork(fy_kvm_t *m, const fy_block_table_t *src, fy_block_table_t *dst)
+{
+    if (dst->n_blocks || dst->max_blocks < src->n_blocks || src->tier != FY_KV_DEVICE) {
+        fy_error("kv: fork into a table that is not empty or too small, or from a swapped-out one");
+        return FY_ERR_INVALID;
+    }
+    tier_t *D = &m->tier[FY_KV_DEVICE];
+    for (int32_t i = 0; i < src->n_blocks; i++) {
+        dst->blocks[i] = src->blocks[i];
+        D->ref[src->blocks[i]]++;
+    }
+    memcpy(dst->hashes, src->hashes, (size_t)src->n_hashed * sizeof(fy_kv_hash_t));
+    dst->n_blocks = src->n_blocks;
+    dst->n_tokens = src->n_tokens;
+    dst->n_hashed = src->n_hashed;
+    dst->n_named = src->n_named;
+    dst->ns = src->ns;
+    dst->tier = FY_KV_DEVICE;
+    return FY_OK;
+}
+
+void fy_kvm_seq_release(fy_kvm_t *m, fy_block_table_t *bt)
+{
+    /* later blocks first, so they reach the LRU list first and are evicted
+     * before the prefix blocks that more requests share */
+    while (bt->n_blocks > 0) unref(m, bt->tier, bt->blocks[--bt->n_blocks]);
+    bt->n_tokens = bt->n_hashed = bt->n_named = 0;
+    bt->tier = FY_KV_DEVICE;
+}
+
+fy_status_t fy_kvm_seq_swap_out(fy_kvm_t *m, fy_block_table_t *bt)
+{
+    if (m->tier[FY_KV_HOST].n == 0) return FY_ERR_UNSUPPORTED;
+    if (bt->tier != FY_KV_DEVICE) return FY_ERR_INVALID;
+    int32_t n = bt->n_blocks;
+    if (takeable(m, FY_KV_HOST) < n) return FY_ERR_NO_SPACE;
+    int32_t *hb = fy_malloc((size_t)(n ? n : 1) * sizeof(int32_t));
+    if (!hb) {
+        fy_error("kv: out of memory swapping out %d blocks", n);
+        return FY_ERR_NOMEM;
+    }
+    for (int32_t i = 0; i < n; i++) hb[i] = alloc_block(m, FY_KV_HOST);
+    fy_status_t st = n ? m->copy(m->copy_arg, FY_KV_HOST, hb, FY_KV_DEVICE, bt->blocks, n) : FY_OK;
+    if (st != FY_OK) {
+        for (int32_t i = 0; i < n; i++) unref(m, FY_KV_HOST, hb[i]);
+        fy_free(hb);
+        return st;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        unref(m, FY_KV_DEVICE, bt->blocks[i]);
+        bt->blocks[i] = hb[i];
+    }
+    fy_free(hb);
+    bt->tier = FY_KV_HOST;
+    bt->n_named = 0; /* host copies are private; names stay with the device blocks */
+    m->swap_out_blocks += (uint64_t)n;
+    return FY_OK;
+}
+
+fy_status_t fy_kvm_seq_swap_in(fy_kvm_t *m, fy_block_table_t *bt, fy_kv_resv_t *resv)
+{
+    if (bt->tier != FY_KV_HOST) return FY_ERR_INVALID;
+    tier_t *D = &m->tier[FY_KV_DEVICE];
+    int32_t n = bt->n_blocks, bs = bt->block_size;
+    int32_t *db = fy_malloc((size_t)(n ? n : 1) * sizeof(int32_t) * 3);
+    if (!db) {
+        fy_error("kv: out of memory swapping in %d blocks", n);
+        return FY_ERR_NOMEM;
+    }
+    int32_t *src = db + n, *dst = db + 2 * n, n_copy = 0;
+    /* full blocks still named on the device are shared, not copied: pin
+     * them all before allocating, so no allocation can evict one */
+    for (int32_t i = 0; i < n; i++) {
+        db[i] = -1;
+        if (m->prefix_caching && i < bt->n_hashed && (i + 1) * bs <= bt->n_tokens) {
+            int32_t b = index_find(D, &bt->hashes[i]);
+            if (b >= 0) {
+                pin(D, b);
+                db[i] = b;
+            }
+        }
+        if (db[i] < 0) n_copy++;
+    }
+    if (n_copy > available(m, resv)) {
+        for (int32_t i = 0; i < n; i++)
+            if (db[i] >= 0) unref(m, FY_KV_DEVICE, db[i]);
+        fy_free(db);
+        return FY_ERR_NO_SPACE;
+    }
+    n_copy = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (db[i] >= 0) continue;
+        db[i] = alloc_block(m, FY_KV_DEVICE);
+        draw(m, resv, 1);
+        src[n_copy] = bt->blocks[i];
+        dst[n_copy++] = db[i];
+    }
+    fy_status_t st = n_copy ? m->copy(m->copy_arg, FY_KV_DEVICE, dst, FY_KV_HOST, src, n_copy) : FY_OK;
+    if (st != FY_OK) {
+        for (int32_t i = 0; i < n; i++) unref(m, FY_KV_DEVICE, db[i]);
+        fy_free(db);
+        return st;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        int32_t f = bt->n_tokens - i * bs < bs ? bt->n_tokens - i * bs : bs;
+        if (D->filled[db[i]] < f) D->filled[db[i]] = (uint16_t)f;
+        unref(m, FY_KV_HOST, bt->blocks[i]);
+        bt->blocks[i] = db[i];
+    }
+    fy_free(db);
+    bt->tier = FY_KV_DEVICE;
+    bt->n_named = 0;
+    for (int32_t i = 0; i < n && D->named[bt->blocks[i]]; i++) bt->n_named = i + 1;
+    m->swap_in_blocks += (uint64_t)n;
+    return FY_OK;
+}
+
+/* ---- admission ------------------------------------------------------------------------------------ */
+
+int32_t fy_kvm_blocks_for(const fy_kvm_t *m, int32_t prompt_tokens, int32_t max_tokens, int32_t cached_tokens)
+{
+    int32_t bs = m->lay.block_size;
+    int64_t total = (int64_t)prompt_tokens + max_tokens;
+    int64_t need = (total + bs - 1) / bs - cached_tokens / bs;
+    return need < 0 ? 0 : need > INT32_MAX ? INT32_MAX : (int32_t)need;
+}
+
+fy_status_t fy_kvm_admit(fy_kvm_t *m, int32_t blocks, fy_kv_resv_t *resv)
+{
+    if (blocks < 0) return FY_ERR_INVALID;
+    if ((int64_t)blocks > (int64_t)takeable(m, FY_KV_DEVICE) - m->promised - m->watermark_blocks)
+        return FY_ERR_NO_SPACE;
+    m->promised += blocks;
+    resv->blocks += blocks;
+    return FY_OK;
+}
+
+void fy_kvm_resv_release(fy_kvm_t *m, fy_kv_resv_t *resv)
+{
+    m->promised -= resv->blocks;
+    resv->blocks = 0;
+}
+
+/* ---- figures ---------------------------------------------------------------------------------------- */
+
+void fy_kvm_stats(const fy_kvm_t *m, fy_kvm_stats_t *o)
+{
+    memset(o, 0, sizeof(*o));
+    for (int t = 0; t < FY_KV_TIERS; t++) {
+        const tier_t *T = &m->tier[t];
+        o->tier[t] = (fy_kvm_tier_stats_t){T->n, T->n_free, T->n_used, T->n_cached, T->hits, T->evictions};
+    }
+    const tier_t *D = &m->tier[FY_KV_DEVICE];
+    uint64_t slots = 0, filled = 0;
+    for (int32_t b = 0; b < D->n; b++) {
+        if (D->state[b] != BLOCK_USED) continue;
+        slots += (uint64_t)m->lay.block_size;
+        filled += D->filled[b];
+    }
+    o->usage = D->n ? (double)D->n_used / D->n : 0.0;
+    o->waste = slots ? (double)(slots - filled) / (double)slots : 0.0;
+    o->promised = m->promised;
+    o->queries = m->queries;
+    o->query_tokens = m->query_tokens;
+    o->hit_blocks = m->hit_blocks;
+    o->hit_tokens = m->hit_tokens;
+    o->cow_copies = m->cow_copies;
+    o->swap_out_blocks = m->swap_out_blocks;
+    o->swap_in_blocks = m->swap_in_blocks;
+    o->demotions = m->demotions;
+    o->promotions = m->promotions;
+}
+
+int32_t fy_kvm_n_free(const fy_kvm_t *m, fy_kv_tier_t t) { return m->tier[t].n_free; }
+
+int32_t fy_kvm_refcount(const fy_kvm_t *m, fy_kv_tier_t t, int32_t b) { return m->tier[t].ref[b]; }
+
+fy_status_t fy_kvm_check(const fy_kvm_t *m)
+{
+#define BAD(...)                                                                                   \
+    do {                                                                                           \
+        char m_[200];                                                                              \
+        snprintf(m_, sizeof(m_), __VA_ARGS__);                                                     \
+        fy_error("kv: invariant broken in the %s tier: %s", fy_kv_tier_name((fy_kv_tier_t)t), m_); \
+        return FY_ERR_INTERNAL;                                                                    \
+    } while (0)
+    for (int t = 0; t < FY_KV_TIERS; t++) {
+        const tier_t *T = &m->tier[t];
+        int32_t n_free = 0, n_used = 0, n_cached = 0, n_named = 0;
+        for (int32_t b = 0; b < T->n; b++) {
+            switch (T->state[b]) {
+            case BLOCK_FREE:
+                n_free++;
+                if (T->ref[b] != 0 || T->named[b]) BAD("free block %d has references or a name", b);
+                break;
+            case BLOCK_USED:
+                n_used++;
+                if (T->ref[b] < 1) BAD("used block %d has refcount %d", b, T->ref[b]);
+                break;
+            case BLOCK_CACHED:
+                n_cached++;
+                if (T->ref[b] != 0 || !T->named[b]) BAD("cached block %d has references or no name", b);
+                break;
+            default: BAD("block %d in state %d", b, T->state[b]);
+            }
+            if (T->named[b]) {
+                n_named++;
+                if (index_find(T, &T->name[b]) != b) BAD("block %d is named but the index does not find it", b);
+            }
+        }
+        if (n_free != T->n_free || n_used != T->n_used || n_cached != T->n_cached)
+            BAD("counted %d free, %d used, %d cached; books say %d, %d, %d", n_free, n_used, n_cached, T->n_free,
+                T->n_used, T->n_cached);
+        if (n_free + n_used + n_cached != T->n) BAD("free + used + cached = %d, not %d", n_free + n_used + n_cached, T->n);
+        for (int32_t i = 0; i < T->n_free; i++)
+            if (T->state[T->free_stack[i]] != BLOCK_FREE) BAD("free stack holds block %d, not free", T->free_stack[i]);
+        int32_t walked = 0, prev = -1;
+        for (int32_t b = T->head; b >= 0; prev = b, b = T->next[b]) {
+            if (T->state[b] != BLOCK_CACHED || T->prev[b] != prev || ++walked > T->n)
+                BAD("lru list corrupt at block %d", b);
+        }
+        if (walked != T->n_cached || prev != T->tail) BAD("lru list holds %d blocks, not %d", walked, T->n_cached);
+        int32_t in_index = 0;
+        for (uint32_t i = 0; T->n && i <= T->index_mask; i++) {
+            int32_t b = T->index[i];
+            if (b < 0) continue;
+            in_index++;
+            if (b >= T->n || !T->named[b]) BAD("index slot %u holds block %d without a name", i, b);
+        }
+        if (in_index != n_named) BAD("index holds %d names, blocks hold %d", in_index, n_named);
+    }
+    if (m->promised < 0) {
+        fy_error("kv: invariant broken: %d blocks promised", m->promised);
+        return FY_ERR_INTERNAL;
+    }
+#undef BAD
+    return FY_OK;
 }

@@ -1,21 +1,41 @@
 /*
- * kv.h - the paged KV cache: its memory layout, a pool of fixed-size
- * blocks, and per-sequence block tables.
+ * kv.h - the paged KV cache: its memory layout, and the block manager
+ * that owns every block of every tier.
  *
- * Layout.  The KV arena is an array of blocks; each block holds
- * block_size tokens of every layer, ordered
+ * Layout.  A KV arena is an array of blocks; each block holds block_size
+ * tokens of every layer, ordered
  *     [layer][k | v][kv_head][token_in_block][head_dim]
  * ("block-major").  One block is one contiguous byte range, so shipping a
- * run of blocks to another worker is one put, and a prefill chunk that
- * fills whole blocks can be sent as soon as its last layer is done
- * (docs/architecture.md says why this order was chosen).  Attention reads
- * K/V only through a sequence's block table.
+ * run of blocks is one put, and a prefill chunk that fills whole blocks can
+ * be sent as soon as its last layer is done (docs/architecture.md says why
+ * this order).  Attention reads K/V only through a sequence's block table.
  *
- * Pool.  This file only accounts for block ids (free list, refcounts); the
- * arena's bytes belong to the backend (host memory for the CPU, device
- * memory for CUDA), so nothing here touches them.  The interface is the
- * one the block manager grows into: refcounted blocks that sequences can
- * share, freed when the last reference goes.
+ * Tiers.  The device tier is the arena the kernels read (GPU memory for
+ * CUDA, host memory for the CPU backend).  An optional host tier (pinned
+ * host memory beside a GPU) holds sequences swapped out by preemption and
+ * prefix blocks demoted from the device; an optional disk tier (one file,
+ * size-bounded) takes prefix blocks evicted from the host tier.  The
+ * manager accounts for block ids only; bytes move through a copy callback
+ * the engine wires to its backend (device <-> host), and host <-> disk is
+ * plain file I/O on the host arena.  common/ never touches device memory.
+ *
+ * Block states.  Every block of a tier is exactly one of: free; used
+ * (referenced by one or more sequences, refcount > 0); cached (refcount 0,
+ * full, named in the prefix index, on the LRU list, evictable).  The
+ * invariant free + used + cached == total holds after every operation
+ * (fy_kvm_check verifies it and every refcount by a full scan).
+ *
+ * Prefix cache.  A full block is named by a chained keyed hash
+ *     h_i = BLAKE2b_key(ns, h_{i-1}, tokens of block i)
+ * where key is the deployment's secret and ns digests, length-prefixed,
+ * the tenant, the model, the KV layout and dtype and the adapter: clients
+ * can neither predict nor collide names, and a tenant never receives a
+ * block computed for another.  The namespace comes from the server side
+ * (the API key's tenant), never from a client field.
+ *
+ * Sequences share blocks by refcount (fork for parallel sampling), and a
+ * write to a shared block copies it first (copy-on-write).  Not
+ * thread-safe: the engine thread owns the manager.
  */
 #ifndef FY_KV_H
 #define FY_KV_H
@@ -26,6 +46,8 @@
 
 #include "dtype.h"
 #include "status.h"
+
+/* ---- layout ------------------------------------------------------------------------------ */
 
 typedef struct fy_kv_layout {
     int32_t n_layers;
@@ -45,7 +67,7 @@ typedef struct fy_kv_layout {
 fy_status_t fy_kv_layout_init(fy_kv_layout_t *lay, int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,
                               int32_t block_size, fy_dtype_t dtype);
 
-/* Byte offset of (block, layer, k or v, head, token 0) in the arena. */
+/* Byte offset of (block, layer, k or v, head, token 0) in an arena. */
 static inline size_t fy_kv_offset(const fy_kv_layout_t *lay, int32_t block, int32_t layer, int is_v,
                                   int32_t head)
 {
@@ -59,51 +81,183 @@ static inline size_t fy_kv_bytes_per_token(const fy_kv_layout_t *lay)
     return lay->block_bytes / (size_t)lay->block_size;
 }
 
-/* ---- block pool ---------------------------------------------------------------- */
+/* ---- prefix names ------------------------------------------------------------------------- */
 
-typedef struct fy_kv_pool fy_kv_pool_t;
+#define FY_KV_HASH_BYTES 16
 
-fy_status_t fy_kv_pool_create(int32_t n_blocks, fy_kv_pool_t **pool_p);
-void fy_kv_pool_destroy(fy_kv_pool_t *pool); /* accepts NULL */
+typedef struct fy_kv_hash {
+    uint8_t b[FY_KV_HASH_BYTES];
+} fy_kv_hash_t;
 
-/* Takes a free block with refcount 1.  FY_ERR_NO_SPACE when none is free. */
-fy_status_t fy_kv_pool_alloc(fy_kv_pool_t *pool, int32_t *block_p);
-/* Adds a reference to a block in use (sharing). */
-void fy_kv_pool_ref(fy_kv_pool_t *pool, int32_t block);
-/* Drops a reference; the block returns to the free list at zero. */
-void fy_kv_pool_unref(fy_kv_pool_t *pool, int32_t block);
-int32_t fy_kv_pool_refcount(const fy_kv_pool_t *pool, int32_t block);
-int32_t fy_kv_pool_n_blocks(const fy_kv_pool_t *pool);
-int32_t fy_kv_pool_n_free(const fy_kv_pool_t *pool);
+/* A namespace: what, besides the tokens, decides a block's contents. */
+typedef struct fy_kv_ns {
+    fy_kv_hash_t digest;
+} fy_kv_ns_t;
 
-/* ---- block table ----------------------------------------------------------------- */
+/* Keyed hashing state made once from the deployment's secret. */
+typedef struct fy_kv_hasher fy_kv_hasher_t;
 
-/* The blocks of one sequence, in order; token t lives in block
- * blocks[t / block_size] at slot t % block_size.  The array is sized at
- * init for the longest sequence allowed, so appending never allocates. */
+/* secret: at least 16 bytes (at most 64); every process of a deployment
+ * must use the same one for prefix-aware routing to work. */
+fy_status_t fy_kv_hasher_create(const uint8_t *secret, size_t len, fy_kv_hasher_t **h_p);
+/* With a fresh random secret: for a process whose cache nobody else names. */
+fy_status_t fy_kv_hasher_create_random(fy_kv_hasher_t **h_p);
+void fy_kv_hasher_destroy(fy_kv_hasher_t *h);
+
+/* The namespace of (tenant, model, layout, adapter); adapter may be NULL.
+ * Each field is length-prefixed, so different tuples never serialize to
+ * the same bytes. */
+void fy_kv_ns_make(const fy_kv_hasher_t *h, const char *tenant, const char *model_id, const fy_kv_layout_t *lay,
+                   const char *adapter, fy_kv_ns_t *ns_p);
+
+/* h = H(ns, parent, tokens[block_size]); parent NULL for the first block. */
+void fy_kv_hash_block(const fy_kv_hasher_t *h, const fy_kv_ns_t *ns, const fy_kv_hash_t *parent,
+                      const int32_t *tokens, int32_t block_size, fy_kv_hash_t *out);
+
+/* ---- the block manager ---------------------------------------------------------------------- */
+
+typedef enum fy_kv_tier {
+    FY_KV_DEVICE = 0,
+    FY_KV_HOST,
+    FY_KV_DISK,
+    FY_KV_TIERS
+} fy_kv_tier_t;
+
+const char *fy_kv_tier_name(fy_kv_tier_t tier);
+
+/* Copies n whole blocks: dst_tier block dst[i] <- src_tier block src[i].
+ * Tiers are device or host (the manager does disk I/O itself). */
+typedef fy_status_t (*fy_kv_copy_fn)(void *arg, fy_kv_tier_t dst_tier, const int32_t *dst, fy_kv_tier_t src_tier,
+                                     const int32_t *src, int32_t n);
+
+typedef struct fy_kvm_params {
+    fy_kv_layout_t layout;
+    int32_t n_device_blocks;
+    int32_t n_host_blocks; /* 0: no host tier */
+    void *host_arena;      /* n_host_blocks * block_bytes of host memory (the caller's; pinned beside a GPU) */
+    const char *disk_dir;  /* NULL: no disk tier */
+    int64_t disk_bytes;    /* size bound of the disk tier */
+    fy_kv_copy_fn copy;    /* device <-> host, and within a tier (copy-on-write); required */
+    void *copy_arg;
+    const fy_kv_hasher_t *hasher; /* required; outlives the manager */
+    bool prefix_caching;   /* false: full blocks are never named or kept after release */
+    float watermark;       /* share of device blocks admission keeps free (0.01 = 1%) */
+} fy_kvm_params_t;
+
+typedef struct fy_kvm fy_kvm_t;
+
+fy_status_t fy_kvm_create(const fy_kvm_params_t *params, fy_kvm_t **m_p);
+/* Every sequence must have been released. */
+void fy_kvm_destroy(fy_kvm_t *m); /* accepts NULL */
+const fy_kv_layout_t *fy_kvm_layout(const fy_kvm_t *m);
+
+/* ---- sequences (block tables) ---- */
+
+/* The blocks of one sequence, in order: token t lives in block
+ * blocks[t / block_size] at slot t % block_size.  Arrays are sized at
+ * init for the longest sequence allowed, so growing never allocates. */
 typedef struct fy_block_table {
     int32_t *blocks;
     int32_t n_blocks;   /* blocks held */
-    int32_t max_blocks; /* capacity of blocks[] */
-    int32_t n_tokens;   /* tokens whose K/V are written (or being written this step) */
+    int32_t max_blocks; /* capacity */
+    int32_t n_tokens;   /* tokens whose K/V are written */
     int32_t block_size;
+    fy_kv_tier_t tier;  /* where its blocks are: device, or host while swapped out */
+    fy_kv_ns_t ns;
+    fy_kv_hash_t *hashes; /* [max_blocks] names of the leading full blocks */
+    int32_t n_hashed;     /* leading blocks with hashes[] computed */
+    int32_t n_named;      /* leading blocks named in the prefix index (theirs or found there) */
 } fy_block_table_t;
 
-fy_status_t fy_block_table_init(fy_block_table_t *bt, int32_t block_size, int32_t max_tokens);
-/* Frees the array; the table must hold no blocks (fy_block_table_release first). */
-void fy_block_table_deinit(fy_block_table_t *bt);
-/* Makes room for n_tokens tokens in total, allocating blocks as needed.
- * All or nothing: on FY_ERR_NO_SPACE (pool empty) or FY_ERR_INVALID (past
- * max_tokens) the table is unchanged.  Does not change n_tokens. */
-fy_status_t fy_block_table_reserve(fy_block_table_t *bt, fy_kv_pool_t *pool, int32_t n_tokens);
-/* Keeps the first n_tokens tokens and returns blocks no longer needed. */
-void fy_block_table_truncate(fy_block_table_t *bt, fy_kv_pool_t *pool, int32_t n_tokens);
-/* Returns every block to the pool; the table is empty afterwards. */
-void fy_block_table_release(fy_block_table_t *bt, fy_kv_pool_t *pool);
-/* The KV slot (block * block_size + offset) of token t; t < n_blocks * block_size. */
+/* The slot (block * block_size + offset) of token t, t < n_blocks * block_size. */
 static inline int32_t fy_block_table_slot(const fy_block_table_t *bt, int32_t t)
 {
     return bt->blocks[t / bt->block_size] * bt->block_size + t % bt->block_size;
 }
+
+/* A promise of blocks made at admission, drawn from as blocks are taken. */
+typedef struct fy_kv_resv {
+    int32_t blocks;
+} fy_kv_resv_t;
+
+fy_status_t fy_kvm_seq_init(fy_kvm_t *m, fy_block_table_t *bt, int32_t max_tokens, const fy_kv_ns_t *ns);
+/* The table must hold no blocks (release it first). */
+void fy_kvm_seq_deinit(fy_block_table_t *bt);
+
+/*
+ * Attaches the longest cached prefix of tokens[n] to an empty table, block
+ * by block, from any tier (host and disk hits are promoted to the device),
+ * at most (n - 1) / block_size blocks so at least one token is left to
+ * compute.  Sets bt->n_tokens to the tokens found; *hit_p (may be NULL)
+ * too.  Counts a prefix query of n tokens.
+ */
+fy_status_t fy_kvm_seq_lookup(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *tokens, int32_t n, int32_t *hit_p);
+
+/* Makes room for n_tokens tokens in total and makes the block that the
+ * next token goes into exclusive (copy-on-write of a shared block).  All or
+ * nothing: FY_ERR_NO_SPACE (no free or evictable block), FY_ERR_INVALID
+ * (past max_tokens, or swapped out).  resv (may be NULL) is drawn from. */
+fy_status_t fy_kvm_seq_reserve(fy_kvm_t *m, fy_block_table_t *bt, int32_t n_tokens, fy_kv_resv_t *resv);
+
+/* Records that tokens [bt->n_tokens, n) are written (tokens holds the whole
+ * sequence so far) and names the blocks that became full. */
+void fy_kvm_seq_commit(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *tokens, int32_t n);
+
+/* Keeps the first n tokens (rolling back speculative tokens); blocks no
+ * longer needed go back. */
+void fy_kvm_seq_truncate(fy_kvm_t *m, fy_block_table_t *bt, int32_t n);
+
+/* dst (an initialized, empty table) shares all of src's blocks. */
+fy_status_t fy_kvm_seq_fork(fy_kvm_t *m, const fy_block_table_t *src, fy_block_table_t *dst);
+
+/* Returns every block: named blocks whose last reference goes stay cached
+ * (evictable, later blocks of the sequence evicted first); others are
+ * freed.  The table is empty afterwards. */
+void fy_kvm_seq_release(fy_kvm_t *m, fy_block_table_t *bt);
+
+/* Preemption by swapping: moves a sequence's blocks to the host tier and
+ * back.  FY_ERR_NO_SPACE (nothing changed) when the other tier is full;
+ * FY_ERR_UNSUPPORTED without a host tier. */
+fy_status_t fy_kvm_seq_swap_out(fy_kvm_t *m, fy_block_table_t *bt);
+fy_status_t fy_kvm_seq_swap_in(fy_kvm_t *m, fy_block_table_t *bt, fy_kv_resv_t *resv);
+
+/* ---- admission ---- */
+
+/* Device blocks a request needs at most: prompt plus max_tokens, less the
+ * blocks its cached prefix already covers. */
+int32_t fy_kvm_blocks_for(const fy_kvm_t *m, int32_t prompt_tokens, int32_t max_tokens, int32_t cached_tokens);
+/* Promises blocks to a request if free plus evictable blocks, less what is
+ * promised to others and the watermark, cover them: then later allocations
+ * drawing from the promise cannot fail.  FY_ERR_NO_SPACE otherwise. */
+fy_status_t fy_kvm_admit(fy_kvm_t *m, int32_t blocks, fy_kv_resv_t *resv);
+/* Returns what is left of a promise (when the request ends). */
+void fy_kvm_resv_release(fy_kvm_t *m, fy_kv_resv_t *resv);
+
+/* ---- figures ---- */
+
+typedef struct fy_kvm_tier_stats {
+    int32_t total, free, used, cached;
+    uint64_t hits;      /* prefix blocks found in this tier */
+    uint64_t evictions; /* cached blocks pushed out of this tier */
+} fy_kvm_tier_stats_t;
+
+typedef struct fy_kvm_stats {
+    fy_kvm_tier_stats_t tier[FY_KV_TIERS];
+    double usage;            /* device blocks used / total */
+    double waste;            /* unfilled token slots / slots of used device blocks */
+    int32_t promised;        /* device blocks promised at admission, not yet taken */
+    uint64_t queries, query_tokens; /* prefix lookups, and the tokens they asked about */
+    uint64_t hit_blocks, hit_tokens;
+    uint64_t cow_copies;
+    uint64_t swap_out_blocks, swap_in_blocks;
+    uint64_t demotions, promotions;
+} fy_kvm_stats_t;
+
+void fy_kvm_stats(const fy_kvm_t *m, fy_kvm_stats_t *out);
+int32_t fy_kvm_n_free(const fy_kvm_t *m, fy_kv_tier_t tier);
+int32_t fy_kvm_refcount(const fy_kvm_t *m, fy_kv_tier_t tier, int32_t block);
+/* Full scan: states, refcounts, free list, LRU list and index agree, and
+ * free + used + cached == total in each tier.  FY_ERR_INTERNAL (logged). */
+fy_status_t fy_kvm_check(const fy_kvm_t *m);
 
 #endif /* FY_KV_H */

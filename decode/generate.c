@@ -48,7 +48,7 @@ static void emit(void *p, const char *text, size_t len)
     if (!e->cancelled && e->fn && !e->fn(e->arg, text, len)) e->cancelled = true;
 }
 
-fy_status_t fy_generate(fy_runner_t *r, fy_kv_pool_t *pool, const fy_tokenizer_t *tok, const int32_t *prompt,
+fy_status_t fy_generate(fy_runner_t *r, fy_kvm_t *kvm, const fy_tokenizer_t *tok, const int32_t *prompt,
                         int32_t n_prompt, const fy_gen_params_t *gp, fy_gen_text_fn on_text, void *arg,
                         int32_t *out_tokens, int32_t max_out, fy_gen_stats_t *stats_p)
 {
@@ -65,19 +65,23 @@ fy_status_t fy_generate(fy_runner_t *r, fy_kv_pool_t *pool, const fy_tokenizer_t
         return FY_ERR_INVALID;
     }
     fy_gen_stats_t stats = {.n_prompt = n_prompt};
-    fy_block_table_t bt;
+    fy_block_table_t bt = {0};
     fy_sampler_t *sampler = NULL;
     float *logits = NULL;
+    int32_t *hist = NULL; /* prompt and generated tokens: what the cache holds */
     fy_stopper_t stopper;
     bool have_stopper = false;
-    if ((st = fy_block_table_init(&bt, rp->block_size, rp->max_ctx))) return st;
+    fy_kv_ns_t zero_ns = {0};
+    if ((st = fy_kvm_seq_init(kvm, &bt, rp->max_ctx, gp->ns ? gp->ns : &zero_ns))) return st;
     if ((st = fy_sampler_create(vocab, &sampler))) goto out;
     logits = fy_malloc((size_t)vocab * sizeof(float));
-    if (!logits) {
+    hist = fy_malloc((size_t)rp->max_ctx * sizeof(int32_t));
+    if (!logits || !hist) {
         fy_error("generate: out of memory for logits");
         st = FY_ERR_NOMEM;
         goto out;
     }
+    memcpy(hist, prompt, (size_t)n_prompt * sizeof(int32_t));
     if ((st = fy_stopper_init(&stopper, gp->stop, gp->n_stop, FY_DETOK_MAX_OUT))) goto out;
     have_stopper = true;
 
@@ -87,9 +91,11 @@ fy_status_t fy_generate(fy_runner_t *r, fy_kv_pool_t *pool, const fy_tokenizer_t
     fy_detok_init(&detok, tok, false);
     emit_ctx_t ec = {on_text, arg, false};
 
-    /* prefill in chunks; logits only for the last prompt token */
+    /* cached prefix, then the rest of the prompt in chunks; logits only
+     * for the last prompt token */
     double t0 = now_s();
-    if ((st = fy_prefill_run(r, pool, &bt, prompt, n_prompt, gp->prefill_chunk, NULL, NULL, logits))) goto out;
+    if ((st = fy_kvm_seq_lookup(kvm, &bt, prompt, n_prompt, &stats.n_cached))) goto out;
+    if ((st = fy_prefill_run(r, kvm, &bt, prompt, n_prompt, gp->prefill_chunk, NULL, NULL, NULL, logits))) goto out;
     stats.prefill_s = now_s() - t0;
     t0 = now_s();
 
@@ -119,13 +125,14 @@ fy_status_t fy_generate(fy_runner_t *r, fy_kv_pool_t *pool, const fy_tokenizer_t
             stats.finish = FY_FINISH_CONTEXT;
             break;
         }
-        if ((st = fy_block_table_reserve(&bt, pool, bt.n_tokens + 1))) {
+        if ((st = fy_kvm_seq_reserve(kvm, &bt, bt.n_tokens + 1, NULL))) {
             if (st == FY_ERR_NO_SPACE) fy_error("generate: kv pool exhausted after %d tokens", bt.n_tokens);
             goto out;
         }
         fy_forward_seq_t f = {&bt, &id, 1, bt.n_tokens, 1};
         if ((st = fy_runner_forward(r, &f, 1, logits))) goto out;
-        bt.n_tokens++;
+        hist[bt.n_tokens] = id;
+        fy_kvm_seq_commit(kvm, &bt, hist, bt.n_tokens + 1);
     }
     if (gp->max_tokens == 0) stats.finish = FY_FINISH_LENGTH;
     if (stats.finish != FY_FINISH_STOP) {
@@ -138,10 +145,11 @@ fy_status_t fy_generate(fy_runner_t *r, fy_kv_pool_t *pool, const fy_tokenizer_t
     stats.decode_s = now_s() - t0;
     if (stats_p) *stats_p = stats;
 out:
-    fy_block_table_release(&bt, pool);
-    fy_block_table_deinit(&bt);
+    fy_kvm_seq_release(kvm, &bt);
+    fy_kvm_seq_deinit(&bt);
     if (have_stopper) fy_stopper_deinit(&stopper);
     fy_free(logits);
+    fy_free(hist);
     fy_sampler_destroy(sampler);
     return st;
 }

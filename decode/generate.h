@@ -33,6 +33,7 @@ const char *fy_finish_reason_str(fy_finish_reason_t r);
 
 typedef struct fy_gen_params {
     fy_sampling_params_t sampling;
+    const fy_kv_ns_t *ns;     /* prefix-cache namespace (the tenant's); NULL: the zero namespace */
     int32_t max_tokens;       /* tokens to generate at most */
     const char *const *stop;  /* stop strings */
     int n_stop;
@@ -45,6 +46,7 @@ void fy_gen_params_default(fy_gen_params_t *p);
 typedef struct fy_gen_stats {
     int32_t n_prompt;
     int32_t n_generated;
+    int32_t n_cached; /* prompt tokens found in the prefix cache */
     double prefill_s; /* prompt processing up to the first token's logits */
     double decode_s;  /* everything after */
     fy_finish_reason_t finish;
@@ -54,12 +56,13 @@ typedef struct fy_gen_stats {
 typedef bool (*fy_gen_text_fn)(void *arg, const char *text, size_t len);
 
 /*
- * Generates from prompt[n_prompt].  out_tokens (may be NULL) receives up
- * to max_out generated ids.  Returns FY_ERR_NO_SPACE when the pool cannot
- * hold the prompt, FY_ERR_INVALID for bad input; on every path all blocks
- * are back in the pool.
+ * Generates from prompt[n_prompt], reusing cached prefix blocks of kvm.
+ * out_tokens (may be NULL) receives up to max_out generated ids.  Returns
+ * FY_ERR_NO_SPACE when the pool cannot hold the prompt, FY_ERR_INVALID for
+ * bad input; on every path all blocks are released (named full blocks stay
+ * in the prefix cache).
  */
-fy_status_t fy_generate(fy_runner_t *runner, fy_kv_pool_t *pool, const fy_tokenizer_t *tok, const int32_t *prompt,
+fy_status_t fy_generate(fy_runner_t *runner, fy_kvm_t *kvm, const fy_tokenizer_t *tok, const int32_t *prompt,
                         int32_t n_prompt, const fy_gen_params_t *params, fy_gen_text_fn on_text, void *arg,
                         int32_t *out_tokens, int32_t max_out, fy_gen_stats_t *stats_p);
 

@@ -20,7 +20,8 @@ struct fy_runner {
     fy_backend_t *be;
     fy_runner_params_t p;
     fy_kv_layout_t kv;
-    void *arena; /* device: n_kv_blocks * kv.block_bytes */
+    void *arena;      /* device: n_kv_blocks * kv.block_bytes */
+    void *host_arena; /* host tier: n_host_blocks * kv.block_bytes */
 
     /* device copies of the weights */
     fy_tensor_t tok_embd, out_norm, output;
@@ -57,6 +58,33 @@ const fy_kv_layout_t *fy_runner_kv_layout(const fy_runner_t *r) { return &r->kv;
 const fy_runner_params_t *fy_runner_params(const fy_runner_t *r) { return &r->p; }
 const fy_model_t *fy_runner_model(const fy_runner_t *r) { return r->model; }
 void *fy_runner_kv_arena(fy_runner_t *r) { return r->arena; }
+fy_backend_t *fy_runner_backend(fy_runner_t *r) { return r->be; }
+
+/* fy_kv_copy_fn over the runner's arenas */
+static fy_status_t kv_copy(void *arg, fy_kv_tier_t dst_tier, const int32_t *dst, fy_kv_tier_t src_tier,
+                           const int32_t *src, int32_t n)
+{
+    fy_runner_t *r = arg;
+    void *da = dst_tier == FY_KV_DEVICE ? r->arena : r->host_arena;
+    void *sa = src_tier == FY_KV_DEVICE ? r->arena : r->host_arena;
+    fy_copy_kind_t kind = dst_tier == FY_KV_DEVICE ? (src_tier == FY_KV_DEVICE ? FY_COPY_D2D : FY_COPY_H2D)
+                                                   : (src_tier == FY_KV_DEVICE ? FY_COPY_D2H : FY_COPY_H2H);
+    return fy_backend_copy_blocks(r->be, &r->kv, da, sa, dst, src, n, kind);
+}
+
+void fy_runner_kvm_params(fy_runner_t *r, fy_kvm_params_t *p)
+{
+    *p = (fy_kvm_params_t){
+        .layout = r->kv,
+        .n_device_blocks = r->p.n_kv_blocks,
+        .n_host_blocks = r->p.n_host_blocks,
+        .host_arena = r->host_arena,
+        .copy = kv_copy,
+        .copy_arg = r,
+        .prefix_caching = true,
+        .watermark = 0.01f,
+    };
+}
 
 static fy_status_t dev_alloc(fy_runner_t *r, size_t n_floats, float **p)
 {
@@ -96,7 +124,7 @@ fy_status_t fy_runner_create(const fy_model_t *model, fy_backend_t *be, const fy
     if (p.max_ctx <= 0 || p.max_ctx > c->max_ctx) p.max_ctx = c->max_ctx;
     if (p.max_batch_tokens < 1 || p.max_batch_tokens > (1 << 20) || p.max_seqs < 1 ||
         p.max_seqs > p.max_batch_tokens || p.max_logits < 1 || p.max_logits > p.max_batch_tokens ||
-        p.n_kv_blocks < 1) {
+        p.n_kv_blocks < 1 || p.n_host_blocks < 0) {
         fy_error("runner: bad parameters (batch %d tokens, %d sequences, %d logit rows, %d kv blocks)",
                  p.max_batch_tokens, p.max_seqs, p.max_logits, p.n_kv_blocks);
         return FY_ERR_INVALID;
@@ -120,6 +148,15 @@ fy_status_t fy_runner_create(const fy_model_t *model, fy_backend_t *be, const fy
         goto fail;
     }
     if ((st = fy_backend_alloc(be, arena_bytes, &r->arena))) goto fail;
+    if (p.n_host_blocks > 0) {
+        size_t host_bytes;
+        if (!fy_mul_size((size_t)p.n_host_blocks, r->kv.block_bytes, &host_bytes)) {
+            fy_error("runner: host kv tier of %d blocks overflows", p.n_host_blocks);
+            st = FY_ERR_INVALID;
+            goto fail;
+        }
+        if ((st = fy_backend_alloc_host(be, host_bytes, &r->host_arena))) goto fail;
+    }
     if ((st = upload_weights(r))) goto fail;
 
     size_t T = (size_t)p.max_batch_tokens, L = (size_t)p.max_logits;
@@ -170,6 +207,7 @@ void fy_runner_destroy(fy_runner_t *r)
     float *bufs[] = {r->x, r->xb, r->xb2, r->q, r->att, r->k, r->v, r->hb, r->hb2, r->xl, r->logits};
     for (size_t i = 0; i < FY_ARRAY_LEN(bufs); i++) fy_backend_free(r->be, bufs[i]);
     fy_backend_free(r->be, r->arena);
+    fy_backend_free_host(r->be, r->host_arena);
     if (r->layers) {
         for (int32_t l = 0; l < r->cfg->n_layers; l++) {
             fy_layer_weights_t *L = &r->layers[l];

@@ -28,7 +28,8 @@ typedef struct fy_runner_params {
     int32_t max_seqs;         /* sequences per forward */
     int32_t max_logits;       /* logit rows per forward */
     int32_t max_ctx;          /* longest sequence; 0: the model's trained context */
-    int32_t n_kv_blocks;      /* blocks in the KV arena */
+    int32_t n_kv_blocks;      /* blocks in the device KV arena */
+    int32_t n_host_blocks;    /* blocks in the host tier (0: none) */
     int32_t block_size;       /* tokens per block: 8, 16, 32 */
     fy_dtype_t kv_dtype;      /* f32 or f16 */
 } fy_runner_params_t;
@@ -55,7 +56,13 @@ void fy_runner_destroy(fy_runner_t *runner); /* accepts NULL */
 const fy_kv_layout_t *fy_runner_kv_layout(const fy_runner_t *runner);
 const fy_runner_params_t *fy_runner_params(const fy_runner_t *runner);
 const fy_model_t *fy_runner_model(const fy_runner_t *runner);
+fy_backend_t *fy_runner_backend(fy_runner_t *runner);
 void *fy_runner_kv_arena(fy_runner_t *runner);
+
+/* Block manager parameters for this runner's arenas: layout, block
+ * counts, host arena and the copy callback (the runner's backend).  The
+ * caller sets the hasher and the policy fields, then fy_kvm_create. */
+void fy_runner_kvm_params(fy_runner_t *runner, fy_kvm_params_t *params);
 
 /*
  * Runs one forward pass.  logits (host memory) receives, for each sequence

@@ -101,6 +101,16 @@ void fy_backend_free(fy_backend_t *be, void *ptr)
     if (ptr) be->ops->free(be->ctx, ptr);
 }
 
+fy_status_t fy_backend_alloc_host(fy_backend_t *be, size_t bytes, void **ptr_p)
+{
+    return CALL(alloc_host, bytes, ptr_p);
+}
+
+void fy_backend_free_host(fy_backend_t *be, void *ptr)
+{
+    if (ptr) be->ops->free_host(be->ctx, ptr);
+}
+
 fy_status_t fy_backend_memcpy(fy_backend_t *be, void *dst, const void *src, size_t bytes, fy_copy_kind_t kind)
 {
     TIMED(FY_OP_COPY, memcpy, dst, src, bytes, kind);
@@ -117,9 +127,10 @@ void fy_backend_release_tensor(fy_backend_t *be, fy_tensor_t *dev)
 }
 
 fy_status_t fy_backend_copy_blocks(fy_backend_t *be, const fy_kv_layout_t *lay, void *dst_arena,
-                                   const void *src_arena, const int32_t *dst, const int32_t *src, int32_t n)
+                                   const void *src_arena, const int32_t *dst, const int32_t *src, int32_t n,
+                                   fy_copy_kind_t kind)
 {
-    TIMED(FY_OP_COPY, copy_blocks, lay, dst_arena, src_arena, dst, src, n);
+    TIMED(FY_OP_COPY, copy_blocks, lay, dst_arena, src_arena, dst, src, n, kind);
 }
 
 fy_status_t fy_backend_set_batch(fy_backend_t *be, const fy_batch_meta_t *meta) { return CALL(set_batch, meta); }

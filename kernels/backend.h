@@ -77,6 +77,7 @@ typedef enum fy_copy_kind {
     FY_COPY_H2D = 0,
     FY_COPY_D2H,
     FY_COPY_D2D,
+    FY_COPY_H2H,
 } fy_copy_kind_t;
 
 /* name: "cpu" ("cuda" once it exists).  Logs and fails for unknown names. */
@@ -91,6 +92,10 @@ fy_status_t fy_backend_reserve(fy_backend_t *be, const fy_backend_reserve_t *r);
 /* ---- memory ---- */
 fy_status_t fy_backend_alloc(fy_backend_t *be, size_t bytes, void **ptr_p);
 void fy_backend_free(fy_backend_t *be, void *ptr); /* accepts NULL */
+/* Host memory the backend copies to and from fastest (pinned beside a GPU):
+ * the KV host tier and transfer staging buffers. */
+fy_status_t fy_backend_alloc_host(fy_backend_t *be, size_t bytes, void **ptr_p);
+void fy_backend_free_host(fy_backend_t *be, void *ptr); /* accepts NULL */
 fy_status_t fy_backend_memcpy(fy_backend_t *be, void *dst, const void *src, size_t bytes, fy_copy_kind_t kind);
 /* How a weight will be used, so the backend can lay it out for that use. */
 typedef enum fy_tensor_use {
@@ -104,10 +109,12 @@ typedef enum fy_tensor_use {
  * matmul weights makes a copy with rows interleaved for its kernels. */
 fy_status_t fy_backend_upload(fy_backend_t *be, const fy_tensor_t *host, fy_tensor_use_t use, fy_tensor_t *dev_p);
 void fy_backend_release_tensor(fy_backend_t *be, fy_tensor_t *dev);
-/* Copies n whole blocks of the KV arena: dst_arena[dst[i]] = src_arena[src[i]]
- * (both may be the same arena; block ids are host arrays). */
+/* Copies n whole KV blocks: dst_arena[dst[i]] = src_arena[src[i]] (both
+ * may be the same arena; block ids are host arrays; kind says which side is
+ * device memory). */
 fy_status_t fy_backend_copy_blocks(fy_backend_t *be, const fy_kv_layout_t *lay, void *dst_arena,
-                                   const void *src_arena, const int32_t *dst, const int32_t *src, int32_t n);
+                                   const void *src_arena, const int32_t *dst, const int32_t *src, int32_t n,
+                                   fy_copy_kind_t kind);
 
 /* ---- batch ---- */
 fy_status_t fy_backend_set_batch(fy_backend_t *be, const fy_batch_meta_t *meta);

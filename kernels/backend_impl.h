@@ -14,11 +14,13 @@ typedef struct fy_backend_ops {
     fy_status_t (*reserve)(void *ctx, const fy_backend_reserve_t *r);
     fy_status_t (*alloc)(void *ctx, size_t bytes, void **ptr_p);
     void (*free)(void *ctx, void *ptr);
+    fy_status_t (*alloc_host)(void *ctx, size_t bytes, void **ptr_p);
+    void (*free_host)(void *ctx, void *ptr);
     fy_status_t (*memcpy)(void *ctx, void *dst, const void *src, size_t bytes, fy_copy_kind_t kind);
     fy_status_t (*upload)(void *ctx, const fy_tensor_t *host, fy_tensor_use_t use, fy_tensor_t *dev_p);
     void (*release_tensor)(void *ctx, fy_tensor_t *dev);
     fy_status_t (*copy_blocks)(void *ctx, const fy_kv_layout_t *lay, void *dst_arena, const void *src_arena,
-                               const int32_t *dst, const int32_t *src, int32_t n);
+                               const int32_t *dst, const int32_t *src, int32_t n, fy_copy_kind_t kind);
     fy_status_t (*set_batch)(void *ctx, const fy_batch_meta_t *meta);
     fy_status_t (*embed)(void *ctx, const fy_tensor_t *table, float *out);
     fy_status_t (*matmul)(void *ctx, int n_w, const fy_tensor_t *const *w, const float *x, int32_t n,

@@ -3,8 +3,8 @@
 
 #include "log.h"
 
-fy_status_t fy_prefill_run(fy_runner_t *r, fy_kv_pool_t *pool, fy_block_table_t *bt, const int32_t *prompt,
-                           int32_t n, int32_t chunk, fy_prefill_chunk_fn on_chunk, void *arg, float *logits)
+fy_status_t fy_prefill_run(fy_runner_t *r, fy_kvm_t *kvm, fy_block_table_t *bt, const int32_t *prompt, int32_t n,
+                           int32_t chunk, fy_kv_resv_t *resv, fy_prefill_chunk_fn on_chunk, void *arg, float *logits)
 {
     const fy_runner_params_t *rp = fy_runner_params(r);
     if (chunk <= 0 || chunk > rp->max_batch_tokens) chunk = rp->max_batch_tokens;
@@ -15,9 +15,10 @@ fy_status_t fy_prefill_run(fy_runner_t *r, fy_kv_pool_t *pool, fy_block_table_t 
     while (bt->n_tokens < n) {
         int32_t done = bt->n_tokens;
         int32_t k = n - done < chunk ? n - done : chunk;
-        fy_status_t st = fy_block_table_reserve(bt, pool, done + k);
+        fy_status_t st = fy_kvm_seq_reserve(kvm, bt, done + k, resv);
         if (st == FY_ERR_NO_SPACE) {
-            fy_error("prefill: kv pool too small for a %d-token prompt (%d blocks free)", n, fy_kv_pool_n_free(pool));
+            fy_error("prefill: kv pool too small for a %d-token prompt (%d blocks free)", n,
+                     fy_kvm_n_free(kvm, FY_KV_DEVICE));
             return st;
         }
         if (st != FY_OK) {
@@ -26,7 +27,7 @@ fy_status_t fy_prefill_run(fy_runner_t *r, fy_kv_pool_t *pool, fy_block_table_t 
         }
         fy_forward_seq_t f = {bt, prompt + done, k, done, done + k == n ? 1 : 0};
         if ((st = fy_runner_forward(r, &f, 1, logits))) return st;
-        bt->n_tokens = done + k;
+        fy_kvm_seq_commit(kvm, bt, prompt, done + k);
         if (on_chunk && (st = on_chunk(arg, bt, bt->n_tokens))) return st;
     }
     return FY_OK;

@@ -38,17 +38,19 @@ static bool collect(void *arg, const char *text, size_t len)
 }
 
 static fy_model_t *g_model;
+static fy_kv_hasher_t *g_hasher;
 
 static int setup(void **state)
 {
     const char *path = fy_test_default_model();
     if (path && fy_model_load(path, &g_model) != FY_OK) return -1;
-    return 0;
+    return fy_kv_hasher_create_random(&g_hasher) == FY_OK ? 0 : -1;
 }
 
 static int teardown(void **state)
 {
     fy_model_destroy(g_model);
+    fy_kv_hasher_destroy(g_hasher);
     return 0;
 }
 
@@ -82,15 +84,21 @@ static void generate(const char *prompt, bool chat, int threads, const fy_gen_pa
     rp.n_kv_blocks = 64;
     fy_runner_t *r;
     assert_int_equal(fy_runner_create(g_model, be, &rp, &r), FY_OK);
-    fy_kv_pool_t *pool;
-    assert_int_equal(fy_kv_pool_create(rp.n_kv_blocks, &pool), FY_OK);
+    fy_kvm_t *kvm;
+    fy_kvm_params_t kp;
+    fy_runner_kvm_params(r, &kp);
+    kp.hasher = g_hasher;
+    assert_int_equal(fy_kvm_create(&kp, &kvm), FY_OK);
     memset(out, 0, sizeof(*out));
-    assert_int_equal(fy_generate(r, pool, fy_model_tokenizer(g_model), ids, (int32_t)n, gp, collect, out, out->tokens,
+    assert_int_equal(fy_generate(r, kvm, fy_model_tokenizer(g_model), ids, (int32_t)n, gp, collect, out, out->tokens,
                                  256, &out->stats),
                      FY_OK);
     out->n = out->stats.n_generated < 256 ? out->stats.n_generated : 256;
-    assert_int_equal(fy_kv_pool_n_free(pool), rp.n_kv_blocks); /* every block back */
-    fy_kv_pool_destroy(pool);
+    fy_kvm_stats_t ks;
+    fy_kvm_stats(kvm, &ks);
+    assert_int_equal(ks.tier[FY_KV_DEVICE].used, 0); /* every block back (free or cached) */
+    assert_int_equal(fy_kvm_check(kvm), FY_OK);
+    fy_kvm_destroy(kvm);
     fy_runner_destroy(r);
     fy_backend_destroy(be);
 }
@@ -215,26 +223,90 @@ static void test_prompt_too_long(void **state)
     rp.max_logits = 1;
     fy_runner_t *r;
     assert_int_equal(fy_runner_create(g_model, be, &rp, &r), FY_OK);
-    fy_kv_pool_t *pool;
-    assert_int_equal(fy_kv_pool_create(2, &pool), FY_OK);
+    fy_kvm_t *kvm;
+    fy_kvm_params_t kp;
+    fy_runner_kvm_params(r, &kp);
+    kp.hasher = g_hasher;
+    assert_int_equal(fy_kvm_create(&kp, &kvm), FY_OK);
     int32_t ids[40];
     for (int i = 0; i < 40; i++) ids[i] = 100 + i;
     fy_gen_params_t gp;
     fy_gen_params_default(&gp);
     fy_test_log_begin();
-    assert_int_equal(fy_generate(r, pool, fy_model_tokenizer(g_model), ids, 40, &gp, NULL, NULL, NULL, 0, NULL),
+    assert_int_equal(fy_generate(r, kvm, fy_model_tokenizer(g_model), ids, 40, &gp, NULL, NULL, NULL, 0, NULL),
                      FY_ERR_INVALID);
     assert_true(fy_test_log_has("does not fit the context", NULL));
     /* fits the context but the pool only has one block left */
-    int32_t b;
-    assert_int_equal(fy_kv_pool_alloc(pool, &b), FY_OK);
-    assert_int_equal(fy_generate(r, pool, fy_model_tokenizer(g_model), ids, 20, &gp, NULL, NULL, NULL, 0, NULL),
+    fy_block_table_t other;
+    assert_int_equal(fy_kvm_seq_init(kvm, &other, 32, NULL), FY_OK);
+    assert_int_equal(fy_kvm_seq_reserve(kvm, &other, 1, NULL), FY_OK);
+    assert_int_equal(fy_generate(r, kvm, fy_model_tokenizer(g_model), ids, 20, &gp, NULL, NULL, NULL, 0, NULL),
                      FY_ERR_NO_SPACE);
     assert_true(fy_test_log_has("kv pool too small", NULL));
     fy_test_log_end();
-    assert_int_equal(fy_kv_pool_n_free(pool), 1);
-    fy_kv_pool_unref(pool, b);
-    fy_kv_pool_destroy(pool);
+    assert_int_equal(fy_kvm_n_free(kvm, FY_KV_DEVICE), 1);
+    fy_kvm_seq_release(kvm, &other);
+    fy_kvm_seq_deinit(&other);
+    assert_int_equal(fy_kvm_check(kvm), FY_OK);
+    fy_kvm_destroy(kvm);
+    fy_runner_destroy(r);
+    fy_backend_destroy(be);
+}
+
+/* A repeated prompt reuses its cached prefix blocks and gives the same
+ * greedy tokens as computing it from scratch. */
+static void test_prefix_cache_same_tokens(void **state)
+{
+    if (!g_model) skip();
+    fy_backend_t *be;
+    assert_int_equal(fy_backend_create("cpu", NULL, &be), FY_OK);
+    fy_runner_params_t rp;
+    fy_runner_params_default(&rp);
+    rp.max_batch_tokens = 64;
+    rp.max_seqs = 1;
+    rp.max_logits = 1;
+    rp.max_ctx = 512;
+    rp.n_kv_blocks = 64;
+    fy_runner_t *r;
+    assert_int_equal(fy_runner_create(g_model, be, &rp, &r), FY_OK);
+    fy_kvm_t *kvm;
+    fy_kvm_params_t kp;
+    fy_runner_kvm_params(r, &kp);
+    kp.hasher = g_hasher;
+    assert_int_equal(fy_kvm_create(&kp, &kvm), FY_OK);
+    const char *text = "You are a careful assistant. Answer briefly and precisely. The question is about geography: "
+                       "which river flows through the city of Paris, and into which sea does it flow?";
+    int32_t ids[256];
+    size_t n;
+    tokenize(text, false, ids, 256, &n);
+    fy_gen_params_t gp;
+    fy_gen_params_default(&gp);
+    gp.max_tokens = 24;
+    gp.ignore_eos = true;
+    run_t *a = malloc(sizeof(run_t)), *b = malloc(sizeof(run_t));
+    memset(a, 0, sizeof(*a)), memset(b, 0, sizeof(*b));
+    assert_int_equal(fy_generate(r, kvm, fy_model_tokenizer(g_model), ids, (int32_t)n, &gp, collect, a, a->tokens, 256,
+                                 &a->stats),
+                     FY_OK);
+    assert_int_equal(a->stats.n_cached, 0);
+    assert_int_equal(fy_generate(r, kvm, fy_model_tokenizer(g_model), ids, (int32_t)n, &gp, collect, b, b->tokens, 256,
+                                 &b->stats),
+                     FY_OK);
+    assert_int_equal(b->stats.n_cached, (int32_t)((n - 1) / 16 * 16));
+    assert_memory_equal(a->tokens, b->tokens, sizeof(int32_t) * 24);
+    /* another tenant's namespace finds nothing */
+    fy_kv_ns_t ns;
+    fy_kv_ns_make(g_hasher, "other-tenant", "smollm2", fy_runner_kv_layout(r), NULL, &ns);
+    gp.ns = &ns;
+    memset(b, 0, sizeof(*b));
+    assert_int_equal(fy_generate(r, kvm, fy_model_tokenizer(g_model), ids, (int32_t)n, &gp, collect, b, b->tokens, 256,
+                                 &b->stats),
+                     FY_OK);
+    assert_int_equal(b->stats.n_cached, 0);
+    assert_memory_equal(a->tokens, b->tokens, sizeof(int32_t) * 24);
+    free(a), free(b);
+    assert_int_equal(fy_kvm_check(kvm), FY_OK);
+    fy_kvm_destroy(kvm);
     fy_runner_destroy(r);
     fy_backend_destroy(be);
 }
@@ -248,6 +320,7 @@ int main(void)
         cmocka_unit_test(test_seeded_sampling),
         cmocka_unit_test(test_stop_string),
         cmocka_unit_test(test_prompt_too_long),
+        cmocka_unit_test(test_prefix_cache_same_tokens),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -29,7 +29,8 @@ typedef struct env {
     fy_model_t *m;
     fy_backend_t *be;
     fy_runner_t *r;
-    fy_kv_pool_t *pool;
+    fy_kv_hasher_t *hasher;
+    fy_kvm_t *kvm;
 } env_t;
 
 static void env_open(env_t *e, const char *path, int threads, const char *isa, int block_size, fy_dtype_t kv,
@@ -49,13 +50,22 @@ static void env_open(env_t *e, const char *path, int threads, const char *isa, i
     rp.kv_dtype = kv;
     rp.n_kv_blocks = max_seqs * (256 / block_size);
     assert_int_equal(fy_runner_create(e->m, e->be, &rp, &e->r), FY_OK);
-    assert_int_equal(fy_kv_pool_create(rp.n_kv_blocks, &e->pool), FY_OK);
+    assert_int_equal(fy_kv_hasher_create_random(&e->hasher), FY_OK);
+    fy_kvm_params_t kp;
+    fy_runner_kvm_params(e->r, &kp);
+    kp.hasher = e->hasher;
+    kp.prefix_caching = false; /* these tests compare fresh computations */
+    assert_int_equal(fy_kvm_create(&kp, &e->kvm), FY_OK);
 }
 
 static void env_close(env_t *e)
 {
-    assert_int_equal(fy_kv_pool_n_free(e->pool), fy_kv_pool_n_blocks(e->pool)); /* nothing leaked */
-    fy_kv_pool_destroy(e->pool);
+    fy_kvm_stats_t ks;
+    fy_kvm_stats(e->kvm, &ks);
+    assert_int_equal(ks.tier[FY_KV_DEVICE].free, ks.tier[FY_KV_DEVICE].total); /* nothing leaked */
+    assert_int_equal(fy_kvm_check(e->kvm), FY_OK);
+    fy_kvm_destroy(e->kvm);
+    fy_kv_hasher_destroy(e->hasher);
     fy_runner_destroy(e->r);
     fy_backend_destroy(e->be);
     fy_model_destroy(e->m);
@@ -67,17 +77,17 @@ static void run_chunked(env_t *e, const int32_t *tok, int n, int chunk, float *o
 {
     int vocab = fy_model_config(e->m)->vocab_size;
     fy_block_table_t bt;
-    assert_int_equal(fy_block_table_init(&bt, fy_runner_kv_layout(e->r)->block_size, 256), FY_OK);
+    assert_int_equal(fy_kvm_seq_init(e->kvm, &bt, 256, NULL), FY_OK);
     for (int done = 0; done < n;) {
         int k = n - done < chunk ? n - done : chunk;
-        assert_int_equal(fy_block_table_reserve(&bt, e->pool, done + k), FY_OK);
+        assert_int_equal(fy_kvm_seq_reserve(e->kvm, &bt, done + k, NULL), FY_OK);
         fy_forward_seq_t f = {&bt, tok + done, k, done, k};
         assert_int_equal(fy_runner_forward(e->r, &f, 1, out + (long)done * vocab), FY_OK);
         done += k;
-        bt.n_tokens = done;
+        fy_kvm_seq_commit(e->kvm, &bt, tok, done);
     }
-    fy_block_table_release(&bt, e->pool);
-    fy_block_table_deinit(&bt);
+    fy_kvm_seq_release(e->kvm, &bt);
+    fy_kvm_seq_deinit(&bt);
 }
 
 static void check_against_reference(const char *path, const fy_tiny_model_t *tm, double tol, fy_dtype_t kv)
@@ -247,15 +257,15 @@ static void test_batch_and_thread_invariance(void **state)
     env_open(&e, path, 1, NULL, 16, FY_DTYPE_F16, 64, NS);
     for (int s = 0; s < NS; s++) {
         fy_block_table_t bt;
-        assert_int_equal(fy_block_table_init(&bt, 16, 256), FY_OK);
-        assert_int_equal(fy_block_table_reserve(&bt, e.pool, lens[s]), FY_OK);
+        assert_int_equal(fy_kvm_seq_init(e.kvm, &bt, 256, NULL), FY_OK);
+        assert_int_equal(fy_kvm_seq_reserve(e.kvm, &bt, lens[s], NULL), FY_OK);
         fy_forward_seq_t f = {&bt, tok[s], lens[s] - 1, 0, 0};
         float dummy;
         assert_int_equal(fy_runner_forward(e.r, &f, 1, &dummy), FY_OK);
         fy_forward_seq_t d = {&bt, tok[s] + lens[s] - 1, 1, lens[s] - 1, 1};
         assert_int_equal(fy_runner_forward(e.r, &d, 1, alone + (long)s * vocab), FY_OK);
-        fy_block_table_release(&bt, e.pool);
-        fy_block_table_deinit(&bt);
+        fy_kvm_seq_release(e.kvm, &bt);
+        fy_kvm_seq_deinit(&bt);
     }
     env_close(&e);
 
@@ -265,8 +275,8 @@ static void test_batch_and_thread_invariance(void **state)
         fy_forward_seq_t f[NS];
         /* a mixed batch: prefill of all but the last token for each */
         for (int s = 0; s < NS; s++) {
-            assert_int_equal(fy_block_table_init(&bt[s], 16, 256), FY_OK);
-            assert_int_equal(fy_block_table_reserve(&bt[s], e.pool, lens[s]), FY_OK);
+            assert_int_equal(fy_kvm_seq_init(e.kvm, &bt[s], 256, NULL), FY_OK);
+            assert_int_equal(fy_kvm_seq_reserve(e.kvm, &bt[s], lens[s], NULL), FY_OK);
             f[s] = (fy_forward_seq_t){&bt[s], tok[s], lens[s] - 1, 0, 0};
         }
         float dummy;
@@ -277,8 +287,8 @@ static void test_batch_and_thread_invariance(void **state)
         assert_memory_equal(batched, alone, sizeof(float) * NS * vocab);
         free(batched);
         for (int s = 0; s < NS; s++) {
-            fy_block_table_release(&bt[s], e.pool);
-            fy_block_table_deinit(&bt[s]);
+            fy_kvm_seq_release(e.kvm, &bt[s]);
+            fy_kvm_seq_deinit(&bt[s]);
         }
         env_close(&e);
     }
@@ -346,8 +356,8 @@ static void test_forward_rejects_bad_input(void **state)
     env_t e;
     env_open(&e, path, 1, NULL, 16, FY_DTYPE_F32, 32, 2);
     fy_block_table_t bt;
-    assert_int_equal(fy_block_table_init(&bt, 16, 256), FY_OK);
-    assert_int_equal(fy_block_table_reserve(&bt, e.pool, 16), FY_OK);
+    assert_int_equal(fy_kvm_seq_init(e.kvm, &bt, 256, NULL), FY_OK);
+    assert_int_equal(fy_kvm_seq_reserve(e.kvm, &bt, 16, NULL), FY_OK);
     float *logits = malloc(sizeof(float) * tm.vocab);
     int32_t bad[2] = {5, tm.vocab};
     fy_forward_seq_t f = {&bt, bad, 2, 0, 1};
@@ -360,8 +370,8 @@ static void test_forward_rejects_bad_input(void **state)
     fy_forward_seq_t big = {&bt, ok, 40, 0, 1}; /* more than the batch allows */
     assert_int_equal(fy_runner_forward(e.r, &big, 1, logits), FY_ERR_INVALID);
     fy_test_log_end();
-    fy_block_table_release(&bt, e.pool);
-    fy_block_table_deinit(&bt);
+    fy_kvm_seq_release(e.kvm, &bt);
+    fy_kvm_seq_deinit(&bt);
     free(logits);
     env_close(&e);
     fy_tiny_free(&tm);

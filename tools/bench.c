@@ -152,7 +152,8 @@ static fy_status_t run_model(const fy_model_t *m, int threads, const char *isa, 
     const fy_model_config_t *c = fy_model_config(m);
     fy_backend_t *be = NULL;
     fy_runner_t *r = NULL;
-    fy_kv_pool_t *pool = NULL;
+    fy_kv_hasher_t *hasher = NULL;
+    fy_kvm_t *kvm = NULL;
     fy_block_table_t bt = {0};
     int32_t *prompt = NULL;
     float *logits = NULL;
@@ -167,9 +168,12 @@ static fy_status_t run_model(const fy_model_t *m, int threads, const char *isa, 
     rp.max_logits = 1;
     rp.max_ctx = n_prompt + n_gen + 1;
     rp.n_kv_blocks = (rp.max_ctx + rp.block_size - 1) / rp.block_size;
-    if ((st = fy_runner_create(m, be, &rp, &r)) || (st = fy_kv_pool_create(rp.n_kv_blocks, &pool)) ||
-        (st = fy_block_table_init(&bt, rp.block_size, rp.max_ctx)))
-        goto out;
+    if ((st = fy_runner_create(m, be, &rp, &r)) || (st = fy_kv_hasher_create_random(&hasher))) goto out;
+    fy_kvm_params_t kp;
+    fy_runner_kvm_params(r, &kp);
+    kp.hasher = hasher;
+    kp.prefix_caching = false; /* every run computes its prompt */
+    if ((st = fy_kvm_create(&kp, &kvm)) || (st = fy_kvm_seq_init(kvm, &bt, rp.max_ctx, NULL))) goto out;
     prompt = fy_malloc((size_t)n_prompt * sizeof(int32_t));
     logits = fy_malloc((size_t)c->vocab_size * sizeof(float));
     pre = fy_calloc((size_t)reps, sizeof(double));
@@ -183,7 +187,7 @@ static fy_status_t run_model(const fy_model_t *m, int threads, const char *isa, 
     for (int i = 0; i < n_prompt; i++) prompt[i] = (int32_t)(fy_rng_next(&rng) % (uint64_t)c->vocab_size);
 
     for (int rep = -1; rep < reps; rep++) { /* rep -1 warms caches and page tables */
-        if ((st = fy_block_table_reserve(&bt, pool, rp.max_ctx))) goto out;
+        if ((st = fy_kvm_seq_reserve(kvm, &bt, rp.max_ctx, NULL))) goto out;
         fy_forward_seq_t f = {&bt, prompt, n_prompt, 0, 1};
         double t = now_s();
         if ((st = fy_runner_forward(r, &f, 1, logits))) goto out;
@@ -196,7 +200,7 @@ static fy_status_t run_model(const fy_model_t *m, int threads, const char *isa, 
             tok = fy_argmax(logits, c->vocab_size);
         }
         t2 = now_s() - t2;
-        fy_block_table_release(&bt, pool);
+        fy_kvm_seq_release(kvm, &bt);
         if (rep >= 0) {
             pre[rep] = n_prompt / t;
             dec[rep] = n_gen / t2;
@@ -205,7 +209,7 @@ static fy_status_t run_model(const fy_model_t *m, int threads, const char *isa, 
     res->prefill_tps = median(pre, reps);
     res->decode_tps = median(dec, reps);
     /* one more decode run with per-op timing, for the breakdown */
-    if ((st = fy_block_table_reserve(&bt, pool, rp.max_ctx))) goto out;
+    if ((st = fy_kvm_seq_reserve(kvm, &bt, rp.max_ctx, NULL))) goto out;
     {
         fy_forward_seq_t f = {&bt, prompt, n_prompt, 0, 1};
         if ((st = fy_runner_forward(r, &f, 1, logits))) goto out;
@@ -220,17 +224,18 @@ static fy_status_t run_model(const fy_model_t *m, int threads, const char *isa, 
         res->prof_tokens = n_gen;
         fy_backend_profile_enable(be, false);
     }
-    fy_block_table_release(&bt, pool);
+    fy_kvm_seq_release(kvm, &bt);
 out:
     if (bt.blocks) {
-        fy_block_table_release(&bt, pool);
-        fy_block_table_deinit(&bt);
+        fy_kvm_seq_release(kvm, &bt);
+        fy_kvm_seq_deinit(&bt);
     }
     fy_free(prompt);
     fy_free(logits);
     fy_free(pre);
     fy_free(dec);
-    fy_kv_pool_destroy(pool);
+    fy_kvm_destroy(kvm);
+    fy_kv_hasher_destroy(hasher);
     fy_runner_destroy(r);
     fy_backend_destroy(be);
     return st;

@@ -314,7 +314,8 @@ static int cmd_generate(int argc, char **argv)
     fy_model_t *m = NULL;
     fy_backend_t *be = NULL;
     fy_runner_t *r = NULL;
-    fy_kv_pool_t *pool = NULL;
+    fy_kv_hasher_t *hasher = NULL;
+    fy_kvm_t *kvm = NULL;
     int32_t *ids = NULL, n_ids = 0;
     rc = 1;
     if (fy_model_load(o.model, &m) != FY_OK) goto out;
@@ -338,7 +339,11 @@ static int cmd_generate(int argc, char **argv)
     rpm.kv_dtype = o.kv_dtype;
     rpm.n_kv_blocks = (int32_t)((ctx + o.block_size - 1) / o.block_size);
     if (fy_runner_create(m, be, &rpm, &r) != FY_OK) goto out;
-    if (fy_kv_pool_create(rpm.n_kv_blocks, &pool) != FY_OK) goto out;
+    fy_kvm_params_t kp;
+    fy_runner_kvm_params(r, &kp);
+    if (fy_kv_hasher_create_random(&hasher) != FY_OK) goto out;
+    kp.hasher = hasher;
+    if (fy_kvm_create(&kp, &kvm) != FY_OK) goto out;
 
     char desc[512];
     fy_model_describe(m, desc, sizeof(desc));
@@ -347,7 +352,7 @@ static int cmd_generate(int argc, char **argv)
             o.block_size, rpm.n_kv_blocks);
 
     fy_gen_stats_t stats;
-    fy_status_t st = fy_generate(r, pool, fy_model_tokenizer(m), ids, n_ids, &o.gp, on_text, NULL, NULL, 0, &stats);
+    fy_status_t st = fy_generate(r, kvm, fy_model_tokenizer(m), ids, n_ids, &o.gp, on_text, NULL, NULL, 0, &stats);
     printf("\n");
     fflush(stdout);
     if (st != FY_OK) goto out;
@@ -360,7 +365,8 @@ static int cmd_generate(int argc, char **argv)
             stats.decode_s, fy_finish_reason_str(stats.finish), (unsigned long long)o.gp.sampling.seed);
     rc = 0;
 out:
-    fy_kv_pool_destroy(pool);
+    fy_kvm_destroy(kvm);
+    fy_kv_hasher_destroy(hasher);
     fy_runner_destroy(r);
     fy_backend_destroy(be);
     fy_model_destroy(m);

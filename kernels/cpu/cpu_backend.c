@@ -201,7 +201,7 @@ static void cpu_release_tensor(void *p, fy_tensor_t *t)
 }
 
 static fy_status_t cpu_copy_blocks(void *p, const fy_kv_layout_t *lay, void *dst_arena, const void *src_arena,
-                                   const int32_t *dst, const int32_t *src, int32_t n)
+                                   const int32_t *dst, const int32_t *src, int32_t n, fy_copy_kind_t kind)
 {
     for (int32_t i = 0; i < n; i++)
         memcpy((char *)dst_arena + (size_t)dst[i] * lay->block_bytes,
@@ -711,6 +711,8 @@ static const fy_backend_ops_t g_cpu_ops = {
     .reserve = cpu_reserve,
     .alloc = cpu_alloc,
     .free = cpu_free,
+    .alloc_host = cpu_alloc, /* device memory is host memory */
+    .free_host = cpu_free,
     .memcpy = cpu_memcpy,
     .upload = cpu_upload,
     .release_tensor = cpu_release_tensor,

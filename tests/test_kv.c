@@ -1,0 +1,581 @@
+/*
+ * test_kv.c - the KV block manager.
+ *
+ * The manager runs over real byte arenas (device and host tiers are host
+ * memory here, the disk tier a file) with a memcpy copy callback, and the
+ * tests write into every token slot a value that depends on the tenant,
+ * the token and its position.  Every sequence must always read back the
+ * values of its own tokens: that catches a block handed to two owners, a
+ * copy-on-write that modified a block another sequence reads, a prefix hit
+ * from another tenant, and a demotion or promotion that lost bytes.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv.h"
+#include "mem.h"
+#include "testutil.h"
+
+typedef struct arenas {
+    fy_kv_layout_t lay;
+    char *dev, *host;
+    int copies;
+} arenas_t;
+
+static fy_status_t copy_cb(void *arg, fy_kv_tier_t dt, const int32_t *dst, fy_kv_tier_t st, const int32_t *src,
+                           int32_t n)
+{
+    arenas_t *a = arg;
+    char *da = dt == FY_KV_DEVICE ? a->dev : a->host, *sa = st == FY_KV_DEVICE ? a->dev : a->host;
+    for (int32_t i = 0; i < n; i++)
+        memcpy(da + (size_t)dst[i] * a->lay.block_bytes, sa + (size_t)src[i] * a->lay.block_bytes, a->lay.block_bytes);
+    a->copies += n;
+    return FY_OK;
+}
+
+typedef struct fixture {
+    arenas_t ar;
+    fy_kv_hasher_t *hasher;
+    fy_kvm_t *m;
+    fy_kv_ns_t ns[3]; /* tenants */
+} fixture_t;
+
+static void fixture_open(fixture_t *f, int dev, int host, int disk_blocks, int bs)
+{
+    memset(f, 0, sizeof(*f));
+    /* one layer, one head of 4 floats: 16 bytes a token, enough for a tag */
+    assert_int_equal(fy_kv_layout_init(&f->ar.lay, 1, 1, 4, bs, FY_DTYPE_F32), FY_OK);
+    f->ar.dev = calloc((size_t)dev, f->ar.lay.block_bytes);
+    f->ar.host = host ? calloc((size_t)host, f->ar.lay.block_bytes) : NULL;
+    const uint8_t secret[32] = "test secret, thirty-two bytes!!";
+    assert_int_equal(fy_kv_hasher_create(secret, sizeof(secret), &f->hasher), FY_OK);
+    const char *tenants[3] = {"alice", "bob", "carol"};
+    for (int i = 0; i < 3; i++) fy_kv_ns_make(f->hasher, tenants[i], "tiny", &f->ar.lay, NULL, &f->ns[i]);
+    fy_kvm_params_t p = {
+        .layout = f->ar.lay,
+        .n_device_blocks = dev,
+        .n_host_blocks = host,
+        .host_arena = f->ar.host,
+        .disk_dir = disk_blocks ? fy_test_path("kvdisk") : NULL,
+        .disk_bytes = (int64_t)disk_blocks * (int64_t)f->ar.lay.block_bytes,
+        .copy = copy_cb,
+        .copy_arg = &f->ar,
+        .hasher = f->hasher,
+        .prefix_caching = true,
+        .watermark = 0.0f,
+    };
+    assert_int_equal(fy_kvm_create(&p, &f->m), FY_OK);
+}
+
+static void fixture_close(fixture_t *f)
+{
+    fy_kvm_destroy(f->m);
+    fy_kv_hasher_destroy(f->hasher);
+    free(f->ar.dev);
+    free(f->ar.host);
+}
+
+/* The value a token slot holds: tenant, token and position. */
+static uint32_t tag(int tenant, int32_t token, int32_t pos) { return (uint32_t)tenant * 1000003u ^ (uint32_t)token * 7919u ^ (uint32_t)pos * 104729u ^ 0x5bd1e995u; }
+
+static uint32_t *slot_ptr(fixture_t *f, fy_kv_tier_t tier, const fy_block_table_t *bt, int32_t pos)
+{
+    char *arena = tier == FY_KV_DEVICE ? f->ar.dev : f->ar.host;
+    int32_t b = bt->blocks[pos / bt->block_size];
+    return (uint32_t *)(arena + fy_kv_offset(&f->ar.lay, b, 0, 0, 0) + (size_t)(pos % bt->block_size) * 16);
+}
+
+typedef struct seq {
+    bool live;
+    int tenant;
+    fy_block_table_t bt;
+    int32_t tokens[600];
+    int32_t n; /* tokens written (== bt.n_tokens) */
+} seq_t;
+
+/* Writes the tags of tokens [from, to) into the sequence's blocks, as a
+ * forward pass writes K/V, and commits them. */
+static void write_tokens(fixture_t *f, seq_t *s, int32_t to)
+{
+    for (int32_t p = s->bt.n_tokens; p < to; p++) *slot_ptr(f, FY_KV_DEVICE, &s->bt, p) = tag(s->tenant, s->tokens[p], p);
+    fy_kvm_seq_commit(f->m, &s->bt, s->tokens, to);
+    s->n = to;
+}
+
+static void verify(fixture_t *f, const seq_t *s)
+{
+    for (int32_t p = 0; p < s->n; p++) {
+        uint32_t got = *slot_ptr(f, s->bt.tier, &s->bt, p), want = tag(s->tenant, s->tokens[p], p);
+        if (got != want)
+            fail_msg("tenant %d sequence reads %08x at position %d (block %d, %s tier), wants %08x", s->tenant, got, p,
+                     s->bt.blocks[p / s->bt.block_size], fy_kv_tier_name(s->bt.tier), want);
+    }
+}
+
+/* Refcounts equal the references the live tables hold; the scan agrees. */
+static void check_books(fixture_t *f, seq_t *seqs, int n_seqs)
+{
+    assert_int_equal(fy_kvm_check(f->m), FY_OK);
+    fy_kvm_stats_t st;
+    fy_kvm_stats(f->m, &st);
+    for (int t = 0; t < 2; t++) {
+        int32_t total = st.tier[t].total;
+        int32_t *refs = calloc((size_t)(total ? total : 1), sizeof(int32_t));
+        for (int i = 0; i < n_seqs; i++) {
+            if (!seqs[i].live || seqs[i].bt.tier != (fy_kv_tier_t)t) continue;
+            for (int32_t b = 0; b < seqs[i].bt.n_blocks; b++) refs[seqs[i].bt.blocks[b]]++;
+        }
+        for (int32_t b = 0; b < total; b++)
+            if (refs[b] != fy_kvm_refcount(f->m, (fy_kv_tier_t)t, b))
+                fail_msg("%s block %d: %d table references, refcount %d", fy_kv_tier_name((fy_kv_tier_t)t), b, refs[b],
+                         fy_kvm_refcount(f->m, (fy_kv_tier_t)t, b));
+        free(refs);
+    }
+}
+
+/* ---- randomized operations ---------------------------------------------------------------- */
+
+enum { N_SEQS = 24, MAX_TOK = 600 };
+
+static void new_tokens(uint64_t *rng, seq_t *s)
+{
+    /* a few shared families of prefixes so that lookups hit */
+    int family = (int)(fy_test_rand_u64(rng) % 4);
+    int32_t shared = (int32_t)(fy_test_rand_u64(rng) % 120);
+    int32_t extra = 1 + (int32_t)(fy_test_rand_u64(rng) % 100);
+    for (int32_t i = 0; i < shared; i++) s->tokens[i] = family * 1000 + i;
+    for (int32_t i = shared; i < shared + extra; i++) s->tokens[i] = (int32_t)(fy_test_rand_u64(rng) % 50000);
+    s->n = shared + extra;
+}
+
+static void test_random_operations(void **state)
+{
+    fixture_t f;
+    fixture_open(&f, 96, 48, 32, 16);
+    seq_t *seqs = calloc(N_SEQS, sizeof(seq_t));
+    uint64_t rng = 20261121;
+    long ops = 0, hits = 0, cows = 0, swaps = 0, no_space = 0;
+    for (; ops < 120000; ops++) {
+        int i = (int)(fy_test_rand_u64(&rng) % N_SEQS);
+        seq_t *s = &seqs[i];
+        int op = (int)(fy_test_rand_u64(&rng) % 100);
+        if (!s->live) {
+            /* a new sequence: prefix lookup, then prefill the rest */
+            s->tenant = (int)(fy_test_rand_u64(&rng) % 3);
+            assert_int_equal(fy_kvm_seq_init(f.m, &s->bt, MAX_TOK, &f.ns[s->tenant]), FY_OK);
+            new_tokens(&rng, s);
+            int32_t want = s->n, hit;
+            assert_int_equal(fy_kvm_seq_lookup(f.m, &s->bt, s->tokens, want, &hit), FY_OK);
+            assert_true(hit < want && hit % 16 == 0);
+            hits += hit > 0;
+            s->n = hit;
+            s->live = true;
+            verify(&f, s); /* the cached prefix holds this tenant's values */
+            fy_status_t st = fy_kvm_seq_reserve(f.m, &s->bt, want, NULL);
+            if (st == FY_OK) {
+                write_tokens(&f, s, want);
+            } else {
+                assert_int_equal(st, FY_ERR_NO_SPACE);
+                no_space++;
+            }
+        } else if (s->bt.tier == FY_KV_HOST) {
+            if (op < 50) {
+                fy_status_t st = fy_kvm_seq_swap_in(f.m, &s->bt, NULL);
+                assert_true(st == FY_OK || st == FY_ERR_NO_SPACE);
+            } else {
+                fy_kvm_seq_release(f.m, &s->bt);
+                fy_kvm_seq_deinit(&s->bt);
+                s->live = false;
+            }
+        } else if (op < 30) {
+            /* decode a few tokens (copy-on-write if the last block is shared) */
+            int32_t k = 1 + (int32_t)(fy_test_rand_u64(&rng) % 20);
+            if (s->n + k <= MAX_TOK) {
+                for (int32_t p = s->n; p < s->n + k; p++) s->tokens[p] = (int32_t)(fy_test_rand_u64(&rng) % 50000);
+                fy_status_t st = fy_kvm_seq_reserve(f.m, &s->bt, s->n + k, NULL);
+                if (st == FY_OK)
+                    write_tokens(&f, s, s->n + k);
+                else
+                    no_space++;
+            }
+        } else if (op < 42) {
+            /* fork into a free slot */
+            int j = (int)(fy_test_rand_u64(&rng) % N_SEQS);
+            seq_t *d = &seqs[j];
+            if (!d->live) {
+                assert_int_equal(fy_kvm_seq_init(f.m, &d->bt, MAX_TOK, &f.ns[s->tenant]), FY_OK);
+                assert_int_equal(fy_kvm_seq_fork(f.m, &s->bt, &d->bt), FY_OK);
+                d->tenant = s->tenant;
+                d->n = s->n;
+                memcpy(d->tokens, s->tokens, sizeof(int32_t) * (size_t)s->n);
+                d->live = true;
+                cows++;
+            }
+        } else if (op < 54) {
+            /* roll back speculative tokens */
+            int32_t keep = s->n - (int32_t)(fy_test_rand_u64(&rng) % 8);
+            if (keep < 0) keep = 0;
+            fy_kvm_seq_truncate(f.m, &s->bt, keep);
+            s->n = keep;
+        } else if (op < 62) {
+            fy_status_t st = fy_kvm_seq_swap_out(f.m, &s->bt);
+            assert_true(st == FY_OK || st == FY_ERR_NO_SPACE);
+            swaps += st == FY_OK;
+        } else if (op < 80) {
+            fy_kvm_seq_release(f.m, &s->bt);
+            fy_kvm_seq_deinit(&s->bt);
+            s->live = false;
+        }
+        check_books(&f, seqs, N_SEQS);
+        for (int k = 0; k < N_SEQS; k++)
+            if (seqs[k].live) verify(&f, &seqs[k]);
+    }
+    fy_kvm_stats_t st;
+    fy_kvm_stats(f.m, &st);
+    fprintf(stderr,
+            "%ld operations: %ld lookups hit, %ld forks, %ld swaps, %ld out of space; %llu cow copies, %llu "
+            "demotions, %llu promotions, hits by tier %llu/%llu/%llu\n",
+            ops, hits, cows, swaps, no_space, (unsigned long long)st.cow_copies, (unsigned long long)st.demotions,
+            (unsigned long long)st.promotions, (unsigned long long)st.tier[0].hits, (unsigned long long)st.tier[1].hits,
+            (unsigned long long)st.tier[2].hits);
+    /* every path was exercised */
+    assert_true(hits > 100 && cows > 100 && swaps > 100 && st.cow_copies > 50 && st.demotions > 100 &&
+                st.promotions > 10 && st.tier[FY_KV_HOST].hits > 0 && st.tier[FY_KV_DISK].hits > 0);
+    for (int k = 0; k < N_SEQS; k++) {
+        if (!seqs[k].live) continue;
+        fy_kvm_seq_release(f.m, &seqs[k].bt);
+        fy_kvm_seq_deinit(&seqs[k].bt);
+    }
+    fy_kvm_stats(f.m, &st);
+    assert_int_equal(st.tier[FY_KV_DEVICE].used, 0); /* nothing leaked */
+    assert_int_equal(st.tier[FY_KV_HOST].used, 0);
+    assert_int_equal(st.tier[FY_KV_DEVICE].free + st.tier[FY_KV_DEVICE].cached, st.tier[FY_KV_DEVICE].total);
+    assert_int_equal(fy_kvm_check(f.m), FY_OK);
+    free(seqs);
+    fixture_close(&f);
+}
+
+/* ---- focused tests ---------------------------------------------------------------------------- */
+
+static void prefill(fixture_t *f, seq_t *s, int tenant, const int32_t *tokens, int32_t n, int32_t *hit_p)
+{
+    s->tenant = tenant;
+    assert_int_equal(fy_kvm_seq_init(f->m, &s->bt, MAX_TOK, &f->ns[tenant]), FY_OK);
+    memcpy(s->tokens, tokens, sizeof(int32_t) * (size_t)n);
+    assert_int_equal(fy_kvm_seq_lookup(f->m, &s->bt, tokens, n, hit_p), FY_OK);
+    s->n = s->bt.n_tokens;
+    s->live = true;
+    verify(f, s);
+    assert_int_equal(fy_kvm_seq_reserve(f->m, &s->bt, n, NULL), FY_OK);
+    write_tokens(f, s, n);
+}
+
+static void drop(fixture_t *f, seq_t *s)
+{
+    fy_kvm_seq_release(f->m, &s->bt);
+    fy_kvm_seq_deinit(&s->bt);
+    s->live = false;
+}
+
+static void test_tenant_isolation(void **state)
+{
+    fixture_t f;
+    fixture_open(&f, 64, 0, 0, 16);
+    int32_t prompt[100];
+    for (int i = 0; i < 100; i++) prompt[i] = 500 + i;
+    seq_t a = {0}, b = {0};
+    int32_t hit;
+    prefill(&f, &a, 0, prompt, 100, &hit);
+    assert_int_equal(hit, 0);
+    drop(&f, &a);
+    prefill(&f, &b, 1, prompt, 100, &hit); /* same tokens, another tenant */
+    assert_int_equal(hit, 0);
+    drop(&f, &b);
+    prefill(&f, &a, 0, prompt, 100, &hit); /* the first tenant still hits */
+    assert_int_equal(hit, 96);
+    drop(&f, &a);
+    prefill(&f, &b, 1, prompt, 100, &hit);
+    assert_int_equal(hit, 96);
+    drop(&f, &b);
+    /* the namespace fields are length-prefixed: "ab"+"c" is not "a"+"bc" */
+    fy_kv_ns_t x, y;
+    fy_kv_ns_make(f.hasher, "ab", "c", &f.ar.lay, NULL, &x);
+    fy_kv_ns_make(f.hasher, "a", "bc", &f.ar.lay, NULL, &y);
+    assert_memory_not_equal(&x, &y, sizeof(x));
+    fy_kv_ns_make(f.hasher, "a", "bc", &f.ar.lay, "", &x); /* "" adapter is not no adapter */
+    assert_memory_not_equal(&x, &y, sizeof(x));
+    fy_kv_layout_t lay16 = f.ar.lay;
+    lay16.dtype = FY_DTYPE_F16;
+    fy_kv_ns_make(f.hasher, "a", "bc", &lay16, NULL, &x); /* the dtype is in the name */
+    assert_memory_not_equal(&x, &y, sizeof(x));
+    /* another deployment secret names blocks differently */
+    fy_kv_hasher_t *other;
+    const uint8_t secret2[32] = "another secret, 32 bytes long!!";
+    assert_int_equal(fy_kv_hasher_create(secret2, sizeof(secret2), &other), FY_OK);
+    fy_kv_ns_make(other, "a", "bc", &f.ar.lay, NULL, &x);
+    assert_memory_not_equal(&x, &y, sizeof(x));
+    fy_kv_hasher_destroy(other);
+    fixture_close(&f);
+}
+
+static void test_lru_order(void **state)
+{
+    fixture_t f;
+    fixture_open(&f, 9, 0, 0, 16);
+    /* four prompts of 2 full blocks + 1 token each, released in order */
+    seq_t s = {0};
+    int32_t p[4][33], hit;
+    for (int k = 0; k < 4; k++) {
+        for (int i = 0; i < 33; i++) p[k][i] = k * 100 + i;
+        prefill(&f, &s, 0, p[k], 33, &hit);
+        drop(&f, &s);
+    }
+    /* each prompt left 2 named blocks cached (8 of 9 blocks); touching
+     * prompt 0 makes it the most recently used */
+    prefill(&f, &s, 0, p[0], 33, &hit);
+    assert_int_equal(hit, 32);
+    drop(&f, &s);
+    /* taking 5 blocks (one free) evicts the two least recently used
+     * prompts: 1 and 2 */
+    seq_t big = {0};
+    int32_t fresh[80];
+    for (int i = 0; i < 80; i++) fresh[i] = 9000 + i;
+    big.tenant = 0;
+    assert_int_equal(fy_kvm_seq_init(f.m, &big.bt, MAX_TOK, &f.ns[0]), FY_OK);
+    assert_int_equal(fy_kvm_seq_reserve(f.m, &big.bt, 80, NULL), FY_OK);
+    memcpy(big.tokens, fresh, sizeof(fresh));
+    write_tokens(&f, &big, 79); /* 4 full blocks named, the last one partial */
+    int want[4] = {32, 0, 0, 32};
+    for (int k = 0; k < 4; k++) {
+        seq_t t = {0};
+        t.tenant = 0;
+        assert_int_equal(fy_kvm_seq_init(f.m, &t.bt, MAX_TOK, &f.ns[0]), FY_OK);
+        assert_int_equal(fy_kvm_seq_lookup(f.m, &t.bt, p[k], 33, &hit), FY_OK);
+        if (hit != want[k]) fail_msg("prompt %d: %d tokens cached, expected %d", k, hit, want[k]);
+        drop(&f, &t);
+    }
+    drop(&f, &big);
+    /* later blocks of a sequence are evicted before its first ones */
+    fixture_close(&f);
+    fixture_open(&f, 5, 0, 0, 16);
+    int32_t q[65];
+    for (int i = 0; i < 65; i++) q[i] = i;
+    prefill(&f, &s, 0, q, 65, &hit);
+    drop(&f, &s);
+    assert_int_equal(fy_kvm_seq_init(f.m, &big.bt, MAX_TOK, &f.ns[0]), FY_OK);
+    assert_int_equal(fy_kvm_seq_reserve(f.m, &big.bt, 48, NULL), FY_OK); /* 1 free + evicts 2 */
+    seq_t t = {0};
+    t.tenant = 0;
+    assert_int_equal(fy_kvm_seq_init(f.m, &t.bt, MAX_TOK, &f.ns[0]), FY_OK);
+    assert_int_equal(fy_kvm_seq_lookup(f.m, &t.bt, q, 65, &hit), FY_OK);
+    assert_int_equal(hit, 32); /* blocks 0 and 1 survived; 2 and 3 went */
+    drop(&f, &t);
+    fy_kvm_seq_release(f.m, &big.bt);
+    fy_kvm_seq_deinit(&big.bt);
+    fixture_close(&f);
+}
+
+static void test_copy_on_write(void **state)
+{
+    fixture_t f;
+    fixture_open(&f, 16, 0, 0, 16);
+    seq_t a = {0}, b = {0};
+    int32_t prompt[20], hit;
+    for (int i = 0; i < 20; i++) prompt[i] = i + 1;
+    prefill(&f, &a, 0, prompt, 20, &hit);
+    assert_int_equal(fy_kvm_seq_init(f.m, &b.bt, MAX_TOK, &f.ns[0]), FY_OK);
+    assert_int_equal(fy_kvm_seq_fork(f.m, &a.bt, &b.bt), FY_OK);
+    b.tenant = 0, b.n = 20, b.live = true;
+    memcpy(b.tokens, prompt, sizeof(prompt));
+    assert_int_equal(fy_kvm_refcount(f.m, FY_KV_DEVICE, a.bt.blocks[1]), 2);
+    /* b writes its next token: the shared partial block is copied first */
+    b.tokens[20] = 777;
+    assert_int_equal(fy_kvm_seq_reserve(f.m, &b.bt, 21, NULL), FY_OK);
+    assert_int_not_equal(b.bt.blocks[1], a.bt.blocks[1]);
+    assert_int_equal(b.bt.blocks[0], a.bt.blocks[0]); /* the full block stays shared */
+    write_tokens(&f, &b, 21);
+    a.tokens[20] = 888;
+    assert_int_equal(fy_kvm_seq_reserve(f.m, &a.bt, 21, NULL), FY_OK);
+    assert_int_equal(fy_kvm_refcount(f.m, FY_KV_DEVICE, a.bt.blocks[1]), 1); /* a's now alone: no copy */
+    write_tokens(&f, &a, 21);
+    verify(&f, &a);
+    verify(&f, &b);
+    fy_kvm_stats_t st;
+    fy_kvm_stats(f.m, &st);
+    assert_int_equal(st.cow_copies, 1);
+    /* truncating into a named full block and writing again copies it too,
+     * so the cached name keeps its contents */
+    fy_kvm_seq_truncate(f.m, &a.bt, 10);
+    a.n = 10;
+    a.tokens[10] = 999;
+    int32_t named = a.bt.blocks[0];
+    assert_int_equal(fy_kvm_seq_reserve(f.m, &a.bt, 11, NULL), FY_OK);
+    assert_int_not_equal(a.bt.blocks[0], named);
+    write_tokens(&f, &a, 11);
+    verify(&f, &a);
+    verify(&f, &b);
+    drop(&f, &a);
+    drop(&f, &b);
+    assert_int_equal(fy_kvm_check(f.m), FY_OK);
+    fixture_close(&f);
+}
+
+static void test_tiers(void **state)
+{
+    fixture_t f;
+    /* 4 device blocks, 4 host blocks, 8 disk blocks */
+    fixture_open(&f, 4, 4, 8, 16);
+    seq_t s = {0};
+    int32_t p[6][33], hit;
+    for (int k = 0; k < 6; k++) {
+        for (int i = 0; i < 33; i++) p[k][i] = 100 * k + i;
+        prefill(&f, &s, 0, p[k], 33, &hit); /* 2 named blocks each, pushing older ones down */
+        drop(&f, &s);
+    }
+    fy_kvm_stats_t st;
+    fy_kvm_stats(f.m, &st);
+    assert_true(st.demotions >= 8);
+    assert_true(st.tier[FY_KV_DISK].cached >= 2);
+    /* the oldest prompt is on disk now: a hit brings it back intact */
+    prefill(&f, &s, 0, p[0], 33, &hit);
+    assert_int_equal(hit, 32);
+    verify(&f, &s);
+    drop(&f, &s);
+    fy_kvm_stats(f.m, &st);
+    assert_true(st.tier[FY_KV_DISK].hits >= 2);
+    assert_true(st.promotions >= 2);
+    /* swap a sequence out and back, sharing what is still named on the device */
+    prefill(&f, &s, 1, p[5], 33, &hit);
+    assert_int_equal(fy_kvm_seq_swap_out(f.m, &s.bt), FY_OK);
+    assert_int_equal(s.bt.tier, FY_KV_HOST);
+    verify(&f, &s);
+    assert_int_equal(fy_kvm_seq_reserve(f.m, &s.bt, 40, NULL), FY_ERR_INVALID); /* not while swapped out */
+    assert_int_equal(fy_kvm_seq_swap_in(f.m, &s.bt, NULL), FY_OK);
+    verify(&f, &s);
+    drop(&f, &s);
+    assert_int_equal(fy_kvm_check(f.m), FY_OK);
+    fixture_close(&f);
+    /* no host tier: swapping is refused, not faked */
+    fixture_open(&f, 4, 0, 0, 16);
+    prefill(&f, &s, 0, p[0], 33, &hit);
+    assert_int_equal(fy_kvm_seq_swap_out(f.m, &s.bt), FY_ERR_UNSUPPORTED);
+    drop(&f, &s);
+    fixture_close(&f);
+}
+
+static void test_admission(void **state)
+{
+    fixture_t f;
+    fixture_open(&f, 20, 0, 0, 16);
+    assert_int_equal(fy_kvm_blocks_for(f.m, 100, 60, 0), 10);
+    assert_int_equal(fy_kvm_blocks_for(f.m, 100, 60, 32), 8);
+    fy_kv_resv_t r1 = {0}, r2 = {0}, r3 = {0};
+    assert_int_equal(fy_kvm_admit(f.m, 12, &r1), FY_OK);
+    assert_int_equal(fy_kvm_admit(f.m, 9, &r2), FY_ERR_NO_SPACE); /* 8 left unpromised */
+    assert_int_equal(fy_kvm_admit(f.m, 8, &r2), FY_OK);
+    /* an unpromised allocation cannot dip into promises */
+    seq_t s = {0};
+    s.tenant = 0;
+    assert_int_equal(fy_kvm_seq_init(f.m, &s.bt, MAX_TOK, &f.ns[0]), FY_OK);
+    assert_int_equal(fy_kvm_seq_reserve(f.m, &s.bt, 16, NULL), FY_ERR_NO_SPACE);
+    /* the promised request can take all of its blocks */
+    assert_int_equal(fy_kvm_seq_reserve(f.m, &s.bt, 12 * 16, &r1), FY_OK);
+    assert_int_equal(r1.blocks, 0);
+    fy_kvm_stats_t st;
+    fy_kvm_stats(f.m, &st);
+    assert_int_equal(st.promised, 8);
+    fy_kvm_resv_release(f.m, &r2);
+    assert_int_equal(fy_kvm_admit(f.m, 8, &r3), FY_OK);
+    fy_kvm_resv_release(f.m, &r3);
+    fy_kvm_seq_release(f.m, &s.bt);
+    fy_kvm_seq_deinit(&s.bt);
+    fy_kvm_resv_release(f.m, &r1);
+    fy_kvm_stats(f.m, &st);
+    assert_int_equal(st.promised, 0);
+    fixture_close(&f);
+}
+
+static void test_waste_and_stats(void **state)
+{
+    fixture_t f;
+    fixture_open(&f, 16, 0, 0, 16);
+    seq_t s = {0};
+    int32_t p[40], hit;
+    for (int i = 0; i < 40; i++) p[i] = i;
+    prefill(&f, &s, 0, p, 40, &hit); /* 3 blocks, 48 slots, 40 filled */
+    fy_kvm_stats_t st;
+    fy_kvm_stats(f.m, &st);
+    assert_int_equal(st.tier[FY_KV_DEVICE].used, 3);
+    assert_float_equal(st.usage, 3.0 / 16, 1e-9);
+    assert_float_equal(st.waste, 8.0 / 48, 1e-9);
+    assert_int_equal(st.queries, 1);
+    assert_int_equal(st.query_tokens, 40);
+    drop(&f, &s);
+    prefill(&f, &s, 0, p, 40, &hit);
+    fy_kvm_stats(f.m, &st);
+    assert_int_equal(st.hit_blocks, 2);
+    assert_int_equal(st.hit_tokens, 32);
+    assert_int_equal(st.tier[FY_KV_DEVICE].hits, 2);
+    drop(&f, &s);
+    fixture_close(&f);
+}
+
+static void test_bad_params(void **state)
+{
+    fixture_t f;
+    fixture_open(&f, 4, 0, 0, 16);
+    fy_kvm_params_t p = {.layout = f.ar.lay, .n_device_blocks = 4, .copy = copy_cb, .hasher = f.hasher};
+    fy_kvm_t *m;
+    fy_test_log_begin();
+    p.n_device_blocks = 0;
+    assert_int_equal(fy_kvm_create(&p, &m), FY_ERR_INVALID);
+    p.n_device_blocks = 4;
+    p.disk_dir = "/tmp";
+    p.disk_bytes = 1 << 20; /* a disk tier without a host tier */
+    assert_int_equal(fy_kvm_create(&p, &m), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("disk tier needs a host tier", NULL));
+    p.disk_dir = NULL;
+    p.watermark = 1.5f;
+    assert_int_equal(fy_kvm_create(&p, &m), FY_ERR_INVALID);
+    fy_kv_hasher_t *h;
+    assert_int_equal(fy_kv_hasher_create((const uint8_t *)"short", 5, &h), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("secret must be 16", NULL));
+    char buf[64];
+    fy_kv_layout_t lay;
+    assert_int_equal(fy_kv_layout_init(&lay, 1, 1, 4, 12, FY_DTYPE_F32), FY_ERR_INVALID);
+    (void)buf;
+    fy_test_log_end();
+    /* allocation failure at every step of creation unwinds */
+    p.watermark = 0;
+    for (int n = 1; n < 100; n++) {
+        fy_mem_fail_after(n);
+        fy_test_log_begin();
+        fy_status_t st = fy_kvm_create(&p, &m);
+        fy_test_log_end();
+        fy_mem_fail_after(0);
+        if (st == FY_OK) {
+            fy_kvm_destroy(m);
+            break;
+        }
+        assert_int_equal(st, FY_ERR_NOMEM);
+    }
+    fixture_close(&f);
+}
+
+static int teardown(void **state)
+{
+    fy_test_tmpdir_remove();
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tenant_isolation),  cmocka_unit_test(test_lru_order),
+        cmocka_unit_test(test_copy_on_write),     cmocka_unit_test(test_tiers),
+        cmocka_unit_test(test_admission),         cmocka_unit_test(test_waste_and_stats),
+        cmocka_unit_test(test_bad_params),        cmocka_unit_test(test_random_operations),
+    };
+    return cmocka_run_group_tests(tests, NULL, teardown);
+}
