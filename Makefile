@@ -145,6 +145,7 @@ ubsan:
 # ---- benchmarks ---------------------------------------------------------------
 bench: $(TOOL_BIN) $(MODEL_FILE)
 	$(Q)$(BINDIR)/ferry bench -m $(MODEL_FILE)
+	$(Q)$(BINDIR)/ferry bench-kv
 
 # ---- set-up -------------------------------------------------------------------
 DEBS := build-essential pkg-config python3 python3-pip ca-certificates \

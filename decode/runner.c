@@ -49,6 +49,7 @@ void fy_runner_params_default(fy_runner_params_t *p)
         .max_logits = 64,
         .max_ctx = 0,
         .n_kv_blocks = 0,
+        .kv_mem_fraction = 0.9,
         .block_size = 16,
         .kv_dtype = FY_DTYPE_F16,
     };
@@ -124,7 +125,8 @@ fy_status_t fy_runner_create(const fy_model_t *model, fy_backend_t *be, const fy
     if (p.max_ctx <= 0 || p.max_ctx > c->max_ctx) p.max_ctx = c->max_ctx;
     if (p.max_batch_tokens < 1 || p.max_batch_tokens > (1 << 20) || p.max_seqs < 1 ||
         p.max_seqs > p.max_batch_tokens || p.max_logits < 1 || p.max_logits > p.max_batch_tokens ||
-        p.n_kv_blocks < 1 || p.n_host_blocks < 0) {
+        p.n_kv_blocks < 0 || p.n_host_blocks < 0 || p.kv_mem < 0 ||
+        (p.n_kv_blocks == 0 && p.kv_mem == 0 && !(p.kv_mem_fraction > 0 && p.kv_mem_fraction <= 1))) {
         fy_error("runner: bad parameters (batch %d tokens, %d sequences, %d logit rows, %d kv blocks)",
                  p.max_batch_tokens, p.max_seqs, p.max_logits, p.n_kv_blocks);
         return FY_ERR_INVALID;
@@ -141,6 +143,25 @@ fy_status_t fy_runner_create(const fy_model_t *model, fy_backend_t *be, const fy
     fy_status_t st = fy_kv_layout_init(&r->kv, c->n_layers, c->n_kv_heads, c->head_dim, p.block_size, p.kv_dtype);
     if (st != FY_OK) goto fail;
 
+    if ((st = upload_weights(r))) goto fail;
+    if (p.n_kv_blocks == 0) {
+        /* sized from a byte budget, or from what the weights left free */
+        int64_t budget = p.kv_mem, total, avail;
+        if (!budget) {
+            if ((st = fy_backend_mem_info(be, &total, &avail))) goto fail;
+            budget = (int64_t)((double)avail * p.kv_mem_fraction);
+        }
+        int64_t blocks = budget / (int64_t)r->kv.block_bytes;
+        if (blocks < 1) {
+            fy_error("runner: a kv budget of %lld bytes holds no %zu-byte block", (long long)budget,
+                     r->kv.block_bytes);
+            st = FY_ERR_NO_SPACE;
+            goto fail;
+        }
+        r->p.n_kv_blocks = p.n_kv_blocks = blocks > INT32_MAX / 2 ? INT32_MAX / 2 : (int32_t)blocks;
+        fy_info("runner: kv arena of %d blocks (%lld MiB) from a budget of %lld MiB", p.n_kv_blocks,
+                (long long)((int64_t)p.n_kv_blocks * (int64_t)r->kv.block_bytes >> 20), (long long)(budget >> 20));
+    }
     size_t arena_bytes;
     if (!fy_mul_size((size_t)p.n_kv_blocks, r->kv.block_bytes, &arena_bytes)) {
         fy_error("runner: kv arena of %d blocks overflows", p.n_kv_blocks);
@@ -157,7 +178,6 @@ fy_status_t fy_runner_create(const fy_model_t *model, fy_backend_t *be, const fy
         }
         if ((st = fy_backend_alloc_host(be, host_bytes, &r->host_arena))) goto fail;
     }
-    if ((st = upload_weights(r))) goto fail;
 
     size_t T = (size_t)p.max_batch_tokens, L = (size_t)p.max_logits;
     size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;

@@ -28,14 +28,16 @@ typedef struct fy_runner_params {
     int32_t max_seqs;         /* sequences per forward */
     int32_t max_logits;       /* logit rows per forward */
     int32_t max_ctx;          /* longest sequence; 0: the model's trained context */
-    int32_t n_kv_blocks;      /* blocks in the device KV arena */
+    int32_t n_kv_blocks;      /* blocks in the device KV arena; 0: from kv_mem or kv_mem_fraction */
+    int64_t kv_mem;           /* device KV budget in bytes, when n_kv_blocks is 0 */
+    double kv_mem_fraction;   /* else this share of the device memory free after the weights */
     int32_t n_host_blocks;    /* blocks in the host tier (0: none) */
     int32_t block_size;       /* tokens per block: 8, 16, 32 */
     fy_dtype_t kv_dtype;      /* f32 or f16 */
 } fy_runner_params_t;
 
-/* Sensible defaults: 512-token batches, 64 sequences, f16 KV in 16-token
- * blocks, enough blocks for max_seqs... callers set n_kv_blocks. */
+/* Defaults: 512-token batches, 64 sequences, f16 KV in 16-token blocks,
+ * the arena 90% of the device memory left free after the weights. */
 void fy_runner_params_default(fy_runner_params_t *p);
 
 typedef struct fy_runner fy_runner_t;

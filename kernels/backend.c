@@ -101,6 +101,11 @@ void fy_backend_free(fy_backend_t *be, void *ptr)
     if (ptr) be->ops->free(be->ctx, ptr);
 }
 
+fy_status_t fy_backend_mem_info(fy_backend_t *be, int64_t *total_p, int64_t *free_p)
+{
+    return CALL(mem_info, total_p, free_p);
+}
+
 fy_status_t fy_backend_alloc_host(fy_backend_t *be, size_t bytes, void **ptr_p)
 {
     return CALL(alloc_host, bytes, ptr_p);

@@ -92,6 +92,9 @@ fy_status_t fy_backend_reserve(fy_backend_t *be, const fy_backend_reserve_t *r);
 /* ---- memory ---- */
 fy_status_t fy_backend_alloc(fy_backend_t *be, size_t bytes, void **ptr_p);
 void fy_backend_free(fy_backend_t *be, void *ptr); /* accepts NULL */
+/* Device memory in bytes: total and what is free now (for the CPU backend,
+ * system memory and what the kernel reports available). */
+fy_status_t fy_backend_mem_info(fy_backend_t *be, int64_t *total_p, int64_t *free_p);
 /* Host memory the backend copies to and from fastest (pinned beside a GPU):
  * the KV host tier and transfer staging buffers. */
 fy_status_t fy_backend_alloc_host(fy_backend_t *be, size_t bytes, void **ptr_p);

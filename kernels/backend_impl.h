@@ -14,6 +14,7 @@ typedef struct fy_backend_ops {
     fy_status_t (*reserve)(void *ctx, const fy_backend_reserve_t *r);
     fy_status_t (*alloc)(void *ctx, size_t bytes, void **ptr_p);
     void (*free)(void *ctx, void *ptr);
+    fy_status_t (*mem_info)(void *ctx, int64_t *total_p, int64_t *free_p);
     fy_status_t (*alloc_host)(void *ctx, size_t bytes, void **ptr_p);
     void (*free_host)(void *ctx, void *ptr);
     fy_status_t (*memcpy)(void *ctx, void *dst, const void *src, size_t bytes, fy_copy_kind_t kind);

@@ -413,6 +413,44 @@ static void test_load_reports_config(void **state)
     fy_tiny_free(&tm);
 }
 
+/* The KV arena sized from a byte budget, or from free device memory. */
+static void test_runner_kv_budget(void **state)
+{
+    fy_tiny_cfg_t c;
+    fy_tiny_cfg_default(&c);
+    fy_tiny_model_t tm;
+    fy_tiny_init(&tm, &c);
+    const char *path = fy_test_path("tiny-budget.gguf");
+    assert_true(fy_tiny_write_gguf(&tm, path, GW_F32));
+    fy_tiny_free(&tm);
+    fy_model_t *m;
+    assert_int_equal(fy_model_load(path, &m), FY_OK);
+    fy_backend_t *be;
+    assert_int_equal(fy_backend_create("cpu", NULL, &be), FY_OK);
+    fy_runner_params_t rp;
+    fy_runner_params_default(&rp);
+    rp.kv_dtype = FY_DTYPE_F32;
+    fy_kv_layout_t lay;
+    assert_int_equal(fy_kv_layout_init(&lay, c.n_layers, c.n_kv_heads, c.dim / c.n_heads, 16, FY_DTYPE_F32), FY_OK);
+    rp.kv_mem = (int64_t)lay.block_bytes * 10 + 5;
+    fy_runner_t *r;
+    fy_test_log_begin();
+    assert_int_equal(fy_runner_create(m, be, &rp, &r), FY_OK);
+    assert_int_equal(fy_runner_params(r)->n_kv_blocks, 10);
+    fy_runner_destroy(r);
+    rp.kv_mem = 0;
+    rp.kv_mem_fraction = 0.001; /* of what is free: some blocks, however small the machine */
+    assert_int_equal(fy_runner_create(m, be, &rp, &r), FY_OK);
+    assert_true(fy_runner_params(r)->n_kv_blocks > 10);
+    fy_runner_destroy(r);
+    rp.kv_mem = 100; /* less than a block */
+    assert_int_equal(fy_runner_create(m, be, &rp, &r), FY_ERR_NO_SPACE);
+    assert_true(fy_test_log_has("holds no", NULL));
+    fy_test_log_end();
+    fy_backend_destroy(be);
+    fy_model_destroy(m);
+}
+
 static int teardown(void **state)
 {
     fy_test_tmpdir_remove();
@@ -433,6 +471,7 @@ int main(void)
         cmocka_unit_test(test_batch_and_thread_invariance),
         cmocka_unit_test(test_isa_agreement),
         cmocka_unit_test(test_forward_rejects_bad_input),
+        cmocka_unit_test(test_runner_kv_budget),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
 }

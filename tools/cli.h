@@ -13,5 +13,7 @@ bool fy_cli_parse_u64(const char *opt, const char *s, uint64_t *out);
 char *fy_cli_read_file(const char *path);
 
 int fy_cmd_bench(int argc, char **argv);
+int fy_cmd_plan(int argc, char **argv);
+int fy_cmd_bench_kv(int argc, char **argv);
 
 #endif /* FY_CLI_H */

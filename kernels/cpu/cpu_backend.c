@@ -153,6 +153,29 @@ static fy_status_t cpu_alloc(void *p, size_t bytes, void **ptr_p)
 
 static void cpu_free(void *p, void *ptr) { fy_free(ptr); }
 
+static fy_status_t cpu_mem_info(void *p, int64_t *total_p, int64_t *free_p)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) {
+        fy_error("cpu backend: cannot read /proc/meminfo: %m");
+        return FY_ERR_IO;
+    }
+    long long total = -1, avail = -1, v;
+    char line[256];
+    while (fgets(line, sizeof(line), f)) {
+        if (sscanf(line, "MemTotal: %lld kB", &v) == 1) total = v;
+        if (sscanf(line, "MemAvailable: %lld kB", &v) == 1) avail = v;
+    }
+    fclose(f);
+    if (total < 0 || avail < 0) {
+        fy_error("cpu backend: /proc/meminfo has no MemTotal or MemAvailable");
+        return FY_ERR_IO;
+    }
+    *total_p = total * 1024;
+    *free_p = avail * 1024;
+    return FY_OK;
+}
+
 static fy_status_t cpu_memcpy(void *p, void *dst, const void *src, size_t bytes, fy_copy_kind_t kind)
 {
     memcpy(dst, src, bytes);
@@ -711,6 +734,7 @@ static const fy_backend_ops_t g_cpu_ops = {
     .reserve = cpu_reserve,
     .alloc = cpu_alloc,
     .free = cpu_free,
+    .mem_info = cpu_mem_info,
     .alloc_host = cpu_alloc, /* device memory is host memory */
     .free_host = cpu_free,
     .memcpy = cpu_memcpy,

@@ -1,0 +1,110 @@
+/* kvplan.c - KV capacity arithmetic and size parsing. */
+#include "kvplan.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+fy_status_t fy_parse_size(const char *what, const char *s, int64_t *bytes_p)
+{
+    if (!s || !*s) goto bad;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !isfinite(v) || v < 0 || isspace((unsigned char)*s)) goto bad;
+    static const struct {
+        const char *suffix;
+        double mult;
+    } units[] = {
+        {"", 1},      {"B", 1},       {"K", 1e3},        {"KB", 1e3},        {"M", 1e6},        {"MB", 1e6},
+        {"G", 1e9},   {"GB", 1e9},    {"T", 1e12},       {"TB", 1e12},       {"Ki", 1024.0},    {"KiB", 1024.0},
+        {"Mi", 1048576.0}, {"MiB", 1048576.0}, {"Gi", 1073741824.0}, {"GiB", 1073741824.0},
+        {"Ti", 1099511627776.0}, {"TiB", 1099511627776.0},
+    };
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+        if (strcmp(end, units[i].suffix)) continue;
+        double b = floor(v * units[i].mult); /* 1.5Ki = 1536; fractions of a byte round down */
+        if (b >= 9.2e18) goto bad;
+        *bytes_p = (int64_t)b;
+        return FY_OK;
+    }
+bad:
+    fy_error("%s: '%s' is not a size (examples: 4096, 512M, 50GiB)", what, s ? s : "");
+    return FY_ERR_INVALID;
+}
+
+void fy_format_size(int64_t bytes, char *buf, size_t cap)
+{
+    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024.0 && u < 4) v /= 1024.0, u++;
+    if (u == 0)
+        snprintf(buf, cap, "%lld B", (long long)bytes);
+    else
+        snprintf(buf, cap, "%.1f %s", v, units[u]);
+}
+
+fy_status_t fy_kv_dtype_bytes(const char *name, int32_t *bytes_p)
+{
+    static const struct {
+        const char *name;
+        int32_t bytes;
+    } t[] = {{"f32", 4}, {"f16", 2}, {"bf16", 2}, {"fp8", 1}, {"int8", 1}};
+    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+        if (!strcmp(name, t[i].name)) {
+            *bytes_p = t[i].bytes;
+            return FY_OK;
+        }
+    }
+    fy_error("kv dtype '%s' is not one of f32, f16, bf16, fp8, int8", name);
+    return FY_ERR_INVALID;
+}
+
+fy_status_t fy_kv_plan(const fy_kv_plan_in_t *in, fy_kv_plan_t *out)
+{
+    if (in->n_layers < 1 || in->n_kv_heads < 1 || in->head_dim < 1 || in->elem_bytes < 1 || in->n_layers > 4096 ||
+        in->n_kv_heads > 4096 || in->head_dim > 4096) {
+        fy_error("plan: bad model shape (%d layers, %d kv heads, head size %d)", in->n_layers, in->n_kv_heads,
+                 in->head_dim);
+        return FY_ERR_INVALID;
+    }
+    if (in->block_size < 1 || in->block_size > 4096) {
+        fy_error("plan: bad block size %d", in->block_size);
+        return FY_ERR_INVALID;
+    }
+    if (in->context < 0) {
+        fy_error("plan: negative context");
+        return FY_ERR_INVALID;
+    }
+    fy_kv_plan_t p = {0};
+    p.kv_mem = in->kv_mem;
+    if (p.kv_mem <= 0) {
+        if (in->mem <= 0 || in->weights < 0 || !(in->mem_fraction > 0 && in->mem_fraction <= 1)) {
+            fy_error("plan: give a kv budget, or memory, weights and a fraction in (0, 1]");
+            return FY_ERR_INVALID;
+        }
+        if (in->weights >= in->mem) {
+            fy_error("plan: the weights (%lld bytes) leave no memory of %lld bytes for the kv cache",
+                     (long long)in->weights, (long long)in->mem);
+            return FY_ERR_INVALID;
+        }
+        p.kv_mem = (int64_t)((double)(in->mem - in->weights) * in->mem_fraction);
+    }
+    /* K and V, every layer and kv head */
+    p.bytes_per_token = 2 * (int64_t)in->n_layers * in->n_kv_heads * in->head_dim * in->elem_bytes;
+    p.bytes_per_block = p.bytes_per_token * in->block_size;
+    p.blocks = p.kv_mem / p.bytes_per_block;
+    p.tokens = p.blocks * in->block_size;
+    if (in->context > 0) {
+        p.blocks_per_request = (in->context + in->block_size - 1) / in->block_size;
+        p.requests = p.blocks / p.blocks_per_request;
+    }
+    *out = p;
+    return FY_OK;
+}

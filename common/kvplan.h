@@ -1,0 +1,47 @@
+/*
+ * kvplan.h - KV cache capacity arithmetic: bytes per token and per block,
+ * how many blocks, tokens and requests fit a memory budget.  Used by
+ * `ferry plan` and to size the KV arena from configuration.  Also the
+ * size parser every command and config file shares ("50GiB", "1.5G").
+ */
+#ifndef FY_KVPLAN_H
+#define FY_KVPLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+/* "4096", "50GiB", "50Gi", "1.5G", "512MB": K, M, G, T are powers of 1000,
+ * Ki, Mi, Gi, Ti powers of 1024, a trailing B optional.  FY_ERR_INVALID
+ * (logged, naming what) for anything else, negatives and overflow. */
+fy_status_t fy_parse_size(const char *what, const char *s, int64_t *bytes_p);
+/* "50.0 GiB" */
+void fy_format_size(int64_t bytes, char *buf, size_t cap);
+
+/* Bytes per element of a KV dtype name: f32 4, f16 and bf16 2, fp8 and
+ * int8 1.  FY_ERR_INVALID for other names. */
+fy_status_t fy_kv_dtype_bytes(const char *name, int32_t *bytes_p);
+
+typedef struct fy_kv_plan_in {
+    int32_t n_layers, n_kv_heads, head_dim;
+    int32_t elem_bytes;
+    int32_t block_size;
+    int64_t kv_mem;      /* the KV budget; or 0 and the next three */
+    int64_t mem;         /* device memory */
+    int64_t weights;     /* what the weights take of it */
+    double mem_fraction; /* the share of what is left that the KV cache gets */
+    int64_t context;     /* tokens per request */
+} fy_kv_plan_in_t;
+
+typedef struct fy_kv_plan {
+    int64_t kv_mem;
+    int64_t bytes_per_token, bytes_per_block;
+    int64_t blocks, tokens;
+    int64_t blocks_per_request, requests;
+} fy_kv_plan_t;
+
+/* FY_ERR_INVALID (logged) for shapes or budgets that make no sense. */
+fy_status_t fy_kv_plan(const fy_kv_plan_in_t *in, fy_kv_plan_t *out);
+
+#endif /* FY_KVPLAN_H */

@@ -1,0 +1,140 @@
+/*
+ * test_plan.c - the capacity planner: size parsing, the textbook worked
+ * examples, and `ferry plan` itself.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvplan.h"
+#include "mem.h"
+#include "testutil.h"
+
+static void test_parse_size(void **state)
+{
+    struct {
+        const char *s;
+        int64_t want;
+    } ok[] = {
+        {"4096", 4096},         {"1K", 1000},           {"1KB", 1000},      {"1Ki", 1024},
+        {"1KiB", 1024},         {"1.5Ki", 1536},        {"512M", 512000000}, {"50GiB", INT64_C(53687091200)},
+        {"50Gi", INT64_C(53687091200)}, {"2T", INT64_C(2000000000000)}, {"0", 0}, {"1B", 1},
+    };
+    for (size_t i = 0; i < FY_ARRAY_LEN(ok); i++) {
+        int64_t v = -1;
+        assert_int_equal(fy_parse_size("test", ok[i].s, &v), FY_OK);
+        if (v != ok[i].want) fail_msg("'%s' parsed as %lld, not %lld", ok[i].s, (long long)v, (long long)ok[i].want);
+    }
+    const char *bad[] = {"", "abc", "-5G", "5Q", "1e99", "5 G", " 5", "5GiBB", "nan", "inf"};
+    fy_test_log_begin();
+    for (size_t i = 0; i < FY_ARRAY_LEN(bad); i++) {
+        int64_t v;
+        if (fy_parse_size("--kv-mem", bad[i], &v) == FY_OK) fail_msg("'%s' parsed", bad[i]);
+    }
+    assert_true(fy_test_log_has("--kv-mem", "is not a size", NULL));
+    fy_test_log_end();
+    char buf[32];
+    fy_format_size(INT64_C(53687091200), buf, sizeof(buf));
+    assert_string_equal(buf, "50.0 GiB");
+    fy_format_size(100, buf, sizeof(buf));
+    assert_string_equal(buf, "100 B");
+}
+
+static void test_worked_examples(void **state)
+{
+    /* Llama-2-7B: 32 layers, 32 kv heads of 128; 0.5 MiB a token in f16;
+     * 50 GiB give 6,400 blocks of 16 and 102,400 tokens */
+    fy_kv_plan_in_t in = {.n_layers = 32, .n_kv_heads = 32, .head_dim = 128, .elem_bytes = 2, .block_size = 16,
+                          .kv_mem = INT64_C(50) << 30, .context = 4096};
+    fy_kv_plan_t p;
+    assert_int_equal(fy_kv_plan(&in, &p), FY_OK);
+    assert_int_equal(p.bytes_per_token, 524288);
+    assert_int_equal(p.bytes_per_block, 8388608);
+    assert_int_equal(p.blocks, 6400);
+    assert_int_equal(p.tokens, 102400);
+    assert_int_equal(p.blocks_per_request, 256);
+    assert_int_equal(p.requests, 25);
+    /* Llama-3-70B: 80 layers, 8 kv heads of 128: 327,680 bytes a token in
+     * f16, half that in fp8 */
+    fy_kv_plan_in_t l3 = {.n_layers = 80, .n_kv_heads = 8, .head_dim = 128, .elem_bytes = 2, .block_size = 16,
+                          .kv_mem = INT64_C(40) << 30};
+    assert_int_equal(fy_kv_plan(&l3, &p), FY_OK);
+    assert_int_equal(p.bytes_per_token, 327680);
+    assert_int_equal(fy_kv_dtype_bytes("fp8", &l3.elem_bytes), FY_OK);
+    assert_int_equal(fy_kv_plan(&l3, &p), FY_OK);
+    assert_int_equal(p.bytes_per_token, 163840);
+    /* SmolLM2-135M: 30 layers, 3 kv heads of 64: 23,040 bytes a token */
+    fy_kv_plan_in_t sm = {.n_layers = 30, .n_kv_heads = 3, .head_dim = 64, .elem_bytes = 2, .block_size = 16,
+                          .mem = INT64_C(24) << 30, .weights = 96576768, .mem_fraction = 0.5};
+    assert_int_equal(fy_kv_plan(&sm, &p), FY_OK);
+    assert_int_equal(p.bytes_per_token, 23040);
+    assert_int_equal(p.kv_mem, (int64_t)((double)((INT64_C(24) << 30) - 96576768) * 0.5));
+    /* nonsense is refused */
+    fy_test_log_begin();
+    sm.weights = INT64_C(25) << 30;
+    assert_int_equal(fy_kv_plan(&sm, &p), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("leave no memory", NULL));
+    in.n_layers = 0;
+    assert_int_equal(fy_kv_plan(&in, &p), FY_ERR_INVALID);
+    int32_t b;
+    assert_int_equal(fy_kv_dtype_bytes("fp4", &b), FY_ERR_INVALID);
+    fy_test_log_end();
+}
+
+/* Runs bin/ferry with args; returns its stdout (fy_free it) and exit status. */
+static char *run_ferry(const char *args, int *status_p)
+{
+    const char *bin = getenv("FERRY_BIN");
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "%s/ferry %s 2>&1", bin ? bin : "bin", args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    char *out = fy_calloc(1, 65536);
+    size_t n = fread(out, 1, 65535, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    *status_p = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return out;
+}
+
+static void test_plan_command(void **state)
+{
+    int st;
+    char *out = run_ferry("plan --layers 32 --kv-heads 32 --head-dim 128 --kv-mem 50GiB --context 4096", &st);
+    assert_int_equal(st, 0);
+    assert_non_null(strstr(out, "524288 (512.0 KiB)"));
+    assert_non_null(strstr(out, "blocks that fit              6400"));
+    assert_non_null(strstr(out, "tokens that fit              102400"));
+    fy_free(out);
+    out = run_ferry("plan --layers 80 --kv-heads 8 --head-dim 128 --kv-mem 40GiB --kv-dtype fp8", &st);
+    assert_int_equal(st, 0);
+    assert_non_null(strstr(out, "163840"));
+    fy_free(out);
+    out = run_ferry("plan --layers 32 --kv-heads 32 --head-dim 128 --kv-mem 50QiB", &st);
+    assert_int_equal(st, 2);
+    assert_non_null(strstr(out, "'50QiB' is not a size"));
+    fy_free(out);
+    out = run_ferry("plan --kv-mem 1G", &st);
+    assert_int_equal(st, 2);
+    assert_non_null(strstr(out, "needs --model or"));
+    fy_free(out);
+    const char *model = fy_test_default_model();
+    if (model) {
+        char args[512];
+        snprintf(args, sizeof(args), "plan -m %s --kv-mem 1GiB --context 8192", model);
+        out = run_ferry(args, &st);
+        assert_int_equal(st, 0);
+        assert_non_null(strstr(out, "23040"));
+        fy_free(out);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parse_size),
+        cmocka_unit_test(test_worked_examples),
+        cmocka_unit_test(test_plan_command),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,129 @@
+/*
+ * plan.c - `ferry plan`: how much KV cache fits, for a model (its file, or
+ * just its shape) and a memory budget: bytes per token and per block,
+ * blocks, tokens, and requests of a given context.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "kvplan.h"
+#include "log.h"
+#include "model.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: ferry plan (--model FILE | --layers L --kv-heads H --head-dim D)\n"
+               "                  (--kv-mem SIZE | --mem SIZE [--weights SIZE] --mem-fraction F)\n"
+               "                  [--kv-dtype f16|bf16|fp8|int8|f32] [--block-size B] [--context N]\n"
+               "sizes take K/M/G/T (powers of 1000) or Ki/Mi/Gi/Ti (powers of 1024), e.g. 50GiB.\n"
+               "--weights defaults to the model file's weights when --model is given.\n");
+}
+
+static void print_bytes(const char *label, int64_t b)
+{
+    char h[32];
+    fy_format_size(b, h, sizeof(h));
+    printf("%-28s %lld (%s)\n", label, (long long)b, h);
+}
+
+int fy_cmd_plan(int argc, char **argv)
+{
+    fy_kv_plan_in_t in = {.block_size = 16, .elem_bytes = 2};
+    const char *model = NULL, *dtype = "f16";
+    bool weights_given = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long l;
+        double d;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!v) {
+            fprintf(stderr, "ferry: %s needs a value\n", a);
+            usage(stderr);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "--model") || !strcmp(a, "-m")) {
+            model = v;
+        } else if (!strcmp(a, "--layers")) {
+            if (!fy_cli_parse_int(a, v, 1, 4096, &l)) return 2;
+            in.n_layers = (int32_t)l;
+        } else if (!strcmp(a, "--kv-heads")) {
+            if (!fy_cli_parse_int(a, v, 1, 4096, &l)) return 2;
+            in.n_kv_heads = (int32_t)l;
+        } else if (!strcmp(a, "--head-dim")) {
+            if (!fy_cli_parse_int(a, v, 1, 4096, &l)) return 2;
+            in.head_dim = (int32_t)l;
+        } else if (!strcmp(a, "--kv-mem")) {
+            if (fy_parse_size(a, v, &in.kv_mem) != FY_OK) return 2;
+        } else if (!strcmp(a, "--mem")) {
+            if (fy_parse_size(a, v, &in.mem) != FY_OK) return 2;
+        } else if (!strcmp(a, "--weights")) {
+            if (fy_parse_size(a, v, &in.weights) != FY_OK) return 2;
+            weights_given = true;
+        } else if (!strcmp(a, "--mem-fraction")) {
+            if (!fy_cli_parse_float(a, v, 1e-6, 1.0, &d)) return 2;
+            in.mem_fraction = d;
+        } else if (!strcmp(a, "--kv-dtype")) {
+            if (fy_kv_dtype_bytes(v, &in.elem_bytes) != FY_OK) return 2;
+            dtype = v;
+        } else if (!strcmp(a, "--block-size")) {
+            if (!fy_cli_parse_int(a, v, 1, 4096, &l)) return 2;
+            in.block_size = (int32_t)l;
+        } else if (!strcmp(a, "--context")) {
+            if (!fy_cli_parse_int(a, v, 1, 1L << 30, &l)) return 2;
+            in.context = l;
+        } else {
+            fprintf(stderr, "ferry: plan: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    char shape[256];
+    if (model) {
+        fy_model_t *m;
+        if (fy_model_load(model, &m) != FY_OK) return 1;
+        const fy_model_config_t *c = fy_model_config(m);
+        in.n_layers = c->n_layers;
+        in.n_kv_heads = c->n_kv_heads;
+        in.head_dim = c->head_dim;
+        if (!weights_given) in.weights = (int64_t)fy_model_weight_bytes_per_token(m);
+        if (!in.context) in.context = c->max_ctx;
+        snprintf(shape, sizeof(shape), "%s", c->name);
+        fy_model_destroy(m);
+    } else if (!in.n_layers || !in.n_kv_heads || !in.head_dim) {
+        fprintf(stderr, "ferry: plan needs --model or all of --layers, --kv-heads, --head-dim\n");
+        usage(stderr);
+        return 2;
+    } else {
+        snprintf(shape, sizeof(shape), "shape");
+    }
+    if (!in.kv_mem && !in.mem) {
+        fprintf(stderr, "ferry: plan needs --kv-mem, or --mem and --mem-fraction\n");
+        usage(stderr);
+        return 2;
+    }
+    if (!in.kv_mem && !in.mem_fraction) in.mem_fraction = 0.9;
+    fy_kv_plan_t p;
+    if (fy_kv_plan(&in, &p) != FY_OK) return 1;
+    printf("%-28s %s: %d layers, %d kv heads x %d, kv %s, blocks of %d tokens\n", "model", shape, in.n_layers,
+           in.n_kv_heads, in.head_dim, dtype, in.block_size);
+    if (!in.kv_mem) {
+        print_bytes("memory", in.mem);
+        print_bytes("weights", in.weights);
+        printf("%-28s %.2f of what the weights leave\n", "kv share", in.mem_fraction);
+    }
+    print_bytes("kv memory", p.kv_mem);
+    print_bytes("kv bytes per token", p.bytes_per_token);
+    print_bytes("kv bytes per block", p.bytes_per_block);
+    printf("%-28s %lld\n", "blocks that fit", (long long)p.blocks);
+    printf("%-28s %lld\n", "tokens that fit", (long long)p.tokens);
+    if (in.context)
+        printf("%-28s %lld (of %lld blocks each)\n", "requests of full context", (long long)p.requests,
+               (long long)p.blocks_per_request);
+    if (in.context) printf("%-28s %lld tokens\n", "context", (long long)in.context);
+    return 0;
+}
