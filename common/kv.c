@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <sodium.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -350,6 +351,16 @@ static void take_cached(tier_t *t, int32_t b)
 
 /* ---- the manager --------------------------------------------------------------------------------- */
 
+/* free + used + cached == total for every tier: each count is kept by its
+ * own transitions, so this checks them.  Debug builds (sanitizer builds
+ * define FY_DEBUG) check after every operation that changes the books;
+ * fy_kvm_stats exports it as a figure. */
+#ifdef FY_DEBUG
+#define CHECK_BOOKS(m) kvm_books_assert(m)
+#else
+#define CHECK_BOOKS(m) ((void)0)
+#endif
+
 struct fy_kvm {
     fy_kv_layout_t lay;
     tier_t tier[FY_KV_TIERS];
@@ -367,6 +378,26 @@ struct fy_kvm {
 };
 
 const fy_kv_layout_t *fy_kvm_layout(const fy_kvm_t *m) { return &m->lay; }
+
+static bool books_balance(const fy_kvm_t *m)
+{
+    for (int t = 0; t < FY_KV_TIERS; t++) {
+        const tier_t *T = &m->tier[t];
+        if (T->n_free + T->n_used + T->n_cached != T->n || T->n_free < 0 || T->n_used < 0 || T->n_cached < 0)
+            return false;
+    }
+    return m->promised >= 0;
+}
+
+#ifdef FY_DEBUG
+static void kvm_books_assert(const fy_kvm_t *m)
+{
+    if (!books_balance(m)) {
+        fy_error("kv: books out of balance");
+        abort();
+    }
+}
+#endif
 
 static fy_status_t open_disk(fy_kvm_t *m, const char *dir, int32_t slots)
 {
@@ -711,6 +742,7 @@ fy_status_t fy_kvm_seq_lookup(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *
     }
     bt->n_tokens = hit * bs;
     if (hit_p) *hit_p = hit * bs;
+    CHECK_BOOKS(m);
     return FY_OK;
 }
 
@@ -749,6 +781,7 @@ fy_status_t fy_kvm_seq_reserve(fy_kvm_t *m, fy_block_table_t *bt, int32_t n_toke
         bt->blocks[bt->n_blocks++] = alloc_block(m, FY_KV_DEVICE);
         draw(m, resv, 1);
     }
+    CHECK_BOOKS(m);
     return FY_OK;
 }
 
@@ -777,6 +810,7 @@ void fy_kvm_seq_commit(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *tokens,
         index_add(D, b, &bt->hashes[i]);
     }
     bt->n_named = n / bs;
+    CHECK_BOOKS(m);
 }
 
 void fy_kvm_seq_truncate(fy_kvm_t *m, fy_block_table_t *bt, int32_t n)
@@ -823,6 +857,7 @@ void fy_kvm_seq_release(fy_kvm_t *m, fy_block_table_t *bt)
     while (bt->n_blocks > 0) unref(m, bt->tier, bt->blocks[--bt->n_blocks]);
     bt->n_tokens = bt->n_hashed = bt->n_named = 0;
     bt->tier = FY_KV_DEVICE;
+    CHECK_BOOKS(m);
 }
 
 fy_status_t fy_kvm_seq_swap_out(fy_kvm_t *m, fy_block_table_t *bt)
@@ -851,6 +886,7 @@ fy_status_t fy_kvm_seq_swap_out(fy_kvm_t *m, fy_block_table_t *bt)
     bt->tier = FY_KV_HOST;
     bt->n_named = 0; /* host copies are private; names stay with the device blocks */
     m->swap_out_blocks += (uint64_t)n;
+    CHECK_BOOKS(m);
     return FY_OK;
 }
 
@@ -909,6 +945,7 @@ fy_status_t fy_kvm_seq_swap_in(fy_kvm_t *m, fy_block_table_t *bt, fy_kv_resv_t *
     bt->n_named = 0;
     for (int32_t i = 0; i < n && D->named[bt->blocks[i]]; i++) bt->n_named = i + 1;
     m->swap_in_blocks += (uint64_t)n;
+    CHECK_BOOKS(m);
     return FY_OK;
 }
 
@@ -954,6 +991,7 @@ void fy_kvm_stats(const fy_kvm_t *m, fy_kvm_stats_t *o)
         slots += (uint64_t)m->lay.block_size;
         filled += D->filled[b];
     }
+    o->balanced = books_balance(m);
     o->usage = D->n ? (double)D->n_used / D->n : 0.0;
     o->waste = slots ? (double)(slots - filled) / (double)slots : 0.0;
     o->promised = m->promised;

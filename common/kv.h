@@ -243,6 +243,7 @@ typedef struct fy_kvm_tier_stats {
 
 typedef struct fy_kvm_stats {
     fy_kvm_tier_stats_t tier[FY_KV_TIERS];
+    bool balanced;           /* free + used + cached == total in every tier */
     double usage;            /* device blocks used / total */
     double waste;            /* unfilled token slots / slots of used device blocks */
     int32_t promised;        /* device blocks promised at admission, not yet taken */

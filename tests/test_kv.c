@@ -119,6 +119,7 @@ static void check_books(fixture_t *f, seq_t *seqs, int n_seqs)
     assert_int_equal(fy_kvm_check(f->m), FY_OK);
     fy_kvm_stats_t st;
     fy_kvm_stats(f->m, &st);
+    assert_true(st.balanced);
     for (int t = 0; t < 2; t++) {
         int32_t total = st.tier[t].total;
         int32_t *refs = calloc((size_t)(total ? total : 1), sizeof(int32_t));
@@ -450,7 +451,10 @@ static void test_tiers(void **state)
     assert_int_equal(fy_kvm_seq_swap_out(f.m, &s.bt), FY_OK);
     assert_int_equal(s.bt.tier, FY_KV_HOST);
     verify(&f, &s);
+    fy_test_log_begin();
     assert_int_equal(fy_kvm_seq_reserve(f.m, &s.bt, 40, NULL), FY_ERR_INVALID); /* not while swapped out */
+    assert_true(fy_test_log_has("swapped-out", NULL));
+    fy_test_log_end();
     assert_int_equal(fy_kvm_seq_swap_in(f.m, &s.bt, NULL), FY_OK);
     verify(&f, &s);
     drop(&f, &s);
