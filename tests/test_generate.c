@@ -60,6 +60,42 @@ static void tokenize(const char *text, bool special, int32_t *ids, size_t cap, s
                      FY_OK);
 }
 
+/* A single-sequence runner on the default model with its block manager. */
+typedef struct engine {
+    fy_backend_t *be;
+    fy_runner_t *r;
+    fy_kvm_t *kvm;
+} engine_t;
+
+static void engine_open(engine_t *e, int threads, int32_t batch, int32_t max_ctx, int32_t blocks)
+{
+    fy_backend_params_t bp = {.n_threads = threads};
+    assert_int_equal(fy_backend_create("cpu", &bp, &e->be), FY_OK);
+    fy_runner_params_t rp;
+    fy_runner_params_default(&rp);
+    rp.max_batch_tokens = batch;
+    rp.max_seqs = 1;
+    rp.max_logits = 1;
+    rp.max_ctx = max_ctx;
+    rp.n_kv_blocks = blocks;
+    assert_int_equal(fy_runner_create(g_model, e->be, &rp, &e->r), FY_OK);
+    fy_kvm_params_t kp;
+    fy_runner_kvm_params(e->r, &kp);
+    kp.hasher = g_hasher;
+    assert_int_equal(fy_kvm_create(&kp, &e->kvm), FY_OK);
+}
+
+static void engine_close(engine_t *e)
+{
+    fy_kvm_stats_t ks;
+    fy_kvm_stats(e->kvm, &ks);
+    assert_int_equal(ks.tier[FY_KV_DEVICE].used, 0); /* every block back (free or cached) */
+    assert_int_equal(fy_kvm_check(e->kvm), FY_OK);
+    fy_kvm_destroy(e->kvm);
+    fy_runner_destroy(e->r);
+    fy_backend_destroy(e->be);
+}
+
 static void generate(const char *prompt, bool chat, int threads, const fy_gen_params_t *gp, run_t *out)
 {
     char *rendered = NULL;
@@ -72,35 +108,14 @@ static void generate(const char *prompt, bool chat, int threads, const fy_gen_pa
     size_t n;
     tokenize(prompt, chat, ids, 1024, &n);
     fy_free(rendered);
-    fy_backend_t *be;
-    fy_backend_params_t bp = {.n_threads = threads};
-    assert_int_equal(fy_backend_create("cpu", &bp, &be), FY_OK);
-    fy_runner_params_t rp;
-    fy_runner_params_default(&rp);
-    rp.max_batch_tokens = 64; /* prompts are prefilled in several chunks */
-    rp.max_seqs = 1;
-    rp.max_logits = 1;
-    rp.max_ctx = 1024;
-    rp.n_kv_blocks = 64;
-    fy_runner_t *r;
-    assert_int_equal(fy_runner_create(g_model, be, &rp, &r), FY_OK);
-    fy_kvm_t *kvm;
-    fy_kvm_params_t kp;
-    fy_runner_kvm_params(r, &kp);
-    kp.hasher = g_hasher;
-    assert_int_equal(fy_kvm_create(&kp, &kvm), FY_OK);
+    engine_t e;
+    engine_open(&e, threads, 64 /* prompts prefill in several chunks */, 1024, 64);
     memset(out, 0, sizeof(*out));
-    assert_int_equal(fy_generate(r, kvm, fy_model_tokenizer(g_model), ids, (int32_t)n, gp, collect, out, out->tokens,
-                                 256, &out->stats),
+    assert_int_equal(fy_generate(e.r, e.kvm, fy_model_tokenizer(g_model), ids, (int32_t)n, gp, collect, out,
+                                 out->tokens, 256, &out->stats),
                      FY_OK);
     out->n = out->stats.n_generated < 256 ? out->stats.n_generated : 256;
-    fy_kvm_stats_t ks;
-    fy_kvm_stats(kvm, &ks);
-    assert_int_equal(ks.tier[FY_KV_DEVICE].used, 0); /* every block back (free or cached) */
-    assert_int_equal(fy_kvm_check(kvm), FY_OK);
-    fy_kvm_destroy(kvm);
-    fy_runner_destroy(r);
-    fy_backend_destroy(be);
+    engine_close(&e);
 }
 
 static void test_tokenizer_ids(void **state)
@@ -213,67 +228,38 @@ static void test_stop_string(void **state)
 static void test_prompt_too_long(void **state)
 {
     if (!g_model) skip();
-    fy_backend_t *be;
-    assert_int_equal(fy_backend_create("cpu", NULL, &be), FY_OK);
-    fy_runner_params_t rp;
-    fy_runner_params_default(&rp);
-    rp.max_ctx = 32;
-    rp.n_kv_blocks = 2;
-    rp.max_seqs = 1;
-    rp.max_logits = 1;
-    fy_runner_t *r;
-    assert_int_equal(fy_runner_create(g_model, be, &rp, &r), FY_OK);
-    fy_kvm_t *kvm;
-    fy_kvm_params_t kp;
-    fy_runner_kvm_params(r, &kp);
-    kp.hasher = g_hasher;
-    assert_int_equal(fy_kvm_create(&kp, &kvm), FY_OK);
+    engine_t e;
+    engine_open(&e, 0, 512, 32, 2);
     int32_t ids[40];
     for (int i = 0; i < 40; i++) ids[i] = 100 + i;
     fy_gen_params_t gp;
     fy_gen_params_default(&gp);
     fy_test_log_begin();
-    assert_int_equal(fy_generate(r, kvm, fy_model_tokenizer(g_model), ids, 40, &gp, NULL, NULL, NULL, 0, NULL),
+    assert_int_equal(fy_generate(e.r, e.kvm, fy_model_tokenizer(g_model), ids, 40, &gp, NULL, NULL, NULL, 0, NULL),
                      FY_ERR_INVALID);
     assert_true(fy_test_log_has("does not fit the context", NULL));
     /* fits the context but the pool only has one block left */
     fy_block_table_t other;
-    assert_int_equal(fy_kvm_seq_init(kvm, &other, 32, NULL), FY_OK);
-    assert_int_equal(fy_kvm_seq_reserve(kvm, &other, 1, NULL), FY_OK);
-    assert_int_equal(fy_generate(r, kvm, fy_model_tokenizer(g_model), ids, 20, &gp, NULL, NULL, NULL, 0, NULL),
+    assert_int_equal(fy_kvm_seq_init(e.kvm, &other, 32, NULL), FY_OK);
+    assert_int_equal(fy_kvm_seq_reserve(e.kvm, &other, 1, NULL), FY_OK);
+    assert_int_equal(fy_generate(e.r, e.kvm, fy_model_tokenizer(g_model), ids, 20, &gp, NULL, NULL, NULL, 0, NULL),
                      FY_ERR_NO_SPACE);
     assert_true(fy_test_log_has("kv pool too small", NULL));
     fy_test_log_end();
-    assert_int_equal(fy_kvm_n_free(kvm, FY_KV_DEVICE), 1);
-    fy_kvm_seq_release(kvm, &other);
+    assert_int_equal(fy_kvm_n_free(e.kvm, FY_KV_DEVICE), 1);
+    fy_kvm_seq_release(e.kvm, &other);
     fy_kvm_seq_deinit(&other);
-    assert_int_equal(fy_kvm_check(kvm), FY_OK);
-    fy_kvm_destroy(kvm);
-    fy_runner_destroy(r);
-    fy_backend_destroy(be);
+    engine_close(&e);
 }
 
 /* A repeated prompt reuses its cached prefix blocks and gives the same
- * greedy tokens as computing it from scratch. */
+ * greedy tokens as computing it from scratch; another tenant's namespace
+ * finds nothing. */
 static void test_prefix_cache_same_tokens(void **state)
 {
     if (!g_model) skip();
-    fy_backend_t *be;
-    assert_int_equal(fy_backend_create("cpu", NULL, &be), FY_OK);
-    fy_runner_params_t rp;
-    fy_runner_params_default(&rp);
-    rp.max_batch_tokens = 64;
-    rp.max_seqs = 1;
-    rp.max_logits = 1;
-    rp.max_ctx = 512;
-    rp.n_kv_blocks = 64;
-    fy_runner_t *r;
-    assert_int_equal(fy_runner_create(g_model, be, &rp, &r), FY_OK);
-    fy_kvm_t *kvm;
-    fy_kvm_params_t kp;
-    fy_runner_kvm_params(r, &kp);
-    kp.hasher = g_hasher;
-    assert_int_equal(fy_kvm_create(&kp, &kvm), FY_OK);
+    engine_t e;
+    engine_open(&e, 0, 64, 512, 64);
     const char *text = "You are a careful assistant. Answer briefly and precisely. The question is about geography: "
                        "which river flows through the city of Paris, and into which sea does it flow?";
     int32_t ids[256];
@@ -283,32 +269,22 @@ static void test_prefix_cache_same_tokens(void **state)
     fy_gen_params_default(&gp);
     gp.max_tokens = 24;
     gp.ignore_eos = true;
-    run_t *a = malloc(sizeof(run_t)), *b = malloc(sizeof(run_t));
-    memset(a, 0, sizeof(*a)), memset(b, 0, sizeof(*b));
-    assert_int_equal(fy_generate(r, kvm, fy_model_tokenizer(g_model), ids, (int32_t)n, &gp, collect, a, a->tokens, 256,
-                                 &a->stats),
-                     FY_OK);
-    assert_int_equal(a->stats.n_cached, 0);
-    assert_int_equal(fy_generate(r, kvm, fy_model_tokenizer(g_model), ids, (int32_t)n, &gp, collect, b, b->tokens, 256,
-                                 &b->stats),
-                     FY_OK);
-    assert_int_equal(b->stats.n_cached, (int32_t)((n - 1) / 16 * 16));
-    assert_memory_equal(a->tokens, b->tokens, sizeof(int32_t) * 24);
-    /* another tenant's namespace finds nothing */
     fy_kv_ns_t ns;
-    fy_kv_ns_make(g_hasher, "other-tenant", "smollm2", fy_runner_kv_layout(r), NULL, &ns);
-    gp.ns = &ns;
-    memset(b, 0, sizeof(*b));
-    assert_int_equal(fy_generate(r, kvm, fy_model_tokenizer(g_model), ids, (int32_t)n, &gp, collect, b, b->tokens, 256,
-                                 &b->stats),
-                     FY_OK);
-    assert_int_equal(b->stats.n_cached, 0);
-    assert_memory_equal(a->tokens, b->tokens, sizeof(int32_t) * 24);
-    free(a), free(b);
-    assert_int_equal(fy_kvm_check(kvm), FY_OK);
-    fy_kvm_destroy(kvm);
-    fy_runner_destroy(r);
-    fy_backend_destroy(be);
+    fy_kv_ns_make(g_hasher, "other-tenant", "smollm2", fy_runner_kv_layout(e.r), NULL, &ns);
+    run_t *runs = calloc(3, sizeof(run_t));
+    for (int i = 0; i < 3; i++) {
+        gp.ns = i == 2 ? &ns : NULL;
+        assert_int_equal(fy_generate(e.r, e.kvm, fy_model_tokenizer(g_model), ids, (int32_t)n, &gp, collect, &runs[i],
+                                     runs[i].tokens, 256, &runs[i].stats),
+                         FY_OK);
+    }
+    assert_int_equal(runs[0].stats.n_cached, 0);
+    assert_int_equal(runs[1].stats.n_cached, (int32_t)((n - 1) / 16 * 16));
+    assert_int_equal(runs[2].stats.n_cached, 0);
+    assert_memory_equal(runs[0].tokens, runs[1].tokens, sizeof(int32_t) * 24);
+    assert_memory_equal(runs[0].tokens, runs[2].tokens, sizeof(int32_t) * 24);
+    free(runs);
+    engine_close(&e);
 }
 
 int main(void)
