@@ -42,11 +42,13 @@ const fy_cpu_kernels_t *fy_cpu_kernels_pick(const char *name)
     avx512vnni = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                  __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
 #endif
+    /* AVX512-VNNI first: its 512-bit kernels for several tokens at once
+     * (prefill, batched decode) do twice the work per instruction */
     if (!name || !strcmp(name, "auto"))
-        return avxvnni      ? &fy_cpu_kernels_avxvnni
-               : avx512vnni ? &fy_cpu_kernels_avx512vnni
-               : avx2       ? &fy_cpu_kernels_avx2
-                            : &fy_cpu_kernels_scalar;
+        return avx512vnni ? &fy_cpu_kernels_avx512vnni
+               : avxvnni  ? &fy_cpu_kernels_avxvnni
+               : avx2     ? &fy_cpu_kernels_avx2
+                          : &fy_cpu_kernels_scalar;
     if (!strcmp(name, "scalar")) return &fy_cpu_kernels_scalar;
     if (!strcmp(name, "avx2")) return avx2 ? &fy_cpu_kernels_avx2 : NULL;
     if (!strcmp(name, "avxvnni")) return avxvnni ? &fy_cpu_kernels_avxvnni : NULL;
@@ -69,6 +71,10 @@ typedef struct cpu_ctx {
     int32_t *block_tables;                   /* [max_blocks] */
     fy_q8a_t *rows;                          /* [max_tokens] */
     int32_t *ent_off;                        /* [max_tokens + 1] attention partial offsets */
+    float *rope_cs, *rope_sn;                /* [max_tokens, head_dim / 2] this batch's angles */
+    bool rope_valid;
+    float rope_theta;
+    int32_t rope_hd;
     float *part;                             /* attention partials of split (few-token) batches */
     size_t part_floats;
 } cpu_ctx_t;
@@ -89,6 +95,8 @@ static void cpu_destroy(void *p)
     fy_free(c->block_tables);
     fy_free(c->rows);
     fy_free(c->ent_off);
+    fy_free(c->rope_cs);
+    fy_free(c->rope_sn);
     fy_free(c->part);
     fy_free(c);
 }
@@ -124,6 +132,8 @@ static fy_status_t cpu_reserve(void *p, const fy_backend_reserve_t *r)
         {(void **)&c->rows, (size_t)r->max_tokens * sizeof(fy_q8a_t)},
         {(void **)&c->ent_off, ((size_t)r->max_tokens + 1) * sizeof(int32_t)},
         {(void **)&c->part, part_floats * sizeof(float)},
+        {(void **)&c->rope_cs, (size_t)r->max_tokens * (size_t)(r->head_dim / 2 + 1) * sizeof(float)},
+        {(void **)&c->rope_sn, (size_t)r->max_tokens * (size_t)(r->head_dim / 2 + 1) * sizeof(float)},
     };
     for (size_t i = 0; i < FY_ARRAY_LEN(bufs); i++) {
         fy_free(*bufs[i].slot);
@@ -147,6 +157,9 @@ static fy_status_t cpu_alloc(void *p, size_t bytes, void **ptr_p)
         fy_error("cpu backend: cannot allocate %zu bytes", bytes);
         return FY_ERR_NOMEM;
     }
+    /* touch every page now: the memory is really there (not just
+     * overcommitted), and no request pays page faults later */
+    memset(m, 0, bytes);
     *ptr_p = m;
     return FY_OK;
 }
@@ -270,6 +283,7 @@ static fy_status_t cpu_set_batch(void *p, const fy_batch_meta_t *m)
     }
     c->n_tokens = m->n_tokens;
     c->n_seqs = m->n_seqs;
+    c->rope_valid = false; /* new positions */
     return FY_OK;
 }
 
@@ -292,6 +306,7 @@ static fy_status_t cpu_embed(void *p, const fy_tensor_t *table, float *out)
 }
 
 typedef struct rms_job {
+    const fy_cpu_kernels_t *k;
     const float *x;
     const float *w;
     float *y;
@@ -302,14 +317,7 @@ typedef struct rms_job {
 static void rms_rows(void *arg, int64_t b, int64_t e, int thread)
 {
     const rms_job_t *j = arg;
-    for (int64_t t = b; t < e; t++) {
-        const float *x = j->x + t * j->dim;
-        float *y = j->y + t * j->dim;
-        double ss = 0.0;
-        for (int64_t i = 0; i < j->dim; i++) ss += (double)x[i] * x[i];
-        float scale = (float)(1.0 / sqrt(ss / (double)j->dim + (double)j->eps));
-        for (int64_t i = 0; i < j->dim; i++) y[i] = x[i] * scale * j->w[i];
-    }
+    for (int64_t t = b; t < e; t++) j->k->rmsnorm(j->x + t * j->dim, j->w, j->dim, j->eps, j->y + t * j->dim);
 }
 
 static fy_status_t cpu_rmsnorm(void *p, const float *x, const fy_tensor_t *w, int32_t n, float eps, float *y)
@@ -319,7 +327,7 @@ static fy_status_t cpu_rmsnorm(void *p, const float *x, const fy_tensor_t *w, in
         fy_error("cpu backend: rmsnorm weight must be f32, not %s", fy_dtype_name(w->dtype));
         return FY_ERR_INVALID;
     }
-    rms_job_t j = {x, w->data, y, w->ne[0], eps};
+    rms_job_t j = {c->k, x, w->data, y, w->ne[0], eps};
     fy_threadpool_run(c->tp, n, 4, rms_rows, &j);
     return FY_OK;
 }
@@ -347,17 +355,27 @@ static void rope_apply(float *x, int32_t n_heads, int32_t hd, const float *cs, c
     }
 }
 
+/* cos and sin of each token's angles, once per batch: every layer uses the same */
+static void rope_table_rows(void *arg, int64_t b, int64_t e, int thread)
+{
+    const rope_job_t *j = arg;
+    int32_t half = j->head_dim / 2;
+    for (int64_t t = b; t < e; t++) {
+        double pos = (double)j->c->pos[t];
+        for (int32_t i = 0; i < half; i++) {
+            double a = pos * j->inv_freq[i];
+            j->c->rope_cs[t * half + i] = (float)cos(a);
+            j->c->rope_sn[t * half + i] = (float)sin(a);
+        }
+    }
+}
+
 static void rope_rows(void *arg, int64_t b, int64_t e, int thread)
 {
     const rope_job_t *j = arg;
-    float cs[MAX_HEAD_DIM / 2], sn[MAX_HEAD_DIM / 2];
+    int32_t half = j->head_dim / 2;
     for (int64_t t = b; t < e; t++) {
-        double pos = (double)j->c->pos[t];
-        for (int32_t i = 0; i < j->head_dim / 2; i++) {
-            double a = pos * j->inv_freq[i];
-            cs[i] = (float)cos(a);
-            sn[i] = (float)sin(a);
-        }
+        const float *cs = j->c->rope_cs + t * half, *sn = j->c->rope_sn + t * half;
         rope_apply(j->q + t * j->n_heads * j->head_dim, j->n_heads, j->head_dim, cs, sn, j->style);
         rope_apply(j->k + t * j->n_kv_heads * j->head_dim, j->n_kv_heads, j->head_dim, cs, sn, j->style);
     }
@@ -367,18 +385,26 @@ static fy_status_t cpu_rope(void *p, float *q, float *k, int32_t n_heads, int32_
                             float theta, fy_rope_style_t style)
 {
     cpu_ctx_t *c = p;
-    if (head_dim > MAX_HEAD_DIM || head_dim % 2) {
-        fy_error("cpu backend: rope head size %d unsupported (even, at most %d)", head_dim, MAX_HEAD_DIM);
+    if (head_dim > MAX_HEAD_DIM || head_dim % 2 || head_dim > c->res.head_dim) {
+        fy_error("cpu backend: rope head size %d unsupported (even, at most %d)", head_dim,
+                 head_dim > c->res.head_dim ? c->res.head_dim : MAX_HEAD_DIM);
         return FY_ERR_UNSUPPORTED;
     }
     double inv_freq[MAX_HEAD_DIM / 2];
     for (int32_t i = 0; i < head_dim / 2; i++) inv_freq[i] = pow((double)theta, -2.0 * i / head_dim);
     rope_job_t j = {c, q, k, n_heads, n_kv_heads, head_dim, style, inv_freq};
+    if (!c->rope_valid || c->rope_theta != theta || c->rope_hd != head_dim) {
+        fy_threadpool_run(c->tp, c->n_tokens, 16, rope_table_rows, &j);
+        c->rope_valid = true;
+        c->rope_theta = theta;
+        c->rope_hd = head_dim;
+    }
     fy_threadpool_run(c->tp, c->n_tokens, 8, rope_rows, &j);
     return FY_OK;
 }
 
 typedef struct ew_job {
+    const fy_cpu_kernels_t *k;
     float *out;
     const float *a, *b;
 } ew_job_t;
@@ -386,16 +412,13 @@ typedef struct ew_job {
 static void swiglu_range(void *arg, int64_t b, int64_t e, int thread)
 {
     const ew_job_t *j = arg;
-    for (int64_t i = b; i < e; i++) {
-        float g = j->a[i];
-        j->out[i] = g / (1.0f + expf(-g)) * j->b[i];
-    }
+    j->k->swiglu(j->a + b, j->b + b, j->out + b, e - b);
 }
 
 static fy_status_t cpu_swiglu(void *p, const float *gate, const float *up, float *out, size_t n)
 {
     cpu_ctx_t *c = p;
-    ew_job_t j = {out, gate, up};
+    ew_job_t j = {c->k, out, gate, up};
     fy_threadpool_run(c->tp, (int64_t)n, 4096, swiglu_range, &j);
     return FY_OK;
 }
@@ -409,7 +432,7 @@ static void add_range(void *arg, int64_t b, int64_t e, int thread)
 static fy_status_t cpu_add(void *p, float *x, const float *y, size_t n)
 {
     cpu_ctx_t *c = p;
-    ew_job_t j = {x, y, NULL};
+    ew_job_t j = {c->k, x, y, NULL};
     fy_threadpool_run(c->tp, (int64_t)n, 16384, add_range, &j);
     return FY_OK;
 }
@@ -460,10 +483,18 @@ static void mm_units(void *arg, int64_t b, int64_t e, int thread)
         float *y = j->y[wi];
         if (w->packing == FY_CPU_PACK_X8) {
             fy_gemm_x8_fn gemm = j->k->gemm_x8[w->dtype];
+            /* several tokens are compute-bound: two groups per wide vector */
+            fy_gemm_x16_fn gemm2 = j->n > 1 ? j->k->gemm_x16[w->dtype] : NULL;
+            size_t group = 8 * w->row_bytes;
             for (; u < stop; u++) {
                 int64_t g = u - first;
-                gemm((const char *)w->data + (size_t)g * 8 * w->row_bytes, j->in / FY_QK, j->rows, j->n, y + g * 8,
-                     rows);
+                const char *wg = (const char *)w->data + (size_t)g * group;
+                if (gemm2 && u + 1 < stop) {
+                    gemm2(wg, wg + group, j->in / FY_QK, j->rows, j->n, y + g * 8, rows);
+                    u++;
+                } else {
+                    gemm(wg, j->in / FY_QK, j->rows, j->n, y + g * 8, rows);
+                }
             }
             continue;
         }
@@ -722,7 +753,8 @@ static fy_status_t cpu_attention(void *p, const fy_kv_layout_t *lay, const void 
             return FY_OK;
         }
     }
-    fy_threadpool_run(c->tp, pairs, 1, attn_whole, &j);
+    int64_t chunk = pairs / (8 * (int64_t)c->n_threads); /* few claims; lengths differ, so not too few */
+    fy_threadpool_run(c->tp, pairs, chunk > 0 ? chunk : 1, attn_whole, &j);
     return FY_OK;
 }
 

@@ -77,6 +77,13 @@ void fy_pack_x8(fy_dtype_t dtype, const void *src, size_t row_bytes, int64_t nb,
  * n_tok is. */
 typedef void (*fy_gemm_x8_fn)(const void *w, int64_t nb, const fy_q8a_t *x, int n_tok, float *y, int64_t ldy);
 
+/* The same for two consecutive 8-row groups at once (w1 = w0 + one group),
+ * y[t * ldy + r] for r < 16; worth it where wide vectors double the work
+ * per instruction, that is for several tokens (prefill, batched decode).
+ * Each row's arithmetic equals gemm_x8's, so either gives the same bits. */
+typedef void (*fy_gemm_x16_fn)(const void *w0, const void *w1, int64_t nb, const fy_q8a_t *x, int n_tok, float *y,
+                               int64_t ldy);
+
 /* dot of one weight row (n elements of dtype) with one activation row:
  * a const fy_q8a_t * for quantized dtypes, a const float * otherwise. */
 typedef float (*fy_vec_dot_fn)(const void *w, const void *x, int64_t n);
@@ -96,9 +103,14 @@ typedef struct fy_cpu_kernels {
     /* x (n floats, n % 32 == 0) into the row y */
     void (*quantize_q8a)(const float *x, const fy_q8a_t *y, int64_t n);
     fy_vec_dot_fn vec_dot[FY_DTYPE_COUNT];
-    fy_gemm_x8_fn gemm_x8[FY_DTYPE_COUNT]; /* NULL: no packed path */
+    fy_gemm_x8_fn gemm_x8[FY_DTYPE_COUNT];   /* NULL: no packed path */
+    fy_gemm_x16_fn gemm_x16[FY_DTYPE_COUNT]; /* NULL: gemm_x8 for every token count */
     /* by KV dtype (f32, f16); hd must be a multiple of 8 for the vector tables */
     fy_attn_block_fn attn_block[FY_DTYPE_COUNT];
+    /* y = x / rms(x) * w over one row of n (y may alias x) */
+    void (*rmsnorm)(const float *x, const float *w, int64_t n, float eps, float *y);
+    /* out = silu(gate) * up over n elements (out may alias gate) */
+    void (*swiglu)(const float *gate, const float *up, float *out, int64_t n);
     /* f16 <-> f32 rows (KV writes) */
     void (*f32_to_f16)(const float *x, uint16_t *y, int64_t n);
 } fy_cpu_kernels_t;

@@ -209,6 +209,22 @@ static void attn_block_f16(const float *q, int G, const void *k, const void *v, 
     attn_block(q, G, k, v, nk, hd, scale, m, l, acc, kv_f16);
 }
 
+static void rmsnorm(const float *x, const float *w, int64_t n, float eps, float *y)
+{
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] * scale * w[i];
+}
+
+static void swiglu(const float *gate, const float *up, float *out, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
 static void f32_to_f16(const float *x, uint16_t *y, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) y[i] = fy_fp32_to_fp16(x[i]);
@@ -227,5 +243,7 @@ const fy_cpu_kernels_t fy_cpu_kernels_scalar = {
             [FY_DTYPE_Q4_1] = dot_q4_1,
         },
     .attn_block = {[FY_DTYPE_F32] = attn_block_f32, [FY_DTYPE_F16] = attn_block_f16},
+    .rmsnorm = rmsnorm,
+    .swiglu = swiglu,
     .f32_to_f16 = f32_to_f16,
 };

@@ -361,6 +361,126 @@ static void gemm_q8_0x8(const void *w, int64_t nb, const fy_q8a_t *x, int n_tok,
 
 
 
+#if FY_X86_VNNI == 2
+/* ---- 512-bit kernels: two 8-row groups per vector, for several tokens --------------------- */
+
+/* lanes 0..7: group 0's 32 bytes at p0, lanes 8..15: group 1's at p1 */
+static inline __m512i load2x256(const void *p0, const void *p1)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p0)),
+                              _mm256_loadu_si256((const __m256i *)p1), 1);
+}
+
+static inline __m512 load2_h8(const uint16_t *h0, const uint16_t *h1)
+{
+    __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)h0)),
+                                        _mm_loadu_si128((const __m128i *)h1), 1);
+    return _mm512_cvtph_ps(v);
+}
+
+static inline __m512i bcast4_512(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+typedef struct unpacked16 {
+    __m512i lo[4], hi[4];
+} unpacked16_t;
+
+static inline void unpack_q4x16(const uint8_t *q0, const uint8_t *q1, unpacked16_t *u)
+{
+    const __m512i mask = _mm512_set1_epi8(0x0f);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        __m512i v = load2x256(q0 + 32 * c, q1 + 32 * c);
+        u->lo[c] = _mm512_and_si512(v, mask);
+        u->hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+    }
+}
+
+/* as isum_q4x8: two chains, lo and hi */
+static inline __m512i isum_q4x16(const unpacked16_t *u, const int8_t *xq)
+{
+    __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        a = _mm512_dpbusd_epi32(a, u->lo[c], bcast4_512(xq + 4 * c));
+        b = _mm512_dpbusd_epi32(b, u->hi[c], bcast4_512(xq + 16 + 4 * c));
+    }
+    return _mm512_add_epi32(a, b);
+}
+
+static inline __m512 step_q4_0x16(__m512 acc, const unpacked16_t *u, __m512 dw, const fy_q8a_t *x, int64_t b)
+{
+    __m512i is = _mm512_sub_epi32(isum_q4x16(u, x->qs + b * FY_QK), _mm512_set1_epi32(8 * x->isum[b]));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(x->d[b])), acc);
+}
+
+static inline __m512 step_q4_1x16(__m512 acc, const unpacked16_t *u, __m512 dw, __m512 mw, const fy_q8a_t *x,
+                                  int64_t b)
+{
+    __m512i is = isum_q4x16(u, x->qs + b * FY_QK);
+    __m512 a = _mm512_fmadd_ps(mw, _mm512_set1_ps(x->s[b]), acc);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(x->d[b])), a);
+}
+
+/* as step_q8_0x8: four chains, w + 128 unsigned, 128 sum(x) taken off */
+static inline __m512 step_q8_0x16(__m512 acc, const int8_t *q0, const int8_t *q1, __m512 dw, const fy_q8a_t *x,
+                                  int64_t b)
+{
+    const int8_t *xq = x->qs + b * FY_QK;
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+#define Q8_DOT16(acc, c)                                                                                           \
+    _mm512_dpbusd_epi32(acc, _mm512_xor_si512(load2x256(q0 + 32 * (c), q1 + 32 * (c)), flip), bcast4_512(xq + 4 * (c)))
+    __m512i c0 = Q8_DOT16(_mm512_setzero_si512(), 0), c1 = Q8_DOT16(_mm512_setzero_si512(), 1);
+    __m512i c2 = Q8_DOT16(_mm512_setzero_si512(), 2), c3 = Q8_DOT16(_mm512_setzero_si512(), 3);
+    c0 = Q8_DOT16(c0, 4), c1 = Q8_DOT16(c1, 5), c2 = Q8_DOT16(c2, 6), c3 = Q8_DOT16(c3, 7);
+#undef Q8_DOT16
+    __m512i is = _mm512_add_epi32(_mm512_add_epi32(c0, c1), _mm512_add_epi32(c2, c3));
+    is = _mm512_sub_epi32(is, _mm512_set1_epi32(128 * x->isum[b]));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(x->d[b])), acc);
+}
+
+/* Each token: even and odd blocks in two accumulators, as gemm_*x8. */
+#define GEMM_X16(name, block_t, ...)                                                                               \
+    static void name(const void *w0, const void *w1, int64_t nb, const fy_q8a_t *x, int n_tok, float *y,         \
+                     int64_t ldy)                                                                                  \
+    {                                                                                                              \
+        const block_t *b0 = w0, *b1 = w1;                                                                          \
+        for (int t0 = 0; t0 < n_tok; t0 += TOK_GROUP) {                                                            \
+            int nt = n_tok - t0 < TOK_GROUP ? n_tok - t0 : TOK_GROUP;                                              \
+            __m512 acc[TOK_GROUP][2];                                                                              \
+            for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();                              \
+            for (int64_t b = 0; b < nb; b++) {                                                                     \
+                __VA_ARGS__                                                                                        \
+            }                                                                                                      \
+            for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + (t0 + t) * ldy, _mm512_add_ps(acc[t][0], acc[t][1])); \
+        }                                                                                                          \
+    }
+
+GEMM_X16(gemm_q4_0x16, fy_block_q4_0x8_t, {
+    unpacked16_t u;
+    unpack_q4x16(b0[b].qs, b1[b].qs, &u);
+    __m512 dw = load2_h8(b0[b].d, b1[b].d);
+    for (int t = 0; t < nt; t++) acc[t][b & 1] = step_q4_0x16(acc[t][b & 1], &u, dw, &x[t0 + t], b);
+})
+
+GEMM_X16(gemm_q4_1x16, fy_block_q4_1x8_t, {
+    unpacked16_t u;
+    unpack_q4x16(b0[b].qs, b1[b].qs, &u);
+    __m512 dw = load2_h8(b0[b].d, b1[b].d), mw = load2_h8(b0[b].m, b1[b].m);
+    for (int t = 0; t < nt; t++) acc[t][b & 1] = step_q4_1x16(acc[t][b & 1], &u, dw, mw, &x[t0 + t], b);
+})
+
+GEMM_X16(gemm_q8_0x16, fy_block_q8_0x8_t, {
+    __m512 dw = load2_h8(b0[b].d, b1[b].d);
+    for (int t = 0; t < nt; t++) acc[t][b & 1] = step_q8_0x16(acc[t][b & 1], b0[b].qs, b1[b].qs, dw, &x[t0 + t], b);
+})
+#undef GEMM_X16
+#endif /* FY_X86_VNNI == 2 */
+
 static float dot_f32(const void *w, const void *x, int64_t n)
 {
     const float *a = w, *b = x;
@@ -497,8 +617,25 @@ static inline __attribute__((always_inline)) void attn_head(const float *q, cons
     for (int i = 0; i < nk; i += 8) /* entries past nk are computed and ignored */
         _mm256_store_ps(sc + i, exp8(_mm256_sub_ps(_mm256_load_ps(sc + i), _mm256_set1_ps(*m))));
     for (int i = 0; i < nk; i++) *l += sc[i];
-    for (int j = 0; j < hd; j += 8) {
-        __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc + j), _mm256_set1_ps(corr));
+    /* values: keys outer and 64 columns in 8 accumulators inner, so the
+     * multiply-adds form 8 independent chains (one chain per column
+     * chunk over all keys waited on its own latency) */
+    const __m256 vc = _mm256_set1_ps(corr);
+    int j0 = 0;
+    for (; j0 + 64 <= hd; j0 += 64) {
+        __m256 a[8];
+#pragma GCC unroll 8
+        for (int jj = 0; jj < 8; jj++) a[jj] = _mm256_mul_ps(_mm256_loadu_ps(acc + j0 + 8 * jj), vc);
+        for (int i = 0; i < nk; i++) {
+            __m256 e = _mm256_set1_ps(sc[i]);
+#pragma GCC unroll 8
+            for (int jj = 0; jj < 8; jj++) a[jj] = _mm256_fmadd_ps(e, load8(v, (int64_t)i * hd + j0 + 8 * jj), a[jj]);
+        }
+#pragma GCC unroll 8
+        for (int jj = 0; jj < 8; jj++) _mm256_storeu_ps(acc + j0 + 8 * jj, a[jj]);
+    }
+    for (int j = j0; j < hd; j += 8) { /* head sizes that are not a multiple of 64 */
+        __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc + j), vc);
         for (int i = 0; i < nk; i++) a = _mm256_fmadd_ps(_mm256_set1_ps(sc[i]), load8(v, (int64_t)i * hd + j), a);
         _mm256_storeu_ps(acc + j, a);
     }
@@ -521,7 +658,47 @@ static void attn_block_f32(const float *q, int G, const void *k, const void *v, 
 static void attn_block_f16(const float *q, int G, const void *k, const void *v, int nk, int hd, float scale, float *m,
                            float *l, float *acc)
 {
-    attn_block_x86(q, G, k, v, nk, hd, scale, m, l, acc, kv8_f16);
+    if (G == 1 || (size_t)nk * (size_t)hd > 32 * 128) {
+        attn_block_x86(q, G, k, v, nk, hd, scale, m, l, acc, kv8_f16);
+        return;
+    }
+    /* several heads read this block: convert it to f32 once, not per head */
+    float kf[32 * 128] __attribute__((aligned(32))), vf[32 * 128] __attribute__((aligned(32)));
+    int64_t n = (int64_t)nk * hd;
+    for (int64_t i = 0; i < n; i += 8) {
+        _mm256_store_ps(kf + i, kv8_f16(k, i));
+        _mm256_store_ps(vf + i, kv8_f16(v, i));
+    }
+    attn_block_x86(q, G, kf, vf, nk, hd, scale, m, l, acc, kv8_f32);
+}
+
+static void rmsnorm(const float *x, const float *w, int64_t n, float eps, float *y)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+        a0 = _mm256_fmadd_ps(v0, v0, a0);
+        a1 = _mm256_fmadd_ps(v1, v1, a1);
+    }
+    double ss = hsum(_mm256_add_ps(a0, a1));
+    for (; i < n; i++) ss += (double)x[i] * x[i];
+    __m256 sc = _mm256_set1_ps((float)(1.0 / sqrt(ss / (double)n + (double)eps)));
+    for (i = 0; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), sc), _mm256_loadu_ps(w + i)));
+    for (; i < n; i++) y[i] = x[i] * _mm256_cvtss_f32(sc) * w[i];
+}
+
+static void swiglu(const float *gate, const float *up, float *out, int64_t n)
+{
+    int64_t i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 sg = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_xor_ps(g, sign))));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(sg, _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
 static void f32_to_f16(const float *x, uint16_t *y, int64_t n)
@@ -550,7 +727,17 @@ const fy_cpu_kernels_t FY_X86_TABLE = {
             [FY_DTYPE_Q4_0] = gemm_q4_0x8,
             [FY_DTYPE_Q4_1] = gemm_q4_1x8,
         },
+#if FY_X86_VNNI == 2
+    .gemm_x16 =
+        {
+            [FY_DTYPE_Q8_0] = gemm_q8_0x16,
+            [FY_DTYPE_Q4_0] = gemm_q4_0x16,
+            [FY_DTYPE_Q4_1] = gemm_q4_1x16,
+        },
+#endif
 
     .attn_block = {[FY_DTYPE_F32] = attn_block_f32, [FY_DTYPE_F16] = attn_block_f16},
+    .rmsnorm = rmsnorm,
+    .swiglu = swiglu,
     .f32_to_f16 = f32_to_f16,
 };
