@@ -1,12 +1,9 @@
 /*
- * generate.h - one request from prompt to finished text on one runner:
- * chunked prefill, then a decode loop that samples, detokenizes as a
- * stream and stops on EOS, a stop string or max_tokens.
- *
- * This is the single-sequence path of `ferry generate` and of the tests;
- * the serving engine (continuous batching) drives the same runner with
- * many sequences per step.  Every block taken from the pool is returned
- * before fy_generate returns, whatever happened.
+ * generate.h - one request from prompt to finished text, on the serving
+ * engine with a batch of one: chunked prefill (reusing the prefix cache),
+ * then decoding that samples, detokenizes as a stream and stops on end of
+ * turn, a stop string or max_tokens.  The path of `ferry generate` and of
+ * many tests.  Every block is released before fy_generate returns.
  */
 #ifndef FY_GENERATE_H
 #define FY_GENERATE_H
@@ -14,22 +11,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine.h"
 #include "kv.h"
 #include "runner.h"
 #include "sampler.h"
 #include "status.h"
 #include "tokenizer.h"
-
-typedef enum fy_finish_reason {
-    FY_FINISH_NONE = 0,
-    FY_FINISH_LENGTH, /* max_tokens reached */
-    FY_FINISH_STOP,   /* a stop string matched */
-    FY_FINISH_EOS,    /* the model ended its turn */
-    FY_FINISH_CONTEXT, /* the context window is full */
-    FY_FINISH_CALLBACK, /* the text callback asked to stop */
-} fy_finish_reason_t;
-
-const char *fy_finish_reason_str(fy_finish_reason_t r);
 
 typedef struct fy_gen_params {
     fy_sampling_params_t sampling;

@@ -1,0 +1,889 @@
+/*
+ * engine.c - continuous batching: queues, admission, the step, preemption,
+ * the inter-token-latency guardrail, per-request streaming.
+ *
+ * A request's tokens are prompt then generated tokens; n_computed of them
+ * have their K/V in the cache.  Each step a running request computes
+ * tokens [n_computed, n_computed + k): one for a decoding request (the
+ * token it sampled last step), a chunk of its prompt otherwise.  When a
+ * chunk reaches the last known token, its logits give the next token.  A
+ * request preempted by recompute starts again at n_computed = 0 (its
+ * cached prefix blocks make that cheap) and, having computed all its known
+ * tokens, samples exactly the token it would have sampled unpreempted.
+ */
+#include "engine.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+#include "mem.h"
+
+#define OUT_CAP (FY_DETOK_MAX_OUT + FY_STOP_MAX_LEN + 16)
+#define OUTPUT_RING 128
+
+typedef enum rq_state {
+    RQ_INBOX = 0,
+    RQ_WAITING,
+    RQ_RUNNING,
+    RQ_SWAPPED,
+} rq_state_t;
+
+typedef struct request {
+    uint64_t id, seq;
+    int32_t priority;
+    rq_state_t state;
+    fy_event_fn cb;
+    void *cb_arg;
+    /* what to do */
+    fy_sampling_params_t sampling;
+    bool logprobs, ignore_eos;
+    int32_t max_tokens;
+    /* tokens: prompt then generated; n_computed of them are in the cache */
+    int32_t *tokens;
+    int32_t cap, n_prompt, n_total, n_computed, n_generated;
+    int32_t sched; /* tokens scheduled this step */
+    fy_block_table_t bt;
+    fy_kv_resv_t resv;
+    bool looked_up;
+    /* output */
+    fy_rng_t rng;
+    fy_detok_t detok;
+    fy_stopper_t stopper;
+    char out[OUT_CAP];
+    size_t n_out;
+    /* timing */
+    double t_submit, t_sched, t_first, t_last;
+    float *itl;
+    fy_request_timings_t timings;
+    struct request *next; /* inbox and queue links */
+} request_t;
+
+struct fy_engine {
+    fy_runner_t *r;
+    fy_kvm_t *kvm;
+    const fy_tokenizer_t *tok;
+    fy_engine_params_t p;
+    int32_t vocab, max_ctx, block_size, total_blocks;
+    fy_sampler_t *sampler;
+    float *logits;          /* [max_num_seqs, vocab] */
+    fy_forward_seq_t *fwd;  /* [max_num_seqs] */
+    request_t **fwd_req;    /* [max_num_seqs] */
+    /* queues: the engine thread's */
+    request_t *waiting, *swapped; /* sorted: priority down, then arrival */
+    request_t **running;          /* [max_num_seqs] */
+    int32_t n_running, n_waiting, n_swapped;
+    /* inbox: any thread, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    request_t *inbox, *inbox_tail;
+    uint64_t *cancels;
+    int32_t n_cancels, cap_cancels;
+    int32_t queued; /* inbox + waiting, for the overload bound */
+    uint64_t next_id, next_seq;
+    pthread_t thread;
+    bool thread_on, stop;
+    /* guardrail */
+    float *itl_ring;
+    int32_t itl_n, itl_pos, itl_since_change;
+    int32_t prefill_budget;
+    float *itl_scratch;
+    /* output lengths for prediction */
+    int32_t out_ring[OUTPUT_RING];
+    int32_t out_n, out_pos;
+    fy_engine_stats_t st; /* counters; submit-side ones under mu */
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+const char *fy_finish_reason_str(fy_finish_reason_t r)
+{
+    switch (r) {
+    case FY_FINISH_NONE: return "none";
+    case FY_FINISH_LENGTH: return "length";
+    case FY_FINISH_STOP: return "stop";
+    case FY_FINISH_EOS: return "eos";
+    case FY_FINISH_CONTEXT: return "context";
+    case FY_FINISH_CALLBACK: return "callback";
+    }
+    return "?";
+}
+
+void fy_engine_params_default(fy_engine_params_t *p)
+{
+    *p = (fy_engine_params_t){
+        .max_num_seqs = 64,
+        .max_num_batched_tokens = 512,
+        .max_waiting = 256,
+        .preempt = FY_PREEMPT_RECOMPUTE,
+        .itl_target_s = 0.0,
+        .itl_window = 256,
+        .min_prefill_budget = 32,
+        .predict_output = false,
+        .predict_quantile = 0.9,
+    };
+}
+
+void fy_request_params_default(fy_request_params_t *p)
+{
+    memset(p, 0, sizeof(*p));
+    fy_sampling_params_default(&p->sampling);
+    p->max_tokens = 128;
+}
+
+/* ---- requests ----------------------------------------------------------------------------- */
+
+static void request_free(request_t *q)
+{
+    if (!q) return;
+    fy_kvm_seq_deinit(&q->bt);
+    fy_stopper_deinit(&q->stopper);
+    fy_free(q->tokens);
+    fy_free(q->itl);
+    fy_free(q);
+}
+
+/* ordering of queues and of the running set: priority down, then arrival */
+static bool before(const request_t *a, const request_t *b)
+{
+    return a->priority > b->priority || (a->priority == b->priority && a->seq < b->seq);
+}
+
+static void list_insert(request_t **head, request_t *q)
+{
+    while (*head && before(*head, q)) head = &(*head)->next;
+    q->next = *head;
+    *head = q;
+}
+
+static bool list_remove(request_t **head, request_t *q)
+{
+    for (; *head; head = &(*head)->next) {
+        if (*head == q) {
+            *head = q->next;
+            q->next = NULL;
+            return true;
+        }
+    }
+    return false;
+}
+
+static void emit_text(void *arg, const char *text, size_t len)
+{
+    request_t *q = arg;
+    size_t room = sizeof(q->out) - q->n_out;
+    if (len > room) len = room; /* cannot happen: OUT_CAP covers a piece and a held stop prefix */
+    memcpy(q->out + q->n_out, text, len);
+    q->n_out += len;
+}
+
+static void fill_timings(request_t *q, double t_end)
+{
+    fy_request_timings_t *t = &q->timings;
+    t->queue_s = q->t_sched > 0 ? q->t_sched - q->t_submit : t_end - q->t_submit;
+    t->ttft_s = q->t_first > 0 ? q->t_first - q->t_submit : 0.0;
+    t->e2e_s = t_end - q->t_submit;
+    t->itl_s = q->itl;
+    t->n_prompt = q->n_prompt;
+    t->n_generated = q->n_generated;
+}
+
+/* Takes the request out of whichever queue holds it. */
+static void unlink_request(fy_engine_t *e, request_t *q)
+{
+    switch (q->state) {
+    case RQ_WAITING:
+        list_remove(&e->waiting, q);
+        e->n_waiting--;
+        pthread_mutex_lock(&e->mu);
+        e->queued--;
+        pthread_mutex_unlock(&e->mu);
+        break;
+    case RQ_SWAPPED:
+        list_remove(&e->swapped, q);
+        e->n_swapped--;
+        break;
+    case RQ_RUNNING:
+        for (int32_t i = 0; i < e->n_running; i++) {
+            if (e->running[i] == q) {
+                memmove(&e->running[i], &e->running[i + 1], (size_t)(e->n_running - i - 1) * sizeof(request_t *));
+                e->n_running--;
+                break;
+            }
+        }
+        break;
+    case RQ_INBOX: break;
+    }
+}
+
+/* The one terminal event: the request leaves, its blocks and promise go back. */
+static void end_request(fy_engine_t *e, request_t *q, fy_event_kind_t kind, fy_finish_reason_t reason,
+                        fy_status_t status, const char *message)
+{
+    unlink_request(e, q);
+    fy_kvm_seq_release(e->kvm, &q->bt);
+    fy_kvm_resv_release(e->kvm, &q->resv);
+    double t = now_s();
+    fill_timings(q, t);
+    fy_event_t ev = {.kind = kind, .id = q->id, .reason = reason, .status = status, .message = message,
+                     .timings = &q->timings, .token = -1};
+    if (kind == FY_EVENT_FINISH) {
+        q->n_out = 0;
+        if (reason != FY_FINISH_STOP) {
+            char piece[FY_DETOK_MAX_OUT];
+            size_t n = fy_detok_flush(&q->detok, piece, sizeof(piece));
+            if (fy_stopper_feed(&q->stopper, piece, n, emit_text, q))
+                ev.reason = FY_FINISH_STOP;
+            else
+                fy_stopper_flush(&q->stopper, emit_text, q);
+        }
+        ev.text = q->out;
+        ev.len = q->n_out;
+        e->st.finished++;
+        if (e->out_n < OUTPUT_RING) e->out_n++;
+        e->out_ring[e->out_pos] = q->n_generated;
+        e->out_pos = (e->out_pos + 1) % OUTPUT_RING;
+    } else {
+        e->st.errors++;
+        if (status == FY_ERR_CANCELLED) e->st.cancelled++;
+    }
+    q->cb(q->cb_arg, &ev);
+    request_free(q);
+}
+
+static void end_error(fy_engine_t *e, request_t *q, fy_status_t status, const char *message)
+{
+    end_request(e, q, FY_EVENT_ERROR, FY_FINISH_NONE, status, message);
+}
+
+/* ---- creation ------------------------------------------------------------------------------- */
+
+fy_status_t fy_engine_create(fy_runner_t *r, fy_kvm_t *kvm, const fy_tokenizer_t *tok, const fy_engine_params_t *p,
+                             fy_engine_t **e_p)
+{
+    const fy_runner_params_t *rp = fy_runner_params(r);
+    if (p->max_num_seqs < 1 || p->max_num_seqs > rp->max_seqs || p->max_num_seqs > rp->max_logits ||
+        p->max_num_batched_tokens < p->max_num_seqs || p->max_num_batched_tokens > rp->max_batch_tokens ||
+        p->max_waiting < 0 || p->itl_target_s < 0 || (p->itl_target_s > 0 && p->itl_window < 8) ||
+        p->min_prefill_budget < 1 || !(p->predict_quantile > 0 && p->predict_quantile <= 1)) {
+        fy_error("engine: bad parameters (%d sequences, %d tokens a step, %d waiting); the runner allows %d "
+                 "sequences, %d logit rows, %d tokens",
+                 p->max_num_seqs, p->max_num_batched_tokens, p->max_waiting, rp->max_seqs, rp->max_logits,
+                 rp->max_batch_tokens);
+        return FY_ERR_INVALID;
+    }
+    fy_engine_t *e = fy_calloc(1, sizeof(*e));
+    if (!e) goto nomem;
+    e->r = r;
+    e->kvm = kvm;
+    e->tok = tok;
+    e->p = *p;
+    e->vocab = fy_model_config(fy_runner_model(r))->vocab_size;
+    e->max_ctx = rp->max_ctx;
+    e->block_size = rp->block_size;
+    fy_kvm_stats_t ks;
+    fy_kvm_stats(kvm, &ks);
+    e->total_blocks = ks.tier[FY_KV_DEVICE].total;
+    e->prefill_budget = p->max_num_batched_tokens;
+    e->next_id = 1;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    int32_t n = p->max_num_seqs, w = p->itl_window > 0 ? p->itl_window : 1;
+    e->logits = fy_malloc((size_t)n * (size_t)e->vocab * sizeof(float));
+    e->fwd = fy_calloc((size_t)n, sizeof(*e->fwd));
+    e->fwd_req = fy_calloc((size_t)n, sizeof(*e->fwd_req));
+    e->running = fy_calloc((size_t)n, sizeof(*e->running));
+    e->itl_ring = fy_calloc((size_t)w, sizeof(float));
+    e->itl_scratch = fy_calloc((size_t)w, sizeof(float));
+    if (!e->logits || !e->fwd || !e->fwd_req || !e->running || !e->itl_ring || !e->itl_scratch) goto nomem;
+    if (fy_sampler_create(e->vocab, &e->sampler) != FY_OK) goto fail;
+    *e_p = e;
+    return FY_OK;
+nomem:
+    fy_error("engine: out of memory");
+fail:
+    fy_engine_destroy(e);
+    return FY_ERR_NOMEM;
+}
+
+void fy_engine_destroy(fy_engine_t *e)
+{
+    if (!e) return;
+    fy_engine_stop(e);
+    /* whatever is left ends with an error, so nobody waits forever */
+    pthread_mutex_lock(&e->mu);
+    request_t *in = e->inbox;
+    e->inbox = e->inbox_tail = NULL;
+    pthread_mutex_unlock(&e->mu);
+    while (in) {
+        request_t *q = in;
+        in = q->next;
+        q->next = NULL;
+        end_error(e, q, FY_ERR_CANCELLED, "engine shutting down");
+    }
+    while (e->n_running) end_error(e, e->running[e->n_running - 1], FY_ERR_CANCELLED, "engine shutting down");
+    while (e->waiting) end_error(e, e->waiting, FY_ERR_CANCELLED, "engine shutting down");
+    while (e->swapped) end_error(e, e->swapped, FY_ERR_CANCELLED, "engine shutting down");
+    fy_sampler_destroy(e->sampler);
+    fy_free(e->logits);
+    fy_free(e->fwd);
+    fy_free(e->fwd_req);
+    fy_free(e->running);
+    fy_free(e->itl_ring);
+    fy_free(e->itl_scratch);
+    fy_free(e->cancels);
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->mu);
+    fy_free(e);
+}
+
+/* ---- submit and cancel (any thread) ------------------------------------------------------------ */
+
+static fy_status_t refuse(fy_engine_t *e, fy_status_t st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static fy_status_t refuse(fy_engine_t *e, fy_status_t st, const char *fmt, ...)
+{
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    fy_error("engine: %s", msg);
+    pthread_mutex_lock(&e->mu);
+    if (st == FY_ERR_OVERLOADED)
+        e->st.refused_overloaded++;
+    else
+        e->st.refused_invalid++;
+    pthread_mutex_unlock(&e->mu);
+    return st;
+}
+
+fy_status_t fy_engine_submit(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_request_params_t *rp,
+                             fy_event_fn cb, void *arg, uint64_t *id_p)
+{
+    if (!cb || n_prompt < 1) return refuse(e, FY_ERR_INVALID, "a request needs a prompt and a callback");
+    if (n_prompt >= e->max_ctx)
+        return refuse(e, FY_ERR_INVALID, "prompt of %d tokens leaves no room in the context of %d", n_prompt,
+                      e->max_ctx);
+    for (int32_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= e->vocab)
+            return refuse(e, FY_ERR_INVALID, "prompt token %d is %d, outside the vocabulary of %d", i, prompt[i],
+                          e->vocab);
+    if (rp->max_tokens < 1) return refuse(e, FY_ERR_INVALID, "max_tokens %d is below 1", rp->max_tokens);
+    if (fy_sampling_params_check(&rp->sampling) != FY_OK)
+        return refuse(e, FY_ERR_INVALID, "bad sampling parameters (see above)");
+    int32_t max_tokens = rp->max_tokens < e->max_ctx - n_prompt ? rp->max_tokens : e->max_ctx - n_prompt;
+    /* a request the cache could never hold would wait forever: refuse it */
+    int32_t need = fy_kvm_blocks_for(e->kvm, n_prompt, e->p.predict_output ? 1 : max_tokens, 0);
+    if (need > e->total_blocks)
+        return refuse(e, FY_ERR_INVALID, "request needs %d kv blocks; the cache has %d", need, e->total_blocks);
+
+    request_t *q = fy_calloc(1, sizeof(*q));
+    if (!q) return refuse(e, FY_ERR_NOMEM, "out of memory for a request");
+    q->cap = n_prompt + max_tokens;
+    q->tokens = fy_malloc((size_t)q->cap * sizeof(int32_t));
+    q->itl = fy_malloc((size_t)max_tokens * sizeof(float));
+    fy_status_t st = FY_ERR_NOMEM;
+    if (!q->tokens || !q->itl || (st = fy_kvm_seq_init(e->kvm, &q->bt, q->cap, &rp->ns)) ||
+        (st = fy_stopper_init(&q->stopper, rp->stop, rp->n_stop, FY_DETOK_MAX_OUT))) {
+        request_free(q);
+        return refuse(e, st, "cannot set up the request: %s", fy_status_str(st));
+    }
+    memcpy(q->tokens, prompt, (size_t)n_prompt * sizeof(int32_t));
+    q->n_prompt = q->n_total = n_prompt;
+    q->max_tokens = max_tokens;
+    q->sampling = rp->sampling;
+    q->ignore_eos = rp->ignore_eos;
+    q->logprobs = rp->logprobs;
+    q->priority = rp->priority;
+    q->cb = cb;
+    q->cb_arg = arg;
+    fy_rng_seed(&q->rng, rp->sampling.seed);
+    fy_detok_init(&q->detok, e->tok, false);
+    q->t_submit = now_s();
+    q->state = RQ_INBOX;
+
+    pthread_mutex_lock(&e->mu);
+    if (e->queued >= e->p.max_waiting) {
+        e->st.refused_overloaded++;
+        pthread_mutex_unlock(&e->mu);
+        request_free(q);
+        fy_warn("engine: overloaded: %d requests waiting; request refused", e->p.max_waiting);
+        return FY_ERR_OVERLOADED;
+    }
+    q->id = e->next_id++;
+    q->seq = e->next_seq++;
+    if (e->inbox_tail)
+        e->inbox_tail->next = q;
+    else
+        e->inbox = q;
+    e->inbox_tail = q;
+    e->queued++;
+    e->st.submitted++;
+    e->st.prompt_tokens += (uint64_t)n_prompt;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    if (id_p) *id_p = q->id;
+    return FY_OK;
+}
+
+void fy_engine_cancel(fy_engine_t *e, uint64_t id)
+{
+    pthread_mutex_lock(&e->mu);
+    if (e->n_cancels == e->cap_cancels) {
+        int32_t cap = e->cap_cancels ? 2 * e->cap_cancels : 16;
+        uint64_t *c = fy_realloc(e->cancels, (size_t)cap * sizeof(uint64_t));
+        if (!c) { /* the request runs to its end instead; nothing leaks */
+            pthread_mutex_unlock(&e->mu);
+            fy_warn("engine: out of memory queueing a cancel of request %llu", (unsigned long long)id);
+            return;
+        }
+        e->cancels = c;
+        e->cap_cancels = cap;
+    }
+    e->cancels[e->n_cancels++] = id;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* ---- the step --------------------------------------------------------------------------------- */
+
+static request_t *find_request(fy_engine_t *e, uint64_t id)
+{
+    for (int32_t i = 0; i < e->n_running; i++)
+        if (e->running[i]->id == id) return e->running[i];
+    for (request_t *q = e->waiting; q; q = q->next)
+        if (q->id == id) return q;
+    for (request_t *q = e->swapped; q; q = q->next)
+        if (q->id == id) return q;
+    return NULL;
+}
+
+/* Moves what other threads handed in into the queues. */
+static void take_inbox(fy_engine_t *e)
+{
+    pthread_mutex_lock(&e->mu);
+    request_t *in = e->inbox;
+    e->inbox = e->inbox_tail = NULL;
+    int32_t nc = e->n_cancels;
+    uint64_t cancels[64];
+    int32_t take = nc < 64 ? nc : 64; /* the rest wait for the next step */
+    if (take) {
+        memcpy(cancels, e->cancels, (size_t)take * sizeof(uint64_t));
+        memmove(e->cancels, e->cancels + take, (size_t)(nc - take) * sizeof(uint64_t));
+    }
+    e->n_cancels = nc - take;
+    pthread_mutex_unlock(&e->mu);
+    while (in) {
+        request_t *q = in;
+        in = q->next;
+        q->next = NULL;
+        q->state = RQ_WAITING;
+        list_insert(&e->waiting, q);
+        e->n_waiting++;
+    }
+    for (int32_t i = 0; i < take; i++) {
+        request_t *q = find_request(e, cancels[i]);
+        if (q) end_error(e, q, FY_ERR_CANCELLED, "cancelled");
+    }
+}
+
+static int cmp_running(const void *a, const void *b)
+{
+    const request_t *x = *(request_t *const *)a, *y = *(request_t *const *)b;
+    return before(x, y) ? -1 : before(y, x) ? 1 : 0;
+}
+
+/* Output tokens admission plans for: max_tokens, or a quantile of recent
+ * output lengths when prediction is on (never more than max_tokens). */
+static int32_t planned_output(const fy_engine_t *e, const request_t *q)
+{
+    int32_t left = q->max_tokens - q->n_generated;
+    if (!e->p.predict_output || e->out_n < 8) return left;
+    int32_t s[OUTPUT_RING];
+    memcpy(s, e->out_ring, (size_t)e->out_n * sizeof(int32_t));
+    for (int32_t i = 1; i < e->out_n; i++) /* insertion sort: at most 128 */
+        for (int32_t j = i; j > 0 && s[j - 1] > s[j]; j--) {
+            int32_t t = s[j];
+            s[j] = s[j - 1];
+            s[j - 1] = t;
+        }
+    int32_t k = (int32_t)ceil(e->p.predict_quantile * e->out_n) - 1;
+    int32_t pred = s[k < 0 ? 0 : k] - q->n_generated;
+    if (pred < 1) pred = 1;
+    return pred < left ? pred : left;
+}
+
+/* Blocks a request's promise must cover from here: its known tokens and
+ * the output it plans for, less the full blocks it already holds. */
+static int32_t blocks_needed(const fy_engine_t *e, const request_t *q)
+{
+    return fy_kvm_blocks_for(e->kvm, q->n_total, planned_output(e, q), q->n_computed);
+}
+
+static void preempt(fy_engine_t *e, request_t *q)
+{
+    unlink_request(e, q); /* from running */
+    fy_kvm_resv_release(e->kvm, &q->resv);
+    q->timings.n_preempted++;
+    if (e->p.preempt == FY_PREEMPT_SWAP && fy_kvm_seq_swap_out(e->kvm, &q->bt) == FY_OK) {
+        q->state = RQ_SWAPPED;
+        list_insert(&e->swapped, q);
+        e->n_swapped++;
+        e->st.preemptions_swap++;
+        return;
+    }
+    /* recompute: the full blocks stay in the prefix cache for the retry */
+    fy_kvm_seq_release(e->kvm, &q->bt);
+    q->n_computed = 0;
+    q->looked_up = false;
+    q->state = RQ_WAITING;
+    list_insert(&e->waiting, q);
+    e->n_waiting++;
+    pthread_mutex_lock(&e->mu);
+    e->queued++;
+    pthread_mutex_unlock(&e->mu);
+    e->st.preemptions_recompute++;
+}
+
+/* Schedules k tokens of running request i, preempting from the end of the
+ * running set (lowest priority, latest) until its blocks fit.  Returns
+ * false when the request itself left the running set. */
+static bool schedule(fy_engine_t *e, int32_t i, int32_t k)
+{
+    request_t *q = e->running[i];
+    for (;;) {
+        fy_status_t st = fy_kvm_seq_reserve(e->kvm, &q->bt, q->n_computed + k, &q->resv);
+        if (st == FY_OK) break;
+        if (st != FY_ERR_NO_SPACE) { /* a bug, not a shortage: end the request, keep serving */
+            end_error(e, q, st, "kv cache reservation failed");
+            return false;
+        }
+        request_t *victim = e->running[e->n_running - 1];
+        if (victim == q && e->n_running == 1) {
+            /* alone and still out of blocks: it would come back forever */
+            end_error(e, q, FY_ERR_NO_SPACE, "the kv cache cannot hold this request");
+            return false;
+        }
+        preempt(e, victim);
+        if (victim == q) return false;
+    }
+    q->sched = k;
+    if (q->t_sched == 0) q->t_sched = now_s();
+    return true;
+}
+
+/* Swapped-out requests come back first, while their promise fits. */
+static void admit_swapped(fy_engine_t *e)
+{
+    while (e->swapped && e->n_running < e->p.max_num_seqs) {
+        request_t *q = e->swapped;
+        if (fy_kvm_admit(e->kvm, fy_kvm_blocks_for(e->kvm, q->n_total, planned_output(e, q), 0), &q->resv) !=
+            FY_OK)
+            return;
+        if (fy_kvm_seq_swap_in(e->kvm, &q->bt, &q->resv) != FY_OK) {
+            fy_kvm_resv_release(e->kvm, &q->resv);
+            return;
+        }
+        list_remove(&e->swapped, q);
+        e->n_swapped--;
+        q->state = RQ_RUNNING;
+        e->running[e->n_running++] = q;
+    }
+}
+
+/* Admits waiting requests while their promise and a first chunk fit, and
+ * schedules that chunk. */
+static void admit_waiting(fy_engine_t *e, int32_t *budget, int32_t *prefill_left)
+{
+    while (e->waiting && e->n_running < e->p.max_num_seqs && *budget > 0 && *prefill_left > 0) {
+        request_t *q = e->waiting;
+        if (!q->looked_up) {
+            int32_t hit = 0;
+            if (fy_kvm_seq_lookup(e->kvm, &q->bt, q->tokens, q->n_total, &hit) != FY_OK) {
+                end_error(e, q, FY_ERR_INTERNAL, "prefix lookup failed");
+                continue;
+            }
+            q->n_computed = hit;
+            if (q->timings.n_preempted == 0) q->timings.n_cached = hit;
+            q->looked_up = true;
+        }
+        if (fy_kvm_admit(e->kvm, blocks_needed(e, q), &q->resv) != FY_OK) {
+            /* let the prefix go back to the cache while it waits */
+            fy_kvm_seq_release(e->kvm, &q->bt);
+            q->n_computed = 0;
+            q->looked_up = false;
+            return;
+        }
+        list_remove(&e->waiting, q);
+        e->n_waiting--;
+        pthread_mutex_lock(&e->mu);
+        e->queued--;
+        pthread_mutex_unlock(&e->mu);
+        q->state = RQ_RUNNING;
+        e->running[e->n_running++] = q;
+        int32_t k = q->n_total - q->n_computed;
+        if (k > *budget) k = *budget;
+        if (k > 1 && k > *prefill_left) k = *prefill_left;
+        if (schedule(e, e->n_running - 1, k)) {
+            *budget -= k;
+            if (q->n_total - q->n_computed > 1) *prefill_left -= k;
+        }
+    }
+}
+
+static void guardrail(fy_engine_t *e, float itl)
+{
+    if (e->p.itl_target_s <= 0) return;
+    int32_t w = e->p.itl_window;
+    e->itl_ring[e->itl_pos] = itl;
+    e->itl_pos = (e->itl_pos + 1) % w;
+    if (e->itl_n < w) e->itl_n++;
+    e->itl_since_change++;
+}
+
+static double itl_p95(fy_engine_t *e)
+{
+    if (e->itl_n == 0) return 0.0;
+    memcpy(e->itl_scratch, e->itl_ring, (size_t)e->itl_n * sizeof(float));
+    int32_t n = e->itl_n, k = (int32_t)ceil(0.95 * n) - 1;
+    /* quickselect for the k-th smallest */
+    float *a = e->itl_scratch;
+    int32_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        float pivot = a[(lo + hi) / 2];
+        int32_t i = lo, j = hi;
+        while (i <= j) {
+            while (a[i] < pivot) i++;
+            while (a[j] > pivot) j--;
+            if (i <= j) {
+                float t = a[i];
+                a[i++] = a[j];
+                a[j--] = t;
+            }
+        }
+        if (k <= j)
+            hi = j;
+        else if (k >= i)
+            lo = i;
+        else
+            break;
+    }
+    return a[k];
+}
+
+/* Halve the prompt tokens a step may take when p95 inter-token latency is
+ * over target; give back a sixteenth at a time when it is comfortably
+ * under.  Changes wait for a quarter window of fresh samples. */
+static void adjust_budget(fy_engine_t *e)
+{
+    if (e->p.itl_target_s <= 0 || e->itl_since_change < e->p.itl_window / 4) return;
+    double p95 = itl_p95(e);
+    e->st.itl_p95_s = p95;
+    int32_t max = e->p.max_num_batched_tokens, b = e->prefill_budget;
+    if (p95 > e->p.itl_target_s && b > e->p.min_prefill_budget) {
+        b = b / 2 > e->p.min_prefill_budget ? b / 2 : e->p.min_prefill_budget;
+    } else if (p95 < 0.8 * e->p.itl_target_s && b < max) {
+        b += max / 16 > 1 ? max / 16 : 1;
+        if (b > max) b = max;
+    } else {
+        return;
+    }
+    fy_debug("engine: p95 inter-token latency %.1f ms; prompt tokens per step %d -> %d", p95 * 1e3,
+             e->prefill_budget, b);
+    e->prefill_budget = b;
+    e->itl_since_change = 0;
+}
+
+/* A token was sampled for q: stream it, and end q if it is done. */
+static void on_token(fy_engine_t *e, request_t *q, int32_t tok, float logprob, double t)
+{
+    if (q->t_first == 0) {
+        q->t_first = t;
+    } else {
+        float itl = (float)(t - q->t_last);
+        if (q->timings.n_itl < q->max_tokens) q->itl[q->timings.n_itl++] = itl;
+        guardrail(e, itl);
+    }
+    q->t_last = t;
+    if (!q->ignore_eos && fy_tokenizer_is_eog(e->tok, tok)) {
+        end_request(e, q, FY_EVENT_FINISH, FY_FINISH_EOS, FY_OK, NULL);
+        return;
+    }
+    q->tokens[q->n_total++] = tok;
+    q->n_generated++;
+    e->st.generation_tokens++;
+    char piece[FY_DETOK_MAX_OUT];
+    size_t n = fy_detok_push(&q->detok, tok, piece, sizeof(piece));
+    q->n_out = 0;
+    bool stopped = fy_stopper_feed(&q->stopper, piece, n, emit_text, q);
+    fy_event_t ev = {.kind = FY_EVENT_TOKEN, .id = q->id, .token = tok, .logprob = logprob, .text = q->out,
+                     .len = q->n_out};
+    q->cb(q->cb_arg, &ev);
+    if (stopped)
+        end_request(e, q, FY_EVENT_FINISH, FY_FINISH_STOP, FY_OK, NULL);
+    else if (q->n_generated >= q->max_tokens)
+        end_request(e, q, FY_EVENT_FINISH, FY_FINISH_LENGTH, FY_OK, NULL);
+    else if (q->n_total >= e->max_ctx)
+        end_request(e, q, FY_EVENT_FINISH, FY_FINISH_CONTEXT, FY_OK, NULL);
+}
+
+fy_status_t fy_engine_step(fy_engine_t *e)
+{
+    take_inbox(e);
+    admit_swapped(e);
+    qsort(e->running, (size_t)e->n_running, sizeof(request_t *), cmp_running);
+    int32_t budget = e->p.max_num_batched_tokens, prefill_left = e->prefill_budget;
+    /* running requests in priority order; a token for every decoding
+     * request is set aside before prompt chunks take the rest */
+    int32_t decodes = 0;
+    for (int32_t i = 0; i < e->n_running; i++) {
+        e->running[i]->sched = 0;
+        decodes += e->running[i]->n_total - e->running[i]->n_computed == 1;
+    }
+    for (int32_t i = 0; i < e->n_running; i++) {
+        request_t *q = e->running[i];
+        int32_t k = q->n_total - q->n_computed;
+        bool decode = k == 1;
+        if (decode) {
+            decodes--;
+        } else {
+            if (k > budget - decodes) k = budget - decodes;
+            if (k > prefill_left) k = prefill_left;
+        }
+        if (k <= 0) continue;
+        if (!schedule(e, i, k)) {
+            /* q left the running set: preempted (it was the last) or failed */
+            if (i < e->n_running && e->running[i] != q) i--;
+            continue;
+        }
+        budget -= k;
+        if (!decode) prefill_left -= k;
+    }
+    admit_waiting(e, &budget, &prefill_left);
+
+    int32_t n = 0;
+    for (int32_t i = 0; i < e->n_running; i++) {
+        request_t *q = e->running[i];
+        if (q->sched <= 0) continue;
+        e->fwd_req[n] = q;
+        e->fwd[n] = (fy_forward_seq_t){
+            .bt = &q->bt,
+            .tokens = q->tokens + q->n_computed,
+            .n_tokens = q->sched,
+            .pos = q->n_computed,
+            .n_logits = q->n_computed + q->sched == q->n_total ? 1 : 0,
+        };
+        n++;
+    }
+    if (n == 0) return FY_OK;
+    e->st.steps++;
+    fy_status_t st = fy_runner_forward(e->r, e->fwd, n, e->logits);
+    if (st != FY_OK) { /* logged; the requests in this batch end, the engine keeps serving */
+        for (int32_t i = 0; i < n; i++) end_error(e, e->fwd_req[i], st, "forward pass failed");
+        return st;
+    }
+    double t = now_s();
+    int32_t row = 0;
+    for (int32_t i = 0; i < n; i++) {
+        request_t *q = e->fwd_req[i];
+        int32_t before = q->n_computed;
+        q->n_computed += q->sched;
+        q->sched = 0;
+        if (before < q->n_prompt)
+            e->st.computed_prompt_tokens +=
+                (uint64_t)((q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt) - before);
+        fy_kvm_seq_commit(e->kvm, &q->bt, q->tokens, q->n_computed);
+        if (e->fwd[i].n_logits == 0) continue;
+        const float *lg = e->logits + (size_t)row++ * (size_t)e->vocab;
+        float lp = 0.0f;
+        int32_t tok = fy_sampler_sample(e->sampler, &q->sampling, &q->rng, lg, q->logprobs ? &lp : NULL);
+        on_token(e, q, tok, lp, t);
+    }
+    adjust_budget(e);
+    return FY_OK;
+}
+
+bool fy_engine_idle(fy_engine_t *e)
+{
+    pthread_mutex_lock(&e->mu);
+    bool pending = e->inbox || e->n_cancels;
+    pthread_mutex_unlock(&e->mu);
+    return !pending && !e->n_running && !e->n_waiting && !e->n_swapped;
+}
+
+/* ---- the engine's own thread ------------------------------------------------------------------------ */
+
+static void *engine_main(void *p)
+{
+    fy_engine_t *e = p;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->stop && !e->inbox && !e->n_cancels && !e->n_running && !e->n_waiting && !e->n_swapped)
+            pthread_cond_wait(&e->cv, &e->mu);
+        bool stop = e->stop;
+        pthread_mutex_unlock(&e->mu);
+        if (stop) break;
+        int32_t before_running = e->n_running, before_waiting = e->n_waiting;
+        fy_engine_step(e);
+        /* waiting requests that cannot be admitted yet, with nothing
+         * running to free blocks: sleep until something is handed in */
+        if (!e->n_running && e->n_waiting && e->n_waiting == before_waiting && before_running == 0) {
+            pthread_mutex_lock(&e->mu);
+            if (!e->stop && !e->inbox && !e->n_cancels) {
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_nsec += 10000000; /* and look again in 10 ms */
+                if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+                pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+            }
+            pthread_mutex_unlock(&e->mu);
+        }
+    }
+    return NULL;
+}
+
+fy_status_t fy_engine_start(fy_engine_t *e)
+{
+    if (e->thread_on) return FY_OK;
+    e->stop = false;
+    int rc = pthread_create(&e->thread, NULL, engine_main, e);
+    if (rc) {
+        fy_error("engine: cannot start its thread: error %d", rc);
+        return FY_ERR_INTERNAL;
+    }
+    e->thread_on = true;
+    return FY_OK;
+}
+
+void fy_engine_stop(fy_engine_t *e)
+{
+    if (!e->thread_on) return;
+    pthread_mutex_lock(&e->mu);
+    e->stop = true;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+    e->thread_on = false;
+}
+
+void fy_engine_stats(fy_engine_t *e, fy_engine_stats_t *out)
+{
+    pthread_mutex_lock(&e->mu);
+    *out = e->st;
+    out->waiting = e->queued;
+    pthread_mutex_unlock(&e->mu);
+    out->running = e->n_running;
+    out->swapped = e->n_swapped;
+    out->prefill_budget = e->prefill_budget;
+}

@@ -1,0 +1,168 @@
+/*
+ * engine.h - the serving engine: continuous batching over one runner and
+ * one block manager.
+ *
+ * Requests wait in a queue ordered by priority then arrival; each step
+ * runs one batched forward pass over every running request: a decode
+ * token for each decoding request first, then prompt chunks that share
+ * the step's token budget (chunked prefill).  Requests join between steps
+ * when the block manager can promise them their worst case (prompt plus
+ * max_tokens, less the cached prefix; or a predicted output length when
+ * configured), and leave as soon as they finish.  When blocks run out
+ * anyway (optimistic admission, copy-on-write), the lowest-priority,
+ * latest-arriving request is preempted: its KV is dropped and recomputed
+ * later (its full blocks stay in the prefix cache) or swapped to the host
+ * tier.  A queue past its bound refuses new requests at once with
+ * FY_ERR_OVERLOADED.  No configuration and no load makes the process run
+ * out of memory: every buffer is sized at creation or at admission.
+ *
+ * Each request streams events to its own callback, on the engine thread:
+ * tokens as they are sampled (with the text that became final), then
+ * exactly one terminal event, finished (length, stop, end of turn,
+ * context) or error (cancelled, shutting down, a compute failure), after
+ * which the engine holds none of its blocks.  A seeded request gives the
+ * same tokens whatever runs beside it: its sampler draws only from its
+ * own generator, and the forward pass computes each token the same way in
+ * any batch.
+ *
+ * The engine is driven either by the caller (fy_engine_step, one thread)
+ * or by its own thread (fy_engine_start); submit and cancel are safe from
+ * any thread in both cases.  This engine is what a decode worker runs,
+ * and what one process runs for both phases in colocated mode.
+ */
+#ifndef FY_ENGINE_H
+#define FY_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kv.h"
+#include "runner.h"
+#include "sampler.h"
+#include "status.h"
+#include "stop.h"
+#include "tokenizer.h"
+
+typedef enum fy_finish_reason {
+    FY_FINISH_NONE = 0,
+    FY_FINISH_LENGTH, /* max_tokens reached */
+    FY_FINISH_STOP,   /* a stop string matched */
+    FY_FINISH_EOS,    /* the model ended its turn */
+    FY_FINISH_CONTEXT, /* the context window is full */
+    FY_FINISH_CALLBACK, /* the text callback asked to stop */
+} fy_finish_reason_t;
+
+const char *fy_finish_reason_str(fy_finish_reason_t r);
+
+typedef enum fy_preempt_mode {
+    FY_PREEMPT_RECOMPUTE = 0, /* drop the KV; prefill again later, reusing cached prefix blocks */
+    FY_PREEMPT_SWAP,          /* move the KV to the host tier; recompute when it is full */
+} fy_preempt_mode_t;
+
+typedef struct fy_engine_params {
+    int32_t max_num_seqs;           /* running requests at most */
+    int32_t max_num_batched_tokens; /* tokens per step (decodes and prompt chunks) */
+    int32_t max_waiting;            /* queued requests before new ones are refused as overloaded */
+    fy_preempt_mode_t preempt;
+    double itl_target_s;            /* guardrail: p95 inter-token latency target; 0 turns it off */
+    int32_t itl_window;             /* inter-token latencies the guardrail looks at */
+    int32_t min_prefill_budget;     /* the guardrail never cuts prompt tokens per step below this */
+    bool predict_output;            /* admit on a predicted output length, not max_tokens */
+    double predict_quantile;        /* of recent output lengths, e.g. 0.9 */
+} fy_engine_params_t;
+
+/* Defaults: 64 sequences, 512 tokens a step, 256 waiting, recompute, no
+ * guardrail, pessimistic admission.  Bounded by the runner's sizes. */
+void fy_engine_params_default(fy_engine_params_t *p);
+
+typedef struct fy_request_params {
+    fy_sampling_params_t sampling;
+    int32_t max_tokens;
+    const char *const *stop; /* copied at submit */
+    int n_stop;
+    bool ignore_eos;
+    bool logprobs;           /* report each token's log-probability (costs a pass over the vocabulary) */
+    int32_t priority;        /* larger runs first and is preempted last */
+    fy_kv_ns_t ns;           /* prefix-cache namespace: the tenant's, set by the server */
+} fy_request_params_t;
+
+void fy_request_params_default(fy_request_params_t *p);
+
+typedef struct fy_request_timings {
+    double queue_s;       /* submitted to first scheduled */
+    double ttft_s;        /* submitted to first token */
+    double e2e_s;         /* submitted to the terminal event */
+    const float *itl_s;   /* [n_itl] each inter-token latency */
+    int32_t n_itl;
+    int32_t n_prompt, n_generated, n_cached; /* n_cached: prompt tokens found in the prefix cache */
+    int32_t n_preempted;
+} fy_request_timings_t;
+
+typedef enum fy_event_kind {
+    FY_EVENT_TOKEN = 0, /* a token was sampled; text is what became final with it (may be empty) */
+    FY_EVENT_FINISH,    /* terminal: finished, see reason */
+    FY_EVENT_ERROR,     /* terminal: failed, see status and message */
+} fy_event_kind_t;
+
+typedef struct fy_event {
+    fy_event_kind_t kind;
+    uint64_t id;
+    int32_t token;   /* FY_EVENT_TOKEN */
+    float logprob;   /* of token under the temperature-scaled distribution */
+    const char *text; /* FY_EVENT_TOKEN and FY_EVENT_FINISH (held-back text), not NUL-terminated */
+    size_t len;
+    fy_finish_reason_t reason;            /* FY_EVENT_FINISH */
+    fy_status_t status;                   /* FY_EVENT_ERROR */
+    const char *message;                  /* FY_EVENT_ERROR, NUL-terminated */
+    const fy_request_timings_t *timings;  /* terminal events */
+} fy_event_t;
+
+/* Called on the engine thread; must not call back into the engine except
+ * fy_engine_cancel. */
+typedef void (*fy_event_fn)(void *arg, const fy_event_t *ev);
+
+typedef struct fy_engine fy_engine_t;
+
+/* The runner, block manager and tokenizer must outlive the engine. */
+fy_status_t fy_engine_create(fy_runner_t *runner, fy_kvm_t *kvm, const fy_tokenizer_t *tok,
+                             const fy_engine_params_t *params, fy_engine_t **engine_p);
+/* Ends every request still in it with an error event ("shutting down"). */
+void fy_engine_destroy(fy_engine_t *engine); /* accepts NULL */
+
+/*
+ * Queues a request.  FY_ERR_OVERLOADED when the queue is at its bound,
+ * FY_ERR_INVALID (message logged) for a bad prompt or parameters or a
+ * request the KV cache could never hold, FY_ERR_NOMEM.  On success the
+ * request will produce exactly one terminal event and *id_p names it;
+ * otherwise no event is produced.
+ */
+fy_status_t fy_engine_submit(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_request_params_t *rp,
+                             fy_event_fn cb, void *arg, uint64_t *id_p);
+/* Asks for a request to end (error event FY_ERR_CANCELLED) and free its
+ * blocks at the next step; unknown or finished ids are ignored. */
+void fy_engine_cancel(fy_engine_t *e, uint64_t id);
+
+/* Runs one step (takes submitted and cancelled requests in, schedules,
+ * runs the forward pass, emits events).  For callers that drive the
+ * engine themselves; not while fy_engine_start's thread runs. */
+fy_status_t fy_engine_step(fy_engine_t *e);
+/* No request is queued, running or swapped out. */
+bool fy_engine_idle(fy_engine_t *e);
+
+/* Steps on a thread of the engine's own while there is work, sleeping
+ * otherwise; fy_engine_stop (or destroy) ends it. */
+fy_status_t fy_engine_start(fy_engine_t *e);
+void fy_engine_stop(fy_engine_t *e);
+
+typedef struct fy_engine_stats {
+    int32_t running, waiting, swapped;
+    uint64_t submitted, finished, errors, refused_overloaded, refused_invalid, cancelled;
+    uint64_t steps, preemptions_recompute, preemptions_swap;
+    uint64_t prompt_tokens, generation_tokens, computed_prompt_tokens;
+    int32_t prefill_budget; /* prompt tokens per step now (the guardrail moves it) */
+    double itl_p95_s;       /* over the guardrail's window */
+} fy_engine_stats_t;
+
+void fy_engine_stats(fy_engine_t *e, fy_engine_stats_t *out);
+
+#endif /* FY_ENGINE_H */

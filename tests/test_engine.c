@@ -1,0 +1,559 @@
+/*
+ * test_engine.c - the serving engine: batch invariance (a request gives
+ * the same tokens alone or among 15 others arriving at other times),
+ * preemption by recompute and by swap giving the tokens of an unpreempted
+ * run, cancellation and errors leaving the pool as it was, overload
+ * refusals with nothing lost, exactly one terminal event per request,
+ * priorities, the latency guardrail, and the engine's own thread.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "engine.h"
+#include "gguf_writer.h"
+#include "mem.h"
+#include "model.h"
+#include "runner.h"
+#include "testutil.h"
+#include "tinymodel.h"
+
+#define MAX_OUT 256
+
+typedef struct result {
+    int32_t tokens[MAX_OUT];
+    int32_t n;
+    int terminal; /* terminal events seen: must end at exactly 1 */
+    fy_event_kind_t kind;
+    fy_finish_reason_t reason;
+    fy_status_t status;
+    char text[8192];
+    size_t len;
+    int32_t n_itl, n_generated, n_cached, n_preempted;
+    double ttft, e2e, queue;
+    pthread_mutex_t *mu; /* thread mode */
+    pthread_cond_t *cv;
+} result_t;
+
+static void on_event(void *arg, const fy_event_t *ev)
+{
+    result_t *r = arg;
+    if (r->mu) pthread_mutex_lock(r->mu);
+    assert_int_equal(r->terminal, 0); /* nothing after the terminal event */
+    if (ev->kind == FY_EVENT_TOKEN && r->n < MAX_OUT) r->tokens[r->n++] = ev->token;
+    if (ev->len && r->len + ev->len < sizeof(r->text)) {
+        memcpy(r->text + r->len, ev->text, ev->len);
+        r->len += ev->len;
+    }
+    if (ev->kind != FY_EVENT_TOKEN) {
+        r->terminal++;
+        r->kind = ev->kind;
+        r->reason = ev->reason;
+        r->status = ev->status;
+        r->n_itl = ev->timings->n_itl;
+        r->n_generated = ev->timings->n_generated;
+        r->n_cached = ev->timings->n_cached;
+        r->n_preempted = ev->timings->n_preempted;
+        r->ttft = ev->timings->ttft_s;
+        r->e2e = ev->timings->e2e_s;
+        r->queue = ev->timings->queue_s;
+        if (r->cv) pthread_cond_broadcast(r->cv);
+    }
+    if (r->mu) pthread_mutex_unlock(r->mu);
+}
+
+typedef struct rig {
+    fy_model_t *m;
+    fy_backend_t *be;
+    fy_runner_t *r;
+    fy_kv_hasher_t *hasher;
+    fy_kvm_t *kvm;
+    fy_engine_t *e;
+    int vocab;
+} rig_t;
+
+static char g_tiny[512];
+
+static int setup(void **state)
+{
+    fy_tiny_cfg_t c;
+    fy_tiny_cfg_default(&c);
+    c.max_ctx = 1024;
+    fy_tiny_model_t tm;
+    fy_tiny_init(&tm, &c);
+    snprintf(g_tiny, sizeof(g_tiny), "%s", fy_test_path("tiny-engine.gguf"));
+    bool ok = fy_tiny_write_gguf(&tm, g_tiny, GW_Q8_0);
+    fy_tiny_free(&tm);
+    return ok ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    fy_test_tmpdir_remove();
+    return 0;
+}
+
+typedef struct rig_opts {
+    const char *model;
+    int32_t blocks, host_blocks, max_seqs, batch_tokens;
+    fy_engine_params_t ep;
+    bool caching;
+} rig_opts_t;
+
+static void rig_opts(rig_opts_t *o, const char *model)
+{
+    memset(o, 0, sizeof(*o));
+    o->model = model;
+    o->blocks = 512;
+    o->max_seqs = 16;
+    o->batch_tokens = 256;
+    o->caching = true;
+    fy_engine_params_default(&o->ep);
+    o->ep.max_num_seqs = 16;
+    o->ep.max_num_batched_tokens = 256;
+}
+
+static void rig_open(rig_t *g, const rig_opts_t *o)
+{
+    memset(g, 0, sizeof(*g));
+    assert_int_equal(fy_model_load(o->model, &g->m), FY_OK);
+    g->vocab = fy_model_config(g->m)->vocab_size;
+    fy_backend_params_t bp = {.n_threads = 2};
+    assert_int_equal(fy_backend_create("cpu", &bp, &g->be), FY_OK);
+    fy_runner_params_t rp;
+    fy_runner_params_default(&rp);
+    rp.max_batch_tokens = o->batch_tokens;
+    rp.max_seqs = o->max_seqs;
+    rp.max_logits = o->max_seqs;
+    rp.max_ctx = 1024;
+    rp.n_kv_blocks = o->blocks;
+    rp.n_host_blocks = o->host_blocks;
+    assert_int_equal(fy_runner_create(g->m, g->be, &rp, &g->r), FY_OK);
+    assert_int_equal(fy_kv_hasher_create_random(&g->hasher), FY_OK);
+    fy_kvm_params_t kp;
+    fy_runner_kvm_params(g->r, &kp);
+    kp.hasher = g->hasher;
+    kp.prefix_caching = o->caching;
+    kp.watermark = 0;
+    assert_int_equal(fy_kvm_create(&kp, &g->kvm), FY_OK);
+    assert_int_equal(fy_engine_create(g->r, g->kvm, fy_model_tokenizer(g->m), &o->ep, &g->e), FY_OK);
+}
+
+/* Runs the engine until idle, with a bound so a hang fails instead. */
+static void rig_drain(rig_t *g)
+{
+    for (int i = 0; i < 100000 && !fy_engine_idle(g->e); i++) assert_int_equal(fy_engine_step(g->e), FY_OK);
+    assert_true(fy_engine_idle(g->e));
+}
+
+static void rig_close(rig_t *g)
+{
+    fy_engine_destroy(g->e);
+    fy_kvm_stats_t ks;
+    fy_kvm_stats(g->kvm, &ks);
+    assert_int_equal(ks.tier[FY_KV_DEVICE].used, 0); /* every block back */
+    assert_int_equal(ks.tier[FY_KV_HOST].used, 0);
+    assert_int_equal(ks.promised, 0);
+    assert_int_equal(fy_kvm_check(g->kvm), FY_OK);
+    fy_kvm_destroy(g->kvm);
+    fy_kv_hasher_destroy(g->hasher);
+    fy_runner_destroy(g->r);
+    fy_backend_destroy(g->be);
+    fy_model_destroy(g->m);
+}
+
+static void make_prompt(int32_t *p, int32_t n, int vocab, uint64_t seed)
+{
+    for (int32_t i = 0; i < n; i++) p[i] = (int32_t)(fy_test_rand_u64(&seed) % (uint64_t)(vocab - 3));
+}
+
+enum { N_REQ = 16 };
+
+typedef struct workload {
+    int32_t prompt[N_REQ][400];
+    int32_t len[N_REQ];
+    fy_request_params_t rp[N_REQ];
+    int arrive[N_REQ]; /* step at which each arrives */
+} workload_t;
+
+/* long: prompts of 5 to 300 tokens and short answers; else short prompts
+ * and long answers, the shape that runs out of blocks mid-decode */
+static void make_workload(workload_t *w, int vocab, bool sampled, bool long_prompts)
+{
+    for (int i = 0; i < N_REQ; i++) {
+        w->len[i] = long_prompts ? 5 + (i * 37) % 300 : 10 + (i * 7) % 30;
+        make_prompt(w->prompt[i], w->len[i], vocab, 1000 + (uint64_t)i);
+        fy_request_params_default(&w->rp[i]);
+        w->rp[i].max_tokens = long_prompts ? 8 + (i * 13) % 40 : 60 + (i * 11) % 40;
+        w->rp[i].ignore_eos = true;
+        if (sampled && i % 2) {
+            w->rp[i].sampling = (fy_sampling_params_t){.temperature = 0.8f, .top_k = 40, .top_p = 0.95f,
+                                                       .min_p = 0.0f, .seed = 77 + (uint64_t)i};
+        }
+        w->arrive[i] = (i * 3) % 11;
+    }
+}
+
+/* Each request alone, one at a time. */
+static void run_alone(const char *model, const workload_t *w, result_t *res)
+{
+    rig_opts_t o;
+    rig_opts(&o, model);
+    o.caching = false;
+    rig_t g;
+    rig_open(&g, &o);
+    for (int i = 0; i < N_REQ; i++) {
+        uint64_t id;
+        assert_int_equal(fy_engine_submit(g.e, w->prompt[i], w->len[i], &w->rp[i], on_event, &res[i], &id), FY_OK);
+        rig_drain(&g);
+        assert_int_equal(res[i].terminal, 1);
+        assert_int_equal(res[i].kind, FY_EVENT_FINISH);
+    }
+    rig_close(&g);
+}
+
+static void check_same(const result_t *a, const result_t *b)
+{
+    for (int i = 0; i < N_REQ; i++) {
+        assert_int_equal(b[i].terminal, 1);
+        if (a[i].n != b[i].n || memcmp(a[i].tokens, b[i].tokens, sizeof(int32_t) * (size_t)a[i].n))
+            fail_msg("request %d: %d tokens alone, %d in the batch, or different tokens", i, a[i].n, b[i].n);
+        assert_int_equal(a[i].len, b[i].len);
+        assert_memory_equal(a[i].text, b[i].text, a[i].len);
+    }
+}
+
+/* Batch invariance: 16 requests of different lengths, greedy and seeded,
+ * arriving at different steps, give the tokens they give alone. */
+static void batch_invariance(const char *model, int n_checked)
+{
+    workload_t *w = calloc(1, sizeof(*w));
+    rig_t g;
+    rig_opts_t o;
+    rig_opts(&o, model);
+    rig_open(&g, &o);
+    make_workload(w, g.vocab, true, true);
+    rig_close(&g);
+    result_t *alone = calloc(N_REQ, sizeof(result_t)), *batch = calloc(N_REQ, sizeof(result_t));
+    run_alone(model, w, alone);
+    rig_open(&g, &o);
+    int submitted = 0, max_running = 0;
+    for (int step = 0; submitted < N_REQ || !fy_engine_idle(g.e); step++) {
+        for (int i = 0; i < N_REQ; i++) {
+            if (w->arrive[i] != step) continue;
+            uint64_t id;
+            assert_int_equal(fy_engine_submit(g.e, w->prompt[i], w->len[i], &w->rp[i], on_event, &batch[i], &id),
+                             FY_OK);
+            submitted++;
+        }
+        assert_int_equal(fy_engine_step(g.e), FY_OK);
+        fy_engine_stats_t st;
+        fy_engine_stats(g.e, &st);
+        if (st.running > max_running) max_running = st.running;
+        assert_true(step < 100000);
+    }
+    assert_true(max_running >= 8); /* they really shared steps */
+    (void)n_checked;
+    check_same(alone, batch);
+    rig_close(&g);
+    free(w), free(alone), free(batch);
+}
+
+static void test_batch_invariance_tiny(void **state) { batch_invariance(g_tiny, N_REQ); }
+
+static void test_batch_invariance_default(void **state)
+{
+    const char *m = fy_test_default_model();
+    if (!m) skip();
+    batch_invariance(m, N_REQ);
+}
+
+/* Too few blocks for the batch: admission on a predicted output length
+ * lets requests in that later run out, and preemption makes room. */
+static void preemption(fy_preempt_mode_t mode)
+{
+    workload_t *w = calloc(1, sizeof(*w));
+    rig_opts_t o;
+    rig_opts(&o, g_tiny);
+    rig_t g;
+    rig_open(&g, &o);
+    make_workload(w, g.vocab, true, false);
+    rig_close(&g);
+    result_t *alone = calloc(N_REQ, sizeof(result_t)), *batch = calloc(N_REQ, sizeof(result_t));
+    run_alone(g_tiny, w, alone);
+
+    o.blocks = 48; /* 16 requests grow to about 130 blocks at once */
+    o.host_blocks = mode == FY_PREEMPT_SWAP ? 128 : 0;
+    o.ep.preempt = mode;
+    o.ep.predict_output = true;
+    o.ep.predict_quantile = 0.1;
+    rig_open(&g, &o);
+    /* teach the predictor that outputs are short */
+    int32_t p[8];
+    make_prompt(p, 8, g.vocab, 5);
+    result_t warm[8] = {0};
+    for (int i = 0; i < 8; i++) {
+        fy_request_params_t rp;
+        fy_request_params_default(&rp);
+        rp.max_tokens = 1;
+        uint64_t id;
+        assert_int_equal(fy_engine_submit(g.e, p, 8, &rp, on_event, &warm[i], &id), FY_OK);
+    }
+    rig_drain(&g);
+    for (int i = 0; i < N_REQ; i++) {
+        uint64_t id;
+        assert_int_equal(fy_engine_submit(g.e, w->prompt[i], w->len[i], &w->rp[i], on_event, &batch[i], &id), FY_OK);
+    }
+    rig_drain(&g);
+    fy_engine_stats_t st;
+    fy_engine_stats(g.e, &st);
+    fprintf(stderr, "preemptions: %llu by recompute, %llu by swap\n", (unsigned long long)st.preemptions_recompute,
+            (unsigned long long)st.preemptions_swap);
+    if (mode == FY_PREEMPT_SWAP)
+        assert_true(st.preemptions_swap > 0);
+    else
+        assert_true(st.preemptions_recompute > 0);
+    int preempted = 0;
+    for (int i = 0; i < N_REQ; i++) preempted += batch[i].n_preempted > 0;
+    assert_true(preempted > 0);
+    check_same(alone, batch);
+    rig_close(&g);
+    free(w), free(alone), free(batch);
+}
+
+static void test_preempt_recompute(void **state) { preemption(FY_PREEMPT_RECOMPUTE); }
+static void test_preempt_swap(void **state) { preemption(FY_PREEMPT_SWAP); }
+
+static void test_cancel_and_errors(void **state)
+{
+    rig_opts_t o;
+    rig_opts(&o, g_tiny);
+    o.caching = false; /* then "as before" means every block free */
+    rig_t g;
+    rig_open(&g, &o);
+    int32_t p[100];
+    make_prompt(p, 100, g.vocab, 3);
+    fy_request_params_t rp;
+    fy_request_params_default(&rp);
+    rp.max_tokens = 200;
+    rp.ignore_eos = true;
+    result_t a = {0}, b = {0}, c = {0};
+    uint64_t ida, idb, idc;
+    assert_int_equal(fy_engine_submit(g.e, p, 100, &rp, on_event, &a, &ida), FY_OK);
+    assert_int_equal(fy_engine_submit(g.e, p, 50, &rp, on_event, &b, &idb), FY_OK);
+    for (int i = 0; i < 5; i++) assert_int_equal(fy_engine_step(g.e), FY_OK);
+    assert_true(a.n > 0);
+    fy_engine_cancel(g.e, ida); /* mid-stream */
+    assert_int_equal(fy_engine_submit(g.e, p, 30, &rp, on_event, &c, &idc), FY_OK);
+    fy_engine_cancel(g.e, idc); /* still queued */
+    fy_engine_cancel(g.e, 999999); /* unknown: ignored */
+    assert_int_equal(fy_engine_step(g.e), FY_OK);
+    assert_int_equal(a.terminal, 1);
+    assert_int_equal(a.kind, FY_EVENT_ERROR);
+    assert_int_equal(a.status, FY_ERR_CANCELLED);
+    assert_int_equal(c.terminal, 1);
+    assert_int_equal(c.status, FY_ERR_CANCELLED);
+    fy_engine_cancel(g.e, idb);
+    assert_int_equal(fy_engine_step(g.e), FY_OK);
+    assert_int_equal(b.terminal, 1);
+    fy_kvm_stats_t ks;
+    fy_kvm_stats(g.kvm, &ks);
+    assert_int_equal(ks.tier[FY_KV_DEVICE].free, ks.tier[FY_KV_DEVICE].total); /* exactly as before */
+    assert_int_equal(ks.promised, 0);
+    /* bad requests are refused at once and produce no event */
+    result_t d = {0};
+    uint64_t id;
+    fy_test_log_begin();
+    int32_t bad[2] = {5, g.vocab};
+    assert_int_equal(fy_engine_submit(g.e, bad, 2, &rp, on_event, &d, &id), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("outside the vocabulary", NULL));
+    int32_t *huge = calloc(2000, sizeof(int32_t));
+    assert_int_equal(fy_engine_submit(g.e, huge, 2000, &rp, on_event, &d, &id), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("leaves no room in the context", NULL));
+    free(huge);
+    fy_request_params_t bad_rp = rp;
+    bad_rp.max_tokens = 0;
+    assert_int_equal(fy_engine_submit(g.e, p, 10, &bad_rp, on_event, &d, &id), FY_ERR_INVALID);
+    bad_rp = rp;
+    bad_rp.sampling.top_p = 7;
+    assert_int_equal(fy_engine_submit(g.e, p, 10, &bad_rp, on_event, &d, &id), FY_ERR_INVALID);
+    assert_int_equal(fy_engine_submit(g.e, p, 0, &rp, on_event, &d, &id), FY_ERR_INVALID);
+    fy_test_log_end();
+    assert_int_equal(d.terminal, 0);
+    rig_close(&g);
+    /* a request larger than the whole cache is refused, not queued forever */
+    o.blocks = 4;
+    rig_open(&g, &o);
+    fy_test_log_begin();
+    assert_int_equal(fy_engine_submit(g.e, p, 100, &rp, on_event, &d, &id), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("kv blocks; the cache has 4", NULL));
+    fy_test_log_end();
+    rig_close(&g);
+}
+
+/* A burst far beyond capacity: every request completes or is refused as
+ * overloaded at once; none is lost or hangs; nothing leaks. */
+static void test_overload(void **state)
+{
+    rig_opts_t o;
+    rig_opts(&o, g_tiny);
+    o.blocks = 64;
+    o.ep.max_num_seqs = 4;
+    o.ep.max_waiting = 12;
+    rig_t g;
+    rig_open(&g, &o);
+    enum { BURST = 200 };
+    result_t *res = calloc(BURST, sizeof(result_t));
+    fy_status_t *st = calloc(BURST, sizeof(fy_status_t));
+    int32_t p[40];
+    make_prompt(p, 40, g.vocab, 9);
+    fy_request_params_t rp;
+    fy_request_params_default(&rp);
+    rp.max_tokens = 16;
+    rp.ignore_eos = true;
+    int accepted = 0, refused = 0;
+    fy_log_level_t lvl = fy_log_get_level();
+    fy_log_set_level(FY_LOG_ERROR); /* 190 overload warnings are expected */
+    for (int i = 0; i < BURST; i++) {
+        uint64_t id;
+        st[i] = fy_engine_submit(g.e, p, 10 + i % 30, &rp, on_event, &res[i], &id);
+        if (st[i] == FY_OK)
+            accepted++;
+        else
+            refused++, assert_int_equal(st[i], FY_ERR_OVERLOADED);
+        if (i % 10 == 9) assert_int_equal(fy_engine_step(g.e), FY_OK); /* the engine keeps working meanwhile */
+    }
+    fy_log_set_level(lvl);
+    rig_drain(&g);
+    for (int i = 0; i < BURST; i++) {
+        if (st[i] != FY_OK) {
+            assert_int_equal(res[i].terminal, 0);
+            continue;
+        }
+        assert_int_equal(res[i].terminal, 1);
+        assert_int_equal(res[i].kind, FY_EVENT_FINISH);
+        assert_int_equal(res[i].n, 16);
+    }
+    fy_engine_stats_t es;
+    fy_engine_stats(g.e, &es);
+    assert_int_equal(es.refused_overloaded, (uint64_t)refused);
+    assert_int_equal(es.finished, (uint64_t)accepted);
+    assert_true(refused > 100 && accepted >= 12);
+    rig_close(&g);
+    free(res), free(st);
+}
+
+static void test_priority_and_timings(void **state)
+{
+    rig_opts_t o;
+    rig_opts(&o, g_tiny);
+    o.ep.max_num_seqs = 1; /* one at a time: the queue order shows */
+    rig_t g;
+    rig_open(&g, &o);
+    int32_t p[20];
+    make_prompt(p, 20, g.vocab, 11);
+    fy_request_params_t rp;
+    fy_request_params_default(&rp);
+    rp.max_tokens = 10;
+    rp.ignore_eos = true;
+    result_t low = {0}, high = {0}, first = {0};
+    uint64_t id;
+    assert_int_equal(fy_engine_submit(g.e, p, 20, &rp, on_event, &first, &id), FY_OK);
+    assert_int_equal(fy_engine_submit(g.e, p, 20, &rp, on_event, &low, &id), FY_OK);
+    rp.priority = 5;
+    assert_int_equal(fy_engine_submit(g.e, p, 20, &rp, on_event, &high, &id), FY_OK);
+    rig_drain(&g);
+    assert_true(high.e2e < low.e2e); /* queued later, served earlier */
+    assert_int_equal(first.n_itl, 9);
+    assert_true(first.ttft > 0 && first.e2e >= first.ttft && first.queue >= 0);
+    assert_true(high.queue < low.queue);
+    rig_close(&g);
+}
+
+static void test_guardrail(void **state)
+{
+    rig_opts_t o;
+    rig_opts(&o, g_tiny);
+    o.ep.itl_target_s = 1e-7; /* unattainable: the budget must fall to its floor */
+    o.ep.itl_window = 16;
+    o.ep.min_prefill_budget = 16;
+    rig_t g;
+    rig_open(&g, &o);
+    int32_t p[300];
+    make_prompt(p, 300, g.vocab, 13);
+    fy_request_params_t rp;
+    fy_request_params_default(&rp);
+    rp.max_tokens = 60;
+    rp.ignore_eos = true;
+    result_t res[6] = {0};
+    uint64_t id;
+    for (int i = 0; i < 6; i++) assert_int_equal(fy_engine_submit(g.e, p + i, 250, &rp, on_event, &res[i], &id), FY_OK);
+    rig_drain(&g);
+    fy_engine_stats_t st;
+    fy_engine_stats(g.e, &st);
+    assert_int_equal(st.prefill_budget, 16);
+    assert_true(st.itl_p95_s > 0);
+    for (int i = 0; i < 6; i++) assert_int_equal(res[i].n, 60);
+    rig_close(&g);
+}
+
+/* The engine on its own thread, fed from this one. */
+static void test_engine_thread(void **state)
+{
+    rig_opts_t o;
+    rig_opts(&o, g_tiny);
+    rig_t g;
+    rig_open(&g, &o);
+    assert_int_equal(fy_engine_start(g.e), FY_OK);
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+    enum { N = 8 };
+    result_t res[N];
+    memset(res, 0, sizeof(res));
+    int32_t p[64];
+    make_prompt(p, 64, g.vocab, 17);
+    fy_request_params_t rp;
+    fy_request_params_default(&rp);
+    rp.max_tokens = 20;
+    rp.ignore_eos = true;
+    for (int i = 0; i < N; i++) {
+        res[i].mu = &mu, res[i].cv = &cv;
+        uint64_t id;
+        assert_int_equal(fy_engine_submit(g.e, p, 20 + i, &rp, on_event, &res[i], &id), FY_OK);
+    }
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < N; i++) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 60; /* a deadline, so a hang fails */
+        while (!res[i].terminal) assert_int_equal(pthread_cond_timedwait(&cv, &mu, &ts), 0);
+    }
+    pthread_mutex_unlock(&mu);
+    fy_engine_stop(g.e);
+    for (int i = 0; i < N; i++) assert_int_equal(res[i].n, 20);
+    /* requests still in the engine when it is destroyed end with an error */
+    result_t late = {0};
+    uint64_t id;
+    assert_int_equal(fy_engine_submit(g.e, p, 20, &rp, on_event, &late, &id), FY_OK);
+    rig_close(&g);
+    assert_int_equal(late.terminal, 1);
+    assert_int_equal(late.status, FY_ERR_CANCELLED);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_batch_invariance_tiny),
+        cmocka_unit_test(test_batch_invariance_default),
+        cmocka_unit_test(test_preempt_recompute),
+        cmocka_unit_test(test_preempt_swap),
+        cmocka_unit_test(test_cancel_and_errors),
+        cmocka_unit_test(test_overload),
+        cmocka_unit_test(test_priority_and_timings),
+        cmocka_unit_test(test_guardrail),
+        cmocka_unit_test(test_engine_thread),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
