@@ -155,6 +155,7 @@ ubsan:
 bench: $(TOOL_BIN) $(MODEL_FILE)
 	$(Q)$(BINDIR)/ferry bench -m $(MODEL_FILE)
 	$(Q)$(BINDIR)/ferry bench-kv
+	$(Q)$(BINDIR)/ferry bench-batch -m $(MODEL_FILE)
 
 # ---- set-up -------------------------------------------------------------------
 DEBS := build-essential pkg-config python3 python3-pip ca-certificates \

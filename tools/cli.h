@@ -15,5 +15,6 @@ char *fy_cli_read_file(const char *path);
 int fy_cmd_bench(int argc, char **argv);
 int fy_cmd_plan(int argc, char **argv);
 int fy_cmd_bench_kv(int argc, char **argv);
+int fy_cmd_bench_batch(int argc, char **argv);
 
 #endif /* FY_CLI_H */

@@ -402,6 +402,7 @@ static void usage(FILE *f)
                "  generate   run a model on a prompt and stream the text\n"
                "  info       describe a model file\n"
                "  bench      prefill and decode speed against the memory-bandwidth bound\n"
+               "  bench-batch  decode throughput and inter-token latency at batch 1 to 64\n"
                "  bench-kv   block manager: waste, allocation and prefix-lookup speed\n"
                "  plan       how much KV cache fits a memory budget\n"
                "run 'ferry COMMAND --help' for a command's options\n");
@@ -418,6 +419,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "info")) return cmd_info(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return fy_cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench-kv")) return fy_cmd_bench_kv(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench-batch")) return fy_cmd_bench_batch(argc - 1, argv + 1);
     if (!strcmp(cmd, "plan")) return fy_cmd_plan(argc - 1, argv + 1);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);

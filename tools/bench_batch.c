@@ -1,0 +1,232 @@
+/*
+ * bench_batch.c - `ferry bench-batch`: decode throughput and inter-token
+ * latency of the serving engine at batch sizes 1, 2, 4, ... on one model.
+ *
+ * For each batch size B, B requests with random prompts of the same length
+ * are submitted together (greedy, end of turn ignored, the same number of
+ * output tokens), and the engine is stepped until they finish.  The
+ * figures cover the steady state only: from the moment the last request
+ * got its first token to the moment the first one finished, when every
+ * step decodes exactly B tokens.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend.h"
+#include "cli.h"
+#include "engine.h"
+#include "kv.h"
+#include "log.h"
+#include "mem.h"
+#include "model.h"
+#include "runner.h"
+
+#define MAX_BATCHES 16
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct track {
+    double *t; /* time of each token */
+    int32_t n, cap;
+    bool done;
+} track_t;
+
+static void on_event(void *arg, const fy_event_t *ev)
+{
+    track_t *k = arg;
+    if (ev->kind == FY_EVENT_TOKEN && k->n < k->cap) k->t[k->n++] = now_s();
+    if (ev->kind != FY_EVENT_TOKEN) k->done = true;
+    if (ev->kind == FY_EVENT_ERROR) fprintf(stderr, "ferry: bench-batch: request failed: %s\n", ev->message);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+typedef struct row {
+    int batch;
+    double tps, itl_mean, itl_p50, itl_p95;
+    int steps;
+    double wall_s;            /* all steps */
+    fy_backend_profile_t prof; /* all steps */
+} row_t;
+
+static fy_status_t run_batch(const fy_model_t *m, int threads, int B, int prompt_len, int gen, bool profile,
+                             row_t *row)
+{
+    const fy_model_config_t *c = fy_model_config(m);
+    fy_backend_t *be = NULL;
+    fy_runner_t *r = NULL;
+    fy_kv_hasher_t *h = NULL;
+    fy_kvm_t *kvm = NULL;
+    fy_engine_t *e = NULL;
+    track_t *tr = fy_calloc((size_t)B, sizeof(track_t));
+    double *itls = fy_malloc((size_t)B * (size_t)gen * sizeof(double));
+    int32_t *prompt = fy_malloc((size_t)prompt_len * sizeof(int32_t));
+    fy_status_t st = FY_ERR_NOMEM;
+    if (!tr || !itls || !prompt) goto out;
+    fy_backend_params_t bp = {.n_threads = threads};
+    if ((st = fy_backend_create("cpu", &bp, &be))) goto out;
+    fy_runner_params_t rp;
+    fy_runner_params_default(&rp);
+    rp.max_seqs = rp.max_logits = B;
+    rp.max_batch_tokens = 512 > B ? 512 : B;
+    rp.max_ctx = prompt_len + gen + 1;
+    rp.n_kv_blocks = B * ((rp.max_ctx + rp.block_size - 1) / rp.block_size);
+    if ((st = fy_runner_create(m, be, &rp, &r)) || (st = fy_kv_hasher_create_random(&h))) goto out;
+    fy_kvm_params_t kp;
+    fy_runner_kvm_params(r, &kp);
+    kp.hasher = h;
+    kp.prefix_caching = false; /* every prompt is computed */
+    kp.watermark = 0;
+    if ((st = fy_kvm_create(&kp, &kvm))) goto out;
+    fy_engine_params_t ep;
+    fy_engine_params_default(&ep);
+    ep.max_num_seqs = B;
+    ep.max_num_batched_tokens = rp.max_batch_tokens;
+    ep.max_waiting = B;
+    if ((st = fy_engine_create(r, kvm, fy_model_tokenizer(m), &ep, &e))) goto out;
+    uint64_t seed = 99;
+    for (int b = 0; b < B; b++) {
+        for (int i = 0; i < prompt_len; i++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            prompt[i] = (int32_t)((seed >> 33) % (uint64_t)c->vocab_size);
+        }
+        tr[b].cap = gen;
+        tr[b].t = itls + (size_t)b * (size_t)gen;
+        fy_request_params_t req;
+        fy_request_params_default(&req);
+        req.max_tokens = gen;
+        req.ignore_eos = true;
+        uint64_t id;
+        if ((st = fy_engine_submit(e, prompt, prompt_len, &req, on_event, &tr[b], &id))) goto out;
+    }
+    fy_backend_profile_enable(be, profile);
+    double w0 = now_s();
+    while (!fy_engine_idle(e))
+        if ((st = fy_engine_step(e))) goto out;
+    row->wall_s = now_s() - w0;
+    fy_backend_profile_get(be, &row->prof);
+    /* steady state: after the last first token, before the first last one */
+    double t0 = 0, t1 = 1e300;
+    for (int b = 0; b < B; b++) {
+        if (tr[b].n < 2) {
+            st = FY_ERR_INTERNAL;
+            goto out;
+        }
+        if (tr[b].t[0] > t0) t0 = tr[b].t[0];
+        if (tr[b].t[tr[b].n - 1] < t1) t1 = tr[b].t[tr[b].n - 1];
+    }
+    int64_t tokens = 0, n_itl = 0;
+    double sum = 0;
+    double *gaps = fy_malloc((size_t)B * (size_t)gen * sizeof(double));
+    if (!gaps) goto out;
+    for (int b = 0; b < B; b++) {
+        for (int i = 1; i < tr[b].n; i++) {
+            if (tr[b].t[i - 1] < t0 || tr[b].t[i] > t1) continue;
+            tokens++;
+            sum += gaps[n_itl++] = tr[b].t[i] - tr[b].t[i - 1];
+        }
+    }
+    qsort(gaps, (size_t)n_itl, sizeof(double), cmp_double);
+    row->batch = B;
+    row->tps = t1 > t0 ? (double)tokens / (t1 - t0) : 0;
+    row->itl_mean = n_itl ? sum / (double)n_itl : 0;
+    row->itl_p50 = n_itl ? gaps[n_itl / 2] : 0;
+    row->itl_p95 = n_itl ? gaps[(n_itl * 95) / 100] : 0;
+    row->steps = (int)(n_itl / B);
+    fy_free(gaps);
+    st = FY_OK;
+out:
+    fy_engine_destroy(e);
+    fy_kvm_destroy(kvm);
+    fy_kv_hasher_destroy(h);
+    fy_runner_destroy(r);
+    fy_backend_destroy(be);
+    fy_free(tr);
+    fy_free(itls);
+    fy_free(prompt);
+    return st;
+}
+
+int fy_cmd_bench_batch(int argc, char **argv)
+{
+    const char *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    int batches[MAX_BATCHES] = {1, 2, 4, 8, 16, 32, 64}, n_batches = 7;
+    long prompt_len = 64, gen = 64, threads = 0;
+    bool profile = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) {
+            model = v, i++;
+        } else if (!strcmp(a, "--batches") && v) {
+            n_batches = 0;
+            char buf[256];
+            snprintf(buf, sizeof(buf), "%s", v);
+            for (char *s = strtok(buf, ","); s && n_batches < MAX_BATCHES; s = strtok(NULL, ",")) {
+                long b;
+                if (!fy_cli_parse_int("--batches", s, 1, 1024, &b)) return 2;
+                batches[n_batches++] = (int)b;
+            }
+            i++;
+        } else if (!strcmp(a, "--prompt-tokens") && v) {
+            if (!fy_cli_parse_int(a, v, 1, 8192, &prompt_len)) return 2;
+            i++;
+        } else if (!strcmp(a, "--gen-tokens") && v) {
+            if (!fy_cli_parse_int(a, v, 4, 8192, &gen)) return 2;
+            i++;
+        } else if (!strcmp(a, "--profile")) {
+            profile = true;
+        } else if (!strcmp(a, "--threads") && v) {
+            if (!fy_cli_parse_int(a, v, 1, 256, &threads)) return 2;
+            i++;
+        } else {
+            fprintf(stderr, "usage: ferry bench-batch [-m MODEL] [--batches 1,2,4,8,16,32,64] [--prompt-tokens 64] "
+                            "[--gen-tokens 64] [--threads N] [--profile]\n");
+            return strcmp(a, "-h") && strcmp(a, "--help") ? 2 : 0;
+        }
+    }
+    fy_model_t *m;
+    if (fy_model_load(model, &m) != FY_OK) return 1;
+    time_t now = time(NULL);
+    char date[32];
+    strftime(date, sizeof(date), "%Y-%m-%d", gmtime(&now));
+    printf("ferry bench-batch, %s: decode at batch B, prompts of %ld tokens, %ld output tokens each, steady state\n\n",
+           date, prompt_len, gen);
+    printf("| batch | decode tok/s | vs batch 1 | ITL mean ms | ITL p50 ms | ITL p95 ms |\n");
+    printf("|---:|---:|---:|---:|---:|---:|\n");
+    double base = 0;
+    int rc = 0;
+    for (int i = 0; i < n_batches; i++) {
+        row_t row = {0};
+        if (run_batch(m, (int)threads, batches[i], (int)prompt_len, (int)gen, profile, &row) != FY_OK) {
+            rc = 1;
+            break;
+        }
+        if (i == 0) base = row.tps;
+        printf("| %d | %.1f | %.2fx | %.2f | %.2f | %.2f |\n", row.batch, row.tps, base > 0 ? row.tps / base : 0,
+               row.itl_mean * 1e3, row.itl_p50 * 1e3, row.itl_p95 * 1e3);
+        if (profile) { /* where the whole run went: ops, and the rest (engine, sampling) */
+            uint64_t ops = 0;
+            printf("|   | ");
+            for (int op = 0; op < FY_OP_COUNT; op++) {
+                ops += row.prof.ns[op];
+                if (row.prof.ns[op] > row.wall_s * 1e9 * 0.01)
+                    printf("%s %.0f%%, ", fy_backend_op_name((fy_backend_op_t)op), 100.0 * row.prof.ns[op] / (row.wall_s * 1e9));
+            }
+            printf("outside ops %.0f%% |\n", 100.0 * (1.0 - ops / (row.wall_s * 1e9)));
+        }
+        fflush(stdout);
+    }
+    fy_model_destroy(m);
+    return rc;
+}
