@@ -60,7 +60,12 @@ typedef struct row {
     fy_backend_profile_t prof; /* all steps */
 } row_t;
 
-static fy_status_t run_batch(const fy_model_t *m, int threads, int B, int prompt_len, int gen, bool profile,
+static int cmp_row_tps(const void *a, const void *b)
+{
+    return cmp_double(&((const row_t *)a)->tps, &((const row_t *)b)->tps);
+}
+
+static fy_status_t run_batch(const fy_model_t *m, int threads, const char *isa, int B, int prompt_len, int gen, bool profile,
                              row_t *row)
 {
     const fy_model_config_t *c = fy_model_config(m);
@@ -74,7 +79,7 @@ static fy_status_t run_batch(const fy_model_t *m, int threads, int B, int prompt
     int32_t *prompt = fy_malloc((size_t)prompt_len * sizeof(int32_t));
     fy_status_t st = FY_ERR_NOMEM;
     if (!tr || !itls || !prompt) goto out;
-    fy_backend_params_t bp = {.n_threads = threads};
+    fy_backend_params_t bp = {.n_threads = threads, .isa = isa};
     if ((st = fy_backend_create("cpu", &bp, &be))) goto out;
     fy_runner_params_t rp;
     fy_runner_params_default(&rp);
@@ -162,7 +167,8 @@ int fy_cmd_bench_batch(int argc, char **argv)
 {
     const char *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
     int batches[MAX_BATCHES] = {1, 2, 4, 8, 16, 32, 64}, n_batches = 7;
-    long prompt_len = 64, gen = 64, threads = 0;
+    long prompt_len = 64, gen = 64, threads = 0, reps = 1;
+    const char *isa = NULL;
     bool profile = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -184,6 +190,11 @@ int fy_cmd_bench_batch(int argc, char **argv)
         } else if (!strcmp(a, "--gen-tokens") && v) {
             if (!fy_cli_parse_int(a, v, 4, 8192, &gen)) return 2;
             i++;
+        } else if (!strcmp(a, "--reps") && v) {
+            if (!fy_cli_parse_int(a, v, 1, 100, &reps)) return 2;
+            i++;
+        } else if (!strcmp(a, "--isa") && v) {
+            isa = v, i++;
         } else if (!strcmp(a, "--profile")) {
             profile = true;
         } else if (!strcmp(a, "--threads") && v) {
@@ -191,7 +202,7 @@ int fy_cmd_bench_batch(int argc, char **argv)
             i++;
         } else {
             fprintf(stderr, "usage: ferry bench-batch [-m MODEL] [--batches 1,2,4,8,16,32,64] [--prompt-tokens 64] "
-                            "[--gen-tokens 64] [--threads N] [--profile]\n");
+                            "[--gen-tokens 64] [--threads N] [--reps 1] [--isa auto|avx512vnni|avxvnni|avx2|scalar] [--profile]\n");
             return strcmp(a, "-h") && strcmp(a, "--help") ? 2 : 0;
         }
     }
@@ -200,18 +211,24 @@ int fy_cmd_bench_batch(int argc, char **argv)
     time_t now = time(NULL);
     char date[32];
     strftime(date, sizeof(date), "%Y-%m-%d", gmtime(&now));
-    printf("ferry bench-batch, %s: decode at batch B, prompts of %ld tokens, %ld output tokens each, steady state\n\n",
-           date, prompt_len, gen);
+    printf("ferry bench-batch, %s: decode at batch B, prompts of %ld tokens, %ld output tokens each, steady state, "
+           "median of %ld\n\n",
+           date, prompt_len, gen, reps);
     printf("| batch | decode tok/s | vs batch 1 | ITL mean ms | ITL p50 ms | ITL p95 ms |\n");
     printf("|---:|---:|---:|---:|---:|---:|\n");
     double base = 0;
     int rc = 0;
     for (int i = 0; i < n_batches; i++) {
-        row_t row = {0};
-        if (run_batch(m, (int)threads, batches[i], (int)prompt_len, (int)gen, profile, &row) != FY_OK) {
-            rc = 1;
-            break;
+        /* the repetition with the median throughput */
+        row_t runs[100], row;
+        for (long k = 0; k < reps && !rc; k++) {
+            memset(&runs[k], 0, sizeof(runs[k]));
+            if (run_batch(m, (int)threads, isa, batches[i], (int)prompt_len, (int)gen, profile, &runs[k]) != FY_OK)
+                rc = 1;
         }
+        if (rc) break;
+        qsort(runs, (size_t)reps, sizeof(row_t), cmp_row_tps);
+        row = runs[reps / 2];
         if (i == 0) base = row.tps;
         printf("| %d | %.1f | %.2fx | %.2f | %.2f | %.2f |\n", row.batch, row.tps, base > 0 ? row.tps / base : 0,
                row.itl_mean * 1e3, row.itl_p50 * 1e3, row.itl_p95 * 1e3);

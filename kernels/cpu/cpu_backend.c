@@ -469,6 +469,8 @@ static void quant_rows(void *arg, int64_t b, int64_t e, int thread)
     }
 }
 
+#define X16_MIN_TOKENS 8
+
 static void mm_units(void *arg, int64_t b, int64_t e, int thread)
 {
     const mm_job_t *j = arg;
@@ -483,8 +485,10 @@ static void mm_units(void *arg, int64_t b, int64_t e, int thread)
         float *y = j->y[wi];
         if (w->packing == FY_CPU_PACK_X8) {
             fy_gemm_x8_fn gemm = j->k->gemm_x8[w->dtype];
-            /* several tokens are compute-bound: two groups per wide vector */
-            fy_gemm_x16_fn gemm2 = j->n > 1 ? j->k->gemm_x16[w->dtype] : NULL;
+            /* from about 8 tokens on the matmul is compute-bound and two
+             * groups per wide vector pay; below that (measured with
+             * ferry bench-batch) the 256-bit kernel streams faster */
+            fy_gemm_x16_fn gemm2 = j->n >= X16_MIN_TOKENS ? j->k->gemm_x16[w->dtype] : NULL;
             size_t group = 8 * w->row_bytes;
             for (; u < stop; u++) {
                 int64_t g = u - first;
