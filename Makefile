@@ -41,9 +41,10 @@ else
 CUDA ?= 1
 endif
 
-PKGS    := libpcre2-8 jansson libsodium
+PKGS    := libpcre2-8 jansson libsodium ucx msgpack inih
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -ljansson -lsodium)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || \
+                echo -lpcre2-8 -ljansson -lsodium -lucp -luct -lucs -lucm -lmsgpackc -linih) -lnng
 
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
 ifeq ($(WERROR),1)
@@ -55,7 +56,7 @@ SAN_FLAGS_asan  := -fsanitize=address -fno-omit-frame-pointer -DFY_DEBUG
 SAN_FLAGS_ubsan := -fsanitize=undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -DFY_DEBUG
 SAN_FLAGS := $(SAN_FLAGS_$(SAN))
 
-INCLUDES := -Icommon -Ikernels -Ikernels/cpu -Idecode -Iprefill -Itransfer -Itools
+INCLUDES := -Icommon -Ikernels -Ikernels/cpu -Idecode -Iprefill -Itransfer -Irouter -Itools
 CFLAGS  ?=
 CFLAGS  += -std=c11 $(OPT) -g -D_GNU_SOURCE -pthread $(WARN) $(INCLUDES) $(PKG_CFLAGS) $(SAN_FLAGS) -MMD -MP
 LDFLAGS += -pthread $(SAN_FLAGS)
@@ -68,11 +69,13 @@ AVX512VNNI_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512vl -mavx512bw -mavx512vnni
 
 # ---- sources ------------------------------------------------------------------
 LIB_SRC := $(wildcard common/*.c) $(wildcard kernels/*.c) $(wildcard kernels/cpu/*.c) \
-           $(wildcard decode/*.c) $(wildcard prefill/*.c)
+           $(wildcard decode/*.c) $(wildcard prefill/*.c) $(wildcard transfer/*.c) $(wildcard router/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 LIB     := $(BUILD)/libferry.a
 
-TOOLS   := ferry
+# bin/ferry (every subcommand) and one binary per server role, each a
+# thin main in tools/main/ over the library
+TOOLS   := ferry $(patsubst tools/main/%.c,%,$(wildcard tools/main/ferry-*.c))
 TOOL_BIN := $(TOOLS:%=$(BINDIR)/%)
 TOOL_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/*.c))
 
@@ -126,6 +129,11 @@ $(LIB): $(LIB_OBJ)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
 $(BINDIR)/ferry: $(TOOL_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD     $@")
+	$(Q)$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+$(BINDIR)/ferry-%: $(BUILD)/tools/main/ferry-%.o $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD     $@")
 	$(Q)$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@

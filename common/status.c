@@ -17,6 +17,7 @@ const char *fy_status_str(fy_status_t status)
     case FY_ERR_TIMEOUT: return "timed out";
     case FY_ERR_BACKEND: return "backend error";
     case FY_ERR_PEER: return "peer error";
+    case FY_ERR_MISMATCH: return "mismatch between peers";
     case FY_ERR_INTERNAL: return "internal error";
     case FY_STATUS_COUNT: break;
     }

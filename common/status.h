@@ -23,6 +23,7 @@ typedef enum fy_status {
     FY_ERR_TIMEOUT,     /* a deadline passed */
     FY_ERR_BACKEND,     /* a compute backend (CUDA, ...) failed */
     FY_ERR_PEER,        /* a remote peer failed or disconnected */
+    FY_ERR_MISMATCH,    /* two sides disagree: KV layout, protocol version, model */
     FY_ERR_INTERNAL,    /* an invariant broke: a bug in ferry */
     FY_STATUS_COUNT
 } fy_status_t;
