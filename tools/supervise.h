@@ -1,0 +1,144 @@
+/*
+ * supervise.h - starts child processes, restarts the ones that crash, and
+ * stops them all in order: the generic half of `ferry serve`, which knows
+ * nothing of routers or workers.
+ *
+ * Lifetime.  Children never outlive the supervisor: each one asks the
+ * kernel for SIGKILL when its parent dies (PR_SET_PDEATHSIG, checked
+ * against a parent that died before the request), so even a SIGKILLed
+ * supervisor leaves no orphans.  The kernel ties that signal to the
+ * *thread* that forked, so call fy_sup_start and fy_sup_run from a thread
+ * that lives as long as the children should (the main thread).  What a
+ * child forks is not covered by it: a SIGKILLed supervisor leaves those
+ * grandchildren running (a live one kills them: see process groups below).
+ *
+ * Ctrl-C.  Each child runs in its own process group.  A terminal sends
+ * SIGINT (and SIGQUIT, SIGTSTP) to its foreground process group only, so
+ * Ctrl-C reaches the supervisor alone; its handler calls
+ * fy_sup_request_stop and the run loop stops the children itself: SIGTERM
+ * to every child in reverse order of fy_sup_add, one grace period for all,
+ * SIGKILL for whatever is left, and every one reaped.  (Ctrl-Z likewise
+ * stops the supervisor only; the children run on.)  Were the children in
+ * the supervisor's group, each would get the SIGINT too and die at once in
+ * no particular order while the supervisor restarted them.  Ignoring SIGINT
+ * in the children is no answer: SIG_IGN survives exec, and a child that
+ * installs its own SIGINT handler would still get it.  The cost of separate
+ * groups: a child is a background job on the terminal, so it must not read
+ * it (stdin is /dev/null) and, with `stty tostop`, writing to it stops the
+ * child; give such children a log_path.  A child's process group is also
+ * the unit we signal: stopping sends SIGTERM to the group, and once a child
+ * has exited (stopped or crashed) whatever is left in its group is
+ * SIGKILLed, so helpers it forked neither linger as orphans nor hold on to
+ * what its restart needs.
+ *
+ * Exec.  A child starts with default signal dispositions (but for the two
+ * that glibc reserves, which sigaction cannot touch) and an empty signal
+ * mask, stdin from /dev/null, stdout and stderr inherited or appended to
+ * its log file, and no other descriptor of the supervisor (all are marked
+ * close-on-exec).  argv[0] without a '/' is looked up in
+ * PATH.  Whether exec worked is known before fy_sup_start returns: the
+ * child reports a failed exec through a close-on-exec pipe.
+ *
+ * Events.  The run loop sleeps in poll(2) on one pidfd per child (readable
+ * when it exits) and a self-pipe that fy_sup_request_stop writes, reaps
+ * with waitpid(pid, WNOHANG), and wakes for nothing else but restart
+ * deadlines and the caller's poll callback.  (On kernels before 5.3, with
+ * no pidfd_open, it checks the children every 100 ms instead.)  Only the
+ * children's own pids are waited for, so other children of the process are
+ * left alone; do not reap with waitpid(-1) elsewhere, and leave SIGCHLD
+ * at its default (SIG_IGN makes the kernel reap them before us, and their
+ * exit status is lost).
+ *
+ * Restarts.  A child that exits for any reason while the supervisor is not
+ * stopping it is restarted after restart_backoff_s, doubled for every
+ * restart it already had within the last restart_window_s, capped at
+ * restart_backoff_max_s.  When it has had max_restarts restarts within the
+ * window it stays down (FY_SUP_FAILED); if it is essential the supervisor
+ * then stops everything and fy_sup_run returns FY_ERR_PEER.
+ *
+ * Threads.  fy_sup_request_stop is async-signal-safe and may be called from
+ * any thread or signal handler; everything else belongs to one thread.
+ */
+#ifndef FY_SUPERVISE_H
+#define FY_SUPERVISE_H
+
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include "status.h"
+
+typedef struct fy_sup fy_sup_t;
+
+typedef struct fy_sup_params {
+    double restart_backoff_s;     /* first delay before restarting a crashed child (default 0.5) */
+    double restart_backoff_max_s; /* the doubling stops here (default 30) */
+    int max_restarts;             /* within restart_window_s (default 5); 0: never restart; -1: no limit */
+    double restart_window_s;      /* default 60 */
+    double stop_grace_s;          /* SIGTERM, then SIGKILL after this (default 10) */
+} fy_sup_params_t;
+
+void fy_sup_params_default(fy_sup_params_t *p);
+
+/* FY_ERR_INVALID (logged) for parameters out of range, FY_ERR_NOMEM,
+ * FY_ERR_IO (the self-pipe). */
+fy_status_t fy_sup_create(const fy_sup_params_t *p, fy_sup_t **s_p);
+/* Stops every child first (fy_sup_stop_all); accepts NULL. */
+void fy_sup_destroy(fy_sup_t *s);
+
+/* Adds a child, not yet started.  name (at most 63 bytes) appears in every
+ * line about it.  argv is NULL-terminated and copied.  log_path NULL:
+ * the child inherits stdout and stderr; otherwise both are appended to that
+ * file (created 0644).  Only while no child runs (before fy_sup_start or
+ * after fy_sup_stop_all).  *index_p (may be NULL) numbers children from 0
+ * in the order added.  FY_ERR_INVALID (logged) or FY_ERR_NOMEM. */
+fy_status_t fy_sup_add(fy_sup_t *s, const char *name, char *const argv[], const char *log_path, bool essential,
+                       int *index_p);
+
+/* Spawns every child that is not running, in the order added.  All or
+ * nothing: when one cannot be started (its binary is missing or not
+ * executable, its log file cannot be opened), the error names it and its
+ * cause, the ones already started are stopped again, and the result is
+ * FY_ERR_NOT_FOUND (no such binary) or FY_ERR_IO. */
+fy_status_t fy_sup_start(fy_sup_t *s);
+
+/* Supervises until fy_sup_request_stop or an essential child gives up:
+ * reaps children and reports each exit ("prefill-1 (pid 123) killed by
+ * signal 9 (SIGKILL); restarting in 0.5 s"), restarts them with backoff,
+ * and calls poll_cb (may be NULL) about every poll_s seconds, first poll_s
+ * after the call.  poll_cb may call fy_sup_request_stop, fy_sup_pid,
+ * fy_sup_restarts and fy_sup_state, nothing else of s.  Before returning it
+ * stops every child (fy_sup_stop_all).  FY_OK after a requested stop,
+ * FY_ERR_PEER when an essential child gave up, FY_ERR_INVALID for a bad
+ * poll_s or when not started. */
+fy_status_t fy_sup_run(fy_sup_t *s, void (*poll_cb)(void *arg, fy_sup_t *s), void *arg, double poll_s);
+
+/* Makes fy_sup_run stop everything and return.  Async-signal-safe: meant
+ * for SIGINT and SIGTERM handlers.  A further request while the children
+ * are being stopped cuts the grace period short (SIGKILL now): Ctrl-C
+ * twice.  Requests stick: a later fy_sup_run on the same supervisor
+ * returns at once (after stopping the children). */
+void fy_sup_request_stop(fy_sup_t *s);
+
+/* SIGTERM (and SIGCONT, for a stopped one) to each running child's process
+ * group in reverse order of adding, up to stop_grace_s for all of them to
+ * exit, SIGKILL to the rest, and every one reaped: no zombies, no orphans.
+ * A stop request arriving during the grace period ends it.  Pending
+ * restarts are cancelled.  A child that does not die even of SIGKILL within 5 s (stuck
+ * in the kernel) is logged and left unreaped rather than hanging us. */
+void fy_sup_stop_all(fy_sup_t *s);
+
+typedef enum fy_sup_state {
+    FY_SUP_DOWN = 0, /* not started, or stopped */
+    FY_SUP_RUNNING,
+    FY_SUP_BACKOFF,  /* crashed; waiting to restart */
+    FY_SUP_FAILED,   /* crashed past max_restarts; stays down */
+} fy_sup_state_t;
+
+/* The child's pid while it runs, else 0. */
+pid_t fy_sup_pid(const fy_sup_t *s, int index);
+/* How many times the child has been restarted since it was added. */
+int fy_sup_restarts(const fy_sup_t *s, int index);
+fy_sup_state_t fy_sup_state(const fy_sup_t *s, int index);
+int fy_sup_count(const fy_sup_t *s);
+
+#endif /* FY_SUPERVISE_H */
