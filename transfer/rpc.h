@@ -1,0 +1,97 @@
+/*
+ * rpc.h - the control plane's sockets, over nng.
+ *
+ * Three shapes, each a thin layer over one nng protocol:
+ *  - a request/reply server (rep0) whose handler may answer later, from
+ *    any thread: the router holds a client's poll until tokens arrive;
+ *  - a request/reply client (req0) with asynchronous calls and a timeout;
+ *  - a one-way event stream (push0 -> pull0): workers push tokens, load
+ *    reports and completions to the router.
+ * Message bodies are opaque bytes here (msgpack maps built with msg.h).
+ * Handlers and callbacks run on nng's threads and must not block: they
+ * hand work to their owner's thread.  nng reconnects dialers by itself,
+ * so a restarted peer is reached again without help.
+ */
+#ifndef FY_RPC_H
+#define FY_RPC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "msg.h"
+#include "status.h"
+
+#define FY_RPC_MAX_MSG (8u << 20) /* bytes a socket accepts in one message */
+
+/* ---- server ---- */
+
+typedef struct fy_rpc_server fy_rpc_server_t;
+typedef struct fy_rpc_call fy_rpc_call_t; /* one request waiting for its reply */
+
+/* Called for each request on an nng thread; must not block.  The handler
+ * owns call until it (or anyone it hands call to) calls fy_rpc_reply*
+ * exactly once; msg is valid until then. */
+typedef void (*fy_rpc_handler_fn)(void *arg, fy_rpc_call_t *call, const void *msg, size_t len);
+
+/* Listens on url (tcp://host:port, ipc:///path) and serves up to n_slots
+ * requests at once. */
+fy_status_t fy_rpc_server_create(const char *url, int n_slots, fy_rpc_handler_fn fn, void *arg,
+                                 fy_rpc_server_t **s_p);
+/* Every call handed out must have been replied to. */
+void fy_rpc_server_destroy(fy_rpc_server_t *s); /* accepts NULL */
+
+/* Sends the reply (copied); the call is gone afterwards. */
+void fy_rpc_reply(fy_rpc_call_t *call, const void *buf, size_t len);
+/* Finishes w and sends it; an error reply if w cannot be finished. */
+void fy_rpc_reply_msgw(fy_rpc_call_t *call, fy_msgw_t *w);
+/* {type: "error", id, code: fy_status_str(st) tag, message}. */
+void fy_rpc_reply_error(fy_rpc_call_t *call, uint64_t id, fy_status_t st, const char *message);
+
+/* Writes the common error message into a fresh writer (for pushes too). */
+void fy_msg_error(fy_msgw_t *w, uint64_t id, fy_status_t st, const char *message);
+/* The status named by an error message's "code" (FY_ERR_INTERNAL if unknown). */
+fy_status_t fy_msg_error_code(const char *code);
+/* The wire tag of a status: "overloaded", "no_space", ... */
+const char *fy_status_tag(fy_status_t st);
+
+/* ---- client ---- */
+
+typedef struct fy_rpc_client fy_rpc_client_t;
+
+/* Runs exactly once per accepted call, on an nng thread; reply is valid
+ * during the call only (NULL unless st is FY_OK). */
+typedef void (*fy_rpc_reply_fn)(void *arg, fy_status_t st, const void *reply, size_t len);
+
+/* Dials url in the background; calls made before the peer is up wait for
+ * it until their timeout. */
+fy_status_t fy_rpc_client_create(const char *url, fy_rpc_client_t **c_p);
+/* Ends every outstanding call (callback with FY_ERR_CANCELLED) first. */
+void fy_rpc_client_destroy(fy_rpc_client_t *c); /* accepts NULL */
+/* FY_ERR_TIMEOUT when no reply came within timeout_s, FY_ERR_PEER when
+ * the connection failed.  On FY_OK from the call itself, cb will run. */
+fy_status_t fy_rpc_call_async(fy_rpc_client_t *c, const void *buf, size_t len, double timeout_s, fy_rpc_reply_fn cb,
+                              void *arg);
+/* Blocking: *reply_p (fy_free it) on success. */
+fy_status_t fy_rpc_call(fy_rpc_client_t *c, const void *buf, size_t len, double timeout_s, void **reply_p,
+                        size_t *len_p);
+
+/* ---- event streams ---- */
+
+typedef struct fy_push fy_push_t;
+typedef struct fy_pull fy_pull_t;
+
+/* Dials url; up to queue messages wait while the peer is slow or away. */
+fy_status_t fy_push_create(const char *url, int queue, fy_push_t **p_p);
+void fy_push_destroy(fy_push_t *p); /* accepts NULL */
+/* Never blocks: FY_ERR_NO_SPACE when the queue is full (counted, logged once). */
+fy_status_t fy_push_send(fy_push_t *p, const void *buf, size_t len);
+fy_status_t fy_push_msgw(fy_push_t *p, fy_msgw_t *w);
+uint64_t fy_push_dropped(fy_push_t *p);
+
+/* Called for each message, on an nng thread; must not block. */
+typedef void (*fy_pull_fn)(void *arg, const void *buf, size_t len);
+/* Listens on url. */
+fy_status_t fy_pull_create(const char *url, fy_pull_fn fn, void *arg, fy_pull_t **p_p);
+void fy_pull_destroy(fy_pull_t *p); /* accepts NULL; no callback runs after it returns */
+
+#endif /* FY_RPC_H */
