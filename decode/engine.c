@@ -42,7 +42,7 @@ typedef struct request {
     void *cb_arg;
     /* what to do */
     fy_sampling_params_t sampling;
-    bool logprobs, ignore_eos;
+    bool logprobs, ignore_eos, progress;
     int32_t max_tokens;
     /* tokens: prompt then generated; n_computed of them are in the cache */
     int32_t *tokens;
@@ -82,6 +82,8 @@ struct fy_engine {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     request_t *inbox, *inbox_tail;
+    struct post *posts, *posts_tail;
+    bool dying; /* destroy began: no more posts */
     uint64_t *cancels;
     int32_t n_cancels, cap_cancels;
     int32_t queued; /* inbox + waiting, for the overload bound */
@@ -98,6 +100,12 @@ struct fy_engine {
     int32_t out_n, out_pos;
     fy_engine_stats_t st; /* counters; submit-side ones under mu */
 };
+
+typedef struct post {
+    fy_engine_fn fn;
+    void *arg;
+    struct post *next;
+} post_t;
 
 static double now_s(void)
 {
@@ -131,6 +139,7 @@ void fy_engine_params_default(fy_engine_params_t *p)
         .min_prefill_budget = 32,
         .predict_output = false,
         .predict_quantile = 0.9,
+        .tick_s = 0.1,
     };
 }
 
@@ -275,7 +284,8 @@ fy_status_t fy_engine_create(fy_runner_t *r, fy_kvm_t *kvm, const fy_tokenizer_t
     if (p->max_num_seqs < 1 || p->max_num_seqs > rp->max_seqs || p->max_num_seqs > rp->max_logits ||
         p->max_num_batched_tokens < p->max_num_seqs || p->max_num_batched_tokens > rp->max_batch_tokens ||
         p->max_waiting < 0 || p->itl_target_s < 0 || (p->itl_target_s > 0 && p->itl_window < 8) ||
-        p->min_prefill_budget < 1 || !(p->predict_quantile > 0 && p->predict_quantile <= 1)) {
+        p->min_prefill_budget < 1 || !(p->predict_quantile > 0 && p->predict_quantile <= 1) ||
+        (p->tick_fn && !(p->tick_s > 0 && p->tick_s < 3600))) {
         fy_error("engine: bad parameters (%d sequences, %d tokens a step, %d waiting); the runner allows %d "
                  "sequences, %d logit rows, %d tokens",
                  p->max_num_seqs, p->max_num_batched_tokens, p->max_waiting, rp->max_seqs, rp->max_logits,
@@ -316,10 +326,51 @@ fail:
     return FY_ERR_NOMEM;
 }
 
+static void run_posts(fy_engine_t *e)
+{
+    pthread_mutex_lock(&e->mu);
+    post_t *p = e->posts;
+    e->posts = e->posts_tail = NULL;
+    pthread_mutex_unlock(&e->mu);
+    while (p) {
+        post_t *next = p->next;
+        p->fn(e, p->arg);
+        fy_free(p);
+        p = next;
+    }
+}
+
+fy_status_t fy_engine_post(fy_engine_t *e, fy_engine_fn fn, void *arg)
+{
+    post_t *p = fy_malloc(sizeof(*p));
+    if (!p) return FY_ERR_NOMEM;
+    *p = (post_t){fn, arg, NULL};
+    pthread_mutex_lock(&e->mu);
+    if (e->dying) {
+        pthread_mutex_unlock(&e->mu);
+        fy_free(p);
+        return FY_ERR_CANCELLED;
+    }
+    if (e->posts_tail)
+        e->posts_tail->next = p;
+    else
+        e->posts = p;
+    e->posts_tail = p;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return FY_OK;
+}
+
 void fy_engine_destroy(fy_engine_t *e)
 {
     if (!e) return;
     fy_engine_stop(e);
+    /* posted work still runs (it may owe someone a reply), then nothing
+     * more is accepted */
+    pthread_mutex_lock(&e->mu);
+    e->dying = true;
+    pthread_mutex_unlock(&e->mu);
+    run_posts(e);
     /* whatever is left ends with an error, so nobody waits forever */
     pthread_mutex_lock(&e->mu);
     request_t *in = e->inbox;
@@ -368,36 +419,55 @@ static fy_status_t refuse(fy_engine_t *e, fy_status_t st, const char *fmt, ...)
     return st;
 }
 
-fy_status_t fy_engine_submit(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_request_params_t *rp,
-                             fy_event_fn cb, void *arg, uint64_t *id_p)
+/* Checks a request and builds it (not yet queued); NULL after refusing. */
+static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_request_params_t *rp,
+                              fy_event_fn cb, void *arg, bool init_bt, fy_status_t *st_p)
 {
-    if (!cb || n_prompt < 1) return refuse(e, FY_ERR_INVALID, "a request needs a prompt and a callback");
-    if (n_prompt >= e->max_ctx)
-        return refuse(e, FY_ERR_INVALID, "prompt of %d tokens leaves no room in the context of %d", n_prompt,
-                      e->max_ctx);
-    for (int32_t i = 0; i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= e->vocab)
-            return refuse(e, FY_ERR_INVALID, "prompt token %d is %d, outside the vocabulary of %d", i, prompt[i],
-                          e->vocab);
-    if (rp->max_tokens < 1) return refuse(e, FY_ERR_INVALID, "max_tokens %d is below 1", rp->max_tokens);
-    if (fy_sampling_params_check(&rp->sampling) != FY_OK)
-        return refuse(e, FY_ERR_INVALID, "bad sampling parameters (see above)");
+    if (!cb || n_prompt < 1) {
+        *st_p = refuse(e, FY_ERR_INVALID, "a request needs a prompt and a callback");
+        return NULL;
+    }
+    if (n_prompt >= e->max_ctx) {
+        *st_p = refuse(e, FY_ERR_INVALID, "prompt of %d tokens leaves no room in the context of %d", n_prompt,
+                       e->max_ctx);
+        return NULL;
+    }
+    for (int32_t i = 0; i < n_prompt; i++) {
+        if (prompt[i] < 0 || prompt[i] >= e->vocab) {
+            *st_p = refuse(e, FY_ERR_INVALID, "prompt token %d is %d, outside the vocabulary of %d", i, prompt[i],
+                           e->vocab);
+            return NULL;
+        }
+    }
+    if (rp->max_tokens < 1) {
+        *st_p = refuse(e, FY_ERR_INVALID, "max_tokens %d is below 1", rp->max_tokens);
+        return NULL;
+    }
+    if (fy_sampling_params_check(&rp->sampling) != FY_OK) {
+        *st_p = refuse(e, FY_ERR_INVALID, "bad sampling parameters (see above)");
+        return NULL;
+    }
     int32_t max_tokens = rp->max_tokens < e->max_ctx - n_prompt ? rp->max_tokens : e->max_ctx - n_prompt;
     /* a request the cache could never hold would wait forever: refuse it */
     int32_t need = fy_kvm_blocks_for(e->kvm, n_prompt, e->p.predict_output ? 1 : max_tokens, 0);
-    if (need > e->total_blocks)
-        return refuse(e, FY_ERR_INVALID, "request needs %d kv blocks; the cache has %d", need, e->total_blocks);
-
+    if (need > e->total_blocks) {
+        *st_p = refuse(e, FY_ERR_INVALID, "request needs %d kv blocks; the cache has %d", need, e->total_blocks);
+        return NULL;
+    }
     request_t *q = fy_calloc(1, sizeof(*q));
-    if (!q) return refuse(e, FY_ERR_NOMEM, "out of memory for a request");
+    if (!q) {
+        *st_p = refuse(e, FY_ERR_NOMEM, "out of memory for a request");
+        return NULL;
+    }
     q->cap = n_prompt + max_tokens;
     q->tokens = fy_malloc((size_t)q->cap * sizeof(int32_t));
     q->itl = fy_malloc((size_t)max_tokens * sizeof(float));
     fy_status_t st = FY_ERR_NOMEM;
-    if (!q->tokens || !q->itl || (st = fy_kvm_seq_init(e->kvm, &q->bt, q->cap, &rp->ns)) ||
+    if (!q->tokens || !q->itl || (init_bt && (st = fy_kvm_seq_init(e->kvm, &q->bt, q->cap, &rp->ns))) ||
         (st = fy_stopper_init(&q->stopper, rp->stop, rp->n_stop, FY_DETOK_MAX_OUT))) {
         request_free(q);
-        return refuse(e, st, "cannot set up the request: %s", fy_status_str(st));
+        *st_p = refuse(e, st, "cannot set up the request: %s", fy_status_str(st));
+        return NULL;
     }
     memcpy(q->tokens, prompt, (size_t)n_prompt * sizeof(int32_t));
     q->n_prompt = q->n_total = n_prompt;
@@ -405,6 +475,7 @@ fy_status_t fy_engine_submit(fy_engine_t *e, const int32_t *prompt, int32_t n_pr
     q->sampling = rp->sampling;
     q->ignore_eos = rp->ignore_eos;
     q->logprobs = rp->logprobs;
+    q->progress = rp->progress;
     q->priority = rp->priority;
     q->cb = cb;
     q->cb_arg = arg;
@@ -412,7 +483,16 @@ fy_status_t fy_engine_submit(fy_engine_t *e, const int32_t *prompt, int32_t n_pr
     fy_detok_init(&q->detok, e->tok, false);
     q->t_submit = now_s();
     q->state = RQ_INBOX;
+    *st_p = FY_OK;
+    return q;
+}
 
+fy_status_t fy_engine_submit(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_request_params_t *rp,
+                             fy_event_fn cb, void *arg, uint64_t *id_p)
+{
+    fy_status_t st;
+    request_t *q = request_new(e, prompt, n_prompt, rp, cb, arg, true, &st);
+    if (!q) return st;
     pthread_mutex_lock(&e->mu);
     if (e->queued >= e->p.max_waiting) {
         e->st.refused_overloaded++;
@@ -728,7 +808,7 @@ static void on_token(fy_engine_t *e, request_t *q, int32_t tok, float logprob, d
     q->n_out = 0;
     bool stopped = fy_stopper_feed(&q->stopper, piece, n, emit_text, q);
     fy_event_t ev = {.kind = FY_EVENT_TOKEN, .id = q->id, .token = tok, .logprob = logprob, .text = q->out,
-                     .len = q->n_out};
+                     .len = q->n_out, .rng = &q->rng};
     q->cb(q->cb_arg, &ev);
     if (stopped)
         end_request(e, q, FY_EVENT_FINISH, FY_FINISH_STOP, FY_OK, NULL);
@@ -738,8 +818,47 @@ static void on_token(fy_engine_t *e, request_t *q, int32_t tok, float logprob, d
         end_request(e, q, FY_EVENT_FINISH, FY_FINISH_CONTEXT, FY_OK, NULL);
 }
 
+fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_request_params_t *rp,
+                            fy_block_table_t *bt, fy_kv_resv_t *resv, int32_t first, float logprob,
+                            const fy_rng_t *rng, fy_event_fn cb, void *arg, uint64_t *id_p)
+{
+    if (e->n_running >= e->p.max_num_seqs) return FY_ERR_NO_SPACE;
+    if (bt->n_tokens != n_prompt || bt->tier != FY_KV_DEVICE || first < 0 || first >= e->vocab)
+        return refuse(e, FY_ERR_INVALID, "adopted request: %d tokens in its blocks for a prompt of %d, first token %d",
+                      bt->n_tokens, n_prompt, first);
+    fy_status_t st;
+    request_t *q = request_new(e, prompt, n_prompt, rp, cb, arg, false, &st);
+    if (!q) return st;
+    if ((int64_t)bt->max_blocks * e->block_size < q->cap) {
+        request_free(q);
+        return refuse(e, FY_ERR_INVALID, "adopted request: its block table holds %d blocks, it needs %d tokens",
+                      bt->max_blocks, q->cap);
+    }
+    q->bt = *bt; /* the table's arrays move with it */
+    memset(bt, 0, sizeof(*bt));
+    q->resv = *resv;
+    resv->blocks = 0;
+    if (rng) q->rng = *rng;
+    pthread_mutex_lock(&e->mu);
+    q->id = e->next_id++;
+    q->seq = e->next_seq++;
+    e->st.submitted++;
+    e->st.prompt_tokens += (uint64_t)n_prompt;
+    pthread_mutex_unlock(&e->mu);
+    q->n_computed = n_prompt;
+    q->looked_up = true;
+    q->state = RQ_RUNNING;
+    e->running[e->n_running++] = q;
+    double t = now_s();
+    q->t_sched = t;
+    if (id_p) *id_p = q->id;
+    on_token(e, q, first, logprob, t); /* may end it */
+    return FY_OK;
+}
+
 fy_status_t fy_engine_step(fy_engine_t *e)
 {
+    run_posts(e);
     take_inbox(e);
     admit_swapped(e);
     qsort(e->running, (size_t)e->n_running, sizeof(request_t *), cmp_running);
@@ -804,6 +923,11 @@ fy_status_t fy_engine_step(fy_engine_t *e)
             e->st.computed_prompt_tokens +=
                 (uint64_t)((q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt) - before);
         fy_kvm_seq_commit(e->kvm, &q->bt, q->tokens, q->n_computed);
+        if (q->progress && before < q->n_prompt) {
+            fy_event_t ev = {.kind = FY_EVENT_PROGRESS, .id = q->id, .token = -1, .bt = &q->bt,
+                             .n_computed = q->n_computed, .n_prompt = q->n_prompt};
+            q->cb(q->cb_arg, &ev);
+        }
         if (e->fwd[i].n_logits == 0) continue;
         const float *lg = e->logits + (size_t)row++ * (size_t)e->vocab;
         float lp = 0.0f;
@@ -817,34 +941,55 @@ fy_status_t fy_engine_step(fy_engine_t *e)
 bool fy_engine_idle(fy_engine_t *e)
 {
     pthread_mutex_lock(&e->mu);
-    bool pending = e->inbox || e->n_cancels;
+    bool pending = e->inbox || e->n_cancels || e->posts;
     pthread_mutex_unlock(&e->mu);
     return !pending && !e->n_running && !e->n_waiting && !e->n_swapped;
 }
 
 /* ---- the engine's own thread ------------------------------------------------------------------------ */
 
+static void deadline_in(struct timespec *ts, double s)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    double ns = (double)ts->tv_nsec + s * 1e9;
+    ts->tv_sec += (time_t)(ns / 1e9);
+    ts->tv_nsec = (long)fmod(ns, 1e9);
+}
+
 static void *engine_main(void *p)
 {
     fy_engine_t *e = p;
+    double last_tick = now_s();
     for (;;) {
         pthread_mutex_lock(&e->mu);
-        while (!e->stop && !e->inbox && !e->n_cancels && !e->n_running && !e->n_waiting && !e->n_swapped)
-            pthread_cond_wait(&e->cv, &e->mu);
+        while (!e->stop && !e->inbox && !e->n_cancels && !e->posts && !e->n_running && !e->n_waiting &&
+               !e->n_swapped) {
+            if (!e->p.tick_fn) {
+                pthread_cond_wait(&e->cv, &e->mu);
+                continue;
+            }
+            double left = last_tick + e->p.tick_s - now_s();
+            if (left <= 0) break;
+            struct timespec ts;
+            deadline_in(&ts, left);
+            pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+        }
         bool stop = e->stop;
         pthread_mutex_unlock(&e->mu);
         if (stop) break;
         int32_t before_running = e->n_running, before_waiting = e->n_waiting;
         fy_engine_step(e);
+        if (e->p.tick_fn) {
+            e->p.tick_fn(e->p.tick_arg);
+            last_tick = now_s();
+        }
         /* waiting requests that cannot be admitted yet, with nothing
          * running to free blocks: sleep until something is handed in */
         if (!e->n_running && e->n_waiting && e->n_waiting == before_waiting && before_running == 0) {
             pthread_mutex_lock(&e->mu);
-            if (!e->stop && !e->inbox && !e->n_cancels) {
+            if (!e->stop && !e->inbox && !e->n_cancels && !e->posts) {
                 struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                ts.tv_nsec += 10000000; /* and look again in 10 ms */
-                if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+                deadline_in(&ts, 0.010); /* and look again in 10 ms */
                 pthread_cond_timedwait(&e->cv, &e->mu, &ts);
             }
             pthread_mutex_unlock(&e->mu);

@@ -69,6 +69,11 @@ typedef struct fy_engine_params {
     int32_t min_prefill_budget;     /* the guardrail never cuts prompt tokens per step below this */
     bool predict_output;            /* admit on a predicted output length, not max_tokens */
     double predict_quantile;        /* of recent output lengths, e.g. 0.9 */
+    /* called on the engine thread after every step, and at least every
+     * tick_s while idle (lease reaping, load reports); NULL: none */
+    void (*tick_fn)(void *arg);
+    void *tick_arg;
+    double tick_s;
 } fy_engine_params_t;
 
 /* Defaults: 64 sequences, 512 tokens a step, 256 waiting, recompute, no
@@ -84,6 +89,7 @@ typedef struct fy_request_params {
     bool logprobs;           /* report each token's log-probability (costs a pass over the vocabulary) */
     int32_t priority;        /* larger runs first and is preempted last */
     fy_kv_ns_t ns;           /* prefix-cache namespace: the tenant's, set by the server */
+    bool progress;           /* FY_EVENT_PROGRESS after each forward pass that computed prompt tokens */
 } fy_request_params_t;
 
 void fy_request_params_default(fy_request_params_t *p);
@@ -102,6 +108,7 @@ typedef enum fy_event_kind {
     FY_EVENT_TOKEN = 0, /* a token was sampled; text is what became final with it (may be empty) */
     FY_EVENT_FINISH,    /* terminal: finished, see reason */
     FY_EVENT_ERROR,     /* terminal: failed, see status and message */
+    FY_EVENT_PROGRESS,  /* prompt tokens were computed (requests with progress set) */
 } fy_event_kind_t;
 
 typedef struct fy_event {
@@ -115,6 +122,12 @@ typedef struct fy_event {
     fy_status_t status;                   /* FY_EVENT_ERROR */
     const char *message;                  /* FY_EVENT_ERROR, NUL-terminated */
     const fy_request_timings_t *timings;  /* terminal events */
+    const fy_rng_t *rng;                  /* FY_EVENT_TOKEN: the generator after drawing token */
+    /* FY_EVENT_PROGRESS: the request's block table (valid during the
+     * callback; the callback may fork it to keep its blocks) and how many
+     * tokens of it have their K/V written */
+    const fy_block_table_t *bt;
+    int32_t n_computed, n_prompt;
 } fy_event_t;
 
 /* Called on the engine thread; must not call back into the engine except
@@ -148,6 +161,31 @@ void fy_engine_cancel(fy_engine_t *e, uint64_t id);
 fy_status_t fy_engine_step(fy_engine_t *e);
 /* No request is queued, running or swapped out. */
 bool fy_engine_idle(fy_engine_t *e);
+
+/*
+ * Work for the engine thread: fn(e, arg) runs before the next step (from
+ * fy_engine_step when the caller drives the engine).  Any thread; never
+ * blocks.  This is how servers touch the block manager and adopt
+ * requests without locks on the hot path.  FY_ERR_NOMEM, or
+ * FY_ERR_CANCELLED once the engine is being destroyed (fn will not run).
+ */
+typedef void (*fy_engine_fn)(fy_engine_t *e, void *arg);
+fy_status_t fy_engine_post(fy_engine_t *e, fy_engine_fn fn, void *arg);
+
+/*
+ * Engine thread only (inside a posted function or the tick).  Takes in a
+ * request whose prompt's K/V are already in the cache (a decode worker's
+ * blocks, filled by a prefill worker): bt holds the prompt (n_prompt
+ * tokens written, initialized for n_prompt + max_tokens), resv the rest
+ * of its admission promise, first the first generated token, sampled
+ * elsewhere with the generator left in rng.  The first token's event is
+ * emitted before this returns (it may also be the terminal one).  On
+ * success bt and resv are taken over (left empty); on failure
+ * (FY_ERR_NO_SPACE: max_num_seqs running; FY_ERR_INVALID) nothing is.
+ */
+fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_request_params_t *rp,
+                            fy_block_table_t *bt, fy_kv_resv_t *resv, int32_t first, float logprob,
+                            const fy_rng_t *rng, fy_event_fn cb, void *arg, uint64_t *id_p);
 
 /* Steps on a thread of the engine's own while there is work, sleeping
  * otherwise; fy_engine_stop (or destroy) ends it. */
