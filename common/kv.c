@@ -975,6 +975,20 @@ void fy_kvm_resv_release(fy_kvm_t *m, fy_kv_resv_t *resv)
     resv->blocks = 0;
 }
 
+int32_t fy_kvm_admittable(const fy_kvm_t *m)
+{
+    int64_t n = (int64_t)takeable(m, FY_KV_DEVICE) - m->promised - m->watermark_blocks;
+    return n < 0 ? 0 : (int32_t)n;
+}
+
+void fy_kvm_foreach_name(const fy_kvm_t *m, fy_kv_tier_t tier, void (*fn)(void *arg, const fy_kv_hash_t *h),
+                         void *arg)
+{
+    const tier_t *T = &m->tier[tier];
+    for (int32_t b = 0; b < T->n; b++)
+        if (T->named[b]) fn(arg, &T->name[b]);
+}
+
 /* ---- figures ---------------------------------------------------------------------------------------- */
 
 void fy_kvm_stats(const fy_kvm_t *m, fy_kvm_stats_t *o)

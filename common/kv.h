@@ -232,6 +232,13 @@ int32_t fy_kvm_blocks_for(const fy_kvm_t *m, int32_t prompt_tokens, int32_t max_
 fy_status_t fy_kvm_admit(fy_kvm_t *m, int32_t blocks, fy_kv_resv_t *resv);
 /* Returns what is left of a promise (when the request ends). */
 void fy_kvm_resv_release(fy_kvm_t *m, fy_kv_resv_t *resv);
+/* Blocks fy_kvm_admit could still promise now (a load figure). */
+int32_t fy_kvm_admittable(const fy_kvm_t *m);
+
+/* Calls fn with the name of every block of a tier that is in the prefix
+ * index (cached or in use): what a router's prefix digest is built from. */
+void fy_kvm_foreach_name(const fy_kvm_t *m, fy_kv_tier_t tier, void (*fn)(void *arg, const fy_kv_hash_t *h),
+                         void *arg);
 
 /* ---- figures ---- */
 

@@ -7,6 +7,8 @@
  */
 #include "model.h"
 
+#include <sodium.h>
+
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
@@ -621,4 +623,38 @@ void fy_model_destroy(fy_model_t *m)
     fy_safetensors_close(m->st);
     fy_free(m->path);
     fy_free(m);
+}
+
+static void id_tensor(crypto_generichash_state *st, const fy_tensor_t *t)
+{
+    int32_t hdr[4] = {(int32_t)t->dtype, (int32_t)t->ne[0], (int32_t)t->ne[1], 0};
+    crypto_generichash_update(st, (const unsigned char *)hdr, sizeof(hdr));
+    size_t n = t->nbytes < 65536 ? t->nbytes : 65536;
+    if (t->data && n) crypto_generichash_update(st, t->data, n);
+}
+
+void fy_model_id(const fy_model_t *m, char *buf, size_t cap)
+{
+    const fy_model_config_t *c = fy_model_config(m);
+    const fy_model_weights_t *w = fy_model_weights(m);
+    crypto_generichash_state st;
+    unsigned char h[16];
+    crypto_generichash_init(&st, NULL, 0, sizeof(h));
+    /* fields one by one: the struct's padding and the bytes after each
+     * name's NUL are not part of the model */
+    crypto_generichash_update(&st, (const unsigned char *)c->arch, strlen(c->arch) + 1);
+    crypto_generichash_update(&st, (const unsigned char *)c->name, strlen(c->name) + 1);
+    int32_t dims[8] = {c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, c->vocab_size,
+                       (int32_t)c->rope_style};
+    float f[2] = {c->rope_theta, c->norm_eps};
+    crypto_generichash_update(&st, (const unsigned char *)dims, sizeof(dims));
+    crypto_generichash_update(&st, (const unsigned char *)f, sizeof(f));
+    id_tensor(&st, &w->tok_embd);
+    id_tensor(&st, &w->output);
+    id_tensor(&st, &w->layers[0].wq);
+    id_tensor(&st, &w->layers[c->n_layers - 1].w_down);
+    crypto_generichash_final(&st, h, sizeof(h));
+    char hex[33];
+    for (int i = 0; i < 16; i++) snprintf(hex + 2 * i, 3, "%02x", h[i]);
+    snprintf(buf, cap, "%.30s@%s", c->name[0] ? c->name : c->arch, hex);
 }
