@@ -1,0 +1,147 @@
+/*
+ * cluster.c - configuration shared by every process of a deployment
+ * (see cluster.h).
+ */
+#include "cluster.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <sodium.h>
+
+#include "log.h"
+#include "mem.h"
+
+static const char *const KEYS[] = {
+    "model.path",
+    "kv.block_size", "kv.dtype", "kv.secret_file",
+    "router.listen", "router.events", "router.http", "router.health_timeout", "router.max_queue",
+    "router.request_timeout", "router.prefill_timeout", "router.command_timeout", "router.lease",
+    "router.client_timeout", "router.retries", "router.prefix_weight",
+    "prefill.count", "prefill.listen", "prefill.threads", "prefill.kv_mem", "prefill.max_seqs",
+    "prefill.max_batch_tokens", "prefill.max_waiting", "prefill.ctx",
+    "decode.count", "decode.listen", "decode.threads", "decode.kv_mem", "decode.max_seqs",
+    "decode.max_batch_tokens", "decode.max_waiting", "decode.ctx", "decode.preempt", "decode.host_kv_mem",
+    "decode.itl_target",
+    "worker.name", "worker.heartbeat", "worker.transports", "worker.xfer_errmode", "worker.isa",
+    "serve.run_dir", "serve.logs", "serve.restart_backoff", "serve.max_restarts", "serve.stop_grace",
+};
+
+fy_status_t fy_cluster_config(int argc, char **argv, const char *usage, fy_config_t **cfg_p)
+{
+    fy_config_t *c;
+    fy_status_t st = fy_config_create(&c);
+    if (st) return st;
+    const char *prog = argc > 0 ? argv[0] : "ferry";
+    for (int i = 1; i < argc && st == FY_OK; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if ((!strcmp(a, "-c") || !strcmp(a, "--config")) && v) {
+            st = fy_config_load(c, v);
+            i++;
+        } else if (!strcmp(a, "--set") && v) {
+            st = fy_config_set(c, v);
+            i++;
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fprintf(stderr, "usage: %s %s\n", prog, usage);
+            st = FY_ERR_CANCELLED;
+        } else {
+            fprintf(stderr, "%s: unexpected argument '%s'\nusage: %s %s\n", prog, a, prog, usage);
+            st = FY_ERR_INVALID;
+        }
+    }
+    if (st == FY_OK) st = fy_config_check_known(c, KEYS, (int)(sizeof(KEYS) / sizeof(KEYS[0])));
+    if (st) {
+        fy_config_destroy(c);
+        return st;
+    }
+    *cfg_p = c;
+    return FY_OK;
+}
+
+static fy_status_t read_secret(const char *path, uint8_t *buf, size_t cap, size_t *len_p)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        fy_error("kv secret %s: cannot open: %m", path);
+        return errno == ENOENT ? FY_ERR_NOT_FOUND : FY_ERR_IO;
+    }
+    ssize_t n = read(fd, buf, cap);
+    close(fd);
+    if (n < 0) {
+        fy_error("kv secret %s: cannot read: %m", path);
+        return FY_ERR_IO;
+    }
+    if (n < 16) {
+        fy_error("kv secret %s: %zd bytes; at least 16 are needed", path, n);
+        return FY_ERR_FORMAT;
+    }
+    *len_p = (size_t)n;
+    return FY_OK;
+}
+
+fy_status_t fy_cluster_hasher(const fy_config_t *cfg, fy_kv_hasher_t **h_p)
+{
+    const char *path;
+    fy_status_t st = fy_config_string(cfg, "kv", "secret_file", NULL, &path);
+    if (st) return st;
+    if (!path || !*path) { /* a process on its own: nobody else names its blocks */
+        fy_warn("kv.secret_file is not set: prefix-block names are private to this process");
+        return fy_kv_hasher_create_random(h_p);
+    }
+    uint8_t key[64];
+    size_t n;
+    if ((st = read_secret(path, key, sizeof(key), &n))) return st;
+    st = fy_kv_hasher_create(key, n, h_p);
+    sodium_memzero(key, sizeof(key));
+    return st;
+}
+
+fy_status_t fy_cluster_make_secret(const char *path)
+{
+    uint8_t key[64];
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size >= 16) return FY_OK;
+    if (sodium_init() < 0) return FY_ERR_INTERNAL;
+    randombytes_buf(key, 32);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        fy_error("kv secret %s: cannot create: %m", path);
+        return FY_ERR_IO;
+    }
+    ssize_t w = write(fd, key, 32);
+    sodium_memzero(key, sizeof(key));
+    if (w != 32 || close(fd) != 0) {
+        fy_error("kv secret %s: cannot write: %m", path);
+        return FY_ERR_IO;
+    }
+    return FY_OK;
+}
+
+fy_status_t fy_cluster_kv(const fy_config_t *cfg, int32_t *block_size_p, fy_dtype_t *dtype_p)
+{
+    int64_t bs;
+    const char *dt;
+    fy_status_t st = fy_config_int(cfg, "kv", "block_size", 16, 8, 32, &bs);
+    if (!st) st = fy_config_string(cfg, "kv", "dtype", "f16", &dt);
+    if (st) return st;
+    if (bs != 8 && bs != 16 && bs != 32) {
+        fy_error("config: kv.block_size = %lld: expected 8, 16 or 32", (long long)bs);
+        return FY_ERR_INVALID;
+    }
+    fy_dtype_t d;
+    if (!strcmp(dt, "f16"))
+        d = FY_DTYPE_F16;
+    else if (!strcmp(dt, "f32"))
+        d = FY_DTYPE_F32;
+    else {
+        fy_error("config: kv.dtype = '%s': expected f16 or f32", dt);
+        return FY_ERR_INVALID;
+    }
+    *block_size_p = (int32_t)bs;
+    *dtype_p = d;
+    return FY_OK;
+}

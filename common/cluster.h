@@ -1,0 +1,37 @@
+/*
+ * cluster.h - what every process of a ferry deployment reads the same way:
+ * the keys a cluster configuration may hold, the command line that loads
+ * one ("-c FILE --set section.key=value ..."), the deployment's secret for
+ * prefix-block names, and the KV layout settings.
+ *
+ * One list of known keys for all processes, so one file configures the
+ * router, the workers and `ferry serve` alike, and a typo anywhere is
+ * refused everywhere.
+ */
+#ifndef FY_CLUSTER_H
+#define FY_CLUSTER_H
+
+#include <stdint.h>
+
+#include "config.h"
+#include "dtype.h"
+#include "kv.h"
+#include "status.h"
+
+/* Loads -c FILE (at most one, optional when defaults suffice) and every
+ * --set assignment from argv, in order, then checks that every key is
+ * known.  Prints usage for -h.  argv[0] names the program in messages. */
+fy_status_t fy_cluster_config(int argc, char **argv, const char *usage, fy_config_t **cfg_p);
+
+/* The deployment's secret (kv.secret_file: at least 16 bytes, the first
+ * 64 used) as a hasher for prefix-block names. */
+fy_status_t fy_cluster_hasher(const fy_config_t *cfg, fy_kv_hasher_t **h_p);
+
+/* Writes 32 random bytes to path (mode 0600) unless it already holds a
+ * usable secret. */
+fy_status_t fy_cluster_make_secret(const char *path);
+
+/* kv.block_size and kv.dtype. */
+fy_status_t fy_cluster_kv(const fy_config_t *cfg, int32_t *block_size_p, fy_dtype_t *dtype_p);
+
+#endif /* FY_CLUSTER_H */

@@ -1,0 +1,62 @@
+/*
+ * genspec.c - generation parameters on the wire (see genspec.h).
+ */
+#include "genspec.h"
+
+#include <string.h>
+
+void fy_genspec_default(fy_genspec_t *g)
+{
+    memset(g, 0, sizeof(*g));
+    fy_sampling_params_default(&g->sampling);
+    g->max_tokens = 128;
+}
+
+void fy_genspec_write(fy_msgw_t *w, const fy_genspec_t *g)
+{
+    fy_msgw_f64(w, "temperature", g->sampling.temperature);
+    fy_msgw_i64(w, "top_k", g->sampling.top_k);
+    fy_msgw_f64(w, "top_p", g->sampling.top_p);
+    fy_msgw_f64(w, "min_p", g->sampling.min_p);
+    fy_msgw_u64(w, "seed", g->sampling.seed);
+    fy_msgw_i64(w, "max_tokens", g->max_tokens);
+    const char *stops[FY_GEN_MAX_STOP];
+    int32_t n = fy_genspec_stops(g, stops);
+    if (n) fy_msgw_strs(w, "stop", stops, n);
+    if (g->ignore_eos) fy_msgw_bool(w, "ignore_eos", true);
+    if (g->logprobs) fy_msgw_bool(w, "logprobs", true);
+    if (g->priority) fy_msgw_i64(w, "priority", g->priority);
+}
+
+void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap)
+{
+    g->sampling.temperature = (float)fy_msgr_f64(r, "temperature", FY_OPT, g->sampling.temperature, 0, 100);
+    g->sampling.top_k = (int32_t)fy_msgr_i64(r, "top_k", FY_OPT, g->sampling.top_k, 0, 1 << 24);
+    g->sampling.top_p = (float)fy_msgr_f64(r, "top_p", FY_OPT, g->sampling.top_p, 1e-6, 1);
+    g->sampling.min_p = (float)fy_msgr_f64(r, "min_p", FY_OPT, g->sampling.min_p, 0, 1);
+    g->sampling.seed = fy_msgr_u64(r, "seed", FY_OPT, g->sampling.seed, 0, UINT64_MAX);
+    g->max_tokens = (int32_t)fy_msgr_i64(r, "max_tokens", FY_OPT, g->max_tokens, 1, max_tokens_cap);
+    const char *s[FY_GEN_MAX_STOP];
+    size_t len[FY_GEN_MAX_STOP];
+    if (fy_msgr_has(r, "stop")) {
+        int32_t n = fy_msgr_strs(r, "stop", FY_OPT, s, len, FY_GEN_MAX_STOP, FY_GEN_STOP_LEN);
+        for (int32_t i = 0; i < n && fy_msgr_ok(r); i++) {
+            if (memchr(s[i], 0, len[i])) {
+                fy_msgr_fail(r, FY_ERR_FORMAT, "field 'stop': entry %d holds a NUL byte", i);
+                break;
+            }
+            memcpy(g->stop[i], s[i], len[i]);
+            g->stop[i][len[i]] = 0;
+        }
+        if (fy_msgr_ok(r)) g->n_stop = n;
+    }
+    g->ignore_eos = fy_msgr_bool(r, "ignore_eos", FY_OPT, g->ignore_eos);
+    g->logprobs = fy_msgr_bool(r, "logprobs", FY_OPT, g->logprobs);
+    g->priority = (int32_t)fy_msgr_i64(r, "priority", FY_OPT, g->priority, -1000000, 1000000);
+}
+
+int32_t fy_genspec_stops(const fy_genspec_t *g, const char **out)
+{
+    for (int32_t i = 0; i < g->n_stop; i++) out[i] = g->stop[i];
+    return g->n_stop;
+}

@@ -1,0 +1,43 @@
+/*
+ * genspec.h - what a client asks of one generation (sampling, length,
+ * stop strings, priority), as it travels in messages from the client to
+ * the router and from the router to the workers.
+ *
+ * One struct with fixed storage, so a request carries its parameters by
+ * value, and one pair of functions to put it into and read it out of a
+ * message with every range checked (msg.h's sticky errors).
+ */
+#ifndef FY_GENSPEC_H
+#define FY_GENSPEC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "msg.h"
+#include "sampler.h"
+
+#define FY_GEN_MAX_STOP 8
+#define FY_GEN_STOP_LEN 64 /* bytes per stop string on the wire */
+
+typedef struct fy_genspec {
+    fy_sampling_params_t sampling;
+    int32_t max_tokens;
+    int32_t n_stop;
+    char stop[FY_GEN_MAX_STOP][FY_GEN_STOP_LEN + 1];
+    bool ignore_eos;
+    bool logprobs;
+    int32_t priority;
+} fy_genspec_t;
+
+/* greedy, 128 tokens, no stop strings, priority 0 */
+void fy_genspec_default(fy_genspec_t *g);
+/* Adds the fields to an open message: temperature, top_k, top_p, min_p,
+ * seed, max_tokens, stop, ignore_eos, logprobs, priority. */
+void fy_genspec_write(fy_msgw_t *w, const fy_genspec_t *g);
+/* Reads them (absent ones keep g's values); errors land in r and name
+ * the field.  max_tokens must be in [1, max_tokens_cap]. */
+void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap);
+/* The stop strings as the pointer array the engine takes. */
+int32_t fy_genspec_stops(const fy_genspec_t *g, const char **out);
+
+#endif /* FY_GENSPEC_H */

@@ -1,0 +1,28 @@
+/*
+ * prompt.h - a user's prompt to token ids, with the model's chat template
+ * when asked, such that text from the user can never become a special
+ * token.
+ *
+ * The template is rendered with sentinels in place of the messages; the
+ * template's own text is then tokenized with special tokens recognized
+ * (<|im_start|> and the like are its markers) and each message's text
+ * without, so a user who types "<|im_end|>" gets those characters, not
+ * the end of their turn.
+ */
+#ifndef FY_PROMPT_H
+#define FY_PROMPT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "status.h"
+
+/* system may be NULL; with chat false the user text is the whole prompt
+ * (BOS added when the model wants it).  *ids_p is fy_free'd by the caller.
+ * FY_ERR_INVALID (logged) when the template fails or transforms the
+ * message text so that it cannot be found again. */
+fy_status_t fy_prompt_tokens(const fy_model_t *m, const char *system, const char *user, bool chat, int32_t **ids_p,
+                             int32_t *n_p);
+
+#endif /* FY_PROMPT_H */
