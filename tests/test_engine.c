@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "engine.h"
@@ -542,6 +543,159 @@ static void test_engine_thread(void **state)
     assert_int_equal(late.status, FY_ERR_CANCELLED);
 }
 
+
+/* ---- prefill in one engine, decode in another (the disaggregated path
+ * without the sockets): progress events, the first token and its
+ * generator, copying the prompt's blocks, adoption ---- */
+
+typedef struct handoff {
+    fy_kvm_t *kvm;
+    fy_block_table_t hold; /* the prefill side keeps the prompt's blocks */
+    bool held;
+    int32_t first;
+    float logprob;
+    fy_rng_t rng;
+    int progress, terminal;
+    int32_t last_computed;
+} handoff_t;
+
+static void on_prefill(void *arg, const fy_event_t *ev)
+{
+    handoff_t *h = arg;
+    if (ev->kind == FY_EVENT_PROGRESS) {
+        assert_true(ev->n_computed > h->last_computed);
+        h->last_computed = ev->n_computed;
+        h->progress++;
+        fy_kvm_seq_release(h->kvm, &h->hold);
+        assert_int_equal(fy_kvm_seq_fork(h->kvm, ev->bt, &h->hold), FY_OK);
+        h->held = true;
+    } else if (ev->kind == FY_EVENT_TOKEN) {
+        h->first = ev->token;
+        h->logprob = ev->logprob;
+        h->rng = *ev->rng;
+    } else {
+        assert_int_equal(ev->kind, FY_EVENT_FINISH);
+        h->terminal++;
+    }
+}
+
+typedef struct adopt_job {
+    const int32_t *prompt;
+    int32_t n;
+    const fy_request_params_t *rp;
+    fy_block_table_t *bt;
+    fy_kv_resv_t *resv;
+    handoff_t *h;
+    result_t *res;
+    fy_status_t st;
+} adopt_job_t;
+
+static void do_adopt(fy_engine_t *e, void *arg)
+{
+    adopt_job_t *a = arg;
+    uint64_t id;
+    a->st = fy_engine_adopt(e, a->prompt, a->n, a->rp, a->bt, a->resv, a->h->first, a->h->logprob, &a->h->rng,
+                            on_event, a->res, &id);
+}
+
+static void disaggregated(const char *model)
+{
+    workload_t *w = calloc(1, sizeof(*w));
+    rig_t P, D;
+    rig_opts_t o;
+    rig_opts(&o, model);
+    o.ep.max_num_batched_tokens = 64; /* several chunks per prompt */
+    rig_open(&P, &o);
+    make_workload(w, P.vocab, true, true);
+    result_t *alone = calloc(N_REQ, sizeof(result_t)), *dis = calloc(N_REQ, sizeof(result_t));
+    run_alone(model, w, alone);
+    rig_opts_t od;
+    rig_opts(&od, model);
+    rig_open(&D, &od);
+    const fy_kv_layout_t *lay = fy_kvm_layout(P.kvm);
+    char *pa = fy_runner_kv_arena(P.r), *da = fy_runner_kv_arena(D.r);
+    for (int i = 0; i < N_REQ; i++) {
+        /* prefill: the first token only, as a prefill worker runs it */
+        handoff_t h = {.kvm = P.kvm};
+        assert_int_equal(fy_kvm_seq_init(P.kvm, &h.hold, w->len[i] + 1, &w->rp[i].ns), FY_OK);
+        fy_request_params_t pr = w->rp[i];
+        pr.max_tokens = 1;
+        pr.progress = true;
+        uint64_t id;
+        assert_int_equal(fy_engine_submit(P.e, w->prompt[i], w->len[i], &pr, on_prefill, &h, &id), FY_OK);
+        rig_drain(&P);
+        assert_int_equal(h.terminal, 1);
+        assert_int_equal(h.last_computed, w->len[i]);
+        if (w->len[i] > 64) assert_true(h.progress >= 2); /* chunked: blocks could ship early */
+        /* the decode side leases blocks, the prompt's K/V are copied in */
+        fy_block_table_t bt;
+        fy_kv_resv_t resv = {0};
+        int32_t cap = w->len[i] + w->rp[i].max_tokens;
+        assert_int_equal(fy_kvm_seq_init(D.kvm, &bt, cap, &w->rp[i].ns), FY_OK);
+        assert_int_equal(fy_kvm_admit(D.kvm, fy_kvm_blocks_for(D.kvm, w->len[i], w->rp[i].max_tokens, 0), &resv),
+                         FY_OK);
+        assert_int_equal(fy_kvm_seq_reserve(D.kvm, &bt, w->len[i], &resv), FY_OK);
+        assert_int_equal(bt.n_blocks, h.hold.n_blocks);
+        for (int32_t b = 0; b < bt.n_blocks; b++)
+            memcpy(da + (size_t)bt.blocks[b] * lay->block_bytes, pa + (size_t)h.hold.blocks[b] * lay->block_bytes,
+                   lay->block_bytes);
+        fy_kvm_seq_release(P.kvm, &h.hold);
+        fy_kvm_seq_deinit(&h.hold);
+        fy_kvm_seq_commit(D.kvm, &bt, w->prompt[i], w->len[i]);
+        adopt_job_t a = {w->prompt[i], w->len[i], &w->rp[i], &bt, &resv, &h, &dis[i], FY_ERR_INTERNAL};
+        assert_int_equal(fy_engine_post(D.e, do_adopt, &a), FY_OK);
+        assert_int_equal(fy_engine_step(D.e), FY_OK); /* runs the post, then a step */
+        assert_int_equal(a.st, FY_OK);
+        assert_int_equal(bt.n_blocks, 0); /* taken over */
+        assert_int_equal(resv.blocks, 0);
+        fy_kvm_seq_deinit(&bt);
+    }
+    rig_drain(&D);
+    check_same(alone, dis);
+    rig_close(&P);
+    rig_close(&D);
+    free(w), free(alone), free(dis);
+}
+
+static void test_disaggregated_tiny(void **state) { disaggregated(g_tiny); }
+
+static void test_disaggregated_default(void **state)
+{
+    const char *m = fy_test_default_model();
+    if (!m) skip();
+    disaggregated(m);
+}
+
+/* A tick runs on the engine thread while it idles; posts run before a step. */
+static int g_ticks;
+static void on_tick(void *arg) { __atomic_add_fetch((int *)arg, 1, __ATOMIC_SEQ_CST); }
+static void set_flag(fy_engine_t *e, void *arg) { *(int *)arg = 1; }
+
+static void test_post_and_tick(void **state)
+{
+    rig_opts_t o;
+    rig_opts(&o, g_tiny);
+    o.ep.tick_fn = on_tick;
+    o.ep.tick_arg = &g_ticks;
+    o.ep.tick_s = 0.01;
+    rig_t g;
+    rig_open(&g, &o);
+    int flag = 0;
+    assert_int_equal(fy_engine_post(g.e, set_flag, &flag), FY_OK);
+    assert_false(fy_engine_idle(g.e)); /* posted work counts */
+    assert_int_equal(fy_engine_step(g.e), FY_OK);
+    assert_int_equal(flag, 1);
+    assert_int_equal(fy_engine_start(g.e), FY_OK);
+    for (int i = 0; i < 500 && __atomic_load_n(&g_ticks, __ATOMIC_SEQ_CST) < 5; i++) usleep(10000);
+    assert_true(__atomic_load_n(&g_ticks, __ATOMIC_SEQ_CST) >= 5);
+    fy_engine_stop(g.e);
+    /* work posted before destroy still runs */
+    flag = 0;
+    assert_int_equal(fy_engine_post(g.e, set_flag, &flag), FY_OK);
+    rig_close(&g);
+    assert_int_equal(flag, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -554,6 +708,9 @@ int main(void)
         cmocka_unit_test(test_priority_and_timings),
         cmocka_unit_test(test_guardrail),
         cmocka_unit_test(test_engine_thread),
+        cmocka_unit_test(test_disaggregated_tiny),
+        cmocka_unit_test(test_disaggregated_default),
+        cmocka_unit_test(test_post_and_tick),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
