@@ -1,0 +1,833 @@
+/*
+ * test_xfer.c - the UCX KV transfer: two fy_xfer_t in one process (each
+ * with its own UCX context, worker and thread) play prefill and decode.
+ * Bytes arrive exactly where asked and nowhere else, runs coalesce, over
+ * TCP and over UCX's default (shared memory); layout mismatches are
+ * refused by name; hostile descriptors are refused without a crash; dead
+ * targets, deadlines, aborts and bad block ids end jobs with the right
+ * status; every callback runs exactly once.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include <ucp/api/ucp.h>
+
+#include "mem.h"
+#include "testutil.h"
+#include "xfer.h"
+#include "xfer_wire.h"
+
+#define SEED 0x5eedf00dull
+
+/* ---- a log capture safe for the transfer threads (testutil's is not) ------------------------ */
+
+static pthread_mutex_t g_log_lock = PTHREAD_MUTEX_INITIALIZER;
+static char g_log[32768];
+static size_t g_log_len;
+
+static void log_sink(fy_log_level_t level, const char *line, void *arg)
+{
+    pthread_mutex_lock(&g_log_lock);
+    size_t n = strlen(line);
+    if (g_log_len + n + 2 < sizeof(g_log)) {
+        memcpy(g_log + g_log_len, line, n);
+        g_log_len += n;
+        g_log[g_log_len++] = '\n';
+        g_log[g_log_len] = '\0';
+    }
+    pthread_mutex_unlock(&g_log_lock);
+    if (getenv("FERRY_TEST_VERBOSE")) fprintf(stderr, "[captured] %s\n", line);
+}
+
+static void log_begin(void)
+{
+    pthread_mutex_lock(&g_log_lock);
+    g_log_len = 0;
+    g_log[0] = '\0';
+    pthread_mutex_unlock(&g_log_lock);
+    fy_log_set_sink(log_sink, NULL);
+}
+
+static void log_end(void) { fy_log_set_sink(NULL, NULL); }
+
+static bool log_has(const char *s)
+{
+    pthread_mutex_lock(&g_log_lock);
+    bool r = strstr(g_log, s) != NULL;
+    pthread_mutex_unlock(&g_log_lock);
+    return r;
+}
+
+/* ---- completions ---------------------------------------------------------------------------- */
+
+typedef struct done {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int calls;
+    fy_status_t st;
+    char msg[256];
+} done_t;
+
+static void done_init(done_t *d)
+{
+    pthread_mutex_init(&d->lock, NULL);
+    pthread_cond_init(&d->cond, NULL);
+    d->calls = 0;
+    d->st = FY_OK;
+    d->msg[0] = '\0';
+}
+
+static void done_fini(done_t *d)
+{
+    pthread_mutex_destroy(&d->lock);
+    pthread_cond_destroy(&d->cond);
+}
+
+static void on_done(void *arg, fy_status_t st, const char *message)
+{
+    done_t *d = arg;
+    pthread_mutex_lock(&d->lock);
+    d->calls++;
+    d->st = st;
+    snprintf(d->msg, sizeof(d->msg), "%s", message ? message : "");
+    if (st != FY_OK && !message) snprintf(d->msg, sizeof(d->msg), "(error without a message)");
+    pthread_cond_broadcast(&d->cond);
+    pthread_mutex_unlock(&d->lock);
+}
+
+/* Waits for the callback (no sleeping: a condition variable with a deadline). */
+static fy_status_t done_wait(done_t *d, double timeout_s)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double t = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + timeout_s;
+    ts.tv_sec = (time_t)t;
+    ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+    pthread_mutex_lock(&d->lock);
+    while (d->calls == 0)
+        if (pthread_cond_timedwait(&d->cond, &d->lock, &ts)) break;
+    int calls = d->calls;
+    fy_status_t st = d->st;
+    pthread_mutex_unlock(&d->lock);
+    if (calls == 0) fail_msg("callback not called within %.1f s", timeout_s);
+    return st;
+}
+
+static int done_calls(done_t *d)
+{
+    pthread_mutex_lock(&d->lock);
+    int c = d->calls;
+    pthread_mutex_unlock(&d->lock);
+    return c;
+}
+
+/* ---- engines ------------------------------------------------------------------------------- */
+
+typedef struct side {
+    uint8_t *arena;
+    bool own; /* arena from fy_aligned_alloc; else fy_xfer allocated it */
+    size_t bytes;
+    int32_t n_blocks;
+    uint64_t block_bytes;
+    fy_xfer_t *x;
+} side_t;
+
+static fy_xfer_layout_t small_layout(int32_t block_size)
+{
+    fy_xfer_layout_t l = {.dtype = 1, .block_size = block_size, .n_layers = 2, .n_kv_heads = 2, .head_dim = 16,
+                          .order = FY_XFER_ORDER_BLOCK_MAJOR};
+    snprintf(l.model_id, sizeof(l.model_id), "tiny-test-model/0123abcd");
+    l.block_bytes = (uint64_t)2 * l.n_layers * l.n_kv_heads * (uint64_t)block_size * l.head_dim * 2;
+    return l;
+}
+
+/* tls "sm" means shared memory, which UCX 1.13 offers only without peer
+ * failure detection (see fy_xfer_errmode_t).  ucx_arena: fy_xfer
+ * allocates the arena (shared memory under "sm": puts are memcpy). */
+static void side_open_as(side_t *s, const fy_xfer_layout_t *l, int32_t n_blocks, const char *tls, uint8_t fill,
+                         bool ucx_arena)
+{
+    memset(s, 0, sizeof(*s));
+    s->n_blocks = n_blocks;
+    s->block_bytes = l->block_bytes;
+    s->bytes = (size_t)n_blocks * l->block_bytes;
+    s->own = !ucx_arena;
+    if (s->own) {
+        s->arena = fy_aligned_alloc(4096, s->bytes);
+        assert_non_null(s->arena);
+    }
+    fy_xfer_params_t p = {.layout = *l, .arena = s->arena, .arena_bytes = s->bytes, .transports = tls,
+                          .connect_timeout_s = 5};
+    if (tls && !strcmp(tls, "sm")) p.err_mode = FY_XFER_ERRMODE_NONE;
+    fy_status_t st = fy_xfer_create(&p, &s->x);
+    if (st != FY_OK) fail_msg("fy_xfer_create(%s): %s", tls ? tls : "default", fy_status_str(st));
+    s->arena = fy_xfer_arena(s->x);
+    if (!s->own) assert_true(((uintptr_t)s->arena & 63) == 0);
+    memset(s->arena, fill, s->bytes);
+}
+
+static void side_open(side_t *s, const fy_xfer_layout_t *l, int32_t n_blocks, const char *tls, uint8_t fill)
+{
+    side_open_as(s, l, n_blocks, tls, fill, false);
+}
+
+static void side_close(side_t *s)
+{
+    fy_xfer_destroy(s->x);
+    if (s->own) fy_free(s->arena);
+    s->x = NULL;
+    s->arena = NULL;
+}
+
+static void fill_random(side_t *s, uint64_t *rng)
+{
+    for (size_t i = 0; i + 8 <= s->bytes; i += 8) {
+        uint64_t v = fy_test_rand_u64(rng);
+        memcpy(s->arena + i, &v, 8);
+    }
+}
+
+static uint8_t *block(side_t *s, int32_t b) { return s->arena + (size_t)b * s->block_bytes; }
+
+/* Runs one job: src[i] -> dst[i], in `calls` put calls; returns its status. */
+static fy_status_t run_job(side_t *from, side_t *to, const int32_t *src, const int32_t *dst, int32_t n, int calls)
+{
+    const void *blob;
+    size_t len;
+    assert_int_equal(fy_xfer_target_desc(to->x, &blob, &len), FY_OK);
+    done_t d;
+    done_init(&d);
+    fy_xfer_job_t *j;
+    assert_int_equal(fy_xfer_job_begin(from->x, blob, len, fy_xfer_now() + 20, on_done, &d, &j), FY_OK);
+    int32_t per = (n + calls - 1) / calls;
+    for (int32_t i = 0; i < n; i += per)
+        assert_int_equal(fy_xfer_job_put(j, src + i, dst + i, FY_MIN(per, n - i)), FY_OK);
+    fy_xfer_job_finish(j);
+    fy_status_t st = done_wait(&d, 30);
+    if (st != FY_OK) fprintf(stderr, "job failed: %s: %s\n", fy_status_str(st), d.msg);
+    assert_int_equal(done_calls(&d), 1);
+    done_fini(&d);
+    return st;
+}
+
+/* Checks dst blocks hold exactly the source blocks, and every other
+ * destination block still holds the fill byte. */
+static void verify(side_t *from, side_t *to, const int32_t *src, const int32_t *dst, int32_t n, uint8_t fill)
+{
+    bool *hit = calloc((size_t)to->n_blocks, 1);
+    for (int32_t i = 0; i < n; i++) {
+        hit[dst[i]] = true;
+        if (memcmp(block(from, src[i]), block(to, dst[i]), from->block_bytes))
+            fail_msg("block %d -> %d: bytes differ", src[i], dst[i]);
+    }
+    for (int32_t b = 0; b < to->n_blocks; b++) {
+        if (hit[b]) continue;
+        for (size_t k = 0; k < to->block_bytes; k++)
+            if (block(to, b)[k] != fill) fail_msg("untargeted block %d was written (byte %zu)", b, k);
+    }
+    free(hit);
+}
+
+static int32_t count_runs(const int32_t *src, const int32_t *dst, int32_t n)
+{
+    int32_t r = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (i == 0 || src[i] != src[i - 1] + 1 || dst[i] != dst[i - 1] + 1) r++;
+    return r;
+}
+
+/* ---- transfers ----------------------------------------------------------------------------- */
+
+static void transfer_over(const char *tls, bool ucx_arena)
+{
+    uint64_t rng = SEED;
+    fy_xfer_layout_t l = small_layout(16);
+    side_t pf, dc;
+    side_open(&pf, &l, 64, tls, 0);
+    side_open_as(&dc, &l, 96, tls, 0xA5, ucx_arena);
+    fill_random(&pf, &rng);
+
+    /* scattered: 20 blocks to a random choice of destination blocks */
+    int32_t perm[96];
+    for (int32_t i = 0; i < 96; i++) perm[i] = i;
+    for (int32_t i = 95; i > 0; i--) {
+        int32_t k = (int32_t)(fy_test_rand_u64(&rng) % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[k];
+        perm[k] = t;
+    }
+    int32_t src[64], dst[64];
+    for (int32_t i = 0; i < 20; i++) src[i] = (int32_t)(fy_test_rand_u64(&rng) % 64), dst[i] = perm[i];
+    fy_xfer_stats_t s0, s1;
+    fy_xfer_stats(pf.x, &s0);
+    assert_int_equal(run_job(&pf, &dc, src, dst, 20, 3), FY_OK);
+    fy_xfer_stats(pf.x, &s1);
+    verify(&pf, &dc, src, dst, 20, 0xA5);
+    assert_int_equal(s1.jobs_ok - s0.jobs_ok, 1);
+    assert_int_equal(s1.bytes - s0.bytes, 20 * l.block_bytes);
+
+    /* consecutive runs, as a decode pool hands them out: 4, 1, 16, 3 blocks */
+    memset(dc.arena, 0xA5, dc.bytes);
+    int32_t n = 0;
+    const int32_t runs[][3] = {{0, 10, 4}, {4, 20, 1}, {5, 40, 16}, {21, 90, 3}};
+    for (size_t r = 0; r < FY_ARRAY_LEN(runs); r++)
+        for (int32_t k = 0; k < runs[r][2]; k++) src[n] = runs[r][0] + k, dst[n] = runs[r][1] + k, n++;
+    fy_xfer_stats(pf.x, &s0);
+    assert_int_equal(run_job(&pf, &dc, src, dst, n, 1), FY_OK);
+    fy_xfer_stats(pf.x, &s1);
+    verify(&pf, &dc, src, dst, n, 0xA5);
+    assert_int_equal(s1.puts - s0.puts, count_runs(src, dst, n));
+    assert_true(s1.puts - s0.puts < (uint64_t)n);
+
+    /* the whole arena in one put */
+    memset(dc.arena, 0xA5, dc.bytes);
+    for (int32_t i = 0; i < 64; i++) src[i] = i, dst[i] = 32 + i;
+    fy_xfer_stats(pf.x, &s0);
+    assert_int_equal(run_job(&pf, &dc, src, dst, 64, 1), FY_OK);
+    fy_xfer_stats(pf.x, &s1);
+    verify(&pf, &dc, src, dst, 64, 0xA5);
+    assert_int_equal(s1.puts - s0.puts, 1);
+
+    /* four jobs at once, to disjoint destinations, put from another thread's view: interleaved */
+    memset(dc.arena, 0xA5, dc.bytes);
+    const void *blob;
+    size_t len;
+    assert_int_equal(fy_xfer_target_desc(dc.x, &blob, &len), FY_OK);
+    done_t d[4];
+    fy_xfer_job_t *j[4];
+    for (int k = 0; k < 4; k++) {
+        done_init(&d[k]);
+        assert_int_equal(fy_xfer_job_begin(pf.x, blob, len, fy_xfer_now() + 20, on_done, &d[k], &j[k]), FY_OK);
+    }
+    int32_t all_src[64], all_dst[64];
+    for (int32_t i = 0; i < 64; i++) {
+        int k = i % 4;
+        all_src[i] = i;
+        all_dst[i] = 95 - i;
+        assert_int_equal(fy_xfer_job_put(j[k], &all_src[i], &all_dst[i], 1), FY_OK);
+    }
+    for (int k = 0; k < 4; k++) fy_xfer_job_finish(j[k]);
+    for (int k = 0; k < 4; k++) {
+        assert_int_equal(done_wait(&d[k], 30), FY_OK);
+        assert_int_equal(done_calls(&d[k]), 1);
+        done_fini(&d[k]);
+    }
+    verify(&pf, &dc, all_src, all_dst, 64, 0xA5);
+
+    /* one connection served every job; nothing was refused or lost */
+    fy_xfer_stats(pf.x, &s1);
+    assert_int_equal(s1.peers_connected, 1);
+    assert_int_equal(s1.jobs_failed, 0);
+    assert_int_equal(s1.peer_failures, 0);
+    assert_int_equal(s1.layout_refusals, 0);
+
+    /* and the other way round: the decode side can be an initiator too */
+    for (int32_t i = 0; i < 8; i++) src[i] = 88 + i, dst[i] = i;
+    memset(pf.arena, 0, 8 * l.block_bytes);
+    assert_int_equal(run_job(&dc, &pf, src, dst, 8, 2), FY_OK);
+    for (int32_t i = 0; i < 8; i++) assert_memory_equal(block(&pf, i), block(&dc, 88 + i), l.block_bytes);
+
+    side_close(&pf);
+    side_close(&dc);
+}
+
+static void test_transfer_default(void **state) { transfer_over(NULL, false); }
+static void test_transfer_tcp(void **state) { transfer_over("tcp", false); }
+static void test_transfer_shm(void **state) { transfer_over("sm", false); }
+static void test_transfer_tcp_ucx_arena(void **state) { transfer_over("tcp", true); }
+static void test_transfer_shm_ucx_arena(void **state) { transfer_over("sm", true); }
+
+/* ---- layout mismatch ------------------------------------------------------------------------- */
+
+static void test_layout_mismatch(void **state)
+{
+    fy_xfer_layout_t l16 = small_layout(16), l32 = small_layout(32);
+    side_t pf, dc;
+    side_open(&pf, &l16, 8, "tcp", 0x11);
+    side_open(&dc, &l32, 8, "tcp", 0xA5);
+    log_begin();
+    const void *blob;
+    size_t len;
+    assert_int_equal(fy_xfer_target_desc(dc.x, &blob, &len), FY_OK);
+    for (int round = 0; round < 2; round++) {
+        done_t d;
+        done_init(&d);
+        fy_xfer_job_t *j;
+        assert_int_equal(fy_xfer_job_begin(pf.x, blob, len, fy_xfer_now() + 10, on_done, &d, &j), FY_OK);
+        int32_t src[4] = {0, 1, 2, 3}, dst[4] = {0, 1, 2, 3};
+        assert_int_equal(fy_xfer_job_put(j, src, dst, 4), FY_OK);
+        fy_xfer_job_finish(j);
+        assert_int_equal(done_wait(&d, 10), FY_ERR_MISMATCH);
+        if (!strstr(d.msg, "block_size is 16 here, 32 at the peer")) fail_msg("message: %s", d.msg);
+        assert_int_equal(done_calls(&d), 1);
+        done_fini(&d);
+    }
+    log_end();
+    assert_true(log_has("block_size is 32 here, 16 at the peer")); /* the target's one line */
+    fy_xfer_stats_t s;
+    fy_xfer_stats(pf.x, &s);
+    assert_int_equal(s.layout_refusals, 1); /* the second job failed on the remembered refusal */
+    assert_int_equal(s.puts, 0);
+    assert_int_equal(s.jobs_failed, 2);
+    fy_xfer_stats(dc.x, &s);
+    assert_int_equal(s.layout_refusals, 1);
+    for (size_t i = 0; i < dc.bytes; i++)
+        if (dc.arena[i] != 0xA5) fail_msg("byte %zu of the refusing target was written", i);
+    side_close(&pf);
+    side_close(&dc);
+
+    /* a different model id is named too */
+    fy_xfer_layout_t other = small_layout(16);
+    snprintf(other.model_id, sizeof(other.model_id), "another-model/ffff");
+    side_open(&pf, &l16, 4, NULL, 0x11);
+    side_open(&dc, &other, 4, NULL, 0xA5);
+    log_begin();
+    int32_t a = 0;
+    fy_status_t st = run_job(&pf, &dc, &a, &a, 1, 1);
+    log_end();
+    assert_int_equal(st, FY_ERR_MISMATCH);
+    assert_true(log_has("model_id"));
+    assert_int_equal(dc.arena[0], 0xA5);
+    side_close(&pf);
+    side_close(&dc);
+}
+
+static void test_layout_diff(void **state)
+{
+    fy_xfer_layout_t a = small_layout(16), b = a;
+    assert_null(fy_xfer_layout_diff(&a, &b));
+    /* bytes after the NUL do not count */
+    b.model_id[sizeof(b.model_id) - 1] = 'x';
+    b.model_id[sizeof(b.model_id) - 1] = '\0';
+    assert_null(fy_xfer_layout_diff(&a, &b));
+    b = a, b.dtype = 0;
+    assert_string_equal(fy_xfer_layout_diff(&a, &b), "dtype");
+    b = a, b.block_size = 32;
+    assert_string_equal(fy_xfer_layout_diff(&a, &b), "block_size");
+    b = a, b.n_layers = 3;
+    assert_string_equal(fy_xfer_layout_diff(&a, &b), "n_layers");
+    b = a, b.n_kv_heads = 1;
+    assert_string_equal(fy_xfer_layout_diff(&a, &b), "n_kv_heads");
+    b = a, b.head_dim = 8;
+    assert_string_equal(fy_xfer_layout_diff(&a, &b), "head_dim");
+    b = a, b.order = 2;
+    assert_string_equal(fy_xfer_layout_diff(&a, &b), "order");
+    b = a, b.scale_format = 1;
+    assert_string_equal(fy_xfer_layout_diff(&a, &b), "scale_format");
+    b = a, b.block_bytes++;
+    assert_string_equal(fy_xfer_layout_diff(&a, &b), "block_bytes");
+    b = a, b.model_id[0] = 'T';
+    assert_string_equal(fy_xfer_layout_diff(&a, &b), "model_id");
+    /* two fields differ: the first in declaration order is named */
+    b = a, b.head_dim = 8, b.block_size = 8;
+    assert_string_equal(fy_xfer_layout_diff(&a, &b), "block_size");
+
+    /* the wire form round-trips and is little-endian */
+    uint8_t w[FY_XFER_LAYOUT_WIRE_LEN];
+    a.block_bytes = 0x0102030405060708ull;
+    fy_xfer_layout_pack(&a, w);
+    fy_xfer_layout_t c;
+    fy_xfer_layout_unpack(w, &c);
+    assert_null(fy_xfer_layout_diff(&a, &c));
+    assert_int_equal(w[64 + 28], 0x08);
+    assert_int_equal(w[64 + 4], 16); /* block_size */
+
+    /* handshake messages: right lengths only */
+    fy_xfer_hello_t h = {.cookie = 7, .name = "me", .layout = a}, h2;
+    uint8_t hw[FY_XFER_HELLO_LEN];
+    fy_xfer_hello_pack(&h, hw);
+    log_begin();
+    assert_int_equal(fy_xfer_hello_unpack(hw, sizeof(hw), &h2), FY_OK);
+    assert_int_equal(h2.cookie, 7);
+    for (size_t n = 0; n < sizeof(hw); n++) assert_int_not_equal(fy_xfer_hello_unpack(hw, n, &h2), FY_OK);
+    hw[0] = 9;
+    assert_int_equal(fy_xfer_hello_unpack(hw, sizeof(hw), &h2), FY_ERR_MISMATCH);
+    fy_xfer_reply_t r = {.cookie = 9, .ok = false, .layout = a, .message = "no"}, r2;
+    uint8_t rw[FY_XFER_REPLY_LEN];
+    fy_xfer_reply_pack(&r, rw);
+    assert_int_equal(fy_xfer_reply_unpack(rw, sizeof(rw), &r2), FY_OK);
+    assert_false(r2.ok);
+    assert_string_equal(r2.message, "no");
+    for (size_t n = 0; n < sizeof(rw); n++) assert_int_not_equal(fy_xfer_reply_unpack(rw, n, &r2), FY_OK);
+    assert_int_not_equal(fy_xfer_reply_unpack(hw, sizeof(hw), &r2), FY_OK); /* a hello is not a reply */
+    memset(rw + 16 + FY_XFER_LAYOUT_WIRE_LEN, 'x', FY_XFER_MSG_LEN);   /* unterminated message */
+    assert_int_equal(fy_xfer_reply_unpack(rw, sizeof(rw), &r2), FY_ERR_FORMAT);
+    log_end();
+}
+
+/* ---- hostile target descriptors ------------------------------------------------------------- */
+
+static void test_bad_blobs(void **state)
+{
+    fy_xfer_layout_t l = small_layout(16);
+    side_t pf, dc;
+    side_open(&pf, &l, 4, "tcp", 0);
+    side_open(&dc, &l, 4, "tcp", 0xA5);
+    const void *blob;
+    size_t len;
+    assert_int_equal(fy_xfer_target_desc(dc.x, &blob, &len), FY_OK);
+    uint8_t *copy = fy_malloc(len);
+    memcpy(copy, blob, len);
+    done_t d;
+    done_init(&d);
+    fy_xfer_job_t *j = NULL;
+    log_begin();
+    /* every truncation of a real blob */
+    for (size_t n = 0; n < len; n++)
+        if (fy_xfer_job_begin(pf.x, copy, n, fy_xfer_now() + 5, on_done, &d, &j) != FY_ERR_FORMAT)
+            fail_msg("a blob truncated to %zu of %zu bytes was accepted", n, len);
+    assert_int_equal(fy_xfer_job_begin(pf.x, NULL, 0, fy_xfer_now() + 5, on_done, &d, &j), FY_ERR_FORMAT);
+    /* every single flipped byte */
+    for (size_t i = 0; i < len; i++) {
+        copy[i] ^= 0x5a;
+        if (fy_xfer_job_begin(pf.x, copy, len, fy_xfer_now() + 5, on_done, &d, &j) != FY_ERR_FORMAT)
+            fail_msg("a blob with byte %zu flipped was accepted", i);
+        copy[i] ^= 0x5a;
+    }
+    /* random bytes of many lengths, also with a valid magic and version */
+    uint64_t rng = SEED;
+    uint8_t junk[1024];
+    for (int k = 0; k < 2000; k++) {
+        size_t n = (size_t)(fy_test_rand_u64(&rng) % sizeof(junk));
+        for (size_t i = 0; i < n; i++) junk[i] = (uint8_t)fy_test_rand_u64(&rng);
+        if (k % 2 && n >= 8) memcpy(junk, copy, 8);
+        if (fy_xfer_job_begin(pf.x, junk, n, fy_xfer_now() + 5, on_done, &d, &j) != FY_ERR_FORMAT)
+            fail_msg("random blob %d (%zu bytes) was accepted", k, n);
+    }
+    /* lengths that add up but describe an impossible arena, with a valid checksum */
+    fy_xfer_target_t t;
+    assert_int_equal(fy_xfer_blob_parse(copy, len, &t), FY_OK);
+    uint8_t *forged;
+    size_t flen;
+    t.arena_bytes = t.block_bytes * 3 + 1;
+    assert_int_equal(fy_xfer_blob_build(&t, &forged, &flen), FY_OK);
+    assert_int_equal(fy_xfer_job_begin(pf.x, forged, flen, fy_xfer_now() + 5, on_done, &d, &j), FY_ERR_FORMAT);
+    fy_free(forged);
+    t.arena_bytes = 0;
+    assert_int_equal(fy_xfer_blob_build(&t, &forged, &flen), FY_OK);
+    assert_int_equal(fy_xfer_job_begin(pf.x, forged, flen, fy_xfer_now() + 5, on_done, &d, &j), FY_ERR_FORMAT);
+    fy_free(forged);
+    log_end();
+    assert_true(log_has("target descriptor"));
+    assert_null(j);
+    assert_int_equal(done_calls(&d), 0); /* no job, no callback */
+    /* the real one still works afterwards */
+    int32_t a = 1, b = 2;
+    assert_int_equal(run_job(&pf, &dc, &a, &b, 1, 1), FY_OK);
+    fy_free(copy);
+    done_fini(&d);
+    side_close(&pf);
+    side_close(&dc);
+}
+
+/* ---- failures ------------------------------------------------------------------------------- */
+
+static void test_deadline_abort_range(void **state)
+{
+    fy_xfer_layout_t l = small_layout(16);
+    side_t pf, dc;
+    side_open(&pf, &l, 16, "tcp", 0x11);
+    side_open(&dc, &l, 8, "tcp", 0xA5);
+    const void *blob;
+    size_t len;
+    assert_int_equal(fy_xfer_target_desc(dc.x, &blob, &len), FY_OK);
+    fy_xfer_job_t *j;
+    done_t d;
+    int32_t src[2] = {0, 1}, dst[2] = {0, 1};
+
+    /* a deadline already passed: TIMEOUT, and nothing written */
+    done_init(&d);
+    assert_int_equal(fy_xfer_job_begin(pf.x, blob, len, fy_xfer_now() - 1, on_done, &d, &j), FY_OK);
+    assert_int_equal(fy_xfer_job_put(j, src, dst, 2), FY_OK);
+    fy_xfer_job_finish(j);
+    assert_int_equal(done_wait(&d, 10), FY_ERR_TIMEOUT);
+    assert_true(strstr(d.msg, "deadline") != NULL);
+    assert_int_equal(dc.arena[0], 0xA5);
+    done_fini(&d);
+
+    /* abort: CANCELLED, and the callback waits for the abort */
+    done_init(&d);
+    assert_int_equal(fy_xfer_job_begin(pf.x, blob, len, fy_xfer_now() + 10, on_done, &d, &j), FY_OK);
+    assert_int_equal(fy_xfer_job_put(j, src, dst, 2), FY_OK);
+    fy_xfer_job_abort(j);
+    assert_int_equal(done_wait(&d, 10), FY_ERR_CANCELLED);
+    done_fini(&d);
+
+    /* an error before finish is remembered; the callback still waits for finish */
+    done_init(&d);
+    assert_int_equal(fy_xfer_job_begin(pf.x, blob, len, fy_xfer_now() - 1, on_done, &d, &j), FY_OK);
+    double t0 = fy_xfer_now();
+    while (fy_xfer_now() < t0 + 0.2) {
+        /* nothing to wait on: the point is that nothing happens; poll the counter */
+        assert_int_equal(done_calls(&d), 0);
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    fy_xfer_job_finish(j);
+    assert_int_equal(done_wait(&d, 10), FY_ERR_TIMEOUT);
+    done_fini(&d);
+
+    /* block ids out of range, here and at the target (8 blocks there) */
+    log_begin();
+    int32_t bad[][2] = {{16, 0}, {-1, 0}, {0, 8}, {0, -5}, {15, 7}};
+    for (size_t k = 0; k < FY_ARRAY_LEN(bad); k++) {
+        done_init(&d);
+        assert_int_equal(fy_xfer_job_begin(pf.x, blob, len, fy_xfer_now() + 10, on_done, &d, &j), FY_OK);
+        fy_status_t want = k < 4 ? FY_ERR_INVALID : FY_OK;
+        assert_int_equal(fy_xfer_job_put(j, &bad[k][0], &bad[k][1], 1), want);
+        fy_xfer_job_finish(j);
+        assert_int_equal(done_wait(&d, 10), want);
+        done_fini(&d);
+    }
+    /* a bad id in the middle of a call queues none of it */
+    done_init(&d);
+    assert_int_equal(fy_xfer_job_begin(pf.x, blob, len, fy_xfer_now() + 10, on_done, &d, &j), FY_OK);
+    int32_t s3[3] = {2, 3, 99}, d3[3] = {2, 3, 4};
+    assert_int_equal(fy_xfer_job_put(j, s3, d3, 3), FY_ERR_INVALID);
+    assert_int_equal(fy_xfer_job_put(j, s3, d3, 2), FY_OK); /* ignored: the job already failed */
+    fy_xfer_job_finish(j);
+    assert_int_equal(done_wait(&d, 10), FY_ERR_INVALID);
+    done_fini(&d);
+    log_end();
+    assert_true(log_has("out of range"));
+    assert_int_equal(dc.arena[2 * l.block_bytes], 0xA5);
+    side_close(&pf);
+    side_close(&dc);
+}
+
+/* A target that goes away mid-job: the job ends with an error, by its
+ * deadline, and a new target is reachable afterwards. */
+static void target_dies(const char *tls, bool must_fail)
+{
+    fy_xfer_layout_t l = small_layout(16);
+    side_t pf, dc;
+    side_open(&pf, &l, 16, tls, 0x11);
+    side_open(&dc, &l, 16, tls, 0xA5);
+    int32_t src[4] = {0, 1, 2, 3}, dst[4] = {4, 5, 6, 7};
+    assert_int_equal(run_job(&pf, &dc, src, dst, 4, 1), FY_OK); /* connected */
+
+    const void *blob;
+    size_t len;
+    assert_int_equal(fy_xfer_target_desc(dc.x, &blob, &len), FY_OK);
+    uint8_t *copy = fy_malloc(len);
+    memcpy(copy, blob, len);
+    done_t d;
+    done_init(&d);
+    fy_xfer_job_t *j;
+    double deadline = fy_xfer_now() + 3;
+    log_begin();
+    assert_int_equal(fy_xfer_job_begin(pf.x, copy, len, deadline, on_done, &d, &j), FY_OK);
+    assert_int_equal(fy_xfer_job_put(j, src, dst, 2), FY_OK);
+    /* the target's arena stays allocated (a dead process's memory would be
+     * gone; here the point is the connection) */
+    fy_xfer_destroy(dc.x);
+    dc.x = NULL;
+    assert_int_equal(fy_xfer_job_put(j, src + 2, dst + 2, 2), FY_OK);
+    fy_xfer_job_finish(j);
+    fy_status_t st = done_wait(&d, deadline - fy_xfer_now() + FY_XFER_GRACE_S + 2);
+    log_end();
+    if (must_fail) {
+        if (st != FY_ERR_PEER && st != FY_ERR_TIMEOUT) fail_msg("status %s: %s", fy_status_str(st), d.msg);
+        if (st == FY_ERR_PEER && !strstr(d.msg, "/")) fail_msg("message does not name the peer: %s", d.msg);
+    }
+    assert_int_equal(done_calls(&d), 1);
+    done_fini(&d);
+
+    /* a new target is reachable */
+    fy_free(dc.arena); /* its own: see side_open */
+    side_open(&dc, &l, 16, tls, 0xA5);
+    assert_int_equal(run_job(&pf, &dc, src, dst, 4, 1), FY_OK);
+    verify(&pf, &dc, src, dst, 4, 0xA5);
+    fy_free(copy);
+    side_close(&pf);
+    side_close(&dc);
+}
+
+static void test_target_dies_tcp(void **state) { target_dies("tcp", true); }
+static void test_target_dies_default(void **state) { target_dies(NULL, true); }
+static void test_target_dies_shm(void **state) { target_dies("sm", false); }
+
+/* A target that never answers (its worker is never progressed): the
+ * handshake times out, and no put is issued. */
+static void test_handshake_timeout(void **state)
+{
+    ucp_config_t *cfg;
+    assert_int_equal(ucp_config_read(NULL, NULL, &cfg), UCS_OK);
+    assert_int_equal(ucp_config_modify(cfg, "TLS", "tcp"), UCS_OK);
+    ucp_params_t up = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_RMA | UCP_FEATURE_AM};
+    ucp_context_h ctx;
+    assert_int_equal(ucp_init(&up, cfg, &ctx), UCS_OK);
+    ucp_config_release(cfg);
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    ucp_worker_h w;
+    assert_int_equal(ucp_worker_create(ctx, &wp, &w), UCS_OK);
+    static uint8_t mem[4 * 4096];
+    ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+                               .address = mem, .length = sizeof(mem)};
+    ucp_mem_h memh;
+    assert_int_equal(ucp_mem_map(ctx, &mp, &memh), UCS_OK);
+    void *rkey;
+    size_t rkey_len, addr_len;
+    ucp_address_t *addr;
+    assert_int_equal(ucp_rkey_pack(ctx, memh, &rkey, &rkey_len), UCS_OK);
+    assert_int_equal(ucp_worker_get_address(w, &addr, &addr_len), UCS_OK);
+    fy_xfer_target_t t = {.addr = (const uint8_t *)addr, .addr_len = (uint32_t)addr_len, .rkey = rkey,
+                          .rkey_len = (uint32_t)rkey_len, .arena_base = (uint64_t)(uintptr_t)mem,
+                          .arena_bytes = sizeof(mem), .block_bytes = 4096, .name = "silent-target"};
+    uint8_t *blob;
+    size_t len;
+    assert_int_equal(fy_xfer_blob_build(&t, &blob, &len), FY_OK);
+
+    fy_xfer_layout_t l = small_layout(16);
+    uint8_t *arena = fy_aligned_alloc(4096, 4 * l.block_bytes);
+    fy_xfer_params_t p = {.layout = l, .arena = arena, .arena_bytes = 4 * l.block_bytes, .transports = "tcp",
+                          .connect_timeout_s = 0.5};
+    fy_xfer_t *x;
+    assert_int_equal(fy_xfer_create(&p, &x), FY_OK);
+    done_t d;
+    done_init(&d);
+    fy_xfer_job_t *j;
+    log_begin();
+    double t0 = fy_xfer_now();
+    assert_int_equal(fy_xfer_job_begin(x, blob, len, t0 + 30, on_done, &d, &j), FY_OK);
+    int32_t a = 0;
+    assert_int_equal(fy_xfer_job_put(j, &a, &a, 1), FY_OK);
+    fy_xfer_job_finish(j);
+    assert_int_equal(done_wait(&d, 10), FY_ERR_TIMEOUT);
+    double took = fy_xfer_now() - t0;
+    log_end();
+    assert_true(strstr(d.msg, "handshake") != NULL);
+    assert_true(took >= 0.4 && took < 3);
+    fy_xfer_stats_t s;
+    fy_xfer_stats(x, &s);
+    assert_int_equal(s.puts, 0);
+    assert_int_equal(s.peer_failures, 1);
+    fy_xfer_destroy(x);
+    done_fini(&d);
+    fy_free(arena);
+    fy_free(blob);
+    ucp_worker_release_address(w, addr);
+    ucp_rkey_buffer_release(rkey);
+    ucp_mem_unmap(ctx, memh);
+    ucp_worker_destroy(w);
+    ucp_cleanup(ctx);
+}
+
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+           ru.ru_stime.tv_usec * 1e-6;
+}
+
+/* Connected but idle engines sleep on their event fds: no CPU.  (Here a
+ * sleep is the point of the test, not a way to wait for an event.) */
+static void test_idle_uses_no_cpu(void **state)
+{
+    const char *tls[] = {"tcp", "sm"};
+    for (size_t t = 0; t < FY_ARRAY_LEN(tls); t++) {
+        fy_xfer_layout_t l = small_layout(16);
+        side_t pf, dc;
+        side_open(&pf, &l, 8, tls[t], 0x11);
+        side_open(&dc, &l, 8, tls[t], 0xA5);
+        int32_t a[2] = {0, 1};
+        assert_int_equal(run_job(&pf, &dc, a, a, 2, 1), FY_OK);
+        assert_int_equal(run_job(&dc, &pf, a, a, 2, 1), FY_OK);
+        double c0 = cpu_seconds();
+        struct timespec ts = {0, 500 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        double used = cpu_seconds() - c0;
+        if (used > 0.05) fail_msg("%s: idle engines used %.3f s of CPU in 0.5 s", tls[t], used);
+        side_close(&pf);
+        side_close(&dc);
+    }
+}
+
+/* Destroying the initiator ends every job, finished or not, exactly once. */
+static void test_destroy_pending(void **state)
+{
+    fy_xfer_layout_t l = small_layout(16);
+    side_t pf, dc;
+    side_open(&pf, &l, 8, "tcp", 0x11);
+    side_open(&dc, &l, 8, "tcp", 0xA5);
+    const void *blob;
+    size_t len;
+    assert_int_equal(fy_xfer_target_desc(dc.x, &blob, &len), FY_OK);
+    done_t d[3];
+    fy_xfer_job_t *j;
+    int32_t a = 0;
+    for (int k = 0; k < 3; k++) {
+        done_init(&d[k]);
+        assert_int_equal(fy_xfer_job_begin(pf.x, blob, len, fy_xfer_now() + 30, on_done, &d[k], &j), FY_OK);
+        assert_int_equal(fy_xfer_job_put(j, &a, &a, 1), FY_OK);
+        /* job 0 never finishes, job 1 finishes, job 2 aborts */
+        if (k == 1) fy_xfer_job_finish(j);
+        if (k == 2) fy_xfer_job_abort(j);
+    }
+    assert_int_equal(done_wait(&d[1], 10), FY_OK);
+    assert_int_equal(done_wait(&d[2], 10), FY_ERR_CANCELLED);
+    fy_xfer_destroy(pf.x);
+    pf.x = NULL;
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(done_calls(&d[k]), 1);
+        done_fini(&d[k]);
+    }
+    assert_int_equal(d[0].st, FY_ERR_CANCELLED);
+    side_close(&pf);
+    side_close(&dc);
+    fy_xfer_destroy(NULL);
+}
+
+static void test_bad_params(void **state)
+{
+    fy_xfer_layout_t l = small_layout(16);
+    uint8_t *arena = fy_aligned_alloc(4096, 4 * l.block_bytes);
+    fy_xfer_t *x = (fy_xfer_t *)0x1;
+    log_begin();
+    fy_xfer_params_t p = {.layout = l, .arena = arena, .arena_bytes = 4 * l.block_bytes - 1};
+    assert_int_equal(fy_xfer_create(&p, &x), FY_ERR_INVALID);
+    p.arena_bytes = 0;
+    assert_int_equal(fy_xfer_create(&p, &x), FY_ERR_INVALID);
+    p.arena_bytes = 4 * l.block_bytes;
+    p.layout.block_bytes = 0;
+    assert_int_equal(fy_xfer_create(&p, &x), FY_ERR_INVALID);
+    p.layout = l;
+    memset(p.layout.model_id, 'm', sizeof(p.layout.model_id));
+    assert_int_equal(fy_xfer_create(&p, &x), FY_ERR_INVALID);
+    p.layout = l;
+    p.transports = "no-such-transport";
+    assert_int_not_equal(fy_xfer_create(&p, &x), FY_OK);
+    log_end();
+    assert_ptr_equal(x, (fy_xfer_t *)0x1); /* out-params untouched on failure */
+    fy_free(arena);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_layout_diff),
+        cmocka_unit_test(test_bad_params),
+        cmocka_unit_test(test_transfer_default),
+        cmocka_unit_test(test_transfer_tcp),
+        cmocka_unit_test(test_transfer_shm),
+        cmocka_unit_test(test_transfer_tcp_ucx_arena),
+        cmocka_unit_test(test_transfer_shm_ucx_arena),
+        cmocka_unit_test(test_layout_mismatch),
+        cmocka_unit_test(test_bad_blobs),
+        cmocka_unit_test(test_deadline_abort_range),
+        cmocka_unit_test(test_target_dies_tcp),
+        cmocka_unit_test(test_target_dies_default),
+        cmocka_unit_test(test_target_dies_shm),
+        cmocka_unit_test(test_handshake_timeout),
+        cmocka_unit_test(test_destroy_pending),
+        cmocka_unit_test(test_idle_uses_no_cpu),
+    };
+    if (getenv("FERRY_TEST_DEBUG")) fy_log_set_level(FY_LOG_DEBUG);
+    fprintf(stderr, "test_xfer: seed 0x%llx\n", (unsigned long long)SEED);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
