@@ -164,6 +164,7 @@ bench: $(TOOL_BIN) $(MODEL_FILE)
 	$(Q)$(BINDIR)/ferry bench -m $(MODEL_FILE)
 	$(Q)$(BINDIR)/ferry bench-kv
 	$(Q)$(BINDIR)/ferry bench-batch -m $(MODEL_FILE)
+	$(Q)$(BINDIR)/ferry bench-xfer
 
 # ---- set-up -------------------------------------------------------------------
 DEBS := build-essential pkg-config python3 python3-pip ca-certificates \

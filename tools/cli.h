@@ -16,5 +16,6 @@ int fy_cmd_bench(int argc, char **argv);
 int fy_cmd_plan(int argc, char **argv);
 int fy_cmd_bench_kv(int argc, char **argv);
 int fy_cmd_bench_batch(int argc, char **argv);
+int fy_cmd_bench_xfer(int argc, char **argv);
 
 #endif /* FY_CLI_H */

@@ -404,6 +404,7 @@ static void usage(FILE *f)
                "  bench      prefill and decode speed against the memory-bandwidth bound\n"
                "  bench-batch  decode throughput and inter-token latency at batch 1 to 64\n"
                "  bench-kv   block manager: waste, allocation and prefix-lookup speed\n"
+               "  bench-xfer KV transfer throughput over UCX against ucx_perftest\n"
                "  plan       how much KV cache fits a memory budget\n"
                "run 'ferry COMMAND --help' for a command's options\n");
 }
@@ -420,6 +421,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "bench")) return fy_cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench-kv")) return fy_cmd_bench_kv(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench-batch")) return fy_cmd_bench_batch(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench-xfer")) return fy_cmd_bench_xfer(argc - 1, argv + 1);
     if (!strcmp(cmd, "plan")) return fy_cmd_plan(argc - 1, argv + 1);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
