@@ -139,9 +139,9 @@ static fy_status_t open_side(const shape_t *s, const char *tls, int32_t blocks, 
 
 /* Each side on its own core where there are two: the target on cpu 0, the
  * initiator on the last.  Left to the scheduler, TCP throughput on the
- * 2-core test machine varied from 2.3 to 4.5 GB/s between runs with where
- * the threads landed; pinned, 4.3-4.6.  Workers on different cores or
- * hosts are the real deployment; ucx_perftest is pinned the same way (-c). */
+ * 2-core test machine averaged 2.4-3.3 GB/s over quiet runs, pinned
+ * 3.6-3.9.  Workers on different cores or hosts are the real deployment;
+ * ucx_perftest is pinned the same way (-c). */
 static int g_ncpu;
 
 static void pin(int cpu)
@@ -488,9 +488,8 @@ out:
 }
 
 /* One transport: ferry in two fresh processes, then ucx_perftest.  This
- * process never initializes UCX: a process forked after UCX started
- * inherits its global state without its threads, and TCP ran at under half
- * speed in such a child. */
+ * process never initializes UCX, so every run starts from the same state
+ * and nothing is forked from a process with a transfer thread. */
 static int bench_transport(const shape_t *s, const char *tls, const pattern_t *pats, int n_pats, int reps,
                            const char *perf_bin, double perf_secs, int *port, row_t *rows, int *n_rows)
 {
