@@ -981,6 +981,12 @@ int32_t fy_kvm_admittable(const fy_kvm_t *m)
     return n < 0 ? 0 : (int32_t)n;
 }
 
+int32_t fy_kvm_capacity(const fy_kvm_t *m)
+{
+    int32_t n = m->tier[FY_KV_DEVICE].n - m->watermark_blocks;
+    return n < 0 ? 0 : n;
+}
+
 void fy_kvm_foreach_name(const fy_kvm_t *m, fy_kv_tier_t tier, void (*fn)(void *arg, const fy_kv_hash_t *h),
                          void *arg)
 {

@@ -234,6 +234,9 @@ fy_status_t fy_kvm_admit(fy_kvm_t *m, int32_t blocks, fy_kv_resv_t *resv);
 void fy_kvm_resv_release(fy_kvm_t *m, fy_kv_resv_t *resv);
 /* Blocks fy_kvm_admit could still promise now (a load figure). */
 int32_t fy_kvm_admittable(const fy_kvm_t *m);
+/* The most one request can ever be promised: every device block less the
+ * watermark.  A request needing more is refused at once, not queued. */
+int32_t fy_kvm_capacity(const fy_kvm_t *m);
 
 /* Calls fn with the name of every block of a tier that is in the prefix
  * index (cached or in use): what a router's prefix digest is built from. */
