@@ -1,0 +1,395 @@
+/*
+ * decode_worker.c - the decode worker: reserves blocks for prompts that a
+ * prefill worker will fill, adopts them into its continuous batch, streams
+ * tokens to the router.
+ *
+ * A reservation is a lease: blocks taken from the pool (less the prompt's
+ * prefix this worker already caches for the tenant), an admission promise
+ * for the whole request, and a deadline.  The router is told the blocks,
+ * the arena's address and rkey (the transfer descriptor); the prefill
+ * worker writes into them with one-sided puts.  On "adopt" the lease
+ * becomes a running request; a lease that reaches its deadline first is
+ * freed (blocks and promise) and the router is told.  Leases are reaped on
+ * every engine step and heartbeat, so an idle worker reaps them too.
+ *
+ * Everything here runs on the engine thread.
+ */
+#include "decode_worker.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "genspec.h"
+#include "log.h"
+#include "mem.h"
+#include "rpc.h"
+#include "xfer.h"
+
+#define MAX_PROMPT 32768
+
+typedef struct lease {
+    uint64_t lease, id;
+    double deadline;
+    fy_block_table_t bt;
+    fy_kv_resv_t resv;
+    int32_t *prompt;
+    int32_t n_prompt, n_cached;
+    fy_genspec_t gen;
+    fy_kv_ns_t ns;
+    struct lease *next;
+} lease_t;
+
+typedef struct dreq {
+    struct decode *d;
+    uint64_t id, engine_id;
+    int32_t n; /* tokens streamed */
+    bool logprobs;
+    struct dreq *prev, *next;
+} dreq_t;
+
+typedef struct decode {
+    fy_node_t *n;
+    lease_t *leases;
+    int32_t n_leases, leased_blocks;
+    dreq_t *reqs;
+    int32_t n_reqs;
+    uint64_t next_lease;
+    uint64_t reserved, refused, adopted, expired, released;
+} decode_t;
+
+static void lease_free(decode_t *d, lease_t *l)
+{
+    fy_kvm_t *kvm = fy_node_kvm(d->n);
+    fy_kvm_resv_release(kvm, &l->resv);
+    fy_kvm_seq_release(kvm, &l->bt);
+    fy_kvm_seq_deinit(&l->bt);
+    fy_free(l->prompt);
+    fy_free(l);
+}
+
+static void lease_unlink(decode_t *d, lease_t *l)
+{
+    for (lease_t **p = &d->leases; *p; p = &(*p)->next) {
+        if (*p == l) {
+            *p = l->next;
+            d->n_leases--;
+            d->leased_blocks -= l->bt.n_blocks;
+            return;
+        }
+    }
+}
+
+static lease_t *lease_find(decode_t *d, uint64_t id, uint64_t lease)
+{
+    for (lease_t *l = d->leases; l; l = l->next)
+        if (l->id == id && (!lease || l->lease == lease)) return l;
+    return NULL;
+}
+
+static dreq_t *req_find(decode_t *d, uint64_t id)
+{
+    for (dreq_t *q = d->reqs; q; q = q->next)
+        if (q->id == id) return q;
+    return NULL;
+}
+
+static void req_unlink(decode_t *d, dreq_t *q)
+{
+    if (q->prev)
+        q->prev->next = q->next;
+    else
+        d->reqs = q->next;
+    if (q->next) q->next->prev = q->prev;
+    d->n_reqs--;
+}
+
+/* ---- reserve --------------------------------------------------------------------------------- */
+
+static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
+{
+    fy_node_t *n = d->n;
+    fy_kvm_t *kvm = fy_node_kvm(n);
+    const fy_runner_params_t *rp = fy_runner_params(fy_node_runner(n));
+    int32_t vocab = fy_model_config(fy_node_model(n))->vocab_size;
+    int32_t bs = fy_kvm_layout(kvm)->block_size;
+    uint64_t id = fy_msgr_u64(r, "id", FY_REQ, 0, 1, UINT64_MAX);
+    char tenant[64];
+    fy_msgr_str(r, "tenant", FY_OPT, "", tenant, sizeof(tenant));
+    double lease_s = fy_msgr_f64(r, "lease_s", FY_OPT, 30, 0.01, 3600);
+    int32_t cap = rp->max_ctx - 1 < MAX_PROMPT ? rp->max_ctx - 1 : MAX_PROMPT;
+    lease_t *l = fy_calloc(1, sizeof(*l));
+    int32_t *prompt = fy_malloc((size_t)cap * sizeof(int32_t));
+    if (!l || !prompt) {
+        fy_free(l);
+        fy_free(prompt);
+        fy_node_error(n, rid, id, FY_ERR_NOMEM, "out of memory for a reservation");
+        return;
+    }
+    l->prompt = prompt;
+    l->n_prompt = fy_msgr_i32s(r, "tokens", FY_REQ, prompt, cap, 0, vocab - 1);
+    fy_genspec_default(&l->gen);
+    fy_genspec_read(r, &l->gen, rp->max_ctx);
+    if (fy_msgr_ok(r) && l->n_prompt < 1) fy_msgr_fail(r, FY_ERR_FORMAT, "field 'tokens' is empty");
+    if (!fy_msgr_ok(r)) {
+        fy_node_error(n, rid, id, r->status, "bad reserve: %s", r->err);
+        fy_free(prompt);
+        fy_free(l);
+        return;
+    }
+    if (d->n_leases + d->n_reqs >= fy_node_max_seqs(n)) {
+        d->refused++;
+        fy_node_error(n, rid, id, FY_ERR_NO_SPACE, "busy: %d running and %d reserved of %d sequences", d->n_reqs,
+                      d->n_leases, fy_node_max_seqs(n));
+        fy_free(prompt);
+        fy_free(l);
+        return;
+    }
+    int32_t max_tokens = l->gen.max_tokens < rp->max_ctx - l->n_prompt ? l->gen.max_tokens : rp->max_ctx - l->n_prompt;
+    fy_node_ns(n, tenant, &l->ns);
+    fy_status_t st = fy_kvm_seq_init(kvm, &l->bt, l->n_prompt + max_tokens, &l->ns);
+    if (st) {
+        fy_node_error(n, rid, id, st, "cannot set up a block table");
+        fy_free(prompt);
+        fy_free(l);
+        return;
+    }
+    int32_t hit = 0;
+    if ((st = fy_kvm_seq_lookup(kvm, &l->bt, prompt, l->n_prompt, &hit)) ||
+        (st = fy_kvm_admit(kvm, fy_kvm_blocks_for(kvm, l->n_prompt, max_tokens, hit), &l->resv)) ||
+        (st = fy_kvm_seq_reserve(kvm, &l->bt, l->n_prompt, &l->resv))) {
+        d->refused++;
+        int32_t free_now = fy_kvm_admittable(kvm), n_prompt = l->n_prompt;
+        lease_free(d, l);
+        fy_node_error(n, rid, id, st, "cannot reserve %d prompt tokens (%d cached) and %d to generate: %d blocks admittable",
+                      n_prompt, hit, max_tokens, free_now);
+        return;
+    }
+    l->n_cached = hit;
+    l->id = id;
+    l->lease = ++d->next_lease;
+    l->deadline = fy_node_now() + lease_s;
+    l->next = d->leases;
+    d->leases = l;
+    d->n_leases++;
+    d->leased_blocks += l->bt.n_blocks;
+    d->reserved++;
+
+    const void *blob;
+    size_t blob_len;
+    fy_xfer_target_desc(fy_node_xfer(n), &blob, &blob_len);
+    int32_t first = hit / bs;
+    fy_msgw_t w;
+    fy_node_msg(n, &w, "reserved", rid, id);
+    fy_msgw_u64(&w, "lease", l->lease);
+    fy_msgw_i64(&w, "cached", hit);
+    fy_msgw_i64(&w, "first_block", first);
+    fy_msgw_i32s(&w, "blocks", l->bt.blocks + first, l->bt.n_blocks - first);
+    fy_msgw_bin(&w, "target", blob, blob_len);
+    fy_node_push(n, &w);
+    fy_debug("request %llu: lease %llu, %d blocks (%d tokens cached), %.1f s", (unsigned long long)id,
+             (unsigned long long)l->lease, l->bt.n_blocks - first, hit, lease_s);
+}
+
+/* ---- adopt and stream -------------------------------------------------------------------------- */
+
+static void on_event(void *arg, const fy_event_t *ev)
+{
+    dreq_t *q = arg;
+    decode_t *d = q->d;
+    fy_node_t *n = d->n;
+    fy_msgw_t w;
+    switch (ev->kind) {
+    case FY_EVENT_TOKEN:
+        fy_node_msg(n, &w, "token", 0, q->id);
+        fy_msgw_i64(&w, "n", q->n++);
+        fy_msgw_i64(&w, "token", ev->token);
+        fy_msgw_strn(&w, "text", ev->text, ev->len);
+        if (q->logprobs) fy_msgw_f64(&w, "logprob", ev->logprob);
+        fy_node_push(n, &w);
+        return;
+    case FY_EVENT_FINISH:
+        fy_node_msg(n, &w, "finish", 0, q->id);
+        fy_msgw_str(&w, "reason", fy_finish_reason_str(ev->reason));
+        fy_msgw_strn(&w, "text", ev->text, ev->len);
+        fy_msgw_i64(&w, "n", q->n);
+        fy_msgw_map_begin(&w, "timings");
+        fy_msgw_f64(&w, "e2e_s", ev->timings->e2e_s);
+        fy_msgw_i64(&w, "n_generated", ev->timings->n_generated);
+        fy_msgw_i64(&w, "n_preempted", ev->timings->n_preempted);
+        fy_msgw_f32s(&w, "itl_s", ev->timings->itl_s, ev->timings->n_itl);
+        fy_msgw_map_end(&w);
+        fy_node_push(n, &w);
+        break;
+    case FY_EVENT_ERROR:
+        fy_node_error(n, 0, q->id, ev->status, "%s", ev->message);
+        break;
+    case FY_EVENT_PROGRESS: return;
+    }
+    req_unlink(d, q);
+    fy_free(q);
+}
+
+static void cmd_adopt(decode_t *d, fy_msgr_t *r, uint64_t rid)
+{
+    fy_node_t *n = d->n;
+    int32_t vocab = fy_model_config(fy_node_model(n))->vocab_size;
+    uint64_t id = fy_msgr_u64(r, "id", FY_REQ, 0, 1, UINT64_MAX);
+    uint64_t lease = fy_msgr_u64(r, "lease", FY_REQ, 0, 1, UINT64_MAX);
+    int32_t first = (int32_t)fy_msgr_i64(r, "first_token", FY_REQ, 0, 0, vocab - 1);
+    float logprob = (float)fy_msgr_f64(r, "logprob", FY_OPT, 0, -1e30, 0);
+    uint64_t s[4] = {0};
+    int32_t ns = fy_msgr_u64s(r, "rng", FY_OPT, s, 4);
+    if (fy_msgr_ok(r) && ns != 0 && ns != 4) fy_msgr_fail(r, FY_ERR_FORMAT, "field 'rng' must hold 4 words");
+    if (!fy_msgr_ok(r)) {
+        fy_node_error(n, rid, id, r->status, "bad adopt: %s", r->err);
+        return;
+    }
+    lease_t *l = lease_find(d, id, lease);
+    if (!l) {
+        fy_node_error(n, rid, id, FY_ERR_NOT_FOUND, "no lease %llu for request %llu (expired or released)",
+                      (unsigned long long)lease, (unsigned long long)id);
+        return;
+    }
+    lease_unlink(d, l);
+    dreq_t *q = fy_calloc(1, sizeof(*q));
+    if (!q) {
+        lease_free(d, l);
+        fy_node_error(n, rid, id, FY_ERR_NOMEM, "out of memory adopting a request");
+        return;
+    }
+    q->d = d;
+    q->id = id;
+    q->logprobs = l->gen.logprobs;
+    /* the prefill worker's K/V are in the blocks now: name the full ones */
+    fy_kvm_seq_commit(fy_node_kvm(n), &l->bt, l->prompt, l->n_prompt);
+    fy_request_params_t rq;
+    fy_request_params_default(&rq);
+    const char *stops[FY_GEN_MAX_STOP];
+    rq.sampling = l->gen.sampling;
+    rq.max_tokens = l->gen.max_tokens;
+    rq.stop = stops;
+    rq.n_stop = fy_genspec_stops(&l->gen, stops);
+    rq.ignore_eos = l->gen.ignore_eos;
+    rq.logprobs = l->gen.logprobs;
+    rq.priority = l->gen.priority;
+    rq.ns = l->ns;
+    fy_rng_t rng;
+    memcpy(rng.s, s, sizeof(rng.s));
+    /* linked first: the first token's events may end it inside adopt */
+    q->next = d->reqs;
+    if (d->reqs) d->reqs->prev = q;
+    d->reqs = q;
+    d->n_reqs++;
+    fy_msgw_t w;
+    fy_node_msg(n, &w, "adopted", rid, id);
+    fy_node_push(n, &w); /* before the first token's event: the router reads them in order */
+    fy_status_t st = fy_engine_adopt(fy_node_engine(n), l->prompt, l->n_prompt, &rq, &l->bt, &l->resv, first, logprob,
+                                     ns ? &rng : NULL, on_event, q, &q->engine_id);
+    if (st) {
+        req_unlink(d, q);
+        fy_free(q);
+        lease_free(d, l);
+        fy_node_error(n, 0, id, st, "cannot adopt the request: %s", fy_status_str(st));
+        return;
+    }
+    d->adopted++;
+    lease_free(d, l); /* its table and promise moved into the engine: frees the rest */
+}
+
+/* Ends a lease, or a running request, of the router's request id. */
+static void cmd_release(decode_t *d, fy_msgr_t *r, uint64_t rid)
+{
+    uint64_t id = fy_msgr_u64(r, "id", FY_REQ, 0, 1, UINT64_MAX);
+    if (!fy_msgr_ok(r)) {
+        fy_node_error(d->n, rid, 0, r->status, "bad release: %s", r->err);
+        return;
+    }
+    lease_t *l = lease_find(d, id, 0);
+    if (l) {
+        lease_unlink(d, l);
+        lease_free(d, l);
+        d->released++;
+    }
+    dreq_t *q = req_find(d, id);
+    if (q) fy_engine_cancel(fy_node_engine(d->n), q->engine_id);
+}
+
+/* ---- the role ----------------------------------------------------------------------------------- */
+
+static fy_status_t d_start(fy_node_t *n, void **state_p)
+{
+    decode_t *d = fy_calloc(1, sizeof(*d));
+    if (!d) return FY_ERR_NOMEM;
+    d->n = n;
+    *state_p = d;
+    return FY_OK;
+}
+
+static void d_command(fy_node_t *n, void *state, const char *type, fy_msgr_t *r, uint64_t rid)
+{
+    decode_t *d = state;
+    if (!strcmp(type, "reserve"))
+        cmd_reserve(d, r, rid);
+    else if (!strcmp(type, "adopt"))
+        cmd_adopt(d, r, rid);
+    else if (!strcmp(type, "release"))
+        cmd_release(d, r, rid);
+    else
+        fy_node_error(n, rid, 0, FY_ERR_UNSUPPORTED, "unknown command '%s' for a decode worker", type);
+}
+
+static void d_tick(fy_node_t *n, void *state, double now)
+{
+    decode_t *d = state;
+    lease_t **p = &d->leases;
+    while (*p) {
+        lease_t *l = *p;
+        if (l->deadline > now) {
+            p = &l->next;
+            continue;
+        }
+        lease_unlink(d, l);
+        d->expired++;
+        fy_warn("request %llu: lease %llu expired; its %d blocks go back", (unsigned long long)l->id,
+                (unsigned long long)l->lease, l->bt.n_blocks);
+        fy_msgw_t w;
+        fy_node_msg(n, &w, "lease_expired", 0, l->id);
+        fy_msgw_u64(&w, "lease", l->lease);
+        fy_node_push(n, &w);
+        lease_free(d, l);
+    }
+}
+
+static void d_load(fy_node_t *n, void *state, fy_msgw_t *w)
+{
+    decode_t *d = state;
+    fy_msgw_i64(w, "leases", d->n_leases);
+    fy_msgw_i64(w, "leased_blocks", d->leased_blocks);
+    fy_msgw_u64(w, "leases_expired", d->expired);
+    fy_msgw_u64(w, "adopted", d->adopted);
+    fy_msgw_u64(w, "reserve_refused", d->refused);
+}
+
+/* leases go back; running requests end (errors pushed) when the engine is
+ * destroyed, and their callbacks still need d */
+static void d_stop(fy_node_t *n, void *state)
+{
+    decode_t *d = state;
+    while (d->leases) {
+        lease_t *l = d->leases;
+        lease_unlink(d, l);
+        lease_free(d, l);
+    }
+}
+
+static void d_destroy(void *state) { fy_free(state); }
+
+const fy_node_role_t fy_decode_role = {
+    .name = "decode",
+    .start = d_start,
+    .command = d_command,
+    .tick = d_tick,
+    .load = d_load,
+    .stop = d_stop,
+    .destroy = d_destroy,
+};

@@ -1,0 +1,441 @@
+/*
+ * node.c - a worker process around one engine (see node.h): start-up from
+ * the configuration, the command intake, load reports, shutdown.
+ *
+ * Start-up order: configuration, model, backend, runner (the KV arena),
+ * block manager, engine, transfer engine (registers the arena), the role,
+ * then the sockets, so nothing arrives before it can be handled.
+ * Shutdown runs it backwards after SIGINT or SIGTERM: commands stop, the
+ * transfer engine ends its jobs, the engine thread stops, the role ends
+ * what it holds, the engine ends what is left with errors (each reported
+ * to the router), and only then does the event stream close.
+ */
+#include "node.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "bloom.h"
+#include "cluster.h"
+#include "log.h"
+#include "mem.h"
+#include "rpc.h"
+#include "xfer.h"
+
+#include <sodium.h>
+
+struct fy_node {
+    const fy_node_role_t *role;
+    void *state;
+    fy_config_t *cfg;
+    char name[64];
+    char listen[256], events[256];
+    uint64_t incarnation;
+    fy_model_t *model;
+    char model_id[64];
+    fy_backend_t *be;
+    fy_runner_t *runner;
+    fy_kv_hasher_t *hasher;
+    fy_kvm_t *kvm;
+    fy_engine_t *engine;
+    fy_xfer_t *xfer;
+    fy_pull_t *cmds;
+    fy_push_t *out;
+    int32_t max_seqs;
+    double heartbeat_s, last_load;
+    uint64_t commands, bad_commands, stale_commands;
+    uint8_t *bloom;
+    uint32_t bloom_bytes;
+    /* heartbeats come from a thread of their own, so a long engine step
+     * (a big prompt chunk on a busy host) never looks like a dead worker:
+     * the engine thread leaves its latest load report here, and the
+     * heartbeat thread sends it, or an "alive" note when nothing is new */
+    pthread_t hb;
+    bool hb_on, hb_stop;
+    pthread_mutex_t hb_mu;
+    pthread_cond_t hb_cv;
+    void *snap;
+    size_t snap_len;
+    bool snap_new;
+    _Atomic double last_tick;
+};
+
+double fy_node_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+const fy_config_t *fy_node_config(const fy_node_t *n) { return n->cfg; }
+fy_engine_t *fy_node_engine(fy_node_t *n) { return n->engine; }
+fy_kvm_t *fy_node_kvm(fy_node_t *n) { return n->kvm; }
+fy_runner_t *fy_node_runner(fy_node_t *n) { return n->runner; }
+const fy_model_t *fy_node_model(const fy_node_t *n) { return n->model; }
+fy_xfer_t *fy_node_xfer(fy_node_t *n) { return n->xfer; }
+const char *fy_node_name(const fy_node_t *n) { return n->name; }
+const char *fy_node_model_id(const fy_node_t *n) { return n->model_id; }
+int32_t fy_node_max_seqs(const fy_node_t *n) { return n->max_seqs; }
+
+void fy_node_ns(const fy_node_t *n, const char *tenant, fy_kv_ns_t *ns)
+{
+    fy_kv_ns_make(n->hasher, tenant, n->model_id, fy_kvm_layout(n->kvm), NULL, ns);
+}
+
+fy_status_t fy_node_push(fy_node_t *n, fy_msgw_t *w) { return fy_push_msgw(n->out, w); }
+
+void fy_node_msg(fy_node_t *n, fy_msgw_t *w, const char *type, uint64_t rid, uint64_t id)
+{
+    fy_msgw_init(w, type);
+    fy_msgw_str(w, "worker", n->name);
+    fy_msgw_u64(w, "inc", n->incarnation);
+    if (rid) fy_msgw_u64(w, "rid", rid);
+    fy_msgw_u64(w, "id", id);
+}
+
+void fy_node_error(fy_node_t *n, uint64_t rid, uint64_t id, fy_status_t st, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    fy_warn("request %llu: %s", (unsigned long long)id, msg);
+    fy_msgw_t w;
+    fy_node_msg(n, &w, "error", rid, id);
+    fy_msgw_str(&w, "code", fy_status_tag(st));
+    fy_msgw_str(&w, "message", msg);
+    fy_node_push(n, &w);
+}
+
+/* ---- commands ---------------------------------------------------------------------------------- */
+
+typedef struct cmd {
+    fy_node_t *n;
+    size_t len;
+    unsigned char buf[];
+} cmd_t;
+
+/* engine thread */
+static void run_command(fy_engine_t *e, void *arg)
+{
+    cmd_t *c = arg;
+    fy_node_t *n = c->n;
+    fy_msgr_t r;
+    n->commands++;
+    if (fy_msgr_parse(&r, c->buf, c->len) != FY_OK) {
+        n->bad_commands++;
+        fy_node_error(n, 0, 0, r.status, "bad command: %s", r.err);
+        goto out;
+    }
+    uint64_t rid = fy_msgr_u64(&r, "rid", FY_OPT, 0, 0, UINT64_MAX);
+    uint64_t to = fy_msgr_u64(&r, "to", FY_OPT, 0, 0, UINT64_MAX);
+    if (!fy_msgr_ok(&r)) {
+        n->bad_commands++;
+        fy_node_error(n, 0, 0, r.status, "bad command '%s': %s", fy_msgr_type(&r), r.err);
+        goto out;
+    }
+    if (to && to != n->incarnation) { /* queued for an earlier run of this worker */
+        n->stale_commands++;
+        fy_debug("dropped a '%s' command addressed to an earlier incarnation", fy_msgr_type(&r));
+        goto out;
+    }
+    n->role->command(n, n->state, fy_msgr_type(&r), &r, rid);
+out:
+    fy_msgr_free(&r);
+    fy_free(c);
+}
+
+/* nng thread: copy, and hand to the engine thread */
+static void on_command(void *arg, const void *buf, size_t len)
+{
+    fy_node_t *n = arg;
+    cmd_t *c = fy_malloc(sizeof(*c) + len);
+    if (!c) {
+        fy_error("out of memory for a command of %zu bytes; dropped", len);
+        return;
+    }
+    c->n = n;
+    c->len = len;
+    memcpy(c->buf, buf, len);
+    if (fy_engine_post(n->engine, run_command, c) != FY_OK) fy_free(c);
+}
+
+/* ---- load reports ---------------------------------------------------------------------------------- */
+
+static void bloom_add(void *arg, const fy_kv_hash_t *h)
+{
+    fy_node_t *n = arg;
+    fy_bloom_add(n->bloom, n->bloom_bytes, h);
+}
+
+static void send_load(fy_node_t *n)
+{
+    fy_engine_stats_t es;
+    fy_kvm_stats_t ks;
+    fy_engine_stats(n->engine, &es);
+    fy_kvm_stats(n->kvm, &ks);
+    memset(n->bloom, 0, n->bloom_bytes);
+    fy_kvm_foreach_name(n->kvm, FY_KV_DEVICE, bloom_add, n);
+    fy_msgw_t w;
+    fy_node_msg(n, &w, "load", 0, 0);
+    fy_msgw_str(&w, "role", n->role->name);
+    fy_msgw_str(&w, "listen", n->listen);
+    fy_msgw_str(&w, "model", n->model_id);
+    fy_msgw_i64(&w, "block_size", fy_kvm_layout(n->kvm)->block_size);
+    fy_msgw_i64(&w, "running", es.running);
+    fy_msgw_i64(&w, "waiting", es.waiting);
+    fy_msgw_i64(&w, "swapped", es.swapped);
+    fy_msgw_i64(&w, "max_seqs", n->max_seqs);
+    fy_msgw_i64(&w, "total_blocks", ks.tier[FY_KV_DEVICE].total);
+    fy_msgw_i64(&w, "free_blocks", ks.tier[FY_KV_DEVICE].free);
+    fy_msgw_i64(&w, "cached_blocks", ks.tier[FY_KV_DEVICE].cached);
+    fy_msgw_i64(&w, "admittable", fy_kvm_admittable(n->kvm));
+    fy_msgw_i64(&w, "capacity", fy_kvm_capacity(n->kvm));
+    fy_msgw_f64(&w, "kv_usage", ks.usage);
+    fy_msgw_u64(&w, "prefix_queries", ks.query_tokens);
+    fy_msgw_u64(&w, "prefix_hits", ks.hit_tokens);
+    fy_msgw_u64(&w, "preemptions", es.preemptions_recompute + es.preemptions_swap);
+    fy_msgw_u64(&w, "bad_commands", n->bad_commands);
+    fy_msgw_bin(&w, "bloom", n->bloom, n->bloom_bytes);
+    if (n->role->load) n->role->load(n, n->state, &w);
+    void *buf;
+    size_t len;
+    if (fy_msgw_finish(&w, &buf, &len) != FY_OK) return;
+    pthread_mutex_lock(&n->hb_mu);
+    fy_free(n->snap);
+    n->snap = buf;
+    n->snap_len = len;
+    n->snap_new = true;
+    pthread_mutex_unlock(&n->hb_mu);
+}
+
+static void *hb_main(void *arg)
+{
+    fy_node_t *n = arg;
+    pthread_mutex_lock(&n->hb_mu);
+    while (!n->hb_stop) {
+        if (n->snap_new) {
+            fy_push_send(n->out, n->snap, n->snap_len);
+            n->snap_new = false;
+        } else {
+            fy_msgw_t w;
+            fy_node_msg(n, &w, "alive", 0, 0);
+            fy_msgw_f64(&w, "busy_s", fy_node_now() - n->last_tick);
+            fy_node_push(n, &w);
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double ns = (double)ts.tv_nsec + n->heartbeat_s * 1e9;
+        ts.tv_sec += (time_t)(ns / 1e9);
+        ts.tv_nsec = (long)(ns - (double)(time_t)(ns / 1e9) * 1e9);
+        pthread_cond_timedwait(&n->hb_cv, &n->hb_mu, &ts);
+    }
+    pthread_mutex_unlock(&n->hb_mu);
+    return NULL;
+}
+
+/* engine thread, after every step and at least every heartbeat */
+static void on_tick(void *arg)
+{
+    fy_node_t *n = arg;
+    double now = fy_node_now();
+    n->last_tick = now; /* read by the heartbeat thread: a double, informational */
+    if (n->role->tick) n->role->tick(n, n->state, now);
+    if (now - n->last_load >= n->heartbeat_s) {
+        n->last_load = now;
+        send_load(n);
+    }
+}
+
+/* ---- start-up and shutdown ------------------------------------------------------------------------- */
+
+static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
+{
+    const fy_config_t *c = n->cfg;
+    const char *sec = role->name, *model_path, *name, *listen, *events, *transports, *isa;
+    int64_t threads, kv_mem, max_seqs, max_batch, max_waiting, ctx, host_mem;
+    double heartbeat;
+    int32_t block_size;
+    fy_dtype_t kv_dtype;
+    fy_status_t st;
+    if ((st = fy_config_string(c, "model", "path", "models/SmolLM2-135M-Instruct.Q4_1.gguf", &model_path)) ||
+        (st = fy_config_string(c, "worker", "name", NULL, &name)) ||
+        (st = fy_config_string(c, sec, "listen", NULL, &listen)) ||
+        (st = fy_config_string(c, "router", "events", NULL, &events)) ||
+        (st = fy_config_string(c, "worker", "transports", NULL, &transports)) ||
+        (st = fy_config_string(c, "worker", "isa", NULL, &isa)) ||
+        (st = fy_config_duration(c, "worker", "heartbeat", 0.2, 0.01, 60, &heartbeat)) ||
+        (st = fy_config_int(c, sec, "threads", 0, 0, 256, &threads)) ||
+        (st = fy_config_size(c, sec, "kv_mem", 256 << 20, 1 << 20, (int64_t)1 << 40, &kv_mem)) ||
+        (st = fy_config_size(c, sec, "host_kv_mem", 0, 0, (int64_t)1 << 40, &host_mem)) ||
+        (st = fy_config_int(c, sec, "max_seqs", 32, 1, 1024, &max_seqs)) ||
+        (st = fy_config_int(c, sec, "max_batch_tokens", 512, 1, 65536, &max_batch)) ||
+        (st = fy_config_int(c, sec, "max_waiting", 256, 0, 1 << 20, &max_waiting)) ||
+        (st = fy_config_int(c, sec, "ctx", 0, 0, 1 << 20, &ctx)) || (st = fy_cluster_kv(c, &block_size, &kv_dtype)))
+        return st;
+    if (!listen || !events) {
+        fy_error("config: %s.listen and router.events are required", sec);
+        return FY_ERR_INVALID;
+    }
+    if (max_batch < max_seqs) max_batch = max_seqs;
+    snprintf(n->name, sizeof(n->name), "%s", name ? name : "");
+    if (!n->name[0]) snprintf(n->name, sizeof(n->name), "%s-%d", sec, (int)getpid());
+    fy_log_set_prefix(n->name);
+    snprintf(n->listen, sizeof(n->listen), "%s", listen);
+    snprintf(n->events, sizeof(n->events), "%s", events);
+    n->heartbeat_s = heartbeat;
+    n->max_seqs = (int32_t)max_seqs;
+    if (sodium_init() < 0) return FY_ERR_INTERNAL;
+    while (!n->incarnation) randombytes_buf(&n->incarnation, sizeof(n->incarnation));
+
+    if ((st = fy_model_load(model_path, &n->model))) return st;
+    fy_model_id(n->model, n->model_id, sizeof(n->model_id));
+    fy_backend_params_t bp = {.n_threads = (int)threads, .isa = isa};
+    if ((st = fy_backend_create("cpu", &bp, &n->be))) return st;
+    fy_runner_params_t rp;
+    fy_runner_params_default(&rp);
+    rp.max_seqs = rp.max_logits = (int32_t)max_seqs;
+    rp.max_batch_tokens = (int32_t)max_batch;
+    rp.max_ctx = (int32_t)ctx;
+    rp.kv_mem = kv_mem;
+    rp.block_size = block_size;
+    rp.kv_dtype = kv_dtype;
+    if (host_mem > 0) { /* the host tier (swap preemption), in whole blocks */
+        const fy_model_config_t *mc = fy_model_config(n->model);
+        fy_kv_layout_t lay;
+        if ((st = fy_kv_layout_init(&lay, mc->n_layers, mc->n_kv_heads, mc->head_dim, block_size, kv_dtype)))
+            return st;
+        rp.n_host_blocks = (int32_t)(host_mem / (int64_t)lay.block_bytes);
+    }
+    if ((st = fy_runner_create(n->model, n->be, &rp, &n->runner))) return st;
+    if ((st = fy_cluster_hasher(c, &n->hasher))) return st;
+    fy_kvm_params_t kp;
+    fy_runner_kvm_params(n->runner, &kp);
+    kp.hasher = n->hasher;
+    if ((st = fy_kvm_create(&kp, &n->kvm))) return st;
+
+    fy_engine_params_t ep;
+    fy_engine_params_default(&ep);
+    ep.max_num_seqs = (int32_t)max_seqs;
+    ep.max_num_batched_tokens = (int32_t)max_batch;
+    ep.max_waiting = (int32_t)max_waiting;
+    ep.tick_fn = on_tick;
+    ep.tick_arg = n;
+    ep.tick_s = heartbeat < 0.05 ? heartbeat : 0.05; /* leases are reaped at least this often */
+    if (!strcmp(sec, "decode")) {
+        const char *preempt;
+        double itl;
+        if ((st = fy_config_string(c, sec, "preempt", "recompute", &preempt)) ||
+            (st = fy_config_duration(c, sec, "itl_target", 0, 0, 60, &itl)))
+            return st;
+        if (strcmp(preempt, "recompute") && strcmp(preempt, "swap")) {
+            fy_error("config: decode.preempt = '%s': expected recompute or swap", preempt);
+            return FY_ERR_INVALID;
+        }
+        ep.preempt = strcmp(preempt, "swap") ? FY_PREEMPT_RECOMPUTE : FY_PREEMPT_SWAP;
+        ep.itl_target_s = itl;
+    }
+    if ((st = fy_engine_create(n->runner, n->kvm, fy_model_tokenizer(n->model), &ep, &n->engine))) return st;
+
+    const fy_kv_layout_t *lay = fy_kvm_layout(n->kvm);
+    fy_kvm_stats_t ks;
+    fy_kvm_stats(n->kvm, &ks);
+    fy_xfer_params_t xp = {0};
+    snprintf(xp.layout.model_id, sizeof(xp.layout.model_id), "%s", n->model_id);
+    xp.layout.dtype = lay->dtype;
+    xp.layout.block_size = lay->block_size;
+    xp.layout.n_layers = lay->n_layers;
+    xp.layout.n_kv_heads = lay->n_kv_heads;
+    xp.layout.head_dim = lay->head_dim;
+    xp.layout.order = FY_XFER_ORDER_BLOCK_MAJOR;
+    xp.layout.scale_format = 0;
+    xp.layout.block_bytes = lay->block_bytes;
+    xp.arena = fy_runner_kv_arena(n->runner);
+    xp.arena_bytes = (size_t)ks.tier[FY_KV_DEVICE].total * lay->block_bytes;
+    xp.transports = transports && *transports ? transports : NULL;
+    xp.connect_timeout_s = 5;
+    if ((st = fy_xfer_create(&xp, &n->xfer))) return st;
+
+    n->bloom_bytes = fy_bloom_bytes_for(ks.tier[FY_KV_DEVICE].total);
+    if (!(n->bloom = fy_calloc(n->bloom_bytes, 1))) return FY_ERR_NOMEM;
+    if ((st = role->start(n, &n->state))) return st;
+    n->role = role;
+    if ((st = fy_push_create(n->events, 8192, &n->out))) return st;
+    n->last_tick = fy_node_now();
+    send_load(n);
+    if (pthread_create(&n->hb, NULL, hb_main, n)) return FY_ERR_INTERNAL;
+    n->hb_on = true;
+    if ((st = fy_engine_start(n->engine))) return st;
+    if ((st = fy_pull_create(n->listen, on_command, n, &n->cmds))) return st;
+    char desc[256];
+    fy_model_describe(n->model, desc, sizeof(desc));
+    fy_info("%s worker up: commands on %s, events to %s; %s; kv %d blocks of %d tokens (%zu bytes each)", sec,
+            n->listen, n->events, n->model_id, ks.tier[FY_KV_DEVICE].total, lay->block_size, lay->block_bytes);
+    return FY_OK;
+}
+
+static void teardown(fy_node_t *n)
+{
+    fy_pull_destroy(n->cmds);
+    n->cmds = NULL;
+    fy_xfer_destroy(n->xfer); /* unfinished jobs end now; their completions post to the engine */
+    n->xfer = NULL;
+    if (n->engine) fy_engine_stop(n->engine);
+    if (n->role && n->role->stop) n->role->stop(n, n->state);
+    fy_engine_destroy(n->engine); /* posted work runs; requests left end with errors (pushed) */
+    if (n->role && n->role->destroy) n->role->destroy(n->state);
+    if (n->hb_on) {
+        pthread_mutex_lock(&n->hb_mu);
+        n->hb_stop = true;
+        pthread_cond_signal(&n->hb_cv);
+        pthread_mutex_unlock(&n->hb_mu);
+        pthread_join(n->hb, NULL);
+    }
+    fy_free(n->snap);
+    fy_push_destroy(n->out);
+    fy_kvm_destroy(n->kvm);
+    fy_kv_hasher_destroy(n->hasher);
+    fy_runner_destroy(n->runner);
+    fy_backend_destroy(n->be);
+    fy_model_destroy(n->model);
+    fy_config_destroy(n->cfg);
+    fy_free(n->bloom);
+}
+
+int fy_node_main(int argc, char **argv, const fy_node_role_t *role)
+{
+    /* SIGINT and SIGTERM are taken by sigwait below; every thread started
+     * from here on inherits the blocked mask */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    fy_node_t n = {0};
+    pthread_mutex_init(&n.hb_mu, NULL);
+    pthread_cond_init(&n.hb_cv, NULL);
+    fy_status_t st = fy_cluster_config(argc, argv, "-c FILE [--set section.key=value]...", &n.cfg);
+    if (st == FY_ERR_CANCELLED) return 0;
+    if (st) return 2;
+    st = setup(&n, role);
+    if (st) {
+        fy_error("%s worker: start-up failed: %s", role->name, fy_status_str(st));
+        teardown(&n);
+        return 1;
+    }
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fy_info("%s: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    teardown(&n);
+    return 0;
+}

@@ -1,0 +1,77 @@
+/*
+ * node.h - a worker process around one engine.
+ *
+ * A prefill worker and a decode worker are the same process shape: a
+ * configuration, the model, a KV pool and its block manager, the engine
+ * on its own thread, a UCX transfer engine over the KV arena, a command
+ * socket the router pushes to, an event stream back to the router, and a
+ * load report every heartbeat.  This file is that shape; a role (prefill
+ * or decode) adds its command handlers, its share of the load report and
+ * its periodic work.
+ *
+ * Threads.  Commands arrive on an nng thread, are copied and posted to
+ * the engine thread, and every role callback runs there: the role owns
+ * its state, the block manager and the engine without locks.  Transfer
+ * completions arrive on the transfer thread and must post too.
+ */
+#ifndef FY_NODE_H
+#define FY_NODE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "engine.h"
+#include "kv.h"
+#include "model.h"
+#include "msg.h"
+#include "runner.h"
+#include "status.h"
+
+typedef struct fy_node fy_node_t;
+typedef struct fy_xfer fy_xfer_t;
+
+typedef struct fy_node_role {
+    const char *name; /* "prefill" or "decode": also its config section */
+    /* called once everything is up, before the first command; engine thread not yet running */
+    fy_status_t (*start)(fy_node_t *n, void **state_p);
+    /* a command from the router (engine thread); rid: the router's id for
+     * the reply (0 when none is expected) */
+    void (*command)(fy_node_t *n, void *state, const char *type, fy_msgr_t *r, uint64_t rid);
+    /* every engine step and heartbeat (engine thread) */
+    void (*tick)(fy_node_t *n, void *state, double now);
+    /* adds the role's fields to a load report (engine thread) */
+    void (*load)(fy_node_t *n, void *state, fy_msgw_t *w);
+    /* shutting down (engine thread stopped): end what the role holds */
+    void (*stop)(fy_node_t *n, void *state);
+    /* after the engine is gone (its last events delivered): free state */
+    void (*destroy)(void *state);
+} fy_node_role_t;
+
+/* The whole worker process: "-c FILE [--set section.key=value]...".
+ * Returns the process exit status. */
+int fy_node_main(int argc, char **argv, const fy_node_role_t *role);
+
+/* ---- for role code ---- */
+
+const fy_config_t *fy_node_config(const fy_node_t *n);
+fy_engine_t *fy_node_engine(fy_node_t *n);
+fy_kvm_t *fy_node_kvm(fy_node_t *n);
+fy_runner_t *fy_node_runner(fy_node_t *n);
+const fy_model_t *fy_node_model(const fy_node_t *n);
+fy_xfer_t *fy_node_xfer(fy_node_t *n);
+const char *fy_node_name(const fy_node_t *n);
+const char *fy_node_model_id(const fy_node_t *n);
+int32_t fy_node_max_seqs(const fy_node_t *n);
+/* The prefix-cache namespace of a tenant on this deployment. */
+void fy_node_ns(const fy_node_t *n, const char *tenant, fy_kv_ns_t *ns);
+/* Sends an event to the router (any thread); w is consumed. */
+fy_status_t fy_node_push(fy_node_t *n, fy_msgw_t *w);
+/* Starts an event or reply carrying this worker's name (and rid when not 0). */
+void fy_node_msg(fy_node_t *n, fy_msgw_t *w, const char *type, uint64_t rid, uint64_t id);
+/* Sends {type: error, rid, id, code, message}; the message is also logged. */
+void fy_node_error(fy_node_t *n, uint64_t rid, uint64_t id, fy_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+double fy_node_now(void); /* CLOCK_MONOTONIC seconds */
+
+#endif /* FY_NODE_H */

@@ -1,0 +1,410 @@
+/*
+ * prefill_worker.c - the prefill worker: runs prompts through the engine
+ * (chunked, batched with other prompts, skipping blocks its own prefix
+ * cache holds), ships each block as soon as it is complete into the
+ * blocks a decode worker reserved, flushes, and reports the first token.
+ *
+ * A job is an engine request with max_tokens 1 and progress events.  After
+ * each forward pass that computed part of its prompt, the blocks that
+ * became complete (full ones; the last, partial one once the whole prompt
+ * is done) are handed to the transfer engine, so the transfer of early
+ * chunks overlaps the compute of later ones; blocks the decode worker
+ * already caches (before first_block) are never sent.  The job holds its
+ * own references to the blocks it shipped (a fork of the request's block
+ * table) until the transfer has completed or failed, so a block is never
+ * reused while a put may still read it.  When the first token is sampled
+ * the job flushes; the flush's completion (transfer thread) is posted
+ * back to the engine thread, which reports "prefilled" or an error.
+ */
+#include "prefill_worker.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "genspec.h"
+#include "log.h"
+#include "mem.h"
+#include "rpc.h"
+#include "xfer.h"
+
+#define MAX_PROMPT 32768
+
+typedef struct pjob {
+    struct prefill *p;
+    uint64_t id, engine_id;
+    int64_t attempt; /* the router's try number: an old try's events are told apart */
+    fy_xfer_job_t *xj;
+    bool xj_closed;      /* finish or abort was called */
+    int32_t n_prompt, first_block, n_dst, shipped;
+    int32_t *dst;        /* [n_dst] the decode worker's blocks for prompt blocks first_block.. */
+    fy_block_table_t hold; /* references to every block handed to the transfer */
+    bool engine_done, xfer_done;
+    fy_status_t engine_status, xfer_status;
+    char xfer_msg[200];
+    char engine_msg[200];
+    int32_t first_token;
+    float logprob;
+    fy_rng_t rng;
+    bool have_token;
+    bool cancelled;
+    double t_recv, t_computed, t_first_put;
+    double queue_s, n_cached;
+    int64_t bytes;
+    struct pjob *prev, *next;
+} pjob_t;
+
+typedef struct prefill {
+    fy_node_t *n;
+    pjob_t *jobs;
+    int32_t n_jobs;
+    uint64_t done, failed;
+    int64_t bytes;
+} prefill_t;
+
+static void job_unlink(prefill_t *p, pjob_t *j)
+{
+    if (j->prev)
+        j->prev->next = j->next;
+    else
+        p->jobs = j->next;
+    if (j->next) j->next->prev = j->prev;
+    p->n_jobs--;
+}
+
+static void job_free(prefill_t *p, pjob_t *j)
+{
+    fy_kvm_seq_release(fy_node_kvm(p->n), &j->hold);
+    fy_kvm_seq_deinit(&j->hold);
+    fy_free(j->dst);
+    fy_free(j);
+}
+
+/* ---- the end of a job: both the engine and the transfer are done ------------------------------ */
+
+static void job_error(pjob_t *j, fy_status_t st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void job_error(pjob_t *j, fy_status_t st, const char *fmt, ...)
+{
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    fy_warn("request %llu: %s", (unsigned long long)j->id, msg);
+    fy_msgw_t w;
+    fy_node_msg(j->p->n, &w, "error", 0, j->id);
+    fy_msgw_i64(&w, "attempt", j->attempt);
+    fy_msgw_str(&w, "code", fy_status_tag(st));
+    fy_msgw_str(&w, "message", msg);
+    fy_node_push(j->p->n, &w);
+}
+
+/* engine thread: reports and frees the job once both halves are over */
+static void job_maybe_end(pjob_t *j)
+{
+    if (!j->engine_done || !j->xfer_done) return;
+    prefill_t *p = j->p;
+    fy_node_t *n = p->n;
+    double now = fy_node_now();
+    if (j->xfer_status == FY_OK && j->engine_status == FY_OK && j->have_token && !j->cancelled) {
+        fy_msgw_t w;
+        fy_node_msg(n, &w, "prefilled", 0, j->id);
+        fy_msgw_i64(&w, "attempt", j->attempt);
+        fy_msgw_i64(&w, "first_token", j->first_token);
+        fy_msgw_f64(&w, "logprob", j->logprob);
+        fy_msgw_u64s(&w, "rng", j->rng.s, 4);
+        fy_msgw_i64(&w, "cached", (int64_t)j->n_cached);
+        fy_msgw_map_begin(&w, "timings");
+        fy_msgw_f64(&w, "queue_s", j->queue_s);
+        fy_msgw_f64(&w, "compute_s", j->t_computed - j->t_recv - j->queue_s);
+        fy_msgw_f64(&w, "transfer_tail_s", now - j->t_computed);
+        fy_msgw_f64(&w, "transfer_s", j->t_first_put > 0 ? now - j->t_first_put : 0);
+        fy_msgw_i64(&w, "bytes", j->bytes);
+        fy_msgw_map_end(&w);
+        fy_node_push(n, &w);
+        p->done++;
+    } else if (!j->cancelled) {
+        p->failed++;
+        if (j->engine_status != FY_OK)
+            job_error(j, j->engine_status, "prefill failed: %s", j->engine_msg);
+        else if (j->xfer_status != FY_OK)
+            job_error(j, j->xfer_status, "kv transfer failed: %s", j->xfer_msg);
+        else
+            job_error(j, FY_ERR_INTERNAL, "prefill ended without a token");
+    }
+    job_unlink(p, j);
+    job_free(p, j);
+}
+
+typedef struct xfer_result {
+    pjob_t *j;
+    fy_status_t st;
+    char msg[200];
+} xfer_result_t;
+
+/* engine thread */
+static void xfer_end(fy_engine_t *e, void *arg)
+{
+    xfer_result_t *x = arg;
+    pjob_t *j = x->j;
+    j->xfer_done = true;
+    j->xj_closed = true; /* the handle is gone (also when the transfer engine shut down first) */
+    j->xfer_status = x->st;
+    snprintf(j->xfer_msg, sizeof(j->xfer_msg), "%s", x->msg);
+    fy_free(x);
+    job_maybe_end(j);
+}
+
+/* transfer thread: hand the result to the engine thread */
+static void on_xfer_done(void *arg, fy_status_t st, const char *message)
+{
+    pjob_t *j = arg;
+    xfer_result_t *x = fy_calloc(1, sizeof(*x));
+    if (!x) { /* cannot happen in practice; the job's blocks would stay held */
+        fy_error("request %llu: out of memory ending a transfer", (unsigned long long)j->id);
+        return;
+    }
+    x->j = j;
+    x->st = st;
+    snprintf(x->msg, sizeof(x->msg), "%s", message ? message : "");
+    if (fy_engine_post(fy_node_engine(j->p->n), xfer_end, x) != FY_OK) fy_free(x);
+}
+
+/* ---- shipping blocks ------------------------------------------------------------------------ */
+
+/* Hands every block that is complete and not yet shipped to the transfer. */
+static void ship(pjob_t *j, const fy_block_table_t *bt, int32_t n_computed)
+{
+    fy_kvm_t *kvm = fy_node_kvm(j->p->n);
+    int32_t bs = bt->block_size;
+    int32_t ready = n_computed >= j->n_prompt ? (j->n_prompt + bs - 1) / bs : n_computed / bs;
+    int32_t from = j->shipped > j->first_block ? j->shipped : j->first_block;
+    if (ready <= from || j->xj_closed) return;
+    /* hold the blocks before the transfer can read them */
+    fy_kvm_seq_release(kvm, &j->hold);
+    if (fy_kvm_seq_fork(kvm, bt, &j->hold) != FY_OK) {
+        fy_xfer_job_abort(j->xj);
+        j->xj_closed = true;
+        snprintf(j->engine_msg, sizeof(j->engine_msg), "cannot hold blocks for the transfer");
+        j->engine_status = FY_ERR_INTERNAL;
+        fy_engine_cancel(fy_node_engine(j->p->n), j->engine_id);
+        return;
+    }
+    int32_t cnt = ready - from;
+    int32_t src[256], dst[256];
+    for (int32_t k = 0; k < cnt;) {
+        int32_t m = cnt - k < 256 ? cnt - k : 256;
+        for (int32_t i = 0; i < m; i++) {
+            src[i] = bt->blocks[from + k + i];
+            dst[i] = j->dst[from + k + i - j->first_block];
+        }
+        fy_xfer_job_put(j->xj, src, dst, m); /* an error is remembered and reported at the end */
+        k += m;
+    }
+    if (j->t_first_put == 0) j->t_first_put = fy_node_now();
+    j->bytes += (int64_t)cnt * (int64_t)fy_kvm_layout(kvm)->block_bytes;
+    j->p->bytes += (int64_t)cnt * (int64_t)fy_kvm_layout(kvm)->block_bytes;
+    j->shipped = ready;
+}
+
+static void on_event(void *arg, const fy_event_t *ev)
+{
+    pjob_t *j = arg;
+    switch (ev->kind) {
+    case FY_EVENT_PROGRESS: ship(j, ev->bt, ev->n_computed); return;
+    case FY_EVENT_TOKEN:
+        j->first_token = ev->token;
+        j->logprob = ev->logprob;
+        j->rng = *ev->rng;
+        j->have_token = true;
+        return;
+    case FY_EVENT_FINISH:
+    case FY_EVENT_ERROR:
+        j->engine_done = true;
+        j->t_computed = fy_node_now();
+        if (ev->timings) {
+            j->queue_s = ev->timings->queue_s;
+            j->n_cached = ev->timings->n_cached;
+        }
+        if (ev->kind == FY_EVENT_ERROR) {
+            j->engine_status = ev->status;
+            snprintf(j->engine_msg, sizeof(j->engine_msg), "%s", ev->message ? ev->message : "");
+        }
+        if (!j->xj_closed) {
+            j->xj_closed = true;
+            if (ev->kind == FY_EVENT_FINISH && j->have_token)
+                fy_xfer_job_finish(j->xj); /* flush; on_xfer_done follows */
+            else
+                fy_xfer_job_abort(j->xj);
+        }
+        job_maybe_end(j);
+        return;
+    }
+}
+
+/* ---- commands ----------------------------------------------------------------------------------- */
+
+static pjob_t *job_find(prefill_t *p, uint64_t id, int64_t attempt)
+{
+    for (pjob_t *j = p->jobs; j; j = j->next)
+        if (j->id == id && j->attempt == attempt) return j;
+    return NULL;
+}
+
+static void cmd_prefill(prefill_t *p, fy_msgr_t *r, uint64_t rid)
+{
+    fy_node_t *n = p->n;
+    fy_kvm_t *kvm = fy_node_kvm(n);
+    const fy_runner_params_t *rp = fy_runner_params(fy_node_runner(n));
+    int32_t vocab = fy_model_config(fy_node_model(n))->vocab_size;
+    int32_t bs = fy_kvm_layout(kvm)->block_size;
+    int32_t cap = rp->max_ctx - 1 < MAX_PROMPT ? rp->max_ctx - 1 : MAX_PROMPT;
+    uint64_t id = fy_msgr_u64(r, "id", FY_REQ, 0, 1, UINT64_MAX);
+    int64_t attempt = fy_msgr_i64(r, "attempt", FY_OPT, 0, 0, 1000);
+    char tenant[64];
+    fy_msgr_str(r, "tenant", FY_OPT, "", tenant, sizeof(tenant));
+    double deadline_s = fy_msgr_f64(r, "deadline_s", FY_OPT, 30, 0.001, 3600);
+    int32_t first_block = (int32_t)fy_msgr_i64(r, "first_block", FY_REQ, 0, 0, cap / bs);
+    size_t blob_len;
+    const void *blob = fy_msgr_bytes(r, "target", FY_REQ, 64 << 10, &blob_len);
+    int32_t *prompt = fy_malloc((size_t)cap * sizeof(int32_t));
+    pjob_t *j = fy_calloc(1, sizeof(*j));
+    if (!prompt || !j) {
+        fy_free(prompt);
+        fy_free(j);
+        fy_node_error(n, rid, id, FY_ERR_NOMEM, "out of memory for a prefill job");
+        return;
+    }
+    int32_t n_prompt = fy_msgr_i32s(r, "tokens", FY_REQ, prompt, cap, 0, vocab - 1);
+    int32_t n_blocks = (n_prompt + bs - 1) / bs;
+    j->dst = fy_malloc((size_t)(n_blocks > 0 ? n_blocks : 1) * sizeof(int32_t));
+    int32_t n_dst = j->dst ? fy_msgr_i32s(r, "blocks", FY_REQ, j->dst, n_blocks, 0, INT32_MAX) : 0;
+    fy_genspec_t gen;
+    fy_genspec_default(&gen);
+    fy_genspec_read(r, &gen, rp->max_ctx);
+    if (fy_msgr_ok(r) && n_prompt < 1) fy_msgr_fail(r, FY_ERR_FORMAT, "field 'tokens' is empty");
+    if (fy_msgr_ok(r) && (first_block >= n_blocks || n_dst != n_blocks - first_block))
+        fy_msgr_fail(r, FY_ERR_FORMAT, "%d destination blocks from block %d for a prompt of %d blocks", n_dst,
+                     first_block, n_blocks);
+    if (fy_msgr_ok(r) && !j->dst) fy_msgr_fail(r, FY_ERR_NOMEM, "out of memory");
+    if (fy_msgr_ok(r) && job_find(p, id, attempt))
+        fy_msgr_fail(r, FY_ERR_INVALID, "request %llu (try %lld) is already here", (unsigned long long)id,
+                     (long long)attempt);
+    if (!fy_msgr_ok(r)) {
+        fy_node_error(n, rid, id, r->status, "bad prefill: %s", r->err);
+        fy_free(prompt);
+        fy_free(j->dst);
+        fy_free(j);
+        return;
+    }
+    j->p = p;
+    j->id = id;
+    j->attempt = attempt;
+    j->n_prompt = n_prompt;
+    j->first_block = first_block;
+    j->n_dst = n_dst;
+    j->t_recv = fy_node_now();
+    fy_request_params_t rq;
+    fy_request_params_default(&rq);
+    rq.sampling = gen.sampling;
+    rq.max_tokens = 1;
+    rq.ignore_eos = true; /* the decode worker decides what the first token means */
+    rq.logprobs = gen.logprobs;
+    rq.priority = gen.priority;
+    rq.progress = true;
+    fy_node_ns(n, tenant, &rq.ns);
+    fy_status_t st = fy_kvm_seq_init(kvm, &j->hold, n_prompt + 1, &rq.ns);
+    if (!st) st = fy_xfer_job_begin(fy_node_xfer(n), blob, blob_len, j->t_recv + deadline_s, on_xfer_done, j, &j->xj);
+    if (st) {
+        fy_kvm_seq_deinit(&j->hold);
+        job_error(j, st, "cannot start the kv transfer: %s", fy_status_str(st));
+        fy_free(prompt);
+        fy_free(j->dst);
+        fy_free(j);
+        return;
+    }
+    j->next = p->jobs;
+    if (p->jobs) p->jobs->prev = j;
+    p->jobs = j;
+    p->n_jobs++;
+    st = fy_engine_submit(fy_node_engine(n), prompt, n_prompt, &rq, on_event, j, &j->engine_id);
+    fy_free(prompt);
+    if (st) {
+        /* no engine events will come: end the transfer; its completion frees the job */
+        j->engine_status = st;
+        snprintf(j->engine_msg, sizeof(j->engine_msg), "%s",
+                 st == FY_ERR_OVERLOADED ? "overloaded: too many prompts waiting"
+                 : st == FY_ERR_INVALID  ? "the engine refused the prompt (too long for this worker's context or kv cache)"
+                                         : fy_status_str(st));
+        j->engine_done = true;
+        j->xj_closed = true;
+        fy_xfer_job_abort(j->xj);
+        return;
+    }
+    fy_msgw_t w;
+    fy_node_msg(n, &w, "accepted", rid, id);
+    fy_node_push(n, &w);
+}
+
+static void cmd_cancel(prefill_t *p, fy_msgr_t *r, uint64_t rid)
+{
+    uint64_t id = fy_msgr_u64(r, "id", FY_REQ, 0, 1, UINT64_MAX);
+    if (!fy_msgr_ok(r)) {
+        fy_node_error(p->n, rid, 0, r->status, "bad cancel: %s", r->err);
+        return;
+    }
+    for (pjob_t *j = p->jobs; j; j = j->next) { /* every try of it */
+        if (j->id != id || j->cancelled) continue;
+        j->cancelled = true; /* nothing more is reported for it */
+        if (!j->engine_done) fy_engine_cancel(fy_node_engine(p->n), j->engine_id);
+    }
+}
+
+/* ---- the role ---------------------------------------------------------------------------------- */
+
+static fy_status_t p_start(fy_node_t *n, void **state_p)
+{
+    prefill_t *p = fy_calloc(1, sizeof(*p));
+    if (!p) return FY_ERR_NOMEM;
+    p->n = n;
+    *state_p = p;
+    return FY_OK;
+}
+
+static void p_command(fy_node_t *n, void *state, const char *type, fy_msgr_t *r, uint64_t rid)
+{
+    prefill_t *p = state;
+    if (!strcmp(type, "prefill"))
+        cmd_prefill(p, r, rid);
+    else if (!strcmp(type, "cancel"))
+        cmd_cancel(p, r, rid);
+    else
+        fy_node_error(n, rid, 0, FY_ERR_UNSUPPORTED, "unknown command '%s' for a prefill worker", type);
+}
+
+static void p_load(fy_node_t *n, void *state, fy_msgw_t *w)
+{
+    prefill_t *p = state;
+    fy_msgw_i64(w, "jobs", p->n_jobs);
+    fy_msgw_u64(w, "jobs_done", p->done);
+    fy_msgw_u64(w, "jobs_failed", p->failed);
+    fy_msgw_i64(w, "bytes_shipped", p->bytes);
+}
+
+/* Every job has ended by now: the transfer engine (destroyed first) ended
+ * their transfers, the engine (destroyed next) their requests. */
+static void p_destroy(void *state)
+{
+    prefill_t *p = state;
+    if (p->jobs) fy_error("%d prefill jobs outlived shutdown", p->n_jobs);
+    fy_free(p);
+}
+
+const fy_node_role_t fy_prefill_role = {
+    .name = "prefill",
+    .start = p_start,
+    .command = p_command,
+    .load = p_load,
+    .destroy = p_destroy,
+};
