@@ -16,6 +16,9 @@ int fy_cmd_bench(int argc, char **argv);
 int fy_cmd_plan(int argc, char **argv);
 int fy_cmd_bench_kv(int argc, char **argv);
 int fy_cmd_bench_batch(int argc, char **argv);
+int fy_cmd_request(int argc, char **argv);
+int fy_cmd_serve(int argc, char **argv);
+int fy_cmd_bench_ttft(int argc, char **argv);
 int fy_cmd_bench_xfer(int argc, char **argv);
 
 #endif /* FY_CLI_H */

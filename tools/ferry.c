@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "backend.h"
-#include "chat.h"
+#include "prompt.h"
 #include "cli.h"
 #include "generate.h"
 #include "log.h"
@@ -263,33 +263,7 @@ char *fy_cli_read_file(const char *path)
 /* Builds the prompt's token ids (chat template applied when asked). */
 static fy_status_t tokenize_prompt(const fy_model_t *m, const gen_opts_t *o, int32_t **ids_p, int32_t *n_p)
 {
-    const fy_tokenizer_t *tok = fy_model_tokenizer(m);
-    char *text = o->prompt;
-    char *rendered = NULL;
-    bool special = false;
-    if (o->chat) {
-        fy_chat_msg_t msgs[2];
-        size_t nm = 0;
-        if (o->system) msgs[nm++] = (fy_chat_msg_t){"system", o->system};
-        msgs[nm++] = (fy_chat_msg_t){"user", o->prompt};
-        fy_status_t st = fy_chat_template_apply(fy_model_chat_template(m), msgs, nm, true, &rendered);
-        if (st != FY_OK) return st;
-        text = rendered;
-        special = true; /* the template's own markers; the user text was inserted verbatim */
-    }
-    size_t len = strlen(text), n = 0;
-    size_t cap = len + 8;
-    int32_t *ids = fy_malloc(cap * sizeof(int32_t));
-    fy_status_t st = ids ? fy_tokenizer_encode(tok, text, len, true, special, ids, cap, &n) : FY_ERR_NOMEM;
-    fy_free(rendered);
-    if (st != FY_OK) {
-        fy_free(ids);
-        fy_error("generate: cannot tokenize the prompt: %s", fy_status_str(st));
-        return st;
-    }
-    *ids_p = ids;
-    *n_p = (int32_t)n;
-    return FY_OK;
+    return fy_prompt_tokens(m, o->system, o->prompt, o->chat, ids_p, n_p);
 }
 
 static int cmd_generate(int argc, char **argv)
@@ -399,12 +373,15 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: ferry COMMAND [options]\n"
                "commands:\n"
-               "  generate   run a model on a prompt and stream the text\n"
+               "  serve      start a local cluster (router, prefill and decode workers) and supervise it\n"
+               "  request    send a prompt to a router and stream the text\n"
+               "  generate   run a model on a prompt in this process and stream the text\n"
                "  info       describe a model file\n"
                "  bench      prefill and decode speed against the memory-bandwidth bound\n"
                "  bench-batch  decode throughput and inter-token latency at batch 1 to 64\n"
                "  bench-kv   block manager: waste, allocation and prefix-lookup speed\n"
                "  bench-xfer KV transfer throughput over UCX against ucx_perftest\n"
+               "  bench-ttft time to first token, disaggregated (a running cluster) against colocated\n"
                "  plan       how much KV cache fits a memory budget\n"
                "run 'ferry COMMAND --help' for a command's options\n");
 }
@@ -423,6 +400,9 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "bench-batch")) return fy_cmd_bench_batch(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench-xfer")) return fy_cmd_bench_xfer(argc - 1, argv + 1);
     if (!strcmp(cmd, "plan")) return fy_cmd_plan(argc - 1, argv + 1);
+    if (!strcmp(cmd, "request")) return fy_cmd_request(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return fy_cmd_serve(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench-ttft")) return fy_cmd_bench_ttft(argc - 1, argv + 1);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;

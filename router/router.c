@@ -1,0 +1,1268 @@
+/*
+ * router.c - placement, the request state machine, health, client polls
+ * (see router.h).
+ *
+ * A request's life:
+ *
+ *   QUEUED --reserve--> RESERVING --reserved--> PREFILLING --prefilled--> ADOPTING --adopted--> DECODING --finish--> DONE
+ *
+ * QUEUED: waiting for a decode worker that can admit it and a prefill
+ * worker.  RESERVING: the decode worker is asked for a lease on blocks.
+ * PREFILLING: the prefill worker computes the prompt and puts its KV into
+ * the leased blocks.  ADOPTING: the decode worker turns the lease into a
+ * running sequence.  DECODING: tokens stream in.  Any failure ends in DONE
+ * with an error that names what failed, after telling the workers to let
+ * go (release at the decode worker, cancel at the prefill worker); a
+ * failure on the prefill side (worker down, its error, its deadline, the
+ * lease expiring) is retried once from QUEUED on another prefill worker.
+ *
+ * Threads: nng's callbacks (client calls, worker events) and one
+ * housekeeping thread (timeouts, health, placement every 10 ms) all work
+ * under one mutex; nothing under it blocks (pushes never block, replies
+ * are asynchronous).
+ */
+#include "router.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bloom.h"
+#include "cluster.h"
+#include "genspec.h"
+#include "kv.h"
+#include "log.h"
+#include "mem.h"
+#include "model.h"
+#include "msg.h"
+#include "prompt.h"
+#include "rpc.h"
+
+#define MAX_WORKERS 64
+#define N_BUCKETS 1024
+#define MAX_PROMPT_BYTES (1 << 20)
+#define MAX_PROMPT_TOKENS 32768
+
+typedef enum rstate {
+    RQ_QUEUED = 0,
+    RQ_RESERVING,
+    RQ_PREFILLING,
+    RQ_ADOPTING,
+    RQ_DECODING,
+    RQ_DONE,
+} rstate_t;
+
+static const char *const STATE_NAMES[] = {"queued", "reserving", "prefilling", "adopting", "decoding", "done"};
+
+typedef enum wrole { W_PREFILL = 0, W_DECODE } wrole_t;
+
+typedef struct worker {
+    char name[64];
+    wrole_t role;
+    uint64_t inc;
+    char listen[256];
+    fy_push_t *push;
+    bool up, incompatible;
+    double last_seen;
+    /* the last load report */
+    int32_t running, waiting, max_seqs, total_blocks, admittable, capacity, leases;
+    uint8_t *bloom;
+    uint32_t bloom_bytes;
+    /* the router's own view since that report */
+    int32_t assigned;       /* requests placed here and not yet done */
+    int32_t blocks_since;   /* decode: blocks reserved since the last report */
+    bool full;              /* decode: refused a reservation; skip until the next report */
+    int64_t pending_tokens; /* prefill: prompt tokens of jobs sent, not yet finished */
+} worker_t;
+
+typedef struct rreq {
+    uint64_t id;
+    char tenant[64];
+    int32_t *prompt;
+    int32_t n_prompt;
+    fy_kv_hash_t *hashes; /* [n_prompt / block_size] the prompt's block names */
+    int32_t n_hashes;
+    fy_genspec_t gen;
+    rstate_t state;
+    int dw, pw, excluded_pw;
+    uint64_t d_inc, p_inc;
+    uint64_t lease;
+    int32_t first_block, n_dst, need_blocks, cached_d, cached_p;
+    int32_t *dst;
+    void *target;
+    size_t target_len;
+    uint64_t rid;
+    double rid_deadline, prefill_deadline, deadline;
+    int retries;
+    /* timings (router clock) and the prefill worker's */
+    double t_arrive, t_reserve, t_reserved, t_prefill, t_prefilled, t_first, t_done, last_poll;
+    double p_queue, p_compute, p_tail, p_transfer;
+    int64_t bytes;
+    /* output */
+    int32_t *out;
+    int32_t n_out, cap_out;
+    char *text;
+    size_t text_len, text_cap;
+    bool done, done_seen;
+    fy_status_t err;
+    char err_msg[256];
+    char finish[16];
+    /* a client's poll held until there is something new */
+    fy_rpc_call_t *poll;
+    int32_t poll_from;
+    size_t poll_text;
+    double poll_until;
+    struct rreq *hnext;        /* hash bucket */
+    struct rreq *prev, *next;  /* all requests */
+} rreq_t;
+
+typedef struct router {
+    pthread_mutex_t mu;
+    fy_config_t *cfg;
+    /* settings */
+    double health_timeout, request_timeout, prefill_timeout, command_timeout, lease_s, client_timeout;
+    int32_t max_queue, max_retries;
+    double prefix_weight;
+    /* the model, for tokenizing and naming prefix blocks */
+    fy_model_t *model;
+    char model_id[64];
+    fy_kv_hasher_t *hasher;
+    fy_kv_layout_t lay;
+    int32_t vocab, max_ctx;
+    /* sockets */
+    fy_rpc_server_t *srv;
+    fy_pull_t *events;
+    char listen[256], events_url[256];
+    /* state */
+    worker_t workers[MAX_WORKERS];
+    int n_workers;
+    rreq_t *buckets[N_BUCKETS];
+    rreq_t *all;
+    int32_t n_reqs, n_queued;
+    uint64_t next_id, next_rid;
+    pthread_t hk;
+    bool hk_on, stop;
+    /* figures */
+    uint64_t accepted, refused, completed, failed, retried, bad_events;
+} router_t;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- requests ------------------------------------------------------------------------------------ */
+
+static rreq_t *req_find(router_t *R, uint64_t id)
+{
+    for (rreq_t *q = R->buckets[id % N_BUCKETS]; q; q = q->hnext)
+        if (q->id == id) return q;
+    return NULL;
+}
+
+static void req_free(router_t *R, rreq_t *q)
+{
+    rreq_t **b = &R->buckets[q->id % N_BUCKETS];
+    while (*b != q) b = &(*b)->hnext;
+    *b = q->hnext;
+    if (q->prev)
+        q->prev->next = q->next;
+    else
+        R->all = q->next;
+    if (q->next) q->next->prev = q->prev;
+    R->n_reqs--;
+    if (q->state == RQ_QUEUED) R->n_queued--;
+    fy_free(q->prompt);
+    fy_free(q->hashes);
+    fy_free(q->dst);
+    fy_free(q->target);
+    fy_free(q->out);
+    fy_free(q->text);
+    fy_free(q);
+}
+
+static void set_state(router_t *R, rreq_t *q, rstate_t s)
+{
+    if (q->state == RQ_QUEUED) R->n_queued--;
+    if (s == RQ_QUEUED) R->n_queued++;
+    q->state = s;
+}
+
+static bool text_append(rreq_t *q, const char *s, size_t n)
+{
+    if (q->text_len + n + 1 > q->text_cap) {
+        size_t cap = (q->text_len + n + 1) * 2;
+        char *t = fy_realloc(q->text, cap);
+        if (!t) return false;
+        q->text = t;
+        q->text_cap = cap;
+    }
+    memcpy(q->text + q->text_len, s, n);
+    q->text_len += n;
+    q->text[q->text_len] = 0;
+    return true;
+}
+
+/* ---- commands to workers --------------------------------------------------------------------------- */
+
+static void cmd_begin(router_t *R, fy_msgw_t *w, const worker_t *wk, const char *type, uint64_t rid, uint64_t id)
+{
+    fy_msgw_init(w, type);
+    fy_msgw_u64(w, "to", wk->inc);
+    if (rid) fy_msgw_u64(w, "rid", rid);
+    fy_msgw_u64(w, "id", id);
+}
+
+static void cmd_send(worker_t *wk, fy_msgw_t *w)
+{
+    if (!wk->push || fy_push_msgw(wk->push, w) != FY_OK)
+        fy_warn("command to %s not sent (its queue is full or it is gone)", wk->name);
+}
+
+/* Tells the workers holding anything of q to let go. */
+static void let_go(router_t *R, rreq_t *q)
+{
+    fy_msgw_t w;
+    if (q->dw >= 0 && q->state >= RQ_RESERVING && q->state <= RQ_DECODING) {
+        worker_t *d = &R->workers[q->dw];
+        if (d->inc == q->d_inc) {
+            cmd_begin(R, &w, d, "release", 0, q->id);
+            cmd_send(d, &w);
+        }
+        d->assigned--;
+    }
+    if (q->pw >= 0 && q->state == RQ_PREFILLING) {
+        worker_t *p = &R->workers[q->pw];
+        if (p->inc == q->p_inc) {
+            cmd_begin(R, &w, p, "cancel", 0, q->id);
+            cmd_send(p, &w);
+        }
+        p->pending_tokens -= q->n_prompt;
+    }
+    q->dw = q->pw = -1;
+    q->rid = 0;
+}
+
+static void wake_poll(router_t *R, rreq_t *q);
+
+static void finish_req(router_t *R, rreq_t *q, fy_status_t err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* The request ends: with an error (err != FY_OK) or finished (finish set). */
+static void finish_req(router_t *R, rreq_t *q, fy_status_t err, const char *fmt, ...)
+{
+    if (q->state == RQ_DONE) return;
+    if (err != FY_OK) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(q->err_msg, sizeof(q->err_msg), fmt, ap);
+        va_end(ap);
+        q->err = err;
+        fy_warn("request %llu: %s", (unsigned long long)q->id, q->err_msg);
+        let_go(R, q);
+        R->failed++;
+    } else {
+        if (q->dw >= 0) R->workers[q->dw].assigned--;
+        q->dw = q->pw = -1;
+        R->completed++;
+    }
+    set_state(R, q, RQ_DONE);
+    q->done = true;
+    q->t_done = now_s();
+    wake_poll(R, q);
+}
+
+/* A failure on the prefill side: once more from the queue, or the end. */
+static void retry_or_fail(router_t *R, rreq_t *q, fy_status_t err, const char *why)
+{
+    if (q->retries < R->max_retries && q->deadline > now_s()) {
+        fy_warn("request %llu: %s; retrying on another prefill worker", (unsigned long long)q->id, why);
+        int failed_pw = q->pw;
+        let_go(R, q);
+        q->retries++;
+        R->retried++;
+        q->excluded_pw = failed_pw;
+        q->lease = 0;
+        set_state(R, q, RQ_QUEUED);
+        return;
+    }
+    finish_req(R, q, err, "%s%s", why, q->retries ? " (after a retry)" : "");
+}
+
+/* ---- placement ---------------------------------------------------------------------------------------- */
+
+static int32_t blocks_for(const router_t *R, const rreq_t *q)
+{
+    int32_t bs = R->lay.block_size;
+    int64_t total = (int64_t)q->n_prompt + q->gen.max_tokens;
+    if (total > R->max_ctx) total = R->max_ctx;
+    return (int32_t)((total + bs - 1) / bs);
+}
+
+static bool usable(const worker_t *w, wrole_t role) { return w->up && !w->incompatible && w->role == role && w->push; }
+
+/* The least-loaded decode worker that looks able to admit q; -1 if none. */
+static int pick_decode(router_t *R, const rreq_t *q)
+{
+    int best = -1;
+    double best_load = 1e300;
+    for (int i = 0; i < R->n_workers; i++) {
+        worker_t *w = &R->workers[i];
+        if (!usable(w, W_DECODE) || w->full) continue;
+        if (w->assigned >= w->max_seqs) continue;
+        if (q->need_blocks > w->admittable - w->blocks_since) continue;
+        double load = (double)w->assigned / (double)(w->max_seqs > 0 ? w->max_seqs : 1) -
+                      1e-6 * (double)(w->admittable - w->blocks_since);
+        if (load < best_load) best_load = load, best = i;
+    }
+    return best;
+}
+
+/* Leading prompt blocks a prefill worker's digest says it holds. */
+static int32_t cached_blocks(const worker_t *w, const rreq_t *q)
+{
+    if (!w->bloom) return 0;
+    int32_t n = 0;
+    while (n < q->n_hashes && fy_bloom_has(w->bloom, w->bloom_bytes, &q->hashes[n])) n++;
+    return n;
+}
+
+/* The prefill worker with the least work to do for q: blocks it would
+ * compute plus (weighted) the prompt blocks already queued on it. */
+static int pick_prefill(router_t *R, const rreq_t *q, int32_t *cached_p)
+{
+    int best = -1;
+    double best_cost = 1e300;
+    int32_t bs = R->lay.block_size, blocks = (q->n_prompt + bs - 1) / bs;
+    for (int i = 0; i < R->n_workers; i++) {
+        worker_t *w = &R->workers[i];
+        if (!usable(w, W_PREFILL)) continue;
+        if (i == q->excluded_pw && R->n_workers > 1) {
+            /* the one that just failed: only when nothing else is up */
+            bool other = false;
+            for (int k = 0; k < R->n_workers; k++) other |= k != i && usable(&R->workers[k], W_PREFILL);
+            if (other) continue;
+        }
+        int32_t cached = cached_blocks(w, q);
+        double cost = (double)(blocks - cached) + R->prefix_weight * (double)w->pending_tokens / bs;
+        if (cost < best_cost) best_cost = cost, best = i, *cached_p = cached;
+    }
+    return best;
+}
+
+static void send_reserve(router_t *R, rreq_t *q, int di)
+{
+    worker_t *d = &R->workers[di];
+    fy_msgw_t w;
+    q->rid = ++R->next_rid;
+    q->rid_deadline = now_s() + R->command_timeout;
+    cmd_begin(R, &w, d, "reserve", q->rid, q->id);
+    fy_msgw_str(&w, "tenant", q->tenant);
+    fy_msgw_i32s(&w, "tokens", q->prompt, q->n_prompt);
+    fy_genspec_write(&w, &q->gen);
+    fy_msgw_f64(&w, "lease_s", R->lease_s);
+    cmd_send(d, &w);
+    q->dw = di;
+    q->d_inc = d->inc;
+    d->assigned++;
+    d->blocks_since += q->need_blocks;
+    q->t_reserve = now_s();
+    set_state(R, q, RQ_RESERVING);
+}
+
+/* Places queued requests, by priority then arrival, while workers can take them. */
+static void pump(router_t *R)
+{
+    if (!R->n_queued) return;
+    bool any_prefill = false;
+    for (int i = 0; i < R->n_workers; i++) any_prefill |= usable(&R->workers[i], W_PREFILL);
+    if (!any_prefill) return;
+    for (;;) {
+        rreq_t *best = NULL;
+        for (rreq_t *q = R->all; q; q = q->next) {
+            if (q->state != RQ_QUEUED || q->need_blocks < 0) continue;
+            if (!best || q->gen.priority > best->gen.priority ||
+                (q->gen.priority == best->gen.priority && q->id < best->id))
+                best = q;
+        }
+        if (!best) return;
+        /* a request no worker could ever hold would wait forever */
+        int32_t largest = -1, largest_p = -1, bs = R->lay.block_size;
+        for (int i = 0; i < R->n_workers; i++) {
+            const worker_t *w = &R->workers[i];
+            if (usable(w, W_DECODE) && w->capacity > largest) largest = w->capacity;
+            if (usable(w, W_PREFILL) && w->capacity > largest_p) largest_p = w->capacity;
+        }
+        if (largest < 0) return; /* no decode worker up yet */
+        if ((best->n_prompt + 1 + bs - 1) / bs > largest_p) {
+            finish_req(R, best, FY_ERR_INVALID, "the prompt of %d tokens needs %d kv blocks; the largest prefill worker holds %d",
+                       best->n_prompt, (best->n_prompt + 1 + bs - 1) / bs, largest_p);
+            continue;
+        }
+        if (best->need_blocks > largest) {
+            finish_req(R, best, FY_ERR_INVALID,
+                       "the request needs %d kv blocks (%d prompt and %d new tokens); the largest decode worker "
+                       "holds %d",
+                       best->need_blocks, best->n_prompt, best->gen.max_tokens, largest);
+            continue;
+        }
+        int di = pick_decode(R, best);
+        if (di < 0) return; /* the head waits; what is behind it too (no overtaking) */
+        send_reserve(R, best, di);
+    }
+}
+
+/* ---- events from workers ---------------------------------------------------------------------------- */
+
+static worker_t *worker_by_name(router_t *R, const char *name, bool create)
+{
+    for (int i = 0; i < R->n_workers; i++)
+        if (!strcmp(R->workers[i].name, name)) return &R->workers[i];
+    if (!create || R->n_workers >= MAX_WORKERS) return NULL;
+    worker_t *w = &R->workers[R->n_workers++];
+    memset(w, 0, sizeof(*w));
+    snprintf(w->name, sizeof(w->name), "%s", name);
+    return w;
+}
+
+/* A worker is gone (silent, or restarted as a new incarnation): its requests end or move. */
+static void worker_lost(router_t *R, int wi, const char *why)
+{
+    worker_t *w = &R->workers[wi];
+    fy_warn("worker %s is down: %s", w->name, why);
+    w->up = false;
+    for (rreq_t *q = R->all; q; q = q->next) {
+        if (q->state == RQ_DONE || q->state == RQ_QUEUED) continue;
+        if (q->dw == wi) {
+            /* its KV and stream are gone with it; the prefill side is told to stop */
+            q->dw = -1;
+            w->assigned--;
+            finish_req(R, q, FY_ERR_PEER, "decode worker %s %s", w->name, why);
+        } else if (q->pw == wi && q->state == RQ_PREFILLING) {
+            q->pw = -1;
+            w->pending_tokens -= q->n_prompt;
+            char msg[160];
+            snprintf(msg, sizeof(msg), "prefill worker %s %s", w->name, why);
+            retry_or_fail(R, q, FY_ERR_PEER, msg);
+        }
+    }
+    w->assigned = 0;
+    w->pending_tokens = 0;
+}
+
+static void on_load(router_t *R, fy_msgr_t *r, const char *name, uint64_t inc)
+{
+    char role[16], listen[256], model[64];
+    fy_msgr_str(r, "role", FY_REQ, NULL, role, sizeof(role));
+    fy_msgr_str(r, "listen", FY_REQ, NULL, listen, sizeof(listen));
+    fy_msgr_str(r, "model", FY_REQ, NULL, model, sizeof(model));
+    int32_t bs = (int32_t)fy_msgr_i64(r, "block_size", FY_REQ, 0, 1, 1024);
+    int32_t running = (int32_t)fy_msgr_i64(r, "running", FY_OPT, 0, 0, 1 << 20);
+    int32_t waiting = (int32_t)fy_msgr_i64(r, "waiting", FY_OPT, 0, 0, 1 << 20);
+    int32_t max_seqs = (int32_t)fy_msgr_i64(r, "max_seqs", FY_REQ, 0, 1, 1 << 20);
+    int32_t total = (int32_t)fy_msgr_i64(r, "total_blocks", FY_REQ, 0, 0, INT32_MAX);
+    int32_t admittable = (int32_t)fy_msgr_i64(r, "admittable", FY_OPT, 0, 0, INT32_MAX);
+    int32_t capacity = (int32_t)fy_msgr_i64(r, "capacity", FY_OPT, total, 0, INT32_MAX);
+    int32_t leases = (int32_t)fy_msgr_i64(r, "leases", FY_OPT, 0, 0, 1 << 20);
+    size_t bloom_len;
+    const void *bloom = fy_msgr_bytes(r, "bloom", FY_OPT, FY_BLOOM_MAX_BYTES, &bloom_len);
+    if (fy_msgr_ok(r) && strcmp(role, "prefill") && strcmp(role, "decode"))
+        fy_msgr_fail(r, FY_ERR_FORMAT, "role '%s'", role);
+    if (fy_msgr_ok(r) && bloom && (bloom_len < 64 || (bloom_len & (bloom_len - 1))))
+        fy_msgr_fail(r, FY_ERR_FORMAT, "bloom of %zu bytes (a power of two from 64)", bloom_len);
+    if (!fy_msgr_ok(r)) {
+        R->bad_events++;
+        fy_warn("bad load report from %s: %s", name, r->err);
+        return;
+    }
+    worker_t *w = worker_by_name(R, name, true);
+    if (!w) {
+        fy_warn("load report from %s ignored: %d workers already", name, MAX_WORKERS);
+        return;
+    }
+    int wi = (int)(w - R->workers);
+    wrole_t wrole = strcmp(role, "prefill") ? W_DECODE : W_PREFILL;
+    if (w->inc && w->inc != inc && w->up) worker_lost(R, wi, "restarted");
+    if (w->inc != inc) {
+        bool compatible = !strcmp(model, R->model_id) && bs == R->lay.block_size;
+        if (!compatible)
+            fy_error("worker %s refused: model %s with %d-token blocks; this deployment runs %s with %d", name, model,
+                     bs, R->model_id, R->lay.block_size);
+        else
+            fy_info("worker %s (%s) joined: %s", name, role, listen);
+        w->incompatible = !compatible;
+        w->assigned = 0;
+        w->pending_tokens = 0;
+    }
+    if (!w->push || strcmp(w->listen, listen)) {
+        fy_push_destroy(w->push);
+        w->push = NULL;
+        snprintf(w->listen, sizeof(w->listen), "%s", listen);
+        if (fy_push_create(listen, 4096, &w->push) != FY_OK) fy_error("cannot reach worker %s at %s", name, listen);
+    }
+    if (!w->up && w->inc == inc && !w->incompatible) fy_info("worker %s is back", name);
+    w->inc = inc;
+    w->role = wrole;
+    w->up = true;
+    w->last_seen = now_s();
+    w->running = running;
+    w->waiting = waiting;
+    w->max_seqs = max_seqs;
+    w->total_blocks = total;
+    w->admittable = admittable;
+    w->capacity = capacity;
+    w->leases = leases;
+    w->blocks_since = 0;
+    w->full = false;
+    if (bloom) {
+        if (w->bloom_bytes != bloom_len) {
+            uint8_t *b = fy_realloc(w->bloom, bloom_len);
+            if (!b) return;
+            w->bloom = b;
+            w->bloom_bytes = (uint32_t)bloom_len;
+        }
+        memcpy(w->bloom, bloom, bloom_len);
+    }
+}
+
+/* The request an event is about, if the event comes from the worker it is
+ * assigned to in that role. */
+static rreq_t *req_of(router_t *R, uint64_t id, const char *name, uint64_t inc, bool decode_side)
+{
+    rreq_t *q = req_find(R, id);
+    if (!q || q->state == RQ_DONE) return NULL;
+    int wi = decode_side ? q->dw : q->pw;
+    if (wi < 0) return NULL;
+    worker_t *w = &R->workers[wi];
+    if (strcmp(w->name, name) || w->inc != inc) return NULL;
+    return q;
+}
+
+static void send_prefill(router_t *R, rreq_t *q)
+{
+    int32_t cached_p = 0;
+    int pi = pick_prefill(R, q, &cached_p);
+    if (pi < 0) {
+        retry_or_fail(R, q, FY_ERR_OVERLOADED, "no prefill worker is up");
+        return;
+    }
+    worker_t *p = &R->workers[pi];
+    fy_msgw_t w;
+    q->rid = ++R->next_rid;
+    q->rid_deadline = now_s() + R->command_timeout;
+    cmd_begin(R, &w, p, "prefill", q->rid, q->id);
+    fy_msgw_i64(&w, "attempt", q->retries);
+    fy_msgw_str(&w, "tenant", q->tenant);
+    fy_msgw_i32s(&w, "tokens", q->prompt, q->n_prompt);
+    fy_genspec_write(&w, &q->gen);
+    fy_msgw_bin(&w, "target", q->target, q->target_len);
+    fy_msgw_i64(&w, "first_block", q->first_block);
+    fy_msgw_i32s(&w, "blocks", q->dst, q->n_dst);
+    /* the prefill worker stops putting a second before the lease ends */
+    double left = q->t_reserved + R->lease_s - now_s() - 1.0;
+    fy_msgw_f64(&w, "deadline_s", left > 0.05 ? left : 0.05);
+    cmd_send(p, &w);
+    q->pw = pi;
+    q->p_inc = p->inc;
+    p->pending_tokens += q->n_prompt;
+    q->t_prefill = now_s();
+    q->prefill_deadline = q->t_prefill + R->prefill_timeout;
+    set_state(R, q, RQ_PREFILLING);
+}
+
+static void on_reserved(router_t *R, rreq_t *q, fy_msgr_t *r)
+{
+    int32_t bs = R->lay.block_size, n_blocks = (q->n_prompt + bs - 1) / bs;
+    uint64_t lease = fy_msgr_u64(r, "lease", FY_REQ, 0, 1, UINT64_MAX);
+    int32_t cached = (int32_t)fy_msgr_i64(r, "cached", FY_REQ, 0, 0, q->n_prompt - 1);
+    int32_t first = (int32_t)fy_msgr_i64(r, "first_block", FY_REQ, 0, 0, n_blocks - 1);
+    size_t tl;
+    const void *target = fy_msgr_bytes(r, "target", FY_REQ, 64 << 10, &tl);
+    int32_t *dst = fy_malloc((size_t)n_blocks * sizeof(int32_t));
+    void *tcopy = fy_malloc(tl ? tl : 1);
+    int32_t n_dst = dst ? fy_msgr_i32s(r, "blocks", FY_REQ, dst, n_blocks, 0, INT32_MAX) : 0;
+    if (fy_msgr_ok(r) && n_dst != n_blocks - first)
+        fy_msgr_fail(r, FY_ERR_FORMAT, "%d blocks from block %d for a %d-block prompt", n_dst, first, n_blocks);
+    if (!fy_msgr_ok(r) || !dst || !tcopy) {
+        fy_free(dst);
+        fy_free(tcopy);
+        R->bad_events++;
+        finish_req(R, q, FY_ERR_FORMAT, "bad reservation from decode worker %s: %s", R->workers[q->dw].name,
+                   fy_msgr_ok(r) ? "out of memory" : r->err);
+        return;
+    }
+    memcpy(tcopy, target, tl);
+    fy_free(q->dst);
+    fy_free(q->target);
+    q->dst = dst;
+    q->n_dst = n_dst;
+    q->target = tcopy;
+    q->target_len = tl;
+    q->lease = lease;
+    q->first_block = first;
+    q->cached_d = cached;
+    q->t_reserved = now_s();
+    q->rid = 0;
+    send_prefill(R, q);
+}
+
+static void on_prefilled(router_t *R, rreq_t *q, fy_msgr_t *r)
+{
+    int32_t first = (int32_t)fy_msgr_i64(r, "first_token", FY_REQ, 0, 0, R->vocab - 1);
+    double logprob = fy_msgr_f64(r, "logprob", FY_OPT, 0, -1e30, 0);
+    uint64_t rng[4];
+    int32_t nr = fy_msgr_u64s(r, "rng", FY_REQ, rng, 4);
+    q->cached_p = (int32_t)fy_msgr_i64(r, "cached", FY_OPT, 0, 0, q->n_prompt);
+    if (fy_msgr_enter(r, "timings", FY_OPT)) {
+        q->p_queue = fy_msgr_f64(r, "queue_s", FY_OPT, 0, 0, 1e9);
+        q->p_compute = fy_msgr_f64(r, "compute_s", FY_OPT, 0, -1, 1e9);
+        q->p_tail = fy_msgr_f64(r, "transfer_tail_s", FY_OPT, 0, 0, 1e9);
+        q->p_transfer = fy_msgr_f64(r, "transfer_s", FY_OPT, 0, 0, 1e9);
+        q->bytes = fy_msgr_i64(r, "bytes", FY_OPT, 0, 0, INT64_MAX);
+        fy_msgr_leave(r);
+    }
+    if (fy_msgr_ok(r) && nr != 4) fy_msgr_fail(r, FY_ERR_FORMAT, "field 'rng' must hold 4 words");
+    if (!fy_msgr_ok(r)) {
+        R->bad_events++;
+        retry_or_fail(R, q, FY_ERR_FORMAT, r->err);
+        return;
+    }
+    worker_t *p = &R->workers[q->pw];
+    p->pending_tokens -= q->n_prompt;
+    q->pw = -1;
+    q->t_prefilled = now_s();
+    worker_t *d = &R->workers[q->dw];
+    fy_msgw_t w;
+    q->rid = ++R->next_rid;
+    q->rid_deadline = now_s() + R->command_timeout;
+    cmd_begin(R, &w, d, "adopt", q->rid, q->id);
+    fy_msgw_u64(&w, "lease", q->lease);
+    fy_msgw_i64(&w, "first_token", first);
+    fy_msgw_f64(&w, "logprob", logprob);
+    fy_msgw_u64s(&w, "rng", rng, 4);
+    cmd_send(d, &w);
+    set_state(R, q, RQ_ADOPTING);
+}
+
+static void on_token(router_t *R, rreq_t *q, fy_msgr_t *r)
+{
+    int32_t n = (int32_t)fy_msgr_i64(r, "n", FY_REQ, 0, 0, INT32_MAX);
+    int32_t tok = (int32_t)fy_msgr_i64(r, "token", FY_REQ, 0, 0, R->vocab - 1);
+    size_t len;
+    const char *text = fy_msgr_bytes(r, "text", FY_OPT, 1 << 16, &len);
+    if (!fy_msgr_ok(r)) {
+        R->bad_events++;
+        finish_req(R, q, FY_ERR_FORMAT, "bad token event from %s: %s", R->workers[q->dw].name, r->err);
+        return;
+    }
+    if (n != q->n_out) { /* an event was dropped on the way: the stream is broken */
+        finish_req(R, q, FY_ERR_PEER, "token %d from decode worker %s arrived after %d: tokens were lost", n,
+                   R->workers[q->dw].name, q->n_out);
+        return;
+    }
+    if (q->n_out == q->cap_out) {
+        int32_t cap = q->cap_out ? 2 * q->cap_out : 64;
+        int32_t *o = fy_realloc(q->out, (size_t)cap * sizeof(int32_t));
+        if (!o) {
+            finish_req(R, q, FY_ERR_NOMEM, "router out of memory");
+            return;
+        }
+        q->out = o;
+        q->cap_out = cap;
+    }
+    q->out[q->n_out++] = tok;
+    if (len && !text_append(q, text, len)) {
+        finish_req(R, q, FY_ERR_NOMEM, "router out of memory");
+        return;
+    }
+    if (q->state == RQ_ADOPTING) set_state(R, q, RQ_DECODING); /* the token overtook nothing: adopted came first */
+    if (q->t_first == 0) q->t_first = now_s();
+    wake_poll(R, q);
+}
+
+static void on_finish(router_t *R, rreq_t *q, fy_msgr_t *r)
+{
+    char reason[16];
+    fy_msgr_str(r, "reason", FY_REQ, NULL, reason, sizeof(reason));
+    size_t len;
+    const char *text = fy_msgr_bytes(r, "text", FY_OPT, 1 << 16, &len);
+    if (!fy_msgr_ok(r)) {
+        R->bad_events++;
+        finish_req(R, q, FY_ERR_FORMAT, "bad finish event from %s: %s", R->workers[q->dw].name, r->err);
+        return;
+    }
+    if (len) text_append(q, text, len);
+    snprintf(q->finish, sizeof(q->finish), "%s", reason);
+    if (q->t_first == 0) q->t_first = now_s();
+    finish_req(R, q, FY_OK, NULL);
+}
+
+static void on_error_event(router_t *R, fy_msgr_t *r, const char *name, uint64_t inc, uint64_t id, uint64_t rid)
+{
+    char code[32], message[256];
+    fy_msgr_str(r, "code", FY_OPT, "internal", code, sizeof(code));
+    fy_msgr_str(r, "message", FY_OPT, "", message, sizeof(message));
+    fy_status_t st = fy_msg_error_code(code);
+    rreq_t *q = id ? req_find(R, id) : NULL;
+    if (!q || q->state == RQ_DONE) {
+        if (!id) fy_warn("worker %s reports: %s (%s)", name, message, code);
+        return;
+    }
+    bool from_d = q->dw >= 0 && !strcmp(R->workers[q->dw].name, name) && R->workers[q->dw].inc == inc;
+    bool from_p = q->pw >= 0 && !strcmp(R->workers[q->pw].name, name) && R->workers[q->pw].inc == inc &&
+                  fy_msgr_i64(r, "attempt", FY_OPT, q->retries, 0, 1000) == q->retries; /* not an older try's */
+    if (from_d && q->state == RQ_RESERVING && st == FY_ERR_NO_SPACE) {
+        /* it cannot take this one after all: back to the queue, and skip it until its next report */
+        worker_t *d = &R->workers[q->dw];
+        d->full = true;
+        d->assigned--;
+        d->blocks_since -= q->need_blocks;
+        q->dw = -1;
+        q->rid = 0;
+        set_state(R, q, RQ_QUEUED);
+        return;
+    }
+    char why[400];
+    if (from_p) {
+        snprintf(why, sizeof(why), "prefill worker %s: %s", name, message);
+        retry_or_fail(R, q, st, why);
+    } else if (from_d) {
+        if (q->state == RQ_ADOPTING && st == FY_ERR_NOT_FOUND) { /* the lease went before the KV arrived */
+            snprintf(why, sizeof(why), "decode worker %s: %s", name, message);
+            R->workers[q->dw].assigned--;
+            q->dw = -1; /* nothing left to release there */
+            retry_or_fail(R, q, st, why);
+            return;
+        }
+        finish_req(R, q, st, "decode worker %s: %s", name, message);
+    }
+    (void)rid;
+}
+
+static void on_event(void *arg, const void *buf, size_t len)
+{
+    router_t *R = arg;
+    fy_msgr_t r;
+    if (fy_msgr_parse(&r, buf, len) != FY_OK) {
+        pthread_mutex_lock(&R->mu);
+        R->bad_events++;
+        pthread_mutex_unlock(&R->mu);
+        fy_warn("bad event: %s", r.err);
+        fy_msgr_free(&r);
+        return;
+    }
+    char name[64];
+    fy_msgr_str(&r, "worker", FY_REQ, NULL, name, sizeof(name));
+    uint64_t inc = fy_msgr_u64(&r, "inc", FY_REQ, 0, 1, UINT64_MAX);
+    uint64_t id = fy_msgr_u64(&r, "id", FY_OPT, 0, 0, UINT64_MAX);
+    uint64_t rid = fy_msgr_u64(&r, "rid", FY_OPT, 0, 0, UINT64_MAX);
+    const char *type = fy_msgr_type(&r);
+    pthread_mutex_lock(&R->mu);
+    if (!fy_msgr_ok(&r)) {
+        R->bad_events++;
+        fy_warn("bad '%s' event: %s", type, r.err);
+    } else if (!strcmp(type, "load")) {
+        on_load(R, &r, name, inc);
+    } else if (!strcmp(type, "alive")) {
+        worker_t *w = worker_by_name(R, name, false); /* known incarnations only: a load report joins */
+        if (w && w->inc == inc && !w->incompatible) {
+            if (!w->up) fy_info("worker %s is back", name);
+            w->up = true;
+            w->last_seen = now_s();
+        }
+    } else if (!strcmp(type, "error")) {
+        on_error_event(R, &r, name, inc, id, rid);
+    } else {
+        worker_t *w = worker_by_name(R, name, false);
+        if (w && w->inc == inc) w->last_seen = now_s();
+        bool decode_side = strcmp(type, "accepted") && strcmp(type, "prefilled");
+        rreq_t *q = req_of(R, id, name, inc, decode_side);
+        if (!q) {
+            /* about a request that ended, or from a worker it no longer belongs to */
+            fy_debug("'%s' event for request %llu from %s ignored", type, (unsigned long long)id, name);
+        } else if (!strcmp(type, "reserved")) {
+            if (q->state == RQ_RESERVING && rid == q->rid) on_reserved(R, q, &r);
+        } else if (!strcmp(type, "accepted")) {
+            if (rid == q->rid) q->rid = 0;
+        } else if (!strcmp(type, "prefilled")) {
+            if (q->state == RQ_PREFILLING && fy_msgr_i64(&r, "attempt", FY_OPT, 0, 0, 1000) == q->retries)
+                on_prefilled(R, q, &r);
+        } else if (!strcmp(type, "adopted")) {
+            if (q->state == RQ_ADOPTING && rid == q->rid) {
+                q->rid = 0;
+                set_state(R, q, RQ_DECODING);
+            }
+        } else if (!strcmp(type, "token")) {
+            if (q->state == RQ_DECODING || q->state == RQ_ADOPTING) on_token(R, q, &r);
+        } else if (!strcmp(type, "finish")) {
+            if (q->state == RQ_DECODING || q->state == RQ_ADOPTING) on_finish(R, q, &r);
+        } else if (!strcmp(type, "lease_expired")) {
+            if (q->state == RQ_PREFILLING || q->state == RQ_ADOPTING) {
+                let_go(R, q); /* cancels the prefill job; the lease itself is gone */
+                retry_or_fail(R, q, FY_ERR_TIMEOUT, "the kv lease expired before the prompt arrived");
+            }
+        } else {
+            R->bad_events++;
+            fy_warn("unknown event '%s' from %s", type, name);
+        }
+    }
+    pthread_mutex_unlock(&R->mu);
+    fy_msgr_free(&r);
+}
+
+/* ---- clients ---------------------------------------------------------------------------------------- */
+
+static void reply_events(router_t *R, rreq_t *q, fy_rpc_call_t *call, int32_t from, size_t from_text)
+{
+    fy_msgw_t w;
+    fy_msgw_init(&w, "events");
+    fy_msgw_u64(&w, "id", q->id);
+    if (from > q->n_out) from = q->n_out;
+    if (from_text > q->text_len) from_text = q->text_len;
+    fy_msgw_i32s(&w, "tokens", q->out + from, q->n_out - from);
+    fy_msgw_strn(&w, "text", q->text ? q->text + from_text : "", q->text_len - from_text);
+    fy_msgw_i64(&w, "n_prompt", q->n_prompt);
+    fy_msgw_str(&w, "state", STATE_NAMES[q->state]);
+    fy_msgw_bool(&w, "done", q->done);
+    if (q->done) {
+        q->done_seen = true;
+        if (q->err != FY_OK) {
+            fy_msgw_str(&w, "error_code", fy_status_tag(q->err));
+            fy_msgw_str(&w, "error", q->err_msg);
+        } else {
+            fy_msgw_str(&w, "finish_reason", q->finish);
+        }
+        fy_msgw_map_begin(&w, "timings");
+        double t0 = q->t_arrive;
+        fy_msgw_f64(&w, "queue_s", (q->t_reserve > 0 ? q->t_reserve : q->t_done) - t0);
+        if (q->t_reserved > 0) fy_msgw_f64(&w, "reserve_s", q->t_reserved - q->t_reserve);
+        if (q->t_prefilled > 0) {
+            fy_msgw_f64(&w, "prefill_queue_s", q->p_queue);
+            fy_msgw_f64(&w, "prefill_compute_s", q->p_compute);
+            fy_msgw_f64(&w, "transfer_s", q->p_transfer);
+            fy_msgw_f64(&w, "transfer_tail_s", q->p_tail);
+            fy_msgw_f64(&w, "prefill_total_s", q->t_prefilled - q->t_prefill);
+            fy_msgw_i64(&w, "transfer_bytes", q->bytes);
+        }
+        if (q->t_first > 0) {
+            if (q->t_prefilled > 0) fy_msgw_f64(&w, "first_token_s", q->t_first - q->t_prefilled);
+            fy_msgw_f64(&w, "ttft_s", q->t_first - t0);
+        }
+        fy_msgw_f64(&w, "e2e_s", q->t_done - t0);
+        fy_msgw_i64(&w, "cached_prefill", q->cached_p);
+        fy_msgw_i64(&w, "cached_decode", q->cached_d);
+        fy_msgw_i64(&w, "retries", q->retries);
+        fy_msgw_map_end(&w);
+    }
+    fy_rpc_reply_msgw(call, &w);
+}
+
+/* Answers a held poll when there is something new for it. */
+static void wake_poll(router_t *R, rreq_t *q)
+{
+    if (!q->poll) return;
+    if (q->n_out > q->poll_from || q->text_len > q->poll_text || q->done) {
+        fy_rpc_call_t *c = q->poll;
+        q->poll = NULL;
+        reply_events(R, q, c, q->poll_from, q->poll_text);
+    }
+}
+
+static void client_generate(router_t *R, fy_rpc_call_t *call, fy_msgr_t *r)
+{
+    char *prompt_text = NULL, *system = NULL;
+    int32_t *ids = NULL, n = 0;
+    fy_genspec_t gen;
+    fy_genspec_default(&gen);
+    fy_genspec_read(r, &gen, R->max_ctx);
+    bool chat = fy_msgr_bool(r, "chat", FY_OPT, false);
+    double deadline_s = fy_msgr_f64(r, "deadline_s", FY_OPT, R->request_timeout, 0.001, 86400);
+    size_t plen = 0, slen = 0;
+    const char *p = fy_msgr_bytes(r, "prompt", FY_OPT, MAX_PROMPT_BYTES, &plen);
+    const char *s = fy_msgr_bytes(r, "system", FY_OPT, MAX_PROMPT_BYTES, &slen);
+    bool has_tokens = fy_msgr_has(r, "tokens");
+    if (fy_msgr_ok(r) && !!p == has_tokens)
+        fy_msgr_fail(r, FY_ERR_FORMAT, "a request needs exactly one of 'prompt' (text) and 'tokens'");
+    if (fy_msgr_ok(r) && has_tokens) {
+        ids = fy_malloc(MAX_PROMPT_TOKENS * sizeof(int32_t));
+        if (!ids)
+            fy_msgr_fail(r, FY_ERR_NOMEM, "out of memory");
+        else
+            n = fy_msgr_i32s(r, "tokens", FY_REQ, ids, MAX_PROMPT_TOKENS, 0, R->vocab - 1);
+    }
+    if (!fy_msgr_ok(r)) {
+        fy_free(ids);
+        fy_rpc_reply_error(call, 0, r->status, r->err);
+        return;
+    }
+    if (p) { /* tokenizing takes the model's tokenizer, not the router's lock */
+        prompt_text = fy_strndup(p, plen);
+        system = s ? fy_strndup(s, slen) : NULL;
+        fy_status_t st = !prompt_text || (s && !system) ? FY_ERR_NOMEM
+                                                        : fy_prompt_tokens(R->model, system, prompt_text, chat, &ids, &n);
+        fy_free(prompt_text);
+        fy_free(system);
+        if (st) {
+            fy_rpc_reply_error(call, 0, st, "cannot tokenize the prompt (a chat template error, or not text)");
+            return;
+        }
+    }
+    if (n < 1 || n >= R->max_ctx || n > MAX_PROMPT_TOKENS) {
+        char msg[128];
+        snprintf(msg, sizeof(msg), "the prompt has %d tokens; the context holds %d", n, R->max_ctx);
+        fy_free(ids);
+        fy_rpc_reply_error(call, 0, FY_ERR_INVALID, msg);
+        return;
+    }
+    rreq_t *q = fy_calloc(1, sizeof(*q));
+    int32_t bs = R->lay.block_size;
+    if (q) q->hashes = fy_malloc((size_t)(n / bs + 1) * sizeof(fy_kv_hash_t));
+    if (!q || !q->hashes) {
+        if (q) fy_free(q);
+        fy_free(ids);
+        fy_rpc_reply_error(call, 0, FY_ERR_NOMEM, "router out of memory");
+        return;
+    }
+    q->prompt = ids;
+    q->n_prompt = n;
+    q->gen = gen;
+    q->dw = q->pw = q->excluded_pw = -1;
+    /* the tenant comes from the server side: one namespace until API keys map to tenants */
+    q->tenant[0] = 0;
+    fy_kv_ns_t ns;
+    fy_kv_ns_make(R->hasher, q->tenant, R->model_id, &R->lay, NULL, &ns);
+    q->n_hashes = (n - 1) / bs; /* what a prefix lookup can find: one token is always computed */
+    for (int32_t i = 0; i < q->n_hashes; i++)
+        fy_kv_hash_block(R->hasher, &ns, i ? &q->hashes[i - 1] : NULL, ids + (size_t)i * bs, bs, &q->hashes[i]);
+    q->need_blocks = blocks_for(R, q);
+
+    pthread_mutex_lock(&R->mu);
+    if (R->n_queued >= R->max_queue) {
+        R->refused++;
+        pthread_mutex_unlock(&R->mu);
+        fy_free(q->hashes);
+        fy_free(q->prompt);
+        fy_free(q);
+        char msg[128];
+        snprintf(msg, sizeof(msg), "overloaded: %d requests are waiting", R->max_queue);
+        fy_rpc_reply_error(call, 0, FY_ERR_OVERLOADED, msg);
+        return;
+    }
+    double now = now_s();
+    q->id = ++R->next_id;
+    q->t_arrive = q->last_poll = now;
+    q->deadline = now + deadline_s;
+    q->state = RQ_QUEUED;
+    R->n_queued++;
+    q->hnext = R->buckets[q->id % N_BUCKETS];
+    R->buckets[q->id % N_BUCKETS] = q;
+    q->next = R->all;
+    if (R->all) R->all->prev = q;
+    R->all = q;
+    R->n_reqs++;
+    R->accepted++;
+    fy_msgw_t w;
+    fy_msgw_init(&w, "accepted");
+    fy_msgw_u64(&w, "id", q->id);
+    fy_msgw_i64(&w, "n_prompt", n);
+    fy_rpc_reply_msgw(call, &w);
+    pump(R);
+    pthread_mutex_unlock(&R->mu);
+}
+
+static void client_poll(router_t *R, fy_rpc_call_t *call, fy_msgr_t *r)
+{
+    uint64_t id = fy_msgr_u64(r, "id", FY_REQ, 0, 1, UINT64_MAX);
+    int32_t from = (int32_t)fy_msgr_i64(r, "from", FY_OPT, 0, 0, INT32_MAX);
+    int64_t from_text = fy_msgr_i64(r, "from_text", FY_OPT, 0, 0, INT64_MAX);
+    double wait = fy_msgr_f64(r, "wait_s", FY_OPT, 1.0, 0, 30);
+    if (!fy_msgr_ok(r)) {
+        fy_rpc_reply_error(call, id, r->status, r->err);
+        return;
+    }
+    pthread_mutex_lock(&R->mu);
+    rreq_t *q = req_find(R, id);
+    if (!q) {
+        pthread_mutex_unlock(&R->mu);
+        fy_rpc_reply_error(call, id, FY_ERR_NOT_FOUND, "no such request (finished and collected, or never made)");
+        return;
+    }
+    q->last_poll = now_s();
+    if (q->poll) { /* a newer poll replaces a held one, which gets what there is */
+        fy_rpc_call_t *old = q->poll;
+        q->poll = NULL;
+        reply_events(R, q, old, q->poll_from, q->poll_text);
+    }
+    if (q->n_out > from || q->text_len > (size_t)from_text || q->done || wait <= 0) {
+        reply_events(R, q, call, from, (size_t)from_text);
+    } else {
+        q->poll = call;
+        q->poll_from = from;
+        q->poll_text = (size_t)from_text;
+        q->poll_until = q->last_poll + wait;
+    }
+    pthread_mutex_unlock(&R->mu);
+}
+
+static void client_cancel(router_t *R, fy_rpc_call_t *call, fy_msgr_t *r)
+{
+    uint64_t id = fy_msgr_u64(r, "id", FY_REQ, 0, 1, UINT64_MAX);
+    if (!fy_msgr_ok(r)) {
+        fy_rpc_reply_error(call, id, r->status, r->err);
+        return;
+    }
+    pthread_mutex_lock(&R->mu);
+    rreq_t *q = req_find(R, id);
+    if (q) finish_req(R, q, FY_ERR_CANCELLED, "cancelled by the client");
+    pthread_mutex_unlock(&R->mu);
+    fy_msgw_t w;
+    fy_msgw_init(&w, "cancelled");
+    fy_msgw_u64(&w, "id", id);
+    fy_rpc_reply_msgw(call, &w);
+}
+
+static void client_status(router_t *R, fy_rpc_call_t *call)
+{
+    fy_msgw_t w;
+    fy_msgw_init(&w, "status");
+    pthread_mutex_lock(&R->mu);
+    fy_msgw_str(&w, "model", R->model_id);
+    fy_msgw_i64(&w, "requests", R->n_reqs);
+    fy_msgw_i64(&w, "queued", R->n_queued);
+    fy_msgw_u64(&w, "completed", R->completed);
+    fy_msgw_u64(&w, "failed", R->failed);
+    fy_msgw_u64(&w, "refused", R->refused);
+    fy_msgw_u64(&w, "retried", R->retried);
+    fy_msgw_u64(&w, "bad_events", R->bad_events);
+    int up_p = 0, up_d = 0;
+    for (int i = 0; i < R->n_workers; i++) {
+        const worker_t *k = &R->workers[i];
+        if (k->up && !k->incompatible) {
+            if (k->role == W_PREFILL)
+                up_p++;
+            else
+                up_d++;
+        }
+    }
+    fy_msgw_i64(&w, "prefill_up", up_p);
+    fy_msgw_i64(&w, "decode_up", up_d);
+    const char *names[MAX_WORKERS];
+    for (int i = 0; i < R->n_workers; i++) names[i] = R->workers[i].name;
+    fy_msgw_strs(&w, "workers", names, R->n_workers);
+    int32_t v[MAX_WORKERS];
+    for (int i = 0; i < R->n_workers; i++) v[i] = R->workers[i].up && !R->workers[i].incompatible;
+    fy_msgw_i32s(&w, "up", v, R->n_workers);
+    for (int i = 0; i < R->n_workers; i++) v[i] = R->workers[i].assigned;
+    fy_msgw_i32s(&w, "assigned", v, R->n_workers);
+    for (int i = 0; i < R->n_workers; i++) v[i] = R->workers[i].admittable;
+    fy_msgw_i32s(&w, "admittable", v, R->n_workers);
+    for (int i = 0; i < R->n_workers; i++) v[i] = R->workers[i].total_blocks;
+    fy_msgw_i32s(&w, "total_blocks", v, R->n_workers);
+    for (int i = 0; i < R->n_workers; i++) v[i] = R->workers[i].role == W_DECODE;
+    fy_msgw_i32s(&w, "decode", v, R->n_workers);
+    for (int i = 0; i < R->n_workers; i++)
+        v[i] = R->workers[i].pending_tokens > INT32_MAX ? INT32_MAX : (int32_t)R->workers[i].pending_tokens;
+    fy_msgw_i32s(&w, "pending_tokens", v, R->n_workers);
+    pthread_mutex_unlock(&R->mu);
+    fy_rpc_reply_msgw(call, &w);
+}
+
+static void on_client(void *arg, fy_rpc_call_t *call, const void *buf, size_t len)
+{
+    router_t *R = arg;
+    fy_msgr_t r;
+    if (fy_msgr_parse(&r, buf, len) != FY_OK) {
+        fy_rpc_reply_error(call, 0, r.status, r.err);
+    } else if (!strcmp(fy_msgr_type(&r), "generate")) {
+        client_generate(R, call, &r);
+    } else if (!strcmp(fy_msgr_type(&r), "poll")) {
+        client_poll(R, call, &r);
+    } else if (!strcmp(fy_msgr_type(&r), "cancel")) {
+        client_cancel(R, call, &r);
+    } else if (!strcmp(fy_msgr_type(&r), "status")) {
+        client_status(R, call);
+    } else {
+        char msg[96];
+        snprintf(msg, sizeof(msg), "unknown request type '%s'", fy_msgr_type(&r));
+        fy_rpc_reply_error(call, 0, FY_ERR_UNSUPPORTED, msg);
+    }
+    fy_msgr_free(&r);
+}
+
+/* ---- housekeeping -------------------------------------------------------------------------------------- */
+
+static void tick(router_t *R)
+{
+    double now = now_s();
+    for (int i = 0; i < R->n_workers; i++) {
+        worker_t *w = &R->workers[i];
+        if (w->up && now - w->last_seen > R->health_timeout) {
+            char why[96];
+            snprintf(why, sizeof(why), "stopped answering (no report for %.1f s)", now - w->last_seen);
+            worker_lost(R, i, why);
+        }
+    }
+    rreq_t *next;
+    for (rreq_t *q = R->all; q; q = next) {
+        next = q->next;
+        if (q->state != RQ_DONE) {
+            if (now > q->deadline) {
+                finish_req(R, q, FY_ERR_TIMEOUT, "deadline exceeded in state %s", STATE_NAMES[q->state]);
+            } else if (q->rid && now > q->rid_deadline) {
+                const char *who = q->state == RQ_PREFILLING ? "prefill" : "decode";
+                int wi = q->state == RQ_PREFILLING ? q->pw : q->dw;
+                char why[160];
+                snprintf(why, sizeof(why), "%s worker %s did not answer within %.1f s", who,
+                         wi >= 0 ? R->workers[wi].name : "?", R->command_timeout);
+                if (q->state == RQ_PREFILLING)
+                    retry_or_fail(R, q, FY_ERR_TIMEOUT, why);
+                else
+                    finish_req(R, q, FY_ERR_TIMEOUT, "%s", why);
+            } else if (q->state == RQ_PREFILLING && now > q->prefill_deadline) {
+                retry_or_fail(R, q, FY_ERR_TIMEOUT, "prefill took too long");
+            } else if (now - q->last_poll > R->client_timeout) {
+                finish_req(R, q, FY_ERR_CANCELLED, "the client stopped polling");
+            }
+        }
+        if (q->poll && now >= q->poll_until) {
+            fy_rpc_call_t *c = q->poll;
+            q->poll = NULL;
+            reply_events(R, q, c, q->poll_from, q->poll_text);
+        }
+        /* a finished request stays until its client saw the end (or gave up) */
+        if (q->state == RQ_DONE && !q->poll &&
+            ((q->done_seen && now - q->last_poll > 5.0) || now - q->last_poll > R->client_timeout))
+            req_free(R, q);
+    }
+    pump(R);
+}
+
+static void *hk_main(void *arg)
+{
+    router_t *R = arg;
+    pthread_mutex_lock(&R->mu);
+    while (!R->stop) {
+        tick(R);
+        pthread_mutex_unlock(&R->mu);
+        usleep(10000);
+        pthread_mutex_lock(&R->mu);
+    }
+    pthread_mutex_unlock(&R->mu);
+    return NULL;
+}
+
+/* ---- the process ------------------------------------------------------------------------------------------ */
+
+static fy_status_t setup(router_t *R)
+{
+    const fy_config_t *c = R->cfg;
+    const char *model_path, *listen, *events;
+    int64_t max_queue, retries;
+    int32_t bs;
+    fy_dtype_t dt;
+    fy_status_t st;
+    if ((st = fy_config_string(c, "model", "path", "models/SmolLM2-135M-Instruct.Q4_1.gguf", &model_path)) ||
+        (st = fy_config_string(c, "router", "listen", "tcp://127.0.0.1:7400", &listen)) ||
+        (st = fy_config_string(c, "router", "events", "tcp://127.0.0.1:7401", &events)) ||
+        (st = fy_config_duration(c, "router", "health_timeout", 2.0, 0.05, 3600, &R->health_timeout)) ||
+        (st = fy_config_duration(c, "router", "request_timeout", 600, 0.1, 86400, &R->request_timeout)) ||
+        (st = fy_config_duration(c, "router", "prefill_timeout", 60, 0.1, 3600, &R->prefill_timeout)) ||
+        (st = fy_config_duration(c, "router", "command_timeout", 10, 0.05, 3600, &R->command_timeout)) ||
+        (st = fy_config_duration(c, "router", "lease", 30, 0.1, 3600, &R->lease_s)) ||
+        (st = fy_config_duration(c, "router", "client_timeout", 30, 0.5, 86400, &R->client_timeout)) ||
+        (st = fy_config_int(c, "router", "max_queue", 256, 0, 1 << 20, &max_queue)) ||
+        (st = fy_config_int(c, "router", "retries", 1, 0, 10, &retries)) ||
+        (st = fy_config_double(c, "router", "prefix_weight", 1.0, 0, 1e6, &R->prefix_weight)) ||
+        (st = fy_cluster_kv(c, &bs, &dt)))
+        return st;
+    R->max_queue = (int32_t)max_queue;
+    R->max_retries = (int32_t)retries;
+    snprintf(R->listen, sizeof(R->listen), "%s", listen);
+    snprintf(R->events_url, sizeof(R->events_url), "%s", events);
+    fy_log_set_prefix("router");
+    if ((st = fy_model_load(model_path, &R->model))) return st;
+    fy_model_id(R->model, R->model_id, sizeof(R->model_id));
+    const fy_model_config_t *mc = fy_model_config(R->model);
+    R->vocab = mc->vocab_size;
+    R->max_ctx = mc->max_ctx;
+    if ((st = fy_kv_layout_init(&R->lay, mc->n_layers, mc->n_kv_heads, mc->head_dim, bs, dt))) return st;
+    if ((st = fy_cluster_hasher(c, &R->hasher))) return st;
+    if ((st = fy_pull_create(R->events_url, on_event, R, &R->events))) return st;
+    if ((st = fy_rpc_server_create(R->listen, 256, on_client, R, &R->srv))) return st;
+    if (pthread_create(&R->hk, NULL, hk_main, R)) return FY_ERR_INTERNAL;
+    R->hk_on = true;
+    fy_info("router up: clients on %s, worker events on %s, model %s", R->listen, R->events_url, R->model_id);
+    return FY_OK;
+}
+
+static void teardown(router_t *R)
+{
+    if (R->hk_on) {
+        pthread_mutex_lock(&R->mu);
+        R->stop = true;
+        pthread_mutex_unlock(&R->mu);
+        pthread_join(R->hk, NULL);
+    }
+    fy_pull_destroy(R->events);
+    R->events = NULL;
+    /* every request ends (workers told to let go), every held poll is answered */
+    pthread_mutex_lock(&R->mu);
+    for (rreq_t *q = R->all; q; q = q->next) {
+        finish_req(R, q, FY_ERR_CANCELLED, "the router is shutting down");
+        if (q->poll) {
+            fy_rpc_call_t *c = q->poll;
+            q->poll = NULL;
+            reply_events(R, q, c, q->poll_from, q->poll_text);
+        }
+    }
+    pthread_mutex_unlock(&R->mu);
+    fy_rpc_server_destroy(R->srv);
+    while (R->all) req_free(R, R->all);
+    for (int i = 0; i < R->n_workers; i++) {
+        fy_push_destroy(R->workers[i].push);
+        fy_free(R->workers[i].bloom);
+    }
+    fy_kv_hasher_destroy(R->hasher);
+    fy_model_destroy(R->model);
+    fy_config_destroy(R->cfg);
+}
+
+int fy_router_main(int argc, char **argv)
+{
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    router_t *R = fy_calloc(1, sizeof(*R));
+    if (!R) return 1;
+    pthread_mutex_init(&R->mu, NULL);
+    fy_status_t st = fy_cluster_config(argc, argv, "-c FILE [--set section.key=value]...", &R->cfg);
+    int rc = 0;
+    if (st == FY_OK) {
+        st = setup(R);
+        if (st) {
+            fy_error("router: start-up failed: %s", fy_status_str(st));
+            rc = 1;
+        } else {
+            int sig = 0;
+            sigwait(&sigs, &sig);
+            fy_info("%s: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        }
+        teardown(R);
+    } else {
+        rc = st == FY_ERR_CANCELLED ? 0 : 2;
+    }
+    pthread_mutex_destroy(&R->mu);
+    fy_free(R);
+    return rc;
+}

@@ -1,0 +1,211 @@
+/*
+ * request.c - `ferry request`: send one prompt to a router and stream the
+ * text back, then a summary (timings of each phase) on stderr.
+ */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "client.h"
+#include "log.h"
+#include "mem.h"
+
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig) { interrupted = 1; }
+
+static void usage(void)
+{
+    fprintf(stderr,
+            "usage: ferry request [-r ADDR] (-p PROMPT | -f FILE) [options]\n"
+            "       ferry request [-r ADDR] --status\n"
+            "  -r, --router ADDR     the router's client address (default tcp://127.0.0.1:7400)\n"
+            "  -p, --prompt TEXT     the prompt\n"
+            "  -f, --file PATH       read the prompt from a file\n"
+            "      --chat            apply the model's chat template (a user turn)\n"
+            "      --system TEXT     system message for --chat\n"
+            "  -n, --max-tokens N    tokens to generate (default 128)\n"
+            "      --temp T          temperature (default 0: greedy)\n"
+            "      --top-k K, --top-p P, --min-p P, --seed S\n"
+            "      --stop TEXT       stop string (up to 8)\n"
+            "      --ignore-eos      keep going past the end of turn\n"
+            "      --priority N      larger runs first\n"
+            "      --timeout S       give up after S seconds (default 300)\n"
+            "      --status          print the cluster's state and exit\n"
+            "  -q, --quiet           no summary on stderr\n");
+}
+
+static int print_status(fy_client_t *c)
+{
+    fy_client_status_t s;
+    fy_status_t st = fy_client_status(c, &s);
+    if (st) {
+        fprintf(stderr, "ferry: request: the router did not answer: %s\n", fy_status_str(st));
+        return 1;
+    }
+    printf("model %s: %d prefill and %d decode workers up; %d requests (%d queued); %llu completed, %llu failed, "
+           "%llu refused, %llu retried\n",
+           s.model, s.prefill_up, s.decode_up, s.requests, s.queued, (unsigned long long)s.completed,
+           (unsigned long long)s.failed, (unsigned long long)s.refused, (unsigned long long)s.retried);
+    return 0;
+}
+
+int fy_cmd_request(int argc, char **argv)
+{
+    enum { O_CHAT = 256, O_SYSTEM, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED, O_STOP, O_IGN, O_PRIO, O_TIMEOUT, O_STATUS };
+    static const struct option opts[] = {
+        {"router", required_argument, 0, 'r'},   {"prompt", required_argument, 0, 'p'},
+        {"file", required_argument, 0, 'f'},     {"max-tokens", required_argument, 0, 'n'},
+        {"chat", no_argument, 0, O_CHAT},        {"system", required_argument, 0, O_SYSTEM},
+        {"temp", required_argument, 0, O_TEMP},  {"top-k", required_argument, 0, O_TOPK},
+        {"top-p", required_argument, 0, O_TOPP}, {"min-p", required_argument, 0, O_MINP},
+        {"seed", required_argument, 0, O_SEED},  {"stop", required_argument, 0, O_STOP},
+        {"ignore-eos", no_argument, 0, O_IGN},   {"priority", required_argument, 0, O_PRIO},
+        {"timeout", required_argument, 0, O_TIMEOUT}, {"status", no_argument, 0, O_STATUS},
+        {"quiet", no_argument, 0, 'q'},          {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    const char *router = "tcp://127.0.0.1:7400", *file = NULL;
+    char *prompt_file = NULL;
+    fy_client_req_t req = {0};
+    fy_genspec_default(&req.gen);
+    double timeout = 300, d;
+    long v;
+    uint64_t u;
+    bool status = false, quiet = false;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "r:p:f:n:qh", opts, NULL)) != -1) {
+        switch (c) {
+        case 'r': router = optarg; break;
+        case 'p': req.prompt = optarg; break;
+        case 'f': file = optarg; break;
+        case 'n':
+            if (!fy_cli_parse_int("--max-tokens", optarg, 1, 1 << 20, &v)) return 2;
+            req.gen.max_tokens = (int32_t)v;
+            break;
+        case O_CHAT: req.chat = true; break;
+        case O_SYSTEM: req.system = optarg; break;
+        case O_TEMP:
+            if (!fy_cli_parse_float("--temp", optarg, 0, 100, &d)) return 2;
+            req.gen.sampling.temperature = (float)d;
+            break;
+        case O_TOPK:
+            if (!fy_cli_parse_int("--top-k", optarg, 0, 1 << 24, &v)) return 2;
+            req.gen.sampling.top_k = (int32_t)v;
+            break;
+        case O_TOPP:
+            if (!fy_cli_parse_float("--top-p", optarg, 1e-6, 1, &d)) return 2;
+            req.gen.sampling.top_p = (float)d;
+            break;
+        case O_MINP:
+            if (!fy_cli_parse_float("--min-p", optarg, 0, 1, &d)) return 2;
+            req.gen.sampling.min_p = (float)d;
+            break;
+        case O_SEED:
+            if (!fy_cli_parse_u64("--seed", optarg, &u)) return 2;
+            req.gen.sampling.seed = u;
+            break;
+        case O_STOP:
+            if (req.gen.n_stop == FY_GEN_MAX_STOP || strlen(optarg) == 0 || strlen(optarg) > FY_GEN_STOP_LEN) {
+                fprintf(stderr, "ferry: request: at most %d stop strings of 1 to %d bytes\n", FY_GEN_MAX_STOP,
+                        FY_GEN_STOP_LEN);
+                return 2;
+            }
+            snprintf(req.gen.stop[req.gen.n_stop++], FY_GEN_STOP_LEN + 1, "%s", optarg);
+            break;
+        case O_IGN: req.gen.ignore_eos = true; break;
+        case O_PRIO:
+            if (!fy_cli_parse_int("--priority", optarg, -1000000, 1000000, &v)) return 2;
+            req.gen.priority = (int32_t)v;
+            break;
+        case O_TIMEOUT:
+            if (!fy_cli_parse_float("--timeout", optarg, 0.1, 86400, &timeout)) return 2;
+            break;
+        case O_STATUS: status = true; break;
+        case 'q': quiet = true; break;
+        case 'h': usage(); return 0;
+        default: usage(); return 2;
+        }
+    }
+    if (!status && !!req.prompt == !!file) {
+        usage();
+        return 2;
+    }
+    if (file) {
+        if (!(prompt_file = fy_cli_read_file(file))) return 1;
+        req.prompt = prompt_file;
+    }
+    if (req.gen.sampling.temperature > 0 && req.gen.sampling.seed == 0) req.gen.sampling.seed = (uint64_t)getpid();
+    fy_client_t *cl;
+    if (fy_client_create(router, 10.0, &cl) != FY_OK) {
+        fy_free(prompt_file);
+        return 1;
+    }
+    int rc = 0;
+    if (status) {
+        rc = print_status(cl);
+        goto out;
+    }
+    req.deadline_s = timeout;
+    char err[256] = "";
+    fy_client_stream_t sm;
+    fy_status_t st = fy_client_generate(cl, &req, &sm, err, sizeof(err));
+    uint64_t id = sm.id;
+    int32_t n_prompt = sm.n_prompt;
+    if (st) {
+        fprintf(stderr, "ferry: request refused: %s (%s)\n", err, fy_status_str(st));
+        rc = 1;
+        goto out;
+    }
+    struct sigaction sa = {.sa_handler = on_sigint};
+    sigaction(SIGINT, &sa, NULL);
+    int32_t generated = 0;
+    for (;;) {
+        if (interrupted) {
+            fy_client_cancel(cl, id);
+            fprintf(stderr, "\nferry: request %llu cancelled\n", (unsigned long long)id);
+            rc = 130;
+            break;
+        }
+        fy_client_update_t upd;
+        st = fy_client_poll(cl, &sm, 0.25, &upd);
+        if (st) {
+            fprintf(stderr, "\nferry: request %llu: %s (%s)\n", (unsigned long long)id, upd.message,
+                    fy_status_str(st));
+            rc = 1;
+            break;
+        }
+        generated += upd.n_tokens;
+        if (upd.text_len) {
+            fwrite(upd.text, 1, upd.text_len, stdout);
+            fflush(stdout);
+        }
+        if (!upd.done) continue;
+        printf("\n");
+        const fy_client_timings_t *t = &upd.timings;
+        if (upd.error) {
+            fprintf(stderr, "ferry: request %llu failed: %s (%s)\n", (unsigned long long)id, upd.message,
+                    fy_status_str(upd.error));
+            rc = 1;
+        } else if (!quiet) {
+            fprintf(stderr,
+                    "ferry: request %llu: prompt tokens: %d, generated tokens: %d, finish: %s; ttft %.3f s (queue "
+                    "%.3f, reserve %.3f, prefill queue %.3f, prefill %.3f with %d tokens cached, transfer tail %.3f "
+                    "of %.3f for %.1f MB, first token %.3f), e2e %.3f s%s\n",
+                    (unsigned long long)id, n_prompt, generated, upd.finish, t->ttft_s, t->queue_s, t->reserve_s,
+                    t->prefill_queue_s, t->prefill_compute_s, t->cached_prefill, t->transfer_tail_s, t->transfer_s,
+                    (double)t->transfer_bytes / 1e6, t->first_token_s, t->e2e_s,
+                    t->retries ? " (retried)" : "");
+        }
+        break;
+    }
+out:
+    fy_client_destroy(cl);
+    fy_free(prompt_file);
+    return rc;
+}
