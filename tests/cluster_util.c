@@ -1,0 +1,368 @@
+/*
+ * cluster_util.c - a ferry cluster of real processes for tests (see
+ * cluster_util.h).
+ */
+#include "cluster_util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "cluster.h"
+#include "engine.h"
+#include "mem.h"
+#include "model.h"
+#include "runner.h"
+#include "testutil.h"
+
+double tc_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static const char *bindir(void)
+{
+    const char *b = getenv("FERRY_BIN");
+    return b && *b ? b : "bin";
+}
+
+const char *tc_model(void) { return fy_test_default_model(); }
+
+bool tc_available(void)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/ferry-router", bindir());
+    if (access(path, X_OK)) {
+        print_message("skipped: %s is not built\n", path);
+        return false;
+    }
+    return tc_model() != NULL;
+}
+
+static pid_t spawn(const char *const *wrap, char *const argv[], const char *log)
+{
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid != 0) return pid;
+    /* the child: dies with the test, writes to its log */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+    }
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0) dup2(devnull, 0);
+    char *full[64];
+    int n = 0;
+    for (int i = 0; wrap && wrap[i] && n < 40; i++) full[n++] = (char *)wrap[i];
+    for (int i = 0; argv[i] && n < 63; i++) full[n++] = argv[i];
+    full[n] = NULL;
+    execvp(full[0], full);
+    fprintf(stderr, "exec %s: %s\n", full[0], strerror(errno));
+    _exit(127);
+}
+
+static void add_proc(tc_cluster_t *c, const char *name, const char *const *wrap, char *const argv[])
+{
+    tc_proc_t *p = &c->procs[c->n_procs++];
+    char log[sizeof(p->log)];
+    snprintf(p->name, sizeof(p->name), "%s", name);
+    if (snprintf(log, sizeof(log), "%s/%s.log", c->dir, name) >= (int)sizeof(log)) fail_msg("path too long");
+    memcpy(p->log, log, sizeof(log));
+    p->pid = spawn(wrap, argv, p->log);
+    assert_true(p->pid > 0);
+}
+
+void tc_print_logs(const tc_cluster_t *c)
+{
+    for (int i = 0; i < c->n_procs; i++) {
+        size_t len;
+        char *t = fy_test_read_file(c->procs[i].log, &len);
+        print_message("---- %s (pid %d) ----\n%s\n", c->procs[i].name, (int)c->procs[i].pid, t ? t : "(no log)");
+        fy_free(t);
+    }
+}
+
+void tc_status(tc_cluster_t *c, fy_client_status_t *s)
+{
+    fy_status_t st = fy_client_status(c->client, s);
+    if (st) {
+        tc_print_logs(c);
+        fail_msg("router status: %s", fy_status_str(st));
+    }
+}
+
+void tc_start(tc_cluster_t *c, const tc_opts_t *o)
+{
+    memset(c, 0, sizeof(*c));
+    const char *tmp = fy_test_tmpdir();
+    assert_true(strlen(tmp) < sizeof(c->dir) - 64);
+    memcpy(c->dir, tmp, strlen(tmp) + 1);
+    c->n_prefill = o->n_prefill;
+    c->n_decode = o->n_decode;
+    if (o->router_url)
+        snprintf(c->router_url, sizeof(c->router_url), "%s", o->router_url);
+    else
+        snprintf(c->router_url, sizeof(c->router_url), "ipc://%s/router", c->dir);
+    if (o->events_url)
+        snprintf(c->events_url, sizeof(c->events_url), "%s", o->events_url);
+    else
+        snprintf(c->events_url, sizeof(c->events_url), "ipc://%s/events", c->dir);
+    char secret[512];
+    snprintf(secret, sizeof(secret), "%s/kv.secret", c->dir);
+    assert_int_equal(fy_cluster_make_secret(secret), FY_OK);
+    snprintf(c->conf, sizeof(c->conf), "%s/cluster.ini", c->dir);
+    FILE *f = fopen(c->conf, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "[model]\npath = %s\n[kv]\nsecret_file = %s\n"
+            "[router]\nlisten = %s\nevents = %s\nhealth_timeout = 1s\nlease = 20s\ncommand_timeout = 5s\n"
+            "client_timeout = 120s\n"
+            "[prefill]\nthreads = 1\nkv_mem = 48MiB\nmax_seqs = 8\nmax_batch_tokens = 256\n"
+            "[decode]\nthreads = 1\nkv_mem = 48MiB\nmax_seqs = 32\nmax_batch_tokens = 128\n"
+            "[worker]\nheartbeat = 100ms\n",
+            tc_model(), secret, c->router_url, c->events_url);
+    fclose(f);
+    char bin[512];
+    char *argv[40];
+    char sets[20][640];
+    int na;
+    /* the router */
+    snprintf(bin, sizeof(bin), "%s/ferry-router", bindir());
+    na = 0;
+    argv[na++] = bin, argv[na++] = "-c", argv[na++] = c->conf;
+    for (int k = 0; k < 16 && o->common[k]; k++) argv[na++] = "--set", argv[na++] = (char *)o->common[k];
+    argv[na] = NULL;
+    add_proc(c, "router", o->wrap[0], argv);
+    /* the workers */
+    for (int w = 0; w < o->n_prefill + o->n_decode; w++) {
+        bool decode = w >= o->n_prefill;
+        int idx = decode ? w - o->n_prefill : w;
+        char name[32];
+        snprintf(name, sizeof(name), "%s-%d", decode ? "decode" : "prefill", idx);
+        snprintf(bin, sizeof(bin), "%s/ferry-%s", bindir(), decode ? "decode" : "prefill");
+        int ns = 0;
+        na = 0;
+        argv[na++] = bin, argv[na++] = "-c", argv[na++] = c->conf;
+        snprintf(sets[ns], sizeof(sets[ns]), "worker.name=%s", name);
+        argv[na++] = "--set", argv[na++] = sets[ns++];
+        if (o->worker_url[w])
+            snprintf(sets[ns], sizeof(sets[ns]), "%s.listen=%s", decode ? "decode" : "prefill", o->worker_url[w]);
+        else
+            snprintf(sets[ns], sizeof(sets[ns]), "%s.listen=ipc://%s/%s", decode ? "decode" : "prefill", c->dir,
+                     name);
+        argv[na++] = "--set", argv[na++] = sets[ns++];
+        for (int k = 0; k < 16 && o->common[k]; k++) argv[na++] = "--set", argv[na++] = (char *)o->common[k];
+        for (int k = 0; k < 4 && o->per_worker[w][k]; k++) argv[na++] = "--set", argv[na++] = (char *)o->per_worker[w][k];
+        argv[na] = NULL;
+        add_proc(c, name, o->wrap[w + 1], argv);
+    }
+    assert_int_equal(fy_client_create(c->router_url, 5.0, &c->client), FY_OK);
+    double t0 = tc_now();
+    for (;;) {
+        fy_client_status_t s;
+        if (fy_client_status(c->client, &s) == FY_OK && s.prefill_up == o->n_prefill && s.decode_up == o->n_decode)
+            break;
+        for (int i = 0; i < c->n_procs; i++) {
+            int status;
+            if (waitpid(c->procs[i].pid, &status, WNOHANG) == c->procs[i].pid) {
+                c->procs[i].pid = 0;
+                tc_print_logs(c);
+                fail_msg("%s exited during start-up (status 0x%x)", c->procs[i].name, status);
+            }
+        }
+        if (tc_now() - t0 > 60) {
+            tc_print_logs(c);
+            fail_msg("the cluster did not come up within 60 s");
+        }
+        usleep(50000);
+    }
+}
+
+void tc_kill(tc_cluster_t *c, const char *name)
+{
+    for (int i = 0; i < c->n_procs; i++) {
+        tc_proc_t *p = &c->procs[i];
+        if (strcmp(p->name, name) || !p->pid) continue;
+        kill(p->pid, SIGKILL);
+        waitpid(p->pid, NULL, 0);
+        p->pid = 0;
+        p->killed = true;
+        return;
+    }
+    fail_msg("no process %s to kill", name);
+}
+
+bool tc_alive(tc_cluster_t *c, const char *name)
+{
+    for (int i = 0; i < c->n_procs; i++) {
+        tc_proc_t *p = &c->procs[i];
+        if (strcmp(p->name, name) || !p->pid) continue;
+        int status;
+        if (waitpid(p->pid, &status, WNOHANG) == p->pid) {
+            p->pid = 0;
+            return false;
+        }
+        return true;
+    }
+    return false;
+}
+
+void tc_stop(tc_cluster_t *c)
+{
+    fy_client_destroy(c->client);
+    c->client = NULL;
+    /* workers first, then the router */
+    for (int i = c->n_procs - 1; i >= 0; i--)
+        if (c->procs[i].pid) kill(c->procs[i].pid, SIGTERM);
+    double t0 = tc_now();
+    bool bad = false;
+    char why[512] = "";
+    for (int i = 0; i < c->n_procs; i++) {
+        tc_proc_t *p = &c->procs[i];
+        if (!p->pid) continue;
+        int status = 0;
+        pid_t r;
+        while ((r = waitpid(p->pid, &status, WNOHANG)) == 0 && tc_now() - t0 < 20) usleep(20000);
+        if (r == 0) {
+            kill(p->pid, SIGKILL);
+            waitpid(p->pid, &status, 0);
+            bad = true;
+            snprintf(why + strlen(why), sizeof(why) - strlen(why), " %s did not stop;", p->name);
+        } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            bad = true;
+            snprintf(why + strlen(why), sizeof(why) - strlen(why), " %s ended with status 0x%x;", p->name, status);
+        }
+        p->pid = 0;
+    }
+    if (bad) {
+        tc_print_logs(c);
+        fail_msg("unclean shutdown:%s", why);
+    }
+}
+
+bool tc_wait_admittable(tc_cluster_t *c, const char *name, int32_t want, double timeout_s)
+{
+    double t0 = tc_now();
+    int32_t last = -1;
+    for (;;) {
+        fy_client_status_t s;
+        tc_status(c, &s);
+        for (int i = 0; i < s.n_workers; i++)
+            if (!strcmp(s.workers[i].name, name)) last = s.workers[i].admittable;
+        if (last == want) return true;
+        if (tc_now() - t0 > timeout_s) {
+            print_message("%s: %d blocks admittable, expected %d\n", name, last, want);
+            return false;
+        }
+        usleep(50000);
+    }
+}
+
+void tc_collect(tc_cluster_t *c, fy_client_stream_t *s, tc_result_t *res, int n, double timeout_s)
+{
+    double t0 = tc_now();
+    int left = n;
+    for (int i = 0; i < n; i++) left -= res[i].done;
+    while (left > 0) {
+        for (int i = 0; i < n; i++) {
+            if (res[i].done) continue;
+            fy_client_update_t u;
+            fy_status_t st = fy_client_poll(c->client, &s[i], 0.02, &u);
+            if (st) {
+                tc_print_logs(c);
+                fail_msg("request %llu: poll failed: %s (%s)", (unsigned long long)s[i].id, fy_status_str(st),
+                         u.message);
+            }
+            for (int32_t k = 0; k < u.n_tokens && res[i].n < 2048; k++) res[i].tokens[res[i].n++] = u.tokens[k];
+            if (u.done) {
+                res[i].done = true;
+                res[i].error = u.error;
+                snprintf(res[i].message, sizeof(res[i].message), "%s", u.message);
+                snprintf(res[i].finish, sizeof(res[i].finish), "%s", u.finish);
+                res[i].timings = u.timings;
+                left--;
+            }
+        }
+        if (tc_now() - t0 > timeout_s) {
+            tc_print_logs(c);
+            fail_msg("%d requests still running after %.0f s", left, timeout_s);
+        }
+    }
+}
+
+typedef struct ref_ctx {
+    tc_result_t *res;
+} ref_ctx_t;
+
+static void on_ref(void *arg, const fy_event_t *ev)
+{
+    tc_result_t *r = arg;
+    if (ev->kind == FY_EVENT_TOKEN && r->n < 2048) r->tokens[r->n++] = ev->token;
+    if (ev->kind == FY_EVENT_FINISH || ev->kind == FY_EVENT_ERROR) {
+        r->done = true;
+        r->error = ev->kind == FY_EVENT_ERROR ? ev->status : FY_OK;
+        snprintf(r->finish, sizeof(r->finish), "%s", fy_finish_reason_str(ev->reason));
+    }
+}
+
+void tc_reference(const char *model, int32_t *const *prompts, const int32_t *lens, const int32_t *max_tokens, int n,
+                  tc_result_t *res)
+{
+    fy_model_t *m;
+    fy_backend_t *be;
+    fy_runner_t *r;
+    fy_kv_hasher_t *h;
+    fy_kvm_t *kvm;
+    fy_engine_t *e;
+    assert_int_equal(fy_model_load(model, &m), FY_OK);
+    fy_backend_params_t bp = {.n_threads = 1};
+    assert_int_equal(fy_backend_create("cpu", &bp, &be), FY_OK);
+    fy_runner_params_t rp;
+    fy_runner_params_default(&rp);
+    rp.max_ctx = 4096;
+    rp.kv_mem = 96 << 20;
+    rp.max_seqs = rp.max_logits = 16;
+    assert_int_equal(fy_runner_create(m, be, &rp, &r), FY_OK);
+    assert_int_equal(fy_kv_hasher_create_random(&h), FY_OK);
+    fy_kvm_params_t kp;
+    fy_runner_kvm_params(r, &kp);
+    kp.hasher = h;
+    assert_int_equal(fy_kvm_create(&kp, &kvm), FY_OK);
+    fy_engine_params_t ep;
+    fy_engine_params_default(&ep);
+    ep.max_num_seqs = 16;
+    ep.max_num_batched_tokens = 512;
+    ep.max_waiting = n + 1;
+    assert_int_equal(fy_engine_create(r, kvm, fy_model_tokenizer(m), &ep, &e), FY_OK);
+    for (int i = 0; i < n; i++) {
+        memset(&res[i], 0, sizeof(res[i]));
+        fy_request_params_t q;
+        fy_request_params_default(&q);
+        q.max_tokens = max_tokens[i];
+        q.ignore_eos = true;
+        uint64_t id;
+        assert_int_equal(fy_engine_submit(e, prompts[i], lens[i], &q, on_ref, &res[i], &id), FY_OK);
+    }
+    for (int k = 0; k < 1000000 && !fy_engine_idle(e); k++) assert_int_equal(fy_engine_step(e), FY_OK);
+    for (int i = 0; i < n; i++) assert_true(res[i].done && res[i].error == FY_OK);
+    fy_engine_destroy(e);
+    fy_kvm_destroy(kvm);
+    fy_kv_hasher_destroy(h);
+    fy_runner_destroy(r);
+    fy_backend_destroy(be);
+    fy_model_destroy(m);
+}

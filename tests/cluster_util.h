@@ -1,0 +1,91 @@
+/*
+ * cluster_util.h - a ferry cluster of real processes for tests: a router,
+ * prefill and decode workers (bin/ferry-*), each logging to a file, all
+ * killed if the test dies; a client to it; the reference tokens of the
+ * single-process engine to compare against.
+ */
+#ifndef FY_CLUSTER_UTIL_H
+#define FY_CLUSTER_UTIL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "client.h"
+
+#define TC_MAX_PROCS 8
+
+typedef struct tc_proc {
+    char name[32];
+    char log[512];
+    pid_t pid;
+    bool killed; /* by the test, on purpose */
+} tc_proc_t;
+
+typedef struct tc_cluster {
+    char dir[256];
+    char conf[512];
+    char router_url[512], events_url[512];
+    tc_proc_t procs[TC_MAX_PROCS];
+    int n_procs;
+    int n_prefill, n_decode;
+    fy_client_t *client;
+} tc_cluster_t;
+
+typedef struct tc_opts {
+    int n_prefill, n_decode;
+    /* extra "section.key=value" settings for every process, and per worker
+     * (indexed prefill 0.., then decode 0..) */
+    const char *common[16];
+    const char *per_worker[TC_MAX_PROCS][4];
+    /* addresses: NULL for ipc:// in the test's directory */
+    const char *router_url, *events_url;
+    const char *worker_url[TC_MAX_PROCS];
+    const char *const *wrap[TC_MAX_PROCS + 1]; /* [0] router, then workers */
+} tc_opts_t;
+
+/* The binaries' directory ($FERRY_BIN or bin) and the default model, or
+ * false (with a message) when either is missing: the test then skips. */
+bool tc_available(void);
+const char *tc_model(void);
+
+/* Starts the processes and waits (up to a minute) until every worker has
+ * reported to the router; fails the test otherwise, printing the logs. */
+void tc_start(tc_cluster_t *c, const tc_opts_t *o);
+/* SIGTERM to all, a clean exit expected from every process the test did
+ * not kill; SIGKILL after a deadline (a failure). */
+void tc_stop(tc_cluster_t *c);
+/* kill -9 of one process by name ("prefill-0"); the test expects it dead. */
+void tc_kill(tc_cluster_t *c, const char *name);
+bool tc_alive(tc_cluster_t *c, const char *name);
+void tc_print_logs(const tc_cluster_t *c);
+
+/* Router status; fails the test if the router does not answer. */
+void tc_status(tc_cluster_t *c, fy_client_status_t *s);
+/* Waits until the named worker's admittable blocks equal want (the router
+ * sees load reports every heartbeat); false after timeout_s. */
+bool tc_wait_admittable(tc_cluster_t *c, const char *name, int32_t want, double timeout_s);
+
+/* One request's outcome. */
+typedef struct tc_result {
+    int32_t tokens[2048];
+    int32_t n;
+    bool done;
+    fy_status_t error;
+    char message[256];
+    char finish[16];
+    fy_client_timings_t timings;
+} tc_result_t;
+
+/* Polls every stream until all are done (deadline timeout_s; the test
+ * fails past it). */
+void tc_collect(tc_cluster_t *c, fy_client_stream_t *s, tc_result_t *res, int n, double timeout_s);
+
+/* The single-process engine's greedy tokens for each prompt (batch
+ * invariance makes one batched run equal to each alone). */
+void tc_reference(const char *model, int32_t *const *prompts, const int32_t *lens, const int32_t *max_tokens,
+                  int n, tc_result_t *res);
+
+double tc_now(void);
+
+#endif /* FY_CLUSTER_UTIL_H */

@@ -1,0 +1,423 @@
+/*
+ * test_cluster.c - disaggregated serving end to end, every role its own
+ * process on this host: the same greedy tokens as the single-process
+ * engine for 50 requests of mixed lengths, and faults: a prefill worker
+ * killed mid-transfer, a decode worker killed mid-stream, leases that
+ * expire, a KV layout mismatch, garbage on every socket.  After each,
+ * every request has ended and every decode pool is back to its starting
+ * free count.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "cluster_util.h"
+#include "mem.h"
+#include "msg.h"
+#include "rpc.h"
+#include "testutil.h"
+
+#define VOCAB 49152
+
+static void make_prompt(int32_t *p, int32_t n, uint64_t seed)
+{
+    for (int32_t i = 0; i < n; i++) p[i] = 100 + (int32_t)(fy_test_rand_u64(&seed) % 40000);
+}
+
+/* Every decode worker's admittable blocks, as the router sees them. */
+static int decode_admittable(tc_cluster_t *c, char names[][64], int32_t *adm)
+{
+    fy_client_status_t s;
+    tc_status(c, &s);
+    int n = 0;
+    for (int i = 0; i < s.n_workers; i++) {
+        if (!s.workers[i].decode || !s.workers[i].up) continue;
+        snprintf(names[n], 64, "%s", s.workers[i].name);
+        adm[n++] = s.workers[i].admittable;
+    }
+    return n;
+}
+
+static void expect_pools_back(tc_cluster_t *c, char names[][64], const int32_t *adm, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (!tc_alive(c, names[i])) continue;
+        if (!tc_wait_admittable(c, names[i], adm[i], 5.0)) {
+            tc_print_logs(c);
+            fail_msg("%s did not get all its blocks back", names[i]);
+        }
+    }
+}
+
+static fy_client_stream_t submit(tc_cluster_t *c, const int32_t *p, int32_t n, int32_t max_tokens)
+{
+    fy_client_req_t q = {.tokens = p, .n_tokens = n};
+    fy_genspec_default(&q.gen);
+    q.gen.max_tokens = max_tokens;
+    q.gen.ignore_eos = true;
+    fy_client_stream_t s;
+    char err[256];
+    fy_status_t st = fy_client_generate(c->client, &q, &s, err, sizeof(err));
+    if (st) fail_msg("generate refused: %s (%s)", err, fy_status_str(st));
+    return s;
+}
+
+static void expect_same(const tc_result_t *ref, const tc_result_t *got, int i)
+{
+    if (got->error) fail_msg("request %d failed: %s", i, got->message);
+    if (got->n != ref->n || memcmp(got->tokens, ref->tokens, sizeof(int32_t) * (size_t)ref->n))
+        fail_msg("request %d: %d tokens from the cluster, %d from the engine, or different tokens", i, got->n,
+                 ref->n);
+}
+
+/* ---- 50 requests, mixed lengths, shared prefixes: the engine's tokens ---- */
+
+enum { N_LOOP = 50 };
+
+static void test_loopback_same_tokens(void **state)
+{
+    if (!tc_available()) skip();
+    static int32_t prompts[N_LOOP][600];
+    int32_t lens[N_LOOP], max_tokens[N_LOOP];
+    int32_t *pp[N_LOOP];
+    for (int i = 0; i < N_LOOP; i++) {
+        lens[i] = 5 + (i * 131) % 500;
+        make_prompt(prompts[i], lens[i], 500 + (uint64_t)i);
+        if (i % 5 == 4) { /* shares a prefix with an earlier request: prefix caches hit */
+            int32_t k = lens[i] < lens[i - 4] ? lens[i] : lens[i - 4];
+            memcpy(prompts[i], prompts[i - 4], sizeof(int32_t) * (size_t)k);
+        }
+        max_tokens[i] = 8 + (i * 7) % 17;
+        pp[i] = prompts[i];
+    }
+    static tc_result_t ref[N_LOOP], got[N_LOOP];
+    tc_reference(tc_model(), pp, lens, max_tokens, N_LOOP, ref);
+
+    tc_cluster_t c;
+    tc_opts_t o = {.n_prefill = 2, .n_decode = 2};
+    tc_start(&c, &o);
+    char names[8][64];
+    int32_t adm[8];
+    int nd = decode_admittable(&c, names, adm);
+    assert_int_equal(nd, 2);
+    fy_client_stream_t s[N_LOOP];
+    memset(got, 0, sizeof(got));
+    for (int i = 0; i < N_LOOP; i++) s[i] = submit(&c, prompts[i], lens[i], max_tokens[i]);
+    double t0 = tc_now();
+    tc_collect(&c, s, got, N_LOOP, 240);
+    double dt = tc_now() - t0;
+    int cached_p = 0, cached_d = 0;
+    for (int i = 0; i < N_LOOP; i++) {
+        expect_same(&ref[i], &got[i], i);
+        cached_p += got[i].timings.cached_prefill > 0;
+        cached_d += got[i].timings.cached_decode > 0;
+    }
+    print_message("%d requests in %.1f s; prefix hits: %d on prefill workers, %d on decode workers\n", N_LOOP, dt,
+                  cached_p, cached_d);
+    assert_true(cached_p + cached_d > 0);
+    fy_client_status_t st;
+    tc_status(&c, &st);
+    assert_int_equal(st.completed, N_LOOP);
+    assert_int_equal(st.failed, 0);
+    expect_pools_back(&c, names, adm, nd);
+    tc_stop(&c);
+}
+
+/* ---- a prefill worker killed while it ships a long prompt ---- */
+
+static const char *busy_prefill(tc_cluster_t *c)
+{
+    static char name[64];
+    fy_client_status_t s;
+    tc_status(c, &s);
+    for (int i = 0; i < s.n_workers; i++) {
+        if (!s.workers[i].decode && s.workers[i].pending_tokens > 0) {
+            snprintf(name, sizeof(name), "%s", s.workers[i].name);
+            return name;
+        }
+    }
+    return NULL;
+}
+
+static void test_prefill_killed_mid_transfer(void **state)
+{
+    if (!tc_available()) skip();
+    static int32_t p[2000];
+    int32_t len = 2000, mt = 8, *pp = p;
+    make_prompt(p, len, 77);
+    static tc_result_t ref, got;
+    tc_reference(tc_model(), &pp, &len, &mt, 1, &ref);
+    tc_cluster_t c;
+    tc_opts_t o = {.n_prefill = 2, .n_decode = 1, .common = {"decode.kv_mem=96MiB", "prefill.kv_mem=96MiB"}};
+    tc_start(&c, &o);
+    char names[8][64];
+    int32_t adm[8];
+    int nd = decode_admittable(&c, names, adm);
+    fy_client_stream_t s = submit(&c, p, len, mt);
+    /* wait until it is prefilling (the prompt takes seconds on one thread,
+     * and its first chunks are shipped while later ones compute) */
+    const char *victim = NULL;
+    double t0 = tc_now();
+    while (!(victim = busy_prefill(&c)) && tc_now() - t0 < 30) usleep(20000);
+    assert_non_null(victim);
+    usleep(300000);
+    char killed[64];
+    snprintf(killed, sizeof(killed), "%s", victim);
+    tc_kill(&c, killed);
+    memset(&got, 0, sizeof(got));
+    tc_collect(&c, &s, &got, 1, 120);
+    print_message("killed %s; the request %s after %d retries\n", killed, got.error ? "failed" : "finished",
+                  got.timings.retries);
+    expect_same(&ref, &got, 0); /* retried on the other prefill worker */
+    assert_int_equal(got.timings.retries, 1);
+    expect_pools_back(&c, names, adm, nd);
+    /* the cluster keeps serving */
+    fy_client_stream_t s2 = submit(&c, p, 100, 4);
+    tc_result_t r2 = {0};
+    tc_collect(&c, &s2, &r2, 1, 60);
+    assert_int_equal(r2.error, FY_OK);
+    tc_stop(&c);
+}
+
+/* ---- a decode worker killed while it streams ---- */
+
+static void test_decode_killed_mid_stream(void **state)
+{
+    if (!tc_available()) skip();
+    int32_t p[64];
+    make_prompt(p, 64, 91);
+    tc_cluster_t c;
+    tc_opts_t o = {.n_prefill = 1, .n_decode = 2};
+    tc_start(&c, &o);
+    char names[8][64];
+    int32_t adm[8];
+    int nd = decode_admittable(&c, names, adm);
+    fy_client_stream_t s = submit(&c, p, 64, 1500);
+    tc_result_t got = {0};
+    /* tokens flow, then the worker streaming them dies */
+    double t0 = tc_now();
+    int32_t seen = 0;
+    while (seen < 5 && tc_now() - t0 < 60) {
+        fy_client_update_t u;
+        assert_int_equal(fy_client_poll(c.client, &s, 0.5, &u), FY_OK);
+        seen += u.n_tokens;
+        assert_false(u.done);
+    }
+    assert_true(seen >= 5);
+    fy_client_status_t st;
+    tc_status(&c, &st);
+    const char *victim = NULL;
+    for (int i = 0; i < st.n_workers; i++)
+        if (st.workers[i].decode && st.workers[i].assigned > 0) victim = st.workers[i].name;
+    assert_non_null(victim);
+    char killed[64];
+    snprintf(killed, sizeof(killed), "%s", victim);
+    double t_kill = tc_now();
+    tc_kill(&c, killed);
+    tc_collect(&c, &s, &got, 1, 30);
+    double dt = tc_now() - t_kill;
+    print_message("killed %s; the request ended in %.2f s: %s\n", killed, dt, got.message);
+    assert_int_equal(got.error, FY_ERR_PEER);
+    assert_non_null(strstr(got.message, killed));
+    assert_true(dt < 1.0 /* health timeout */ + 1.5);
+    /* the survivor serves the next request; its pool is whole */
+    fy_client_stream_t s2 = submit(&c, p, 64, 8);
+    tc_result_t r2 = {0};
+    tc_collect(&c, &s2, &r2, 1, 60);
+    assert_int_equal(r2.error, FY_OK);
+    expect_pools_back(&c, names, adm, nd);
+    tc_stop(&c);
+}
+
+/* ---- leases that expire before the prompt arrives ---- */
+
+static void test_lease_expires(void **state)
+{
+    if (!tc_available()) skip();
+    static int32_t p[3000];
+    make_prompt(p, 3000, 5);
+    tc_cluster_t c;
+    /* a lease far shorter than the prefill of 3000 tokens on one thread */
+    tc_opts_t o = {.n_prefill = 1,
+                   .n_decode = 1,
+                   .common = {"router.lease=1s", "decode.kv_mem=96MiB", "prefill.kv_mem=96MiB"}};
+    tc_start(&c, &o);
+    char names[8][64];
+    int32_t adm[8];
+    int nd = decode_admittable(&c, names, adm);
+    fy_client_stream_t s = submit(&c, p, 3000, 4);
+    tc_result_t got = {0};
+    tc_collect(&c, &s, &got, 1, 120);
+    print_message("request ended: %s (%s) after %d retries\n", got.message, fy_status_str(got.error),
+                  got.timings.retries);
+    assert_int_not_equal(got.error, FY_OK);
+    assert_int_equal(got.timings.retries, 1);
+    assert_true(strstr(got.message, "lease") || strstr(got.message, "deadline") || strstr(got.message, "timed out"));
+    expect_pools_back(&c, names, adm, nd);
+    /* a short prompt still fits in the lease */
+    fy_client_stream_t s2 = submit(&c, p, 50, 4);
+    tc_result_t r2 = {0};
+    tc_collect(&c, &s2, &r2, 1, 60);
+    assert_int_equal(r2.error, FY_OK);
+    tc_stop(&c);
+}
+
+/* ---- a prefill worker whose KV layout differs ---- */
+
+static void test_layout_mismatch(void **state)
+{
+    if (!tc_available()) skip();
+    int32_t p[40];
+    make_prompt(p, 40, 9);
+    tc_cluster_t c;
+    tc_opts_t o = {.n_prefill = 1, .n_decode = 1, .per_worker = {{"kv.dtype=f32"}}};
+    tc_start(&c, &o);
+    char names[8][64];
+    int32_t adm[8];
+    int nd = decode_admittable(&c, names, adm);
+    fy_client_stream_t s = submit(&c, p, 40, 4);
+    tc_result_t got = {0};
+    tc_collect(&c, &s, &got, 1, 60);
+    print_message("request ended: %s\n", got.message);
+    assert_int_equal(got.error, FY_ERR_MISMATCH);
+    assert_non_null(strstr(got.message, "dtype"));
+    expect_pools_back(&c, names, adm, nd);
+    tc_stop(&c);
+}
+
+/* ---- garbage on every socket ---- */
+
+static void send_raw_unix(const char *url, const void *buf, size_t len)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof(a.sun_path), "%s", url + strlen("ipc://"));
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0) {
+        ssize_t w = write(fd, buf, len);
+        (void)w;
+        usleep(20000);
+    }
+    close(fd);
+}
+
+static void test_garbage_everywhere(void **state)
+{
+    if (!tc_available()) skip();
+    tc_cluster_t c;
+    tc_opts_t o = {.n_prefill = 1, .n_decode = 1};
+    tc_start(&c, &o);
+    char names[8][64];
+    int32_t adm[8];
+    int nd = decode_admittable(&c, names, adm);
+    uint64_t seed = 1234;
+    unsigned char junk[512];
+    /* 1. the router's client socket: nng messages that are not ours get an error reply */
+    fy_rpc_client_t *rc;
+    assert_int_equal(fy_rpc_client_create(c.router_url, &rc), FY_OK);
+    for (int k = 0; k < 50; k++) {
+        size_t n = 1 + fy_test_rand_u64(&seed) % sizeof(junk);
+        for (size_t i = 0; i < n; i++) junk[i] = (unsigned char)fy_test_rand_u64(&seed);
+        if (k % 2) junk[0] = 0x80 | (junk[0] & 0x0f); /* looks like a map */
+        void *rep;
+        size_t rl;
+        assert_int_equal(fy_rpc_call(rc, junk, n, 5.0, &rep, &rl), FY_OK);
+        fy_msgr_t r;
+        assert_int_equal(fy_msgr_parse(&r, rep, rl), FY_OK);
+        assert_string_equal(fy_msgr_type(&r), "error");
+        fy_msgr_free(&r);
+        fy_free(rep);
+    }
+    /* well-formed but wrong: unknown type, missing fields, token ids past the vocabulary */
+    const char *types[] = {"nonsense", "generate", "poll", "cancel"};
+    for (int k = 0; k < 4; k++) {
+        fy_msgw_t w;
+        fy_msgw_init(&w, types[k]);
+        if (k == 1) {
+            int32_t bad[2] = {5, VOCAB + 7};
+            fy_msgw_i32s(&w, "tokens", bad, 2);
+        }
+        void *buf, *rep;
+        size_t len, rl;
+        assert_int_equal(fy_msgw_finish(&w, &buf, &len), FY_OK);
+        assert_int_equal(fy_rpc_call(rc, buf, len, 5.0, &rep, &rl), FY_OK);
+        fy_msgr_t r;
+        assert_int_equal(fy_msgr_parse(&r, rep, rl), FY_OK);
+        assert_string_equal(fy_msgr_type(&r), "error");
+        fy_msgr_free(&r);
+        fy_free(rep);
+        fy_free(buf);
+    }
+    fy_rpc_client_destroy(rc);
+    /* 2. the event socket and each worker's command socket: pushed junk */
+    char urls[3][600];
+    snprintf(urls[0], sizeof(urls[0]), "%s", c.events_url);
+    snprintf(urls[1], sizeof(urls[1]), "ipc://%s/prefill-0", c.dir);
+    snprintf(urls[2], sizeof(urls[2]), "ipc://%s/decode-0", c.dir);
+    for (int u = 0; u < 3; u++) {
+        fy_push_t *p;
+        assert_int_equal(fy_push_create(urls[u], 256, &p), FY_OK);
+        for (int k = 0; k < 100; k++) {
+            size_t n = 1 + fy_test_rand_u64(&seed) % sizeof(junk);
+            for (size_t i = 0; i < n; i++) junk[i] = (unsigned char)fy_test_rand_u64(&seed);
+            if (k % 3 == 0) junk[0] = 0x80 | (junk[0] & 0x0f);
+            while (fy_push_send(p, junk, n) == FY_ERR_NO_SPACE) usleep(1000);
+        }
+        /* well-formed commands with bad fields */
+        fy_msgw_t w;
+        fy_msgw_init(&w, u == 2 ? "reserve" : "prefill");
+        fy_msgw_u64(&w, "id", 99);
+        int32_t bad[3] = {1, -5, 2};
+        fy_msgw_i32s(&w, "tokens", bad, 3);
+        fy_push_msgw(p, &w);
+        usleep(200000); /* nng delivers after connecting */
+        fy_push_destroy(p);
+    }
+    /* 3. bytes that are not even nng, on every listener */
+    const char *raw[4] = {c.router_url, urls[0], urls[1], urls[2]};
+    for (int u = 0; u < 4; u++) {
+        for (int k = 0; k < 10; k++) {
+            for (size_t i = 0; i < sizeof(junk); i++) junk[i] = (unsigned char)fy_test_rand_u64(&seed);
+            send_raw_unix(raw[u], junk, sizeof(junk));
+        }
+    }
+    /* every process is alive and the cluster serves */
+    for (int i = 0; i < c.n_procs; i++) assert_true(tc_alive(&c, c.procs[i].name));
+    int32_t p[30];
+    make_prompt(p, 30, 3);
+    fy_client_stream_t s = submit(&c, p, 30, 6);
+    tc_result_t got = {0};
+    tc_collect(&c, &s, &got, 1, 60);
+    assert_int_equal(got.error, FY_OK);
+    assert_int_equal(got.n, 6);
+    fy_client_status_t st;
+    tc_status(&c, &st);
+    print_message("router counted %llu bad events\n", (unsigned long long)st.bad_events);
+    assert_true(st.bad_events > 0);
+    expect_pools_back(&c, names, adm, nd);
+    tc_stop(&c);
+}
+
+static int teardown(void **state)
+{
+    fy_test_tmpdir_remove();
+    return 0;
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_loopback_same_tokens, teardown),
+        cmocka_unit_test_teardown(test_prefill_killed_mid_transfer, teardown),
+        cmocka_unit_test_teardown(test_decode_killed_mid_stream, teardown),
+        cmocka_unit_test_teardown(test_lease_expires, teardown),
+        cmocka_unit_test_teardown(test_layout_mismatch, teardown),
+        cmocka_unit_test_teardown(test_garbage_everywhere, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,173 @@
+/*
+ * test_netns.c - the cluster across "hosts": the router, a prefill worker
+ * and a decode worker each in its own network namespace, joined by veth
+ * pairs on a bridge (in a namespace of its own), so nng and UCX really
+ * go over TCP between addresses that only meet through the bridge.  The
+ * test creates and removes the namespaces, and skips with a message where
+ * it lacks the rights (not root, no ip(8), no netns support).
+ */
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cluster_util.h"
+#include "testutil.h"
+
+static char g_ns[4][32]; /* router, prefill, decode, bridge */
+static char g_if[3][16];
+static int g_subnet;
+static bool g_made;
+
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int sh(const char *fmt, ...)
+{
+    char cmd[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    int rc = system(cmd);
+    return rc == -1 ? -1 : WEXITSTATUS(rc);
+}
+
+static void net_down(void)
+{
+    if (!g_made) return;
+    for (int i = 0; i < 4; i++) sh("ip netns del %s 2>/dev/null", g_ns[i]);
+    g_made = false;
+}
+
+/* The three namespaces on one bridge; false (and a message) if this host cannot. */
+static bool net_up(void)
+{
+    if (geteuid() != 0) {
+        print_message("skipped: network namespaces need root\n");
+        return false;
+    }
+    if (sh("ip -V >/dev/null 2>&1") != 0) {
+        print_message("skipped: ip(8) (iproute2) is not installed\n");
+        return false;
+    }
+    int id = (int)(getpid() % 10000);
+    g_subnet = 16 + (int)(getpid() % 200);
+    const char *roles = "rpdb";
+    for (int i = 0; i < 4; i++) snprintf(g_ns[i], sizeof(g_ns[i]), "fy%d%c", id, roles[i]);
+    for (int i = 0; i < 3; i++) snprintf(g_if[i], sizeof(g_if[i]), "fy%d%c", id, roles[i]);
+    if (sh("ip netns add %s 2>/dev/null", g_ns[3]) != 0) {
+        print_message("skipped: cannot create a network namespace here\n");
+        return false;
+    }
+    g_made = true;
+    int bad = 0;
+    bad |= sh("ip -n %s link set lo up", g_ns[3]);
+    bad |= sh("ip -n %s link add br0 type bridge && ip -n %s link set br0 up", g_ns[3], g_ns[3]);
+    for (int i = 0; i < 3 && !bad; i++) {
+        bad |= sh("ip netns add %s && ip -n %s link set lo up", g_ns[i], g_ns[i]);
+        bad |= sh("ip link add %s type veth peer name %sb", g_if[i], g_if[i]);
+        bad |= sh("ip link set %s netns %s && ip link set %sb netns %s", g_if[i], g_ns[i], g_if[i], g_ns[3]);
+        bad |= sh("ip -n %s link set %sb master br0 && ip -n %s link set %sb up", g_ns[3], g_if[i], g_ns[3], g_if[i]);
+        bad |= sh("ip -n %s addr add 10.213.%d.%d/24 dev %s && ip -n %s link set %s up", g_ns[i], g_subnet, i + 1,
+                  g_if[i], g_ns[i], g_if[i]);
+    }
+    if (bad) {
+        net_down();
+        print_message("skipped: could not build the veth/bridge network (see the messages above)\n");
+        return false;
+    }
+    return true;
+}
+
+/* This process (the client) joins the router's namespace. */
+static bool join(const char *ns)
+{
+    char path[128];
+    snprintf(path, sizeof(path), "/var/run/netns/%s", ns);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    bool ok = setns(fd, CLONE_NEWNET) == 0;
+    close(fd);
+    return ok;
+}
+
+static void test_three_hosts(void **state)
+{
+    if (!tc_available()) skip();
+    if (!net_up()) skip();
+    enum { N = 6 };
+    static int32_t prompts[N][400];
+    int32_t lens[N], max_tokens[N], *pp[N];
+    uint64_t seed = 42;
+    for (int i = 0; i < N; i++) {
+        lens[i] = 20 + 70 * i;
+        for (int32_t k = 0; k < lens[i]; k++) prompts[i][k] = 100 + (int32_t)(fy_test_rand_u64(&seed) % 40000);
+        max_tokens[i] = 10;
+        pp[i] = prompts[i];
+    }
+    static tc_result_t ref[N], got[N];
+    tc_reference(tc_model(), pp, lens, max_tokens, N, ref);
+    assert_true(join(g_ns[0]));
+
+    char router[64], events[64], purl[64], durl[64];
+    snprintf(router, sizeof(router), "tcp://10.213.%d.1:7400", g_subnet);
+    snprintf(events, sizeof(events), "tcp://10.213.%d.1:7401", g_subnet);
+    snprintf(purl, sizeof(purl), "tcp://10.213.%d.2:7410", g_subnet);
+    snprintf(durl, sizeof(durl), "tcp://10.213.%d.3:7420", g_subnet);
+    /* UCX picks the interface itself (its address lists loopback too, and
+     * it does not try that for a peer in another namespace) */
+    const char *wr[] = {"ip", "netns", "exec", g_ns[0], NULL};
+    const char *wp[] = {"ip", "netns", "exec", g_ns[1], NULL};
+    const char *wd[] = {"ip", "netns", "exec", g_ns[2], NULL};
+    tc_opts_t o = {.n_prefill = 1,
+                   .n_decode = 1,
+                   .router_url = router,
+                   .events_url = events,
+                   .worker_url = {purl, durl},
+                   .common = {"worker.transports=tcp"},
+                   .wrap = {wr, wp, wd}};
+    tc_cluster_t c;
+    tc_start(&c, &o);
+    fy_client_stream_t s[N];
+    memset(got, 0, sizeof(got));
+    for (int i = 0; i < N; i++) {
+        fy_client_req_t q = {.tokens = prompts[i], .n_tokens = lens[i]};
+        fy_genspec_default(&q.gen);
+        q.gen.max_tokens = max_tokens[i];
+        q.gen.ignore_eos = true;
+        char err[256];
+        assert_int_equal(fy_client_generate(c.client, &q, &s[i], err, sizeof(err)), FY_OK);
+    }
+    tc_collect(&c, s, got, N, 180);
+    int64_t bytes = 0;
+    for (int i = 0; i < N; i++) {
+        if (got[i].error) fail_msg("request %d: %s", i, got[i].message);
+        if (got[i].n != ref[i].n || memcmp(got[i].tokens, ref[i].tokens, sizeof(int32_t) * (size_t)ref[i].n))
+            fail_msg("request %d: different tokens across namespaces", i);
+        bytes += got[i].timings.transfer_bytes;
+    }
+    print_message("%d requests across three namespaces, %.1f MB of KV over UCX/TCP\n", N, (double)bytes / 1e6);
+    assert_true(bytes > 0);
+    tc_stop(&c);
+}
+
+static int teardown(void **state)
+{
+    net_down();
+    fy_test_tmpdir_remove();
+    return 0;
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_three_hosts, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
