@@ -1,0 +1,232 @@
+/*
+ * bench_ttft.c - `ferry bench-ttft`: time to first token, disaggregated
+ * against colocated, for prompts of several lengths, one request at a
+ * time (no queueing behind other requests: the phases themselves).
+ *
+ * Disaggregated: requests to a running cluster's router; the router's own
+ * breakdown of each request (router queue and reservation, prefill queue
+ * and compute on the prefill worker, the transfer's tail after compute,
+ * and the first token's way back through adoption) and the client's
+ * wall-clock TTFT.  Colocated: the same prompts through one in-process
+ * engine with the same thread count as a prefill worker, TTFT measured
+ * from submit to the first token's event.  Prompts are random tokens,
+ * different for every repetition, so no prefix cache helps either side.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend.h"
+#include "cli.h"
+#include "client.h"
+#include "engine.h"
+#include "kv.h"
+#include "log.h"
+#include "mem.h"
+#include "model.h"
+#include "runner.h"
+
+#define MAX_LENS 8
+#define MAX_REPS 64
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(double), cmp_d);
+    return n ? v[n / 2] : 0;
+}
+
+static void make_prompt(int32_t *p, int32_t n, uint64_t seed)
+{
+    for (int32_t i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        p[i] = 100 + (int32_t)((seed >> 33) % 40000);
+    }
+}
+
+typedef struct first {
+    double t;
+    bool done;
+} first_t;
+
+static void on_event(void *arg, const fy_event_t *ev)
+{
+    first_t *f = arg;
+    if (ev->kind == FY_EVENT_TOKEN && f->t == 0) f->t = now_s();
+    if (ev->kind == FY_EVENT_FINISH || ev->kind == FY_EVENT_ERROR) f->done = true;
+}
+
+/* TTFT of each prompt through one in-process engine. */
+static fy_status_t colocated(const char *model, int threads, int32_t *const *prompts, const int32_t *lens, int n,
+                             double *ttft)
+{
+    fy_model_t *m = NULL;
+    fy_backend_t *be = NULL;
+    fy_runner_t *r = NULL;
+    fy_kv_hasher_t *h = NULL;
+    fy_kvm_t *kvm = NULL;
+    fy_engine_t *e = NULL;
+    fy_status_t st;
+    if ((st = fy_model_load(model, &m))) goto out;
+    fy_backend_params_t bp = {.n_threads = threads};
+    if ((st = fy_backend_create("cpu", &bp, &be))) goto out;
+    fy_runner_params_t rp;
+    fy_runner_params_default(&rp);
+    rp.max_seqs = rp.max_logits = 8;
+    rp.kv_mem = 256 << 20;
+    rp.max_ctx = 8192;
+    if ((st = fy_runner_create(m, be, &rp, &r)) || (st = fy_kv_hasher_create_random(&h))) goto out;
+    fy_kvm_params_t kp;
+    fy_runner_kvm_params(r, &kp);
+    kp.hasher = h;
+    kp.prefix_caching = false;
+    if ((st = fy_kvm_create(&kp, &kvm))) goto out;
+    fy_engine_params_t ep;
+    fy_engine_params_default(&ep);
+    ep.max_num_seqs = 8;
+    if ((st = fy_engine_create(r, kvm, fy_model_tokenizer(m), &ep, &e))) goto out;
+    for (int i = 0; i < n; i++) {
+        fy_request_params_t q;
+        fy_request_params_default(&q);
+        q.max_tokens = 1;
+        first_t f = {0};
+        double t0 = now_s();
+        uint64_t id;
+        if ((st = fy_engine_submit(e, prompts[i], lens[i], &q, on_event, &f, &id))) goto out;
+        while (!f.done)
+            if ((st = fy_engine_step(e))) goto out;
+        ttft[i] = f.t - t0;
+    }
+out:
+    fy_engine_destroy(e);
+    fy_kvm_destroy(kvm);
+    fy_kv_hasher_destroy(h);
+    fy_runner_destroy(r);
+    fy_backend_destroy(be);
+    fy_model_destroy(m);
+    return st;
+}
+
+int fy_cmd_bench_ttft(int argc, char **argv)
+{
+    const char *router = "tcp://127.0.0.1:7400", *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    int32_t lens[MAX_LENS] = {128, 512, 2048};
+    int n_lens = 3;
+    long reps = 5, threads = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if ((!strcmp(a, "-r") || !strcmp(a, "--router")) && v) {
+            router = v, i++;
+        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) {
+            model = v, i++;
+        } else if (!strcmp(a, "--prompt-tokens") && v) {
+            n_lens = 0;
+            char buf[256];
+            snprintf(buf, sizeof(buf), "%s", v);
+            for (char *s = strtok(buf, ","); s && n_lens < MAX_LENS; s = strtok(NULL, ",")) {
+                long x;
+                if (!fy_cli_parse_int("--prompt-tokens", s, 1, 8000, &x)) return 2;
+                lens[n_lens++] = (int32_t)x;
+            }
+            i++;
+        } else if (!strcmp(a, "--reps") && v) {
+            if (!fy_cli_parse_int(a, v, 1, MAX_REPS, &reps)) return 2;
+            i++;
+        } else if (!strcmp(a, "--threads") && v) {
+            if (!fy_cli_parse_int(a, v, 1, 256, &threads)) return 2;
+            i++;
+        } else {
+            fprintf(stderr, "usage: ferry bench-ttft [-r ROUTER] [-m MODEL] [--prompt-tokens 128,512,2048] [--reps 5] "
+                            "[--threads N (colocated; match prefill.threads)]\n");
+            return strcmp(a, "-h") && strcmp(a, "--help") ? 2 : 0;
+        }
+    }
+    fy_client_t *c;
+    if (fy_client_create(router, 10, &c) != FY_OK) return 1;
+    fy_client_status_t cs;
+    if (fy_client_status(c, &cs) != FY_OK || !cs.prefill_up || !cs.decode_up) {
+        fprintf(stderr, "ferry: bench-ttft: no cluster at %s (start one with: bin/ferry serve -c configs/local.ini)\n",
+                router);
+        fy_client_destroy(c);
+        return 1;
+    }
+    time_t now = time(NULL);
+    char date[32];
+    strftime(date, sizeof(date), "%Y-%m-%d", gmtime(&now));
+    printf("ferry bench-ttft, %s: one request at a time, median of %ld; disaggregated through %s (%d prefill, %d "
+           "decode workers), colocated in-process with %ld thread(s)\n\n",
+           date, reps, router, cs.prefill_up, cs.decode_up, threads);
+    printf("| prompt | colocated TTFT ms | disaggregated TTFT ms | ratio | router queue+reserve | prefill queue | "
+           "prefill compute | transfer tail | first token back | KV MB |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    int rc = 0;
+    for (int li = 0; li < n_lens && !rc; li++) {
+        int32_t *prompts[MAX_REPS], plens[MAX_REPS];
+        double col[MAX_REPS], dis[MAX_REPS], q[MAX_REPS], pq[MAX_REPS], pc[MAX_REPS], tail[MAX_REPS],
+            back[MAX_REPS], mb[MAX_REPS];
+        for (int k = 0; k < reps; k++) {
+            prompts[k] = fy_malloc((size_t)lens[li] * sizeof(int32_t));
+            make_prompt(prompts[k], lens[li], (uint64_t)(li * 1000 + k + 1) ^ (uint64_t)now);
+            plens[k] = lens[li];
+        }
+        for (int k = 0; k < reps && !rc; k++) {
+            fy_client_req_t req = {.tokens = prompts[k], .n_tokens = lens[li]};
+            fy_genspec_default(&req.gen);
+            req.gen.max_tokens = 1;
+            req.gen.ignore_eos = true;
+            fy_client_stream_t s;
+            char err[256];
+            double t0 = now_s();
+            if (fy_client_generate(c, &req, &s, err, sizeof(err)) != FY_OK) {
+                fprintf(stderr, "ferry: bench-ttft: refused: %s\n", err);
+                rc = 1;
+                break;
+            }
+            double t_first = 0;
+            for (;;) {
+                fy_client_update_t u;
+                if (fy_client_poll(c, &s, 1.0, &u) != FY_OK || (u.done && u.error)) {
+                    fprintf(stderr, "ferry: bench-ttft: request failed: %s\n", u.message);
+                    rc = 1;
+                    break;
+                }
+                if (u.n_tokens && t_first == 0) t_first = now_s();
+                if (!u.done) continue;
+                const fy_client_timings_t *t = &u.timings;
+                dis[k] = t_first - t0;
+                q[k] = t->queue_s + t->reserve_s;
+                pq[k] = t->prefill_queue_s;
+                pc[k] = t->prefill_compute_s;
+                tail[k] = t->transfer_tail_s;
+                back[k] = t->first_token_s;
+                mb[k] = (double)t->transfer_bytes / 1e6;
+                break;
+            }
+        }
+        if (!rc && colocated(model, (int)threads, prompts, plens, (int)reps, col) != FY_OK) rc = 1;
+        if (!rc) {
+            double mc = median(col, (int)reps), md = median(dis, (int)reps);
+            printf("| %d | %.1f | %.1f | %.2fx | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", lens[li], mc * 1e3,
+                   md * 1e3, md / mc, median(q, (int)reps) * 1e3, median(pq, (int)reps) * 1e3,
+                   median(pc, (int)reps) * 1e3, median(tail, (int)reps) * 1e3, median(back, (int)reps) * 1e3,
+                   median(mb, (int)reps));
+            fflush(stdout);
+        }
+        for (int k = 0; k < reps; k++) fy_free(prompts[k]);
+    }
+    fy_client_destroy(c);
+    return rc;
+}
