@@ -6,9 +6,10 @@
  * block manager, engine, transfer engine (registers the arena), the role,
  * then the sockets, so nothing arrives before it can be handled.
  * Shutdown runs it backwards after SIGINT or SIGTERM: commands stop, the
- * transfer engine ends its jobs, the engine thread stops, the role ends
- * what it holds, the engine ends what is left with errors (each reported
- * to the router), and only then does the event stream close.
+ * engine thread stops, the transfer engine ends its jobs (their ends are
+ * posted to the engine), the role ends what it holds, the engine runs
+ * what was posted and ends what is left with errors (each reported to the
+ * router), and only then does the event stream close.
  */
 #include "node.h"
 
@@ -386,9 +387,11 @@ static void teardown(fy_node_t *n)
 {
     fy_pull_destroy(n->cmds);
     n->cmds = NULL;
+    /* the engine thread stops first: it must not hand a block to a job
+     * the transfer engine is ending */
+    if (n->engine) fy_engine_stop(n->engine);
     fy_xfer_destroy(n->xfer); /* unfinished jobs end now; their completions post to the engine */
     n->xfer = NULL;
-    if (n->engine) fy_engine_stop(n->engine);
     if (n->role && n->role->stop) n->role->stop(n, n->state);
     fy_engine_destroy(n->engine); /* posted work runs; requests left end with errors (pushed) */
     if (n->role && n->role->destroy) n->role->destroy(n->state);

@@ -128,6 +128,7 @@ typedef struct router {
     /* settings */
     double health_timeout, request_timeout, prefill_timeout, command_timeout, lease_s, client_timeout;
     int32_t max_queue, max_retries;
+    int64_t prefill_queue_tokens;
     double prefix_weight;
     /* the model, for tokenizing and naming prefix blocks */
     fy_model_t *model;
@@ -414,6 +415,15 @@ static void pump(router_t *R)
                        best->need_blocks, best->n_prompt, best->gen.max_tokens, largest);
             continue;
         }
+        /* a lease's clock runs from the reservation: hold requests here, not
+         * in a prefill worker's queue, until one has room for the prompt */
+        bool room = false;
+        for (int i = 0; i < R->n_workers && !room; i++) {
+            const worker_t *w = &R->workers[i];
+            room = usable(w, W_PREFILL) &&
+                   (w->pending_tokens == 0 || w->pending_tokens + best->n_prompt <= R->prefill_queue_tokens);
+        }
+        if (!room) return;
         int di = pick_decode(R, best);
         if (di < 0) return; /* the head waits; what is behind it too (no overtaking) */
         send_reserve(R, best, di);
@@ -1165,7 +1175,7 @@ static fy_status_t setup(router_t *R)
 {
     const fy_config_t *c = R->cfg;
     const char *model_path, *listen, *events;
-    int64_t max_queue, retries;
+    int64_t max_queue, retries, pq_tokens;
     int32_t bs;
     fy_dtype_t dt;
     fy_status_t st;
@@ -1180,11 +1190,13 @@ static fy_status_t setup(router_t *R)
         (st = fy_config_duration(c, "router", "client_timeout", 30, 0.5, 86400, &R->client_timeout)) ||
         (st = fy_config_int(c, "router", "max_queue", 256, 0, 1 << 20, &max_queue)) ||
         (st = fy_config_int(c, "router", "retries", 1, 0, 10, &retries)) ||
+        (st = fy_config_int(c, "router", "prefill_queue_tokens", 4096, 1, 1 << 24, &pq_tokens)) ||
         (st = fy_config_double(c, "router", "prefix_weight", 1.0, 0, 1e6, &R->prefix_weight)) ||
         (st = fy_cluster_kv(c, &bs, &dt)))
         return st;
     R->max_queue = (int32_t)max_queue;
     R->max_retries = (int32_t)retries;
+    R->prefill_queue_tokens = pq_tokens;
     snprintf(R->listen, sizeof(R->listen), "%s", listen);
     snprintf(R->events_url, sizeof(R->events_url), "%s", events);
     fy_log_set_prefix("router");

@@ -207,11 +207,12 @@ static void slot_cb(void *arg)
 
 void fy_rpc_reply(fy_rpc_call_t *c, const void *buf, size_t len)
 {
-    nng_msg_free(c->req);
-    c->req = NULL;
+    /* the reply is built before the request goes: buf may point into it */
     nng_msg *m;
     int rv = nng_msg_alloc(&m, 0);
     if (!rv && (rv = nng_msg_append(m, buf, len))) nng_msg_free(m);
+    nng_msg_free(c->req);
+    c->req = NULL;
     if (rv) { /* the client's timeout reports it; the slot serves on */
         fy_error("rpc: cannot build a reply of %zu bytes: %s", len, nng_strerror(rv));
         slot_recv(c);
