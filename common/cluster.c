@@ -27,7 +27,7 @@ static const char *const KEYS[] = {
     "decode.count", "decode.listen", "decode.threads", "decode.kv_mem", "decode.max_seqs",
     "decode.max_batch_tokens", "decode.max_waiting", "decode.ctx", "decode.preempt", "decode.host_kv_mem",
     "decode.itl_target",
-    "worker.name", "worker.heartbeat", "worker.transports", "worker.xfer_errmode", "worker.isa",
+    "worker.name", "worker.heartbeat", "worker.transports", "worker.isa",
     "serve.run_dir", "serve.logs", "serve.restart_backoff", "serve.max_restarts", "serve.stop_grace",
 };
 
