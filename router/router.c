@@ -130,6 +130,7 @@ typedef struct router {
     int32_t max_queue, max_retries;
     int64_t prefill_queue_tokens;
     double prefix_weight;
+    bool colocated; /* no prefill workers: decode workers run whole requests */
     /* the model, for tokenizing and naming prefix blocks */
     fy_model_t *model;
     char model_id[64];
@@ -379,13 +380,34 @@ static void send_reserve(router_t *R, rreq_t *q, int di)
     set_state(R, q, RQ_RESERVING);
 }
 
+/* Colocated mode: the decode worker runs the whole request; it answers
+ * "adopted" (the request is in its engine) or an error. */
+static void send_generate(router_t *R, rreq_t *q, int di)
+{
+    worker_t *d = &R->workers[di];
+    fy_msgw_t w;
+    q->rid = ++R->next_rid;
+    q->rid_deadline = now_s() + R->command_timeout;
+    cmd_begin(R, &w, d, "generate", q->rid, q->id);
+    fy_msgw_str(&w, "tenant", q->tenant);
+    fy_msgw_i32s(&w, "tokens", q->prompt, q->n_prompt);
+    fy_genspec_write(&w, &q->gen);
+    cmd_send(d, &w);
+    q->dw = di;
+    q->d_inc = d->inc;
+    d->assigned++;
+    d->blocks_since += q->need_blocks;
+    q->t_reserve = now_s();
+    set_state(R, q, RQ_ADOPTING);
+}
+
 /* Places queued requests, by priority then arrival, while workers can take them. */
 static void pump(router_t *R)
 {
     if (!R->n_queued) return;
     bool any_prefill = false;
     for (int i = 0; i < R->n_workers; i++) any_prefill |= usable(&R->workers[i], W_PREFILL);
-    if (!any_prefill) return;
+    if (!any_prefill && !R->colocated) return;
     for (;;) {
         rreq_t *best = NULL;
         for (rreq_t *q = R->all; q; q = q->next) {
@@ -403,7 +425,7 @@ static void pump(router_t *R)
             if (usable(w, W_PREFILL) && w->capacity > largest_p) largest_p = w->capacity;
         }
         if (largest < 0) return; /* no decode worker up yet */
-        if ((best->n_prompt + 1 + bs - 1) / bs > largest_p) {
+        if (!R->colocated && (best->n_prompt + 1 + bs - 1) / bs > largest_p) {
             finish_req(R, best, FY_ERR_INVALID, "the prompt of %d tokens needs %d kv blocks; the largest prefill worker holds %d",
                        best->n_prompt, (best->n_prompt + 1 + bs - 1) / bs, largest_p);
             continue;
@@ -417,7 +439,7 @@ static void pump(router_t *R)
         }
         /* a lease's clock runs from the reservation: hold requests here, not
          * in a prefill worker's queue, until one has room for the prompt */
-        bool room = false;
+        bool room = R->colocated;
         for (int i = 0; i < R->n_workers && !room; i++) {
             const worker_t *w = &R->workers[i];
             room = usable(w, W_PREFILL) &&
@@ -426,7 +448,10 @@ static void pump(router_t *R)
         if (!room) return;
         int di = pick_decode(R, best);
         if (di < 0) return; /* the head waits; what is behind it too (no overtaking) */
-        send_reserve(R, best, di);
+        if (R->colocated)
+            send_generate(R, best, di);
+        else
+            send_reserve(R, best, di);
     }
 }
 
@@ -729,7 +754,7 @@ static void on_error_event(router_t *R, fy_msgr_t *r, const char *name, uint64_t
     bool from_d = q->dw >= 0 && !strcmp(R->workers[q->dw].name, name) && R->workers[q->dw].inc == inc;
     bool from_p = q->pw >= 0 && !strcmp(R->workers[q->pw].name, name) && R->workers[q->pw].inc == inc &&
                   fy_msgr_i64(r, "attempt", FY_OPT, q->retries, 0, 1000) == q->retries; /* not an older try's */
-    if (from_d && q->state == RQ_RESERVING && st == FY_ERR_NO_SPACE) {
+    if (from_d && (q->state == RQ_RESERVING || (R->colocated && q->state == RQ_ADOPTING)) && st == FY_ERR_NO_SPACE) {
         /* it cannot take this one after all: back to the queue, and skip it until its next report */
         worker_t *d = &R->workers[q->dw];
         d->full = true;
@@ -745,7 +770,7 @@ static void on_error_event(router_t *R, fy_msgr_t *r, const char *name, uint64_t
         snprintf(why, sizeof(why), "prefill worker %s: %s", name, message);
         retry_or_fail(R, q, st, why);
     } else if (from_d) {
-        if (q->state == RQ_ADOPTING && st == FY_ERR_NOT_FOUND) { /* the lease went before the KV arrived */
+        if (!R->colocated && q->state == RQ_ADOPTING && st == FY_ERR_NOT_FOUND) { /* the lease went before the KV arrived */
             snprintf(why, sizeof(why), "decode worker %s: %s", name, message);
             R->workers[q->dw].assigned--;
             q->dw = -1; /* nothing left to release there */
@@ -1175,7 +1200,7 @@ static fy_status_t setup(router_t *R)
 {
     const fy_config_t *c = R->cfg;
     const char *model_path, *listen, *events;
-    int64_t max_queue, retries, pq_tokens;
+    int64_t max_queue, retries, pq_tokens, n_prefill;
     int32_t bs;
     fy_dtype_t dt;
     fy_status_t st;
@@ -1192,8 +1217,10 @@ static fy_status_t setup(router_t *R)
         (st = fy_config_int(c, "router", "retries", 1, 0, 10, &retries)) ||
         (st = fy_config_int(c, "router", "prefill_queue_tokens", 4096, 1, 1 << 24, &pq_tokens)) ||
         (st = fy_config_double(c, "router", "prefix_weight", 1.0, 0, 1e6, &R->prefix_weight)) ||
+        (st = fy_config_int(c, "prefill", "count", 1, 0, MAX_WORKERS, &n_prefill)) ||
         (st = fy_cluster_kv(c, &bs, &dt)))
         return st;
+    R->colocated = n_prefill == 0;
     R->max_queue = (int32_t)max_queue;
     R->max_retries = (int32_t)retries;
     R->prefill_queue_tokens = pq_tokens;
@@ -1211,7 +1238,8 @@ static fy_status_t setup(router_t *R)
     if ((st = fy_rpc_server_create(R->listen, 256, on_client, R, &R->srv))) return st;
     if (pthread_create(&R->hk, NULL, hk_main, R)) return FY_ERR_INTERNAL;
     R->hk_on = true;
-    fy_info("router up: clients on %s, worker events on %s, model %s", R->listen, R->events_url, R->model_id);
+    fy_info("router up: clients on %s, worker events on %s, model %s%s", R->listen, R->events_url, R->model_id,
+            R->colocated ? " (colocated: decode workers run whole requests)" : "");
     return FY_OK;
 }
 

@@ -131,10 +131,10 @@ void tc_start(tc_cluster_t *c, const tc_opts_t *o)
             "[model]\npath = %s\n[kv]\nsecret_file = %s\n"
             "[router]\nlisten = %s\nevents = %s\nhealth_timeout = 1s\nlease = 60s\ncommand_timeout = 5s\n"
             "client_timeout = 120s\n"
-            "[prefill]\nthreads = 1\nkv_mem = 48MiB\nmax_seqs = 8\nmax_batch_tokens = 256\n"
-            "[decode]\nthreads = 1\nkv_mem = 48MiB\nmax_seqs = 32\nmax_batch_tokens = 128\n"
+            "[prefill]\ncount = %d\nthreads = 1\nkv_mem = 48MiB\nmax_seqs = 8\nmax_batch_tokens = 256\n"
+            "[decode]\ncount = %d\nthreads = 1\nkv_mem = 48MiB\nmax_seqs = 32\nmax_batch_tokens = 128\n"
             "[worker]\nheartbeat = 100ms\n",
-            tc_model(), secret, c->router_url, c->events_url);
+            tc_model(), secret, c->router_url, c->events_url, o->n_prefill, o->n_decode);
     fclose(f);
     char bin[512];
     char *argv[40];
