@@ -86,6 +86,13 @@ struct hreq {
     size_t from_text[MAX_N];
     bool done_sent[MAX_N];
     int n_done_sent;
+    /* samples after the first wait until its prompt is in the caches */
+    int n_submitted;
+    int32_t *prompt;
+    int32_t n_prompt;
+    fy_genspec_t gen;
+    fy_status_t sample_err[MAX_N];
+    char sample_msg[MAX_N][96];
     char oid[48];
     fy_tenant_t *tenant;
     int64_t charged, max_tokens;
@@ -556,6 +563,21 @@ static uint16_t status_of(fy_status_t st)
     }
 }
 
+/* Sample i's view: the router's, or the error that kept it from starting. */
+static bool h_view(hreq_t *h, int i, fy_router_view_t *v)
+{
+    if (h->sample_err[i]) {
+        memset(v, 0, sizeof(*v));
+        v->done = true;
+        v->error = h->sample_err[i];
+        v->message = h->sample_msg[i];
+        v->text = "";
+        v->finish = "";
+        return true;
+    }
+    return h->ids[i] && fy_router_view(h->H->R, h->ids[i], v);
+}
+
 static json_t *logprobs_json(const hreq_t *h, const fy_router_view_t *v, int32_t from, int32_t to)
 {
     const fy_tokenizer_t *tok = fy_model_tokenizer(fy_router_model(h->H->R));
@@ -607,9 +629,9 @@ static json_t *usage_json(hreq_t *h)
     int32_t prompt = 0, cached = 0;
     for (int i = 0; i < h->n; i++) {
         fy_router_view_t v;
-        if (!fy_router_view(h->H->R, h->ids[i], &v)) continue;
+        if (!h_view(h, i, &v)) continue;
         completion += v.n_tokens;
-        prompt = v.n_prompt;
+        if (v.n_prompt) prompt = v.n_prompt;
         if (v.cached > cached) cached = v.cached;
     }
     json_t *u = json_object(), *d = json_object();
@@ -654,7 +676,7 @@ static void build_stream(hreq_t *h)
     }
     for (int i = 0; i < h->n; i++) {
         fy_router_view_t v;
-        if (h->done_sent[i] || !fy_router_view(h->H->R, h->ids[i], &v)) continue;
+        if (h->done_sent[i] || !h_view(h, i, &v)) continue;
         bool more_text = v.text_len > h->from_text[i], more_tok = v.n_tokens > h->from_tok[i];
         if (more_text || (more_tok && h->logprobs)) {
             json_t *lp = h->logprobs ? logprobs_json(h, &v, h->from_tok[i], v.n_tokens) : NULL;
@@ -696,11 +718,12 @@ static void raw_response(hreq_t *h, uint16_t status, json_t *body)
     char *txt = json_dumps(body, JSON_COMPACT);
     json_decref(body);
     if (!txt) return;
-    char head[256];
+    char head[256], ra[48];
+    snprintf(ra, sizeof(ra), "Retry-After: %.0f\r\n", ceil(h->H->retry_after_s));
     int hl = snprintf(head, sizeof(head),
                       "HTTP/1.1 %u %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
                       "Connection: close\r\n%s\r\n",
-                      status, status == 200 ? "OK" : "Error", strlen(txt), status == 503 ? "Retry-After: 1\r\n" : "");
+                      status, status == 200 ? "OK" : "Error", strlen(txt), status == 503 ? ra : "");
     wappend(h, head, (size_t)hl);
     wappend(h, txt, strlen(txt));
     free(txt);
@@ -713,10 +736,10 @@ static void build_whole(hreq_t *h)
 {
     fy_router_view_t v;
     for (int i = 0; i < h->n; i++)
-        if (!fy_router_view(h->H->R, h->ids[i], &v) || !v.done) return;
+        if (!h_view(h, i, &v) || !v.done) return;
     json_t *choices = json_array();
     for (int i = 0; i < h->n; i++) {
-        fy_router_view(h->H->R, h->ids[i], &v);
+        h_view(h, i, &v);
         if (v.error != FY_OK) {
             json_decref(choices);
             json_t *e = json_object(), *eb = json_object();
@@ -766,6 +789,8 @@ static void h_release(hreq_t *h, bool cancel)
     }
 }
 
+static void watch(void *arg);
+
 static void h_free(hreq_t *h)
 {
     fy_http_t *H = h->H;
@@ -777,6 +802,7 @@ static void h_free(hreq_t *h)
     nng_aio_reap(h->waio);
     nng_aio_reap(h->raio);
     fy_free(h->wbuf);
+    fy_free(h->prompt);
     fy_free(h);
 }
 
@@ -797,10 +823,34 @@ static void h_close(hreq_t *h, router_t *R)
     fy_router_unlock(R);
 }
 
+static void watch(void *arg);
+
 /* Lock held.  Writes what is new, unless a write is in flight. */
+static void h_submit_rest(hreq_t *h)
+{
+    fy_router_view_t v;
+    if (h->n_submitted >= h->n || h->closing || !h_view(h, 0, &v) || (!v.t_first && !v.done)) return;
+    const char *tname = h->tenant ? fy_tenant_name(h->tenant) : "";
+    for (int i = h->n_submitted; i < h->n; i++) {
+        int32_t *copy = fy_malloc((size_t)h->n_prompt * sizeof(int32_t));
+        fy_genspec_t gi = h->gen;
+        gi.sampling.seed += (uint64_t)i;
+        fy_status_t st = FY_ERR_NOMEM;
+        snprintf(h->sample_msg[i], sizeof(h->sample_msg[i]), "router out of memory");
+        if (copy) {
+            memcpy(copy, h->prompt, (size_t)h->n_prompt * sizeof(int32_t));
+            st = fy_router_submit_locked(h->H->R, tname, copy, h->n_prompt, &gi, 0, watch, h, &h->ids[i],
+                                         h->sample_msg[i], sizeof(h->sample_msg[i]));
+        }
+        h->sample_err[i] = st;
+    }
+    h->n_submitted = h->n;
+}
+
 static void h_pump(hreq_t *h)
 {
     if (!h->ready || h->closing || h->writing || h->final) return;
+    h_submit_rest(h);
     h->wlen = 0;
     if (h->stream)
         build_stream(h);
@@ -814,6 +864,7 @@ static void h_pump(hreq_t *h)
     h->writing = true;
     nng_http_conn_write_all(h->conn, h->waio);
 }
+
 
 static void watch(void *arg) { h_pump(arg); }
 
@@ -1022,24 +1073,25 @@ static void generation(nng_aio *aio, bool chat)
     nng_aio_finish(aio, 0);
     nng_http_req_free(req); /* ours after a hijack; the body was parsed */
 
-    /* the samples: the same prompt n times, seeds apart */
+    /* the first sample now; the others (same prompt, seeds apart) once its
+     * prompt is in the workers' prefix caches, where they find it */
     const char *tname = tenant ? fy_tenant_name(tenant) : "";
-    fy_status_t st = FY_OK;
     char err[256] = "";
-    for (int i = 0; i < g.n && st == FY_OK; i++) {
-        int32_t *copy = i + 1 < g.n ? fy_malloc((size_t)n_prompt * sizeof(int32_t)) : ids;
-        if (!copy) {
+    h->gen = g.gen;
+    h->n_prompt = n_prompt;
+    h->n_submitted = 1;
+    fy_status_t st = FY_OK;
+    if (g.n > 1) {
+        h->prompt = fy_malloc((size_t)n_prompt * sizeof(int32_t));
+        if (!h->prompt) {
             st = FY_ERR_NOMEM;
             snprintf(err, sizeof(err), "router out of memory");
             fy_free(ids);
-            break;
+        } else {
+            memcpy(h->prompt, ids, (size_t)n_prompt * sizeof(int32_t));
         }
-        if (copy != ids) memcpy(copy, ids, (size_t)n_prompt * sizeof(int32_t));
-        fy_genspec_t gi = g.gen;
-        gi.sampling.seed += (uint64_t)i;
-        st = fy_router_submit(R, tname, copy, n_prompt, &gi, 0, watch, h, &h->ids[i], err, sizeof(err));
-        if (st && i + 1 < g.n) fy_free(ids); /* the last sample's submit takes ids */
     }
+    if (!st) st = fy_router_submit(R, tname, ids, n_prompt, &g.gen, 0, watch, h, &h->ids[0], err, sizeof(err));
     fy_router_lock(R);
     h->riov.iov_buf = h->rbuf;
     h->riov.iov_len = sizeof(h->rbuf);

@@ -930,8 +930,8 @@ static void wake_poll(router_t *R, rreq_t *q)
  * err says why.
  */
 static fy_status_t enqueue(router_t *R, const char *tenant, int32_t *ids, int32_t n, const fy_genspec_t *gen,
-                           double deadline_s, fy_router_watch_fn watch, void *watch_arg, rreq_t **q_p, char *err,
-                           size_t err_cap)
+                           double deadline_s, fy_router_watch_fn watch, void *watch_arg, bool held, rreq_t **q_p,
+                           char *err, size_t err_cap)
 {
     if (n < 1 || n >= R->max_ctx || n > MAX_PROMPT_TOKENS) {
         snprintf(err, err_cap, "the prompt has %d tokens; the context holds %d", n, R->max_ctx);
@@ -962,10 +962,10 @@ static fy_status_t enqueue(router_t *R, const char *tenant, int32_t *ids, int32_
         fy_kv_hash_block(R->hasher, &ns, i ? &q->hashes[i - 1] : NULL, ids + (size_t)i * bs, bs, &q->hashes[i]);
     q->need_blocks = blocks_for(R, q);
 
-    pthread_mutex_lock(&R->mu);
+    if (!held) pthread_mutex_lock(&R->mu);
     if (R->n_queued >= R->max_queue) {
         R->refused++;
-        pthread_mutex_unlock(&R->mu);
+        if (!held) pthread_mutex_unlock(&R->mu);
         fy_free(q->hashes);
         fy_free(q->prompt);
         fy_free(q);
@@ -1030,7 +1030,7 @@ static void client_generate(router_t *R, fy_rpc_call_t *call, fy_msgr_t *r)
     }
     char err[256];
     rreq_t *q;
-    fy_status_t st = enqueue(R, "", ids, n, &gen, deadline_s, NULL, NULL, &q, err, sizeof(err));
+    fy_status_t st = enqueue(R, "", ids, n, &gen, deadline_s, NULL, NULL, false, &q, err, sizeof(err));
     if (st) {
         fy_rpc_reply_error(call, 0, st, err);
         return;
@@ -1178,12 +1178,24 @@ fy_status_t fy_router_submit(router_t *R, const char *tenant, int32_t *ids, int3
 {
     rreq_t *q;
     if (deadline_s <= 0) deadline_s = R->request_timeout;
-    fy_status_t st = enqueue(R, tenant, ids, n, gen, deadline_s, watch, arg, &q, err, err_cap);
+    fy_status_t st = enqueue(R, tenant, ids, n, gen, deadline_s, watch, arg, false, &q, err, err_cap);
     if (st) return st;
     *id_p = q->id;
     pump(R);
     pthread_mutex_unlock(&R->mu);
     return FY_OK;
+}
+
+fy_status_t fy_router_submit_locked(router_t *R, const char *tenant, int32_t *ids, int32_t n, const fy_genspec_t *gen,
+                                    double deadline_s, fy_router_watch_fn watch, void *arg, uint64_t *id_p,
+                                    char *err, size_t err_cap)
+{
+    rreq_t *q;
+    if (deadline_s <= 0) deadline_s = R->request_timeout;
+    fy_status_t st = enqueue(R, tenant, ids, n, gen, deadline_s, watch, arg, true, &q, err, err_cap);
+    if (st) return st;
+    *id_p = q->id;
+    return FY_OK; /* placed at the next housekeeping tick (within 10 ms) */
 }
 
 bool fy_router_view(router_t *R, uint64_t id, fy_router_view_t *v)

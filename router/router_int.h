@@ -46,6 +46,12 @@ fy_status_t fy_router_submit(router_t *R, const char *tenant, int32_t *ids, int3
                              double deadline_s, fy_router_watch_fn watch, void *arg, uint64_t *id_p, char *err,
                              size_t err_cap);
 
+/* The same with the lock held (from a watch function); the request is
+ * placed at the router's next housekeeping tick. */
+fy_status_t fy_router_submit_locked(router_t *R, const char *tenant, int32_t *ids, int32_t n, const fy_genspec_t *gen,
+                                    double deadline_s, fy_router_watch_fn watch, void *arg, uint64_t *id_p,
+                                    char *err, size_t err_cap);
+
 /* A request's output so far; pointers valid while the lock is held. */
 typedef struct fy_router_view {
     const int32_t *tokens;

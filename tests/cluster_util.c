@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -108,9 +109,12 @@ void tc_status(tc_cluster_t *c, fy_client_status_t *s)
 void tc_start(tc_cluster_t *c, const tc_opts_t *o)
 {
     memset(c, 0, sizeof(*c));
+    /* each cluster its own directory: two may run at once */
+    static int seq;
     const char *tmp = fy_test_tmpdir();
     assert_true(strlen(tmp) < sizeof(c->dir) - 64);
-    memcpy(c->dir, tmp, strlen(tmp) + 1);
+    snprintf(c->dir, sizeof(c->dir), "%s/c%d", tmp, seq++);
+    assert_int_equal(mkdir(c->dir, 0700), 0);
     c->n_prefill = o->n_prefill;
     c->n_decode = o->n_decode;
     if (o->router_url)
