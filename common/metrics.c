@@ -185,6 +185,11 @@ static void sb_value(sbuf_t *b, double v)
         return;
     }
     char tmp[40];
+    if (v == floor(v) && fabs(v) < 9007199254740992.0) { /* whole numbers (most counters) in full, no exponent */
+        snprintf(tmp, sizeof(tmp), "%.0f", v);
+        sb_str(b, tmp);
+        return;
+    }
     for (int prec = 1; prec <= 17; prec++) {
         snprintf(tmp, sizeof(tmp), "%.*g", prec, v);
         if (strtod(tmp, NULL) == v) break;
