@@ -378,8 +378,8 @@ void fy_metric_set(fy_metric_t *m, double v)
 double fy_metric_value(const fy_metric_t *m)
 {
     if (!m) return 0.0;
-    if (m->fam->kind != KIND_HISTOGRAM) return u2d(atomic_load_explicit(&((fy_metric_t *)m)->bits, memory_order_relaxed));
-    fy_metric_t *h = (fy_metric_t *)m;
+    fy_metric_t *h = (fy_metric_t *)m; /* the lock and the atomic change; the value does not */
+    if (m->fam->kind != KIND_HISTOGRAM) return u2d(atomic_load_explicit(&h->bits, memory_order_relaxed));
     pthread_mutex_lock(&h->mu);
     double s = h->sum;
     pthread_mutex_unlock(&h->mu);

@@ -406,7 +406,9 @@ static fy_status_t p_start(fy_node_t *n, void **state_p)
                                   "is in the decode worker's cache.",
                                   NULL, fy_metrics_ttft_buckets, fy_metrics_n_ttft_buckets, &p->m.xfer_s);
     const char *help = "Prefill jobs ended, by outcome.";
-    if (!st) st = fy_metrics_counter(reg, "ferry:prefill_jobs_total", help, (const char *const[]){"outcome", "ok", NULL}, &p->m.ok);
+    if (!st)
+        st = fy_metrics_counter(reg, "ferry:prefill_jobs_total", help, (const char *const[]){"outcome", "ok", NULL},
+                                &p->m.ok);
     if (!st)
         st = fy_metrics_counter(reg, "ferry:prefill_jobs_total", help, (const char *const[]){"outcome", "failed", NULL},
                                 &p->m.failed);

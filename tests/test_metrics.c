@@ -286,7 +286,8 @@ static void expect_wellformed(const char *text, const char *who)
             double v = strtod(strrchr(line, ' ') + 1, NULL);
             if (v < last_bucket) fail_msg("%s: buckets decrease at '%s'", who, line);
             last_bucket = v;
-        } else if (!(rest[0] == ' ' || rest[0] == '{' || (hist && (!strncmp(rest, "_sum", 4) || !strncmp(rest, "_count", 6)))))
+        } else if (!(rest[0] == ' ' || rest[0] == '{' ||
+                     (hist && (!strncmp(rest, "_sum", 4) || !strncmp(rest, "_count", 6)))))
             fail_msg("%s: '%s' is not a sample of %s", who, line, fam);
         if (hist && !strncmp(rest, "_count", 6) && strtod(strrchr(line, ' ') + 1, NULL) != last_bucket)
             fail_msg("%s: _count differs from the +Inf bucket at '%s'", who, line);

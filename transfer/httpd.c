@@ -78,7 +78,8 @@ void fy_httpd_reply_error(fy_http_reply_t *reply, int status, const char *type, 
     if (reply->body_owned) fy_free(reply->body);
     reply->body = body;
     reply->body_owned = body != NULL;
-    reply->body_len = body ? (size_t)snprintf(body, 700, "{\"error\":{\"message\":\"%s\",\"type\":\"%s\"}}\n", m, t) : 0;
+    reply->body_len =
+        body ? (size_t)snprintf(body, 700, "{\"error\":{\"message\":\"%s\",\"type\":\"%s\"}}\n", m, t) : 0;
 }
 
 /* nng thread: one GET or HEAD of a route's path */
