@@ -61,7 +61,8 @@ void fy_metric_observe_f32(fy_metric_t *m, const float *v, int n); /* n observat
 /* Observations so far (histograms), for tests and logs. */
 unsigned long long fy_metric_count(const fy_metric_t *m);
 
-/* Updates between begin and end are seen by a render all or none. */
+/* Updates between begin and end are seen by a render all or none.  No
+ * registration or render inside a batch (they wait for it to end). */
 void fy_metrics_batch_begin(fy_metrics_t *reg);
 void fy_metrics_batch_end(fy_metrics_t *reg);
 
