@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,11 +25,11 @@ static const char *const KEYS[] = {
     "router.client_timeout", "router.retries", "router.prefix_weight", "router.prefill_queue_tokens",
     "router.api_keys", "router.served_model_name", "router.max_body", "router.default_max_tokens", "router.retry_after",
     "prefill.count", "prefill.listen", "prefill.threads", "prefill.kv_mem", "prefill.max_seqs",
-    "prefill.max_batch_tokens", "prefill.max_waiting", "prefill.ctx",
+    "prefill.max_batch_tokens", "prefill.max_waiting", "prefill.ctx", "prefill.metrics",
     "decode.count", "decode.listen", "decode.threads", "decode.kv_mem", "decode.max_seqs",
     "decode.max_batch_tokens", "decode.max_waiting", "decode.ctx", "decode.preempt", "decode.host_kv_mem",
-    "decode.itl_target",
-    "worker.name", "worker.heartbeat", "worker.transports", "worker.isa",
+    "decode.itl_target", "decode.metrics",
+    "worker.name", "worker.heartbeat", "worker.stall_timeout", "worker.transports", "worker.isa",
     "serve.run_dir", "serve.logs", "serve.restart_backoff", "serve.max_restarts", "serve.stop_grace",
 };
 
@@ -145,4 +146,18 @@ fy_status_t fy_cluster_kv(const fy_config_t *cfg, int32_t *block_size_p, fy_dtyp
     *block_size_p = (int32_t)bs;
     *dtype_p = d;
     return FY_OK;
+}
+
+bool fy_cluster_addr_plus(const char *base, int i, char *out, size_t cap)
+{
+    const char *colon = strrchr(base, ':');
+    bool tcp = !strncmp(base, "tcp://", 6), http = !strncmp(base, "http://", 7);
+    if ((tcp || http) && colon && colon > base + (tcp ? 6 : 7)) {
+        char *end;
+        long port = strtol(colon + 1, &end, 10);
+        if (*end || port < 1 || port + i > 65535) return false;
+        return snprintf(out, cap, "%.*s:%ld", (int)(colon - base), base, port + i) < (int)cap;
+    }
+    if (!strncmp(base, "ipc://", 6)) return snprintf(out, cap, "%s-%d", base, i) < (int)cap;
+    return false;
 }

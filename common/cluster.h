@@ -11,6 +11,8 @@
 #ifndef FY_CLUSTER_H
 #define FY_CLUSTER_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "config.h"
@@ -33,5 +35,11 @@ fy_status_t fy_cluster_make_secret(const char *path);
 
 /* kv.block_size and kv.dtype. */
 fy_status_t fy_cluster_kv(const fy_config_t *cfg, int32_t *block_size_p, fy_dtype_t *dtype_p);
+
+/* Worker i's address from its role's base address: "tcp://host:port"
+ * (or "http://host:port") -> the same with port + i, "ipc:///p" ->
+ * "ipc:///p-i".  False for anything else, a port past 65535, or out too
+ * small. */
+bool fy_cluster_addr_plus(const char *base, int i, char *out, size_t cap);
 
 #endif /* FY_CLUSTER_H */

@@ -13,6 +13,11 @@
  * every engine step and heartbeat, so an idle worker reaps them too.
  *
  * Everything here runs on the engine thread.
+ *
+ * Metrics (besides node.c's): requests' decode-phase latency (adoption to
+ * the end) and inter-token latencies, outcomes, and leases.  Time to first
+ * token and queue time are not measured here: the first token is sampled
+ * by the prefill worker (the router and the prefill worker time them).
  */
 #include "decode_worker.h"
 
@@ -29,7 +34,7 @@
 
 typedef struct lease {
     uint64_t lease, id;
-    double deadline;
+    double deadline, t_reserved;
     fy_block_table_t bt;
     fy_kv_resv_t resv;
     int32_t *prompt;
@@ -55,6 +60,11 @@ typedef struct decode {
     int32_t n_reqs;
     uint64_t next_lease;
     uint64_t reserved, refused, adopted, expired, released, generated;
+    struct {
+        fy_metric_t *e2e, *itl, *lease_wait;
+        fy_metric_t *success[FY_FINISH_CALLBACK + 1]; /* by fy_finish_reason_t */
+        fy_metric_t *failed, *leases, *leased_blocks, *expired, *reserve_refused;
+    } m;
 } decode_t;
 
 static void lease_free(decode_t *d, lease_t *l)
@@ -138,6 +148,7 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
     }
     if (d->n_leases + d->n_reqs >= fy_node_max_seqs(n)) {
         d->refused++;
+        fy_metric_inc(d->m.reserve_refused);
         fy_node_error(n, rid, id, FY_ERR_NO_SPACE, "busy: %d running and %d reserved of %d sequences", d->n_reqs,
                       d->n_leases, fy_node_max_seqs(n));
         fy_free(prompt);
@@ -158,6 +169,7 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
         (st = fy_kvm_admit(kvm, fy_kvm_blocks_for(kvm, l->n_prompt, max_tokens, hit), &l->resv)) ||
         (st = fy_kvm_seq_reserve(kvm, &l->bt, l->n_prompt, &l->resv))) {
         d->refused++;
+        fy_metric_inc(d->m.reserve_refused);
         int32_t free_now = fy_kvm_admittable(kvm), n_prompt = l->n_prompt;
         lease_free(d, l);
         fy_node_error(n, rid, id, st, "cannot reserve %d prompt tokens (%d cached) and %d to generate: %d blocks admittable",
@@ -167,7 +179,8 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
     l->n_cached = hit;
     l->id = id;
     l->lease = ++d->next_lease;
-    l->deadline = fy_node_now() + lease_s;
+    l->t_reserved = fy_node_now();
+    l->deadline = l->t_reserved + lease_s;
     l->next = d->leases;
     d->leases = l;
     d->n_leases++;
@@ -208,6 +221,9 @@ static void on_event(void *arg, const fy_event_t *ev)
         fy_node_push(n, &w);
         return;
     case FY_EVENT_FINISH:
+        if ((unsigned)ev->reason <= FY_FINISH_CALLBACK) fy_metric_inc(d->m.success[ev->reason]);
+        fy_metric_observe(d->m.e2e, ev->timings->e2e_s);
+        fy_metric_observe_f32(d->m.itl, ev->timings->itl_s, ev->timings->n_itl);
         fy_node_msg(n, &w, "finish", 0, q->id);
         fy_msgw_str(&w, "reason", fy_finish_reason_str(ev->reason));
         fy_msgw_strn(&w, "text", ev->text, ev->len);
@@ -221,6 +237,11 @@ static void on_event(void *arg, const fy_event_t *ev)
         fy_node_push(n, &w);
         break;
     case FY_EVENT_ERROR:
+        fy_metric_inc(d->m.failed);
+        if (ev->timings) {
+            fy_metric_observe(d->m.e2e, ev->timings->e2e_s);
+            fy_metric_observe_f32(d->m.itl, ev->timings->itl_s, ev->timings->n_itl);
+        }
         fy_node_error(n, 0, q->id, ev->status, "%s", ev->message);
         break;
     case FY_EVENT_PROGRESS: return;
@@ -280,6 +301,7 @@ static void cmd_adopt(decode_t *d, fy_msgr_t *r, uint64_t rid)
         return;
     }
     lease_unlink(d, l);
+    fy_metric_observe(d->m.lease_wait, fy_node_now() - l->t_reserved);
     /* linked first: the first token's events may end it inside adopt */
     dreq_t *q = req_link(d, id, l->gen.logprobs);
     if (!q) {
@@ -398,6 +420,45 @@ static fy_status_t d_start(fy_node_t *n, void **state_p)
     decode_t *d = fy_calloc(1, sizeof(*d));
     if (!d) return FY_ERR_NOMEM;
     d->n = n;
+    fy_metrics_t *reg = fy_node_metrics(n);
+    fy_status_t st = fy_metrics_histogram(
+        reg, "ferry:e2e_request_latency_seconds",
+        "On a decode worker: from adoption (the first token, sampled by the prefill worker) to the request's end.",
+        NULL, fy_metrics_e2e_buckets, fy_metrics_n_e2e_buckets, &d->m.e2e);
+    if (!st)
+        st = fy_metrics_histogram(reg, "ferry:inter_token_latency_seconds",
+                                  "Time between consecutive tokens of a request.", NULL, fy_metrics_itl_buckets, fy_metrics_n_itl_buckets, &d->m.itl);
+    if (!st)
+        st = fy_metrics_histogram(reg, "ferry:kv_lease_wait_seconds",
+                                  "From reserving blocks for a prompt to adopting it (the prefill and KV transfer, "
+                                  "as this worker sees them).",
+                                  NULL, fy_metrics_ttft_buckets, fy_metrics_n_ttft_buckets, &d->m.lease_wait);
+    for (int r = FY_FINISH_LENGTH; !st && r <= FY_FINISH_CALLBACK; r++) {
+        const char *reason = fy_finish_reason_str((fy_finish_reason_t)r);
+        st = fy_metrics_counter(reg, "ferry:request_success_total", "Requests finished, by why they finished.",
+                                (const char *const[]){"finished_reason", reason, NULL}, &d->m.success[r]);
+    }
+    if (!st)
+        st = fy_metrics_counter(reg, "ferry:request_failure_total",
+                                "Adopted requests that ended with an error (cancelled, shutting down, compute).", NULL,
+                                &d->m.failed);
+    if (!st)
+        st = fy_metrics_gauge(reg, "ferry:kv_leases", "Leases held: blocks reserved for prompts being prefilled.", NULL,
+                              &d->m.leases);
+    if (!st)
+        st = fy_metrics_gauge(reg, "ferry:kv_leased_blocks", "Blocks held by leases.", NULL, &d->m.leased_blocks);
+    if (!st)
+        st = fy_metrics_counter(reg, "ferry:kv_leases_expired_total",
+                                "Leases that reached their deadline before adoption; their blocks went back.", NULL,
+                                &d->m.expired);
+    if (!st)
+        st = fy_metrics_counter(reg, "ferry:kv_reserve_refused_total",
+                                "Reservations refused: no sequence slot or not enough blocks.", NULL,
+                                &d->m.reserve_refused);
+    if (st) {
+        fy_free(d);
+        return st;
+    }
     *state_p = d;
     return FY_OK;
 }
@@ -429,6 +490,7 @@ static void d_tick(fy_node_t *n, void *state, double now)
         }
         lease_unlink(d, l);
         d->expired++;
+        fy_metric_inc(d->m.expired);
         fy_warn("request %llu: lease %llu expired; its %d blocks go back", (unsigned long long)l->id,
                 (unsigned long long)l->lease, l->bt.n_blocks);
         fy_msgw_t w;
@@ -437,6 +499,8 @@ static void d_tick(fy_node_t *n, void *state, double now)
         fy_node_push(n, &w);
         lease_free(d, l);
     }
+    fy_metric_set(d->m.leases, d->n_leases);
+    fy_metric_set(d->m.leased_blocks, d->leased_blocks);
 }
 
 static void d_load(fy_node_t *n, void *state, fy_msgw_t *w)

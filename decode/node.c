@@ -10,6 +10,13 @@
  * posted to the engine), the role ends what it holds, the engine runs
  * what was posted and ends what is left with errors (each reported to the
  * router), and only then does the event stream close.
+ *
+ * Metrics and health (docs/operations.md): the engine tick copies the
+ * engine's, block manager's and transfer engine's figures into the
+ * registry and refreshes the health inputs; the HTTP thread only renders
+ * the registry and judges those inputs, so it never touches engine state.
+ * The HTTP server comes up last and goes after the engine: /health says
+ * 503 while the worker drains.
  */
 #include "node.h"
 
@@ -26,9 +33,15 @@
 #include "bloom.h"
 #include "cluster.h"
 #include "log.h"
+#include "httpd.h"
 #include "mem.h"
+#include "metrics.h"
+#include "node_metrics.h"
 #include "rpc.h"
 #include "xfer.h"
+
+#define METRICS_SYNC_S 0.05 /* figures in /metrics are at most this much older than a tick */
+#define KV_CHECK_S 10.0     /* between full scans of the block manager for /health */
 
 #include <sodium.h>
 
@@ -66,6 +79,17 @@ struct fy_node {
     size_t snap_len;
     bool snap_new;
     _Atomic double last_tick;
+    /* metrics and health: the registry and series are filled on the
+     * engine thread; health inputs are left under health_mu */
+    fy_metrics_t *metrics;
+    fy_node_series_t *series;
+    fy_httpd_t *http;
+    char metrics_url[256];
+    double stall_s, last_sync, last_kv_check;
+    fy_status_t kv_check;
+    pthread_mutex_t health_mu;
+    fy_health_t health;
+    _Atomic bool up;
 };
 
 double fy_node_now(void)
@@ -84,6 +108,7 @@ fy_xfer_t *fy_node_xfer(fy_node_t *n) { return n->xfer; }
 const char *fy_node_name(const fy_node_t *n) { return n->name; }
 const char *fy_node_model_id(const fy_node_t *n) { return n->model_id; }
 int32_t fy_node_max_seqs(const fy_node_t *n) { return n->max_seqs; }
+fy_metrics_t *fy_node_metrics(fy_node_t *n) { return n->metrics; }
 
 void fy_node_ns(const fy_node_t *n, const char *tenant, fy_kv_ns_t *ns)
 {
@@ -243,13 +268,86 @@ static void *hb_main(void *arg)
     return NULL;
 }
 
+/* ---- metrics and health ---------------------------------------------------------------------------- */
+
+/* engine thread: the figures into the registry, the health inputs under health_mu */
+static void sync_metrics(fy_node_t *n, double now)
+{
+    fy_engine_stats_t es;
+    fy_kvm_stats_t ks;
+    fy_xfer_stats_t xs;
+    fy_engine_stats(n->engine, &es);
+    fy_kvm_stats(n->kvm, &ks);
+    fy_xfer_stats(n->xfer, &xs);
+    fy_node_series_sync(n->series, &es, &ks, &xs, n->bad_commands);
+    if (now - n->last_kv_check >= KV_CHECK_S) { /* a full scan: not on every tick */
+        n->last_kv_check = now;
+        n->kv_check = fy_kvm_check(n->kvm); /* logs what broke */
+    }
+    double waited;
+    fy_status_t xst = fy_xfer_health(n->xfer, now, n->stall_s, &waited);
+    if (xst == FY_ERR_TIMEOUT && n->health.xfer != FY_ERR_TIMEOUT)
+        fy_error("transfer thread has not answered for %.1f s", waited);
+    pthread_mutex_lock(&n->health_mu);
+    n->health.kv_balanced = ks.balanced;
+    n->health.kv_check = n->kv_check;
+    n->health.xfer = xst;
+    n->health.xfer_waited = waited;
+    n->health.running = es.running;
+    n->health.waiting = es.waiting;
+    n->health.kv_usage = ks.usage;
+    pthread_mutex_unlock(&n->health_mu);
+}
+
+/* nng thread */
+static void on_metrics(void *arg, const char *path, fy_http_reply_t *reply)
+{
+    fy_node_t *n = arg;
+    char *text;
+    size_t len;
+    if (fy_metrics_render(n->metrics, &text, &len) != FY_OK) {
+        fy_httpd_reply_error(reply, 500, "internal", "out of memory rendering the metrics");
+        return;
+    }
+    reply->content_type = FY_METRICS_CONTENT_TYPE;
+    reply->body = text;
+    reply->body_len = len;
+    reply->body_owned = 1;
+}
+
+/* nng thread */
+static void on_health(void *arg, const char *path, fy_http_reply_t *reply)
+{
+    fy_node_t *n = arg;
+    fy_health_t h;
+    pthread_mutex_lock(&n->health_mu);
+    h = n->health;
+    pthread_mutex_unlock(&n->health_mu);
+    h.up = n->up;
+    h.last_tick = n->last_tick;
+    char *body = fy_malloc(512);
+    if (!body) {
+        reply->status = 503;
+        return;
+    }
+    reply->status = fy_health_eval(&h, fy_node_now(), body, 512);
+    reply->content_type = "application/json";
+    reply->body = body;
+    reply->body_len = strlen(body);
+    reply->body_owned = 1;
+}
+
 /* engine thread, after every step and at least every heartbeat */
 static void on_tick(void *arg)
 {
     fy_node_t *n = arg;
     double now = fy_node_now();
-    n->last_tick = now; /* read by the heartbeat thread: a double, informational */
+    n->last_tick = now; /* read by the heartbeat and HTTP threads */
     if (n->role->tick) n->role->tick(n, n->state, now);
+    if (now - n->last_sync >= METRICS_SYNC_S) {
+        n->last_sync = now;
+        sync_metrics(n, now);
+    }
     if (now - n->last_load >= n->heartbeat_s) {
         n->last_load = now;
         send_load(n);
@@ -261,9 +359,9 @@ static void on_tick(void *arg)
 static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
 {
     const fy_config_t *c = n->cfg;
-    const char *sec = role->name, *model_path, *name, *listen, *events, *transports, *isa;
+    const char *sec = role->name, *model_path, *name, *listen, *events, *transports, *isa, *metrics_url;
     int64_t threads, kv_mem, max_seqs, max_batch, max_waiting, ctx, host_mem;
-    double heartbeat;
+    double heartbeat, stall;
     int32_t block_size;
     fy_dtype_t kv_dtype;
     fy_status_t st;
@@ -274,6 +372,8 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
         (st = fy_config_string(c, "worker", "transports", NULL, &transports)) ||
         (st = fy_config_string(c, "worker", "isa", NULL, &isa)) ||
         (st = fy_config_duration(c, "worker", "heartbeat", 0.2, 0.01, 60, &heartbeat)) ||
+        (st = fy_config_duration(c, "worker", "stall_timeout", 10, 0.01, 3600, &stall)) ||
+        (st = fy_config_string(c, sec, "metrics", NULL, &metrics_url)) ||
         (st = fy_config_int(c, sec, "threads", 0, 0, 256, &threads)) ||
         (st = fy_config_size(c, sec, "kv_mem", 256 << 20, 1 << 20, (int64_t)1 << 40, &kv_mem)) ||
         (st = fy_config_size(c, sec, "host_kv_mem", 0, 0, (int64_t)1 << 40, &host_mem)) ||
@@ -293,6 +393,8 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     snprintf(n->listen, sizeof(n->listen), "%s", listen);
     snprintf(n->events, sizeof(n->events), "%s", events);
     n->heartbeat_s = heartbeat;
+    n->stall_s = stall;
+    snprintf(n->metrics_url, sizeof(n->metrics_url), "%s", metrics_url ? metrics_url : "");
     n->max_seqs = (int32_t)max_seqs;
     if (sodium_init() < 0) return FY_ERR_INTERNAL;
     while (!n->incarnation) randombytes_buf(&n->incarnation, sizeof(n->incarnation));
@@ -367,15 +469,32 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
 
     n->bloom_bytes = fy_bloom_bytes_for(ks.tier[FY_KV_DEVICE].total);
     if (!(n->bloom = fy_calloc(n->bloom_bytes, 1))) return FY_ERR_NOMEM;
+    /* the registry before the role, which adds its own series */
+    if ((st = fy_metrics_create(&n->metrics)) ||
+        (st = fy_node_series_create(n->metrics, sec, n->name, n->model_id, ks.tier[FY_KV_HOST].total > 0,
+                                    !strcmp(sec, "prefill"), &n->series)))
+        return st;
+    n->health = (fy_health_t){.role = sec, .worker = n->name, .stall_s = stall, .kv_balanced = ks.balanced};
+    n->kv_check = FY_OK;
     if ((st = role->start(n, &n->state))) return st;
     n->role = role;
     if ((st = fy_push_create(n->events, 8192, &n->out))) return st;
     n->last_tick = fy_node_now();
+    n->last_kv_check = n->last_tick - KV_CHECK_S; /* the first sync scans */
+    sync_metrics(n, n->last_tick);
     send_load(n);
     if (pthread_create(&n->hb, NULL, hb_main, n)) return FY_ERR_INTERNAL;
     n->hb_on = true;
     if ((st = fy_engine_start(n->engine))) return st;
     if ((st = fy_pull_create(n->listen, on_command, n, &n->cmds))) return st;
+    if (n->metrics_url[0]) {
+        if ((st = fy_httpd_create(n->metrics_url, &n->http)) ||
+            (st = fy_httpd_route(n->http, "/metrics", on_metrics, n)) ||
+            (st = fy_httpd_route(n->http, "/health", on_health, n)))
+            return st;
+        fy_info("metrics and health on %s (/metrics, /health)", n->metrics_url);
+    }
+    n->up = true;
     char desc[256];
     fy_model_describe(n->model, desc, sizeof(desc));
     fy_info("%s worker up: commands on %s, events to %s; %s; kv %d blocks of %d tokens (%zu bytes each)", sec,
@@ -385,6 +504,7 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
 
 static void teardown(fy_node_t *n)
 {
+    n->up = false; /* /health: 503 while the worker drains */
     fy_pull_destroy(n->cmds);
     n->cmds = NULL;
     /* the engine thread stops first: it must not hand a block to a job
@@ -395,6 +515,8 @@ static void teardown(fy_node_t *n)
     if (n->role && n->role->stop) n->role->stop(n, n->state);
     fy_engine_destroy(n->engine); /* posted work runs; requests left end with errors (pushed) */
     if (n->role && n->role->destroy) n->role->destroy(n->state);
+    fy_httpd_destroy(n->http); /* its callbacks read the registry and the health inputs */
+    n->http = NULL;
     if (n->hb_on) {
         pthread_mutex_lock(&n->hb_mu);
         n->hb_stop = true;
@@ -403,6 +525,8 @@ static void teardown(fy_node_t *n)
         pthread_join(n->hb, NULL);
     }
     fy_free(n->snap);
+    fy_node_series_destroy(n->series);
+    fy_metrics_destroy(n->metrics);
     fy_push_destroy(n->out);
     fy_kvm_destroy(n->kvm);
     fy_kv_hasher_destroy(n->hasher);
@@ -427,6 +551,7 @@ int fy_node_main(int argc, char **argv, const fy_node_role_t *role)
     fy_node_t n = {0};
     pthread_mutex_init(&n.hb_mu, NULL);
     pthread_cond_init(&n.hb_cv, NULL);
+    pthread_mutex_init(&n.health_mu, NULL);
     fy_status_t st = fy_cluster_config(argc, argv, "-c FILE [--set section.key=value]...", &n.cfg);
     if (st == FY_ERR_CANCELLED) return 0;
     if (st) return 2;

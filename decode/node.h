@@ -23,6 +23,7 @@
 #include "config.h"
 #include "engine.h"
 #include "kv.h"
+#include "metrics.h"
 #include "model.h"
 #include "msg.h"
 #include "runner.h"
@@ -63,6 +64,10 @@ fy_xfer_t *fy_node_xfer(fy_node_t *n);
 const char *fy_node_name(const fy_node_t *n);
 const char *fy_node_model_id(const fy_node_t *n);
 int32_t fy_node_max_seqs(const fy_node_t *n);
+/* The worker's metrics registry (served on <role>.metrics at /metrics):
+ * a role registers its own series in start() and updates them from its
+ * callbacks. */
+fy_metrics_t *fy_node_metrics(fy_node_t *n);
 /* The prefix-cache namespace of a tenant on this deployment. */
 void fy_node_ns(const fy_node_t *n, const char *tenant, fy_kv_ns_t *ns);
 /* Sends an event to the router (any thread); w is consumed. */

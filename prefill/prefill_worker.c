@@ -15,6 +15,12 @@
  * reused while a put may still read it.  When the first token is sampled
  * the job flushes; the flush's completion (transfer thread) is posted
  * back to the engine thread, which reports "prefilled" or an error.
+ *
+ * Metrics (besides node.c's): per job, time to first token and queue time
+ * as the engine measures them (submission to the first token: queue and
+ * prompt compute, not the transfer), the whole job (command received to
+ * "prefilled" or the error reported, transfer tail included), the KV
+ * transfer (first put to flush done) and the job's outcome.
  */
 #include "prefill_worker.h"
 
@@ -60,6 +66,9 @@ typedef struct prefill {
     int32_t n_jobs;
     uint64_t done, failed;
     int64_t bytes;
+    struct {
+        fy_metric_t *ttft, *queue, *e2e, *xfer_s, *ok, *failed, *cancelled;
+    } m;
 } prefill_t;
 
 static void job_unlink(prefill_t *p, pjob_t *j)
@@ -107,7 +116,10 @@ static void job_maybe_end(pjob_t *j)
     prefill_t *p = j->p;
     fy_node_t *n = p->n;
     double now = fy_node_now();
+    fy_metric_observe(p->m.e2e, now - j->t_recv);
     if (j->xfer_status == FY_OK && j->engine_status == FY_OK && j->have_token && !j->cancelled) {
+        fy_metric_inc(p->m.ok);
+        if (j->t_first_put > 0) fy_metric_observe(p->m.xfer_s, now - j->t_first_put);
         fy_msgw_t w;
         fy_node_msg(n, &w, "prefilled", 0, j->id);
         fy_msgw_i64(&w, "attempt", j->attempt);
@@ -124,7 +136,10 @@ static void job_maybe_end(pjob_t *j)
         fy_msgw_map_end(&w);
         fy_node_push(n, &w);
         p->done++;
-    } else if (!j->cancelled) {
+    } else if (j->cancelled) {
+        fy_metric_inc(p->m.cancelled);
+    } else {
+        fy_metric_inc(p->m.failed);
         p->failed++;
         if (j->engine_status != FY_OK)
             job_error(j, j->engine_status, "prefill failed: %s", j->engine_msg);
@@ -226,6 +241,8 @@ static void on_event(void *arg, const fy_event_t *ev)
         if (ev->timings) {
             j->queue_s = ev->timings->queue_s;
             j->n_cached = ev->timings->n_cached;
+            fy_metric_observe(j->p->m.queue, ev->timings->queue_s);
+            if (j->have_token) fy_metric_observe(j->p->m.ttft, ev->timings->ttft_s);
         }
         if (ev->kind == FY_EVENT_ERROR) {
             j->engine_status = ev->status;
@@ -368,6 +385,40 @@ static fy_status_t p_start(fy_node_t *n, void **state_p)
     prefill_t *p = fy_calloc(1, sizeof(*p));
     if (!p) return FY_ERR_NOMEM;
     p->n = n;
+    fy_metrics_t *reg = fy_node_metrics(n);
+    fy_status_t st = fy_metrics_histogram(
+        reg, "ferry:time_to_first_token_seconds",
+        "On a prefill worker: from a job's submission to its engine to the first token (queue and prompt compute; "
+        "the KV transfer's tail and the router's hops are not in it).",
+        NULL, fy_metrics_ttft_buckets, fy_metrics_n_ttft_buckets, &p->m.ttft);
+    if (!st)
+        st = fy_metrics_histogram(reg, "ferry:request_queue_time_seconds",
+                                  "From a job's submission to its engine to its first scheduled step.", NULL,
+                                  fy_metrics_e2e_buckets, fy_metrics_n_e2e_buckets, &p->m.queue);
+    if (!st)
+        st = fy_metrics_histogram(reg, "ferry:e2e_request_latency_seconds",
+                                  "On a prefill worker: from the prefill command's arrival to the job's report "
+                                  "(prefilled or failed), KV transfer included.",
+                                  NULL, fy_metrics_e2e_buckets, fy_metrics_n_e2e_buckets, &p->m.e2e);
+    if (!st)
+        st = fy_metrics_histogram(reg, "ferry:kv_transfer_seconds",
+                                  "Per successful job: from its first KV put to the flush that confirms every byte "
+                                  "is in the decode worker's cache.",
+                                  NULL, fy_metrics_ttft_buckets, fy_metrics_n_ttft_buckets, &p->m.xfer_s);
+    const char *help = "Prefill jobs ended, by outcome.";
+    if (!st)
+        st = fy_metrics_counter(reg, "ferry:prefill_jobs_total", help, (const char *const[]){"outcome", "ok", NULL},
+                                &p->m.ok);
+    if (!st)
+        st = fy_metrics_counter(reg, "ferry:prefill_jobs_total", help, (const char *const[]){"outcome", "failed", NULL},
+                                &p->m.failed);
+    if (!st)
+        st = fy_metrics_counter(reg, "ferry:prefill_jobs_total", help,
+                                (const char *const[]){"outcome", "cancelled", NULL}, &p->m.cancelled);
+    if (st) {
+        fy_free(p);
+        return st;
+    }
     *state_p = p;
     return FY_OK;
 }

@@ -10,8 +10,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -170,6 +174,12 @@ void tc_start(tc_cluster_t *c, const tc_opts_t *o)
                      name);
         argv[na++] = "--set", argv[na++] = sets[ns++];
         for (int k = 0; k < 16 && o->common[k]; k++) argv[na++] = "--set", argv[na++] = (char *)o->common[k];
+        if (o->metrics) {
+            c->metrics_port[w] = tc_free_port();
+            snprintf(sets[ns], sizeof(sets[ns]), "%s.metrics=tcp://127.0.0.1:%d", decode ? "decode" : "prefill",
+                     c->metrics_port[w]);
+            argv[na++] = "--set", argv[na++] = sets[ns++];
+        }
         for (int k = 0; k < 4 && o->per_worker[w][k]; k++) argv[na++] = "--set", argv[na++] = (char *)o->per_worker[w][k];
         argv[na] = NULL;
         add_proc(c, name, o->wrap[w + 1], argv);
@@ -369,4 +379,70 @@ void tc_reference(const char *model, int32_t *const *prompts, const int32_t *len
     fy_runner_destroy(r);
     fy_backend_destroy(be);
     fy_model_destroy(m);
+}
+
+int tc_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+int tc_http(int port, const char *method, const char *path, char **body_p)
+{
+    if (body_p) *body_p = NULL;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    char req[512];
+    int n = snprintf(req, sizeof(req), "%s %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nConnection: close\r\n%s\r\n",
+                     method, path, port, strcmp(method, "POST") ? "" : "Content-Length: 0\r\n");
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) || write(fd, req, (size_t)n) != n) {
+        close(fd);
+        return -1;
+    }
+    size_t cap = 1 << 16, len = 0;
+    char *buf = fy_malloc(cap);
+    assert_non_null(buf);
+    double t0 = tc_now();
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 100) < 0 || tc_now() - t0 > 5) break;
+        if (!p.revents) continue;
+        if (len + 1 == cap) {
+            cap *= 2;
+            buf = fy_realloc(buf, cap);
+            assert_non_null(buf);
+        }
+        ssize_t r = read(fd, buf + len, cap - len - 1);
+        if (r <= 0) break;
+        len += (size_t)r;
+    }
+    close(fd);
+    buf[len] = 0;
+    int status = -1;
+    if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1) status = -1;
+    char *body = strstr(buf, "\r\n\r\n");
+    if (body_p && body) {
+        *body_p = fy_strdup(body + 4);
+        assert_non_null(*body_p);
+    }
+    fy_free(buf);
+    return status;
+}
+
+double tc_metric(const char *text, const char *series)
+{
+    size_t n = strlen(series);
+    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+        if (!strncmp(p, series, n) && p[n] == ' ') return strtod(p + n + 1, NULL);
+    }
+    fail_msg("no series %s in the metrics", series);
+    return 0;
 }

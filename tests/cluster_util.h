@@ -29,6 +29,7 @@ typedef struct tc_cluster {
     tc_proc_t procs[TC_MAX_PROCS];
     int n_procs;
     int n_prefill, n_decode;
+    int metrics_port[TC_MAX_PROCS]; /* per worker (prefill 0.., then decode 0..); 0: none */
     fy_client_t *client;
 } tc_cluster_t;
 
@@ -42,6 +43,7 @@ typedef struct tc_opts {
     const char *router_url, *events_url;
     const char *worker_url[TC_MAX_PROCS];
     const char *const *wrap[TC_MAX_PROCS + 1]; /* [0] router, then workers */
+    bool metrics; /* every worker serves /metrics and /health on a free loopback port */
 } tc_opts_t;
 
 /* The binaries' directory ($FERRY_BIN or bin) and the default model, or
@@ -87,5 +89,16 @@ void tc_reference(const char *model, int32_t *const *prompts, const int32_t *len
                   int n, tc_result_t *res);
 
 double tc_now(void);
+
+/* A TCP port on 127.0.0.1 that was free a moment ago. */
+int tc_free_port(void);
+/* One HTTP/1.1 request over a plain socket to 127.0.0.1:port (5 s
+ * deadline).  Returns the status code (-1 when no answer); *body_p (may be
+ * NULL) gets the body, NUL-terminated, to fy_free. */
+int tc_http(int port, const char *method, const char *path, char **body_p);
+/* The value of one sample line of Prometheus text: series is the name
+ * with its labels exactly as rendered ("ferry:kv_blocks{tier=\"device\",state=\"used\"}").
+ * Fails the test when the series is absent. */
+double tc_metric(const char *text, const char *series);
 
 #endif /* FY_CLUSTER_UTIL_H */

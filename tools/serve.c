@@ -57,24 +57,6 @@ typedef struct serve {
     int first_rc;
 } serve_t;
 
-/* "tcp://host:port" -> the same with port + i; "ipc:///p" -> "ipc:///p-i" */
-static bool addr_plus(const char *base, int i, char *out, size_t cap)
-{
-    const char *colon = strrchr(base, ':');
-    if (!strncmp(base, "tcp://", 6) && colon && colon > base + 6) {
-        char *end;
-        long port = strtol(colon + 1, &end, 10);
-        if (*end || port < 1 || port + i > 65535) return false;
-        snprintf(out, cap, "%.*s:%ld", (int)(colon - base), base, port + i);
-        return true;
-    }
-    if (!strncmp(base, "ipc://", 6)) {
-        snprintf(out, cap, "%s-%d", base, i);
-        return true;
-    }
-    return false;
-}
-
 static void *first_request(void *arg)
 {
     serve_t *s = arg;
@@ -217,7 +199,7 @@ int fy_cmd_serve(int argc, char **argv)
     if (st == FY_ERR_CANCELLED) return 0;
     if (st) return 2;
     int rc = 1;
-    const char *run_dir, *logs, *secret, *router_listen, *p_listen, *d_listen;
+    const char *run_dir, *logs, *secret, *router_listen, *p_listen, *d_listen, *p_metrics, *d_metrics;
     int64_t n_prefill, n_decode, max_restarts;
     double backoff, grace;
     if (fy_config_string(cfg, "serve", "run_dir", "run", &run_dir) ||
@@ -229,6 +211,8 @@ int fy_cmd_serve(int argc, char **argv)
         fy_config_string(cfg, "router", "listen", "tcp://127.0.0.1:7400", &router_listen) ||
         fy_config_string(cfg, "prefill", "listen", "tcp://127.0.0.1:7410", &p_listen) ||
         fy_config_string(cfg, "decode", "listen", "tcp://127.0.0.1:7420", &d_listen) ||
+        fy_config_string(cfg, "prefill", "metrics", NULL, &p_metrics) ||
+        fy_config_string(cfg, "decode", "metrics", NULL, &d_metrics) ||
         fy_config_int(cfg, "prefill", "count", 1, 0, 16, &n_prefill) ||
         fy_config_int(cfg, "decode", "count", 1, 1, 16, &n_decode))
         goto out;
@@ -274,17 +258,18 @@ int fy_cmd_serve(int argc, char **argv)
     sp.restart_backoff_s = backoff;
     sp.stop_grace_s = grace;
     if (fy_sup_create(&sp, &s.sup)) goto out;
-    char bin[PATH_MAX], logp[PATH_MAX], name[64], addr[256], set_name[128], set_addr[320];
+    char bin[PATH_MAX], logp[PATH_MAX], name[64], addr[256], set_name[128], set_addr[320], maddr[256], set_maddr[320];
     if (!fmt(bin, sizeof(bin), "%s/ferry-router", bindir) || !fmt(logp, sizeof(logp), "%s/router.log", log_dir))
         goto out;
     char *rargv[] = {bin, "-c", conf, NULL};
     if (fy_sup_add(s.sup, "router", rargv, logp, true, NULL)) goto out;
     for (int role = 0; role < 2; role++) {
         const char *rname = role ? "decode" : "prefill", *base = role ? d_listen : p_listen;
+        const char *mbase = role ? d_metrics : p_metrics;
         int count = role ? s.n_decode : s.n_prefill;
         for (int i = 0; i < count; i++) {
             snprintf(name, sizeof(name), "%s-%d", rname, i);
-            if (!addr_plus(base, i, addr, sizeof(addr))) {
+            if (!fy_cluster_addr_plus(base, i, addr, sizeof(addr))) {
                 fprintf(stderr, "ferry: serve: %s.listen = '%s': expected tcp://HOST:PORT or ipc://PATH\n", rname,
                         base);
                 goto out;
@@ -294,7 +279,15 @@ int fy_cmd_serve(int argc, char **argv)
                 !fmt(set_name, sizeof(set_name), "worker.name=%s", name) ||
                 !fmt(set_addr, sizeof(set_addr), "%s.listen=%s", rname, addr))
                 goto out;
-            char *wargv[] = {bin, "-c", conf, "--set", set_name, "--set", set_addr, NULL};
+            /* worker i serves /metrics on the role's metrics port + i */
+            if (mbase && *mbase &&
+                (!fy_cluster_addr_plus(mbase, i, maddr, sizeof(maddr)) || !strncmp(mbase, "ipc://", 6))) {
+                fprintf(stderr, "ferry: serve: %s.metrics = '%s': expected tcp://HOST:PORT\n", rname, mbase);
+                goto out;
+            }
+            if (mbase && *mbase && !fmt(set_maddr, sizeof(set_maddr), "%s.metrics=%s", rname, maddr)) goto out;
+            char *wargv[] = {bin, "-c", conf, "--set", set_name, "--set", set_addr, NULL, NULL, NULL};
+            if (mbase && *mbase) wargv[7] = "--set", wargv[8] = set_maddr;
             if (fy_sup_add(s.sup, name, wargv, logp, false, NULL)) goto out;
         }
     }

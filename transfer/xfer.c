@@ -152,6 +152,10 @@ struct fy_xfer {
     struct {
         _Atomic uint64_t jobs_ok, jobs_failed, puts, bytes, layout_refusals, peers_connected, peer_failures;
     } stats;
+
+    /* fy_xfer_health: pings sent (by its caller) and the last one the thread saw */
+    _Atomic uint64_t ping_sent, ping_seen;
+    double ping_t; /* when the unanswered ping was sent (the caller's) */
 };
 
 double fy_xfer_now(void)
@@ -874,6 +878,7 @@ static void *xfer_main(void *arg)
     fy_xfer_t *x = arg;
     for (;;) {
         bool stop = take_commands(x);
+        atomic_store(&x->ping_seen, atomic_load(&x->ping_sent));
         progress(x);
         double now = fy_xfer_now();
         handle_events(x, now);
@@ -1005,6 +1010,26 @@ void fy_xfer_job_abort(fy_xfer_job_t *j)
     if (!j) return;
     j->end_cmd = (xfer_cmd_t){.type = CMD_ABORT, .job = j};
     enqueue(j->x, &j->end_cmd);
+}
+
+fy_status_t fy_xfer_health(fy_xfer_t *x, double now, double timeout_s, double *waited_p)
+{
+    *waited_p = 0;
+    pthread_mutex_lock(&x->lock);
+    bool stop = x->stop;
+    pthread_mutex_unlock(&x->lock);
+    if (stop || !x->thread_started) return FY_ERR_CANCELLED;
+    uint64_t sent = atomic_load(&x->ping_sent);
+    if (sent != 0 && atomic_load(&x->ping_seen) != sent) { /* the last ping is still waiting */
+        *waited_p = now - x->ping_t;
+        return *waited_p > timeout_s ? FY_ERR_TIMEOUT : FY_OK;
+    }
+    x->ping_t = now;
+    atomic_store(&x->ping_sent, sent + 1);
+    uint64_t one = 1;
+    if (write(x->event_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+        fy_warn("xfer: waking the transfer thread: %s", strerror(errno));
+    return FY_OK;
 }
 
 void fy_xfer_stats(fy_xfer_t *x, fy_xfer_stats_t *out)

@@ -175,6 +175,14 @@ typedef struct fy_xfer_stats {
 
 void fy_xfer_stats(fy_xfer_t *x, fy_xfer_stats_t *out); /* any thread */
 
+/* Whether the transfer thread still answers, for a health check called
+ * now and then by one thread (a worker's engine tick): each call whose
+ * last ping was answered sends a new one (a wake-up of the thread) and
+ * returns FY_OK; a ping unanswered for more than timeout_s gives
+ * FY_ERR_TIMEOUT, and once fy_xfer_destroy has begun FY_ERR_CANCELLED.
+ * *waited_p: how long the unanswered ping has waited (0 when none). */
+fy_status_t fy_xfer_health(fy_xfer_t *x, double now, double timeout_s, double *waited_p);
+
 /* CLOCK_MONOTONIC in seconds: the clock of job deadlines. */
 double fy_xfer_now(void);
 

@@ -1,0 +1,186 @@
+/*
+ * node_metrics.c - the series every worker exports, and the health
+ * verdict (see node_metrics.h).  Names follow vLLM's where the meaning is
+ * the same, under ferry:; docs/operations.md lists them.
+ */
+#include "node_metrics.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "log.h"
+#include "mem.h"
+
+struct fy_node_series {
+    fy_metrics_t *reg;
+    bool host_tier, puts;
+    fy_metric_t *usage;
+    fy_metric_t *blocks[2][4]; /* [tier: device, host][free, used, cached, promised] */
+    fy_metric_t *prefix_queries, *prefix_hits;
+    fy_metric_t *preempt_recompute, *preempt_swap, *swap_out, *swap_in;
+    fy_metric_t *running, *waiting, *swapped;
+    fy_metric_t *prompt_tokens, *computed_tokens, *generation_tokens;
+    fy_metric_t *refused_overloaded, *refused_invalid;
+    fy_metric_t *spec_draft, *spec_accepted;
+    fy_metric_t *layout_refusals, *peer_failures, *xfer_bytes, *xfer_ok, *xfer_failed;
+    fy_metric_t *steps, *bad_commands;
+};
+
+static const char *const STATE[4] = {"free", "used", "cached", "promised"};
+
+fy_status_t fy_node_series_create(fy_metrics_t *reg, const char *role, const char *worker, const char *model,
+                                  bool host_tier, bool puts, fy_node_series_t **s_p)
+{
+    fy_node_series_t *s = fy_calloc(1, sizeof(*s));
+    if (!s) {
+        fy_error("metrics: out of memory");
+        return FY_ERR_NOMEM;
+    }
+    s->reg = reg;
+    s->host_tier = host_tier;
+    s->puts = puts;
+    fy_metric_t *info;
+    fy_status_t st;
+#define C(field, name, help, ...) \
+    if (!st) st = fy_metrics_counter(reg, name, help, (const char *const[]){__VA_ARGS__, NULL}, &s->field)
+#define G(field, name, help, ...) \
+    if (!st) st = fy_metrics_gauge(reg, name, help, (const char *const[]){__VA_ARGS__, NULL}, &s->field)
+    st = fy_metrics_gauge(reg, "ferry:worker_info", "This worker: its role, name and model (value 1).",
+                          (const char *const[]){"role", role, "worker", worker, "model_name", model, NULL}, &info);
+    if (!st) fy_metric_set(info, 1);
+    G(usage, "ferry:kv_cache_usage_perc", "Share of device KV blocks in use by requests (0 to 1).", NULL);
+    for (int t = 0; t < (host_tier ? 2 : 1); t++) {
+        for (int k = 0; k < (t == 0 ? 4 : 3); k++) {
+            G(blocks[t][k], "ferry:kv_blocks",
+              "KV blocks by tier and state: free, used (held by requests), cached (prefix cache, evictable); "
+              "promised blocks are free blocks set aside at admission.",
+              "tier", t == 0 ? "device" : "host", "state", STATE[k]);
+        }
+    }
+    C(prefix_queries, "ferry:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", NULL);
+    C(prefix_hits, "ferry:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", NULL);
+    C(preempt_recompute, "ferry:num_preemptions_total", "Requests preempted, by how.", "mode", "recompute");
+    C(preempt_swap, "ferry:num_preemptions_total", "Requests preempted, by how.", "mode", "swap");
+    C(swap_out, "ferry:kv_swapped_blocks_total", "KV blocks moved by swap preemption.", "direction", "out");
+    C(swap_in, "ferry:kv_swapped_blocks_total", "KV blocks moved by swap preemption.", "direction", "in");
+    G(running, "ferry:num_requests_running", "Requests in the running batch.", NULL);
+    G(waiting, "ferry:num_requests_waiting", "Requests queued in the engine, not yet running.", NULL);
+    G(swapped, "ferry:num_requests_swapped", "Requests swapped out to the host tier.", NULL);
+    C(prompt_tokens, "ferry:prompt_tokens_total",
+      "Prompt tokens of requests this engine took in (submitted on a prefill worker, adopted on a decode worker), "
+      "prefix-cache hits included.",
+      NULL);
+    C(computed_tokens, "ferry:prompt_tokens_computed_total",
+      "Prompt tokens this engine computed (hits and adopted prompts excluded; recomputation after preemption "
+      "included).",
+      NULL);
+    C(generation_tokens, "ferry:generation_tokens_total", "Tokens sampled by this engine.", NULL);
+    C(refused_overloaded, "ferry:requests_refused_total", "Requests the engine refused at submission.", "reason",
+      "overloaded");
+    C(refused_invalid, "ferry:requests_refused_total", "Requests the engine refused at submission.", "reason",
+      "invalid");
+    C(spec_draft, "ferry:spec_decode_num_draft_tokens_total", "Draft tokens proposed by speculative decoding.", NULL);
+    C(spec_accepted, "ferry:spec_decode_num_accepted_tokens_total", "Draft tokens accepted by the target model.",
+      NULL);
+    C(layout_refusals, "ferry:kv_layout_refusals_total",
+      "KV transfer connections refused because the two sides' KV layouts differ.", NULL);
+    C(peer_failures, "ferry:kv_transfer_peer_failures_total",
+      "KV transfer connections lost, timed out or closed by force.", NULL);
+    if (puts) {
+        C(xfer_bytes, "ferry:kv_transfer_bytes_total", "KV bytes put into decode workers' caches.", NULL);
+        C(xfer_ok, "ferry:kv_transfer_jobs_total", "KV transfer jobs ended, by result.", "result", "ok");
+        C(xfer_failed, "ferry:kv_transfer_jobs_total", "KV transfer jobs ended, by result.", "result", "failed");
+    }
+    C(steps, "ferry:engine_steps_total", "Forward passes the engine ran.", NULL);
+    C(bad_commands, "ferry:bad_commands_total", "Commands from the router that did not parse.", NULL);
+#undef C
+#undef G
+    if (st) {
+        fy_free(s);
+        return st;
+    }
+    *s_p = s;
+    return FY_OK;
+}
+
+void fy_node_series_destroy(fy_node_series_t *s) { fy_free(s); }
+
+void fy_node_series_sync(fy_node_series_t *s, const fy_engine_stats_t *es, const fy_kvm_stats_t *ks,
+                         const fy_xfer_stats_t *xs, uint64_t bad_commands)
+{
+    fy_metrics_batch_begin(s->reg);
+    fy_metric_set(s->usage, ks->usage);
+    for (int t = 0; t < (s->host_tier ? 2 : 1); t++) {
+        const fy_kvm_tier_stats_t *ts = &ks->tier[t == 0 ? FY_KV_DEVICE : FY_KV_HOST];
+        fy_metric_set(s->blocks[t][0], ts->free);
+        fy_metric_set(s->blocks[t][1], ts->used);
+        fy_metric_set(s->blocks[t][2], ts->cached);
+    }
+    fy_metric_set(s->blocks[0][3], ks->promised);
+    fy_metric_set(s->prefix_queries, (double)ks->query_tokens);
+    fy_metric_set(s->prefix_hits, (double)ks->hit_tokens);
+    fy_metric_set(s->preempt_recompute, (double)es->preemptions_recompute);
+    fy_metric_set(s->preempt_swap, (double)es->preemptions_swap);
+    fy_metric_set(s->swap_out, (double)ks->swap_out_blocks);
+    fy_metric_set(s->swap_in, (double)ks->swap_in_blocks);
+    fy_metric_set(s->running, es->running);
+    fy_metric_set(s->waiting, es->waiting);
+    fy_metric_set(s->swapped, es->swapped);
+    fy_metric_set(s->prompt_tokens, (double)es->prompt_tokens);
+    fy_metric_set(s->computed_tokens, (double)es->computed_prompt_tokens);
+    fy_metric_set(s->generation_tokens, (double)es->generation_tokens);
+    fy_metric_set(s->refused_overloaded, (double)es->refused_overloaded);
+    fy_metric_set(s->refused_invalid, (double)es->refused_invalid);
+    /* SPEC DECODE: the one place speculative decoding's counters are read.
+     * fy_engine_stats_t has none yet; when it does, set them here:
+     *   fy_metric_set(s->spec_draft, (double)es->spec_draft_tokens);
+     *   fy_metric_set(s->spec_accepted, (double)es->spec_accepted_tokens);
+     * Until then both series stay 0, which is true: no drafts are made. */
+    fy_metric_set(s->layout_refusals, (double)xs->layout_refusals);
+    fy_metric_set(s->peer_failures, (double)xs->peer_failures);
+    if (s->puts) {
+        fy_metric_set(s->xfer_bytes, (double)xs->bytes);
+        fy_metric_set(s->xfer_ok, (double)xs->jobs_ok);
+        fy_metric_set(s->xfer_failed, (double)xs->jobs_failed);
+    }
+    fy_metric_set(s->steps, (double)es->steps);
+    fy_metric_set(s->bad_commands, (double)bad_commands);
+    fy_metrics_batch_end(s->reg);
+}
+
+/* ---- health ---------------------------------------------------------------------------------------- */
+
+int fy_health_eval(const fy_health_t *h, double now, char *body, size_t cap)
+{
+    char why[200] = "";
+    double idle = now - h->last_tick;
+    if (!h->up)
+        snprintf(why, sizeof(why), "not serving: starting up or shutting down");
+    else if (idle > h->stall_s)
+        snprintf(why, sizeof(why), "engine stalled: no step or tick for %.2f s (limit %.2f s)", idle, h->stall_s);
+    else if (!h->kv_balanced)
+        snprintf(why, sizeof(why), "kv pool books do not balance: free + used + cached != total");
+    else if (h->kv_check != FY_OK)
+        snprintf(why, sizeof(why), "kv pool invariant check failed: %s", fy_status_str(h->kv_check));
+    else if (h->xfer == FY_ERR_TIMEOUT)
+        snprintf(why, sizeof(why), "transfer engine stuck: a ping unanswered for %.2f s", h->xfer_waited);
+    else if (h->xfer != FY_OK)
+        snprintf(why, sizeof(why), "transfer engine down: %s", fy_status_str(h->xfer));
+    int code = why[0] ? 503 : 200;
+    if (cap == 0) return code;
+    /* role and worker come from the configuration: keep them out of the
+     * JSON when they would need escaping */
+    const char *role = strpbrk(h->role, "\"\\") ? "?" : h->role;
+    const char *worker = strpbrk(h->worker, "\"\\") ? "?" : h->worker;
+    int n;
+    if (code == 200)
+        n = snprintf(body, cap,
+                     "{\"status\":\"ok\",\"role\":\"%s\",\"worker\":\"%s\",\"engine_idle_s\":%.3f,"
+                     "\"running\":%d,\"waiting\":%d,\"kv_usage\":%.4f}\n",
+                     role, worker, idle, h->running, h->waiting, h->kv_usage);
+    else
+        n = snprintf(body, cap, "{\"status\":\"unavailable\",\"reason\":\"%s\",\"role\":\"%s\",\"worker\":\"%s\"}\n",
+                     why, role, worker);
+    (void)n;
+    return code;
+}

@@ -1,0 +1,59 @@
+/*
+ * node_metrics.h - what every worker exports (both roles): the engine's,
+ * the block manager's and the transfer engine's figures as Prometheus
+ * series, copied from their stats on the engine tick; and the health
+ * verdict that /health answers.
+ *
+ * The role's own series (histograms of its requests, leases, jobs) are
+ * registered by the role in the same registry (fy_node_metrics in
+ * node.h).  Serving over HTTP is node.c's; this file has no nng in it, so
+ * the health rules can be tested on their own.
+ */
+#ifndef FY_NODE_METRICS_H
+#define FY_NODE_METRICS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "engine.h"
+#include "kv.h"
+#include "metrics.h"
+#include "status.h"
+#include "xfer.h"
+
+typedef struct fy_node_series fy_node_series_t;
+
+/* Registers the common series in reg.  host_tier: the block manager has
+ * a host tier (its block series are exported too); puts: this role
+ * initiates KV transfers (prefill), so it exports bytes and jobs. */
+fy_status_t fy_node_series_create(fy_metrics_t *reg, const char *role, const char *worker, const char *model,
+                                  bool host_tier, bool puts, fy_node_series_t **s_p);
+void fy_node_series_destroy(fy_node_series_t *s); /* accepts NULL; the series stay in reg */
+
+/* Copies the figures into the series, as one batch (engine thread). */
+void fy_node_series_sync(fy_node_series_t *s, const fy_engine_stats_t *es, const fy_kvm_stats_t *ks,
+                         const fy_xfer_stats_t *xs, uint64_t bad_commands);
+
+/* ---- health ---- */
+
+typedef struct fy_health {
+    const char *role, *worker;
+    bool up;           /* start-up finished and shutdown not begun */
+    double last_tick;  /* CLOCK_MONOTONIC seconds of the engine's last tick */
+    double stall_s;    /* a tick older than this is a stalled engine */
+    bool kv_balanced;  /* free + used + cached == total in every tier, at the last tick */
+    fy_status_t kv_check; /* the last full scan (fy_kvm_check) */
+    fy_status_t xfer;  /* fy_xfer_health at the last tick */
+    double xfer_waited;
+    int32_t running, waiting;
+    double kv_usage;
+} fy_health_t;
+
+/* The verdict at now: 200 and {"status":"ok",...}, or 503 and
+ * {"status":"unavailable","reason":"...",...} naming the first thing
+ * wrong, in this order: not up (starting or shutting down), engine
+ * stalled, KV books unbalanced, KV check failed, transfer engine down or
+ * stuck.  The body is NUL-terminated (truncated to cap). */
+int fy_health_eval(const fy_health_t *h, double now, char *body, size_t cap);
+
+#endif /* FY_NODE_METRICS_H */
