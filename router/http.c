@@ -6,6 +6,7 @@
  *   POST /v1/chat/completions   messages through the model's chat template
  *   GET  /v1/models             the one model served
  *   GET  /health                200 while requests can be served, else 503
+ *   GET  /metrics               the router's Prometheus metrics
  *
  * Both POSTs stream as server-sent events ("data: {...}" chunks, then
  * "data: [DONE]") with "stream": true, or answer one JSON body with usage
@@ -57,7 +58,7 @@ typedef struct hreq hreq_t;
 struct fy_http {
     router_t *R;
     nng_http_server *srv;
-    nng_http_handler *handlers[4];
+    nng_http_handler *handlers[5];
     int n_handlers;
     char url[256];
     char served[128]; /* the model's name in the API */
@@ -67,8 +68,8 @@ struct fy_http {
     time_t created;
     hreq_t *live; /* generations whose connection is ours */
     bool stopping;
-    /* figures (under the router's lock) */
-    uint64_t responses[6]; /* 2xx, 400, 401/404/405/413/415, 429, 5xx, client gone */
+    /* 2xx, 400, other 4xx, 429, 5xx answers; clients gone before the end */
+    fy_metric_t *responses[6];
 };
 
 struct hreq {
@@ -185,9 +186,7 @@ static void respond(fy_http_t *H, nng_aio *aio, uint16_t status, json_t *body, d
     }
     nng_http_res_copy_data(res, txt, strlen(txt));
     free(txt);
-    fy_router_lock(H->R);
-    H->responses[class_of(status)]++;
-    fy_router_unlock(H->R);
+    fy_metric_inc(H->responses[class_of(status)]);
     nng_aio_set_output(aio, 0, res);
     nng_aio_finish(aio, 0);
 }
@@ -728,7 +727,7 @@ static void raw_response(hreq_t *h, uint16_t status, json_t *body)
     wappend(h, txt, strlen(txt));
     free(txt);
     h->final = true;
-    h->H->responses[class_of(status)]++;
+    fy_metric_inc(h->H->responses[class_of(status)]);
 }
 
 /* The whole answer, once every sample is done. */
@@ -877,7 +876,7 @@ static void write_cb(void *arg)
     h->writing = false;
     bool close_it = false;
     if (rv) {
-        if (!h->final) h->H->responses[5]++;
+        if (!h->final) fy_metric_inc(h->H->responses[5]);
         h_release(h, true); /* the client is gone: its requests end, their blocks go back */
         close_it = !h->closing;
         h->closing = true;
@@ -907,7 +906,7 @@ static void read_cb(void *arg)
     } else if (!h->closing) {
         /* the client hung up (or the socket broke) before the answer was out */
         if (!h->final) {
-            h->H->responses[5]++;
+            fy_metric_inc(h->H->responses[5]);
             fy_info("http %s: the client went away; cancelling", h->oid);
         }
         h_release(h, true);
@@ -1163,6 +1162,31 @@ static void on_health(nng_aio *aio)
     respond(H, aio, why ? 503 : 200, o, why ? H->retry_after_s : 0);
 }
 
+static void on_metrics(nng_aio *aio)
+{
+    fy_http_t *H = nng_http_handler_get_data(nng_aio_get_input(aio, 1));
+    fy_router_lock(H->R);
+    fy_router_metrics_refresh(H->R);
+    fy_router_unlock(H->R);
+    char *text;
+    size_t len;
+    nng_http_res *res;
+    if (fy_metrics_render(fy_router_metrics(H->R), &text, &len) != FY_OK) {
+        nng_aio_finish(aio, NNG_ENOMEM);
+        return;
+    }
+    if (nng_http_res_alloc(&res)) {
+        fy_free(text);
+        nng_aio_finish(aio, NNG_ENOMEM);
+        return;
+    }
+    nng_http_res_set_header(res, "Content-Type", FY_METRICS_CONTENT_TYPE);
+    nng_http_res_copy_data(res, text, len);
+    fy_free(text);
+    nng_aio_set_output(aio, 0, res);
+    nng_aio_finish(aio, 0);
+}
+
 /* ---- start and stop --------------------------------------------------------------------------------- */
 
 static fy_status_t add_handler(fy_http_t *H, const char *path, const char *method, void (*fn)(nng_aio *),
@@ -1232,6 +1256,14 @@ fy_status_t fy_http_start(router_t *R, fy_http_t **h_p)
     if (!st) st = add_handler(H, "/v1/chat/completions", "POST", on_chat, (size_t)max_body);
     if (!st) st = add_handler(H, "/v1/models", "GET", on_models, 0);
     if (!st) st = add_handler(H, "/health", "GET", on_health, 0);
+    if (!st) st = add_handler(H, "/metrics", "GET", on_metrics, 0);
+    static const char *const classes[] = {"2xx", "400", "4xx", "429", "5xx", "client_gone"};
+    for (int i = 0; i < 6 && !st; i++) {
+        const char *l[] = {"code", classes[i], NULL};
+        st = fy_metrics_counter(fy_router_metrics(R), "ferry:http_responses_total",
+                                "HTTP answers by status class; client_gone: the client left before the end", l,
+                                &H->responses[i]);
+    }
     if (!st && (rv = nng_http_server_start(H->srv)) != 0) {
         fy_error("http: cannot listen on %s: %s", url, nng_strerror(rv));
         st = FY_ERR_IO;

@@ -40,6 +40,7 @@
 #include "kv.h"
 #include "log.h"
 #include "mem.h"
+#include "metrics.h"
 #include "model.h"
 #include "msg.h"
 #include "prompt.h"
@@ -102,7 +103,7 @@ typedef struct rreq {
     double rid_deadline, prefill_deadline, deadline;
     int retries;
     /* timings (router clock) and the prefill worker's */
-    double t_arrive, t_reserve, t_reserved, t_prefill, t_prefilled, t_first, t_done, last_poll;
+    double t_arrive, t_reserve, t_reserved, t_prefill, t_prefilled, t_first, t_last, t_done, last_poll;
     double p_queue, p_compute, p_tail, p_transfer;
     int64_t bytes;
     /* output */
@@ -158,6 +159,14 @@ typedef struct router {
     bool hk_on, stop;
     /* figures */
     uint64_t accepted, refused, completed, failed, retried, bad_events;
+    fy_metrics_t *reg;
+    struct {
+        fy_metric_t *running, *waiting, *prefill_up, *decode_up, *prompt, *cached, *generation, *retries, *bad_events;
+        fy_metric_t *ttft, *itl, *e2e, *queue, *xfer_s, *xfer_bytes;
+        fy_metric_t *success[4]; /* length, stop, eos, context */
+        fy_metric_t *failure[6]; /* cancelled, timeout, peer, invalid, overloaded, other */
+        fy_metric_t *refused[2]; /* overloaded, invalid */
+    } m;
 } router_t;
 
 static double now_s(void)
@@ -286,6 +295,17 @@ static void finish_req(router_t *R, rreq_t *q, fy_status_t err, const char *fmt,
     set_state(R, q, RQ_DONE);
     q->done = true;
     q->t_done = now_s();
+    fy_metric_observe(R->m.e2e, q->t_done - q->t_arrive);
+    if (err == FY_OK) {
+        static const char *const reasons[] = {"length", "stop", "eos", "context"};
+        int k = 0;
+        while (k < 3 && strcmp(q->finish, reasons[k])) k++;
+        fy_metric_inc(R->m.success[k]);
+    } else {
+        int k = err == FY_ERR_CANCELLED ? 0 : err == FY_ERR_TIMEOUT ? 1 : err == FY_ERR_PEER ? 2
+                : err == FY_ERR_INVALID ? 3 : err == FY_ERR_OVERLOADED ? 4 : 5;
+        fy_metric_inc(R->m.failure[k]);
+    }
     wake_poll(R, q);
 }
 
@@ -298,6 +318,7 @@ static void retry_or_fail(router_t *R, rreq_t *q, fy_status_t err, const char *w
         let_go(R, q);
         q->retries++;
         R->retried++;
+        fy_metric_inc(R->m.retries);
         q->excluded_pw = failed_pw;
         q->lease = 0;
         set_state(R, q, RQ_QUEUED);
@@ -384,6 +405,7 @@ static void send_reserve(router_t *R, rreq_t *q, int di)
     d->assigned++;
     d->blocks_since += q->need_blocks;
     q->t_reserve = now_s();
+    fy_metric_observe(R->m.queue, q->t_reserve - q->t_arrive);
     set_state(R, q, RQ_RESERVING);
 }
 
@@ -405,6 +427,7 @@ static void send_generate(router_t *R, rreq_t *q, int di)
     d->assigned++;
     d->blocks_since += q->need_blocks;
     q->t_reserve = now_s();
+    fy_metric_observe(R->m.queue, q->t_reserve - q->t_arrive);
     set_state(R, q, RQ_ADOPTING);
 }
 
@@ -681,6 +704,8 @@ static void on_prefilled(router_t *R, rreq_t *q, fy_msgr_t *r)
     p->pending_tokens -= q->n_prompt;
     q->pw = -1;
     q->t_prefilled = now_s();
+    fy_metric_add(R->m.xfer_bytes, (double)q->bytes);
+    if (q->bytes > 0) fy_metric_observe(R->m.xfer_s, q->p_transfer);
     worker_t *d = &R->workers[q->dw];
     fy_msgw_t w;
     q->rid = ++R->next_rid;
@@ -730,7 +755,16 @@ static void on_token(router_t *R, rreq_t *q, fy_msgr_t *r)
         return;
     }
     if (q->state == RQ_ADOPTING) set_state(R, q, RQ_DECODING); /* the token overtook nothing: adopted came first */
-    if (q->t_first == 0) q->t_first = now_s();
+    double now = now_s();
+    if (q->t_first == 0) {
+        q->t_first = now;
+        fy_metric_observe(R->m.ttft, now - q->t_arrive);
+        fy_metric_add(R->m.cached, q->cached_p > q->cached_d ? q->cached_p : q->cached_d);
+    } else {
+        fy_metric_observe(R->m.itl, now - q->t_last);
+    }
+    q->t_last = now;
+    fy_metric_inc(R->m.generation);
     wake_poll(R, q);
 }
 
@@ -936,6 +970,7 @@ static fy_status_t enqueue(router_t *R, const char *tenant, int32_t *ids, int32_
     if (n < 1 || n >= R->max_ctx || n > MAX_PROMPT_TOKENS) {
         snprintf(err, err_cap, "the prompt has %d tokens; the context holds %d", n, R->max_ctx);
         fy_free(ids);
+        fy_metric_inc(R->m.refused[1]);
         return FY_ERR_INVALID;
     }
     rreq_t *q = fy_calloc(1, sizeof(*q));
@@ -970,6 +1005,7 @@ static fy_status_t enqueue(router_t *R, const char *tenant, int32_t *ids, int32_
         fy_free(q->prompt);
         fy_free(q);
         snprintf(err, err_cap, "overloaded: %d requests are waiting", R->max_queue);
+        fy_metric_inc(R->m.refused[0]);
         return FY_ERR_OVERLOADED;
     }
     double now = now_s();
@@ -985,6 +1021,7 @@ static fy_status_t enqueue(router_t *R, const char *tenant, int32_t *ids, int32_
     R->all = q;
     R->n_reqs++;
     R->accepted++;
+    fy_metric_add(R->m.prompt, n);
     *q_p = q;
     return FY_OK;
 }
@@ -1233,6 +1270,68 @@ void fy_router_detach(router_t *R, uint64_t id, bool cancel)
     if (q->done && !q->poll) req_free(R, q);
 }
 
+fy_metrics_t *fy_router_metrics(router_t *R) { return R->reg; }
+
+void fy_router_metrics_refresh(router_t *R)
+{
+    int running = 0, p = 0, d = 0;
+    bool colocated;
+    for (rreq_t *q = R->all; q; q = q->next) running += q->state != RQ_QUEUED && q->state != RQ_DONE;
+    fy_router_workers_up(R, &p, &d, &colocated);
+    fy_metric_set(R->m.running, running);
+    fy_metric_set(R->m.waiting, R->n_queued);
+    fy_metric_set(R->m.prefill_up, p);
+    fy_metric_set(R->m.decode_up, d);
+    fy_metric_set(R->m.bad_events, (double)R->bad_events);
+}
+
+/* The router's series (docs/operations.md). */
+static fy_status_t metrics_setup(router_t *R)
+{
+    fy_status_t st = fy_metrics_create(&R->reg);
+    fy_metrics_t *g = R->reg;
+    static const char *const up_p[] = {"role", "prefill", NULL}, *const up_d[] = {"role", "decode", NULL};
+    if (!st) st = fy_metrics_gauge(g, "ferry:num_requests_running", "Requests placed on workers, not yet done", NULL, &R->m.running);
+    if (!st) st = fy_metrics_gauge(g, "ferry:num_requests_waiting", "Requests in the router's queue", NULL, &R->m.waiting);
+    if (!st) st = fy_metrics_gauge(g, "ferry:workers_up", "Workers reporting, by role", up_p, &R->m.prefill_up);
+    if (!st) st = fy_metrics_gauge(g, "ferry:workers_up", "Workers reporting, by role", up_d, &R->m.decode_up);
+    if (!st) st = fy_metrics_counter(g, "ferry:prompt_tokens_total", "Prompt tokens of accepted requests", NULL, &R->m.prompt);
+    if (!st) st = fy_metrics_counter(g, "ferry:prompt_tokens_cached_total", "Prompt tokens found in a worker's prefix cache", NULL, &R->m.cached);
+    if (!st) st = fy_metrics_counter(g, "ferry:generation_tokens_total", "Tokens streamed to clients", NULL, &R->m.generation);
+    if (!st) st = fy_metrics_counter(g, "ferry:router_retries_total", "Requests retried on another prefill worker", NULL, &R->m.retries);
+    if (!st) st = fy_metrics_counter(g, "ferry:bad_events_total", "Malformed or unexpected worker events", NULL, &R->m.bad_events);
+    static const char *const reasons[] = {"length", "stop", "eos", "context"};
+    for (int i = 0; i < 4 && !st; i++) {
+        const char *l[] = {"finished_reason", reasons[i], NULL};
+        st = fy_metrics_counter(g, "ferry:request_success_total", "Requests finished, by reason", l, &R->m.success[i]);
+    }
+    static const char *const fails[] = {"cancelled", "timeout", "peer", "invalid", "overloaded", "other"};
+    for (int i = 0; i < 6 && !st; i++) {
+        const char *l[] = {"reason", fails[i], NULL};
+        st = fy_metrics_counter(g, "ferry:request_failure_total", "Accepted requests that ended in an error, by kind", l,
+                                &R->m.failure[i]);
+    }
+    static const char *const refusals[] = {"overloaded", "invalid"};
+    for (int i = 0; i < 2 && !st; i++) {
+        const char *l[] = {"reason", refusals[i], NULL};
+        st = fy_metrics_counter(g, "ferry:requests_refused_total", "Requests refused at the door, by reason", l,
+                                &R->m.refused[i]);
+    }
+    if (!st) st = fy_metrics_histogram(g, "ferry:time_to_first_token_seconds", "Arrival at the router to the first token",
+                                       NULL, fy_metrics_ttft_buckets, fy_metrics_n_ttft_buckets, &R->m.ttft);
+    if (!st) st = fy_metrics_histogram(g, "ferry:inter_token_latency_seconds", "Gap between a request's tokens at the router",
+                                       NULL, fy_metrics_itl_buckets, fy_metrics_n_itl_buckets, &R->m.itl);
+    if (!st) st = fy_metrics_histogram(g, "ferry:e2e_request_latency_seconds", "Arrival to the end (finished or failed)",
+                                       NULL, fy_metrics_e2e_buckets, fy_metrics_n_e2e_buckets, &R->m.e2e);
+    if (!st) st = fy_metrics_histogram(g, "ferry:request_queue_time_seconds", "Arrival to placement on a worker", NULL,
+                                       fy_metrics_e2e_buckets, fy_metrics_n_e2e_buckets, &R->m.queue);
+    if (!st) st = fy_metrics_histogram(g, "ferry:kv_transfer_seconds", "A prompt's KV transfer, as its prefill worker timed it",
+                                       NULL, fy_metrics_e2e_buckets, fy_metrics_n_e2e_buckets, &R->m.xfer_s);
+    if (!st) st = fy_metrics_counter(g, "ferry:kv_transfer_bytes_total", "KV bytes prefill workers put into decode workers", NULL,
+                                     &R->m.xfer_bytes);
+    return st;
+}
+
 void fy_router_workers_up(router_t *R, int *prefill_up, int *decode_up, bool *colocated)
 {
     int p = 0, d = 0;
@@ -1353,6 +1452,7 @@ static fy_status_t setup(router_t *R)
     if ((st = fy_cluster_hasher(c, &R->hasher))) return st;
     if ((st = fy_pull_create(R->events_url, on_event, R, &R->events))) return st;
     if ((st = fy_rpc_server_create(R->listen, 256, on_client, R, &R->srv))) return st;
+    if ((st = metrics_setup(R))) return st;
     if ((st = fy_http_start(R, &R->http))) return st;
     if (pthread_create(&R->hk, NULL, hk_main, R)) return FY_ERR_INTERNAL;
     R->hk_on = true;
@@ -1391,6 +1491,7 @@ static void teardown(router_t *R)
         fy_free(R->workers[i].bloom);
     }
     fy_kv_hasher_destroy(R->hasher);
+    fy_metrics_destroy(R->reg);
     fy_model_destroy(R->model);
     fy_config_destroy(R->cfg);
 }

@@ -19,6 +19,7 @@
 
 #include "config.h"
 #include "genspec.h"
+#include "metrics.h"
 #include "model.h"
 #include "status.h"
 
@@ -75,6 +76,11 @@ bool fy_router_view(router_t *R, uint64_t id, fy_router_view_t *v);
 void fy_router_detach(router_t *R, uint64_t id, bool cancel);
 /* Lock held.  Workers reporting and compatible, by role. */
 void fy_router_workers_up(router_t *R, int *prefill_up, int *decode_up, bool *colocated);
+
+/* The router's metrics registry (its series are updated as requests
+ * move); refresh (lock held) sets the gauges before a render. */
+fy_metrics_t *fy_router_metrics(router_t *R);
+void fy_router_metrics_refresh(router_t *R);
 
 /* The front door (http.c): started by the router after its sockets,
  * stopped before them.  No address configured: *h_p = NULL, FY_OK. */

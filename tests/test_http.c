@@ -558,6 +558,56 @@ static void test_tenants_never_share_prefixes(void **state)
     fy_free(body);
 }
 
+/* ---- the router's /metrics ---- */
+
+/* The value of the sample line that starts with series (name and labels). */
+static double sample(const char *text, const char *series)
+{
+    size_t l = strlen(series);
+    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (!strncmp(p, series, l) && p[l] == ' ') return atof(p + l + 1);
+    fail_msg("no sample '%s' in the router's metrics", series);
+    return 0;
+}
+
+static void test_router_metrics(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    resp_t a = call("GET", "/metrics", NULL, NULL);
+    assert_int_equal(a.status, 200);
+    assert_non_null(strstr(a.head, "version=0.0.4"));
+    assert_non_null(strstr(a.body, "# TYPE ferry:time_to_first_token_seconds histogram"));
+    int lens[3] = {20, 33, 47};
+    for (int i = 0; i < 3; i++) {
+        char *b = token_prompt_json(lens[i], 40 + (uint64_t)i, ",\"max_tokens\":5,\"ignore_eos\":true");
+        resp_t r = call("POST", "/v1/completions", KEY_A, b);
+        assert_int_equal(r.status, 200);
+        free(r.body);
+        fy_free(b);
+    }
+    resp_t z = call("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"max_tokens\":-3}"); /* a 400 */
+    free(z.body);
+    resp_t b = call("GET", "/metrics", NULL, NULL);
+    assert_int_equal(b.status, 200);
+#define DELTA(series) (sample(b.body, series) - sample(a.body, series))
+    assert_true(DELTA("ferry:prompt_tokens_total") == 100);
+    assert_true(DELTA("ferry:generation_tokens_total") == 15);
+    assert_true(DELTA("ferry:time_to_first_token_seconds_count") == 3);
+    assert_true(DELTA("ferry:e2e_request_latency_seconds_count") == 3);
+    assert_true(DELTA("ferry:inter_token_latency_seconds_count") == 12);
+    assert_true(DELTA("ferry:request_queue_time_seconds_count") == 3);
+    assert_true(DELTA("ferry:request_success_total{finished_reason=\"length\"}") == 3);
+    assert_true(DELTA("ferry:http_responses_total{code=\"2xx\"}") >= 3);
+    assert_true(DELTA("ferry:http_responses_total{code=\"400\"}") == 1);
+    assert_true(DELTA("ferry:kv_transfer_bytes_total") > 0);
+    assert_true(sample(b.body, "ferry:workers_up{role=\"decode\"}") == 1);
+    assert_true(sample(b.body, "ferry:num_requests_running") == 0);
+#undef DELTA
+    free(a.body);
+    free(b.body);
+}
+
 /* ---- overload: 503 with Retry-After, and the router keeps serving ---- */
 
 static void test_overload_503(void **state)
@@ -633,6 +683,7 @@ int main(void)
         cmocka_unit_test(test_slow_and_departing_clients),
         cmocka_unit_test(test_tenant_limits),
         cmocka_unit_test(test_tenants_never_share_prefixes),
+        cmocka_unit_test(test_router_metrics),
         cmocka_unit_test(test_overload_503),
         cmocka_unit_test(test_openai_python),
     };
