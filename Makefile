@@ -170,7 +170,7 @@ bench: $(TOOL_BIN) $(MODEL_FILE)
 # ---- set-up -------------------------------------------------------------------
 DEBS := build-essential pkg-config python3 python3-pip ca-certificates \
         libpcre2-dev libjansson-dev libcmocka-dev libsodium-dev libinih-dev \
-        libucx-dev ucx-utils libnng-dev libmsgpack-dev gnuplot-nox iproute2
+        libucx-dev ucx-utils libnng-dev libmsgpack-dev gnuplot-nox iproute2 curl python3-venv
 
 deps:
 	@missing=""; for p in $(DEBS); do \

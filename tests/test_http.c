@@ -6,9 +6,10 @@
  * with the right status and a body naming the field, API keys and
  * tenants (401, 429 for concurrency and tokens per minute, and prefix
  * caches that a tenant never shares, timing included), a client that
- * disconnects mid-stream (its blocks come back), slow clients, and the
- * `openai` Python package against it (skipped where it cannot be
- * installed).  The router answers the next request after each.
+ * disconnects mid-stream (its blocks come back), slow clients, the
+ * router's /metrics moving as requests pass, overload (503), and curl
+ * and the `openai` Python package against it (the latter skipped where
+ * it cannot be installed).  The router answers the next request after each.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -652,6 +653,67 @@ static void test_overload_503(void **state)
     tc_stop(&c2);
 }
 
+/* ---- curl, the client people type ---- */
+
+static char *run_capture(const char *cmd)
+{
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t cap = 1 << 16, n = 0;
+    char *out = malloc(cap);
+    size_t k;
+    while ((k = fread(out + n, 1, cap - n - 1, p)) > 0) {
+        n += k;
+        if (n + 1 >= cap) out = realloc(out, cap *= 2);
+    }
+    out[n] = 0;
+    int rc = pclose(p);
+    if (rc != 0) fail_msg("'%s' exited with %d: %s", cmd, rc, out);
+    return out;
+}
+
+static void test_curl(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    if (system("curl --version >/dev/null 2>&1") != 0) {
+        print_message("curl is not installed: skipped\n");
+        skip();
+    }
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "curl -sS -f http://127.0.0.1:%d/v1/completions -H 'Authorization: Bearer %s' "
+             "-H 'Content-Type: application/json' -d '{\"prompt\": \"Once upon a time\", \"max_tokens\": 6, "
+             "\"temperature\": 0}'",
+             PORT, KEY_A);
+    char *plain = run_capture(cmd);
+    json_error_t e;
+    json_t *j = json_loads(plain, 0, &e);
+    assert_non_null(j);
+    const char *text = json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
+    assert_non_null(text);
+    snprintf(cmd, sizeof(cmd),
+             "curl -sS -N -f http://127.0.0.1:%d/v1/completions -H 'Authorization: Bearer %s' "
+             "-H 'Content-Type: application/json' -d '{\"prompt\": \"Once upon a time\", \"max_tokens\": 6, "
+             "\"temperature\": 0, \"stream\": true}'",
+             PORT, KEY_A);
+    char *streamed = run_capture(cmd);
+    char joined[1024] = "";
+    size_t k = 0;
+    for (char *p = streamed; (p = strstr(p, "data: {")); p += 6) {
+        json_t *c = json_loadb(p + 6, strcspn(p + 6, "\n"), 0, &e);
+        assert_non_null(c);
+        const char *t = json_string_value(json_object_get(json_array_get(json_object_get(c, "choices"), 0), "text"));
+        if (t) k += (size_t)snprintf(joined + k, sizeof(joined) - k, "%s", t);
+        json_decref(c);
+    }
+    assert_non_null(strstr(streamed, "data: [DONE]"));
+    assert_string_equal(joined, text);
+    json_decref(j);
+    free(plain);
+    free(streamed);
+}
+
 /* ---- the openai Python package ---- */
 
 static void test_openai_python(void **state)
@@ -685,6 +747,7 @@ int main(void)
         cmocka_unit_test(test_tenants_never_share_prefixes),
         cmocka_unit_test(test_router_metrics),
         cmocka_unit_test(test_overload_503),
+        cmocka_unit_test(test_curl),
         cmocka_unit_test(test_openai_python),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
