@@ -1266,8 +1266,9 @@ void fy_router_detach(router_t *R, uint64_t id, bool cancel)
     q->watch_arg = NULL;
     if (cancel && !q->done) finish_req(R, q, FY_ERR_CANCELLED, "the client went away");
     q->done_seen = true;
-    q->last_poll = now_s();
-    if (q->done && !q->poll) req_free(R, q);
+    /* freed by the next tick, not here: detach runs inside watch callbacks
+     * that the router makes while it still holds q */
+    q->last_poll = -1e9;
 }
 
 fy_metrics_t *fy_router_metrics(router_t *R) { return R->reg; }

@@ -72,7 +72,8 @@ typedef struct fy_router_view {
 /* Lock held.  False when no such request. */
 bool fy_router_view(router_t *R, uint64_t id, fy_router_view_t *v);
 /* Lock held.  Stops watching; cancel ends a running request (its workers
- * let go of its blocks).  The request is forgotten once done. */
+ * let go of its blocks).  The request is forgotten once done (at the
+ * router's next tick: a watch function may call this). */
 void fy_router_detach(router_t *R, uint64_t id, bool cancel);
 /* Lock held.  Workers reporting and compatible, by role. */
 void fy_router_workers_up(router_t *R, int *prefill_up, int *decode_up, bool *colocated);
