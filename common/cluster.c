@@ -22,12 +22,13 @@ static const char *const KEYS[] = {
     "router.listen", "router.events", "router.http", "router.health_timeout", "router.max_queue",
     "router.request_timeout", "router.prefill_timeout", "router.command_timeout", "router.lease",
     "router.client_timeout", "router.retries", "router.prefix_weight", "router.prefill_queue_tokens",
+    "router.api_keys", "router.served_model_name", "router.max_body", "router.default_max_tokens", "router.retry_after",
     "prefill.count", "prefill.listen", "prefill.threads", "prefill.kv_mem", "prefill.max_seqs",
     "prefill.max_batch_tokens", "prefill.max_waiting", "prefill.ctx",
     "decode.count", "decode.listen", "decode.threads", "decode.kv_mem", "decode.max_seqs",
     "decode.max_batch_tokens", "decode.max_waiting", "decode.ctx", "decode.preempt", "decode.host_kv_mem",
     "decode.itl_target",
-    "worker.name", "worker.heartbeat", "worker.transports", "worker.xfer_errmode", "worker.isa",
+    "worker.name", "worker.heartbeat", "worker.transports", "worker.isa",
     "serve.run_dir", "serve.logs", "serve.restart_backoff", "serve.max_restarts", "serve.stop_grace",
 };
 

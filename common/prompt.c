@@ -4,6 +4,7 @@
 #include "prompt.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "chat.h"
@@ -36,24 +37,41 @@ static fy_status_t append(const fy_tokenizer_t *tok, ids_t *o, const char *text,
     return st;
 }
 
+static fy_status_t finish(ids_t *o, fy_status_t st, int32_t **ids_p, int32_t *n_p);
+
 fy_status_t fy_prompt_tokens(const fy_model_t *m, const char *system, const char *user, bool chat, int32_t **ids_p,
                              int32_t *n_p)
+{
+    if (!chat) {
+        ids_t o = {0};
+        fy_status_t st = append(fy_model_tokenizer(m), &o, user, strlen(user), true, false);
+        return finish(&o, st, ids_p, n_p);
+    }
+    fy_chat_msg_t msgs[2];
+    size_t nm = 0;
+    if (system) msgs[nm++] = (fy_chat_msg_t){"system", system};
+    msgs[nm++] = (fy_chat_msg_t){"user", user};
+    return fy_prompt_chat(m, msgs, nm, ids_p, n_p);
+}
+
+fy_status_t fy_prompt_chat(const fy_model_t *m, const fy_chat_msg_t *in, size_t nm, int32_t **ids_p, int32_t *n_p)
 {
     const fy_tokenizer_t *tok = fy_model_tokenizer(m);
     ids_t o = {0};
     fy_status_t st;
-    if (!chat) {
-        st = append(tok, &o, user, strlen(user), true, false);
-        goto done;
+    if (nm < 1 || nm > FY_PROMPT_MAX_MSGS) {
+        fy_error("prompt: %zu messages (1 to %d)", nm, FY_PROMPT_MAX_MSGS);
+        return FY_ERR_INVALID;
     }
-    const char *texts[2];
-    fy_chat_msg_t msgs[2];
-    size_t nm = 0;
-    if (system) texts[nm] = system, msgs[nm++] = (fy_chat_msg_t){"system", SENT_OPEN "0" SENT_CLOSE};
-    texts[nm] = user, msgs[nm] = (fy_chat_msg_t){"user", nm ? SENT_OPEN "1" SENT_CLOSE : SENT_OPEN "0" SENT_CLOSE};
-    nm++;
+    /* each message's text replaced by a sentinel naming its index */
+    fy_chat_msg_t msgs[FY_PROMPT_MAX_MSGS];
+    char sent[FY_PROMPT_MAX_MSGS][32];
+    for (size_t i = 0; i < nm; i++) {
+        snprintf(sent[i], sizeof(sent[i]), SENT_OPEN "%zu" SENT_CLOSE, i);
+        msgs[i] = (fy_chat_msg_t){in[i].role, sent[i]};
+    }
     char *r = NULL;
-    if ((st = fy_chat_template_apply(fy_model_chat_template(m), msgs, nm, true, &r))) goto done;
+    if ((st = fy_chat_template_apply(fy_model_chat_template(m), msgs, nm, true, &r))) return finish(&o, st, ids_p, n_p);
     /* template text (special tokens on) between the messages (special off) */
     const char *p = r;
     bool first = true;
@@ -64,20 +82,26 @@ fy_status_t fy_prompt_tokens(const fy_model_t *m, const char *system, const char
         if ((st = append(tok, &o, p, seg, first, true))) break;
         first = false;
         if (!s) break;
-        const char *k = s + strlen(SENT_OPEN);
-        unsigned idx = (unsigned)(*k - '0');
-        if (idx >= nm || strncmp(k + 1, SENT_CLOSE, strlen(SENT_CLOSE))) {
+        char *k;
+        unsigned long idx = strtoul(s + strlen(SENT_OPEN), &k, 10);
+        if (idx >= nm || k == s + strlen(SENT_OPEN) || strncmp(k, SENT_CLOSE, strlen(SENT_CLOSE))) {
             st = FY_ERR_INVALID;
             break;
         }
-        if ((st = append(tok, &o, texts[idx], strlen(texts[idx]), false, false))) break;
+        const char *text = in[idx].content;
+        if ((st = append(tok, &o, text, strlen(text), false, false))) break;
         seen++;
-        p = k + 1 + strlen(SENT_CLOSE);
+        p = k + strlen(SENT_CLOSE);
     }
     fy_free(r);
-    if (st == FY_OK && seen != nm) st = FY_ERR_INVALID;
+    if (st == FY_OK && seen != nm) st = FY_ERR_INVALID; /* every message, once */
     if (st == FY_ERR_INVALID) fy_error("prompt: the chat template changed or dropped a message's text");
-done:
+    return finish(&o, st, ids_p, n_p);
+}
+
+static fy_status_t finish(ids_t *po, fy_status_t st, int32_t **ids_p, int32_t *n_p)
+{
+    ids_t o = *po;
     if (st) {
         fy_free(o.v);
         if (st != FY_ERR_INVALID) fy_error("prompt: cannot tokenize: %s", fy_status_str(st));

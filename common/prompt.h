@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "chat.h"
 #include "model.h"
 #include "status.h"
 
@@ -24,5 +25,15 @@
  * message text so that it cannot be found again. */
 fy_status_t fy_prompt_tokens(const fy_model_t *m, const char *system, const char *user, bool chat, int32_t **ids_p,
                              int32_t *n_p);
+
+#define FY_PROMPT_MAX_MSGS 256
+
+/* A conversation (system, user and assistant turns) through the model's
+ * chat template, the assistant's turn opened; the messages' text is never
+ * parsed for special tokens.  FY_ERR_INVALID (logged) for no messages,
+ * more than FY_PROMPT_MAX_MSGS, or a template that fails or rewrites a
+ * message's text. */
+fy_status_t fy_prompt_chat(const fy_model_t *m, const fy_chat_msg_t *msgs, size_t n_msgs, int32_t **ids_p,
+                           int32_t *n_p);
 
 #endif /* FY_PROMPT_H */

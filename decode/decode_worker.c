@@ -54,7 +54,7 @@ typedef struct decode {
     dreq_t *reqs;
     int32_t n_reqs;
     uint64_t next_lease;
-    uint64_t reserved, refused, adopted, expired, released;
+    uint64_t reserved, refused, adopted, expired, released, generated;
 } decode_t;
 
 static void lease_free(decode_t *d, lease_t *l)
@@ -229,6 +229,35 @@ static void on_event(void *arg, const fy_event_t *ev)
     fy_free(q);
 }
 
+/* The engine's parameters for a request from its wire parameters; stops
+ * point into gen. */
+static void request_params(const fy_genspec_t *gen, const fy_kv_ns_t *ns, const char **stops, fy_request_params_t *rq)
+{
+    fy_request_params_default(rq);
+    rq->sampling = gen->sampling;
+    rq->max_tokens = gen->max_tokens;
+    rq->stop = stops;
+    rq->n_stop = fy_genspec_stops(gen, stops);
+    rq->ignore_eos = gen->ignore_eos;
+    rq->logprobs = gen->logprobs;
+    rq->priority = gen->priority;
+    rq->ns = *ns;
+}
+
+static dreq_t *req_link(decode_t *d, uint64_t id, bool logprobs)
+{
+    dreq_t *q = fy_calloc(1, sizeof(*q));
+    if (!q) return NULL;
+    q->d = d;
+    q->id = id;
+    q->logprobs = logprobs;
+    q->next = d->reqs;
+    if (d->reqs) d->reqs->prev = q;
+    d->reqs = q;
+    d->n_reqs++;
+    return q;
+}
+
 static void cmd_adopt(decode_t *d, fy_msgr_t *r, uint64_t rid)
 {
     fy_node_t *n = d->n;
@@ -251,35 +280,20 @@ static void cmd_adopt(decode_t *d, fy_msgr_t *r, uint64_t rid)
         return;
     }
     lease_unlink(d, l);
-    dreq_t *q = fy_calloc(1, sizeof(*q));
+    /* linked first: the first token's events may end it inside adopt */
+    dreq_t *q = req_link(d, id, l->gen.logprobs);
     if (!q) {
         lease_free(d, l);
         fy_node_error(n, rid, id, FY_ERR_NOMEM, "out of memory adopting a request");
         return;
     }
-    q->d = d;
-    q->id = id;
-    q->logprobs = l->gen.logprobs;
     /* the prefill worker's K/V are in the blocks now: name the full ones */
     fy_kvm_seq_commit(fy_node_kvm(n), &l->bt, l->prompt, l->n_prompt);
     fy_request_params_t rq;
-    fy_request_params_default(&rq);
     const char *stops[FY_GEN_MAX_STOP];
-    rq.sampling = l->gen.sampling;
-    rq.max_tokens = l->gen.max_tokens;
-    rq.stop = stops;
-    rq.n_stop = fy_genspec_stops(&l->gen, stops);
-    rq.ignore_eos = l->gen.ignore_eos;
-    rq.logprobs = l->gen.logprobs;
-    rq.priority = l->gen.priority;
-    rq.ns = l->ns;
+    request_params(&l->gen, &l->ns, stops, &rq);
     fy_rng_t rng;
     memcpy(rng.s, s, sizeof(rng.s));
-    /* linked first: the first token's events may end it inside adopt */
-    q->next = d->reqs;
-    if (d->reqs) d->reqs->prev = q;
-    d->reqs = q;
-    d->n_reqs++;
     fy_msgw_t w;
     fy_node_msg(n, &w, "adopted", rid, id);
     fy_node_push(n, &w); /* before the first token's event: the router reads them in order */
@@ -294,6 +308,69 @@ static void cmd_adopt(decode_t *d, fy_msgr_t *r, uint64_t rid)
     }
     d->adopted++;
     lease_free(d, l); /* its table and promise moved into the engine: frees the rest */
+}
+
+/*
+ * Colocated mode (a deployment without prefill workers): the whole
+ * request, prompt and all, runs in this worker's engine.  Replies
+ * "adopted" once the engine took it, then streams like an adopted one.
+ */
+static void cmd_generate(decode_t *d, fy_msgr_t *r, uint64_t rid)
+{
+    fy_node_t *n = d->n;
+    const fy_runner_params_t *rp = fy_runner_params(fy_node_runner(n));
+    int32_t vocab = fy_model_config(fy_node_model(n))->vocab_size;
+    uint64_t id = fy_msgr_u64(r, "id", FY_REQ, 0, 1, UINT64_MAX);
+    char tenant[64];
+    fy_msgr_str(r, "tenant", FY_OPT, "", tenant, sizeof(tenant));
+    int32_t cap = rp->max_ctx - 1 < MAX_PROMPT ? rp->max_ctx - 1 : MAX_PROMPT;
+    int32_t *prompt = fy_malloc((size_t)cap * sizeof(int32_t));
+    if (!prompt) {
+        fy_node_error(n, rid, id, FY_ERR_NOMEM, "out of memory for a request");
+        return;
+    }
+    int32_t n_prompt = fy_msgr_i32s(r, "tokens", FY_REQ, prompt, cap, 0, vocab - 1);
+    fy_genspec_t gen;
+    fy_genspec_default(&gen);
+    fy_genspec_read(r, &gen, rp->max_ctx);
+    if (fy_msgr_ok(r) && n_prompt < 1) fy_msgr_fail(r, FY_ERR_FORMAT, "field 'tokens' is empty");
+    if (!fy_msgr_ok(r)) {
+        fy_node_error(n, rid, id, r->status, "bad generate: %s", r->err);
+        fy_free(prompt);
+        return;
+    }
+    if (d->n_leases + d->n_reqs >= fy_node_max_seqs(n)) {
+        d->refused++;
+        fy_node_error(n, rid, id, FY_ERR_NO_SPACE, "busy: %d running and %d reserved of %d sequences", d->n_reqs,
+                      d->n_leases, fy_node_max_seqs(n));
+        fy_free(prompt);
+        return;
+    }
+    fy_kv_ns_t ns;
+    fy_node_ns(n, tenant, &ns);
+    fy_request_params_t rq;
+    const char *stops[FY_GEN_MAX_STOP];
+    request_params(&gen, &ns, stops, &rq);
+    dreq_t *q = req_link(d, id, gen.logprobs);
+    if (!q) {
+        fy_free(prompt);
+        fy_node_error(n, rid, id, FY_ERR_NOMEM, "out of memory for a request");
+        return;
+    }
+    fy_status_t st = fy_engine_submit(fy_node_engine(n), prompt, n_prompt, &rq, on_event, q, &q->engine_id);
+    fy_free(prompt); /* the engine copied it */
+    if (st) {
+        req_unlink(d, q);
+        fy_free(q);
+        if (st == FY_ERR_OVERLOADED) d->refused++;
+        fy_node_error(n, rid, id, st == FY_ERR_OVERLOADED ? FY_ERR_NO_SPACE : st, "cannot take the request: %s",
+                      fy_status_str(st));
+        return;
+    }
+    d->generated++;
+    fy_msgw_t w;
+    fy_node_msg(n, &w, "adopted", rid, id);
+    fy_node_push(n, &w);
 }
 
 /* Ends a lease, or a running request, of the router's request id. */
@@ -334,6 +411,8 @@ static void d_command(fy_node_t *n, void *state, const char *type, fy_msgr_t *r,
         cmd_adopt(d, r, rid);
     else if (!strcmp(type, "release"))
         cmd_release(d, r, rid);
+    else if (!strcmp(type, "generate"))
+        cmd_generate(d, r, rid);
     else
         fy_node_error(n, rid, 0, FY_ERR_UNSUPPORTED, "unknown command '%s' for a decode worker", type);
 }

@@ -22,6 +22,7 @@
  * are asynchronous).
  */
 #include "router.h"
+#include "router_int.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -113,6 +114,10 @@ typedef struct rreq {
     fy_status_t err;
     char err_msg[256];
     char finish[16];
+    float *lps; /* [cap_out] each token's logprob, when asked for */
+    /* an in-process watcher (the HTTP front door), called under the lock */
+    fy_router_watch_fn watch;
+    void *watch_arg;
     /* a client's poll held until there is something new */
     fy_rpc_call_t *poll;
     int32_t poll_from;
@@ -130,6 +135,7 @@ typedef struct router {
     int32_t max_queue, max_retries;
     int64_t prefill_queue_tokens;
     double prefix_weight;
+    bool colocated; /* no prefill workers: decode workers run whole requests */
     /* the model, for tokenizing and naming prefix blocks */
     fy_model_t *model;
     char model_id[64];
@@ -139,6 +145,7 @@ typedef struct router {
     /* sockets */
     fy_rpc_server_t *srv;
     fy_pull_t *events;
+    fy_http_t *http;
     char listen[256], events_url[256];
     /* state */
     worker_t workers[MAX_WORKERS];
@@ -186,6 +193,7 @@ static void req_free(router_t *R, rreq_t *q)
     fy_free(q->dst);
     fy_free(q->target);
     fy_free(q->out);
+    fy_free(q->lps);
     fy_free(q->text);
     fy_free(q);
 }
@@ -379,13 +387,34 @@ static void send_reserve(router_t *R, rreq_t *q, int di)
     set_state(R, q, RQ_RESERVING);
 }
 
+/* Colocated mode: the decode worker runs the whole request; it answers
+ * "adopted" (the request is in its engine) or an error. */
+static void send_generate(router_t *R, rreq_t *q, int di)
+{
+    worker_t *d = &R->workers[di];
+    fy_msgw_t w;
+    q->rid = ++R->next_rid;
+    q->rid_deadline = now_s() + R->command_timeout;
+    cmd_begin(R, &w, d, "generate", q->rid, q->id);
+    fy_msgw_str(&w, "tenant", q->tenant);
+    fy_msgw_i32s(&w, "tokens", q->prompt, q->n_prompt);
+    fy_genspec_write(&w, &q->gen);
+    cmd_send(d, &w);
+    q->dw = di;
+    q->d_inc = d->inc;
+    d->assigned++;
+    d->blocks_since += q->need_blocks;
+    q->t_reserve = now_s();
+    set_state(R, q, RQ_ADOPTING);
+}
+
 /* Places queued requests, by priority then arrival, while workers can take them. */
 static void pump(router_t *R)
 {
     if (!R->n_queued) return;
     bool any_prefill = false;
     for (int i = 0; i < R->n_workers; i++) any_prefill |= usable(&R->workers[i], W_PREFILL);
-    if (!any_prefill) return;
+    if (!any_prefill && !R->colocated) return;
     for (;;) {
         rreq_t *best = NULL;
         for (rreq_t *q = R->all; q; q = q->next) {
@@ -403,7 +432,7 @@ static void pump(router_t *R)
             if (usable(w, W_PREFILL) && w->capacity > largest_p) largest_p = w->capacity;
         }
         if (largest < 0) return; /* no decode worker up yet */
-        if ((best->n_prompt + 1 + bs - 1) / bs > largest_p) {
+        if (!R->colocated && (best->n_prompt + 1 + bs - 1) / bs > largest_p) {
             finish_req(R, best, FY_ERR_INVALID, "the prompt of %d tokens needs %d kv blocks; the largest prefill worker holds %d",
                        best->n_prompt, (best->n_prompt + 1 + bs - 1) / bs, largest_p);
             continue;
@@ -417,7 +446,7 @@ static void pump(router_t *R)
         }
         /* a lease's clock runs from the reservation: hold requests here, not
          * in a prefill worker's queue, until one has room for the prompt */
-        bool room = false;
+        bool room = R->colocated;
         for (int i = 0; i < R->n_workers && !room; i++) {
             const worker_t *w = &R->workers[i];
             room = usable(w, W_PREFILL) &&
@@ -426,7 +455,10 @@ static void pump(router_t *R)
         if (!room) return;
         int di = pick_decode(R, best);
         if (di < 0) return; /* the head waits; what is behind it too (no overtaking) */
-        send_reserve(R, best, di);
+        if (R->colocated)
+            send_generate(R, best, di);
+        else
+            send_reserve(R, best, di);
     }
 }
 
@@ -666,6 +698,7 @@ static void on_token(router_t *R, rreq_t *q, fy_msgr_t *r)
 {
     int32_t n = (int32_t)fy_msgr_i64(r, "n", FY_REQ, 0, 0, INT32_MAX);
     int32_t tok = (int32_t)fy_msgr_i64(r, "token", FY_REQ, 0, 0, R->vocab - 1);
+    float lp = (float)fy_msgr_f64(r, "logprob", FY_OPT, 0, -1e30, 0);
     size_t len;
     const char *text = fy_msgr_bytes(r, "text", FY_OPT, 1 << 16, &len);
     if (!fy_msgr_ok(r)) {
@@ -681,13 +714,16 @@ static void on_token(router_t *R, rreq_t *q, fy_msgr_t *r)
     if (q->n_out == q->cap_out) {
         int32_t cap = q->cap_out ? 2 * q->cap_out : 64;
         int32_t *o = fy_realloc(q->out, (size_t)cap * sizeof(int32_t));
-        if (!o) {
+        if (o) q->out = o;
+        float *l = o && q->gen.logprobs ? fy_realloc(q->lps, (size_t)cap * sizeof(float)) : NULL;
+        if (l) q->lps = l;
+        if (!o || (q->gen.logprobs && !l)) {
             finish_req(R, q, FY_ERR_NOMEM, "router out of memory");
             return;
         }
-        q->out = o;
         q->cap_out = cap;
     }
+    if (q->lps) q->lps[q->n_out] = lp;
     q->out[q->n_out++] = tok;
     if (len && !text_append(q, text, len)) {
         finish_req(R, q, FY_ERR_NOMEM, "router out of memory");
@@ -729,7 +765,7 @@ static void on_error_event(router_t *R, fy_msgr_t *r, const char *name, uint64_t
     bool from_d = q->dw >= 0 && !strcmp(R->workers[q->dw].name, name) && R->workers[q->dw].inc == inc;
     bool from_p = q->pw >= 0 && !strcmp(R->workers[q->pw].name, name) && R->workers[q->pw].inc == inc &&
                   fy_msgr_i64(r, "attempt", FY_OPT, q->retries, 0, 1000) == q->retries; /* not an older try's */
-    if (from_d && q->state == RQ_RESERVING && st == FY_ERR_NO_SPACE) {
+    if (from_d && (q->state == RQ_RESERVING || (R->colocated && q->state == RQ_ADOPTING)) && st == FY_ERR_NO_SPACE) {
         /* it cannot take this one after all: back to the queue, and skip it until its next report */
         worker_t *d = &R->workers[q->dw];
         d->full = true;
@@ -745,7 +781,7 @@ static void on_error_event(router_t *R, fy_msgr_t *r, const char *name, uint64_t
         snprintf(why, sizeof(why), "prefill worker %s: %s", name, message);
         retry_or_fail(R, q, st, why);
     } else if (from_d) {
-        if (q->state == RQ_ADOPTING && st == FY_ERR_NOT_FOUND) { /* the lease went before the KV arrived */
+        if (!R->colocated && q->state == RQ_ADOPTING && st == FY_ERR_NOT_FOUND) { /* the lease went before the KV arrived */
             snprintf(why, sizeof(why), "decode worker %s: %s", name, message);
             R->workers[q->dw].assigned--;
             q->dw = -1; /* nothing left to release there */
@@ -878,12 +914,79 @@ static void reply_events(router_t *R, rreq_t *q, fy_rpc_call_t *call, int32_t fr
 /* Answers a held poll when there is something new for it. */
 static void wake_poll(router_t *R, rreq_t *q)
 {
+    if (q->watch) q->watch(q->watch_arg);
     if (!q->poll) return;
     if (q->n_out > q->poll_from || q->text_len > q->poll_text || q->done) {
         fy_rpc_call_t *c = q->poll;
         q->poll = NULL;
         reply_events(R, q, c, q->poll_from, q->poll_text);
     }
+}
+
+/*
+ * A new request for the queue: ids (fy_malloc'd) are taken in every case.
+ * On success the request is queued and the lock is HELD (the caller
+ * answers, then pumps and unlocks); on failure the lock is not held and
+ * err says why.
+ */
+static fy_status_t enqueue(router_t *R, const char *tenant, int32_t *ids, int32_t n, const fy_genspec_t *gen,
+                           double deadline_s, fy_router_watch_fn watch, void *watch_arg, bool held, rreq_t **q_p,
+                           char *err, size_t err_cap)
+{
+    if (n < 1 || n >= R->max_ctx || n > MAX_PROMPT_TOKENS) {
+        snprintf(err, err_cap, "the prompt has %d tokens; the context holds %d", n, R->max_ctx);
+        fy_free(ids);
+        return FY_ERR_INVALID;
+    }
+    rreq_t *q = fy_calloc(1, sizeof(*q));
+    int32_t bs = R->lay.block_size;
+    if (q) q->hashes = fy_malloc((size_t)(n / bs + 1) * sizeof(fy_kv_hash_t));
+    if (!q || !q->hashes) {
+        fy_free(q);
+        fy_free(ids);
+        snprintf(err, err_cap, "router out of memory");
+        return FY_ERR_NOMEM;
+    }
+    q->prompt = ids;
+    q->n_prompt = n;
+    q->gen = *gen;
+    q->dw = q->pw = q->excluded_pw = -1;
+    q->watch = watch;
+    q->watch_arg = watch_arg;
+    /* the tenant comes from the server side (an API key's), never from the client */
+    snprintf(q->tenant, sizeof(q->tenant), "%s", tenant);
+    fy_kv_ns_t ns;
+    fy_kv_ns_make(R->hasher, q->tenant, R->model_id, &R->lay, NULL, &ns);
+    q->n_hashes = (n - 1) / bs; /* what a prefix lookup can find: one token is always computed */
+    for (int32_t i = 0; i < q->n_hashes; i++)
+        fy_kv_hash_block(R->hasher, &ns, i ? &q->hashes[i - 1] : NULL, ids + (size_t)i * bs, bs, &q->hashes[i]);
+    q->need_blocks = blocks_for(R, q);
+
+    if (!held) pthread_mutex_lock(&R->mu);
+    if (R->n_queued >= R->max_queue) {
+        R->refused++;
+        if (!held) pthread_mutex_unlock(&R->mu);
+        fy_free(q->hashes);
+        fy_free(q->prompt);
+        fy_free(q);
+        snprintf(err, err_cap, "overloaded: %d requests are waiting", R->max_queue);
+        return FY_ERR_OVERLOADED;
+    }
+    double now = now_s();
+    q->id = ++R->next_id;
+    q->t_arrive = q->last_poll = now;
+    q->deadline = now + deadline_s;
+    q->state = RQ_QUEUED;
+    R->n_queued++;
+    q->hnext = R->buckets[q->id % N_BUCKETS];
+    R->buckets[q->id % N_BUCKETS] = q;
+    q->next = R->all;
+    if (R->all) R->all->prev = q;
+    R->all = q;
+    R->n_reqs++;
+    R->accepted++;
+    *q_p = q;
+    return FY_OK;
 }
 
 static void client_generate(router_t *R, fy_rpc_call_t *call, fy_msgr_t *r)
@@ -925,60 +1028,13 @@ static void client_generate(router_t *R, fy_rpc_call_t *call, fy_msgr_t *r)
             return;
         }
     }
-    if (n < 1 || n >= R->max_ctx || n > MAX_PROMPT_TOKENS) {
-        char msg[128];
-        snprintf(msg, sizeof(msg), "the prompt has %d tokens; the context holds %d", n, R->max_ctx);
-        fy_free(ids);
-        fy_rpc_reply_error(call, 0, FY_ERR_INVALID, msg);
+    char err[256];
+    rreq_t *q;
+    fy_status_t st = enqueue(R, "", ids, n, &gen, deadline_s, NULL, NULL, false, &q, err, sizeof(err));
+    if (st) {
+        fy_rpc_reply_error(call, 0, st, err);
         return;
     }
-    rreq_t *q = fy_calloc(1, sizeof(*q));
-    int32_t bs = R->lay.block_size;
-    if (q) q->hashes = fy_malloc((size_t)(n / bs + 1) * sizeof(fy_kv_hash_t));
-    if (!q || !q->hashes) {
-        if (q) fy_free(q);
-        fy_free(ids);
-        fy_rpc_reply_error(call, 0, FY_ERR_NOMEM, "router out of memory");
-        return;
-    }
-    q->prompt = ids;
-    q->n_prompt = n;
-    q->gen = gen;
-    q->dw = q->pw = q->excluded_pw = -1;
-    /* the tenant comes from the server side: one namespace until API keys map to tenants */
-    q->tenant[0] = 0;
-    fy_kv_ns_t ns;
-    fy_kv_ns_make(R->hasher, q->tenant, R->model_id, &R->lay, NULL, &ns);
-    q->n_hashes = (n - 1) / bs; /* what a prefix lookup can find: one token is always computed */
-    for (int32_t i = 0; i < q->n_hashes; i++)
-        fy_kv_hash_block(R->hasher, &ns, i ? &q->hashes[i - 1] : NULL, ids + (size_t)i * bs, bs, &q->hashes[i]);
-    q->need_blocks = blocks_for(R, q);
-
-    pthread_mutex_lock(&R->mu);
-    if (R->n_queued >= R->max_queue) {
-        R->refused++;
-        pthread_mutex_unlock(&R->mu);
-        fy_free(q->hashes);
-        fy_free(q->prompt);
-        fy_free(q);
-        char msg[128];
-        snprintf(msg, sizeof(msg), "overloaded: %d requests are waiting", R->max_queue);
-        fy_rpc_reply_error(call, 0, FY_ERR_OVERLOADED, msg);
-        return;
-    }
-    double now = now_s();
-    q->id = ++R->next_id;
-    q->t_arrive = q->last_poll = now;
-    q->deadline = now + deadline_s;
-    q->state = RQ_QUEUED;
-    R->n_queued++;
-    q->hnext = R->buckets[q->id % N_BUCKETS];
-    R->buckets[q->id % N_BUCKETS] = q;
-    q->next = R->all;
-    if (R->all) R->all->prev = q;
-    R->all = q;
-    R->n_reqs++;
-    R->accepted++;
     fy_msgw_t w;
     fy_msgw_init(&w, "accepted");
     fy_msgw_u64(&w, "id", q->id);
@@ -1107,6 +1163,92 @@ static void on_client(void *arg, fy_rpc_call_t *call, const void *buf, size_t le
     fy_msgr_free(&r);
 }
 
+/* ---- the in-process interface (router_int.h) ------------------------------------------------------ */
+
+void fy_router_lock(router_t *R) { pthread_mutex_lock(&R->mu); }
+void fy_router_unlock(router_t *R) { pthread_mutex_unlock(&R->mu); }
+const fy_model_t *fy_router_model(const router_t *R) { return R->model; }
+const char *fy_router_model_id(const router_t *R) { return R->model_id; }
+int32_t fy_router_max_ctx(const router_t *R) { return R->max_ctx; }
+const fy_config_t *fy_router_config(const router_t *R) { return R->cfg; }
+
+fy_status_t fy_router_submit(router_t *R, const char *tenant, int32_t *ids, int32_t n, const fy_genspec_t *gen,
+                             double deadline_s, fy_router_watch_fn watch, void *arg, uint64_t *id_p, char *err,
+                             size_t err_cap)
+{
+    rreq_t *q;
+    if (deadline_s <= 0) deadline_s = R->request_timeout;
+    fy_status_t st = enqueue(R, tenant, ids, n, gen, deadline_s, watch, arg, false, &q, err, err_cap);
+    if (st) return st;
+    *id_p = q->id;
+    pump(R);
+    pthread_mutex_unlock(&R->mu);
+    return FY_OK;
+}
+
+fy_status_t fy_router_submit_locked(router_t *R, const char *tenant, int32_t *ids, int32_t n, const fy_genspec_t *gen,
+                                    double deadline_s, fy_router_watch_fn watch, void *arg, uint64_t *id_p,
+                                    char *err, size_t err_cap)
+{
+    rreq_t *q;
+    if (deadline_s <= 0) deadline_s = R->request_timeout;
+    fy_status_t st = enqueue(R, tenant, ids, n, gen, deadline_s, watch, arg, true, &q, err, err_cap);
+    if (st) return st;
+    *id_p = q->id;
+    return FY_OK; /* placed at the next housekeeping tick (within 10 ms) */
+}
+
+bool fy_router_view(router_t *R, uint64_t id, fy_router_view_t *v)
+{
+    rreq_t *q = req_find(R, id);
+    if (!q) return false;
+    memset(v, 0, sizeof(*v));
+    v->tokens = q->out;
+    v->logprobs = q->lps;
+    v->n_tokens = q->n_out;
+    v->text = q->text ? q->text : "";
+    v->text_len = q->text_len;
+    v->n_prompt = q->n_prompt;
+    v->cached = q->cached_p > q->cached_d ? q->cached_p : q->cached_d;
+    v->done = q->done;
+    v->error = q->err;
+    v->message = q->err_msg;
+    v->finish = q->finish;
+    v->t_arrive = q->t_arrive;
+    v->t_first = q->t_first;
+    v->t_done = q->t_done;
+    v->t_sched = q->t_reserve;
+    return true;
+}
+
+void fy_router_detach(router_t *R, uint64_t id, bool cancel)
+{
+    rreq_t *q = req_find(R, id);
+    if (!q) return;
+    q->watch = NULL;
+    q->watch_arg = NULL;
+    if (cancel && !q->done) finish_req(R, q, FY_ERR_CANCELLED, "the client went away");
+    q->done_seen = true;
+    q->last_poll = now_s();
+    if (q->done && !q->poll) req_free(R, q);
+}
+
+void fy_router_workers_up(router_t *R, int *prefill_up, int *decode_up, bool *colocated)
+{
+    int p = 0, d = 0;
+    for (int i = 0; i < R->n_workers; i++) {
+        const worker_t *k = &R->workers[i];
+        if (!k->up || k->incompatible) continue;
+        if (k->role == W_PREFILL)
+            p++;
+        else
+            d++;
+    }
+    *prefill_up = p;
+    *decode_up = d;
+    *colocated = R->colocated;
+}
+
 /* ---- housekeeping -------------------------------------------------------------------------------------- */
 
 static void tick(router_t *R)
@@ -1138,7 +1280,7 @@ static void tick(router_t *R)
                     finish_req(R, q, FY_ERR_TIMEOUT, "%s", why);
             } else if (q->state == RQ_PREFILLING && now > q->prefill_deadline) {
                 retry_or_fail(R, q, FY_ERR_TIMEOUT, "prefill took too long");
-            } else if (now - q->last_poll > R->client_timeout) {
+            } else if (!q->watch && now - q->last_poll > R->client_timeout) {
                 finish_req(R, q, FY_ERR_CANCELLED, "the client stopped polling");
             }
         }
@@ -1148,7 +1290,7 @@ static void tick(router_t *R)
             reply_events(R, q, c, q->poll_from, q->poll_text);
         }
         /* a finished request stays until its client saw the end (or gave up) */
-        if (q->state == RQ_DONE && !q->poll &&
+        if (q->state == RQ_DONE && !q->poll && !q->watch &&
             ((q->done_seen && now - q->last_poll > 5.0) || now - q->last_poll > R->client_timeout))
             req_free(R, q);
     }
@@ -1175,7 +1317,7 @@ static fy_status_t setup(router_t *R)
 {
     const fy_config_t *c = R->cfg;
     const char *model_path, *listen, *events;
-    int64_t max_queue, retries, pq_tokens;
+    int64_t max_queue, retries, pq_tokens, n_prefill;
     int32_t bs;
     fy_dtype_t dt;
     fy_status_t st;
@@ -1192,8 +1334,10 @@ static fy_status_t setup(router_t *R)
         (st = fy_config_int(c, "router", "retries", 1, 0, 10, &retries)) ||
         (st = fy_config_int(c, "router", "prefill_queue_tokens", 4096, 1, 1 << 24, &pq_tokens)) ||
         (st = fy_config_double(c, "router", "prefix_weight", 1.0, 0, 1e6, &R->prefix_weight)) ||
+        (st = fy_config_int(c, "prefill", "count", 1, 0, MAX_WORKERS, &n_prefill)) ||
         (st = fy_cluster_kv(c, &bs, &dt)))
         return st;
+    R->colocated = n_prefill == 0;
     R->max_queue = (int32_t)max_queue;
     R->max_retries = (int32_t)retries;
     R->prefill_queue_tokens = pq_tokens;
@@ -1209,14 +1353,18 @@ static fy_status_t setup(router_t *R)
     if ((st = fy_cluster_hasher(c, &R->hasher))) return st;
     if ((st = fy_pull_create(R->events_url, on_event, R, &R->events))) return st;
     if ((st = fy_rpc_server_create(R->listen, 256, on_client, R, &R->srv))) return st;
+    if ((st = fy_http_start(R, &R->http))) return st;
     if (pthread_create(&R->hk, NULL, hk_main, R)) return FY_ERR_INTERNAL;
     R->hk_on = true;
-    fy_info("router up: clients on %s, worker events on %s, model %s", R->listen, R->events_url, R->model_id);
+    fy_info("router up: clients on %s, worker events on %s, model %s%s", R->listen, R->events_url, R->model_id,
+            R->colocated ? " (colocated: decode workers run whole requests)" : "");
     return FY_OK;
 }
 
 static void teardown(router_t *R)
 {
+    fy_http_stop(R->http); /* its requests cancelled, its sockets closed */
+    R->http = NULL;
     if (R->hk_on) {
         pthread_mutex_lock(&R->mu);
         R->stop = true;

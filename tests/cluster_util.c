@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -108,9 +109,12 @@ void tc_status(tc_cluster_t *c, fy_client_status_t *s)
 void tc_start(tc_cluster_t *c, const tc_opts_t *o)
 {
     memset(c, 0, sizeof(*c));
+    /* each cluster its own directory: two may run at once */
+    static int seq;
     const char *tmp = fy_test_tmpdir();
     assert_true(strlen(tmp) < sizeof(c->dir) - 64);
-    memcpy(c->dir, tmp, strlen(tmp) + 1);
+    snprintf(c->dir, sizeof(c->dir), "%s/c%d", tmp, seq++);
+    assert_int_equal(mkdir(c->dir, 0700), 0);
     c->n_prefill = o->n_prefill;
     c->n_decode = o->n_decode;
     if (o->router_url)
@@ -131,10 +135,10 @@ void tc_start(tc_cluster_t *c, const tc_opts_t *o)
             "[model]\npath = %s\n[kv]\nsecret_file = %s\n"
             "[router]\nlisten = %s\nevents = %s\nhealth_timeout = 1s\nlease = 60s\ncommand_timeout = 5s\n"
             "client_timeout = 120s\n"
-            "[prefill]\nthreads = 1\nkv_mem = 48MiB\nmax_seqs = 8\nmax_batch_tokens = 256\n"
-            "[decode]\nthreads = 1\nkv_mem = 48MiB\nmax_seqs = 32\nmax_batch_tokens = 128\n"
+            "[prefill]\ncount = %d\nthreads = 1\nkv_mem = 48MiB\nmax_seqs = 8\nmax_batch_tokens = 256\n"
+            "[decode]\ncount = %d\nthreads = 1\nkv_mem = 48MiB\nmax_seqs = 32\nmax_batch_tokens = 128\n"
             "[worker]\nheartbeat = 100ms\n",
-            tc_model(), secret, c->router_url, c->events_url);
+            tc_model(), secret, c->router_url, c->events_url, o->n_prefill, o->n_decode);
     fclose(f);
     char bin[512];
     char *argv[40];

@@ -127,6 +127,50 @@ static void test_loopback_same_tokens(void **state)
     tc_stop(&c);
 }
 
+/* ---- colocated: no prefill workers, decode workers run whole requests ---- */
+
+enum { N_COLO = 16 };
+
+static void test_colocated_same_tokens(void **state)
+{
+    if (!tc_available()) skip();
+    static int32_t prompts[N_COLO][400];
+    int32_t lens[N_COLO], max_tokens[N_COLO];
+    int32_t *pp[N_COLO];
+    for (int i = 0; i < N_COLO; i++) {
+        lens[i] = 3 + (i * 97) % 380;
+        make_prompt(prompts[i], lens[i], 900 + (uint64_t)i);
+        max_tokens[i] = 6 + (i * 5) % 13;
+        pp[i] = prompts[i];
+    }
+    static tc_result_t ref[N_COLO], got[N_COLO];
+    tc_reference(tc_model(), pp, lens, max_tokens, N_COLO, ref);
+    tc_cluster_t c;
+    tc_opts_t o = {.n_prefill = 0, .n_decode = 2};
+    tc_start(&c, &o);
+    char names[8][64];
+    int32_t adm[8];
+    int nd = decode_admittable(&c, names, adm);
+    assert_int_equal(nd, 2);
+    fy_client_stream_t s[N_COLO];
+    memset(got, 0, sizeof(got));
+    for (int i = 0; i < N_COLO; i++) s[i] = submit(&c, prompts[i], lens[i], max_tokens[i]);
+    tc_collect(&c, s, got, N_COLO, 240);
+    for (int i = 0; i < N_COLO; i++) {
+        expect_same(&ref[i], &got[i], i);
+        assert_int_equal(got[i].timings.transfer_bytes, 0); /* nothing crossed between workers */
+    }
+    fy_client_status_t st;
+    tc_status(&c, &st);
+    assert_int_equal(st.completed, N_COLO);
+    assert_int_equal(st.failed, 0);
+    int used = 0;
+    for (int i = 0; i < st.n_workers; i++) used += st.workers[i].decode && st.workers[i].up;
+    assert_int_equal(used, 2);
+    expect_pools_back(&c, names, adm, nd);
+    tc_stop(&c);
+}
+
 /* ---- a prefill worker killed while it ships a long prompt ---- */
 
 static const char *busy_prefill(tc_cluster_t *c)
@@ -414,6 +458,7 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_loopback_same_tokens, teardown),
+        cmocka_unit_test_teardown(test_colocated_same_tokens, teardown),
         cmocka_unit_test_teardown(test_prefill_killed_mid_transfer, teardown),
         cmocka_unit_test_teardown(test_decode_killed_mid_stream, teardown),
         cmocka_unit_test_teardown(test_lease_expires, teardown),

@@ -229,7 +229,7 @@ int fy_cmd_serve(int argc, char **argv)
         fy_config_string(cfg, "router", "listen", "tcp://127.0.0.1:7400", &router_listen) ||
         fy_config_string(cfg, "prefill", "listen", "tcp://127.0.0.1:7410", &p_listen) ||
         fy_config_string(cfg, "decode", "listen", "tcp://127.0.0.1:7420", &d_listen) ||
-        fy_config_int(cfg, "prefill", "count", 1, 1, 16, &n_prefill) ||
+        fy_config_int(cfg, "prefill", "count", 1, 0, 16, &n_prefill) ||
         fy_config_int(cfg, "decode", "count", 1, 1, 16, &n_decode))
         goto out;
     s.n_prefill = (int)n_prefill;

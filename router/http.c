@@ -1,0 +1,1284 @@
+/*
+ * http.c - the router's OpenAI-compatible HTTP front door, on nng's HTTP
+ * server (router.http, e.g. http://127.0.0.1:8080).
+ *
+ *   POST /v1/completions        prompt (text, or token ids) -> text
+ *   POST /v1/chat/completions   messages through the model's chat template
+ *   GET  /v1/models             the one model served
+ *   GET  /health                200 while requests can be served, else 503
+ *
+ * Both POSTs stream as server-sent events ("data: {...}" chunks, then
+ * "data: [DONE]") with "stream": true, or answer one JSON body with usage
+ * counts.  Bodies are parsed with jansson; a wrong type or an
+ * out-of-range value is a 400 with an OpenAI-style error body naming the
+ * field ("param"); unknown fields are ignored, known ones ferry does not
+ * implement (penalties, logit_bias, echo, ...) are refused rather than
+ * silently ignored.
+ *
+ * A generation takes over its connection (nng_http_hijack): the response
+ * is written here, chunk by chunk, and a read stays posted on the socket
+ * so that a client that goes away is noticed at once; its requests are
+ * cancelled in the cluster, which frees their blocks.  All state here is
+ * guarded by the router's lock; the router calls watch() under it when a
+ * request moves, and nng's callbacks take it.  Sockets are only closed
+ * outside it.
+ *
+ * Not here: TLS (put a proxy in front), keep-alive for generations (their
+ * connections close after the response), top-k alternatives in logprobs
+ * (only the chosen token's log-probability).
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <nng/nng.h>
+#include <nng/supplemental/http/http.h>
+#include <sodium.h>
+
+#include "log.h"
+#include "mem.h"
+#include "prompt.h"
+#include "rpc.h"
+#include "router_int.h"
+#include "tenants.h"
+#include "tokenizer.h"
+
+#define MAX_N 16                 /* samples per request */
+#define DEFAULT_MAX_TOKENS_COMPLETION 16 /* OpenAI's default for /v1/completions */
+
+typedef struct hreq hreq_t;
+
+struct fy_http {
+    router_t *R;
+    nng_http_server *srv;
+    nng_http_handler *handlers[4];
+    int n_handlers;
+    char url[256];
+    char served[128]; /* the model's name in the API */
+    fy_tenants_t *tenants; /* NULL: no keys, everyone is tenant "" */
+    int64_t default_max_tokens;
+    double retry_after_s;
+    time_t created;
+    hreq_t *live; /* generations whose connection is ours */
+    bool stopping;
+    /* figures (under the router's lock) */
+    uint64_t responses[6]; /* 2xx, 400, 401/404/405/413/415, 429, 5xx, client gone */
+};
+
+struct hreq {
+    fy_http_t *H;
+    nng_http_conn *conn;
+    nng_aio *waio, *raio;
+    nng_iov wiov, riov;
+    char rbuf[256];
+    char *wbuf;
+    size_t wlen, wcap;
+    bool chat, stream, include_usage, logprobs;
+    int n;
+    uint64_t ids[MAX_N];
+    int32_t from_tok[MAX_N];
+    size_t from_text[MAX_N];
+    bool done_sent[MAX_N];
+    int n_done_sent;
+    /* samples after the first wait until its prompt is in the caches */
+    int n_submitted;
+    int32_t *prompt;
+    int32_t n_prompt;
+    fy_genspec_t gen;
+    fy_status_t sample_err[MAX_N];
+    char sample_msg[MAX_N][96];
+    char oid[48];
+    fy_tenant_t *tenant;
+    int64_t charged, max_tokens;
+    bool ready, head_sent, final, writing, reading, closing, conn_closed, released;
+    hreq_t *prev, *next;
+};
+
+static double mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- JSON helpers ------------------------------------------------------------------------------ */
+
+/* Valid UTF-8 for JSON: bytes that are not become U+FFFD. */
+static json_t *jstr(const char *s, size_t n)
+{
+    json_t *j = json_stringn(s, n);
+    if (j) return j;
+    char *o = fy_malloc(n * 3 + 1);
+    if (!o) return json_string("");
+    size_t k = 0;
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)s[i];
+        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        bool ok = len > 0 && i + (size_t)len <= n;
+        for (int b = 1; ok && b < len; b++) ok = ((unsigned char)s[i + (size_t)b] >> 6) == 2;
+        if (ok && len > 1) {
+            json_t *t = json_stringn(s + i, (size_t)len); /* overlongs and surrogates */
+            ok = t != NULL;
+            json_decref(t);
+        }
+        if (ok) {
+            memcpy(o + k, s + i, (size_t)len);
+            k += (size_t)len;
+            i += (size_t)len;
+        } else {
+            memcpy(o + k, "\xef\xbf\xbd", 3);
+            k += 3;
+            i++;
+        }
+    }
+    j = json_stringn(o, k);
+    fy_free(o);
+    return j ? j : json_string("");
+}
+
+static json_t *error_body(const char *type, const char *param, const char *fmt, va_list ap)
+{
+    char msg[512];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    json_t *e = json_object();
+    json_object_set_new(e, "message", jstr(msg, strlen(msg)));
+    json_object_set_new(e, "type", json_string(type));
+    json_object_set_new(e, "param", param ? json_string(param) : json_null());
+    json_object_set_new(e, "code", json_null());
+    json_t *o = json_object();
+    json_object_set_new(o, "error", e);
+    return o;
+}
+
+static int class_of(uint16_t status)
+{
+    if (status < 300) return 0;
+    if (status == 400) return 1;
+    if (status == 429) return 3;
+    if (status >= 500) return 4;
+    return 2;
+}
+
+/* A whole response through the server (not hijacked). */
+static void respond(fy_http_t *H, nng_aio *aio, uint16_t status, json_t *body, double retry_after)
+{
+    char *txt = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    nng_http_res *res;
+    if (!txt || nng_http_res_alloc(&res)) {
+        free(txt);
+        nng_aio_finish(aio, NNG_ENOMEM);
+        return;
+    }
+    nng_http_res_set_status(res, status);
+    nng_http_res_set_header(res, "Content-Type", "application/json");
+    if (retry_after > 0) {
+        char ra[32];
+        snprintf(ra, sizeof(ra), "%.0f", ceil(retry_after));
+        nng_http_res_set_header(res, "Retry-After", ra);
+    }
+    nng_http_res_copy_data(res, txt, strlen(txt));
+    free(txt);
+    fy_router_lock(H->R);
+    H->responses[class_of(status)]++;
+    fy_router_unlock(H->R);
+    nng_aio_set_output(aio, 0, res);
+    nng_aio_finish(aio, 0);
+}
+
+static void respond_error(fy_http_t *H, nng_aio *aio, uint16_t status, const char *type, const char *param,
+                          double retry_after, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+static void respond_error(fy_http_t *H, nng_aio *aio, uint16_t status, const char *type, const char *param,
+                          double retry_after, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    json_t *b = error_body(type, param, fmt, ap);
+    va_end(ap);
+    respond(H, aio, status, b, retry_after);
+}
+
+/* ---- request parsing ------------------------------------------------------------------------------ */
+
+typedef struct parsed {
+    uint16_t status; /* 0: fine */
+    const char *type, *param;
+    char msg[384];
+    double retry_after;
+} parsed_t;
+
+static void bad(parsed_t *p, uint16_t status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void bad(parsed_t *p, uint16_t status, const char *param, const char *fmt, ...)
+{
+    if (p->status) return; /* the first fault is the one named */
+    p->status = status;
+    p->param = param;
+    p->type = status == 400 ? "invalid_request_error" : status == 404 ? "not_found_error" : "error";
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->msg, sizeof(p->msg), fmt, ap);
+    va_end(ap);
+}
+
+/* A number field within [lo, hi]; absent or null keeps *out. */
+static void num_field(parsed_t *p, json_t *o, const char *name, double lo, double hi, double *out)
+{
+    json_t *v = json_object_get(o, name);
+    if (!v || json_is_null(v)) return;
+    if (!json_is_number(v)) {
+        bad(p, 400, name, "'%s' must be a number", name);
+        return;
+    }
+    double d = json_number_value(v);
+    if (!(d >= lo && d <= hi)) {
+        bad(p, 400, name, "'%s' is %g; it must be between %g and %g", name, d, lo, hi);
+        return;
+    }
+    *out = d;
+}
+
+static void int_field(parsed_t *p, json_t *o, const char *name, json_int_t lo, json_int_t hi, json_int_t *out)
+{
+    json_t *v = json_object_get(o, name);
+    if (!v || json_is_null(v)) return;
+    if (!json_is_integer(v)) {
+        bad(p, 400, name, "'%s' must be an integer", name);
+        return;
+    }
+    json_int_t i = json_integer_value(v);
+    if (i < lo || i > hi) {
+        bad(p, 400, name, "'%s' is %lld; it must be between %lld and %lld", name, (long long)i, (long long)lo,
+            (long long)hi);
+        return;
+    }
+    *out = i;
+}
+
+static void bool_field(parsed_t *p, json_t *o, const char *name, bool *out)
+{
+    json_t *v = json_object_get(o, name);
+    if (!v || json_is_null(v)) return;
+    if (!json_is_boolean(v)) {
+        bad(p, 400, name, "'%s' must be true or false", name);
+        return;
+    }
+    *out = json_is_true(v);
+}
+
+/* What every generation shares: sampling, length, stop, n, stream. */
+typedef struct gen_req {
+    fy_genspec_t gen;
+    int n;
+    bool stream, include_usage, max_tokens_set;
+    json_int_t top_logprobs;
+} gen_req_t;
+
+static void parse_common(fy_http_t *H, parsed_t *p, json_t *o, bool chat, gen_req_t *g)
+{
+    fy_genspec_default(&g->gen);
+    g->gen.sampling.temperature = 1.0f; /* OpenAI's defaults */
+    g->gen.sampling.top_k = 0;
+    g->gen.sampling.top_p = 1.0f;
+    g->gen.sampling.min_p = 0;
+    json_t *m = json_object_get(o, "model");
+    if (m && !json_is_null(m)) {
+        if (!json_is_string(m))
+            bad(p, 400, "model", "'model' must be a string");
+        else if (strcmp(json_string_value(m), H->served) && strcmp(json_string_value(m), fy_router_model_id(H->R)))
+            bad(p, 404, "model", "the model '%s' does not exist; this server serves '%s'", json_string_value(m),
+                H->served);
+    }
+    json_int_t mt = chat ? H->default_max_tokens : DEFAULT_MAX_TOKENS_COMPLETION;
+    json_t *mtv = json_object_get(o, chat ? "max_completion_tokens" : "max_tokens");
+    const char *mt_name = chat ? "max_completion_tokens" : "max_tokens";
+    if (!mtv || json_is_null(mtv)) mtv = json_object_get(o, "max_tokens"), mt_name = "max_tokens";
+    if (mtv && !json_is_null(mtv)) {
+        g->max_tokens_set = true;
+        json_t *tmp = json_object();
+        json_object_set(tmp, mt_name, mtv);
+        int_field(p, tmp, mt_name, 1, fy_router_max_ctx(H->R), &mt);
+        json_decref(tmp);
+    }
+    g->gen.max_tokens = (int32_t)mt;
+    double d = g->gen.sampling.temperature;
+    num_field(p, o, "temperature", 0, 100, &d);
+    g->gen.sampling.temperature = (float)d;
+    d = g->gen.sampling.top_p;
+    num_field(p, o, "top_p", 1e-9, 1, &d);
+    g->gen.sampling.top_p = (float)d;
+    d = 0;
+    num_field(p, o, "min_p", 0, 1, &d);
+    g->gen.sampling.min_p = (float)d;
+    json_int_t k = 0;
+    int_field(p, o, "top_k", -1, 1 << 30, &k);
+    g->gen.sampling.top_k = k < 0 ? 0 : (int32_t)k; /* -1 is vLLM's "off" */
+    json_t *seed = json_object_get(o, "seed");
+    if (seed && !json_is_null(seed)) {
+        if (!json_is_integer(seed) || json_integer_value(seed) < 0)
+            bad(p, 400, "seed", "'seed' must be a non-negative integer");
+        else
+            g->gen.sampling.seed = (uint64_t)json_integer_value(seed);
+    } else {
+        randombytes_buf(&g->gen.sampling.seed, sizeof(g->gen.sampling.seed));
+    }
+    json_int_t n = 1;
+    int_field(p, o, "n", 1, MAX_N, &n);
+    g->n = (int)n;
+    g->stream = false;
+    bool_field(p, o, "stream", &g->stream);
+    json_t *so = json_object_get(o, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so))
+            bad(p, 400, "stream_options", "'stream_options' must be an object");
+        else
+            bool_field(p, so, "include_usage", &g->include_usage);
+    }
+    bool_field(p, o, "ignore_eos", &g->gen.ignore_eos);
+    json_int_t prio = 0;
+    int_field(p, o, "priority", -1000000, 1000000, &prio);
+    g->gen.priority = (int32_t)prio;
+    /* stop: a string or an array of them */
+    json_t *st = json_object_get(o, "stop");
+    if (st && !json_is_null(st)) {
+        json_t *one = json_is_string(st) ? st : NULL;
+        size_t cnt = one ? 1 : json_is_array(st) ? json_array_size(st) : (size_t)-1;
+        if (cnt == (size_t)-1) {
+            bad(p, 400, "stop", "'stop' must be a string or an array of strings");
+        } else if (cnt > FY_GEN_MAX_STOP) {
+            bad(p, 400, "stop", "'stop' has %zu strings; at most %d", cnt, FY_GEN_MAX_STOP);
+        } else {
+            for (size_t i = 0; i < cnt && !p->status; i++) {
+                json_t *s = one ? one : json_array_get(st, i);
+                if (!json_is_string(s)) {
+                    bad(p, 400, "stop", "'stop' must be a string or an array of strings");
+                } else if (json_string_length(s) < 1 || json_string_length(s) > FY_GEN_STOP_LEN) {
+                    bad(p, 400, "stop", "each stop string has 1 to %d bytes", FY_GEN_STOP_LEN);
+                } else {
+                    memcpy(g->gen.stop[g->gen.n_stop], json_string_value(s), json_string_length(s) + 1);
+                    g->gen.n_stop++;
+                }
+            }
+        }
+    }
+    /* logprobs: chat says true/false (+ top_logprobs), completions an int */
+    json_t *lp = json_object_get(o, "logprobs");
+    if (lp && !json_is_null(lp)) {
+        if (chat) {
+            bool b = false;
+            bool_field(p, o, "logprobs", &b);
+            g->gen.logprobs = b;
+            int_field(p, o, "top_logprobs", 0, 20, &g->top_logprobs);
+        } else {
+            json_int_t v = 0;
+            int_field(p, o, "logprobs", 0, 20, &v);
+            g->gen.logprobs = true;
+            g->top_logprobs = v;
+        }
+        if (g->top_logprobs > 0)
+            bad(p, 400, chat ? "top_logprobs" : "logprobs",
+                "alternatives in logprobs are not supported (0 gives each chosen token's log-probability)");
+    }
+    /* known fields ferry does not implement: refused, not silently dropped */
+    static const char *const unsupported[] = {"presence_penalty", "frequency_penalty", "repetition_penalty",
+                                              "logit_bias", "best_of", "echo", "suffix", "tools", "functions",
+                                              "response_format", "guided_json", "guided_regex"};
+    for (size_t i = 0; i < sizeof(unsupported) / sizeof(*unsupported); i++) {
+        json_t *v = json_object_get(o, unsupported[i]);
+        bool set = v && !json_is_null(v) && !json_is_false(v) &&
+                   !(json_is_number(v) && json_number_value(v) == 0) &&
+                   !(json_is_integer(v) && json_integer_value(v) == 1 && !strcmp(unsupported[i], "best_of")) &&
+                   !(json_is_string(v) && !strcmp(unsupported[i], "response_format")) &&
+                   !(json_is_object(v) && !json_object_size(v)) && !(json_is_array(v) && !json_array_size(v));
+        if (json_is_object(v) && !strcmp(unsupported[i], "response_format")) {
+            json_t *t = json_object_get(v, "type");
+            set = !(json_is_string(t) && !strcmp(json_string_value(t), "text"));
+        }
+        if (set) bad(p, 400, unsupported[i], "'%s' is not supported by this server", unsupported[i]);
+    }
+}
+
+/* A chat message's content: a string, or an array of {type: "text", text} parts. */
+static char *message_text(parsed_t *p, json_t *c)
+{
+    if (json_is_string(c)) return fy_strndup(json_string_value(c), json_string_length(c));
+    if (!json_is_array(c)) {
+        bad(p, 400, "messages", "a message's 'content' must be a string or an array of text parts");
+        return NULL;
+    }
+    size_t total = 0, i;
+    json_t *part;
+    json_array_foreach(c, i, part) {
+        json_t *t = json_object_get(part, "type"), *x = json_object_get(part, "text");
+        if (!json_is_string(t) || strcmp(json_string_value(t), "text") || !json_is_string(x)) {
+            bad(p, 400, "messages", "only text parts are supported in a message's content");
+            return NULL;
+        }
+        total += json_string_length(x);
+    }
+    char *s = fy_malloc(total + 1);
+    if (!s) return NULL;
+    size_t k = 0;
+    json_array_foreach(c, i, part) {
+        json_t *x = json_object_get(part, "text");
+        memcpy(s + k, json_string_value(x), json_string_length(x));
+        k += json_string_length(x);
+    }
+    s[k] = 0;
+    return s;
+}
+
+/* The prompt's token ids (fy_malloc'd) or a fault in p. */
+static int32_t *prompt_ids(fy_http_t *H, parsed_t *p, json_t *o, bool chat, int32_t *n_p)
+{
+    const fy_model_t *m = fy_router_model(H->R);
+    int32_t vocab = fy_tokenizer_vocab_size(fy_model_tokenizer(m));
+    int32_t *ids = NULL;
+    if (chat) {
+        json_t *msgs = json_object_get(o, "messages");
+        if (!json_is_array(msgs) || !json_array_size(msgs)) {
+            bad(p, 400, "messages", "'messages' must be a non-empty array");
+            return NULL;
+        }
+        size_t nm = json_array_size(msgs);
+        if (nm > FY_PROMPT_MAX_MSGS) {
+            bad(p, 400, "messages", "%zu messages; at most %d", nm, FY_PROMPT_MAX_MSGS);
+            return NULL;
+        }
+        fy_chat_msg_t cm[FY_PROMPT_MAX_MSGS];
+        char *texts[FY_PROMPT_MAX_MSGS] = {0};
+        size_t i;
+        json_t *msg;
+        json_array_foreach(msgs, i, msg) {
+            json_t *role = json_object_get(msg, "role");
+            const char *r = json_is_string(role) ? json_string_value(role) : NULL;
+            if (!json_is_object(msg) || !r ||
+                (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "developer"))) {
+                bad(p, 400, "messages", "message %zu needs a 'role' of system, user or assistant", i);
+                break;
+            }
+            texts[i] = message_text(p, json_object_get(msg, "content"));
+            if (!texts[i]) {
+                bad(p, 400, "messages", "message %zu has no usable 'content'", i);
+                break;
+            }
+            cm[i] = (fy_chat_msg_t){!strcmp(r, "developer") ? "system" : r, texts[i]};
+        }
+        if (!p->status && fy_prompt_chat(m, cm, nm, &ids, n_p) != FY_OK)
+            bad(p, 400, "messages", "the chat template cannot render these messages");
+        for (size_t k = 0; k < nm; k++) fy_free(texts[k]);
+        return p->status ? (fy_free(ids), NULL) : ids;
+    }
+    json_t *pr = json_object_get(o, "prompt");
+    if (json_is_array(pr) && json_array_size(pr) == 1 && json_is_string(json_array_get(pr, 0)))
+        pr = json_array_get(pr, 0);
+    if (json_is_string(pr)) {
+        if (!json_string_length(pr)) {
+            bad(p, 400, "prompt", "'prompt' is empty");
+            return NULL;
+        }
+        char *t = fy_strndup(json_string_value(pr), json_string_length(pr));
+        if (!t || fy_prompt_tokens(m, NULL, t, false, &ids, n_p) != FY_OK)
+            bad(p, 400, "prompt", "cannot tokenize 'prompt'");
+        fy_free(t);
+        return p->status ? (fy_free(ids), NULL) : ids;
+    }
+    if (json_is_array(pr) && json_array_size(pr) > 0 && json_is_integer(json_array_get(pr, 0))) {
+        size_t n = json_array_size(pr);
+        if (n >= (size_t)fy_router_max_ctx(H->R)) {
+            bad(p, 400, "prompt", "'prompt' has %zu tokens; the context holds %d", n, fy_router_max_ctx(H->R));
+            return NULL;
+        }
+        ids = fy_malloc(n * sizeof(int32_t));
+        if (!ids) return NULL;
+        for (size_t i = 0; i < n; i++) {
+            json_t *v = json_array_get(pr, i);
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab) {
+                bad(p, 400, "prompt", "'prompt'[%zu] is not a token id below %d", i, vocab);
+                fy_free(ids);
+                return NULL;
+            }
+            ids[i] = (int32_t)json_integer_value(v);
+        }
+        *n_p = (int32_t)n;
+        return ids;
+    }
+    if (json_is_array(pr) && json_array_size(pr) > 1)
+        bad(p, 400, "prompt", "one prompt per request (a string or an array of token ids); send batches as separate requests");
+    else
+        bad(p, 400, "prompt", "'prompt' must be a string or an array of token ids");
+    return NULL;
+}
+
+/* ---- generations on hijacked connections ----------------------------------------------------------- */
+
+static bool wappend(hreq_t *h, const char *s, size_t n)
+{
+    if (h->wlen + n + 1 > h->wcap) {
+        size_t cap = (h->wlen + n + 1) * 2;
+        char *b = fy_realloc(h->wbuf, cap);
+        if (!b) return false;
+        h->wbuf = b;
+        h->wcap = cap;
+    }
+    memcpy(h->wbuf + h->wlen, s, n);
+    h->wlen += n;
+    h->wbuf[h->wlen] = 0;
+    return true;
+}
+
+static void wappend_json(hreq_t *h, const char *prefix, json_t *j, const char *suffix)
+{
+    char *t = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (!t) return;
+    wappend(h, prefix, strlen(prefix));
+    wappend(h, t, strlen(t));
+    wappend(h, suffix, strlen(suffix));
+    free(t);
+}
+
+static const char *finish_reason(const char *f)
+{
+    if (!strcmp(f, "length") || !strcmp(f, "context")) return "length";
+    return "stop"; /* stop string, end of turn */
+}
+
+static uint16_t status_of(fy_status_t st)
+{
+    switch (st) {
+    case FY_ERR_INVALID:
+    case FY_ERR_FORMAT: return 400;
+    case FY_ERR_OVERLOADED:
+    case FY_ERR_NO_SPACE: return 503;
+    case FY_ERR_TIMEOUT: return 504;
+    case FY_ERR_PEER: return 502;
+    default: return 500;
+    }
+}
+
+/* Sample i's view: the router's, or the error that kept it from starting. */
+static bool h_view(hreq_t *h, int i, fy_router_view_t *v)
+{
+    if (h->sample_err[i]) {
+        memset(v, 0, sizeof(*v));
+        v->done = true;
+        v->error = h->sample_err[i];
+        v->message = h->sample_msg[i];
+        v->text = "";
+        v->finish = "";
+        return true;
+    }
+    return h->ids[i] && fy_router_view(h->H->R, h->ids[i], v);
+}
+
+static json_t *logprobs_json(const hreq_t *h, const fy_router_view_t *v, int32_t from, int32_t to)
+{
+    const fy_tokenizer_t *tok = fy_model_tokenizer(fy_router_model(h->H->R));
+    json_t *list = json_array(), *lps = json_array();
+    for (int32_t i = from; i < to; i++) {
+        const char *b;
+        size_t bl;
+        fy_tokenizer_token_bytes(tok, v->tokens[i], true, &b, &bl);
+        double lp = v->logprobs ? v->logprobs[i] : 0;
+        if (h->chat) {
+            json_t *e = json_object(), *bytes = json_array();
+            for (size_t k = 0; k < bl; k++) json_array_append_new(bytes, json_integer((unsigned char)b[k]));
+            json_object_set_new(e, "token", jstr(b, bl));
+            json_object_set_new(e, "logprob", json_real(lp));
+            json_object_set_new(e, "bytes", bytes);
+            json_object_set_new(e, "top_logprobs", json_array());
+            json_array_append_new(list, e);
+        } else {
+            json_array_append_new(list, jstr(b, bl));
+            json_array_append_new(lps, json_real(lp));
+        }
+    }
+    json_t *o = json_object();
+    if (h->chat) {
+        json_object_set_new(o, "content", list);
+        json_decref(lps);
+    } else {
+        json_object_set_new(o, "tokens", list);
+        json_object_set_new(o, "token_logprobs", lps);
+        json_object_set_new(o, "top_logprobs", json_null());
+    }
+    return o;
+}
+
+static json_t *envelope(const hreq_t *h, bool chunk)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "id", json_string(h->oid));
+    json_object_set_new(o, "object",
+                        json_string(h->chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"));
+    json_object_set_new(o, "created", json_integer((json_int_t)h->H->created));
+    json_object_set_new(o, "model", json_string(h->H->served));
+    return o;
+}
+
+static json_t *usage_json(hreq_t *h)
+{
+    int64_t completion = 0;
+    int32_t prompt = 0, cached = 0;
+    for (int i = 0; i < h->n; i++) {
+        fy_router_view_t v;
+        if (!h_view(h, i, &v)) continue;
+        completion += v.n_tokens;
+        if (v.n_prompt) prompt = v.n_prompt;
+        if (v.cached > cached) cached = v.cached;
+    }
+    json_t *u = json_object(), *d = json_object();
+    json_object_set_new(u, "prompt_tokens", json_integer(prompt));
+    json_object_set_new(u, "completion_tokens", json_integer(completion));
+    json_object_set_new(u, "total_tokens", json_integer(prompt + completion));
+    json_object_set_new(d, "cached_tokens", json_integer(cached));
+    json_object_set_new(u, "prompt_tokens_details", d);
+    return u;
+}
+
+static void stream_chunk(hreq_t *h, int i, const char *text, size_t len, json_t *lp, const char *fin, bool role)
+{
+    json_t *o = envelope(h, true), *ch = json_object();
+    json_object_set_new(ch, "index", json_integer(i));
+    if (h->chat) {
+        json_t *delta = json_object();
+        if (role) json_object_set_new(delta, "role", json_string("assistant"));
+        if (len || role) json_object_set_new(delta, "content", jstr(text, len));
+        json_object_set_new(ch, "delta", delta);
+    } else {
+        json_object_set_new(ch, "text", jstr(text, len));
+    }
+    json_object_set_new(ch, "logprobs", lp ? lp : json_null());
+    json_object_set_new(ch, "finish_reason", fin ? json_string(fin) : json_null());
+    json_t *arr = json_array();
+    json_array_append_new(arr, ch);
+    json_object_set_new(o, "choices", arr);
+    wappend_json(h, "data: ", o, "\n\n");
+}
+
+/* What is new for the client, as SSE chunks; the [DONE] after the last. */
+static void build_stream(hreq_t *h)
+{
+    if (!h->head_sent) {
+        static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                                   "Connection: close\r\n\r\n";
+        wappend(h, head, sizeof(head) - 1);
+        h->head_sent = true;
+        if (h->chat)
+            for (int i = 0; i < h->n; i++) stream_chunk(h, i, "", 0, NULL, NULL, true);
+    }
+    for (int i = 0; i < h->n; i++) {
+        fy_router_view_t v;
+        if (h->done_sent[i] || !h_view(h, i, &v)) continue;
+        bool more_text = v.text_len > h->from_text[i], more_tok = v.n_tokens > h->from_tok[i];
+        if (more_text || (more_tok && h->logprobs)) {
+            json_t *lp = h->logprobs ? logprobs_json(h, &v, h->from_tok[i], v.n_tokens) : NULL;
+            stream_chunk(h, i, v.text + h->from_text[i], v.text_len - h->from_text[i], lp, NULL, false);
+        }
+        h->from_text[i] = v.text_len;
+        h->from_tok[i] = v.n_tokens;
+        if (!v.done) continue;
+        if (v.error == FY_OK) {
+            stream_chunk(h, i, "", 0, NULL, finish_reason(v.finish), false);
+        } else {
+            json_t *e = json_object();
+            json_t *eb = json_object();
+            json_object_set_new(eb, "message", jstr(v.message, strlen(v.message)));
+            json_object_set_new(eb, "type", json_string(fy_status_tag(v.error)));
+            json_object_set_new(eb, "param", json_null());
+            json_object_set_new(eb, "code", json_integer(status_of(v.error)));
+            json_object_set_new(e, "error", eb);
+            wappend_json(h, "data: ", e, "\n\n");
+        }
+        h->done_sent[i] = true;
+        h->n_done_sent++;
+    }
+    if (h->n_done_sent == h->n && !h->final) {
+        if (h->include_usage) {
+            json_t *o = envelope(h, true);
+            json_object_set_new(o, "choices", json_array());
+            json_object_set_new(o, "usage", usage_json(h));
+            wappend_json(h, "data: ", o, "\n\n");
+        }
+        static const char done[] = "data: [DONE]\n\n";
+        wappend(h, done, sizeof(done) - 1);
+        h->final = true;
+    }
+}
+
+static void raw_response(hreq_t *h, uint16_t status, json_t *body)
+{
+    char *txt = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    if (!txt) return;
+    char head[256], ra[48];
+    snprintf(ra, sizeof(ra), "Retry-After: %.0f\r\n", ceil(h->H->retry_after_s));
+    int hl = snprintf(head, sizeof(head),
+                      "HTTP/1.1 %u %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                      "Connection: close\r\n%s\r\n",
+                      status, status == 200 ? "OK" : "Error", strlen(txt), status == 503 ? ra : "");
+    wappend(h, head, (size_t)hl);
+    wappend(h, txt, strlen(txt));
+    free(txt);
+    h->final = true;
+    h->H->responses[class_of(status)]++;
+}
+
+/* The whole answer, once every sample is done. */
+static void build_whole(hreq_t *h)
+{
+    fy_router_view_t v;
+    for (int i = 0; i < h->n; i++)
+        if (!h_view(h, i, &v) || !v.done) return;
+    json_t *choices = json_array();
+    for (int i = 0; i < h->n; i++) {
+        h_view(h, i, &v);
+        if (v.error != FY_OK) {
+            json_decref(choices);
+            json_t *e = json_object(), *eb = json_object();
+            json_object_set_new(eb, "message", jstr(v.message, strlen(v.message)));
+            json_object_set_new(eb, "type", json_string(fy_status_tag(v.error)));
+            json_object_set_new(eb, "param", json_null());
+            json_object_set_new(eb, "code", json_null());
+            json_object_set_new(e, "error", eb);
+            raw_response(h, status_of(v.error), e);
+            return;
+        }
+        json_t *c = json_object();
+        json_object_set_new(c, "index", json_integer(i));
+        if (h->chat) {
+            json_t *msg = json_object();
+            json_object_set_new(msg, "role", json_string("assistant"));
+            json_object_set_new(msg, "content", jstr(v.text, v.text_len));
+            json_object_set_new(c, "message", msg);
+        } else {
+            json_object_set_new(c, "text", jstr(v.text, v.text_len));
+        }
+        json_object_set_new(c, "logprobs", h->logprobs ? logprobs_json(h, &v, 0, v.n_tokens) : json_null());
+        json_object_set_new(c, "finish_reason", json_string(finish_reason(v.finish)));
+        json_array_append_new(choices, c);
+    }
+    json_t *o = envelope(h, false);
+    json_object_set_new(o, "choices", choices);
+    json_object_set_new(o, "usage", usage_json(h));
+    raw_response(h, 200, o);
+}
+
+/* Lock held.  Lets go of the router's requests (cancelling those still
+ * running when the client is gone) and of the tenant's share. */
+static void h_release(hreq_t *h, bool cancel)
+{
+    if (h->released) return;
+    h->released = true;
+    int64_t generated = 0;
+    for (int i = 0; i < h->n; i++) {
+        fy_router_view_t v;
+        if (h->ids[i] && fy_router_view(h->H->R, h->ids[i], &v)) generated += v.n_tokens;
+        if (h->ids[i]) fy_router_detach(h->H->R, h->ids[i], cancel);
+    }
+    if (h->tenant) {
+        int64_t unused = h->max_tokens * h->n - generated;
+        fy_tenant_release(h->tenant, h->n, unused > 0 ? unused : 0, mono());
+    }
+}
+
+static void watch(void *arg);
+
+static void h_free(hreq_t *h)
+{
+    fy_http_t *H = h->H;
+    if (h->prev)
+        h->prev->next = h->next;
+    else if (H->live == h)
+        H->live = h->next;
+    if (h->next) h->next->prev = h->prev;
+    nng_aio_reap(h->waio);
+    nng_aio_reap(h->raio);
+    fy_free(h->wbuf);
+    fy_free(h->prompt);
+    fy_free(h);
+}
+
+/* Lock held: frees h once its socket is closed and no callback is due. */
+static void h_maybe_free(hreq_t *h)
+{
+    if (h->closing && h->conn_closed && !h->writing && !h->reading) h_free(h);
+}
+
+/* Lock NOT held; h->closing was set under it by the caller, which makes
+ * the caller the one that closes. */
+static void h_close(hreq_t *h, router_t *R)
+{
+    nng_http_conn_close(h->conn);
+    fy_router_lock(R);
+    h->conn_closed = true;
+    h_maybe_free(h);
+    fy_router_unlock(R);
+}
+
+static void watch(void *arg);
+
+/* Lock held.  Writes what is new, unless a write is in flight. */
+static void h_submit_rest(hreq_t *h)
+{
+    fy_router_view_t v;
+    if (h->n_submitted >= h->n || h->closing || !h_view(h, 0, &v) || (!v.t_first && !v.done)) return;
+    const char *tname = h->tenant ? fy_tenant_name(h->tenant) : "";
+    for (int i = h->n_submitted; i < h->n; i++) {
+        int32_t *copy = fy_malloc((size_t)h->n_prompt * sizeof(int32_t));
+        fy_genspec_t gi = h->gen;
+        gi.sampling.seed += (uint64_t)i;
+        fy_status_t st = FY_ERR_NOMEM;
+        snprintf(h->sample_msg[i], sizeof(h->sample_msg[i]), "router out of memory");
+        if (copy) {
+            memcpy(copy, h->prompt, (size_t)h->n_prompt * sizeof(int32_t));
+            st = fy_router_submit_locked(h->H->R, tname, copy, h->n_prompt, &gi, 0, watch, h, &h->ids[i],
+                                         h->sample_msg[i], sizeof(h->sample_msg[i]));
+        }
+        h->sample_err[i] = st;
+    }
+    h->n_submitted = h->n;
+}
+
+static void h_pump(hreq_t *h)
+{
+    if (!h->ready || h->closing || h->writing || h->final) return;
+    h_submit_rest(h);
+    h->wlen = 0;
+    if (h->stream)
+        build_stream(h);
+    else
+        build_whole(h);
+    if (!h->wlen) return;
+    if (h->final) h_release(h, false);
+    h->wiov.iov_buf = h->wbuf;
+    h->wiov.iov_len = h->wlen;
+    nng_aio_set_iov(h->waio, 1, &h->wiov);
+    h->writing = true;
+    nng_http_conn_write_all(h->conn, h->waio);
+}
+
+
+static void watch(void *arg) { h_pump(arg); }
+
+static void write_cb(void *arg)
+{
+    hreq_t *h = arg;
+    router_t *R = h->H->R;
+    int rv = nng_aio_result(h->waio);
+    fy_router_lock(R);
+    h->writing = false;
+    bool close_it = false;
+    if (rv) {
+        if (!h->final) h->H->responses[5]++;
+        h_release(h, true); /* the client is gone: its requests end, their blocks go back */
+        close_it = !h->closing;
+        h->closing = true;
+    } else if (h->final) {
+        close_it = !h->closing;
+        h->closing = true;
+    } else {
+        h_pump(h); /* what arrived while this write was on the wire */
+    }
+    h_maybe_free(h);
+    fy_router_unlock(R);
+    if (close_it) h_close(h, R);
+}
+
+static void read_cb(void *arg)
+{
+    hreq_t *h = arg;
+    router_t *R = h->H->R;
+    int rv = nng_aio_result(h->raio);
+    fy_router_lock(R);
+    h->reading = false;
+    bool close_it = false;
+    if (rv == 0 && !h->closing) { /* bytes after the request (pipelining): ignored */
+        h->reading = true;
+        nng_aio_set_iov(h->raio, 1, &h->riov);
+        nng_http_conn_read(h->conn, h->raio);
+    } else if (!h->closing) {
+        /* the client hung up (or the socket broke) before the answer was out */
+        if (!h->final) {
+            h->H->responses[5]++;
+            fy_info("http %s: the client went away; cancelling", h->oid);
+        }
+        h_release(h, true);
+        h->closing = true;
+        close_it = true;
+    }
+    h_maybe_free(h);
+    fy_router_unlock(R);
+    if (close_it) h_close(h, R);
+}
+
+/* ---- handlers ------------------------------------------------------------------------------------- */
+
+static json_t *parse_body(fy_http_t *H, nng_aio *aio, nng_http_req *req)
+{
+    const char *ct = nng_http_req_get_header(req, "Content-Type");
+    if (!ct || strncasecmp(ct, "application/json", 16) || (ct[16] && ct[16] != ';' && ct[16] != ' ')) {
+        respond_error(H, aio, 415, "invalid_request_error", NULL, 0,
+                      "the body must be JSON with Content-Type: application/json (got %s)", ct ? ct : "none");
+        return NULL;
+    }
+    void *body;
+    size_t len;
+    nng_http_req_get_data(req, &body, &len);
+    json_error_t je;
+    json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!o) {
+        respond_error(H, aio, 400, "invalid_request_error", NULL, 0, "malformed JSON at line %d column %d: %s",
+                      je.line, je.column, je.text);
+        return NULL;
+    }
+    if (!json_is_object(o)) {
+        json_decref(o);
+        respond_error(H, aio, 400, "invalid_request_error", NULL, 0, "the body must be a JSON object");
+        return NULL;
+    }
+    return o;
+}
+
+/* The tenant of the request's key; NULL with a 401 sent when keys are
+ * configured and this one is missing or unknown. */
+static bool authenticate(fy_http_t *H, nng_aio *aio, nng_http_req *req, fy_tenant_t **t_p)
+{
+    *t_p = NULL;
+    if (!H->tenants) return true;
+    const char *a = nng_http_req_get_header(req, "Authorization");
+    if (!a || strncasecmp(a, "Bearer ", 7)) {
+        respond_error(H, aio, 401, "authentication_error", NULL, 0,
+                      "an API key is required: Authorization: Bearer KEY");
+        return false;
+    }
+    const char *k = a + 7;
+    while (*k == ' ') k++;
+    fy_router_lock(H->R);
+    fy_tenant_t *t = fy_tenants_find(H->tenants, k, strlen(k));
+    fy_router_unlock(H->R);
+    if (!t) {
+        respond_error(H, aio, 401, "authentication_error", NULL, 0, "invalid API key");
+        return false;
+    }
+    *t_p = t;
+    return true;
+}
+
+static void generation(nng_aio *aio, bool chat)
+{
+    nng_http_req *req = nng_aio_get_input(aio, 0);
+    nng_http_handler *hh = nng_aio_get_input(aio, 1);
+    nng_http_conn *conn = nng_aio_get_input(aio, 2);
+    fy_http_t *H = nng_http_handler_get_data(hh);
+    router_t *R = H->R;
+    fy_tenant_t *tenant;
+    if (!authenticate(H, aio, req, &tenant)) return;
+    json_t *o = parse_body(H, aio, req);
+    if (!o) return;
+    parsed_t p = {0};
+    gen_req_t g = {0};
+    parse_common(H, &p, o, chat, &g);
+    int32_t n_prompt = 0;
+    int32_t *ids = p.status ? NULL : prompt_ids(H, &p, o, chat, &n_prompt);
+    json_decref(o);
+    if (p.status) {
+        respond_error(H, aio, p.status, p.type, p.param, 0, "%s", p.msg);
+        return;
+    }
+    if (!ids) {
+        respond_error(H, aio, 500, "server_error", NULL, 0, "out of memory");
+        return;
+    }
+    /* the chat default: what the context has room for, within the configured cap */
+    if (!g.max_tokens_set && g.gen.max_tokens > fy_router_max_ctx(R) - n_prompt)
+        g.gen.max_tokens = fy_router_max_ctx(R) - n_prompt > 1 ? fy_router_max_ctx(R) - n_prompt : 1;
+    hreq_t *h = fy_calloc(1, sizeof(*h));
+    if (!h || nng_aio_alloc(&h->waio, write_cb, h) || nng_aio_alloc(&h->raio, read_cb, h)) {
+        if (h) {
+            nng_aio_free(h->waio);
+            fy_free(h);
+        }
+        fy_free(ids);
+        respond_error(H, aio, 500, "server_error", NULL, 0, "out of memory");
+        return;
+    }
+    h->H = H;
+    h->conn = conn;
+    h->chat = chat;
+    h->stream = g.stream;
+    h->include_usage = g.include_usage;
+    h->logprobs = g.gen.logprobs;
+    h->n = g.n;
+    h->max_tokens = g.gen.max_tokens;
+    uint8_t rnd[12];
+    randombytes_buf(rnd, sizeof(rnd));
+    int k = snprintf(h->oid, sizeof(h->oid), "%s-", chat ? "chatcmpl" : "cmpl");
+    for (size_t i = 0; i < sizeof(rnd); i++) k += snprintf(h->oid + k, sizeof(h->oid) - (size_t)k, "%02x", rnd[i]);
+
+    /* tenant limits, then the connection becomes ours */
+    fy_router_lock(R);
+    if (H->stopping) {
+        fy_router_unlock(R);
+        nng_aio_free(h->waio);
+        nng_aio_free(h->raio);
+        fy_free(h);
+        fy_free(ids);
+        respond_error(H, aio, 503, "server_error", NULL, 1, "the server is shutting down");
+        return;
+    }
+    if (tenant) {
+        double retry;
+        int64_t cost = (int64_t)n_prompt + (int64_t)g.gen.max_tokens * g.n;
+        fy_tenant_verdict_t v = fy_tenant_admit(tenant, g.n, cost, mono(), &retry);
+        if (v != FY_TENANT_OK) {
+            fy_router_unlock(R);
+            nng_aio_free(h->waio);
+            nng_aio_free(h->raio);
+            fy_free(h);
+            fy_free(ids);
+            if (v == FY_TENANT_CONCURRENCY)
+                respond_error(H, aio, 429, "rate_limit_error", NULL, retry,
+                              "tenant %s has its maximum of concurrent requests running", fy_tenant_name(tenant));
+            else
+                respond_error(H, aio, 429, "rate_limit_error", NULL, retry,
+                              "tenant %s has spent its tokens per minute (this request needs %lld)",
+                              fy_tenant_name(tenant), (long long)cost);
+            return;
+        }
+        h->tenant = tenant;
+    }
+    h->next = H->live;
+    if (H->live) H->live->prev = h;
+    H->live = h;
+    fy_router_unlock(R);
+    if (nng_http_hijack(conn)) {
+        fy_router_lock(R);
+        h_release(h, false);
+        h->closing = h->conn_closed = true; /* the server still owns the connection */
+        h_maybe_free(h);
+        fy_router_unlock(R);
+        fy_free(ids);
+        respond_error(H, aio, 500, "server_error", NULL, 0, "cannot take over the connection");
+        return;
+    }
+    nng_aio_set_output(aio, 0, NULL);
+    nng_aio_finish(aio, 0);
+    nng_http_req_free(req); /* ours after a hijack; the body was parsed */
+
+    /* the first sample now; the others (same prompt, seeds apart) once its
+     * prompt is in the workers' prefix caches, where they find it */
+    const char *tname = tenant ? fy_tenant_name(tenant) : "";
+    char err[256] = "";
+    h->gen = g.gen;
+    h->n_prompt = n_prompt;
+    h->n_submitted = 1;
+    fy_status_t st = FY_OK;
+    if (g.n > 1) {
+        h->prompt = fy_malloc((size_t)n_prompt * sizeof(int32_t));
+        if (!h->prompt) {
+            st = FY_ERR_NOMEM;
+            snprintf(err, sizeof(err), "router out of memory");
+            fy_free(ids);
+        } else {
+            memcpy(h->prompt, ids, (size_t)n_prompt * sizeof(int32_t));
+        }
+    }
+    if (!st) st = fy_router_submit(R, tname, ids, n_prompt, &g.gen, 0, watch, h, &h->ids[0], err, sizeof(err));
+    fy_router_lock(R);
+    h->riov.iov_buf = h->rbuf;
+    h->riov.iov_len = sizeof(h->rbuf);
+    nng_aio_set_iov(h->raio, 1, &h->riov);
+    h->reading = true;
+    nng_http_conn_read(h->conn, h->raio);
+    h->ready = true;
+    if (st) {
+        h_release(h, true);
+        json_t *e = json_object(), *eb = json_object();
+        json_object_set_new(eb, "message", jstr(err, strlen(err)));
+        json_object_set_new(eb, "type", json_string(st == FY_ERR_OVERLOADED ? "server_overloaded" : "invalid_request_error"));
+        json_object_set_new(eb, "param", st == FY_ERR_INVALID ? json_string(chat ? "messages" : "prompt") : json_null());
+        json_object_set_new(eb, "code", json_null());
+        json_object_set_new(e, "error", eb);
+        h->wlen = 0;
+        raw_response(h, status_of(st), e);
+        h->wiov.iov_buf = h->wbuf;
+        h->wiov.iov_len = h->wlen;
+        nng_aio_set_iov(h->waio, 1, &h->wiov);
+        h->writing = true;
+        nng_http_conn_write_all(h->conn, h->waio);
+    } else {
+        h_pump(h);
+    }
+    fy_router_unlock(R);
+}
+
+static void on_completions(nng_aio *aio) { generation(aio, false); }
+static void on_chat(nng_aio *aio) { generation(aio, true); }
+
+static void on_models(nng_aio *aio)
+{
+    fy_http_t *H = nng_http_handler_get_data(nng_aio_get_input(aio, 1));
+    json_t *m = json_object();
+    json_object_set_new(m, "id", json_string(H->served));
+    json_object_set_new(m, "object", json_string("model"));
+    json_object_set_new(m, "created", json_integer((json_int_t)H->created));
+    json_object_set_new(m, "owned_by", json_string("ferry"));
+    json_object_set_new(m, "root", json_string(fy_router_model_id(H->R)));
+    json_object_set_new(m, "max_model_len", json_integer(fy_router_max_ctx(H->R)));
+    json_t *data = json_array();
+    json_array_append_new(data, m);
+    json_t *o = json_object();
+    json_object_set_new(o, "object", json_string("list"));
+    json_object_set_new(o, "data", data);
+    respond(H, aio, 200, o, 0);
+}
+
+static void on_health(nng_aio *aio)
+{
+    fy_http_t *H = nng_http_handler_get_data(nng_aio_get_input(aio, 1));
+    int p, d;
+    bool colocated;
+    fy_router_lock(H->R);
+    fy_router_workers_up(H->R, &p, &d, &colocated);
+    bool stopping = H->stopping;
+    fy_router_unlock(H->R);
+    const char *why = stopping                ? "shutting down"
+                      : d == 0                ? "no decode worker is reachable"
+                      : (!colocated && p == 0) ? "no prefill worker is reachable"
+                                              : NULL;
+    json_t *o = json_object();
+    json_object_set_new(o, "status", json_string(why ? "unhealthy" : "ok"));
+    if (why) json_object_set_new(o, "reason", json_string(why));
+    json_object_set_new(o, "prefill_up", json_integer(p));
+    json_object_set_new(o, "decode_up", json_integer(d));
+    json_object_set_new(o, "mode", json_string(colocated ? "colocated" : "disaggregated"));
+    respond(H, aio, why ? 503 : 200, o, why ? H->retry_after_s : 0);
+}
+
+/* ---- start and stop --------------------------------------------------------------------------------- */
+
+static fy_status_t add_handler(fy_http_t *H, const char *path, const char *method, void (*fn)(nng_aio *),
+                               size_t max_body)
+{
+    nng_http_handler *h;
+    int rv = nng_http_handler_alloc(&h, path, fn);
+    if (!rv) rv = nng_http_handler_set_method(h, method);
+    if (!rv) rv = nng_http_handler_set_data(h, H, NULL);
+    if (!rv && max_body) rv = nng_http_handler_collect_body(h, true, max_body);
+    if (!rv) rv = nng_http_server_add_handler(H->srv, h);
+    if (rv) {
+        fy_error("http: cannot serve %s %s: %s", method, path, nng_strerror(rv));
+        return FY_ERR_INTERNAL;
+    }
+    H->handlers[H->n_handlers++] = h;
+    return FY_OK;
+}
+
+fy_status_t fy_http_start(router_t *R, fy_http_t **h_p)
+{
+    const fy_config_t *c = fy_router_config(R);
+    const char *url, *keys, *served;
+    int64_t max_body, max_tokens;
+    double retry;
+    fy_status_t st;
+    *h_p = NULL;
+    if ((st = fy_config_string(c, "router", "http", "", &url)) ||
+        (st = fy_config_string(c, "router", "api_keys", "", &keys)) ||
+        (st = fy_config_string(c, "router", "served_model_name", "", &served)) ||
+        (st = fy_config_size(c, "router", "max_body", 1 << 20, 1024, 64 << 20, &max_body)) ||
+        (st = fy_config_int(c, "router", "default_max_tokens", 1024, 1, 1 << 20, &max_tokens)) ||
+        (st = fy_config_duration(c, "router", "retry_after", 1, 0, 3600, &retry)))
+        return st;
+    if (!*url) return FY_OK;
+    fy_http_t *H = fy_calloc(1, sizeof(*H));
+    if (!H) return FY_ERR_NOMEM;
+    H->R = R;
+    H->default_max_tokens = max_tokens;
+    H->retry_after_s = retry;
+    H->created = time(NULL);
+    snprintf(H->url, sizeof(H->url), "%s", url);
+    if (*served) {
+        snprintf(H->served, sizeof(H->served), "%s", served);
+    } else { /* the model file's name, as llama.cpp's server does */
+        const char *path = "";
+        fy_config_string(c, "model", "path", "models/SmolLM2-135M-Instruct.Q4_1.gguf", &path);
+        const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+        snprintf(H->served, sizeof(H->served), "%s", base);
+        size_t l = strlen(H->served);
+        if (l > 5 && !strcmp(H->served + l - 5, ".gguf")) H->served[l - 5] = 0;
+    }
+    if (sodium_init() < 0) st = FY_ERR_INTERNAL;
+    if (!st && *keys) st = fy_tenants_load(keys, &H->tenants);
+    nng_url *u = NULL;
+    int rv = 0;
+    if (!st && (rv = nng_url_parse(&u, url)) != 0) {
+        fy_error("router.http: '%s' is not a URL (http://host:port): %s", url, nng_strerror(rv));
+        st = FY_ERR_INVALID;
+    }
+    if (!st && (rv = nng_http_server_hold(&H->srv, u)) != 0) {
+        fy_error("http: cannot set up a server on %s: %s", url, nng_strerror(rv));
+        st = FY_ERR_INTERNAL;
+    }
+    nng_url_free(u);
+    if (!st) st = add_handler(H, "/v1/completions", "POST", on_completions, (size_t)max_body);
+    if (!st) st = add_handler(H, "/v1/chat/completions", "POST", on_chat, (size_t)max_body);
+    if (!st) st = add_handler(H, "/v1/models", "GET", on_models, 0);
+    if (!st) st = add_handler(H, "/health", "GET", on_health, 0);
+    if (!st && (rv = nng_http_server_start(H->srv)) != 0) {
+        fy_error("http: cannot listen on %s: %s", url, nng_strerror(rv));
+        st = FY_ERR_IO;
+    }
+    if (st) {
+        if (H->srv) nng_http_server_release(H->srv);
+        fy_tenants_destroy(H->tenants);
+        fy_free(H);
+        return st;
+    }
+    fy_info("http: OpenAI API on %s (model '%s'%s)", url, H->served,
+            H->tenants ? ", API keys required" : ", no API keys: one tenant");
+    *h_p = H;
+    return FY_OK;
+}
+
+void fy_http_stop(fy_http_t *H)
+{
+    if (!H) return;
+    router_t *R = H->R;
+    nng_http_server_stop(H->srv);
+    /* every open generation: cancelled, its socket closed */
+    for (;;) {
+        fy_router_lock(R);
+        H->stopping = true;
+        hreq_t *h = H->live;
+        while (h && h->closing) h = h->next;
+        if (h) {
+            h_release(h, true);
+            h->closing = true;
+        }
+        fy_router_unlock(R);
+        if (!h) break;
+        h_close(h, R);
+    }
+    for (int i = 0; i < 300; i++) { /* their last callbacks */
+        fy_router_lock(R);
+        bool empty = !H->live;
+        fy_router_unlock(R);
+        if (empty) break;
+        usleep(10000);
+    }
+    if (H->live) { /* a callback may still come: H stays (leaked) rather than be freed under it */
+        fy_warn("http: connections still closing at shutdown");
+        return;
+    }
+    nng_http_server_release(H->srv);
+    fy_tenants_destroy(H->tenants);
+    fy_free(H);
+}

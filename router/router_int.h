@@ -1,0 +1,85 @@
+/*
+ * router_int.h - the router's in-process interface, for its HTTP front
+ * door (http.c).  Not a public API: the router's own threads and the
+ * front door's callbacks share one lock, and these functions say which
+ * of them expect it held.
+ *
+ * A front-door request is submitted with a watch function that the
+ * router calls (under its lock) whenever the request has new tokens or
+ * has ended; the front door reads them through fy_router_view and lets
+ * go with fy_router_detach, which cancels the request in the cluster
+ * (its blocks freed) when the client went away first.
+ */
+#ifndef FY_ROUTER_INT_H
+#define FY_ROUTER_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "genspec.h"
+#include "model.h"
+#include "status.h"
+
+typedef struct router router_t;
+typedef void (*fy_router_watch_fn)(void *arg);
+
+void fy_router_lock(router_t *R);
+void fy_router_unlock(router_t *R);
+
+/* Fixed after start-up: no lock needed. */
+const fy_model_t *fy_router_model(const router_t *R);
+const char *fy_router_model_id(const router_t *R);
+int32_t fy_router_max_ctx(const router_t *R);
+const fy_config_t *fy_router_config(const router_t *R);
+
+/*
+ * Queues a request; lock NOT held.  ids (fy_malloc'd) are taken in every
+ * case.  tenant names the prefix-cache namespace (the API key's tenant).
+ * deadline_s <= 0: the router's request_timeout.  watch(arg) is called
+ * under the lock on every change until fy_router_detach.  Errors:
+ * FY_ERR_INVALID (prompt too long), FY_ERR_OVERLOADED (queue full),
+ * FY_ERR_NOMEM; err says which.
+ */
+fy_status_t fy_router_submit(router_t *R, const char *tenant, int32_t *ids, int32_t n, const fy_genspec_t *gen,
+                             double deadline_s, fy_router_watch_fn watch, void *arg, uint64_t *id_p, char *err,
+                             size_t err_cap);
+
+/* The same with the lock held (from a watch function); the request is
+ * placed at the router's next housekeeping tick. */
+fy_status_t fy_router_submit_locked(router_t *R, const char *tenant, int32_t *ids, int32_t n, const fy_genspec_t *gen,
+                                    double deadline_s, fy_router_watch_fn watch, void *arg, uint64_t *id_p,
+                                    char *err, size_t err_cap);
+
+/* A request's output so far; pointers valid while the lock is held. */
+typedef struct fy_router_view {
+    const int32_t *tokens;
+    const float *logprobs; /* NULL unless asked for */
+    int32_t n_tokens;
+    const char *text;
+    size_t text_len;
+    int32_t n_prompt;
+    int32_t cached; /* prompt tokens found in a prefix cache */
+    bool done;
+    fy_status_t error; /* when done: FY_OK, or what failed */
+    const char *message;
+    const char *finish; /* when done without error: length, stop, eos, context */
+    double t_arrive, t_sched, t_first, t_done; /* CLOCK_MONOTONIC; 0 when not yet */
+} fy_router_view_t;
+
+/* Lock held.  False when no such request. */
+bool fy_router_view(router_t *R, uint64_t id, fy_router_view_t *v);
+/* Lock held.  Stops watching; cancel ends a running request (its workers
+ * let go of its blocks).  The request is forgotten once done. */
+void fy_router_detach(router_t *R, uint64_t id, bool cancel);
+/* Lock held.  Workers reporting and compatible, by role. */
+void fy_router_workers_up(router_t *R, int *prefill_up, int *decode_up, bool *colocated);
+
+/* The front door (http.c): started by the router after its sockets,
+ * stopped before them.  No address configured: *h_p = NULL, FY_OK. */
+typedef struct fy_http fy_http_t;
+fy_status_t fy_http_start(router_t *R, fy_http_t **h_p);
+void fy_http_stop(fy_http_t *h); /* accepts NULL */
+
+#endif /* FY_ROUTER_INT_H */

@@ -1,0 +1,640 @@
+/*
+ * test_http.c - the router's OpenAI-compatible HTTP API against a real
+ * cluster (router, 1 prefill and 1 decode worker as processes) on
+ * loopback: plain and streamed completions and chat, the tokens of the
+ * nng client for the same prompt, every kind of bad request answered
+ * with the right status and a body naming the field, API keys and
+ * tenants (401, 429 for concurrency and tokens per minute, and prefix
+ * caches that a tenant never shares, timing included), a client that
+ * disconnects mid-stream (its blocks come back), slow clients, and the
+ * `openai` Python package against it (skipped where it cannot be
+ * installed).  The router answers the next request after each.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "cluster_util.h"
+#include "mem.h"
+#include "model.h"
+#include "testutil.h"
+#include "tokenizer.h"
+
+static tc_cluster_t C;
+static int PORT;
+static char KEYS[512];
+static const char *KEY_A = "key-alpha-0001", *KEY_B = "key-beta-00002", *KEY_C = "key-gamma-0003";
+
+/* ---- a small HTTP client over a socket ---- */
+
+static int free_port(void)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(s, (struct sockaddr *)&a, sizeof(a)), 0);
+    socklen_t l = sizeof(a);
+    getsockname(s, (struct sockaddr *)&a, &l);
+    close(s);
+    return ntohs(a.sin_port);
+}
+
+static int dial(void)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)PORT),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(connect(s, (struct sockaddr *)&a, sizeof(a)), 0);
+    struct timeval tv = {.tv_sec = 120};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    int one = 1;
+    setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    return s;
+}
+
+static void send_all(int s, const void *buf, size_t n)
+{
+    const char *p = buf;
+    while (n) {
+        ssize_t k = send(s, p, n, MSG_NOSIGNAL);
+        if (k <= 0) return; /* the server may refuse a huge body before reading it all */
+        p += k;
+        n -= (size_t)k;
+    }
+}
+
+static void send_request(int s, const char *method, const char *path, const char *key, const char *ctype,
+                         const char *body, size_t blen)
+{
+    char head[1024];
+    int n = snprintf(head, sizeof(head),
+                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s%s%s%s%s%s"
+                     "Content-Length: %zu\r\n\r\n",
+                     method, path, key ? "Authorization: Bearer " : "", key ? key : "", key ? "\r\n" : "",
+                     ctype ? "Content-Type: " : "", ctype ? ctype : "", ctype ? "\r\n" : "", blen);
+    send_all(s, head, (size_t)n);
+    if (blen) send_all(s, body, blen);
+}
+
+typedef struct resp {
+    int status;
+    char head[4096];
+    char *body; /* NUL-terminated */
+    size_t len;
+} resp_t;
+
+/* Reads a whole response: headers, then Content-Length bytes or to the close. */
+static void read_response(int s, resp_t *r)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    char *hend = NULL;
+    long clen = -1;
+    for (;;) {
+        if (n + 4096 > cap) buf = realloc(buf, cap *= 2);
+        ssize_t k = recv(s, buf + n, cap - n - 1, 0);
+        if (k <= 0) break;
+        n += (size_t)k;
+        buf[n] = 0;
+        if (!hend && (hend = strstr(buf, "\r\n\r\n"))) {
+            const char *cl = strcasestr(buf, "Content-Length:");
+            if (cl && cl < hend) clen = atol(cl + 15);
+        }
+        if (hend && clen >= 0 && n >= (size_t)(hend + 4 - buf) + (size_t)clen) break;
+    }
+    buf[n] = 0;
+    memset(r, 0, sizeof(*r));
+    if (sscanf(buf, "HTTP/1.%*d %d", &r->status) != 1) r->status = -1;
+    hend = strstr(buf, "\r\n\r\n");
+    size_t hl = hend ? (size_t)(hend - buf) : n;
+    snprintf(r->head, sizeof(r->head), "%.*s", (int)hl, buf);
+    r->len = hend ? n - hl - 4 : 0;
+    r->body = malloc(r->len + 1);
+    memcpy(r->body, hend ? hend + 4 : "", r->len);
+    r->body[r->len] = 0;
+    free(buf);
+}
+
+static resp_t call(const char *method, const char *path, const char *key, const char *body)
+{
+    int s = dial();
+    send_request(s, method, path, key, body ? "application/json" : NULL, body, body ? strlen(body) : 0);
+    resp_t r;
+    read_response(s, &r);
+    close(s);
+    return r;
+}
+
+static json_t *json_of(const resp_t *r)
+{
+    json_error_t e;
+    json_t *j = json_loads(r->body, 0, &e);
+    if (!j) fail_msg("not JSON (%s): %s", e.text, r->body);
+    return j;
+}
+
+/* An error response: the status, and an OpenAI error body naming param. */
+static void expect_error(const resp_t *r, int status, const char *param, const char *in_message)
+{
+    if (r->status != status) fail_msg("status %d, expected %d: %s", r->status, status, r->body);
+    json_t *j = json_of(r);
+    json_t *e = json_object_get(j, "error");
+    assert_non_null(e);
+    const char *msg = json_string_value(json_object_get(e, "message"));
+    assert_non_null(msg);
+    if (param) {
+        const char *p = json_string_value(json_object_get(e, "param"));
+        if (!p || strcmp(p, param)) fail_msg("param '%s', expected '%s' (%s)", p ? p : "null", param, msg);
+    }
+    if (in_message && !strstr(msg, in_message)) fail_msg("message '%s' lacks '%s'", msg, in_message);
+    json_decref(j);
+}
+
+/* ---- the cluster, once for all tests ---- */
+
+static int32_t decode_admittable(void);
+static int32_t IDLE_ADMITTABLE; /* the decode worker's, before any request */
+
+static int setup(void **state)
+{
+    (void)state;
+    if (!tc_available()) return 0;
+    PORT = free_port();
+    const char *dir = fy_test_tmpdir();
+    snprintf(KEYS, sizeof(KEYS), "%s/keys.txt", dir);
+    char keys[512];
+    snprintf(keys, sizeof(keys),
+             "# test keys\n%s alpha\n%s beta max_concurrent=1\n%s gamma tokens_per_minute=150\n", KEY_A, KEY_B,
+             KEY_C);
+    assert_true(fy_test_write_file(KEYS, keys, strlen(keys)));
+    static char http[128], keyset[600];
+    snprintf(http, sizeof(http), "router.http=http://127.0.0.1:%d", PORT);
+    snprintf(keyset, sizeof(keyset), "router.api_keys=%s", KEYS);
+    tc_opts_t o = {.n_prefill = 1, .n_decode = 1,
+                   .common = {http, keyset, "router.max_body=64KiB", "decode.kv_mem=64MiB"}};
+    tc_start(&C, &o);
+    IDLE_ADMITTABLE = decode_admittable();
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    if (C.n_procs) tc_stop(&C);
+    fy_test_tmpdir_remove();
+    return 0;
+}
+
+static int32_t decode_admittable(void)
+{
+    fy_client_status_t s;
+    tc_status(&C, &s);
+    for (int i = 0; i < s.n_workers; i++)
+        if (s.workers[i].decode) return s.workers[i].admittable;
+    return -1;
+}
+
+static char *token_prompt_json(int n, uint64_t seed, const char *extra)
+{
+    size_t cap = (size_t)n * 8 + 512;
+    char *b = fy_malloc(cap);
+    size_t k = (size_t)snprintf(b, cap, "{\"prompt\":[");
+    for (int i = 0; i < n; i++)
+        k += (size_t)snprintf(b + k, cap - k, "%s%d", i ? "," : "", 100 + (int)(fy_test_rand_u64(&seed) % 40000));
+    snprintf(b + k, cap - k, "]%s}", extra);
+    return b;
+}
+
+/* ---- plain and streamed ---- */
+
+static void test_models_and_health(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    resp_t r = call("GET", "/health", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"ok\""));
+    free(r.body);
+    r = call("GET", "/v1/models", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    json_t *j = json_of(&r);
+    json_t *m = json_array_get(json_object_get(j, "data"), 0);
+    assert_string_equal(json_string_value(json_object_get(m, "id")), "SmolLM2-135M-Instruct.Q4_1");
+    json_decref(j);
+    free(r.body);
+}
+
+static void test_completion_matches_nng_client(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    /* the same greedy prompt through the nng client */
+    fy_client_req_t q = {.prompt = "The three primary colors are"};
+    fy_genspec_default(&q.gen);
+    q.gen.max_tokens = 12;
+    q.gen.ignore_eos = true;
+    fy_client_stream_t s;
+    char err[256];
+    assert_int_equal(fy_client_generate(C.client, &q, &s, err, sizeof(err)), FY_OK);
+    tc_result_t ref;
+    tc_collect(&C, &s, &ref, 1, 60);
+    assert_int_equal(ref.error, FY_OK);
+
+    resp_t r = call("POST", "/v1/completions", KEY_A,
+                    "{\"model\":\"SmolLM2-135M-Instruct.Q4_1\",\"prompt\":\"The three primary colors are\","
+                    "\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true,\"logprobs\":0,\"unknown_field\":[1,2]}");
+    assert_int_equal(r.status, 200);
+    json_t *j = json_of(&r);
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+    const char *text = json_string_value(json_object_get(ch, "text"));
+    json_t *u = json_object_get(j, "usage");
+    assert_int_equal(json_integer_value(json_object_get(u, "completion_tokens")), 12);
+    assert_int_equal(json_integer_value(json_object_get(u, "prompt_tokens")), s.n_prompt);
+    assert_string_equal(json_string_value(json_object_get(ch, "finish_reason")), "length");
+    json_t *lps = json_object_get(json_object_get(ch, "logprobs"), "token_logprobs");
+    assert_int_equal(json_array_size(lps), 12);
+    for (size_t i = 0; i < 12; i++) assert_true(json_real_value(json_array_get(lps, i)) <= 0);
+    /* the nng client's tokens, as text */
+    fy_model_t *model;
+    assert_int_equal(fy_model_load(tc_model(), &model), FY_OK);
+    char ref_text[4096] = "", streamed[4096] = "";
+    fy_tokenizer_decode(fy_model_tokenizer(model), ref.tokens, (size_t)ref.n, false, ref_text, sizeof(ref_text));
+    fy_model_destroy(model);
+    assert_string_equal(text, ref_text);
+    resp_t r2 = call("POST", "/v1/completions", KEY_A,
+                     "{\"prompt\":\"The three primary colors are\",\"max_tokens\":12,\"temperature\":0,"
+                     "\"ignore_eos\":true,\"stream\":true}");
+    assert_int_equal(r2.status, 200);
+    assert_non_null(strstr(r2.head, "text/event-stream"));
+    /* the streamed deltas put together equal the plain text; the stream ends with [DONE] */
+    size_t k = 0;
+    for (char *p = r2.body; (p = strstr(p, "data: ")); p += 6) {
+        if (!strncmp(p + 6, "[DONE]", 6)) break;
+        json_error_t e;
+        json_t *c = json_loadb(p + 6, strcspn(p + 6, "\n"), 0, &e);
+        assert_non_null(c);
+        const char *t = json_string_value(json_object_get(json_array_get(json_object_get(c, "choices"), 0), "text"));
+        if (t) k += (size_t)snprintf(streamed + k, sizeof(streamed) - k, "%s", t);
+        json_decref(c);
+    }
+    assert_non_null(strstr(r2.body, "data: [DONE]\n\n"));
+    assert_string_equal(streamed, text);
+    assert_int_equal(ref.n, 12);
+    json_decref(j);
+    free(r.body);
+    free(r2.body);
+}
+
+static void test_chat_plain_and_n(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    resp_t r = call("POST", "/v1/chat/completions", KEY_A,
+                    "{\"messages\":[{\"role\":\"system\",\"content\":\"You are terse.\"},"
+                    "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Name a fruit.\"}]}],"
+                    "\"max_tokens\":6,\"n\":3,\"temperature\":0.8,\"seed\":7}");
+    assert_int_equal(r.status, 200);
+    json_t *j = json_of(&r);
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion");
+    json_t *choices = json_object_get(j, "choices");
+    assert_int_equal(json_array_size(choices), 3);
+    for (size_t i = 0; i < 3; i++) {
+        json_t *m = json_object_get(json_array_get(choices, i), "message");
+        assert_string_equal(json_string_value(json_object_get(m, "role")), "assistant");
+        assert_true(json_is_string(json_object_get(m, "content")));
+        assert_int_equal(json_integer_value(json_object_get(json_array_get(choices, i), "index")), (json_int_t)i);
+    }
+    json_t *u = json_object_get(j, "usage");
+    assert_true(json_integer_value(json_object_get(u, "completion_tokens")) <= 18);
+    json_int_t np = json_integer_value(json_object_get(u, "prompt_tokens"));
+    assert_true(np > 16);
+    /* samples after the first found the prompt's full blocks in the caches */
+    json_int_t cached = json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
+    print_message("n=3: %lld prompt tokens, %lld found cached by a later sample\n", (long long)np, (long long)cached);
+    assert_true(cached >= 16 && cached < np);
+    json_decref(j);
+    free(r.body);
+}
+
+/* ---- bad requests: status and the field named, the router still serving ---- */
+
+static void test_bad_requests(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    resp_t r;
+#define CHECK(M, P, K, B, S, F, T)                                                                                     \
+    do {                                                                                                               \
+        r = call(M, P, K, B);                                                                                          \
+        expect_error(&r, S, F, T);                                                                                     \
+        free(r.body);                                                                                                  \
+    } while (0)
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\": \"hi\", \"max_tokens\": ", 400, NULL, "malformed JSON");
+    CHECK("POST", "/v1/completions", KEY_A, "[1,2,3]", 400, NULL, "JSON object");
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"temperature\":\"hot\"}", 400, "temperature", NULL);
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"max_tokens\":0}", 400, "max_tokens", NULL);
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"max_tokens\":1.5}", 400, "max_tokens", NULL);
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"top_p\":1.5}", 400, "top_p", NULL);
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"n\":99}", 400, "n", NULL);
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"seed\":-1}", 400, "seed", NULL);
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"stop\":[\"a\",3]}", 400, "stop", NULL);
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"stream\":\"yes\"}", 400, "stream", NULL);
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":[1,2,999999]}", 400, "prompt", NULL);
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":{\"a\":1}}", 400, "prompt", NULL);
+    CHECK("POST", "/v1/completions", KEY_A, "{\"max_tokens\":3}", 400, "prompt", NULL);
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"presence_penalty\":0.5}", 400, "presence_penalty",
+          "not supported");
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"logprobs\":3}", 400, "logprobs", NULL);
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"model\":\"gpt-4\"}", 404, "model", "gpt-4");
+    CHECK("POST", "/v1/chat/completions", KEY_A, "{\"messages\":[]}", 400, "messages", NULL);
+    CHECK("POST", "/v1/chat/completions", KEY_A, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 400,
+          "messages", NULL);
+    CHECK("POST", "/v1/chat/completions", KEY_A, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400,
+          "messages", NULL);
+    CHECK("POST", "/v1/completions", NULL, "{\"prompt\":\"hi\"}", 401, NULL, "API key");
+    CHECK("POST", "/v1/completions", "not-a-valid-key", "{\"prompt\":\"hi\"}", 401, NULL, "invalid");
+    /* a prompt longer than the context */
+    char *big = token_prompt_json(9000, 5, "");
+    CHECK("POST", "/v1/completions", KEY_A, big, 400, "prompt", NULL);
+    fy_free(big);
+#undef CHECK
+    /* wrong content type */
+    int s = dial();
+    send_request(s, "POST", "/v1/completions", KEY_A, "text/plain", "{\"prompt\":\"hi\"}", 15);
+    read_response(s, &r);
+    close(s);
+    expect_error(&r, 415, NULL, "application/json");
+    free(r.body);
+    /* wrong method, unknown path: nng's own answers */
+    r = call("GET", "/v1/completions", KEY_A, NULL);
+    assert_int_equal(r.status, 405);
+    free(r.body);
+    r = call("GET", "/v2/nothing", KEY_A, NULL);
+    assert_int_equal(r.status, 404);
+    free(r.body);
+    /* a body over router.max_body (64 KiB here) is refused unread */
+    size_t hn = 200000;
+    char *huge = fy_malloc(hn + 64);
+    memset(huge, ' ', hn);
+    memcpy(huge, "{\"prompt\":\"", 11);
+    memcpy(huge + hn - 2, "\"}", 2);
+    huge[hn] = 0;
+    s = dial();
+    send_request(s, "POST", "/v1/completions", KEY_A, "application/json", huge, hn);
+    read_response(s, &r);
+    close(s);
+    print_message("a %zu-byte body: HTTP %d\n", hn, r.status);
+    assert_true(r.status == 413 || r.status == 400);
+    free(r.body);
+    fy_free(huge);
+    /* still serving */
+    r = call("POST", "/v1/completions", KEY_A, "{\"prompt\":\"Hello\",\"max_tokens\":2}");
+    assert_int_equal(r.status, 200);
+    free(r.body);
+}
+
+/* ---- slow clients and clients that leave ---- */
+
+static void test_slow_and_departing_clients(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    int32_t before = IDLE_ADMITTABLE;
+    /* a client that sends half a request and waits does not hold up another */
+    int slow = dial();
+    const char *part = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
+    send_all(slow, part, strlen(part));
+    resp_t r = call("POST", "/v1/completions", KEY_A, "{\"prompt\":\"Hello there\",\"max_tokens\":3}");
+    assert_int_equal(r.status, 200);
+    free(r.body);
+    /* and is answered once it finishes, a second later */
+    sleep(1);
+    char rest[256];
+    const char *body = "{\"prompt\":\"Hi\",\"max_tokens\":2}";
+    int n = snprintf(rest, sizeof(rest), "Authorization: Bearer %s\r\nContent-Length: %zu\r\n\r\n%s", KEY_A,
+                     strlen(body), body);
+    send_all(slow, rest, (size_t)n);
+    read_response(slow, &r);
+    close(slow);
+    assert_int_equal(r.status, 200);
+    free(r.body);
+
+    /* a stream whose client disconnects after the first tokens: cancelled, blocks back */
+    fy_client_status_t st0;
+    tc_status(&C, &st0);
+    int s = dial();
+    const char *req = "{\"prompt\":\"Tell me a very long story\",\"max_tokens\":400,\"ignore_eos\":true,"
+                      "\"stream\":true,\"temperature\":0}";
+    send_request(s, "POST", "/v1/completions", KEY_A, "application/json", req, strlen(req));
+    char buf[4096];
+    size_t got = 0;
+    int chunks = 0;
+    while (chunks < 4) {
+        ssize_t k = recv(s, buf + got, sizeof(buf) - got - 1, 0);
+        assert_true(k > 0);
+        got += (size_t)k;
+        buf[got] = 0;
+        chunks = 0;
+        for (char *p = buf; (p = strstr(p, "data: ")); p += 6) chunks++;
+        if (got > sizeof(buf) / 2) got = 0, buf[0] = 0;
+    }
+    close(s);
+    double t0 = tc_now();
+    fy_client_status_t st;
+    for (;;) {
+        tc_status(&C, &st);
+        if (st.failed > st0.failed || tc_now() - t0 > 10) break;
+        usleep(20000);
+    }
+    print_message("disconnected client: request ended in %.2f s\n", tc_now() - t0);
+    assert_int_equal(st.failed, st0.failed + 1); /* cancelled, not run to 400 tokens */
+    assert_true(tc_wait_admittable(&C, "decode-0", before, 5.0));
+    r = call("GET", "/health", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    free(r.body);
+}
+
+/* ---- tenants: limits and isolated prefix caches ---- */
+
+static void test_tenant_limits(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    /* beta may run one request at a time */
+    int s = dial();
+    const char *req = "{\"prompt\":\"Count slowly\",\"max_tokens\":300,\"ignore_eos\":true,\"stream\":true}";
+    send_request(s, "POST", "/v1/completions", KEY_B, "application/json", req, strlen(req));
+    char buf[512];
+    assert_true(recv(s, buf, sizeof(buf), 0) > 0); /* it is running */
+    resp_t r = call("POST", "/v1/completions", KEY_B, "{\"prompt\":\"Hi\",\"max_tokens\":2}");
+    expect_error(&r, 429, NULL, "concurrent");
+    assert_non_null(strcasestr(r.head, "Retry-After:"));
+    free(r.body);
+    /* another tenant is not held up */
+    r = call("POST", "/v1/completions", KEY_A, "{\"prompt\":\"Hi\",\"max_tokens\":2}");
+    assert_int_equal(r.status, 200);
+    free(r.body);
+    close(s); /* the stream is cancelled; beta's slot comes back */
+    double t0 = tc_now();
+    do {
+        r = call("POST", "/v1/completions", KEY_B, "{\"prompt\":\"Hi\",\"max_tokens\":2}");
+        if (r.status == 200) break;
+        free(r.body);
+        usleep(50000);
+    } while (tc_now() - t0 < 5);
+    assert_int_equal(r.status, 200);
+    free(r.body);
+    /* gamma has 150 tokens a minute: 2 + 100 fits once, not twice */
+    r = call("POST", "/v1/completions", KEY_C, "{\"prompt\":\"Hi\",\"max_tokens\":100}");
+    assert_int_equal(r.status, 200);
+    free(r.body);
+    r = call("POST", "/v1/completions", KEY_C, "{\"prompt\":\"Hi\",\"max_tokens\":100}");
+    if (r.status == 200) { /* the first one stopped early and was refunded: spend the rest */
+        free(r.body);
+        r = call("POST", "/v1/completions", KEY_C, "{\"prompt\":\"Hi\",\"max_tokens\":140,\"ignore_eos\":true}");
+        free(r.body);
+        r = call("POST", "/v1/completions", KEY_C, "{\"prompt\":\"Hi\",\"max_tokens\":140}");
+    }
+    expect_error(&r, 429, NULL, "tokens per minute");
+    free(r.body);
+}
+
+/* Time to the first streamed token, and the cached prompt tokens reported. */
+static double stream_ttft(const char *key, const char *body, json_int_t *cached)
+{
+    int s = dial();
+    double t0 = tc_now(), ttft = -1;
+    send_request(s, "POST", "/v1/completions", key, "application/json", body, strlen(body));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (n + 4096 > cap) buf = realloc(buf, cap *= 2);
+        ssize_t k = recv(s, buf + n, cap - n - 1, 0);
+        if (k <= 0) break;
+        n += (size_t)k;
+        buf[n] = 0;
+        if (ttft < 0 && strstr(buf, "\"text\":\"")) {
+            /* the first chunk with text (an empty text is possible: any chunk counts) */
+            ttft = tc_now() - t0;
+        }
+    }
+    close(s);
+    char *u = strstr(buf, "\"cached_tokens\":");
+    *cached = u ? atoll(u + 16) : -1;
+    free(buf);
+    return ttft;
+}
+
+static void test_tenants_never_share_prefixes(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    /* a long prompt: a cache hit is obvious in the time to the first token */
+    char *body = token_prompt_json(1200, 77, ",\"max_tokens\":2,\"stream\":true,\"temperature\":0,"
+                                             "\"stream_options\":{\"include_usage\":true}");
+    json_int_t c_cold, c_warm, c_other, c_other2;
+    double cold = stream_ttft(KEY_A, body, &c_cold);
+    double warm = stream_ttft(KEY_A, body, &c_warm);
+    double other = stream_ttft(KEY_B, body, &c_other);
+    double other2 = stream_ttft(KEY_B, body, &c_other2);
+    print_message("1200-token prompt, TTFT: alpha cold %.0f ms (%lld cached), alpha again %.0f ms (%lld cached), "
+                  "beta %.0f ms (%lld cached), beta again %.0f ms (%lld cached)\n",
+                  cold * 1e3, (long long)c_cold, warm * 1e3, (long long)c_warm, other * 1e3, (long long)c_other,
+                  other2 * 1e3, (long long)c_other2);
+    assert_int_equal(c_cold, 0);
+    assert_true(c_warm >= 1184); /* all full blocks but the last token's */
+    assert_int_equal(c_other, 0); /* alpha's blocks are not beta's */
+    assert_true(c_other2 >= 1184); /* beta's own, the second time */
+    assert_true(other > 3 * warm);  /* and the time says so too */
+    assert_true(other > 0.5 * cold);
+    fy_free(body);
+}
+
+/* ---- overload: 503 with Retry-After, and the router keeps serving ---- */
+
+static void test_overload_503(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    /* a second cluster whose router holds one request in its queue at most,
+     * and sends a prefill worker one prompt at a time */
+    tc_cluster_t c2;
+    int port2 = free_port();
+    char http[128];
+    snprintf(http, sizeof(http), "router.http=http://127.0.0.1:%d", port2);
+    tc_opts_t o = {.n_prefill = 1, .n_decode = 1,
+                   .common = {http, "router.max_queue=1", "router.prefill_queue_tokens=1", "router.retry_after=3s"}};
+    tc_start(&c2, &o);
+    int keep = PORT;
+    PORT = port2;
+    char *body = token_prompt_json(1500, 9, ",\"max_tokens\":4");
+    int s1 = dial(), s2 = dial();
+    send_request(s1, "POST", "/v1/completions", NULL, "application/json", body, strlen(body)); /* prefilling */
+    usleep(200000);
+    send_request(s2, "POST", "/v1/completions", NULL, "application/json", body, strlen(body)); /* queued */
+    usleep(200000);
+    resp_t r = call("POST", "/v1/completions", NULL, body); /* refused */
+    expect_error(&r, 503, NULL, "overloaded");
+    assert_non_null(strcasestr(r.head, "Retry-After: 3"));
+    free(r.body);
+    resp_t r1, r2;
+    read_response(s1, &r1);
+    read_response(s2, &r2);
+    close(s1);
+    close(s2);
+    assert_int_equal(r1.status, 200);
+    assert_int_equal(r2.status, 200);
+    free(r1.body);
+    free(r2.body);
+    r = call("POST", "/v1/completions", NULL, "{\"prompt\":\"Hi\",\"max_tokens\":2}");
+    assert_int_equal(r.status, 200);
+    free(r.body);
+    fy_free(body);
+    PORT = keep;
+    tc_stop(&c2);
+}
+
+/* ---- the openai Python package ---- */
+
+static void test_openai_python(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    const char *venv = getenv("FERRY_OPENAI_VENV") ? getenv("FERRY_OPENAI_VENV") : "build/openai-venv";
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd),
+             "[ -x %s/bin/python ] && %s/bin/python -c 'import openai' 2>/dev/null || "
+             "{ python3 -m venv %s && %s/bin/pip install -q openai; } >/dev/null 2>&1",
+             venv, venv, venv, venv);
+    if (system(cmd) != 0) {
+        print_message("the openai package cannot be installed here (no PyPI?): skipped\n");
+        skip();
+    }
+    snprintf(cmd, sizeof(cmd), "%s/bin/python tests/openai_check.py http://127.0.0.1:%d/v1 %s", venv, PORT, KEY_A);
+    int rc = system(cmd);
+    assert_int_equal(rc, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_models_and_health),
+        cmocka_unit_test(test_completion_matches_nng_client),
+        cmocka_unit_test(test_chat_plain_and_n),
+        cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_slow_and_departing_clients),
+        cmocka_unit_test(test_tenant_limits),
+        cmocka_unit_test(test_tenants_never_share_prefixes),
+        cmocka_unit_test(test_overload_503),
+        cmocka_unit_test(test_openai_python),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
