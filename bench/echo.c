@@ -424,6 +424,8 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *c, const char *
         *upload_size = 0;
         return MHD_YES;
     }
+    if (!strcmp(url, "/v1/models") && !strcmp(method, "GET"))
+        return send_json(c, 200, "{\"object\":\"list\",\"data\":[{\"id\":\"echo\",\"object\":\"model\"}]}");
     bool chat = !strcmp(url, "/v1/chat/completions");
     if (!chat && strcmp(url, "/v1/completions")) return send_error(c, 404, "not_found", "no such path");
     if (strcmp(method, "POST")) return send_error(c, 405, "invalid_request_error", "POST only");
@@ -435,6 +437,11 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *c, const char *
     if (h->too_big) return send_error(c, 413, "invalid_request_error", "body too large");
     json_error_t je;
     json_t *o = h->body ? json_loadb(h->body, h->len, 0, &je) : NULL;
+    const char *model = json_string_value(json_object_get(o, "model"));
+    if (json_is_object(o) && (!model || strcmp(model, "echo"))) {
+        json_decref(o);
+        return send_error(c, 404, "not_found_error", "this server serves the model 'echo'");
+    }
     if (!json_is_object(o)) {
         json_decref(o);
         return send_error(c, 400, "invalid_request_error", "the body is not a JSON object");

@@ -61,7 +61,8 @@ static void usage(FILE *f)
             "      --seed S             (default 1)\n"
             "arrivals:\n"
             "  -r, --rate R[,R...]      requests per second, Poisson; several rates: a sweep;\n"
-            "                           inf: all at once (closed loop with --concurrency); default inf\n"
+            "                           inf: all at once (closed loop with --concurrency); default inf;\n"
+            "                           point k of a sweep draws its prompts with seed + k\n"
             "      --burstiness K       gamma arrivals with shape K (1: Poisson; <1 burstier)\n"
             "  -c, --concurrency N      requests in flight at most (default %d)\n"
             "bounds:\n"
@@ -468,10 +469,10 @@ static int cmd_load(int argc, char **argv)
             if (!st) o.synth.n_classes = i + 1;
         }
         if (!st) st = fy_bench_workload_synth(&o.synth, &w, err, sizeof(err));
-        for (int i = 0; i < o.synth.n_classes; i++) fy_bench_class_free(&o.synth.classes[i]);
     }
     if (st) {
         fprintf(stderr, "ferry-bench: %s\n", err);
+        for (int i = 0; i < o.synth.n_classes; i++) fy_bench_class_free(&o.synth.classes[i]);
         return 2;
     }
     if (w->timed && o.rates[0] == 0 && o.n_rates == 1)
@@ -489,6 +490,20 @@ static int cmd_load(int argc, char **argv)
     }
     rc = 0;
     for (int k = 0; k < o.n_rates && !interrupted; k++) {
+        if (k > 0 && !o.trace && !o.sharegpt) {
+            /* each point of a sweep its own prompts (same lengths), so none finds the
+             * previous point's prompts in a prefix cache */
+            fy_bench_workload_t *w2;
+            fy_bench_synth_t sp = o.synth;
+            sp.seed = o.synth.seed + (uint64_t)k;
+            if (fy_bench_workload_synth(&sp, &w2, err, sizeof(err))) {
+                fprintf(stderr, "ferry-bench: %s\n", err);
+                rc = 1;
+                break;
+            }
+            fy_bench_workload_destroy(w);
+            w = w2;
+        }
         fy_bench_arrivals(w, o.rates[k], o.burstiness, o.synth.seed, at);
         if ((st = fy_bench_results_create(w, &res[k]))) {
             rc = 1;
@@ -539,6 +554,7 @@ static int cmd_load(int argc, char **argv)
         else fprintf(stderr, "ferry-bench: charts in %s\n", o.plot);
     }
 out:
+    for (int i = 0; i < o.synth.n_classes; i++) fy_bench_class_free(&o.synth.classes[i]);
     json_decref(runs);
     for (int k = 0; k < MAX_RATES; k++)
         if (res[k]) fy_bench_results_destroy(res[k], w->n_reqs);

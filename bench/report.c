@@ -186,6 +186,10 @@ fy_status_t fy_bench_summarize(const fy_bench_result_t *res, int32_t n, double d
             s->in_tokens += r->n_in;
             s->out_tokens += r->n_out;
             s->chunks += r->n_chunks;
+            if (r->n_cached >= 0) {
+                s->cached_tokens += r->n_cached;
+                s->counted_in += r->n_in;
+            }
             if (fy_bench_slo_met(slo, r)) s->n_good++;
             continue;
         }
@@ -195,7 +199,11 @@ fy_status_t fy_bench_summarize(const fy_bench_result_t *res, int32_t n, double d
         int32_t j = 0;
         while (j < s->n_kinds && strcmp(s->kinds[j].kind, kind)) j++;
         if (j == FY_BENCH_MAX_KINDS) snprintf(s->kinds[--j].kind, FY_BENCH_KIND_LEN, "other");
-        else if (j == s->n_kinds) snprintf(s->kinds[s->n_kinds++].kind, FY_BENCH_KIND_LEN, "%s", kind);
+        else if (j == s->n_kinds) {
+            snprintf(s->kinds[j].kind, FY_BENCH_KIND_LEN, "%s", kind);
+            snprintf(s->kinds[j].example, sizeof(s->kinds[j].example), "%s", r->message);
+            s->n_kinds++;
+        }
         s->kinds[j].n++;
     }
     double d = duration_s > 0 ? duration_s : 1e-9;
@@ -254,11 +262,13 @@ void fy_bench_print_summary(FILE *f, const char *title, const fy_bench_summary_t
     dist_row(f, "E2E", &s->e2e);
     dist_row(f, "send lag", &s->lag);
     fprintf(f, "%-42s %.2f\n", "tokens per chunk (mean):", s->chunks ? (double)s->out_tokens / (double)s->chunks : 0);
-    if (s->n_kinds) {
-        fprintf(f, "errors:");
-        for (int32_t i = 0; i < s->n_kinds; i++) fprintf(f, " %s %d%s", s->kinds[i].kind, s->kinds[i].n, i + 1 < s->n_kinds ? "," : "");
-        fprintf(f, "\n");
-    }
+    if (s->counted_in)
+        fprintf(f, "%-42s %.1f%% (%lld of %lld)\n", "prompt tokens found cached:",
+                100.0 * (double)s->cached_tokens / (double)s->counted_in, (long long)s->cached_tokens,
+                (long long)s->counted_in);
+    for (int32_t i = 0; i < s->n_kinds; i++)
+        fprintf(f, "%s %-12s %6d  e.g. %s\n", i ? "      " : "errors:", s->kinds[i].kind, s->kinds[i].n,
+                s->kinds[i].example);
 }
 
 void fy_bench_print_sweep(FILE *f, const fy_bench_summary_t *s, int32_t n, const fy_bench_slo_t *slo)
@@ -318,7 +328,10 @@ json_t *fy_bench_json_run(const fy_bench_summary_t *s, const fy_bench_workload_t
                           json_dist(&s->e2e), "send_lag", json_dist(&s->lag), "tokens_per_chunk",
                           s->chunks ? (double)s->out_tokens / (double)s->chunks : 0.0);
     if (!o || !errs || !reqs) goto fail;
-    for (int32_t i = 0; i < s->n_kinds; i++) json_object_set_new(errs, s->kinds[i].kind, json_integer(s->kinds[i].n));
+    for (int32_t i = 0; i < s->n_kinds; i++)
+        json_object_set_new(errs, s->kinds[i].kind,
+                            json_pack("{s:i, s:s}", "n", s->kinds[i].n, "example", s->kinds[i].example));
+    json_object_set_new(o, "cached_prompt_tokens", json_integer(s->cached_tokens));
     json_object_set_new(o, "errors", errs);
     errs = NULL;
     for (int32_t i = 0; i < s->n_total; i++) {
@@ -337,6 +350,7 @@ json_t *fy_bench_json_run(const fy_bench_summary_t *s, const fy_bench_workload_t
                               r->ok && r->n_out > 1 ? json_real(fy_bench_tpot(r)) : json_null(), "e2e_s",
                               maybe_time(fy_bench_e2e(r)), "slo_met", fy_bench_slo_met(slo, r), "chunks",
                               chunks ? chunks : json_null());
+        if (e && r->n_cached >= 0) json_object_set_new(e, "n_cached", json_integer(r->n_cached));
         if (!e || json_array_append_new(reqs, e)) goto fail;
     }
     json_object_set_new(o, "requests", reqs);

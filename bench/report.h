@@ -52,12 +52,14 @@ typedef struct fy_bench_summary {
     double duration_s;
     int32_t n_total, n_sent, n_ok, n_failed, n_good;
     int64_t in_tokens, out_tokens, chunks;
+    int64_t cached_tokens, counted_in; /* prompt tokens found cached, of counted_in where the server said */
     double req_tput, in_tput, out_tput, goodput;
     fy_bench_dist_t ttft, tpot, itl, e2e, lag; /* lag: send time less due time (the harness's own delay) */
     int32_t n_kinds;
     struct {
         char kind[FY_BENCH_KIND_LEN];
         int32_t n;
+        char example[160]; /* the first one's message */
     } kinds[FY_BENCH_MAX_KINDS];
 } fy_bench_summary_t;
 

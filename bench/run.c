@@ -84,6 +84,7 @@ static void result_reset(fy_bench_result_t *r, double sched_s, int32_t n_in)
     r->n_in = n_in;
     r->n_out = 0;
     r->n_chunks = 0;
+    r->n_cached = -1;
     r->server_counted_in = false;
     r->ok = false;
     r->error[0] = r->message[0] = 0;
@@ -122,6 +123,7 @@ typedef struct run {
     const fy_bench_workload_t *w;
     const fy_bench_run_params_t *p;
     fy_bench_result_t *res;
+    char model[256]; /* http: the "model" field */
     char **answers; /* [n_reqs] answer text of each turn of multi-turn conversations, else NULL */
     double t0;      /* monotonic time of the start */
     int32_t max_inflight;
@@ -311,6 +313,8 @@ static void nng_request(run_t *R, fy_client_t *c, int32_t i, char **answer)
         }
         if (u.done) {
             r->end_s = t;
+            r->n_cached = u.timings.cached_prefill > u.timings.cached_decode ? u.timings.cached_prefill
+                                                                              : u.timings.cached_decode;
             if (u.error) result_fail(r, status_kind(u.error), "%s", u.message[0] ? u.message : fy_status_str(u.error));
             else r->ok = true;
             return;
@@ -518,6 +522,8 @@ static void sse_event(hreq_t *q, const char *data, size_t n, double t)
             r->server_counted_in = true;
         }
         if (json_is_integer(ct)) q->usage_out = (int32_t)json_integer_value(ct);
+        json_t *cached = json_object_get(json_object_get(usage, "prompt_tokens_details"), "cached_tokens");
+        if (json_is_integer(cached)) r->n_cached = (int32_t)json_integer_value(cached);
     }
     json_decref(o);
 }
@@ -577,7 +583,7 @@ static void hreq_free(hreq_t *q)
 static char *request_body(run_t *R, int32_t i)
 {
     const fy_bench_req_t *q = &R->w->reqs[i];
-    json_t *o = json_pack("{s:s, s:i, s:b, s:{s:b}, s:f}", "model", R->t->model ? R->t->model : "default",
+    json_t *o = json_pack("{s:s, s:i, s:b, s:{s:b}, s:f}", "model", R->model,
                           "max_tokens", q->n_out, "stream", 1, "stream_options", "include_usage", 1, "temperature",
                           0.0);
     if (!o) return NULL;
@@ -733,6 +739,63 @@ typedef struct due_turn {
     int32_t conv, turn;
 } due_turn_t;
 
+typedef struct membuf {
+    char *p;
+    size_t len, cap;
+} membuf_t;
+
+static size_t on_body(char *p, size_t size, size_t nmemb, void *arg)
+{
+    membuf_t *b = arg;
+    size_t n = size * nmemb;
+    if (b->len + n > (1u << 20) || !grow(&b->p, &b->cap, b->len + n + 1)) return 0;
+    memcpy(b->p + b->len, p, n);
+    b->len += n;
+    b->p[b->len] = 0;
+    return n;
+}
+
+/* The served model's name, as vLLM's bench learns it: GET /v1/models. */
+static fy_status_t http_model(const fy_bench_target_t *t, char *out, size_t cap)
+{
+    char url[1024], auth[512];
+    size_t bl = strlen(t->url);
+    while (bl && t->url[bl - 1] == '/') bl--;
+    snprintf(url, sizeof(url), "%.*s/v1/models", (int)bl, t->url);
+    CURL *h = curl_easy_init();
+    struct curl_slist *hdrs = NULL;
+    membuf_t b = {0};
+    if (!h) return FY_ERR_NOMEM;
+    if (t->api_key) {
+        snprintf(auth, sizeof(auth), "Authorization: Bearer %s", t->api_key);
+        hdrs = curl_slist_append(NULL, auth);
+    }
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 10000L);
+    curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
+    CURLcode cc = curl_easy_perform(h);
+    long status = 0;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_cleanup(h);
+    curl_slist_free_all(hdrs);
+    json_t *o = cc == CURLE_OK && status == 200 && b.p ? json_loadb(b.p, b.len, 0, NULL) : NULL;
+    const char *id = json_string_value(json_object_get(json_array_get(json_object_get(o, "data"), 0), "id"));
+    fy_status_t st = FY_OK;
+    if (id) snprintf(out, cap, "%s", id);
+    else {
+        fy_error("bench: cannot learn the model's name from %s (%s, HTTP %ld): give --model", url,
+                 cc ? curl_easy_strerror(cc) : "no model in the answer", status);
+        st = FY_ERR_NOT_FOUND;
+    }
+    json_decref(o);
+    fy_free(b.p);
+    return st;
+}
+
 static fy_status_t run_http(run_t *R, const int32_t *order, const double *at)
 {
     const fy_bench_workload_t *w = R->w;
@@ -875,6 +938,17 @@ fy_status_t fy_bench_run(const fy_bench_target_t *t, const fy_bench_workload_t *
     pthread_cond_init(&R.cv, &ca);
     pthread_cond_init(&R.idle, &ca);
     pthread_condattr_destroy(&ca);
+    if (t->proto == FY_BENCH_PROTO_HTTP) {
+        fy_status_t mst = FY_OK;
+        if (t->model) snprintf(R.model, sizeof(R.model), "%s", t->model);
+        else mst = http_model(t, R.model, sizeof(R.model));
+        if (mst) {
+            fy_free(order);
+            fy_free(R.queue);
+            fy_free(R.answers);
+            return mst;
+        }
+    }
     if (t->proto == FY_BENCH_PROTO_NNG) {
         /* a few connected workers before the clock starts; more as the load needs them */
         R.threads = fy_calloc((size_t)R.max_inflight, sizeof(pthread_t));

@@ -33,7 +33,7 @@ typedef struct fy_bench_target {
     fy_bench_proto_t proto;
     const char *url;     /* nng: tcp://host:port or ipc://path; http: http://host:port (no path) */
     bool chat;           /* http: /v1/chat/completions, else /v1/completions; nng: the chat template */
-    const char *model;   /* http: the "model" field; NULL: "default" */
+    const char *model;   /* http: the "model" field; NULL: the first of GET /v1/models */
     const char *api_key; /* http: Authorization: Bearer KEY; NULL: none */
     bool ignore_eos;     /* ask for exactly n_out tokens */
 } fy_bench_target_t;
@@ -58,6 +58,8 @@ typedef struct fy_bench_result {
     double end_s;    /* the last byte of its answer (or the error) arrived */
     int32_t n_in;    /* prompt tokens: the server's count, else the workload's */
     int32_t n_out;   /* tokens received */
+    int32_t n_cached; /* prompt tokens the server found cached (nng: the larger of the prefill and decode
+                         workers' counts; http: usage.prompt_tokens_details.cached_tokens); -1: not said */
     bool server_counted_in;
     bool ok;                           /* finished with every token asked for (or a natural stop) */
     char error[FY_BENCH_KIND_LEN];     /* kind when not ok: overloaded, timeout, http_503, not_sent, ... */
