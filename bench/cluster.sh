@@ -11,9 +11,9 @@ HTTP_URL=http://127.0.0.1:18080
 CLUSTER_PID=
 
 cluster_start() {
-    name=$1
+    cname=$1
     shift
-    run_dir=${RUN_BASE:-run/bench}/$name
+    run_dir=${RUN_BASE:-run/bench}/$cname
     rm -rf "$run_dir"
     mkdir -p "$run_dir"
     CLUSTER_LOG=$run_dir/serve.log
@@ -27,7 +27,7 @@ cluster_start() {
     i=0
     while ! grep -q "cluster ready" "$CLUSTER_LOG" 2>/dev/null; do
         if ! kill -0 "$CLUSTER_PID" 2>/dev/null || [ $i -ge 1200 ]; then
-            echo "cluster $name did not start; its log:" >&2
+            echo "cluster $cname did not start; its log:" >&2
             tail -20 "$CLUSTER_LOG" >&2
             cluster_stop
             return 1
@@ -35,7 +35,7 @@ cluster_start() {
         sleep 0.1
         i=$((i + 1))
     done
-    echo "cluster $name: $(grep 'cluster ready' "$CLUSTER_LOG")" >&2
+    echo "cluster $cname: $(grep 'cluster ready' "$CLUSTER_LOG")" >&2
 }
 
 cluster_stop() {

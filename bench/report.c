@@ -206,6 +206,13 @@ fy_status_t fy_bench_summarize(const fy_bench_result_t *res, int32_t n, double d
         }
         s->kinds[j].n++;
     }
+    double lo = 1e300, hi = -1;
+    for (int32_t i = 0; i < n; i++)
+        if (res[i].sent_s >= 0) {
+            if (res[i].sched_s < lo) lo = res[i].sched_s;
+            if (res[i].sched_s > hi) hi = res[i].sched_s;
+        }
+    s->drawn_rate = s->n_sent > 1 && hi > lo ? (s->n_sent - 1) / (hi - lo) : 0;
     double d = duration_s > 0 ? duration_s : 1e-9;
     s->req_tput = s->n_ok / d;
     s->in_tput = (double)s->in_tokens / d;
@@ -243,12 +250,13 @@ void fy_bench_print_summary(FILE *f, const char *title, const fy_bench_summary_t
     fprintf(f, "%-42s %d total, %d sent, %d ok, %d failed\n", "requests:", s->n_total, s->n_sent, s->n_ok,
             s->n_failed);
     fprintf(f, "%-42s %.2f\n", "duration (s):", s->duration_s);
+    if (s->rate > 0) fprintf(f, "%-42s %.3f\n", "offered by the drawn arrivals (req/s):", s->drawn_rate);
     fprintf(f, "%-42s %.3f\n", "request throughput (req/s):", s->req_tput);
     fprintf(f, "%-42s %.1f\n", "input token throughput (tok/s):", s->in_tput);
     fprintf(f, "%-42s %.1f\n", "output token throughput (tok/s):", s->out_tput);
     if (fy_bench_slo_any(slo)) {
         slo_words(slo, sl, sizeof(sl));
-        char label[96];
+        char label[160];
         snprintf(label, sizeof(label), "goodput (req/s) [%s]:", sl);
         fprintf(f, "%-42s %.3f (%d of %d requests met every SLO)\n", label, s->goodput, s->n_good, s->n_total);
     } else {
@@ -332,6 +340,7 @@ json_t *fy_bench_json_run(const fy_bench_summary_t *s, const fy_bench_workload_t
         json_object_set_new(errs, s->kinds[i].kind,
                             json_pack("{s:i, s:s}", "n", s->kinds[i].n, "example", s->kinds[i].example));
     json_object_set_new(o, "cached_prompt_tokens", json_integer(s->cached_tokens));
+    json_object_set_new(o, "drawn_rate", json_real(s->drawn_rate));
     json_object_set_new(o, "errors", errs);
     errs = NULL;
     for (int32_t i = 0; i < s->n_total; i++) {
