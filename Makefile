@@ -79,6 +79,15 @@ TOOLS   := ferry $(patsubst tools/main/%.c,%,$(wildcard tools/main/ferry-*.c))
 TOOL_BIN := $(TOOLS:%=$(BINDIR)/%)
 TOOL_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/*.c))
 
+# ferry-bench, the load-test harness: its own binary over bench/, the only
+# one linked with libcurl (its HTTP client) and libmicrohttpd (its echo
+# server); test_bench links the same archive.
+BENCH_SRC := $(filter-out bench/ferry_bench.c,$(wildcard bench/*.c))
+BENCH_OBJ := $(BENCH_SRC:%.c=$(BUILD)/%.o)
+BENCH_A   := $(BUILD)/libferrybench.a
+BENCH_BIN := $(BINDIR)/ferry-bench
+BENCH_LIBS := $(shell pkg-config --libs libcurl libmicrohttpd 2>/dev/null || echo -lcurl -lmicrohttpd)
+
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_UTIL_OBJ := $(BUILD)/tests/testutil.o $(BUILD)/tests/gguf_writer.o $(BUILD)/tests/tinymodel.o \
@@ -89,7 +98,7 @@ MODEL_FILE   := models/SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_SHA256 := configs/models.sha256
 
 .PHONY: all deps model model-optional test check asan ubsan bench clean info tests FORCE
-all: $(TOOL_BIN)
+all: $(TOOL_BIN) $(BENCH_BIN)
 
 info:
 	@echo "cc:    $$($(CC) --version | head -1)"
@@ -139,12 +148,26 @@ $(BINDIR)/ferry-%: $(BUILD)/tools/main/ferry-%.o $(LIB)
 	@$(if $(Q),echo "  LD     $@")
 	$(Q)$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
+$(BENCH_OBJ) $(BUILD)/bench/ferry_bench.o $(BUILD)/tests/test_bench.o: CFLAGS += -Ibench
+
+$(BENCH_A): $(BENCH_OBJ)
+	@$(if $(Q),echo "  AR     $@")
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(BENCH_BIN): $(BUILD)/bench/ferry_bench.o $(BENCH_A) $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD     $@")
+	$(Q)$(CC) $(LDFLAGS) $^ $(LDLIBS) $(BENCH_LIBS) -o $@
+
+$(BUILD)/tests/test_bench: $(BENCH_A)
+$(BUILD)/tests/test_bench: LDLIBS := $(BENCH_A) $(LIB) $(BENCH_LIBS) $(LDLIBS)
+
 $(TEST_BIN): $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_UTIL_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD     $@")
 	$(Q)$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
 
-tests: $(TEST_BIN) $(TOOL_BIN)
+tests: $(TEST_BIN) $(TOOL_BIN) $(BENCH_BIN)
 
 # ---- tests --------------------------------------------------------------------
 # The model is fetched if it can be; tests that need it skip with a message
@@ -170,7 +193,8 @@ bench: $(TOOL_BIN) $(MODEL_FILE)
 # ---- set-up -------------------------------------------------------------------
 DEBS := build-essential pkg-config python3 python3-pip ca-certificates \
         libpcre2-dev libjansson-dev libcmocka-dev libsodium-dev libinih-dev \
-        libucx-dev ucx-utils libnng-dev libmsgpack-dev gnuplot-nox iproute2 curl python3-venv
+        libucx-dev ucx-utils libnng-dev libmsgpack-dev gnuplot-nox iproute2 curl python3-venv \
+        libcurl4-openssl-dev libmicrohttpd-dev
 
 deps:
 	@missing=""; for p in $(DEBS); do \
@@ -194,5 +218,6 @@ model-optional:
 clean:
 	rm -rf build bin
 
--include $(LIB_OBJ:.o=.d) $(TEST_BIN:=.d) $(TEST_UTIL_OBJ:.o=.d) $(TOOL_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(TEST_BIN:=.d) $(TEST_UTIL_OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(BENCH_OBJ:.o=.d) \
+         $(BUILD)/bench/ferry_bench.d
 .SECONDARY:

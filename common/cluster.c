@@ -19,7 +19,7 @@
 
 static const char *const KEYS[] = {
     "model.path",
-    "kv.block_size", "kv.dtype", "kv.secret_file",
+    "kv.block_size", "kv.dtype", "kv.secret_file", "kv.prefix_cache",
     "router.listen", "router.events", "router.http", "router.health_timeout", "router.max_queue",
     "router.request_timeout", "router.prefill_timeout", "router.command_timeout", "router.lease",
     "router.client_timeout", "router.retries", "router.prefix_weight", "router.prefill_queue_tokens",

@@ -423,6 +423,9 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     fy_kvm_params_t kp;
     fy_runner_kvm_params(n->runner, &kp);
     kp.hasher = n->hasher;
+    /* kv.prefix_cache = false: no block is named or kept after its request
+     * (the baseline of the harness's prefix-caching experiment) */
+    if ((st = fy_config_bool(c, "kv", "prefix_cache", true, &kp.prefix_caching))) return st;
     if ((st = fy_kvm_create(&kp, &n->kvm))) return st;
 
     fy_engine_params_t ep;
