@@ -232,6 +232,7 @@ static void on_event(void *arg, const fy_event_t *ev)
         fy_msgw_f64(&w, "e2e_s", ev->timings->e2e_s);
         fy_msgw_i64(&w, "n_generated", ev->timings->n_generated);
         fy_msgw_i64(&w, "n_preempted", ev->timings->n_preempted);
+        fy_msgw_i64(&w, "n_cached", ev->timings->n_cached); /* colocated: the engine's own prefix hit */
         fy_msgw_f32s(&w, "itl_s", ev->timings->itl_s, ev->timings->n_itl);
         fy_msgw_map_end(&w);
         fy_node_push(n, &w);

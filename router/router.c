@@ -774,10 +774,19 @@ static void on_finish(router_t *R, rreq_t *q, fy_msgr_t *r)
     fy_msgr_str(r, "reason", FY_REQ, NULL, reason, sizeof(reason));
     size_t len;
     const char *text = fy_msgr_bytes(r, "text", FY_OPT, 1 << 16, &len);
+    int32_t cached = 0;
+    if (R->colocated && fy_msgr_enter(r, "timings", FY_OPT)) {
+        cached = (int32_t)fy_msgr_i64(r, "n_cached", FY_OPT, 0, 0, q->n_prompt);
+        fy_msgr_leave(r);
+    }
     if (!fy_msgr_ok(r)) {
         R->bad_events++;
         finish_req(R, q, FY_ERR_FORMAT, "bad finish event from %s: %s", R->workers[q->dw].name, r->err);
         return;
+    }
+    if (R->colocated) { /* the prefix hit is only known in the worker's engine */
+        q->cached_d = cached;
+        fy_metric_add(R->m.cached, cached);
     }
     if (len) text_append(q, text, len);
     snprintf(q->finish, sizeof(q->finish), "%s", reason);

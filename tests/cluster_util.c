@@ -96,7 +96,12 @@ void tc_print_logs(const tc_cluster_t *c)
     for (int i = 0; i < c->n_procs; i++) {
         size_t len;
         char *t = fy_test_read_file(c->procs[i].log, &len);
-        print_message("---- %s (pid %d) ----\n%s\n", c->procs[i].name, (int)c->procs[i].pid, t ? t : "(no log)");
+        /* the last 16 KiB of each: the end is where things went wrong (and
+         * cmocka's print_message would cut a long log short) */
+        const char *tail = t && len > 16384 ? t + len - 16384 : t;
+        printf("---- %s (pid %d)%s ----\n%s\n", c->procs[i].name, (int)c->procs[i].pid,
+               t && len > 16384 ? ", last 16 KiB" : "", tail ? tail : "(no log)");
+        fflush(stdout);
         fy_free(t);
     }
 }

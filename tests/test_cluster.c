@@ -167,6 +167,19 @@ static void test_colocated_same_tokens(void **state)
     int used = 0;
     for (int i = 0; i < st.n_workers; i++) used += st.workers[i].decode && st.workers[i].up;
     assert_int_equal(used, 2);
+    /* the same prompt three times, one after another: two of them land on
+     * one of the two workers, and the later finds its prefix cached */
+    int32_t best = 0;
+    for (int k = 0; k < 3; k++) {
+        fy_client_stream_t s1 = submit(&c, prompts[15], lens[15], 4);
+        tc_result_t r1;
+        memset(&r1, 0, sizeof(r1));
+        tc_collect(&c, &s1, &r1, 1, 60);
+        assert_int_equal(r1.error, FY_OK);
+        if (r1.timings.cached_decode > best) best = r1.timings.cached_decode;
+    }
+    print_message("colocated: %d of %d prompt tokens found cached on a repeat\n", best, lens[15]);
+    assert_true(best >= lens[15] / 16 * 16 - 16);
     expect_pools_back(&c, names, adm, nd);
     tc_stop(&c);
 }

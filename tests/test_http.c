@@ -245,7 +245,7 @@ static void test_completion_matches_nng_client(void **state)
     fy_client_stream_t s;
     char err[256];
     assert_int_equal(fy_client_generate(C.client, &q, &s, err, sizeof(err)), FY_OK);
-    tc_result_t ref;
+    tc_result_t ref = {0};
     tc_collect(&C, &s, &ref, 1, 60);
     assert_int_equal(ref.error, FY_OK);
 
