@@ -1363,3 +1363,33 @@ void fy_engine_stats(fy_engine_t *e, fy_engine_stats_t *out)
     out->prefill_budget = e->prefill_budget;
     out->spec_worker_off = e->wctl.off_steps > 0;
 }
+
+fy_status_t fy_engine_check(fy_engine_t *e)
+{
+    int32_t bs = e->block_size, draft_blocks = 0;
+    for (int32_t i = 0; i < e->n_running; i++) {
+        const request_t *q = e->running[i];
+        int32_t dbs = q->dbt.block_size ? q->dbt.block_size : 1;
+        if (q->bt.n_blocks != (q->n_computed + bs - 1) / bs || q->bt.n_tokens != q->n_computed ||
+            q->d_computed > q->n_computed || q->dbt.n_blocks != (q->d_computed + dbs - 1) / dbs ||
+            q->dbt.n_tokens != q->d_computed) {
+            fy_error("engine: request %llu holds %d blocks for %d computed tokens (%d written), its draft %d "
+                     "blocks for %d",
+                     (unsigned long long)q->id, q->bt.n_blocks, q->n_computed, q->bt.n_tokens, q->dbt.n_blocks,
+                     q->d_computed);
+            return FY_ERR_INTERNAL;
+        }
+        draft_blocks += q->dbt.n_blocks;
+    }
+    if (fy_kvm_check(e->kvm) != FY_OK) return FY_ERR_INTERNAL;
+    if (e->p.spec.draft_kvm) {
+        fy_kvm_stats_t ds;
+        fy_kvm_stats(e->p.spec.draft_kvm, &ds);
+        if (fy_kvm_check(e->p.spec.draft_kvm) != FY_OK || ds.tier[FY_KV_DEVICE].used != draft_blocks) {
+            fy_error("engine: the draft cache has %d blocks in use; its requests hold %d",
+                     ds.tier[FY_KV_DEVICE].used, draft_blocks);
+            return FY_ERR_INTERNAL;
+        }
+    }
+    return FY_OK;
+}

@@ -219,4 +219,10 @@ typedef struct fy_engine_stats {
 
 void fy_engine_stats(fy_engine_t *e, fy_engine_stats_t *out);
 
+/* Between steps, on the thread that steps (tests): every running request
+ * holds exactly the blocks its computed tokens need, in the target's
+ * cache and the draft's (nothing left of rolled-back proposals), and both
+ * block managers pass fy_kvm_check.  FY_ERR_INTERNAL (logged) otherwise. */
+fy_status_t fy_engine_check(fy_engine_t *e);
+
 #endif /* FY_ENGINE_H */
