@@ -272,6 +272,7 @@ static void cmd_adopt(decode_t *d, fy_msgr_t *r, uint64_t rid)
     rq.ignore_eos = l->gen.ignore_eos;
     rq.logprobs = l->gen.logprobs;
     rq.priority = l->gen.priority;
+    rq.spec = l->gen.spec;
     rq.ns = l->ns;
     fy_rng_t rng;
     memcpy(rng.s, s, sizeof(rng.s));

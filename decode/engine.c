@@ -510,7 +510,11 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
         *st_p = refuse(e, FY_ERR_INVALID, "bad sampling parameters (see above)");
         return NULL;
     }
-    fy_spec_method_t spec = rp->spec == FY_SPEC_DEFAULT ? e->p.spec.method : rp->spec;
+    /* by default a sampled request speculates only where the deployment
+     * says so (spec.h: its seed then no longer fixes its tokens under load) */
+    fy_spec_method_t spec = rp->spec;
+    if (spec == FY_SPEC_DEFAULT)
+        spec = fy_sampling_is_greedy(&rp->sampling) || e->p.spec.sampled ? e->p.spec.method : FY_SPEC_NONE;
     if (spec > FY_SPEC_DRAFT || (spec == FY_SPEC_DRAFT && !e->p.spec.draft)) {
         *st_p = refuse(e, FY_ERR_INVALID, "speculative decoding '%s' asked for; this engine has no draft model",
                        fy_spec_method_str(spec));

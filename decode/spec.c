@@ -13,29 +13,6 @@
 #include "mem.h"
 #include "tokenizer.h"
 
-const char *fy_spec_method_str(fy_spec_method_t m)
-{
-    switch (m) {
-    case FY_SPEC_DEFAULT: return "default";
-    case FY_SPEC_NONE: return "none";
-    case FY_SPEC_NGRAM: return "ngram";
-    case FY_SPEC_DRAFT: return "draft";
-    }
-    return "?";
-}
-
-fy_status_t fy_spec_method_parse(const char *s, bool allow_default, fy_spec_method_t *m_p)
-{
-    static const fy_spec_method_t all[] = {FY_SPEC_DEFAULT, FY_SPEC_NONE, FY_SPEC_NGRAM, FY_SPEC_DRAFT};
-    for (size_t i = allow_default ? 0 : 1; i < FY_ARRAY_LEN(all); i++) {
-        if (!strcmp(s, fy_spec_method_str(all[i]))) {
-            *m_p = all[i];
-            return FY_OK;
-        }
-    }
-    return FY_ERR_INVALID;
-}
-
 void fy_spec_params_default(fy_spec_params_t *p)
 {
     *p = (fy_spec_params_t){
@@ -203,7 +180,7 @@ struct fy_spec_draft {
     char desc[320];
 };
 
-fy_status_t fy_spec_draft_open(const char *spec, fy_runner_t *target, int32_t n_kv_blocks,
+fy_status_t fy_spec_draft_open(const char *spec, fy_runner_t *target, int64_t kv_mem,
                                const fy_kv_hasher_t *hasher, fy_spec_draft_t **d_p)
 {
     const fy_model_t *tm = fy_runner_model(target);
@@ -242,7 +219,10 @@ fy_status_t fy_spec_draft_open(const char *spec, fy_runner_t *target, int32_t n_
     }
     fy_runner_params_t rp = *fy_runner_params(target);
     rp.n_host_blocks = 0;
-    rp.n_kv_blocks = n_kv_blocks > 0 ? n_kv_blocks : rp.n_kv_blocks;
+    if (kv_mem > 0) { /* the runner sizes the arena from the bytes */
+        rp.n_kv_blocks = 0;
+        rp.kv_mem = kv_mem;
+    }
     if ((st = fy_runner_create_draft(target, d->model, layers, &rp, &d->r)) != FY_OK) goto fail;
     fy_kvm_params_t kp;
     fy_runner_kvm_params(d->r, &kp);

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "genspec.h"
 #include "kv.h"
 #include "model.h"
 #include "runner.h"
@@ -29,16 +30,8 @@
 #define FY_SPEC_MAX_K 16 /* proposed tokens per step at most */
 #define FY_SPEC_MAX_NGRAM 8
 
-typedef enum fy_spec_method {
-    FY_SPEC_DEFAULT = 0, /* a request's choice: whatever the deployment uses */
-    FY_SPEC_NONE,        /* no speculation */
-    FY_SPEC_NGRAM,       /* prompt lookup: the tokens that followed the last n tokens earlier in the text */
-    FY_SPEC_DRAFT,       /* a draft model (a separate file, or the target's first layers) */
-} fy_spec_method_t;
-
-const char *fy_spec_method_str(fy_spec_method_t m); /* "default", "none", "ngram", "draft" */
-/* "none", "ngram", "draft" (and "default" when allow_default); FY_ERR_INVALID otherwise (not logged). */
-fy_status_t fy_spec_method_parse(const char *s, bool allow_default, fy_spec_method_t *m_p);
+/* fy_spec_method_t (none, ngram, draft, or a request's default) is in
+ * genspec.h: a request names it on the wire. */
 
 typedef struct fy_spec_params {
     fy_spec_method_t method; /* the deployment's proposer: none, ngram or draft */
@@ -52,6 +45,11 @@ typedef struct fy_spec_params {
      * to fit, so a batch large enough to be compute-bound speculates
      * little or not at all; 0: no limit */
     int32_t batch_tokens;
+    /* speculate for sampled requests that do not ask for it themselves:
+     * their text is then distributed as the target's, but which tokens a
+     * seed gives depends on when speculation ran, so on what ran beside
+     * them; off, a seeded request gives the same tokens whatever the load */
+    bool sampled;
     /* FY_SPEC_DRAFT: the draft's runner and block manager (fy_spec_draft_open);
      * they must outlive the engine */
     fy_runner_t *draft;
@@ -59,7 +57,7 @@ typedef struct fy_spec_params {
 } fy_spec_params_t;
 
 /* none; k_max 8, ngram_max 3, min_accept 0.3, warmup 16, probe_steps 64,
- * batch_tokens 16 (docs/speculative.md says where these come from) */
+ * batch_tokens 16, sampled false (docs/speculative.md says why) */
 void fy_spec_params_default(fy_spec_params_t *p);
 /* Range checks, and a draft for FY_SPEC_DRAFT; logs the offending field. */
 fy_status_t fy_spec_params_check(const fy_spec_params_t *p);
@@ -124,12 +122,12 @@ typedef struct fy_spec_draft fy_spec_draft_t;
  * Opens a draft for the target runner from "draft:FILE" (a model file
  * sharing the target's vocabulary) or "self:L" (the target's first L
  * layers with its final norm and output head, sharing its weights), with
- * a KV arena of n_kv_blocks blocks (0: as many as the target's) in the
+ * a KV arena of kv_mem bytes (0: as many blocks as the target's) in the
  * target's block size and dtype, on the target's backend.  Errors name
  * the fault (FY_ERR_INVALID for a bad spec or a vocabulary mismatch).
  * The target runner and hasher must outlive the draft.
  */
-fy_status_t fy_spec_draft_open(const char *spec, fy_runner_t *target, int32_t n_kv_blocks,
+fy_status_t fy_spec_draft_open(const char *spec, fy_runner_t *target, int64_t kv_mem,
                                const fy_kv_hasher_t *hasher, fy_spec_draft_t **d_p);
 void fy_spec_draft_destroy(fy_spec_draft_t *d); /* accepts NULL */
 fy_runner_t *fy_spec_draft_runner(fy_spec_draft_t *d);

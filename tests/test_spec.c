@@ -16,6 +16,7 @@
 
 #include "backend.h"
 #include "engine.h"
+#include "genspec.h"
 #include "gguf_writer.h"
 #include "mem.h"
 #include "model.h"
@@ -158,7 +159,7 @@ static void test_rejection_sampler(void **state)
     fy_rng_t rng, drng;
     fy_rng_seed(&rng, SEED);
     fy_rng_seed(&drng, SEED + 1);
-    long c0[V] = {0}, c1[V] = {0}, wrong[V] = {0}, n1 = 0, acc = 0;
+    long c0[V] = {0}, c1[V] = {0}, wrong[V] = {0}, subtle[V] = {0}, n1 = 0, acc = 0;
     for (long t = 0; t < TRIALS; t++) {
         int32_t d[2] = {draw_from(q0, &drng), draw_from(q1, &drng)}, out[3];
         int32_t a = fy_spec_verify_sampled(p, q, d, 2, V, &rng, scratch, out);
@@ -170,14 +171,23 @@ static void test_rejection_sampler(void **state)
             n1++;
         }
         wrong[d[0]]++; /* the control: taking the draft as it is */
+        /* a subtler control: the rejection test right, but the
+         * replacement drawn from p instead of the residual */
+        if (fy_rng_uniform(&drng) * q0[d[0]] < p0[d[0]])
+            subtle[d[0]]++;
+        else
+            subtle[draw_from(p0, &drng)]++;
     }
     double x0 = chi2(c0, p0, TRIALS), x1 = chi2(c1, p1, n1), xw = chi2(wrong, p0, TRIALS);
-    printf("rejection sampler: chi2 position 0 %.2f, position 1 %.2f (%ld samples), always-accept control %.1f; "
-           "%.3f accepted per step (seed %llu)\n",
-           x0, x1, n1, xw, (double)acc / TRIALS, (unsigned long long)SEED);
+    double xs = chi2(subtle, p0, TRIALS);
+    printf("rejection sampler: chi2 position 0 %.2f, position 1 %.2f (%ld samples); controls: always accept %.1f, "
+           "replacement from p %.1f; %.3f accepted per step (seed %llu)\n",
+           x0, x1, n1, xw, xs, (double)acc / TRIALS, (unsigned long long)SEED);
     assert_true(x0 < CHI2_5_999);
     assert_true(x1 < CHI2_5_999);
-    assert_true(xw > 100 * CHI2_5_999); /* the test can tell a wrong sampler */
+    /* the test can tell a wrong sampler */
+    assert_true(xw > 100 * CHI2_5_999);
+    assert_true(xs > 10 * CHI2_5_999);
     /* the first position is accepted with probability sum min(p, q) = 0.5 */
     assert_true(n1 > (long)(0.49 * TRIALS) && n1 < (long)(0.51 * TRIALS));
 
@@ -443,6 +453,7 @@ static void test_sampled(void **state)
     fy_spec_params_t sp;
     fy_spec_params_default(&sp);
     sp.min_accept = 0;
+    sp.sampled = true;
     const char *specs[] = {"ngram", "self:2", g_tiny_spec};
     for (int s = 0; s < 3; s++) {
         fy_engine_stats_t st;
@@ -550,6 +561,22 @@ static void test_request_override(void **state)
     rig_close(&g, &st);
     assert_int_equal(st.spec_proposed, 0);
     assert_int_equal(res[0].n_proposed, 0);
+    /* a sampled request speculates by default only where the deployment
+     * says sampled requests may (its seed then no longer fixes its tokens
+     * under load); asking for it explicitly always works */
+    w->rp[1].sampling = (fy_sampling_params_t){.temperature = 0.3f, .top_p = 1.0f, .seed = 5};
+    for (int ask = 0; ask < 2; ask++) {
+        rig_open(&g, g_tiny, "ngram", NULL, 512);
+        memset(res, 0, sizeof(res));
+        w->rp[1].spec = ask ? FY_SPEC_NGRAM : FY_SPEC_DEFAULT;
+        assert_int_equal(fy_engine_submit(g.e, w->prompt[1], w->len[1], &w->rp[1], on_event, &res[0], &id), FY_OK);
+        rig_drain(&g);
+        rig_close(&g, &st);
+        if (ask)
+            assert_true(res[0].n_proposed > 0);
+        else
+            assert_int_equal(res[0].n_proposed, 0);
+    }
     free(w);
 }
 
@@ -621,6 +648,44 @@ static void test_bad_input(void **state)
     rig_close(&g, NULL);
 }
 
+/* The per-request proposer on the wire: written when set, read back,
+ * absent means the worker's default, anything else refused naming the field. */
+static void test_genspec_spec(void **state)
+{
+    static const char *vals[] = {"none", "ngram", "draft", "default", "bogus", "ngramngramngramngramngram"};
+    for (int i = 0; i < 7; i++) {
+        fy_msgw_t w;
+        fy_msgw_init(&w, "t");
+        fy_genspec_t g;
+        fy_genspec_default(&g);
+        if (i < 3) {
+            g.spec = (fy_spec_method_t)(FY_SPEC_NONE + i);
+            fy_genspec_write(&w, &g);
+        } else if (i < 6) {
+            fy_genspec_write(&w, &g);
+            fy_msgw_str(&w, "spec", vals[i]);
+        } else {
+            fy_genspec_write(&w, &g); /* absent */
+        }
+        void *buf;
+        size_t len;
+        assert_int_equal(fy_msgw_finish(&w, &buf, &len), FY_OK);
+        fy_msgr_t r;
+        assert_int_equal(fy_msgr_parse(&r, buf, len), FY_OK);
+        fy_genspec_t back;
+        fy_genspec_default(&back);
+        fy_genspec_read(&r, &back, 1000);
+        if (i < 4 || i == 6) {
+            assert_true(fy_msgr_ok(&r));
+            assert_int_equal(back.spec, i < 3 ? FY_SPEC_NONE + i : FY_SPEC_DEFAULT);
+        } else {
+            assert_false(fy_msgr_ok(&r));
+        }
+        fy_msgr_free(&r);
+        fy_free(buf);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -633,6 +698,7 @@ int main(void)
         cmocka_unit_test(test_request_override),
         cmocka_unit_test(test_backoff),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_genspec_spec),
         cmocka_unit_test(test_greedy_identity_default),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -346,9 +346,11 @@ static int cmd_generate(int argc, char **argv)
     if (fy_kvm_create(&kp, &kvm) != FY_OK) goto out;
     if (o.spec && !strcmp(o.spec, "ngram")) {
         o.gp.spec.method = FY_SPEC_NGRAM;
+        o.gp.spec.sampled = true; /* one request: nothing beside it to depend on */
     } else if (o.spec && strcmp(o.spec, "none")) {
         if (fy_spec_draft_open(o.spec, r, 0, hasher, &draft) != FY_OK) goto out;
         o.gp.spec.method = FY_SPEC_DRAFT;
+        o.gp.spec.sampled = true;
         o.gp.spec.draft = fy_spec_draft_runner(draft);
         o.gp.spec.draft_kvm = fy_spec_draft_kvm(draft);
         fy_info("speculative draft: %s", fy_spec_draft_describe(draft));
