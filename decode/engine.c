@@ -29,6 +29,8 @@
 /* sampled requests whose draft distributions one step can keep (each
  * k_max rows of the vocabulary); greedy ones need none */
 #define SPEC_QSLOTS 8
+/* forward-pass costs are tracked per token count below this */
+#define COST_N 512
 
 typedef enum rq_state {
     RQ_INBOX = 0,
@@ -94,6 +96,9 @@ struct fy_engine {
     fy_forward_seq_t *dfwd; /* [max_num_seqs] draft batch */
     request_t **dreq;       /* [max_num_seqs] */
     int32_t *dk;            /* [max_num_seqs] tokens each wants proposed */
+    double cost[COST_N];    /* seconds of a forward pass of n tokens (moving average) */
+    uint32_t cost_n[COST_N];
+    double dcost;           /* seconds of one draft pass (moving average) */
     fy_forward_seq_t *fwd;  /* [max_num_seqs] */
     request_t **fwd_req;    /* [max_num_seqs] */
     /* queues: the engine thread's */
@@ -1005,7 +1010,11 @@ static void draft_propose(fy_engine_t *e, int32_t n)
                                                .pos = pos, .n_logits = 1};
         }
         if (nf == 0) break;
-        if (fy_runner_forward(dr, e->dfwd, nf, e->logits) != FY_OK) {
+        double td = now_s();
+        fy_status_t st = fy_runner_forward(dr, e->dfwd, nf, e->logits);
+        td = now_s() - td;
+        e->dcost = e->dcost > 0 ? e->dcost + 0.2 * (td - e->dcost) : td;
+        if (st != FY_OK) {
             /* keep what was proposed so far */
             for (int32_t i = 0; i < n; i++)
                 if (e->dk[i] > j) e->dk[i] = j;
@@ -1020,12 +1029,42 @@ static void draft_propose(fy_engine_t *e, int32_t n)
     }
 }
 
+/* Seconds a forward pass of n tokens takes, from the passes measured so
+ * far (moving averages per token count); a count not seen yet is scaled
+ * from the nearest one seen by a prior in which each token adds a quarter
+ * of a one-token pass (measured at batch 1 on a 2-vCPU Zen 5). */
+static double prior_cost(int32_t n) { return 1.0 + 0.25 * (n - 1); }
+
+static double step_cost(const fy_engine_t *e, int32_t n)
+{
+    if (n < 1) n = 1;
+    if (n < COST_N && e->cost_n[n]) return e->cost[n];
+    int32_t top = n < COST_N ? n : COST_N - 1;
+    for (int32_t a = top; a >= 1; a--)
+        if (e->cost_n[a]) return e->cost[a] * prior_cost(n) / prior_cost(a);
+    for (int32_t b = top; b < COST_N; b++)
+        if (e->cost_n[b]) return e->cost[b] * prior_cost(n) / prior_cost(b);
+    return prior_cost(n) * 1e-3;
+}
+
+static void cost_note(fy_engine_t *e, int32_t n, double s)
+{
+    if (n < 1 || n >= COST_N) return;
+    e->cost[n] = e->cost_n[n] ? e->cost[n] + 0.2 * (s - e->cost[n]) : s;
+    if (e->cost_n[n] < UINT32_MAX) e->cost_n[n]++;
+}
+
 /*
  * After scheduling: gives decoding requests that speculate their
- * proposals, in priority order, while the step has tokens, logit rows
- * and (batch_tokens) room before it would turn compute-bound.  Each
- * request's extra blocks come from its own promise; a request that cannot
- * get them just decodes.  Never preempts.
+ * proposals.  Tokens are handed out one at a time, each to the request
+ * most likely to have it accepted (its acceptance rate to the power of
+ * its next position), while the expected tokens the step emits per
+ * second of its (measured) cost still grow: cheap while a step is
+ * bandwidth-bound, not at all once the batch makes it compute-bound, so
+ * speculation backs off by itself.  Also bounded by the step's token
+ * budget, its logit rows and batch_tokens.  Each request's extra blocks
+ * come from its own promise; one that cannot get them just decodes.
+ * Never preempts.
  */
 static void spec_plan(fy_engine_t *e, int32_t budget)
 {
@@ -1043,33 +1082,69 @@ static void spec_plan(fy_engine_t *e, int32_t budget)
     int32_t spare = e->logit_rows - rows;
     if (spare > budget) spare = budget;
     if (sp->batch_tokens > 0 && spare > sp->batch_tokens - tokens) spare = sp->batch_tokens - tokens;
-    int32_t nd = 0, slots = 0;
-    for (int32_t i = 0; i < e->n_running && spare > 0; i++) {
+    /* candidates and how many tokens each could take */
+    int32_t nc = 0, slots = 0;
+    for (int32_t i = 0; i < e->n_running && spare > 0 && nc < 64; i++) {
         request_t *q = e->running[i];
         if (q->spec == FY_SPEC_NONE || q->sched != 1 || q->n_total - q->n_computed != 1) continue;
         int32_t k = fy_spec_ctl_want(&q->ctl);
-        if (k > spare) k = spare;
         if (k > q->max_tokens - q->n_generated - 1) k = q->max_tokens - q->n_generated - 1;
         if (k > e->max_ctx - q->n_total) k = e->max_ctx - q->n_total;
         if (k <= 0) continue;
-        int32_t m = 0;
         if (q->spec == FY_SPEC_NGRAM) {
-            m = fy_spec_ngram_propose(q->tokens, q->n_total, sp->ngram_max, k, q->tokens + q->n_total);
-            if (m == 0) continue;
+            k = fy_spec_ngram_propose(q->tokens, q->n_total, sp->ngram_max, k, q->tokens + q->n_total);
+            if (k == 0) continue;
         } else {
             q->qslot = -1;
             if (!fy_sampling_is_greedy(&q->sampling)) {
                 if (slots == SPEC_QSLOTS) continue;
                 q->qslot = slots++;
             }
-            m = k;
         }
+        e->dreq[nc] = q;
+        e->dk[nc] = k; /* the most it may take */
+        q->spec_k = 0;
+        nc++;
+    }
+    /* hand out tokens while they pay */
+    double G = rows, g_next[64];
+    int32_t draft_k = 0;
+    double dcost = e->dcost > 0 ? e->dcost : 0.5 * step_cost(e, 1);
+    for (int32_t c = 0; c < nc; c++) {
+        double a = e->dreq[c]->ctl.rate;
+        g_next[c] = a < 0.02 ? 0.02 : a > 0.98 ? 0.98 : a;
+    }
+    for (int32_t T = tokens; spare > 0;) {
+        int32_t best = -1;
+        for (int32_t c = 0; c < nc; c++)
+            if (e->dreq[c]->spec_k < e->dk[c] && (best < 0 || g_next[c] > g_next[best])) best = c;
+        if (best < 0) break;
+        request_t *q = e->dreq[best];
+        bool draft = q->spec == FY_SPEC_DRAFT;
+        double before = step_cost(e, T) + dcost * draft_k;
+        double after = step_cost(e, T + 1) + dcost * (draft && q->spec_k + 1 > draft_k ? q->spec_k + 1 : draft_k);
+        double g = g_next[best];
+        if (sp->cost_aware && (G + g) * before <= G * after) break;
+        q->spec_k++;
+        if (draft && q->spec_k > draft_k) draft_k = q->spec_k;
+        G += g;
+        T++;
+        spare--;
+        double a = q->ctl.rate < 0.02 ? 0.02 : q->ctl.rate > 0.98 ? 0.98 : q->ctl.rate;
+        g_next[best] *= a;
+    }
+    /* blocks for the proposals; the draft runs for those that use one */
+    int32_t nd = 0;
+    for (int32_t c = 0; c < nc; c++) {
+        request_t *q = e->dreq[c];
+        int32_t m = q->spec_k;
+        q->spec_k = 0;
+        if (m == 0) continue;
         int32_t before = q->resv.blocks;
         if (fy_kvm_seq_reserve(e->kvm, &q->bt, q->n_computed + 1 + m, &q->resv) != FY_OK) continue;
         q->spec_drawn = before - q->resv.blocks;
         q->spec_k = m;
         q->sched = 1 + m;
-        spare -= m;
         if (q->spec == FY_SPEC_DRAFT) {
             e->dreq[nd] = q;
             e->dk[nd++] = m;
@@ -1235,7 +1310,11 @@ fy_status_t fy_engine_step(fy_engine_t *e)
     }
     if (n == 0) return FY_OK;
     e->st.steps++;
+    int32_t n_tok = 0;
+    for (int32_t i = 0; i < n; i++) n_tok += e->fwd[i].n_tokens;
+    double t_fwd = now_s();
     fy_status_t st = fy_runner_forward(e->r, e->fwd, n, e->logits);
+    cost_note(e, n_tok, now_s() - t_fwd);
     if (st != FY_OK) { /* logged; the requests in this batch end, the engine keeps serving */
         for (int32_t i = 0; i < n; i++) end_error(e, e->fwd_req[i], st, "forward pass failed");
         return st;

@@ -5,6 +5,7 @@
 #include "spec.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +23,8 @@ void fy_spec_params_default(fy_spec_params_t *p)
         .min_accept = 0.3,
         .warmup = 16,
         .probe_steps = 64,
-        .batch_tokens = 16,
+        .batch_tokens = 64,
+        .cost_aware = true,
     };
 }
 
@@ -159,10 +161,13 @@ bool fy_spec_ctl_update(fy_spec_ctl_t *c, const fy_spec_params_t *p, int32_t pro
         if (w > 1.0) w = 1.0;
         c->rate += w * ((double)accepted / proposed - c->rate);
     }
-    if (accepted == proposed)
-        c->k = c->k + 1 < p->k_max ? c->k + 1 : p->k_max;
-    else
-        c->k = accepted + 1 < p->k_max ? accepted + 1 : p->k_max;
+    /* about twice the expected run of accepted tokens, 1 / (1 - rate): a
+     * verification token costs a small fraction of a step while decode is
+     * bandwidth-bound (batch_tokens guards the rest), so proposing past
+     * the expected run is cheap, stopping short of it is not */
+    double r = c->rate < 0.95 ? c->rate : 0.95;
+    int32_t k = (int32_t)ceil(2.0 / (1.0 - r));
+    c->k = k < 1 ? 1 : k > p->k_max ? p->k_max : k;
     if (c->judged >= p->warmup && c->rate < p->min_accept) {
         c->off_steps = p->probe_steps;
         c->disabled++;

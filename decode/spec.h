@@ -45,6 +45,12 @@ typedef struct fy_spec_params {
      * to fit, so a batch large enough to be compute-bound speculates
      * little or not at all; 0: no limit */
     int32_t batch_tokens;
+    /* hand out proposal tokens only while they raise the expected tokens
+     * per second of the step, by the step costs the engine measures (what
+     * makes compute-bound batches back off); false: every request that
+     * speculates proposes what its controller allows (timing-independent,
+     * for tests) */
+    bool cost_aware;
     /* speculate for sampled requests that do not ask for it themselves:
      * their text is then distributed as the target's, but which tokens a
      * seed gives depends on when speculation ran, so on what ran beside
@@ -57,7 +63,7 @@ typedef struct fy_spec_params {
 } fy_spec_params_t;
 
 /* none; k_max 8, ngram_max 3, min_accept 0.3, warmup 16, probe_steps 64,
- * batch_tokens 16, sampled false (docs/speculative.md says why) */
+ * batch_tokens 64, cost_aware, sampled false (docs/speculative.md says why) */
 void fy_spec_params_default(fy_spec_params_t *p);
 /* Range checks, and a draft for FY_SPEC_DRAFT; logs the offending field. */
 fy_status_t fy_spec_params_check(const fy_spec_params_t *p);
@@ -109,9 +115,10 @@ void fy_spec_ctl_init(fy_spec_ctl_t *c, const fy_spec_params_t *p);
 /* Tokens to propose this step (0: off; counts an off step down). */
 int32_t fy_spec_ctl_want(fy_spec_ctl_t *c);
 /* After a verification of `proposed` tokens of which `accepted` passed:
- * k grows by one after a full accept and falls to accepted + 1 after a
- * rejection; a rate under min_accept past the warmup turns speculation
- * off for probe_steps steps.  Returns true when it just turned off. */
+ * the rate moves, k becomes about twice the expected accepted run,
+ * 2 / (1 - rate), within [1, k_max]; a rate under min_accept past the
+ * warmup turns speculation off for probe_steps steps.  Returns true when
+ * it just turned off. */
 bool fy_spec_ctl_update(fy_spec_ctl_t *c, const fy_spec_params_t *p, int32_t proposed, int32_t accepted);
 
 /* ---- the draft model ---- */

@@ -424,6 +424,7 @@ static void usage(FILE *f)
                "  info       describe a model file\n"
                "  bench      prefill and decode speed against the memory-bandwidth bound\n"
                "  bench-batch  decode throughput and inter-token latency at batch 1 to 64\n"
+               "  bench-spec   decode throughput with and without speculative decoding\n"
                "  bench-kv   block manager: waste, allocation and prefix-lookup speed\n"
                "  bench-xfer KV transfer throughput over UCX against ucx_perftest\n"
                "  bench-ttft time to first token, disaggregated (a running cluster) against colocated\n"
@@ -444,6 +445,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "bench-kv")) return fy_cmd_bench_kv(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench-batch")) return fy_cmd_bench_batch(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench-xfer")) return fy_cmd_bench_xfer(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench-spec")) return fy_cmd_bench_spec(argc - 1, argv + 1);
     if (!strcmp(cmd, "plan")) return fy_cmd_plan(argc - 1, argv + 1);
     if (!strcmp(cmd, "request")) return fy_cmd_request(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return fy_cmd_serve(argc - 1, argv + 1);
