@@ -136,6 +136,13 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
         fy_free(l);
         return;
     }
+    if (l->gen.spec == FY_SPEC_DRAFT && !fy_engine_has_draft(fy_node_engine(n))) {
+        fy_node_error(n, rid, id, FY_ERR_INVALID, "speculative decoding 'draft' asked for; this decode worker has no "
+                                                  "draft model (decode.spec)");
+        fy_free(prompt);
+        fy_free(l);
+        return;
+    }
     if (d->n_leases + d->n_reqs >= fy_node_max_seqs(n)) {
         d->refused++;
         fy_node_error(n, rid, id, FY_ERR_NO_SPACE, "busy: %d running and %d reserved of %d sequences", d->n_reqs,

@@ -1447,6 +1447,8 @@ void fy_engine_stats(fy_engine_t *e, fy_engine_stats_t *out)
     out->spec_worker_off = e->wctl.off_steps > 0;
 }
 
+bool fy_engine_has_draft(const fy_engine_t *e) { return e->p.spec.draft != NULL; }
+
 fy_status_t fy_engine_check(fy_engine_t *e)
 {
     int32_t bs = e->block_size, draft_blocks = 0;

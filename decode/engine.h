@@ -219,6 +219,9 @@ typedef struct fy_engine_stats {
 
 void fy_engine_stats(fy_engine_t *e, fy_engine_stats_t *out);
 
+/* The engine was given a draft model (requests may ask for FY_SPEC_DRAFT). */
+bool fy_engine_has_draft(const fy_engine_t *e);
+
 /* Between steps, on the thread that steps (tests): every running request
  * holds exactly the blocks its computed tokens need, in the target's
  * cache and the draft's (nothing left of rolled-back proposals), and both
