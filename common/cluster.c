@@ -28,7 +28,9 @@ static const char *const KEYS[] = {
     "prefill.max_batch_tokens", "prefill.max_waiting", "prefill.ctx", "prefill.metrics",
     "decode.count", "decode.listen", "decode.threads", "decode.kv_mem", "decode.max_seqs",
     "decode.max_batch_tokens", "decode.max_waiting", "decode.ctx", "decode.preempt", "decode.host_kv_mem",
-    "decode.itl_target", "decode.metrics",
+    "decode.itl_target", "decode.metrics", "decode.spec", "decode.spec_k", "decode.spec_ngram_max",
+    "decode.spec_min_accept", "decode.spec_warmup", "decode.spec_probe_steps", "decode.spec_batch_tokens",
+    "decode.spec_sampled", "decode.spec_draft_kv_fraction",
     "worker.name", "worker.heartbeat", "worker.stall_timeout", "worker.transports", "worker.isa",
     "serve.run_dir", "serve.logs", "serve.restart_backoff", "serve.max_restarts", "serve.stop_grace",
 };
@@ -46,6 +48,15 @@ fy_status_t fy_cluster_config(int argc, char **argv, const char *usage, fy_confi
             i++;
         } else if (!strcmp(a, "--set") && v) {
             st = fy_config_set(c, v);
+            i++;
+        } else if (!strcmp(a, "--spec") && v) { /* the decode worker's proposer: --set decode.spec=V */
+            char set[512];
+            if ((size_t)snprintf(set, sizeof(set), "decode.spec=%s", v) >= sizeof(set)) {
+                fprintf(stderr, "%s: --spec value too long\n", prog);
+                st = FY_ERR_INVALID;
+            } else {
+                st = fy_config_set(c, set);
+            }
             i++;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fprintf(stderr, "usage: %s %s\n", prog, usage);

@@ -22,7 +22,9 @@
 
 /* Loads -c FILE (at most one, optional when defaults suffice) and every
  * --set assignment from argv, in order, then checks that every key is
- * known.  Prints usage for -h.  argv[0] names the program in messages. */
+ * known.  --spec V is short for --set decode.spec=V (a decode worker's
+ * speculative proposer).  Prints usage for -h.  argv[0] names the program
+ * in messages. */
 fy_status_t fy_cluster_config(int argc, char **argv, const char *usage, fy_config_t **cfg_p);
 
 /* The deployment's secret (kv.secret_file: at least 16 bytes, the first

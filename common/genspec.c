@@ -5,6 +5,29 @@
 
 #include <string.h>
 
+const char *fy_spec_method_str(fy_spec_method_t m)
+{
+    switch (m) {
+    case FY_SPEC_DEFAULT: return "default";
+    case FY_SPEC_NONE: return "none";
+    case FY_SPEC_NGRAM: return "ngram";
+    case FY_SPEC_DRAFT: return "draft";
+    }
+    return "?";
+}
+
+fy_status_t fy_spec_method_parse(const char *s, bool allow_default, fy_spec_method_t *m_p)
+{
+    static const fy_spec_method_t all[] = {FY_SPEC_DEFAULT, FY_SPEC_NONE, FY_SPEC_NGRAM, FY_SPEC_DRAFT};
+    for (size_t i = allow_default ? 0 : 1; i < sizeof(all) / sizeof(all[0]); i++) {
+        if (!strcmp(s, fy_spec_method_str(all[i]))) {
+            *m_p = all[i];
+            return FY_OK;
+        }
+    }
+    return FY_ERR_INVALID;
+}
+
 void fy_genspec_default(fy_genspec_t *g)
 {
     memset(g, 0, sizeof(*g));
@@ -26,6 +49,7 @@ void fy_genspec_write(fy_msgw_t *w, const fy_genspec_t *g)
     if (g->ignore_eos) fy_msgw_bool(w, "ignore_eos", true);
     if (g->logprobs) fy_msgw_bool(w, "logprobs", true);
     if (g->priority) fy_msgw_i64(w, "priority", g->priority);
+    if (g->spec != FY_SPEC_DEFAULT) fy_msgw_str(w, "spec", fy_spec_method_str(g->spec));
 }
 
 void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap)
@@ -53,6 +77,15 @@ void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap)
     g->ignore_eos = fy_msgr_bool(r, "ignore_eos", FY_OPT, g->ignore_eos);
     g->logprobs = fy_msgr_bool(r, "logprobs", FY_OPT, g->logprobs);
     g->priority = (int32_t)fy_msgr_i64(r, "priority", FY_OPT, g->priority, -1000000, 1000000);
+    if (fy_msgr_has(r, "spec")) {
+        char buf[16];
+        fy_msgr_str(r, "spec", FY_OPT, NULL, buf, sizeof(buf));
+        fy_spec_method_t m;
+        if (fy_msgr_ok(r) && fy_spec_method_parse(buf, true, &m) != FY_OK)
+            fy_msgr_fail(r, FY_ERR_FORMAT, "field 'spec': '%s' is not default, none, ngram or draft", buf);
+        else if (fy_msgr_ok(r))
+            g->spec = m;
+    }
 }
 
 int32_t fy_genspec_stops(const fy_genspec_t *g, const char **out)

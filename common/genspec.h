@@ -19,6 +19,18 @@
 #define FY_GEN_MAX_STOP 8
 #define FY_GEN_STOP_LEN 64 /* bytes per stop string on the wire */
 
+/* Speculative decoding, as a request asks for it (decode/spec.h has the rest). */
+typedef enum fy_spec_method {
+    FY_SPEC_DEFAULT = 0, /* whatever the deployment uses */
+    FY_SPEC_NONE,        /* no speculation */
+    FY_SPEC_NGRAM,       /* prompt lookup: the tokens that followed the last n tokens earlier in the text */
+    FY_SPEC_DRAFT,       /* a draft model (a separate file, or the target's first layers) */
+} fy_spec_method_t;
+
+const char *fy_spec_method_str(fy_spec_method_t m); /* "default", "none", "ngram", "draft" */
+/* "none", "ngram", "draft" (and "default" when allow_default); FY_ERR_INVALID otherwise (not logged). */
+fy_status_t fy_spec_method_parse(const char *s, bool allow_default, fy_spec_method_t *m_p);
+
 typedef struct fy_genspec {
     fy_sampling_params_t sampling;
     int32_t max_tokens;
@@ -27,12 +39,13 @@ typedef struct fy_genspec {
     bool ignore_eos;
     bool logprobs;
     int32_t priority;
+    fy_spec_method_t spec; /* the request's proposer; default: the decode worker's */
 } fy_genspec_t;
 
 /* greedy, 128 tokens, no stop strings, priority 0 */
 void fy_genspec_default(fy_genspec_t *g);
 /* Adds the fields to an open message: temperature, top_k, top_p, min_p,
- * seed, max_tokens, stop, ignore_eos, logprobs, priority. */
+ * seed, max_tokens, stop, ignore_eos, logprobs, priority, spec. */
 void fy_genspec_write(fy_msgw_t *w, const fy_genspec_t *g);
 /* Reads them (absent ones keep g's values); errors land in r and name
  * the field.  max_tokens must be in [1, max_tokens_cap]. */

@@ -829,6 +829,20 @@ void fy_kvm_seq_truncate(fy_kvm_t *m, fy_block_table_t *bt, int32_t n)
     }
 }
 
+int32_t fy_kvm_seq_rollback(fy_kvm_t *m, fy_block_table_t *bt, int32_t n, fy_kv_resv_t *resv, int32_t owed)
+{
+    int32_t before = takeable(m, FY_KV_DEVICE);
+    fy_kvm_seq_truncate(m, bt, n);
+    int32_t back = takeable(m, FY_KV_DEVICE) - before;
+    if (!resv || bt->tier != FY_KV_DEVICE || back <= 0) return 0;
+    if (back > owed) back = owed;
+    if (back <= 0) return 0;
+    resv->blocks += back;
+    m->promised += back;
+    CHECK_BOOKS(m);
+    return back;
+}
+
 fy_status_t fy_kvm_seq_fork(fy_kvm_t *m, const fy_block_table_t *src, fy_block_table_t *dst)
 {
     if (dst->n_blocks || dst->max_blocks < src->n_blocks || src->tier != FY_KV_DEVICE) {

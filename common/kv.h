@@ -207,6 +207,13 @@ void fy_kvm_seq_commit(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *tokens,
  * longer needed go back. */
 void fy_kvm_seq_truncate(fy_kvm_t *m, fy_block_table_t *bt, int32_t n);
 
+/* fy_kvm_seq_truncate for a speculative step that reserved from resv:
+ * the device blocks the truncation makes takeable again go back into
+ * resv's promise, at most `owed` of them (what the step drew from it), so
+ * rolling back never shrinks what admission promised the request.
+ * Returns how many blocks went back into the promise. */
+int32_t fy_kvm_seq_rollback(fy_kvm_t *m, fy_block_table_t *bt, int32_t n, fy_kv_resv_t *resv, int32_t owed);
+
 /* dst (an initialized, empty table) shares all of src's blocks. */
 fy_status_t fy_kvm_seq_fork(fy_kvm_t *m, const fy_block_table_t *src, fy_block_table_t *dst);
 

@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "log.h"
 #include "mem.h"
@@ -165,15 +166,12 @@ static float full_logprob(const float *logits, int32_t n, float temp, int32_t id
     return (float)((double)(logits[id] - mx) / t - log(sum));
 }
 
-int32_t fy_sampler_sample(fy_sampler_t *s, const fy_sampling_params_t *p, fy_rng_t *rng, const float *logits,
-                          float *logprob_p)
+/* The candidates sampling draws from: c[0, n) with unnormalized weights
+ * s->p[0, n) summing to *total_p (temperature, top-k, min-p, top-p
+ * applied).  Not for greedy parameters. */
+static int32_t candidates(fy_sampler_t *s, const fy_sampling_params_t *p, const float *logits, double *total_p)
 {
     int32_t V = s->vocab;
-    if (p->temperature <= 0.0f || p->top_k == 1) {
-        int32_t best = fy_argmax(logits, V);
-        if (logprob_p) *logprob_p = full_logprob(logits, V, 1.0f, best);
-        return best;
-    }
     float inv_t = 1.0f / p->temperature;
     cand_t *c = s->c;
     for (int32_t i = 0; i < V; i++) c[i] = (cand_t){logits[i] * inv_t, i};
@@ -229,6 +227,24 @@ int32_t fy_sampler_sample(fy_sampler_t *s, const fy_sampling_params_t *p, fy_rng
         total = 0.0;
         for (int32_t i = 0; i < n; i++) total += s->p[i];
     }
+    *total_p = total;
+    return n;
+}
+
+bool fy_sampling_is_greedy(const fy_sampling_params_t *p) { return p->temperature <= 0.0f || p->top_k == 1; }
+
+int32_t fy_sampler_sample(fy_sampler_t *s, const fy_sampling_params_t *p, fy_rng_t *rng, const float *logits,
+                          float *logprob_p)
+{
+    int32_t V = s->vocab;
+    if (fy_sampling_is_greedy(p)) {
+        int32_t best = fy_argmax(logits, V);
+        if (logprob_p) *logprob_p = full_logprob(logits, V, 1.0f, best);
+        return best;
+    }
+    cand_t *c = s->c;
+    double total;
+    int32_t n = candidates(s, p, logits, &total);
     double r = fy_rng_uniform(rng) * total;
     int32_t pick = c[n - 1].id;
     double acc = 0.0;
@@ -241,4 +257,22 @@ int32_t fy_sampler_sample(fy_sampler_t *s, const fy_sampling_params_t *p, fy_rng
     }
     if (logprob_p) *logprob_p = full_logprob(logits, V, p->temperature, pick);
     return pick;
+}
+
+void fy_sampler_probs(fy_sampler_t *s, const fy_sampling_params_t *p, const float *logits, float *probs)
+{
+    int32_t V = s->vocab;
+    memset(probs, 0, (size_t)V * sizeof(float));
+    if (fy_sampling_is_greedy(p)) {
+        probs[fy_argmax(logits, V)] = 1.0f;
+        return;
+    }
+    double total;
+    int32_t n = candidates(s, p, logits, &total);
+    for (int32_t i = 0; i < n; i++) probs[s->c[i].id] = (float)(s->p[i] / total);
+}
+
+float fy_logprob(const float *logits, int32_t n, const fy_sampling_params_t *p, int32_t id)
+{
+    return full_logprob(logits, n, fy_sampling_is_greedy(p) ? 1.0f : p->temperature, id);
 }

@@ -48,6 +48,19 @@ void fy_sampler_destroy(fy_sampler_t *s); /* accepts NULL */
 int32_t fy_sampler_sample(fy_sampler_t *s, const fy_sampling_params_t *p, fy_rng_t *rng, const float *logits,
                           float *logprob_p);
 
+/* Greedy parameters: temperature 0 or top_k 1. */
+bool fy_sampling_is_greedy(const fy_sampling_params_t *p);
+
+/* The distribution fy_sampler_sample draws from, as probabilities over
+ * the whole vocabulary (zero outside the kept candidates; a point mass on
+ * the argmax for greedy parameters): probs [vocab_size].  What
+ * speculative decoding's rejection sampler compares draft and target by. */
+void fy_sampler_probs(fy_sampler_t *s, const fy_sampling_params_t *p, const float *logits, float *probs);
+
+/* log-probability of id under the temperature-scaled full distribution
+ * (what fy_sampler_sample reports in *logprob_p). */
+float fy_logprob(const float *logits, int32_t n, const fy_sampling_params_t *p, int32_t id);
+
 /* Index of the largest logit (lowest id on ties). */
 int32_t fy_argmax(const float *logits, int32_t n);
 

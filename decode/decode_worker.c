@@ -146,6 +146,13 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
         fy_free(l);
         return;
     }
+    if (l->gen.spec == FY_SPEC_DRAFT && !fy_engine_has_draft(fy_node_engine(n))) {
+        fy_node_error(n, rid, id, FY_ERR_INVALID, "speculative decoding 'draft' asked for; this decode worker has no "
+                                                  "draft model (decode.spec)");
+        fy_free(prompt);
+        fy_free(l);
+        return;
+    }
     if (d->n_leases + d->n_reqs >= fy_node_max_seqs(n)) {
         d->refused++;
         fy_metric_inc(d->m.reserve_refused);
@@ -263,6 +270,7 @@ static void request_params(const fy_genspec_t *gen, const fy_kv_ns_t *ns, const 
     rq->ignore_eos = gen->ignore_eos;
     rq->logprobs = gen->logprobs;
     rq->priority = gen->priority;
+    rq->spec = gen->spec;
     rq->ns = *ns;
 }
 
@@ -359,6 +367,12 @@ static void cmd_generate(decode_t *d, fy_msgr_t *r, uint64_t rid)
     if (fy_msgr_ok(r) && n_prompt < 1) fy_msgr_fail(r, FY_ERR_FORMAT, "field 'tokens' is empty");
     if (!fy_msgr_ok(r)) {
         fy_node_error(n, rid, id, r->status, "bad generate: %s", r->err);
+        fy_free(prompt);
+        return;
+    }
+    if (gen.spec == FY_SPEC_DRAFT && !fy_engine_has_draft(fy_node_engine(n))) {
+        fy_node_error(n, rid, id, FY_ERR_INVALID, "speculative decoding 'draft' asked for; this decode worker has no "
+                                                  "draft model (decode.spec)");
         fy_free(prompt);
         return;
     }

@@ -26,6 +26,11 @@
 
 #define OUT_CAP (FY_DETOK_MAX_OUT + FY_STOP_MAX_LEN + 16)
 #define OUTPUT_RING 128
+/* sampled requests whose draft distributions one step can keep (each
+ * k_max rows of the vocabulary); greedy ones need none */
+#define SPEC_QSLOTS 8
+/* forward-pass costs are tracked per token count below this */
+#define COST_N 512
 
 typedef enum rq_state {
     RQ_INBOX = 0,
@@ -61,6 +66,16 @@ typedef struct request {
     double t_submit, t_sched, t_first, t_last;
     float *itl;
     fy_request_timings_t timings;
+    /* speculative decoding: proposals of this step sit at tokens[n_total,
+     * n_total + spec_k), verified after the forward pass */
+    fy_spec_method_t spec; /* FY_SPEC_NONE: off */
+    fy_spec_ctl_t ctl;
+    int32_t spec_k;       /* tokens proposed this step */
+    int32_t spec_drawn;   /* blocks this step's extra reservation drew from resv */
+    int32_t qslot;        /* draft distributions' slot (sampled requests with a draft), -1: none */
+    fy_block_table_t dbt; /* the draft's KV (FY_SPEC_DRAFT) */
+    int32_t d_computed;   /* leading tokens with draft K/V */
+    fy_rng_t drng;        /* the draft's own draws */
     struct request *next; /* inbox and queue links */
 } request_t;
 
@@ -71,7 +86,19 @@ struct fy_engine {
     fy_engine_params_t p;
     int32_t vocab, max_ctx, block_size, total_blocks;
     fy_sampler_t *sampler;
-    float *logits;          /* [max_num_seqs, vocab] */
+    float *logits;          /* [logit_rows, vocab] */
+    int32_t logit_rows;     /* the runner's max_logits */
+    /* speculative decoding */
+    fy_spec_ctl_t wctl;     /* the worker's acceptance and off switch */
+    float *probs;           /* [k_max + 1, vocab] target distributions of one sampled verification */
+    float *qprobs;          /* [SPEC_QSLOTS, k_max, vocab] draft distributions (sampled requests) */
+    float *scratch;         /* [vocab] */
+    fy_forward_seq_t *dfwd; /* [max_num_seqs] draft batch */
+    request_t **dreq;       /* [max_num_seqs] */
+    int32_t *dk;            /* [max_num_seqs] tokens each wants proposed */
+    double cost[COST_N];    /* seconds of a forward pass of n tokens (moving average) */
+    uint32_t cost_n[COST_N];
+    double dcost;           /* seconds of one draft pass (moving average) */
     fy_forward_seq_t *fwd;  /* [max_num_seqs] */
     request_t **fwd_req;    /* [max_num_seqs] */
     /* queues: the engine thread's */
@@ -141,6 +168,7 @@ void fy_engine_params_default(fy_engine_params_t *p)
         .predict_quantile = 0.9,
         .tick_s = 0.1,
     };
+    fy_spec_params_default(&p->spec);
 }
 
 void fy_request_params_default(fy_request_params_t *p)
@@ -156,6 +184,7 @@ static void request_free(request_t *q)
 {
     if (!q) return;
     fy_kvm_seq_deinit(&q->bt);
+    fy_kvm_seq_deinit(&q->dbt);
     fy_stopper_deinit(&q->stopper);
     fy_free(q->tokens);
     fy_free(q->itl);
@@ -205,6 +234,17 @@ static void fill_timings(request_t *q, double t_end)
     t->itl_s = q->itl;
     t->n_prompt = q->n_prompt;
     t->n_generated = q->n_generated;
+    t->n_spec_proposed = (int32_t)q->ctl.proposed;
+    t->n_spec_accepted = (int32_t)q->ctl.accepted;
+    t->n_spec_steps = (int32_t)q->ctl.verifies;
+}
+
+/* Gives the draft's blocks back; the draft recomputes from the start
+ * when the request speculates again. */
+static void draft_drop(fy_engine_t *e, request_t *q)
+{
+    if (q->dbt.blocks) fy_kvm_seq_release(e->p.spec.draft_kvm, &q->dbt);
+    q->d_computed = 0;
 }
 
 /* Takes the request out of whichever queue holds it. */
@@ -242,6 +282,7 @@ static void end_request(fy_engine_t *e, request_t *q, fy_event_kind_t kind, fy_f
     unlink_request(e, q);
     fy_kvm_seq_release(e->kvm, &q->bt);
     fy_kvm_resv_release(e->kvm, &q->resv);
+    draft_drop(e, q);
     double t = now_s();
     fill_timings(q, t);
     fy_event_t ev = {.kind = kind, .id = q->id, .reason = reason, .status = status, .message = message,
@@ -285,7 +326,7 @@ fy_status_t fy_engine_create(fy_runner_t *r, fy_kvm_t *kvm, const fy_tokenizer_t
         p->max_num_batched_tokens < p->max_num_seqs || p->max_num_batched_tokens > rp->max_batch_tokens ||
         p->max_waiting < 0 || p->itl_target_s < 0 || (p->itl_target_s > 0 && p->itl_window < 8) ||
         p->min_prefill_budget < 1 || !(p->predict_quantile > 0 && p->predict_quantile <= 1) ||
-        (p->tick_fn && !(p->tick_s > 0 && p->tick_s < 3600))) {
+        (p->tick_fn && !(p->tick_s > 0 && p->tick_s < 3600)) || fy_spec_params_check(&p->spec) != FY_OK) {
         fy_error("engine: bad parameters (%d sequences, %d tokens a step, %d waiting); the runner allows %d "
                  "sequences, %d logit rows, %d tokens",
                  p->max_num_seqs, p->max_num_batched_tokens, p->max_waiting, rp->max_seqs, rp->max_logits,
@@ -306,10 +347,31 @@ fy_status_t fy_engine_create(fy_runner_t *r, fy_kvm_t *kvm, const fy_tokenizer_t
     e->total_blocks = ks.tier[FY_KV_DEVICE].total;
     e->prefill_budget = p->max_num_batched_tokens;
     e->next_id = 1;
+    e->logit_rows = rp->max_logits;
+    if (p->spec.draft) {
+        const fy_runner_params_t *dp = fy_runner_params(p->spec.draft);
+        if (fy_model_config(fy_runner_model(p->spec.draft))->vocab_size != e->vocab ||
+            dp->max_seqs < p->max_num_seqs || dp->max_logits < p->max_num_seqs) {
+            fy_error("engine: the draft runner has another vocabulary or holds fewer than %d sequences",
+                     p->max_num_seqs);
+            fy_free(e);
+            return FY_ERR_INVALID;
+        }
+    }
+    fy_spec_ctl_init(&e->wctl, &p->spec);
+    e->wctl.window = 256;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     int32_t n = p->max_num_seqs, w = p->itl_window > 0 ? p->itl_window : 1;
-    e->logits = fy_malloc((size_t)n * (size_t)e->vocab * sizeof(float));
+    e->logits = fy_malloc((size_t)e->logit_rows * (size_t)e->vocab * sizeof(float));
+    int32_t K = p->spec.k_max;
+    e->probs = fy_malloc((size_t)(K + 1) * (size_t)e->vocab * sizeof(float));
+    e->scratch = fy_malloc((size_t)e->vocab * sizeof(float));
+    e->dfwd = fy_calloc((size_t)n, sizeof(*e->dfwd));
+    e->dreq = fy_calloc((size_t)n, sizeof(*e->dreq));
+    e->dk = fy_calloc((size_t)n, sizeof(*e->dk));
+    if (p->spec.draft) e->qprobs = fy_malloc((size_t)SPEC_QSLOTS * (size_t)K * (size_t)e->vocab * sizeof(float));
+    if (!e->probs || !e->scratch || !e->dfwd || !e->dreq || !e->dk || (p->spec.draft && !e->qprobs)) goto nomem;
     e->fwd = fy_calloc((size_t)n, sizeof(*e->fwd));
     e->fwd_req = fy_calloc((size_t)n, sizeof(*e->fwd_req));
     e->running = fy_calloc((size_t)n, sizeof(*e->running));
@@ -393,6 +455,12 @@ void fy_engine_destroy(fy_engine_t *e)
     fy_free(e->itl_ring);
     fy_free(e->itl_scratch);
     fy_free(e->cancels);
+    fy_free(e->probs);
+    fy_free(e->qprobs);
+    fy_free(e->scratch);
+    fy_free(e->dfwd);
+    fy_free(e->dreq);
+    fy_free(e->dk);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
     fy_free(e);
@@ -447,6 +515,16 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
         *st_p = refuse(e, FY_ERR_INVALID, "bad sampling parameters (see above)");
         return NULL;
     }
+    /* by default a sampled request speculates only where the deployment
+     * says so (spec.h: its seed then no longer fixes its tokens under load) */
+    fy_spec_method_t spec = rp->spec;
+    if (spec == FY_SPEC_DEFAULT)
+        spec = fy_sampling_is_greedy(&rp->sampling) || e->p.spec.sampled ? e->p.spec.method : FY_SPEC_NONE;
+    if (spec > FY_SPEC_DRAFT || (spec == FY_SPEC_DRAFT && !e->p.spec.draft)) {
+        *st_p = refuse(e, FY_ERR_INVALID, "speculative decoding '%s' asked for; this engine has no draft model",
+                       fy_spec_method_str(spec));
+        return NULL;
+    }
     int32_t max_tokens = rp->max_tokens < e->max_ctx - n_prompt ? rp->max_tokens : e->max_ctx - n_prompt;
     /* a request the cache could never hold would wait forever: refuse it */
     int32_t need = fy_kvm_blocks_for(e->kvm, n_prompt, e->p.predict_output ? 1 : max_tokens, 0);
@@ -480,6 +558,11 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
     q->cb = cb;
     q->cb_arg = arg;
     fy_rng_seed(&q->rng, rp->sampling.seed);
+    q->spec = spec;
+    fy_spec_ctl_init(&q->ctl, &e->p.spec);
+    q->qslot = -1;
+    /* the draft's draws must not move the request's own generator */
+    fy_rng_seed(&q->drng, rp->sampling.seed ^ 0x5bd1e9955bd1e995ull);
     fy_detok_init(&q->detok, e->tok, false);
     q->t_submit = now_s();
     q->state = RQ_INBOX;
@@ -615,6 +698,7 @@ static void preempt(fy_engine_t *e, request_t *q)
 {
     unlink_request(e, q); /* from running */
     fy_kvm_resv_release(e->kvm, &q->resv);
+    draft_drop(e, q);
     q->timings.n_preempted++;
     if (e->p.preempt == FY_PREEMPT_SWAP && fy_kvm_seq_swap_out(e->kvm, &q->bt) == FY_OK) {
         q->state = RQ_SWAPPED;
@@ -785,8 +869,9 @@ static void adjust_budget(fy_engine_t *e)
     e->itl_since_change = 0;
 }
 
-/* A token was sampled for q: stream it, and end q if it is done. */
-static void on_token(fy_engine_t *e, request_t *q, int32_t tok, float logprob, double t)
+/* A token was sampled for q: stream it, and end q if it is done (then
+ * false: q is gone). */
+static bool on_token(fy_engine_t *e, request_t *q, int32_t tok, float logprob, double t)
 {
     if (q->t_first == 0) {
         q->t_first = t;
@@ -798,7 +883,7 @@ static void on_token(fy_engine_t *e, request_t *q, int32_t tok, float logprob, d
     q->t_last = t;
     if (!q->ignore_eos && fy_tokenizer_is_eog(e->tok, tok)) {
         end_request(e, q, FY_EVENT_FINISH, FY_FINISH_EOS, FY_OK, NULL);
-        return;
+        return false;
     }
     q->tokens[q->n_total++] = tok;
     q->n_generated++;
@@ -816,6 +901,323 @@ static void on_token(fy_engine_t *e, request_t *q, int32_t tok, float logprob, d
         end_request(e, q, FY_EVENT_FINISH, FY_FINISH_LENGTH, FY_OK, NULL);
     else if (q->n_total >= e->max_ctx)
         end_request(e, q, FY_EVENT_FINISH, FY_FINISH_CONTEXT, FY_OK, NULL);
+    else
+        return true;
+    return false;
+}
+
+/* ---- speculative decoding ------------------------------------------------------------------------- */
+
+/* Gives back the target blocks reserved for proposals beyond the first m
+ * (all of them at m = 0 ... the decode token's stay). */
+static void spec_shrink(fy_engine_t *e, request_t *q, int32_t m)
+{
+    q->spec_drawn -= fy_kvm_seq_rollback(e->kvm, &q->bt, q->n_computed + 1 + m, &q->resv, q->spec_drawn);
+    q->spec_k = m;
+    q->sched = 1 + m;
+    if (q->dbt.blocks) fy_kvm_seq_truncate(e->p.spec.draft_kvm, &q->dbt, q->d_computed);
+}
+
+/* Picks the draft's token from one row of draft logits: its argmax for a
+ * greedy request, else a draw from its distribution (kept for the
+ * verification in the request's slot). */
+static int32_t draft_pick(fy_engine_t *e, request_t *q, const float *lg, int32_t j)
+{
+    if (q->qslot < 0) return fy_argmax(lg, e->vocab);
+    float *qp = e->qprobs + ((size_t)q->qslot * (size_t)e->p.spec.k_max + (size_t)j) * (size_t)e->vocab;
+    fy_sampler_probs(e->sampler, &q->sampling, lg, qp);
+    double r = fy_rng_uniform(&q->drng), acc = 0.0;
+    int32_t pick = -1;
+    for (int32_t v = 0; v < e->vocab; v++) {
+        if (qp[v] <= 0.0f) continue;
+        pick = v;
+        acc += qp[v];
+        if (r < acc) break;
+    }
+    return pick;
+}
+
+/*
+ * Runs the draft model for the n requests in e->dreq, each wanting
+ * e->dk[i] tokens: first the tokens its draft KV lacks (the whole text
+ * the first time, then what the last verification accepted, in chunks
+ * that fit the draft's batch), whose last logits give the first
+ * proposal, then one token a pass.  Proposals land at tokens[n_total ..].
+ * A request whose draft KV cannot grow, or whose pass fails, proposes
+ * nothing.
+ */
+static void draft_propose(fy_engine_t *e, int32_t n)
+{
+    fy_runner_t *dr = e->p.spec.draft;
+    fy_kvm_t *dk = e->p.spec.draft_kvm;
+    const fy_runner_params_t *dp = fy_runner_params(dr);
+    int32_t max_k = 0;
+    for (int32_t i = 0; i < n; i++) {
+        request_t *q = e->dreq[i];
+        /* KV for the text, then for proposals 1 .. k-1 */
+        if (!q->dbt.blocks && fy_kvm_seq_init(dk, &q->dbt, q->cap, NULL) != FY_OK) {
+            e->dk[i] = 0;
+            continue;
+        }
+        if (fy_kvm_seq_reserve(dk, &q->dbt, q->n_total + e->dk[i] - 1, NULL) != FY_OK) {
+            draft_drop(e, q); /* the draft pool is full: start over later */
+            e->dk[i] = 0;
+            continue;
+        }
+        if (e->dk[i] > max_k) max_k = e->dk[i];
+    }
+    /* catch up: the first proposal comes from the last known token */
+    for (;;) {
+        int32_t nf = 0, tokens = 0;
+        for (int32_t i = 0; i < n && nf < dp->max_seqs; i++) {
+            request_t *q = e->dreq[i];
+            if (e->dk[i] <= 0 || q->d_computed >= q->n_total) continue;
+            int32_t rem = q->n_total - q->d_computed, take = rem;
+            if (take > dp->max_batch_tokens - tokens) take = dp->max_batch_tokens - tokens;
+            if (take <= 0) break;
+            e->fwd_req[nf] = q;
+            e->dfwd[nf++] = (fy_forward_seq_t){.bt = &q->dbt, .tokens = q->tokens + q->d_computed,
+                                               .n_tokens = take, .pos = q->d_computed,
+                                               .n_logits = take == rem ? 1 : 0};
+            tokens += take;
+        }
+        if (nf == 0) break;
+        if (fy_runner_forward(dr, e->dfwd, nf, e->logits) != FY_OK) {
+            for (int32_t i = 0; i < n; i++) {
+                if (e->dk[i] > 0) draft_drop(e, e->dreq[i]);
+                e->dk[i] = 0;
+            }
+            return;
+        }
+        int32_t row = 0;
+        for (int32_t f = 0; f < nf; f++) {
+            request_t *q = e->fwd_req[f];
+            q->d_computed += e->dfwd[f].n_tokens;
+            fy_kvm_seq_commit(dk, &q->dbt, q->tokens, q->d_computed);
+            if (e->dfwd[f].n_logits)
+                q->tokens[q->n_total] = draft_pick(e, q, e->logits + (size_t)row++ * (size_t)e->vocab, 0);
+        }
+    }
+    /* then one token a pass: proposal j feeds proposal j + 1 */
+    for (int32_t j = 1; j < max_k; j++) {
+        int32_t nf = 0;
+        for (int32_t i = 0; i < n; i++) {
+            request_t *q = e->dreq[i];
+            if (e->dk[i] <= j) continue;
+            int32_t pos = q->n_total + j - 1;
+            e->fwd_req[nf] = q;
+            e->dfwd[nf++] = (fy_forward_seq_t){.bt = &q->dbt, .tokens = q->tokens + pos, .n_tokens = 1,
+                                               .pos = pos, .n_logits = 1};
+        }
+        if (nf == 0) break;
+        double td = now_s();
+        fy_status_t st = fy_runner_forward(dr, e->dfwd, nf, e->logits);
+        td = now_s() - td;
+        e->dcost = e->dcost > 0 ? e->dcost + 0.2 * (td - e->dcost) : td;
+        if (st != FY_OK) {
+            /* keep what was proposed so far */
+            for (int32_t i = 0; i < n; i++)
+                if (e->dk[i] > j) e->dk[i] = j;
+            break;
+        }
+        for (int32_t f = 0; f < nf; f++) {
+            request_t *q = e->fwd_req[f];
+            q->d_computed = q->n_total + j;
+            fy_kvm_seq_commit(dk, &q->dbt, q->tokens, q->d_computed);
+            q->tokens[q->n_total + j] = draft_pick(e, q, e->logits + (size_t)f * (size_t)e->vocab, j);
+        }
+    }
+}
+
+/* Seconds a forward pass of n tokens takes, from the passes measured so
+ * far (moving averages per token count); a count not seen yet is scaled
+ * from the nearest one seen by a prior in which each token adds a quarter
+ * of a one-token pass (measured at batch 1 on a 2-vCPU Zen 5). */
+static double prior_cost(int32_t n) { return 1.0 + 0.25 * (n - 1); }
+
+static double step_cost(const fy_engine_t *e, int32_t n)
+{
+    if (n < 1) n = 1;
+    if (n < COST_N && e->cost_n[n]) return e->cost[n];
+    int32_t top = n < COST_N ? n : COST_N - 1;
+    for (int32_t a = top; a >= 1; a--)
+        if (e->cost_n[a]) return e->cost[a] * prior_cost(n) / prior_cost(a);
+    for (int32_t b = top; b < COST_N; b++)
+        if (e->cost_n[b]) return e->cost[b] * prior_cost(n) / prior_cost(b);
+    return prior_cost(n) * 1e-3;
+}
+
+static void cost_note(fy_engine_t *e, int32_t n, double s)
+{
+    if (n < 1 || n >= COST_N) return;
+    e->cost[n] = e->cost_n[n] ? e->cost[n] + 0.2 * (s - e->cost[n]) : s;
+    if (e->cost_n[n] < UINT32_MAX) e->cost_n[n]++;
+}
+
+/*
+ * After scheduling: gives decoding requests that speculate their
+ * proposals.  Tokens are handed out one at a time, each to the request
+ * most likely to have it accepted (its acceptance rate to the power of
+ * its next position), while the expected tokens the step emits per
+ * second of its (measured) cost still grow: cheap while a step is
+ * bandwidth-bound, not at all once the batch makes it compute-bound, so
+ * speculation backs off by itself.  Also bounded by the step's token
+ * budget, its logit rows and batch_tokens.  Each request's extra blocks
+ * come from its own promise; one that cannot get them just decodes.
+ * Never preempts.
+ */
+static void spec_plan(fy_engine_t *e, int32_t budget)
+{
+    const fy_spec_params_t *sp = &e->p.spec;
+    for (int32_t i = 0; i < e->n_running; i++) e->running[i]->spec_k = 0;
+    if (fy_spec_ctl_want(&e->wctl) == 0) return; /* the worker's speculation is off for now */
+    double t0 = now_s();
+    int32_t rows = 0, tokens = 0;
+    for (int32_t i = 0; i < e->n_running; i++) {
+        request_t *q = e->running[i];
+        if (q->sched <= 0) continue;
+        tokens += q->sched;
+        rows += q->n_computed + q->sched == q->n_total;
+    }
+    int32_t spare = e->logit_rows - rows;
+    if (spare > budget) spare = budget;
+    if (sp->batch_tokens > 0 && spare > sp->batch_tokens - tokens) spare = sp->batch_tokens - tokens;
+    /* candidates and how many tokens each could take */
+    int32_t nc = 0, slots = 0;
+    for (int32_t i = 0; i < e->n_running && spare > 0 && nc < 64; i++) {
+        request_t *q = e->running[i];
+        if (q->spec == FY_SPEC_NONE || q->sched != 1 || q->n_total - q->n_computed != 1) continue;
+        int32_t k = fy_spec_ctl_want(&q->ctl);
+        if (k > q->max_tokens - q->n_generated - 1) k = q->max_tokens - q->n_generated - 1;
+        if (k > e->max_ctx - q->n_total) k = e->max_ctx - q->n_total;
+        if (k <= 0) continue;
+        if (q->spec == FY_SPEC_NGRAM) {
+            k = fy_spec_ngram_propose(q->tokens, q->n_total, sp->ngram_max, k, q->tokens + q->n_total);
+            if (k == 0) continue;
+        } else {
+            q->qslot = -1;
+            if (!fy_sampling_is_greedy(&q->sampling)) {
+                if (slots == SPEC_QSLOTS) continue;
+                q->qslot = slots++;
+            }
+        }
+        e->dreq[nc] = q;
+        e->dk[nc] = k; /* the most it may take */
+        q->spec_k = 0;
+        nc++;
+    }
+    /* hand out tokens while they pay */
+    double G = rows, g_next[64];
+    int32_t draft_k = 0;
+    double dcost = e->dcost > 0 ? e->dcost : 0.5 * step_cost(e, 1);
+    for (int32_t c = 0; c < nc; c++) {
+        double a = e->dreq[c]->ctl.rate;
+        g_next[c] = a < 0.02 ? 0.02 : a > 0.98 ? 0.98 : a;
+    }
+    for (int32_t T = tokens; spare > 0;) {
+        int32_t best = -1;
+        for (int32_t c = 0; c < nc; c++)
+            if (e->dreq[c]->spec_k < e->dk[c] && (best < 0 || g_next[c] > g_next[best])) best = c;
+        if (best < 0) break;
+        request_t *q = e->dreq[best];
+        bool draft = q->spec == FY_SPEC_DRAFT;
+        double before = step_cost(e, T) + dcost * draft_k;
+        double after = step_cost(e, T + 1) + dcost * (draft && q->spec_k + 1 > draft_k ? q->spec_k + 1 : draft_k);
+        double g = g_next[best];
+        if (sp->cost_aware && (G + g) * before <= G * after) break;
+        q->spec_k++;
+        if (draft && q->spec_k > draft_k) draft_k = q->spec_k;
+        G += g;
+        T++;
+        spare--;
+        double a = q->ctl.rate < 0.02 ? 0.02 : q->ctl.rate > 0.98 ? 0.98 : q->ctl.rate;
+        g_next[best] *= a;
+    }
+    /* blocks for the proposals; the draft runs for those that use one */
+    int32_t nd = 0;
+    for (int32_t c = 0; c < nc; c++) {
+        request_t *q = e->dreq[c];
+        int32_t m = q->spec_k;
+        q->spec_k = 0;
+        if (m == 0) continue;
+        int32_t before = q->resv.blocks;
+        if (fy_kvm_seq_reserve(e->kvm, &q->bt, q->n_computed + 1 + m, &q->resv) != FY_OK) continue;
+        q->spec_drawn = before - q->resv.blocks;
+        q->spec_k = m;
+        q->sched = 1 + m;
+        if (q->spec == FY_SPEC_DRAFT) {
+            e->dreq[nd] = q;
+            e->dk[nd++] = m;
+        }
+    }
+    if (nd > 0) {
+        draft_propose(e, nd);
+        for (int32_t i = 0; i < nd; i++)
+            if (e->dk[i] < e->dreq[i]->spec_k) spec_shrink(e, e->dreq[i], e->dk[i]);
+    }
+    e->st.propose_s += now_s() - t0;
+}
+
+/*
+ * Verifies q's proposals against the target's k + 1 rows of logits,
+ * keeps the K/V of the accepted ones (rolling back the rest in both
+ * caches), adapts, and streams the accepted tokens and the one the target
+ * gives after them.  Greedy: the proposals are kept while they equal the
+ * argmax, so the text is the target's own.  Sampled: rejection sampling,
+ * so the text is distributed as the target's.
+ */
+static void spec_verify(fy_engine_t *e, request_t *q, const float *lg, double t)
+{
+    int32_t k = q->spec_k, V = e->vocab, base = q->n_total;
+    const int32_t *draft = q->tokens + base;
+    int32_t out[FY_SPEC_MAX_K + 1];
+    float lp[FY_SPEC_MAX_K + 1] = {0};
+    int32_t a = 0;
+    if (fy_sampling_is_greedy(&q->sampling)) {
+        for (;;) {
+            out[a] = fy_argmax(lg + (size_t)a * (size_t)V, V);
+            if (a == k || out[a] != draft[a]) break;
+            a++;
+        }
+    } else {
+        const float *p[FY_SPEC_MAX_K + 1], *qq[FY_SPEC_MAX_K];
+        for (int32_t i = 0; i <= k; i++) {
+            float *row = e->probs + (size_t)i * (size_t)V;
+            fy_sampler_probs(e->sampler, &q->sampling, lg + (size_t)i * (size_t)V, row);
+            p[i] = row;
+        }
+        for (int32_t i = 0; i < k && q->qslot >= 0; i++)
+            qq[i] = e->qprobs + ((size_t)q->qslot * (size_t)e->p.spec.k_max + (size_t)i) * (size_t)V;
+        a = fy_spec_verify_sampled(p, q->qslot >= 0 ? qq : NULL, draft, k, V, &q->rng, e->scratch, out);
+    }
+    if (q->logprobs)
+        for (int32_t i = 0; i <= a; i++) lp[i] = fy_logprob(lg + (size_t)i * (size_t)V, V, &q->sampling, out[i]);
+    /* K/V stays for the decode token and the accepted proposals */
+    q->n_computed = base + a;
+    q->sched = 0;
+    q->spec_k = 0;
+    fy_kvm_seq_rollback(e->kvm, &q->bt, q->n_computed, &q->resv, q->spec_drawn);
+    q->spec_drawn = 0;
+    fy_kvm_seq_commit(e->kvm, &q->bt, q->tokens, q->n_computed);
+    if (q->dbt.blocks) {
+        if (q->d_computed > q->n_computed) q->d_computed = q->n_computed;
+        fy_kvm_seq_truncate(e->p.spec.draft_kvm, &q->dbt, q->d_computed);
+    }
+    e->st.spec_proposed += (uint64_t)k;
+    e->st.spec_accepted += (uint64_t)a;
+    e->st.spec_steps++;
+    if (fy_spec_ctl_update(&q->ctl, &e->p.spec, k, a)) {
+        e->st.spec_request_offs++;
+        fy_debug("engine: request %llu: acceptance %.2f under %.2f; speculation off for %d steps",
+                 (unsigned long long)q->id, q->ctl.rate, e->p.spec.min_accept, e->p.spec.probe_steps);
+    }
+    if (fy_spec_ctl_update(&e->wctl, &e->p.spec, k, a)) {
+        e->st.spec_worker_offs++;
+        fy_info("engine: acceptance %.2f under %.2f across requests; speculation off for %d steps",
+                e->wctl.rate, e->p.spec.min_accept, e->p.spec.probe_steps);
+    }
+    for (int32_t i = 0; i <= a; i++)
+        if (!on_token(e, q, out[i], lp[i], t)) return;
 }
 
 fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_request_params_t *rp,
@@ -852,7 +1254,7 @@ fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_pro
     double t = now_s();
     q->t_sched = t;
     if (id_p) *id_p = q->id;
-    on_token(e, q, first, logprob, t); /* may end it */
+    (void)on_token(e, q, first, logprob, t); /* may end it */
     return FY_OK;
 }
 
@@ -890,6 +1292,7 @@ fy_status_t fy_engine_step(fy_engine_t *e)
         if (!decode) prefill_left -= k;
     }
     admit_waiting(e, &budget, &prefill_left);
+    spec_plan(e, budget);
 
     int32_t n = 0;
     for (int32_t i = 0; i < e->n_running; i++) {
@@ -901,13 +1304,17 @@ fy_status_t fy_engine_step(fy_engine_t *e)
             .tokens = q->tokens + q->n_computed,
             .n_tokens = q->sched,
             .pos = q->n_computed,
-            .n_logits = q->n_computed + q->sched == q->n_total ? 1 : 0,
+            .n_logits = q->spec_k > 0 ? q->spec_k + 1 : q->n_computed + q->sched == q->n_total ? 1 : 0,
         };
         n++;
     }
     if (n == 0) return FY_OK;
     e->st.steps++;
+    int32_t n_tok = 0;
+    for (int32_t i = 0; i < n; i++) n_tok += e->fwd[i].n_tokens;
+    double t_fwd = now_s();
     fy_status_t st = fy_runner_forward(e->r, e->fwd, n, e->logits);
+    cost_note(e, n_tok, now_s() - t_fwd);
     if (st != FY_OK) { /* logged; the requests in this batch end, the engine keeps serving */
         for (int32_t i = 0; i < n; i++) end_error(e, e->fwd_req[i], st, "forward pass failed");
         return st;
@@ -916,6 +1323,12 @@ fy_status_t fy_engine_step(fy_engine_t *e)
     int32_t row = 0;
     for (int32_t i = 0; i < n; i++) {
         request_t *q = e->fwd_req[i];
+        if (q->spec_k > 0) {
+            const float *lg = e->logits + (size_t)row * (size_t)e->vocab;
+            row += q->spec_k + 1;
+            spec_verify(e, q, lg, t); /* may end it */
+            continue;
+        }
         int32_t before = q->n_computed;
         q->n_computed += q->sched;
         q->sched = 0;
@@ -932,7 +1345,7 @@ fy_status_t fy_engine_step(fy_engine_t *e)
         const float *lg = e->logits + (size_t)row++ * (size_t)e->vocab;
         float lp = 0.0f;
         int32_t tok = fy_sampler_sample(e->sampler, &q->sampling, &q->rng, lg, q->logprobs ? &lp : NULL);
-        on_token(e, q, tok, lp, t);
+        (void)on_token(e, q, tok, lp, t);
     }
     adjust_budget(e);
     return FY_OK;
@@ -1031,4 +1444,37 @@ void fy_engine_stats(fy_engine_t *e, fy_engine_stats_t *out)
     out->running = e->n_running;
     out->swapped = e->n_swapped;
     out->prefill_budget = e->prefill_budget;
+    out->spec_worker_off = e->wctl.off_steps > 0;
+}
+
+bool fy_engine_has_draft(const fy_engine_t *e) { return e->p.spec.draft != NULL; }
+
+fy_status_t fy_engine_check(fy_engine_t *e)
+{
+    int32_t bs = e->block_size, draft_blocks = 0;
+    for (int32_t i = 0; i < e->n_running; i++) {
+        const request_t *q = e->running[i];
+        int32_t dbs = q->dbt.block_size ? q->dbt.block_size : 1;
+        if (q->bt.n_blocks != (q->n_computed + bs - 1) / bs || q->bt.n_tokens != q->n_computed ||
+            q->d_computed > q->n_computed || q->dbt.n_blocks != (q->d_computed + dbs - 1) / dbs ||
+            q->dbt.n_tokens != q->d_computed) {
+            fy_error("engine: request %llu holds %d blocks for %d computed tokens (%d written), its draft %d "
+                     "blocks for %d",
+                     (unsigned long long)q->id, q->bt.n_blocks, q->n_computed, q->bt.n_tokens, q->dbt.n_blocks,
+                     q->d_computed);
+            return FY_ERR_INTERNAL;
+        }
+        draft_blocks += q->dbt.n_blocks;
+    }
+    if (fy_kvm_check(e->kvm) != FY_OK) return FY_ERR_INTERNAL;
+    if (e->p.spec.draft_kvm) {
+        fy_kvm_stats_t ds;
+        fy_kvm_stats(e->p.spec.draft_kvm, &ds);
+        if (fy_kvm_check(e->p.spec.draft_kvm) != FY_OK || ds.tier[FY_KV_DEVICE].used != draft_blocks) {
+            fy_error("engine: the draft cache has %d blocks in use; its requests hold %d",
+                     ds.tier[FY_KV_DEVICE].used, draft_blocks);
+            return FY_ERR_INTERNAL;
+        }
+    }
+    return FY_OK;
 }

@@ -39,6 +39,7 @@
 #include "kv.h"
 #include "runner.h"
 #include "sampler.h"
+#include "spec.h"
 #include "status.h"
 #include "stop.h"
 #include "tokenizer.h"
@@ -74,6 +75,9 @@ typedef struct fy_engine_params {
     void (*tick_fn)(void *arg);
     void *tick_arg;
     double tick_s;
+    /* speculative decoding: the deployment's proposer and its control
+     * (decode/spec.h); method none turns it off unless a request asks */
+    fy_spec_params_t spec;
 } fy_engine_params_t;
 
 /* Defaults: 64 sequences, 512 tokens a step, 256 waiting, recompute, no
@@ -90,6 +94,7 @@ typedef struct fy_request_params {
     int32_t priority;        /* larger runs first and is preempted last */
     fy_kv_ns_t ns;           /* prefix-cache namespace: the tenant's, set by the server */
     bool progress;           /* FY_EVENT_PROGRESS after each forward pass that computed prompt tokens */
+    fy_spec_method_t spec;   /* proposer for this request; FY_SPEC_DEFAULT: the engine's */
 } fy_request_params_t;
 
 void fy_request_params_default(fy_request_params_t *p);
@@ -102,6 +107,8 @@ typedef struct fy_request_timings {
     int32_t n_itl;
     int32_t n_prompt, n_generated, n_cached; /* n_cached: prompt tokens found in the prefix cache */
     int32_t n_preempted;
+    int32_t n_spec_proposed, n_spec_accepted; /* speculative tokens proposed for it, and accepted */
+    int32_t n_spec_steps;                     /* its verification steps */
 } fy_request_timings_t;
 
 typedef enum fy_event_kind {
@@ -199,8 +206,26 @@ typedef struct fy_engine_stats {
     uint64_t prompt_tokens, generation_tokens, computed_prompt_tokens;
     int32_t prefill_budget; /* prompt tokens per step now (the guardrail moves it) */
     double itl_p95_s;       /* over the guardrail's window */
+    /* speculative decoding: tokens proposed and accepted, verification
+     * steps (one per request per step that speculated; mean accepted
+     * length = spec_accepted / spec_steps, tokens per verification one
+     * more), time spent proposing (n-gram lookups, draft forward passes),
+     * and how often a request or the whole worker turned speculation off */
+    uint64_t spec_proposed, spec_accepted, spec_steps;
+    double propose_s;
+    uint64_t spec_request_offs, spec_worker_offs;
+    bool spec_worker_off; /* the worker's speculation is off now (probed again later) */
 } fy_engine_stats_t;
 
 void fy_engine_stats(fy_engine_t *e, fy_engine_stats_t *out);
+
+/* The engine was given a draft model (requests may ask for FY_SPEC_DRAFT). */
+bool fy_engine_has_draft(const fy_engine_t *e);
+
+/* Between steps, on the thread that steps (tests): every running request
+ * holds exactly the blocks its computed tokens need, in the target's
+ * cache and the draft's (nothing left of rolled-back proposals), and both
+ * block managers pass fy_kvm_check.  FY_ERR_INTERNAL (logged) otherwise. */
+fy_status_t fy_engine_check(fy_engine_t *e);
 
 #endif /* FY_ENGINE_H */

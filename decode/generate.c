@@ -13,6 +13,7 @@ void fy_gen_params_default(fy_gen_params_t *p)
     memset(p, 0, sizeof(*p));
     fy_sampling_params_default(&p->sampling);
     p->max_tokens = 128;
+    fy_spec_params_default(&p->spec);
 }
 
 
@@ -69,6 +70,7 @@ fy_status_t fy_generate(fy_runner_t *r, fy_kvm_t *kvm, const fy_tokenizer_t *tok
     ep.max_waiting = 1;
     ep.max_num_batched_tokens =
         gp->prefill_chunk > 0 && gp->prefill_chunk < rp->max_batch_tokens ? gp->prefill_chunk : rp->max_batch_tokens;
+    ep.spec = gp->spec;
     gen_ctx_t g = {.on_text = on_text, .arg = arg, .out = out_tokens, .max_out = max_out};
     fy_status_t st = fy_engine_create(r, kvm, tok, &ep, &g.engine);
     if (st != FY_OK) return st;
@@ -97,7 +99,15 @@ fy_status_t fy_generate(fy_runner_t *r, fy_kvm_t *kvm, const fy_tokenizer_t *tok
         }
     }
     if (st == FY_OK) st = g.status;
-    if (st == FY_OK && stats_p) *stats_p = g.stats;
+    if (st == FY_OK && stats_p) {
+        fy_engine_stats_t es;
+        fy_engine_stats(g.engine, &es);
+        g.stats.spec_proposed = (int32_t)es.spec_proposed;
+        g.stats.spec_accepted = (int32_t)es.spec_accepted;
+        g.stats.spec_steps = (int32_t)es.spec_steps;
+        g.stats.propose_s = es.propose_s;
+        *stats_p = g.stats;
+    }
 out:
     fy_engine_destroy(g.engine);
     return st;

@@ -26,6 +26,8 @@ typedef struct fy_gen_params {
     int n_stop;
     int32_t prefill_chunk;    /* prompt tokens per forward; 0: the runner's batch size */
     bool ignore_eos;
+    fy_spec_params_t spec;    /* speculative decoding (default none); the runner needs
+                               * max_logits >= spec.k_max + 1 to use it fully */
 } fy_gen_params_t;
 
 void fy_gen_params_default(fy_gen_params_t *p);
@@ -37,6 +39,10 @@ typedef struct fy_gen_stats {
     double prefill_s; /* prompt processing up to the first token's logits */
     double decode_s;  /* everything after */
     fy_finish_reason_t finish;
+    /* speculative decoding: proposed and accepted tokens, verification
+     * steps, seconds spent proposing */
+    int32_t spec_proposed, spec_accepted, spec_steps;
+    double propose_s;
 } fy_gen_stats_t;
 
 /* Receives text as it becomes final; return false to stop generating. */

@@ -38,6 +38,7 @@
 #include "metrics.h"
 #include "node_metrics.h"
 #include "rpc.h"
+#include "spec.h"
 #include "xfer.h"
 
 #define METRICS_SYNC_S 0.05 /* figures in /metrics are at most this much older than a tick */
@@ -59,6 +60,7 @@ struct fy_node {
     fy_kv_hasher_t *hasher;
     fy_kvm_t *kvm;
     fy_engine_t *engine;
+    fy_spec_draft_t *draft; /* a decode worker's speculative draft, or NULL */
     fy_xfer_t *xfer;
     fy_pull_t *cmds;
     fy_push_t *out;
@@ -356,6 +358,48 @@ static void on_tick(void *arg)
 
 /* ---- start-up and shutdown ------------------------------------------------------------------------- */
 
+/* A decode worker's speculative decoding from decode.spec* (the draft,
+ * if any, is opened later, once the runner exists). */
+static fy_status_t spec_config(const fy_config_t *c, fy_spec_params_t *sp, const char **draft_p, double *frac_p)
+{
+    const char *spec;
+    int64_t k, ngram, warmup, probe, batch;
+    double min_accept;
+    bool sampled;
+    fy_spec_params_default(sp);
+    fy_status_t st;
+    if ((st = fy_config_string(c, "decode", "spec", "ngram", &spec)) ||
+        (st = fy_config_int(c, "decode", "spec_k", sp->k_max, 1, FY_SPEC_MAX_K, &k)) ||
+        (st = fy_config_int(c, "decode", "spec_ngram_max", sp->ngram_max, 1, FY_SPEC_MAX_NGRAM, &ngram)) ||
+        (st = fy_config_double(c, "decode", "spec_min_accept", sp->min_accept, 0, 1, &min_accept)) ||
+        (st = fy_config_int(c, "decode", "spec_warmup", sp->warmup, 1, 1 << 20, &warmup)) ||
+        (st = fy_config_int(c, "decode", "spec_probe_steps", sp->probe_steps, 1, 1 << 20, &probe)) ||
+        (st = fy_config_int(c, "decode", "spec_batch_tokens", sp->batch_tokens, 0, 1 << 20, &batch)) ||
+        (st = fy_config_bool(c, "decode", "spec_sampled", false, &sampled)) ||
+        (st = fy_config_double(c, "decode", "spec_draft_kv_fraction", 0.25, 0.01, 0.9, frac_p)))
+        return st;
+    *draft_p = NULL;
+    if (!strcmp(spec, "none")) {
+        sp->method = FY_SPEC_NONE;
+    } else if (!strcmp(spec, "ngram")) {
+        sp->method = FY_SPEC_NGRAM;
+    } else if (!strncmp(spec, "draft:", 6) || !strncmp(spec, "self:", 5)) {
+        sp->method = FY_SPEC_DRAFT;
+        *draft_p = spec;
+    } else {
+        fy_error("config: decode.spec = '%s': expected none, ngram, draft:MODEL_FILE or self:LAYERS", spec);
+        return FY_ERR_INVALID;
+    }
+    sp->k_max = (int32_t)k;
+    sp->ngram_max = (int32_t)ngram;
+    sp->min_accept = min_accept;
+    sp->warmup = (int32_t)warmup;
+    sp->probe_steps = (int32_t)probe;
+    sp->batch_tokens = (int32_t)batch;
+    sp->sampled = sampled;
+    return FY_OK;
+}
+
 static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
 {
     const fy_config_t *c = n->cfg;
@@ -403,12 +447,23 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     fy_model_id(n->model, n->model_id, sizeof(n->model_id));
     fy_backend_params_t bp = {.n_threads = (int)threads, .isa = isa};
     if ((st = fy_backend_create("cpu", &bp, &n->be))) return st;
+    bool decode = !strcmp(sec, "decode");
+    fy_spec_params_t sp;
+    const char *draft_spec = NULL;
+    double draft_frac = 0;
+    fy_spec_params_default(&sp);
+    if (decode && (st = spec_config(c, &sp, &draft_spec, &draft_frac))) return st;
     fy_runner_params_t rp;
     fy_runner_params_default(&rp);
     rp.max_seqs = rp.max_logits = (int32_t)max_seqs;
+    if (sp.method != FY_SPEC_NONE) { /* logit rows for verifications: the proposals a step can hold */
+        int64_t rows = max_seqs + (sp.batch_tokens > 0 ? sp.batch_tokens : max_seqs * sp.k_max);
+        rp.max_logits = (int32_t)(rows < max_batch ? rows : max_batch);
+    }
     rp.max_batch_tokens = (int32_t)max_batch;
     rp.max_ctx = (int32_t)ctx;
-    rp.kv_mem = kv_mem;
+    /* a draft's KV comes out of the same budget */
+    rp.kv_mem = draft_spec ? (int64_t)((double)kv_mem * (1 - draft_frac)) : kv_mem;
     rp.block_size = block_size;
     rp.kv_dtype = kv_dtype;
     if (host_mem > 0) { /* the host tier (swap preemption), in whole blocks */
@@ -427,6 +482,14 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
      * (the baseline of the harness's prefix-caching experiment) */
     if ((st = fy_config_bool(c, "kv", "prefix_cache", true, &kp.prefix_caching))) return st;
     if ((st = fy_kvm_create(&kp, &n->kvm))) return st;
+    if (draft_spec) {
+        if ((st = fy_spec_draft_open(draft_spec, n->runner, (int64_t)((double)kv_mem * draft_frac), n->hasher,
+                                     &n->draft)))
+            return st;
+        sp.draft = fy_spec_draft_runner(n->draft);
+        sp.draft_kvm = fy_spec_draft_kvm(n->draft);
+        fy_info("speculative draft: %s", fy_spec_draft_describe(n->draft));
+    }
 
     fy_engine_params_t ep;
     fy_engine_params_default(&ep);
@@ -436,7 +499,8 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     ep.tick_fn = on_tick;
     ep.tick_arg = n;
     ep.tick_s = heartbeat < 0.05 ? heartbeat : 0.05; /* leases are reaped at least this often */
-    if (!strcmp(sec, "decode")) {
+    ep.spec = sp;
+    if (decode) {
         const char *preempt;
         double itl;
         if ((st = fy_config_string(c, sec, "preempt", "recompute", &preempt)) ||
@@ -517,6 +581,8 @@ static void teardown(fy_node_t *n)
     n->xfer = NULL;
     if (n->role && n->role->stop) n->role->stop(n, n->state);
     fy_engine_destroy(n->engine); /* posted work runs; requests left end with errors (pushed) */
+    fy_spec_draft_destroy(n->draft); /* after the engine that used it, before the runner it borrows from */
+    n->draft = NULL;
     if (n->role && n->role->destroy) n->role->destroy(n->state);
     fy_httpd_destroy(n->http); /* its callbacks read the registry and the health inputs */
     n->http = NULL;
@@ -555,7 +621,11 @@ int fy_node_main(int argc, char **argv, const fy_node_role_t *role)
     pthread_mutex_init(&n.hb_mu, NULL);
     pthread_cond_init(&n.hb_cv, NULL);
     pthread_mutex_init(&n.health_mu, NULL);
-    fy_status_t st = fy_cluster_config(argc, argv, "-c FILE [--set section.key=value]...", &n.cfg);
+    fy_status_t st = fy_cluster_config(argc, argv,
+                                       strcmp(role->name, "decode")
+                                           ? "-c FILE [--set section.key=value]..."
+                                           : "-c FILE [--set section.key=value]... [--spec none|ngram|draft:FILE|self:L]",
+                                       &n.cfg);
     if (st == FY_ERR_CANCELLED) return 0;
     if (st) return 2;
     st = setup(&n, role);

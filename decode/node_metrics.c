@@ -131,11 +131,8 @@ void fy_node_series_sync(fy_node_series_t *s, const fy_engine_stats_t *es, const
     fy_metric_set(s->generation_tokens, (double)es->generation_tokens);
     fy_metric_set(s->refused_overloaded, (double)es->refused_overloaded);
     fy_metric_set(s->refused_invalid, (double)es->refused_invalid);
-    /* SPEC DECODE: the one place speculative decoding's counters are read.
-     * fy_engine_stats_t has none yet; when it does, set them here:
-     *   fy_metric_set(s->spec_draft, (double)es->spec_draft_tokens);
-     *   fy_metric_set(s->spec_accepted, (double)es->spec_accepted_tokens);
-     * Until then both series stay 0, which is true: no drafts are made. */
+    fy_metric_set(s->spec_draft, (double)es->spec_proposed);
+    fy_metric_set(s->spec_accepted, (double)es->spec_accepted);
     fy_metric_set(s->layout_refusals, (double)xs->layout_refusals);
     fy_metric_set(s->peer_failures, (double)xs->peer_failures);
     if (s->puts) {

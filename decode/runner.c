@@ -19,6 +19,9 @@ struct fy_runner {
     const fy_model_config_t *cfg;
     fy_backend_t *be;
     fy_runner_params_t p;
+    int32_t n_layers;          /* layers run: the model's, or fewer for a self-draft */
+    const fy_runner_t *shared; /* the runner whose device weights this one borrows, or NULL */
+    fy_backend_reserve_t res;  /* what this runner asked of the backend */
     fy_kv_layout_t kv;
     void *arena;      /* device: n_kv_blocks * kv.block_bytes */
     void *host_arena; /* host tier: n_host_blocks * kv.block_bytes */
@@ -96,13 +99,20 @@ static fy_status_t upload_weights(fy_runner_t *r)
 {
     const fy_model_weights_t *w = fy_model_weights(r->model);
     fy_status_t st;
-    r->layers = fy_calloc((size_t)r->cfg->n_layers, sizeof(*r->layers));
+    if (r->shared) { /* a self-draft: the target's device tensors, first layers only */
+        r->tok_embd = r->shared->tok_embd;
+        r->out_norm = r->shared->out_norm;
+        r->output = r->shared->output;
+        r->layers = r->shared->layers;
+        return FY_OK;
+    }
+    r->layers = fy_calloc((size_t)r->n_layers, sizeof(*r->layers));
     if (!r->layers) return FY_ERR_NOMEM;
     if ((st = fy_backend_upload(r->be, &w->tok_embd, FY_USE_ROWS, &r->tok_embd)) ||
         (st = fy_backend_upload(r->be, &w->out_norm, FY_USE_VECTOR, &r->out_norm)) ||
         (st = fy_backend_upload(r->be, &w->output, FY_USE_MATMUL, &r->output)))
         return st;
-    for (int32_t l = 0; l < r->cfg->n_layers; l++) {
+    for (int32_t l = 0; l < r->n_layers; l++) {
         const fy_layer_weights_t *src = &w->layers[l];
         fy_layer_weights_t *dst = &r->layers[l];
         const fy_tensor_t *s[] = {&src->attn_norm, &src->wq, &src->wk, &src->wv, &src->wo,
@@ -117,8 +127,9 @@ static fy_status_t upload_weights(fy_runner_t *r)
     return FY_OK;
 }
 
-fy_status_t fy_runner_create(const fy_model_t *model, fy_backend_t *be, const fy_runner_params_t *params,
-                             fy_runner_t **runner_p)
+static fy_status_t runner_create(const fy_model_t *model, fy_backend_t *be, const fy_runner_params_t *params,
+                                 int32_t n_layers, const fy_runner_t *shared, const fy_backend_reserve_t *also,
+                                 fy_runner_t **runner_p)
 {
     const fy_model_config_t *c = fy_model_config(model);
     fy_runner_params_t p = *params;
@@ -140,7 +151,9 @@ fy_status_t fy_runner_create(const fy_model_t *model, fy_backend_t *be, const fy
     r->cfg = c;
     r->be = be;
     r->p = p;
-    fy_status_t st = fy_kv_layout_init(&r->kv, c->n_layers, c->n_kv_heads, c->head_dim, p.block_size, p.kv_dtype);
+    r->n_layers = n_layers;
+    r->shared = shared;
+    fy_status_t st = fy_kv_layout_init(&r->kv, n_layers, c->n_kv_heads, c->head_dim, p.block_size, p.kv_dtype);
     if (st != FY_OK) goto fail;
 
     if ((st = upload_weights(r))) goto fail;
@@ -212,6 +225,18 @@ fy_status_t fy_runner_create(const fy_model_t *model, fy_backend_t *be, const fy
         .n_heads = c->n_heads,
         .head_dim = c->head_dim,
     };
+    r->res = res;
+    if (also) { /* two runners on one backend: its buffers must fit either */
+#define RES_MAX(f) if (also->f > res.f) res.f = also->f
+        RES_MAX(max_tokens);
+        RES_MAX(max_row);
+        RES_MAX(max_seqs);
+        RES_MAX(max_blocks);
+        RES_MAX(max_kv_len);
+        RES_MAX(n_heads);
+        RES_MAX(head_dim);
+#undef RES_MAX
+    }
     if ((st = fy_backend_reserve(be, &res))) goto fail;
     *runner_p = r;
     return FY_OK;
@@ -221,6 +246,37 @@ fail:
     return st;
 }
 
+fy_status_t fy_runner_create(const fy_model_t *model, fy_backend_t *be, const fy_runner_params_t *params,
+                             fy_runner_t **runner_p)
+{
+    return runner_create(model, be, params, fy_model_config(model)->n_layers, NULL, NULL, runner_p);
+}
+
+fy_status_t fy_runner_create_draft(fy_runner_t *target, const fy_model_t *draft_model, int32_t n_layers,
+                                   const fy_runner_params_t *params, fy_runner_t **runner_p)
+{
+    const fy_model_t *m = draft_model ? draft_model : target->model;
+    const fy_model_config_t *c = fy_model_config(m);
+    bool self = m == target->model;
+    if (!self && n_layers == 0) n_layers = c->n_layers;
+    if (n_layers < 1 || n_layers > c->n_layers || (self && n_layers > target->n_layers)) {
+        fy_error("runner: a draft of %d layers from a model of %d", n_layers, c->n_layers);
+        return FY_ERR_INVALID;
+    }
+    if (c->vocab_size != target->cfg->vocab_size) {
+        fy_error("runner: the draft's vocabulary has %d tokens, the target's %d", c->vocab_size,
+                 target->cfg->vocab_size);
+        return FY_ERR_INVALID;
+    }
+    if (!self && n_layers != c->n_layers) {
+        fy_error("runner: only a self-draft (the target's own file) runs fewer layers than its model has");
+        return FY_ERR_INVALID;
+    }
+    return runner_create(m, target->be, params, n_layers, self ? target : NULL, &target->res, runner_p);
+}
+
+int32_t fy_runner_n_layers(const fy_runner_t *r) { return r->n_layers; }
+
 void fy_runner_destroy(fy_runner_t *r)
 {
     if (!r) return;
@@ -228,8 +284,14 @@ void fy_runner_destroy(fy_runner_t *r)
     for (size_t i = 0; i < FY_ARRAY_LEN(bufs); i++) fy_backend_free(r->be, bufs[i]);
     fy_backend_free(r->be, r->arena);
     fy_backend_free_host(r->be, r->host_arena);
+    if (r->shared) { /* borrowed, not ours to release */
+        r->layers = NULL;
+        memset(&r->tok_embd, 0, sizeof(r->tok_embd));
+        memset(&r->out_norm, 0, sizeof(r->out_norm));
+        memset(&r->output, 0, sizeof(r->output));
+    }
     if (r->layers) {
-        for (int32_t l = 0; l < r->cfg->n_layers; l++) {
+        for (int32_t l = 0; l < r->n_layers; l++) {
             fy_layer_weights_t *L = &r->layers[l];
             fy_tensor_t *t[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
                                 &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
@@ -318,7 +380,7 @@ fy_status_t fy_runner_forward(fy_runner_t *r, const fy_forward_seq_t *seqs, int3
     size_t dim = (size_t)c->dim;
     if ((st = fy_backend_set_batch(be, &meta)) || (st = fy_backend_embed(be, &r->tok_embd, r->x))) return st;
 
-    for (int32_t l = 0; l < c->n_layers; l++) {
+    for (int32_t l = 0; l < r->n_layers; l++) {
         const fy_layer_weights_t *L = &r->layers[l];
         const fy_tensor_t *qkv_w[3] = {&L->wq, &L->wk, &L->wv};
         float *qkv_y[3] = {r->q, r->k, r->v};

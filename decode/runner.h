@@ -55,6 +55,21 @@ fy_status_t fy_runner_create(const fy_model_t *model, fy_backend_t *be, const fy
                              fy_runner_t **runner_p);
 void fy_runner_destroy(fy_runner_t *runner); /* accepts NULL */
 
+/*
+ * A runner for a speculative draft on the target's backend, with its own
+ * KV arena and work buffers (the backend's work buffers are sized for
+ * both).  draft_model NULL (or the target's model): a self-draft of the
+ * target's first n_layers layers plus its final norm and output head,
+ * borrowing the target's device weights (no copy; the target must
+ * outlive it).  Otherwise a separate model of the same vocabulary, all
+ * its layers (n_layers 0 or its layer count).  FY_ERR_INVALID (logged)
+ * for a vocabulary mismatch or a bad layer count.
+ */
+fy_status_t fy_runner_create_draft(fy_runner_t *target, const fy_model_t *draft_model, int32_t n_layers,
+                                   const fy_runner_params_t *params, fy_runner_t **runner_p);
+/* Layers this runner computes (fewer than the model's for a self-draft). */
+int32_t fy_runner_n_layers(const fy_runner_t *runner);
+
 const fy_kv_layout_t *fy_runner_kv_layout(const fy_runner_t *runner);
 const fy_runner_params_t *fy_runner_params(const fy_runner_t *runner);
 const fy_model_t *fy_runner_model(const fy_runner_t *runner);

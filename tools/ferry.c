@@ -91,6 +91,10 @@ static void generate_usage(FILE *f)
             "      --kv-dtype T      f16 or f32 (default f16)\n"
             "      --block-size B    KV block size: 8, 16, 32 (default 16)\n"
             "      --batch N         prompt tokens per forward pass (default 512)\n"
+            "      --spec S          speculative decoding: none, ngram, draft:MODEL_FILE or self:LAYERS\n"
+            "                        (the target's first LAYERS layers as the draft; default none)\n"
+            "      --spec-k K        proposed tokens per step at most, 1-16 (default 8)\n"
+            "      --spec-ngram N    longest n-gram matched, 1-8 (default 3)\n"
             "  -v, --verbose         more logging\n");
 }
 
@@ -108,6 +112,7 @@ typedef struct gen_opts {
     fy_dtype_t kv_dtype;
     int block_size;
     int batch;
+    const char *spec; /* NULL, "none", "ngram", "draft:FILE", "self:L" */
 } gen_opts_t;
 
 static bool on_text(void *arg, const char *text, size_t len)
@@ -120,7 +125,7 @@ static bool on_text(void *arg, const char *text, size_t len)
 static int parse_generate(int argc, char **argv, gen_opts_t *o)
 {
     enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_SEED, O_STOP, O_CHAT, O_SYSTEM, O_IGNORE_EOS, O_ISA, O_CTX,
-           O_KVD, O_BS, O_BATCH };
+           O_KVD, O_BS, O_BATCH, O_SPEC, O_SPEC_K, O_SPEC_NGRAM };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},     {"prompt", required_argument, 0, 'p'},
         {"file", required_argument, 0, 'f'},      {"max-tokens", required_argument, 0, 'n'},
@@ -132,6 +137,8 @@ static int parse_generate(int argc, char **argv, gen_opts_t *o)
         {"isa", required_argument, 0, O_ISA},     {"ctx", required_argument, 0, O_CTX},
         {"kv-dtype", required_argument, 0, O_KVD}, {"block-size", required_argument, 0, O_BS},
         {"batch", required_argument, 0, O_BATCH}, {"verbose", no_argument, 0, 'v'},
+        {"spec", required_argument, 0, O_SPEC},   {"spec-k", required_argument, 0, O_SPEC_K},
+        {"spec-ngram", required_argument, 0, O_SPEC_NGRAM},
         {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
     };
     long l;
@@ -209,6 +216,23 @@ static int parse_generate(int argc, char **argv, gen_opts_t *o)
             o->batch = (int)l;
             break;
         case 'v': fy_log_set_level(FY_LOG_DEBUG); break;
+        case O_SPEC:
+            if (strcmp(optarg, "none") && strcmp(optarg, "ngram") && strncmp(optarg, "draft:", 6) &&
+                strncmp(optarg, "self:", 5)) {
+                fprintf(stderr, "ferry: --spec expects none, ngram, draft:MODEL_FILE or self:LAYERS, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            o->spec = optarg;
+            break;
+        case O_SPEC_K:
+            if (!fy_cli_parse_int("--spec-k", optarg, 1, FY_SPEC_MAX_K, &l)) return 2;
+            o->gp.spec.k_max = (int32_t)l;
+            break;
+        case O_SPEC_NGRAM:
+            if (!fy_cli_parse_int("--spec-ngram", optarg, 1, FY_SPEC_MAX_NGRAM, &l)) return 2;
+            o->gp.spec.ngram_max = (int32_t)l;
+            break;
         case 'h': generate_usage(stdout); return -1;
         default: generate_usage(stderr); return 2;
         }
@@ -290,6 +314,7 @@ static int cmd_generate(int argc, char **argv)
     fy_runner_t *r = NULL;
     fy_kv_hasher_t *hasher = NULL;
     fy_kvm_t *kvm = NULL;
+    fy_spec_draft_t *draft = NULL;
     int32_t *ids = NULL, n_ids = 0;
     rc = 1;
     if (fy_model_load(o.model, &m) != FY_OK) goto out;
@@ -307,7 +332,8 @@ static int cmd_generate(int argc, char **argv)
     fy_runner_params_default(&rpm);
     rpm.max_batch_tokens = o.batch;
     rpm.max_seqs = 1;
-    rpm.max_logits = 1;
+    rpm.max_logits = 1 + o.gp.spec.k_max; /* a verification's rows */
+    if (rpm.max_logits > o.batch) rpm.max_logits = o.batch;
     rpm.max_ctx = (int32_t)ctx;
     rpm.block_size = o.block_size;
     rpm.kv_dtype = o.kv_dtype;
@@ -318,6 +344,17 @@ static int cmd_generate(int argc, char **argv)
     if (fy_kv_hasher_create_random(&hasher) != FY_OK) goto out;
     kp.hasher = hasher;
     if (fy_kvm_create(&kp, &kvm) != FY_OK) goto out;
+    if (o.spec && !strcmp(o.spec, "ngram")) {
+        o.gp.spec.method = FY_SPEC_NGRAM;
+        o.gp.spec.sampled = true; /* one request: nothing beside it to depend on */
+    } else if (o.spec && strcmp(o.spec, "none")) {
+        if (fy_spec_draft_open(o.spec, r, 0, hasher, &draft) != FY_OK) goto out;
+        o.gp.spec.method = FY_SPEC_DRAFT;
+        o.gp.spec.sampled = true;
+        o.gp.spec.draft = fy_spec_draft_runner(draft);
+        o.gp.spec.draft_kvm = fy_spec_draft_kvm(draft);
+        fy_info("speculative draft: %s", fy_spec_draft_describe(draft));
+    }
 
     char desc[512];
     fy_model_describe(m, desc, sizeof(desc));
@@ -337,8 +374,16 @@ static int cmd_generate(int argc, char **argv)
             stats.prefill_s,
             stats.n_generated > 1 ? (stats.n_generated - 1) / (stats.decode_s > 0 ? stats.decode_s : 1e-9) : 0.0,
             stats.decode_s, fy_finish_reason_str(stats.finish), (unsigned long long)o.gp.sampling.seed);
+    if (o.gp.spec.method != FY_SPEC_NONE)
+        fprintf(stderr,
+                "ferry: speculative (%s, k up to %d): proposed %d, accepted %d (%.1f%%), %d verification steps, "
+                "mean accepted length %.2f, proposing %.3f s\n",
+                o.spec, o.gp.spec.k_max, stats.spec_proposed, stats.spec_accepted,
+                stats.spec_proposed ? 100.0 * stats.spec_accepted / stats.spec_proposed : 0.0, stats.spec_steps,
+                stats.spec_steps ? (double)stats.spec_accepted / stats.spec_steps : 0.0, stats.propose_s);
     rc = 0;
 out:
+    fy_spec_draft_destroy(draft);
     fy_kvm_destroy(kvm);
     fy_kv_hasher_destroy(hasher);
     fy_runner_destroy(r);
@@ -379,6 +424,7 @@ static void usage(FILE *f)
                "  info       describe a model file\n"
                "  bench      prefill and decode speed against the memory-bandwidth bound\n"
                "  bench-batch  decode throughput and inter-token latency at batch 1 to 64\n"
+               "  bench-spec   decode throughput with and without speculative decoding\n"
                "  bench-kv   block manager: waste, allocation and prefix-lookup speed\n"
                "  bench-xfer KV transfer throughput over UCX against ucx_perftest\n"
                "  bench-ttft time to first token, disaggregated (a running cluster) against colocated\n"
@@ -399,6 +445,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "bench-kv")) return fy_cmd_bench_kv(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench-batch")) return fy_cmd_bench_batch(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench-xfer")) return fy_cmd_bench_xfer(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench-spec")) return fy_cmd_bench_spec(argc - 1, argv + 1);
     if (!strcmp(cmd, "plan")) return fy_cmd_plan(argc - 1, argv + 1);
     if (!strcmp(cmd, "request")) return fy_cmd_request(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return fy_cmd_serve(argc - 1, argv + 1);

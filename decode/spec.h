@@ -1,0 +1,145 @@
+/*
+ * spec.h - speculative decoding's parts that the engine drives: the
+ * proposers (n-gram lookup in the request's own text, and a draft model
+ * with its own paged KV), the verification rules (greedy prefix match,
+ * rejection sampling), and the adaptive controller that sets how many
+ * tokens a request proposes and turns speculation off when it does not
+ * pay.
+ *
+ * The engine owns the step: it asks for proposals, runs the target over
+ * the k proposed tokens plus one in the same forward pass as the other
+ * sequences' decode tokens, verifies, and rolls the KV of rejected tokens
+ * back.  This module holds no request state beyond what its functions
+ * take, and allocates nothing except in fy_spec_draft_open.
+ * docs/speculative.md gives the design and the figures.
+ */
+#ifndef FY_SPEC_H
+#define FY_SPEC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "genspec.h"
+#include "kv.h"
+#include "model.h"
+#include "runner.h"
+#include "sampler.h"
+#include "status.h"
+
+#define FY_SPEC_MAX_K 16 /* proposed tokens per step at most */
+#define FY_SPEC_MAX_NGRAM 8
+
+/* fy_spec_method_t (none, ngram, draft, or a request's default) is in
+ * genspec.h: a request names it on the wire. */
+
+typedef struct fy_spec_params {
+    fy_spec_method_t method; /* the deployment's proposer: none, ngram or draft */
+    int32_t k_max;           /* proposed tokens per step at most, 1..FY_SPEC_MAX_K */
+    int32_t ngram_max;       /* longest suffix matched, 1..FY_SPEC_MAX_NGRAM (matching tries n = max .. 1) */
+    double min_accept;       /* acceptance rate below which speculation turns off (request or worker), 0..1 */
+    int32_t warmup;          /* proposed tokens before a rate is judged */
+    int32_t probe_steps;     /* decode steps speculation stays off before it is tried again */
+    /* tokens per step (decodes plus proposals) up to which a verification
+     * step costs about what a plain decode step costs: proposals are cut
+     * to fit, so a batch large enough to be compute-bound speculates
+     * little or not at all; 0: no limit */
+    int32_t batch_tokens;
+    /* hand out proposal tokens only while they raise the expected tokens
+     * per second of the step, by the step costs the engine measures (what
+     * makes compute-bound batches back off); false: every request that
+     * speculates proposes what its controller allows (timing-independent,
+     * for tests) */
+    bool cost_aware;
+    /* speculate for sampled requests that do not ask for it themselves:
+     * their text is then distributed as the target's, but which tokens a
+     * seed gives depends on when speculation ran, so on what ran beside
+     * them; off, a seeded request gives the same tokens whatever the load */
+    bool sampled;
+    /* FY_SPEC_DRAFT: the draft's runner and block manager (fy_spec_draft_open);
+     * they must outlive the engine */
+    fy_runner_t *draft;
+    fy_kvm_t *draft_kvm;
+} fy_spec_params_t;
+
+/* none; k_max 8, ngram_max 3, min_accept 0.3, warmup 16, probe_steps 64,
+ * batch_tokens 64, cost_aware, sampled false (docs/speculative.md says why) */
+void fy_spec_params_default(fy_spec_params_t *p);
+/* Range checks, and a draft for FY_SPEC_DRAFT; logs the offending field. */
+fy_status_t fy_spec_params_check(const fy_spec_params_t *p);
+
+/* ---- proposers ---- */
+
+/*
+ * N-gram proposal: finds the most recent earlier occurrence of the last n
+ * tokens of tokens[n_tokens] (n from ngram_max down to 1, the first n that
+ * matches wins) and copies up to k of the tokens that followed it into
+ * out.  Returns how many (0: no match).
+ */
+int32_t fy_spec_ngram_propose(const int32_t *tokens, int32_t n_tokens, int32_t ngram_max, int32_t k, int32_t *out);
+
+/* ---- verification ---- */
+
+/*
+ * Greedy verification is the engine's: accept the draft while it equals
+ * the target's argmax.  Sampled verification (Leviathan et al. 2023,
+ * Chen et al. 2023): for i = 0 .. k-1, draft[i] is accepted with
+ * probability min(1, p_i(x) / q_i(x)); the first rejection draws the
+ * replacement from max(0, p_i - q_i) normalized; when all k are accepted
+ * the last token is drawn from p_k.  The accepted tokens are then
+ * distributed exactly as the target's own samples.
+ *
+ * p: k + 1 rows of target probabilities (fy_sampler_probs), q: k rows of
+ * draft probabilities, or NULL when the draft was a point mass (n-gram).
+ * out receives the accepted tokens then the final one; returns how many
+ * were accepted (0..k; out holds that plus one).  scratch: [vocab].
+ * Draws only from rng.
+ */
+int32_t fy_spec_verify_sampled(const float *const *p, const float *const *q, const int32_t *draft, int32_t k,
+                               int32_t vocab, fy_rng_t *rng, float *scratch, int32_t *out);
+
+/* ---- adaptive control ---- */
+
+/* One request's (or a worker's) speculation state. */
+typedef struct fy_spec_ctl {
+    int32_t k;         /* tokens to propose next */
+    int32_t off_steps; /* > 0: off for this many more steps, then probed with k = 1 */
+    double rate;       /* recent acceptance per proposed token (moving average) */
+    int32_t judged;    /* proposed tokens since the last (re)start: judged from warmup on */
+    int32_t judged_ok; /* of which accepted */
+    int32_t window;    /* proposed tokens the rate averages over (32; a worker's: longer) */
+    uint64_t proposed, accepted, verifies, disabled;
+} fy_spec_ctl_t;
+
+void fy_spec_ctl_init(fy_spec_ctl_t *c, const fy_spec_params_t *p);
+/* Tokens to propose this step (0: off; counts an off step down). */
+int32_t fy_spec_ctl_want(fy_spec_ctl_t *c);
+/* After a verification of `proposed` tokens of which `accepted` passed:
+ * the rate moves, k becomes about twice the expected accepted run,
+ * 2 / (1 - rate), within [1, k_max]; a rate under min_accept past the
+ * warmup turns speculation off for probe_steps steps.  Returns true when
+ * it just turned off. */
+bool fy_spec_ctl_update(fy_spec_ctl_t *c, const fy_spec_params_t *p, int32_t proposed, int32_t accepted);
+
+/* ---- the draft model ---- */
+
+typedef struct fy_spec_draft fy_spec_draft_t;
+
+/*
+ * Opens a draft for the target runner from "draft:FILE" (a model file
+ * sharing the target's vocabulary) or "self:L" (the target's first L
+ * layers with its final norm and output head, sharing its weights), with
+ * a KV arena of kv_mem bytes (0: as many blocks as the target's) in the
+ * target's block size and dtype, on the target's backend.  Errors name
+ * the fault (FY_ERR_INVALID for a bad spec or a vocabulary mismatch).
+ * The target runner and hasher must outlive the draft.
+ */
+fy_status_t fy_spec_draft_open(const char *spec, fy_runner_t *target, int64_t kv_mem,
+                               const fy_kv_hasher_t *hasher, fy_spec_draft_t **d_p);
+void fy_spec_draft_destroy(fy_spec_draft_t *d); /* accepts NULL */
+fy_runner_t *fy_spec_draft_runner(fy_spec_draft_t *d);
+fy_kvm_t *fy_spec_draft_kvm(fy_spec_draft_t *d);
+/* "self:12 (12 of 30 layers)" or "draft:path (n layers)" */
+const char *fy_spec_draft_describe(const fy_spec_draft_t *d);
+
+#endif /* FY_SPEC_H */

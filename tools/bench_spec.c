@@ -1,0 +1,393 @@
+/*
+ * bench_spec.c - `ferry bench-spec`: decode throughput with and without
+ * speculative decoding, on the serving engine, at batch 1 and batch 8,
+ * on two workloads:
+ *   rewrite  chat prompts asking to rewrite a given paragraph with its
+ *            typos corrected: the answer repeats most of the prompt, where
+ *            n-gram lookup should shine;
+ *   open     open-ended chat prompts (stories, explanations), where it
+ *            should find little and must not cost much.
+ * Greedy, end of turn honoured, prefix caching off.  Batch 1 runs the
+ * prompts one after another, batch 8 all at once.  Decode tok/s counts the
+ * tokens after each group's last first token, over the time from that
+ * token to the group's last one.  Each group of prompts runs under every
+ * configuration back to back, so a ratio compares runs seconds apart
+ * under the same machine noise; the table gives medians over repetitions
+ * and the median of the per-repetition ratios.  The greedy text of every configuration is compared, token for
+ * token, with the run without speculation.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend.h"
+#include "cli.h"
+#include "engine.h"
+#include "kv.h"
+#include "log.h"
+#include "mem.h"
+#include "model.h"
+#include "prompt.h"
+#include "runner.h"
+#include "spec.h"
+
+#define N_PROMPTS 8
+#define MAX_CFG 4
+#define MAX_REPS 20
+
+static const char *const REWRITE[N_PROMPTS] = {
+    "The quick brown fox jumpd over the lazy dog. It was a sunny day in the village, and the childen were playing in "
+    "the park near the old church. Their parents watched from the benches, talking about the harvest and the wether.",
+    "Our team met on monday to dicuss the new project plan. We agreed to finish the first draft by the end of the "
+    "month, and to share it with the managment team before the review. Everyone should send there notes to Anna.",
+    "The library will be closed next week for renovations. During this time, books can be returned at the front "
+    "desk of the town hall. We apologise for any inconvenence and thank you for your pacience.",
+    "To make the bread, mix the flour, water, salt and yeast in a large bowl. Knead the dough for ten minuts until it "
+    "is smooth, then let it rise in a warm place for an hour before baking it in a hot oven.",
+    "The museum's new exibition shows paintings from the ninteenth century, including several works that have never "
+    "been displayed in public before. Tickets are avalable online and at the entrance.",
+    "Please remember that the office heating will be turned off on saturday for maintenence. If you plan to work "
+    "over the weekend, bring a warm jacket or work from home if you can.",
+    "The river flows from the mountains in the north to the sea in the south. Along its banks, farmers grow wheat, "
+    "corn and vegetables, and small villages have stood there for hundreds of years.",
+    "Thank you for your order. Your package was shiped this morning and should arive within three to five business "
+    "days. You can track it with the number in the email we sent you.",
+};
+
+static const char *const OPEN[N_PROMPTS] = {
+    "Write a short story about a robot who learns to paint.",
+    "Explain how photosynthesis works to a ten year old.",
+    "What are some good habits for staying healthy while working from home?",
+    "Describe a day in the life of a lighthouse keeper in the nineteenth century.",
+    "Give me three ideas for a birthday party for a seven year old.",
+    "Why is the sky blue? Explain it simply.",
+    "Write a poem about the ocean at night.",
+    "What should I pack for a week-long hiking trip in the mountains?",
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct track {
+    int32_t *tok;
+    double *t;
+    int32_t n, cap;
+    bool done, failed;
+} track_t;
+
+static void on_event(void *arg, const fy_event_t *ev)
+{
+    track_t *k = arg;
+    if (ev->kind == FY_EVENT_TOKEN && k->n < k->cap) {
+        k->tok[k->n] = ev->token;
+        k->t[k->n++] = now_s();
+    }
+    if (ev->kind != FY_EVENT_TOKEN) k->done = true;
+    if (ev->kind == FY_EVENT_ERROR) {
+        k->failed = true;
+        fprintf(stderr, "ferry: bench-spec: request failed: %s\n", ev->message);
+    }
+}
+
+typedef struct rig {
+    fy_runner_t *r;
+    fy_kvm_t *kvm;
+    const fy_tokenizer_t *tok;
+    int32_t *ids[2][N_PROMPTS];
+    int32_t n_ids[2][N_PROMPTS];
+    int32_t gen;
+} rig_t;
+
+typedef struct result {
+    double tps;
+    uint64_t proposed, accepted, steps;
+    uint64_t tokens, fwd_steps; /* generated tokens and engine steps, prompts included */
+    double propose_s;
+    track_t tr[N_PROMPTS];
+} result_t;
+
+/* Decode tok/s of one group of requests that ran together. */
+static void group_figures(const track_t *tr, int n, double *tokens, double *secs)
+{
+    double t0 = 0, t1 = 0;
+    for (int i = 0; i < n; i++) {
+        if (tr[i].n == 0) continue;
+        if (tr[i].t[0] > t0) t0 = tr[i].t[0];
+        if (tr[i].t[tr[i].n - 1] > t1) t1 = tr[i].t[tr[i].n - 1];
+    }
+    for (int i = 0; i < n; i++)
+        for (int32_t j = 0; j < tr[i].n; j++) *tokens += tr[i].t[j] > t0;
+    *secs += t1 - t0;
+}
+
+/* Runs prompts [first, first + n) of workload w together on e. */
+static fy_status_t run_group(rig_t *g, fy_engine_t *e, int w, int first, int n, result_t *res, double *tokens,
+                             double *secs)
+{
+    fy_status_t st = FY_OK;
+    for (int i = first; i < first + n; i++) {
+        track_t *k = &res->tr[i];
+        k->n = 0;
+        k->done = k->failed = false;
+        fy_request_params_t rq;
+        fy_request_params_default(&rq);
+        rq.max_tokens = g->gen;
+        uint64_t id;
+        if ((st = fy_engine_submit(e, g->ids[w][i], g->n_ids[w][i], &rq, on_event, k, &id)) != FY_OK) return st;
+    }
+    while (st == FY_OK && !fy_engine_idle(e)) st = fy_engine_step(e);
+    for (int i = first; i < first + n; i++)
+        if (res->tr[i].failed) st = FY_ERR_INTERNAL;
+    group_figures(res->tr + first, n, tokens, secs);
+    return st;
+}
+
+/* One repetition: every group of prompts runs under every configuration
+ * back to back, so each ratio compares runs a few seconds apart. */
+static fy_status_t run_rep(rig_t *g, int w, int batch, const fy_spec_params_t *cfg, int n_cfg, result_t **res)
+{
+    fy_engine_t *e[MAX_CFG] = {0};
+    double tokens[MAX_CFG] = {0}, secs[MAX_CFG] = {0};
+    fy_status_t st = FY_OK;
+    for (int c = 0; c < n_cfg && st == FY_OK; c++) {
+        fy_engine_params_t ep;
+        fy_engine_params_default(&ep);
+        ep.max_num_seqs = 8;
+        ep.max_num_batched_tokens = 512;
+        ep.spec = cfg[c];
+        st = fy_engine_create(g->r, g->kvm, g->tok, &ep, &e[c]);
+    }
+    for (int first = 0; first < N_PROMPTS && st == FY_OK; first += batch) {
+        int n = batch < N_PROMPTS - first ? batch : N_PROMPTS - first;
+        for (int c = 0; c < n_cfg && st == FY_OK; c++)
+            st = run_group(g, e[c], w, first, n, res[c], &tokens[c], &secs[c]);
+    }
+    for (int c = 0; c < n_cfg; c++) {
+        if (!e[c]) continue;
+        fy_engine_stats_t es;
+        fy_engine_stats(e[c], &es);
+        res[c]->tps = secs[c] > 0 ? tokens[c] / secs[c] : 0;
+        res[c]->proposed = es.spec_proposed;
+        res[c]->accepted = es.spec_accepted;
+        res[c]->steps = es.spec_steps;
+        res[c]->tokens = es.generation_tokens;
+        res[c]->fwd_steps = es.steps;
+        res[c]->propose_s = es.propose_s;
+        fy_engine_destroy(e[c]);
+    }
+    return st;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int fy_cmd_bench_spec(int argc, char **argv)
+{
+    const char *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf", *draft_spec = NULL, *isa = NULL;
+    long reps = 3, gen = 160, threads = 0, k_max = 8;
+    int batches[2] = {1, 8}, n_batches = 2, workloads = 3;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) {
+            model = v, i++;
+        } else if (!strcmp(a, "--draft") && v) {
+            if (strncmp(v, "self:", 5) && strncmp(v, "draft:", 6)) {
+                fprintf(stderr, "ferry: --draft expects self:LAYERS or draft:MODEL_FILE\n");
+                return 2;
+            }
+            draft_spec = v, i++;
+        } else if (!strcmp(a, "--reps") && v) {
+            if (!fy_cli_parse_int(a, v, 1, MAX_REPS, &reps)) return 2;
+            i++;
+        } else if (!strcmp(a, "--gen-tokens") && v) {
+            if (!fy_cli_parse_int(a, v, 8, 4096, &gen)) return 2;
+            i++;
+        } else if (!strcmp(a, "--spec-k") && v) {
+            if (!fy_cli_parse_int(a, v, 1, FY_SPEC_MAX_K, &k_max)) return 2;
+            i++;
+        } else if (!strcmp(a, "--threads") && v) {
+            if (!fy_cli_parse_int(a, v, 1, 256, &threads)) return 2;
+            i++;
+        } else if (!strcmp(a, "--isa") && v) {
+            isa = v, i++;
+        } else if (!strcmp(a, "--batch") && v) {
+            long b;
+            if (!fy_cli_parse_int(a, v, 1, 8, &b)) return 2;
+            batches[0] = (int)b;
+            n_batches = 1;
+            i++;
+        } else if (!strcmp(a, "--workload") && v) {
+            if (!strcmp(v, "rewrite")) workloads = 1;
+            else if (!strcmp(v, "open")) workloads = 2;
+            else if (!strcmp(v, "both")) workloads = 3;
+            else {
+                fprintf(stderr, "ferry: --workload expects rewrite, open or both\n");
+                return 2;
+            }
+            i++;
+        } else {
+            fprintf(stderr, "usage: ferry bench-spec [-m MODEL] [--draft self:L|draft:FILE] [--spec-k 8] "
+                            "[--gen-tokens 160] [--reps 3] [--batch 1|8] [--workload rewrite|open|both] "
+                            "[--threads N] [--isa NAME]\n");
+            return strcmp(a, "-h") && strcmp(a, "--help") ? 2 : 0;
+        }
+    }
+    int rc = 1;
+    fy_model_t *m = NULL;
+    fy_backend_t *be = NULL;
+    fy_kv_hasher_t *h = NULL;
+    fy_spec_draft_t *draft = NULL;
+    rig_t g = {.gen = (int32_t)gen};
+    result_t *res = NULL;
+    /* the worker-wide off switch logs at info; the table has the figures */
+    if (fy_log_get_level() == FY_LOG_INFO) fy_log_set_level(FY_LOG_WARN);
+    if (fy_model_load(model, &m) != FY_OK) goto out;
+    g.tok = fy_model_tokenizer(m);
+    for (int w = 0; w < 2; w++) {
+        for (int i = 0; i < N_PROMPTS; i++) {
+            char text[2048];
+            if (w == 0)
+                snprintf(text, sizeof(text), "Rewrite the following text, correcting the typos:\n\n%s", REWRITE[i]);
+            else
+                snprintf(text, sizeof(text), "%s", OPEN[i]);
+            if (fy_prompt_tokens(m, NULL, text, true, &g.ids[w][i], &g.n_ids[w][i]) != FY_OK) goto out;
+        }
+    }
+    fy_backend_params_t bp = {.n_threads = (int)threads, .isa = isa};
+    if (fy_backend_create("cpu", &bp, &be) != FY_OK) goto out;
+    fy_runner_params_t rp;
+    fy_runner_params_default(&rp);
+    rp.max_seqs = 8;
+    rp.max_logits = 8 + 8 * (int32_t)k_max;
+    rp.max_ctx = 1024;
+    rp.n_kv_blocks = 8 * (1024 / 16);
+    if (fy_runner_create(m, be, &rp, &g.r) != FY_OK) goto out;
+    if (fy_kv_hasher_create_random(&h) != FY_OK) goto out;
+    fy_kvm_params_t kp;
+    fy_runner_kvm_params(g.r, &kp);
+    kp.hasher = h;
+    kp.prefix_caching = false; /* every run computes its prompts */
+    if (fy_kvm_create(&kp, &g.kvm) != FY_OK) goto out;
+    if (draft_spec && fy_spec_draft_open(draft_spec, g.r, 0, h, &draft) != FY_OK) goto out;
+
+    /* the configurations, off first */
+    fy_spec_params_t cfg[MAX_CFG];
+    const char *names[MAX_CFG];
+    int n_cfg = 0;
+    fy_spec_params_default(&cfg[n_cfg]);
+    names[n_cfg++] = "off";
+    fy_spec_params_default(&cfg[n_cfg]);
+    cfg[n_cfg].method = FY_SPEC_NGRAM;
+    cfg[n_cfg].k_max = (int32_t)k_max;
+    names[n_cfg++] = "ngram";
+    if (draft) {
+        fy_spec_params_default(&cfg[n_cfg]);
+        cfg[n_cfg].method = FY_SPEC_DRAFT;
+        cfg[n_cfg].k_max = (int32_t)k_max;
+        cfg[n_cfg].draft = fy_spec_draft_runner(draft);
+        cfg[n_cfg].draft_kvm = fy_spec_draft_kvm(draft);
+        names[n_cfg++] = draft_spec;
+    }
+    res = fy_calloc((size_t)MAX_CFG * MAX_REPS, sizeof(result_t));
+    if (!res) goto out;
+    for (int c = 0; c < MAX_CFG * MAX_REPS; c++)
+        for (int i = 0; i < N_PROMPTS; i++) {
+            res[c].tr[i].cap = (int32_t)gen;
+            res[c].tr[i].tok = fy_malloc((size_t)gen * sizeof(int32_t));
+            res[c].tr[i].t = fy_malloc((size_t)gen * sizeof(double));
+            if (!res[c].tr[i].tok || !res[c].tr[i].t) goto out;
+        }
+
+    time_t now = time(NULL);
+    char date[32], desc[256];
+    strftime(date, sizeof(date), "%Y-%m-%d", gmtime(&now));
+    fy_model_describe(m, desc, sizeof(desc));
+    printf("ferry bench-spec, %s: %s; %s; greedy, up to %ld tokens, k up to %ld, %d prompts per workload, "
+           "%ld repetitions%s%s\n\n",
+           date, desc, fy_backend_describe(be), gen, k_max, N_PROMPTS, reps, draft ? ", draft " : "",
+           draft ? fy_spec_draft_describe(draft) : "");
+    printf("| workload | batch | speculation | decode tok/s | vs off | accepted / proposed | mean accepted per "
+           "verification | tokens per step | proposing ms | greedy text |\n");
+    printf("|---|---:|---|---:|---:|---:|---:|---:|---:|---|\n");
+    for (int w = 0; w < 2; w++) {
+        if (!(workloads & (1 << w))) continue;
+        for (int b = 0; b < n_batches; b++) {
+            for (long k = 0; k < reps; k++) {
+                result_t *rr[MAX_CFG];
+                for (int c = 0; c < n_cfg; c++) rr[c] = &res[c * MAX_REPS + k];
+                if (run_rep(&g, w, batches[b], cfg, n_cfg, rr) != FY_OK) goto out;
+            }
+            for (int c = 0; c < n_cfg; c++) {
+                double tps[MAX_REPS], ratio[MAX_REPS];
+                uint64_t prop = 0, acc = 0, steps = 0, toks = 0, fsteps = 0;
+                double ps = 0;
+                int diff_req = -1, diff_at = -1;
+                for (long k = 0; k < reps; k++) {
+                    result_t *r = &res[c * MAX_REPS + k], *off = &res[k];
+                    tps[k] = r->tps;
+                    ratio[k] = off->tps > 0 ? r->tps / off->tps : 0;
+                    prop += r->proposed;
+                    acc += r->accepted;
+                    steps += r->steps;
+                    toks += r->tokens;
+                    fsteps += r->fwd_steps;
+                    ps += r->propose_s;
+                    for (int i = 0; i < N_PROMPTS && diff_req < 0; i++) {
+                        const track_t *x = &off->tr[i], *y = &r->tr[i];
+                        for (int32_t j = 0; j < x->n || j < y->n; j++) {
+                            if (j >= x->n || j >= y->n || x->tok[j] != y->tok[j]) {
+                                diff_req = i;
+                                diff_at = j;
+                                break;
+                            }
+                        }
+                    }
+                }
+                char same[64];
+                if (diff_req < 0)
+                    snprintf(same, sizeof(same), c ? "identical" : "(reference)");
+                else
+                    snprintf(same, sizeof(same), "DIFFERS: prompt %d, token %d", diff_req, diff_at);
+                printf("| %s | %d | %s | %.1f | %.2fx | %.1f%% (%llu / %llu) | %.2f | %.2f | %.2f | %s |\n",
+                       w ? "open" : "rewrite", batches[b], names[c], median(tps, (int)reps),
+                       median(ratio, (int)reps), prop ? 100.0 * (double)acc / (double)prop : 0.0,
+                       (unsigned long long)acc, (unsigned long long)prop,
+                       steps ? (double)acc / (double)steps : 0.0, fsteps ? (double)toks / (double)fsteps : 0.0,
+                       1e3 * ps / (double)reps, same);
+                fflush(stdout);
+            }
+        }
+    }
+    rc = 0;
+out:
+    if (res)
+        for (int c = 0; c < MAX_CFG * MAX_REPS; c++)
+            for (int i = 0; i < N_PROMPTS; i++) {
+                fy_free(res[c].tr[i].tok);
+                fy_free(res[c].tr[i].t);
+            }
+    fy_free(res);
+    for (int w = 0; w < 2; w++)
+        for (int i = 0; i < N_PROMPTS; i++) fy_free(g.ids[w][i]);
+    fy_spec_draft_destroy(draft);
+    fy_kvm_destroy(g.kvm);
+    fy_kv_hasher_destroy(h);
+    fy_runner_destroy(g.r);
+    fy_backend_destroy(be);
+    fy_model_destroy(m);
+    return rc;
+}
