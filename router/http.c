@@ -340,6 +340,11 @@ static void parse_common(fy_http_t *H, parsed_t *p, json_t *o, bool chat, gen_re
             bool_field(p, so, "include_usage", &g->include_usage);
     }
     bool_field(p, o, "ignore_eos", &g->gen.ignore_eos);
+    json_t *sp = json_object_get(o, "speculative"); /* ferry's: none, ngram, draft, default */
+    if (sp && !json_is_null(sp)) {
+        if (!json_is_string(sp) || fy_spec_method_parse(json_string_value(sp), true, &g->gen.spec) != FY_OK)
+            bad(p, 400, "speculative", "'speculative' is one of default, none, ngram, draft");
+    }
     json_int_t prio = 0;
     int_field(p, o, "priority", -1000000, 1000000, &prio);
     g->gen.priority = (int32_t)prio;

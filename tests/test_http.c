@@ -250,7 +250,7 @@ static void test_completion_matches_nng_client(void **state)
     assert_int_equal(ref.error, FY_OK);
 
     resp_t r = call("POST", "/v1/completions", KEY_A,
-                    "{\"model\":\"SmolLM2-135M-Instruct.Q4_1\",\"prompt\":\"The three primary colors are\","
+                    "{\"model\":\"SmolLM2-135M-Instruct.Q4_1\",\"prompt\":\"The three primary colors are\",\"speculative\":\"none\","
                     "\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true,\"logprobs\":0,\"unknown_field\":[1,2]}");
     assert_int_equal(r.status, 200);
     json_t *j = json_of(&r);
@@ -354,6 +354,7 @@ static void test_bad_requests(void **state)
     CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"presence_penalty\":0.5}", 400, "presence_penalty",
           "not supported");
     CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"logprobs\":3}", 400, "logprobs", NULL);
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"speculative\":\"magic\"}", 400, "speculative", NULL);
     CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"model\":\"gpt-4\"}", 404, "model", "gpt-4");
     CHECK("POST", "/v1/chat/completions", KEY_A, "{\"messages\":[]}", 400, "messages", NULL);
     CHECK("POST", "/v1/chat/completions", KEY_A, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 400,
