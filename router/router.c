@@ -388,17 +388,22 @@ static int pick_prefill(router_t *R, const rreq_t *q, int32_t *cached_p)
     return best;
 }
 
-static void send_reserve(router_t *R, rreq_t *q, int di)
+/*
+ * Places q on decode worker di: "reserve" (a lease on blocks for a prompt
+ * a prefill worker will fill), or in colocated mode "generate" (the worker
+ * runs the whole request and answers "adopted" or an error).
+ */
+static void send_to_decode(router_t *R, rreq_t *q, int di)
 {
     worker_t *d = &R->workers[di];
     fy_msgw_t w;
     q->rid = ++R->next_rid;
     q->rid_deadline = now_s() + R->command_timeout;
-    cmd_begin(R, &w, d, "reserve", q->rid, q->id);
+    cmd_begin(R, &w, d, R->colocated ? "generate" : "reserve", q->rid, q->id);
     fy_msgw_str(&w, "tenant", q->tenant);
     fy_msgw_i32s(&w, "tokens", q->prompt, q->n_prompt);
     fy_genspec_write(&w, &q->gen);
-    fy_msgw_f64(&w, "lease_s", R->lease_s);
+    if (!R->colocated) fy_msgw_f64(&w, "lease_s", R->lease_s);
     cmd_send(d, &w);
     q->dw = di;
     q->d_inc = d->inc;
@@ -406,29 +411,7 @@ static void send_reserve(router_t *R, rreq_t *q, int di)
     d->blocks_since += q->need_blocks;
     q->t_reserve = now_s();
     fy_metric_observe(R->m.queue, q->t_reserve - q->t_arrive);
-    set_state(R, q, RQ_RESERVING);
-}
-
-/* Colocated mode: the decode worker runs the whole request; it answers
- * "adopted" (the request is in its engine) or an error. */
-static void send_generate(router_t *R, rreq_t *q, int di)
-{
-    worker_t *d = &R->workers[di];
-    fy_msgw_t w;
-    q->rid = ++R->next_rid;
-    q->rid_deadline = now_s() + R->command_timeout;
-    cmd_begin(R, &w, d, "generate", q->rid, q->id);
-    fy_msgw_str(&w, "tenant", q->tenant);
-    fy_msgw_i32s(&w, "tokens", q->prompt, q->n_prompt);
-    fy_genspec_write(&w, &q->gen);
-    cmd_send(d, &w);
-    q->dw = di;
-    q->d_inc = d->inc;
-    d->assigned++;
-    d->blocks_since += q->need_blocks;
-    q->t_reserve = now_s();
-    fy_metric_observe(R->m.queue, q->t_reserve - q->t_arrive);
-    set_state(R, q, RQ_ADOPTING);
+    set_state(R, q, R->colocated ? RQ_ADOPTING : RQ_RESERVING);
 }
 
 /* Places queued requests, by priority then arrival, while workers can take them. */
@@ -478,10 +461,7 @@ static void pump(router_t *R)
         if (!room) return;
         int di = pick_decode(R, best);
         if (di < 0) return; /* the head waits; what is behind it too (no overtaking) */
-        if (R->colocated)
-            send_generate(R, best, di);
-        else
-            send_reserve(R, best, di);
+        send_to_decode(R, best, di);
     }
 }
 
