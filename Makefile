@@ -8,6 +8,10 @@
 #   make bench       run the benchmarks on the default model
 #   make WERROR=1    warnings are errors (CI)
 #   make CUDA=0      never build CUDA code, even where nvcc exists
+#                    (CUDA=1 is the default where nvcc is found: kernels/cuda/*.cu
+#                    are compiled for sm_80 and sm_90 and linked with cudart and
+#                    cuBLAS; a machine without a GPU still runs everything, the
+#                    CUDA backend falling back to the CPU at run time)
 
 ifeq ($(origin CC),default)
 CC      := gcc
@@ -67,10 +71,29 @@ AVX2_FLAGS := -mavx2 -mfma -mf16c
 AVXVNNI_FLAGS := $(AVX2_FLAGS) -mavxvnni
 AVX512VNNI_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512vl -mavx512bw -mavx512vnni
 
+# ---- CUDA -------------------------------------------------------------------------
+# nvcc compiles only kernels/cuda/*.cu; FY_HAVE_CUDA is defined for
+# kernels/backend.c alone (the only C file that knows the CUDA backend exists).
+CUDA_SRC :=
+CUDA_OBJ :=
+NVCC_FLAGS :=
+ifeq ($(CUDA),1)
+CUDA_HOME ?= $(abspath $(dir $(NVCC))..)
+CUDA_ARCHS ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+NVCC_WARN := -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
+ifeq ($(WERROR),1)
+NVCC_WARN += -Werror all-warnings -Xcompiler -Werror
+endif
+NVCC_FLAGS := -std=c++17 -O3 -g -Xcompiler -fPIC $(CUDA_ARCHS) $(NVCC_WARN) -D_GNU_SOURCE $(INCLUDES) -Ikernels/cuda
+CUDA_SRC := $(wildcard kernels/cuda/*.cu)
+CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
+LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+endif
+
 # ---- sources ------------------------------------------------------------------
 LIB_SRC := $(wildcard common/*.c) $(wildcard kernels/*.c) $(wildcard kernels/cpu/*.c) \
            $(wildcard decode/*.c) $(wildcard prefill/*.c) $(wildcard transfer/*.c) $(wildcard router/*.c)
-LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CUDA_OBJ)
 LIB     := $(BUILD)/libferry.a
 
 # bin/ferry (every subcommand) and one binary per server role, each a
@@ -102,7 +125,7 @@ all: $(TOOL_BIN) $(BENCH_BIN)
 
 info:
 	@echo "cc:    $$($(CC) --version | head -1)"
-	@echo "nvcc:  $(if $(NVCC),$(NVCC),not found)  CUDA=$(CUDA) (the CUDA backend is issue 9; no CUDA sources yet)"
+	@echo "nvcc:  $(if $(NVCC),$(NVCC),not found)  CUDA=$(CUDA)$(if $(CUDA_SRC), ($(CUDA_SRC)),)"
 	@echo "build: $(BUILD)  san: $(if $(SAN),$(SAN),none)"
 
 # ---- compile ------------------------------------------------------------------
@@ -111,7 +134,8 @@ info:
 FLAGS_STAMP := $(BUILD)/flags.txt
 $(FLAGS_STAMP): FORCE
 	@mkdir -p $(dir $@)
-	@echo '$(CC) $(CFLAGS) $(LDFLAGS)' | cmp -s - $@ || echo '$(CC) $(CFLAGS) $(LDFLAGS)' > $@
+	@echo '$(CC) $(CFLAGS) $(LDFLAGS) CUDA=$(CUDA) $(NVCC_FLAGS)' | cmp -s - $@ || \
+	  echo '$(CC) $(CFLAGS) $(LDFLAGS) CUDA=$(CUDA) $(NVCC_FLAGS)' > $@
 FORCE:
 
 $(BUILD)/%_avx2.o: %_avx2.c $(FLAGS_STAMP)
@@ -128,6 +152,15 @@ $(BUILD)/%_avx512vnni.o: %_avx512vnni.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC     $<")
 	$(Q)$(CC) $(CFLAGS) $(AVX512VNNI_FLAGS) -c $< -o $@
+
+ifeq ($(CUDA),1)
+$(BUILD)/kernels/backend.o: CFLAGS += -DFY_HAVE_CUDA
+
+$(BUILD)/%.o: %.cu $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  NVCC   $<")
+	$(Q)$(NVCC) $(NVCC_FLAGS) -MMD -MP -c $< -o $@
+endif
 
 $(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)

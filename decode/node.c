@@ -403,7 +403,7 @@ static fy_status_t spec_config(const fy_config_t *c, fy_spec_params_t *sp, const
 static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
 {
     const fy_config_t *c = n->cfg;
-    const char *sec = role->name, *model_path, *name, *listen, *events, *transports, *isa, *metrics_url;
+    const char *sec = role->name, *model_path, *name, *listen, *events, *transports, *isa, *metrics_url, *device;
     int64_t threads, kv_mem, max_seqs, max_batch, max_waiting, ctx, host_mem;
     double heartbeat, stall;
     int32_t block_size;
@@ -415,6 +415,7 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
         (st = fy_config_string(c, "router", "events", NULL, &events)) ||
         (st = fy_config_string(c, "worker", "transports", NULL, &transports)) ||
         (st = fy_config_string(c, "worker", "isa", NULL, &isa)) ||
+        (st = fy_config_string(c, "worker", "device", "cpu", &device)) ||
         (st = fy_config_duration(c, "worker", "heartbeat", 0.2, 0.01, 60, &heartbeat)) ||
         (st = fy_config_duration(c, "worker", "stall_timeout", 10, 0.01, 3600, &stall)) ||
         (st = fy_config_string(c, sec, "metrics", NULL, &metrics_url)) ||
@@ -446,7 +447,11 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     if ((st = fy_model_load(model_path, &n->model))) return st;
     fy_model_id(n->model, n->model_id, sizeof(n->model_id));
     fy_backend_params_t bp = {.n_threads = (int)threads, .isa = isa};
-    if ((st = fy_backend_create("cpu", &bp, &n->be))) return st;
+    if (strcmp(device, "cpu") && strcmp(device, "cuda")) {
+        fy_error("config: worker.device must be cpu or cuda, not '%s'", device);
+        return FY_ERR_INVALID;
+    }
+    if ((st = fy_backend_create_device(device, &bp, &n->be))) return st;
     bool decode = !strcmp(sec, "decode");
     fy_spec_params_t sp;
     const char *draft_spec = NULL;

@@ -8,6 +8,12 @@
 #include "log.h"
 #include "mem.h"
 
+#ifdef FY_HAVE_CUDA
+#define BUILT_BACKENDS "cpu, cuda"
+#else
+#define BUILT_BACKENDS "cpu"
+#endif
+
 struct fy_backend {
     const fy_backend_ops_t *ops;
     void *ctx;
@@ -51,8 +57,12 @@ fy_status_t fy_backend_create(const char *name, const fy_backend_params_t *param
     fy_status_t st;
     if (!strcmp(name, "cpu")) {
         st = fy_backend_cpu_init(params, &be->ops, &be->ctx, be->desc, sizeof(be->desc), &be->n_threads);
+#ifdef FY_HAVE_CUDA
+    } else if (!strcmp(name, "cuda")) {
+        st = fy_backend_cuda_init(params, &be->ops, &be->ctx, be->desc, sizeof(be->desc), &be->n_threads);
+#endif
     } else {
-        fy_error("backend: unknown backend '%s' (this build has: cpu)", name);
+        fy_error("backend: unknown backend '%s' (this build has: %s)", name, BUILT_BACKENDS);
         st = FY_ERR_INVALID;
     }
     if (st != FY_OK) {
@@ -61,6 +71,31 @@ fy_status_t fy_backend_create(const char *name, const fy_backend_params_t *param
     }
     *be_p = be;
     return FY_OK;
+}
+
+bool fy_backend_cuda_usable(char *why, size_t cap)
+{
+#ifdef FY_HAVE_CUDA
+    return fy_backend_cuda_probe(why, cap) > 0;
+#else
+    if (why) snprintf(why, cap, "this build has no CUDA backend (built with CUDA=0 or without nvcc)");
+    return false;
+#endif
+}
+
+fy_status_t fy_backend_create_device(const char *device, const fy_backend_params_t *params, fy_backend_t **be_p)
+{
+    if (!device || !strcmp(device, "cpu")) return fy_backend_create("cpu", params, be_p);
+    if (strcmp(device, "cuda")) {
+        fy_error("backend: unknown device '%s' (cpu, cuda)", device);
+        return FY_ERR_INVALID;
+    }
+    char why[192];
+    if (!fy_backend_cuda_usable(why, sizeof(why))) {
+        fy_warn("backend: cuda requested but unavailable (%s); falling back to the cpu", why);
+        return fy_backend_create("cpu", params, be_p);
+    }
+    return fy_backend_create("cuda", params, be_p);
 }
 
 void fy_backend_destroy(fy_backend_t *be)

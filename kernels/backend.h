@@ -80,8 +80,16 @@ typedef enum fy_copy_kind {
     FY_COPY_H2H,
 } fy_copy_kind_t;
 
-/* name: "cpu" ("cuda" once it exists).  Logs and fails for unknown names. */
+/* name: "cpu" or "cuda" (where this build has it).  Logs and fails for
+ * unknown names, and for "cuda" where no GPU can be used. */
 fy_status_t fy_backend_create(const char *name, const fy_backend_params_t *params, fy_backend_t **be_p);
+/* What a worker's --device / worker.device asks for: "cpu" (NULL means cpu)
+ * or "cuda".  "cuda" where the build has no CUDA backend or the machine no
+ * usable GPU logs a warning naming the reason and creates the CPU backend. */
+fy_status_t fy_backend_create_device(const char *device, const fy_backend_params_t *params, fy_backend_t **be_p);
+/* Can fy_backend_create("cuda") succeed here?  If not, why (may be NULL)
+ * gets the reason. */
+bool fy_backend_cuda_usable(char *why, size_t cap);
 void fy_backend_destroy(fy_backend_t *be); /* accepts NULL */
 /* "cpu/avx2 x2 threads" and the like. */
 const char *fy_backend_describe(const fy_backend_t *be);

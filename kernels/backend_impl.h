@@ -42,5 +42,13 @@ typedef struct fy_backend_ops {
 /* Each backend's constructor: fills *ops_p and *ctx_p, and a description. */
 fy_status_t fy_backend_cpu_init(const fy_backend_params_t *params, const fy_backend_ops_t **ops_p, void **ctx_p,
                                 char *desc, size_t desc_cap, int *n_threads_p);
+#ifdef FY_HAVE_CUDA
+/* kernels/cuda/cuda_backend.cu.  init fails (logged) where no GPU can be
+ * used; probe logs nothing: it returns the number of devices, and where
+ * that is 0 writes the reason (CUDA's own words) into why. */
+fy_status_t fy_backend_cuda_init(const fy_backend_params_t *params, const fy_backend_ops_t **ops_p, void **ctx_p,
+                                 char *desc, size_t desc_cap, int *n_threads_p);
+int fy_backend_cuda_probe(char *why, size_t cap);
+#endif
 
 #endif /* FY_BACKEND_IMPL_H */

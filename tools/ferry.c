@@ -87,6 +87,7 @@ static void generate_usage(FILE *f)
             "      --ignore-eos      keep generating past the end-of-turn token\n"
             "  -t, --threads N       CPU threads (default: one per core)\n"
             "      --isa NAME        CPU kernels: auto, avx2, scalar (default auto)\n"
+            "      --device D        cpu or cuda (default cpu; cuda without a usable GPU warns and uses the cpu)\n"
             "      --ctx N           context window (default: prompt + max tokens, at most the model's)\n"
             "      --kv-dtype T      f16 or f32 (default f16)\n"
             "      --block-size B    KV block size: 8, 16, 32 (default 16)\n"
@@ -108,6 +109,7 @@ typedef struct gen_opts {
     bool seeded;
     int threads;
     const char *isa;
+    const char *device; /* "cpu" or "cuda" */
     long ctx;
     fy_dtype_t kv_dtype;
     int block_size;
@@ -125,7 +127,7 @@ static bool on_text(void *arg, const char *text, size_t len)
 static int parse_generate(int argc, char **argv, gen_opts_t *o)
 {
     enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_SEED, O_STOP, O_CHAT, O_SYSTEM, O_IGNORE_EOS, O_ISA, O_CTX,
-           O_KVD, O_BS, O_BATCH, O_SPEC, O_SPEC_K, O_SPEC_NGRAM };
+           O_KVD, O_BS, O_BATCH, O_SPEC, O_SPEC_K, O_SPEC_NGRAM, O_DEVICE };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},     {"prompt", required_argument, 0, 'p'},
         {"file", required_argument, 0, 'f'},      {"max-tokens", required_argument, 0, 'n'},
@@ -135,6 +137,7 @@ static int parse_generate(int argc, char **argv, gen_opts_t *o)
         {"chat", no_argument, 0, O_CHAT},         {"system", required_argument, 0, O_SYSTEM},
         {"ignore-eos", no_argument, 0, O_IGNORE_EOS}, {"threads", required_argument, 0, 't'},
         {"isa", required_argument, 0, O_ISA},     {"ctx", required_argument, 0, O_CTX},
+        {"device", required_argument, 0, O_DEVICE},
         {"kv-dtype", required_argument, 0, O_KVD}, {"block-size", required_argument, 0, O_BS},
         {"batch", required_argument, 0, O_BATCH}, {"verbose", no_argument, 0, 'v'},
         {"spec", required_argument, 0, O_SPEC},   {"spec-k", required_argument, 0, O_SPEC_K},
@@ -193,6 +196,13 @@ static int parse_generate(int argc, char **argv, gen_opts_t *o)
             o->threads = (int)l;
             break;
         case O_ISA: o->isa = optarg; break;
+        case O_DEVICE:
+            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
+                fprintf(stderr, "generate: --device must be cpu or cuda, not '%s'\n", optarg);
+                return 2;
+            }
+            o->device = optarg;
+            break;
         case O_CTX:
             if (!fy_cli_parse_int("--ctx", optarg, 1, 1 << 24, &l)) return 2;
             o->ctx = l;
@@ -327,7 +337,7 @@ static int cmd_generate(int argc, char **argv)
         goto out;
     }
     fy_backend_params_t bp = {.n_threads = o.threads, .isa = o.isa};
-    if (fy_backend_create("cpu", &bp, &be) != FY_OK) goto out;
+    if (fy_backend_create_device(o.device, &bp, &be) != FY_OK) goto out;
     fy_runner_params_t rpm;
     fy_runner_params_default(&rpm);
     rpm.max_batch_tokens = o.batch;
