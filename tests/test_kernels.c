@@ -100,6 +100,15 @@ static void test_kv_scaled_rows(void **state)
     assert_int_equal(fy_kv_layout_init(&lf, 2, 3, hd, 16, FY_DTYPE_FP8), FY_OK);
     assert_int_equal(l8.row_bytes, hd + 4);
     assert_int_equal(lf.row_bytes, hd + 4);
+    assert_int_equal(lf.block_bytes, (size_t)2 * 2 * 3 * 16 * (hd + 4));
+    /* what the transfer descriptor carries: a peer of another format is refused */
+    fy_kv_layout_t l16;
+    assert_int_equal(fy_kv_layout_init(&l16, 2, 3, hd, 16, FY_DTYPE_F16), FY_OK);
+    assert_int_equal(fy_kv_scale_format(&l16), FY_KV_SCALE_NONE);
+    assert_int_equal(fy_kv_scale_format(&lf), FY_KV_SCALE_ROW_F32);
+    assert_int_equal(fy_kv_scale_format(&l8), FY_KV_SCALE_ROW_F32);
+    fy_kv_layout_t bad;
+    assert_int_equal(fy_kv_layout_init(&bad, 2, 3, hd, 16, FY_DTYPE_Q8_0), FY_ERR_INVALID);
     float x[64], y[64];
     char row[68];
     uint64_t s = 5;
