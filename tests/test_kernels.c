@@ -244,6 +244,24 @@ static void test_isa_kernels_agree(void **state)
             assert_true(fabs((double)a - b) <= 1e-5 * mag + 1e-30);
         }
     }
+    /* fp8 and int8 KV rows: every code, and the same bits as the reference */
+    {
+        fy_kv_layout_t lay;
+        char row[4 + 256];
+        float sc = 0.37f, r1[256], r2[256], r3[256];
+        memcpy(row, &sc, 4);
+        for (int i = 0; i < 256; i++) row[4 + i] = (char)(i * 37 % 256);
+        for (int fp8 = 0; fp8 < 2; fp8++) {
+            assert_int_equal(fy_kv_layout_init(&lay, 1, 1, 256, 16, fp8 ? FY_DTYPE_FP8 : FY_DTYPE_I8), FY_OK);
+            fy_kv_row_read(&lay, row, r1);
+            S->kv_row_read(row, fp8, r2, 256);
+            A->kv_row_read(row, fp8, r3, 256);
+            assert_memory_equal(r1, r2, sizeof(r1));
+            assert_memory_equal(r1, r3, sizeof(r1));
+            A->kv_row_read(row, fp8, r3, 13); /* a tail shorter than a vector */
+            assert_memory_equal(r1, r3, 13 * sizeof(float));
+        }
+    }
     /* f16 conversion */
     float xv[100];
     uint16_t h1[100], h2[100];

@@ -655,9 +655,10 @@ static void attn_segment(const attn_job_t *j, int32_t t, int32_t kvh, int32_t se
         const char *kb = j->arena + fy_kv_offset(L, id, j->layer, 0, kvh);
         const char *vb = j->arena + fy_kv_offset(L, id, j->layer, 1, kvh);
         if (fy_kv_dtype_scaled(L->dtype)) {
+            const int fp8 = L->dtype == FY_DTYPE_FP8;
             for (int32_t i = 0; i < nk; i++) {
-                fy_kv_row_read(L, kb + (size_t)i * L->row_bytes, dq + (size_t)i * hd);
-                fy_kv_row_read(L, vb + (size_t)i * L->row_bytes, dq + (size_t)(32 + i) * hd);
+                c->k->kv_row_read(kb + (size_t)i * L->row_bytes, fp8, dq + (size_t)i * hd, hd);
+                c->k->kv_row_read(vb + (size_t)i * L->row_bytes, fp8, dq + (size_t)(32 + i) * hd, hd);
             }
             kb = (const char *)dq, vb = (const char *)(dq + (size_t)32 * hd);
         }
