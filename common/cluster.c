@@ -150,8 +150,12 @@ fy_status_t fy_cluster_kv(const fy_config_t *cfg, int32_t *block_size_p, fy_dtyp
         d = FY_DTYPE_F16;
     else if (!strcmp(dt, "f32"))
         d = FY_DTYPE_F32;
+    else if (!strcmp(dt, "fp8"))
+        d = FY_DTYPE_FP8;
+    else if (!strcmp(dt, "int8"))
+        d = FY_DTYPE_I8;
     else {
-        fy_error("config: kv.dtype = '%s': expected f16 or f32", dt);
+        fy_error("config: kv.dtype = '%s': expected f16, f32, fp8 or int8", dt);
         return FY_ERR_INVALID;
     }
     *block_size_p = (int32_t)bs;

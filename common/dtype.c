@@ -12,6 +12,8 @@ static const fy_dtype_info_t g_info[FY_DTYPE_COUNT] = {
     [FY_DTYPE_Q8_0] = {"q8_0", FY_QK, sizeof(fy_block_q8_0_t)},
     [FY_DTYPE_Q4_0] = {"q4_0", FY_QK, sizeof(fy_block_q4_0_t)},
     [FY_DTYPE_Q4_1] = {"q4_1", FY_QK, sizeof(fy_block_q4_1_t)},
+    [FY_DTYPE_FP8] = {"fp8", 1, 1},
+    [FY_DTYPE_I8] = {"int8", 1, 1},
 };
 
 const fy_dtype_info_t *fy_dtype_info(fy_dtype_t dtype)
@@ -99,6 +101,12 @@ void fy_dequantize_row(fy_dtype_t dtype, const void *src, float *dst, int64_t n)
         }
         break;
     }
+    case FY_DTYPE_FP8:
+        for (int64_t i = 0; i < n; i++) dst[i] = fy_fp8_to_fp32(((const uint8_t *)src)[i]);
+        break;
+    case FY_DTYPE_I8:
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)((const int8_t *)src)[i];
+        break;
     case FY_DTYPE_COUNT: break;
     }
 }
@@ -174,6 +182,12 @@ void fy_quantize_row(fy_dtype_t dtype, const float *src, void *dst, int64_t n)
         }
         break;
     }
+    case FY_DTYPE_FP8:
+        for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = fy_fp32_to_fp8(src[i]);
+        break;
+    case FY_DTYPE_I8: /* unscaled: round to nearest, saturate to [-127, 127] */
+        for (int64_t i = 0; i < n; i++) ((int8_t *)dst)[i] = (int8_t)fmaxf(-127.0f, fminf(127.0f, roundf(src[i])));
+        break;
     case FY_DTYPE_COUNT: break;
     }
 }

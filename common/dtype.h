@@ -4,7 +4,9 @@
  *
  * Quantized types follow GGUF's block formats bit for bit (blocks of 32
  * elements sharing an fp16 scale, plus an fp16 minimum for Q4_1) so that
- * GGUF weights are used in place, straight from the mmap.  The scalar
+ * GGUF weights are used in place, straight from the mmap.  FP8 (e4m3)
+ * and I8 are plain one-byte element types with no scale of their own:
+ * the KV cache (kv.h) keeps a scale per row beside them.  The scalar
  * reference (de)quantizers here are the definition; kernels/ has the fast
  * paths and is tested against these.
  */
@@ -25,6 +27,8 @@ typedef enum fy_dtype {
     FY_DTYPE_Q8_0,
     FY_DTYPE_Q4_0,
     FY_DTYPE_Q4_1,
+    FY_DTYPE_FP8, /* OCP fp8 e4m3 ("e4m3fn"): KV cache only, one byte per element */
+    FY_DTYPE_I8,  /* signed 8-bit integer: KV cache only */
     FY_DTYPE_COUNT
 } fy_dtype_t;
 
@@ -146,6 +150,43 @@ static inline uint16_t fy_fp32_to_bf16(float f)
     if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40); /* quiet NaN */
     x += 0x7fff + ((x >> 16) & 1);
     return (uint16_t)(x >> 16);
+}
+
+/*
+ * FP8 e4m3 (OCP "e4m3fn"): 1 sign, 4 exponent (bias 7), 3 mantissa bits;
+ * no infinities; 0x7f and 0xff are NaN; largest finite 448 (0x7e);
+ * subnormals m * 2^-9.  Encoding rounds to nearest even and saturates
+ * (anything beyond 448, infinities included, becomes +-448); NaN stays NaN.
+ */
+static inline float fy_fp8_to_fp32(uint8_t b)
+{
+    /* exponent and mantissa bits placed at the top of an f32's, then
+     * rebiased (127 - 7) by a multiply: right for normals and subnormals
+     * alike, without branches, so row loops vectorize */
+    uint32_t mag = b & 0x7fu, sign = (uint32_t)(b & 0x80) << 24;
+    float v = fy_fp32_from_bits(mag << 20) * 0x1p120f;
+    uint32_t bits = mag == 0x7f ? 0x7fc00000u : fy_fp32_to_bits(v);
+    return fy_fp32_from_bits(bits | sign);
+}
+
+static inline uint8_t fy_fp32_to_fp8(float f)
+{
+    uint32_t x = fy_fp32_to_bits(f);
+    uint8_t sign = (uint8_t)((x >> 24) & 0x80);
+    x &= 0x7fffffffu;
+    if (x > 0x7f800000u) return (uint8_t)(sign | 0x7f);  /* NaN */
+    if (x >= 0x43e00000u) return (uint8_t)(sign | 0x7e); /* >= 448, inf: saturate */
+    if (x < 0x3c800000u) {                                /* below 2^-6: subnormal, m * 2^-9 */
+        float q = fy_fp32_from_bits(x) * 512.0f;          /* exact, < 8 */
+        int qi = (int)q;
+        float fr = q - (float)qi;
+        if (fr > 0.5f || (fr == 0.5f && (qi & 1))) qi++;
+        return (uint8_t)(sign | qi); /* 8 is 2^-6, the smallest normal: same bits */
+    }
+    uint32_t e = (x >> 23) - 120, mant = x & 0x7fffff;
+    uint32_t code = (e << 3) | (mant >> 20), rem = mant & 0xfffff;
+    if (rem > 0x80000 || (rem == 0x80000 && (code & 1))) code++; /* may carry into the exponent */
+    return (uint8_t)(sign | code);
 }
 
 /* Reference conversions of n elements (n a multiple of the block size). */

@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,8 +31,8 @@ fy_status_t fy_kv_layout_init(fy_kv_layout_t *lay, int32_t n_layers, int32_t n_k
         fy_error("kv: block size %d is not one of 8, 16, 32", block_size);
         return FY_ERR_INVALID;
     }
-    if (dtype != FY_DTYPE_F32 && dtype != FY_DTYPE_F16) {
-        fy_error("kv: dtype %s is not supported for the kv cache (f32, f16)", fy_dtype_name(dtype));
+    if (dtype != FY_DTYPE_F32 && dtype != FY_DTYPE_F16 && !fy_kv_dtype_scaled(dtype)) {
+        fy_error("kv: dtype %s is not supported for the kv cache (f32, f16, fp8, int8)", fy_dtype_name(dtype));
         return FY_ERR_INVALID;
     }
     if (n_layers < 1 || n_kv_heads < 1 || head_dim < 1) {
@@ -46,12 +47,53 @@ fy_status_t fy_kv_layout_init(fy_kv_layout_t *lay, int32_t n_layers, int32_t n_k
         .dtype = dtype,
     };
     l.elem_bytes = (size_t)fy_dtype_info(dtype)->block_bytes;
-    l.head_bytes = (size_t)block_size * (size_t)head_dim * l.elem_bytes;
+    l.row_bytes = (size_t)head_dim * l.elem_bytes + (fy_kv_dtype_scaled(dtype) ? sizeof(float) : 0);
+    l.head_bytes = (size_t)block_size * l.row_bytes;
     l.kv_bytes = l.head_bytes * (size_t)n_kv_heads;
     l.layer_bytes = 2 * l.kv_bytes;
     l.block_bytes = l.layer_bytes * (size_t)n_layers;
     *lay = l;
     return FY_OK;
+}
+
+void fy_kv_row_write(const fy_kv_layout_t *lay, const float *x, void *row)
+{
+    const int32_t n = lay->head_dim;
+    if (!fy_kv_dtype_scaled(lay->dtype)) {
+        fy_quantize_row(lay->dtype, x, row, n);
+        return;
+    }
+    float amax = 0.0f;
+    for (int32_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+    const float qmax = lay->dtype == FY_DTYPE_FP8 ? 448.0f : 127.0f;
+    float scale = amax / qmax, inv = amax > 0.0f ? qmax / amax : 0.0f;
+    memcpy(row, &scale, sizeof(scale));
+    uint8_t *q = (uint8_t *)row + sizeof(float);
+    if (lay->dtype == FY_DTYPE_FP8) {
+        for (int32_t i = 0; i < n; i++) q[i] = fy_fp32_to_fp8(x[i] * inv);
+    } else {
+        for (int32_t i = 0; i < n; i++) {
+            float v = fmaxf(-127.0f, fminf(127.0f, roundf(x[i] * inv)));
+            q[i] = (uint8_t)(int8_t)v;
+        }
+    }
+}
+
+void fy_kv_row_read(const fy_kv_layout_t *lay, const void *row, float *x)
+{
+    const int32_t n = lay->head_dim;
+    if (!fy_kv_dtype_scaled(lay->dtype)) {
+        fy_dequantize_row(lay->dtype, row, x, n);
+        return;
+    }
+    float scale;
+    memcpy(&scale, row, sizeof(scale));
+    const uint8_t *q = (const uint8_t *)row + sizeof(float);
+    if (lay->dtype == FY_DTYPE_FP8) {
+        for (int32_t i = 0; i < n; i++) x[i] = scale * fy_fp8_to_fp32(q[i]);
+    } else {
+        for (int32_t i = 0; i < n; i++) x[i] = scale * (float)(int8_t)q[i];
+    }
 }
 
 const char *fy_kv_tier_name(fy_kv_tier_t t)

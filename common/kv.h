@@ -54,14 +54,39 @@ typedef struct fy_kv_layout {
     int32_t n_kv_heads;
     int32_t head_dim;
     int32_t block_size; /* tokens per block: 8, 16 or 32 */
-    fy_dtype_t dtype;   /* element type of K and V: f32 or f16 */
+    fy_dtype_t dtype;   /* element type of K and V: f32, f16, fp8 or int8 */
     /* derived, in bytes */
     size_t elem_bytes;
-    size_t head_bytes;  /* one head of one block: block_size * head_dim elements */
+    size_t row_bytes;   /* one token of one head: head_dim elements, plus its scale for fp8/int8 */
+    size_t head_bytes;  /* one head of one block: block_size rows */
     size_t kv_bytes;    /* all K (or all V) heads of one layer of one block */
     size_t layer_bytes; /* K and V of one layer of one block */
     size_t block_bytes; /* the whole block */
 } fy_kv_layout_t;
+
+/*
+ * Scaled rows.  For fp8 (e4m3) and int8 each row (one token of one K or V
+ * head) is [f32 scale][head_dim one-byte codes], x = scale * decode(code):
+ * the scale is per head and per token, set when the token is written, so a
+ * block never needs requantizing as it fills, and blocks stay
+ * self-contained bytes for prefix caching, copy-on-write, swapping and
+ * transfer.  int8: scale = max|x| / 127, codes rounded to nearest;
+ * fp8: scale = max|x| / 448, codes e4m3 rounded to nearest even.
+ * FY_KV_SCALE_ROW_F32 names this format in the transfer layout descriptor
+ * (0 there means unscaled f16/f32 rows).
+ */
+#define FY_KV_SCALE_NONE 0
+#define FY_KV_SCALE_ROW_F32 1
+
+static inline bool fy_kv_dtype_scaled(fy_dtype_t dtype) { return dtype == FY_DTYPE_FP8 || dtype == FY_DTYPE_I8; }
+static inline int32_t fy_kv_scale_format(const fy_kv_layout_t *lay)
+{
+    return fy_kv_dtype_scaled(lay->dtype) ? FY_KV_SCALE_ROW_F32 : FY_KV_SCALE_NONE;
+}
+/* The reference row codec: x[head_dim] into one row of lay's format, and
+ * back.  For f32/f16 a plain conversion. */
+void fy_kv_row_write(const fy_kv_layout_t *lay, const float *x, void *row);
+void fy_kv_row_read(const fy_kv_layout_t *lay, const void *row, float *x);
 
 /* Fills lay; FY_ERR_INVALID (logged) for unsupported sizes or dtypes. */
 fy_status_t fy_kv_layout_init(fy_kv_layout_t *lay, int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,

@@ -66,9 +66,15 @@ fy_status_t fy_kv_dtype_bytes(const char *name, int32_t *bytes_p)
     return FY_ERR_INVALID;
 }
 
+int32_t fy_kv_dtype_scale_bytes(const char *name)
+{
+    return !strcmp(name, "fp8") || !strcmp(name, "int8") ? (int32_t)sizeof(float) : 0;
+}
+
 fy_status_t fy_kv_plan(const fy_kv_plan_in_t *in, fy_kv_plan_t *out)
 {
-    if (in->n_layers < 1 || in->n_kv_heads < 1 || in->head_dim < 1 || in->elem_bytes < 1 || in->n_layers > 4096 ||
+    if (in->n_layers < 1 || in->n_kv_heads < 1 || in->head_dim < 1 || in->elem_bytes < 1 || in->scale_bytes < 0 ||
+        in->scale_bytes > 64 || in->n_layers > 4096 ||
         in->n_kv_heads > 4096 || in->head_dim > 4096) {
         fy_error("plan: bad model shape (%d layers, %d kv heads, head size %d)", in->n_layers, in->n_kv_heads,
                  in->head_dim);
@@ -96,8 +102,9 @@ fy_status_t fy_kv_plan(const fy_kv_plan_in_t *in, fy_kv_plan_t *out)
         }
         p.kv_mem = (int64_t)((double)(in->mem - in->weights) * in->mem_fraction);
     }
-    /* K and V, every layer and kv head */
-    p.bytes_per_token = 2 * (int64_t)in->n_layers * in->n_kv_heads * in->head_dim * in->elem_bytes;
+    /* K and V, every layer and kv head: a row of head_dim elements and its scale */
+    p.bytes_per_token =
+        2 * (int64_t)in->n_layers * in->n_kv_heads * ((int64_t)in->head_dim * in->elem_bytes + in->scale_bytes);
     p.bytes_per_block = p.bytes_per_token * in->block_size;
     p.blocks = p.kv_mem / p.bytes_per_block;
     p.tokens = p.blocks * in->block_size;

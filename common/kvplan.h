@@ -22,10 +22,14 @@ void fy_format_size(int64_t bytes, char *buf, size_t cap);
 /* Bytes per element of a KV dtype name: f32 4, f16 and bf16 2, fp8 and
  * int8 1.  FY_ERR_INVALID for other names. */
 fy_status_t fy_kv_dtype_bytes(const char *name, int32_t *bytes_p);
+/* Bytes of scale beside each row (one token of one K or V head) of a KV
+ * dtype: 4 for fp8 and int8 (an f32 per row, kv.h), 0 otherwise. */
+int32_t fy_kv_dtype_scale_bytes(const char *name);
 
 typedef struct fy_kv_plan_in {
     int32_t n_layers, n_kv_heads, head_dim;
     int32_t elem_bytes;
+    int32_t scale_bytes; /* per row (token, head): fy_kv_dtype_scale_bytes */
     int32_t block_size;
     int64_t kv_mem;      /* the KV budget; or 0 and the next three */
     int64_t mem;         /* device memory */

@@ -531,7 +531,7 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     xp.layout.n_kv_heads = lay->n_kv_heads;
     xp.layout.head_dim = lay->head_dim;
     xp.layout.order = FY_XFER_ORDER_BLOCK_MAJOR;
-    xp.layout.scale_format = 0;
+    xp.layout.scale_format = fy_kv_scale_format(lay);
     xp.layout.block_bytes = lay->block_bytes;
     xp.arena = fy_runner_kv_arena(n->runner);
     xp.arena_bytes = (size_t)ks.tier[FY_KV_DEVICE].total * lay->block_bytes;

@@ -41,6 +41,98 @@ static void test_fp16_known_values(void **state)
     }
 }
 
+/* Every fp8 e4m3 code decodes to the value its bits say and encodes back
+ * to itself (NaN to NaN); rounding is to nearest even, saturating. */
+static void test_fp8_e4m3_codec(void **state)
+{
+    for (int b = 0; b < 256; b++) {
+        int sign = b >> 7, e = (b >> 3) & 15, m = b & 7;
+        float v = fy_fp8_to_fp32((uint8_t)b);
+        if (e == 15 && m == 7) {
+            assert_true(isnan(v));
+            assert_int_equal(fy_fp32_to_fp8(v) & 0x7f, 0x7f);
+            continue;
+        }
+        double want = e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m / 8.0, -6);
+        if (sign) want = -want;
+        assert_true((double)v == want);
+        assert_int_equal(fy_fp32_to_fp8(v), b);
+    }
+    assert_true(fy_fp8_to_fp32(0x7e) == 448.0f);
+    assert_true(fy_fp8_to_fp32(0x01) == 0x1p-9f);      /* smallest subnormal */
+    assert_true(fy_fp8_to_fp32(0x08) == 0x1p-6f);      /* smallest normal */
+    assert_int_equal(fy_fp32_to_fp8(1e9f), 0x7e);      /* saturates */
+    assert_int_equal(fy_fp32_to_fp8(-INFINITY), 0xfe);
+    assert_int_equal(fy_fp32_to_fp8(464.0f), 0x7e);
+    assert_int_equal(fy_fp32_to_fp8(0x1p-11f), 0x00); /* below half the smallest subnormal */
+    assert_int_equal(fy_fp32_to_fp8(0x1p-10f), 0x00); /* half: ties to even (0) */
+    assert_int_equal(fy_fp32_to_fp8(3 * 0x1p-10f), 0x02); /* 1.5 ulp: ties to even (2) */
+    assert_int_equal(fy_fp32_to_fp8(1.0625f), 0x38);  /* 1 + 1/16: tie, to even 1.0 */
+    assert_int_equal(fy_fp32_to_fp8(1.1875f), 0x3a);  /* 1 + 3/16: tie, to even 1.25 */
+    assert_int_equal(fy_fp32_to_fp8(15.5f), 0x58);    /* 15.5: tie between 15 (0x57) and 16, to even: carries into the exponent */
+    /* every float between two neighbours rounds to the nearer one */
+    uint64_t s = 11;
+    for (int i = 0; i < 100000; i++) {
+        float x = fy_test_rand_uniform(&s) * 500.0f;
+        float y = fy_fp8_to_fp32(fy_fp32_to_fp8(x));
+        float ax = fabsf(x);
+        if (ax >= 448.0f) {
+            assert_true(fabsf(y) == 448.0f);
+            continue;
+        }
+        /* the error is at most half a step: 2^(e-3)/2 for normals, 2^-10 for subnormals */
+        int ex;
+        frexpf(ax, &ex);
+        double half = ax < 0x1p-6f ? 0x1p-10 : ldexp(1.0, ex - 1 - 3) / 2;
+        assert_true(fabs((double)y - x) <= half);
+    }
+    (void)state;
+}
+
+/* Scaled KV rows: int8 error at most half a step (max|x| / 254) per
+ * element, fp8 within 1/16 of the magnitude (3 mantissa bits), an all-zero
+ * row stays zero, and the row is [f32 scale][codes]. */
+static void test_kv_scaled_rows(void **state)
+{
+    const int hd = 64;
+    fy_kv_layout_t l8, lf;
+    assert_int_equal(fy_kv_layout_init(&l8, 2, 3, hd, 16, FY_DTYPE_I8), FY_OK);
+    assert_int_equal(fy_kv_layout_init(&lf, 2, 3, hd, 16, FY_DTYPE_FP8), FY_OK);
+    assert_int_equal(l8.row_bytes, hd + 4);
+    assert_int_equal(lf.row_bytes, hd + 4);
+    assert_int_equal(lf.block_bytes, (size_t)2 * 2 * 3 * 16 * (hd + 4));
+    /* what the transfer descriptor carries: a peer of another format is refused */
+    fy_kv_layout_t l16;
+    assert_int_equal(fy_kv_layout_init(&l16, 2, 3, hd, 16, FY_DTYPE_F16), FY_OK);
+    assert_int_equal(fy_kv_scale_format(&l16), FY_KV_SCALE_NONE);
+    assert_int_equal(fy_kv_scale_format(&lf), FY_KV_SCALE_ROW_F32);
+    assert_int_equal(fy_kv_scale_format(&l8), FY_KV_SCALE_ROW_F32);
+    fy_kv_layout_t bad;
+    assert_int_equal(fy_kv_layout_init(&bad, 2, 3, hd, 16, FY_DTYPE_Q8_0), FY_ERR_INVALID);
+    float x[64], y[64];
+    char row[68];
+    uint64_t s = 5;
+    for (int rep = 0; rep < 200; rep++) {
+        float mag = rep % 3 == 0 ? 1e-3f : rep % 3 == 1 ? 1.0f : 300.0f;
+        float amax = 0;
+        for (int i = 0; i < hd; i++) x[i] = fy_test_rand_uniform(&s) * mag, amax = fmaxf(amax, fabsf(x[i]));
+        if (rep == 7) memset(x, 0, sizeof(x)), amax = 0;
+        fy_kv_row_write(&l8, x, row);
+        float sc;
+        memcpy(&sc, row, 4);
+        assert_true(sc == amax / 127.0f);
+        fy_kv_row_read(&l8, row, y);
+        for (int i = 0; i < hd; i++) assert_true(fabsf(y[i] - x[i]) <= amax / 254.0f * 1.0001f + 1e-30f);
+        fy_kv_row_write(&lf, x, row);
+        fy_kv_row_read(&lf, row, y);
+        for (int i = 0; i < hd; i++)
+            assert_true(fabsf(y[i] - x[i]) <= fabsf(x[i]) / 16.0f * 1.0001f + amax * 0x1p-10f / 448.0f * 1.01f);
+        if (rep == 7)
+            for (int i = 0; i < hd; i++) assert_true(y[i] == 0.0f);
+    }
+    (void)state;
+}
+
 static void test_bf16(void **state)
 {
     assert_int_equal(fy_fp32_to_bf16(1.0f), 0x3f80);
@@ -140,6 +232,7 @@ static void test_isa_kernels_agree(void **state)
         A->quantize_q8a(x, &qa, N);
         assert_memory_equal(ms, ma, fy_q8a_bytes(N)); /* same rounding, same bits */
         for (int t = 0; t < FY_DTYPE_COUNT; t++) {
+            if (!S->vec_dot[t]) continue; /* fp8, int8: KV element types, never weights */
             fy_quantize_row((fy_dtype_t)t, w, wq, N);
             const void *xin = fy_dtype_is_quantized((fy_dtype_t)t) ? (const void *)&qs : (const void *)x;
             float a = S->vec_dot[t](wq, xin, N), b = A->vec_dot[t](wq, xin, N);
@@ -149,6 +242,24 @@ static void test_isa_kernels_agree(void **state)
             fy_dequantize_row((fy_dtype_t)t, wq, wd, N);
             for (int i = 0; i < N; i++) mag += fabs((double)wd[i] * x[i]);
             assert_true(fabs((double)a - b) <= 1e-5 * mag + 1e-30);
+        }
+    }
+    /* fp8 and int8 KV rows: every code, and the same bits as the reference */
+    {
+        fy_kv_layout_t lay;
+        char row[4 + 256];
+        float sc = 0.37f, r1[256], r2[256], r3[256];
+        memcpy(row, &sc, 4);
+        for (int i = 0; i < 256; i++) row[4 + i] = (char)(i * 37 % 256);
+        for (int fp8 = 0; fp8 < 2; fp8++) {
+            assert_int_equal(fy_kv_layout_init(&lay, 1, 1, 256, 16, fp8 ? FY_DTYPE_FP8 : FY_DTYPE_I8), FY_OK);
+            fy_kv_row_read(&lay, row, r1);
+            S->kv_row_read(row, fp8, r2, 256);
+            A->kv_row_read(row, fp8, r3, 256);
+            assert_memory_equal(r1, r2, sizeof(r1));
+            assert_memory_equal(r1, r3, sizeof(r1));
+            A->kv_row_read(row, fp8, r3, 13); /* a tail shorter than a vector */
+            assert_memory_equal(r1, r3, 13 * sizeof(float));
         }
     }
     /* f16 conversion */
@@ -303,16 +414,26 @@ static void run_attention_case(fy_backend_t *be, int bs, fy_dtype_t kvt, const a
         seqs[s] = (fy_attn_seq_t){n_tok, c->n_q[s], c->len[s], nb, tables[s]};
         n_tok += c->n_q[s];
     }
-    /* full K/V of every sequence (f16-rounded when the cache is f16) */
-    float *K[4], *V[4];
+    /* full K/V of every sequence (f16-rounded when the cache is f16;
+     * through the row codec for fp8/int8, the originals kept in K0/V0) */
+    float *K[4], *V[4], *K0[4], *V0[4];
+    char row[4 + 32 * 4];
     for (int s = 0; s < c->n_seqs; s++) {
         size_t n = (size_t)c->len[s] * n_kv * hd;
         K[s] = malloc(n * sizeof(float)), V[s] = malloc(n * sizeof(float));
+        K0[s] = malloc(n * sizeof(float)), V0[s] = malloc(n * sizeof(float));
         for (size_t i = 0; i < n; i++) {
             K[s][i] = fy_test_rand_uniform(&seed) * 2, V[s][i] = fy_test_rand_uniform(&seed);
             if (kvt == FY_DTYPE_F16) {
                 K[s][i] = fy_fp16_to_fp32(fy_fp32_to_fp16(K[s][i]));
                 V[s][i] = fy_fp16_to_fp32(fy_fp32_to_fp16(V[s][i]));
+            }
+        }
+        memcpy(K0[s], K[s], n * sizeof(float)), memcpy(V0[s], V[s], n * sizeof(float));
+        if (fy_kv_dtype_scaled(kvt)) {
+            for (size_t i = 0; i < n; i += (size_t)hd) {
+                fy_kv_row_write(&lay, K[s] + i, row), fy_kv_row_read(&lay, row, K[s] + i);
+                fy_kv_row_write(&lay, V[s] + i, row), fy_kv_row_read(&lay, row, V[s] + i);
             }
         }
     }
@@ -348,23 +469,36 @@ static void run_attention_case(fy_backend_t *be, int bs, fy_dtype_t kvt, const a
     assert_int_equal(fy_backend_set_batch(be, &m), FY_OK);
     assert_int_equal(fy_backend_kv_write(be, &lay, arena, layer, kn, vn), FY_OK);
     assert_int_equal(fy_backend_attention(be, &lay, arena, layer, n_heads, q, out), FY_OK);
-    double ref[6 * 32];
+    double ref[6 * 32], err2 = 0, ref2 = 0;
     for (int s = 0, t = 0; s < c->n_seqs; s++) {
         for (int i = 0; i < c->n_q[s]; i++, t++) {
+            /* exact against the stored (rounded) K/V */
             ref_attention(q + (size_t)t * n_heads * hd, K[s], V[s], n_heads, n_kv, hd, c->len[s], pos[t], ref);
             for (int j = 0; j < n_heads * hd; j++) {
                 double g = out[(size_t)t * n_heads * hd + j];
                 if (fabs(g - ref[j]) > 1e-5 * (1 + fabs(ref[j])))
-                    fail_msg("block %d, seq %d, token %d, elem %d: %g vs %g", bs, s, t, j, g, ref[j]);
+                    fail_msg("%s: block %d, seq %d, token %d, elem %d: %g vs %g", fy_dtype_name(kvt), bs, s, t, j,
+                             g, ref[j]);
+            }
+            /* and close to the unquantized K/V */
+            ref_attention(q + (size_t)t * n_heads * hd, K0[s], V0[s], n_heads, n_kv, hd, c->len[s], pos[t], ref);
+            for (int j = 0; j < n_heads * hd; j++) {
+                double d = out[(size_t)t * n_heads * hd + j] - ref[j];
+                err2 += d * d, ref2 += ref[j] * ref[j];
             }
         }
     }
+    /* relative (Frobenius) error of the output against f32 K/V */
+    double rel = sqrt(err2 / (ref2 + 1e-30));
+    double tol = kvt == FY_DTYPE_FP8 ? 0.05 : kvt == FY_DTYPE_I8 ? 0.01 : 1e-3;
+    if (getenv("FY_TEST_VERBOSE")) fprintf(stderr, "%s block %d: rel err %.3g\n", fy_dtype_name(kvt), bs, rel);
+    if (rel > tol) fail_msg("%s: block %d: relative error %.3g > %.3g against f32 K/V", fy_dtype_name(kvt), bs, rel, tol);
     /* the other layer's slots of the touched blocks stay untouched */
     for (int b = 0; b < n_blocks; b++) {
         const char *l0 = arena + fy_kv_offset(&lay, b, 0, 0, 0);
         for (size_t i = 0; i < lay.layer_bytes; i++) assert_int_equal(l0[i], 0);
     }
-    for (int s = 0; s < c->n_seqs; s++) free(K[s]), free(V[s]);
+    for (int s = 0; s < c->n_seqs; s++) free(K[s]), free(V[s]), free(K0[s]), free(V0[s]);
     free(tok), free(pos), free(slot), free(kn), free(vn), free(q), free(out), free(arena), free(perm);
 }
 
@@ -386,9 +520,9 @@ static void test_paged_attention_matches_contiguous(void **state)
         {2, {32, 65}, {32, 33}},                    /* chunked prefill after a cached prefix */
     };
     int bss[] = {8, 16, 32};
-    fy_dtype_t kvts[] = {FY_DTYPE_F32, FY_DTYPE_F16};
+    fy_dtype_t kvts[] = {FY_DTYPE_F32, FY_DTYPE_F16, FY_DTYPE_FP8, FY_DTYPE_I8};
     for (size_t b = 0; b < 3; b++)
-        for (size_t k = 0; k < 2; k++)
+        for (size_t k = 0; k < FY_ARRAY_LEN(kvts); k++)
             for (size_t c = 0; c < FY_ARRAY_LEN(cases); c++)
                 run_attention_case(be, bss[b], kvts[k], &cases[c], 1000 + c);
     fy_backend_destroy(be);
@@ -467,6 +601,8 @@ int main(void)
         cmocka_unit_test(test_isa_kernels_agree),
         cmocka_unit_test(test_packed_gemm_matches_rows),
         cmocka_unit_test(test_paged_attention_matches_contiguous),
+        cmocka_unit_test(test_fp8_e4m3_codec),
+        cmocka_unit_test(test_kv_scaled_rows),
         cmocka_unit_test(test_threadpool_runs_every_item_once),
         cmocka_unit_test(test_backend_rejects_bad_params),
     };

@@ -63,6 +63,11 @@ static void test_worked_examples(void **state)
     assert_int_equal(fy_kv_dtype_bytes("fp8", &l3.elem_bytes), FY_OK);
     assert_int_equal(fy_kv_plan(&l3, &p), FY_OK);
     assert_int_equal(p.bytes_per_token, 163840);
+    /* with the per-row f32 scale the fp8 cache really has: 128 + 4 bytes a row */
+    l3.scale_bytes = fy_kv_dtype_scale_bytes("fp8");
+    assert_int_equal(fy_kv_plan(&l3, &p), FY_OK);
+    assert_int_equal(p.bytes_per_token, 168960);
+    assert_int_equal(fy_kv_dtype_scale_bytes("f16"), 0);
     /* SmolLM2-135M: 30 layers, 3 kv heads of 64: 23,040 bytes a token */
     fy_kv_plan_in_t sm = {.n_layers = 30, .n_kv_heads = 3, .head_dim = 64, .elem_bytes = 2, .block_size = 16,
                           .mem = INT64_C(24) << 30, .weights = 96576768, .mem_fraction = 0.5};
@@ -108,7 +113,7 @@ static void test_plan_command(void **state)
     fy_free(out);
     out = run_ferry("plan --layers 80 --kv-heads 8 --head-dim 128 --kv-mem 40GiB --kv-dtype fp8", &st);
     assert_int_equal(st, 0);
-    assert_non_null(strstr(out, "163840"));
+    assert_non_null(strstr(out, "168960")); /* 80 x 8 x 2 rows of 128 one-byte elements and a 4-byte scale */
     fy_free(out);
     out = run_ferry("plan --layers 32 --kv-heads 32 --head-dim 128 --kv-mem 50QiB", &st);
     assert_int_equal(st, 2);

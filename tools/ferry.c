@@ -89,7 +89,7 @@ static void generate_usage(FILE *f)
             "      --isa NAME        CPU kernels: auto, avx2, scalar (default auto)\n"
             "      --device D        cpu or cuda (default cpu; cuda without a usable GPU warns and uses the cpu)\n"
             "      --ctx N           context window (default: prompt + max tokens, at most the model's)\n"
-            "      --kv-dtype T      f16 or f32 (default f16)\n"
+            "      --kv-dtype T      f16, f32, fp8 (e4m3) or int8 (default f16)\n"
             "      --block-size B    KV block size: 8, 16, 32 (default 16)\n"
             "      --batch N         prompt tokens per forward pass (default 512)\n"
             "      --spec S          speculative decoding: none, ngram, draft:MODEL_FILE or self:LAYERS\n"
@@ -209,8 +209,8 @@ static int parse_generate(int argc, char **argv, gen_opts_t *o)
             break;
         case O_KVD:
             if (fy_dtype_from_name(optarg, &o->kv_dtype) != FY_OK ||
-                (o->kv_dtype != FY_DTYPE_F16 && o->kv_dtype != FY_DTYPE_F32)) {
-                fprintf(stderr, "ferry: --kv-dtype expects f16 or f32, got '%s'\n", optarg);
+                (o->kv_dtype != FY_DTYPE_F16 && o->kv_dtype != FY_DTYPE_F32 && !fy_kv_dtype_scaled(o->kv_dtype))) {
+                fprintf(stderr, "ferry: --kv-dtype expects f16, f32, fp8 or int8, got '%s'\n", optarg);
                 return 2;
             }
             break;

@@ -69,6 +69,7 @@ int fy_cmd_plan(int argc, char **argv)
             in.mem_fraction = d;
         } else if (!strcmp(a, "--kv-dtype")) {
             if (fy_kv_dtype_bytes(v, &in.elem_bytes) != FY_OK) return 2;
+            in.scale_bytes = fy_kv_dtype_scale_bytes(v);
             dtype = v;
         } else if (!strcmp(a, "--block-size")) {
             if (!fy_cli_parse_int(a, v, 1, 4096, &l)) return 2;

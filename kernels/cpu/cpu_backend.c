@@ -77,6 +77,7 @@ typedef struct cpu_ctx {
     int32_t rope_hd;
     float *part;                             /* attention partials of split (few-token) batches */
     size_t part_floats;
+    float *kvdq; /* [n_threads][k | v][32][head_dim]: one fp8/int8 block dequantized for attention */
 } cpu_ctx_t;
 
 /* ---- memory ---------------------------------------------------------------------- */
@@ -98,6 +99,7 @@ static void cpu_destroy(void *p)
     fy_free(c->rope_cs);
     fy_free(c->rope_sn);
     fy_free(c->part);
+    fy_free(c->kvdq);
     fy_free(c);
 }
 
@@ -132,6 +134,7 @@ static fy_status_t cpu_reserve(void *p, const fy_backend_reserve_t *r)
         {(void **)&c->rows, (size_t)r->max_tokens * sizeof(fy_q8a_t)},
         {(void **)&c->ent_off, ((size_t)r->max_tokens + 1) * sizeof(int32_t)},
         {(void **)&c->part, part_floats * sizeof(float)},
+        {(void **)&c->kvdq, (size_t)c->n_threads * 2 * 32 * (size_t)r->head_dim * sizeof(float)},
         {(void **)&c->rope_cs, (size_t)r->max_tokens * (size_t)(r->head_dim / 2 + 1) * sizeof(float)},
         {(void **)&c->rope_sn, (size_t)r->max_tokens * (size_t)(r->head_dim / 2 + 1) * sizeof(float)},
     };
@@ -573,11 +576,13 @@ static void kv_rows(void *arg, int64_t b, int64_t e, int thread)
         for (int32_t h = 0; h < L->n_kv_heads; h++) {
             for (int is_v = 0; is_v < 2; is_v++) {
                 const float *src = (is_v ? j->v : j->k) + (t * L->n_kv_heads + h) * hd;
-                char *dst = j->arena + fy_kv_offset(L, block, j->layer, is_v, h) + (size_t)off * hd * L->elem_bytes;
+                char *dst = j->arena + fy_kv_offset(L, block, j->layer, is_v, h) + (size_t)off * L->row_bytes;
                 if (L->dtype == FY_DTYPE_F32)
                     memcpy(dst, src, (size_t)hd * sizeof(float));
-                else
+                else if (L->dtype == FY_DTYPE_F16)
                     j->c->k->f32_to_f16(src, (uint16_t *)dst, hd);
+                else
+                    fy_kv_row_write(L, src, dst); /* fp8, int8: quantize on write, scale per row */
             }
         }
     }
@@ -623,11 +628,18 @@ static int32_t tok_pos(const cpu_ctx_t *c, int32_t t)
     return s->kv_len - s->n_q + (t - s->q_start);
 }
 
+static float *attn_dq(const attn_job_t *j, int thread)
+{
+    return j->c->kvdq + (size_t)thread * 2 * 32 * (size_t)j->c->res.head_dim;
+}
+
 static int32_t n_segs(int32_t pos) { return pos / ATTN_SEG + 1; }
 
 /* Partial attention of token t's G heads of KV head kvh over positions
- * [seg * ATTN_SEG, min(p + 1, (seg + 1) * ATTN_SEG)).  ml: m[G] then l[G]. */
-static void attn_segment(const attn_job_t *j, int32_t t, int32_t kvh, int32_t seg, float *ml, float *acc)
+ * [seg * ATTN_SEG, min(p + 1, (seg + 1) * ATTN_SEG)).  ml: m[G] then l[G].
+ * fp8/int8 blocks are dequantized into the thread's dq (2 * 32 * head_dim
+ * floats) and go through the f32 block kernel. */
+static void attn_segment(const attn_job_t *j, int32_t t, int32_t kvh, int32_t seg, float *ml, float *acc, float *dq)
 {
     const cpu_ctx_t *c = j->c;
     const fy_kv_layout_t *L = j->lay;
@@ -640,8 +652,17 @@ static void attn_segment(const attn_job_t *j, int32_t t, int32_t kvh, int32_t se
     for (int32_t pos = seg * ATTN_SEG; pos < last; pos += bs) {
         int32_t id = s->block_table[pos / bs];
         int32_t nk = last - pos < bs ? last - pos : bs;
-        j->block(qt, G, j->arena + fy_kv_offset(L, id, j->layer, 0, kvh), j->arena + fy_kv_offset(L, id, j->layer, 1, kvh),
-                 nk, hd, j->scale, ml, ml + G, acc);
+        const char *kb = j->arena + fy_kv_offset(L, id, j->layer, 0, kvh);
+        const char *vb = j->arena + fy_kv_offset(L, id, j->layer, 1, kvh);
+        if (fy_kv_dtype_scaled(L->dtype)) {
+            const int fp8 = L->dtype == FY_DTYPE_FP8;
+            for (int32_t i = 0; i < nk; i++) {
+                c->k->kv_row_read(kb + (size_t)i * L->row_bytes, fp8, dq + (size_t)i * hd, hd);
+                c->k->kv_row_read(vb + (size_t)i * L->row_bytes, fp8, dq + (size_t)(32 + i) * hd, hd);
+            }
+            kb = (const char *)dq, vb = (const char *)(dq + (size_t)32 * hd);
+        }
+        j->block(qt, G, kb, vb, nk, hd, j->scale, ml, ml + G, acc);
     }
 }
 
@@ -683,7 +704,7 @@ static void attn_whole(void *arg, int64_t b, int64_t e, int thread)
         int32_t t = (int32_t)(it / n_kv), kvh = (int32_t)(it % n_kv);
         attn_start(G, hd, ML, A);
         for (int32_t seg = 0; seg < n_segs(tok_pos(j->c, t)); seg++) {
-            attn_segment(j, t, kvh, seg, ml, acc);
+            attn_segment(j, t, kvh, seg, ml, acc, attn_dq(j, thread));
             attn_merge(G, hd, ml, acc, ML, A);
         }
         attn_store(j, t, kvh, ML, A);
@@ -700,7 +721,7 @@ static void attn_parts(void *arg, int64_t b, int64_t e, int thread)
         while (j->ent_off[t + 1] <= it) t++;
         int32_t segs = n_segs(tok_pos(j->c, t)), local = (int32_t)(it - j->ent_off[t]);
         float *ml = j->part + (size_t)it * G * (hd + 2);
-        attn_segment(j, t, local / segs, local % segs, ml, ml + 2 * G);
+        attn_segment(j, t, local / segs, local % segs, ml, ml + 2 * G, attn_dq(j, thread));
     }
 }
 
@@ -738,9 +759,15 @@ static fy_status_t cpu_attention(void *p, const fy_kv_layout_t *lay, const void 
             return FY_ERR_INVALID;
         }
     }
-    /* the vector tables want whole 8-float chunks of a head */
-    fy_attn_block_fn block = c->k->attn_block[lay->dtype];
-    if (lay->head_dim % 8) block = fy_cpu_kernels_scalar.attn_block[lay->dtype];
+    if (fy_kv_dtype_scaled(lay->dtype) && lay->head_dim > c->res.head_dim) {
+        fy_error("cpu backend: kv head size %d exceeds the reserved %d", lay->head_dim, c->res.head_dim);
+        return FY_ERR_UNSUPPORTED;
+    }
+    /* fp8/int8 blocks are dequantized to f32 rows first; the vector tables
+     * want whole 8-float chunks of a head */
+    fy_dtype_t kd = fy_kv_dtype_scaled(lay->dtype) ? FY_DTYPE_F32 : lay->dtype;
+    fy_attn_block_fn block = c->k->attn_block[kd];
+    if (lay->head_dim % 8) block = fy_cpu_kernels_scalar.attn_block[kd];
     const int32_t n_kv = lay->n_kv_heads, G = n_heads / n_kv;
     attn_job_t j = {c, block, lay, arena, layer, n_heads, G, 1.0f / sqrtf((float)lay->head_dim), q, out, NULL, NULL};
     int64_t pairs = (int64_t)c->n_tokens * n_kv;

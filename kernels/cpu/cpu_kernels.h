@@ -113,6 +113,9 @@ typedef struct fy_cpu_kernels {
     void (*swiglu)(const float *gate, const float *up, float *out, int64_t n);
     /* f16 <-> f32 rows (KV writes) */
     void (*f32_to_f16)(const float *x, uint16_t *y, int64_t n);
+    /* one fp8 (fp8 != 0) or int8 KV row, [f32 scale][n codes] (kv.h), into
+     * n floats; the same bits as fy_kv_row_read */
+    void (*kv_row_read)(const void *row, int fp8, float *x, int64_t n);
 } fy_cpu_kernels_t;
 
 extern const fy_cpu_kernels_t fy_cpu_kernels_scalar;

@@ -230,6 +230,17 @@ static void f32_to_f16(const float *x, uint16_t *y, int64_t n)
     for (int64_t i = 0; i < n; i++) y[i] = fy_fp32_to_fp16(x[i]);
 }
 
+static void kv_row_read(const void *row, int fp8, float *x, int64_t n)
+{
+    float sc;
+    memcpy(&sc, row, sizeof(sc));
+    const uint8_t *q = (const uint8_t *)row + sizeof(float);
+    if (fp8)
+        for (int64_t i = 0; i < n; i++) x[i] = sc * fy_fp8_to_fp32(q[i]);
+    else
+        for (int64_t i = 0; i < n; i++) x[i] = sc * (float)(int8_t)q[i];
+}
+
 const fy_cpu_kernels_t fy_cpu_kernels_scalar = {
     .name = "scalar",
     .quantize_q8a = quantize_q8a,
@@ -246,4 +257,5 @@ const fy_cpu_kernels_t fy_cpu_kernels_scalar = {
     .rmsnorm = rmsnorm,
     .swiglu = swiglu,
     .f32_to_f16 = f32_to_f16,
+    .kv_row_read = kv_row_read,
 };

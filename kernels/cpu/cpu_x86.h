@@ -709,6 +709,35 @@ static void f32_to_f16(const float *x, uint16_t *y, int64_t n)
     for (; i < n; i++) y[i] = fy_fp32_to_fp16(x[i]);
 }
 
+static void kv_row_read(const void *row, int fp8, float *x, int64_t n)
+{
+    float sc;
+    memcpy(&sc, row, sizeof(sc));
+    const uint8_t *q = (const uint8_t *)row + sizeof(float);
+    const __m256 s = _mm256_set1_ps(sc);
+    int64_t i = 0;
+    if (fp8) {
+        /* as fy_fp8_to_fp32: bits moved to the top of an f32's, rebiased by 2^120 */
+        const __m256 rebias = _mm256_set1_ps(0x1p120f);
+        const __m256i m7f = _mm256_set1_epi32(0x7f), qnan = _mm256_set1_epi32(0x7fc00000);
+        for (; i + 8 <= n; i += 8) {
+            __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + i)));
+            __m256i mag = _mm256_and_si256(b, m7f);
+            __m256i sign = _mm256_slli_epi32(_mm256_andnot_si256(m7f, b), 24);
+            __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(mag, 20)), rebias);
+            __m256i bits = _mm256_blendv_epi8(_mm256_castps_si256(v), qnan, _mm256_cmpeq_epi32(mag, m7f));
+            _mm256_storeu_ps(x + i, _mm256_mul_ps(s, _mm256_castsi256_ps(_mm256_or_si256(bits, sign))));
+        }
+        for (; i < n; i++) x[i] = sc * fy_fp8_to_fp32(q[i]);
+    } else {
+        for (; i + 8 <= n; i += 8) {
+            __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))));
+            _mm256_storeu_ps(x + i, _mm256_mul_ps(s, v));
+        }
+        for (; i < n; i++) x[i] = sc * (float)(int8_t)q[i];
+    }
+}
+
 const fy_cpu_kernels_t FY_X86_TABLE = {
     .name = FY_X86_NAME,
     .quantize_q8a = quantize_q8a,
@@ -740,4 +769,5 @@ const fy_cpu_kernels_t FY_X86_TABLE = {
     .rmsnorm = rmsnorm,
     .swiglu = swiglu,
     .f32_to_f16 = f32_to_f16,
+    .kv_row_read = kv_row_read,
 };
