@@ -142,7 +142,7 @@ void tc_start(tc_cluster_t *c, const tc_opts_t *o)
     assert_non_null(f);
     fprintf(f,
             "[model]\npath = %s\n[kv]\nsecret_file = %s\n"
-            "[router]\nlisten = %s\nevents = %s\nhealth_timeout = 1s\nlease = 60s\ncommand_timeout = 5s\n"
+            "[router]\nlisten = %s\nevents = %s\nhealth_timeout = 2s\nlease = 60s\ncommand_timeout = 5s\n"
             "client_timeout = 120s\n"
             "[prefill]\ncount = %d\nthreads = 1\nkv_mem = 48MiB\nmax_seqs = 8\nmax_batch_tokens = 256\n"
             "[decode]\ncount = %d\nthreads = 1\nkv_mem = 48MiB\nmax_seqs = 32\nmax_batch_tokens = 128\n"
