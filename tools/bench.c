@@ -272,14 +272,7 @@ int fy_cmd_bench(int argc, char **argv)
         if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) {
             model = v, i++;
         } else if (!strcmp(a, "--threads") && v) {
-            n_counts = 0;
-            char buf[128];
-            snprintf(buf, sizeof(buf), "%s", v);
-            for (char *s = strtok(buf, ","); s && n_counts < MAX_THREAD_COUNTS; s = strtok(NULL, ",")) {
-                long t;
-                if (!fy_cli_parse_int("--threads", s, 1, 64, &t)) return 2;
-                counts[n_counts++] = (int)t;
-            }
+            if (!fy_cli_parse_int_list(a, v, 1, 64, counts, MAX_THREAD_COUNTS, &n_counts)) return 2;
             i++;
         } else if (!strcmp(a, "--prompt-tokens") && v) {
             if (!fy_cli_parse_int(a, v, 1, 8192, &n_prompt)) return 2;

@@ -175,14 +175,7 @@ int fy_cmd_bench_batch(int argc, char **argv)
         if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) {
             model = v, i++;
         } else if (!strcmp(a, "--batches") && v) {
-            n_batches = 0;
-            char buf[256];
-            snprintf(buf, sizeof(buf), "%s", v);
-            for (char *s = strtok(buf, ","); s && n_batches < MAX_BATCHES; s = strtok(NULL, ",")) {
-                long b;
-                if (!fy_cli_parse_int("--batches", s, 1, 1024, &b)) return 2;
-                batches[n_batches++] = (int)b;
-            }
+            if (!fy_cli_parse_int_list(a, v, 1, 1024, batches, MAX_BATCHES, &n_batches)) return 2;
             i++;
         } else if (!strcmp(a, "--prompt-tokens") && v) {
             if (!fy_cli_parse_int(a, v, 1, 8192, &prompt_len)) return 2;

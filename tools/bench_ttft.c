@@ -133,14 +133,9 @@ int fy_cmd_bench_ttft(int argc, char **argv)
         } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) {
             model = v, i++;
         } else if (!strcmp(a, "--prompt-tokens") && v) {
-            n_lens = 0;
-            char buf[256];
-            snprintf(buf, sizeof(buf), "%s", v);
-            for (char *s = strtok(buf, ","); s && n_lens < MAX_LENS; s = strtok(NULL, ",")) {
-                long x;
-                if (!fy_cli_parse_int("--prompt-tokens", s, 1, 8000, &x)) return 2;
-                lens[n_lens++] = (int32_t)x;
-            }
+            int l[MAX_LENS];
+            if (!fy_cli_parse_int_list(a, v, 1, 8000, l, MAX_LENS, &n_lens)) return 2;
+            for (int k = 0; k < n_lens; k++) lens[k] = l[k];
             i++;
         } else if (!strcmp(a, "--reps") && v) {
             if (!fy_cli_parse_int(a, v, 1, MAX_REPS, &reps)) return 2;

@@ -9,6 +9,9 @@
 bool fy_cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out);
 bool fy_cli_parse_float(const char *opt, const char *s, double lo, double hi, double *out);
 bool fy_cli_parse_u64(const char *opt, const char *s, uint64_t *out);
+/* A comma-separated list of at most cap integers in [lo, hi] ("1,2,4");
+ * *n_p is set on success only. */
+bool fy_cli_parse_int_list(const char *opt, const char *s, long lo, long hi, int *out, int cap, int *n_p);
 /* A whole file as a NUL-terminated string (fy_free it); NULL and a message on error. */
 char *fy_cli_read_file(const char *path);
 

@@ -40,6 +40,32 @@ bool fy_cli_parse_int(const char *opt, const char *s, long lo, long hi, long *ou
     return true;
 }
 
+bool fy_cli_parse_int_list(const char *opt, const char *s, long lo, long hi, int *out, int cap, int *n_p)
+{
+    char buf[256];
+    if (strlen(s) >= sizeof(buf)) {
+        fprintf(stderr, "ferry: %s: list too long\n", opt);
+        return false;
+    }
+    snprintf(buf, sizeof(buf), "%s", s);
+    int n = 0;
+    for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        long v;
+        if (n == cap) {
+            fprintf(stderr, "ferry: %s takes at most %d values\n", opt, cap);
+            return false;
+        }
+        if (!fy_cli_parse_int(opt, t, lo, hi, &v)) return false;
+        out[n++] = (int)v;
+    }
+    if (!n) {
+        fprintf(stderr, "ferry: %s expects a comma-separated list, got '%s'\n", opt, s);
+        return false;
+    }
+    *n_p = n;
+    return true;
+}
+
 bool fy_cli_parse_float(const char *opt, const char *s, double lo, double hi, double *out)
 {
     char *end;
