@@ -191,8 +191,6 @@ void fy_tenants_destroy(fy_tenants_t *t)
     fy_free(t);
 }
 
-int fy_tenants_count(const fy_tenants_t *t) { return t ? t->n_tenants : 0; }
-
 fy_tenant_t *fy_tenants_find(fy_tenants_t *t, const char *key, size_t len)
 {
     if (len < KEY_MIN || len > KEY_MAX) return NULL;

@@ -33,7 +33,6 @@ typedef struct fy_tenant fy_tenant_t;
 /* Reads the key file; errors name the file and line. */
 fy_status_t fy_tenants_load(const char *path, fy_tenants_t **t_p);
 void fy_tenants_destroy(fy_tenants_t *t); /* accepts NULL */
-int fy_tenants_count(const fy_tenants_t *t);
 
 /* The tenant of a key, or NULL. */
 fy_tenant_t *fy_tenants_find(fy_tenants_t *t, const char *key, size_t len);
