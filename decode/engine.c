@@ -584,7 +584,7 @@ fy_status_t fy_engine_submit(fy_engine_t *e, const int32_t *prompt, int32_t n_pr
         fy_warn("engine: overloaded: %d requests waiting; request refused", e->p.max_waiting);
         return FY_ERR_OVERLOADED;
     }
-    q->id = e->next_id++;
+    uint64_t id = q->id = e->next_id++;
     q->seq = e->next_seq++;
     if (e->inbox_tail)
         e->inbox_tail->next = q;
@@ -596,7 +596,8 @@ fy_status_t fy_engine_submit(fy_engine_t *e, const int32_t *prompt, int32_t n_pr
     e->st.prompt_tokens += (uint64_t)n_prompt;
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
-    if (id_p) *id_p = q->id;
+    /* q belongs to the engine thread now, which may already have freed it */
+    if (id_p) *id_p = id;
     return FY_OK;
 }
 

@@ -7,6 +7,7 @@
  * priorities, the latency guardrail, and the engine's own thread.
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -544,6 +545,59 @@ static void test_engine_thread(void **state)
 }
 
 
+/* fy_engine_submit must not touch the request after handing it over: the
+ * engine thread may finish and free it at once.  Both threads share one
+ * CPU and the submitter runs at idle priority, so the engine thread
+ * preempts it the moment the submit unlocks; each request takes one
+ * step.  Under ASan a read of the freed request fails this test (it did,
+ * every run, before the fix). */
+static void test_submit_handoff(void **state)
+{
+    rig_opts_t o;
+    rig_opts(&o, g_tiny);
+    rig_t g;
+    rig_open(&g, &o);
+    cpu_set_t old_set, one;
+    assert_int_equal(sched_getaffinity(0, sizeof(old_set), &old_set), 0);
+    CPU_ZERO(&one);
+    CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &one);
+    assert_int_equal(pthread_setaffinity_np(pthread_self(), sizeof(one), &one), 0);
+    assert_int_equal(fy_engine_start(g.e), FY_OK); /* its thread inherits the one CPU */
+    int old_policy;
+    struct sched_param old_param, idle = {0};
+    assert_int_equal(pthread_getschedparam(pthread_self(), &old_policy, &old_param), 0);
+    assert_int_equal(pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle), 0);
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+    int32_t p[8];
+    make_prompt(p, 8, g.vocab, 5);
+    fy_request_params_t rp;
+    fy_request_params_default(&rp);
+    rp.max_tokens = 1;
+    rp.ignore_eos = true;
+    for (int i = 0; i < 200; i++) {
+        result_t *res = fy_calloc(1, sizeof(*res));
+        assert_non_null(res);
+        res->mu = &mu, res->cv = &cv;
+        uint64_t id = 0;
+        assert_int_equal(fy_engine_submit(g.e, p, 4 + i % 4, &rp, on_event, res, &id), FY_OK);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 60;
+        pthread_mutex_lock(&mu);
+        while (!res->terminal) assert_int_equal(pthread_cond_timedwait(&cv, &mu, &ts), 0);
+        pthread_mutex_unlock(&mu);
+        assert_int_equal(res->kind, FY_EVENT_FINISH);
+        assert_int_equal(res->n, 1);
+        assert_true(id > 0);
+        fy_free(res);
+    }
+    assert_int_equal(pthread_setschedparam(pthread_self(), old_policy, &old_param), 0);
+    assert_int_equal(pthread_setaffinity_np(pthread_self(), sizeof(old_set), &old_set), 0);
+    fy_engine_stop(g.e);
+    rig_close(&g);
+}
+
 /* ---- prefill in one engine, decode in another (the disaggregated path
  * without the sockets): progress events, the first token and its
  * generator, copying the prompt's blocks, adoption ---- */
@@ -708,6 +762,7 @@ int main(void)
         cmocka_unit_test(test_priority_and_timings),
         cmocka_unit_test(test_guardrail),
         cmocka_unit_test(test_engine_thread),
+        cmocka_unit_test(test_submit_handoff),
         cmocka_unit_test(test_disaggregated_tiny),
         cmocka_unit_test(test_disaggregated_default),
         cmocka_unit_test(test_post_and_tick),
