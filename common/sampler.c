@@ -157,13 +157,19 @@ static void select_top(cand_t *c, int32_t n, int32_t k)
     }
 }
 
+/* Callers pass a temperature of at least FY_SAMPLING_MIN_TEMP (or 1 for
+ * greedy).  A token far below the best one can still have a log-probability
+ * beyond a float's range at small temperatures: it is clamped to
+ * FY_LOGPROB_MIN rather than becoming -inf, which neither msgpack's range
+ * checks nor JSON carry. */
 static float full_logprob(const float *logits, int32_t n, float temp, int32_t id)
 {
-    float t = temp > 0.0f ? temp : 1.0f;
+    double t = temp >= FY_SAMPLING_MIN_TEMP ? (double)temp : 1.0;
     float mx = logits[fy_argmax(logits, n)];
     double sum = 0.0;
-    for (int32_t i = 0; i < n; i++) sum += exp((double)(logits[i] - mx) / t);
-    return (float)((double)(logits[id] - mx) / t - log(sum));
+    for (int32_t i = 0; i < n; i++) sum += exp(((double)logits[i] - mx) / t);
+    double lp = ((double)logits[id] - mx) / t - log(sum);
+    return lp > FY_LOGPROB_MIN ? (float)lp : FY_LOGPROB_MIN;
 }
 
 /* The candidates sampling draws from: c[0, n) with unnormalized weights
@@ -231,7 +237,10 @@ static int32_t candidates(fy_sampler_t *s, const fy_sampling_params_t *p, const 
     return n;
 }
 
-bool fy_sampling_is_greedy(const fy_sampling_params_t *p) { return p->temperature <= 0.0f || p->top_k == 1; }
+bool fy_sampling_is_greedy(const fy_sampling_params_t *p)
+{
+    return !(p->temperature >= FY_SAMPLING_MIN_TEMP) || p->top_k == 1;
+}
 
 int32_t fy_sampler_sample(fy_sampler_t *s, const fy_sampling_params_t *p, fy_rng_t *rng, const float *logits,
                           float *logprob_p)

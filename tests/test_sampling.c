@@ -119,6 +119,44 @@ static void test_seeded_reproducible(void **state)
     fy_sampler_destroy(s);
 }
 
+/* Temperatures too small to scale logits by (1/t overflows a float near
+ * 3e-38) are greedy, as in vLLM: the pick is the argmax and its
+ * log-probability finite and inside the wire's range, at every scale.
+ * Before, 1/t overflowed and the pick was whatever the NaNs gave. */
+static void test_tiny_temperature_is_greedy(void **state)
+{
+    float l[V] = {0.5f, 21.0f, -30.0f, 25.0f, 0.0f, -1.0f, 24.5f, 0.2f};
+    fy_sampler_t *s;
+    assert_int_equal(fy_sampler_create(V, &s), FY_OK);
+    const float temps[] = {3e-38f, 1e-30f, 1e-20f, 1e-9f, 9.9e-6f};
+    for (size_t i = 0; i < sizeof(temps) / sizeof(temps[0]); i++) {
+        fy_sampling_params_t p = {.temperature = temps[i], .top_k = 0, .top_p = 0.9f, .min_p = 0.05f, .seed = 3};
+        assert_int_equal(fy_sampling_params_check(&p), FY_OK);
+        assert_true(fy_sampling_is_greedy(&p));
+        fy_rng_t rng;
+        fy_rng_seed(&rng, 3);
+        for (int k = 0; k < 50; k++) {
+            float lp = 1;
+            assert_int_equal(fy_sampler_sample(s, &p, &rng, l, &lp), 3);
+            assert_true(isfinite(lp) && lp <= 0 && lp >= FY_LOGPROB_MIN);
+        }
+        float probs[V];
+        fy_sampler_probs(s, &p, l, probs);
+        assert_true(probs[3] == 1.0f);
+        assert_true(isfinite(fy_logprob(l, V, &p, 2)));
+    }
+    /* the smallest temperature that samples still gives finite log-probabilities */
+    fy_sampling_params_t p = {.temperature = FY_SAMPLING_MIN_TEMP, .top_k = 0, .top_p = 1, .min_p = 0, .seed = 4};
+    assert_false(fy_sampling_is_greedy(&p));
+    fy_rng_t rng;
+    fy_rng_seed(&rng, 4);
+    float lp = 1;
+    assert_int_equal(fy_sampler_sample(s, &p, &rng, l, &lp), 3);
+    assert_true(isfinite(lp) && lp <= 0 && lp >= FY_LOGPROB_MIN);
+    assert_true(isfinite(fy_logprob(l, V, &p, 2)) && fy_logprob(l, V, &p, 2) > FY_LOGPROB_MIN);
+    fy_sampler_destroy(s);
+}
+
 static void test_params_checked(void **state)
 {
     fy_sampling_params_t p;
@@ -221,6 +259,7 @@ int main(void)
         cmocka_unit_test(test_distribution_matches_softmax),
         cmocka_unit_test(test_filters),
         cmocka_unit_test(test_seeded_reproducible),
+        cmocka_unit_test(test_tiny_temperature_is_greedy),
         cmocka_unit_test(test_params_checked),
         cmocka_unit_test(test_stop_strings),
     };
