@@ -31,7 +31,7 @@ static const char *const KEYS[] = {
     "decode.itl_target", "decode.metrics", "decode.spec", "decode.spec_k", "decode.spec_ngram_max",
     "decode.spec_min_accept", "decode.spec_warmup", "decode.spec_probe_steps", "decode.spec_batch_tokens",
     "decode.spec_sampled", "decode.spec_draft_kv_fraction",
-    "worker.name", "worker.heartbeat", "worker.stall_timeout", "worker.transports", "worker.isa", "worker.device",
+    "worker.name", "worker.heartbeat", "worker.stall_timeout", "worker.transports", "worker.net_devices", "worker.isa", "worker.device",
     "serve.run_dir", "serve.logs", "serve.restart_backoff", "serve.max_restarts", "serve.stop_grace",
 };
 

@@ -403,7 +403,8 @@ static fy_status_t spec_config(const fy_config_t *c, fy_spec_params_t *sp, const
 static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
 {
     const fy_config_t *c = n->cfg;
-    const char *sec = role->name, *model_path, *name, *listen, *events, *transports, *isa, *metrics_url, *device;
+    const char *sec = role->name, *model_path, *name, *listen, *events, *transports, *net_devices, *isa,
+               *metrics_url, *device;
     int64_t threads, kv_mem, max_seqs, max_batch, max_waiting, ctx, host_mem;
     double heartbeat, stall;
     int32_t block_size;
@@ -414,6 +415,7 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
         (st = fy_config_string(c, sec, "listen", NULL, &listen)) ||
         (st = fy_config_string(c, "router", "events", NULL, &events)) ||
         (st = fy_config_string(c, "worker", "transports", NULL, &transports)) ||
+        (st = fy_config_string(c, "worker", "net_devices", NULL, &net_devices)) ||
         (st = fy_config_string(c, "worker", "isa", NULL, &isa)) ||
         (st = fy_config_string(c, "worker", "device", "cpu", &device)) ||
         (st = fy_config_duration(c, "worker", "heartbeat", 0.2, 0.01, 60, &heartbeat)) ||
@@ -536,6 +538,16 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     xp.arena = fy_runner_kv_arena(n->runner);
     xp.arena_bytes = (size_t)ks.tier[FY_KV_DEVICE].total * lay->block_bytes;
     xp.transports = transports && *transports ? transports : NULL;
+    /* UCX listens where the worker was told to listen, not on every
+     * interface: worker.net_devices, else UCX_NET_DEVICES, else the
+     * interface of the listen address */
+    char devs[1024];
+    if (net_devices && *net_devices)
+        xp.net_devices = net_devices;
+    else if (!getenv("UCX_NET_DEVICES")) {
+        if ((st = fy_xfer_devices_for(listen, devs, sizeof(devs)))) return st;
+        xp.net_devices = devs;
+    }
     xp.connect_timeout_s = 5;
     if ((st = fy_xfer_create(&xp, &n->xfer))) return st;
 

@@ -7,12 +7,17 @@
  * targets, deadlines, aborts and bad block ids end jobs with the right
  * status; every callback runs exactly once.
  */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <ucp/api/ucp.h>
 
@@ -807,11 +812,157 @@ static void test_bad_params(void **state)
     fy_free(arena);
 }
 
+/* ---- where UCX listens ------------------------------------------------------------------------ */
+
+/* The local addresses of this process's listening TCP sockets, one per
+ * line ("127.0.0.1", "192.0.2.2", "::1"), from /proc/net/tcp{,6} matched
+ * against the socket inodes in /proc/self/fd. */
+static int listening_addrs(char (*out)[64], int cap)
+{
+    unsigned long inodes[1024];
+    int n_in = 0;
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d)) && n_in < 1024) {
+        char path[300], target[64];
+        snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+        ssize_t k = readlink(path, target, sizeof(target) - 1);
+        if (k <= 0) continue;
+        target[k] = '\0';
+        unsigned long ino;
+        if (sscanf(target, "socket:[%lu]", &ino) == 1) inodes[n_in++] = ino;
+    }
+    closedir(d);
+    int n = 0;
+    for (int v6 = 0; v6 < 2; v6++) {
+        FILE *f = fopen(v6 ? "/proc/net/tcp6" : "/proc/net/tcp", "r");
+        if (!f) continue;
+        char line[512];
+        while (fgets(line, sizeof(line), f)) {
+            char local[64];
+            unsigned st;
+            unsigned long ino;
+            if (sscanf(line, " %*d: %63[0-9A-Fa-f:] %*s %x %*s %*s %*s %*s %*s %lu", local, &st, &ino) != 3) continue;
+            if (st != 0x0A) continue; /* LISTEN */
+            bool mine = false;
+            for (int i = 0; i < n_in; i++) mine |= inodes[i] == ino;
+            if (!mine || n >= cap) continue;
+            /* the kernel prints the address as 32-bit words in host order */
+            uint8_t a[16];
+            int words = v6 ? 4 : 1;
+            for (int w = 0; w < words; w++) {
+                uint32_t x;
+                sscanf(local + 8 * w, "%8x", &x);
+                memcpy(a + 4 * w, &x, 4);
+            }
+            inet_ntop(v6 ? AF_INET6 : AF_INET, a, out[n++], 64);
+        }
+        fclose(f);
+    }
+    return n;
+}
+
+static bool is_loopback_text(const char *a)
+{
+    return !strncmp(a, "127.", 4) || !strcmp(a, "::1") || !strncmp(a, "::ffff:127.", 11);
+}
+
+/* A non-loopback IPv4 address of this host, or false. */
+static bool other_address(char *buf, size_t cap)
+{
+    struct ifaddrs *ifs, *i;
+    bool found = false;
+    if (getifaddrs(&ifs)) return false;
+    for (i = ifs; i && !found; i = i->ifa_next)
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && !(i->ifa_flags & IFF_LOOPBACK) &&
+            (i->ifa_flags & IFF_UP))
+            found = inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, buf, (socklen_t)cap) != NULL;
+    freeifaddrs(ifs);
+    return found;
+}
+
+static void test_devices_for(void **state)
+{
+    char b[256] = "untouched";
+    assert_int_equal(fy_xfer_devices_for("tcp://127.0.0.1:7420", b, sizeof(b)), FY_OK);
+    assert_string_equal(b, "lo");
+    assert_int_equal(fy_xfer_devices_for("ipc:///tmp/ferry.sock", b, sizeof(b)), FY_OK);
+    assert_string_equal(b, "lo");
+    assert_int_equal(fy_xfer_devices_for("tcp://[::1]:7420", b, sizeof(b)), FY_OK);
+    assert_string_equal(b, "lo");
+    assert_int_equal(fy_xfer_devices_for("tcp://localhost:7420", b, sizeof(b)), FY_OK);
+    assert_string_equal(b, "lo");
+    assert_int_equal(fy_xfer_devices_for("tcp://0.0.0.0:7420", b, sizeof(b)), FY_OK);
+    assert_string_equal(b, ""); /* a wildcard: every interface */
+    char other[64], url[128];
+    if (other_address(other, sizeof(other))) {
+        snprintf(url, sizeof(url), "tcp://%s:7420", other);
+        assert_int_equal(fy_xfer_devices_for(url, b, sizeof(b)), FY_OK);
+        assert_true(*b && strncmp(b, "lo", 2) != 0);
+    }
+    strcpy(b, "untouched");
+    log_begin();
+    assert_int_equal(fy_xfer_devices_for("tcp://198.51.100.77:7420", b, sizeof(b)), FY_ERR_INVALID);
+    assert_true(log_has("no network interface has the address"));
+    assert_int_equal(fy_xfer_devices_for("tcp://[::1:7420", b, sizeof(b)), FY_ERR_INVALID);
+    assert_int_equal(fy_xfer_devices_for("tcp://127.0.0.1:1", b, 2), FY_ERR_NO_SPACE);
+    log_end();
+    assert_string_equal(b, "untouched"); /* written only on success */
+}
+
+/* A transfer engine told to use the loopback interface listens there and
+ * nowhere else, and still moves blocks; without the list UCX listens on
+ * every interface (what workers did with a loopback configuration). */
+static void test_listens_where_told(void **state)
+{
+    char other[64];
+    fy_xfer_layout_t l = small_layout(16);
+    char devs[256];
+    assert_int_equal(fy_xfer_devices_for("tcp://127.0.0.1:7420", devs, sizeof(devs)), FY_OK);
+    side_t a, b;
+    char addrs[64][64];
+    for (int pass = 0; pass < 2; pass++) {
+        bool bound = pass == 1;
+        for (int k = 0; k < 2; k++) {
+            side_t *s = k ? &b : &a;
+            memset(s, 0, sizeof(*s));
+            s->n_blocks = 16;
+            s->block_bytes = l.block_bytes;
+            s->bytes = 16 * l.block_bytes;
+            s->own = true;
+            s->arena = fy_aligned_alloc(4096, s->bytes);
+            memset(s->arena, k ? 0 : 0x3C, s->bytes);
+            fy_xfer_params_t p = {.layout = l, .arena = s->arena, .arena_bytes = s->bytes, .transports = "tcp",
+                                  .net_devices = bound ? devs : NULL, .connect_timeout_s = 5};
+            assert_int_equal(fy_xfer_create(&p, &s->x), FY_OK);
+        }
+        int n = listening_addrs(addrs, 64);
+        int non_lo = 0;
+        for (int i = 0; i < n; i++) non_lo += !is_loopback_text(addrs[i]);
+        if (bound) {
+            assert_true(n > 0);
+            if (non_lo) fail_msg("bound to lo, yet listening on %d other address(es), e.g. %s", non_lo, addrs[0]);
+            int32_t src[4] = {0, 1, 2, 3}, dst[4] = {8, 9, 10, 11};
+            assert_int_equal(run_job(&a, &b, src, dst, 4, 1), FY_OK);
+            for (int i = 0; i < 4; i++) assert_memory_equal(block(&a, src[i]), block(&b, dst[i]), l.block_bytes);
+        } else if (other_address(other, sizeof(other))) {
+            assert_true(non_lo > 0); /* the old behaviour, which the test above rules out */
+        } else {
+            fprintf(stderr, "note: no non-loopback interface here: only the bound case is checked\n");
+        }
+        side_close(&a);
+        side_close(&b);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout_diff),
         cmocka_unit_test(test_bad_params),
+        cmocka_unit_test(test_devices_for),
+        cmocka_unit_test(test_listens_where_told),
         cmocka_unit_test(test_transfer_default),
         cmocka_unit_test(test_transfer_tcp),
         cmocka_unit_test(test_transfer_shm),

@@ -22,7 +22,13 @@
  */
 #include "xfer.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -1091,7 +1097,130 @@ static fy_status_t check_params(const fy_xfer_params_t *p)
     return FY_OK;
 }
 
-static fy_status_t ucx_init(fy_xfer_t *x, const char *transports)
+/* ---- network devices ----------------------------------------------------------------------- */
+
+static bool append_dev(char *buf, size_t cap, size_t *len, const char *name)
+{
+    int k = snprintf(buf + *len, cap - *len, "%s%s", *len ? "," : "", name);
+    if (k < 0 || (size_t)k >= cap - *len) return false;
+    *len += (size_t)k;
+    return true;
+}
+
+/* Every RDMA port of the host as "device:port"; none where the host has no
+ * /sys/class/infiniband. */
+static bool append_rdma_ports(char *buf, size_t cap, size_t *len)
+{
+    DIR *d = opendir("/sys/class/infiniband");
+    if (!d) return true;
+    bool ok = true;
+    struct dirent *e;
+    while (ok && (e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char path[512];
+        snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports", e->d_name);
+        DIR *pd = opendir(path);
+        if (!pd) continue;
+        struct dirent *pe;
+        while (ok && (pe = readdir(pd))) {
+            if (pe->d_name[0] == '.') continue;
+            char dev[600];
+            snprintf(dev, sizeof(dev), "%s:%s", e->d_name, pe->d_name);
+            ok = append_dev(buf, cap, len, dev);
+        }
+        closedir(pd);
+    }
+    closedir(d);
+    return ok;
+}
+
+static bool same_addr(const struct sockaddr *a, const struct sockaddr_storage *b)
+{
+    if (a->sa_family != b->ss_family) return false;
+    if (a->sa_family == AF_INET)
+        return ((const struct sockaddr_in *)a)->sin_addr.s_addr == ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+    return !memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr,
+                   sizeof(struct in6_addr));
+}
+
+fy_status_t fy_xfer_devices_for(const char *url, char *buf, size_t cap)
+{
+    char host[256];
+    const char *h = NULL;
+    bool local = false;
+    if (!url) url = "";
+    if (!strncmp(url, "ipc://", 6) || !strncmp(url, "inproc://", 9)) {
+        local = true;
+    } else {
+        const char *sep = strstr(url, "://");
+        h = sep ? sep + 3 : url;
+    }
+    if (h) {
+        size_t n;
+        if (*h == '[') { /* [v6]:port */
+            const char *e = strchr(h, ']');
+            if (!e) goto bad;
+            h++;
+            n = (size_t)(e - h);
+        } else {
+            const char *e = strrchr(h, ':');
+            n = e ? (size_t)(e - h) : strlen(h);
+        }
+        if (n >= sizeof(host)) goto bad;
+        memcpy(host, h, n);
+        host[n] = '\0';
+        if (!*host || !strcmp(host, "*") || !strcmp(host, "0.0.0.0") || !strcmp(host, "::")) {
+            if (cap < 1) return FY_ERR_NO_SPACE;
+            buf[0] = '\0';
+            return FY_OK;
+        }
+    }
+    struct sockaddr_storage want = {0};
+    if (!local) {
+        struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+        int rv = getaddrinfo(host, NULL, &hints, &ai);
+        if (rv || !ai) {
+            fy_error("xfer: cannot resolve '%s' (from %s) to pick the network device: %s", host, url,
+                     rv ? gai_strerror(rv) : "no address");
+            return FY_ERR_INVALID;
+        }
+        memcpy(&want, ai->ai_addr, ai->ai_addrlen < sizeof(want) ? ai->ai_addrlen : sizeof(want));
+        freeaddrinfo(ai);
+        if (want.ss_family == AF_INET)
+            local = (ntohl(((struct sockaddr_in *)&want)->sin_addr.s_addr) >> 24) == 127;
+        else if (want.ss_family == AF_INET6)
+            local = IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)&want)->sin6_addr);
+    }
+    struct ifaddrs *ifs;
+    if (getifaddrs(&ifs)) {
+        fy_error("xfer: getifaddrs: %m");
+        return FY_ERR_IO;
+    }
+    char name[IF_NAMESIZE + 1] = "";
+    for (struct ifaddrs *i = ifs; i && !*name; i = i->ifa_next) {
+        if (!i->ifa_addr || (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6)) continue;
+        if (local ? (i->ifa_flags & IFF_LOOPBACK) != 0 : same_addr(i->ifa_addr, &want))
+            snprintf(name, sizeof(name), "%s", i->ifa_name);
+    }
+    freeifaddrs(ifs);
+    if (!*name) {
+        fy_error("xfer: no network interface has the address of %s (%s)", url,
+                 local ? "no loopback interface" : "not this host's address");
+        return FY_ERR_INVALID;
+    }
+    char out[1024];
+    size_t len = 0;
+    if (!append_dev(out, sizeof(out), &len, name) || (!local && !append_rdma_ports(out, sizeof(out), &len)) ||
+        len + 1 > cap)
+        return FY_ERR_NO_SPACE;
+    memcpy(buf, out, len + 1);
+    return FY_OK;
+bad:
+    fy_error("xfer: cannot tell the host of '%s' to pick the network device", url);
+    return FY_ERR_INVALID;
+}
+
+static fy_status_t ucx_init(fy_xfer_t *x, const char *transports, const char *net_devices)
 {
     ucp_config_t *cfg;
     ucs_status_t us = ucp_config_read(NULL, NULL, &cfg);
@@ -1101,6 +1230,14 @@ static fy_status_t ucx_init(fy_xfer_t *x, const char *transports)
     }
     if (transports && (us = ucp_config_modify(cfg, "TLS", transports)) != UCS_OK) {
         fy_error("xfer: transports '%s': %s", transports, ucs_status_string(us));
+        ucp_config_release(cfg);
+        return FY_ERR_INVALID;
+    }
+    /* UCX's TCP transport listens on every device it may use: without a
+     * list, on every interface of the host, whatever address the
+     * deployment was configured with */
+    if (net_devices && *net_devices && (us = ucp_config_modify(cfg, "NET_DEVICES", net_devices)) != UCS_OK) {
+        fy_error("xfer: network devices '%s': %s", net_devices, ucs_status_string(us));
         ucp_config_release(cfg);
         return FY_ERR_INVALID;
     }
@@ -1248,7 +1385,7 @@ fy_status_t fy_xfer_create(const fy_xfer_params_t *p, fy_xfer_t **x_p)
     x->err_mode = p->err_mode;
     x->worker_fd = x->event_fd = x->epoll_fd = -1;
     pthread_mutex_init(&x->lock, NULL);
-    if ((st = ucx_init(x, p->transports)) != FY_OK || (st = build_blob(x)) != FY_OK) goto fail;
+    if ((st = ucx_init(x, p->transports, p->net_devices)) != FY_OK || (st = build_blob(x)) != FY_OK) goto fail;
     x->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     x->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
     if (x->event_fd < 0 || x->epoll_fd < 0) {
@@ -1271,8 +1408,9 @@ fy_status_t fy_xfer_create(const fy_xfer_params_t *p, fy_xfer_t **x_p)
         goto fail;
     }
     x->thread_started = true;
-    fy_debug("xfer: %s ready: %d blocks of %" PRIu64 " bytes, transports %s, peer failure %s", x->name,
+    fy_debug("xfer: %s ready: %d blocks of %" PRIu64 " bytes, transports %s, devices %s, peer failure %s", x->name,
              x->n_blocks, x->layout.block_bytes, p->transports ? p->transports : "UCX's choice",
+             p->net_devices && *p->net_devices ? p->net_devices : "UCX's choice",
              x->err_mode == FY_XFER_ERRMODE_PEER ? "detected" : "not detected");
     *x_p = x;
     return FY_OK;

@@ -88,9 +88,26 @@ typedef struct fy_xfer_params {
     size_t arena_bytes;       /* a non-zero multiple of layout.block_bytes */
     const char *transports;   /* NULL: UCX's choice (UCX_TLS from the environment still applies); else the
                                * UCX_TLS list for this context, e.g. "tcp" or "sm,self" */
+    const char *net_devices;  /* NULL: UCX's choice (every interface, or UCX_NET_DEVICES from the
+                               * environment); else the UCX_NET_DEVICES list, e.g. "lo": the network
+                               * devices whose addresses UCX listens on and connects from
+                               * (fy_xfer_devices_for derives it from an address) */
     double connect_timeout_s; /* handshake deadline; <= 0 means 5 s */
     fy_xfer_errmode_t err_mode;
 } fy_xfer_params_t;
+
+/*
+ * The UCX network devices for a process whose control address is url
+ * ("tcp://HOST:PORT", "ipc:///path"): the interface that holds HOST's
+ * address (a loopback address, or ipc, gives the loopback interface),
+ * followed on non-loopback hosts by every RDMA port of the host
+ * (/sys/class/infiniband, "mlx5_0:1"), so that binding to an interface
+ * never turns RDMA off.  A wildcard host ("*", "0.0.0.0", "::") gives ""
+ * (every interface).  FY_ERR_INVALID, logged, when no interface holds the
+ * address or the URL has no host; FY_ERR_NO_SPACE when cap is too small.
+ * buf is written only on success.
+ */
+fy_status_t fy_xfer_devices_for(const char *url, char *buf, size_t cap);
 
 typedef struct fy_xfer fy_xfer_t;
 
