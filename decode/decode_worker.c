@@ -59,7 +59,7 @@ typedef struct decode {
     dreq_t *reqs;
     int32_t n_reqs;
     uint64_t next_lease;
-    uint64_t reserved, refused, adopted, expired, released, generated;
+    uint64_t reserved, refused, adopted, expired, released, renewed, generated;
     struct {
         fy_metric_t *e2e, *itl, *lease_wait;
         fy_metric_t *success[FY_FINISH_CALLBACK + 1]; /* by fy_finish_reason_t */
@@ -201,6 +201,7 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
     fy_msgw_t w;
     fy_node_msg(n, &w, "reserved", rid, id);
     fy_msgw_u64(&w, "lease", l->lease);
+    fy_msgw_f64(&w, "lease_s", lease_s);
     fy_msgw_i64(&w, "cached", hit);
     fy_msgw_i64(&w, "first_block", first);
     fy_msgw_i32s(&w, "blocks", l->bt.blocks + first, l->bt.n_blocks - first);
@@ -410,6 +411,35 @@ static void cmd_generate(decode_t *d, fy_msgr_t *r, uint64_t rid)
     fy_node_push(n, &w);
 }
 
+/* Pushes a lease's deadline to lease_s from now (never earlier than it
+ * was): the router renews leases whose prompt its prefill worker is still
+ * working on.  not_found when the lease is gone (it expired: the router
+ * has its lease_expired). */
+static void cmd_renew(decode_t *d, fy_msgr_t *r, uint64_t rid)
+{
+    uint64_t id = fy_msgr_u64(r, "id", FY_REQ, 0, 1, UINT64_MAX);
+    uint64_t lease = fy_msgr_u64(r, "lease", FY_REQ, 0, 1, UINT64_MAX);
+    double lease_s = fy_msgr_f64(r, "lease_s", FY_REQ, 0, 0.01, 3600);
+    if (!fy_msgr_ok(r)) {
+        fy_node_error(d->n, rid, id, r->status, "bad renew: %s", r->err);
+        return;
+    }
+    lease_t *l = lease_find(d, id, lease);
+    if (!l) {
+        fy_node_error(d->n, rid, id, FY_ERR_NOT_FOUND, "no lease %llu for request %llu to renew (expired or released)",
+                      (unsigned long long)lease, (unsigned long long)id);
+        return;
+    }
+    double until = fy_node_now() + lease_s;
+    if (until > l->deadline) l->deadline = until;
+    d->renewed++;
+    fy_msgw_t w;
+    fy_node_msg(d->n, &w, "renewed", rid, id);
+    fy_msgw_u64(&w, "lease", l->lease);
+    fy_msgw_f64(&w, "lease_s", lease_s);
+    fy_node_push(d->n, &w);
+}
+
 /* Ends a lease, or a running request, of the router's request id. */
 static void cmd_release(decode_t *d, fy_msgr_t *r, uint64_t rid)
 {
@@ -487,6 +517,8 @@ static void d_command(fy_node_t *n, void *state, const char *type, fy_msgr_t *r,
         cmd_adopt(d, r, rid);
     else if (!strcmp(type, "release"))
         cmd_release(d, r, rid);
+    else if (!strcmp(type, "renew"))
+        cmd_renew(d, r, rid);
     else if (!strcmp(type, "generate"))
         cmd_generate(d, r, rid);
     else
@@ -524,6 +556,7 @@ static void d_load(fy_node_t *n, void *state, fy_msgw_t *w)
     fy_msgw_i64(w, "leases", d->n_leases);
     fy_msgw_i64(w, "leased_blocks", d->leased_blocks);
     fy_msgw_u64(w, "leases_expired", d->expired);
+    fy_msgw_u64(w, "leases_renewed", d->renewed);
     fy_msgw_u64(w, "adopted", d->adopted);
     fy_msgw_u64(w, "reserve_refused", d->refused);
 }

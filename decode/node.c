@@ -109,6 +109,8 @@ const fy_model_t *fy_node_model(const fy_node_t *n) { return n->model; }
 fy_xfer_t *fy_node_xfer(fy_node_t *n) { return n->xfer; }
 const char *fy_node_name(const fy_node_t *n) { return n->name; }
 const char *fy_node_model_id(const fy_node_t *n) { return n->model_id; }
+
+double fy_node_heartbeat(const fy_node_t *n) { return n->heartbeat_s; }
 int32_t fy_node_max_seqs(const fy_node_t *n) { return n->max_seqs; }
 fy_metrics_t *fy_node_metrics(fy_node_t *n) { return n->metrics; }
 
@@ -181,10 +183,25 @@ out:
     fy_free(c);
 }
 
+/* nng thread: a command the role handles here, not on the engine thread */
+static bool run_direct(fy_node_t *n, const void *buf, size_t len)
+{
+    fy_msgr_t r;
+    bool done = false;
+    if (fy_msgr_parse(&r, buf, len) == FY_OK) {
+        uint64_t to = fy_msgr_u64(&r, "to", FY_OPT, 0, 0, UINT64_MAX);
+        if (fy_msgr_ok(&r) && (!to || to == n->incarnation))
+            done = n->role->direct(n, n->state, fy_msgr_type(&r), &r);
+    }
+    fy_msgr_free(&r); /* anything wrong is reported by the engine thread's pass */
+    return done;
+}
+
 /* nng thread: copy, and hand to the engine thread */
 static void on_command(void *arg, const void *buf, size_t len)
 {
     fy_node_t *n = arg;
+    if (n->role->direct && run_direct(n, buf, len)) return;
     cmd_t *c = fy_malloc(sizeof(*c) + len);
     if (!c) {
         fy_error("out of memory for a command of %zu bytes; dropped", len);

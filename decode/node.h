@@ -39,6 +39,11 @@ typedef struct fy_node_role {
     /* a command from the router (engine thread); rid: the router's id for
      * the reply (0 when none is expected) */
     void (*command)(fy_node_t *n, void *state, const char *type, fy_msgr_t *r, uint64_t rid);
+    /* optional: offered every command first, on the nng thread that
+     * received it (addressed to this incarnation); true when it handled it.
+     * For commands that must not wait behind a long engine step; it must
+     * not block or touch what the engine thread owns. */
+    bool (*direct)(fy_node_t *n, void *state, const char *type, fy_msgr_t *r);
     /* every engine step and heartbeat (engine thread) */
     void (*tick)(fy_node_t *n, void *state, double now);
     /* adds the role's fields to a load report (engine thread) */
@@ -63,6 +68,8 @@ const fy_model_t *fy_node_model(const fy_node_t *n);
 fy_xfer_t *fy_node_xfer(fy_node_t *n);
 const char *fy_node_name(const fy_node_t *n);
 const char *fy_node_model_id(const fy_node_t *n);
+/* worker.heartbeat: how often load reports (and a prefill worker's progress) go out */
+double fy_node_heartbeat(const fy_node_t *n);
 int32_t fy_node_max_seqs(const fy_node_t *n);
 /* The worker's metrics registry (served on <role>.metrics at /metrics):
  * a role registers its own series in start() and updates them from its

@@ -24,6 +24,7 @@
  */
 #include "prefill_worker.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -42,7 +43,7 @@ typedef struct pjob {
     int64_t attempt; /* the router's try number: an old try's events are told apart */
     fy_xfer_job_t *xj;
     bool xj_closed;      /* finish or abort was called */
-    int32_t n_prompt, first_block, n_dst, shipped;
+    int32_t n_prompt, first_block, n_dst, shipped, computed;
     int32_t *dst;        /* [n_dst] the decode worker's blocks for prompt blocks first_block.. */
     fy_block_table_t hold; /* references to every block handed to the transfer */
     bool engine_done, xfer_done;
@@ -58,6 +59,8 @@ typedef struct pjob {
     double queue_s, n_cached;
     int64_t bytes;
     struct pjob *prev, *next;
+    struct pjob *xnext; /* on p->open while its transfer handle can take a new deadline */
+    bool open;
 } pjob_t;
 
 typedef struct prefill {
@@ -66,10 +69,53 @@ typedef struct prefill {
     int32_t n_jobs;
     uint64_t done, failed;
     int64_t bytes;
+    double last_progress; /* when the last progress report went out */
+    /* jobs whose transfer is open (between begin and finish/abort): the
+     * "extend" command moves their deadline on the nng thread, so a lease
+     * renewal does not wait behind a long engine step */
+    pthread_mutex_t open_mu;
+    pjob_t *open;
     struct {
         fy_metric_t *ttft, *queue, *e2e, *xfer_s, *ok, *failed, *cancelled;
     } m;
 } prefill_t;
+
+static void open_add(prefill_t *p, pjob_t *j)
+{
+    pthread_mutex_lock(&p->open_mu);
+    j->open = true;
+    j->xnext = p->open;
+    p->open = j;
+    pthread_mutex_unlock(&p->open_mu);
+}
+
+/* Before the handle goes (finish, abort, or the transfer's own end): no
+ * extend touches it afterwards.  Idempotent. */
+static void open_remove(prefill_t *p, pjob_t *j)
+{
+    pthread_mutex_lock(&p->open_mu);
+    if (j->open) {
+        for (pjob_t **q = &p->open; *q; q = &(*q)->xnext) {
+            if (*q == j) {
+                *q = j->xnext;
+                break;
+            }
+        }
+        j->open = false;
+    }
+    pthread_mutex_unlock(&p->open_mu);
+}
+
+/* Ends the job's transfer (engine thread): flush what was put, or give up. */
+static void job_close_xfer(pjob_t *j, bool finish)
+{
+    open_remove(j->p, j);
+    j->xj_closed = true;
+    if (finish)
+        fy_xfer_job_finish(j->xj);
+    else
+        fy_xfer_job_abort(j->xj);
+}
 
 static void job_unlink(prefill_t *p, pjob_t *j)
 {
@@ -175,6 +221,7 @@ static void xfer_end(fy_engine_t *e, void *arg)
 static void on_xfer_done(void *arg, fy_status_t st, const char *message)
 {
     pjob_t *j = arg;
+    open_remove(j->p, j); /* the handle is freed after this returns */
     xfer_result_t *x = fy_calloc(1, sizeof(*x));
     if (!x) { /* cannot happen in practice; the job's blocks would stay held */
         fy_error("request %llu: out of memory ending a transfer", (unsigned long long)j->id);
@@ -199,8 +246,7 @@ static void ship(pjob_t *j, const fy_block_table_t *bt, int32_t n_computed)
     /* hold the blocks before the transfer can read them */
     fy_kvm_seq_release(kvm, &j->hold);
     if (fy_kvm_seq_fork(kvm, bt, &j->hold) != FY_OK) {
-        fy_xfer_job_abort(j->xj);
-        j->xj_closed = true;
+        job_close_xfer(j, false);
         snprintf(j->engine_msg, sizeof(j->engine_msg), "cannot hold blocks for the transfer");
         j->engine_status = FY_ERR_INTERNAL;
         fy_engine_cancel(fy_node_engine(j->p->n), j->engine_id);
@@ -227,7 +273,10 @@ static void on_event(void *arg, const fy_event_t *ev)
 {
     pjob_t *j = arg;
     switch (ev->kind) {
-    case FY_EVENT_PROGRESS: ship(j, ev->bt, ev->n_computed); return;
+    case FY_EVENT_PROGRESS:
+        j->computed = ev->n_computed;
+        ship(j, ev->bt, ev->n_computed);
+        return;
     case FY_EVENT_TOKEN:
         j->first_token = ev->token;
         j->logprob = ev->logprob;
@@ -248,13 +297,7 @@ static void on_event(void *arg, const fy_event_t *ev)
             j->engine_status = ev->status;
             snprintf(j->engine_msg, sizeof(j->engine_msg), "%s", ev->message ? ev->message : "");
         }
-        if (!j->xj_closed) {
-            j->xj_closed = true;
-            if (ev->kind == FY_EVENT_FINISH && j->have_token)
-                fy_xfer_job_finish(j->xj); /* flush; on_xfer_done follows */
-            else
-                fy_xfer_job_abort(j->xj);
-        }
+        if (!j->xj_closed) job_close_xfer(j, ev->kind == FY_EVENT_FINISH && j->have_token); /* on_xfer_done follows */
         job_maybe_end(j);
         return;
     }
@@ -345,6 +388,7 @@ static void cmd_prefill(prefill_t *p, fy_msgr_t *r, uint64_t rid)
     if (p->jobs) p->jobs->prev = j;
     p->jobs = j;
     p->n_jobs++;
+    open_add(p, j);
     st = fy_engine_submit(fy_node_engine(n), prompt, n_prompt, &rq, on_event, j, &j->engine_id);
     fy_free(prompt);
     if (st) {
@@ -355,13 +399,73 @@ static void cmd_prefill(prefill_t *p, fy_msgr_t *r, uint64_t rid)
                  : st == FY_ERR_INVALID  ? "the engine refused the prompt (too long for this worker's context or kv cache)"
                                          : fy_status_str(st));
         j->engine_done = true;
-        j->xj_closed = true;
-        fy_xfer_job_abort(j->xj);
+        job_close_xfer(j, false);
         return;
     }
     fy_msgw_t w;
     fy_node_msg(n, &w, "accepted", rid, id);
     fy_node_push(n, &w);
+}
+
+/* The router renewed the lease of a job's target blocks: its transfer may
+ * run until deadline_s from now (nng thread: see prefill_t.open).  A job
+ * whose transfer is already closed has put its last block. */
+static bool extend_read(fy_msgr_t *r, uint64_t *id, int64_t *attempt, double *deadline_s)
+{
+    *id = fy_msgr_u64(r, "id", FY_REQ, 0, 1, UINT64_MAX);
+    *attempt = fy_msgr_i64(r, "attempt", FY_OPT, 0, 0, 1000);
+    *deadline_s = fy_msgr_f64(r, "deadline_s", FY_REQ, 0, 0.001, 3600);
+    return fy_msgr_ok(r);
+}
+
+static bool p_direct(fy_node_t *n, void *state, const char *type, fy_msgr_t *r)
+{
+    prefill_t *p = state;
+    uint64_t id;
+    int64_t attempt;
+    double deadline_s;
+    if (strcmp(type, "extend")) return false;
+    if (!extend_read(r, &id, &attempt, &deadline_s)) return false; /* the engine thread's pass reports it */
+    double until = fy_node_now() + deadline_s;
+    pthread_mutex_lock(&p->open_mu);
+    for (pjob_t *j = p->open; j; j = j->xnext)
+        if (j->id == id && j->attempt == attempt) fy_xfer_job_extend(j->xj, until);
+    pthread_mutex_unlock(&p->open_mu);
+    return true;
+}
+
+/* Every heartbeat (worker.heartbeat) while there are jobs, the router hears which ones
+ * this worker holds and how far each prompt got: that renews their leases
+ * at the decode workers (router.c, "Lease renewal").  Sent from the engine
+ * thread's tick, so a stalled engine renews nothing. */
+static void p_tick(fy_node_t *n, void *state, double now)
+{
+    prefill_t *p = state;
+    if (!p->jobs || now - p->last_progress < fy_node_heartbeat(n)) return;
+    p->last_progress = now;
+    int32_t k = 0;
+    for (pjob_t *j = p->jobs; j; j = j->next) k += !j->cancelled;
+    if (!k) return;
+    uint64_t *ids = fy_malloc((size_t)k * sizeof(uint64_t));
+    int32_t *att = fy_malloc((size_t)k * sizeof(int32_t)), *done = fy_malloc((size_t)k * sizeof(int32_t));
+    if (ids && att && done) {
+        int32_t i = 0;
+        for (pjob_t *j = p->jobs; j; j = j->next) {
+            if (j->cancelled) continue;
+            ids[i] = j->id;
+            att[i] = (int32_t)j->attempt;
+            done[i++] = j->computed;
+        }
+        fy_msgw_t w;
+        fy_node_msg(n, &w, "progress", 0, 0);
+        fy_msgw_u64s(&w, "ids", ids, k);
+        fy_msgw_i32s(&w, "attempts", att, k);
+        fy_msgw_i32s(&w, "computed", done, k);
+        fy_node_push(n, &w);
+    }
+    fy_free(ids);
+    fy_free(att);
+    fy_free(done);
 }
 
 static void cmd_cancel(prefill_t *p, fy_msgr_t *r, uint64_t rid)
@@ -385,6 +489,7 @@ static fy_status_t p_start(fy_node_t *n, void **state_p)
     prefill_t *p = fy_calloc(1, sizeof(*p));
     if (!p) return FY_ERR_NOMEM;
     p->n = n;
+    pthread_mutex_init(&p->open_mu, NULL);
     fy_metrics_t *reg = fy_node_metrics(n);
     fy_status_t st = fy_metrics_histogram(
         reg, "ferry:time_to_first_token_seconds",
@@ -416,6 +521,7 @@ static fy_status_t p_start(fy_node_t *n, void **state_p)
         st = fy_metrics_counter(reg, "ferry:prefill_jobs_total", help,
                                 (const char *const[]){"outcome", "cancelled", NULL}, &p->m.cancelled);
     if (st) {
+        pthread_mutex_destroy(&p->open_mu);
         fy_free(p);
         return st;
     }
@@ -430,6 +536,12 @@ static void p_command(fy_node_t *n, void *state, const char *type, fy_msgr_t *r,
         cmd_prefill(p, r, rid);
     else if (!strcmp(type, "cancel"))
         cmd_cancel(p, r, rid);
+    else if (!strcmp(type, "extend")) { /* only when p_direct could not read it */
+        uint64_t id;
+        int64_t attempt;
+        double deadline_s;
+        if (!extend_read(r, &id, &attempt, &deadline_s)) fy_node_error(n, rid, 0, r->status, "bad extend: %s", r->err);
+    }
     else
         fy_node_error(n, rid, 0, FY_ERR_UNSUPPORTED, "unknown command '%s' for a prefill worker", type);
 }
@@ -449,6 +561,7 @@ static void p_destroy(void *state)
 {
     prefill_t *p = state;
     if (p->jobs) fy_error("%d prefill jobs outlived shutdown", p->n_jobs);
+    pthread_mutex_destroy(&p->open_mu);
     fy_free(p);
 }
 
@@ -456,6 +569,8 @@ const fy_node_role_t fy_prefill_role = {
     .name = "prefill",
     .start = p_start,
     .command = p_command,
+    .direct = p_direct,
+    .tick = p_tick,
     .load = p_load,
     .destroy = p_destroy,
 };

@@ -95,6 +95,12 @@ typedef struct rreq {
     int dw, pw, excluded_pw;
     uint64_t d_inc, p_inc;
     uint64_t lease;
+    /* the lease's end as the router knows it for sure (the decode worker's
+     * clock started no earlier than the command that set it), the renewal
+     * in flight, and the prompt tokens the prefill worker last reported */
+    double lease_end, renew_sent;
+    uint64_t renew_rid;
+    int32_t p_computed;
     int32_t first_block, n_dst, need_blocks, cached_d, cached_p;
     int32_t *dst;
     void *target;
@@ -158,10 +164,11 @@ typedef struct router {
     pthread_t hk;
     bool hk_on, stop;
     /* figures */
-    uint64_t accepted, refused, completed, failed, retried, bad_events;
+    uint64_t accepted, refused, completed, failed, retried, bad_events, renewals;
     fy_metrics_t *reg;
     struct {
         fy_metric_t *running, *waiting, *prefill_up, *decode_up, *prompt, *cached, *generation, *retries, *bad_events;
+        fy_metric_t *renewals;
         fy_metric_t *ttft, *itl, *e2e, *queue, *xfer_s, *xfer_bytes;
         fy_metric_t *success[4]; /* length, stop, eos, context */
         fy_metric_t *failure[6]; /* cancelled, timeout, peer, invalid, overloaded, other */
@@ -612,7 +619,7 @@ static void send_prefill(router_t *R, rreq_t *q)
     fy_msgw_i64(&w, "first_block", q->first_block);
     fy_msgw_i32s(&w, "blocks", q->dst, q->n_dst);
     /* the prefill worker stops putting a second before the lease ends */
-    double left = q->t_reserved + R->lease_s - now_s() - 1.0;
+    double left = q->lease_end - now_s() - 1.0;
     fy_msgw_f64(&w, "deadline_s", left > 0.05 ? left : 0.05);
     cmd_send(p, &w);
     q->pw = pi;
@@ -627,6 +634,8 @@ static void on_reserved(router_t *R, rreq_t *q, fy_msgr_t *r)
 {
     int32_t bs = R->lay.block_size, n_blocks = (q->n_prompt + bs - 1) / bs;
     uint64_t lease = fy_msgr_u64(r, "lease", FY_REQ, 0, 1, UINT64_MAX);
+    /* the lease the worker granted (its own cap may shorten what was asked) */
+    double granted = fy_msgr_f64(r, "lease_s", FY_OPT, R->lease_s, 0.01, 3600);
     int32_t cached = (int32_t)fy_msgr_i64(r, "cached", FY_REQ, 0, 0, q->n_prompt - 1);
     int32_t first = (int32_t)fy_msgr_i64(r, "first_block", FY_REQ, 0, 0, n_blocks - 1);
     size_t tl;
@@ -652,11 +661,93 @@ static void on_reserved(router_t *R, rreq_t *q, fy_msgr_t *r)
     q->target = tcopy;
     q->target_len = tl;
     q->lease = lease;
+    q->lease_end = q->t_reserve + granted;
+    q->renew_rid = 0;
+    q->p_computed = 0;
     q->first_block = first;
     q->cached_d = cached;
     q->t_reserved = now_s();
     q->rid = 0;
     send_prefill(R, q);
+}
+
+/*
+ * Lease renewal.  A long prompt on a loaded prefill worker can take longer
+ * than any fixed lease, so the lease lives as long as the prefill worker
+ * keeps reporting the job (its engine is ticking and holds it): each
+ * "progress" report (every worker.heartbeat) renews the lease at the
+ * decode worker once a quarter of it has passed ("renew" -> "renewed"), and the
+ * new end goes on to the prefill worker as its transfer deadline
+ * ("extend").  The prefill deadline here (router.prefill_timeout) counts
+ * from the last report that showed new prompt tokens computed, so a job
+ * that stops moving still fails.
+ */
+static void maybe_renew(router_t *R, rreq_t *q, double now)
+{
+    /* a quarter of the lease gone: reports come every heartbeat, but a long
+     * engine step on a loaded prefill worker can space them out */
+    if (q->dw < 0 || q->lease_end - now > R->lease_s * 0.75) return;
+    if (q->renew_rid && now - q->renew_sent < R->command_timeout) return; /* one in flight */
+    worker_t *d = &R->workers[q->dw];
+    if (d->inc != q->d_inc) return;
+    fy_msgw_t w;
+    q->renew_rid = ++R->next_rid;
+    q->renew_sent = now;
+    cmd_begin(R, &w, d, "renew", q->renew_rid, q->id);
+    fy_msgw_u64(&w, "lease", q->lease);
+    fy_msgw_f64(&w, "lease_s", R->lease_s);
+    cmd_send(d, &w);
+}
+
+static void on_progress(router_t *R, fy_msgr_t *r, const char *name, uint64_t inc)
+{
+    enum { MAX_JOBS = 4096 };
+    static uint64_t ids[MAX_JOBS]; /* under R->mu */
+    static int32_t computed[MAX_JOBS], attempts[MAX_JOBS];
+    int32_t n = fy_msgr_u64s(r, "ids", FY_REQ, ids, MAX_JOBS);
+    int32_t na = fy_msgr_i32s(r, "attempts", FY_REQ, attempts, MAX_JOBS, 0, 1000);
+    int32_t nc = fy_msgr_i32s(r, "computed", FY_REQ, computed, MAX_JOBS, 0, INT32_MAX);
+    if (fy_msgr_ok(r) && (na != n || nc != n))
+        fy_msgr_fail(r, FY_ERR_FORMAT, "%d ids, %d attempts and %d computed counts", n, na, nc);
+    if (!fy_msgr_ok(r)) {
+        R->bad_events++;
+        fy_warn("bad progress report from %s: %s", name, r->err);
+        return;
+    }
+    double now = now_s();
+    for (int32_t i = 0; i < n; i++) {
+        rreq_t *q = req_of(R, ids[i], name, inc, false);
+        if (!q || q->state != RQ_PREFILLING || attempts[i] != q->retries) continue;
+        if (computed[i] > q->p_computed) {
+            q->p_computed = computed[i];
+            q->prefill_deadline = now + R->prefill_timeout;
+        }
+        maybe_renew(R, q, now);
+    }
+}
+
+static void on_renewed(router_t *R, rreq_t *q, fy_msgr_t *r, uint64_t rid)
+{
+    uint64_t lease = fy_msgr_u64(r, "lease", FY_REQ, 0, 1, UINT64_MAX);
+    double granted = fy_msgr_f64(r, "lease_s", FY_REQ, 0, 0.01, 3600);
+    if (!fy_msgr_ok(r)) {
+        R->bad_events++;
+        fy_warn("bad renewal from %s: %s", R->workers[q->dw].name, r->err);
+        return;
+    }
+    if (rid != q->renew_rid || lease != q->lease) return; /* an older one */
+    q->renew_rid = 0;
+    q->lease_end = q->renew_sent + granted;
+    R->renewals++;
+    if (q->state != RQ_PREFILLING || q->pw < 0) return; /* the prompt already arrived */
+    worker_t *p = &R->workers[q->pw];
+    if (p->inc != q->p_inc) return;
+    fy_msgw_t w;
+    cmd_begin(R, &w, p, "extend", 0, q->id);
+    fy_msgw_i64(&w, "attempt", q->retries);
+    double left = q->lease_end - now_s() - 1.0;
+    fy_msgw_f64(&w, "deadline_s", left > 0.05 ? left : 0.05);
+    cmd_send(p, &w);
 }
 
 static void on_prefilled(router_t *R, rreq_t *q, fy_msgr_t *r)
@@ -786,6 +877,12 @@ static void on_error_event(router_t *R, fy_msgr_t *r, const char *name, uint64_t
         return;
     }
     bool from_d = q->dw >= 0 && !strcmp(R->workers[q->dw].name, name) && R->workers[q->dw].inc == inc;
+    if (from_d && rid && rid == q->renew_rid) {
+        /* the lease is gone: its lease_expired event ends or retries the request */
+        q->renew_rid = 0;
+        fy_debug("request %llu: renewal refused by %s: %s", (unsigned long long)id, name, message);
+        return;
+    }
     bool from_p = q->pw >= 0 && !strcmp(R->workers[q->pw].name, name) && R->workers[q->pw].inc == inc &&
                   fy_msgr_i64(r, "attempt", FY_OPT, q->retries, 0, 1000) == q->retries; /* not an older try's */
     if (from_d && (q->state == RQ_RESERVING || (R->colocated && q->state == RQ_ADOPTING)) && st == FY_ERR_NO_SPACE) {
@@ -813,7 +910,6 @@ static void on_error_event(router_t *R, fy_msgr_t *r, const char *name, uint64_t
         }
         finish_req(R, q, st, "decode worker %s: %s", name, message);
     }
-    (void)rid;
 }
 
 static void on_event(void *arg, const void *buf, size_t len)
@@ -849,6 +945,10 @@ static void on_event(void *arg, const void *buf, size_t len)
         }
     } else if (!strcmp(type, "error")) {
         on_error_event(R, &r, name, inc, id, rid);
+    } else if (!strcmp(type, "progress")) {
+        worker_t *w = worker_by_name(R, name, false);
+        if (w && w->inc == inc) w->last_seen = now_s();
+        on_progress(R, &r, name, inc);
     } else {
         worker_t *w = worker_by_name(R, name, false);
         if (w && w->inc == inc) w->last_seen = now_s();
@@ -857,6 +957,8 @@ static void on_event(void *arg, const void *buf, size_t len)
         if (!q) {
             /* about a request that ended, or from a worker it no longer belongs to */
             fy_debug("'%s' event for request %llu from %s ignored", type, (unsigned long long)id, name);
+        } else if (!strcmp(type, "renewed")) {
+            if (q->state == RQ_PREFILLING || q->state == RQ_ADOPTING) on_renewed(R, q, &r, rid);
         } else if (!strcmp(type, "reserved")) {
             if (q->state == RQ_RESERVING && rid == q->rid) on_reserved(R, q, &r);
         } else if (!strcmp(type, "accepted")) {
@@ -1273,6 +1375,7 @@ void fy_router_metrics_refresh(router_t *R)
     fy_metric_set(R->m.prefill_up, p);
     fy_metric_set(R->m.decode_up, d);
     fy_metric_set(R->m.bad_events, (double)R->bad_events);
+    fy_metric_set(R->m.renewals, (double)R->renewals);
 }
 
 /* The router's series (docs/operations.md). */
@@ -1290,6 +1393,10 @@ static fy_status_t metrics_setup(router_t *R)
     if (!st) st = fy_metrics_counter(g, "ferry:generation_tokens_total", "Tokens streamed to clients", NULL, &R->m.generation);
     if (!st) st = fy_metrics_counter(g, "ferry:router_retries_total", "Requests retried on another prefill worker", NULL, &R->m.retries);
     if (!st) st = fy_metrics_counter(g, "ferry:bad_events_total", "Malformed or unexpected worker events", NULL, &R->m.bad_events);
+    if (!st)
+        st = fy_metrics_counter(g, "ferry:kv_lease_renewals_total",
+                                "KV leases renewed at a decode worker while their prompt was still being prefilled", NULL,
+                                &R->m.renewals);
     static const char *const reasons[] = {"length", "stop", "eos", "context"};
     for (int i = 0; i < 4 && !st; i++) {
         const char *l[] = {"finished_reason", reasons[i], NULL};

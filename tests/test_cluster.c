@@ -2,10 +2,11 @@
  * test_cluster.c - disaggregated serving end to end, every role its own
  * process on this host: the same greedy tokens as the single-process
  * engine for 50 requests of mixed lengths, and faults: a prefill worker
- * killed mid-transfer, a decode worker killed mid-stream, leases that
- * expire, a KV layout mismatch, garbage on every socket.  After each,
- * every request has ended and every decode pool is back to its starting
- * free count.
+ * killed mid-transfer, a decode worker killed mid-stream, leases renewed
+ * while a long prompt is prefilled and leases that expire when its
+ * prefill worker stops, a KV layout mismatch, garbage on every socket.
+ * After each, every request has ended and every decode pool is back to
+ * its starting free count.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -292,34 +293,85 @@ static void test_decode_killed_mid_stream(void **state)
 
 /* ---- leases that expire before the prompt arrives ---- */
 
-static void test_lease_expires(void **state)
+static pid_t pid_of(tc_cluster_t *c, const char *name)
+{
+    for (int i = 0; i < c->n_procs; i++)
+        if (!strcmp(c->procs[i].name, name)) return c->procs[i].pid;
+    fail_msg("no process %s", name);
+    return -1;
+}
+
+static bool log_contains(const tc_cluster_t *c, const char *name, const char *needle)
+{
+    for (int i = 0; i < c->n_procs; i++) {
+        if (strcmp(c->procs[i].name, name)) continue;
+        FILE *f = fopen(c->procs[i].log, "r");
+        if (!f) return false;
+        char line[1024];
+        bool found = false;
+        while (!found && fgets(line, sizeof(line), f)) found = strstr(line, needle) != NULL;
+        fclose(f);
+        return found;
+    }
+    return false;
+}
+
+/* A lease (5 s) far shorter than the prefill of a 3000-token prompt on one
+ * thread: the lease is renewed while the prefill worker reports the job,
+ * so the request completes on its first try (before renewal it failed
+ * with "the kv lease expired", twice).  A prefill worker that stops
+ * (SIGSTOP) renews nothing: the lease expires, its blocks go back, and the
+ * request ends with an error once its retry fails too. */
+static void test_lease_renewed_and_expires(void **state)
 {
     if (!tc_available()) skip();
-    static int32_t p[3000];
-    make_prompt(p, 3000, 5);
+#ifdef FY_DEBUG /* sanitizer builds run ~10x slower */
+    enum { N = 1000 };
+#else
+    enum { N = 3000 };
+#endif
+    static int32_t p[N];
+    make_prompt(p, N, 5);
     tc_cluster_t c;
-    /* a lease far shorter than the prefill of 3000 tokens on one thread */
     tc_opts_t o = {.n_prefill = 1,
                    .n_decode = 1,
-                   .common = {"router.lease=1s", "decode.kv_mem=96MiB", "prefill.kv_mem=96MiB"}};
+                   /* a stopped worker's lease must expire before the router gives up on the worker or its command */
+                   .common = {"router.lease=5s", "router.health_timeout=30s", "router.command_timeout=30s", "decode.kv_mem=96MiB",
+                              "prefill.kv_mem=96MiB", "prefill.max_batch_tokens=128"}};
     tc_start(&c, &o);
     char names[8][64];
     int32_t adm[8];
     int nd = decode_admittable(&c, names, adm);
-    fy_client_stream_t s = submit(&c, p, 3000, 4);
+
+    fy_client_stream_t s = submit(&c, p, N, 4);
     tc_result_t got = {0};
-    tc_collect(&c, &s, &got, 1, 120);
-    print_message("request ended: %s (%s) after %d retries\n", got.message, fy_status_str(got.error),
-                  got.timings.retries);
-    assert_int_not_equal(got.error, FY_OK);
-    assert_int_equal(got.timings.retries, 1);
-    assert_true(strstr(got.message, "lease") || strstr(got.message, "deadline") || strstr(got.message, "timed out"));
+    tc_collect(&c, &s, &got, 1, 300);
+    if (got.error || got.timings.retries) tc_print_logs(&c);
+    print_message("%d-token prompt with a 5-s lease: %s, prefill %.2f s, %d retries\n", N,
+                  got.error ? got.message : "ok", got.timings.prefill_total_s, got.timings.retries);
+    assert_int_equal(got.error, FY_OK);
+    assert_int_equal(got.timings.retries, 0);
+    assert_true(got.timings.prefill_total_s > 5.0); /* it outlived the lease it started with */
+    assert_int_equal(got.n, 4);
     expect_pools_back(&c, names, adm, nd);
-#ifndef FY_DEBUG /* sanitizer builds run ~10x slower: even a short prompt may outlast a 1-s lease */
-    fy_client_stream_t s2 = submit(&c, p, 50, 4);
+
+    /* the prefill worker stops: no reports, no renewals */
+    pid_t pp = pid_of(&c, "prefill-0");
+    fy_client_stream_t s2 = submit(&c, p, N, 4);
+    assert_int_equal(kill(pp, SIGSTOP), 0);
     tc_result_t r2 = {0};
-    tc_collect(&c, &s2, &r2, 1, 60);
-    assert_int_equal(r2.error, FY_OK);
+    tc_collect(&c, &s2, &r2, 1, 120);
+    assert_int_equal(kill(pp, SIGCONT), 0);
+    print_message("with the prefill worker stopped: %s (%s)\n", r2.message, fy_status_str(r2.error));
+    assert_int_not_equal(r2.error, FY_OK);
+    assert_true(strstr(r2.message, "lease") != NULL);
+    expect_pools_back(&c, names, adm, nd);
+    assert_true(log_contains(&c, "decode-0", "expired; its"));
+#ifndef FY_DEBUG /* sanitizer builds run ~10x slower: even a short prompt may outlast a 1-s lease */
+    fy_client_stream_t s3 = submit(&c, p, 50, 4);
+    tc_result_t r3 = {0};
+    tc_collect(&c, &s3, &r3, 1, 60);
+    assert_int_equal(r3.error, FY_OK);
 #endif
     tc_stop(&c);
 }
@@ -474,7 +526,7 @@ int main(void)
         cmocka_unit_test_teardown(test_colocated_same_tokens, teardown),
         cmocka_unit_test_teardown(test_prefill_killed_mid_transfer, teardown),
         cmocka_unit_test_teardown(test_decode_killed_mid_stream, teardown),
-        cmocka_unit_test_teardown(test_lease_expires, teardown),
+        cmocka_unit_test_teardown(test_lease_renewed_and_expires, teardown),
         cmocka_unit_test_teardown(test_layout_mismatch, teardown),
         cmocka_unit_test_teardown(test_garbage_everywhere, teardown),
     };

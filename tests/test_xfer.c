@@ -553,6 +553,22 @@ static void test_deadline_abort_range(void **state)
     assert_int_equal(dc.arena[0], 0xA5);
     done_fini(&d);
 
+    /* a deadline moved later before it passed: the job lives past the
+     * first one and completes; an earlier "extension" changes nothing */
+    done_init(&d);
+    memset(dc.arena, 0xA5, dc.bytes);
+    assert_int_equal(fy_xfer_job_begin(pf.x, blob, len, fy_xfer_now() + 0.3, on_done, &d, &j), FY_OK);
+    fy_xfer_job_extend(j, fy_xfer_now() + 30);
+    fy_xfer_job_extend(j, fy_xfer_now() - 5);
+    struct timespec pause = {0, 600 * 1000 * 1000};
+    nanosleep(&pause, NULL); /* past the first deadline: what is tested is that nothing happens */
+    assert_int_equal(done_calls(&d), 0);
+    assert_int_equal(fy_xfer_job_put(j, src, dst, 2), FY_OK);
+    fy_xfer_job_finish(j);
+    assert_int_equal(done_wait(&d, 10), FY_OK);
+    assert_memory_equal(block(&pf, 0), block(&dc, 0), l.block_bytes);
+    done_fini(&d);
+
     /* abort: CANCELLED, and the callback waits for the abort */
     done_init(&d);
     assert_int_equal(fy_xfer_job_begin(pf.x, blob, len, fy_xfer_now() + 10, on_done, &d, &j), FY_OK);

@@ -100,7 +100,7 @@ struct fy_xfer_job {
     fy_xfer_t *x;
     /* set by fy_xfer_job_begin, read-only afterwards (any thread) */
     int32_t remote_blocks;
-    double deadline;
+    _Atomic double deadline; /* only moves later (fy_xfer_job_extend) */
     fy_xfer_done_fn cb;
     void *arg;
     _Atomic int caller_st; /* an error fy_xfer_job_put returned; the thread fails the job with it */
@@ -944,7 +944,7 @@ fy_status_t fy_xfer_job_begin(fy_xfer_t *x, const void *target_blob, size_t len,
     j->target.addr = blob + (t.addr - (const uint8_t *)target_blob);
     j->target.rkey = blob + (t.rkey - (const uint8_t *)target_blob);
     j->remote_blocks = (int32_t)(t.arena_bytes / t.block_bytes);
-    j->deadline = deadline;
+    atomic_init(&j->deadline, deadline);
     j->cb = cb;
     j->arg = arg;
     atomic_init(&j->caller_st, FY_OK);
@@ -1002,6 +1002,15 @@ fy_status_t fy_xfer_job_put(fy_xfer_job_t *j, const int32_t *src, const int32_t 
         return FY_ERR_CANCELLED;
     }
     return FY_OK;
+}
+
+void fy_xfer_job_extend(fy_xfer_job_t *j, double deadline)
+{
+    if (!j) return;
+    /* one writer at a time (the caller's contract), the transfer thread reads */
+    if (deadline > atomic_load(&j->deadline)) atomic_store(&j->deadline, deadline);
+    /* a sleeping transfer thread re-reads deadlines when it wakes, at the
+     * old one at the latest: nothing to poke */
 }
 
 void fy_xfer_job_finish(fy_xfer_job_t *j)

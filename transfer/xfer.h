@@ -158,6 +158,10 @@ fy_status_t fy_xfer_job_begin(fy_xfer_t *x, const void *target_blob, size_t len,
  * FY_ERR_INVALID (a transfer with a hole in it must not report success).
  * FY_ERR_NOMEM likewise fails the job. */
 fy_status_t fy_xfer_job_put(fy_xfer_job_t *j, const int32_t *src, const int32_t *dst, int32_t n);
+/* Moves the job's deadline later (an earlier one is ignored): the target's
+ * lease was renewed.  Only between begin and finish/abort (or until cb
+ * runs, if that is first), from any thread, one at a time. */
+void fy_xfer_job_extend(fy_xfer_job_t *j, double deadline);
 /* No more puts: flush, then cb(arg, FY_OK, NULL) once everything is at the target. */
 void fy_xfer_job_finish(fy_xfer_job_t *j);
 /* Gives up: cb(arg, FY_ERR_CANCELLED, ...) once the puts already issued
