@@ -465,6 +465,7 @@ static void usage(FILE *f)
                "  bench-xfer KV transfer throughput over UCX against ucx_perftest\n"
                "  bench-ttft time to first token, disaggregated (a running cluster) against colocated\n"
                "  plan       how much KV cache fits a memory budget\n"
+               "  chaos      kill a local cluster's processes under load and check nothing is lost\n"
                "run 'ferry COMMAND --help' for a command's options\n");
 }
 
@@ -486,6 +487,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "request")) return fy_cmd_request(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return fy_cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench-ttft")) return fy_cmd_bench_ttft(argc - 1, argv + 1);
+    if (!strcmp(cmd, "chaos")) return fy_cmd_chaos(argc - 1, argv + 1);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;
