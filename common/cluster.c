@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,4 +176,25 @@ bool fy_cluster_addr_plus(const char *base, int i, char *out, size_t cap)
     }
     if (!strncmp(base, "ipc://", 6)) return snprintf(out, cap, "%s-%d", base, i) < (int)cap;
     return false;
+}
+
+void fy_cluster_notify_ready(void)
+{
+    const char *v = getenv(FY_CLUSTER_READY_ENV);
+    if (!v) return;
+    char *end;
+    errno = 0;
+    long fd = strtol(v, &end, 10);
+    if (errno || end == v || *end || fd < 0 || fd > INT_MAX) {
+        fy_warn("%s='%s' is not a descriptor; not reporting readiness", FY_CLUSTER_READY_ENV, v);
+        unsetenv(FY_CLUSTER_READY_ENV);
+        return;
+    }
+    unsetenv(FY_CLUSTER_READY_ENV);
+    static const char msg[] = "ready\n";
+    ssize_t n;
+    do n = write((int)fd, msg, sizeof(msg) - 1);
+    while (n < 0 && errno == EINTR);
+    if (n != (ssize_t)sizeof(msg) - 1) fy_warn("cannot report readiness on descriptor %ld: %m", fd);
+    close((int)fd);
 }
