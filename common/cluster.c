@@ -25,6 +25,7 @@ static const char *const KEYS[] = {
     "router.request_timeout", "router.prefill_timeout", "router.command_timeout", "router.lease",
     "router.client_timeout", "router.retries", "router.prefix_weight", "router.prefill_queue_tokens",
     "router.api_keys", "router.served_model_name", "router.max_body", "router.default_max_tokens", "router.retry_after",
+    "router.drain_timeout",
     "prefill.count", "prefill.listen", "prefill.threads", "prefill.kv_mem", "prefill.max_seqs",
     "prefill.max_batch_tokens", "prefill.max_waiting", "prefill.ctx", "prefill.metrics",
     "decode.count", "decode.listen", "decode.threads", "decode.kv_mem", "decode.max_seqs",

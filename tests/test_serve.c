@@ -302,6 +302,20 @@ static void test_cluster(void **state)
     assert_string_equal(router.state, "running");
     assert_true(router.pid > 0 && prefill.pid > 0 && decode.pid > 0);
 
+    /* the router drains for serve.stop_grace when told to stop */
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", router.pid);
+    char cmd[4096];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    assert_true(fd >= 0);
+    ssize_t len = read(fd, cmd, sizeof(cmd) - 1); /* /proc gives it in one read */
+    close(fd);
+    assert_true(len > 0);
+    cmd[len] = '\0';
+    bool drain = false;
+    for (ssize_t i = 0; i < len; i += (ssize_t)strlen(cmd + i) + 1) drain |= !strcmp(cmd + i, "router.drain_timeout=5");
+    if (!drain) fail_msg("the router's command line has no router.drain_timeout=5");
+
     /* a second cluster on the same ports: it must fail, naming the
      * address, and never call the first one's answers its own */
     char run_b[PATH_MAX + 32];

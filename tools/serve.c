@@ -448,7 +448,11 @@ int fy_cmd_serve(int argc, char **argv)
     char bin[PATH_MAX], logp[PATH_MAX], name[64], addr[256], set_name[128], set_addr[320], maddr[256], set_maddr[320];
     if (!fmt(bin, sizeof(bin), "%s/ferry-router", bindir) || !fmt(logp, sizeof(logp), "%s/router.log", log_dir))
         goto out;
-    char *rargv[] = {bin, "-c", conf, NULL};
+    /* the router drains its requests for serve.stop_grace when stopped,
+     * and has ROUTER_STOP_MARGIN_S more to end the rest and exit */
+    char set_drain[64];
+    snprintf(set_drain, sizeof(set_drain), "router.drain_timeout=%g", grace);
+    char *rargv[] = {bin, "-c", conf, "--set", set_drain, NULL};
     int idx;
     if (fy_sup_add(s.sup, "router", rargv, logp, true, &idx) || fy_sup_set_ready(s.sup, idx, FY_CLUSTER_READY_ENV) ||
         (*router_http && fy_sup_set_health(s.sup, idx, router_http)) ||
