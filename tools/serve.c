@@ -227,7 +227,7 @@ static void on_health(void *arg, const char *path, fy_http_reply_t *reply)
     for (int i = 0; i < s->n_children; i++) {
         const fy_sup_info_t *k = &info[i];
         if (!reason[0] && k->state != FY_SUP_RUNNING)
-            snprintf(reason, sizeof(reason), "%s is %s", k->name, fy_sup_state_str(k->state));
+            snprintf(reason, sizeof(reason), "%s: %s", k->name, fy_sup_state_str(k->state));
         json_t *o = json_pack("{s:s, s:s, s:i, s:i, s:i, s:f, s:f, s:s}", "name", k->name, "state",
                               fy_sup_state_str(k->state), "pid", (int)k->pid, "restarts", k->restarts,
                               "health_kills", k->health_kills, "up_s", k->up_s, "restart_in_s", k->restart_in_s,
