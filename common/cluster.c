@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,7 @@ static const char *const KEYS[] = {
     "router.request_timeout", "router.prefill_timeout", "router.command_timeout", "router.lease",
     "router.client_timeout", "router.retries", "router.prefix_weight", "router.prefill_queue_tokens",
     "router.api_keys", "router.served_model_name", "router.max_body", "router.default_max_tokens", "router.retry_after",
+    "router.drain_timeout",
     "prefill.count", "prefill.listen", "prefill.threads", "prefill.kv_mem", "prefill.max_seqs",
     "prefill.max_batch_tokens", "prefill.max_waiting", "prefill.ctx", "prefill.metrics",
     "decode.count", "decode.listen", "decode.threads", "decode.kv_mem", "decode.max_seqs",
@@ -31,8 +33,10 @@ static const char *const KEYS[] = {
     "decode.itl_target", "decode.metrics", "decode.spec", "decode.spec_k", "decode.spec_ngram_max",
     "decode.spec_min_accept", "decode.spec_warmup", "decode.spec_probe_steps", "decode.spec_batch_tokens",
     "decode.spec_sampled", "decode.spec_draft_kv_fraction",
-    "worker.name", "worker.heartbeat", "worker.stall_timeout", "worker.transports", "worker.net_devices", "worker.isa", "worker.device",
-    "serve.run_dir", "serve.logs", "serve.restart_backoff", "serve.max_restarts", "serve.stop_grace",
+    "worker.name", "worker.heartbeat", "worker.stall_timeout", "worker.transports", "worker.net_devices",
+    "worker.isa", "worker.device",
+    "serve.run_dir", "serve.logs", "serve.restart_backoff", "serve.restart_backoff_max", "serve.max_restarts",
+    "serve.stop_grace", "serve.health_timeout", "serve.start_timeout", "serve.metrics",
 };
 
 fy_status_t fy_cluster_config(int argc, char **argv, const char *usage, fy_config_t **cfg_p)
@@ -175,4 +179,25 @@ bool fy_cluster_addr_plus(const char *base, int i, char *out, size_t cap)
     }
     if (!strncmp(base, "ipc://", 6)) return snprintf(out, cap, "%s-%d", base, i) < (int)cap;
     return false;
+}
+
+void fy_cluster_notify_ready(void)
+{
+    const char *v = getenv(FY_CLUSTER_READY_ENV);
+    if (!v) return;
+    char *end;
+    errno = 0;
+    long fd = strtol(v, &end, 10);
+    if (errno || end == v || *end || fd < 0 || fd > INT_MAX) {
+        fy_warn("%s='%s' is not a descriptor; not reporting readiness", FY_CLUSTER_READY_ENV, v);
+        unsetenv(FY_CLUSTER_READY_ENV);
+        return;
+    }
+    unsetenv(FY_CLUSTER_READY_ENV);
+    static const char msg[] = "ready\n";
+    ssize_t n;
+    do n = write((int)fd, msg, sizeof(msg) - 1);
+    while (n < 0 && errno == EINTR);
+    if (n != (ssize_t)sizeof(msg) - 1) fy_warn("cannot report readiness on descriptor %ld: %m", fd);
+    close((int)fd);
 }

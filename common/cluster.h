@@ -38,6 +38,17 @@ fy_status_t fy_cluster_make_secret(const char *path);
 /* kv.block_size and kv.dtype. */
 fy_status_t fy_cluster_kv(const fy_config_t *cfg, int32_t *block_size_p, fy_dtype_t *dtype_p);
 
+/* The environment variable through which a supervisor (`ferry serve`)
+ * hands a child the write end of its readiness pipe. */
+#define FY_CLUSTER_READY_ENV "FERRY_READY_FD"
+
+/* Tells the supervisor that started this process, if any, that it is
+ * ready: every listener is bound.  Writes "ready\n" on the descriptor
+ * named by $FERRY_READY_FD, closes it and unsets the variable; nothing
+ * when the variable is absent (a process started by hand).  A failure is
+ * logged (the supervisor then sees the process as never ready). */
+void fy_cluster_notify_ready(void);
+
 /* Worker i's address from its role's base address: "tcp://host:port"
  * (or "http://host:port") -> the same with port + i, "ipc:///p" ->
  * "ipc:///p-i".  False for anything else, a port past 65535, or out too

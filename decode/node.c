@@ -4,7 +4,11 @@
  *
  * Start-up order: configuration, model, backend, runner (the KV arena),
  * block manager, engine, transfer engine (registers the arena), the role,
- * then the sockets, so nothing arrives before it can be handled.
+ * then the sockets, so nothing arrives before it can be handled; the
+ * heartbeats that announce the worker to the router start only once every
+ * listener is bound, and then the supervisor, if any, hears "ready"
+ * (fy_cluster_notify_ready).  A listener that cannot be bound ends the
+ * start-up with an error naming its address and the cause.
  * Shutdown runs it backwards after SIGINT or SIGTERM: commands stop, the
  * engine thread stops, the transfer engine ends its jobs (their ends are
  * posted to the engine), the role ends what it holds, the engine runs
@@ -584,8 +588,6 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     n->last_kv_check = n->last_tick - KV_CHECK_S; /* the first sync scans */
     sync_metrics(n, n->last_tick);
     send_load(n);
-    if (pthread_create(&n->hb, NULL, hb_main, n)) return FY_ERR_INTERNAL;
-    n->hb_on = true;
     if ((st = fy_engine_start(n->engine))) return st;
     if ((st = fy_pull_create(n->listen, on_command, n, &n->cmds))) return st;
     if (n->metrics_url[0]) {
@@ -595,6 +597,11 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
             return st;
         fy_info("metrics and health on %s (/metrics, /health)", n->metrics_url);
     }
+    /* the router hears of us (the heartbeat thread sends the load report
+     * left above) only once every listener is bound: a worker whose port
+     * someone else holds must not draw the router's commands there */
+    if (pthread_create(&n->hb, NULL, hb_main, n)) return FY_ERR_INTERNAL;
+    n->hb_on = true;
     n->up = true;
     char desc[256];
     fy_model_describe(n->model, desc, sizeof(desc));
@@ -668,6 +675,7 @@ int fy_node_main(int argc, char **argv, const fy_node_role_t *role)
         teardown(&n);
         return 1;
     }
+    fy_cluster_notify_ready(); /* every listener is bound */
     int sig = 0;
     sigwait(&sigs, &sig);
     fy_info("%s: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");

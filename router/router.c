@@ -1612,6 +1612,8 @@ int fy_router_main(int argc, char **argv)
             fy_error("router: start-up failed: %s", fy_status_str(st));
             rc = 1;
         } else {
+            /* every listener is bound: `ferry serve` may count us in */
+            fy_cluster_notify_ready();
             int sig = 0;
             sigwait(&sigs, &sig);
             fy_info("%s: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");

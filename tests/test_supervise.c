@@ -6,13 +6,20 @@
  * supervisor's process group, a second stop request cutting the grace
  * short, children dying with a SIGKILLed supervisor,
  * exec failures named by child, log files, stdin and inherited
- * descriptors, and no zombies after any of it.
+ * descriptors, and no zombies after any of it.  Then readiness reports
+ * and start-up failures (with the child's error lines repeated), health
+ * probes against a small HTTP child (this binary run again with
+ * --http-child) that is SIGSTOPped briefly (left alone) or for good
+ * (killed and restarted), a supervisor that is itself stopped, restarts
+ * that never give up, and the stop order by stages.
  *
  * Every wait is on an event (a FIFO the children write to, a pidfd, the
  * supervisor's own poll callback) with a deadline, never a fixed sleep.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,6 +27,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
@@ -27,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "mem.h"
 #include "testutil.h"
 
@@ -45,6 +54,13 @@ static void assert_no_children(void)
 }
 
 static bool gone(pid_t pid) { return kill(pid, 0) < 0 && errno == ESRCH; }
+
+static fy_sup_t *make_sup_p(const fy_sup_params_t *p)
+{
+    fy_sup_t *s = NULL;
+    assert_int_equal(fy_sup_create(p, &s), FY_OK);
+    return s;
+}
 
 static fy_sup_t *make_sup(double backoff, double backoff_max, int max_restarts, double grace)
 {
@@ -749,8 +765,502 @@ static void test_alloc_failure(void **state)
     assert_true(completed);
 }
 
-int main(void)
+/* ---- readiness and start-up failures ---------------------------------------------------------- */
+
+/* A script's line that reports readiness on the inherited pipe (dash takes
+ * no descriptor above 9 in a redirection: the pipe is opened again) */
+#define SAY_READY "echo ready > /proc/self/fd/$" FY_CLUSTER_READY_ENV ";"
+
+static int add_ready_sh(fy_sup_t *s, const char *name, const char *script, const char *log)
 {
+    char *argv[] = {"/bin/sh", "-c", (char *)script, NULL};
+    int idx = -1;
+    assert_int_equal(fy_sup_add(s, name, argv, log, false, &idx), FY_OK);
+    assert_int_equal(fy_sup_set_ready(s, idx, FY_CLUSTER_READY_ENV), FY_OK);
+    return idx;
+}
+
+static void until_running(void *arg, fy_sup_t *s)
+{
+    watch_t *w = arg;
+    if (fy_sup_state(s, w->a) == FY_SUP_RUNNING || now() > w->deadline) {
+        w->timed_out = fy_sup_state(s, w->a) != FY_SUP_RUNNING;
+        fy_sup_request_stop(s);
+    }
+}
+
+static void test_ready(void **state)
+{
+    fy_sup_params_t p;
+    fy_sup_params_default(&p);
+    p.fatal_startup = true;
+    p.stop_grace_s = 2;
+    fy_sup_t *s = make_sup_p(&p);
+    int slow = add_ready_sh(s, "slow", "sleep 0.3;" SAY_READY "exec sleep 30", NULL);
+    int plain = add_sh(s, "plain", "exec sleep 30", NULL, false); /* no report: running at once */
+    assert_int_equal(fy_sup_start(s), FY_OK);
+    assert_int_equal(fy_sup_state(s, slow), FY_SUP_STARTING);
+    assert_string_equal(fy_sup_state_str(fy_sup_state(s, slow)), "starting");
+    assert_int_equal(fy_sup_state(s, plain), FY_SUP_RUNNING);
+    pid_t pid = fy_sup_pid(s, slow);
+    assert_true(pid > 0); /* it runs */
+    fy_test_log_begin();
+    watch_t w = {.deadline = now() + DEADLINE_S, .a = slow};
+    assert_int_equal(fy_sup_run(s, until_running, &w, 0.01), FY_OK);
+    char line[64];
+    snprintf(line, sizeof(line), "slow (pid %d) is ready", (int)pid);
+    assert_true(fy_test_log_has(line, NULL));
+    fy_test_log_end();
+    assert_false(w.timed_out);
+    fy_sup_info_t info;
+    fy_sup_info(s, slow, &info);
+    assert_string_equal(info.name, "slow");
+    assert_int_equal(info.restarts, 0);
+    fy_sup_info(s, 99, &info);
+    assert_string_equal(info.name, "");
+    fy_sup_destroy(s);
+    assert_no_children();
+}
+
+/* A child that fails before it is ready stops everything, its error lines
+ * (and only those, and only this run's) in our log. */
+static void test_startup_failure(void **state)
+{
+    const char *log = fy_test_path("bad.log");
+    assert_true(fy_test_write_file(log, "bad: error: an error of an earlier run\n", 39));
+    fy_sup_params_t p;
+    fy_sup_params_default(&p);
+    p.fatal_startup = true;
+    p.log_echo_mark = ": error: ";
+    p.restart_backoff_s = p.restart_backoff_max_s = 0.01;
+    fy_sup_t *s = make_sup_p(&p);
+    int ok = add_ready_sh(s, "ok", SAY_READY "exec sleep 30", NULL);
+    int bad = add_ready_sh(s, "bad",
+                           "sleep 0.2; echo 'bad: info: loading'; echo 'bad: error: config: x.y = zz: not a number';"
+                           "echo 'bad: error: start-up failed: invalid argument'; exit 1",
+                           log);
+    assert_int_equal(fy_sup_start(s), FY_OK);
+    fy_test_log_begin();
+    watch_t w = {.deadline = now() + DEADLINE_S};
+    assert_int_equal(fy_sup_run(s, deadline_only, &w, 0.05), FY_ERR_PEER);
+    fy_test_log_end();
+    const char *text = fy_test_log_text();
+    if (!fy_test_log_has("bad (pid ", "exited with status 1 before it was ready: it cannot start; stopping everything",
+                         NULL) ||
+        !fy_test_log_has("bad's log: bad: error: config: x.y = zz: not a number", NULL) ||
+        !fy_test_log_has("bad's log: bad: error: start-up failed: invalid argument", NULL) ||
+        fy_test_log_has("loading", NULL) || fy_test_log_has("earlier run", NULL) ||
+        !fy_test_log_has("stopped ok", NULL) || fy_test_log_has("restarting", NULL))
+        fail_msg("log:\n%s", text);
+    assert_false(w.timed_out);
+    assert_int_equal(fy_sup_state(s, bad), FY_SUP_FAILED);
+    assert_int_equal(fy_sup_state(s, ok), FY_SUP_DOWN);
+    assert_int_equal(fy_sup_restarts(s, bad), 0);
+    fy_sup_destroy(s);
+    assert_no_children();
+
+    /* one that never says ready within start_timeout_s: killed, and a
+     * start-up failure too */
+    p.start_timeout_s = 0.3;
+    s = make_sup_p(&p);
+    int stuck = add_ready_sh(s, "stuck", "exec sleep 30", NULL);
+    assert_int_equal(fy_sup_start(s), FY_OK);
+    fy_test_log_begin();
+    double t0 = now();
+    w.deadline = t0 + DEADLINE_S;
+    assert_int_equal(fy_sup_run(s, deadline_only, &w, 0.05), FY_ERR_PEER);
+    double took = now() - t0;
+    assert_true(fy_test_log_has("stuck (pid ", "was not ready 0.3 s after its start; killing it (SIGKILL)", NULL));
+    assert_true(fy_test_log_has("stuck (pid ", "killed by signal 9 (SIGKILL) before it was ready", NULL));
+    fy_test_log_end();
+    if (took < 0.3 - 1e-3) fail_msg("killed after %.3f s, the limit is 0.3 s", took);
+    fy_sup_info_t info;
+    fy_sup_info(s, stuck, &info);
+    assert_int_equal(info.health_kills, 1);
+    assert_int_equal(info.state, FY_SUP_FAILED);
+    assert_non_null(strstr(info.last_exit, "killed by signal 9 (SIGKILL): it was not ready"));
+    fy_sup_destroy(s);
+    assert_no_children();
+
+    /* a child that said ready and exited at once is no start-up failure,
+     * nor is any failure without fatal_startup: both are restarted */
+    p.start_timeout_s = 0;
+    for (int fatal = 1; fatal >= 0; fatal--) {
+        p.fatal_startup = fatal;
+        s = make_sup_p(&p);
+        int idx = add_ready_sh(s, "brief", fatal ? SAY_READY "exit 0" : "exit 1", NULL);
+        assert_int_equal(fy_sup_start(s), FY_OK);
+        fy_test_log_begin();
+        w = (watch_t){.deadline = now() + DEADLINE_S, .a = idx, .want_restarts = 3};
+        assert_int_equal(fy_sup_run(s, until_restarts, &w, 0.01), FY_OK);
+        assert_true(fy_test_log_has("brief (pid ", fatal ? "exited with status 0; restarting" : "exited with status 1; restarting",
+                                    NULL));
+        fy_test_log_end();
+        assert_false(w.timed_out);
+        fy_sup_destroy(s);
+        assert_no_children();
+    }
+}
+
+/* ---- health probes --------------------------------------------------------------------------- */
+
+/* The child: an HTTP server on 127.0.0.1:port answering 503 to anything
+ * (a 503 is a sign of life), ready once it listens. */
+static int http_child(const char *port_arg)
+{
+    int port = atoi(port_arg);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) || listen(fd, 64)) {
+        perror("http child");
+        return 1;
+    }
+    fy_cluster_notify_ready();
+    static const char answer[] = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    for (;;) {
+        int c = accept(fd, NULL, NULL);
+        if (c < 0) continue;
+        char buf[1024];
+        if (read(c, buf, sizeof(buf)) > 0 && write(c, answer, sizeof(answer) - 1)) {
+        }
+        close(c);
+    }
+}
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static char g_self[512]; /* this binary */
+
+static int add_http_child(fy_sup_t *s, const char *name, int port)
+{
+    char ps[16], url[64];
+    snprintf(ps, sizeof(ps), "%d", port);
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d", port);
+    char *argv[] = {g_self, "--http-child", ps, NULL};
+    int idx = -1;
+    assert_int_equal(fy_sup_add(s, name, argv, NULL, false, &idx), FY_OK);
+    assert_int_equal(fy_sup_set_ready(s, idx, FY_CLUSTER_READY_ENV), FY_OK);
+    assert_int_equal(fy_sup_set_health(s, idx, url), FY_OK);
+    return idx;
+}
+
+typedef struct wedge {
+    int idx, phase;
+    double deadline, t_mark, t_stopped, t_killed;
+    pid_t first, second;
+    char fail[256];
+} wedge_t;
+
+/* 0: wait until ready; 1: stopped for 0.5 s; 2: running again for 3 s,
+ * longer than the 2 s health timeout: must be left alone; 3: stopped for
+ * good: must be killed and come back as a new process. */
+static void wedge_cb(void *arg, fy_sup_t *s)
+{
+    wedge_t *w = arg;
+    double t = now();
+    fy_sup_info_t info;
+    fy_sup_info(s, w->idx, &info);
+    if (t > w->deadline) {
+        snprintf(w->fail, sizeof(w->fail), "phase %d not over within the deadline (state %s)", w->phase,
+                 fy_sup_state_str(info.state));
+        fy_sup_request_stop(s);
+        return;
+    }
+    switch (w->phase) {
+    case 0:
+        if (info.state != FY_SUP_RUNNING) return;
+        w->first = info.pid;
+        assert_int_equal(kill(w->first, SIGSTOP), 0);
+        w->t_mark = t;
+        w->phase = 1;
+        return;
+    case 1:
+        if (t - w->t_mark < 0.5) return;
+        assert_int_equal(kill(w->first, SIGCONT), 0);
+        w->t_mark = t;
+        w->phase = 2;
+        return;
+    case 2:
+        if (info.pid != w->first || info.health_kills) {
+            snprintf(w->fail, sizeof(w->fail), "killed for a 0.5 s stop (pid %d, kills %d)", (int)info.pid,
+                     info.health_kills);
+            fy_sup_request_stop(s);
+            return;
+        }
+        if (t - w->t_mark < 3.0) return;
+        assert_int_equal(kill(w->first, SIGSTOP), 0);
+        w->t_stopped = t;
+        w->phase = 3;
+        return;
+    case 3:
+        if (info.health_kills && !w->t_killed) w->t_killed = t;
+        if (info.state != FY_SUP_RUNNING || info.pid == w->first) return;
+        w->second = info.pid;
+        fy_sup_request_stop(s);
+        return;
+    }
+}
+
+static void test_health_wedge(void **state)
+{
+    fy_sup_params_t p;
+    fy_sup_params_default(&p);
+    p.fatal_startup = true;
+    p.health_timeout_s = 2;
+    p.health_interval_s = 0.1;
+    p.restart_backoff_s = p.restart_backoff_max_s = 0.01;
+    p.stop_grace_s = 2;
+    fy_sup_t *s = make_sup_p(&p);
+    wedge_t w = {.idx = add_http_child(s, "web", free_port()), .deadline = now() + 30};
+    assert_int_equal(fy_sup_start(s), FY_OK);
+    fy_test_log_begin();
+    assert_int_equal(fy_sup_run(s, wedge_cb, &w, 0.05), FY_OK);
+    fy_test_log_end();
+    if (w.fail[0]) fail_msg("%s; log:\n%s", w.fail, fy_test_log_text());
+    char line[64];
+    snprintf(line, sizeof(line), "web (pid %d) had not answered /health for ", (int)w.first);
+    assert_true(fy_test_log_has(line, "(http://127.0.0.1:", "killing it (SIGKILL)", NULL));
+    snprintf(line, sizeof(line), "web (pid %d) killed by signal 9 (SIGKILL); restarting", (int)w.first);
+    assert_true(fy_test_log_has(line, NULL));
+    /* not before its time: 2 s of silence (less the probe it had pending) */
+    if (w.t_killed - w.t_stopped < 2.0 - 0.2) fail_msg("killed %.3f s after the stop", w.t_killed - w.t_stopped);
+    assert_true(gone(w.first));
+    fy_sup_info_t info;
+    fy_sup_info(s, w.idx, &info);
+    assert_int_equal(info.health_kills, 1);
+    assert_int_equal(info.restarts, 1);
+    assert_non_null(strstr(info.last_exit, "it had not answered /health for "));
+    fy_sup_destroy(s);
+    assert_no_children();
+}
+
+/* The supervisor itself is stopped (Ctrl-Z, a debugger) for longer than
+ * the health timeout: its children did nothing wrong. */
+static void own_stall_cb(void *arg, fy_sup_t *s)
+{
+    fifo_t *f = arg;
+    static bool said;
+    if (!said && fy_sup_state(s, 0) == FY_SUP_RUNNING) {
+        char line[32];
+        int n = snprintf(line, sizeof(line), "ready %d\n", (int)getpid());
+        if (write(f->wr, line, (size_t)n) != n) _exit(5);
+        said = true;
+    }
+}
+
+static void on_term(int sig) { fy_sup_request_stop(g_sup); }
+
+static void test_supervisor_stopped(void **state)
+{
+    fifo_t f;
+    fifo_open(&f, "ready-stall");
+    int port = free_port();
+    pid_t helper = fork();
+    assert_true(helper >= 0);
+    if (helper == 0) {
+        fy_sup_params_t p;
+        fy_sup_params_default(&p);
+        p.health_timeout_s = 1;
+        p.health_interval_s = 0.1;
+        fy_sup_t *s = make_sup_p(&p);
+        add_http_child(s, "web", port);
+        g_sup = s;
+        struct sigaction sa = {.sa_handler = on_term};
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGTERM, &sa, NULL);
+        if (fy_sup_start(s) != FY_OK) _exit(3);
+        fy_sup_run(s, own_stall_cb, &f, 0.02);
+        fy_sup_info_t info;
+        fy_sup_info(s, 0, &info);
+        fy_sup_destroy(s);
+        _exit(info.health_kills == 0 && info.restarts == 0 ? 0 : 4);
+    }
+    pid_t pid;
+    fifo_wait_ready(&f, &pid, 1);
+    assert_int_equal(pid, helper);
+    assert_int_equal(kill(helper, SIGSTOP), 0);
+    struct timespec ts = {.tv_sec = 2, .tv_nsec = 500000000}; /* the stimulus: a 2.5 s stop */
+    nanosleep(&ts, NULL);
+    assert_int_equal(kill(helper, SIGCONT), 0);
+    ts = (struct timespec){.tv_sec = 1, .tv_nsec = 500000000}; /* longer than the health timeout */
+    nanosleep(&ts, NULL);
+    assert_int_equal(kill(helper, SIGTERM), 0);
+    int st = wait_pid(helper);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) fail_msg("the supervisor's wait status 0x%x (4: it killed its child)", st);
+    fifo_close(&f);
+    assert_no_children();
+}
+
+/* ---- restarts that never give up ------------------------------------------------------------- */
+
+typedef struct killer {
+    fifo_t *f;
+    int idx, kills, want;
+    pid_t last;
+    double deadline;
+    bool timed_out;
+    double delays[16];
+} killer_t;
+
+/* kills the child each time it is back, want times */
+static void killer_cb(void *arg, fy_sup_t *s)
+{
+    killer_t *k = arg;
+    if (now() > k->deadline) {
+        k->timed_out = true;
+        fy_sup_request_stop(s);
+        return;
+    }
+    pid_t pid = fy_sup_pid(s, k->idx);
+    if (!pid || pid == k->last || fy_sup_state(s, k->idx) != FY_SUP_RUNNING) return;
+    if (k->kills == k->want) {
+        fy_sup_request_stop(s);
+        return;
+    }
+    k->last = pid;
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    k->kills++;
+}
+
+static void test_restarts_forever(void **state)
+{
+    fy_sup_params_t p;
+    fy_sup_params_default(&p); /* no limit by default */
+    assert_int_equal(p.max_restarts, -1);
+    p.restart_backoff_s = 0.01;
+    p.restart_backoff_max_s = 0.04;
+    p.restart_window_s = 5;
+    fy_sup_t *s = make_sup_p(&p);
+    killer_t k = {.idx = add_ready_sh(s, "worker", SAY_READY "exec sleep 30", NULL), .want = 8,
+                  .deadline = now() + DEADLINE_S * 2};
+    assert_int_equal(fy_sup_start(s), FY_OK);
+    fy_test_log_begin();
+    assert_int_equal(fy_sup_run(s, killer_cb, &k, 0.01), FY_OK);
+    fy_test_log_end();
+    assert_false(k.timed_out);
+    assert_int_equal(fy_sup_restarts(s, k.idx), 8);
+    /* doubled to the cap and held there */
+    assert_true(fy_test_log_has("worker (pid ", "killed by signal 9 (SIGKILL); restarting in 0.01 s", NULL));
+    assert_true(fy_test_log_has("worker (pid ", "killed by signal 9 (SIGKILL); restarting in 0.02 s", NULL));
+    assert_true(fy_test_log_has("worker (pid ", "killed by signal 9 (SIGKILL); restarting in 0.04 s", NULL));
+    assert_false(fy_test_log_has("leaving it down", NULL));
+    fy_sup_destroy(s);
+    assert_no_children();
+}
+
+/* ---- stop order ------------------------------------------------------------------------------ */
+
+static void test_stop_stages(void **state)
+{
+    fifo_t f;
+    fifo_open(&f, "ready-stages");
+    const char *rec = fy_test_path("stages.rec");
+    unlink(rec);
+    fy_sup_t *s = make_sup(0.01, 0.02, 3, 5);
+    /* stage 0 takes its time to drain, then exits; the workers record
+     * when their SIGTERM came */
+    const char *router = "trap 'echo TERM router >> \"$2\"; sleep 0.3; echo EXIT router >> \"$2\"; exit 0' TERM;"
+                         "echo \"ready $$\" > \"$1\"; sleep 30 & wait";
+    const char *worker = "trap 'echo TERM worker >> \"$2\"; exit 0' TERM; echo \"ready $$\" > \"$1\"; sleep 30 & wait";
+    int idx[3];
+    for (int i = 0; i < 3; i++) {
+        char *argv[] = {"/bin/sh", "-c", (char *)(i ? worker : router), "sh", f.path, (char *)rec, NULL};
+        assert_int_equal(fy_sup_add(s, i ? "worker" : "router", argv, NULL, false, &idx[i]), FY_OK);
+        assert_int_equal(fy_sup_set_stop(s, idx[i], i ? 1 : 0, i ? -1 : 3), FY_OK);
+    }
+    assert_int_equal(fy_sup_set_stop(s, 9, 0, 1), FY_ERR_INVALID);
+    assert_int_equal(fy_sup_start(s), FY_OK);
+    assert_int_equal(fy_sup_set_stop(s, idx[0], 0, 1), FY_ERR_INVALID); /* not while it runs */
+    pid_t pids[3];
+    fifo_wait_ready(&f, pids, 3);
+    fy_test_log_begin();
+    fy_sup_stop_all(s);
+    fy_test_log_end();
+    char *text = fy_test_read_file(rec, NULL);
+    assert_non_null(text);
+    if (strcmp(text, "TERM router\nEXIT router\nTERM worker\nTERM worker\n")) fail_msg("the order:\n%s", text);
+    fy_free(text);
+    assert_no_children();
+
+    /* a router that ignores SIGTERM gets SIGKILL after its own grace, and
+     * only then do the workers hear of the stop */
+    unlink(rec);
+    fy_sup_destroy(s);
+    s = make_sup(0.01, 0.02, 3, 5);
+    router = "trap 'echo TERM router >> \"$2\"' TERM; echo \"ready $$\" > \"$1\"; while :; do sleep 30 & wait; done";
+    for (int i = 0; i < 2; i++) {
+        char *argv[] = {"/bin/sh", "-c", (char *)(i ? worker : router), "sh", f.path, (char *)rec, NULL};
+        assert_int_equal(fy_sup_add(s, i ? "worker" : "router", argv, NULL, false, &idx[i]), FY_OK);
+        assert_int_equal(fy_sup_set_stop(s, idx[i], i ? 1 : 0, i ? -1 : 0.3), FY_OK);
+    }
+    assert_int_equal(fy_sup_start(s), FY_OK);
+    fifo_wait_ready(&f, pids, 2);
+    fy_test_log_begin();
+    double t0 = now();
+    fy_sup_stop_all(s);
+    double took = now() - t0;
+    assert_true(fy_test_log_has("router (pid ", "did not stop within 0.3 s of SIGTERM; sending SIGKILL", NULL));
+    assert_true(fy_test_log_has("stopped worker", "exited with status 0", NULL));
+    fy_test_log_end();
+    if (took < 0.3 - 1e-3 || took > 4) fail_msg("stopping took %.3f s", took);
+    text = fy_test_read_file(rec, NULL);
+    assert_non_null(text);
+    if (strcmp(text, "TERM router\nTERM worker\n")) fail_msg("the order:\n%s\nlog:\n%s", text, fy_test_log_text());
+    fy_free(text);
+    fy_sup_destroy(s);
+    fifo_close(&f);
+    assert_no_children();
+}
+
+static void test_option_arguments(void **state)
+{
+    fy_sup_t *s = make_sup(0.01, 0.02, 1, 1);
+    int idx = add_sh(s, "x", "exit 0", NULL, false);
+    fy_test_log_begin();
+    assert_int_equal(fy_sup_set_ready(s, idx, "9LIVES"), FY_ERR_INVALID);
+    assert_int_equal(fy_sup_set_ready(s, idx, "A-B"), FY_ERR_INVALID);
+    assert_int_equal(fy_sup_set_ready(s, idx, ""), FY_ERR_INVALID);
+    assert_int_equal(fy_sup_set_ready(s, 3, "OK"), FY_ERR_INVALID);
+    assert_int_equal(fy_sup_set_health(s, idx, "127.0.0.1:80"), FY_ERR_INVALID);
+    assert_int_equal(fy_sup_set_health(s, idx, "http://127.0.0.1"), FY_ERR_INVALID);
+    assert_int_equal(fy_sup_set_health(s, idx, "http://127.0.0.1:80/v1"), FY_ERR_INVALID);
+    assert_int_equal(fy_sup_set_health(s, idx, "http://:80"), FY_ERR_INVALID);
+    assert_int_equal(fy_sup_set_health(s, idx, "http://127.0.0.1:8x"), FY_ERR_INVALID);
+    assert_int_equal(fy_sup_set_health(s, idx, "http://no.such.host.invalid:80"), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("health URL 'http://127.0.0.1:8x': expected http://HOST:PORT", NULL));
+    assert_int_equal(fy_sup_set_stop(s, idx, -1, 1), FY_ERR_INVALID);
+    fy_test_log_end();
+    assert_int_equal(fy_sup_set_ready(s, idx, "FERRY_READY_FD"), FY_OK);
+    assert_int_equal(fy_sup_set_health(s, idx, "http://127.0.0.1:80/"), FY_OK);
+    assert_int_equal(fy_sup_set_health(s, idx, "tcp://[::1]:80"), FY_OK);
+    assert_int_equal(fy_sup_set_health(s, idx, NULL), FY_OK);
+    fy_sup_destroy(s);
+    fy_sup_params_t p;
+    fy_sup_params_default(&p);
+    p.health_interval_s = 0;
+    fy_test_log_begin();
+    assert_int_equal(fy_sup_create(&p, &s), FY_ERR_INVALID);
+    fy_test_log_end();
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && !strcmp(argv[1], "--http-child")) return http_child(argv[2]);
+    ssize_t n = readlink("/proc/self/exe", g_self, sizeof(g_self) - 1);
+    if (n <= 0) return 1;
+    g_self[n] = '\0';
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_restart_backoff),
         cmocka_unit_test(test_unlimited_restarts),
@@ -765,6 +1275,13 @@ int main(void)
         cmocka_unit_test(test_log_stdin_fds),
         cmocka_unit_test(test_arguments),
         cmocka_unit_test(test_alloc_failure),
+        cmocka_unit_test(test_ready),
+        cmocka_unit_test(test_startup_failure),
+        cmocka_unit_test(test_health_wedge),
+        cmocka_unit_test(test_supervisor_stopped),
+        cmocka_unit_test(test_restarts_forever),
+        cmocka_unit_test(test_stop_stages),
+        cmocka_unit_test(test_option_arguments),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fy_test_tmpdir_remove();

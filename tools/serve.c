@@ -1,16 +1,35 @@
 /*
  * serve.c - `ferry serve`: a whole local cluster from one configuration:
- * the router, prefill.count prefill workers and decode.count decode
- * workers, each a child process (bin/ferry-router, -prefill, -decode next
- * to this binary), supervised by tools/supervise.c: a crashed child is
- * reported and restarted; Ctrl-C or SIGTERM stops them all in order.
+ * the router, prefill.count prefill and decode.count decode workers, each
+ * a child process (bin/ferry-router, -prefill, -decode next to this
+ * binary), supervised by tools/supervise.c.
  *
  * The children read one resolved configuration (the file plus every
  * --set, written to RUN_DIR/cluster.ini) and their own name and address:
  * worker i of a role listens on the role's listen port + i.  The
  * deployment's secret for prefix-block names is created in RUN_DIR once.
- * With --prompt, a first request is sent when every worker is up, and
- * with --once the cluster stops after it.
+ *
+ * Start-up: each child reports "ready" on a pipe it inherits once its
+ * listeners are bound (supervise.h, "Readiness"), and the cluster is ready
+ * when every child has and the router sees every worker.  A pipe rather
+ * than a port that answers, because a port can answer for someone else: a
+ * cluster left running on the same ports would answer for ours while our
+ * router failed to bind.  A child that fails before its first report
+ * (a bad --set value, a port taken, a missing model) stops the whole
+ * cluster, its error lines repeated on our stderr: it would fail the same
+ * way on every restart.
+ *
+ * Running: a child that exits is restarted with backoff, forever; a
+ * router or worker whose /health stops answering for serve.health_timeout
+ * is killed and restarted (supervise.h, "Liveness").  serve.metrics
+ * serves our own /health and /metrics: each child's state and restarts.
+ *
+ * Stopping (SIGINT, SIGTERM): the router first, with serve.stop_grace to
+ * drain its requests (router.drain_timeout) and a margin to end the rest,
+ * then the workers.  With --prompt, a first request is sent once the
+ * cluster is ready, and with --once the cluster stops after it.
+ *
+ * Not here: the supervision itself (supervise.c), the children.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -25,15 +44,22 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "cli.h"
 #include "client.h"
 #include "cluster.h"
 #include "config.h"
+#include "httpd.h"
 #include "log.h"
 #include "mem.h"
+#include "metrics.h"
 #include "supervise.h"
 
 #define MAX_CHILDREN 64
+#define ROUTER_STOP_MARGIN_S 5.0 /* after its drain, for the router to end what is left and exit */
+#define N_STATES 5               /* fy_sup_state_t */
+#define USAGE "-c FILE [--set section.key=value]... [--prompt TEXT [--chat] [-n N]] [--once]"
 
 static fy_sup_t *g_sup; /* for the signal handler */
 
@@ -42,12 +68,26 @@ static void on_signal(int sig)
     if (g_sup) fy_sup_request_stop(g_sup);
 }
 
+/* One child's series in our /metrics. */
+typedef struct child_series {
+    fy_metric_t *up, *restarts, *kills, *restart_in, *state[N_STATES];
+} child_series_t;
+
 typedef struct serve {
     fy_sup_t *sup;
     char router_url[256];
-    int n_prefill, n_decode;
+    int n_prefill, n_decode, n_children;
     bool ready;
     double t_start, ready_timeout;
+    /* our /health and /metrics: the poll callback copies the supervisor's
+     * view here; the HTTP thread reads only this */
+    fy_httpd_t *http;
+    fy_metrics_t *reg;
+    child_series_t series[MAX_CHILDREN];
+    fy_metric_t *cluster_ready;
+    pthread_mutex_t mu;
+    fy_sup_info_t info[MAX_CHILDREN]; /* under mu */
+    bool info_ready;                  /* under mu */
     /* the first request */
     const char *prompt;
     bool chat, once;
@@ -111,16 +151,44 @@ static double mono(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Copies the supervisor's view of every child for /health and /metrics. */
+static void snapshot(serve_t *s)
+{
+    fy_sup_info_t info[MAX_CHILDREN];
+    for (int i = 0; i < s->n_children; i++) {
+        fy_sup_info(s->sup, i, &info[i]);
+        child_series_t *m = &s->series[i];
+        fy_metric_set(m->up, info[i].state == FY_SUP_RUNNING);
+        fy_metric_set(m->restarts, info[i].restarts);
+        fy_metric_set(m->kills, info[i].health_kills);
+        fy_metric_set(m->restart_in, info[i].restart_in_s);
+        for (int st = 0; st < N_STATES; st++) fy_metric_set(m->state[st], (int)info[i].state == st);
+    }
+    fy_metric_set(s->cluster_ready, s->ready);
+    pthread_mutex_lock(&s->mu);
+    memcpy(s->info, info, (size_t)s->n_children * sizeof(info[0]));
+    s->info_ready = s->ready;
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* Every poll_s from the supervisor's loop: is the cluster up yet? */
 static void on_poll(void *arg, fy_sup_t *sup)
 {
     serve_t *s = arg;
+    snapshot(s);
     if (s->ready) return;
-    fy_client_t *c;
-    fy_client_status_t st;
-    if (fy_client_create(s->router_url, 0.5, &c) != FY_OK) return;
-    bool ok = fy_client_status(c, &st) == FY_OK && st.prefill_up >= s->n_prefill && st.decode_up >= s->n_decode;
-    fy_client_destroy(c);
+    /* every child said ready on its own pipe: the ports are ours */
+    bool ok = true;
+    for (int i = 0; i < s->n_children && ok; i++) ok = fy_sup_state(sup, i) == FY_SUP_RUNNING;
+    if (ok) {
+        fy_client_t *c;
+        fy_client_status_t st;
+        ok = fy_client_create(s->router_url, 0.5, &c) == FY_OK;
+        if (ok) {
+            ok = fy_client_status(c, &st) == FY_OK && st.prefill_up >= s->n_prefill && st.decode_up >= s->n_decode;
+            fy_client_destroy(c);
+        }
+    }
     if (!ok) {
         if (mono() - s->t_start > s->ready_timeout) {
             fprintf(stderr, "ferry: serve: the cluster is not up after %.0f s (see the logs); stopping\n",
@@ -131,6 +199,7 @@ static void on_poll(void *arg, fy_sup_t *sup)
         return;
     }
     s->ready = true;
+    snapshot(s);
     fprintf(stderr, "ferry: serve: cluster ready in %.1f s: router at %s, %d prefill and %d decode workers\n",
             mono() - s->t_start, s->router_url, s->n_prefill, s->n_decode);
     if (s->prompt) {
@@ -138,6 +207,95 @@ static void on_poll(void *arg, fy_sup_t *sup)
     } else if (s->once) {
         fy_sup_request_stop(sup);
     }
+}
+
+/* ---- our own /health and /metrics ---------------------------------------------------------- */
+
+/* nng thread: 200 when the cluster came up and every child runs, else 503
+ * naming the first that does not; every child's state either way. */
+static void on_health(void *arg, const char *path, fy_http_reply_t *reply)
+{
+    serve_t *s = arg;
+    fy_sup_info_t info[MAX_CHILDREN];
+    pthread_mutex_lock(&s->mu);
+    memcpy(info, s->info, (size_t)s->n_children * sizeof(info[0]));
+    bool ready = s->info_ready;
+    pthread_mutex_unlock(&s->mu);
+    json_t *kids = json_array();
+    char reason[160] = "";
+    if (!ready) snprintf(reason, sizeof(reason), "the cluster is starting");
+    for (int i = 0; i < s->n_children; i++) {
+        const fy_sup_info_t *k = &info[i];
+        if (!reason[0] && k->state != FY_SUP_RUNNING)
+            snprintf(reason, sizeof(reason), "%s: %s", k->name, fy_sup_state_str(k->state));
+        json_t *o = json_pack("{s:s, s:s, s:i, s:i, s:i, s:f, s:f, s:s}", "name", k->name, "state",
+                              fy_sup_state_str(k->state), "pid", (int)k->pid, "restarts", k->restarts,
+                              "health_kills", k->health_kills, "up_s", k->up_s, "restart_in_s", k->restart_in_s,
+                              "last_exit", k->last_exit);
+        if (o) json_array_append_new(kids, o);
+    }
+    json_t *body = json_pack("{s:s, s:o}", "status", reason[0] ? "unavailable" : "ok", "children", kids);
+    if (body && reason[0]) json_object_set_new(body, "reason", json_string(reason));
+    char *text = body ? json_dumps(body, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
+    json_decref(body);
+    char *copy = text ? fy_strdup(text) : NULL;
+    free(text);
+    if (!copy) {
+        fy_httpd_reply_error(reply, 500, "internal", "out of memory");
+        return;
+    }
+    reply->status = reason[0] ? 503 : 200;
+    reply->content_type = "application/json";
+    reply->body = copy;
+    reply->body_len = strlen(copy);
+    reply->body_owned = 1;
+}
+
+/* nng thread */
+static void on_metrics(void *arg, const char *path, fy_http_reply_t *reply)
+{
+    serve_t *s = arg;
+    char *text;
+    size_t len;
+    if (fy_metrics_render(s->reg, &text, &len) != FY_OK) {
+        fy_httpd_reply_error(reply, 500, "internal", "out of memory rendering the metrics");
+        return;
+    }
+    reply->content_type = FY_METRICS_CONTENT_TYPE;
+    reply->body = text;
+    reply->body_len = len;
+    reply->body_owned = 1;
+}
+
+/* The series of every child added so far (docs/operations.md, "ferry serve"). */
+static fy_status_t metrics_setup(serve_t *s)
+{
+    fy_status_t st = fy_metrics_create(&s->reg);
+    if (!st)
+        st = fy_metrics_gauge(s->reg, "ferry:serve_cluster_ready", "1 once every child was ready and the router saw every worker",
+                              NULL, &s->cluster_ready);
+    for (int i = 0; i < s->n_children && !st; i++) {
+        fy_sup_info_t k;
+        fy_sup_info(s->sup, i, &k);
+        child_series_t *m = &s->series[i];
+        const char *l[] = {"child", k.name, NULL};
+        st = fy_metrics_gauge(s->reg, "ferry:serve_child_up", "1 while the child runs and said it is ready", l, &m->up);
+        if (!st)
+            st = fy_metrics_counter(s->reg, "ferry:serve_child_restarts_total", "Restarts of the child", l, &m->restarts);
+        if (!st)
+            st = fy_metrics_counter(s->reg, "ferry:serve_child_health_kills_total",
+                                    "SIGKILLs of the child for a silent /health or a start past serve.start_timeout", l,
+                                    &m->kills);
+        if (!st)
+            st = fy_metrics_gauge(s->reg, "ferry:serve_child_restart_in_seconds",
+                                  "Seconds until the child's restart while it backs off, else 0", l, &m->restart_in);
+        for (int j = 0; j < N_STATES && !st; j++) {
+            const char *ls[] = {"child", k.name, "state", fy_sup_state_str((fy_sup_state_t)j), NULL};
+            st = fy_metrics_gauge(s->reg, "ferry:serve_child_state", "1 for the child's state, 0 for the others", ls,
+                                  &m->state[j]);
+        }
+    }
+    return st;
 }
 
 /* snprintf that reports truncation (a path too long) */
@@ -172,9 +330,10 @@ static int mkdir_p(const char *dir)
 /* Splits --prompt/--once/... (ours) from -c/--set (the cluster's). */
 int fy_cmd_serve(int argc, char **argv)
 {
-    serve_t s = {.max_tokens = 128, .ready_timeout = 120, .first_rc = 0};
+    serve_t s = {.max_tokens = 128, .first_rc = 0};
     char *cargv[256];
     int cargc = 0;
+    bool have_config = false, help = false;
     cargv[cargc++] = "ferry serve";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -189,26 +348,42 @@ int fy_cmd_serve(int argc, char **argv)
             if (!fy_cli_parse_int("--max-tokens", v, 1, 1 << 20, &n)) return 2;
             s.max_tokens = (int32_t)n, i++;
         } else if (cargc < 250) {
+            if ((!strcmp(a, "-c") || !strcmp(a, "--config")) && v) have_config = true;
+            if (!strcmp(a, "-h") || !strcmp(a, "--help")) help = true;
             cargv[cargc++] = argv[i];
+        } else {
+            fprintf(stderr, "ferry serve: too many arguments\n");
+            return 2;
         }
     }
+    if (!have_config && !help) {
+        fprintf(stderr,
+                "ferry serve: needs -c FILE, the cluster's configuration: the model, the router's and the workers' "
+                "addresses, how many workers (configs/local.ini is one to start from)\nusage: ferry serve " USAGE "\n");
+        return 2;
+    }
     fy_config_t *cfg;
-    fy_status_t st = fy_cluster_config(cargc, cargv,
-                                       "-c FILE [--set section.key=value]... [--prompt TEXT [--chat] [-n N]] [--once]",
-                                       &cfg);
+    fy_status_t st = fy_cluster_config(cargc, cargv, USAGE, &cfg);
     if (st == FY_ERR_CANCELLED) return 0;
     if (st) return 2;
+    pthread_mutex_init(&s.mu, NULL);
     int rc = 1;
-    const char *run_dir, *logs, *secret, *router_listen, *p_listen, *d_listen, *p_metrics, *d_metrics;
+    const char *run_dir, *logs, *secret, *router_listen, *router_http, *p_listen, *d_listen, *p_metrics, *d_metrics,
+        *serve_metrics;
     int64_t n_prefill, n_decode, max_restarts;
-    double backoff, grace;
+    double backoff, backoff_max, grace, health_timeout, start_timeout;
     if (fy_config_string(cfg, "serve", "run_dir", "run", &run_dir) ||
         fy_config_string(cfg, "serve", "logs", NULL, &logs) ||
-        fy_config_int(cfg, "serve", "max_restarts", 5, -1, 1000, &max_restarts) ||
+        fy_config_int(cfg, "serve", "max_restarts", -1, -1, 1000, &max_restarts) ||
         fy_config_duration(cfg, "serve", "restart_backoff", 0.5, 0, 3600, &backoff) ||
+        fy_config_duration(cfg, "serve", "restart_backoff_max", 30, 0, 3600, &backoff_max) ||
         fy_config_duration(cfg, "serve", "stop_grace", 10, 0, 3600, &grace) ||
+        fy_config_duration(cfg, "serve", "health_timeout", 10, 0, 3600, &health_timeout) ||
+        fy_config_duration(cfg, "serve", "start_timeout", 120, 1, 86400, &start_timeout) ||
+        fy_config_string(cfg, "serve", "metrics", NULL, &serve_metrics) ||
         fy_config_string(cfg, "kv", "secret_file", NULL, &secret) ||
         fy_config_string(cfg, "router", "listen", "tcp://127.0.0.1:7400", &router_listen) ||
+        fy_config_string(cfg, "router", "http", "", &router_http) ||
         fy_config_string(cfg, "prefill", "listen", "tcp://127.0.0.1:7410", &p_listen) ||
         fy_config_string(cfg, "decode", "listen", "tcp://127.0.0.1:7420", &d_listen) ||
         fy_config_string(cfg, "prefill", "metrics", NULL, &p_metrics) ||
@@ -216,8 +391,14 @@ int fy_cmd_serve(int argc, char **argv)
         fy_config_int(cfg, "prefill", "count", 1, 0, 16, &n_prefill) ||
         fy_config_int(cfg, "decode", "count", 1, 1, 16, &n_decode))
         goto out;
+    if (backoff_max < backoff) {
+        fprintf(stderr, "ferry: serve: serve.restart_backoff_max (%g s) is below serve.restart_backoff (%g s)\n",
+                backoff_max, backoff);
+        goto out;
+    }
     s.n_prefill = (int)n_prefill;
     s.n_decode = (int)n_decode;
+    s.ready_timeout = start_timeout;
     snprintf(s.router_url, sizeof(s.router_url), "%s", router_listen);
     if (mkdir_p(run_dir)) {
         fprintf(stderr, "ferry: serve: cannot create %s: %s\n", run_dir, strerror(errno));
@@ -256,17 +437,37 @@ int fy_cmd_serve(int argc, char **argv)
     fy_sup_params_default(&sp);
     sp.max_restarts = (int)max_restarts;
     sp.restart_backoff_s = backoff;
+    sp.restart_backoff_max_s = backoff_max;
     sp.stop_grace_s = grace;
+    sp.health_timeout_s = health_timeout;
+    sp.health_interval_s = health_timeout > 0 && health_timeout / 4 < 1 ? health_timeout / 4 : 1;
+    sp.start_timeout_s = start_timeout;
+    sp.fatal_startup = true;
+    sp.log_echo_mark = ": error: "; /* common/log.c's "PREFIX: error: ..." */
     if (fy_sup_create(&sp, &s.sup)) goto out;
     char bin[PATH_MAX], logp[PATH_MAX], name[64], addr[256], set_name[128], set_addr[320], maddr[256], set_maddr[320];
     if (!fmt(bin, sizeof(bin), "%s/ferry-router", bindir) || !fmt(logp, sizeof(logp), "%s/router.log", log_dir))
         goto out;
-    char *rargv[] = {bin, "-c", conf, NULL};
-    if (fy_sup_add(s.sup, "router", rargv, logp, true, NULL)) goto out;
+    /* the router drains its requests for serve.stop_grace when stopped,
+     * and has ROUTER_STOP_MARGIN_S more to end the rest and exit */
+    char set_drain[64];
+    snprintf(set_drain, sizeof(set_drain), "router.drain_timeout=%g", grace);
+    char *rargv[] = {bin, "-c", conf, "--set", set_drain, NULL};
+    int idx;
+    if (fy_sup_add(s.sup, "router", rargv, logp, true, &idx) || fy_sup_set_ready(s.sup, idx, FY_CLUSTER_READY_ENV) ||
+        (*router_http && fy_sup_set_health(s.sup, idx, router_http)) ||
+        fy_sup_set_stop(s.sup, idx, 0, grace + ROUTER_STOP_MARGIN_S))
+        goto out;
+    if (!*router_http && health_timeout > 0)
+        fprintf(stderr, "ferry: serve: router.http is empty: a wedged router goes unnoticed (only its exit is seen)\n");
     for (int role = 0; role < 2; role++) {
         const char *rname = role ? "decode" : "prefill", *base = role ? d_listen : p_listen;
         const char *mbase = role ? d_metrics : p_metrics;
         int count = role ? s.n_decode : s.n_prefill;
+        if (count > 0 && !(mbase && *mbase) && health_timeout > 0)
+            fprintf(stderr, "ferry: serve: %s.metrics is empty: a wedged %s worker goes unnoticed (only its exit is "
+                            "seen)\n",
+                    rname, rname);
         for (int i = 0; i < count; i++) {
             snprintf(name, sizeof(name), "%s-%d", rname, i);
             if (!fy_cluster_addr_plus(base, i, addr, sizeof(addr))) {
@@ -288,24 +489,45 @@ int fy_cmd_serve(int argc, char **argv)
             if (mbase && *mbase && !fmt(set_maddr, sizeof(set_maddr), "%s.metrics=%s", rname, maddr)) goto out;
             char *wargv[] = {bin, "-c", conf, "--set", set_name, "--set", set_addr, NULL, NULL, NULL};
             if (mbase && *mbase) wargv[7] = "--set", wargv[8] = set_maddr;
-            if (fy_sup_add(s.sup, name, wargv, logp, false, NULL)) goto out;
+            if (fy_sup_add(s.sup, name, wargv, logp, false, &idx) ||
+                fy_sup_set_ready(s.sup, idx, FY_CLUSTER_READY_ENV) ||
+                (mbase && *mbase && fy_sup_set_health(s.sup, idx, maddr)) || fy_sup_set_stop(s.sup, idx, 1, -1))
+                goto out;
         }
     }
+    s.n_children = fy_sup_count(s.sup);
+    if (metrics_setup(&s)) goto out;
+    if (serve_metrics && *serve_metrics) { /* before any child: a port taken is our own start-up error */
+        if (fy_httpd_create(serve_metrics, &s.http) || fy_httpd_route(s.http, "/health", on_health, &s) ||
+            fy_httpd_route(s.http, "/metrics", on_metrics, &s)) {
+            fprintf(stderr, "ferry: serve: cannot serve serve.metrics = '%s' (the error is above)\n", serve_metrics);
+            goto out;
+        }
+    }
+    snapshot(&s);
     g_sup = s.sup;
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     s.t_start = mono();
     if (fy_sup_start(s.sup)) goto out;
-    fprintf(stderr, "ferry: serve: started the router and %d prefill and %d decode workers; logs in %s\n",
-            s.n_prefill, s.n_decode, log_dir);
+    fprintf(stderr, "ferry: serve: started the router and %d prefill and %d decode workers; logs in %s%s%s\n",
+            s.n_prefill, s.n_decode, log_dir, s.http ? "; our /health and /metrics on " : "",
+            s.http ? serve_metrics : "");
     st = fy_sup_run(s.sup, on_poll, &s, 0.2);
     if (s.first_started) pthread_join(s.first, NULL);
     rc = st == FY_OK ? s.first_rc : 1;
-    fprintf(stderr, "ferry: serve: cluster stopped\n");
+    if (st == FY_ERR_PEER)
+        fprintf(stderr, "ferry: serve: stopped: a child could not start or run (its error is above; logs in %s)\n",
+                log_dir);
+    else
+        fprintf(stderr, "ferry: serve: cluster stopped\n");
 out:
     g_sup = NULL;
+    fy_httpd_destroy(s.http); /* its callbacks read the supervisor's names */
     fy_sup_destroy(s.sup);
+    fy_metrics_destroy(s.reg);
     fy_config_destroy(cfg);
+    pthread_mutex_destroy(&s.mu);
     return rc;
 }

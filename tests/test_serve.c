@@ -1,0 +1,389 @@
+/*
+ * test_serve.c - `ferry serve` as an operator runs it, on loopback ports:
+ * without -c it says what it needs; a bad --set value stops it with the
+ * child's own error on its stderr; a second cluster on the ports of a
+ * running one exits naming the address instead of reporting the other's
+ * cluster as its own; a worker killed again and again keeps coming back;
+ * a SIGSTOPped (wedged) worker and router are killed and restarted; its
+ * own /health and /metrics report all of it; SIGTERM stops the router
+ * first, with its drain time on its command line.
+ *
+ * Every wait is on a condition (a line in serve's stderr, a state in its
+ * /health, an exit) with a deadline.  Tests that need the model or the
+ * binaries skip without them.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "cluster_util.h"
+#include "mem.h"
+#include "testutil.h"
+
+#define START_DEADLINE_S 90.0 /* model loads on a loaded 2-core machine */
+
+static const char *bindir(void)
+{
+    const char *b = getenv("FERRY_BIN");
+    return b && *b ? b : "bin";
+}
+
+static bool have_ferry(void)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof(path), "%s/ferry", bindir());
+    if (access(path, X_OK)) {
+        print_message("skipped: %s is not built\n", path);
+        return false;
+    }
+    return true;
+}
+
+/* ---- a `ferry serve` process ----------------------------------------------------------------- */
+
+typedef struct proc {
+    pid_t pid;
+    char err[PATH_MAX]; /* its stdout and stderr */
+} proc_t;
+
+/* bin/ferry serve ARGS..., dying with the test */
+static void serve_spawn(proc_t *p, const char *name, const char *const *args)
+{
+    snprintf(p->err, sizeof(p->err), "%s", fy_test_path(name));
+    unlink(p->err);
+    char ferry[PATH_MAX];
+    snprintf(ferry, sizeof(ferry), "%s/ferry", bindir());
+    char *argv[40];
+    int n = 0;
+    argv[n++] = ferry;
+    argv[n++] = "serve";
+    for (int i = 0; args[i] && n < 39; i++) argv[n++] = (char *)args[i];
+    argv[n] = NULL;
+    pid_t parent = getpid();
+    p->pid = fork();
+    assert_true(p->pid >= 0);
+    if (p->pid) return;
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    int fd = open(p->err, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+    }
+    execv(ferry, argv);
+    _exit(127);
+}
+
+static char *read_text(const char *path)
+{
+    char *t = fy_test_read_file(path, NULL);
+    return t ? t : fy_strdup("");
+}
+
+/* The process's wait status once it ends; fails after timeout_s (and
+ * kills it). */
+static int serve_wait(proc_t *p, double timeout_s)
+{
+    int fd = (int)syscall(SYS_pidfd_open, p->pid, 0);
+    assert_true(fd >= 0);
+    double deadline = tc_now() + timeout_s;
+    for (;;) {
+        double left = deadline - tc_now();
+        if (left <= 0) break;
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (poll(&pfd, 1, (int)(left * 1000) + 1) > 0) break;
+    }
+    close(fd);
+    int st;
+    if (waitpid(p->pid, &st, WNOHANG) == p->pid) return st;
+    kill(p->pid, SIGKILL);
+    waitpid(p->pid, &st, 0);
+    char *t = read_text(p->err);
+    fail_msg("ferry serve did not end within %.0f s; its output:\n%s", timeout_s, t);
+    return -1;
+}
+
+/* Waits until the process's output holds text; fails (with the output)
+ * when it ends first or after timeout_s. */
+static void wait_text(proc_t *p, const char *text, double timeout_s)
+{
+    double deadline = tc_now() + timeout_s;
+    for (;;) {
+        char *t = read_text(p->err);
+        bool found = strstr(t, text) != NULL;
+        int st;
+        bool ended = !found && waitpid(p->pid, &st, WNOHANG) == p->pid;
+        if (found) {
+            fy_free(t);
+            return;
+        }
+        if (ended || tc_now() > deadline)
+            fail_msg("no '%s' from ferry serve (%s); its output:\n%s", text, ended ? "it exited" : "timed out", t);
+        fy_free(t);
+        struct timespec ts = {.tv_nsec = 50000000};
+        nanosleep(&ts, NULL); /* polling a file: no event to wait on */
+    }
+}
+
+/* True when one line of text holds every one of the strings. */
+static bool line_has(const char *text, const char *a, const char *b)
+{
+    for (const char *l = text; l && *l;) {
+        const char *nl = strchr(l, '\n');
+        size_t len = nl ? (size_t)(nl - l) : strlen(l);
+        char line[2048];
+        snprintf(line, sizeof(line), "%.*s", (int)(len < sizeof(line) ? len : sizeof(line) - 1), l);
+        if (strstr(line, a) && (!b || strstr(line, b))) return true;
+        l = nl ? nl + 1 : NULL;
+    }
+    return false;
+}
+
+/* ---- a cluster configuration ----------------------------------------------------------------- */
+
+typedef struct ports {
+    int router, events, http, prefill, decode, p_metrics, d_metrics, serve;
+} ports_t;
+
+static void pick_ports(ports_t *p)
+{
+    int *all[] = {&p->router, &p->events, &p->http, &p->prefill, &p->decode, &p->p_metrics, &p->d_metrics, &p->serve};
+    for (size_t i = 0; i < FY_ARRAY_LEN(all); i++) {
+        bool dup;
+        do { /* tc_free_port may hand out one twice */
+            *all[i] = tc_free_port();
+            dup = false;
+            for (size_t j = 0; j < i; j++) dup |= *all[j] == *all[i];
+        } while (dup);
+    }
+}
+
+/* One prefill and one decode worker on the ports, small caches. */
+static const char *write_ini(const char *name, const ports_t *p)
+{
+    char model[PATH_MAX];
+    if (!realpath(tc_model(), model)) fail_msg("model %s: %s", tc_model(), strerror(errno));
+    char text[4096];
+    int n = snprintf(text, sizeof(text),
+                     "[model]\npath = %s\n"
+                     "[router]\nlisten = tcp://127.0.0.1:%d\nevents = tcp://127.0.0.1:%d\nhttp = http://127.0.0.1:%d\n"
+                     "[prefill]\ncount = 1\nlisten = tcp://127.0.0.1:%d\nmetrics = tcp://127.0.0.1:%d\nthreads = 1\n"
+                     "kv_mem = 32MiB\nmax_seqs = 4\n"
+                     "[decode]\ncount = 1\nlisten = tcp://127.0.0.1:%d\nmetrics = tcp://127.0.0.1:%d\nthreads = 1\n"
+                     "kv_mem = 32MiB\nmax_seqs = 4\n"
+                     "[serve]\nstop_grace = 5s\n",
+                     model, p->router, p->events, p->http, p->prefill, p->p_metrics, p->decode, p->d_metrics);
+    assert_true(n > 0 && (size_t)n < sizeof(text));
+    const char *path = fy_test_path(name);
+    assert_true(fy_test_write_file(path, text, (size_t)n));
+    return path;
+}
+
+/* ---- its /health ----------------------------------------------------------------------------- */
+
+typedef struct kid {
+    char state[16];
+    int pid, restarts, health_kills;
+} kid_t;
+
+/* serve's /health: the HTTP status, and the named child's entry (state
+ * "" when absent or unanswered). */
+static int serve_health(int port, const char *name, kid_t *k)
+{
+    memset(k, 0, sizeof(*k));
+    char *body = NULL;
+    int code = tc_http(port, "GET", "/health", &body);
+    json_t *j = body ? json_loads(body, 0, NULL) : NULL;
+    json_t *kids = json_object_get(j, "children");
+    for (size_t i = 0; i < json_array_size(kids); i++) {
+        json_t *o = json_array_get(kids, i);
+        if (strcmp(json_string_value(json_object_get(o, "name")) ?: "", name)) continue;
+        snprintf(k->state, sizeof(k->state), "%s", json_string_value(json_object_get(o, "state")) ?: "");
+        k->pid = (int)json_integer_value(json_object_get(o, "pid"));
+        k->restarts = (int)json_integer_value(json_object_get(o, "restarts"));
+        k->health_kills = (int)json_integer_value(json_object_get(o, "health_kills"));
+    }
+    json_decref(j);
+    fy_free(body);
+    return code;
+}
+
+/* Waits until the named child runs as a process other than old_pid. */
+static void wait_back(proc_t *p, int port, const char *name, int old_pid, kid_t *k, double timeout_s)
+{
+    double deadline = tc_now() + timeout_s;
+    for (;;) {
+        serve_health(port, name, k);
+        if (!strcmp(k->state, "running") && k->pid && k->pid != old_pid) return;
+        if (tc_now() > deadline) {
+            char *t = read_text(p->err);
+            fail_msg("%s did not come back within %.0f s (state '%s', pid %d); serve's output:\n%s", name, timeout_s,
+                     k->state, k->pid, t);
+        }
+        struct timespec ts = {.tv_nsec = 50000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static bool pid_gone(int pid) { return kill(pid, 0) < 0 && errno == ESRCH; }
+
+/* ---- tests ----------------------------------------------------------------------------------- */
+
+static void test_usage(void **state)
+{
+    if (!have_ferry()) skip();
+    const char *none[] = {NULL}, *once[] = {"--once", "--set", "decode.count=1", NULL};
+    const char *const *cases[] = {none, once};
+    for (int i = 0; i < 2; i++) {
+        proc_t p;
+        serve_spawn(&p, "usage.out", cases[i]);
+        int st = serve_wait(&p, 30);
+        char *t = read_text(p.err);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 2 || !strstr(t, "needs -c FILE") ||
+            !strstr(t, "usage: ferry serve -c FILE"))
+            fail_msg("case %d: wait status 0x%x, output:\n%s", i, st, t);
+        fy_free(t);
+    }
+}
+
+static void test_bad_setting(void **state)
+{
+    if (!have_ferry() || !tc_available()) skip();
+    ports_t ports;
+    pick_ports(&ports);
+    const char *ini = write_ini("bad.ini", &ports);
+    char run[PATH_MAX + 32];
+    snprintf(run, sizeof(run), "serve.run_dir=%s/run-bad", fy_test_tmpdir());
+    const char *args[] = {"-c", ini, "--set", run, "--set", "decode.kv_mem=lots", NULL};
+    proc_t p;
+    serve_spawn(&p, "bad.out", args);
+    int st = serve_wait(&p, START_DEADLINE_S);
+    char *t = read_text(p.err);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) == 0 || !line_has(t, "decode.kv_mem", "'lots' is not a size") ||
+        !line_has(t, "decode-0 (pid", "before it was ready: it cannot start") || strstr(t, "cluster ready") ||
+        strstr(t, "restarting"))
+        fail_msg("wait status 0x%x, output:\n%s", st, t);
+    fy_free(t);
+}
+
+/* One cluster, several lives. */
+static void test_cluster(void **state)
+{
+    if (!have_ferry() || !tc_available()) skip();
+    ports_t ports;
+    pick_ports(&ports);
+    const char *ini = write_ini("a.ini", &ports);
+    char run_a[PATH_MAX + 32], metrics[64];
+    snprintf(run_a, sizeof(run_a), "serve.run_dir=%s/run-a", fy_test_tmpdir());
+    snprintf(metrics, sizeof(metrics), "serve.metrics=tcp://127.0.0.1:%d", ports.serve);
+    const char *args[] = {"-c", ini, "--set", run_a, "--set", metrics, "--set", "serve.health_timeout=3s",
+                          "--set", "serve.restart_backoff=50ms", "--set", "serve.restart_backoff_max=200ms", NULL};
+    proc_t a;
+    serve_spawn(&a, "a.out", args);
+    wait_text(&a, "cluster ready", START_DEADLINE_S);
+    kid_t router, prefill, decode;
+    assert_int_equal(serve_health(ports.serve, "router", &router), 200);
+    serve_health(ports.serve, "prefill-0", &prefill);
+    serve_health(ports.serve, "decode-0", &decode);
+    assert_string_equal(router.state, "running");
+    assert_true(router.pid > 0 && prefill.pid > 0 && decode.pid > 0);
+
+    /* the router drains for serve.stop_grace when told to stop */
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", router.pid);
+    char cmd[4096];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    assert_true(fd >= 0);
+    ssize_t len = read(fd, cmd, sizeof(cmd) - 1); /* /proc gives it in one read */
+    close(fd);
+    assert_true(len > 0);
+    cmd[len] = '\0';
+    bool drain = false;
+    for (ssize_t i = 0; i < len; i += (ssize_t)strlen(cmd + i) + 1) drain |= !strcmp(cmd + i, "router.drain_timeout=5");
+    if (!drain) fail_msg("the router's command line has no router.drain_timeout=5");
+
+    /* a second cluster on the same ports: it must fail, naming the
+     * address, and never call the first one's answers its own */
+    char run_b[PATH_MAX + 32];
+    snprintf(run_b, sizeof(run_b), "serve.run_dir=%s/run-b", fy_test_tmpdir());
+    const char *args_b[] = {"-c", ini, "--set", run_b, "--once", NULL};
+    proc_t b;
+    serve_spawn(&b, "b.out", args_b);
+    int st = serve_wait(&b, START_DEADLINE_S);
+    char *t = read_text(b.err);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) == 0 || !line_has(t, "tcp://127.0.0.1:", "Address in use") ||
+        !strstr(t, "it cannot start") || strstr(t, "cluster ready"))
+        fail_msg("the second cluster: wait status 0x%x, output:\n%s", st, t);
+    fy_free(t);
+    kid_t again;
+    assert_int_equal(serve_health(ports.serve, "router", &again), 200);
+    assert_int_equal(again.pid, router.pid);
+
+    /* a worker killed six times in quick succession keeps coming back */
+    int pid = prefill.pid;
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(kill(pid, SIGKILL), 0);
+        wait_back(&a, ports.serve, "prefill-0", pid, &prefill, 60);
+        pid = prefill.pid;
+    }
+    assert_int_equal(prefill.restarts, 6);
+    assert_int_equal(prefill.health_kills, 0);
+    char *body = NULL;
+    assert_int_equal(tc_http(ports.serve, "GET", "/metrics", &body), 200);
+    assert_true(tc_metric(body, "ferry:serve_child_restarts_total{child=\"prefill-0\"}") == 6);
+    assert_true(tc_metric(body, "ferry:serve_child_state{child=\"prefill-0\",state=\"running\"}") == 1);
+    fy_free(body);
+
+    /* wedged: a stopped decode worker, then a stopped router, are killed
+     * and restarted */
+    assert_int_equal(kill(decode.pid, SIGSTOP), 0);
+    wait_back(&a, ports.serve, "decode-0", decode.pid, &again, 60);
+    assert_int_equal(again.health_kills, 1);
+    assert_int_equal(again.restarts, 1);
+    assert_true(pid_gone(decode.pid));
+    assert_int_equal(kill(router.pid, SIGSTOP), 0);
+    wait_back(&a, ports.serve, "router", router.pid, &again, 60);
+    assert_int_equal(again.health_kills, 1);
+    assert_true(pid_gone(router.pid));
+    t = read_text(a.err);
+    if (!line_has(t, "decode-0 (pid", "had not answered /health for") ||
+        !line_has(t, "router (pid", "had not answered /health for"))
+        fail_msg("serve's output:\n%s", t);
+    fy_free(t);
+    wait_text(&a, "cluster ready", 1); /* still the one line */
+
+    /* SIGTERM: the router goes first, then the workers */
+    assert_int_equal(kill(a.pid, SIGTERM), 0);
+    st = serve_wait(&a, 60);
+    t = read_text(a.err);
+    const char *r = strstr(t, "stopped router"), *p0 = strstr(t, "stopped prefill-0"), *d0 = strstr(t, "stopped decode-0");
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !r || !p0 || !d0 || r > p0 || r > d0)
+        fail_msg("stopping: wait status 0x%x, output:\n%s", st, t);
+    fy_free(t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_usage),
+        cmocka_unit_test(test_bad_setting),
+        cmocka_unit_test(test_cluster),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    fy_test_tmpdir_remove();
+    return rc;
+}
