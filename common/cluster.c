@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,6 +25,8 @@ static const char *const KEYS[] = {
     "router.request_timeout", "router.prefill_timeout", "router.command_timeout", "router.lease",
     "router.client_timeout", "router.retries", "router.prefix_weight", "router.prefill_queue_tokens",
     "router.api_keys", "router.served_model_name", "router.max_body", "router.default_max_tokens", "router.retry_after",
+    "router.http_header_timeout", "router.http_idle_timeout", "router.http_max_connections", "router.http_max_header",
+    "router.drain_timeout",
     "prefill.count", "prefill.listen", "prefill.threads", "prefill.kv_mem", "prefill.max_seqs",
     "prefill.max_batch_tokens", "prefill.max_waiting", "prefill.ctx", "prefill.metrics",
     "decode.count", "decode.listen", "decode.threads", "decode.kv_mem", "decode.max_seqs",
@@ -175,4 +178,21 @@ bool fy_cluster_addr_plus(const char *base, int i, char *out, size_t cap)
     }
     if (!strncmp(base, "ipc://", 6)) return snprintf(out, cap, "%s-%d", base, i) < (int)cap;
     return false;
+}
+
+void fy_cluster_raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl)) {
+        fy_warn("cannot read the descriptor limit: %s", strerror(errno));
+        return;
+    }
+    if (rl.rlim_cur == rl.rlim_max) return;
+    rlim_t was = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl))
+        fy_warn("cannot raise the descriptor limit from %llu to %llu: %s", (unsigned long long)was,
+                (unsigned long long)rl.rlim_max, strerror(errno));
+    else
+        fy_debug("descriptor limit raised from %llu to %llu", (unsigned long long)was, (unsigned long long)rl.rlim_max);
 }
