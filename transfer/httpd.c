@@ -519,6 +519,13 @@ static enum MHD_Result run_route(srv_t *S, fy_httpd_req_t *r)
     return dispatch(S, r);
 }
 
+static enum MHD_Result add_header_size(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind;
+    *(size_t *)cls += strlen(key) + (value ? strlen(value) : 0) + 4;
+    return MHD_YES;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
@@ -526,6 +533,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     fy_httpd_req_t *r = *con_cls;
     if (!r) { /* the headers are in */
         conn_t *c = conn_of(mc);
+        /* MHD refuses what does not fit its connection memory (431, 414);
+         * the limit itself is exact here */
+        size_t hbytes = strlen(method) + strlen(url) + strlen(version) + 4;
+        MHD_get_connection_values(mc, MHD_HEADER_KIND, add_header_size, &hbytes);
+        if (hbytes > (size_t)S->lim.max_header) {
+            set_phase(S, c, PH_ANSWER);
+            char msg[128];
+            snprintf(msg, sizeof(msg), "the request line and headers are %zu bytes; at most %lld", hbytes,
+                     (long long)S->lim.max_header);
+            return queue_error(mc, 431, "invalid_request_error", msg, NULL, NULL, true);
+        }
         bool is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
         pthread_mutex_lock(&S->mu);
         route_t *rt = route_find(S, url);
@@ -847,7 +865,10 @@ static fy_status_t srv_start(const char *url, const char *host, int port, const 
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (v6) flags |= MHD_USE_IPv6;
     unsigned headroom = (unsigned)(S->cap / 8 > 4 ? S->cap / 8 : 4);
-    size_t pool = (size_t)lim->max_header * 2 + 8192;
+    /* MHD's memory per connection holds the request's line and headers and
+     * the answer's buffers: the limit on headers is checked exactly in
+     * on_request, this is the backstop */
+    size_t pool = (size_t)lim->max_header + 16384;
     if (pool < 32768) pool = 32768;
     unsigned threads = lim->threads > 1 ? (unsigned)lim->threads : 1;
     unsigned timeout = (unsigned)(lim->idle_timeout_s + 0.999);
