@@ -677,10 +677,7 @@ static void stream_chunk(hreq_t *h, int i, const char *text, size_t len, json_t 
 /* What is new for the client, as SSE chunks; the [DONE] after the last. */
 static void build_stream(hreq_t *h)
 {
-    if (!h->head_sent) {
-        static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                                   "Connection: close\r\n\r\n";
-        wappend(h, head, sizeof(head) - 1);
+    if (!h->head_sent) { /* (the status and headers went with fy_httpd_stream_begin) */
         h->head_sent = true;
         if (h->chat)
             for (int i = 0; i < h->n; i++) stream_chunk(h, i, "", 0, NULL, NULL, true);

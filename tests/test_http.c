@@ -761,6 +761,13 @@ static void test_curl(void **state)
     }
     assert_non_null(strstr(streamed, "data: [DONE]"));
     assert_string_equal(joined, text);
+    /* nothing but events: each line "data: ..." or the blank line after one */
+    for (char *line = streamed, *nl; *line; line = nl + 1) {
+        nl = strchr(line, '\n');
+        if (!nl) nl = line + strlen(line) - 1;
+        if (nl > line && strncmp(line, "data: ", 6)) fail_msg("a stream line that is not an event: '%.*s'", (int)(nl - line), line);
+        if (!nl[1]) break;
+    }
     json_decref(j);
     free(plain);
     free(streamed);
