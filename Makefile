@@ -47,10 +47,10 @@ else
 CUDA ?= 1
 endif
 
-PKGS    := libpcre2-8 jansson libsodium ucx msgpack inih
+PKGS    := libpcre2-8 jansson libsodium ucx msgpack inih libmicrohttpd
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || \
-                echo -lpcre2-8 -ljansson -lsodium -lucp -luct -lucs -lucm -lmsgpackc -linih) -lnng
+                echo -lpcre2-8 -ljansson -lsodium -lucp -luct -lucs -lucm -lmsgpackc -linih -lmicrohttpd) -lnng
 
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
 ifeq ($(WERROR),1)

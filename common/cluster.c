@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -25,6 +26,7 @@ static const char *const KEYS[] = {
     "router.request_timeout", "router.prefill_timeout", "router.command_timeout", "router.lease",
     "router.client_timeout", "router.retries", "router.prefix_weight", "router.prefill_queue_tokens",
     "router.api_keys", "router.served_model_name", "router.max_body", "router.default_max_tokens", "router.retry_after",
+    "router.http_header_timeout", "router.http_idle_timeout", "router.http_max_connections", "router.http_max_header",
     "router.drain_timeout",
     "prefill.count", "prefill.listen", "prefill.threads", "prefill.kv_mem", "prefill.max_seqs",
     "prefill.max_batch_tokens", "prefill.max_waiting", "prefill.ctx", "prefill.metrics",
@@ -200,4 +202,21 @@ void fy_cluster_notify_ready(void)
     while (n < 0 && errno == EINTR);
     if (n != (ssize_t)sizeof(msg) - 1) fy_warn("cannot report readiness on descriptor %ld: %m", fd);
     close((int)fd);
+}
+
+void fy_cluster_raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl)) {
+        fy_warn("cannot read the descriptor limit: %s", strerror(errno));
+        return;
+    }
+    if (rl.rlim_cur == rl.rlim_max) return;
+    rlim_t was = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl))
+        fy_warn("cannot raise the descriptor limit from %llu to %llu: %s", (unsigned long long)was,
+                (unsigned long long)rl.rlim_max, strerror(errno));
+    else
+        fy_debug("descriptor limit raised from %llu to %llu", (unsigned long long)was, (unsigned long long)rl.rlim_max);
 }

@@ -55,4 +55,9 @@ void fy_cluster_notify_ready(void);
  * small. */
 bool fy_cluster_addr_plus(const char *base, int i, char *out, size_t cap);
 
+/* Raises this process's soft limit on open descriptors to the hard limit
+ * (a server's connections, sockets and files all take one), logging the
+ * new limit at debug level and a failure as a warning.  Call at start. */
+void fy_cluster_raise_nofile(void);
+
 #endif /* FY_CLUSTER_H */

@@ -3,6 +3,7 @@
  */
 #include "genspec.h"
 
+#include <stdio.h>
 #include <string.h>
 
 const char *fy_spec_method_str(fy_spec_method_t m)
@@ -54,9 +55,10 @@ void fy_genspec_write(fy_msgw_t *w, const fy_genspec_t *g)
 
 void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap)
 {
-    g->sampling.temperature = (float)fy_msgr_f64(r, "temperature", FY_OPT, g->sampling.temperature, 0, 100);
-    g->sampling.top_k = (int32_t)fy_msgr_i64(r, "top_k", FY_OPT, g->sampling.top_k, 0, 1 << 24);
-    g->sampling.top_p = (float)fy_msgr_f64(r, "top_p", FY_OPT, g->sampling.top_p, 1e-6, 1);
+    g->sampling.temperature =
+        (float)fy_msgr_f64(r, "temperature", FY_OPT, g->sampling.temperature, 0, FY_GEN_TEMPERATURE_MAX);
+    g->sampling.top_k = (int32_t)fy_msgr_i64(r, "top_k", FY_OPT, g->sampling.top_k, 0, FY_GEN_TOP_K_MAX);
+    g->sampling.top_p = (float)fy_msgr_f64(r, "top_p", FY_OPT, g->sampling.top_p, FY_GEN_TOP_P_MIN, 1);
     g->sampling.min_p = (float)fy_msgr_f64(r, "min_p", FY_OPT, g->sampling.min_p, 0, 1);
     g->sampling.seed = fy_msgr_u64(r, "seed", FY_OPT, g->sampling.seed, 0, UINT64_MAX);
     g->max_tokens = (int32_t)fy_msgr_i64(r, "max_tokens", FY_OPT, g->max_tokens, 1, max_tokens_cap);
@@ -76,7 +78,8 @@ void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap)
     }
     g->ignore_eos = fy_msgr_bool(r, "ignore_eos", FY_OPT, g->ignore_eos);
     g->logprobs = fy_msgr_bool(r, "logprobs", FY_OPT, g->logprobs);
-    g->priority = (int32_t)fy_msgr_i64(r, "priority", FY_OPT, g->priority, -1000000, 1000000);
+    g->priority =
+        (int32_t)fy_msgr_i64(r, "priority", FY_OPT, g->priority, -FY_GEN_PRIORITY_MAX, FY_GEN_PRIORITY_MAX);
     if (fy_msgr_has(r, "spec")) {
         char buf[16];
         fy_msgr_str(r, "spec", FY_OPT, NULL, buf, sizeof(buf));
@@ -86,6 +89,51 @@ void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap)
         else if (fy_msgr_ok(r))
             g->spec = m;
     }
+}
+
+fy_status_t fy_genspec_check(const fy_genspec_t *g, int32_t max_tokens_cap, const char **field_p, char *err,
+                             size_t err_cap)
+{
+    const fy_sampling_params_t *s = &g->sampling;
+    const char *f = NULL;
+    /* written as "in range" tests, so a NaN is out of every one */
+    if (!(s->temperature >= 0 && s->temperature <= FY_GEN_TEMPERATURE_MAX)) {
+        f = "temperature";
+        snprintf(err, err_cap, "'temperature' is %g; it must be between 0 and %g", (double)s->temperature,
+                 (double)FY_GEN_TEMPERATURE_MAX);
+    } else if (!(s->top_p >= FY_GEN_TOP_P_MIN && s->top_p <= 1)) {
+        f = "top_p";
+        snprintf(err, err_cap, "'top_p' is %g; it must be between %g and 1", (double)s->top_p, (double)FY_GEN_TOP_P_MIN);
+    } else if (s->top_k < 0 || s->top_k > FY_GEN_TOP_K_MAX) {
+        f = "top_k";
+        snprintf(err, err_cap, "'top_k' is %d; it must be between 0 (off) and %d", s->top_k, FY_GEN_TOP_K_MAX);
+    } else if (!(s->min_p >= 0 && s->min_p <= 1)) {
+        f = "min_p";
+        snprintf(err, err_cap, "'min_p' is %g; it must be between 0 and 1", (double)s->min_p);
+    } else if (g->max_tokens < 1 || g->max_tokens > max_tokens_cap) {
+        f = "max_tokens";
+        snprintf(err, err_cap, "'max_tokens' is %d; it must be between 1 and %d", g->max_tokens, max_tokens_cap);
+    } else if (g->n_stop < 0 || g->n_stop > FY_GEN_MAX_STOP) {
+        f = "stop";
+        snprintf(err, err_cap, "%d stop strings; at most %d", g->n_stop, FY_GEN_MAX_STOP);
+    } else if (g->priority < -FY_GEN_PRIORITY_MAX || g->priority > FY_GEN_PRIORITY_MAX) {
+        f = "priority";
+        snprintf(err, err_cap, "'priority' is %d; it must be between %d and %d", g->priority, -FY_GEN_PRIORITY_MAX,
+                 FY_GEN_PRIORITY_MAX);
+    } else if (g->spec < FY_SPEC_DEFAULT || g->spec > FY_SPEC_DRAFT) {
+        f = "spec";
+        snprintf(err, err_cap, "unknown speculative method %d", (int)g->spec);
+    }
+    for (int32_t i = 0; !f && i < g->n_stop; i++) {
+        size_t n = strnlen(g->stop[i], FY_GEN_STOP_LEN + 1);
+        if (n < 1 || n > FY_GEN_STOP_LEN) {
+            f = "stop";
+            snprintf(err, err_cap, "each stop string has 1 to %d bytes, and no NUL byte", FY_GEN_STOP_LEN);
+        }
+    }
+    if (!f) return FY_OK;
+    *field_p = f;
+    return FY_ERR_INVALID;
 }
 
 int32_t fy_genspec_stops(const fy_genspec_t *g, const char **out)

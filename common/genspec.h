@@ -19,6 +19,18 @@
 #define FY_GEN_MAX_STOP 8
 #define FY_GEN_STOP_LEN 64 /* bytes per stop string on the wire */
 
+/*
+ * The range of every parameter, the one truth for the wire (a worker
+ * refuses a message outside them with `format`) and for the router's
+ * HTTP door (which answers 400 before anything is spent).  Floats are
+ * bounds on the stored float: a double is in range exactly when its float
+ * is, so no value passes one check and fails the other.
+ */
+#define FY_GEN_TEMPERATURE_MAX 100.0f
+#define FY_GEN_TOP_P_MIN 1e-6f
+#define FY_GEN_TOP_K_MAX (1 << 24) /* 0: off */
+#define FY_GEN_PRIORITY_MAX 1000000 /* and -FY_GEN_PRIORITY_MAX */
+
 /* Speculative decoding, as a request asks for it (decode/spec.h has the rest). */
 typedef enum fy_spec_method {
     FY_SPEC_DEFAULT = 0, /* whatever the deployment uses */
@@ -50,6 +62,14 @@ void fy_genspec_write(fy_msgw_t *w, const fy_genspec_t *g);
 /* Reads them (absent ones keep g's values); errors land in r and name
  * the field.  max_tokens must be in [1, max_tokens_cap]. */
 void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap);
+/* Every field of g in the ranges above (temperature 0 to its max, top_p
+ * FY_GEN_TOP_P_MIN to 1, top_k 0 to its max, min_p 0 to 1, max_tokens 1
+ * to max_tokens_cap, stop strings 1 to FY_GEN_STOP_LEN bytes without a
+ * NUL, priority within its max, a known spec), else FY_ERR_INVALID with
+ * *field_p naming the first field at fault ("top_p") and err saying why.
+ * Not logged. */
+fy_status_t fy_genspec_check(const fy_genspec_t *g, int32_t max_tokens_cap, const char **field_p, char *err,
+                             size_t err_cap);
 /* The stop strings as the pointer array the engine takes. */
 int32_t fy_genspec_stops(const fy_genspec_t *g, const char **out);
 

@@ -1,6 +1,7 @@
 /*
- * http.c - the router's OpenAI-compatible HTTP front door, on nng's HTTP
- * server (router.http, e.g. http://127.0.0.1:8080).
+ * http.c - the router's OpenAI-compatible HTTP front door (router.http,
+ * e.g. http://127.0.0.1:8080), on the process's HTTP server
+ * (transfer/httpd.h).
  *
  *   POST /v1/completions        prompt (text, or token ids) -> text
  *   POST /v1/chat/completions   messages through the model's chat template
@@ -11,21 +12,26 @@
  * Both POSTs stream as server-sent events ("data: {...}" chunks, then
  * "data: [DONE]") with "stream": true, or answer one JSON body with usage
  * counts.  Bodies are parsed with jansson; a wrong type or an
- * out-of-range value is a 400 with an OpenAI-style error body naming the
- * field ("param"); unknown fields are ignored, known ones ferry does not
- * implement (penalties, logit_bias, echo, ...) are refused rather than
- * silently ignored.
+ * out-of-range value (genspec.h's ranges, the same as the wire's) is a
+ * 400 with an OpenAI-style error body naming the field ("param"); unknown
+ * fields are ignored, known ones ferry does not implement (penalties,
+ * logit_bias, echo, ...) are refused rather than silently ignored.
  *
- * A generation takes over its connection (nng_http_hijack): the response
- * is written here, chunk by chunk, and a read stays posted on the socket
- * so that a client that goes away is noticed at once; its requests are
- * cancelled in the cluster, which frees their blocks.  All state here is
- * guarded by the router's lock; the router calls watch() under it when a
- * request moves, and nng's callbacks take it.  Sockets are only closed
- * outside it.
+ * A generation is a held request (fy_httpd_hold): the router calls watch()
+ * under its lock as tokens arrive, and what is new is handed to the
+ * server (a stream's next events, or the whole answer at the end), which
+ * writes it from its own threads.  The server tells end() when the answer
+ * is out or the client went away; a client that leaves first has its
+ * requests cancelled in the cluster, which frees their blocks.  Nothing
+ * here closes a connection or waits on the server under the router's
+ * lock, and end() is the only place a generation's state is freed.
  *
- * Not here: TLS (put a proxy in front), keep-alive for generations (their
- * connections close after the response), top-k alternatives in logprobs
+ * Draining (fy_http_drain): new generations get 503 with Retry-After,
+ * /health says 503 "draining", running ones go on; whatever the router
+ * then ends carries a terminal event (a stream's choices end with
+ * finish_reason "abort", an error event, then [DONE]).
+ *
+ * Not here: TLS (put a proxy in front), top-k alternatives in logprobs
  * (only the chosen token's log-probability).
  */
 #include <math.h>
@@ -34,14 +40,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
-#include <nng/nng.h>
-#include <nng/supplemental/http/http.h>
 #include <sodium.h>
 
+#include "httpd.h"
 #include "log.h"
 #include "mem.h"
 #include "prompt.h"
@@ -57,27 +63,25 @@ typedef struct hreq hreq_t;
 
 struct fy_http {
     router_t *R;
-    nng_http_server *srv;
-    nng_http_handler *handlers[5];
-    int n_handlers;
+    fy_httpd_t *srv;
     char url[256];
     char served[128]; /* the model's name in the API */
     fy_tenants_t *tenants; /* NULL: no keys, everyone is tenant "" */
     int64_t default_max_tokens;
     double retry_after_s;
-    time_t created;
-    hreq_t *live; /* generations whose connection is ours */
-    bool stopping;
+    time_t model_created; /* the model file's time, for /v1/models */
+    /* guarded by the router's lock */
+    hreq_t *live; /* generations not yet ended */
+    int32_t n_live;
+    bool draining, stopping;
     /* 2xx, 400, other 4xx, 429, 5xx answers; clients gone before the end */
     fy_metric_t *responses[6];
+    fy_metric_t *conns, *closed[3]; /* open connections; closed: header timeout, evicted, refused */
 };
 
 struct hreq {
     fy_http_t *H;
-    nng_http_conn *conn;
-    nng_aio *waio, *raio;
-    nng_iov wiov, riov;
-    char rbuf[256];
+    fy_httpd_req_t *r; /* NULL once the server ended it */
     char *wbuf;
     size_t wlen, wcap;
     bool chat, stream, include_usage, logprobs;
@@ -95,9 +99,10 @@ struct hreq {
     fy_status_t sample_err[MAX_N];
     char sample_msg[MAX_N][96];
     char oid[48];
+    time_t created; /* when this answer was made: its "created" */
     fy_tenant_t *tenant;
     int64_t charged, max_tokens;
-    bool ready, head_sent, final, writing, reading, closing, conn_closed, released;
+    bool ready, head_sent, final, released;
     hreq_t *prev, *next;
 };
 
@@ -166,41 +171,35 @@ static int class_of(uint16_t status)
     return 2;
 }
 
-/* A whole response through the server (not hijacked). */
-static void respond(fy_http_t *H, nng_aio *aio, uint16_t status, json_t *body, double retry_after)
+/* A whole JSON answer (body taken), with Retry-After when retry_after > 0. */
+static void answer_json(fy_http_t *H, fy_httpd_req_t *r, uint16_t status, json_t *body, double retry_after)
 {
     char *txt = json_dumps(body, JSON_COMPACT);
     json_decref(body);
-    nng_http_res *res;
-    if (!txt || nng_http_res_alloc(&res)) {
-        free(txt);
-        nng_aio_finish(aio, NNG_ENOMEM);
+    char ra[32];
+    snprintf(ra, sizeof(ra), "%.0f", ceil(retry_after));
+    const char *hdr[] = {"Retry-After", ra, NULL};
+    if (!txt) {
+        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}";
+        fy_httpd_answer(r, 500, "application/json", NULL, oom, sizeof(oom) - 1);
+        fy_metric_inc(H->responses[class_of(500)]);
         return;
     }
-    nng_http_res_set_status(res, status);
-    nng_http_res_set_header(res, "Content-Type", "application/json");
-    if (retry_after > 0) {
-        char ra[32];
-        snprintf(ra, sizeof(ra), "%.0f", ceil(retry_after));
-        nng_http_res_set_header(res, "Retry-After", ra);
-    }
-    nng_http_res_copy_data(res, txt, strlen(txt));
+    fy_httpd_answer(r, status, "application/json", retry_after > 0 ? hdr : NULL, txt, strlen(txt));
     free(txt);
     fy_metric_inc(H->responses[class_of(status)]);
-    nng_aio_set_output(aio, 0, res);
-    nng_aio_finish(aio, 0);
 }
 
-static void respond_error(fy_http_t *H, nng_aio *aio, uint16_t status, const char *type, const char *param,
+static void respond_error(fy_http_t *H, fy_httpd_req_t *r, uint16_t status, const char *type, const char *param,
                           double retry_after, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
-static void respond_error(fy_http_t *H, nng_aio *aio, uint16_t status, const char *type, const char *param,
+static void respond_error(fy_http_t *H, fy_httpd_req_t *r, uint16_t status, const char *type, const char *param,
                           double retry_after, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
     json_t *b = error_body(type, param, fmt, ap);
     va_end(ap);
-    respond(H, aio, status, b, retry_after);
+    answer_json(H, r, status, b, retry_after);
 }
 
 /* ---- request parsing ------------------------------------------------------------------------------ */
@@ -307,16 +306,16 @@ static void parse_common(fy_http_t *H, parsed_t *p, json_t *o, bool chat, gen_re
     }
     g->gen.max_tokens = (int32_t)mt;
     double d = g->gen.sampling.temperature;
-    num_field(p, o, "temperature", 0, 100, &d);
+    num_field(p, o, "temperature", 0, FY_GEN_TEMPERATURE_MAX, &d);
     g->gen.sampling.temperature = (float)d;
     d = g->gen.sampling.top_p;
-    num_field(p, o, "top_p", 1e-9, 1, &d);
+    num_field(p, o, "top_p", FY_GEN_TOP_P_MIN, 1, &d);
     g->gen.sampling.top_p = (float)d;
     d = 0;
     num_field(p, o, "min_p", 0, 1, &d);
     g->gen.sampling.min_p = (float)d;
     json_int_t k = 0;
-    int_field(p, o, "top_k", -1, 1 << 30, &k);
+    int_field(p, o, "top_k", -1, FY_GEN_TOP_K_MAX, &k);
     g->gen.sampling.top_k = k < 0 ? 0 : (int32_t)k; /* -1 is vLLM's "off" */
     json_t *seed = json_object_get(o, "seed");
     if (seed && !json_is_null(seed)) {
@@ -346,7 +345,7 @@ static void parse_common(fy_http_t *H, parsed_t *p, json_t *o, bool chat, gen_re
             bad(p, 400, "speculative", "'speculative' is one of default, none, ngram, draft");
     }
     json_int_t prio = 0;
-    int_field(p, o, "priority", -1000000, 1000000, &prio);
+    int_field(p, o, "priority", -FY_GEN_PRIORITY_MAX, FY_GEN_PRIORITY_MAX, &prio);
     g->gen.priority = (int32_t)prio;
     /* stop: a string or an array of them */
     json_t *st = json_object_get(o, "stop");
@@ -363,6 +362,7 @@ static void parse_common(fy_http_t *H, parsed_t *p, json_t *o, bool chat, gen_re
                 if (!json_is_string(s)) {
                     bad(p, 400, "stop", "'stop' must be a string or an array of strings");
                 } else if (json_string_length(s) < 1 || json_string_length(s) > FY_GEN_STOP_LEN) {
+                    /* (no NUL inside: jansson refuses \u0000 in what it parses) */
                     bad(p, 400, "stop", "each stop string has 1 to %d bytes", FY_GEN_STOP_LEN);
                 } else {
                     memcpy(g->gen.stop[g->gen.n_stop], json_string_value(s), json_string_length(s) + 1);
@@ -406,6 +406,12 @@ static void parse_common(fy_http_t *H, parsed_t *p, json_t *o, bool chat, gen_re
         }
         if (set) bad(p, 400, unsupported[i], "'%s' is not supported by this server", unsupported[i]);
     }
+    /* the wire's own ranges, on the values as they will travel: nothing
+     * accepted here is refused by a worker */
+    const char *field;
+    char why[160];
+    if (!p->status && fy_genspec_check(&g->gen, fy_router_max_ctx(H->R), &field, why, sizeof(why)) != FY_OK)
+        bad(p, 400, field, "%s", why);
 }
 
 /* A chat message's content: a string, or an array of {type: "text", text} parts. */
@@ -520,7 +526,7 @@ static int32_t *prompt_ids(fy_http_t *H, parsed_t *p, json_t *o, bool chat, int3
     return NULL;
 }
 
-/* ---- generations on hijacked connections ----------------------------------------------------------- */
+/* ---- generations ------------------------------------------------------------------------------------ */
 
 static bool wappend(hreq_t *h, const char *s, size_t n)
 {
@@ -560,7 +566,8 @@ static uint16_t status_of(fy_status_t st)
     case FY_ERR_INVALID:
     case FY_ERR_FORMAT: return 400;
     case FY_ERR_OVERLOADED:
-    case FY_ERR_NO_SPACE: return 503;
+    case FY_ERR_NO_SPACE:
+    case FY_ERR_CANCELLED: return 503; /* cancelled: the router is shutting down */
     case FY_ERR_TIMEOUT: return 504;
     case FY_ERR_PEER: return 502;
     default: return 500;
@@ -622,7 +629,7 @@ static json_t *envelope(const hreq_t *h, bool chunk)
     json_object_set_new(o, "id", json_string(h->oid));
     json_object_set_new(o, "object",
                         json_string(h->chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"));
-    json_object_set_new(o, "created", json_integer((json_int_t)h->H->created));
+    json_object_set_new(o, "created", json_integer((json_int_t)h->created));
     json_object_set_new(o, "model", json_string(h->H->served));
     return o;
 }
@@ -670,10 +677,7 @@ static void stream_chunk(hreq_t *h, int i, const char *text, size_t len, json_t 
 /* What is new for the client, as SSE chunks; the [DONE] after the last. */
 static void build_stream(hreq_t *h)
 {
-    if (!h->head_sent) {
-        static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                                   "Connection: close\r\n\r\n";
-        wappend(h, head, sizeof(head) - 1);
+    if (!h->head_sent) { /* (the status and headers went with fy_httpd_stream_begin) */
         h->head_sent = true;
         if (h->chat)
             for (int i = 0; i < h->n; i++) stream_chunk(h, i, "", 0, NULL, NULL, true);
@@ -691,7 +695,8 @@ static void build_stream(hreq_t *h)
         if (!v.done) continue;
         if (v.error == FY_OK) {
             stream_chunk(h, i, "", 0, NULL, finish_reason(v.finish), false);
-        } else {
+        } else { /* the choice ends (vLLM's "abort"), then what ended it */
+            stream_chunk(h, i, "", 0, NULL, "abort", false);
             json_t *e = json_object();
             json_t *eb = json_object();
             json_object_set_new(eb, "message", jstr(v.message, strlen(v.message)));
@@ -717,22 +722,11 @@ static void build_stream(hreq_t *h)
     }
 }
 
+/* The whole answer as one JSON body (503s with Retry-After); the end. */
 static void raw_response(hreq_t *h, uint16_t status, json_t *body)
 {
-    char *txt = json_dumps(body, JSON_COMPACT);
-    json_decref(body);
-    if (!txt) return;
-    char head[256], ra[48];
-    snprintf(ra, sizeof(ra), "Retry-After: %.0f\r\n", ceil(h->H->retry_after_s));
-    int hl = snprintf(head, sizeof(head),
-                      "HTTP/1.1 %u %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                      "Connection: close\r\n%s\r\n",
-                      status, status == 200 ? "OK" : "Error", strlen(txt), status == 503 ? ra : "");
-    wappend(h, head, (size_t)hl);
-    wappend(h, txt, strlen(txt));
-    free(txt);
     h->final = true;
-    fy_metric_inc(h->H->responses[class_of(status)]);
+    answer_json(h->H, h->r, status, body, status == 503 ? h->H->retry_after_s : 0);
 }
 
 /* The whole answer, once every sample is done. */
@@ -795,45 +789,11 @@ static void h_release(hreq_t *h, bool cancel)
 
 static void watch(void *arg);
 
-static void h_free(hreq_t *h)
-{
-    fy_http_t *H = h->H;
-    if (h->prev)
-        h->prev->next = h->next;
-    else if (H->live == h)
-        H->live = h->next;
-    if (h->next) h->next->prev = h->prev;
-    nng_aio_reap(h->waio);
-    nng_aio_reap(h->raio);
-    fy_free(h->wbuf);
-    fy_free(h->prompt);
-    fy_free(h);
-}
-
-/* Lock held: frees h once its socket is closed and no callback is due. */
-static void h_maybe_free(hreq_t *h)
-{
-    if (h->closing && h->conn_closed && !h->writing && !h->reading) h_free(h);
-}
-
-/* Lock NOT held; h->closing was set under it by the caller, which makes
- * the caller the one that closes. */
-static void h_close(hreq_t *h, router_t *R)
-{
-    nng_http_conn_close(h->conn);
-    fy_router_lock(R);
-    h->conn_closed = true;
-    h_maybe_free(h);
-    fy_router_unlock(R);
-}
-
-static void watch(void *arg);
-
-/* Lock held.  Writes what is new, unless a write is in flight. */
+/* Lock held.  The other samples, once the first one's prompt is cached. */
 static void h_submit_rest(hreq_t *h)
 {
     fy_router_view_t v;
-    if (h->n_submitted >= h->n || h->closing || !h_view(h, 0, &v) || (!v.t_first && !v.done)) return;
+    if (h->n_submitted >= h->n || !h->r || !h_view(h, 0, &v) || (!v.t_first && !v.done)) return;
     const char *tname = h->tenant ? fy_tenant_name(h->tenant) : "";
     for (int i = h->n_submitted; i < h->n; i++) {
         int32_t *copy = fy_malloc((size_t)h->n_prompt * sizeof(int32_t));
@@ -851,116 +811,87 @@ static void h_submit_rest(hreq_t *h)
     h->n_submitted = h->n;
 }
 
+/* Lock held.  Hands the server what is new: a stream's next events (and
+ * its end), or the whole answer once every sample is done. */
 static void h_pump(hreq_t *h)
 {
-    if (!h->ready || h->closing || h->writing || h->final) return;
+    if (!h->ready || !h->r || h->final) return;
     h_submit_rest(h);
-    h->wlen = 0;
-    if (h->stream)
+    if (!h->stream) {
+        build_whole(h); /* answers when every sample is done */
+    } else {
+        h->wlen = 0;
         build_stream(h);
-    else
-        build_whole(h);
-    if (!h->wlen) return;
+        if (h->wlen && fy_httpd_stream_write(h->r, h->wbuf, h->wlen) != FY_OK)
+            return; /* the client is gone (or reads nothing): end() follows */
+        if (h->final) fy_httpd_stream_end(h->r);
+    }
     if (h->final) h_release(h, false);
-    h->wiov.iov_buf = h->wbuf;
-    h->wiov.iov_len = h->wlen;
-    nng_aio_set_iov(h->waio, 1, &h->wiov);
-    h->writing = true;
-    nng_http_conn_write_all(h->conn, h->waio);
 }
-
 
 static void watch(void *arg) { h_pump(arg); }
 
-static void write_cb(void *arg)
+/* Server thread: the generation's answer went out (complete), or its
+ * client left first.  The only place a generation is freed. */
+static void h_end(void *arg, bool complete)
 {
     hreq_t *h = arg;
-    router_t *R = h->H->R;
-    int rv = nng_aio_result(h->waio);
-    fy_router_lock(R);
-    h->writing = false;
-    bool close_it = false;
-    if (rv) {
-        if (!h->final) fy_metric_inc(h->H->responses[5]);
-        h_release(h, true); /* the client is gone: its requests end, their blocks go back */
-        close_it = !h->closing;
-        h->closing = true;
-    } else if (h->final) {
-        close_it = !h->closing;
-        h->closing = true;
-    } else {
-        h_pump(h); /* what arrived while this write was on the wire */
+    fy_http_t *H = h->H;
+    fy_router_lock(H->R);
+    h->r = NULL;
+    if (!complete && !H->stopping) {
+        fy_metric_inc(H->responses[5]);
+        fy_info("http %s: the client went away%s", h->oid, h->final ? " before the answer was out" : "; cancelling");
     }
-    h_maybe_free(h);
-    fy_router_unlock(R);
-    if (close_it) h_close(h, R);
-}
-
-static void read_cb(void *arg)
-{
-    hreq_t *h = arg;
-    router_t *R = h->H->R;
-    int rv = nng_aio_result(h->raio);
-    fy_router_lock(R);
-    h->reading = false;
-    bool close_it = false;
-    if (rv == 0 && !h->closing) { /* bytes after the request (pipelining): ignored */
-        h->reading = true;
-        nng_aio_set_iov(h->raio, 1, &h->riov);
-        nng_http_conn_read(h->conn, h->raio);
-    } else if (!h->closing) {
-        /* the client hung up (or the socket broke) before the answer was out */
-        if (!h->final) {
-            fy_metric_inc(h->H->responses[5]);
-            fy_info("http %s: the client went away; cancelling", h->oid);
-        }
-        h_release(h, true);
-        h->closing = true;
-        close_it = true;
-    }
-    h_maybe_free(h);
-    fy_router_unlock(R);
-    if (close_it) h_close(h, R);
+    h_release(h, true); /* its requests end (if still running), their blocks go back */
+    if (h->prev)
+        h->prev->next = h->next;
+    else
+        H->live = h->next;
+    if (h->next) h->next->prev = h->prev;
+    H->n_live--;
+    fy_router_unlock(H->R);
+    fy_free(h->wbuf);
+    fy_free(h->prompt);
+    fy_free(h);
 }
 
 /* ---- handlers ------------------------------------------------------------------------------------- */
 
-static json_t *parse_body(fy_http_t *H, nng_aio *aio, nng_http_req *req)
+static json_t *parse_body(fy_http_t *H, fy_httpd_req_t *r)
 {
-    const char *ct = nng_http_req_get_header(req, "Content-Type");
+    const char *ct = fy_httpd_req_header(r, "Content-Type");
     if (!ct || strncasecmp(ct, "application/json", 16) || (ct[16] && ct[16] != ';' && ct[16] != ' ')) {
-        respond_error(H, aio, 415, "invalid_request_error", NULL, 0,
+        respond_error(H, r, 415, "invalid_request_error", NULL, 0,
                       "the body must be JSON with Content-Type: application/json (got %s)", ct ? ct : "none");
         return NULL;
     }
-    void *body;
     size_t len;
-    nng_http_req_get_data(req, &body, &len);
+    const char *body = fy_httpd_req_body(r, &len);
     json_error_t je;
     json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!o) {
-        respond_error(H, aio, 400, "invalid_request_error", NULL, 0, "malformed JSON at line %d column %d: %s",
+        respond_error(H, r, 400, "invalid_request_error", NULL, 0, "malformed JSON at line %d column %d: %s",
                       je.line, je.column, je.text);
         return NULL;
     }
     if (!json_is_object(o)) {
         json_decref(o);
-        respond_error(H, aio, 400, "invalid_request_error", NULL, 0, "the body must be a JSON object");
+        respond_error(H, r, 400, "invalid_request_error", NULL, 0, "the body must be a JSON object");
         return NULL;
     }
     return o;
 }
 
-/* The tenant of the request's key; NULL with a 401 sent when keys are
+/* The tenant of the request's key; false with a 401 sent when keys are
  * configured and this one is missing or unknown. */
-static bool authenticate(fy_http_t *H, nng_aio *aio, nng_http_req *req, fy_tenant_t **t_p)
+static bool authenticate(fy_http_t *H, fy_httpd_req_t *r, fy_tenant_t **t_p)
 {
     *t_p = NULL;
     if (!H->tenants) return true;
-    const char *a = nng_http_req_get_header(req, "Authorization");
+    const char *a = fy_httpd_req_header(r, "Authorization");
     if (!a || strncasecmp(a, "Bearer ", 7)) {
-        respond_error(H, aio, 401, "authentication_error", NULL, 0,
-                      "an API key is required: Authorization: Bearer KEY");
+        respond_error(H, r, 401, "authentication_error", NULL, 0, "an API key is required: Authorization: Bearer KEY");
         return false;
     }
     const char *k = a + 7;
@@ -969,23 +900,32 @@ static bool authenticate(fy_http_t *H, nng_aio *aio, nng_http_req *req, fy_tenan
     fy_tenant_t *t = fy_tenants_find(H->tenants, k, strlen(k));
     fy_router_unlock(H->R);
     if (!t) {
-        respond_error(H, aio, 401, "authentication_error", NULL, 0, "invalid API key");
+        respond_error(H, r, 401, "authentication_error", NULL, 0, "invalid API key");
         return false;
     }
     *t_p = t;
     return true;
 }
 
-static void generation(nng_aio *aio, bool chat)
+static void refuse_draining(fy_http_t *H, fy_httpd_req_t *r)
 {
-    nng_http_req *req = nng_aio_get_input(aio, 0);
-    nng_http_handler *hh = nng_aio_get_input(aio, 1);
-    nng_http_conn *conn = nng_aio_get_input(aio, 2);
-    fy_http_t *H = nng_http_handler_get_data(hh);
+    respond_error(H, r, 503, "server_error", NULL, H->retry_after_s > 0 ? H->retry_after_s : 1,
+                  "the server is shutting down; try again shortly (another replica, or this one once restarted)");
+}
+
+static void generation(fy_http_t *H, fy_httpd_req_t *r, bool chat)
+{
     router_t *R = H->R;
+    fy_router_lock(R);
+    bool draining = H->draining;
+    fy_router_unlock(R);
+    if (draining) { /* before anything is parsed or spent */
+        refuse_draining(H, r);
+        return;
+    }
     fy_tenant_t *tenant;
-    if (!authenticate(H, aio, req, &tenant)) return;
-    json_t *o = parse_body(H, aio, req);
+    if (!authenticate(H, r, &tenant)) return;
+    json_t *o = parse_body(H, r);
     if (!o) return;
     parsed_t p = {0};
     gen_req_t g = {0};
@@ -994,48 +934,52 @@ static void generation(nng_aio *aio, bool chat)
     int32_t *ids = p.status ? NULL : prompt_ids(H, &p, o, chat, &n_prompt);
     json_decref(o);
     if (p.status) {
-        respond_error(H, aio, p.status, p.type, p.param, 0, "%s", p.msg);
+        respond_error(H, r, p.status, p.type, p.param, 0, "%s", p.msg);
         return;
     }
     if (!ids) {
-        respond_error(H, aio, 500, "server_error", NULL, 0, "out of memory");
+        respond_error(H, r, 500, "server_error", NULL, 0, "out of memory");
         return;
     }
     /* the chat default: what the context has room for, within the configured cap */
     if (!g.max_tokens_set && g.gen.max_tokens > fy_router_max_ctx(R) - n_prompt)
         g.gen.max_tokens = fy_router_max_ctx(R) - n_prompt > 1 ? fy_router_max_ctx(R) - n_prompt : 1;
     hreq_t *h = fy_calloc(1, sizeof(*h));
-    if (!h || nng_aio_alloc(&h->waio, write_cb, h) || nng_aio_alloc(&h->raio, read_cb, h)) {
-        if (h) {
-            nng_aio_free(h->waio);
-            fy_free(h);
-        }
+    if (h && g.n > 1 && !(h->prompt = fy_malloc((size_t)n_prompt * sizeof(int32_t)))) {
+        fy_free(h);
+        h = NULL;
+    }
+    if (!h) {
         fy_free(ids);
-        respond_error(H, aio, 500, "server_error", NULL, 0, "out of memory");
+        respond_error(H, r, 500, "server_error", NULL, 0, "out of memory");
         return;
     }
+    if (h->prompt) memcpy(h->prompt, ids, (size_t)n_prompt * sizeof(int32_t));
     h->H = H;
-    h->conn = conn;
+    h->r = r;
     h->chat = chat;
     h->stream = g.stream;
     h->include_usage = g.include_usage;
     h->logprobs = g.gen.logprobs;
     h->n = g.n;
     h->max_tokens = g.gen.max_tokens;
+    h->gen = g.gen;
+    h->n_prompt = n_prompt;
+    h->n_submitted = 1;
+    h->created = time(NULL);
     uint8_t rnd[12];
     randombytes_buf(rnd, sizeof(rnd));
     int k = snprintf(h->oid, sizeof(h->oid), "%s-", chat ? "chatcmpl" : "cmpl");
     for (size_t i = 0; i < sizeof(rnd); i++) k += snprintf(h->oid + k, sizeof(h->oid) - (size_t)k, "%02x", rnd[i]);
 
-    /* tenant limits, then the connection becomes ours */
+    /* tenant limits; then the request is held, and h lives until h_end */
     fy_router_lock(R);
-    if (H->stopping) {
+    if (H->draining) {
         fy_router_unlock(R);
-        nng_aio_free(h->waio);
-        nng_aio_free(h->raio);
+        fy_free(h->prompt);
         fy_free(h);
         fy_free(ids);
-        respond_error(H, aio, 503, "server_error", NULL, 1, "the server is shutting down");
+        refuse_draining(H, r);
         return;
     }
     if (tenant) {
@@ -1044,15 +988,14 @@ static void generation(nng_aio *aio, bool chat)
         fy_tenant_verdict_t v = fy_tenant_admit(tenant, g.n, cost, mono(), &retry);
         if (v != FY_TENANT_OK) {
             fy_router_unlock(R);
-            nng_aio_free(h->waio);
-            nng_aio_free(h->raio);
+            fy_free(h->prompt);
             fy_free(h);
             fy_free(ids);
             if (v == FY_TENANT_CONCURRENCY)
-                respond_error(H, aio, 429, "rate_limit_error", NULL, retry,
+                respond_error(H, r, 429, "rate_limit_error", NULL, retry,
                               "tenant %s has its maximum of concurrent requests running", fy_tenant_name(tenant));
             else
-                respond_error(H, aio, 429, "rate_limit_error", NULL, retry,
+                respond_error(H, r, 429, "rate_limit_error", NULL, retry,
                               "tenant %s has spent its tokens per minute (this request needs %lld)",
                               fy_tenant_name(tenant), (long long)cost);
             return;
@@ -1062,47 +1005,22 @@ static void generation(nng_aio *aio, bool chat)
     h->next = H->live;
     if (H->live) H->live->prev = h;
     H->live = h;
+    H->n_live++;
+    fy_httpd_hold(r, h_end, h);
     fy_router_unlock(R);
-    if (nng_http_hijack(conn)) {
-        fy_router_lock(R);
-        h_release(h, false);
-        h->closing = h->conn_closed = true; /* the server still owns the connection */
-        h_maybe_free(h);
-        fy_router_unlock(R);
-        fy_free(ids);
-        respond_error(H, aio, 500, "server_error", NULL, 0, "cannot take over the connection");
-        return;
-    }
-    nng_aio_set_output(aio, 0, NULL);
-    nng_aio_finish(aio, 0);
-    nng_http_req_free(req); /* ours after a hijack; the body was parsed */
 
     /* the first sample now; the others (same prompt, seeds apart) once its
      * prompt is in the workers' prefix caches, where they find it */
     const char *tname = tenant ? fy_tenant_name(tenant) : "";
     char err[256] = "";
-    h->gen = g.gen;
-    h->n_prompt = n_prompt;
-    h->n_submitted = 1;
-    fy_status_t st = FY_OK;
-    if (g.n > 1) {
-        h->prompt = fy_malloc((size_t)n_prompt * sizeof(int32_t));
-        if (!h->prompt) {
-            st = FY_ERR_NOMEM;
-            snprintf(err, sizeof(err), "router out of memory");
-            fy_free(ids);
-        } else {
-            memcpy(h->prompt, ids, (size_t)n_prompt * sizeof(int32_t));
-        }
-    }
-    if (!st) st = fy_router_submit(R, tname, ids, n_prompt, &g.gen, 0, watch, h, &h->ids[0], err, sizeof(err));
+    fy_status_t st = fy_router_submit(R, tname, ids, n_prompt, &g.gen, 0, watch, h, &h->ids[0], err, sizeof(err));
     fy_router_lock(R);
-    h->riov.iov_buf = h->rbuf;
-    h->riov.iov_len = sizeof(h->rbuf);
-    nng_aio_set_iov(h->raio, 1, &h->riov);
-    h->reading = true;
-    nng_http_conn_read(h->conn, h->raio);
     h->ready = true;
+    if (!st && H->stopping) { /* the server stopped while this was submitted */
+        h_release(h, true);
+        st = FY_ERR_CANCELLED;
+        snprintf(err, sizeof(err), "the router is shutting down");
+    }
     if (st) {
         h_release(h, true);
         json_t *e = json_object(), *eb = json_object();
@@ -1111,29 +1029,28 @@ static void generation(nng_aio *aio, bool chat)
         json_object_set_new(eb, "param", st == FY_ERR_INVALID ? json_string(chat ? "messages" : "prompt") : json_null());
         json_object_set_new(eb, "code", json_null());
         json_object_set_new(e, "error", eb);
-        h->wlen = 0;
         raw_response(h, status_of(st), e);
-        h->wiov.iov_buf = h->wbuf;
-        h->wiov.iov_len = h->wlen;
-        nng_aio_set_iov(h->waio, 1, &h->wiov);
-        h->writing = true;
-        nng_http_conn_write_all(h->conn, h->waio);
     } else {
+        if (h->stream) {
+            const char *hdr[] = {"Cache-Control", "no-cache", NULL};
+            fy_httpd_stream_begin(r, 200, "text/event-stream", hdr);
+            fy_metric_inc(H->responses[0]);
+        }
         h_pump(h);
     }
     fy_router_unlock(R);
 }
 
-static void on_completions(nng_aio *aio) { generation(aio, false); }
-static void on_chat(nng_aio *aio) { generation(aio, true); }
+static void on_completions(void *arg, fy_httpd_req_t *r) { generation(arg, r, false); }
+static void on_chat(void *arg, fy_httpd_req_t *r) { generation(arg, r, true); }
 
-static void on_models(nng_aio *aio)
+static void on_models(void *arg, fy_httpd_req_t *r)
 {
-    fy_http_t *H = nng_http_handler_get_data(nng_aio_get_input(aio, 1));
+    fy_http_t *H = arg;
     json_t *m = json_object();
     json_object_set_new(m, "id", json_string(H->served));
     json_object_set_new(m, "object", json_string("model"));
-    json_object_set_new(m, "created", json_integer((json_int_t)H->created));
+    json_object_set_new(m, "created", json_integer((json_int_t)H->model_created));
     json_object_set_new(m, "owned_by", json_string("ferry"));
     json_object_set_new(m, "root", json_string(fy_router_model_id(H->R)));
     json_object_set_new(m, "max_model_len", json_integer(fy_router_max_ctx(H->R)));
@@ -1142,74 +1059,60 @@ static void on_models(nng_aio *aio)
     json_t *o = json_object();
     json_object_set_new(o, "object", json_string("list"));
     json_object_set_new(o, "data", data);
-    respond(H, aio, 200, o, 0);
+    answer_json(H, r, 200, o, 0);
 }
 
-static void on_health(nng_aio *aio)
+static void on_health(void *arg, fy_httpd_req_t *r)
 {
-    fy_http_t *H = nng_http_handler_get_data(nng_aio_get_input(aio, 1));
+    fy_http_t *H = arg;
     int p, d;
     bool colocated;
     fy_router_lock(H->R);
     fy_router_workers_up(H->R, &p, &d, &colocated);
-    bool stopping = H->stopping;
+    bool draining = H->draining;
+    int32_t live = H->n_live;
     fy_router_unlock(H->R);
-    const char *why = stopping                ? "shutting down"
-                      : d == 0                ? "no decode worker is reachable"
-                      : (!colocated && p == 0) ? "no prefill worker is reachable"
-                                              : NULL;
+    char why[96];
+    if (draining)
+        snprintf(why, sizeof(why), "shutting down: draining %d HTTP generation%s", live, live == 1 ? "" : "s");
+    else if (d == 0)
+        snprintf(why, sizeof(why), "no decode worker is reachable");
+    else if (!colocated && p == 0)
+        snprintf(why, sizeof(why), "no prefill worker is reachable");
+    else
+        why[0] = 0;
     json_t *o = json_object();
-    json_object_set_new(o, "status", json_string(why ? "unhealthy" : "ok"));
-    if (why) json_object_set_new(o, "reason", json_string(why));
+    json_object_set_new(o, "status", json_string(draining ? "draining" : why[0] ? "unhealthy" : "ok"));
+    if (why[0]) json_object_set_new(o, "reason", json_string(why));
     json_object_set_new(o, "prefill_up", json_integer(p));
     json_object_set_new(o, "decode_up", json_integer(d));
     json_object_set_new(o, "mode", json_string(colocated ? "colocated" : "disaggregated"));
-    respond(H, aio, why ? 503 : 200, o, why ? H->retry_after_s : 0);
+    answer_json(H, r, why[0] ? 503 : 200, o, why[0] ? (H->retry_after_s > 0 ? H->retry_after_s : 1) : 0);
 }
 
-static void on_metrics(nng_aio *aio)
+static void on_metrics(void *arg, fy_httpd_req_t *r)
 {
-    fy_http_t *H = nng_http_handler_get_data(nng_aio_get_input(aio, 1));
-    fy_router_lock(H->R);
+    fy_http_t *H = arg;
+    fy_httpd_stats_t hs;
+    fy_httpd_stats(H->srv, &hs);
+    fy_router_lock(H->R); /* one scrape at a time brings the server's counts over */
+    fy_metric_set(H->conns, hs.open);
+    fy_metric_add(H->closed[0], (double)hs.timed_out - fy_metric_value(H->closed[0]));
+    fy_metric_add(H->closed[1], (double)hs.evicted - fy_metric_value(H->closed[1]));
+    fy_metric_add(H->closed[2], (double)hs.refused - fy_metric_value(H->closed[2]));
     fy_router_metrics_refresh(H->R);
     fy_router_unlock(H->R);
     char *text;
     size_t len;
-    nng_http_res *res;
     if (fy_metrics_render(fy_router_metrics(H->R), &text, &len) != FY_OK) {
-        nng_aio_finish(aio, NNG_ENOMEM);
+        respond_error(H, r, 500, "server_error", NULL, 0, "out of memory rendering the metrics");
         return;
     }
-    if (nng_http_res_alloc(&res)) {
-        fy_free(text);
-        nng_aio_finish(aio, NNG_ENOMEM);
-        return;
-    }
-    nng_http_res_set_header(res, "Content-Type", FY_METRICS_CONTENT_TYPE);
-    nng_http_res_copy_data(res, text, len);
+    fy_httpd_answer(r, 200, FY_METRICS_CONTENT_TYPE, NULL, text, len);
     fy_free(text);
-    nng_aio_set_output(aio, 0, res);
-    nng_aio_finish(aio, 0);
 }
 
-/* ---- start and stop --------------------------------------------------------------------------------- */
-
-static fy_status_t add_handler(fy_http_t *H, const char *path, const char *method, void (*fn)(nng_aio *),
-                               size_t max_body)
-{
-    nng_http_handler *h;
-    int rv = nng_http_handler_alloc(&h, path, fn);
-    if (!rv) rv = nng_http_handler_set_method(h, method);
-    if (!rv) rv = nng_http_handler_set_data(h, H, NULL);
-    if (!rv && max_body) rv = nng_http_handler_collect_body(h, true, max_body);
-    if (!rv) rv = nng_http_server_add_handler(H->srv, h);
-    if (rv) {
-        fy_error("http: cannot serve %s %s: %s", method, path, nng_strerror(rv));
-        return FY_ERR_INTERNAL;
-    }
-    H->handlers[H->n_handlers++] = h;
-    return FY_OK;
-}
+/* ---- start, drain and stop ---------------------------------------------------------------------------- */
 
 fy_status_t fy_http_start(router_t *R, fy_http_t **h_p)
 {
@@ -1217,6 +1120,7 @@ fy_status_t fy_http_start(router_t *R, fy_http_t **h_p)
     const char *url, *keys, *served;
     int64_t max_body, max_tokens;
     double retry;
+    fy_httpd_limits_t lim;
     fy_status_t st;
     *h_p = NULL;
     if ((st = fy_config_string(c, "router", "http", "", &url)) ||
@@ -1224,21 +1128,24 @@ fy_status_t fy_http_start(router_t *R, fy_http_t **h_p)
         (st = fy_config_string(c, "router", "served_model_name", "", &served)) ||
         (st = fy_config_size(c, "router", "max_body", 1 << 20, 1024, 64 << 20, &max_body)) ||
         (st = fy_config_int(c, "router", "default_max_tokens", 1024, 1, 1 << 20, &max_tokens)) ||
-        (st = fy_config_duration(c, "router", "retry_after", 1, 0, 3600, &retry)))
+        (st = fy_config_duration(c, "router", "retry_after", 1, 0, 3600, &retry)) ||
+        (st = fy_httpd_limits_read(c, "router", &lim)))
         return st;
     if (!*url) return FY_OK;
+    lim.threads = 2; /* a long prompt's tokenizing does not hold up /health */
     fy_http_t *H = fy_calloc(1, sizeof(*H));
     if (!H) return FY_ERR_NOMEM;
     H->R = R;
     H->default_max_tokens = max_tokens;
     H->retry_after_s = retry;
-    H->created = time(NULL);
     snprintf(H->url, sizeof(H->url), "%s", url);
+    const char *path = "";
+    fy_config_string(c, "model", "path", "models/SmolLM2-135M-Instruct.Q4_1.gguf", &path);
+    struct stat sb;
+    H->model_created = stat(path, &sb) == 0 ? sb.st_mtime : time(NULL);
     if (*served) {
         snprintf(H->served, sizeof(H->served), "%s", served);
     } else { /* the model file's name, as llama.cpp's server does */
-        const char *path = "";
-        fy_config_string(c, "model", "path", "models/SmolLM2-135M-Instruct.Q4_1.gguf", &path);
         const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
         snprintf(H->served, sizeof(H->served), "%s", base);
         size_t l = strlen(H->served);
@@ -1246,35 +1153,32 @@ fy_status_t fy_http_start(router_t *R, fy_http_t **h_p)
     }
     if (sodium_init() < 0) st = FY_ERR_INTERNAL;
     if (!st && *keys) st = fy_tenants_load(keys, &H->tenants);
-    nng_url *u = NULL;
-    int rv = 0;
-    if (!st && (rv = nng_url_parse(&u, url)) != 0) {
-        fy_error("router.http: '%s' is not a URL (http://host:port): %s", url, nng_strerror(rv));
-        st = FY_ERR_INVALID;
-    }
-    if (!st && (rv = nng_http_server_hold(&H->srv, u)) != 0) {
-        fy_error("http: cannot set up a server on %s: %s", url, nng_strerror(rv));
-        st = FY_ERR_INTERNAL;
-    }
-    nng_url_free(u);
-    if (!st) st = add_handler(H, "/v1/completions", "POST", on_completions, (size_t)max_body);
-    if (!st) st = add_handler(H, "/v1/chat/completions", "POST", on_chat, (size_t)max_body);
-    if (!st) st = add_handler(H, "/v1/models", "GET", on_models, 0);
-    if (!st) st = add_handler(H, "/health", "GET", on_health, 0);
-    if (!st) st = add_handler(H, "/metrics", "GET", on_metrics, 0);
     static const char *const classes[] = {"2xx", "400", "4xx", "429", "5xx", "client_gone"};
+    fy_metrics_t *g = fy_router_metrics(R);
     for (int i = 0; i < 6 && !st; i++) {
         const char *l[] = {"code", classes[i], NULL};
-        st = fy_metrics_counter(fy_router_metrics(R), "ferry:http_responses_total",
+        st = fy_metrics_counter(g, "ferry:http_responses_total",
                                 "HTTP answers by status class; client_gone: the client left before the end", l,
                                 &H->responses[i]);
     }
-    if (!st && (rv = nng_http_server_start(H->srv)) != 0) {
-        fy_error("http: cannot listen on %s: %s", url, nng_strerror(rv));
-        st = FY_ERR_IO;
+    static const char *const why[] = {"header_timeout", "evicted", "refused"};
+    for (int i = 0; i < 3 && !st; i++) {
+        const char *l[] = {"reason", why[i], NULL};
+        st = fy_metrics_counter(g, "ferry:http_connections_closed_total",
+                                "HTTP connections closed by the server: requests not complete within "
+                                "http_header_timeout, idle ones closed for a newcomer at http_max_connections, "
+                                "newcomers refused (503) when all were busy",
+                                l, &H->closed[i]);
     }
+    if (!st) st = fy_metrics_gauge(g, "ferry:http_connections", "HTTP connections open", NULL, &H->conns);
+    if (!st) st = fy_httpd_create_with(url, &lim, &H->srv);
+    if (!st) st = fy_httpd_handle(H->srv, "POST", "/v1/completions", (size_t)max_body, on_completions, H);
+    if (!st) st = fy_httpd_handle(H->srv, "POST", "/v1/chat/completions", (size_t)max_body, on_chat, H);
+    if (!st) st = fy_httpd_handle(H->srv, "GET", "/v1/models", 0, on_models, H);
+    if (!st) st = fy_httpd_handle(H->srv, "GET", "/health", 0, on_health, H);
+    if (!st) st = fy_httpd_handle(H->srv, "GET", "/metrics", 0, on_metrics, H);
     if (st) {
-        if (H->srv) nng_http_server_release(H->srv);
+        fy_httpd_destroy(H->srv);
         fy_tenants_destroy(H->tenants);
         fy_free(H);
         return st;
@@ -1285,37 +1189,44 @@ fy_status_t fy_http_start(router_t *R, fy_http_t **h_p)
     return FY_OK;
 }
 
+void fy_http_drain(fy_http_t *H)
+{
+    if (H) H->draining = true; /* the router's lock is held */
+}
+
+int32_t fy_http_live(const fy_http_t *H) { return H ? H->n_live : 0; }
+
 void fy_http_stop(fy_http_t *H)
 {
     if (!H) return;
     router_t *R = H->R;
-    nng_http_server_stop(H->srv);
-    /* every open generation: cancelled, its socket closed */
-    for (;;) {
-        fy_router_lock(R);
-        H->stopping = true;
-        hreq_t *h = H->live;
-        while (h && h->closing) h = h->next;
-        if (h) {
-            h_release(h, true);
-            h->closing = true;
+    /* what is left is ended: streams get their terminal events, the others
+     * an error body, as the router's requests end (the router ended them
+     * before, when it drained) */
+    fy_router_lock(R);
+    H->draining = H->stopping = true;
+    for (hreq_t *h = H->live; h; h = h->next) {
+        if (!h->r || h->final || !h->ready) continue; /* !ready: its handler sees stopping */
+        for (int i = 0; i < h->n; i++) {
+            fy_router_view_t v;
+            if (!h_view(h, i, &v) || !v.done) {
+                h->sample_err[i] = FY_ERR_CANCELLED;
+                snprintf(h->sample_msg[i], sizeof(h->sample_msg[i]), "the router is shutting down");
+            }
         }
-        fy_router_unlock(R);
-        if (!h) break;
-        h_close(h, R);
+        h_release(h, true);
+        h_pump(h);
     }
-    for (int i = 0; i < 300; i++) { /* their last callbacks */
-        fy_router_lock(R);
-        bool empty = !H->live;
-        fy_router_unlock(R);
-        if (empty) break;
-        usleep(10000);
-    }
-    if (H->live) { /* a callback may still come: H stays (leaked) rather than be freed under it */
-        fy_warn("http: connections still closing at shutdown");
+    fy_router_unlock(R);
+    /* the server writes those, then ends what is still held (end() for each) */
+    fy_httpd_destroy(H->srv);
+    fy_router_lock(R);
+    bool left = H->live != NULL;
+    fy_router_unlock(R);
+    if (left) { /* an end() may still come: H stays (leaked) rather than be freed under it */
+        fy_warn("http: generations still open at shutdown");
         return;
     }
-    nng_http_server_release(H->srv);
     fy_tenants_destroy(H->tenants);
     fy_free(H);
 }

@@ -138,7 +138,7 @@ typedef struct router {
     pthread_mutex_t mu;
     fy_config_t *cfg;
     /* settings */
-    double health_timeout, request_timeout, prefill_timeout, command_timeout, lease_s, client_timeout;
+    double health_timeout, request_timeout, prefill_timeout, command_timeout, lease_s, client_timeout, drain_timeout;
     int32_t max_queue, max_retries;
     int64_t prefill_queue_tokens;
     double prefix_weight;
@@ -163,6 +163,7 @@ typedef struct router {
     uint64_t next_id, next_rid;
     pthread_t hk;
     bool hk_on, stop;
+    bool draining; /* shutting down: new requests refused, running ones finish */
     /* figures */
     uint64_t accepted, refused, completed, failed, retried, bad_events, renewals;
     fy_metrics_t *reg;
@@ -1089,6 +1090,18 @@ static fy_status_t enqueue(router_t *R, const char *tenant, int32_t *ids, int32_
     q->need_blocks = blocks_for(R, q);
 
     if (!held) pthread_mutex_lock(&R->mu);
+    /* draining: nothing new (a watch function's submission, held, belongs
+     * to a request already running: HTTP's samples after the first) */
+    if (R->draining && !held) {
+        R->refused++;
+        pthread_mutex_unlock(&R->mu);
+        fy_free(q->hashes);
+        fy_free(q->prompt);
+        fy_free(q);
+        snprintf(err, err_cap, "the router is shutting down; send this request to another router, or again later");
+        fy_metric_inc(R->m.refused[0]);
+        return FY_ERR_OVERLOADED;
+    }
     if (R->n_queued >= R->max_queue) {
         R->refused++;
         if (!held) pthread_mutex_unlock(&R->mu);
@@ -1526,6 +1539,7 @@ static fy_status_t setup(router_t *R)
         (st = fy_config_duration(c, "router", "command_timeout", 10, 0.05, 3600, &R->command_timeout)) ||
         (st = fy_config_duration(c, "router", "lease", 30, 0.1, 3600, &R->lease_s)) ||
         (st = fy_config_duration(c, "router", "client_timeout", 30, 0.5, 86400, &R->client_timeout)) ||
+        (st = fy_config_duration(c, "router", "drain_timeout", 10, 0, 3600, &R->drain_timeout)) ||
         (st = fy_config_int(c, "router", "max_queue", 256, 0, 1 << 20, &max_queue)) ||
         (st = fy_config_int(c, "router", "retries", 1, 0, 10, &retries)) ||
         (st = fy_config_int(c, "router", "prefill_queue_tokens", 4096, 1, 1 << 24, &pq_tokens)) ||
@@ -1593,6 +1607,64 @@ static void teardown(router_t *R)
     fy_config_destroy(R->cfg);
 }
 
+/*
+ * SIGINT or SIGTERM arrived: new requests are refused from now on (nng
+ * generate with `overloaded`, HTTP with 503 and Retry-After, /health
+ * 503), running ones have router.drain_timeout to finish, then the rest
+ * end with an error (a terminal event on HTTP streams, done with an error
+ * on nng polls), and their clients get a moment to see it.  A second
+ * signal cuts the wait short.
+ */
+static void drain(router_t *R, sigset_t *sigs)
+{
+    double t0 = now_s();
+    const struct timespec tick_ts = {0, 20 * 1000 * 1000};
+    int running = 0, live;
+    bool hurry = false;
+    pthread_mutex_lock(&R->mu);
+    R->draining = true;
+    fy_http_drain(R->http);
+    for (rreq_t *q = R->all; q; q = q->next) running += q->state != RQ_DONE;
+    pthread_mutex_unlock(&R->mu);
+    fy_info("draining: %d request%s running, new ones refused; waiting up to %.1f s (router.drain_timeout)", running,
+            running == 1 ? "" : "s", R->drain_timeout);
+    for (;;) {
+        pthread_mutex_lock(&R->mu);
+        running = 0;
+        for (rreq_t *q = R->all; q; q = q->next) running += q->state != RQ_DONE;
+        live = fy_http_live(R->http);
+        pthread_mutex_unlock(&R->mu);
+        if ((!running && !live) || now_s() - t0 >= R->drain_timeout) break;
+        if (sigtimedwait(sigs, NULL, &tick_ts) > 0) {
+            fy_info("a second signal: ending the running requests now");
+            hurry = true;
+            break;
+        }
+    }
+    int cut = 0;
+    pthread_mutex_lock(&R->mu);
+    for (rreq_t *q = R->all; q; q = q->next) {
+        if (q->state == RQ_DONE) continue;
+        finish_req(R, q, FY_ERR_CANCELLED, "the router is shutting down (its drain time of %.1f s is over)",
+                   R->drain_timeout);
+        cut++;
+    }
+    pthread_mutex_unlock(&R->mu);
+    if (cut) fy_warn("drain: %d request%s cut short", cut, cut == 1 ? "" : "s");
+    /* the clients see their ends: HTTP answers written, nng clients' next polls answered */
+    double t1 = now_s();
+    while (!hurry && now_s() - t1 < 2.0) {
+        int unseen = 0;
+        pthread_mutex_lock(&R->mu);
+        live = fy_http_live(R->http);
+        for (rreq_t *q = R->all; q; q = q->next) unseen += !q->done_seen && !q->watch;
+        pthread_mutex_unlock(&R->mu);
+        if (!live && !unseen) break;
+        if (sigtimedwait(sigs, NULL, &tick_ts) > 0) break;
+    }
+    fy_info("drained in %.2f s", now_s() - t0);
+}
+
 int fy_router_main(int argc, char **argv)
 {
     sigset_t sigs;
@@ -1601,6 +1673,7 @@ int fy_router_main(int argc, char **argv)
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
+    fy_cluster_raise_nofile();
     router_t *R = fy_calloc(1, sizeof(*R));
     if (!R) return 1;
     pthread_mutex_init(&R->mu, NULL);
@@ -1617,6 +1690,7 @@ int fy_router_main(int argc, char **argv)
             int sig = 0;
             sigwait(&sigs, &sig);
             fy_info("%s: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
+            drain(R, &sigs);
         }
         teardown(R);
     } else {

@@ -87,6 +87,15 @@ void fy_router_metrics_refresh(router_t *R);
  * stopped before them.  No address configured: *h_p = NULL, FY_OK. */
 typedef struct fy_http fy_http_t;
 fy_status_t fy_http_start(router_t *R, fy_http_t **h_p);
-void fy_http_stop(fy_http_t *h); /* accepts NULL */
+/* Lock held.  From now on new generations are refused (503 with
+ * Retry-After) and /health says 503 "draining"; running ones go on.
+ * Accepts NULL. */
+void fy_http_drain(fy_http_t *h);
+/* Lock held.  Generations whose answer is not yet all out (0 for NULL). */
+int32_t fy_http_live(const fy_http_t *h);
+/* Lock NOT held.  Ends what is left (streams with their terminal events,
+ * others with an error body), lets the server write it, and stops.
+ * Accepts NULL. */
+void fy_http_stop(fy_http_t *h);
 
 #endif /* FY_ROUTER_INT_H */

@@ -12,9 +12,11 @@
 #include <string.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -450,4 +452,117 @@ double tc_metric(const char *text, const char *series)
     }
     fail_msg("no series %s in the metrics", series);
     return 0;
+}
+
+int tc_http_dial(int port, double timeout_s)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
+        close(fd);
+        return -1;
+    }
+    struct timeval tv = {.tv_sec = (time_t)timeout_s, .tv_usec = (suseconds_t)((timeout_s - (double)(time_t)timeout_s) * 1e6)};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    return fd;
+}
+
+void tc_http_send(int fd, const char *method, const char *path, const char *key, const char *ctype,
+                  const char *body, size_t len)
+{
+    char head[1024];
+    int n = snprintf(head, sizeof(head),
+                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s%s%s%s%s%s"
+                     "Content-Length: %zu\r\n\r\n",
+                     method, path, key ? "Authorization: Bearer " : "", key ? key : "", key ? "\r\n" : "",
+                     ctype ? "Content-Type: " : "", ctype ? ctype : "", ctype ? "\r\n" : "", len);
+    const char *parts[2] = {head, body};
+    size_t lens[2] = {(size_t)n, body ? len : 0};
+    for (int i = 0; i < 2; i++) {
+        const char *p = parts[i];
+        size_t left = lens[i];
+        while (left) {
+            ssize_t k = send(fd, p, left, MSG_NOSIGNAL);
+            if (k <= 0) return; /* the server may refuse a huge body before reading it all */
+            p += k;
+            left -= (size_t)k;
+        }
+    }
+}
+
+/* Undoes chunked transfer encoding in place; returns the decoded length. */
+static size_t unchunk(char *b, size_t n)
+{
+    size_t in = 0, out = 0;
+    while (in < n) {
+        char *end;
+        unsigned long sz = strtoul(b + in, &end, 16);
+        char *crlf = memmem(b + in, n - in, "\r\n", 2);
+        if (!crlf || end > crlf) break;
+        in = (size_t)(crlf - b) + 2;
+        if (sz == 0 || in + sz > n) {
+            if (sz && in < n) { /* a cut-off last chunk: keep what came */
+                memmove(b + out, b + in, n - in);
+                out += n - in;
+            }
+            break;
+        }
+        memmove(b + out, b + in, sz);
+        out += sz;
+        in += sz + 2;
+    }
+    b[out] = 0;
+    return out;
+}
+
+int tc_http_read(int fd, tc_http_resp_t *r)
+{
+    memset(r, 0, sizeof(*r));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = fy_malloc(cap);
+    assert_non_null(buf);
+    char *hend = NULL;
+    long clen = -1;
+    bool chunked = false;
+    for (;;) {
+        if (n + 4096 > cap) {
+            buf = fy_realloc(buf, cap *= 2);
+            assert_non_null(buf);
+        }
+        ssize_t k = recv(fd, buf + n, cap - n - 1, 0);
+        if (k <= 0) break;
+        n += (size_t)k;
+        buf[n] = 0;
+        if (!hend && (hend = strstr(buf, "\r\n\r\n"))) {
+            const char *cl = strcasestr(buf, "\r\nContent-Length:");
+            if (cl && cl < hend) clen = atol(cl + 17);
+            const char *te = strcasestr(buf, "\r\nTransfer-Encoding: chunked");
+            chunked = te && te < hend;
+        }
+        if (hend && clen >= 0 && n >= (size_t)(hend + 4 - buf) + (size_t)clen) break;
+        if (hend && chunked && n >= 5 && !memcmp(buf + n - 5, "0\r\n\r\n", 5)) break;
+    }
+    buf[n] = 0;
+    if (sscanf(buf, "HTTP/1.%*d %d", &r->status) != 1) r->status = -1;
+    hend = strstr(buf, "\r\n\r\n");
+    size_t hl = hend ? (size_t)(hend - buf) : n;
+    snprintf(r->head, sizeof(r->head), "%.*s", (int)hl, buf);
+    r->len = hend ? n - hl - 4 : 0;
+    r->body = fy_malloc(r->len + 1);
+    assert_non_null(r->body);
+    memcpy(r->body, hend ? hend + 4 : "", r->len);
+    r->body[r->len] = 0;
+    if (chunked) r->len = unchunk(r->body, r->len);
+    fy_free(buf);
+    return r->status;
+}
+
+void tc_http_free(tc_http_resp_t *r)
+{
+    fy_free(r->body);
+    r->body = NULL;
 }

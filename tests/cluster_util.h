@@ -96,6 +96,25 @@ int tc_free_port(void);
  * deadline).  Returns the status code (-1 when no answer); *body_p (may be
  * NULL) gets the body, NUL-terminated, to fy_free. */
 int tc_http(int port, const char *method, const char *path, char **body_p);
+/* A raw HTTP/1.1 client for tests that need more than tc_http: a
+ * connected socket to 127.0.0.1:port (its reads time out after
+ * timeout_s; -1 when nobody listens), one request written on it (key:
+ * a bearer token or NULL; ctype NULL: no Content-Type), and a whole
+ * response read back (headers, then Content-Length bytes, chunked
+ * encoding undone, or to the close).  tc_http_read returns the status
+ * (-1: no answer) and fills *r; tc_http_free lets go of it. */
+typedef struct tc_http_resp {
+    int status;
+    char head[4096];
+    char *body; /* NUL-terminated, chunked encoding removed */
+    size_t len;
+} tc_http_resp_t;
+int tc_http_dial(int port, double timeout_s);
+void tc_http_send(int fd, const char *method, const char *path, const char *key, const char *ctype,
+                  const char *body, size_t len);
+int tc_http_read(int fd, tc_http_resp_t *r);
+void tc_http_free(tc_http_resp_t *r);
+
 /* The value of one sample line of Prometheus text: series is the name
  * with its labels exactly as rendered ("ferry:kv_blocks{tier=\"device\",state=\"used\"}").
  * Fails the test when the series is absent. */

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -344,6 +345,15 @@ static void test_bad_requests(void **state)
     CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"max_tokens\":0}", 400, "max_tokens", NULL);
     CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"max_tokens\":1.5}", 400, "max_tokens", NULL);
     CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"top_p\":1.5}", 400, "top_p", NULL);
+    /* the wire's ranges, refused here rather than by a worker after a wasted retry (issue 13) */
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"top_p\":1e-9}", 400, "top_p", NULL);
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"top_p\":5e-7}", 400, "top_p", NULL);
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"top_k\":16777217}", 400, "top_k", NULL);
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"top_k\":1073741824}", 400, "top_k", NULL);
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"temperature\":100.5}", 400, "temperature", NULL);
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"min_p\":-0.1}", 400, "min_p", NULL);
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"priority\":1000001}", 400, "priority", NULL);
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"stop\":[\"a\\u0000b\"]}", 400, NULL, "JSON");
     CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"n\":99}", 400, "n", NULL);
     CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"seed\":-1}", 400, "seed", NULL);
     CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"stop\":[\"a\",3]}", 400, "stop", NULL);
@@ -397,9 +407,50 @@ static void test_bad_requests(void **state)
     assert_true(r.status == 413 || r.status == 400);
     free(r.body);
     fy_free(huge);
-    /* still serving */
-    r = call("POST", "/v1/completions", KEY_A, "{\"prompt\":\"Hello\",\"max_tokens\":2}");
+    /* still serving, and the boundaries themselves are served */
+    static const char *const edges[] = {
+        "{\"prompt\":\"Hello\",\"max_tokens\":2}",
+        "{\"prompt\":\"Hello\",\"max_tokens\":2,\"top_p\":1e-6,\"temperature\":1}",
+        "{\"prompt\":\"Hello\",\"max_tokens\":2,\"top_k\":16777216,\"temperature\":100}",
+        "{\"prompt\":\"Hello\",\"max_tokens\":2,\"top_k\":-1,\"min_p\":1,\"priority\":-1000000}",
+    };
+    for (size_t i = 0; i < sizeof(edges) / sizeof(edges[0]); i++) {
+        r = call("POST", "/v1/completions", KEY_A, edges[i]);
+        if (r.status != 200) fail_msg("%s: HTTP %d %s", edges[i], r.status, r.body);
+        free(r.body);
+    }
+}
+
+/* ---- created: each answer's own time, not the router's start ---- */
+
+static void test_created_is_the_answer_time(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    /* the router started at least a test or two ago: its start is seconds back */
+    time_t before = time(NULL);
+    resp_t r = call("POST", "/v1/completions", KEY_A, "{\"prompt\":\"Hello\",\"max_tokens\":2}");
     assert_int_equal(r.status, 200);
+    json_t *j = json_of(&r);
+    json_int_t created = json_integer_value(json_object_get(j, "created"));
+    json_decref(j);
+    free(r.body);
+    if (created < (json_int_t)before || created > (json_int_t)time(NULL))
+        fail_msg("created is %lld, the answer was made in [%lld, %lld]", (long long)created, (long long)before,
+                 (long long)time(NULL));
+    /* a stream: every chunk carries the same time, this answer's */
+    before = time(NULL);
+    int s = dial();
+    const char *req = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":4,\"stream\":true}";
+    send_request(s, "POST", "/v1/chat/completions", KEY_A, "application/json", req, strlen(req));
+    read_response(s, &r);
+    close(s);
+    int chunks = 0;
+    for (char *p = r.body; (p = strstr(p, "\"created\":")); p += 10, chunks++) {
+        long long c = atoll(p + 10);
+        if (c < (long long)before || c > (long long)time(NULL)) fail_msg("a chunk's created is %lld", c);
+    }
+    assert_true(chunks >= 2);
     free(r.body);
 }
 
@@ -710,6 +761,13 @@ static void test_curl(void **state)
     }
     assert_non_null(strstr(streamed, "data: [DONE]"));
     assert_string_equal(joined, text);
+    /* nothing but events: each line "data: ..." or the blank line after one */
+    for (char *line = streamed, *nl; *line; line = nl + 1) {
+        nl = strchr(line, '\n');
+        if (!nl) nl = line + strlen(line) - 1;
+        if (nl > line && strncmp(line, "data: ", 6)) fail_msg("a stream line that is not an event: '%.*s'", (int)(nl - line), line);
+        if (!nl[1]) break;
+    }
     json_decref(j);
     free(plain);
     free(streamed);
@@ -747,6 +805,7 @@ int main(void)
         cmocka_unit_test(test_tenant_limits),
         cmocka_unit_test(test_tenants_never_share_prefixes),
         cmocka_unit_test(test_router_metrics),
+        cmocka_unit_test(test_created_is_the_answer_time),
         cmocka_unit_test(test_overload_503),
         cmocka_unit_test(test_curl),
         cmocka_unit_test(test_openai_python),

@@ -1,55 +1,198 @@
 /*
- * httpd.c - GET routes on nng's HTTP server (see httpd.h).
+ * httpd.c - the HTTP server (see httpd.h), on libmicrohttpd.
  *
- * Each route is an nng handler whose data is a route_t that nng frees
- * (through the handler's destructor) when its last reference goes: a
- * callback nng dispatched just before the route was removed still finds
- * its route_t, sees it closed and answers 503 without touching the
- * caller's state.  fy_httpd_destroy closes each route and waits for the
- * callbacks inside the caller's function to return.
+ * libmicrohttpd (MHD) parses requests, keeps connections alive, writes
+ * chunked answers, answers oversized request lines and headers (414,
+ * 431) and closes connections idle past a timeout, on its own event
+ * threads.  What it does not do is done here, by one guard thread per
+ * server:
+ *
+ *   - the header deadline: MHD's timeout is an idle timeout, which a
+ *     client sending a byte every few seconds never reaches; the guard
+ *     closes a connection whose request is not complete in time;
+ *   - the connection cap: MHD at its limit stops accepting, so a flood of
+ *     idle connections would shut out /health; here a new connection
+ *     beyond the cap closes the oldest one that has no request under way,
+ *     and MHD's own limit sits a little higher, for the 503 refusals;
+ *   - noticing a client that leaves while its answer waits: MHD does not
+ *     watch a suspended connection, so the guard polls those sockets for
+ *     a hang-up.
+ *
+ * The guard closes a connection with shutdown(), never close(): MHD's
+ * thread sees the end of the stream and closes it itself.  The socket
+ * is only touched while its connection is listed here, under the
+ * server's lock, and MHD unlists it (NOTIFY_CONNECTION, CLOSED) before
+ * it closes the descriptor, so a descriptor number reused by another
+ * socket is never shut down.
+ *
+ * Held requests: a handler may leave a request unanswered; its connection
+ * is suspended in MHD, and an answer from another thread (the router's,
+ * under its lock) only records what to send and asks the guard to resume
+ * the connection.  So no MHD function is ever called with a caller's
+ * lock held, and MHD's callbacks (the end callback takes the router's
+ * lock) never run under the server's lock.  A connection is resumed only
+ * after MHD_suspend_connection has returned (suspending, then suspended,
+ * then a wake-up noticed on the way is passed on), never before.
+ *
+ * Servers are kept in a process-wide list by address so that two holders
+ * share one listener, as the router's API and a metrics route do.
  */
 #include "httpd.h"
 
+#include <errno.h>
+#include <netdb.h>
 #include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
-#include <stdbool.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
 
-#include <nng/nng.h>
-#include <nng/supplemental/http/http.h>
+#include <microhttpd.h>
 
 #include "log.h"
 #include "mem.h"
 
-#define MAX_ROUTES 16
+#define MAX_PENDING (8u << 20) /* streamed bytes the client has not taken */
+#define STREAM_BLOCK 16384
+#define STOP_WAIT_S 3.0
+
+typedef struct srv srv_t;
 
 typedef struct route {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool closed;
-    int inflight;
-    fy_httpd_get_fn fn;
-    void *arg;
+    fy_httpd_t *owner;
     char path[128];
+    bool get;        /* GET (and HEAD); else POST */
+    size_t max_body;
+    fy_httpd_get_fn get_fn;
+    fy_httpd_fn fn;
+    void *arg;
+    bool dead;       /* its holder removed it */
+    int inflight;    /* handler calls running */
+    int refs;        /* requests pointing at it, plus one while listed */
+    struct route *next;
 } route_t;
 
-struct fy_httpd {
-    char url[256];
-    nng_http_server *srv;
-    bool started;
-    nng_http_handler *handlers[MAX_ROUTES];
-    route_t *routes[MAX_ROUTES];
-    int n_routes;
+enum { PH_WAIT, PH_READ, PH_ANSWER };
+
+typedef struct conn {
+    int fd;
+    int phase;       /* no request under way, a request coming in, being answered */
+    bool fresh;      /* no request yet on this connection */
+    bool over_cap;   /* accepted beyond the cap: refused, except GET routes */
+    bool killed;     /* shut down here; MHD closes it */
+    double deadline; /* PH_WAIT, PH_READ: shut down past it */
+    struct conn *prev, *next;
+} conn_t;
+
+enum { RS_NEW, RS_HELD, RS_WHOLE, RS_STREAM, RS_QUEUED, RS_DONE };
+
+struct fy_httpd_req {
+    srv_t *S;
+    struct MHD_Connection *mc;
+    conn_t *c;
+    route_t *route;
+    uint64_t serial;
+    int state;
+    bool ran; /* its route ran (MHD's thread alone reads and writes it) */
+    bool streamed, close_after;
+    /* the request body */
+    char *body;
+    size_t len, cap;
+    bool too_big;
+    /* the answer */
+    int status;
+    char ctype[96];
+    char *hdrs; /* "name\0value\0...\0" */
+    char *out;
+    size_t out_len;
+    /* a stream: bytes not yet taken by MHD */
+    char *sbuf;
+    size_t slen, soff, scap;
+    bool s_end;
+    /* suspension */
+    bool suspending, suspended, wake, watched, resume_queued, gone;
+    fy_httpd_end_fn end;
+    void *end_arg;
+    struct fy_httpd_req *prev, *next; /* S->reqs */
+    struct fy_httpd_req *qnext;       /* S's resume queue */
 };
 
-static void route_free(void *arg)
+struct srv {
+    char host[128];
+    int port;
+    int refs;
+    struct MHD_Daemon *d;
+    fy_httpd_limits_t lim;
+    int32_t cap;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    conn_t *conns, *conns_tail; /* oldest first */
+    int32_t n_conns, n_killed;
+    fy_httpd_req_t *reqs;
+    uint64_t next_serial;
+    fy_httpd_req_t *rq, *rq_tail; /* to resume */
+    route_t *routes;
+    bool closing;
+    uint64_t timed_out, evicted, refused;
+    int ep, evfd;
+    pthread_t guard;
+    bool guard_on, guard_stop;
+    srv_t *next;
+};
+
+struct fy_httpd {
+    srv_t *S;
+    char url[256];
+};
+
+/* the servers of this process, by address (see the file's head) */
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static srv_t *g_servers;
+
+static double now_s(void)
 {
-    route_t *r = arg;
-    pthread_mutex_destroy(&r->mu);
-    pthread_cond_destroy(&r->cv);
-    fy_free(r);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
+
+/* ---- limits ---------------------------------------------------------------------------------------- */
+
+void fy_httpd_limits_default(fy_httpd_limits_t *l)
+{
+    l->header_timeout_s = 10;
+    l->idle_timeout_s = 30;
+    l->max_connections = 512;
+    l->max_header = 16 << 10;
+    l->threads = 1;
+}
+
+fy_status_t fy_httpd_limits_read(const fy_config_t *c, const char *section, fy_httpd_limits_t *l)
+{
+    fy_httpd_limits_default(l);
+    int64_t conns, hdr;
+    fy_status_t st;
+    if ((st = fy_config_duration(c, section, "http_header_timeout", l->header_timeout_s, 0.1, 3600,
+                                 &l->header_timeout_s)) ||
+        (st = fy_config_duration(c, section, "http_idle_timeout", l->idle_timeout_s, 1, 86400, &l->idle_timeout_s)) ||
+        (st = fy_config_int(c, section, "http_max_connections", l->max_connections, 1, 1 << 20, &conns)) ||
+        (st = fy_config_size(c, section, "http_max_header", l->max_header, 1024, 1 << 20, &hdr)))
+        return st;
+    l->max_connections = (int32_t)conns;
+    l->max_header = hdr;
+    return FY_OK;
+}
+
+/* ---- small helpers (lock held where they say so) ----------------------------------------------------- */
 
 static void json_escape(char *out, size_t cap, const char *s)
 {
@@ -82,158 +225,1019 @@ void fy_httpd_reply_error(fy_http_reply_t *reply, int status, const char *type, 
         body ? (size_t)snprintf(body, 700, "{\"error\":{\"message\":\"%s\",\"type\":\"%s\"}}\n", m, t) : 0;
 }
 
-/* nng thread: one GET or HEAD of a route's path */
-static void on_request(nng_aio *aio)
+/* MHD thread: queues a JSON error answer (an OpenAI-shaped body). */
+static enum MHD_Result queue_error(struct MHD_Connection *mc, unsigned status, const char *type, const char *msg,
+                                   const char *hname, const char *hvalue, bool close_after)
 {
-    nng_http_handler *h = nng_aio_get_input(aio, 1);
-    route_t *r = nng_http_handler_get_data(h);
-    fy_http_reply_t reply = {.status = 200};
-    pthread_mutex_lock(&r->mu);
-    bool closed = r->closed;
-    if (!closed) r->inflight++;
-    pthread_mutex_unlock(&r->mu);
-    if (closed) {
-        fy_httpd_reply_error(&reply, 503, "unavailable", "shutting down");
-    } else {
-        r->fn(r->arg, r->path, &reply);
-        pthread_mutex_lock(&r->mu);
-        if (--r->inflight == 0) pthread_cond_broadcast(&r->cv);
-        pthread_mutex_unlock(&r->mu);
-    }
-    nng_http_res *res;
-    int rv = nng_http_res_alloc(&res);
-    if (rv == 0) {
-        if (reply.status < 100 || reply.status > 599) reply.status = 500;
-        if ((rv = nng_http_res_set_status(res, (uint16_t)reply.status)) == 0 &&
-            (rv = nng_http_res_set_header(res, "Content-Type",
-                                          reply.content_type ? reply.content_type : "text/plain")) == 0 &&
-            (rv = nng_http_res_set_header(res, "Cache-Control", "no-store")) == 0)
-            rv = nng_http_res_copy_data(res, reply.body ? reply.body : "", reply.body ? reply.body_len : 0);
-        if (rv) nng_http_res_free(res);
-    }
-    if (reply.body_owned) fy_free(reply.body);
-    if (rv) {
-        fy_warn("http %s: cannot build a reply: %s", r->path, nng_strerror(rv));
-        nng_aio_finish(aio, rv); /* nng closes the connection */
-        return;
-    }
-    nng_aio_set_output(aio, 0, res);
-    nng_aio_finish(aio, 0);
+    char m[512], body[768];
+    json_escape(m, sizeof(m), msg);
+    int n = snprintf(body, sizeof(body), "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,\"code\":null}}",
+                     m, type);
+    struct MHD_Response *res = MHD_create_response_from_buffer((size_t)n, body, MHD_RESPMEM_MUST_COPY);
+    if (!res) return MHD_NO;
+    MHD_add_response_header(res, "Content-Type", "application/json");
+    if (hname) MHD_add_response_header(res, hname, hvalue);
+    if (close_after) MHD_add_response_header(res, "Connection", "close");
+    enum MHD_Result rc = MHD_queue_response(mc, status, res);
+    MHD_destroy_response(res);
+    return rc;
 }
 
-fy_status_t fy_httpd_create(const char *url, fy_httpd_t **h_p)
+static conn_t *conn_of(struct MHD_Connection *mc)
 {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* Lock held: shuts c's socket; MHD's thread then closes it. */
+static void conn_kill(srv_t *S, conn_t *c)
+{
+    if (c->killed) return;
+    c->killed = true;
+    S->n_killed++;
+    shutdown(c->fd, SHUT_RDWR);
+}
+
+static void guard_signal(srv_t *S)
+{
+    uint64_t one = 1;
+    if (write(S->evfd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+        fy_warn("http: cannot wake the guard thread: %s", strerror(errno));
+}
+
+/* Lock held: r's connection should be looked at again by MHD (an answer,
+ * data, the end of a stream, or the client gone).  True when the guard
+ * must be woken. */
+static bool req_wake(srv_t *S, fy_httpd_req_t *r)
+{
+    if (r->suspending) {
+        r->wake = true; /* the thread suspending it passes it on */
+        return false;
+    }
+    if (!r->suspended || r->resume_queued) return false;
+    r->resume_queued = true;
+    r->qnext = NULL;
+    if (S->rq_tail)
+        S->rq_tail->qnext = r;
+    else
+        S->rq = r;
+    S->rq_tail = r;
+    return true;
+}
+
+/* Lock held: the client's socket is watched for a hang-up while r waits. */
+static void req_watch(srv_t *S, fy_httpd_req_t *r)
+{
+    struct epoll_event ev = {.events = EPOLLRDHUP | EPOLLHUP | EPOLLERR, .data.u64 = r->serial};
+    if (!r->watched && r->c && epoll_ctl(S->ep, EPOLL_CTL_ADD, r->c->fd, &ev) == 0) r->watched = true;
+}
+
+static void req_unwatch(srv_t *S, fy_httpd_req_t *r)
+{
+    if (r->watched && r->c) epoll_ctl(S->ep, EPOLL_CTL_DEL, r->c->fd, NULL);
+    r->watched = false;
+}
+
+/*
+ * MHD thread, lock NOT held: suspends r's connection until req_wake.
+ * Returns with the lock not held.
+ */
+static void req_suspend(srv_t *S, fy_httpd_req_t *r)
+{
+    MHD_suspend_connection(r->mc);
+    pthread_mutex_lock(&S->mu);
+    r->suspending = false;
+    r->suspended = true;
+    req_watch(S, r);
+    bool sig = (r->wake || r->gone) && req_wake(S, r);
+    r->wake = false;
+    pthread_mutex_unlock(&S->mu);
+    if (sig) guard_signal(S);
+}
+
+static void route_unref(srv_t *S, route_t *rt)
+{
+    if (--rt->refs > 0) return;
+    route_t **p = &S->routes;
+    while (*p && *p != rt) p = &(*p)->next;
+    if (*p) *p = rt->next;
+    fy_free(rt);
+}
+
+/* Lock held: the live route for path, or NULL. */
+static route_t *route_find(srv_t *S, const char *path)
+{
+    for (route_t *rt = S->routes; rt; rt = rt->next)
+        if (!rt->dead && !strcmp(rt->path, path)) return rt;
+    return NULL;
+}
+
+/* ---- MHD callbacks ------------------------------------------------------------------------------------ */
+
+static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    srv_t *S = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        conn_t *c = fy_calloc(1, sizeof(*c));
+        if (!c) { /* untracked: not served */
+            if (ci) shutdown(ci->connect_fd, SHUT_RDWR);
+            return;
+        }
+        c->fd = ci ? ci->connect_fd : -1;
+        c->fresh = true;
+        c->phase = PH_WAIT;
+        c->deadline = now_s() + S->lim.header_timeout_s;
+        pthread_mutex_lock(&S->mu);
+        c->prev = S->conns_tail;
+        if (S->conns_tail)
+            S->conns_tail->next = c;
+        else
+            S->conns = c;
+        S->conns_tail = c;
+        S->n_conns++;
+        if (S->n_conns - S->n_killed > S->cap) {
+            /* room for the newcomer: the oldest connection without a request
+             * under way, else one whose request is still coming in */
+            conn_t *victim = NULL;
+            for (conn_t *k = S->conns; k && !victim; k = k->next)
+                if (k != c && !k->killed && k->phase == PH_WAIT) victim = k;
+            for (conn_t *k = S->conns; k && !victim; k = k->next)
+                if (k != c && !k->killed && k->phase == PH_READ) victim = k;
+            if (victim) {
+                conn_kill(S, victim);
+                S->evicted++;
+            } else {
+                c->over_cap = true;
+            }
+        }
+        pthread_mutex_unlock(&S->mu);
+        *socket_context = c;
+    } else {
+        conn_t *c = *socket_context;
+        if (!c) return;
+        pthread_mutex_lock(&S->mu);
+        if (c->prev)
+            c->prev->next = c->next;
+        else
+            S->conns = c->next;
+        if (c->next)
+            c->next->prev = c->prev;
+        else
+            S->conns_tail = c->prev;
+        S->n_conns--;
+        if (c->killed) S->n_killed--;
+        pthread_mutex_unlock(&S->mu);
+        fy_free(c);
+        *socket_context = NULL;
+    }
+}
+
+/* The request line is in: from here the header deadline runs (a kept-alive
+ * connection waited under the idle timeout until now). */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *mc)
+{
+    srv_t *S = cls;
+    conn_t *c = conn_of(mc);
+    if (!c) return NULL;
+    pthread_mutex_lock(&S->mu);
+    c->phase = PH_READ;
+    if (!c->fresh) c->deadline = now_s() + S->lim.header_timeout_s;
+    pthread_mutex_unlock(&S->mu);
+    return NULL;
+}
+
+static void set_phase(srv_t *S, conn_t *c, int phase)
+{
+    if (!c) return;
+    pthread_mutex_lock(&S->mu);
+    c->phase = phase;
+    pthread_mutex_unlock(&S->mu);
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    fy_httpd_req_t *r = cls;
+    srv_t *S = r->S;
+    pthread_mutex_lock(&S->mu);
+    if (r->gone) {
+        pthread_mutex_unlock(&S->mu);
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    size_t avail = r->slen - r->soff;
+    if (avail) {
+        size_t n = avail < max ? avail : max;
+        memcpy(buf, r->sbuf + r->soff, n);
+        r->soff += n;
+        if (r->soff == r->slen) r->soff = r->slen = 0;
+        pthread_mutex_unlock(&S->mu);
+        return (ssize_t)n;
+    }
+    if (r->s_end) {
+        pthread_mutex_unlock(&S->mu);
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    }
+    r->suspending = true; /* nothing to send until the next write */
+    r->wake = false;
+    pthread_mutex_unlock(&S->mu);
+    req_suspend(S, r);
+    return 0;
+}
+
+/* MHD thread: what to do with r now that its route ran or it was resumed. */
+static enum MHD_Result dispatch(srv_t *S, fy_httpd_req_t *r)
+{
+    pthread_mutex_lock(&S->mu);
+    if (r->gone) {
+        pthread_mutex_unlock(&S->mu);
+        return MHD_NO; /* closes the connection */
+    }
+    if (r->state == RS_HELD) {
+        r->suspending = true;
+        r->wake = false;
+        pthread_mutex_unlock(&S->mu);
+        req_suspend(S, r);
+        return MHD_YES;
+    }
+    if (r->state == RS_NEW) {
+        pthread_mutex_unlock(&S->mu);
+        return queue_error(r->mc, 500, "server_error", "the handler gave no answer", NULL, NULL, false);
+    }
+    if (r->state != RS_WHOLE && r->state != RS_STREAM) {
+        pthread_mutex_unlock(&S->mu);
+        return MHD_YES;
+    }
+    /* status, type and headers are fixed once answered; the body is ours */
+    bool stream = r->state == RS_STREAM;
+    char *out = r->out;
+    size_t out_len = r->out_len;
+    r->out = NULL;
+    r->streamed = stream;
+    r->state = RS_QUEUED;
+    pthread_mutex_unlock(&S->mu);
+    struct MHD_Response *res =
+        stream ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK, stream_read, r, NULL)
+               : MHD_create_response_from_buffer(out_len, out ? out : (void *)"", MHD_RESPMEM_MUST_COPY);
+    fy_free(out);
+    if (!res) return MHD_NO;
+    if (r->ctype[0]) MHD_add_response_header(res, "Content-Type", r->ctype);
+    for (const char *h = r->hdrs; h && *h;) {
+        const char *v = h + strlen(h) + 1;
+        MHD_add_response_header(res, h, v);
+        h = v + strlen(v) + 1;
+    }
+    if (r->close_after) MHD_add_response_header(res, "Connection", "close");
+    enum MHD_Result rc = MHD_queue_response(r->mc, (unsigned)r->status, res);
+    MHD_destroy_response(res);
+    return rc;
+}
+
+/* MHD thread: runs r's route (its handler, or a GET route's function). */
+static enum MHD_Result run_route(srv_t *S, fy_httpd_req_t *r)
+{
+    route_t *rt = r->route;
+    pthread_mutex_lock(&S->mu);
+    bool dead = rt->dead || S->closing;
+    if (!dead) rt->inflight++;
+    pthread_mutex_unlock(&S->mu);
+    if (dead) return queue_error(r->mc, 503, "unavailable", "shutting down", "Retry-After", "1", true);
+    if (rt->get_fn) {
+        fy_http_reply_t reply = {.status = 200};
+        rt->get_fn(rt->arg, rt->path, &reply);
+        if (reply.status < 100 || reply.status > 599) reply.status = 500;
+        const char *hdr[] = {"Cache-Control", "no-store", NULL};
+        fy_httpd_answer(r, reply.status, reply.content_type ? reply.content_type : "text/plain", hdr,
+                        reply.body ? reply.body : "", reply.body ? reply.body_len : 0);
+        if (reply.body_owned) fy_free(reply.body);
+    } else {
+        rt->fn(rt->arg, r);
+    }
+    pthread_mutex_lock(&S->mu);
+    if (--rt->inflight == 0) pthread_cond_broadcast(&S->cv);
+    pthread_mutex_unlock(&S->mu);
+    return dispatch(S, r);
+}
+
+static enum MHD_Result add_header_size(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind;
+    *(size_t *)cls += strlen(key) + (value ? strlen(value) : 0) + 4;
+    return MHD_YES;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls)
+{
+    srv_t *S = cls;
+    fy_httpd_req_t *r = *con_cls;
+    if (!r) { /* the headers are in */
+        conn_t *c = conn_of(mc);
+        /* MHD refuses what does not fit its connection memory (431, 414);
+         * the limit itself is exact here */
+        size_t hbytes = strlen(method) + strlen(url) + strlen(version) + 4;
+        MHD_get_connection_values(mc, MHD_HEADER_KIND, add_header_size, &hbytes);
+        if (hbytes > (size_t)S->lim.max_header) {
+            set_phase(S, c, PH_ANSWER);
+            char msg[128];
+            snprintf(msg, sizeof(msg), "the request line and headers are %zu bytes; at most %lld", hbytes,
+                     (long long)S->lim.max_header);
+            return queue_error(mc, 431, "invalid_request_error", msg, NULL, NULL, true);
+        }
+        bool is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+        pthread_mutex_lock(&S->mu);
+        route_t *rt = route_find(S, url);
+        bool closing = S->closing, over = c && c->over_cap;
+        if (rt && (rt->get ? is_get : !strcmp(method, "POST")) && !closing && !(over && !rt->get)) {
+            r = fy_calloc(1, sizeof(*r));
+            if (r) {
+                rt->refs++;
+                r->route = rt;
+                r->S = S;
+                r->mc = mc;
+                r->c = c;
+                r->serial = ++S->next_serial;
+                r->close_after = over;
+                r->next = S->reqs;
+                if (S->reqs) S->reqs->prev = r;
+                S->reqs = r;
+            }
+        }
+        if (over && !(rt && rt->get)) S->refused++;
+        if (c && !r) c->phase = PH_ANSWER;
+        pthread_mutex_unlock(&S->mu);
+        if (r) {
+            *con_cls = r;
+            const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Content-Length");
+            if (!rt->get && cl && strtoull(cl, NULL, 10) > (unsigned long long)rt->max_body) {
+                set_phase(S, c, PH_ANSWER);
+                char msg[96];
+                snprintf(msg, sizeof(msg), "the body is larger than %zu bytes", rt->max_body);
+                return queue_error(mc, 413, "invalid_request_error", msg, NULL, NULL, true);
+            }
+            return MHD_YES;
+        }
+        if (closing) return queue_error(mc, 503, "unavailable", "the server is shutting down", "Retry-After", "1", true);
+        if (over && !(rt && rt->get)) {
+            char msg[128];
+            snprintf(msg, sizeof(msg), "too many connections (%d): try again shortly", S->cap);
+            return queue_error(mc, 503, "server_overloaded", msg, "Retry-After", "1", true);
+        }
+        if (!rt) {
+            char msg[200];
+            snprintf(msg, sizeof(msg), "no such path: %.160s", url);
+            return queue_error(mc, 404, "not_found_error", msg, NULL, NULL, false);
+        }
+        if (!r && rt && (rt->get ? is_get : !strcmp(method, "POST"))) /* out of memory */
+            return queue_error(mc, 500, "server_error", "out of memory", NULL, NULL, true);
+        char msg[200];
+        snprintf(msg, sizeof(msg), "%s takes %s, not %.16s", url, rt->get ? "GET" : "POST", method);
+        return queue_error(mc, 405, "invalid_request_error", msg, "Allow", rt->get ? "GET, HEAD" : "POST", false);
+    }
+    if (*upload_size) { /* a piece of the body */
+        size_t n = *upload_size;
+        *upload_size = 0;
+        if (r->too_big) return MHD_YES;
+        if (r->len + n > r->route->max_body) {
+            r->too_big = true;
+            fy_free(r->body);
+            r->body = NULL;
+            r->len = r->cap = 0;
+            return MHD_YES;
+        }
+        if (r->len + n + 1 > r->cap) {
+            size_t cap = (r->len + n + 1) * 2;
+            if (cap > r->route->max_body + 1) cap = r->route->max_body + 1;
+            char *b = fy_realloc(r->body, cap);
+            if (!b) return MHD_NO;
+            r->body = b;
+            r->cap = cap;
+        }
+        memcpy(r->body + r->len, upload, n);
+        r->len += n;
+        r->body[r->len] = 0;
+        return MHD_YES;
+    }
+    if (!r->ran) { /* the whole request is in */
+        r->ran = true;
+        set_phase(S, r->c, PH_ANSWER);
+        if (r->too_big) {
+            char msg[96];
+            snprintf(msg, sizeof(msg), "the body is larger than %zu bytes", r->route->max_body);
+            return queue_error(mc, 413, "invalid_request_error", msg, NULL, NULL, true);
+        }
+        return run_route(S, r);
+    }
+    return dispatch(S, r); /* resumed */
+}
+
+static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, enum MHD_RequestTerminationCode toe)
+{
+    srv_t *S = cls;
+    fy_httpd_req_t *r = *con_cls;
+    conn_t *c = conn_of(mc);
+    pthread_mutex_lock(&S->mu);
+    if (c) { /* kept alive: the next request may take the idle timeout to start */
+        c->phase = PH_WAIT;
+        c->fresh = false;
+        c->deadline = now_s() + S->lim.idle_timeout_s;
+    }
+    if (!r) {
+        pthread_mutex_unlock(&S->mu);
+        return;
+    }
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        S->reqs = r->next;
+    if (r->next) r->next->prev = r->prev;
+    req_unwatch(S, r);
+    if (r->resume_queued) {
+        fy_httpd_req_t **p = &S->rq;
+        while (*p && *p != r) p = &(*p)->qnext;
+        if (*p) *p = r->qnext;
+        S->rq_tail = NULL;
+        for (fy_httpd_req_t *q = S->rq; q; q = q->qnext) S->rq_tail = q;
+    }
+    bool complete = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK && !r->gone && r->state == RS_QUEUED;
+    r->state = RS_DONE;
+    route_unref(S, r->route);
+    pthread_cond_broadcast(&S->cv);
+    fy_httpd_end_fn end = r->end;
+    pthread_mutex_unlock(&S->mu);
+    if (end) end(r->end_arg, complete);
+    fy_free(r->body);
+    fy_free(r->hdrs);
+    fy_free(r->out);
+    fy_free(r->sbuf);
+    fy_free(r);
+    *con_cls = NULL;
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    char line[512];
+    vsnprintf(line, sizeof(line), fmt, ap);
+    size_t n = strlen(line);
+    while (n && (line[n - 1] == '\n' || line[n - 1] == '.')) line[--n] = 0;
+    fy_debug("http: %s", line);
+}
+
+/* ---- the guard thread ------------------------------------------------------------------------------ */
+
+static void *guard_main(void *arg)
+{
+    srv_t *S = arg;
+    struct epoll_event evs[64];
+    for (;;) {
+        int n = epoll_wait(S->ep, evs, 64, 100);
+        pthread_mutex_lock(&S->mu);
+        for (int i = 0; i < n; i++) {
+            if (evs[i].data.u64 == 0) { /* the eventfd: a wake-up */
+                uint64_t v;
+                if (read(S->evfd, &v, sizeof(v)) < 0 && errno != EAGAIN) fy_debug("http: eventfd: %s", strerror(errno));
+                continue;
+            }
+            for (fy_httpd_req_t *r = S->reqs; r; r = r->next) { /* a waiting client hung up */
+                if (r->serial != evs[i].data.u64 || !r->watched) continue;
+                r->gone = true;
+                req_unwatch(S, r);
+                req_wake(S, r);
+                break;
+            }
+        }
+        /* resume what has news; each was suspended before it was queued */
+        struct MHD_Connection *resume[64];
+        int nr = 0;
+        while (S->rq && nr < 64) {
+            fy_httpd_req_t *r = S->rq;
+            S->rq = r->qnext;
+            if (!S->rq) S->rq_tail = NULL;
+            r->resume_queued = false;
+            if (!r->suspended) continue;
+            r->suspended = false;
+            req_unwatch(S, r);
+            resume[nr++] = r->mc;
+        }
+        bool more = S->rq != NULL;
+        /* requests not complete in time */
+        double now = now_s();
+        for (conn_t *c = S->conns; c; c = c->next) {
+            if (c->phase != PH_ANSWER && !c->killed && now > c->deadline) {
+                conn_kill(S, c);
+                S->timed_out++;
+            }
+        }
+        bool stop = S->guard_stop;
+        pthread_mutex_unlock(&S->mu);
+        for (int i = 0; i < nr; i++) MHD_resume_connection(resume[i]);
+        if (more) guard_signal(S);
+        if (stop) return NULL;
+    }
+}
+
+/* ---- servers ------------------------------------------------------------------------------------------ */
+
+/* "http://HOST:PORT" or "tcp://HOST:PORT" (a trailing "/" allowed). */
+static fy_status_t parse_url(const char *url, char *host, size_t host_cap, int *port_p)
+{
+    const char *p = !strncmp(url, "http://", 7) ? url + 7 : !strncmp(url, "tcp://", 6) ? url + 6 : NULL;
+    if (!p) {
+        fy_error("http: '%s': expected http://HOST:PORT or tcp://HOST:PORT", url);
+        return FY_ERR_INVALID;
+    }
+    const char *colon, *hs = p, *he;
+    if (*p == '[') {
+        he = strchr(p, ']');
+        if (!he || he[1] != ':') goto bad;
+        hs = p + 1;
+        colon = he + 1;
+    } else {
+        colon = strrchr(p, ':');
+        if (!colon) goto bad;
+        he = colon;
+    }
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (end == colon + 1 || port < 0 || port > 65535) goto bad;
+    if (*end && strcmp(end, "/")) {
+        fy_error("http: '%s': a server address takes no path", url);
+        return FY_ERR_INVALID;
+    }
+    if ((size_t)(he - hs) >= host_cap) goto bad;
+    memcpy(host, hs, (size_t)(he - hs));
+    host[he - hs] = 0;
+    *port_p = (int)port;
+    return FY_OK;
+bad:
+    fy_error("http: '%s': expected http://HOST:PORT or tcp://HOST:PORT", url);
+    return FY_ERR_INVALID;
+}
+
+/* A listening socket on host:port, or -1 (logged with the reason). */
+static int listen_on(const char *url, const char *host, int port, bool *v6_p)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    char ps[16];
+    snprintf(ps, sizeof(ps), "%d", port);
+    int rv = getaddrinfo(*host && strcmp(host, "*") ? host : NULL, ps, &hints, &ai);
+    if (rv) {
+        fy_error("http %s: cannot resolve '%s': %s", url, host, gai_strerror(rv));
+        return -1;
+    }
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int one = 1;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) ||
+        bind(fd, ai->ai_addr, ai->ai_addrlen) || listen(fd, 511)) {
+        fy_error("http %s: cannot listen: %s", url, strerror(errno));
+        if (fd >= 0) close(fd);
+        freeaddrinfo(ai);
+        return -1;
+    }
+    *v6_p = ai->ai_family == AF_INET6;
+    freeaddrinfo(ai);
+    return fd;
+}
+
+/* How many connections this process can afford: the configured cap, and
+ * at most half the descriptors left after a reserve, so the nng ports and
+ * files always have some. */
+static int32_t afford(int32_t want)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY) return want;
+    long room = ((long)rl.rlim_cur - 64) / 2;
+    if (room < 8) room = 8;
+    return want < room ? want : (int32_t)room;
+}
+
+static void srv_free(srv_t *S)
+{
+    if (S->ep >= 0) close(S->ep);
+    if (S->evfd >= 0) close(S->evfd);
+    while (S->routes) {
+        route_t *rt = S->routes;
+        S->routes = rt->next;
+        fy_free(rt);
+    }
+    pthread_mutex_destroy(&S->mu);
+    pthread_cond_destroy(&S->cv);
+    fy_free(S);
+}
+
+static fy_status_t srv_start(const char *url, const char *host, int port, const fy_httpd_limits_t *lim, srv_t **S_p)
+{
+    srv_t *S = fy_calloc(1, sizeof(*S));
+    if (!S) {
+        fy_error("http %s: out of memory", url);
+        return FY_ERR_NOMEM;
+    }
+    snprintf(S->host, sizeof(S->host), "%s", host);
+    S->lim = *lim;
+    S->cap = afford(lim->max_connections);
+    S->ep = S->evfd = -1;
+    pthread_mutex_init(&S->mu, NULL);
+    pthread_cond_init(&S->cv, NULL);
+    if (S->cap < lim->max_connections)
+        fy_warn("http %s: serving %d connections at most, not %d: the descriptor limit is low", url, S->cap,
+                lim->max_connections);
+    S->ep = epoll_create1(EPOLL_CLOEXEC);
+    S->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 0};
+    if (S->ep < 0 || S->evfd < 0 || epoll_ctl(S->ep, EPOLL_CTL_ADD, S->evfd, &ev)) {
+        fy_error("http %s: cannot set up its guard: %s", url, strerror(errno));
+        srv_free(S);
+        return FY_ERR_IO;
+    }
+    bool v6 = false;
+    int lfd = listen_on(url, host, port, &v6);
+    if (lfd < 0) {
+        srv_free(S);
+        return FY_ERR_IO;
+    }
+    struct sockaddr_storage sa;
+    socklen_t sl = sizeof(sa);
+    S->port = port;
+    if (!getsockname(lfd, (struct sockaddr *)&sa, &sl))
+        S->port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
+                                                 : ((struct sockaddr_in *)&sa)->sin_port);
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    if (v6) flags |= MHD_USE_IPv6;
+    unsigned headroom = (unsigned)(S->cap / 8 > 4 ? S->cap / 8 : 4);
+    /* MHD's memory per connection holds the request's line and headers and
+     * the answer's buffers: the limit on headers is checked exactly in
+     * on_request, this is the backstop */
+    size_t pool = (size_t)lim->max_header + 16384;
+    if (pool < 32768) pool = 32768;
+    unsigned threads = lim->threads > 1 ? (unsigned)lim->threads : 1;
+    unsigned timeout = (unsigned)(lim->idle_timeout_s + 0.999);
+    struct MHD_OptionItem opts[] = {
+        {MHD_OPTION_LISTEN_SOCKET, lfd, NULL},
+        {MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)on_connection, S},
+        {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)on_completed, S},
+        {MHD_OPTION_URI_LOG_CALLBACK, (intptr_t)on_uri, S},
+        {MHD_OPTION_EXTERNAL_LOGGER, (intptr_t)on_mhd_log, S},
+        {MHD_OPTION_CONNECTION_MEMORY_LIMIT, (intptr_t)pool, NULL},
+        {MHD_OPTION_CONNECTION_LIMIT, (intptr_t)((unsigned)S->cap + headroom), NULL},
+        {MHD_OPTION_CONNECTION_TIMEOUT, (intptr_t)timeout, NULL},
+        {threads > 1 ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END, (intptr_t)threads, NULL},
+        {MHD_OPTION_END, 0, NULL},
+    };
+    S->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, S, MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
+    if (!S->d) {
+        fy_error("http %s: cannot start the server (libmicrohttpd refused its options)", url);
+        close(lfd);
+        srv_free(S);
+        return FY_ERR_INTERNAL;
+    }
+    if (pthread_create(&S->guard, NULL, guard_main, S)) {
+        fy_error("http %s: cannot start its guard thread", url);
+        MHD_stop_daemon(S->d);
+        srv_free(S);
+        return FY_ERR_INTERNAL;
+    }
+    S->guard_on = true;
+    *S_p = S;
+    return FY_OK;
+}
+
+/* Ends every held request of owner (all when NULL) and waits for their
+ * end callbacks, up to a bound: an answer being written has a second to
+ * finish, then its connection is shut.  False when some are still there. */
+static bool end_held(srv_t *S, fy_httpd_t *owner)
+{
+    double t0 = now_s();
+    pthread_mutex_lock(&S->mu);
+    for (;;) {
+        bool any = false, sig = false, late = now_s() - t0 > 1.0;
+        for (fy_httpd_req_t *r = S->reqs; r; r = r->next) {
+            if (owner && r->route->owner != owner) continue;
+            any = true;
+            bool writing = r->state == RS_QUEUED && (!r->streamed || r->s_end);
+            if (!r->gone && !writing) r->gone = true;
+            if (r->gone) sig |= req_wake(S, r);
+            if (late && writing && r->c) conn_kill(S, r->c);
+        }
+        if (!any) break;
+        if (now_s() - t0 > STOP_WAIT_S) {
+            pthread_mutex_unlock(&S->mu);
+            return false;
+        }
+        pthread_mutex_unlock(&S->mu);
+        if (sig) guard_signal(S);
+        usleep(5000);
+        pthread_mutex_lock(&S->mu);
+    }
+    pthread_mutex_unlock(&S->mu);
+    return true;
+}
+
+static void srv_stop(srv_t *S, const char *url)
+{
+    pthread_mutex_lock(&S->mu);
+    S->closing = true;
+    pthread_mutex_unlock(&S->mu);
+    /* answers being written get their chance; then every held request ends */
+    bool clean = end_held(S, NULL);
+    pthread_mutex_lock(&S->mu);
+    S->guard_stop = true;
+    pthread_mutex_unlock(&S->mu);
+    guard_signal(S);
+    pthread_join(S->guard, NULL);
+    if (!clean) { /* a suspended connection makes MHD_stop_daemon undefined: keep it */
+        fy_warn("http %s: requests still open at shutdown; the server is left running", url);
+        return;
+    }
+    MHD_stop_daemon(S->d);
+    srv_free(S);
+}
+
+fy_status_t fy_httpd_create_with(const char *url, const fy_httpd_limits_t *limits, fy_httpd_t **h_p)
+{
+    char host[128];
+    int port;
+    fy_status_t st = parse_url(url ? url : "(null)", host, sizeof(host), &port);
+    if (st) return st;
     fy_httpd_t *h = fy_calloc(1, sizeof(*h));
     if (!h) {
         fy_error("http: out of memory");
         return FY_ERR_NOMEM;
     }
-    if (!url || (strncmp(url, "http://", 7) && strncmp(url, "tcp://", 6))) {
-        fy_error("http: '%s': expected http://HOST:PORT or tcp://HOST:PORT", url ? url : "(null)");
-        fy_free(h);
-        return FY_ERR_INVALID;
+    snprintf(h->url, sizeof(h->url), "%s", url);
+    pthread_mutex_lock(&g_mu);
+    srv_t *S = NULL;
+    if (port)
+        for (S = g_servers; S && !(S->port == port && !strcmp(S->host, host)); S = S->next) {
+        }
+    if (!S) {
+        fy_httpd_limits_t def;
+        fy_httpd_limits_default(&def);
+        st = srv_start(url, host, port, limits ? limits : &def, &S);
+        if (st) {
+            pthread_mutex_unlock(&g_mu);
+            fy_free(h);
+            return st;
+        }
+        S->next = g_servers;
+        g_servers = S;
     }
-    snprintf(h->url, sizeof(h->url), "http://%s", url + (url[0] == 'h' ? 7 : 6));
-    nng_url *u;
-    int rv = nng_url_parse(&u, h->url);
-    if (rv) {
-        fy_error("http: '%s': %s", url, nng_strerror(rv));
-        fy_free(h);
-        return FY_ERR_INVALID;
-    }
-    if (strcmp(u->u_path, "") && strcmp(u->u_path, "/")) {
-        fy_error("http: '%s': a server address takes no path", url);
-        nng_url_free(u);
-        fy_free(h);
-        return FY_ERR_INVALID;
-    }
-    rv = nng_http_server_hold(&h->srv, u);
-    nng_url_free(u);
-    if (rv) {
-        fy_error("http %s: %s", h->url, nng_strerror(rv));
-        fy_free(h);
-        return rv == NNG_ENOMEM ? FY_ERR_NOMEM : FY_ERR_INVALID;
-    }
-    if ((rv = nng_http_server_start(h->srv))) {
-        fy_error("http %s: cannot listen: %s", h->url, nng_strerror(rv));
-        nng_http_server_release(h->srv);
-        fy_free(h);
-        return FY_ERR_IO;
-    }
-    h->started = true;
+    S->refs++;
+    pthread_mutex_unlock(&g_mu);
+    h->S = S;
     *h_p = h;
+    return FY_OK;
+}
+
+fy_status_t fy_httpd_create(const char *url, fy_httpd_t **h_p) { return fy_httpd_create_with(url, NULL, h_p); }
+
+int fy_httpd_port(const fy_httpd_t *h) { return h ? h->S->port : -1; }
+
+void fy_httpd_stats(const fy_httpd_t *h, fy_httpd_stats_t *s)
+{
+    srv_t *S = h->S;
+    pthread_mutex_lock(&S->mu);
+    s->open = S->n_conns;
+    s->timed_out = S->timed_out;
+    s->evicted = S->evicted;
+    s->refused = S->refused;
+    pthread_mutex_unlock(&S->mu);
+}
+
+static fy_status_t add_route(fy_httpd_t *h, route_t *rt)
+{
+    srv_t *S = h->S;
+    if (!rt->path[0] || rt->path[0] != '/') {
+        fy_error("http %s: a route needs a path starting with /", h->url);
+        fy_free(rt);
+        return FY_ERR_INVALID;
+    }
+    rt->owner = h;
+    rt->refs = 1;
+    pthread_mutex_lock(&S->mu);
+    if (route_find(S, rt->path)) {
+        pthread_mutex_unlock(&S->mu);
+        fy_error("http %s: the path %s already has a route", h->url, rt->path);
+        fy_free(rt);
+        return FY_ERR_INVALID;
+    }
+    rt->next = S->routes;
+    S->routes = rt;
+    pthread_mutex_unlock(&S->mu);
     return FY_OK;
 }
 
 fy_status_t fy_httpd_route(fy_httpd_t *h, const char *path, fy_httpd_get_fn fn, void *arg)
 {
-    if (!path || path[0] != '/' || strlen(path) >= sizeof(((route_t *)0)->path) || !fn) {
+    if (!path || strlen(path) >= sizeof(((route_t *)0)->path) || !fn) {
         fy_error("http %s: a route needs a path starting with / and a function", h->url);
         return FY_ERR_INVALID;
     }
-    if (h->n_routes == MAX_ROUTES) {
-        fy_error("http %s: more than %d routes", h->url, MAX_ROUTES);
-        return FY_ERR_INVALID;
-    }
-    route_t *r = fy_calloc(1, sizeof(*r));
-    if (!r) {
+    route_t *rt = fy_calloc(1, sizeof(*rt));
+    if (!rt) {
         fy_error("http %s: out of memory for route %s", h->url, path);
         return FY_ERR_NOMEM;
     }
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
-    r->fn = fn;
-    r->arg = arg;
-    snprintf(r->path, sizeof(r->path), "%s", path);
-    nng_http_handler *hd;
-    int rv = nng_http_handler_alloc(&hd, path, on_request);
-    if (rv) {
-        route_free(r);
-        fy_error("http %s: route %s: %s", h->url, path, nng_strerror(rv));
-        return FY_ERR_NOMEM;
-    }
-    /* from here the handler owns r */
-    if ((rv = nng_http_handler_set_data(hd, r, route_free)) != 0) {
-        route_free(r);
-        nng_http_handler_free(hd);
-        fy_error("http %s: route %s: %s", h->url, path, nng_strerror(rv));
-        return FY_ERR_INTERNAL;
-    }
-    if ((rv = nng_http_handler_set_method(hd, "GET")) != 0 ||
-        (rv = nng_http_handler_collect_body(hd, false, 0)) != 0 ||
-        (rv = nng_http_server_add_handler(h->srv, hd)) != 0) {
-        nng_http_handler_free(hd);
-        fy_error("http %s: route %s: %s", h->url, path,
-                 rv == NNG_EADDRINUSE ? "the path already has a GET route" : nng_strerror(rv));
-        return rv == NNG_EADDRINUSE ? FY_ERR_INVALID : FY_ERR_INTERNAL;
-    }
-    h->handlers[h->n_routes] = hd;
-    h->routes[h->n_routes++] = r;
-    return FY_OK;
+    snprintf(rt->path, sizeof(rt->path), "%s", path);
+    rt->get = true;
+    rt->get_fn = fn;
+    rt->arg = arg;
+    return add_route(h, rt);
 }
 
-int fy_httpd_port(const fy_httpd_t *h)
+fy_status_t fy_httpd_handle(fy_httpd_t *h, const char *method, const char *path, size_t max_body, fy_httpd_fn fn,
+                            void *arg)
 {
-    nng_sockaddr sa;
-    if (!h || nng_http_server_get_addr(h->srv, &sa)) return -1;
-    if (sa.s_family == NNG_AF_INET) return (int)ntohs(sa.s_in.sa_port);
-    if (sa.s_family == NNG_AF_INET6) return (int)ntohs(sa.s_in6.sa_port);
-    return -1;
+    if (!path || strlen(path) >= sizeof(((route_t *)0)->path) || !fn || !method ||
+        (strcmp(method, "GET") && strcmp(method, "POST"))) {
+        fy_error("http %s: a handler needs GET or POST, a path starting with / and a function", h->url);
+        return FY_ERR_INVALID;
+    }
+    route_t *rt = fy_calloc(1, sizeof(*rt));
+    if (!rt) {
+        fy_error("http %s: out of memory for route %s", h->url, path);
+        return FY_ERR_NOMEM;
+    }
+    snprintf(rt->path, sizeof(rt->path), "%s", path);
+    rt->get = !strcmp(method, "GET");
+    rt->max_body = max_body;
+    rt->fn = fn;
+    rt->arg = arg;
+    return add_route(h, rt);
 }
 
 void fy_httpd_destroy(fy_httpd_t *h)
 {
     if (!h) return;
-    for (int i = 0; i < h->n_routes; i++) {
-        route_t *r = h->routes[i];
-        pthread_mutex_lock(&r->mu);
-        r->closed = true;
-        while (r->inflight > 0) pthread_cond_wait(&r->cv, &r->mu);
-        pthread_mutex_unlock(&r->mu);
-        /* on success the server's reference comes back to us; r goes with the last one */
-        if (nng_http_server_del_handler(h->srv, h->handlers[i]) == 0) nng_http_handler_free(h->handlers[i]);
+    srv_t *S = h->S;
+    /* this holder's routes go, once the calls in them return */
+    pthread_mutex_lock(&S->mu);
+    for (route_t *rt = S->routes; rt; rt = rt->next)
+        if (rt->owner == h) rt->dead = true;
+    for (;;) {
+        bool busy = false;
+        for (route_t *rt = S->routes; rt; rt = rt->next) busy |= rt->owner == h && rt->inflight > 0;
+        if (!busy) break;
+        pthread_cond_wait(&S->cv, &S->mu);
     }
-    if (h->started) nng_http_server_stop(h->srv);
-    nng_http_server_release(h->srv);
+    pthread_mutex_unlock(&S->mu);
+    if (!end_held(S, h)) fy_warn("http %s: requests still open after their routes went", h->url);
+    pthread_mutex_lock(&S->mu);
+    for (route_t *rt = S->routes, *next; rt; rt = next) {
+        next = rt->next;
+        if (rt->owner == h) route_unref(S, rt);
+    }
+    pthread_mutex_unlock(&S->mu);
+    pthread_mutex_lock(&g_mu);
+    bool last = --S->refs == 0;
+    if (last) {
+        srv_t **p = &g_servers;
+        while (*p != S) p = &(*p)->next;
+        *p = S->next;
+    }
+    pthread_mutex_unlock(&g_mu);
+    if (last) srv_stop(S, h->url);
     fy_free(h);
+}
+
+/* ---- requests ---------------------------------------------------------------------------------------- */
+
+const char *fy_httpd_req_header(fy_httpd_req_t *r, const char *name)
+{
+    return MHD_lookup_connection_value(r->mc, MHD_HEADER_KIND, name);
+}
+
+const char *fy_httpd_req_body(fy_httpd_req_t *r, size_t *len_p)
+{
+    *len_p = r->len;
+    return r->body ? r->body : "";
+}
+
+/* "name\0value\0...\0", or NULL (no headers, or out of memory). */
+static char *pack_headers(const char *const *h)
+{
+    size_t n = 1;
+    for (int i = 0; h && h[i] && h[i + 1]; i += 2) n += strlen(h[i]) + strlen(h[i + 1]) + 2;
+    if (n == 1) return NULL;
+    char *p = fy_malloc(n), *o = p;
+    if (!p) return NULL;
+    for (int i = 0; h[i] && h[i + 1]; i += 2) {
+        size_t a = strlen(h[i]) + 1, b = strlen(h[i + 1]) + 1;
+        memcpy(o, h[i], a);
+        memcpy(o + a, h[i + 1], b);
+        o += a + b;
+    }
+    *o = 0;
+    return p;
+}
+
+void fy_httpd_answer(fy_httpd_req_t *r, int status, const char *content_type, const char *const *headers,
+                     const void *body, size_t len)
+{
+    srv_t *S = r->S;
+    char *out = fy_malloc(len ? len : 1);
+    char *hdrs = pack_headers(headers);
+    if (out && len) memcpy(out, body, len);
+    pthread_mutex_lock(&S->mu);
+    bool sig = false;
+    if ((r->state == RS_NEW || r->state == RS_HELD) && !r->gone && out) {
+        r->state = RS_WHOLE;
+        r->status = status;
+        snprintf(r->ctype, sizeof(r->ctype), "%s", content_type ? content_type : "");
+        r->hdrs = hdrs;
+        r->out = out;
+        r->out_len = len;
+        hdrs = out = NULL;
+        sig = req_wake(S, r);
+    } else if (!out && (r->state == RS_NEW || r->state == RS_HELD) && !r->gone) { /* no memory: dropped */
+        r->gone = true;
+        sig = req_wake(S, r);
+    }
+    pthread_mutex_unlock(&S->mu);
+    if (sig) guard_signal(S);
+    fy_free(out);
+    fy_free(hdrs);
+}
+
+void fy_httpd_hold(fy_httpd_req_t *r, fy_httpd_end_fn end, void *arg)
+{
+    srv_t *S = r->S;
+    pthread_mutex_lock(&S->mu);
+    r->end = end;
+    r->end_arg = arg;
+    if (r->state == RS_NEW) r->state = RS_HELD;
+    pthread_mutex_unlock(&S->mu);
+}
+
+fy_status_t fy_httpd_stream_begin(fy_httpd_req_t *r, int status, const char *content_type, const char *const *headers)
+{
+    srv_t *S = r->S;
+    char *hdrs = pack_headers(headers);
+    fy_status_t st = FY_ERR_CANCELLED;
+    pthread_mutex_lock(&S->mu);
+    bool sig = false;
+    if ((r->state == RS_NEW || r->state == RS_HELD) && !r->gone) {
+        r->state = RS_STREAM;
+        r->status = status;
+        snprintf(r->ctype, sizeof(r->ctype), "%s", content_type ? content_type : "");
+        r->hdrs = hdrs;
+        hdrs = NULL;
+        sig = req_wake(S, r);
+        st = FY_OK;
+    }
+    pthread_mutex_unlock(&S->mu);
+    if (sig) guard_signal(S);
+    fy_free(hdrs);
+    return st;
+}
+
+fy_status_t fy_httpd_stream_write(fy_httpd_req_t *r, const void *data, size_t len)
+{
+    srv_t *S = r->S;
+    fy_status_t st = FY_OK;
+    pthread_mutex_lock(&S->mu);
+    bool streaming = r->state == RS_STREAM || (r->state == RS_QUEUED && r->streamed);
+    if (r->gone || !streaming || r->s_end) {
+        st = FY_ERR_CANCELLED;
+    } else if (r->slen - r->soff + len > MAX_PENDING) { /* the client does not read: as good as gone */
+        r->gone = true;
+        st = FY_ERR_CANCELLED;
+    } else if (len) {
+        if (r->soff && r->slen + len > r->scap) { /* what was taken goes first */
+            memmove(r->sbuf, r->sbuf + r->soff, r->slen - r->soff);
+            r->slen -= r->soff;
+            r->soff = 0;
+        }
+        if (r->slen + len > r->scap) {
+            size_t cap = (r->slen + len) * 2;
+            char *b = fy_realloc(r->sbuf, cap);
+            if (!b) {
+                st = FY_ERR_NOMEM;
+            } else {
+                r->sbuf = b;
+                r->scap = cap;
+            }
+        }
+        if (!st) {
+            memcpy(r->sbuf + r->slen, data, len);
+            r->slen += len;
+        }
+    }
+    bool sig = (st == FY_OK || r->gone) && req_wake(S, r);
+    pthread_mutex_unlock(&S->mu);
+    if (sig) guard_signal(S);
+    return st;
+}
+
+void fy_httpd_stream_end(fy_httpd_req_t *r)
+{
+    srv_t *S = r->S;
+    pthread_mutex_lock(&S->mu);
+    bool sig = false;
+    if (!r->s_end) {
+        r->s_end = true;
+        sig = req_wake(S, r);
+    }
+    pthread_mutex_unlock(&S->mu);
+    if (sig) guard_signal(S);
 }

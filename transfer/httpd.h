@@ -1,25 +1,93 @@
 /*
- * httpd.h - GET routes on nng's HTTP server: what a process needs to
- * answer /metrics and /health.
+ * httpd.h - the HTTP server of every ferry process: GET routes for
+ * /metrics and /health, and full handlers (request bodies, answers given
+ * later from another thread, streamed answers) for the router's OpenAI
+ * API.
  *
- * nng keeps one server per host and port (nng_http_server_hold), so a
- * process that already serves an API on an address (the router on
+ * One server per host and port, shared by its holders: a process that
+ * already serves an API on an address (the router on
  * http://127.0.0.1:8080) can create an fy_httpd_t on the same URL and add
- * its routes beside the API's: both share the listener, and each side
- * removes only its own routes.  A request for a path no route has gets
- * nng's 404, another method on a route's path 405 (HEAD is answered as
- * GET without the body); the process keeps serving.
+ * its routes beside the API's; each holder removes only its own routes,
+ * and the last one stops the server.  A request for a path no route has
+ * gets 404, another method on a route's path 405 (HEAD is answered as GET
+ * without the body), both with a JSON error body; the process keeps
+ * serving.
  *
- * Not a general web server: no request bodies, no streaming, no TLS.
+ * Every connection is guarded (fy_httpd_limits_t, docs/operations.md):
+ * a request's line, headers and body must arrive within the header
+ * timeout (counted from the connection's opening, or from the end of the
+ * previous answer on a kept-alive connection: a client trickling a byte
+ * every few seconds is closed); a connection where nothing moves for the
+ * idle timeout is closed (a kept-alive connection between requests, a
+ * client that stops reading its answer; an answer that waits for its
+ * data is not idle); request lines and headers over max_header bytes are
+ * answered 431 (414 for a request line alone), bodies over a route's
+ * max_body 413.  At most max_connections are served: a new connection
+ * beyond that closes the oldest one that has no request under way, or,
+ * when every one is busy answering, is answered 503 with a JSON body and
+ * closed (GET routes such as /health are still answered on it).
+ *
+ * Not a general web server: no TLS (put a proxy in front), no HTTP/2, no
+ * uploads beyond a route's max_body.
  */
 #ifndef FY_HTTPD_H
 #define FY_HTTPD_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
+#include "config.h"
 #include "status.h"
 
 typedef struct fy_httpd fy_httpd_t;
+
+/* ---- the server ---------------------------------------------------------------------------------- */
+
+typedef struct fy_httpd_limits {
+    double header_timeout_s; /* request line, headers and body complete within this */
+    double idle_timeout_s;   /* nothing moving either way for this long: closed */
+    int32_t max_connections; /* served at once (further capped by the descriptor limit) */
+    int64_t max_header;      /* bytes of request line and headers */
+    int32_t threads;         /* the server's event threads */
+} fy_httpd_limits_t;
+
+/* 10 s, 30 s, 512 connections, 16 KiB of headers, 1 thread. */
+void fy_httpd_limits_default(fy_httpd_limits_t *l);
+/* The defaults, overridden by SECTION.http_header_timeout,
+ * http_idle_timeout, http_max_connections and http_max_header where the
+ * config has them.  FY_ERR_INVALID (logged, naming the key) for a value
+ * out of range. */
+fy_status_t fy_httpd_limits_read(const fy_config_t *c, const char *section, fy_httpd_limits_t *l);
+
+/*
+ * Holds the server for url ("http://HOST:PORT", or "tcp://HOST:PORT",
+ * which means the same here) and starts it (binding the port) unless
+ * another holder already runs it, in which case its limits stay.
+ * FY_ERR_INVALID for a URL that is not one of those, FY_ERR_IO (logged
+ * with the system's reason, "Address already in use") when the port
+ * cannot be bound.  fy_httpd_create takes the default limits.
+ */
+fy_status_t fy_httpd_create_with(const char *url, const fy_httpd_limits_t *limits, fy_httpd_t **h_p);
+fy_status_t fy_httpd_create(const char *url, fy_httpd_t **h_p);
+/* The bound TCP port (useful with port 0), or -1. */
+int fy_httpd_port(const fy_httpd_t *h);
+/* Removes this object's routes, waits for callbacks running in them to
+ * return and ends their held requests (end(arg, false)), stops the
+ * server unless another holder still runs it, and lets go of it.  No
+ * callback of this object starts after it returns.  Accepts NULL. */
+void fy_httpd_destroy(fy_httpd_t *h);
+
+/* What the server has seen (all holders together). */
+typedef struct fy_httpd_stats {
+    int32_t open;            /* connections open now */
+    uint64_t timed_out;      /* closed at the header timeout */
+    uint64_t evicted;        /* closed to make room for a new one */
+    uint64_t refused;        /* answered 503: every connection was busy */
+} fy_httpd_stats_t;
+void fy_httpd_stats(const fy_httpd_t *h, fy_httpd_stats_t *s);
+
+/* ---- GET routes ------------------------------------------------------------------------------------ */
 
 /* What a route answers.  The callback sets status (200 when left alone),
  * content_type (a string that outlives the call; "text/plain" when left
@@ -33,30 +101,68 @@ typedef struct fy_http_reply {
     int body_owned;
 } fy_http_reply_t;
 
-/* Runs on an nng thread for each GET (or HEAD) of the route's path; must
- * not block for long. */
+/* Runs on a server thread for each GET (or HEAD) of the route's path;
+ * must not block for long. */
 typedef void (*fy_httpd_get_fn)(void *arg, const char *path, fy_http_reply_t *reply);
 
-/*
- * Holds nng's server for url ("http://HOST:PORT", or "tcp://HOST:PORT",
- * which means the same here) and starts it (binding the port) unless it
- * already runs.  FY_ERR_INVALID for a URL that is not one of those,
- * FY_ERR_IO (logged with nng's reason) when the port cannot be bound.
- */
-fy_status_t fy_httpd_create(const char *url, fy_httpd_t **h_p);
 /* Adds a GET route for exactly path ("/metrics").  FY_ERR_INVALID when
- * this server already has a GET route on that path. */
+ * this server already has a route on that path. */
 fy_status_t fy_httpd_route(fy_httpd_t *h, const char *path, fy_httpd_get_fn fn, void *arg);
-/* The bound TCP port (useful with port 0), or -1. */
-int fy_httpd_port(const fy_httpd_t *h);
-/* Removes this object's routes, waits for callbacks running in them to
- * return, stops the server unless another holder still runs it, and lets
- * go of it.  No callback of this object starts after it returns.
- * Accepts NULL. */
-void fy_httpd_destroy(fy_httpd_t *h);
 
 /* A JSON body {"error": {"message": msg, "type": type}} (msg escaped),
  * for callbacks that answer an error. */
 void fy_httpd_reply_error(fy_http_reply_t *reply, int status, const char *type, const char *msg);
+
+/* ---- full handlers --------------------------------------------------------------------------------- */
+
+/* One request to a handler's route, owned by the server.  Valid in the
+ * handler and, once held, until its end callback has returned. */
+typedef struct fy_httpd_req fy_httpd_req_t;
+
+/* Runs on a server thread with the whole request (headers, and a body of
+ * at most the route's max_body bytes).  It answers now (fy_httpd_answer)
+ * or holds the request to answer later; one that does neither is answered
+ * 500.  Must not block for long. */
+typedef void (*fy_httpd_fn)(void *arg, fy_httpd_req_t *r);
+
+/* Adds a route for method ("GET" also takes HEAD; "POST") on exactly
+ * path.  FY_ERR_INVALID when the server already has a route on path. */
+fy_status_t fy_httpd_handle(fy_httpd_t *h, const char *method, const char *path, size_t max_body, fy_httpd_fn fn,
+                            void *arg);
+
+/* A request header (case-insensitive name), or NULL. */
+const char *fy_httpd_req_header(fy_httpd_req_t *r, const char *name);
+/* The body (NUL-terminated for convenience; may hold NULs) and its length. */
+const char *fy_httpd_req_body(fy_httpd_req_t *r, size_t *len_p);
+
+/*
+ * Answers r as a whole: status, content type, extra headers (NULL, or
+ * {"Name", "value", ..., NULL}) and body (copied).  From the handler, or
+ * for a held request from any thread.  Once r is answered (or its client
+ * gone) further answers and writes are ignored.
+ */
+void fy_httpd_answer(fy_httpd_req_t *r, int status, const char *content_type, const char *const *headers,
+                     const void *body, size_t len);
+
+/* A held request has ended: complete when its whole answer went out,
+ * false when the client went away (or the connection broke, or the server
+ * is stopping) first.  Called once, on a server thread, holding no lock of
+ * the server's; r must not be used once it returns. */
+typedef void (*fy_httpd_end_fn)(void *arg, bool complete);
+
+/* From the handler: r stays open after the handler returns, for an
+ * answer (fy_httpd_answer or a stream) from any thread.  While it waits,
+ * a client that closes its socket (or half-closes it) is noticed at once
+ * and end(arg, false) is called. */
+void fy_httpd_hold(fy_httpd_req_t *r, fy_httpd_end_fn end, void *arg);
+
+/* A streamed answer (chunked) on a held request: begin with the status,
+ * content type and headers; write appends (copied; sent as the client
+ * reads); end finishes it.  Writes beyond 8 MiB not yet taken by the
+ * client count as the client gone.  FY_ERR_CANCELLED once the client is
+ * gone or r is answered; FY_ERR_NOMEM. */
+fy_status_t fy_httpd_stream_begin(fy_httpd_req_t *r, int status, const char *content_type, const char *const *headers);
+fy_status_t fy_httpd_stream_write(fy_httpd_req_t *r, const void *data, size_t len);
+void fy_httpd_stream_end(fy_httpd_req_t *r);
 
 #endif /* FY_HTTPD_H */
