@@ -36,6 +36,7 @@ static const char *const KEYS[] = {
     "decode.spec_min_accept", "decode.spec_warmup", "decode.spec_probe_steps", "decode.spec_batch_tokens",
     "decode.spec_sampled", "decode.spec_draft_kv_fraction",
     "worker.name", "worker.heartbeat", "worker.stall_timeout", "worker.transports", "worker.net_devices",
+    "worker.http_header_timeout", "worker.http_idle_timeout", "worker.http_max_connections", "worker.http_max_header",
     "worker.isa", "worker.device",
     "serve.run_dir", "serve.logs", "serve.restart_backoff", "serve.restart_backoff_max", "serve.max_restarts",
     "serve.stop_grace", "serve.health_timeout", "serve.start_timeout", "serve.metrics",

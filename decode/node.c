@@ -591,7 +591,9 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     if ((st = fy_engine_start(n->engine))) return st;
     if ((st = fy_pull_create(n->listen, on_command, n, &n->cmds))) return st;
     if (n->metrics_url[0]) {
-        if ((st = fy_httpd_create(n->metrics_url, &n->http)) ||
+        fy_httpd_limits_t lim; /* slow or idle scrapers cannot take the worker's descriptors */
+        if ((st = fy_httpd_limits_read(n->cfg, "worker", &lim)) ||
+            (st = fy_httpd_create_with(n->metrics_url, &lim, &n->http)) ||
             (st = fy_httpd_route(n->http, "/metrics", on_metrics, n)) ||
             (st = fy_httpd_route(n->http, "/health", on_health, n)))
             return st;
@@ -657,6 +659,7 @@ int fy_node_main(int argc, char **argv, const fy_node_role_t *role)
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
+    fy_cluster_raise_nofile();
 
     fy_node_t n = {0};
     pthread_mutex_init(&n.hb_mu, NULL);
