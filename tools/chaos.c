@@ -189,7 +189,7 @@ typedef struct chaos {
     /* the cluster */
     char dir[256];
     pid_t serve;
-    int http_port, prefill_metrics, decode_metrics;
+    int http_port, prefill_metrics, decode_metrics, serve_metrics;
     int n_prefill, n_decode;
     double lease_s; /* router.lease: how long an orphaned lease can hold blocks */
     /* load */
@@ -269,7 +269,8 @@ static bool start_cluster(chaos_t *c)
     int router = free_ports(3), pl = free_ports(MAX_WORKERS), dl = free_ports(MAX_WORKERS);
     c->prefill_metrics = free_ports(MAX_WORKERS);
     c->decode_metrics = free_ports(MAX_WORKERS);
-    if (router < 0 || pl < 0 || dl < 0 || c->prefill_metrics < 0 || c->decode_metrics < 0) {
+    c->serve_metrics = free_ports(1);
+    if (router < 0 || pl < 0 || dl < 0 || c->prefill_metrics < 0 || c->decode_metrics < 0 || c->serve_metrics < 0) {
         fprintf(stderr, "ferry: chaos: no free loopback ports\n");
         return false;
     }
@@ -281,6 +282,7 @@ static bool start_cluster(chaos_t *c)
               add_set(c, sets[ns++], 256, "decode.listen=tcp://127.0.0.1:%d", dl) &&
               add_set(c, sets[ns++], 256, "prefill.metrics=tcp://127.0.0.1:%d", c->prefill_metrics) &&
               add_set(c, sets[ns++], 256, "decode.metrics=tcp://127.0.0.1:%d", c->decode_metrics) &&
+              add_set(c, sets[ns++], 256, "serve.metrics=tcp://127.0.0.1:%d", c->serve_metrics) &&
               add_set(c, sets[ns++], 256, "serve.run_dir=%s/run", c->dir);
     if (!ok) {
         fprintf(stderr, "ferry: chaos: too many --set options\n");
@@ -347,6 +349,54 @@ static bool healthy(chaos_t *c)
     }
     fy_free(r.body);
     return ok;
+}
+
+/* ferry serve's own /health: every child running (ready), and none of
+ * them is the process `gone` (the victim of a kill, until replaced). */
+static bool children_running(chaos_t *c, pid_t gone)
+{
+    http_res_t r;
+    http_do(c->serve_metrics, "GET", "/health", NULL, now_s() + 2, NULL, &r);
+    bool ok = false;
+    if (r.status == 200 && r.body) {
+        json_t *j = json_loads(r.body, 0, NULL);
+        json_t *kids = j ? json_object_get(j, "children") : NULL;
+        ok = json_is_array(kids) && json_array_size(kids) > 0;
+        size_t i;
+        json_t *k;
+        json_array_foreach(kids, i, k) {
+            const char *state = json_string_value(json_object_get(k, "state"));
+            ok &= state && !strcmp(state, "running");
+            if (gone > 0) ok &= json_integer_value(json_object_get(k, "pid")) != gone;
+        }
+        json_decref(j);
+    }
+    fy_free(r.body);
+    return ok;
+}
+
+/* Watches the cluster from a fault on: the moment the supervisor has every
+ * child running again (the victim replaced) and the router sees every
+ * worker. */
+typedef struct watch {
+    chaos_t *c;
+    pid_t gone; /* the killed process; 0 for a stop */
+    double t_fault, deadline, t_recovered; /* t_recovered 0: not within the deadline */
+    pthread_t t;
+    bool running;
+} watch_t;
+
+static void *watch_main(void *arg)
+{
+    watch_t *w = arg;
+    while (now_s() < w->deadline) {
+        if (children_running(w->c, w->gone) && healthy(w->c)) {
+            w->t_recovered = now_s();
+            break;
+        }
+        nap(0.1);
+    }
+    return NULL;
 }
 
 static bool wait_healthy(chaos_t *c, double timeout_s)
@@ -610,6 +660,12 @@ static bool signal_child(chaos_t *c, const char *exe, int k, int sig, pid_t *pid
     return true;
 }
 
+static void watch_start(chaos_t *c, watch_t *w, pid_t gone, double t_fault)
+{
+    *w = (watch_t){.c = c, .gone = gone, .t_fault = t_fault, .deadline = t_fault + c->recover_s};
+    w->running = pthread_create(&w->t, NULL, watch_main, w) == 0;
+}
+
 /* One round: load for a while, the fault, more load, then the checks. */
 static void round_run(chaos_t *c, int r, int kind, uint64_t *rng)
 {
@@ -618,13 +674,18 @@ static void round_run(chaos_t *c, int r, int kind, uint64_t *rng)
     pthread_mutex_unlock(&c->mu);
     set_paused(c, false);
     nap(c->load_s);
-    double t_fault = now_s();
     int victim = (int)(rng_next(rng) % 64);
     pid_t pid = -1;
+    watch_t w = {0};
     switch (kind) {
-    case K_KILL_PREFILL: signal_child(c, "ferry-prefill", victim, SIGKILL, &pid); break;
-    case K_KILL_DECODE: signal_child(c, "ferry-decode", victim, SIGKILL, &pid); break;
-    case K_KILL_ROUTER: signal_child(c, "ferry-router", 0, SIGKILL, &pid); break;
+    case K_KILL_PREFILL:
+    case K_KILL_DECODE:
+    case K_KILL_ROUTER: {
+        const char *exe = kind == K_KILL_PREFILL ? "ferry-prefill" : kind == K_KILL_DECODE ? "ferry-decode" : "ferry-router";
+        double t = now_s();
+        if (signal_child(c, exe, victim, SIGKILL, &pid)) watch_start(c, &w, pid, t);
+        break;
+    }
     case K_BURST: {
         burst_arg_t b[BURST];
         pthread_t t[BURST];
@@ -642,8 +703,8 @@ static void round_run(chaos_t *c, int r, int kind, uint64_t *rng)
             if (s == n || now_s() > until) break;
             nap(0.05);
         }
-        t_fault = now_s();
-        signal_child(c, "ferry-decode", victim, SIGKILL, &pid);
+        double tk = now_s();
+        if (signal_child(c, "ferry-decode", victim, SIGKILL, &pid)) watch_start(c, &w, pid, tk);
         for (int i = 0; i < n; i++) pthread_join(t[i], NULL);
         /* the router must still answer at once, with a status */
         http_res_t h;
@@ -656,14 +717,15 @@ static void round_run(chaos_t *c, int r, int kind, uint64_t *rng)
         if (signal_child(c, "ferry-decode", victim, SIGSTOP, &pid)) {
             nap(c->stop_s);
             kill(pid, SIGCONT);
-            t_fault = now_s();
+            watch_start(c, &w, 0, now_s());
         }
         break;
     }
     nap(c->load_s); /* load goes on against the damaged cluster */
     bool drained = drain(c);
-    bool up = wait_healthy(c, c->recover_s);
-    double rec = now_s() - t_fault;
+    if (w.running) pthread_join(w.t, NULL);
+    bool up = w.t_recovered > 0;
+    double rec = up ? w.t_recovered - w.t_fault : c->recover_s;
     if (!up) fail(c, "round %d (%s): not healthy %.0f s after the fault", r, KIND_NAMES[kind], c->recover_s);
     else if (c->n_recover < (int)(sizeof(c->recover) / sizeof(c->recover[0]))) c->recover[c->n_recover++] = rec;
     /* a lease whose router died is held until it expires; sequences whose
