@@ -8,7 +8,8 @@
  * The children read one resolved configuration (the file plus every
  * --set, written to RUN_DIR/cluster.ini) and their own name and address:
  * worker i of a role listens on the role's listen port + i.  The
- * deployment's secret for prefix-block names is created in RUN_DIR once.
+ * deployment's secret (prefix-block names, the control plane's keys) is
+ * created in RUN_DIR once, mode 0600.
  * With --prompt, a first request is sent when every worker is up, and
  * with --once the cluster stops after it.
  */
@@ -45,6 +46,7 @@ static void on_signal(int sig)
 typedef struct serve {
     fy_sup_t *sup;
     char router_url[256];
+    char secret[PATH_MAX]; /* the deployment's secret: its own clients authenticate with it */
     int n_prefill, n_decode;
     bool ready;
     double t_start, ready_timeout;
@@ -62,7 +64,7 @@ static void *first_request(void *arg)
     serve_t *s = arg;
     fy_client_t *c;
     s->first_rc = 1;
-    if (fy_client_create(s->router_url, 10, &c) == FY_OK) {
+    if (fy_client_create(s->router_url, s->secret, 10, &c) == FY_OK) {
         fy_client_req_t req = {.prompt = s->prompt, .chat = s->chat};
         fy_genspec_default(&req.gen);
         req.gen.max_tokens = s->max_tokens;
@@ -118,7 +120,7 @@ static void on_poll(void *arg, fy_sup_t *sup)
     if (s->ready) return;
     fy_client_t *c;
     fy_client_status_t st;
-    if (fy_client_create(s->router_url, 0.5, &c) != FY_OK) return;
+    if (fy_client_create(s->router_url, s->secret, 0.5, &c) != FY_OK) return;
     bool ok = fy_client_status(c, &st) == FY_OK && st.prefill_up >= s->n_prefill && st.decode_up >= s->n_decode;
     fy_client_destroy(c);
     if (!ok) {
@@ -236,7 +238,8 @@ int fy_cmd_serve(int argc, char **argv)
             goto out;
         secret = path;
     }
-    if (fy_cluster_make_secret(secret)) goto out;
+    if (fy_cluster_make_secret(secret)) goto out; /* O_EXCL, 0600; an existing one must be the owner's alone */
+    snprintf(s.secret, sizeof(s.secret), "%s", secret);
     char conf[PATH_MAX];
     if (!fmt(conf, sizeof(conf), "%s/cluster.ini", run_dir) || fy_config_write(cfg, conf)) goto out;
 
