@@ -48,7 +48,9 @@ static int print_status(fy_client_t *c)
     fy_client_status_t s;
     fy_status_t st = fy_client_status(c, &s);
     if (st) {
-        fprintf(stderr, "ferry: request: the router did not answer: %s\n", fy_status_str(st));
+        fprintf(stderr, "ferry: request: %s\n",
+                st == FY_ERR_MISMATCH ? "the router refused the request as unauthenticated (another secret?)"
+                                      : fy_status_str(st));
         return 1;
     }
     printf("model %s: %d prefill and %d decode workers up; %d requests (%d queued); %llu completed, %llu failed, "
