@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "authcost.h"
 #include "echo.h"
 #include "log.h"
 #include "mem.h"
@@ -37,6 +38,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: ferry-bench [options]         load a server, report throughput, latency and goodput\n"
             "       ferry-bench echo [options]    a trivial server to load (ferry-bench echo --help)\n"
+            "       ferry-bench auth [options]    what the control plane's authentication costs per message\n"
             "target:\n"
             "  -b, --backend nng|http   the router's nng protocol (default) or the OpenAI HTTP API\n"
             "  -u, --url ADDR           default tcp://127.0.0.1:7400 (nng), http://127.0.0.1:8080 (http)\n"
@@ -584,6 +586,7 @@ int main(int argc, char **argv)
     }
     int rc;
     if (argc > 1 && !strcmp(argv[1], "echo")) rc = cmd_echo(argc - 1, argv + 1);
+    else if (argc > 1 && !strcmp(argv[1], "auth")) rc = fy_bench_auth_main(argc - 1, argv + 1);
     else rc = cmd_load(argc, argv);
     curl_global_cleanup();
     return rc;
