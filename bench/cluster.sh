@@ -3,7 +3,8 @@
 # 18080), so an experiment never meets another cluster on this host.
 #   cluster_start NAME [--set key=value ...]   waits until it is ready
 #   cluster_stop                               SIGTERM, then waits
-# Variables: ROUTER (nng address), HTTP_URL, CLUSTER_LOG.
+# Variables: ROUTER (nng address), SECRET (the cluster's secret file, for
+# ferry-bench --secret), HTTP_URL, CLUSTER_LOG.
 FERRY=${FERRY:-bin/ferry}
 BENCH=${BENCH:-bin/ferry-bench}
 ROUTER=tcp://127.0.0.1:17400
@@ -17,6 +18,7 @@ cluster_start() {
     rm -rf "$run_dir"
     mkdir -p "$run_dir"
     CLUSTER_LOG=$run_dir/serve.log
+    SECRET=$run_dir/kv.secret
     "$FERRY" serve -c configs/local.ini \
         --set serve.run_dir="$run_dir" \
         --set router.listen=$ROUTER --set router.events=tcp://127.0.0.1:17401 \

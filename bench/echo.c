@@ -25,6 +25,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 
+#include "cluster.h"
 #include "log.h"
 #include "mem.h"
 #include "msg.h"
@@ -261,7 +262,7 @@ static void *timer_main(void *arg)
     return NULL;
 }
 
-static void on_nng(void *arg, fy_rpc_call_t *call, const void *msg, size_t len)
+static void on_nng(void *arg, fy_rpc_call_t *call, const fy_env_hdr_t *from, const void *msg, size_t len)
 {
     fy_bench_echo_t *e = arg;
     fy_msgr_t r;
@@ -536,7 +537,13 @@ fy_status_t fy_bench_echo_create(const fy_bench_echo_params_t *p, fy_bench_echo_
             st = FY_ERR_IO;
         } else {
             e->have_timer = true;
-            st = fy_rpc_server_create(p->nng_url, 1024, on_nng, e, &e->srv);
+            /* answers as a router would: clients check their replies come from one */
+            fy_env_auth_t auth;
+            st = p->secret_file ? fy_cluster_auth_file(p->secret_file, FY_ROLE_ROUTER, "echo", 0, &auth)
+                                : FY_ERR_INVALID;
+            if (!p->secret_file) fy_error("echo: the nng side needs the deployment's secret (--secret FILE)");
+            if (!st) st = fy_rpc_server_create(p->nng_url, 1024, &auth, FY_RPC_FROM(FY_ROLE_CLIENT), on_nng, e, &e->srv);
+            fy_env_auth_wipe(&auth);
         }
     }
     if (!st && p->http) {

@@ -20,6 +20,7 @@
 
 typedef struct fy_bench_echo_params {
     const char *nng_url;  /* NULL: no nng side */
+    const char *secret_file; /* nng: the deployment's secret its clients hold (required with nng_url) */
     bool http;            /* serve HTTP */
     int http_port;        /* 0: any free port */
     double ttft_s, itl_s; /* pacing; 0 and 0: every token at once */

@@ -11,7 +11,11 @@ BENCH=${BENCH:-bin/ferry-bench}
 RATES=${RATES:-250 500 1000 2000}
 OUT=${OUT:-bench/results/ceiling}
 mkdir -p "$OUT"
-$BENCH echo --nng tcp://127.0.0.1:17500 --http 18500 --threads 1 >"$OUT/echo.log" 2>&1 &
+# the nng side authenticates like a router: a secret of its own for this run
+SECRET=$OUT/kv.secret
+rm -f "$SECRET"
+(umask 077 && head -c 32 /dev/urandom >"$SECRET") || exit 1
+$BENCH echo --nng tcp://127.0.0.1:17500 --secret "$SECRET" --http 18500 --threads 1 >"$OUT/echo.log" 2>&1 &
 ECHO=$!
 trap 'kill -TERM $ECHO 2>/dev/null; wait $ECHO 2>/dev/null' EXIT INT TERM
 sleep 0.5
@@ -20,7 +24,7 @@ for backend in nng http; do
     [ $backend = http ] && url=http://127.0.0.1:18500
     for r in $RATES; do
         n=$((r * 4))
-        $BENCH -b $backend -u $url -n $n --input-len 64 --output-len 16 --rate "$r" --seed 3 --no-progress \
+        $BENCH -b $backend -u $url --secret "$SECRET" -n $n --input-len 64 --output-len 16 --rate "$r" --seed 3 --no-progress \
             --label "$backend" >"$OUT/$backend-$r.txt" 2>>"$OUT/$backend.log"
     done
 done

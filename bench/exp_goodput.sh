@@ -23,7 +23,7 @@ for round in $(seq 1 "$ROUNDS"); do
         else
             cluster_start "goodput-$mode" || exit 1
         fi
-        $BENCH -u "$ROUTER" -n "$N" --class 480-544/16 --class 24-40/128 --rate "$RATES" --slo "$SLO" \
+        $BENCH -u "$ROUTER" --secret "$SECRET" -n "$N" --class 480-544/16 --class 24-40/128 --rate "$RATES" --slo "$SLO" \
             --timeout 180s --seed 7 --label "$mode" --no-progress \
             --json "$OUT/$mode-r$round.json" --plot "$OUT/$mode-r$round" >"$OUT/$mode-r$round.txt" 2>"$OUT/$mode-r$round.log"
         echo "exit $? ($mode, round $round)" >>"$OUT/$mode-r$round.log"

@@ -20,7 +20,7 @@ for mode in $MODES; do
         else
             cluster_start "prefix-$name" --set kv.prefix_cache=$cache || exit 1
         fi
-        $BENCH -u "$ROUTER" -n "$N" --prefix-groups 1 --prefix-len 200 --input-len 16 --output-len 16 \
+        $BENCH -u "$ROUTER" --secret "$SECRET" -n "$N" --prefix-groups 1 --prefix-len 200 --input-len 16 --output-len 16 \
             --rate "$RATE" --seed 11 --label "$name" --no-progress --json "$OUT/$name.json" \
             >"$OUT/$name.txt" 2>"$OUT/$name.log"
         echo "exit $?" >>"$OUT/$name.log"

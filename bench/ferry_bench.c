@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "authcost.h"
 #include "echo.h"
 #include "log.h"
 #include "mem.h"
@@ -37,12 +38,15 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: ferry-bench [options]         load a server, report throughput, latency and goodput\n"
             "       ferry-bench echo [options]    a trivial server to load (ferry-bench echo --help)\n"
+            "       ferry-bench auth [options]    what the control plane's authentication costs per message\n"
             "target:\n"
             "  -b, --backend nng|http   the router's nng protocol (default) or the OpenAI HTTP API\n"
             "  -u, --url ADDR           default tcp://127.0.0.1:7400 (nng), http://127.0.0.1:8080 (http)\n"
             "      --chat               /v1/chat/completions (http) or the chat template (nng)\n"
             "      --model NAME         the \"model\" field (http; default \"default\")\n"
             "      --api-key KEY        Authorization: Bearer KEY (http; or FERRY_BENCH_API_KEY)\n"
+            "      --secret FILE        the deployment's secret that authenticates nng calls\n"
+            "                           (default: run/kv.secret, where `ferry serve` puts it)\n"
             "      --no-ignore-eos      let answers end early (default: exactly the output length)\n"
             "      --allow-remote       allow an address that is not loopback (refused otherwise)\n"
             "workload (lengths are N, LO-HI uniform, or @FILE of 'LENGTH [WEIGHT]' lines):\n"
@@ -137,15 +141,16 @@ static int parse_rates(const char *s, double *rates)
 
 static int cmd_echo(int argc, char **argv)
 {
-    enum { O_NNG = 256, O_HTTP, O_TTFT, O_ITL, O_FAIL, O_KEY, O_THREADS, O_FOR };
+    enum { O_NNG = 256, O_HTTP, O_TTFT, O_ITL, O_FAIL, O_KEY, O_THREADS, O_FOR, O_SECRET };
     static const struct option opts[] = {
         {"nng", required_argument, 0, O_NNG},       {"http", required_argument, 0, O_HTTP},
         {"ttft", required_argument, 0, O_TTFT},     {"itl", required_argument, 0, O_ITL},
         {"fail-every", required_argument, 0, O_FAIL}, {"api-key", required_argument, 0, O_KEY},
         {"threads", required_argument, 0, O_THREADS}, {"for", required_argument, 0, O_FOR},
-        {"help", no_argument, 0, 'h'},              {0, 0, 0, 0},
+        {"secret", required_argument, 0, O_SECRET}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
-    fy_bench_echo_params_t p = {0};
+    fy_bench_echo_params_t p = {.secret_file = "run/kv.secret"};
     double for_s = 0;
     long v;
     int c;
@@ -165,14 +170,16 @@ static int cmd_echo(int argc, char **argv)
             p.fail_every = (int32_t)v;
             break;
         case O_KEY: p.api_key = optarg; break;
+        case O_SECRET: p.secret_file = optarg; break;
         case O_THREADS:
             if (!parse_long("--threads", optarg, 1, 64, &v)) return 2;
             p.threads = (int)v;
             break;
         case O_FOR: if (!parse_dur("--for", optarg, &for_s)) return 2; break;
         case 'h':
-            printf("usage: ferry-bench echo [--nng URL] [--http PORT] [--ttft D] [--itl D] [--fail-every N]\n"
-                   "                        [--api-key KEY] [--threads N] [--for D]\n"
+            printf("usage: ferry-bench echo [--nng URL [--secret FILE]] [--http PORT] [--ttft D] [--itl D]\n"
+                   "                        [--fail-every N] [--api-key KEY] [--threads N] [--for D]\n"
+                   "  --secret FILE: the deployment's secret its nng clients hold (default run/kv.secret)\n"
                    "  answers every request with max_tokens words; HTTP on 127.0.0.1 (port 0: any free one);\n"
                    "  runs until SIGINT/SIGTERM or for D\n");
             return 0;
@@ -262,12 +269,13 @@ static int cmd_load(int argc, char **argv)
     enum {
         O_CHAT = 256, O_MODEL, O_KEY, O_NOEOS, O_REMOTE, O_IN, O_OUT, O_CLASS, O_PG, O_PL, O_TURNS, O_THINK,
         O_TRACE, O_TBLOCK, O_TSPEED, O_SHAREGPT, O_SEED, O_BURST, O_DURATION, O_TIMEOUT, O_SLO, O_JSON, O_PLOT,
-        O_LABEL, O_NOPROG
+        O_LABEL, O_NOPROG, O_SECRET
     };
     static const struct option lo[] = {
         {"backend", required_argument, 0, 'b'},     {"proto", required_argument, 0, 'b'},
         {"url", required_argument, 0, 'u'},         {"chat", no_argument, 0, O_CHAT},
         {"model", required_argument, 0, O_MODEL},   {"api-key", required_argument, 0, O_KEY},
+        {"secret", required_argument, 0, O_SECRET},
         {"no-ignore-eos", no_argument, 0, O_NOEOS}, {"allow-remote", no_argument, 0, O_REMOTE},
         {"num-requests", required_argument, 0, 'n'}, {"input-len", required_argument, 0, O_IN},
         {"output-len", required_argument, 0, O_OUT}, {"class", required_argument, 0, O_CLASS},
@@ -309,6 +317,7 @@ static int cmd_load(int argc, char **argv)
         case O_CHAT: o.target.chat = true; break;
         case O_MODEL: o.target.model = optarg; break;
         case O_KEY: o.target.api_key = optarg; break;
+        case O_SECRET: o.target.secret_file = optarg; break;
         case O_NOEOS: o.target.ignore_eos = false; break;
         case O_REMOTE: o.allow_remote = true; break;
         case 'n':
@@ -421,6 +430,7 @@ static int cmd_load(int argc, char **argv)
         return 2;
     }
     if (!o.target.api_key) o.target.api_key = getenv("FERRY_BENCH_API_KEY");
+    if (!o.target.secret_file) o.target.secret_file = "run/kv.secret";
     o.target.url = o.url;
     if ((o.trace != NULL) + (o.sharegpt != NULL) > 1 ||
         ((o.trace || o.sharegpt) && (n_classes || o.input_len || o.synth.prefix_groups || o.synth.turns > 1))) {
@@ -576,6 +586,7 @@ int main(int argc, char **argv)
     }
     int rc;
     if (argc > 1 && !strcmp(argv[1], "echo")) rc = cmd_echo(argc - 1, argv + 1);
+    else if (argc > 1 && !strcmp(argv[1], "auth")) rc = fy_bench_auth_main(argc - 1, argv + 1);
     else rc = cmd_load(argc, argv);
     curl_global_cleanup();
     return rc;

@@ -355,7 +355,7 @@ static void *nng_worker(void *arg)
 {
     run_t *R = arg;
     fy_client_t *c = NULL;
-    fy_status_t cst = fy_client_create(R->t->url, 10.0, &c);
+    fy_status_t cst = R->t->secret_file ? fy_client_create(R->t->url, R->t->secret_file, 10.0, &c) : FY_ERR_INVALID;
     if (!cst) { /* connected before it takes work, so no request's time includes the dial */
         fy_client_status_t *s = fy_malloc(sizeof(*s));
         if (s) fy_client_status(c, s);
@@ -372,8 +372,9 @@ static void *nng_worker(void *arg)
         pthread_mutex_unlock(&R->mu);
         double due = R->t0 + R->res[R->w->convs[ci].first].sched_s;
         if (cst) {
-            char why[96];
-            snprintf(why, sizeof(why), "cannot make a client of %s: %s", R->t->url, fy_status_str(cst));
+            char why[160];
+            snprintf(why, sizeof(why), "cannot make a client of %s: %s", R->t->url,
+                     R->t->secret_file ? fy_status_str(cst) : "no secret file (--secret)");
             conv_not_sent(R, ci, 0, "client", why);
         } else {
             nng_conv(R, c, ci, due);

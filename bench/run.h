@@ -35,6 +35,7 @@ typedef struct fy_bench_target {
     bool chat;           /* http: /v1/chat/completions, else /v1/completions; nng: the chat template */
     const char *model;   /* http: the "model" field; NULL: the first of GET /v1/models */
     const char *api_key; /* http: Authorization: Bearer KEY; NULL: none */
+    const char *secret_file; /* nng: the deployment's secret (kv.secret_file) that authenticates each call */
     bool ignore_eos;     /* ask for exactly n_out tokens */
 } fy_bench_target_t;
 

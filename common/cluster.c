@@ -34,7 +34,7 @@ static const char *const KEYS[] = {
     "decode.max_batch_tokens", "decode.max_waiting", "decode.ctx", "decode.preempt", "decode.host_kv_mem",
     "decode.itl_target", "decode.metrics", "decode.spec", "decode.spec_k", "decode.spec_ngram_max",
     "decode.spec_min_accept", "decode.spec_warmup", "decode.spec_probe_steps", "decode.spec_batch_tokens",
-    "decode.spec_sampled", "decode.spec_draft_kv_fraction",
+    "decode.spec_sampled", "decode.spec_draft_kv_fraction", "decode.max_lease",
     "worker.name", "worker.heartbeat", "worker.stall_timeout", "worker.transports", "worker.net_devices",
     "worker.http_header_timeout", "worker.http_idle_timeout", "worker.http_max_connections", "worker.http_max_header",
     "worker.isa", "worker.device",
@@ -82,12 +82,32 @@ fy_status_t fy_cluster_config(int argc, char **argv, const char *usage, fy_confi
     return FY_OK;
 }
 
+/* Reads a secret file: a regular file its owner alone may read or write
+ * (the mode is checked on the open descriptor), 16 bytes or more. */
 static fy_status_t read_secret(const char *path, uint8_t *buf, size_t cap, size_t *len_p)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         fy_error("kv secret %s: cannot open: %m", path);
         return errno == ENOENT ? FY_ERR_NOT_FOUND : FY_ERR_IO;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb)) {
+        fy_error("kv secret %s: cannot stat: %m", path);
+        close(fd);
+        return FY_ERR_IO;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        fy_error("kv secret %s: not a regular file", path);
+        close(fd);
+        return FY_ERR_INVALID;
+    }
+    if (sb.st_mode & 077) {
+        fy_error("kv secret %s: mode %04o lets its group or others at it; it must be the owner's alone "
+                 "(chmod 600 %s)",
+                 path, (unsigned)(sb.st_mode & 07777), path);
+        close(fd);
+        return FY_ERR_INVALID;
     }
     ssize_t n = read(fd, buf, cap);
     close(fd);
@@ -123,22 +143,68 @@ fy_status_t fy_cluster_hasher(const fy_config_t *cfg, fy_kv_hasher_t **h_p)
 fy_status_t fy_cluster_make_secret(const char *path)
 {
     uint8_t key[64];
-    struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size >= 16) return FY_OK;
+    size_t n;
     if (sodium_init() < 0) return FY_ERR_INTERNAL;
-    randombytes_buf(key, 32);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    /* O_EXCL: never write through a file (or a link) someone else put there */
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 && errno == EEXIST) { /* one made earlier: use it if it is sound */
+        fy_status_t st = read_secret(path, key, sizeof(key), &n);
+        sodium_memzero(key, sizeof(key));
+        return st;
+    }
     if (fd < 0) {
         fy_error("kv secret %s: cannot create: %m", path);
         return FY_ERR_IO;
     }
+    randombytes_buf(key, 32);
     ssize_t w = write(fd, key, 32);
     sodium_memzero(key, sizeof(key));
     if (w != 32 || close(fd) != 0) {
         fy_error("kv secret %s: cannot write: %m", path);
+        if (w != 32) close(fd);
+        unlink(path);
         return FY_ERR_IO;
     }
     return FY_OK;
+}
+
+bool fy_cluster_secret_path(const fy_config_t *cfg, char *out, size_t cap)
+{
+    const char *path = NULL, *run_dir = NULL;
+    if (fy_config_string(cfg, "kv", "secret_file", NULL, &path) == FY_OK && path && *path)
+        return (size_t)snprintf(out, cap, "%s", path) < cap;
+    if (fy_config_string(cfg, "serve", "run_dir", "run", &run_dir) != FY_OK || !run_dir) run_dir = "run";
+    return (size_t)snprintf(out, cap, "%s/kv.secret", run_dir) < cap;
+}
+
+fy_status_t fy_cluster_auth_file(const char *path, fy_env_role_t role, const char *name, uint64_t inc,
+                                 fy_env_auth_t *auth_p)
+{
+    uint8_t key[64];
+    size_t n;
+    fy_status_t st = read_secret(path, key, sizeof(key), &n);
+    if (st) return st;
+    fy_env_auth_t a;
+    st = fy_env_auth_init(&a, key, n, role, name, inc);
+    sodium_memzero(key, sizeof(key));
+    if (st) return st;
+    *auth_p = a;
+    fy_env_auth_wipe(&a);
+    return FY_OK;
+}
+
+fy_status_t fy_cluster_auth(const fy_config_t *cfg, fy_env_role_t role, const char *name, uint64_t inc,
+                            fy_env_auth_t *auth_p)
+{
+    const char *path;
+    fy_status_t st = fy_config_string(cfg, "kv", "secret_file", NULL, &path);
+    if (st) return st;
+    if (!path || !*path) {
+        fy_error("kv.secret_file is not set: the control plane needs the deployment's secret, the same file for "
+                 "every process of the cluster (`ferry serve` makes RUN_DIR/kv.secret)");
+        return FY_ERR_INVALID;
+    }
+    return fy_cluster_auth_file(path, role, name, inc, auth_p);
 }
 
 fy_status_t fy_cluster_kv(const fy_config_t *cfg, int32_t *block_size_p, fy_dtype_t *dtype_p)

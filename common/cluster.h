@@ -1,8 +1,9 @@
 /*
  * cluster.h - what every process of a ferry deployment reads the same way:
  * the keys a cluster configuration may hold, the command line that loads
- * one ("-c FILE --set section.key=value ..."), the deployment's secret for
- * prefix-block names, and the KV layout settings.
+ * one ("-c FILE --set section.key=value ..."), the deployment's secret (for
+ * prefix-block names and the control plane's credentials), and the KV
+ * layout settings.
  *
  * One list of known keys for all processes, so one file configures the
  * router, the workers and `ferry serve` alike, and a typo anywhere is
@@ -17,6 +18,7 @@
 
 #include "config.h"
 #include "dtype.h"
+#include "envelope.h"
 #include "kv.h"
 #include "status.h"
 
@@ -28,12 +30,29 @@
 fy_status_t fy_cluster_config(int argc, char **argv, const char *usage, fy_config_t **cfg_p);
 
 /* The deployment's secret (kv.secret_file: at least 16 bytes, the first
- * 64 used) as a hasher for prefix-block names. */
+ * 64 used) as a hasher for prefix-block names.  Without kv.secret_file, a
+ * random key private to this process.  A secret file that its group or
+ * others may read or write is refused, naming the file and its mode. */
 fy_status_t fy_cluster_hasher(const fy_config_t *cfg, fy_kv_hasher_t **h_p);
 
-/* Writes 32 random bytes to path (mode 0600) unless it already holds a
- * usable secret. */
+/* Creates path (O_EXCL, mode 0600) holding 32 random bytes, or, when it
+ * exists, checks that it is a usable secret (regular, at least 16 bytes,
+ * readable by its owner only). */
 fy_status_t fy_cluster_make_secret(const char *path);
+
+/* Where the deployment's secret is: kv.secret_file, else serve.run_dir
+ * (default "run") + "/kv.secret", the file `ferry serve` makes.  False if
+ * it does not fit in cap. */
+bool fy_cluster_secret_path(const fy_config_t *cfg, char *out, size_t cap);
+
+/* The control plane's credentials of this process (envelope.h): the key
+ * derived from the secret file at path, with role, name and incarnation
+ * (0: a random one).  The file is checked as fy_cluster_hasher does. */
+fy_status_t fy_cluster_auth_file(const char *path, fy_env_role_t role, const char *name, uint64_t inc,
+                                 fy_env_auth_t *auth_p);
+/* The same from kv.secret_file, which a router and workers must have. */
+fy_status_t fy_cluster_auth(const fy_config_t *cfg, fy_env_role_t role, const char *name, uint64_t inc,
+                            fy_env_auth_t *auth_p);
 
 /* kv.block_size and kv.dtype. */
 fy_status_t fy_cluster_kv(const fy_config_t *cfg, int32_t *block_size_p, fy_dtype_t *dtype_p);

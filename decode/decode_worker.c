@@ -9,7 +9,10 @@
  * the arena's address and rkey (the transfer descriptor); the prefill
  * worker writes into them with one-sided puts.  On "adopt" the lease
  * becomes a running request; a lease that reaches its deadline first is
- * freed (blocks and promise) and the router is told.  Leases are reaped on
+ * freed (blocks and promise) and the router is told.  How long a lease
+ * lasts is the router's ask capped by this worker's decode.max_lease, so a
+ * command can never hold blocks and sequence slots longer than the
+ * worker's own configuration allows.  Leases are reaped on
  * every engine step and heartbeat, so an idle worker reaps them too.
  *
  * Everything here runs on the engine thread.
@@ -59,6 +62,7 @@ typedef struct decode {
     dreq_t *reqs;
     int32_t n_reqs;
     uint64_t next_lease;
+    double max_lease; /* decode.max_lease: no lease lasts longer */
     uint64_t reserved, refused, adopted, expired, released, renewed, generated;
     struct {
         fy_metric_t *e2e, *itl, *lease_wait;
@@ -125,7 +129,8 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
     uint64_t id = fy_msgr_u64(r, "id", FY_REQ, 0, 1, UINT64_MAX);
     char tenant[64];
     fy_msgr_str(r, "tenant", FY_OPT, "", tenant, sizeof(tenant));
-    double lease_s = fy_msgr_f64(r, "lease_s", FY_OPT, 30, 0.01, 3600);
+    double lease_s = fy_msgr_f64(r, "lease_s", FY_OPT, d->max_lease, 0.01, 3600);
+    if (lease_s > d->max_lease) lease_s = d->max_lease;
     int32_t cap = rp->max_ctx - 1 < MAX_PROMPT ? rp->max_ctx - 1 : MAX_PROMPT;
     lease_t *l = fy_calloc(1, sizeof(*l));
     int32_t *prompt = fy_malloc((size_t)cap * sizeof(int32_t));
@@ -430,6 +435,7 @@ static void cmd_renew(decode_t *d, fy_msgr_t *r, uint64_t rid)
                       (unsigned long long)lease, (unsigned long long)id);
         return;
     }
+    if (lease_s > d->max_lease) lease_s = d->max_lease; /* the cap holds for renewals too */
     double until = fy_node_now() + lease_s;
     if (until > l->deadline) l->deadline = until;
     d->renewed++;
@@ -462,11 +468,20 @@ static void cmd_release(decode_t *d, fy_msgr_t *r, uint64_t rid)
 
 static fy_status_t d_start(fy_node_t *n, void **state_p)
 {
-    decode_t *d = fy_calloc(1, sizeof(*d));
-    if (!d) return FY_ERR_NOMEM;
+    double router_lease;
+    const fy_config_t *cfg = fy_node_config(n);
+    /* by default as long as the router asks (router.lease, the same file) */
+    fy_status_t st = fy_config_duration(cfg, "router", "lease", 30, 0.1, 3600, &router_lease);
+    decode_t *d = st ? NULL : fy_calloc(1, sizeof(*d));
+    if (!st && !d) st = FY_ERR_NOMEM;
+    if (!st) st = fy_config_duration(cfg, "decode", "max_lease", router_lease, 0.1, 3600, &d->max_lease);
+    if (st) {
+        fy_free(d);
+        return st;
+    }
     d->n = n;
     fy_metrics_t *reg = fy_node_metrics(n);
-    fy_status_t st = fy_metrics_histogram(
+    st = fy_metrics_histogram(
         reg, "ferry:e2e_request_latency_seconds",
         "On a decode worker: from adoption (the first token, sampled by the prefill worker) to the request's end.",
         NULL, fy_metrics_e2e_buckets, fy_metrics_n_e2e_buckets, &d->m.e2e);

@@ -15,6 +15,10 @@
  * what was posted and ends what is left with errors (each reported to the
  * router), and only then does the event stream close.
  *
+ * The command socket takes only a router's authenticated messages
+ * (envelope.h, transfer/rpc.h) and every command must name this
+ * incarnation in "to"; events go out sealed as this worker.
+ *
  * Metrics and health (docs/operations.md): the engine tick copies the
  * engine's, block manager's and transfer engine's figures into the
  * registry and refreshes the health inputs; the HTTP thread only renders
@@ -66,8 +70,11 @@ struct fy_node {
     fy_engine_t *engine;
     fy_spec_draft_t *draft; /* a decode worker's speculative draft, or NULL */
     fy_xfer_t *xfer;
+    fy_env_auth_t auth; /* this worker's control-plane credentials */
     fy_pull_t *cmds;
+    fy_pull_t *cmds_stats; /* cmds, for the engine thread's metrics: under health_mu */
     fy_push_t *out;
+    fy_metric_t *ctl_refused[FY_ENV_N_FAULTS]; /* commands refused, by fault (0 unused) */
     int32_t max_seqs;
     double heartbeat_s, last_load;
     uint64_t commands, bad_commands, stale_commands;
@@ -170,13 +177,15 @@ static void run_command(fy_engine_t *e, void *arg)
         goto out;
     }
     uint64_t rid = fy_msgr_u64(&r, "rid", FY_OPT, 0, 0, UINT64_MAX);
-    uint64_t to = fy_msgr_u64(&r, "to", FY_OPT, 0, 0, UINT64_MAX);
+    /* every command names the incarnation it is for: one that does not (a
+     * release or cancel of a guessed request id) is refused */
+    uint64_t to = fy_msgr_u64(&r, "to", FY_REQ, 0, 1, UINT64_MAX);
     if (!fy_msgr_ok(&r)) {
         n->bad_commands++;
         fy_node_error(n, 0, 0, r.status, "bad command '%s': %s", fy_msgr_type(&r), r.err);
         goto out;
     }
-    if (to && to != n->incarnation) { /* queued for an earlier run of this worker */
+    if (to != n->incarnation) { /* queued for an earlier run of this worker */
         n->stale_commands++;
         fy_debug("dropped a '%s' command addressed to an earlier incarnation", fy_msgr_type(&r));
         goto out;
@@ -193,16 +202,16 @@ static bool run_direct(fy_node_t *n, const void *buf, size_t len)
     fy_msgr_t r;
     bool done = false;
     if (fy_msgr_parse(&r, buf, len) == FY_OK) {
-        uint64_t to = fy_msgr_u64(&r, "to", FY_OPT, 0, 0, UINT64_MAX);
-        if (fy_msgr_ok(&r) && (!to || to == n->incarnation))
-            done = n->role->direct(n, n->state, fy_msgr_type(&r), &r);
+        uint64_t to = fy_msgr_u64(&r, "to", FY_REQ, 0, 1, UINT64_MAX);
+        if (fy_msgr_ok(&r) && to == n->incarnation) done = n->role->direct(n, n->state, fy_msgr_type(&r), &r);
     }
     fy_msgr_free(&r); /* anything wrong is reported by the engine thread's pass */
     return done;
 }
 
-/* nng thread: copy, and hand to the engine thread */
-static void on_command(void *arg, const void *buf, size_t len)
+/* nng thread: copy, and hand to the engine thread (the pull let only a
+ * router's authenticated commands through) */
+static void on_command(void *arg, const fy_env_hdr_t *from, const void *buf, size_t len)
 {
     fy_node_t *n = arg;
     if (n->role->direct && run_direct(n, buf, len)) return;
@@ -312,6 +321,11 @@ static void sync_metrics(fy_node_t *n, double now)
     if (xst == FY_ERR_TIMEOUT && n->health.xfer != FY_ERR_TIMEOUT)
         fy_error("transfer thread has not answered for %.1f s", waited);
     pthread_mutex_lock(&n->health_mu);
+    if (n->cmds_stats) {
+        uint64_t refused[FY_ENV_N_FAULTS] = {0};
+        fy_pull_refused(n->cmds_stats, refused);
+        for (int i = 1; i < FY_ENV_N_FAULTS; i++) fy_metric_set(n->ctl_refused[i], (double)refused[i]);
+    }
     n->health.kv_balanced = ks.balanced;
     n->health.kv_check = n->kv_check;
     n->health.xfer = xst;
@@ -466,6 +480,9 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     n->max_seqs = (int32_t)max_seqs;
     if (sodium_init() < 0) return FY_ERR_INTERNAL;
     while (!n->incarnation) randombytes_buf(&n->incarnation, sizeof(n->incarnation));
+    if ((st = fy_cluster_auth(c, strcmp(sec, "decode") ? FY_ROLE_PREFILL : FY_ROLE_DECODE, n->name, n->incarnation,
+                              &n->auth)))
+        return st;
 
     if ((st = fy_model_load(model_path, &n->model))) return st;
     fy_model_id(n->model, n->model_id, sizeof(n->model_id));
@@ -579,17 +596,27 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
         (st = fy_node_series_create(n->metrics, sec, n->name, n->model_id, ks.tier[FY_KV_HOST].total > 0,
                                     !strcmp(sec, "prefill"), &n->series)))
         return st;
+    for (int i = 1; i < FY_ENV_N_FAULTS && !st; i++) {
+        const char *l[] = {"reason", fy_env_fault_str((fy_env_fault_t)i), NULL};
+        st = fy_metrics_counter(n->metrics, "ferry:control_messages_refused_total",
+                                "Commands refused: not authenticated, stale, replayed, or not from a router", l,
+                                &n->ctl_refused[i]);
+    }
+    if (st) return st;
     n->health = (fy_health_t){.role = sec, .worker = n->name, .stall_s = stall, .kv_balanced = ks.balanced};
     n->kv_check = FY_OK;
     if ((st = role->start(n, &n->state))) return st;
     n->role = role;
-    if ((st = fy_push_create(n->events, 8192, &n->out))) return st;
+    if ((st = fy_push_create(n->events, 8192, &n->auth, &n->out))) return st;
     n->last_tick = fy_node_now();
     n->last_kv_check = n->last_tick - KV_CHECK_S; /* the first sync scans */
     sync_metrics(n, n->last_tick);
     send_load(n);
     if ((st = fy_engine_start(n->engine))) return st;
-    if ((st = fy_pull_create(n->listen, on_command, n, &n->cmds))) return st;
+    if ((st = fy_pull_create(n->listen, &n->auth, FY_RPC_FROM(FY_ROLE_ROUTER), on_command, n, &n->cmds))) return st;
+    pthread_mutex_lock(&n->health_mu);
+    n->cmds_stats = n->cmds;
+    pthread_mutex_unlock(&n->health_mu);
     if (n->metrics_url[0]) {
         fy_httpd_limits_t lim; /* slow or idle scrapers cannot take the worker's descriptors */
         if ((st = fy_httpd_limits_read(n->cfg, "worker", &lim)) ||
@@ -615,6 +642,9 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
 static void teardown(fy_node_t *n)
 {
     n->up = false; /* /health: 503 while the worker drains */
+    pthread_mutex_lock(&n->health_mu);
+    n->cmds_stats = NULL;
+    pthread_mutex_unlock(&n->health_mu);
     fy_pull_destroy(n->cmds);
     n->cmds = NULL;
     /* the engine thread stops first: it must not hand a block to a job
@@ -647,6 +677,7 @@ static void teardown(fy_node_t *n)
     fy_model_destroy(n->model);
     fy_config_destroy(n->cfg);
     fy_free(n->bloom);
+    fy_env_auth_wipe(&n->auth);
 }
 
 int fy_node_main(int argc, char **argv, const fy_node_role_t *role)

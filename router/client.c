@@ -1,11 +1,16 @@
 /*
  * client.c - a blocking client of the router's nng protocol (client.h).
+ * Its requests travel in envelopes sealed with the deployment's secret,
+ * as a client role named after the program; the router answers only the
+ * client that made a request about it.
  */
 #include "client.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "cluster.h"
 #include "log.h"
 #include "mem.h"
 #include "msg.h"
@@ -20,11 +25,26 @@ struct fy_client {
     size_t cap_text;
 };
 
-fy_status_t fy_client_create(const char *url, double timeout_s, fy_client_t **c_p)
+fy_status_t fy_client_create(const char *url, const char *secret_file, double timeout_s, fy_client_t **c_p)
 {
+    /* the sender's name: the program, in the router's log lines */
+    char name[FY_ENV_NAME_MAX + 1];
+    const char *prog = program_invocation_short_name;
+    size_t k = 0;
+    for (; prog && prog[k] && k < FY_ENV_NAME_MAX; k++)
+        name[k] = (unsigned char)prog[k] > 0x20 && (unsigned char)prog[k] < 0x7f ? prog[k] : '_';
+    name[k] = 0;
+    if (!k) snprintf(name, sizeof(name), "client");
+    fy_env_auth_t auth;
+    fy_status_t st = fy_cluster_auth_file(secret_file, FY_ROLE_CLIENT, name, 0, &auth);
+    if (st) return st;
     fy_client_t *c = fy_calloc(1, sizeof(*c));
-    if (!c) return FY_ERR_NOMEM;
-    fy_status_t st = fy_rpc_client_create(url, &c->rpc);
+    if (!c) {
+        fy_env_auth_wipe(&auth);
+        return FY_ERR_NOMEM;
+    }
+    st = fy_rpc_client_create(url, &auth, &c->rpc);
+    fy_env_auth_wipe(&auth);
     if (st) {
         fy_free(c);
         return st;
@@ -54,7 +74,11 @@ static fy_status_t call(fy_client_t *c, fy_msgw_t *w, double timeout_s, fy_msgr_
     st = fy_rpc_call(c->rpc, buf, len, timeout_s, &rep, &rlen);
     fy_free(buf);
     if (st) {
-        if (err) snprintf(err, cap, "the router did not answer: %s", fy_status_str(st));
+        if (err && st == FY_ERR_MISMATCH)
+            snprintf(err, cap, "the router refused the request as unauthenticated (another kv.secret_file, or a "
+                               "clock far off)");
+        else if (err)
+            snprintf(err, cap, "the router did not answer: %s", fy_status_str(st));
         return st;
     }
     st = fy_msgr_parse(r, rep, rlen);
@@ -215,6 +239,11 @@ fy_status_t fy_client_status(fy_client_t *c, fy_client_status_t *s)
     s->retried = fy_msgr_u64(&r, "retried", FY_OPT, 0, 0, UINT64_MAX);
     s->bad_events = fy_msgr_u64(&r, "bad_events", FY_OPT, 0, 0, UINT64_MAX);
     fy_msgr_str(&r, "model", FY_OPT, "", s->model, sizeof(s->model));
+    if (fy_msgr_enter(&r, "refused_messages", FY_OPT)) {
+        for (int i = 1; i < FY_ENV_N_FAULTS; i++)
+            s->refused_messages[i] = fy_msgr_u64(&r, fy_env_fault_str((fy_env_fault_t)i), FY_OPT, 0, 0, UINT64_MAX);
+        fy_msgr_leave(&r);
+    }
     const char *names[FY_CLIENT_MAX_WORKERS];
     size_t lens[FY_CLIENT_MAX_WORKERS];
     int32_t v[FY_CLIENT_MAX_WORKERS];

@@ -3,6 +3,10 @@
  * cancel it, read the cluster's status.  Used by `ferry request`, `ferry
  * serve`'s first request and readiness check, the tests and the load
  * harness.  Blocking calls with timeouts; one client per thread.
+ *
+ * A client proves it holds the deployment's secret (kv.secret_file, the
+ * same file as the router's) on every call; each client is its own
+ * identity, and may poll and cancel only the requests it made.
  */
 #ifndef FY_CLIENT_H
 #define FY_CLIENT_H
@@ -11,12 +15,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "envelope.h"
 #include "genspec.h"
 #include "status.h"
 
 typedef struct fy_client fy_client_t;
 
-fy_status_t fy_client_create(const char *router_url, double timeout_s, fy_client_t **c_p);
+/* secret_file: the deployment's secret (fy_cluster_secret_path says
+ * where a configuration keeps it); refused, naming the file, when it is
+ * missing, short, or readable by others. */
+fy_status_t fy_client_create(const char *router_url, const char *secret_file, double timeout_s, fy_client_t **c_p);
 void fy_client_destroy(fy_client_t *c); /* accepts NULL */
 
 typedef struct fy_client_req {
@@ -86,6 +94,7 @@ typedef struct fy_client_worker {
 typedef struct fy_client_status {
     int32_t prefill_up, decode_up, requests, queued;
     uint64_t completed, failed, refused, retried, bad_events;
+    uint64_t refused_messages[FY_ENV_N_FAULTS]; /* control messages the router refused, by fault (0 unused) */
     char model[64];
     int32_t n_workers;
     fy_client_worker_t workers[FY_CLIENT_MAX_WORKERS];

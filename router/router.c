@@ -95,10 +95,11 @@ typedef struct rreq {
     int dw, pw, excluded_pw;
     uint64_t d_inc, p_inc;
     uint64_t lease;
-    /* the lease's end as the router knows it for sure (the decode worker's
-     * clock started no earlier than the command that set it), the renewal
-     * in flight, and the prompt tokens the prefill worker last reported */
-    double lease_end, renew_sent;
+    /* the lease the decode worker granted (its decode.max_lease caps the
+     * router's), its end as the router knows it for sure (the worker's clock
+     * started no earlier than the command that set it), the renewal in
+     * flight, and the prompt tokens the prefill worker last reported */
+    double lease_s, lease_end, renew_sent;
     uint64_t renew_rid;
     int32_t p_computed;
     int32_t first_block, n_dst, need_blocks, cached_d, cached_p;
@@ -122,6 +123,10 @@ typedef struct rreq {
     char err_msg[256];
     char finish[16];
     float *lps; /* [cap_out] each token's logprob, when asked for */
+    /* who made it on the client port (0: the HTTP front door): only that
+     * client may poll or cancel it */
+    uint64_t owner_inc;
+    char owner[64];
     /* an in-process watcher (the HTTP front door), called under the lock */
     fy_router_watch_fn watch;
     void *watch_arg;
@@ -149,7 +154,8 @@ typedef struct router {
     fy_kv_hasher_t *hasher;
     fy_kv_layout_t lay;
     int32_t vocab, max_ctx;
-    /* sockets */
+    /* sockets, and the credentials they carry */
+    fy_env_auth_t auth;
     fy_rpc_server_t *srv;
     fy_pull_t *events;
     fy_http_t *http;
@@ -174,6 +180,7 @@ typedef struct router {
         fy_metric_t *success[4]; /* length, stop, eos, context */
         fy_metric_t *failure[6]; /* cancelled, timeout, peer, invalid, overloaded, other */
         fy_metric_t *refused[2]; /* overloaded, invalid */
+        fy_metric_t *ctl_refused[FY_ENV_N_FAULTS]; /* control messages refused, by fault (0 unused) */
     } m;
 } router_t;
 
@@ -412,6 +419,7 @@ static void send_to_decode(router_t *R, rreq_t *q, int di)
     fy_msgw_i32s(&w, "tokens", q->prompt, q->n_prompt);
     fy_genspec_write(&w, &q->gen);
     if (!R->colocated) fy_msgw_f64(&w, "lease_s", R->lease_s);
+    q->lease_s = R->lease_s;
     cmd_send(d, &w);
     q->dw = di;
     q->d_inc = d->inc;
@@ -511,7 +519,7 @@ static void worker_lost(router_t *R, int wi, const char *why)
     w->pending_tokens = 0;
 }
 
-static void on_load(router_t *R, fy_msgr_t *r, const char *name, uint64_t inc)
+static void on_load(router_t *R, fy_msgr_t *r, const fy_env_hdr_t *from, const char *name, uint64_t inc)
 {
     char role[16], listen[256], model[64];
     fy_msgr_str(r, "role", FY_REQ, NULL, role, sizeof(role));
@@ -529,6 +537,10 @@ static void on_load(router_t *R, fy_msgr_t *r, const char *name, uint64_t inc)
     const void *bloom = fy_msgr_bytes(r, "bloom", FY_OPT, FY_BLOOM_MAX_BYTES, &bloom_len);
     if (fy_msgr_ok(r) && strcmp(role, "prefill") && strcmp(role, "decode"))
         fy_msgr_fail(r, FY_ERR_FORMAT, "role '%s'", role);
+    if (fy_msgr_ok(r) && strcmp(role, fy_env_role_str(from->role))) { /* a prefill worker cannot join as decode */
+        if (R->events) fy_pull_refuse(R->events, from, "a load report for another role");
+        return;
+    }
     if (fy_msgr_ok(r) && bloom && (bloom_len < 64 || (bloom_len & (bloom_len - 1))))
         fy_msgr_fail(r, FY_ERR_FORMAT, "bloom of %zu bytes (a power of two from 64)", bloom_len);
     if (!fy_msgr_ok(r)) {
@@ -559,7 +571,8 @@ static void on_load(router_t *R, fy_msgr_t *r, const char *name, uint64_t inc)
         fy_push_destroy(w->push);
         w->push = NULL;
         snprintf(w->listen, sizeof(w->listen), "%s", listen);
-        if (fy_push_create(listen, 4096, &w->push) != FY_OK) fy_error("cannot reach worker %s at %s", name, listen);
+        if (fy_push_create(listen, 4096, &R->auth, &w->push) != FY_OK)
+            fy_error("cannot reach worker %s at %s", name, listen);
     }
     if (!w->up && w->inc == inc && !w->incompatible) fy_info("worker %s is back", name);
     w->inc = inc;
@@ -662,7 +675,8 @@ static void on_reserved(router_t *R, rreq_t *q, fy_msgr_t *r)
     q->target = tcopy;
     q->target_len = tl;
     q->lease = lease;
-    q->lease_end = q->t_reserve + granted;
+    q->lease_s = granted < R->lease_s ? granted : R->lease_s;
+    q->lease_end = q->t_reserve + q->lease_s;
     q->renew_rid = 0;
     q->p_computed = 0;
     q->first_block = first;
@@ -687,7 +701,7 @@ static void maybe_renew(router_t *R, rreq_t *q, double now)
 {
     /* a quarter of the lease gone: reports come every heartbeat, but a long
      * engine step on a loaded prefill worker can space them out */
-    if (q->dw < 0 || q->lease_end - now > R->lease_s * 0.75) return;
+    if (q->dw < 0 || q->lease_end - now > q->lease_s * 0.75) return;
     if (q->renew_rid && now - q->renew_sent < R->command_timeout) return; /* one in flight */
     worker_t *d = &R->workers[q->dw];
     if (d->inc != q->d_inc) return;
@@ -738,7 +752,8 @@ static void on_renewed(router_t *R, rreq_t *q, fy_msgr_t *r, uint64_t rid)
     }
     if (rid != q->renew_rid || lease != q->lease) return; /* an older one */
     q->renew_rid = 0;
-    q->lease_end = q->renew_sent + granted;
+    q->lease_s = granted < R->lease_s ? granted : R->lease_s;
+    q->lease_end = q->renew_sent + q->lease_s;
     R->renewals++;
     if (q->state != RQ_PREFILLING || q->pw < 0) return; /* the prompt already arrived */
     worker_t *p = &R->workers[q->pw];
@@ -913,7 +928,7 @@ static void on_error_event(router_t *R, fy_msgr_t *r, const char *name, uint64_t
     }
 }
 
-static void on_event(void *arg, const void *buf, size_t len)
+static void on_event(void *arg, const fy_env_hdr_t *from, const void *buf, size_t len)
 {
     router_t *R = arg;
     fy_msgr_t r;
@@ -932,11 +947,17 @@ static void on_event(void *arg, const void *buf, size_t len)
     uint64_t rid = fy_msgr_u64(&r, "rid", FY_OPT, 0, 0, UINT64_MAX);
     const char *type = fy_msgr_type(&r);
     pthread_mutex_lock(&R->mu);
-    if (!fy_msgr_ok(&r)) {
+    if (fy_msgr_ok(&r) && (strcmp(name, from->name) || inc != from->inc)) {
+        /* a worker speaks for itself only: its events name the sender of the envelope */
+        char why[160];
+        snprintf(why, sizeof(why), "a '%s' event in the name of %s (incarnation %016llx)", type, name,
+                 (unsigned long long)inc);
+        if (R->events) fy_pull_refuse(R->events, from, why);
+    } else if (!fy_msgr_ok(&r)) {
         R->bad_events++;
         fy_warn("bad '%s' event: %s", type, r.err);
     } else if (!strcmp(type, "load")) {
-        on_load(R, &r, name, inc);
+        on_load(R, &r, from, name, inc);
     } else if (!strcmp(type, "alive")) {
         worker_t *w = worker_by_name(R, name, false); /* known incarnations only: a load report joins */
         if (w && w->inc == inc && !w->incompatible) {
@@ -1130,7 +1151,7 @@ static fy_status_t enqueue(router_t *R, const char *tenant, int32_t *ids, int32_
     return FY_OK;
 }
 
-static void client_generate(router_t *R, fy_rpc_call_t *call, fy_msgr_t *r)
+static void client_generate(router_t *R, fy_rpc_call_t *call, const fy_env_hdr_t *from, fy_msgr_t *r)
 {
     char *prompt_text = NULL, *system = NULL;
     int32_t *ids = NULL, n = 0;
@@ -1176,6 +1197,8 @@ static void client_generate(router_t *R, fy_rpc_call_t *call, fy_msgr_t *r)
         fy_rpc_reply_error(call, 0, st, err);
         return;
     }
+    q->owner_inc = from->inc;
+    snprintf(q->owner, sizeof(q->owner), "%s", from->name);
     fy_msgw_t w;
     fy_msgw_init(&w, "accepted");
     fy_msgw_u64(&w, "id", q->id);
@@ -1185,7 +1208,16 @@ static void client_generate(router_t *R, fy_rpc_call_t *call, fy_msgr_t *r)
     pthread_mutex_unlock(&R->mu);
 }
 
-static void client_poll(router_t *R, fy_rpc_call_t *call, fy_msgr_t *r)
+/* The request id names, if the client asking made it: another client's (or
+ * the HTTP front door's) requests look the same as ones that do not exist. */
+static rreq_t *req_of_client(router_t *R, uint64_t id, const fy_env_hdr_t *from)
+{
+    rreq_t *q = req_find(R, id);
+    if (!q || q->owner_inc != from->inc || strcmp(q->owner, from->name)) return NULL;
+    return q;
+}
+
+static void client_poll(router_t *R, fy_rpc_call_t *call, const fy_env_hdr_t *sender, fy_msgr_t *r)
 {
     uint64_t id = fy_msgr_u64(r, "id", FY_REQ, 0, 1, UINT64_MAX);
     int32_t from = (int32_t)fy_msgr_i64(r, "from", FY_OPT, 0, 0, INT32_MAX);
@@ -1196,10 +1228,12 @@ static void client_poll(router_t *R, fy_rpc_call_t *call, fy_msgr_t *r)
         return;
     }
     pthread_mutex_lock(&R->mu);
-    rreq_t *q = req_find(R, id);
+    rreq_t *q = req_of_client(R, id, sender);
     if (!q) {
         pthread_mutex_unlock(&R->mu);
-        fy_rpc_reply_error(call, id, FY_ERR_NOT_FOUND, "no such request (finished and collected, or never made)");
+        fy_rpc_reply_error(call, id, FY_ERR_NOT_FOUND,
+                           "no such request of this client (finished and collected, made by another client, or never "
+                           "made)");
         return;
     }
     q->last_poll = now_s();
@@ -1219,7 +1253,7 @@ static void client_poll(router_t *R, fy_rpc_call_t *call, fy_msgr_t *r)
     pthread_mutex_unlock(&R->mu);
 }
 
-static void client_cancel(router_t *R, fy_rpc_call_t *call, fy_msgr_t *r)
+static void client_cancel(router_t *R, fy_rpc_call_t *call, const fy_env_hdr_t *from, fy_msgr_t *r)
 {
     uint64_t id = fy_msgr_u64(r, "id", FY_REQ, 0, 1, UINT64_MAX);
     if (!fy_msgr_ok(r)) {
@@ -1227,13 +1261,21 @@ static void client_cancel(router_t *R, fy_rpc_call_t *call, fy_msgr_t *r)
         return;
     }
     pthread_mutex_lock(&R->mu);
-    rreq_t *q = req_find(R, id);
+    rreq_t *q = req_of_client(R, id, from);
     if (q) finish_req(R, q, FY_ERR_CANCELLED, "cancelled by the client");
     pthread_mutex_unlock(&R->mu);
     fy_msgw_t w;
     fy_msgw_init(&w, "cancelled");
     fy_msgw_u64(&w, "id", id);
     fy_rpc_reply_msgw(call, &w);
+}
+
+/* Control messages refused on the router's sockets, by fault. */
+static void refused_messages(router_t *R, uint64_t out[FY_ENV_N_FAULTS])
+{
+    memset(out, 0, sizeof(uint64_t) * FY_ENV_N_FAULTS);
+    if (R->events) fy_pull_refused(R->events, out);
+    if (R->srv) fy_rpc_server_refused(R->srv, out);
 }
 
 static void client_status(router_t *R, fy_rpc_call_t *call)
@@ -1278,22 +1320,27 @@ static void client_status(router_t *R, fy_rpc_call_t *call)
     for (int i = 0; i < R->n_workers; i++)
         v[i] = R->workers[i].pending_tokens > INT32_MAX ? INT32_MAX : (int32_t)R->workers[i].pending_tokens;
     fy_msgw_i32s(&w, "pending_tokens", v, R->n_workers);
+    uint64_t refused[FY_ENV_N_FAULTS];
+    refused_messages(R, refused);
+    fy_msgw_map_begin(&w, "refused_messages");
+    for (int i = 1; i < FY_ENV_N_FAULTS; i++) fy_msgw_u64(&w, fy_env_fault_str((fy_env_fault_t)i), refused[i]);
+    fy_msgw_map_end(&w);
     pthread_mutex_unlock(&R->mu);
     fy_rpc_reply_msgw(call, &w);
 }
 
-static void on_client(void *arg, fy_rpc_call_t *call, const void *buf, size_t len)
+static void on_client(void *arg, fy_rpc_call_t *call, const fy_env_hdr_t *from, const void *buf, size_t len)
 {
     router_t *R = arg;
     fy_msgr_t r;
     if (fy_msgr_parse(&r, buf, len) != FY_OK) {
         fy_rpc_reply_error(call, 0, r.status, r.err);
     } else if (!strcmp(fy_msgr_type(&r), "generate")) {
-        client_generate(R, call, &r);
+        client_generate(R, call, from, &r);
     } else if (!strcmp(fy_msgr_type(&r), "poll")) {
-        client_poll(R, call, &r);
+        client_poll(R, call, from, &r);
     } else if (!strcmp(fy_msgr_type(&r), "cancel")) {
-        client_cancel(R, call, &r);
+        client_cancel(R, call, from, &r);
     } else if (!strcmp(fy_msgr_type(&r), "status")) {
         client_status(R, call);
     } else {
@@ -1389,6 +1436,9 @@ void fy_router_metrics_refresh(router_t *R)
     fy_metric_set(R->m.decode_up, d);
     fy_metric_set(R->m.bad_events, (double)R->bad_events);
     fy_metric_set(R->m.renewals, (double)R->renewals);
+    uint64_t refused[FY_ENV_N_FAULTS];
+    refused_messages(R, refused);
+    for (int i = 1; i < FY_ENV_N_FAULTS; i++) fy_metric_set(R->m.ctl_refused[i], (double)refused[i]);
 }
 
 /* The router's series (docs/operations.md). */
@@ -1426,6 +1476,13 @@ static fy_status_t metrics_setup(router_t *R)
         const char *l[] = {"reason", refusals[i], NULL};
         st = fy_metrics_counter(g, "ferry:requests_refused_total", "Requests refused at the door, by reason", l,
                                 &R->m.refused[i]);
+    }
+    for (int i = 1; i < FY_ENV_N_FAULTS && !st; i++) {
+        const char *l[] = {"reason", fy_env_fault_str((fy_env_fault_t)i), NULL};
+        st = fy_metrics_counter(g, "ferry:control_messages_refused_total",
+                                "Control-plane messages refused: not authenticated, stale, replayed, or from a "
+                                "sender that may not send them",
+                                l, &R->m.ctl_refused[i]);
     }
     if (!st) st = fy_metrics_histogram(g, "ferry:time_to_first_token_seconds", "Arrival at the router to the first token",
                                        NULL, fy_metrics_ttft_buckets, fy_metrics_n_ttft_buckets, &R->m.ttft);
@@ -1561,8 +1618,21 @@ static fy_status_t setup(router_t *R)
     R->max_ctx = mc->max_ctx;
     if ((st = fy_kv_layout_init(&R->lay, mc->n_layers, mc->n_kv_heads, mc->head_dim, bs, dt))) return st;
     if ((st = fy_cluster_hasher(c, &R->hasher))) return st;
-    if ((st = fy_pull_create(R->events_url, on_event, R, &R->events))) return st;
-    if ((st = fy_rpc_server_create(R->listen, 256, on_client, R, &R->srv))) return st;
+    if ((st = fy_cluster_auth(c, FY_ROLE_ROUTER, "router", 0, &R->auth))) return st;
+    /* the sockets are published under the lock: their callbacks read them there */
+    fy_pull_t *pull;
+    fy_rpc_server_t *srv;
+    if ((st = fy_pull_create(R->events_url, &R->auth, FY_RPC_FROM(FY_ROLE_PREFILL) | FY_RPC_FROM(FY_ROLE_DECODE),
+                             on_event, R, &pull)))
+        return st;
+    pthread_mutex_lock(&R->mu);
+    R->events = pull;
+    pthread_mutex_unlock(&R->mu);
+    if ((st = fy_rpc_server_create(R->listen, 256, &R->auth, FY_RPC_FROM(FY_ROLE_CLIENT), on_client, R, &srv)))
+        return st;
+    pthread_mutex_lock(&R->mu);
+    R->srv = srv;
+    pthread_mutex_unlock(&R->mu);
     if ((st = metrics_setup(R))) return st;
     if ((st = fy_http_start(R, &R->http))) return st;
     if (pthread_create(&R->hk, NULL, hk_main, R)) return FY_ERR_INTERNAL;
@@ -1582,8 +1652,12 @@ static void teardown(router_t *R)
         pthread_mutex_unlock(&R->mu);
         pthread_join(R->hk, NULL);
     }
-    fy_pull_destroy(R->events);
+    /* cleared under the lock: status calls read it there */
+    pthread_mutex_lock(&R->mu);
+    fy_pull_t *events = R->events;
     R->events = NULL;
+    pthread_mutex_unlock(&R->mu);
+    fy_pull_destroy(events);
     /* every request ends (workers told to let go), every held poll is answered */
     pthread_mutex_lock(&R->mu);
     for (rreq_t *q = R->all; q; q = q->next) {
@@ -1602,6 +1676,7 @@ static void teardown(router_t *R)
         fy_free(R->workers[i].bloom);
     }
     fy_kv_hasher_destroy(R->hasher);
+    fy_env_auth_wipe(&R->auth);
     fy_metrics_destroy(R->reg);
     fy_model_destroy(R->model);
     fy_config_destroy(R->cfg);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <sodium.h>
 
@@ -104,10 +105,25 @@ static fy_status_t set_limit(fy_tenant_t *x, const char *opt, const char *path, 
 
 fy_status_t fy_tenants_load(const char *path, fy_tenants_t **t_p)
 {
-    FILE *f = fopen(path, "r");
+    FILE *f = fopen(path, "re");
     if (!f) {
         fy_error("api keys: cannot open %s: %m", path);
         return FY_ERR_IO;
+    }
+    /* keys are credentials: a file others can read (or rewrite) is refused,
+     * as ssh refuses such a private key */
+    struct stat sb;
+    if (fstat(fileno(f), &sb)) {
+        fy_error("api keys: cannot stat %s: %m", path);
+        fclose(f);
+        return FY_ERR_IO;
+    }
+    if (sb.st_mode & 077) {
+        fy_error("api keys: %s has mode %04o: its group or others can get at the keys; it must be the owner's alone "
+                 "(chmod 600 %s)",
+                 path, (unsigned)(sb.st_mode & 07777), path);
+        fclose(f);
+        return FY_ERR_INVALID;
     }
     if (sodium_init() < 0) {
         fclose(f);

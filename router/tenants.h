@@ -30,7 +30,8 @@
 typedef struct fy_tenants fy_tenants_t;
 typedef struct fy_tenant fy_tenant_t;
 
-/* Reads the key file; errors name the file and line. */
+/* Reads the key file; errors name the file and line.  A file its group or
+ * others may read or write is refused (FY_ERR_INVALID), naming its mode. */
 fy_status_t fy_tenants_load(const char *path, fy_tenants_t **t_p);
 void fy_tenants_destroy(fy_tenants_t *t); /* accepts NULL */
 

@@ -136,8 +136,8 @@ void tc_start(tc_cluster_t *c, const tc_opts_t *o)
         snprintf(c->events_url, sizeof(c->events_url), "%s", o->events_url);
     else
         snprintf(c->events_url, sizeof(c->events_url), "ipc://%s/events", c->dir);
-    char secret[512];
-    snprintf(secret, sizeof(secret), "%s/kv.secret", c->dir);
+    char *secret = c->secret;
+    snprintf(c->secret, sizeof(c->secret), "%s/kv.secret", c->dir);
     assert_int_equal(fy_cluster_make_secret(secret), FY_OK);
     snprintf(c->conf, sizeof(c->conf), "%s/cluster.ini", c->dir);
     FILE *f = fopen(c->conf, "w");
@@ -161,7 +161,7 @@ void tc_start(tc_cluster_t *c, const tc_opts_t *o)
     argv[na++] = bin, argv[na++] = "-c", argv[na++] = c->conf;
     for (int k = 0; k < 16 && o->common[k]; k++) argv[na++] = "--set", argv[na++] = (char *)o->common[k];
     argv[na] = NULL;
-    add_proc(c, "router", o->wrap[0], argv);
+    if (!o->no_router) add_proc(c, "router", o->wrap[0], argv);
     /* the workers */
     for (int w = 0; w < o->n_prefill + o->n_decode; w++) {
         bool decode = w >= o->n_prefill;
@@ -191,7 +191,8 @@ void tc_start(tc_cluster_t *c, const tc_opts_t *o)
         argv[na] = NULL;
         add_proc(c, name, o->wrap[w + 1], argv);
     }
-    assert_int_equal(fy_client_create(c->router_url, 5.0, &c->client), FY_OK);
+    if (o->no_router) return;
+    assert_int_equal(fy_client_create(c->router_url, c->secret, 5.0, &c->client), FY_OK);
     double t0 = tc_now();
     for (;;) {
         fy_client_status_t s;

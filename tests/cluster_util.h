@@ -26,6 +26,7 @@ typedef struct tc_cluster {
     char dir[256];
     char conf[512];
     char router_url[512], events_url[512];
+    char secret[512]; /* the deployment's secret file (kv.secret_file) */
     tc_proc_t procs[TC_MAX_PROCS];
     int n_procs;
     int n_prefill, n_decode;
@@ -44,6 +45,7 @@ typedef struct tc_opts {
     const char *worker_url[TC_MAX_PROCS];
     const char *const *wrap[TC_MAX_PROCS + 1]; /* [0] router, then workers */
     bool metrics; /* every worker serves /metrics and /health on a free loopback port */
+    bool no_router; /* workers only: the test plays the router on events_url (no client, no wait) */
 } tc_opts_t;
 
 /* The binaries' directory ($FERRY_BIN or bin) and the default model, or
@@ -52,7 +54,8 @@ bool tc_available(void);
 const char *tc_model(void);
 
 /* Starts the processes and waits (up to a minute) until every worker has
- * reported to the router; fails the test otherwise, printing the logs. */
+ * reported to the router; fails the test otherwise, printing the logs.
+ * With no_router, starts the workers and returns at once. */
 void tc_start(tc_cluster_t *c, const tc_opts_t *o);
 /* SIGTERM to all, a clean exit expected from every process the test did
  * not kill; SIGKILL after a deadline (a failure). */

@@ -13,12 +13,22 @@
 
 #include <curl/curl.h>
 
+#include "cluster.h"
 #include "echo.h"
 #include "mem.h"
 #include "report.h"
 #include "run.h"
 #include "testutil.h"
 #include "workload.h"
+
+/* The deployment's secret the nng echo and its clients share (in the test's directory). */
+static const char *bench_secret(void)
+{
+    static char path[512];
+    snprintf(path, sizeof(path), "%s", fy_test_path("kv.secret"));
+    assert_int_equal(fy_cluster_make_secret(path), FY_OK);
+    return path;
+}
 
 #define SEED 42
 
@@ -445,16 +455,30 @@ static void test_echo_nng(void **state)
     fy_test_tmpdir();
     char url[512];
     snprintf(url, sizeof(url), "ipc://%s", fy_test_path("echo-nng.sock"));
-    fy_bench_echo_params_t ep = {.nng_url = url, .ttft_s = 0.02, .itl_s = 0.002, .fail_every = 7};
+    fy_bench_echo_params_t ep = {
+        .nng_url = url, .secret_file = bench_secret(), .ttft_s = 0.02, .itl_s = 0.002, .fail_every = 7};
     fy_bench_echo_t *e;
     assert_int_equal(fy_bench_echo_create(&ep, &e), FY_OK);
-    fy_bench_target_t t = {.proto = FY_BENCH_PROTO_NNG, .url = url, .ignore_eos = true};
+    fy_bench_target_t t = {.proto = FY_BENCH_PROTO_NNG, .url = url, .ignore_eos = true, .secret_file = ep.secret_file};
     runout_t o;
     run_echo(&t, "10-30/8-24", 70, 1, 100, 10, &o);
     check_accounted(&o, 7, "overloaded", 0.02);
     assert_int_equal(fy_bench_echo_served(e) + fy_bench_echo_refused(e), 70);
     /* paced at 2 ms a token, the long polls bring tokens in several chunks */
     assert_true(o.s.chunks > o.s.n_ok);
+    runout_free(&o);
+    /* a harness with another deployment's secret is refused, every request, never served */
+    const char *other = fy_test_path("other.secret");
+    assert_int_equal(fy_cluster_make_secret(other), FY_OK);
+    fy_bench_target_t x = t;
+    x.secret_file = other;
+    uint64_t served = fy_bench_echo_served(e);
+    fy_test_log_begin();
+    run_echo(&x, "10-30/8-24", 5, 1, 0, 10, &o);
+    fy_test_log_end();
+    for (int32_t i = 0; i < 5; i++) assert_string_not_equal(o.res[i].error, "");
+    assert_int_equal(fy_bench_echo_served(e), served);
+    assert_true(fy_test_log_has("refused our request", "bad MAC", NULL));
     runout_free(&o);
     fy_bench_echo_destroy(e);
     fy_test_tmpdir_remove();
@@ -511,10 +535,10 @@ static void test_multiturn(void **state)
     fy_test_tmpdir();
     char url[512];
     snprintf(url, sizeof(url), "ipc://%s", fy_test_path("echo-turns.sock"));
-    fy_bench_echo_params_t ep = {.nng_url = url, .http = true};
+    fy_bench_echo_params_t ep = {.nng_url = url, .secret_file = bench_secret(), .http = true};
     fy_bench_echo_t *e;
     assert_int_equal(fy_bench_echo_create(&ep, &e), FY_OK);
-    fy_bench_target_t t = {.proto = FY_BENCH_PROTO_NNG, .url = url, .ignore_eos = true};
+    fy_bench_target_t t = {.proto = FY_BENCH_PROTO_NNG, .url = url, .ignore_eos = true, .secret_file = ep.secret_file};
     runout_t o;
     run_echo(&t, "6-12/3-9", 24, 3, 50, 10, &o);
     assert_int_equal(o.w->n_convs, 8);
@@ -537,12 +561,13 @@ static void test_timeout(void **state)
     fy_test_tmpdir();
     char url[512];
     snprintf(url, sizeof(url), "ipc://%s", fy_test_path("echo-timeout.sock"));
-    fy_bench_echo_params_t ep = {.nng_url = url, .http = true, .ttft_s = 5};
+    fy_bench_echo_params_t ep = {.nng_url = url, .secret_file = bench_secret(), .http = true, .ttft_s = 5};
     fy_bench_echo_t *e;
     assert_int_equal(fy_bench_echo_create(&ep, &e), FY_OK);
     char hurl[64];
     snprintf(hurl, sizeof(hurl), "http://127.0.0.1:%d", fy_bench_echo_http_port(e));
-    fy_bench_target_t ts[2] = {{.proto = FY_BENCH_PROTO_NNG, .url = url}, {.proto = FY_BENCH_PROTO_HTTP, .url = hurl}};
+    fy_bench_target_t ts[2] = {{.proto = FY_BENCH_PROTO_NNG, .url = url, .secret_file = ep.secret_file},
+                               {.proto = FY_BENCH_PROTO_HTTP, .url = hurl}};
     for (int k = 0; k < 2; k++) {
         runout_t o;
         struct timespec a, b;
@@ -567,12 +592,12 @@ static void test_ceiling(void **state)
     fy_test_tmpdir();
     char url[512];
     snprintf(url, sizeof(url), "ipc://%s", fy_test_path("echo-ceiling.sock"));
-    fy_bench_echo_params_t ep = {.nng_url = url, .http = true};
+    fy_bench_echo_params_t ep = {.nng_url = url, .secret_file = bench_secret(), .http = true};
     fy_bench_echo_t *e;
     assert_int_equal(fy_bench_echo_create(&ep, &e), FY_OK);
     char hurl[64];
     snprintf(hurl, sizeof(hurl), "http://127.0.0.1:%d", fy_bench_echo_http_port(e));
-    fy_bench_target_t ts[2] = {{.proto = FY_BENCH_PROTO_NNG, .url = url, .ignore_eos = true},
+    fy_bench_target_t ts[2] = {{.proto = FY_BENCH_PROTO_NNG, .url = url, .ignore_eos = true, .secret_file = ep.secret_file},
                                {.proto = FY_BENCH_PROTO_HTTP, .url = hurl, .ignore_eos = true}};
     for (int k = 0; k < 2; k++) {
         runout_t o;

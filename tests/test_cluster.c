@@ -4,9 +4,10 @@
  * engine for 50 requests of mixed lengths, and faults: a prefill worker
  * killed mid-transfer, a decode worker killed mid-stream, leases renewed
  * while a long prompt is prefilled and leases that expire when its
- * prefill worker stops, a KV layout mismatch, garbage on every socket.
- * After each, every request has ended and every decode pool is back to
- * its starting free count.
+ * prefill worker stops, a KV layout mismatch, garbage on every socket,
+ * and forged, replayed and altered messages that must not register a
+ * worker or touch another client's request.  After each, every request
+ * has ended and every decode pool is back to its starting free count.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -16,7 +17,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <nng/nng.h>
+#include <nng/protocol/pipeline0/push.h>
+#include <nng/protocol/reqrep0/req.h>
+
+#include "cluster.h"
 #include "cluster_util.h"
+#include "envelope.h"
 #include "mem.h"
 #include "msg.h"
 #include "rpc.h"
@@ -426,9 +433,15 @@ static void test_garbage_everywhere(void **state)
     int nd = decode_admittable(&c, names, adm);
     uint64_t seed = 1234;
     unsigned char junk[512];
+    /* authenticated garbage: the envelope is right (the test holds the
+     * secret), the msgpack inside is not; unauthenticated garbage is
+     * refused before any parser sees it (test_forged_messages) */
+    fy_env_auth_t client_auth, router_auth;
+    assert_int_equal(fy_cluster_auth_file(c.secret, FY_ROLE_CLIENT, "garbage", 0, &client_auth), FY_OK);
+    assert_int_equal(fy_cluster_auth_file(c.secret, FY_ROLE_ROUTER, "garbage-router", 0, &router_auth), FY_OK);
     /* 1. the router's client socket: nng messages that are not ours get an error reply */
     fy_rpc_client_t *rc;
-    assert_int_equal(fy_rpc_client_create(c.router_url, &rc), FY_OK);
+    assert_int_equal(fy_rpc_client_create(c.router_url, &client_auth, &rc), FY_OK);
     for (int k = 0; k < 50; k++) {
         size_t n = 1 + fy_test_rand_u64(&seed) % sizeof(junk);
         for (size_t i = 0; i < n; i++) junk[i] = (unsigned char)fy_test_rand_u64(&seed);
@@ -470,7 +483,10 @@ static void test_garbage_everywhere(void **state)
     snprintf(urls[2], sizeof(urls[2]), "ipc://%s/decode-0", c.dir);
     for (int u = 0; u < 3; u++) {
         fy_push_t *p;
-        assert_int_equal(fy_push_create(urls[u], 256, &p), FY_OK);
+        /* workers take commands from a router; the router takes events from a worker */
+        fy_env_auth_t worker_auth;
+        assert_int_equal(fy_cluster_auth_file(c.secret, FY_ROLE_DECODE, "decode-0", 0, &worker_auth), FY_OK);
+        assert_int_equal(fy_push_create(urls[u], 256, u ? &router_auth : &worker_auth, &p), FY_OK);
         for (int k = 0; k < 100; k++) {
             size_t n = 1 + fy_test_rand_u64(&seed) % sizeof(junk);
             for (size_t i = 0; i < n; i++) junk[i] = (unsigned char)fy_test_rand_u64(&seed);
@@ -512,6 +528,215 @@ static void test_garbage_everywhere(void **state)
     tc_stop(&c);
 }
 
+/* ---- forged, replayed and altered messages ---- */
+
+/* A load report from worker name/inc as a decode worker sends it. */
+static size_t load_report(const char *name, uint64_t inc, const char *model, const char *listen, uint8_t *out,
+                          size_t cap)
+{
+    fy_msgw_t w;
+    fy_msgw_init(&w, "load");
+    fy_msgw_str(&w, "worker", name);
+    fy_msgw_u64(&w, "inc", inc);
+    fy_msgw_str(&w, "role", "decode");
+    fy_msgw_str(&w, "listen", listen);
+    fy_msgw_str(&w, "model", model);
+    fy_msgw_i64(&w, "block_size", 16);
+    fy_msgw_i64(&w, "max_seqs", 32);
+    fy_msgw_i64(&w, "total_blocks", 100000);
+    fy_msgw_i64(&w, "admittable", 100000);
+    fy_msgw_i64(&w, "capacity", 100000);
+    void *buf;
+    size_t len;
+    assert_int_equal(fy_msgw_finish(&w, &buf, &len), FY_OK);
+    assert_true(len <= cap);
+    memcpy(out, buf, len);
+    fy_free(buf);
+    return len;
+}
+
+/* payload sealed by a on channel chan as its seq-th message, into out. */
+static size_t seal_as(const fy_env_auth_t *a, uint64_t chan, uint64_t seq, const uint8_t *payload, size_t len,
+                      uint8_t *out)
+{
+    fy_env_hdr_t h;
+    memset(&h, 0, sizeof(h));
+    h.kind = FY_ENV_MSG;
+    h.role = a->role;
+    snprintf(h.name, sizeof(h.name), "%s", a->name);
+    h.inc = a->inc;
+    h.chan = chan;
+    h.seq = seq;
+    h.ts_ms = fy_env_now_ms();
+    size_t hl = fy_env_header_bytes(&h);
+    memmove(out + hl, payload, len);
+    fy_env_seal(&a->key, &h, out + hl, len, out);
+    return hl + len;
+}
+
+static bool has_worker(const fy_client_status_t *s, const char *name)
+{
+    for (int i = 0; i < s->n_workers; i++)
+        if (!strcmp(s->workers[i].name, name)) return true;
+    return false;
+}
+
+/* Waits until the router counted at least want[f] refusals of each fault. */
+static void wait_refused(tc_cluster_t *c, const uint64_t *base, const uint64_t *want, fy_client_status_t *s)
+{
+    double t0 = tc_now();
+    for (;;) {
+        tc_status(c, s);
+        bool all = true;
+        for (int f = 1; f < FY_ENV_N_FAULTS; f++) all &= s->refused_messages[f] - base[f] >= want[f];
+        if (all) return;
+        if (tc_now() - t0 > 20) {
+            tc_print_logs(c);
+            fail_msg("the router refused format %llu, mac %llu, stale %llu, replay %llu, identity %llu new messages",
+                     (unsigned long long)(s->refused_messages[1] - base[1]),
+                     (unsigned long long)(s->refused_messages[2] - base[2]),
+                     (unsigned long long)(s->refused_messages[3] - base[3]),
+                     (unsigned long long)(s->refused_messages[4] - base[4]),
+                     (unsigned long long)(s->refused_messages[5] - base[5]));
+        }
+        usleep(20000);
+    }
+}
+
+static void test_forged_messages(void **state)
+{
+    if (!tc_available()) skip();
+    tc_cluster_t c;
+    tc_opts_t o = {.n_prefill = 1, .n_decode = 1};
+    tc_start(&c, &o);
+    char names[8][64];
+    int32_t adm[8];
+    int nd = decode_admittable(&c, names, adm);
+    fy_client_status_t s0, s;
+    tc_status(&c, &s0);
+    char listen[600];
+    snprintf(listen, sizeof(listen), "ipc://%s/nobody", c.dir);
+    nng_socket ev;
+    assert_int_equal(nng_push0_open(&ev), 0);
+    nng_socket_set_ms(ev, NNG_OPT_SENDTIMEO, 10000);
+    assert_int_equal(nng_dial(ev, c.events_url, NULL, 0), 0);
+    uint8_t msg[2048], copy[2048], payload[1024];
+    size_t n;
+    uint64_t want[FY_ENV_N_FAULTS] = {0};
+
+    /* 1. a load report with no envelope (what anyone on the host could send) */
+    n = load_report("evil-plain", 77, s0.model, listen, msg, sizeof(msg));
+    assert_int_equal(nng_send(ev, msg, n, 0), 0);
+    want[FY_ENV_FORMAT]++;
+    /* 2. sealed with a key of its own */
+    fy_env_auth_t wrong;
+    static const uint8_t other[32] = "not this deployment's secret...";
+    assert_int_equal(fy_env_auth_init(&wrong, other, sizeof(other), FY_ROLE_DECODE, "evil-wrongkey", 0), FY_OK);
+    n = load_report("evil-wrongkey", wrong.inc, s0.model, listen, payload, sizeof(payload));
+    n = seal_as(&wrong, 5, 1, payload, n, msg);
+    assert_int_equal(nng_send(ev, msg, n, 0), 0);
+    want[FY_ENV_MAC]++;
+    /* 3. the positive control: the right secret joins (as an incompatible
+     * model, so nothing is ever placed on it), which shows the forged ones
+     * above arrived and were refused, not lost */
+    fy_env_auth_t good;
+    assert_int_equal(fy_cluster_auth_file(c.secret, FY_ROLE_DECODE, "evil-ok", 0, &good), FY_OK);
+    n = load_report("evil-ok", good.inc, "not-this-model", listen, payload, sizeof(payload));
+    size_t n_ok = seal_as(&good, 6, 1, payload, n, msg);
+    memcpy(copy, msg, n_ok);
+    assert_int_equal(nng_send(ev, msg, n_ok, 0), 0);
+    double t0 = tc_now();
+    do {
+        usleep(20000);
+        tc_status(&c, &s);
+    } while (!has_worker(&s, "evil-ok") && tc_now() - t0 < 20);
+    assert_true(has_worker(&s, "evil-ok"));
+    /* 4. those very bytes again: a replay */
+    assert_int_equal(nng_send(ev, copy, n_ok, 0), 0);
+    want[FY_ENV_REPLAY]++;
+    /* 5. the same report with one byte altered (the worker's name inside) */
+    n = load_report("evil-ok", good.inc, "not-this-model", listen, payload, sizeof(payload));
+    n = seal_as(&good, 6, 2, payload, n, msg);
+    char *at = memmem(msg, n, "evil-ok", 7);
+    assert_non_null(at);
+    at = memmem(at + 7, n - (size_t)(at + 7 - (char *)msg), "evil-ok", 7); /* the payload's, after the header's */
+    assert_non_null(at);
+    at[5] = 'x';
+    assert_int_equal(nng_send(ev, msg, n, 0), 0);
+    want[FY_ENV_MAC]++;
+    /* 6. authentic, but in the name of the real decode worker */
+    n = load_report(names[0], 12345, s0.model, listen, payload, sizeof(payload));
+    n = seal_as(&good, 6, 3, payload, n, msg);
+    assert_int_equal(nng_send(ev, msg, n, 0), 0);
+    want[FY_ENV_IDENTITY]++;
+    /* 7. authentic, but a client's: clients do not send events */
+    fy_env_auth_t client;
+    assert_int_equal(fy_cluster_auth_file(c.secret, FY_ROLE_CLIENT, "evil-client", 0, &client), FY_OK);
+    n = load_report("evil-client", client.inc, s0.model, listen, payload, sizeof(payload));
+    n = seal_as(&client, 7, 1, payload, n, msg);
+    assert_int_equal(nng_send(ev, msg, n, 0), 0);
+    want[FY_ENV_IDENTITY]++;
+    wait_refused(&c, s0.refused_messages, want, &s);
+    assert_false(has_worker(&s, "evil-plain"));
+    assert_false(has_worker(&s, "evil-wrongkey"));
+    assert_false(has_worker(&s, "evil-client"));
+    assert_int_equal(s.decode_up, 1); /* evil-ok never counts: another model */
+    nng_close(ev);
+
+    /* the client port: an unauthenticated request is answered with a refusal */
+    nng_socket rq;
+    assert_int_equal(nng_req0_open(&rq), 0);
+    nng_socket_set_ms(rq, NNG_OPT_RECVTIMEO, 10000);
+    assert_int_equal(nng_dial(rq, c.router_url, NULL, 0), 0);
+    fy_msgw_t w;
+    fy_msgw_init(&w, "status");
+    void *buf;
+    size_t len;
+    assert_int_equal(fy_msgw_finish(&w, &buf, &len), FY_OK);
+    assert_int_equal(nng_send(rq, buf, len, 0), 0);
+    fy_free(buf);
+    void *rep;
+    size_t rl;
+    assert_int_equal(nng_recv(rq, &rep, &rl, NNG_FLAG_ALLOC), 0);
+    fy_env_hdr_t rh;
+    size_t off;
+    assert_int_equal(fy_env_parse(rep, rl, &rh, &off), FY_ENV_OK);
+    assert_int_equal(rh.kind, FY_ENV_REFUSAL);
+    assert_int_equal(rh.reason, FY_ENV_FORMAT);
+    nng_free(rep, rl);
+    nng_close(rq);
+    /* a client with another secret is told so */
+    char wrong_secret[600];
+    snprintf(wrong_secret, sizeof(wrong_secret), "%s/other.secret", c.dir);
+    assert_int_equal(fy_cluster_make_secret(wrong_secret), FY_OK);
+    fy_client_t *stranger;
+    assert_int_equal(fy_client_create(c.router_url, wrong_secret, 5.0, &stranger), FY_OK);
+    fy_client_status_t ss;
+    assert_int_equal(fy_client_status(stranger, &ss), FY_ERR_MISMATCH);
+    fy_client_destroy(stranger);
+
+    /* clients are separate: one cannot poll or cancel another's request */
+    int32_t p[40];
+    make_prompt(p, 40, 21);
+    fy_client_stream_t mine = submit(&c, p, 40, 24);
+    fy_client_t *other_client;
+    assert_int_equal(fy_client_create(c.router_url, c.secret, 5.0, &other_client), FY_OK);
+    fy_client_stream_t theirs = mine;
+    fy_client_update_t u;
+    assert_int_equal(fy_client_poll(other_client, &theirs, 0, &u), FY_ERR_NOT_FOUND);
+    assert_int_equal(fy_client_cancel(other_client, mine.id), FY_OK); /* answered alike, and nothing happens */
+    fy_client_destroy(other_client);
+    tc_result_t got = {0};
+    tc_collect(&c, &mine, &got, 1, 60);
+    assert_int_equal(got.error, FY_OK);
+    assert_int_equal(got.n, 24);
+    expect_pools_back(&c, names, adm, nd);
+    fy_env_auth_wipe(&good);
+    fy_env_auth_wipe(&wrong);
+    fy_env_auth_wipe(&client);
+    tc_stop(&c);
+}
+
 static int teardown(void **state)
 {
     fy_test_tmpdir_remove();
@@ -529,6 +754,7 @@ int main(void)
         cmocka_unit_test_teardown(test_lease_renewed_and_expires, teardown),
         cmocka_unit_test_teardown(test_layout_mismatch, teardown),
         cmocka_unit_test_teardown(test_garbage_everywhere, teardown),
+        cmocka_unit_test_teardown(test_forged_messages, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

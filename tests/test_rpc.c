@@ -1,7 +1,12 @@
 /*
  * test_rpc.c - the nng layer: replies now and later, timeouts, a peer
  * that is not there, cancellation on destroy, event streams in order and
- * a full queue refusing instead of blocking.
+ * a full queue refusing instead of blocking; and authentication on every
+ * socket: messages without an envelope, sealed with another secret,
+ * replayed byte for byte, altered in one byte, or from a role the socket
+ * does not take are refused and counted (a server answers with a
+ * refusal), replies must answer their own request, and many threads
+ * sending through one socket are never mistaken for a replay.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -10,9 +15,23 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <nng/nng.h>
+#include <nng/protocol/pipeline0/push.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <nng/protocol/reqrep0/req.h>
+
+#include "envelope.h"
 #include "mem.h"
 #include "rpc.h"
 #include "testutil.h"
+
+static const uint8_t SECRET[32] = "test_rpc's deployment secret...";
+static const uint8_t OTHER[32] = "somebody else's secret.........";
+
+static fy_env_auth_t AUTH_CLIENT, AUTH_ROUTER, AUTH_DECODE, AUTH_WRONG;
+
+#define FROM_CLIENT FY_RPC_FROM(FY_ROLE_CLIENT)
+#define FROM_WORKERS (FY_RPC_FROM(FY_ROLE_PREFILL) | FY_RPC_FROM(FY_ROLE_DECODE))
 
 static char url_buf[4][160];
 
@@ -40,7 +59,7 @@ typedef struct srv {
     int n_never;
 } srv_t;
 
-static void handler(void *arg, fy_rpc_call_t *call, const void *msg, size_t len)
+static void handler(void *arg, fy_rpc_call_t *call, const fy_env_hdr_t *from, const void *msg, size_t len)
 {
     srv_t *s = arg;
     pthread_mutex_lock(&s->mu);
@@ -105,9 +124,9 @@ static void test_call_now_and_later(void **state)
 {
     srv_t s = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
     fy_rpc_server_t *srv;
-    assert_int_equal(fy_rpc_server_create(url(0), 8, handler, &s, &srv), FY_OK);
+    assert_int_equal(fy_rpc_server_create(url(0), 8, &AUTH_ROUTER, FROM_CLIENT, handler, &s, &srv), FY_OK);
     fy_rpc_client_t *c;
-    assert_int_equal(fy_rpc_client_create(url(0), &c), FY_OK);
+    assert_int_equal(fy_rpc_client_create(url(0), &AUTH_CLIENT, &c), FY_OK);
     void *rep;
     size_t len;
     assert_int_equal(fy_rpc_call(c, "hello", 5, 5.0, &rep, &len), FY_OK);
@@ -138,9 +157,9 @@ static void test_timeouts_and_absent_peer(void **state)
 {
     srv_t s = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
     fy_rpc_server_t *srv;
-    assert_int_equal(fy_rpc_server_create(url(1), 4, handler, &s, &srv), FY_OK);
+    assert_int_equal(fy_rpc_server_create(url(1), 4, &AUTH_ROUTER, FROM_CLIENT, handler, &s, &srv), FY_OK);
     fy_rpc_client_t *c;
-    assert_int_equal(fy_rpc_client_create(url(1), &c), FY_OK);
+    assert_int_equal(fy_rpc_client_create(url(1), &AUTH_CLIENT, &c), FY_OK);
     void *rep;
     size_t len;
     double t0 = mono();
@@ -155,12 +174,12 @@ static void test_timeouts_and_absent_peer(void **state)
     fy_rpc_server_destroy(srv);
 
     /* nobody listens: the call ends at its deadline */
-    assert_int_equal(fy_rpc_client_create(url(2), &c), FY_OK);
+    assert_int_equal(fy_rpc_client_create(url(2), &AUTH_CLIENT, &c), FY_OK);
     t0 = mono();
     assert_int_equal(fy_rpc_call(c, "ping", 4, 0.2, &rep, &len), FY_ERR_TIMEOUT);
     assert_true(mono() - t0 < 2.0);
     /* a peer that comes up later is reached by the same client */
-    assert_int_equal(fy_rpc_server_create(url(2), 4, handler, &s, &srv), FY_OK);
+    assert_int_equal(fy_rpc_server_create(url(2), 4, &AUTH_ROUTER, FROM_CLIENT, handler, &s, &srv), FY_OK);
     assert_int_equal(fy_rpc_call(c, "ping", 4, 5.0, &rep, &len), FY_OK);
     fy_free(rep);
     fy_rpc_client_destroy(c);
@@ -171,9 +190,9 @@ static void test_destroy_cancels(void **state)
 {
     srv_t s = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
     fy_rpc_server_t *srv;
-    assert_int_equal(fy_rpc_server_create(url(3), 8, handler, &s, &srv), FY_OK);
+    assert_int_equal(fy_rpc_server_create(url(3), 8, &AUTH_ROUTER, FROM_CLIENT, handler, &s, &srv), FY_OK);
     fy_rpc_client_t *c;
-    assert_int_equal(fy_rpc_client_create(url(3), &c), FY_OK);
+    assert_int_equal(fy_rpc_client_create(url(3), &AUTH_CLIENT, &c), FY_OK);
     result_t r = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
     for (int i = 0; i < 5; i++) assert_int_equal(fy_rpc_call_async(c, "never", 5, 30.0, on_reply, &r), FY_OK);
     fy_rpc_client_destroy(c); /* returns only after every callback ran */
@@ -191,7 +210,7 @@ typedef struct sink {
     bool in_order;
 } sink_t;
 
-static void on_event(void *arg, const void *buf, size_t len)
+static void on_event(void *arg, const fy_env_hdr_t *from, const void *buf, size_t len)
 {
     sink_t *k = arg;
     int v = -1;
@@ -211,10 +230,10 @@ static void test_push_pull(void **state)
     sink_t k = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .last = -1, .in_order = true};
     /* the pusher may come first: messages wait in its queue */
     fy_push_t *p;
-    assert_int_equal(fy_push_create(u, 1024, &p), FY_OK);
+    assert_int_equal(fy_push_create(u, 1024, &AUTH_DECODE, &p), FY_OK);
     for (int i = 0; i < 100; i++) assert_int_equal(fy_push_send(p, &i, sizeof(i)), FY_OK);
     fy_pull_t *q;
-    assert_int_equal(fy_pull_create(u, on_event, &k, &q), FY_OK);
+    assert_int_equal(fy_pull_create(u, &AUTH_ROUTER, FROM_WORKERS, on_event, &k, &q), FY_OK);
     for (int i = 100; i < 2000; i++) {
         while (fy_push_send(p, &i, sizeof(i)) == FY_ERR_NO_SPACE) usleep(1000);
     }
@@ -263,6 +282,356 @@ static void test_error_messages(void **state)
     fy_free(buf);
 }
 
+/* ---- authentication ---- */
+
+/* A message as a sends it on channel chan: sealed now (ts 0) or at ts. */
+static size_t sealed(const fy_env_auth_t *a, uint64_t chan, uint64_t seq, uint64_t ts, const void *payload,
+                     size_t len, uint8_t *out)
+{
+    fy_env_hdr_t h;
+    memset(&h, 0, sizeof(h));
+    h.kind = FY_ENV_MSG;
+    h.role = a->role;
+    snprintf(h.name, sizeof(h.name), "%s", a->name);
+    h.inc = a->inc;
+    h.chan = chan;
+    h.seq = seq;
+    h.ts_ms = ts ? ts : fy_env_now_ms();
+    size_t hl = fy_env_header_bytes(&h);
+    memcpy(out + hl, payload, len);
+    fy_env_seal(&a->key, &h, out + hl, len, out);
+    return hl + len;
+}
+
+static nng_socket raw_dial(const char *u, bool req)
+{
+    nng_socket sk;
+    assert_int_equal(req ? nng_req0_open(&sk) : nng_push0_open(&sk), 0);
+    nng_socket_set_ms(sk, NNG_OPT_RECVTIMEO, 10000);
+    nng_socket_set_ms(sk, NNG_OPT_SENDTIMEO, 10000);
+    assert_int_equal(nng_dial(sk, u, NULL, 0), 0); /* blocking: connected when it returns */
+    return sk;
+}
+
+/* A raw request and its raw reply (into rep; its length). */
+static size_t raw_call(nng_socket sk, const void *buf, size_t len, uint8_t *rep, size_t cap)
+{
+    assert_int_equal(nng_send(sk, (void *)buf, len, 0), 0);
+    void *r;
+    size_t rl;
+    assert_int_equal(nng_recv(sk, &r, &rl, NNG_FLAG_ALLOC), 0);
+    assert_true(rl <= cap);
+    memcpy(rep, r, rl);
+    nng_free(r, rl);
+    return rl;
+}
+
+/* The server refused: the reply is a refusal for fault f. */
+static void expect_refusal(const uint8_t *rep, size_t n, fy_env_fault_t f)
+{
+    fy_env_hdr_t h;
+    size_t off;
+    assert_int_equal(fy_env_parse(rep, n, &h, &off), FY_ENV_OK);
+    assert_int_equal(h.kind, FY_ENV_REFUSAL);
+    if (h.reason != f) fail_msg("refused as %s, expected %s", fy_env_fault_str(h.reason), fy_env_fault_str(f));
+}
+
+static void test_server_refuses(void **state)
+{
+    srv_t s = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    fy_rpc_server_t *srv;
+    assert_int_equal(fy_rpc_server_create(url(0), 4, &AUTH_ROUTER, FROM_CLIENT, handler, &s, &srv), FY_OK);
+    nng_socket sk = raw_dial(url(0), true);
+    uint8_t msg[512], rep[512], alt[512];
+    fy_test_log_begin();
+    /* no envelope: what every client sent before authentication */
+    size_t n = raw_call(sk, "hello", 5, rep, sizeof(rep));
+    expect_refusal(rep, n, FY_ENV_FORMAT);
+    /* sealed with another deployment's secret */
+    n = sealed(&AUTH_WRONG, 11, 1, 0, "hello", 5, msg);
+    n = raw_call(sk, msg, n, rep, sizeof(rep));
+    expect_refusal(rep, n, FY_ENV_MAC);
+    /* the real thing: answered, as a router, bound to this request */
+    size_t m1 = sealed(&AUTH_CLIENT, 11, 1, 0, "hello", 5, msg);
+    n = raw_call(sk, msg, m1, rep, sizeof(rep));
+    fy_env_hdr_t h;
+    size_t off;
+    assert_int_equal(fy_env_open(&AUTH_CLIENT.key, rep, n, &h, &off), FY_ENV_OK);
+    assert_int_equal(h.kind, FY_ENV_REPLY);
+    assert_int_equal(h.role, FY_ROLE_ROUTER);
+    assert_true(h.re_chan == 11 && h.re_seq == 1);
+    assert_int_equal(n - off, 5);
+    assert_memory_equal(rep + off, "hello", 5);
+    /* the same bytes again: a replay */
+    n = raw_call(sk, msg, m1, rep, sizeof(rep));
+    expect_refusal(rep, n, FY_ENV_REPLAY);
+    /* one byte of the payload altered; the unaltered message still goes (the forgery used up nothing) */
+    size_t m2 = sealed(&AUTH_CLIENT, 11, 2, 0, "hellp", 5, msg);
+    memcpy(alt, msg, m2);
+    alt[m2 - 1] ^= 1;
+    n = raw_call(sk, alt, m2, rep, sizeof(rep));
+    expect_refusal(rep, n, FY_ENV_MAC);
+    n = raw_call(sk, msg, m2, rep, sizeof(rep));
+    assert_int_equal(fy_env_open(&AUTH_CLIENT.key, rep, n, &h, &off), FY_ENV_OK);
+    /* a role this server does not take */
+    n = sealed(&AUTH_DECODE, 12, 1, 0, "hello", 5, msg);
+    n = raw_call(sk, msg, n, rep, sizeof(rep));
+    expect_refusal(rep, n, FY_ENV_IDENTITY);
+    /* a first message of a new channel, ten minutes old */
+    n = sealed(&AUTH_CLIENT, 13, 1, fy_env_now_ms() - 600000, "hello", 5, msg);
+    n = raw_call(sk, msg, n, rep, sizeof(rep));
+    expect_refusal(rep, n, FY_ENV_STALE);
+    fy_test_log_end();
+    /* counted by fault, and logged naming it */
+    uint64_t refused[FY_ENV_N_FAULTS] = {0};
+    fy_rpc_server_refused(srv, refused);
+    assert_int_equal(refused[FY_ENV_FORMAT], 1);
+    assert_int_equal(refused[FY_ENV_MAC], 2);
+    assert_int_equal(refused[FY_ENV_REPLAY], 1);
+    assert_int_equal(refused[FY_ENV_IDENTITY], 1);
+    assert_int_equal(refused[FY_ENV_STALE], 1);
+    assert_true(fy_test_log_has("refused a message", "bad MAC", NULL));
+    assert_true(fy_test_log_has("refused a message", "replayed", NULL));
+    nng_close(sk);
+    fy_rpc_server_destroy(srv);
+}
+
+typedef struct values {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n;
+    int v[4096];
+    char last_name[64];
+} values_t;
+
+static void on_value(void *arg, const fy_env_hdr_t *from, const void *buf, size_t len)
+{
+    values_t *k = arg;
+    int v = -1;
+    if (len == sizeof(int)) memcpy(&v, buf, sizeof(int));
+    pthread_mutex_lock(&k->mu);
+    if (k->n < 4096) k->v[k->n] = v;
+    k->n++;
+    snprintf(k->last_name, sizeof(k->last_name), "%s", from->name);
+    pthread_cond_broadcast(&k->cv);
+    pthread_mutex_unlock(&k->mu);
+}
+
+static uint64_t refused_total(fy_pull_t *q)
+{
+    uint64_t r[FY_ENV_N_FAULTS] = {0}, t = 0;
+    fy_pull_refused(q, r);
+    for (int i = 0; i < FY_ENV_N_FAULTS; i++) t += r[i];
+    return t;
+}
+
+/* Waits (10 s at most) for n values and `refused` refusals. */
+static void wait_values(values_t *k, fy_pull_t *q, int n, uint64_t refused)
+{
+    double t0 = mono();
+    for (;;) {
+        pthread_mutex_lock(&k->mu);
+        int have = k->n;
+        pthread_mutex_unlock(&k->mu);
+        if (have >= n && refused_total(q) >= refused) return;
+        if (mono() - t0 > 10) fail_msg("%d of %d messages, %llu of %llu refusals", have, n,
+                                       (unsigned long long)refused_total(q), (unsigned long long)refused);
+        usleep(2000);
+    }
+}
+
+static void test_pull_refuses(void **state)
+{
+    char u[160];
+    snprintf(u, sizeof(u), "ipc://%s/auth-events", fy_test_tmpdir());
+    values_t k = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    fy_pull_t *q;
+    assert_int_equal(fy_pull_create(u, &AUTH_ROUTER, FROM_WORKERS, on_value, &k, &q), FY_OK);
+    nng_socket sk = raw_dial(u, false);
+    uint8_t m1[256], m2[256], alt[256], x[256];
+    int one = 1, two = 2, bad = 99;
+    size_t n1 = sealed(&AUTH_DECODE, 21, 1, 0, &one, sizeof(int), m1);
+    size_t n2 = sealed(&AUTH_DECODE, 21, 2, 0, &two, sizeof(int), m2);
+    fy_test_log_begin();
+    assert_int_equal(nng_send(sk, "junk", 4, 0), 0);                       /* format */
+    size_t n = sealed(&AUTH_WRONG, 22, 1, 0, &bad, sizeof(int), x);
+    assert_int_equal(nng_send(sk, x, n, 0), 0);                            /* mac */
+    assert_int_equal(nng_send(sk, m1, n1, 0), 0);                          /* delivered */
+    assert_int_equal(nng_send(sk, m1, n1, 0), 0);                          /* replay */
+    memcpy(alt, m2, n2);
+    alt[7] ^= 0x20; /* the sender's name: "Decode-0" */
+    assert_int_equal(nng_send(sk, alt, n2, 0), 0);                         /* mac */
+    assert_int_equal(nng_send(sk, m2, n2, 0), 0);                          /* delivered */
+    n = sealed(&AUTH_CLIENT, 23, 1, 0, &bad, sizeof(int), x);
+    assert_int_equal(nng_send(sk, x, n, 0), 0);                            /* identity: a client */
+    n = sealed(&AUTH_DECODE, 24, 1, fy_env_now_ms() + 3600000, &bad, sizeof(int), x);
+    assert_int_equal(nng_send(sk, x, n, 0), 0);                            /* stale: from the future */
+    wait_values(&k, q, 2, 6);
+    fy_env_hdr_t who;
+    size_t off;
+    assert_int_equal(fy_env_open(&AUTH_ROUTER.key, m1, n1, &who, &off), FY_ENV_OK);
+    fy_pull_refuse(q, &who, "the test says so"); /* the owner's refusal counts too */
+    fy_test_log_end();
+    assert_int_equal(k.n, 2);
+    assert_int_equal(k.v[0], 1);
+    assert_int_equal(k.v[1], 2);
+    assert_string_equal(k.last_name, "decode-0");
+    uint64_t r[FY_ENV_N_FAULTS] = {0};
+    fy_pull_refused(q, r);
+    assert_int_equal(r[FY_ENV_FORMAT], 1);
+    assert_int_equal(r[FY_ENV_MAC], 2);
+    assert_int_equal(r[FY_ENV_REPLAY], 1);
+    assert_int_equal(r[FY_ENV_IDENTITY], 2);
+    assert_int_equal(r[FY_ENV_STALE], 1);
+    /* one line per fault at most every 10 s: the client's was logged, the owner's only counted */
+    assert_true(fy_test_log_has("sender not allowed", "test-client", "its role does not send here", NULL));
+    assert_false(fy_test_log_has("the test says so", NULL));
+    nng_close(sk);
+    fy_pull_destroy(q);
+}
+
+/* A raw reply server: answers each request as its payload says. */
+typedef struct raw_srv {
+    nng_socket sk;
+    pthread_t t;
+    int served;
+} raw_srv_t;
+
+static void *raw_srv_main(void *arg)
+{
+    raw_srv_t *r = arg;
+    for (;;) {
+        void *m;
+        size_t len;
+        if (nng_recv(r->sk, &m, &len, NNG_FLAG_ALLOC)) return NULL;
+        fy_env_hdr_t h;
+        size_t off;
+        uint8_t out[512];
+        size_t n = 0;
+        if (fy_env_open(&AUTH_ROUTER.key, m, len, &h, &off) == FY_ENV_OK) {
+            char what[16] = "";
+            snprintf(what, sizeof(what), "%.*s", (int)(len - off), (const char *)m + off);
+            const fy_env_auth_t *me = !strcmp(what, "wrongrole") ? &AUTH_DECODE : &AUTH_ROUTER;
+            fy_env_hdr_t rh;
+            memset(&rh, 0, sizeof(rh));
+            rh.kind = FY_ENV_REPLY;
+            rh.role = me->role;
+            snprintf(rh.name, sizeof(rh.name), "%s", me->name);
+            rh.inc = me->inc;
+            rh.chan = 77;
+            rh.seq = (uint64_t)++r->served;
+            rh.ts_ms = fy_env_now_ms();
+            rh.re_chan = h.chan;
+            rh.re_seq = h.seq + !strcmp(what, "wrongseq");
+            if (!strcmp(what, "junk")) {
+                memcpy(out, "junk", 4), n = 4;
+            } else if (!strcmp(what, "refuse")) {
+                n = fy_env_refusal(&rh, FY_ENV_MAC, out, sizeof(out));
+            } else {
+                size_t hl = fy_env_header_bytes(&rh);
+                memcpy(out + hl, "fine", 4);
+                fy_env_seal(&me->key, &rh, out + hl, 4, out);
+                n = hl + 4;
+            }
+        }
+        nng_free(m, len);
+        if (n && nng_send(r->sk, out, n, 0)) return NULL;
+    }
+}
+
+static void test_client_checks_replies(void **state)
+{
+    raw_srv_t r = {0};
+    assert_int_equal(nng_rep0_open(&r.sk), 0);
+    assert_int_equal(nng_listen(r.sk, url(1), NULL, 0), 0);
+    assert_int_equal(pthread_create(&r.t, NULL, raw_srv_main, &r), 0);
+    fy_rpc_client_t *c;
+    assert_int_equal(fy_rpc_client_create(url(1), &AUTH_CLIENT, &c), FY_OK);
+    void *rep;
+    size_t len;
+    fy_test_log_begin();
+    assert_int_equal(fy_rpc_call(c, "junk", 4, 5.0, &rep, &len), FY_ERR_PEER);
+    assert_int_equal(fy_rpc_call(c, "refuse", 6, 5.0, &rep, &len), FY_ERR_MISMATCH);
+    assert_int_equal(fy_rpc_call(c, "wrongseq", 8, 5.0, &rep, &len), FY_ERR_PEER);
+    assert_int_equal(fy_rpc_call(c, "wrongrole", 9, 5.0, &rep, &len), FY_ERR_PEER);
+    fy_test_log_end();
+    assert_true(fy_test_log_has("refused our request", NULL));
+    assert_int_equal(fy_rpc_call(c, "ok", 2, 5.0, &rep, &len), FY_OK);
+    assert_int_equal(len, 4);
+    assert_memory_equal(rep, "fine", 4);
+    fy_free(rep);
+    fy_rpc_client_destroy(c);
+    nng_close(r.sk); /* ends the thread's receive */
+    pthread_join(r.t, NULL);
+}
+
+typedef struct pusher {
+    fy_push_t *p;
+    int base, n;
+} pusher_t;
+
+static void *pusher_main(void *arg)
+{
+    pusher_t *w = arg;
+    for (int i = 0; i < w->n; i++) {
+        int v = w->base + i;
+        while (fy_push_send(w->p, &v, sizeof(v)) == FY_ERR_NO_SPACE) usleep(500);
+    }
+    return NULL;
+}
+
+/* Senders on several threads through one socket: out of order at most a
+ * little, never refused as replays. */
+static void test_many_threads_one_socket(void **state)
+{
+    enum { THREADS = 8, EACH = 300 };
+    char u[160];
+    snprintf(u, sizeof(u), "ipc://%s/many", fy_test_tmpdir());
+    values_t k = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    fy_pull_t *q;
+    assert_int_equal(fy_pull_create(u, &AUTH_ROUTER, FROM_WORKERS, on_value, &k, &q), FY_OK);
+    fy_push_t *p;
+    assert_int_equal(fy_push_create(u, 256, &AUTH_DECODE, &p), FY_OK);
+    pthread_t t[THREADS];
+    pusher_t w[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        w[i] = (pusher_t){p, i * EACH, EACH};
+        assert_int_equal(pthread_create(&t[i], NULL, pusher_main, &w[i]), 0);
+    }
+    for (int i = 0; i < THREADS; i++) pthread_join(t[i], NULL);
+    wait_values(&k, q, THREADS * EACH, 0);
+    assert_int_equal(refused_total(q), 0);
+    fy_push_destroy(p);
+    fy_pull_destroy(q);
+
+    /* 32 calls in flight at once from one client, many rounds */
+    srv_t s = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    fy_rpc_server_t *srv;
+    assert_int_equal(fy_rpc_server_create(url(2), 64, &AUTH_ROUTER, FROM_CLIENT, handler, &s, &srv), FY_OK);
+    fy_rpc_client_t *c;
+    assert_int_equal(fy_rpc_client_create(url(2), &AUTH_CLIENT, &c), FY_OK);
+    for (int round = 0; round < 10; round++) {
+        result_t r = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+        for (int i = 0; i < 32; i++) assert_int_equal(fy_rpc_call_async(c, "ping", 4, 10.0, on_reply, &r), FY_OK);
+        wait_results(&r, 32);
+        for (int i = 0; i < 32; i++) assert_int_equal(r.st[i], FY_OK);
+    }
+    uint64_t refused[FY_ENV_N_FAULTS] = {0};
+    fy_rpc_server_refused(srv, refused);
+    for (int i = 0; i < FY_ENV_N_FAULTS; i++) assert_int_equal(refused[i], 0);
+    fy_rpc_client_destroy(c);
+    fy_rpc_server_destroy(srv);
+}
+
+static int setup(void **state)
+{
+    assert_int_equal(fy_env_auth_init(&AUTH_CLIENT, SECRET, sizeof(SECRET), FY_ROLE_CLIENT, "test-client", 0), FY_OK);
+    assert_int_equal(fy_env_auth_init(&AUTH_ROUTER, SECRET, sizeof(SECRET), FY_ROLE_ROUTER, "router", 0), FY_OK);
+    assert_int_equal(fy_env_auth_init(&AUTH_DECODE, SECRET, sizeof(SECRET), FY_ROLE_DECODE, "decode-0", 0), FY_OK);
+    assert_int_equal(fy_env_auth_init(&AUTH_WRONG, OTHER, sizeof(OTHER), FY_ROLE_CLIENT, "test-client", 0), FY_OK);
+    return 0;
+}
+
 static int teardown(void **state)
 {
     fy_test_tmpdir_remove();
@@ -277,6 +646,10 @@ int main(void)
         cmocka_unit_test(test_destroy_cancels),
         cmocka_unit_test(test_push_pull),
         cmocka_unit_test(test_error_messages),
+        cmocka_unit_test(test_server_refuses),
+        cmocka_unit_test(test_pull_refuses),
+        cmocka_unit_test(test_client_checks_replies),
+        cmocka_unit_test(test_many_threads_one_socket),
     };
-    return cmocka_run_group_tests(tests, NULL, teardown);
+    return cmocka_run_group_tests(tests, setup, teardown);
 }

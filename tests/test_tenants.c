@@ -4,7 +4,9 @@
  * limits admit and refuse as documented, and every malformed key file is
  * refused with an error naming its line.
  */
+#include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "tenants.h"
 #include "testutil.h"
@@ -97,6 +99,35 @@ static void test_bad_files(void **state)
     assert_true(fy_test_log_has("missing.txt", NULL));
 }
 
+/* Keys are credentials: a file its group or others can read (or write) is refused, naming its mode. */
+static void test_open_file_refused(void **state)
+{
+    (void)state;
+    const char *path = fy_test_path("open-keys.txt");
+    const char *text = "key-one-0001 alpha\n";
+    assert_true(fy_test_write_file(path, text, strlen(text)));
+    static const unsigned modes[] = {0640, 0604, 0644, 0660};
+    for (size_t i = 0; i < sizeof(modes) / sizeof(*modes); i++) {
+        assert_int_equal(chmod(path, modes[i]), 0);
+        char want[16];
+        snprintf(want, sizeof(want), "mode %04o", modes[i]);
+        fy_tenants_t *t = NULL;
+        fy_test_log_begin();
+        assert_int_equal(fy_tenants_load(path, &t), FY_ERR_INVALID);
+        fy_test_log_end();
+        assert_null(t);
+        if (!fy_test_log_has(path, want, "chmod 600", NULL)) fail_msg("no '%s' in: %s", want, fy_test_log_text());
+    }
+    assert_int_equal(chmod(path, 0600), 0);
+    fy_tenants_t *t = load(text, FY_OK);
+    fy_tenants_destroy(t);
+    assert_int_equal(chmod(path, 0400), 0);
+    fy_test_log_begin();
+    assert_int_equal(fy_tenants_load(path, &t), FY_OK);
+    fy_test_log_end();
+    fy_tenants_destroy(t);
+}
+
 static int teardown(void **state)
 {
     (void)state;
@@ -110,6 +141,7 @@ int main(void)
         cmocka_unit_test(test_keys_find_tenants),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_open_file_refused),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
 }

@@ -2,6 +2,7 @@
 #include "testutil.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,8 +142,14 @@ char *fy_test_read_file(const char *path, size_t *len_p)
 
 bool fy_test_write_file(const char *path, const void *data, size_t len)
 {
-    FILE *f = fopen(path, "wb");
-    if (!f) return false;
+    /* the owner's alone (0600), as secret and key files must be */
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return false;
+    FILE *f = fdopen(fd, "wb");
+    if (!f) {
+        close(fd);
+        return false;
+    }
     bool ok = fwrite(data, 1, len, f) == len;
     return fclose(f) == 0 && ok;
 }

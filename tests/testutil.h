@@ -36,6 +36,7 @@ const char *fy_test_default_model(void);
 
 /* Reads a whole file; fy_free() the result. */
 char *fy_test_read_file(const char *path, size_t *len_p);
+/* Writes a whole file, mode 0600 (a fresh file; an existing one keeps its mode). */
 bool fy_test_write_file(const char *path, const void *data, size_t len);
 
 /* Deterministic random numbers for tests (splitmix64). */

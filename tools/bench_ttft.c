@@ -123,6 +123,7 @@ out:
 int fy_cmd_bench_ttft(int argc, char **argv)
 {
     const char *router = "tcp://127.0.0.1:7400", *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    const char *secret = "run/kv.secret";
     int32_t lens[MAX_LENS] = {128, 512, 2048};
     int n_lens = 3;
     long reps = 5, threads = 1;
@@ -132,6 +133,8 @@ int fy_cmd_bench_ttft(int argc, char **argv)
             router = v, i++;
         } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) {
             model = v, i++;
+        } else if (!strcmp(a, "--secret") && v) {
+            secret = v, i++;
         } else if (!strcmp(a, "--prompt-tokens") && v) {
             int l[MAX_LENS];
             if (!fy_cli_parse_int_list(a, v, 1, 8000, l, MAX_LENS, &n_lens)) return 2;
@@ -144,13 +147,14 @@ int fy_cmd_bench_ttft(int argc, char **argv)
             if (!fy_cli_parse_int(a, v, 1, 256, &threads)) return 2;
             i++;
         } else {
-            fprintf(stderr, "usage: ferry bench-ttft [-r ROUTER] [-m MODEL] [--prompt-tokens 128,512,2048] [--reps 5] "
+            fprintf(stderr, "usage: ferry bench-ttft [-r ROUTER] [--secret FILE (default run/kv.secret)] [-m MODEL]\n"
+                            "                        [--prompt-tokens 128,512,2048] [--reps 5] "
                             "[--threads N (colocated; match prefill.threads)]\n");
             return strcmp(a, "-h") && strcmp(a, "--help") ? 2 : 0;
         }
     }
     fy_client_t *c;
-    if (fy_client_create(router, 10, &c) != FY_OK) return 1;
+    if (fy_client_create(router, secret, 10, &c) != FY_OK) return 1;
     fy_client_status_t cs;
     if (fy_client_status(c, &cs) != FY_OK || !cs.prefill_up || !cs.decode_up) {
         fprintf(stderr, "ferry: bench-ttft: no cluster at %s (start one with: bin/ferry serve -c configs/local.ini)\n",

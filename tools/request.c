@@ -11,6 +11,7 @@
 
 #include "cli.h"
 #include "client.h"
+#include "cluster.h"
 #include "log.h"
 #include "mem.h"
 
@@ -21,9 +22,12 @@ static void on_sigint(int sig) { interrupted = 1; }
 static void usage(void)
 {
     fprintf(stderr,
-            "usage: ferry request [-r ADDR] (-p PROMPT | -f FILE) [options]\n"
-            "       ferry request [-r ADDR] --status\n"
-            "  -r, --router ADDR     the router's client address (default tcp://127.0.0.1:7400)\n"
+            "usage: ferry request [-c CONFIG] [-r ADDR] [--secret FILE] (-p PROMPT | -f FILE) [options]\n"
+            "       ferry request [-c CONFIG] [-r ADDR] [--secret FILE] --status\n"
+            "  -c, --config FILE     take the router's address and the secret's path from a cluster's configuration\n"
+            "  -r, --router ADDR     the router's client address (default router.listen, or tcp://127.0.0.1:7400)\n"
+            "      --secret FILE     the deployment's secret, which authenticates every call (default\n"
+            "                        kv.secret_file, or RUN_DIR/kv.secret as `ferry serve` makes it: run/kv.secret)\n"
             "  -p, --prompt TEXT     the prompt\n"
             "  -f, --file PATH       read the prompt from a file\n"
             "      --chat            apply the model's chat template (a user turn)\n"
@@ -44,7 +48,9 @@ static int print_status(fy_client_t *c)
     fy_client_status_t s;
     fy_status_t st = fy_client_status(c, &s);
     if (st) {
-        fprintf(stderr, "ferry: request: the router did not answer: %s\n", fy_status_str(st));
+        fprintf(stderr, "ferry: request: %s\n",
+                st == FY_ERR_MISMATCH ? "the router refused the request as unauthenticated (another secret?)"
+                                      : fy_status_str(st));
         return 1;
     }
     printf("model %s: %d prefill and %d decode workers up; %d requests (%d queued); %llu completed, %llu failed, "
@@ -56,7 +62,10 @@ static int print_status(fy_client_t *c)
 
 int fy_cmd_request(int argc, char **argv)
 {
-    enum { O_CHAT = 256, O_SYSTEM, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED, O_STOP, O_IGN, O_PRIO, O_TIMEOUT, O_STATUS };
+    enum {
+        O_CHAT = 256, O_SYSTEM, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED, O_STOP, O_IGN, O_PRIO, O_TIMEOUT, O_STATUS,
+        O_SECRET
+    };
     static const struct option opts[] = {
         {"router", required_argument, 0, 'r'},   {"prompt", required_argument, 0, 'p'},
         {"file", required_argument, 0, 'f'},     {"max-tokens", required_argument, 0, 'n'},
@@ -67,9 +76,10 @@ int fy_cmd_request(int argc, char **argv)
         {"ignore-eos", no_argument, 0, O_IGN},   {"priority", required_argument, 0, O_PRIO},
         {"timeout", required_argument, 0, O_TIMEOUT}, {"status", no_argument, 0, O_STATUS},
         {"quiet", no_argument, 0, 'q'},          {"help", no_argument, 0, 'h'},
+        {"config", required_argument, 0, 'c'},   {"secret", required_argument, 0, O_SECRET},
         {0, 0, 0, 0},
     };
-    const char *router = "tcp://127.0.0.1:7400", *file = NULL;
+    const char *router = NULL, *file = NULL, *secret = NULL, *config = NULL;
     char *prompt_file = NULL;
     fy_client_req_t req = {0};
     fy_genspec_default(&req.gen);
@@ -79,8 +89,10 @@ int fy_cmd_request(int argc, char **argv)
     bool status = false, quiet = false;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "r:p:f:n:qh", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "c:r:p:f:n:qh", opts, NULL)) != -1) {
         switch (c) {
+        case 'c': config = optarg; break;
+        case O_SECRET: secret = optarg; break;
         case 'r': router = optarg; break;
         case 'p': req.prompt = optarg; break;
         case 'f': file = optarg; break;
@@ -141,8 +153,29 @@ int fy_cmd_request(int argc, char **argv)
         req.prompt = prompt_file;
     }
     if (req.gen.sampling.temperature > 0 && req.gen.sampling.seed == 0) req.gen.sampling.seed = (uint64_t)getpid();
+    /* the address and the secret: flags first, then the configuration, then serve's defaults */
+    fy_config_t *cfg = NULL;
+    char secret_buf[4096], router_buf[512];
+    if (config) {
+        char *cargv[] = {"ferry request", "-c", (char *)config, NULL};
+        if (fy_cluster_config(3, cargv, "", &cfg) != FY_OK) {
+            fy_free(prompt_file);
+            return 2;
+        }
+        const char *listen = NULL;
+        if (!router && fy_config_string(cfg, "router", "listen", NULL, &listen) == FY_OK && listen) {
+            snprintf(router_buf, sizeof(router_buf), "%s", listen);
+            router = router_buf;
+        }
+        if (!secret && fy_cluster_secret_path(cfg, secret_buf, sizeof(secret_buf))) secret = secret_buf;
+        fy_config_destroy(cfg);
+    }
+    if (!router) router = "tcp://127.0.0.1:7400";
+    if (!secret) secret = "run/kv.secret";
     fy_client_t *cl;
-    if (fy_client_create(router, 10.0, &cl) != FY_OK) {
+    if (fy_client_create(router, secret, 10.0, &cl) != FY_OK) {
+        fprintf(stderr, "ferry: request: cannot use the secret %s (see above); give --secret FILE or -c CONFIG\n",
+                secret);
         fy_free(prompt_file);
         return 1;
     }

@@ -7,7 +7,8 @@
  * The children read one resolved configuration (the file plus every
  * --set, written to RUN_DIR/cluster.ini) and their own name and address:
  * worker i of a role listens on the role's listen port + i.  The
- * deployment's secret for prefix-block names is created in RUN_DIR once.
+ * deployment's secret (prefix-block names, the control plane's keys) is
+ * created in RUN_DIR once, mode 0600.
  *
  * Start-up: each child reports "ready" on a pipe it inherits once its
  * listeners are bound (supervise.h, "Readiness"), and the cluster is ready
@@ -76,6 +77,7 @@ typedef struct child_series {
 typedef struct serve {
     fy_sup_t *sup;
     char router_url[256];
+    char secret[PATH_MAX]; /* the deployment's secret: its own clients authenticate with it */
     int n_prefill, n_decode, n_children;
     bool ready;
     double t_start, ready_timeout;
@@ -102,7 +104,7 @@ static void *first_request(void *arg)
     serve_t *s = arg;
     fy_client_t *c;
     s->first_rc = 1;
-    if (fy_client_create(s->router_url, 10, &c) == FY_OK) {
+    if (fy_client_create(s->router_url, s->secret, 10, &c) == FY_OK) {
         fy_client_req_t req = {.prompt = s->prompt, .chat = s->chat};
         fy_genspec_default(&req.gen);
         req.gen.max_tokens = s->max_tokens;
@@ -177,18 +179,8 @@ static void on_poll(void *arg, fy_sup_t *sup)
     serve_t *s = arg;
     snapshot(s);
     if (s->ready) return;
-    /* every child said ready on its own pipe: the ports are ours */
-    bool ok = true;
-    for (int i = 0; i < s->n_children && ok; i++) ok = fy_sup_state(sup, i) == FY_SUP_RUNNING;
-    if (ok) {
-        fy_client_t *c;
-        fy_client_status_t st;
-        ok = fy_client_create(s->router_url, 0.5, &c) == FY_OK;
-        if (ok) {
-            ok = fy_client_status(c, &st) == FY_OK && st.prefill_up >= s->n_prefill && st.decode_up >= s->n_decode;
-            fy_client_destroy(c);
-        }
-    }
+    char secret[PATH_MAX]; /* the deployment's secret: its own clients authenticate with it */
+    int n_prefill, n_decode, n_children;
     if (!ok) {
         if (mono() - s->t_start > s->ready_timeout) {
             fprintf(stderr, "ferry: serve: the cluster is not up after %.0f s (see the logs); stopping\n",
@@ -417,7 +409,8 @@ int fy_cmd_serve(int argc, char **argv)
             goto out;
         secret = path;
     }
-    if (fy_cluster_make_secret(secret)) goto out;
+    if (fy_cluster_make_secret(secret)) goto out; /* O_EXCL, 0600; an existing one must be the owner's alone */
+    snprintf(s.secret, sizeof(s.secret), "%s", secret);
     char conf[PATH_MAX];
     if (!fmt(conf, sizeof(conf), "%s/cluster.ini", run_dir) || fy_config_write(cfg, conf)) goto out;
 

@@ -8,6 +8,13 @@
  * the aio's callback drives send -> receive -> the caller's callback, and
  * the call is reaped from inside that callback (nng_aio_reap).  nng error
  * numbers become fy_status_t here, with nng's message in the log line.
+ *
+ * Envelopes (envelope.h): each socket has its own channel id and sequence
+ * counter; a message is sealed right before nng takes it (under the push
+ * socket's lock, so one pipe carries one channel in sequence order), and
+ * opened, role-checked and run past the replay guard before anyone sees
+ * it.  Not here: which fields a message holds, and whether its sender may
+ * say them (the router and the workers check that).
  */
 #include "rpc.h"
 
@@ -23,8 +30,13 @@
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/protocol/reqrep0/req.h>
 
+#include "envelope.h"
 #include "log.h"
 #include "mem.h"
+
+#define SERVER_CHANNELS 4096 /* client channels a server remembers */
+#define PULL_CHANNELS 1024   /* sender channels an event stream remembers */
+#define REFUSAL_LOG_S 10.0   /* one log line per fault and socket at most this often */
 
 static fy_status_t from_nng(int rv)
 {
@@ -45,6 +57,104 @@ static fy_status_t from_nng(int rv)
     case NNG_EPROTO: return FY_ERR_PEER;
     default: return FY_ERR_IO;
     }
+}
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- refused messages: counted by fault, logged rate-limited ---------------------------------- */
+
+typedef struct refusals {
+    pthread_mutex_t mu;
+    uint64_t n[FY_ENV_N_FAULTS];
+    uint64_t quiet[FY_ENV_N_FAULTS]; /* refused since the last line about that fault */
+    double last[FY_ENV_N_FAULTS];    /* when that line was written (0: never) */
+    char what[300];                  /* "events on tcp://..." */
+} refusals_t;
+
+static void refusals_init(refusals_t *r, const char *kind, const char *url)
+{
+    memset(r, 0, sizeof(*r));
+    pthread_mutex_init(&r->mu, NULL);
+    snprintf(r->what, sizeof(r->what), "%s %s", kind, url);
+}
+
+static void refusals_destroy(refusals_t *r) { pthread_mutex_destroy(&r->mu); }
+
+static void refusals_add(refusals_t *r, uint64_t out[FY_ENV_N_FAULTS])
+{
+    pthread_mutex_lock(&r->mu);
+    for (int i = 0; i < FY_ENV_N_FAULTS; i++) out[i] += r->n[i];
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Counts a refusal of fault f; true when it is time for a log line
+ * (*quiet_p: how many went unlogged since the last). */
+static bool refusal_count(refusals_t *r, fy_env_fault_t f, uint64_t *quiet_p)
+{
+    double now = mono_s();
+    pthread_mutex_lock(&r->mu);
+    r->n[f]++;
+    bool say = r->last[f] == 0 || now - r->last[f] >= REFUSAL_LOG_S;
+    *quiet_p = r->quiet[f];
+    if (say) {
+        r->last[f] = now;
+        r->quiet[f] = 0;
+    } else {
+        r->quiet[f]++;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return say;
+}
+
+/* Counts a refused message; h is what its header claims (NULL if none
+ * could be read), why an extra word from the owner. */
+static void refused(refusals_t *r, fy_env_fault_t f, const fy_env_hdr_t *h, const char *why)
+{
+    uint64_t quiet;
+    if (!refusal_count(r, f, &quiet)) return;
+    char who[200] = "", more[96] = "";
+    if (h)
+        snprintf(who, sizeof(who), " from %s%s (%s, incarnation %016llx)",
+                 f == FY_ENV_MAC ? "a sender claiming to be " : "", h->name, fy_env_role_str(h->role),
+                 (unsigned long long)h->inc);
+    if (quiet) snprintf(more, sizeof(more), "; %llu more refused for this since the last line", (unsigned long long)quiet);
+    fy_warn("rpc: %s: refused a message%s: %s%s%s%s", r->what, who, fy_env_fault_words(f), why ? ": " : "",
+            why ? why : "", more);
+}
+
+/* Opens what arrived: FY_ENV_OK with the sender's header and where the
+ * payload starts, else the fault (counted and logged). */
+static fy_env_fault_t open_incoming(const fy_env_key_t *key, fy_env_guard_t *g, unsigned roles, refusals_t *r,
+                                    const void *buf, size_t len, fy_env_hdr_t *h, size_t *off_p)
+{
+    fy_env_fault_t f = fy_env_open(key, buf, len, h, off_p);
+    const char *why = NULL;
+    if (!f && h->kind != FY_ENV_MSG) f = FY_ENV_FORMAT, why = "a reply where a request belongs";
+    if (!f && !(roles & FY_RPC_FROM(h->role))) f = FY_ENV_IDENTITY, why = "its role does not send here";
+    if (!f) f = fy_env_guard_admit(g, h, fy_env_now_ms());
+    if (f) {
+        fy_env_hdr_t claim;
+        size_t o;
+        bool have = fy_env_parse(buf, len, &claim, &o) == FY_ENV_OK;
+        refused(r, f, have ? &claim : NULL, why);
+    }
+    return f;
+}
+
+/* This socket's header for what it sends next (sequence and time are set by the caller). */
+static void self_header(const fy_env_auth_t *a, uint64_t chan, fy_env_kind_t kind, fy_env_hdr_t *h)
+{
+    memset(h, 0, sizeof(*h));
+    h->kind = kind;
+    h->role = a->role;
+    snprintf(h->name, sizeof(h->name), "%s", a->name);
+    h->inc = a->inc;
+    h->chan = chan;
 }
 
 /*
@@ -164,6 +274,7 @@ struct fy_rpc_call {
     nng_ctx ctx;
     nng_aio *aio;
     nng_msg *req;
+    uint64_t re_chan, re_seq; /* the request being answered */
     int state;
 };
 
@@ -174,6 +285,12 @@ struct fy_rpc_server {
     fy_rpc_call_t *slots;
     int n_slots;
     atomic_bool closing;
+    fy_env_auth_t auth;
+    unsigned roles;
+    uint64_t chan;
+    atomic_uint_fast64_t seq;
+    fy_env_guard_t *guard;
+    refusals_t refusals;
     char url[256];
 };
 
@@ -184,9 +301,41 @@ static void slot_recv(fy_rpc_call_t *c)
     nng_ctx_recv(c->ctx, c->aio);
 }
 
+static void slot_send(fy_rpc_call_t *c, nng_msg *m)
+{
+    c->state = SLOT_SEND;
+    nng_aio_set_msg(c->aio, m);
+    nng_ctx_send(c->ctx, c->aio);
+}
+
+/* A request that did not pass: the client hears why (the fault's code,
+ * nothing more), rather than waiting out its timeout. */
+static void slot_refuse(fy_rpc_call_t *c, fy_env_fault_t f)
+{
+    fy_rpc_server_t *s = c->s;
+    fy_env_hdr_t h;
+    self_header(&s->auth, s->chan, FY_ENV_REFUSAL, &h);
+    h.seq = atomic_fetch_add(&s->seq, 1) + 1;
+    h.ts_ms = fy_env_now_ms();
+    uint8_t buf[FY_ENV_MAX_HEADER];
+    size_t n = fy_env_refusal(&h, f, buf, sizeof(buf));
+    nng_msg *m;
+    if (!n || nng_msg_alloc(&m, 0)) {
+        slot_recv(c);
+        return;
+    }
+    if (nng_msg_append(m, buf, n)) {
+        nng_msg_free(m);
+        slot_recv(c);
+        return;
+    }
+    slot_send(c, m);
+}
+
 static void slot_cb(void *arg)
 {
     fy_rpc_call_t *c = arg;
+    fy_rpc_server_t *s = c->s;
     int rv = nng_aio_result(c->aio);
     if (c->state == SLOT_SEND) {
         if (rv) nng_msg_free(nng_aio_get_msg(c->aio));
@@ -194,23 +343,47 @@ static void slot_cb(void *arg)
         return;
     }
     if (rv) {
-        if (rv != NNG_ECLOSED && !atomic_load(&c->s->closing)) {
-            fy_warn("rpc: receive on %s failed: %s", c->s->url, nng_strerror(rv));
+        if (rv != NNG_ECLOSED && !atomic_load(&s->closing)) {
+            fy_warn("rpc: receive on %s failed: %s", s->url, nng_strerror(rv));
             slot_recv(c);
         }
         return;
     }
-    c->req = nng_aio_get_msg(c->aio);
+    nng_msg *m = nng_aio_get_msg(c->aio);
+    fy_env_hdr_t h;
+    size_t off;
+    fy_env_fault_t f = open_incoming(&s->auth.key, s->guard, s->roles, &s->refusals, nng_msg_body(m), nng_msg_len(m),
+                                     &h, &off);
+    if (f) {
+        nng_msg_free(m);
+        slot_refuse(c, f);
+        return;
+    }
+    c->req = m;
+    c->re_chan = h.chan;
+    c->re_seq = h.seq;
     c->state = SLOT_BUSY;
-    c->s->fn(c->s->arg, c, nng_msg_body(c->req), nng_msg_len(c->req));
+    s->fn(s->arg, c, &h, (const uint8_t *)nng_msg_body(m) + off, nng_msg_len(m) - off);
 }
 
 void fy_rpc_reply(fy_rpc_call_t *c, const void *buf, size_t len)
 {
     /* the reply is built before the request goes: buf may point into it */
+    fy_rpc_server_t *s = c->s;
+    fy_env_hdr_t h;
+    self_header(&s->auth, s->chan, FY_ENV_REPLY, &h);
+    h.re_chan = c->re_chan;
+    h.re_seq = c->re_seq;
+    size_t hl = fy_env_header_bytes(&h);
     nng_msg *m;
-    int rv = nng_msg_alloc(&m, 0);
-    if (!rv && (rv = nng_msg_append(m, buf, len))) nng_msg_free(m);
+    int rv = nng_msg_alloc(&m, hl + len);
+    if (!rv) {
+        uint8_t *body = nng_msg_body(m);
+        memcpy(body + hl, buf, len);
+        h.seq = atomic_fetch_add(&s->seq, 1) + 1;
+        h.ts_ms = fy_env_now_ms();
+        fy_env_seal(&s->auth.key, &h, body + hl, len, body);
+    }
     nng_msg_free(c->req);
     c->req = NULL;
     if (rv) { /* the client's timeout reports it; the slot serves on */
@@ -218,9 +391,7 @@ void fy_rpc_reply(fy_rpc_call_t *c, const void *buf, size_t len)
         slot_recv(c);
         return;
     }
-    c->state = SLOT_SEND;
-    nng_aio_set_msg(c->aio, m);
-    nng_ctx_send(c->ctx, c->aio);
+    slot_send(c, m);
 }
 
 void fy_rpc_reply_error(fy_rpc_call_t *c, uint64_t id, fy_status_t st, const char *message)
@@ -254,24 +425,39 @@ static fy_status_t listen_on(nng_socket sock, const char *url, const char *what)
     return FY_OK;
 }
 
-fy_status_t fy_rpc_server_create(const char *url, int n_slots, fy_rpc_handler_fn fn, void *arg,
-                                 fy_rpc_server_t **s_p)
+fy_status_t fy_rpc_server_create(const char *url, int n_slots, const fy_env_auth_t *auth, unsigned roles,
+                                 fy_rpc_handler_fn fn, void *arg, fy_rpc_server_t **s_p)
 {
-    if (n_slots < 1 || n_slots > 4096 || !fn) return FY_ERR_INVALID;
+    if (n_slots < 1 || n_slots > 4096 || !fn || !auth) return FY_ERR_INVALID;
     fy_rpc_server_t *s = fy_calloc(1, sizeof(*s));
     if (!s) return FY_ERR_NOMEM;
     snprintf(s->url, sizeof(s->url), "%s", url);
     s->fn = fn;
     s->arg = arg;
+    s->auth = *auth;
+    s->roles = roles;
+    refusals_init(&s->refusals, "requests on", url);
+    if (!(s->chan = fy_env_random_id()) || fy_env_guard_create(SERVER_CHANNELS, fy_env_now_ms(), &s->guard)) {
+        refusals_destroy(&s->refusals);
+        fy_env_auth_wipe(&s->auth);
+        fy_free(s);
+        return FY_ERR_NOMEM;
+    }
     int rv = nng_rep0_open(&s->sock);
     if (rv) {
         fy_error("rpc: cannot open a reply socket: %s", nng_strerror(rv));
+        fy_env_guard_destroy(s->guard);
+        refusals_destroy(&s->refusals);
+        fy_env_auth_wipe(&s->auth);
         fy_free(s);
         return from_nng(rv);
     }
-    nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, FY_RPC_MAX_MSG);
+    nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, FY_RPC_MAX_MSG + FY_ENV_MAX_HEADER);
     s->slots = fy_calloc((size_t)n_slots, sizeof(*s->slots));
-    if (!s->slots) goto nomem;
+    if (!s->slots) {
+        fy_rpc_server_destroy(s);
+        return FY_ERR_NOMEM;
+    }
     for (int i = 0; i < n_slots; i++) {
         fy_rpc_call_t *c = &s->slots[i];
         c->s = s;
@@ -291,10 +477,6 @@ fy_status_t fy_rpc_server_create(const char *url, int n_slots, fy_rpc_handler_fn
     for (int i = 0; i < n_slots; i++) slot_recv(&s->slots[i]);
     *s_p = s;
     return FY_OK;
-nomem:
-    nng_close(s->sock);
-    fy_free(s);
-    return FY_ERR_NOMEM;
 }
 
 void fy_rpc_server_destroy(fy_rpc_server_t *s)
@@ -311,8 +493,13 @@ void fy_rpc_server_destroy(fy_rpc_server_t *s)
         if (c->req) nng_msg_free(c->req);
     }
     fy_free(s->slots);
+    fy_env_guard_destroy(s->guard);
+    refusals_destroy(&s->refusals);
+    fy_env_auth_wipe(&s->auth);
     fy_free(s);
 }
+
+void fy_rpc_server_refused(fy_rpc_server_t *s, uint64_t out[FY_ENV_N_FAULTS]) { refusals_add(&s->refusals, out); }
 
 /* ---- client ------------------------------------------------------------------------------------ */
 
@@ -338,6 +525,7 @@ typedef struct cslot {
     nng_aio *aio;
     bool busy, receiving;
     double deadline;
+    uint64_t seq; /* the request's sequence number: its reply must name it */
     fy_rpc_reply_fn cb;
     void *arg;
 } cslot_t;
@@ -350,15 +538,13 @@ struct fy_rpc_client {
     int n_slots;
     pending_t *head, *tail;
     bool closing;
+    fy_env_auth_t auth;
+    fy_env_hdr_t self; /* this client's request header, less sequence and time */
+    size_t hlen;       /* its bytes: each message keeps this much room in front */
+    atomic_uint_fast64_t seq;
+    refusals_t refusals;
     char url[256];
 };
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static nng_duration ms_left(double deadline)
 {
@@ -366,12 +552,21 @@ static nng_duration ms_left(double deadline)
     return left <= 0 ? 1 : (nng_duration)(left * 1000.0 + 1.0);
 }
 
+/* Seals m (its payload behind hlen bytes of room) as the next request and sends it. */
 static void slot_start(cslot_t *k, nng_msg *m, double deadline, fy_rpc_reply_fn cb, void *arg)
 {
+    fy_rpc_client_t *c = k->c;
     k->deadline = deadline;
     k->cb = cb;
     k->arg = arg;
     k->receiving = false;
+    /* sequence numbers go out in about the order they are taken: at most
+     * CLIENT_SLOTS calls race, well inside the receiver's window */
+    fy_env_hdr_t h = c->self;
+    h.seq = k->seq = atomic_fetch_add(&c->seq, 1) + 1;
+    h.ts_ms = fy_env_now_ms();
+    uint8_t *body = nng_msg_body(m);
+    fy_env_seal(&c->auth.key, &h, body + c->hlen, nng_msg_len(m) - c->hlen, body);
     nng_aio_set_msg(k->aio, m);
     nng_aio_set_timeout(k->aio, ms_left(deadline));
     nng_ctx_send(k->ctx, k->aio);
@@ -430,15 +625,48 @@ static void cslot_cb(void *arg)
         return;
     }
     nng_msg *m = nng_aio_get_msg(k->aio);
-    cslot_end(k, FY_OK, nng_msg_body(m), nng_msg_len(m));
+    fy_rpc_client_t *c = k->c;
+    const uint8_t *body = nng_msg_body(m);
+    size_t len = nng_msg_len(m), off;
+    fy_env_hdr_t h;
+    fy_env_fault_t f = fy_env_open(&c->auth.key, body, len, &h, &off);
+    if (f) {
+        fy_env_hdr_t r;
+        if (fy_env_parse(body, len, &r, &off) == FY_ENV_OK && r.kind == FY_ENV_REFUSAL) {
+            /* the server could not authenticate our request: say why, once in a while */
+            uint64_t quiet;
+            if (refusal_count(&c->refusals, r.reason, &quiet))
+                fy_error("rpc: %s refused our request: %s (does this process read the same kv.secret_file as "
+                         "the router?)",
+                         c->url, fy_env_fault_words(r.reason));
+            st = FY_ERR_MISMATCH;
+        } else {
+            refused(&c->refusals, f, NULL, "a reply");
+            st = FY_ERR_PEER;
+        }
+    } else if (h.kind != FY_ENV_REPLY || h.role != FY_ROLE_ROUTER || h.re_chan != c->self.chan || h.re_seq != k->seq) {
+        refused(&c->refusals, FY_ENV_IDENTITY, &h, "not a router's reply to this request");
+        st = FY_ERR_PEER;
+    }
+    if (st == FY_OK)
+        cslot_end(k, FY_OK, body + off, len - off);
+    else
+        cslot_end(k, st, NULL, 0);
     nng_msg_free(m);
 }
 
-fy_status_t fy_rpc_client_create(const char *url, fy_rpc_client_t **c_p)
+fy_status_t fy_rpc_client_create(const char *url, const fy_env_auth_t *auth, fy_rpc_client_t **c_p)
 {
+    if (!auth) return FY_ERR_INVALID;
+    uint64_t chan = fy_env_random_id();
+    if (!chan) return FY_ERR_INTERNAL;
     fy_rpc_client_t *c = fy_calloc(1, sizeof(*c));
     if (!c) return FY_ERR_NOMEM;
     snprintf(c->url, sizeof(c->url), "%s", url);
+    c->auth = *auth;
+    self_header(auth, chan, FY_ENV_MSG, &c->self);
+    c->hlen = fy_env_header_bytes(&c->self);
+    refusals_init(&c->refusals, "replies from", url);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     int rv = nng_req0_open(&c->sock);
@@ -446,13 +674,15 @@ fy_status_t fy_rpc_client_create(const char *url, fy_rpc_client_t **c_p)
         fy_error("rpc: cannot open a request socket: %s", nng_strerror(rv));
         pthread_cond_destroy(&c->cv);
         pthread_mutex_destroy(&c->mu);
+        refusals_destroy(&c->refusals);
+        fy_env_auth_wipe(&c->auth);
         fy_free(c);
         return from_nng(rv);
     }
     /* no silent resends: a request is answered once or times out, so a
      * reservation is never made twice behind the caller's back */
     nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
-    nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, FY_RPC_MAX_MSG);
+    nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, FY_RPC_MAX_MSG + FY_ENV_MAX_HEADER);
     nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT, 50);
     nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, 1000);
     for (int i = 0; i < CLIENT_SLOTS; i++) {
@@ -504,19 +734,22 @@ void fy_rpc_client_destroy(fy_rpc_client_t *c)
     }
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
+    refusals_destroy(&c->refusals);
+    fy_env_auth_wipe(&c->auth);
     fy_free(c);
 }
 
 fy_status_t fy_rpc_call_async(fy_rpc_client_t *c, const void *buf, size_t len, double timeout_s, fy_rpc_reply_fn cb,
                               void *arg)
 {
-    nng_msg *m = NULL;
-    int rv = nng_msg_alloc(&m, 0);
-    if (!rv && (rv = nng_msg_append(m, buf, len))) nng_msg_free(m);
+    if (len > FY_RPC_MAX_MSG) return FY_ERR_INVALID;
+    nng_msg *m = NULL; /* the header is written in front when the call goes out */
+    int rv = nng_msg_alloc(&m, c->hlen + len);
     if (rv) {
         fy_error("rpc: cannot build a call to %s: %s", c->url, nng_strerror(rv));
         return from_nng(rv);
     }
+    memcpy((uint8_t *)nng_msg_body(m) + c->hlen, buf, len);
     double deadline = mono_s() + timeout_s;
     pthread_mutex_lock(&c->mu);
     if (c->closing) {
@@ -605,16 +838,28 @@ fy_status_t fy_rpc_call(fy_rpc_client_t *c, const void *buf, size_t len, double 
 struct fy_push {
     nng_socket sock;
     atomic_uint_fast64_t dropped;
+    pthread_mutex_t mu; /* sequence numbers reach the pipe in order */
+    fy_env_auth_t auth;
+    fy_env_hdr_t self;
+    size_t hlen;
+    uint64_t seq;
     char url[256];
 };
 
-fy_status_t fy_push_create(const char *url, int queue, fy_push_t **p_p)
+fy_status_t fy_push_create(const char *url, int queue, const fy_env_auth_t *auth, fy_push_t **p_p)
 {
+    if (!auth) return FY_ERR_INVALID;
+    uint64_t chan = fy_env_random_id();
+    if (!chan) return FY_ERR_INTERNAL;
     fy_push_t *p = fy_calloc(1, sizeof(*p));
     if (!p) return FY_ERR_NOMEM;
     snprintf(p->url, sizeof(p->url), "%s", url);
+    p->auth = *auth;
+    self_header(auth, chan, FY_ENV_MSG, &p->self);
+    p->hlen = fy_env_header_bytes(&p->self);
     int rv = nng_push0_open(&p->sock);
     if (rv) {
+        fy_env_auth_wipe(&p->auth);
         fy_free(p);
         fy_error("rpc: cannot open a push socket: %s", nng_strerror(rv));
         return from_nng(rv);
@@ -625,9 +870,11 @@ fy_status_t fy_push_create(const char *url, int queue, fy_push_t **p_p)
     if ((rv = nng_dial(p->sock, url, NULL, NNG_FLAG_NONBLOCK))) {
         fy_error("rpc: cannot dial %s: %s", url, nng_strerror(rv));
         nng_close(p->sock);
+        fy_env_auth_wipe(&p->auth);
         fy_free(p);
         return from_nng(rv) == FY_ERR_INVALID ? FY_ERR_INVALID : FY_ERR_IO;
     }
+    pthread_mutex_init(&p->mu, NULL);
     *p_p = p;
     return FY_OK;
 }
@@ -636,15 +883,27 @@ void fy_push_destroy(fy_push_t *p)
 {
     if (!p) return;
     close_socket(p->sock, p->url);
+    pthread_mutex_destroy(&p->mu);
+    fy_env_auth_wipe(&p->auth);
     fy_free(p);
 }
 
 fy_status_t fy_push_send(fy_push_t *p, const void *buf, size_t len)
 {
+    if (len > FY_RPC_MAX_MSG) return FY_ERR_INVALID;
     nng_msg *m;
-    int rv = nng_msg_alloc(&m, 0);
-    if (!rv && (rv = nng_msg_append(m, buf, len))) nng_msg_free(m);
-    if (!rv && (rv = nng_sendmsg(p->sock, m, NNG_FLAG_NONBLOCK))) nng_msg_free(m);
+    int rv = nng_msg_alloc(&m, p->hlen + len);
+    if (!rv) {
+        uint8_t *body = nng_msg_body(m);
+        memcpy(body + p->hlen, buf, len);
+        fy_env_hdr_t h = p->self;
+        pthread_mutex_lock(&p->mu);
+        h.seq = ++p->seq;
+        h.ts_ms = fy_env_now_ms();
+        fy_env_seal(&p->auth.key, &h, body + p->hlen, len, body);
+        if ((rv = nng_sendmsg(p->sock, m, NNG_FLAG_NONBLOCK))) nng_msg_free(m);
+        pthread_mutex_unlock(&p->mu);
+    }
     if (rv) {
         if (atomic_fetch_add(&p->dropped, 1) == 0)
             fy_error("rpc: event to %s dropped: %s (further drops are counted, not logged)", p->url,
@@ -675,6 +934,10 @@ struct fy_pull {
     fy_pull_fn fn;
     void *arg;
     atomic_bool closing;
+    fy_env_auth_t auth;
+    unsigned roles;
+    fy_env_guard_t *guard;
+    refusals_t refusals;
 };
 
 static void pull_cb(void *arg)
@@ -683,7 +946,11 @@ static void pull_cb(void *arg)
     int rv = nng_aio_result(p->aio);
     if (rv == 0) {
         nng_msg *m = nng_aio_get_msg(p->aio);
-        p->fn(p->arg, nng_msg_body(m), nng_msg_len(m));
+        fy_env_hdr_t h;
+        size_t off;
+        if (open_incoming(&p->auth.key, p->guard, p->roles, &p->refusals, nng_msg_body(m), nng_msg_len(m), &h,
+                          &off) == FY_ENV_OK)
+            p->fn(p->arg, &h, (const uint8_t *)nng_msg_body(m) + off, nng_msg_len(m) - off);
         nng_msg_free(m);
     } else if (rv == NNG_ECLOSED || atomic_load(&p->closing)) {
         return;
@@ -691,29 +958,46 @@ static void pull_cb(void *arg)
     if (!atomic_load(&p->closing)) nng_recv_aio(p->sock, p->aio);
 }
 
-fy_status_t fy_pull_create(const char *url, fy_pull_fn fn, void *arg, fy_pull_t **p_p)
+static void pull_free(fy_pull_t *p)
 {
+    fy_env_guard_destroy(p->guard);
+    refusals_destroy(&p->refusals);
+    fy_env_auth_wipe(&p->auth);
+    fy_free(p);
+}
+
+fy_status_t fy_pull_create(const char *url, const fy_env_auth_t *auth, unsigned roles, fy_pull_fn fn, void *arg,
+                           fy_pull_t **p_p)
+{
+    if (!auth || !fn) return FY_ERR_INVALID;
     fy_pull_t *p = fy_calloc(1, sizeof(*p));
     if (!p) return FY_ERR_NOMEM;
     p->fn = fn;
     p->arg = arg;
+    p->auth = *auth;
+    p->roles = roles;
+    refusals_init(&p->refusals, "messages on", url);
+    if (fy_env_guard_create(PULL_CHANNELS, fy_env_now_ms(), &p->guard)) {
+        pull_free(p);
+        return FY_ERR_NOMEM;
+    }
     int rv = nng_pull0_open(&p->sock);
     if (rv) {
-        fy_free(p);
+        pull_free(p);
         fy_error("rpc: cannot open a pull socket: %s", nng_strerror(rv));
         return from_nng(rv);
     }
-    nng_socket_set_size(p->sock, NNG_OPT_RECVMAXSZ, FY_RPC_MAX_MSG);
+    nng_socket_set_size(p->sock, NNG_OPT_RECVMAXSZ, FY_RPC_MAX_MSG + FY_ENV_MAX_HEADER);
     if ((rv = nng_aio_alloc(&p->aio, pull_cb, p))) {
         nng_close(p->sock);
-        fy_free(p);
+        pull_free(p);
         return from_nng(rv);
     }
     fy_status_t st = listen_on(p->sock, url, "event stream");
     if (st) {
         nng_close(p->sock);
         nng_aio_free(p->aio);
-        fy_free(p);
+        pull_free(p);
         return st;
     }
     nng_recv_aio(p->sock, p->aio);
@@ -728,5 +1012,12 @@ void fy_pull_destroy(fy_pull_t *p)
     nng_aio_stop(p->aio);
     close_socket(p->sock, "an event stream");
     nng_aio_free(p->aio);
-    fy_free(p);
+    pull_free(p);
 }
+
+void fy_pull_refuse(fy_pull_t *p, const fy_env_hdr_t *from, const char *why)
+{
+    refused(&p->refusals, FY_ENV_IDENTITY, from, why);
+}
+
+void fy_pull_refused(fy_pull_t *p, uint64_t out[FY_ENV_N_FAULTS]) { refusals_add(&p->refusals, out); }

@@ -11,6 +11,16 @@
  * Handlers and callbacks run on nng's threads and must not block: they
  * hand work to their owner's thread.  nng reconnects dialers by itself,
  * so a restarted peer is reached again without help.
+ *
+ * Every message goes in an authenticated envelope (envelope.h): each
+ * socket is made with its process's credentials (fy_env_auth_t, copied),
+ * seals what it sends and opens what it receives.  A message that does
+ * not verify, comes again, is stale, or comes from a role the receiver
+ * does not take is dropped, counted by fault (fy_*_refused) and logged at
+ * most once per fault every 10 s; a server answers such a request with a
+ * refusal (no payload, the fault's code) rather than silence.  Handlers
+ * and pull callbacks get the sender's authenticated header.  Replies are
+ * bound to their request (its channel and sequence number).
  */
 #ifndef FY_RPC_H
 #define FY_RPC_H
@@ -18,27 +28,36 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "envelope.h"
 #include "msg.h"
 #include "status.h"
 
 #define FY_RPC_MAX_MSG (8u << 20) /* bytes a socket accepts in one message */
+
+/* Which sender roles a receiving socket takes: a mask of 1u << fy_env_role_t. */
+#define FY_RPC_FROM(role) (1u << (role))
 
 /* ---- server ---- */
 
 typedef struct fy_rpc_server fy_rpc_server_t;
 typedef struct fy_rpc_call fy_rpc_call_t; /* one request waiting for its reply */
 
-/* Called for each request on an nng thread; must not block.  The handler
- * owns call until it (or anyone it hands call to) calls fy_rpc_reply*
- * exactly once; msg is valid until then. */
-typedef void (*fy_rpc_handler_fn)(void *arg, fy_rpc_call_t *call, const void *msg, size_t len);
+/* Called for each authenticated request on an nng thread; must not block.
+ * The handler owns call until it (or anyone it hands call to) calls
+ * fy_rpc_reply* exactly once; msg is valid until then, from during this
+ * call only. */
+typedef void (*fy_rpc_handler_fn)(void *arg, fy_rpc_call_t *call, const fy_env_hdr_t *from, const void *msg,
+                                  size_t len);
 
 /* Listens on url (tcp://host:port, ipc:///path) and serves up to n_slots
- * requests at once. */
-fy_status_t fy_rpc_server_create(const char *url, int n_slots, fy_rpc_handler_fn fn, void *arg,
-                                 fy_rpc_server_t **s_p);
+ * requests at once, from senders whose role is in the mask roles
+ * (FY_RPC_FROM(FY_ROLE_CLIENT)...); auth is this server's credentials. */
+fy_status_t fy_rpc_server_create(const char *url, int n_slots, const fy_env_auth_t *auth, unsigned roles,
+                                 fy_rpc_handler_fn fn, void *arg, fy_rpc_server_t **s_p);
 /* Every call handed out must have been replied to. */
 void fy_rpc_server_destroy(fy_rpc_server_t *s); /* accepts NULL */
+/* Adds the requests refused so far, by fault, to out. */
+void fy_rpc_server_refused(fy_rpc_server_t *s, uint64_t out[FY_ENV_N_FAULTS]);
 
 /* Sends the reply (copied); the call is gone afterwards. */
 void fy_rpc_reply(fy_rpc_call_t *call, const void *buf, size_t len);
@@ -63,12 +82,14 @@ typedef struct fy_rpc_client fy_rpc_client_t;
 typedef void (*fy_rpc_reply_fn)(void *arg, fy_status_t st, const void *reply, size_t len);
 
 /* Dials url in the background; calls made before the peer is up wait for
- * it until their timeout. */
-fy_status_t fy_rpc_client_create(const char *url, fy_rpc_client_t **c_p);
+ * it until their timeout.  Replies are taken from a router role only. */
+fy_status_t fy_rpc_client_create(const char *url, const fy_env_auth_t *auth, fy_rpc_client_t **c_p);
 /* Ends every outstanding call (callback with FY_ERR_CANCELLED) first. */
 void fy_rpc_client_destroy(fy_rpc_client_t *c); /* accepts NULL */
 /* FY_ERR_TIMEOUT when no reply came within timeout_s, FY_ERR_PEER when
- * the connection failed.  On FY_OK from the call itself, cb will run. */
+ * the connection failed or the reply did not verify, FY_ERR_MISMATCH when
+ * the server refused the request as unauthenticated (another secret, a
+ * clock far off; logged).  On FY_OK from the call itself, cb will run. */
 fy_status_t fy_rpc_call_async(fy_rpc_client_t *c, const void *buf, size_t len, double timeout_s, fy_rpc_reply_fn cb,
                               void *arg);
 /* Blocking: *reply_p (fy_free it) on success. */
@@ -81,17 +102,25 @@ typedef struct fy_push fy_push_t;
 typedef struct fy_pull fy_pull_t;
 
 /* Dials url; up to queue messages wait while the peer is slow or away. */
-fy_status_t fy_push_create(const char *url, int queue, fy_push_t **p_p);
+fy_status_t fy_push_create(const char *url, int queue, const fy_env_auth_t *auth, fy_push_t **p_p);
 void fy_push_destroy(fy_push_t *p); /* accepts NULL */
 /* Never blocks: FY_ERR_NO_SPACE when the queue is full (counted, logged once). */
 fy_status_t fy_push_send(fy_push_t *p, const void *buf, size_t len);
 fy_status_t fy_push_msgw(fy_push_t *p, fy_msgw_t *w);
 uint64_t fy_push_dropped(fy_push_t *p);
 
-/* Called for each message, on an nng thread; must not block. */
-typedef void (*fy_pull_fn)(void *arg, const void *buf, size_t len);
-/* Listens on url. */
-fy_status_t fy_pull_create(const char *url, fy_pull_fn fn, void *arg, fy_pull_t **p_p);
+/* Called for each authenticated message, on an nng thread; must not
+ * block.  from and buf are valid during the call only. */
+typedef void (*fy_pull_fn)(void *arg, const fy_env_hdr_t *from, const void *buf, size_t len);
+/* Listens on url for senders whose role is in the mask roles. */
+fy_status_t fy_pull_create(const char *url, const fy_env_auth_t *auth, unsigned roles, fy_pull_fn fn, void *arg,
+                           fy_pull_t **p_p);
 void fy_pull_destroy(fy_pull_t *p); /* accepts NULL; no callback runs after it returns */
+/* The owner refuses an authenticated message whose sender does not fit
+ * it (an event naming another worker): counted as FY_ENV_IDENTITY and
+ * logged (rate-limited) with why. */
+void fy_pull_refuse(fy_pull_t *p, const fy_env_hdr_t *from, const char *why);
+/* Adds the messages refused so far, by fault, to out. */
+void fy_pull_refused(fy_pull_t *p, uint64_t out[FY_ENV_N_FAULTS]);
 
 #endif /* FY_RPC_H */

@@ -1,0 +1,378 @@
+/*
+ * authcost.c - `ferry-bench auth`: what the control plane's envelope
+ * (common/envelope.h) costs.  Per message: sealing, opening (parse and
+ * tag check) and the replay guard, at payload sizes a control message
+ * has (200 B: a command or a poll; 2 KiB: a reserve with a prompt; 64 KiB:
+ * a long prompt or a load report with a big digest).  Per round trip: one
+ * request and its reply over nng req/rep, bare (the reference) and with
+ * the envelope sealed and opened on both sides (the same raw sockets, so
+ * the difference is the envelope alone), and through fy_rpc (the sockets
+ * ferry uses, which add their own slots and callbacks).
+ *
+ * Not here: the load harness (ferry_bench.c), anything about models.
+ */
+#include "authcost.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <nng/protocol/reqrep0/req.h>
+
+#include "envelope.h"
+#include "mem.h"
+#include "rpc.h"
+
+static const uint8_t SECRET[32] = "ferry-bench auth: a test secret";
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* This thread's CPU time: the per-message costs are work done, whatever
+ * else shares the machine (a busy host deschedules the thread, which wall
+ * time would count). */
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* A loopback TCP port that was free a moment ago (0 if none). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof(a);
+    int port = 0;
+    if (fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof(a)) && !getsockname(fd, (struct sockaddr *)&a, &l))
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* ---- per message ---- */
+
+static void per_message(const fy_env_auth_t *me, size_t size, int reps)
+{
+    size_t cap = FY_ENV_MAX_HEADER + size;
+    uint8_t *buf = fy_malloc(cap);
+    if (!buf) return;
+    for (size_t i = 0; i < size; i++) buf[FY_ENV_MAX_HEADER + i] = (uint8_t)(i * 131u);
+    fy_env_hdr_t h;
+    memset(&h, 0, sizeof(h));
+    h.kind = FY_ENV_MSG;
+    h.role = me->role;
+    snprintf(h.name, sizeof(h.name), "%s", me->name);
+    h.inc = me->inc;
+    h.chan = 1;
+    h.ts_ms = fy_env_now_ms();
+    size_t hl = fy_env_header_bytes(&h);
+    uint8_t *msg = buf + FY_ENV_MAX_HEADER - hl; /* header right before the payload */
+    fy_env_guard_t *g;
+    if (fy_env_guard_create(1024, h.ts_ms, &g)) {
+        fy_free(buf);
+        return;
+    }
+    volatile size_t sink = 0;
+    double t0 = cpu_s();
+    for (int r = 0; r < reps; r++) {
+        h.seq = (uint64_t)r + 1;
+        fy_env_seal(&me->key, &h, msg + hl, size, msg);
+    }
+    double t_seal = (cpu_s() - t0) / reps;
+    fy_env_hdr_t o;
+    size_t off;
+    t0 = cpu_s();
+    for (int r = 0; r < reps; r++) sink += fy_env_open(&me->key, msg, hl + size, &o, &off) == FY_ENV_OK ? off : 0;
+    double t_open = (cpu_s() - t0) / reps;
+    t0 = cpu_s();
+    for (int r = 0; r < reps; r++) {
+        o.seq = (uint64_t)r + 1;
+        sink += fy_env_guard_admit(g, &o, o.ts_ms);
+    }
+    double t_guard = (cpu_s() - t0) / reps;
+    /* the reference: copying the payload once, as every send already does */
+    uint8_t *copy = fy_malloc(size ? size : 1);
+    t0 = cpu_s();
+    for (int r = 0; r < reps && copy; r++) {
+        memcpy(copy, msg + hl, size);
+        sink += copy[r % (size ? size : 1)];
+    }
+    double t_copy = (cpu_s() - t0) / reps;
+    (void)sink;
+    printf("  %6zu B   seal %8.0f ns   open %8.0f ns   guard %5.0f ns   seal+open+guard %8.0f ns   "
+           "(%5.2f GB/s; a memcpy of the payload: %6.0f ns)\n",
+           size, t_seal * 1e9, t_open * 1e9, t_guard * 1e9, (t_seal + t_open + t_guard) * 1e9,
+           2.0 * (double)size / ((t_seal + t_open) * 1e9), t_copy * 1e9);
+    fy_free(copy);
+    fy_env_guard_destroy(g);
+    fy_free(buf);
+}
+
+/* ---- per round trip ---- */
+
+typedef struct raw_server {
+    nng_socket sk;
+    pthread_t t;
+    bool sealed;
+    fy_env_auth_t me;
+    fy_env_guard_t *guard;
+} raw_server_t;
+
+/* Echoes each request; sealed: opens, checks and seals the reply as fy_rpc would. */
+static void *raw_server_main(void *arg)
+{
+    raw_server_t *s = arg;
+    uint64_t seq = 0;
+    for (;;) {
+        nng_msg *m;
+        if (nng_recvmsg(s->sk, &m, 0)) return NULL;
+        if (s->sealed) {
+            fy_env_hdr_t h;
+            size_t off;
+            uint8_t *b = nng_msg_body(m);
+            size_t len = nng_msg_len(m);
+            if (fy_env_open(&s->me.key, b, len, &h, &off) || fy_env_guard_admit(s->guard, &h, fy_env_now_ms())) {
+                nng_msg_free(m);
+                return NULL;
+            }
+            fy_env_hdr_t r;
+            memset(&r, 0, sizeof(r));
+            r.kind = FY_ENV_REPLY;
+            r.role = s->me.role;
+            snprintf(r.name, sizeof(r.name), "%s", s->me.name);
+            r.inc = s->me.inc;
+            r.chan = 2;
+            r.seq = ++seq;
+            r.ts_ms = fy_env_now_ms();
+            r.re_chan = h.chan;
+            r.re_seq = h.seq;
+            size_t rh = fy_env_header_bytes(&r);
+            nng_msg *out;
+            if (nng_msg_alloc(&out, rh + len - off)) return NULL;
+            uint8_t *ob = nng_msg_body(out);
+            memcpy(ob + rh, b + off, len - off);
+            fy_env_seal(&s->me.key, &r, ob + rh, len - off, ob);
+            nng_msg_free(m);
+            m = out;
+        }
+        if (nng_sendmsg(s->sk, m, 0)) {
+            nng_msg_free(m);
+            return NULL;
+        }
+    }
+}
+
+/* One round trip on a raw req socket; sealed: the client side of the envelope too. */
+static bool raw_call(nng_socket sk, const fy_env_auth_t *me, bool sealed, uint64_t seq, const uint8_t *payload,
+                     size_t size)
+{
+    nng_msg *m;
+    fy_env_hdr_t h;
+    memset(&h, 0, sizeof(h));
+    size_t hl = 0;
+    if (sealed) {
+        h.kind = FY_ENV_MSG;
+        h.role = me->role;
+        snprintf(h.name, sizeof(h.name), "%s", me->name);
+        h.inc = me->inc;
+        h.chan = 3;
+        h.seq = seq;
+        h.ts_ms = fy_env_now_ms();
+        hl = fy_env_header_bytes(&h);
+    }
+    if (nng_msg_alloc(&m, hl + size)) return false;
+    uint8_t *b = nng_msg_body(m);
+    memcpy(b + hl, payload, size);
+    if (sealed) fy_env_seal(&me->key, &h, b + hl, size, b);
+    if (nng_sendmsg(sk, m, 0)) {
+        nng_msg_free(m);
+        return false;
+    }
+    if (nng_recvmsg(sk, &m, 0)) return false;
+    bool ok = true;
+    if (sealed) {
+        fy_env_hdr_t r;
+        size_t off;
+        ok = fy_env_open(&me->key, nng_msg_body(m), nng_msg_len(m), &r, &off) == FY_ENV_OK && r.re_seq == seq &&
+             nng_msg_len(m) - off == size;
+    } else {
+        ok = nng_msg_len(m) == size;
+    }
+    nng_msg_free(m);
+    return ok;
+}
+
+static void fy_rpc_echo(void *arg, fy_rpc_call_t *call, const fy_env_hdr_t *from, const void *msg, size_t len)
+{
+    (void)arg, (void)from;
+    fy_rpc_reply(call, msg, len);
+}
+
+static void summarize(const char *what, double *lat, int n)
+{
+    qsort(lat, (size_t)n, sizeof(double), cmp_d);
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += lat[i];
+    printf("    %-34s mean %7.1f us   p50 %7.1f us   p99 %7.1f us\n", what, sum / n * 1e6, lat[n / 2] * 1e6,
+           lat[(int)(n * 0.99)] * 1e6);
+}
+
+/* One URL per variant: a base URL's "-bare", "-sealed", "-rpc" forms (ipc), or three free TCP ports. */
+static void variant_url(const char *base, int v, char *out, size_t cap)
+{
+    if (!strncmp(base, "ipc://", 6))
+        snprintf(out, cap, "%s-%d", base, v);
+    else
+        snprintf(out, cap, "tcp://127.0.0.1:%d", free_port());
+}
+
+/*
+ * The three variants run side by side, in alternating blocks of 50 calls,
+ * so that whatever else the machine does falls on all three alike: a raw
+ * req/rep pair bare (the reference), the same with the envelope, and
+ * fy_rpc's server and client.
+ */
+static fy_status_t round_trips(const char *base, const fy_env_auth_t *client, const fy_env_auth_t *router,
+                               size_t size, int reps)
+{
+    enum { BLOCK = 50 };
+    uint8_t *payload = fy_malloc(size ? size : 1);
+    double *lat[3] = {fy_malloc((size_t)reps * sizeof(double)), fy_malloc((size_t)reps * sizeof(double)),
+                      fy_malloc((size_t)reps * sizeof(double))};
+    raw_server_t srv[2];
+    memset(srv, 0, sizeof(srv));
+    nng_socket cs[2];
+    bool up[2] = {false, false}, dialed[2] = {false, false};
+    fy_rpc_server_t *rsrv = NULL;
+    fy_rpc_client_t *rc = NULL;
+    fy_status_t st = payload && lat[0] && lat[1] && lat[2] ? FY_OK : FY_ERR_NOMEM;
+    for (size_t i = 0; i < size; i++) payload[i] = (uint8_t)i;
+    char url[3][160];
+    for (int v = 0; v < 3; v++) variant_url(base, v, url[v], sizeof(url[v]));
+    printf("  %zu B over %s:\n", size, !strncmp(base, "ipc://", 6) ? "ipc" : "tcp loopback");
+    for (int v = 0; v < 2 && !st; v++) {
+        srv[v].sealed = v == 1;
+        srv[v].me = *router;
+        if (fy_env_guard_create(64, fy_env_now_ms(), &srv[v].guard) || nng_rep0_open(&srv[v].sk) ||
+            nng_listen(srv[v].sk, url[v], NULL, 0) || pthread_create(&srv[v].t, NULL, raw_server_main, &srv[v])) {
+            fprintf(stderr, "ferry-bench auth: cannot serve %s\n", url[v]);
+            st = FY_ERR_IO;
+            break;
+        }
+        up[v] = true;
+        if (nng_req0_open(&cs[v]) || nng_dial(cs[v], url[v], NULL, 0)) st = FY_ERR_IO;
+        else dialed[v] = true;
+    }
+    if (!st) st = fy_rpc_server_create(url[2], 8, router, FY_RPC_FROM(FY_ROLE_CLIENT), fy_rpc_echo, NULL, &rsrv);
+    if (!st) st = fy_rpc_client_create(url[2], client, &rc);
+    uint64_t seq = 0;
+    for (int r = -reps / 10; r < reps && !st; r += BLOCK) { /* r < 0: warm-up */
+        for (int v = 0; v < 3 && !st; v++) {
+            for (int k = 0; k < BLOCK && !st; k++) {
+                double t0 = now_s();
+                if (v < 2) {
+                    if (!raw_call(cs[v], client, v == 1, ++seq, payload, size)) st = FY_ERR_PEER;
+                } else {
+                    void *rep;
+                    size_t rl;
+                    st = fy_rpc_call(rc, payload, size, 10.0, &rep, &rl);
+                    if (!st) fy_free(rep);
+                }
+                if (r + k >= 0 && r + k < reps) lat[v][r + k] = now_s() - t0;
+            }
+        }
+    }
+    fy_rpc_client_destroy(rc);
+    fy_rpc_server_destroy(rsrv);
+    for (int v = 0; v < 2; v++) {
+        if (dialed[v]) nng_close(cs[v]);
+        if (up[v]) {
+            nng_close(srv[v].sk);
+            pthread_join(srv[v].t, NULL);
+        }
+        fy_env_guard_destroy(srv[v].guard);
+    }
+    if (!st) {
+        summarize("raw nng req/rep, bare (reference)", lat[0], reps);
+        summarize("raw nng req/rep, with the envelope", lat[1], reps);
+        summarize("fy_rpc (ferry's sockets, envelope)", lat[2], reps);
+    }
+    fy_free(payload);
+    for (int v = 0; v < 3; v++) fy_free(lat[v]);
+    return st;
+}
+
+int fy_bench_auth_main(int argc, char **argv)
+{
+    int reps = 200000, rtt_reps = 3000;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+            reps = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--rtt-reps") && i + 1 < argc) {
+            rtt_reps = atoi(argv[++i]);
+        } else {
+            printf("usage: ferry-bench auth [--reps N (per message, default 200000)] [--rtt-reps N (default 3000)]\n"
+                   "  the control-plane envelope's cost per message and per request round trip\n");
+            return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
+        }
+    }
+    if (reps < 100 || rtt_reps < 100) {
+        fprintf(stderr, "ferry-bench auth: at least 100 repetitions\n");
+        return 2;
+    }
+    fy_env_auth_t client, router;
+    if (fy_env_auth_init(&client, SECRET, sizeof(SECRET), FY_ROLE_CLIENT, "ferry-bench", 0) ||
+        fy_env_auth_init(&router, SECRET, sizeof(SECRET), FY_ROLE_ROUTER, "router", 0))
+        return 1;
+    static const size_t sizes[] = {200, 2048, 65536};
+    printf("per message (one thread's CPU time; BLAKE2b-128 keyed, libsodium):\n");
+    for (int k = 0; k < 3; k++) per_message(&router, sizes[k], sizes[k] > 8192 ? reps / 20 : reps);
+    char dir[] = "/tmp/ferry-bench-auth-XXXXXX", url[128];
+    if (!mkdtemp(dir)) {
+        perror("ferry-bench auth: mkdtemp");
+        return 1;
+    }
+    printf("per request round trip (client and server threads in this process; %d calls of each variant, "
+           "interleaved in blocks of 50):\n",
+           rtt_reps);
+    int rc = 0;
+    for (int t = 0; t < 2 && !rc; t++) {
+        for (int k = 0; k < 3 && !rc; k++) {
+            if (t == 0)
+                snprintf(url, sizeof(url), "ipc://%s/s%d", dir, k);
+            else
+                snprintf(url, sizeof(url), "tcp://");
+            if (round_trips(url, &client, &router, sizes[k], rtt_reps)) rc = 1;
+        }
+    }
+    char sock[200];
+    for (int k = 0; k < 3; k++)
+        for (int v = 0; v < 3; v++) {
+            snprintf(sock, sizeof(sock), "%s/s%d-%d", dir, k, v);
+            remove(sock);
+        }
+    remove(dir);
+    fy_env_auth_wipe(&client);
+    fy_env_auth_wipe(&router);
+    return rc;
+}

@@ -1,0 +1,366 @@
+/*
+ * envelope.c - the control plane's authenticated envelope (see
+ * envelope.h): key derivation, sealing, parsing and verifying, and the
+ * receivers' replay windows.
+ *
+ * Not here: sockets (transfer/rpc.c), what a message says (msg.h), who may
+ * send what (the router and the workers check identities).
+ */
+#include "envelope.h"
+
+#include <pthread.h>
+#include <string.h>
+#include <time.h>
+
+#include <sodium.h>
+
+#include "log.h"
+#include "mem.h"
+
+static const uint8_t MAGIC[3] = {'F', 'Y', 'E'};
+
+/* crypto_kdf's context for the control-plane key: 8 bytes of its own, so no
+ * other key taken from kv.secret_file (the prefix-cache hasher keys BLAKE2b
+ * with the raw secret) can coincide with it */
+static const char KDF_CTX[crypto_kdf_CONTEXTBYTES + 1] = "fyctlpl1";
+#define KDF_SUBKEY_ID 1
+
+static const char *const FAULTS[FY_ENV_N_FAULTS] = {"ok", "format", "mac", "stale", "replay", "identity"};
+static const char *const FAULT_WORDS[FY_ENV_N_FAULTS] = {
+    "ok",
+    "not an envelope (a client or peer without authentication, or garbage)",
+    "bad MAC (another secret, or altered bytes)",
+    "stale (its time is outside the window or before this process started: clocks apart, or a replay)",
+    "replayed (a sequence number seen before, or behind the window)",
+    "sender not allowed (its role or name does not fit the message)",
+};
+
+const char *fy_env_fault_str(fy_env_fault_t f) { return f >= 0 && f < FY_ENV_N_FAULTS ? FAULTS[f] : "?"; }
+const char *fy_env_fault_words(fy_env_fault_t f) { return f >= 0 && f < FY_ENV_N_FAULTS ? FAULT_WORDS[f] : "?"; }
+
+const char *fy_env_role_str(int role)
+{
+    switch (role) {
+    case FY_ROLE_CLIENT: return "client";
+    case FY_ROLE_ROUTER: return "router";
+    case FY_ROLE_PREFILL: return "prefill";
+    case FY_ROLE_DECODE: return "decode";
+    default: return "?";
+    }
+}
+
+static bool role_ok(int role) { return role >= FY_ROLE_CLIENT && role <= FY_ROLE_DECODE; }
+
+static bool name_ok(const char *s, size_t n)
+{
+    if (n < 1 || n > FY_ENV_NAME_MAX) return false;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x21 || (unsigned char)s[i] > 0x7e) return false;
+    return true;
+}
+
+uint64_t fy_env_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+uint64_t fy_env_random_id(void)
+{
+    uint64_t v = 0;
+    if (sodium_init() < 0) return 0;
+    while (!v) randombytes_buf(&v, sizeof(v));
+    return v;
+}
+
+fy_status_t fy_env_auth_init(fy_env_auth_t *a, const uint8_t *secret, size_t len, fy_env_role_t role,
+                             const char *name, uint64_t inc)
+{
+    if (len < 16 || len > 64) {
+        fy_error("auth: the deployment's secret must be 16 to 64 bytes, not %zu", len);
+        return FY_ERR_INVALID;
+    }
+    size_t nl = name ? strlen(name) : 0;
+    if (!role_ok(role) || !name_ok(name ? name : "", nl)) {
+        fy_error("auth: '%s' cannot name a sender (1 to %d printable ASCII characters, no spaces)", name ? name : "",
+                 FY_ENV_NAME_MAX);
+        return FY_ERR_INVALID;
+    }
+    if (sodium_init() < 0) {
+        fy_error("auth: libsodium failed to initialize");
+        return FY_ERR_INTERNAL;
+    }
+    uint8_t master[crypto_kdf_KEYBYTES];
+    crypto_generichash(master, sizeof(master), secret, len, NULL, 0);
+    crypto_kdf_derive_from_key(a->key.k, FY_ENV_KEY_BYTES, KDF_SUBKEY_ID, KDF_CTX, master);
+    sodium_memzero(master, sizeof(master));
+    a->role = role;
+    memcpy(a->name, name, nl + 1);
+    a->inc = inc;
+    while (!a->inc) randombytes_buf(&a->inc, sizeof(a->inc));
+    return FY_OK;
+}
+
+void fy_env_auth_wipe(fy_env_auth_t *a) { sodium_memzero(a, sizeof(*a)); }
+
+/* ---- bytes ------------------------------------------------------------------------------------- */
+
+static uint8_t *put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 7; i >= 0; i--) *p++ = (uint8_t)(v >> (8 * i));
+    return p;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v = v << 8 | p[i];
+    return v;
+}
+
+/* Bytes from the start to the tag (or to the reason of a refusal). */
+static size_t fixed_bytes(const fy_env_hdr_t *h, size_t name_len)
+{
+    return 7 + name_len + 32 + (h->kind == FY_ENV_REPLY ? 16 : 0);
+}
+
+size_t fy_env_header_bytes(const fy_env_hdr_t *h)
+{
+    return fixed_bytes(h, strlen(h->name)) + (h->kind == FY_ENV_REFUSAL ? 1 : FY_ENV_TAG_BYTES);
+}
+
+/* Everything before the tag; returns where the tag goes. */
+static uint8_t *write_header(const fy_env_hdr_t *h, uint8_t *p)
+{
+    size_t nl = strlen(h->name);
+    memcpy(p, MAGIC, 3);
+    p[3] = FY_ENV_VERSION;
+    p[4] = (uint8_t)h->kind;
+    p[5] = (uint8_t)h->role;
+    p[6] = (uint8_t)nl;
+    memcpy(p + 7, h->name, nl);
+    p += 7 + nl;
+    p = put64(p, h->inc);
+    p = put64(p, h->chan);
+    p = put64(p, h->seq);
+    p = put64(p, h->ts_ms);
+    if (h->kind == FY_ENV_REPLY) {
+        p = put64(p, h->re_chan);
+        p = put64(p, h->re_seq);
+    }
+    return p;
+}
+
+static void mac(const fy_env_key_t *key, const uint8_t *hdr, size_t hlen, const void *payload, size_t len,
+                uint8_t tag[FY_ENV_TAG_BYTES])
+{
+    crypto_generichash_blake2b_state st;
+    crypto_generichash_blake2b_init(&st, key->k, FY_ENV_KEY_BYTES, FY_ENV_TAG_BYTES);
+    crypto_generichash_blake2b_update(&st, hdr, hlen);
+    if (len) crypto_generichash_blake2b_update(&st, payload, len);
+    crypto_generichash_blake2b_final(&st, tag, FY_ENV_TAG_BYTES);
+}
+
+void fy_env_seal(const fy_env_key_t *key, const fy_env_hdr_t *h, const void *payload, size_t len, uint8_t *out)
+{
+    uint8_t *tag = write_header(h, out);
+    mac(key, out, (size_t)(tag - out), payload, len, tag);
+}
+
+size_t fy_env_refusal(const fy_env_hdr_t *h, fy_env_fault_t reason, uint8_t *out, size_t cap)
+{
+    fy_env_hdr_t r = *h;
+    r.kind = FY_ENV_REFUSAL;
+    size_t need = fy_env_header_bytes(&r);
+    if (need > cap) return 0;
+    uint8_t *p = write_header(&r, out);
+    *p = (uint8_t)reason;
+    return need;
+}
+
+fy_env_fault_t fy_env_parse(const void *buf, size_t len, fy_env_hdr_t *h, size_t *off_p)
+{
+    const uint8_t *b = buf;
+    if (len < 7 || memcmp(b, MAGIC, 3) || b[3] != FY_ENV_VERSION) return FY_ENV_FORMAT;
+    fy_env_hdr_t x;
+    memset(&x, 0, sizeof(x));
+    x.kind = (fy_env_kind_t)b[4];
+    x.role = b[5];
+    size_t nl = b[6];
+    if ((x.kind != FY_ENV_MSG && x.kind != FY_ENV_REPLY && x.kind != FY_ENV_REFUSAL) || !role_ok(x.role) ||
+        nl > FY_ENV_NAME_MAX)
+        return FY_ENV_FORMAT;
+    size_t fixed = fixed_bytes(&x, nl), end = fixed + (x.kind == FY_ENV_REFUSAL ? 1 : FY_ENV_TAG_BYTES);
+    if (len < end || !name_ok((const char *)b + 7, nl)) return FY_ENV_FORMAT;
+    memcpy(x.name, b + 7, nl);
+    x.name[nl] = 0;
+    const uint8_t *p = b + 7 + nl;
+    x.inc = get64(p);
+    x.chan = get64(p + 8);
+    x.seq = get64(p + 16);
+    x.ts_ms = get64(p + 24);
+    if (x.kind == FY_ENV_REPLY) {
+        x.re_chan = get64(p + 32);
+        x.re_seq = get64(p + 40);
+    }
+    if (!x.inc || !x.chan || !x.seq) return FY_ENV_FORMAT;
+    if (x.kind == FY_ENV_REFUSAL) {
+        x.reason = (fy_env_fault_t)b[fixed];
+        if (len != end || x.reason <= FY_ENV_OK || x.reason >= FY_ENV_N_FAULTS) return FY_ENV_FORMAT;
+    }
+    *h = x;
+    *off_p = end;
+    return FY_ENV_OK;
+}
+
+fy_env_fault_t fy_env_open(const fy_env_key_t *key, const void *buf, size_t len, fy_env_hdr_t *h, size_t *off_p)
+{
+    fy_env_hdr_t x;
+    size_t off;
+    fy_env_fault_t f = fy_env_parse(buf, len, &x, &off);
+    if (f) return f;
+    if (x.kind == FY_ENV_REFUSAL) return FY_ENV_FORMAT;
+    const uint8_t *b = buf;
+    uint8_t tag[FY_ENV_TAG_BYTES];
+    size_t tag_at = off - FY_ENV_TAG_BYTES;
+    mac(key, b, tag_at, b + off, len - off, tag);
+    if (sodium_memcmp(tag, b + tag_at, FY_ENV_TAG_BYTES)) return FY_ENV_MAC;
+    *h = x;
+    *off_p = off;
+    return FY_ENV_OK;
+}
+
+/* ---- replay windows -------------------------------------------------------------------------------- */
+
+typedef struct chan_ent {
+    uint64_t chan, inc;
+    uint8_t role;
+    uint8_t name_digest[8]; /* the sender's name, as a short digest */
+    uint64_t top;           /* highest sequence accepted */
+    uint64_t bits;          /* bit i: top - i was accepted */
+    uint64_t last_ts;       /* its latest message's time */
+    uint64_t used;          /* when it was last heard (a counter), for forgetting */
+    int32_t next;           /* hash chain; -1 ends */
+} chan_ent_t;
+
+struct fy_env_guard {
+    pthread_mutex_t mu;
+    chan_ent_t *ents; /* [cap] */
+    int32_t *buckets; /* [n_buckets] */
+    int cap, n, n_buckets;
+    uint64_t start_ms;
+    uint64_t floor_ms; /* the newest time of any forgotten channel: new ones must be later */
+    uint64_t clock;
+};
+
+fy_status_t fy_env_guard_create(int capacity, uint64_t start_ms, fy_env_guard_t **g_p)
+{
+    if (capacity < 1 || capacity > (1 << 20)) return FY_ERR_INVALID;
+    fy_env_guard_t *g = fy_calloc(1, sizeof(*g));
+    int nb = 1;
+    while (nb < 2 * capacity) nb <<= 1;
+    if (g) {
+        g->ents = fy_calloc((size_t)capacity, sizeof(*g->ents));
+        g->buckets = fy_malloc((size_t)nb * sizeof(int32_t));
+    }
+    if (!g || !g->ents || !g->buckets) {
+        if (g) {
+            fy_free(g->ents);
+            fy_free(g->buckets);
+        }
+        fy_free(g);
+        return FY_ERR_NOMEM;
+    }
+    for (int i = 0; i < nb; i++) g->buckets[i] = -1;
+    g->cap = capacity;
+    g->n_buckets = nb;
+    g->start_ms = start_ms;
+    pthread_mutex_init(&g->mu, NULL);
+    *g_p = g;
+    return FY_OK;
+}
+
+void fy_env_guard_destroy(fy_env_guard_t *g)
+{
+    if (!g) return;
+    pthread_mutex_destroy(&g->mu);
+    fy_free(g->ents);
+    fy_free(g->buckets);
+    fy_free(g);
+}
+
+static uint32_t bucket_of(const fy_env_guard_t *g, uint64_t chan)
+{
+    uint64_t h = chan * 0x9e3779b97f4a7c15ull;
+    return (uint32_t)(h >> 32) & (uint32_t)(g->n_buckets - 1);
+}
+
+static void name_digest(const char *name, uint8_t out[8])
+{
+    crypto_generichash(out, 8, (const unsigned char *)name, strlen(name), NULL, 0);
+}
+
+/* Frees a slot: the least recently heard channel is forgotten (and the
+ * floor rises to its newest time, so its old messages stay refused). */
+static int32_t slot_take(fy_env_guard_t *g)
+{
+    if (g->n < g->cap) return g->n++;
+    int32_t lru = 0;
+    for (int32_t i = 1; i < g->cap; i++)
+        if (g->ents[i].used < g->ents[lru].used) lru = i;
+    chan_ent_t *e = &g->ents[lru];
+    int32_t *pp = &g->buckets[bucket_of(g, e->chan)];
+    while (*pp != lru) pp = &g->ents[*pp].next;
+    *pp = e->next;
+    if (e->last_ts > g->floor_ms) g->floor_ms = e->last_ts;
+    return lru;
+}
+
+fy_env_fault_t fy_env_guard_admit(fy_env_guard_t *g, const fy_env_hdr_t *h, uint64_t now_ms)
+{
+    /* the clock checks every message passes: not from the future, not from before this receiver */
+    if (h->ts_ms > now_ms + FY_ENV_SKEW_MS) return FY_ENV_STALE;
+    if (h->ts_ms + FY_ENV_SKEW_MS < g->start_ms) return FY_ENV_STALE;
+    uint8_t dig[8];
+    name_digest(h->name, dig);
+    pthread_mutex_lock(&g->mu);
+    fy_env_fault_t f = FY_ENV_OK;
+    uint32_t b = bucket_of(g, h->chan);
+    int32_t i = g->buckets[b];
+    while (i >= 0 && g->ents[i].chan != h->chan) i = g->ents[i].next;
+    if (i < 0) { /* a channel not heard from (or forgotten): only a fresh message opens it */
+        if (h->ts_ms + FY_ENV_FRESH_MS < now_ms || h->ts_ms <= g->floor_ms) {
+            f = FY_ENV_STALE;
+        } else {
+            i = slot_take(g);
+            chan_ent_t *e = &g->ents[i];
+            *e = (chan_ent_t){.chan = h->chan, .inc = h->inc, .role = (uint8_t)h->role, .top = h->seq, .bits = 1,
+                              .last_ts = h->ts_ms, .used = ++g->clock, .next = g->buckets[b]};
+            memcpy(e->name_digest, dig, sizeof(dig));
+            g->buckets[b] = i;
+        }
+        pthread_mutex_unlock(&g->mu);
+        return f;
+    }
+    chan_ent_t *e = &g->ents[i];
+    if (e->inc != h->inc || e->role != h->role || memcmp(e->name_digest, dig, sizeof(dig))) {
+        f = FY_ENV_IDENTITY; /* one channel, two senders: not one of ours */
+    } else if (h->seq > e->top) {
+        uint64_t shift = h->seq - e->top;
+        e->bits = shift >= 64 ? 1 : e->bits << shift | 1;
+        e->top = h->seq;
+    } else {
+        uint64_t back = e->top - h->seq;
+        if (back >= FY_ENV_WINDOW || (e->bits >> back & 1))
+            f = FY_ENV_REPLAY;
+        else
+            e->bits |= 1ull << back;
+    }
+    if (!f) {
+        if (h->ts_ms > e->last_ts) e->last_ts = h->ts_ms;
+        e->used = ++g->clock;
+    }
+    pthread_mutex_unlock(&g->mu);
+    return f;
+}

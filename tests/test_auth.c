@@ -1,0 +1,435 @@
+/*
+ * test_auth.c - the control plane's authentication where the processes
+ * meet it.  A decode worker, driven by this test playing its router with
+ * the deployment's secret, takes commands only from a router role holding
+ * that secret: commands without an envelope, sealed with another secret,
+ * sent as another role, replayed byte for byte or altered in one byte are
+ * refused and counted (its /metrics); a release without the worker's
+ * incarnation in "to" is refused; a reserve asking for an hour gets the
+ * worker's decode.max_lease; every event it sends names itself as the
+ * envelope does.  Secret and API-key files that their group or others can
+ * read stop the router and the workers at start with an error naming the
+ * file and its mode; the secret is created O_EXCL, 0600, never through a
+ * planted link.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nng/nng.h>
+#include <nng/protocol/pipeline0/push.h>
+
+#include "cluster.h"
+#include "cluster_util.h"
+#include "envelope.h"
+#include "mem.h"
+#include "msg.h"
+#include "rpc.h"
+#include "testutil.h"
+
+/* ---- the test as the worker's router ---- */
+
+typedef struct seen {
+    pthread_mutex_t mu;
+    int loads;
+    uint64_t inc;
+    char name[64], listen[256];
+    int32_t leases;          /* the latest load report's */
+    uint64_t bad_commands;   /* the latest load report's */
+    int wrong_sender;        /* events whose worker/inc fields are not the envelope's sender */
+    int n_reserved[16];      /* by request id */
+    double lease_s[16];      /* what the worker granted, by request id */
+    double t_reserved[16];
+    int n_expired[16];
+    double t_expired[16];
+    int n_errors;
+    char last_error[256];
+} seen_t;
+
+static void on_event(void *arg, const fy_env_hdr_t *from, const void *buf, size_t len)
+{
+    seen_t *s = arg;
+    fy_msgr_t r;
+    if (fy_msgr_parse(&r, buf, len)) {
+        fy_msgr_free(&r);
+        return;
+    }
+    char worker[64] = "", type[40];
+    snprintf(type, sizeof(type), "%s", fy_msgr_type(&r));
+    fy_msgr_str(&r, "worker", FY_OPT, "", worker, sizeof(worker));
+    uint64_t inc = fy_msgr_u64(&r, "inc", FY_OPT, 0, 0, UINT64_MAX);
+    uint64_t id = fy_msgr_u64(&r, "id", FY_OPT, 0, 0, UINT64_MAX);
+    double now = tc_now();
+    pthread_mutex_lock(&s->mu);
+    if (strcmp(worker, from->name) || inc != from->inc || from->role != FY_ROLE_DECODE) s->wrong_sender++;
+    if (!strcmp(type, "load")) {
+        s->loads++;
+        s->inc = inc;
+        snprintf(s->name, sizeof(s->name), "%s", worker);
+        fy_msgr_str(&r, "listen", FY_OPT, "", s->listen, sizeof(s->listen));
+        s->leases = (int32_t)fy_msgr_i64(&r, "leases", FY_OPT, -1, -1, 1 << 20);
+        s->bad_commands = fy_msgr_u64(&r, "bad_commands", FY_OPT, 0, 0, UINT64_MAX);
+    } else if (!strcmp(type, "reserved") && id < 16) {
+        s->n_reserved[id]++;
+        s->lease_s[id] = fy_msgr_f64(&r, "lease_s", FY_OPT, -1, -1, 1e9);
+        s->t_reserved[id] = now;
+    } else if (!strcmp(type, "lease_expired") && id < 16) {
+        s->n_expired[id]++;
+        s->t_expired[id] = now;
+    } else if (!strcmp(type, "error")) {
+        s->n_errors++;
+        fy_msgr_str(&r, "message", FY_OPT, "", s->last_error, sizeof(s->last_error));
+    }
+    pthread_mutex_unlock(&s->mu);
+    fy_msgr_free(&r);
+}
+
+/* Waits (deadline_s) until cond holds of s; false past it. */
+static bool wait_for(seen_t *s, bool (*cond)(seen_t *, void *), void *arg, double deadline_s)
+{
+    double t0 = tc_now();
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        bool ok = cond(s, arg);
+        pthread_mutex_unlock(&s->mu);
+        if (ok) return true;
+        if (tc_now() - t0 > deadline_s) return false;
+        usleep(10000);
+    }
+}
+
+static bool has_load(seen_t *s, void *arg) { return s->loads > *(int *)arg; }
+static bool has_reserved(seen_t *s, void *arg) { return s->n_reserved[*(int *)arg] > 0; }
+static bool has_expired(seen_t *s, void *arg) { return s->n_expired[*(int *)arg] > 0; }
+static bool has_error(seen_t *s, void *arg) { return s->n_errors > *(int *)arg; }
+
+/* A reserve command for request id (to: 0 leaves the field out). */
+static size_t reserve_cmd(uint64_t to, uint64_t id, double lease_s, uint8_t *out, size_t cap)
+{
+    fy_msgw_t w;
+    fy_msgw_init(&w, "reserve");
+    if (to) fy_msgw_u64(&w, "to", to);
+    fy_msgw_u64(&w, "rid", id);
+    fy_msgw_u64(&w, "id", id);
+    fy_msgw_str(&w, "tenant", "");
+    int32_t toks[20];
+    for (int i = 0; i < 20; i++) toks[i] = 100 + i * 7;
+    fy_msgw_i32s(&w, "tokens", toks, 20);
+    fy_msgw_i64(&w, "max_tokens", 4);
+    fy_msgw_f64(&w, "lease_s", lease_s);
+    void *buf;
+    size_t len;
+    assert_int_equal(fy_msgw_finish(&w, &buf, &len), FY_OK);
+    assert_true(len <= cap);
+    memcpy(out, buf, len);
+    fy_free(buf);
+    return len;
+}
+
+static size_t release_cmd(uint64_t to, uint64_t id, uint8_t *out, size_t cap)
+{
+    fy_msgw_t w;
+    fy_msgw_init(&w, "release");
+    if (to) fy_msgw_u64(&w, "to", to);
+    fy_msgw_u64(&w, "id", id);
+    void *buf;
+    size_t len;
+    assert_int_equal(fy_msgw_finish(&w, &buf, &len), FY_OK);
+    assert_true(len <= cap);
+    memcpy(out, buf, len);
+    fy_free(buf);
+    return len;
+}
+
+/* payload sealed by a on channel chan as its seq-th message, into out (payload may be out). */
+static size_t seal_as(const fy_env_auth_t *a, uint64_t chan, uint64_t seq, const uint8_t *payload, size_t len,
+                      uint8_t *out)
+{
+    fy_env_hdr_t h;
+    memset(&h, 0, sizeof(h));
+    h.kind = FY_ENV_MSG;
+    h.role = a->role;
+    snprintf(h.name, sizeof(h.name), "%s", a->name);
+    h.inc = a->inc;
+    h.chan = chan;
+    h.seq = seq;
+    h.ts_ms = fy_env_now_ms();
+    size_t hl = fy_env_header_bytes(&h);
+    memmove(out + hl, payload, len);
+    fy_env_seal(&a->key, &h, out + hl, len, out);
+    return hl + len;
+}
+
+static double refused_metric(int port, const char *reason)
+{
+    char *body = NULL, series[128];
+    assert_int_equal(tc_http(port, "GET", "/metrics", &body), 200);
+    snprintf(series, sizeof(series), "ferry:control_messages_refused_total{reason=\"%s\"}", reason);
+    double v = tc_metric(body, series);
+    fy_free(body);
+    return v;
+}
+
+static void test_decode_worker_commands(void **state)
+{
+    if (!tc_available()) skip();
+    tc_cluster_t c;
+    tc_opts_t o = {.n_prefill = 0, .n_decode = 1, .no_router = true, .metrics = true,
+                   .common = {"decode.max_lease=1500ms", "decode.kv_mem=32MiB"}};
+    tc_start(&c, &o);
+    seen_t s = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    fy_env_auth_t router, decode, wrong;
+    assert_int_equal(fy_cluster_auth_file(c.secret, FY_ROLE_ROUTER, "test-router", 0, &router), FY_OK);
+    assert_int_equal(fy_cluster_auth_file(c.secret, FY_ROLE_DECODE, "test-decode", 0, &decode), FY_OK);
+    static const uint8_t other[32] = "not this deployment's secret...";
+    assert_int_equal(fy_env_auth_init(&wrong, other, sizeof(other), FY_ROLE_ROUTER, "test-router", 0), FY_OK);
+    fy_pull_t *events;
+    assert_int_equal(fy_pull_create(c.events_url, &router, FY_RPC_FROM(FY_ROLE_DECODE), on_event, &s, &events), FY_OK);
+    int zero = 0;
+    if (!wait_for(&s, has_load, &zero, 60)) {
+        tc_print_logs(&c);
+        fail_msg("no load report from the decode worker within 60 s");
+    }
+    pthread_mutex_lock(&s.mu);
+    uint64_t inc = s.inc;
+    char listen[256];
+    snprintf(listen, sizeof(listen), "%s", s.listen);
+    pthread_mutex_unlock(&s.mu);
+    fy_push_t *cmd;
+    assert_int_equal(fy_push_create(listen, 64, &router, &cmd), FY_OK);
+    uint8_t m[2048], copy[2048];
+    size_t n;
+
+    /* 1. a reserve asking for an hour gets the worker's cap (1.5 s) */
+    n = reserve_cmd(inc, 7, 3600, m, sizeof(m));
+    assert_int_equal(fy_push_send(cmd, m, n), FY_OK);
+    int id = 7;
+    if (!wait_for(&s, has_reserved, &id, 20)) {
+        tc_print_logs(&c);
+        fail_msg("no reservation for request 7");
+    }
+    assert_true(s.lease_s[7] > 1.4 && s.lease_s[7] < 1.6);
+    /* 2. a release without "to" is refused: the lease stays, and expires on its own */
+    int errs = s.n_errors;
+    n = release_cmd(0, 7, m, sizeof(m));
+    assert_int_equal(fy_push_send(cmd, m, n), FY_OK);
+    assert_true(wait_for(&s, has_error, &errs, 10));
+    print_message("release without 'to': %s\n", s.last_error);
+    assert_non_null(strstr(s.last_error, "'to'"));
+    if (!wait_for(&s, has_expired, &id, 10)) {
+        tc_print_logs(&c);
+        fail_msg("the lease of request 7 did not expire: released without 'to', or not capped at 1.5 s");
+    }
+    double held = s.t_expired[7] - s.t_reserved[7];
+    print_message("the lease asked for 3600 s lasted %.2f s\n", held);
+    assert_true(held > 1.0 && held < 10.0);
+
+    /* 3. forged commands straight at the command socket */
+    nng_socket raw;
+    assert_int_equal(nng_push0_open(&raw), 0);
+    nng_socket_set_ms(raw, NNG_OPT_SENDTIMEO, 10000);
+    assert_int_equal(nng_dial(raw, listen, NULL, 0), 0);
+    n = reserve_cmd(inc, 8, 30, m, sizeof(m)); /* no envelope */
+    assert_int_equal(nng_send(raw, m, n, 0), 0);
+    n = reserve_cmd(inc, 8, 30, m, sizeof(m)); /* another secret */
+    n = seal_as(&wrong, 31, 1, m, n, m);
+    assert_int_equal(nng_send(raw, m, n, 0), 0);
+    n = reserve_cmd(inc, 8, 30, m, sizeof(m)); /* the right secret, but not a router */
+    n = seal_as(&decode, 32, 1, m, n, m);
+    assert_int_equal(nng_send(raw, m, n, 0), 0);
+    n = reserve_cmd(inc, 9, 30, m, sizeof(m)); /* the real thing, captured */
+    n = seal_as(&router, 33, 1, m, n, m);
+    memcpy(copy, m, n);
+    assert_int_equal(nng_send(raw, m, n, 0), 0);
+    id = 9;
+    assert_true(wait_for(&s, has_reserved, &id, 20));
+    assert_int_equal(nng_send(raw, copy, n, 0), 0); /* replayed */
+    copy[n - 3] ^= 0x01;                           /* one byte of the payload altered */
+    assert_int_equal(nng_send(raw, copy, n, 0), 0);
+    double t0 = tc_now();
+    int port = c.metrics_port[0];
+    while (refused_metric(port, "format") < 1 || refused_metric(port, "mac") < 2 ||
+           refused_metric(port, "identity") < 1 || refused_metric(port, "replay") < 1) {
+        if (tc_now() - t0 > 20) {
+            tc_print_logs(&c);
+            fail_msg("the worker did not count every forged command");
+        }
+        usleep(50000);
+    }
+    nng_close(raw);
+    /* a release that names the worker ends the lease at once */
+    n = release_cmd(inc, 9, m, sizeof(m));
+    assert_int_equal(fy_push_send(cmd, m, n), FY_OK);
+    int loads = s.loads;
+    usleep(300000);
+    assert_true(wait_for(&s, has_load, &loads, 10));
+    pthread_mutex_lock(&s.mu);
+    assert_int_equal(s.leases, 0);
+    assert_int_equal(s.n_reserved[8], 0); /* no forged reserve made a lease */
+    assert_int_equal(s.n_reserved[9], 1); /* the replay made none either */
+    assert_int_equal(s.n_expired[9], 0);
+    assert_int_equal(s.wrong_sender, 0);
+    pthread_mutex_unlock(&s.mu);
+    fy_push_destroy(cmd);
+    fy_pull_destroy(events);
+    fy_env_auth_wipe(&router);
+    fy_env_auth_wipe(&decode);
+    fy_env_auth_wipe(&wrong);
+    tc_stop(&c);
+}
+
+/* ---- files others can read ---- */
+
+/* Runs a daemon to its end (60 s at most); its exit status, its log in log. */
+static int run_daemon(const char *bin, const char *conf, const char *const *sets, const char *log)
+{
+    char path[600];
+    const char *dir = getenv("FERRY_BIN");
+    snprintf(path, sizeof(path), "%s/%s", dir && *dir ? dir : "bin", bin);
+    pid_t parent = getpid(), pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(127);
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        char *argv[16];
+        int na = 0;
+        argv[na++] = path, argv[na++] = "-c", argv[na++] = (char *)conf;
+        for (int i = 0; sets && sets[i] && na < 14; i++) argv[na++] = "--set", argv[na++] = (char *)sets[i];
+        argv[na] = NULL;
+        execv(path, argv);
+        _exit(127);
+    }
+    double t0 = tc_now();
+    int status;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+        if (tc_now() - t0 > 60) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            fail_msg("%s did not stop by itself", bin);
+        }
+        usleep(20000);
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static void expect_log(const char *log, const char *a, const char *b)
+{
+    size_t len;
+    char *t = fy_test_read_file(log, &len);
+    assert_non_null(t);
+    if (!strstr(t, a) || !strstr(t, b)) fail_msg("the log lacks '%s' and '%s':\n%s", a, b, t);
+    fy_free(t);
+}
+
+static void test_open_files_refused_at_start(void **state)
+{
+    if (!tc_available()) skip();
+    char dir[256], secret[320], keys[320], conf[320], log[320];
+    snprintf(dir, sizeof(dir), "%s", fy_test_tmpdir());
+    snprintf(secret, sizeof(secret), "%s/kv.secret", dir);
+    snprintf(keys, sizeof(keys), "%s/keys.txt", dir);
+    snprintf(conf, sizeof(conf), "%s/c.ini", dir);
+    snprintf(log, sizeof(log), "%s/daemon.log", dir);
+    assert_int_equal(fy_cluster_make_secret(secret), FY_OK);
+    const char *k = "key-for-tests-0001 alpha\n";
+    assert_true(fy_test_write_file(keys, k, strlen(k)));
+    FILE *f = fopen(conf, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "[model]\npath = %s\n[kv]\nsecret_file = %s\n[router]\nlisten = ipc://%s/r\nevents = ipc://%s/e\n"
+            "http = http://127.0.0.1:%d\n[decode]\nlisten = ipc://%s/d\nkv_mem = 32MiB\nthreads = 1\n",
+            tc_model(), secret, dir, dir, tc_free_port(), dir);
+    fclose(f);
+    /* the secret readable by the group: the router and a worker refuse it */
+    assert_int_equal(chmod(secret, 0640), 0);
+    assert_int_equal(run_daemon("ferry-router", conf, NULL, log), 1);
+    expect_log(log, secret, "mode 0640");
+    assert_int_equal(run_daemon("ferry-decode", conf, NULL, log), 1);
+    expect_log(log, secret, "mode 0640");
+    /* the key file readable by everyone: the router refuses it */
+    assert_int_equal(chmod(secret, 0600), 0);
+    assert_int_equal(chmod(keys, 0644), 0);
+    char set_keys[400];
+    snprintf(set_keys, sizeof(set_keys), "router.api_keys=%s", keys);
+    const char *sets[] = {set_keys, NULL};
+    assert_int_equal(run_daemon("ferry-router", conf, sets, log), 1);
+    expect_log(log, keys, "mode 0644");
+    fy_test_tmpdir_remove();
+}
+
+static void test_secret_file(void **state)
+{
+    const char *dir = fy_test_tmpdir();
+    char path[320], link[320], target[320];
+    snprintf(path, sizeof(path), "%s/kv.secret", dir);
+    /* made once, the owner's alone, 32 bytes; made again: kept as it is */
+    assert_int_equal(fy_cluster_make_secret(path), FY_OK);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_mode & 07777, 0600);
+    assert_int_equal(sb.st_size, 32);
+    size_t len;
+    char *before = fy_test_read_file(path, &len);
+    assert_int_equal(fy_cluster_make_secret(path), FY_OK);
+    char *after = fy_test_read_file(path, &len);
+    assert_memory_equal(before, after, 32);
+    fy_free(before);
+    fy_free(after);
+    fy_env_auth_t a;
+    assert_int_equal(fy_cluster_auth_file(path, FY_ROLE_ROUTER, "router", 0, &a), FY_OK);
+    /* others can read it, or write it: refused, naming the file and the mode */
+    for (int k = 0; k < 3; k++) {
+        mode_t modes[3] = {0640, 0604, 0620};
+        assert_int_equal(chmod(path, modes[k]), 0);
+        char want[16];
+        snprintf(want, sizeof(want), "mode %04o", (unsigned)modes[k]);
+        fy_test_log_begin();
+        assert_int_equal(fy_cluster_make_secret(path), FY_ERR_INVALID);
+        assert_int_equal(fy_cluster_auth_file(path, FY_ROLE_ROUTER, "router", 0, &a), FY_ERR_INVALID);
+        fy_test_log_end();
+        assert_true(fy_test_log_has(path, want, "chmod 600", NULL));
+    }
+    /* too short to be a secret */
+    snprintf(path, sizeof(path), "%s/short.secret", dir);
+    assert_true(fy_test_write_file(path, "0123456789", 10));
+    fy_test_log_begin();
+    assert_int_equal(fy_cluster_make_secret(path), FY_ERR_FORMAT);
+    fy_test_log_end();
+    /* a link planted where the secret goes: nothing is written through it */
+    snprintf(link, sizeof(link), "%s/planted.secret", dir);
+    snprintf(target, sizeof(target), "%s/attacker-reads-this", dir);
+    assert_int_equal(symlink(target, link), 0);
+    fy_test_log_begin();
+    assert_int_not_equal(fy_cluster_make_secret(link), FY_OK);
+    fy_test_log_end();
+    assert_int_equal(access(target, F_OK), -1);
+    fy_env_auth_wipe(&a);
+    fy_test_tmpdir_remove();
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_secret_file),
+        cmocka_unit_test(test_open_files_refused_at_start),
+        cmocka_unit_test(test_decode_worker_commands),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    fy_test_tmpdir_remove();
+    return rc;
+}

@@ -1,0 +1,287 @@
+/*
+ * test_envelope.c - the control plane's envelope (common/envelope.c):
+ * sealed messages open with the same secret only; any altered or missing
+ * byte is refused; replies carry the request they answer; refusals parse;
+ * the replay guard takes messages a little out of order and never one
+ * twice, refuses stale and future times, and stays safe when it forgets
+ * a channel; keys differ by secret and never equal the secret itself.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "envelope.h"
+#include "mem.h"
+#include "testutil.h"
+
+static const uint8_t SECRET[32] = "the deployment secret, 32 bytes";
+static const uint8_t OTHER[32] = "another deployment's secret....";
+
+static fy_env_auth_t auth_of(const uint8_t *secret, fy_env_role_t role, const char *name)
+{
+    fy_env_auth_t a;
+    assert_int_equal(fy_env_auth_init(&a, secret, 32, role, name, 0), FY_OK);
+    return a;
+}
+
+static fy_env_hdr_t hdr_of(const fy_env_auth_t *a, fy_env_kind_t kind, uint64_t chan, uint64_t seq, uint64_t ts)
+{
+    fy_env_hdr_t h;
+    memset(&h, 0, sizeof(h));
+    h.kind = kind;
+    h.role = a->role;
+    snprintf(h.name, sizeof(h.name), "%s", a->name);
+    h.inc = a->inc;
+    h.chan = chan;
+    h.seq = seq;
+    h.ts_ms = ts;
+    return h;
+}
+
+/* A sealed message in buf; its length. */
+static size_t seal(const fy_env_auth_t *a, const fy_env_hdr_t *h, const char *payload, uint8_t *buf)
+{
+    size_t hl = fy_env_header_bytes(h), n = strlen(payload);
+    memcpy(buf + hl, payload, n);
+    fy_env_seal(&a->key, h, buf + hl, n, buf);
+    return hl + n;
+}
+
+static void test_seal_open(void **state)
+{
+    (void)state;
+    fy_env_auth_t a = auth_of(SECRET, FY_ROLE_DECODE, "decode-0");
+    fy_env_auth_t b = auth_of(SECRET, FY_ROLE_ROUTER, "router");
+    assert_memory_equal(a.key.k, b.key.k, FY_ENV_KEY_BYTES); /* one secret, one key */
+    assert_true(a.inc != 0 && a.inc != b.inc);
+    uint8_t buf[512];
+    fy_env_hdr_t h = hdr_of(&a, FY_ENV_MSG, 77, 5, fy_env_now_ms());
+    size_t n = seal(&a, &h, "a load report", buf);
+    fy_env_hdr_t got;
+    size_t off;
+    assert_int_equal(fy_env_open(&b.key, buf, n, &got, &off), FY_ENV_OK);
+    assert_int_equal(got.kind, FY_ENV_MSG);
+    assert_int_equal(got.role, FY_ROLE_DECODE);
+    assert_string_equal(got.name, "decode-0");
+    assert_true(got.inc == a.inc && got.chan == 77 && got.seq == 5 && got.ts_ms == h.ts_ms);
+    assert_int_equal(n - off, strlen("a load report"));
+    assert_memory_equal(buf + off, "a load report", n - off);
+    /* an empty payload is a message too */
+    n = seal(&a, &h, "", buf);
+    assert_int_equal(fy_env_open(&b.key, buf, n, &got, &off), FY_ENV_OK);
+    assert_int_equal(off, n);
+    /* a reply names the request it answers */
+    fy_env_hdr_t r = hdr_of(&b, FY_ENV_REPLY, 9, 1, fy_env_now_ms());
+    r.re_chan = 77;
+    r.re_seq = 5;
+    n = seal(&b, &r, "events", buf);
+    assert_int_equal(fy_env_open(&a.key, buf, n, &got, &off), FY_ENV_OK);
+    assert_int_equal(got.kind, FY_ENV_REPLY);
+    assert_true(got.re_chan == 77 && got.re_seq == 5);
+    fy_env_auth_wipe(&a);
+    fy_env_auth_wipe(&b);
+}
+
+static void test_forged_and_altered(void **state)
+{
+    (void)state;
+    fy_env_auth_t a = auth_of(SECRET, FY_ROLE_DECODE, "decode-0");
+    fy_env_auth_t x = auth_of(OTHER, FY_ROLE_DECODE, "decode-0");
+    assert_memory_not_equal(a.key.k, x.key.k, FY_ENV_KEY_BYTES);
+    uint8_t buf[512], alt[512];
+    fy_env_hdr_t h = hdr_of(&x, FY_ENV_MSG, 3, 1, fy_env_now_ms());
+    size_t n = seal(&x, &h, "{load}", buf);
+    fy_env_hdr_t got;
+    size_t off;
+    /* another secret's message: parses, does not verify */
+    assert_int_equal(fy_env_parse(buf, n, &got, &off), FY_ENV_OK);
+    assert_int_equal(fy_env_open(&a.key, buf, n, &got, &off), FY_ENV_MAC);
+    /* plain msgpack (no envelope) */
+    assert_int_equal(fy_env_open(&a.key, "\x82\xa1v\x01\xa4type\xa4load", 13, &got, &off), FY_ENV_FORMAT);
+    /* every byte altered in turn, every bit of it: never accepted */
+    h = hdr_of(&a, FY_ENV_MSG, 3, 1, fy_env_now_ms());
+    n = seal(&a, &h, "{a real payload}", buf);
+    assert_int_equal(fy_env_open(&a.key, buf, n, &got, &off), FY_ENV_OK);
+    for (size_t i = 0; i < n; i++) {
+        for (int bit = 0; bit < 8; bit++) {
+            memcpy(alt, buf, n);
+            alt[i] ^= (uint8_t)(1u << bit);
+            fy_env_fault_t f = fy_env_open(&a.key, alt, n, &got, &off);
+            if (f != FY_ENV_MAC && f != FY_ENV_FORMAT) fail_msg("byte %zu bit %d altered: %s", i, bit, fy_env_fault_str(f));
+        }
+    }
+    /* cut short anywhere, or a byte more: never accepted */
+    for (size_t k = 0; k < n; k++) assert_int_not_equal(fy_env_open(&a.key, buf, k, &got, &off), FY_ENV_OK);
+    memcpy(alt, buf, n);
+    alt[n] = 'x';
+    assert_int_equal(fy_env_open(&a.key, alt, n + 1, &got, &off), FY_ENV_MAC);
+    fy_env_auth_wipe(&a);
+    fy_env_auth_wipe(&x);
+}
+
+static void test_refusal(void **state)
+{
+    (void)state;
+    fy_env_auth_t r = auth_of(SECRET, FY_ROLE_ROUTER, "router");
+    fy_env_hdr_t h = hdr_of(&r, FY_ENV_MSG, 4, 2, fy_env_now_ms());
+    uint8_t buf[FY_ENV_MAX_HEADER];
+    size_t n = fy_env_refusal(&h, FY_ENV_REPLAY, buf, sizeof(buf));
+    assert_true(n > 0);
+    assert_int_equal(fy_env_refusal(&h, FY_ENV_REPLAY, buf, n - 1), 0);
+    fy_env_hdr_t got;
+    size_t off;
+    assert_int_equal(fy_env_parse(buf, n, &got, &off), FY_ENV_OK);
+    assert_int_equal(got.kind, FY_ENV_REFUSAL);
+    assert_int_equal(got.reason, FY_ENV_REPLAY);
+    assert_int_equal(off, n);
+    /* a refusal carries nothing, and is never a message */
+    assert_int_equal(fy_env_open(&r.key, buf, n, &got, &off), FY_ENV_FORMAT);
+    uint8_t more[FY_ENV_MAX_HEADER + 1];
+    memcpy(more, buf, n);
+    more[n] = 0;
+    assert_int_equal(fy_env_parse(more, n + 1, &got, &off), FY_ENV_FORMAT);
+    buf[n - 1] = FY_ENV_N_FAULTS; /* an unknown reason */
+    assert_int_equal(fy_env_parse(buf, n, &got, &off), FY_ENV_FORMAT);
+    fy_env_auth_wipe(&r);
+}
+
+static void test_names_and_keys(void **state)
+{
+    (void)state;
+    fy_env_auth_t a;
+    fy_test_log_begin();
+    assert_int_equal(fy_env_auth_init(&a, SECRET, 32, FY_ROLE_DECODE, "has space", 0), FY_ERR_INVALID);
+    assert_int_equal(fy_env_auth_init(&a, SECRET, 32, FY_ROLE_DECODE, "", 0), FY_ERR_INVALID);
+    assert_int_equal(fy_env_auth_init(&a, SECRET, 15, FY_ROLE_DECODE, "x", 0), FY_ERR_INVALID);
+    assert_int_equal(fy_env_auth_init(&a, SECRET, 32, (fy_env_role_t)9, "x", 0), FY_ERR_INVALID);
+    fy_test_log_end();
+    char longname[80];
+    memset(longname, 'n', sizeof(longname));
+    longname[63] = 0;
+    assert_int_equal(fy_env_auth_init(&a, SECRET, 32, FY_ROLE_CLIENT, longname, 42), FY_OK);
+    assert_true(a.inc == 42);
+    /* the control-plane key is derived, never the secret itself */
+    assert_memory_not_equal(a.key.k, SECRET, FY_ENV_KEY_BYTES);
+    uint8_t buf[512];
+    fy_env_hdr_t h = hdr_of(&a, FY_ENV_MSG, 1, 1, 1);
+    size_t n = seal(&a, &h, "", buf);
+    assert_int_equal(n, fy_env_header_bytes(&h));
+    assert_true(n <= FY_ENV_MAX_HEADER);
+    fy_env_hdr_t r = hdr_of(&a, FY_ENV_REPLY, 1, 1, 1);
+    assert_true(fy_env_header_bytes(&r) <= FY_ENV_MAX_HEADER);
+    fy_env_auth_wipe(&a);
+}
+
+static fy_env_hdr_t at(uint64_t chan, uint64_t seq, uint64_t ts)
+{
+    fy_env_hdr_t h;
+    memset(&h, 0, sizeof(h));
+    h.kind = FY_ENV_MSG;
+    h.role = FY_ROLE_DECODE;
+    snprintf(h.name, sizeof(h.name), "decode-0");
+    h.inc = 1234;
+    h.chan = chan;
+    h.seq = seq;
+    h.ts_ms = ts;
+    return h;
+}
+
+static void test_replay_window(void **state)
+{
+    (void)state;
+    const uint64_t t0 = 1700000000000ull;
+    fy_env_guard_t *g;
+    assert_int_equal(fy_env_guard_create(16, t0, &g), FY_OK);
+    fy_env_hdr_t h = at(5, 100, t0 + 10);
+    assert_int_equal(fy_env_guard_admit(g, &h, t0 + 10), FY_ENV_OK);
+    assert_int_equal(fy_env_guard_admit(g, &h, t0 + 10), FY_ENV_REPLAY); /* the same message again */
+    /* later ones, and earlier ones inside the window, once each */
+    for (uint64_t s = 101; s < 140; s += 2) {
+        h = at(5, s, t0 + 20);
+        assert_int_equal(fy_env_guard_admit(g, &h, t0 + 20), FY_ENV_OK);
+    }
+    for (uint64_t s = 102; s < 140; s += 2) {
+        h = at(5, s, t0 + 20);
+        assert_int_equal(fy_env_guard_admit(g, &h, t0 + 20), FY_ENV_OK);
+        assert_int_equal(fy_env_guard_admit(g, &h, t0 + 20), FY_ENV_REPLAY);
+    }
+    /* a jump ahead; what falls behind the window is refused, even if never seen */
+    h = at(5, 1000, t0 + 30);
+    assert_int_equal(fy_env_guard_admit(g, &h, t0 + 30), FY_ENV_OK);
+    h = at(5, 1000 - FY_ENV_WINDOW + 1, t0 + 30);
+    assert_int_equal(fy_env_guard_admit(g, &h, t0 + 30), FY_ENV_OK);
+    h = at(5, 1000 - FY_ENV_WINDOW, t0 + 30);
+    assert_int_equal(fy_env_guard_admit(g, &h, t0 + 30), FY_ENV_REPLAY);
+    h = at(5, 141, t0 + 30);
+    assert_int_equal(fy_env_guard_admit(g, &h, t0 + 30), FY_ENV_REPLAY);
+    /* the same channel claimed by another sender */
+    h = at(5, 2000, t0 + 30);
+    h.inc = 999;
+    assert_int_equal(fy_env_guard_admit(g, &h, t0 + 30), FY_ENV_IDENTITY);
+    h = at(5, 2000, t0 + 30);
+    snprintf(h.name, sizeof(h.name), "decode-1");
+    assert_int_equal(fy_env_guard_admit(g, &h, t0 + 30), FY_ENV_IDENTITY);
+    /* channels are independent */
+    h = at(6, 100, t0 + 30);
+    assert_int_equal(fy_env_guard_admit(g, &h, t0 + 30), FY_ENV_OK);
+    fy_env_guard_destroy(g);
+}
+
+static void test_times(void **state)
+{
+    (void)state;
+    const uint64_t t0 = 1700000000000ull, now = t0 + 600000;
+    fy_env_guard_t *g;
+    assert_int_equal(fy_env_guard_create(16, t0, &g), FY_OK);
+    /* from the future beyond the skew; from before this receiver started */
+    fy_env_hdr_t h = at(1, 1, now + FY_ENV_SKEW_MS + 1);
+    assert_int_equal(fy_env_guard_admit(g, &h, now), FY_ENV_STALE);
+    h = at(1, 1, t0 - FY_ENV_SKEW_MS - 1);
+    assert_int_equal(fy_env_guard_admit(g, &h, now), FY_ENV_STALE);
+    /* a new channel must be fresh; a known one may be slow */
+    h = at(2, 1, now - FY_ENV_FRESH_MS - 1);
+    assert_int_equal(fy_env_guard_admit(g, &h, now), FY_ENV_STALE);
+    h = at(2, 1, now - 5);
+    assert_int_equal(fy_env_guard_admit(g, &h, now), FY_ENV_OK);
+    h = at(2, 2, now - FY_ENV_FRESH_MS - 1000);
+    assert_int_equal(fy_env_guard_admit(g, &h, now), FY_ENV_OK);
+    /* within the skew either way */
+    h = at(3, 1, now + FY_ENV_SKEW_MS);
+    assert_int_equal(fy_env_guard_admit(g, &h, now), FY_ENV_OK);
+    fy_env_guard_destroy(g);
+}
+
+static void test_forgetting(void **state)
+{
+    (void)state;
+    const uint64_t t0 = 1700000000000ull;
+    fy_env_guard_t *g;
+    assert_int_equal(fy_env_guard_create(4, t0, &g), FY_OK);
+    /* channel 1 speaks first and last at t0+100, then four others push it out */
+    fy_env_hdr_t h = at(1, 1, t0 + 100);
+    assert_int_equal(fy_env_guard_admit(g, &h, t0 + 100), FY_ENV_OK);
+    for (uint64_t c = 2; c <= 5; c++) {
+        h = at(c, 1, t0 + 200 + c);
+        assert_int_equal(fy_env_guard_admit(g, &h, t0 + 300), FY_ENV_OK);
+    }
+    /* channel 1's old message is not new again: the floor keeps it out */
+    h = at(1, 1, t0 + 100);
+    assert_int_equal(fy_env_guard_admit(g, &h, t0 + 300), FY_ENV_STALE);
+    /* a message it sends now is fresh, and opens it again */
+    h = at(1, 2, t0 + 300);
+    assert_int_equal(fy_env_guard_admit(g, &h, t0 + 300), FY_ENV_OK);
+    /* the most recently heard ones were kept: their replays are still caught */
+    h = at(5, 1, t0 + 205);
+    assert_int_equal(fy_env_guard_admit(g, &h, t0 + 300), FY_ENV_REPLAY);
+    fy_env_guard_destroy(g);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_seal_open),       cmocka_unit_test(test_forged_and_altered),
+        cmocka_unit_test(test_refusal),         cmocka_unit_test(test_names_and_keys),
+        cmocka_unit_test(test_replay_window),   cmocka_unit_test(test_times),
+        cmocka_unit_test(test_forgetting),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
