@@ -179,8 +179,18 @@ static void on_poll(void *arg, fy_sup_t *sup)
     serve_t *s = arg;
     snapshot(s);
     if (s->ready) return;
-    char secret[PATH_MAX]; /* the deployment's secret: its own clients authenticate with it */
-    int n_prefill, n_decode, n_children;
+    /* every child said ready on its own pipe: the ports are ours */
+    bool ok = true;
+    for (int i = 0; i < s->n_children && ok; i++) ok = fy_sup_state(sup, i) == FY_SUP_RUNNING;
+    if (ok) {
+        fy_client_t *c;
+        fy_client_status_t st;
+        ok = fy_client_create(s->router_url, s->secret, 0.5, &c) == FY_OK;
+        if (ok) {
+            ok = fy_client_status(c, &st) == FY_OK && st.prefill_up >= s->n_prefill && st.decode_up >= s->n_decode;
+            fy_client_destroy(c);
+        }
+    }
     if (!ok) {
         if (mono() - s->t_start > s->ready_timeout) {
             fprintf(stderr, "ferry: serve: the cluster is not up after %.0f s (see the logs); stopping\n",
