@@ -220,7 +220,7 @@ asan:
 # thread, nng callbacks, the router and workers as processes).  UCX's memory
 # hooks (libucm) crash under TSan, so they are off (UCX_MEM_EVENTS=no);
 # tests/tsan.supp says what is suppressed and why.
-TSAN_TESTS := test_engine test_xfer test_rpc test_bench test_cluster test_http test_supervise
+TSAN_TESTS := test_engine test_xfer test_rpc test_envelope test_httpd test_bench test_http_robust test_cluster test_http test_supervise
 tsan:
 	$(Q)$(MAKE) --no-print-directory SAN=tsan tests
 	$(Q)rm -rf build/tsan/run && mkdir -p build/tsan/run && \

@@ -1,14 +1,19 @@
 /* log.c - leveled one-line logging to stderr or a sink. */
 #include "log.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
 static _Atomic int g_level = FY_LOG_INFO;
+/* The sink is called under g_sink_mu: once fy_log_set_sink returns, the old
+ * sink is not running and never runs again (threads log at any time). */
+static pthread_mutex_t g_sink_mu = PTHREAD_MUTEX_INITIALIZER;
 static fy_log_sink_fn g_sink;
 static void *g_sink_arg;
+static _Atomic int g_have_sink;
 static char g_prefix[64] = "ferry";
 
 void fy_log_set_level(fy_log_level_t level) { g_level = (int)level; }
@@ -17,8 +22,11 @@ fy_log_level_t fy_log_get_level(void) { return (fy_log_level_t)g_level; }
 
 void fy_log_set_sink(fy_log_sink_fn sink, void *arg)
 {
+    pthread_mutex_lock(&g_sink_mu);
     g_sink = sink;
     g_sink_arg = arg;
+    g_have_sink = sink != NULL;
+    pthread_mutex_unlock(&g_sink_mu);
 }
 
 void fy_log_set_prefix(const char *prefix)
@@ -47,9 +55,12 @@ void fy_log(fy_log_level_t level, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
     va_end(ap);
-    if (g_sink) {
-        g_sink(level, line, g_sink_arg);
-        return;
+    if (g_have_sink) {
+        pthread_mutex_lock(&g_sink_mu);
+        fy_log_sink_fn sink = g_sink;
+        if (sink) sink(level, line, g_sink_arg);
+        pthread_mutex_unlock(&g_sink_mu);
+        if (sink) return;
     }
     /* one fputs per line: stdio locks the stream, so lines never interleave */
     size_t len = strlen(line);

@@ -21,7 +21,9 @@ typedef void (*fy_log_sink_fn)(fy_log_level_t level, const char *line, void *arg
 
 void fy_log_set_level(fy_log_level_t level);
 fy_log_level_t fy_log_get_level(void);
-/* Lines go to sink instead of stderr; NULL restores stderr. */
+/* Lines go to sink instead of stderr; NULL restores stderr.  The sink runs
+ * under the logger's lock (one line at a time, from any thread) and must
+ * not log; once this returns, the previous sink is not running. */
 void fy_log_set_sink(fy_log_sink_fn sink, void *arg);
 /* Prefix for every line, e.g. the process role ("decode-1"); copied. */
 void fy_log_set_prefix(const char *prefix);

@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,8 @@
 #include "mem.h"
 
 #define LOG_CAP (64 * 1024)
+/* lines arrive from any thread (nng's, the transfer's, the engine's) */
+static pthread_mutex_t g_log_mu = PTHREAD_MUTEX_INITIALIZER;
 static char g_log[LOG_CAP];
 static size_t g_log_len;
 
@@ -20,19 +23,23 @@ static void sink(fy_log_level_t level, const char *line, void *arg)
     (void)level;
     (void)arg;
     size_t n = strlen(line);
+    pthread_mutex_lock(&g_log_mu);
     if (g_log_len + n + 2 < LOG_CAP) {
         memcpy(g_log + g_log_len, line, n);
         g_log_len += n;
         g_log[g_log_len++] = '\n';
         g_log[g_log_len] = '\0';
     }
+    pthread_mutex_unlock(&g_log_mu);
     if (getenv("FERRY_TEST_VERBOSE")) fprintf(stderr, "[captured] %s\n", line);
 }
 
 void fy_test_log_begin(void)
 {
+    pthread_mutex_lock(&g_log_mu);
     g_log_len = 0;
     g_log[0] = '\0';
+    pthread_mutex_unlock(&g_log_mu);
     fy_log_set_sink(sink, NULL);
 }
 
@@ -42,6 +49,8 @@ const char *fy_test_log_text(void) { return g_log; }
 
 bool fy_test_log_has(const char *first, ...)
 {
+    pthread_mutex_lock(&g_log_mu);
+    bool found = false;
     const char *line = g_log;
     while (*line) {
         const char *end = strchr(line, '\n');
@@ -54,10 +63,14 @@ bool fy_test_log_has(const char *first, ...)
         for (const char *s = first; s; s = va_arg(ap, const char *))
             if (!strstr(buf, s)) all = false;
         va_end(ap);
-        if (all) return true;
+        if (all) {
+            found = true;
+            break;
+        }
         line += len + (end ? 1 : 0);
     }
-    return false;
+    pthread_mutex_unlock(&g_log_mu);
+    return found;
 }
 
 static char g_tmpdir[512];

@@ -15,7 +15,8 @@
 #include "log.h"
 
 /* Captures log lines (all levels) until fy_test_log_end(); the text of the
- * captured lines, newline-separated, is in fy_test_log_text(). */
+ * captured lines, newline-separated, is in fy_test_log_text() (read it
+ * after fy_test_log_end() where other threads may still log). */
 void fy_test_log_begin(void);
 void fy_test_log_end(void);
 const char *fy_test_log_text(void);
