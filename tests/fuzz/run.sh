@@ -9,7 +9,8 @@
 #
 # Exit status: 0 when every target passed or was skipped (a target that
 # needs the default model, without it), 1 otherwise.  FUZZ_JOBS=N runs N
-# targets at once.  FUZZ_ARGS adds libFuzzer options to every run.
+# targets at once; FUZZ_ARGS adds libFuzzer options to every run (e.g.
+# -runs=10000000); FUZZ_LOGS is where the logs go (build/fuzz).
 secs=${1:?usage: run.sh SECONDS DIR [NAME...]}
 dir=${2:?usage: run.sh SECONDS DIR [NAME...]}
 shift 2
@@ -32,7 +33,7 @@ run_one() {
     bin=$dir/fuzz_$name
     seeds=$root/tests/fuzz/corpus/$name
     dict=$root/tests/fuzz/$name.dict
-    log=$root/build/fuzz/$name.log
+    log=${FUZZ_LOGS:-$root/build/fuzz}/$name.log
     mkdir -p "$work/$name"
     set -- -max_total_time="$secs" -timeout="$per_input" -rss_limit_mb=2048 -print_final_stats=1 \
         -error_exitcode=1 -timeout_exitcode=1 -artifact_prefix="$crashes/$name-"
@@ -77,21 +78,19 @@ if [ "$jobs" -le 1 ]; then
         case $? in 0) passed=$((passed + 1)) ;; 2) skipped=$((skipped + 1)) ;; *) failed=$((failed + 1)) ;; esac
     done
 else
-    # N at once; each target's lines are printed when it ends
+    # a pool of N: each target runs alone through this script, its lines
+    # printed as it ends
     res=$(mktemp -d)
-    running=0
+    printf '%s\n' "$@" | FUZZ_JOBS=1 xargs -P "$jobs" -I{} sh -c 'sh "$0" "$1" "$2" "$3" >"$4/$3.out" 2>&1; grep -v "^fuzz: [0-9]* passed" "$4/$3.out"' \
+        "$0" "$secs" "$dir" {} "$res"
     for name in "$@"; do
-        (run_one "$name" >"$res/$name.out"; echo $? >"$res/$name.rc") &
-        running=$((running + 1))
-        if [ "$running" -ge "$jobs" ]; then
-            wait
-            running=0
+        if grep -q '^fuzz: 1 passed' "$res/$name.out"; then
+            passed=$((passed + 1))
+        elif grep -q '^fuzz: 0 passed, 0 failed, 1 skipped' "$res/$name.out"; then
+            skipped=$((skipped + 1))
+        else
+            failed=$((failed + 1))
         fi
-    done
-    wait
-    for name in "$@"; do
-        cat "$res/$name.out"
-        case $(cat "$res/$name.rc") in 0) passed=$((passed + 1)) ;; 2) skipped=$((skipped + 1)) ;; *) failed=$((failed + 1)) ;; esac
     done
     rm -rf "$res"
 fi
