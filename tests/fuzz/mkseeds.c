@@ -531,6 +531,8 @@ static void configs(void)
                                "router.port=2\nprefill.0.threads = 8\ndecode.kv_mem=lots\nserve.stop_grace=5s\nbad";
     put("config", "with-sets", sets, sizeof(sets) - 1);
     put_str("config", "bad-line.ini", "[a]\nx = 1\n[b\ny = 2\nhost:port = 1\n");
+    /* what the fuzzer found (docs/fuzzing.md) */
+    put_str("config", "found-leading-semicolon.ini", "[kv]\ndtype =; not a comment\n");
     put_str("tenants", "keys.txt",
             "# comment\n\nkey-one-0001 alpha   # trailing comment\nkey-two-0002 alpha max_concurrent=2\n"
             "key-three-03 beta tokens_per_minute=600\n");
