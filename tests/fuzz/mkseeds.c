@@ -588,6 +588,9 @@ static void messages(void)
     fy_msgw_init(&w, "generate");
     fy_genspec_write(&w, &g);
     put_msg("genspec", "found-tiny-temperature", &w);
+    fy_msgw_init(&w, "generate");
+    fy_msgw_f64(&w, "top_p", 1e-6);
+    put_msg("genspec", "found-top-p-bound", &w);
 
     fy_msgw_init(&w, "events");
     fy_msgw_u64(&w, "id", 3);

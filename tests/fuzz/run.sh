@@ -38,9 +38,11 @@ run_one() {
     set -- -max_total_time="$secs" -timeout="$per_input" -rss_limit_mb=2048 -print_final_stats=1 \
         -error_exitcode=1 -timeout_exitcode=1 -artifact_prefix="$crashes/$name-"
     [ -f "$dict" ] && set -- "$@" -dict="$dict"
+    t0=$(date +%s)
     # shellcheck disable=SC2086
     (cd "$root" && "$bin" "$@" $FUZZ_ARGS "$work/$name" $( [ -d "$seeds" ] && echo "$seeds" )) >"$log" 2>&1
     rc=$?
+    took=$(( $(date +%s) - t0 ))
     if [ "$rc" -eq 121 ] || grep -q '^fuzz: skipped:' "$log"; then
         echo "fuzz_$name: skipped: $(sed -n 's/^fuzz: skipped: //p' "$log" | head -n 1)"
         return 2
@@ -50,7 +52,7 @@ run_one() {
     cov=$(grep -o 'cov: [0-9]* ft: [0-9]*' "$log" | tail -n 1)
     n=$(find "$work/$name" -type f | wc -l)
     if [ "$rc" -eq 0 ]; then
-        echo "fuzz_$name: ok: ${runs:-?} runs in ${secs} s (${speed:-?}/s), ${cov:-cov ?}, corpus $n"
+        echo "fuzz_$name: ok: ${runs:-?} runs in ${took} s (${speed:-?}/s), ${cov:-cov ?}, corpus $n"
         return 0
     fi
     art=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -n 1)
