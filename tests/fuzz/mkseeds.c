@@ -629,6 +629,13 @@ static void messages(void)
         }
     }
 
+    /* what the fuzzer found (docs/fuzzing.md): empty keys, one and two */
+    static const unsigned char one_empty[] = {0x83, 0xa0, 0x01, 0xa1, 'v', 0x01, 0xa4, 't', 'y', 'p', 'e', 0xa1, 'x'};
+    static const unsigned char found[] = {0x85, 0xa0, 0xa0, 0xa0, 0xa0, 0xa0, 0xff, 0xff, 0x69, 0x6f,
+                                          0xd3, 0x89, 0x63, 0x74, 0x20, 0x6f, 0xd2, 0x41, 0x6f};
+    put("msg", "found-empty-key", one_empty, sizeof(one_empty));
+    put("error", "found-empty-keys", found, sizeof(found));
+
     /* load reports with a digest */
     for (int n = 0; n < 2; n++) {
         uint32_t bytes = fy_bloom_bytes_for(n ? 1000 : 10);
