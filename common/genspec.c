@@ -58,6 +58,8 @@ void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap)
     g->sampling.temperature =
         (float)fy_msgr_f64(r, "temperature", FY_OPT, g->sampling.temperature, 0, FY_GEN_TEMPERATURE_MAX);
     g->sampling.top_k = (int32_t)fy_msgr_i64(r, "top_k", FY_OPT, g->sampling.top_k, 0, FY_GEN_TOP_K_MAX);
+    /* the bound is a float: top_p is kept and forwarded as a float, and 1e-6
+     * is not one (the float nearest a top_p of 1e-6 is just below it) */
     g->sampling.top_p = (float)fy_msgr_f64(r, "top_p", FY_OPT, g->sampling.top_p, FY_GEN_TOP_P_MIN, 1);
     g->sampling.min_p = (float)fy_msgr_f64(r, "min_p", FY_OPT, g->sampling.min_p, 0, 1);
     g->sampling.seed = fy_msgr_u64(r, "seed", FY_OPT, g->sampling.seed, 0, UINT64_MAX);

@@ -308,7 +308,8 @@ void fy_msgr_fail(fy_msgr_t *r, fy_status_t st, const char *fmt, ...)
 static bool key_is(const msgpack_object *k, const char *key)
 {
     size_t n = strlen(key);
-    return k->type == MSGPACK_OBJECT_STR && k->via.str.size == n && !memcmp(k->via.str.ptr, key, n);
+    /* n == 0 first: msgpack-c gives an empty string a NULL pointer, which memcmp may not take */
+    return k->type == MSGPACK_OBJECT_STR && k->via.str.size == n && (n == 0 || !memcmp(k->via.str.ptr, key, n));
 }
 
 /* Maps: string keys, at most FY_MSG_MAX_KEYS, no key twice, all the way down. */
@@ -336,7 +337,8 @@ static bool check_maps(fy_msgr_t *r, const msgpack_object *o, int depth)
             }
             for (uint32_t j = 0; j < i; j++) {
                 const msgpack_object *kj = &m->ptr[j].key;
-                if (kj->via.str.size == k->via.str.size && !memcmp(kj->via.str.ptr, k->via.str.ptr, k->via.str.size)) {
+                if (kj->via.str.size == k->via.str.size &&
+                    (k->via.str.size == 0 || !memcmp(kj->via.str.ptr, k->via.str.ptr, k->via.str.size))) {
                     fy_msgr_fail(r, FY_ERR_FORMAT, "malformed message: key '%.*s' appears twice",
                                  (int)(k->via.str.size > 32 ? 32 : k->via.str.size), k->via.str.ptr);
                     return false;

@@ -211,8 +211,11 @@ static int32_t candidates(fy_sampler_t *s, const fy_sampling_params_t *p, const 
     if (p->top_p < 1.0f && n > 1) {
         if (!sorted) {
             /* a token with probability below (1 - top_p) / (n - 1) can
-             * never be inside the nucleus (llama2.c's observation) */
+             * never be inside the nucleus (llama2.c's observation), except
+             * the best one, which always is: for a small top_p over
+             * near-equal weights the bound exceeds the best weight (1) */
             double cut = (1.0 - (double)p->top_p) / (double)(n - 1) * total;
+            if (cut > 1.0) cut = 1.0;
             int32_t m = 0;
             for (int32_t i = 0; i < n; i++)
                 if (s->p[i] >= cut) c[m++] = c[i];

@@ -2,7 +2,8 @@
 # run.sh DIR - runs every tests/test_* binary in DIR, each under a time
 # limit, and ends with one line CI can read: "N passed, N failed".
 # The counts are cmocka test cases; a binary that crashes or times out
-# counts one failure beyond what it reported.
+# counts one failure beyond what it reported.  With FERRY_FUZZ_DIR set,
+# each fuzz target there runs briefly and counts as one test.
 dir=${1:?usage: run.sh BUILD/tests}
 limit=${FERRY_TEST_TIMEOUT:-900}
 passed=0
@@ -31,6 +32,30 @@ for t in "$dir"/test_*; do
     fi
     [ "$rc" -ne 0 ] && bad="$bad $name"
 done
+# The fuzz targets (FERRY_FUZZ_DIR, set by make test): each runs for
+# FERRY_FUZZ_TIME seconds on its corpus and counts as one test, failed when
+# it finds a crash, a leak or a broken property (tests/fuzz/run.sh says
+# where the reproducer is and how to rerun it).
+if [ -n "$FERRY_FUZZ_DIR" ]; then
+    fuzz_start=$(date +%s)
+    for t in "$FERRY_FUZZ_DIR"/fuzz_*; do
+        case "$t" in *.o|*.d) continue ;; esac
+        [ -x "$t" ] || continue
+        name=$(basename "$t")
+        echo "=== $name"
+        out=$(sh "$(dirname "$0")/fuzz/run.sh" "${FERRY_FUZZ_TIME:-4}" "$FERRY_FUZZ_DIR" "${name#fuzz_}")
+        echo "$out"
+        if echo "$out" | grep -q '^fuzz: 1 passed'; then
+            passed=$((passed + 1))
+        elif echo "$out" | grep -q '^fuzz: 0 passed, 0 failed, 1 skipped'; then
+            skipped=$((skipped + 1))
+        else
+            failed=$((failed + 1))
+            bad="$bad $name"
+        fi
+    done
+    echo "=== fuzz targets: $(( $(date +%s) - fuzz_start )) s"
+fi
 [ -n "$bad" ] && echo "failing binaries:$bad"
 [ "$skipped" -gt 0 ] && echo "($skipped skipped)"
 echo "$passed passed, $failed failed"

@@ -513,6 +513,29 @@ static void test_write_roundtrip(void **state)
     fy_config_destroy(c);
 }
 
+/* A value that starts with ';' straight after '=' is a value (a comment
+ * needs a blank before its ';'); fy_config_write wrote "key = ;..." and
+ * the reload read an empty value, so ferry serve's children saw another
+ * configuration than the file (fuzz_config found it). */
+static void test_write_leading_semicolon(void **state)
+{
+    (void)state;
+    fy_config_t *c = make("[kv]\ndtype =; not a comment\nx=;\ny = ok ; a comment\n");
+    assert_string_equal(fy_config_get(c, "kv", "dtype"), "; not a comment");
+    assert_string_equal(fy_config_get(c, "kv", "x"), ";");
+    assert_string_equal(fy_config_get(c, "kv", "y"), "ok");
+    const char *path = fy_test_path("semicolon.ini");
+    assert_int_equal(fy_config_write(c, path), FY_OK);
+    fy_config_t *d = make(NULL);
+    assert_int_equal(fy_config_load(d, path), FY_OK);
+    assert_int_equal(fy_config_count(d), 3);
+    assert_string_equal(fy_config_get(d, "kv", "dtype"), "; not a comment");
+    assert_string_equal(fy_config_get(d, "kv", "x"), ";");
+    assert_string_equal(fy_config_get(d, "kv", "y"), "ok");
+    fy_config_destroy(d);
+    fy_config_destroy(c);
+}
+
 /* Every allocation in turn fails: each call returns FY_OK or FY_ERR_NOMEM,
  * a failed load or set leaves the configuration as it was, and nothing
  * leaks (ASan's leak check runs at exit). */
@@ -576,7 +599,8 @@ int main(void)
         cmocka_unit_test(test_size),           cmocka_unit_test(test_duration),
         cmocka_unit_test(test_string),         cmocka_unit_test(test_unknown_keys),
         cmocka_unit_test(test_malformed),      cmocka_unit_test(test_limits_and_files),
-        cmocka_unit_test(test_write_roundtrip), cmocka_unit_test(test_alloc_failure),
+        cmocka_unit_test(test_write_roundtrip), cmocka_unit_test(test_write_leading_semicolon),
+        cmocka_unit_test(test_alloc_failure),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fy_test_tmpdir_remove();

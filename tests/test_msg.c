@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "genspec.h"
 #include "mem.h"
 #include "msg.h"
 #include "testutil.h"
@@ -230,6 +231,76 @@ static void test_random_bytes(void **state)
     }
 }
 
+/* Empty keys: msgpack-c gives an empty string no pointer, and comparing
+ * one with memcmp(NULL, ..., 0) is undefined (UBSan stops there; fuzz_error
+ * found it).  One empty key is a key like any other; two are a duplicate. */
+static void test_empty_keys(void **state)
+{
+    (void)state;
+    static const unsigned char one[] = {0x83, 0xa0, 0x07, 0xa1, 'v', 0x01, 0xa4, 't', 'y', 'p', 'e', 0xa1, 'x'};
+    static const unsigned char two[] = {0x84, 0xa0, 0x07, 0xa0, 0x08, 0xa1, 'v', 0x01, 0xa4, 't', 'y', 'p', 'e', 0xa1, 'x'};
+    /* an empty value read as a string */
+    static const unsigned char val[] = {0x83, 0xa1, 'a', 0xa0, 0xa1, 'v', 0x01, 0xa4, 't', 'y', 'p', 'e', 0xa1, 'x'};
+    fy_msgr_t r;
+    assert_int_equal(fy_msgr_parse(&r, one, sizeof(one)), FY_OK);
+    assert_true(fy_msgr_has(&r, ""));
+    assert_int_equal(fy_msgr_i64(&r, "", FY_REQ, 0, 0, 10), 7);
+    assert_false(fy_msgr_has(&r, "w"));
+    char buf[8];
+    assert_int_equal(fy_msgr_str(&r, "type", FY_REQ, NULL, buf, sizeof(buf)), 1);
+    assert_true(fy_msgr_ok(&r));
+    fy_msgr_free(&r);
+    assert_int_equal(fy_msgr_parse(&r, val, sizeof(val)), FY_OK);
+    assert_int_equal(fy_msgr_str(&r, "a", FY_REQ, "x", buf, sizeof(buf)), 0);
+    assert_string_equal(buf, "");
+    size_t len = 1;
+    assert_non_null(fy_msgr_bytes(&r, "a", FY_REQ, 8, &len));
+    assert_int_equal(len, 0);
+    assert_true(fy_msgr_ok(&r));
+    fy_msgr_free(&r);
+    assert_int_equal(fy_msgr_parse(&r, two, sizeof(two)), FY_ERR_FORMAT);
+    assert_non_null(strstr(r.err, "appears twice"));
+    fy_msgr_free(&r);
+}
+
+/* Generation parameters that decode also decode after they are written
+ * again, as the router forwards a client's to the workers: top_p is kept
+ * as a float, and the float nearest a top_p just above 1e-6 can be just
+ * below it (1e-6 is not a float), which the workers then refused
+ * (fuzz_genspec found it). */
+static void test_genspec_forwarded(void **state)
+{
+    (void)state;
+    static const double top_ps[] = {1e-6, 1.0000000001e-6, 1.00000003e-6, 0.9999999999, 1.0};
+    for (size_t i = 0; i < sizeof(top_ps) / sizeof(top_ps[0]); i++) {
+        fy_msgw_t w;
+        fy_msgw_init(&w, "generate");
+        fy_msgw_f64(&w, "top_p", top_ps[i]);
+        fy_msgw_f64(&w, "temperature", 99.99999999);
+        void *buf;
+        size_t len;
+        assert_int_equal(fy_msgw_finish(&w, &buf, &len), FY_OK);
+        fy_msgr_t r;
+        assert_int_equal(fy_msgr_parse(&r, buf, len), FY_OK);
+        fy_genspec_t g, back;
+        fy_genspec_default(&g);
+        fy_genspec_read(&r, &g, 1000);
+        assert_true(fy_msgr_ok(&r));
+        fy_msgr_free(&r);
+        fy_free(buf);
+        fy_msgw_init(&w, "reserve");
+        fy_genspec_write(&w, &g);
+        assert_int_equal(fy_msgw_finish(&w, &buf, &len), FY_OK);
+        assert_int_equal(fy_msgr_parse(&r, buf, len), FY_OK);
+        fy_genspec_default(&back);
+        fy_genspec_read(&r, &back, 1000);
+        if (!fy_msgr_ok(&r)) fail_msg("top_p %.12g: %s", top_ps[i], r.err);
+        assert_true(back.sampling.top_p == g.sampling.top_p && back.sampling.temperature == g.sampling.temperature);
+        fy_msgr_free(&r);
+        fy_free(buf);
+    }
+}
+
 static void test_writer_alloc_failure(void **state)
 {
     for (long k = 1; k < 12; k++) {
@@ -263,6 +334,8 @@ int main(void)
         cmocka_unit_test(test_structure_errors),
         cmocka_unit_test(test_truncations_and_mutations),
         cmocka_unit_test(test_random_bytes),
+        cmocka_unit_test(test_genspec_forwarded),
+        cmocka_unit_test(test_empty_keys),
         cmocka_unit_test(test_writer_alloc_failure),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -92,6 +92,42 @@ static void test_filters(void **state)
     for (int i = 0; i < V; i++) assert_true(c[i] > 0);
 }
 
+/* A small top_p over candidates of near-equal weight: the nucleus
+ * prefilter's bound, (1 - top_p) / (n - 1) of the total weight, was above
+ * the best candidate's own weight and emptied the list, and the pick read
+ * the element before the array (fuzz_genspec found it with top_p 3e-5 and
+ * min_p 0.05).  The best candidate is in every nucleus. */
+static void test_small_top_p_keeps_the_best(void **state)
+{
+    (void)state;
+    static const struct {
+        float l[V];
+        float top_p, min_p;
+        int best;
+    } cases[] = {
+        {{-30.0f, 10.0f, -25.0f, 9.9f, -20.0f, -30.0f, -28.0f, -27.0f}, 0.3f, 0.05f, 1}, /* two left after min_p */
+        {{1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f}, 0.1f, 0.0f, 0},               /* flat */
+        {{0.5f, 0.4f, 0.45f, 0.3f, 0.35f, 0.2f, 0.5f, 0.1f}, 1e-6f, 0.0f, 0},           /* nearly flat, tie */
+    };
+    fy_sampler_t *s;
+    assert_int_equal(fy_sampler_create(V, &s), FY_OK);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        fy_sampling_params_t p = {.temperature = 1.0f, .top_k = 0, .top_p = cases[i].top_p, .min_p = cases[i].min_p,
+                                  .seed = 9};
+        fy_rng_t rng;
+        fy_rng_seed(&rng, p.seed);
+        for (int k = 0; k < 100; k++) {
+            float lp = 1;
+            assert_int_equal(fy_sampler_sample(s, &p, &rng, cases[i].l, &lp), cases[i].best);
+            assert_true(lp <= 0);
+        }
+        float probs[V];
+        fy_sampler_probs(s, &p, cases[i].l, probs);
+        assert_true(probs[cases[i].best] == 1.0f);
+    }
+    fy_sampler_destroy(s);
+}
+
 static void test_seeded_reproducible(void **state)
 {
     float l[V] = {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f, 0.7f, 0.8f};
@@ -256,6 +292,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_and_ties),
+        cmocka_unit_test(test_small_top_p_keeps_the_best),
         cmocka_unit_test(test_distribution_matches_softmax),
         cmocka_unit_test(test_filters),
         cmocka_unit_test(test_seeded_reproducible),
