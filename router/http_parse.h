@@ -1,0 +1,55 @@
+/*
+ * http_parse.h - OpenAI request bodies to generations: what router/http.c
+ * runs for POST /v1/completions and /v1/chat/completions between the
+ * bytes and the router, as a function of its own so that a fuzz target
+ * (tests/fuzz/fuzz_http.c) drives exactly the code the router runs.
+ */
+#ifndef FY_HTTP_PARSE_H
+#define FY_HTTP_PARSE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "genspec.h"
+#include "model.h"
+#include "status.h"
+
+#define FY_HTTP_MAX_N 16 /* samples per request ("n") */
+
+/* What the parsing needs to know of the server. */
+typedef struct fy_http_front {
+    const fy_model_t *model; /* its tokenizer and chat template */
+    const char *model_id;    /* accepted as "model", besides served */
+    const char *served;      /* the name the API serves the model under */
+    int32_t max_ctx;         /* tokens of context */
+    int64_t default_max_tokens; /* chat completions without max_tokens */
+} fy_http_front_t;
+
+/* Why a body was refused: an HTTP status (400, 404), an OpenAI error type,
+ * the parameter at fault (NULL: none) and a message. */
+typedef struct fy_http_fault {
+    uint16_t status;
+    const char *type, *param;
+    char msg[384];
+} fy_http_fault_t;
+
+/* An accepted body. */
+typedef struct fy_http_gen {
+    fy_genspec_t gen;
+    int n;
+    bool stream, include_usage, max_tokens_set;
+    json_int_t top_logprobs;
+    int32_t *ids; /* [n_prompt] the prompt's token ids (fy_free) */
+    int32_t n_prompt;
+} fy_http_gen_t;
+
+/* Parses body (len bytes, not NUL-terminated) of a completion (chat:
+ * a chat completion).  FY_OK: *g is filled and g->ids is the caller's;
+ * FY_ERR_INVALID: *fault says why (nothing to free); FY_ERR_NOMEM. */
+fy_status_t fy_http_parse_generation(const fy_http_front_t *f, const char *body, size_t len, bool chat,
+                                     fy_http_gen_t *g, fy_http_fault_t *fault);
+
+#endif /* FY_HTTP_PARSE_H */
