@@ -239,10 +239,13 @@ asan:
 	$(Q)$(MAKE) --no-print-directory SAN=asan test
 
 # ThreadSanitizer on the multi-threaded tests (engine thread, transfer
-# thread, nng callbacks, the router and workers as processes).  UCX's memory
+# thread, nng callbacks, the HTTP server; test_http_robust runs a router
+# and workers built with TSan, which exit non-zero on a race).  The
+# 50-request cluster tests are left out: under TSan's slowdown their
+# workers miss the commands' 5-s timeouts, which tests nothing about races.  UCX's memory
 # hooks (libucm) crash under TSan, so they are off (UCX_MEM_EVENTS=no);
 # tests/tsan.supp says what is suppressed and why.
-TSAN_TESTS := test_engine test_xfer test_rpc test_envelope test_httpd test_bench test_http_robust test_cluster test_http test_supervise
+TSAN_TESTS := test_engine test_xfer test_rpc test_envelope test_httpd test_bench test_supervise test_http_robust
 tsan:
 	$(Q)$(MAKE) --no-print-directory SAN=tsan tests
 	$(Q)rm -rf build/tsan/run && mkdir -p build/tsan/run && \
