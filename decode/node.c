@@ -340,16 +340,7 @@ static void sync_metrics(fy_node_t *n, double now)
 static void on_metrics(void *arg, const char *path, fy_http_reply_t *reply)
 {
     fy_node_t *n = arg;
-    char *text;
-    size_t len;
-    if (fy_metrics_render(n->metrics, &text, &len) != FY_OK) {
-        fy_httpd_reply_error(reply, 500, "internal", "out of memory rendering the metrics");
-        return;
-    }
-    reply->content_type = FY_METRICS_CONTENT_TYPE;
-    reply->body = text;
-    reply->body_len = len;
-    reply->body_owned = 1;
+    fy_httpd_reply_metrics(reply, n->metrics);
 }
 
 /* nng thread */

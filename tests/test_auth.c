@@ -149,24 +149,6 @@ static size_t release_cmd(uint64_t to, uint64_t id, uint8_t *out, size_t cap)
     return len;
 }
 
-/* payload sealed by a on channel chan as its seq-th message, into out (payload may be out). */
-static size_t seal_as(const fy_env_auth_t *a, uint64_t chan, uint64_t seq, const uint8_t *payload, size_t len,
-                      uint8_t *out)
-{
-    fy_env_hdr_t h;
-    memset(&h, 0, sizeof(h));
-    h.kind = FY_ENV_MSG;
-    h.role = a->role;
-    snprintf(h.name, sizeof(h.name), "%s", a->name);
-    h.inc = a->inc;
-    h.chan = chan;
-    h.seq = seq;
-    h.ts_ms = fy_env_now_ms();
-    size_t hl = fy_env_header_bytes(&h);
-    memmove(out + hl, payload, len);
-    fy_env_seal(&a->key, &h, out + hl, len, out);
-    return hl + len;
-}
 
 static double refused_metric(int port, const char *reason)
 {
@@ -240,13 +222,13 @@ static void test_decode_worker_commands(void **state)
     n = reserve_cmd(inc, 8, 30, m, sizeof(m)); /* no envelope */
     assert_int_equal(nng_send(raw, m, n, 0), 0);
     n = reserve_cmd(inc, 8, 30, m, sizeof(m)); /* another secret */
-    n = seal_as(&wrong, 31, 1, m, n, m);
+    n = fy_test_seal(&wrong, 31, 1, 0, m, n, m);
     assert_int_equal(nng_send(raw, m, n, 0), 0);
     n = reserve_cmd(inc, 8, 30, m, sizeof(m)); /* the right secret, but not a router */
-    n = seal_as(&decode, 32, 1, m, n, m);
+    n = fy_test_seal(&decode, 32, 1, 0, m, n, m);
     assert_int_equal(nng_send(raw, m, n, 0), 0);
     n = reserve_cmd(inc, 9, 30, m, sizeof(m)); /* the real thing, captured */
-    n = seal_as(&router, 33, 1, m, n, m);
+    n = fy_test_seal(&router, 33, 1, 0, m, n, m);
     memcpy(copy, m, n);
     assert_int_equal(nng_send(raw, m, n, 0), 0);
     id = 9;

@@ -555,24 +555,6 @@ static size_t load_report(const char *name, uint64_t inc, const char *model, con
     return len;
 }
 
-/* payload sealed by a on channel chan as its seq-th message, into out. */
-static size_t seal_as(const fy_env_auth_t *a, uint64_t chan, uint64_t seq, const uint8_t *payload, size_t len,
-                      uint8_t *out)
-{
-    fy_env_hdr_t h;
-    memset(&h, 0, sizeof(h));
-    h.kind = FY_ENV_MSG;
-    h.role = a->role;
-    snprintf(h.name, sizeof(h.name), "%s", a->name);
-    h.inc = a->inc;
-    h.chan = chan;
-    h.seq = seq;
-    h.ts_ms = fy_env_now_ms();
-    size_t hl = fy_env_header_bytes(&h);
-    memmove(out + hl, payload, len);
-    fy_env_seal(&a->key, &h, out + hl, len, out);
-    return hl + len;
-}
 
 static bool has_worker(const fy_client_status_t *s, const char *name)
 {
@@ -633,7 +615,7 @@ static void test_forged_messages(void **state)
     static const uint8_t other[32] = "not this deployment's secret...";
     assert_int_equal(fy_env_auth_init(&wrong, other, sizeof(other), FY_ROLE_DECODE, "evil-wrongkey", 0), FY_OK);
     n = load_report("evil-wrongkey", wrong.inc, s0.model, listen, payload, sizeof(payload));
-    n = seal_as(&wrong, 5, 1, payload, n, msg);
+    n = fy_test_seal(&wrong, 5, 1, 0, payload, n, msg);
     assert_int_equal(nng_send(ev, msg, n, 0), 0);
     want[FY_ENV_MAC]++;
     /* 3. the positive control: the right secret joins (as an incompatible
@@ -642,7 +624,7 @@ static void test_forged_messages(void **state)
     fy_env_auth_t good;
     assert_int_equal(fy_cluster_auth_file(c.secret, FY_ROLE_DECODE, "evil-ok", 0, &good), FY_OK);
     n = load_report("evil-ok", good.inc, "not-this-model", listen, payload, sizeof(payload));
-    size_t n_ok = seal_as(&good, 6, 1, payload, n, msg);
+    size_t n_ok = fy_test_seal(&good, 6, 1, 0, payload, n, msg);
     memcpy(copy, msg, n_ok);
     assert_int_equal(nng_send(ev, msg, n_ok, 0), 0);
     double t0 = tc_now();
@@ -656,7 +638,7 @@ static void test_forged_messages(void **state)
     want[FY_ENV_REPLAY]++;
     /* 5. the same report with one byte altered (the worker's name inside) */
     n = load_report("evil-ok", good.inc, "not-this-model", listen, payload, sizeof(payload));
-    n = seal_as(&good, 6, 2, payload, n, msg);
+    n = fy_test_seal(&good, 6, 2, 0, payload, n, msg);
     char *at = memmem(msg, n, "evil-ok", 7);
     assert_non_null(at);
     at = memmem(at + 7, n - (size_t)(at + 7 - (char *)msg), "evil-ok", 7); /* the payload's, after the header's */
@@ -666,14 +648,14 @@ static void test_forged_messages(void **state)
     want[FY_ENV_MAC]++;
     /* 6. authentic, but in the name of the real decode worker */
     n = load_report(names[0], 12345, s0.model, listen, payload, sizeof(payload));
-    n = seal_as(&good, 6, 3, payload, n, msg);
+    n = fy_test_seal(&good, 6, 3, 0, payload, n, msg);
     assert_int_equal(nng_send(ev, msg, n, 0), 0);
     want[FY_ENV_IDENTITY]++;
     /* 7. authentic, but a client's: clients do not send events */
     fy_env_auth_t client;
     assert_int_equal(fy_cluster_auth_file(c.secret, FY_ROLE_CLIENT, "evil-client", 0, &client), FY_OK);
     n = load_report("evil-client", client.inc, s0.model, listen, payload, sizeof(payload));
-    n = seal_as(&client, 7, 1, payload, n, msg);
+    n = fy_test_seal(&client, 7, 1, 0, payload, n, msg);
     assert_int_equal(nng_send(ev, msg, n, 0), 0);
     want[FY_ENV_IDENTITY]++;
     wait_refused(&c, s0.refused_messages, want, &s);

@@ -284,24 +284,6 @@ static void test_error_messages(void **state)
 
 /* ---- authentication ---- */
 
-/* A message as a sends it on channel chan: sealed now (ts 0) or at ts. */
-static size_t sealed(const fy_env_auth_t *a, uint64_t chan, uint64_t seq, uint64_t ts, const void *payload,
-                     size_t len, uint8_t *out)
-{
-    fy_env_hdr_t h;
-    memset(&h, 0, sizeof(h));
-    h.kind = FY_ENV_MSG;
-    h.role = a->role;
-    snprintf(h.name, sizeof(h.name), "%s", a->name);
-    h.inc = a->inc;
-    h.chan = chan;
-    h.seq = seq;
-    h.ts_ms = ts ? ts : fy_env_now_ms();
-    size_t hl = fy_env_header_bytes(&h);
-    memcpy(out + hl, payload, len);
-    fy_env_seal(&a->key, &h, out + hl, len, out);
-    return hl + len;
-}
 
 static nng_socket raw_dial(const char *u, bool req)
 {
@@ -348,11 +330,11 @@ static void test_server_refuses(void **state)
     size_t n = raw_call(sk, "hello", 5, rep, sizeof(rep));
     expect_refusal(rep, n, FY_ENV_FORMAT);
     /* sealed with another deployment's secret */
-    n = sealed(&AUTH_WRONG, 11, 1, 0, "hello", 5, msg);
+    n = fy_test_seal(&AUTH_WRONG, 11, 1, 0, "hello", 5, msg);
     n = raw_call(sk, msg, n, rep, sizeof(rep));
     expect_refusal(rep, n, FY_ENV_MAC);
     /* the real thing: answered, as a router, bound to this request */
-    size_t m1 = sealed(&AUTH_CLIENT, 11, 1, 0, "hello", 5, msg);
+    size_t m1 = fy_test_seal(&AUTH_CLIENT, 11, 1, 0, "hello", 5, msg);
     n = raw_call(sk, msg, m1, rep, sizeof(rep));
     fy_env_hdr_t h;
     size_t off;
@@ -366,7 +348,7 @@ static void test_server_refuses(void **state)
     n = raw_call(sk, msg, m1, rep, sizeof(rep));
     expect_refusal(rep, n, FY_ENV_REPLAY);
     /* one byte of the payload altered; the unaltered message still goes (the forgery used up nothing) */
-    size_t m2 = sealed(&AUTH_CLIENT, 11, 2, 0, "hellp", 5, msg);
+    size_t m2 = fy_test_seal(&AUTH_CLIENT, 11, 2, 0, "hellp", 5, msg);
     memcpy(alt, msg, m2);
     alt[m2 - 1] ^= 1;
     n = raw_call(sk, alt, m2, rep, sizeof(rep));
@@ -374,11 +356,11 @@ static void test_server_refuses(void **state)
     n = raw_call(sk, msg, m2, rep, sizeof(rep));
     assert_int_equal(fy_env_open(&AUTH_CLIENT.key, rep, n, &h, &off), FY_ENV_OK);
     /* a role this server does not take */
-    n = sealed(&AUTH_DECODE, 12, 1, 0, "hello", 5, msg);
+    n = fy_test_seal(&AUTH_DECODE, 12, 1, 0, "hello", 5, msg);
     n = raw_call(sk, msg, n, rep, sizeof(rep));
     expect_refusal(rep, n, FY_ENV_IDENTITY);
     /* a first message of a new channel, ten minutes old */
-    n = sealed(&AUTH_CLIENT, 13, 1, fy_env_now_ms() - 600000, "hello", 5, msg);
+    n = fy_test_seal(&AUTH_CLIENT, 13, 1, fy_env_now_ms() - 600000, "hello", 5, msg);
     n = raw_call(sk, msg, n, rep, sizeof(rep));
     expect_refusal(rep, n, FY_ENV_STALE);
     fy_test_log_end();
@@ -450,11 +432,11 @@ static void test_pull_refuses(void **state)
     nng_socket sk = raw_dial(u, false);
     uint8_t m1[256], m2[256], alt[256], x[256];
     int one = 1, two = 2, bad = 99;
-    size_t n1 = sealed(&AUTH_DECODE, 21, 1, 0, &one, sizeof(int), m1);
-    size_t n2 = sealed(&AUTH_DECODE, 21, 2, 0, &two, sizeof(int), m2);
+    size_t n1 = fy_test_seal(&AUTH_DECODE, 21, 1, 0, &one, sizeof(int), m1);
+    size_t n2 = fy_test_seal(&AUTH_DECODE, 21, 2, 0, &two, sizeof(int), m2);
     fy_test_log_begin();
     assert_int_equal(nng_send(sk, "junk", 4, 0), 0);                       /* format */
-    size_t n = sealed(&AUTH_WRONG, 22, 1, 0, &bad, sizeof(int), x);
+    size_t n = fy_test_seal(&AUTH_WRONG, 22, 1, 0, &bad, sizeof(int), x);
     assert_int_equal(nng_send(sk, x, n, 0), 0);                            /* mac */
     assert_int_equal(nng_send(sk, m1, n1, 0), 0);                          /* delivered */
     assert_int_equal(nng_send(sk, m1, n1, 0), 0);                          /* replay */
@@ -462,9 +444,9 @@ static void test_pull_refuses(void **state)
     alt[7] ^= 0x20; /* the sender's name: "Decode-0" */
     assert_int_equal(nng_send(sk, alt, n2, 0), 0);                         /* mac */
     assert_int_equal(nng_send(sk, m2, n2, 0), 0);                          /* delivered */
-    n = sealed(&AUTH_CLIENT, 23, 1, 0, &bad, sizeof(int), x);
+    n = fy_test_seal(&AUTH_CLIENT, 23, 1, 0, &bad, sizeof(int), x);
     assert_int_equal(nng_send(sk, x, n, 0), 0);                            /* identity: a client */
-    n = sealed(&AUTH_DECODE, 24, 1, fy_env_now_ms() + 3600000, &bad, sizeof(int), x);
+    n = fy_test_seal(&AUTH_DECODE, 24, 1, fy_env_now_ms() + 3600000, &bad, sizeof(int), x);
     assert_int_equal(nng_send(sk, x, n, 0), 0);                            /* stale: from the future */
     wait_values(&k, q, 2, 6);
     fy_env_hdr_t who;

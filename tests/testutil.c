@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "envelope.h"
 #include "mem.h"
 
 #define LOG_CAP (64 * 1024)
@@ -178,4 +179,22 @@ uint64_t fy_test_rand_u64(uint64_t *s)
 float fy_test_rand_uniform(uint64_t *s)
 {
     return (float)((fy_test_rand_u64(s) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+size_t fy_test_seal(const fy_env_auth_t *a, uint64_t chan, uint64_t seq, uint64_t ts_ms, const void *payload,
+                    size_t len, uint8_t *out)
+{
+    fy_env_hdr_t h;
+    memset(&h, 0, sizeof(h));
+    h.kind = FY_ENV_MSG;
+    h.role = a->role;
+    snprintf(h.name, sizeof(h.name), "%s", a->name);
+    h.inc = a->inc;
+    h.chan = chan;
+    h.seq = seq;
+    h.ts_ms = ts_ms ? ts_ms : fy_env_now_ms();
+    size_t hl = fy_env_header_bytes(&h);
+    memmove(out + hl, payload, len);
+    fy_env_seal(&a->key, &h, out + hl, len, out);
+    return hl + len;
 }

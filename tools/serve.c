@@ -257,16 +257,7 @@ static void on_health(void *arg, const char *path, fy_http_reply_t *reply)
 static void on_metrics(void *arg, const char *path, fy_http_reply_t *reply)
 {
     serve_t *s = arg;
-    char *text;
-    size_t len;
-    if (fy_metrics_render(s->reg, &text, &len) != FY_OK) {
-        fy_httpd_reply_error(reply, 500, "internal", "out of memory rendering the metrics");
-        return;
-    }
-    reply->content_type = FY_METRICS_CONTENT_TYPE;
-    reply->body = text;
-    reply->body_len = len;
-    reply->body_owned = 1;
+    fy_httpd_reply_metrics(reply, s->reg);
 }
 
 /* The series of every child added so far (docs/operations.md, "ferry serve"). */
@@ -373,12 +364,13 @@ int fy_cmd_serve(int argc, char **argv)
     const char *run_dir, *logs, *secret, *router_listen, *router_http, *p_listen, *d_listen, *p_metrics, *d_metrics,
         *serve_metrics;
     int64_t n_prefill, n_decode, max_restarts;
-    double backoff, backoff_max, grace, health_timeout, start_timeout;
+    double backoff, backoff_max, window, grace, health_timeout, start_timeout;
     if (fy_config_string(cfg, "serve", "run_dir", "run", &run_dir) ||
         fy_config_string(cfg, "serve", "logs", NULL, &logs) ||
         fy_config_int(cfg, "serve", "max_restarts", -1, -1, 1000, &max_restarts) ||
         fy_config_duration(cfg, "serve", "restart_backoff", 0.5, 0, 3600, &backoff) ||
         fy_config_duration(cfg, "serve", "restart_backoff_max", 30, 0, 3600, &backoff_max) ||
+        fy_config_duration(cfg, "serve", "restart_window", 60, 0.001, 86400, &window) ||
         fy_config_duration(cfg, "serve", "stop_grace", 10, 0, 3600, &grace) ||
         fy_config_duration(cfg, "serve", "health_timeout", 10, 0, 3600, &health_timeout) ||
         fy_config_duration(cfg, "serve", "start_timeout", 120, 1, 86400, &start_timeout) ||
@@ -441,6 +433,7 @@ int fy_cmd_serve(int argc, char **argv)
     sp.max_restarts = (int)max_restarts;
     sp.restart_backoff_s = backoff;
     sp.restart_backoff_max_s = backoff_max;
+    sp.restart_window_s = window;
     sp.stop_grace_s = grace;
     sp.health_timeout_s = health_timeout;
     sp.health_interval_s = health_timeout > 0 && health_timeout / 4 < 1 ? health_timeout / 4 : 1;

@@ -60,6 +60,7 @@
 
 #include "log.h"
 #include "mem.h"
+#include "metrics.h"
 
 #define MAX_PENDING (8u << 20) /* streamed bytes the client has not taken */
 #define STREAM_BLOCK 16384
@@ -209,6 +210,21 @@ static void json_escape(char *out, size_t cap, const char *s)
         }
     }
     out[n] = 0;
+}
+
+void fy_httpd_reply_metrics(fy_http_reply_t *reply, fy_metrics_t *reg)
+{
+    char *text;
+    size_t len;
+    if (fy_metrics_render(reg, &text, &len) != FY_OK) {
+        fy_httpd_reply_error(reply, 500, "internal", "out of memory rendering the metrics");
+        return;
+    }
+    reply->content_type = FY_METRICS_CONTENT_TYPE;
+    if (reply->body_owned) fy_free(reply->body);
+    reply->body = text;
+    reply->body_len = len;
+    reply->body_owned = 1;
 }
 
 void fy_httpd_reply_error(fy_http_reply_t *reply, int status, const char *type, const char *msg)

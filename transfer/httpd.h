@@ -113,6 +113,11 @@ fy_status_t fy_httpd_route(fy_httpd_t *h, const char *path, fy_httpd_get_fn fn, 
  * for callbacks that answer an error. */
 void fy_httpd_reply_error(fy_http_reply_t *reply, int status, const char *type, const char *msg);
 
+/* reg rendered as Prometheus text (a 500 error when that runs out of
+ * memory): the whole of a /metrics route. */
+struct fy_metrics;
+void fy_httpd_reply_metrics(fy_http_reply_t *reply, struct fy_metrics *reg);
+
 /* ---- full handlers --------------------------------------------------------------------------------- */
 
 /* One request to a handler's route, owned by the server.  Valid in the
