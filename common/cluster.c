@@ -38,7 +38,8 @@ static const char *const KEYS[] = {
     "worker.name", "worker.heartbeat", "worker.stall_timeout", "worker.transports", "worker.net_devices",
     "worker.http_header_timeout", "worker.http_idle_timeout", "worker.http_max_connections", "worker.http_max_header",
     "worker.isa", "worker.device",
-    "serve.run_dir", "serve.logs", "serve.restart_backoff", "serve.restart_backoff_max", "serve.max_restarts",
+    "serve.run_dir", "serve.logs", "serve.restart_backoff", "serve.restart_backoff_max", "serve.restart_window",
+    "serve.max_restarts",
     "serve.stop_grace", "serve.health_timeout", "serve.start_timeout", "serve.metrics",
 };
 
