@@ -260,8 +260,12 @@ ubsan:
 # 100 rounds of faults under load against a local cluster (tools/chaos.c);
 # a 5-round version is tests/test_chaos.c.
 CHAOS_ROUNDS ?= 100
+# a 5-s crash-loop window: the rounds kill each worker about every half
+# minute, which serve's default 60-s window treats as a crash loop (its
+# restarts back off to 30 s, and the rounds would time the backoff)
+CHAOS_SETS ?= --set serve.restart_window=5s
 chaos: $(TOOL_BIN) $(MODEL_FILE)
-	$(Q)$(BINDIR)/ferry chaos -c configs/local.ini --rounds $(CHAOS_ROUNDS) --json build/chaos.json
+	$(Q)$(BINDIR)/ferry chaos -c configs/local.ini --rounds $(CHAOS_ROUNDS) $(CHAOS_SETS) --json build/chaos.json
 
 # ---- fuzzing ------------------------------------------------------------------
 # One libFuzzer target per tests/fuzz/fuzz_NAME.c (picked up by wildcard),
