@@ -74,7 +74,7 @@ SAN_FLAGS_fuzz  := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-rec
                    -DFY_DEBUG
 SAN_FLAGS := $(SAN_FLAGS_$(SAN))
 
-INCLUDES := -Icommon -Ikernels -Ikernels/cpu -Idecode -Iprefill -Itransfer -Irouter -Itools
+INCLUDES := -Icommon -Ikv -Ikernels -Ikernels/cpu -Imodel -Iengine -Itransfer -Irpc -Iworker -Idecode -Iprefill -Irouter -Itools
 CFLAGS  ?=
 CFLAGS  += -std=c11 $(OPT) -g -D_GNU_SOURCE -pthread $(WARN) $(INCLUDES) $(PKG_CFLAGS) $(SAN_FLAGS) -MMD -MP
 LDFLAGS += -pthread $(SAN_FLAGS)
@@ -105,8 +105,9 @@ LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
 endif
 
 # ---- sources ------------------------------------------------------------------
-LIB_SRC := $(wildcard common/*.c) $(wildcard kernels/*.c) $(wildcard kernels/cpu/*.c) \
-           $(wildcard decode/*.c) $(wildcard prefill/*.c) $(wildcard transfer/*.c) $(wildcard router/*.c)
+LIB_SRC := $(wildcard common/*.c) $(wildcard kv/*.c) $(wildcard kernels/*.c) $(wildcard kernels/cpu/*.c) \
+           $(wildcard model/*.c) $(wildcard engine/*.c) $(wildcard transfer/*.c) $(wildcard rpc/*.c) \
+           $(wildcard worker/*.c) $(wildcard decode/*.c) $(wildcard prefill/*.c) $(wildcard router/*.c)
 ifeq ($(SAN),fuzz)
 # the fuzz targets reach parsers, not compute kernels; and clang 14's
 # __builtin_cpu_supports does not know f16c or avxvnni, which kernels/ asks
@@ -119,12 +120,13 @@ LIB     := $(BUILD)/libferry.a
 # thin main in tools/main/ over the library
 TOOLS   := ferry $(patsubst tools/main/%.c,%,$(wildcard tools/main/ferry-*.c))
 TOOL_BIN := $(TOOLS:%=$(BINDIR)/%)
-TOOL_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/*.c))
+# the `ferry bench*` commands live beside the harness, in bench/bench*.c
+TOOL_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/*.c) $(wildcard bench/bench*.c))
 
 # ferry-bench, the load-test harness: its own binary over bench/, the only
 # one linked with libcurl (its HTTP client) and libmicrohttpd (its echo
 # server); test_bench links the same archive.
-BENCH_SRC := $(filter-out bench/ferry_bench.c,$(wildcard bench/*.c))
+BENCH_SRC := $(filter-out bench/ferry_bench.c bench/bench%.c,$(wildcard bench/*.c))
 BENCH_OBJ := $(BENCH_SRC:%.c=$(BUILD)/%.o)
 BENCH_A   := $(BUILD)/libferrybench.a
 BENCH_BIN := $(BINDIR)/ferry-bench

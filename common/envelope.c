@@ -3,7 +3,7 @@
  * envelope.h): key derivation, sealing, parsing and verifying, and the
  * receivers' replay windows.
  *
- * Not here: sockets (transfer/rpc.c), what a message says (msg.h), who may
+ * Not here: sockets (rpc/rpc.c), what a message says (msg.h), who may
  * send what (the router and the workers check identities).
  */
 #include "envelope.h"

@@ -20,7 +20,7 @@
  * be fresh (time within FY_ENV_FRESH_MS of now, after the receiver's start
  * and after anything it forgot).  See docs/protocol.md ("Authentication").
  *
- * Pure byte handling and libsodium: no sockets (transfer/rpc.c uses it),
+ * Pure byte handling and libsodium: no sockets (rpc/rpc.c uses it),
  * no nng header.
  */
 #ifndef FY_ENVELOPE_H

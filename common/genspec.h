@@ -31,7 +31,7 @@
 #define FY_GEN_TOP_K_MAX (1 << 24) /* 0: off */
 #define FY_GEN_PRIORITY_MAX 1000000 /* and -FY_GEN_PRIORITY_MAX */
 
-/* Speculative decoding, as a request asks for it (decode/spec.h has the rest). */
+/* Speculative decoding, as a request asks for it (engine/spec.h has the rest). */
 typedef enum fy_spec_method {
     FY_SPEC_DEFAULT = 0, /* whatever the deployment uses */
     FY_SPEC_NONE,        /* no speculation */

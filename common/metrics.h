@@ -13,7 +13,7 @@
  * figures on its tick that way, so free + used + cached blocks always
  * add up in one scrape).
  *
- * Not here: serving the text over HTTP (transfer/httpd.h), and what each
+ * Not here: serving the text over HTTP (rpc/httpd.h), and what each
  * process exports (docs/operations.md, "Metrics and health").
  */
 #ifndef FY_METRICS_H

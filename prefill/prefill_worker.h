@@ -1,5 +1,5 @@
 /*
- * prefill_worker.h - the prefill worker's role in a node (decode/node.h):
+ * prefill_worker.h - the prefill worker's role in a node (worker/node.h):
  * prompts in, KV blocks out over UCX, the first token to the router.
  * bin/ferry-prefill is fy_node_main with this role.
  */

@@ -1,7 +1,7 @@
 /*
  * http.c - the router's OpenAI-compatible HTTP front door (router.http,
  * e.g. http://127.0.0.1:8080), on the process's HTTP server
- * (transfer/httpd.h).
+ * (rpc/httpd.h).
  *
  *   POST /v1/completions        prompt (text, or token ids) -> text
  *   POST /v1/chat/completions   messages through the model's chat template

@@ -3,7 +3,7 @@
  * /v1/chat/completions, from bytes to a generation the router can run:
  * JSON (jansson), every field checked with the wire's ranges
  * (common/genspec.h), the prompt tokenized or rendered through the
- * model's chat template (common/prompt.h).  router/http.c answers with
+ * model's chat template (model/prompt.h).  router/http.c answers with
  * what this returns; tests/fuzz/fuzz_http.c feeds it arbitrary bytes.
  *
  * Not here: the HTTP exchange, API keys, the router.

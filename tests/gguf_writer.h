@@ -1,6 +1,6 @@
 /*
  * gguf_writer.h - builds GGUF v3 files for tests (tiny models, tokenizers,
- * corrupt files).  Written independently of common/gguf.c, from the format
+ * corrupt files).  Written independently of model/gguf.c, from the format
  * description, so that the reader is checked against a second opinion.
  * Aborts on allocation failure: it is test code.
  */

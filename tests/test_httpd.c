@@ -1,5 +1,5 @@
 /*
- * test_httpd.c - the HTTP server (transfer/httpd.h) on its own, on
+ * test_httpd.c - the HTTP server (rpc/httpd.h) on its own, on
  * loopback: whole answers given later from another thread, streams written
  * from another thread (and thousands of answers racing the server's
  * suspension of their connection: none may be lost), a client that hangs up

@@ -1,5 +1,5 @@
 /*
- * fuzz_bloom.c - the prefix-cache digest in load reports (common/bloom.h):
+ * fuzz_bloom.c - the prefix-cache digest in load reports (kv/bloom.h):
  * the "bloom" field of a load message as the router reads it (a string or
  * bin of at most FY_BLOOM_MAX_BYTES, accepted when its size is a power of
  * two from 64: the rule of router.c's on_load, repeated here because it is

@@ -1,5 +1,5 @@
 /*
- * fuzz_chat.c - chat templates (common/chat.c): the template of a model
+ * fuzz_chat.c - chat templates (model/chat.c): the template of a model
  * file is untrusted code for ferry's Jinja interpreter.  An input is the
  * template, then optionally a NUL byte and message contents separated by
  * NUL bytes (roles system, user, assistant, user, ... in turn).

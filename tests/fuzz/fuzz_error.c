@@ -1,6 +1,6 @@
 /*
  * fuzz_error.c - the error message {type: "error", id, code, message}
- * (transfer/rpc.c: fy_msg_error writes it, fy_msg_error_code maps its code
+ * (rpc/rpc.c: fy_msg_error writes it, fy_msg_error_code maps its code
  * back to a status), read as the client library reads an error reply
  * (router/client.c, call(); repeated here because it is a static
  * function there).

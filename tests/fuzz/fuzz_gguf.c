@@ -1,5 +1,5 @@
 /*
- * fuzz_gguf.c - the GGUF reader (common/gguf.c) on any bytes as a .gguf file.
+ * fuzz_gguf.c - the GGUF reader (model/gguf.c) on any bytes as a .gguf file.
  *
  * Checks: fy_gguf_open reads nothing outside the file (the file is a heap
  * copy of its exact size, util.h) and fails with FY_ERR_FORMAT, or gives a

@@ -1,5 +1,5 @@
 /*
- * fuzz_model.c - model loading (common/model.c) on top of the GGUF,
+ * fuzz_model.c - model loading (model/model.c) on top of the GGUF,
  * safetensors and tokenizer readers: an input is a .gguf file, or, when it
  * holds FZ_SEP, a Hugging Face folder: config.json, model.safetensors,
  * tokenizer.json and (optionally) tokenizer_config.json, in that order.

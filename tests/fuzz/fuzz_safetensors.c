@@ -1,5 +1,5 @@
 /*
- * fuzz_safetensors.c - the safetensors reader (common/safetensors.c): one
+ * fuzz_safetensors.c - the safetensors reader (model/safetensors.c): one
  * .safetensors file, or, when the input holds FZ_SEP, a sharded folder:
  * model.safetensors.index.json, then the shards, written as
  * model-0000K-of-0000N.safetensors (the seeds' index names them so).

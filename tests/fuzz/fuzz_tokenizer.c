@@ -1,6 +1,6 @@
 /*
  * fuzz_tokenizer.c - the default model's tokenizer and chat prompt on
- * untrusted text (common/tokenizer.c encode/decode, common/prompt.c).
+ * untrusted text (model/tokenizer.c encode/decode, model/prompt.c).
  * The model is loaded once; an input is any bytes, the text a user sends.
  *
  * Checks, on every input:

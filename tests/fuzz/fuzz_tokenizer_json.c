@@ -1,5 +1,5 @@
 /*
- * fuzz_tokenizer_json.c - tokenizer.json loading (common/tokenizer.c,
+ * fuzz_tokenizer_json.c - tokenizer.json loading (model/tokenizer.c,
  * fy_tokenizer_from_json): an input is a tokenizer.json, optionally
  * followed by FZ_SEP and a tokenizer_config.json.
  *

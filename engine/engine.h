@@ -76,7 +76,7 @@ typedef struct fy_engine_params {
     void *tick_arg;
     double tick_s;
     /* speculative decoding: the deployment's proposer and its control
-     * (decode/spec.h); method none turns it off unless a request asks */
+     * (engine/spec.h); method none turns it off unless a request asks */
     fy_spec_params_t spec;
 } fy_engine_params_t;
 

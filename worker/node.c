@@ -16,7 +16,7 @@
  * router), and only then does the event stream close.
  *
  * The command socket takes only a router's authenticated messages
- * (envelope.h, transfer/rpc.h) and every command must name this
+ * (envelope.h, rpc/rpc.h) and every command must name this
  * incarnation in "to"; events go out sealed as this worker.
  *
  * Metrics and health (docs/operations.md): the engine tick copies the

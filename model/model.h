@@ -8,7 +8,7 @@
  * tensor the forward pass needs for presence, type and exact shape, and
  * the hyper-parameters for sanity, and names the file and the fault when
  * something is wrong.  The model is read-only after loading; the forward
- * pass lives in decode/runner.c and reads the weights through a backend.
+ * pass lives in engine/runner.c and reads the weights through a backend.
  */
 #ifndef FY_MODEL_H
 #define FY_MODEL_H
