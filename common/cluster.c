@@ -124,21 +124,16 @@ static fy_status_t read_secret(const char *path, uint8_t *buf, size_t cap, size_
     return FY_OK;
 }
 
-fy_status_t fy_cluster_hasher(const fy_config_t *cfg, fy_kv_hasher_t **h_p)
+fy_status_t fy_cluster_secret(const fy_config_t *cfg, uint8_t *key, size_t cap, size_t *n_p)
 {
     const char *path;
     fy_status_t st = fy_config_string(cfg, "kv", "secret_file", NULL, &path);
     if (st) return st;
-    if (!path || !*path) { /* a process on its own: nobody else names its blocks */
-        fy_warn("kv.secret_file is not set: prefix-block names are private to this process");
-        return fy_kv_hasher_create_random(h_p);
+    if (!path || !*path) {
+        *n_p = 0;
+        return FY_OK;
     }
-    uint8_t key[64];
-    size_t n;
-    if ((st = read_secret(path, key, sizeof(key), &n))) return st;
-    st = fy_kv_hasher_create(key, n, h_p);
-    sodium_memzero(key, sizeof(key));
-    return st;
+    return read_secret(path, key, cap, n_p);
 }
 
 fy_status_t fy_cluster_make_secret(const char *path)

@@ -19,7 +19,6 @@
 #include "config.h"
 #include "dtype.h"
 #include "envelope.h"
-#include "kv.h"
 #include "status.h"
 
 /* Loads -c FILE (at most one, optional when defaults suffice) and every
@@ -30,10 +29,10 @@
 fy_status_t fy_cluster_config(int argc, char **argv, const char *usage, fy_config_t **cfg_p);
 
 /* The deployment's secret (kv.secret_file: at least 16 bytes, the first
- * 64 used) as a hasher for prefix-block names.  Without kv.secret_file, a
- * random key private to this process.  A secret file that its group or
- * others may read or write is refused, naming the file and its mode. */
-fy_status_t fy_cluster_hasher(const fy_config_t *cfg, fy_kv_hasher_t **h_p);
+ * cap used) into key, its length in *n_p; *n_p = 0 without kv.secret_file.
+ * A secret file that its group or others may read or write is refused,
+ * naming the file and its mode.  The caller wipes key. */
+fy_status_t fy_cluster_secret(const fy_config_t *cfg, uint8_t *key, size_t cap, size_t *n_p);
 
 /* Creates path (O_EXCL, mode 0600) holding 32 random bytes, or, when it
  * exists, checks that it is a usable secret (regular, at least 16 bytes,
@@ -47,7 +46,7 @@ bool fy_cluster_secret_path(const fy_config_t *cfg, char *out, size_t cap);
 
 /* The control plane's credentials of this process (envelope.h): the key
  * derived from the secret file at path, with role, name and incarnation
- * (0: a random one).  The file is checked as fy_cluster_hasher does. */
+ * (0: a random one).  The file is checked as fy_cluster_secret does. */
 fy_status_t fy_cluster_auth_file(const char *path, fy_env_role_t role, const char *name, uint64_t inc,
                                  fy_env_auth_t *auth_p);
 /* The same from kv.secret_file, which a router and workers must have. */

@@ -22,8 +22,8 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "kvplan.h"
 #include "log.h"
+#include "size.h"
 #include "mem.h"
 
 /* inih copies each line into a buffer of INI_MAX_LINE bytes that must also

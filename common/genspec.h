@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #include "msg.h"
-#include "sampler.h"
+#include "sampling.h"
 
 #define FY_GEN_MAX_STOP 8
 #define FY_GEN_STOP_LEN 64 /* bytes per stop string on the wire */

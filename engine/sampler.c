@@ -19,32 +19,6 @@ struct fy_sampler {
     double *p; /* [vocab] */
 };
 
-void fy_sampling_params_default(fy_sampling_params_t *p)
-{
-    *p = (fy_sampling_params_t){.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0};
-}
-
-fy_status_t fy_sampling_params_check(const fy_sampling_params_t *p)
-{
-    if (!isfinite(p->temperature) || p->temperature < 0.0f || p->temperature > 100.0f) {
-        fy_error("sampling: temperature %g out of range [0, 100]", (double)p->temperature);
-        return FY_ERR_INVALID;
-    }
-    if (p->top_k < 0) {
-        fy_error("sampling: top_k %d is negative", p->top_k);
-        return FY_ERR_INVALID;
-    }
-    if (!isfinite(p->top_p) || p->top_p <= 0.0f || p->top_p > 1.0f) {
-        fy_error("sampling: top_p %g out of range (0, 1]", (double)p->top_p);
-        return FY_ERR_INVALID;
-    }
-    if (!isfinite(p->min_p) || p->min_p < 0.0f || p->min_p > 1.0f) {
-        fy_error("sampling: min_p %g out of range [0, 1]", (double)p->min_p);
-        return FY_ERR_INVALID;
-    }
-    return FY_OK;
-}
-
 static uint64_t splitmix64(uint64_t *x)
 {
     uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
@@ -238,11 +212,6 @@ static int32_t candidates(fy_sampler_t *s, const fy_sampling_params_t *p, const 
     }
     *total_p = total;
     return n;
-}
-
-bool fy_sampling_is_greedy(const fy_sampling_params_t *p)
-{
-    return !(p->temperature >= FY_SAMPLING_MIN_TEMP) || p->top_k == 1;
 }
 
 int32_t fy_sampler_sample(fy_sampler_t *s, const fy_sampling_params_t *p, fy_rng_t *rng, const float *logits,

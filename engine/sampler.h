@@ -13,26 +13,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "sampling.h"
 #include "status.h"
-
-/* Temperatures below this are greedy (vLLM's _SAMPLING_EPS): 1/t of a
- * tiny temperature overflows, and the distribution it would give is the
- * argmax anyway. */
-#define FY_SAMPLING_MIN_TEMP 1e-5f
-/* The lowest log-probability reported (the wire's range starts there). */
-#define FY_LOGPROB_MIN -1e30f
-
-typedef struct fy_sampling_params {
-    float temperature; /* below FY_SAMPLING_MIN_TEMP (0 included): greedy */
-    int32_t top_k;     /* 0: off */
-    float top_p;       /* 1: off */
-    float min_p;       /* 0: off; drop tokens below min_p * p(best) */
-    uint64_t seed;
-} fy_sampling_params_t;
-
-void fy_sampling_params_default(fy_sampling_params_t *p); /* greedy */
-/* Range checks; logs the offending field. */
-fy_status_t fy_sampling_params_check(const fy_sampling_params_t *p);
 
 /* xoshiro256** seeded through splitmix64. */
 typedef struct fy_rng {
@@ -54,9 +36,6 @@ void fy_sampler_destroy(fy_sampler_t *s); /* accepts NULL */
  * from the raw logits then). */
 int32_t fy_sampler_sample(fy_sampler_t *s, const fy_sampling_params_t *p, fy_rng_t *rng, const float *logits,
                           float *logprob_p);
-
-/* Greedy parameters: temperature below FY_SAMPLING_MIN_TEMP, or top_k 1. */
-bool fy_sampling_is_greedy(const fy_sampling_params_t *p);
 
 /* The distribution fy_sampler_sample draws from, as probabilities over
  * the whole vocabulary (zero outside the kept candidates; a point mass on

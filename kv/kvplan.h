@@ -10,14 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "size.h"
 #include "status.h"
-
-/* "4096", "50GiB", "50Gi", "1.5G", "512MB": K, M, G, T are powers of 1000,
- * Ki, Mi, Gi, Ti powers of 1024, a trailing B optional.  FY_ERR_INVALID
- * (logged, naming what) for anything else, negatives and overflow. */
-fy_status_t fy_parse_size(const char *what, const char *s, int64_t *bytes_p);
-/* "50.0 GiB" */
-void fy_format_size(int64_t bytes, char *buf, size_t cap);
 
 /* Bytes per element of a KV dtype name: f32 4, f16 and bf16 2, fp8 and
  * int8 1.  FY_ERR_INVALID for other names. */

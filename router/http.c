@@ -34,6 +34,8 @@
  * Not here: TLS (put a proxy in front), top-k alternatives in logprobs
  * (only the chosen token's log-probability).
  */
+#include "http.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -56,6 +58,8 @@
 #include "router_int.h"
 #include "tenants.h"
 #include "tokenizer.h"
+
+typedef struct fy_http fy_http_t;
 
 #define MAX_N FY_HTTP_MAX_N /* samples per request */
 
@@ -774,7 +778,7 @@ static void on_metrics(void *arg, fy_httpd_req_t *r)
 
 /* ---- start, drain and stop ---------------------------------------------------------------------------- */
 
-fy_status_t fy_http_start(router_t *R, fy_http_t **h_p)
+static fy_status_t http_start(router_t *R, fy_http_t **h_p)
 {
     const fy_config_t *c = fy_router_config(R);
     const char *url, *keys, *served;
@@ -849,14 +853,14 @@ fy_status_t fy_http_start(router_t *R, fy_http_t **h_p)
     return FY_OK;
 }
 
-void fy_http_drain(fy_http_t *H)
+static void http_drain(fy_http_t *H)
 {
     if (H) H->draining = true; /* the router's lock is held */
 }
 
-int32_t fy_http_live(const fy_http_t *H) { return H ? H->n_live : 0; }
+static int32_t http_live(const fy_http_t *H) { return H ? H->n_live : 0; }
 
-void fy_http_stop(fy_http_t *H)
+static void http_stop(fy_http_t *H)
 {
     if (!H) return;
     router_t *R = H->R;
@@ -890,3 +894,18 @@ void fy_http_stop(fy_http_t *H)
     fy_tenants_destroy(H->tenants);
     fy_free(H);
 }
+
+/* ---- the router's front door -------------------------------------------------------------------------- */
+
+static fy_status_t door_start(router_t *R, void **h_p)
+{
+    fy_http_t *h;
+    fy_status_t st = http_start(R, &h);
+    if (st == FY_OK) *h_p = h;
+    return st;
+}
+static void door_drain(void *h) { http_drain(h); }
+static int32_t door_live(const void *h) { return http_live(h); }
+static void door_stop(void *h) { http_stop(h); }
+
+const fy_router_door_t fy_http_door = {door_start, door_drain, door_live, door_stop};

@@ -21,7 +21,6 @@
  * under one mutex; nothing under it blocks (pushes never block, replies
  * are asynchronous).
  */
-#include "router.h"
 #include "router_int.h"
 
 #include <math.h>
@@ -158,7 +157,8 @@ typedef struct router {
     fy_env_auth_t auth;
     fy_rpc_server_t *srv;
     fy_pull_t *events;
-    fy_http_t *http;
+    const fy_router_door_t *door; /* NULL: no front door */
+    void *door_h;
     char listen[256], events_url[256];
     /* state */
     worker_t workers[MAX_WORKERS];
@@ -1617,7 +1617,7 @@ static fy_status_t setup(router_t *R)
     R->vocab = mc->vocab_size;
     R->max_ctx = mc->max_ctx;
     if ((st = fy_kv_layout_init(&R->lay, mc->n_layers, mc->n_kv_heads, mc->head_dim, bs, dt))) return st;
-    if ((st = fy_cluster_hasher(c, &R->hasher))) return st;
+    if ((st = fy_kv_hasher_from_config(c, &R->hasher))) return st;
     if ((st = fy_cluster_auth(c, FY_ROLE_ROUTER, "router", 0, &R->auth))) return st;
     /* the sockets are published under the lock: their callbacks read them there */
     fy_pull_t *pull;
@@ -1634,7 +1634,7 @@ static fy_status_t setup(router_t *R)
     R->srv = srv;
     pthread_mutex_unlock(&R->mu);
     if ((st = metrics_setup(R))) return st;
-    if ((st = fy_http_start(R, &R->http))) return st;
+    if (R->door && (st = R->door->start(R, &R->door_h))) return st;
     if (pthread_create(&R->hk, NULL, hk_main, R)) return FY_ERR_INTERNAL;
     R->hk_on = true;
     fy_info("router up: clients on %s, worker events on %s, model %s%s", R->listen, R->events_url, R->model_id,
@@ -1644,8 +1644,8 @@ static fy_status_t setup(router_t *R)
 
 static void teardown(router_t *R)
 {
-    fy_http_stop(R->http); /* its requests cancelled, its sockets closed */
-    R->http = NULL;
+    if (R->door) R->door->stop(R->door_h); /* its requests cancelled, its sockets closed */
+    R->door_h = NULL;
     if (R->hk_on) {
         pthread_mutex_lock(&R->mu);
         R->stop = true;
@@ -1698,7 +1698,7 @@ static void drain(router_t *R, sigset_t *sigs)
     bool hurry = false;
     pthread_mutex_lock(&R->mu);
     R->draining = true;
-    fy_http_drain(R->http);
+    if (R->door) R->door->drain(R->door_h);
     for (rreq_t *q = R->all; q; q = q->next) running += q->state != RQ_DONE;
     pthread_mutex_unlock(&R->mu);
     fy_info("draining: %d request%s running, new ones refused; waiting up to %.1f s (router.drain_timeout)", running,
@@ -1707,7 +1707,7 @@ static void drain(router_t *R, sigset_t *sigs)
         pthread_mutex_lock(&R->mu);
         running = 0;
         for (rreq_t *q = R->all; q; q = q->next) running += q->state != RQ_DONE;
-        live = fy_http_live(R->http);
+        live = R->door ? R->door->live(R->door_h) : 0;
         pthread_mutex_unlock(&R->mu);
         if ((!running && !live) || now_s() - t0 >= R->drain_timeout) break;
         if (sigtimedwait(sigs, NULL, &tick_ts) > 0) {
@@ -1731,7 +1731,7 @@ static void drain(router_t *R, sigset_t *sigs)
     while (!hurry && now_s() - t1 < 2.0) {
         int unseen = 0;
         pthread_mutex_lock(&R->mu);
-        live = fy_http_live(R->http);
+        live = R->door ? R->door->live(R->door_h) : 0;
         for (rreq_t *q = R->all; q; q = q->next) unseen += !q->done_seen && !q->watch;
         pthread_mutex_unlock(&R->mu);
         if (!live && !unseen) break;
@@ -1740,7 +1740,7 @@ static void drain(router_t *R, sigset_t *sigs)
     fy_info("drained in %.2f s", now_s() - t0);
 }
 
-int fy_router_main(int argc, char **argv)
+int fy_router_run(int argc, char **argv, const fy_router_door_t *door)
 {
     sigset_t sigs;
     sigemptyset(&sigs);
@@ -1751,6 +1751,7 @@ int fy_router_main(int argc, char **argv)
     fy_cluster_raise_nofile();
     router_t *R = fy_calloc(1, sizeof(*R));
     if (!R) return 1;
+    R->door = door;
     pthread_mutex_init(&R->mu, NULL);
     fy_status_t st = fy_cluster_config(argc, argv, "-c FILE [--set section.key=value]...", &R->cfg);
     int rc = 0;

@@ -83,19 +83,30 @@ void fy_router_workers_up(router_t *R, int *prefill_up, int *decode_up, bool *co
 fy_metrics_t *fy_router_metrics(router_t *R);
 void fy_router_metrics_refresh(router_t *R);
 
-/* The front door (http.c): started by the router after its sockets,
- * stopped before them.  No address configured: *h_p = NULL, FY_OK. */
-typedef struct fy_http fy_http_t;
-fy_status_t fy_http_start(router_t *R, fy_http_t **h_p);
-/* Lock held.  From now on new generations are refused (503 with
- * Retry-After) and /health says 503 "draining"; running ones go on.
- * Accepts NULL. */
-void fy_http_drain(fy_http_t *h);
-/* Lock held.  Generations whose answer is not yet all out (0 for NULL). */
-int32_t fy_http_live(const fy_http_t *h);
-/* Lock NOT held.  Ends what is left (streams with their terminal events,
- * others with an error body), lets the server write it, and stops.
- * Accepts NULL. */
-void fy_http_stop(fy_http_t *h);
+/*
+ * A front door (router/http.c is the one there is), handed to
+ * fy_router_run by the process's main, so that the router core calls it
+ * through these and never includes it: the front door uses the router,
+ * not the other way round.
+ */
+typedef struct fy_router_door {
+    /* Started by the router after its sockets, stopped before them.  No
+     * address configured: *h_p = NULL, FY_OK. */
+    fy_status_t (*start)(router_t *R, void **h_p);
+    /* Lock held.  From now on new generations are refused (503 with
+     * Retry-After) and /health says 503 "draining"; running ones go on.
+     * Accepts NULL. */
+    void (*drain)(void *h);
+    /* Lock held.  Generations whose answer is not yet all out (0 for NULL). */
+    int32_t (*live)(const void *h);
+    /* Lock NOT held.  Ends what is left (streams with their terminal
+     * events, others with an error body), lets the server write it, and
+     * stops.  Accepts NULL. */
+    void (*stop)(void *h);
+} fy_router_door_t;
+
+/* The whole router process (fy_router_main) with door as its front door
+ * (NULL: none).  Returns the process exit status. */
+int fy_router_run(int argc, char **argv, const fy_router_door_t *door);
 
 #endif /* FY_ROUTER_INT_H */

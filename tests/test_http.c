@@ -606,8 +606,9 @@ static void test_tenants_never_share_prefixes(void **state)
     assert_true(c_warm >= 1184); /* all full blocks but the last token's */
     assert_int_equal(c_other, 0); /* alpha's blocks are not beta's */
     assert_true(c_other2 >= 1184); /* beta's own, the second time */
-    assert_true(other > 3 * warm);  /* and the time says so too */
-    assert_true(other > 0.5 * cold);
+    assert_true(other > 3 * warm); /* and the time says so too (not against cold: the first
+                                      request also pays the workers' warm-up, which a loaded
+                                      machine stretches by seconds) */
     fy_free(body);
 }
 

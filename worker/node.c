@@ -510,7 +510,7 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
         rp.n_host_blocks = (int32_t)(host_mem / (int64_t)lay.block_bytes);
     }
     if ((st = fy_runner_create(n->model, n->be, &rp, &n->runner))) return st;
-    if ((st = fy_cluster_hasher(c, &n->hasher))) return st;
+    if ((st = fy_kv_hasher_from_config(c, &n->hasher))) return st;
     fy_kvm_params_t kp;
     fy_runner_kvm_params(n->runner, &kp);
     kp.hasher = n->hasher;
