@@ -74,7 +74,22 @@ SAN_FLAGS_fuzz  := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-rec
                    -DFY_DEBUG
 SAN_FLAGS := $(SAN_FLAGS_$(SAN))
 
-INCLUDES := -Icommon -Ikv -Ikernels -Ikernels/cpu -Imodel -Iengine -Itransfer -Irpc -Iworker -Idecode -Iprefill -Irouter -Itools
+# Layers (docs/architecture.md): each folder sees only the headers of the
+# folders it may use, so an include that crosses a layer the wrong way
+# fails to compile.  Tests, tools and bench see everything.
+USES_common   := common
+USES_kv       := common kv
+USES_kernels  := common kv model kernels kernels/cpu
+USES_model    := common model
+USES_engine   := common kv kernels model engine
+USES_transfer := common transfer
+USES_rpc      := common rpc
+USES_worker   := common kv kernels model engine transfer rpc worker
+USES_decode   := $(USES_worker) decode
+USES_prefill  := $(USES_worker) prefill
+USES_router   := common kv model rpc router
+USES_all      := common kv kernels kernels/cpu model engine transfer rpc worker decode prefill router tools bench
+INCLUDES := $(USES_all:%=-I%)
 CFLAGS  ?=
 CFLAGS  += -std=c11 $(OPT) -g -D_GNU_SOURCE -pthread $(WARN) $(INCLUDES) $(PKG_CFLAGS) $(SAN_FLAGS) -MMD -MP
 LDFLAGS += -pthread $(SAN_FLAGS)
@@ -183,6 +198,9 @@ $(BUILD)/%.o: %.cu $(FLAGS_STAMP)
 	@$(if $(Q),echo "  NVCC   $<")
 	$(Q)$(NVCC) $(NVCC_FLAGS) -MMD -MP -c $< -o $@
 endif
+
+$(foreach m,common kv kernels model engine transfer rpc worker decode prefill router,\
+  $(eval $(BUILD)/$(m)/%.o: INCLUDES := $(USES_$(m):%=-I%)))
 
 $(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
