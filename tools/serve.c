@@ -50,6 +50,7 @@
 #include "cli.h"
 #include "client.h"
 #include "cluster.h"
+#include "commands.h"
 #include "config.h"
 #include "httpd.h"
 #include "log.h"
@@ -320,41 +321,86 @@ static int mkdir_p(const char *dir)
     return mkdir(tmp, 0755) && errno != EEXIST ? -1 : 0;
 }
 
-/* Splits --prompt/--once/... (ours) from -c/--set (the cluster's). */
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: ferry serve " USAGE "\n"
+               "  a router, prefill.count prefill and decode.count decode workers from one configuration,\n"
+               "  each its own process, supervised: restarted when they exit or their /health goes silent\n"
+               "  -c, --config FILE      the cluster's configuration (configs/local.ini documents every key)\n"
+               "      --set S.KEY=VALUE  override a key (repeatable, applied in order)\n"
+               "      --spec SPEC        short for --set decode.spec=SPEC\n"
+               "      --prompt TEXT      once the cluster is ready, send this prompt and stream the answer\n"
+               "      --chat             apply the model's chat template to --prompt\n"
+               "  -n, --max-tokens N     the answer's length at most (default 128)\n"
+               "      --once             stop the cluster after the first answer\n"
+               "  -h, --help\n");
+}
+
+/* Takes --prompt/--once/... (ours) and hands -c/--set/--spec, in order,
+ * to cargv (the cluster's, for fy_cluster_config; cargv[0] is set).
+ * 0: parsed; -1: --help answered; else the exit status. */
+static int parse_serve(int argc, char **argv, serve_t *s, char **cargv, int cap, int *cargc_p)
+{
+    enum { O_PROMPT = 256, O_CHAT, O_ONCE, O_SET, O_SPEC };
+    static const struct option opts[] = {
+        {"config", required_argument, 0, 'c'},   {"set", required_argument, 0, O_SET},
+        {"spec", required_argument, 0, O_SPEC},  {"prompt", required_argument, 0, O_PROMPT},
+        {"chat", no_argument, 0, O_CHAT},        {"once", no_argument, 0, O_ONCE},
+        {"max-tokens", required_argument, 0, 'n'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    int cargc = 0, c;
+    bool have_config = false;
+    long n;
+    cargv[cargc++] = "ferry serve";
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "c:n:h", opts, NULL)) != -1) {
+        switch (c) {
+        case O_PROMPT: s->prompt = optarg; break;
+        case O_CHAT: s->chat = true; break;
+        case O_ONCE: s->once = true; break;
+        case 'n':
+            if (!fy_cli_parse_int("--max-tokens", optarg, 1, 1 << 20, &n)) return 2;
+            s->max_tokens = (int32_t)n;
+            break;
+        case 'c':
+        case O_SET:
+        case O_SPEC:
+            if (cargc + 3 > cap) {
+                fprintf(stderr, "ferry: serve: too many arguments\n");
+                return 2;
+            }
+            have_config |= c == 'c';
+            cargv[cargc++] = c == 'c' ? "-c" : c == O_SET ? "--set" : "--spec";
+            cargv[cargc++] = optarg;
+            break;
+        case 'h': usage(stdout); return -1;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "ferry: serve: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
+    if (!have_config) {
+        fprintf(stderr, "ferry: serve: needs -c FILE, the cluster's configuration: the model, the router's and the "
+                        "workers' addresses, how many workers (configs/local.ini is one to start from)\n");
+        usage(stderr);
+        return 2;
+    }
+    cargv[cargc] = NULL;
+    *cargc_p = cargc;
+    return 0;
+}
+
 int fy_cmd_serve(int argc, char **argv)
 {
     serve_t s = {.max_tokens = 128, .first_rc = 0};
     char *cargv[256];
     int cargc = 0;
-    bool have_config = false, help = false;
-    cargv[cargc++] = "ferry serve";
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long n;
-        if (!strcmp(a, "--prompt") && v) {
-            s.prompt = v, i++;
-        } else if (!strcmp(a, "--chat")) {
-            s.chat = true;
-        } else if (!strcmp(a, "--once")) {
-            s.once = true;
-        } else if ((!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) && v) {
-            if (!fy_cli_parse_int("--max-tokens", v, 1, 1 << 20, &n)) return 2;
-            s.max_tokens = (int32_t)n, i++;
-        } else if (cargc < 250) {
-            if ((!strcmp(a, "-c") || !strcmp(a, "--config")) && v) have_config = true;
-            if (!strcmp(a, "-h") || !strcmp(a, "--help")) help = true;
-            cargv[cargc++] = argv[i];
-        } else {
-            fprintf(stderr, "ferry serve: too many arguments\n");
-            return 2;
-        }
-    }
-    if (!have_config && !help) {
-        fprintf(stderr,
-                "ferry serve: needs -c FILE, the cluster's configuration: the model, the router's and the workers' "
-                "addresses, how many workers (configs/local.ini is one to start from)\nusage: ferry serve " USAGE "\n");
-        return 2;
-    }
+    int prc = parse_serve(argc, argv, &s, cargv, 256, &cargc);
+    if (prc) return prc < 0 ? 0 : prc;
     fy_config_t *cfg;
     fy_status_t st = fy_cluster_config(cargc, cargv, USAGE, &cfg);
     if (st == FY_ERR_CANCELLED) return 0;
