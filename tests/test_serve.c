@@ -181,9 +181,9 @@ static const char *write_ini(const char *name, const ports_t *p)
     int n = snprintf(text, sizeof(text),
                      "[model]\npath = %s\n"
                      "[router]\nlisten = tcp://127.0.0.1:%d\nevents = tcp://127.0.0.1:%d\nhttp = http://127.0.0.1:%d\n"
-                     "[prefill]\ncount = 1\nlisten = tcp://127.0.0.1:%d\nmetrics = tcp://127.0.0.1:%d\nthreads = 1\n"
+                     "[prefill]\ncount = 1\nlisten = tcp://127.0.0.1:%d\nmetrics = http://127.0.0.1:%d\nthreads = 1\n"
                      "kv_mem = 32MiB\nmax_seqs = 4\n"
-                     "[decode]\ncount = 1\nlisten = tcp://127.0.0.1:%d\nmetrics = tcp://127.0.0.1:%d\nthreads = 1\n"
+                     "[decode]\ncount = 1\nlisten = tcp://127.0.0.1:%d\nmetrics = http://127.0.0.1:%d\nthreads = 1\n"
                      "kv_mem = 32MiB\nmax_seqs = 4\n"
                      "[serve]\nstop_grace = 5s\n",
                      model, p->router, p->events, p->http, p->prefill, p->p_metrics, p->decode, p->d_metrics);
@@ -289,7 +289,7 @@ static void test_cluster(void **state)
     const char *ini = write_ini("a.ini", &ports);
     char run_a[PATH_MAX + 32], metrics[64];
     snprintf(run_a, sizeof(run_a), "serve.run_dir=%s/run-a", fy_test_tmpdir());
-    snprintf(metrics, sizeof(metrics), "serve.metrics=tcp://127.0.0.1:%d", ports.serve);
+    snprintf(metrics, sizeof(metrics), "serve.metrics=http://127.0.0.1:%d", ports.serve);
     const char *args[] = {"-c", ini, "--set", run_a, "--set", metrics, "--set", "serve.health_timeout=3s",
                           "--set", "serve.restart_backoff=50ms", "--set", "serve.restart_backoff_max=200ms", NULL};
     proc_t a;

@@ -281,9 +281,9 @@ static bool start_cluster(chaos_t *c)
               add_set(c, sets[ns++], 256, "router.http=http://127.0.0.1:%d", c->http_port) &&
               add_set(c, sets[ns++], 256, "prefill.listen=tcp://127.0.0.1:%d", pl) &&
               add_set(c, sets[ns++], 256, "decode.listen=tcp://127.0.0.1:%d", dl) &&
-              add_set(c, sets[ns++], 256, "prefill.metrics=tcp://127.0.0.1:%d", c->prefill_metrics) &&
-              add_set(c, sets[ns++], 256, "decode.metrics=tcp://127.0.0.1:%d", c->decode_metrics) &&
-              add_set(c, sets[ns++], 256, "serve.metrics=tcp://127.0.0.1:%d", c->serve_metrics) &&
+              add_set(c, sets[ns++], 256, "prefill.metrics=http://127.0.0.1:%d", c->prefill_metrics) &&
+              add_set(c, sets[ns++], 256, "decode.metrics=http://127.0.0.1:%d", c->decode_metrics) &&
+              add_set(c, sets[ns++], 256, "serve.metrics=http://127.0.0.1:%d", c->serve_metrics) &&
               add_set(c, sets[ns++], 256, "serve.run_dir=%s/run", c->dir);
     if (!ok) {
         fprintf(stderr, "ferry: chaos: too many --set options\n");

@@ -525,7 +525,7 @@ int fy_cmd_serve(int argc, char **argv)
             /* worker i serves /metrics on the role's metrics port + i */
             if (mbase && *mbase &&
                 (!fy_cluster_addr_plus(mbase, i, maddr, sizeof(maddr)) || !strncmp(mbase, "ipc://", 6))) {
-                fprintf(stderr, "ferry: serve: %s.metrics = '%s': expected tcp://HOST:PORT\n", rname, mbase);
+                fprintf(stderr, "ferry: serve: %s.metrics = '%s': expected http://HOST:PORT\n", rname, mbase);
                 goto out;
             }
             if (mbase && *mbase && !fmt(set_maddr, sizeof(set_maddr), "%s.metrics=%s", rname, maddr)) goto out;
