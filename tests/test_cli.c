@@ -8,7 +8,8 @@
  * 2).  -c is a configuration file wherever it is taken (a missing one is
  * named, status 2); ferry-bench's concurrency is -C and -c is refused
  * with a hint.  Options that parse reach the work: a model that is not
- * there is named, status 1.
+ * there is named, status 1.  Log lines carry the time and the process's
+ * name.
  *
  * Nothing here listens or loads a model; each run has a deadline.
  */
@@ -16,6 +17,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <regex.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -264,6 +266,57 @@ static void test_options_reach_the_work(void **state)
     run_free(&r);
 }
 
+/* "TIME NAME: LEVEL: MESSAGE", time in UTC with milliseconds; a %m sees
+ * the caller's errno, which logging leaves as it was. */
+static void test_log_line(void **state)
+{
+    regex_t re;
+    assert_int_equal(regcomp(&re,
+                             "^20[0-9][0-9]-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-6][0-9]\\.[0-9]{3}Z "
+                             "(test_cli|decode-7): (error|warning): ",
+                             REG_EXTENDED | REG_NOSUB),
+                     0);
+    fy_test_log_begin();
+    errno = ENOENT;
+    fy_error("open x: %m");
+    assert_int_equal(errno, ENOENT);
+    fy_log_set_prefix("decode-7");
+    fy_warn("named");
+    fy_log_set_prefix(NULL);
+    fy_test_log_end();
+    const char *text = fy_test_log_text();
+    char line[512];
+    const char *nl = strchr(text, '\n');
+    assert_non_null(nl);
+    snprintf(line, sizeof(line), "%.*s", (int)(nl - text), text);
+    if (regexec(&re, line, 0, NULL, 0) || !strstr(line, "test_cli: error: open x: No such file or directory"))
+        fail_msg("first line: '%s'", line);
+    snprintf(line, sizeof(line), "%s", nl + 1);
+    line[strcspn(line, "\n")] = '\0';
+    if (regexec(&re, line, 0, NULL, 0) || !strstr(line, " decode-7: warning: named")) fail_msg("second line: '%s'", line);
+    /* the time is now's, to the second (UTC) */
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    char day[16];
+    strftime(day, sizeof(day), "%Y-%m-%d", &tm);
+    assert_non_null(strstr(text, day));
+    /* a binary's lines carry its program name */
+    if (have_bins()) {
+        const char *args[] = {"ferry", "info", "/nonexistent/model.gguf", NULL};
+        run_t r = run_argv(args);
+        snprintf(line, sizeof(line), "%s", r.err);
+        line[strcspn(line, "\n")] = '\0';
+        regfree(&re);
+        assert_int_equal(regcomp(&re, "^[-0-9]{10}T[:0-9]{8}\\.[0-9]{3}Z ferry: error: model: /nonexistent/model.gguf",
+                                 REG_EXTENDED | REG_NOSUB),
+                         0);
+        if (r.status != 1 || regexec(&re, line, 0, NULL, 0)) fail_msg("status %d, stderr: %s", r.status, r.err);
+        run_free(&r);
+    }
+    regfree(&re);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -271,6 +324,7 @@ int main(void)
         cmocka_unit_test(test_unknown_option),
         cmocka_unit_test(test_config_flag),
         cmocka_unit_test(test_options_reach_the_work),
+        cmocka_unit_test(test_log_line),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fy_test_tmpdir_remove();

@@ -321,6 +321,18 @@ static int mkdir_p(const char *dir)
     return mkdir(tmp, 0755) && errno != EEXIST ? -1 : 0;
 }
 
+/* Each run starts its children's logs afresh: the previous run's file
+ * becomes path.1 (an older .1 goes), so old errors never mix with new
+ * ones.  A file that cannot be moved is appended to, with a warning. */
+static void rotate_log(const char *path)
+{
+    char old[PATH_MAX];
+    if (!fmt(old, sizeof(old), "%s.1", path)) return;
+    if (rename(path, old) && errno != ENOENT)
+        fprintf(stderr, "ferry: serve: cannot move %s to %s (%s): this run appends to it\n", path, old,
+                strerror(errno));
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: ferry serve " USAGE "\n"
@@ -485,7 +497,7 @@ int fy_cmd_serve(int argc, char **argv)
     sp.health_interval_s = health_timeout > 0 && health_timeout / 4 < 1 ? health_timeout / 4 : 1;
     sp.start_timeout_s = start_timeout;
     sp.fatal_startup = true;
-    sp.log_echo_mark = ": error: "; /* common/log.c's "PREFIX: error: ..." */
+    sp.log_echo_mark = ": error: "; /* common/log.h's "TIME NAME: error: ..." */
     if (fy_sup_create(&sp, &s.sup)) goto out;
     char bin[PATH_MAX], logp[PATH_MAX], name[64], addr[256], set_name[128], set_addr[320], maddr[256], set_maddr[320];
     if (!fmt(bin, sizeof(bin), "%s/ferry-router", bindir) || !fmt(logp, sizeof(logp), "%s/router.log", log_dir))
@@ -496,6 +508,7 @@ int fy_cmd_serve(int argc, char **argv)
     snprintf(set_drain, sizeof(set_drain), "router.drain_timeout=%g", grace);
     char *rargv[] = {bin, "-c", conf, "--set", set_drain, NULL};
     int idx;
+    rotate_log(logp);
     if (fy_sup_add(s.sup, "router", rargv, logp, true, &idx) || fy_sup_set_ready(s.sup, idx, FY_CLUSTER_READY_ENV) ||
         (*router_http && fy_sup_set_health(s.sup, idx, router_http)) ||
         fy_sup_set_stop(s.sup, idx, 0, grace + ROUTER_STOP_MARGIN_S))
@@ -531,6 +544,7 @@ int fy_cmd_serve(int argc, char **argv)
             if (mbase && *mbase && !fmt(set_maddr, sizeof(set_maddr), "%s.metrics=%s", rname, maddr)) goto out;
             char *wargv[] = {bin, "-c", conf, "--set", set_name, "--set", set_addr, NULL, NULL, NULL};
             if (mbase && *mbase) wargv[7] = "--set", wargv[8] = set_maddr;
+            rotate_log(logp);
             if (fy_sup_add(s.sup, name, wargv, logp, false, &idx) ||
                 fy_sup_set_ready(s.sup, idx, FY_CLUSTER_READY_ENV) ||
                 (mbase && *mbase && fy_sup_set_health(s.sup, idx, maddr)) || fy_sup_set_stop(s.sup, idx, 1, -1))
