@@ -790,9 +790,9 @@ static void usage(FILE *f)
                "  kill a local cluster's processes under load, round after round, and check that every request\n"
                "  ends, the cluster recovers and every KV block comes back\n"
                "  -c, --config FILE         the cluster's configuration (default configs/local.ini)\n"
-               "  -r, --rounds N            rounds of faults (default 5)\n"
+               "      --rounds N            rounds of faults (default 5)\n"
                "  -C, --clients N           load clients, one request in flight each (default 4)\n"
-               "  -s, --seed S              which faults, where (default 1)\n"
+               "      --seed S              which worker each fault hits (default 1)\n"
                "      --set SECTION.KEY=V   override a key of the configuration (repeatable)\n"
                "      --recover S           a round fails when the cluster is not healthy S seconds after (default 60)\n"
                "      --request-timeout S   a request still open after S seconds is hung: a failure (default 90)\n"
@@ -829,7 +829,7 @@ int fy_cmd_chaos(int argc, char **argv)
     long v;
     double d;
     optind = 1;
-    while ((o = getopt_long(argc, argv, "c:r:C:s:vh", opts, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "c:C:vh", opts, NULL)) != -1) {
         switch (o) {
         case 'c': c->config = optarg; break;
         case 'r': if (!fy_cli_parse_int("--rounds", optarg, 1, 100000, &v)) goto bad; c->rounds = (int)v; break;
