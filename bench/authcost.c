@@ -14,6 +14,7 @@
 #include "authcost.h"
 
 #include <arpa/inet.h>
+#include <getopt.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -322,22 +323,46 @@ static fy_status_t round_trips(const char *base, const fy_env_auth_t *client, co
     return st;
 }
 
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: ferry-bench auth [--reps N] [--rtt-reps N]\n"
+               "  the control-plane envelope's cost per message and per request round trip\n"
+               "      --reps N      messages sealed and opened per size (default 200000)\n"
+               "      --rtt-reps N  round trips per variant (default 3000)\n"
+               "  -h, --help\n");
+}
+
 int fy_bench_auth_main(int argc, char **argv)
 {
+    enum { O_REPS = 256, O_RTT_REPS };
+    static const struct option opts[] = {
+        {"reps", required_argument, 0, O_REPS}, {"rtt-reps", required_argument, 0, O_RTT_REPS},
+        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
+    };
     int reps = 200000, rtt_reps = 3000;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
-            reps = atoi(argv[++i]);
-        } else if (!strcmp(argv[i], "--rtt-reps") && i + 1 < argc) {
-            rtt_reps = atoi(argv[++i]);
-        } else {
-            printf("usage: ferry-bench auth [--reps N (per message, default 200000)] [--rtt-reps N (default 3000)]\n"
-                   "  the control-plane envelope's cost per message and per request round trip\n");
-            return strcmp(argv[i], "-h") && strcmp(argv[i], "--help") ? 2 : 0;
+    char *end;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case O_REPS:
+        case O_RTT_REPS: {
+            long v = strtol(optarg, &end, 10);
+            if (end == optarg || *end || v < 100 || v > 100000000) {
+                fprintf(stderr, "ferry-bench auth: --%s expects an integer from 100 to 100000000, got '%s'\n",
+                        c == O_REPS ? "reps" : "rtt-reps", optarg);
+                return 2;
+            }
+            *(c == O_REPS ? &reps : &rtt_reps) = (int)v;
+            break;
+        }
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
         }
     }
-    if (reps < 100 || rtt_reps < 100) {
-        fprintf(stderr, "ferry-bench auth: at least 100 repetitions\n");
+    if (optind < argc) {
+        fprintf(stderr, "ferry-bench auth: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
         return 2;
     }
     fy_env_auth_t client, router;

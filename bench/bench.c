@@ -11,6 +11,7 @@
  * sweeps before and 5 after the model runs.  Tokens are random ids drawn
  * with a fixed seed; speeds are medians of --reps runs.
  */
+#include <getopt.h>
 #include <math.h>
 #include <pthread.h>
 #if defined(__x86_64__)
@@ -24,6 +25,7 @@
 
 #include "backend.h"
 #include "cli.h"
+#include "commands.h"
 #include "log.h"
 #include "mem.h"
 #include "model.h"
@@ -261,35 +263,54 @@ static void cpu_name(char *buf, size_t cap)
     fclose(f);
 }
 
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: ferry bench [-m MODEL] [--threads 1,2] [--prompt-tokens 128] [--gen-tokens 64] [--reps 3]\n"
+               "                   [--isa auto|avx2|scalar]\n"
+               "  prefill and decode tokens per second at batch 1, for each thread count, against the\n"
+               "  memory-bandwidth bound measured in the same run\n"
+               "  -m, --model PATH       .gguf file or Hugging Face folder (default " FY_CLI_DEFAULT_MODEL ")\n"
+               "  -t, --threads LIST     thread counts, comma-separated (default 1,2)\n"
+               "      --prompt-tokens N  prompt length (default 128)\n"
+               "      --gen-tokens N     decoded tokens (default 64)\n"
+               "      --reps N           runs per figure; the median is kept (default 3)\n"
+               "      --isa NAME         CPU kernels (default auto)\n"
+               "  -h, --help\n");
+}
+
 int fy_cmd_bench(int argc, char **argv)
 {
-    const char *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    enum { O_PROMPT = 256, O_GEN, O_REPS, O_ISA };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},      {"threads", required_argument, 0, 't'},
+        {"prompt-tokens", required_argument, 0, O_PROMPT}, {"gen-tokens", required_argument, 0, O_GEN},
+        {"reps", required_argument, 0, O_REPS},    {"isa", required_argument, 0, O_ISA},
+        {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
+    };
+    const char *model = FY_CLI_DEFAULT_MODEL;
     const char *isa = NULL;
     int counts[MAX_THREAD_COUNTS] = {1, 2}, n_counts = 2;
     long n_prompt = 128, n_gen = 64, reps = 3;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) {
-            model = v, i++;
-        } else if (!strcmp(a, "--threads") && v) {
-            if (!fy_cli_parse_int_list(a, v, 1, 64, counts, MAX_THREAD_COUNTS, &n_counts)) return 2;
-            i++;
-        } else if (!strcmp(a, "--prompt-tokens") && v) {
-            if (!fy_cli_parse_int(a, v, 1, 8192, &n_prompt)) return 2;
-            i++;
-        } else if (!strcmp(a, "--gen-tokens") && v) {
-            if (!fy_cli_parse_int(a, v, 1, 8192, &n_gen)) return 2;
-            i++;
-        } else if (!strcmp(a, "--reps") && v) {
-            if (!fy_cli_parse_int(a, v, 1, 100, &reps)) return 2;
-            i++;
-        } else if (!strcmp(a, "--isa") && v) {
-            isa = v, i++;
-        } else {
-            fprintf(stderr, "usage: ferry bench [-m MODEL] [--threads 1,2] [--prompt-tokens 128] "
-                            "[--gen-tokens 64] [--reps 3] [--isa auto|avx2|scalar]\n");
-            return strcmp(a, "-h") && strcmp(a, "--help") ? 2 : 0;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:t:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 't':
+            if (!fy_cli_parse_int_list("--threads", optarg, 1, 64, counts, MAX_THREAD_COUNTS, &n_counts)) return 2;
+            break;
+        case O_PROMPT: if (!fy_cli_parse_int("--prompt-tokens", optarg, 1, 8192, &n_prompt)) return 2; break;
+        case O_GEN: if (!fy_cli_parse_int("--gen-tokens", optarg, 1, 8192, &n_gen)) return 2; break;
+        case O_REPS: if (!fy_cli_parse_int("--reps", optarg, 1, 100, &reps)) return 2; break;
+        case O_ISA: isa = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
         }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "ferry: bench: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
     }
     fy_model_t *m;
     if (fy_model_load(model, &m) != FY_OK) return 1;

@@ -9,6 +9,7 @@
  * got its first token to the moment the first one finished, when every
  * step decodes exactly B tokens.
  */
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,7 @@
 
 #include "backend.h"
 #include "cli.h"
+#include "commands.h"
 #include "engine.h"
 #include "kv.h"
 #include "log.h"
@@ -163,41 +165,59 @@ out:
     return st;
 }
 
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: ferry bench-batch [-m MODEL] [--batches 1,2,4,8,16,32,64] [--prompt-tokens 64] [--gen-tokens 64]\n"
+               "                         [--threads N] [--reps 1] [--isa auto|avx512vnni|avxvnni|avx2|scalar] [--profile]\n"
+               "  continuous-batching decode throughput and inter-token latency at each batch size\n"
+               "  -m, --model PATH       .gguf file or Hugging Face folder (default " FY_CLI_DEFAULT_MODEL ")\n"
+               "      --batches LIST     batch sizes, comma-separated\n"
+               "      --prompt-tokens N  each request's prompt (default 64)\n"
+               "      --gen-tokens N     each request's output (default 64)\n"
+               "  -t, --threads N        CPU threads (default: one per core)\n"
+               "      --reps N           runs per batch size; the median is kept (default 1)\n"
+               "      --isa NAME         CPU kernels (default auto)\n"
+               "      --profile          where each run's time went, by op\n"
+               "  -h, --help\n");
+}
+
 int fy_cmd_bench_batch(int argc, char **argv)
 {
-    const char *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    enum { O_BATCHES = 256, O_PROMPT, O_GEN, O_REPS, O_ISA, O_PROFILE };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},      {"batches", required_argument, 0, O_BATCHES},
+        {"prompt-tokens", required_argument, 0, O_PROMPT}, {"gen-tokens", required_argument, 0, O_GEN},
+        {"reps", required_argument, 0, O_REPS},    {"isa", required_argument, 0, O_ISA},
+        {"profile", no_argument, 0, O_PROFILE},    {"threads", required_argument, 0, 't'},
+        {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
+    };
+    const char *model = FY_CLI_DEFAULT_MODEL;
     int batches[MAX_BATCHES] = {1, 2, 4, 8, 16, 32, 64}, n_batches = 7;
     long prompt_len = 64, gen = 64, threads = 0, reps = 1;
     const char *isa = NULL;
     bool profile = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) {
-            model = v, i++;
-        } else if (!strcmp(a, "--batches") && v) {
-            if (!fy_cli_parse_int_list(a, v, 1, 1024, batches, MAX_BATCHES, &n_batches)) return 2;
-            i++;
-        } else if (!strcmp(a, "--prompt-tokens") && v) {
-            if (!fy_cli_parse_int(a, v, 1, 8192, &prompt_len)) return 2;
-            i++;
-        } else if (!strcmp(a, "--gen-tokens") && v) {
-            if (!fy_cli_parse_int(a, v, 4, 8192, &gen)) return 2;
-            i++;
-        } else if (!strcmp(a, "--reps") && v) {
-            if (!fy_cli_parse_int(a, v, 1, 100, &reps)) return 2;
-            i++;
-        } else if (!strcmp(a, "--isa") && v) {
-            isa = v, i++;
-        } else if (!strcmp(a, "--profile")) {
-            profile = true;
-        } else if (!strcmp(a, "--threads") && v) {
-            if (!fy_cli_parse_int(a, v, 1, 256, &threads)) return 2;
-            i++;
-        } else {
-            fprintf(stderr, "usage: ferry bench-batch [-m MODEL] [--batches 1,2,4,8,16,32,64] [--prompt-tokens 64] "
-                            "[--gen-tokens 64] [--threads N] [--reps 1] [--isa auto|avx512vnni|avxvnni|avx2|scalar] [--profile]\n");
-            return strcmp(a, "-h") && strcmp(a, "--help") ? 2 : 0;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:t:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model = optarg; break;
+        case O_BATCHES:
+            if (!fy_cli_parse_int_list("--batches", optarg, 1, 1024, batches, MAX_BATCHES, &n_batches)) return 2;
+            break;
+        case O_PROMPT: if (!fy_cli_parse_int("--prompt-tokens", optarg, 1, 8192, &prompt_len)) return 2; break;
+        case O_GEN: if (!fy_cli_parse_int("--gen-tokens", optarg, 4, 8192, &gen)) return 2; break;
+        case O_REPS: if (!fy_cli_parse_int("--reps", optarg, 1, 100, &reps)) return 2; break;
+        case O_ISA: isa = optarg; break;
+        case O_PROFILE: profile = true; break;
+        case 't': if (!fy_cli_parse_int("--threads", optarg, 1, 256, &threads)) return 2; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
         }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "ferry: bench-batch: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
     }
     fy_model_t *m;
     if (fy_model_load(model, &m) != FY_OK) return 1;

@@ -16,6 +16,7 @@
  * and the median of the per-repetition ratios.  The greedy text of every configuration is compared, token for
  * token, with the run without speculation.
  */
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,7 @@
 
 #include "backend.h"
 #include "cli.h"
+#include "commands.h"
 #include "engine.h"
 #include "kv.h"
 #include "log.h"
@@ -195,56 +197,76 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: ferry bench-spec [-m MODEL] [--draft self:L|draft:FILE] [--spec-k 8] [--gen-tokens 160] [--reps 3]\n"
+               "                        [--batch 1|8] [--workload rewrite|open|both] [--threads N] [--isa NAME]\n"
+               "  decode throughput with and without speculative decoding (n-gram and a draft model)\n"
+               "  -m, --model PATH      .gguf file or Hugging Face folder (default " FY_CLI_DEFAULT_MODEL ")\n"
+               "      --draft SPEC      the draft: self:LAYERS (the target's first layers) or draft:MODEL_FILE\n"
+               "      --spec-k K        proposed tokens per step at most (default 8)\n"
+               "      --gen-tokens N    output tokens per request (default 160)\n"
+               "      --reps N          runs per figure; the median is kept (default 3)\n"
+               "      --batch B         one batch size instead of 1 and 8\n"
+               "      --workload W      rewrite (answers that repeat the prompt), open (stories), or both (default)\n"
+               "  -t, --threads N       CPU threads (default: one per core)\n"
+               "      --isa NAME        CPU kernels (default auto)\n"
+               "  -h, --help\n");
+}
+
 int fy_cmd_bench_spec(int argc, char **argv)
 {
-    const char *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf", *draft_spec = NULL, *isa = NULL;
-    long reps = 3, gen = 160, threads = 0, k_max = 8;
+    enum { O_DRAFT = 256, O_REPS, O_GEN, O_SPEC_K, O_ISA, O_BATCH, O_WORKLOAD };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},     {"draft", required_argument, 0, O_DRAFT},
+        {"reps", required_argument, 0, O_REPS},   {"gen-tokens", required_argument, 0, O_GEN},
+        {"spec-k", required_argument, 0, O_SPEC_K}, {"threads", required_argument, 0, 't'},
+        {"isa", required_argument, 0, O_ISA},     {"batch", required_argument, 0, O_BATCH},
+        {"workload", required_argument, 0, O_WORKLOAD}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    const char *model = FY_CLI_DEFAULT_MODEL, *draft_spec = NULL, *isa = NULL;
+    long reps = 3, gen = 160, threads = 0, k_max = 8, batch;
     int batches[2] = {1, 8}, n_batches = 2, workloads = 3;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) {
-            model = v, i++;
-        } else if (!strcmp(a, "--draft") && v) {
-            if (strncmp(v, "self:", 5) && strncmp(v, "draft:", 6)) {
+    int opt;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "m:t:h", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'm': model = optarg; break;
+        case O_DRAFT:
+            if (strncmp(optarg, "self:", 5) && strncmp(optarg, "draft:", 6)) {
                 fprintf(stderr, "ferry: --draft expects self:LAYERS or draft:MODEL_FILE\n");
                 return 2;
             }
-            draft_spec = v, i++;
-        } else if (!strcmp(a, "--reps") && v) {
-            if (!fy_cli_parse_int(a, v, 1, MAX_REPS, &reps)) return 2;
-            i++;
-        } else if (!strcmp(a, "--gen-tokens") && v) {
-            if (!fy_cli_parse_int(a, v, 8, 4096, &gen)) return 2;
-            i++;
-        } else if (!strcmp(a, "--spec-k") && v) {
-            if (!fy_cli_parse_int(a, v, 1, FY_SPEC_MAX_K, &k_max)) return 2;
-            i++;
-        } else if (!strcmp(a, "--threads") && v) {
-            if (!fy_cli_parse_int(a, v, 1, 256, &threads)) return 2;
-            i++;
-        } else if (!strcmp(a, "--isa") && v) {
-            isa = v, i++;
-        } else if (!strcmp(a, "--batch") && v) {
-            long b;
-            if (!fy_cli_parse_int(a, v, 1, 8, &b)) return 2;
-            batches[0] = (int)b;
+            draft_spec = optarg;
+            break;
+        case O_REPS: if (!fy_cli_parse_int("--reps", optarg, 1, MAX_REPS, &reps)) return 2; break;
+        case O_GEN: if (!fy_cli_parse_int("--gen-tokens", optarg, 8, 4096, &gen)) return 2; break;
+        case O_SPEC_K: if (!fy_cli_parse_int("--spec-k", optarg, 1, FY_SPEC_MAX_K, &k_max)) return 2; break;
+        case 't': if (!fy_cli_parse_int("--threads", optarg, 1, 256, &threads)) return 2; break;
+        case O_ISA: isa = optarg; break;
+        case O_BATCH:
+            if (!fy_cli_parse_int("--batch", optarg, 1, 8, &batch)) return 2;
+            batches[0] = (int)batch;
             n_batches = 1;
-            i++;
-        } else if (!strcmp(a, "--workload") && v) {
-            if (!strcmp(v, "rewrite")) workloads = 1;
-            else if (!strcmp(v, "open")) workloads = 2;
-            else if (!strcmp(v, "both")) workloads = 3;
+            break;
+        case O_WORKLOAD:
+            if (!strcmp(optarg, "rewrite")) workloads = 1;
+            else if (!strcmp(optarg, "open")) workloads = 2;
+            else if (!strcmp(optarg, "both")) workloads = 3;
             else {
                 fprintf(stderr, "ferry: --workload expects rewrite, open or both\n");
                 return 2;
             }
-            i++;
-        } else {
-            fprintf(stderr, "usage: ferry bench-spec [-m MODEL] [--draft self:L|draft:FILE] [--spec-k 8] "
-                            "[--gen-tokens 160] [--reps 3] [--batch 1|8] [--workload rewrite|open|both] "
-                            "[--threads N] [--isa NAME]\n");
-            return strcmp(a, "-h") && strcmp(a, "--help") ? 2 : 0;
+            break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
         }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "ferry: bench-spec: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
     }
     int rc = 1;
     fy_model_t *m = NULL;

@@ -12,6 +12,7 @@
  * from submit to the first token's event.  Prompts are random tokens,
  * different for every repetition, so no prefix cache helps either side.
  */
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,7 @@
 #include "backend.h"
 #include "cli.h"
 #include "client.h"
+#include "commands.h"
 #include "engine.h"
 #include "kv.h"
 #include "log.h"
@@ -120,38 +122,55 @@ out:
     return st;
 }
 
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: ferry bench-ttft [-r ROUTER] [--secret FILE] [-m MODEL] [--prompt-tokens 128,512,2048] [--reps 5]\n"
+               "                        [--threads N]\n"
+               "  time to first token through a running cluster (its phases) against one in-process engine\n"
+               "  -r, --router ADDR        the router's client address (default tcp://127.0.0.1:7400)\n"
+               "      --secret FILE        the deployment's secret (default run/kv.secret)\n"
+               "  -m, --model PATH         the colocated engine's model (default " FY_CLI_DEFAULT_MODEL ")\n"
+               "      --prompt-tokens LIST prompt lengths, comma-separated\n"
+               "      --reps N             requests per length (default 5)\n"
+               "  -t, --threads N          the colocated engine's threads; match prefill.threads (default 1)\n"
+               "  -h, --help\n");
+}
+
 int fy_cmd_bench_ttft(int argc, char **argv)
 {
-    const char *router = "tcp://127.0.0.1:7400", *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    enum { O_SECRET = 256, O_PROMPT, O_REPS };
+    static const struct option opts[] = {
+        {"router", required_argument, 0, 'r'},     {"model", required_argument, 0, 'm'},
+        {"secret", required_argument, 0, O_SECRET}, {"prompt-tokens", required_argument, 0, O_PROMPT},
+        {"reps", required_argument, 0, O_REPS},    {"threads", required_argument, 0, 't'},
+        {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
+    };
+    const char *router = "tcp://127.0.0.1:7400", *model = FY_CLI_DEFAULT_MODEL;
     const char *secret = "run/kv.secret";
     int32_t lens[MAX_LENS] = {128, 512, 2048};
-    int n_lens = 3;
+    int n_lens = 3, l[MAX_LENS];
     long reps = 5, threads = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if ((!strcmp(a, "-r") || !strcmp(a, "--router")) && v) {
-            router = v, i++;
-        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) {
-            model = v, i++;
-        } else if (!strcmp(a, "--secret") && v) {
-            secret = v, i++;
-        } else if (!strcmp(a, "--prompt-tokens") && v) {
-            int l[MAX_LENS];
-            if (!fy_cli_parse_int_list(a, v, 1, 8000, l, MAX_LENS, &n_lens)) return 2;
+    int opt;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "r:m:t:h", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'r': router = optarg; break;
+        case 'm': model = optarg; break;
+        case O_SECRET: secret = optarg; break;
+        case O_PROMPT:
+            if (!fy_cli_parse_int_list("--prompt-tokens", optarg, 1, 8000, l, MAX_LENS, &n_lens)) return 2;
             for (int k = 0; k < n_lens; k++) lens[k] = l[k];
-            i++;
-        } else if (!strcmp(a, "--reps") && v) {
-            if (!fy_cli_parse_int(a, v, 1, MAX_REPS, &reps)) return 2;
-            i++;
-        } else if (!strcmp(a, "--threads") && v) {
-            if (!fy_cli_parse_int(a, v, 1, 256, &threads)) return 2;
-            i++;
-        } else {
-            fprintf(stderr, "usage: ferry bench-ttft [-r ROUTER] [--secret FILE (default run/kv.secret)] [-m MODEL]\n"
-                            "                        [--prompt-tokens 128,512,2048] [--reps 5] "
-                            "[--threads N (colocated; match prefill.threads)]\n");
-            return strcmp(a, "-h") && strcmp(a, "--help") ? 2 : 0;
+            break;
+        case O_REPS: if (!fy_cli_parse_int("--reps", optarg, 1, MAX_REPS, &reps)) return 2; break;
+        case 't': if (!fy_cli_parse_int("--threads", optarg, 1, 256, &threads)) return 2; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
         }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "ferry: bench-ttft: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
     }
     fy_client_t *c;
     if (fy_client_create(router, secret, 10, &c) != FY_OK) return 1;

@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "commands.h"
 #include "log.h"
 #include "mem.h"
 #include "xfer.h"

@@ -68,7 +68,7 @@ static void usage(FILE *f)
             "                           inf: all at once (closed loop with --concurrency); default inf;\n"
             "                           point k of a sweep draws its prompts with seed + k\n"
             "      --burstiness K       gamma arrivals with shape K (1: Poisson; <1 burstier)\n"
-            "  -c, --concurrency N      requests in flight at most (default %d)\n"
+            "  -C, --concurrency N      requests in flight at most (default %d)\n"
             "bounds:\n"
             "      --duration D         send nothing after D (e.g. 120s); default none\n"
             "      --timeout D          each request's limit (default 300s)\n"
@@ -139,6 +139,16 @@ static int parse_rates(const char *s, double *rates)
 
 /* ---- echo -------------------------------------------------------------------------------------- */
 
+static void echo_usage(FILE *f)
+{
+    fprintf(f, "usage: ferry-bench echo [--nng URL [--secret FILE]] [--http PORT] [--ttft D] [--itl D]\n"
+               "                        [--fail-every N] [--api-key KEY] [--threads N] [--for D]\n"
+               "  --secret FILE: the deployment's secret its nng clients hold (default run/kv.secret)\n"
+               "  answers every request with max_tokens words; HTTP on 127.0.0.1 (port 0: any free one);\n"
+               "  runs until SIGINT/SIGTERM or for D\n"
+               "  -h, --help\n");
+}
+
 static int cmd_echo(int argc, char **argv)
 {
     enum { O_NNG = 256, O_HTTP, O_TTFT, O_ITL, O_FAIL, O_KEY, O_THREADS, O_FOR, O_SECRET };
@@ -176,15 +186,14 @@ static int cmd_echo(int argc, char **argv)
             p.threads = (int)v;
             break;
         case O_FOR: if (!parse_dur("--for", optarg, &for_s)) return 2; break;
-        case 'h':
-            printf("usage: ferry-bench echo [--nng URL [--secret FILE]] [--http PORT] [--ttft D] [--itl D]\n"
-                   "                        [--fail-every N] [--api-key KEY] [--threads N] [--for D]\n"
-                   "  --secret FILE: the deployment's secret its nng clients hold (default run/kv.secret)\n"
-                   "  answers every request with max_tokens words; HTTP on 127.0.0.1 (port 0: any free one);\n"
-                   "  runs until SIGINT/SIGTERM or for D\n");
-            return 0;
-        default: return 2;
+        case 'h': echo_usage(stdout); return 0;
+        default: echo_usage(stderr); return 2;
         }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "ferry-bench echo: unexpected argument '%s'\n", argv[optind]);
+        echo_usage(stderr);
+        return 2;
     }
     if (!p.nng_url && !p.http) {
         fprintf(stderr, "ferry-bench echo: give --nng URL, --http PORT or both\n");
@@ -226,6 +235,8 @@ typedef struct opts {
     bool allow_remote, progress;
     fy_bench_synth_t synth;
     const char *input_len, *output_len;
+    const char *classes[FY_BENCH_MAX_CLASSES];
+    int n_classes;
     const char *trace, *sharegpt;
     fy_bench_trace_opts_t trace_opts;
     double rates[MAX_RATES];
@@ -264,13 +275,170 @@ static json_t *json_config(const opts_t *o, int argc, char **argv, const fy_benc
                      o->run.timeout_s, "duration_s", o->run.duration_s, "slo", fy_bench_json_slo(&o->slo));
 }
 
-static int cmd_load(int argc, char **argv)
+enum {
+    O_CHAT = 256, O_MODEL, O_KEY, O_NOEOS, O_REMOTE, O_IN, O_OUT, O_CLASS, O_PG, O_PL, O_TURNS, O_THINK, O_TRACE,
+    O_TBLOCK, O_TSPEED, O_SHAREGPT, O_SEED, O_BURST, O_DURATION, O_TIMEOUT, O_SLO, O_JSON, O_PLOT, O_LABEL, O_NOPROG,
+    O_SECRET, O_NOT_MINE
+};
+
+/* A positive finite number. */
+static bool parse_positive(const char *opt, const char *s, double *out)
 {
-    enum {
-        O_CHAT = 256, O_MODEL, O_KEY, O_NOEOS, O_REMOTE, O_IN, O_OUT, O_CLASS, O_PG, O_PL, O_TURNS, O_THINK,
-        O_TRACE, O_TBLOCK, O_TSPEED, O_SHAREGPT, O_SEED, O_BURST, O_DURATION, O_TIMEOUT, O_SLO, O_JSON, O_PLOT,
-        O_LABEL, O_NOPROG, O_SECRET
-    };
+    char *end;
+    double d = strtod(s, &end);
+    if (end == s || *end || !(d > 0) || !isfinite(d)) {
+        fprintf(stderr, "ferry-bench: %s expects a positive number, got '%s'\n", opt, s);
+        return false;
+    }
+    *out = d;
+    return true;
+}
+
+/* The workload's options (what is sent): 0 taken, 2 a bad value (said),
+ * O_NOT_MINE another group's option. */
+static int load_workload_opt(int c, const char *arg, opts_t *o)
+{
+    long v;
+    switch (c) {
+    case 'n':
+        if (!parse_long("--num-requests", arg, 1, 10000000, &v)) return 2;
+        o->synth.n_requests = (int32_t)v;
+        o->trace_opts.max_requests = (int32_t)v;
+        return 0;
+    case O_IN: o->input_len = arg; return 0;
+    case O_OUT: o->output_len = arg; return 0;
+    case O_CLASS:
+        if (o->n_classes == FY_BENCH_MAX_CLASSES) {
+            fprintf(stderr, "ferry-bench: at most %d --class\n", FY_BENCH_MAX_CLASSES);
+            return 2;
+        }
+        o->classes[o->n_classes++] = arg;
+        return 0;
+    case O_PG:
+        if (!parse_long("--prefix-groups", arg, 1, 1000000, &v)) return 2;
+        o->synth.prefix_groups = (int32_t)v;
+        return 0;
+    case O_PL:
+        if (!parse_long("--prefix-len", arg, 1, FY_BENCH_MAX_LEN, &v)) return 2;
+        o->synth.prefix_len = (int32_t)v;
+        return 0;
+    case O_TURNS:
+        if (!parse_long("--turns", arg, 1, 1000, &v)) return 2;
+        o->synth.turns = (int32_t)v;
+        return 0;
+    case O_THINK: return parse_dur("--think-time", arg, &o->synth.think_s) ? 0 : 2;
+    case O_TRACE: o->trace = arg; return 0;
+    case O_TBLOCK:
+        if (!parse_long("--trace-block", arg, 1, 1 << 20, &v)) return 2;
+        o->trace_opts.block_tokens = (int32_t)v;
+        return 0;
+    case O_TSPEED: return parse_positive("--trace-speed", arg, &o->trace_opts.time_scale) ? 0 : 2;
+    case O_SHAREGPT: o->sharegpt = arg; return 0;
+    case O_SEED: {
+        char *end;
+        unsigned long long s = strtoull(arg, &end, 10);
+        if (end == arg || *end) {
+            fprintf(stderr, "ferry-bench: --seed expects an integer\n");
+            return 2;
+        }
+        o->synth.seed = o->trace_opts.seed = s;
+        return 0;
+    }
+    }
+    return O_NOT_MINE;
+}
+
+/* The target's, the arrivals' and the report's options.  As above. */
+static int load_run_opt(int c, const char *arg, opts_t *o)
+{
+    char err[512];
+    long v;
+    switch (c) {
+    case 'b':
+        if (!strcmp(arg, "nng")) o->target.proto = FY_BENCH_PROTO_NNG;
+        else if (!strcmp(arg, "http") || !strcmp(arg, "openai")) o->target.proto = FY_BENCH_PROTO_HTTP;
+        else {
+            fprintf(stderr, "ferry-bench: --backend is nng or http, not '%s'\n", arg);
+            return 2;
+        }
+        return 0;
+    case 'u': o->url = arg; return 0;
+    case O_CHAT: o->target.chat = true; return 0;
+    case O_MODEL: o->target.model = arg; return 0;
+    case O_KEY: o->target.api_key = arg; return 0;
+    case O_SECRET: o->target.secret_file = arg; return 0;
+    case O_NOEOS: o->target.ignore_eos = false; return 0;
+    case O_REMOTE: o->allow_remote = true; return 0;
+    case 'r': return (o->n_rates = parse_rates(arg, o->rates)) < 0 ? 2 : 0;
+    case O_BURST: return parse_positive("--burstiness", arg, &o->burstiness) ? 0 : 2;
+    case 'C':
+        if (!parse_long("--concurrency", arg, 1, FY_BENCH_MAX_INFLIGHT, &v)) return 2;
+        o->run.max_concurrency = (int32_t)v;
+        return 0;
+    case O_DURATION: return parse_dur("--duration", arg, &o->run.duration_s) ? 0 : 2;
+    case O_TIMEOUT:
+        if (!parse_dur("--timeout", arg, &o->run.timeout_s)) return 2;
+        if (o->run.timeout_s <= 0) {
+            fprintf(stderr, "ferry-bench: --timeout must be positive\n");
+            return 2;
+        }
+        return 0;
+    case O_SLO:
+        if (fy_bench_slo_parse(arg, &o->slo, err, sizeof(err))) {
+            fprintf(stderr, "ferry-bench: %s\n", err);
+            return 2;
+        }
+        return 0;
+    case O_JSON: o->json = arg; return 0;
+    case O_PLOT: o->plot = arg; return 0;
+    case O_LABEL: o->label = arg; return 0;
+    case O_NOPROG: o->progress = false; return 0;
+    }
+    return O_NOT_MINE;
+}
+
+/* The options' combinations, the address and the defaults that depend on
+ * them: 0 or the exit status (said). */
+static int load_check(opts_t *o)
+{
+    char err[512];
+    if (!o->url) o->url = o->target.proto == FY_BENCH_PROTO_HTTP ? "http://127.0.0.1:8080" : "tcp://127.0.0.1:7400";
+    if (o->target.proto == FY_BENCH_PROTO_HTTP && strncmp(o->url, "http://", 7) && strncmp(o->url, "https://", 8)) {
+        fprintf(stderr, "ferry-bench: the http backend needs an http:// address, not '%s'\n", o->url);
+        return 2;
+    }
+    if (o->target.proto == FY_BENCH_PROTO_NNG && !strncmp(o->url, "http", 4)) {
+        fprintf(stderr, "ferry-bench: '%s' is an HTTP address: add --backend http\n", o->url);
+        return 2;
+    }
+    if (fy_bench_check_address(o->url, o->allow_remote, err, sizeof(err))) {
+        fprintf(stderr, "ferry-bench: %s\n", err);
+        return 2;
+    }
+    if (!o->target.api_key) o->target.api_key = getenv("FERRY_BENCH_API_KEY");
+    if (!o->target.secret_file) o->target.secret_file = "run/kv.secret";
+    o->target.url = o->url;
+    if ((o->trace != NULL) + (o->sharegpt != NULL) > 1 ||
+        ((o->trace || o->sharegpt) && (o->n_classes || o->input_len || o->synth.prefix_groups || o->synth.turns > 1))) {
+        fprintf(stderr, "ferry-bench: --trace, --sharegpt and the synthetic options exclude each other\n");
+        return 2;
+    }
+    if ((o->synth.prefix_groups > 0) != (o->synth.prefix_len > 0)) {
+        fprintf(stderr, "ferry-bench: --prefix-groups and --prefix-len go together\n");
+        return 2;
+    }
+    if (o->n_classes && (o->input_len || o->output_len)) {
+        fprintf(stderr, "ferry-bench: --class replaces --input-len and --output-len: give one or the other\n");
+        return 2;
+    }
+    o->run.progress = o->progress;
+    o->run.abort_flag = &interrupted;
+    return 0;
+}
+
+/* 0: o is complete; -1: --help answered; else the exit status. */
+static int load_parse(int argc, char **argv, opts_t *o)
+{
     static const struct option lo[] = {
         {"backend", required_argument, 0, 'b'},     {"proto", required_argument, 0, 'b'},
         {"url", required_argument, 0, 'u'},         {"chat", no_argument, 0, O_CHAT},
@@ -284,290 +452,187 @@ static int cmd_load(int argc, char **argv)
         {"trace", required_argument, 0, O_TRACE},   {"trace-block", required_argument, 0, O_TBLOCK},
         {"trace-speed", required_argument, 0, O_TSPEED}, {"sharegpt", required_argument, 0, O_SHAREGPT},
         {"seed", required_argument, 0, O_SEED},     {"rate", required_argument, 0, 'r'},
-        {"burstiness", required_argument, 0, O_BURST}, {"concurrency", required_argument, 0, 'c'},
+        {"burstiness", required_argument, 0, O_BURST}, {"concurrency", required_argument, 0, 'C'},
         {"duration", required_argument, 0, O_DURATION}, {"timeout", required_argument, 0, O_TIMEOUT},
         {"slo", required_argument, 0, O_SLO},       {"json", required_argument, 0, O_JSON},
         {"plot", required_argument, 0, O_PLOT},     {"label", required_argument, 0, O_LABEL},
         {"no-progress", no_argument, 0, O_NOPROG},  {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
-    opts_t o = {.progress = true, .burstiness = 1.0, .n_rates = 1};
-    o.target.ignore_eos = true;
-    o.synth = (fy_bench_synth_t){.n_requests = 100, .turns = 1, .seed = 1};
-    o.run.timeout_s = 300;
-    o.trace_opts.time_scale = 1;
-    char err[512];
-    long v;
-    double d;
-    int c, rc = 2;
-    const char *classes[FY_BENCH_MAX_CLASSES];
-    int n_classes = 0;
+    int c, rc;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "b:u:n:r:c:h", lo, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "b:u:n:r:C:h", lo, NULL)) != -1) {
         switch (c) {
-        case 'b':
-            if (!strcmp(optarg, "nng")) o.target.proto = FY_BENCH_PROTO_NNG;
-            else if (!strcmp(optarg, "http") || !strcmp(optarg, "openai")) o.target.proto = FY_BENCH_PROTO_HTTP;
-            else {
-                fprintf(stderr, "ferry-bench: --backend is nng or http, not '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case 'u': o.url = optarg; break;
-        case O_CHAT: o.target.chat = true; break;
-        case O_MODEL: o.target.model = optarg; break;
-        case O_KEY: o.target.api_key = optarg; break;
-        case O_SECRET: o.target.secret_file = optarg; break;
-        case O_NOEOS: o.target.ignore_eos = false; break;
-        case O_REMOTE: o.allow_remote = true; break;
-        case 'n':
-            if (!parse_long("--num-requests", optarg, 1, 10000000, &v)) return 2;
-            o.synth.n_requests = (int32_t)v;
-            o.trace_opts.max_requests = (int32_t)v;
-            break;
-        case O_IN: o.input_len = optarg; break;
-        case O_OUT: o.output_len = optarg; break;
-        case O_CLASS:
-            if (n_classes == FY_BENCH_MAX_CLASSES) {
-                fprintf(stderr, "ferry-bench: at most %d --class\n", FY_BENCH_MAX_CLASSES);
-                return 2;
-            }
-            classes[n_classes++] = optarg;
-            break;
-        case O_PG:
-            if (!parse_long("--prefix-groups", optarg, 1, 1000000, &v)) return 2;
-            o.synth.prefix_groups = (int32_t)v;
-            break;
-        case O_PL:
-            if (!parse_long("--prefix-len", optarg, 1, FY_BENCH_MAX_LEN, &v)) return 2;
-            o.synth.prefix_len = (int32_t)v;
-            break;
-        case O_TURNS:
-            if (!parse_long("--turns", optarg, 1, 1000, &v)) return 2;
-            o.synth.turns = (int32_t)v;
-            break;
-        case O_THINK: if (!parse_dur("--think-time", optarg, &o.synth.think_s)) return 2; break;
-        case O_TRACE: o.trace = optarg; break;
-        case O_TBLOCK:
-            if (!parse_long("--trace-block", optarg, 1, 1 << 20, &v)) return 2;
-            o.trace_opts.block_tokens = (int32_t)v;
-            break;
-        case O_TSPEED: {
-            char *end;
-            d = strtod(optarg, &end);
-            if (end == optarg || *end || !(d > 0) || !isfinite(d)) {
-                fprintf(stderr, "ferry-bench: --trace-speed expects a positive number\n");
-                return 2;
-            }
-            o.trace_opts.time_scale = d;
-            break;
-        }
-        case O_SHAREGPT: o.sharegpt = optarg; break;
-        case O_SEED: {
-            char *end;
-            unsigned long long s = strtoull(optarg, &end, 10);
-            if (end == optarg || *end) {
-                fprintf(stderr, "ferry-bench: --seed expects an integer\n");
-                return 2;
-            }
-            o.synth.seed = o.trace_opts.seed = s;
-            break;
-        }
-        case 'r':
-            if ((o.n_rates = parse_rates(optarg, o.rates)) < 0) return 2;
-            break;
-        case O_BURST: {
-            char *end;
-            d = strtod(optarg, &end);
-            if (end == optarg || *end || !(d > 0) || !isfinite(d)) {
-                fprintf(stderr, "ferry-bench: --burstiness expects a positive number\n");
-                return 2;
-            }
-            o.burstiness = d;
-            break;
-        }
-        case 'c':
-            if (!parse_long("--concurrency", optarg, 1, FY_BENCH_MAX_INFLIGHT, &v)) return 2;
-            o.run.max_concurrency = (int32_t)v;
-            break;
-        case O_DURATION: if (!parse_dur("--duration", optarg, &o.run.duration_s)) return 2; break;
-        case O_TIMEOUT:
-            if (!parse_dur("--timeout", optarg, &o.run.timeout_s)) return 2;
-            if (o.run.timeout_s <= 0) {
-                fprintf(stderr, "ferry-bench: --timeout must be positive\n");
-                return 2;
-            }
-            break;
-        case O_SLO:
-            if (fy_bench_slo_parse(optarg, &o.slo, err, sizeof(err))) {
-                fprintf(stderr, "ferry-bench: %s\n", err);
-                return 2;
-            }
-            break;
-        case O_JSON: o.json = optarg; break;
-        case O_PLOT: o.plot = optarg; break;
-        case O_LABEL: o.label = optarg; break;
-        case O_NOPROG: o.progress = false; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        case 'h': usage(stdout); return -1;
+        case '?':
+            if (optopt == 'c') fprintf(stderr, "ferry-bench: the concurrency is -C (--concurrency); -c is no option here\n");
+            usage(stderr);
+            return 2;
+        default:
+            if ((rc = load_workload_opt(c, optarg, o)) == O_NOT_MINE) rc = load_run_opt(c, optarg, o);
+            if (rc) return rc == O_NOT_MINE ? 2 : rc;
         }
     }
     if (optind < argc) {
         fprintf(stderr, "ferry-bench: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
         return 2;
     }
-    if (!o.url) o.url = o.target.proto == FY_BENCH_PROTO_HTTP ? "http://127.0.0.1:8080" : "tcp://127.0.0.1:7400";
-    if (o.target.proto == FY_BENCH_PROTO_HTTP && strncmp(o.url, "http://", 7) && strncmp(o.url, "https://", 8)) {
-        fprintf(stderr, "ferry-bench: the http backend needs an http:// address, not '%s'\n", o.url);
-        return 2;
-    }
-    if (o.target.proto == FY_BENCH_PROTO_NNG && !strncmp(o.url, "http", 4)) {
-        fprintf(stderr, "ferry-bench: '%s' is an HTTP address: add --backend http\n", o.url);
-        return 2;
-    }
-    if (fy_bench_check_address(o.url, o.allow_remote, err, sizeof(err))) {
-        fprintf(stderr, "ferry-bench: %s\n", err);
-        return 2;
-    }
-    if (!o.target.api_key) o.target.api_key = getenv("FERRY_BENCH_API_KEY");
-    if (!o.target.secret_file) o.target.secret_file = "run/kv.secret";
-    o.target.url = o.url;
-    if ((o.trace != NULL) + (o.sharegpt != NULL) > 1 ||
-        ((o.trace || o.sharegpt) && (n_classes || o.input_len || o.synth.prefix_groups || o.synth.turns > 1))) {
-        fprintf(stderr, "ferry-bench: --trace, --sharegpt and the synthetic options exclude each other\n");
-        return 2;
-    }
-    if ((o.synth.prefix_groups > 0) != (o.synth.prefix_len > 0)) {
-        fprintf(stderr, "ferry-bench: --prefix-groups and --prefix-len go together\n");
-        return 2;
-    }
-    if (n_classes && (o.input_len || o.output_len)) {
-        fprintf(stderr, "ferry-bench: --class replaces --input-len and --output-len: give one or the other\n");
-        return 2;
-    }
-    o.run.progress = o.progress;
-    o.run.abort_flag = &interrupted;
+    return load_check(o);
+}
 
-    /* the workload, once: every rate sends the same requests */
-    fy_bench_workload_t *w = NULL;
+/* The workload, once: every rate sends the same requests (a sweep's
+ * synthetic points draw their own prompts of the same lengths). */
+static fy_status_t load_workload(opts_t *o, fy_bench_workload_t **w_p, char *err, size_t cap)
+{
     fy_status_t st = FY_OK;
-    if (o.trace) {
-        st = fy_bench_workload_trace(o.trace, &o.trace_opts, &w, err, sizeof(err));
-    } else if (o.sharegpt) {
+    if (o->trace) return fy_bench_workload_trace(o->trace, &o->trace_opts, w_p, err, cap);
+    if (o->sharegpt) {
         int32_t out = 0;
-        if (o.output_len) {
+        if (o->output_len) {
             fy_bench_len_t l;
-            if ((st = fy_bench_len_parse(o.output_len, &l, err, sizeof(err))) == FY_OK) {
+            if ((st = fy_bench_len_parse(o->output_len, &l, err, cap)) == FY_OK) {
                 if (l.kind != FY_BENCH_LEN_FIXED) {
-                    snprintf(err, sizeof(err), "--output-len with --sharegpt must be one number");
+                    snprintf(err, cap, "--output-len with --sharegpt must be one number");
                     st = FY_ERR_INVALID;
                 }
                 out = l.lo;
                 fy_bench_len_free(&l);
             }
         }
-        if (!st) st = fy_bench_workload_sharegpt(o.sharegpt, o.synth.n_requests, out, &w, err, sizeof(err));
-    } else {
-        char spec[512]; /* without --class: one class from --input-len / --output-len */
-        if (!n_classes) {
-            snprintf(spec, sizeof(spec), "%s/%s", o.input_len ? o.input_len : "128",
-                     o.output_len ? o.output_len : "128");
-            classes[n_classes++] = spec;
-        }
-        for (int i = 0; i < n_classes && !st; i++) {
-            st = fy_bench_class_parse(classes[i], &o.synth.classes[i], err, sizeof(err));
-            if (!st) o.synth.n_classes = i + 1;
-        }
-        if (!st) st = fy_bench_workload_synth(&o.synth, &w, err, sizeof(err));
+        return st ? st : fy_bench_workload_sharegpt(o->sharegpt, o->synth.n_requests, out, w_p, err, cap);
     }
+    char spec[512]; /* without --class: one class from --input-len / --output-len */
+    const char *classes[FY_BENCH_MAX_CLASSES];
+    int n_classes = o->n_classes;
+    memcpy(classes, o->classes, sizeof(classes));
+    if (!n_classes) {
+        snprintf(spec, sizeof(spec), "%s/%s", o->input_len ? o->input_len : "128", o->output_len ? o->output_len : "128");
+        classes[n_classes++] = spec;
+    }
+    for (int i = 0; i < n_classes && !st; i++) {
+        st = fy_bench_class_parse(classes[i], &o->synth.classes[i], err, cap);
+        if (!st) o->synth.n_classes = i + 1;
+    }
+    return st ? st : fy_bench_workload_synth(&o->synth, w_p, err, cap);
+}
+
+/* What a sweep keeps of each point it ran. */
+typedef struct sweep {
+    fy_bench_summary_t sums[MAX_RATES];
+    fy_bench_result_t *res[MAX_RATES];
+    int32_t n_res[MAX_RATES];
+    int n_done;
+    json_t *runs; /* with --json: one object per point */
+} sweep_t;
+
+/* Point k of the sweep: its workload (a synthetic sweep's own prompts),
+ * its arrivals at at, the run, its summary and report: 0 or 1. */
+static int load_point(opts_t *o, int k, fy_bench_workload_t **w, double *at, sweep_t *sw)
+{
+    char err[512];
+    if (k > 0 && !o->trace && !o->sharegpt) {
+        /* each point of a sweep its own prompts (same lengths), so none finds the
+         * previous point's prompts in a prefix cache */
+        fy_bench_workload_t *w2;
+        fy_bench_synth_t sp = o->synth;
+        sp.seed = o->synth.seed + (uint64_t)k;
+        if (fy_bench_workload_synth(&sp, &w2, err, sizeof(err))) {
+            fprintf(stderr, "ferry-bench: %s\n", err);
+            return 1;
+        }
+        fy_bench_workload_destroy(*w);
+        *w = w2;
+    }
+    fy_bench_arrivals(*w, o->rates[k], o->burstiness, o->synth.seed, at);
+    if (fy_bench_results_create(*w, &sw->res[k])) return 1;
+    sw->n_res[k] = (*w)->n_reqs;
+    char label[128];
+    if (o->rates[k] > 0)
+        snprintf(label, sizeof(label), "%s%s%g req/s", o->label ? o->label : "", o->label ? " " : "", o->rates[k]);
+    else snprintf(label, sizeof(label), "%s%smax rate", o->label ? o->label : "", o->label ? " " : "");
+    o->run.label = label;
+    double dur = 0;
+    fy_status_t st = fy_bench_run(&o->target, *w, at, &o->run, sw->res[k], &dur);
+    o->run.label = NULL;
     if (st) {
+        fprintf(stderr, "ferry-bench: the run could not happen: %s\n", fy_status_str(st));
+        return 1;
+    }
+    if (fy_bench_summarize(sw->res[k], (*w)->n_reqs, dur, o->rates[k], &o->slo, &sw->sums[k])) return 1;
+    sw->n_done = k + 1;
+    fy_bench_print_summary(stdout, o->label, &sw->sums[k], &o->slo);
+    fflush(stdout);
+    int rc = sw->sums[k].n_ok == 0 ? 1 : 0;
+    if (o->json) {
+        json_t *j = fy_bench_json_run(&sw->sums[k], *w, sw->res[k], &o->slo);
+        if (!j || json_array_append_new(sw->runs, j)) rc = 1;
+    }
+    return rc;
+}
+
+/* The sweep's table, --json and --plot: 0 or 1. */
+static int load_report(const opts_t *o, int argc, char **argv, const fy_bench_workload_t *w, sweep_t *sw)
+{
+    int rc = 0;
+    if (sw->n_done > 1) {
+        printf("\n");
+        fy_bench_print_sweep(stdout, sw->sums, sw->n_done, &o->slo);
+    }
+    if (interrupted) fprintf(stderr, "ferry-bench: interrupted\n");
+    if (o->json && sw->n_done) {
+        json_t *root = json_config(o, argc, argv, w);
+        if (!root || json_object_set(root, "runs", sw->runs) || json_dump_file(root, o->json, JSON_INDENT(1))) {
+            fprintf(stderr, "ferry-bench: cannot write %s\n", o->json);
+            rc = 1;
+        } else {
+            fprintf(stderr, "ferry-bench: wrote %s\n", o->json);
+        }
+        json_decref(root);
+    }
+    if (o->plot && sw->n_done) {
+        if (fy_bench_plot(o->plot, sw->sums, sw->res, sw->n_res, sw->n_done)) rc = 1;
+        else fprintf(stderr, "ferry-bench: charts in %s\n", o->plot);
+    }
+    return rc;
+}
+
+static int cmd_load(int argc, char **argv)
+{
+    opts_t o = {.progress = true, .burstiness = 1.0, .n_rates = 1};
+    o.target.ignore_eos = true;
+    o.synth = (fy_bench_synth_t){.n_requests = 100, .turns = 1, .seed = 1};
+    o.run.timeout_s = 300;
+    o.trace_opts.time_scale = 1;
+    int rc = load_parse(argc, argv, &o);
+    if (rc) return rc < 0 ? 0 : rc;
+    char err[512];
+    fy_bench_workload_t *w = NULL;
+    if (load_workload(&o, &w, err, sizeof(err))) {
         fprintf(stderr, "ferry-bench: %s\n", err);
         for (int i = 0; i < o.synth.n_classes; i++) fy_bench_class_free(&o.synth.classes[i]);
         return 2;
     }
     if (w->timed && o.rates[0] == 0 && o.n_rates == 1)
         fprintf(stderr, "ferry-bench: replaying %s at its own times\n", o.trace);
-
-    fy_bench_summary_t sums[MAX_RATES];
-    fy_bench_result_t *res[MAX_RATES] = {0};
-    int32_t n_res[MAX_RATES];
+    sweep_t sw = {.runs = json_array()};
     double *at = fy_malloc((size_t)w->n_convs * sizeof(double));
-    json_t *runs = json_array();
-    int n_done = 0;
-    if (!at || !runs) {
+    if (!at || !sw.runs) {
         fprintf(stderr, "ferry-bench: out of memory\n");
+        rc = 2;
         goto out;
     }
-    rc = 0;
     for (int k = 0; k < o.n_rates && !interrupted; k++) {
-        if (k > 0 && !o.trace && !o.sharegpt) {
-            /* each point of a sweep its own prompts (same lengths), so none finds the
-             * previous point's prompts in a prefix cache */
-            fy_bench_workload_t *w2;
-            fy_bench_synth_t sp = o.synth;
-            sp.seed = o.synth.seed + (uint64_t)k;
-            if (fy_bench_workload_synth(&sp, &w2, err, sizeof(err))) {
-                fprintf(stderr, "ferry-bench: %s\n", err);
-                rc = 1;
-                break;
-            }
-            fy_bench_workload_destroy(w);
-            w = w2;
-        }
-        fy_bench_arrivals(w, o.rates[k], o.burstiness, o.synth.seed, at);
-        if ((st = fy_bench_results_create(w, &res[k]))) {
-            rc = 1;
-            break;
-        }
-        n_res[k] = w->n_reqs;
-        char label[128];
-        if (o.rates[k] > 0) snprintf(label, sizeof(label), "%s%s%g req/s", o.label ? o.label : "", o.label ? " " : "", o.rates[k]);
-        else snprintf(label, sizeof(label), "%s%smax rate", o.label ? o.label : "", o.label ? " " : "");
-        o.run.label = label;
-        double dur = 0;
-        st = fy_bench_run(&o.target, w, at, &o.run, res[k], &dur);
-        if (st) {
-            fprintf(stderr, "ferry-bench: the run could not happen: %s\n", fy_status_str(st));
-            rc = 1;
-            break;
-        }
-        if ((st = fy_bench_summarize(res[k], w->n_reqs, dur, o.rates[k], &o.slo, &sums[k]))) {
-            rc = 1;
-            break;
-        }
-        n_done = k + 1;
-        fy_bench_print_summary(stdout, o.label, &sums[k], &o.slo);
-        fflush(stdout);
-        if (sums[k].n_ok == 0) rc = 1;
-        if (o.json) {
-            json_t *j = fy_bench_json_run(&sums[k], w, res[k], &o.slo);
-            if (!j || json_array_append_new(runs, j)) rc = 1;
-        }
+        int prc = load_point(&o, k, &w, at, &sw);
+        rc |= prc;
+        if (prc && sw.n_done <= k) break; /* the point did not run */
     }
-    if (n_done > 1) {
-        printf("\n");
-        fy_bench_print_sweep(stdout, sums, n_done, &o.slo);
-    }
-    if (interrupted) fprintf(stderr, "ferry-bench: interrupted\n");
-    if (o.json && n_done) {
-        json_t *root = json_config(&o, argc, argv, w);
-        if (!root || json_object_set(root, "runs", runs) || json_dump_file(root, o.json, JSON_INDENT(1))) {
-            fprintf(stderr, "ferry-bench: cannot write %s\n", o.json);
-            rc = 1;
-        } else {
-            fprintf(stderr, "ferry-bench: wrote %s\n", o.json);
-        }
-        json_decref(root);
-    }
-    if (o.plot && n_done) {
-        if (fy_bench_plot(o.plot, sums, res, n_res, n_done)) rc = 1;
-        else fprintf(stderr, "ferry-bench: charts in %s\n", o.plot);
-    }
+    rc |= load_report(&o, argc, argv, w, &sw);
 out:
     for (int i = 0; i < o.synth.n_classes; i++) fy_bench_class_free(&o.synth.classes[i]);
-    json_decref(runs);
+    json_decref(sw.runs);
     for (int k = 0; k < MAX_RATES; k++)
-        if (res[k]) fy_bench_results_destroy(res[k], w->n_reqs);
+        if (sw.res[k]) fy_bench_results_destroy(sw.res[k], w->n_reqs);
     fy_free(at);
     fy_bench_workload_destroy(w);
     return rc;
@@ -585,9 +650,15 @@ int main(int argc, char **argv)
         return 1;
     }
     int rc;
-    if (argc > 1 && !strcmp(argv[1], "echo")) rc = cmd_echo(argc - 1, argv + 1);
-    else if (argc > 1 && !strcmp(argv[1], "auth")) rc = fy_bench_auth_main(argc - 1, argv + 1);
-    else rc = cmd_load(argc, argv);
+    char name[64]; /* a subcommand's argv[0], for getopt's messages */
+    if (argc > 1 && (!strcmp(argv[1], "echo") || !strcmp(argv[1], "auth"))) {
+        bool echo = !strcmp(argv[1], "echo");
+        snprintf(name, sizeof(name), "ferry-bench %s", argv[1]);
+        argv[1] = name;
+        rc = echo ? cmd_echo(argc - 1, argv + 1) : fy_bench_auth_main(argc - 1, argv + 1);
+    } else {
+        rc = cmd_load(argc, argv);
+    }
     curl_global_cleanup();
     return rc;
 }

@@ -24,7 +24,9 @@ static void say(char *err, size_t cap, const char *fmt, ...)
     va_end(ap);
 }
 
-double fy_bench_percentile(const double *s, size_t n, double q)
+/* Percentile q (0..100) of sorted s[n], linear between closest ranks
+ * (numpy's default); 0 when n is 0. */
+static double percentile(const double *s, size_t n, double q)
 {
     if (n == 0) return 0;
     if (q <= 0) return s[0];
@@ -57,10 +59,10 @@ void fy_bench_dist_of(double *v, size_t n, fy_bench_dist_t *d)
         .std = n > 1 ? sqrt(ss / (double)(n - 1)) : 0,
         .min = v[0],
         .max = v[n - 1],
-        .p50 = fy_bench_percentile(v, n, 50),
-        .p90 = fy_bench_percentile(v, n, 90),
-        .p95 = fy_bench_percentile(v, n, 95),
-        .p99 = fy_bench_percentile(v, n, 99),
+        .p50 = percentile(v, n, 50),
+        .p90 = percentile(v, n, 90),
+        .p95 = percentile(v, n, 95),
+        .p99 = percentile(v, n, 99),
     };
 }
 
@@ -112,7 +114,7 @@ fy_status_t fy_bench_slo_parse(const char *spec, fy_bench_slo_t *slo, char *err,
     return FY_OK;
 }
 
-bool fy_bench_slo_any(const fy_bench_slo_t *slo) { return slo && (slo->ttft_s > 0 || slo->tpot_s > 0 || slo->e2e_s > 0); }
+static bool slo_any(const fy_bench_slo_t *slo) { return slo && (slo->ttft_s > 0 || slo->tpot_s > 0 || slo->e2e_s > 0); }
 
 double fy_bench_ttft(const fy_bench_result_t *r) { return r->first_s >= 0 && r->sent_s >= 0 ? r->first_s - r->sent_s : -1; }
 
@@ -124,7 +126,8 @@ double fy_bench_tpot(const fy_bench_result_t *r)
     return (r->end_s - r->first_s) / (double)(r->n_out - 1);
 }
 
-bool fy_bench_slo_met(const fy_bench_slo_t *slo, const fy_bench_result_t *r)
+/* A successful request within every SLO set. */
+static bool slo_met(const fy_bench_slo_t *slo, const fy_bench_result_t *r)
 {
     if (!r->ok) return false;
     if (slo->ttft_s > 0 && fy_bench_ttft(r) > slo->ttft_s) return false;
@@ -190,7 +193,7 @@ fy_status_t fy_bench_summarize(const fy_bench_result_t *res, int32_t n, double d
                 s->cached_tokens += r->n_cached;
                 s->counted_in += r->n_in;
             }
-            if (fy_bench_slo_met(slo, r)) s->n_good++;
+            if (slo_met(slo, r)) s->n_good++;
             continue;
         }
         s->n_failed++;
@@ -217,7 +220,7 @@ fy_status_t fy_bench_summarize(const fy_bench_result_t *res, int32_t n, double d
     s->req_tput = s->n_ok / d;
     s->in_tput = (double)s->in_tokens / d;
     s->out_tput = (double)s->out_tokens / d;
-    s->goodput = fy_bench_slo_any(slo) ? s->n_good / d : -1;
+    s->goodput = slo_any(slo) ? s->n_good / d : -1;
     return FY_OK;
 }
 
@@ -254,7 +257,7 @@ void fy_bench_print_summary(FILE *f, const char *title, const fy_bench_summary_t
     fprintf(f, "%-42s %.3f\n", "request throughput (req/s):", s->req_tput);
     fprintf(f, "%-42s %.1f\n", "input token throughput (tok/s):", s->in_tput);
     fprintf(f, "%-42s %.1f\n", "output token throughput (tok/s):", s->out_tput);
-    if (fy_bench_slo_any(slo)) {
+    if (slo_any(slo)) {
         slo_words(slo, sl, sizeof(sl));
         char label[160];
         snprintf(label, sizeof(label), "goodput (req/s) [%s]:", sl);
@@ -287,7 +290,7 @@ void fy_bench_print_sweep(FILE *f, const fy_bench_summary_t *s, int32_t n, const
         char rate[16], good[16], met[16];
         if (s[i].rate > 0) snprintf(rate, sizeof(rate), "%g", s[i].rate);
         else snprintf(rate, sizeof(rate), "max");
-        if (fy_bench_slo_any(slo)) {
+        if (slo_any(slo)) {
             snprintf(good, sizeof(good), "%.3f", s[i].goodput);
             snprintf(met, sizeof(met), "%.0f%%", s[i].n_total ? 100.0 * s[i].n_good / s[i].n_total : 0);
         } else {
@@ -357,7 +360,7 @@ json_t *fy_bench_json_run(const fy_bench_summary_t *s, const fy_bench_workload_t
                               "n_out", r->n_out, "n_out_asked", q->n_out, "ok", r->ok, "error", r->error, "message",
                               r->message, "ttft_s", maybe_time(fy_bench_ttft(r)), "tpot_s",
                               r->ok && r->n_out > 1 ? json_real(fy_bench_tpot(r)) : json_null(), "e2e_s",
-                              maybe_time(fy_bench_e2e(r)), "slo_met", fy_bench_slo_met(slo, r), "chunks",
+                              maybe_time(fy_bench_e2e(r)), "slo_met", slo_met(slo, r), "chunks",
                               chunks ? chunks : json_null());
         if (e && r->n_cached >= 0) json_object_set_new(e, "n_cached", json_integer(r->n_cached));
         if (!e || json_array_append_new(reqs, e)) goto fail;

@@ -17,10 +17,6 @@
 #include "run.h"
 #include "status.h"
 
-/* Percentile q (0..100) of sorted[n], linear between closest ranks (numpy's
- * default); 0 when n is 0. */
-double fy_bench_percentile(const double *sorted, size_t n, double q);
-
 typedef struct fy_bench_dist {
     int64_t n;
     double mean, std, min, max, p50, p90, p95, p99;
@@ -36,14 +32,11 @@ typedef struct fy_bench_slo {
 
 /* "ttft=500ms,tpot=50ms,e2e=10s": units ms, s or us are required. */
 fy_status_t fy_bench_slo_parse(const char *spec, fy_bench_slo_t *slo, char *err, size_t cap);
-bool fy_bench_slo_any(const fy_bench_slo_t *slo);
 
 /* Per-request figures (seconds); tpot is 0 for one-token answers. */
 double fy_bench_ttft(const fy_bench_result_t *r);
 double fy_bench_e2e(const fy_bench_result_t *r);
 double fy_bench_tpot(const fy_bench_result_t *r);
-/* A successful request within every SLO set. */
-bool fy_bench_slo_met(const fy_bench_slo_t *slo, const fy_bench_result_t *r);
 
 #define FY_BENCH_MAX_KINDS 16
 

@@ -53,13 +53,7 @@ static void say(char *err, size_t cap, const char *fmt, ...)
 
 /* ---- random numbers ---------------------------------------------------------------------------- */
 
-void fy_bench_rng_seed(fy_bench_rng_t *r, uint64_t seed, uint64_t stream)
-{
-    r->s = seed ^ (stream * 0xd1342543de82ef95ull + 0x9e3779b97f4a7c15ull);
-    fy_bench_rng_next(r);
-}
-
-uint64_t fy_bench_rng_next(fy_bench_rng_t *r)
+static uint64_t rng_next(fy_bench_rng_t *r)
 {
     uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -67,29 +61,35 @@ uint64_t fy_bench_rng_next(fy_bench_rng_t *r)
     return z ^ (z >> 31);
 }
 
-double fy_bench_rng_unit(fy_bench_rng_t *r) { return (double)(fy_bench_rng_next(r) >> 11) * 0x1.0p-53; }
+void fy_bench_rng_seed(fy_bench_rng_t *r, uint64_t seed, uint64_t stream)
+{
+    r->s = seed ^ (stream * 0xd1342543de82ef95ull + 0x9e3779b97f4a7c15ull);
+    rng_next(r);
+}
 
-double fy_bench_rng_exp(fy_bench_rng_t *r, double mean) { return -mean * log1p(-fy_bench_rng_unit(r)); }
+static double rng_unit(fy_bench_rng_t *r) { return (double)(rng_next(r) >> 11) * 0x1.0p-53; } /* [0, 1) */
+
+static double rng_exp(fy_bench_rng_t *r, double mean) { return -mean * log1p(-rng_unit(r)); }
 
 static double rng_normal(fy_bench_rng_t *r)
 {
-    double u = 1.0 - fy_bench_rng_unit(r), v = fy_bench_rng_unit(r);
+    double u = 1.0 - rng_unit(r), v = rng_unit(r);
     return sqrt(-2.0 * log(u)) * cos(2.0 * M_PI * v);
 }
 
 /* Marsaglia and Tsang (2000); shape < 1 through Gamma(shape + 1) * U^(1/shape). */
-double fy_bench_rng_gamma(fy_bench_rng_t *r, double shape, double scale)
+static double rng_gamma(fy_bench_rng_t *r, double shape, double scale)
 {
     if (shape < 1.0) {
-        double u = 1.0 - fy_bench_rng_unit(r);
-        return fy_bench_rng_gamma(r, shape + 1.0, scale) * pow(u, 1.0 / shape);
+        double u = 1.0 - rng_unit(r);
+        return rng_gamma(r, shape + 1.0, scale) * pow(u, 1.0 / shape);
     }
     double d = shape - 1.0 / 3.0, c = 1.0 / sqrt(9.0 * d);
     for (;;) {
         double x = rng_normal(r), v = 1.0 + c * x;
         if (v <= 0) continue;
         v = v * v * v;
-        double u = 1.0 - fy_bench_rng_unit(r);
+        double u = 1.0 - rng_unit(r);
         if (log(u) < 0.5 * x * x + d - d * v + d * log(v)) return d * v * scale;
     }
 }
@@ -217,9 +217,9 @@ int32_t fy_bench_len_draw(const fy_bench_len_t *l, fy_bench_rng_t *r)
 {
     switch (l->kind) {
     case FY_BENCH_LEN_FIXED: return l->lo;
-    case FY_BENCH_LEN_UNIFORM: return l->lo + (int32_t)(fy_bench_rng_next(r) % (uint64_t)(l->hi - l->lo + 1));
+    case FY_BENCH_LEN_UNIFORM: return l->lo + (int32_t)(rng_next(r) % (uint64_t)(l->hi - l->lo + 1));
     case FY_BENCH_LEN_EMPIRICAL: {
-        double u = fy_bench_rng_unit(r);
+        double u = rng_unit(r);
         int32_t a = 0, b = l->n - 1; /* the first i with cum[i] > u */
         while (a < b) {
             int32_t m = (a + b) / 2;
@@ -305,7 +305,7 @@ void fy_bench_workload_destroy(fy_bench_workload_t *w)
 static void put_words(char *buf, size_t *len, int32_t n, fy_bench_rng_t *r)
 {
     for (int32_t i = 0; i < n; i++) {
-        const char *wd = WORDS[fy_bench_rng_next(r) & (FY_BENCH_N_WORDS - 1)];
+        const char *wd = WORDS[rng_next(r) & (FY_BENCH_N_WORDS - 1)];
         size_t k = strlen(wd);
         buf[(*len)++] = ' ';
         memcpy(buf + *len, wd, k);
@@ -349,7 +349,7 @@ fy_status_t fy_bench_workload_synth(const fy_bench_synth_t *p, fy_bench_workload
         for (int32_t t = 0; t < p->turns; t++) {
             int32_t i = c * p->turns + t;
             /* the class of each request from one stream, its words from its own */
-            double u = fy_bench_rng_unit(&cr) * total, acc = 0;
+            double u = rng_unit(&cr) * total, acc = 0;
             int32_t k = 0;
             while (k < p->n_classes - 1 && u >= (acc += p->classes[k].weight)) k++;
             fy_bench_rng_t r;
@@ -640,7 +640,7 @@ void fy_bench_arrivals(const fy_bench_workload_t *w, double rate, double burstin
     double t = 0;
     for (int32_t i = 0; i < w->n_convs; i++) {
         /* the first request goes at once, as in vLLM's bench */
-        if (i > 0) t += k == 1.0 ? fy_bench_rng_exp(&r, 1.0 / rate) : fy_bench_rng_gamma(&r, k, 1.0 / (rate * k));
+        if (i > 0) t += k == 1.0 ? rng_exp(&r, 1.0 / rate) : rng_gamma(&r, k, 1.0 / (rate * k));
         at[i] = t;
     }
 }

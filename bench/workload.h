@@ -29,10 +29,6 @@ typedef struct fy_bench_rng {
 } fy_bench_rng_t;
 
 void fy_bench_rng_seed(fy_bench_rng_t *r, uint64_t seed, uint64_t stream);
-uint64_t fy_bench_rng_next(fy_bench_rng_t *r);
-double fy_bench_rng_unit(fy_bench_rng_t *r); /* [0, 1) */
-double fy_bench_rng_exp(fy_bench_rng_t *r, double mean);
-double fy_bench_rng_gamma(fy_bench_rng_t *r, double shape, double scale);
 
 /* ---- lengths: "N", "LO-HI" (uniform, inclusive) or "@FILE" ---- */
 

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <getopt.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,36 +44,59 @@ static const char *const KEYS[] = {
     "serve.stop_grace", "serve.health_timeout", "serve.start_timeout", "serve.metrics",
 };
 
+static void cluster_usage(FILE *f, const char *prog, const char *usage)
+{
+    fprintf(f,
+            "usage: %s %s\n"
+            "  -c, --config FILE      the cluster's configuration (configs/local.ini documents every key)\n"
+            "      --set S.KEY=VALUE  override a key (repeatable; files and overrides apply in order)\n"
+            "%s"
+            "  -h, --help\n",
+            prog, usage,
+            strstr(usage, "--spec") ? "      --spec SPEC        short for --set decode.spec=SPEC (the proposer)\n" : "");
+}
+
 fy_status_t fy_cluster_config(int argc, char **argv, const char *usage, fy_config_t **cfg_p)
 {
+    enum { O_SET = 256, O_SPEC };
+    static const struct option opts[] = {
+        {"config", required_argument, 0, 'c'}, {"set", required_argument, 0, O_SET},
+        {"spec", required_argument, 0, O_SPEC}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
     fy_config_t *c;
     fy_status_t st = fy_config_create(&c);
     if (st) return st;
     const char *prog = argc > 0 ? argv[0] : "ferry";
-    for (int i = 1; i < argc && st == FY_OK; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if ((!strcmp(a, "-c") || !strcmp(a, "--config")) && v) {
-            st = fy_config_load(c, v);
-            i++;
-        } else if (!strcmp(a, "--set") && v) {
-            st = fy_config_set(c, v);
-            i++;
-        } else if (!strcmp(a, "--spec") && v) { /* the decode worker's proposer: --set decode.spec=V */
+    int o;
+    optind = 0; /* glibc: start afresh, whoever parsed an argv before */
+    while (st == FY_OK && (o = getopt_long(argc, argv, "+c:h", opts, NULL)) != -1) {
+        switch (o) {
+        case 'c': st = fy_config_load(c, optarg); break;
+        case O_SET: st = fy_config_set(c, optarg); break;
+        case O_SPEC: { /* the decode worker's proposer: --set decode.spec=V */
             char set[512];
-            if ((size_t)snprintf(set, sizeof(set), "decode.spec=%s", v) >= sizeof(set)) {
+            if ((size_t)snprintf(set, sizeof(set), "decode.spec=%s", optarg) >= sizeof(set)) {
                 fprintf(stderr, "%s: --spec value too long\n", prog);
                 st = FY_ERR_INVALID;
             } else {
                 st = fy_config_set(c, set);
             }
-            i++;
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fprintf(stderr, "usage: %s %s\n", prog, usage);
+            break;
+        }
+        case 'h':
+            cluster_usage(stdout, prog, usage);
             st = FY_ERR_CANCELLED;
-        } else {
-            fprintf(stderr, "%s: unexpected argument '%s'\nusage: %s %s\n", prog, a, prog, usage);
+            break;
+        default: /* getopt_long said what */
+            cluster_usage(stderr, prog, usage);
             st = FY_ERR_INVALID;
         }
+    }
+    if (st == FY_OK && optind < argc) {
+        fprintf(stderr, "%s: unexpected argument '%s'\n", prog, argv[optind]);
+        cluster_usage(stderr, prog, usage);
+        st = FY_ERR_INVALID;
     }
     if (st == FY_OK) st = fy_config_check_known(c, KEYS, (int)(sizeof(KEYS) / sizeof(KEYS[0])));
     if (st) {

@@ -22,10 +22,12 @@
 #include "status.h"
 
 /* Loads -c FILE (at most one, optional when defaults suffice) and every
- * --set assignment from argv, in order, then checks that every key is
- * known.  --spec V is short for --set decode.spec=V (a decode worker's
- * speculative proposer).  Prints usage for -h.  argv[0] names the program
- * in messages. */
+ * --set assignment from argv (getopt_long), in order, then checks that
+ * every key is known.  --spec V is short for --set decode.spec=V (a
+ * decode worker's speculative proposer).  -h/--help prints "usage: PROG
+ * USAGE" and the options on stdout and returns FY_ERR_CANCELLED (exit 0);
+ * an unknown option or an operand prints the same on stderr and returns
+ * FY_ERR_INVALID (exit 2).  argv[0] names the program in messages. */
 fy_status_t fy_cluster_config(int argc, char **argv, const char *usage, fy_config_t **cfg_p);
 
 /* The deployment's secret (kv.secret_file: at least 16 bytes, the first

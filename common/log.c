@@ -1,11 +1,13 @@
-/* log.c - leveled one-line logging to stderr or a sink. */
+/* log.c - leveled one-line logging to stderr or a sink (log.h). */
 #include "log.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 static _Atomic int g_level = FY_LOG_INFO;
 /* The sink is called under g_sink_mu: once fy_log_set_sink returns, the old
@@ -14,7 +16,7 @@ static pthread_mutex_t g_sink_mu = PTHREAD_MUTEX_INITIALIZER;
 static fy_log_sink_fn g_sink;
 static void *g_sink_arg;
 static _Atomic int g_have_sink;
-static char g_prefix[64] = "ferry";
+static char g_prefix[64]; /* empty: the program's name */
 
 void fy_log_set_level(fy_log_level_t level) { g_level = (int)level; }
 
@@ -31,7 +33,7 @@ void fy_log_set_sink(fy_log_sink_fn sink, void *arg)
 
 void fy_log_set_prefix(const char *prefix)
 {
-    snprintf(g_prefix, sizeof(g_prefix), "%s", prefix ? prefix : "ferry");
+    snprintf(g_prefix, sizeof(g_prefix), "%s", prefix ? prefix : "");
 }
 
 static const char *level_name(fy_log_level_t level)
@@ -48,11 +50,20 @@ static const char *level_name(fy_log_level_t level)
 void fy_log(fy_log_level_t level, const char *fmt, ...)
 {
     if ((int)level > g_level) return;
-    char line[1024];
-    int n = snprintf(line, sizeof(line), "%s: %s: ", g_prefix, level_name(level));
+    int saved_errno = errno; /* for a %m in fmt */
+    char line[1024], stamp[32];
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    size_t k = strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(stamp + k, sizeof(stamp) - k, ".%03dZ", (int)(ts.tv_nsec / 1000000));
+    int n = snprintf(line, sizeof(line), "%s %s: %s: ", stamp, g_prefix[0] ? g_prefix : program_invocation_short_name,
+                     level_name(level));
     if (n < 0) return;
     va_list ap;
     va_start(ap, fmt);
+    errno = saved_errno;
     vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
     va_end(ap);
     if (g_have_sink) {
@@ -60,7 +71,10 @@ void fy_log(fy_log_level_t level, const char *fmt, ...)
         fy_log_sink_fn sink = g_sink;
         if (sink) sink(level, line, g_sink_arg);
         pthread_mutex_unlock(&g_sink_mu);
-        if (sink) return;
+        if (sink) {
+            errno = saved_errno;
+            return;
+        }
     }
     /* one fputs per line: stdio locks the stream, so lines never interleave */
     size_t len = strlen(line);
@@ -69,4 +83,5 @@ void fy_log(fy_log_level_t level, const char *fmt, ...)
         line[len + 1] = '\0';
     }
     fputs(line, stderr);
+    errno = saved_errno; /* logging is no event to the caller */
 }

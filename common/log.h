@@ -1,10 +1,15 @@
 /*
  * log.h - one line per event to stderr, with a level.
  *
- * Lines are lowercase and name the exact cause ("gguf: model.gguf: tensor
- * 'blk.0.attn_q.weight' ends past the end of the file").  The level and an
- * optional sink (tests capture lines with it) are the only global state in
- * ferry besides what main() owns.
+ * A line is "TIME NAME: LEVEL: MESSAGE": TIME in UTC, ISO 8601 with
+ * milliseconds (2025-06-01T12:00:00.123Z), NAME the process's (its role,
+ * "router" or "decode-1", once it has set one; the program's name until
+ * then), LEVEL error, warning, info or debug.  `ferry serve` finds a
+ * child's errors by ": error: " (tools/serve.c).  Messages are lowercase
+ * and name the exact cause ("gguf: model.gguf: tensor
+ * 'blk.0.attn_q.weight' ends past the end of the file").  The level, the
+ * name and an optional sink (tests capture lines with it) are the only
+ * global state in ferry besides what main() owns.
  */
 #ifndef FY_LOG_H
 #define FY_LOG_H
@@ -16,7 +21,7 @@ typedef enum fy_log_level {
     FY_LOG_DEBUG,
 } fy_log_level_t;
 
-/* Receives each formatted line (no trailing newline). */
+/* Receives each formatted line, time and name included (no trailing newline). */
 typedef void (*fy_log_sink_fn)(fy_log_level_t level, const char *line, void *arg);
 
 void fy_log_set_level(fy_log_level_t level);
@@ -25,7 +30,8 @@ fy_log_level_t fy_log_get_level(void);
  * under the logger's lock (one line at a time, from any thread) and must
  * not log; once this returns, the previous sink is not running. */
 void fy_log_set_sink(fy_log_sink_fn sink, void *arg);
-/* Prefix for every line, e.g. the process role ("decode-1"); copied. */
+/* The name on every line, e.g. the process's role ("decode-1"); copied;
+ * NULL: the program's name again. */
 void fy_log_set_prefix(const char *prefix);
 
 void fy_log(fy_log_level_t level, const char *fmt, ...)

@@ -6,11 +6,8 @@
 #include <string.h>
 
 static _Atomic long g_fail_after; /* 0: off; 1: next one fails */
-static _Atomic long g_allocs;
 
 void fy_mem_fail_after(long n) { g_fail_after = n; }
-
-long fy_mem_alloc_count(void) { return g_allocs; }
 
 static bool should_fail(void)
 {
@@ -21,23 +18,17 @@ static bool should_fail(void)
     return false;
 }
 
-static void *counted(void *p)
-{
-    if (p) atomic_fetch_add(&g_allocs, 1);
-    return p;
-}
-
 void *fy_malloc(size_t size)
 {
     if (should_fail()) return NULL;
-    return counted(malloc(size ? size : 1));
+    return malloc(size ? size : 1);
 }
 
 void *fy_calloc(size_t count, size_t size)
 {
     size_t total;
     if (!fy_mul_size(count, size, &total) || should_fail()) return NULL;
-    return counted(calloc(total ? total : 1, 1));
+    return calloc(total ? total : 1, 1);
 }
 
 void *fy_realloc(void *ptr, size_t size)
@@ -51,7 +42,7 @@ void *fy_aligned_alloc(size_t align, size_t size)
     void *p = NULL;
     if (should_fail()) return NULL;
     if (posix_memalign(&p, align, size ? size : align) != 0) return NULL;
-    return counted(p);
+    return p;
 }
 
 char *fy_strndup(const char *s, size_t n)

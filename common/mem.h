@@ -26,8 +26,6 @@ void fy_free(void *ptr); /* accepts NULL */
 /* Tests: the n-th allocation from now fails, and every one after it until
  * fy_mem_fail_after(0) turns injection off. */
 void fy_mem_fail_after(long n);
-/* Allocations made since start-up (successful ones). */
-long fy_mem_alloc_count(void);
 
 /* Overflow-checked size arithmetic: false on overflow, *out untouched. */
 static inline bool fy_mul_size(size_t a, size_t b, size_t *out)

@@ -62,7 +62,6 @@ const fy_kv_layout_t *fy_runner_kv_layout(const fy_runner_t *r) { return &r->kv;
 const fy_runner_params_t *fy_runner_params(const fy_runner_t *r) { return &r->p; }
 const fy_model_t *fy_runner_model(const fy_runner_t *r) { return r->model; }
 void *fy_runner_kv_arena(fy_runner_t *r) { return r->arena; }
-fy_backend_t *fy_runner_backend(fy_runner_t *r) { return r->be; }
 
 /* fy_kv_copy_fn over the runner's arenas */
 static fy_status_t kv_copy(void *arg, fy_kv_tier_t dst_tier, const int32_t *dst, fy_kv_tier_t src_tier,

@@ -73,7 +73,6 @@ int32_t fy_runner_n_layers(const fy_runner_t *runner);
 const fy_kv_layout_t *fy_runner_kv_layout(const fy_runner_t *runner);
 const fy_runner_params_t *fy_runner_params(const fy_runner_t *runner);
 const fy_model_t *fy_runner_model(const fy_runner_t *runner);
-fy_backend_t *fy_runner_backend(fy_runner_t *runner);
 void *fy_runner_kv_arena(fy_runner_t *runner);
 
 /* Block manager parameters for this runner's arenas: layout, block

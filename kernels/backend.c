@@ -106,7 +106,6 @@ void fy_backend_destroy(fy_backend_t *be)
 }
 
 const char *fy_backend_describe(const fy_backend_t *be) { return be->desc; }
-int fy_backend_n_threads(const fy_backend_t *be) { return be->n_threads; }
 
 static fy_status_t missing(const fy_backend_t *be, const char *op)
 {

@@ -93,7 +93,6 @@ bool fy_backend_cuda_usable(char *why, size_t cap);
 void fy_backend_destroy(fy_backend_t *be); /* accepts NULL */
 /* "cpu/avx2 x2 threads" and the like. */
 const char *fy_backend_describe(const fy_backend_t *be);
-int fy_backend_n_threads(const fy_backend_t *be);
 
 fy_status_t fy_backend_reserve(fy_backend_t *be, const fy_backend_reserve_t *r);
 

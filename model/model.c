@@ -69,7 +69,6 @@ const fy_model_config_t *fy_model_config(const fy_model_t *m) { return &m->cfg; 
 const fy_model_weights_t *fy_model_weights(const fy_model_t *m) { return &m->w; }
 const fy_tokenizer_t *fy_model_tokenizer(const fy_model_t *m) { return m->tokenizer; }
 const fy_chat_template_t *fy_model_chat_template(const fy_model_t *m) { return m->chat; }
-const char *fy_model_path(const fy_model_t *m) { return m->path; }
 
 size_t fy_model_weight_bytes_per_token(const fy_model_t *m)
 {

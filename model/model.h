@@ -73,7 +73,6 @@ const fy_model_weights_t *fy_model_weights(const fy_model_t *model);
 const fy_tokenizer_t *fy_model_tokenizer(const fy_model_t *model);
 /* The model's chat template (ChatML when the model has none). */
 const fy_chat_template_t *fy_model_chat_template(const fy_model_t *model);
-const char *fy_model_path(const fy_model_t *model);
 /* A name for these exact weights (at most 63 bytes), the same in every process that loads
  * the same model: its name and a digest of its shape, tensor types and a
  * sample of weight bytes ("SmolLM2-135M@3f9a...").  Two processes compare

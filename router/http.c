@@ -593,6 +593,95 @@ static void refuse_draining(fy_http_t *H, fy_httpd_req_t *r)
                   "the server is shutting down; try again shortly (another replica, or this one once restarted)");
 }
 
+/* A held request for g, with its own copy of the prompt when it has
+ * more samples to submit later; NULL (500 answered) when out of memory. */
+static hreq_t *hreq_new(fy_http_t *H, fy_httpd_req_t *r, bool chat, const fy_http_gen_t *g)
+{
+    hreq_t *h = fy_calloc(1, sizeof(*h));
+    if (h && g->n > 1 && !(h->prompt = fy_malloc((size_t)g->n_prompt * sizeof(int32_t)))) {
+        fy_free(h);
+        h = NULL;
+    }
+    if (!h) {
+        respond_error(H, r, 500, "server_error", NULL, 0, "out of memory");
+        return NULL;
+    }
+    if (h->prompt) memcpy(h->prompt, g->ids, (size_t)g->n_prompt * sizeof(int32_t));
+    h->H = H;
+    h->r = r;
+    h->chat = chat;
+    h->stream = g->stream;
+    h->include_usage = g->include_usage;
+    h->logprobs = g->gen.logprobs;
+    h->n = g->n;
+    h->max_tokens = g->gen.max_tokens;
+    h->gen = g->gen;
+    h->n_prompt = g->n_prompt;
+    h->n_submitted = 1;
+    h->created = time(NULL);
+    uint8_t rnd[12];
+    randombytes_buf(rnd, sizeof(rnd));
+    int k = snprintf(h->oid, sizeof(h->oid), "%s-", chat ? "chatcmpl" : "cmpl");
+    for (size_t i = 0; i < sizeof(rnd); i++) k += snprintf(h->oid + k, sizeof(h->oid) - (size_t)k, "%02x", rnd[i]);
+    return h;
+}
+
+/* Why a request was not admitted, for the answer given after the lock. */
+typedef struct refusal {
+    fy_tenant_verdict_t verdict; /* FY_TENANT_OK: the router is draining */
+    double retry;
+    int64_t cost;
+} refusal_t;
+
+/* Under the router's lock: lists h as live and holds its HTTP request,
+ * after which h lives until h_end; false (h untouched, *why said) while
+ * draining or past its tenant's limits. */
+static bool hreq_admit(fy_http_t *H, hreq_t *h, fy_tenant_t *tenant, const fy_http_gen_t *g, refusal_t *why)
+{
+    *why = (refusal_t){.verdict = FY_TENANT_OK};
+    if (H->draining) return false;
+    if (tenant) {
+        why->cost = (int64_t)g->n_prompt + (int64_t)g->gen.max_tokens * g->n;
+        why->verdict = fy_tenant_admit(tenant, g->n, why->cost, mono(), &why->retry);
+        if (why->verdict != FY_TENANT_OK) return false;
+        h->tenant = tenant;
+    }
+    h->next = H->live;
+    if (H->live) H->live->prev = h;
+    H->live = h;
+    H->n_live++;
+    fy_httpd_hold(h->r, h_end, h);
+    return true;
+}
+
+/* The lock released: the answer to a request hreq_admit refused. */
+static void refuse_admission(fy_http_t *H, fy_httpd_req_t *r, const fy_tenant_t *tenant, const refusal_t *why)
+{
+    if (why->verdict == FY_TENANT_OK)
+        refuse_draining(H, r);
+    else if (why->verdict == FY_TENANT_CONCURRENCY)
+        respond_error(H, r, 429, "rate_limit_error", NULL, why->retry,
+                      "tenant %s has its maximum of concurrent requests running", fy_tenant_name(tenant));
+    else
+        respond_error(H, r, 429, "rate_limit_error", NULL, why->retry,
+                      "tenant %s has spent its tokens per minute (this request needs %lld)", fy_tenant_name(tenant),
+                      (long long)why->cost);
+}
+
+/* Under the router's lock: the answer to a first submission that failed
+ * with st (err: why); h is released. */
+static void refuse_submitted(hreq_t *h, fy_status_t st, const char *err)
+{
+    h_release(h, true);
+    json_t *e = json_object(), *eb = json_object();
+    json_object_set_new(eb, "message", jstr(err, strlen(err)));
+    json_object_set_new(eb, "type", json_string(st == FY_ERR_OVERLOADED ? "server_overloaded" : "invalid_request_error"));
+    json_object_set_new(eb, "param", st == FY_ERR_INVALID ? json_string(h->chat ? "messages" : "prompt") : json_null());
+    json_object_set_new(eb, "code", json_null());
+    json_object_set_new(e, "error", eb);
+    raw_response(h, status_of(st), e);
+}
+
 static void generation(fy_http_t *H, fy_httpd_req_t *r, bool chat)
 {
     router_t *R = H->R;
@@ -607,77 +696,29 @@ static void generation(fy_http_t *H, fy_httpd_req_t *r, bool chat)
     if (!authenticate(H, r, &tenant)) return;
     fy_http_gen_t g;
     if (!parse_body(H, r, chat, &g)) return;
-    int32_t *ids = g.ids, n_prompt = g.n_prompt;
-    hreq_t *h = fy_calloc(1, sizeof(*h));
-    if (h && g.n > 1 && !(h->prompt = fy_malloc((size_t)n_prompt * sizeof(int32_t)))) {
-        fy_free(h);
-        h = NULL;
-    }
+    hreq_t *h = hreq_new(H, r, chat, &g);
     if (!h) {
-        fy_free(ids);
-        respond_error(H, r, 500, "server_error", NULL, 0, "out of memory");
+        fy_free(g.ids);
         return;
     }
-    if (h->prompt) memcpy(h->prompt, ids, (size_t)n_prompt * sizeof(int32_t));
-    h->H = H;
-    h->r = r;
-    h->chat = chat;
-    h->stream = g.stream;
-    h->include_usage = g.include_usage;
-    h->logprobs = g.gen.logprobs;
-    h->n = g.n;
-    h->max_tokens = g.gen.max_tokens;
-    h->gen = g.gen;
-    h->n_prompt = n_prompt;
-    h->n_submitted = 1;
-    h->created = time(NULL);
-    uint8_t rnd[12];
-    randombytes_buf(rnd, sizeof(rnd));
-    int k = snprintf(h->oid, sizeof(h->oid), "%s-", chat ? "chatcmpl" : "cmpl");
-    for (size_t i = 0; i < sizeof(rnd); i++) k += snprintf(h->oid + k, sizeof(h->oid) - (size_t)k, "%02x", rnd[i]);
-
     /* tenant limits; then the request is held, and h lives until h_end */
+    refusal_t why;
     fy_router_lock(R);
-    if (H->draining) {
-        fy_router_unlock(R);
+    bool admitted = hreq_admit(H, h, tenant, &g, &why);
+    fy_router_unlock(R);
+    if (!admitted) {
         fy_free(h->prompt);
         fy_free(h);
-        fy_free(ids);
-        refuse_draining(H, r);
+        fy_free(g.ids);
+        refuse_admission(H, r, tenant, &why);
         return;
     }
-    if (tenant) {
-        double retry;
-        int64_t cost = (int64_t)n_prompt + (int64_t)g.gen.max_tokens * g.n;
-        fy_tenant_verdict_t v = fy_tenant_admit(tenant, g.n, cost, mono(), &retry);
-        if (v != FY_TENANT_OK) {
-            fy_router_unlock(R);
-            fy_free(h->prompt);
-            fy_free(h);
-            fy_free(ids);
-            if (v == FY_TENANT_CONCURRENCY)
-                respond_error(H, r, 429, "rate_limit_error", NULL, retry,
-                              "tenant %s has its maximum of concurrent requests running", fy_tenant_name(tenant));
-            else
-                respond_error(H, r, 429, "rate_limit_error", NULL, retry,
-                              "tenant %s has spent its tokens per minute (this request needs %lld)",
-                              fy_tenant_name(tenant), (long long)cost);
-            return;
-        }
-        h->tenant = tenant;
-    }
-    h->next = H->live;
-    if (H->live) H->live->prev = h;
-    H->live = h;
-    H->n_live++;
-    fy_httpd_hold(r, h_end, h);
-    fy_router_unlock(R);
 
     /* the first sample now; the others (same prompt, seeds apart) once its
      * prompt is in the workers' prefix caches, where they find it */
     const char *tname = tenant ? fy_tenant_name(tenant) : "";
     char err[256] = "";
-    fy_status_t st = fy_router_submit(R, tname, ids, n_prompt, &g.gen, 0, watch, h, &h->ids[0], err, sizeof(err));
+    fy_status_t st = fy_router_submit(R, tname, g.ids, g.n_prompt, &g.gen, 0, watch, h, &h->ids[0], err, sizeof(err));
     fy_router_lock(R);
     h->ready = true;
     if (!st && H->stopping) { /* the server stopped while this was submitted */
@@ -686,14 +727,7 @@ static void generation(fy_http_t *H, fy_httpd_req_t *r, bool chat)
         snprintf(err, sizeof(err), "the router is shutting down");
     }
     if (st) {
-        h_release(h, true);
-        json_t *e = json_object(), *eb = json_object();
-        json_object_set_new(eb, "message", jstr(err, strlen(err)));
-        json_object_set_new(eb, "type", json_string(st == FY_ERR_OVERLOADED ? "server_overloaded" : "invalid_request_error"));
-        json_object_set_new(eb, "param", st == FY_ERR_INVALID ? json_string(chat ? "messages" : "prompt") : json_null());
-        json_object_set_new(eb, "code", json_null());
-        json_object_set_new(e, "error", eb);
-        raw_response(h, status_of(st), e);
+        refuse_submitted(h, st, err);
     } else {
         if (h->stream) {
             const char *hdr[] = {"Cache-Control", "no-cache", NULL};

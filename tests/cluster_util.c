@@ -183,7 +183,7 @@ void tc_start(tc_cluster_t *c, const tc_opts_t *o)
         for (int k = 0; k < 16 && o->common[k]; k++) argv[na++] = "--set", argv[na++] = (char *)o->common[k];
         if (o->metrics) {
             c->metrics_port[w] = tc_free_port();
-            snprintf(sets[ns], sizeof(sets[ns]), "%s.metrics=tcp://127.0.0.1:%d", decode ? "decode" : "prefill",
+            snprintf(sets[ns], sizeof(sets[ns]), "%s.metrics=http://127.0.0.1:%d", decode ? "decode" : "prefill",
                      c->metrics_port[w]);
             argv[na++] = "--set", argv[na++] = sets[ns++];
         }

@@ -1,7 +1,8 @@
 /*
  * test_serve.c - `ferry serve` as an operator runs it, on loopback ports:
  * without -c it says what it needs; a bad --set value stops it with the
- * child's own error on its stderr; a second cluster on the ports of a
+ * child's own error on its stderr (and a second run, logs started afresh,
+ * only its own); a second cluster on the ports of a
  * running one exits naming the address instead of reporting the other's
  * cluster as its own; a worker killed again and again keeps coming back;
  * a SIGSTOPped (wedged) worker and router are killed and restarted; its
@@ -181,9 +182,9 @@ static const char *write_ini(const char *name, const ports_t *p)
     int n = snprintf(text, sizeof(text),
                      "[model]\npath = %s\n"
                      "[router]\nlisten = tcp://127.0.0.1:%d\nevents = tcp://127.0.0.1:%d\nhttp = http://127.0.0.1:%d\n"
-                     "[prefill]\ncount = 1\nlisten = tcp://127.0.0.1:%d\nmetrics = tcp://127.0.0.1:%d\nthreads = 1\n"
+                     "[prefill]\ncount = 1\nlisten = tcp://127.0.0.1:%d\nmetrics = http://127.0.0.1:%d\nthreads = 1\n"
                      "kv_mem = 32MiB\nmax_seqs = 4\n"
-                     "[decode]\ncount = 1\nlisten = tcp://127.0.0.1:%d\nmetrics = tcp://127.0.0.1:%d\nthreads = 1\n"
+                     "[decode]\ncount = 1\nlisten = tcp://127.0.0.1:%d\nmetrics = http://127.0.0.1:%d\nthreads = 1\n"
                      "kv_mem = 32MiB\nmax_seqs = 4\n"
                      "[serve]\nstop_grace = 5s\n",
                      model, p->router, p->events, p->http, p->prefill, p->p_metrics, p->decode, p->d_metrics);
@@ -268,16 +269,33 @@ static void test_bad_setting(void **state)
     const char *ini = write_ini("bad.ini", &ports);
     char run[PATH_MAX + 32];
     snprintf(run, sizeof(run), "serve.run_dir=%s/run-bad", fy_test_tmpdir());
-    const char *args[] = {"-c", ini, "--set", run, "--set", "decode.kv_mem=lots", NULL};
-    proc_t p;
-    serve_spawn(&p, "bad.out", args);
-    int st = serve_wait(&p, START_DEADLINE_S);
-    char *t = read_text(p.err);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) == 0 || !line_has(t, "decode.kv_mem", "'lots' is not a size") ||
-        !line_has(t, "decode-0 (pid", "before it was ready: it cannot start") || strstr(t, "cluster ready") ||
-        strstr(t, "restarting"))
-        fail_msg("wait status 0x%x, output:\n%s", st, t);
-    fy_free(t);
+    /* twice in the same run folder: the second run's logs start afresh,
+     * the first's kept as NAME.log.1, and only the second's error echoed */
+    const char *bad[] = {"lots", "heaps"};
+    for (int i = 0; i < 2; i++) {
+        char set[64], want[64];
+        snprintf(set, sizeof(set), "decode.kv_mem=%s", bad[i]);
+        snprintf(want, sizeof(want), "'%s' is not a size", bad[i]);
+        const char *args[] = {"-c", ini, "--set", run, "--set", set, NULL};
+        proc_t p;
+        serve_spawn(&p, "bad.out", args);
+        int st = serve_wait(&p, START_DEADLINE_S);
+        char *t = read_text(p.err);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) == 0 || !line_has(t, "decode.kv_mem", want) ||
+            !line_has(t, "decode-0 (pid", "before it was ready: it cannot start") || strstr(t, "cluster ready") ||
+            strstr(t, "restarting") || (i == 1 && strstr(t, "'lots'")))
+            fail_msg("run %d: wait status 0x%x, output:\n%s", i, st, t);
+        fy_free(t);
+    }
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof(path), "%s/run-bad/logs/decode-0.log", fy_test_tmpdir());
+    char *now = read_text(path);
+    snprintf(path, sizeof(path), "%s/run-bad/logs/decode-0.log.1", fy_test_tmpdir());
+    char *before = read_text(path);
+    if (!strstr(now, "'heaps'") || strstr(now, "'lots'") || !strstr(before, "'lots'") || strstr(before, "'heaps'"))
+        fail_msg("decode-0.log:\n%s\ndecode-0.log.1:\n%s", now, before);
+    fy_free(now);
+    fy_free(before);
 }
 
 /* One cluster, several lives. */
@@ -289,7 +307,7 @@ static void test_cluster(void **state)
     const char *ini = write_ini("a.ini", &ports);
     char run_a[PATH_MAX + 32], metrics[64];
     snprintf(run_a, sizeof(run_a), "serve.run_dir=%s/run-a", fy_test_tmpdir());
-    snprintf(metrics, sizeof(metrics), "serve.metrics=tcp://127.0.0.1:%d", ports.serve);
+    snprintf(metrics, sizeof(metrics), "serve.metrics=http://127.0.0.1:%d", ports.serve);
     const char *args[] = {"-c", ini, "--set", run_a, "--set", metrics, "--set", "serve.health_timeout=3s",
                           "--set", "serve.restart_backoff=50ms", "--set", "serve.restart_backoff_max=200ms", NULL};
     proc_t a;

@@ -57,6 +57,7 @@
 #include <jansson.h>
 
 #include "cli.h"
+#include "commands.h"
 #include "config.h"
 #include "mem.h"
 
@@ -280,9 +281,9 @@ static bool start_cluster(chaos_t *c)
               add_set(c, sets[ns++], 256, "router.http=http://127.0.0.1:%d", c->http_port) &&
               add_set(c, sets[ns++], 256, "prefill.listen=tcp://127.0.0.1:%d", pl) &&
               add_set(c, sets[ns++], 256, "decode.listen=tcp://127.0.0.1:%d", dl) &&
-              add_set(c, sets[ns++], 256, "prefill.metrics=tcp://127.0.0.1:%d", c->prefill_metrics) &&
-              add_set(c, sets[ns++], 256, "decode.metrics=tcp://127.0.0.1:%d", c->decode_metrics) &&
-              add_set(c, sets[ns++], 256, "serve.metrics=tcp://127.0.0.1:%d", c->serve_metrics) &&
+              add_set(c, sets[ns++], 256, "prefill.metrics=http://127.0.0.1:%d", c->prefill_metrics) &&
+              add_set(c, sets[ns++], 256, "decode.metrics=http://127.0.0.1:%d", c->decode_metrics) &&
+              add_set(c, sets[ns++], 256, "serve.metrics=http://127.0.0.1:%d", c->serve_metrics) &&
               add_set(c, sets[ns++], 256, "serve.run_dir=%s/run", c->dir);
     if (!ok) {
         fprintf(stderr, "ferry: chaos: too many --set options\n");
@@ -782,10 +783,24 @@ static void summary(chaos_t *c, double wall)
     json_decref(j);
 }
 
-static void usage(void)
+static void usage(FILE *f)
 {
-    fprintf(stderr, "usage: ferry chaos [-c CONFIG] [--rounds N] [--clients N] [--seed S] [--set section.key=value]...\n"
-                    "                   [--recover S] [--request-timeout S] [--stop S] [--load S] [--json FILE] [-v]\n");
+    fprintf(f, "usage: ferry chaos [-c CONFIG] [--rounds N] [--clients N] [--seed S] [--set section.key=value]...\n"
+               "                   [--recover S] [--request-timeout S] [--stop S] [--load S] [--json FILE] [-v]\n"
+               "  kill a local cluster's processes under load, round after round, and check that every request\n"
+               "  ends, the cluster recovers and every KV block comes back\n"
+               "  -c, --config FILE         the cluster's configuration (default configs/local.ini)\n"
+               "      --rounds N            rounds of faults (default 5)\n"
+               "  -C, --clients N           load clients, one request in flight each (default 4)\n"
+               "      --seed S              which worker each fault hits (default 1)\n"
+               "      --set SECTION.KEY=V   override a key of the configuration (repeatable)\n"
+               "      --recover S           a round fails when the cluster is not healthy S seconds after (default 60)\n"
+               "      --request-timeout S   a request still open after S seconds is hung: a failure (default 90)\n"
+               "      --stop S              how long a stopped (SIGSTOP) process stays stopped (default 4)\n"
+               "      --load S              seconds of load before each fault and after it (default 1.5)\n"
+               "      --json FILE           the outcomes as JSON\n"
+               "  -v, --verbose             a line for every request that did not end well\n"
+               "  -h, --help\n");
 }
 
 int fy_cmd_chaos(int argc, char **argv)
@@ -814,7 +829,7 @@ int fy_cmd_chaos(int argc, char **argv)
     long v;
     double d;
     optind = 1;
-    while ((o = getopt_long(argc, argv, "c:vh", opts, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "c:C:vh", opts, NULL)) != -1) {
         switch (o) {
         case 'c': c->config = optarg; break;
         case 'r': if (!fy_cli_parse_int("--rounds", optarg, 1, 100000, &v)) goto bad; c->rounds = (int)v; break;
@@ -833,10 +848,17 @@ int fy_cmd_chaos(int argc, char **argv)
         case 'L': if (!fy_cli_parse_float("--load", optarg, 0, 600, &d)) goto bad; c->load_s = d; break;
         case 'j': c->json_path = optarg; break;
         case 'v': c->verbose = true; break;
+        case 'h':
+            usage(stdout);
+            fy_free(c);
+            return 0;
         default: goto bad;
         }
     }
-    if (optind != argc) goto bad;
+    if (optind != argc) {
+        fprintf(stderr, "ferry: chaos: unexpected argument '%s'\n", argv[optind]);
+        goto bad;
+    }
     if (access(c->config, R_OK)) {
         fprintf(stderr, "ferry: chaos: cannot read the configuration %s: %s\n", c->config, strerror(errno));
         fy_free(c);
@@ -898,7 +920,7 @@ out:
     fy_free(c);
     return rc;
 bad:
-    usage();
+    usage(stderr);
     fy_free(c);
     return 2;
 }

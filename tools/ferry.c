@@ -1,8 +1,11 @@
 /*
- * ferry.c - the ferry command: `ferry generate` runs a model on a prompt
- * and streams the text; `ferry info` describes a model file; `ferry bench`
- * measures prefill and decode speed against the memory-bandwidth bound.
- * Later issues add the cluster commands (serve, request, plan).
+ * ferry.c - the ferry command: dispatches `ferry COMMAND` to its file
+ * (commands.h), and holds the two commands with no file of their own:
+ * `ferry generate` runs a model on a prompt in this process and streams
+ * the text; `ferry info` describes a model file.
+ *
+ * Not here: the option parsers the commands share (cli.c), the commands
+ * with a file of their own (serve.c, request.c, plan.c, chaos.c, bench*.c).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -14,6 +17,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "commands.h"
 #include "prompt.h"
 #include "cli.h"
 #include "generate.h"
@@ -23,82 +27,13 @@
 #include "runner.h"
 #include "stop.h"
 
-#define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-/* ---- shared option parsing ---------------------------------------------------- */
-
-bool fy_cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "ferry: %s expects an integer from %ld to %ld, got '%s'\n", opt, lo, hi, s);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
-bool fy_cli_parse_int_list(const char *opt, const char *s, long lo, long hi, int *out, int cap, int *n_p)
-{
-    char buf[256];
-    if (strlen(s) >= sizeof(buf)) {
-        fprintf(stderr, "ferry: %s: list too long\n", opt);
-        return false;
-    }
-    snprintf(buf, sizeof(buf), "%s", s);
-    int n = 0;
-    for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        long v;
-        if (n == cap) {
-            fprintf(stderr, "ferry: %s takes at most %d values\n", opt, cap);
-            return false;
-        }
-        if (!fy_cli_parse_int(opt, t, lo, hi, &v)) return false;
-        out[n++] = (int)v;
-    }
-    if (!n) {
-        fprintf(stderr, "ferry: %s expects a comma-separated list, got '%s'\n", opt, s);
-        return false;
-    }
-    *n_p = n;
-    return true;
-}
-
-bool fy_cli_parse_float(const char *opt, const char *s, double lo, double hi, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "ferry: %s expects a number from %g to %g, got '%s'\n", opt, lo, hi, s);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
-bool fy_cli_parse_u64(const char *opt, const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *end || s[0] == '-') {
-        fprintf(stderr, "ferry: %s expects a non-negative integer, got '%s'\n", opt, s);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
 /* ---- ferry generate --------------------------------------------------------------- */
 
 static void generate_usage(FILE *f)
 {
     fprintf(f,
             "usage: ferry generate [-m MODEL] (-p PROMPT | -f FILE) [options]\n"
-            "  -m, --model PATH      .gguf file or Hugging Face folder (default " DEFAULT_MODEL ")\n"
+            "  -m, --model PATH      .gguf file or Hugging Face folder (default " FY_CLI_DEFAULT_MODEL ")\n"
             "  -p, --prompt TEXT     the prompt\n"
             "  -f, --file PATH       read the prompt from a file\n"
             "  -n, --max-tokens N    tokens to generate (default 256)\n"
@@ -122,7 +57,8 @@ static void generate_usage(FILE *f)
             "                        (the target's first LAYERS layers as the draft; default none)\n"
             "      --spec-k K        proposed tokens per step at most, 1-16 (default 8)\n"
             "      --spec-ngram N    longest n-gram matched, 1-8 (default 3)\n"
-            "  -v, --verbose         more logging\n");
+            "  -v, --verbose         more logging\n"
+            "  -h, --help            this text\n");
 }
 
 typedef struct gen_opts {
@@ -150,10 +86,115 @@ static bool on_text(void *arg, const char *text, size_t len)
     return true;
 }
 
+enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_SEED, O_STOP, O_CHAT, O_SYSTEM, O_IGNORE_EOS, O_ISA, O_CTX,
+       O_KVD, O_BS, O_BATCH, O_SPEC, O_SPEC_K, O_SPEC_NGRAM, O_DEVICE, O_NOT_MINE };
+
+/* What is generated and how it is sampled: --max-tokens, the sampler,
+ * --stop, --ignore-eos, the speculation's bounds.  0 taken, 2 a bad value
+ * (said), O_NOT_MINE another group's option. */
+static int generate_sampling_opt(int c, const char *arg, gen_opts_t *o)
+{
+    long l;
+    double d;
+    switch (c) {
+    case 'n':
+        if (!fy_cli_parse_int("--max-tokens", arg, 0, 1 << 20, &l)) return 2;
+        o->gp.max_tokens = (int32_t)l;
+        return 0;
+    case O_TEMP:
+        if (!fy_cli_parse_float("--temp", arg, 0, 100, &d)) return 2;
+        o->gp.sampling.temperature = (float)d;
+        return 0;
+    case O_TOPK:
+        if (!fy_cli_parse_int("--top-k", arg, 0, INT32_MAX, &l)) return 2;
+        o->gp.sampling.top_k = (int32_t)l;
+        return 0;
+    case O_TOPP:
+        if (!fy_cli_parse_float("--top-p", arg, 1e-6, 1, &d)) return 2;
+        o->gp.sampling.top_p = (float)d;
+        return 0;
+    case O_MINP:
+        if (!fy_cli_parse_float("--min-p", arg, 0, 1, &d)) return 2;
+        o->gp.sampling.min_p = (float)d;
+        return 0;
+    case O_SEED:
+        if (!fy_cli_parse_u64("--seed", arg, &o->gp.sampling.seed)) return 2;
+        o->seeded = true;
+        return 0;
+    case O_STOP:
+        if (o->gp.n_stop >= FY_STOP_MAX) {
+            fprintf(stderr, "ferry: at most %d --stop strings\n", FY_STOP_MAX);
+            return 2;
+        }
+        o->stops[o->gp.n_stop++] = arg;
+        return 0;
+    case O_IGNORE_EOS: o->gp.ignore_eos = true; return 0;
+    case O_SPEC_K:
+        if (!fy_cli_parse_int("--spec-k", arg, 1, FY_SPEC_MAX_K, &l)) return 2;
+        o->gp.spec.k_max = (int32_t)l;
+        return 0;
+    case O_SPEC_NGRAM:
+        if (!fy_cli_parse_int("--spec-ngram", arg, 1, FY_SPEC_MAX_NGRAM, &l)) return 2;
+        o->gp.spec.ngram_max = (int32_t)l;
+        return 0;
+    }
+    return O_NOT_MINE;
+}
+
+/* Where and how the model runs: threads, kernels, device, context, the KV
+ * cache's dtype and blocks, the prompt batch, the proposer.  As above. */
+static int generate_engine_opt(int c, const char *arg, gen_opts_t *o)
+{
+    long l;
+    switch (c) {
+    case 't':
+        if (!fy_cli_parse_int("--threads", arg, 1, 256, &l)) return 2;
+        o->threads = (int)l;
+        return 0;
+    case O_ISA: o->isa = arg; return 0;
+    case O_DEVICE:
+        if (strcmp(arg, "cpu") && strcmp(arg, "cuda")) {
+            fprintf(stderr, "generate: --device must be cpu or cuda, not '%s'\n", arg);
+            return 2;
+        }
+        o->device = arg;
+        return 0;
+    case O_CTX:
+        if (!fy_cli_parse_int("--ctx", arg, 1, 1 << 24, &l)) return 2;
+        o->ctx = l;
+        return 0;
+    case O_KVD:
+        if (fy_dtype_from_name(arg, &o->kv_dtype) != FY_OK ||
+            (o->kv_dtype != FY_DTYPE_F16 && o->kv_dtype != FY_DTYPE_F32 && !fy_kv_dtype_scaled(o->kv_dtype))) {
+            fprintf(stderr, "ferry: --kv-dtype expects f16, f32, fp8 or int8, got '%s'\n", arg);
+            return 2;
+        }
+        return 0;
+    case O_BS:
+        if (!fy_cli_parse_int("--block-size", arg, 8, 32, &l) || (l != 8 && l != 16 && l != 32)) {
+            fprintf(stderr, "ferry: --block-size expects 8, 16 or 32\n");
+            return 2;
+        }
+        o->block_size = (int)l;
+        return 0;
+    case O_BATCH:
+        if (!fy_cli_parse_int("--batch", arg, 1, 65536, &l)) return 2;
+        o->batch = (int)l;
+        return 0;
+    case O_SPEC:
+        if (strcmp(arg, "none") && strcmp(arg, "ngram") && strncmp(arg, "draft:", 6) && strncmp(arg, "self:", 5)) {
+            fprintf(stderr, "ferry: --spec expects none, ngram, draft:MODEL_FILE or self:LAYERS, got '%s'\n", arg);
+            return 2;
+        }
+        o->spec = arg;
+        return 0;
+    }
+    return O_NOT_MINE;
+}
+
+/* 0: o is complete; -1: --help answered; else the exit status. */
 static int parse_generate(int argc, char **argv, gen_opts_t *o)
 {
-    enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_SEED, O_STOP, O_CHAT, O_SYSTEM, O_IGNORE_EOS, O_ISA, O_CTX,
-           O_KVD, O_BS, O_BATCH, O_SPEC, O_SPEC_K, O_SPEC_NGRAM, O_DEVICE };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},     {"prompt", required_argument, 0, 'p'},
         {"file", required_argument, 0, 'f'},      {"max-tokens", required_argument, 0, 'n'},
@@ -170,10 +211,8 @@ static int parse_generate(int argc, char **argv, gen_opts_t *o)
         {"spec-ngram", required_argument, 0, O_SPEC_NGRAM},
         {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
     };
-    long l;
-    double d;
     const char *prompt_file = NULL;
-    int c;
+    int c, rc;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:p:f:n:t:vh", opts, NULL)) != -1) {
         switch (c) {
@@ -183,98 +222,19 @@ static int parse_generate(int argc, char **argv, gen_opts_t *o)
             if (!(o->prompt = fy_strdup(optarg))) return 1;
             break;
         case 'f': prompt_file = optarg; break;
-        case 'n':
-            if (!fy_cli_parse_int("--max-tokens", optarg, 0, 1 << 20, &l)) return 2;
-            o->gp.max_tokens = (int32_t)l;
-            break;
-        case O_TEMP:
-            if (!fy_cli_parse_float("--temp", optarg, 0, 100, &d)) return 2;
-            o->gp.sampling.temperature = (float)d;
-            break;
-        case O_TOPK:
-            if (!fy_cli_parse_int("--top-k", optarg, 0, INT32_MAX, &l)) return 2;
-            o->gp.sampling.top_k = (int32_t)l;
-            break;
-        case O_TOPP:
-            if (!fy_cli_parse_float("--top-p", optarg, 1e-6, 1, &d)) return 2;
-            o->gp.sampling.top_p = (float)d;
-            break;
-        case O_MINP:
-            if (!fy_cli_parse_float("--min-p", optarg, 0, 1, &d)) return 2;
-            o->gp.sampling.min_p = (float)d;
-            break;
-        case O_SEED:
-            if (!fy_cli_parse_u64("--seed", optarg, &o->gp.sampling.seed)) return 2;
-            o->seeded = true;
-            break;
-        case O_STOP:
-            if (o->gp.n_stop >= FY_STOP_MAX) {
-                fprintf(stderr, "ferry: at most %d --stop strings\n", FY_STOP_MAX);
-                return 2;
-            }
-            o->stops[o->gp.n_stop++] = optarg;
-            break;
         case O_CHAT: o->chat = true; break;
         case O_SYSTEM: o->system = optarg; break;
-        case O_IGNORE_EOS: o->gp.ignore_eos = true; break;
-        case 't':
-            if (!fy_cli_parse_int("--threads", optarg, 1, 256, &l)) return 2;
-            o->threads = (int)l;
-            break;
-        case O_ISA: o->isa = optarg; break;
-        case O_DEVICE:
-            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
-                fprintf(stderr, "generate: --device must be cpu or cuda, not '%s'\n", optarg);
-                return 2;
-            }
-            o->device = optarg;
-            break;
-        case O_CTX:
-            if (!fy_cli_parse_int("--ctx", optarg, 1, 1 << 24, &l)) return 2;
-            o->ctx = l;
-            break;
-        case O_KVD:
-            if (fy_dtype_from_name(optarg, &o->kv_dtype) != FY_OK ||
-                (o->kv_dtype != FY_DTYPE_F16 && o->kv_dtype != FY_DTYPE_F32 && !fy_kv_dtype_scaled(o->kv_dtype))) {
-                fprintf(stderr, "ferry: --kv-dtype expects f16, f32, fp8 or int8, got '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case O_BS:
-            if (!fy_cli_parse_int("--block-size", optarg, 8, 32, &l) || (l != 8 && l != 16 && l != 32)) {
-                fprintf(stderr, "ferry: --block-size expects 8, 16 or 32\n");
-                return 2;
-            }
-            o->block_size = (int)l;
-            break;
-        case O_BATCH:
-            if (!fy_cli_parse_int("--batch", optarg, 1, 65536, &l)) return 2;
-            o->batch = (int)l;
-            break;
         case 'v': fy_log_set_level(FY_LOG_DEBUG); break;
-        case O_SPEC:
-            if (strcmp(optarg, "none") && strcmp(optarg, "ngram") && strncmp(optarg, "draft:", 6) &&
-                strncmp(optarg, "self:", 5)) {
-                fprintf(stderr, "ferry: --spec expects none, ngram, draft:MODEL_FILE or self:LAYERS, got '%s'\n",
-                        optarg);
-                return 2;
-            }
-            o->spec = optarg;
-            break;
-        case O_SPEC_K:
-            if (!fy_cli_parse_int("--spec-k", optarg, 1, FY_SPEC_MAX_K, &l)) return 2;
-            o->gp.spec.k_max = (int32_t)l;
-            break;
-        case O_SPEC_NGRAM:
-            if (!fy_cli_parse_int("--spec-ngram", optarg, 1, FY_SPEC_MAX_NGRAM, &l)) return 2;
-            o->gp.spec.ngram_max = (int32_t)l;
-            break;
         case 'h': generate_usage(stdout); return -1;
-        default: generate_usage(stderr); return 2;
+        case '?': generate_usage(stderr); return 2;
+        default:
+            if ((rc = generate_sampling_opt(c, optarg, o)) == O_NOT_MINE) rc = generate_engine_opt(c, optarg, o);
+            if (rc) return rc == O_NOT_MINE ? 2 : rc;
         }
     }
     if (optind < argc) {
-        fprintf(stderr, "ferry: unexpected argument '%s'\n", argv[optind]);
+        fprintf(stderr, "ferry: generate: unexpected argument '%s'\n", argv[optind]);
+        generate_usage(stderr);
         return 2;
     }
     if (prompt_file) {
@@ -291,35 +251,6 @@ static int parse_generate(int argc, char **argv, gen_opts_t *o)
     return 0;
 }
 
-char *fy_cli_read_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "ferry: %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 4096, len = 0;
-    char *buf = fy_malloc(cap);
-    size_t n;
-    while (buf && (n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
-        len += n;
-        if (cap - len - 1 == 0) {
-            char *nb = cap < (64u << 20) ? fy_realloc(buf, cap * 2) : NULL;
-            if (!nb) {
-                fprintf(stderr, "ferry: %s: too large (64 MiB at most)\n", path);
-                fy_free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    fclose(f);
-    if (buf) buf[len] = '\0';
-    return buf;
-}
-
 /* Builds the prompt's token ids (chat template applied when asked). */
 static fy_status_t tokenize_prompt(const fy_model_t *m, const gen_opts_t *o, int32_t **ids_p, int32_t *n_p)
 {
@@ -328,7 +259,7 @@ static fy_status_t tokenize_prompt(const fy_model_t *m, const gen_opts_t *o, int
 
 static int cmd_generate(int argc, char **argv)
 {
-    gen_opts_t o = {.model = DEFAULT_MODEL, .kv_dtype = FY_DTYPE_F16, .block_size = 16, .batch = 512};
+    gen_opts_t o = {.model = FY_CLI_DEFAULT_MODEL, .kv_dtype = FY_DTYPE_F16, .block_size = 16, .batch = 512};
     fy_gen_params_default(&o.gp);
     o.gp.max_tokens = 256;
     o.gp.sampling.temperature = 0.8f;
@@ -432,9 +363,33 @@ out:
 
 /* ---- ferry info ----------------------------------------------------------------- */
 
+static void info_usage(FILE *f)
+{
+    fprintf(f, "usage: ferry info [MODEL]\n"
+               "  describe a model file (.gguf) or Hugging Face folder: shape, weights, tokenizer\n"
+               "  (default " FY_CLI_DEFAULT_MODEL ")\n"
+               "  -h, --help\n");
+}
+
 static int cmd_info(int argc, char **argv)
 {
-    const char *path = argc > 1 ? argv[1] : DEFAULT_MODEL;
+    static const struct option opts[] = {{"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        if (c == 'h') {
+            info_usage(stdout);
+            return 0;
+        }
+        info_usage(stderr);
+        return 2;
+    }
+    if (argc - optind > 1) {
+        fprintf(stderr, "ferry: info: one model at a time, not '%s' too\n", argv[optind + 1]);
+        info_usage(stderr);
+        return 2;
+    }
+    const char *path = optind < argc ? argv[optind] : FY_CLI_DEFAULT_MODEL;
     fy_model_t *m;
     if (fy_model_load(path, &m) != FY_OK) return 1;
     char desc[512];
@@ -469,6 +424,18 @@ static void usage(FILE *f)
                "run 'ferry COMMAND --help' for a command's options\n");
 }
 
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+} COMMANDS[] = {
+    {"generate", cmd_generate},          {"info", cmd_info},
+    {"bench", fy_cmd_bench},             {"bench-kv", fy_cmd_bench_kv},
+    {"bench-batch", fy_cmd_bench_batch}, {"bench-xfer", fy_cmd_bench_xfer},
+    {"bench-spec", fy_cmd_bench_spec},   {"bench-ttft", fy_cmd_bench_ttft},
+    {"plan", fy_cmd_plan},               {"request", fy_cmd_request},
+    {"serve", fy_cmd_serve},             {"chaos", fy_cmd_chaos},
+};
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -476,18 +443,14 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *cmd = argv[1];
-    if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
-    if (!strcmp(cmd, "info")) return cmd_info(argc - 1, argv + 1);
-    if (!strcmp(cmd, "bench")) return fy_cmd_bench(argc - 1, argv + 1);
-    if (!strcmp(cmd, "bench-kv")) return fy_cmd_bench_kv(argc - 1, argv + 1);
-    if (!strcmp(cmd, "bench-batch")) return fy_cmd_bench_batch(argc - 1, argv + 1);
-    if (!strcmp(cmd, "bench-xfer")) return fy_cmd_bench_xfer(argc - 1, argv + 1);
-    if (!strcmp(cmd, "bench-spec")) return fy_cmd_bench_spec(argc - 1, argv + 1);
-    if (!strcmp(cmd, "plan")) return fy_cmd_plan(argc - 1, argv + 1);
-    if (!strcmp(cmd, "request")) return fy_cmd_request(argc - 1, argv + 1);
-    if (!strcmp(cmd, "serve")) return fy_cmd_serve(argc - 1, argv + 1);
-    if (!strcmp(cmd, "bench-ttft")) return fy_cmd_bench_ttft(argc - 1, argv + 1);
-    if (!strcmp(cmd, "chaos")) return fy_cmd_chaos(argc - 1, argv + 1);
+    for (size_t i = 0; i < sizeof(COMMANDS) / sizeof(COMMANDS[0]); i++) {
+        if (strcmp(cmd, COMMANDS[i].name)) continue;
+        /* the command's argv[0] names it in getopt's messages ("ferry info: unrecognized option") */
+        char name[64];
+        snprintf(name, sizeof(name), "ferry %s", cmd);
+        argv[1] = name;
+        return COMMANDS[i].run(argc - 1, argv + 1);
+    }
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;

@@ -3,10 +3,12 @@
  * just its shape) and a memory budget: bytes per token and per block,
  * blocks, tokens, and requests of a given context.
  */
+#include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cli.h"
+#include "commands.h"
 #include "kvplan.h"
 #include "log.h"
 #include "model.h"
@@ -17,7 +19,9 @@ static void usage(FILE *f)
                "                  (--kv-mem SIZE | --mem SIZE [--weights SIZE] --mem-fraction F)\n"
                "                  [--kv-dtype f16|bf16|fp8|int8|f32] [--block-size B] [--context N]\n"
                "sizes take K/M/G/T (powers of 1000) or Ki/Mi/Gi/Ti (powers of 1024), e.g. 50GiB.\n"
-               "--weights defaults to the model file's weights when --model is given.\n");
+               "--weights defaults to the model file's weights when --model is given.\n"
+               "  -m, --model FILE    the model whose KV shape to take\n"
+               "  -h, --help\n");
 }
 
 static void print_bytes(const char *label, int64_t b)
@@ -32,56 +36,70 @@ int fy_cmd_plan(int argc, char **argv)
     fy_kv_plan_in_t in = {.block_size = 16, .elem_bytes = 2};
     const char *model = NULL, *dtype = "f16";
     bool weights_given = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long l;
-        double d;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        }
-        if (!v) {
-            fprintf(stderr, "ferry: %s needs a value\n", a);
-            usage(stderr);
-            return 2;
-        }
-        i++;
-        if (!strcmp(a, "--model") || !strcmp(a, "-m")) {
-            model = v;
-        } else if (!strcmp(a, "--layers")) {
-            if (!fy_cli_parse_int(a, v, 1, 4096, &l)) return 2;
+    enum { O_LAYERS = 256, O_HEADS, O_DIM, O_KV_MEM, O_MEM, O_WEIGHTS, O_FRACTION, O_KVD, O_BS, O_CONTEXT };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},        {"layers", required_argument, 0, O_LAYERS},
+        {"kv-heads", required_argument, 0, O_HEADS}, {"head-dim", required_argument, 0, O_DIM},
+        {"kv-mem", required_argument, 0, O_KV_MEM},  {"mem", required_argument, 0, O_MEM},
+        {"weights", required_argument, 0, O_WEIGHTS}, {"mem-fraction", required_argument, 0, O_FRACTION},
+        {"kv-dtype", required_argument, 0, O_KVD},   {"block-size", required_argument, 0, O_BS},
+        {"context", required_argument, 0, O_CONTEXT}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    long l;
+    double d;
+    int opt;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'm': model = optarg; break;
+        case O_LAYERS:
+            if (!fy_cli_parse_int("--layers", optarg, 1, 4096, &l)) return 2;
             in.n_layers = (int32_t)l;
-        } else if (!strcmp(a, "--kv-heads")) {
-            if (!fy_cli_parse_int(a, v, 1, 4096, &l)) return 2;
+            break;
+        case O_HEADS:
+            if (!fy_cli_parse_int("--kv-heads", optarg, 1, 4096, &l)) return 2;
             in.n_kv_heads = (int32_t)l;
-        } else if (!strcmp(a, "--head-dim")) {
-            if (!fy_cli_parse_int(a, v, 1, 4096, &l)) return 2;
+            break;
+        case O_DIM:
+            if (!fy_cli_parse_int("--head-dim", optarg, 1, 4096, &l)) return 2;
             in.head_dim = (int32_t)l;
-        } else if (!strcmp(a, "--kv-mem")) {
-            if (fy_parse_size(a, v, &in.kv_mem) != FY_OK) return 2;
-        } else if (!strcmp(a, "--mem")) {
-            if (fy_parse_size(a, v, &in.mem) != FY_OK) return 2;
-        } else if (!strcmp(a, "--weights")) {
-            if (fy_parse_size(a, v, &in.weights) != FY_OK) return 2;
+            break;
+        case O_KV_MEM:
+            if (fy_parse_size("--kv-mem", optarg, &in.kv_mem) != FY_OK) return 2;
+            break;
+        case O_MEM:
+            if (fy_parse_size("--mem", optarg, &in.mem) != FY_OK) return 2;
+            break;
+        case O_WEIGHTS:
+            if (fy_parse_size("--weights", optarg, &in.weights) != FY_OK) return 2;
             weights_given = true;
-        } else if (!strcmp(a, "--mem-fraction")) {
-            if (!fy_cli_parse_float(a, v, 1e-6, 1.0, &d)) return 2;
+            break;
+        case O_FRACTION:
+            if (!fy_cli_parse_float("--mem-fraction", optarg, 1e-6, 1.0, &d)) return 2;
             in.mem_fraction = d;
-        } else if (!strcmp(a, "--kv-dtype")) {
-            if (fy_kv_dtype_bytes(v, &in.elem_bytes) != FY_OK) return 2;
-            in.scale_bytes = fy_kv_dtype_scale_bytes(v);
-            dtype = v;
-        } else if (!strcmp(a, "--block-size")) {
-            if (!fy_cli_parse_int(a, v, 1, 4096, &l)) return 2;
+            break;
+        case O_KVD:
+            if (fy_kv_dtype_bytes(optarg, &in.elem_bytes) != FY_OK) return 2;
+            in.scale_bytes = fy_kv_dtype_scale_bytes(optarg);
+            dtype = optarg;
+            break;
+        case O_BS:
+            if (!fy_cli_parse_int("--block-size", optarg, 1, 4096, &l)) return 2;
             in.block_size = (int32_t)l;
-        } else if (!strcmp(a, "--context")) {
-            if (!fy_cli_parse_int(a, v, 1, 1L << 30, &l)) return 2;
+            break;
+        case O_CONTEXT:
+            if (!fy_cli_parse_int("--context", optarg, 1, 1L << 30, &l)) return 2;
             in.context = l;
-        } else {
-            fprintf(stderr, "ferry: plan: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
+            break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
         }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "ferry: plan: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
     }
     char shape[256];
     if (model) {

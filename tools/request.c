@@ -12,6 +12,7 @@
 #include "cli.h"
 #include "client.h"
 #include "cluster.h"
+#include "commands.h"
 #include "log.h"
 #include "mem.h"
 
@@ -19,9 +20,9 @@ static volatile sig_atomic_t interrupted;
 
 static void on_sigint(int sig) { interrupted = 1; }
 
-static void usage(void)
+static void usage(FILE *f)
 {
-    fprintf(stderr,
+    fprintf(f,
             "usage: ferry request [-c CONFIG] [-r ADDR] [--secret FILE] (-p PROMPT | -f FILE) [options]\n"
             "       ferry request [-c CONFIG] [-r ADDR] [--secret FILE] --status\n"
             "  -c, --config FILE     take the router's address and the secret's path from a cluster's configuration\n"
@@ -40,7 +41,8 @@ static void usage(void)
             "      --priority N      larger runs first\n"
             "      --timeout S       give up after S seconds (default 300)\n"
             "      --status          print the cluster's state and exit\n"
-            "  -q, --quiet           no summary on stderr\n");
+            "  -q, --quiet           no summary on stderr\n"
+            "  -h, --help\n");
 }
 
 static int print_status(fy_client_t *c)
@@ -140,12 +142,18 @@ int fy_cmd_request(int argc, char **argv)
             break;
         case O_STATUS: status = true; break;
         case 'q': quiet = true; break;
-        case 'h': usage(); return 0;
-        default: usage(); return 2;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
         }
     }
+    if (optind < argc) {
+        fprintf(stderr, "ferry: request: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
     if (!status && !!req.prompt == !!file) {
-        usage();
+        fprintf(stderr, "ferry: request needs one prompt, -p TEXT or -f FILE (or --status)\n");
+        usage(stderr);
         return 2;
     }
     if (file) {

@@ -50,6 +50,7 @@
 #include "cli.h"
 #include "client.h"
 #include "cluster.h"
+#include "commands.h"
 #include "config.h"
 #include "httpd.h"
 #include "log.h"
@@ -320,41 +321,98 @@ static int mkdir_p(const char *dir)
     return mkdir(tmp, 0755) && errno != EEXIST ? -1 : 0;
 }
 
-/* Splits --prompt/--once/... (ours) from -c/--set (the cluster's). */
+/* Each run starts its children's logs afresh: the previous run's file
+ * becomes path.1 (an older .1 goes), so old errors never mix with new
+ * ones.  A file that cannot be moved is appended to, with a warning. */
+static void rotate_log(const char *path)
+{
+    char old[PATH_MAX];
+    if (!fmt(old, sizeof(old), "%s.1", path)) return;
+    if (rename(path, old) && errno != ENOENT)
+        fprintf(stderr, "ferry: serve: cannot move %s to %s (%s): this run appends to it\n", path, old,
+                strerror(errno));
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: ferry serve " USAGE "\n"
+               "  a router, prefill.count prefill and decode.count decode workers from one configuration,\n"
+               "  each its own process, supervised: restarted when they exit or their /health goes silent\n"
+               "  -c, --config FILE      the cluster's configuration (configs/local.ini documents every key)\n"
+               "      --set S.KEY=VALUE  override a key (repeatable, applied in order)\n"
+               "      --spec SPEC        short for --set decode.spec=SPEC\n"
+               "      --prompt TEXT      once the cluster is ready, send this prompt and stream the answer\n"
+               "      --chat             apply the model's chat template to --prompt\n"
+               "  -n, --max-tokens N     the answer's length at most (default 128)\n"
+               "      --once             stop the cluster after the first answer\n"
+               "  -h, --help\n");
+}
+
+/* Takes --prompt/--once/... (ours) and hands -c/--set/--spec, in order,
+ * to cargv (the cluster's, for fy_cluster_config; cargv[0] is set).
+ * 0: parsed; -1: --help answered; else the exit status. */
+static int parse_serve(int argc, char **argv, serve_t *s, char **cargv, int cap, int *cargc_p)
+{
+    enum { O_PROMPT = 256, O_CHAT, O_ONCE, O_SET, O_SPEC };
+    static const struct option opts[] = {
+        {"config", required_argument, 0, 'c'},   {"set", required_argument, 0, O_SET},
+        {"spec", required_argument, 0, O_SPEC},  {"prompt", required_argument, 0, O_PROMPT},
+        {"chat", no_argument, 0, O_CHAT},        {"once", no_argument, 0, O_ONCE},
+        {"max-tokens", required_argument, 0, 'n'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    int cargc = 0, c;
+    bool have_config = false;
+    long n;
+    cargv[cargc++] = "ferry serve";
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "c:n:h", opts, NULL)) != -1) {
+        switch (c) {
+        case O_PROMPT: s->prompt = optarg; break;
+        case O_CHAT: s->chat = true; break;
+        case O_ONCE: s->once = true; break;
+        case 'n':
+            if (!fy_cli_parse_int("--max-tokens", optarg, 1, 1 << 20, &n)) return 2;
+            s->max_tokens = (int32_t)n;
+            break;
+        case 'c':
+        case O_SET:
+        case O_SPEC:
+            if (cargc + 3 > cap) {
+                fprintf(stderr, "ferry: serve: too many arguments\n");
+                return 2;
+            }
+            have_config |= c == 'c';
+            cargv[cargc++] = c == 'c' ? "-c" : c == O_SET ? "--set" : "--spec";
+            cargv[cargc++] = optarg;
+            break;
+        case 'h': usage(stdout); return -1;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "ferry: serve: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
+    if (!have_config) {
+        fprintf(stderr, "ferry: serve: needs -c FILE, the cluster's configuration: the model, the router's and the "
+                        "workers' addresses, how many workers (configs/local.ini is one to start from)\n");
+        usage(stderr);
+        return 2;
+    }
+    cargv[cargc] = NULL;
+    *cargc_p = cargc;
+    return 0;
+}
+
 int fy_cmd_serve(int argc, char **argv)
 {
     serve_t s = {.max_tokens = 128, .first_rc = 0};
     char *cargv[256];
     int cargc = 0;
-    bool have_config = false, help = false;
-    cargv[cargc++] = "ferry serve";
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long n;
-        if (!strcmp(a, "--prompt") && v) {
-            s.prompt = v, i++;
-        } else if (!strcmp(a, "--chat")) {
-            s.chat = true;
-        } else if (!strcmp(a, "--once")) {
-            s.once = true;
-        } else if ((!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) && v) {
-            if (!fy_cli_parse_int("--max-tokens", v, 1, 1 << 20, &n)) return 2;
-            s.max_tokens = (int32_t)n, i++;
-        } else if (cargc < 250) {
-            if ((!strcmp(a, "-c") || !strcmp(a, "--config")) && v) have_config = true;
-            if (!strcmp(a, "-h") || !strcmp(a, "--help")) help = true;
-            cargv[cargc++] = argv[i];
-        } else {
-            fprintf(stderr, "ferry serve: too many arguments\n");
-            return 2;
-        }
-    }
-    if (!have_config && !help) {
-        fprintf(stderr,
-                "ferry serve: needs -c FILE, the cluster's configuration: the model, the router's and the workers' "
-                "addresses, how many workers (configs/local.ini is one to start from)\nusage: ferry serve " USAGE "\n");
-        return 2;
-    }
+    int prc = parse_serve(argc, argv, &s, cargv, 256, &cargc);
+    if (prc) return prc < 0 ? 0 : prc;
     fy_config_t *cfg;
     fy_status_t st = fy_cluster_config(cargc, cargv, USAGE, &cfg);
     if (st == FY_ERR_CANCELLED) return 0;
@@ -439,7 +497,7 @@ int fy_cmd_serve(int argc, char **argv)
     sp.health_interval_s = health_timeout > 0 && health_timeout / 4 < 1 ? health_timeout / 4 : 1;
     sp.start_timeout_s = start_timeout;
     sp.fatal_startup = true;
-    sp.log_echo_mark = ": error: "; /* common/log.c's "PREFIX: error: ..." */
+    sp.log_echo_mark = ": error: "; /* common/log.h's "TIME NAME: error: ..." */
     if (fy_sup_create(&sp, &s.sup)) goto out;
     char bin[PATH_MAX], logp[PATH_MAX], name[64], addr[256], set_name[128], set_addr[320], maddr[256], set_maddr[320];
     if (!fmt(bin, sizeof(bin), "%s/ferry-router", bindir) || !fmt(logp, sizeof(logp), "%s/router.log", log_dir))
@@ -450,6 +508,7 @@ int fy_cmd_serve(int argc, char **argv)
     snprintf(set_drain, sizeof(set_drain), "router.drain_timeout=%g", grace);
     char *rargv[] = {bin, "-c", conf, "--set", set_drain, NULL};
     int idx;
+    rotate_log(logp);
     if (fy_sup_add(s.sup, "router", rargv, logp, true, &idx) || fy_sup_set_ready(s.sup, idx, FY_CLUSTER_READY_ENV) ||
         (*router_http && fy_sup_set_health(s.sup, idx, router_http)) ||
         fy_sup_set_stop(s.sup, idx, 0, grace + ROUTER_STOP_MARGIN_S))
@@ -479,12 +538,13 @@ int fy_cmd_serve(int argc, char **argv)
             /* worker i serves /metrics on the role's metrics port + i */
             if (mbase && *mbase &&
                 (!fy_cluster_addr_plus(mbase, i, maddr, sizeof(maddr)) || !strncmp(mbase, "ipc://", 6))) {
-                fprintf(stderr, "ferry: serve: %s.metrics = '%s': expected tcp://HOST:PORT\n", rname, mbase);
+                fprintf(stderr, "ferry: serve: %s.metrics = '%s': expected http://HOST:PORT\n", rname, mbase);
                 goto out;
             }
             if (mbase && *mbase && !fmt(set_maddr, sizeof(set_maddr), "%s.metrics=%s", rname, maddr)) goto out;
             char *wargv[] = {bin, "-c", conf, "--set", set_name, "--set", set_addr, NULL, NULL, NULL};
             if (mbase && *mbase) wargv[7] = "--set", wargv[8] = set_maddr;
+            rotate_log(logp);
             if (fy_sup_add(s.sup, name, wargv, logp, false, &idx) ||
                 fy_sup_set_ready(s.sup, idx, FY_CLUSTER_READY_ENV) ||
                 (mbase && *mbase && fy_sup_set_health(s.sup, idx, maddr)) || fy_sup_set_stop(s.sup, idx, 1, -1))

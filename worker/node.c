@@ -118,8 +118,6 @@ fy_kvm_t *fy_node_kvm(fy_node_t *n) { return n->kvm; }
 fy_runner_t *fy_node_runner(fy_node_t *n) { return n->runner; }
 const fy_model_t *fy_node_model(const fy_node_t *n) { return n->model; }
 fy_xfer_t *fy_node_xfer(fy_node_t *n) { return n->xfer; }
-const char *fy_node_name(const fy_node_t *n) { return n->name; }
-const char *fy_node_model_id(const fy_node_t *n) { return n->model_id; }
 
 double fy_node_heartbeat(const fy_node_t *n) { return n->heartbeat_s; }
 int32_t fy_node_max_seqs(const fy_node_t *n) { return n->max_seqs; }

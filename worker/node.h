@@ -66,8 +66,6 @@ fy_kvm_t *fy_node_kvm(fy_node_t *n);
 fy_runner_t *fy_node_runner(fy_node_t *n);
 const fy_model_t *fy_node_model(const fy_node_t *n);
 fy_xfer_t *fy_node_xfer(fy_node_t *n);
-const char *fy_node_name(const fy_node_t *n);
-const char *fy_node_model_id(const fy_node_t *n);
 /* worker.heartbeat: how often load reports (and a prefill worker's progress) go out */
 double fy_node_heartbeat(const fy_node_t *n);
 int32_t fy_node_max_seqs(const fy_node_t *n);

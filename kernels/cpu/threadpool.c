@@ -161,8 +161,6 @@ void fy_threadpool_destroy(fy_threadpool_t *tp)
     fy_free(tp);
 }
 
-int fy_threadpool_size(const fy_threadpool_t *tp) { return tp->n_threads; }
-
 void fy_threadpool_run(fy_threadpool_t *tp, int64_t n_items, int64_t chunk, fy_threadpool_fn fn, void *arg)
 {
     if (n_items <= 0) return;

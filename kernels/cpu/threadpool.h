@@ -26,7 +26,6 @@ typedef void (*fy_threadpool_fn)(void *arg, int64_t begin, int64_t end, int thre
 /* n_threads counts the caller: 1 means no worker threads. */
 fy_status_t fy_threadpool_create(int n_threads, fy_threadpool_t **tp_p);
 void fy_threadpool_destroy(fy_threadpool_t *tp); /* accepts NULL */
-int fy_threadpool_size(const fy_threadpool_t *tp);
 /* chunk: items per claim (>= 1). */
 void fy_threadpool_run(fy_threadpool_t *tp, int64_t n_items, int64_t chunk, fy_threadpool_fn fn, void *arg);
 

@@ -176,7 +176,8 @@ extern "C" cudaError_t fy_cuda_kv_write(void *arena, const int32_t *slots, int32
  * depends only on its own position and keys, never on the tile or grid.
  */
 
-size_t fy_cuda_attn_smem(int32_t G, int32_t qt, int32_t hd)
+/* Shared memory pass 1 needs for these shapes (bytes). */
+static size_t attn_smem(int32_t G, int32_t qt, int32_t hd)
 {
     size_t R = (size_t)G * qt;
     return (R * hd + 2 * (size_t)FY_CUDA_ATTN_CHUNK * hd + R * FY_CUDA_ATTN_CHUNK + 3 * R) * sizeof(float) +
@@ -316,7 +317,7 @@ static __global__ void attn_reduce_kernel(fy_cuda_attn_args_t a)
 
 extern "C" cudaError_t fy_cuda_attention(const fy_cuda_attn_args_t *a, int32_t grid_segs, cudaStream_t s)
 {
-    size_t smem = fy_cuda_attn_smem(a->G, a->qt, a->hd);
+    size_t smem = attn_smem(a->G, a->qt, a->hd);
     if (smem > 48 * 1024) {
         cudaError_t e = cudaFuncSetAttribute(attn_part_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return e;

@@ -75,8 +75,6 @@ typedef struct fy_cuda_attn_args {
     float scale;
 } fy_cuda_attn_args_t;
 
-/* Shared memory pass 1 needs for these shapes (bytes). */
-size_t fy_cuda_attn_smem(int32_t G, int32_t qt, int32_t hd);
 /* Pass 1 (partials per segment) then pass 2 (merge in segment order into out). */
 cudaError_t fy_cuda_attention(const fy_cuda_attn_args_t *a, int32_t grid_segs, cudaStream_t s);
 

@@ -1,0 +1,332 @@
+/*
+ * test_cli.c - every command line as a user types it: each ferry
+ * subcommand, ferry-router/-prefill/-decode, ferry-bench and its
+ * subcommands run (fork/exec of $FERRY_BIN/..., no shell) with --help and
+ * -h (the usage on stdout, nothing on stderr, status 0, and nothing
+ * started: `ferry info --help` once looked for a model named --help) and
+ * with an unknown option (the usage on stderr, nothing on stdout, status
+ * 2).  -c is a configuration file wherever it is taken (a missing one is
+ * named, status 2); ferry-bench's concurrency is -C and -c is refused
+ * with a hint.  Options that parse reach the work: a model that is not
+ * there is named, status 1.  Log lines carry the time and the process's
+ * name.
+ *
+ * Nothing here listens or loads a model; each run has a deadline.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <regex.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "mem.h"
+#include "testutil.h"
+
+#define RUN_DEADLINE_S 30.0
+
+static const char *bindir(void)
+{
+    const char *b = getenv("FERRY_BIN");
+    return b && *b ? b : "bin";
+}
+
+typedef struct run {
+    int status; /* the exit status; -1 when killed */
+    char *out, *err;
+} run_t;
+
+static void run_free(run_t *r)
+{
+    fy_free(r->out);
+    fy_free(r->err);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* bin/PROG ARGS... (NULL-terminated), stdout and stderr to files, stdin
+ * from /dev/null; fails the test past the deadline. */
+static run_t run_argv(const char *const *args)
+{
+    char prog[PATH_MAX], out_path[PATH_MAX], err_path[PATH_MAX];
+    snprintf(prog, sizeof(prog), "%s/%s", bindir(), args[0]);
+    snprintf(out_path, sizeof(out_path), "%s", fy_test_path("stdout"));
+    snprintf(err_path, sizeof(err_path), "%s", fy_test_path("stderr"));
+    char *argv[32];
+    int n = 0;
+    argv[n++] = prog;
+    for (int i = 1; args[i] && n < 31; i++) argv[n++] = (char *)args[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int in = open("/dev/null", O_RDONLY);
+        if (o < 0 || e < 0 || in < 0) _exit(126);
+        dup2(o, 1);
+        dup2(e, 2);
+        dup2(in, 0);
+        execv(prog, argv);
+        _exit(127);
+    }
+    run_t r = {.status = -1};
+    int st = 0;
+    int fd = (int)syscall(SYS_pidfd_open, pid, 0); /* readable once the child has exited */
+    assert_true(fd >= 0);
+    double deadline = now_s() + RUN_DEADLINE_S;
+    for (double left; (left = deadline - now_s()) > 0;) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (poll(&pfd, 1, (int)(left * 1000) + 1) > 0) break;
+    }
+    close(fd);
+    pid_t w = waitpid(pid, &st, WNOHANG);
+    if (w != pid) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+        fail_msg("%s did not end within %.0f s", args[0], RUN_DEADLINE_S);
+    }
+    if (WIFEXITED(st)) r.status = WEXITSTATUS(st);
+    r.out = fy_test_read_file(out_path, NULL);
+    r.err = fy_test_read_file(err_path, NULL);
+    if (!r.out) r.out = fy_strdup("");
+    if (!r.err) r.err = fy_strdup("");
+    assert_non_null(r.out);
+    assert_non_null(r.err);
+    return r;
+}
+
+/* The commands: the program, then the subcommand's words (NULL-padded). */
+typedef struct cmd {
+    const char *argv[3];
+} cmd_t;
+
+static const cmd_t COMMANDS[] = {
+    {{"ferry", "generate"}},    {{"ferry", "info"}},        {{"ferry", "bench"}},
+    {{"ferry", "bench-kv"}},    {{"ferry", "bench-batch"}}, {{"ferry", "bench-xfer"}},
+    {{"ferry", "bench-spec"}},  {{"ferry", "bench-ttft"}},  {{"ferry", "plan"}},
+    {{"ferry", "request"}},     {{"ferry", "serve"}},       {{"ferry", "chaos"}},
+    {{"ferry"}},                {{"ferry-router"}},         {{"ferry-prefill"}},
+    {{"ferry-decode"}},         {{"ferry-bench"}},          {{"ferry-bench", "echo"}},
+    {{"ferry-bench", "auth"}},
+};
+#define N_COMMANDS (int)(sizeof(COMMANDS) / sizeof(COMMANDS[0]))
+
+static bool have_bins(void)
+{
+    const char *need[] = {"ferry", "ferry-router", "ferry-prefill", "ferry-decode", "ferry-bench"};
+    for (size_t i = 0; i < sizeof(need) / sizeof(need[0]); i++) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof(path), "%s/%s", bindir(), need[i]);
+        if (access(path, X_OK)) {
+            print_message("skipped: %s is not built\n", path);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The command's words, then extra (NULL-terminated), as one argv. */
+static run_t run_cmd(const cmd_t *c, const char *const *extra)
+{
+    const char *args[24];
+    int n = 0;
+    for (int i = 0; i < 3 && c->argv[i]; i++) args[n++] = c->argv[i];
+    for (int i = 0; extra[i] && n < 23; i++) args[n++] = extra[i];
+    args[n] = NULL;
+    return run_argv(args);
+}
+
+static const char *name_of(const cmd_t *c, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s%s%s", c->argv[0], c->argv[1] ? " " : "", c->argv[1] ? c->argv[1] : "");
+    return buf;
+}
+
+static void test_help(void **state)
+{
+    if (!have_bins()) skip();
+    const char *flags[] = {"--help", "-h"};
+    for (int i = 0; i < N_COMMANDS; i++) {
+        for (int f = 0; f < 2; f++) {
+            char name[64];
+            const char *extra[] = {flags[f], NULL};
+            run_t r = run_cmd(&COMMANDS[i], extra);
+            name_of(&COMMANDS[i], name, sizeof(name));
+            if (r.status != 0 || !strstr(r.out, "usage: ") || r.err[0])
+                fail_msg("%s %s: status %d (want 0), stdout:\n%s\nstderr:\n%s", name, flags[f], r.status, r.out,
+                         r.err);
+            /* the usage names the command it is for */
+            if (!strstr(r.out, COMMANDS[i].argv[1] ? COMMANDS[i].argv[1] : COMMANDS[i].argv[0]))
+                fail_msg("%s %s: the usage does not name it:\n%s", name, flags[f], r.out);
+            run_free(&r);
+        }
+    }
+}
+
+static void test_unknown_option(void **state)
+{
+    if (!have_bins()) skip();
+    const char *bad[][3] = {{"--no-such-option", NULL}, {"-Z", NULL}, {"--help=x", NULL}};
+    for (int i = 0; i < N_COMMANDS; i++) {
+        for (int b = 0; b < 3; b++) {
+            char name[64];
+            run_t r = run_cmd(&COMMANDS[i], bad[b]);
+            name_of(&COMMANDS[i], name, sizeof(name));
+            /* bare `ferry` takes a command, not an option: its "unknown command" */
+            bool named = strstr(r.err, "unrecognized option") || strstr(r.err, "invalid option") ||
+                         strstr(r.err, "doesn't allow an argument") || strstr(r.err, "unknown command");
+            if (r.status != 2 || !strstr(r.err, "usage: ") || r.out[0] || !named)
+                fail_msg("%s %s: status %d (want 2), stdout:\n%s\nstderr:\n%s", name, bad[b][0], r.status, r.out,
+                         r.err);
+            run_free(&r);
+        }
+    }
+}
+
+/* -c FILE is a configuration wherever it is taken: a missing one is named. */
+static void test_config_flag(void **state)
+{
+    if (!have_bins()) skip();
+    char missing[PATH_MAX]; /* fy_test_path's buffers rotate */
+    snprintf(missing, sizeof(missing), "%s", fy_test_path("no-such.ini"));
+    const cmd_t takers[] = {
+        {{"ferry", "serve"}}, {{"ferry", "request"}}, {{"ferry", "chaos"}},
+        {{"ferry-router"}},   {{"ferry-prefill"}},    {{"ferry-decode"}},
+    };
+    for (size_t i = 0; i < sizeof(takers) / sizeof(takers[0]); i++) {
+        char name[64];
+        const char *extra[] = {"-c", missing, "-p", "x", NULL};
+        if (strcmp(takers[i].argv[1] ? takers[i].argv[1] : "", "request")) extra[2] = NULL; /* -p: request's */
+        run_t r = run_cmd(&takers[i], extra);
+        name_of(&takers[i], name, sizeof(name));
+        if (r.status != 2 || !strstr(r.err, "no-such.ini"))
+            fail_msg("%s -c %s: status %d (want 2), stderr:\n%s", name, missing, r.status, r.err);
+        run_free(&r);
+    }
+    /* ferry-bench's concurrency is -C; -c is refused, with a hint */
+    const char *old[] = {"ferry-bench", "-c", "8", NULL};
+    run_t r = run_argv(old);
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "-C (--concurrency)"));
+    run_free(&r);
+    /* -C parses: the run goes on to the address check (a remote one is refused) */
+    const char *now[] = {"ferry-bench", "-C", "8", "-u", "tcp://192.0.2.1:7400", "-n", "1", NULL};
+    r = run_argv(now);
+    assert_int_equal(r.status, 2);
+    assert_null(strstr(r.err, "usage: "));
+    assert_non_null(strstr(r.err, "192.0.2.1"));
+    run_free(&r);
+}
+
+/* Options that parse reach the work: the model that is not there is named. */
+static void test_options_reach_the_work(void **state)
+{
+    if (!have_bins()) skip();
+    char missing[PATH_MAX];
+    snprintf(missing, sizeof(missing), "%s", fy_test_path("no-such-model.gguf"));
+    const char *runs[][16] = {
+        {"ferry", "generate", "-m", missing, "-p", "hi", "-n", "4", "--temp", "0", "--top-k", "5", "-t", "1", NULL},
+        {"ferry", "info", missing, NULL},
+        {"ferry", "bench", "-m", missing, "--threads", "1", "--reps", "1", NULL},
+        {"ferry", "bench-batch", "-m", missing, "--batches", "1,2", "-t", "1", NULL},
+        {"ferry", "bench-spec", "--model", missing, "--batch", "1", "--workload", "open", NULL},
+        {"ferry", "plan", "-m", missing, "--kv-mem", "1GiB", NULL},
+    };
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        run_t r = run_argv(runs[i]);
+        if (r.status != 1 || !strstr(r.err, "no-such-model.gguf") || strstr(r.err, "usage: "))
+            fail_msg("ferry %s: status %d (want 1), stderr:\n%s", runs[i][1], r.status, r.err);
+        run_free(&r);
+    }
+    /* a bad value is refused before any work, naming the option */
+    const char *bad[] = {"ferry", "generate", "-m", missing, "-p", "hi", "--top-p", "2", NULL};
+    run_t r = run_argv(bad);
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "--top-p expects"));
+    assert_null(strstr(r.err, "no-such-model"));
+    run_free(&r);
+    /* an operand where none is taken */
+    const char *extra[] = {"ferry", "bench-kv", "now", NULL};
+    r = run_argv(extra);
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "unexpected argument 'now'"));
+    run_free(&r);
+}
+
+/* "TIME NAME: LEVEL: MESSAGE", time in UTC with milliseconds; a %m sees
+ * the caller's errno, which logging leaves as it was. */
+static void test_log_line(void **state)
+{
+    regex_t re;
+    assert_int_equal(regcomp(&re,
+                             "^20[0-9][0-9]-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-6][0-9]\\.[0-9]{3}Z "
+                             "(test_cli|decode-7): (error|warning): ",
+                             REG_EXTENDED | REG_NOSUB),
+                     0);
+    fy_test_log_begin();
+    errno = ENOENT;
+    fy_error("open x: %m");
+    assert_int_equal(errno, ENOENT);
+    fy_log_set_prefix("decode-7");
+    fy_warn("named");
+    fy_log_set_prefix(NULL);
+    fy_test_log_end();
+    const char *text = fy_test_log_text();
+    char line[512];
+    const char *nl = strchr(text, '\n');
+    assert_non_null(nl);
+    snprintf(line, sizeof(line), "%.*s", (int)(nl - text), text);
+    if (regexec(&re, line, 0, NULL, 0) || !strstr(line, "test_cli: error: open x: No such file or directory"))
+        fail_msg("first line: '%s'", line);
+    snprintf(line, sizeof(line), "%s", nl + 1);
+    line[strcspn(line, "\n")] = '\0';
+    if (regexec(&re, line, 0, NULL, 0) || !strstr(line, " decode-7: warning: named")) fail_msg("second line: '%s'", line);
+    /* the time is now's, to the second (UTC) */
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    char day[16];
+    strftime(day, sizeof(day), "%Y-%m-%d", &tm);
+    assert_non_null(strstr(text, day));
+    /* a binary's lines carry its program name */
+    if (have_bins()) {
+        const char *args[] = {"ferry", "info", "/nonexistent/model.gguf", NULL};
+        run_t r = run_argv(args);
+        snprintf(line, sizeof(line), "%s", r.err);
+        line[strcspn(line, "\n")] = '\0';
+        regfree(&re);
+        assert_int_equal(regcomp(&re, "^[-0-9]{10}T[:0-9]{8}\\.[0-9]{3}Z ferry: error: model: /nonexistent/model.gguf",
+                                 REG_EXTENDED | REG_NOSUB),
+                         0);
+        if (r.status != 1 || regexec(&re, line, 0, NULL, 0)) fail_msg("status %d, stderr: %s", r.status, r.err);
+        run_free(&r);
+    }
+    regfree(&re);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_help),
+        cmocka_unit_test(test_unknown_option),
+        cmocka_unit_test(test_config_flag),
+        cmocka_unit_test(test_options_reach_the_work),
+        cmocka_unit_test(test_log_line),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    fy_test_tmpdir_remove();
+    return rc;
+}
