@@ -186,18 +186,18 @@ fy_status_t fy_cluster_auth(const fy_config_t *cfg, fy_env_role_t role, const ch
 
 fy_status_t fy_cluster_kv(const fy_config_t *cfg, int32_t *block_size_p, fy_dtype_t *dtype_p)
 {
-    static const fy_dtype_t dtypes[] = {FY_DTYPE_F16, FY_DTYPE_F32, FY_DTYPE_FP8, FY_DTYPE_I8}; /* kv.dtype's choices */
     int64_t bs;
-    int dt;
+    const char *dt;
+    fy_dtype_t d;
     fy_status_t st = fy_conf_int(cfg, "kv", "block_size", &bs);
-    if (!st) st = fy_conf_enum(cfg, "kv", "dtype", &dt);
+    if (!st) st = fy_conf_string(cfg, "kv", "dtype", &dt); /* one of the table's choices, each a dtype's name */
     if (st) return st;
-    if (dt < 0 || dt >= (int)FY_ARRAY_LEN(dtypes)) {
-        fy_error("config: kv.dtype: the key table has more choices than fy_cluster_kv knows");
+    if (fy_dtype_from_name(dt, &d)) {
+        fy_error("config: kv.dtype = '%s': the key table allows a name that is not a dtype", dt);
         return FY_ERR_INTERNAL;
     }
     *block_size_p = (int32_t)bs;
-    *dtype_p = dtypes[dt];
+    *dtype_p = d;
     return FY_OK;
 }
 

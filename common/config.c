@@ -805,8 +805,8 @@ static const fy_conf_key_t *schema_key(const char *section, const char *key, fy_
         return NULL;
     }
     if (k->type != want && !(want == FY_CONF_STRING && k->type == FY_CONF_ENUM)) {
-        fy_error("config: %s.%s is a %s key in the key table, read as a %s", section, key, fy_conf_type_str(k->type),
-                 fy_conf_type_str(want));
+        fy_error("config: %s.%s is of type %s in the key table, but read as %s", section, key,
+                 fy_conf_type_str(k->type), fy_conf_type_str(want));
         return NULL;
     }
     return k;

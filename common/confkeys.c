@@ -49,7 +49,8 @@ static const fy_conf_key_t KEYS[] = {
     STR("model", "path", "models/SmolLM2-135M-Instruct.Q4_1.gguf",
         "the model: a .gguf file or a Hugging Face folder (the router loads its tokenizer, the workers all of it)"),
 
-    ENUM("kv", "block_size", "16", "8|16|32", "tokens per KV block; every process of a cluster must agree"),
+    {"kv", "block_size", FY_CONF_INT, "16", NULL, 8, 32, "8|16|32",
+     "tokens per KV block; every process of a cluster must agree"},
     ENUM("kv", "dtype", "f16", "f16|f32|fp8|int8",
          "KV cache element type; fp8 (e4m3) and int8 keep a scale per token and head (about 0.53x of f16)"),
     STR("kv", "secret_file", NULL,
@@ -217,11 +218,13 @@ static void fmt_bound(const fy_conf_key_t *k, double v, char *out, size_t cap)
         fmt_size(v, out, cap);
     else if (k->type == FY_CONF_DURATION)
         fmt_duration(v, out, cap);
+    else if (k->type == FY_CONF_INT)
+        snprintf(out, cap, "%.0f", v);
     else
         snprintf(out, cap, "%g", v);
 }
 
-/* What values the key takes: "0-16", "1MiB-1TiB", "recompute, swap". */
+/* What values the key takes: "0 to 16", "1MiB to 1TiB", "recompute, swap". */
 static void fmt_range(const fy_conf_key_t *k, char *out, size_t cap)
 {
     out[0] = '\0';
@@ -246,7 +249,7 @@ static void fmt_range(const fy_conf_key_t *k, char *out, size_t cap)
     char lo[32], hi[32];
     fmt_bound(k, k->lo, lo, sizeof(lo));
     fmt_bound(k, k->hi, hi, sizeof(hi));
-    snprintf(out, cap, "%s-%s", lo, hi);
+    snprintf(out, cap, "%s to %s", lo, hi);
 }
 
 void fy_conf_markdown(FILE *f)

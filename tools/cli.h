@@ -25,5 +25,6 @@ int fy_cmd_bench_ttft(int argc, char **argv);
 int fy_cmd_bench_xfer(int argc, char **argv);
 int fy_cmd_bench_spec(int argc, char **argv);
 int fy_cmd_chaos(int argc, char **argv);
+int fy_cmd_config(int argc, char **argv);
 
 #endif /* FY_CLI_H */

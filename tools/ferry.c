@@ -464,6 +464,7 @@ static void usage(FILE *f)
                "  bench-ttft time to first token, disaggregated (a running cluster) against colocated\n"
                "  plan       how much KV cache fits a memory budget\n"
                "  chaos      kill a local cluster's processes under load and check nothing is lost\n"
+               "  config     print a configuration as the processes read it, or check one\n"
                "run 'ferry COMMAND --help' for a command's options\n");
 }
 
@@ -486,6 +487,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "serve")) return fy_cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench-ttft")) return fy_cmd_bench_ttft(argc - 1, argv + 1);
     if (!strcmp(cmd, "chaos")) return fy_cmd_chaos(argc - 1, argv + 1);
+    if (!strcmp(cmd, "config")) return fy_cmd_config(argc - 1, argv + 1);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;
