@@ -1114,10 +1114,15 @@ fy_status_t fy_config_write(const fy_config_t *c, const char *path)
         if (seen) continue;
         fprintf(f, "\n[%s]\n", sec);
         /* "key =;x" holds ";x", but "key = ;x" an empty value and a comment:
-         * no blank before a value that starts with ';' */
-        for (int j = i; j < c->l.n; j++)
-            if (!strcmp(c->l.v[j]->section, sec))
-                fprintf(f, "%s =%s%s\n", c->l.v[j]->key, c->l.v[j]->value[0] == ';' ? "" : " ", c->l.v[j]->value);
+         * no blank before a value that starts with ';'; and none around the
+         * '=' where they would take the line past FY_CONFIG_MAX_LINE (a file
+         * may have held "key=value" on a full line) */
+        for (int j = i; j < c->l.n; j++) {
+            const entry_t *e = c->l.v[j];
+            if (strcmp(e->section, sec)) continue;
+            bool tight = strlen(e->key) + 3 + strlen(e->value) > FY_CONFIG_MAX_LINE;
+            fprintf(f, "%s%s=%s%s\n", e->key, tight ? "" : " ", e->value[0] == ';' || tight ? "" : " ", e->value);
+        }
     }
     bool failed = ferror(f) != 0;
     if (fclose(f) != 0) failed = true;

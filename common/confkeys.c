@@ -303,11 +303,18 @@ void fy_conf_print(const fy_config_t *c, FILE *f)
         } else {
             v = k->def;
         }
-        char line[FY_CONFIG_MAX_LINE + 8];
+        char line[FY_CONFIG_MAX_LINE + 8], note[160];
+        bool tight = v && strlen(k->key) + 3 + strlen(v) > FY_CONFIG_MAX_LINE; /* as fy_config_write */
         if (v)
-            snprintf(line, sizeof(line), "%s =%s%s", k->key, v[0] == ';' || !v[0] ? "" : " ", v);
+            snprintf(line, sizeof(line), "%s%s=%s%s", k->key, tight ? "" : " ", v[0] == ';' || !v[0] || tight ? "" : " ",
+                     v);
         else
             snprintf(line, sizeof(line), "; %s =", k->key);
-        fprintf(f, "%-40s ; %s%s%s\n", line, v ? "" : "unset (", origin, v ? "" : ")");
+        snprintf(note, sizeof(note), "%s%s%s", v ? "" : "unset (", origin, v ? "" : ")");
+        /* the origin after the value where the line stays readable back, else on a line of its own */
+        if ((strlen(line) < 40 ? 40 : strlen(line)) + 3 + strlen(note) <= FY_CONFIG_MAX_LINE)
+            fprintf(f, "%-40s ; %s\n", line, note);
+        else
+            fprintf(f, "; %s: %s\n%s\n", k->key, note, line);
     }
 }

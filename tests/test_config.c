@@ -550,6 +550,37 @@ static void test_write_leading_semicolon(void **state)
     fy_config_destroy(c);
 }
 
+/* A file may hold "key=value" on a line of the full length: written back
+ * with blanks around the '=' it would be too long to read, so it is
+ * written without them (serve's cluster.ini, `ferry config`'s output). */
+static void test_write_full_line(void **state)
+{
+    char text[FY_CONFIG_MAX_LINE + 32], value[FY_CONFIG_MAX_LINE];
+    memset(value, 'x', FY_CONFIG_MAX_LINE - 5);
+    value[FY_CONFIG_MAX_LINE - 5] = '\0';
+    snprintf(text, sizeof(text), "[model]\npath=%s\n", value); /* "path=" + value: a full line */
+    fy_config_t *c = make(text);
+    const char *path = fy_test_path("full.ini");
+    assert_int_equal(fy_config_write(c, path), FY_OK);
+    fy_config_t *d = make(NULL);
+    assert_int_equal(fy_config_load(d, path), FY_OK);
+    assert_string_equal(fy_config_get(d, "model", "path"), value);
+    fy_config_destroy(d);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    fy_conf_print(c, f);
+    fclose(f);
+    d = make(NULL);
+    assert_int_equal(fy_config_load_string(d, buf, "printed"), FY_OK);
+    assert_string_equal(fy_config_get(d, "model", "path"), value);
+    assert_non_null(strstr(buf, "; path: t.ini:2\n")); /* the origin on a line of its own */
+    free(buf);
+    fy_config_destroy(d);
+    fy_config_destroy(c);
+}
+
 /* Every allocation in turn fails: each call returns FY_OK or FY_ERR_NOMEM,
  * a failed load or set leaves the configuration as it was, and nothing
  * leaks (ASan's leak check runs at exit). */
@@ -1092,7 +1123,7 @@ int main(void)
         cmocka_unit_test(test_alloc_failure),   cmocka_unit_test(test_table),
         cmocka_unit_test(test_conf_read),       cmocka_unit_test(test_conf_check),
         cmocka_unit_test(test_shipped_configs), cmocka_unit_test(test_docs),
-        cmocka_unit_test(test_command),
+        cmocka_unit_test(test_command),         cmocka_unit_test(test_write_full_line),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fy_test_tmpdir_remove();
