@@ -801,6 +801,8 @@ static void test_build_from_config(void **state)
     assert_int_equal(b.engine.spec.batch_tokens, sp.batch_tokens);
     assert_int_equal(b.engine.spec.sampled, sp.sampled);
     assert_int_equal(table_int("decode", "spec_k"), sp.k_max);
+    assert_true(fy_conf_key("decode", "spec_k")->hi == FY_SPEC_MAX_K); /* the table's ranges are the engine's */
+    assert_true(fy_conf_key("decode", "spec_ngram_max")->hi == FY_SPEC_MAX_NGRAM);
     /* logit rows for verifications: max_seqs + spec_batch_tokens, at most a batch */
     assert_int_equal(b.runner.max_logits, b.runner.max_seqs + sp.batch_tokens);
     assert_int_equal(b.engine.preempt, FY_PREEMPT_RECOMPUTE);
