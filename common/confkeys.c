@@ -92,7 +92,8 @@ static const fy_conf_key_t KEYS[] = {
         "HTTP connections served at once; beyond it idle ones make room, 503 when all are busy"),
     SIZE("router", "http_max_header", "16KiB", KIB, MIB, "bytes of request line and headers; beyond it 431"),
 
-    INT("prefill", "count", "1", 0, 16, "prefill workers `ferry serve` starts; 0: colocated (decode workers prefill)"),
+    INT("prefill", "count", "1", 0, 16,
+        "prefill workers `ferry serve` starts; 0: colocated (the router sends whole requests to decode workers)"),
     STR("prefill", "listen", "tcp://127.0.0.1:7410",
         "a prefill worker's command address; `ferry serve` gives worker i port + i"),
     ROLE_KEYS("prefill"),
