@@ -26,6 +26,7 @@
 #include "backend.h"
 #include "cli.h"
 #include "commands.h"
+#include "engine_config.h"
 #include "log.h"
 #include "mem.h"
 #include "model.h"
@@ -152,17 +153,15 @@ static fy_status_t run_model(const fy_model_t *m, int threads, const char *isa, 
                              bench_result_t *res)
 {
     const fy_model_config_t *c = fy_model_config(m);
+    fy_engine_stack_t s = {0};
     fy_backend_t *be = NULL;
     fy_runner_t *r = NULL;
-    fy_kv_hasher_t *hasher = NULL;
     fy_kvm_t *kvm = NULL;
     fy_block_table_t bt = {0};
     int32_t *prompt = NULL;
     float *logits = NULL;
     double *pre = NULL, *dec = NULL;
     fy_status_t st;
-    fy_backend_params_t bp = {.n_threads = threads, .isa = isa};
-    if ((st = fy_backend_create("cpu", &bp, &be))) return st;
     fy_runner_params_t rp;
     fy_runner_params_default(&rp);
     rp.max_batch_tokens = n_prompt;
@@ -170,12 +169,16 @@ static fy_status_t run_model(const fy_model_t *m, int threads, const char *isa, 
     rp.max_logits = 1;
     rp.max_ctx = n_prompt + n_gen + 1;
     rp.n_kv_blocks = (rp.max_ctx + rp.block_size - 1) / rp.block_size;
-    if ((st = fy_runner_create(m, be, &rp, &r)) || (st = fy_kv_hasher_create_random(&hasher))) goto out;
-    fy_kvm_params_t kp;
-    fy_runner_kvm_params(r, &kp);
-    kp.hasher = hasher;
-    kp.prefix_caching = false; /* every run computes its prompt */
-    if ((st = fy_kvm_create(&kp, &kvm)) || (st = fy_kvm_seq_init(kvm, &bt, rp.max_ctx, NULL))) goto out;
+    fy_engine_build_t eb; /* no engine: the loops below drive the runner */
+    fy_engine_build_default(&eb);
+    eb.threads = threads;
+    eb.isa = isa;
+    eb.runner = rp;
+    eb.prefix_caching = false; /* every run computes its prompt */
+    eb.no_engine = true;
+    if ((st = fy_engine_stack_create(m, &eb, &s))) return st;
+    be = s.be, r = s.runner, kvm = s.kvm;
+    if ((st = fy_kvm_seq_init(kvm, &bt, rp.max_ctx, NULL))) goto out;
     prompt = fy_malloc((size_t)n_prompt * sizeof(int32_t));
     logits = fy_malloc((size_t)c->vocab_size * sizeof(float));
     pre = fy_calloc((size_t)reps, sizeof(double));
@@ -236,10 +239,7 @@ out:
     fy_free(logits);
     fy_free(pre);
     fy_free(dec);
-    fy_kvm_destroy(kvm);
-    fy_kv_hasher_destroy(hasher);
-    fy_runner_destroy(r);
-    fy_backend_destroy(be);
+    fy_engine_stack_destroy(&s);
     return st;
 }
 

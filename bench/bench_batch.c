@@ -19,6 +19,7 @@
 #include "cli.h"
 #include "commands.h"
 #include "engine.h"
+#include "engine_config.h"
 #include "kv.h"
 #include "log.h"
 #include "mem.h"
@@ -71,37 +72,31 @@ static fy_status_t run_batch(const fy_model_t *m, int threads, const char *isa, 
                              row_t *row)
 {
     const fy_model_config_t *c = fy_model_config(m);
+    fy_engine_stack_t s = {0};
     fy_backend_t *be = NULL;
-    fy_runner_t *r = NULL;
-    fy_kv_hasher_t *h = NULL;
-    fy_kvm_t *kvm = NULL;
     fy_engine_t *e = NULL;
     track_t *tr = fy_calloc((size_t)B, sizeof(track_t));
     double *itls = fy_malloc((size_t)B * (size_t)gen * sizeof(double));
     int32_t *prompt = fy_malloc((size_t)prompt_len * sizeof(int32_t));
     fy_status_t st = FY_ERR_NOMEM;
     if (!tr || !itls || !prompt) goto out;
-    fy_backend_params_t bp = {.n_threads = threads, .isa = isa};
-    if ((st = fy_backend_create("cpu", &bp, &be))) goto out;
-    fy_runner_params_t rp;
-    fy_runner_params_default(&rp);
-    rp.max_seqs = rp.max_logits = B;
-    rp.max_batch_tokens = 512 > B ? 512 : B;
-    rp.max_ctx = prompt_len + gen + 1;
-    rp.n_kv_blocks = B * ((rp.max_ctx + rp.block_size - 1) / rp.block_size);
-    if ((st = fy_runner_create(m, be, &rp, &r)) || (st = fy_kv_hasher_create_random(&h))) goto out;
-    fy_kvm_params_t kp;
-    fy_runner_kvm_params(r, &kp);
-    kp.hasher = h;
-    kp.prefix_caching = false; /* every prompt is computed */
-    kp.watermark = 0;
-    if ((st = fy_kvm_create(&kp, &kvm))) goto out;
-    fy_engine_params_t ep;
-    fy_engine_params_default(&ep);
-    ep.max_num_seqs = B;
-    ep.max_num_batched_tokens = rp.max_batch_tokens;
-    ep.max_waiting = B;
-    if ((st = fy_engine_create(r, kvm, fy_model_tokenizer(m), &ep, &e))) goto out;
+    fy_engine_build_t eb;
+    fy_engine_build_default(&eb);
+    eb.threads = threads;
+    eb.isa = isa;
+    fy_runner_params_t *rp = &eb.runner;
+    rp->max_seqs = rp->max_logits = B;
+    rp->max_batch_tokens = 512 > B ? 512 : B;
+    rp->max_ctx = prompt_len + gen + 1;
+    rp->n_kv_blocks = B * ((rp->max_ctx + rp->block_size - 1) / rp->block_size);
+    eb.prefix_caching = false; /* every prompt is computed */
+    eb.watermark = 0;
+    eb.engine.max_num_seqs = B;
+    eb.engine.max_num_batched_tokens = rp->max_batch_tokens;
+    eb.engine.max_waiting = B;
+    if ((st = fy_engine_stack_create(m, &eb, &s))) goto out;
+    be = s.be;
+    e = s.engine;
     uint64_t seed = 99;
     for (int b = 0; b < B; b++) {
         for (int i = 0; i < prompt_len; i++) {
@@ -154,11 +149,7 @@ static fy_status_t run_batch(const fy_model_t *m, int threads, const char *isa, 
     fy_free(gaps);
     st = FY_OK;
 out:
-    fy_engine_destroy(e);
-    fy_kvm_destroy(kvm);
-    fy_kv_hasher_destroy(h);
-    fy_runner_destroy(r);
-    fy_backend_destroy(be);
+    fy_engine_stack_destroy(&s);
     fy_free(tr);
     fy_free(itls);
     fy_free(prompt);

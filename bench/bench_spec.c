@@ -26,6 +26,7 @@
 #include "cli.h"
 #include "commands.h"
 #include "engine.h"
+#include "engine_config.h"
 #include "kv.h"
 #include "log.h"
 #include "mem.h"
@@ -270,8 +271,8 @@ int fy_cmd_bench_spec(int argc, char **argv)
     }
     int rc = 1;
     fy_model_t *m = NULL;
+    fy_engine_stack_t s = {0};
     fy_backend_t *be = NULL;
-    fy_kv_hasher_t *h = NULL;
     fy_spec_draft_t *draft = NULL;
     rig_t g = {.gen = (int32_t)gen};
     result_t *res = NULL;
@@ -289,22 +290,22 @@ int fy_cmd_bench_spec(int argc, char **argv)
             if (fy_prompt_tokens(m, NULL, text, true, &g.ids[w][i], &g.n_ids[w][i]) != FY_OK) goto out;
         }
     }
-    fy_backend_params_t bp = {.n_threads = (int)threads, .isa = isa};
-    if (fy_backend_create("cpu", &bp, &be) != FY_OK) goto out;
-    fy_runner_params_t rp;
-    fy_runner_params_default(&rp);
-    rp.max_seqs = 8;
-    rp.max_logits = 8 + 8 * (int32_t)k_max;
-    rp.max_ctx = 1024;
-    rp.n_kv_blocks = 8 * (1024 / 16);
-    if (fy_runner_create(m, be, &rp, &g.r) != FY_OK) goto out;
-    if (fy_kv_hasher_create_random(&h) != FY_OK) goto out;
-    fy_kvm_params_t kp;
-    fy_runner_kvm_params(g.r, &kp);
-    kp.hasher = h;
-    kp.prefix_caching = false; /* every run computes its prompts */
-    if (fy_kvm_create(&kp, &g.kvm) != FY_OK) goto out;
-    if (draft_spec && fy_spec_draft_open(draft_spec, g.r, 0, h, &draft) != FY_OK) goto out;
+    fy_engine_build_t eb; /* no engine: run_rep makes one per configuration over the runner */
+    fy_engine_build_default(&eb);
+    eb.threads = (int)threads;
+    eb.isa = isa;
+    eb.runner.max_seqs = 8;
+    eb.runner.max_logits = 8 + 8 * (int32_t)k_max;
+    eb.runner.max_ctx = 1024;
+    eb.runner.n_kv_blocks = 8 * (1024 / 16);
+    eb.prefix_caching = false; /* every run computes its prompts */
+    eb.draft = draft_spec;
+    eb.no_engine = true;
+    if (fy_engine_stack_create(m, &eb, &s) != FY_OK) goto out;
+    be = s.be;
+    g.r = s.runner;
+    g.kvm = s.kvm;
+    draft = s.draft;
 
     /* the configurations, off first */
     fy_spec_params_t cfg[MAX_CFG];
@@ -405,11 +406,7 @@ out:
     fy_free(res);
     for (int w = 0; w < 2; w++)
         for (int i = 0; i < N_PROMPTS; i++) fy_free(g.ids[w][i]);
-    fy_spec_draft_destroy(draft);
-    fy_kvm_destroy(g.kvm);
-    fy_kv_hasher_destroy(h);
-    fy_runner_destroy(g.r);
-    fy_backend_destroy(be);
+    fy_engine_stack_destroy(&s);
     fy_model_destroy(m);
     return rc;
 }

@@ -23,6 +23,7 @@
 #include "client.h"
 #include "commands.h"
 #include "engine.h"
+#include "engine_config.h"
 #include "kv.h"
 #include "log.h"
 #include "mem.h"
@@ -76,30 +77,20 @@ static fy_status_t colocated(const char *model, int threads, int32_t *const *pro
                              double *ttft)
 {
     fy_model_t *m = NULL;
-    fy_backend_t *be = NULL;
-    fy_runner_t *r = NULL;
-    fy_kv_hasher_t *h = NULL;
-    fy_kvm_t *kvm = NULL;
+    fy_engine_stack_t s = {0};
     fy_engine_t *e = NULL;
     fy_status_t st;
     if ((st = fy_model_load(model, &m))) goto out;
-    fy_backend_params_t bp = {.n_threads = threads};
-    if ((st = fy_backend_create("cpu", &bp, &be))) goto out;
-    fy_runner_params_t rp;
-    fy_runner_params_default(&rp);
-    rp.max_seqs = rp.max_logits = 8;
-    rp.kv_mem = 256 << 20;
-    rp.max_ctx = 8192;
-    if ((st = fy_runner_create(m, be, &rp, &r)) || (st = fy_kv_hasher_create_random(&h))) goto out;
-    fy_kvm_params_t kp;
-    fy_runner_kvm_params(r, &kp);
-    kp.hasher = h;
-    kp.prefix_caching = false;
-    if ((st = fy_kvm_create(&kp, &kvm))) goto out;
-    fy_engine_params_t ep;
-    fy_engine_params_default(&ep);
-    ep.max_num_seqs = 8;
-    if ((st = fy_engine_create(r, kvm, fy_model_tokenizer(m), &ep, &e))) goto out;
+    fy_engine_build_t eb;
+    fy_engine_build_default(&eb);
+    eb.threads = threads;
+    eb.runner.max_seqs = eb.runner.max_logits = 8;
+    eb.runner.kv_mem = 256 << 20;
+    eb.runner.max_ctx = 8192;
+    eb.prefix_caching = false;
+    eb.engine.max_num_seqs = 8;
+    if ((st = fy_engine_stack_create(m, &eb, &s))) goto out;
+    e = s.engine;
     for (int i = 0; i < n; i++) {
         fy_request_params_t q;
         fy_request_params_default(&q);
@@ -113,11 +104,7 @@ static fy_status_t colocated(const char *model, int threads, int32_t *const *pro
         ttft[i] = f.t - t0;
     }
 out:
-    fy_engine_destroy(e);
-    fy_kvm_destroy(kvm);
-    fy_kv_hasher_destroy(h);
-    fy_runner_destroy(r);
-    fy_backend_destroy(be);
+    fy_engine_stack_destroy(&s);
     fy_model_destroy(m);
     return st;
 }
@@ -145,7 +132,7 @@ int fy_cmd_bench_ttft(int argc, char **argv)
         {"reps", required_argument, 0, O_REPS},    {"threads", required_argument, 0, 't'},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
     };
-    const char *router = "tcp://127.0.0.1:7400", *model = FY_CLI_DEFAULT_MODEL;
+    const char *router = fy_conf_default("router", "listen"), *model = FY_CLI_DEFAULT_MODEL;
     const char *secret = "run/kv.secret";
     int32_t lens[MAX_LENS] = {128, 512, 2048};
     int n_lens = 3, l[MAX_LENS];

@@ -20,30 +20,6 @@
 #include "log.h"
 #include "mem.h"
 
-static const char *const KEYS[] = {
-    "model.path",
-    "kv.block_size", "kv.dtype", "kv.secret_file", "kv.prefix_cache",
-    "router.listen", "router.events", "router.http", "router.health_timeout", "router.max_queue",
-    "router.request_timeout", "router.prefill_timeout", "router.command_timeout", "router.lease",
-    "router.client_timeout", "router.retries", "router.prefix_weight", "router.prefill_queue_tokens",
-    "router.api_keys", "router.served_model_name", "router.max_body", "router.default_max_tokens", "router.retry_after",
-    "router.http_header_timeout", "router.http_idle_timeout", "router.http_max_connections", "router.http_max_header",
-    "router.drain_timeout",
-    "prefill.count", "prefill.listen", "prefill.threads", "prefill.kv_mem", "prefill.max_seqs",
-    "prefill.max_batch_tokens", "prefill.max_waiting", "prefill.ctx", "prefill.metrics",
-    "decode.count", "decode.listen", "decode.threads", "decode.kv_mem", "decode.max_seqs",
-    "decode.max_batch_tokens", "decode.max_waiting", "decode.ctx", "decode.preempt", "decode.host_kv_mem",
-    "decode.itl_target", "decode.metrics", "decode.spec", "decode.spec_k", "decode.spec_ngram_max",
-    "decode.spec_min_accept", "decode.spec_warmup", "decode.spec_probe_steps", "decode.spec_batch_tokens",
-    "decode.spec_sampled", "decode.spec_draft_kv_fraction", "decode.max_lease",
-    "worker.name", "worker.heartbeat", "worker.stall_timeout", "worker.transports", "worker.net_devices",
-    "worker.http_header_timeout", "worker.http_idle_timeout", "worker.http_max_connections", "worker.http_max_header",
-    "worker.isa", "worker.device",
-    "serve.run_dir", "serve.logs", "serve.restart_backoff", "serve.restart_backoff_max", "serve.restart_window",
-    "serve.max_restarts",
-    "serve.stop_grace", "serve.health_timeout", "serve.start_timeout", "serve.metrics",
-};
-
 static void cluster_usage(FILE *f, const char *prog, const char *usage)
 {
     fprintf(f,
@@ -98,7 +74,7 @@ fy_status_t fy_cluster_config(int argc, char **argv, const char *usage, fy_confi
         cluster_usage(stderr, prog, usage);
         st = FY_ERR_INVALID;
     }
-    if (st == FY_OK) st = fy_config_check_known(c, KEYS, (int)(sizeof(KEYS) / sizeof(KEYS[0])));
+    if (st == FY_OK) st = fy_conf_check(c, false); /* every key in the table (confkeys.c) */
     if (st) {
         fy_config_destroy(c);
         return st;
@@ -151,7 +127,7 @@ static fy_status_t read_secret(const char *path, uint8_t *buf, size_t cap, size_
 fy_status_t fy_cluster_secret(const fy_config_t *cfg, uint8_t *key, size_t cap, size_t *n_p)
 {
     const char *path;
-    fy_status_t st = fy_config_string(cfg, "kv", "secret_file", NULL, &path);
+    fy_status_t st = fy_conf_string(cfg, "kv", "secret_file", &path);
     if (st) return st;
     if (!path || !*path) {
         *n_p = 0;
@@ -191,9 +167,9 @@ fy_status_t fy_cluster_make_secret(const char *path)
 bool fy_cluster_secret_path(const fy_config_t *cfg, char *out, size_t cap)
 {
     const char *path = NULL, *run_dir = NULL;
-    if (fy_config_string(cfg, "kv", "secret_file", NULL, &path) == FY_OK && path && *path)
+    if (fy_conf_string(cfg, "kv", "secret_file", &path) == FY_OK && path && *path)
         return (size_t)snprintf(out, cap, "%s", path) < cap;
-    if (fy_config_string(cfg, "serve", "run_dir", "run", &run_dir) != FY_OK || !run_dir) run_dir = "run";
+    if (fy_conf_string(cfg, "serve", "run_dir", &run_dir) != FY_OK || !run_dir) return false;
     return (size_t)snprintf(out, cap, "%s/kv.secret", run_dir) < cap;
 }
 
@@ -217,7 +193,7 @@ fy_status_t fy_cluster_auth(const fy_config_t *cfg, fy_env_role_t role, const ch
                             fy_env_auth_t *auth_p)
 {
     const char *path;
-    fy_status_t st = fy_config_string(cfg, "kv", "secret_file", NULL, &path);
+    fy_status_t st = fy_conf_string(cfg, "kv", "secret_file", &path);
     if (st) return st;
     if (!path || !*path) {
         fy_error("kv.secret_file is not set: the control plane needs the deployment's secret, the same file for "
@@ -231,25 +207,13 @@ fy_status_t fy_cluster_kv(const fy_config_t *cfg, int32_t *block_size_p, fy_dtyp
 {
     int64_t bs;
     const char *dt;
-    fy_status_t st = fy_config_int(cfg, "kv", "block_size", 16, 8, 32, &bs);
-    if (!st) st = fy_config_string(cfg, "kv", "dtype", "f16", &dt);
-    if (st) return st;
-    if (bs != 8 && bs != 16 && bs != 32) {
-        fy_error("config: kv.block_size = %lld: expected 8, 16 or 32", (long long)bs);
-        return FY_ERR_INVALID;
-    }
     fy_dtype_t d;
-    if (!strcmp(dt, "f16"))
-        d = FY_DTYPE_F16;
-    else if (!strcmp(dt, "f32"))
-        d = FY_DTYPE_F32;
-    else if (!strcmp(dt, "fp8"))
-        d = FY_DTYPE_FP8;
-    else if (!strcmp(dt, "int8"))
-        d = FY_DTYPE_I8;
-    else {
-        fy_error("config: kv.dtype = '%s': expected f16, f32, fp8 or int8", dt);
-        return FY_ERR_INVALID;
+    fy_status_t st = fy_conf_int(cfg, "kv", "block_size", &bs);
+    if (!st) st = fy_conf_string(cfg, "kv", "dtype", &dt); /* one of the table's choices, each a dtype's name */
+    if (st) return st;
+    if (fy_dtype_from_name(dt, &d)) {
+        fy_error("config: kv.dtype = '%s': the key table allows a name that is not a dtype", dt);
+        return FY_ERR_INTERNAL;
     }
     *block_size_p = (int32_t)bs;
     *dtype_p = d;

@@ -5,9 +5,9 @@
  * prefix-block names and the control plane's credentials), and the KV
  * layout settings.
  *
- * One list of known keys for all processes, so one file configures the
- * router, the workers and `ferry serve` alike, and a typo anywhere is
- * refused everywhere.
+ * One table of known keys for all processes (common/confkeys.c), so one
+ * file configures the router, the workers and `ferry serve` alike, and a
+ * typo anywhere is refused everywhere.
  */
 #ifndef FY_CLUSTER_H
 #define FY_CLUSTER_H
@@ -23,10 +23,11 @@
 
 /* Loads -c FILE (at most one, optional when defaults suffice) and every
  * --set assignment from argv (getopt_long), in order, then checks that
- * every key is known.  --spec V is short for --set decode.spec=V (a
- * decode worker's speculative proposer).  -h/--help prints "usage: PROG
- * USAGE" and the options on stdout and returns FY_ERR_CANCELLED (exit 0);
- * an unknown option or an operand prints the same on stderr and returns
+ * every key is in the key table (values are checked where they are
+ * read).  --spec V is short for --set decode.spec=V (a decode worker's
+ * speculative proposer).  -h/--help prints "usage: PROG USAGE" and the
+ * options on stdout and returns FY_ERR_CANCELLED (exit 0); an unknown
+ * option or an operand prints the same on stderr and returns
  * FY_ERR_INVALID (exit 2).  argv[0] names the program in messages. */
 fy_status_t fy_cluster_config(int argc, char **argv, const char *usage, fy_config_t **cfg_p);
 
@@ -41,9 +42,9 @@ fy_status_t fy_cluster_secret(const fy_config_t *cfg, uint8_t *key, size_t cap, 
  * readable by its owner only). */
 fy_status_t fy_cluster_make_secret(const char *path);
 
-/* Where the deployment's secret is: kv.secret_file, else serve.run_dir
- * (default "run") + "/kv.secret", the file `ferry serve` makes.  False if
- * it does not fit in cap. */
+/* Where the deployment's secret is: kv.secret_file, else serve.run_dir +
+ * "/kv.secret", the file `ferry serve` makes.  cfg NULL: the defaults
+ * ("run/kv.secret").  False if it does not fit in cap. */
 bool fy_cluster_secret_path(const fy_config_t *cfg, char *out, size_t cap);
 
 /* The control plane's credentials of this process (envelope.h): the key
@@ -55,7 +56,7 @@ fy_status_t fy_cluster_auth_file(const char *path, fy_env_role_t role, const cha
 fy_status_t fy_cluster_auth(const fy_config_t *cfg, fy_env_role_t role, const char *name, uint64_t inc,
                             fy_env_auth_t *auth_p);
 
-/* kv.block_size and kv.dtype. */
+/* kv.block_size and kv.dtype (cfg NULL: their defaults). */
 fy_status_t fy_cluster_kv(const fy_config_t *cfg, int32_t *block_size_p, fy_dtype_t *dtype_p);
 
 /* The environment variable through which a supervisor (`ferry serve`)

@@ -569,6 +569,18 @@ const char *fy_config_origin(const fy_config_t *c, const char *section, const ch
 
 int fy_config_count(const fy_config_t *c) { return c->l.n; }
 
+bool fy_config_entry(const fy_config_t *c, int i, const char **section_p, const char **key_p, const char **value_p,
+                     const char **origin_p)
+{
+    if (i < 0 || i >= c->l.n) return false;
+    const entry_t *e = c->l.v[i];
+    *section_p = e->section;
+    *key_p = e->key;
+    *value_p = e->value;
+    *origin_p = e->origin;
+    return true;
+}
+
 __attribute__((format(printf, 2, 3))) static fy_status_t refuse_value(const entry_t *e, const char *fmt, ...)
 {
     char want[200];
@@ -780,6 +792,303 @@ fy_status_t fy_config_check_known(const fy_config_t *c, const char *const *known
     return unknown ? FY_ERR_INVALID : FY_OK;
 }
 
+/* ---- the schema (confkeys.c): typed reads with the table's default and range --------------------- */
+
+/* The table's row for a read of type want (a STRING read also takes an
+ * ENUM); NULL, logged, for a key the table lacks or a read of another type:
+ * a bug in the caller, never a fault of the file. */
+static const fy_conf_key_t *schema_key(const char *section, const char *key, fy_conf_type_t want)
+{
+    const fy_conf_key_t *k = fy_conf_key(section, key);
+    if (!k) {
+        fy_error("config: %s.%s is read but is not in the key table (common/confkeys.c)", section, key);
+        return NULL;
+    }
+    if (k->type != want && !(want == FY_CONF_STRING && k->type == FY_CONF_ENUM)) {
+        fy_error("config: %s.%s is of type %s in the key table, but read as %s", section, key,
+                 fy_conf_type_str(k->type), fy_conf_type_str(want));
+        return NULL;
+    }
+    return k;
+}
+
+/* Is v (n bytes) one of "a|b|c"?  *index_p: which. */
+static bool choice_index(const char *choices, const char *v, int *index_p)
+{
+    size_t n = strlen(v);
+    int i = 0;
+    for (const char *s = choices;; i++) {
+        const char *bar = strchr(s, '|');
+        size_t len = bar ? (size_t)(bar - s) : strlen(s);
+        if (len == n && !strncmp(s, v, n)) {
+            *index_p = i;
+            return true;
+        }
+        if (!bar) return false;
+        s = bar + 1;
+    }
+}
+
+/* "recompute|swap" -> "recompute or swap", "8|16|32" -> "8, 16 or 32". */
+static void choices_text(const char *choices, char *out, size_t cap)
+{
+    size_t n = 0;
+    out[0] = '\0';
+    for (const char *s = choices; *s;) {
+        const char *bar = strchr(s, '|');
+        size_t len = bar ? (size_t)(bar - s) : strlen(s);
+        const char *sep = s == choices ? "" : bar ? ", " : " or ";
+        int w = snprintf(out + n, cap - n, "%s%.*s", sep, (int)len, s);
+        if (w < 0 || (size_t)w >= cap - n) break;
+        n += (size_t)w;
+        if (!bar) break;
+        s = bar + 1;
+    }
+}
+
+/* A value of the key's choices, or a refusal naming them. */
+static fy_status_t check_choice(const fy_config_t *c, const fy_conf_key_t *k, int *index_p)
+{
+    const entry_t *e = lookup(c, k->section, k->key);
+    if (!e) return FY_OK;
+    if (choice_index(k->choices, e->value, index_p)) return FY_OK;
+    char want[160];
+    choices_text(k->choices, want, sizeof(want));
+    return refuse_value(e, "%s", want);
+}
+
+/* For a key whose default is another key's value (def_from) and that c
+ * does not set: that other key's row, read in its place.  Else NULL. */
+static const fy_conf_key_t *delegate(const fy_config_t *c, const fy_conf_key_t *k)
+{
+    if (!k->def_from || (c && lookup(c, k->section, k->key))) return NULL;
+    char section[FY_CONFIG_MAX_SECTION + 1];
+    const char *dot = strchr(k->def_from, '.');
+    snprintf(section, sizeof(section), "%.*s", (int)(dot - k->def_from), k->def_from);
+    return fy_conf_key(section, dot + 1);
+}
+
+static bool parse_int(const char *s, int64_t *v)
+{
+    const char *d = s + (*s == '+' || *s == '-');
+    if (*d < '0' || *d > '9') return false;
+    char *end;
+    errno = 0;
+    long long x = strtoll(s, &end, 10);
+    if (errno || *end) return false;
+    *v = x;
+    return true;
+}
+
+static bool parse_double(const char *s, double *v)
+{
+    if (!decimal_start(s)) return false;
+    char *end;
+    errno = 0;
+    double x = strtod(s, &end);
+    if (errno || *end || !isfinite(x)) return false;
+    *v = x;
+    return true;
+}
+
+static fy_status_t bad_default(const fy_conf_key_t *k, const char *text)
+{
+    fy_error("config: the default of %s.%s ('%s') is not a valid %s", k->section, k->key, text ? text : "(unset)",
+             fy_conf_type_str(k->type));
+    return FY_ERR_INTERNAL;
+}
+
+fy_status_t fy_conf_string(const fy_config_t *c, const char *section, const char *key, const char **out)
+{
+    const fy_conf_key_t *k = schema_key(section, key, FY_CONF_STRING), *o;
+    if (!k) return FY_ERR_INTERNAL;
+    if ((o = delegate(c, k))) return fy_conf_string(c, o->section, o->key, out);
+    int idx;
+    fy_status_t st = k->choices && c ? check_choice(c, k, &idx) : FY_OK;
+    if (st) return st;
+    const entry_t *e = c ? lookup(c, section, key) : NULL;
+    *out = e ? e->value : k->def;
+    return FY_OK;
+}
+
+fy_status_t fy_conf_enum(const fy_config_t *c, const char *section, const char *key, int *out)
+{
+    const fy_conf_key_t *k = schema_key(section, key, FY_CONF_ENUM);
+    if (!k) return FY_ERR_INTERNAL;
+    const char *v;
+    fy_status_t st = fy_conf_string(c, section, key, &v);
+    if (st) return st;
+    int idx;
+    if (!v || !choice_index(k->choices, v, &idx)) return bad_default(k, v);
+    *out = idx;
+    return FY_OK;
+}
+
+/* The row for a numeric or boolean read of section.key, and its default's
+ * text: NULL where the key is set in c and has no default of its own
+ * (def_from), the default then being unused.  *o_p: the row to read in
+ * its place (delegate), or NULL. */
+static fy_status_t schema_default(const fy_config_t *c, const char *section, const char *key, fy_conf_type_t t,
+                                  const fy_conf_key_t **k_p, const fy_conf_key_t **o_p, const char **text_p)
+{
+    const fy_conf_key_t *k = schema_key(section, key, t);
+    if (!k) return FY_ERR_INTERNAL;
+    *k_p = k;
+    *o_p = delegate(c, k);
+    if (k->def_from && !*o_p) { /* set in c: the default is not used */
+        *text_p = NULL;
+        return FY_OK;
+    }
+    if (!k->def && !*o_p) return bad_default(k, NULL);
+    *text_p = k->def;
+    return FY_OK;
+}
+
+fy_status_t fy_conf_int(const fy_config_t *c, const char *section, const char *key, int64_t *out)
+{
+    const fy_conf_key_t *k, *o;
+    const char *text;
+    int64_t def = 0;
+    int idx;
+    fy_status_t st = schema_default(c, section, key, FY_CONF_INT, &k, &o, &text);
+    if (st) return st;
+    if (o) return fy_conf_int(c, o->section, o->key, out);
+    if (text && !parse_int(text, &def)) return bad_default(k, text);
+    if (k->choices && c && (st = check_choice(c, k, &idx))) return st;
+    if (!c) {
+        *out = def;
+        return FY_OK;
+    }
+    return fy_config_int(c, section, key, def, (int64_t)k->lo, (int64_t)k->hi, out);
+}
+
+fy_status_t fy_conf_float(const fy_config_t *c, const char *section, const char *key, double *out)
+{
+    const fy_conf_key_t *k, *o;
+    const char *text;
+    double def = 0;
+    fy_status_t st = schema_default(c, section, key, FY_CONF_FLOAT, &k, &o, &text);
+    if (st) return st;
+    if (o) return fy_conf_float(c, o->section, o->key, out);
+    if (text && !parse_double(text, &def)) return bad_default(k, text);
+    if (!c) {
+        *out = def;
+        return FY_OK;
+    }
+    return fy_config_double(c, section, key, def, k->lo, k->hi, out);
+}
+
+fy_status_t fy_conf_bool(const fy_config_t *c, const char *section, const char *key, bool *out)
+{
+    const fy_conf_key_t *k, *o;
+    const char *text;
+    fy_status_t st = schema_default(c, section, key, FY_CONF_BOOL, &k, &o, &text);
+    if (st) return st;
+    if (o) return fy_conf_bool(c, o->section, o->key, out);
+    if (text && strcmp(text, "true") && strcmp(text, "false")) return bad_default(k, text);
+    bool def = text && !strcmp(text, "true");
+    if (!c) {
+        *out = def;
+        return FY_OK;
+    }
+    return fy_config_bool(c, section, key, def, out);
+}
+
+fy_status_t fy_conf_size(const fy_config_t *c, const char *section, const char *key, int64_t *out)
+{
+    const fy_conf_key_t *k, *o;
+    const char *text;
+    int64_t def = 0;
+    fy_status_t st = schema_default(c, section, key, FY_CONF_SIZE, &k, &o, &text);
+    if (st) return st;
+    if (o) return fy_conf_size(c, o->section, o->key, out);
+    if (text && fy_parse_size("config: default", text, &def) != FY_OK) return bad_default(k, text);
+    if (!c) {
+        *out = def;
+        return FY_OK;
+    }
+    return fy_config_size(c, section, key, def, (int64_t)k->lo, (int64_t)k->hi, out);
+}
+
+fy_status_t fy_conf_duration(const fy_config_t *c, const char *section, const char *key, double *out_s)
+{
+    const fy_conf_key_t *k, *o;
+    const char *text;
+    double def = 0;
+    fy_status_t st = schema_default(c, section, key, FY_CONF_DURATION, &k, &o, &text);
+    if (st) return st;
+    if (o) return fy_conf_duration(c, o->section, o->key, out_s);
+    if (text && !parse_duration(text, &def)) return bad_default(k, text);
+    if (!c) {
+        *out_s = def;
+        return FY_OK;
+    }
+    return fy_config_duration(c, section, key, def, k->lo, k->hi, out_s);
+}
+
+/* The closest key of the table to an unknown one: a typo or two away, a
+ * key of the same section that it is the start of ("decode.max_batch":
+ * "decode.max_batch_tokens"), or the same key in another section
+ * ("router.threads": "prefill.threads").  NULL when none is near. */
+static const fy_conf_key_t *suggest(const entry_t *e, const char *full)
+{
+    int n;
+    const fy_conf_key_t *keys = fy_conf_keys(&n), *near = NULL, *prefix = NULL, *moved = NULL;
+    int best = 3;
+    size_t lk = strlen(e->key);
+    for (int i = 0; i < n; i++) {
+        char name[FY_CONFIG_MAX_SECTION + FY_CONFIG_MAX_KEY + 2];
+        snprintf(name, sizeof(name), "%s.%s", keys[i].section, keys[i].key);
+        int d = distance(full, name);
+        if (d < best) best = d, near = &keys[i];
+        if (!prefix && lk >= 4 && !strcmp(keys[i].section, e->section) && !strncmp(keys[i].key, e->key, lk))
+            prefix = &keys[i];
+        if (!moved && !strcmp(keys[i].key, e->key)) moved = &keys[i];
+    }
+    return near ? near : prefix ? prefix : moved;
+}
+
+fy_status_t fy_conf_check(const fy_config_t *c, bool values)
+{
+    int bad = 0;
+    for (int i = 0; i < c->l.n; i++) {
+        const entry_t *e = c->l.v[i];
+        const fy_conf_key_t *k = fy_conf_key(e->section, e->key);
+        if (!k) {
+            char full[FY_CONFIG_MAX_SECTION + FY_CONFIG_MAX_KEY + 2];
+            snprintf(full, sizeof(full), "%s.%s", e->section, e->key);
+            const fy_conf_key_t *near = suggest(e, full);
+            if (near)
+                fy_error("config: unknown key '%s' (%s); did you mean '%s.%s'?", full, e->origin, near->section,
+                         near->key);
+            else
+                fy_error("config: unknown key '%s' (%s)", full, e->origin);
+            bad++;
+            continue;
+        }
+        if (!values) continue;
+        union {
+            const char *s;
+            int64_t i;
+            double d;
+            bool b;
+            int x;
+        } v;
+        fy_status_t st = FY_OK;
+        switch (k->type) {
+        case FY_CONF_STRING: st = fy_conf_string(c, e->section, e->key, &v.s); break;
+        case FY_CONF_INT: st = fy_conf_int(c, e->section, e->key, &v.i); break;
+        case FY_CONF_FLOAT: st = fy_conf_float(c, e->section, e->key, &v.d); break;
+        case FY_CONF_BOOL: st = fy_conf_bool(c, e->section, e->key, &v.b); break;
+        case FY_CONF_SIZE: st = fy_conf_size(c, e->section, e->key, &v.i); break;
+        case FY_CONF_DURATION: st = fy_conf_duration(c, e->section, e->key, &v.d); break;
+        case FY_CONF_ENUM: st = fy_conf_enum(c, e->section, e->key, &v.x); break;
+        }
+        if (st) bad++;
+    }
+    return bad ? FY_ERR_INVALID : FY_OK;
+}
+
 /* ---- writing --------------------------------------------------------------------------------- */
 
 fy_status_t fy_config_write(const fy_config_t *c, const char *path)
@@ -805,10 +1114,15 @@ fy_status_t fy_config_write(const fy_config_t *c, const char *path)
         if (seen) continue;
         fprintf(f, "\n[%s]\n", sec);
         /* "key =;x" holds ";x", but "key = ;x" an empty value and a comment:
-         * no blank before a value that starts with ';' */
-        for (int j = i; j < c->l.n; j++)
-            if (!strcmp(c->l.v[j]->section, sec))
-                fprintf(f, "%s =%s%s\n", c->l.v[j]->key, c->l.v[j]->value[0] == ';' ? "" : " ", c->l.v[j]->value);
+         * no blank before a value that starts with ';'; and none around the
+         * '=' where they would take the line past FY_CONFIG_MAX_LINE (a file
+         * may have held "key=value" on a full line) */
+        for (int j = i; j < c->l.n; j++) {
+            const entry_t *e = c->l.v[j];
+            if (strcmp(e->section, sec)) continue;
+            bool tight = strlen(e->key) + 3 + strlen(e->value) > FY_CONFIG_MAX_LINE;
+            fprintf(f, "%s%s=%s%s\n", e->key, tight ? "" : " ", e->value[0] == ';' || tight ? "" : " ", e->value);
+        }
     }
     bool failed = ferror(f) != 0;
     if (fclose(f) != 0) failed = true;

@@ -6,9 +6,16 @@
  * and --set assignments merge in the order they are given, a later value
  * replacing an earlier one, and every entry remembers where it came from
  * (file:line or --set) so that errors point at it.  inih does the parsing;
- * this module adds the bounds, the checks and the types.  It is not a
- * schema: each program lists the keys it knows (fy_config_check_known) and
- * reads each one with its default and range.
+ * this module adds the bounds, the checks and the types.
+ *
+ * The schema is one table (common/confkeys.c): every key a ferry process
+ * reads, with its type, default, allowed range and a line of help.
+ * Processes read their keys through fy_conf_* (below), which take the
+ * default and the range from the table, so that no default is written
+ * anywhere else; `ferry config` prints and checks files against it, and
+ * the key reference in docs/operations.md is generated from it.  The
+ * lower fy_config_* getters, which take a default and a range, remain for
+ * the table's own use and for tests.
  *
  * Syntax (inih's, narrowed so that nothing is read in a surprising way):
  *
@@ -37,8 +44,12 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "status.h"
+
+/* model.path's default (the key table, confkeys.c; commands' usage text) */
+#define FY_DEFAULT_MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 #define FY_CONFIG_MAX_LINE 196
 #define FY_CONFIG_MAX_SECTION 48
@@ -116,5 +127,77 @@ fy_status_t fy_config_write(const fy_config_t *c, const char *path);
 
 /* Number of entries (tests, diagnostics). */
 int fy_config_count(const fy_config_t *c);
+/* The i-th entry (0 <= i < fy_config_count(c)), in the order first set;
+ * the strings belong to c.  False past the end. */
+bool fy_config_entry(const fy_config_t *c, int i, const char **section_p, const char **key_p, const char **value_p,
+                     const char **origin_p);
+
+/* ---- the schema: every key, its type, default and range ---------------------------------------- */
+
+typedef enum fy_conf_type {
+    FY_CONF_STRING,   /* any text (an address, a path, a name) */
+    FY_CONF_INT,      /* decimal integer in [lo, hi]; with choices, one of them */
+    FY_CONF_FLOAT,    /* number in [lo, hi] */
+    FY_CONF_BOOL,     /* true/false, yes/no, on/off, 1/0 */
+    FY_CONF_SIZE,     /* bytes in [lo, hi]: 4096, 512M, 50GiB */
+    FY_CONF_DURATION, /* seconds in [lo, hi]: 250ms, 2s, 1.5m */
+    FY_CONF_ENUM,     /* one of choices */
+} fy_conf_type_t;
+
+typedef struct fy_conf_key {
+    const char *section, *key;
+    fy_conf_type_t type;
+    /* the default as a file would write it; NULL: unset (help says what
+     * that means: "unset: RUN_DIR/logs") */
+    const char *def;
+    /* unset means this other key's value ("router.lease"); def is NULL */
+    const char *def_from;
+    double lo, hi;       /* INT, FLOAT, SIZE, DURATION: the allowed range */
+    const char *choices; /* ENUM, or INT with a fixed set: "recompute|swap", "8|16|32" */
+    const char *help;    /* one line */
+} fy_conf_key_t;
+
+/* The table, in the order of the reference (section by section). */
+const fy_conf_key_t *fy_conf_keys(int *n_p);
+/* section.key's row, or NULL when the table has none. */
+const fy_conf_key_t *fy_conf_key(const char *section, const char *key);
+/* The table's default of section.key as text ("models/...gguf", "16"),
+ * for a command's own option that defaults to a key's value; NULL for a
+ * key unset by default or not in the table. */
+const char *fy_conf_default(const char *section, const char *key);
+/* "string", "int", "float", "bool", "size", "duration", "enum". */
+const char *fy_conf_type_str(fy_conf_type_t t);
+
+/*
+ * The value of section.key in force: c's, else the table's default (c may
+ * be NULL: the default alone).  A value that is malformed or outside the
+ * table's range is FY_ERR_INVALID, *out untouched, with one error line
+ * naming section.key, the value, its origin and the allowed range (the
+ * fy_config_* messages above).  A key that is not in the table, or is read
+ * as another type than the table's, is a bug: FY_ERR_INTERNAL, logged.
+ */
+/* STRING or ENUM (the choice's text); NULL for a key unset without a default. */
+fy_status_t fy_conf_string(const fy_config_t *c, const char *section, const char *key, const char **out);
+fy_status_t fy_conf_int(const fy_config_t *c, const char *section, const char *key, int64_t *out);
+fy_status_t fy_conf_float(const fy_config_t *c, const char *section, const char *key, double *out);
+fy_status_t fy_conf_bool(const fy_config_t *c, const char *section, const char *key, bool *out);
+fy_status_t fy_conf_size(const fy_config_t *c, const char *section, const char *key, int64_t *out);
+fy_status_t fy_conf_duration(const fy_config_t *c, const char *section, const char *key, double *out_s);
+/* ENUM: the index of the value among the choices ("recompute|swap": 0, 1). */
+fy_status_t fy_conf_enum(const fy_config_t *c, const char *section, const char *key, int *out);
+
+/* Every key of c must be in the table: each one that is not is logged with
+ * its origin and a suggestion when one is near (a typo or two away, or the
+ * same key in another section).  With values, every known key's value is
+ * also checked against its type and range, each bad one logged.
+ * FY_ERR_INVALID when anything was logged. */
+fy_status_t fy_conf_check(const fy_config_t *c, bool values);
+
+/* The key reference as Markdown (docs/operations.md holds this text). */
+void fy_conf_markdown(FILE *f);
+/* Every key of the table as INI text: its value in force and, after it,
+ * where it came from (file:line, --set, default); keys unset without a
+ * default are written commented out.  c may be NULL (the defaults). */
+void fy_conf_print(const fy_config_t *c, FILE *f);
 
 #endif /* FY_CONFIG_H */

@@ -468,13 +468,11 @@ static void cmd_release(decode_t *d, fy_msgr_t *r, uint64_t rid)
 
 static fy_status_t d_start(fy_node_t *n, void **state_p)
 {
-    double router_lease;
     const fy_config_t *cfg = fy_node_config(n);
+    decode_t *d = fy_calloc(1, sizeof(*d));
+    fy_status_t st = d ? FY_OK : FY_ERR_NOMEM;
     /* by default as long as the router asks (router.lease, the same file) */
-    fy_status_t st = fy_config_duration(cfg, "router", "lease", 30, 0.1, 3600, &router_lease);
-    decode_t *d = st ? NULL : fy_calloc(1, sizeof(*d));
-    if (!st && !d) st = FY_ERR_NOMEM;
-    if (!st) st = fy_config_duration(cfg, "decode", "max_lease", router_lease, 0.1, 3600, &d->max_lease);
+    if (!st) st = fy_conf_duration(cfg, "decode", "max_lease", &d->max_lease);
     if (st) {
         fy_free(d);
         return st;

@@ -815,18 +815,19 @@ static void on_metrics(void *arg, fy_httpd_req_t *r)
 static fy_status_t http_start(router_t *R, fy_http_t **h_p)
 {
     const fy_config_t *c = fy_router_config(R);
-    const char *url, *keys, *served;
+    const char *url, *keys, *served, *path;
     int64_t max_body, max_tokens;
     double retry;
     fy_httpd_limits_t lim;
     fy_status_t st;
     *h_p = NULL;
-    if ((st = fy_config_string(c, "router", "http", "", &url)) ||
-        (st = fy_config_string(c, "router", "api_keys", "", &keys)) ||
-        (st = fy_config_string(c, "router", "served_model_name", "", &served)) ||
-        (st = fy_config_size(c, "router", "max_body", 1 << 20, 1024, 64 << 20, &max_body)) ||
-        (st = fy_config_int(c, "router", "default_max_tokens", 1024, 1, 1 << 20, &max_tokens)) ||
-        (st = fy_config_duration(c, "router", "retry_after", 1, 0, 3600, &retry)) ||
+    if ((st = fy_conf_string(c, "router", "http", &url)) ||
+        (st = fy_conf_string(c, "router", "api_keys", &keys)) ||
+        (st = fy_conf_string(c, "router", "served_model_name", &served)) ||
+        (st = fy_conf_size(c, "router", "max_body", &max_body)) ||
+        (st = fy_conf_int(c, "router", "default_max_tokens", &max_tokens)) ||
+        (st = fy_conf_duration(c, "router", "retry_after", &retry)) ||
+        (st = fy_conf_string(c, "model", "path", &path)) ||
         (st = fy_httpd_limits_read(c, "router", &lim)))
         return st;
     if (!*url) return FY_OK;
@@ -837,8 +838,6 @@ static fy_status_t http_start(router_t *R, fy_http_t **h_p)
     H->default_max_tokens = max_tokens;
     H->retry_after_s = retry;
     snprintf(H->url, sizeof(H->url), "%s", url);
-    const char *path = "";
-    fy_config_string(c, "model", "path", "models/SmolLM2-135M-Instruct.Q4_1.gguf", &path);
     struct stat sb;
     H->model_created = stat(path, &sb) == 0 ? sb.st_mtime : time(NULL);
     if (*served) {

@@ -1587,21 +1587,21 @@ static fy_status_t setup(router_t *R)
     int32_t bs;
     fy_dtype_t dt;
     fy_status_t st;
-    if ((st = fy_config_string(c, "model", "path", "models/SmolLM2-135M-Instruct.Q4_1.gguf", &model_path)) ||
-        (st = fy_config_string(c, "router", "listen", "tcp://127.0.0.1:7400", &listen)) ||
-        (st = fy_config_string(c, "router", "events", "tcp://127.0.0.1:7401", &events)) ||
-        (st = fy_config_duration(c, "router", "health_timeout", 2.0, 0.05, 3600, &R->health_timeout)) ||
-        (st = fy_config_duration(c, "router", "request_timeout", 600, 0.1, 86400, &R->request_timeout)) ||
-        (st = fy_config_duration(c, "router", "prefill_timeout", 60, 0.1, 3600, &R->prefill_timeout)) ||
-        (st = fy_config_duration(c, "router", "command_timeout", 10, 0.05, 3600, &R->command_timeout)) ||
-        (st = fy_config_duration(c, "router", "lease", 30, 0.1, 3600, &R->lease_s)) ||
-        (st = fy_config_duration(c, "router", "client_timeout", 30, 0.5, 86400, &R->client_timeout)) ||
-        (st = fy_config_duration(c, "router", "drain_timeout", 10, 0, 3600, &R->drain_timeout)) ||
-        (st = fy_config_int(c, "router", "max_queue", 256, 0, 1 << 20, &max_queue)) ||
-        (st = fy_config_int(c, "router", "retries", 1, 0, 10, &retries)) ||
-        (st = fy_config_int(c, "router", "prefill_queue_tokens", 4096, 1, 1 << 24, &pq_tokens)) ||
-        (st = fy_config_double(c, "router", "prefix_weight", 1.0, 0, 1e6, &R->prefix_weight)) ||
-        (st = fy_config_int(c, "prefill", "count", 1, 0, MAX_WORKERS, &n_prefill)) ||
+    if ((st = fy_conf_string(c, "model", "path", &model_path)) ||
+        (st = fy_conf_string(c, "router", "listen", &listen)) ||
+        (st = fy_conf_string(c, "router", "events", &events)) ||
+        (st = fy_conf_duration(c, "router", "health_timeout", &R->health_timeout)) ||
+        (st = fy_conf_duration(c, "router", "request_timeout", &R->request_timeout)) ||
+        (st = fy_conf_duration(c, "router", "prefill_timeout", &R->prefill_timeout)) ||
+        (st = fy_conf_duration(c, "router", "command_timeout", &R->command_timeout)) ||
+        (st = fy_conf_duration(c, "router", "lease", &R->lease_s)) ||
+        (st = fy_conf_duration(c, "router", "client_timeout", &R->client_timeout)) ||
+        (st = fy_conf_duration(c, "router", "drain_timeout", &R->drain_timeout)) ||
+        (st = fy_conf_int(c, "router", "max_queue", &max_queue)) ||
+        (st = fy_conf_int(c, "router", "retries", &retries)) ||
+        (st = fy_conf_int(c, "router", "prefill_queue_tokens", &pq_tokens)) ||
+        (st = fy_conf_float(c, "router", "prefix_weight", &R->prefix_weight)) ||
+        (st = fy_conf_int(c, "prefill", "count", &n_prefill)) ||
         (st = fy_cluster_kv(c, &bs, &dt)))
         return st;
     R->colocated = n_prefill == 0;

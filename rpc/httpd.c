@@ -168,29 +168,34 @@ static double now_s(void)
 
 /* ---- limits ---------------------------------------------------------------------------------------- */
 
+/* SECTION.http_* in force; c NULL: the key table's defaults (confkeys.c). */
+static fy_status_t limits_read(const fy_config_t *c, const char *section, fy_httpd_limits_t *l)
+{
+    double header_s, idle_s;
+    int64_t conns, hdr;
+    fy_status_t st;
+    if ((st = fy_conf_duration(c, section, "http_header_timeout", &header_s)) ||
+        (st = fy_conf_duration(c, section, "http_idle_timeout", &idle_s)) ||
+        (st = fy_conf_int(c, section, "http_max_connections", &conns)) ||
+        (st = fy_conf_size(c, section, "http_max_header", &hdr)))
+        return st;
+    l->header_timeout_s = header_s;
+    l->idle_timeout_s = idle_s;
+    l->max_connections = (int32_t)conns;
+    l->max_header = hdr;
+    return FY_OK;
+}
+
 void fy_httpd_limits_default(fy_httpd_limits_t *l)
 {
-    l->header_timeout_s = 10;
-    l->idle_timeout_s = 30;
-    l->max_connections = 512;
-    l->max_header = 16 << 10;
-    l->threads = 1;
+    *l = (fy_httpd_limits_t){.threads = 1};
+    limits_read(NULL, "worker", l); /* cannot fail but for a broken table, which it logs */
 }
 
 fy_status_t fy_httpd_limits_read(const fy_config_t *c, const char *section, fy_httpd_limits_t *l)
 {
     fy_httpd_limits_default(l);
-    int64_t conns, hdr;
-    fy_status_t st;
-    if ((st = fy_config_duration(c, section, "http_header_timeout", l->header_timeout_s, 0.1, 3600,
-                                 &l->header_timeout_s)) ||
-        (st = fy_config_duration(c, section, "http_idle_timeout", l->idle_timeout_s, 1, 86400, &l->idle_timeout_s)) ||
-        (st = fy_config_int(c, section, "http_max_connections", l->max_connections, 1, 1 << 20, &conns)) ||
-        (st = fy_config_size(c, section, "http_max_header", l->max_header, 1024, 1 << 20, &hdr)))
-        return st;
-    l->max_connections = (int32_t)conns;
-    l->max_header = hdr;
-    return FY_OK;
+    return limits_read(c, section, l);
 }
 
 /* ---- small helpers (lock held where they say so) ----------------------------------------------------- */

@@ -52,12 +52,11 @@ typedef struct fy_httpd_limits {
     int32_t threads;         /* the server's event threads */
 } fy_httpd_limits_t;
 
-/* 10 s, 30 s, 512 connections, 16 KiB of headers, 1 thread. */
+/* The key table's defaults of worker.http_* (common/confkeys.c), 1 thread. */
 void fy_httpd_limits_default(fy_httpd_limits_t *l);
-/* The defaults, overridden by SECTION.http_header_timeout,
- * http_idle_timeout, http_max_connections and http_max_header where the
- * config has them.  FY_ERR_INVALID (logged, naming the key) for a value
- * out of range. */
+/* SECTION.http_header_timeout, http_idle_timeout, http_max_connections and
+ * http_max_header in force (SECTION "router" or "worker"), 1 thread.
+ * FY_ERR_INVALID (logged, naming the key) for a value out of range. */
 fy_status_t fy_httpd_limits_read(const fy_config_t *c, const char *section, fy_httpd_limits_t *l);
 
 /*

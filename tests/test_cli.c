@@ -120,7 +120,7 @@ static const cmd_t COMMANDS[] = {
     {{"ferry", "request"}},     {{"ferry", "serve"}},       {{"ferry", "chaos"}},
     {{"ferry"}},                {{"ferry-router"}},         {{"ferry-prefill"}},
     {{"ferry-decode"}},         {{"ferry-bench"}},          {{"ferry-bench", "echo"}},
-    {{"ferry-bench", "auth"}},
+    {{"ferry-bench", "auth"}},  {{"ferry", "config"}},
 };
 #define N_COMMANDS (int)(sizeof(COMMANDS) / sizeof(COMMANDS[0]))
 

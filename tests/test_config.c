@@ -1,15 +1,29 @@
 /*
  * test_config.c - INI configuration: parsing, merge order, --set, every
  * typed getter's accepted and refused values, unknown keys, malformed and
- * hostile files, allocation failure, and write + reload.
+ * hostile files, allocation failure, and write + reload.  The key table
+ * (confkeys.c): every row sound (its default parses and lies in its
+ * range), reads through it, the check with its suggestions, every file in
+ * configs/ clean against it, docs/operations.md's key reference equal to
+ * what it generates and every key the docs name in it; and `ferry config`
+ * (printing, --check, --markdown, exit statuses), where bin/ferry is built.
  */
+#include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "cluster.h"
 #include "config.h"
 #include "mem.h"
 #include "testutil.h"
@@ -536,6 +550,37 @@ static void test_write_leading_semicolon(void **state)
     fy_config_destroy(c);
 }
 
+/* A file may hold "key=value" on a line of the full length: written back
+ * with blanks around the '=' it would be too long to read, so it is
+ * written without them (serve's cluster.ini, `ferry config`'s output). */
+static void test_write_full_line(void **state)
+{
+    char text[FY_CONFIG_MAX_LINE + 32], value[FY_CONFIG_MAX_LINE];
+    memset(value, 'x', FY_CONFIG_MAX_LINE - 5);
+    value[FY_CONFIG_MAX_LINE - 5] = '\0';
+    snprintf(text, sizeof(text), "[model]\npath=%s\n", value); /* "path=" + value: a full line */
+    fy_config_t *c = make(text);
+    const char *path = fy_test_path("full.ini");
+    assert_int_equal(fy_config_write(c, path), FY_OK);
+    fy_config_t *d = make(NULL);
+    assert_int_equal(fy_config_load(d, path), FY_OK);
+    assert_string_equal(fy_config_get(d, "model", "path"), value);
+    fy_config_destroy(d);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    fy_conf_print(c, f);
+    fclose(f);
+    d = make(NULL);
+    assert_int_equal(fy_config_load_string(d, buf, "printed"), FY_OK);
+    assert_string_equal(fy_config_get(d, "model", "path"), value);
+    assert_non_null(strstr(buf, "; path: t.ini:2\n")); /* the origin on a line of its own */
+    free(buf);
+    fy_config_destroy(d);
+    fy_config_destroy(c);
+}
+
 /* Every allocation in turn fails: each call returns FY_OK or FY_ERR_NOMEM,
  * a failed load or set leaves the configuration as it was, and nothing
  * leaks (ASan's leak check runs at exit). */
@@ -590,6 +635,481 @@ static void test_alloc_failure(void **state)
     assert_true(completed);
 }
 
+/* ---- the key table (confkeys.c) ----------------------------------------------------------------- */
+
+static bool name_ok(const char *s)
+{
+    if (!*s) return false;
+    for (; *s; s++)
+        if (!islower((unsigned char)*s) && !isdigit((unsigned char)*s) && *s != '_') return false;
+    return true;
+}
+
+/* Every row: a valid, unique name, one line of help, and a default that
+ * the key's own reader takes (parses, lies in the range, is a choice). */
+static void test_table(void **state)
+{
+    int n;
+    const fy_conf_key_t *keys = fy_conf_keys(&n);
+    assert_true(n > 50);
+    for (int i = 0; i < n; i++) {
+        const fy_conf_key_t *k = &keys[i];
+        char name[128];
+        snprintf(name, sizeof(name), "%s.%s", k->section, k->key);
+        if (!name_ok(k->section) || !name_ok(k->key)) fail_msg("%s: not a plain lowercase name", name);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(keys[j].section, k->section) && !strcmp(keys[j].key, k->key)) fail_msg("%s: twice", name);
+        assert_ptr_equal(fy_conf_key(k->section, k->key), k);
+        if (!k->help || strlen(k->help) < 10 || strchr(k->help, '\n') || strchr(k->help, '|'))
+            fail_msg("%s: the help must be one line without '|' (a Markdown table cell)", name);
+        if (k->def_from) {
+            char sec[64];
+            const char *dot = strchr(k->def_from, '.');
+            assert_non_null(dot);
+            snprintf(sec, sizeof(sec), "%.*s", (int)(dot - k->def_from), k->def_from);
+            const fy_conf_key_t *o = fy_conf_key(sec, dot + 1);
+            if (!o || o->type != k->type || o->def_from || k->def)
+                fail_msg("%s: its default must be a key of its type with a default of its own", name);
+        }
+        fy_status_t st = FY_OK;
+        double v = 0;
+        int64_t i64;
+        bool b;
+        const char *str;
+        int idx;
+        switch (k->type) {
+        case FY_CONF_STRING:
+            if (k->choices || k->lo || k->hi) fail_msg("%s: a string has no range", name);
+            st = fy_conf_string(NULL, k->section, k->key, &str);
+            if (!st && str != k->def) fail_msg("%s: the default read is not the table's", name);
+            continue;
+        case FY_CONF_ENUM:
+            if (!k->choices || !k->def || k->lo || k->hi) fail_msg("%s: an enum needs choices and a default", name);
+            st = fy_conf_enum(NULL, k->section, k->key, &idx);
+            if (!st) st = fy_conf_string(NULL, k->section, k->key, &str);
+            if (st || strcmp(str, k->def)) fail_msg("%s: default '%s' is not one of %s", name, k->def, k->choices);
+            continue;
+        case FY_CONF_BOOL:
+            st = fy_conf_bool(NULL, k->section, k->key, &b);
+            if (st || !k->def) fail_msg("%s: default '%s' is not true or false", name, k->def ? k->def : "(unset)");
+            continue;
+        case FY_CONF_INT:
+            st = fy_conf_int(NULL, k->section, k->key, &i64);
+            v = (double)i64;
+            break;
+        case FY_CONF_SIZE:
+            st = fy_conf_size(NULL, k->section, k->key, &i64);
+            v = (double)i64;
+            break;
+        case FY_CONF_FLOAT: st = fy_conf_float(NULL, k->section, k->key, &v); break;
+        case FY_CONF_DURATION: st = fy_conf_duration(NULL, k->section, k->key, &v); break;
+        }
+        if (st) fail_msg("%s: default '%s' does not parse as a %s", name, k->def, fy_conf_type_str(k->type));
+        if (!(k->lo <= k->hi) || v < k->lo || v > k->hi)
+            fail_msg("%s: default %g outside its range [%g, %g]", name, v, k->lo, k->hi);
+        if (k->choices) { /* an INT from a fixed set: each choice in range, the default one of them */
+            assert_int_equal(k->type, FY_CONF_INT);
+            char def[32];
+            snprintf(def, sizeof(def), "%lld", (long long)i64);
+            bool found = false;
+            for (const char *s = k->choices; *s;) {
+                size_t len = strcspn(s, "|");
+                long long x = strtoll(s, NULL, 10);
+                if (x < k->lo || x > k->hi) fail_msg("%s: choice %lld outside [%g, %g]", name, x, k->lo, k->hi);
+                found |= len == strlen(def) && !strncmp(s, def, len);
+                s += len + (s[len] == '|');
+            }
+            if (!found) fail_msg("%s: default %s is not one of %s", name, def, k->choices);
+        }
+    }
+    assert_null(fy_conf_key("router", "nope"));
+    assert_null(fy_conf_key("nope", "listen"));
+    assert_string_equal(fy_conf_default("router", "listen"), "tcp://127.0.0.1:7400");
+    assert_null(fy_conf_default("kv", "secret_file")); /* unset by default */
+    assert_null(fy_conf_default("router", "nope"));
+}
+
+static void test_conf_read(void **state)
+{
+    fy_config_t *c = make("[router]\nlease = 5s\nretries = 11\nhttp =\n[kv]\nblock_size = 12\ndtype = int8\n"
+                          "[decode]\npreempt = later\n");
+    double d;
+    int64_t v;
+    const char *s;
+    int idx;
+    /* the file's value, else the table's default, else (def_from) another key's */
+    assert_int_equal(fy_conf_duration(c, "router", "lease", &d), FY_OK);
+    assert_true(d == 5);
+    assert_int_equal(fy_conf_duration(c, "router", "health_timeout", &d), FY_OK);
+    assert_true(d == 2);
+    assert_int_equal(fy_conf_duration(c, "decode", "max_lease", &d), FY_OK);
+    assert_true(d == 5); /* router.lease */
+    assert_int_equal(fy_conf_duration(NULL, "decode", "max_lease", &d), FY_OK);
+    assert_true(d == 30);
+    assert_int_equal(fy_config_set(c, "decode.max_lease=750ms"), FY_OK);
+    assert_int_equal(fy_conf_duration(c, "decode", "max_lease", &d), FY_OK);
+    assert_true(d == 0.75);
+    assert_int_equal(fy_conf_string(c, "router", "http", &s), FY_OK);
+    assert_string_equal(s, "");
+    assert_int_equal(fy_conf_string(c, "router", "listen", &s), FY_OK);
+    assert_string_equal(s, "tcp://127.0.0.1:7400");
+    assert_int_equal(fy_conf_string(c, "kv", "secret_file", &s), FY_OK);
+    assert_null(s);
+    assert_int_equal(fy_conf_size(NULL, "decode", "kv_mem", &v), FY_OK);
+    assert_int_equal(v, 256 << 20);
+    assert_int_equal(fy_conf_enum(c, "kv", "dtype", &idx), FY_OK);
+    assert_int_equal(idx, 3);
+    /* out of range, not a choice: named, with the origin and what is allowed */
+    EXPECT_REFUSED(fy_conf_int(c, "router", "retries", &v), "router.retries = '11' (t.ini:3)", "an integer in [0, 10]");
+    EXPECT_REFUSED(fy_conf_int(c, "kv", "block_size", &v), "kv.block_size = '12' (t.ini:6)", "expected 8, 16 or 32");
+    EXPECT_REFUSED(fy_conf_enum(c, "decode", "preempt", &idx), "decode.preempt = 'later' (t.ini:9)",
+                   "expected recompute or swap");
+    EXPECT_REFUSED(fy_conf_string(c, "decode", "preempt", &s), "expected recompute or swap");
+    assert_int_equal(fy_config_set(c, "router.lease=2h"), FY_OK);
+    assert_int_equal(fy_config_set(c, "decode.max_lease=x"), FY_OK);
+    EXPECT_REFUSED(fy_conf_duration(c, "decode", "max_lease", &d), "decode.max_lease = 'x' (--set)",
+                   "a duration in [0.1 s, 3600 s]");
+    assert_int_equal(fy_config_set(c, "decode.max_lease=1s"), FY_OK);
+    assert_int_equal(fy_config_set(c, "router.lease=forever"), FY_OK);
+    assert_int_equal(fy_conf_duration(c, "decode", "max_lease", &d), FY_OK); /* set: router.lease not needed */
+    /* reading a key the table lacks, or as another type, is a bug: said so */
+    fy_test_log_begin();
+    assert_int_equal(fy_conf_int(c, "router", "nope", &v), FY_ERR_INTERNAL);
+    assert_int_equal(fy_conf_int(c, "router", "lease", &v), FY_ERR_INTERNAL);
+    assert_int_equal(fy_conf_enum(c, "router", "listen", &idx), FY_ERR_INTERNAL);
+    fy_test_log_end();
+    assert_true(fy_test_log_has("router.nope is read but is not in the key table", NULL));
+    assert_true(fy_test_log_has("router.lease is of type duration in the key table, but read as int", NULL));
+    fy_config_destroy(c);
+    /* kv.dtype's choices are dtype names */
+    static const char *const dtypes[] = {"f16", "f32", "fp8", "int8"};
+    for (int i = 0; i < 4; i++) {
+        char set[32];
+        snprintf(set, sizeof(set), "kv.dtype=%s", dtypes[i]);
+        fy_config_t *k = make(NULL);
+        assert_int_equal(fy_config_set(k, set), FY_OK);
+        int32_t bs;
+        fy_dtype_t dt;
+        assert_int_equal(fy_cluster_kv(k, &bs, &dt), FY_OK);
+        assert_string_equal(fy_dtype_name(dt), dtypes[i]);
+        assert_int_equal(bs, 16);
+        fy_config_destroy(k);
+    }
+}
+
+static void test_conf_check(void **state)
+{
+    fy_config_t *c = make("[decode]\nkvmem = 1G\nmax_batch = 4\nthreads = 3000\n[router]\nthreads = 2\nlease = 5x\n"
+                          "[zzz]\nqqqqqqq = 1\n[prefill]\nhost_kv_mem = 1G\n[kv]\nblock_size = 32\n");
+    fy_test_log_begin();
+    assert_int_equal(fy_conf_check(c, false), FY_ERR_INVALID);
+    fy_test_log_end();
+    assert_true(fy_test_log_has("unknown key 'decode.kvmem' (t.ini:2); did you mean 'decode.kv_mem'?", NULL));
+    assert_true(fy_test_log_has("unknown key 'decode.max_batch' (t.ini:3); did you mean 'decode.max_batch_tokens'?",
+                                NULL));
+    assert_true(fy_test_log_has("unknown key 'router.threads' (t.ini:6); did you mean 'prefill.threads'?", NULL));
+    assert_true(fy_test_log_has("unknown key 'prefill.host_kv_mem' (t.ini:11); did you mean 'decode.host_kv_mem'?",
+                                NULL));
+    assert_true(fy_test_log_has("unknown key 'zzz.qqqqqqq' (t.ini:9)", NULL));
+    assert_false(fy_test_log_has("zzz.qqqqqqq", "did you mean", NULL));
+    assert_false(fy_test_log_has("3000", NULL)); /* values are not looked at */
+    fy_test_log_begin();
+    assert_int_equal(fy_conf_check(c, true), FY_ERR_INVALID);
+    fy_test_log_end();
+    assert_true(fy_test_log_has("decode.threads = '3000' (t.ini:4): expected an integer in [0, 256]", NULL));
+    assert_true(fy_test_log_has("router.lease = '5x' (t.ini:7): expected a duration in [0.1 s, 3600 s]", NULL));
+    assert_false(fy_test_log_has("block_size", NULL));
+    fy_config_destroy(c);
+    c = make("[kv]\nblock_size = 8\n[decode]\nspec = self:4\n[router]\nlease = 1m\n");
+    fy_test_log_begin();
+    assert_int_equal(fy_conf_check(c, true), FY_OK);
+    fy_test_log_end();
+    assert_string_equal(fy_test_log_text(), "");
+    fy_config_destroy(c);
+}
+
+/* Every file in configs/ is clean against the table. */
+static void test_shipped_configs(void **state)
+{
+    glob_t g;
+    if (glob("configs/*.ini", 0, NULL, &g) != 0) {
+        print_message("skipped: no configs/*.ini here (run from the repository root)\n");
+        skip();
+    }
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        fy_config_t *c = make(NULL);
+        fy_test_log_begin();
+        fy_status_t st = fy_config_load(c, g.gl_pathv[i]);
+        if (!st) st = fy_conf_check(c, true);
+        fy_test_log_end();
+        if (st) fail_msg("%s: %s", g.gl_pathv[i], fy_test_log_text());
+        fy_config_destroy(c);
+    }
+    globfree(&g);
+}
+
+#define REF_BEGIN "<!-- the key reference: `ferry config --markdown`; tests/test_config.c checks it -->\n"
+#define REF_END "<!-- end of the key reference -->\n"
+
+static char *markdown(void)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    fy_conf_markdown(f);
+    fclose(f);
+    return buf;
+}
+
+/* `section.key` mentioned in text, where section is one of the table's:
+ * each must be a key (file names like router/router.c or run/kv.secret
+ * are not mentions, nor an example of an unknown key's error). */
+static void check_mentions(const char *path, const char *text)
+{
+    static const char *const sections[] = {"model", "kv", "router", "prefill", "decode", "worker", "serve"};
+    static const char *const not_keys[] = {"c", "h", "secret", "safetensors", "md", "ini", "log"};
+    for (const char *p = text; *p; p++) {
+        if (p > text && (isalnum((unsigned char)p[-1]) || p[-1] == '/' || p[-1] == '.' || p[-1] == '_')) continue;
+        if (p - text >= 13 && !strncmp(p - 13, "unknown key '", 13)) continue; /* an example of a typo */
+        for (size_t s = 0; s < FY_ARRAY_LEN(sections); s++) {
+            size_t ls = strlen(sections[s]);
+            if (strncmp(p, sections[s], ls) || p[ls] != '.' || !islower((unsigned char)p[ls + 1])) continue;
+            const char *k = p + ls + 1;
+            size_t lk = 0;
+            while (islower((unsigned char)k[lk]) || isdigit((unsigned char)k[lk]) || k[lk] == '_') lk++;
+            if (k[lk] == '.' || k[lk] == '/') continue; /* a path */
+            char key[64];
+            snprintf(key, sizeof(key), "%.*s", (int)lk, k);
+            bool skip_it = false;
+            for (size_t x = 0; x < FY_ARRAY_LEN(not_keys); x++) skip_it |= !strcmp(key, not_keys[x]);
+            if (!skip_it && !fy_conf_key(sections[s], key))
+                fail_msg("%s names '%s.%s', which is not in the key table (common/confkeys.c)", path, sections[s],
+                         key);
+        }
+    }
+}
+
+/* Table rows "| `section.key` | `default` |" elsewhere in the docs say
+ * the table's default. */
+static void check_default_rows(const char *path, const char *text)
+{
+    for (const char *p = strstr(text, "\n| `"); p; p = strstr(p + 1, "\n| `")) {
+        char name[96], def[96];
+        if (sscanf(p, "\n| `%95[a-z0-9_.]` | `%95[^`]` |", name, def) != 2) continue;
+        char *dot = strchr(name, '.');
+        if (!dot) continue;
+        *dot = '\0';
+        const fy_conf_key_t *k = fy_conf_key(name, dot + 1);
+        if (!k) continue; /* check_mentions says so */
+        const char *want = k->def_from ? k->def_from : k->def;
+        if (!want) continue; /* unset by default: the row says what that means */
+        if (strcmp(def, want))
+            fail_msg("%s: the row of %s.%s says its default is '%s'; the key table says '%s'", path, name, dot + 1,
+                     def, want);
+    }
+}
+
+static void test_docs(void **state)
+{
+    char *ops = fy_test_read_file("docs/operations.md", NULL);
+    if (!ops) {
+        print_message("skipped: no docs/operations.md here (run from the repository root)\n");
+        skip();
+    }
+    char *md = markdown();
+    const char *b = strstr(ops, REF_BEGIN), *e = b ? strstr(b, REF_END) : NULL;
+    if (!b || !e) fail_msg("docs/operations.md lacks the key reference between '%s' and '%s'", REF_BEGIN, REF_END);
+    b += strlen(REF_BEGIN);
+    if ((size_t)(e - b) != strlen(md) || strncmp(b, md, strlen(md)))
+        fail_msg("docs/operations.md's key reference is not the table's: replace it with `bin/ferry config "
+                 "--markdown`");
+    fy_free(md);
+    fy_free(ops);
+    glob_t g;
+    assert_int_equal(glob("docs/*.md", 0, NULL, &g), 0);
+    assert_int_equal(glob("configs/*.ini", GLOB_APPEND, NULL, &g), 0);
+    assert_int_equal(glob("*.md", GLOB_APPEND, NULL, &g), 0);
+    assert_int_equal(glob("bench/README.md", GLOB_APPEND, NULL, &g), 0);
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        char *t = fy_test_read_file(g.gl_pathv[i], NULL);
+        assert_non_null(t);
+        check_mentions(g.gl_pathv[i], t);
+        check_default_rows(g.gl_pathv[i], t);
+        fy_free(t);
+    }
+    globfree(&g);
+}
+
+/* ---- `ferry config` ---------------------------------------------------------------------------- */
+
+typedef struct run {
+    int status; /* exit status */
+    char *out, *err;
+} run_t;
+
+static const char *ferry_bin(void)
+{
+    static char path[PATH_MAX];
+    const char *b = getenv("FERRY_BIN");
+    snprintf(path, sizeof(path), "%s/ferry", b && *b ? b : "bin");
+    return path;
+}
+
+/* bin/ferry config ARGS... with its stdout and stderr, within 30 s. */
+static run_t run_config(const char *const *args)
+{
+    const char *out = fy_test_path("config.out"), *err = fy_test_path("config.err");
+    char *argv[32];
+    int n = 0;
+    argv[n++] = (char *)ferry_bin();
+    argv[n++] = "config";
+    for (int i = 0; args[i] && n < 31; i++) argv[n++] = (char *)args[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (!pid) {
+        int o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600), e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (o < 0 || e < 0) _exit(127);
+        dup2(o, 1);
+        dup2(e, 2);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    int st = 0;
+    for (int i = 0; i < 3000 && waitpid(pid, &st, WNOHANG) == 0; i++) {
+        if (i == 2999) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            fail_msg("ferry config did not end within 30 s");
+        }
+        nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
+    }
+    assert_true(WIFEXITED(st));
+    run_t r = {.status = WEXITSTATUS(st), .out = fy_test_read_file(out, NULL), .err = fy_test_read_file(err, NULL)};
+    assert_non_null(r.out);
+    assert_non_null(r.err);
+    return r;
+}
+
+static void run_free(run_t *r)
+{
+    fy_free(r->out);
+    fy_free(r->err);
+}
+
+/* A line of text that holds every given part, in order. */
+static bool has_line(const char *text, const char *a, const char *b)
+{
+    for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        size_t n = strcspn(l, "\n");
+        char line[512];
+        snprintf(line, sizeof(line), "%.*s", (int)n, l);
+        const char *x = strstr(line, a);
+        if (x && (!b || strstr(x + strlen(a), b))) return true;
+    }
+    return false;
+}
+
+#define EXPECT_LINE(text, a, b)                                                                                \
+    do {                                                                                                       \
+        if (!has_line(text, a, b)) fail_msg("no line with '%s' then '%s' in:\n%s", a, b ? b : "", text);     \
+    } while (0)
+
+static void test_command(void **state)
+{
+    if (access(ferry_bin(), X_OK) || access("configs/local.ini", R_OK)) {
+        print_message("skipped: %s or configs/local.ini is not here\n", ferry_bin());
+        skip();
+    }
+    /* the effective configuration: every key, its value and where it came from */
+    run_t r = run_config((const char *const[]){"-c", "configs/local.ini", "--set", "decode.kv_mem=1GiB", NULL});
+    assert_int_equal(r.status, 0);
+    EXPECT_LINE(r.out, "kv_mem = 1GiB", "; --set");
+    EXPECT_LINE(r.out, "count = 2", "; configs/local.ini:");
+    EXPECT_LINE(r.out, "max_waiting = 256", "; default");
+    EXPECT_LINE(r.out, "max_lease = 30s", "; default: router.lease");
+    EXPECT_LINE(r.out, "; secret_file =", "; unset (default)");
+    EXPECT_LINE(r.out, "[serve]", NULL);
+    int n;
+    const fy_conf_key_t *keys = fy_conf_keys(&n);
+    int lines = 0;
+    for (const char *l = r.out; (l = strchr(l, '\n')); l++) lines += l[1] && l[1] != '[' && l[1] != '\n';
+    assert_int_equal(lines, n); /* one line a key */
+    /* it reads back as the same configuration */
+    const char *back = fy_test_path("effective.ini");
+    assert_true(fy_test_write_file(back, r.out, strlen(r.out)));
+    fy_config_t *c = make(NULL);
+    assert_int_equal(fy_config_load(c, back), FY_OK);
+    assert_int_equal(fy_conf_check(c, true), FY_OK);
+    int64_t v;
+    assert_int_equal(fy_conf_size(c, "decode", "kv_mem", &v), FY_OK);
+    assert_int_equal(v, INT64_C(1) << 30);
+    assert_null(fy_config_get(c, "kv", "secret_file"));
+    assert_string_equal(fy_config_get(c, "router", "http"), "http://127.0.0.1:8080");
+    for (int i = 0; i < n; i++)
+        if (keys[i].def && !fy_config_get(c, keys[i].section, keys[i].key))
+            fail_msg("%s.%s is not in the printed configuration", keys[i].section, keys[i].key);
+    fy_config_destroy(c);
+    run_free(&r);
+
+    /* --check: ok; or every problem and 1 */
+    r = run_config((const char *const[]){"--check", "configs/local.ini", NULL});
+    assert_int_equal(r.status, 0);
+    EXPECT_LINE(r.out, "configs/local.ini: ok", NULL);
+    run_free(&r);
+    const char *bad = fy_test_path("bad.ini");
+    const char *text = "[decode]\nkvmem = 1G\nthreads = 3000\n[kv]\ndtype = bf16\n";
+    assert_true(fy_test_write_file(bad, text, strlen(text)));
+    r = run_config((const char *const[]){"--check", bad, "--set", "worker.device=gpu", NULL});
+    assert_int_equal(r.status, 1);
+    assert_string_equal(r.out, "");
+    EXPECT_LINE(r.err, "unknown key 'decode.kvmem'", "did you mean 'decode.kv_mem'?");
+    EXPECT_LINE(r.err, "decode.threads = '3000'", "expected an integer in [0, 256]");
+    EXPECT_LINE(r.err, "kv.dtype = 'bf16'", "expected f16, f32, fp8 or int8");
+    EXPECT_LINE(r.err, "worker.device = 'gpu' (--set)", "expected cpu or cuda");
+    EXPECT_LINE(r.err, "is not valid", NULL);
+    run_free(&r);
+    r = run_config((const char *const[]){"-c", bad, NULL}); /* printing refuses it the same way */
+    assert_int_equal(r.status, 1);
+    assert_string_equal(r.out, "");
+    run_free(&r);
+    text = "[decode]\nthreads 4\n";
+    assert_true(fy_test_write_file(bad, text, strlen(text)));
+    r = run_config((const char *const[]){"--check", bad, NULL});
+    assert_int_equal(r.status, 1);
+    EXPECT_LINE(r.err, "bad.ini:2", "expected 'key = value'");
+    run_free(&r);
+
+    /* usage errors: 2 */
+    static const char *const usage[][4] = {
+        {"--check", NULL},                         {"--bogus", NULL},
+        {"--markdown", "-c", "configs/local.ini"}, {"--set", "nodot", NULL},
+        {"-c", NULL},
+    };
+    for (size_t i = 0; i < FY_ARRAY_LEN(usage); i++) {
+        r = run_config(usage[i]);
+        if (r.status != 2) fail_msg("ferry config %s: status %d, expected 2", usage[i][0], r.status);
+        run_free(&r);
+    }
+    r = run_config((const char *const[]){"--check", "no/such.ini", NULL});
+    assert_int_equal(r.status, 1);
+    EXPECT_LINE(r.err, "no/such.ini", "cannot open");
+    run_free(&r);
+    r = run_config((const char *const[]){"--help", NULL});
+    assert_int_equal(r.status, 0);
+    EXPECT_LINE(r.out, "usage: ferry config", NULL);
+    run_free(&r);
+
+    /* --markdown is the reference */
+    r = run_config((const char *const[]){"--markdown", NULL});
+    assert_int_equal(r.status, 0);
+    char *md = markdown();
+    assert_string_equal(r.out, md);
+    fy_free(md);
+    run_free(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -600,7 +1120,10 @@ int main(void)
         cmocka_unit_test(test_string),         cmocka_unit_test(test_unknown_keys),
         cmocka_unit_test(test_malformed),      cmocka_unit_test(test_limits_and_files),
         cmocka_unit_test(test_write_roundtrip), cmocka_unit_test(test_write_leading_semicolon),
-        cmocka_unit_test(test_alloc_failure),
+        cmocka_unit_test(test_alloc_failure),   cmocka_unit_test(test_table),
+        cmocka_unit_test(test_conf_read),       cmocka_unit_test(test_conf_check),
+        cmocka_unit_test(test_shipped_configs), cmocka_unit_test(test_docs),
+        cmocka_unit_test(test_command),         cmocka_unit_test(test_write_full_line),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fy_test_tmpdir_remove();

@@ -4,7 +4,9 @@
  * preemption by recompute and by swap giving the tokens of an unpreempted
  * run, cancellation and errors leaving the pool as it was, overload
  * refusals with nothing lost, exactly one terminal event per request,
- * priorities, the latency guardrail, and the engine's own thread.
+ * priorities, the latency guardrail, and the engine's own thread; and
+ * the one function that builds an engine, from a worker's configuration
+ * (engine_config.h).
  */
 #include <pthread.h>
 #include <sched.h>
@@ -14,7 +16,9 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "config.h"
 #include "engine.h"
+#include "engine_config.h"
 #include "gguf_writer.h"
 #include "mem.h"
 #include "model.h"
@@ -750,6 +754,160 @@ static void test_post_and_tick(void **state)
     assert_int_equal(flag, 1);
 }
 
+/* ---- an engine from a configuration (engine_config.h) ---------------------------------------- */
+
+static fy_config_t *config_of(const char *const *sets)
+{
+    fy_config_t *c;
+    assert_int_equal(fy_config_create(&c), FY_OK);
+    for (int i = 0; sets[i]; i++) assert_int_equal(fy_config_set(c, sets[i]), FY_OK);
+    return c;
+}
+
+static int64_t table_int(const char *section, const char *key)
+{
+    int64_t v;
+    assert_int_equal(fy_conf_int(NULL, section, key, &v), FY_OK);
+    return v;
+}
+
+static void test_build_from_config(void **state)
+{
+    /* nothing set: the key table's defaults, and the table's speculative
+     * defaults are the engine's own */
+    fy_config_t *c = config_of((const char *const[]){NULL});
+    fy_engine_build_t b;
+    assert_int_equal(fy_engine_build_read(c, "prefill", &b), FY_OK);
+    assert_int_equal(b.runner.max_seqs, table_int("prefill", "max_seqs"));
+    assert_int_equal(b.runner.max_logits, b.runner.max_seqs);
+    assert_int_equal(b.runner.max_batch_tokens, table_int("prefill", "max_batch_tokens"));
+    assert_int_equal(b.engine.max_waiting, table_int("prefill", "max_waiting"));
+    assert_int_equal(b.runner.kv_mem, 256 << 20);
+    assert_int_equal(b.runner.block_size, table_int("kv", "block_size"));
+    assert_int_equal(b.runner.kv_dtype, FY_DTYPE_F16);
+    assert_int_equal(b.engine.spec.method, FY_SPEC_NONE); /* prefill workers do not speculate */
+    assert_true(b.prefix_caching);
+    assert_null(b.draft);
+    assert_ptr_equal(b.cluster, c);
+    assert_int_equal(fy_engine_build_read(c, "decode", &b), FY_OK);
+    fy_spec_params_t sp;
+    fy_spec_params_default(&sp);
+    assert_int_equal(b.engine.spec.method, FY_SPEC_NGRAM);
+    assert_int_equal(b.engine.spec.k_max, sp.k_max);
+    assert_int_equal(b.engine.spec.ngram_max, sp.ngram_max);
+    assert_true(b.engine.spec.min_accept == sp.min_accept);
+    assert_int_equal(b.engine.spec.warmup, sp.warmup);
+    assert_int_equal(b.engine.spec.probe_steps, sp.probe_steps);
+    assert_int_equal(b.engine.spec.batch_tokens, sp.batch_tokens);
+    assert_int_equal(b.engine.spec.sampled, sp.sampled);
+    assert_int_equal(table_int("decode", "spec_k"), sp.k_max);
+    assert_true(fy_conf_key("decode", "spec_k")->hi == FY_SPEC_MAX_K); /* the table's ranges are the engine's */
+    assert_true(fy_conf_key("decode", "spec_ngram_max")->hi == FY_SPEC_MAX_NGRAM);
+    /* logit rows for verifications: max_seqs + spec_batch_tokens, at most a batch */
+    assert_int_equal(b.runner.max_logits, b.runner.max_seqs + sp.batch_tokens);
+    assert_int_equal(b.engine.preempt, FY_PREEMPT_RECOMPUTE);
+    fy_config_destroy(c);
+
+    /* every setting lands where it belongs, and the stack runs a request */
+    c = config_of((const char *const[]){"decode.max_seqs=4", "decode.max_batch_tokens=2", "decode.kv_mem=8MiB",
+                                        "decode.host_kv_mem=1MiB", "kv.block_size=8", "kv.dtype=f32",
+                                        "kv.prefix_cache=false", "decode.spec=none", "decode.preempt=swap",
+                                        "decode.itl_target=50ms", "decode.max_waiting=7", "decode.ctx=512",
+                                        "decode.threads=2", "worker.device=cpu", NULL});
+    assert_int_equal(fy_engine_build_read(c, "decode", &b), FY_OK);
+    assert_int_equal(b.runner.max_batch_tokens, 4); /* raised to max_seqs */
+    assert_int_equal(b.runner.max_logits, 4);
+    assert_int_equal(b.runner.kv_mem, 8 << 20);
+    assert_int_equal(b.host_kv_mem, 1 << 20);
+    assert_int_equal(b.runner.block_size, 8);
+    assert_int_equal(b.runner.kv_dtype, FY_DTYPE_F32);
+    assert_int_equal(b.runner.max_ctx, 512);
+    assert_false(b.prefix_caching);
+    assert_int_equal(b.engine.spec.method, FY_SPEC_NONE);
+    assert_int_equal(b.engine.preempt, FY_PREEMPT_SWAP);
+    assert_true(b.engine.itl_target_s > 0.0499 && b.engine.itl_target_s < 0.0501);
+    assert_int_equal(b.engine.max_waiting, 7);
+    assert_int_equal(b.threads, 2);
+    assert_string_equal(b.device, "cpu");
+    fy_model_t *m;
+    assert_int_equal(fy_model_load(g_tiny, &m), FY_OK);
+    fy_engine_stack_t s;
+    fy_log_set_level(FY_LOG_ERROR); /* no kv.secret_file: a warning, and a private hasher */
+    assert_int_equal(fy_engine_stack_create(m, &b, &s), FY_OK);
+    fy_log_set_level(FY_LOG_INFO);
+    assert_non_null(s.be);
+    assert_non_null(s.hasher);
+    assert_null(s.draft);
+    assert_non_null(s.engine);
+    const fy_kv_layout_t *lay = fy_kvm_layout(s.kvm);
+    assert_int_equal(lay->block_size, 8);
+    assert_int_equal(lay->dtype, FY_DTYPE_F32);
+    assert_int_equal(fy_runner_params(s.runner)->n_host_blocks, (int32_t)((1 << 20) / (int64_t)lay->block_bytes));
+    assert_int_equal(fy_runner_params(s.runner)->max_seqs, 4);
+    int32_t prompt[5] = {72, 101, 108, 108, 111};
+    fy_request_params_t q;
+    fy_request_params_default(&q);
+    q.max_tokens = 4;
+    q.ignore_eos = true;
+    result_t r = {0};
+    uint64_t id;
+    assert_int_equal(fy_engine_submit(s.engine, prompt, 5, &q, on_event, &r, &id), FY_OK);
+    for (int i = 0; i < 1000 && !fy_engine_idle(s.engine); i++) assert_int_equal(fy_engine_step(s.engine), FY_OK);
+    assert_int_equal(r.terminal, 1);
+    assert_int_equal(r.n, 4);
+    fy_engine_stack_destroy(&s);
+    assert_null(s.engine);
+    assert_null(s.be);
+    fy_config_destroy(c);
+
+    /* a draft takes its share of kv_mem; the stack opens it and wires it in */
+    c = config_of((const char *const[]){"decode.spec=self:1", "decode.kv_mem=8MiB",
+                                        "decode.spec_draft_kv_fraction=0.25", NULL});
+    assert_int_equal(fy_engine_build_read(c, "decode", &b), FY_OK);
+    assert_string_equal(b.draft, "self:1");
+    assert_int_equal(b.engine.spec.method, FY_SPEC_DRAFT);
+    assert_int_equal(b.runner.kv_mem, 6 << 20);
+    assert_int_equal(b.draft_kv_mem, 2 << 20);
+    b.cluster = NULL; /* a private hasher, quietly */
+    assert_int_equal(fy_engine_stack_create(m, &b, &s), FY_OK);
+    assert_non_null(s.draft);
+    assert_non_null(s.engine);
+    fy_engine_stack_destroy(&s);
+    fy_config_destroy(c);
+
+    /* bad values are named, and nothing is built */
+    static const struct {
+        const char *set, *msg;
+    } bad[] = {
+        {"decode.spec=bogus", "decode.spec = 'bogus': expected none, ngram, draft:MODEL_FILE or self:LAYERS"},
+        {"decode.preempt=later", "expected recompute or swap"},
+        {"worker.device=gpu", "expected cpu or cuda"},
+        {"decode.max_seqs=0", "an integer in [1, 1024]"},
+        {"kv.block_size=12", "expected 8, 16 or 32"},
+        {"kv.dtype=bf16", "expected f16, f32, fp8 or int8"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        c = config_of((const char *const[]){bad[i].set, NULL});
+        fy_engine_build_t keep = {.threads = -7};
+        fy_test_log_begin();
+        assert_int_equal(fy_engine_build_read(c, "decode", &keep), FY_ERR_INVALID);
+        fy_test_log_end();
+        if (!fy_test_log_has(bad[i].msg, NULL)) fail_msg("%s: no '%s' in:\n%s", bad[i].set, bad[i].msg, fy_test_log_text());
+        assert_int_equal(keep.threads, -7); /* untouched */
+        fy_config_destroy(c);
+    }
+
+    /* a stack that fails part-way undoes what it made (ASan checks) */
+    fy_engine_build_default(&b);
+    b.draft = "self:9"; /* more layers than the target has */
+    fy_engine_stack_t untouched = {.engine = (fy_engine_t *)&untouched};
+    fy_test_log_begin();
+    assert_int_not_equal(fy_engine_stack_create(m, &b, &untouched), FY_OK);
+    fy_test_log_end();
+    assert_ptr_equal(untouched.engine, (fy_engine_t *)&untouched);
+    fy_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -766,6 +924,7 @@ int main(void)
         cmocka_unit_test(test_disaggregated_tiny),
         cmocka_unit_test(test_disaggregated_default),
         cmocka_unit_test(test_post_and_tick),
+        cmocka_unit_test(test_build_from_config),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

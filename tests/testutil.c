@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "envelope.h"
 #include "mem.h"
 
@@ -127,7 +128,7 @@ const char *fy_test_path(const char *name)
 const char *fy_test_default_model(void)
 {
     const char *p = getenv("FERRY_MODEL");
-    if (!p) p = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (!p) p = fy_conf_default("model", "path");
     if (access(p, R_OK) != 0) {
         fprintf(stderr, "note: default model %s not present (run 'make model'); skipping\n", p);
         return NULL;

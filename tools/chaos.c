@@ -294,9 +294,8 @@ static bool start_cluster(chaos_t *c)
     if (fy_config_create(&cfg) || fy_config_load(cfg, c->config)) return false;
     for (int i = 0; i < c->n_sets; i++) fy_config_set(cfg, c->sets[i]);
     int64_t np = 0, nd = 0;
-    bool counts = !fy_config_int(cfg, "prefill", "count", 2, 0, MAX_WORKERS, &np) &&
-                  !fy_config_int(cfg, "decode", "count", 2, 1, MAX_WORKERS, &nd) &&
-                  !fy_config_duration(cfg, "router", "lease", 30, 0.1, 3600, &c->lease_s);
+    bool counts = !fy_conf_int(cfg, "prefill", "count", &np) && !fy_conf_int(cfg, "decode", "count", &nd) &&
+                  !fy_conf_duration(cfg, "router", "lease", &c->lease_s);
     fy_config_destroy(cfg);
     if (!counts) return false;
     c->n_prefill = (int)np;

@@ -12,8 +12,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "config.h"
+
 /* The model a command runs when given none (`make model` fetches it). */
-#define FY_CLI_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define FY_CLI_DEFAULT_MODEL FY_DEFAULT_MODEL_PATH /* the key table's model.path (config.h) */
 
 /* Parse option values; print "ferry: OPT expects ..." and return false on
  * error; *out is set on success only. */

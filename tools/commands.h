@@ -1,6 +1,6 @@
 /*
  * commands.h - the ferry subcommands that tools/ferry.c dispatches to,
- * one file each in tools/.  Each takes its own argv (argv[0] is the
+ * one file each in tools/ (the bench commands in bench/).  Each takes its own argv (argv[0] is the
  * subcommand's name), parses it with getopt_long, answers -h/--help with
  * its usage on stdout and exit status 0, refuses an unknown option with
  * the usage on stderr and status 2, and returns the process's exit status.
@@ -18,5 +18,6 @@ int fy_cmd_bench_ttft(int argc, char **argv);
 int fy_cmd_bench_xfer(int argc, char **argv);
 int fy_cmd_bench_spec(int argc, char **argv);
 int fy_cmd_chaos(int argc, char **argv);
+int fy_cmd_config(int argc, char **argv);
 
 #endif /* FY_COMMANDS_H */

@@ -20,6 +20,8 @@
 #include "commands.h"
 #include "prompt.h"
 #include "cli.h"
+#include "cluster.h"
+#include "engine_config.h"
 #include "generate.h"
 #include "log.h"
 #include "mem.h"
@@ -31,6 +33,8 @@
 
 static void generate_usage(FILE *f)
 {
+    const char *model = NULL;
+    fy_conf_string(NULL, "model", "path", &model);
     fprintf(f,
             "usage: ferry generate [-m MODEL] (-p PROMPT | -f FILE) [options]\n"
             "  -m, --model PATH      .gguf file or Hugging Face folder (default " FY_CLI_DEFAULT_MODEL ")\n"
@@ -259,7 +263,11 @@ static fy_status_t tokenize_prompt(const fy_model_t *m, const gen_opts_t *o, int
 
 static int cmd_generate(int argc, char **argv)
 {
-    gen_opts_t o = {.model = FY_CLI_DEFAULT_MODEL, .kv_dtype = FY_DTYPE_F16, .block_size = 16, .batch = 512};
+    /* the model, block size and KV dtype default to the key table's model.path and kv.* */
+    gen_opts_t o = {.batch = 512};
+    int32_t block_size;
+    if (fy_conf_string(NULL, "model", "path", &o.model) || fy_cluster_kv(NULL, &block_size, &o.kv_dtype)) return 1;
+    o.block_size = block_size;
     fy_gen_params_default(&o.gp);
     o.gp.max_tokens = 256;
     o.gp.sampling.temperature = 0.8f;
@@ -277,11 +285,7 @@ static int cmd_generate(int argc, char **argv)
         o.gp.sampling.seed = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)getpid();
     }
     fy_model_t *m = NULL;
-    fy_backend_t *be = NULL;
-    fy_runner_t *r = NULL;
-    fy_kv_hasher_t *hasher = NULL;
-    fy_kvm_t *kvm = NULL;
-    fy_spec_draft_t *draft = NULL;
+    fy_engine_stack_t s = {0};
     int32_t *ids = NULL, n_ids = 0;
     rc = 1;
     if (fy_model_load(o.model, &m) != FY_OK) goto out;
@@ -293,44 +297,42 @@ static int cmd_generate(int argc, char **argv)
         fy_error("generate: the prompt has %d tokens; the context window is %ld", n_ids, ctx);
         goto out;
     }
-    fy_backend_params_t bp = {.n_threads = o.threads, .isa = o.isa};
-    if (fy_backend_create_device(o.device, &bp, &be) != FY_OK) goto out;
-    fy_runner_params_t rpm;
-    fy_runner_params_default(&rpm);
-    rpm.max_batch_tokens = o.batch;
-    rpm.max_seqs = 1;
-    rpm.max_logits = 1 + o.gp.spec.k_max; /* a verification's rows */
-    if (rpm.max_logits > o.batch) rpm.max_logits = o.batch;
-    rpm.max_ctx = (int32_t)ctx;
-    rpm.block_size = o.block_size;
-    rpm.kv_dtype = o.kv_dtype;
-    rpm.n_kv_blocks = (int32_t)((ctx + o.block_size - 1) / o.block_size);
-    if (fy_runner_create(m, be, &rpm, &r) != FY_OK) goto out;
-    fy_kvm_params_t kp;
-    fy_runner_kvm_params(r, &kp);
-    if (fy_kv_hasher_create_random(&hasher) != FY_OK) goto out;
-    kp.hasher = hasher;
-    if (fy_kvm_create(&kp, &kvm) != FY_OK) goto out;
+    fy_engine_build_t eb; /* fy_generate makes its own engine over the runner and block manager */
+    fy_engine_build_default(&eb);
+    eb.device = o.device;
+    eb.threads = o.threads;
+    eb.isa = o.isa;
+    fy_runner_params_t *rpm = &eb.runner;
+    rpm->max_batch_tokens = o.batch;
+    rpm->max_seqs = 1;
+    rpm->max_logits = 1 + o.gp.spec.k_max; /* a verification's rows */
+    if (rpm->max_logits > o.batch) rpm->max_logits = o.batch;
+    rpm->max_ctx = (int32_t)ctx;
+    rpm->block_size = o.block_size;
+    rpm->kv_dtype = o.kv_dtype;
+    rpm->n_kv_blocks = (int32_t)((ctx + o.block_size - 1) / o.block_size);
+    eb.draft = o.spec && strcmp(o.spec, "ngram") && strcmp(o.spec, "none") ? o.spec : NULL;
+    eb.no_engine = true;
+    if (fy_engine_stack_create(m, &eb, &s) != FY_OK) goto out;
     if (o.spec && !strcmp(o.spec, "ngram")) {
         o.gp.spec.method = FY_SPEC_NGRAM;
         o.gp.spec.sampled = true; /* one request: nothing beside it to depend on */
-    } else if (o.spec && strcmp(o.spec, "none")) {
-        if (fy_spec_draft_open(o.spec, r, 0, hasher, &draft) != FY_OK) goto out;
+    } else if (s.draft) {
         o.gp.spec.method = FY_SPEC_DRAFT;
         o.gp.spec.sampled = true;
-        o.gp.spec.draft = fy_spec_draft_runner(draft);
-        o.gp.spec.draft_kvm = fy_spec_draft_kvm(draft);
-        fy_info("speculative draft: %s", fy_spec_draft_describe(draft));
+        o.gp.spec.draft = fy_spec_draft_runner(s.draft);
+        o.gp.spec.draft_kvm = fy_spec_draft_kvm(s.draft);
     }
 
     char desc[512];
     fy_model_describe(m, desc, sizeof(desc));
     fy_info("model: %s", desc);
-    fy_info("backend: %s; kv: %s, %d-token blocks, %d blocks", fy_backend_describe(be), fy_dtype_name(o.kv_dtype),
-            o.block_size, rpm.n_kv_blocks);
+    fy_info("backend: %s; kv: %s, %d-token blocks, %d blocks", fy_backend_describe(s.be), fy_dtype_name(o.kv_dtype),
+            o.block_size, rpm->n_kv_blocks);
 
     fy_gen_stats_t stats;
-    fy_status_t st = fy_generate(r, kvm, fy_model_tokenizer(m), ids, n_ids, &o.gp, on_text, NULL, NULL, 0, &stats);
+    fy_status_t st = fy_generate(s.runner, s.kvm, fy_model_tokenizer(m), ids, n_ids, &o.gp, on_text, NULL, NULL, 0,
+                                 &stats);
     printf("\n");
     fflush(stdout);
     if (st != FY_OK) goto out;
@@ -350,11 +352,7 @@ static int cmd_generate(int argc, char **argv)
                 stats.spec_steps ? (double)stats.spec_accepted / stats.spec_steps : 0.0, stats.propose_s);
     rc = 0;
 out:
-    fy_spec_draft_destroy(draft);
-    fy_kvm_destroy(kvm);
-    fy_kv_hasher_destroy(hasher);
-    fy_runner_destroy(r);
-    fy_backend_destroy(be);
+    fy_engine_stack_destroy(&s);
     fy_model_destroy(m);
     fy_free(ids);
     fy_free(o.prompt);
@@ -421,6 +419,7 @@ static void usage(FILE *f)
                "  bench-ttft time to first token, disaggregated (a running cluster) against colocated\n"
                "  plan       how much KV cache fits a memory budget\n"
                "  chaos      kill a local cluster's processes under load and check nothing is lost\n"
+               "  config     print a configuration as the processes read it, or check one\n"
                "run 'ferry COMMAND --help' for a command's options\n");
 }
 
@@ -434,6 +433,7 @@ static const struct {
     {"bench-spec", fy_cmd_bench_spec},   {"bench-ttft", fy_cmd_bench_ttft},
     {"plan", fy_cmd_plan},               {"request", fy_cmd_request},
     {"serve", fy_cmd_serve},             {"chaos", fy_cmd_chaos},
+    {"config", fy_cmd_config},
 };
 
 int main(int argc, char **argv)

@@ -161,7 +161,7 @@ int fy_cmd_request(int argc, char **argv)
         req.prompt = prompt_file;
     }
     if (req.gen.sampling.temperature > 0 && req.gen.sampling.seed == 0) req.gen.sampling.seed = (uint64_t)getpid();
-    /* the address and the secret: flags first, then the configuration, then serve's defaults */
+    /* the address and the secret: flags first, then the configuration, then the key table's defaults */
     fy_config_t *cfg = NULL;
     char secret_buf[4096], router_buf[512];
     if (config) {
@@ -170,16 +170,19 @@ int fy_cmd_request(int argc, char **argv)
             fy_free(prompt_file);
             return 2;
         }
-        const char *listen = NULL;
-        if (!router && fy_config_string(cfg, "router", "listen", NULL, &listen) == FY_OK && listen) {
-            snprintf(router_buf, sizeof(router_buf), "%s", listen);
-            router = router_buf;
-        }
-        if (!secret && fy_cluster_secret_path(cfg, secret_buf, sizeof(secret_buf))) secret = secret_buf;
-        fy_config_destroy(cfg);
     }
-    if (!router) router = "tcp://127.0.0.1:7400";
-    if (!secret) secret = "run/kv.secret";
+    const char *listen = NULL;
+    if (!router && fy_conf_string(cfg, "router", "listen", &listen) == FY_OK && listen) {
+        snprintf(router_buf, sizeof(router_buf), "%s", listen);
+        router = router_buf;
+    }
+    if (!secret && fy_cluster_secret_path(cfg, secret_buf, sizeof(secret_buf))) secret = secret_buf;
+    fy_config_destroy(cfg);
+    if (!router || !secret) {
+        fprintf(stderr, "ferry: request: give the router's address (-r) and the secret (--secret)\n");
+        fy_free(prompt_file);
+        return 2;
+    }
     fy_client_t *cl;
     if (fy_client_create(router, secret, 10.0, &cl) != FY_OK) {
         fprintf(stderr, "ferry: request: cannot use the secret %s (see above); give --secret FILE or -c CONFIG\n",

@@ -423,25 +423,23 @@ int fy_cmd_serve(int argc, char **argv)
         *serve_metrics;
     int64_t n_prefill, n_decode, max_restarts;
     double backoff, backoff_max, window, grace, health_timeout, start_timeout;
-    if (fy_config_string(cfg, "serve", "run_dir", "run", &run_dir) ||
-        fy_config_string(cfg, "serve", "logs", NULL, &logs) ||
-        fy_config_int(cfg, "serve", "max_restarts", -1, -1, 1000, &max_restarts) ||
-        fy_config_duration(cfg, "serve", "restart_backoff", 0.5, 0, 3600, &backoff) ||
-        fy_config_duration(cfg, "serve", "restart_backoff_max", 30, 0, 3600, &backoff_max) ||
-        fy_config_duration(cfg, "serve", "restart_window", 60, 0.001, 86400, &window) ||
-        fy_config_duration(cfg, "serve", "stop_grace", 10, 0, 3600, &grace) ||
-        fy_config_duration(cfg, "serve", "health_timeout", 10, 0, 3600, &health_timeout) ||
-        fy_config_duration(cfg, "serve", "start_timeout", 120, 1, 86400, &start_timeout) ||
-        fy_config_string(cfg, "serve", "metrics", NULL, &serve_metrics) ||
-        fy_config_string(cfg, "kv", "secret_file", NULL, &secret) ||
-        fy_config_string(cfg, "router", "listen", "tcp://127.0.0.1:7400", &router_listen) ||
-        fy_config_string(cfg, "router", "http", "", &router_http) ||
-        fy_config_string(cfg, "prefill", "listen", "tcp://127.0.0.1:7410", &p_listen) ||
-        fy_config_string(cfg, "decode", "listen", "tcp://127.0.0.1:7420", &d_listen) ||
-        fy_config_string(cfg, "prefill", "metrics", NULL, &p_metrics) ||
-        fy_config_string(cfg, "decode", "metrics", NULL, &d_metrics) ||
-        fy_config_int(cfg, "prefill", "count", 1, 0, 16, &n_prefill) ||
-        fy_config_int(cfg, "decode", "count", 1, 1, 16, &n_decode))
+    if (fy_conf_string(cfg, "serve", "run_dir", &run_dir) || fy_conf_string(cfg, "serve", "logs", &logs) ||
+        fy_conf_int(cfg, "serve", "max_restarts", &max_restarts) ||
+        fy_conf_duration(cfg, "serve", "restart_backoff", &backoff) ||
+        fy_conf_duration(cfg, "serve", "restart_backoff_max", &backoff_max) ||
+        fy_conf_duration(cfg, "serve", "restart_window", &window) ||
+        fy_conf_duration(cfg, "serve", "stop_grace", &grace) ||
+        fy_conf_duration(cfg, "serve", "health_timeout", &health_timeout) ||
+        fy_conf_duration(cfg, "serve", "start_timeout", &start_timeout) ||
+        fy_conf_string(cfg, "serve", "metrics", &serve_metrics) ||
+        fy_conf_string(cfg, "kv", "secret_file", &secret) ||
+        fy_conf_string(cfg, "router", "listen", &router_listen) ||
+        fy_conf_string(cfg, "router", "http", &router_http) ||
+        fy_conf_string(cfg, "prefill", "listen", &p_listen) ||
+        fy_conf_string(cfg, "decode", "listen", &d_listen) ||
+        fy_conf_string(cfg, "prefill", "metrics", &p_metrics) ||
+        fy_conf_string(cfg, "decode", "metrics", &d_metrics) ||
+        fy_conf_int(cfg, "prefill", "count", &n_prefill) || fy_conf_int(cfg, "decode", "count", &n_decode))
         goto out;
     if (backoff_max < backoff) {
         fprintf(stderr, "ferry: serve: serve.restart_backoff_max (%g s) is below serve.restart_backoff (%g s)\n",

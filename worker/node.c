@@ -40,6 +40,7 @@
 #include "backend.h"
 #include "bloom.h"
 #include "cluster.h"
+#include "engine_config.h"
 #include "log.h"
 #include "httpd.h"
 #include "mem.h"
@@ -63,12 +64,11 @@ struct fy_node {
     uint64_t incarnation;
     fy_model_t *model;
     char model_id[64];
-    fy_backend_t *be;
-    fy_runner_t *runner;
-    fy_kv_hasher_t *hasher;
-    fy_kvm_t *kvm;
-    fy_engine_t *engine;
-    fy_spec_draft_t *draft; /* a decode worker's speculative draft, or NULL */
+    /* backend, runner, hasher, block manager, a decode worker's speculative
+     * draft (or NULL) and the engine (engine_config.h) */
+    fy_engine_stack_t stack;
+    fy_kvm_t *kvm;       /* stack.kvm */
+    fy_engine_t *engine; /* stack.engine */
     fy_xfer_t *xfer;
     fy_env_auth_t auth; /* this worker's control-plane credentials */
     fy_pull_t *cmds;
@@ -115,7 +115,7 @@ double fy_node_now(void)
 const fy_config_t *fy_node_config(const fy_node_t *n) { return n->cfg; }
 fy_engine_t *fy_node_engine(fy_node_t *n) { return n->engine; }
 fy_kvm_t *fy_node_kvm(fy_node_t *n) { return n->kvm; }
-fy_runner_t *fy_node_runner(fy_node_t *n) { return n->runner; }
+fy_runner_t *fy_node_runner(fy_node_t *n) { return n->stack.runner; }
 const fy_model_t *fy_node_model(const fy_node_t *n) { return n->model; }
 fy_xfer_t *fy_node_xfer(fy_node_t *n) { return n->xfer; }
 
@@ -125,7 +125,7 @@ fy_metrics_t *fy_node_metrics(fy_node_t *n) { return n->metrics; }
 
 void fy_node_ns(const fy_node_t *n, const char *tenant, fy_kv_ns_t *ns)
 {
-    fy_kv_ns_make(n->hasher, tenant, n->model_id, fy_kvm_layout(n->kvm), NULL, ns);
+    fy_kv_ns_make(n->stack.hasher, tenant, n->model_id, fy_kvm_layout(n->kvm), NULL, ns);
 }
 
 fy_status_t fy_node_push(fy_node_t *n, fy_msgw_t *w) { return fy_push_msgw(n->out, w); }
@@ -382,82 +382,21 @@ static void on_tick(void *arg)
 
 /* ---- start-up and shutdown ------------------------------------------------------------------------- */
 
-/* A decode worker's speculative decoding from decode.spec* (the draft,
- * if any, is opened later, once the runner exists). */
-static fy_status_t spec_config(const fy_config_t *c, fy_spec_params_t *sp, const char **draft_p, double *frac_p)
-{
-    const char *spec;
-    int64_t k, ngram, warmup, probe, batch;
-    double min_accept;
-    bool sampled;
-    fy_spec_params_default(sp);
-    fy_status_t st;
-    if ((st = fy_config_string(c, "decode", "spec", "ngram", &spec)) ||
-        (st = fy_config_int(c, "decode", "spec_k", sp->k_max, 1, FY_SPEC_MAX_K, &k)) ||
-        (st = fy_config_int(c, "decode", "spec_ngram_max", sp->ngram_max, 1, FY_SPEC_MAX_NGRAM, &ngram)) ||
-        (st = fy_config_double(c, "decode", "spec_min_accept", sp->min_accept, 0, 1, &min_accept)) ||
-        (st = fy_config_int(c, "decode", "spec_warmup", sp->warmup, 1, 1 << 20, &warmup)) ||
-        (st = fy_config_int(c, "decode", "spec_probe_steps", sp->probe_steps, 1, 1 << 20, &probe)) ||
-        (st = fy_config_int(c, "decode", "spec_batch_tokens", sp->batch_tokens, 0, 1 << 20, &batch)) ||
-        (st = fy_config_bool(c, "decode", "spec_sampled", false, &sampled)) ||
-        (st = fy_config_double(c, "decode", "spec_draft_kv_fraction", 0.25, 0.01, 0.9, frac_p)))
-        return st;
-    *draft_p = NULL;
-    if (!strcmp(spec, "none")) {
-        sp->method = FY_SPEC_NONE;
-    } else if (!strcmp(spec, "ngram")) {
-        sp->method = FY_SPEC_NGRAM;
-    } else if (!strncmp(spec, "draft:", 6) || !strncmp(spec, "self:", 5)) {
-        sp->method = FY_SPEC_DRAFT;
-        *draft_p = spec;
-    } else {
-        fy_error("config: decode.spec = '%s': expected none, ngram, draft:MODEL_FILE or self:LAYERS", spec);
-        return FY_ERR_INVALID;
-    }
-    sp->k_max = (int32_t)k;
-    sp->ngram_max = (int32_t)ngram;
-    sp->min_accept = min_accept;
-    sp->warmup = (int32_t)warmup;
-    sp->probe_steps = (int32_t)probe;
-    sp->batch_tokens = (int32_t)batch;
-    sp->sampled = sampled;
-    return FY_OK;
-}
-
 static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
 {
     const fy_config_t *c = n->cfg;
-    const char *sec = role->name, *model_path, *name, *listen, *events, *transports, *net_devices, *isa,
-               *metrics_url, *device;
-    int64_t threads, kv_mem, max_seqs, max_batch, max_waiting, ctx, host_mem;
+    const char *sec = role->name, *model_path, *name, *listen, *events, *transports, *net_devices, *metrics_url;
     double heartbeat, stall;
-    int32_t block_size;
-    fy_dtype_t kv_dtype;
+    fy_engine_build_t eb;
     fy_status_t st;
-    if ((st = fy_config_string(c, "model", "path", "models/SmolLM2-135M-Instruct.Q4_1.gguf", &model_path)) ||
-        (st = fy_config_string(c, "worker", "name", NULL, &name)) ||
-        (st = fy_config_string(c, sec, "listen", NULL, &listen)) ||
-        (st = fy_config_string(c, "router", "events", NULL, &events)) ||
-        (st = fy_config_string(c, "worker", "transports", NULL, &transports)) ||
-        (st = fy_config_string(c, "worker", "net_devices", NULL, &net_devices)) ||
-        (st = fy_config_string(c, "worker", "isa", NULL, &isa)) ||
-        (st = fy_config_string(c, "worker", "device", "cpu", &device)) ||
-        (st = fy_config_duration(c, "worker", "heartbeat", 0.2, 0.01, 60, &heartbeat)) ||
-        (st = fy_config_duration(c, "worker", "stall_timeout", 10, 0.01, 3600, &stall)) ||
-        (st = fy_config_string(c, sec, "metrics", NULL, &metrics_url)) ||
-        (st = fy_config_int(c, sec, "threads", 0, 0, 256, &threads)) ||
-        (st = fy_config_size(c, sec, "kv_mem", 256 << 20, 1 << 20, (int64_t)1 << 40, &kv_mem)) ||
-        (st = fy_config_size(c, sec, "host_kv_mem", 0, 0, (int64_t)1 << 40, &host_mem)) ||
-        (st = fy_config_int(c, sec, "max_seqs", 32, 1, 1024, &max_seqs)) ||
-        (st = fy_config_int(c, sec, "max_batch_tokens", 512, 1, 65536, &max_batch)) ||
-        (st = fy_config_int(c, sec, "max_waiting", 256, 0, 1 << 20, &max_waiting)) ||
-        (st = fy_config_int(c, sec, "ctx", 0, 0, 1 << 20, &ctx)) || (st = fy_cluster_kv(c, &block_size, &kv_dtype)))
+    if ((st = fy_conf_string(c, "model", "path", &model_path)) || (st = fy_conf_string(c, "worker", "name", &name)) ||
+        (st = fy_conf_string(c, sec, "listen", &listen)) || (st = fy_conf_string(c, "router", "events", &events)) ||
+        (st = fy_conf_string(c, "worker", "transports", &transports)) ||
+        (st = fy_conf_string(c, "worker", "net_devices", &net_devices)) ||
+        (st = fy_conf_duration(c, "worker", "heartbeat", &heartbeat)) ||
+        (st = fy_conf_duration(c, "worker", "stall_timeout", &stall)) ||
+        (st = fy_conf_string(c, sec, "metrics", &metrics_url)) || (st = fy_engine_build_read(c, sec, &eb)))
         return st;
-    if (!listen || !events) {
-        fy_error("config: %s.listen and router.events are required", sec);
-        return FY_ERR_INVALID;
-    }
-    if (max_batch < max_seqs) max_batch = max_seqs;
     snprintf(n->name, sizeof(n->name), "%s", name ? name : "");
     if (!n->name[0]) snprintf(n->name, sizeof(n->name), "%s-%d", sec, (int)getpid());
     fy_log_set_prefix(n->name);
@@ -466,7 +405,7 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     n->heartbeat_s = heartbeat;
     n->stall_s = stall;
     snprintf(n->metrics_url, sizeof(n->metrics_url), "%s", metrics_url ? metrics_url : "");
-    n->max_seqs = (int32_t)max_seqs;
+    n->max_seqs = eb.engine.max_num_seqs;
     if (sodium_init() < 0) return FY_ERR_INTERNAL;
     while (!n->incarnation) randombytes_buf(&n->incarnation, sizeof(n->incarnation));
     if ((st = fy_cluster_auth(c, strcmp(sec, "decode") ? FY_ROLE_PREFILL : FY_ROLE_DECODE, n->name, n->incarnation,
@@ -475,79 +414,12 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
 
     if ((st = fy_model_load(model_path, &n->model))) return st;
     fy_model_id(n->model, n->model_id, sizeof(n->model_id));
-    fy_backend_params_t bp = {.n_threads = (int)threads, .isa = isa};
-    if (strcmp(device, "cpu") && strcmp(device, "cuda")) {
-        fy_error("config: worker.device must be cpu or cuda, not '%s'", device);
-        return FY_ERR_INVALID;
-    }
-    if ((st = fy_backend_create_device(device, &bp, &n->be))) return st;
-    bool decode = !strcmp(sec, "decode");
-    fy_spec_params_t sp;
-    const char *draft_spec = NULL;
-    double draft_frac = 0;
-    fy_spec_params_default(&sp);
-    if (decode && (st = spec_config(c, &sp, &draft_spec, &draft_frac))) return st;
-    fy_runner_params_t rp;
-    fy_runner_params_default(&rp);
-    rp.max_seqs = rp.max_logits = (int32_t)max_seqs;
-    if (sp.method != FY_SPEC_NONE) { /* logit rows for verifications: the proposals a step can hold */
-        int64_t rows = max_seqs + (sp.batch_tokens > 0 ? sp.batch_tokens : max_seqs * sp.k_max);
-        rp.max_logits = (int32_t)(rows < max_batch ? rows : max_batch);
-    }
-    rp.max_batch_tokens = (int32_t)max_batch;
-    rp.max_ctx = (int32_t)ctx;
-    /* a draft's KV comes out of the same budget */
-    rp.kv_mem = draft_spec ? (int64_t)((double)kv_mem * (1 - draft_frac)) : kv_mem;
-    rp.block_size = block_size;
-    rp.kv_dtype = kv_dtype;
-    if (host_mem > 0) { /* the host tier (swap preemption), in whole blocks */
-        const fy_model_config_t *mc = fy_model_config(n->model);
-        fy_kv_layout_t lay;
-        if ((st = fy_kv_layout_init(&lay, mc->n_layers, mc->n_kv_heads, mc->head_dim, block_size, kv_dtype)))
-            return st;
-        rp.n_host_blocks = (int32_t)(host_mem / (int64_t)lay.block_bytes);
-    }
-    if ((st = fy_runner_create(n->model, n->be, &rp, &n->runner))) return st;
-    if ((st = fy_kv_hasher_from_config(c, &n->hasher))) return st;
-    fy_kvm_params_t kp;
-    fy_runner_kvm_params(n->runner, &kp);
-    kp.hasher = n->hasher;
-    /* kv.prefix_cache = false: no block is named or kept after its request
-     * (the baseline of the harness's prefix-caching experiment) */
-    if ((st = fy_config_bool(c, "kv", "prefix_cache", true, &kp.prefix_caching))) return st;
-    if ((st = fy_kvm_create(&kp, &n->kvm))) return st;
-    if (draft_spec) {
-        if ((st = fy_spec_draft_open(draft_spec, n->runner, (int64_t)((double)kv_mem * draft_frac), n->hasher,
-                                     &n->draft)))
-            return st;
-        sp.draft = fy_spec_draft_runner(n->draft);
-        sp.draft_kvm = fy_spec_draft_kvm(n->draft);
-        fy_info("speculative draft: %s", fy_spec_draft_describe(n->draft));
-    }
-
-    fy_engine_params_t ep;
-    fy_engine_params_default(&ep);
-    ep.max_num_seqs = (int32_t)max_seqs;
-    ep.max_num_batched_tokens = (int32_t)max_batch;
-    ep.max_waiting = (int32_t)max_waiting;
-    ep.tick_fn = on_tick;
-    ep.tick_arg = n;
-    ep.tick_s = heartbeat < 0.05 ? heartbeat : 0.05; /* leases are reaped at least this often */
-    ep.spec = sp;
-    if (decode) {
-        const char *preempt;
-        double itl;
-        if ((st = fy_config_string(c, sec, "preempt", "recompute", &preempt)) ||
-            (st = fy_config_duration(c, sec, "itl_target", 0, 0, 60, &itl)))
-            return st;
-        if (strcmp(preempt, "recompute") && strcmp(preempt, "swap")) {
-            fy_error("config: decode.preempt = '%s': expected recompute or swap", preempt);
-            return FY_ERR_INVALID;
-        }
-        ep.preempt = strcmp(preempt, "swap") ? FY_PREEMPT_RECOMPUTE : FY_PREEMPT_SWAP;
-        ep.itl_target_s = itl;
-    }
-    if ((st = fy_engine_create(n->runner, n->kvm, fy_model_tokenizer(n->model), &ep, &n->engine))) return st;
+    eb.engine.tick_fn = on_tick;
+    eb.engine.tick_arg = n;
+    eb.engine.tick_s = heartbeat < 0.05 ? heartbeat : 0.05; /* leases are reaped at least this often */
+    if ((st = fy_engine_stack_create(n->model, &eb, &n->stack))) return st;
+    n->kvm = n->stack.kvm;
+    n->engine = n->stack.engine;
 
     const fy_kv_layout_t *lay = fy_kvm_layout(n->kvm);
     fy_kvm_stats_t ks;
@@ -562,7 +434,7 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     xp.layout.order = FY_XFER_ORDER_BLOCK_MAJOR;
     xp.layout.scale_format = fy_kv_scale_format(lay);
     xp.layout.block_bytes = lay->block_bytes;
-    xp.arena = fy_runner_kv_arena(n->runner);
+    xp.arena = fy_runner_kv_arena(n->stack.runner);
     xp.arena_bytes = (size_t)ks.tier[FY_KV_DEVICE].total * lay->block_bytes;
     xp.transports = transports && *transports ? transports : NULL;
     /* UCX listens where the worker was told to listen, not on every
@@ -643,8 +515,9 @@ static void teardown(fy_node_t *n)
     n->xfer = NULL;
     if (n->role && n->role->stop) n->role->stop(n, n->state);
     fy_engine_destroy(n->engine); /* posted work runs; requests left end with errors (pushed) */
-    fy_spec_draft_destroy(n->draft); /* after the engine that used it, before the runner it borrows from */
-    n->draft = NULL;
+    n->engine = n->stack.engine = NULL;
+    fy_spec_draft_destroy(n->stack.draft); /* after the engine that used it, before the runner it borrows from */
+    n->stack.draft = NULL;
     if (n->role && n->role->destroy) n->role->destroy(n->state);
     fy_httpd_destroy(n->http); /* its callbacks read the registry and the health inputs */
     n->http = NULL;
@@ -659,10 +532,8 @@ static void teardown(fy_node_t *n)
     fy_node_series_destroy(n->series);
     fy_metrics_destroy(n->metrics);
     fy_push_destroy(n->out);
-    fy_kvm_destroy(n->kvm);
-    fy_kv_hasher_destroy(n->hasher);
-    fy_runner_destroy(n->runner);
-    fy_backend_destroy(n->be);
+    fy_engine_stack_destroy(&n->stack); /* the block manager, hasher, runner and backend */
+    n->kvm = NULL;
     fy_model_destroy(n->model);
     fy_config_destroy(n->cfg);
     fy_free(n->bloom);

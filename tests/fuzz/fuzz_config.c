@@ -7,9 +7,11 @@
  * (same entry count); each --set is applied or refused without changing
  * anything; every typed getter, on every section.key the input names and
  * on keys ferry reads, answers FY_OK with a value inside the range asked
- * or FY_ERR_INVALID; fy_config_check_known runs over all of it; and the
- * configuration written by fy_config_write reads back to the same entries
- * and values.  Seeds: configs/local.ini and the cases test_config.c uses.
+ * or FY_ERR_INVALID; fy_config_check_known and the key table's check
+ * (fy_conf_check) run over all of it; the configuration written by
+ * fy_config_write reads back to the same entries and values, and so does
+ * the effective configuration of `ferry config` (fy_conf_print) for every
+ * key of the table.  Seeds: configs/local.ini and the cases test_config.c uses.
  */
 #include <math.h>
 #include <stdio.h>
@@ -150,6 +152,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                         "serve.stop_grace", "model.path"};
     st = fy_config_check_known(c, known, 6);
     check_status(st, "fy_config_check_known");
+    check_status(fy_conf_check(c, false), "fy_conf_check");
+    check_status(fy_conf_check(c, true), "fy_conf_check (values)");
+
+    /* the effective configuration reads back with every table key's value */
+    char *eff = NULL;
+    size_t eff_len = 0;
+    FILE *ef = open_memstream(&eff, &eff_len);
+    if (!ef) abort();
+    fy_conf_print(c, ef);
+    fclose(ef);
+    fy_config_t *c3 = NULL;
+    if (fy_config_create(&c3) != FY_OK) abort();
+    st = fy_config_load_string(c3, eff, "effective");
+    FZ_CHECK(st == FY_OK, "the effective configuration does not load: %s\n%s", fy_status_str(st), eff);
+    int n_keys;
+    const fy_conf_key_t *keys = fy_conf_keys(&n_keys);
+    for (int i = 0; i < n_keys; i++) {
+        const char *a = fy_config_get(c, keys[i].section, keys[i].key);
+        const char *b = fy_config_get(c3, keys[i].section, keys[i].key);
+        FZ_CHECK(!a || (b && !strcmp(a, b)), "%s.%s was '%s', printed '%s'", keys[i].section, keys[i].key, a,
+                 b ? b : "(none)");
+    }
+    fy_config_destroy(c3);
+    free(eff);
 
     /* written and read back: the same entries */
     char path[512];

@@ -533,6 +533,15 @@ static void configs(void)
     put_str("config", "bad-line.ini", "[a]\nx = 1\n[b\ny = 2\nhost:port = 1\n");
     /* what the fuzzer found (docs/fuzzing.md) */
     put_str("config", "found-leading-semicolon.ini", "[kv]\ndtype =; not a comment\n");
+    { /* key=value lines of the full 196 bytes (found by reading, issue 14) */
+        char path[192], value[189], full[512];
+        memset(path, 'm', sizeof(path) - 1);
+        path[sizeof(path) - 1] = '\0';
+        memset(value, 'x', sizeof(value) - 1);
+        value[sizeof(value) - 1] = '\0';
+        snprintf(full, sizeof(full), "[model]\npath=%s\n[kv]\ndtype=;%s\n", path, value);
+        put_str("config", "found-full-line.ini", full);
+    }
     put_str("tenants", "keys.txt",
             "# comment\n\nkey-one-0001 alpha   # trailing comment\nkey-two-0002 alpha max_concurrent=2\n"
             "key-three-03 beta tokens_per_minute=600\n");

@@ -1,0 +1,321 @@
+/*
+ * confkeys.c - the configuration schema: every key a ferry process reads
+ * (router, prefill and decode workers, `ferry serve`, `ferry chaos`,
+ * `ferry request`), with its type, default, allowed range and one line of
+ * help; and the two renderings of it, the Markdown key reference
+ * (docs/operations.md) and the effective configuration (`ferry config`).
+ *
+ * The defaults are written here and nowhere else: a process asks
+ * fy_conf_* (config.c) for a key and gets the file's value or this
+ * default.  A default is written as a file would write it, so it is
+ * checked by the same parser as a file's value (tests/test_config.c
+ * checks that each one parses and lies in its range).
+ *
+ * Not here: parsing and typed reading (config.c), the meaning of a key
+ * (the code that reads it).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "config.h"
+#include "mem.h"
+
+#define KIB 1024.0
+#define MIB (1024.0 * KIB)
+#define TIB (1024.0 * 1024.0 * MIB)
+
+/* Row makers, one per type: section, key, default, range or choices, help. */
+#define STR(s, k, d, h) {s, k, FY_CONF_STRING, d, NULL, 0, 0, NULL, h}
+#define INT(s, k, d, lo, hi, h) {s, k, FY_CONF_INT, d, NULL, lo, hi, NULL, h}
+#define FLT(s, k, d, lo, hi, h) {s, k, FY_CONF_FLOAT, d, NULL, lo, hi, NULL, h}
+#define BOOL(s, k, d, h) {s, k, FY_CONF_BOOL, d, NULL, 0, 0, NULL, h}
+#define SIZE(s, k, d, lo, hi, h) {s, k, FY_CONF_SIZE, d, NULL, lo, hi, NULL, h}
+#define DUR(s, k, d, lo, hi, h) {s, k, FY_CONF_DURATION, d, NULL, lo, hi, NULL, h}
+#define ENUM(s, k, d, ch, h) {s, k, FY_CONF_ENUM, d, NULL, 0, 0, ch, h}
+
+/* The keys both worker roles read from their own section. */
+#define ROLE_KEYS(S)                                                                                                   \
+    STR(S, "metrics", NULL, "GET /metrics and /health (tcp:// or http://HOST:PORT); `ferry serve` gives worker i "    \
+                            "port + i; unset or empty: none"),                                                         \
+    INT(S, "threads", "0", 0, 256, "CPU threads of the engine; 0: one per core"),                                      \
+    SIZE(S, "kv_mem", "256MiB", MIB, TIB, "device memory for the KV cache (a draft model's share included)"),          \
+    INT(S, "max_seqs", "32", 1, 1024, "sequences in the running batch at most"),                                       \
+    INT(S, "max_batch_tokens", "512", 1, 65536, "tokens per forward pass at most (raised to max_seqs if below)"),      \
+    INT(S, "max_waiting", "256", 0, 1 << 20, "requests queued in the engine before new ones are refused"),             \
+    INT(S, "ctx", "0", 0, 1 << 20, "longest sequence in tokens; 0: the model's trained context")
+
+static const fy_conf_key_t KEYS[] = {
+    STR("model", "path", FY_DEFAULT_MODEL_PATH,
+        "the model: a .gguf file or a Hugging Face folder (the router loads its tokenizer, the workers all of it)"),
+
+    {"kv", "block_size", FY_CONF_INT, "16", NULL, 8, 32, "8|16|32",
+     "tokens per KV block; every process of a cluster must agree"},
+    ENUM("kv", "dtype", "f16", "f16|f32|fp8|int8",
+         "KV cache element type; fp8 (e4m3) and int8 keep a scale per token and head (about 0.53x of f16)"),
+    STR("kv", "secret_file", NULL,
+        "the deployment's secret (mode 0600, 16 bytes or more): keys prefix-block names and authenticates every "
+        "control-plane message; unset: `ferry serve` makes RUN_DIR/kv.secret, the router and workers refuse to start"),
+    BOOL("kv", "prefix_cache", "true", "false: workers keep no prompt blocks for later requests"),
+
+    STR("router", "listen", "tcp://127.0.0.1:7400", "the router's client address (ferry request, ferry-bench)"),
+    STR("router", "events", "tcp://127.0.0.1:7401",
+        "where workers push tokens, completions and load reports (the router listens, workers connect)"),
+    STR("router", "http", "", "the OpenAI-compatible HTTP API and the router's /health and /metrics; empty: none"),
+    STR("router", "api_keys", "",
+        "file of \"KEY TENANT [max_concurrent=N] [tokens_per_minute=N]\" lines, mode 0600; empty: no keys asked"),
+    STR("router", "served_model_name", "", "the model's name in the HTTP API; empty: the model file's name"),
+    SIZE("router", "max_body", "1MiB", KIB, 64 * MIB, "HTTP request bodies at most; beyond it 413"),
+    INT("router", "default_max_tokens", "1024", 1, 1 << 20,
+        "max_tokens of chat completions that give none (completions default to 16, as OpenAI's)"),
+    DUR("router", "retry_after", "1s", 0, 3600, "the Retry-After of HTTP 503 answers"),
+    DUR("router", "health_timeout", "2s", 0.05, 3600, "a worker silent this long is down"),
+    DUR("router", "request_timeout", "600s", 0.1, 86400, "a request's deadline when the client gives none"),
+    DUR("router", "prefill_timeout", "60s", 0.1, 3600,
+        "a prefill whose worker reports no new prompt tokens for this long fails"),
+    DUR("router", "command_timeout", "10s", 0.05, 3600, "a worker's answer to a command must come within this"),
+    DUR("router", "lease", "30s", 0.1, 3600,
+        "how long a decode worker holds blocks for an incoming prompt; renewed while the prefill goes on"),
+    DUR("router", "client_timeout", "30s", 0.5, 86400, "a client that stops polling is cancelled"),
+    DUR("router", "drain_timeout", "10s", 0, 3600,
+        "on SIGINT/SIGTERM running requests get this long, then end with an error; keep it below serve.stop_grace"),
+    INT("router", "max_queue", "256", 0, 1 << 20, "requests waiting for placement before new ones are refused"),
+    INT("router", "retries", "1", 0, 10, "tries of a failed prefill on another worker"),
+    INT("router", "prefill_queue_tokens", "4096", 1, 1 << 24,
+        "prompt tokens queued at a prefill worker before requests wait in the router"),
+    FLT("router", "prefix_weight", "1", 0, 1e6,
+        "placement: weight of a prefill worker's queued tokens (in blocks) against its cached prompt blocks"),
+    DUR("router", "http_header_timeout", "10s", 0.1, 3600,
+        "a request's line, headers and body must arrive within this"),
+    DUR("router", "http_idle_timeout", "30s", 1, 86400, "an HTTP connection where nothing moves this long is closed"),
+    INT("router", "http_max_connections", "512", 1, 1 << 20,
+        "HTTP connections served at once; beyond it idle ones make room, 503 when all are busy"),
+    SIZE("router", "http_max_header", "16KiB", KIB, MIB, "bytes of request line and headers; beyond it 431"),
+
+    INT("prefill", "count", "1", 0, 16,
+        "prefill workers `ferry serve` starts; 0: colocated (the router sends whole requests to decode workers)"),
+    STR("prefill", "listen", "tcp://127.0.0.1:7410",
+        "a prefill worker's command address; `ferry serve` gives worker i port + i"),
+    ROLE_KEYS("prefill"),
+
+    INT("decode", "count", "1", 1, 16, "decode workers `ferry serve` starts"),
+    STR("decode", "listen", "tcp://127.0.0.1:7420",
+        "a decode worker's command address; `ferry serve` gives worker i port + i"),
+    ROLE_KEYS("decode"),
+    SIZE("decode", "host_kv_mem", "0", 0, TIB, "host memory for KV blocks swapped out by preemption; 0: none"),
+    ENUM("decode", "preempt", "recompute", "recompute|swap",
+         "what preemption does with a request's blocks: drop them (recompute) or move them to host memory (swap)"),
+    DUR("decode", "itl_target", "0s", 0, 60,
+        "p95 inter-token latency above which the prefill budget of a step shrinks; 0: off"),
+    {"decode", "max_lease", FY_CONF_DURATION, NULL, "router.lease", 0.1, 3600, NULL,
+     "no lease lasts longer, whatever a reserve asks"},
+    STR("decode", "spec", "ngram",
+        "speculative decoding: none, ngram, draft:MODEL_FILE or self:LAYERS (the target's first layers)"),
+    INT("decode", "spec_k", "8", 1, 16, "proposed tokens per step at most; adapted per request"),
+    INT("decode", "spec_ngram_max", "3", 1, 8, "longest suffix the n-gram lookup matches"),
+    FLT("decode", "spec_min_accept", "0.3", 0, 1,
+        "acceptance below this turns speculation off (request, worker), probed again later"),
+    INT("decode", "spec_warmup", "16", 1, 1 << 20, "proposed tokens before an acceptance rate is judged"),
+    INT("decode", "spec_probe_steps", "64", 1, 1 << 20, "steps speculation stays off before a probe"),
+    INT("decode", "spec_batch_tokens", "64", 0, 1 << 20, "tokens per step with proposals at most; 0: no cap"),
+    BOOL("decode", "spec_sampled", "false",
+         "sampled requests speculate without asking (their seeds then depend on the load)"),
+    FLT("decode", "spec_draft_kv_fraction", "0.25", 0.01, 0.9, "share of kv_mem a draft model's cache takes"),
+
+    STR("worker", "name", NULL, "the worker's name in logs, metrics and the router; unset: ROLE-PID"),
+    DUR("worker", "heartbeat", "200ms", 0.01, 60, "between load reports to the router"),
+    DUR("worker", "stall_timeout", "10s", 0.01, 3600,
+        "/health says 503 when the engine has not ticked, or the transfer thread answered no ping, for this long"),
+    STR("worker", "transports", NULL, "UCX transports (UCX_TLS); unset or empty: UCX's choice"),
+    STR("worker", "net_devices", NULL,
+        "UCX network devices (UCX_NET_DEVICES, e.g. eth0,mlx5_0:1); unset: the listen address's interface"),
+    STR("worker", "isa", NULL, "CPU kernels: auto, avx2, scalar...; unset: the best this CPU runs"),
+    ENUM("worker", "device", "cpu", "cpu|cuda", "compute device; cuda without a usable GPU warns and uses the cpu"),
+    DUR("worker", "http_header_timeout", "10s", 0.1, 3600, "the metrics server's router.http_header_timeout"),
+    DUR("worker", "http_idle_timeout", "30s", 1, 86400, "the metrics server's router.http_idle_timeout"),
+    INT("worker", "http_max_connections", "512", 1, 1 << 20, "the metrics server's router.http_max_connections"),
+    SIZE("worker", "http_max_header", "16KiB", KIB, MIB, "the metrics server's router.http_max_header"),
+
+    STR("serve", "run_dir", "run", "the resolved configuration (cluster.ini), the KV secret and the logs"),
+    STR("serve", "logs", NULL, "each child's log file; unset: RUN_DIR/logs"),
+    STR("serve", "metrics", NULL,
+        "`ferry serve`'s own /health and /metrics (tcp:// or http://HOST:PORT); unset or empty: none"),
+    DUR("serve", "stop_grace", "10s", 0, 3600,
+        "SIGTERM: the router drains this long (router.drain_timeout), then the workers get as long"),
+    DUR("serve", "health_timeout", "10s", 0, 3600,
+        "a child whose /health is silent this long is killed and restarted; 0: no probes"),
+    DUR("serve", "start_timeout", "120s", 1, 86400, "a child must report ready within this (model load included)"),
+    DUR("serve", "restart_backoff", "500ms", 0, 3600,
+        "first delay before restarting a child that exited; doubles on quick crashes"),
+    DUR("serve", "restart_backoff_max", "30s", 0, 3600, "the restart delay's cap"),
+    DUR("serve", "restart_window", "60s", 0.001, 86400,
+        "a crash this soon after the start doubles the delay; a longer run resets it"),
+    INT("serve", "max_restarts", "-1", -1, 1000, "-1: never give up; N: leave a child down after N restarts"),
+};
+
+const fy_conf_key_t *fy_conf_keys(int *n_p)
+{
+    *n_p = (int)FY_ARRAY_LEN(KEYS);
+    return KEYS;
+}
+
+const fy_conf_key_t *fy_conf_key(const char *section, const char *key)
+{
+    for (size_t i = 0; i < FY_ARRAY_LEN(KEYS); i++)
+        if (!strcmp(KEYS[i].key, key) && !strcmp(KEYS[i].section, section)) return &KEYS[i];
+    return NULL;
+}
+
+const char *fy_conf_default(const char *section, const char *key)
+{
+    const fy_conf_key_t *k = fy_conf_key(section, key);
+    return k ? k->def : NULL;
+}
+
+const char *fy_conf_type_str(fy_conf_type_t t)
+{
+    switch (t) {
+    case FY_CONF_STRING: return "string";
+    case FY_CONF_INT: return "int";
+    case FY_CONF_FLOAT: return "float";
+    case FY_CONF_BOOL: return "bool";
+    case FY_CONF_SIZE: return "size";
+    case FY_CONF_DURATION: return "duration";
+    case FY_CONF_ENUM: return "enum";
+    }
+    return "?";
+}
+
+/* ---- rendering --------------------------------------------------------------------------------- */
+
+/* 1048576 -> "1MiB": the largest binary unit that divides it. */
+static void fmt_size(double b, char *out, size_t cap)
+{
+    static const char *const units[] = {"TiB", "GiB", "MiB", "KiB"};
+    for (int i = 0; i < 4; i++) {
+        double u = pow(1024.0, 4 - i);
+        if (b >= u && fmod(b, u) == 0) {
+            snprintf(out, cap, "%.0f%s", b / u, units[i]);
+            return;
+        }
+    }
+    snprintf(out, cap, "%.0f", b);
+}
+
+/* 3600 -> "1h", 0.05 -> "50ms", 30 -> "30s". */
+static void fmt_duration(double s, char *out, size_t cap)
+{
+    if (s >= 3600 && fmod(s, 3600) == 0)
+        snprintf(out, cap, "%gh", s / 3600);
+    else if (s > 0 && s < 1)
+        snprintf(out, cap, "%gms", s * 1000);
+    else
+        snprintf(out, cap, "%gs", s);
+}
+
+static void fmt_bound(const fy_conf_key_t *k, double v, char *out, size_t cap)
+{
+    if (k->type == FY_CONF_SIZE)
+        fmt_size(v, out, cap);
+    else if (k->type == FY_CONF_DURATION)
+        fmt_duration(v, out, cap);
+    else if (k->type == FY_CONF_INT)
+        snprintf(out, cap, "%.0f", v);
+    else
+        snprintf(out, cap, "%g", v);
+}
+
+/* What values the key takes: "0 to 16", "1MiB to 1TiB", "recompute, swap". */
+static void fmt_range(const fy_conf_key_t *k, char *out, size_t cap)
+{
+    out[0] = '\0';
+    if (k->choices) {
+        size_t n = 0;
+        for (const char *s = k->choices; *s && n + 3 < cap; s++) {
+            if (*s == '|') {
+                out[n++] = ',';
+                out[n++] = ' ';
+            } else {
+                out[n++] = *s;
+            }
+        }
+        out[n] = '\0';
+        return;
+    }
+    if (k->type == FY_CONF_BOOL) {
+        snprintf(out, cap, "true, false");
+        return;
+    }
+    if (k->type == FY_CONF_STRING || k->type == FY_CONF_ENUM) return;
+    char lo[32], hi[32];
+    fmt_bound(k, k->lo, lo, sizeof(lo));
+    fmt_bound(k, k->hi, hi, sizeof(hi));
+    snprintf(out, cap, "%s to %s", lo, hi);
+}
+
+void fy_conf_markdown(FILE *f)
+{
+    const char *section = "";
+    for (size_t i = 0; i < FY_ARRAY_LEN(KEYS); i++) {
+        const fy_conf_key_t *k = &KEYS[i];
+        if (strcmp(k->section, section)) {
+            section = k->section;
+            fprintf(f, "%s### [%s]\n\n| key | type | default | range | meaning |\n|---|---|---|---|---|\n",
+                    i ? "\n" : "", section);
+        }
+        char range[128], def[160];
+        fmt_range(k, range, sizeof(range));
+        if (k->def_from)
+            snprintf(def, sizeof(def), "`%s`", k->def_from);
+        else if (!k->def)
+            snprintf(def, sizeof(def), "unset");
+        else if (!*k->def)
+            snprintf(def, sizeof(def), "empty");
+        else
+            snprintf(def, sizeof(def), "`%s`", k->def);
+        fprintf(f, "| `%s.%s` | %s | %s | %s | %s |\n", k->section, k->key, fy_conf_type_str(k->type), def, range,
+                k->help);
+    }
+}
+
+void fy_conf_print(const fy_config_t *c, FILE *f)
+{
+    const char *section = "";
+    fprintf(f, "; the effective configuration: every key, its value in force and where it came from\n");
+    for (size_t i = 0; i < FY_ARRAY_LEN(KEYS); i++) {
+        const fy_conf_key_t *k = &KEYS[i];
+        if (strcmp(k->section, section)) {
+            section = k->section;
+            fprintf(f, "\n[%s]\n", section);
+        }
+        const char *v = c ? fy_config_get(c, k->section, k->key) : NULL, *origin = "default";
+        char from[96];
+        if (v) {
+            origin = fy_config_origin(c, k->section, k->key);
+        } else if (k->def_from) {
+            char sec[FY_CONFIG_MAX_SECTION + 1];
+            const char *dot = strchr(k->def_from, '.');
+            snprintf(sec, sizeof(sec), "%.*s", (int)(dot - k->def_from), k->def_from);
+            const fy_conf_key_t *o = fy_conf_key(sec, dot + 1);
+            v = c ? fy_config_get(c, sec, dot + 1) : NULL;
+            if (!v && o) v = o->def;
+            snprintf(from, sizeof(from), "default: %s", k->def_from);
+            origin = from;
+        } else {
+            v = k->def;
+        }
+        char line[FY_CONFIG_MAX_LINE + 8], note[160];
+        bool tight = v && strlen(k->key) + 3 + strlen(v) > FY_CONFIG_MAX_LINE; /* as fy_config_write */
+        if (v)
+            snprintf(line, sizeof(line), "%s%s=%s%s", k->key, tight ? "" : " ", v[0] == ';' || !v[0] || tight ? "" : " ",
+                     v);
+        else
+            snprintf(line, sizeof(line), "; %s =", k->key);
+        snprintf(note, sizeof(note), "%s%s%s", v ? "" : "unset (", origin, v ? "" : ")");
+        /* the origin after the value where the line stays readable back, else on a line of its own */
+        if ((strlen(line) < 40 ? 40 : strlen(line)) + 3 + strlen(note) <= FY_CONFIG_MAX_LINE)
+            fprintf(f, "%-40s ; %s\n", line, note);
+        else
+            fprintf(f, "; %s: %s\n%s\n", k->key, note, line);
+    }
+}

@@ -1,0 +1,172 @@
+/*
+ * engine_config.c - an engine and what it runs on, from a configuration
+ * or a command's options (see engine_config.h).
+ */
+#include "engine_config.h"
+
+#include <string.h>
+
+#include "cluster.h"
+#include "log.h"
+
+void fy_engine_build_default(fy_engine_build_t *b)
+{
+    *b = (fy_engine_build_t){.prefix_caching = true, .watermark = -1};
+    fy_runner_params_default(&b->runner);
+    fy_engine_params_default(&b->engine);
+}
+
+/* A decode worker's speculative decoding from decode.spec*: the method and
+ * its controller into sp, the draft's spec ("draft:FILE", "self:L") and
+ * its share of the KV budget. */
+static fy_status_t spec_read(const fy_config_t *c, fy_spec_params_t *sp, const char **draft_p, double *frac_p)
+{
+    const char *spec;
+    int64_t k, ngram, warmup, probe, batch;
+    double min_accept, frac;
+    bool sampled;
+    fy_status_t st;
+    if ((st = fy_conf_string(c, "decode", "spec", &spec)) || (st = fy_conf_int(c, "decode", "spec_k", &k)) ||
+        (st = fy_conf_int(c, "decode", "spec_ngram_max", &ngram)) ||
+        (st = fy_conf_float(c, "decode", "spec_min_accept", &min_accept)) ||
+        (st = fy_conf_int(c, "decode", "spec_warmup", &warmup)) ||
+        (st = fy_conf_int(c, "decode", "spec_probe_steps", &probe)) ||
+        (st = fy_conf_int(c, "decode", "spec_batch_tokens", &batch)) ||
+        (st = fy_conf_bool(c, "decode", "spec_sampled", &sampled)) ||
+        (st = fy_conf_float(c, "decode", "spec_draft_kv_fraction", &frac)))
+        return st;
+    const char *draft = NULL;
+    if (!strcmp(spec, "none")) {
+        sp->method = FY_SPEC_NONE;
+    } else if (!strcmp(spec, "ngram")) {
+        sp->method = FY_SPEC_NGRAM;
+    } else if (!strncmp(spec, "draft:", 6) || !strncmp(spec, "self:", 5)) {
+        sp->method = FY_SPEC_DRAFT;
+        draft = spec;
+    } else {
+        fy_error("config: decode.spec = '%s': expected none, ngram, draft:MODEL_FILE or self:LAYERS", spec);
+        return FY_ERR_INVALID;
+    }
+    sp->k_max = (int32_t)k;
+    sp->ngram_max = (int32_t)ngram;
+    sp->min_accept = min_accept;
+    sp->warmup = (int32_t)warmup;
+    sp->probe_steps = (int32_t)probe;
+    sp->batch_tokens = (int32_t)batch;
+    sp->sampled = sampled;
+    *draft_p = draft;
+    *frac_p = frac;
+    return FY_OK;
+}
+
+fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engine_build_t *b_p)
+{
+    bool decode = !strcmp(role, "decode");
+    const char *isa, *device, *draft = NULL;
+    int64_t threads, kv_mem, max_seqs, max_batch, max_waiting, ctx, host_mem = 0;
+    int32_t block_size;
+    fy_dtype_t kv_dtype;
+    bool prefix_caching;
+    double draft_frac = 0;
+    fy_status_t st;
+    if ((st = fy_conf_string(c, "worker", "isa", &isa)) || (st = fy_conf_string(c, "worker", "device", &device)) ||
+        (st = fy_conf_int(c, role, "threads", &threads)) || (st = fy_conf_size(c, role, "kv_mem", &kv_mem)) ||
+        (st = fy_conf_int(c, role, "max_seqs", &max_seqs)) ||
+        (st = fy_conf_int(c, role, "max_batch_tokens", &max_batch)) ||
+        (st = fy_conf_int(c, role, "max_waiting", &max_waiting)) || (st = fy_conf_int(c, role, "ctx", &ctx)) ||
+        (st = fy_cluster_kv(c, &block_size, &kv_dtype)) ||
+        (st = fy_conf_bool(c, "kv", "prefix_cache", &prefix_caching)) ||
+        (decode && (st = fy_conf_size(c, role, "host_kv_mem", &host_mem))))
+        return st;
+    if (max_batch < max_seqs) max_batch = max_seqs;
+
+    fy_engine_build_t b;
+    fy_engine_build_default(&b);
+    b.device = device;
+    b.threads = (int)threads;
+    b.isa = isa;
+    b.cluster = c;
+    /* kv.prefix_cache = false: no block is named or kept after its request
+     * (the baseline of the harness's prefix-caching experiment) */
+    b.prefix_caching = prefix_caching;
+    fy_engine_params_t *ep = &b.engine;
+    if (decode) {
+        int preempt;
+        if ((st = spec_read(c, &ep->spec, &draft, &draft_frac)) ||
+            (st = fy_conf_enum(c, role, "preempt", &preempt)) ||
+            (st = fy_conf_duration(c, role, "itl_target", &ep->itl_target_s)))
+            return st;
+        ep->preempt = preempt ? FY_PREEMPT_SWAP : FY_PREEMPT_RECOMPUTE; /* "recompute|swap" */
+    }
+    ep->max_num_seqs = (int32_t)max_seqs;
+    ep->max_num_batched_tokens = (int32_t)max_batch;
+    ep->max_waiting = (int32_t)max_waiting;
+
+    fy_runner_params_t *rp = &b.runner;
+    rp->max_seqs = rp->max_logits = (int32_t)max_seqs;
+    const fy_spec_params_t *sp = &ep->spec;
+    if (sp->method != FY_SPEC_NONE) { /* logit rows for verifications: the proposals a step can hold */
+        int64_t rows = max_seqs + (sp->batch_tokens > 0 ? sp->batch_tokens : max_seqs * sp->k_max);
+        rp->max_logits = (int32_t)(rows < max_batch ? rows : max_batch);
+    }
+    rp->max_batch_tokens = (int32_t)max_batch;
+    rp->max_ctx = (int32_t)ctx;
+    /* a draft's KV comes out of the same budget */
+    rp->kv_mem = draft ? (int64_t)((double)kv_mem * (1 - draft_frac)) : kv_mem;
+    rp->block_size = block_size;
+    rp->kv_dtype = kv_dtype;
+    b.host_kv_mem = host_mem;
+    b.draft = draft;
+    b.draft_kv_mem = draft ? (int64_t)((double)kv_mem * draft_frac) : 0;
+    *b_p = b;
+    return FY_OK;
+}
+
+fy_status_t fy_engine_stack_create(const fy_model_t *m, const fy_engine_build_t *b, fy_engine_stack_t *s_p)
+{
+    fy_engine_stack_t s = {0};
+    fy_runner_params_t rp = b->runner;
+    fy_status_t st;
+    if (b->host_kv_mem > 0) { /* the host tier (swap preemption), in whole blocks */
+        const fy_model_config_t *mc = fy_model_config(m);
+        fy_kv_layout_t lay;
+        if ((st = fy_kv_layout_init(&lay, mc->n_layers, mc->n_kv_heads, mc->head_dim, rp.block_size, rp.kv_dtype)))
+            return st;
+        rp.n_host_blocks = (int32_t)(b->host_kv_mem / (int64_t)lay.block_bytes);
+    }
+    fy_backend_params_t bp = {.n_threads = b->threads, .isa = b->isa};
+    if ((st = fy_backend_create_device(b->device, &bp, &s.be)) || (st = fy_runner_create(m, s.be, &rp, &s.runner)))
+        goto fail;
+    st = b->cluster ? fy_kv_hasher_from_config(b->cluster, &s.hasher) : fy_kv_hasher_create_random(&s.hasher);
+    if (st) goto fail;
+    fy_kvm_params_t kp;
+    fy_runner_kvm_params(s.runner, &kp);
+    kp.hasher = s.hasher;
+    kp.prefix_caching = b->prefix_caching;
+    if (b->watermark >= 0) kp.watermark = b->watermark;
+    if ((st = fy_kvm_create(&kp, &s.kvm))) goto fail;
+    fy_engine_params_t ep = b->engine;
+    if (b->draft) {
+        if ((st = fy_spec_draft_open(b->draft, s.runner, b->draft_kv_mem, s.hasher, &s.draft))) goto fail;
+        ep.spec.draft = fy_spec_draft_runner(s.draft);
+        ep.spec.draft_kvm = fy_spec_draft_kvm(s.draft);
+        fy_info("speculative draft: %s", fy_spec_draft_describe(s.draft));
+    }
+    if (!b->no_engine && (st = fy_engine_create(s.runner, s.kvm, fy_model_tokenizer(m), &ep, &s.engine))) goto fail;
+    *s_p = s;
+    return FY_OK;
+fail:
+    fy_engine_stack_destroy(&s);
+    return st;
+}
+
+void fy_engine_stack_destroy(fy_engine_stack_t *s)
+{
+    fy_engine_destroy(s->engine);
+    fy_spec_draft_destroy(s->draft); /* after the engine that used it, before the runner it borrows from */
+    fy_kvm_destroy(s->kvm);
+    fy_kv_hasher_destroy(s->hasher);
+    fy_runner_destroy(s->runner);
+    fy_backend_destroy(s->be);
+    *s = (fy_engine_stack_t){0};
+}

@@ -1,0 +1,90 @@
+/*
+ * engine_config.h - one function that builds an engine and what it runs
+ * on: the backend, the runner (its KV arena), the prefix hasher, the
+ * block manager, a speculative draft when asked, and the engine; and one
+ * that reads what to build from a worker's configuration.
+ *
+ * A worker fills the build from its configuration (fy_engine_build_read:
+ * ROLE.*, kv.*, worker.device and isa, decode.spec*); a command that
+ * takes its own options (`ferry generate`, the bench commands) starts
+ * from fy_engine_build_default and sets what it needs.  Both end in
+ * fy_engine_stack_create, so every engine is put together the same way.
+ *
+ * Not here: the model (the caller loads it and keeps it for the stack's
+ * life), the worker around the engine (node.c), the engine itself
+ * (engine.c).
+ */
+#ifndef FY_ENGINE_CONFIG_H
+#define FY_ENGINE_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "config.h"
+#include "engine.h"
+#include "kv.h"
+#include "model.h"
+#include "runner.h"
+#include "spec.h"
+#include "status.h"
+
+typedef struct fy_engine_build {
+    /* backend */
+    const char *device; /* "cpu" or "cuda" (fy_backend_create_device); NULL: cpu */
+    int threads;        /* 0: one per core */
+    const char *isa;    /* CPU kernels; NULL: the best this CPU runs */
+    /* runner */
+    fy_runner_params_t runner;
+    int64_t host_kv_mem; /* bytes of host tier for swapped blocks, in whole blocks; 0: none */
+    /* hasher: kv.secret_file of this configuration (fy_kv_hasher_from_config); NULL: a key private to the process */
+    const fy_config_t *cluster;
+    /* block manager */
+    bool prefix_caching;
+    float watermark; /* share of device blocks admission keeps free; < 0: the block manager's default */
+    /* a speculative draft: "draft:FILE" or "self:L" (fy_spec_draft_open), or NULL */
+    const char *draft;
+    int64_t draft_kv_mem; /* its KV arena; 0: as many blocks as the target's */
+    /* the engine; with no_engine the stack ends at the block manager (and
+     * draft), for a caller that drives the runner or makes its own engines */
+    bool no_engine;
+    fy_engine_params_t engine;
+} fy_engine_build_t;
+
+/* The runner's and engine's defaults, cpu, one thread per core, prefix
+ * caching on, a random hasher, no draft. */
+void fy_engine_build_default(fy_engine_build_t *b);
+
+/*
+ * What a worker of role ("prefill" or "decode") builds, from c through the
+ * key table: ROLE.threads, kv_mem, max_seqs, max_batch_tokens (at least
+ * max_seqs), max_waiting, ctx; kv.block_size, dtype, prefix_cache and the
+ * hasher's secret; worker.device and isa; for decode also host_kv_mem,
+ * preempt, itl_target and the speculative decoding of decode.spec* (a
+ * draft takes decode.spec_draft_kv_fraction of kv_mem).  The caller adds
+ * the engine's tick.  FY_ERR_INVALID (logged, naming the key) for a bad
+ * value; *b_p is set on success only.
+ */
+fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engine_build_t *b_p);
+
+/* What fy_engine_stack_create makes; members are NULL where not made. */
+typedef struct fy_engine_stack {
+    fy_backend_t *be;
+    fy_runner_t *runner;
+    fy_kv_hasher_t *hasher;
+    fy_kvm_t *kvm;
+    fy_spec_draft_t *draft;
+    fy_engine_t *engine;
+} fy_engine_stack_t;
+
+/* Builds, in order, the backend, runner, hasher, block manager, draft and
+ * engine for model m (which must outlive the stack), the draft wired into
+ * the engine's speculative parameters.  The component that fails logs
+ * why; what was made is destroyed and *s_p is untouched. */
+fy_status_t fy_engine_stack_create(const fy_model_t *m, const fy_engine_build_t *b, fy_engine_stack_t *s_p);
+/* Destroys what s holds, the engine first and the backend last, and zeroes
+ * it.  A caller that must end the engine earlier (a worker that stops it
+ * before its transfer engine) destroys it itself and sets it to NULL. */
+void fy_engine_stack_destroy(fy_engine_stack_t *s);
+
+#endif /* FY_ENGINE_CONFIG_H */
