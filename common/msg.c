@@ -427,6 +427,19 @@ void fy_msgr_free(fy_msgr_t *r)
 
 bool fy_msgr_has(const fy_msgr_t *r, const char *key) { return field(r, key) != NULL; }
 
+bool fy_msgr_present(const fy_msgr_t *r, const char *key)
+{
+    const msgpack_object *o = field(r, key);
+    return o && o->type != MSGPACK_OBJECT_NIL;
+}
+
+int32_t fy_msgr_count(const fy_msgr_t *r, const char *key)
+{
+    const msgpack_object *o = r->ok ? field(r, key) : NULL;
+    if (!o || o->type != MSGPACK_OBJECT_ARRAY) return 0;
+    return o->via.array.size > INT32_MAX ? INT32_MAX : (int32_t)o->via.array.size;
+}
+
 /* The field, or NULL when absent (an error if required) or after an error. */
 static const msgpack_object *get(fy_msgr_t *r, const char *key, fy_msg_need_t need)
 {
