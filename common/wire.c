@@ -1019,12 +1019,12 @@ static const char *bound_words(lim_ref_t l)
 {
     switch (l) {
     case L_TOKEN: return "the vocabulary's last id";
-    case L_NPROMPT: return "the request's prompt tokens";
-    case L_NPROMPT_M1: return "the request's prompt tokens - 1";
-    case L_NBLOCKS_M1: return "the request's prompt blocks - 1";
-    case L_PROMPT_BLOCKS: return "the worker's longest prompt / block size";
-    case L_MAX_PROMPT: return "the reader's longest prompt";
-    case L_NBLOCKS: return "the request's prompt blocks";
+    case L_NPROMPT: return "the prompt's tokens";
+    case L_NPROMPT_M1: return "the prompt's tokens - 1";
+    case L_NBLOCKS_M1: return "the prompt's blocks - 1";
+    case L_PROMPT_BLOCKS: return "the longest prompt's blocks";
+    case L_MAX_PROMPT: return "the longest prompt";
+    case L_NBLOCKS: return "the prompt's blocks";
     case L_MSG_NBLOCKS: return "the blocks of `tokens`";
     default: return NULL;
     }
@@ -1055,8 +1055,9 @@ static int32_t describe(const field_t *t, int32_t n, const char *parent, const f
                                    .dhi = f->dhi,
                                    .cap = f->kind == K_STR ? f->cap - 1 : f->cap,
                                    .len = f->len ? f->len - 1 : 0,
-                                   .bound = bound_words(f->lim ? f->lim : f->limcap)};
-            if (f->limcap && lim) o->cap = cap_of(f, lim, 0);
+                                   .bound = bound_words(f->lim),
+                                   .cap_bound = bound_words(f->limcap)};
+            if (f->limcap && f->limcap != L_MSG_NBLOCKS) o->cap = cap_of(f, lim, 0); /* that one depends on the message */
         }
         k++;
         if (f->kind == K_MAP) k = describe(f->sub, f->n_sub, f->name, lim, out, cap, k);

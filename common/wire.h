@@ -112,9 +112,10 @@ typedef struct fy_wire_field {
     int64_t ilo, ihi;    /* FY_WIRE_INT(S) */
     uint64_t ulo, uhi;   /* FY_WIRE_UINT */
     double dlo, dhi;     /* FY_WIRE_FLOAT */
-    int64_t cap;         /* strings, bytes, arrays: their static limit */
-    int64_t len;         /* FY_WIRE_STRS: bytes per entry */
-    const char *bound;   /* a bound from lim, in words ("token_hi"), or NULL */
+    int64_t cap;         /* strings, bytes: most bytes; arrays: most entries */
+    int64_t len;         /* FY_WIRE_STRS: most bytes per entry */
+    const char *bound;   /* what narrows the upper bound of a value (from lim), in words, or NULL */
+    const char *cap_bound; /* what narrows cap (from lim), or NULL */
 } fy_wire_field_t;
 
 /* Up to cap fields of s into out (lim narrows the bounds as a reader's
