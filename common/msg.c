@@ -305,9 +305,9 @@ void fy_msgr_fail(fy_msgr_t *r, fy_status_t st, const char *fmt, ...)
     va_end(ap);
 }
 
-static bool key_is(const msgpack_object *k, const char *key)
+/* key is n bytes long */
+static bool key_is(const msgpack_object *k, const char *key, size_t n)
 {
-    size_t n = strlen(key);
     /* n == 0 first: msgpack-c gives an empty string a NULL pointer, which memcmp may not take */
     return k->type == MSGPACK_OBJECT_STR && k->via.str.size == n && (n == 0 || !memcmp(k->via.str.ptr, key, n));
 }
@@ -354,8 +354,9 @@ static const msgpack_object *field(const fy_msgr_t *r, const char *key)
 {
     if (!r->cur) return NULL;
     const msgpack_object_map *m = &r->cur->via.map;
+    size_t n = strlen(key);
     for (uint32_t i = 0; i < m->size; i++)
-        if (key_is(&m->ptr[i].key, key)) return &m->ptr[i].val;
+        if (key_is(&m->ptr[i].key, key, n)) return &m->ptr[i].val;
     return NULL;
 }
 

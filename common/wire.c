@@ -803,8 +803,11 @@ static void read_fields(reader_t *c, const field_t *t, int32_t n, char *m)
         case K_F64: AT(m, f->off, double) = fy_msgr_f64(r, f->name, f->need, AT(m, f->off, double), f->dlo, f->dhi); break;
         case K_BOOL: AT(m, f->off, bool) = fy_msgr_bool(r, f->name, f->need, AT(m, f->off, bool)); break;
         case K_STR: {
-            char def[512]; /* the preset: fy_msgr_str copies it back when the field is absent */
-            snprintf(def, sizeof(def), "%.*s", (int)f->cap - 1, m + f->off);
+            if (f->need == FY_OPT && !fy_msgr_present(r, f->name)) break; /* the preset stays */
+            char def[512]; /* the preset, which fy_msgr_str puts back when the field is bad */
+            size_t len = strnlen(m + f->off, (size_t)f->cap - 1);
+            memcpy(def, m + f->off, len);
+            def[len] = 0;
             fy_msgr_str(r, f->name, f->need, def, m + f->off, (size_t)f->cap);
             break;
         }

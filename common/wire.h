@@ -25,6 +25,10 @@
  * NULL); after a failed read m owns nothing.  Byte and text fields
  * (pointer and length) point into the message: valid until
  * fy_msgr_free(r).  Fields after the one that failed keep their presets.
+ * A has_ flag is set when its field (any of its fields) was there.  The
+ * reader does not look at the message's type: its dispatcher does
+ * (fy_wire_NAME_is), so messages that share a type ("generate" from a
+ * client and from the router) are told apart by who reads them.
  *
  * Writing.  Required fields are always written; an optional field is
  * written always, only when it is not zero (0, false, "", a NULL

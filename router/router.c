@@ -49,7 +49,6 @@
 
 #define MAX_WORKERS 64
 #define N_BUCKETS 1024
-#define MAX_PROMPT_BYTES (1 << 20)
 #define MAX_PROMPT_TOKENS 32768
 
 typedef enum rstate {

@@ -728,7 +728,12 @@ static void no_tokens(void *p) { ((fy_wire_reserve_t *)p)->n_tokens = 0; }
 static void prefill_no_tokens(void *p) { ((fy_wire_prefill_t *)p)->n_tokens = 0, ((fy_wire_prefill_t *)p)->n_blocks = 0; }
 static void prefill_one_block_less(void *p) { ((fy_wire_prefill_t *)p)->n_blocks = 1; }
 static void prefill_first_past_end(void *p) { ((fy_wire_prefill_t *)p)->first_block = 3; }
-static void prefill_block_too_many(void *p) { ((fy_wire_prefill_t *)p)->first_block = 0, ((fy_wire_prefill_t *)p)->n_blocks = 4; }
+static void prefill_block_too_many(void *p)
+{
+    static int32_t four[4] = {1, 2, 3, 4};
+    fy_wire_prefill_t *m = p;
+    m->first_block = 0, m->blocks = four, m->n_blocks = 4;
+}
 static void reserved_one_block_less(void *p) { ((fy_wire_reserved_t *)p)->n_blocks = 1; }
 static void progress_short(void *p) { ((fy_wire_progress_t *)p)->n_computed = 2; }
 static void adopt_two_words(void *p) { ((fy_wire_adopt_t *)p)->n_rng = 2; }
@@ -941,6 +946,7 @@ static void test_schema_sanity(void **state)
                 if (!zero_ok) fail_msg("%s: optional '%s' is written always and 0 is out of its range", fy_wire_name(s), f->name);
             }
             if (f->required && strcmp(f->put, "always")) fail_msg("%s: required '%s' is not always written", fy_wire_name(s), f->name);
+            if (f->type == FY_WIRE_STR && f->cap >= 512) fail_msg("%s: '%s' is longer than wire.c's preset buffer", fy_wire_name(s), f->name);
         }
     }
     /* the refused-message counts are named as envelope.c names the faults */
