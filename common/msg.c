@@ -305,9 +305,9 @@ void fy_msgr_fail(fy_msgr_t *r, fy_status_t st, const char *fmt, ...)
     va_end(ap);
 }
 
-static bool key_is(const msgpack_object *k, const char *key)
+/* key is n bytes long */
+static bool key_is(const msgpack_object *k, const char *key, size_t n)
 {
-    size_t n = strlen(key);
     /* n == 0 first: msgpack-c gives an empty string a NULL pointer, which memcmp may not take */
     return k->type == MSGPACK_OBJECT_STR && k->via.str.size == n && (n == 0 || !memcmp(k->via.str.ptr, key, n));
 }
@@ -354,8 +354,9 @@ static const msgpack_object *field(const fy_msgr_t *r, const char *key)
 {
     if (!r->cur) return NULL;
     const msgpack_object_map *m = &r->cur->via.map;
+    size_t n = strlen(key);
     for (uint32_t i = 0; i < m->size; i++)
-        if (key_is(&m->ptr[i].key, key)) return &m->ptr[i].val;
+        if (key_is(&m->ptr[i].key, key, n)) return &m->ptr[i].val;
     return NULL;
 }
 
@@ -426,6 +427,19 @@ void fy_msgr_free(fy_msgr_t *r)
 }
 
 bool fy_msgr_has(const fy_msgr_t *r, const char *key) { return field(r, key) != NULL; }
+
+bool fy_msgr_present(const fy_msgr_t *r, const char *key)
+{
+    const msgpack_object *o = field(r, key);
+    return o && o->type != MSGPACK_OBJECT_NIL;
+}
+
+int32_t fy_msgr_count(const fy_msgr_t *r, const char *key)
+{
+    const msgpack_object *o = r->ok ? field(r, key) : NULL;
+    if (!o || o->type != MSGPACK_OBJECT_ARRAY) return 0;
+    return o->via.array.size > INT32_MAX ? INT32_MAX : (int32_t)o->via.array.size;
+}
 
 /* The field, or NULL when absent (an error if required) or after an error. */
 static const msgpack_object *get(fy_msgr_t *r, const char *key, fy_msg_need_t need)

@@ -99,6 +99,10 @@ static inline const char *fy_msgr_type(const fy_msgr_t *r) { return r->type; }
 /* Records an error of the caller's (a cross-field check); the first one stays. */
 void fy_msgr_fail(fy_msgr_t *r, fy_status_t st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 bool fy_msgr_has(const fy_msgr_t *r, const char *key);
+/* The field is there and not nil (an optional field's nil reads as absent). */
+bool fy_msgr_present(const fy_msgr_t *r, const char *key);
+/* Entries of the array under key; 0 when absent, not an array, or after an error. */
+int32_t fy_msgr_count(const fy_msgr_t *r, const char *key);
 
 /* Field getters: the value, or def when the field is absent (FY_OPT) or
  * anything failed (then r records why, naming the field). */

@@ -119,38 +119,44 @@ static void req_unlink(decode_t *d, dreq_t *q)
 
 /* ---- reserve --------------------------------------------------------------------------------- */
 
+/* What this worker's commands may hold: token ids of its vocabulary, a
+ * prompt that leaves room for a token in its context. */
+static fy_wire_lim_t command_lim(fy_node_t *n)
+{
+    const fy_runner_params_t *rp = fy_runner_params(fy_node_runner(n));
+    return (fy_wire_lim_t){.token_hi = fy_model_config(fy_node_model(n))->vocab_size - 1,
+                           .max_prompt = rp->max_ctx - 1 < MAX_PROMPT ? rp->max_ctx - 1 : MAX_PROMPT,
+                           .max_ctx = rp->max_ctx,
+                           .block_size = fy_kvm_layout(fy_node_kvm(n))->block_size};
+}
+
 static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
 {
     fy_node_t *n = d->n;
     fy_kvm_t *kvm = fy_node_kvm(n);
     const fy_runner_params_t *rp = fy_runner_params(fy_node_runner(n));
-    int32_t vocab = fy_model_config(fy_node_model(n))->vocab_size;
     int32_t bs = fy_kvm_layout(kvm)->block_size;
-    uint64_t id = fy_msgr_u64(r, "id", FY_REQ, 0, 1, UINT64_MAX);
-    char tenant[64];
-    fy_msgr_str(r, "tenant", FY_OPT, "", tenant, sizeof(tenant));
-    double lease_s = fy_msgr_f64(r, "lease_s", FY_OPT, d->max_lease, 0.01, 3600);
-    if (lease_s > d->max_lease) lease_s = d->max_lease;
-    int32_t cap = rp->max_ctx - 1 < MAX_PROMPT ? rp->max_ctx - 1 : MAX_PROMPT;
+    fy_wire_lim_t lim = command_lim(n);
+    fy_wire_reserve_t m;
+    fy_wire_reserve_init(&m);
+    m.lease_s = d->max_lease;
+    if (fy_wire_reserve_read(r, &lim, &m)) {
+        fy_node_error(n, rid, m.id, r->status, "bad reserve: %s", r->err);
+        return;
+    }
+    uint64_t id = m.id;
+    double lease_s = m.lease_s < d->max_lease ? m.lease_s : d->max_lease;
     lease_t *l = fy_calloc(1, sizeof(*l));
-    int32_t *prompt = fy_malloc((size_t)cap * sizeof(int32_t));
-    if (!l || !prompt) {
-        fy_free(l);
-        fy_free(prompt);
+    if (!l) {
+        fy_wire_reserve_clear(&m);
         fy_node_error(n, rid, id, FY_ERR_NOMEM, "out of memory for a reservation");
         return;
     }
+    int32_t *prompt = m.tokens; /* the lease keeps them */
+    m.tokens = NULL;
     l->prompt = prompt;
-    l->n_prompt = fy_msgr_i32s(r, "tokens", FY_REQ, prompt, cap, 0, vocab - 1);
-    fy_genspec_default(&l->gen);
-    fy_genspec_read(r, &l->gen, rp->max_ctx);
-    if (fy_msgr_ok(r) && l->n_prompt < 1) fy_msgr_fail(r, FY_ERR_FORMAT, "field 'tokens' is empty");
-    if (!fy_msgr_ok(r)) {
-        fy_node_error(n, rid, id, r->status, "bad reserve: %s", r->err);
-        fy_free(prompt);
-        fy_free(l);
-        return;
-    }
+    l->n_prompt = m.n_tokens;
+    l->gen = m.gen;
     if (l->gen.spec == FY_SPEC_DRAFT && !fy_engine_has_draft(fy_node_engine(n))) {
         fy_node_error(n, rid, id, FY_ERR_INVALID, "speculative decoding 'draft' asked for; this decode worker has no "
                                                   "draft model (decode.spec)");
@@ -168,7 +174,7 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
         return;
     }
     int32_t max_tokens = l->gen.max_tokens < rp->max_ctx - l->n_prompt ? l->gen.max_tokens : rp->max_ctx - l->n_prompt;
-    fy_node_ns(n, tenant, &l->ns);
+    fy_node_ns(n, m.tenant, &l->ns);
     fy_status_t st = fy_kvm_seq_init(kvm, &l->bt, l->n_prompt + max_tokens, &l->ns);
     if (st) {
         fy_node_error(n, rid, id, st, "cannot set up a block table");
@@ -203,14 +209,11 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
     size_t blob_len;
     fy_xfer_target_desc(fy_node_xfer(n), &blob, &blob_len);
     int32_t first = hit / bs;
+    fy_wire_reserved_t rm = {.ev = fy_node_ev(n, rid, id), .lease = l->lease, .lease_s = lease_s, .cached = hit,
+                             .first_block = first, .blocks = l->bt.blocks + first, .n_blocks = l->bt.n_blocks - first,
+                             .target = blob, .target_len = blob_len};
     fy_msgw_t w;
-    fy_node_msg(n, &w, "reserved", rid, id);
-    fy_msgw_u64(&w, "lease", l->lease);
-    fy_msgw_f64(&w, "lease_s", lease_s);
-    fy_msgw_i64(&w, "cached", hit);
-    fy_msgw_i64(&w, "first_block", first);
-    fy_msgw_i32s(&w, "blocks", l->bt.blocks + first, l->bt.n_blocks - first);
-    fy_msgw_bin(&w, "target", blob, blob_len);
+    fy_wire_reserved_write(&w, &rm);
     fy_node_push(n, &w);
     fy_debug("request %llu: lease %llu, %d blocks (%d tokens cached), %.1f s", (unsigned long long)id,
              (unsigned long long)l->lease, l->bt.n_blocks - first, hit, lease_s);
@@ -225,29 +228,29 @@ static void on_event(void *arg, const fy_event_t *ev)
     fy_node_t *n = d->n;
     fy_msgw_t w;
     switch (ev->kind) {
-    case FY_EVENT_TOKEN:
-        fy_node_msg(n, &w, "token", 0, q->id);
-        fy_msgw_i64(&w, "n", q->n++);
-        fy_msgw_i64(&w, "token", ev->token);
-        fy_msgw_strn(&w, "text", ev->text, ev->len);
-        if (q->logprobs) fy_msgw_f64(&w, "logprob", ev->logprob);
+    case FY_EVENT_TOKEN: {
+        fy_wire_token_t m = {.ev = fy_node_ev(n, 0, q->id), .n = q->n++, .token = ev->token, .text = ev->text,
+                             .text_len = ev->len, .has_logprob = q->logprobs, .logprob = ev->logprob};
+        fy_wire_token_write(&w, &m);
         fy_node_push(n, &w);
         return;
+    }
     case FY_EVENT_FINISH:
         if ((unsigned)ev->reason <= FY_FINISH_CALLBACK) fy_metric_inc(d->m.success[ev->reason]);
         fy_metric_observe(d->m.e2e, ev->timings->e2e_s);
         fy_metric_observe_f32(d->m.itl, ev->timings->itl_s, ev->timings->n_itl);
-        fy_node_msg(n, &w, "finish", 0, q->id);
-        fy_msgw_str(&w, "reason", fy_finish_reason_str(ev->reason));
-        fy_msgw_strn(&w, "text", ev->text, ev->len);
-        fy_msgw_i64(&w, "n", q->n);
-        fy_msgw_map_begin(&w, "timings");
-        fy_msgw_f64(&w, "e2e_s", ev->timings->e2e_s);
-        fy_msgw_i64(&w, "n_generated", ev->timings->n_generated);
-        fy_msgw_i64(&w, "n_preempted", ev->timings->n_preempted);
-        fy_msgw_i64(&w, "n_cached", ev->timings->n_cached); /* colocated: the engine's own prefix hit */
-        fy_msgw_f32s(&w, "itl_s", ev->timings->itl_s, ev->timings->n_itl);
-        fy_msgw_map_end(&w);
+        fy_wire_finish_t m = {.ev = fy_node_ev(n, 0, q->id),
+                              .text = ev->text,
+                              .text_len = ev->len,
+                              .n = q->n,
+                              .timings = {.e2e_s = ev->timings->e2e_s,
+                                          .n_generated = ev->timings->n_generated,
+                                          .n_preempted = ev->timings->n_preempted,
+                                          .n_cached = ev->timings->n_cached, /* colocated: the engine's own prefix hit */
+                                          .itl_s = (float *)ev->timings->itl_s, /* written, not kept */
+                                          .n_itl = ev->timings->n_itl}};
+        snprintf(m.reason, sizeof(m.reason), "%s", fy_finish_reason_str(ev->reason));
+        fy_wire_finish_write(&w, &m);
         fy_node_push(n, &w);
         break;
     case FY_EVENT_ERROR:
@@ -297,18 +300,16 @@ static dreq_t *req_link(decode_t *d, uint64_t id, bool logprobs)
 static void cmd_adopt(decode_t *d, fy_msgr_t *r, uint64_t rid)
 {
     fy_node_t *n = d->n;
-    int32_t vocab = fy_model_config(fy_node_model(n))->vocab_size;
-    uint64_t id = fy_msgr_u64(r, "id", FY_REQ, 0, 1, UINT64_MAX);
-    uint64_t lease = fy_msgr_u64(r, "lease", FY_REQ, 0, 1, UINT64_MAX);
-    int32_t first = (int32_t)fy_msgr_i64(r, "first_token", FY_REQ, 0, 0, vocab - 1);
-    float logprob = (float)fy_msgr_f64(r, "logprob", FY_OPT, 0, -1e30, 0);
-    uint64_t s[4] = {0};
-    int32_t ns = fy_msgr_u64s(r, "rng", FY_OPT, s, 4);
-    if (fy_msgr_ok(r) && ns != 0 && ns != 4) fy_msgr_fail(r, FY_ERR_FORMAT, "field 'rng' must hold 4 words");
-    if (!fy_msgr_ok(r)) {
-        fy_node_error(n, rid, id, r->status, "bad adopt: %s", r->err);
+    fy_wire_lim_t lim = command_lim(n);
+    fy_wire_adopt_t m;
+    fy_wire_adopt_init(&m);
+    if (fy_wire_adopt_read(r, &lim, &m)) {
+        fy_node_error(n, rid, m.id, r->status, "bad adopt: %s", r->err);
         return;
     }
+    uint64_t id = m.id, lease = m.lease;
+    int32_t first = m.first_token, ns = m.n_rng;
+    float logprob = (float)m.logprob;
     lease_t *l = lease_find(d, id, lease);
     if (!l) {
         fy_node_error(n, rid, id, FY_ERR_NOT_FOUND, "no lease %llu for request %llu (expired or released)",
@@ -330,9 +331,10 @@ static void cmd_adopt(decode_t *d, fy_msgr_t *r, uint64_t rid)
     const char *stops[FY_GEN_MAX_STOP];
     request_params(&l->gen, &l->ns, stops, &rq);
     fy_rng_t rng;
-    memcpy(rng.s, s, sizeof(rng.s));
+    memcpy(rng.s, m.rng, sizeof(rng.s));
+    fy_wire_ack_t a = {.ev = fy_node_ev(n, rid, id)};
     fy_msgw_t w;
-    fy_node_msg(n, &w, "adopted", rid, id);
+    fy_wire_adopted_write(&w, &a);
     fy_node_push(n, &w); /* before the first token's event: the router reads them in order */
     fy_status_t st = fy_engine_adopt(fy_node_engine(n), l->prompt, l->n_prompt, &rq, &l->bt, &l->resv, first, logprob,
                                      ns ? &rng : NULL, on_event, q, &q->engine_id);
@@ -355,28 +357,17 @@ static void cmd_adopt(decode_t *d, fy_msgr_t *r, uint64_t rid)
 static void cmd_generate(decode_t *d, fy_msgr_t *r, uint64_t rid)
 {
     fy_node_t *n = d->n;
-    const fy_runner_params_t *rp = fy_runner_params(fy_node_runner(n));
-    int32_t vocab = fy_model_config(fy_node_model(n))->vocab_size;
-    uint64_t id = fy_msgr_u64(r, "id", FY_REQ, 0, 1, UINT64_MAX);
-    char tenant[64];
-    fy_msgr_str(r, "tenant", FY_OPT, "", tenant, sizeof(tenant));
-    int32_t cap = rp->max_ctx - 1 < MAX_PROMPT ? rp->max_ctx - 1 : MAX_PROMPT;
-    int32_t *prompt = fy_malloc((size_t)cap * sizeof(int32_t));
-    if (!prompt) {
-        fy_node_error(n, rid, id, FY_ERR_NOMEM, "out of memory for a request");
+    fy_wire_lim_t lim = command_lim(n);
+    fy_wire_reserve_t m;
+    fy_wire_cmd_generate_init(&m);
+    if (fy_wire_cmd_generate_read(r, &lim, &m)) {
+        fy_node_error(n, rid, m.id, r->status, "bad generate: %s", r->err);
         return;
     }
-    int32_t n_prompt = fy_msgr_i32s(r, "tokens", FY_REQ, prompt, cap, 0, vocab - 1);
-    fy_genspec_t gen;
-    fy_genspec_default(&gen);
-    fy_genspec_read(r, &gen, rp->max_ctx);
-    if (fy_msgr_ok(r) && n_prompt < 1) fy_msgr_fail(r, FY_ERR_FORMAT, "field 'tokens' is empty");
-    if (!fy_msgr_ok(r)) {
-        fy_node_error(n, rid, id, r->status, "bad generate: %s", r->err);
-        fy_free(prompt);
-        return;
-    }
-    if (gen.spec == FY_SPEC_DRAFT && !fy_engine_has_draft(fy_node_engine(n))) {
+    uint64_t id = m.id;
+    int32_t *prompt = m.tokens, n_prompt = m.n_tokens; /* freed here once the engine copied them */
+    m.tokens = NULL;
+    if (m.gen.spec == FY_SPEC_DRAFT && !fy_engine_has_draft(fy_node_engine(n))) {
         fy_node_error(n, rid, id, FY_ERR_INVALID, "speculative decoding 'draft' asked for; this decode worker has no "
                                                   "draft model (decode.spec)");
         fy_free(prompt);
@@ -390,11 +381,11 @@ static void cmd_generate(decode_t *d, fy_msgr_t *r, uint64_t rid)
         return;
     }
     fy_kv_ns_t ns;
-    fy_node_ns(n, tenant, &ns);
+    fy_node_ns(n, m.tenant, &ns);
     fy_request_params_t rq;
     const char *stops[FY_GEN_MAX_STOP];
-    request_params(&gen, &ns, stops, &rq);
-    dreq_t *q = req_link(d, id, gen.logprobs);
+    request_params(&m.gen, &ns, stops, &rq);
+    dreq_t *q = req_link(d, id, m.gen.logprobs);
     if (!q) {
         fy_free(prompt);
         fy_node_error(n, rid, id, FY_ERR_NOMEM, "out of memory for a request");
@@ -411,8 +402,9 @@ static void cmd_generate(decode_t *d, fy_msgr_t *r, uint64_t rid)
         return;
     }
     d->generated++;
+    fy_wire_ack_t a = {.ev = fy_node_ev(n, rid, id)};
     fy_msgw_t w;
-    fy_node_msg(n, &w, "adopted", rid, id);
+    fy_wire_adopted_write(&w, &a);
     fy_node_push(n, &w);
 }
 
@@ -422,13 +414,14 @@ static void cmd_generate(decode_t *d, fy_msgr_t *r, uint64_t rid)
  * has its lease_expired). */
 static void cmd_renew(decode_t *d, fy_msgr_t *r, uint64_t rid)
 {
-    uint64_t id = fy_msgr_u64(r, "id", FY_REQ, 0, 1, UINT64_MAX);
-    uint64_t lease = fy_msgr_u64(r, "lease", FY_REQ, 0, 1, UINT64_MAX);
-    double lease_s = fy_msgr_f64(r, "lease_s", FY_REQ, 0, 0.01, 3600);
-    if (!fy_msgr_ok(r)) {
-        fy_node_error(d->n, rid, id, r->status, "bad renew: %s", r->err);
+    fy_wire_renew_t m;
+    fy_wire_renew_init(&m);
+    if (fy_wire_renew_read(r, NULL, &m)) {
+        fy_node_error(d->n, rid, m.id, r->status, "bad renew: %s", r->err);
         return;
     }
+    uint64_t id = m.id, lease = m.lease;
+    double lease_s = m.lease_s;
     lease_t *l = lease_find(d, id, lease);
     if (!l) {
         fy_node_error(d->n, rid, id, FY_ERR_NOT_FOUND, "no lease %llu for request %llu to renew (expired or released)",
@@ -439,21 +432,22 @@ static void cmd_renew(decode_t *d, fy_msgr_t *r, uint64_t rid)
     double until = fy_node_now() + lease_s;
     if (until > l->deadline) l->deadline = until;
     d->renewed++;
+    fy_wire_renewed_t rm = {.ev = fy_node_ev(d->n, rid, id), .lease = l->lease, .lease_s = lease_s};
     fy_msgw_t w;
-    fy_node_msg(d->n, &w, "renewed", rid, id);
-    fy_msgw_u64(&w, "lease", l->lease);
-    fy_msgw_f64(&w, "lease_s", lease_s);
+    fy_wire_renewed_write(&w, &rm);
     fy_node_push(d->n, &w);
 }
 
 /* Ends a lease, or a running request, of the router's request id. */
 static void cmd_release(decode_t *d, fy_msgr_t *r, uint64_t rid)
 {
-    uint64_t id = fy_msgr_u64(r, "id", FY_REQ, 0, 1, UINT64_MAX);
-    if (!fy_msgr_ok(r)) {
+    fy_wire_release_t m;
+    fy_wire_release_init(&m);
+    if (fy_wire_release_read(r, NULL, &m)) {
         fy_node_error(d->n, rid, 0, r->status, "bad release: %s", r->err);
         return;
     }
+    uint64_t id = m.id;
     lease_t *l = lease_find(d, id, 0);
     if (l) {
         lease_unlink(d, l);
@@ -524,15 +518,15 @@ static fy_status_t d_start(fy_node_t *n, void **state_p)
 static void d_command(fy_node_t *n, void *state, const char *type, fy_msgr_t *r, uint64_t rid)
 {
     decode_t *d = state;
-    if (!strcmp(type, "reserve"))
+    if (fy_wire_reserve_is(r))
         cmd_reserve(d, r, rid);
-    else if (!strcmp(type, "adopt"))
+    else if (fy_wire_adopt_is(r))
         cmd_adopt(d, r, rid);
-    else if (!strcmp(type, "release"))
+    else if (fy_wire_release_is(r))
         cmd_release(d, r, rid);
-    else if (!strcmp(type, "renew"))
+    else if (fy_wire_renew_is(r))
         cmd_renew(d, r, rid);
-    else if (!strcmp(type, "generate"))
+    else if (fy_wire_cmd_generate_is(r))
         cmd_generate(d, r, rid);
     else
         fy_node_error(n, rid, 0, FY_ERR_UNSUPPORTED, "unknown command '%s' for a decode worker", type);
@@ -553,9 +547,9 @@ static void d_tick(fy_node_t *n, void *state, double now)
         fy_metric_inc(d->m.expired);
         fy_warn("request %llu: lease %llu expired; its %d blocks go back", (unsigned long long)l->id,
                 (unsigned long long)l->lease, l->bt.n_blocks);
+        fy_wire_lease_expired_t m = {.ev = fy_node_ev(n, 0, l->id), .lease = l->lease};
         fy_msgw_t w;
-        fy_node_msg(n, &w, "lease_expired", 0, l->id);
-        fy_msgw_u64(&w, "lease", l->lease);
+        fy_wire_lease_expired_write(&w, &m);
         fy_node_push(n, &w);
         lease_free(d, l);
     }
@@ -563,15 +557,16 @@ static void d_tick(fy_node_t *n, void *state, double now)
     fy_metric_set(d->m.leased_blocks, d->leased_blocks);
 }
 
-static void d_load(fy_node_t *n, void *state, fy_msgw_t *w)
+static void d_load(fy_node_t *n, void *state, fy_wire_load_t *m)
 {
     decode_t *d = state;
-    fy_msgw_i64(w, "leases", d->n_leases);
-    fy_msgw_i64(w, "leased_blocks", d->leased_blocks);
-    fy_msgw_u64(w, "leases_expired", d->expired);
-    fy_msgw_u64(w, "leases_renewed", d->renewed);
-    fy_msgw_u64(w, "adopted", d->adopted);
-    fy_msgw_u64(w, "reserve_refused", d->refused);
+    m->has_decode = true;
+    m->leases = d->n_leases;
+    m->leased_blocks = d->leased_blocks;
+    m->leases_expired = d->expired;
+    m->leases_renewed = d->renewed;
+    m->adopted = d->adopted;
+    m->reserve_refused = d->refused;
 }
 
 /* leases go back; running requests end (errors pushed) when the engine is

@@ -16,9 +16,10 @@
 #include <string.h>
 
 #include "kv.h"
+#include "wire.h"
 
 #define FY_BLOOM_K 5
-#define FY_BLOOM_MAX_BYTES (128 * 1024)
+#define FY_BLOOM_MAX_BYTES FY_WIRE_BLOOM_MAX_BYTES
 
 /* Bytes for n names at about 1% false positives (10 bits each), a power
  * of two from 64 to FY_BLOOM_MAX_BYTES. */

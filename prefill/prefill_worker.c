@@ -147,11 +147,11 @@ static void job_error(pjob_t *j, fy_status_t st, const char *fmt, ...)
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     fy_warn("request %llu: %s", (unsigned long long)j->id, msg);
+    fy_wire_ev_error_t m = {.ev = fy_node_ev(j->p->n, 0, j->id), .has_attempt = true, .attempt = (int32_t)j->attempt};
+    snprintf(m.code, sizeof(m.code), "%s", fy_status_tag(st));
+    snprintf(m.message, sizeof(m.message), "%.*s", (int)sizeof(m.message) - 1, msg); /* the wire's limit */
     fy_msgw_t w;
-    fy_node_msg(j->p->n, &w, "error", 0, j->id);
-    fy_msgw_i64(&w, "attempt", j->attempt);
-    fy_msgw_str(&w, "code", fy_status_tag(st));
-    fy_msgw_str(&w, "message", msg);
+    fy_wire_ev_error_write(&w, &m);
     fy_node_push(j->p->n, &w);
 }
 
@@ -166,20 +166,20 @@ static void job_maybe_end(pjob_t *j)
     if (j->xfer_status == FY_OK && j->engine_status == FY_OK && j->have_token && !j->cancelled) {
         fy_metric_inc(p->m.ok);
         if (j->t_first_put > 0) fy_metric_observe(p->m.xfer_s, now - j->t_first_put);
+        fy_wire_prefilled_t m = {.ev = fy_node_ev(n, 0, j->id),
+                                 .attempt = (int32_t)j->attempt,
+                                 .first_token = j->first_token,
+                                 .logprob = j->logprob,
+                                 .n_rng = 4,
+                                 .cached = (int32_t)j->n_cached,
+                                 .timings = {.queue_s = j->queue_s,
+                                             .compute_s = j->t_computed - j->t_recv - j->queue_s,
+                                             .transfer_tail_s = now - j->t_computed,
+                                             .transfer_s = j->t_first_put > 0 ? now - j->t_first_put : 0,
+                                             .bytes = j->bytes}};
+        memcpy(m.rng, j->rng.s, sizeof(m.rng));
         fy_msgw_t w;
-        fy_node_msg(n, &w, "prefilled", 0, j->id);
-        fy_msgw_i64(&w, "attempt", j->attempt);
-        fy_msgw_i64(&w, "first_token", j->first_token);
-        fy_msgw_f64(&w, "logprob", j->logprob);
-        fy_msgw_u64s(&w, "rng", j->rng.s, 4);
-        fy_msgw_i64(&w, "cached", (int64_t)j->n_cached);
-        fy_msgw_map_begin(&w, "timings");
-        fy_msgw_f64(&w, "queue_s", j->queue_s);
-        fy_msgw_f64(&w, "compute_s", j->t_computed - j->t_recv - j->queue_s);
-        fy_msgw_f64(&w, "transfer_tail_s", now - j->t_computed);
-        fy_msgw_f64(&w, "transfer_s", j->t_first_put > 0 ? now - j->t_first_put : 0);
-        fy_msgw_i64(&w, "bytes", j->bytes);
-        fy_msgw_map_end(&w);
+        fy_wire_prefilled_write(&w, &m);
         fy_node_push(n, &w);
         p->done++;
     } else if (j->cancelled) {
@@ -317,65 +317,53 @@ static void cmd_prefill(prefill_t *p, fy_msgr_t *r, uint64_t rid)
     fy_node_t *n = p->n;
     fy_kvm_t *kvm = fy_node_kvm(n);
     const fy_runner_params_t *rp = fy_runner_params(fy_node_runner(n));
-    int32_t vocab = fy_model_config(fy_node_model(n))->vocab_size;
-    int32_t bs = fy_kvm_layout(kvm)->block_size;
-    int32_t cap = rp->max_ctx - 1 < MAX_PROMPT ? rp->max_ctx - 1 : MAX_PROMPT;
-    uint64_t id = fy_msgr_u64(r, "id", FY_REQ, 0, 1, UINT64_MAX);
-    int64_t attempt = fy_msgr_i64(r, "attempt", FY_OPT, 0, 0, 1000);
-    char tenant[64];
-    fy_msgr_str(r, "tenant", FY_OPT, "", tenant, sizeof(tenant));
-    double deadline_s = fy_msgr_f64(r, "deadline_s", FY_OPT, 30, 0.001, 3600);
-    int32_t first_block = (int32_t)fy_msgr_i64(r, "first_block", FY_REQ, 0, 0, cap / bs);
-    size_t blob_len;
-    const void *blob = fy_msgr_bytes(r, "target", FY_REQ, 64 << 10, &blob_len);
-    int32_t *prompt = fy_malloc((size_t)cap * sizeof(int32_t));
+    /* token ids of this vocabulary; a prompt that leaves room for a token in the context */
+    fy_wire_lim_t lim = {.token_hi = fy_model_config(fy_node_model(n))->vocab_size - 1,
+                         .max_prompt = rp->max_ctx - 1 < MAX_PROMPT ? rp->max_ctx - 1 : MAX_PROMPT,
+                         .max_ctx = rp->max_ctx,
+                         .block_size = fy_kvm_layout(kvm)->block_size};
+    fy_wire_prefill_t m;
+    fy_wire_prefill_init(&m);
+    m.deadline_s = 30;
+    fy_wire_prefill_read(r, &lim, &m);
+    if (fy_msgr_ok(r) && job_find(p, m.id, m.attempt))
+        fy_msgr_fail(r, FY_ERR_INVALID, "request %llu (try %lld) is already here", (unsigned long long)m.id,
+                     (long long)m.attempt);
+    if (!fy_msgr_ok(r)) {
+        fy_node_error(n, rid, m.id, r->status, "bad prefill: %s", r->err);
+        fy_wire_prefill_clear(&m);
+        return;
+    }
+    uint64_t id = m.id;
     pjob_t *j = fy_calloc(1, sizeof(*j));
-    if (!prompt || !j) {
-        fy_free(prompt);
-        fy_free(j);
+    if (!j) {
+        fy_wire_prefill_clear(&m);
         fy_node_error(n, rid, id, FY_ERR_NOMEM, "out of memory for a prefill job");
         return;
     }
-    int32_t n_prompt = fy_msgr_i32s(r, "tokens", FY_REQ, prompt, cap, 0, vocab - 1);
-    int32_t n_blocks = (n_prompt + bs - 1) / bs;
-    j->dst = fy_malloc((size_t)(n_blocks > 0 ? n_blocks : 1) * sizeof(int32_t));
-    int32_t n_dst = j->dst ? fy_msgr_i32s(r, "blocks", FY_REQ, j->dst, n_blocks, 0, INT32_MAX) : 0;
-    fy_genspec_t gen;
-    fy_genspec_default(&gen);
-    fy_genspec_read(r, &gen, rp->max_ctx);
-    if (fy_msgr_ok(r) && n_prompt < 1) fy_msgr_fail(r, FY_ERR_FORMAT, "field 'tokens' is empty");
-    if (fy_msgr_ok(r) && (first_block >= n_blocks || n_dst != n_blocks - first_block))
-        fy_msgr_fail(r, FY_ERR_FORMAT, "%d destination blocks from block %d for a prompt of %d blocks", n_dst,
-                     first_block, n_blocks);
-    if (fy_msgr_ok(r) && !j->dst) fy_msgr_fail(r, FY_ERR_NOMEM, "out of memory");
-    if (fy_msgr_ok(r) && job_find(p, id, attempt))
-        fy_msgr_fail(r, FY_ERR_INVALID, "request %llu (try %lld) is already here", (unsigned long long)id,
-                     (long long)attempt);
-    if (!fy_msgr_ok(r)) {
-        fy_node_error(n, rid, id, r->status, "bad prefill: %s", r->err);
-        fy_free(prompt);
-        fy_free(j->dst);
-        fy_free(j);
-        return;
-    }
+    int32_t *prompt = m.tokens, n_prompt = m.n_tokens; /* freed once the engine copied them */
+    j->dst = m.blocks;                                 /* the job keeps them */
+    m.tokens = m.blocks = NULL;
     j->p = p;
     j->id = id;
-    j->attempt = attempt;
+    j->attempt = m.attempt;
     j->n_prompt = n_prompt;
-    j->first_block = first_block;
-    j->n_dst = n_dst;
+    j->first_block = m.first_block;
+    j->n_dst = m.n_blocks;
     j->t_recv = fy_node_now();
     fy_request_params_t rq;
     fy_request_params_default(&rq);
-    rq.sampling = gen.sampling;
+    rq.sampling = m.gen.sampling;
     rq.max_tokens = 1;
     rq.ignore_eos = true; /* the decode worker decides what the first token means */
-    rq.logprobs = gen.logprobs;
-    rq.priority = gen.priority;
+    rq.logprobs = m.gen.logprobs;
+    rq.priority = m.gen.priority;
     rq.progress = true;
-    fy_node_ns(n, tenant, &rq.ns);
+    fy_node_ns(n, m.tenant, &rq.ns);
     fy_status_t st = fy_kvm_seq_init(kvm, &j->hold, n_prompt + 1, &rq.ns);
-    if (!st) st = fy_xfer_job_begin(fy_node_xfer(n), blob, blob_len, j->t_recv + deadline_s, on_xfer_done, j, &j->xj);
+    if (!st)
+        st = fy_xfer_job_begin(fy_node_xfer(n), m.target, m.target_len, j->t_recv + m.deadline_s, on_xfer_done, j,
+                               &j->xj);
     if (st) {
         fy_kvm_seq_deinit(&j->hold);
         job_error(j, st, "cannot start the kv transfer: %s", fy_status_str(st));
@@ -402,34 +390,26 @@ static void cmd_prefill(prefill_t *p, fy_msgr_t *r, uint64_t rid)
         job_close_xfer(j, false);
         return;
     }
+    fy_wire_ack_t a = {.ev = fy_node_ev(n, rid, id)};
     fy_msgw_t w;
-    fy_node_msg(n, &w, "accepted", rid, id);
+    fy_wire_ev_accepted_write(&w, &a);
     fy_node_push(n, &w);
 }
 
 /* The router renewed the lease of a job's target blocks: its transfer may
  * run until deadline_s from now (nng thread: see prefill_t.open).  A job
  * whose transfer is already closed has put its last block. */
-static bool extend_read(fy_msgr_t *r, uint64_t *id, int64_t *attempt, double *deadline_s)
-{
-    *id = fy_msgr_u64(r, "id", FY_REQ, 0, 1, UINT64_MAX);
-    *attempt = fy_msgr_i64(r, "attempt", FY_OPT, 0, 0, 1000);
-    *deadline_s = fy_msgr_f64(r, "deadline_s", FY_REQ, 0, 0.001, 3600);
-    return fy_msgr_ok(r);
-}
-
 static bool p_direct(fy_node_t *n, void *state, const char *type, fy_msgr_t *r)
 {
     prefill_t *p = state;
-    uint64_t id;
-    int64_t attempt;
-    double deadline_s;
-    if (strcmp(type, "extend")) return false;
-    if (!extend_read(r, &id, &attempt, &deadline_s)) return false; /* the engine thread's pass reports it */
-    double until = fy_node_now() + deadline_s;
+    fy_wire_extend_t m;
+    fy_wire_extend_init(&m);
+    if (!fy_wire_extend_is(r)) return false;
+    if (fy_wire_extend_read(r, NULL, &m)) return false; /* the engine thread's pass reports it */
+    double until = fy_node_now() + m.deadline_s;
     pthread_mutex_lock(&p->open_mu);
     for (pjob_t *j = p->open; j; j = j->xnext)
-        if (j->id == id && j->attempt == attempt) fy_xfer_job_extend(j->xj, until);
+        if (j->id == m.id && j->attempt == m.attempt) fy_xfer_job_extend(j->xj, until);
     pthread_mutex_unlock(&p->open_mu);
     return true;
 }
@@ -456,11 +436,10 @@ static void p_tick(fy_node_t *n, void *state, double now)
             att[i] = (int32_t)j->attempt;
             done[i++] = j->computed;
         }
+        fy_wire_progress_t m = {.ev = fy_node_ev(n, 0, 0), .ids = ids, .n_ids = k, .attempts = att, .n_attempts = k,
+                                .computed = done, .n_computed = k};
         fy_msgw_t w;
-        fy_node_msg(n, &w, "progress", 0, 0);
-        fy_msgw_u64s(&w, "ids", ids, k);
-        fy_msgw_i32s(&w, "attempts", att, k);
-        fy_msgw_i32s(&w, "computed", done, k);
+        fy_wire_progress_write(&w, &m);
         fy_node_push(n, &w);
     }
     fy_free(ids);
@@ -470,11 +449,13 @@ static void p_tick(fy_node_t *n, void *state, double now)
 
 static void cmd_cancel(prefill_t *p, fy_msgr_t *r, uint64_t rid)
 {
-    uint64_t id = fy_msgr_u64(r, "id", FY_REQ, 0, 1, UINT64_MAX);
-    if (!fy_msgr_ok(r)) {
+    fy_wire_release_t m;
+    fy_wire_cmd_cancel_init(&m);
+    if (fy_wire_cmd_cancel_read(r, NULL, &m)) {
         fy_node_error(p->n, rid, 0, r->status, "bad cancel: %s", r->err);
         return;
     }
+    uint64_t id = m.id;
     for (pjob_t *j = p->jobs; j; j = j->next) { /* every try of it */
         if (j->id != id || j->cancelled) continue;
         j->cancelled = true; /* nothing more is reported for it */
@@ -532,27 +513,27 @@ static fy_status_t p_start(fy_node_t *n, void **state_p)
 static void p_command(fy_node_t *n, void *state, const char *type, fy_msgr_t *r, uint64_t rid)
 {
     prefill_t *p = state;
-    if (!strcmp(type, "prefill"))
+    if (fy_wire_prefill_is(r))
         cmd_prefill(p, r, rid);
-    else if (!strcmp(type, "cancel"))
+    else if (fy_wire_cmd_cancel_is(r))
         cmd_cancel(p, r, rid);
-    else if (!strcmp(type, "extend")) { /* only when p_direct could not read it */
-        uint64_t id;
-        int64_t attempt;
-        double deadline_s;
-        if (!extend_read(r, &id, &attempt, &deadline_s)) fy_node_error(n, rid, 0, r->status, "bad extend: %s", r->err);
+    else if (fy_wire_extend_is(r)) { /* only when p_direct could not read it */
+        fy_wire_extend_t m;
+        fy_wire_extend_init(&m);
+        if (fy_wire_extend_read(r, NULL, &m)) fy_node_error(n, rid, 0, r->status, "bad extend: %s", r->err);
     }
     else
         fy_node_error(n, rid, 0, FY_ERR_UNSUPPORTED, "unknown command '%s' for a prefill worker", type);
 }
 
-static void p_load(fy_node_t *n, void *state, fy_msgw_t *w)
+static void p_load(fy_node_t *n, void *state, fy_wire_load_t *m)
 {
     prefill_t *p = state;
-    fy_msgw_i64(w, "jobs", p->n_jobs);
-    fy_msgw_u64(w, "jobs_done", p->done);
-    fy_msgw_u64(w, "jobs_failed", p->failed);
-    fy_msgw_i64(w, "bytes_shipped", p->bytes);
+    m->has_prefill = true;
+    m->jobs = p->n_jobs;
+    m->jobs_done = p->done;
+    m->jobs_failed = p->failed;
+    m->bytes_shipped = p->bytes;
 }
 
 /* Every job has ended by now: the transfer engine (destroyed first) ended

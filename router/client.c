@@ -15,12 +15,13 @@
 #include "mem.h"
 #include "msg.h"
 #include "rpc.h"
+#include "wire.h"
 
 struct fy_client {
     fy_rpc_client_t *rpc;
     double timeout_s;
-    int32_t *tokens;
-    int32_t cap_tokens;
+    int32_t *tokens; /* the last poll's, as its reply held them */
+    int32_t n_tokens;
     char *text;
     size_t cap_text;
 };
@@ -88,14 +89,15 @@ static fy_status_t call(fy_client_t *c, fy_msgw_t *w, double timeout_s, fy_msgr_
         fy_free(rep);
         return st;
     }
-    if (!strcmp(fy_msgr_type(r), "error")) {
-        char code[32], msg[256];
-        fy_msgr_str(r, "code", FY_OPT, "internal", code, sizeof(code));
-        fy_msgr_str(r, "message", FY_OPT, "", msg, sizeof(msg));
-        if (err) snprintf(err, cap, "%s", msg);
+    if (fy_wire_error_is(r)) {
+        /* what could be read of it: a bad code is "internal", a bad message empty */
+        fy_wire_error_t e;
+        fy_wire_error_init(&e);
+        fy_wire_error_read(r, NULL, &e);
+        if (err) snprintf(err, cap, "%s", e.message);
         fy_msgr_free(r);
         fy_free(rep);
-        return fy_msg_error_code(code);
+        return fy_msg_error_code(e.code[0] ? e.code : "internal");
     }
     *buf_p = rep;
     return FY_OK;
@@ -104,96 +106,98 @@ static fy_status_t call(fy_client_t *c, fy_msgw_t *w, double timeout_s, fy_msgr_
 fy_status_t fy_client_generate(fy_client_t *c, const fy_client_req_t *req, fy_client_stream_t *s, char *err,
                                size_t err_cap)
 {
+    static int32_t none[1]; /* no prompt and no tokens: an empty array, which the router refuses */
+    fy_wire_generate_t m;
+    fy_wire_generate_init(&m);
+    if (req->prompt) {
+        m.prompt = req->prompt;
+        m.prompt_len = strlen(req->prompt);
+    } else {
+        m.has_tokens = true;
+        m.tokens = req->tokens ? (int32_t *)req->tokens : none; /* written, not kept */
+        m.n_tokens = req->tokens ? req->n_tokens : 0;
+    }
+    m.chat = req->chat;
+    if (req->system) m.system = req->system, m.system_len = strlen(req->system);
+    m.deadline_s = req->deadline_s > 0 ? req->deadline_s : 0;
+    m.gen = req->gen;
     fy_msgw_t w;
-    fy_msgw_init(&w, "generate");
-    if (req->prompt)
-        fy_msgw_str(&w, "prompt", req->prompt);
-    else
-        fy_msgw_i32s(&w, "tokens", req->tokens, req->n_tokens);
-    if (req->chat) fy_msgw_bool(&w, "chat", true);
-    if (req->system) fy_msgw_str(&w, "system", req->system);
-    if (req->deadline_s > 0) fy_msgw_f64(&w, "deadline_s", req->deadline_s);
-    fy_genspec_write(&w, &req->gen);
+    fy_wire_generate_write(&w, &m);
     fy_msgr_t r;
     void *rep;
     fy_status_t st = call(c, &w, c->timeout_s, &r, err, err_cap, &rep);
     if (st) return st;
-    uint64_t id = fy_msgr_u64(&r, "id", FY_REQ, 0, 1, UINT64_MAX);
-    int32_t n = (int32_t)fy_msgr_i64(&r, "n_prompt", FY_OPT, 0, 0, INT32_MAX);
-    st = fy_msgr_ok(&r) ? FY_OK : FY_ERR_FORMAT;
+    fy_wire_accepted_t a;
+    fy_wire_accepted_init(&a);
+    st = fy_wire_accepted_read(&r, NULL, &a);
     if (st && err) snprintf(err, err_cap, "bad reply from the router: %s", r.err);
     fy_msgr_free(&r);
     fy_free(rep);
-    if (st) return st;
-    *s = (fy_client_stream_t){.id = id, .n_prompt = n};
+    if (st) return FY_ERR_FORMAT;
+    *s = (fy_client_stream_t){.id = a.id, .n_prompt = a.n_prompt};
     return FY_OK;
 }
 
 fy_status_t fy_client_poll(fy_client_t *c, fy_client_stream_t *s, double wait_s, fy_client_update_t *u)
 {
     memset(u, 0, sizeof(*u));
+    fy_wire_poll_t p = {.id = s->id, .from = s->from, .from_text = (int64_t)s->from_text, .wait_s = wait_s};
     fy_msgw_t w;
-    fy_msgw_init(&w, "poll");
-    fy_msgw_u64(&w, "id", s->id);
-    fy_msgw_i64(&w, "from", s->from);
-    fy_msgw_i64(&w, "from_text", (int64_t)s->from_text);
-    fy_msgw_f64(&w, "wait_s", wait_s);
+    fy_wire_poll_write(&w, &p);
     fy_msgr_t r;
     void *rep;
     fy_status_t st = call(c, &w, wait_s + c->timeout_s, &r, u->message, sizeof(u->message), &rep);
     if (st) return st;
-    int32_t n = 0;
-    size_t tl = 0;
-    if (fy_msgr_has(&r, "tokens")) {
-        /* at most what the message can hold: grow to its size first */
-        int32_t need = 1 << 17;
-        if (c->cap_tokens < need) {
-            int32_t *t = fy_realloc(c->tokens, (size_t)need * sizeof(int32_t));
-            if (!t) st = FY_ERR_NOMEM;
-            else c->tokens = t, c->cap_tokens = need;
-        }
-        if (!st) n = fy_msgr_i32s(&r, "tokens", FY_REQ, c->tokens, c->cap_tokens, 0, INT32_MAX);
+    fy_wire_events_t *m = fy_malloc(sizeof(*m)); /* 700 bytes: not on the caller's stack */
+    if (!m) st = FY_ERR_NOMEM;
+    else fy_wire_events_init(m);
+    if (!st && fy_wire_events_read(&r, NULL, m)) {
+        st = FY_ERR_FORMAT;
+        snprintf(u->message, sizeof(u->message), "bad reply from the router: %.200s", r.err);
     }
-    const char *text = fy_msgr_bytes(&r, "text", FY_OPT, 64 << 20, &tl);
+    size_t tl = st ? 0 : m->text_len;
     if (!st && tl + 1 > c->cap_text) {
         char *t = fy_realloc(c->text, tl + 1);
         if (!t) st = FY_ERR_NOMEM;
         else c->text = t, c->cap_text = tl + 1;
     }
-    if (!st && tl) memcpy(c->text, text, tl);
-    if (c->text) c->text[tl] = 0;
-    u->done = fy_msgr_bool(&r, "done", FY_REQ, false);
-    u->n_prompt = (int32_t)fy_msgr_i64(&r, "n_prompt", FY_OPT, 0, 0, INT32_MAX);
-    fy_msgr_str(&r, "state", FY_OPT, "", u->state, sizeof(u->state));
-    if (u->done) {
-        char code[32];
-        fy_msgr_str(&r, "error_code", FY_OPT, "ok", code, sizeof(code));
-        u->error = strcmp(code, "ok") ? fy_msg_error_code(code) : FY_OK;
-        fy_msgr_str(&r, "error", FY_OPT, "", u->message, sizeof(u->message));
-        fy_msgr_str(&r, "finish_reason", FY_OPT, "", u->finish, sizeof(u->finish));
-        if (fy_msgr_enter(&r, "timings", FY_OPT)) {
-            fy_client_timings_t *t = &u->timings;
-            t->queue_s = fy_msgr_f64(&r, "queue_s", FY_OPT, 0, -1, 1e9);
-            t->reserve_s = fy_msgr_f64(&r, "reserve_s", FY_OPT, 0, -1, 1e9);
-            t->prefill_queue_s = fy_msgr_f64(&r, "prefill_queue_s", FY_OPT, 0, -1, 1e9);
-            t->prefill_compute_s = fy_msgr_f64(&r, "prefill_compute_s", FY_OPT, 0, -1, 1e9);
-            t->transfer_s = fy_msgr_f64(&r, "transfer_s", FY_OPT, 0, -1, 1e9);
-            t->transfer_tail_s = fy_msgr_f64(&r, "transfer_tail_s", FY_OPT, 0, -1, 1e9);
-            t->prefill_total_s = fy_msgr_f64(&r, "prefill_total_s", FY_OPT, 0, -1, 1e9);
-            t->first_token_s = fy_msgr_f64(&r, "first_token_s", FY_OPT, 0, -1, 1e9);
-            t->ttft_s = fy_msgr_f64(&r, "ttft_s", FY_OPT, 0, -1, 1e9);
-            t->e2e_s = fy_msgr_f64(&r, "e2e_s", FY_OPT, 0, -1, 1e9);
-            t->transfer_bytes = fy_msgr_i64(&r, "transfer_bytes", FY_OPT, 0, 0, INT64_MAX);
-            t->cached_prefill = (int32_t)fy_msgr_i64(&r, "cached_prefill", FY_OPT, 0, 0, INT32_MAX);
-            t->cached_decode = (int32_t)fy_msgr_i64(&r, "cached_decode", FY_OPT, 0, 0, INT32_MAX);
-            t->retries = (int32_t)fy_msgr_i64(&r, "retries", FY_OPT, 0, 0, INT32_MAX);
-            fy_msgr_leave(&r);
+    if (!st) {
+        if (tl) memcpy(c->text, m->text, tl);
+        c->text[tl] = 0;
+        /* the client keeps the tokens until the next poll */
+        fy_free(c->tokens);
+        c->tokens = m->tokens;
+        c->n_tokens = m->n_tokens;
+        m->tokens = NULL;
+        u->done = m->done;
+        u->n_prompt = m->n_prompt;
+        snprintf(u->state, sizeof(u->state), "%s", m->state);
+        if (u->done) {
+            u->error = m->error_code[0] && strcmp(m->error_code, "ok") ? fy_msg_error_code(m->error_code) : FY_OK;
+            snprintf(u->message, sizeof(u->message), "%s", m->error);
+            snprintf(u->finish, sizeof(u->finish), "%s", m->finish_reason);
+            const fy_wire_req_timings_t *x = &m->timings;
+            u->timings = (fy_client_timings_t){
+                .queue_s = x->queue_s,
+                .reserve_s = x->reserve_s,
+                .prefill_queue_s = x->prefill_queue_s,
+                .prefill_compute_s = x->prefill_compute_s,
+                .transfer_s = x->transfer_s,
+                .transfer_tail_s = x->transfer_tail_s,
+                .prefill_total_s = x->prefill_total_s,
+                .first_token_s = x->first_token_s,
+                .ttft_s = x->ttft_s,
+                .e2e_s = x->e2e_s,
+                .transfer_bytes = x->transfer_bytes,
+                .cached_prefill = x->cached_prefill,
+                .cached_decode = x->cached_decode,
+                .retries = x->retries,
+            };
         }
     }
-    if (!st && !fy_msgr_ok(&r)) {
-        st = FY_ERR_FORMAT;
-        snprintf(u->message, sizeof(u->message), "bad reply from the router: %.200s", r.err);
-    }
+    int32_t n = st ? 0 : c->n_tokens;
+    if (m) fy_wire_events_clear(m);
+    fy_free(m);
     fy_msgr_free(&r);
     fy_free(rep);
     if (st) return st;
@@ -208,9 +212,9 @@ fy_status_t fy_client_poll(fy_client_t *c, fy_client_stream_t *s, double wait_s,
 
 fy_status_t fy_client_cancel(fy_client_t *c, uint64_t id)
 {
+    fy_wire_cancel_t m = {.id = id};
     fy_msgw_t w;
-    fy_msgw_init(&w, "cancel");
-    fy_msgw_u64(&w, "id", id);
+    fy_wire_cancel_write(&w, &m);
     fy_msgr_t r;
     void *rep;
     fy_status_t st = call(c, &w, c->timeout_s, &r, NULL, 0, &rep);
@@ -223,50 +227,53 @@ fy_status_t fy_client_cancel(fy_client_t *c, uint64_t id)
 fy_status_t fy_client_status(fy_client_t *c, fy_client_status_t *s)
 {
     memset(s, 0, sizeof(*s));
+    fy_wire_status_t q = {0};
     fy_msgw_t w;
-    fy_msgw_init(&w, "status");
+    fy_wire_status_write(&w, &q);
     fy_msgr_t r;
     void *rep;
     fy_status_t st = call(c, &w, c->timeout_s, &r, NULL, 0, &rep);
     if (st) return st;
-    s->prefill_up = (int32_t)fy_msgr_i64(&r, "prefill_up", FY_OPT, 0, 0, INT32_MAX);
-    s->decode_up = (int32_t)fy_msgr_i64(&r, "decode_up", FY_OPT, 0, 0, INT32_MAX);
-    s->requests = (int32_t)fy_msgr_i64(&r, "requests", FY_OPT, 0, 0, INT32_MAX);
-    s->queued = (int32_t)fy_msgr_i64(&r, "queued", FY_OPT, 0, 0, INT32_MAX);
-    s->completed = fy_msgr_u64(&r, "completed", FY_OPT, 0, 0, UINT64_MAX);
-    s->failed = fy_msgr_u64(&r, "failed", FY_OPT, 0, 0, UINT64_MAX);
-    s->refused = fy_msgr_u64(&r, "refused", FY_OPT, 0, 0, UINT64_MAX);
-    s->retried = fy_msgr_u64(&r, "retried", FY_OPT, 0, 0, UINT64_MAX);
-    s->bad_events = fy_msgr_u64(&r, "bad_events", FY_OPT, 0, 0, UINT64_MAX);
-    fy_msgr_str(&r, "model", FY_OPT, "", s->model, sizeof(s->model));
-    if (fy_msgr_enter(&r, "refused_messages", FY_OPT)) {
-        for (int i = 1; i < FY_ENV_N_FAULTS; i++)
-            s->refused_messages[i] = fy_msgr_u64(&r, fy_env_fault_str((fy_env_fault_t)i), FY_OPT, 0, 0, UINT64_MAX);
-        fy_msgr_leave(&r);
+    fy_wire_status_reply_t *m = fy_malloc(sizeof(*m)); /* 6 KiB */
+    if (!m) {
+        fy_msgr_free(&r);
+        fy_free(rep);
+        return FY_ERR_NOMEM;
     }
-    const char *names[FY_CLIENT_MAX_WORKERS];
-    size_t lens[FY_CLIENT_MAX_WORKERS];
-    int32_t v[FY_CLIENT_MAX_WORKERS];
-    int32_t n = fy_msgr_strs(&r, "workers", FY_OPT, names, lens, FY_CLIENT_MAX_WORKERS, 63);
-    for (int32_t i = 0; i < n; i++) snprintf(s->workers[i].name, sizeof(s->workers[i].name), "%.*s", (int)lens[i], names[i]);
-    s->n_workers = n;
-    static const char *const keys[] = {"up", "decode", "assigned", "admittable", "total_blocks", "pending_tokens"};
-    for (int k = 0; k < 6; k++) {
-        int32_t m = fy_msgr_i32s(&r, keys[k], FY_OPT, v, FY_CLIENT_MAX_WORKERS, INT32_MIN, INT32_MAX);
-        for (int32_t i = 0; i < m && i < n; i++) {
-            fy_client_worker_t *wk = &s->workers[i];
-            switch (k) {
-            case 0: wk->up = v[i] != 0; break;
-            case 1: wk->decode = v[i] != 0; break;
-            case 2: wk->assigned = v[i]; break;
-            case 3: wk->admittable = v[i]; break;
-            case 4: wk->total_blocks = v[i]; break;
-            case 5: wk->pending_tokens = v[i]; break;
-            }
-        }
-    }
-    st = fy_msgr_ok(&r) ? FY_OK : FY_ERR_FORMAT;
+    fy_wire_status_reply_init(m);
+    st = fy_wire_status_reply_read(&r, NULL, m) ? FY_ERR_FORMAT : FY_OK;
     fy_msgr_free(&r);
     fy_free(rep);
+    if (!st) {
+        s->prefill_up = m->prefill_up;
+        s->decode_up = m->decode_up;
+        s->requests = m->requests;
+        s->queued = m->queued;
+        s->completed = m->completed;
+        s->failed = m->failed;
+        s->refused = m->refused;
+        s->retried = m->retried;
+        s->bad_events = m->bad_events;
+        snprintf(s->model, sizeof(s->model), "%s", m->model);
+        const fy_wire_refused_t *f = &m->refused_messages;
+        s->refused_messages[FY_ENV_FORMAT] = f->format;
+        s->refused_messages[FY_ENV_MAC] = f->mac;
+        s->refused_messages[FY_ENV_STALE] = f->stale;
+        s->refused_messages[FY_ENV_REPLAY] = f->replay;
+        s->refused_messages[FY_ENV_IDENTITY] = f->identity;
+        s->n_workers = m->n_workers;
+        for (int32_t i = 0; i < m->n_workers; i++) {
+            fy_client_worker_t *wk = &s->workers[i];
+            snprintf(wk->name, sizeof(wk->name), "%s", m->workers[i]);
+            /* each array as long as it is (a shorter one leaves zeros) */
+            if (i < m->n_up) wk->up = m->up[i] != 0;
+            if (i < m->n_decode) wk->decode = m->decode[i] != 0;
+            if (i < m->n_assigned) wk->assigned = m->assigned[i];
+            if (i < m->n_admittable) wk->admittable = m->admittable[i];
+            if (i < m->n_total_blocks) wk->total_blocks = m->total_blocks[i];
+            if (i < m->n_pending_tokens) wk->pending_tokens = m->pending_tokens[i];
+        }
+    }
+    fy_free(m);
     return st;
 }

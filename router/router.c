@@ -44,10 +44,10 @@
 #include "msg.h"
 #include "prompt.h"
 #include "rpc.h"
+#include "wire.h"
 
 #define MAX_WORKERS 64
 #define N_BUCKETS 1024
-#define MAX_PROMPT_BYTES (1 << 20)
 #define MAX_PROMPT_TOKENS 32768
 
 typedef enum rstate {
@@ -246,13 +246,8 @@ static bool text_append(rreq_t *q, const char *s, size_t n)
 
 /* ---- commands to workers --------------------------------------------------------------------------- */
 
-static void cmd_begin(router_t *R, fy_msgw_t *w, const worker_t *wk, const char *type, uint64_t rid, uint64_t id)
-{
-    fy_msgw_init(w, type);
-    fy_msgw_u64(w, "to", wk->inc);
-    if (rid) fy_msgw_u64(w, "rid", rid);
-    fy_msgw_u64(w, "id", id);
-}
+/* A command's header for worker wk (rid 0: no reply expected). */
+static fy_wire_cmd_t cmd_to(const worker_t *wk, uint64_t rid) { return (fy_wire_cmd_t){.to = wk->inc, .rid = rid}; }
 
 static void cmd_send(worker_t *wk, fy_msgw_t *w)
 {
@@ -267,7 +262,8 @@ static void let_go(router_t *R, rreq_t *q)
     if (q->dw >= 0 && q->state >= RQ_RESERVING && q->state <= RQ_DECODING) {
         worker_t *d = &R->workers[q->dw];
         if (d->inc == q->d_inc) {
-            cmd_begin(R, &w, d, "release", 0, q->id);
+            fy_wire_release_t m = {.cmd = cmd_to(d, 0), .id = q->id};
+            fy_wire_release_write(&w, &m);
             cmd_send(d, &w);
         }
         d->assigned--;
@@ -275,7 +271,8 @@ static void let_go(router_t *R, rreq_t *q)
     if (q->pw >= 0 && q->state == RQ_PREFILLING) {
         worker_t *p = &R->workers[q->pw];
         if (p->inc == q->p_inc) {
-            cmd_begin(R, &w, p, "cancel", 0, q->id);
+            fy_wire_release_t m = {.cmd = cmd_to(p, 0), .id = q->id};
+            fy_wire_cmd_cancel_write(&w, &m);
             cmd_send(p, &w);
         }
         p->pending_tokens -= q->n_prompt;
@@ -414,11 +411,15 @@ static void send_to_decode(router_t *R, rreq_t *q, int di)
     fy_msgw_t w;
     q->rid = ++R->next_rid;
     q->rid_deadline = now_s() + R->command_timeout;
-    cmd_begin(R, &w, d, R->colocated ? "generate" : "reserve", q->rid, q->id);
-    fy_msgw_str(&w, "tenant", q->tenant);
-    fy_msgw_i32s(&w, "tokens", q->prompt, q->n_prompt);
-    fy_genspec_write(&w, &q->gen);
-    if (!R->colocated) fy_msgw_f64(&w, "lease_s", R->lease_s);
+    fy_wire_reserve_t m = {.cmd = cmd_to(d, q->rid), .id = q->id, .tokens = q->prompt, .n_tokens = q->n_prompt,
+                           .gen = q->gen};
+    snprintf(m.tenant, sizeof(m.tenant), "%s", q->tenant);
+    if (R->colocated) {
+        fy_wire_cmd_generate_write(&w, &m);
+    } else {
+        m.lease_s = R->lease_s;
+        fy_wire_reserve_write(&w, &m);
+    }
     q->lease_s = R->lease_s;
     cmd_send(d, &w);
     q->dw = di;
@@ -521,33 +522,22 @@ static void worker_lost(router_t *R, int wi, const char *why)
 
 static void on_load(router_t *R, fy_msgr_t *r, const fy_env_hdr_t *from, const char *name, uint64_t inc)
 {
-    char role[16], listen[256], model[64];
-    fy_msgr_str(r, "role", FY_REQ, NULL, role, sizeof(role));
-    fy_msgr_str(r, "listen", FY_REQ, NULL, listen, sizeof(listen));
-    fy_msgr_str(r, "model", FY_REQ, NULL, model, sizeof(model));
-    int32_t bs = (int32_t)fy_msgr_i64(r, "block_size", FY_REQ, 0, 1, 1024);
-    int32_t running = (int32_t)fy_msgr_i64(r, "running", FY_OPT, 0, 0, 1 << 20);
-    int32_t waiting = (int32_t)fy_msgr_i64(r, "waiting", FY_OPT, 0, 0, 1 << 20);
-    int32_t max_seqs = (int32_t)fy_msgr_i64(r, "max_seqs", FY_REQ, 0, 1, 1 << 20);
-    int32_t total = (int32_t)fy_msgr_i64(r, "total_blocks", FY_REQ, 0, 0, INT32_MAX);
-    int32_t admittable = (int32_t)fy_msgr_i64(r, "admittable", FY_OPT, 0, 0, INT32_MAX);
-    int32_t capacity = (int32_t)fy_msgr_i64(r, "capacity", FY_OPT, total, 0, INT32_MAX);
-    int32_t leases = (int32_t)fy_msgr_i64(r, "leases", FY_OPT, 0, 0, 1 << 20);
-    size_t bloom_len;
-    const void *bloom = fy_msgr_bytes(r, "bloom", FY_OPT, FY_BLOOM_MAX_BYTES, &bloom_len);
-    if (fy_msgr_ok(r) && strcmp(role, "prefill") && strcmp(role, "decode"))
-        fy_msgr_fail(r, FY_ERR_FORMAT, "role '%s'", role);
-    if (fy_msgr_ok(r) && strcmp(role, fy_env_role_str(from->role))) { /* a prefill worker cannot join as decode */
+    fy_wire_load_t m;
+    fy_wire_load_init(&m);
+    fy_wire_load_read(r, NULL, &m);
+    if (fy_msgr_ok(r) && strcmp(m.role, fy_env_role_str(from->role))) { /* a prefill worker cannot join as decode */
         if (R->events) fy_pull_refuse(R->events, from, "a load report for another role");
         return;
     }
-    if (fy_msgr_ok(r) && bloom && (bloom_len < 64 || (bloom_len & (bloom_len - 1))))
-        fy_msgr_fail(r, FY_ERR_FORMAT, "bloom of %zu bytes (a power of two from 64)", bloom_len);
     if (!fy_msgr_ok(r)) {
         R->bad_events++;
         fy_warn("bad load report from %s: %s", name, r->err);
         return;
     }
+    const char *role = m.role, *listen = m.listen, *model = m.model;
+    int32_t bs = m.block_size, capacity = m.has_capacity ? m.capacity : m.total_blocks;
+    const void *bloom = m.bloom;
+    size_t bloom_len = m.bloom_len;
     worker_t *w = worker_by_name(R, name, true);
     if (!w) {
         fy_warn("load report from %s ignored: %d workers already", name, MAX_WORKERS);
@@ -579,13 +569,13 @@ static void on_load(router_t *R, fy_msgr_t *r, const fy_env_hdr_t *from, const c
     w->role = wrole;
     w->up = true;
     w->last_seen = now_s();
-    w->running = running;
-    w->waiting = waiting;
-    w->max_seqs = max_seqs;
-    w->total_blocks = total;
-    w->admittable = admittable;
+    w->running = m.running;
+    w->waiting = m.waiting;
+    w->max_seqs = m.max_seqs;
+    w->total_blocks = m.total_blocks;
+    w->admittable = m.admittable;
     w->capacity = capacity;
-    w->leases = leases;
+    w->leases = m.leases;
     w->blocks_since = 0;
     w->full = false;
     if (bloom) {
@@ -624,17 +614,14 @@ static void send_prefill(router_t *R, rreq_t *q)
     fy_msgw_t w;
     q->rid = ++R->next_rid;
     q->rid_deadline = now_s() + R->command_timeout;
-    cmd_begin(R, &w, p, "prefill", q->rid, q->id);
-    fy_msgw_i64(&w, "attempt", q->retries);
-    fy_msgw_str(&w, "tenant", q->tenant);
-    fy_msgw_i32s(&w, "tokens", q->prompt, q->n_prompt);
-    fy_genspec_write(&w, &q->gen);
-    fy_msgw_bin(&w, "target", q->target, q->target_len);
-    fy_msgw_i64(&w, "first_block", q->first_block);
-    fy_msgw_i32s(&w, "blocks", q->dst, q->n_dst);
     /* the prefill worker stops putting a second before the lease ends */
     double left = q->lease_end - now_s() - 1.0;
-    fy_msgw_f64(&w, "deadline_s", left > 0.05 ? left : 0.05);
+    fy_wire_prefill_t m = {.cmd = cmd_to(p, q->rid), .id = q->id, .attempt = q->retries, .tokens = q->prompt,
+                           .n_tokens = q->n_prompt, .gen = q->gen, .target = q->target, .target_len = q->target_len,
+                           .first_block = q->first_block, .blocks = q->dst, .n_blocks = q->n_dst,
+                           .deadline_s = left > 0.05 ? left : 0.05};
+    snprintf(m.tenant, sizeof(m.tenant), "%s", q->tenant);
+    fy_wire_prefill_write(&w, &m);
     cmd_send(p, &w);
     q->pw = pi;
     q->p_inc = p->inc;
@@ -646,27 +633,25 @@ static void send_prefill(router_t *R, rreq_t *q)
 
 static void on_reserved(router_t *R, rreq_t *q, fy_msgr_t *r)
 {
-    int32_t bs = R->lay.block_size, n_blocks = (q->n_prompt + bs - 1) / bs;
-    uint64_t lease = fy_msgr_u64(r, "lease", FY_REQ, 0, 1, UINT64_MAX);
-    /* the lease the worker granted (its own cap may shorten what was asked) */
-    double granted = fy_msgr_f64(r, "lease_s", FY_OPT, R->lease_s, 0.01, 3600);
-    int32_t cached = (int32_t)fy_msgr_i64(r, "cached", FY_REQ, 0, 0, q->n_prompt - 1);
-    int32_t first = (int32_t)fy_msgr_i64(r, "first_block", FY_REQ, 0, 0, n_blocks - 1);
-    size_t tl;
-    const void *target = fy_msgr_bytes(r, "target", FY_REQ, 64 << 10, &tl);
-    int32_t *dst = fy_malloc((size_t)n_blocks * sizeof(int32_t));
-    void *tcopy = fy_malloc(tl ? tl : 1);
-    int32_t n_dst = dst ? fy_msgr_i32s(r, "blocks", FY_REQ, dst, n_blocks, 0, INT32_MAX) : 0;
-    if (fy_msgr_ok(r) && n_dst != n_blocks - first)
-        fy_msgr_fail(r, FY_ERR_FORMAT, "%d blocks from block %d for a %d-block prompt", n_dst, first, n_blocks);
-    if (!fy_msgr_ok(r) || !dst || !tcopy) {
-        fy_free(dst);
-        fy_free(tcopy);
+    fy_wire_lim_t lim = {.n_prompt = q->n_prompt, .block_size = R->lay.block_size};
+    fy_wire_reserved_t m;
+    fy_wire_reserved_init(&m);
+    m.lease_s = R->lease_s; /* the lease the worker granted (its own cap may shorten what was asked) */
+    fy_wire_reserved_read(r, &lim, &m);
+    size_t tl = m.target_len;
+    const void *target = m.target;
+    void *tcopy = fy_msgr_ok(r) ? fy_malloc(tl ? tl : 1) : NULL;
+    if (!fy_msgr_ok(r) || !tcopy) {
+        fy_wire_reserved_clear(&m);
         R->bad_events++;
         finish_req(R, q, FY_ERR_FORMAT, "bad reservation from decode worker %s: %s", R->workers[q->dw].name,
                    fy_msgr_ok(r) ? "out of memory" : r->err);
         return;
     }
+    double granted = m.lease_s;
+    int32_t *dst = m.blocks, n_dst = m.n_blocks, cached = m.cached, first = m.first_block;
+    uint64_t lease = m.lease;
+    m.blocks = NULL; /* q keeps them */
     memcpy(tcopy, target, tl);
     fy_free(q->dst);
     fy_free(q->target);
@@ -708,48 +693,44 @@ static void maybe_renew(router_t *R, rreq_t *q, double now)
     fy_msgw_t w;
     q->renew_rid = ++R->next_rid;
     q->renew_sent = now;
-    cmd_begin(R, &w, d, "renew", q->renew_rid, q->id);
-    fy_msgw_u64(&w, "lease", q->lease);
-    fy_msgw_f64(&w, "lease_s", R->lease_s);
+    fy_wire_renew_t m = {.cmd = cmd_to(d, q->renew_rid), .id = q->id, .lease = q->lease, .lease_s = R->lease_s};
+    fy_wire_renew_write(&w, &m);
     cmd_send(d, &w);
 }
 
 static void on_progress(router_t *R, fy_msgr_t *r, const char *name, uint64_t inc)
 {
-    enum { MAX_JOBS = 4096 };
-    static uint64_t ids[MAX_JOBS]; /* under R->mu */
-    static int32_t computed[MAX_JOBS], attempts[MAX_JOBS];
-    int32_t n = fy_msgr_u64s(r, "ids", FY_REQ, ids, MAX_JOBS);
-    int32_t na = fy_msgr_i32s(r, "attempts", FY_REQ, attempts, MAX_JOBS, 0, 1000);
-    int32_t nc = fy_msgr_i32s(r, "computed", FY_REQ, computed, MAX_JOBS, 0, INT32_MAX);
-    if (fy_msgr_ok(r) && (na != n || nc != n))
-        fy_msgr_fail(r, FY_ERR_FORMAT, "%d ids, %d attempts and %d computed counts", n, na, nc);
-    if (!fy_msgr_ok(r)) {
+    fy_wire_progress_t m;
+    fy_wire_progress_init(&m);
+    if (fy_wire_progress_read(r, NULL, &m)) {
         R->bad_events++;
         fy_warn("bad progress report from %s: %s", name, r->err);
         return;
     }
     double now = now_s();
-    for (int32_t i = 0; i < n; i++) {
-        rreq_t *q = req_of(R, ids[i], name, inc, false);
-        if (!q || q->state != RQ_PREFILLING || attempts[i] != q->retries) continue;
-        if (computed[i] > q->p_computed) {
-            q->p_computed = computed[i];
+    for (int32_t i = 0; i < m.n_ids; i++) {
+        rreq_t *q = req_of(R, m.ids[i], name, inc, false);
+        if (!q || q->state != RQ_PREFILLING || m.attempts[i] != q->retries) continue;
+        if (m.computed[i] > q->p_computed) {
+            q->p_computed = m.computed[i];
             q->prefill_deadline = now + R->prefill_timeout;
         }
         maybe_renew(R, q, now);
     }
+    fy_wire_progress_clear(&m);
 }
 
 static void on_renewed(router_t *R, rreq_t *q, fy_msgr_t *r, uint64_t rid)
 {
-    uint64_t lease = fy_msgr_u64(r, "lease", FY_REQ, 0, 1, UINT64_MAX);
-    double granted = fy_msgr_f64(r, "lease_s", FY_REQ, 0, 0.01, 3600);
-    if (!fy_msgr_ok(r)) {
+    fy_wire_renewed_t m;
+    fy_wire_renewed_init(&m);
+    if (fy_wire_renewed_read(r, NULL, &m)) {
         R->bad_events++;
         fy_warn("bad renewal from %s: %s", R->workers[q->dw].name, r->err);
         return;
     }
+    uint64_t lease = m.lease;
+    double granted = m.lease_s;
     if (rid != q->renew_rid || lease != q->lease) return; /* an older one */
     q->renew_rid = 0;
     q->lease_s = granted < R->lease_s ? granted : R->lease_s;
@@ -759,34 +740,30 @@ static void on_renewed(router_t *R, rreq_t *q, fy_msgr_t *r, uint64_t rid)
     worker_t *p = &R->workers[q->pw];
     if (p->inc != q->p_inc) return;
     fy_msgw_t w;
-    cmd_begin(R, &w, p, "extend", 0, q->id);
-    fy_msgw_i64(&w, "attempt", q->retries);
     double left = q->lease_end - now_s() - 1.0;
-    fy_msgw_f64(&w, "deadline_s", left > 0.05 ? left : 0.05);
+    fy_wire_extend_t m2 = {.cmd = cmd_to(p, 0), .id = q->id, .attempt = q->retries, .deadline_s = left > 0.05 ? left : 0.05};
+    fy_wire_extend_write(&w, &m2);
     cmd_send(p, &w);
 }
 
 static void on_prefilled(router_t *R, rreq_t *q, fy_msgr_t *r)
 {
-    int32_t first = (int32_t)fy_msgr_i64(r, "first_token", FY_REQ, 0, 0, R->vocab - 1);
-    double logprob = fy_msgr_f64(r, "logprob", FY_OPT, 0, -1e30, 0);
-    uint64_t rng[4];
-    int32_t nr = fy_msgr_u64s(r, "rng", FY_REQ, rng, 4);
-    q->cached_p = (int32_t)fy_msgr_i64(r, "cached", FY_OPT, 0, 0, q->n_prompt);
-    if (fy_msgr_enter(r, "timings", FY_OPT)) {
-        q->p_queue = fy_msgr_f64(r, "queue_s", FY_OPT, 0, 0, 1e9);
-        q->p_compute = fy_msgr_f64(r, "compute_s", FY_OPT, 0, -1, 1e9);
-        q->p_tail = fy_msgr_f64(r, "transfer_tail_s", FY_OPT, 0, 0, 1e9);
-        q->p_transfer = fy_msgr_f64(r, "transfer_s", FY_OPT, 0, 0, 1e9);
-        q->bytes = fy_msgr_i64(r, "bytes", FY_OPT, 0, 0, INT64_MAX);
-        fy_msgr_leave(r);
-    }
-    if (fy_msgr_ok(r) && nr != 4) fy_msgr_fail(r, FY_ERR_FORMAT, "field 'rng' must hold 4 words");
+    fy_wire_lim_t lim = {.token_hi = R->vocab - 1, .n_prompt = q->n_prompt};
+    fy_wire_prefilled_t m;
+    fy_wire_prefilled_init(&m);
+    fy_wire_prefilled_read(r, &lim, &m);
+    if (m.attempt != q->retries) return; /* an earlier try's */
     if (!fy_msgr_ok(r)) {
         R->bad_events++;
         retry_or_fail(R, q, FY_ERR_FORMAT, r->err);
         return;
     }
+    q->cached_p = m.cached;
+    q->p_queue = m.timings.queue_s;
+    q->p_compute = m.timings.compute_s;
+    q->p_tail = m.timings.transfer_tail_s;
+    q->p_transfer = m.timings.transfer_s;
+    q->bytes = m.timings.bytes;
     worker_t *p = &R->workers[q->pw];
     p->pending_tokens -= q->n_prompt;
     q->pw = -1;
@@ -797,22 +774,24 @@ static void on_prefilled(router_t *R, rreq_t *q, fy_msgr_t *r)
     fy_msgw_t w;
     q->rid = ++R->next_rid;
     q->rid_deadline = now_s() + R->command_timeout;
-    cmd_begin(R, &w, d, "adopt", q->rid, q->id);
-    fy_msgw_u64(&w, "lease", q->lease);
-    fy_msgw_i64(&w, "first_token", first);
-    fy_msgw_f64(&w, "logprob", logprob);
-    fy_msgw_u64s(&w, "rng", rng, 4);
+    fy_wire_adopt_t a = {.cmd = cmd_to(d, q->rid), .id = q->id, .lease = q->lease, .first_token = m.first_token,
+                         .logprob = m.logprob, .n_rng = 4};
+    memcpy(a.rng, m.rng, sizeof(a.rng));
+    fy_wire_adopt_write(&w, &a);
     cmd_send(d, &w);
     set_state(R, q, RQ_ADOPTING);
 }
 
 static void on_token(router_t *R, rreq_t *q, fy_msgr_t *r)
 {
-    int32_t n = (int32_t)fy_msgr_i64(r, "n", FY_REQ, 0, 0, INT32_MAX);
-    int32_t tok = (int32_t)fy_msgr_i64(r, "token", FY_REQ, 0, 0, R->vocab - 1);
-    float lp = (float)fy_msgr_f64(r, "logprob", FY_OPT, 0, -1e30, 0);
-    size_t len;
-    const char *text = fy_msgr_bytes(r, "text", FY_OPT, 1 << 16, &len);
+    fy_wire_lim_t lim = {.token_hi = R->vocab - 1};
+    fy_wire_token_t m;
+    fy_wire_token_init(&m);
+    fy_wire_token_read(r, &lim, &m);
+    int32_t n = m.n, tok = m.token;
+    float lp = (float)m.logprob;
+    size_t len = m.text_len;
+    const char *text = m.text;
     if (!fy_msgr_ok(r)) {
         R->bad_events++;
         finish_req(R, q, FY_ERR_FORMAT, "bad token event from %s: %s", R->workers[q->dw].name, r->err);
@@ -857,15 +836,14 @@ static void on_token(router_t *R, rreq_t *q, fy_msgr_t *r)
 
 static void on_finish(router_t *R, rreq_t *q, fy_msgr_t *r)
 {
-    char reason[16];
-    fy_msgr_str(r, "reason", FY_REQ, NULL, reason, sizeof(reason));
-    size_t len;
-    const char *text = fy_msgr_bytes(r, "text", FY_OPT, 1 << 16, &len);
-    int32_t cached = 0;
-    if (R->colocated && fy_msgr_enter(r, "timings", FY_OPT)) {
-        cached = (int32_t)fy_msgr_i64(r, "n_cached", FY_OPT, 0, 0, q->n_prompt);
-        fy_msgr_leave(r);
-    }
+    fy_wire_lim_t lim = {.n_prompt = q->n_prompt};
+    fy_wire_finish_t m;
+    fy_wire_finish_init(&m);
+    fy_wire_finish_read(r, &lim, &m);
+    fy_wire_finish_clear(&m); /* the inter-token latencies: not kept here */
+    size_t len = m.text_len;
+    const char *text = m.text;
+    int32_t cached = m.timings.n_cached;
     if (!fy_msgr_ok(r)) {
         R->bad_events++;
         finish_req(R, q, FY_ERR_FORMAT, "bad finish event from %s: %s", R->workers[q->dw].name, r->err);
@@ -876,18 +854,22 @@ static void on_finish(router_t *R, rreq_t *q, fy_msgr_t *r)
         fy_metric_add(R->m.cached, cached);
     }
     if (len) text_append(q, text, len);
-    snprintf(q->finish, sizeof(q->finish), "%s", reason);
+    snprintf(q->finish, sizeof(q->finish), "%s", m.reason);
     if (q->t_first == 0) q->t_first = now_s();
     finish_req(R, q, FY_OK, NULL);
 }
 
 static void on_error_event(router_t *R, fy_msgr_t *r, const char *name, uint64_t inc, uint64_t id, uint64_t rid)
 {
-    char code[32], message[256];
-    fy_msgr_str(r, "code", FY_OPT, "internal", code, sizeof(code));
-    fy_msgr_str(r, "message", FY_OPT, "", message, sizeof(message));
-    fy_status_t st = fy_msg_error_code(code);
     rreq_t *q = id ? req_find(R, id) : NULL;
+    /* what could be read of it counts: a bad code is "internal", a bad message empty */
+    fy_wire_ev_error_t m;
+    fy_wire_ev_error_init(&m);
+    snprintf(m.code, sizeof(m.code), "internal");
+    m.attempt = q ? q->retries : 0; /* without one: the current try */
+    fy_wire_ev_error_read(r, NULL, &m);
+    const char *code = m.code, *message = m.message;
+    fy_status_t st = fy_msg_error_code(code);
     if (!q || q->state == RQ_DONE) {
         if (!id) fy_warn("worker %s reports: %s (%s)", name, message, code);
         return;
@@ -900,7 +882,7 @@ static void on_error_event(router_t *R, fy_msgr_t *r, const char *name, uint64_t
         return;
     }
     bool from_p = q->pw >= 0 && !strcmp(R->workers[q->pw].name, name) && R->workers[q->pw].inc == inc &&
-                  fy_msgr_i64(r, "attempt", FY_OPT, q->retries, 0, 1000) == q->retries; /* not an older try's */
+                  m.attempt == q->retries; /* not an older try's */
     if (from_d && (q->state == RQ_RESERVING || (R->colocated && q->state == RQ_ADOPTING)) && st == FY_ERR_NO_SPACE) {
         /* it cannot take this one after all: back to the queue, and skip it until its next report */
         worker_t *d = &R->workers[q->dw];
@@ -940,12 +922,10 @@ static void on_event(void *arg, const fy_env_hdr_t *from, const void *buf, size_
         fy_msgr_free(&r);
         return;
     }
-    char name[64];
-    fy_msgr_str(&r, "worker", FY_REQ, NULL, name, sizeof(name));
-    uint64_t inc = fy_msgr_u64(&r, "inc", FY_REQ, 0, 1, UINT64_MAX);
-    uint64_t id = fy_msgr_u64(&r, "id", FY_OPT, 0, 0, UINT64_MAX);
-    uint64_t rid = fy_msgr_u64(&r, "rid", FY_OPT, 0, 0, UINT64_MAX);
-    const char *type = fy_msgr_type(&r);
+    fy_wire_ev_t ev = {.id = 0};
+    fy_wire_ev_read(&r, &ev);
+    const char *name = ev.worker, *type = fy_msgr_type(&r);
+    uint64_t inc = ev.inc, id = ev.id, rid = ev.rid;
     pthread_mutex_lock(&R->mu);
     if (fy_msgr_ok(&r) && (strcmp(name, from->name) || inc != from->inc)) {
         /* a worker speaks for itself only: its events name the sender of the envelope */
@@ -956,49 +936,58 @@ static void on_event(void *arg, const fy_env_hdr_t *from, const void *buf, size_
     } else if (!fy_msgr_ok(&r)) {
         R->bad_events++;
         fy_warn("bad '%s' event: %s", type, r.err);
-    } else if (!strcmp(type, "load")) {
+    } else if (fy_wire_load_is(&r)) {
         on_load(R, &r, from, name, inc);
-    } else if (!strcmp(type, "alive")) {
+    } else if (fy_wire_alive_is(&r)) {
+        fy_wire_alive_t m;
+        fy_wire_alive_init(&m);
         worker_t *w = worker_by_name(R, name, false); /* known incarnations only: a load report joins */
-        if (w && w->inc == inc && !w->incompatible) {
+        if (fy_wire_alive_read(&r, NULL, &m)) {
+            R->bad_events++;
+            fy_warn("bad 'alive' event from %s: %s", name, r.err);
+        } else if (w && w->inc == inc && !w->incompatible) {
             if (!w->up) fy_info("worker %s is back", name);
             w->up = true;
             w->last_seen = now_s();
         }
-    } else if (!strcmp(type, "error")) {
+    } else if (fy_wire_ev_error_is(&r)) {
         on_error_event(R, &r, name, inc, id, rid);
-    } else if (!strcmp(type, "progress")) {
+    } else if (fy_wire_progress_is(&r)) {
         worker_t *w = worker_by_name(R, name, false);
         if (w && w->inc == inc) w->last_seen = now_s();
         on_progress(R, &r, name, inc);
     } else {
         worker_t *w = worker_by_name(R, name, false);
         if (w && w->inc == inc) w->last_seen = now_s();
-        bool decode_side = strcmp(type, "accepted") && strcmp(type, "prefilled");
+        bool decode_side = !fy_wire_ev_accepted_is(&r) && !fy_wire_prefilled_is(&r);
         rreq_t *q = req_of(R, id, name, inc, decode_side);
         if (!q) {
             /* about a request that ended, or from a worker it no longer belongs to */
             fy_debug("'%s' event for request %llu from %s ignored", type, (unsigned long long)id, name);
-        } else if (!strcmp(type, "renewed")) {
+        } else if (fy_wire_renewed_is(&r)) {
             if (q->state == RQ_PREFILLING || q->state == RQ_ADOPTING) on_renewed(R, q, &r, rid);
-        } else if (!strcmp(type, "reserved")) {
+        } else if (fy_wire_reserved_is(&r)) {
             if (q->state == RQ_RESERVING && rid == q->rid) on_reserved(R, q, &r);
-        } else if (!strcmp(type, "accepted")) {
+        } else if (fy_wire_ev_accepted_is(&r)) { /* the header is all it holds */
             if (rid == q->rid) q->rid = 0;
-        } else if (!strcmp(type, "prefilled")) {
-            if (q->state == RQ_PREFILLING && fy_msgr_i64(&r, "attempt", FY_OPT, 0, 0, 1000) == q->retries)
-                on_prefilled(R, q, &r);
-        } else if (!strcmp(type, "adopted")) {
+        } else if (fy_wire_prefilled_is(&r)) {
+            if (q->state == RQ_PREFILLING) on_prefilled(R, q, &r);
+        } else if (fy_wire_adopted_is(&r)) { /* the header is all it holds */
             if (q->state == RQ_ADOPTING && rid == q->rid) {
                 q->rid = 0;
                 set_state(R, q, RQ_DECODING);
             }
-        } else if (!strcmp(type, "token")) {
+        } else if (fy_wire_token_is(&r)) {
             if (q->state == RQ_DECODING || q->state == RQ_ADOPTING) on_token(R, q, &r);
-        } else if (!strcmp(type, "finish")) {
+        } else if (fy_wire_finish_is(&r)) {
             if (q->state == RQ_DECODING || q->state == RQ_ADOPTING) on_finish(R, q, &r);
-        } else if (!strcmp(type, "lease_expired")) {
-            if (q->state == RQ_PREFILLING || q->state == RQ_ADOPTING) {
+        } else if (fy_wire_lease_expired_is(&r)) {
+            fy_wire_lease_expired_t m;
+            fy_wire_lease_expired_init(&m);
+            if (fy_wire_lease_expired_read(&r, NULL, &m)) {
+                R->bad_events++;
+                fy_warn("bad 'lease_expired' event from %s: %s", name, r.err);
+            } else if (q->state == RQ_PREFILLING || q->state == RQ_ADOPTING) {
                 let_go(R, q); /* cancels the prefill job; the lease itself is gone */
                 retry_or_fail(R, q, FY_ERR_TIMEOUT, "the kv lease expired before the prompt arrived");
             }
@@ -1015,46 +1004,51 @@ static void on_event(void *arg, const fy_env_hdr_t *from, const void *buf, size_
 
 static void reply_events(router_t *R, rreq_t *q, fy_rpc_call_t *call, int32_t from, size_t from_text)
 {
-    fy_msgw_t w;
-    fy_msgw_init(&w, "events");
-    fy_msgw_u64(&w, "id", q->id);
     if (from > q->n_out) from = q->n_out;
     if (from_text > q->text_len) from_text = q->text_len;
-    fy_msgw_i32s(&w, "tokens", q->out + from, q->n_out - from);
-    fy_msgw_strn(&w, "text", q->text ? q->text + from_text : "", q->text_len - from_text);
-    fy_msgw_i64(&w, "n_prompt", q->n_prompt);
-    fy_msgw_str(&w, "state", STATE_NAMES[q->state]);
-    fy_msgw_bool(&w, "done", q->done);
+    fy_wire_events_t m;
+    fy_wire_events_init(&m);
+    m.id = q->id;
+    m.tokens = q->out ? q->out + from : NULL;
+    m.n_tokens = q->n_out - from;
+    m.text = q->text ? q->text + from_text : "";
+    m.text_len = q->text_len - from_text;
+    m.n_prompt = q->n_prompt;
+    snprintf(m.state, sizeof(m.state), "%s", STATE_NAMES[q->state]);
+    m.done = q->done;
     if (q->done) {
         q->done_seen = true;
         if (q->err != FY_OK) {
-            fy_msgw_str(&w, "error_code", fy_status_tag(q->err));
-            fy_msgw_str(&w, "error", q->err_msg);
+            snprintf(m.error_code, sizeof(m.error_code), "%s", fy_status_tag(q->err));
+            snprintf(m.error, sizeof(m.error), "%s", q->err_msg);
         } else {
-            fy_msgw_str(&w, "finish_reason", q->finish);
+            snprintf(m.finish_reason, sizeof(m.finish_reason), "%s", q->finish);
         }
-        fy_msgw_map_begin(&w, "timings");
+        /* a phase the request never reached is left out (0) */
+        fy_wire_req_timings_t *t = &m.timings;
         double t0 = q->t_arrive;
-        fy_msgw_f64(&w, "queue_s", (q->t_reserve > 0 ? q->t_reserve : q->t_done) - t0);
-        if (q->t_reserved > 0) fy_msgw_f64(&w, "reserve_s", q->t_reserved - q->t_reserve);
+        m.has_timings = true;
+        t->queue_s = (q->t_reserve > 0 ? q->t_reserve : q->t_done) - t0;
+        if (q->t_reserved > 0) t->reserve_s = q->t_reserved - q->t_reserve;
         if (q->t_prefilled > 0) {
-            fy_msgw_f64(&w, "prefill_queue_s", q->p_queue);
-            fy_msgw_f64(&w, "prefill_compute_s", q->p_compute);
-            fy_msgw_f64(&w, "transfer_s", q->p_transfer);
-            fy_msgw_f64(&w, "transfer_tail_s", q->p_tail);
-            fy_msgw_f64(&w, "prefill_total_s", q->t_prefilled - q->t_prefill);
-            fy_msgw_i64(&w, "transfer_bytes", q->bytes);
+            t->prefill_queue_s = q->p_queue;
+            t->prefill_compute_s = q->p_compute;
+            t->transfer_s = q->p_transfer;
+            t->transfer_tail_s = q->p_tail;
+            t->prefill_total_s = q->t_prefilled - q->t_prefill;
+            t->transfer_bytes = q->bytes;
         }
         if (q->t_first > 0) {
-            if (q->t_prefilled > 0) fy_msgw_f64(&w, "first_token_s", q->t_first - q->t_prefilled);
-            fy_msgw_f64(&w, "ttft_s", q->t_first - t0);
+            if (q->t_prefilled > 0) t->first_token_s = q->t_first - q->t_prefilled;
+            t->ttft_s = q->t_first - t0;
         }
-        fy_msgw_f64(&w, "e2e_s", q->t_done - t0);
-        fy_msgw_i64(&w, "cached_prefill", q->cached_p);
-        fy_msgw_i64(&w, "cached_decode", q->cached_d);
-        fy_msgw_i64(&w, "retries", q->retries);
-        fy_msgw_map_end(&w);
+        t->e2e_s = q->t_done - t0;
+        t->cached_prefill = q->cached_p;
+        t->cached_decode = q->cached_d;
+        t->retries = q->retries;
     }
+    fy_msgw_t w;
+    fy_wire_events_write(&w, &m);
     fy_rpc_reply_msgw(call, &w);
 }
 
@@ -1154,35 +1148,22 @@ static fy_status_t enqueue(router_t *R, const char *tenant, int32_t *ids, int32_
 static void client_generate(router_t *R, fy_rpc_call_t *call, const fy_env_hdr_t *from, fy_msgr_t *r)
 {
     char *prompt_text = NULL, *system = NULL;
-    int32_t *ids = NULL, n = 0;
-    fy_genspec_t gen;
-    fy_genspec_default(&gen);
-    fy_genspec_read(r, &gen, R->max_ctx);
-    bool chat = fy_msgr_bool(r, "chat", FY_OPT, false);
-    double deadline_s = fy_msgr_f64(r, "deadline_s", FY_OPT, R->request_timeout, 0.001, 86400);
-    size_t plen = 0, slen = 0;
-    const char *p = fy_msgr_bytes(r, "prompt", FY_OPT, MAX_PROMPT_BYTES, &plen);
-    const char *s = fy_msgr_bytes(r, "system", FY_OPT, MAX_PROMPT_BYTES, &slen);
-    bool has_tokens = fy_msgr_has(r, "tokens");
-    if (fy_msgr_ok(r) && !!p == has_tokens)
-        fy_msgr_fail(r, FY_ERR_FORMAT, "a request needs exactly one of 'prompt' (text) and 'tokens'");
-    if (fy_msgr_ok(r) && has_tokens) {
-        ids = fy_malloc(MAX_PROMPT_TOKENS * sizeof(int32_t));
-        if (!ids)
-            fy_msgr_fail(r, FY_ERR_NOMEM, "out of memory");
-        else
-            n = fy_msgr_i32s(r, "tokens", FY_REQ, ids, MAX_PROMPT_TOKENS, 0, R->vocab - 1);
-    }
-    if (!fy_msgr_ok(r)) {
-        fy_free(ids);
+    fy_wire_lim_t lim = {.token_hi = R->vocab - 1, .max_prompt = MAX_PROMPT_TOKENS, .max_ctx = R->max_ctx};
+    fy_wire_generate_t m;
+    fy_wire_generate_init(&m);
+    m.deadline_s = R->request_timeout;
+    if (fy_wire_generate_read(r, &lim, &m)) {
         fy_rpc_reply_error(call, 0, r->status, r->err);
         return;
     }
-    if (p) { /* tokenizing takes the model's tokenizer, not the router's lock */
-        prompt_text = fy_strndup(p, plen);
-        system = s ? fy_strndup(s, slen) : NULL;
-        fy_status_t st = !prompt_text || (s && !system) ? FY_ERR_NOMEM
-                                                        : fy_prompt_tokens(R->model, system, prompt_text, chat, &ids, &n);
+    int32_t *ids = m.tokens, n = m.n_tokens; /* taken: enqueue owns them */
+    m.tokens = NULL;
+    if (m.prompt) { /* tokenizing takes the model's tokenizer, not the router's lock */
+        prompt_text = fy_strndup(m.prompt, m.prompt_len);
+        system = m.system ? fy_strndup(m.system, m.system_len) : NULL;
+        fy_status_t st = !prompt_text || (m.system && !system)
+                             ? FY_ERR_NOMEM
+                             : fy_prompt_tokens(R->model, system, prompt_text, m.chat, &ids, &n);
         fy_free(prompt_text);
         fy_free(system);
         if (st) {
@@ -1192,17 +1173,16 @@ static void client_generate(router_t *R, fy_rpc_call_t *call, const fy_env_hdr_t
     }
     char err[256];
     rreq_t *q;
-    fy_status_t st = enqueue(R, "", ids, n, &gen, deadline_s, NULL, NULL, false, &q, err, sizeof(err));
+    fy_status_t st = enqueue(R, "", ids, n, &m.gen, m.deadline_s, NULL, NULL, false, &q, err, sizeof(err));
     if (st) {
         fy_rpc_reply_error(call, 0, st, err);
         return;
     }
     q->owner_inc = from->inc;
     snprintf(q->owner, sizeof(q->owner), "%s", from->name);
+    fy_wire_accepted_t a = {.id = q->id, .n_prompt = n};
     fy_msgw_t w;
-    fy_msgw_init(&w, "accepted");
-    fy_msgw_u64(&w, "id", q->id);
-    fy_msgw_i64(&w, "n_prompt", n);
+    fy_wire_accepted_write(&w, &a);
     fy_rpc_reply_msgw(call, &w);
     pump(R);
     pthread_mutex_unlock(&R->mu);
@@ -1219,14 +1199,17 @@ static rreq_t *req_of_client(router_t *R, uint64_t id, const fy_env_hdr_t *from)
 
 static void client_poll(router_t *R, fy_rpc_call_t *call, const fy_env_hdr_t *sender, fy_msgr_t *r)
 {
-    uint64_t id = fy_msgr_u64(r, "id", FY_REQ, 0, 1, UINT64_MAX);
-    int32_t from = (int32_t)fy_msgr_i64(r, "from", FY_OPT, 0, 0, INT32_MAX);
-    int64_t from_text = fy_msgr_i64(r, "from_text", FY_OPT, 0, 0, INT64_MAX);
-    double wait = fy_msgr_f64(r, "wait_s", FY_OPT, 1.0, 0, 30);
-    if (!fy_msgr_ok(r)) {
-        fy_rpc_reply_error(call, id, r->status, r->err);
+    fy_wire_poll_t m;
+    fy_wire_poll_init(&m);
+    m.wait_s = 1.0;
+    if (fy_wire_poll_read(r, NULL, &m)) {
+        fy_rpc_reply_error(call, m.id, r->status, r->err);
         return;
     }
+    uint64_t id = m.id;
+    int32_t from = m.from;
+    int64_t from_text = m.from_text;
+    double wait = m.wait_s;
     pthread_mutex_lock(&R->mu);
     rreq_t *q = req_of_client(R, id, sender);
     if (!q) {
@@ -1255,18 +1238,19 @@ static void client_poll(router_t *R, fy_rpc_call_t *call, const fy_env_hdr_t *se
 
 static void client_cancel(router_t *R, fy_rpc_call_t *call, const fy_env_hdr_t *from, fy_msgr_t *r)
 {
-    uint64_t id = fy_msgr_u64(r, "id", FY_REQ, 0, 1, UINT64_MAX);
-    if (!fy_msgr_ok(r)) {
-        fy_rpc_reply_error(call, id, r->status, r->err);
+    fy_wire_cancel_t m;
+    fy_wire_cancel_init(&m);
+    if (fy_wire_cancel_read(r, NULL, &m)) {
+        fy_rpc_reply_error(call, m.id, r->status, r->err);
         return;
     }
     pthread_mutex_lock(&R->mu);
-    rreq_t *q = req_of_client(R, id, from);
+    rreq_t *q = req_of_client(R, m.id, from);
     if (q) finish_req(R, q, FY_ERR_CANCELLED, "cancelled by the client");
     pthread_mutex_unlock(&R->mu);
+    fy_wire_cancelled_t c = {.id = m.id};
     fy_msgw_t w;
-    fy_msgw_init(&w, "cancelled");
-    fy_msgw_u64(&w, "id", id);
+    fy_wire_cancelled_write(&w, &c);
     fy_rpc_reply_msgw(call, &w);
 }
 
@@ -1280,52 +1264,47 @@ static void refused_messages(router_t *R, uint64_t out[FY_ENV_N_FAULTS])
 
 static void client_status(router_t *R, fy_rpc_call_t *call)
 {
-    fy_msgw_t w;
-    fy_msgw_init(&w, "status");
+    fy_wire_status_reply_t *m = fy_calloc(1, sizeof(*m)); /* 6 KiB: not on an nng thread's stack */
+    if (!m) {
+        fy_rpc_reply_error(call, 0, FY_ERR_NOMEM, "router out of memory");
+        return;
+    }
     pthread_mutex_lock(&R->mu);
-    fy_msgw_str(&w, "model", R->model_id);
-    fy_msgw_i64(&w, "requests", R->n_reqs);
-    fy_msgw_i64(&w, "queued", R->n_queued);
-    fy_msgw_u64(&w, "completed", R->completed);
-    fy_msgw_u64(&w, "failed", R->failed);
-    fy_msgw_u64(&w, "refused", R->refused);
-    fy_msgw_u64(&w, "retried", R->retried);
-    fy_msgw_u64(&w, "bad_events", R->bad_events);
-    int up_p = 0, up_d = 0;
+    snprintf(m->model, sizeof(m->model), "%s", R->model_id);
+    m->requests = R->n_reqs;
+    m->queued = R->n_queued;
+    m->completed = R->completed;
+    m->failed = R->failed;
+    m->refused = R->refused;
+    m->retried = R->retried;
+    m->bad_events = R->bad_events;
     for (int i = 0; i < R->n_workers; i++) {
         const worker_t *k = &R->workers[i];
         if (k->up && !k->incompatible) {
             if (k->role == W_PREFILL)
-                up_p++;
+                m->prefill_up++;
             else
-                up_d++;
+                m->decode_up++;
         }
+        snprintf(m->workers[i], sizeof(m->workers[i]), "%s", k->name);
+        m->up[i] = k->up && !k->incompatible;
+        m->assigned[i] = k->assigned;
+        m->admittable[i] = k->admittable;
+        m->total_blocks[i] = k->total_blocks;
+        m->decode[i] = k->role == W_DECODE;
+        m->pending_tokens[i] = k->pending_tokens > INT32_MAX ? INT32_MAX : (int32_t)k->pending_tokens;
     }
-    fy_msgw_i64(&w, "prefill_up", up_p);
-    fy_msgw_i64(&w, "decode_up", up_d);
-    const char *names[MAX_WORKERS];
-    for (int i = 0; i < R->n_workers; i++) names[i] = R->workers[i].name;
-    fy_msgw_strs(&w, "workers", names, R->n_workers);
-    int32_t v[MAX_WORKERS];
-    for (int i = 0; i < R->n_workers; i++) v[i] = R->workers[i].up && !R->workers[i].incompatible;
-    fy_msgw_i32s(&w, "up", v, R->n_workers);
-    for (int i = 0; i < R->n_workers; i++) v[i] = R->workers[i].assigned;
-    fy_msgw_i32s(&w, "assigned", v, R->n_workers);
-    for (int i = 0; i < R->n_workers; i++) v[i] = R->workers[i].admittable;
-    fy_msgw_i32s(&w, "admittable", v, R->n_workers);
-    for (int i = 0; i < R->n_workers; i++) v[i] = R->workers[i].total_blocks;
-    fy_msgw_i32s(&w, "total_blocks", v, R->n_workers);
-    for (int i = 0; i < R->n_workers; i++) v[i] = R->workers[i].role == W_DECODE;
-    fy_msgw_i32s(&w, "decode", v, R->n_workers);
-    for (int i = 0; i < R->n_workers; i++)
-        v[i] = R->workers[i].pending_tokens > INT32_MAX ? INT32_MAX : (int32_t)R->workers[i].pending_tokens;
-    fy_msgw_i32s(&w, "pending_tokens", v, R->n_workers);
+    m->n_workers = m->n_up = m->n_assigned = m->n_admittable = m->n_total_blocks = m->n_decode = m->n_pending_tokens =
+        R->n_workers;
     uint64_t refused[FY_ENV_N_FAULTS];
     refused_messages(R, refused);
-    fy_msgw_map_begin(&w, "refused_messages");
-    for (int i = 1; i < FY_ENV_N_FAULTS; i++) fy_msgw_u64(&w, fy_env_fault_str((fy_env_fault_t)i), refused[i]);
-    fy_msgw_map_end(&w);
+    m->refused_messages = (fy_wire_refused_t){.format = refused[FY_ENV_FORMAT], .mac = refused[FY_ENV_MAC],
+                                             .stale = refused[FY_ENV_STALE], .replay = refused[FY_ENV_REPLAY],
+                                             .identity = refused[FY_ENV_IDENTITY]};
     pthread_mutex_unlock(&R->mu);
+    fy_msgw_t w;
+    fy_wire_status_reply_write(&w, m);
+    fy_free(m);
     fy_rpc_reply_msgw(call, &w);
 }
 
@@ -1335,13 +1314,13 @@ static void on_client(void *arg, fy_rpc_call_t *call, const fy_env_hdr_t *from, 
     fy_msgr_t r;
     if (fy_msgr_parse(&r, buf, len) != FY_OK) {
         fy_rpc_reply_error(call, 0, r.status, r.err);
-    } else if (!strcmp(fy_msgr_type(&r), "generate")) {
+    } else if (fy_wire_generate_is(&r)) {
         client_generate(R, call, from, &r);
-    } else if (!strcmp(fy_msgr_type(&r), "poll")) {
+    } else if (fy_wire_poll_is(&r)) {
         client_poll(R, call, from, &r);
-    } else if (!strcmp(fy_msgr_type(&r), "cancel")) {
+    } else if (fy_wire_cancel_is(&r)) {
         client_cancel(R, call, from, &r);
-    } else if (!strcmp(fy_msgr_type(&r), "status")) {
+    } else if (fy_wire_status_is(&r)) {
         client_status(R, call);
     } else {
         char msg[96];

@@ -33,6 +33,7 @@
 #include "envelope.h"
 #include "log.h"
 #include "mem.h"
+#include "wire.h"
 
 #define SERVER_CHANNELS 4096 /* client channels a server remembers */
 #define PULL_CHANNELS 1024   /* sender channels an event stream remembers */
@@ -259,10 +260,10 @@ fy_status_t fy_msg_error_code(const char *code)
 
 void fy_msg_error(fy_msgw_t *w, uint64_t id, fy_status_t st, const char *message)
 {
-    fy_msgw_init(w, "error");
-    fy_msgw_u64(w, "id", id);
-    fy_msgw_str(w, "code", fy_status_tag(st));
-    fy_msgw_str(w, "message", message ? message : fy_status_str(st));
+    fy_wire_error_t m = {.id = id};
+    snprintf(m.code, sizeof(m.code), "%s", fy_status_tag(st));
+    snprintf(m.message, sizeof(m.message), "%s", message ? message : fy_status_str(st));
+    fy_wire_error_write(w, &m);
 }
 
 /* ---- server ------------------------------------------------------------------------------------ */

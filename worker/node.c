@@ -130,13 +130,11 @@ void fy_node_ns(const fy_node_t *n, const char *tenant, fy_kv_ns_t *ns)
 
 fy_status_t fy_node_push(fy_node_t *n, fy_msgw_t *w) { return fy_push_msgw(n->out, w); }
 
-void fy_node_msg(fy_node_t *n, fy_msgw_t *w, const char *type, uint64_t rid, uint64_t id)
+fy_wire_ev_t fy_node_ev(const fy_node_t *n, uint64_t rid, uint64_t id)
 {
-    fy_msgw_init(w, type);
-    fy_msgw_str(w, "worker", n->name);
-    fy_msgw_u64(w, "inc", n->incarnation);
-    if (rid) fy_msgw_u64(w, "rid", rid);
-    fy_msgw_u64(w, "id", id);
+    fy_wire_ev_t h = {.inc = n->incarnation, .rid = rid, .id = id};
+    snprintf(h.worker, sizeof(h.worker), "%s", n->name);
+    return h;
 }
 
 void fy_node_error(fy_node_t *n, uint64_t rid, uint64_t id, fy_status_t st, const char *fmt, ...)
@@ -147,10 +145,11 @@ void fy_node_error(fy_node_t *n, uint64_t rid, uint64_t id, fy_status_t st, cons
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     fy_warn("request %llu: %s", (unsigned long long)id, msg);
+    fy_wire_ev_error_t m = {.ev = fy_node_ev(n, rid, id)};
+    snprintf(m.code, sizeof(m.code), "%s", fy_status_tag(st));
+    snprintf(m.message, sizeof(m.message), "%.*s", (int)sizeof(m.message) - 1, msg); /* the wire's limit */
     fy_msgw_t w;
-    fy_node_msg(n, &w, "error", rid, id);
-    fy_msgw_str(&w, "code", fy_status_tag(st));
-    fy_msgw_str(&w, "message", msg);
+    fy_wire_ev_error_write(&w, &m);
     fy_node_push(n, &w);
 }
 
@@ -174,10 +173,11 @@ static void run_command(fy_engine_t *e, void *arg)
         fy_node_error(n, 0, 0, r.status, "bad command: %s", r.err);
         goto out;
     }
-    uint64_t rid = fy_msgr_u64(&r, "rid", FY_OPT, 0, 0, UINT64_MAX);
     /* every command names the incarnation it is for: one that does not (a
      * release or cancel of a guessed request id) is refused */
-    uint64_t to = fy_msgr_u64(&r, "to", FY_REQ, 0, 1, UINT64_MAX);
+    fy_wire_cmd_t h = {0};
+    fy_wire_cmd_read(&r, &h);
+    uint64_t rid = h.rid, to = h.to;
     if (!fy_msgr_ok(&r)) {
         n->bad_commands++;
         fy_node_error(n, 0, 0, r.status, "bad command '%s': %s", fy_msgr_type(&r), r.err);
@@ -199,10 +199,9 @@ static bool run_direct(fy_node_t *n, const void *buf, size_t len)
 {
     fy_msgr_t r;
     bool done = false;
-    if (fy_msgr_parse(&r, buf, len) == FY_OK) {
-        uint64_t to = fy_msgr_u64(&r, "to", FY_REQ, 0, 1, UINT64_MAX);
-        if (fy_msgr_ok(&r) && to == n->incarnation) done = n->role->direct(n, n->state, fy_msgr_type(&r), &r);
-    }
+    fy_wire_cmd_t h = {0};
+    if (fy_msgr_parse(&r, buf, len) == FY_OK && fy_wire_cmd_read(&r, &h) == FY_OK && h.to == n->incarnation)
+        done = n->role->direct(n, n->state, fy_msgr_type(&r), &r);
     fy_msgr_free(&r); /* anything wrong is reported by the engine thread's pass */
     return done;
 }
@@ -240,28 +239,31 @@ static void send_load(fy_node_t *n)
     fy_kvm_stats(n->kvm, &ks);
     memset(n->bloom, 0, n->bloom_bytes);
     fy_kvm_foreach_name(n->kvm, FY_KV_DEVICE, bloom_add, n);
+    fy_wire_load_t m = {.ev = fy_node_ev(n, 0, 0),
+                        .block_size = fy_kvm_layout(n->kvm)->block_size,
+                        .running = es.running,
+                        .waiting = es.waiting,
+                        .swapped = es.swapped,
+                        .max_seqs = n->max_seqs,
+                        .total_blocks = ks.tier[FY_KV_DEVICE].total,
+                        .free_blocks = ks.tier[FY_KV_DEVICE].free,
+                        .cached_blocks = ks.tier[FY_KV_DEVICE].cached,
+                        .admittable = fy_kvm_admittable(n->kvm),
+                        .has_capacity = true,
+                        .capacity = fy_kvm_capacity(n->kvm),
+                        .kv_usage = ks.usage,
+                        .prefix_queries = ks.query_tokens,
+                        .prefix_hits = ks.hit_tokens,
+                        .preemptions = es.preemptions_recompute + es.preemptions_swap,
+                        .bad_commands = n->bad_commands,
+                        .bloom = n->bloom,
+                        .bloom_len = n->bloom_bytes};
+    snprintf(m.role, sizeof(m.role), "%s", n->role->name);
+    snprintf(m.listen, sizeof(m.listen), "%s", n->listen);
+    snprintf(m.model, sizeof(m.model), "%s", n->model_id);
+    if (n->role->load) n->role->load(n, n->state, &m);
     fy_msgw_t w;
-    fy_node_msg(n, &w, "load", 0, 0);
-    fy_msgw_str(&w, "role", n->role->name);
-    fy_msgw_str(&w, "listen", n->listen);
-    fy_msgw_str(&w, "model", n->model_id);
-    fy_msgw_i64(&w, "block_size", fy_kvm_layout(n->kvm)->block_size);
-    fy_msgw_i64(&w, "running", es.running);
-    fy_msgw_i64(&w, "waiting", es.waiting);
-    fy_msgw_i64(&w, "swapped", es.swapped);
-    fy_msgw_i64(&w, "max_seqs", n->max_seqs);
-    fy_msgw_i64(&w, "total_blocks", ks.tier[FY_KV_DEVICE].total);
-    fy_msgw_i64(&w, "free_blocks", ks.tier[FY_KV_DEVICE].free);
-    fy_msgw_i64(&w, "cached_blocks", ks.tier[FY_KV_DEVICE].cached);
-    fy_msgw_i64(&w, "admittable", fy_kvm_admittable(n->kvm));
-    fy_msgw_i64(&w, "capacity", fy_kvm_capacity(n->kvm));
-    fy_msgw_f64(&w, "kv_usage", ks.usage);
-    fy_msgw_u64(&w, "prefix_queries", ks.query_tokens);
-    fy_msgw_u64(&w, "prefix_hits", ks.hit_tokens);
-    fy_msgw_u64(&w, "preemptions", es.preemptions_recompute + es.preemptions_swap);
-    fy_msgw_u64(&w, "bad_commands", n->bad_commands);
-    fy_msgw_bin(&w, "bloom", n->bloom, n->bloom_bytes);
-    if (n->role->load) n->role->load(n, n->state, &w);
+    fy_wire_load_write(&w, &m);
     void *buf;
     size_t len;
     if (fy_msgw_finish(&w, &buf, &len) != FY_OK) return;
@@ -282,9 +284,9 @@ static void *hb_main(void *arg)
             fy_push_send(n->out, n->snap, n->snap_len);
             n->snap_new = false;
         } else {
+            fy_wire_alive_t m = {.ev = fy_node_ev(n, 0, 0), .busy_s = fy_node_now() - n->last_tick};
             fy_msgw_t w;
-            fy_node_msg(n, &w, "alive", 0, 0);
-            fy_msgw_f64(&w, "busy_s", fy_node_now() - n->last_tick);
+            fy_wire_alive_write(&w, &m);
             fy_node_push(n, &w);
         }
         struct timespec ts;

@@ -28,6 +28,7 @@
 #include "msg.h"
 #include "runner.h"
 #include "status.h"
+#include "wire.h"
 
 typedef struct fy_node fy_node_t;
 typedef struct fy_xfer fy_xfer_t;
@@ -46,8 +47,8 @@ typedef struct fy_node_role {
     bool (*direct)(fy_node_t *n, void *state, const char *type, fy_msgr_t *r);
     /* every engine step and heartbeat (engine thread) */
     void (*tick)(fy_node_t *n, void *state, double now);
-    /* adds the role's fields to a load report (engine thread) */
-    void (*load)(fy_node_t *n, void *state, fy_msgw_t *w);
+    /* fills the role's fields of a load report (engine thread) */
+    void (*load)(fy_node_t *n, void *state, fy_wire_load_t *m);
     /* shutting down (engine thread stopped): end what the role holds */
     void (*stop)(fy_node_t *n, void *state);
     /* after the engine is gone (its last events delivered): free state */
@@ -77,8 +78,9 @@ fy_metrics_t *fy_node_metrics(fy_node_t *n);
 void fy_node_ns(const fy_node_t *n, const char *tenant, fy_kv_ns_t *ns);
 /* Sends an event to the router (any thread); w is consumed. */
 fy_status_t fy_node_push(fy_node_t *n, fy_msgw_t *w);
-/* Starts an event or reply carrying this worker's name (and rid when not 0). */
-void fy_node_msg(fy_node_t *n, fy_msgw_t *w, const char *type, uint64_t rid, uint64_t id);
+/* The header of an event or reply from this worker: its name and
+ * incarnation, the command's rid (0: none) and the request id. */
+fy_wire_ev_t fy_node_ev(const fy_node_t *n, uint64_t rid, uint64_t id);
 /* Sends {type: error, rid, id, code, message}; the message is also logged. */
 void fy_node_error(fy_node_t *n, uint64_t rid, uint64_t id, fy_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));

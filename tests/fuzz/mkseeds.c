@@ -2,7 +2,8 @@
  * mkseeds.c - writes the fuzz targets' seed corpora (tests/fuzz/corpus/NAME/)
  * with the project's own writers: tiny models from tests/tinymodel.c, GGUF
  * files from tests/gguf_writer.c, messages from fy_msgw and the writers of
- * genspec.c, rpc.c, bloom.h and xfer_wire.c, the chat templates of
+ * wire.c (tests/wire_examples.c's messages), genspec.c, rpc.c, bloom.h and
+ * xfer_wire.c, the chat templates of
  * tests/test_chat.c, and a small tokenizer cut out of the default model.
  *
  *     make fuzz-seeds        (runs build/fuzz/tests/fuzz/mkseeds tests/fuzz/corpus)
@@ -21,6 +22,7 @@
 
 #include "../gguf_writer.h"
 #include "../tinymodel.h"
+#include "../wire_examples.h"
 #include "bloom.h"
 #include "genspec.h"
 #include "gguf.h"
@@ -28,6 +30,7 @@
 #include "msg.h"
 #include "rpc.h"
 #include "util.h"
+#include "wire.h"
 #include "xfer_wire.h"
 
 static const char *g_root;
@@ -678,6 +681,43 @@ static void messages(void)
     }
 }
 
+/* One example of every control-plane message, written by its schema, and
+ * the variants other senders write (a text prompt, a token without its
+ * logprob, each role's load report, an error without an attempt). */
+static void wire_messages(void)
+{
+    static _Alignas(max_align_t) char m[8192];
+    fy_msgw_t w;
+    for (int32_t i = 0; i < fy_wire_n_all; i++) {
+        const fy_wire_schema_t *s = fy_wire_all[i];
+        if (fy_wire_size(s) > sizeof(m)) abort();
+        fy_test_wire_example(s, m);
+        fy_wire_write(s, &w, m);
+        put_msg("wire", fy_wire_name(s), &w);
+    }
+    fy_wire_generate_t *g = (fy_wire_generate_t *)m;
+    fy_test_wire_example(&fy_wire_generate_schema, g);
+    g->has_tokens = false, g->prompt = "Hello, world", g->prompt_len = 12, g->system = NULL;
+    fy_wire_generate_write(&w, g);
+    put_msg("wire", "generate-text", &w);
+    fy_wire_token_t *t = (fy_wire_token_t *)m;
+    fy_test_wire_example(&fy_wire_token_schema, t);
+    t->has_logprob = false;
+    fy_wire_token_write(&w, t);
+    put_msg("wire", "token-no-logprob", &w);
+    fy_wire_load_t *l = (fy_wire_load_t *)m;
+    fy_test_wire_example(&fy_wire_load_schema, l);
+    l->has_decode = false;
+    snprintf(l->role, sizeof(l->role), "prefill");
+    fy_wire_load_write(&w, l);
+    put_msg("wire", "load-prefill", &w);
+    fy_wire_ev_error_t *e = (fy_wire_ev_error_t *)m;
+    fy_test_wire_example(&fy_wire_ev_error_schema, e);
+    e->has_attempt = false;
+    fy_wire_ev_error_write(&w, e);
+    put_msg("wire", "ev_error-decode", &w);
+}
+
 /* ---- transfer: target blobs and handshakes ------------------------------------------------------------------- */
 
 static void transfer(void)
@@ -786,6 +826,7 @@ int main(int argc, char **argv)
     chat_templates();
     configs();
     messages();
+    wire_messages();
     transfer();
     http();
 
