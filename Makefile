@@ -157,7 +157,7 @@ MODEL_FILE   := models/SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_SHA256 := configs/models.sha256
 
 .PHONY: all deps model model-optional test check asan ubsan tsan chaos bench clean info tests FORCE \
-        fuzz fuzz-build fuzz-bins fuzz-seeds
+        fuzz fuzz-build fuzz-bins fuzz-seeds format format-check
 all: $(TOOL_BIN) $(BENCH_BIN)
 
 info:
@@ -335,12 +335,26 @@ bench: $(TOOL_BIN) $(MODEL_FILE)
 	$(Q)$(BINDIR)/ferry bench-batch -m $(MODEL_FILE)
 	$(Q)$(BINDIR)/ferry bench-xfer
 
+# ---- format -------------------------------------------------------------------
+# One .clang-format for every C, header and CUDA file (STYLE.md); CI runs
+# format-check before the tests.
+CLANG_FORMAT ?= clang-format
+FORMAT_SRC = $(shell git ls-files '*.c' '*.h' '*.cu' 2>/dev/null)
+format:
+	$(Q)$(CLANG_FORMAT) -i $(FORMAT_SRC)
+
+format-check:
+	$(Q)command -v $(CLANG_FORMAT) >/dev/null || { echo "format-check: $(CLANG_FORMAT) not found: run make deps"; exit 1; }
+	$(Q)bad=0; for f in $(FORMAT_SRC); do \
+	  $(CLANG_FORMAT) $$f | cmp -s - $$f || { echo "format-check: $$f differs from .clang-format (make format)"; bad=1; }; \
+	done; [ $$bad = 0 ] && echo "format-check: $(words $(FORMAT_SRC)) files as .clang-format says"
+
 # ---- set-up -------------------------------------------------------------------
 DEBS := build-essential pkg-config python3 python3-pip ca-certificates \
         libpcre2-dev libjansson-dev libcmocka-dev libsodium-dev libinih-dev \
         libucx-dev ucx-utils libnng-dev libmsgpack-dev gnuplot-nox iproute2 curl python3-venv \
         libcurl4-openssl-dev libmicrohttpd-dev \
-        clang libclang-rt-dev llvm
+        clang libclang-rt-dev llvm clang-format
 
 deps:
 	@missing=""; for p in $(DEBS); do \
