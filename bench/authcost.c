@@ -253,8 +253,8 @@ static void variant_url(const char *base, int v, char *out, size_t cap)
  * req/rep pair bare (the reference), the same with the envelope, and
  * fy_rpc's server and client.
  */
-static fy_status_t round_trips(const char *base, const fy_env_auth_t *client, const fy_env_auth_t *router,
-                               size_t size, int reps)
+static fy_status_t round_trips(const char *base, const fy_env_auth_t *client, const fy_env_auth_t *router, size_t size,
+                               int reps)
 {
     enum { BLOCK = 50 };
     uint8_t *payload = fy_malloc(size ? size : 1);
@@ -281,8 +281,10 @@ static fy_status_t round_trips(const char *base, const fy_env_auth_t *client, co
             break;
         }
         up[v] = true;
-        if (nng_req0_open(&cs[v]) || nng_dial(cs[v], url[v], NULL, 0)) st = FY_ERR_IO;
-        else dialed[v] = true;
+        if (nng_req0_open(&cs[v]) || nng_dial(cs[v], url[v], NULL, 0))
+            st = FY_ERR_IO;
+        else
+            dialed[v] = true;
     }
     if (!st) st = fy_rpc_server_create(url[2], 8, router, FY_RPC_FROM(FY_ROLE_CLIENT), fy_rpc_echo, NULL, &rsrv);
     if (!st) st = fy_rpc_client_create(url[2], client, &rc);
@@ -336,8 +338,10 @@ int fy_bench_auth_main(int argc, char **argv)
 {
     enum { O_REPS = 256, O_RTT_REPS };
     static const struct option opts[] = {
-        {"reps", required_argument, 0, O_REPS}, {"rtt-reps", required_argument, 0, O_RTT_REPS},
-        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
+        {"reps", required_argument, 0, O_REPS},
+        {"rtt-reps", required_argument, 0, O_RTT_REPS},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     int reps = 200000, rtt_reps = 3000;
     char *end;

@@ -282,10 +282,14 @@ int fy_cmd_bench(int argc, char **argv)
 {
     enum { O_PROMPT = 256, O_GEN, O_REPS, O_ISA };
     static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},      {"threads", required_argument, 0, 't'},
-        {"prompt-tokens", required_argument, 0, O_PROMPT}, {"gen-tokens", required_argument, 0, O_GEN},
-        {"reps", required_argument, 0, O_REPS},    {"isa", required_argument, 0, O_ISA},
-        {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
+        {"model", required_argument, 0, 'm'},
+        {"threads", required_argument, 0, 't'},
+        {"prompt-tokens", required_argument, 0, O_PROMPT},
+        {"gen-tokens", required_argument, 0, O_GEN},
+        {"reps", required_argument, 0, O_REPS},
+        {"isa", required_argument, 0, O_ISA},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     const char *model = FY_CLI_DEFAULT_MODEL;
     const char *isa = NULL;
@@ -299,9 +303,15 @@ int fy_cmd_bench(int argc, char **argv)
         case 't':
             if (!fy_cli_parse_int_list("--threads", optarg, 1, 64, counts, MAX_THREAD_COUNTS, &n_counts)) return 2;
             break;
-        case O_PROMPT: if (!fy_cli_parse_int("--prompt-tokens", optarg, 1, 8192, &n_prompt)) return 2; break;
-        case O_GEN: if (!fy_cli_parse_int("--gen-tokens", optarg, 1, 8192, &n_gen)) return 2; break;
-        case O_REPS: if (!fy_cli_parse_int("--reps", optarg, 1, 100, &reps)) return 2; break;
+        case O_PROMPT:
+            if (!fy_cli_parse_int("--prompt-tokens", optarg, 1, 8192, &n_prompt)) return 2;
+            break;
+        case O_GEN:
+            if (!fy_cli_parse_int("--gen-tokens", optarg, 1, 8192, &n_gen)) return 2;
+            break;
+        case O_REPS:
+            if (!fy_cli_parse_int("--reps", optarg, 1, 100, &reps)) return 2;
+            break;
         case O_ISA: isa = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;

@@ -59,7 +59,7 @@ typedef struct row {
     int batch;
     double tps, itl_mean, itl_p50, itl_p95;
     int steps;
-    double wall_s;            /* all steps */
+    double wall_s;             /* all steps */
     fy_backend_profile_t prof; /* all steps */
 } row_t;
 
@@ -68,8 +68,8 @@ static int cmp_row_tps(const void *a, const void *b)
     return cmp_double(&((const row_t *)a)->tps, &((const row_t *)b)->tps);
 }
 
-static fy_status_t run_batch(const fy_model_t *m, int threads, const char *isa, int B, int prompt_len, int gen, bool profile,
-                             row_t *row)
+static fy_status_t run_batch(const fy_model_t *m, int threads, const char *isa, int B, int prompt_len, int gen,
+                             bool profile, row_t *row)
 {
     const fy_model_config_t *c = fy_model_config(m);
     fy_engine_stack_t s = {0};
@@ -158,29 +158,35 @@ out:
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: ferry bench-batch [-m MODEL] [--batches 1,2,4,8,16,32,64] [--prompt-tokens 64] [--gen-tokens 64]\n"
-               "                         [--threads N] [--reps 1] [--isa auto|avx512vnni|avxvnni|avx2|scalar] [--profile]\n"
-               "  continuous-batching decode throughput and inter-token latency at each batch size\n"
-               "  -m, --model PATH       .gguf file or Hugging Face folder (default " FY_CLI_DEFAULT_MODEL ")\n"
-               "      --batches LIST     batch sizes, comma-separated\n"
-               "      --prompt-tokens N  each request's prompt (default 64)\n"
-               "      --gen-tokens N     each request's output (default 64)\n"
-               "  -t, --threads N        CPU threads (default: one per core)\n"
-               "      --reps N           runs per batch size; the median is kept (default 1)\n"
-               "      --isa NAME         CPU kernels (default auto)\n"
-               "      --profile          where each run's time went, by op\n"
-               "  -h, --help\n");
+    fprintf(
+        f, "usage: ferry bench-batch [-m MODEL] [--batches 1,2,4,8,16,32,64] [--prompt-tokens 64] [--gen-tokens 64]\n"
+           "                         [--threads N] [--reps 1] [--isa auto|avx512vnni|avxvnni|avx2|scalar] [--profile]\n"
+           "  continuous-batching decode throughput and inter-token latency at each batch size\n"
+           "  -m, --model PATH       .gguf file or Hugging Face folder (default " FY_CLI_DEFAULT_MODEL ")\n"
+           "      --batches LIST     batch sizes, comma-separated\n"
+           "      --prompt-tokens N  each request's prompt (default 64)\n"
+           "      --gen-tokens N     each request's output (default 64)\n"
+           "  -t, --threads N        CPU threads (default: one per core)\n"
+           "      --reps N           runs per batch size; the median is kept (default 1)\n"
+           "      --isa NAME         CPU kernels (default auto)\n"
+           "      --profile          where each run's time went, by op\n"
+           "  -h, --help\n");
 }
 
 int fy_cmd_bench_batch(int argc, char **argv)
 {
     enum { O_BATCHES = 256, O_PROMPT, O_GEN, O_REPS, O_ISA, O_PROFILE };
     static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},      {"batches", required_argument, 0, O_BATCHES},
-        {"prompt-tokens", required_argument, 0, O_PROMPT}, {"gen-tokens", required_argument, 0, O_GEN},
-        {"reps", required_argument, 0, O_REPS},    {"isa", required_argument, 0, O_ISA},
-        {"profile", no_argument, 0, O_PROFILE},    {"threads", required_argument, 0, 't'},
-        {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
+        {"model", required_argument, 0, 'm'},
+        {"batches", required_argument, 0, O_BATCHES},
+        {"prompt-tokens", required_argument, 0, O_PROMPT},
+        {"gen-tokens", required_argument, 0, O_GEN},
+        {"reps", required_argument, 0, O_REPS},
+        {"isa", required_argument, 0, O_ISA},
+        {"profile", no_argument, 0, O_PROFILE},
+        {"threads", required_argument, 0, 't'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     const char *model = FY_CLI_DEFAULT_MODEL;
     int batches[MAX_BATCHES] = {1, 2, 4, 8, 16, 32, 64}, n_batches = 7;
@@ -195,12 +201,20 @@ int fy_cmd_bench_batch(int argc, char **argv)
         case O_BATCHES:
             if (!fy_cli_parse_int_list("--batches", optarg, 1, 1024, batches, MAX_BATCHES, &n_batches)) return 2;
             break;
-        case O_PROMPT: if (!fy_cli_parse_int("--prompt-tokens", optarg, 1, 8192, &prompt_len)) return 2; break;
-        case O_GEN: if (!fy_cli_parse_int("--gen-tokens", optarg, 4, 8192, &gen)) return 2; break;
-        case O_REPS: if (!fy_cli_parse_int("--reps", optarg, 1, 100, &reps)) return 2; break;
+        case O_PROMPT:
+            if (!fy_cli_parse_int("--prompt-tokens", optarg, 1, 8192, &prompt_len)) return 2;
+            break;
+        case O_GEN:
+            if (!fy_cli_parse_int("--gen-tokens", optarg, 4, 8192, &gen)) return 2;
+            break;
+        case O_REPS:
+            if (!fy_cli_parse_int("--reps", optarg, 1, 100, &reps)) return 2;
+            break;
         case O_ISA: isa = optarg; break;
         case O_PROFILE: profile = true; break;
-        case 't': if (!fy_cli_parse_int("--threads", optarg, 1, 256, &threads)) return 2; break;
+        case 't':
+            if (!fy_cli_parse_int("--threads", optarg, 1, 256, &threads)) return 2;
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -242,7 +256,8 @@ int fy_cmd_bench_batch(int argc, char **argv)
             for (int op = 0; op < FY_OP_COUNT; op++) {
                 ops += row.prof.ns[op];
                 if (row.prof.ns[op] > row.wall_s * 1e9 * 0.01)
-                    printf("%s %.0f%%, ", fy_backend_op_name((fy_backend_op_t)op), 100.0 * row.prof.ns[op] / (row.wall_s * 1e9));
+                    printf("%s %.0f%%, ", fy_backend_op_name((fy_backend_op_t)op),
+                           100.0 * row.prof.ns[op] / (row.wall_s * 1e9));
             }
             printf("outside ops %.0f%% |\n", 100.0 * (1.0 - ops / (row.wall_s * 1e9)));
         }

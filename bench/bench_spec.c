@@ -200,30 +200,36 @@ static double median(double *v, int n)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: ferry bench-spec [-m MODEL] [--draft self:L|draft:FILE] [--spec-k 8] [--gen-tokens 160] [--reps 3]\n"
-               "                        [--batch 1|8] [--workload rewrite|open|both] [--threads N] [--isa NAME]\n"
-               "  decode throughput with and without speculative decoding (n-gram and a draft model)\n"
-               "  -m, --model PATH      .gguf file or Hugging Face folder (default " FY_CLI_DEFAULT_MODEL ")\n"
-               "      --draft SPEC      the draft: self:LAYERS (the target's first layers) or draft:MODEL_FILE\n"
-               "      --spec-k K        proposed tokens per step at most (default 8)\n"
-               "      --gen-tokens N    output tokens per request (default 160)\n"
-               "      --reps N          runs per figure; the median is kept (default 3)\n"
-               "      --batch B         one batch size instead of 1 and 8\n"
-               "      --workload W      rewrite (answers that repeat the prompt), open (stories), or both (default)\n"
-               "  -t, --threads N       CPU threads (default: one per core)\n"
-               "      --isa NAME        CPU kernels (default auto)\n"
-               "  -h, --help\n");
+    fprintf(
+        f, "usage: ferry bench-spec [-m MODEL] [--draft self:L|draft:FILE] [--spec-k 8] [--gen-tokens 160] [--reps 3]\n"
+           "                        [--batch 1|8] [--workload rewrite|open|both] [--threads N] [--isa NAME]\n"
+           "  decode throughput with and without speculative decoding (n-gram and a draft model)\n"
+           "  -m, --model PATH      .gguf file or Hugging Face folder (default " FY_CLI_DEFAULT_MODEL ")\n"
+           "      --draft SPEC      the draft: self:LAYERS (the target's first layers) or draft:MODEL_FILE\n"
+           "      --spec-k K        proposed tokens per step at most (default 8)\n"
+           "      --gen-tokens N    output tokens per request (default 160)\n"
+           "      --reps N          runs per figure; the median is kept (default 3)\n"
+           "      --batch B         one batch size instead of 1 and 8\n"
+           "      --workload W      rewrite (answers that repeat the prompt), open (stories), or both (default)\n"
+           "  -t, --threads N       CPU threads (default: one per core)\n"
+           "      --isa NAME        CPU kernels (default auto)\n"
+           "  -h, --help\n");
 }
 
 int fy_cmd_bench_spec(int argc, char **argv)
 {
     enum { O_DRAFT = 256, O_REPS, O_GEN, O_SPEC_K, O_ISA, O_BATCH, O_WORKLOAD };
     static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},     {"draft", required_argument, 0, O_DRAFT},
-        {"reps", required_argument, 0, O_REPS},   {"gen-tokens", required_argument, 0, O_GEN},
-        {"spec-k", required_argument, 0, O_SPEC_K}, {"threads", required_argument, 0, 't'},
-        {"isa", required_argument, 0, O_ISA},     {"batch", required_argument, 0, O_BATCH},
-        {"workload", required_argument, 0, O_WORKLOAD}, {"help", no_argument, 0, 'h'},
+        {"model", required_argument, 0, 'm'},
+        {"draft", required_argument, 0, O_DRAFT},
+        {"reps", required_argument, 0, O_REPS},
+        {"gen-tokens", required_argument, 0, O_GEN},
+        {"spec-k", required_argument, 0, O_SPEC_K},
+        {"threads", required_argument, 0, 't'},
+        {"isa", required_argument, 0, O_ISA},
+        {"batch", required_argument, 0, O_BATCH},
+        {"workload", required_argument, 0, O_WORKLOAD},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     const char *model = FY_CLI_DEFAULT_MODEL, *draft_spec = NULL, *isa = NULL;
@@ -241,10 +247,18 @@ int fy_cmd_bench_spec(int argc, char **argv)
             }
             draft_spec = optarg;
             break;
-        case O_REPS: if (!fy_cli_parse_int("--reps", optarg, 1, MAX_REPS, &reps)) return 2; break;
-        case O_GEN: if (!fy_cli_parse_int("--gen-tokens", optarg, 8, 4096, &gen)) return 2; break;
-        case O_SPEC_K: if (!fy_cli_parse_int("--spec-k", optarg, 1, FY_SPEC_MAX_K, &k_max)) return 2; break;
-        case 't': if (!fy_cli_parse_int("--threads", optarg, 1, 256, &threads)) return 2; break;
+        case O_REPS:
+            if (!fy_cli_parse_int("--reps", optarg, 1, MAX_REPS, &reps)) return 2;
+            break;
+        case O_GEN:
+            if (!fy_cli_parse_int("--gen-tokens", optarg, 8, 4096, &gen)) return 2;
+            break;
+        case O_SPEC_K:
+            if (!fy_cli_parse_int("--spec-k", optarg, 1, FY_SPEC_MAX_K, &k_max)) return 2;
+            break;
+        case 't':
+            if (!fy_cli_parse_int("--threads", optarg, 1, 256, &threads)) return 2;
+            break;
         case O_ISA: isa = optarg; break;
         case O_BATCH:
             if (!fy_cli_parse_int("--batch", optarg, 1, 8, &batch)) return 2;
@@ -252,9 +266,12 @@ int fy_cmd_bench_spec(int argc, char **argv)
             n_batches = 1;
             break;
         case O_WORKLOAD:
-            if (!strcmp(optarg, "rewrite")) workloads = 1;
-            else if (!strcmp(optarg, "open")) workloads = 2;
-            else if (!strcmp(optarg, "both")) workloads = 3;
+            if (!strcmp(optarg, "rewrite"))
+                workloads = 1;
+            else if (!strcmp(optarg, "open"))
+                workloads = 2;
+            else if (!strcmp(optarg, "both"))
+                workloads = 3;
             else {
                 fprintf(stderr, "ferry: --workload expects rewrite, open or both\n");
                 return 2;
@@ -386,11 +403,10 @@ int fy_cmd_bench_spec(int argc, char **argv)
                 else
                     snprintf(same, sizeof(same), "DIFFERS: prompt %d, token %d", diff_req, diff_at);
                 printf("| %s | %d | %s | %.1f | %.2fx | %.1f%% (%llu / %llu) | %.2f | %.2f | %.2f | %s |\n",
-                       w ? "open" : "rewrite", batches[b], names[c], median(tps, (int)reps),
-                       median(ratio, (int)reps), prop ? 100.0 * (double)acc / (double)prop : 0.0,
-                       (unsigned long long)acc, (unsigned long long)prop,
-                       steps ? (double)acc / (double)steps : 0.0, fsteps ? (double)toks / (double)fsteps : 0.0,
-                       1e3 * ps / (double)reps, same);
+                       w ? "open" : "rewrite", batches[b], names[c], median(tps, (int)reps), median(ratio, (int)reps),
+                       prop ? 100.0 * (double)acc / (double)prop : 0.0, (unsigned long long)acc,
+                       (unsigned long long)prop, steps ? (double)acc / (double)steps : 0.0,
+                       fsteps ? (double)toks / (double)fsteps : 0.0, 1e3 * ps / (double)reps, same);
                 fflush(stdout);
             }
         }

@@ -111,26 +111,31 @@ out:
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: ferry bench-ttft [-r ROUTER] [--secret FILE] [-m MODEL] [--prompt-tokens 128,512,2048] [--reps 5]\n"
-               "                        [--threads N]\n"
-               "  time to first token through a running cluster (its phases) against one in-process engine\n"
-               "  -r, --router ADDR        the router's client address (default tcp://127.0.0.1:7400)\n"
-               "      --secret FILE        the deployment's secret (default run/kv.secret)\n"
-               "  -m, --model PATH         the colocated engine's model (default " FY_CLI_DEFAULT_MODEL ")\n"
-               "      --prompt-tokens LIST prompt lengths, comma-separated\n"
-               "      --reps N             requests per length (default 5)\n"
-               "  -t, --threads N          the colocated engine's threads; match prefill.threads (default 1)\n"
-               "  -h, --help\n");
+    fprintf(f,
+            "usage: ferry bench-ttft [-r ROUTER] [--secret FILE] [-m MODEL] [--prompt-tokens 128,512,2048] [--reps 5]\n"
+            "                        [--threads N]\n"
+            "  time to first token through a running cluster (its phases) against one in-process engine\n"
+            "  -r, --router ADDR        the router's client address (default tcp://127.0.0.1:7400)\n"
+            "      --secret FILE        the deployment's secret (default run/kv.secret)\n"
+            "  -m, --model PATH         the colocated engine's model (default " FY_CLI_DEFAULT_MODEL ")\n"
+            "      --prompt-tokens LIST prompt lengths, comma-separated\n"
+            "      --reps N             requests per length (default 5)\n"
+            "  -t, --threads N          the colocated engine's threads; match prefill.threads (default 1)\n"
+            "  -h, --help\n");
 }
 
 int fy_cmd_bench_ttft(int argc, char **argv)
 {
     enum { O_SECRET = 256, O_PROMPT, O_REPS };
     static const struct option opts[] = {
-        {"router", required_argument, 0, 'r'},     {"model", required_argument, 0, 'm'},
-        {"secret", required_argument, 0, O_SECRET}, {"prompt-tokens", required_argument, 0, O_PROMPT},
-        {"reps", required_argument, 0, O_REPS},    {"threads", required_argument, 0, 't'},
-        {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
+        {"router", required_argument, 0, 'r'},
+        {"model", required_argument, 0, 'm'},
+        {"secret", required_argument, 0, O_SECRET},
+        {"prompt-tokens", required_argument, 0, O_PROMPT},
+        {"reps", required_argument, 0, O_REPS},
+        {"threads", required_argument, 0, 't'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     const char *router = fy_conf_default("router", "listen"), *model = FY_CLI_DEFAULT_MODEL;
     const char *secret = "run/kv.secret";
@@ -148,8 +153,12 @@ int fy_cmd_bench_ttft(int argc, char **argv)
             if (!fy_cli_parse_int_list("--prompt-tokens", optarg, 1, 8000, l, MAX_LENS, &n_lens)) return 2;
             for (int k = 0; k < n_lens; k++) lens[k] = l[k];
             break;
-        case O_REPS: if (!fy_cli_parse_int("--reps", optarg, 1, MAX_REPS, &reps)) return 2; break;
-        case 't': if (!fy_cli_parse_int("--threads", optarg, 1, 256, &threads)) return 2; break;
+        case O_REPS:
+            if (!fy_cli_parse_int("--reps", optarg, 1, MAX_REPS, &reps)) return 2;
+            break;
+        case 't':
+            if (!fy_cli_parse_int("--threads", optarg, 1, 256, &threads)) return 2;
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -180,8 +189,8 @@ int fy_cmd_bench_ttft(int argc, char **argv)
     int rc = 0;
     for (int li = 0; li < n_lens && !rc; li++) {
         int32_t *prompts[MAX_REPS], plens[MAX_REPS];
-        double col[MAX_REPS], dis[MAX_REPS], q[MAX_REPS], pq[MAX_REPS], pc[MAX_REPS], tail[MAX_REPS],
-            back[MAX_REPS], mb[MAX_REPS];
+        double col[MAX_REPS], dis[MAX_REPS], q[MAX_REPS], pq[MAX_REPS], pc[MAX_REPS], tail[MAX_REPS], back[MAX_REPS],
+            mb[MAX_REPS];
         for (int k = 0; k < reps; k++) {
             prompts[k] = fy_malloc((size_t)lens[li] * sizeof(int32_t));
             make_prompt(prompts[k], lens[li], (uint64_t)(li * 1000 + k + 1) ^ (uint64_t)now);

@@ -41,7 +41,7 @@
 typedef struct shape {
     long layers, kv_heads, head_dim, block_size, tokens;
     uint64_t block_bytes;
-    int32_t n_blocks;     /* blocks of the prompt: the source arena */
+    int32_t n_blocks;      /* blocks of the prompt: the source arena */
     int32_t target_blocks; /* the decode arena: room to scatter into */
     bool target_own_arena; /* the target brings a malloc'd arena instead of fy_xfer's */
 } shape_t;
@@ -106,9 +106,13 @@ static bool is_shm(const char *tls)
 
 static fy_xfer_layout_t make_layout(const shape_t *s)
 {
-    fy_xfer_layout_t l = {.dtype = 1 /* f16 */, .block_size = (int32_t)s->block_size, .n_layers = (int32_t)s->layers,
-                          .n_kv_heads = (int32_t)s->kv_heads, .head_dim = (int32_t)s->head_dim,
-                          .order = FY_XFER_ORDER_BLOCK_MAJOR, .block_bytes = s->block_bytes};
+    fy_xfer_layout_t l = {.dtype = 1 /* f16 */,
+                          .block_size = (int32_t)s->block_size,
+                          .n_layers = (int32_t)s->layers,
+                          .n_kv_heads = (int32_t)s->kv_heads,
+                          .head_dim = (int32_t)s->head_dim,
+                          .order = FY_XFER_ORDER_BLOCK_MAJOR,
+                          .block_bytes = s->block_bytes};
     snprintf(l.model_id, sizeof(l.model_id), "bench-xfer/%ldx%ldx%ld", s->layers, s->kv_heads, s->head_dim);
     return l;
 }
@@ -125,7 +129,10 @@ static fy_status_t open_side(const shape_t *s, const char *tls, int32_t blocks, 
         fy_error("bench-xfer: out of memory for a %zu-byte arena", bytes);
         return FY_ERR_NOMEM;
     }
-    fy_xfer_params_t p = {.layout = make_layout(s), .arena = arena, .arena_bytes = bytes, .transports = tls,
+    fy_xfer_params_t p = {.layout = make_layout(s),
+                          .arena = arena,
+                          .arena_bytes = bytes,
+                          .transports = tls,
                           .connect_timeout_s = 10,
                           .err_mode = is_shm(tls) ? FY_XFER_ERRMODE_NONE : FY_XFER_ERRMODE_PEER};
     fy_status_t st = fy_xfer_create(&p, x_p);
@@ -303,8 +310,7 @@ static double perftest_once(const char *bin, const char *tls, uint64_t size, lon
         bool refused = false;
         while (fgets(line, sizeof(line), f)) {
             double it, p50, avg, overall, bw_avg, bw_overall;
-            if (sscanf(line, " Final: %lf %lf %lf %lf %lf %lf", &it, &p50, &avg, &overall, &bw_avg, &bw_overall) ==
-                6)
+            if (sscanf(line, " Final: %lf %lf %lf %lf %lf %lf", &it, &p50, &avg, &overall, &bw_avg, &bw_overall) == 6)
                 gbps = bw_overall * 1048576.0 / 1e9; /* ucx_perftest's MB are MiB */
             if (strstr(line, "refused") || strstr(line, "connect")) refused = true;
         }
@@ -349,8 +355,8 @@ static void on_done(void *arg, fy_status_t st, const char *message)
     if (write(w->fd[1], &c, 1) < 0) perror("bench-xfer: pipe");
 }
 
-static fy_status_t run_job(fy_xfer_t *x, const void *blob, size_t len, const pattern_t *p, int32_t n,
-                           waiter_t *w, double *secs_p)
+static fy_status_t run_job(fy_xfer_t *x, const void *blob, size_t len, const pattern_t *p, int32_t n, waiter_t *w,
+                           double *secs_p)
 {
     fy_xfer_job_t *j;
     w->done = 0;
@@ -379,8 +385,10 @@ static char g_lanes[256];
 static void lane_sink(fy_log_level_t level, const char *line, void *arg)
 {
     const char *s = strstr(line, "xfer: connected to ");
-    if (s && (s = strstr(s, " over "))) snprintf(g_lanes, sizeof(g_lanes), "%s", s + 6);
-    else if (level <= FY_LOG_WARN) fprintf(stderr, "%s\n", line);
+    if (s && (s = strstr(s, " over ")))
+        snprintf(g_lanes, sizeof(g_lanes), "%s", s + 6);
+    else if (level <= FY_LOG_WARN)
+        fprintf(stderr, "%s\n", line);
 }
 
 typedef struct row {
@@ -515,8 +523,12 @@ static int bench_transport(const shape_t *s, const char *tls, const pattern_t *p
     int first = *n_rows;
     result_t r;
     for (int k = 0; k < n_pats && read_all(res[0], &r, sizeof(r)); k++)
-        rows[(*n_rows)++] = (row_t){.tls = tls, .pattern = pats[k].name, .put_bytes = r.put_bytes,
-                                    .ferry_gbps = r.ferry_gbps, .perf_gbps = -1, .verified = r.verified == 'Y'};
+        rows[(*n_rows)++] = (row_t){.tls = tls,
+                                    .pattern = pats[k].name,
+                                    .put_bytes = r.put_bytes,
+                                    .ferry_gbps = r.ferry_gbps,
+                                    .perf_gbps = -1,
+                                    .verified = r.verified == 'Y'};
     close(res[0]);
     int status = 0;
     waitpid(pid, &status, 0);
@@ -532,24 +544,30 @@ static int bench_transport(const shape_t *s, const char *tls, const pattern_t *p
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: ferry bench-xfer [--layers 30] [--kv-heads 3] [--head-dim 64] [--block-size 16] [--tokens 2048]\n"
-               "                        [--reps 10] [--transports sm,tcp] [--perftest-secs 1] [--no-perftest]\n"
-               "                        [--target-arena ucx|own]\n"
-               "  KV transfer throughput between two processes over UCX (the KV of one f16 prompt),\n"
-               "  against ucx_perftest -t ucp_put_bw at the same mean put size.\n"
-               "  --target-arena own: the target registers a malloc'd arena instead of letting fy_xfer\n"
-               "  allocate it; over shared memory the puts then go through cma (process_vm_writev)\n");
+    fprintf(f,
+            "usage: ferry bench-xfer [--layers 30] [--kv-heads 3] [--head-dim 64] [--block-size 16] [--tokens 2048]\n"
+            "                        [--reps 10] [--transports sm,tcp] [--perftest-secs 1] [--no-perftest]\n"
+            "                        [--target-arena ucx|own]\n"
+            "  KV transfer throughput between two processes over UCX (the KV of one f16 prompt),\n"
+            "  against ucx_perftest -t ucp_put_bw at the same mean put size.\n"
+            "  --target-arena own: the target registers a malloc'd arena instead of letting fy_xfer\n"
+            "  allocate it; over shared memory the puts then go through cma (process_vm_writev)\n");
 }
 
 int fy_cmd_bench_xfer(int argc, char **argv)
 {
     enum { O_LAYERS = 256, O_HEADS, O_DIM, O_BS, O_TOKENS, O_REPS, O_TLS, O_PSECS, O_NOPERF, O_ARENA };
     static const struct option opts[] = {
-        {"layers", required_argument, 0, O_LAYERS},   {"kv-heads", required_argument, 0, O_HEADS},
-        {"head-dim", required_argument, 0, O_DIM},    {"block-size", required_argument, 0, O_BS},
-        {"tokens", required_argument, 0, O_TOKENS},   {"reps", required_argument, 0, O_REPS},
-        {"transports", required_argument, 0, O_TLS},  {"perftest-secs", required_argument, 0, O_PSECS},
-        {"no-perftest", no_argument, 0, O_NOPERF},    {"target-arena", required_argument, 0, O_ARENA},
+        {"layers", required_argument, 0, O_LAYERS},
+        {"kv-heads", required_argument, 0, O_HEADS},
+        {"head-dim", required_argument, 0, O_DIM},
+        {"block-size", required_argument, 0, O_BS},
+        {"tokens", required_argument, 0, O_TOKENS},
+        {"reps", required_argument, 0, O_REPS},
+        {"transports", required_argument, 0, O_TLS},
+        {"perftest-secs", required_argument, 0, O_PSECS},
+        {"no-perftest", no_argument, 0, O_NOPERF},
+        {"target-arena", required_argument, 0, O_ARENA},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -562,14 +580,28 @@ int fy_cmd_bench_xfer(int argc, char **argv)
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
-        case O_LAYERS: if (!fy_cli_parse_int("--layers", optarg, 1, 1024, &s.layers)) return 2; break;
-        case O_HEADS: if (!fy_cli_parse_int("--kv-heads", optarg, 1, 1024, &s.kv_heads)) return 2; break;
-        case O_DIM: if (!fy_cli_parse_int("--head-dim", optarg, 1, 4096, &s.head_dim)) return 2; break;
-        case O_BS: if (!fy_cli_parse_int("--block-size", optarg, 1, 1024, &s.block_size)) return 2; break;
-        case O_TOKENS: if (!fy_cli_parse_int("--tokens", optarg, 1, 1 << 20, &s.tokens)) return 2; break;
-        case O_REPS: if (!fy_cli_parse_int("--reps", optarg, 1, 10000, &reps)) return 2; break;
+        case O_LAYERS:
+            if (!fy_cli_parse_int("--layers", optarg, 1, 1024, &s.layers)) return 2;
+            break;
+        case O_HEADS:
+            if (!fy_cli_parse_int("--kv-heads", optarg, 1, 1024, &s.kv_heads)) return 2;
+            break;
+        case O_DIM:
+            if (!fy_cli_parse_int("--head-dim", optarg, 1, 4096, &s.head_dim)) return 2;
+            break;
+        case O_BS:
+            if (!fy_cli_parse_int("--block-size", optarg, 1, 1024, &s.block_size)) return 2;
+            break;
+        case O_TOKENS:
+            if (!fy_cli_parse_int("--tokens", optarg, 1, 1 << 20, &s.tokens)) return 2;
+            break;
+        case O_REPS:
+            if (!fy_cli_parse_int("--reps", optarg, 1, 10000, &reps)) return 2;
+            break;
         case O_TLS: snprintf(tls_buf, sizeof(tls_buf), "%s", optarg); break;
-        case O_PSECS: if (!fy_cli_parse_float("--perftest-secs", optarg, 0.05, 60, &perf_secs)) return 2; break;
+        case O_PSECS:
+            if (!fy_cli_parse_float("--perftest-secs", optarg, 0.05, 60, &perf_secs)) return 2;
+            break;
         case O_NOPERF: no_perf = true; break;
         case O_ARENA:
             if (strcmp(optarg, "ucx") && strcmp(optarg, "own")) {

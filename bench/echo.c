@@ -247,8 +247,10 @@ static void *timer_main(void *arg)
             int32_t have = due_tokens(e, &q, t);
             if (have == q.max_tokens && pk->from + 256 >= have) e->reqs[pk->id - 1].live = false;
             pthread_mutex_unlock(&e->mu);
-            if (!q.live) fy_rpc_reply_error(pk->call, pk->id, FY_ERR_CANCELLED, "echo: cancelled");
-            else reply_events(pk->call, pk->id, &q, pk->from, have, t);
+            if (!q.live)
+                fy_rpc_reply_error(pk->call, pk->id, FY_ERR_CANCELLED, "echo: cancelled");
+            else
+                reply_events(pk->call, pk->id, &q, pk->from, have, t);
             fy_free(pk);
             pthread_mutex_lock(&e->mu);
         }
@@ -272,8 +274,10 @@ static void on_nng(void *arg, fy_rpc_call_t *call, const fy_env_hdr_t *from, con
         return;
     }
     fy_msgw_t w;
-    if (fy_wire_generate_is(&r)) on_generate(e, call, &r);
-    else if (fy_wire_poll_is(&r)) on_poll(e, call, &r);
+    if (fy_wire_generate_is(&r))
+        on_generate(e, call, &r);
+    else if (fy_wire_poll_is(&r))
+        on_poll(e, call, &r);
     else if (fy_wire_cancel_is(&r)) {
         fy_wire_cancel_t m;
         fy_wire_cancel_init(&m);
@@ -414,7 +418,8 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *c, const char *
         return MHD_YES;
     }
     if (*upload_size) {
-        if (h->len + *upload_size > (16u << 20)) h->too_big = true;
+        if (h->len + *upload_size > (16u << 20))
+            h->too_big = true;
         else {
             size_t need = h->len + *upload_size + 1;
             if (need > h->cap) {
@@ -481,12 +486,13 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *c, const char *
         for (int32_t k = 0; k < max_tokens && tl + 16 < sizeof(text); k++)
             tl += (size_t)snprintf(text + tl, sizeof(text) - tl, " %s", fy_bench_word(k));
         if (chat)
-            return send_json(c, 200,
-                             "{\"id\":\"chatcmpl-echo-%llu\",\"object\":\"chat.completion\",\"created\":0,\"model\":"
-                             "\"echo\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"%s\"},"
-                             "\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,"
-                             "\"total_tokens\":%d}}",
-                             (unsigned long long)id, text, n_prompt, max_tokens, n_prompt + max_tokens);
+            return send_json(
+                c, 200,
+                "{\"id\":\"chatcmpl-echo-%llu\",\"object\":\"chat.completion\",\"created\":0,\"model\":"
+                "\"echo\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"%s\"},"
+                "\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,"
+                "\"total_tokens\":%d}}",
+                (unsigned long long)id, text, n_prompt, max_tokens, n_prompt + max_tokens);
         return send_json(c, 200,
                          "{\"id\":\"cmpl-echo-%llu\",\"object\":\"text_completion\",\"created\":0,\"model\":\"echo\","
                          "\"choices\":[{\"index\":0,\"text\":\"%s\",\"finish_reason\":\"length\"}],\"usage\":{"
@@ -495,8 +501,8 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *c, const char *
     }
     hstream_t *s = fy_calloc(1, sizeof(*s));
     if (!s) return MHD_NO;
-    *s = (hstream_t){.e = e, .chat = chat, .usage = usage, .n_prompt = n_prompt, .max_tokens = max_tokens,
-                     .t0 = now_s(), .id = id};
+    *s = (hstream_t){
+        .e = e, .chat = chat, .usage = usage, .n_prompt = n_prompt, .max_tokens = max_tokens, .t0 = now_s(), .id = id};
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, s, stream_free);
     if (!r) {
         fy_free(s);
@@ -548,7 +554,8 @@ fy_status_t fy_bench_echo_create(const fy_bench_echo_params_t *p, fy_bench_echo_
             st = p->secret_file ? fy_cluster_auth_file(p->secret_file, FY_ROLE_ROUTER, "echo", 0, &auth)
                                 : FY_ERR_INVALID;
             if (!p->secret_file) fy_error("echo: the nng side needs the deployment's secret (--secret FILE)");
-            if (!st) st = fy_rpc_server_create(p->nng_url, 1024, &auth, FY_RPC_FROM(FY_ROLE_CLIENT), on_nng, e, &e->srv);
+            if (!st)
+                st = fy_rpc_server_create(p->nng_url, 1024, &auth, FY_RPC_FROM(FY_ROLE_CLIENT), on_nng, e, &e->srv);
             fy_env_auth_wipe(&auth);
         }
     }
@@ -556,8 +563,8 @@ fy_status_t fy_bench_echo_create(const fy_bench_echo_params_t *p, fy_bench_echo_
         struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p->http_port)};
         sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         bool paced = p->ttft_s > 0 || p->itl_s > 0;
-        unsigned flags = paced ? MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD
-                               : MHD_USE_AUTO_INTERNAL_THREAD;
+        unsigned flags =
+            paced ? MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD : MHD_USE_AUTO_INTERNAL_THREAD;
         if (paced)
             e->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_http, e, MHD_OPTION_SOCK_ADDR, &sa,
                                       MHD_OPTION_NOTIFY_COMPLETED, on_http_done, e, MHD_OPTION_CONNECTION_LIMIT,

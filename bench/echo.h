@@ -19,14 +19,14 @@
 #include "status.h"
 
 typedef struct fy_bench_echo_params {
-    const char *nng_url;  /* NULL: no nng side */
+    const char *nng_url;     /* NULL: no nng side */
     const char *secret_file; /* nng: the deployment's secret its clients hold (required with nng_url) */
-    bool http;            /* serve HTTP */
-    int http_port;        /* 0: any free port */
-    double ttft_s, itl_s; /* pacing; 0 and 0: every token at once */
-    int32_t fail_every;   /* every N-th request refused (overloaded / HTTP 429); 0: never */
-    const char *api_key;  /* HTTP: require Authorization: Bearer KEY; NULL: none (copied) */
-    int threads;          /* HTTP: polling threads when unpaced (0: 1) */
+    bool http;               /* serve HTTP */
+    int http_port;           /* 0: any free port */
+    double ttft_s, itl_s;    /* pacing; 0 and 0: every token at once */
+    int32_t fail_every;      /* every N-th request refused (overloaded / HTTP 429); 0: never */
+    const char *api_key;     /* HTTP: require Authorization: Bearer KEY; NULL: none (copied) */
+    int threads;             /* HTTP: polling threads when unpaced (0: 1) */
 } fy_bench_echo_params_t;
 
 typedef struct fy_bench_echo fy_bench_echo_t;

@@ -88,9 +88,12 @@ static bool parse_dur(const char *opt, const char *s, double *out)
     char *end;
     double v = strtod(s, &end);
     if (end == s || !(v >= 0) || !isfinite(v)) goto bad;
-    if (!strcmp(end, "ms")) v *= 1e-3;
-    else if (!strcmp(end, "m")) v *= 60;
-    else if (*end && strcmp(end, "s")) goto bad;
+    if (!strcmp(end, "ms"))
+        v *= 1e-3;
+    else if (!strcmp(end, "m"))
+        v *= 60;
+    else if (*end && strcmp(end, "s"))
+        goto bad;
     *out = v;
     return true;
 bad:
@@ -119,7 +122,8 @@ static int parse_rates(const char *s, double *rates)
     for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         double v;
         char *end;
-        if (!strcmp(t, "inf") || !strcmp(t, "max")) v = 0;
+        if (!strcmp(t, "inf") || !strcmp(t, "max"))
+            v = 0;
         else {
             v = strtod(t, &end);
             if (end == t || *end || !(v > 0) || !isfinite(v)) {
@@ -153,11 +157,16 @@ static int cmd_echo(int argc, char **argv)
 {
     enum { O_NNG = 256, O_HTTP, O_TTFT, O_ITL, O_FAIL, O_KEY, O_THREADS, O_FOR, O_SECRET };
     static const struct option opts[] = {
-        {"nng", required_argument, 0, O_NNG},       {"http", required_argument, 0, O_HTTP},
-        {"ttft", required_argument, 0, O_TTFT},     {"itl", required_argument, 0, O_ITL},
-        {"fail-every", required_argument, 0, O_FAIL}, {"api-key", required_argument, 0, O_KEY},
-        {"threads", required_argument, 0, O_THREADS}, {"for", required_argument, 0, O_FOR},
-        {"secret", required_argument, 0, O_SECRET}, {"help", no_argument, 0, 'h'},
+        {"nng", required_argument, 0, O_NNG},
+        {"http", required_argument, 0, O_HTTP},
+        {"ttft", required_argument, 0, O_TTFT},
+        {"itl", required_argument, 0, O_ITL},
+        {"fail-every", required_argument, 0, O_FAIL},
+        {"api-key", required_argument, 0, O_KEY},
+        {"threads", required_argument, 0, O_THREADS},
+        {"for", required_argument, 0, O_FOR},
+        {"secret", required_argument, 0, O_SECRET},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     fy_bench_echo_params_t p = {.secret_file = "run/kv.secret"};
@@ -173,8 +182,12 @@ static int cmd_echo(int argc, char **argv)
             p.http = true;
             p.http_port = (int)v;
             break;
-        case O_TTFT: if (!parse_dur("--ttft", optarg, &p.ttft_s)) return 2; break;
-        case O_ITL: if (!parse_dur("--itl", optarg, &p.itl_s)) return 2; break;
+        case O_TTFT:
+            if (!parse_dur("--ttft", optarg, &p.ttft_s)) return 2;
+            break;
+        case O_ITL:
+            if (!parse_dur("--itl", optarg, &p.itl_s)) return 2;
+            break;
         case O_FAIL:
             if (!parse_long("--fail-every", optarg, 0, 1000000, &v)) return 2;
             p.fail_every = (int32_t)v;
@@ -185,7 +198,9 @@ static int cmd_echo(int argc, char **argv)
             if (!parse_long("--threads", optarg, 1, 64, &v)) return 2;
             p.threads = (int)v;
             break;
-        case O_FOR: if (!parse_dur("--for", optarg, &for_s)) return 2; break;
+        case O_FOR:
+            if (!parse_dur("--for", optarg, &for_s)) return 2;
+            break;
         case 'h': echo_usage(stdout); return 0;
         default: echo_usage(stderr); return 2;
         }
@@ -264,21 +279,46 @@ static json_t *json_config(const opts_t *o, int argc, char **argv, const fy_benc
     return json_pack("{s:s, s:o, s:s, s:s, s:I, s:{s:s, s:s, s:b, s:b}, s:{s:s, s:i, s:i, s:I, s:I, s:I, s:i, "
                      "s:i, s:i, s:f}, s:{s:f, s:i, s:f, s:f}, s:o}",
                      "tool", "ferry-bench", "command", cmd ? cmd : json_null(), "date", date, "host", host, "cpus",
-                     (json_int_t)ncpu, "target", "backend",
-                     o->target.proto == FY_BENCH_PROTO_HTTP ? "http" : "nng", "url", o->url, "chat", o->target.chat,
-                     "ignore_eos", o->target.ignore_eos, "workload", "source",
-                     o->trace ? o->trace : o->sharegpt ? o->sharegpt : "synthetic", "requests", w->n_reqs,
-                     "conversations", w->n_convs, "seed", (json_int_t)o->synth.seed, "input_tokens", (json_int_t)in,
-                     "output_tokens", (json_int_t)out, "prefix_groups", o->synth.prefix_groups, "prefix_len",
-                     o->synth.prefix_len, "turns", o->synth.turns, "think_s", o->synth.think_s, "arrivals",
-                     "burstiness", o->burstiness, "concurrency", o->run.max_concurrency, "timeout_s",
-                     o->run.timeout_s, "duration_s", o->run.duration_s, "slo", fy_bench_json_slo(&o->slo));
+                     (json_int_t)ncpu, "target", "backend", o->target.proto == FY_BENCH_PROTO_HTTP ? "http" : "nng",
+                     "url", o->url, "chat", o->target.chat, "ignore_eos", o->target.ignore_eos, "workload", "source",
+                     o->trace      ? o->trace
+                     : o->sharegpt ? o->sharegpt
+                                   : "synthetic",
+                     "requests", w->n_reqs, "conversations", w->n_convs, "seed", (json_int_t)o->synth.seed,
+                     "input_tokens", (json_int_t)in, "output_tokens", (json_int_t)out, "prefix_groups",
+                     o->synth.prefix_groups, "prefix_len", o->synth.prefix_len, "turns", o->synth.turns, "think_s",
+                     o->synth.think_s, "arrivals", "burstiness", o->burstiness, "concurrency", o->run.max_concurrency,
+                     "timeout_s", o->run.timeout_s, "duration_s", o->run.duration_s, "slo", fy_bench_json_slo(&o->slo));
 }
 
 enum {
-    O_CHAT = 256, O_MODEL, O_KEY, O_NOEOS, O_REMOTE, O_IN, O_OUT, O_CLASS, O_PG, O_PL, O_TURNS, O_THINK, O_TRACE,
-    O_TBLOCK, O_TSPEED, O_SHAREGPT, O_SEED, O_BURST, O_DURATION, O_TIMEOUT, O_SLO, O_JSON, O_PLOT, O_LABEL, O_NOPROG,
-    O_SECRET, O_NOT_MINE
+    O_CHAT = 256,
+    O_MODEL,
+    O_KEY,
+    O_NOEOS,
+    O_REMOTE,
+    O_IN,
+    O_OUT,
+    O_CLASS,
+    O_PG,
+    O_PL,
+    O_TURNS,
+    O_THINK,
+    O_TRACE,
+    O_TBLOCK,
+    O_TSPEED,
+    O_SHAREGPT,
+    O_SEED,
+    O_BURST,
+    O_DURATION,
+    O_TIMEOUT,
+    O_SLO,
+    O_JSON,
+    O_PLOT,
+    O_LABEL,
+    O_NOPROG,
+    O_SECRET,
+    O_NOT_MINE
 };
 
 /* A positive finite number. */
@@ -355,8 +395,10 @@ static int load_run_opt(int c, const char *arg, opts_t *o)
     long v;
     switch (c) {
     case 'b':
-        if (!strcmp(arg, "nng")) o->target.proto = FY_BENCH_PROTO_NNG;
-        else if (!strcmp(arg, "http") || !strcmp(arg, "openai")) o->target.proto = FY_BENCH_PROTO_HTTP;
+        if (!strcmp(arg, "nng"))
+            o->target.proto = FY_BENCH_PROTO_NNG;
+        else if (!strcmp(arg, "http") || !strcmp(arg, "openai"))
+            o->target.proto = FY_BENCH_PROTO_HTTP;
         else {
             fprintf(stderr, "ferry-bench: --backend is nng or http, not '%s'\n", arg);
             return 2;
@@ -440,23 +482,39 @@ static int load_check(opts_t *o)
 static int load_parse(int argc, char **argv, opts_t *o)
 {
     static const struct option lo[] = {
-        {"backend", required_argument, 0, 'b'},     {"proto", required_argument, 0, 'b'},
-        {"url", required_argument, 0, 'u'},         {"chat", no_argument, 0, O_CHAT},
-        {"model", required_argument, 0, O_MODEL},   {"api-key", required_argument, 0, O_KEY},
+        {"backend", required_argument, 0, 'b'},
+        {"proto", required_argument, 0, 'b'},
+        {"url", required_argument, 0, 'u'},
+        {"chat", no_argument, 0, O_CHAT},
+        {"model", required_argument, 0, O_MODEL},
+        {"api-key", required_argument, 0, O_KEY},
         {"secret", required_argument, 0, O_SECRET},
-        {"no-ignore-eos", no_argument, 0, O_NOEOS}, {"allow-remote", no_argument, 0, O_REMOTE},
-        {"num-requests", required_argument, 0, 'n'}, {"input-len", required_argument, 0, O_IN},
-        {"output-len", required_argument, 0, O_OUT}, {"class", required_argument, 0, O_CLASS},
-        {"prefix-groups", required_argument, 0, O_PG}, {"prefix-len", required_argument, 0, O_PL},
-        {"turns", required_argument, 0, O_TURNS},   {"think-time", required_argument, 0, O_THINK},
-        {"trace", required_argument, 0, O_TRACE},   {"trace-block", required_argument, 0, O_TBLOCK},
-        {"trace-speed", required_argument, 0, O_TSPEED}, {"sharegpt", required_argument, 0, O_SHAREGPT},
-        {"seed", required_argument, 0, O_SEED},     {"rate", required_argument, 0, 'r'},
-        {"burstiness", required_argument, 0, O_BURST}, {"concurrency", required_argument, 0, 'C'},
-        {"duration", required_argument, 0, O_DURATION}, {"timeout", required_argument, 0, O_TIMEOUT},
-        {"slo", required_argument, 0, O_SLO},       {"json", required_argument, 0, O_JSON},
-        {"plot", required_argument, 0, O_PLOT},     {"label", required_argument, 0, O_LABEL},
-        {"no-progress", no_argument, 0, O_NOPROG},  {"help", no_argument, 0, 'h'},
+        {"no-ignore-eos", no_argument, 0, O_NOEOS},
+        {"allow-remote", no_argument, 0, O_REMOTE},
+        {"num-requests", required_argument, 0, 'n'},
+        {"input-len", required_argument, 0, O_IN},
+        {"output-len", required_argument, 0, O_OUT},
+        {"class", required_argument, 0, O_CLASS},
+        {"prefix-groups", required_argument, 0, O_PG},
+        {"prefix-len", required_argument, 0, O_PL},
+        {"turns", required_argument, 0, O_TURNS},
+        {"think-time", required_argument, 0, O_THINK},
+        {"trace", required_argument, 0, O_TRACE},
+        {"trace-block", required_argument, 0, O_TBLOCK},
+        {"trace-speed", required_argument, 0, O_TSPEED},
+        {"sharegpt", required_argument, 0, O_SHAREGPT},
+        {"seed", required_argument, 0, O_SEED},
+        {"rate", required_argument, 0, 'r'},
+        {"burstiness", required_argument, 0, O_BURST},
+        {"concurrency", required_argument, 0, 'C'},
+        {"duration", required_argument, 0, O_DURATION},
+        {"timeout", required_argument, 0, O_TIMEOUT},
+        {"slo", required_argument, 0, O_SLO},
+        {"json", required_argument, 0, O_JSON},
+        {"plot", required_argument, 0, O_PLOT},
+        {"label", required_argument, 0, O_LABEL},
+        {"no-progress", no_argument, 0, O_NOPROG},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     int c, rc;
@@ -465,7 +523,8 @@ static int load_parse(int argc, char **argv, opts_t *o)
         switch (c) {
         case 'h': usage(stdout); return -1;
         case '?':
-            if (optopt == 'c') fprintf(stderr, "ferry-bench: the concurrency is -C (--concurrency); -c is no option here\n");
+            if (optopt == 'c')
+                fprintf(stderr, "ferry-bench: the concurrency is -C (--concurrency); -c is no option here\n");
             usage(stderr);
             return 2;
         default:
@@ -507,7 +566,8 @@ static fy_status_t load_workload(opts_t *o, fy_bench_workload_t **w_p, char *err
     int n_classes = o->n_classes;
     memcpy(classes, o->classes, sizeof(classes));
     if (!n_classes) {
-        snprintf(spec, sizeof(spec), "%s/%s", o->input_len ? o->input_len : "128", o->output_len ? o->output_len : "128");
+        snprintf(spec, sizeof(spec), "%s/%s", o->input_len ? o->input_len : "128",
+                 o->output_len ? o->output_len : "128");
         classes[n_classes++] = spec;
     }
     for (int i = 0; i < n_classes && !st; i++) {
@@ -550,7 +610,8 @@ static int load_point(opts_t *o, int k, fy_bench_workload_t **w, double *at, swe
     char label[128];
     if (o->rates[k] > 0)
         snprintf(label, sizeof(label), "%s%s%g req/s", o->label ? o->label : "", o->label ? " " : "", o->rates[k]);
-    else snprintf(label, sizeof(label), "%s%smax rate", o->label ? o->label : "", o->label ? " " : "");
+    else
+        snprintf(label, sizeof(label), "%s%smax rate", o->label ? o->label : "", o->label ? " " : "");
     o->run.label = label;
     double dur = 0;
     fy_status_t st = fy_bench_run(&o->target, *w, at, &o->run, sw->res[k], &dur);
@@ -591,8 +652,10 @@ static int load_report(const opts_t *o, int argc, char **argv, const fy_bench_wo
         json_decref(root);
     }
     if (o->plot && sw->n_done) {
-        if (fy_bench_plot(o->plot, sw->sums, sw->res, sw->n_res, sw->n_done)) rc = 1;
-        else fprintf(stderr, "ferry-bench: charts in %s\n", o->plot);
+        if (fy_bench_plot(o->plot, sw->sums, sw->res, sw->n_res, sw->n_done))
+            rc = 1;
+        else
+            fprintf(stderr, "ferry-bench: charts in %s\n", o->plot);
     }
     return rc;
 }

@@ -74,9 +74,12 @@ static bool parse_duration(const char *s, double *out)
     errno = 0;
     double v = strtod(s, &end);
     if (end == s || errno || !(v > 0) || !isfinite(v)) return false;
-    if (!strcmp(end, "ms")) v *= 1e-3;
-    else if (!strcmp(end, "us")) v *= 1e-6;
-    else if (strcmp(end, "s")) return false;
+    if (!strcmp(end, "ms"))
+        v *= 1e-3;
+    else if (!strcmp(end, "us"))
+        v *= 1e-6;
+    else if (strcmp(end, "s"))
+        return false;
     *out = v;
     return true;
 }
@@ -102,9 +105,12 @@ fy_status_t fy_bench_slo_parse(const char *spec, fy_bench_slo_t *slo, char *err,
             say(err, cap, "--slo: %s=%s: expected a positive duration with a unit (500ms, 2s, 800us)", item, eq + 1);
             return FY_ERR_INVALID;
         }
-        if (!strcmp(item, "ttft")) o.ttft_s = v;
-        else if (!strcmp(item, "tpot")) o.tpot_s = v;
-        else if (!strcmp(item, "e2e") || !strcmp(item, "e2el")) o.e2e_s = v;
+        if (!strcmp(item, "ttft"))
+            o.ttft_s = v;
+        else if (!strcmp(item, "tpot"))
+            o.tpot_s = v;
+        else if (!strcmp(item, "e2e") || !strcmp(item, "e2el"))
+            o.e2e_s = v;
         else {
             say(err, cap, "--slo: unknown objective '%s' (ttft, tpot, e2e)", item);
             return FY_ERR_INVALID;
@@ -116,7 +122,10 @@ fy_status_t fy_bench_slo_parse(const char *spec, fy_bench_slo_t *slo, char *err,
 
 static bool slo_any(const fy_bench_slo_t *slo) { return slo && (slo->ttft_s > 0 || slo->tpot_s > 0 || slo->e2e_s > 0); }
 
-double fy_bench_ttft(const fy_bench_result_t *r) { return r->first_s >= 0 && r->sent_s >= 0 ? r->first_s - r->sent_s : -1; }
+double fy_bench_ttft(const fy_bench_result_t *r)
+{
+    return r->first_s >= 0 && r->sent_s >= 0 ? r->first_s - r->sent_s : -1;
+}
 
 double fy_bench_e2e(const fy_bench_result_t *r) { return r->end_s >= 0 && r->sent_s >= 0 ? r->end_s - r->sent_s : -1; }
 
@@ -158,14 +167,14 @@ fy_status_t fy_bench_summarize(const fy_bench_result_t *res, int32_t n, double d
     }
     size_t k;
     /* latency distributions over the requests that succeeded, as vLLM's */
-#define DIST(field, cond, expr)                                                                                 \
-    do {                                                                                                        \
-        k = 0;                                                                                                  \
-        for (int32_t i = 0; i < n; i++) {                                                                       \
-            const fy_bench_result_t *r = &res[i];                                                               \
-            if (cond) v[k++] = (expr);                                                                          \
-        }                                                                                                       \
-        fy_bench_dist_of(v, k, &s->field);                                                                      \
+#define DIST(field, cond, expr)                                                                                        \
+    do {                                                                                                               \
+        k = 0;                                                                                                         \
+        for (int32_t i = 0; i < n; i++) {                                                                              \
+            const fy_bench_result_t *r = &res[i];                                                                      \
+            if (cond) v[k++] = (expr);                                                                                 \
+        }                                                                                                              \
+        fy_bench_dist_of(v, k, &s->field);                                                                             \
     } while (0)
     DIST(ttft, r->ok && r->first_s >= 0, fy_bench_ttft(r));
     DIST(tpot, r->ok && r->n_out > 1, fy_bench_tpot(r));
@@ -201,7 +210,8 @@ fy_status_t fy_bench_summarize(const fy_bench_result_t *res, int32_t n, double d
         const char *kind = r->error[0] ? r->error : "unknown";
         int32_t j = 0;
         while (j < s->n_kinds && strcmp(s->kinds[j].kind, kind)) j++;
-        if (j == FY_BENCH_MAX_KINDS) snprintf(s->kinds[--j].kind, FY_BENCH_KIND_LEN, "other");
+        if (j == FY_BENCH_MAX_KINDS)
+            snprintf(s->kinds[--j].kind, FY_BENCH_KIND_LEN, "other");
         else if (j == s->n_kinds) {
             snprintf(s->kinds[j].kind, FY_BENCH_KIND_LEN, "%s", kind);
             snprintf(s->kinds[j].example, sizeof(s->kinds[j].example), "%s", r->message);
@@ -247,11 +257,12 @@ static void dist_row(FILE *f, const char *name, const fy_bench_dist_t *d)
 void fy_bench_print_summary(FILE *f, const char *title, const fy_bench_summary_t *s, const fy_bench_slo_t *slo)
 {
     char rate[32], sl[128];
-    if (s->rate > 0) snprintf(rate, sizeof(rate), "%g req/s", s->rate);
-    else snprintf(rate, sizeof(rate), "all at once / trace");
+    if (s->rate > 0)
+        snprintf(rate, sizeof(rate), "%g req/s", s->rate);
+    else
+        snprintf(rate, sizeof(rate), "all at once / trace");
     fprintf(f, "==================== %s (rate: %s) ====================\n", title ? title : "ferry-bench", rate);
-    fprintf(f, "%-42s %d total, %d sent, %d ok, %d failed\n", "requests:", s->n_total, s->n_sent, s->n_ok,
-            s->n_failed);
+    fprintf(f, "%-42s %d total, %d sent, %d ok, %d failed\n", "requests:", s->n_total, s->n_sent, s->n_ok, s->n_failed);
     fprintf(f, "%-42s %.2f\n", "duration (s):", s->duration_s);
     if (s->rate > 0) fprintf(f, "%-42s %.3f\n", "offered by the drawn arrivals (req/s):", s->drawn_rate);
     fprintf(f, "%-42s %.3f\n", "request throughput (req/s):", s->req_tput);
@@ -274,9 +285,9 @@ void fy_bench_print_summary(FILE *f, const char *title, const fy_bench_summary_t
     dist_row(f, "send lag", &s->lag);
     fprintf(f, "%-42s %.2f\n", "tokens per chunk (mean):", s->chunks ? (double)s->out_tokens / (double)s->chunks : 0);
     if (s->counted_in)
-        fprintf(f, "%-42s %.1f%% (%lld of %lld)\n", "prompt tokens found cached:",
-                100.0 * (double)s->cached_tokens / (double)s->counted_in, (long long)s->cached_tokens,
-                (long long)s->counted_in);
+        fprintf(f, "%-42s %.1f%% (%lld of %lld)\n",
+                "prompt tokens found cached:", 100.0 * (double)s->cached_tokens / (double)s->counted_in,
+                (long long)s->cached_tokens, (long long)s->counted_in);
     for (int32_t i = 0; i < s->n_kinds; i++)
         fprintf(f, "%s %-12s %6d  e.g. %s\n", i ? "      " : "errors:", s->kinds[i].kind, s->kinds[i].n,
                 s->kinds[i].example);
@@ -288,8 +299,10 @@ void fy_bench_print_sweep(FILE *f, const fy_bench_summary_t *s, int32_t n, const
             "TPOT p50", "TPOT p99", "goodput", "SLO met", "failed");
     for (int32_t i = 0; i < n; i++) {
         char rate[16], good[16], met[16];
-        if (s[i].rate > 0) snprintf(rate, sizeof(rate), "%g", s[i].rate);
-        else snprintf(rate, sizeof(rate), "max");
+        if (s[i].rate > 0)
+            snprintf(rate, sizeof(rate), "%g", s[i].rate);
+        else
+            snprintf(rate, sizeof(rate), "max");
         if (slo_any(slo)) {
             snprintf(good, sizeof(good), "%.3f", s[i].goodput);
             snprintf(met, sizeof(met), "%.0f%%", s[i].n_total ? 100.0 * s[i].n_good / s[i].n_total : 0);
@@ -308,8 +321,7 @@ void fy_bench_print_sweep(FILE *f, const fy_bench_summary_t *s, int32_t n, const
 static json_t *json_dist(const fy_bench_dist_t *d)
 {
     return json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "n", (json_int_t)d->n, "mean", d->mean, "std",
-                     d->std, "min", d->min, "max", d->max, "p50", d->p50, "p90", d->p90, "p95", d->p95, "p99",
-                     d->p99);
+                     d->std, "min", d->min, "max", d->max, "p50", d->p50, "p90", d->p90, "p95", d->p95, "p99", d->p99);
 }
 
 json_t *fy_bench_json_slo(const fy_bench_slo_t *slo)
@@ -328,16 +340,16 @@ json_t *fy_bench_json_run(const fy_bench_summary_t *s, const fy_bench_workload_t
                           const fy_bench_slo_t *slo)
 {
     json_t *errs = json_object(), *reqs = json_array();
-    json_t *o = json_pack("{s:f, s:f, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:f, s:f, s:f, s:o, s:o, s:o, s:o, s:o, "
-                          "s:o, s:f}",
-                          "rate", s->rate, "duration_s", s->duration_s, "n_total", s->n_total, "n_sent", s->n_sent,
-                          "n_ok", s->n_ok, "n_failed", s->n_failed, "n_good", s->n_good, "input_tokens",
-                          (json_int_t)s->in_tokens, "output_tokens", (json_int_t)s->out_tokens,
-                          "request_throughput", s->req_tput, "input_throughput", s->in_tput, "output_throughput",
-                          s->out_tput, "goodput", s->goodput >= 0 ? json_real(s->goodput) : json_null(), "ttft",
-                          json_dist(&s->ttft), "tpot", json_dist(&s->tpot), "itl_chunks", json_dist(&s->itl), "e2e",
-                          json_dist(&s->e2e), "send_lag", json_dist(&s->lag), "tokens_per_chunk",
-                          s->chunks ? (double)s->out_tokens / (double)s->chunks : 0.0);
+    json_t *o =
+        json_pack("{s:f, s:f, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:f, s:f, s:f, s:o, s:o, s:o, s:o, s:o, "
+                  "s:o, s:f}",
+                  "rate", s->rate, "duration_s", s->duration_s, "n_total", s->n_total, "n_sent", s->n_sent, "n_ok",
+                  s->n_ok, "n_failed", s->n_failed, "n_good", s->n_good, "input_tokens", (json_int_t)s->in_tokens,
+                  "output_tokens", (json_int_t)s->out_tokens, "request_throughput", s->req_tput, "input_throughput",
+                  s->in_tput, "output_throughput", s->out_tput, "goodput",
+                  s->goodput >= 0 ? json_real(s->goodput) : json_null(), "ttft", json_dist(&s->ttft), "tpot",
+                  json_dist(&s->tpot), "itl_chunks", json_dist(&s->itl), "e2e", json_dist(&s->e2e), "send_lag",
+                  json_dist(&s->lag), "tokens_per_chunk", s->chunks ? (double)s->out_tokens / (double)s->chunks : 0.0);
     if (!o || !errs || !reqs) goto fail;
     for (int32_t i = 0; i < s->n_kinds; i++)
         json_object_set_new(errs, s->kinds[i].kind,
@@ -352,16 +364,15 @@ json_t *fy_bench_json_run(const fy_bench_summary_t *s, const fy_bench_workload_t
         json_t *chunks = json_array();
         for (int32_t c = 0; chunks && c < r->n_chunks; c++)
             json_array_append_new(chunks, json_pack("[f, i]", r->chunk_s[c], r->chunk_n[c]));
-        json_t *e = json_pack("{s:i, s:i, s:i, s:i, s:f, s:o, s:o, s:o, s:i, s:b, s:i, s:i, s:b, s:s, s:s, s:o, "
-                              "s:o, s:o, s:b, s:o}",
-                              "i", i, "conv", q->conv, "turn", q->turn, "group", q->group, "sched_s", r->sched_s,
-                              "sent_s", maybe_time(r->sent_s), "first_s", maybe_time(r->first_s), "end_s",
-                              maybe_time(r->end_s), "n_in", r->n_in, "n_in_from_server", r->server_counted_in,
-                              "n_out", r->n_out, "n_out_asked", q->n_out, "ok", r->ok, "error", r->error, "message",
-                              r->message, "ttft_s", maybe_time(fy_bench_ttft(r)), "tpot_s",
-                              r->ok && r->n_out > 1 ? json_real(fy_bench_tpot(r)) : json_null(), "e2e_s",
-                              maybe_time(fy_bench_e2e(r)), "slo_met", slo_met(slo, r), "chunks",
-                              chunks ? chunks : json_null());
+        json_t *e =
+            json_pack("{s:i, s:i, s:i, s:i, s:f, s:o, s:o, s:o, s:i, s:b, s:i, s:i, s:b, s:s, s:s, s:o, "
+                      "s:o, s:o, s:b, s:o}",
+                      "i", i, "conv", q->conv, "turn", q->turn, "group", q->group, "sched_s", r->sched_s, "sent_s",
+                      maybe_time(r->sent_s), "first_s", maybe_time(r->first_s), "end_s", maybe_time(r->end_s), "n_in",
+                      r->n_in, "n_in_from_server", r->server_counted_in, "n_out", r->n_out, "n_out_asked", q->n_out,
+                      "ok", r->ok, "error", r->error, "message", r->message, "ttft_s", maybe_time(fy_bench_ttft(r)),
+                      "tpot_s", r->ok && r->n_out > 1 ? json_real(fy_bench_tpot(r)) : json_null(), "e2e_s",
+                      maybe_time(fy_bench_e2e(r)), "slo_met", slo_met(slo, r), "chunks", chunks ? chunks : json_null());
         if (e && r->n_cached >= 0) json_object_set_new(e, "n_cached", json_integer(r->n_cached));
         if (!e || json_array_append_new(reqs, e)) goto fail;
     }
@@ -451,10 +462,12 @@ fy_status_t fy_bench_plot(const char *dir, const fy_bench_summary_t *s, fy_bench
         fprintf(f, "plot");
         for (int32_t r = 0; r < n_runs; r++) {
             char t[32];
-            if (s[r].rate > 0) snprintf(t, sizeof(t), "%g req/s", s[r].rate);
-            else snprintf(t, sizeof(t), "run %d", (int)r);
-            fprintf(f, "%s '%s/%s_%d.dat' using 1:2 with lines lw 2 title '%s'", r ? "," : "", dir, METRIC[m],
-                    (int)r, t);
+            if (s[r].rate > 0)
+                snprintf(t, sizeof(t), "%g req/s", s[r].rate);
+            else
+                snprintf(t, sizeof(t), "run %d", (int)r);
+            fprintf(f, "%s '%s/%s_%d.dat' using 1:2 with lines lw 2 title '%s'", r ? "," : "", dir, METRIC[m], (int)r,
+                    t);
         }
         fprintf(f, "\n");
     }
@@ -462,12 +475,14 @@ fy_status_t fy_bench_plot(const char *dir, const fy_bench_summary_t *s, fy_bench
     for (int32_t r = 0; r < n_runs; r++) n_rated += s[r].rate > 0;
     if (n_rated >= 2) {
         fprintf(f, "set autoscale y\nset yrange [0:*]\nset key top left\nset xlabel 'offered rate (req/s)'\n");
-        fprintf(f, "set output '%s/throughput.png'\nset ylabel 'req/s'\n"
-                   "plot '%s/sweep.dat' using 1:2 with linespoints lw 2 title 'throughput', "
-                   "'%s/sweep.dat' using 1:3 with linespoints lw 2 title 'goodput', x with lines dt 2 title 'offered'\n",
+        fprintf(f,
+                "set output '%s/throughput.png'\nset ylabel 'req/s'\n"
+                "plot '%s/sweep.dat' using 1:2 with linespoints lw 2 title 'throughput', "
+                "'%s/sweep.dat' using 1:3 with linespoints lw 2 title 'goodput', x with lines dt 2 title 'offered'\n",
                 dir, dir, dir);
-        fprintf(f, "set output '%s/goodput.png'\nset ylabel 'goodput (req/s)'\n"
-                   "plot '%s/sweep.dat' using 1:3 with linespoints lw 2 title 'goodput'\n",
+        fprintf(f,
+                "set output '%s/goodput.png'\nset ylabel 'goodput (req/s)'\n"
+                "plot '%s/sweep.dat' using 1:3 with linespoints lw 2 title 'goodput'\n",
                 dir, dir);
     }
     if (fclose(f)) {
@@ -479,8 +494,8 @@ fy_status_t fy_bench_plot(const char *dir, const fy_bench_summary_t *s, fy_bench
     int rc = system(cmd);
     if (rc == -1 || !WIFEXITED(rc) || WEXITSTATUS(rc) != 0) {
         bool missing = rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 127;
-        fy_error("bench: gnuplot %s (%s/plot.gp)", missing ? "is not installed (apt-get install gnuplot-nox)" : "failed",
-                 dir);
+        fy_error("bench: gnuplot %s (%s/plot.gp)",
+                 missing ? "is not installed (apt-get install gnuplot-nox)" : "failed", dir);
         return missing ? FY_ERR_NOT_FOUND : FY_ERR_IO;
     }
     return FY_OK;

@@ -41,8 +41,8 @@ double fy_bench_tpot(const fy_bench_result_t *r);
 #define FY_BENCH_MAX_KINDS 16
 
 typedef struct fy_bench_summary {
-    double rate;        /* requested (0: all at once / trace times) */
-    double drawn_rate;  /* what the drawn arrivals offer: (sent - 1) / (last due - first due) */
+    double rate;       /* requested (0: all at once / trace times) */
+    double drawn_rate; /* what the drawn arrivals offer: (sent - 1) / (last due - first due) */
     double duration_s;
     int32_t n_total, n_sent, n_ok, n_failed, n_good;
     int64_t in_tokens, out_tokens, chunks;

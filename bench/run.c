@@ -124,8 +124,8 @@ typedef struct run {
     const fy_bench_run_params_t *p;
     fy_bench_result_t *res;
     char model[256]; /* http: the "model" field */
-    char **answers; /* [n_reqs] answer text of each turn of multi-turn conversations, else NULL */
-    double t0;      /* monotonic time of the start */
+    char **answers;  /* [n_reqs] answer text of each turn of multi-turn conversations, else NULL */
+    double t0;       /* monotonic time of the start */
     int32_t max_inflight;
 
     pthread_mutex_t mu;
@@ -143,10 +143,7 @@ typedef struct run {
     atomic_bool stop_progress;
 } run_t;
 
-static bool past_duration(const run_t *R, double t_run)
-{
-    return R->p->duration_s > 0 && t_run > R->p->duration_s;
-}
+static bool past_duration(const run_t *R, double t_run) { return R->p->duration_s > 0 && t_run > R->p->duration_s; }
 
 static bool aborted(const run_t *R) { return R->p->abort_flag && *R->p->abort_flag; }
 
@@ -234,8 +231,9 @@ static void *progress_main(void *arg)
         int fill = total ? (int)(30LL * done / total) : 30;
         for (int i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '.';
         bar[30] = 0;
-        fprintf(stderr, "%s%s [%s] %d/%d done, %d sent, %d in flight, %d failed | %.2f req/s, %.0f tok/s, "
-                        "mean ttft %.0f ms | %.0f s%s",
+        fprintf(stderr,
+                "%s%s [%s] %d/%d done, %d sent, %d in flight, %d failed | %.2f req/s, %.0f tok/s, "
+                "mean ttft %.0f ms | %.0f s%s",
                 tty ? "\r" : "", R->p->label ? R->p->label : "bench", bar, done, total, sent, inflight, failed,
                 t > 0 ? ok / t : 0, t > 0 ? (double)out / t : 0, ok ? (double)tt / ok / 1e3 : 0, t,
                 tty ? "\033[K" : "\n");
@@ -285,8 +283,10 @@ static void nng_request(run_t *R, fy_client_t *c, int32_t i, char **answer)
         if (left <= 0 || aborted(R)) {
             fy_client_cancel(c, s.id);
             r->end_s = now_s() - R->t0;
-            if (left <= 0) result_fail(r, "timeout", "no end within %.1f s", R->p->timeout_s);
-            else result_fail(r, "interrupted", "the run was interrupted");
+            if (left <= 0)
+                result_fail(r, "timeout", "no end within %.1f s", R->p->timeout_s);
+            else
+                result_fail(r, "interrupted", "the run was interrupted");
             return;
         }
         fy_client_update_t u;
@@ -313,10 +313,12 @@ static void nng_request(run_t *R, fy_client_t *c, int32_t i, char **answer)
         }
         if (u.done) {
             r->end_s = t;
-            r->n_cached = u.timings.cached_prefill > u.timings.cached_decode ? u.timings.cached_prefill
-                                                                              : u.timings.cached_decode;
-            if (u.error) result_fail(r, status_kind(u.error), "%s", u.message[0] ? u.message : fy_status_str(u.error));
-            else r->ok = true;
+            r->n_cached =
+                u.timings.cached_prefill > u.timings.cached_decode ? u.timings.cached_prefill : u.timings.cached_decode;
+            if (u.error)
+                result_fail(r, status_kind(u.error), "%s", u.message[0] ? u.message : fy_status_str(u.error));
+            else
+                r->ok = true;
             return;
         }
     }
@@ -454,14 +456,14 @@ typedef struct hreq {
     CURL *h;
     struct curl_slist *hdrs;
     int32_t conv, turn, i;
-    char *body;         /* the request's JSON */
-    char *buf;          /* bytes received not yet parsed (SSE), or the error body */
+    char *body; /* the request's JSON */
+    char *buf;  /* bytes received not yet parsed (SSE), or the error body */
     size_t len, cap;
-    char *answer;       /* text received (kept for the next turn) */
+    char *answer; /* text received (kept for the next turn) */
     size_t alen, acap;
     long status;
     bool done_seen, finish_seen, failed;
-    int32_t usage_out;  /* completion_tokens from usage, -1 when absent */
+    int32_t usage_out; /* completion_tokens from usage, -1 when absent */
     char errbuf[CURL_ERROR_SIZE];
 } hreq_t;
 
@@ -502,7 +504,8 @@ static void sse_event(hreq_t *q, const char *data, size_t n, double t)
     }
     json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
     if (ch) {
-        json_t *txt = R->t->chat ? json_object_get(json_object_get(ch, "delta"), "content") : json_object_get(ch, "text");
+        json_t *txt =
+            R->t->chat ? json_object_get(json_object_get(ch, "delta"), "content") : json_object_get(ch, "text");
         size_t tl = json_is_string(txt) ? json_string_length(txt) : 0;
         if (tl) {
             result_chunk(r, t, 1); /* an event is a chunk; usage corrects the token count at the end */
@@ -584,9 +587,8 @@ static void hreq_free(hreq_t *q)
 static char *request_body(run_t *R, int32_t i)
 {
     const fy_bench_req_t *q = &R->w->reqs[i];
-    json_t *o = json_pack("{s:s, s:i, s:b, s:{s:b}, s:f}", "model", R->model,
-                          "max_tokens", q->n_out, "stream", 1, "stream_options", "include_usage", 1, "temperature",
-                          0.0);
+    json_t *o = json_pack("{s:s, s:i, s:b, s:{s:b}, s:f}", "model", R->model, "max_tokens", q->n_out, "stream", 1,
+                          "stream_options", "include_usage", 1, "temperature", 0.0);
     if (!o) return NULL;
     if (R->t->ignore_eos) json_object_set_new(o, "ignore_eos", json_true());
     int bad = 0;
@@ -594,8 +596,8 @@ static char *request_body(run_t *R, int32_t i)
         json_t *msgs = json_array();
         int32_t first = i - q->turn;
         for (int32_t k = first; msgs && k <= i; k++) {
-            bad |= json_array_append_new(msgs, json_pack("{s:s, s:s%}", "role", "user", "content",
-                                                         R->w->reqs[k].text, R->w->reqs[k].text_len));
+            bad |= json_array_append_new(
+                msgs, json_pack("{s:s, s:s%}", "role", "user", "content", R->w->reqs[k].text, R->w->reqs[k].text_len));
             if (k < i)
                 bad |= json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "assistant", "content",
                                                              R->answers && R->answers[k] ? R->answers[k] : ""));
@@ -690,12 +692,12 @@ static bool http_end(run_t *R, hreq_t *q, CURLcode cc)
         r->n_out = q->usage_out;
     }
     if (cc != CURLE_OK) {
-        const char *kind = cc == CURLE_OPERATION_TIMEDOUT  ? "timeout"
-                           : cc == CURLE_COULDNT_CONNECT   ? "connect"
-                           : cc == CURLE_GOT_NOTHING       ? "no_response"
-                           : cc == CURLE_RECV_ERROR        ? "recv"
-                           : cc == CURLE_SEND_ERROR        ? "send"
-                                                           : "http_io";
+        const char *kind = cc == CURLE_OPERATION_TIMEDOUT ? "timeout"
+                           : cc == CURLE_COULDNT_CONNECT  ? "connect"
+                           : cc == CURLE_GOT_NOTHING      ? "no_response"
+                           : cc == CURLE_RECV_ERROR       ? "recv"
+                           : cc == CURLE_SEND_ERROR       ? "send"
+                                                          : "http_io";
         result_fail(r, kind, "curl: %s", q->errbuf[0] ? q->errbuf : curl_easy_strerror(cc));
     } else if (q->status >= 300 || q->status < 200) {
         char kind[FY_BENCH_KIND_LEN];
@@ -730,8 +732,10 @@ static void link_req(hreq_t **head, hreq_t *q)
 
 static void unlink_req(hreq_t **head, hreq_t *q)
 {
-    if (q->prev) q->prev->next = q->next;
-    else *head = q->next;
+    if (q->prev)
+        q->prev->next = q->next;
+    else
+        *head = q->next;
     if (q->next) q->next->prev = q->prev;
 }
 
@@ -786,7 +790,8 @@ static fy_status_t http_model(const fy_bench_target_t *t, char *out, size_t cap)
     json_t *o = cc == CURLE_OK && status == 200 && b.p ? json_loadb(b.p, b.len, 0, NULL) : NULL;
     const char *id = json_string_value(json_object_get(json_array_get(json_object_get(o, "data"), 0), "id"));
     fy_status_t st = FY_OK;
-    if (id) snprintf(out, cap, "%s", id);
+    if (id)
+        snprintf(out, cap, "%s", id);
     else {
         fy_error("bench: cannot learn the model's name from %s (%s, HTTP %ld): give --model", url,
                  cc ? curl_easy_strerror(cc) : "no model in the answer", status);
@@ -868,8 +873,10 @@ static fy_status_t run_http(run_t *R, const int32_t *order, const double *at)
             bool ok = http_end(R, q, cc);
             const fy_bench_conv_t *cv = &w->convs[q->conv];
             if (q->turn + 1 < cv->n_turns) {
-                if (ok) later[n_later++] = (due_turn_t){now_s() + w->think_s, q->conv, q->turn + 1};
-                else conv_not_sent(R, q->conv, q->turn + 1, "not_sent", "an earlier turn failed");
+                if (ok)
+                    later[n_later++] = (due_turn_t){now_s() + w->think_s, q->conv, q->turn + 1};
+                else
+                    conv_not_sent(R, q->conv, q->turn + 1, "not_sent", "an earlier turn failed");
             }
             hreq_free(q);
         }
@@ -941,8 +948,10 @@ fy_status_t fy_bench_run(const fy_bench_target_t *t, const fy_bench_workload_t *
     pthread_condattr_destroy(&ca);
     if (t->proto == FY_BENCH_PROTO_HTTP) {
         fy_status_t mst = FY_OK;
-        if (t->model) snprintf(R.model, sizeof(R.model), "%s", t->model);
-        else mst = http_model(t, R.model, sizeof(R.model));
+        if (t->model)
+            snprintf(R.model, sizeof(R.model), "%s", t->model);
+        else
+            mst = http_model(t, R.model, sizeof(R.model));
         if (mst) {
             fy_free(order);
             fy_free(R.queue);
@@ -1041,8 +1050,9 @@ fy_status_t fy_bench_check_address(const char *url, bool allow_remote, char *err
     bool loop = !strcmp(host, "localhost") || (inet_pton(AF_INET, host, &a4) == 1 && (ntohl(a4.s_addr) >> 24) == 127) ||
                 (inet_pton(AF_INET6, host, &a6) == 1 && IN6_IS_ADDR_LOOPBACK(&a6));
     if (!loop) {
-        snprintf(err, cap, "address '%s': %s is not a loopback address; ferry-bench only loads servers on this "
-                           "host unless given --allow-remote",
+        snprintf(err, cap,
+                 "address '%s': %s is not a loopback address; ferry-bench only loads servers on this "
+                 "host unless given --allow-remote",
                  url, host);
         return FY_ERR_INVALID;
     }

@@ -31,20 +31,20 @@ typedef enum fy_bench_proto {
 
 typedef struct fy_bench_target {
     fy_bench_proto_t proto;
-    const char *url;     /* nng: tcp://host:port or ipc://path; http: http://host:port (no path) */
-    bool chat;           /* http: /v1/chat/completions, else /v1/completions; nng: the chat template */
-    const char *model;   /* http: the "model" field; NULL: the first of GET /v1/models */
-    const char *api_key; /* http: Authorization: Bearer KEY; NULL: none */
+    const char *url;         /* nng: tcp://host:port or ipc://path; http: http://host:port (no path) */
+    bool chat;               /* http: /v1/chat/completions, else /v1/completions; nng: the chat template */
+    const char *model;       /* http: the "model" field; NULL: the first of GET /v1/models */
+    const char *api_key;     /* http: Authorization: Bearer KEY; NULL: none */
     const char *secret_file; /* nng: the deployment's secret (kv.secret_file) that authenticates each call */
-    bool ignore_eos;     /* ask for exactly n_out tokens */
+    bool ignore_eos;         /* ask for exactly n_out tokens */
 } fy_bench_target_t;
 
 typedef struct fy_bench_run_params {
-    int32_t max_concurrency; /* requests in flight at most; 0: FY_BENCH_MAX_INFLIGHT */
-    double timeout_s;        /* per request, from its send */
-    double duration_s;       /* 0: no limit; else nothing is sent after it */
-    bool progress;           /* a live line on stderr */
-    const char *label;       /* for the progress line */
+    int32_t max_concurrency;        /* requests in flight at most; 0: FY_BENCH_MAX_INFLIGHT */
+    double timeout_s;               /* per request, from its send */
+    double duration_s;              /* 0: no limit; else nothing is sent after it */
+    bool progress;                  /* a live line on stderr */
+    const char *label;              /* for the progress line */
     const volatile int *abort_flag; /* when it becomes non-zero the run ends its requests and returns; may be NULL */
 } fy_bench_run_params_t;
 
@@ -53,17 +53,17 @@ typedef struct fy_bench_run_params {
 
 /* One request's timings, seconds from the run's start (-1: never). */
 typedef struct fy_bench_result {
-    double sched_s;  /* when it was due */
-    double sent_s;   /* when its first byte went out */
-    double first_s;  /* first token arrived */
-    double end_s;    /* the last byte of its answer (or the error) arrived */
-    int32_t n_in;    /* prompt tokens: the server's count, else the workload's */
-    int32_t n_out;   /* tokens received */
+    double sched_s;   /* when it was due */
+    double sent_s;    /* when its first byte went out */
+    double first_s;   /* first token arrived */
+    double end_s;     /* the last byte of its answer (or the error) arrived */
+    int32_t n_in;     /* prompt tokens: the server's count, else the workload's */
+    int32_t n_out;    /* tokens received */
     int32_t n_cached; /* prompt tokens the server found cached (nng: the larger of the prefill and decode
                          workers' counts; http: usage.prompt_tokens_details.cached_tokens); -1: not said */
     bool server_counted_in;
-    bool ok;                           /* finished with every token asked for (or a natural stop) */
-    char error[FY_BENCH_KIND_LEN];     /* kind when not ok: overloaded, timeout, http_503, not_sent, ... */
+    bool ok;                       /* finished with every token asked for (or a natural stop) */
+    char error[FY_BENCH_KIND_LEN]; /* kind when not ok: overloaded, timeout, http_503, not_sent, ... */
     char message[160];
     int32_t n_chunks, cap_chunks;
     double *chunk_s;  /* [cap_chunks] arrival of each chunk that carried tokens */

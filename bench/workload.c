@@ -15,28 +15,32 @@
 #include "mem.h"
 
 static const char *const WORDS[FY_BENCH_N_WORDS] = {
-"the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", 
-"by", "at", "from", "his", "her", "an", "be", "it", "are", "which", "this", "or", 
-"had", "not", "but", "were", "have", "has", "one", "their", "they", "all", "new", "first", 
-"been", "more", "other", "also", "after", "two", "who", "its", "he", "she", "can", "time", 
-"when", "would", "into", "only", "over", "some", "than", "most", "may", "three", "such", "these", 
-"many", "years", "about", "people", "made", "out", "them", "there", "up", "used", "world", "during", 
-"where", "between", "well", "then", "city", "while", "year", "under", "state", "part", "both", "so", 
-"each", "through", "known", "later", "since", "being", "will", "no", "school", "we", "any", "what", 
-"several", "four", "before", "how", "if", "own", "life", "did", "series", "high", "early", "however", 
-"against", "team", "because", "five", "could", "you", "game", "very", "area", "music", "same", "last", 
-"family", "name", "number", "found", "much", "second", "work", "government", "group", "best", "national", "small", 
-"off", "take", "good", "major", "long", "day", "season", "back", "place", "great", "power", "system", 
-"way", "water", "show", "book", "different", "often", "end", "history", "film", "among", "within", "around", 
-"large", "war", "local", "home", "member", "see", "public", "without", "though", "until", "old", "age", 
-"law", "general", "few", "land", "must", "again", "point", "house", "country", "along", "support", "party", 
-"per", "make", "case", "form", "set", "left", "play", "should", "us", "even", "real", "still", 
-"like", "due", "given", "called", "next", "went", "another", "use", "do", "does", "got", "get", 
-"our", "my", "your", "me", "him", "come", "came", "say", "said", "just", "now", "here", 
-"right", "down", "too", "little", "six", "seven", "eight", "ten", "hundred", "thousand", "million", "hand", 
-"head", "side", "line", "order", "level", "fact", "field", "word", "story", "report", "service", "office", 
-"money", "light", "body", "market", "process", "rate", "price", "value", "course", "plan", "road", "car", 
-"river", "north", "south", "east", 
+    "the",      "of",      "and",    "to",      "in",      "is",       "was",     "for",        "on",        "that",
+    "with",     "as",      "by",     "at",      "from",    "his",      "her",     "an",         "be",        "it",
+    "are",      "which",   "this",   "or",      "had",     "not",      "but",     "were",       "have",      "has",
+    "one",      "their",   "they",   "all",     "new",     "first",    "been",    "more",       "other",     "also",
+    "after",    "two",     "who",    "its",     "he",      "she",      "can",     "time",       "when",      "would",
+    "into",     "only",    "over",   "some",    "than",    "most",     "may",     "three",      "such",      "these",
+    "many",     "years",   "about",  "people",  "made",    "out",      "them",    "there",      "up",        "used",
+    "world",    "during",  "where",  "between", "well",    "then",     "city",    "while",      "year",      "under",
+    "state",    "part",    "both",   "so",      "each",    "through",  "known",   "later",      "since",     "being",
+    "will",     "no",      "school", "we",      "any",     "what",     "several", "four",       "before",    "how",
+    "if",       "own",     "life",   "did",     "series",  "high",     "early",   "however",    "against",   "team",
+    "because",  "five",    "could",  "you",     "game",    "very",     "area",    "music",      "same",      "last",
+    "family",   "name",    "number", "found",   "much",    "second",   "work",    "government", "group",     "best",
+    "national", "small",   "off",    "take",    "good",    "major",    "long",    "day",        "season",    "back",
+    "place",    "great",   "power",  "system",  "way",     "water",    "show",    "book",       "different", "often",
+    "end",      "history", "film",   "among",   "within",  "around",   "large",   "war",        "local",     "home",
+    "member",   "see",     "public", "without", "though",  "until",    "old",     "age",        "law",       "general",
+    "few",      "land",    "must",   "again",   "point",   "house",    "country", "along",      "support",   "party",
+    "per",      "make",    "case",   "form",    "set",     "left",     "play",    "should",     "us",        "even",
+    "real",     "still",   "like",   "due",     "given",   "called",   "next",    "went",       "another",   "use",
+    "do",       "does",    "got",    "get",     "our",     "my",       "your",    "me",         "him",       "come",
+    "came",     "say",     "said",   "just",    "now",     "here",     "right",   "down",       "too",       "little",
+    "six",      "seven",   "eight",  "ten",     "hundred", "thousand", "million", "hand",       "head",      "side",
+    "line",     "order",   "level",  "fact",    "field",   "word",     "story",   "report",     "service",   "office",
+    "money",    "light",   "body",   "market",  "process", "rate",     "price",   "value",      "course",    "plan",
+    "road",     "car",     "river",  "north",   "south",   "east",
 };
 
 const char *fy_bench_word(int32_t i) { return WORDS[i & (FY_BENCH_N_WORDS - 1)]; }
@@ -223,8 +227,10 @@ int32_t fy_bench_len_draw(const fy_bench_len_t *l, fy_bench_rng_t *r)
         int32_t a = 0, b = l->n - 1; /* the first i with cum[i] > u */
         while (a < b) {
             int32_t m = (a + b) / 2;
-            if (l->cum[m] > u) b = m;
-            else a = m + 1;
+            if (l->cum[m] > u)
+                b = m;
+            else
+                a = m + 1;
         }
         return l->vals[a];
     }
@@ -328,8 +334,9 @@ fy_status_t fy_bench_workload_synth(const fy_bench_synth_t *p, fy_bench_workload
 {
     if (p->n_requests < 1 || p->n_classes < 1 || p->n_classes > FY_BENCH_MAX_CLASSES || p->turns < 1 ||
         p->prefix_groups < 0 || p->prefix_len < 0 || (p->prefix_groups > 0) != (p->prefix_len > 0)) {
-        say(err, cap, "workload: need at least one request and class, one turn, and prefix groups and length "
-                      "given together");
+        say(err, cap,
+            "workload: need at least one request and class, one turn, and prefix groups and length "
+            "given together");
         return FY_ERR_INVALID;
     }
     int32_t n_convs = (p->n_requests + p->turns - 1) / p->turns;
@@ -471,8 +478,10 @@ fy_status_t fy_bench_workload_trace(const char *path, const fy_bench_trace_opts_
         json_error_t je;
         json_t *obj = json_loadb(line, (size_t)got, 0, &je);
         sub[0] = 0;
-        if (!obj) snprintf(sub, sizeof(sub), "not JSON: %s", je.text);
-        else if (!json_is_object(obj)) snprintf(sub, sizeof(sub), "expected a JSON object");
+        if (!obj)
+            snprintf(sub, sizeof(sub), "not JSON: %s", je.text);
+        else if (!json_is_object(obj))
+            snprintf(sub, sizeof(sub), "expected a JSON object");
         double at = -1;
         int32_t n_in = 0, n_out = 0;
         bool bad = false;
@@ -480,21 +489,27 @@ fy_status_t fy_bench_workload_trace(const char *path, const fy_bench_trace_opts_
         if (!sub[0]) {
             prompt = json_object_get(obj, "prompt");
             json_t *ts = json_object_get(obj, "timestamp"), *as = json_object_get(obj, "arrival_s");
-            if (ts && json_is_number(ts)) at = json_number_value(ts) / 1000.0;
-            else if (as && json_is_number(as)) at = json_number_value(as);
-            else if (ts || as) snprintf(sub, sizeof(sub), "timestamp / arrival_s must be a number");
-            else snprintf(sub, sizeof(sub), "no arrival time (timestamp in ms, or arrival_s)");
+            if (ts && json_is_number(ts))
+                at = json_number_value(ts) / 1000.0;
+            else if (as && json_is_number(as))
+                at = json_number_value(as);
+            else if (ts || as)
+                snprintf(sub, sizeof(sub), "timestamp / arrival_s must be a number");
+            else
+                snprintf(sub, sizeof(sub), "no arrival time (timestamp in ms, or arrival_s)");
         }
         if (!sub[0] && !(at >= 0 && isfinite(at))) snprintf(sub, sizeof(sub), "the arrival time must be >= 0");
         if (!sub[0] && prompt && !json_is_string(prompt)) snprintf(sub, sizeof(sub), "prompt must be a string");
         if (!sub[0] && !prompt && !json_len(obj, IN_KEYS, &n_in, &bad))
-            snprintf(sub, sizeof(sub), bad ? "input_length must be an integer from 1 to %d"
-                                           : "no prompt (prompt text, or input_length up to %d)",
+            snprintf(sub, sizeof(sub),
+                     bad ? "input_length must be an integer from 1 to %d"
+                         : "no prompt (prompt text, or input_length up to %d)",
                      FY_BENCH_MAX_LEN);
         bad = false;
         if (!sub[0] && !json_len(obj, OUT_KEYS, &n_out, &bad))
-            snprintf(sub, sizeof(sub), bad ? "output_length must be an integer from 1 to %d"
-                                           : "no output length (output_length up to %d)",
+            snprintf(sub, sizeof(sub),
+                     bad ? "output_length must be an integer from 1 to %d"
+                         : "no output length (output_length up to %d)",
                      FY_BENCH_MAX_LEN);
         if (!sub[0] && (ids = json_object_get(obj, "hash_ids")) && !json_is_array(ids))
             snprintf(sub, sizeof(sub), "hash_ids must be an array");
@@ -505,8 +520,10 @@ fy_status_t fy_bench_workload_trace(const char *path, const fy_bench_trace_opts_
             fy_bench_req_t *nr = fy_realloc(w->reqs, (size_t)nc * sizeof(*nr));
             if (nr) w->reqs = nr;
             fy_bench_conv_t *nv = nr ? fy_realloc(w->convs, (size_t)nc * sizeof(*nv)) : NULL;
-            if (nv) w->convs = nv, ncap = nc;
-            else st = FY_ERR_NOMEM;
+            if (nv)
+                w->convs = nv, ncap = nc;
+            else
+                st = FY_ERR_NOMEM;
         }
         fy_bench_req_t *q = &w->reqs[n];
         if (!sub[0] && !st) {
@@ -522,8 +539,10 @@ fy_status_t fy_bench_workload_trace(const char *path, const fy_bench_trace_opts_
             } else {
                 fy_bench_rng_t r;
                 fy_bench_rng_seed(&r, o->seed, 0x11e0000000000ull + (uint64_t)lineno);
-                if ((q->text = words_alloc(n_in))) put_words(q->text, &q->text_len, n_in, &r);
-                else st = FY_ERR_NOMEM;
+                if ((q->text = words_alloc(n_in)))
+                    put_words(q->text, &q->text_len, n_in, &r);
+                else
+                    st = FY_ERR_NOMEM;
                 q->n_in = n_in;
             }
         }

@@ -41,9 +41,9 @@ typedef enum fy_bench_len_kind {
 typedef struct fy_bench_len {
     fy_bench_len_kind_t kind;
     int32_t lo, hi;
-    int32_t n;       /* empirical: values */
-    int32_t *vals;   /* [n] */
-    double *cum;     /* [n] cumulative weights, the last one 1 */
+    int32_t n;     /* empirical: values */
+    int32_t *vals; /* [n] */
+    double *cum;   /* [n] cumulative weights, the last one 1 */
 } fy_bench_len_t;
 
 /* Lengths are 1 to FY_BENCH_MAX_LEN.  On error err says why (the file
@@ -65,11 +65,11 @@ void fy_bench_class_free(fy_bench_class_t *c);
 /* ---- the workload ---- */
 
 typedef struct fy_bench_req {
-    char *text;        /* the prompt, or in a conversation this turn's new user text */
+    char *text; /* the prompt, or in a conversation this turn's new user text */
     size_t text_len;
-    int32_t n_in;      /* prompt tokens it stands for (words; bytes/4 for given text) */
-    int32_t n_out;     /* max_tokens */
-    int32_t group;     /* shared-prefix group, -1 for none */
+    int32_t n_in;  /* prompt tokens it stands for (words; bytes/4 for given text) */
+    int32_t n_out; /* max_tokens */
+    int32_t group; /* shared-prefix group, -1 for none */
     int32_t conv, turn;
 } fy_bench_req_t;
 

@@ -29,15 +29,18 @@ static void cluster_usage(FILE *f, const char *prog, const char *usage)
             "%s"
             "  -h, --help\n",
             prog, usage,
-            strstr(usage, "--spec") ? "      --spec SPEC        short for --set decode.spec=SPEC (the proposer)\n" : "");
+            strstr(usage, "--spec") ? "      --spec SPEC        short for --set decode.spec=SPEC (the proposer)\n"
+                                    : "");
 }
 
 fy_status_t fy_cluster_config(int argc, char **argv, const char *usage, fy_config_t **cfg_p)
 {
     enum { O_SET = 256, O_SPEC };
     static const struct option opts[] = {
-        {"config", required_argument, 0, 'c'}, {"set", required_argument, 0, O_SET},
-        {"spec", required_argument, 0, O_SPEC}, {"help", no_argument, 0, 'h'},
+        {"config", required_argument, 0, 'c'},
+        {"set", required_argument, 0, O_SET},
+        {"spec", required_argument, 0, O_SPEC},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     fy_config_t *c;
@@ -64,9 +67,7 @@ fy_status_t fy_cluster_config(int argc, char **argv, const char *usage, fy_confi
             cluster_usage(stdout, prog, usage);
             st = FY_ERR_CANCELLED;
             break;
-        default: /* getopt_long said what */
-            cluster_usage(stderr, prog, usage);
-            st = FY_ERR_INVALID;
+        default: /* getopt_long said what */ cluster_usage(stderr, prog, usage); st = FY_ERR_INVALID;
         }
     }
     if (st == FY_OK && optind < argc) {

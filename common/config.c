@@ -129,8 +129,7 @@ static fy_status_t merge(fy_config_t *c, list_t *st, const char *what, fy_status
 
 static bool name_char(char ch)
 {
-    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
-           ch == '-';
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '-';
 }
 
 static bool valid_key(const char *s, size_t n)
@@ -218,10 +217,10 @@ typedef struct parse {
     const char *name;
     const char *buf;
     size_t len, pos;
-    int line;                           /* of the line inih is on */
-    char text[FY_CONFIG_MAX_LINE + 1];  /* that line, as inih got it */
+    int line;                          /* of the line inih is on */
+    char text[FY_CONFIG_MAX_LINE + 1]; /* that line, as inih got it */
     list_t staged;
-    int err_line;                       /* first line our own checks refused; 0: none */
+    int err_line; /* first line our own checks refused; 0: none */
     fy_status_t err;
     char msg[384];
 } parse_t;
@@ -515,8 +514,8 @@ fy_status_t fy_config_set(fy_config_t *c, const char *assignment)
     size_t nval = (size_t)(ve - vs);
     /* fy_config_write writes "key = value" on one line */
     if (nkey + 3 + nval > FY_CONFIG_MAX_LINE) {
-        fy_error("config: --set %s.%s: value too long (%zu bytes; 'key = value' must fit %d bytes)", section, key,
-                 nval, FY_CONFIG_MAX_LINE);
+        fy_error("config: --set %s.%s: value too long (%zu bytes; 'key = value' must fit %d bytes)", section, key, nval,
+                 FY_CONFIG_MAX_LINE);
         return FY_ERR_INVALID;
     }
     const char *why;
@@ -706,8 +705,8 @@ static bool parse_duration(const char *s, double *out_s)
     return false;
 }
 
-fy_status_t fy_config_duration(const fy_config_t *c, const char *section, const char *key, double def_s,
-                               double lo_s, double hi_s, double *out_s)
+fy_status_t fy_config_duration(const fy_config_t *c, const char *section, const char *key, double def_s, double lo_s,
+                               double hi_s, double *out_s)
 {
     const entry_t *e = lookup(c, section, key);
     if (!e) {

@@ -107,8 +107,8 @@ fy_status_t fy_config_size(const fy_config_t *c, const char *section, const char
                            int64_t hi, int64_t *out);
 /* Seconds: a number with an optional unit us, ms, s, m (minutes) or h;
  * "250ms", "2s", "1.5m", a bare number is seconds.  Never negative. */
-fy_status_t fy_config_duration(const fy_config_t *c, const char *section, const char *key, double def_s,
-                               double lo_s, double hi_s, double *out_s);
+fy_status_t fy_config_duration(const fy_config_t *c, const char *section, const char *key, double def_s, double lo_s,
+                               double hi_s, double *out_s);
 /* The raw value (owned by c, as for fy_config_get), or def. */
 fy_status_t fy_config_string(const fy_config_t *c, const char *section, const char *key, const char *def,
                              const char **out);

@@ -26,24 +26,46 @@
 #define TIB (1024.0 * 1024.0 * MIB)
 
 /* Row makers, one per type: section, key, default, range or choices, help. */
-#define STR(s, k, d, h) {s, k, FY_CONF_STRING, d, NULL, 0, 0, NULL, h}
-#define INT(s, k, d, lo, hi, h) {s, k, FY_CONF_INT, d, NULL, lo, hi, NULL, h}
-#define FLT(s, k, d, lo, hi, h) {s, k, FY_CONF_FLOAT, d, NULL, lo, hi, NULL, h}
-#define BOOL(s, k, d, h) {s, k, FY_CONF_BOOL, d, NULL, 0, 0, NULL, h}
-#define SIZE(s, k, d, lo, hi, h) {s, k, FY_CONF_SIZE, d, NULL, lo, hi, NULL, h}
-#define DUR(s, k, d, lo, hi, h) {s, k, FY_CONF_DURATION, d, NULL, lo, hi, NULL, h}
-#define ENUM(s, k, d, ch, h) {s, k, FY_CONF_ENUM, d, NULL, 0, 0, ch, h}
+#define STR(s, k, d, h)                                                                                                \
+    {                                                                                                                  \
+        s, k, FY_CONF_STRING, d, NULL, 0, 0, NULL, h                                                                   \
+    }
+#define INT(s, k, d, lo, hi, h)                                                                                        \
+    {                                                                                                                  \
+        s, k, FY_CONF_INT, d, NULL, lo, hi, NULL, h                                                                    \
+    }
+#define FLT(s, k, d, lo, hi, h)                                                                                        \
+    {                                                                                                                  \
+        s, k, FY_CONF_FLOAT, d, NULL, lo, hi, NULL, h                                                                  \
+    }
+#define BOOL(s, k, d, h)                                                                                               \
+    {                                                                                                                  \
+        s, k, FY_CONF_BOOL, d, NULL, 0, 0, NULL, h                                                                     \
+    }
+#define SIZE(s, k, d, lo, hi, h)                                                                                       \
+    {                                                                                                                  \
+        s, k, FY_CONF_SIZE, d, NULL, lo, hi, NULL, h                                                                   \
+    }
+#define DUR(s, k, d, lo, hi, h)                                                                                        \
+    {                                                                                                                  \
+        s, k, FY_CONF_DURATION, d, NULL, lo, hi, NULL, h                                                               \
+    }
+#define ENUM(s, k, d, ch, h)                                                                                           \
+    {                                                                                                                  \
+        s, k, FY_CONF_ENUM, d, NULL, 0, 0, ch, h                                                                       \
+    }
 
 /* The keys both worker roles read from their own section. */
 #define ROLE_KEYS(S)                                                                                                   \
-    STR(S, "metrics", NULL, "GET /metrics and /health (tcp:// or http://HOST:PORT); `ferry serve` gives worker i "    \
-                            "port + i; unset or empty: none"),                                                         \
-    INT(S, "threads", "0", 0, 256, "CPU threads of the engine; 0: one per core"),                                      \
-    SIZE(S, "kv_mem", "256MiB", MIB, TIB, "device memory for the KV cache (a draft model's share included)"),          \
-    INT(S, "max_seqs", "32", 1, 1024, "sequences in the running batch at most"),                                       \
-    INT(S, "max_batch_tokens", "512", 1, 65536, "tokens per forward pass at most (raised to max_seqs if below)"),      \
-    INT(S, "max_waiting", "256", 0, 1 << 20, "requests queued in the engine before new ones are refused"),             \
-    INT(S, "ctx", "0", 0, 1 << 20, "longest sequence in tokens; 0: the model's trained context")
+    STR(S, "metrics", NULL,                                                                                            \
+        "GET /metrics and /health (tcp:// or http://HOST:PORT); `ferry serve` gives worker i "                         \
+        "port + i; unset or empty: none"),                                                                             \
+        INT(S, "threads", "0", 0, 256, "CPU threads of the engine; 0: one per core"),                                  \
+        SIZE(S, "kv_mem", "256MiB", MIB, TIB, "device memory for the KV cache (a draft model's share included)"),      \
+        INT(S, "max_seqs", "32", 1, 1024, "sequences in the running batch at most"),                                   \
+        INT(S, "max_batch_tokens", "512", 1, 65536, "tokens per forward pass at most (raised to max_seqs if below)"),  \
+        INT(S, "max_waiting", "256", 0, 1 << 20, "requests queued in the engine before new ones are refused"),         \
+        INT(S, "ctx", "0", 0, 1 << 20, "longest sequence in tokens; 0: the model's trained context")
 
 static const fy_conf_key_t KEYS[] = {
     STR("model", "path", FY_DEFAULT_MODEL_PATH,
@@ -307,8 +329,8 @@ void fy_conf_print(const fy_config_t *c, FILE *f)
         char line[FY_CONFIG_MAX_LINE + 8], note[160];
         bool tight = v && strlen(k->key) + 3 + strlen(v) > FY_CONFIG_MAX_LINE; /* as fy_config_write */
         if (v)
-            snprintf(line, sizeof(line), "%s%s=%s%s", k->key, tight ? "" : " ", v[0] == ';' || !v[0] || tight ? "" : " ",
-                     v);
+            snprintf(line, sizeof(line), "%s%s=%s%s", k->key, tight ? "" : " ",
+                     v[0] == ';' || !v[0] || tight ? "" : " ", v);
         else
             snprintf(line, sizeof(line), "; %s =", k->key);
         snprintf(note, sizeof(note), "%s%s%s", v ? "" : "unset (", origin, v ? "" : ")");

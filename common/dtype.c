@@ -46,8 +46,7 @@ fy_status_t fy_dtype_row_bytes(fy_dtype_t dtype, int64_t n, size_t *bytes_p)
     const fy_dtype_info_t *info = fy_dtype_info(dtype);
     if (!info || n < 0 || n % info->block_elems != 0) return FY_ERR_INVALID;
     size_t bytes;
-    if (!fy_mul_size((size_t)(n / info->block_elems), (size_t)info->block_bytes, &bytes))
-        return FY_ERR_INVALID;
+    if (!fy_mul_size((size_t)(n / info->block_elems), (size_t)info->block_bytes, &bytes)) return FY_ERR_INVALID;
     *bytes_p = bytes;
     return FY_OK;
 }

@@ -35,8 +35,8 @@ typedef enum fy_dtype {
 #define FY_QK 32 /* elements per quantized block */
 
 typedef struct fy_block_q8_0 {
-    uint16_t d;        /* fp16 scale */
-    int8_t qs[FY_QK];  /* x = d * q */
+    uint16_t d;       /* fp16 scale */
+    int8_t qs[FY_QK]; /* x = d * q */
 } fy_block_q8_0_t;
 
 typedef struct fy_block_q4_0 {
@@ -56,8 +56,8 @@ _Static_assert(sizeof(fy_block_q4_1_t) == 20, "q4_1 block is 20 bytes");
 
 typedef struct fy_dtype_info {
     const char *name;
-    int block_elems;  /* elements per block (1 for plain types) */
-    int block_bytes;  /* bytes per block */
+    int block_elems; /* elements per block (1 for plain types) */
+    int block_bytes; /* bytes per block */
 } fy_dtype_info_t;
 
 const fy_dtype_info_t *fy_dtype_info(fy_dtype_t dtype);
@@ -176,8 +176,8 @@ static inline uint8_t fy_fp32_to_fp8(float f)
     x &= 0x7fffffffu;
     if (x > 0x7f800000u) return (uint8_t)(sign | 0x7f);  /* NaN */
     if (x >= 0x43e00000u) return (uint8_t)(sign | 0x7e); /* >= 448, inf: saturate */
-    if (x < 0x3c800000u) {                                /* below 2^-6: subnormal, m * 2^-9 */
-        float q = fy_fp32_from_bits(x) * 512.0f;          /* exact, < 8 */
+    if (x < 0x3c800000u) {                               /* below 2^-6: subnormal, m * 2^-9 */
+        float q = fy_fp32_from_bits(x) * 512.0f;         /* exact, < 8 */
         int qi = (int)q;
         float fr = q - (float)qi;
         if (fr > 0.5f || (fr == 0.5f && (qi & 1))) qi++;

@@ -74,8 +74,8 @@ uint64_t fy_env_random_id(void)
     return v;
 }
 
-fy_status_t fy_env_auth_init(fy_env_auth_t *a, const uint8_t *secret, size_t len, fy_env_role_t role,
-                             const char *name, uint64_t inc)
+fy_status_t fy_env_auth_init(fy_env_auth_t *a, const uint8_t *secret, size_t len, fy_env_role_t role, const char *name,
+                             uint64_t inc)
 {
     if (len < 16 || len > 64) {
         fy_error("auth: the deployment's secret must be 16 to 64 bytes, not %zu", len);
@@ -335,8 +335,14 @@ fy_env_fault_t fy_env_guard_admit(fy_env_guard_t *g, const fy_env_hdr_t *h, uint
         } else {
             i = slot_take(g);
             chan_ent_t *e = &g->ents[i];
-            *e = (chan_ent_t){.chan = h->chan, .inc = h->inc, .role = (uint8_t)h->role, .top = h->seq, .bits = 1,
-                              .last_ts = h->ts_ms, .used = ++g->clock, .next = g->buckets[b]};
+            *e = (chan_ent_t){.chan = h->chan,
+                              .inc = h->inc,
+                              .role = (uint8_t)h->role,
+                              .top = h->seq,
+                              .bits = 1,
+                              .last_ts = h->ts_ms,
+                              .used = ++g->clock,
+                              .next = g->buckets[b]};
             memcpy(e->name_digest, dig, sizeof(dig));
             g->buckets[b] = i;
         }

@@ -35,7 +35,7 @@
 #define FY_ENV_VERSION 1
 #define FY_ENV_KEY_BYTES 32
 #define FY_ENV_TAG_BYTES 16
-#define FY_ENV_NAME_MAX 63   /* bytes of a sender's name, printable ASCII */
+#define FY_ENV_NAME_MAX 63    /* bytes of a sender's name, printable ASCII */
 #define FY_ENV_MAX_HEADER 160 /* bytes before the payload, at most */
 #define FY_ENV_WINDOW 64      /* sequence numbers a channel may arrive out of order by */
 #define FY_ENV_SKEW_MS 2000   /* clock difference between hosts tolerated */
@@ -88,8 +88,8 @@ typedef struct fy_env_auth {
 /* Derives the control-plane key from the deployment's secret (16 to 64
  * bytes, as kv.secret_file holds) and fills a: role, name (printable
  * ASCII, 1 to 63 bytes) and inc (0: a random one). */
-fy_status_t fy_env_auth_init(fy_env_auth_t *a, const uint8_t *secret, size_t len, fy_env_role_t role,
-                             const char *name, uint64_t inc);
+fy_status_t fy_env_auth_init(fy_env_auth_t *a, const uint8_t *secret, size_t len, fy_env_role_t role, const char *name,
+                             uint64_t inc);
 void fy_env_auth_wipe(fy_env_auth_t *a);
 
 /* One envelope's header, as written or as read. */

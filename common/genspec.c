@@ -80,8 +80,7 @@ void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap)
     }
     g->ignore_eos = fy_msgr_bool(r, "ignore_eos", FY_OPT, g->ignore_eos);
     g->logprobs = fy_msgr_bool(r, "logprobs", FY_OPT, g->logprobs);
-    g->priority =
-        (int32_t)fy_msgr_i64(r, "priority", FY_OPT, g->priority, -FY_GEN_PRIORITY_MAX, FY_GEN_PRIORITY_MAX);
+    g->priority = (int32_t)fy_msgr_i64(r, "priority", FY_OPT, g->priority, -FY_GEN_PRIORITY_MAX, FY_GEN_PRIORITY_MAX);
     if (fy_msgr_has(r, "spec")) {
         char buf[16];
         fy_msgr_str(r, "spec", FY_OPT, NULL, buf, sizeof(buf));
@@ -105,7 +104,8 @@ fy_status_t fy_genspec_check(const fy_genspec_t *g, int32_t max_tokens_cap, cons
                  (double)FY_GEN_TEMPERATURE_MAX);
     } else if (!(s->top_p >= FY_GEN_TOP_P_MIN && s->top_p <= 1)) {
         f = "top_p";
-        snprintf(err, err_cap, "'top_p' is %g; it must be between %g and 1", (double)s->top_p, (double)FY_GEN_TOP_P_MIN);
+        snprintf(err, err_cap, "'top_p' is %g; it must be between %g and 1", (double)s->top_p,
+                 (double)FY_GEN_TOP_P_MIN);
     } else if (s->top_k < 0 || s->top_k > FY_GEN_TOP_K_MAX) {
         f = "top_k";
         snprintf(err, err_cap, "'top_k' is %d; it must be between 0 (off) and %d", s->top_k, FY_GEN_TOP_K_MAX);

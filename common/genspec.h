@@ -28,7 +28,7 @@
  */
 #define FY_GEN_TEMPERATURE_MAX 100.0f
 #define FY_GEN_TOP_P_MIN 1e-6f
-#define FY_GEN_TOP_K_MAX (1 << 24) /* 0: off */
+#define FY_GEN_TOP_K_MAX (1 << 24)  /* 0: off */
 #define FY_GEN_PRIORITY_MAX 1000000 /* and -FY_GEN_PRIORITY_MAX */
 
 /* Speculative decoding, as a request asks for it (engine/spec.h has the rest). */

@@ -31,10 +31,7 @@ void fy_log_set_sink(fy_log_sink_fn sink, void *arg)
     pthread_mutex_unlock(&g_sink_mu);
 }
 
-void fy_log_set_prefix(const char *prefix)
-{
-    snprintf(g_prefix, sizeof(g_prefix), "%s", prefix ? prefix : "");
-}
+void fy_log_set_prefix(const char *prefix) { snprintf(g_prefix, sizeof(g_prefix), "%s", prefix ? prefix : ""); }
 
 static const char *level_name(fy_log_level_t level)
 {

@@ -34,15 +34,14 @@ void fy_log_set_sink(fy_log_sink_fn sink, void *arg);
  * NULL: the program's name again. */
 void fy_log_set_prefix(const char *prefix);
 
-void fy_log(fy_log_level_t level, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+void fy_log(fy_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #define fy_error(...) fy_log(FY_LOG_ERROR, __VA_ARGS__)
 #define fy_warn(...) fy_log(FY_LOG_WARN, __VA_ARGS__)
 #define fy_info(...) fy_log(FY_LOG_INFO, __VA_ARGS__)
-#define fy_debug(...)                                                          \
-    do {                                                                       \
-        if (fy_log_get_level() >= FY_LOG_DEBUG) fy_log(FY_LOG_DEBUG, __VA_ARGS__); \
+#define fy_debug(...)                                                                                                  \
+    do {                                                                                                               \
+        if (fy_log_get_level() >= FY_LOG_DEBUG) fy_log(FY_LOG_DEBUG, __VA_ARGS__);                                     \
     } while (0)
 
 #endif /* FY_LOG_H */

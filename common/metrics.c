@@ -38,7 +38,7 @@ typedef struct family {
 
 struct fy_metric {
     family_t *fam;
-    char *labels; /* rendered and escaped: k1="v1",k2="v2" (empty when none) */
+    char *labels;          /* rendered and escaped: k1="v1",k2="v2" (empty when none) */
     _Atomic uint64_t bits; /* counters and gauges: the value's bits */
     pthread_mutex_t mu;    /* histograms */
     uint64_t *buckets;     /* [n_bounds + 1] non-cumulative; the last is +Inf */
@@ -57,8 +57,8 @@ struct fy_metrics {
 const double fy_metrics_ttft_buckets[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
                                           1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
 const int fy_metrics_n_ttft_buckets = (int)(sizeof(fy_metrics_ttft_buckets) / sizeof(double));
-const double fy_metrics_itl_buckets[] = {0.01, 0.025, 0.05, 0.075, 0.1,  0.15, 0.2,  0.3,  0.4, 0.5,
-                                         0.75, 1.0,   2.5,  5.0,   7.5,  10.0, 20.0, 40.0, 80.0};
+const double fy_metrics_itl_buckets[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+                                         0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
 const int fy_metrics_n_itl_buckets = (int)(sizeof(fy_metrics_itl_buckets) / sizeof(double));
 const double fy_metrics_e2e_buckets[] = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
                                          30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
@@ -365,8 +365,7 @@ void fy_metric_add(fy_metric_t *m, double v)
     if (!m || m->fam->kind == KIND_HISTOGRAM || (m->fam->kind == KIND_COUNTER && !(v >= 0))) return;
     uint64_t old = atomic_load_explicit(&m->bits, memory_order_relaxed);
     while (!atomic_compare_exchange_weak_explicit(&m->bits, &old, d2u(u2d(old) + v), memory_order_relaxed,
-                                                  memory_order_relaxed)) {
-    }
+                                                  memory_order_relaxed)) {}
 }
 
 void fy_metric_set(fy_metric_t *m, double v)

@@ -75,11 +75,11 @@ fy_status_t fy_metrics_render(fy_metrics_t *reg, char **text_p, size_t *len_p);
 #define FY_METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 
 /* vLLM's bucket bounds, in seconds. */
-extern const double fy_metrics_ttft_buckets[];  /* time to first token */
+extern const double fy_metrics_ttft_buckets[]; /* time to first token */
 extern const int fy_metrics_n_ttft_buckets;
-extern const double fy_metrics_itl_buckets[];   /* inter-token latency */
+extern const double fy_metrics_itl_buckets[]; /* inter-token latency */
 extern const int fy_metrics_n_itl_buckets;
-extern const double fy_metrics_e2e_buckets[];   /* whole requests, queue time, transfers */
+extern const double fy_metrics_e2e_buckets[]; /* whole requests, queue time, transfers */
 extern const int fy_metrics_n_e2e_buckets;
 
 #endif /* FY_METRICS_H */

@@ -242,22 +242,27 @@ static size_t scan(const unsigned char *buf, size_t len, char *msg, size_t cap)
         } else {
             int w = 0; /* width of the length or count field */
             switch (c) {
-            case 0xc4: case 0xd9: w = 1; break;
-            case 0xc5: case 0xda: w = 2; break;
-            case 0xc6: case 0xdb: w = 4; break;
+            case 0xc4:
+            case 0xd9: w = 1; break;
+            case 0xc5:
+            case 0xda: w = 2; break;
+            case 0xc6:
+            case 0xdb: w = 4; break;
             case 0xca: n = 4; break;
             case 0xcb: n = 8; break;
-            case 0xcc: case 0xd0: n = 1; break;
-            case 0xcd: case 0xd1: n = 2; break;
-            case 0xce: case 0xd2: n = 4; break;
-            case 0xcf: case 0xd3: n = 8; break;
+            case 0xcc:
+            case 0xd0: n = 1; break;
+            case 0xcd:
+            case 0xd1: n = 2; break;
+            case 0xce:
+            case 0xd2: n = 4; break;
+            case 0xcf:
+            case 0xd3: n = 8; break;
             case 0xdc: container = true, w = 2; break;
             case 0xdd: container = true, w = 4; break;
             case 0xde: container = true, w = 2; break;
             case 0xdf: container = true, w = 4; break;
-            default:
-                snprintf(msg, cap, "byte %zu: type 0x%02x is not used by the protocol", off - 1, c);
-                return 0;
+            default: snprintf(msg, cap, "byte %zu: type 0x%02x is not used by the protocol", off - 1, c); return 0;
             }
             if (w) {
                 if (len - off < (size_t)w) goto truncated;
@@ -271,8 +276,8 @@ static size_t scan(const unsigned char *buf, size_t len, char *msg, size_t cap)
         }
         if (container) {
             if (elems > len - off) {
-                snprintf(msg, cap, "byte %zu: %llu elements claimed, %zu bytes left", off,
-                         (unsigned long long)elems, len - off);
+                snprintf(msg, cap, "byte %zu: %llu elements claimed, %zu bytes left", off, (unsigned long long)elems,
+                         len - off);
                 return 0;
             }
             if (elems) {
@@ -645,16 +650,15 @@ int32_t fy_msgr_f32s(fy_msgr_t *r, const char *key, fy_msg_need_t need, float *o
     return (int32_t)a->size;
 }
 
-int32_t fy_msgr_strs(fy_msgr_t *r, const char *key, fy_msg_need_t need, const char **out, size_t *lens,
-                     int32_t cap, size_t max_len)
+int32_t fy_msgr_strs(fy_msgr_t *r, const char *key, fy_msg_need_t need, const char **out, size_t *lens, int32_t cap,
+                     size_t max_len)
 {
     const msgpack_object_array *a = get_array(r, key, need, cap);
     if (!a) return 0;
     for (uint32_t i = 0; i < a->size; i++) {
         const msgpack_object *o = &a->ptr[i];
         if (o->type != MSGPACK_OBJECT_STR || o->via.str.size > max_len || o->via.str.size == 0) {
-            fy_msgr_fail(r, FY_ERR_FORMAT, "field '%s': entry %u must be a string of 1 to %zu bytes", key, i,
-                         max_len);
+            fy_msgr_fail(r, FY_ERR_FORMAT, "field '%s': entry %u must be a string of 1 to %zu bytes", key, i, max_len);
             return 0;
         }
         out[i] = o->via.str.ptr;

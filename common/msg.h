@@ -25,9 +25,9 @@
 #include "status.h"
 
 #define FY_PROTO_VERSION 1
-#define FY_MSG_MAX_DEPTH 8  /* nesting of maps and arrays */
-#define FY_MSG_MAX_KEYS 64  /* entries in one map */
-#define FY_MSG_TYPE_MAX 32  /* bytes of a type name */
+#define FY_MSG_MAX_DEPTH 8 /* nesting of maps and arrays */
+#define FY_MSG_MAX_KEYS 64 /* entries in one map */
+#define FY_MSG_TYPE_MAX 32 /* bytes of a type name */
 #define FY_MSG_ERR_MAX 256
 
 /* ---- writing ------------------------------------------------------------------------------ */
@@ -122,8 +122,8 @@ int32_t fy_msgr_u64s(fy_msgr_t *r, const char *key, fy_msg_need_t need, uint64_t
 int32_t fy_msgr_f32s(fy_msgr_t *r, const char *key, fy_msg_need_t need, float *out, int32_t cap);
 /* An array of strings: at most cap, each at most max_len bytes; pointers
  * into the message (valid until fy_msgr_free) with their lengths. */
-int32_t fy_msgr_strs(fy_msgr_t *r, const char *key, fy_msg_need_t need, const char **out, size_t *lens,
-                     int32_t cap, size_t max_len);
+int32_t fy_msgr_strs(fy_msgr_t *r, const char *key, fy_msg_need_t need, const char **out, size_t *lens, int32_t cap,
+                     size_t max_len);
 /* Reads the following fields from the nested map under key; false (and,
  * when required, an error) if it is absent or not a map. */
 bool fy_msgr_enter(fy_msgr_t *r, const char *key, fy_msg_need_t need);

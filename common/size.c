@@ -21,10 +21,24 @@ fy_status_t fy_parse_size(const char *what, const char *s, int64_t *bytes_p)
         const char *suffix;
         double mult;
     } units[] = {
-        {"", 1},      {"B", 1},       {"K", 1e3},        {"KB", 1e3},        {"M", 1e6},        {"MB", 1e6},
-        {"G", 1e9},   {"GB", 1e9},    {"T", 1e12},       {"TB", 1e12},       {"Ki", 1024.0},    {"KiB", 1024.0},
-        {"Mi", 1048576.0}, {"MiB", 1048576.0}, {"Gi", 1073741824.0}, {"GiB", 1073741824.0},
-        {"Ti", 1099511627776.0}, {"TiB", 1099511627776.0},
+        {"", 1},
+        {"B", 1},
+        {"K", 1e3},
+        {"KB", 1e3},
+        {"M", 1e6},
+        {"MB", 1e6},
+        {"G", 1e9},
+        {"GB", 1e9},
+        {"T", 1e12},
+        {"TB", 1e12},
+        {"Ki", 1024.0},
+        {"KiB", 1024.0},
+        {"Mi", 1048576.0},
+        {"MiB", 1048576.0},
+        {"Gi", 1073741824.0},
+        {"GiB", 1073741824.0},
+        {"Ti", 1099511627776.0},
+        {"TiB", 1099511627776.0},
     };
     for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
         if (strcmp(end, units[i].suffix)) continue;

@@ -27,16 +27,16 @@ typedef enum kind {
     K_I32,     /* int32_t, written as an integer */
     K_F64,     /* double */
     K_BOOL,
-    K_STR,   /* char[size]: a string of at most size - 1 bytes without NUL */
-    K_TEXT,  /* const char * and size_t: a string (or bytes) in the message, written as a string */
-    K_BIN,   /* const void * and size_t: bytes (or a string), written as bytes */
-    K_I32S,  /* int32_t * (or int32_t[cap] inline) and an int32_t count */
-    K_U64S,  /* uint64_t * (or inline) and a count */
-    K_F32S,  /* float * and a count */
-    K_STRS,  /* char[cap][len] inline and a count: strings of 1 to len - 1 bytes */
-    K_MAP,   /* a nested map: the struct at off, its fields in sub */
-    K_HDR,   /* a header: the fields of sub at off, in this map */
-    K_GEN,   /* fy_genspec_t: genspec.c's fields, in this map */
+    K_STR,  /* char[size]: a string of at most size - 1 bytes without NUL */
+    K_TEXT, /* const char * and size_t: a string (or bytes) in the message, written as a string */
+    K_BIN,  /* const void * and size_t: bytes (or a string), written as bytes */
+    K_I32S, /* int32_t * (or int32_t[cap] inline) and an int32_t count */
+    K_U64S, /* uint64_t * (or inline) and a count */
+    K_F32S, /* float * and a count */
+    K_STRS, /* char[cap][len] inline and a count: strings of 1 to len - 1 bytes */
+    K_MAP,  /* a nested map: the struct at off, its fields in sub */
+    K_HDR,  /* a header: the fields of sub at off, in this map */
+    K_GEN,  /* fy_genspec_t: genspec.c's fields, in this map */
 } kind_t;
 
 typedef enum put {
@@ -90,49 +90,91 @@ struct fy_wire_schema {
 /* put = WHEN(T, has_x): written when m->has_x */
 #define WHEN(T, h) P_HAS, .has = OFF(T, h)
 
-#define U64(T, nm, m, nd, pt, lo, hi) \
-    {.name = nm, .kind = K_U64, .need = nd, .put = pt, .off = OFF(T, m), .ulo = lo, .uhi = hi}
-#define I64(T, nm, m, nd, pt, lo, hi) \
-    {.name = nm, .kind = K_I64, .need = nd, .put = pt, .off = OFF(T, m), .ilo = lo, .ihi = hi}
-#define I32(T, nm, m, nd, pt, lo, hi) \
-    {.name = nm, .kind = K_I32, .need = nd, .put = pt, .off = OFF(T, m), .ilo = lo, .ihi = hi}
+#define U64(T, nm, m, nd, pt, lo, hi)                                                                                  \
+    {                                                                                                                  \
+        .name = nm, .kind = K_U64, .need = nd, .put = pt, .off = OFF(T, m), .ulo = lo, .uhi = hi                       \
+    }
+#define I64(T, nm, m, nd, pt, lo, hi)                                                                                  \
+    {                                                                                                                  \
+        .name = nm, .kind = K_I64, .need = nd, .put = pt, .off = OFF(T, m), .ilo = lo, .ihi = hi                       \
+    }
+#define I32(T, nm, m, nd, pt, lo, hi)                                                                                  \
+    {                                                                                                                  \
+        .name = nm, .kind = K_I32, .need = nd, .put = pt, .off = OFF(T, m), .ilo = lo, .ihi = hi                       \
+    }
 /* hi narrowed by the reader's lim (l: a lim_ref_t) */
-#define I32_LIM(T, nm, m, nd, pt, lo, hi, l) \
-    {.name = nm, .kind = K_I32, .need = nd, .put = pt, .off = OFF(T, m), .ilo = lo, .ihi = hi, .lim = l}
-#define F64(T, nm, m, nd, pt, lo, hi) \
-    {.name = nm, .kind = K_F64, .need = nd, .put = pt, .off = OFF(T, m), .dlo = lo, .dhi = hi}
-#define BOOL(T, nm, m, nd, pt) {.name = nm, .kind = K_BOOL, .need = nd, .put = pt, .off = OFF(T, m)}
-#define STR(T, nm, m, nd, pt) \
-    {.name = nm, .kind = K_STR, .need = nd, .put = pt, .off = OFF(T, m), .cap = (int64_t)MSIZE(T, m)}
-#define TEXT(T, nm, m, n, nd, pt, max) \
-    {.name = nm, .kind = K_TEXT, .need = nd, .put = pt, .off = OFF(T, m), .aux = OFF(T, n), .cap = max}
-#define BIN(T, nm, m, n, nd, pt, max) \
-    {.name = nm, .kind = K_BIN, .need = nd, .put = pt, .off = OFF(T, m), .aux = OFF(T, n), .cap = max}
-#define I32S(T, nm, m, n, nd, pt, lo, hi, max)                                                                 \
-    {.name = nm, .kind = K_I32S, .need = nd, .put = pt, .off = OFF(T, m), .aux = OFF(T, n), .ilo = lo, .ihi = hi, \
-     .cap = max}
+#define I32_LIM(T, nm, m, nd, pt, lo, hi, l)                                                                           \
+    {                                                                                                                  \
+        .name = nm, .kind = K_I32, .need = nd, .put = pt, .off = OFF(T, m), .ilo = lo, .ihi = hi, .lim = l             \
+    }
+#define F64(T, nm, m, nd, pt, lo, hi)                                                                                  \
+    {                                                                                                                  \
+        .name = nm, .kind = K_F64, .need = nd, .put = pt, .off = OFF(T, m), .dlo = lo, .dhi = hi                       \
+    }
+#define BOOL(T, nm, m, nd, pt)                                                                                         \
+    {                                                                                                                  \
+        .name = nm, .kind = K_BOOL, .need = nd, .put = pt, .off = OFF(T, m)                                            \
+    }
+#define STR(T, nm, m, nd, pt)                                                                                          \
+    {                                                                                                                  \
+        .name = nm, .kind = K_STR, .need = nd, .put = pt, .off = OFF(T, m), .cap = (int64_t)MSIZE(T, m)                \
+    }
+#define TEXT(T, nm, m, n, nd, pt, max)                                                                                 \
+    {                                                                                                                  \
+        .name = nm, .kind = K_TEXT, .need = nd, .put = pt, .off = OFF(T, m), .aux = OFF(T, n), .cap = max              \
+    }
+#define BIN(T, nm, m, n, nd, pt, max)                                                                                  \
+    {                                                                                                                  \
+        .name = nm, .kind = K_BIN, .need = nd, .put = pt, .off = OFF(T, m), .aux = OFF(T, n), .cap = max               \
+    }
+#define I32S(T, nm, m, n, nd, pt, lo, hi, max)                                                                         \
+    {                                                                                                                  \
+        .name = nm, .kind = K_I32S, .need = nd, .put = pt, .off = OFF(T, m), .aux = OFF(T, n), .ilo = lo, .ihi = hi,   \
+        .cap = max                                                                                                     \
+    }
 /* hi and cap narrowed by the reader's lim */
-#define I32S_LIM(T, nm, m, n, nd, pt, lo, hi, max, l, lc)                                                      \
-    {.name = nm, .kind = K_I32S, .need = nd, .put = pt, .off = OFF(T, m), .aux = OFF(T, n), .ilo = lo, .ihi = hi, \
-     .cap = max, .lim = l, .limcap = lc}
+#define I32S_LIM(T, nm, m, n, nd, pt, lo, hi, max, l, lc)                                                              \
+    {                                                                                                                  \
+        .name = nm, .kind = K_I32S, .need = nd, .put = pt, .off = OFF(T, m), .aux = OFF(T, n), .ilo = lo, .ihi = hi,   \
+        .cap = max, .lim = l, .limcap = lc                                                                             \
+    }
 /* an int32 array inside the struct: its size is the cap */
-#define I32S_IN(T, nm, m, n, nd, pt, lo, hi)                                                                   \
-    {.name = nm, .kind = K_I32S, .need = nd, .put = pt, .off = OFF(T, m), .aux = OFF(T, n), .ilo = lo, .ihi = hi, \
-     .cap = (int64_t)(MSIZE(T, m) / sizeof(int32_t)), .inl = true}
-#define U64S(T, nm, m, n, nd, pt, max) \
-    {.name = nm, .kind = K_U64S, .need = nd, .put = pt, .off = OFF(T, m), .aux = OFF(T, n), .cap = max}
-#define U64S_IN(T, nm, m, n, nd, pt)                                                                  \
-    {.name = nm, .kind = K_U64S, .need = nd, .put = pt, .off = OFF(T, m), .aux = OFF(T, n),          \
-     .cap = (int64_t)(MSIZE(T, m) / sizeof(uint64_t)), .inl = true}
-#define F32S(T, nm, m, n, nd, pt, max) \
-    {.name = nm, .kind = K_F32S, .need = nd, .put = pt, .off = OFF(T, m), .aux = OFF(T, n), .cap = max}
-#define STRS_IN(T, nm, m, n, nd, pt)                                                                 \
-    {.name = nm, .kind = K_STRS, .need = nd, .put = pt, .off = OFF(T, m), .aux = OFF(T, n),         \
-     .cap = (int64_t)(MSIZE(T, m) / MSIZE(T, m[0])), .len = (int64_t)MSIZE(T, m[0]), .inl = true}
-#define MAP(T, nm, m, nd, pt, tab) \
-    {.name = nm, .kind = K_MAP, .need = nd, .put = pt, .off = OFF(T, m), .sub = tab, .n_sub = (int32_t)FY_ARRAY_LEN(tab)}
-#define HDR(T, m, tab) {.name = "", .kind = K_HDR, .off = OFF(T, m), .sub = tab, .n_sub = (int32_t)FY_ARRAY_LEN(tab)}
-#define GEN(T, m) {.name = "", .kind = K_GEN, .off = OFF(T, m)}
+#define I32S_IN(T, nm, m, n, nd, pt, lo, hi)                                                                           \
+    {                                                                                                                  \
+        .name = nm, .kind = K_I32S, .need = nd, .put = pt, .off = OFF(T, m), .aux = OFF(T, n), .ilo = lo, .ihi = hi,   \
+        .cap = (int64_t)(MSIZE(T, m) / sizeof(int32_t)), .inl = true                                                   \
+    }
+#define U64S(T, nm, m, n, nd, pt, max)                                                                                 \
+    {                                                                                                                  \
+        .name = nm, .kind = K_U64S, .need = nd, .put = pt, .off = OFF(T, m), .aux = OFF(T, n), .cap = max              \
+    }
+#define U64S_IN(T, nm, m, n, nd, pt)                                                                                   \
+    {                                                                                                                  \
+        .name = nm, .kind = K_U64S, .need = nd, .put = pt, .off = OFF(T, m), .aux = OFF(T, n),                         \
+        .cap = (int64_t)(MSIZE(T, m) / sizeof(uint64_t)), .inl = true                                                  \
+    }
+#define F32S(T, nm, m, n, nd, pt, max)                                                                                 \
+    {                                                                                                                  \
+        .name = nm, .kind = K_F32S, .need = nd, .put = pt, .off = OFF(T, m), .aux = OFF(T, n), .cap = max              \
+    }
+#define STRS_IN(T, nm, m, n, nd, pt)                                                                                   \
+    {                                                                                                                  \
+        .name = nm, .kind = K_STRS, .need = nd, .put = pt, .off = OFF(T, m), .aux = OFF(T, n),                         \
+        .cap = (int64_t)(MSIZE(T, m) / MSIZE(T, m[0])), .len = (int64_t)MSIZE(T, m[0]), .inl = true                    \
+    }
+#define MAP(T, nm, m, nd, pt, tab)                                                                                     \
+    {                                                                                                                  \
+        .name = nm, .kind = K_MAP, .need = nd, .put = pt, .off = OFF(T, m), .sub = tab,                                \
+        .n_sub = (int32_t)FY_ARRAY_LEN(tab)                                                                            \
+    }
+#define HDR(T, m, tab)                                                                                                 \
+    {                                                                                                                  \
+        .name = "", .kind = K_HDR, .off = OFF(T, m), .sub = tab, .n_sub = (int32_t)FY_ARRAY_LEN(tab)                   \
+    }
+#define GEN(T, m)                                                                                                      \
+    {                                                                                                                  \
+        .name = "", .kind = K_GEN, .off = OFF(T, m)                                                                    \
+    }
 
 /* ids the router hands out start at 1; the router tries a request at most 1000 times */
 #define MAX_ARRAY (1 << 20)
@@ -263,9 +305,9 @@ static const field_t ERROR_REPLY[] = {
 
 /* router -> decode worker */
 #define T fy_wire_reserve_t
-#define RESERVE_FIELDS                                                                                           \
-    HDR(T, cmd, CMD), U64(T, "id", id, FY_REQ, P_ALWAYS, 1, UINT64_MAX), STR(T, "tenant", tenant, FY_OPT, P_ALWAYS),        \
-        I32S_LIM(T, "tokens", tokens, n_tokens, FY_REQ, P_ALWAYS, 0, INT32_MAX, MAX_ARRAY, L_TOKEN, L_MAX_PROMPT), \
+#define RESERVE_FIELDS                                                                                                 \
+    HDR(T, cmd, CMD), U64(T, "id", id, FY_REQ, P_ALWAYS, 1, UINT64_MAX), STR(T, "tenant", tenant, FY_OPT, P_ALWAYS),   \
+        I32S_LIM(T, "tokens", tokens, n_tokens, FY_REQ, P_ALWAYS, 0, INT32_MAX, MAX_ARRAY, L_TOKEN, L_MAX_PROMPT),     \
         GEN(T, gen)
 static const field_t RESERVE[] = {
     RESERVE_FIELDS,
@@ -520,8 +562,7 @@ static void check_reserved(fy_msgr_t *r, const fy_wire_lim_t *lim, const void *p
     if (!lim || lim->n_prompt < 1 || lim->block_size < 1) return; /* the prompt is not known */
     int32_t n = blocks_of(lim->n_prompt, lim->block_size);
     if (m->n_blocks != n - m->first_block)
-        fy_msgr_fail(r, FY_ERR_FORMAT, "%d blocks from block %d for a %d-block prompt", m->n_blocks, m->first_block,
-                     n);
+        fy_msgr_fail(r, FY_ERR_FORMAT, "%d blocks from block %d for a %d-block prompt", m->n_blocks, m->first_block, n);
 }
 
 static void check_prefilled(fy_msgr_t *r, const fy_wire_lim_t *lim, const void *p)
@@ -532,9 +573,13 @@ static void check_prefilled(fy_msgr_t *r, const fy_wire_lim_t *lim, const void *
 
 /* ---- schemas ------------------------------------------------------------------------------------------- */
 
-#define SCHEMA(nm, ty, rt, T, tab, chk)                                                                            \
-    const fy_wire_schema_t fy_wire_##nm##_schema = {.type = ty, .name = #nm, .route = rt, .fields = tab,            \
-                                                    .n_fields = (int32_t)FY_ARRAY_LEN(tab), .size = sizeof(T),      \
+#define SCHEMA(nm, ty, rt, T, tab, chk)                                                                                \
+    const fy_wire_schema_t fy_wire_##nm##_schema = {.type = ty,                                                        \
+                                                    .name = #nm,                                                       \
+                                                    .route = rt,                                                       \
+                                                    .fields = tab,                                                     \
+                                                    .n_fields = (int32_t)FY_ARRAY_LEN(tab),                            \
+                                                    .size = sizeof(T),                                                 \
                                                     .check = chk}
 
 #define C2R "client → router"
@@ -577,13 +622,13 @@ SCHEMA(lease_expired, "lease_expired", D2R, fy_wire_lease_expired_t, LEASE_EXPIR
 SCHEMA(ev_error, "error", W2R, fy_wire_ev_error_t, EV_ERROR, NULL);
 
 const fy_wire_schema_t *const fy_wire_all[] = {
-    &fy_wire_generate_schema,  &fy_wire_poll_schema,      &fy_wire_cancel_schema,       &fy_wire_status_schema,
-    &fy_wire_accepted_schema,  &fy_wire_events_schema,    &fy_wire_cancelled_schema,    &fy_wire_status_reply_schema,
-    &fy_wire_error_schema,     &fy_wire_reserve_schema,   &fy_wire_renew_schema,        &fy_wire_adopt_schema,
-    &fy_wire_cmd_generate_schema, &fy_wire_release_schema, &fy_wire_prefill_schema,     &fy_wire_extend_schema,
-    &fy_wire_cmd_cancel_schema, &fy_wire_load_schema,     &fy_wire_alive_schema,        &fy_wire_progress_schema,
-    &fy_wire_reserved_schema,  &fy_wire_renewed_schema,   &fy_wire_adopted_schema,      &fy_wire_ev_accepted_schema,
-    &fy_wire_prefilled_schema, &fy_wire_token_schema,     &fy_wire_finish_schema,       &fy_wire_lease_expired_schema,
+    &fy_wire_generate_schema,     &fy_wire_poll_schema,    &fy_wire_cancel_schema,    &fy_wire_status_schema,
+    &fy_wire_accepted_schema,     &fy_wire_events_schema,  &fy_wire_cancelled_schema, &fy_wire_status_reply_schema,
+    &fy_wire_error_schema,        &fy_wire_reserve_schema, &fy_wire_renew_schema,     &fy_wire_adopt_schema,
+    &fy_wire_cmd_generate_schema, &fy_wire_release_schema, &fy_wire_prefill_schema,   &fy_wire_extend_schema,
+    &fy_wire_cmd_cancel_schema,   &fy_wire_load_schema,    &fy_wire_alive_schema,     &fy_wire_progress_schema,
+    &fy_wire_reserved_schema,     &fy_wire_renewed_schema, &fy_wire_adopted_schema,   &fy_wire_ev_accepted_schema,
+    &fy_wire_prefilled_schema,    &fy_wire_token_schema,   &fy_wire_finish_schema,    &fy_wire_lease_expired_schema,
     &fy_wire_ev_error_schema,
 };
 const int32_t fy_wire_n_all = (int32_t)FY_ARRAY_LEN(fy_wire_all);
@@ -713,7 +758,10 @@ typedef struct reader {
     int32_t n_tokens; /* of the last "tokens" array read (L_MSG_NBLOCKS) */
 } reader_t;
 
-static size_t elem_size(kind_t k) { return k == K_U64S ? sizeof(uint64_t) : k == K_F32S ? sizeof(float) : sizeof(int32_t); }
+static size_t elem_size(kind_t k)
+{
+    return k == K_U64S ? sizeof(uint64_t) : k == K_F32S ? sizeof(float) : sizeof(int32_t);
+}
 
 static void read_array(reader_t *c, const field_t *f, char *m)
 {
@@ -740,7 +788,9 @@ static void read_array(reader_t *c, const field_t *f, char *m)
     }
     int32_t got = 0;
     switch (f->kind) {
-    case K_I32S: got = fy_msgr_i32s(r, f->name, f->need, buf, (int32_t)cap, (int32_t)f->ilo, (int32_t)ihi_of(f, c->lim)); break;
+    case K_I32S:
+        got = fy_msgr_i32s(r, f->name, f->need, buf, (int32_t)cap, (int32_t)f->ilo, (int32_t)ihi_of(f, c->lim));
+        break;
     case K_U64S: got = fy_msgr_u64s(r, f->name, f->need, buf, (int32_t)cap); break;
     case K_F32S: got = fy_msgr_f32s(r, f->name, f->need, buf, (int32_t)cap); break;
     default: break;
@@ -791,15 +841,20 @@ static void read_fields(reader_t *c, const field_t *t, int32_t n, char *m)
         if (!r->ok) return; /* the first error stays; later fields keep their presets */
         if (f->put == P_HAS && fy_msgr_present(r, f->name)) AT(m, f->has, bool) = true;
         switch (f->kind) {
-        case K_U64: AT(m, f->off, uint64_t) = fy_msgr_u64(r, f->name, f->need, AT(m, f->off, uint64_t), f->ulo, f->uhi); break;
+        case K_U64:
+            AT(m, f->off, uint64_t) = fy_msgr_u64(r, f->name, f->need, AT(m, f->off, uint64_t), f->ulo, f->uhi);
+            break;
         case K_I64:
-            AT(m, f->off, int64_t) = fy_msgr_i64(r, f->name, f->need, AT(m, f->off, int64_t), f->ilo, ihi_of(f, c->lim));
+            AT(m, f->off, int64_t) =
+                fy_msgr_i64(r, f->name, f->need, AT(m, f->off, int64_t), f->ilo, ihi_of(f, c->lim));
             break;
         case K_I32:
             AT(m, f->off, int32_t) =
                 (int32_t)fy_msgr_i64(r, f->name, f->need, AT(m, f->off, int32_t), f->ilo, ihi_of(f, c->lim));
             break;
-        case K_F64: AT(m, f->off, double) = fy_msgr_f64(r, f->name, f->need, AT(m, f->off, double), f->dlo, f->dhi); break;
+        case K_F64:
+            AT(m, f->off, double) = fy_msgr_f64(r, f->name, f->need, AT(m, f->off, double), f->dlo, f->dhi);
+            break;
         case K_BOOL: AT(m, f->off, bool) = fy_msgr_bool(r, f->name, f->need, AT(m, f->off, bool)); break;
         case K_STR: {
             if (f->need == FY_OPT && !fy_msgr_present(r, f->name)) break; /* the preset stays */
@@ -832,7 +887,8 @@ static void read_fields(reader_t *c, const field_t *t, int32_t n, char *m)
             break;
         case K_HDR: read_fields(c, f->sub, f->n_sub, m + f->off); break;
         case K_GEN:
-            fy_genspec_read(r, &AT(m, f->off, fy_genspec_t), c->lim && c->lim->max_ctx > 0 ? c->lim->max_ctx : INT32_MAX);
+            fy_genspec_read(r, &AT(m, f->off, fy_genspec_t),
+                            c->lim && c->lim->max_ctx > 0 ? c->lim->max_ctx : INT32_MAX);
             break;
         }
     }
@@ -882,8 +938,10 @@ void fy_wire_clear(const fy_wire_schema_t *s, void *m) { clear_fields(s->fields,
 static void init_fields(const field_t *t, int32_t n, char *m)
 {
     for (int32_t i = 0; i < n; i++) {
-        if (t[i].kind == K_GEN) fy_genspec_default(&AT(m, t[i].off, fy_genspec_t));
-        else if (t[i].kind == K_MAP || t[i].kind == K_HDR) init_fields(t[i].sub, t[i].n_sub, m + t[i].off);
+        if (t[i].kind == K_GEN)
+            fy_genspec_default(&AT(m, t[i].off, fy_genspec_t));
+        else if (t[i].kind == K_MAP || t[i].kind == K_HDR)
+            init_fields(t[i].sub, t[i].n_sub, m + t[i].off);
     }
 }
 
@@ -1032,8 +1090,8 @@ static const char *bound_words(lim_ref_t l)
     }
 }
 
-static int32_t describe(const field_t *t, int32_t n, const char *parent, const fy_wire_lim_t *lim,
-                        fy_wire_field_t *out, int32_t cap, int32_t k)
+static int32_t describe(const field_t *t, int32_t n, const char *parent, const fy_wire_lim_t *lim, fy_wire_field_t *out,
+                        int32_t cap, int32_t k)
 {
     static const char *const puts[] = {"always", "not zero", "when set"};
     for (int32_t i = 0; i < n; i++) {
@@ -1059,7 +1117,8 @@ static int32_t describe(const field_t *t, int32_t n, const char *parent, const f
                                    .len = f->len ? f->len - 1 : 0,
                                    .bound = bound_words(f->lim),
                                    .cap_bound = bound_words(f->limcap)};
-            if (f->limcap && f->limcap != L_MSG_NBLOCKS) o->cap = cap_of(f, lim, 0); /* that one depends on the message */
+            if (f->limcap && f->limcap != L_MSG_NBLOCKS)
+                o->cap = cap_of(f, lim, 0); /* that one depends on the message */
         }
         k++;
         if (f->kind == K_MAP) k = describe(f->sub, f->n_sub, f->name, lim, out, cap, k);

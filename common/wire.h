@@ -106,23 +106,23 @@ typedef enum fy_wire_vtype {
     FY_WIRE_INTS,  /* at most cap integers */
     FY_WIRE_UINTS, /* at most cap non-negative integers */
     FY_WIRE_FLOATS,
-    FY_WIRE_STRS,  /* at most cap strings of 1 to len bytes */
-    FY_WIRE_MAP,   /* a nested map: its fields follow with parent set */
-    FY_WIRE_GEN,   /* the generation parameters (genspec.h) */
+    FY_WIRE_STRS, /* at most cap strings of 1 to len bytes */
+    FY_WIRE_MAP,  /* a nested map: its fields follow with parent set */
+    FY_WIRE_GEN,  /* the generation parameters (genspec.h) */
 } fy_wire_vtype_t;
 
 typedef struct fy_wire_field {
     const char *name;
-    const char *parent;  /* the nested map it is in, or NULL */
+    const char *parent; /* the nested map it is in, or NULL */
     fy_wire_vtype_t type;
     bool required;
-    const char *put;     /* when it is written: "always", "not zero", "when set" */
-    int64_t ilo, ihi;    /* FY_WIRE_INT(S) */
-    uint64_t ulo, uhi;   /* FY_WIRE_UINT */
-    double dlo, dhi;     /* FY_WIRE_FLOAT */
-    int64_t cap;         /* strings, bytes: most bytes; arrays: most entries */
-    int64_t len;         /* FY_WIRE_STRS: most bytes per entry */
-    const char *bound;   /* what narrows the upper bound of a value (from lim), in words, or NULL */
+    const char *put;       /* when it is written: "always", "not zero", "when set" */
+    int64_t ilo, ihi;      /* FY_WIRE_INT(S) */
+    uint64_t ulo, uhi;     /* FY_WIRE_UINT */
+    double dlo, dhi;       /* FY_WIRE_FLOAT */
+    int64_t cap;           /* strings, bytes: most bytes; arrays: most entries */
+    int64_t len;           /* FY_WIRE_STRS: most bytes per entry */
+    const char *bound;     /* what narrows the upper bound of a value (from lim), in words, or NULL */
     const char *cap_bound; /* what narrows cap (from lim), or NULL */
 } fy_wire_field_t;
 
@@ -131,18 +131,18 @@ typedef struct fy_wire_field {
 int32_t fy_wire_fields(const fy_wire_schema_t *s, const fy_wire_lim_t *lim, fy_wire_field_t *out, int32_t cap);
 
 /* Typed functions for message name with struct T. */
-#define FY_WIRE_MESSAGE(name, T)                                                                                   \
-    extern const fy_wire_schema_t fy_wire_##name##_schema;                                                         \
-    static inline void fy_wire_##name##_init(T *m) { fy_wire_init(&fy_wire_##name##_schema, m); }                  \
-    static inline void fy_wire_##name##_write(fy_msgw_t *w, const T *m)                                            \
-    {                                                                                                              \
-        fy_wire_write(&fy_wire_##name##_schema, w, m);                                                             \
-    }                                                                                                              \
-    static inline fy_status_t fy_wire_##name##_read(fy_msgr_t *r, const fy_wire_lim_t *lim, T *m)                  \
-    {                                                                                                              \
-        return fy_wire_read(&fy_wire_##name##_schema, r, lim, m);                                                  \
-    }                                                                                                              \
-    static inline void fy_wire_##name##_clear(T *m) { fy_wire_clear(&fy_wire_##name##_schema, m); }                \
+#define FY_WIRE_MESSAGE(name, T)                                                                                       \
+    extern const fy_wire_schema_t fy_wire_##name##_schema;                                                             \
+    static inline void fy_wire_##name##_init(T *m) { fy_wire_init(&fy_wire_##name##_schema, m); }                      \
+    static inline void fy_wire_##name##_write(fy_msgw_t *w, const T *m)                                                \
+    {                                                                                                                  \
+        fy_wire_write(&fy_wire_##name##_schema, w, m);                                                                 \
+    }                                                                                                                  \
+    static inline fy_status_t fy_wire_##name##_read(fy_msgr_t *r, const fy_wire_lim_t *lim, T *m)                      \
+    {                                                                                                                  \
+        return fy_wire_read(&fy_wire_##name##_schema, r, lim, m);                                                      \
+    }                                                                                                                  \
+    static inline void fy_wire_##name##_clear(T *m) { fy_wire_clear(&fy_wire_##name##_schema, m); }                    \
     static inline bool fy_wire_##name##_is(const fy_msgr_t *r) { return fy_wire_is(&fy_wire_##name##_schema, r); }
 
 /* ---- headers ------------------------------------------------------------------------------------------- */
@@ -174,13 +174,13 @@ fy_status_t fy_wire_ev_read(fy_msgr_t *r, fy_wire_ev_t *h);
 typedef struct fy_wire_generate {
     const char *prompt; /* not zero (NULL): text; or */
     size_t prompt_len;
-    bool has_tokens;    /* when set: token ids (exactly one of the two) */
+    bool has_tokens; /* when set: token ids (exactly one of the two) */
     int32_t *tokens;
     int32_t n_tokens;
     bool chat;          /* not zero */
     const char *system; /* not zero (NULL) */
     size_t system_len;
-    double deadline_s;  /* not zero; [0.001, 86400] */
+    double deadline_s; /* not zero; [0.001, 86400] */
     fy_genspec_t gen;
 } fy_wire_generate_t;
 FY_WIRE_MESSAGE(generate, fy_wire_generate_t)
@@ -272,8 +272,8 @@ FY_WIRE_MESSAGE(status_reply, fy_wire_status_reply_t)
 
 /* error: any reply (router -> client) that is a refusal. */
 typedef struct fy_wire_error {
-    uint64_t id;     /* 0: about a message that could not be read */
-    char code[32];   /* fy_status_tag */
+    uint64_t id;   /* 0: about a message that could not be read */
+    char code[32]; /* fy_status_tag */
     char message[256];
 } fy_wire_error_t;
 FY_WIRE_MESSAGE(error, fy_wire_error_t)

@@ -158,8 +158,9 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
     l->n_prompt = m.n_tokens;
     l->gen = m.gen;
     if (l->gen.spec == FY_SPEC_DRAFT && !fy_engine_has_draft(fy_node_engine(n))) {
-        fy_node_error(n, rid, id, FY_ERR_INVALID, "speculative decoding 'draft' asked for; this decode worker has no "
-                                                  "draft model (decode.spec)");
+        fy_node_error(n, rid, id, FY_ERR_INVALID,
+                      "speculative decoding 'draft' asked for; this decode worker has no "
+                      "draft model (decode.spec)");
         fy_free(prompt);
         fy_free(l);
         return;
@@ -190,8 +191,9 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
         fy_metric_inc(d->m.reserve_refused);
         int32_t free_now = fy_kvm_admittable(kvm), n_prompt = l->n_prompt;
         lease_free(d, l);
-        fy_node_error(n, rid, id, st, "cannot reserve %d prompt tokens (%d cached) and %d to generate: %d blocks admittable",
-                      n_prompt, hit, max_tokens, free_now);
+        fy_node_error(n, rid, id, st,
+                      "cannot reserve %d prompt tokens (%d cached) and %d to generate: %d blocks admittable", n_prompt,
+                      hit, max_tokens, free_now);
         return;
     }
     l->n_cached = hit;
@@ -209,9 +211,15 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
     size_t blob_len;
     fy_xfer_target_desc(fy_node_xfer(n), &blob, &blob_len);
     int32_t first = hit / bs;
-    fy_wire_reserved_t rm = {.ev = fy_node_ev(n, rid, id), .lease = l->lease, .lease_s = lease_s, .cached = hit,
-                             .first_block = first, .blocks = l->bt.blocks + first, .n_blocks = l->bt.n_blocks - first,
-                             .target = blob, .target_len = blob_len};
+    fy_wire_reserved_t rm = {.ev = fy_node_ev(n, rid, id),
+                             .lease = l->lease,
+                             .lease_s = lease_s,
+                             .cached = hit,
+                             .first_block = first,
+                             .blocks = l->bt.blocks + first,
+                             .n_blocks = l->bt.n_blocks - first,
+                             .target = blob,
+                             .target_len = blob_len};
     fy_msgw_t w;
     fy_wire_reserved_write(&w, &rm);
     fy_node_push(n, &w);
@@ -229,8 +237,13 @@ static void on_event(void *arg, const fy_event_t *ev)
     fy_msgw_t w;
     switch (ev->kind) {
     case FY_EVENT_TOKEN: {
-        fy_wire_token_t m = {.ev = fy_node_ev(n, 0, q->id), .n = q->n++, .token = ev->token, .text = ev->text,
-                             .text_len = ev->len, .has_logprob = q->logprobs, .logprob = ev->logprob};
+        fy_wire_token_t m = {.ev = fy_node_ev(n, 0, q->id),
+                             .n = q->n++,
+                             .token = ev->token,
+                             .text = ev->text,
+                             .text_len = ev->len,
+                             .has_logprob = q->logprobs,
+                             .logprob = ev->logprob};
         fy_wire_token_write(&w, &m);
         fy_node_push(n, &w);
         return;
@@ -239,16 +252,17 @@ static void on_event(void *arg, const fy_event_t *ev)
         if ((unsigned)ev->reason <= FY_FINISH_CALLBACK) fy_metric_inc(d->m.success[ev->reason]);
         fy_metric_observe(d->m.e2e, ev->timings->e2e_s);
         fy_metric_observe_f32(d->m.itl, ev->timings->itl_s, ev->timings->n_itl);
-        fy_wire_finish_t m = {.ev = fy_node_ev(n, 0, q->id),
-                              .text = ev->text,
-                              .text_len = ev->len,
-                              .n = q->n,
-                              .timings = {.e2e_s = ev->timings->e2e_s,
-                                          .n_generated = ev->timings->n_generated,
-                                          .n_preempted = ev->timings->n_preempted,
-                                          .n_cached = ev->timings->n_cached, /* colocated: the engine's own prefix hit */
-                                          .itl_s = (float *)ev->timings->itl_s, /* written, not kept */
-                                          .n_itl = ev->timings->n_itl}};
+        fy_wire_finish_t m = {
+            .ev = fy_node_ev(n, 0, q->id),
+            .text = ev->text,
+            .text_len = ev->len,
+            .n = q->n,
+            .timings = {.e2e_s = ev->timings->e2e_s,
+                        .n_generated = ev->timings->n_generated,
+                        .n_preempted = ev->timings->n_preempted,
+                        .n_cached = ev->timings->n_cached,    /* colocated: the engine's own prefix hit */
+                        .itl_s = (float *)ev->timings->itl_s, /* written, not kept */
+                        .n_itl = ev->timings->n_itl}};
         snprintf(m.reason, sizeof(m.reason), "%s", fy_finish_reason_str(ev->reason));
         fy_wire_finish_write(&w, &m);
         fy_node_push(n, &w);
@@ -368,8 +382,9 @@ static void cmd_generate(decode_t *d, fy_msgr_t *r, uint64_t rid)
     int32_t *prompt = m.tokens, n_prompt = m.n_tokens; /* freed here once the engine copied them */
     m.tokens = NULL;
     if (m.gen.spec == FY_SPEC_DRAFT && !fy_engine_has_draft(fy_node_engine(n))) {
-        fy_node_error(n, rid, id, FY_ERR_INVALID, "speculative decoding 'draft' asked for; this decode worker has no "
-                                                  "draft model (decode.spec)");
+        fy_node_error(n, rid, id, FY_ERR_INVALID,
+                      "speculative decoding 'draft' asked for; this decode worker has no "
+                      "draft model (decode.spec)");
         fy_free(prompt);
         return;
     }
@@ -479,7 +494,8 @@ static fy_status_t d_start(fy_node_t *n, void **state_p)
         NULL, fy_metrics_e2e_buckets, fy_metrics_n_e2e_buckets, &d->m.e2e);
     if (!st)
         st = fy_metrics_histogram(reg, "ferry:inter_token_latency_seconds",
-                                  "Time between consecutive tokens of a request.", NULL, fy_metrics_itl_buckets, fy_metrics_n_itl_buckets, &d->m.itl);
+                                  "Time between consecutive tokens of a request.", NULL, fy_metrics_itl_buckets,
+                                  fy_metrics_n_itl_buckets, &d->m.itl);
     if (!st)
         st = fy_metrics_histogram(reg, "ferry:kv_lease_wait_seconds",
                                   "From reserving blocks for a prompt to adopting it (the prefill and KV transfer, "
@@ -497,8 +513,7 @@ static fy_status_t d_start(fy_node_t *n, void **state_p)
     if (!st)
         st = fy_metrics_gauge(reg, "ferry:kv_leases", "Leases held: blocks reserved for prompts being prefilled.", NULL,
                               &d->m.leases);
-    if (!st)
-        st = fy_metrics_gauge(reg, "ferry:kv_leased_blocks", "Blocks held by leases.", NULL, &d->m.leased_blocks);
+    if (!st) st = fy_metrics_gauge(reg, "ferry:kv_leased_blocks", "Blocks held by leases.", NULL, &d->m.leased_blocks);
     if (!st)
         st = fy_metrics_counter(reg, "ferry:kv_leases_expired_total",
                                 "Leases that reached their deadline before adoption; their blocks went back.", NULL,

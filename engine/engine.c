@@ -86,8 +86,8 @@ struct fy_engine {
     fy_engine_params_t p;
     int32_t vocab, max_ctx, block_size, total_blocks;
     fy_sampler_t *sampler;
-    float *logits;          /* [logit_rows, vocab] */
-    int32_t logit_rows;     /* the runner's max_logits */
+    float *logits;      /* [logit_rows, vocab] */
+    int32_t logit_rows; /* the runner's max_logits */
     /* speculative decoding */
     fy_spec_ctl_t wctl;     /* the worker's acceptance and off switch */
     float *probs;           /* [k_max + 1, vocab] target distributions of one sampled verification */
@@ -98,9 +98,9 @@ struct fy_engine {
     int32_t *dk;            /* [max_num_seqs] tokens each wants proposed */
     double cost[COST_N];    /* seconds of a forward pass of n tokens (moving average) */
     uint32_t cost_n[COST_N];
-    double dcost;           /* seconds of one draft pass (moving average) */
-    fy_forward_seq_t *fwd;  /* [max_num_seqs] */
-    request_t **fwd_req;    /* [max_num_seqs] */
+    double dcost;          /* seconds of one draft pass (moving average) */
+    fy_forward_seq_t *fwd; /* [max_num_seqs] */
+    request_t **fwd_req;   /* [max_num_seqs] */
     /* queues: the engine thread's */
     request_t *waiting, *swapped; /* sorted: priority down, then arrival */
     request_t **running;          /* [max_num_seqs] */
@@ -285,8 +285,13 @@ static void end_request(fy_engine_t *e, request_t *q, fy_event_kind_t kind, fy_f
     draft_drop(e, q);
     double t = now_s();
     fill_timings(q, t);
-    fy_event_t ev = {.kind = kind, .id = q->id, .reason = reason, .status = status, .message = message,
-                     .timings = &q->timings, .token = -1};
+    fy_event_t ev = {.kind = kind,
+                     .id = q->id,
+                     .reason = reason,
+                     .status = status,
+                     .message = message,
+                     .timings = &q->timings,
+                     .token = -1};
     if (kind == FY_EVENT_FINISH) {
         q->n_out = 0;
         if (reason != FY_FINISH_STOP) {
@@ -350,8 +355,8 @@ fy_status_t fy_engine_create(fy_runner_t *r, fy_kvm_t *kvm, const fy_tokenizer_t
     e->logit_rows = rp->max_logits;
     if (p->spec.draft) {
         const fy_runner_params_t *dp = fy_runner_params(p->spec.draft);
-        if (fy_model_config(fy_runner_model(p->spec.draft))->vocab_size != e->vocab ||
-            dp->max_seqs < p->max_num_seqs || dp->max_logits < p->max_num_seqs) {
+        if (fy_model_config(fy_runner_model(p->spec.draft))->vocab_size != e->vocab || dp->max_seqs < p->max_num_seqs ||
+            dp->max_logits < p->max_num_seqs) {
             fy_error("engine: the draft runner has another vocabulary or holds fewer than %d sequences",
                      p->max_num_seqs);
             fy_free(e);
@@ -496,8 +501,8 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
         return NULL;
     }
     if (n_prompt >= e->max_ctx) {
-        *st_p = refuse(e, FY_ERR_INVALID, "prompt of %d tokens leaves no room in the context of %d", n_prompt,
-                       e->max_ctx);
+        *st_p =
+            refuse(e, FY_ERR_INVALID, "prompt of %d tokens leaves no room in the context of %d", n_prompt, e->max_ctx);
         return NULL;
     }
     for (int32_t i = 0; i < n_prompt; i++) {
@@ -753,8 +758,7 @@ static void admit_swapped(fy_engine_t *e)
 {
     while (e->swapped && e->n_running < e->p.max_num_seqs) {
         request_t *q = e->swapped;
-        if (fy_kvm_admit(e->kvm, fy_kvm_blocks_for(e->kvm, q->n_total, planned_output(e, q), 0), &q->resv) !=
-            FY_OK)
+        if (fy_kvm_admit(e->kvm, fy_kvm_blocks_for(e->kvm, q->n_total, planned_output(e, q), 0), &q->resv) != FY_OK)
             return;
         if (fy_kvm_seq_swap_in(e->kvm, &q->bt, &q->resv) != FY_OK) {
             fy_kvm_resv_release(e->kvm, &q->resv);
@@ -771,7 +775,7 @@ static void admit_swapped(fy_engine_t *e)
  * schedules that chunk. */
 static void admit_waiting(fy_engine_t *e, int32_t *budget, int32_t *prefill_left)
 {
-    while (e->waiting && e->n_running < e->p.max_num_seqs && *budget > 0 && *prefill_left > 0) {
+    while (e->waiting && e->n_running<e->p.max_num_seqs && * budget> 0 && *prefill_left > 0) {
         request_t *q = e->waiting;
         if (!q->looked_up) {
             int32_t hit = 0;
@@ -864,8 +868,8 @@ static void adjust_budget(fy_engine_t *e)
     } else {
         return;
     }
-    fy_debug("engine: p95 inter-token latency %.1f ms; prompt tokens per step %d -> %d", p95 * 1e3,
-             e->prefill_budget, b);
+    fy_debug("engine: p95 inter-token latency %.1f ms; prompt tokens per step %d -> %d", p95 * 1e3, e->prefill_budget,
+             b);
     e->prefill_budget = b;
     e->itl_since_change = 0;
 }
@@ -893,8 +897,13 @@ static bool on_token(fy_engine_t *e, request_t *q, int32_t tok, float logprob, d
     size_t n = fy_detok_push(&q->detok, tok, piece, sizeof(piece));
     q->n_out = 0;
     bool stopped = fy_stopper_feed(&q->stopper, piece, n, emit_text, q);
-    fy_event_t ev = {.kind = FY_EVENT_TOKEN, .id = q->id, .token = tok, .logprob = logprob, .text = q->out,
-                     .len = q->n_out, .rng = &q->rng};
+    fy_event_t ev = {.kind = FY_EVENT_TOKEN,
+                     .id = q->id,
+                     .token = tok,
+                     .logprob = logprob,
+                     .text = q->out,
+                     .len = q->n_out,
+                     .rng = &q->rng};
     q->cb(q->cb_arg, &ev);
     if (stopped)
         end_request(e, q, FY_EVENT_FINISH, FY_FINISH_STOP, FY_OK, NULL);
@@ -977,8 +986,10 @@ static void draft_propose(fy_engine_t *e, int32_t n)
             if (take > dp->max_batch_tokens - tokens) take = dp->max_batch_tokens - tokens;
             if (take <= 0) break;
             e->fwd_req[nf] = q;
-            e->dfwd[nf++] = (fy_forward_seq_t){.bt = &q->dbt, .tokens = q->tokens + q->d_computed,
-                                               .n_tokens = take, .pos = q->d_computed,
+            e->dfwd[nf++] = (fy_forward_seq_t){.bt = &q->dbt,
+                                               .tokens = q->tokens + q->d_computed,
+                                               .n_tokens = take,
+                                               .pos = q->d_computed,
                                                .n_logits = take == rem ? 1 : 0};
             tokens += take;
         }
@@ -1007,8 +1018,8 @@ static void draft_propose(fy_engine_t *e, int32_t n)
             if (e->dk[i] <= j) continue;
             int32_t pos = q->n_total + j - 1;
             e->fwd_req[nf] = q;
-            e->dfwd[nf++] = (fy_forward_seq_t){.bt = &q->dbt, .tokens = q->tokens + pos, .n_tokens = 1,
-                                               .pos = pos, .n_logits = 1};
+            e->dfwd[nf++] =
+                (fy_forward_seq_t){.bt = &q->dbt, .tokens = q->tokens + pos, .n_tokens = 1, .pos = pos, .n_logits = 1};
         }
         if (nf == 0) break;
         double td = now_s();
@@ -1214,16 +1225,16 @@ static void spec_verify(fy_engine_t *e, request_t *q, const float *lg, double t)
     }
     if (fy_spec_ctl_update(&e->wctl, &e->p.spec, k, a)) {
         e->st.spec_worker_offs++;
-        fy_info("engine: acceptance %.2f under %.2f across requests; speculation off for %d steps",
-                e->wctl.rate, e->p.spec.min_accept, e->p.spec.probe_steps);
+        fy_info("engine: acceptance %.2f under %.2f across requests; speculation off for %d steps", e->wctl.rate,
+                e->p.spec.min_accept, e->p.spec.probe_steps);
     }
     for (int32_t i = 0; i <= a; i++)
         if (!on_token(e, q, out[i], lp[i], t)) return;
 }
 
 fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_request_params_t *rp,
-                            fy_block_table_t *bt, fy_kv_resv_t *resv, int32_t first, float logprob,
-                            const fy_rng_t *rng, fy_event_fn cb, void *arg, uint64_t *id_p)
+                            fy_block_table_t *bt, fy_kv_resv_t *resv, int32_t first, float logprob, const fy_rng_t *rng,
+                            fy_event_fn cb, void *arg, uint64_t *id_p)
 {
     if (e->n_running >= e->p.max_num_seqs) return FY_ERR_NO_SPACE;
     if (bt->n_tokens != n_prompt || bt->tier != FY_KV_DEVICE || first < 0 || first >= e->vocab)
@@ -1305,7 +1316,9 @@ fy_status_t fy_engine_step(fy_engine_t *e)
             .tokens = q->tokens + q->n_computed,
             .n_tokens = q->sched,
             .pos = q->n_computed,
-            .n_logits = q->spec_k > 0 ? q->spec_k + 1 : q->n_computed + q->sched == q->n_total ? 1 : 0,
+            .n_logits = q->spec_k > 0                            ? q->spec_k + 1
+                        : q->n_computed + q->sched == q->n_total ? 1
+                                                                 : 0,
         };
         n++;
     }
@@ -1338,8 +1351,12 @@ fy_status_t fy_engine_step(fy_engine_t *e)
                 (uint64_t)((q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt) - before);
         fy_kvm_seq_commit(e->kvm, &q->bt, q->tokens, q->n_computed);
         if (q->progress && before < q->n_prompt) {
-            fy_event_t ev = {.kind = FY_EVENT_PROGRESS, .id = q->id, .token = -1, .bt = &q->bt,
-                             .n_computed = q->n_computed, .n_prompt = q->n_prompt};
+            fy_event_t ev = {.kind = FY_EVENT_PROGRESS,
+                             .id = q->id,
+                             .token = -1,
+                             .bt = &q->bt,
+                             .n_computed = q->n_computed,
+                             .n_prompt = q->n_prompt};
             q->cb(q->cb_arg, &ev);
         }
         if (e->fwd[i].n_logits == 0) continue;
@@ -1376,8 +1393,7 @@ static void *engine_main(void *p)
     double last_tick = now_s();
     for (;;) {
         pthread_mutex_lock(&e->mu);
-        while (!e->stop && !e->inbox && !e->n_cancels && !e->posts && !e->n_running && !e->n_waiting &&
-               !e->n_swapped) {
+        while (!e->stop && !e->inbox && !e->n_cancels && !e->posts && !e->n_running && !e->n_waiting && !e->n_swapped) {
             if (!e->p.tick_fn) {
                 pthread_cond_wait(&e->cv, &e->mu);
                 continue;
@@ -1472,8 +1488,8 @@ fy_status_t fy_engine_check(fy_engine_t *e)
         fy_kvm_stats_t ds;
         fy_kvm_stats(e->p.spec.draft_kvm, &ds);
         if (fy_kvm_check(e->p.spec.draft_kvm) != FY_OK || ds.tier[FY_KV_DEVICE].used != draft_blocks) {
-            fy_error("engine: the draft cache has %d blocks in use; its requests hold %d",
-                     ds.tier[FY_KV_DEVICE].used, draft_blocks);
+            fy_error("engine: the draft cache has %d blocks in use; its requests hold %d", ds.tier[FY_KV_DEVICE].used,
+                     draft_blocks);
             return FY_ERR_INTERNAL;
         }
     }

@@ -46,10 +46,10 @@
 
 typedef enum fy_finish_reason {
     FY_FINISH_NONE = 0,
-    FY_FINISH_LENGTH, /* max_tokens reached */
-    FY_FINISH_STOP,   /* a stop string matched */
-    FY_FINISH_EOS,    /* the model ended its turn */
-    FY_FINISH_CONTEXT, /* the context window is full */
+    FY_FINISH_LENGTH,   /* max_tokens reached */
+    FY_FINISH_STOP,     /* a stop string matched */
+    FY_FINISH_EOS,      /* the model ended its turn */
+    FY_FINISH_CONTEXT,  /* the context window is full */
     FY_FINISH_CALLBACK, /* the text callback asked to stop */
 } fy_finish_reason_t;
 
@@ -65,11 +65,11 @@ typedef struct fy_engine_params {
     int32_t max_num_batched_tokens; /* tokens per step (decodes and prompt chunks) */
     int32_t max_waiting;            /* queued requests before new ones are refused as overloaded */
     fy_preempt_mode_t preempt;
-    double itl_target_s;            /* guardrail: p95 inter-token latency target; 0 turns it off */
-    int32_t itl_window;             /* inter-token latencies the guardrail looks at */
-    int32_t min_prefill_budget;     /* the guardrail never cuts prompt tokens per step below this */
-    bool predict_output;            /* admit on a predicted output length, not max_tokens */
-    double predict_quantile;        /* of recent output lengths, e.g. 0.9 */
+    double itl_target_s;        /* guardrail: p95 inter-token latency target; 0 turns it off */
+    int32_t itl_window;         /* inter-token latencies the guardrail looks at */
+    int32_t min_prefill_budget; /* the guardrail never cuts prompt tokens per step below this */
+    bool predict_output;        /* admit on a predicted output length, not max_tokens */
+    double predict_quantile;    /* of recent output lengths, e.g. 0.9 */
     /* called on the engine thread after every step, and at least every
      * tick_s while idle (lease reaping, load reports); NULL: none */
     void (*tick_fn)(void *arg);
@@ -90,20 +90,20 @@ typedef struct fy_request_params {
     const char *const *stop; /* copied at submit */
     int n_stop;
     bool ignore_eos;
-    bool logprobs;           /* report each token's log-probability (costs a pass over the vocabulary) */
-    int32_t priority;        /* larger runs first and is preempted last */
-    fy_kv_ns_t ns;           /* prefix-cache namespace: the tenant's, set by the server */
-    bool progress;           /* FY_EVENT_PROGRESS after each forward pass that computed prompt tokens */
-    fy_spec_method_t spec;   /* proposer for this request; FY_SPEC_DEFAULT: the engine's */
+    bool logprobs;         /* report each token's log-probability (costs a pass over the vocabulary) */
+    int32_t priority;      /* larger runs first and is preempted last */
+    fy_kv_ns_t ns;         /* prefix-cache namespace: the tenant's, set by the server */
+    bool progress;         /* FY_EVENT_PROGRESS after each forward pass that computed prompt tokens */
+    fy_spec_method_t spec; /* proposer for this request; FY_SPEC_DEFAULT: the engine's */
 } fy_request_params_t;
 
 void fy_request_params_default(fy_request_params_t *p);
 
 typedef struct fy_request_timings {
-    double queue_s;       /* submitted to first scheduled */
-    double ttft_s;        /* submitted to first token */
-    double e2e_s;         /* submitted to the terminal event */
-    const float *itl_s;   /* [n_itl] each inter-token latency */
+    double queue_s;     /* submitted to first scheduled */
+    double ttft_s;      /* submitted to first token */
+    double e2e_s;       /* submitted to the terminal event */
+    const float *itl_s; /* [n_itl] each inter-token latency */
     int32_t n_itl;
     int32_t n_prompt, n_generated, n_cached; /* n_cached: prompt tokens found in the prefix cache */
     int32_t n_preempted;
@@ -121,15 +121,15 @@ typedef enum fy_event_kind {
 typedef struct fy_event {
     fy_event_kind_t kind;
     uint64_t id;
-    int32_t token;   /* FY_EVENT_TOKEN */
-    float logprob;   /* of token under the temperature-scaled distribution */
+    int32_t token;    /* FY_EVENT_TOKEN */
+    float logprob;    /* of token under the temperature-scaled distribution */
     const char *text; /* FY_EVENT_TOKEN and FY_EVENT_FINISH (held-back text), not NUL-terminated */
     size_t len;
-    fy_finish_reason_t reason;            /* FY_EVENT_FINISH */
-    fy_status_t status;                   /* FY_EVENT_ERROR */
-    const char *message;                  /* FY_EVENT_ERROR, NUL-terminated */
-    const fy_request_timings_t *timings;  /* terminal events */
-    const fy_rng_t *rng;                  /* FY_EVENT_TOKEN: the generator after drawing token */
+    fy_finish_reason_t reason;           /* FY_EVENT_FINISH */
+    fy_status_t status;                  /* FY_EVENT_ERROR */
+    const char *message;                 /* FY_EVENT_ERROR, NUL-terminated */
+    const fy_request_timings_t *timings; /* terminal events */
+    const fy_rng_t *rng;                 /* FY_EVENT_TOKEN: the generator after drawing token */
     /* FY_EVENT_PROGRESS: the request's block table (valid during the
      * callback; the callback may fork it to keep its blocks) and how many
      * tokens of it have their K/V written */
@@ -191,8 +191,8 @@ fy_status_t fy_engine_post(fy_engine_t *e, fy_engine_fn fn, void *arg);
  * (FY_ERR_NO_SPACE: max_num_seqs running; FY_ERR_INVALID) nothing is.
  */
 fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_request_params_t *rp,
-                            fy_block_table_t *bt, fy_kv_resv_t *resv, int32_t first, float logprob,
-                            const fy_rng_t *rng, fy_event_fn cb, void *arg, uint64_t *id_p);
+                            fy_block_table_t *bt, fy_kv_resv_t *resv, int32_t first, float logprob, const fy_rng_t *rng,
+                            fy_event_fn cb, void *arg, uint64_t *id_p);
 
 /* Steps on a thread of the engine's own while there is work, sleeping
  * otherwise; fy_engine_stop (or destroy) ends it. */

@@ -92,8 +92,7 @@ fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engi
     fy_engine_params_t *ep = &b.engine;
     if (decode) {
         int preempt;
-        if ((st = spec_read(c, &ep->spec, &draft, &draft_frac)) ||
-            (st = fy_conf_enum(c, role, "preempt", &preempt)) ||
+        if ((st = spec_read(c, &ep->spec, &draft, &draft_frac)) || (st = fy_conf_enum(c, role, "preempt", &preempt)) ||
             (st = fy_conf_duration(c, role, "itl_target", &ep->itl_target_s)))
             return st;
         ep->preempt = preempt ? FY_PREEMPT_SWAP : FY_PREEMPT_RECOMPUTE; /* "recompute|swap" */

@@ -16,7 +16,6 @@ void fy_gen_params_default(fy_gen_params_t *p)
     fy_spec_params_default(&p->spec);
 }
 
-
 typedef struct gen_ctx {
     fy_engine_t *engine;
     uint64_t id;

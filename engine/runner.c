@@ -31,12 +31,12 @@ struct fy_runner {
     fy_layer_weights_t *layers;
 
     /* device activations; T = max_batch_tokens, L = max_logits */
-    float *x, *xb, *xb2;  /* [T, dim] */
-    float *q, *att;       /* [T, n_heads * head_dim] */
-    float *k, *v;         /* [T, n_kv_heads * head_dim] */
-    float *hb, *hb2;      /* [T, ffn_dim] */
-    float *xl;            /* [L, dim] */
-    float *logits;        /* [L, vocab] */
+    float *x, *xb, *xb2; /* [T, dim] */
+    float *q, *att;      /* [T, n_heads * head_dim] */
+    float *k, *v;        /* [T, n_kv_heads * head_dim] */
+    float *hb, *hb2;     /* [T, ffn_dim] */
+    float *xl;           /* [L, dim] */
+    float *logits;       /* [L, vocab] */
 
     /* host metadata for one batch */
     int32_t *tokens, *pos, *slots; /* [T] */
@@ -114,10 +114,10 @@ static fy_status_t upload_weights(fy_runner_t *r)
     for (int32_t l = 0; l < r->n_layers; l++) {
         const fy_layer_weights_t *src = &w->layers[l];
         fy_layer_weights_t *dst = &r->layers[l];
-        const fy_tensor_t *s[] = {&src->attn_norm, &src->wq, &src->wk, &src->wv, &src->wo,
-                                  &src->ffn_norm, &src->w_gate, &src->w_up, &src->w_down};
-        fy_tensor_t *d[] = {&dst->attn_norm, &dst->wq, &dst->wk, &dst->wv, &dst->wo,
-                            &dst->ffn_norm, &dst->w_gate, &dst->w_up, &dst->w_down};
+        const fy_tensor_t *s[] = {&src->attn_norm, &src->wq,     &src->wk,   &src->wv,    &src->wo,
+                                  &src->ffn_norm,  &src->w_gate, &src->w_up, &src->w_down};
+        fy_tensor_t *d[] = {&dst->attn_norm, &dst->wq,     &dst->wk,   &dst->wv,    &dst->wo,
+                            &dst->ffn_norm,  &dst->w_gate, &dst->w_up, &dst->w_down};
         for (size_t i = 0; i < FY_ARRAY_LEN(s); i++) {
             fy_tensor_use_t use = s[i]->ne[1] == 1 ? FY_USE_VECTOR : FY_USE_MATMUL;
             if ((st = fy_backend_upload(r->be, s[i], use, d[i]))) return st;
@@ -133,10 +133,9 @@ static fy_status_t runner_create(const fy_model_t *model, fy_backend_t *be, cons
     const fy_model_config_t *c = fy_model_config(model);
     fy_runner_params_t p = *params;
     if (p.max_ctx <= 0 || p.max_ctx > c->max_ctx) p.max_ctx = c->max_ctx;
-    if (p.max_batch_tokens < 1 || p.max_batch_tokens > (1 << 20) || p.max_seqs < 1 ||
-        p.max_seqs > p.max_batch_tokens || p.max_logits < 1 || p.max_logits > p.max_batch_tokens ||
-        p.n_kv_blocks < 0 || p.n_host_blocks < 0 || p.kv_mem < 0 ||
-        (p.n_kv_blocks == 0 && p.kv_mem == 0 && !(p.kv_mem_fraction > 0 && p.kv_mem_fraction <= 1))) {
+    if (p.max_batch_tokens < 1 || p.max_batch_tokens > (1 << 20) || p.max_seqs < 1 || p.max_seqs > p.max_batch_tokens ||
+        p.max_logits < 1 || p.max_logits > p.max_batch_tokens || p.n_kv_blocks < 0 || p.n_host_blocks < 0 ||
+        p.kv_mem < 0 || (p.n_kv_blocks == 0 && p.kv_mem == 0 && !(p.kv_mem_fraction > 0 && p.kv_mem_fraction <= 1))) {
         fy_error("runner: bad parameters (batch %d tokens, %d sequences, %d logit rows, %d kv blocks)",
                  p.max_batch_tokens, p.max_seqs, p.max_logits, p.n_kv_blocks);
         return FY_ERR_INVALID;
@@ -165,8 +164,7 @@ static fy_status_t runner_create(const fy_model_t *model, fy_backend_t *be, cons
         }
         int64_t blocks = budget / (int64_t)r->kv.block_bytes;
         if (blocks < 1) {
-            fy_error("runner: a kv budget of %lld bytes holds no %zu-byte block", (long long)budget,
-                     r->kv.block_bytes);
+            fy_error("runner: a kv budget of %lld bytes holds no %zu-byte block", (long long)budget, r->kv.block_bytes);
             st = FY_ERR_NO_SPACE;
             goto fail;
         }
@@ -226,7 +224,8 @@ static fy_status_t runner_create(const fy_model_t *model, fy_backend_t *be, cons
     };
     r->res = res;
     if (also) { /* two runners on one backend: its buffers must fit either */
-#define RES_MAX(f) if (also->f > res.f) res.f = also->f
+#define RES_MAX(f)                                                                                                     \
+    if (also->f > res.f) res.f = also->f
         RES_MAX(max_tokens);
         RES_MAX(max_row);
         RES_MAX(max_seqs);
@@ -292,8 +291,8 @@ void fy_runner_destroy(fy_runner_t *r)
     if (r->layers) {
         for (int32_t l = 0; l < r->n_layers; l++) {
             fy_layer_weights_t *L = &r->layers[l];
-            fy_tensor_t *t[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
-                                &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+            fy_tensor_t *t[] = {&L->attn_norm, &L->wq,     &L->wk,   &L->wv,    &L->wo,
+                                &L->ffn_norm,  &L->w_gate, &L->w_up, &L->w_down};
             for (size_t i = 0; i < FY_ARRAY_LEN(t); i++) fy_backend_release_tensor(r->be, t[i]);
         }
     }
@@ -374,7 +373,12 @@ fy_status_t fy_runner_forward(fy_runner_t *r, const fy_forward_seq_t *seqs, int3
     fy_status_t st = build_batch(r, seqs, n_seqs, &n, &nl);
     if (st != FY_OK) return st;
     fy_batch_meta_t meta = {
-        .n_tokens = n, .tokens = r->tokens, .pos = r->pos, .slots = r->slots, .n_seqs = n_seqs, .seqs = r->seqs,
+        .n_tokens = n,
+        .tokens = r->tokens,
+        .pos = r->pos,
+        .slots = r->slots,
+        .n_seqs = n_seqs,
+        .seqs = r->seqs,
     };
     size_t dim = (size_t)c->dim;
     if ((st = fy_backend_set_batch(be, &meta)) || (st = fy_backend_embed(be, &r->tok_embd, r->x))) return st;
@@ -408,8 +412,8 @@ fy_status_t fy_runner_forward(fy_runner_t *r, const fy_forward_seq_t *seqs, int3
     if ((st = fy_backend_get_rows(be, r->x, r->logit_rows, nl, c->dim, r->xl)) ||
         (st = fy_backend_rmsnorm(be, r->xl, &r->out_norm, nl, c->norm_eps, r->xl)) ||
         (st = fy_backend_matmul(be, 1, out_w, r->xl, nl, out_y)) ||
-        (st = fy_backend_memcpy(be, logits, r->logits, (size_t)nl * (size_t)c->vocab_size * sizeof(float),
-                                FY_COPY_D2H)))
+        (st =
+             fy_backend_memcpy(be, logits, r->logits, (size_t)nl * (size_t)c->vocab_size * sizeof(float), FY_COPY_D2H)))
         return st;
     return fy_backend_sync(be);
 }

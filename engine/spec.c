@@ -185,8 +185,8 @@ struct fy_spec_draft {
     char desc[320];
 };
 
-fy_status_t fy_spec_draft_open(const char *spec, fy_runner_t *target, int64_t kv_mem,
-                               const fy_kv_hasher_t *hasher, fy_spec_draft_t **d_p)
+fy_status_t fy_spec_draft_open(const char *spec, fy_runner_t *target, int64_t kv_mem, const fy_kv_hasher_t *hasher,
+                               fy_spec_draft_t **d_p)
 {
     const fy_model_t *tm = fy_runner_model(target);
     int32_t layers = 0;
@@ -240,8 +240,8 @@ fy_status_t fy_spec_draft_open(const char *spec, fy_runner_t *target, int64_t kv
         snprintf(d->desc, sizeof(d->desc), "draft:%s (%d layers, %d kv blocks)", file, dc->n_layers,
                  fy_runner_params(d->r)->n_kv_blocks);
     else
-        snprintf(d->desc, sizeof(d->desc), "self:%d (%d of %d layers, shared weights, %d kv blocks)", layers,
-                 layers, dc->n_layers, fy_runner_params(d->r)->n_kv_blocks);
+        snprintf(d->desc, sizeof(d->desc), "self:%d (%d of %d layers, shared weights, %d kv blocks)", layers, layers,
+                 dc->n_layers, fy_runner_params(d->r)->n_kv_blocks);
     *d_p = d;
     return FY_OK;
 fail:

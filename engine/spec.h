@@ -134,8 +134,8 @@ typedef struct fy_spec_draft fy_spec_draft_t;
  * the fault (FY_ERR_INVALID for a bad spec or a vocabulary mismatch).
  * The target runner and hasher must outlive the draft.
  */
-fy_status_t fy_spec_draft_open(const char *spec, fy_runner_t *target, int64_t kv_mem,
-                               const fy_kv_hasher_t *hasher, fy_spec_draft_t **d_p);
+fy_status_t fy_spec_draft_open(const char *spec, fy_runner_t *target, int64_t kv_mem, const fy_kv_hasher_t *hasher,
+                               fy_spec_draft_t **d_p);
 void fy_spec_draft_destroy(fy_spec_draft_t *d); /* accepts NULL */
 fy_runner_t *fy_spec_draft_runner(fy_spec_draft_t *d);
 fy_kvm_t *fy_spec_draft_kvm(fy_spec_draft_t *d);

@@ -40,8 +40,8 @@ void fy_backend_profile_get(const fy_backend_t *be, fy_backend_profile_t *out) {
 
 const char *fy_backend_op_name(fy_backend_op_t op)
 {
-    static const char *names[FY_OP_COUNT] = {"embed",    "matmul",   "rmsnorm",   "rope", "swiglu",
-                                             "add",      "get_rows", "kv_write",  "attention", "copy"};
+    static const char *names[FY_OP_COUNT] = {"embed", "matmul",   "rmsnorm",  "rope",      "swiglu",
+                                             "add",   "get_rows", "kv_write", "attention", "copy"};
     return (unsigned)op < FY_OP_COUNT ? names[op] : "?";
 }
 
@@ -116,15 +116,15 @@ static fy_status_t missing(const fy_backend_t *be, const char *op)
 #define CALL(op, ...) (be->ops->op ? be->ops->op(be->ctx, __VA_ARGS__) : missing(be, #op))
 
 /* a compute op, timed (with a sync, so the time is the op's) when profiling */
-#define TIMED(kind, op, ...)                                                                       \
-    do {                                                                                           \
-        if (!be->profiling) return CALL(op, __VA_ARGS__);                                          \
-        uint64_t t0_ = now_ns();                                                                   \
-        fy_status_t st_ = CALL(op, __VA_ARGS__);                                                   \
-        if (st_ == FY_OK && be->ops->sync) st_ = be->ops->sync(be->ctx);                            \
-        be->prof.ns[kind] += now_ns() - t0_;                                                       \
-        be->prof.calls[kind]++;                                                                    \
-        return st_;                                                                                \
+#define TIMED(kind, op, ...)                                                                                           \
+    do {                                                                                                               \
+        if (!be->profiling) return CALL(op, __VA_ARGS__);                                                              \
+        uint64_t t0_ = now_ns();                                                                                       \
+        fy_status_t st_ = CALL(op, __VA_ARGS__);                                                                       \
+        if (st_ == FY_OK && be->ops->sync) st_ = be->ops->sync(be->ctx);                                               \
+        be->prof.ns[kind] += now_ns() - t0_;                                                                           \
+        be->prof.calls[kind]++;                                                                                        \
+        return st_;                                                                                                    \
     } while (0)
 
 fy_status_t fy_backend_reserve(fy_backend_t *be, const fy_backend_reserve_t *r) { return CALL(reserve, r); }
@@ -165,9 +165,8 @@ void fy_backend_release_tensor(fy_backend_t *be, fy_tensor_t *dev)
     if (dev && be->ops->release_tensor) be->ops->release_tensor(be->ctx, dev);
 }
 
-fy_status_t fy_backend_copy_blocks(fy_backend_t *be, const fy_kv_layout_t *lay, void *dst_arena,
-                                   const void *src_arena, const int32_t *dst, const int32_t *src, int32_t n,
-                                   fy_copy_kind_t kind)
+fy_status_t fy_backend_copy_blocks(fy_backend_t *be, const fy_kv_layout_t *lay, void *dst_arena, const void *src_arena,
+                                   const int32_t *dst, const int32_t *src, int32_t n, fy_copy_kind_t kind)
 {
     TIMED(FY_OP_COPY, copy_blocks, lay, dst_arena, src_arena, dst, src, n, kind);
 }
@@ -185,14 +184,13 @@ fy_status_t fy_backend_matmul(fy_backend_t *be, int n_w, const fy_tensor_t *cons
     TIMED(FY_OP_MATMUL, matmul, n_w, w, x, n, y);
 }
 
-fy_status_t fy_backend_rmsnorm(fy_backend_t *be, const float *x, const fy_tensor_t *w, int32_t n, float eps,
-                               float *y)
+fy_status_t fy_backend_rmsnorm(fy_backend_t *be, const float *x, const fy_tensor_t *w, int32_t n, float eps, float *y)
 {
     TIMED(FY_OP_RMSNORM, rmsnorm, x, w, n, eps, y);
 }
 
-fy_status_t fy_backend_rope(fy_backend_t *be, float *q, float *k, int32_t n_heads, int32_t n_kv_heads,
-                            int32_t head_dim, float theta, fy_rope_style_t style)
+fy_status_t fy_backend_rope(fy_backend_t *be, float *q, float *k, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                            float theta, fy_rope_style_t style)
 {
     TIMED(FY_OP_ROPE, rope, q, k, n_heads, n_kv_heads, head_dim, theta, style);
 }
@@ -210,8 +208,8 @@ fy_status_t fy_backend_get_rows(fy_backend_t *be, const float *src, const int32_
     TIMED(FY_OP_GET_ROWS, get_rows, src, rows, n, dim, dst);
 }
 
-fy_status_t fy_backend_kv_write(fy_backend_t *be, const fy_kv_layout_t *lay, void *arena, int32_t layer,
-                                const float *k, const float *v)
+fy_status_t fy_backend_kv_write(fy_backend_t *be, const fy_kv_layout_t *lay, void *arena, int32_t layer, const float *k,
+                                const float *v)
 {
     TIMED(FY_OP_KV_WRITE, kv_write, lay, arena, layer, k, v);
 }

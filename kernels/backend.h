@@ -64,12 +64,12 @@ typedef struct fy_batch_meta {
 
 /* Reservation made once at start-up so the ops never allocate. */
 typedef struct fy_backend_reserve {
-    int32_t max_tokens;   /* rows per op (batch tokens) */
-    int32_t max_row;      /* widest matmul input (elements) */
-    int32_t max_seqs;     /* sequences per batch */
-    int32_t max_blocks;   /* total block-table entries per batch */
-    int32_t max_kv_len;   /* longest sequence */
-    int32_t n_heads;      /* query heads of attention */
+    int32_t max_tokens; /* rows per op (batch tokens) */
+    int32_t max_row;    /* widest matmul input (elements) */
+    int32_t max_seqs;   /* sequences per batch */
+    int32_t max_blocks; /* total block-table entries per batch */
+    int32_t max_kv_len; /* longest sequence */
+    int32_t n_heads;    /* query heads of attention */
     int32_t head_dim;
 } fy_backend_reserve_t;
 
@@ -122,9 +122,8 @@ void fy_backend_release_tensor(fy_backend_t *be, fy_tensor_t *dev);
 /* Copies n whole KV blocks: dst_arena[dst[i]] = src_arena[src[i]] (both
  * may be the same arena; block ids are host arrays; kind says which side is
  * device memory). */
-fy_status_t fy_backend_copy_blocks(fy_backend_t *be, const fy_kv_layout_t *lay, void *dst_arena,
-                                   const void *src_arena, const int32_t *dst, const int32_t *src, int32_t n,
-                                   fy_copy_kind_t kind);
+fy_status_t fy_backend_copy_blocks(fy_backend_t *be, const fy_kv_layout_t *lay, void *dst_arena, const void *src_arena,
+                                   const int32_t *dst, const int32_t *src, int32_t n, fy_copy_kind_t kind);
 
 /* ---- batch ---- */
 fy_status_t fy_backend_set_batch(fy_backend_t *be, const fy_batch_meta_t *meta);
@@ -137,12 +136,11 @@ fy_status_t fy_backend_embed(fy_backend_t *be, const fy_tensor_t *table, float *
 fy_status_t fy_backend_matmul(fy_backend_t *be, int n_w, const fy_tensor_t *const *w, const float *x, int32_t n,
                               float *const *y);
 /* y[t] = x[t] / rms(x[t]) * w; x, y: [n, dim]; may alias. w: f32 (dim). */
-fy_status_t fy_backend_rmsnorm(fy_backend_t *be, const float *x, const fy_tensor_t *w, int32_t n, float eps,
-                               float *y);
+fy_status_t fy_backend_rmsnorm(fy_backend_t *be, const float *x, const fy_tensor_t *w, int32_t n, float eps, float *y);
 /* Rotary embedding of q [n_tokens, n_heads, head_dim] and k [n_tokens,
  * n_kv_heads, head_dim] in place, at the batch's positions. */
-fy_status_t fy_backend_rope(fy_backend_t *be, float *q, float *k, int32_t n_heads, int32_t n_kv_heads,
-                            int32_t head_dim, float theta, fy_rope_style_t style);
+fy_status_t fy_backend_rope(fy_backend_t *be, float *q, float *k, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                            float theta, fy_rope_style_t style);
 /* out = silu(gate) * up, elementwise; n elements; out may alias gate. */
 fy_status_t fy_backend_swiglu(fy_backend_t *be, const float *gate, const float *up, float *out, size_t n);
 /* x += y; n elements */
@@ -152,8 +150,8 @@ fy_status_t fy_backend_get_rows(fy_backend_t *be, const float *src, const int32_
                                 float *dst);
 /* Writes k, v ([n_tokens, n_kv_heads, head_dim]) of one layer into the
  * arena at the batch's slots. */
-fy_status_t fy_backend_kv_write(fy_backend_t *be, const fy_kv_layout_t *lay, void *arena, int32_t layer,
-                                const float *k, const float *v);
+fy_status_t fy_backend_kv_write(fy_backend_t *be, const fy_kv_layout_t *lay, void *arena, int32_t layer, const float *k,
+                                const float *v);
 /* Causal paged attention of one layer for the whole batch: out[t, h] =
  * softmax(q[t, h] . K / sqrt(d)) V over the sequence's tokens up to t's
  * position, K/V of kv head h / (n_heads / n_kv_heads).

@@ -24,8 +24,7 @@ typedef struct fy_backend_ops {
                                const int32_t *dst, const int32_t *src, int32_t n, fy_copy_kind_t kind);
     fy_status_t (*set_batch)(void *ctx, const fy_batch_meta_t *meta);
     fy_status_t (*embed)(void *ctx, const fy_tensor_t *table, float *out);
-    fy_status_t (*matmul)(void *ctx, int n_w, const fy_tensor_t *const *w, const float *x, int32_t n,
-                          float *const *y);
+    fy_status_t (*matmul)(void *ctx, int n_w, const fy_tensor_t *const *w, const float *x, int32_t n, float *const *y);
     fy_status_t (*rmsnorm)(void *ctx, const float *x, const fy_tensor_t *w, int32_t n, float eps, float *y);
     fy_status_t (*rope)(void *ctx, float *q, float *k, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                         float theta, fy_rope_style_t style);
@@ -34,8 +33,8 @@ typedef struct fy_backend_ops {
     fy_status_t (*get_rows)(void *ctx, const float *src, const int32_t *rows, int32_t n, int32_t dim, float *dst);
     fy_status_t (*kv_write)(void *ctx, const fy_kv_layout_t *lay, void *arena, int32_t layer, const float *k,
                             const float *v);
-    fy_status_t (*attention)(void *ctx, const fy_kv_layout_t *lay, const void *arena, int32_t layer,
-                             int32_t n_heads, const float *q, float *out);
+    fy_status_t (*attention)(void *ctx, const fy_kv_layout_t *lay, const void *arena, int32_t layer, int32_t n_heads,
+                             const float *q, float *out);
     fy_status_t (*sync)(void *ctx);
 } fy_backend_ops_t;
 

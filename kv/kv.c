@@ -204,8 +204,8 @@ void fy_kv_ns_make(const fy_kv_hasher_t *h, const char *tenant, const char *mode
     crypto_generichash_blake2b_final(&st, ns_p->digest.b, FY_KV_HASH_BYTES);
 }
 
-void fy_kv_hash_block(const fy_kv_hasher_t *h, const fy_kv_ns_t *ns, const fy_kv_hash_t *parent,
-                      const int32_t *tokens, int32_t block_size, fy_kv_hash_t *out)
+void fy_kv_hash_block(const fy_kv_hasher_t *h, const fy_kv_ns_t *ns, const fy_kv_hash_t *parent, const int32_t *tokens,
+                      int32_t block_size, fy_kv_hash_t *out)
 {
     crypto_generichash_blake2b_state st __attribute__((aligned(64)));
     memcpy(&st, &h->base, sizeof(st));
@@ -374,8 +374,10 @@ static int32_t take_free(tier_t *t)
 /* USED (last reference) or CACHED -> FREE, dropping its name */
 static void make_free(tier_t *t, int32_t b)
 {
-    if (t->state[b] == BLOCK_CACHED) lru_remove(t, b);
-    else t->n_used--;
+    if (t->state[b] == BLOCK_CACHED)
+        lru_remove(t, b);
+    else
+        t->n_used--;
     if (t->named[b]) index_remove(t, b);
     t->state[b] = BLOCK_FREE;
     t->ref[b] = 0;
@@ -801,8 +803,8 @@ fy_status_t fy_kvm_seq_reserve(fy_kvm_t *m, fy_block_table_t *bt, int32_t n_toke
     /* the block the next token goes into must be this sequence's alone
      * and not a named (immutable) prefix block */
     int32_t cur = bt->n_tokens / bs;
-    bool cow = n_tokens > bt->n_tokens && cur < bt->n_blocks &&
-               (D->ref[bt->blocks[cur]] > 1 || D->named[bt->blocks[cur]]);
+    bool cow =
+        n_tokens > bt->n_tokens && cur < bt->n_blocks && (D->ref[bt->blocks[cur]] > 1 || D->named[bt->blocks[cur]]);
     int32_t grow = need > bt->n_blocks ? need - bt->n_blocks : 0;
     if (grow + (cow ? 1 : 0) > available(m, resv)) return FY_ERR_NO_SPACE;
     if (cow) {
@@ -1043,8 +1045,7 @@ int32_t fy_kvm_capacity(const fy_kvm_t *m)
     return n < 0 ? 0 : n;
 }
 
-void fy_kvm_foreach_name(const fy_kvm_t *m, fy_kv_tier_t tier, void (*fn)(void *arg, const fy_kv_hash_t *h),
-                         void *arg)
+void fy_kvm_foreach_name(const fy_kvm_t *m, fy_kv_tier_t tier, void (*fn)(void *arg, const fy_kv_hash_t *h), void *arg)
 {
     const tier_t *T = &m->tier[tier];
     for (int32_t b = 0; b < T->n; b++)
@@ -1088,12 +1089,12 @@ int32_t fy_kvm_refcount(const fy_kvm_t *m, fy_kv_tier_t t, int32_t b) { return m
 
 fy_status_t fy_kvm_check(const fy_kvm_t *m)
 {
-#define BAD(...)                                                                                   \
-    do {                                                                                           \
-        char m_[200];                                                                              \
-        snprintf(m_, sizeof(m_), __VA_ARGS__);                                                     \
-        fy_error("kv: invariant broken in the %s tier: %s", fy_kv_tier_name((fy_kv_tier_t)t), m_); \
-        return FY_ERR_INTERNAL;                                                                    \
+#define BAD(...)                                                                                                       \
+    do {                                                                                                               \
+        char m_[200];                                                                                                  \
+        snprintf(m_, sizeof(m_), __VA_ARGS__);                                                                         \
+        fy_error("kv: invariant broken in the %s tier: %s", fy_kv_tier_name((fy_kv_tier_t)t), m_);                     \
+        return FY_ERR_INTERNAL;                                                                                        \
     } while (0)
     for (int t = 0; t < FY_KV_TIERS; t++) {
         const tier_t *T = &m->tier[t];
@@ -1122,7 +1123,8 @@ fy_status_t fy_kvm_check(const fy_kvm_t *m)
         if (n_free != T->n_free || n_used != T->n_used || n_cached != T->n_cached)
             BAD("counted %d free, %d used, %d cached; books say %d, %d, %d", n_free, n_used, n_cached, T->n_free,
                 T->n_used, T->n_cached);
-        if (n_free + n_used + n_cached != T->n) BAD("free + used + cached = %d, not %d", n_free + n_used + n_cached, T->n);
+        if (n_free + n_used + n_cached != T->n)
+            BAD("free + used + cached = %d, not %d", n_free + n_used + n_cached, T->n);
         for (int32_t i = 0; i < T->n_free; i++)
             if (T->state[T->free_stack[i]] != BLOCK_FREE) BAD("free stack holds block %d, not free", T->free_stack[i]);
         int32_t walked = 0, prev = -1;

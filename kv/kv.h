@@ -93,8 +93,7 @@ fy_status_t fy_kv_layout_init(fy_kv_layout_t *lay, int32_t n_layers, int32_t n_k
                               int32_t block_size, fy_dtype_t dtype);
 
 /* Byte offset of (block, layer, k or v, head, token 0) in an arena. */
-static inline size_t fy_kv_offset(const fy_kv_layout_t *lay, int32_t block, int32_t layer, int is_v,
-                                  int32_t head)
+static inline size_t fy_kv_offset(const fy_kv_layout_t *lay, int32_t block, int32_t layer, int is_v, int32_t head)
 {
     return (size_t)block * lay->block_bytes + (size_t)layer * lay->layer_bytes + (size_t)is_v * lay->kv_bytes +
            (size_t)head * lay->head_bytes;
@@ -140,17 +139,12 @@ void fy_kv_ns_make(const fy_kv_hasher_t *h, const char *tenant, const char *mode
                    const char *adapter, fy_kv_ns_t *ns_p);
 
 /* h = H(ns, parent, tokens[block_size]); parent NULL for the first block. */
-void fy_kv_hash_block(const fy_kv_hasher_t *h, const fy_kv_ns_t *ns, const fy_kv_hash_t *parent,
-                      const int32_t *tokens, int32_t block_size, fy_kv_hash_t *out);
+void fy_kv_hash_block(const fy_kv_hasher_t *h, const fy_kv_ns_t *ns, const fy_kv_hash_t *parent, const int32_t *tokens,
+                      int32_t block_size, fy_kv_hash_t *out);
 
 /* ---- the block manager ---------------------------------------------------------------------- */
 
-typedef enum fy_kv_tier {
-    FY_KV_DEVICE = 0,
-    FY_KV_HOST,
-    FY_KV_DISK,
-    FY_KV_TIERS
-} fy_kv_tier_t;
+typedef enum fy_kv_tier { FY_KV_DEVICE = 0, FY_KV_HOST, FY_KV_DISK, FY_KV_TIERS } fy_kv_tier_t;
 
 const char *fy_kv_tier_name(fy_kv_tier_t tier);
 
@@ -169,8 +163,8 @@ typedef struct fy_kvm_params {
     fy_kv_copy_fn copy;    /* device <-> host, and within a tier (copy-on-write); required */
     void *copy_arg;
     const fy_kv_hasher_t *hasher; /* required; outlives the manager */
-    bool prefix_caching;   /* false: full blocks are never named or kept after release */
-    float watermark;       /* share of device blocks admission keeps free (0.01 = 1%) */
+    bool prefix_caching;          /* false: full blocks are never named or kept after release */
+    float watermark;              /* share of device blocks admission keeps free (0.01 = 1%) */
 } fy_kvm_params_t;
 
 typedef struct fy_kvm fy_kvm_t;
@@ -191,7 +185,7 @@ typedef struct fy_block_table {
     int32_t max_blocks; /* capacity */
     int32_t n_tokens;   /* tokens whose K/V are written */
     int32_t block_size;
-    fy_kv_tier_t tier;  /* where its blocks are: device, or host while swapped out */
+    fy_kv_tier_t tier; /* where its blocks are: device, or host while swapped out */
     fy_kv_ns_t ns;
     fy_kv_hash_t *hashes; /* [max_blocks] names of the leading full blocks */
     int32_t n_hashed;     /* leading blocks with hashes[] computed */
@@ -276,8 +270,7 @@ int32_t fy_kvm_capacity(const fy_kvm_t *m);
 
 /* Calls fn with the name of every block of a tier that is in the prefix
  * index (cached or in use): what a router's prefix digest is built from. */
-void fy_kvm_foreach_name(const fy_kvm_t *m, fy_kv_tier_t tier, void (*fn)(void *arg, const fy_kv_hash_t *h),
-                         void *arg);
+void fy_kvm_foreach_name(const fy_kvm_t *m, fy_kv_tier_t tier, void (*fn)(void *arg, const fy_kv_hash_t *h), void *arg);
 
 /* ---- figures ---- */
 
@@ -289,10 +282,10 @@ typedef struct fy_kvm_tier_stats {
 
 typedef struct fy_kvm_stats {
     fy_kvm_tier_stats_t tier[FY_KV_TIERS];
-    bool balanced;           /* free + used + cached == total in every tier */
-    double usage;            /* device blocks used / total */
-    double waste;            /* unfilled token slots / slots of used device blocks */
-    int32_t promised;        /* device blocks promised at admission, not yet taken */
+    bool balanced;                  /* free + used + cached == total in every tier */
+    double usage;                   /* device blocks used / total */
+    double waste;                   /* unfilled token slots / slots of used device blocks */
+    int32_t promised;               /* device blocks promised at admission, not yet taken */
     uint64_t queries, query_tokens; /* prefix lookups, and the tokens they asked about */
     uint64_t hit_blocks, hit_tokens;
     uint64_t cow_copies;

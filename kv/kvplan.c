@@ -34,8 +34,7 @@ int32_t fy_kv_dtype_scale_bytes(const char *name)
 fy_status_t fy_kv_plan(const fy_kv_plan_in_t *in, fy_kv_plan_t *out)
 {
     if (in->n_layers < 1 || in->n_kv_heads < 1 || in->head_dim < 1 || in->elem_bytes < 1 || in->scale_bytes < 0 ||
-        in->scale_bytes > 64 || in->n_layers > 4096 ||
-        in->n_kv_heads > 4096 || in->head_dim > 4096) {
+        in->scale_bytes > 64 || in->n_layers > 4096 || in->n_kv_heads > 4096 || in->head_dim > 4096) {
         fy_error("plan: bad model shape (%d layers, %d kv heads, head size %d)", in->n_layers, in->n_kv_heads,
                  in->head_dim);
         return FY_ERR_INVALID;

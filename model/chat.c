@@ -35,18 +35,17 @@
 #include "log.h"
 #include "mem.h"
 
-#define CHAT_MAX_SOURCE ((size_t)1 << 20)    /* template bytes */
-#define CHAT_MAX_DEPTH 200                   /* nesting: parse, render, values */
-#define CHAT_MAX_WORK 10000000L              /* evaluation steps per render */
-#define CHAT_MAX_STRING ((size_t)16 << 20)   /* any string, the output included */
-#define CHAT_MAX_MEMORY ((size_t)256 << 20)  /* arena bytes per template or render */
+#define CHAT_MAX_SOURCE ((size_t)1 << 20)   /* template bytes */
+#define CHAT_MAX_DEPTH 200                  /* nesting: parse, render, values */
+#define CHAT_MAX_WORK 10000000L             /* evaluation steps per render */
+#define CHAT_MAX_STRING ((size_t)16 << 20)  /* any string, the output included */
+#define CHAT_MAX_MEMORY ((size_t)256 << 20) /* arena bytes per template or render */
 #define ARENA_CHUNK ((size_t)64 << 10)
 #define NO_POS UINT32_MAX
 
-static const char CHATML[] =
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+static const char CHATML[] = "{% for message in messages %}"
+                             "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+                             "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
 /* ---- arena, errors, strings ---------------------------------------------- */
 
@@ -123,8 +122,10 @@ static void fail(ctx_t *c, fy_status_t status, uint32_t pos, const char *fmt, ..
     } else {
         unsigned line = 1, col = 1;
         for (uint32_t i = 0; i < pos && c->src[i]; i++) {
-            if (c->src[i] == '\n') line++, col = 1;
-            else col++;
+            if (c->src[i] == '\n')
+                line++, col = 1;
+            else
+                col++;
         }
         fy_error("chat template: line %u, column %u: %s", line, col, msg);
     }
@@ -206,10 +207,14 @@ static size_t utf8_char(const char *s, size_t n, size_t i, uint32_t *cp_p)
         *cp_p = c;
         return 1;
     }
-    if ((c & 0xE0) == 0xC0) len = 2, c &= 0x1F, min = 0x80;
-    else if ((c & 0xF0) == 0xE0) len = 3, c &= 0x0F, min = 0x800;
-    else if ((c & 0xF8) == 0xF0) len = 4, c &= 0x07, min = 0x10000;
-    else goto bad;
+    if ((c & 0xE0) == 0xC0)
+        len = 2, c &= 0x1F, min = 0x80;
+    else if ((c & 0xF0) == 0xE0)
+        len = 3, c &= 0x0F, min = 0x800;
+    else if ((c & 0xF8) == 0xF0)
+        len = 4, c &= 0x07, min = 0x10000;
+    else
+        goto bad;
     if (len > n - i) goto bad;
     for (size_t k = 1; k < len; k++) {
         if ((u[k] & 0xC0) != 0x80) goto bad;
@@ -227,10 +232,14 @@ static void utf8_put(ctx_t *c, buf_t *b, uint32_t cp)
 {
     char s[4];
     size_t n;
-    if (cp < 0x80) s[0] = (char)cp, n = 1;
-    else if (cp < 0x800) s[0] = (char)(0xC0 | cp >> 6), n = 2;
-    else if (cp < 0x10000) s[0] = (char)(0xE0 | cp >> 12), n = 3;
-    else s[0] = (char)(0xF0 | cp >> 18), n = 4;
+    if (cp < 0x80)
+        s[0] = (char)cp, n = 1;
+    else if (cp < 0x800)
+        s[0] = (char)(0xC0 | cp >> 6), n = 2;
+    else if (cp < 0x10000)
+        s[0] = (char)(0xE0 | cp >> 12), n = 3;
+    else
+        s[0] = (char)(0xF0 | cp >> 18), n = 4;
     for (size_t k = 1; k < n; k++) s[k] = (char)(0x80 | ((cp >> (6 * (n - 1 - k))) & 0x3F));
     buf_add(c, b, s, n);
 }
@@ -238,9 +247,8 @@ static void utf8_put(ctx_t *c, buf_t *b, uint32_t cp)
 /* Python's str.isspace(). */
 static bool is_space_cp(uint32_t c)
 {
-    return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1C && c <= 0x1F) || c == 0x85 || c == 0xA0 ||
-           c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
-           c == 0x205F || c == 0x3000;
+    return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1C && c <= 0x1F) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
 /* Length of the character at s[i] if it is in set (NULL: whitespace), else 0. */
@@ -283,8 +291,17 @@ static size_t cp_count(str_t s)
 /* ---- lexer --------------------------------------------------------------- */
 
 typedef enum tok_kind {
-    TOK_EOF, TOK_TEXT, TOK_VAR_BEGIN, TOK_VAR_END, TOK_BLOCK_BEGIN, TOK_BLOCK_END,
-    TOK_NAME, TOK_STRING, TOK_INT, TOK_FLOAT, TOK_OP,
+    TOK_EOF,
+    TOK_TEXT,
+    TOK_VAR_BEGIN,
+    TOK_VAR_END,
+    TOK_BLOCK_BEGIN,
+    TOK_BLOCK_END,
+    TOK_NAME,
+    TOK_STRING,
+    TOK_INT,
+    TOK_FLOAT,
+    TOK_OP,
 } tok_kind_t;
 
 typedef struct tok {
@@ -304,14 +321,14 @@ typedef struct nodes {
 
 typedef struct parser {
     ctx_t c;
-    size_t len;       /* of c.src */
-    arena_t *ast;     /* the template's arena, where c.arena points but in scratch_grow() */
-    arena_t scratch;  /* tokens and the checks below; freed after parsing */
+    size_t len;      /* of c.src */
+    arena_t *ast;    /* the template's arena, where c.arena points but in scratch_grow() */
+    arena_t scratch; /* tokens and the checks below; freed after parsing */
     tok_t *toks;
     size_t n_toks, cap_toks, i;
-    int depth;        /* of the recursion */
-    int loops;        /* for-loops around the statement being parsed */
-    nodes_t calls;    /* calls of names, checked against the macros at the end */
+    int depth;     /* of the recursion */
+    int loops;     /* for-loops around the statement being parsed */
+    nodes_t calls; /* calls of names, checked against the macros at the end */
     nodes_t macros;
 } parser_t;
 
@@ -431,8 +448,10 @@ static size_t lex_number(parser_t *p, size_t pos)
     tok_t *t = push_tok(p, is_float ? TOK_FLOAT : TOK_INT, pos, (str_t){s + pos, i - pos});
     char *end;
     errno = 0;
-    if (is_float) t->f = strtod(s + pos, &end);
-    else t->i = strtoll(s + pos, &end, 10);
+    if (is_float)
+        t->f = strtod(s + pos, &end);
+    else
+        t->i = strtoll(s + pos, &end, 10);
     if (errno || end != s + i) fail(&p->c, FY_ERR_FORMAT, (uint32_t)pos, "number out of range");
     return i;
 }
@@ -455,8 +474,7 @@ static size_t lex_expr_token(parser_t *p, size_t pos, int *depth)
         size_t n = strlen(ops[k]);
         if (strncmp(s + pos, ops[k], n) != 0) continue;
         if (strchr("([{", s[pos])) ++*depth;
-        if (strchr(")]}", s[pos]) && --*depth < 0)
-            fail(&p->c, FY_ERR_FORMAT, (uint32_t)pos, "unexpected '%c'", s[pos]);
+        if (strchr(")]}", s[pos]) && --*depth < 0) fail(&p->c, FY_ERR_FORMAT, (uint32_t)pos, "unexpected '%c'", s[pos]);
         push_tok(p, TOK_OP, pos, (str_t){s + pos, n});
         return pos + n;
     }
@@ -550,33 +568,33 @@ struct dict { /* insertion-ordered, string keys */
 };
 
 typedef enum node_kind {
-    N_TEXT,     /* lit */
-    N_OUTPUT,   /* {{ a }} */
-    N_IF,       /* args: N_BRANCH nodes */
-    N_BRANCH,   /* if a (NULL: else): body */
-    N_FOR,      /* for name[, name2] in a [if b]: body, else_body */
-    N_SET,      /* set name[.name2] = a, or to the rendered body */
-    N_MACRO,    /* macro name(args: E_KWARG with default a or NULL): body */
+    N_TEXT,   /* lit */
+    N_OUTPUT, /* {{ a }} */
+    N_IF,     /* args: N_BRANCH nodes */
+    N_BRANCH, /* if a (NULL: else): body */
+    N_FOR,    /* for name[, name2] in a [if b]: body, else_body */
+    N_SET,    /* set name[.name2] = a, or to the rendered body */
+    N_MACRO,  /* macro name(args: E_KWARG with default a or NULL): body */
     N_BREAK,
     N_CONTINUE,
-    N_BLOCK,    /* body (generation) */
-    E_LIT,      /* lit */
-    E_NAME,     /* name */
-    E_LIST,     /* args */
-    E_TUPLE,    /* args */
-    E_DICT,     /* args: key, value, key, value, ... */
-    E_ATTR,     /* a.name */
-    E_INDEX,    /* a[b] */
-    E_SLICE,    /* a[b:c:d], each of b, c, d may be NULL */
-    E_UNARY,    /* op a */
-    E_BINARY,   /* a op b */
-    E_COND,     /* a if b else c (c may be NULL) */
-    E_FILTER,   /* a | op(args), args bound to the filter's parameters */
-    E_TEST,     /* a is [not] op(args) */
-    E_METHOD,   /* a.name(args) */
-    E_FUNC,     /* builtin op(args) */
-    E_CALL,     /* macro name(args: positional, then E_KWARG) */
-    E_KWARG,    /* name=a */
+    N_BLOCK,  /* body (generation) */
+    E_LIT,    /* lit */
+    E_NAME,   /* name */
+    E_LIST,   /* args */
+    E_TUPLE,  /* args */
+    E_DICT,   /* args: key, value, key, value, ... */
+    E_ATTR,   /* a.name */
+    E_INDEX,  /* a[b] */
+    E_SLICE,  /* a[b:c:d], each of b, c, d may be NULL */
+    E_UNARY,  /* op a */
+    E_BINARY, /* a op b */
+    E_COND,   /* a if b else c (c may be NULL) */
+    E_FILTER, /* a | op(args), args bound to the filter's parameters */
+    E_TEST,   /* a is [not] op(args) */
+    E_METHOD, /* a.name(args) */
+    E_FUNC,   /* builtin op(args) */
+    E_CALL,   /* macro name(args: positional, then E_KWARG) */
+    E_KWARG,  /* name=a */
 } node_kind_t;
 
 struct node {
@@ -591,17 +609,35 @@ struct node {
 };
 
 typedef enum op {
-    OP_OR, OP_AND, OP_NOT, OP_EQ, OP_NE, OP_LT, OP_GT, OP_LE, OP_GE, OP_IN, OP_NOT_IN,
-    OP_ADD, OP_SUB, OP_CONCAT, OP_MUL, OP_DIV, OP_FLOORDIV, OP_MOD, OP_POW, OP_NEG, OP_POS,
+    OP_OR,
+    OP_AND,
+    OP_NOT,
+    OP_EQ,
+    OP_NE,
+    OP_LT,
+    OP_GT,
+    OP_LE,
+    OP_GE,
+    OP_IN,
+    OP_NOT_IN,
+    OP_ADD,
+    OP_SUB,
+    OP_CONCAT,
+    OP_MUL,
+    OP_DIV,
+    OP_FLOORDIV,
+    OP_MOD,
+    OP_POW,
+    OP_NEG,
+    OP_POS,
 } op_t;
 
 static const struct {
     const char *s;
     op_t op;
 } binops[] = {
-    {"==", OP_EQ}, {"!=", OP_NE}, {"<", OP_LT}, {">", OP_GT}, {"<=", OP_LE}, {">=", OP_GE},
-    {"+", OP_ADD}, {"-", OP_SUB}, {"~", OP_CONCAT}, {"*", OP_MUL}, {"/", OP_DIV}, {"//", OP_FLOORDIV},
-    {"%", OP_MOD}, {"**", OP_POW},
+    {"==", OP_EQ}, {"!=", OP_NE},    {"<", OP_LT},  {">", OP_GT},  {"<=", OP_LE},       {">=", OP_GE}, {"+", OP_ADD},
+    {"-", OP_SUB}, {"~", OP_CONCAT}, {"*", OP_MUL}, {"/", OP_DIV}, {"//", OP_FLOORDIV}, {"%", OP_MOD}, {"**", OP_POW},
 };
 
 /* A filter, test, function or method: arguments are bound to params at parse time. */
@@ -613,51 +649,116 @@ typedef struct builtin {
 } builtin_t;
 
 enum {
-    F_TRIM, F_LENGTH, F_UPPER, F_LOWER, F_CAPITALIZE, F_DEFAULT, F_TOJSON, F_FIRST, F_LAST, F_JOIN, F_REPLACE,
-    F_STRING, F_INT, F_SAFE, F_ITEMS, F_LIST, F_SELECTATTR, F_REJECTATTR, F_SELECT, F_REJECT, F_MAP, F_DICTSORT,
+    F_TRIM,
+    F_LENGTH,
+    F_UPPER,
+    F_LOWER,
+    F_CAPITALIZE,
+    F_DEFAULT,
+    F_TOJSON,
+    F_FIRST,
+    F_LAST,
+    F_JOIN,
+    F_REPLACE,
+    F_STRING,
+    F_INT,
+    F_SAFE,
+    F_ITEMS,
+    F_LIST,
+    F_SELECTATTR,
+    F_REJECTATTR,
+    F_SELECT,
+    F_REJECT,
+    F_MAP,
+    F_DICTSORT,
     F_INDENT,
 };
 
 static const builtin_t filters[] = {
-    {"trim", F_TRIM, 0, {"chars"}},       {"length", F_LENGTH, 0, {NULL}},   {"count", F_LENGTH, 0, {NULL}},
-    {"upper", F_UPPER, 0, {NULL}},        {"lower", F_LOWER, 0, {NULL}},     {"capitalize", F_CAPITALIZE, 0, {NULL}},
-    {"first", F_FIRST, 0, {NULL}},        {"last", F_LAST, 0, {NULL}},       {"string", F_STRING, 0, {NULL}},
-    {"int", F_INT, 0, {"default"}},       {"safe", F_SAFE, 0, {NULL}},       {"items", F_ITEMS, 0, {NULL}},
-    {"list", F_LIST, 0, {NULL}},          {"dictsort", F_DICTSORT, 0, {NULL}},
+    {"trim", F_TRIM, 0, {"chars"}},
+    {"length", F_LENGTH, 0, {NULL}},
+    {"count", F_LENGTH, 0, {NULL}},
+    {"upper", F_UPPER, 0, {NULL}},
+    {"lower", F_LOWER, 0, {NULL}},
+    {"capitalize", F_CAPITALIZE, 0, {NULL}},
+    {"first", F_FIRST, 0, {NULL}},
+    {"last", F_LAST, 0, {NULL}},
+    {"string", F_STRING, 0, {NULL}},
+    {"int", F_INT, 0, {"default"}},
+    {"safe", F_SAFE, 0, {NULL}},
+    {"items", F_ITEMS, 0, {NULL}},
+    {"list", F_LIST, 0, {NULL}},
+    {"dictsort", F_DICTSORT, 0, {NULL}},
     {"join", F_JOIN, 0, {"d", "attribute"}},
-    {"default", F_DEFAULT, 0, {"default_value", "boolean"}}, {"d", F_DEFAULT, 0, {"default_value", "boolean"}},
-    {"tojson", F_TOJSON, 0, {"ensure_ascii", "indent"}},     {"replace", F_REPLACE, 2, {"old", "new", "count"}},
+    {"default", F_DEFAULT, 0, {"default_value", "boolean"}},
+    {"d", F_DEFAULT, 0, {"default_value", "boolean"}},
+    {"tojson", F_TOJSON, 0, {"ensure_ascii", "indent"}},
+    {"replace", F_REPLACE, 2, {"old", "new", "count"}},
     {"selectattr", F_SELECTATTR, 1, {"attribute", "test", "value"}},
     {"rejectattr", F_REJECTATTR, 1, {"attribute", "test", "value"}},
-    {"select", F_SELECT, 0, {"test", "value"}}, {"reject", F_REJECT, 0, {"test", "value"}},
-    {"map", F_MAP, 0, {"filter", "attribute", "default"}},   {"indent", F_INDENT, 0, {"width", "first", "blank"}},
+    {"select", F_SELECT, 0, {"test", "value"}},
+    {"reject", F_REJECT, 0, {"test", "value"}},
+    {"map", F_MAP, 0, {"filter", "attribute", "default"}},
+    {"indent", F_INDENT, 0, {"width", "first", "blank"}},
 };
 
 enum {
-    T_DEFINED, T_UNDEFINED, T_NONE, T_STRING, T_MAPPING, T_ITERABLE, T_SEQUENCE, T_NUMBER, T_INTEGER,
-    T_FLOAT, T_BOOLEAN, T_TRUE, T_FALSE, T_EQ, T_NE, T_ODD, T_EVEN,
+    T_DEFINED,
+    T_UNDEFINED,
+    T_NONE,
+    T_STRING,
+    T_MAPPING,
+    T_ITERABLE,
+    T_SEQUENCE,
+    T_NUMBER,
+    T_INTEGER,
+    T_FLOAT,
+    T_BOOLEAN,
+    T_TRUE,
+    T_FALSE,
+    T_EQ,
+    T_NE,
+    T_ODD,
+    T_EVEN,
 };
 
 static const builtin_t tests[] = {
-    {"defined", T_DEFINED, 0, {NULL}},   {"undefined", T_UNDEFINED, 0, {NULL}}, {"none", T_NONE, 0, {NULL}},
-    {"string", T_STRING, 0, {NULL}},     {"mapping", T_MAPPING, 0, {NULL}},     {"iterable", T_ITERABLE, 0, {NULL}},
-    {"sequence", T_SEQUENCE, 0, {NULL}}, {"number", T_NUMBER, 0, {NULL}},       {"integer", T_INTEGER, 0, {NULL}},
-    {"float", T_FLOAT, 0, {NULL}},       {"boolean", T_BOOLEAN, 0, {NULL}},     {"true", T_TRUE, 0, {NULL}},
-    {"false", T_FALSE, 0, {NULL}},       {"equalto", T_EQ, 1, {"other"}},       {"eq", T_EQ, 1, {"other"}},
-    {"sameas", T_EQ, 1, {"other"}},      {"ne", T_NE, 1, {"other"}},            {"odd", T_ODD, 0, {NULL}},
+    {"defined", T_DEFINED, 0, {NULL}},   {"undefined", T_UNDEFINED, 0, {NULL}},
+    {"none", T_NONE, 0, {NULL}},         {"string", T_STRING, 0, {NULL}},
+    {"mapping", T_MAPPING, 0, {NULL}},   {"iterable", T_ITERABLE, 0, {NULL}},
+    {"sequence", T_SEQUENCE, 0, {NULL}}, {"number", T_NUMBER, 0, {NULL}},
+    {"integer", T_INTEGER, 0, {NULL}},   {"float", T_FLOAT, 0, {NULL}},
+    {"boolean", T_BOOLEAN, 0, {NULL}},   {"true", T_TRUE, 0, {NULL}},
+    {"false", T_FALSE, 0, {NULL}},       {"equalto", T_EQ, 1, {"other"}},
+    {"eq", T_EQ, 1, {"other"}},          {"sameas", T_EQ, 1, {"other"}},
+    {"ne", T_NE, 1, {"other"}},          {"odd", T_ODD, 0, {NULL}},
     {"even", T_EVEN, 0, {NULL}},
 };
 
 enum { FN_RANGE, FN_NAMESPACE, FN_RAISE, FN_STRFTIME };
 
 static const builtin_t functions[] = {
-    {"range", FN_RANGE, 1, {"start", "stop", "step"}}, {"namespace", FN_NAMESPACE, -1, {NULL}},
-    {"raise_exception", FN_RAISE, 1, {"message"}},     {"strftime_now", FN_STRFTIME, 1, {"format"}},
+    {"range", FN_RANGE, 1, {"start", "stop", "step"}},
+    {"namespace", FN_NAMESPACE, -1, {NULL}},
+    {"raise_exception", FN_RAISE, 1, {"message"}},
+    {"strftime_now", FN_STRFTIME, 1, {"format"}},
 };
 
 enum {
-    M_STRIP, M_LSTRIP, M_RSTRIP, M_STARTSWITH, M_ENDSWITH, M_SPLIT, M_UPPER, M_LOWER, M_TITLE, M_CAPITALIZE,
-    M_REPLACE, M_GET, M_ITEMS, M_KEYS,
+    M_STRIP,
+    M_LSTRIP,
+    M_RSTRIP,
+    M_STARTSWITH,
+    M_ENDSWITH,
+    M_SPLIT,
+    M_UPPER,
+    M_LOWER,
+    M_TITLE,
+    M_CAPITALIZE,
+    M_REPLACE,
+    M_GET,
+    M_ITEMS,
+    M_KEYS,
 };
 
 static const builtin_t methods[] = {
@@ -711,8 +812,8 @@ static bool accept_kw(parser_t *p, const char *kw)
 static _Noreturn void unexpected(parser_t *p, const char *expected)
 {
     const tok_t *t = cur(p);
-    static const char *const names[] = {"end of template", "text", "'{{'", "'}}'", "'{%'", "'%}'", "", "a string",
-                                        "a number", "a number", ""};
+    static const char *const names[] = {"end of template", "text",     "'{{'",     "'}}'", "'{%'", "'%}'", "",
+                                        "a string",        "a number", "a number", ""};
     char got[80];
     if (t->kind == TOK_NAME || t->kind == TOK_OP)
         snprintf(got, sizeof(got), "'%.*s'", (int)FY_MIN(t->s.n, 40), t->s.p);
@@ -801,12 +902,11 @@ static void bind_args(parser_t *p, const char *what, const builtin_t *b, nodes_t
         size_t slot = kw ? 0 : n_pos++;
         while (kw && slot < n_params && !str_eq(arg->name, b->params[slot])) slot++;
         if (slot >= n_params && kw)
-            fail(&p->c, FY_ERR_UNSUPPORTED, arg->pos, "%s '%s' has no argument '%.*s'", what, b->name,
-                 (int)arg->name.n, arg->name.p);
+            fail(&p->c, FY_ERR_UNSUPPORTED, arg->pos, "%s '%s' has no argument '%.*s'", what, b->name, (int)arg->name.n,
+                 arg->name.p);
         if (slot >= n_params)
             fail(&p->c, FY_ERR_FORMAT, arg->pos, "%s '%s' takes at most %zu arguments", what, b->name, n_params);
-        if (slots[slot])
-            fail(&p->c, FY_ERR_FORMAT, arg->pos, "%s '%s' got '%s' twice", what, b->name, b->params[slot]);
+        if (slots[slot]) fail(&p->c, FY_ERR_FORMAT, arg->pos, "%s '%s' got '%s' twice", what, b->name, b->params[slot]);
         slots[slot] = kw ? arg->a : arg;
     }
     for (int k = 0; k < b->min; k++)
@@ -839,10 +939,14 @@ static node_t *parse_primary(parser_t *p)
     switch (t->kind) {
     case TOK_NAME:
         n = mk(p, E_LIT, t->pos);
-        if (str_eq(t->s, "true") || str_eq(t->s, "True")) n->lit = (val_t){V_BOOL, {.b = true}};
-        else if (str_eq(t->s, "false") || str_eq(t->s, "False")) n->lit = (val_t){V_BOOL, {.b = false}};
-        else if (str_eq(t->s, "none") || str_eq(t->s, "None")) n->lit = (val_t){V_NONE, {0}};
-        else n->kind = E_NAME, n->name = t->s;
+        if (str_eq(t->s, "true") || str_eq(t->s, "True"))
+            n->lit = (val_t){V_BOOL, {.b = true}};
+        else if (str_eq(t->s, "false") || str_eq(t->s, "False"))
+            n->lit = (val_t){V_BOOL, {.b = false}};
+        else if (str_eq(t->s, "none") || str_eq(t->s, "None"))
+            n->lit = (val_t){V_NONE, {0}};
+        else
+            n->kind = E_NAME, n->name = t->s;
         return n;
     case TOK_STRING: {
         buf_t b = {0}; /* adjacent literals concatenate */
@@ -869,8 +973,7 @@ static node_t *parse_primary(parser_t *p)
             return parse_items(p, tuple, ")");
         }
         break;
-    default:
-        break;
+    default: break;
     }
     p->i--;
     unexpected(p, NULL);
@@ -886,8 +989,7 @@ static node_t *parse_call(parser_t *p, node_t *callee)
     n->args = args;
     if (callee->kind == E_ATTR) {
         if (!(b = find_builtin(methods, FY_ARRAY_LEN(methods), callee->name)))
-            fail(&p->c, FY_ERR_UNSUPPORTED, callee->pos, "unknown method '%.*s'", (int)callee->name.n,
-                 callee->name.p);
+            fail(&p->c, FY_ERR_UNSUPPORTED, callee->pos, "unknown method '%.*s'", (int)callee->name.n, callee->name.p);
         n->kind = E_METHOD;
         n->a = callee->a;
         n->op = b->id;
@@ -920,8 +1022,10 @@ static node_t *parse_subscript(parser_t *p, node_t *obj, uint32_t pos)
         parts[colons] = parse_expr(p);
     }
     if (!colons && !parts[0]) fail(&p->c, FY_ERR_FORMAT, pos, "empty subscript");
-    if (colons) n->kind = E_SLICE, n->b = parts[0], n->c = parts[1], n->d = parts[2];
-    else n->b = parts[0];
+    if (colons)
+        n->kind = E_SLICE, n->b = parts[0], n->c = parts[1], n->d = parts[2];
+    else
+        n->b = parts[0];
     return n;
 }
 
@@ -1027,10 +1131,14 @@ static node_t *parse_compare(parser_t *p)
     node_t *n = parse_arith(p, 0);
     for (int count = 0;; count++) {
         op_t op = match_binop(cur(p));
-        if (op >= OP_EQ && op <= OP_GE) take(p);
-        else if (accept_kw(p, "in")) op = OP_IN;
-        else if (is_kw(cur(p), "not") && is_kw(peek(p), "in")) op = OP_NOT_IN, p->i += 2;
-        else return n;
+        if (op >= OP_EQ && op <= OP_GE)
+            take(p);
+        else if (accept_kw(p, "in"))
+            op = OP_IN;
+        else if (is_kw(cur(p), "not") && is_kw(peek(p), "in"))
+            op = OP_NOT_IN, p->i += 2;
+        else
+            return n;
         if (count) fail(&p->c, FY_ERR_UNSUPPORTED, n->pos, "chained comparisons are not supported");
         n = binary(p, op, n, parse_arith(p, 0));
     }
@@ -1084,8 +1192,7 @@ static int parse_body(parser_t *p, nodes_t *body, const char *const *ends, const
 static void expect_block_end(parser_t *p) { expect_kind(p, TOK_BLOCK_END, "'%}'"); }
 
 /* Parses up to the end tag, which must be one of ends; returns which. */
-static int parse_until(parser_t *p, nodes_t *body, const tok_t *opener, const char *e1, const char *e2,
-                       const char *e3)
+static int parse_until(parser_t *p, nodes_t *body, const tok_t *opener, const char *e1, const char *e2, const char *e3)
 {
     const char *const ends[] = {e1, e2, e3, NULL};
     return parse_body(p, body, ends, opener);
@@ -1114,8 +1221,7 @@ static node_t *parse_for(parser_t *p, const tok_t *opener)
     if (!accept_kw(p, "in")) unexpected(p, "'in'");
     n->a = parse_cond(p, false);
     if (accept_kw(p, "if")) n->b = parse_expr(p);
-    if (is_kw(cur(p), "recursive"))
-        fail(&p->c, FY_ERR_UNSUPPORTED, cur(p)->pos, "recursive loops are not supported");
+    if (is_kw(cur(p), "recursive")) fail(&p->c, FY_ERR_UNSUPPORTED, cur(p)->pos, "recursive loops are not supported");
     expect_block_end(p);
     p->loops++;
     if (parse_until(p, &n->body, opener, "else", "endfor", NULL) == 0) {
@@ -1132,8 +1238,7 @@ static node_t *parse_set(parser_t *p, const tok_t *opener)
     node_t *n = mk(p, N_SET, opener->pos);
     n->name = expect_name(p);
     if (accept_op(p, ".")) n->name2 = expect_name(p);
-    if (is_op(cur(p), ","))
-        fail(&p->c, FY_ERR_UNSUPPORTED, cur(p)->pos, "'set' with several targets is not supported");
+    if (is_op(cur(p), ",")) fail(&p->c, FY_ERR_UNSUPPORTED, cur(p)->pos, "'set' with several targets is not supported");
     if (accept_op(p, "=")) {
         n->a = parse_expr(p);
         expect_block_end(p);
@@ -1271,8 +1376,7 @@ static void parse_template(parser_t *p, fy_chat_template_t *t, const char *src, 
     }
 }
 
-static fy_status_t parse_guarded(parser_t *p, fy_chat_template_t *t, const char *src, const char *bos,
-                                 const char *eos)
+static fy_status_t parse_guarded(parser_t *p, fy_chat_template_t *t, const char *src, const char *bos, const char *eos)
 {
     if (setjmp(p->c.jmp)) return p->c.status;
     parse_template(p, t, src, bos, eos);
@@ -1342,7 +1446,7 @@ static val_t vlist(list_t *l) { return (val_t){V_LIST, {.l = l}}; }
 
 static const char *type_name(val_t v)
 {
-    static const char *const names[] = {"undefined", "NoneType", "bool",  "int",   "float",
+    static const char *const names[] = {"undefined", "NoneType", "bool", "int",   "float",
                                         "str",       "list",     "dict", "macro", "function"};
     return names[v.t];
 }
@@ -1464,11 +1568,14 @@ static void write_repr_str(render_t *r, buf_t *b, str_t s)
     for (size_t i = 0; i < s.n; i++) {
         unsigned char ch = (unsigned char)s.p[i];
         char esc[8];
-        if (ch == (unsigned char)quote || ch == '\\') snprintf(esc, sizeof(esc), "\\%c", ch);
+        if (ch == (unsigned char)quote || ch == '\\')
+            snprintf(esc, sizeof(esc), "\\%c", ch);
         else if (ch == '\n' || ch == '\t' || ch == '\r')
             snprintf(esc, sizeof(esc), "\\%c", ch == '\n' ? 'n' : ch == '\t' ? 't' : 'r');
-        else if (ch < 0x20 || ch == 0x7F) snprintf(esc, sizeof(esc), "\\x%02x", ch);
-        else esc[0] = (char)ch, esc[1] = '\0';
+        else if (ch < 0x20 || ch == 0x7F)
+            snprintf(esc, sizeof(esc), "\\x%02x", ch);
+        else
+            esc[0] = (char)ch, esc[1] = '\0';
         buf_cstr(&r->c, b, esc);
     }
     buf_add(&r->c, b, &quote, 1);
@@ -1493,8 +1600,10 @@ static void write_val(render_t *r, const node_t *at, buf_t *b, val_t v, bool rep
         buf_cstr(&r->c, b, num);
         break;
     case V_STR:
-        if (repr) write_repr_str(r, b, v.u.s);
-        else buf_str(&r->c, b, v.u.s);
+        if (repr)
+            write_repr_str(r, b, v.u.s);
+        else
+            buf_str(&r->c, b, v.u.s);
         break;
     case V_LIST:
         buf_cstr(&r->c, b, v.u.l->tuple ? "(" : "[");
@@ -1534,8 +1643,14 @@ static void write_json_str(render_t *r, buf_t *b, str_t s, bool ascii)
         uint32_t cp;
         len = utf8_char(s.p, s.n, i, &cp);
         char esc[16];
-        const char *named = cp == '"' ? "\\\"" : cp == '\\' ? "\\\\" : cp == '\n' ? "\\n" : cp == '\r' ? "\\r"
-                          : cp == '\t' ? "\\t" : cp == '\b' ? "\\b" : cp == '\f' ? "\\f" : NULL;
+        const char *named = cp == '"'    ? "\\\""
+                            : cp == '\\' ? "\\\\"
+                            : cp == '\n' ? "\\n"
+                            : cp == '\r' ? "\\r"
+                            : cp == '\t' ? "\\t"
+                            : cp == '\b' ? "\\b"
+                            : cp == '\f' ? "\\f"
+                                         : NULL;
         if (named) {
             buf_cstr(&r->c, b, named);
         } else if (cp < 0x20 || (ascii && cp > 0x7E && cp < 0x10000)) {
@@ -1743,8 +1858,10 @@ static val_t slice(render_t *r, const node_t *at, val_t obj, const val_t bound[3
     }
     for (int64_t i = ends[0]; step > 0 ? i < ends[1] : i > ends[1]; i += step) {
         charge(r, at, 1);
-        if (offs) buf_add(&r->c, &b, obj.u.s.p + offs[i], offs[i + 1] - offs[i]);
-        else list_push(r, l, obj.u.l->v[i]);
+        if (offs)
+            buf_add(&r->c, &b, obj.u.s.p + offs[i], offs[i + 1] - offs[i]);
+        else
+            list_push(r, l, obj.u.l->v[i]);
     }
     return offs ? vstr(buf_view(&b)) : vlist(l);
 }
@@ -1764,7 +1881,7 @@ static str_t str_cat(render_t *r, str_t a, str_t b)
 
 static val_t arith(render_t *r, const node_t *e, val_t a, val_t b)
 {
-    static const char *const sym[] = {[OP_ADD] = "+", [OP_SUB] = "-", [OP_MUL] = "*", [OP_DIV] = "/",
+    static const char *const sym[] = {[OP_ADD] = "+",       [OP_SUB] = "-", [OP_MUL] = "*", [OP_DIV] = "/",
                                       [OP_FLOORDIV] = "//", [OP_MOD] = "%", [OP_POW] = "**"};
     op_t op = (op_t)e->op;
     need_defined(r, e, a);
@@ -1918,8 +2035,10 @@ static str_t str_case(render_t *r, str_t s, int id)
         char ch = s.p[i];
         bool lower = ch >= 'a' && ch <= 'z', upper = ch >= 'A' && ch <= 'Z';
         bool up = id == M_UPPER || (id == M_TITLE && !prev_cased) || (id == M_CAPITALIZE && i == 0);
-        if (up && lower) ch = (char)(ch - 32);
-        else if (!up && id != M_UPPER && upper) ch = (char)(ch + 32);
+        if (up && lower)
+            ch = (char)(ch - 32);
+        else if (!up && id != M_UPPER && upper)
+            ch = (char)(ch + 32);
         prev_cased = lower || upper || (unsigned char)ch >= 0x80;
         d[i] = ch;
     }
@@ -2059,9 +2178,7 @@ static val_t apply_filter(render_t *r, const node_t *at, int id, val_t v, const 
         return vstr(buf_view(&b));
     }
     case F_FIRST:
-    case F_LAST:
-        l = iterate(r, at, v);
-        return l->n ? l->v[id == F_FIRST ? 0 : l->n - 1] : vundef(STR("item"));
+    case F_LAST: l = iterate(r, at, v); return l->n ? l->v[id == F_FIRST ? 0 : l->n - 1] : vundef(STR("item"));
     case F_JOIN: {
         buf_t b = {0};
         str_t sep = a->has[0] ? to_str(r, at, a->v[0]) : STR("");
@@ -2230,7 +2347,8 @@ static val_t call_macro(render_t *r, const node_t *e)
         size_t slot = pos;
         if (arg->kind == E_KWARG)
             for (slot = 0; slot < n && !str_same(def->args.v[slot]->name, arg->name); slot++) {}
-        else pos++;
+        else
+            pos++;
         if (slot >= n || given[slot]) ERR(r, arg, "bad argument for macro '%.*s'", (int)e->name.n, e->name.p);
         vals[slot] = eval(r, arg->kind == E_KWARG ? arg->a : arg);
         given[slot] = true;
@@ -2295,10 +2413,14 @@ static val_t eval(render_t *r, const node_t *e)
         }
         need_defined(r, e, x);
         if (!is_num(x)) ERR(r, e, "bad operand type for unary %c: '%s'", e->op == OP_NEG ? '-' : '+', type_name(x));
-        if (e->op == OP_POS) v = x;
-        else if (x.t == V_FLOAT) v = (val_t){V_FLOAT, {.f = -x.u.f}};
-        else if (as_int(x) == INT64_MIN) ERR(r, e, "integer overflow");
-        else v = vint(-as_int(x));
+        if (e->op == OP_POS)
+            v = x;
+        else if (x.t == V_FLOAT)
+            v = (val_t){V_FLOAT, {.f = -x.u.f}};
+        else if (as_int(x) == INT64_MIN)
+            ERR(r, e, "integer overflow");
+        else
+            v = vint(-as_int(x));
         break;
     case E_BINARY: v = eval_binary(r, e); break;
     case E_COND: v = truthy(eval(r, e->b)) ? eval(r, e->a) : e->c ? eval(r, e->c) : vundef(STR("else")); break;
@@ -2306,8 +2428,10 @@ static val_t eval(render_t *r, const node_t *e)
     case E_TEST:
         x = eval(r, e->a);
         eval_args(r, e, &a);
-        if (e->kind == E_FILTER) v = apply_filter(r, e, e->op, x, &a);
-        else v = vbool(apply_test(r, e, e->op, x, a.v[0]) != e->negate);
+        if (e->kind == E_FILTER)
+            v = apply_filter(r, e, e->op, x, &a);
+        else
+            v = vbool(apply_test(r, e, e->op, x, a.v[0]) != e->negate);
         break;
     case E_METHOD: v = call_method(r, e); break;
     case E_FUNC: v = call_function(r, e); break;
@@ -2348,7 +2472,7 @@ static void exec_for(render_t *r, const node_t *s)
         charge(r, s, 1);
         f.vars.n = 0; /* Jinja: what one iteration sets, the next does not see */
         bind_targets(r, s, &f, items->v[k]);
-        loop->n = 0;  /* rewritten in place: templates read only the current one */
+        loop->n = 0; /* rewritten in place: templates read only the current one */
         dict_set(r, loop, STR("index"), vint((int64_t)k + 1));
         dict_set(r, loop, STR("index0"), vint((int64_t)k));
         dict_set(r, loop, STR("revindex"), vint((int64_t)(n - k)));
@@ -2417,8 +2541,8 @@ static void exec(render_t *r, const nodes_t *body)
     r->depth--;
 }
 
-static fy_status_t render_guarded(render_t *r, const fy_chat_template_t *t, const fy_chat_msg_t *msgs,
-                                  size_t n_msgs, bool add_generation_prompt, frame_t *root)
+static fy_status_t render_guarded(render_t *r, const fy_chat_template_t *t, const fy_chat_msg_t *msgs, size_t n_msgs,
+                                  bool add_generation_prompt, frame_t *root)
 {
     if (setjmp(r->c.jmp)) return r->c.status;
     r->root = r->top = root;

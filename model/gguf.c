@@ -61,16 +61,36 @@ static const struct {
     const char *name;
     int supported_dtype; /* -1 if ferry cannot use it */
 } g_ggml_types[] = {
-    [0] = {"f32", FY_DTYPE_F32},   [1] = {"f16", FY_DTYPE_F16},    [2] = {"q4_0", FY_DTYPE_Q4_0},
-    [3] = {"q4_1", FY_DTYPE_Q4_1}, [4] = {"q4_2 (removed)", -1},   [5] = {"q4_3 (removed)", -1},
-    [6] = {"q5_0", -1},            [7] = {"q5_1", -1},             [8] = {"q8_0", FY_DTYPE_Q8_0},
-    [9] = {"q8_1", -1},            [10] = {"q2_k", -1},            [11] = {"q3_k", -1},
-    [12] = {"q4_k", -1},           [13] = {"q5_k", -1},            [14] = {"q6_k", -1},
-    [15] = {"q8_k", -1},           [16] = {"iq2_xxs", -1},         [17] = {"iq2_xs", -1},
-    [18] = {"iq3_xxs", -1},        [19] = {"iq1_s", -1},           [20] = {"iq4_nl", -1},
-    [21] = {"iq3_s", -1},          [22] = {"iq2_s", -1},           [23] = {"iq4_xs", -1},
-    [24] = {"i8", -1},             [25] = {"i16", -1},             [26] = {"i32", -1},
-    [27] = {"i64", -1},            [28] = {"f64", -1},             [29] = {"iq1_m", -1},
+    [0] = {"f32", FY_DTYPE_F32},
+    [1] = {"f16", FY_DTYPE_F16},
+    [2] = {"q4_0", FY_DTYPE_Q4_0},
+    [3] = {"q4_1", FY_DTYPE_Q4_1},
+    [4] = {"q4_2 (removed)", -1},
+    [5] = {"q4_3 (removed)", -1},
+    [6] = {"q5_0", -1},
+    [7] = {"q5_1", -1},
+    [8] = {"q8_0", FY_DTYPE_Q8_0},
+    [9] = {"q8_1", -1},
+    [10] = {"q2_k", -1},
+    [11] = {"q3_k", -1},
+    [12] = {"q4_k", -1},
+    [13] = {"q5_k", -1},
+    [14] = {"q6_k", -1},
+    [15] = {"q8_k", -1},
+    [16] = {"iq2_xxs", -1},
+    [17] = {"iq2_xs", -1},
+    [18] = {"iq3_xxs", -1},
+    [19] = {"iq1_s", -1},
+    [20] = {"iq4_nl", -1},
+    [21] = {"iq3_s", -1},
+    [22] = {"iq2_s", -1},
+    [23] = {"iq4_xs", -1},
+    [24] = {"i8", -1},
+    [25] = {"i16", -1},
+    [26] = {"i32", -1},
+    [27] = {"i64", -1},
+    [28] = {"f64", -1},
+    [29] = {"iq1_m", -1},
     [30] = {"bf16", FY_DTYPE_BF16},
 };
 
@@ -88,8 +108,8 @@ bool fy_str_eq(fy_str_t s, const char *cstr)
 
 static const char *type_name(fy_gguf_type_t t)
 {
-    static const char *names[] = {"uint8", "int8",  "uint16", "int16",  "uint32", "int32", "float32",
-                                  "bool",  "string", "array", "uint64", "int64",  "float64"};
+    static const char *names[] = {"uint8", "int8",   "uint16", "int16",  "uint32", "int32",  "float32",
+                                  "bool",  "string", "array",  "uint64", "int64",  "float64"};
     return (unsigned)t < FY_GGUF_TYPE_COUNT ? names[t] : "invalid";
 }
 
@@ -139,17 +159,16 @@ static bool cur_str(cursor_t *c, fy_str_t *s, uint64_t max_len)
     return true;
 }
 
-#define FAIL(g, ...)                                                                               \
-    do {                                                                                           \
-        char msg_[256];                                                                            \
-        snprintf(msg_, sizeof(msg_), __VA_ARGS__);                                                 \
-        fy_error("gguf: %s: %s", (g)->path, msg_);                                                 \
-        return FY_ERR_FORMAT;                                                                      \
+#define FAIL(g, ...)                                                                                                   \
+    do {                                                                                                               \
+        char msg_[256];                                                                                                \
+        snprintf(msg_, sizeof(msg_), __VA_ARGS__);                                                                     \
+        fy_error("gguf: %s: %s", (g)->path, msg_);                                                                     \
+        return FY_ERR_FORMAT;                                                                                          \
     } while (0)
 
 /* Skips one value of type t (arrays recursively, bounded depth). */
-static fy_status_t skip_value(fy_gguf_t *g, cursor_t *c, fy_gguf_type_t t, int depth,
-                              const char *key)
+static fy_status_t skip_value(fy_gguf_t *g, cursor_t *c, fy_gguf_type_t t, int depth, const char *key)
 {
     if (t == FY_GGUF_TYPE_STRING) {
         fy_str_t s;
@@ -160,22 +179,19 @@ static fy_status_t skip_value(fy_gguf_t *g, cursor_t *c, fy_gguf_type_t t, int d
         uint32_t et;
         uint64_t n;
         if (depth >= GGUF_MAX_ARRAY_DEPTH) FAIL(g, "metadata '%s': arrays nested too deep", key);
-        if (!cur_u32(c, &et) || !cur_u64(c, &n))
-            FAIL(g, "metadata '%s': array header runs past end of file", key);
+        if (!cur_u32(c, &et) || !cur_u64(c, &n)) FAIL(g, "metadata '%s': array header runs past end of file", key);
         if (et >= FY_GGUF_TYPE_COUNT) FAIL(g, "metadata '%s': invalid array element type %u", key, et);
         uint64_t es = scalar_size((fy_gguf_type_t)et);
         if (es) {
             if (n > (c->size - c->pos) / es)
-                FAIL(g, "metadata '%s': array of %llu elements runs past end of file", key,
-                     (unsigned long long)n);
+                FAIL(g, "metadata '%s': array of %llu elements runs past end of file", key, (unsigned long long)n);
             c->pos += n * es;
             return FY_OK;
         }
         /* strings or nested arrays: each takes at least 8 bytes, so a count
          * larger than that bound is already known to be a lie */
         if (n > (c->size - c->pos) / 8)
-            FAIL(g, "metadata '%s': array of %llu elements runs past end of file", key,
-                 (unsigned long long)n);
+            FAIL(g, "metadata '%s': array of %llu elements runs past end of file", key, (unsigned long long)n);
         for (uint64_t i = 0; i < n; i++) {
             fy_status_t st = skip_value(g, c, (fy_gguf_type_t)et, depth + 1, key);
             if (st != FY_OK) return st;
@@ -207,8 +223,7 @@ static fy_status_t parse(fy_gguf_t *g)
     if (!cur_u64(&c, &g->n_tensors) || !cur_u64(&c, &g->n_kv)) FAIL(g, "truncated header");
     /* each kv takes >= 8+4+1 bytes and each tensor record >= 8+4+4+8 bytes */
     if (g->n_kv > g->size / 13) FAIL(g, "absurd metadata count %llu", (unsigned long long)g->n_kv);
-    if (g->n_tensors > g->size / 24)
-        FAIL(g, "absurd tensor count %llu", (unsigned long long)g->n_tensors);
+    if (g->n_tensors > g->size / 24) FAIL(g, "absurd tensor count %llu", (unsigned long long)g->n_tensors);
 
     g->kv = fy_calloc(g->n_kv ? g->n_kv : 1, sizeof(*g->kv));
     g->tensors = fy_calloc(g->n_tensors ? g->n_tensors : 1, sizeof(*g->tensors));
@@ -277,11 +292,9 @@ static fy_status_t parse(fy_gguf_t *g)
             if (__builtin_mul_overflow(elems, (int64_t)ne, &elems) || elems > GGUF_MAX_ELEMS)
                 FAIL(g, "tensor '%s': absurd size (element count overflows)", name);
         }
-        if (!cur_u32(&c, &t->ggml_type) || !cur_u64(&c, &t->offset))
-            FAIL(g, "tensor '%s': truncated record", name);
+        if (!cur_u32(&c, &t->ggml_type) || !cur_u64(&c, &t->offset)) FAIL(g, "tensor '%s': truncated record", name);
         for (uint64_t j = 0; j < i; j++)
-            if (g->tensors[j].name.len == t->name.len &&
-                !memcmp(g->tensors[j].name.ptr, t->name.ptr, t->name.len))
+            if (g->tensors[j].name.len == t->name.len && !memcmp(g->tensors[j].name.ptr, t->name.ptr, t->name.len))
                 FAIL(g, "tensor '%s' appears twice", name);
     }
 
@@ -303,18 +316,16 @@ static fy_status_t parse(fy_gguf_t *g)
         t->dtype = (fy_dtype_t)dt;
         size_t row;
         if (fy_dtype_row_bytes(t->dtype, t->ne[0], &row) != FY_OK)
-            FAIL(g, "tensor '%s': row of %lld elements is not a whole number of %s blocks", name,
-                 (long long)t->ne[0], fy_dtype_name(t->dtype));
+            FAIL(g, "tensor '%s': row of %lld elements is not a whole number of %s blocks", name, (long long)t->ne[0],
+                 fy_dtype_name(t->dtype));
         uint64_t bytes = row;
         for (int d = 1; d < FY_GGUF_MAX_DIMS; d++)
             if (__builtin_mul_overflow(bytes, (uint64_t)t->ne[d], &bytes))
                 FAIL(g, "tensor '%s': absurd size (byte count overflows)", name);
         uint64_t start;
-        if (__builtin_add_overflow(g->data_offset, t->offset, &start) || start > g->size ||
-            bytes > g->size - start)
+        if (__builtin_add_overflow(g->data_offset, t->offset, &start) || start > g->size || bytes > g->size - start)
             FAIL(g, "tensor '%s' (%llu bytes at offset %llu) ends past the end of the file (%llu bytes): truncated?",
-                 name, (unsigned long long)bytes, (unsigned long long)t->offset,
-                 (unsigned long long)g->size);
+                 name, (unsigned long long)bytes, (unsigned long long)t->offset, (unsigned long long)g->size);
         t->offset = start;
         t->nbytes = bytes;
         t->data = g->map + start;
@@ -350,8 +361,7 @@ fy_status_t fy_gguf_open(const char *path, fy_gguf_t **gguf_p)
     }
     g->size = (uint64_t)sb.st_size;
     if (g->size < 24) {
-        fy_error("gguf: %s: file too short for a gguf header (%llu bytes)", path,
-                 (unsigned long long)g->size);
+        fy_error("gguf: %s: file too short for a gguf header (%llu bytes)", path, (unsigned long long)g->size);
         st = FY_ERR_FORMAT;
         goto err_close;
     }
@@ -415,11 +425,36 @@ static bool read_int(fy_gguf_type_t t, const uint8_t *p, int64_t *v)
     case FY_GGUF_TYPE_UINT8: *v = *p; return true;
     case FY_GGUF_TYPE_INT8: *v = (int8_t)*p; return true;
     case FY_GGUF_TYPE_BOOL: *v = *p != 0; return true;
-    case FY_GGUF_TYPE_UINT16: { uint16_t x; memcpy(&x, p, 2); *v = x; return true; }
-    case FY_GGUF_TYPE_INT16: { int16_t x; memcpy(&x, p, 2); *v = x; return true; }
-    case FY_GGUF_TYPE_UINT32: { uint32_t x; memcpy(&x, p, 4); *v = x; return true; }
-    case FY_GGUF_TYPE_INT32: { int32_t x; memcpy(&x, p, 4); *v = x; return true; }
-    case FY_GGUF_TYPE_INT64: { int64_t x; memcpy(&x, p, 8); *v = x; return true; }
+    case FY_GGUF_TYPE_UINT16: {
+        uint16_t x;
+        memcpy(&x, p, 2);
+        *v = x;
+        return true;
+    }
+    case FY_GGUF_TYPE_INT16: {
+        int16_t x;
+        memcpy(&x, p, 2);
+        *v = x;
+        return true;
+    }
+    case FY_GGUF_TYPE_UINT32: {
+        uint32_t x;
+        memcpy(&x, p, 4);
+        *v = x;
+        return true;
+    }
+    case FY_GGUF_TYPE_INT32: {
+        int32_t x;
+        memcpy(&x, p, 4);
+        *v = x;
+        return true;
+    }
+    case FY_GGUF_TYPE_INT64: {
+        int64_t x;
+        memcpy(&x, p, 8);
+        *v = x;
+        return true;
+    }
     case FY_GGUF_TYPE_UINT64: {
         uint64_t x;
         memcpy(&x, p, 8);
@@ -567,8 +602,7 @@ fy_status_t fy_gguf_get_i32_arr(const fy_gguf_t *g, const char *key, int32_t **v
     for (uint64_t i = 0; i < kv->arr_n; i++) {
         int64_t v;
         if (!read_int(kv->arr_type, kv->value + es * i, &v) || v < INT32_MIN || v > INT32_MAX) {
-            fy_error("gguf: %s: metadata '%s'[%llu] is out of int32 range", g->path, key,
-                     (unsigned long long)i);
+            fy_error("gguf: %s: metadata '%s'[%llu] is out of int32 range", g->path, key, (unsigned long long)i);
             fy_free(out);
             return FY_ERR_FORMAT;
         }

@@ -82,11 +82,8 @@ fy_status_t fy_gguf_get_bool(const fy_gguf_t *gguf, const char *key, bool *value
 fy_status_t fy_gguf_get_str(const fy_gguf_t *gguf, const char *key, fy_str_t *value_p);
 /* Arrays, copied into new buffers the caller frees with fy_free().  Integer
  * arrays of any width convert to int32 when every value fits. */
-fy_status_t fy_gguf_get_str_arr(const fy_gguf_t *gguf, const char *key, fy_str_t **values_p,
-                                uint64_t *n_p);
-fy_status_t fy_gguf_get_f32_arr(const fy_gguf_t *gguf, const char *key, float **values_p,
-                                uint64_t *n_p);
-fy_status_t fy_gguf_get_i32_arr(const fy_gguf_t *gguf, const char *key, int32_t **values_p,
-                                uint64_t *n_p);
+fy_status_t fy_gguf_get_str_arr(const fy_gguf_t *gguf, const char *key, fy_str_t **values_p, uint64_t *n_p);
+fy_status_t fy_gguf_get_f32_arr(const fy_gguf_t *gguf, const char *key, float **values_p, uint64_t *n_p);
+fy_status_t fy_gguf_get_i32_arr(const fy_gguf_t *gguf, const char *key, int32_t **values_p, uint64_t *n_p);
 
 #endif /* FY_GGUF_H */

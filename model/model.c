@@ -38,22 +38,21 @@ struct fy_model {
 
 fy_status_t fy_model_config_check(const fy_model_config_t *c, const char *path)
 {
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            char m_[256];                                                                          \
-            snprintf(m_, sizeof(m_), __VA_ARGS__);                                                 \
-            fy_error("model: %s: %s", path, m_);                                                   \
-            return FY_ERR_FORMAT;                                                                  \
-        }                                                                                          \
+#define CHECK(cond, ...)                                                                                               \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            char m_[256];                                                                                              \
+            snprintf(m_, sizeof(m_), __VA_ARGS__);                                                                     \
+            fy_error("model: %s: %s", path, m_);                                                                       \
+            return FY_ERR_FORMAT;                                                                                      \
+        }                                                                                                              \
     } while (0)
     CHECK(c->n_layers >= 1 && c->n_layers <= 1024, "absurd layer count %d", c->n_layers);
     CHECK(c->dim >= 1 && c->dim <= 65536, "absurd embedding width %d", c->dim);
     CHECK(c->n_heads >= 1 && c->n_heads <= 1024, "absurd attention head count %d", c->n_heads);
     CHECK(c->n_kv_heads >= 1 && c->n_kv_heads <= c->n_heads && c->n_heads % c->n_kv_heads == 0,
           "key/value head count %d does not divide the head count %d", c->n_kv_heads, c->n_heads);
-    CHECK(c->head_dim >= 2 && c->head_dim <= 1024 && c->head_dim % 2 == 0, "absurd head size %d",
-          c->head_dim);
+    CHECK(c->head_dim >= 2 && c->head_dim <= 1024 && c->head_dim % 2 == 0, "absurd head size %d", c->head_dim);
     CHECK(c->ffn_dim >= 1 && c->ffn_dim <= (1 << 20), "absurd feed-forward width %d", c->ffn_dim);
     CHECK(c->vocab_size >= 1 && c->vocab_size <= (1 << 22), "absurd vocabulary size %d", c->vocab_size);
     CHECK(c->max_ctx >= 1 && c->max_ctx <= (1 << 24), "absurd context length %d", c->max_ctx);
@@ -75,8 +74,8 @@ size_t fy_model_weight_bytes_per_token(const fy_model_t *m)
     size_t total = m->w.out_norm.nbytes + m->w.output.nbytes;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const fy_layer_weights_t *L = &m->w.layers[l];
-        total += L->attn_norm.nbytes + L->wq.nbytes + L->wk.nbytes + L->wv.nbytes + L->wo.nbytes +
-                 L->ffn_norm.nbytes + L->w_gate.nbytes + L->w_up.nbytes + L->w_down.nbytes;
+        total += L->attn_norm.nbytes + L->wq.nbytes + L->wk.nbytes + L->wv.nbytes + L->wo.nbytes + L->ffn_norm.nbytes +
+                 L->w_gate.nbytes + L->w_up.nbytes + L->w_down.nbytes;
     }
     return total;
 }
@@ -87,9 +86,9 @@ void fy_model_describe(const fy_model_t *m, char *buf, size_t cap)
     snprintf(buf, cap,
              "%s (%s): %d layers, dim %d, %d heads / %d kv heads of %d, ffn %d, vocab %d, ctx %d, "
              "weights %s/%s, %.1f MiB read per token",
-             c->name, c->arch, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim,
-             c->vocab_size, c->max_ctx, fy_dtype_name(m->w.layers[0].wq.dtype),
-             fy_dtype_name(m->w.output.dtype), (double)fy_model_weight_bytes_per_token(m) / (1 << 20));
+             c->name, c->arch, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, c->vocab_size,
+             c->max_ctx, fy_dtype_name(m->w.layers[0].wq.dtype), fy_dtype_name(m->w.output.dtype),
+             (double)fy_model_weight_bytes_per_token(m) / (1 << 20));
 }
 
 /* ---- shared tensor checks --------------------------------------------------- */
@@ -125,8 +124,8 @@ static fy_status_t own_f32(fy_model_t *m, const raw_tensor_t *r, fy_tensor_t *t)
 
 /* Looks up a tensor that must have shape (ne1 rows of ne0), ne1 = 0 for a
  * vector.  optional: absence is not an error (*present_p says). */
-static fy_status_t get_tensor(fy_model_t *m, find_fn find, const char *name, int64_t ne0, int64_t ne1,
-                              fy_tensor_t *t, bool optional, bool *present_p)
+static fy_status_t get_tensor(fy_model_t *m, find_fn find, const char *name, int64_t ne0, int64_t ne1, fy_tensor_t *t,
+                              bool optional, bool *present_p)
 {
     raw_tensor_t r = {0};
     fy_status_t st = find(m, name, &r);
@@ -149,14 +148,13 @@ static fy_status_t get_tensor(fy_model_t *m, find_fn find, const char *name, int
         char got[96] = "", want[64];
         int n = 0;
         for (int d = r.n_dims - 1; d >= 0; d--)
-            n += snprintf(got + n, sizeof(got) - (size_t)n, "%s%lld", d == r.n_dims - 1 ? "" : ", ",
-                          (long long)r.ne[d]);
+            n +=
+                snprintf(got + n, sizeof(got) - (size_t)n, "%s%lld", d == r.n_dims - 1 ? "" : ", ", (long long)r.ne[d]);
         if (ne1)
             snprintf(want, sizeof(want), "%lld, %lld", (long long)ne1, (long long)ne0);
         else
             snprintf(want, sizeof(want), "%lld", (long long)ne0);
-        fy_error("model: %s: tensor '%s' has shape [%s], expected [%s] (rows, columns)", m->path, name,
-                 got, want);
+        fy_error("model: %s: tensor '%s' has shape [%s], expected [%s] (rows, columns)", m->path, name, got, want);
         return FY_ERR_FORMAT;
     }
     memset(t, 0, sizeof(*t));
@@ -164,15 +162,15 @@ static fy_status_t get_tensor(fy_model_t *m, find_fn find, const char *name, int
     t->ne[0] = ne0;
     t->ne[1] = ne1 ? ne1 : 1;
     if (fy_dtype_row_bytes(r.dtype, ne0, &t->row_bytes) != FY_OK) {
-        fy_error("model: %s: tensor '%s': rows of %lld elements are not whole %s blocks", m->path, name,
-                 (long long)ne0, fy_dtype_name(r.dtype));
+        fy_error("model: %s: tensor '%s': rows of %lld elements are not whole %s blocks", m->path, name, (long long)ne0,
+                 fy_dtype_name(r.dtype));
         return FY_ERR_FORMAT;
     }
     t->nbytes = (size_t)r.nbytes;
     t->data = r.data;
     if (t->row_bytes * (size_t)t->ne[1] != t->nbytes) {
-        fy_error("model: %s: tensor '%s' holds %llu bytes, expected %zu", m->path, name,
-                 (unsigned long long)r.nbytes, t->row_bytes * (size_t)t->ne[1]);
+        fy_error("model: %s: tensor '%s' holds %llu bytes, expected %zu", m->path, name, (unsigned long long)r.nbytes,
+                 t->row_bytes * (size_t)t->ne[1]);
         return FY_ERR_FORMAT;
     }
     /* norms are read by plain f32 loops: 16-bit ones and any at an odd
@@ -197,10 +195,9 @@ typedef struct tensor_names {
 } tensor_names_t;
 
 static const tensor_names_t g_gguf_names = {
-    "token_embd.weight",      "output_norm.weight",   "output.weight",
-    "blk.%d.attn_norm.weight", "blk.%d.attn_q.weight", "blk.%d.attn_k.weight",
-    "blk.%d.attn_v.weight",   "blk.%d.attn_output.weight", "blk.%d.ffn_norm.weight",
-    "blk.%d.ffn_gate.weight", "blk.%d.ffn_up.weight", "blk.%d.ffn_down.weight",
+    "token_embd.weight",      "output_norm.weight",     "output.weight",        "blk.%d.attn_norm.weight",
+    "blk.%d.attn_q.weight",   "blk.%d.attn_k.weight",   "blk.%d.attn_v.weight", "blk.%d.attn_output.weight",
+    "blk.%d.ffn_norm.weight", "blk.%d.ffn_gate.weight", "blk.%d.ffn_up.weight", "blk.%d.ffn_down.weight",
 };
 
 static const tensor_names_t g_hf_names = {
@@ -228,13 +225,10 @@ static fy_status_t load_weights(fy_model_t *m, find_fn find, const tensor_names_
     if ((st = get_tensor(m, find, nm->tok_embd, c->dim, c->vocab_size, &m->w.tok_embd, false, NULL))) return st;
     if ((st = get_tensor(m, find, nm->out_norm, c->dim, 0, &m->w.out_norm, false, NULL))) return st;
     bool has_output = false;
-    if ((st = get_tensor(m, find, nm->output, c->dim, c->vocab_size, &m->w.output, true,
-                         &has_output)))
-        return st;
+    if ((st = get_tensor(m, find, nm->output, c->dim, c->vocab_size, &m->w.output, true, &has_output))) return st;
     if (!has_output) {
         if (tie_hint == 0) {
-            fy_error("model: %s: missing tensor '%s' (and the config does not tie embeddings)", m->path,
-                     nm->output);
+            fy_error("model: %s: missing tensor '%s' (and the config does not tie embeddings)", m->path, nm->output);
             return FY_ERR_FORMAT;
         }
         m->w.output = m->w.tok_embd;
@@ -253,10 +247,14 @@ static fy_status_t load_weights(fy_model_t *m, find_fn find, const tensor_names_
             int64_t ne0, ne1;
             fy_tensor_t *t;
         } want[] = {
-            {nm->attn_norm, c->dim, 0, &L->attn_norm}, {nm->wq, c->dim, q_rows, &L->wq},
-            {nm->wk, c->dim, kv_rows, &L->wk},         {nm->wv, c->dim, kv_rows, &L->wv},
-            {nm->wo, q_rows, c->dim, &L->wo},          {nm->ffn_norm, c->dim, 0, &L->ffn_norm},
-            {nm->w_gate, c->dim, c->ffn_dim, &L->w_gate}, {nm->w_up, c->dim, c->ffn_dim, &L->w_up},
+            {nm->attn_norm, c->dim, 0, &L->attn_norm},
+            {nm->wq, c->dim, q_rows, &L->wq},
+            {nm->wk, c->dim, kv_rows, &L->wk},
+            {nm->wv, c->dim, kv_rows, &L->wv},
+            {nm->wo, q_rows, c->dim, &L->wo},
+            {nm->ffn_norm, c->dim, 0, &L->ffn_norm},
+            {nm->w_gate, c->dim, c->ffn_dim, &L->w_gate},
+            {nm->w_up, c->dim, c->ffn_dim, &L->w_up},
             {nm->w_down, c->ffn_dim, c->dim, &L->w_down},
         };
         for (size_t i = 0; i < FY_ARRAY_LEN(want); i++) {
@@ -348,15 +346,12 @@ static fy_status_t load_gguf(fy_model_t *m)
         (st = gguf_u32(m, "llama.attention.head_count", true, 0, &c->n_heads)) ||
         (st = gguf_u32(m, "llama.context_length", false, 4096, &c->max_ctx)))
         return st;
-    if ((st = gguf_u32(m, "llama.attention.head_count_kv", false, (uint32_t)c->n_heads, &c->n_kv_heads)))
-        return st;
+    if ((st = gguf_u32(m, "llama.attention.head_count_kv", false, (uint32_t)c->n_heads, &c->n_kv_heads))) return st;
     if (c->n_heads <= 0 || c->dim % c->n_heads) {
-        fy_error("model: %s: embedding width %d is not a multiple of the head count %d", m->path, c->dim,
-                 c->n_heads);
+        fy_error("model: %s: embedding width %d is not a multiple of the head count %d", m->path, c->dim, c->n_heads);
         return FY_ERR_FORMAT;
     }
-    if ((st = gguf_u32(m, "llama.attention.key_length", false, (uint32_t)(c->dim / c->n_heads), &key_len)))
-        return st;
+    if ((st = gguf_u32(m, "llama.attention.key_length", false, (uint32_t)(c->dim / c->n_heads), &key_len))) return st;
     c->head_dim = key_len;
     int32_t val_len;
     if ((st = gguf_u32(m, "llama.attention.value_length", false, (uint32_t)key_len, &val_len))) return st;
@@ -373,8 +368,7 @@ static fy_status_t load_gguf(fy_model_t *m)
     c->rope_theta = 10000.0f;
     c->norm_eps = 1e-5f;
     if ((st = fy_gguf_get_f32(g, "llama.rope.freq_base", &c->rope_theta)) && st != FY_ERR_NOT_FOUND) return st;
-    if ((st = fy_gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", &c->norm_eps)) &&
-        st != FY_ERR_NOT_FOUND)
+    if ((st = fy_gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", &c->norm_eps)) && st != FY_ERR_NOT_FOUND)
         return st;
     if (fy_gguf_has_key(g, "llama.rope.scaling.type")) {
         fy_str_t t;
@@ -436,8 +430,7 @@ static fy_status_t st_find(fy_model_t *m, const char *name, raw_tensor_t *r)
     return FY_OK;
 }
 
-static fy_status_t json_int(fy_model_t *m, json_t *cfg, const char *key, bool required, int64_t dflt,
-                            int32_t *out)
+static fy_status_t json_int(fy_model_t *m, json_t *cfg, const char *key, bool required, int64_t dflt, int32_t *out)
 {
     json_t *v = json_object_get(cfg, key);
     if (!v || json_is_null(v)) {
@@ -497,8 +490,7 @@ static fy_status_t hf_config(fy_model_t *m, json_t *cfg, bool *tie_p)
         return st;
     if ((st = json_int(m, cfg, "num_key_value_heads", false, c->n_heads, &c->n_kv_heads))) return st;
     if (c->n_heads <= 0 || c->dim % c->n_heads) {
-        fy_error("model: %s: hidden_size %d is not a multiple of num_attention_heads %d", m->path, c->dim,
-                 c->n_heads);
+        fy_error("model: %s: hidden_size %d is not a multiple of num_attention_heads %d", m->path, c->dim, c->n_heads);
         return FY_ERR_FORMAT;
     }
     if ((st = json_int(m, cfg, "head_dim", false, c->dim / c->n_heads, &c->head_dim))) return st;
@@ -643,8 +635,8 @@ void fy_model_id(const fy_model_t *m, char *buf, size_t cap)
      * name's NUL are not part of the model */
     crypto_generichash_update(&st, (const unsigned char *)c->arch, strlen(c->arch) + 1);
     crypto_generichash_update(&st, (const unsigned char *)c->name, strlen(c->name) + 1);
-    int32_t dims[8] = {c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, c->vocab_size,
-                       (int32_t)c->rope_style};
+    int32_t dims[8] = {c->n_layers, c->dim,     c->n_heads,    c->n_kv_heads,
+                       c->head_dim, c->ffn_dim, c->vocab_size, (int32_t)c->rope_style};
     float f[2] = {c->rope_theta, c->norm_eps};
     crypto_generichash_update(&st, (const unsigned char *)dims, sizeof(dims));
     crypto_generichash_update(&st, (const unsigned char *)f, sizeof(f));

@@ -53,9 +53,9 @@ typedef struct fy_layer_weights {
 } fy_layer_weights_t;
 
 typedef struct fy_model_weights {
-    fy_tensor_t tok_embd; /* (vocab rows, dim) */
-    fy_tensor_t out_norm; /* (dim) */
-    fy_tensor_t output;   /* (vocab rows, dim); the same data as tok_embd when tied */
+    fy_tensor_t tok_embd;       /* (vocab rows, dim) */
+    fy_tensor_t out_norm;       /* (dim) */
+    fy_tensor_t output;         /* (vocab rows, dim); the same data as tok_embd when tied */
     fy_layer_weights_t *layers; /* [n_layers] */
 } fy_model_weights_t;
 

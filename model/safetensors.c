@@ -60,8 +60,7 @@ static fy_status_t map_file(const char *path, st_file_t *f)
     }
     f->size = (uint64_t)sb.st_size;
     if (f->size < 8) {
-        fy_error("safetensors: %s: file too short for a header (%llu bytes)", path,
-                 (unsigned long long)f->size);
+        fy_error("safetensors: %s: file too short for a header (%llu bytes)", path, (unsigned long long)f->size);
         return FY_ERR_FORMAT;
     }
     void *m = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, f->fd, 0);
@@ -76,12 +75,12 @@ static fy_status_t map_file(const char *path, st_file_t *f)
 static fy_status_t add_tensor(fy_safetensors_t *st, const char *path, const char *name, json_t *desc,
                               const st_file_t *f, uint64_t data_start)
 {
-#define BAD(...)                                                                                   \
-    do {                                                                                           \
-        char m_[256];                                                                              \
-        snprintf(m_, sizeof(m_), __VA_ARGS__);                                                     \
-        fy_error("safetensors: %s: tensor '%s': %s", path, name, m_);                              \
-        return FY_ERR_FORMAT;                                                                      \
+#define BAD(...)                                                                                                       \
+    do {                                                                                                               \
+        char m_[256];                                                                                                  \
+        snprintf(m_, sizeof(m_), __VA_ARGS__);                                                                         \
+        fy_error("safetensors: %s: tensor '%s': %s", path, name, m_);                                                  \
+        return FY_ERR_FORMAT;                                                                                          \
     } while (0)
     if (!json_is_object(desc)) BAD("entry is not an object");
     json_t *jd = json_object_get(desc, "dtype");
@@ -113,8 +112,8 @@ static fy_status_t add_tensor(fy_safetensors_t *st, const char *path, const char
     uint64_t b = (uint64_t)json_integer_value(jb), e = (uint64_t)json_integer_value(je);
     uint64_t avail = f->size - data_start;
     if (e > avail)
-        BAD("data ends at byte %llu past the end of the data (%llu bytes): truncated?",
-            (unsigned long long)e, (unsigned long long)avail);
+        BAD("data ends at byte %llu past the end of the data (%llu bytes): truncated?", (unsigned long long)e,
+            (unsigned long long)avail);
     if (e - b != elems * (uint64_t)g_types[ti].bytes)
         BAD("holds %llu bytes but shape and dtype %s need %llu", (unsigned long long)(e - b), dname,
             (unsigned long long)(elems * (uint64_t)g_types[ti].bytes));
@@ -246,8 +245,7 @@ static fy_status_t open_index(fy_safetensors_t *st, const char *dir, const char 
     {
         const fy_st_tensor_t *t = fy_safetensors_find(st, name);
         if (!t) {
-            fy_error("safetensors: %s: tensor '%s' is not in its shard %s", index_path, name,
-                     json_string_value(file));
+            fy_error("safetensors: %s: tensor '%s' is not in its shard %s", index_path, name, json_string_value(file));
             status = FY_ERR_FORMAT;
             goto out;
         }

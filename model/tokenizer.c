@@ -35,12 +35,12 @@
 #include "log.h"
 #include "mem.h"
 
-#define TOK_MAX_VOCAB (1 << 24)     /* keeps ids, offsets and ranks far from int32 limits */
+#define TOK_MAX_VOCAB (1 << 24) /* keeps ids, offsets and ranks far from int32 limits */
 #define TOK_MAX_MERGES (1 << 26)
 #define TOK_MAX_TOKEN_LEN (1 << 16) /* longer vocabulary strings mean a corrupt file */
 #define TOK_MAX_REGEX 8
-#define TOK_LOG_CHARS 48            /* token text quoted in log lines is cut to this */
-#define TOK_MAX_TEXT (1 << 28)      /* symbols and offsets are int32: 6 bytes per byte must fit */
+#define TOK_LOG_CHARS 48       /* token text quoted in log lines is cut to this */
+#define TOK_MAX_TEXT (1 << 28) /* symbols and offsets are int32: 6 bytes per byte must fit */
 
 #define SPM_SPACE "\xe2\x96\x81" /* U+2581, SentencePiece's visible space */
 #define SPM_SPACE_LEN 3
@@ -58,12 +58,12 @@ typedef enum tok_type {
 } tok_type_t;
 
 typedef struct tok_entry {
-    const char *text;  /* NUL-terminated copy in text_pool; may hold NULs itself */
+    const char *text; /* NUL-terminated copy in text_pool; may hold NULs itself */
     uint32_t len;
     const char *bytes; /* what the token decodes to: text_pool or bytes_pool */
     uint32_t n_bytes;
-    float score;       /* SPM merge priority (GGUF "llama" models) */
-    uint8_t type;      /* tok_type_t */
+    float score;  /* SPM merge priority (GGUF "llama" models) */
+    uint8_t type; /* tok_type_t */
     bool eog;
 } tok_entry_t;
 
@@ -95,7 +95,7 @@ struct fy_tokenizer {
     tok_entry_t *tokens; /* [n_vocab] */
     char *text_pool;     /* the token strings, each NUL-terminated */
     size_t text_used, text_size;
-    char *bytes_pool;    /* decoded bytes of plain and byte tokens (specials decode to their text) */
+    char *bytes_pool; /* decoded bytes of plain and byte tokens (specials decode to their text) */
     size_t bytes_used, bytes_size;
 
     index_slot_t *index; /* open addressing over token text */
@@ -103,15 +103,15 @@ struct fy_tokenizer {
 
     merge_slot_t *merges; /* open addressing over (left, right) */
     size_t merge_mask;
-    bool merge_by_score;  /* GGUF SPM: a pair merges when its concatenation is a token */
-    bool ignore_merges;   /* a piece that is a whole token is taken as is */
-    bool spm_words;       /* SPM: merge word by word, see vocab_has_junction() */
+    bool merge_by_score; /* GGUF SPM: a pair merges when its concatenation is a token */
+    bool ignore_merges;  /* a piece that is a whole token is taken as is */
+    bool spm_words;      /* SPM: merge word by word, see vocab_has_junction() */
 
-    int32_t *specials;          /* matched with parse_special: by first byte, longer first */
-    uint32_t special_at[257];   /* specials[special_at[c] .. special_at[c + 1]) start with byte c */
-    int32_t byte_tok[256];      /* token of each byte: its GPT-2 character, or <0xXX> */
-    int32_t ascii_tok[128];     /* SPM: token of each ASCII character, to skip the index */
-    char byte_char[256][2];     /* byte-level: GPT-2's character for each byte, as UTF-8 */
+    int32_t *specials;        /* matched with parse_special: by first byte, longer first */
+    uint32_t special_at[257]; /* specials[special_at[c] .. special_at[c + 1]) start with byte c */
+    int32_t byte_tok[256];    /* token of each byte: its GPT-2 character, or <0xXX> */
+    int32_t ascii_tok[128];   /* SPM: token of each ASCII character, to skip the index */
+    char byte_char[256][2];   /* byte-level: GPT-2's character for each byte, as UTF-8 */
     uint8_t byte_char_len[256];
     uint8_t byte_spell[256][3]; /* byte-level: the bytes encoded for each byte, see spell_bytes() */
     uint8_t byte_spell_len[256];
@@ -122,7 +122,7 @@ struct fy_tokenizer {
     spm_prefix_t spm_prefix;
     bool spm_prefix_unless_space; /* Metaspace: no prefix when the text starts with a space */
     bool spm_replace_space;
-    bool byte_prefix_space;       /* ByteLevel add_prefix_space */
+    bool byte_prefix_space; /* ByteLevel add_prefix_space */
 
     pcre2_general_context *pcre_gctx; /* routes PCRE2's allocations through fy_malloc */
     pcre2_code *regex[TOK_MAX_REGEX];
@@ -298,8 +298,7 @@ static int32_t find_plain(const fy_tokenizer_t *tok, const char *s, size_t len)
 
 /* Room for n tokens, and for n_strings strings of text_bytes bytes in all
  * (tokenizer.json may give an id twice: vocab, then added_tokens). */
-static fy_status_t vocab_alloc(fy_tokenizer_t *tok, int32_t n, size_t n_strings, size_t text_bytes,
-                               const char *src)
+static fy_status_t vocab_alloc(fy_tokenizer_t *tok, int32_t n, size_t n_strings, size_t text_bytes, const char *src)
 {
     tok->n_vocab = n;
     tok->tokens = fy_calloc((size_t)n, sizeof(*tok->tokens));
@@ -397,22 +396,22 @@ static bool merge_find(const fy_tokenizer_t *tok, int32_t left, int32_t right, i
  * must be tokens (Hugging Face refuses such files too).  A pair listed
  * twice keeps its first, lower rank.
  */
-static fy_status_t merge_add(fy_tokenizer_t *tok, size_t rank, const char *a, size_t alen, const char *b,
-                             size_t blen, const char *src)
+static fy_status_t merge_add(fy_tokenizer_t *tok, size_t rank, const char *a, size_t alen, const char *b, size_t blen,
+                             const char *src)
 {
     int32_t left = index_find(tok, a, alen);
     int32_t right = index_find(tok, b, blen);
     if (left < 0 || right < 0) {
         const char *bad = left < 0 ? a : b;
         size_t bad_len = left < 0 ? alen : blen;
-        fy_error("tokenizer: %s: merge %zu ('%.*s' '%.*s') refers to unknown token '%.*s'", src, rank,
-                 log_len(alen), a, log_len(blen), b, log_len(bad_len), bad);
+        fy_error("tokenizer: %s: merge %zu ('%.*s' '%.*s') refers to unknown token '%.*s'", src, rank, log_len(alen), a,
+                 log_len(blen), b, log_len(bad_len), bad);
         return FY_ERR_FORMAT;
     }
     int32_t id = index_find2(tok, a, alen, b, blen);
     if (id < 0) {
-        fy_error("tokenizer: %s: merge %zu ('%.*s' '%.*s') makes a token that is not in the vocabulary", src,
-                 rank, log_len(alen), a, log_len(blen), b);
+        fy_error("tokenizer: %s: merge %zu ('%.*s' '%.*s') makes a token that is not in the vocabulary", src, rank,
+                 log_len(alen), a, log_len(blen), b);
         return FY_ERR_FORMAT;
     }
     uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
@@ -429,8 +428,8 @@ static fy_status_t merge_add_joined(fy_tokenizer_t *tok, size_t rank, const char
 {
     const char *sp = len > 1 ? memchr(s + 1, ' ', len - 1) : NULL;
     if (!sp) {
-        fy_error("tokenizer: %s: merge %zu ('%.*s') is not two tokens separated by a space", src, rank,
-                 log_len(len), s);
+        fy_error("tokenizer: %s: merge %zu ('%.*s') is not two tokens separated by a space", src, rank, log_len(len),
+                 s);
         return FY_ERR_FORMAT;
     }
     size_t alen = (size_t)(sp - s);
@@ -496,17 +495,17 @@ static fy_status_t regex_add_str(fy_tokenizer_t *tok, const char *pattern, const
 #define RX_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
 #define RX_DIGIT "\\p{N}"
 #define RX_CONTRACTIONS "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-#define RX_LLAMA3                                                                                          \
-    RX_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|" \
+#define RX_LLAMA3                                                                                                      \
+    RX_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"         \
                     "\\s+(?!\\S)|\\s+"
-#define RX_QWEN2                                                                                           \
-    RX_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"    \
+#define RX_QWEN2                                                                                                       \
+    RX_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"              \
                     "\\s+(?!\\S)|\\s+"
 
 typedef struct pre_group {
     const char *regex[2]; /* applied in order; NULL-terminated */
     bool ignore_merges;
-    bool add_bos;         /* llama.cpp's default when add_bos_token is absent */
+    bool add_bos; /* llama.cpp's default when add_bos_token is absent */
 } pre_group_t;
 
 enum { PRE_GPT2, PRE_DIGITS_GPT2, PRE_LLAMA3, PRE_QWEN2 };
@@ -523,16 +522,36 @@ static const struct {
     const char *name;
     int group;
 } k_pre_names[] = {
-    {"default", PRE_GPT2},         {"gpt-2", PRE_GPT2},           {"phi-2", PRE_GPT2},
-    {"mpt", PRE_GPT2},             {"olmo", PRE_GPT2},            {"jais", PRE_GPT2},
-    {"gigachat", PRE_GPT2},        {"jina-es", PRE_GPT2},         {"jina-de", PRE_GPT2},
-    {"jina-v2-es", PRE_GPT2},      {"jina-v2-de", PRE_GPT2},      {"exaone4", PRE_GPT2},
-    {"trillion", PRE_GPT2},        {"granite-docling", PRE_GPT2}, {"smollm", PRE_DIGITS_GPT2},
-    {"starcoder", PRE_DIGITS_GPT2}, {"refact", PRE_DIGITS_GPT2},  {"command-r", PRE_DIGITS_GPT2},
-    {"codeshell", PRE_DIGITS_GPT2}, {"exaone", PRE_DIGITS_GPT2},  {"minerva-7b", PRE_DIGITS_GPT2},
-    {"llama3", PRE_LLAMA3},        {"llama-v3", PRE_LLAMA3},      {"llama-bpe", PRE_LLAMA3},
-    {"falcon3", PRE_LLAMA3},       {"pixtral", PRE_LLAMA3},       {"qwen2", PRE_QWEN2},
-    {"deepseek-r1-qwen", PRE_QWEN2}, {"stablelm2", PRE_QWEN2},    {"megrez", PRE_QWEN2},
+    {"default", PRE_GPT2},
+    {"gpt-2", PRE_GPT2},
+    {"phi-2", PRE_GPT2},
+    {"mpt", PRE_GPT2},
+    {"olmo", PRE_GPT2},
+    {"jais", PRE_GPT2},
+    {"gigachat", PRE_GPT2},
+    {"jina-es", PRE_GPT2},
+    {"jina-de", PRE_GPT2},
+    {"jina-v2-es", PRE_GPT2},
+    {"jina-v2-de", PRE_GPT2},
+    {"exaone4", PRE_GPT2},
+    {"trillion", PRE_GPT2},
+    {"granite-docling", PRE_GPT2},
+    {"smollm", PRE_DIGITS_GPT2},
+    {"starcoder", PRE_DIGITS_GPT2},
+    {"refact", PRE_DIGITS_GPT2},
+    {"command-r", PRE_DIGITS_GPT2},
+    {"codeshell", PRE_DIGITS_GPT2},
+    {"exaone", PRE_DIGITS_GPT2},
+    {"minerva-7b", PRE_DIGITS_GPT2},
+    {"llama3", PRE_LLAMA3},
+    {"llama-v3", PRE_LLAMA3},
+    {"llama-bpe", PRE_LLAMA3},
+    {"falcon3", PRE_LLAMA3},
+    {"pixtral", PRE_LLAMA3},
+    {"qwen2", PRE_QWEN2},
+    {"deepseek-r1-qwen", PRE_QWEN2},
+    {"stablelm2", PRE_QWEN2},
+    {"megrez", PRE_QWEN2},
 };
 
 /* ---- creation and the parts both sources share ---------------------------------- */
@@ -802,16 +821,16 @@ typedef struct bpe_sym {
     uint32_t off; /* into the piece */
     uint32_t len; /* 0 once merged into its left neighbour */
     int32_t prev, next;
-    int32_t id;   /* the token this text is, or -1 */
+    int32_t id; /* the token this text is, or -1 */
 } bpe_sym_t;
 
 /* A pair of neighbours that could merge. */
 typedef struct bpe_cand {
-    double key;    /* lower merges first: the merge rank, or minus the token's score */
-    int32_t left;  /* symbol indices; ties go to the leftmost pair */
+    double key;   /* lower merges first: the merge rank, or minus the token's score */
+    int32_t left; /* symbol indices; ties go to the leftmost pair */
     int32_t right;
-    uint32_t len;  /* left.len + right.len when queued; any other sum means stale */
-    int32_t id;    /* the merged token */
+    uint32_t len; /* left.len + right.len when queued; any other sum means stale */
+    int32_t id;   /* the merged token */
 } bpe_cand_t;
 
 /* Per-call scratch: encoding never touches the (shared) tokenizer. */
@@ -819,14 +838,14 @@ typedef struct enc {
     const fy_tokenizer_t *tok;
     int32_t *out;
     size_t cap;
-    size_t n;            /* ids produced, including those past cap */
+    size_t n; /* ids produced, including those past cap */
     bpe_sym_t *syms;
     size_t syms_cap;
     bpe_cand_t *heap;
     size_t heap_cap, heap_n;
-    char *piece;         /* a byte-level piece spelled in GPT-2 characters */
+    char *piece; /* a byte-level piece spelled in GPT-2 characters */
     size_t piece_cap;
-    char *norm;          /* a normalized fragment */
+    char *norm; /* a normalized fragment */
     size_t norm_cap;
     pcre2_match_data *md;
 } enc_t;
@@ -981,8 +1000,11 @@ static fy_status_t encode_piece_bytes(enc_t *e, const uint8_t *p, size_t len)
         for (uint8_t k = 0; k < tok->byte_spell_len[p[i]]; k++, n++) {
             uint8_t b = tok->byte_spell[p[i]][k];
             memcpy(e->piece + off, tok->byte_char[b], tok->byte_char_len[b]);
-            e->syms[n] = (bpe_sym_t){.off = off, .len = tok->byte_char_len[b], .prev = (int32_t)n - 1,
-                                     .next = (int32_t)n + 1, .id = tok->byte_tok[b]};
+            e->syms[n] = (bpe_sym_t){.off = off,
+                                     .len = tok->byte_char_len[b],
+                                     .prev = (int32_t)n - 1,
+                                     .next = (int32_t)n + 1,
+                                     .id = tok->byte_tok[b]};
             off += tok->byte_char_len[b];
         }
     }
@@ -1016,8 +1038,8 @@ static fy_status_t encode_piece_chars(enc_t *e, const char *s, size_t len)
         size_t l = c < 0x80 ? 1 : utf8_valid_len((const uint8_t *)s + off, len - off);
         if (!l) l = 1;
         int32_t id = c < 0x80 ? tok->ascii_tok[c] : find_plain(tok, s + off, l);
-        e->syms[n] = (bpe_sym_t){.off = (uint32_t)off, .len = (uint32_t)l, .prev = (int32_t)n - 1,
-                                 .next = (int32_t)n + 1, .id = id};
+        e->syms[n] = (bpe_sym_t){
+            .off = (uint32_t)off, .len = (uint32_t)l, .prev = (int32_t)n - 1, .next = (int32_t)n + 1, .id = id};
         off += l;
     }
     e->syms[n - 1].next = -1;
@@ -1210,8 +1232,8 @@ static void stream_bytes(const fy_tokenizer_t *tok, int32_t id, bool render_spec
     }
 }
 
-size_t fy_tokenizer_decode(const fy_tokenizer_t *tok, const int32_t *tokens, size_t n, bool render_special,
-                           char *out, size_t cap)
+size_t fy_tokenizer_decode(const fy_tokenizer_t *tok, const int32_t *tokens, size_t n, bool render_special, char *out,
+                           size_t cap)
 {
     size_t total = 0;
     bool at_start = true;
@@ -1244,8 +1266,10 @@ static size_t utf8_incomplete_tail(const uint8_t *s, size_t n)
     for (size_t k = 1; k <= 3 && k <= n; k++) {
         const uint8_t *lead = s + n - k;
         if ((*lead & 0xc0) == 0x80) continue; /* continuation: the lead is further back */
-        size_t need = *lead >= 0xc2 && *lead <= 0xdf ? 2 : *lead >= 0xe0 && *lead <= 0xef ? 3
-                    : *lead >= 0xf0 && *lead <= 0xf4 ? 4 : 0;
+        size_t need = *lead >= 0xc2 && *lead <= 0xdf   ? 2
+                      : *lead >= 0xe0 && *lead <= 0xef ? 3
+                      : *lead >= 0xf0 && *lead <= 0xf4 ? 4
+                                                       : 0;
         if (need <= k) return 0;
         if (k >= 2) { /* the second byte's range depends on the lead */
             uint8_t lo = *lead == 0xe0 ? 0xa0 : *lead == 0xf0 ? 0x90 : 0x80;
@@ -1311,10 +1335,7 @@ bool fy_tokenizer_is_special(const fy_tokenizer_t *tok, int32_t id)
     return id >= 0 && id < tok->n_vocab && type_is_special(tok->tokens[id].type);
 }
 
-int32_t fy_tokenizer_find(const fy_tokenizer_t *tok, const char *text)
-{
-    return index_find(tok, text, strlen(text));
-}
+int32_t fy_tokenizer_find(const fy_tokenizer_t *tok, const char *text) { return index_find(tok, text, strlen(text)); }
 
 const char *fy_tokenizer_piece(const fy_tokenizer_t *tok, int32_t id)
 {
@@ -1402,8 +1423,7 @@ static fy_status_t gguf_load_merges(fy_tokenizer_t *tok, const fy_gguf_t *gguf, 
     if (st == FY_ERR_NOT_FOUND) fy_error("tokenizer: %s: byte-level bpe model without tokenizer.ggml.merges", src);
     if (st != FY_OK) return st == FY_ERR_NOT_FOUND ? FY_ERR_FORMAT : st;
     st = merges_alloc(tok, n, src);
-    for (uint64_t i = 0; i < n && st == FY_OK; i++)
-        st = merge_add_joined(tok, i, merges[i].ptr, merges[i].len, src);
+    for (uint64_t i = 0; i < n && st == FY_OK; i++) st = merge_add_joined(tok, i, merges[i].ptr, merges[i].len, src);
     fy_free(merges);
     return st;
 }
@@ -1521,10 +1541,7 @@ fail:
  * memory.
  */
 
-static const char *json_type_of(const json_t *node)
-{
-    return json_string_value(json_object_get(node, "type"));
-}
+static const char *json_type_of(const json_t *node) { return json_string_value(json_object_get(node, "type")); }
 
 /* Whether node, or a component of a Sequence under it, has the given type. */
 static bool json_has_type(const json_t *node, const char *type)
@@ -1537,16 +1554,14 @@ static bool json_has_type(const json_t *node, const char *type)
         const json_t *list = json_object_get(node, k_lists[i]);
         size_t k;
         const json_t *item;
-        json_array_foreach (list, k, item)
-            if (json_has_type(item, type)) return true;
+        json_array_foreach(list, k, item) if (json_has_type(item, type)) return true;
     }
     return false;
 }
 
 static bool json_str_is(const json_t *node, const char *s)
 {
-    return json_is_string(node) && json_string_length(node) == strlen(s) &&
-           strcmp(json_string_value(node), s) == 0;
+    return json_is_string(node) && json_string_length(node) == strlen(s) && strcmp(json_string_value(node), s) == 0;
 }
 
 /* A boolean member, or def when it is absent or null. */
@@ -1581,8 +1596,7 @@ static bool json_normalizer_is_spm(const json_t *node)
 {
     size_t i;
     const json_t *item;
-    json_array_foreach (json_object_get(node, "normalizers"), i, item)
-        if (json_normalizer_is_spm(item)) return true;
+    json_array_foreach(json_object_get(node, "normalizers"), i, item) if (json_normalizer_is_spm(item)) return true;
     return json_is_prepend_space(node) || json_is_replace_space(node);
 }
 
@@ -1593,7 +1607,8 @@ static fy_status_t json_normalizer(fy_tokenizer_t *tok, const json_t *node, cons
     if (type && strcmp(type, "Sequence") == 0) {
         size_t i;
         const json_t *item;
-        json_array_foreach (json_object_get(node, "normalizers"), i, item) {
+        json_array_foreach(json_object_get(node, "normalizers"), i, item)
+        {
             fy_status_t st = json_normalizer(tok, item, src);
             if (st != FY_OK) return st;
         }
@@ -1622,7 +1637,8 @@ static fy_status_t json_pre_tokenizer(fy_tokenizer_t *tok, const json_t *node, c
     if (strcmp(type, "Sequence") == 0) {
         size_t i;
         const json_t *item;
-        json_array_foreach (json_object_get(node, "pretokenizers"), i, item) {
+        json_array_foreach(json_object_get(node, "pretokenizers"), i, item)
+        {
             fy_status_t st = json_pre_tokenizer(tok, item, src);
             if (st != FY_OK) return st;
         }
@@ -1678,22 +1694,24 @@ static fy_status_t json_token_id(const json_t *v, const char *what, const char *
 }
 
 /* Fills the vocabulary from model.vocab and added_tokens. */
-static fy_status_t json_load_vocab(fy_tokenizer_t *tok, json_t *vocab, const json_t *added,
-                                   bool byte_fallback, const char *src)
+static fy_status_t json_load_vocab(fy_tokenizer_t *tok, json_t *vocab, const json_t *added, bool byte_fallback,
+                                   const char *src)
 {
     int32_t n = 0;
     size_t text_bytes = 0, n_strings = json_object_size(vocab) + json_array_size(added);
     const char *key;
     const json_t *value, *item;
     size_t i;
-    json_object_foreach (vocab, key, value) {
+    json_object_foreach(vocab, key, value)
+    {
         int32_t id;
         fy_status_t st = json_token_id(value, "a vocab entry", src, &id);
         if (st != FY_OK) return st;
         n = FY_MAX(n, id + 1);
         text_bytes += strlen(key);
     }
-    json_array_foreach (added, i, item) {
+    json_array_foreach(added, i, item)
+    {
         int32_t id;
         fy_status_t st = json_token_id(json_object_get(item, "id"), "an added token", src, &id);
         if (st != FY_OK) return st;
@@ -1710,7 +1728,8 @@ static fy_status_t json_load_vocab(fy_tokenizer_t *tok, json_t *vocab, const jso
     }
     fy_status_t st = vocab_alloc(tok, n, n_strings, text_bytes, src);
     if (st != FY_OK) return st;
-    json_object_foreach (vocab, key, value) {
+    json_object_foreach(vocab, key, value)
+    {
         int32_t id = (int32_t)json_integer_value(value);
         size_t len = strlen(key);
         if (tok->tokens[id].text) {
@@ -1726,7 +1745,8 @@ static fy_status_t json_load_vocab(fy_tokenizer_t *tok, json_t *vocab, const jso
         vocab_set(tok, id, key, len, is_byte ? TOK_BYTE : TOK_NORMAL, 0.0f);
     }
     /* Added tokens come after, so they override a vocab entry with their id. */
-    json_array_foreach (added, i, item) {
+    json_array_foreach(added, i, item)
+    {
         int32_t id = (int32_t)json_integer_value(json_object_get(item, "id"));
         const json_t *content = json_object_get(item, "content");
         size_t len = json_string_length(content);
@@ -1751,7 +1771,8 @@ static fy_status_t json_load_merges(fy_tokenizer_t *tok, const json_t *merges, c
     fy_status_t st = merges_alloc(tok, json_array_size(merges), src);
     size_t i;
     const json_t *m;
-    json_array_foreach (merges, i, m) {
+    json_array_foreach(merges, i, m)
+    {
         if (st != FY_OK) break;
         if (json_is_string(m)) {
             st = merge_add_joined(tok, i, json_string_value(m), json_string_length(m), src);
@@ -1769,8 +1790,8 @@ static fy_status_t json_load_merges(fy_tokenizer_t *tok, const json_t *merges, c
 }
 
 /* A token named by a string, or by {"content": string} as tokenizer_config writes it. */
-static fy_status_t json_named_token(const fy_tokenizer_t *tok, const json_t *node, const char *what,
-                                    const char *src, int32_t *id_p)
+static fy_status_t json_named_token(const fy_tokenizer_t *tok, const json_t *node, const char *what, const char *src,
+                                    int32_t *id_p)
 {
     if (json_is_object(node)) node = json_object_get(node, "content");
     if (!node || json_is_null(node)) return FY_OK;
@@ -1780,8 +1801,8 @@ static fy_status_t json_named_token(const fy_tokenizer_t *tok, const json_t *nod
     }
     int32_t id = index_find(tok, json_string_value(node), json_string_length(node));
     if (id < 0) {
-        fy_error("tokenizer: %s: %s '%.*s' is not in the vocabulary", src, what,
-                 log_len(json_string_length(node)), json_string_value(node));
+        fy_error("tokenizer: %s: %s '%.*s' is not in the vocabulary", src, what, log_len(json_string_length(node)),
+                 json_string_value(node));
         return FY_ERR_FORMAT;
     }
     *id_p = id;
@@ -1796,7 +1817,8 @@ static fy_status_t json_post_processor(fy_tokenizer_t *tok, const json_t *node, 
     if (type && strcmp(type, "Sequence") == 0) {
         size_t i;
         const json_t *item;
-        json_array_foreach (json_object_get(node, "processors"), i, item) {
+        json_array_foreach(json_object_get(node, "processors"), i, item)
+        {
             fy_status_t st = json_post_processor(tok, item, src);
             if (st != FY_OK) return st;
         }

@@ -41,8 +41,7 @@ fy_status_t fy_tokenizer_from_gguf(const fy_gguf_t *gguf, fy_tokenizer_t **tok_p
  * byte_fallback; pre_tokenizer/normalizer/decoder as Llama-2/3, SmolLM,
  * GPT-2 write them).  config_path is tokenizer_config.json or NULL; when
  * given it supplies bos/eos tokens and add_bos_token. */
-fy_status_t fy_tokenizer_from_json(const char *json_path, const char *config_path,
-                                   fy_tokenizer_t **tok_p);
+fy_status_t fy_tokenizer_from_json(const char *json_path, const char *config_path, fy_tokenizer_t **tok_p);
 
 void fy_tokenizer_destroy(fy_tokenizer_t *tok); /* accepts NULL */
 
@@ -80,13 +79,13 @@ fy_status_t fy_tokenizer_encode(const fy_tokenizer_t *tok, const char *text, siz
  * give their text when render_special is true and nothing otherwise.
  * Invalid ids give nothing.  The pointer lives as long as the tokenizer.
  */
-void fy_tokenizer_token_bytes(const fy_tokenizer_t *tok, int32_t id, bool render_special,
-                              const char **bytes_p, size_t *len_p);
+void fy_tokenizer_token_bytes(const fy_tokenizer_t *tok, int32_t id, bool render_special, const char **bytes_p,
+                              size_t *len_p);
 
 /* Whole-sequence decode into out (NUL-terminated, truncated to cap-1).
  * Returns the full length the text needs. */
-size_t fy_tokenizer_decode(const fy_tokenizer_t *tok, const int32_t *tokens, size_t n, bool render_special,
-                           char *out, size_t cap);
+size_t fy_tokenizer_decode(const fy_tokenizer_t *tok, const int32_t *tokens, size_t n, bool render_special, char *out,
+                           size_t cap);
 
 /*
  * Streaming detokenizer: push one token at a time, get the text that is

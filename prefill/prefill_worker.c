@@ -42,9 +42,9 @@ typedef struct pjob {
     uint64_t id, engine_id;
     int64_t attempt; /* the router's try number: an old try's events are told apart */
     fy_xfer_job_t *xj;
-    bool xj_closed;      /* finish or abort was called */
+    bool xj_closed; /* finish or abort was called */
     int32_t n_prompt, first_block, n_dst, shipped, computed;
-    int32_t *dst;        /* [n_dst] the decode worker's blocks for prompt blocks first_block.. */
+    int32_t *dst;          /* [n_dst] the decode worker's blocks for prompt blocks first_block.. */
     fy_block_table_t hold; /* references to every block handed to the transfer */
     bool engine_done, xfer_done;
     fy_status_t engine_status, xfer_status;
@@ -384,8 +384,9 @@ static void cmd_prefill(prefill_t *p, fy_msgr_t *r, uint64_t rid)
         j->engine_status = st;
         snprintf(j->engine_msg, sizeof(j->engine_msg), "%s",
                  st == FY_ERR_OVERLOADED ? "overloaded: too many prompts waiting"
-                 : st == FY_ERR_INVALID  ? "the engine refused the prompt (too long for this worker's context or kv cache)"
-                                         : fy_status_str(st));
+                 : st == FY_ERR_INVALID
+                     ? "the engine refused the prompt (too long for this worker's context or kv cache)"
+                     : fy_status_str(st));
         j->engine_done = true;
         job_close_xfer(j, false);
         return;
@@ -436,8 +437,13 @@ static void p_tick(fy_node_t *n, void *state, double now)
             att[i] = (int32_t)j->attempt;
             done[i++] = j->computed;
         }
-        fy_wire_progress_t m = {.ev = fy_node_ev(n, 0, 0), .ids = ids, .n_ids = k, .attempts = att, .n_attempts = k,
-                                .computed = done, .n_computed = k};
+        fy_wire_progress_t m = {.ev = fy_node_ev(n, 0, 0),
+                                .ids = ids,
+                                .n_ids = k,
+                                .attempts = att,
+                                .n_attempts = k,
+                                .computed = done,
+                                .n_computed = k};
         fy_msgw_t w;
         fy_wire_progress_write(&w, &m);
         fy_node_push(n, &w);
@@ -521,8 +527,7 @@ static void p_command(fy_node_t *n, void *state, const char *type, fy_msgr_t *r,
         fy_wire_extend_t m;
         fy_wire_extend_init(&m);
         if (fy_wire_extend_read(r, NULL, &m)) fy_node_error(n, rid, 0, r->status, "bad extend: %s", r->err);
-    }
-    else
+    } else
         fy_node_error(n, rid, 0, FY_ERR_UNSUPPORTED, "unknown command '%s' for a prefill worker", type);
 }
 

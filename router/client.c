@@ -76,8 +76,9 @@ static fy_status_t call(fy_client_t *c, fy_msgw_t *w, double timeout_s, fy_msgr_
     fy_free(buf);
     if (st) {
         if (err && st == FY_ERR_MISMATCH)
-            snprintf(err, cap, "the router refused the request as unauthenticated (another kv.secret_file, or a "
-                               "clock far off)");
+            snprintf(err, cap,
+                     "the router refused the request as unauthenticated (another kv.secret_file, or a "
+                     "clock far off)");
         else if (err)
             snprintf(err, cap, "the router did not answer: %s", fy_status_str(st));
         return st;
@@ -149,8 +150,10 @@ fy_status_t fy_client_poll(fy_client_t *c, fy_client_stream_t *s, double wait_s,
     fy_status_t st = call(c, &w, wait_s + c->timeout_s, &r, u->message, sizeof(u->message), &rep);
     if (st) return st;
     fy_wire_events_t *m = fy_malloc(sizeof(*m)); /* 700 bytes: not on the caller's stack */
-    if (!m) st = FY_ERR_NOMEM;
-    else fy_wire_events_init(m);
+    if (!m)
+        st = FY_ERR_NOMEM;
+    else
+        fy_wire_events_init(m);
     if (!st && fy_wire_events_read(&r, NULL, m)) {
         st = FY_ERR_FORMAT;
         snprintf(u->message, sizeof(u->message), "bad reply from the router: %.200s", r.err);
@@ -158,8 +161,10 @@ fy_status_t fy_client_poll(fy_client_t *c, fy_client_stream_t *s, double wait_s,
     size_t tl = st ? 0 : m->text_len;
     if (!st && tl + 1 > c->cap_text) {
         char *t = fy_realloc(c->text, tl + 1);
-        if (!t) st = FY_ERR_NOMEM;
-        else c->text = t, c->cap_text = tl + 1;
+        if (!t)
+            st = FY_ERR_NOMEM;
+        else
+            c->text = t, c->cap_text = tl + 1;
     }
     if (!st) {
         if (tl) memcpy(c->text, m->text, tl);

@@ -28,13 +28,13 @@ fy_status_t fy_client_create(const char *router_url, const char *secret_file, do
 void fy_client_destroy(fy_client_t *c); /* accepts NULL */
 
 typedef struct fy_client_req {
-    const char *prompt;       /* text (tokenized by the router), or */
-    const int32_t *tokens;    /* token ids */
+    const char *prompt;    /* text (tokenized by the router), or */
+    const int32_t *tokens; /* token ids */
     int32_t n_tokens;
-    bool chat;                /* apply the model's chat template */
-    const char *system;       /* system message with chat; may be NULL */
+    bool chat;          /* apply the model's chat template */
+    const char *system; /* system message with chat; may be NULL */
     fy_genspec_t gen;
-    double deadline_s;        /* 0: the router's default */
+    double deadline_s; /* 0: the router's default */
 } fy_client_req_t;
 
 /* One request's stream: its id and how much of it has been received. */
@@ -66,9 +66,9 @@ typedef struct fy_client_update {
     const char *text;
     size_t text_len;
     bool done;
-    fy_status_t error;   /* FY_OK when finished normally */
-    char message[256];   /* the error's message */
-    char finish[16];     /* the finish reason */
+    fy_status_t error; /* FY_OK when finished normally */
+    char message[256]; /* the error's message */
+    char finish[16];   /* the finish reason */
     fy_client_timings_t timings;
     int32_t n_prompt;
     char state[16]; /* queued, reserving, prefilling, adopting, decoding, done */
@@ -85,8 +85,8 @@ fy_status_t fy_client_cancel(fy_client_t *c, uint64_t id);
 typedef struct fy_client_worker {
     char name[64];
     bool up, decode;
-    int32_t assigned;       /* requests the router placed there, not yet done */
-    int32_t admittable;     /* decode: blocks it could still promise (last report) */
+    int32_t assigned;   /* requests the router placed there, not yet done */
+    int32_t admittable; /* decode: blocks it could still promise (last report) */
     int32_t total_blocks;
     int32_t pending_tokens; /* prefill: prompt tokens of its unfinished jobs */
 } fy_client_worker_t;

@@ -69,7 +69,7 @@ struct fy_http {
     router_t *R;
     fy_httpd_t *srv;
     char url[256];
-    char served[128]; /* the model's name in the API */
+    char served[128];      /* the model's name in the API */
     fy_tenants_t *tenants; /* NULL: no keys, everyone is tenant "" */
     int64_t default_max_tokens;
     double retry_after_s;
@@ -307,8 +307,8 @@ static json_t *envelope(const hreq_t *h, bool chunk)
 {
     json_t *o = json_object();
     json_object_set_new(o, "id", json_string(h->oid));
-    json_object_set_new(o, "object",
-                        json_string(h->chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"));
+    json_object_set_new(
+        o, "object", json_string(h->chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"));
     json_object_set_new(o, "created", json_integer((json_int_t)h->created));
     json_object_set_new(o, "model", json_string(h->H->served));
     return o;
@@ -675,7 +675,8 @@ static void refuse_submitted(hreq_t *h, fy_status_t st, const char *err)
     h_release(h, true);
     json_t *e = json_object(), *eb = json_object();
     json_object_set_new(eb, "message", jstr(err, strlen(err)));
-    json_object_set_new(eb, "type", json_string(st == FY_ERR_OVERLOADED ? "server_overloaded" : "invalid_request_error"));
+    json_object_set_new(eb, "type",
+                        json_string(st == FY_ERR_OVERLOADED ? "server_overloaded" : "invalid_request_error"));
     json_object_set_new(eb, "param", st == FY_ERR_INVALID ? json_string(h->chat ? "messages" : "prompt") : json_null());
     json_object_set_new(eb, "code", json_null());
     json_object_set_new(e, "error", eb);
@@ -821,14 +822,12 @@ static fy_status_t http_start(router_t *R, fy_http_t **h_p)
     fy_httpd_limits_t lim;
     fy_status_t st;
     *h_p = NULL;
-    if ((st = fy_conf_string(c, "router", "http", &url)) ||
-        (st = fy_conf_string(c, "router", "api_keys", &keys)) ||
+    if ((st = fy_conf_string(c, "router", "http", &url)) || (st = fy_conf_string(c, "router", "api_keys", &keys)) ||
         (st = fy_conf_string(c, "router", "served_model_name", &served)) ||
         (st = fy_conf_size(c, "router", "max_body", &max_body)) ||
         (st = fy_conf_int(c, "router", "default_max_tokens", &max_tokens)) ||
         (st = fy_conf_duration(c, "router", "retry_after", &retry)) ||
-        (st = fy_conf_string(c, "model", "path", &path)) ||
-        (st = fy_httpd_limits_read(c, "router", &lim)))
+        (st = fy_conf_string(c, "model", "path", &path)) || (st = fy_httpd_limits_read(c, "router", &lim)))
         return st;
     if (!*url) return FY_OK;
     lim.threads = 2; /* a long prompt's tokenizing does not hold up /health */

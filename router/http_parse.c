@@ -23,7 +23,6 @@
 #define MAX_N FY_HTTP_MAX_N
 #define DEFAULT_MAX_TOKENS_COMPLETION 16 /* OpenAI's default for /v1/completions */
 
-
 typedef fy_http_fault_t parsed_t;
 
 static void bad(parsed_t *p, uint16_t status, const char *param, const char *fmt, ...)
@@ -199,13 +198,21 @@ static void parse_common(const fy_http_front_t *H, parsed_t *p, json_t *o, bool 
                 "alternatives in logprobs are not supported (0 gives each chosen token's log-probability)");
     }
     /* known fields ferry does not implement: refused, not silently dropped */
-    static const char *const unsupported[] = {"presence_penalty", "frequency_penalty", "repetition_penalty",
-                                              "logit_bias", "best_of", "echo", "suffix", "tools", "functions",
-                                              "response_format", "guided_json", "guided_regex"};
+    static const char *const unsupported[] = {"presence_penalty",
+                                              "frequency_penalty",
+                                              "repetition_penalty",
+                                              "logit_bias",
+                                              "best_of",
+                                              "echo",
+                                              "suffix",
+                                              "tools",
+                                              "functions",
+                                              "response_format",
+                                              "guided_json",
+                                              "guided_regex"};
     for (size_t i = 0; i < sizeof(unsupported) / sizeof(*unsupported); i++) {
         json_t *v = json_object_get(o, unsupported[i]);
-        bool set = v && !json_is_null(v) && !json_is_false(v) &&
-                   !(json_is_number(v) && json_number_value(v) == 0) &&
+        bool set = v && !json_is_null(v) && !json_is_false(v) && !(json_is_number(v) && json_number_value(v) == 0) &&
                    !(json_is_integer(v) && json_integer_value(v) == 1 && !strcmp(unsupported[i], "best_of")) &&
                    !(json_is_string(v) && !strcmp(unsupported[i], "response_format")) &&
                    !(json_is_object(v) && !json_object_size(v)) && !(json_is_array(v) && !json_array_size(v));
@@ -233,7 +240,8 @@ static char *message_text(parsed_t *p, json_t *c)
     }
     size_t total = 0, i;
     json_t *part;
-    json_array_foreach(c, i, part) {
+    json_array_foreach(c, i, part)
+    {
         json_t *t = json_object_get(part, "type"), *x = json_object_get(part, "text");
         if (!json_is_string(t) || strcmp(json_string_value(t), "text") || !json_is_string(x)) {
             bad(p, 400, "messages", "only text parts are supported in a message's content");
@@ -244,7 +252,8 @@ static char *message_text(parsed_t *p, json_t *c)
     char *s = fy_malloc(total + 1);
     if (!s) return NULL;
     size_t k = 0;
-    json_array_foreach(c, i, part) {
+    json_array_foreach(c, i, part)
+    {
         json_t *x = json_object_get(part, "text");
         memcpy(s + k, json_string_value(x), json_string_length(x));
         k += json_string_length(x);
@@ -274,7 +283,8 @@ static int32_t *prompt_ids(const fy_http_front_t *H, parsed_t *p, json_t *o, boo
         char *texts[FY_PROMPT_MAX_MSGS] = {0};
         size_t i;
         json_t *msg;
-        json_array_foreach(msgs, i, msg) {
+        json_array_foreach(msgs, i, msg)
+        {
             json_t *role = json_object_get(msg, "role");
             const char *r = json_is_string(role) ? json_string_value(role) : NULL;
             if (!json_is_object(msg) || !r ||
@@ -329,7 +339,8 @@ static int32_t *prompt_ids(const fy_http_front_t *H, parsed_t *p, json_t *o, boo
         return ids;
     }
     if (json_is_array(pr) && json_array_size(pr) > 1)
-        bad(p, 400, "prompt", "one prompt per request (a string or an array of token ids); send batches as separate requests");
+        bad(p, 400, "prompt",
+            "one prompt per request (a string or an array of token ids); send batches as separate requests");
     else
         bad(p, 400, "prompt", "'prompt' must be a string or an array of token ids");
     return NULL;

@@ -21,10 +21,10 @@
 
 /* What the parsing needs to know of the server. */
 typedef struct fy_http_front {
-    const fy_model_t *model; /* its tokenizer and chat template */
-    const char *model_id;    /* accepted as "model", besides served */
-    const char *served;      /* the name the API serves the model under */
-    int32_t max_ctx;         /* tokens of context */
+    const fy_model_t *model;    /* its tokenizer and chat template */
+    const char *model_id;       /* accepted as "model", besides served */
+    const char *served;         /* the name the API serves the model under */
+    int32_t max_ctx;            /* tokens of context */
     int64_t default_max_tokens; /* chat completions without max_tokens */
 } fy_http_front_t;
 

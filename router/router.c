@@ -134,8 +134,8 @@ typedef struct rreq {
     int32_t poll_from;
     size_t poll_text;
     double poll_until;
-    struct rreq *hnext;        /* hash bucket */
-    struct rreq *prev, *next;  /* all requests */
+    struct rreq *hnext;       /* hash bucket */
+    struct rreq *prev, *next; /* all requests */
 } rreq_t;
 
 typedef struct router {
@@ -177,9 +177,9 @@ typedef struct router {
         fy_metric_t *running, *waiting, *prefill_up, *decode_up, *prompt, *cached, *generation, *retries, *bad_events;
         fy_metric_t *renewals;
         fy_metric_t *ttft, *itl, *e2e, *queue, *xfer_s, *xfer_bytes;
-        fy_metric_t *success[4]; /* length, stop, eos, context */
-        fy_metric_t *failure[6]; /* cancelled, timeout, peer, invalid, overloaded, other */
-        fy_metric_t *refused[2]; /* overloaded, invalid */
+        fy_metric_t *success[4];                   /* length, stop, eos, context */
+        fy_metric_t *failure[6];                   /* cancelled, timeout, peer, invalid, overloaded, other */
+        fy_metric_t *refused[2];                   /* overloaded, invalid */
         fy_metric_t *ctl_refused[FY_ENV_N_FAULTS]; /* control messages refused, by fault (0 unused) */
     } m;
 } router_t;
@@ -314,8 +314,12 @@ static void finish_req(router_t *R, rreq_t *q, fy_status_t err, const char *fmt,
         while (k < 3 && strcmp(q->finish, reasons[k])) k++;
         fy_metric_inc(R->m.success[k]);
     } else {
-        int k = err == FY_ERR_CANCELLED ? 0 : err == FY_ERR_TIMEOUT ? 1 : err == FY_ERR_PEER ? 2
-                : err == FY_ERR_INVALID ? 3 : err == FY_ERR_OVERLOADED ? 4 : 5;
+        int k = err == FY_ERR_CANCELLED    ? 0
+                : err == FY_ERR_TIMEOUT    ? 1
+                : err == FY_ERR_PEER       ? 2
+                : err == FY_ERR_INVALID    ? 3
+                : err == FY_ERR_OVERLOADED ? 4
+                                           : 5;
         fy_metric_inc(R->m.failure[k]);
     }
     wake_poll(R, q);
@@ -411,8 +415,8 @@ static void send_to_decode(router_t *R, rreq_t *q, int di)
     fy_msgw_t w;
     q->rid = ++R->next_rid;
     q->rid_deadline = now_s() + R->command_timeout;
-    fy_wire_reserve_t m = {.cmd = cmd_to(d, q->rid), .id = q->id, .tokens = q->prompt, .n_tokens = q->n_prompt,
-                           .gen = q->gen};
+    fy_wire_reserve_t m = {
+        .cmd = cmd_to(d, q->rid), .id = q->id, .tokens = q->prompt, .n_tokens = q->n_prompt, .gen = q->gen};
     snprintf(m.tenant, sizeof(m.tenant), "%s", q->tenant);
     if (R->colocated) {
         fy_wire_cmd_generate_write(&w, &m);
@@ -456,7 +460,8 @@ static void pump(router_t *R)
         }
         if (largest < 0) return; /* no decode worker up yet */
         if (!R->colocated && (best->n_prompt + 1 + bs - 1) / bs > largest_p) {
-            finish_req(R, best, FY_ERR_INVALID, "the prompt of %d tokens needs %d kv blocks; the largest prefill worker holds %d",
+            finish_req(R, best, FY_ERR_INVALID,
+                       "the prompt of %d tokens needs %d kv blocks; the largest prefill worker holds %d",
                        best->n_prompt, (best->n_prompt + 1 + bs - 1) / bs, largest_p);
             continue;
         }
@@ -616,9 +621,17 @@ static void send_prefill(router_t *R, rreq_t *q)
     q->rid_deadline = now_s() + R->command_timeout;
     /* the prefill worker stops putting a second before the lease ends */
     double left = q->lease_end - now_s() - 1.0;
-    fy_wire_prefill_t m = {.cmd = cmd_to(p, q->rid), .id = q->id, .attempt = q->retries, .tokens = q->prompt,
-                           .n_tokens = q->n_prompt, .gen = q->gen, .target = q->target, .target_len = q->target_len,
-                           .first_block = q->first_block, .blocks = q->dst, .n_blocks = q->n_dst,
+    fy_wire_prefill_t m = {.cmd = cmd_to(p, q->rid),
+                           .id = q->id,
+                           .attempt = q->retries,
+                           .tokens = q->prompt,
+                           .n_tokens = q->n_prompt,
+                           .gen = q->gen,
+                           .target = q->target,
+                           .target_len = q->target_len,
+                           .first_block = q->first_block,
+                           .blocks = q->dst,
+                           .n_blocks = q->n_dst,
                            .deadline_s = left > 0.05 ? left : 0.05};
     snprintf(m.tenant, sizeof(m.tenant), "%s", q->tenant);
     fy_wire_prefill_write(&w, &m);
@@ -741,7 +754,8 @@ static void on_renewed(router_t *R, rreq_t *q, fy_msgr_t *r, uint64_t rid)
     if (p->inc != q->p_inc) return;
     fy_msgw_t w;
     double left = q->lease_end - now_s() - 1.0;
-    fy_wire_extend_t m2 = {.cmd = cmd_to(p, 0), .id = q->id, .attempt = q->retries, .deadline_s = left > 0.05 ? left : 0.05};
+    fy_wire_extend_t m2 = {
+        .cmd = cmd_to(p, 0), .id = q->id, .attempt = q->retries, .deadline_s = left > 0.05 ? left : 0.05};
     fy_wire_extend_write(&w, &m2);
     cmd_send(p, &w);
 }
@@ -774,8 +788,12 @@ static void on_prefilled(router_t *R, rreq_t *q, fy_msgr_t *r)
     fy_msgw_t w;
     q->rid = ++R->next_rid;
     q->rid_deadline = now_s() + R->command_timeout;
-    fy_wire_adopt_t a = {.cmd = cmd_to(d, q->rid), .id = q->id, .lease = q->lease, .first_token = m.first_token,
-                         .logprob = m.logprob, .n_rng = 4};
+    fy_wire_adopt_t a = {.cmd = cmd_to(d, q->rid),
+                         .id = q->id,
+                         .lease = q->lease,
+                         .first_token = m.first_token,
+                         .logprob = m.logprob,
+                         .n_rng = 4};
     memcpy(a.rng, m.rng, sizeof(a.rng));
     fy_wire_adopt_write(&w, &a);
     cmd_send(d, &w);
@@ -899,7 +917,8 @@ static void on_error_event(router_t *R, fy_msgr_t *r, const char *name, uint64_t
         snprintf(why, sizeof(why), "prefill worker %s: %s", name, message);
         retry_or_fail(R, q, st, why);
     } else if (from_d) {
-        if (!R->colocated && q->state == RQ_ADOPTING && st == FY_ERR_NOT_FOUND) { /* the lease went before the KV arrived */
+        if (!R->colocated && q->state == RQ_ADOPTING &&
+            st == FY_ERR_NOT_FOUND) { /* the lease went before the KV arrived */
             snprintf(why, sizeof(why), "decode worker %s: %s", name, message);
             R->workers[q->dw].assigned--;
             q->dw = -1; /* nothing left to release there */
@@ -1298,9 +1317,11 @@ static void client_status(router_t *R, fy_rpc_call_t *call)
         R->n_workers;
     uint64_t refused[FY_ENV_N_FAULTS];
     refused_messages(R, refused);
-    m->refused_messages = (fy_wire_refused_t){.format = refused[FY_ENV_FORMAT], .mac = refused[FY_ENV_MAC],
-                                             .stale = refused[FY_ENV_STALE], .replay = refused[FY_ENV_REPLAY],
-                                             .identity = refused[FY_ENV_IDENTITY]};
+    m->refused_messages = (fy_wire_refused_t){.format = refused[FY_ENV_FORMAT],
+                                              .mac = refused[FY_ENV_MAC],
+                                              .stale = refused[FY_ENV_STALE],
+                                              .replay = refused[FY_ENV_REPLAY],
+                                              .identity = refused[FY_ENV_IDENTITY]};
     pthread_mutex_unlock(&R->mu);
     fy_msgw_t w;
     fy_wire_status_reply_write(&w, m);
@@ -1354,8 +1375,8 @@ fy_status_t fy_router_submit(router_t *R, const char *tenant, int32_t *ids, int3
 }
 
 fy_status_t fy_router_submit_locked(router_t *R, const char *tenant, int32_t *ids, int32_t n, const fy_genspec_t *gen,
-                                    double deadline_s, fy_router_watch_fn watch, void *arg, uint64_t *id_p,
-                                    char *err, size_t err_cap)
+                                    double deadline_s, fy_router_watch_fn watch, void *arg, uint64_t *id_p, char *err,
+                                    size_t err_cap)
 {
     rreq_t *q;
     if (deadline_s <= 0) deadline_s = R->request_timeout;
@@ -1426,19 +1447,32 @@ static fy_status_t metrics_setup(router_t *R)
     fy_status_t st = fy_metrics_create(&R->reg);
     fy_metrics_t *g = R->reg;
     static const char *const up_p[] = {"role", "prefill", NULL}, *const up_d[] = {"role", "decode", NULL};
-    if (!st) st = fy_metrics_gauge(g, "ferry:num_requests_running", "Requests placed on workers, not yet done", NULL, &R->m.running);
-    if (!st) st = fy_metrics_gauge(g, "ferry:num_requests_waiting", "Requests in the router's queue", NULL, &R->m.waiting);
+    if (!st)
+        st = fy_metrics_gauge(g, "ferry:num_requests_running", "Requests placed on workers, not yet done", NULL,
+                              &R->m.running);
+    if (!st)
+        st = fy_metrics_gauge(g, "ferry:num_requests_waiting", "Requests in the router's queue", NULL, &R->m.waiting);
     if (!st) st = fy_metrics_gauge(g, "ferry:workers_up", "Workers reporting, by role", up_p, &R->m.prefill_up);
     if (!st) st = fy_metrics_gauge(g, "ferry:workers_up", "Workers reporting, by role", up_d, &R->m.decode_up);
-    if (!st) st = fy_metrics_counter(g, "ferry:prompt_tokens_total", "Prompt tokens of accepted requests", NULL, &R->m.prompt);
-    if (!st) st = fy_metrics_counter(g, "ferry:prompt_tokens_cached_total", "Prompt tokens found in a worker's prefix cache", NULL, &R->m.cached);
-    if (!st) st = fy_metrics_counter(g, "ferry:generation_tokens_total", "Tokens streamed to clients", NULL, &R->m.generation);
-    if (!st) st = fy_metrics_counter(g, "ferry:router_retries_total", "Requests retried on another prefill worker", NULL, &R->m.retries);
-    if (!st) st = fy_metrics_counter(g, "ferry:bad_events_total", "Malformed or unexpected worker events", NULL, &R->m.bad_events);
+    if (!st)
+        st = fy_metrics_counter(g, "ferry:prompt_tokens_total", "Prompt tokens of accepted requests", NULL,
+                                &R->m.prompt);
+    if (!st)
+        st = fy_metrics_counter(g, "ferry:prompt_tokens_cached_total", "Prompt tokens found in a worker's prefix cache",
+                                NULL, &R->m.cached);
+    if (!st)
+        st = fy_metrics_counter(g, "ferry:generation_tokens_total", "Tokens streamed to clients", NULL,
+                                &R->m.generation);
+    if (!st)
+        st = fy_metrics_counter(g, "ferry:router_retries_total", "Requests retried on another prefill worker", NULL,
+                                &R->m.retries);
+    if (!st)
+        st = fy_metrics_counter(g, "ferry:bad_events_total", "Malformed or unexpected worker events", NULL,
+                                &R->m.bad_events);
     if (!st)
         st = fy_metrics_counter(g, "ferry:kv_lease_renewals_total",
-                                "KV leases renewed at a decode worker while their prompt was still being prefilled", NULL,
-                                &R->m.renewals);
+                                "KV leases renewed at a decode worker while their prompt was still being prefilled",
+                                NULL, &R->m.renewals);
     static const char *const reasons[] = {"length", "stop", "eos", "context"};
     for (int i = 0; i < 4 && !st; i++) {
         const char *l[] = {"finished_reason", reasons[i], NULL};
@@ -1447,8 +1481,8 @@ static fy_status_t metrics_setup(router_t *R)
     static const char *const fails[] = {"cancelled", "timeout", "peer", "invalid", "overloaded", "other"};
     for (int i = 0; i < 6 && !st; i++) {
         const char *l[] = {"reason", fails[i], NULL};
-        st = fy_metrics_counter(g, "ferry:request_failure_total", "Accepted requests that ended in an error, by kind", l,
-                                &R->m.failure[i]);
+        st = fy_metrics_counter(g, "ferry:request_failure_total", "Accepted requests that ended in an error, by kind",
+                                l, &R->m.failure[i]);
     }
     static const char *const refusals[] = {"overloaded", "invalid"};
     for (int i = 0; i < 2 && !st; i++) {
@@ -1463,18 +1497,26 @@ static fy_status_t metrics_setup(router_t *R)
                                 "sender that may not send them",
                                 l, &R->m.ctl_refused[i]);
     }
-    if (!st) st = fy_metrics_histogram(g, "ferry:time_to_first_token_seconds", "Arrival at the router to the first token",
-                                       NULL, fy_metrics_ttft_buckets, fy_metrics_n_ttft_buckets, &R->m.ttft);
-    if (!st) st = fy_metrics_histogram(g, "ferry:inter_token_latency_seconds", "Gap between a request's tokens at the router",
-                                       NULL, fy_metrics_itl_buckets, fy_metrics_n_itl_buckets, &R->m.itl);
-    if (!st) st = fy_metrics_histogram(g, "ferry:e2e_request_latency_seconds", "Arrival to the end (finished or failed)",
-                                       NULL, fy_metrics_e2e_buckets, fy_metrics_n_e2e_buckets, &R->m.e2e);
-    if (!st) st = fy_metrics_histogram(g, "ferry:request_queue_time_seconds", "Arrival to placement on a worker", NULL,
-                                       fy_metrics_e2e_buckets, fy_metrics_n_e2e_buckets, &R->m.queue);
-    if (!st) st = fy_metrics_histogram(g, "ferry:kv_transfer_seconds", "A prompt's KV transfer, as its prefill worker timed it",
-                                       NULL, fy_metrics_e2e_buckets, fy_metrics_n_e2e_buckets, &R->m.xfer_s);
-    if (!st) st = fy_metrics_counter(g, "ferry:kv_transfer_bytes_total", "KV bytes prefill workers put into decode workers", NULL,
-                                     &R->m.xfer_bytes);
+    if (!st)
+        st = fy_metrics_histogram(g, "ferry:time_to_first_token_seconds", "Arrival at the router to the first token",
+                                  NULL, fy_metrics_ttft_buckets, fy_metrics_n_ttft_buckets, &R->m.ttft);
+    if (!st)
+        st =
+            fy_metrics_histogram(g, "ferry:inter_token_latency_seconds", "Gap between a request's tokens at the router",
+                                 NULL, fy_metrics_itl_buckets, fy_metrics_n_itl_buckets, &R->m.itl);
+    if (!st)
+        st = fy_metrics_histogram(g, "ferry:e2e_request_latency_seconds", "Arrival to the end (finished or failed)",
+                                  NULL, fy_metrics_e2e_buckets, fy_metrics_n_e2e_buckets, &R->m.e2e);
+    if (!st)
+        st = fy_metrics_histogram(g, "ferry:request_queue_time_seconds", "Arrival to placement on a worker", NULL,
+                                  fy_metrics_e2e_buckets, fy_metrics_n_e2e_buckets, &R->m.queue);
+    if (!st)
+        st = fy_metrics_histogram(g, "ferry:kv_transfer_seconds",
+                                  "A prompt's KV transfer, as its prefill worker timed it", NULL,
+                                  fy_metrics_e2e_buckets, fy_metrics_n_e2e_buckets, &R->m.xfer_s);
+    if (!st)
+        st = fy_metrics_counter(g, "ferry:kv_transfer_bytes_total", "KV bytes prefill workers put into decode workers",
+                                NULL, &R->m.xfer_bytes);
     return st;
 }
 
@@ -1580,8 +1622,7 @@ static fy_status_t setup(router_t *R)
         (st = fy_conf_int(c, "router", "retries", &retries)) ||
         (st = fy_conf_int(c, "router", "prefill_queue_tokens", &pq_tokens)) ||
         (st = fy_conf_float(c, "router", "prefix_weight", &R->prefix_weight)) ||
-        (st = fy_conf_int(c, "prefill", "count", &n_prefill)) ||
-        (st = fy_cluster_kv(c, &bs, &dt)))
+        (st = fy_conf_int(c, "prefill", "count", &n_prefill)) || (st = fy_cluster_kv(c, &bs, &dt)))
         return st;
     R->colocated = n_prefill == 0;
     R->max_queue = (int32_t)max_queue;

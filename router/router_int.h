@@ -50,8 +50,8 @@ fy_status_t fy_router_submit(router_t *R, const char *tenant, int32_t *ids, int3
 /* The same with the lock held (from a watch function); the request is
  * placed at the router's next housekeeping tick. */
 fy_status_t fy_router_submit_locked(router_t *R, const char *tenant, int32_t *ids, int32_t n, const fy_genspec_t *gen,
-                                    double deadline_s, fy_router_watch_fn watch, void *arg, uint64_t *id_p,
-                                    char *err, size_t err_cap);
+                                    double deadline_s, fy_router_watch_fn watch, void *arg, uint64_t *id_p, char *err,
+                                    size_t err_cap);
 
 /* A request's output so far; pointers valid while the lock is held. */
 typedef struct fy_router_view {
@@ -65,7 +65,7 @@ typedef struct fy_router_view {
     bool done;
     fy_status_t error; /* when done: FY_OK, or what failed */
     const char *message;
-    const char *finish; /* when done without error: length, stop, eos, context */
+    const char *finish;                        /* when done without error: length, stop, eos, context */
     double t_arrive, t_sched, t_first, t_done; /* CLOCK_MONOTONIC; 0 when not yet */
 } fy_router_view_t;
 

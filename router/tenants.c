@@ -21,7 +21,7 @@
 
 struct fy_tenant {
     char name[64];
-    int32_t max_concurrent;   /* 0: no limit */
+    int32_t max_concurrent;    /* 0: no limit */
     int64_t tokens_per_minute; /* 0: no limit */
     int32_t running;
     double bucket, t_bucket;
@@ -232,8 +232,7 @@ static void refill(fy_tenant_t *t, double now)
     t->t_bucket = now;
 }
 
-fy_tenant_verdict_t fy_tenant_admit(fy_tenant_t *t, int32_t n_requests, int64_t tokens, double now,
-                                    double *retry_s)
+fy_tenant_verdict_t fy_tenant_admit(fy_tenant_t *t, int32_t n_requests, int64_t tokens, double now, double *retry_s)
 {
     *retry_s = 0;
     if (t->max_concurrent && t->running + n_requests > t->max_concurrent) {

@@ -47,8 +47,7 @@ typedef enum fy_tenant_verdict {
 
 /* Admits a request of n_requests samples costing tokens, or says why
  * not and how many seconds until it could be (*retry_s). */
-fy_tenant_verdict_t fy_tenant_admit(fy_tenant_t *t, int32_t n_requests, int64_t tokens, double now,
-                                    double *retry_s);
+fy_tenant_verdict_t fy_tenant_admit(fy_tenant_t *t, int32_t n_requests, int64_t tokens, double now, double *retry_s);
 /* A request admitted earlier ends: unused tokens go back. */
 void fy_tenant_release(fy_tenant_t *t, int32_t n_requests, int64_t unused_tokens, double now);
 

@@ -71,14 +71,14 @@ typedef struct srv srv_t;
 typedef struct route {
     fy_httpd_t *owner;
     char path[128];
-    bool get;        /* GET (and HEAD); else POST */
+    bool get; /* GET (and HEAD); else POST */
     size_t max_body;
     fy_httpd_get_fn get_fn;
     fy_httpd_fn fn;
     void *arg;
-    bool dead;       /* its holder removed it */
-    int inflight;    /* handler calls running */
-    int refs;        /* requests pointing at it, plus one while listed */
+    bool dead;    /* its holder removed it */
+    int inflight; /* handler calls running */
+    int refs;     /* requests pointing at it, plus one while listed */
     struct route *next;
 } route_t;
 
@@ -252,8 +252,8 @@ static enum MHD_Result queue_error(struct MHD_Connection *mc, unsigned status, c
 {
     char m[512], body[768];
     json_escape(m, sizeof(m), msg);
-    int n = snprintf(body, sizeof(body), "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,\"code\":null}}",
-                     m, type);
+    int n = snprintf(body, sizeof(body),
+                     "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,\"code\":null}}", m, type);
     struct MHD_Response *res = MHD_create_response_from_buffer((size_t)n, body, MHD_RESPMEM_MUST_COPY);
     if (!res) return MHD_NO;
     MHD_add_response_header(res, "Content-Type", "application/json");
@@ -598,7 +598,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
             }
             return MHD_YES;
         }
-        if (closing) return queue_error(mc, 503, "unavailable", "the server is shutting down", "Retry-After", "1", true);
+        if (closing)
+            return queue_error(mc, 503, "unavailable", "the server is shutting down", "Retry-After", "1", true);
         if (over && !(rt && rt->get)) {
             char msg[128];
             snprintf(msg, sizeof(msg), "too many connections (%d): try again shortly", S->cap);
@@ -798,7 +799,8 @@ bad:
 /* A listening socket on host:port, or -1 (logged with the reason). */
 static int listen_on(const char *url, const char *host, int port, bool *v6_p)
 {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
     struct addrinfo *ai = NULL;
     char ps[16];
     snprintf(ps, sizeof(ps), "%d", port);
@@ -989,8 +991,7 @@ fy_status_t fy_httpd_create_with(const char *url, const fy_httpd_limits_t *limit
     pthread_mutex_lock(&g_mu);
     srv_t *S = NULL;
     if (port)
-        for (S = g_servers; S && !(S->port == port && !strcmp(S->host, host)); S = S->next) {
-        }
+        for (S = g_servers; S && !(S->port == port && !strcmp(S->host, host)); S = S->next) {}
     if (!S) {
         fy_httpd_limits_t def;
         fy_httpd_limits_default(&def);

@@ -79,10 +79,10 @@ void fy_httpd_destroy(fy_httpd_t *h);
 
 /* What the server has seen (all holders together). */
 typedef struct fy_httpd_stats {
-    int32_t open;            /* connections open now */
-    uint64_t timed_out;      /* closed at the header timeout */
-    uint64_t evicted;        /* closed to make room for a new one */
-    uint64_t refused;        /* answered 503: every connection was busy */
+    int32_t open;       /* connections open now */
+    uint64_t timed_out; /* closed at the header timeout */
+    uint64_t evicted;   /* closed to make room for a new one */
+    uint64_t refused;   /* answered 503: every connection was busy */
 } fy_httpd_stats_t;
 void fy_httpd_stats(const fy_httpd_t *h, fy_httpd_stats_t *s);
 

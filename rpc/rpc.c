@@ -123,7 +123,8 @@ static void refused(refusals_t *r, fy_env_fault_t f, const fy_env_hdr_t *h, cons
         snprintf(who, sizeof(who), " from %s%s (%s, incarnation %016llx)",
                  f == FY_ENV_MAC ? "a sender claiming to be " : "", h->name, fy_env_role_str(h->role),
                  (unsigned long long)h->inc);
-    if (quiet) snprintf(more, sizeof(more), "; %llu more refused for this since the last line", (unsigned long long)quiet);
+    if (quiet)
+        snprintf(more, sizeof(more), "; %llu more refused for this since the last line", (unsigned long long)quiet);
     fy_warn("rpc: %s: refused a message%s: %s%s%s%s", r->what, who, fy_env_fault_words(f), why ? ": " : "",
             why ? why : "", more);
 }
@@ -249,7 +250,10 @@ static const char *const TAGS[FY_STATUS_COUNT] = {
     [FY_ERR_INTERNAL] = "internal",
 };
 
-const char *fy_status_tag(fy_status_t st) { return st >= 0 && st < FY_STATUS_COUNT && TAGS[st] ? TAGS[st] : "internal"; }
+const char *fy_status_tag(fy_status_t st)
+{
+    return st >= 0 && st < FY_STATUS_COUNT && TAGS[st] ? TAGS[st] : "internal";
+}
 
 fy_status_t fy_msg_error_code(const char *code)
 {
@@ -353,8 +357,8 @@ static void slot_cb(void *arg)
     nng_msg *m = nng_aio_get_msg(c->aio);
     fy_env_hdr_t h;
     size_t off;
-    fy_env_fault_t f = open_incoming(&s->auth.key, s->guard, s->roles, &s->refusals, nng_msg_body(m), nng_msg_len(m),
-                                     &h, &off);
+    fy_env_fault_t f =
+        open_incoming(&s->auth.key, s->guard, s->roles, &s->refusals, nng_msg_body(m), nng_msg_len(m), &h, &off);
     if (f) {
         nng_msg_free(m);
         slot_refuse(c, f);
@@ -408,7 +412,9 @@ void fy_rpc_reply_msgw(fy_rpc_call_t *c, fy_msgw_t *w)
     size_t len;
     if (fy_msgw_finish(w, &buf, &len) != FY_OK) {
         /* a small fixed error always fits */
-        static const char nomem[] = "\x83\xa1v\x01\xa4type\xa5" "error\xa4" "code\xa5nomem";
+        static const char nomem[] = "\x83\xa1v\x01\xa4type\xa5"
+                                    "error\xa4"
+                                    "code\xa5nomem";
         fy_rpc_reply(c, nomem, sizeof(nomem) - 1);
         return;
     }
@@ -907,8 +913,7 @@ fy_status_t fy_push_send(fy_push_t *p, const void *buf, size_t len)
     }
     if (rv) {
         if (atomic_fetch_add(&p->dropped, 1) == 0)
-            fy_error("rpc: event to %s dropped: %s (further drops are counted, not logged)", p->url,
-                     nng_strerror(rv));
+            fy_error("rpc: event to %s dropped: %s (further drops are counted, not logged)", p->url, nng_strerror(rv));
         return rv == NNG_EAGAIN ? FY_ERR_NO_SPACE : from_nng(rv);
     }
     return FY_OK;
@@ -949,8 +954,8 @@ static void pull_cb(void *arg)
         nng_msg *m = nng_aio_get_msg(p->aio);
         fy_env_hdr_t h;
         size_t off;
-        if (open_incoming(&p->auth.key, p->guard, p->roles, &p->refusals, nng_msg_body(m), nng_msg_len(m), &h,
-                          &off) == FY_ENV_OK)
+        if (open_incoming(&p->auth.key, p->guard, p->roles, &p->refusals, nng_msg_body(m), nng_msg_len(m), &h, &off) ==
+            FY_ENV_OK)
             p->fn(p->arg, &h, (const uint8_t *)nng_msg_body(m) + off, nng_msg_len(m) - off);
         nng_msg_free(m);
     } else if (rv == NNG_ECLOSED || atomic_load(&p->closing)) {

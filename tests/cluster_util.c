@@ -177,8 +177,7 @@ void tc_start(tc_cluster_t *c, const tc_opts_t *o)
         if (o->worker_url[w])
             snprintf(sets[ns], sizeof(sets[ns]), "%s.listen=%s", decode ? "decode" : "prefill", o->worker_url[w]);
         else
-            snprintf(sets[ns], sizeof(sets[ns]), "%s.listen=ipc://%s/%s", decode ? "decode" : "prefill", c->dir,
-                     name);
+            snprintf(sets[ns], sizeof(sets[ns]), "%s.listen=ipc://%s/%s", decode ? "decode" : "prefill", c->dir, name);
         argv[na++] = "--set", argv[na++] = sets[ns++];
         for (int k = 0; k < 16 && o->common[k]; k++) argv[na++] = "--set", argv[na++] = (char *)o->common[k];
         if (o->metrics) {
@@ -187,7 +186,8 @@ void tc_start(tc_cluster_t *c, const tc_opts_t *o)
                      c->metrics_port[w]);
             argv[na++] = "--set", argv[na++] = sets[ns++];
         }
-        for (int k = 0; k < 4 && o->per_worker[w][k]; k++) argv[na++] = "--set", argv[na++] = (char *)o->per_worker[w][k];
+        for (int k = 0; k < 4 && o->per_worker[w][k]; k++)
+            argv[na++] = "--set", argv[na++] = (char *)o->per_worker[w][k];
         argv[na] = NULL;
         add_proc(c, name, o->wrap[w + 1], argv);
     }
@@ -406,11 +406,11 @@ int tc_http(int port, const char *method, const char *path, char **body_p)
     if (body_p) *body_p = NULL;
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in a = {
+        .sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     char req[512];
-    int n = snprintf(req, sizeof(req), "%s %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nConnection: close\r\n%s\r\n",
-                     method, path, port, strcmp(method, "POST") ? "" : "Content-Length: 0\r\n");
+    int n = snprintf(req, sizeof(req), "%s %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nConnection: close\r\n%s\r\n", method,
+                     path, port, strcmp(method, "POST") ? "" : "Content-Length: 0\r\n");
     if (connect(fd, (struct sockaddr *)&a, sizeof(a)) || write(fd, req, (size_t)n) != n) {
         close(fd);
         return -1;
@@ -459,21 +459,22 @@ int tc_http_dial(int port, double timeout_s)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     assert_true(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in a = {
+        .sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
         close(fd);
         return -1;
     }
-    struct timeval tv = {.tv_sec = (time_t)timeout_s, .tv_usec = (suseconds_t)((timeout_s - (double)(time_t)timeout_s) * 1e6)};
+    struct timeval tv = {.tv_sec = (time_t)timeout_s,
+                         .tv_usec = (suseconds_t)((timeout_s - (double)(time_t)timeout_s) * 1e6)};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     return fd;
 }
 
-void tc_http_send(int fd, const char *method, const char *path, const char *key, const char *ctype,
-                  const char *body, size_t len)
+void tc_http_send(int fd, const char *method, const char *path, const char *key, const char *ctype, const char *body,
+                  size_t len)
 {
     char head[1024];
     int n = snprintf(head, sizeof(head),

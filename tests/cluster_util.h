@@ -44,7 +44,7 @@ typedef struct tc_opts {
     const char *router_url, *events_url;
     const char *worker_url[TC_MAX_PROCS];
     const char *const *wrap[TC_MAX_PROCS + 1]; /* [0] router, then workers */
-    bool metrics; /* every worker serves /metrics and /health on a free loopback port */
+    bool metrics;                              /* every worker serves /metrics and /health on a free loopback port */
     bool no_router; /* workers only: the test plays the router on events_url (no client, no wait) */
 } tc_opts_t;
 
@@ -88,8 +88,8 @@ void tc_collect(tc_cluster_t *c, fy_client_stream_t *s, tc_result_t *res, int n,
 
 /* The single-process engine's greedy tokens for each prompt (batch
  * invariance makes one batched run equal to each alone). */
-void tc_reference(const char *model, int32_t *const *prompts, const int32_t *lens, const int32_t *max_tokens,
-                  int n, tc_result_t *res);
+void tc_reference(const char *model, int32_t *const *prompts, const int32_t *lens, const int32_t *max_tokens, int n,
+                  tc_result_t *res);
 
 double tc_now(void);
 
@@ -113,8 +113,8 @@ typedef struct tc_http_resp {
     size_t len;
 } tc_http_resp_t;
 int tc_http_dial(int port, double timeout_s);
-void tc_http_send(int fd, const char *method, const char *path, const char *key, const char *ctype,
-                  const char *body, size_t len);
+void tc_http_send(int fd, const char *method, const char *path, const char *key, const char *ctype, const char *body,
+                  size_t len);
 int tc_http_read(int fd, tc_http_resp_t *r);
 void tc_http_free(tc_http_resp_t *r);
 

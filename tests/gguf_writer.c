@@ -87,16 +87,32 @@ void fy_gw_set_alignment(fy_gw_t *w, uint32_t alignment)
     fy_gw_u32(w, "general.alignment", alignment);
 }
 
-void fy_gw_u32(fy_gw_t *w, const char *k, uint32_t v) { key(w, k, 4); put_u32(&w->kv, v); }
-void fy_gw_i32(fy_gw_t *w, const char *k, int32_t v) { key(w, k, 5); put(&w->kv, &v, 4); }
-void fy_gw_f32(fy_gw_t *w, const char *k, float v) { key(w, k, 6); put(&w->kv, &v, 4); }
+void fy_gw_u32(fy_gw_t *w, const char *k, uint32_t v)
+{
+    key(w, k, 4);
+    put_u32(&w->kv, v);
+}
+void fy_gw_i32(fy_gw_t *w, const char *k, int32_t v)
+{
+    key(w, k, 5);
+    put(&w->kv, &v, 4);
+}
+void fy_gw_f32(fy_gw_t *w, const char *k, float v)
+{
+    key(w, k, 6);
+    put(&w->kv, &v, 4);
+}
 void fy_gw_bool(fy_gw_t *w, const char *k, bool v)
 {
     uint8_t b = v;
     key(w, k, 7);
     put(&w->kv, &b, 1);
 }
-void fy_gw_str(fy_gw_t *w, const char *k, const char *v) { key(w, k, 8); put_str(&w->kv, v); }
+void fy_gw_str(fy_gw_t *w, const char *k, const char *v)
+{
+    key(w, k, 8);
+    put_str(&w->kv, v);
+}
 
 void fy_gw_str_arr(fy_gw_t *w, const char *k, const char *const *v, size_t n)
 {
@@ -122,8 +138,8 @@ void fy_gw_i32_arr(fy_gw_t *w, const char *k, const int32_t *v, size_t n)
     put(&w->kv, v, 4 * n);
 }
 
-void fy_gw_tensor(fy_gw_t *w, const char *name, uint32_t type, int n_dims, const int64_t *ne,
-                  const void *data, size_t nbytes)
+void fy_gw_tensor(fy_gw_t *w, const char *name, uint32_t type, int n_dims, const int64_t *ne, const void *data,
+                  size_t nbytes)
 {
     w->t = realloc(w->t, (w->n_t + 1) * sizeof(*w->t));
     if (!w->t) abort();

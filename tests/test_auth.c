@@ -42,11 +42,11 @@ typedef struct seen {
     int loads;
     uint64_t inc;
     char name[64], listen[256];
-    int32_t leases;          /* the latest load report's */
-    uint64_t bad_commands;   /* the latest load report's */
-    int wrong_sender;        /* events whose worker/inc fields are not the envelope's sender */
-    int n_reserved[16];      /* by request id */
-    double lease_s[16];      /* what the worker granted, by request id */
+    int32_t leases;        /* the latest load report's */
+    uint64_t bad_commands; /* the latest load report's */
+    int wrong_sender;      /* events whose worker/inc fields are not the envelope's sender */
+    int n_reserved[16];    /* by request id */
+    double lease_s[16];    /* what the worker granted, by request id */
     double t_reserved[16];
     int n_expired[16];
     double t_expired[16];
@@ -149,7 +149,6 @@ static size_t release_cmd(uint64_t to, uint64_t id, uint8_t *out, size_t cap)
     return len;
 }
 
-
 static double refused_metric(int port, const char *reason)
 {
     char *body = NULL, series[128];
@@ -164,7 +163,10 @@ static void test_decode_worker_commands(void **state)
 {
     if (!tc_available()) skip();
     tc_cluster_t c;
-    tc_opts_t o = {.n_prefill = 0, .n_decode = 1, .no_router = true, .metrics = true,
+    tc_opts_t o = {.n_prefill = 0,
+                   .n_decode = 1,
+                   .no_router = true,
+                   .metrics = true,
                    .common = {"decode.max_lease=1500ms", "decode.kv_mem=32MiB"}};
     tc_start(&c, &o);
     seen_t s = {.mu = PTHREAD_MUTEX_INITIALIZER};
@@ -234,7 +236,7 @@ static void test_decode_worker_commands(void **state)
     id = 9;
     assert_true(wait_for(&s, has_reserved, &id, 20));
     assert_int_equal(nng_send(raw, copy, n, 0), 0); /* replayed */
-    copy[n - 3] ^= 0x01;                           /* one byte of the payload altered */
+    copy[n - 3] ^= 0x01;                            /* one byte of the payload altered */
     assert_int_equal(nng_send(raw, copy, n, 0), 0);
     double t0 = tc_now();
     int port = c.metrics_port[0];

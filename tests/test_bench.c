@@ -123,7 +123,8 @@ static void test_synth_lengths(void **state)
             assert_int_equal(q->n_out, 40);
         }
     }
-    if (n_small < 260 || n_small > 340) fail_msg("seed %d: %d of 400 in the 3:1 class, expected about 300", SEED, n_small);
+    if (n_small < 260 || n_small > 340)
+        fail_msg("seed %d: %d of 400 in the 3:1 class, expected about 300", SEED, n_small);
     /* the same seed gives the same bytes; another seed other bytes */
     assert_int_equal(fy_bench_workload_synth(&p, &w2, err, sizeof(err)), FY_OK);
     for (int32_t i = 0; i < w->n_reqs; i++) assert_string_equal(w->reqs[i].text, w2->reqs[i].text);
@@ -142,8 +143,8 @@ static void test_synth_lengths(void **state)
 
 static void test_shared_prefix(void **state)
 {
-    fy_bench_synth_t p = {.n_requests = 30, .n_classes = 1, .turns = 1, .seed = SEED, .prefix_groups = 3,
-                          .prefix_len = 50};
+    fy_bench_synth_t p = {
+        .n_requests = 30, .n_classes = 1, .turns = 1, .seed = SEED, .prefix_groups = 3, .prefix_len = 50};
     char err[256];
     assert_int_equal(fy_bench_class_parse("20/8", &p.classes[0], err, sizeof(err)), FY_OK);
     fy_bench_workload_t *w;
@@ -260,7 +261,8 @@ static void test_trace(void **state)
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         char text[512];
-        snprintf(text, sizeof(text), "{\"timestamp\": 2, \"input_length\": 4, \"output_length\": 2}\n\n%s\n", bad[i].line);
+        snprintf(text, sizeof(text), "{\"timestamp\": 2, \"input_length\": 4, \"output_length\": 2}\n\n%s\n",
+                 bad[i].line);
         assert_true(fy_test_write_file(path, text, strlen(text)));
         err[0] = 0;
         w = NULL;
@@ -339,11 +341,11 @@ static void test_slo_goodput(void **state)
     fy_bench_result_t r[6];
     memset(r, 0, sizeof(r));
     /* tpot = (e2e - ttft) / (n_out - 1) */
-    set_result(&r[0], 0.0, 0.2, 0.2 + 9 * 0.04, 10, true, "");  /* good */
-    set_result(&r[1], 1.0, 0.6, 0.6 + 9 * 0.01, 10, true, "");  /* ttft too long */
-    set_result(&r[2], 2.0, 0.1, 0.1 + 9 * 0.06, 10, true, "");  /* tpot too long */
-    set_result(&r[3], 3.0, 0.4, 0.4, 1, true, "");              /* one token: no tpot, good */
-    set_result(&r[4], 4.0, 0.1, 0.2, 2, false, "timeout");       /* fast but failed: never good */
+    set_result(&r[0], 0.0, 0.2, 0.2 + 9 * 0.04, 10, true, ""); /* good */
+    set_result(&r[1], 1.0, 0.6, 0.6 + 9 * 0.01, 10, true, ""); /* ttft too long */
+    set_result(&r[2], 2.0, 0.1, 0.1 + 9 * 0.06, 10, true, ""); /* tpot too long */
+    set_result(&r[3], 3.0, 0.4, 0.4, 1, true, "");             /* one token: no tpot, good */
+    set_result(&r[4], 4.0, 0.1, 0.2, 2, false, "timeout");     /* fast but failed: never good */
     set_result(&r[5], 5.0, 0.1, 0.2, 2, false, "overloaded");
     assert_true(fabs(fy_bench_tpot(&r[0]) - 0.04) < 1e-9);
     fy_bench_summary_t s;
@@ -368,7 +370,7 @@ static void test_addresses(void **state)
 {
     char err[256];
     static const char *const ok[] = {"tcp://127.0.0.1:7400", "http://localhost:8080", "http://[::1]:80",
-                                     "tcp://127.3.2.1:1", "ipc:///tmp/x.sock", "http://127.0.0.1"};
+                                     "tcp://127.3.2.1:1",    "ipc:///tmp/x.sock",     "http://127.0.0.1"};
     for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
         assert_int_equal(fy_bench_check_address(ok[i], false, err, sizeof(err)), FY_OK);
     static const char *const remote[] = {"tcp://10.0.0.1:7400", "http://example.com:8080", "http://[2001:db8::1]:80",
@@ -391,8 +393,8 @@ typedef struct runout {
     double duration;
 } runout_t;
 
-static void run_echo(const fy_bench_target_t *t, const char *cls, int32_t n, int32_t turns, double rate,
-                     double timeout, runout_t *o)
+static void run_echo(const fy_bench_target_t *t, const char *cls, int32_t n, int32_t turns, double rate, double timeout,
+                     runout_t *o)
 {
     fy_bench_synth_t p = {.n_requests = n, .n_classes = 1, .turns = turns, .seed = SEED};
     char err[256];
@@ -597,8 +599,9 @@ static void test_ceiling(void **state)
     assert_int_equal(fy_bench_echo_create(&ep, &e), FY_OK);
     char hurl[64];
     snprintf(hurl, sizeof(hurl), "http://127.0.0.1:%d", fy_bench_echo_http_port(e));
-    fy_bench_target_t ts[2] = {{.proto = FY_BENCH_PROTO_NNG, .url = url, .ignore_eos = true, .secret_file = ep.secret_file},
-                               {.proto = FY_BENCH_PROTO_HTTP, .url = hurl, .ignore_eos = true}};
+    fy_bench_target_t ts[2] = {
+        {.proto = FY_BENCH_PROTO_NNG, .url = url, .ignore_eos = true, .secret_file = ep.secret_file},
+        {.proto = FY_BENCH_PROTO_HTTP, .url = hurl, .ignore_eos = true}};
     for (int k = 0; k < 2; k++) {
         runout_t o;
         run_echo(&ts[k], "64/16", 600, 1, 200, 10, &o);

@@ -335,22 +335,21 @@ static const char GEMMA2[] =
     "' }}{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n"
     "'}}{% endif %}";
 
-static const char ZEPHYR[] =
-    "{% for message in messages %}\n"
-    "{% if message['role'] == 'user' %}\n"
-    "{{ '<|user|>\n"
-    "' + message['content'] + eos_token }}\n"
-    "{% elif message['role'] == 'system' %}\n"
-    "{{ '<|system|>\n"
-    "' + message['content'] + eos_token }}\n"
-    "{% elif message['role'] == 'assistant' %}\n"
-    "{{ '<|assistant|>\n"
-    "'  + message['content'] + eos_token }}\n"
-    "{% endif %}\n"
-    "{% if loop.last and add_generation_prompt %}\n"
-    "{{ '<|assistant|>' }}\n"
-    "{% endif %}\n"
-    "{% endfor %}";
+static const char ZEPHYR[] = "{% for message in messages %}\n"
+                             "{% if message['role'] == 'user' %}\n"
+                             "{{ '<|user|>\n"
+                             "' + message['content'] + eos_token }}\n"
+                             "{% elif message['role'] == 'system' %}\n"
+                             "{{ '<|system|>\n"
+                             "' + message['content'] + eos_token }}\n"
+                             "{% elif message['role'] == 'assistant' %}\n"
+                             "{{ '<|assistant|>\n"
+                             "'  + message['content'] + eos_token }}\n"
+                             "{% endif %}\n"
+                             "{% if loop.last and add_generation_prompt %}\n"
+                             "{{ '<|assistant|>' }}\n"
+                             "{% endif %}\n"
+                             "{% endfor %}";
 
 /* ---- conversations ------------------------------------------------------- */
 
@@ -362,14 +361,20 @@ typedef struct conv {
 #define CONV(a) ((conv_t){(a), FY_ARRAY_LEN(a)})
 
 static const fy_chat_msg_t WITH_SYSTEM[] = {
-    {"system", "You are a helpful assistant"}, {"user", "Hello"},
-    {"assistant", "Hi there"},                  {"user", "Who are you"},
-    {"assistant", "   I am an assistant   "},   {"user", "Another question"},
+    {"system", "You are a helpful assistant"},
+    {"user", "Hello"},
+    {"assistant", "Hi there"},
+    {"user", "Who are you"},
+    {"assistant", "   I am an assistant   "},
+    {"user", "Another question"},
 };
 static const fy_chat_msg_t NO_SYSTEM[] = {{"user", "Hello"}, {"assistant", "Hi there"}, {"user", "How are you?"}};
 static const fy_chat_msg_t UNICODE[] = {
     {"system", "Sys"},
-    {"user", "\xc3\x9c" "n\xc3\xaf" "c\xc3\xb6" "d\xc3\xa9 \xe2\x9c\x93 test "}, /* "Ünïcödé ✓ test " */
+    {"user", "\xc3\x9c"
+             "n\xc3\xaf"
+             "c\xc3\xb6"
+             "d\xc3\xa9 \xe2\x9c\x93 test "}, /* "Ünïcödé ✓ test " */
     {"assistant", "ok\n\nline2"},
 };
 static const fy_chat_msg_t TWO_USERS[] = {{"user", "a"}, {"user", "b"}};
@@ -414,30 +419,29 @@ static void test_chatml_default(void **state)
                   "<|im_start|>user\nHow are you?<|im_end|>\n<|im_start|>assistant\n");
 }
 
-static const char SMOLLM2_WITH_SYSTEM[] =
-        "<|im_start|>system\n"
-        "You are a helpful assistant<|im_end|>\n"
-        "<|im_start|>user\n"
-        "Hello<|im_end|>\n"
-        "<|im_start|>assistant\n"
-        "Hi there<|im_end|>\n"
-        "<|im_start|>user\n"
-        "Who are you<|im_end|>\n"
-        "<|im_start|>assistant\n"
-        "   I am an assistant   <|im_end|>\n"
-        "<|im_start|>user\n"
-        "Another question<|im_end|>\n"
-        "<|im_start|>assistant\n";
+static const char SMOLLM2_WITH_SYSTEM[] = "<|im_start|>system\n"
+                                          "You are a helpful assistant<|im_end|>\n"
+                                          "<|im_start|>user\n"
+                                          "Hello<|im_end|>\n"
+                                          "<|im_start|>assistant\n"
+                                          "Hi there<|im_end|>\n"
+                                          "<|im_start|>user\n"
+                                          "Who are you<|im_end|>\n"
+                                          "<|im_start|>assistant\n"
+                                          "   I am an assistant   <|im_end|>\n"
+                                          "<|im_start|>user\n"
+                                          "Another question<|im_end|>\n"
+                                          "<|im_start|>assistant\n";
 static const char SMOLLM2_DEFAULT_SYSTEM[] = /* the template inserts its own system prompt */
-        "<|im_start|>system\n"
-        "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-        "<|im_start|>user\n"
-        "Hello<|im_end|>\n"
-        "<|im_start|>assistant\n"
-        "Hi there<|im_end|>\n"
-        "<|im_start|>user\n"
-        "How are you?<|im_end|>\n"
-        "<|im_start|>assistant\n";
+    "<|im_start|>system\n"
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    "<|im_start|>user\n"
+    "Hello<|im_end|>\n"
+    "<|im_start|>assistant\n"
+    "Hi there<|im_end|>\n"
+    "<|im_start|>user\n"
+    "How are you?<|im_end|>\n"
+    "<|im_start|>assistant\n";
 
 static void test_smollm2(void **state)
 {
@@ -445,14 +449,14 @@ static void test_smollm2(void **state)
     expect_render(SMOLLM2, "", "", CONV(WITH_SYSTEM), true, SMOLLM2_WITH_SYSTEM);
     expect_render(SMOLLM2, "", "", CONV(NO_SYSTEM), true, SMOLLM2_DEFAULT_SYSTEM);
     expect_render(SMOLLM2, "", "", CONV(NO_SYSTEM), false,
-        "<|im_start|>system\n"
-        "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-        "<|im_start|>user\n"
-        "Hello<|im_end|>\n"
-        "<|im_start|>assistant\n"
-        "Hi there<|im_end|>\n"
-        "<|im_start|>user\n"
-        "How are you?<|im_end|>\n");
+                  "<|im_start|>system\n"
+                  "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+                  "<|im_start|>user\n"
+                  "Hello<|im_end|>\n"
+                  "<|im_start|>assistant\n"
+                  "Hi there<|im_end|>\n"
+                  "<|im_start|>user\n"
+                  "How are you?<|im_end|>\n");
 }
 
 /* The same, from the template in the default model's GGUF file. */
@@ -477,14 +481,14 @@ static void test_llama2(void **state)
 {
     (void)state;
     expect_render(LLAMA2, "<s>", "</s>", CONV(WITH_SYSTEM), true,
-        "<s>[INST] <<SYS>>\n"
-        "You are a helpful assistant\n"
-        "<</SYS>>\n"
-        "\n"
-        "Hello [/INST] Hi there </s><s>[INST] Who are you [/INST] I am an assistant </s><s>[INST] Another"
-        " question [/INST]");
+                  "<s>[INST] <<SYS>>\n"
+                  "You are a helpful assistant\n"
+                  "<</SYS>>\n"
+                  "\n"
+                  "Hello [/INST] Hi there </s><s>[INST] Who are you [/INST] I am an assistant </s><s>[INST] Another"
+                  " question [/INST]");
     expect_render(LLAMA2, "<s>", "</s>", CONV(NO_SYSTEM), false,
-        "<s>[INST] Hello [/INST] Hi there </s><s>[INST] How are you? [/INST]");
+                  "<s>[INST] Hello [/INST] Hi there </s><s>[INST] How are you? [/INST]");
     expect_raise(LLAMA2, CONV(TWO_USERS), "Conversation roles must alternate user/assistant/user/assistant/...");
 }
 
@@ -492,51 +496,51 @@ static void test_llama31(void **state)
 {
     (void)state;
     expect_render(LLAMA31, "<|begin_of_text|>", "<|eot_id|>", CONV(WITH_SYSTEM), true,
-        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n"
-        "\n"
-        "Cutting Knowledge Date: December 2023\n"
-        "Today Date: 26 Jul 2024\n"
-        "\n"
-        "You are a helpful assistant<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
-        "\n"
-        "Hello<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
-        "\n"
-        "Hi there<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
-        "\n"
-        "Who are you<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
-        "\n"
-        "I am an assistant<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
-        "\n"
-        "Another question<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
-        "\n");
+                  "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n"
+                  "\n"
+                  "Cutting Knowledge Date: December 2023\n"
+                  "Today Date: 26 Jul 2024\n"
+                  "\n"
+                  "You are a helpful assistant<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
+                  "\n"
+                  "Hello<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+                  "\n"
+                  "Hi there<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
+                  "\n"
+                  "Who are you<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+                  "\n"
+                  "I am an assistant<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
+                  "\n"
+                  "Another question<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+                  "\n");
     expect_render(LLAMA31, "<|begin_of_text|>", "<|eot_id|>", CONV(NO_SYSTEM), false,
-        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n"
-        "\n"
-        "Cutting Knowledge Date: December 2023\n"
-        "Today Date: 26 Jul 2024\n"
-        "\n"
-        "<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
-        "\n"
-        "Hello<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
-        "\n"
-        "Hi there<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
-        "\n"
-        "How are you?<|eot_id|>");
+                  "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n"
+                  "\n"
+                  "Cutting Knowledge Date: December 2023\n"
+                  "Today Date: 26 Jul 2024\n"
+                  "\n"
+                  "<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
+                  "\n"
+                  "Hello<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+                  "\n"
+                  "Hi there<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
+                  "\n"
+                  "How are you?<|eot_id|>");
     /* |trim on non-ASCII content */
     expect_render(LLAMA31, "<|begin_of_text|>", "<|eot_id|>", CONV(UNICODE), true,
-        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n"
-        "\n"
-        "Cutting Knowledge Date: December 2023\n"
-        "Today Date: 26 Jul 2024\n"
-        "\n"
-        "Sys<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
-        "\n"
-        "Ünïcödé ✓ test<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
-        "\n"
-        "ok\n"
-        "\n"
-        "line2<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
-        "\n");
+                  "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n"
+                  "\n"
+                  "Cutting Knowledge Date: December 2023\n"
+                  "Today Date: 26 Jul 2024\n"
+                  "\n"
+                  "Sys<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
+                  "\n"
+                  "Ünïcödé ✓ test<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+                  "\n"
+                  "ok\n"
+                  "\n"
+                  "line2<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+                  "\n");
 }
 
 static void test_mistral_nemo(void **state)
@@ -544,82 +548,83 @@ static void test_mistral_nemo(void **state)
     (void)state;
     /* the system message goes in front of the last user message */
     expect_render(MISTRAL_NEMO, "<s>", "</s>", CONV(WITH_SYSTEM), true,
-        "<s>[INST]Hello[/INST]Hi there</s>[INST]Who are you[/INST]   I am an assistant   </s>[INST]You ar"
-        "e a helpful assistant\n"
-        "\n"
-        "Another question[/INST]");
+                  "<s>[INST]Hello[/INST]Hi there</s>[INST]Who are you[/INST]   I am an assistant   </s>[INST]You ar"
+                  "e a helpful assistant\n"
+                  "\n"
+                  "Another question[/INST]");
     expect_render(MISTRAL_NEMO, "<s>", "</s>", CONV(NO_SYSTEM), true,
-        "<s>[INST]Hello[/INST]Hi there</s>[INST]How are you?[/INST]");
-    expect_raise(MISTRAL_NEMO, CONV(TWO_USERS), "After the optional system message, conversation roles must "
-                                                "alternate user/assistant/user/assistant/...");
+                  "<s>[INST]Hello[/INST]Hi there</s>[INST]How are you?[/INST]");
+    expect_raise(MISTRAL_NEMO, CONV(TWO_USERS),
+                 "After the optional system message, conversation roles must "
+                 "alternate user/assistant/user/assistant/...");
 }
 
 static void test_qwen25(void **state)
 {
     (void)state;
     expect_render(QWEN25, "", "", CONV(WITH_SYSTEM), true,
-        "<|im_start|>system\n"
-        "You are a helpful assistant<|im_end|>\n"
-        "<|im_start|>user\n"
-        "Hello<|im_end|>\n"
-        "<|im_start|>assistant\n"
-        "Hi there<|im_end|>\n"
-        "<|im_start|>user\n"
-        "Who are you<|im_end|>\n"
-        "<|im_start|>assistant\n"
-        "   I am an assistant   <|im_end|>\n"
-        "<|im_start|>user\n"
-        "Another question<|im_end|>\n"
-        "<|im_start|>assistant\n");
+                  "<|im_start|>system\n"
+                  "You are a helpful assistant<|im_end|>\n"
+                  "<|im_start|>user\n"
+                  "Hello<|im_end|>\n"
+                  "<|im_start|>assistant\n"
+                  "Hi there<|im_end|>\n"
+                  "<|im_start|>user\n"
+                  "Who are you<|im_end|>\n"
+                  "<|im_start|>assistant\n"
+                  "   I am an assistant   <|im_end|>\n"
+                  "<|im_start|>user\n"
+                  "Another question<|im_end|>\n"
+                  "<|im_start|>assistant\n");
     expect_render(QWEN25, "", "", CONV(NO_SYSTEM), false,
-        "<|im_start|>system\n"
-        "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
-        "<|im_start|>user\n"
-        "Hello<|im_end|>\n"
-        "<|im_start|>assistant\n"
-        "Hi there<|im_end|>\n"
-        "<|im_start|>user\n"
-        "How are you?<|im_end|>\n");
+                  "<|im_start|>system\n"
+                  "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+                  "<|im_start|>user\n"
+                  "Hello<|im_end|>\n"
+                  "<|im_start|>assistant\n"
+                  "Hi there<|im_end|>\n"
+                  "<|im_start|>user\n"
+                  "How are you?<|im_end|>\n");
 }
 
 static void test_phi35(void **state)
 {
     (void)state;
     expect_render(PHI35, "<s>", "<|endoftext|>", CONV(WITH_SYSTEM), true,
-        "<|system|>\n"
-        "You are a helpful assistant<|end|>\n"
-        "<|user|>\n"
-        "Hello<|end|>\n"
-        "<|assistant|>\n"
-        "Hi there<|end|>\n"
-        "<|user|>\n"
-        "Who are you<|end|>\n"
-        "<|assistant|>\n"
-        "   I am an assistant   <|end|>\n"
-        "<|user|>\n"
-        "Another question<|end|>\n"
-        "<|assistant|>\n");
+                  "<|system|>\n"
+                  "You are a helpful assistant<|end|>\n"
+                  "<|user|>\n"
+                  "Hello<|end|>\n"
+                  "<|assistant|>\n"
+                  "Hi there<|end|>\n"
+                  "<|user|>\n"
+                  "Who are you<|end|>\n"
+                  "<|assistant|>\n"
+                  "   I am an assistant   <|end|>\n"
+                  "<|user|>\n"
+                  "Another question<|end|>\n"
+                  "<|assistant|>\n");
     expect_render(PHI35, "<s>", "<|endoftext|>", CONV(NO_SYSTEM), false,
-        "<|user|>\n"
-        "Hello<|end|>\n"
-        "<|assistant|>\n"
-        "Hi there<|end|>\n"
-        "<|user|>\n"
-        "How are you?<|end|>\n"
-        "<|endoftext|>");
+                  "<|user|>\n"
+                  "Hello<|end|>\n"
+                  "<|assistant|>\n"
+                  "Hi there<|end|>\n"
+                  "<|user|>\n"
+                  "How are you?<|end|>\n"
+                  "<|endoftext|>");
 }
 
 static void test_gemma2(void **state)
 {
     (void)state;
     expect_render(GEMMA2, "<bos>", "<eos>", CONV(NO_SYSTEM), true,
-        "<bos><start_of_turn>user\n"
-        "Hello<end_of_turn>\n"
-        "<start_of_turn>model\n"
-        "Hi there<end_of_turn>\n"
-        "<start_of_turn>user\n"
-        "How are you?<end_of_turn>\n"
-        "<start_of_turn>model\n");
+                  "<bos><start_of_turn>user\n"
+                  "Hello<end_of_turn>\n"
+                  "<start_of_turn>model\n"
+                  "Hi there<end_of_turn>\n"
+                  "<start_of_turn>user\n"
+                  "How are you?<end_of_turn>\n"
+                  "<start_of_turn>model\n");
     expect_raise(GEMMA2, CONV(WITH_SYSTEM), "System role not supported");
 }
 
@@ -627,26 +632,26 @@ static void test_zephyr(void **state)
 {
     (void)state;
     expect_render(ZEPHYR, "", "</s>", CONV(WITH_SYSTEM), true,
-        "<|system|>\n"
-        "You are a helpful assistant</s>\n"
-        "<|user|>\n"
-        "Hello</s>\n"
-        "<|assistant|>\n"
-        "Hi there</s>\n"
-        "<|user|>\n"
-        "Who are you</s>\n"
-        "<|assistant|>\n"
-        "   I am an assistant   </s>\n"
-        "<|user|>\n"
-        "Another question</s>\n"
-        "<|assistant|>\n");
+                  "<|system|>\n"
+                  "You are a helpful assistant</s>\n"
+                  "<|user|>\n"
+                  "Hello</s>\n"
+                  "<|assistant|>\n"
+                  "Hi there</s>\n"
+                  "<|user|>\n"
+                  "Who are you</s>\n"
+                  "<|assistant|>\n"
+                  "   I am an assistant   </s>\n"
+                  "<|user|>\n"
+                  "Another question</s>\n"
+                  "<|assistant|>\n");
     expect_render(ZEPHYR, "", "</s>", CONV(NO_SYSTEM), false,
-        "<|user|>\n"
-        "Hello</s>\n"
-        "<|assistant|>\n"
-        "Hi there</s>\n"
-        "<|user|>\n"
-        "How are you?</s>\n");
+                  "<|user|>\n"
+                  "Hello</s>\n"
+                  "<|assistant|>\n"
+                  "Hi there</s>\n"
+                  "<|user|>\n"
+                  "How are you?</s>\n");
 }
 
 /* ---- Jinja semantics, one construct at a time ---------------------------- */
@@ -663,10 +668,8 @@ static const struct {
      "a\n"
      "  b\n"
      "c"},
-    {"  {% if true %}x{% endif %}  \n",
-     "x  "},
-    {"a  {%- if true -%}  b  {%- endif -%}  c",
-     "abc"},
+    {"  {% if true %}x{% endif %}  \n", "x  "},
+    {"a  {%- if true -%}  b  {%- endif -%}  c", "abc"},
     {"{{ 'a' }}\n"
      "{{ 'b' }}\n",
      "a\n"
@@ -832,15 +835,14 @@ static void test_misc(void **state)
     assert_int_equal(fy_chat_template_create(QWEN25, "", "", &t), FY_OK);
     for (int k = 0; k < 3; k++) {
         assert_int_equal(fy_chat_template_apply(t, NO_SYSTEM, FY_ARRAY_LEN(NO_SYSTEM), false, &out), FY_OK);
-        assert_string_equal(out,
-        "<|im_start|>system\n"
-        "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
-        "<|im_start|>user\n"
-        "Hello<|im_end|>\n"
-        "<|im_start|>assistant\n"
-        "Hi there<|im_end|>\n"
-        "<|im_start|>user\n"
-        "How are you?<|im_end|>\n");
+        assert_string_equal(out, "<|im_start|>system\n"
+                                 "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+                                 "<|im_start|>user\n"
+                                 "Hello<|im_end|>\n"
+                                 "<|im_start|>assistant\n"
+                                 "Hi there<|im_end|>\n"
+                                 "<|im_start|>user\n"
+                                 "How are you?<|im_end|>\n");
         fy_free(out);
     }
     fy_test_log_begin();
@@ -857,10 +859,21 @@ static void test_render_errors(void **state)
 {
     (void)state;
     static const char *const srcs[] = {
-        "{{ raise_exception('boom') }}", "{{ x.y }}", "{{ 1 + 'a' }}", "{{ 1 // 0 }}", "{{ 'x' < 1 }}",
-        "{% set d = {} %}{% set d.x = 1 %}", "{{ none | length }}", "{% for a, b in [1] %}{% endfor %}",
-        "{{ 'a'.get('x') }}", "{{ [1][0:1:0] }}", "{{ 9223372036854775807 + 1 }}", "{{ {1: 2} }}",
-        "{{ 2 ** 63 }}", "{{ 'x'.replace('', '-') }}", "{{ 1e300 * 1e300 | int }}",
+        "{{ raise_exception('boom') }}",
+        "{{ x.y }}",
+        "{{ 1 + 'a' }}",
+        "{{ 1 // 0 }}",
+        "{{ 'x' < 1 }}",
+        "{% set d = {} %}{% set d.x = 1 %}",
+        "{{ none | length }}",
+        "{% for a, b in [1] %}{% endfor %}",
+        "{{ 'a'.get('x') }}",
+        "{{ [1][0:1:0] }}",
+        "{{ 9223372036854775807 + 1 }}",
+        "{{ {1: 2} }}",
+        "{{ 2 ** 63 }}",
+        "{{ 'x'.replace('', '-') }}",
+        "{{ 1e300 * 1e300 | int }}",
     };
     for (size_t k = 0; k < FY_ARRAY_LEN(srcs); k++) {
         char *out = NULL;
@@ -972,9 +985,9 @@ static void test_limits(void **state)
 
     /* deep nesting, in the parser and (a left-deep chain the parser builds flat) at render */
     char *src[] = {
-        nest("{{ ", "(", 10000, "1", ")", " }}"),  nest("", "{% if true %}", 10000, "x", "{% endif %}", ""),
-        nest("{{ ", "[", 10000, "", "]", " }}"),   nest("{{ ", "not ", 10000, "1", "", " }}"),
-        nest("{{ ", "-", 10000, "1", "", " }}"),   nest("{{ 1", " + 1", 10000, "", "", " }}"),
+        nest("{{ ", "(", 10000, "1", ")", " }}"),        nest("", "{% if true %}", 10000, "x", "{% endif %}", ""),
+        nest("{{ ", "[", 10000, "", "]", " }}"),         nest("{{ ", "not ", 10000, "1", "", " }}"),
+        nest("{{ ", "-", 10000, "1", "", " }}"),         nest("{{ 1", " + 1", 10000, "", "", " }}"),
         nest("{{ 'x'", " | trim", 10000, "", "", " }}"), nest("{{ x", ".a", 10000, "", "", " }}"),
     };
     for (size_t k = 0; k < FY_ARRAY_LEN(src); k++) {
@@ -1033,24 +1046,23 @@ static void test_alloc_failures(void **state)
     }
     fy_test_log_end();
     print_message("apply: succeeded once %ld allocations could\n", n);
-    assert_string_equal(out,
-        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n"
-        "\n"
-        "Cutting Knowledge Date: December 2023\n"
-        "Today Date: 26 Jul 2024\n"
-        "\n"
-        "You are a helpful assistant<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
-        "\n"
-        "Hello<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
-        "\n"
-        "Hi there<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
-        "\n"
-        "Who are you<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
-        "\n"
-        "I am an assistant<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
-        "\n"
-        "Another question<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
-        "\n");
+    assert_string_equal(out, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n"
+                             "\n"
+                             "Cutting Knowledge Date: December 2023\n"
+                             "Today Date: 26 Jul 2024\n"
+                             "\n"
+                             "You are a helpful assistant<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
+                             "\n"
+                             "Hello<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+                             "\n"
+                             "Hi there<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
+                             "\n"
+                             "Who are you<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+                             "\n"
+                             "I am an assistant<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
+                             "\n"
+                             "Another question<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+                             "\n");
     fy_free(out);
     fy_chat_template_destroy(t);
 }
@@ -1069,11 +1081,48 @@ static void test_fuzz(void **state)
     static const char *const bases[] = {LLAMA31, MISTRAL_NEMO, QWEN25, GEMMA2, ZEPHYR, SMOLLM2};
     static const char alphabet[] = "{}%#-+()[]'\".|~:,=!<>*/ \n\\aeinorstu0129";
     static const char *const fragments[] = {
-        "{{", "}}", "{%", "%}", "{%-", "-%}", "{#", "#}", " if ", " else ", "{% endif %}", "{% endfor %}",
-        " for x in messages ", " not ", " and ", " or ", " is defined", " is not none", "|length", "|trim",
-        "|tojson(indent=2)", "|join(', ')", "[::-1]", "[1:]", "loop.index", "loop.last", "message['content']",
-        "messages[0]", "namespace(a=1)", "range(3)", ".split(' ')", ".strip()", " ~ ", " + ", " * 3", "(", ")",
-        "raise_exception('x')", "{% set y = 1 %}", "{% macro m(a) %}{{ a }}{% endmacro %}", "m(1)", "{% break %}",
+        "{{",
+        "}}",
+        "{%",
+        "%}",
+        "{%-",
+        "-%}",
+        "{#",
+        "#}",
+        " if ",
+        " else ",
+        "{% endif %}",
+        "{% endfor %}",
+        " for x in messages ",
+        " not ",
+        " and ",
+        " or ",
+        " is defined",
+        " is not none",
+        "|length",
+        "|trim",
+        "|tojson(indent=2)",
+        "|join(', ')",
+        "[::-1]",
+        "[1:]",
+        "loop.index",
+        "loop.last",
+        "message['content']",
+        "messages[0]",
+        "namespace(a=1)",
+        "range(3)",
+        ".split(' ')",
+        ".strip()",
+        " ~ ",
+        " + ",
+        " * 3",
+        "(",
+        ")",
+        "raise_exception('x')",
+        "{% set y = 1 %}",
+        "{% macro m(a) %}{{ a }}{% endmacro %}",
+        "m(1)",
+        "{% break %}",
     };
     print_message("fuzz seed 0x%llx\n", (unsigned long long)seed);
     uint64_t rng = seed;
@@ -1092,7 +1141,7 @@ static void test_fuzz(void **state)
             case 0: buf[at] = alphabet[fy_test_rand_u64(&rng) % (sizeof(alphabet) - 1)]; break;
             case 1: buf[at] = (char)(1 + fy_test_rand_u64(&rng) % 255); break;
             case 2: len = at; break; /* truncate */
-            case 3: /* delete a span */
+            case 3:                  /* delete a span */
                 span = FY_MIN(span, len - at);
                 memmove(buf + at, buf + at + span, len - at - span);
                 len -= span;
@@ -1128,14 +1177,22 @@ static void test_fuzz(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_chatml_default), cmocka_unit_test(test_smollm2),
-        cmocka_unit_test(test_smollm2_from_model), cmocka_unit_test(test_llama2),
-        cmocka_unit_test(test_llama31),        cmocka_unit_test(test_mistral_nemo),
-        cmocka_unit_test(test_qwen25),         cmocka_unit_test(test_phi35),
-        cmocka_unit_test(test_gemma2),         cmocka_unit_test(test_zephyr),
-        cmocka_unit_test(test_semantics),      cmocka_unit_test(test_misc),
-        cmocka_unit_test(test_render_errors),  cmocka_unit_test(test_parse_errors),
-        cmocka_unit_test(test_limits),         cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_chatml_default),
+        cmocka_unit_test(test_smollm2),
+        cmocka_unit_test(test_smollm2_from_model),
+        cmocka_unit_test(test_llama2),
+        cmocka_unit_test(test_llama31),
+        cmocka_unit_test(test_mistral_nemo),
+        cmocka_unit_test(test_qwen25),
+        cmocka_unit_test(test_phi35),
+        cmocka_unit_test(test_gemma2),
+        cmocka_unit_test(test_zephyr),
+        cmocka_unit_test(test_semantics),
+        cmocka_unit_test(test_misc),
+        cmocka_unit_test(test_render_errors),
+        cmocka_unit_test(test_parse_errors),
+        cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_alloc_failures),
         cmocka_unit_test(test_fuzz),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -114,13 +114,26 @@ typedef struct cmd {
 } cmd_t;
 
 static const cmd_t COMMANDS[] = {
-    {{"ferry", "generate"}},    {{"ferry", "info"}},        {{"ferry", "bench"}},
-    {{"ferry", "bench-kv"}},    {{"ferry", "bench-batch"}}, {{"ferry", "bench-xfer"}},
-    {{"ferry", "bench-spec"}},  {{"ferry", "bench-ttft"}},  {{"ferry", "plan"}},
-    {{"ferry", "request"}},     {{"ferry", "serve"}},       {{"ferry", "chaos"}},
-    {{"ferry"}},                {{"ferry-router"}},         {{"ferry-prefill"}},
-    {{"ferry-decode"}},         {{"ferry-bench"}},          {{"ferry-bench", "echo"}},
-    {{"ferry-bench", "auth"}},  {{"ferry", "config"}},
+    {{"ferry", "generate"}},
+    {{"ferry", "info"}},
+    {{"ferry", "bench"}},
+    {{"ferry", "bench-kv"}},
+    {{"ferry", "bench-batch"}},
+    {{"ferry", "bench-xfer"}},
+    {{"ferry", "bench-spec"}},
+    {{"ferry", "bench-ttft"}},
+    {{"ferry", "plan"}},
+    {{"ferry", "request"}},
+    {{"ferry", "serve"}},
+    {{"ferry", "chaos"}},
+    {{"ferry"}},
+    {{"ferry-router"}},
+    {{"ferry-prefill"}},
+    {{"ferry-decode"}},
+    {{"ferry-bench"}},
+    {{"ferry-bench", "echo"}},
+    {{"ferry-bench", "auth"}},
+    {{"ferry", "config"}},
 };
 #define N_COMMANDS (int)(sizeof(COMMANDS) / sizeof(COMMANDS[0]))
 
@@ -166,8 +179,7 @@ static void test_help(void **state)
             run_t r = run_cmd(&COMMANDS[i], extra);
             name_of(&COMMANDS[i], name, sizeof(name));
             if (r.status != 0 || !strstr(r.out, "usage: ") || r.err[0])
-                fail_msg("%s %s: status %d (want 0), stdout:\n%s\nstderr:\n%s", name, flags[f], r.status, r.out,
-                         r.err);
+                fail_msg("%s %s: status %d (want 0), stdout:\n%s\nstderr:\n%s", name, flags[f], r.status, r.out, r.err);
             /* the usage names the command it is for */
             if (!strstr(r.out, COMMANDS[i].argv[1] ? COMMANDS[i].argv[1] : COMMANDS[i].argv[0]))
                 fail_msg("%s %s: the usage does not name it:\n%s", name, flags[f], r.out);
@@ -293,7 +305,8 @@ static void test_log_line(void **state)
         fail_msg("first line: '%s'", line);
     snprintf(line, sizeof(line), "%s", nl + 1);
     line[strcspn(line, "\n")] = '\0';
-    if (regexec(&re, line, 0, NULL, 0) || !strstr(line, " decode-7: warning: named")) fail_msg("second line: '%s'", line);
+    if (regexec(&re, line, 0, NULL, 0) || !strstr(line, " decode-7: warning: named"))
+        fail_msg("second line: '%s'", line);
     /* the time is now's, to the second (UTC) */
     time_t now = time(NULL);
     struct tm tm;
@@ -320,10 +333,8 @@ static void test_log_line(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_help),
-        cmocka_unit_test(test_unknown_option),
-        cmocka_unit_test(test_config_flag),
-        cmocka_unit_test(test_options_reach_the_work),
+        cmocka_unit_test(test_help),        cmocka_unit_test(test_unknown_option),
+        cmocka_unit_test(test_config_flag), cmocka_unit_test(test_options_reach_the_work),
         cmocka_unit_test(test_log_line),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -78,8 +78,7 @@ static void expect_same(const tc_result_t *ref, const tc_result_t *got, int i)
 {
     if (got->error) fail_msg("request %d failed: %s", i, got->message);
     if (got->n != ref->n || memcmp(got->tokens, ref->tokens, sizeof(int32_t) * (size_t)ref->n))
-        fail_msg("request %d: %d tokens from the cluster, %d from the engine, or different tokens", i, got->n,
-                 ref->n);
+        fail_msg("request %d: %d tokens from the cluster, %d from the engine, or different tokens", i, got->n, ref->n);
 }
 
 /* ---- 50 requests, mixed lengths, shared prefixes: the engine's tokens ---- */
@@ -343,8 +342,8 @@ static void test_lease_renewed_and_expires(void **state)
     tc_opts_t o = {.n_prefill = 1,
                    .n_decode = 1,
                    /* a stopped worker's lease must expire before the router gives up on the worker or its command */
-                   .common = {"router.lease=5s", "router.health_timeout=30s", "router.command_timeout=30s", "decode.kv_mem=96MiB",
-                              "prefill.kv_mem=96MiB", "prefill.max_batch_tokens=128"}};
+                   .common = {"router.lease=5s", "router.health_timeout=30s", "router.command_timeout=30s",
+                              "decode.kv_mem=96MiB", "prefill.kv_mem=96MiB", "prefill.max_batch_tokens=128"}};
     tc_start(&c, &o);
     char names[8][64];
     int32_t adm[8];
@@ -554,7 +553,6 @@ static size_t load_report(const char *name, uint64_t inc, const char *model, con
     fy_free(buf);
     return len;
 }
-
 
 static bool has_worker(const fy_client_status_t *s, const char *name)
 {

@@ -143,14 +143,13 @@ static void test_set_errors(void **state)
 
 /* Runs fn, expecting FY_ERR_INVALID and one error line with every given
  * substring. */
-#define EXPECT_REFUSED(call, ...)                                                                              \
-    do {                                                                                                       \
-        fy_test_log_begin();                                                                                   \
-        fy_status_t st_ = (call);                                                                              \
-        bool has_ = fy_test_log_has(__VA_ARGS__, NULL);                                                        \
-        fy_test_log_end();                                                                                     \
-        if (st_ != FY_ERR_INVALID || !has_)                                                                    \
-            fail_msg("%s: status %d, log:\n%s", #call, st_, fy_test_log_text());                               \
+#define EXPECT_REFUSED(call, ...)                                                                                      \
+    do {                                                                                                               \
+        fy_test_log_begin();                                                                                           \
+        fy_status_t st_ = (call);                                                                                      \
+        bool has_ = fy_test_log_has(__VA_ARGS__, NULL);                                                                \
+        fy_test_log_end();                                                                                             \
+        if (st_ != FY_ERR_INVALID || !has_) fail_msg("%s: status %d, log:\n%s", #call, st_, fy_test_log_text());       \
     } while (0)
 
 static void test_int(void **state)
@@ -285,7 +284,8 @@ static void test_duration(void **state)
     for (size_t i = 0; i < FY_ARRAY_LEN(bad); i++) {
         char name[16];
         snprintf(name, sizeof(name), "t.%s = '", bad[i]);
-        EXPECT_REFUSED(fy_config_duration(c, "t", bad[i], 0, 0, INFINITY, &v), name, "expected a duration of at least 0 s");
+        EXPECT_REFUSED(fy_config_duration(c, "t", bad[i], 0, 0, INFINITY, &v), name,
+                       "expected a duration of at least 0 s");
     }
     assert_true(v == 5);
     fy_config_destroy(c);
@@ -342,8 +342,8 @@ static void expect_bad_file(const char *text, fy_status_t want, const char *wher
     fy_status_t st = fy_config_load_string(c, text, "bad.ini");
     bool has = fy_test_log_has("config: ", where, msg, NULL);
     fy_test_log_end();
-    if (st != want || !has) fail_msg("expected %d and '%s' '%s'; got %d, log:\n%s", want, where, msg, st,
-                                     fy_test_log_text());
+    if (st != want || !has)
+        fail_msg("expected %d and '%s' '%s'; got %d, log:\n%s", want, where, msg, st, fy_test_log_text());
     /* a file merges whole or not at all */
     assert_int_equal(fy_config_count(c), 1);
     assert_string_equal(fy_config_get(c, "keep", "me"), "1");
@@ -357,7 +357,8 @@ static void test_malformed(void **state)
     expect_bad_file("[a]\nx ; = 1\n", FY_ERR_FORMAT, "bad.ini:2:", "expected 'key = value'");
     expect_bad_file("x = 1\n", FY_ERR_FORMAT, "bad.ini:1:", "key 'x' comes before any [section]");
     expect_bad_file("[a]\nhost:port = 1\n", FY_ERR_FORMAT, "bad.ini:2:", "'key: value' is not accepted");
-    expect_bad_file("[a]\nx = 1\ny = 2\nx = 3\n", FY_ERR_FORMAT, "bad.ini:4:", "'a.x' is set twice (first at bad.ini:2)");
+    expect_bad_file("[a]\nx = 1\ny = 2\nx = 3\n", FY_ERR_FORMAT,
+                    "bad.ini:4:", "'a.x' is set twice (first at bad.ini:2)");
     expect_bad_file("[a]\n= 1\n", FY_ERR_FORMAT, "bad.ini:2:", "a value without a key");
     expect_bad_file("[a]\nx y = 1\n", FY_ERR_FORMAT, "bad.ini:2:", "'x y' is not a valid key");
     expect_bad_file("[a b]\nx = 1\n", FY_ERR_FORMAT, "bad.ini:2:", "section '[a b]', which is not a valid name");
@@ -386,10 +387,11 @@ static void test_malformed(void **state)
     fy_free(huge);
 
     /* binary garbage */
-    expect_bad_file("[a]\nx = 1\ny = \x01\x02\n", FY_ERR_FORMAT, "bad.ini:3:", "a control character (byte 0x01) at column 5");
+    expect_bad_file("[a]\nx = 1\ny = \x01\x02\n", FY_ERR_FORMAT,
+                    "bad.ini:3:", "a control character (byte 0x01) at column 5");
     expect_bad_file("[a]\nx = \xc3\x28\n", FY_ERR_FORMAT, "bad.ini:2:", "invalid UTF-8 (byte 0xc3) at column 5");
-    expect_bad_file("[a]\nx = \xed\xa0\x80\n", FY_ERR_FORMAT, "bad.ini:2:", "invalid UTF-8");  /* a surrogate */
-    expect_bad_file("[a]\nx = \xc0\xaf\n", FY_ERR_FORMAT, "bad.ini:2:", "invalid UTF-8");      /* overlong */
+    expect_bad_file("[a]\nx = \xed\xa0\x80\n", FY_ERR_FORMAT, "bad.ini:2:", "invalid UTF-8"); /* a surrogate */
+    expect_bad_file("[a]\nx = \xc0\xaf\n", FY_ERR_FORMAT, "bad.ini:2:", "invalid UTF-8");     /* overlong */
     expect_bad_file("[a]\nx = 1\ry = 2\n", FY_ERR_FORMAT, "bad.ini:2:", "control character");
     fy_config_t *u = make("[a]\nname = caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\n");
     assert_string_equal(fy_config_get(u, "a", "name"), "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
@@ -498,7 +500,7 @@ static void test_write_roundtrip(void **state)
     assert_int_equal(fy_config_load(d, path), FY_OK);
     assert_int_equal(fy_config_count(d), fy_config_count(c));
     static const char *const keys[][2] = {
-        {"router", "port"}, {"router", "url"},    {"router", "note"},     {"prefill.0", "threads"},
+        {"router", "port"},     {"router", "url"},    {"router", "note"},  {"prefill.0", "threads"},
         {"prefill.0", "model"}, {"decode", "kv_mem"}, {"decode", "blank"},
     };
     assert_int_equal(fy_config_count(c), (int)FY_ARRAY_LEN(keys));
@@ -602,26 +604,32 @@ static void test_alloc_failure(void **state)
         }
         int steps = 0;
         st = fy_config_load_string(c, text, "a.ini");
-        if (st == FY_OK) steps++;
+        if (st == FY_OK)
+            steps++;
         else {
             assert_int_equal(st, FY_ERR_NOMEM);
             assert_int_equal(fy_config_count(c), 0);
         }
         st = fy_config_set(c, "decode.extra=1");
-        if (st == FY_OK) steps++;
+        if (st == FY_OK)
+            steps++;
         else {
             assert_int_equal(st, FY_ERR_NOMEM);
             assert_null(fy_config_get(c, "decode", "extra"));
         }
         st = fy_config_set(c, "router.port=1");
-        if (st == FY_OK) steps++;
-        else assert_int_equal(st, FY_ERR_NOMEM);
+        if (st == FY_OK)
+            steps++;
+        else
+            assert_int_equal(st, FY_ERR_NOMEM);
         if (fy_config_write(c, path) == FY_OK) {
             steps++;
             int before = fy_config_count(c);
             st = fy_config_load(c, path);
-            if (st == FY_OK) steps++;
-            else assert_int_equal(st, FY_ERR_NOMEM);
+            if (st == FY_OK)
+                steps++;
+            else
+                assert_int_equal(st, FY_ERR_NOMEM);
             assert_int_equal(fy_config_count(c), before);
         }
         assert_int_equal(fy_config_check_known(c, known, 4), FY_OK);
@@ -805,11 +813,11 @@ static void test_conf_check(void **state)
     assert_int_equal(fy_conf_check(c, false), FY_ERR_INVALID);
     fy_test_log_end();
     assert_true(fy_test_log_has("unknown key 'decode.kvmem' (t.ini:2); did you mean 'decode.kv_mem'?", NULL));
-    assert_true(fy_test_log_has("unknown key 'decode.max_batch' (t.ini:3); did you mean 'decode.max_batch_tokens'?",
-                                NULL));
+    assert_true(
+        fy_test_log_has("unknown key 'decode.max_batch' (t.ini:3); did you mean 'decode.max_batch_tokens'?", NULL));
     assert_true(fy_test_log_has("unknown key 'router.threads' (t.ini:6); did you mean 'prefill.threads'?", NULL));
-    assert_true(fy_test_log_has("unknown key 'prefill.host_kv_mem' (t.ini:11); did you mean 'decode.host_kv_mem'?",
-                                NULL));
+    assert_true(
+        fy_test_log_has("unknown key 'prefill.host_kv_mem' (t.ini:11); did you mean 'decode.host_kv_mem'?", NULL));
     assert_true(fy_test_log_has("unknown key 'zzz.qqqqqqq' (t.ini:9)", NULL));
     assert_false(fy_test_log_has("zzz.qqqqqqq", "did you mean", NULL));
     assert_false(fy_test_log_has("3000", NULL)); /* values are not looked at */
@@ -884,8 +892,7 @@ static void check_mentions(const char *path, const char *text)
             bool skip_it = false;
             for (size_t x = 0; x < FY_ARRAY_LEN(not_keys); x++) skip_it |= !strcmp(key, not_keys[x]);
             if (!skip_it && !fy_conf_key(sections[s], key))
-                fail_msg("%s names '%s.%s', which is not in the key table (common/confkeys.c)", path, sections[s],
-                         key);
+                fail_msg("%s names '%s.%s', which is not in the key table (common/confkeys.c)", path, sections[s], key);
         }
     }
 }
@@ -905,8 +912,8 @@ static void check_default_rows(const char *path, const char *text)
         const char *want = k->def_from ? k->def_from : k->def;
         if (!want) continue; /* unset by default: the row says what that means */
         if (strcmp(def, want))
-            fail_msg("%s: the row of %s.%s says its default is '%s'; the key table says '%s'", path, name, dot + 1,
-                     def, want);
+            fail_msg("%s: the row of %s.%s says its default is '%s'; the key table says '%s'", path, name, dot + 1, def,
+                     want);
     }
 }
 
@@ -1011,9 +1018,9 @@ static bool has_line(const char *text, const char *a, const char *b)
     return false;
 }
 
-#define EXPECT_LINE(text, a, b)                                                                                \
-    do {                                                                                                       \
-        if (!has_line(text, a, b)) fail_msg("no line with '%s' then '%s' in:\n%s", a, b ? b : "", text);     \
+#define EXPECT_LINE(text, a, b)                                                                                        \
+    do {                                                                                                               \
+        if (!has_line(text, a, b)) fail_msg("no line with '%s' then '%s' in:\n%s", a, b ? b : "", text);               \
     } while (0)
 
 static void test_command(void **state)
@@ -1083,9 +1090,8 @@ static void test_command(void **state)
 
     /* usage errors: 2 */
     static const char *const usage[][4] = {
-        {"--check", NULL},                         {"--bogus", NULL},
-        {"--markdown", "-c", "configs/local.ini"}, {"--set", "nodot", NULL},
-        {"-c", NULL},
+        {"--check", NULL},        {"--bogus", NULL}, {"--markdown", "-c", "configs/local.ini"},
+        {"--set", "nodot", NULL}, {"-c", NULL},
     };
     for (size_t i = 0; i < FY_ARRAY_LEN(usage); i++) {
         r = run_config(usage[i]);
@@ -1113,17 +1119,28 @@ static void test_command(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse),          cmocka_unit_test(test_merge_order),
-        cmocka_unit_test(test_set_errors),     cmocka_unit_test(test_int),
-        cmocka_unit_test(test_double),         cmocka_unit_test(test_bool),
-        cmocka_unit_test(test_size),           cmocka_unit_test(test_duration),
-        cmocka_unit_test(test_string),         cmocka_unit_test(test_unknown_keys),
-        cmocka_unit_test(test_malformed),      cmocka_unit_test(test_limits_and_files),
-        cmocka_unit_test(test_write_roundtrip), cmocka_unit_test(test_write_leading_semicolon),
-        cmocka_unit_test(test_alloc_failure),   cmocka_unit_test(test_table),
-        cmocka_unit_test(test_conf_read),       cmocka_unit_test(test_conf_check),
-        cmocka_unit_test(test_shipped_configs), cmocka_unit_test(test_docs),
-        cmocka_unit_test(test_command),         cmocka_unit_test(test_write_full_line),
+        cmocka_unit_test(test_parse),
+        cmocka_unit_test(test_merge_order),
+        cmocka_unit_test(test_set_errors),
+        cmocka_unit_test(test_int),
+        cmocka_unit_test(test_double),
+        cmocka_unit_test(test_bool),
+        cmocka_unit_test(test_size),
+        cmocka_unit_test(test_duration),
+        cmocka_unit_test(test_string),
+        cmocka_unit_test(test_unknown_keys),
+        cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_limits_and_files),
+        cmocka_unit_test(test_write_roundtrip),
+        cmocka_unit_test(test_write_leading_semicolon),
+        cmocka_unit_test(test_alloc_failure),
+        cmocka_unit_test(test_table),
+        cmocka_unit_test(test_conf_read),
+        cmocka_unit_test(test_conf_check),
+        cmocka_unit_test(test_shipped_configs),
+        cmocka_unit_test(test_docs),
+        cmocka_unit_test(test_command),
+        cmocka_unit_test(test_write_full_line),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fy_test_tmpdir_remove();

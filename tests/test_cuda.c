@@ -102,14 +102,14 @@ static void expect_close(const char *what, const float *ref, const float *got, s
     double worst = 0;
     size_t at = 0;
     for (size_t i = 0; i < n; i++) {
-        if (!isfinite(got[i])) fail_msg("%s: element %zu is %f (poisoned output not written?) seed %u", what, i,
-                                        got[i], SEED);
+        if (!isfinite(got[i]))
+            fail_msg("%s: element %zu is %f (poisoned output not written?) seed %u", what, i, got[i], SEED);
         double err = fabs((double)got[i] - ref[i]) - (atol + rtol * fabs(ref[i]));
         if (err > worst) worst = err, at = i;
     }
     if (worst > 0)
-        fail_msg("%s: element %zu is %g, the cpu says %g (atol %g, rtol %g) seed %u", what, at, got[at], ref[at],
-                 atol, rtol, SEED);
+        fail_msg("%s: element %zu is %g, the cpu says %g (atol %g, rtol %g) seed %u", what, at, got[at], ref[at], atol,
+                 rtol, SEED);
 }
 
 static int setup_pair(void **state)
@@ -122,8 +122,13 @@ static int setup_pair(void **state)
     pair_t *p = calloc(1, sizeof(*p));
     fy_backend_params_t bp = {.n_threads = 2};
     if (fy_backend_create("cpu", &bp, &p->cpu) || fy_backend_create("cuda", &bp, &p->gpu)) return -1;
-    fy_backend_reserve_t r = {.max_tokens = 32, .max_row = HIDDEN, .max_seqs = 4, .max_blocks = N_BLOCKS,
-                              .max_kv_len = 300, .n_heads = N_HEADS, .head_dim = HD};
+    fy_backend_reserve_t r = {.max_tokens = 32,
+                              .max_row = HIDDEN,
+                              .max_seqs = 4,
+                              .max_blocks = N_BLOCKS,
+                              .max_kv_len = 300,
+                              .n_heads = N_HEADS,
+                              .head_dim = HD};
     if (fy_backend_reserve(p->cpu, &r) || fy_backend_reserve(p->gpu, &r)) return -1;
     p->rng = SEED;
     *state = p;
@@ -140,14 +145,14 @@ static int teardown_pair(void **state)
     return 0;
 }
 
-#define NEED_GPU(p)                                                                                                \
-    do {                                                                                                           \
-        if (!(p)) {                                                                                                \
-            char why_[192] = "";                                                                                   \
-            fy_backend_cuda_usable(why_, sizeof(why_));                                                            \
-            printf("no CUDA device: %s; skipping\n", why_);                                                        \
-            skip();                                                                                                \
-        }                                                                                                          \
+#define NEED_GPU(p)                                                                                                    \
+    do {                                                                                                               \
+        if (!(p)) {                                                                                                    \
+            char why_[192] = "";                                                                                       \
+            fy_backend_cuda_usable(why_, sizeof(why_));                                                                \
+            printf("no CUDA device: %s; skipping\n", why_);                                                            \
+            skip();                                                                                                    \
+        }                                                                                                              \
     } while (0)
 
 /* Two sequences: one prefilling 20 tokens after 100 cached, one decoding at 257 (past a segment). */
@@ -321,7 +326,8 @@ static void test_kv_attention(void **state)
         int32_t n;
         set_batch_both(p, &n);
         size_t nq = (size_t)n * N_HEADS * HD, nk = (size_t)n * N_KV * HD;
-        float *q = fy_malloc(nq * sizeof(float)), *k = fy_malloc(nk * sizeof(float)), *v = fy_malloc(nk * sizeof(float));
+        float *q = fy_malloc(nq * sizeof(float)), *k = fy_malloc(nk * sizeof(float)),
+              *v = fy_malloc(nk * sizeof(float));
         fill(p, q, nq, 1.0f), fill(p, k, nk, 1.0f), fill(p, v, nk, 1.0f);
         float *qd = dev_floats(p->gpu, q, nq), *kd = dev_floats(p->gpu, k, nk), *vd = dev_floats(p->gpu, v, nk);
         assert_int_equal(fy_backend_kv_write(p->cpu, &lay, ac, 1, k, v), FY_OK);

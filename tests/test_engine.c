@@ -195,8 +195,8 @@ static void make_workload(workload_t *w, int vocab, bool sampled, bool long_prom
         w->rp[i].max_tokens = long_prompts ? 8 + (i * 13) % 40 : 60 + (i * 11) % 40;
         w->rp[i].ignore_eos = true;
         if (sampled && i % 2) {
-            w->rp[i].sampling = (fy_sampling_params_t){.temperature = 0.8f, .top_k = 40, .top_p = 0.95f,
-                                                       .min_p = 0.0f, .seed = 77 + (uint64_t)i};
+            w->rp[i].sampling = (fy_sampling_params_t){
+                .temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.0f, .seed = 77 + (uint64_t)i};
         }
         w->arrive[i] = (i * 3) % 11;
     }
@@ -353,7 +353,7 @@ static void test_cancel_and_errors(void **state)
     assert_true(a.n > 0);
     fy_engine_cancel(g.e, ida); /* mid-stream */
     assert_int_equal(fy_engine_submit(g.e, p, 30, &rp, on_event, &c, &idc), FY_OK);
-    fy_engine_cancel(g.e, idc); /* still queued */
+    fy_engine_cancel(g.e, idc);    /* still queued */
     fy_engine_cancel(g.e, 999999); /* unknown: ignored */
     assert_int_equal(fy_engine_step(g.e), FY_OK);
     assert_int_equal(a.terminal, 1);
@@ -548,7 +548,6 @@ static void test_engine_thread(void **state)
     assert_int_equal(late.status, FY_ERR_CANCELLED);
 }
 
-
 /* fy_engine_submit must not touch the request after handing it over: the
  * engine thread may finish and free it at once.  Both threads share one
  * CPU and the submitter runs at idle priority, so the engine thread
@@ -652,8 +651,8 @@ static void do_adopt(fy_engine_t *e, void *arg)
 {
     adopt_job_t *a = arg;
     uint64_t id;
-    a->st = fy_engine_adopt(e, a->prompt, a->n, a->rp, a->bt, a->resv, a->h->first, a->h->logprob, &a->h->rng,
-                            on_event, a->res, &id);
+    a->st = fy_engine_adopt(e, a->prompt, a->n, a->rp, a->bt, a->resv, a->h->first, a->h->logprob, &a->h->rng, on_event,
+                            a->res, &id);
 }
 
 static void disaggregated(const char *model)
@@ -861,8 +860,8 @@ static void test_build_from_config(void **state)
     fy_config_destroy(c);
 
     /* a draft takes its share of kv_mem; the stack opens it and wires it in */
-    c = config_of((const char *const[]){"decode.spec=self:1", "decode.kv_mem=8MiB",
-                                        "decode.spec_draft_kv_fraction=0.25", NULL});
+    c = config_of(
+        (const char *const[]){"decode.spec=self:1", "decode.kv_mem=8MiB", "decode.spec_draft_kv_fraction=0.25", NULL});
     assert_int_equal(fy_engine_build_read(c, "decode", &b), FY_OK);
     assert_string_equal(b.draft, "self:1");
     assert_int_equal(b.engine.spec.method, FY_SPEC_DRAFT);
@@ -892,7 +891,8 @@ static void test_build_from_config(void **state)
         fy_test_log_begin();
         assert_int_equal(fy_engine_build_read(c, "decode", &keep), FY_ERR_INVALID);
         fy_test_log_end();
-        if (!fy_test_log_has(bad[i].msg, NULL)) fail_msg("%s: no '%s' in:\n%s", bad[i].set, bad[i].msg, fy_test_log_text());
+        if (!fy_test_log_has(bad[i].msg, NULL))
+            fail_msg("%s: no '%s' in:\n%s", bad[i].set, bad[i].msg, fy_test_log_text());
         assert_int_equal(keep.threads, -7); /* untouched */
         fy_config_destroy(c);
     }
@@ -911,20 +911,13 @@ static void test_build_from_config(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_batch_invariance_tiny),
-        cmocka_unit_test(test_batch_invariance_default),
-        cmocka_unit_test(test_preempt_recompute),
-        cmocka_unit_test(test_preempt_swap),
-        cmocka_unit_test(test_cancel_and_errors),
-        cmocka_unit_test(test_overload),
-        cmocka_unit_test(test_priority_and_timings),
-        cmocka_unit_test(test_guardrail),
-        cmocka_unit_test(test_engine_thread),
-        cmocka_unit_test(test_submit_handoff),
-        cmocka_unit_test(test_disaggregated_tiny),
-        cmocka_unit_test(test_disaggregated_default),
-        cmocka_unit_test(test_post_and_tick),
-        cmocka_unit_test(test_build_from_config),
+        cmocka_unit_test(test_batch_invariance_tiny), cmocka_unit_test(test_batch_invariance_default),
+        cmocka_unit_test(test_preempt_recompute),     cmocka_unit_test(test_preempt_swap),
+        cmocka_unit_test(test_cancel_and_errors),     cmocka_unit_test(test_overload),
+        cmocka_unit_test(test_priority_and_timings),  cmocka_unit_test(test_guardrail),
+        cmocka_unit_test(test_engine_thread),         cmocka_unit_test(test_submit_handoff),
+        cmocka_unit_test(test_disaggregated_tiny),    cmocka_unit_test(test_disaggregated_default),
+        cmocka_unit_test(test_post_and_tick),         cmocka_unit_test(test_build_from_config),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

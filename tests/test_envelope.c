@@ -106,7 +106,8 @@ static void test_forged_and_altered(void **state)
             memcpy(alt, buf, n);
             alt[i] ^= (uint8_t)(1u << bit);
             fy_env_fault_t f = fy_env_open(&a.key, alt, n, &got, &off);
-            if (f != FY_ENV_MAC && f != FY_ENV_FORMAT) fail_msg("byte %zu bit %d altered: %s", i, bit, fy_env_fault_str(f));
+            if (f != FY_ENV_MAC && f != FY_ENV_FORMAT)
+                fail_msg("byte %zu bit %d altered: %s", i, bit, fy_env_fault_str(f));
         }
     }
     /* cut short anywhere, or a byte more: never accepted */
@@ -278,9 +279,9 @@ static void test_forgetting(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_seal_open),       cmocka_unit_test(test_forged_and_altered),
-        cmocka_unit_test(test_refusal),         cmocka_unit_test(test_names_and_keys),
-        cmocka_unit_test(test_replay_window),   cmocka_unit_test(test_times),
+        cmocka_unit_test(test_seal_open),     cmocka_unit_test(test_forged_and_altered),
+        cmocka_unit_test(test_refusal),       cmocka_unit_test(test_names_and_keys),
+        cmocka_unit_test(test_replay_window), cmocka_unit_test(test_times),
         cmocka_unit_test(test_forgetting),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -52,8 +52,8 @@ static int free_port(void)
 static int dial(void)
 {
     int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)PORT),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in a = {
+        .sin_family = AF_INET, .sin_port = htons((uint16_t)PORT), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     assert_int_equal(connect(s, (struct sockaddr *)&a, sizeof(a)), 0);
     struct timeval tv = {.tv_sec = 120};
     setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -173,15 +173,14 @@ static int setup(void **state)
     const char *dir = fy_test_tmpdir();
     snprintf(KEYS, sizeof(KEYS), "%s/keys.txt", dir);
     char keys[512];
-    snprintf(keys, sizeof(keys),
-             "# test keys\n%s alpha\n%s beta max_concurrent=1\n%s gamma tokens_per_minute=150\n", KEY_A, KEY_B,
-             KEY_C);
+    snprintf(keys, sizeof(keys), "# test keys\n%s alpha\n%s beta max_concurrent=1\n%s gamma tokens_per_minute=150\n",
+             KEY_A, KEY_B, KEY_C);
     assert_true(fy_test_write_file(KEYS, keys, strlen(keys)));
     static char http[128], keyset[600];
     snprintf(http, sizeof(http), "router.http=http://127.0.0.1:%d", PORT);
     snprintf(keyset, sizeof(keyset), "router.api_keys=%s", KEYS);
-    tc_opts_t o = {.n_prefill = 1, .n_decode = 1,
-                   .common = {http, keyset, "router.max_body=64KiB", "decode.kv_mem=64MiB"}};
+    tc_opts_t o = {
+        .n_prefill = 1, .n_decode = 1, .common = {http, keyset, "router.max_body=64KiB", "decode.kv_mem=64MiB"}};
     tc_start(&C, &o);
     IDLE_ADMITTABLE = decode_admittable();
     return 0;
@@ -251,7 +250,8 @@ static void test_completion_matches_nng_client(void **state)
     assert_int_equal(ref.error, FY_OK);
 
     resp_t r = call("POST", "/v1/completions", KEY_A,
-                    "{\"model\":\"SmolLM2-135M-Instruct.Q4_1\",\"prompt\":\"The three primary colors are\",\"speculative\":\"none\","
+                    "{\"model\":\"SmolLM2-135M-Instruct.Q4_1\",\"prompt\":\"The three primary colors "
+                    "are\",\"speculative\":\"none\","
                     "\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true,\"logprobs\":0,\"unknown_field\":[1,2]}");
     assert_int_equal(r.status, 200);
     json_t *j = json_of(&r);
@@ -319,7 +319,8 @@ static void test_chat_plain_and_n(void **state)
     json_int_t np = json_integer_value(json_object_get(u, "prompt_tokens"));
     assert_true(np > 16);
     /* samples after the first found the prompt's full blocks in the caches */
-    json_int_t cached = json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
+    json_int_t cached =
+        json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
     print_message("n=3: %lld prompt tokens, %lld found cached by a later sample\n", (long long)np, (long long)cached);
     assert_true(cached >= 16 && cached < np);
     json_decref(j);
@@ -369,8 +370,8 @@ static void test_bad_requests(void **state)
     CHECK("POST", "/v1/chat/completions", KEY_A, "{\"messages\":[]}", 400, "messages", NULL);
     CHECK("POST", "/v1/chat/completions", KEY_A, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 400,
           "messages", NULL);
-    CHECK("POST", "/v1/chat/completions", KEY_A, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400,
-          "messages", NULL);
+    CHECK("POST", "/v1/chat/completions", KEY_A, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400, "messages",
+          NULL);
     CHECK("POST", "/v1/completions", NULL, "{\"prompt\":\"hi\"}", 401, NULL, "API key");
     CHECK("POST", "/v1/completions", "not-a-valid-key", "{\"prompt\":\"hi\"}", 401, NULL, "invalid");
     /* a prompt longer than the context */
@@ -591,8 +592,9 @@ static void test_tenants_never_share_prefixes(void **state)
     (void)state;
     if (!tc_available()) skip();
     /* a long prompt: a cache hit is obvious in the time to the first token */
-    char *body = token_prompt_json(1200, 77, ",\"max_tokens\":2,\"stream\":true,\"temperature\":0,"
-                                             "\"stream_options\":{\"include_usage\":true}");
+    char *body = token_prompt_json(1200, 77,
+                                   ",\"max_tokens\":2,\"stream\":true,\"temperature\":0,"
+                                   "\"stream_options\":{\"include_usage\":true}");
     json_int_t c_cold, c_warm, c_other, c_other2;
     double cold = stream_ttft(KEY_A, body, &c_cold);
     double warm = stream_ttft(KEY_A, body, &c_warm);
@@ -603,8 +605,8 @@ static void test_tenants_never_share_prefixes(void **state)
                   cold * 1e3, (long long)c_cold, warm * 1e3, (long long)c_warm, other * 1e3, (long long)c_other,
                   other2 * 1e3, (long long)c_other2);
     assert_int_equal(c_cold, 0);
-    assert_true(c_warm >= 1184); /* all full blocks but the last token's */
-    assert_int_equal(c_other, 0); /* alpha's blocks are not beta's */
+    assert_true(c_warm >= 1184);   /* all full blocks but the last token's */
+    assert_int_equal(c_other, 0);  /* alpha's blocks are not beta's */
     assert_true(c_other2 >= 1184); /* beta's own, the second time */
     assert_true(other > 3 * warm); /* and the time says so too (not against cold: the first
                                       request also pays the workers' warm-up, which a loaded
@@ -674,7 +676,8 @@ static void test_overload_503(void **state)
     int port2 = free_port();
     char http[128];
     snprintf(http, sizeof(http), "router.http=http://127.0.0.1:%d", port2);
-    tc_opts_t o = {.n_prefill = 1, .n_decode = 1,
+    tc_opts_t o = {.n_prefill = 1,
+                   .n_decode = 1,
                    .common = {http, "router.max_queue=1", "router.prefill_queue_tokens=1", "router.retry_after=3s"}};
     tc_start(&c2, &o);
     int keep = PORT;
@@ -766,7 +769,8 @@ static void test_curl(void **state)
     for (char *line = streamed, *nl; *line; line = nl + 1) {
         nl = strchr(line, '\n');
         if (!nl) nl = line + strlen(line) - 1;
-        if (nl > line && strncmp(line, "data: ", 6)) fail_msg("a stream line that is not an event: '%.*s'", (int)(nl - line), line);
+        if (nl > line && strncmp(line, "data: ", 6))
+            fail_msg("a stream line that is not an event: '%.*s'", (int)(nl - line), line);
         if (!nl[1]) break;
     }
     json_decref(j);

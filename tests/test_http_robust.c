@@ -299,8 +299,9 @@ static void test_sigterm_drains(void **state)
     /* the nng stream: done, with an error saying why */
     for (;;) {
         fy_status_t ps = fy_client_poll(c.client, &ns, 1.0, &u);
-        if (ps != FY_OK) fail_msg("nng poll after the drain: %s (the router closed before the client saw its end)",
-                                  fy_status_str(ps));
+        if (ps != FY_OK)
+            fail_msg("nng poll after the drain: %s (the router closed before the client saw its end)",
+                     fy_status_str(ps));
         if (u.done) break;
     }
     assert_int_not_equal(u.error, FY_OK);

@@ -28,10 +28,10 @@ static void test_fp16_known_values(void **state)
     assert_int_equal(fy_fp32_to_fp16(65504.0f), 0x7bff);
     assert_int_equal(fy_fp32_to_fp16(65520.0f), 0x7c00); /* rounds up to inf */
     assert_int_equal(fy_fp32_to_fp16(1e9f), 0x7c00);
-    assert_int_equal(fy_fp32_to_fp16(5.9604645e-8f), 0x0001); /* smallest subnormal */
-    assert_int_equal(fy_fp32_to_fp16(2.9802322e-8f), 0x0000); /* half of it: ties to even */
-    assert_int_equal(fy_fp32_to_fp16(1.0f + 1.0f / 2048), 0x3c00); /* tie, to even */
-    assert_int_equal(fy_fp32_to_fp16(1.0f + 3.0f / 2048), 0x3c02); /* tie, to even (up) */
+    assert_int_equal(fy_fp32_to_fp16(5.9604645e-8f), 0x0001);        /* smallest subnormal */
+    assert_int_equal(fy_fp32_to_fp16(2.9802322e-8f), 0x0000);        /* half of it: ties to even */
+    assert_int_equal(fy_fp32_to_fp16(1.0f + 1.0f / 2048), 0x3c00);   /* tie, to even */
+    assert_int_equal(fy_fp32_to_fp16(1.0f + 3.0f / 2048), 0x3c02);   /* tie, to even (up) */
     assert_true(fy_fp16_to_fp32(0x7e00) != fy_fp16_to_fp32(0x7e00)); /* NaN */
     assert_float_equal(fy_fp16_to_fp32(0x3555), 0.33325195f, 0);
     /* every finite half survives the round trip */
@@ -59,17 +59,18 @@ static void test_fp8_e4m3_codec(void **state)
         assert_int_equal(fy_fp32_to_fp8(v), b);
     }
     assert_true(fy_fp8_to_fp32(0x7e) == 448.0f);
-    assert_true(fy_fp8_to_fp32(0x01) == 0x1p-9f);      /* smallest subnormal */
-    assert_true(fy_fp8_to_fp32(0x08) == 0x1p-6f);      /* smallest normal */
-    assert_int_equal(fy_fp32_to_fp8(1e9f), 0x7e);      /* saturates */
+    assert_true(fy_fp8_to_fp32(0x01) == 0x1p-9f); /* smallest subnormal */
+    assert_true(fy_fp8_to_fp32(0x08) == 0x1p-6f); /* smallest normal */
+    assert_int_equal(fy_fp32_to_fp8(1e9f), 0x7e); /* saturates */
     assert_int_equal(fy_fp32_to_fp8(-INFINITY), 0xfe);
     assert_int_equal(fy_fp32_to_fp8(464.0f), 0x7e);
-    assert_int_equal(fy_fp32_to_fp8(0x1p-11f), 0x00); /* below half the smallest subnormal */
-    assert_int_equal(fy_fp32_to_fp8(0x1p-10f), 0x00); /* half: ties to even (0) */
+    assert_int_equal(fy_fp32_to_fp8(0x1p-11f), 0x00);     /* below half the smallest subnormal */
+    assert_int_equal(fy_fp32_to_fp8(0x1p-10f), 0x00);     /* half: ties to even (0) */
     assert_int_equal(fy_fp32_to_fp8(3 * 0x1p-10f), 0x02); /* 1.5 ulp: ties to even (2) */
-    assert_int_equal(fy_fp32_to_fp8(1.0625f), 0x38);  /* 1 + 1/16: tie, to even 1.0 */
-    assert_int_equal(fy_fp32_to_fp8(1.1875f), 0x3a);  /* 1 + 3/16: tie, to even 1.25 */
-    assert_int_equal(fy_fp32_to_fp8(15.5f), 0x58);    /* 15.5: tie between 15 (0x57) and 16, to even: carries into the exponent */
+    assert_int_equal(fy_fp32_to_fp8(1.0625f), 0x38);      /* 1 + 1/16: tie, to even 1.0 */
+    assert_int_equal(fy_fp32_to_fp8(1.1875f), 0x3a);      /* 1 + 3/16: tie, to even 1.25 */
+    assert_int_equal(fy_fp32_to_fp8(15.5f),
+                     0x58); /* 15.5: tie between 15 (0x57) and 16, to even: carries into the exponent */
     /* every float between two neighbours rounds to the nearer one */
     uint64_t s = 11;
     for (int i = 0; i < 100000; i++) {
@@ -195,7 +196,10 @@ static void test_quantize_roundtrip_error(void **state)
     struct {
         fy_dtype_t t;
         double tol; /* relative L2 error bound */
-    } cases[] = {{FY_DTYPE_Q8_0, 0.01}, {FY_DTYPE_Q4_0, 0.15}, {FY_DTYPE_Q4_1, 0.12}, {FY_DTYPE_F16, 1e-3},
+    } cases[] = {{FY_DTYPE_Q8_0, 0.01},
+                 {FY_DTYPE_Q4_0, 0.15},
+                 {FY_DTYPE_Q4_1, 0.12},
+                 {FY_DTYPE_F16, 1e-3},
                  {FY_DTYPE_BF16, 8e-3}};
     for (size_t c = 0; c < FY_ARRAY_LEN(cases); c++) {
         char buf[1024];
@@ -297,7 +301,6 @@ static void test_isa_kernels_agree(void **state)
     fy_free(ms), fy_free(ma);
 }
 
-
 /* Packed (x8) gemm kernels of every table this machine runs equal the
  * plain row dots of the scalar table on the same inputs. */
 static void test_packed_gemm_matches_rows(void **state)
@@ -327,8 +330,7 @@ static void test_packed_gemm_matches_rows(void **state)
             for (int r = 0; r < ROWS; r++) fy_quantize_row(t, w + (size_t)r * N, plain + r * rb, N);
             for (int g = 0; g < ROWS / 8; g++) fy_pack_x8(t, plain + g * 8 * rb, rb, N / 32, packed + g * 8 * rb);
             float y[TOK * ROWS];
-            for (int g = 0; g < ROWS / 8; g++)
-                k->gemm_x8[t](packed + g * 8 * rb, N / 32, xq, TOK, y + g * 8, ROWS);
+            for (int g = 0; g < ROWS / 8; g++) k->gemm_x8[t](packed + g * 8 * rb, N / 32, xq, TOK, y + g * 8, ROWS);
             for (int tok = 0; tok < TOK; tok++) {
                 for (int r = 0; r < ROWS; r++) {
                     float want = fy_cpu_kernels_scalar.vec_dot[t](plain + r * rb, &xq[tok], N);
@@ -361,8 +363,8 @@ static void test_packed_gemm_matches_rows(void **state)
 
 typedef struct attn_case {
     int n_seqs;
-    int len[4];  /* tokens in the cache after this step */
-    int n_q[4];  /* of which queried this step */
+    int len[4]; /* tokens in the cache after this step */
+    int n_q[4]; /* of which queried this step */
 } attn_case_t;
 
 /* Contiguous reference over the same (possibly f16-rounded) K/V. */
@@ -477,8 +479,8 @@ static void run_attention_case(fy_backend_t *be, int bs, fy_dtype_t kvt, const a
             for (int j = 0; j < n_heads * hd; j++) {
                 double g = out[(size_t)t * n_heads * hd + j];
                 if (fabs(g - ref[j]) > 1e-5 * (1 + fabs(ref[j])))
-                    fail_msg("%s: block %d, seq %d, token %d, elem %d: %g vs %g", fy_dtype_name(kvt), bs, s, t, j,
-                             g, ref[j]);
+                    fail_msg("%s: block %d, seq %d, token %d, elem %d: %g vs %g", fy_dtype_name(kvt), bs, s, t, j, g,
+                             ref[j]);
             }
             /* and close to the unquantized K/V */
             ref_attention(q + (size_t)t * n_heads * hd, K0[s], V0[s], n_heads, n_kv, hd, c->len[s], pos[t], ref);
@@ -492,7 +494,8 @@ static void run_attention_case(fy_backend_t *be, int bs, fy_dtype_t kvt, const a
     double rel = sqrt(err2 / (ref2 + 1e-30));
     double tol = kvt == FY_DTYPE_FP8 ? 0.05 : kvt == FY_DTYPE_I8 ? 0.01 : 1e-3;
     if (getenv("FY_TEST_VERBOSE")) fprintf(stderr, "%s block %d: rel err %.3g\n", fy_dtype_name(kvt), bs, rel);
-    if (rel > tol) fail_msg("%s: block %d: relative error %.3g > %.3g against f32 K/V", fy_dtype_name(kvt), bs, rel, tol);
+    if (rel > tol)
+        fail_msg("%s: block %d: relative error %.3g > %.3g against f32 K/V", fy_dtype_name(kvt), bs, rel, tol);
     /* the other layer's slots of the touched blocks stay untouched */
     for (int b = 0; b < n_blocks; b++) {
         const char *l0 = arena + fy_kv_offset(&lay, b, 0, 0, 0);
@@ -507,17 +510,22 @@ static void test_paged_attention_matches_contiguous(void **state)
     fy_backend_t *be;
     fy_backend_params_t bp = {.n_threads = 2};
     assert_int_equal(fy_backend_create("cpu", &bp, &be), FY_OK);
-    fy_backend_reserve_t r = {.max_tokens = 512, .max_row = 256, .max_seqs = 4, .max_blocks = 256, .max_kv_len = 512,
-                              .n_heads = 6, .head_dim = 32};
+    fy_backend_reserve_t r = {.max_tokens = 512,
+                              .max_row = 256,
+                              .max_seqs = 4,
+                              .max_blocks = 256,
+                              .max_kv_len = 512,
+                              .n_heads = 6,
+                              .head_dim = 32};
     assert_int_equal(fy_backend_reserve(be, &r), FY_OK);
     const attn_case_t cases[] = {
-        {1, {1}, {1}},                              /* first token */
-        {1, {7}, {7}},                              /* prefill inside one block */
-        {1, {33}, {33}},                            /* prefill straddling blocks */
-        {1, {100}, {1}},                            /* decode at a long position */
-        {3, {8, 9, 16}, {1, 1, 1}},                 /* decode batch at block edges */
-        {4, {15, 17, 31, 64}, {15, 1, 4, 30}},      /* mixed prefill, decode, chunk */
-        {2, {32, 65}, {32, 33}},                    /* chunked prefill after a cached prefix */
+        {1, {1}, {1}},                         /* first token */
+        {1, {7}, {7}},                         /* prefill inside one block */
+        {1, {33}, {33}},                       /* prefill straddling blocks */
+        {1, {100}, {1}},                       /* decode at a long position */
+        {3, {8, 9, 16}, {1, 1, 1}},            /* decode batch at block edges */
+        {4, {15, 17, 31, 64}, {15, 1, 4, 30}}, /* mixed prefill, decode, chunk */
+        {2, {32, 65}, {32, 33}},               /* chunked prefill after a cached prefix */
     };
     int bss[] = {8, 16, 32};
     fy_dtype_t kvts[] = {FY_DTYPE_F32, FY_DTYPE_F16, FY_DTYPE_FP8, FY_DTYPE_I8};

@@ -77,7 +77,10 @@ static void fixture_close(fixture_t *f)
 }
 
 /* The value a token slot holds: tenant, token and position. */
-static uint32_t tag(int tenant, int32_t token, int32_t pos) { return (uint32_t)tenant * 1000003u ^ (uint32_t)token * 7919u ^ (uint32_t)pos * 104729u ^ 0x5bd1e995u; }
+static uint32_t tag(int tenant, int32_t token, int32_t pos)
+{
+    return (uint32_t)tenant * 1000003u ^ (uint32_t)token * 7919u ^ (uint32_t)pos * 104729u ^ 0x5bd1e995u;
+}
 
 static uint32_t *slot_ptr(fixture_t *f, fy_kv_tier_t tier, const fy_block_table_t *bt, int32_t pos)
 {
@@ -98,7 +101,8 @@ typedef struct seq {
  * forward pass writes K/V, and commits them. */
 static void write_tokens(fixture_t *f, seq_t *s, int32_t to)
 {
-    for (int32_t p = s->bt.n_tokens; p < to; p++) *slot_ptr(f, FY_KV_DEVICE, &s->bt, p) = tag(s->tenant, s->tokens[p], p);
+    for (int32_t p = s->bt.n_tokens; p < to; p++)
+        *slot_ptr(f, FY_KV_DEVICE, &s->bt, p) = tag(s->tenant, s->tokens[p], p);
     fy_kvm_seq_commit(f->m, &s->bt, s->tokens, to);
     s->n = to;
 }
@@ -576,10 +580,10 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tenant_isolation),  cmocka_unit_test(test_lru_order),
-        cmocka_unit_test(test_copy_on_write),     cmocka_unit_test(test_tiers),
-        cmocka_unit_test(test_admission),         cmocka_unit_test(test_waste_and_stats),
-        cmocka_unit_test(test_bad_params),        cmocka_unit_test(test_random_operations),
+        cmocka_unit_test(test_tenant_isolation), cmocka_unit_test(test_lru_order),
+        cmocka_unit_test(test_copy_on_write),    cmocka_unit_test(test_tiers),
+        cmocka_unit_test(test_admission),        cmocka_unit_test(test_waste_and_stats),
+        cmocka_unit_test(test_bad_params),       cmocka_unit_test(test_random_operations),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
 }

@@ -55,10 +55,7 @@ static fy_status_t load_bytes(const void *data, size_t len, const char *name)
     return st;
 }
 
-static void test_good_file_loads(void **state)
-{
-    assert_int_equal(load_bytes(g_good, g_good_len, "copy.gguf"), FY_OK);
-}
+static void test_good_file_loads(void **state) { assert_int_equal(load_bytes(g_good, g_good_len, "copy.gguf"), FY_OK); }
 
 static void test_truncated_everywhere(void **state)
 {
@@ -110,15 +107,15 @@ static void test_bad_header(void **state)
 
 /* A minimal valid model, with hooks to break one thing. */
 typedef struct variant {
-    uint32_t layers;     /* llama.block_count */
-    uint32_t q_type;     /* type of blk.0.attn_q.weight */
-    int64_t q_rows;      /* its rows */
-    bool drop_down;      /* leave out blk.0.ffn_down.weight */
-    bool five_dims;      /* a 5-dim tensor */
-    int64_t huge_dim;    /* a dimension of this size */
-    bool bad_alignment;  /* general.alignment = 3 */
+    uint32_t layers;    /* llama.block_count */
+    uint32_t q_type;    /* type of blk.0.attn_q.weight */
+    int64_t q_rows;     /* its rows */
+    bool drop_down;     /* leave out blk.0.ffn_down.weight */
+    bool five_dims;     /* a 5-dim tensor */
+    int64_t huge_dim;   /* a dimension of this size */
+    bool bad_alignment; /* general.alignment = 3 */
     bool dup_key;
-    uint32_t dim;        /* llama.embedding_length */
+    uint32_t dim; /* llama.embedding_length */
 } variant_t;
 
 static const variant_t g_base = {.layers = 1, .q_type = GW_F32, .q_rows = 64, .dim = 64};
@@ -249,8 +246,10 @@ static void test_random_corruption(void **state)
             b[at] ^= (uint8_t)(1u << (fy_test_rand_u64(&seed) % 8));
         }
         fy_status_t st = load_bytes(b, g_good_len, "fuzz.gguf");
-        if (st == FY_OK) loaded++;
-        else assert_true(fy_test_log_has("fuzz.gguf", NULL));
+        if (st == FY_OK)
+            loaded++;
+        else
+            assert_true(fy_test_log_has("fuzz.gguf", NULL));
     }
     free(b);
     (void)loaded; /* flips in weights or unused metadata still load: fine */

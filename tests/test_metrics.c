@@ -92,8 +92,7 @@ static void test_register_errors(void **state)
     assert_int_equal(fy_metrics_gauge(r, "a-b", "bad name", NULL, &m), FY_ERR_INVALID);
     assert_int_equal(fy_metrics_gauge(r, "g", "", (const char *const[]){"a:b", "v", NULL}, &m), FY_ERR_INVALID);
     assert_int_equal(fy_metrics_gauge(r, "g", "", (const char *const[]){"__x", "v", NULL}, &m), FY_ERR_INVALID);
-    assert_int_equal(fy_metrics_gauge(r, "g", "", (const char *const[]){"a", "1", "a", "2", NULL}, &m),
-                     FY_ERR_INVALID);
+    assert_int_equal(fy_metrics_gauge(r, "g", "", (const char *const[]){"a", "1", "a", "2", NULL}, &m), FY_ERR_INVALID);
     const double up[] = {1, 2}, down[] = {2, 1};
     assert_int_equal(fy_metrics_histogram(r, "h", "", NULL, down, 2, &m), FY_ERR_INVALID);
     assert_int_equal(fy_metrics_histogram(r, "h", "", (const char *const[]){"le", "1", NULL}, up, 2, &m),
@@ -102,8 +101,7 @@ static void test_register_errors(void **state)
     /* the same series twice, or the family with another type or help */
     assert_int_equal(fy_metrics_gauge(r, "g", "G.", (const char *const[]){"a", "1", NULL}, &m), FY_ERR_INVALID);
     assert_int_equal(fy_metrics_histogram(r, "g", "G.", NULL, up, 2, &m), FY_ERR_INVALID);
-    assert_int_equal(fy_metrics_gauge(r, "g", "other help", (const char *const[]){"a", "2", NULL}, &m),
-                     FY_ERR_INVALID);
+    assert_int_equal(fy_metrics_gauge(r, "g", "other help", (const char *const[]){"a", "2", NULL}, &m), FY_ERR_INVALID);
     assert_true(fy_test_log_has("already registered", NULL));
     fy_test_log_end();
     /* nothing half-registered shows */
@@ -174,8 +172,16 @@ static void test_concurrent(void **state)
 
 static void test_health_rules(void **state)
 {
-    fy_health_t ok = {.role = "decode", .worker = "decode-0", .up = true, .last_tick = 100.0, .stall_s = 2.0,
-                      .kv_balanced = true, .kv_check = FY_OK, .xfer = FY_OK, .running = 3, .kv_usage = 0.5};
+    fy_health_t ok = {.role = "decode",
+                      .worker = "decode-0",
+                      .up = true,
+                      .last_tick = 100.0,
+                      .stall_s = 2.0,
+                      .kv_balanced = true,
+                      .kv_check = FY_OK,
+                      .xfer = FY_OK,
+                      .running = 3,
+                      .kv_usage = 0.5};
     char body[512];
     assert_int_equal(fy_health_eval(&ok, 101.0, body, sizeof(body)), 200);
     assert_non_null(strstr(body, "\"status\":\"ok\""));
@@ -185,12 +191,9 @@ static void test_health_rules(void **state)
         double now;
         const char *reason;
     } bad[] = {
-        {ok, 103.0, "engine stalled"},
-        {ok, 101.0, "starting up or shutting down"},
-        {ok, 101.0, "books do not balance"},
-        {ok, 101.0, "invariant check failed"},
-        {ok, 101.0, "transfer engine stuck"},
-        {ok, 101.0, "transfer engine down"},
+        {ok, 103.0, "engine stalled"},        {ok, 101.0, "starting up or shutting down"},
+        {ok, 101.0, "books do not balance"},  {ok, 101.0, "invariant check failed"},
+        {ok, 101.0, "transfer engine stuck"}, {ok, 101.0, "transfer engine down"},
     };
     bad[1].h.up = false;
     bad[2].h.kv_balanced = false;
@@ -345,8 +348,7 @@ static void test_cluster_metrics(void **state)
     tc_cluster_t c;
     /* the prefill worker's stall limit (50 ms) is shorter than one step of a
      * 256-token chunk, so its /health must go 503 while it computes */
-    tc_opts_t o = {.n_prefill = 1, .n_decode = 1, .metrics = true,
-                   .per_worker = {{"worker.stall_timeout=50ms"}}};
+    tc_opts_t o = {.n_prefill = 1, .n_decode = 1, .metrics = true, .per_worker = {{"worker.stall_timeout=50ms"}}};
     tc_start(&c, &o);
     int P = 0, D = 1; /* worker indexes */
     char *body;
@@ -475,9 +477,9 @@ static void test_cluster_metrics(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_render_exact),    cmocka_unit_test(test_register_errors),
-        cmocka_unit_test(test_concurrent),      cmocka_unit_test(test_health_rules),
-        cmocka_unit_test(test_httpd_routes),    cmocka_unit_test(test_cluster_metrics),
+        cmocka_unit_test(test_render_exact), cmocka_unit_test(test_register_errors),
+        cmocka_unit_test(test_concurrent),   cmocka_unit_test(test_health_rules),
+        cmocka_unit_test(test_httpd_routes), cmocka_unit_test(test_cluster_metrics),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -108,8 +108,8 @@ static void check_against_reference(const char *path, const fy_tiny_model_t *tm,
             run_chunked(&e, tok, N_TOK, chunks[c], got);
             double err = fy_rel_err(got, ref, (long)N_TOK * tm->vocab);
             if (err >= tol)
-                fprintf(stderr, "%s: block %d chunk %d: relative error %.3g >= %.3g\n", path, block_sizes[b],
-                        chunks[c], err, tol);
+                fprintf(stderr, "%s: block %d chunk %d: relative error %.3g >= %.3g\n", path, block_sizes[b], chunks[c],
+                        err, tol);
             assert_true(err < tol);
         }
         env_close(&e);
@@ -576,18 +576,12 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_load_reports_config),
-        cmocka_unit_test(test_gguf_f32_matches_reference),
-        cmocka_unit_test(test_gguf_tied_f32),
-        cmocka_unit_test(test_hf_f32_matches_reference),
-        cmocka_unit_test(test_hf_sharded_tied),
-        cmocka_unit_test(test_16bit_weights),
-        cmocka_unit_test(test_quantized_weights),
-        cmocka_unit_test(test_f16_kv),
-        cmocka_unit_test(test_fp8_int8_kv_perplexity),
-        cmocka_unit_test(test_batch_and_thread_invariance),
-        cmocka_unit_test(test_isa_agreement),
-        cmocka_unit_test(test_forward_rejects_bad_input),
+        cmocka_unit_test(test_load_reports_config),    cmocka_unit_test(test_gguf_f32_matches_reference),
+        cmocka_unit_test(test_gguf_tied_f32),          cmocka_unit_test(test_hf_f32_matches_reference),
+        cmocka_unit_test(test_hf_sharded_tied),        cmocka_unit_test(test_16bit_weights),
+        cmocka_unit_test(test_quantized_weights),      cmocka_unit_test(test_f16_kv),
+        cmocka_unit_test(test_fp8_int8_kv_perplexity), cmocka_unit_test(test_batch_and_thread_invariance),
+        cmocka_unit_test(test_isa_agreement),          cmocka_unit_test(test_forward_rejects_bad_input),
         cmocka_unit_test(test_runner_kv_budget),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);

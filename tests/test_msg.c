@@ -98,11 +98,16 @@ static void test_field_errors(void **state)
         int kind;
         const char *want;
     } cases[] = {
-        {0, "'missing' is missing"}, {1, "'id' must be an integer in [0, 10]"},
-        {2, "'tenant' must be an integer"}, {3, "'tokens': entry 3 must be an integer in [0, 100]"},
-        {4, "'tokens' has 5 entries; at most 2"}, {5, "'tenant' must be a string of at most 3 bytes"},
-        {6, "'temp' must be a number in [1, 2]"}, {7, "'flag' must be a map"},
-        {8, "'target' is 3 bytes; at most 2"}, {9, "'stop': entry 0 must be a string of 1 to 1 bytes"},
+        {0, "'missing' is missing"},
+        {1, "'id' must be an integer in [0, 10]"},
+        {2, "'tenant' must be an integer"},
+        {3, "'tokens': entry 3 must be an integer in [0, 100]"},
+        {4, "'tokens' has 5 entries; at most 2"},
+        {5, "'tenant' must be a string of at most 3 bytes"},
+        {6, "'temp' must be a number in [1, 2]"},
+        {7, "'flag' must be a map"},
+        {8, "'target' is 3 bytes; at most 2"},
+        {9, "'stop': entry 0 must be a string of 1 to 1 bytes"},
     };
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
         fy_msgr_t r;
@@ -238,7 +243,8 @@ static void test_empty_keys(void **state)
 {
     (void)state;
     static const unsigned char one[] = {0x83, 0xa0, 0x07, 0xa1, 'v', 0x01, 0xa4, 't', 'y', 'p', 'e', 0xa1, 'x'};
-    static const unsigned char two[] = {0x84, 0xa0, 0x07, 0xa0, 0x08, 0xa1, 'v', 0x01, 0xa4, 't', 'y', 'p', 'e', 0xa1, 'x'};
+    static const unsigned char two[] = {0x84, 0xa0, 0x07, 0xa0, 0x08, 0xa1, 'v', 0x01,
+                                        0xa4, 't',  'y',  'p',  'e',  0xa1, 'x'};
     /* an empty value read as a string */
     static const unsigned char val[] = {0x83, 0xa1, 'a', 0xa0, 0xa1, 'v', 0x01, 0xa4, 't', 'y', 'p', 'e', 0xa1, 'x'};
     fy_msgr_t r;
@@ -329,14 +335,10 @@ static void test_writer_alloc_failure(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip),
-        cmocka_unit_test(test_field_errors),
-        cmocka_unit_test(test_structure_errors),
-        cmocka_unit_test(test_truncations_and_mutations),
-        cmocka_unit_test(test_random_bytes),
-        cmocka_unit_test(test_genspec_forwarded),
-        cmocka_unit_test(test_empty_keys),
-        cmocka_unit_test(test_writer_alloc_failure),
+        cmocka_unit_test(test_round_trip),       cmocka_unit_test(test_field_errors),
+        cmocka_unit_test(test_structure_errors), cmocka_unit_test(test_truncations_and_mutations),
+        cmocka_unit_test(test_random_bytes),     cmocka_unit_test(test_genspec_forwarded),
+        cmocka_unit_test(test_empty_keys),       cmocka_unit_test(test_writer_alloc_failure),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

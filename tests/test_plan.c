@@ -16,9 +16,18 @@ static void test_parse_size(void **state)
         const char *s;
         int64_t want;
     } ok[] = {
-        {"4096", 4096},         {"1K", 1000},           {"1KB", 1000},      {"1Ki", 1024},
-        {"1KiB", 1024},         {"1.5Ki", 1536},        {"512M", 512000000}, {"50GiB", INT64_C(53687091200)},
-        {"50Gi", INT64_C(53687091200)}, {"2T", INT64_C(2000000000000)}, {"0", 0}, {"1B", 1},
+        {"4096", 4096},
+        {"1K", 1000},
+        {"1KB", 1000},
+        {"1Ki", 1024},
+        {"1KiB", 1024},
+        {"1.5Ki", 1536},
+        {"512M", 512000000},
+        {"50GiB", INT64_C(53687091200)},
+        {"50Gi", INT64_C(53687091200)},
+        {"2T", INT64_C(2000000000000)},
+        {"0", 0},
+        {"1B", 1},
     };
     for (size_t i = 0; i < FY_ARRAY_LEN(ok); i++) {
         int64_t v = -1;
@@ -44,8 +53,13 @@ static void test_worked_examples(void **state)
 {
     /* Llama-2-7B: 32 layers, 32 kv heads of 128; 0.5 MiB a token in f16;
      * 50 GiB give 6,400 blocks of 16 and 102,400 tokens */
-    fy_kv_plan_in_t in = {.n_layers = 32, .n_kv_heads = 32, .head_dim = 128, .elem_bytes = 2, .block_size = 16,
-                          .kv_mem = INT64_C(50) << 30, .context = 4096};
+    fy_kv_plan_in_t in = {.n_layers = 32,
+                          .n_kv_heads = 32,
+                          .head_dim = 128,
+                          .elem_bytes = 2,
+                          .block_size = 16,
+                          .kv_mem = INT64_C(50) << 30,
+                          .context = 4096};
     fy_kv_plan_t p;
     assert_int_equal(fy_kv_plan(&in, &p), FY_OK);
     assert_int_equal(p.bytes_per_token, 524288);
@@ -56,7 +70,11 @@ static void test_worked_examples(void **state)
     assert_int_equal(p.requests, 25);
     /* Llama-3-70B: 80 layers, 8 kv heads of 128: 327,680 bytes a token in
      * f16, half that in fp8 */
-    fy_kv_plan_in_t l3 = {.n_layers = 80, .n_kv_heads = 8, .head_dim = 128, .elem_bytes = 2, .block_size = 16,
+    fy_kv_plan_in_t l3 = {.n_layers = 80,
+                          .n_kv_heads = 8,
+                          .head_dim = 128,
+                          .elem_bytes = 2,
+                          .block_size = 16,
                           .kv_mem = INT64_C(40) << 30};
     assert_int_equal(fy_kv_plan(&l3, &p), FY_OK);
     assert_int_equal(p.bytes_per_token, 327680);
@@ -69,8 +87,14 @@ static void test_worked_examples(void **state)
     assert_int_equal(p.bytes_per_token, 168960);
     assert_int_equal(fy_kv_dtype_scale_bytes("f16"), 0);
     /* SmolLM2-135M: 30 layers, 3 kv heads of 64: 23,040 bytes a token */
-    fy_kv_plan_in_t sm = {.n_layers = 30, .n_kv_heads = 3, .head_dim = 64, .elem_bytes = 2, .block_size = 16,
-                          .mem = INT64_C(24) << 30, .weights = 96576768, .mem_fraction = 0.5};
+    fy_kv_plan_in_t sm = {.n_layers = 30,
+                          .n_kv_heads = 3,
+                          .head_dim = 64,
+                          .elem_bytes = 2,
+                          .block_size = 16,
+                          .mem = INT64_C(24) << 30,
+                          .weights = 96576768,
+                          .mem_fraction = 0.5};
     assert_int_equal(fy_kv_plan(&sm, &p), FY_OK);
     assert_int_equal(p.bytes_per_token, 23040);
     assert_int_equal(p.kv_mem, (int64_t)((double)((INT64_C(24) << 30) - 96576768) * 0.5));

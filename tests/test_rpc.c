@@ -284,7 +284,6 @@ static void test_error_messages(void **state)
 
 /* ---- authentication ---- */
 
-
 static nng_socket raw_dial(const char *u, bool req)
 {
     nng_socket sk;
@@ -416,8 +415,9 @@ static void wait_values(values_t *k, fy_pull_t *q, int n, uint64_t refused)
         int have = k->n;
         pthread_mutex_unlock(&k->mu);
         if (have >= n && refused_total(q) >= refused) return;
-        if (mono() - t0 > 10) fail_msg("%d of %d messages, %llu of %llu refusals", have, n,
-                                       (unsigned long long)refused_total(q), (unsigned long long)refused);
+        if (mono() - t0 > 10)
+            fail_msg("%d of %d messages, %llu of %llu refusals", have, n, (unsigned long long)refused_total(q),
+                     (unsigned long long)refused);
         usleep(2000);
     }
 }
@@ -435,19 +435,19 @@ static void test_pull_refuses(void **state)
     size_t n1 = fy_test_seal(&AUTH_DECODE, 21, 1, 0, &one, sizeof(int), m1);
     size_t n2 = fy_test_seal(&AUTH_DECODE, 21, 2, 0, &two, sizeof(int), m2);
     fy_test_log_begin();
-    assert_int_equal(nng_send(sk, "junk", 4, 0), 0);                       /* format */
+    assert_int_equal(nng_send(sk, "junk", 4, 0), 0); /* format */
     size_t n = fy_test_seal(&AUTH_WRONG, 22, 1, 0, &bad, sizeof(int), x);
-    assert_int_equal(nng_send(sk, x, n, 0), 0);                            /* mac */
-    assert_int_equal(nng_send(sk, m1, n1, 0), 0);                          /* delivered */
-    assert_int_equal(nng_send(sk, m1, n1, 0), 0);                          /* replay */
+    assert_int_equal(nng_send(sk, x, n, 0), 0);   /* mac */
+    assert_int_equal(nng_send(sk, m1, n1, 0), 0); /* delivered */
+    assert_int_equal(nng_send(sk, m1, n1, 0), 0); /* replay */
     memcpy(alt, m2, n2);
-    alt[7] ^= 0x20; /* the sender's name: "Decode-0" */
-    assert_int_equal(nng_send(sk, alt, n2, 0), 0);                         /* mac */
-    assert_int_equal(nng_send(sk, m2, n2, 0), 0);                          /* delivered */
+    alt[7] ^= 0x20;                                /* the sender's name: "Decode-0" */
+    assert_int_equal(nng_send(sk, alt, n2, 0), 0); /* mac */
+    assert_int_equal(nng_send(sk, m2, n2, 0), 0);  /* delivered */
     n = fy_test_seal(&AUTH_CLIENT, 23, 1, 0, &bad, sizeof(int), x);
-    assert_int_equal(nng_send(sk, x, n, 0), 0);                            /* identity: a client */
+    assert_int_equal(nng_send(sk, x, n, 0), 0); /* identity: a client */
     n = fy_test_seal(&AUTH_DECODE, 24, 1, fy_env_now_ms() + 3600000, &bad, sizeof(int), x);
-    assert_int_equal(nng_send(sk, x, n, 0), 0);                            /* stale: from the future */
+    assert_int_equal(nng_send(sk, x, n, 0), 0); /* stale: from the future */
     wait_values(&k, q, 2, 6);
     fy_env_hdr_t who;
     size_t off;

@@ -107,13 +107,13 @@ static void test_small_top_p_keeps_the_best(void **state)
     } cases[] = {
         {{-30.0f, 10.0f, -25.0f, 9.9f, -20.0f, -30.0f, -28.0f, -27.0f}, 0.3f, 0.05f, 1}, /* two left after min_p */
         {{1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f}, 0.1f, 0.0f, 0},               /* flat */
-        {{0.5f, 0.4f, 0.45f, 0.3f, 0.35f, 0.2f, 0.5f, 0.1f}, 1e-6f, 0.0f, 0},           /* nearly flat, tie */
+        {{0.5f, 0.4f, 0.45f, 0.3f, 0.35f, 0.2f, 0.5f, 0.1f}, 1e-6f, 0.0f, 0},            /* nearly flat, tie */
     };
     fy_sampler_t *s;
     assert_int_equal(fy_sampler_create(V, &s), FY_OK);
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        fy_sampling_params_t p = {.temperature = 1.0f, .top_k = 0, .top_p = cases[i].top_p, .min_p = cases[i].min_p,
-                                  .seed = 9};
+        fy_sampling_params_t p = {
+            .temperature = 1.0f, .top_k = 0, .top_p = cases[i].top_p, .min_p = cases[i].min_p, .seed = 9};
         fy_rng_t rng;
         fy_rng_seed(&rng, p.seed);
         for (int k = 0; k < 100; k++) {

@@ -308,8 +308,13 @@ static void test_cluster(void **state)
     char run_a[PATH_MAX + 32], metrics[64];
     snprintf(run_a, sizeof(run_a), "serve.run_dir=%s/run-a", fy_test_tmpdir());
     snprintf(metrics, sizeof(metrics), "serve.metrics=http://127.0.0.1:%d", ports.serve);
-    const char *args[] = {"-c", ini, "--set", run_a, "--set", metrics, "--set", "serve.health_timeout=3s",
-                          "--set", "serve.restart_backoff=50ms", "--set", "serve.restart_backoff_max=200ms", NULL};
+    const char *args[] = {"-c",    ini,
+                          "--set", run_a,
+                          "--set", metrics,
+                          "--set", "serve.health_timeout=3s",
+                          "--set", "serve.restart_backoff=50ms",
+                          "--set", "serve.restart_backoff_max=200ms",
+                          NULL};
     proc_t a;
     serve_spawn(&a, "a.out", args);
     wait_text(&a, "cluster ready", START_DEADLINE_S);
@@ -388,7 +393,8 @@ static void test_cluster(void **state)
     assert_int_equal(kill(a.pid, SIGTERM), 0);
     st = serve_wait(&a, 60);
     t = read_text(a.err);
-    const char *r = strstr(t, "stopped router"), *p0 = strstr(t, "stopped prefill-0"), *d0 = strstr(t, "stopped decode-0");
+    const char *r = strstr(t, "stopped router"), *p0 = strstr(t, "stopped prefill-0"),
+               *d0 = strstr(t, "stopped decode-0");
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !r || !p0 || !d0 || r > p0 || r > d0)
         fail_msg("stopping: wait status 0x%x, output:\n%s", st, t);
     fy_free(t);

@@ -127,8 +127,10 @@ static double chi2(const long *count, const float *p, long n)
     double x = 0;
     for (int v = 0; v < V; v++) {
         double e = p[v] * (double)n;
-        if (e > 0) x += (count[v] - e) * (count[v] - e) / e;
-        else if (count[v]) return INFINITY;
+        if (e > 0)
+            x += (count[v] - e) * (count[v] - e) / e;
+        else if (count[v])
+            return INFINITY;
     }
     return x;
 }
@@ -344,8 +346,8 @@ static void make_workload(workload_t *w, int vocab, int32_t max_tokens, bool sam
         w->rp[i].max_tokens = max_tokens - 7 * i;
         w->rp[i].ignore_eos = true;
         if (sampled)
-            w->rp[i].sampling = (fy_sampling_params_t){.temperature = 0.3f, .top_k = 0, .top_p = 0.95f,
-                                                       .seed = SEED + (uint64_t)i};
+            w->rp[i].sampling =
+                (fy_sampling_params_t){.temperature = 0.3f, .top_k = 0, .top_p = 0.95f, .seed = SEED + (uint64_t)i};
     }
 }
 
@@ -376,8 +378,8 @@ static void check_same(const char *what, const result_t *a, const result_t *b, i
         for (int32_t j = 0; j < a[i].n && j < b[i].n && at < 0; j++)
             if (a[i].tokens[j] != b[i].tokens[j]) at = j;
         if (a[i].n != b[i].n || at >= 0)
-            fail_msg("%s: request %d: %d tokens without speculation, %d with; first difference at %d", what, i,
-                     a[i].n, b[i].n, at);
+            fail_msg("%s: request %d: %d tokens without speculation, %d with; first difference at %d", what, i, a[i].n,
+                     b[i].n, at);
     }
 }
 
@@ -408,7 +410,7 @@ static void greedy_identity(const char *model, int n_req, int32_t max_tokens, co
     assert_int_equal(st.spec_proposed, 0);
     fy_spec_params_t sp;
     fy_spec_params_default(&sp);
-    sp.min_accept = 0; /* never off: every step verifies */
+    sp.min_accept = 0;     /* never off: every step verifies */
     sp.cost_aware = false; /* and proposes, however the steps are timed */
     for (int s = 0; s < n_specs; s++) {
         for (int batch = 0; batch < 2; batch++) {
@@ -419,8 +421,10 @@ static void greedy_identity(const char *model, int n_req, int32_t max_tokens, co
             report(name, &st);
             check_same(name, ref, got, n_req);
             assert_true(st.spec_accepted > 0);
-            if (strncmp(specs[s], "draft:", 6)) assert_true(st.spec_accepted < st.spec_proposed);
-            else assert_true(st.spec_accepted == st.spec_proposed); /* the same model as its own draft */
+            if (strncmp(specs[s], "draft:", 6))
+                assert_true(st.spec_accepted < st.spec_proposed);
+            else
+                assert_true(st.spec_accepted == st.spec_proposed); /* the same model as its own draft */
         }
     }
     free(w);
@@ -550,8 +554,7 @@ static void test_request_override(void **state)
     assert_int_equal(fy_engine_submit(g.e, w->prompt[1], w->len[1], &w->rp[1], on_event, &res[0], &id), FY_OK);
     w->rp[1].spec = FY_SPEC_DRAFT;
     fy_test_log_begin();
-    assert_int_equal(fy_engine_submit(g.e, w->prompt[1], w->len[1], &w->rp[1], on_event, &res[1], &id),
-                     FY_ERR_INVALID);
+    assert_int_equal(fy_engine_submit(g.e, w->prompt[1], w->len[1], &w->rp[1], on_event, &res[1], &id), FY_ERR_INVALID);
     fy_test_log_end();
     assert_true(fy_test_log_has("no draft model", NULL));
     rig_drain(&g);

@@ -202,7 +202,8 @@ static void test_restart_backoff(void **state)
     assert_true(fy_test_log_has("supervise: quitter (pid ", "exited with status 3; restarting in 0.05 s", NULL));
     assert_true(fy_test_log_has("quitter (pid ", "exited with status 3; restarting in 0.1 s", NULL));
     assert_true(fy_test_log_has("quitter (pid ", "exited with status 3; restarting in 0.15 s", NULL));
-    assert_true(fy_test_log_has("quitter (pid ", "exited with status 3; 3 restarts within 60 s, leaving it down", NULL));
+    assert_true(
+        fy_test_log_has("quitter (pid ", "exited with status 3; 3 restarts within 60 s, leaving it down", NULL));
     assert_true(fy_test_log_has("killed (pid ", "killed by signal 9 (SIGKILL); restarting in 0.05 s", NULL));
     assert_true(fy_test_log_has("killed (pid ", "killed by signal 9 (SIGKILL); 3 restarts", "leaving it down", NULL));
     /* the run's end stopped the sleeper, which never restarted */
@@ -577,8 +578,8 @@ static void test_exec_failures(void **state)
     } cases[] = {
         {"/nonexistent/ferry-ghost", NULL, "cannot execute '/nonexistent/ferry-ghost': No such file or directory",
          FY_ERR_NOT_FOUND},
-        {"ferry-no-such-binary-xyz", NULL, "cannot execute 'ferry-no-such-binary-xyz': No such file or directory (searched PATH)",
-         FY_ERR_NOT_FOUND},
+        {"ferry-no-such-binary-xyz", NULL,
+         "cannot execute 'ferry-no-such-binary-xyz': No such file or directory (searched PATH)", FY_ERR_NOT_FOUND},
         {NULL /* a file that is not executable */, NULL, "Permission denied", FY_ERR_IO},
         {"/bin/true", "/nonexistent-dir/ghost.log", "cannot open its log /nonexistent-dir/ghost.log", FY_ERR_NOT_FOUND},
     };
@@ -893,8 +894,8 @@ static void test_startup_failure(void **state)
         fy_test_log_begin();
         w = (watch_t){.deadline = now() + DEADLINE_S, .a = idx, .want_restarts = 3};
         assert_int_equal(fy_sup_run(s, until_restarts, &w, 0.01), FY_OK);
-        assert_true(fy_test_log_has("brief (pid ", fatal ? "exited with status 0; restarting" : "exited with status 1; restarting",
-                                    NULL));
+        assert_true(fy_test_log_has(
+            "brief (pid ", fatal ? "exited with status 0; restarting" : "exited with status 1; restarting", NULL));
         fy_test_log_end();
         assert_false(w.timed_out);
         fy_sup_destroy(s);
@@ -912,8 +913,8 @@ static int http_child(const char *port_arg)
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in a = {
+        .sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) || listen(fd, 64)) {
         perror("http child");
         return 1;
@@ -924,8 +925,7 @@ static int http_child(const char *port_arg)
         int c = accept(fd, NULL, NULL);
         if (c < 0) continue;
         char buf[1024];
-        if (read(c, buf, sizeof(buf)) > 0 && write(c, answer, sizeof(answer) - 1)) {
-        }
+        if (read(c, buf, sizeof(buf)) > 0 && write(c, answer, sizeof(answer) - 1)) {}
         close(c);
     }
 }
@@ -1098,7 +1098,8 @@ static void test_supervisor_stopped(void **state)
     nanosleep(&ts, NULL);
     assert_int_equal(kill(helper, SIGTERM), 0);
     int st = wait_pid(helper);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) fail_msg("the supervisor's wait status 0x%x (4: it killed its child)", st);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        fail_msg("the supervisor's wait status 0x%x (4: it killed its child)", st);
     fifo_close(&f);
     assert_no_children();
 }
@@ -1143,7 +1144,8 @@ static void test_restarts_forever(void **state)
     p.restart_backoff_max_s = 0.04;
     p.restart_window_s = 5;
     fy_sup_t *s = make_sup_p(&p);
-    killer_t k = {.idx = add_ready_sh(s, "worker", SAY_READY "exec sleep 30", NULL), .want = 8,
+    killer_t k = {.idx = add_ready_sh(s, "worker", SAY_READY "exec sleep 30", NULL),
+                  .want = 8,
                   .deadline = now() + DEADLINE_S * 2};
     assert_int_equal(fy_sup_start(s), FY_OK);
     fy_test_log_begin();

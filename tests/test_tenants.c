@@ -19,7 +19,8 @@ static fy_tenants_t *load(const char *text, fy_status_t want)
     fy_test_log_begin();
     fy_status_t st = fy_tenants_load(path, &t);
     fy_test_log_end();
-    if (st != want) fail_msg("load gave %s, expected %s: %s", fy_status_str(st), fy_status_str(want), fy_test_log_text());
+    if (st != want)
+        fail_msg("load gave %s, expected %s: %s", fy_status_str(st), fy_status_str(want), fy_test_log_text());
     return t;
 }
 

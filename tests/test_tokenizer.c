@@ -67,8 +67,7 @@ static void expect_ids(const fy_tokenizer_t *tok, const char *text, bool parse_s
 {
     int32_t got[256];
     size_t n = 0;
-    fy_status_t st =
-        fy_tokenizer_encode(tok, text, strlen(text), false, parse_special, got, FY_ARRAY_LEN(got), &n);
+    fy_status_t st = fy_tokenizer_encode(tok, text, strlen(text), false, parse_special, got, FY_ARRAY_LEN(got), &n);
     if (st != FY_OK || n != n_want || memcmp(got, want, n * sizeof(*got)) != 0) {
         char buf[1024];
         size_t at = (size_t)snprintf(buf, sizeof(buf), "'%s': status %d, got", text, (int)st);
@@ -81,15 +80,15 @@ static void expect_ids(const fy_tokenizer_t *tok, const char *text, bool parse_s
     }
 }
 
-#define EXPECT(tok, text, special, ...)                                                          \
-    do {                                                                                         \
-        const int32_t want_[] = {__VA_ARGS__};                                                   \
-        expect_ids(tok, text, special, want_, FY_ARRAY_LEN(want_));                              \
+#define EXPECT(tok, text, special, ...)                                                                                \
+    do {                                                                                                               \
+        const int32_t want_[] = {__VA_ARGS__};                                                                         \
+        expect_ids(tok, text, special, want_, FY_ARRAY_LEN(want_));                                                    \
     } while (0)
 
 /* Streams ids through a detokenizer and returns the concatenated output. */
-static size_t stream_decode(const fy_tokenizer_t *tok, const int32_t *ids, size_t n, bool render_special,
-                            char *out, size_t cap)
+static size_t stream_decode(const fy_tokenizer_t *tok, const int32_t *ids, size_t n, bool render_special, char *out,
+                            size_t cap)
 {
     fy_detok_t d;
     fy_detok_init(&d, tok, render_special);
@@ -129,7 +128,10 @@ static void check_round_trip(const fy_tokenizer_t *tok, const char *text, size_t
 }
 
 /* Texts with their lengths, so that one may hold a NUL. */
-#define TEXT(s) {s, sizeof(s) - 1}
+#define TEXT(s)                                                                                                        \
+    {                                                                                                                  \
+        s, sizeof(s) - 1                                                                                               \
+    }
 static const struct {
     const char *s;
     size_t len;
@@ -139,8 +141,8 @@ static const struct {
     TEXT("tabs\tand\nnew\r\nlines\n\n"),
     TEXT("digits 1234567890 and 3.14159"),
     TEXT("emoji \xf0\x9f\xa6\x99 \xf0\x9f\x98\x80 \xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd"), /* 🦙 😀 👍🏽 */
-    TEXT("CJK \xe4\xbd\xa0\xe5\xa5\xbd\xef\xbc\x8c\xe4\xb8\x96\xe7\x95\x8c"), /* 你好，世界 */
-    TEXT("combining e\xcc\x81 a\xcc\x8a n\xcc\x83"), /* e + U+0301 ... */
+    TEXT("CJK \xe4\xbd\xa0\xe5\xa5\xbd\xef\xbc\x8c\xe4\xb8\x96\xe7\x95\x8c"),         /* 你好，世界 */
+    TEXT("combining e\xcc\x81 a\xcc\x8a n\xcc\x83"),                                  /* e + U+0301 ... */
     TEXT("invalid \xff\xfe bytes"),
     TEXT("lone continuation \x80 byte"),
     TEXT("truncated four-byte \xf0\x9f\x98 sequence"),
@@ -185,20 +187,38 @@ static const char *const k_bl_merges[] = {
     "e l",     /* 269 el: ranked after "l l", so "hell" is he+ll */
 };
 enum {
-    BL_HE = 256, BL_LL, BL_HELL, BL_HELLO, BL_GW, BL_OR, BL_GWOR, BL_LD, BL_GWORLD, BL_12, BL_123, BL_45,
-    BL_12345, BL_EL, BL_IM_START, BL_IM_END, BL_EOT, BL_TOOL, BL_TOOL_CALL, BL_N_VOCAB
+    BL_HE = 256,
+    BL_LL,
+    BL_HELL,
+    BL_HELLO,
+    BL_GW,
+    BL_OR,
+    BL_GWOR,
+    BL_LD,
+    BL_GWORLD,
+    BL_12,
+    BL_123,
+    BL_45,
+    BL_12345,
+    BL_EL,
+    BL_IM_START,
+    BL_IM_END,
+    BL_EOT,
+    BL_TOOL,
+    BL_TOOL_CALL,
+    BL_N_VOCAB
 };
 
 typedef struct tiny_opts {
-    const char *model;       /* tokenizer.ggml.model, NULL to leave it out */
-    const char *pre;         /* tokenizer.ggml.pre, NULL to leave it out */
+    const char *model; /* tokenizer.ggml.model, NULL to leave it out */
+    const char *pre;   /* tokenizer.ggml.pre, NULL to leave it out */
     bool omit_tokens, omit_merges, omit_scores;
     size_t n_types;          /* entries of token_type; 0: one per token */
     int32_t first_type;      /* type of token 0 when nonzero */
     const char *extra_merge; /* appended to the merges */
     uint32_t bos;            /* bos_token_id; 0: left out */
     bool add_bos;
-    bool junction;           /* SPM: add "o▁w", a token across a word start */
+    bool junction; /* SPM: add "o▁w", a token across a word start */
 } tiny_opts_t;
 
 static fy_gw_t *tiny_bytelevel(const tiny_opts_t *o)
@@ -262,7 +282,7 @@ static void test_bytelevel_ids(void **state)
     assert_int_equal(fy_tokenizer_kind(tok), FY_TOKENIZER_BPE_BYTE);
     assert_int_equal(fy_tokenizer_vocab_size(tok), BL_N_VOCAB);
     EXPECT(tok, "hello world", false, BL_HELLO, BL_GWORLD);
-    EXPECT(tok, "hell", false, BL_HELL);    /* he (rank 0) before ll (1), el (13) never */
+    EXPECT(tok, "hell", false, BL_HELL); /* he (rank 0) before ll (1), el (13) never */
     EXPECT(tok, "helo", false, BL_HE, 'l', 'o');
     EXPECT(tok, "lll", false, BL_LL, 'l'); /* equal ranks: the leftmost pair first */
     EXPECT(tok, "hello\nworld", false, BL_HELLO, '\n', 'w', BL_OR, BL_LD);
@@ -286,11 +306,11 @@ static void test_bytelevel_pre(void **state)
         int32_t ids[5];
         size_t n;
     } cases[] = {
-        {"gpt-2", {BL_12345}, 1},              /* \p{N}+ keeps the run whole */
+        {"gpt-2", {BL_12345}, 1}, /* \p{N}+ keeps the run whole */
         {"default", {BL_12345}, 1},
         {"smollm", {'1', '2', '3', '4', '5'}, 5}, /* \p{N} first: one digit a piece */
         {"starcoder", {'1', '2', '3', '4', '5'}, 5},
-        {"llama-bpe", {BL_123, BL_45}, 2},      /* \p{N}{1,3} */
+        {"llama-bpe", {BL_123, BL_45}, 2}, /* \p{N}{1,3} */
         {"qwen2", {'1', '2', '3', '4', '5'}, 5},
     };
     for (size_t i = 0; i < FY_ARRAY_LEN(cases); i++) {
@@ -443,16 +463,39 @@ static const struct {
     const char *text;
     float score;
 } k_spm_vocab[] = {
-    {SP, -1},           {"h", -100},    {"e", -100},           {"l", -100},  {"o", -100},
-    {"w", -100},        {"r", -100},    {"d", -100},           {"he", -10},  {"ll", -5},
-    {"hell", -8},       {"hello", -9},  {SP "hello", -3},      {SP "w", -20}, {"or", -6},
-    {SP "wor", -7},     {"ld", -11},    {SP "world", -4},      {"el", -30},  {SP SP, -50},
-    {"<|im_start|>", 0}, {"<|im_end|>", 0},
+    {SP, -1},         {"h", -100},   {"e", -100},         {"l", -100},       {"o", -100},  {"w", -100},
+    {"r", -100},      {"d", -100},   {"he", -10},         {"ll", -5},        {"hell", -8}, {"hello", -9},
+    {SP "hello", -3}, {SP "w", -20}, {"or", -6},          {SP "wor", -7},    {"ld", -11},  {SP "world", -4},
+    {"el", -30},      {SP SP, -50},  {"<|im_start|>", 0}, {"<|im_end|>", 0},
 };
 enum {
-    SPM_UNK, SPM_BOS, SPM_EOS, SPM_BYTE0, SPM_SP = SPM_BYTE0 + 256, SPM_H, SPM_E, SPM_L, SPM_O, SPM_W, SPM_R,
-    SPM_D, SPM_HE, SPM_LL, SPM_HELL, SPM_HELLO, SPM_SP_HELLO, SPM_SP_W, SPM_OR, SPM_SP_WOR, SPM_LD, SPM_SP_WORLD,
-    SPM_EL, SPM_SP_SP, SPM_IM_START, SPM_IM_END, SPM_N_VOCAB
+    SPM_UNK,
+    SPM_BOS,
+    SPM_EOS,
+    SPM_BYTE0,
+    SPM_SP = SPM_BYTE0 + 256,
+    SPM_H,
+    SPM_E,
+    SPM_L,
+    SPM_O,
+    SPM_W,
+    SPM_R,
+    SPM_D,
+    SPM_HE,
+    SPM_LL,
+    SPM_HELL,
+    SPM_HELLO,
+    SPM_SP_HELLO,
+    SPM_SP_W,
+    SPM_OR,
+    SPM_SP_WOR,
+    SPM_LD,
+    SPM_SP_WORLD,
+    SPM_EL,
+    SPM_SP_SP,
+    SPM_IM_START,
+    SPM_IM_END,
+    SPM_N_VOCAB
 };
 
 static fy_gw_t *tiny_spm(const tiny_opts_t *o)
@@ -767,8 +810,8 @@ static void test_json_spm(void **state)
     assert_true(fy_tokenizer_wants_bos(tok));
     EXPECT(tok, "hi hi", false, 9, 9); /* ranks: "▁ h" before "h i" */
     EXPECT(tok, "hihi", false, 9, 10);
-    EXPECT(tok, "\xc3\xa9", false, 5, 3, 4);   /* byte fallback */
-    EXPECT(tok, "\xc3\xbc", false, 5, 3, 0);   /* no <0xBC>: unknown */
+    EXPECT(tok, "\xc3\xa9", false, 5, 3, 4); /* byte fallback */
+    EXPECT(tok, "\xc3\xbc", false, 5, 3, 0); /* no <0xBC>: unknown */
     EXPECT(tok, "<s>hi", true, 1, 9);
     const int32_t ids[] = {1, 9, 9, 5, 3, 4};
     char out[64];
@@ -1009,8 +1052,8 @@ static void test_default_model_ids(void **state)
     EXPECT(tok, "don't stop 3.14", false, 12420, 982, 2853, 216, 35, 30, 33, 36);
     EXPECT(tok, "\tTabs\tand\r\nCRLF", false, 197, 68, 7366, 197, 397, 201, 198, 9088, 60, 54);
     EXPECT(tok, "<|im_start|>user\nHi<|im_end|>", true, 1, 4093, 198, 26843, 2);
-    EXPECT(tok, "<|im_start|>user\nHi<|im_end|>", false, 44, 108, 306, 79, 3738, 108, 46, 4093, 198, 26843, 44,
-           108, 306, 79, 486, 108, 46);
+    EXPECT(tok, "<|im_start|>user\nHi<|im_end|>", false, 44, 108, 306, 79, 3738, 108, 46, 4093, 198, 26843, 44, 108,
+           306, 79, 486, 108, 46);
     /* bytes SmolLM2 has no token for become U+FFFD (llama.cpp does the same) */
     EXPECT(tok, "\xff\xfe", false, 24211, 24211);
     fy_tokenizer_destroy(tok);
@@ -1029,10 +1072,11 @@ static void test_default_model_round_trip(void **state)
 static char *make_english(size_t len, uint64_t seed)
 {
     static const char *const words[] = {
-        "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "inference", "prefill", "decode",
-        "tokens", "and", "of", "to", "in", "is", "that", "for", "it", "with", "as", "was", "on", "be",
-        "Transformer", "attention", "cache", "blocks", "were", "moved", "between", "machines", "quickly",
-        "2024", "GPU", "latency", "throughput", "(see", "below)", "\"quoted\"", "it's", "we'll"};
+        "the",     "quick",      "brown",  "fox",    "jumps",      "over",     "lazy",    "dog",         "inference",
+        "prefill", "decode",     "tokens", "and",    "of",         "to",       "in",      "is",          "that",
+        "for",     "it",         "with",   "as",     "was",        "on",       "be",      "Transformer", "attention",
+        "cache",   "blocks",     "were",   "moved",  "between",    "machines", "quickly", "2024",        "GPU",
+        "latency", "throughput", "(see",   "below)", "\"quoted\"", "it's",     "we'll"};
     char *text = fy_malloc(len + 32);
     assert_non_null(text);
     size_t n = 0;

@@ -25,7 +25,9 @@
 
 #define PROTOCOL_MD "docs/protocol.md"
 #define WIRE_DICT "tests/fuzz/wire.dict"
-#define REF_BEGIN "<!-- wire-reference: generated from common/wire.c by `build/release/tests/test_wire --write-reference docs/protocol.md`; do not edit -->"
+#define REF_BEGIN                                                                                                      \
+    "<!-- wire-reference: generated from common/wire.c by `build/release/tests/test_wire --write-reference "           \
+    "docs/protocol.md`; do not edit -->"
 #define REF_END "<!-- end of wire-reference -->"
 
 static const fy_wire_lim_t *LIM = &fy_test_wire_lim;
@@ -473,9 +475,9 @@ typedef struct mutation {
     mut_kind_t kind;
     void (*pack)(msgpack_packer *pk, const struct mutation *mu); /* MUT_VALUE */
     const fy_wire_field_t *f;
-    int64_t i;    /* an integer to pack */
-    double d;     /* a float */
-    int64_t n;    /* entries or bytes */
+    int64_t i; /* an integer to pack */
+    double d;  /* a float */
+    int64_t n; /* entries or bytes */
 } mutation_t;
 
 static bool key_eq(const msgpack_object *k, const char *s)
@@ -555,8 +557,9 @@ static void expect_refused(const fy_wire_schema_t *s, const mutation_t *mu, cons
     fy_status_t st = read_msg(s, sb.data, sb.size, LIM, m, &r);
     char quoted[80];
     snprintf(quoted, sizeof(quoted), "'%s'", mu->name);
-    if (st == FY_OK) fail_msg("%s: %s %s%s%s was accepted", fy_wire_name(s), what, mu->parent ? mu->parent : "",
-                              mu->parent ? "." : "", mu->name);
+    if (st == FY_OK)
+        fail_msg("%s: %s %s%s%s was accepted", fy_wire_name(s), what, mu->parent ? mu->parent : "",
+                 mu->parent ? "." : "", mu->name);
     if (st != FY_ERR_FORMAT || !strstr(r.err, quoted))
         fail_msg("%s: %s '%s': %s '%s' does not name the field", fy_wire_name(s), what, mu->name, fy_status_str(st),
                  r.err);
@@ -670,11 +673,16 @@ static void test_refusals(void **state)
                     checked++;
                 }
                 mu.pack = pack_array, mu.n = 1;
-                if (f->type == FY_WIRE_INTS && f->ihi < INT32_MAX) mu.i = f->ihi + 1;
-                else if (f->type == FY_WIRE_INTS && f->ilo > INT32_MIN) mu.i = f->ilo - 1;
-                else if (f->type == FY_WIRE_UINTS) mu.i = -1;
-                else if (f->type == FY_WIRE_STRS) mu.i = f->len + 1;
-                else break;
+                if (f->type == FY_WIRE_INTS && f->ihi < INT32_MAX)
+                    mu.i = f->ihi + 1;
+                else if (f->type == FY_WIRE_INTS && f->ilo > INT32_MIN)
+                    mu.i = f->ilo - 1;
+                else if (f->type == FY_WIRE_UINTS)
+                    mu.i = -1;
+                else if (f->type == FY_WIRE_STRS)
+                    mu.i = f->len + 1;
+                else
+                    break;
                 expect_refused(s, &mu, "an entry out of range in");
                 checked++;
                 if (f->type == FY_WIRE_STRS) {
@@ -722,10 +730,16 @@ static void expect_rule(const fy_wire_schema_t *s, void (*edit)(void *m), const 
     fy_free(m);
 }
 
-static void both_prompts(void *p) { ((fy_wire_generate_t *)p)->prompt = "x", ((fy_wire_generate_t *)p)->prompt_len = 1; }
+static void both_prompts(void *p)
+{
+    ((fy_wire_generate_t *)p)->prompt = "x", ((fy_wire_generate_t *)p)->prompt_len = 1;
+}
 static void no_prompt(void *p) { ((fy_wire_generate_t *)p)->has_tokens = false; }
 static void no_tokens(void *p) { ((fy_wire_reserve_t *)p)->n_tokens = 0; }
-static void prefill_no_tokens(void *p) { ((fy_wire_prefill_t *)p)->n_tokens = 0, ((fy_wire_prefill_t *)p)->n_blocks = 0; }
+static void prefill_no_tokens(void *p)
+{
+    ((fy_wire_prefill_t *)p)->n_tokens = 0, ((fy_wire_prefill_t *)p)->n_blocks = 0;
+}
 static void prefill_one_block_less(void *p) { ((fy_wire_prefill_t *)p)->n_blocks = 1; }
 static void prefill_first_past_end(void *p) { ((fy_wire_prefill_t *)p)->first_block = 3; }
 static void prefill_block_too_many(void *p)
@@ -748,7 +762,8 @@ static void test_cross_field_rules(void **state)
     expect_rule(&fy_wire_reserve_schema, no_tokens, LIM, "field 'tokens' is empty");
     expect_rule(&fy_wire_cmd_generate_schema, no_tokens, LIM, "field 'tokens' is empty");
     expect_rule(&fy_wire_prefill_schema, prefill_no_tokens, LIM, "field 'tokens' is empty");
-    expect_rule(&fy_wire_prefill_schema, prefill_one_block_less, LIM, "1 destination blocks from block 1 for a prompt of 3 blocks");
+    expect_rule(&fy_wire_prefill_schema, prefill_one_block_less, LIM,
+                "1 destination blocks from block 1 for a prompt of 3 blocks");
     expect_rule(&fy_wire_prefill_schema, prefill_first_past_end, LIM, "from block 3 for a prompt of 3 blocks");
     expect_rule(&fy_wire_prefill_schema, prefill_block_too_many, LIM, "field 'blocks' has 4 entries; at most 3");
     expect_rule(&fy_wire_reserved_schema, reserved_one_block_less, LIM, "1 blocks from block 1 for a 3-block prompt");
@@ -943,10 +958,13 @@ static void test_schema_sanity(void **state)
                 bool zero_ok = (f->type != FY_WIRE_INT || (f->ilo <= 0 && f->ihi >= 0)) &&
                                (f->type != FY_WIRE_UINT || f->ulo == 0) &&
                                (f->type != FY_WIRE_FLOAT || (f->dlo <= 0 && f->dhi >= 0));
-                if (!zero_ok) fail_msg("%s: optional '%s' is written always and 0 is out of its range", fy_wire_name(s), f->name);
+                if (!zero_ok)
+                    fail_msg("%s: optional '%s' is written always and 0 is out of its range", fy_wire_name(s), f->name);
             }
-            if (f->required && strcmp(f->put, "always")) fail_msg("%s: required '%s' is not always written", fy_wire_name(s), f->name);
-            if (f->type == FY_WIRE_STR && f->cap >= 512) fail_msg("%s: '%s' is longer than wire.c's preset buffer", fy_wire_name(s), f->name);
+            if (f->required && strcmp(f->put, "always"))
+                fail_msg("%s: required '%s' is not always written", fy_wire_name(s), f->name);
+            if (f->type == FY_WIRE_STR && f->cap >= 512)
+                fail_msg("%s: '%s' is longer than wire.c's preset buffer", fy_wire_name(s), f->name);
         }
     }
     /* the refused-message counts are named as envelope.c names the faults */
@@ -988,35 +1006,47 @@ static void sb_add(sb_t *b, const char *fmt, ...)
 
 static void fmt_int(char *out, size_t cap, int64_t v)
 {
-    if (v == INT64_MAX) snprintf(out, cap, "2^63-1");
-    else if (v == INT64_MIN) snprintf(out, cap, "-2^63");
-    else if (v == INT32_MAX) snprintf(out, cap, "2^31-1");
-    else if (v == INT32_MIN) snprintf(out, cap, "-2^31");
-    else snprintf(out, cap, "%lld", (long long)v);
+    if (v == INT64_MAX)
+        snprintf(out, cap, "2^63-1");
+    else if (v == INT64_MIN)
+        snprintf(out, cap, "-2^63");
+    else if (v == INT32_MAX)
+        snprintf(out, cap, "2^31-1");
+    else if (v == INT32_MIN)
+        snprintf(out, cap, "-2^31");
+    else
+        snprintf(out, cap, "%lld", (long long)v);
 }
 
 static const char *type_words(fy_wire_vtype_t t)
 {
-    static const char *const w[] = {"uint", "int", "float", "bool", "str", "str or bin", "bin or str",
-                                    "[int]", "[uint]", "[float]", "[str]", "map", ""};
+    static const char *const w[] = {"uint",   "int",     "float", "bool", "str", "str or bin", "bin or str", "[int]",
+                                    "[uint]", "[float]", "[str]", "map",  ""};
     return w[t];
 }
 
 static void fmt_bytes(char *out, size_t cap, int64_t n)
 {
-    if (n >= (1 << 20) && n % (1 << 20) == 0) snprintf(out, cap, "%lld MiB", (long long)(n >> 20));
-    else if (n >= 1024 && n % 1024 == 0) snprintf(out, cap, "%lld KiB", (long long)(n >> 10));
-    else snprintf(out, cap, "%lld bytes", (long long)n);
+    if (n >= (1 << 20) && n % (1 << 20) == 0)
+        snprintf(out, cap, "%lld MiB", (long long)(n >> 20));
+    else if (n >= 1024 && n % 1024 == 0)
+        snprintf(out, cap, "%lld KiB", (long long)(n >> 10));
+    else
+        snprintf(out, cap, "%lld bytes", (long long)n);
 }
 
 static void values(sb_t *b, const fy_wire_field_t *f)
 {
     char lo[32], hi[64], n[64];
     fmt_int(lo, sizeof(lo), f->ilo);
-    if (f->bound) snprintf(hi, sizeof(hi), "%s", f->bound);
-    else fmt_int(hi, sizeof(hi), f->ihi);
-    if (f->cap_bound) snprintf(n, sizeof(n), "%s", f->cap_bound);
-    else snprintf(n, sizeof(n), "%lld", (long long)f->cap);
+    if (f->bound)
+        snprintf(hi, sizeof(hi), "%s", f->bound);
+    else
+        fmt_int(hi, sizeof(hi), f->ihi);
+    if (f->cap_bound)
+        snprintf(n, sizeof(n), "%s", f->cap_bound);
+    else
+        snprintf(n, sizeof(n), "%lld", (long long)f->cap);
     switch (f->type) {
     case FY_WIRE_UINT:
         snprintf(lo, sizeof(lo), "%llu", (unsigned long long)f->ulo);
@@ -1101,7 +1131,9 @@ static void test_protocol_md(void **state)
     if (!doc) fail_msg("cannot read %s (run the tests from the repository's root)", PROTOCOL_MD);
     /* every message type, in the prose (before the generated tables) too */
     char *ref = strstr(doc, REF_BEGIN);
-    if (!ref) fail_msg("%s has no generated reference: run build/release/tests/test_wire --write-reference %s", PROTOCOL_MD, PROTOCOL_MD);
+    if (!ref)
+        fail_msg("%s has no generated reference: run build/release/tests/test_wire --write-reference %s", PROTOCOL_MD,
+                 PROTOCOL_MD);
     *ref = 0;
     for (int32_t i = 0; i < fy_wire_n_all; i++) {
         char a[64], b[64];
@@ -1186,18 +1218,12 @@ int main(int argc, char **argv)
         return 0;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip),
-        cmocka_unit_test(test_round_trip_variants),
-        cmocka_unit_test(test_bytes_unchanged),
-        cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_refusal_in_genspec),
-        cmocka_unit_test(test_cross_field_rules),
-        cmocka_unit_test(test_reader_bounds),
-        cmocka_unit_test(test_presets_kept),
-        cmocka_unit_test(test_alloc_failure),
-        cmocka_unit_test(test_schema_sanity),
-        cmocka_unit_test(test_protocol_md),
-        cmocka_unit_test(test_fuzz_dict),
+        cmocka_unit_test(test_round_trip),         cmocka_unit_test(test_round_trip_variants),
+        cmocka_unit_test(test_bytes_unchanged),    cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_refusal_in_genspec), cmocka_unit_test(test_cross_field_rules),
+        cmocka_unit_test(test_reader_bounds),      cmocka_unit_test(test_presets_kept),
+        cmocka_unit_test(test_alloc_failure),      cmocka_unit_test(test_schema_sanity),
+        cmocka_unit_test(test_protocol_md),        cmocka_unit_test(test_fuzz_dict),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -143,7 +143,11 @@ typedef struct side {
 
 static fy_xfer_layout_t small_layout(int32_t block_size)
 {
-    fy_xfer_layout_t l = {.dtype = 1, .block_size = block_size, .n_layers = 2, .n_kv_heads = 2, .head_dim = 16,
+    fy_xfer_layout_t l = {.dtype = 1,
+                          .block_size = block_size,
+                          .n_layers = 2,
+                          .n_kv_heads = 2,
+                          .head_dim = 16,
                           .order = FY_XFER_ORDER_BLOCK_MAJOR};
     snprintf(l.model_id, sizeof(l.model_id), "tiny-test-model/0123abcd");
     l.block_bytes = (uint64_t)2 * l.n_layers * l.n_kv_heads * (uint64_t)block_size * l.head_dim * 2;
@@ -165,8 +169,8 @@ static void side_open_as(side_t *s, const fy_xfer_layout_t *l, int32_t n_blocks,
         s->arena = fy_aligned_alloc(4096, s->bytes);
         assert_non_null(s->arena);
     }
-    fy_xfer_params_t p = {.layout = *l, .arena = s->arena, .arena_bytes = s->bytes, .transports = tls,
-                          .connect_timeout_s = 5};
+    fy_xfer_params_t p = {
+        .layout = *l, .arena = s->arena, .arena_bytes = s->bytes, .transports = tls, .connect_timeout_s = 5};
     if (tls && !strcmp(tls, "sm")) p.err_mode = FY_XFER_ERRMODE_NONE;
     fy_status_t st = fy_xfer_create(&p, &s->x);
     if (st != FY_OK) fail_msg("fy_xfer_create(%s): %s", tls ? tls : "default", fy_status_str(st));
@@ -458,7 +462,7 @@ static void test_layout_diff(void **state)
     assert_string_equal(r2.message, "no");
     for (size_t n = 0; n < sizeof(rw); n++) assert_int_not_equal(fy_xfer_reply_unpack(rw, n, &r2), FY_OK);
     assert_int_not_equal(fy_xfer_reply_unpack(hw, sizeof(hw), &r2), FY_OK); /* a hello is not a reply */
-    memset(rw + 16 + FY_XFER_LAYOUT_WIRE_LEN, 'x', FY_XFER_MSG_LEN);   /* unterminated message */
+    memset(rw + 16 + FY_XFER_LAYOUT_WIRE_LEN, 'x', FY_XFER_MSG_LEN);        /* unterminated message */
     assert_int_equal(fy_xfer_reply_unpack(rw, sizeof(rw), &r2), FY_ERR_FORMAT);
     log_end();
 }
@@ -682,13 +686,13 @@ static void test_handshake_timeout(void **state)
     ucp_context_h ctx;
     assert_int_equal(ucp_init(&up, cfg, &ctx), UCS_OK);
     ucp_config_release(cfg);
-    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE, .thread_mode = UCS_THREAD_MODE_SINGLE};
     ucp_worker_h w;
     assert_int_equal(ucp_worker_create(ctx, &wp, &w), UCS_OK);
     static uint8_t mem[4 * 4096];
     ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
-                               .address = mem, .length = sizeof(mem)};
+                               .address = mem,
+                               .length = sizeof(mem)};
     ucp_mem_h memh;
     assert_int_equal(ucp_mem_map(ctx, &mp, &memh), UCS_OK);
     void *rkey;
@@ -696,17 +700,22 @@ static void test_handshake_timeout(void **state)
     ucp_address_t *addr;
     assert_int_equal(ucp_rkey_pack(ctx, memh, &rkey, &rkey_len), UCS_OK);
     assert_int_equal(ucp_worker_get_address(w, &addr, &addr_len), UCS_OK);
-    fy_xfer_target_t t = {.addr = (const uint8_t *)addr, .addr_len = (uint32_t)addr_len, .rkey = rkey,
-                          .rkey_len = (uint32_t)rkey_len, .arena_base = (uint64_t)(uintptr_t)mem,
-                          .arena_bytes = sizeof(mem), .block_bytes = 4096, .name = "silent-target"};
+    fy_xfer_target_t t = {.addr = (const uint8_t *)addr,
+                          .addr_len = (uint32_t)addr_len,
+                          .rkey = rkey,
+                          .rkey_len = (uint32_t)rkey_len,
+                          .arena_base = (uint64_t)(uintptr_t)mem,
+                          .arena_bytes = sizeof(mem),
+                          .block_bytes = 4096,
+                          .name = "silent-target"};
     uint8_t *blob;
     size_t len;
     assert_int_equal(fy_xfer_blob_build(&t, &blob, &len), FY_OK);
 
     fy_xfer_layout_t l = small_layout(16);
     uint8_t *arena = fy_aligned_alloc(4096, 4 * l.block_bytes);
-    fy_xfer_params_t p = {.layout = l, .arena = arena, .arena_bytes = 4 * l.block_bytes, .transports = "tcp",
-                          .connect_timeout_s = 0.5};
+    fy_xfer_params_t p = {
+        .layout = l, .arena = arena, .arena_bytes = 4 * l.block_bytes, .transports = "tcp", .connect_timeout_s = 0.5};
     fy_xfer_t *x;
     assert_int_equal(fy_xfer_create(&p, &x), FY_OK);
     done_t d;
@@ -949,8 +958,12 @@ static void test_listens_where_told(void **state)
             s->own = true;
             s->arena = fy_aligned_alloc(4096, s->bytes);
             memset(s->arena, k ? 0 : 0x3C, s->bytes);
-            fy_xfer_params_t p = {.layout = l, .arena = s->arena, .arena_bytes = s->bytes, .transports = "tcp",
-                                  .net_devices = bound ? devs : NULL, .connect_timeout_s = 5};
+            fy_xfer_params_t p = {.layout = l,
+                                  .arena = s->arena,
+                                  .arena_bytes = s->bytes,
+                                  .transports = "tcp",
+                                  .net_devices = bound ? devs : NULL,
+                                  .connect_timeout_s = 5};
             assert_int_equal(fy_xfer_create(&p, &s->x), FY_OK);
         }
         int n = listening_addrs(addrs, 64);

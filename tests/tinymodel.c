@@ -16,8 +16,16 @@
 
 void fy_tiny_cfg_default(fy_tiny_cfg_t *c)
 {
-    *c = (fy_tiny_cfg_t){.n_layers = 2, .dim = 64, .n_heads = 4, .n_kv_heads = 2, .ffn = 96, .max_ctx = 256,
-                         .theta = 10000.0f, .eps = 1e-5f, .tied = false, .seed = 42};
+    *c = (fy_tiny_cfg_t){.n_layers = 2,
+                         .dim = 64,
+                         .n_heads = 4,
+                         .n_kv_heads = 2,
+                         .ffn = 96,
+                         .max_ctx = 256,
+                         .theta = 10000.0f,
+                         .eps = 1e-5f,
+                         .tied = false,
+                         .seed = 42};
 }
 
 static float *rand_mat(uint64_t *s, long n, float scale)
@@ -301,15 +309,15 @@ static bool write_tokenizer_json(const fy_tiny_model_t *m, const char *path)
     json_t *added = json_array();
     for (int i = 0; i < N_SPECIAL; i++) {
         json_object_set_new(vocab, g_specials[i], json_integer(256 + i));
-        json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", 256 + i, "content",
-                                               g_specials[i], "single_word", 0, "lstrip", 0, "rstrip", 0,
-                                               "normalized", 0, "special", 1));
+        json_array_append_new(added,
+                              json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", 256 + i, "content", g_specials[i],
+                                        "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", 0, "special", 1));
     }
-    json_t *root = json_pack(
-        "{s:s, s:o, s:n, s:{s:s, s:b, s:b, s:b}, s:{s:s, s:b, s:b, s:b}, s:{s:s, s:o, s:[]}}", "version", "1.0",
-        "added_tokens", added, "normalizer", "pre_tokenizer", "type", "ByteLevel", "add_prefix_space", 0,
-        "trim_offsets", 1, "use_regex", 1, "decoder", "type", "ByteLevel", "add_prefix_space", 1, "trim_offsets",
-        1, "use_regex", 1, "model", "type", "BPE", "vocab", vocab, "merges");
+    json_t *root =
+        json_pack("{s:s, s:o, s:n, s:{s:s, s:b, s:b, s:b}, s:{s:s, s:b, s:b, s:b}, s:{s:s, s:o, s:[]}}", "version",
+                  "1.0", "added_tokens", added, "normalizer", "pre_tokenizer", "type", "ByteLevel", "add_prefix_space",
+                  0, "trim_offsets", 1, "use_regex", 1, "decoder", "type", "ByteLevel", "add_prefix_space", 1,
+                  "trim_offsets", 1, "use_regex", 1, "model", "type", "BPE", "vocab", vocab, "merges");
     if (!root) return false;
     int rc = json_dump_file(root, path, JSON_INDENT(1));
     json_decref(root);
@@ -323,12 +331,12 @@ bool fy_tiny_write_hf(const fy_tiny_model_t *m, const char *dir, const char *dty
     int D = c->dim, hd = m->head_dim, F = c->ffn;
     mkdir(dir, 0755);
     char path[1024];
-    json_t *cfg = json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:b, s:i, s:i}",
-                            "architectures", "LlamaForCausalLM", "model_type", "llama", "hidden_size", D,
-                            "intermediate_size", F, "num_hidden_layers", c->n_layers, "num_attention_heads",
-                            c->n_heads, "num_key_value_heads", c->n_kv_heads, "vocab_size", m->vocab,
-                            "max_position_embeddings", c->max_ctx, "rope_theta", (double)c->theta, "rms_norm_eps",
-                            (double)c->eps, "tie_word_embeddings", c->tied, "bos_token_id", 257, "eos_token_id", 258);
+    json_t *cfg = json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:b, s:i, s:i}", "architectures",
+                            "LlamaForCausalLM", "model_type", "llama", "hidden_size", D, "intermediate_size", F,
+                            "num_hidden_layers", c->n_layers, "num_attention_heads", c->n_heads, "num_key_value_heads",
+                            c->n_kv_heads, "vocab_size", m->vocab, "max_position_embeddings", c->max_ctx, "rope_theta",
+                            (double)c->theta, "rms_norm_eps", (double)c->eps, "tie_word_embeddings", c->tied,
+                            "bos_token_id", 257, "eos_token_id", 258);
     snprintf(path, sizeof(path), "%s/config.json", dir);
     if (!cfg || json_dump_file(cfg, path, JSON_INDENT(1))) return false;
     json_decref(cfg);
@@ -338,7 +346,8 @@ bool fy_tiny_write_hf(const fy_tiny_model_t *m, const char *dir, const char *dty
     int n = 0, cap = 3 + 9 * c->n_layers;
     st_entry_t *e = calloc((size_t)cap, sizeof(*e));
     if (!e) abort();
-#define ADD(nm, d, r, cl) (snprintf(e[n].name, sizeof(e[n].name), "%s", nm), e[n].data = d, e[n].rows = r, e[n].cols = cl, n++)
+#define ADD(nm, d, r, cl)                                                                                              \
+    (snprintf(e[n].name, sizeof(e[n].name), "%s", nm), e[n].data = d, e[n].rows = r, e[n].cols = cl, n++)
     ADD("model.embed_tokens.weight", m->embd, m->vocab, D);
     ADD("model.norm.weight", m->out_norm, 0, D);
     if (!c->tied) ADD("lm_head.weight", m->output, m->vocab, D);

@@ -226,17 +226,15 @@ void fy_test_wire_example(const fy_wire_schema_t *s, void *p)
         *(fy_wire_ack_t *)p = (fy_wire_ack_t){.ev = ev("prefill-0", 12, 7)};
     } else if (s == &fy_wire_prefilled_schema) {
         fy_wire_prefilled_t *m = p;
-        *m = (fy_wire_prefilled_t){.ev = ev("prefill-0", 0, 7),
-                                   .attempt = 1,
-                                   .first_token = 42,
-                                   .logprob = -0.25,
-                                   .n_rng = 4,
-                                   .cached = 16,
-                                   .timings = {.queue_s = 0.001,
-                                               .compute_s = 0.01,
-                                               .transfer_tail_s = 0.002,
-                                               .transfer_s = 0.008,
-                                               .bytes = 3 << 16}};
+        *m = (fy_wire_prefilled_t){
+            .ev = ev("prefill-0", 0, 7),
+            .attempt = 1,
+            .first_token = 42,
+            .logprob = -0.25,
+            .n_rng = 4,
+            .cached = 16,
+            .timings = {
+                .queue_s = 0.001, .compute_s = 0.01, .transfer_tail_s = 0.002, .transfer_s = 0.008, .bytes = 3 << 16}};
         memcpy(m->rng, g_rng, sizeof(m->rng));
     } else if (s == &fy_wire_token_schema) {
         *(fy_wire_token_t *)p = (fy_wire_token_t){.ev = ev("decode-0", 0, 7),
@@ -248,16 +246,12 @@ void fy_test_wire_example(const fy_wire_schema_t *s, void *p)
                                                   .logprob = -0.125};
     } else if (s == &fy_wire_finish_schema) {
         fy_wire_finish_t *m = p;
-        *m = (fy_wire_finish_t){.ev = ev("decode-0", 0, 7),
-                                .text = "ld",
-                                .text_len = 2,
-                                .n = 4,
-                                .timings = {.e2e_s = 1.5,
-                                            .n_generated = 4,
-                                            .n_preempted = 1,
-                                            .n_cached = 16,
-                                            .itl_s = g_itl,
-                                            .n_itl = 3}};
+        *m = (fy_wire_finish_t){
+            .ev = ev("decode-0", 0, 7),
+            .text = "ld",
+            .text_len = 2,
+            .n = 4,
+            .timings = {.e2e_s = 1.5, .n_generated = 4, .n_preempted = 1, .n_cached = 16, .itl_s = g_itl, .n_itl = 3}};
         snprintf(m->reason, sizeof(m->reason), "stop");
     } else if (s == &fy_wire_lease_expired_schema) {
         *(fy_wire_lease_expired_t *)p = (fy_wire_lease_expired_t){.ev = ev("decode-0", 0, 7), .lease = 5};

@@ -94,7 +94,7 @@ typedef struct http_res {
     bool refused; /* connect failed */
     bool cut;     /* the connection ended mid-answer */
     bool timed_out;
-    char *body;   /* NUL-terminated, fy_free */
+    char *body; /* NUL-terminated, fy_free */
     size_t len;
     double t_first; /* first byte of the answer (mono) */
 } http_res_t;
@@ -111,8 +111,8 @@ static void http_do(int port, const char *method, const char *path, const char *
         res->refused = true;
         return;
     }
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in a = {
+        .sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
         res->refused = true;
         close(fd);
@@ -198,7 +198,7 @@ typedef struct chaos {
     pthread_cond_t cv;
     bool paused, stop;
     int in_flight;
-    int round_kind; /* what the current round is; -1 before the first */
+    int round_kind;                             /* what the current round is; -1 before the first */
     uint64_t outcomes[N_KINDS + 1][N_OUTCOMES]; /* [N_KINDS]: before the first fault */
     uint64_t requests;
     pthread_t threads[MAX_CLIENTS];
@@ -239,7 +239,8 @@ static int free_ports(int count)
         bool ok = base + count < 65536;
         for (int i = 1; ok && i < count; i++) {
             int f2 = socket(AF_INET, SOCK_STREAM, 0);
-            struct sockaddr_in b = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(base + i)),
+            struct sockaddr_in b = {.sin_family = AF_INET,
+                                    .sin_port = htons((uint16_t)(base + i)),
                                     .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
             ok = f2 >= 0 && bind(f2, (struct sockaddr *)&b, sizeof(b)) == 0;
             if (f2 >= 0) close(f2);
@@ -327,8 +328,8 @@ static bool start_cluster(chaos_t *c)
         _exit(127);
     }
     c->serve = pid;
-    fprintf(stderr, "ferry: chaos: cluster in %s (%d prefill, %d decode), HTTP on 127.0.0.1:%d, serve pid %d\n",
-            c->dir, c->n_prefill, c->n_decode, c->http_port, (int)pid);
+    fprintf(stderr, "ferry: chaos: cluster in %s (%d prefill, %d decode), HTTP on 127.0.0.1:%d, serve pid %d\n", c->dir,
+            c->n_prefill, c->n_decode, c->http_port, (int)pid);
     return true;
 }
 
@@ -364,7 +365,8 @@ static bool children_running(chaos_t *c, pid_t gone)
         ok = json_is_array(kids) && json_array_size(kids) > 0;
         size_t i;
         json_t *k;
-        json_array_foreach(kids, i, k) {
+        json_array_foreach(kids, i, k)
+        {
             const char *state = json_string_value(json_object_get(k, "state"));
             ok &= state && !strcmp(state, "running");
             if (gone > 0) ok &= json_integer_value(json_object_get(k, "pid")) != gone;
@@ -380,7 +382,7 @@ static bool children_running(chaos_t *c, pid_t gone)
  * worker. */
 typedef struct watch {
     chaos_t *c;
-    pid_t gone; /* the killed process; 0 for a stop */
+    pid_t gone;                            /* the killed process; 0 for a stop */
     double t_fault, deadline, t_recovered; /* t_recovered 0: not within the deadline */
     pthread_t t;
     bool running;
@@ -523,8 +525,8 @@ static uint64_t rng_next(uint64_t *s)
     return *s;
 }
 
-static const char *const WORDS[] = {"river", "stone", "light", "engine", "paper", "cloud", "garden", "signal",
-                                    "market", "window", "winter", "copper", "forest", "bridge", "orbit", "letter"};
+static const char *const WORDS[] = {"river",  "stone",  "light",  "engine", "paper",  "cloud",  "garden", "signal",
+                                    "market", "window", "winter", "copper", "forest", "bridge", "orbit",  "letter"};
 
 static char *make_body(uint64_t *rng, bool stream, int max_tokens)
 {
@@ -681,7 +683,9 @@ static void round_run(chaos_t *c, int r, int kind, uint64_t *rng)
     case K_KILL_PREFILL:
     case K_KILL_DECODE:
     case K_KILL_ROUTER: {
-        const char *exe = kind == K_KILL_PREFILL ? "ferry-prefill" : kind == K_KILL_DECODE ? "ferry-decode" : "ferry-router";
+        const char *exe = kind == K_KILL_PREFILL  ? "ferry-prefill"
+                          : kind == K_KILL_DECODE ? "ferry-decode"
+                                                  : "ferry-router";
         double t = now_s();
         if (signal_child(c, exe, victim, SIGKILL, &pid)) watch_start(c, &w, pid, t);
         break;
@@ -692,8 +696,10 @@ static void round_run(chaos_t *c, int r, int kind, uint64_t *rng)
         int n = 0;
         for (int i = 0; i < BURST; i++) {
             b[i] = (burst_arg_t){.c = c, .rng = rng_next(rng) | 1};
-            if (!pthread_create(&t[i], NULL, burst_main, &b[i])) n++;
-            else break;
+            if (!pthread_create(&t[i], NULL, burst_main, &b[i]))
+                n++;
+            else
+                break;
         }
         /* the burst is streaming (or has ended) before the kill */
         double until = now_s() + 30;
@@ -726,8 +732,10 @@ static void round_run(chaos_t *c, int r, int kind, uint64_t *rng)
     if (w.running) pthread_join(w.t, NULL);
     bool up = w.t_recovered > 0;
     double rec = up ? w.t_recovered - w.t_fault : c->recover_s;
-    if (!up) fail(c, "round %d (%s): not healthy %.0f s after the fault", r, KIND_NAMES[kind], c->recover_s);
-    else if (c->n_recover < (int)(sizeof(c->recover) / sizeof(c->recover[0]))) c->recover[c->n_recover++] = rec;
+    if (!up)
+        fail(c, "round %d (%s): not healthy %.0f s after the fault", r, KIND_NAMES[kind], c->recover_s);
+    else if (c->n_recover < (int)(sizeof(c->recover) / sizeof(c->recover[0])))
+        c->recover[c->n_recover++] = rec;
     /* a lease whose router died is held until it expires; sequences whose
      * client is gone end within the request bound */
     bool back = up && blocks_back(c, c->lease_s + 20);
@@ -750,7 +758,8 @@ static void summary(chaos_t *c, double wall)
         if (c->recover[i] > mx) mx = c->recover[i];
     }
     printf("chaos: %d rounds, %llu requests in %.0f s: ", c->rounds, (unsigned long long)c->requests, wall);
-    for (int o = 0; o < N_OUTCOMES; o++) printf("%s%s %llu", o ? ", " : "", OUTCOME_NAMES[o], (unsigned long long)tot[o]);
+    for (int o = 0; o < N_OUTCOMES; o++)
+        printf("%s%s %llu", o ? ", " : "", OUTCOME_NAMES[o], (unsigned long long)tot[o]);
     printf("\nchaos: healthy again after mean %.2f s, max %.2f s; blocks leaked %lld; %s\n",
            c->n_recover ? sum / c->n_recover : 0, mx, (long long)c->leaked_blocks,
            c->failures ? c->first_failure : "every check passed");
@@ -769,7 +778,8 @@ static void summary(chaos_t *c, double wall)
     json_object_set_new(j, "wall_s", json_real(wall));
     for (int k = 0; k <= N_KINDS; k++) {
         json_t *row = json_object();
-        for (int o = 0; o < N_OUTCOMES; o++) json_object_set_new(row, OUTCOME_NAMES[o], json_integer((json_int_t)c->outcomes[k][o]));
+        for (int o = 0; o < N_OUTCOMES; o++)
+            json_object_set_new(row, OUTCOME_NAMES[o], json_integer((json_int_t)c->outcomes[k][o]));
         json_object_set_new(by, k == N_KINDS ? "start-up" : KIND_NAMES[k], row);
     }
     json_object_set_new(j, "outcomes", by);
@@ -778,28 +788,30 @@ static void summary(chaos_t *c, double wall)
     json_object_set_new(j, "leaked_blocks", json_integer(c->leaked_blocks));
     json_object_set_new(j, "failures", json_integer(c->failures));
     json_object_set_new(j, "first_failure", json_string(c->first_failure));
-    if (json_dump_file(j, c->json_path, JSON_INDENT(2))) fprintf(stderr, "ferry: chaos: cannot write %s\n", c->json_path);
+    if (json_dump_file(j, c->json_path, JSON_INDENT(2)))
+        fprintf(stderr, "ferry: chaos: cannot write %s\n", c->json_path);
     json_decref(j);
 }
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: ferry chaos [-c CONFIG] [--rounds N] [--clients N] [--seed S] [--set section.key=value]...\n"
-               "                   [--recover S] [--request-timeout S] [--stop S] [--load S] [--json FILE] [-v]\n"
-               "  kill a local cluster's processes under load, round after round, and check that every request\n"
-               "  ends, the cluster recovers and every KV block comes back\n"
-               "  -c, --config FILE         the cluster's configuration (default configs/local.ini)\n"
-               "      --rounds N            rounds of faults (default 5)\n"
-               "  -C, --clients N           load clients, one request in flight each (default 4)\n"
-               "      --seed S              which worker each fault hits (default 1)\n"
-               "      --set SECTION.KEY=V   override a key of the configuration (repeatable)\n"
-               "      --recover S           a round fails when the cluster is not healthy S seconds after (default 60)\n"
-               "      --request-timeout S   a request still open after S seconds is hung: a failure (default 90)\n"
-               "      --stop S              how long a stopped (SIGSTOP) process stays stopped (default 4)\n"
-               "      --load S              seconds of load before each fault and after it (default 1.5)\n"
-               "      --json FILE           the outcomes as JSON\n"
-               "  -v, --verbose             a line for every request that did not end well\n"
-               "  -h, --help\n");
+    fprintf(f,
+            "usage: ferry chaos [-c CONFIG] [--rounds N] [--clients N] [--seed S] [--set section.key=value]...\n"
+            "                   [--recover S] [--request-timeout S] [--stop S] [--load S] [--json FILE] [-v]\n"
+            "  kill a local cluster's processes under load, round after round, and check that every request\n"
+            "  ends, the cluster recovers and every KV block comes back\n"
+            "  -c, --config FILE         the cluster's configuration (default configs/local.ini)\n"
+            "      --rounds N            rounds of faults (default 5)\n"
+            "  -C, --clients N           load clients, one request in flight each (default 4)\n"
+            "      --seed S              which worker each fault hits (default 1)\n"
+            "      --set SECTION.KEY=V   override a key of the configuration (repeatable)\n"
+            "      --recover S           a round fails when the cluster is not healthy S seconds after (default 60)\n"
+            "      --request-timeout S   a request still open after S seconds is hung: a failure (default 90)\n"
+            "      --stop S              how long a stopped (SIGSTOP) process stays stopped (default 4)\n"
+            "      --load S              seconds of load before each fault and after it (default 1.5)\n"
+            "      --json FILE           the outcomes as JSON\n"
+            "  -v, --verbose             a line for every request that did not end well\n"
+            "  -h, --help\n");
 }
 
 int fy_cmd_chaos(int argc, char **argv)
@@ -816,12 +828,18 @@ int fy_cmd_chaos(int argc, char **argv)
     c->seed = 1;
     c->round_kind = -1;
     static const struct option opts[] = {
-        {"config", required_argument, NULL, 'c'}, {"rounds", required_argument, NULL, 'r'},
-        {"clients", required_argument, NULL, 'C'}, {"seed", required_argument, NULL, 's'},
-        {"set", required_argument, NULL, 'S'},     {"recover", required_argument, NULL, 'R'},
-        {"request-timeout", required_argument, NULL, 'T'}, {"stop", required_argument, NULL, 'P'},
-        {"load", required_argument, NULL, 'L'},    {"json", required_argument, NULL, 'j'},
-        {"verbose", no_argument, NULL, 'v'},       {"help", no_argument, NULL, 'h'},
+        {"config", required_argument, NULL, 'c'},
+        {"rounds", required_argument, NULL, 'r'},
+        {"clients", required_argument, NULL, 'C'},
+        {"seed", required_argument, NULL, 's'},
+        {"set", required_argument, NULL, 'S'},
+        {"recover", required_argument, NULL, 'R'},
+        {"request-timeout", required_argument, NULL, 'T'},
+        {"stop", required_argument, NULL, 'P'},
+        {"load", required_argument, NULL, 'L'},
+        {"json", required_argument, NULL, 'j'},
+        {"verbose", no_argument, NULL, 'v'},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     int o;
@@ -831,9 +849,17 @@ int fy_cmd_chaos(int argc, char **argv)
     while ((o = getopt_long(argc, argv, "c:C:vh", opts, NULL)) != -1) {
         switch (o) {
         case 'c': c->config = optarg; break;
-        case 'r': if (!fy_cli_parse_int("--rounds", optarg, 1, 100000, &v)) goto bad; c->rounds = (int)v; break;
-        case 'C': if (!fy_cli_parse_int("--clients", optarg, 1, MAX_CLIENTS, &v)) goto bad; c->clients = (int)v; break;
-        case 's': if (!fy_cli_parse_u64("--seed", optarg, &c->seed)) goto bad; break;
+        case 'r':
+            if (!fy_cli_parse_int("--rounds", optarg, 1, 100000, &v)) goto bad;
+            c->rounds = (int)v;
+            break;
+        case 'C':
+            if (!fy_cli_parse_int("--clients", optarg, 1, MAX_CLIENTS, &v)) goto bad;
+            c->clients = (int)v;
+            break;
+        case 's':
+            if (!fy_cli_parse_u64("--seed", optarg, &c->seed)) goto bad;
+            break;
         case 'S':
             if (c->n_sets >= MAX_SETS - 16) {
                 fprintf(stderr, "ferry: chaos: too many --set options\n");
@@ -841,10 +867,22 @@ int fy_cmd_chaos(int argc, char **argv)
             }
             c->sets[c->n_sets++] = optarg;
             break;
-        case 'R': if (!fy_cli_parse_float("--recover", optarg, 1, 3600, &d)) goto bad; c->recover_s = d; break;
-        case 'T': if (!fy_cli_parse_float("--request-timeout", optarg, 1, 3600, &d)) goto bad; c->request_s = d; break;
-        case 'P': if (!fy_cli_parse_float("--stop", optarg, 0.1, 600, &d)) goto bad; c->stop_s = d; break;
-        case 'L': if (!fy_cli_parse_float("--load", optarg, 0, 600, &d)) goto bad; c->load_s = d; break;
+        case 'R':
+            if (!fy_cli_parse_float("--recover", optarg, 1, 3600, &d)) goto bad;
+            c->recover_s = d;
+            break;
+        case 'T':
+            if (!fy_cli_parse_float("--request-timeout", optarg, 1, 3600, &d)) goto bad;
+            c->request_s = d;
+            break;
+        case 'P':
+            if (!fy_cli_parse_float("--stop", optarg, 0.1, 600, &d)) goto bad;
+            c->stop_s = d;
+            break;
+        case 'L':
+            if (!fy_cli_parse_float("--load", optarg, 0, 600, &d)) goto bad;
+            c->load_s = d;
+            break;
         case 'j': c->json_path = optarg; break;
         case 'v': c->verbose = true; break;
         case 'h':

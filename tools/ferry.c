@@ -35,34 +35,33 @@ static void generate_usage(FILE *f)
 {
     const char *model = NULL;
     fy_conf_string(NULL, "model", "path", &model);
-    fprintf(f,
-            "usage: ferry generate [-m MODEL] (-p PROMPT | -f FILE) [options]\n"
-            "  -m, --model PATH      .gguf file or Hugging Face folder (default " FY_CLI_DEFAULT_MODEL ")\n"
-            "  -p, --prompt TEXT     the prompt\n"
-            "  -f, --file PATH       read the prompt from a file\n"
-            "  -n, --max-tokens N    tokens to generate (default 256)\n"
-            "      --temp T          temperature; 0 is greedy (default 0.8)\n"
-            "      --top-k K         keep the K most likely tokens; 0 is off (default 40)\n"
-            "      --top-p P         nucleus sampling; 1 is off (default 0.95)\n"
-            "      --min-p P         drop tokens below P times the best; 0 is off (default 0.05)\n"
-            "      --seed S          sampling seed (default: random, printed)\n"
-            "      --stop TEXT       stop when TEXT is generated (repeatable)\n"
-            "      --chat            apply the model's chat template (a user turn)\n"
-            "      --system TEXT     system message for --chat\n"
-            "      --ignore-eos      keep generating past the end-of-turn token\n"
-            "  -t, --threads N       CPU threads (default: one per core)\n"
-            "      --isa NAME        CPU kernels: auto, avx2, scalar (default auto)\n"
-            "      --device D        cpu or cuda (default cpu; cuda without a usable GPU warns and uses the cpu)\n"
-            "      --ctx N           context window (default: prompt + max tokens, at most the model's)\n"
-            "      --kv-dtype T      f16, f32, fp8 (e4m3) or int8 (default f16)\n"
-            "      --block-size B    KV block size: 8, 16, 32 (default 16)\n"
-            "      --batch N         prompt tokens per forward pass (default 512)\n"
-            "      --spec S          speculative decoding: none, ngram, draft:MODEL_FILE or self:LAYERS\n"
-            "                        (the target's first LAYERS layers as the draft; default none)\n"
-            "      --spec-k K        proposed tokens per step at most, 1-16 (default 8)\n"
-            "      --spec-ngram N    longest n-gram matched, 1-8 (default 3)\n"
-            "  -v, --verbose         more logging\n"
-            "  -h, --help            this text\n");
+    fprintf(f, "usage: ferry generate [-m MODEL] (-p PROMPT | -f FILE) [options]\n"
+               "  -m, --model PATH      .gguf file or Hugging Face folder (default " FY_CLI_DEFAULT_MODEL ")\n"
+               "  -p, --prompt TEXT     the prompt\n"
+               "  -f, --file PATH       read the prompt from a file\n"
+               "  -n, --max-tokens N    tokens to generate (default 256)\n"
+               "      --temp T          temperature; 0 is greedy (default 0.8)\n"
+               "      --top-k K         keep the K most likely tokens; 0 is off (default 40)\n"
+               "      --top-p P         nucleus sampling; 1 is off (default 0.95)\n"
+               "      --min-p P         drop tokens below P times the best; 0 is off (default 0.05)\n"
+               "      --seed S          sampling seed (default: random, printed)\n"
+               "      --stop TEXT       stop when TEXT is generated (repeatable)\n"
+               "      --chat            apply the model's chat template (a user turn)\n"
+               "      --system TEXT     system message for --chat\n"
+               "      --ignore-eos      keep generating past the end-of-turn token\n"
+               "  -t, --threads N       CPU threads (default: one per core)\n"
+               "      --isa NAME        CPU kernels: auto, avx2, scalar (default auto)\n"
+               "      --device D        cpu or cuda (default cpu; cuda without a usable GPU warns and uses the cpu)\n"
+               "      --ctx N           context window (default: prompt + max tokens, at most the model's)\n"
+               "      --kv-dtype T      f16, f32, fp8 (e4m3) or int8 (default f16)\n"
+               "      --block-size B    KV block size: 8, 16, 32 (default 16)\n"
+               "      --batch N         prompt tokens per forward pass (default 512)\n"
+               "      --spec S          speculative decoding: none, ngram, draft:MODEL_FILE or self:LAYERS\n"
+               "                        (the target's first LAYERS layers as the draft; default none)\n"
+               "      --spec-k K        proposed tokens per step at most, 1-16 (default 8)\n"
+               "      --spec-ngram N    longest n-gram matched, 1-8 (default 3)\n"
+               "  -v, --verbose         more logging\n"
+               "  -h, --help            this text\n");
 }
 
 typedef struct gen_opts {
@@ -90,8 +89,27 @@ static bool on_text(void *arg, const char *text, size_t len)
     return true;
 }
 
-enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_SEED, O_STOP, O_CHAT, O_SYSTEM, O_IGNORE_EOS, O_ISA, O_CTX,
-       O_KVD, O_BS, O_BATCH, O_SPEC, O_SPEC_K, O_SPEC_NGRAM, O_DEVICE, O_NOT_MINE };
+enum {
+    O_TEMP = 256,
+    O_TOPK,
+    O_TOPP,
+    O_MINP,
+    O_SEED,
+    O_STOP,
+    O_CHAT,
+    O_SYSTEM,
+    O_IGNORE_EOS,
+    O_ISA,
+    O_CTX,
+    O_KVD,
+    O_BS,
+    O_BATCH,
+    O_SPEC,
+    O_SPEC_K,
+    O_SPEC_NGRAM,
+    O_DEVICE,
+    O_NOT_MINE
+};
 
 /* What is generated and how it is sampled: --max-tokens, the sampler,
  * --stop, --ignore-eos, the speculation's bounds.  0 taken, 2 a bad value
@@ -200,20 +218,32 @@ static int generate_engine_opt(int c, const char *arg, gen_opts_t *o)
 static int parse_generate(int argc, char **argv, gen_opts_t *o)
 {
     static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},     {"prompt", required_argument, 0, 'p'},
-        {"file", required_argument, 0, 'f'},      {"max-tokens", required_argument, 0, 'n'},
-        {"temp", required_argument, 0, O_TEMP},   {"top-k", required_argument, 0, O_TOPK},
-        {"top-p", required_argument, 0, O_TOPP},  {"min-p", required_argument, 0, O_MINP},
-        {"seed", required_argument, 0, O_SEED},   {"stop", required_argument, 0, O_STOP},
-        {"chat", no_argument, 0, O_CHAT},         {"system", required_argument, 0, O_SYSTEM},
-        {"ignore-eos", no_argument, 0, O_IGNORE_EOS}, {"threads", required_argument, 0, 't'},
-        {"isa", required_argument, 0, O_ISA},     {"ctx", required_argument, 0, O_CTX},
+        {"model", required_argument, 0, 'm'},
+        {"prompt", required_argument, 0, 'p'},
+        {"file", required_argument, 0, 'f'},
+        {"max-tokens", required_argument, 0, 'n'},
+        {"temp", required_argument, 0, O_TEMP},
+        {"top-k", required_argument, 0, O_TOPK},
+        {"top-p", required_argument, 0, O_TOPP},
+        {"min-p", required_argument, 0, O_MINP},
+        {"seed", required_argument, 0, O_SEED},
+        {"stop", required_argument, 0, O_STOP},
+        {"chat", no_argument, 0, O_CHAT},
+        {"system", required_argument, 0, O_SYSTEM},
+        {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
+        {"threads", required_argument, 0, 't'},
+        {"isa", required_argument, 0, O_ISA},
+        {"ctx", required_argument, 0, O_CTX},
         {"device", required_argument, 0, O_DEVICE},
-        {"kv-dtype", required_argument, 0, O_KVD}, {"block-size", required_argument, 0, O_BS},
-        {"batch", required_argument, 0, O_BATCH}, {"verbose", no_argument, 0, 'v'},
-        {"spec", required_argument, 0, O_SPEC},   {"spec-k", required_argument, 0, O_SPEC_K},
+        {"kv-dtype", required_argument, 0, O_KVD},
+        {"block-size", required_argument, 0, O_BS},
+        {"batch", required_argument, 0, O_BATCH},
+        {"verbose", no_argument, 0, 'v'},
+        {"spec", required_argument, 0, O_SPEC},
+        {"spec-k", required_argument, 0, O_SPEC_K},
         {"spec-ngram", required_argument, 0, O_SPEC_NGRAM},
-        {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     const char *prompt_file = NULL;
     int c, rc;
@@ -331,8 +361,8 @@ static int cmd_generate(int argc, char **argv)
             o.block_size, rpm->n_kv_blocks);
 
     fy_gen_stats_t stats;
-    fy_status_t st = fy_generate(s.runner, s.kvm, fy_model_tokenizer(m), ids, n_ids, &o.gp, on_text, NULL, NULL, 0,
-                                 &stats);
+    fy_status_t st =
+        fy_generate(s.runner, s.kvm, fy_model_tokenizer(m), ids, n_ids, &o.gp, on_text, NULL, NULL, 0, &stats);
     printf("\n");
     fflush(stdout);
     if (st != FY_OK) goto out;
@@ -427,12 +457,18 @@ static const struct {
     const char *name;
     int (*run)(int argc, char **argv);
 } COMMANDS[] = {
-    {"generate", cmd_generate},          {"info", cmd_info},
-    {"bench", fy_cmd_bench},             {"bench-kv", fy_cmd_bench_kv},
-    {"bench-batch", fy_cmd_bench_batch}, {"bench-xfer", fy_cmd_bench_xfer},
-    {"bench-spec", fy_cmd_bench_spec},   {"bench-ttft", fy_cmd_bench_ttft},
-    {"plan", fy_cmd_plan},               {"request", fy_cmd_request},
-    {"serve", fy_cmd_serve},             {"chaos", fy_cmd_chaos},
+    {"generate", cmd_generate},
+    {"info", cmd_info},
+    {"bench", fy_cmd_bench},
+    {"bench-kv", fy_cmd_bench_kv},
+    {"bench-batch", fy_cmd_bench_batch},
+    {"bench-xfer", fy_cmd_bench_xfer},
+    {"bench-spec", fy_cmd_bench_spec},
+    {"bench-ttft", fy_cmd_bench_ttft},
+    {"plan", fy_cmd_plan},
+    {"request", fy_cmd_request},
+    {"serve", fy_cmd_serve},
+    {"chaos", fy_cmd_chaos},
     {"config", fy_cmd_config},
 };
 

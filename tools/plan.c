@@ -38,12 +38,18 @@ int fy_cmd_plan(int argc, char **argv)
     bool weights_given = false;
     enum { O_LAYERS = 256, O_HEADS, O_DIM, O_KV_MEM, O_MEM, O_WEIGHTS, O_FRACTION, O_KVD, O_BS, O_CONTEXT };
     static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},        {"layers", required_argument, 0, O_LAYERS},
-        {"kv-heads", required_argument, 0, O_HEADS}, {"head-dim", required_argument, 0, O_DIM},
-        {"kv-mem", required_argument, 0, O_KV_MEM},  {"mem", required_argument, 0, O_MEM},
-        {"weights", required_argument, 0, O_WEIGHTS}, {"mem-fraction", required_argument, 0, O_FRACTION},
-        {"kv-dtype", required_argument, 0, O_KVD},   {"block-size", required_argument, 0, O_BS},
-        {"context", required_argument, 0, O_CONTEXT}, {"help", no_argument, 0, 'h'},
+        {"model", required_argument, 0, 'm'},
+        {"layers", required_argument, 0, O_LAYERS},
+        {"kv-heads", required_argument, 0, O_HEADS},
+        {"head-dim", required_argument, 0, O_DIM},
+        {"kv-mem", required_argument, 0, O_KV_MEM},
+        {"mem", required_argument, 0, O_MEM},
+        {"weights", required_argument, 0, O_WEIGHTS},
+        {"mem-fraction", required_argument, 0, O_FRACTION},
+        {"kv-dtype", required_argument, 0, O_KVD},
+        {"block-size", required_argument, 0, O_BS},
+        {"context", required_argument, 0, O_CONTEXT},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     long l;

@@ -65,20 +65,41 @@ static int print_status(fy_client_t *c)
 int fy_cmd_request(int argc, char **argv)
 {
     enum {
-        O_CHAT = 256, O_SYSTEM, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED, O_STOP, O_IGN, O_PRIO, O_TIMEOUT, O_STATUS,
+        O_CHAT = 256,
+        O_SYSTEM,
+        O_TEMP,
+        O_TOPK,
+        O_TOPP,
+        O_MINP,
+        O_SEED,
+        O_STOP,
+        O_IGN,
+        O_PRIO,
+        O_TIMEOUT,
+        O_STATUS,
         O_SECRET
     };
     static const struct option opts[] = {
-        {"router", required_argument, 0, 'r'},   {"prompt", required_argument, 0, 'p'},
-        {"file", required_argument, 0, 'f'},     {"max-tokens", required_argument, 0, 'n'},
-        {"chat", no_argument, 0, O_CHAT},        {"system", required_argument, 0, O_SYSTEM},
-        {"temp", required_argument, 0, O_TEMP},  {"top-k", required_argument, 0, O_TOPK},
-        {"top-p", required_argument, 0, O_TOPP}, {"min-p", required_argument, 0, O_MINP},
-        {"seed", required_argument, 0, O_SEED},  {"stop", required_argument, 0, O_STOP},
-        {"ignore-eos", no_argument, 0, O_IGN},   {"priority", required_argument, 0, O_PRIO},
-        {"timeout", required_argument, 0, O_TIMEOUT}, {"status", no_argument, 0, O_STATUS},
-        {"quiet", no_argument, 0, 'q'},          {"help", no_argument, 0, 'h'},
-        {"config", required_argument, 0, 'c'},   {"secret", required_argument, 0, O_SECRET},
+        {"router", required_argument, 0, 'r'},
+        {"prompt", required_argument, 0, 'p'},
+        {"file", required_argument, 0, 'f'},
+        {"max-tokens", required_argument, 0, 'n'},
+        {"chat", no_argument, 0, O_CHAT},
+        {"system", required_argument, 0, O_SYSTEM},
+        {"temp", required_argument, 0, O_TEMP},
+        {"top-k", required_argument, 0, O_TOPK},
+        {"top-p", required_argument, 0, O_TOPP},
+        {"min-p", required_argument, 0, O_MINP},
+        {"seed", required_argument, 0, O_SEED},
+        {"stop", required_argument, 0, O_STOP},
+        {"ignore-eos", no_argument, 0, O_IGN},
+        {"priority", required_argument, 0, O_PRIO},
+        {"timeout", required_argument, 0, O_TIMEOUT},
+        {"status", no_argument, 0, O_STATUS},
+        {"quiet", no_argument, 0, 'q'},
+        {"help", no_argument, 0, 'h'},
+        {"config", required_argument, 0, 'c'},
+        {"secret", required_argument, 0, O_SECRET},
         {0, 0, 0, 0},
     };
     const char *router = NULL, *file = NULL, *secret = NULL, *config = NULL;
@@ -219,8 +240,7 @@ int fy_cmd_request(int argc, char **argv)
         fy_client_update_t upd;
         st = fy_client_poll(cl, &sm, 0.25, &upd);
         if (st) {
-            fprintf(stderr, "\nferry: request %llu: %s (%s)\n", (unsigned long long)id, upd.message,
-                    fy_status_str(st));
+            fprintf(stderr, "\nferry: request %llu: %s (%s)\n", (unsigned long long)id, upd.message, fy_status_str(st));
             rc = 1;
             break;
         }
@@ -243,8 +263,7 @@ int fy_cmd_request(int argc, char **argv)
                     "of %.3f for %.1f MB, first token %.3f), e2e %.3f s%s\n",
                     (unsigned long long)id, n_prompt, generated, upd.finish, t->ttft_s, t->queue_s, t->reserve_s,
                     t->prefill_queue_s, t->prefill_compute_s, t->cached_prefill, t->transfer_tail_s, t->transfer_s,
-                    (double)t->transfer_bytes / 1e6, t->first_token_s, t->e2e_s,
-                    t->retries ? " (retried)" : "");
+                    (double)t->transfer_bytes / 1e6, t->first_token_s, t->e2e_s, t->retries ? " (retried)" : "");
         }
         break;
     }

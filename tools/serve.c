@@ -231,10 +231,10 @@ static void on_health(void *arg, const char *path, fy_http_reply_t *reply)
         const fy_sup_info_t *k = &info[i];
         if (!reason[0] && k->state != FY_SUP_RUNNING)
             snprintf(reason, sizeof(reason), "%s: %s", k->name, fy_sup_state_str(k->state));
-        json_t *o = json_pack("{s:s, s:s, s:i, s:i, s:i, s:f, s:f, s:s}", "name", k->name, "state",
-                              fy_sup_state_str(k->state), "pid", (int)k->pid, "restarts", k->restarts,
-                              "health_kills", k->health_kills, "up_s", k->up_s, "restart_in_s", k->restart_in_s,
-                              "last_exit", k->last_exit);
+        json_t *o =
+            json_pack("{s:s, s:s, s:i, s:i, s:i, s:f, s:f, s:s}", "name", k->name, "state", fy_sup_state_str(k->state),
+                      "pid", (int)k->pid, "restarts", k->restarts, "health_kills", k->health_kills, "up_s", k->up_s,
+                      "restart_in_s", k->restart_in_s, "last_exit", k->last_exit);
         if (o) json_array_append_new(kids, o);
     }
     json_t *body = json_pack("{s:s, s:o}", "status", reason[0] ? "unavailable" : "ok", "children", kids);
@@ -266,8 +266,8 @@ static fy_status_t metrics_setup(serve_t *s)
 {
     fy_status_t st = fy_metrics_create(&s->reg);
     if (!st)
-        st = fy_metrics_gauge(s->reg, "ferry:serve_cluster_ready", "1 once every child was ready and the router saw every worker",
-                              NULL, &s->cluster_ready);
+        st = fy_metrics_gauge(s->reg, "ferry:serve_cluster_ready",
+                              "1 once every child was ready and the router saw every worker", NULL, &s->cluster_ready);
     for (int i = 0; i < s->n_children && !st; i++) {
         fy_sup_info_t k;
         fy_sup_info(s->sup, i, &k);
@@ -275,7 +275,8 @@ static fy_status_t metrics_setup(serve_t *s)
         const char *l[] = {"child", k.name, NULL};
         st = fy_metrics_gauge(s->reg, "ferry:serve_child_up", "1 while the child runs and said it is ready", l, &m->up);
         if (!st)
-            st = fy_metrics_counter(s->reg, "ferry:serve_child_restarts_total", "Restarts of the child", l, &m->restarts);
+            st = fy_metrics_counter(s->reg, "ferry:serve_child_restarts_total", "Restarts of the child", l,
+                                    &m->restarts);
         if (!st)
             st = fy_metrics_counter(s->reg, "ferry:serve_child_health_kills_total",
                                     "SIGKILLs of the child for a silent /health or a start past serve.start_timeout", l,
@@ -355,10 +356,14 @@ static int parse_serve(int argc, char **argv, serve_t *s, char **cargv, int cap,
 {
     enum { O_PROMPT = 256, O_CHAT, O_ONCE, O_SET, O_SPEC };
     static const struct option opts[] = {
-        {"config", required_argument, 0, 'c'},   {"set", required_argument, 0, O_SET},
-        {"spec", required_argument, 0, O_SPEC},  {"prompt", required_argument, 0, O_PROMPT},
-        {"chat", no_argument, 0, O_CHAT},        {"once", no_argument, 0, O_ONCE},
-        {"max-tokens", required_argument, 0, 'n'}, {"help", no_argument, 0, 'h'},
+        {"config", required_argument, 0, 'c'},
+        {"set", required_argument, 0, O_SET},
+        {"spec", required_argument, 0, O_SPEC},
+        {"prompt", required_argument, 0, O_PROMPT},
+        {"chat", no_argument, 0, O_CHAT},
+        {"once", no_argument, 0, O_ONCE},
+        {"max-tokens", required_argument, 0, 'n'},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     int cargc = 0, c;
@@ -431,15 +436,12 @@ int fy_cmd_serve(int argc, char **argv)
         fy_conf_duration(cfg, "serve", "stop_grace", &grace) ||
         fy_conf_duration(cfg, "serve", "health_timeout", &health_timeout) ||
         fy_conf_duration(cfg, "serve", "start_timeout", &start_timeout) ||
-        fy_conf_string(cfg, "serve", "metrics", &serve_metrics) ||
-        fy_conf_string(cfg, "kv", "secret_file", &secret) ||
+        fy_conf_string(cfg, "serve", "metrics", &serve_metrics) || fy_conf_string(cfg, "kv", "secret_file", &secret) ||
         fy_conf_string(cfg, "router", "listen", &router_listen) ||
-        fy_conf_string(cfg, "router", "http", &router_http) ||
-        fy_conf_string(cfg, "prefill", "listen", &p_listen) ||
-        fy_conf_string(cfg, "decode", "listen", &d_listen) ||
-        fy_conf_string(cfg, "prefill", "metrics", &p_metrics) ||
-        fy_conf_string(cfg, "decode", "metrics", &d_metrics) ||
-        fy_conf_int(cfg, "prefill", "count", &n_prefill) || fy_conf_int(cfg, "decode", "count", &n_decode))
+        fy_conf_string(cfg, "router", "http", &router_http) || fy_conf_string(cfg, "prefill", "listen", &p_listen) ||
+        fy_conf_string(cfg, "decode", "listen", &d_listen) || fy_conf_string(cfg, "prefill", "metrics", &p_metrics) ||
+        fy_conf_string(cfg, "decode", "metrics", &d_metrics) || fy_conf_int(cfg, "prefill", "count", &n_prefill) ||
+        fy_conf_int(cfg, "decode", "count", &n_decode))
         goto out;
     if (backoff_max < backoff) {
         fprintf(stderr, "ferry: serve: serve.restart_backoff_max (%g s) is below serve.restart_backoff (%g s)\n",
@@ -518,8 +520,9 @@ int fy_cmd_serve(int argc, char **argv)
         const char *mbase = role ? d_metrics : p_metrics;
         int count = role ? s.n_decode : s.n_prefill;
         if (count > 0 && !(mbase && *mbase) && health_timeout > 0)
-            fprintf(stderr, "ferry: serve: %s.metrics is empty: a wedged %s worker goes unnoticed (only its exit is "
-                            "seen)\n",
+            fprintf(stderr,
+                    "ferry: serve: %s.metrics is empty: a wedged %s worker goes unnoticed (only its exit is "
+                    "seen)\n",
                     rname, rname);
         for (int i = 0; i < count; i++) {
             snprintf(name, sizeof(name), "%s-%d", rname, i);

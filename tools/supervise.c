@@ -85,10 +85,10 @@ typedef struct child {
     int ready_fd;    /* our read end while STARTING, else -1 */
     char ready_buf[16];
     size_t ready_len;
-    bool ever_ready; /* since fy_sup_start */
+    bool ever_ready;    /* since fy_sup_start */
     bool ready_at_exit; /* its report was still in the pipe when it exited */
     /* liveness */
-    char *health_url; /* NULL: no probe */
+    char *health_url;      /* NULL: no probe */
     char health_host[300]; /* HOST:PORT, for the Host header */
     struct sockaddr_storage health_addr;
     socklen_t health_addr_len;
@@ -215,8 +215,8 @@ static int move_fd(int fd, int target)
 /* In the forked child: async-signal-safe calls only (the parent may have
  * threads).  Signals are blocked on entry.  readyfd (or -1) is the one
  * descriptor beyond 0-2 the child keeps; envp NULL: our environment. */
-__attribute__((noreturn)) static void child_exec(const char *path, char *const argv[], char *const envp[],
-                                                 int devnull, int logfd, int readyfd, int errfd, pid_t parent)
+__attribute__((noreturn)) static void child_exec(const char *path, char *const argv[], char *const envp[], int devnull,
+                                                 int logfd, int readyfd, int errfd, pid_t parent)
 {
     /* the parent's handlers must not run here, and its ignored signals
      * would stay ignored across exec */
@@ -246,8 +246,7 @@ __attribute__((noreturn)) static void child_exec(const char *path, char *const a
         execv(path, argv);
 fail:;
     int err = errno;
-    if (write(errfd, &err, sizeof(err))) {
-    }
+    if (write(errfd, &err, sizeof(err))) {}
     _exit(127);
 }
 
@@ -366,8 +365,7 @@ static fy_status_t spawn(child_t *k)
     while (r < 0 && errno == EINTR);
     close(ep[0]);
     if (r == (ssize_t)sizeof(child_err)) {
-        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
-        }
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
         fy_error("supervise: %s: cannot execute '%s': %s", k->name, path, strerror(child_err));
         if (rp[0] >= 0) close(rp[0]);
         return errno_status(child_err);
@@ -475,8 +473,8 @@ static void probe_step(fy_sup_t *s, child_t *k, double t)
         socklen_t el = sizeof(err);
         if (getsockopt(k->probe_fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0 || err) goto done; /* refused */
         char req[400];
-        int n = snprintf(req, sizeof(req), "GET /health HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n",
-                         k->health_host);
+        int n =
+            snprintf(req, sizeof(req), "GET /health HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", k->health_host);
         if (n < 0 || (size_t)n >= sizeof(req) || send(k->probe_fd, req, (size_t)n, MSG_NOSIGNAL) != n) goto done;
         k->probe_sent = true;
         goto pending;
@@ -704,8 +702,7 @@ fy_status_t fy_sup_create(const fy_sup_params_t *p, fy_sup_t **s_p)
         fy_error("supervise: bad parameters (backoff %g s, backoff max %g s, max restarts %d, window %g s, grace "
                  "%g s): need 0 <= backoff <= backoff max, -1 <= max restarts <= 10000, window > 0, "
                  "0 <= grace <= 1 day",
-                 p->restart_backoff_s, p->restart_backoff_max_s, p->max_restarts, p->restart_window_s,
-                 p->stop_grace_s);
+                 p->restart_backoff_s, p->restart_backoff_max_s, p->max_restarts, p->restart_window_s, p->stop_grace_s);
         return FY_ERR_INVALID;
     }
     if (!(p->health_timeout_s >= 0 && p->health_timeout_s <= 86400) ||
@@ -865,8 +862,8 @@ fy_status_t fy_sup_set_health(fy_sup_t *s, int index, const char *url)
     char host[256], port[16];
     const char *colon = rest ? strrchr(rest, ':') : NULL;
     size_t pl = colon ? strcspn(colon + 1, "/") : 0;
-    bool ok = colon && colon > rest && pl > 0 && pl < sizeof(port) && (!colon[1 + pl] || !strcmp(colon + 1 + pl, "/")) &&
-              (size_t)(colon - rest) < sizeof(host);
+    bool ok = colon && colon > rest && pl > 0 && pl < sizeof(port) &&
+              (!colon[1 + pl] || !strcmp(colon + 1 + pl, "/")) && (size_t)(colon - rest) < sizeof(host);
     if (ok) {
         const char *h = rest;
         size_t hl = (size_t)(colon - rest);
@@ -952,8 +949,7 @@ void fy_sup_request_stop(fy_sup_t *s)
 static void drain_wake(fy_sup_t *s)
 {
     char buf[64];
-    while (read(s->wake[0], buf, sizeof(buf)) > 0) {
-    }
+    while (read(s->wake[0], buf, sizeof(buf)) > 0) {}
 }
 
 /* Were we (not the children) stopped or starved?  Then a child's silence
@@ -1189,10 +1185,7 @@ void fy_sup_stop_all(fy_sup_t *s)
     }
 }
 
-static const child_t *kid(const fy_sup_t *s, int index)
-{
-    return index >= 0 && index < s->n ? &s->kids[index] : NULL;
-}
+static const child_t *kid(const fy_sup_t *s, int index) { return index >= 0 && index < s->n ? &s->kids[index] : NULL; }
 
 pid_t fy_sup_pid(const fy_sup_t *s, int index)
 {

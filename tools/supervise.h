@@ -204,7 +204,7 @@ const char *fy_sup_state_str(fy_sup_state_t st);
 
 /* One child, as the run loop last saw it. */
 typedef struct fy_sup_info {
-    const char *name;    /* lives as long as the supervisor */
+    const char *name; /* lives as long as the supervisor */
     fy_sup_state_t state;
     pid_t pid;           /* while STARTING or RUNNING, else 0 */
     int restarts;        /* since it was added */

@@ -81,8 +81,8 @@ typedef struct xfer_peer {
     uint32_t rkey_len;
     uint64_t arena_base, arena_bytes, block_bytes;
     char name[FY_XFER_NAME_LEN];
-    ucp_ep_h ep;      /* NULL once closed or closing */
-    ucp_rkey_h rkey;  /* unpacked when the handshake succeeds */
+    ucp_ep_h ep;     /* NULL once closed or closing */
+    ucp_rkey_h rkey; /* unpacked when the handshake succeeds */
     double hs_deadline;
     uint8_t hello[FY_XFER_HELLO_LEN]; /* must outlive its send */
     bool hello_inflight, close_inflight;
@@ -92,8 +92,8 @@ typedef struct xfer_peer {
     ucs_status_t ep_status;
     bool got_reply;
     fy_xfer_reply_t reply;
-    int n_jobs;            /* jobs attached to this peer */
-    char refusal[256];     /* REFUSED: what every job to it reports */
+    int n_jobs;        /* jobs attached to this peer */
+    char refusal[256]; /* REFUSED: what every job to it reports */
 } xfer_peer_t;
 
 struct fy_xfer_job {
@@ -189,8 +189,7 @@ static void put_done(void *request, ucs_status_t status, void *user_data)
 {
     fy_xfer_job_t *j = user_data;
     j->outstanding--;
-    if (status != UCS_OK)
-        job_fail(j, FY_ERR_PEER, "put to %s failed: %s", j->target.name, ucs_status_string(status));
+    if (status != UCS_OK) job_fail(j, FY_ERR_PEER, "put to %s failed: %s", j->target.name, ucs_status_string(status));
     ucp_request_free(request);
 }
 
@@ -260,8 +259,7 @@ static bool job_advance(fy_xfer_job_t *j, double now)
 {
     job_take_caller_error(j);
     if (j->st == FY_OK && now > j->deadline)
-        job_fail(j, FY_ERR_TIMEOUT, "deadline passed before the transfer to %s completed",
-                 j->target.name);
+        job_fail(j, FY_ERR_TIMEOUT, "deadline passed before the transfer to %s completed", j->target.name);
     if (j->st == FY_OK && j->peer && j->peer->state == PEER_READY) {
         for (int32_t i = 0; i < j->n_pending && j->st == FY_OK; i++) job_issue(j, &j->pending[i]);
         j->n_pending = 0;
@@ -272,8 +270,10 @@ static bool job_advance(fy_xfer_job_t *j, double now)
 
 static void job_unlink(fy_xfer_t *x, fy_xfer_job_t *j)
 {
-    if (j->prev) j->prev->next = j->next;
-    else x->jobs = j->next;
+    if (j->prev)
+        j->prev->next = j->next;
+    else
+        x->jobs = j->next;
     if (j->next) j->next->prev = j->prev;
     j->next = j->prev = NULL;
 }
@@ -570,8 +570,10 @@ static void peer_free(xfer_peer_t *p)
 
 static void reply_buf_free(xfer_reply_buf_t *b)
 {
-    if (b->prev) b->prev->next = b->next;
-    else b->x->replies = b->next;
+    if (b->prev)
+        b->prev->next = b->next;
+    else
+        b->x->replies = b->next;
     if (b->next) b->next->prev = b->prev;
     fy_free(b);
 }
@@ -663,19 +665,19 @@ static void cmd_begin(fy_xfer_t *x, fy_xfer_job_t *j)
     const fy_xfer_target_t *t = &j->target;
     job_link(x, j);
     xfer_peer_t *p = peer_find(x, t->addr, t->addr_len);
-    if (p && (p->arena_base != t->arena_base || p->arena_bytes != t->arena_bytes ||
-              p->block_bytes != t->block_bytes || p->rkey_len != t->rkey_len ||
-              memcmp(p->rkey_buf, t->rkey, t->rkey_len))) {
+    if (p && (p->arena_base != t->arena_base || p->arena_bytes != t->arena_bytes || p->block_bytes != t->block_bytes ||
+              p->rkey_len != t->rkey_len || memcmp(p->rkey_buf, t->rkey, t->rkey_len))) {
         /* one worker address, one arena: a second description of it is forged or corrupt */
-        job_fail(j, FY_ERR_FORMAT, "target descriptor for %s disagrees with the one it was connected with",
-                 t->name);
+        job_fail(j, FY_ERR_FORMAT, "target descriptor for %s disagrees with the one it was connected with", t->name);
     } else {
         if (!p) p = peer_connect(x, j);
         if (p) {
             j->peer = p;
             p->n_jobs++;
-            if (p->state == PEER_REFUSED) job_fail(j, FY_ERR_MISMATCH, "%s", p->refusal);
-            else if (p->state == PEER_FAILED) job_fail(j, FY_ERR_PEER, "connection to %s failed", p->name);
+            if (p->state == PEER_REFUSED)
+                job_fail(j, FY_ERR_MISMATCH, "%s", p->refusal);
+            else if (p->state == PEER_FAILED)
+                job_fail(j, FY_ERR_PEER, "connection to %s failed", p->name);
         }
     }
     /* the peer keeps its own copies; the name stays in j->target */
@@ -686,7 +688,7 @@ static void cmd_begin(fy_xfer_t *x, fy_xfer_job_t *j)
 
 static void cmd_put(fy_xfer_job_t *j, const xfer_cmd_t *c)
 {
-    job_take_caller_error(j); /* set before this command was queued, so visible now */
+    job_take_caller_error(j);   /* set before this command was queued, so visible now */
     if (j->st != FY_OK) return; /* an earlier error stands; later puts are ignored */
     if (j->peer && j->peer->state == PEER_READY && j->n_pending == 0) {
         for (int32_t i = 0; i < c->n_runs && j->st == FY_OK; i++) job_issue(j, &c->runs[i]);
@@ -738,8 +740,7 @@ static bool take_commands(fy_xfer_t *x)
 
 static void progress(fy_xfer_t *x)
 {
-    while (ucp_worker_progress(x->worker)) {
-    }
+    while (ucp_worker_progress(x->worker)) {}
 }
 
 /* Acts on what the UCX callbacks recorded and on the clock. */
@@ -758,8 +759,7 @@ static void handle_events(fy_xfer_t *x, double now)
         xfer_peer_t *p = j->peer;
         if (j->outstanding > 0 && now > j->deadline + FY_XFER_GRACE_S && p && p->state == PEER_READY) {
             peer_fail(p, FY_ERR_TIMEOUT, "transfer to %s still in flight %.1f s past its deadline; connection %s",
-                      p->name, FY_XFER_GRACE_S,
-                      x->err_mode == FY_XFER_ERRMODE_PEER ? "closed by force" : "abandoned");
+                      p->name, FY_XFER_GRACE_S, x->err_mode == FY_XFER_ERRMODE_PEER ? "closed by force" : "abandoned");
         }
         /* without peer error handling UCX cannot cancel (a forced close is
          * refused), so the job stops waiting for it; see xfer.h */
@@ -907,8 +907,10 @@ static bool enqueue(fy_xfer_t *x, xfer_cmd_t *c)
     pthread_mutex_lock(&x->lock);
     bool stop = x->stop;
     if (!stop) {
-        if (x->q_tail) x->q_tail->next = c;
-        else x->q_head = c;
+        if (x->q_tail)
+            x->q_tail->next = c;
+        else
+            x->q_head = c;
         x->q_tail = c;
     }
     pthread_mutex_unlock(&x->lock);
@@ -919,8 +921,8 @@ static bool enqueue(fy_xfer_t *x, xfer_cmd_t *c)
     return true;
 }
 
-fy_status_t fy_xfer_job_begin(fy_xfer_t *x, const void *target_blob, size_t len, double deadline,
-                              fy_xfer_done_fn cb, void *arg, fy_xfer_job_t **job_p)
+fy_status_t fy_xfer_job_begin(fy_xfer_t *x, const void *target_blob, size_t len, double deadline, fy_xfer_done_fn cb,
+                              void *arg, fy_xfer_job_t **job_p)
 {
     if (!x || !cb || !job_p) {
         fy_error("xfer: job_begin needs a transfer engine, a callback and a job pointer");
@@ -1096,8 +1098,7 @@ static fy_status_t check_params(const fy_xfer_params_t *p)
         fy_error("xfer: unknown error handling mode %d", (int)p->err_mode);
         return FY_ERR_INVALID;
     }
-    if (p->arena_bytes == 0 || p->arena_bytes % l->block_bytes ||
-        p->arena_bytes / l->block_bytes > INT32_MAX) {
+    if (p->arena_bytes == 0 || p->arena_bytes % l->block_bytes || p->arena_bytes / l->block_bytes > INT32_MAX) {
         fy_error("xfer: the arena (%zu bytes at %p) must be a non-zero multiple of %" PRIu64
                  "-byte blocks, at most 2^31-1 of them",
                  p->arena_bytes, p->arena, l->block_bytes);
@@ -1258,8 +1259,7 @@ static fy_status_t ucx_init(fy_xfer_t *x, const char *transports, const char *ne
     bool tcp_possible = !tls || strstr(tls, "tcp") || strstr(tls, "all") || tls[0] == '^';
     /* the key goes to every transport's settings unprefixed (UCX warns
      * about it as invalid when no transport uses it: hence the check) */
-    if (tcp_possible && !getenv("UCX_TCP_TX_SEG_SIZE") &&
-        (us = ucp_config_modify(cfg, "TX_SEG_SIZE", "64k")) != UCS_OK)
+    if (tcp_possible && !getenv("UCX_TCP_TX_SEG_SIZE") && (us = ucp_config_modify(cfg, "TX_SEG_SIZE", "64k")) != UCS_OK)
         fy_debug("xfer: cannot set TX_SEG_SIZE: %s", ucs_status_string(us));
     ucp_params_t params = {
         .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
@@ -1270,8 +1270,7 @@ static fy_status_t ucx_init(fy_xfer_t *x, const char *transports, const char *ne
     ucp_config_release(cfg);
     if (us != UCS_OK) {
         x->ctx = NULL;
-        fy_error("xfer: ucp_init (transports %s): %s", transports ? transports : "UCX's choice",
-                 ucs_status_string(us));
+        fy_error("xfer: ucp_init (transports %s): %s", transports ? transports : "UCX's choice", ucs_status_string(us));
         return us == UCS_ERR_NO_DEVICE || us == UCS_ERR_NO_ELEM ? FY_ERR_UNSUPPORTED : FY_ERR_IO;
     }
     ucp_worker_params_t wp = {
@@ -1291,8 +1290,7 @@ static fy_status_t ucx_init(fy_xfer_t *x, const char *transports, const char *ne
      * shared-memory transport is on, so that peers on this host put with
      * memcpy into the mapping rather than process_vm_writev (cma) */
     ucp_mem_map_params_t mp = {
-        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                      UCP_MEM_MAP_PARAM_FIELD_FLAGS,
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS,
         .address = x->arena,
         .length = x->arena_bytes,
         .flags = x->arena ? 0 : UCP_MEM_MAP_ALLOCATE,
@@ -1312,8 +1310,8 @@ static fy_status_t ucx_init(fy_xfer_t *x, const char *transports, const char *ne
         x->arena = ma.address;
     }
     ucp_am_handler_param_t ap = {
-        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
+                      UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
         .flags = UCP_AM_FLAG_WHOLE_MSG,
         .arg = x,
     };

@@ -45,13 +45,13 @@
  * time.  It travels serialized (fixed little-endian, versioned), never as
  * this struct. */
 typedef struct fy_xfer_layout {
-    char model_id[64];     /* NUL-terminated; the caller fills it (model name + a digest) */
-    int32_t dtype;         /* fy_dtype_t of K/V elements */
-    int32_t block_size;    /* tokens per block */
+    char model_id[64];  /* NUL-terminated; the caller fills it (model name + a digest) */
+    int32_t dtype;      /* fy_dtype_t of K/V elements */
+    int32_t block_size; /* tokens per block */
     int32_t n_layers, n_kv_heads, head_dim;
-    int32_t order;         /* 1 = block-major [layer][k|v][kv_head][token][head_dim] */
-    int32_t scale_format;  /* 0 = no quantization scales; other values reserved for fp8/int8 KV */
-    uint64_t block_bytes;  /* bytes of one block in the arena */
+    int32_t order;        /* 1 = block-major [layer][k|v][kv_head][token][head_dim] */
+    int32_t scale_format; /* 0 = no quantization scales; other values reserved for fp8/int8 KV */
+    uint64_t block_bytes; /* bytes of one block in the arena */
 } fy_xfer_layout_t;
 
 #define FY_XFER_ORDER_BLOCK_MAJOR 1
@@ -149,8 +149,8 @@ typedef struct fy_xfer_job fy_xfer_job_t;
  * handshake (bounded by connect_timeout_s as well); later jobs reuse the
  * connection.  A blob that does not parse gives FY_ERR_FORMAT and no job
  * (cb is never called then). */
-fy_status_t fy_xfer_job_begin(fy_xfer_t *x, const void *target_blob, size_t len, double deadline,
-                              fy_xfer_done_fn cb, void *arg, fy_xfer_job_t **job_p);
+fy_status_t fy_xfer_job_begin(fy_xfer_t *x, const void *target_blob, size_t len, double deadline, fy_xfer_done_fn cb,
+                              void *arg, fy_xfer_job_t **job_p);
 /* Queues puts: local block src[i] -> remote block dst[i], i < n.  Runs
  * consecutive in both are coalesced into one put (within one call).  Block
  * ids are range-checked against both arenas: an id out of range returns

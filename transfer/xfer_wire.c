@@ -94,13 +94,20 @@ bool fy_xfer_layout_explain(const fy_xfer_layout_t *here, const fy_xfer_layout_t
                  here->block_bytes, peer->block_bytes);
     } else {
         int32_t h = 0, p = 0;
-        if (!strcmp(f, "dtype")) h = here->dtype, p = peer->dtype;
-        else if (!strcmp(f, "block_size")) h = here->block_size, p = peer->block_size;
-        else if (!strcmp(f, "n_layers")) h = here->n_layers, p = peer->n_layers;
-        else if (!strcmp(f, "n_kv_heads")) h = here->n_kv_heads, p = peer->n_kv_heads;
-        else if (!strcmp(f, "head_dim")) h = here->head_dim, p = peer->head_dim;
-        else if (!strcmp(f, "order")) h = here->order, p = peer->order;
-        else h = here->scale_format, p = peer->scale_format;
+        if (!strcmp(f, "dtype"))
+            h = here->dtype, p = peer->dtype;
+        else if (!strcmp(f, "block_size"))
+            h = here->block_size, p = peer->block_size;
+        else if (!strcmp(f, "n_layers"))
+            h = here->n_layers, p = peer->n_layers;
+        else if (!strcmp(f, "n_kv_heads"))
+            h = here->n_kv_heads, p = peer->n_kv_heads;
+        else if (!strcmp(f, "head_dim"))
+            h = here->head_dim, p = peer->head_dim;
+        else if (!strcmp(f, "order"))
+            h = here->order, p = peer->order;
+        else
+            h = here->scale_format, p = peer->scale_format;
         snprintf(buf, cap, "kv layout mismatch: %s is %d here, %d at the peer", f, h, p);
     }
     return true;
@@ -110,8 +117,7 @@ void fy_xfer_layout_pack(const fy_xfer_layout_t *l, uint8_t out[FY_XFER_LAYOUT_W
 {
     put_str(out, l->model_id, sizeof(l->model_id));
     uint8_t *p = out + sizeof(l->model_id);
-    const int32_t v[7] = {l->dtype,    l->block_size, l->n_layers,    l->n_kv_heads,
-                          l->head_dim, l->order,      l->scale_format};
+    const int32_t v[7] = {l->dtype, l->block_size, l->n_layers, l->n_kv_heads, l->head_dim, l->order, l->scale_format};
     for (int i = 0; i < 7; i++) put_u32(p + 4 * i, (uint32_t)v[i]);
     put_u64(p + 28, l->block_bytes);
 }
@@ -189,10 +195,9 @@ fy_status_t fy_xfer_blob_parse(const void *blob, size_t len, fy_xfer_target_t *t
     memset(&t, 0, sizeof(t));
     t.addr_len = get_u32(b + 8);
     t.rkey_len = get_u32(b + 12);
-    if (t.addr_len == 0 || t.addr_len > FY_XFER_MAX_ADDR_LEN || t.rkey_len == 0 ||
-        t.rkey_len > FY_XFER_MAX_RKEY_LEN) {
-        fy_error("xfer: target descriptor: worker address of %u bytes or rkey of %u bytes out of bounds",
-                 t.addr_len, t.rkey_len);
+    if (t.addr_len == 0 || t.addr_len > FY_XFER_MAX_ADDR_LEN || t.rkey_len == 0 || t.rkey_len > FY_XFER_MAX_RKEY_LEN) {
+        fy_error("xfer: target descriptor: worker address of %u bytes or rkey of %u bytes out of bounds", t.addr_len,
+                 t.rkey_len);
         return FY_ERR_FORMAT;
     }
     size_t want = BLOB_HDR + (size_t)t.addr_len + t.rkey_len + 8;

@@ -17,9 +17,9 @@
 #include "xfer.h"
 
 #define FY_XFER_WIRE_VERSION 1
-#define FY_XFER_NAME_LEN 64        /* peer names in blobs and hellos, NUL-padded */
+#define FY_XFER_NAME_LEN 64         /* peer names in blobs and hellos, NUL-padded */
 #define FY_XFER_LAYOUT_WIRE_LEN 100 /* model_id[64], 7 x i32, u64 */
-#define FY_XFER_MSG_LEN 160        /* refusal text in a reply, NUL-padded */
+#define FY_XFER_MSG_LEN 160         /* refusal text in a reply, NUL-padded */
 /* bounds on the UCX pieces of a blob: real ones are tens to hundreds of
  * bytes; the bound keeps a hostile length from asking for gigabytes */
 #define FY_XFER_MAX_ADDR_LEN 65536
@@ -61,8 +61,8 @@ typedef struct fy_xfer_hello {
 typedef struct fy_xfer_reply {
     uint64_t cookie;
     bool ok;
-    fy_xfer_layout_t layout;        /* the target's */
-    char message[FY_XFER_MSG_LEN];  /* the target's refusal, NUL-terminated; "" when ok */
+    fy_xfer_layout_t layout;       /* the target's */
+    char message[FY_XFER_MSG_LEN]; /* the target's refusal, NUL-terminated; "" when ok */
 } fy_xfer_reply_t;
 
 void fy_xfer_hello_pack(const fy_xfer_hello_t *h, uint8_t out[FY_XFER_HELLO_LEN]);

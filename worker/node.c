@@ -558,11 +558,11 @@ int fy_node_main(int argc, char **argv, const fy_node_role_t *role)
     pthread_mutex_init(&n.hb_mu, NULL);
     pthread_cond_init(&n.hb_cv, NULL);
     pthread_mutex_init(&n.health_mu, NULL);
-    fy_status_t st = fy_cluster_config(argc, argv,
-                                       strcmp(role->name, "decode")
-                                           ? "-c FILE [--set section.key=value]..."
-                                           : "-c FILE [--set section.key=value]... [--spec none|ngram|draft:FILE|self:L]",
-                                       &n.cfg);
+    fy_status_t st = fy_cluster_config(
+        argc, argv,
+        strcmp(role->name, "decode") ? "-c FILE [--set section.key=value]..."
+                                     : "-c FILE [--set section.key=value]... [--spec none|ngram|draft:FILE|self:L]",
+        &n.cfg);
     if (st == FY_ERR_CANCELLED) return 0;
     if (st) return 2;
     st = setup(&n, role);

@@ -41,9 +41,9 @@ fy_status_t fy_node_series_create(fy_metrics_t *reg, const char *role, const cha
     s->puts = puts;
     fy_metric_t *info;
     fy_status_t st;
-#define C(field, name, help, ...) \
+#define C(field, name, help, ...)                                                                                      \
     if (!st) st = fy_metrics_counter(reg, name, help, (const char *const[]){__VA_ARGS__, NULL}, &s->field)
-#define G(field, name, help, ...) \
+#define G(field, name, help, ...)                                                                                      \
     if (!st) st = fy_metrics_gauge(reg, name, help, (const char *const[]){__VA_ARGS__, NULL}, &s->field)
     st = fy_metrics_gauge(reg, "ferry:worker_info", "This worker: its role, name and model (value 1).",
                           (const char *const[]){"role", role, "worker", worker, "model_name", model, NULL}, &info);
@@ -80,8 +80,7 @@ fy_status_t fy_node_series_create(fy_metrics_t *reg, const char *role, const cha
     C(refused_invalid, "ferry:requests_refused_total", "Requests the engine refused at submission.", "reason",
       "invalid");
     C(spec_draft, "ferry:spec_decode_num_draft_tokens_total", "Draft tokens proposed by speculative decoding.", NULL);
-    C(spec_accepted, "ferry:spec_decode_num_accepted_tokens_total", "Draft tokens accepted by the target model.",
-      NULL);
+    C(spec_accepted, "ferry:spec_decode_num_accepted_tokens_total", "Draft tokens accepted by the target model.", NULL);
     C(layout_refusals, "ferry:kv_layout_refusals_total",
       "KV transfer connections refused because the two sides' KV layouts differ.", NULL);
     C(peer_failures, "ferry:kv_transfer_peer_failures_total",

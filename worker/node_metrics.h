@@ -38,12 +38,12 @@ void fy_node_series_sync(fy_node_series_t *s, const fy_engine_stats_t *es, const
 
 typedef struct fy_health {
     const char *role, *worker;
-    bool up;           /* start-up finished and shutdown not begun */
-    double last_tick;  /* CLOCK_MONOTONIC seconds of the engine's last tick */
-    double stall_s;    /* a tick older than this is a stalled engine */
-    bool kv_balanced;  /* free + used + cached == total in every tier, at the last tick */
+    bool up;              /* start-up finished and shutdown not begun */
+    double last_tick;     /* CLOCK_MONOTONIC seconds of the engine's last tick */
+    double stall_s;       /* a tick older than this is a stalled engine */
+    bool kv_balanced;     /* free + used + cached == total in every tier, at the last tick */
     fy_status_t kv_check; /* the last full scan (fy_kvm_check) */
-    fy_status_t xfer;  /* fy_xfer_health at the last tick */
+    fy_status_t xfer;     /* fy_xfer_health at the last tick */
     double xfer_waited;
     int32_t running, waiting;
     double kv_usage;

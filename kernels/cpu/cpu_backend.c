@@ -63,7 +63,7 @@ typedef struct cpu_ctx {
     bool no_repack;
     fy_backend_reserve_t res;
     bool reserved;
-    char *xq;           /* max_tokens rows of fy_q8a_bytes(max_row): quantized activations */
+    char *xq; /* max_tokens rows of fy_q8a_bytes(max_row): quantized activations */
     /* the current batch (copied by set_batch) */
     int32_t n_tokens, n_seqs;
     int32_t *tokens, *pos, *slots, *tok_seq; /* [max_tokens] */
@@ -75,7 +75,7 @@ typedef struct cpu_ctx {
     bool rope_valid;
     float rope_theta;
     int32_t rope_hd;
-    float *part;                             /* attention partials of split (few-token) batches */
+    float *part; /* attention partials of split (few-token) batches */
     size_t part_floats;
     float *kvdq; /* [n_threads][k | v][32][head_dim]: one fp8/int8 block dequantized for attention */
 } cpu_ctx_t;
@@ -108,8 +108,8 @@ static fy_status_t cpu_reserve(void *p, const fy_backend_reserve_t *r)
     cpu_ctx_t *c = p;
     if (r->max_tokens < 1 || r->max_row < FY_QK || r->max_seqs < 1 || r->max_blocks < 1 || r->max_kv_len < 1 ||
         r->n_heads < 1 || r->head_dim < 1) {
-        fy_error("cpu backend: bad reservation (tokens %d, row %d, seqs %d, blocks %d, heads %d x %d)",
-                 r->max_tokens, r->max_row, r->max_seqs, r->max_blocks, r->n_heads, r->head_dim);
+        fy_error("cpu backend: bad reservation (tokens %d, row %d, seqs %d, blocks %d, heads %d x %d)", r->max_tokens,
+                 r->max_row, r->max_seqs, r->max_blocks, r->n_heads, r->head_dim);
         return FY_ERR_INVALID;
     }
     size_t xq_bytes;
@@ -302,8 +302,7 @@ static fy_status_t cpu_embed(void *p, const fy_tensor_t *table, float *out)
             fy_error("cpu backend: token id %d out of range (vocabulary %lld)", tok, (long long)table->ne[1]);
             return FY_ERR_INVALID;
         }
-        fy_dequantize_row(table->dtype, (const char *)table->data + (size_t)tok * table->row_bytes, out + t * dim,
-                          dim);
+        fy_dequantize_row(table->dtype, (const char *)table->data + (size_t)tok * table->row_bytes, out + t * dim, dim);
     }
     return FY_OK;
 }
@@ -518,8 +517,7 @@ static void mm_units(void *arg, int64_t b, int64_t e, int thread)
     }
 }
 
-static fy_status_t cpu_matmul(void *p, int n_w, const fy_tensor_t *const *w, const float *x, int32_t n,
-                              float *const *y)
+static fy_status_t cpu_matmul(void *p, int n_w, const fy_tensor_t *const *w, const float *x, int32_t n, float *const *y)
 {
     cpu_ctx_t *c = p;
     if (n_w < 1 || n_w > MAX_MATMUL_W) return FY_ERR_INVALID;
@@ -742,8 +740,8 @@ static void attn_reduce(void *arg, int64_t b, int64_t e, int thread)
     }
 }
 
-static fy_status_t cpu_attention(void *p, const fy_kv_layout_t *lay, const void *arena, int32_t layer,
-                                 int32_t n_heads, const float *q, float *out)
+static fy_status_t cpu_attention(void *p, const fy_kv_layout_t *lay, const void *arena, int32_t layer, int32_t n_heads,
+                                 const float *q, float *out)
 {
     cpu_ctx_t *c = p;
     if (n_heads % lay->n_kv_heads || n_heads / lay->n_kv_heads > MAX_GROUP || lay->head_dim > MAX_HEAD_DIM ||

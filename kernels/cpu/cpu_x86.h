@@ -68,8 +68,8 @@ static inline void load_scales8(const void *base, int stride, __m256 *d, __m256 
     const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(stride));
     __m256i g = _mm256_i32gather_epi32((const int *)base, idx, 1);
     /* per lane: the low halves (d) of its 4 dwords, then the high halves (m) */
-    const __m256i sh = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12,
-                                        13, 2, 3, 6, 7, 10, 11, 14, 15);
+    const __m256i sh = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13,
+                                        2, 3, 6, 7, 10, 11, 14, 15);
     __m256i v = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(g, sh), _MM_SHUFFLE(3, 1, 2, 0));
     *d = _mm256_cvtph_ps(_mm256_castsi256_si128(v));
     if (m) *m = _mm256_cvtph_ps(_mm256_extracti128_si256(v, 1));
@@ -245,8 +245,7 @@ static inline __m256 step_q4_0x8(__m256 acc, const unpacked4_t *u, __m256 dw, co
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, _mm256_set1_ps(x->d[b])), acc);
 }
 
-static inline __m256 step_q4_1x8(__m256 acc, const unpacked4_t *u, __m256 dw, __m256 mw, const fy_q8a_t *x,
-                                 int64_t b)
+static inline __m256 step_q4_1x8(__m256 acc, const unpacked4_t *u, __m256 dw, __m256 mw, const fy_q8a_t *x, int64_t b)
 {
     /* x = d q + m:  d d_x sum(q x_q) + m d_x sum(x_q) */
     __m256i is = isum_q4x8(u, x->qs + b * FY_QK);
@@ -262,12 +261,13 @@ static inline __m256 step_q8_0x8(__m256 acc, const int8_t *qs, __m256 dw, const 
 #if FY_X86_VNNI
     /* w + 128 is unsigned; subtract 128 sum(x) after */
     const __m256i flip = _mm256_set1_epi8((char)0x80);
-#define Q8_DOT(acc, c)                                                                                             \
+#define Q8_DOT(acc, c)                                                                                                 \
     DPBUSD(acc, _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qs + 32 * (c))), flip), bcast4(xq + 4 * (c)))
 #else
-#define Q8_DOT(acc, c)                                                                                             \
-    DPBUSD(acc, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(qs + 32 * (c))),                            \
-                                 _mm256_loadu_si256((const __m256i *)(qs + 32 * (c)))),                            \
+#define Q8_DOT(acc, c)                                                                                                 \
+    DPBUSD(acc,                                                                                                        \
+           _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(qs + 32 * (c))),                                      \
+                            _mm256_loadu_si256((const __m256i *)(qs + 32 * (c)))),                                     \
            _mm256_sign_epi8(bcast4(xq + 4 * (c)), _mm256_loadu_si256((const __m256i *)(qs + 32 * (c)))))
 #endif
     __m256i c0 = Q8_DOT(_mm256_setzero_si256(), 0), c1 = Q8_DOT(_mm256_setzero_si256(), 1);
@@ -359,8 +359,6 @@ static void gemm_q8_0x8(const void *w, int64_t nb, const fy_q8a_t *x, int n_tok,
     }
 }
 
-
-
 #if FY_X86_VNNI == 2
 /* ---- 512-bit kernels: two 8-row groups per vector, for several tokens --------------------- */
 
@@ -418,8 +416,7 @@ static inline __m512 step_q4_0x16(__m512 acc, const unpacked16_t *u, __m512 dw, 
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(x->d[b])), acc);
 }
 
-static inline __m512 step_q4_1x16(__m512 acc, const unpacked16_t *u, __m512 dw, __m512 mw, const fy_q8a_t *x,
-                                  int64_t b)
+static inline __m512 step_q4_1x16(__m512 acc, const unpacked16_t *u, __m512 dw, __m512 mw, const fy_q8a_t *x, int64_t b)
 {
     __m512i is = isum_q4x16(u, x->qs + b * FY_QK);
     __m512 a = _mm512_fmadd_ps(mw, _mm512_set1_ps(x->s[b]), acc);
@@ -432,7 +429,7 @@ static inline __m512 step_q8_0x16(__m512 acc, const int8_t *q0, const int8_t *q1
 {
     const int8_t *xq = x->qs + b * FY_QK;
     const __m512i flip = _mm512_set1_epi8((char)0x80);
-#define Q8_DOT16(acc, c)                                                                                           \
+#define Q8_DOT16(acc, c)                                                                                               \
     _mm512_dpbusd_epi32(acc, _mm512_xor_si512(load2x256(q0 + 32 * (c), q1 + 32 * (c)), flip), bcast4_512(xq + 4 * (c)))
     __m512i c0 = Q8_DOT16(_mm512_setzero_si512(), 0), c1 = Q8_DOT16(_mm512_setzero_si512(), 1);
     __m512i c2 = Q8_DOT16(_mm512_setzero_si512(), 2), c3 = Q8_DOT16(_mm512_setzero_si512(), 3);
@@ -444,20 +441,19 @@ static inline __m512 step_q8_0x16(__m512 acc, const int8_t *q0, const int8_t *q1
 }
 
 /* Each token: even and odd blocks in two accumulators, as gemm_*x8. */
-#define GEMM_X16(name, block_t, ...)                                                                               \
-    static void name(const void *w0, const void *w1, int64_t nb, const fy_q8a_t *x, int n_tok, float *y,         \
-                     int64_t ldy)                                                                                  \
-    {                                                                                                              \
-        const block_t *b0 = w0, *b1 = w1;                                                                          \
-        for (int t0 = 0; t0 < n_tok; t0 += TOK_GROUP) {                                                            \
-            int nt = n_tok - t0 < TOK_GROUP ? n_tok - t0 : TOK_GROUP;                                              \
-            __m512 acc[TOK_GROUP][2];                                                                              \
-            for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();                              \
-            for (int64_t b = 0; b < nb; b++) {                                                                     \
-                __VA_ARGS__                                                                                        \
-            }                                                                                                      \
-            for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + (t0 + t) * ldy, _mm512_add_ps(acc[t][0], acc[t][1])); \
-        }                                                                                                          \
+#define GEMM_X16(name, block_t, ...)                                                                                   \
+    static void name(const void *w0, const void *w1, int64_t nb, const fy_q8a_t *x, int n_tok, float *y, int64_t ldy)  \
+    {                                                                                                                  \
+        const block_t *b0 = w0, *b1 = w1;                                                                              \
+        for (int t0 = 0; t0 < n_tok; t0 += TOK_GROUP) {                                                                \
+            int nt = n_tok - t0 < TOK_GROUP ? n_tok - t0 : TOK_GROUP;                                                  \
+            __m512 acc[TOK_GROUP][2];                                                                                  \
+            for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();                                  \
+            for (int64_t b = 0; b < nb; b++) {                                                                         \
+                __VA_ARGS__                                                                                            \
+            }                                                                                                          \
+            for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + (t0 + t) * ldy, _mm512_add_ps(acc[t][0], acc[t][1]));    \
+        }                                                                                                              \
     }
 
 GEMM_X16(gemm_q4_0x16, fy_block_q4_0x8_t, {
@@ -506,14 +502,14 @@ static float dot_f16(const void *w, const void *x, int64_t n)
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i))),
-                               _mm256_loadu_ps(b + i), acc0);
+        acc0 =
+            _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i))), _mm256_loadu_ps(b + i), acc0);
         acc1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i + 8))),
                                _mm256_loadu_ps(b + i + 8), acc1);
     }
     for (; i + 8 <= n; i += 8)
-        acc0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i))),
-                               _mm256_loadu_ps(b + i), acc0);
+        acc0 =
+            _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i))), _mm256_loadu_ps(b + i), acc0);
     float sum = hsum(_mm256_add_ps(acc0, acc1));
     for (; i < n; i++) sum += h2f(a[i]) * b[i];
     return sum;
@@ -563,7 +559,10 @@ static inline __m256 exp8(__m256 x)
     return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
 }
 
-static inline __attribute__((always_inline)) __m256 kv8_f32(const void *p, int64_t i) { return _mm256_loadu_ps((const float *)p + i); }
+static inline __attribute__((always_inline)) __m256 kv8_f32(const void *p, int64_t i)
+{
+    return _mm256_loadu_ps((const float *)p + i);
+}
 static inline __attribute__((always_inline)) __m256 kv8_f16(const void *p, int64_t i)
 {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));

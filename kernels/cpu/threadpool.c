@@ -28,8 +28,8 @@
 #define cpu_relax() ((void)0)
 #endif
 
-#define SPIN_ROUNDS 4000  /* pauses before an idle worker sleeps (tens of microseconds) */
-#define WAIT_ROUNDS 256   /* pauses before the caller yields while chunks finish */
+#define SPIN_ROUNDS 4000 /* pauses before an idle worker sleeps (tens of microseconds) */
+#define WAIT_ROUNDS 256  /* pauses before the caller yields while chunks finish */
 #define MAX_CHUNKS 0xffff
 
 #define CLAIM(gen, next, n) (((uint64_t)(gen) << 32) | ((uint64_t)(next) << 16) | (uint64_t)(n))

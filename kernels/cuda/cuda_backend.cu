@@ -67,10 +67,10 @@ static fy_status_t blas_check(cublasStatus_t s, const char *what)
     return s == CUBLAS_STATUS_ALLOC_FAILED ? FY_ERR_NOMEM : FY_ERR_BACKEND;
 }
 
-#define CK(call, what)                                                                                             \
-    do {                                                                                                           \
-        fy_status_t st_ = cuda_check((call), (what));                                                              \
-        if (st_ != FY_OK) return st_;                                                                              \
+#define CK(call, what)                                                                                                 \
+    do {                                                                                                               \
+        fy_status_t st_ = cuda_check((call), (what));                                                                  \
+        if (st_ != FY_OK) return st_;                                                                                  \
     } while (0)
 
 /* ---- context --------------------------------------------------------------------------- */
@@ -93,7 +93,7 @@ typedef struct cuda_ctx {
     fy_cuda_seq_t *seqs_host; /* [max_seqs] the host's copy (tiling, checks) */
     int32_t *tokens_host;     /* [max_tokens] (range checks in embed) */
     int32_t n_tokens, n_seqs, max_pos;
-    void *xb_dev;             /* [max_tokens, max_row] bf16 matmul input */
+    void *xb_dev;                      /* [max_tokens, max_row] bf16 matmul input */
     float *pm_dev, *pl_dev, *pacc_dev; /* attention partials */
     int32_t max_segs;
 } cuda_ctx_t;
@@ -143,8 +143,8 @@ static fy_status_t cuda_reserve(void *p, const fy_backend_reserve_t *r)
     cuda_ctx_t *c = (cuda_ctx_t *)p;
     if (r->max_tokens < 1 || r->max_row < 1 || r->max_seqs < 1 || r->max_blocks < 1 || r->max_kv_len < 1 ||
         r->n_heads < 1 || r->head_dim < 1 || r->head_dim > MAX_HEAD_DIM) {
-        fy_error("cuda backend: bad reservation (tokens %d, row %d, seqs %d, blocks %d, heads %d x %d)",
-                 r->max_tokens, r->max_row, r->max_seqs, r->max_blocks, r->n_heads, r->head_dim);
+        fy_error("cuda backend: bad reservation (tokens %d, row %d, seqs %d, blocks %d, heads %d x %d)", r->max_tokens,
+                 r->max_row, r->max_seqs, r->max_blocks, r->n_heads, r->head_dim);
         return FY_ERR_INVALID;
     }
     CK(cudaStreamSynchronize(c->stream), "synchronizing before reserve");
@@ -543,8 +543,8 @@ static fy_status_t cuda_kv_write(void *p, const fy_kv_layout_t *lay, void *arena
     return FY_OK;
 }
 
-static fy_status_t cuda_attention(void *p, const fy_kv_layout_t *lay, const void *arena, int32_t layer,
-                                  int32_t n_heads, const float *q, float *out)
+static fy_status_t cuda_attention(void *p, const fy_kv_layout_t *lay, const void *arena, int32_t layer, int32_t n_heads,
+                                  const float *q, float *out)
 {
     cuda_ctx_t *c = (cuda_ctx_t *)p;
     const int32_t n_kv = lay->n_kv_heads, hd = lay->head_dim;
@@ -612,29 +612,10 @@ static fy_status_t cuda_sync(void *p)
 }
 
 static const fy_backend_ops_t g_cuda_ops = {
-    "cuda",
-    cuda_destroy,
-    cuda_reserve,
-    cuda_alloc,
-    cuda_free,
-    cuda_mem_info,
-    cuda_alloc_host,
-    cuda_free_host,
-    cuda_memcpy,
-    cuda_upload,
-    cuda_release_tensor,
-    cuda_copy_blocks,
-    cuda_set_batch,
-    cuda_embed,
-    cuda_matmul,
-    cuda_rmsnorm,
-    cuda_rope,
-    cuda_swiglu,
-    cuda_add,
-    cuda_get_rows,
-    cuda_kv_write,
-    cuda_attention,
-    cuda_sync,
+    "cuda",          cuda_destroy,   cuda_reserve,  cuda_alloc,     cuda_free,           cuda_mem_info,
+    cuda_alloc_host, cuda_free_host, cuda_memcpy,   cuda_upload,    cuda_release_tensor, cuda_copy_blocks,
+    cuda_set_batch,  cuda_embed,     cuda_matmul,   cuda_rmsnorm,   cuda_rope,           cuda_swiglu,
+    cuda_add,        cuda_get_rows,  cuda_kv_write, cuda_attention, cuda_sync,
 };
 
 /* ---- creation ---------------------------------------------------------------------------- */
@@ -681,8 +662,8 @@ extern "C" fy_status_t fy_backend_cuda_init(const fy_backend_params_t *params, c
         return st;
     }
     if (prop.major < 8) {
-        fy_error("cuda backend: %s is compute capability %d.%d; bf16 kernels need 8.0 or newer", prop.name,
-                 prop.major, prop.minor);
+        fy_error("cuda backend: %s is compute capability %d.%d; bf16 kernels need 8.0 or newer", prop.name, prop.major,
+                 prop.minor);
         cuda_destroy(c);
         return FY_ERR_UNSUPPORTED;
     }

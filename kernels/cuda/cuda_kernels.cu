@@ -133,9 +133,9 @@ extern "C" cudaError_t fy_cuda_add(float *x, const float *y, size_t n, cudaStrea
 
 /* grid (token, kv head, k|v); the layout is fy_kv_offset's:
  * [block][layer][k|v][kv_head][token_in_block][head_dim] */
-static __global__ void kv_write_kernel(char *arena, const int32_t *slots, const float *k, const float *v,
-                                       int32_t n_kv, int32_t hd, int32_t bs, size_t block_bytes, size_t layer_bytes,
-                                       size_t kv_bytes, size_t head_bytes, int32_t layer, int f16)
+static __global__ void kv_write_kernel(char *arena, const int32_t *slots, const float *k, const float *v, int32_t n_kv,
+                                       int32_t hd, int32_t bs, size_t block_bytes, size_t layer_bytes, size_t kv_bytes,
+                                       size_t head_bytes, int32_t layer, int f16)
 {
     const int32_t t = blockIdx.x, h = blockIdx.y, is_v = blockIdx.z;
     const int32_t slot = slots[t], block = slot / bs, off = slot % bs;

@@ -39,23 +39,22 @@ typedef struct fy_cuda_seq {
 /* y[i] = bf16(x[i]); y: [n] __nv_bfloat16 */
 cudaError_t fy_cuda_f32_to_bf16(const float *x, void *y, size_t n, cudaStream_t s);
 /* out[t] = f32(table[tokens[t]]); table: bf16 [vocab, dim]; out: [n, dim] */
-cudaError_t fy_cuda_embed(const void *table, const int32_t *tokens, int32_t n, int32_t dim, float *out,
-                          cudaStream_t s);
+cudaError_t fy_cuda_embed(const void *table, const int32_t *tokens, int32_t n, int32_t dim, float *out, cudaStream_t s);
 /* y[t] = x[t] / rms(x[t]) * w, double accumulation as on the CPU; x, y: [n, dim] (may alias); w: [dim] */
 cudaError_t fy_cuda_rmsnorm(const float *x, const float *w, int32_t n, int32_t dim, float eps, float *y,
                             cudaStream_t s);
 /* q: [n, n_heads, hd], k: [n, n_kv, hd], rotated in place at pos[t]; neox: halves, else adjacent pairs */
-cudaError_t fy_cuda_rope(float *q, float *k, const int32_t *pos, int32_t n, int32_t n_heads, int32_t n_kv,
-                         int32_t hd, float theta, int neox, cudaStream_t s);
+cudaError_t fy_cuda_rope(float *q, float *k, const int32_t *pos, int32_t n, int32_t n_heads, int32_t n_kv, int32_t hd,
+                         float theta, int neox, cudaStream_t s);
 /* out = silu(gate) * up; out may alias gate */
 cudaError_t fy_cuda_swiglu(const float *gate, const float *up, float *out, size_t n, cudaStream_t s);
 /* x += y */
 cudaError_t fy_cuda_add(float *x, const float *y, size_t n, cudaStream_t s);
 /* K and V ([n, n_kv, hd] f32) of one layer into the paged arena at slots[t];
  * f16: the arena holds half, else float.  Offsets as fy_kv_offset. */
-cudaError_t fy_cuda_kv_write(void *arena, const int32_t *slots, int32_t n, const float *k, const float *v,
-                             int32_t n_kv, int32_t hd, int32_t block_size, size_t block_bytes, size_t layer_bytes,
-                             size_t kv_bytes, size_t head_bytes, int32_t layer, int f16, cudaStream_t s);
+cudaError_t fy_cuda_kv_write(void *arena, const int32_t *slots, int32_t n, const float *k, const float *v, int32_t n_kv,
+                             int32_t hd, int32_t block_size, size_t block_bytes, size_t layer_bytes, size_t kv_bytes,
+                             size_t head_bytes, int32_t layer, int f16, cudaStream_t s);
 
 /* Paged causal attention, pass 1 (see cuda_kernels.cu).  q: [n_tokens,
  * n_heads, hd]; apos: [n_tokens] each token's position in its sequence;

@@ -29,9 +29,9 @@ typedef struct name {
 } name_t;
 
 static const name_t k_fixed[] = {
-    {"router", "port"},        {"router", "http"},   {"decode", "kv_mem"}, {"serve", "stop_grace"},
-    {"decode", "count"},       {"prefill", "count"}, {"model", "path"},    {"router", "request_timeout"},
-    {"decode", "block_size"},  {"router", "api_keys"},
+    {"router", "port"},       {"router", "http"},     {"decode", "kv_mem"}, {"serve", "stop_grace"},
+    {"decode", "count"},      {"prefill", "count"},   {"model", "path"},    {"router", "request_timeout"},
+    {"decode", "block_size"}, {"router", "api_keys"},
 };
 
 /* The section.key names an INI text mentions, as the loader would read them (roughly). */
@@ -148,8 +148,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     for (int i = 0; i < n; i++) read_all(c, &names[i]);
     for (size_t i = 0; i < sizeof(k_fixed) / sizeof(k_fixed[0]); i++) read_all(c, &k_fixed[i]);
-    static const char *const known[] = {"router.*", "decode.kv_mem", "decode.count", "prefill.count",
-                                        "serve.stop_grace", "model.path"};
+    static const char *const known[] = {"router.*",      "decode.kv_mem",    "decode.count",
+                                        "prefill.count", "serve.stop_grace", "model.path"};
     st = fy_config_check_known(c, known, 6);
     check_status(st, "fy_config_check_known");
     check_status(fy_conf_check(c, false), "fy_conf_check");

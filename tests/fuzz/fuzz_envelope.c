@@ -82,10 +82,13 @@ static void write_seeds(const char *dir)
         fail("cannot make the seeds' credentials");
     uint8_t buf[1024];
     /* a load report's start, a reserve command's, a poll and its events */
-    static const char load[] = "\x84\xa1v\x01\xa4type\xa4load\xa6worker\xa8" "decode-0\xa3inc\x07";
+    static const char load[] = "\x84\xa1v\x01\xa4type\xa4load\xa6worker\xa8"
+                               "decode-0\xa3inc\x07";
     static const char reserve[] = "\x84\xa1v\x01\xa4type\xa7reserve\xa2to\x07\xa2id\x2a";
     static const char poll[] = "\x84\xa1v\x01\xa4type\xa4poll\xa2id\x01\xa6wait_s\x01";
-    static const char events[] = "\x83\xa1v\x01\xa4type\xa6" "events\xa4" "done\xc3";
+    static const char events[] = "\x83\xa1v\x01\xa4type\xa6"
+                                 "events\xa4"
+                                 "done\xc3";
     write_seed(dir, "load", buf, seal_seed(&dec, FY_ENV_MSG, 1, load, buf));
     write_seed(dir, "reserve", buf, seal_seed(&rtr, FY_ENV_MSG, 2, reserve, buf));
     write_seed(dir, "poll-long-name", buf, seal_seed(&cli, FY_ENV_MSG, 3, poll, buf));
@@ -136,7 +139,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!buf) return 0;
         if (h.kind == FY_ENV_REFUSAL) {
             if (off != size) fail("bytes after a refusal");
-            if (fy_env_refusal(&h, h.reason, buf, size) != size || memcmp(buf, data, size)) fail("refusal not canonical");
+            if (fy_env_refusal(&h, h.reason, buf, size) != size || memcmp(buf, data, size))
+                fail("refusal not canonical");
         } else {
             /* sealing what was parsed over the same payload gives the same header */
             memcpy(buf + off, data + off, size - off);

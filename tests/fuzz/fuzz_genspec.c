@@ -83,8 +83,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fy_free(buf);
     same(&g, &g2);
 
-    static const float logits[VOCAB] = {1.5f, -2.0f, 0.25f, 3.0f, 3.0f, -1e30f, 0.0f, 2.5f,
-                                        -0.5f, 1.0f, 7.0f, -7.0f, 0.125f, 2.0f, -3.0f, 6.5f};
+    static const float logits[VOCAB] = {1.5f,  -2.0f, 0.25f, 3.0f,  3.0f,   -1e30f, 0.0f,  2.5f,
+                                        -0.5f, 1.0f,  7.0f,  -7.0f, 0.125f, 2.0f,   -3.0f, 6.5f};
     fy_rng_t rng;
     fy_rng_seed(&rng, g.sampling.seed);
     float lp = 0;

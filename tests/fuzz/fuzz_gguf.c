@@ -141,8 +141,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fy_status_t st = fy_gguf_open(path, &g);
     FZ_CHECK(st == FY_OK || st == FY_ERR_FORMAT, "fy_gguf_open returned %s", fy_status_str(st));
     if (st != FY_OK) return 0;
-    FZ_CHECK(fy_gguf_file_size(g) == size, "file size %llu, wrote %zu", (unsigned long long)fy_gguf_file_size(g),
-             size);
+    FZ_CHECK(fy_gguf_file_size(g) == size, "file size %llu, wrote %zu", (unsigned long long)fy_gguf_file_size(g), size);
     FZ_CHECK(fy_gguf_version(g) == 2 || fy_gguf_version(g) == 3, "version %u", fy_gguf_version(g));
     read_keys(g);
     read_tensors(g);

@@ -23,8 +23,8 @@ static volatile uint8_t g_sink;
 static void touch(const fy_tensor_t *t, const char *what)
 {
     FZ_CHECK(t->data != NULL && t->nbytes > 0, "weight %s has no data", what);
-    FZ_CHECK(t->row_bytes * (size_t)t->ne[1] == t->nbytes, "weight %s: %zu bytes for %lld rows of %zu", what,
-             t->nbytes, (long long)t->ne[1], t->row_bytes);
+    FZ_CHECK(t->row_bytes * (size_t)t->ne[1] == t->nbytes, "weight %s: %zu bytes for %lld rows of %zu", what, t->nbytes,
+             (long long)t->ne[1], t->row_bytes);
     const uint8_t *p = t->data;
     g_sink ^= (uint8_t)(p[0] ^ p[t->nbytes - 1]);
 }
@@ -51,7 +51,8 @@ static void use_model(const fy_model_t *m)
 
     const fy_tokenizer_t *tok = fy_model_tokenizer(m);
     FZ_CHECK(fy_tokenizer_vocab_size(tok) <= c->vocab_size, "tokenizer larger than the model");
-    static const char text[] = "Hello, world! <|im_end|> \xe2\x96\x81" "caf\xc3\xa9 \xff\x00 12345";
+    static const char text[] = "Hello, world! <|im_end|> \xe2\x96\x81"
+                               "caf\xc3\xa9 \xff\x00 12345";
     int32_t ids[256];
     size_t n = 0;
     fy_status_t st = fy_tokenizer_encode(tok, text, sizeof(text) - 1, true, false, ids, 256, &n);

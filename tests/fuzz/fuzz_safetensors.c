@@ -26,7 +26,7 @@ static int dtype_bytes(const char *name)
     static const struct {
         const char *name;
         int bytes;
-    } k[] = {{"F64", 8}, {"F32", 4}, {"F16", 2},  {"BF16", 2}, {"I64", 8},     {"I32", 4},     {"I16", 2}, {"I8", 1},
+    } k[] = {{"F64", 8}, {"F32", 4},  {"F16", 2},     {"BF16", 2},    {"I64", 8}, {"I32", 4}, {"I16", 2}, {"I8", 1},
              {"U8", 1},  {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"U16", 2}, {"U32", 4}, {"U64", 8}};
     for (size_t i = 0; i < FY_ARRAY_LEN(k); i++)
         if (!strcmp(k[i].name, name)) return k[i].bytes;

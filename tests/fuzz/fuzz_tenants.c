@@ -27,8 +27,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *path = fz_write("api_keys", data, size);
     fy_tenants_t *t = NULL;
     fy_status_t st = fy_tenants_load(path, &t);
-    FZ_CHECK(st == FY_OK || st == FY_ERR_INVALID || st == FY_ERR_IO, "fy_tenants_load returned %s",
-             fy_status_str(st));
+    FZ_CHECK(st == FY_OK || st == FY_ERR_INVALID || st == FY_ERR_IO, "fy_tenants_load returned %s", fy_status_str(st));
     if (st != FY_OK) return 0;
     /* every line "KEY TENANT ..." before a '#', read as the loader reads a
      * line (up to a NUL byte in it) */

@@ -92,8 +92,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FZ_CHECK(vocab >= 1, "empty vocabulary");
     int32_t unk = unk_of(tok, parts[0].p, parts[0].n);
     static const char *const texts[] = {
-        "Hello, world!",  " leading space", "x",  "caf\xc3\xa9 \xe2\x96\x81 \xf0\x9f\x98\x80", "\xff\xfe\x80 \xc3",
-        "<|im_start|>user\nhi<|im_end|>", "<s></s><unk><|endoftext|>", "1234567 89", "\t\n  \r\n",
+        "Hello, world!",
+        " leading space",
+        "x",
+        "caf\xc3\xa9 \xe2\x96\x81 \xf0\x9f\x98\x80",
+        "\xff\xfe\x80 \xc3",
+        "<|im_start|>user\nhi<|im_end|>",
+        "<s></s><unk><|endoftext|>",
+        "1234567 89",
+        "\t\n  \r\n",
     };
     for (size_t i = 0; i < FY_ARRAY_LEN(texts); i++) roundtrip(tok, unk, texts[i], strlen(texts[i]));
     int specials = 0;

@@ -23,7 +23,8 @@
 #include "wire.h"
 
 /* tests/wire_examples.c's fy_test_wire_lim: the seeds read under it */
-static const fy_wire_lim_t LIM = {.token_hi = 49151, .max_prompt = 4096, .max_ctx = 8192, .n_prompt = 40, .block_size = 16};
+static const fy_wire_lim_t LIM = {
+    .token_hi = 49151, .max_prompt = 4096, .max_ctx = 8192, .n_prompt = 40, .block_size = 16};
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {

@@ -66,7 +66,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         char line[200];
         memset(line, 'x', sizeof(line));
         bool differ = fy_xfer_layout_explain(&a, &b, line, sizeof(line));
-        FZ_CHECK(differ == !layout_eq(&a, &b), "explain says %s, the fields say otherwise", differ ? "differ" : "equal");
+        FZ_CHECK(differ == !layout_eq(&a, &b), "explain says %s, the fields say otherwise",
+                 differ ? "differ" : "equal");
         if (differ) FZ_CHECK(memchr(line, 0, sizeof(line)) != NULL, "explanation not terminated");
     }
     return 0;

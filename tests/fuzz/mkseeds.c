@@ -209,16 +209,15 @@ static void models(const char *tmp)
     free(j.p);
 
     /* every dtype the format names, with odd shapes: a scalar, an empty tensor, 4 dimensions */
-    static const char hdr[] =
-        "{\"__metadata__\":{\"format\":\"pt\"},"
-        "\"a\":{\"dtype\":\"F64\",\"shape\":[],\"data_offsets\":[0,8]},"
-        "\"b\":{\"dtype\":\"I64\",\"shape\":[2,1],\"data_offsets\":[8,24]},"
-        "\"c\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[24,24]},"
-        "\"d\":{\"dtype\":\"BOOL\",\"shape\":[1,1,2,2],\"data_offsets\":[24,28]},"
-        "\"e\":{\"dtype\":\"F8_E4M3\",\"shape\":[4],\"data_offsets\":[28,32]},"
-        "\"f\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[32,40]},"
-        "\"g\":{\"dtype\":\"I32\",\"shape\":[1],\"data_offsets\":[40,44]},"
-        "\"h\":{\"dtype\":\"U16\",\"shape\":[2],\"data_offsets\":[44,48]}}";
+    static const char hdr[] = "{\"__metadata__\":{\"format\":\"pt\"},"
+                              "\"a\":{\"dtype\":\"F64\",\"shape\":[],\"data_offsets\":[0,8]},"
+                              "\"b\":{\"dtype\":\"I64\",\"shape\":[2,1],\"data_offsets\":[8,24]},"
+                              "\"c\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[24,24]},"
+                              "\"d\":{\"dtype\":\"BOOL\",\"shape\":[1,1,2,2],\"data_offsets\":[24,28]},"
+                              "\"e\":{\"dtype\":\"F8_E4M3\",\"shape\":[4],\"data_offsets\":[28,32]},"
+                              "\"f\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[32,40]},"
+                              "\"g\":{\"dtype\":\"I32\",\"shape\":[1],\"data_offsets\":[40,44]},"
+                              "\"h\":{\"dtype\":\"U16\",\"shape\":[2],\"data_offsets\":[44,48]}}";
     uint8_t file[8 + sizeof(hdr) - 1 + 48];
     uint64_t hl = sizeof(hdr) - 1;
     memcpy(file, &hl, 8);
@@ -244,8 +243,8 @@ static void gguf_llama_tokenizer(void)
         snprintf(bytes[b], sizeof(bytes[b]), "<0x%02X>", b);
         toks[n] = bytes[b], types[n] = 6, scores[n++] = 0;
     }
-    static const char *const words[] = {"\xe2\x96\x81", "\xe2\x96\x81t", "h", "e", "he", "\xe2\x96\x81the",
-                                        "t", "\xe2\x96\x81th"};
+    static const char *const words[] = {"\xe2\x96\x81", "\xe2\x96\x81t",   "h", "e",
+                                        "he",           "\xe2\x96\x81the", "t", "\xe2\x96\x81th"};
     for (size_t i = 0; i < FY_ARRAY_LEN(words); i++) toks[n] = words[i], types[n] = 1, scores[n++] = -(float)i;
     fy_gw_t *w = fy_gw_new();
     fy_gw_str(w, "general.architecture", "llama");
@@ -258,7 +257,8 @@ static void gguf_llama_tokenizer(void)
     fy_gw_u32(w, "tokenizer.ggml.unknown_token_id", 0);
     fy_gw_bool(w, "tokenizer.ggml.add_bos_token", true);
     fy_gw_bool(w, "tokenizer.ggml.add_space_prefix", true);
-    fy_gw_str(w, "tokenizer.chat_template", "{{ bos_token }}{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}");
+    fy_gw_str(w, "tokenizer.chat_template",
+              "{{ bos_token }}{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}");
     fy_gw_set_alignment(w, 64);
     size_t len;
     const uint8_t *b = fy_gw_bytes(w, &len);
@@ -281,9 +281,9 @@ static void json_spm_tokenizer(void)
     static const char *const words[] = {"\xe2\x96\x81", "t", "h", "e", "\xe2\x96\x81t", "he", "\xe2\x96\x81the", "a"};
     for (size_t i = 0; i < FY_ARRAY_LEN(words); i++) json_object_set_new(vocab, words[i], json_integer(259 + (int)i));
     json_t *merges = json_pack("[s, s, s]", "\xe2\x96\x81 t", "h e", "\xe2\x96\x81t he");
-    json_t *added = json_pack("[{s:i, s:s, s:b}, {s:i, s:s, s:b}, {s:i, s:s, s:b}]", "id", 0, "content", "<unk>",
-                              "special", 1, "id", 1, "content", "<s>", "special", 1, "id", 2, "content", "</s>",
-                              "special", 1);
+    json_t *added =
+        json_pack("[{s:i, s:s, s:b}, {s:i, s:s, s:b}, {s:i, s:s, s:b}]", "id", 0, "content", "<unk>", "special", 1,
+                  "id", 1, "content", "<s>", "special", 1, "id", 2, "content", "</s>", "special", 1);
     json_t *root = json_pack(
         "{s:o, s:{s:s, s:[{s:s, s:s}, {s:s, s:{s:s}, s:s}]}, s:n, s:{s:s, s:[{s:{s:s, s:s}}, {s:{s:s, s:s}}]}, "
         "s:{s:s, s:o, s:o, s:b, s:s}}",
@@ -300,8 +300,8 @@ static void json_spm_tokenizer(void)
 
     /* the same as Metaspace pre-tokenizer with a config */
     root = json_pack("{s:{s:s, s:s, s:s, s:b}, s:{s:s, s:{s:i, s:i, s:i}, s:[], s:s}}", "pre_tokenizer", "type",
-                     "Metaspace", "replacement", "\xe2\x96\x81", "prepend_scheme", "first", "split", 1, "model",
-                     "type", "BPE", "vocab", "<unk>", 0, "\xe2\x96\x81", 1, "a", 2, "merges", "unk_token", "<unk>");
+                     "Metaspace", "replacement", "\xe2\x96\x81", "prepend_scheme", "first", "split", 1, "model", "type",
+                     "BPE", "vocab", "<unk>", 0, "\xe2\x96\x81", 1, "a", 2, "merges", "unk_token", "<unk>");
     s = json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS);
     joined_t j = {0};
     join(&j, s, strlen(s));
@@ -346,9 +346,9 @@ static void smollm2_cut(const char *model)
         ks[i] = fy_strndup(toks[i].ptr, toks[i].len);
         json_object_set_new(vocab, ks[i], json_integer(i));
         if (types[i] == 3)
-            json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", i, "content", ks[i],
-                                                   "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", 0,
-                                                   "special", 1));
+            json_array_append_new(added,
+                                  json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", i, "content", ks[i],
+                                            "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", 0, "special", 1));
     }
     char **ms = calloc(nm, sizeof(*ms));
     for (uint64_t i = 0; i < nm && n_kept < 2048; i++) {
@@ -365,15 +365,15 @@ static void smollm2_cut(const char *model)
         fy_free(a);
         free(ab);
     }
-    json_t *root = json_pack(
-        "{s:s, s:o, s:n, s:{s:s, s:[{s:s, s:b}, {s:s, s:b, s:b, s:b}]}, s:{s:s, s:b, s:b, s:b}, "
-        "s:{s:s, s:b, s:b, s:b}, s:{s:s, s:n, s:n, s:n, s:b, s:b, s:o, s:o}}",
-        "version", "1.0", "added_tokens", added, "normalizer", "pre_tokenizer", "type", "Sequence", "pretokenizers",
-        "type", "Digits", "individual_digits", 1, "type", "ByteLevel", "add_prefix_space", 0, "trim_offsets", 1,
-        "use_regex", 1, "post_processor", "type", "ByteLevel", "add_prefix_space", 0, "trim_offsets", 0, "use_regex",
-        0, "decoder", "type", "ByteLevel", "add_prefix_space", 1, "trim_offsets", 1, "use_regex", 1, "model", "type",
-        "BPE", "dropout", "unk_token", "continuing_subword_prefix", "fuse_unk", 0, "byte_fallback", 0, "vocab", vocab,
-        "merges", jm);
+    json_t *root =
+        json_pack("{s:s, s:o, s:n, s:{s:s, s:[{s:s, s:b}, {s:s, s:b, s:b, s:b}]}, s:{s:s, s:b, s:b, s:b}, "
+                  "s:{s:s, s:b, s:b, s:b}, s:{s:s, s:n, s:n, s:n, s:b, s:b, s:o, s:o}}",
+                  "version", "1.0", "added_tokens", added, "normalizer", "pre_tokenizer", "type", "Sequence",
+                  "pretokenizers", "type", "Digits", "individual_digits", 1, "type", "ByteLevel", "add_prefix_space", 0,
+                  "trim_offsets", 1, "use_regex", 1, "post_processor", "type", "ByteLevel", "add_prefix_space", 0,
+                  "trim_offsets", 0, "use_regex", 0, "decoder", "type", "ByteLevel", "add_prefix_space", 1,
+                  "trim_offsets", 1, "use_regex", 1, "model", "type", "BPE", "dropout", "unk_token",
+                  "continuing_subword_prefix", "fuse_unk", 0, "byte_fallback", 0, "vocab", vocab, "merges", jm);
     if (!root) abort();
     char *s = json_dumps(root, JSON_COMPACT);
     put_str("tokenizer_json", "smollm2-cut.json", s);
@@ -456,7 +456,8 @@ static size_t c_literal(const char *s, char *out, const char **end_p)
         case 'r': out[n++] = '\r'; break;
         case 'x': {
             unsigned v = 0;
-            while (s[1] && strchr("0123456789abcdefABCDEF", s[1])) v = v * 16 + (unsigned)(s[1] <= '9' ? s[1] - '0' : (s[1] | 32) - 'a' + 10), s++;
+            while (s[1] && strchr("0123456789abcdefABCDEF", s[1]))
+                v = v * 16 + (unsigned)(s[1] <= '9' ? s[1] - '0' : (s[1] | 32) - 'a' + 10), s++;
             out[n++] = (char)v;
             break;
         }
@@ -725,8 +726,13 @@ static void transfer(void)
     uint8_t addr[40], rkey[24];
     for (size_t i = 0; i < sizeof(addr); i++) addr[i] = (uint8_t)(i * 7 + 1);
     for (size_t i = 0; i < sizeof(rkey); i++) rkey[i] = (uint8_t)(i * 13 + 5);
-    fy_xfer_target_t t = {.addr = addr, .addr_len = sizeof(addr), .rkey = rkey, .rkey_len = sizeof(rkey),
-                          .arena_base = 0x7f0000000000ull, .arena_bytes = 64 << 20, .block_bytes = 1 << 16};
+    fy_xfer_target_t t = {.addr = addr,
+                          .addr_len = sizeof(addr),
+                          .rkey = rkey,
+                          .rkey_len = sizeof(rkey),
+                          .arena_base = 0x7f0000000000ull,
+                          .arena_bytes = 64 << 20,
+                          .block_bytes = 1 << 16};
     snprintf(t.name, sizeof(t.name), "decode-0");
     uint8_t *blob;
     size_t len;
@@ -739,8 +745,14 @@ static void transfer(void)
     put("xfer_blob", "smallest", blob, len);
     fy_free(blob);
 
-    fy_xfer_layout_t l = {.dtype = 1, .block_size = 16, .n_layers = 30, .n_kv_heads = 3, .head_dim = 64,
-                          .order = FY_XFER_ORDER_BLOCK_MAJOR, .scale_format = 0, .block_bytes = 368640};
+    fy_xfer_layout_t l = {.dtype = 1,
+                          .block_size = 16,
+                          .n_layers = 30,
+                          .n_kv_heads = 3,
+                          .head_dim = 64,
+                          .order = FY_XFER_ORDER_BLOCK_MAJOR,
+                          .scale_format = 0,
+                          .block_bytes = 368640};
     snprintf(l.model_id, sizeof(l.model_id), "SmolLM2-135M@3f9a0c1d");
     fy_xfer_hello_t h = {.cookie = 0x1122334455667788ull, .layout = l};
     snprintf(h.name, sizeof(h.name), "prefill-0");
@@ -771,24 +783,29 @@ static void http(void)
         bool chat;
         const char *body;
     } b[] = {
-        {"completion", false, "{\"model\":\"SmolLM2-135M-Instruct.Q4_1\",\"prompt\":\"Once upon a time\",\"max_tokens\":16,"
-                              "\"temperature\":0.7,\"top_p\":0.9,\"top_k\":40,\"seed\":1,\"stop\":[\"\\n\",\"The end\"]}"},
-        {"completion-ids", false, "{\"prompt\":[1,2,3,4,49151],\"logprobs\":0,\"stream\":true,"
-                                  "\"stream_options\":{\"include_usage\":true},\"n\":2,\"min_p\":0.05}"},
+        {"completion", false,
+         "{\"model\":\"SmolLM2-135M-Instruct.Q4_1\",\"prompt\":\"Once upon a time\",\"max_tokens\":16,"
+         "\"temperature\":0.7,\"top_p\":0.9,\"top_k\":40,\"seed\":1,\"stop\":[\"\\n\",\"The end\"]}"},
+        {"completion-ids", false,
+         "{\"prompt\":[1,2,3,4,49151],\"logprobs\":0,\"stream\":true,"
+         "\"stream_options\":{\"include_usage\":true},\"n\":2,\"min_p\":0.05}"},
         {"completion-batch", false, "{\"prompt\":[\"a\",\"b\"],\"echo\":true,\"best_of\":1,\"suffix\":null}"},
-        {"chat", true, "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\","
-                       "\"content\":\"Hello <|im_end|>\"}],\"max_completion_tokens\":32,\"logprobs\":true,"
-                       "\"top_logprobs\":0,\"speculative\":\"ngram\",\"priority\":5,\"ignore_eos\":false}"},
-        {"chat-parts", true, "{\"messages\":[{\"role\":\"developer\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
-                             "{\"type\":\"text\",\"text\":\"\\u00e9\\ud83d\\ude00\"}]},{\"role\":\"assistant\","
-                             "\"content\":\"x\"},{\"role\":\"user\",\"content\":\"y\"}],\"response_format\":"
-                             "{\"type\":\"text\"},\"tools\":[],\"presence_penalty\":0}"},
+        {"chat", true,
+         "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\","
+         "\"content\":\"Hello <|im_end|>\"}],\"max_completion_tokens\":32,\"logprobs\":true,"
+         "\"top_logprobs\":0,\"speculative\":\"ngram\",\"priority\":5,\"ignore_eos\":false}"},
+        {"chat-parts", true,
+         "{\"messages\":[{\"role\":\"developer\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+         "{\"type\":\"text\",\"text\":\"\\u00e9\\ud83d\\ude00\"}]},{\"role\":\"assistant\","
+         "\"content\":\"x\"},{\"role\":\"user\",\"content\":\"y\"}],\"response_format\":"
+         "{\"type\":\"text\"},\"tools\":[],\"presence_penalty\":0}"},
         /* HTTP accepts these and the wire refuses them (issue 13, item 5): what the target checks
          * once it calls http.c's own parser (docs/fuzzing.md) */
         {"found-top-p-1e-7", false, "{\"prompt\":\"hi\",\"top_p\":1e-7}"},
         {"found-top-k-2e7", false, "{\"prompt\":\"hi\",\"top_k\":20000000}"},
-        {"chat-bad", true, "{\"messages\":[{\"role\":\"tool\",\"content\":1}],\"temperature\":\"hot\","
-                           "\"logit_bias\":{\"1\":2}}"},
+        {"chat-bad", true,
+         "{\"messages\":[{\"role\":\"tool\",\"content\":1}],\"temperature\":\"hot\","
+         "\"logit_bias\":{\"1\":2}}"},
     };
     for (size_t i = 0; i < FY_ARRAY_LEN(b); i++) {
         size_t n = strlen(b[i].body);

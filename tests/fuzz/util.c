@@ -19,10 +19,7 @@
 
 /* ---- log ------------------------------------------------------------------------------------------ */
 
-static void drop_line(fy_log_level_t level, const char *line, void *arg)
-{
-    (void)level, (void)line, (void)arg;
-}
+static void drop_line(fy_log_level_t level, const char *line, void *arg) { (void)level, (void)line, (void)arg; }
 
 void fz_quiet_log(void)
 {

@@ -74,9 +74,9 @@ const char *fz_default_model(void);
 
 /* A property that must hold for every input: on failure, the message and
  * abort(), which libFuzzer reports as a crash and keeps the input. */
-#define FZ_CHECK(cond, ...)                                                                                 \
-    do {                                                                                                    \
-        if (!(cond)) fz_fail(__FILE__, __LINE__, #cond, __VA_ARGS__);                                       \
+#define FZ_CHECK(cond, ...)                                                                                            \
+    do {                                                                                                               \
+        if (!(cond)) fz_fail(__FILE__, __LINE__, #cond, __VA_ARGS__);                                                  \
     } while (0)
 _Noreturn void fz_fail(const char *file, int line, const char *cond, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
