@@ -98,14 +98,18 @@ typedef struct fy_block_iq4_nlx8 {
 typedef struct fy_block_q2_kx8 {
     uint16_t d[8], dmin[8];
     uint8_t scales[16][8];
-    uint8_t qs[2][8][32]; /* [h][c]: bytes 32 h + 4 c .. + 3 of each row's qs */
+    uint8_t qs[8][2][32]; /* [c][h]: bytes 32 h + 4 c .. + 3 of each row's qs */
 } fy_block_q2_kx8_t;
 
+/* Q3_K's 3-bit quants v_s = q + 4 of sub-blocks s = 0..7 of one column,
+ * regrouped so that all 8 come out of 3 bytes with few shifts:
+ *   b0 = v0 | v1 << 3 | (v6 & 3) << 6,  b1 = v2 | v3 << 3 | (v7 & 3) << 6,
+ *   b2 = v4 | v5 << 3 | (v6 >> 2) << 6 | (v7 >> 2) << 7
+ * (the same 24 bits as the file's two qs bytes and one hmask byte) */
 typedef struct fy_block_q3_kx8 {
     uint16_t d[8];
     uint32_t scales[3][8];
-    uint8_t hmask[8][32]; /* [c]: bytes 4 c .. 4 c + 3 of each row's hmask */
-    uint8_t qs[2][8][32]; /* as q2_kx8 */
+    uint8_t q[8][3][32]; /* [c][b0, b1, b2]: columns 4 c .. 4 c + 3 of each row */
 } fy_block_q3_kx8_t;
 
 typedef struct fy_block_q4_kx8 {

@@ -101,20 +101,27 @@ static void pack_x8_k(fy_dtype_t dtype, const char *rows, size_t row_bytes, int6
                 for (int s = 0; s < 16; s++) out->scales[s][r] = in->scales[s];
                 p[r] = in->qs;
             }
-            for (int h = 0; h < 2; h++) interleave8(out->qs[h][0], p, (size_t)32 * h);
+            for (int c = 0; c < 8; c++)
+                for (int h = 0; h < 2; h++)
+                    for (int r = 0; r < 8; r++) memcpy(out->qs[c][h] + 4 * r, p[r] + 32 * h + 4 * c, 4);
             break;
         }
         case FY_DTYPE_Q3_K: {
             fy_block_q3_kx8_t *out = (fy_block_q3_kx8_t *)dst + i;
-            const uint8_t *hm[8];
             for (int r = 0; r < 8; r++) {
                 const fy_block_q3_k_t *in = (const fy_block_q3_k_t *)(rows + (size_t)r * row_bytes) + i;
                 out->d[r] = in->d;
                 for (int w = 0; w < 3; w++) memcpy(&out->scales[w][r], in->scales + 4 * w, 4);
-                p[r] = in->qs, hm[r] = in->hmask;
+                for (int l = 0; l < 32; l++) {
+                    int v[8]; /* q + 4 of sub-block s at column l */
+                    for (int s = 0; s < 8; s++)
+                        v[s] = ((in->qs[32 * (s / 4) + l] >> (2 * (s % 4))) & 3) | (((in->hmask[l] >> s) & 1) << 2);
+                    uint8_t *o = out->q[l / 4][0] + 4 * r + l % 4;
+                    o[0] = (uint8_t)(v[0] | v[1] << 3 | (v[6] & 3) << 6);
+                    o[32] = (uint8_t)(v[2] | v[3] << 3 | (v[7] & 3) << 6);
+                    o[64] = (uint8_t)(v[4] | v[5] << 3 | (v[6] >> 2) << 6 | (v[7] >> 2) << 7);
+                }
             }
-            interleave8(out->hmask[0], hm, 0);
-            for (int h = 0; h < 2; h++) interleave8(out->qs[h][0], p, (size_t)32 * h);
             break;
         }
         case FY_DTYPE_Q4_K: {

@@ -849,25 +849,35 @@ static inline void q6_chunk4(const fy_block_q6_kx8_t *b, int h, int c, __m256i *
                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), b45));
 }
 
-static inline void q3_chunk4(const fy_block_q3_kx8_t *b, int h, int c, __m256i *q)
+/* chunk c of all 8 sub-blocks: Q3_K q + 4 (0..7), Q2_K q (0..3) */
+static inline void q3_chunk8(const fy_block_q3_kx8_t *b, int c, __m256i *q)
 {
-    const __m256i three = _mm256_set1_epi8(3);
-    const __m256i v = _mm256_loadu_si256((const __m256i *)b->qs[h][c]);
-    const __m256i hm = _mm256_loadu_si256((const __m256i *)b->hmask[c]);
-    q[0] = _mm256_or_si256(_mm256_and_si256(v, three), bit_to(hm, 4 * h, 2));
-    q[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 2), three), bit_to(hm, 4 * h + 1, 2));
-    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), three), bit_to(hm, 4 * h + 2, 2));
-    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 6), three), bit_to(hm, 4 * h + 3, 2));
+    const __m256i seven = _mm256_set1_epi8(7), three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    const __m256i b0 = _mm256_loadu_si256((const __m256i *)b->q[c][0]);
+    const __m256i b1 = _mm256_loadu_si256((const __m256i *)b->q[c][1]);
+    const __m256i b2 = _mm256_loadu_si256((const __m256i *)b->q[c][2]);
+    q[0] = _mm256_and_si256(b0, seven);
+    q[1] = _mm256_and_si256(_mm256_srli_epi16(b0, 3), seven);
+    q[2] = _mm256_and_si256(b1, seven);
+    q[3] = _mm256_and_si256(_mm256_srli_epi16(b1, 3), seven);
+    q[4] = _mm256_and_si256(b2, seven);
+    q[5] = _mm256_and_si256(_mm256_srli_epi16(b2, 3), seven);
+    q[6] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b0, 6), three),
+                           _mm256_and_si256(_mm256_srli_epi16(b2, 4), four));
+    q[7] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 6), three),
+                           _mm256_and_si256(_mm256_srli_epi16(b2, 5), four));
 }
 
-static inline void q2_chunk4(const fy_block_q2_kx8_t *b, int h, int c, __m256i *q)
+static inline void q2_chunk8(const fy_block_q2_kx8_t *b, int c, __m256i *q)
 {
     const __m256i three = _mm256_set1_epi8(3);
-    const __m256i v = _mm256_loadu_si256((const __m256i *)b->qs[h][c]);
-    q[0] = _mm256_and_si256(v, three);
-    q[1] = _mm256_and_si256(_mm256_srli_epi16(v, 2), three);
-    q[2] = _mm256_and_si256(_mm256_srli_epi16(v, 4), three);
-    q[3] = _mm256_and_si256(_mm256_srli_epi16(v, 6), three);
+    for (int h = 0; h < 2; h++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)b->qs[c][h]);
+        q[4 * h] = _mm256_and_si256(v, three);
+        q[4 * h + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 2), three);
+        q[4 * h + 2] = _mm256_and_si256(_mm256_srli_epi16(v, 4), three);
+        q[4 * h + 3] = _mm256_and_si256(_mm256_srli_epi16(v, 6), three);
+    }
 }
 
 /* Q3_K's 16 scales of 8 rows, less 32: bytes 0..3 of lane r in w[q] are
@@ -931,15 +941,16 @@ static inline __attribute__((always_inline)) void k16_scales(const void *blk, co
     }
 }
 
-static inline __attribute__((always_inline)) void k16_chunk4(const void *blk, int h, int c, k16_kind_t kind,
-                                                             __m256i *q4)
+/* chunk c of the sub-blocks in group g: 4 of them for Q6_K (g = h), all 8
+ * for Q3_K and Q2_K (g = 0) */
+static inline __attribute__((always_inline)) void k16_chunk(const void *blk, int g, int c, k16_kind_t kind, __m256i *q)
 {
     if (kind == K16_Q6)
-        q6_chunk4(blk, h, c, q4);
+        q6_chunk4(blk, g, c, q);
     else if (kind == K16_Q3)
-        q3_chunk4(blk, h, c, q4);
+        q3_chunk8(blk, c, q);
     else
-        q2_chunk4(blk, h, c, q4);
+        q2_chunk8(blk, c, q);
 }
 
 /*
@@ -948,9 +959,10 @@ static inline __attribute__((always_inline)) void k16_chunk4(const void *blk, in
  * of an activation block's dot is offset-corrected with that half's sum of
  * x (isum16) and multiplied by its row's scale in integers (exact: under
  * 2^24 in magnitude), then scaled in float once per block.  A lone token
- * takes each chunk's 4 sub-blocks into 8 running dots at once, reading the
- * super-block once in order; a group of tokens unpacks half a super-block
- * into memory first and runs each token over it.
+ * takes each chunk's sub-blocks (4 for Q6_K, 8 for the others) into as
+ * many pairs of running dots at once, reading the super-block once in
+ * order; a group of tokens unpacks them into memory first and runs each
+ * token over them.
  */
 static inline __attribute__((always_inline)) void gemm_k16_tokens(const void *w, int64_t nsb, const fy_q8a_t *x, int nt,
                                                                   float *y, int64_t ldy, k16_kind_t kind)
@@ -958,6 +970,7 @@ static inline __attribute__((always_inline)) void gemm_k16_tokens(const void *w,
     const size_t sb_bytes = kind == K16_Q6   ? sizeof(fy_block_q6_kx8_t)
                             : kind == K16_Q3 ? sizeof(fy_block_q3_kx8_t)
                                              : sizeof(fy_block_q2_kx8_t);
+    const int per = kind == K16_Q6 ? 4 : 8; /* sub-blocks per chunk */
     __m256 acc[TOK_GROUP][2], accm[TOK_GROUP];
     for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = accm[t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nsb; i++) {
@@ -970,42 +983,42 @@ static inline __attribute__((always_inline)) void gemm_k16_tokens(const void *w,
         const __m256 d = load_h8(kind == K16_Q6 ? b6->d : kind == K16_Q3 ? b3->d : b2->d);
         const __m256 dmin = kind == K16_Q2 ? load_h8(b2->dmin) : d;
 #pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
+        for (int g = 0; g < 8 / per; g++) {
             if (nt == 1) {
-                const int8_t *xq = x->qs + (8 * i + 4 * h) * FY_QK;
-                __m256i a[4][2];
-#pragma GCC unroll 4
-                for (int k = 0; k < 4; k++) a[k][0] = a[k][1] = _mm256_setzero_si256();
+                const int8_t *xq = x->qs + (8 * i + per * g) * FY_QK;
+                __m256i a[8][2];
+#pragma GCC unroll 8
+                for (int k = 0; k < per; k++) a[k][0] = a[k][1] = _mm256_setzero_si256();
 #pragma GCC unroll 8
                 for (int c = 0; c < 8; c++) {
-                    __m256i q4[4];
-                    /* a sixteenth of the super-block, K_PREFETCH bytes ahead */
-                    prefetch_lines(blk + K_PREFETCH + (8 * h + c) * 128, kind == K16_Q6 ? 2 : 1);
-                    k16_chunk4(blk, h, c, kind, q4);
-#pragma GCC unroll 4
-                    for (int k = 0; k < 4; k++) a[k][c / 4] = DPBUSD(a[k][c / 4], q4[k], bcast4(xq + 32 * k + 4 * c));
+                    __m256i q[8];
+                    /* the share of the super-block this chunk reads, K_PREFETCH bytes ahead */
+                    prefetch_lines(blk + K_PREFETCH + (8 * g + c) * 128, kind == K16_Q6 ? 2 : kind == K16_Q3 ? 2 : 1);
+                    k16_chunk(blk, g, c, kind, q);
+#pragma GCC unroll 8
+                    for (int k = 0; k < per; k++) a[k][c / 4] = DPBUSD(a[k][c / 4], q[k], bcast4(xq + 32 * k + 4 * c));
                 }
-#pragma GCC unroll 4
-                for (int k = 0; k < 4; k++) {
+#pragma GCC unroll 8
+                for (int k = 0; k < per; k++) {
                     __m256i sc[2], mn[2];
-                    k16_scales(blk, w3, 4 * h + k, kind, sc, mn);
+                    k16_scales(blk, w3, per * g + k, kind, sc, mn);
                     k16_tail(&acc[0][k & 1], &accm[0], a[k][0], a[k][1], sc[0], sc[1], mn[0], mn[1], d, dmin, x,
-                             8 * i + 4 * h + k, kind);
+                             8 * i + per * g + k, kind);
                 }
                 continue;
             }
-            __m256i qq[4][8]; /* [k][c] */
+            __m256i qq[8][8]; /* [k][c] */
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) {
-                __m256i q4[4];
-                k16_chunk4(blk, h, c, kind, q4);
-                for (int k = 0; k < 4; k++) qq[k][c] = q4[k];
+                __m256i q[8];
+                k16_chunk(blk, g, c, kind, q);
+                for (int k = 0; k < per; k++) qq[k][c] = q[k];
             }
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
+#pragma GCC unroll 8
+            for (int k = 0; k < per; k++) {
                 __m256i sc[2], mn[2];
-                k16_scales(blk, w3, 4 * h + k, kind, sc, mn);
-                const int64_t j = 8 * i + 4 * h + k; /* activation block */
+                k16_scales(blk, w3, per * g + k, kind, sc, mn);
+                const int64_t j = 8 * i + per * g + k; /* activation block */
                 for (int t = 0; t < nt; t++) {
                     __m256i a0, a1;
                     isum_x8_halves(qq[k], x[t].qs + j * FY_QK, &a0, &a1);
