@@ -6,8 +6,22 @@
  * Quantized weights are multiplied straight from their GGUF blocks: the
  * activation row is quantized once to 8 bits per 32-element block (an f32
  * scale d and d * sum(q) per block), and each weight block contributes an
- * integer dot product times two scales (plus min * d * sum(q) for Q4_1).
- * No dequantized copy of any weight matrix exists.
+ * integer dot product times two scales (plus min * d * sum(q) for Q4_1 and
+ * Q5_1).  No dequantized copy of any weight matrix exists.
+ *
+ * K-quants (Q2_K..Q6_K, super-blocks of 256) use the same activation rows:
+ * a super-block is 8 activation blocks, its weight sub-block scales (6 or
+ * 8 bits, per 16 or 32) are folded into each block's integer sum, and the
+ * 8 sums are scaled by 8 floats at once.  Why not llama.cpp's q8_K (one
+ * scale per 256 and sums per 16, which lets a super-block accumulate in
+ * integers): one matmul call quantizes its input once for all its weights,
+ * and a K-quant file mixes types in one call (Q4_K/Q6_K/Q5_0/Q8_0 for Q,
+ * K, V); a second activation format would mean a second quantization, and
+ * the per-32 scale is the more accurate one.  The price is a float
+ * multiply-add per 32 columns, which the measured kernels afford (the
+ * K-quants reach the bandwidth bound's neighbourhood but for the 2- and
+ * 3-bit ones, BENCHMARKS.md).  The per-16 sums of the activation's quants
+ * (isum16) serve the types whose offsets or minimums change every 16.
  *
  * Packed weights.  At upload the backend re-lays quantized matrices whose
  * row count is a multiple of 8 as "x8" blocks: one 32-column block of 8
@@ -17,7 +31,9 @@
  * lanes accumulates row r in lane r: no horizontal sums, one vector load
  * for 8 scales.  Same bytes as the file (a copy, not a dequantization);
  * this is the layout llama.cpp's CPU "repack" buffers use for the same
- * reason.
+ * reason.  Every quantized weight type has one (the structs below); the
+ * K-quants' are per super-block and also reorder bits within the block
+ * where that saves the kernel shifts.
  */
 #ifndef FY_CPU_KERNELS_H
 #define FY_CPU_KERNELS_H
