@@ -113,8 +113,8 @@ typedef struct fy_block_iq4_nlx8 {
  */
 typedef struct fy_block_q2_kx8 {
     uint16_t d[8], dmin[8];
-    uint8_t scales[16][8];
-    uint8_t qs[8][2][32]; /* [c][h]: bytes 32 h + 4 c .. + 3 of each row's qs */
+    uint8_t scales[8][8][2]; /* [sub-block][row]: the scale bytes of its two halves */
+    uint8_t qs[8][2][32];    /* [c][h]: bytes 32 h + 4 c .. + 3 of each row's qs */
 } fy_block_q2_kx8_t;
 
 /* Q3_K's 3-bit quants v_s = q + 4 of sub-blocks s = 0..7 of one column,

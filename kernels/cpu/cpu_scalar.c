@@ -98,7 +98,7 @@ static void pack_x8_k(fy_dtype_t dtype, const char *rows, size_t row_bytes, int6
             for (int r = 0; r < 8; r++) {
                 const fy_block_q2_k_t *in = (const fy_block_q2_k_t *)(rows + (size_t)r * row_bytes) + i;
                 out->d[r] = in->d, out->dmin[r] = in->dmin;
-                for (int s = 0; s < 16; s++) out->scales[s][r] = in->scales[s];
+                for (int s = 0; s < 16; s++) out->scales[s / 2][r][s % 2] = in->scales[s];
                 p[r] = in->qs;
             }
             for (int c = 0; c < 8; c++)

@@ -736,12 +736,8 @@ static inline __m256 lane_u8f(__m256i v, int j)
     return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 8 * j), _mm256_set1_epi32(0xff)));
 }
 
-/* byte j of each 32-bit lane, signed, as int32 */
-static inline __m256i lane_s8(__m256i v, int j) { return _mm256_srai_epi32(_mm256_slli_epi32(v, 24 - 8 * j), 24); }
-
 /* 8 bytes (one per row) as int32 lanes */
 static inline __m256i load_s8x8(const int8_t *p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
-static inline __m256i load_u8x8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
 
 /* sum over the 32 columns of q (8 chunks of 4, row r in lane r) times
  * one token's 32 quants: columns 0..15 in *a0, 16..31 in *a1 */
@@ -928,52 +924,77 @@ static inline void k3_scales8(const uint32_t (*s)[8], __m256i *w)
                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(a2, 4), k2), 4));
     w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(a1, 4), k4),
                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(a2, 6), k2), 4));
+#pragma GCC unroll 4
     for (int q = 0; q < 4; q++) w[q] = _mm256_sub_epi8(w[q], off);
 }
 
-/* one token's share of activation block j: a0, a1 the integer dots of
- * columns 0..15 and 16..31 with the stored (offset) quants */
-static inline __attribute__((always_inline)) void k16_tail(__m256 *acc, __m256 *accm, __m256i a0, __m256i a1,
-                                                           __m256i sc0, __m256i sc1, __m256i mn0, __m256i mn1, __m256 d,
-                                                           __m256 dmin, const fy_q8a_t *xt, int64_t j, k16_kind_t kind,
-                                                           int sh)
+/* (lo & 0xffff) | hi << 16: two int16 halves of a 32-bit word */
+static inline int32_t pair16(int32_t lo, int32_t hi)
 {
-    const int off = kind == K16_Q6 ? 32 : kind == K16_Q3 ? 4 : 0;
+    return (int32_t)(((uint32_t)lo & 0xffff) | ((uint32_t)hi << 16));
+}
+
+/*
+ * One token's share of activation block j: a0, a1 the integer dots of
+ * columns 0..15 and 16..31 with the stored quants (offset, and for VNNI
+ * scaled by 2^sh).  For Q6_K they are multiplied by the two scales (sc[0],
+ * sc[1]) as int32.  Q3_K's and Q2_K's fit in 16 bits (|dot| < 2^15), so
+ * the pair goes into the two halves of each lane and one 16-bit
+ * multiply-add applies both scales (sc[0] holds them as int16 pairs), and
+ * Q2_K's minimums (mn[0]) the same way to the pair of activation sums:
+ * half the operations of two 32-bit multiplies and their scale unpacking.
+ */
+static inline __attribute__((always_inline)) void k16_tail(__m256 *acc, __m256 *accm, __m256i a0, __m256i a1,
+                                                           const __m256i *sc, const __m256i *mn, __m256 d, __m256 dmin,
+                                                           const fy_q8a_t *xt, int64_t j, k16_kind_t kind, int sh)
+{
+    const int32_t s0 = xt->isum16[2 * j], s1 = xt->isum16[2 * j + 1];
+    __m256i is;
     if (sh) {
         a0 = _mm256_srai_epi32(a0, sh);
         a1 = _mm256_srai_epi32(a1, sh);
     }
-    if (off) {
-        a0 = _mm256_sub_epi32(a0, _mm256_set1_epi32(off * xt->isum16[2 * j]));
-        a1 = _mm256_sub_epi32(a1, _mm256_set1_epi32(off * xt->isum16[2 * j + 1]));
+    if (kind == K16_Q6) {
+        a0 = _mm256_sub_epi32(a0, _mm256_set1_epi32(32 * s0));
+        a1 = _mm256_sub_epi32(a1, _mm256_set1_epi32(32 * s1));
+        is = _mm256_add_epi32(_mm256_mullo_epi32(a0, sc[0]), _mm256_mullo_epi32(a1, sc[1]));
+    } else {
+        __m256i p = _mm256_blend_epi16(a0, _mm256_slli_epi32(a1, 16), 0xaa);
+        if (kind == K16_Q3) p = _mm256_sub_epi16(p, _mm256_set1_epi32(pair16(4 * s0, 4 * s1)));
+        is = _mm256_madd_epi16(p, sc[0]);
     }
-    __m256i is = _mm256_add_epi32(_mm256_mullo_epi32(a0, sc0), _mm256_mullo_epi32(a1, sc1));
     const __m256 xd = _mm256_set1_ps(xt->d[j]);
     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(d, xd), *acc);
     if (kind == K16_Q2) {
-        __m256i ms = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_set1_epi32(xt->isum16[2 * j]), mn0),
-                                      _mm256_mullo_epi32(_mm256_set1_epi32(xt->isum16[2 * j + 1]), mn1));
+        __m256i ms = _mm256_madd_epi16(_mm256_set1_epi32(pair16(s0, s1)), mn[0]);
         *accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_mul_ps(dmin, xd), *accm);
     }
 }
 
-/* sub-block sb's scales (and Q2_K's minimums) of the 8 rows as int32 lanes:
- * columns 0..15 and 16..31 */
+/* sub-block sb's scales of the 8 rows, lane r row r: Q6_K's as two int32
+ * vectors (columns 0..15, 16..31), Q3_K's and Q2_K's (and Q2_K's
+ * minimums in mn[0]) as one vector of int16 pairs */
 static inline __attribute__((always_inline)) void k16_scales(const void *blk, const __m256i *w3, int sb,
                                                              k16_kind_t kind, __m256i *sc, __m256i *mn)
 {
-    mn[0] = mn[1] = _mm256_setzero_si256();
+    mn[0] = _mm256_setzero_si256();
     if (kind == K16_Q6) {
         const fy_block_q6_kx8_t *b6 = blk;
         sc[0] = load_s8x8(b6->scales[2 * sb]), sc[1] = load_s8x8(b6->scales[2 * sb + 1]);
     } else if (kind == K16_Q3) {
-        sc[0] = lane_s8(w3[sb / 2], 2 * (sb % 2)), sc[1] = lane_s8(w3[sb / 2], 2 * (sb % 2) + 1);
+        /* bytes 2 (sb % 2) and 2 (sb % 2) + 1 of each lane to the high bytes of its int16 halves, then
+         * shifted down with their sign */
+        const char lo = (char)(2 * (sb % 2)), hi = (char)(2 * (sb % 2) + 1), z = (char)0x80;
+        const __m256i sh =
+            _mm256_setr_epi8(z, lo, z, hi, z, (char)(4 + lo), z, (char)(4 + hi), z, (char)(8 + lo), z, (char)(8 + hi),
+                             z, (char)(12 + lo), z, (char)(12 + hi), z, lo, z, hi, z, (char)(4 + lo), z, (char)(4 + hi),
+                             z, (char)(8 + lo), z, (char)(8 + hi), z, (char)(12 + lo), z, (char)(12 + hi));
+        sc[0] = _mm256_srai_epi16(_mm256_shuffle_epi8(w3[sb / 2], sh), 8);
     } else {
         const fy_block_q2_kx8_t *b2 = blk;
-        const __m256i f = _mm256_set1_epi32(0x0f);
-        __m256i s0 = load_u8x8(b2->scales[2 * sb]), s1 = load_u8x8(b2->scales[2 * sb + 1]);
-        sc[0] = _mm256_and_si256(s0, f), sc[1] = _mm256_and_si256(s1, f);
-        mn[0] = _mm256_srli_epi32(s0, 4), mn[1] = _mm256_srli_epi32(s1, 4);
+        const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)b2->scales[sb]));
+        sc[0] = _mm256_and_si256(v, _mm256_set1_epi16(0x0f));
+        mn[0] = _mm256_srli_epi16(v, 4);
     }
 }
 
@@ -1036,10 +1057,10 @@ static inline __attribute__((always_inline)) void gemm_k16_tokens(const void *w,
                 }
 #pragma GCC unroll 8
                 for (int k = 0; k < per; k++) {
-                    __m256i sc[2], mn[2];
+                    __m256i sc[2], mn[1];
                     k16_scales(blk, w3, per * g + k, kind, sc, mn);
-                    k16_tail(&acc[0][k & 1], &accm[0], a[k][0], a[k][1], sc[0], sc[1], mn[0], mn[1], d, dmin, x,
-                             8 * i + per * g + k, kind, k16_shift(kind, k));
+                    k16_tail(&acc[0][k & 1], &accm[0], a[k][0], a[k][1], sc, mn, d, dmin, x, 8 * i + per * g + k, kind,
+                             k16_shift(kind, k));
                 }
                 continue;
             }
@@ -1052,14 +1073,13 @@ static inline __attribute__((always_inline)) void gemm_k16_tokens(const void *w,
             }
 #pragma GCC unroll 8
             for (int k = 0; k < per; k++) {
-                __m256i sc[2], mn[2];
+                __m256i sc[2], mn[1];
                 k16_scales(blk, w3, per * g + k, kind, sc, mn);
                 const int64_t j = 8 * i + per * g + k; /* activation block */
                 for (int t = 0; t < nt; t++) {
                     __m256i a0, a1;
                     isum_x8_halves(qq[k], x[t].qs + j * FY_QK, &a0, &a1);
-                    k16_tail(&acc[t][k & 1], &accm[t], a0, a1, sc[0], sc[1], mn[0], mn[1], d, dmin, &x[t], j, kind,
-                             k16_shift(kind, k));
+                    k16_tail(&acc[t][k & 1], &accm[t], a0, a1, sc, mn, d, dmin, &x[t], j, kind, k16_shift(kind, k));
                 }
             }
         }
