@@ -25,13 +25,16 @@ trap 'rm -f "$out"' EXIT
 r=1
 while [ "$r" -le "$rounds" ]; do
     for t in $types; do
-        line=$("$bin/ferry" bench -m "$dir/$t.gguf" --threads 1 --reps 3 | grep '^| 1 |')
+        res=$("$bin/ferry" bench -m "$dir/$t.gguf" --threads 1 --reps 3)
+        line=$(echo "$res" | grep '^| 1 |')
+        mib=$(echo "$res" | sed -n 's/.*, \([0-9.]*\) MiB read per token.*/\1/p')
+        [ "$r" = 1 ] && [ "$t" = "${types%% *}" ] && echo "$res" | sed -n '2p'
         echo "round $r $t $line"
-        echo "$r $t $line" >>"$out"
+        echo "$r $t $mib $line" >>"$out"
     done
     r=$((r + 1))
 done
-# fields of a bench line after "R TYPE": | 1 | copy | read | cb / rb | prefill | decode | dc% | dr% |
+# fields of a bench line after "R TYPE MIB": | 1 | copy | read | cb / rb | prefill | decode | dc% | dr% |
 awk -v types="$types" '
 function median(a, n,    i, j, t) {
     for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
@@ -39,19 +42,19 @@ function median(a, n,    i, j, t) {
 }
 {
     split($0, f, "|");
-    r = $1; t = $2;
+    r = $1; t = $2; mib[t] = $3;
     dec[t, r] = f[7] + 0; pre[t, r] = f[6] + 0; fc[t, r] = f[8] + 0; fr[t, r] = f[9] + 0;
     if (r > nr) nr = r;
 }
 END {
-    printf "| type | decode tok/s | prefill tok/s | decode / copy bound | decode / read bound | copy fraction / Q4_1 |\n";
-    printf "|---|---:|---:|---:|---:|---:|\n";
+    printf "| type | MiB read per token | decode tok/s | prefill tok/s | decode / copy bound | decode / read bound | copy fraction / Q4_1 |\n";
+    printf "|---|---:|---:|---:|---:|---:|---:|\n";
     n = split(types, ts, " ");
     for (i = 1; i <= n; i++) {
         t = ts[i];
         for (r = 1; r <= nr; r++) { a[r] = dec[t, r]; b[r] = pre[t, r]; c[r] = fc[t, r]; d[r] = fr[t, r];
                                     e[r] = fc["q4_1", r] ? fc[t, r] / fc["q4_1", r] : 0 }
-        printf "| %s | %.1f | %.1f | %.0f%% | %.0f%% | %.2f |\n", t, median(a, nr), median(b, nr), median(c, nr),
-               median(d, nr), median(e, nr);
+        printf "| %s | %.1f | %.1f | %.1f | %.0f%% | %.0f%% | %.2f |\n", t, mib[t], median(a, nr), median(b, nr),
+               median(c, nr), median(d, nr), median(e, nr);
     }
 }' "$out"
