@@ -18,9 +18,10 @@
  * and a K-quant file mixes types in one call (Q4_K/Q6_K/Q5_0/Q8_0 for Q,
  * K, V); a second activation format would mean a second quantization, and
  * the per-32 scale is the more accurate one.  The price is a float
- * multiply-add per 32 columns, which the measured kernels afford (the
- * K-quants reach the bandwidth bound's neighbourhood but for the 2- and
- * 3-bit ones, BENCHMARKS.md).  The per-16 sums of the activation's quants
+ * multiply-add per 32 columns, which the measured kernels afford (Q4_K
+ * and Q6_K decode at 85-100% of the bandwidth bound, the 2-, 3- and 5-bit
+ * types at 70-77%, closer to compute-bound; BENCHMARKS.md, issue 15).  The
+ * per-16 sums of the activation's quants
  * (isum16) serve the types whose offsets or minimums change every 16.
  *
  * Packed weights.  At upload the backend re-lays quantized matrices whose
