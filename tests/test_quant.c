@@ -449,6 +449,25 @@ static void test_partial_block_rows_refused(void **state)
     }
 }
 
+/* A K-quant matrix handed to matmul with rows that are not whole
+ * super-blocks (the loader never makes one) is refused, not half-read. */
+static void test_matmul_refuses_partial_blocks(void **state)
+{
+    fy_backend_t *be = make_backend(NULL, 1024, true);
+    assert_non_null(be);
+    static uint8_t blocks[4 * 144];
+    float x[288], y[2];
+    memset(x, 0, sizeof(x));
+    fy_tensor_t t = {FY_DTYPE_Q4_K, {288, 2}, 2 * 144, 4 * 144, blocks, 0};
+    const fy_tensor_t *w[1] = {&t};
+    float *ys[1] = {y};
+    fy_test_log_begin();
+    assert_int_equal(fy_backend_matmul(be, 1, w, x, 1, ys), FY_ERR_INVALID);
+    fy_test_log_end();
+    assert_true(fy_test_log_has("288", "q4_k", "256-element blocks", NULL));
+    fy_backend_destroy(be);
+}
+
 /* Names and sizes as GGUF has them. */
 static void test_type_table(void **state)
 {
@@ -530,6 +549,7 @@ int main(void)
         cmocka_unit_test(test_vec_dot_all_isas),
         cmocka_unit_test(test_matmul_mixed_types),
         cmocka_unit_test(test_embed_rows),
+        cmocka_unit_test(test_matmul_refuses_partial_blocks),
         cmocka_unit_test(test_partial_block_rows_refused),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
