@@ -50,17 +50,24 @@ int main(int argc, char **argv)
     for (int i = 3; i + 1 < argc; i += 2) {
         int v = atoi(argv[i + 1]);
         if (v < 1) return usage();
-        if (!strcmp(argv[i], "--dim")) c.dim = v;
-        else if (!strcmp(argv[i], "--ffn")) c.ffn = v;
-        else if (!strcmp(argv[i], "--layers")) c.n_layers = v;
-        else if (!strcmp(argv[i], "--heads")) c.n_heads = v;
-        else if (!strcmp(argv[i], "--kv-heads")) c.n_kv_heads = v;
-        else return usage();
+        if (!strcmp(argv[i], "--dim"))
+            c.dim = v;
+        else if (!strcmp(argv[i], "--ffn"))
+            c.ffn = v;
+        else if (!strcmp(argv[i], "--layers"))
+            c.n_layers = v;
+        else if (!strcmp(argv[i], "--heads"))
+            c.n_heads = v;
+        else if (!strcmp(argv[i], "--kv-heads"))
+            c.n_kv_heads = v;
+        else
+            return usage();
     }
     int be = fy_dtype_info(t)->block_elems;
     if (c.dim % be || c.ffn % be || c.dim % c.n_heads || c.n_heads % c.n_kv_heads) {
-        fprintf(stderr, "mkbench: dim %d and ffn %d must be multiples of %s's %d-element blocks, "
-                        "and the heads must divide dim and each other\n",
+        fprintf(stderr,
+                "mkbench: dim %d and ffn %d must be multiples of %s's %d-element blocks, "
+                "and the heads must divide dim and each other\n",
                 c.dim, c.ffn, argv[2], be);
         return 2;
     }
