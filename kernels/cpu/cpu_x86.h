@@ -1021,13 +1021,62 @@ static inline __attribute__((always_inline)) void k16_chunk(const void *blk, int
  * order; a group of tokens unpacks them into memory first and runs each
  * token over them.
  */
+/* group g (of 8 / per) of super-block i: its sub-blocks' share of every
+ * token's sums */
+static inline __attribute__((always_inline)) void k16_group(const char *blk, const __m256i *w3, __m256 d, __m256 dmin,
+                                                            const fy_q8a_t *x, int nt, int64_t i, int g,
+                                                            k16_kind_t kind, __m256 (*acc)[2], __m256 *accm)
+{
+    const int per = kind == K16_Q6 ? 4 : 8; /* sub-blocks per chunk */
+    if (nt == 1) {
+        const int8_t *xq = x->qs + (8 * i + per * g) * FY_QK;
+        __m256i a[8][2];
+#pragma GCC unroll 8
+        for (int k = 0; k < per; k++) a[k][0] = a[k][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            __m256i q[8];
+            /* the share of the super-block this chunk reads, K_PREFETCH bytes ahead */
+            prefetch_lines(blk + K_PREFETCH + (8 * g + c) * 128, kind == K16_Q2 ? 1 : 2);
+            k16_chunk(blk, g, c, kind, q);
+#pragma GCC unroll 8
+            for (int k = 0; k < per; k++) a[k][c / 4] = DPBUSD(a[k][c / 4], q[k], bcast4(xq + 32 * k + 4 * c));
+        }
+#pragma GCC unroll 8
+        for (int k = 0; k < per; k++) {
+            __m256i sc[2], mn[1];
+            k16_scales(blk, w3, per * g + k, kind, sc, mn);
+            k16_tail(&acc[0][k & 1], &accm[0], a[k][0], a[k][1], sc, mn, d, dmin, x, 8 * i + per * g + k, kind,
+                     k16_shift(kind, k));
+        }
+        return;
+    }
+    __m256i qq[8][8]; /* [k][c] */
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) {
+        __m256i q[8];
+        k16_chunk(blk, g, c, kind, q);
+        for (int k = 0; k < per; k++) qq[k][c] = q[k];
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < per; k++) {
+        __m256i sc[2], mn[1];
+        k16_scales(blk, w3, per * g + k, kind, sc, mn);
+        const int64_t j = 8 * i + per * g + k; /* activation block */
+        for (int t = 0; t < nt; t++) {
+            __m256i a0, a1;
+            isum_x8_halves(qq[k], x[t].qs + j * FY_QK, &a0, &a1);
+            k16_tail(&acc[t][k & 1], &accm[t], a0, a1, sc, mn, d, dmin, &x[t], j, kind, k16_shift(kind, k));
+        }
+    }
+}
+
 static inline __attribute__((always_inline)) void gemm_k16_tokens(const void *w, int64_t nsb, const fy_q8a_t *x, int nt,
                                                                   float *y, int64_t ldy, k16_kind_t kind)
 {
     const size_t sb_bytes = kind == K16_Q6   ? sizeof(fy_block_q6_kx8_t)
                             : kind == K16_Q3 ? sizeof(fy_block_q3_kx8_t)
                                              : sizeof(fy_block_q2_kx8_t);
-    const int per = kind == K16_Q6 ? 4 : 8; /* sub-blocks per chunk */
     __m256 acc[TOK_GROUP][2], accm[TOK_GROUP];
     for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = accm[t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nsb; i++) {
@@ -1039,50 +1088,10 @@ static inline __attribute__((always_inline)) void gemm_k16_tokens(const void *w,
         if (kind == K16_Q3) k3_scales8(b3->scales, w3);
         const __m256 d = load_h8(kind == K16_Q6 ? b6->d : kind == K16_Q3 ? b3->d : b2->d);
         const __m256 dmin = kind == K16_Q2 ? load_h8(b2->dmin) : d;
-#pragma GCC unroll 2
-        for (int g = 0; g < 8 / per; g++) {
-            if (nt == 1) {
-                const int8_t *xq = x->qs + (8 * i + per * g) * FY_QK;
-                __m256i a[8][2];
-#pragma GCC unroll 8
-                for (int k = 0; k < per; k++) a[k][0] = a[k][1] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-                for (int c = 0; c < 8; c++) {
-                    __m256i q[8];
-                    /* the share of the super-block this chunk reads, K_PREFETCH bytes ahead */
-                    prefetch_lines(blk + K_PREFETCH + (8 * g + c) * 128, kind == K16_Q6 ? 2 : kind == K16_Q3 ? 2 : 1);
-                    k16_chunk(blk, g, c, kind, q);
-#pragma GCC unroll 8
-                    for (int k = 0; k < per; k++) a[k][c / 4] = DPBUSD(a[k][c / 4], q[k], bcast4(xq + 32 * k + 4 * c));
-                }
-#pragma GCC unroll 8
-                for (int k = 0; k < per; k++) {
-                    __m256i sc[2], mn[1];
-                    k16_scales(blk, w3, per * g + k, kind, sc, mn);
-                    k16_tail(&acc[0][k & 1], &accm[0], a[k][0], a[k][1], sc, mn, d, dmin, x, 8 * i + per * g + k, kind,
-                             k16_shift(kind, k));
-                }
-                continue;
-            }
-            __m256i qq[8][8]; /* [k][c] */
-#pragma GCC unroll 8
-            for (int c = 0; c < 8; c++) {
-                __m256i q[8];
-                k16_chunk(blk, g, c, kind, q);
-                for (int k = 0; k < per; k++) qq[k][c] = q[k];
-            }
-#pragma GCC unroll 8
-            for (int k = 0; k < per; k++) {
-                __m256i sc[2], mn[1];
-                k16_scales(blk, w3, per * g + k, kind, sc, mn);
-                const int64_t j = 8 * i + per * g + k; /* activation block */
-                for (int t = 0; t < nt; t++) {
-                    __m256i a0, a1;
-                    isum_x8_halves(qq[k], x[t].qs + j * FY_QK, &a0, &a1);
-                    k16_tail(&acc[t][k & 1], &accm[t], a0, a1, sc, mn, d, dmin, &x[t], j, kind, k16_shift(kind, k));
-                }
-            }
-        }
+        /* Q6_K in two groups of 4 sub-blocks (h), the others in one of 8;
+         * spelled out so that g is a constant in each */
+        k16_group(blk, w3, d, dmin, x, nt, i, 0, kind, acc, accm);
+        if (kind == K16_Q6) k16_group(blk, w3, d, dmin, x, nt, i, 1, kind, acc, accm);
     }
     for (int t = 0; t < nt; t++)
         _mm256_storeu_ps(y + t * ldy, _mm256_sub_ps(_mm256_add_ps(acc[t][0], acc[t][1]), accm[t]));
