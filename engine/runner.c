@@ -9,6 +9,7 @@
  */
 #include "runner.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "log.h"
@@ -381,6 +382,7 @@ fy_status_t fy_runner_forward(fy_runner_t *r, const fy_forward_seq_t *seqs, int3
         .seqs = r->seqs,
     };
     size_t dim = (size_t)c->dim;
+    const fy_rope_t rope = {c->rope_style, c->rope_theta, 1.0f, NULL};
     if ((st = fy_backend_set_batch(be, &meta)) || (st = fy_backend_embed(be, &r->tok_embd, r->x))) return st;
 
     for (int32_t l = 0; l < r->n_layers; l++) {
@@ -393,10 +395,10 @@ fy_status_t fy_runner_forward(fy_runner_t *r, const fy_forward_seq_t *seqs, int3
         float *xb2[1] = {r->xb2};
         if ((st = fy_backend_rmsnorm(be, r->x, &L->attn_norm, n, c->norm_eps, r->xb)) ||
             (st = fy_backend_matmul(be, 3, qkv_w, r->xb, n, qkv_y)) ||
-            (st = fy_backend_rope(be, r->q, r->k, c->n_heads, c->n_kv_heads, c->head_dim, c->rope_theta,
-                                  c->rope_style)) ||
+            (st = fy_backend_rope(be, r->q, r->k, c->n_heads, c->n_kv_heads, c->head_dim, &rope)) ||
             (st = fy_backend_kv_write(be, &r->kv, r->arena, l, r->k, r->v)) ||
-            (st = fy_backend_attention(be, &r->kv, r->arena, l, c->n_heads, r->q, r->att)) ||
+            (st = fy_backend_attention(be, &r->kv, r->arena, l, c->n_heads, 1.0f / sqrtf((float)c->head_dim), 0, r->q,
+                                       r->att)) ||
             (st = fy_backend_matmul(be, 1, o_w, r->att, n, xb2)) ||
             (st = fy_backend_add(be, r->x, r->xb2, (size_t)n * dim)) ||
             (st = fy_backend_rmsnorm(be, r->x, &L->ffn_norm, n, c->norm_eps, r->xb)) ||
