@@ -900,6 +900,8 @@ static void test_build_from_config(void **state)
     /* a stack that fails part-way undoes what it made (ASan checks) */
     fy_engine_build_default(&b);
     b.draft = "self:9"; /* more layers than the target has */
+    b.runner.kv_mem =
+        8 << 20; /* not the default 90% of free memory: touching ~20 GiB on a shared host is an OOM kill */
     fy_engine_stack_t untouched = {.engine = (fy_engine_t *)&untouched};
     fy_test_log_begin();
     assert_int_not_equal(fy_engine_stack_create(m, &b, &untouched), FY_OK);
