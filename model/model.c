@@ -33,6 +33,7 @@
 #include "safetensors.h"
 
 #define MAX_BAD_TYPES 16
+#define SUPPORTED_TYPES "f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1, iq4_nl, q2_k..q6_k"
 
 struct fy_model {
     char *path;
@@ -170,8 +171,7 @@ static fy_status_t bad_type(fy_model_t *m, const char *tensor, const char *type)
 {
     if (!m->inspect)
         return fault(m, false, FY_ERR_UNSUPPORTED,
-                     "tensor '%s' has type %s, which ferry does not support (f32, f16, bf16, q8_0, q4_0, q4_1)", tensor,
-                     type);
+                     "tensor '%s' has type %s, which ferry does not support (" SUPPORTED_TYPES ")", tensor, type);
     for (int i = 0; i < m->n_bad_types; i++) {
         if (!strcmp(m->bad_types[i].type, type)) {
             m->bad_types[i].count++;
@@ -1459,8 +1459,8 @@ fy_status_t fy_model_inspect(const char *path, char **report_p)
         if (m->issues) sb_printf(&b, "%s", m->issues);
         for (int i = 0; i < m->n_bad_types; i++)
             sb_printf(&b,
-                      "- tensor type %s is not supported (%d tensor%s, the first '%s'; ferry reads f32, f16, bf16, "
-                      "q8_0, q4_0, q4_1)\n",
+                      "- tensor type %s is not supported (%d tensor%s, the first '%s'; ferry reads " SUPPORTED_TYPES
+                      ")\n",
                       m->bad_types[i].type, m->bad_types[i].count, m->bad_types[i].count == 1 ? "" : "s",
                       m->bad_types[i].first);
         if (!m->tokenizer) sb_printf(&b, "- the tokenizer cannot be read\n");

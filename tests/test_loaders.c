@@ -185,9 +185,14 @@ static void test_model_faults(void **state)
     variant_t v = g_base;
     assert_int_equal(load_variant(&v, "base.gguf"), FY_OK);
 
+    v = g_base, v.q_type = 16; /* iq2_xxs */
+    assert_int_equal(load_variant(&v, "iq2xxs.gguf"), FY_ERR_UNSUPPORTED);
+    assert_true(fy_test_log_has("iq2xxs.gguf", "blk.0.attn_q.weight", "iq2_xxs", "does not support", NULL));
+
+    /* a K-quant's rows are whole 256-element super-blocks: 64 columns are not */
     v = g_base, v.q_type = 13; /* q5_k */
-    assert_int_equal(load_variant(&v, "q5k.gguf"), FY_ERR_UNSUPPORTED);
-    assert_true(fy_test_log_has("q5k.gguf", "blk.0.attn_q.weight", "q5_k", "does not support", NULL));
+    assert_int_equal(load_variant(&v, "q5k.gguf"), FY_ERR_FORMAT);
+    assert_true(fy_test_log_has("q5k.gguf", "blk.0.attn_q.weight", "64 elements", "q5_k blocks", NULL));
 
     v = g_base, v.q_type = 99;
     assert_int_equal(load_variant(&v, "type99.gguf"), FY_ERR_UNSUPPORTED);

@@ -141,6 +141,14 @@ static fy_dtype_t dtype_of(uint32_t ggml)
     case GW_Q8_0: return FY_DTYPE_Q8_0;
     case GW_Q4_0: return FY_DTYPE_Q4_0;
     case GW_Q4_1: return FY_DTYPE_Q4_1;
+    case GW_Q5_0: return FY_DTYPE_Q5_0;
+    case GW_Q5_1: return FY_DTYPE_Q5_1;
+    case GW_IQ4_NL: return FY_DTYPE_IQ4_NL;
+    case GW_Q2_K: return FY_DTYPE_Q2_K;
+    case GW_Q3_K: return FY_DTYPE_Q3_K;
+    case GW_Q4_K: return FY_DTYPE_Q4_K;
+    case GW_Q5_K: return FY_DTYPE_Q5_K;
+    case GW_Q6_K: return FY_DTYPE_Q6_K;
     default: return FY_DTYPE_F32;
     }
 }

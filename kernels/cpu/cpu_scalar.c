@@ -127,6 +127,189 @@ static float dot_q4_1(const void *w, const void *x, int64_t n)
     return sum;
 }
 
+/* 5-bit quant j of a Q5_0/Q5_1 block (0..31) */
+static inline int q5_at(const uint8_t *qs, uint32_t qh, int j)
+{
+    int lo = j < 16 ? qs[j] & 0x0f : qs[j - 16] >> 4;
+    return lo | (int)(((qh >> j) & 1) << 4);
+}
+
+static float dot_q5_0(const void *w, const void *x, int64_t n)
+{
+    const fy_block_q5_0_t *wb = w;
+    const fy_q8a_t *xa = x;
+    float sum = 0.0f;
+    for (int64_t b = 0; b < n / FY_QK; b++) {
+        const int8_t *xq = xa->qs + b * FY_QK;
+        uint32_t qh;
+        memcpy(&qh, wb[b].qh, 4);
+        int isum = 0;
+        for (int j = 0; j < FY_QK; j++) isum += (q5_at(wb[b].qs, qh, j) - 16) * xq[j];
+        sum += fy_fp16_to_fp32(wb[b].d) * xa->d[b] * (float)isum;
+    }
+    return sum;
+}
+
+static float dot_q5_1(const void *w, const void *x, int64_t n)
+{
+    const fy_block_q5_1_t *wb = w;
+    const fy_q8a_t *xa = x;
+    float sum = 0.0f;
+    for (int64_t b = 0; b < n / FY_QK; b++) {
+        const int8_t *xq = xa->qs + b * FY_QK;
+        uint32_t qh;
+        memcpy(&qh, wb[b].qh, 4);
+        int isum = 0;
+        for (int j = 0; j < FY_QK; j++) isum += q5_at(wb[b].qs, qh, j) * xq[j];
+        sum += fy_fp16_to_fp32(wb[b].d) * xa->d[b] * (float)isum + fy_fp16_to_fp32(wb[b].m) * xa->s[b];
+    }
+    return sum;
+}
+
+static float dot_iq4_nl(const void *w, const void *x, int64_t n)
+{
+    const fy_block_iq4_nl_t *wb = w;
+    const fy_q8a_t *xa = x;
+    float sum = 0.0f;
+    for (int64_t b = 0; b < n / FY_QK; b++) {
+        const int8_t *xq = xa->qs + b * FY_QK;
+        int isum = 0;
+        for (int j = 0; j < FY_QK / 2; j++) {
+            isum += fy_iq4nl_values[wb[b].qs[j] & 0x0f] * xq[j];
+            isum += fy_iq4nl_values[wb[b].qs[j] >> 4] * xq[j + FY_QK / 2];
+        }
+        sum += fy_fp16_to_fp32(wb[b].d) * xa->d[b] * (float)isum;
+    }
+    return sum;
+}
+
+/*
+ * K-quants: a super-block of 256 is 8 activation blocks of 32.  Each
+ * activation block's integer sum folds in the weights' small scales (per
+ * 16 or 32, all integers), and is scaled by the super-block's d and the
+ * activation block's d; minimums come in through the activation's
+ * per-block sums (per 32) or a per-16 integer sum of its quants.
+ */
+static float dot_q2_k(const void *w, const void *x, int64_t n)
+{
+    const fy_block_q2_k_t *wb = w;
+    const fy_q8a_t *xa = x;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / FY_QK_K; i++) {
+        float d = fy_fp16_to_fp32(wb[i].d), dmin = fy_fp16_to_fp32(wb[i].dmin);
+        for (int j = 0; j < 8; j++) {
+            int64_t b = i * 8 + j;
+            const int8_t *xq = xa->qs + b * FY_QK;
+            int isum = 0, msum = 0;
+            for (int h = 0; h < 2; h++) {
+                uint8_t sc = wb[i].scales[2 * j + h];
+                int qx = 0, xs = 0;
+                for (int l = 16 * h; l < 16 * h + 16; l++) {
+                    int e = 32 * j + l;
+                    qx += ((wb[i].qs[32 * (e / 128) + l] >> (2 * (j % 4))) & 3) * xq[l];
+                    xs += xq[l];
+                }
+                isum += (sc & 0xf) * qx;
+                msum += (sc >> 4) * xs;
+            }
+            sum += d * xa->d[b] * (float)isum - dmin * xa->d[b] * (float)msum;
+        }
+    }
+    return sum;
+}
+
+static float dot_q3_k(const void *w, const void *x, int64_t n)
+{
+    const fy_block_q3_k_t *wb = w;
+    const fy_q8a_t *xa = x;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / FY_QK_K; i++) {
+        uint8_t sc[16];
+        fy_k3_scales(wb[i].scales, sc);
+        float d = fy_fp16_to_fp32(wb[i].d);
+        for (int j = 0; j < 8; j++) {
+            int64_t b = i * 8 + j;
+            const int8_t *xq = xa->qs + b * FY_QK;
+            int isum = 0;
+            for (int h = 0; h < 2; h++) {
+                int qx = 0;
+                for (int l = 16 * h; l < 16 * h + 16; l++) {
+                    int q = ((wb[i].qs[32 * (j / 4) + l] >> (2 * (j % 4))) & 3) - ((wb[i].hmask[l] >> j) & 1 ? 0 : 4);
+                    qx += q * xq[l];
+                }
+                isum += (sc[2 * j + h] - 32) * qx;
+            }
+            sum += d * xa->d[b] * (float)isum;
+        }
+    }
+    return sum;
+}
+
+/* Q4_K and Q5_K share their scales and layout but for Q5_K's fifth bit */
+static inline float dot_k45(const uint8_t *scales, const uint8_t *qs, const uint8_t *qh, uint16_t dh, uint16_t dminh,
+                            const fy_q8a_t *xa, int64_t i)
+{
+    float d = fy_fp16_to_fp32(dh), dmin = fy_fp16_to_fp32(dminh), sum = 0.0f;
+    for (int j = 0; j < 8; j++) {
+        int64_t b = i * 8 + j;
+        const int8_t *xq = xa->qs + b * FY_QK;
+        uint8_t sc, m;
+        fy_k4_scale_min(scales, j, &sc, &m);
+        int isum = 0;
+        for (int l = 0; l < 32; l++) {
+            int q = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0xf;
+            if (qh) q |= ((qh[l] >> j) & 1) << 4;
+            isum += q * xq[l];
+        }
+        sum += d * (float)sc * xa->d[b] * (float)isum - dmin * (float)m * xa->s[b];
+    }
+    return sum;
+}
+
+static float dot_q4_k(const void *w, const void *x, int64_t n)
+{
+    const fy_block_q4_k_t *wb = w;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / FY_QK_K; i++) sum += dot_k45(wb[i].scales, wb[i].qs, NULL, wb[i].d, wb[i].dmin, x, i);
+    return sum;
+}
+
+static float dot_q5_k(const void *w, const void *x, int64_t n)
+{
+    const fy_block_q5_k_t *wb = w;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / FY_QK_K; i++)
+        sum += dot_k45(wb[i].scales, wb[i].qs, wb[i].qh, wb[i].d, wb[i].dmin, x, i);
+    return sum;
+}
+
+static float dot_q6_k(const void *w, const void *x, int64_t n)
+{
+    const fy_block_q6_k_t *wb = w;
+    const fy_q8a_t *xa = x;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / FY_QK_K; i++) {
+        float d = fy_fp16_to_fp32(wb[i].d);
+        for (int j = 0; j < 8; j++) {
+            int64_t b = i * 8 + j;
+            const int8_t *xq = xa->qs + b * FY_QK;
+            int isum = 0;
+            for (int h = 0; h < 2; h++) {
+                int qx = 0;
+                for (int l = 16 * h; l < 16 * h + 16; l++) {
+                    int e = 32 * j + l;
+                    int lo = (wb[i].ql[64 * (e / 128) + e % 64] >> (4 * (e / 64 % 2))) & 0xf;
+                    int hi = (wb[i].qh[32 * (e / 128) + l] >> (2 * (j % 4))) & 3;
+                    qx += ((lo | (hi << 4)) - 32) * xq[l];
+                }
+                isum += wb[i].scales[2 * j + h] * qx;
+            }
+            sum += d * xa->d[b] * (float)isum;
+        }
+    }
+    return sum;
+}
+
 /* Float weights straight from safetensors can sit at any address: load
  * them through memcpy (one plain load on x86). */
 static inline float ld_f32(const void *p, int64_t i)
@@ -263,6 +446,14 @@ const fy_cpu_kernels_t fy_cpu_kernels_scalar = {
             [FY_DTYPE_Q8_0] = dot_q8_0,
             [FY_DTYPE_Q4_0] = dot_q4_0,
             [FY_DTYPE_Q4_1] = dot_q4_1,
+            [FY_DTYPE_Q5_0] = dot_q5_0,
+            [FY_DTYPE_Q5_1] = dot_q5_1,
+            [FY_DTYPE_IQ4_NL] = dot_iq4_nl,
+            [FY_DTYPE_Q2_K] = dot_q2_k,
+            [FY_DTYPE_Q3_K] = dot_q3_k,
+            [FY_DTYPE_Q4_K] = dot_q4_k,
+            [FY_DTYPE_Q5_K] = dot_q5_k,
+            [FY_DTYPE_Q6_K] = dot_q6_k,
         },
     .attn_block = {[FY_DTYPE_F32] = attn_block_f32, [FY_DTYPE_F16] = attn_block_f16},
     .rmsnorm = rmsnorm,

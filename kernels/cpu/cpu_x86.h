@@ -190,6 +190,252 @@ static float dot_q4_1(const void *w, const void *x, int64_t n)
     return hsum(acc) + hsum(accm) + hsum(tail) + tail_m;
 }
 
+/* ---- Q5_0, Q5_1, IQ4_NL: 32-element blocks ------------------------------------------------ */
+
+#define Q5_0_BYTES ((int)sizeof(fy_block_q5_0_t))
+#define Q5_1_BYTES ((int)sizeof(fy_block_q5_1_t))
+#define IQ4_NL_BYTES ((int)sizeof(fy_block_iq4_nl_t))
+
+/* bit i of the 32 at p -> byte i: 0xff where set, 0 where clear */
+static inline __m256i bits_to_bytes(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    const __m256i shuf =
+        _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)v), shuf);
+    const __m256i bit = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe); /* all ones but bit i % 8 of byte i */
+    return _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit), _mm256_set1_epi64x(-1));
+}
+
+static inline __m256i qdot_q5_0(const void *w, const int8_t *xq)
+{
+    /* q - 16 in [-16, 15]: the low nibble, or'ed with 0xf0 (-16) where the fifth bit is clear */
+    const fy_block_q5_0_t *b = w;
+    __m256i q =
+        _mm256_or_si256(unpack_nibbles(b->qs), _mm256_andnot_si256(bits_to_bytes(b->qh), _mm256_set1_epi8((char)0xf0)));
+    return dot_s8s8(q, _mm256_loadu_si256((const __m256i *)xq));
+}
+
+static inline __m256i qdot_iq4_nl(const void *w, const int8_t *xq)
+{
+    const fy_block_iq4_nl_t *b = w;
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)fy_iq4nl_values));
+    __m256i q = _mm256_shuffle_epi8(lut, unpack_nibbles(b->qs));
+    return dot_s8s8(q, _mm256_loadu_si256((const __m256i *)xq));
+}
+
+static float dot_q5_0(const void *w, const void *x, int64_t n) { return dot_scaled(w, Q5_0_BYTES, x, n, qdot_q5_0); }
+static float dot_iq4_nl(const void *w, const void *x, int64_t n)
+{
+    return dot_scaled(w, IQ4_NL_BYTES, x, n, qdot_iq4_nl);
+}
+
+static inline __m256i qdot_q5_1(const fy_block_q5_1_t *w, const int8_t *xq)
+{
+    __m256i q = _mm256_or_si256(unpack_nibbles(w->qs), _mm256_and_si256(bits_to_bytes(w->qh), _mm256_set1_epi8(0x10)));
+    return dot_u8s8(q, _mm256_loadu_si256((const __m256i *)xq));
+}
+
+static float dot_q5_1(const void *w, const void *x, int64_t n)
+{
+    const fy_block_q5_1_t *wb = w;
+    const fy_q8a_t *xa = x;
+    int64_t nb = n / FY_QK, b = 0;
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (; b + 8 <= nb; b += 8) {
+        __m256i p[8];
+        for (int j = 0; j < 8; j++) p[j] = qdot_q5_1(&wb[b + j], xa->qs + (b + j) * FY_QK);
+        __m256 d, m;
+        load_scales8(&wb[b], Q5_1_BYTES, &d, &m);
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(xa->d + b)), _mm256_cvtepi32_ps(hsum8_epi32(p)), acc);
+        accm = _mm256_fmadd_ps(m, _mm256_loadu_ps(xa->s + b), accm);
+    }
+    float tail_m = 0.0f;
+    __m256 tail = _mm256_setzero_ps();
+    for (; b < nb; b++) {
+        tail = _mm256_fmadd_ps(_mm256_set1_ps(h2f(wb[b].d) * xa->d[b]),
+                               _mm256_cvtepi32_ps(qdot_q5_1(&wb[b], xa->qs + b * FY_QK)), tail);
+        tail_m += h2f(wb[b].m) * xa->s[b];
+    }
+    return hsum(acc) + hsum(accm) + hsum(tail) + tail_m;
+}
+
+/* ---- K-quants: a super-block is 8 activation blocks ----------------------------------------
+ *
+ * Each activation block has its own scale, so the 8 integer block sums of
+ * a super-block are reduced to one vector and scaled by 8 floats at once,
+ * as the 32-element types do in groups of 8 blocks: d * sc[j] * x.d[j]
+ * (scales per 32) or d * x.d[j] with the per-16 scales folded into the
+ * integer sums by the 16-bit multiply-add that pairs the bytes anyway.
+ */
+
+/* Q4_K/Q5_K: the 8 6-bit scales and the 8 minimums as floats (ggml's
+ * utmp unpacking: four 32-bit words of 8-bit values) */
+static inline void k4_scales(const uint8_t *packed, __m256 *sc, __m256 *m)
+{
+    uint32_t u[4];
+    memcpy(u, packed, 12);
+    u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+    uint32_t mins_lo = u[1] & 0x3f3f3f3f;
+    u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+    u[2] = mins_lo;
+    u[0] &= 0x3f3f3f3f;
+    __m128i v = _mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]);
+    *sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+    *m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
+}
+
+/* bit j of each of 32 bytes, moved to bit `to` (0 elsewhere) */
+static inline __m256i bit_to(__m256i v, int j, int to)
+{
+    __m256i b = _mm256_and_si256(v, _mm256_set1_epi8((char)(1 << j)));
+    return j > to ? _mm256_srli_epi16(b, j - to) : _mm256_slli_epi16(b, to - j);
+}
+
+static inline __attribute__((always_inline)) float dot_k45(const void *w, int64_t n, const fy_q8a_t *xa, bool q5)
+{
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    for (int64_t i = 0; i < n / FY_QK_K; i++) {
+        const fy_block_q4_k_t *b4 = (const fy_block_q4_k_t *)w + i;
+        const fy_block_q5_k_t *b5 = (const fy_block_q5_k_t *)w + i;
+        const uint8_t *qs = q5 ? b5->qs : b4->qs;
+        const int8_t *xq = xa->qs + i * FY_QK_K;
+        __m256i hb = q5 ? _mm256_loadu_si256((const __m256i *)b5->qh) : _mm256_setzero_si256();
+        __m256i p[8];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            if (q5) {
+                lo = _mm256_or_si256(lo, bit_to(hb, 2 * j, 4));
+                hi = _mm256_or_si256(hi, bit_to(hb, 2 * j + 1, 4));
+            }
+            p[2 * j] = dot_u8s8(lo, _mm256_loadu_si256((const __m256i *)(xq + 64 * j)));
+            p[2 * j + 1] = dot_u8s8(hi, _mm256_loadu_si256((const __m256i *)(xq + 64 * j + 32)));
+        }
+        __m256 sc, m;
+        k4_scales(q5 ? b5->scales : b4->scales, &sc, &m);
+        __m256 d = _mm256_set1_ps(h2f(q5 ? b5->d : b4->d)), dmin = _mm256_set1_ps(h2f(q5 ? b5->dmin : b4->dmin));
+        __m256 ws = _mm256_mul_ps(_mm256_mul_ps(d, sc), _mm256_loadu_ps(xa->d + 8 * i));
+        acc = _mm256_fmadd_ps(ws, _mm256_cvtepi32_ps(hsum8_epi32(p)), acc);
+        accm = _mm256_fmadd_ps(_mm256_mul_ps(dmin, m), _mm256_loadu_ps(xa->s + 8 * i), accm);
+    }
+    return hsum(acc) - hsum(accm);
+}
+
+static float dot_q4_k(const void *w, const void *x, int64_t n) { return dot_k45(w, n, x, false); }
+static float dot_q5_k(const void *w, const void *x, int64_t n) { return dot_k45(w, n, x, true); }
+
+/* 16 8-bit scales s -> per 32-element block j, 16 int16: s[2j] in the
+ * low half (elements 0..15), s[2j + 1] in the high half */
+static inline __m256i scales16_for(__m128i s, int j)
+{
+    const __m128i idx = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s, _mm_add_epi8(idx, _mm_set1_epi8((char)(2 * j)))));
+}
+
+/* sum over a block of signed q (|q| <= 32) times x, each 16 weighted by
+ * its scale (|sc| <= 128): 8 int32 lanes, exact */
+static inline __m256i dot_s8s8_scaled(__m256i q, const int8_t *xq, __m256i sc16)
+{
+    __m256i x = _mm256_loadu_si256((const __m256i *)xq);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q)), sc16);
+}
+
+static float dot_q6_k(const void *w, const void *x, int64_t n)
+{
+    const fy_block_q6_k_t *wb = w;
+    const fy_q8a_t *xa = x;
+    const __m256i low = _mm256_set1_epi8(0x0f), b45 = _mm256_set1_epi8(0x30), off = _mm256_set1_epi8(32);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / FY_QK_K; i++) {
+        const int8_t *xq = xa->qs + i * FY_QK_K;
+        __m128i sc = _mm_loadu_si128((const __m128i *)wb[i].scales);
+        __m256i p[8];
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)(wb[i].ql + 64 * h));
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(wb[i].ql + 64 * h + 32));
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(wb[i].qh + 32 * h));
+            __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_and_si256(_mm256_slli_epi16(qh, 4), b45));
+            __m256i q1 = _mm256_or_si256(_mm256_and_si256(l1, low), _mm256_and_si256(_mm256_slli_epi16(qh, 2), b45));
+            __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low), _mm256_and_si256(qh, b45));
+            __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+                                         _mm256_and_si256(_mm256_srli_epi16(qh, 2), b45));
+            p[4 * h + 0] = dot_s8s8_scaled(_mm256_sub_epi8(q0, off), xq + 128 * h, scales16_for(sc, 4 * h + 0));
+            p[4 * h + 1] = dot_s8s8_scaled(_mm256_sub_epi8(q1, off), xq + 128 * h + 32, scales16_for(sc, 4 * h + 1));
+            p[4 * h + 2] = dot_s8s8_scaled(_mm256_sub_epi8(q2, off), xq + 128 * h + 64, scales16_for(sc, 4 * h + 2));
+            p[4 * h + 3] = dot_s8s8_scaled(_mm256_sub_epi8(q3, off), xq + 128 * h + 96, scales16_for(sc, 4 * h + 3));
+        }
+        __m256 ws = _mm256_mul_ps(_mm256_set1_ps(h2f(wb[i].d)), _mm256_loadu_ps(xa->d + 8 * i));
+        acc = _mm256_fmadd_ps(ws, _mm256_cvtepi32_ps(hsum8_epi32(p)), acc);
+    }
+    return hsum(acc);
+}
+
+static float dot_q3_k(const void *w, const void *x, int64_t n)
+{
+    const fy_block_q3_k_t *wb = w;
+    const fy_q8a_t *xa = x;
+    const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / FY_QK_K; i++) {
+        const int8_t *xq = xa->qs + i * FY_QK_K;
+        /* the 16 6-bit scales less 32 (ggml's aux unpacking) */
+        uint32_t a[3];
+        memcpy(a, wb[i].scales, 12);
+        __m128i sc = _mm_setr_epi32((int)((a[0] & 0x0f0f0f0f) | (((a[2] >> 0) & 0x03030303) << 4)),
+                                    (int)((a[1] & 0x0f0f0f0f) | (((a[2] >> 2) & 0x03030303) << 4)),
+                                    (int)(((a[0] >> 4) & 0x0f0f0f0f) | (((a[2] >> 4) & 0x03030303) << 4)),
+                                    (int)(((a[1] >> 4) & 0x0f0f0f0f) | (((a[2] >> 6) & 0x03030303) << 4)));
+        sc = _mm_sub_epi8(sc, _mm_set1_epi8(32));
+        __m256i hm = _mm256_loadu_si256((const __m256i *)wb[i].hmask);
+        __m256i p[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(wb[i].qs + 32 * (j / 4)));
+            __m256i lo = _mm256_and_si256(_mm256_srli_epi16(v, 2 * (j % 4)), three);
+            /* q = low 2 bits, less 4 where the high bit is clear */
+            __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, bit_to(hm, j, 2)), four);
+            p[j] = dot_s8s8_scaled(q, xq + 32 * j, scales16_for(sc, j));
+        }
+        __m256 ws = _mm256_mul_ps(_mm256_set1_ps(h2f(wb[i].d)), _mm256_loadu_ps(xa->d + 8 * i));
+        acc = _mm256_fmadd_ps(ws, _mm256_cvtepi32_ps(hsum8_epi32(p)), acc);
+    }
+    return hsum(acc);
+}
+
+static float dot_q2_k(const void *w, const void *x, int64_t n)
+{
+    const fy_block_q2_k_t *wb = w;
+    const fy_q8a_t *xa = x;
+    const __m256i three = _mm256_set1_epi8(3), ones = _mm256_set1_epi8(1);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / FY_QK_K; i++) {
+        const int8_t *xq = xa->qs + i * FY_QK_K;
+        __m128i s = _mm_loadu_si128((const __m128i *)wb[i].scales);
+        __m128i sc = _mm_and_si128(s, _mm_set1_epi8(0x0f)),
+                mn = _mm_and_si128(_mm_srli_epi16(s, 4), _mm_set1_epi8(0x0f));
+        __m256i p[8], pm[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(wb[i].qs + 32 * (j / 4)));
+            __m256i q = _mm256_and_si256(_mm256_srli_epi16(v, 2 * (j % 4)), three);
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + 32 * j));
+            p[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), scales16_for(sc, j));
+            /* the minimum: its 4-bit multiple of the sums of x per 16 */
+            pm[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(ones, xv), scales16_for(mn, j));
+        }
+        __m256 xd = _mm256_loadu_ps(xa->d + 8 * i);
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(h2f(wb[i].d)), xd), _mm256_cvtepi32_ps(hsum8_epi32(p)), acc);
+        accm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(h2f(wb[i].dmin)), xd), _mm256_cvtepi32_ps(hsum8_epi32(pm)),
+                               accm);
+    }
+    return hsum(acc) - hsum(accm);
+}
+
 /* ---- packed (x8) matrices ------------------------------------------------------------ */
 
 static inline __m256i bcast4(const int8_t *p)
@@ -766,6 +1012,14 @@ const fy_cpu_kernels_t FY_X86_TABLE = {
             [FY_DTYPE_Q8_0] = dot_q8_0,
             [FY_DTYPE_Q4_0] = dot_q4_0,
             [FY_DTYPE_Q4_1] = dot_q4_1,
+            [FY_DTYPE_Q5_0] = dot_q5_0,
+            [FY_DTYPE_Q5_1] = dot_q5_1,
+            [FY_DTYPE_IQ4_NL] = dot_iq4_nl,
+            [FY_DTYPE_Q2_K] = dot_q2_k,
+            [FY_DTYPE_Q3_K] = dot_q3_k,
+            [FY_DTYPE_Q4_K] = dot_q4_k,
+            [FY_DTYPE_Q5_K] = dot_q5_k,
+            [FY_DTYPE_Q6_K] = dot_q6_k,
         },
     .gemm_x8 =
         {
