@@ -21,6 +21,7 @@
 #include "kv.h"
 #include "mem.h"
 #include "model.h"
+#include "prompt.h"
 #include "runner.h"
 #include "testutil.h"
 #include "tinymodel.h"
@@ -665,6 +666,37 @@ static void test_batch_and_thread_invariance(void **state)
     fy_tiny_free(&tm);
 }
 
+/* A chat prompt holds one BOS: the template's (Gemma's starts with
+ * {{ bos_token }}), not the template's and the tokenizer's; a template
+ * without one gets the tokenizer's. */
+static void test_chat_prompt_one_bos(void **state)
+{
+    for (int arch = 0; arch < 2; arch++) {
+        fy_tiny_cfg_t c;
+        fy_tiny_cfg_arch(&c, arch ? FY_ARCH_GEMMA3 : FY_ARCH_LLAMA);
+        c.add_bos = true;
+        fy_tiny_model_t tm;
+        fy_tiny_init(&tm, &c);
+        const char *path = fy_test_path(arch ? "bos-gemma.gguf" : "bos-llama.gguf");
+        assert_true(fy_tiny_write_gguf(&tm, path, GW_F32));
+        fy_tiny_free(&tm);
+        fy_model_t *m;
+        assert_int_equal(fy_model_load(path, &m), FY_OK);
+        int32_t *ids, n;
+        assert_int_equal(fy_prompt_tokens(m, "be brief", "hi", true, &ids, &n), FY_OK);
+        const fy_tokenizer_t *tok = fy_model_tokenizer(m);
+        int bos = 0;
+        for (int i = 0; i < n; i++) bos += ids[i] == fy_tokenizer_bos(tok);
+        assert_int_equal(ids[0], fy_tokenizer_bos(tok));
+        /* gemma: its template's <bos> text (here the tokenizer's BOS piece
+         * is <|im_start|>, which ChatML also writes at each turn) */
+        if (arch) assert_int_equal(bos, 1);
+        assert_true(n > 1 && ids[1] != fy_tokenizer_bos(tok));
+        fy_free(ids);
+        fy_model_destroy(m);
+    }
+}
+
 static int teardown(void **state)
 {
     fy_test_tmpdir_remove();
@@ -683,6 +715,7 @@ int main(void)
         cmocka_unit_test(test_batch_and_thread_invariance),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_inspect),
+        cmocka_unit_test(test_chat_prompt_one_bos),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
 }

@@ -331,7 +331,7 @@ bool fy_tiny_write_gguf(const fy_tiny_model_t *m, const char *path, uint32_t ggm
     fy_gw_str_arr(w, "tokenizer.ggml.merges", NULL, 0);
     fy_gw_u32(w, "tokenizer.ggml.bos_token_id", 257);
     fy_gw_u32(w, "tokenizer.ggml.eos_token_id", 258);
-    fy_gw_bool(w, "tokenizer.ggml.add_bos_token", false);
+    fy_gw_bool(w, "tokenizer.ggml.add_bos_token", c->add_bos);
 
     add_matrix(w, "token_embd.weight", m->embd, m->vocab, D, ggml);
     add_vector(w, "output_norm.weight", m->out_norm, D);

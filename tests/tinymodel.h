@@ -44,6 +44,7 @@ typedef struct fy_tiny_cfg {
     float query_scalar;    /* gemma3: query_pre_attn_scalar; 0: head_dim (scale 1 / sqrt(head_dim)) */
     bool multimodal;       /* HF gemma3: Gemma3ForConditionalGeneration, text_config, language_model.* names */
     bool mistral;          /* llama written as a Mistral file (GGUF "mistral", MistralForCausalLM) */
+    bool add_bos;          /* GGUF tokenizer.ggml.add_bos_token (BOS is <|im_start|>, 257) */
     fy_tiny_rope_scaling_t rope_scaling; /* of the global layers */
     float rope_factor, rope_low, rope_high;
     int rope_orig_ctx;
