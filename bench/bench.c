@@ -317,11 +317,7 @@ int fy_cmd_bench(int argc, char **argv)
         default: usage(stderr); return 2;
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "ferry: bench: unexpected argument '%s'\n", argv[optind]);
-        usage(stderr);
-        return 2;
-    }
+    if (!fy_cli_no_operands("bench", argc, argv, usage)) return 2;
     fy_model_t *m;
     if (fy_model_load(model, &m) != FY_OK) return 1;
     char *a = fy_aligned_alloc(4096, BW_BYTES), *b = fy_aligned_alloc(4096, BW_BYTES);

@@ -219,11 +219,7 @@ int fy_cmd_bench_batch(int argc, char **argv)
         default: usage(stderr); return 2;
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "ferry: bench-batch: unexpected argument '%s'\n", argv[optind]);
-        usage(stderr);
-        return 2;
-    }
+    if (!fy_cli_no_operands("bench-batch", argc, argv, usage)) return 2;
     fy_model_t *m;
     if (fy_model_load(model, &m) != FY_OK) return 1;
     time_t now = time(NULL);

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli.h"
 #include "commands.h"
 #include "kv.h"
 #include "log.h"
@@ -71,11 +72,7 @@ int fy_cmd_bench_kv(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (optind < argc) {
-        fprintf(stderr, "ferry: bench-kv: unexpected argument '%s'\n", argv[optind]);
-        usage(stderr);
-        return 2;
-    }
+    if (!fy_cli_no_operands("bench-kv", argc, argv, usage)) return 2;
     fy_kv_hasher_t *h;
     if (fy_kv_hasher_create_random(&h) != FY_OK) return 1;
     int rc = 1;

@@ -281,11 +281,7 @@ int fy_cmd_bench_spec(int argc, char **argv)
         default: usage(stderr); return 2;
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "ferry: bench-spec: unexpected argument '%s'\n", argv[optind]);
-        usage(stderr);
-        return 2;
-    }
+    if (!fy_cli_no_operands("bench-spec", argc, argv, usage)) return 2;
     int rc = 1;
     fy_model_t *m = NULL;
     fy_engine_stack_t s = {0};

@@ -163,11 +163,7 @@ int fy_cmd_bench_ttft(int argc, char **argv)
         default: usage(stderr); return 2;
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "ferry: bench-ttft: unexpected argument '%s'\n", argv[optind]);
-        usage(stderr);
-        return 2;
-    }
+    if (!fy_cli_no_operands("bench-ttft", argc, argv, usage)) return 2;
     fy_client_t *c;
     if (fy_client_create(router, secret, 10, &c) != FY_OK) return 1;
     fy_client_status_t cs;

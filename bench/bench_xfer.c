@@ -614,10 +614,7 @@ int fy_cmd_bench_xfer(int argc, char **argv)
         default: usage(stderr); return 2;
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "ferry: unexpected argument '%s'\n", argv[optind]);
-        return 2;
-    }
+    if (!fy_cli_no_operands("bench-xfer", argc, argv, usage)) return 2;
     s.block_bytes = (uint64_t)2 * (uint64_t)s.layers * (uint64_t)s.kv_heads * (uint64_t)s.block_size *
                     (uint64_t)s.head_dim * 2; /* K and V, f16 */
     s.n_blocks = (int32_t)((s.tokens + s.block_size - 1) / s.block_size);

@@ -5,6 +5,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,4 +104,12 @@ char *fy_cli_read_file(const char *path)
     fclose(f);
     if (buf) buf[len] = '\0';
     return buf;
+}
+
+bool fy_cli_no_operands(const char *cmd, int argc, char **argv, void (*usage)(FILE *))
+{
+    if (optind >= argc) return true;
+    fprintf(stderr, "ferry: %s: unexpected argument '%s'\n", cmd, argv[optind]);
+    usage(stderr);
+    return false;
 }

@@ -11,6 +11,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "config.h"
 
@@ -25,6 +26,10 @@ bool fy_cli_parse_u64(const char *opt, const char *s, uint64_t *out);
 /* A comma-separated list of at most cap integers in [lo, hi] ("1,2,4");
  * *n_p is set on success only. */
 bool fy_cli_parse_int_list(const char *opt, const char *s, long lo, long hi, int *out, int cap, int *n_p);
+/* After getopt_long: true if no operand is left (optind == argc); else
+ * "ferry: CMD: unexpected argument 'X'", usage(stderr), and false (the
+ * command then exits 2). */
+bool fy_cli_no_operands(const char *cmd, int argc, char **argv, void (*usage)(FILE *));
 /* A whole file as a NUL-terminated string (fy_free it); NULL and a message on error. */
 char *fy_cli_read_file(const char *path);
 

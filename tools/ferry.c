@@ -266,11 +266,7 @@ static int parse_generate(int argc, char **argv, gen_opts_t *o)
             if (rc) return rc == O_NOT_MINE ? 2 : rc;
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "ferry: generate: unexpected argument '%s'\n", argv[optind]);
-        generate_usage(stderr);
-        return 2;
-    }
+    if (!fy_cli_no_operands("generate", argc, argv, generate_usage)) return 2;
     if (prompt_file) {
         fy_free(o->prompt);
         o->prompt = fy_cli_read_file(prompt_file);

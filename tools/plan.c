@@ -102,11 +102,7 @@ int fy_cmd_plan(int argc, char **argv)
         default: usage(stderr); return 2;
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "ferry: plan: unexpected argument '%s'\n", argv[optind]);
-        usage(stderr);
-        return 2;
-    }
+    if (!fy_cli_no_operands("plan", argc, argv, usage)) return 2;
     char shape[256];
     if (model) {
         fy_model_t *m;

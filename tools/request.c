@@ -167,11 +167,7 @@ int fy_cmd_request(int argc, char **argv)
         default: usage(stderr); return 2;
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "ferry: request: unexpected argument '%s'\n", argv[optind]);
-        usage(stderr);
-        return 2;
-    }
+    if (!fy_cli_no_operands("request", argc, argv, usage)) return 2;
     if (!status && !!req.prompt == !!file) {
         fprintf(stderr, "ferry: request needs one prompt, -p TEXT or -f FILE (or --status)\n");
         usage(stderr);

@@ -395,11 +395,7 @@ static int parse_serve(int argc, char **argv, serve_t *s, char **cargv, int cap,
         default: usage(stderr); return 2;
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "ferry: serve: unexpected argument '%s'\n", argv[optind]);
-        usage(stderr);
-        return 2;
-    }
+    if (!fy_cli_no_operands("serve", argc, argv, usage)) return 2;
     if (!have_config) {
         fprintf(stderr, "ferry: serve: needs -c FILE, the cluster's configuration: the model, the router's and the "
                         "workers' addresses, how many workers (configs/local.ini is one to start from)\n");
