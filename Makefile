@@ -12,6 +12,7 @@
 #   make tsan        ThreadSanitizer on the multi-threaded tests (TSAN_TESTS)
 #   make chaos       100 rounds of killed processes under load (ferry chaos)
 #   make bench       run the benchmarks on the default model
+#   make bench-quant decode speed per GGUF weight type on one random-weight model shape
 #   make fuzz        build the libFuzzer targets (tests/fuzz/) with clang and run
 #                    each for FUZZ_TIME seconds (default 60); docs/fuzzing.md
 #   make WERROR=1    warnings are errors (CI)
@@ -169,7 +170,7 @@ MODEL ?= smollm2
 MODEL_FILES := smollm2=$(MODEL_FILE) gemma3-270m=$(GEMMA_FILE)
 MODEL_PICK  := $(patsubst $(MODEL)=%,%,$(filter $(MODEL)=%,$(MODEL_FILES)))
 
-.PHONY: all deps model model-optional pyenv pyenv-optional test check asan ubsan tsan chaos bench clean info tests FORCE \
+.PHONY: all deps model model-optional pyenv pyenv-optional test check asan ubsan tsan chaos bench bench-quant clean info tests FORCE \
         fuzz fuzz-build fuzz-bins fuzz-seeds format format-check
 all: $(TOOL_BIN) $(BENCH_BIN)
 
@@ -254,6 +255,12 @@ $(TEST_BIN): $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_UTIL_OBJ) $(LIB)
 	$(Q)$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
 
 tests: $(TEST_BIN) $(TOOL_BIN) $(BENCH_BIN)
+
+# writes the random-weight models of `make bench-quant`
+$(BUILD)/tests/mkbench: $(BUILD)/tests/mkbench.o $(TEST_UTIL_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD     $@")
+	$(Q)$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
 
 # ---- tests --------------------------------------------------------------------
 # The models are fetched if they can be; tests that need one skip with a
@@ -362,6 +369,11 @@ bench: $(TOOL_BIN) $(MODEL_FILE)
 	$(Q)$(BINDIR)/ferry bench-kv
 	$(Q)$(BINDIR)/ferry bench-batch -m $(MODEL_FILE)
 	$(Q)$(BINDIR)/ferry bench-xfer
+
+# decode speed per GGUF weight type on one model shape, interleaved rounds
+# (bench/quant_types.sh; BENCH_ROUNDS rounds, default 3)
+bench-quant: $(TOOL_BIN) $(BUILD)/tests/mkbench
+	$(Q)FERRY_BIN=$(BINDIR) MKBENCH=$(BUILD)/tests/mkbench sh bench/quant_types.sh $(or $(BENCH_ROUNDS),3)
 
 # ---- format -------------------------------------------------------------------
 # One .clang-format for every C, header and CUDA file (STYLE.md); CI runs

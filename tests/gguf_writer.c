@@ -38,7 +38,7 @@ static void put(buf_t *b, const void *p, size_t n)
         if (!b->p) abort();
         b->cap = cap;
     }
-    memcpy(b->p + b->len, p, n);
+    if (n) memcpy(b->p + b->len, p, n); /* p may be NULL for nothing (a file without metadata) */
     b->len += n;
 }
 

@@ -295,7 +295,9 @@ static void test_embed_matmul(void **state)
     NEED_GPU(p);
     int32_t n;
     set_batch_both(p, &n);
-    const fy_dtype_t types[] = {FY_DTYPE_F32, FY_DTYPE_F16, FY_DTYPE_Q8_0, FY_DTYPE_Q4_0, FY_DTYPE_Q4_1};
+    const fy_dtype_t types[] = {FY_DTYPE_F32,  FY_DTYPE_F16,  FY_DTYPE_Q8_0,   FY_DTYPE_Q4_0, FY_DTYPE_Q4_1,
+                                FY_DTYPE_Q5_0, FY_DTYPE_Q5_1, FY_DTYPE_IQ4_NL, FY_DTYPE_Q2_K, FY_DTYPE_Q3_K,
+                                FY_DTYPE_Q4_K, FY_DTYPE_Q5_K, FY_DTYPE_Q6_K}; /* DIM is whole 256-element blocks */
     for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
         fy_dtype_t dt = types[ti];
         size_t rb;

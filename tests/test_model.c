@@ -224,6 +224,30 @@ static void test_quantized_weights(void **state)
     }
 }
 
+/* The types of K-quant files, each as every matrix of a model whose rows
+ * are whole 256-element super-blocks: the same tolerance as above, since
+ * the reference multiplies the same (round-tripped) weights and the error
+ * is the activations' 8-bit rounding.  The output head's 259 rows take the
+ * row kernels, the other matrices the packed ones. */
+static void test_kquant_weights(void **state)
+{
+    uint32_t types[] = {GW_Q2_K, GW_Q3_K, GW_Q4_K, GW_Q5_K, GW_Q6_K, GW_Q5_0, GW_Q5_1, GW_IQ4_NL};
+    for (size_t i = 0; i < FY_ARRAY_LEN(types); i++) {
+        fy_tiny_cfg_t c;
+        fy_tiny_cfg_default(&c);
+        c.dim = 256, c.ffn = 512, c.n_heads = 4, c.n_kv_heads = 2, c.seed = 60 + i;
+        fy_tiny_model_t tm;
+        fy_tiny_init(&tm, &c);
+        fy_tiny_roundtrip(&tm, types[i]);
+        char name[64];
+        snprintf(name, sizeof(name), "tiny-k%u.gguf", types[i]);
+        const char *path = fy_test_path(name);
+        assert_true(fy_tiny_write_gguf(&tm, path, types[i]));
+        check_against_reference(path, &tm, 3e-2, FY_DTYPE_F32);
+        fy_tiny_free(&tm);
+    }
+}
+
 static void test_f16_kv(void **state)
 {
     fy_tiny_cfg_t c;
@@ -576,12 +600,19 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_load_reports_config),    cmocka_unit_test(test_gguf_f32_matches_reference),
-        cmocka_unit_test(test_gguf_tied_f32),          cmocka_unit_test(test_hf_f32_matches_reference),
-        cmocka_unit_test(test_hf_sharded_tied),        cmocka_unit_test(test_16bit_weights),
-        cmocka_unit_test(test_quantized_weights),      cmocka_unit_test(test_f16_kv),
-        cmocka_unit_test(test_fp8_int8_kv_perplexity), cmocka_unit_test(test_batch_and_thread_invariance),
-        cmocka_unit_test(test_isa_agreement),          cmocka_unit_test(test_forward_rejects_bad_input),
+        cmocka_unit_test(test_load_reports_config),
+        cmocka_unit_test(test_gguf_f32_matches_reference),
+        cmocka_unit_test(test_gguf_tied_f32),
+        cmocka_unit_test(test_hf_f32_matches_reference),
+        cmocka_unit_test(test_hf_sharded_tied),
+        cmocka_unit_test(test_16bit_weights),
+        cmocka_unit_test(test_quantized_weights),
+        cmocka_unit_test(test_kquant_weights),
+        cmocka_unit_test(test_f16_kv),
+        cmocka_unit_test(test_fp8_int8_kv_perplexity),
+        cmocka_unit_test(test_batch_and_thread_invariance),
+        cmocka_unit_test(test_isa_agreement),
+        cmocka_unit_test(test_forward_rejects_bad_input),
         cmocka_unit_test(test_runner_kv_budget),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);

@@ -48,13 +48,14 @@ void fy_tiny_cfg_arch(fy_tiny_cfg_t *c, fy_arch_t arch)
     }
 }
 
-int fy_tiny_layer_window(const fy_tiny_model_t *m, int l)
+static int layer_window(const fy_tiny_cfg_t *c, int l)
 {
-    const fy_tiny_cfg_t *c = &m->c;
     if (!c->window) return 0;
     if (c->max_window_layers) return l >= c->max_window_layers ? c->window : 0;
     return c->swa_period == 0 || (l + 1) % c->swa_period != 0 ? c->window : 0;
 }
+
+int fy_tiny_layer_window(const fy_tiny_model_t *m, int l) { return layer_window(&m->c, l); }
 
 static float *rand_mat(uint64_t *s, long n, float scale)
 {
@@ -272,14 +273,14 @@ static void llama3_rope_freqs(const fy_tiny_cfg_t *c, int hd, float *out)
     }
 }
 
-bool fy_tiny_write_gguf(const fy_tiny_model_t *m, const char *path, uint32_t ggml)
+/* The metadata of a model of shape c, under its architecture's keys, with
+ * the byte-level tokenizer. */
+static void put_header(fy_gw_t *w, const fy_tiny_cfg_t *c, int hd, int vocab)
 {
-    const fy_tiny_cfg_t *c = &m->c;
-    int D = c->dim, hd = m->head_dim, F = c->ffn;
+    int D = c->dim, F = c->ffn;
     const char *A = c->mistral ? "mistral" : fy_arch_traits(c->arch)->name;
     char key[96];
 #define KEY(k) (snprintf(key, sizeof(key), "%s." k, A), key)
-    fy_gw_t *w = fy_gw_new();
     fy_gw_str(w, "general.architecture", A);
     fy_gw_str(w, "general.name", "tiny");
     fy_gw_u32(w, KEY("block_count"), (uint32_t)c->n_layers);
@@ -297,7 +298,7 @@ bool fy_tiny_write_gguf(const fy_tiny_model_t *m, const char *path, uint32_t ggm
     fy_gw_f32(w, KEY("attention.layer_norm_rms_epsilon"), c->eps);
     if (c->window && c->max_window_layers) { /* a window per layer, 0 for the global ones */
         int32_t win[64];
-        for (int l = 0; l < c->n_layers && l < 64; l++) win[l] = fy_tiny_layer_window(m, l);
+        for (int l = 0; l < c->n_layers && l < 64; l++) win[l] = layer_window(c, l);
         fy_gw_i32_arr(w, KEY("attention.sliding_window"), win, (size_t)c->n_layers);
     } else if (c->window) {
         fy_gw_u32(w, KEY("attention.sliding_window"), (uint32_t)c->window);
@@ -326,13 +327,20 @@ bool fy_tiny_write_gguf(const fy_tiny_model_t *m, const char *path, uint32_t ggm
         toks[256 + i] = g_specials[i];
         types[256 + i] = 3;
     }
-    fy_gw_str_arr(w, "tokenizer.ggml.tokens", toks, (size_t)m->vocab);
-    fy_gw_i32_arr(w, "tokenizer.ggml.token_type", types, (size_t)m->vocab);
+    fy_gw_str_arr(w, "tokenizer.ggml.tokens", toks, (size_t)vocab);
+    fy_gw_i32_arr(w, "tokenizer.ggml.token_type", types, (size_t)vocab);
     fy_gw_str_arr(w, "tokenizer.ggml.merges", NULL, 0);
     fy_gw_u32(w, "tokenizer.ggml.bos_token_id", 257);
     fy_gw_u32(w, "tokenizer.ggml.eos_token_id", 258);
     fy_gw_bool(w, "tokenizer.ggml.add_bos_token", c->add_bos);
+}
 
+bool fy_tiny_write_gguf(const fy_tiny_model_t *m, const char *path, uint32_t ggml)
+{
+    const fy_tiny_cfg_t *c = &m->c;
+    int D = c->dim, hd = m->head_dim, F = c->ffn;
+    fy_gw_t *w = fy_gw_new();
+    put_header(w, c, hd, m->vocab);
     add_matrix(w, "token_embd.weight", m->embd, m->vocab, D, ggml);
     add_vector(w, "output_norm.weight", m->out_norm, D);
     if (!c->tied) add_matrix(w, "output.weight", m->output, m->vocab, D, ggml);
@@ -374,6 +382,58 @@ bool fy_tiny_write_gguf(const fy_tiny_model_t *m, const char *path, uint32_t ggm
     }
     bool ok = fy_gw_write(w, path);
     fy_gw_free(w);
+    return ok;
+}
+
+/* rows x cols of uniform random values times scale, quantized a row at a time */
+static void add_random_matrix(fy_gw_t *w, const char *name, long rows, long cols, uint32_t ggml, float scale,
+                              uint64_t *s)
+{
+    fy_dtype_t t = dtype_of(ggml);
+    size_t rb;
+    if (fy_dtype_row_bytes(t, cols, &rb) != FY_OK) abort();
+    char *buf = malloc(rb * (size_t)rows);
+    float *row = malloc((size_t)cols * sizeof(float));
+    if (!buf || !row) abort();
+    for (long r = 0; r < rows; r++) {
+        for (long i = 0; i < cols; i++) row[i] = fy_test_rand_uniform(s) * scale;
+        fy_quantize_row(t, row, buf + (size_t)r * rb, cols);
+    }
+    int64_t ne[2] = {cols, rows};
+    fy_gw_tensor(w, name, ggml, 2, ne, buf, rb * (size_t)rows);
+    free(buf), free(row);
+}
+
+bool fy_tiny_write_random_gguf(const fy_tiny_cfg_t *c, const char *path, uint32_t ggml)
+{
+    int D = c->dim, hd = c->dim / c->n_heads, F = c->ffn, vocab = 256 + N_SPECIAL;
+    uint64_t s = c->seed;
+    float sd = 1.0f / sqrtf((float)D), sf = 1.0f / sqrtf((float)F);
+    float *ones = malloc((size_t)D * sizeof(float));
+    if (!ones) abort();
+    for (int i = 0; i < D; i++) ones[i] = 1.0f;
+    fy_gw_t *w = fy_gw_new();
+    put_header(w, c, hd, vocab);
+    add_random_matrix(w, "token_embd.weight", vocab, D, ggml, 1.0f, &s);
+    add_vector(w, "output_norm.weight", ones, D);
+    if (!c->tied) add_random_matrix(w, "output.weight", vocab, D, ggml, sd, &s);
+    for (int l = 0; l < c->n_layers; l++) {
+        char name[64];
+#define NAME(x) (snprintf(name, sizeof(name), "blk.%d." x, l), name)
+        add_vector(w, NAME("attn_norm.weight"), ones, D);
+        add_random_matrix(w, NAME("attn_q.weight"), (long)c->n_heads * hd, D, ggml, sd, &s);
+        add_random_matrix(w, NAME("attn_k.weight"), (long)c->n_kv_heads * hd, D, ggml, sd, &s);
+        add_random_matrix(w, NAME("attn_v.weight"), (long)c->n_kv_heads * hd, D, ggml, sd, &s);
+        add_random_matrix(w, NAME("attn_output.weight"), D, (long)c->n_heads * hd, ggml, sd, &s);
+        add_vector(w, NAME("ffn_norm.weight"), ones, D);
+        add_random_matrix(w, NAME("ffn_gate.weight"), F, D, ggml, sd, &s);
+        add_random_matrix(w, NAME("ffn_up.weight"), F, D, ggml, sd, &s);
+        add_random_matrix(w, NAME("ffn_down.weight"), D, F, ggml, sf, &s);
+#undef NAME
+    }
+    bool ok = fy_gw_write(w, path);
+    fy_gw_free(w);
+    free(ones);
     return ok;
 }
 

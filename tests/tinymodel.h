@@ -81,6 +81,12 @@ void fy_tiny_roundtrip(fy_tiny_model_t *m, uint32_t ggml_type);
 
 /* Writes the model; matrices in ggml_type (GW_F32 ...), norms in f32. */
 bool fy_tiny_write_gguf(const fy_tiny_model_t *m, const char *path, uint32_t ggml_type);
+/* Writes a model of shape c (any size: no float copy of it is kept) whose
+ * every matrix, the token embedding included, is uniform random values
+ * quantized to ggml_type a row at a time; norms are ones.  For speed
+ * measurements (tests/mkbench.c), where the values do not matter but must
+ * stay finite and of a realistic scale. */
+bool fy_tiny_write_random_gguf(const fy_tiny_cfg_t *c, const char *path, uint32_t ggml_type);
 /* Writes config.json, model.safetensors (dtype "F32", "F16" or "BF16"),
  * tokenizer.json into dir (created); shards > 1 writes an index and that
  * many shard files. */

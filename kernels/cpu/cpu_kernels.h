@@ -6,8 +6,22 @@
  * Quantized weights are multiplied straight from their GGUF blocks: the
  * activation row is quantized once to 8 bits per 32-element block (an f32
  * scale d and d * sum(q) per block), and each weight block contributes an
- * integer dot product times two scales (plus min * d * sum(q) for Q4_1).
- * No dequantized copy of any weight matrix exists.
+ * integer dot product times two scales (plus min * d * sum(q) for Q4_1 and
+ * Q5_1).  No dequantized copy of any weight matrix exists.
+ *
+ * K-quants (Q2_K..Q6_K, super-blocks of 256) use the same activation rows:
+ * a super-block is 8 activation blocks, its weight sub-block scales (6 or
+ * 8 bits, per 16 or 32) are folded into each block's integer sum, and the
+ * 8 sums are scaled by 8 floats at once.  Why not llama.cpp's q8_K (one
+ * scale per 256 and sums per 16, which lets a super-block accumulate in
+ * integers): one matmul call quantizes its input once for all its weights,
+ * and a K-quant file mixes types in one call (Q4_K/Q6_K/Q5_0/Q8_0 for Q,
+ * K, V); a second activation format would mean a second quantization, and
+ * the per-32 scale is the more accurate one.  The price is a float
+ * multiply-add per 32 columns, which the measured kernels afford (the
+ * K-quants reach the bandwidth bound's neighbourhood but for the 2- and
+ * 3-bit ones, BENCHMARKS.md).  The per-16 sums of the activation's quants
+ * (isum16) serve the types whose offsets or minimums change every 16.
  *
  * Packed weights.  At upload the backend re-lays quantized matrices whose
  * row count is a multiple of 8 as "x8" blocks: one 32-column block of 8
@@ -17,7 +31,9 @@
  * lanes accumulates row r in lane r: no horizontal sums, one vector load
  * for 8 scales.  Same bytes as the file (a copy, not a dequantization);
  * this is the layout llama.cpp's CPU "repack" buffers use for the same
- * reason.
+ * reason.  Every quantized weight type has one (the structs below); the
+ * K-quants' are per super-block and also reorder bits within the block
+ * where that saves the kernel shifts.
  */
 #ifndef FY_CPU_KERNELS_H
 #define FY_CPU_KERNELS_H
@@ -29,12 +45,15 @@
 
 /* An activation row quantized to 8 bits, as a structure of arrays so that
  * the scales of 8 consecutive blocks load as one vector: block b holds
- * qs[32 b .. 32 b + 31] ~= x / d[b], and s[b] = d[b] * sum of those 32. */
+ * qs[32 b .. 32 b + 31] ~= x / d[b], and s[b] = d[b] * sum of those 32.
+ * isum16 serves the K-quants whose scales (or offsets) change every 16
+ * elements: their packed kernels take the offset off per 16. */
 typedef struct fy_q8a {
-    float *d;      /* [n / 32] */
-    float *s;      /* [n / 32] */
-    int32_t *isum; /* [n / 32] sum of the block's quants */
-    int8_t *qs;    /* [n] */
+    float *d;        /* [n / 32] */
+    float *s;        /* [n / 32] */
+    int32_t *isum;   /* [n / 32] sum of the block's quants */
+    int32_t *isum16; /* [n / 16] sum of each 16 quants */
+    int8_t *qs;      /* [n] */
 } fy_q8a_t;
 
 /* Bytes a row of n elements takes in a workspace (64-byte aligned parts). */
@@ -62,17 +81,96 @@ typedef struct fy_block_q8_0x8 {
     int8_t qs[256];
 } fy_block_q8_0x8_t;
 
+/* Q5_0/Q5_1: as Q4_0x8/Q4_1x8, plus the fifth bits of the 8 rows
+ * rearranged so that one shift and one mask give them for each 32-byte
+ * load: bit s of qh[4 r + k] is that of row r's element 4 s + k (s < 8:
+ * the low nibbles of load s, then the high nibbles of load s - 4). */
+typedef struct fy_block_q5_0x8 {
+    uint16_t d[8];
+    uint8_t qh[32];
+    uint8_t qs[128];
+} fy_block_q5_0x8_t;
+
+typedef struct fy_block_q5_1x8 {
+    uint16_t d[8];
+    uint16_t m[8];
+    uint8_t qh[32];
+    uint8_t qs[128];
+} fy_block_q5_1x8_t;
+
+typedef struct fy_block_iq4_nlx8 {
+    uint16_t d[8];
+    uint8_t qs[128]; /* as Q4_0x8's; the indices go through the table in the kernel */
+} fy_block_iq4_nlx8_t;
+
+/*
+ * K-quants: one super-block (256 columns) of 8 rows.  Quant bytes are
+ * interleaved 4 per row as above, each 32-byte load holding the same 4
+ * byte positions of the 8 rows' arrays; per-row scales are stored
+ * transposed, row r in lane r: the 6-bit packed ones (Q3_K, Q4_K, Q5_K)
+ * as their three 32-bit words ([word][row]) to be unpacked 8 rows at a
+ * time, the 8-bit ones (Q2_K, Q6_K) as [scale][row] bytes.
+ */
+typedef struct fy_block_q2_kx8 {
+    uint16_t d[8], dmin[8];
+    uint8_t scales[8][8][2]; /* [sub-block][row]: the scale bytes of its two halves */
+    uint8_t qs[8][2][32];    /* [c][h]: bytes 32 h + 4 c .. + 3 of each row's qs */
+} fy_block_q2_kx8_t;
+
+/* Q3_K's 3-bit quants v_s = q + 4 of sub-blocks s = 0..7 of one column,
+ * regrouped so that all 8 come out of 3 bytes with few shifts:
+ *   b0 = v0 | v1 << 3 | (v6 & 3) << 6,  b1 = v2 | v3 << 3 | (v7 & 3) << 6,
+ *   b2 = v4 | v5 << 3 | (v6 >> 2) << 6 | (v7 >> 2) << 7
+ * (the same 24 bits as the file's two qs bytes and one hmask byte) */
+typedef struct fy_block_q3_kx8 {
+    uint16_t d[8];
+    uint32_t scales[3][8];
+    uint8_t q[8][3][32]; /* [c][b0, b1, b2]: columns 4 c .. 4 c + 3 of each row */
+} fy_block_q3_kx8_t;
+
+typedef struct fy_block_q4_kx8 {
+    uint16_t d[8], dmin[8];
+    uint32_t scales[3][8];
+    uint8_t qs[4][8][32]; /* [j2][c]: bytes 32 j2 + 4 c .. + 3 of each row's qs */
+} fy_block_q4_kx8_t;
+
+typedef struct fy_block_q5_kx8 {
+    uint16_t d[8], dmin[8];
+    uint32_t scales[3][8];
+    uint8_t qh[8][32];    /* [c]: bytes 4 c .. 4 c + 3 of each row's qh */
+    uint8_t qs[4][8][32]; /* as q4_kx8 */
+} fy_block_q5_kx8_t;
+
+/* Q6_K's quants in the order the kernel reads them (one stream, which the
+ * hardware prefetcher follows): for each h and c, bytes 64 h + 4 c .. + 3
+ * and 64 h + 32 + 4 c .. + 3 of each row's ql, then 32 h + 4 c .. + 3 of
+ * its qh; these hold the 4 sub-blocks 4 h .. 4 h + 3 of columns 4 c .. */
+typedef struct fy_block_q6_kx8 {
+    uint16_t d[8];
+    int8_t scales[16][8];
+    uint8_t q[2][8][3][32]; /* [h][c][ql low half, ql high half, qh] */
+} fy_block_q6_kx8_t;
+
 _Static_assert(sizeof(fy_block_q4_0x8_t) == 8 * sizeof(fy_block_q4_0_t), "x8 keeps the size");
+_Static_assert(sizeof(fy_block_q5_0x8_t) == 8 * sizeof(fy_block_q5_0_t), "x8 keeps the size");
+_Static_assert(sizeof(fy_block_q5_1x8_t) == 8 * sizeof(fy_block_q5_1_t), "x8 keeps the size");
+_Static_assert(sizeof(fy_block_iq4_nlx8_t) == 8 * sizeof(fy_block_iq4_nl_t), "x8 keeps the size");
+_Static_assert(sizeof(fy_block_q2_kx8_t) == 8 * sizeof(fy_block_q2_k_t), "x8 keeps the size");
+_Static_assert(sizeof(fy_block_q3_kx8_t) == 8 * sizeof(fy_block_q3_k_t), "x8 keeps the size");
+_Static_assert(sizeof(fy_block_q4_kx8_t) == 8 * sizeof(fy_block_q4_k_t), "x8 keeps the size");
+_Static_assert(sizeof(fy_block_q5_kx8_t) == 8 * sizeof(fy_block_q5_k_t), "x8 keeps the size");
+_Static_assert(sizeof(fy_block_q6_kx8_t) == 8 * sizeof(fy_block_q6_k_t), "x8 keeps the size");
 _Static_assert(sizeof(fy_block_q4_1x8_t) == 8 * sizeof(fy_block_q4_1_t), "x8 keeps the size");
 _Static_assert(sizeof(fy_block_q8_0x8_t) == 8 * sizeof(fy_block_q8_0_t), "x8 keeps the size");
 
 #define FY_CPU_PACK_X8 1 /* fy_tensor_t.packing of a packed matrix */
 
-/* Re-lays rows [8 g, 8 g + 8) of a Q4_0/Q4_1/Q8_0 matrix (nb blocks per
- * row, rows row_bytes apart) as nb x8 blocks at dst. */
+/* Re-lays 8 consecutive rows of a quantized matrix (nb 32-element blocks
+ * per row, rows row_bytes apart) as x8 blocks at dst: nb of them, or nb / 8
+ * for the K-quants. */
 void fy_pack_x8(fy_dtype_t dtype, const void *src, size_t row_bytes, int64_t nb, void *dst);
 
-/* y[t * ldy + r] = row r of an 8-row packed group (nb blocks) . x[t],
+/* y[t * ldy + r] = row r of an 8-row packed group (nb 32-element blocks) . x[t],
  * for t < n_tok.  Each token's result is computed the same way whatever
  * n_tok is. */
 typedef void (*fy_gemm_x8_fn)(const void *w, int64_t nb, const fy_q8a_t *x, int n_tok, float *y, int64_t ldy);

@@ -13,20 +13,180 @@
 size_t fy_q8a_bytes(int64_t n)
 {
     size_t nb = (size_t)n / FY_QK;
-    return 3 * FY_ALIGN_UP(nb * sizeof(float), 64) + FY_ALIGN_UP((size_t)n, 64);
+    return 3 * FY_ALIGN_UP(nb * sizeof(float), 64) + FY_ALIGN_UP(2 * nb * sizeof(int32_t), 64) +
+           FY_ALIGN_UP((size_t)n, 64);
 }
 
 fy_q8a_t fy_q8a_at(void *mem, int64_t n)
 {
     size_t nb = (size_t)n / FY_QK, fb = FY_ALIGN_UP(nb * sizeof(float), 64);
+    size_t hb = FY_ALIGN_UP(2 * nb * sizeof(int32_t), 64);
     char *p = mem;
-    return (fy_q8a_t){
-        .d = (float *)p, .s = (float *)(p + fb), .isum = (int32_t *)(p + 2 * fb), .qs = (int8_t *)(p + 3 * fb)};
+    return (fy_q8a_t){.d = (float *)p,
+                      .s = (float *)(p + fb),
+                      .isum = (int32_t *)(p + 2 * fb),
+                      .isum16 = (int32_t *)(p + 3 * fb),
+                      .qs = (int8_t *)(p + 3 * fb + hb)};
+}
+
+/* out[32 c + 4 r + k] = row r's byte off + 4 c + k, for c < 8 */
+static void interleave8(uint8_t *out, const uint8_t *const *rows, size_t off)
+{
+    for (int c = 0; c < 8; c++)
+        for (int r = 0; r < 8; r++) memcpy(out + 32 * c + 4 * r, rows[r] + off + 4 * c, 4);
+}
+
+/* Q5_0/Q5_1's fifth bits: bit s of out[4 r + k] is bit 4 s + k of row r's qh */
+static void q5_planes(uint8_t *out, const uint8_t *const *qh)
+{
+    memset(out, 0, 32);
+    for (int r = 0; r < 8; r++) {
+        uint32_t h;
+        memcpy(&h, qh[r], 4);
+        for (int s = 0; s < 8; s++)
+            for (int k = 0; k < 4; k++) out[4 * r + k] |= (uint8_t)(((h >> (4 * s + k)) & 1) << s);
+    }
+}
+
+/* the 32-element types of fy_pack_x8 that carry fifth bits or a table */
+static void pack_x8_32(fy_dtype_t dtype, const char *rows, size_t row_bytes, int64_t nb, void *dst)
+{
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *qs[8], *qh[8];
+        uint16_t *d, *m = NULL;
+        uint8_t *oqh = NULL, *oqs;
+        for (int r = 0; r < 8; r++) {
+            const char *blk = rows + (size_t)r * row_bytes;
+            if (dtype == FY_DTYPE_Q5_0) {
+                const fy_block_q5_0_t *in = (const fy_block_q5_0_t *)blk + b;
+                qs[r] = in->qs, qh[r] = in->qh;
+            } else if (dtype == FY_DTYPE_Q5_1) {
+                const fy_block_q5_1_t *in = (const fy_block_q5_1_t *)blk + b;
+                qs[r] = in->qs, qh[r] = in->qh;
+            } else {
+                qs[r] = ((const fy_block_iq4_nl_t *)blk + b)->qs;
+            }
+        }
+        if (dtype == FY_DTYPE_Q5_0) {
+            fy_block_q5_0x8_t *out = (fy_block_q5_0x8_t *)dst + b;
+            d = out->d, oqh = out->qh, oqs = out->qs;
+        } else if (dtype == FY_DTYPE_Q5_1) {
+            fy_block_q5_1x8_t *out = (fy_block_q5_1x8_t *)dst + b;
+            d = out->d, m = out->m, oqh = out->qh, oqs = out->qs;
+        } else {
+            fy_block_iq4_nlx8_t *out = (fy_block_iq4_nlx8_t *)dst + b;
+            d = out->d, oqs = out->qs;
+        }
+        for (int r = 0; r < 8; r++) {
+            const char *blk = rows + (size_t)r * row_bytes;
+            int bb = fy_dtype_info(dtype)->block_bytes;
+            memcpy(&d[r], blk + b * bb, 2); /* d leads every block */
+            if (m) memcpy(&m[r], blk + b * bb + 2, 2);
+            for (int c = 0; c < 4; c++) memcpy(oqs + 32 * c + 4 * r, qs[r] + 4 * c, 4);
+        }
+        if (oqh) q5_planes(oqh, qh);
+    }
+}
+
+static void pack_x8_k(fy_dtype_t dtype, const char *rows, size_t row_bytes, int64_t nsb, void *dst)
+{
+    for (int64_t i = 0; i < nsb; i++) {
+        const uint8_t *p[8];
+        switch (dtype) {
+        case FY_DTYPE_Q2_K: {
+            fy_block_q2_kx8_t *out = (fy_block_q2_kx8_t *)dst + i;
+            for (int r = 0; r < 8; r++) {
+                const fy_block_q2_k_t *in = (const fy_block_q2_k_t *)(rows + (size_t)r * row_bytes) + i;
+                out->d[r] = in->d, out->dmin[r] = in->dmin;
+                for (int s = 0; s < 16; s++) out->scales[s / 2][r][s % 2] = in->scales[s];
+                p[r] = in->qs;
+            }
+            for (int c = 0; c < 8; c++)
+                for (int h = 0; h < 2; h++)
+                    for (int r = 0; r < 8; r++) memcpy(out->qs[c][h] + 4 * r, p[r] + 32 * h + 4 * c, 4);
+            break;
+        }
+        case FY_DTYPE_Q3_K: {
+            fy_block_q3_kx8_t *out = (fy_block_q3_kx8_t *)dst + i;
+            for (int r = 0; r < 8; r++) {
+                const fy_block_q3_k_t *in = (const fy_block_q3_k_t *)(rows + (size_t)r * row_bytes) + i;
+                out->d[r] = in->d;
+                for (int w = 0; w < 3; w++) memcpy(&out->scales[w][r], in->scales + 4 * w, 4);
+                for (int l = 0; l < 32; l++) {
+                    int v[8]; /* q + 4 of sub-block s at column l */
+                    for (int s = 0; s < 8; s++)
+                        v[s] = ((in->qs[32 * (s / 4) + l] >> (2 * (s % 4))) & 3) | (((in->hmask[l] >> s) & 1) << 2);
+                    uint8_t *o = out->q[l / 4][0] + 4 * r + l % 4;
+                    o[0] = (uint8_t)(v[0] | v[1] << 3 | (v[6] & 3) << 6);
+                    o[32] = (uint8_t)(v[2] | v[3] << 3 | (v[7] & 3) << 6);
+                    o[64] = (uint8_t)(v[4] | v[5] << 3 | (v[6] >> 2) << 6 | (v[7] >> 2) << 7);
+                }
+            }
+            break;
+        }
+        case FY_DTYPE_Q4_K: {
+            fy_block_q4_kx8_t *out = (fy_block_q4_kx8_t *)dst + i;
+            for (int r = 0; r < 8; r++) {
+                const fy_block_q4_k_t *in = (const fy_block_q4_k_t *)(rows + (size_t)r * row_bytes) + i;
+                out->d[r] = in->d, out->dmin[r] = in->dmin;
+                for (int w = 0; w < 3; w++) memcpy(&out->scales[w][r], in->scales + 4 * w, 4);
+                p[r] = in->qs;
+            }
+            for (int j2 = 0; j2 < 4; j2++) interleave8(out->qs[j2][0], p, (size_t)32 * j2);
+            break;
+        }
+        case FY_DTYPE_Q5_K: {
+            fy_block_q5_kx8_t *out = (fy_block_q5_kx8_t *)dst + i;
+            const uint8_t *qh[8];
+            for (int r = 0; r < 8; r++) {
+                const fy_block_q5_k_t *in = (const fy_block_q5_k_t *)(rows + (size_t)r * row_bytes) + i;
+                out->d[r] = in->d, out->dmin[r] = in->dmin;
+                for (int w = 0; w < 3; w++) memcpy(&out->scales[w][r], in->scales + 4 * w, 4);
+                p[r] = in->qs, qh[r] = in->qh;
+            }
+            interleave8(out->qh[0], qh, 0);
+            for (int j2 = 0; j2 < 4; j2++) interleave8(out->qs[j2][0], p, (size_t)32 * j2);
+            break;
+        }
+        case FY_DTYPE_Q6_K: {
+            fy_block_q6_kx8_t *out = (fy_block_q6_kx8_t *)dst + i;
+            const uint8_t *qh[8];
+            for (int r = 0; r < 8; r++) {
+                const fy_block_q6_k_t *in = (const fy_block_q6_k_t *)(rows + (size_t)r * row_bytes) + i;
+                out->d[r] = in->d;
+                for (int s = 0; s < 16; s++) out->scales[s][r] = in->scales[s];
+                p[r] = in->ql, qh[r] = in->qh;
+            }
+            for (int h = 0; h < 2; h++) {
+                for (int c = 0; c < 8; c++) {
+                    for (int r = 0; r < 8; r++) {
+                        memcpy(out->q[h][c][0] + 4 * r, p[r] + 64 * h + 4 * c, 4);
+                        memcpy(out->q[h][c][1] + 4 * r, p[r] + 64 * h + 32 + 4 * c, 4);
+                        memcpy(out->q[h][c][2] + 4 * r, qh[r] + 32 * h + 4 * c, 4);
+                    }
+                }
+            }
+            break;
+        }
+        default: break;
+        }
+    }
 }
 
 void fy_pack_x8(fy_dtype_t dtype, const void *src, size_t row_bytes, int64_t nb, void *dst)
 {
     const char *rows = src;
+    switch (dtype) {
+    case FY_DTYPE_Q5_0:
+    case FY_DTYPE_Q5_1:
+    case FY_DTYPE_IQ4_NL: pack_x8_32(dtype, rows, row_bytes, nb, dst); return;
+    case FY_DTYPE_Q2_K:
+    case FY_DTYPE_Q3_K:
+    case FY_DTYPE_Q4_K:
+    case FY_DTYPE_Q5_K:
+    case FY_DTYPE_Q6_K: pack_x8_k(dtype, rows, row_bytes, nb / 8, dst); return;
+    default: break;
+    }
     for (int64_t b = 0; b < nb; b++) {
         for (int r = 0; r < 8; r++) {
             const char *blk = rows + (size_t)r * row_bytes;
@@ -67,15 +227,17 @@ static void quantize_q8a(const float *x, const fy_q8a_t *y, int64_t n)
         for (int j = 0; j < FY_QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
         float d = amax / 127.0f;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
-        int sum = 0;
+        int sum[2] = {0, 0};
         for (int j = 0; j < FY_QK; j++) {
             int q = (int)nearbyintf(xb[j] * id); /* to nearest even, as AVX2's cvtps */
             y->qs[b * FY_QK + j] = (int8_t)q;
-            sum += q;
+            sum[j / 16] += q;
         }
         y->d[b] = d;
-        y->s[b] = d * (float)sum;
-        y->isum[b] = sum;
+        y->s[b] = d * (float)(sum[0] + sum[1]);
+        y->isum[b] = sum[0] + sum[1];
+        y->isum16[2 * b] = sum[0];
+        y->isum16[2 * b + 1] = sum[1];
     }
 }
 

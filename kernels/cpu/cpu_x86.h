@@ -94,17 +94,19 @@ static void quantize_q8a(const float *x, const fy_q8a_t *y, int64_t n)
         __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vid));
         __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vid));
         __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vid));
-        __m256i s = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-        s4 = _mm_hadd_epi32(s4, s4);
-        s4 = _mm_hadd_epi32(s4, s4);
+        /* the sums of elements 0..15 and 16..31 in lanes 0 and 1 */
+        __m256i h = _mm256_hadd_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+        h = _mm256_hadd_epi32(h, h);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
         /* pack 32 int32 -> 32 int8; packs work per 128-bit lane, so fix
          * the order with a cross-lane permute */
         __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
         p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)(y->qs + b * FY_QK), p);
         y->d[b] = d;
-        y->isum[b] = _mm_cvtsi128_si32(s4);
+        y->isum16[2 * b] = _mm_cvtsi128_si32(s4);
+        y->isum16[2 * b + 1] = _mm_extract_epi32(s4, 1);
+        y->isum[b] = y->isum16[2 * b] + y->isum16[2 * b + 1];
         y->s[b] = d * (float)y->isum[b];
     }
 }
@@ -605,6 +607,514 @@ static void gemm_q8_0x8(const void *w, int64_t nb, const fy_q8a_t *x, int n_tok,
     }
 }
 
+/* ---- packed Q5_0, Q5_1, IQ4_NL ------------------------------------------------------------ */
+
+/* the fifth bits of unpacked chunk s (lo[s] for s < 4, hi[s - 4] after),
+ * at bit 4 of each byte (fy_block_q5_0x8_t) */
+static inline void add_fifth_bits(unpacked4_t *u, const uint8_t *qh)
+{
+    const __m256i p = _mm256_loadu_si256((const __m256i *)qh), b4 = _mm256_set1_epi8(0x10);
+    u->lo[0] = _mm256_or_si256(u->lo[0], _mm256_and_si256(_mm256_slli_epi16(p, 4), b4));
+    u->lo[1] = _mm256_or_si256(u->lo[1], _mm256_and_si256(_mm256_slli_epi16(p, 3), b4));
+    u->lo[2] = _mm256_or_si256(u->lo[2], _mm256_and_si256(_mm256_slli_epi16(p, 2), b4));
+    u->lo[3] = _mm256_or_si256(u->lo[3], _mm256_and_si256(_mm256_slli_epi16(p, 1), b4));
+    u->hi[0] = _mm256_or_si256(u->hi[0], _mm256_and_si256(p, b4));
+    u->hi[1] = _mm256_or_si256(u->hi[1], _mm256_and_si256(_mm256_srli_epi16(p, 1), b4));
+    u->hi[2] = _mm256_or_si256(u->hi[2], _mm256_and_si256(_mm256_srli_epi16(p, 2), b4));
+    u->hi[3] = _mm256_or_si256(u->hi[3], _mm256_and_si256(_mm256_srli_epi16(p, 3), b4));
+}
+
+static inline __m256 step_q5_0x8(__m256 acc, const unpacked4_t *u, __m256 dw, const fy_q8a_t *x, int64_t b)
+{
+    /* quants are q + 16 in [0, 31]: 16 sum(x) taken off, exact in integers */
+    __m256i is = _mm256_sub_epi32(isum_q4x8(u, x->qs + b * FY_QK), _mm256_set1_epi32(16 * x->isum[b]));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, _mm256_set1_ps(x->d[b])), acc);
+}
+
+/* IQ4_NL through its table: with VNNI the levels plus 128 (unsigned; 128
+ * sum(x) taken off after), without it |level| and the sign moved onto x, so
+ * that maddubs's 16-bit pair sums cannot saturate */
+static inline void iq4_levels(unpacked4_t *u)
+{
+#if FY_X86_VNNI
+    const __m256i lut =
+        _mm256_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153, (char)166, (char)181,
+                         (char)197, (char)217, (char)241, 1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141,
+                         (char)153, (char)166, (char)181, (char)197, (char)217, (char)241);
+#else
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)fy_iq4nl_values));
+#endif
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        u->lo[c] = _mm256_shuffle_epi8(lut, u->lo[c]);
+        u->hi[c] = _mm256_shuffle_epi8(lut, u->hi[c]);
+    }
+}
+
+static inline __m256 step_iq4_nlx8(__m256 acc, const unpacked4_t *u, __m256 dw, const fy_q8a_t *x, int64_t b)
+{
+    const int8_t *xq = x->qs + b * FY_QK;
+#if FY_X86_VNNI
+    __m256i is = _mm256_sub_epi32(isum_q4x8(u, xq), _mm256_set1_epi32(128 * x->isum[b]));
+#else
+    __m256i a = _mm256_setzero_si256(), bb = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        a = DPBUSD(a, _mm256_sign_epi8(u->lo[c], u->lo[c]), _mm256_sign_epi8(bcast4(xq + 4 * c), u->lo[c]));
+        bb = DPBUSD(bb, _mm256_sign_epi8(u->hi[c], u->hi[c]), _mm256_sign_epi8(bcast4(xq + 16 + 4 * c), u->hi[c]));
+    }
+    __m256i is = _mm256_add_epi32(a, bb);
+#endif
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, _mm256_set1_ps(x->d[b])), acc);
+}
+
+/*
+ * The 32-element packed types, one block at a time: `prep` unpacks block
+ * b (and loads its scales) once for all tokens of the group, `step` adds
+ * one token's share.  A lone token is its own instance (nt = 1 known to
+ * the compiler) so that its state stays in registers; the arithmetic is
+ * the same either way.
+ */
+#define GEMM_X8_32(name, block_t, PREP, STEP)                                                                          \
+    static inline __attribute__((always_inline)) void name##_tokens(const block_t *wb, int64_t nb, const fy_q8a_t *x,  \
+                                                                    int nt, float *y, int64_t ldy)                     \
+    {                                                                                                                  \
+        __m256 acc[TOK_GROUP][2];                                                                                      \
+        for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();                                      \
+        for (int64_t b = 0; b < nb; b++) {                                                                             \
+            unpacked4_t u;                                                                                             \
+            __m256 dw, mw;                                                                                             \
+            if (nt == 1) _mm_prefetch((const char *)(wb + b + PREFETCH_BLOCKS), _MM_HINT_T0);                          \
+            PREP;                                                                                                      \
+            (void)mw;                                                                                                  \
+            for (int t = 0; t < nt; t++) acc[t][b & 1] = STEP;                                                         \
+        }                                                                                                              \
+        for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * ldy, _mm256_add_ps(acc[t][0], acc[t][1]));               \
+    }                                                                                                                  \
+    static void name(const void *w, int64_t nb, const fy_q8a_t *x, int n_tok, float *y, int64_t ldy)                   \
+    {                                                                                                                  \
+        if (n_tok == 1) {                                                                                              \
+            name##_tokens(w, nb, x, 1, y, ldy);                                                                        \
+            return;                                                                                                    \
+        }                                                                                                              \
+        for (int t0 = 0; t0 < n_tok; t0 += TOK_GROUP)                                                                  \
+            name##_tokens(w, nb, x + t0, n_tok - t0 < TOK_GROUP ? n_tok - t0 : TOK_GROUP, y + t0 * ldy, ldy);          \
+    }
+
+GEMM_X8_32(gemm_q5_0x8, fy_block_q5_0x8_t,
+           (unpack_q4x8(wb[b].qs, &u), add_fifth_bits(&u, wb[b].qh), dw = load_h8(wb[b].d), mw = dw),
+           step_q5_0x8(acc[t][b & 1], &u, dw, &x[t], b))
+GEMM_X8_32(gemm_q5_1x8, fy_block_q5_1x8_t,
+           (unpack_q4x8(wb[b].qs, &u), add_fifth_bits(&u, wb[b].qh), dw = load_h8(wb[b].d), mw = load_h8(wb[b].m)),
+           step_q4_1x8(acc[t][b & 1], &u, dw, mw, &x[t], b))
+GEMM_X8_32(gemm_iq4_nlx8, fy_block_iq4_nlx8_t,
+           (unpack_q4x8(wb[b].qs, &u), iq4_levels(&u), dw = load_h8(wb[b].d), mw = dw),
+           step_iq4_nlx8(acc[t][b & 1], &u, dw, &x[t], b))
+#undef GEMM_X8_32
+
+/* ---- packed K-quants ------------------------------------------------------------------------
+ *
+ * One super-block of 8 rows at a time.  Its quants are unpacked one
+ * activation block (32 columns x 8 rows, 8 vectors) at a time into
+ * registers for a lone token, or once for a group of tokens; each token's
+ * 8 integer dots accumulate per row (lane) and become one float
+ * multiply-add per activation block with that block's scales, computed
+ * once per super-block for all tokens.
+ */
+#define K_PREFETCH 2048 /* bytes ahead: about a DRAM latency of streaming */
+
+/* the `lines` cache lines from p (spelled out: GCC dropped a loop of prefetches) */
+static inline __attribute__((always_inline)) void prefetch_lines(const char *p, int lines)
+{
+#pragma GCC unroll 8
+    for (int l = 0; l < lines; l++) _mm_prefetch(p + 64 * l, _MM_HINT_T0);
+}
+
+/* byte j of each 32-bit lane, unsigned, as float */
+static inline __m256 lane_u8f(__m256i v, int j)
+{
+    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 8 * j), _mm256_set1_epi32(0xff)));
+}
+
+/* 8 bytes (one per row) as int32 lanes */
+static inline __m256i load_s8x8(const int8_t *p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+
+/* sum over the 32 columns of q (8 chunks of 4, row r in lane r) times
+ * one token's 32 quants: columns 0..15 in *a0, 16..31 in *a1 */
+static inline void isum_x8_halves(const __m256i *q, const int8_t *xq, __m256i *a0, __m256i *a1)
+{
+    __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
+    __m256i p2 = _mm256_setzero_si256(), p3 = _mm256_setzero_si256();
+    p0 = DPBUSD(p0, q[0], bcast4(xq + 0)), p1 = DPBUSD(p1, q[1], bcast4(xq + 4));
+    p2 = DPBUSD(p2, q[4], bcast4(xq + 16)), p3 = DPBUSD(p3, q[5], bcast4(xq + 20));
+    p0 = DPBUSD(p0, q[2], bcast4(xq + 8)), p1 = DPBUSD(p1, q[3], bcast4(xq + 12));
+    p2 = DPBUSD(p2, q[6], bcast4(xq + 24)), p3 = DPBUSD(p3, q[7], bcast4(xq + 28));
+    *a0 = _mm256_add_epi32(p0, p1);
+    *a1 = _mm256_add_epi32(p2, p3);
+}
+
+static inline __m256i isum_x8(const __m256i *q, const int8_t *xq)
+{
+    __m256i a0, a1;
+    isum_x8_halves(q, xq, &a0, &a1);
+    return _mm256_add_epi32(a0, a1);
+}
+
+/* Q4_K/Q5_K's scales and minimums of 8 rows: bytes 0..3 of lane r in
+ * s[0] are row r's scales 0..3, s[1] scales 4..7, m[0], m[1] minimums
+ * (ggml's unpacking of the 12 bytes, on 8 rows at once) */
+static inline void k4_scales8(const uint32_t (*w)[8], __m256i *s, __m256i *m)
+{
+    const __m256i u0 = _mm256_loadu_si256((const __m256i *)w[0]), u1 = _mm256_loadu_si256((const __m256i *)w[1]);
+    const __m256i u2 = _mm256_loadu_si256((const __m256i *)w[2]);
+    const __m256i k6 = _mm256_set1_epi32(0x3f3f3f3f), k4 = _mm256_set1_epi32(0x0f0f0f0f);
+    const __m256i k2 = _mm256_set1_epi32(0x03030303);
+    s[0] = _mm256_and_si256(u0, k6);
+    m[0] = _mm256_and_si256(u1, k6);
+    s[1] =
+        _mm256_or_si256(_mm256_and_si256(u2, k4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), k2), 4));
+    m[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), k4),
+                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), k2), 4));
+}
+
+static inline __attribute__((always_inline)) void gemm_k45_tokens(const void *w, int64_t nsb, const fy_q8a_t *x, int nt,
+                                                                  float *y, int64_t ldy, bool q5)
+{
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    const size_t sb_bytes = q5 ? sizeof(fy_block_q5_kx8_t) : sizeof(fy_block_q4_kx8_t);
+    __m256 acc[TOK_GROUP][2], accm[TOK_GROUP];
+    for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = accm[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nsb; i++) {
+        const fy_block_q4_kx8_t *b4 = (const fy_block_q4_kx8_t *)w + i;
+        const fy_block_q5_kx8_t *b5 = (const fy_block_q5_kx8_t *)w + i;
+        __m256i s[2], m[2];
+        k4_scales8(q5 ? b5->scales : b4->scales, s, m);
+        const __m256 d = load_h8(q5 ? b5->d : b4->d), dmin = load_h8(q5 ? b5->dmin : b4->dmin);
+#pragma GCC unroll 4
+        for (int j2 = 0; j2 < 4; j2++) {
+            const uint8_t(*qs)[32] = q5 ? b5->qs[j2] : b4->qs[j2];
+            /* a quarter of the super-block (288 or 352 bytes), K_PREFETCH bytes ahead */
+            if (nt == 1)
+                prefetch_lines((const char *)w + (size_t)i * sb_bytes + K_PREFETCH + j2 * (sb_bytes / 4), q5 ? 6 : 5);
+            __m256i lo[8], hi[8];
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)qs[c]);
+                lo[c] = _mm256_and_si256(v, low);
+                hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                if (q5) {
+                    __m256i h = _mm256_loadu_si256((const __m256i *)b5->qh[c]);
+                    lo[c] = _mm256_or_si256(lo[c], bit_to(h, 2 * j2, 4));
+                    hi[c] = _mm256_or_si256(hi[c], bit_to(h, 2 * j2 + 1, 4));
+                }
+            }
+            const int jb = 2 * (j2 % 2);
+            const __m256 dsc0 = _mm256_mul_ps(d, lane_u8f(s[j2 / 2], jb));
+            const __m256 dsc1 = _mm256_mul_ps(d, lane_u8f(s[j2 / 2], jb + 1));
+            const __m256 dm0 = _mm256_mul_ps(dmin, lane_u8f(m[j2 / 2], jb));
+            const __m256 dm1 = _mm256_mul_ps(dmin, lane_u8f(m[j2 / 2], jb + 1));
+            const int64_t j = 8 * i + 2 * j2; /* activation block of the low nibbles */
+            for (int t = 0; t < nt; t++) {
+                const fy_q8a_t *xt = &x[t];
+                __m256i il = isum_x8(lo, xt->qs + j * FY_QK), ih = isum_x8(hi, xt->qs + (j + 1) * FY_QK);
+                acc[t][0] =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(il), _mm256_mul_ps(dsc0, _mm256_set1_ps(xt->d[j])), acc[t][0]);
+                acc[t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ih), _mm256_mul_ps(dsc1, _mm256_set1_ps(xt->d[j + 1])),
+                                            acc[t][1]);
+                accm[t] = _mm256_fmadd_ps(dm0, _mm256_set1_ps(xt->s[j]), accm[t]);
+                accm[t] = _mm256_fmadd_ps(dm1, _mm256_set1_ps(xt->s[j + 1]), accm[t]);
+            }
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        _mm256_storeu_ps(y + t * ldy, _mm256_sub_ps(_mm256_add_ps(acc[t][0], acc[t][1]), accm[t]));
+}
+
+typedef enum { K16_Q6, K16_Q3, K16_Q2 } k16_kind_t;
+
+/* Chunk c (columns 4 c .. 4 c + 3) of sub-blocks 4 h .. 4 h + 3, as
+ * unsigned quants: Q6_K q + 32 (0..63), Q3_K q + 4 (0..7), Q2_K q (0..3) */
+static inline void q6_chunk4(const fy_block_q6_kx8_t *b, int h, int c, __m256i *q)
+{
+    const __m256i low = _mm256_set1_epi8(0x0f), b45 = _mm256_set1_epi8(0x30);
+    const __m256i la = _mm256_loadu_si256((const __m256i *)b->q[h][c][0]);
+    const __m256i lb = _mm256_loadu_si256((const __m256i *)b->q[h][c][1]);
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)b->q[h][c][2]);
+    q[0] = _mm256_or_si256(_mm256_and_si256(la, low), _mm256_and_si256(_mm256_slli_epi16(qh, 4), b45));
+    q[1] = _mm256_or_si256(_mm256_and_si256(lb, low), _mm256_and_si256(_mm256_slli_epi16(qh, 2), b45));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), low), _mm256_and_si256(qh, b45));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), low),
+                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), b45));
+}
+
+/* chunk c of all 8 sub-blocks: Q3_K q + 4 (0..7), Q2_K q (0..3) */
+static inline void q3_chunk8(const fy_block_q3_kx8_t *b, int c, __m256i *q)
+{
+    const __m256i seven = _mm256_set1_epi8(7), three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    const __m256i b0 = _mm256_loadu_si256((const __m256i *)b->q[c][0]);
+    const __m256i b1 = _mm256_loadu_si256((const __m256i *)b->q[c][1]);
+    const __m256i b2 = _mm256_loadu_si256((const __m256i *)b->q[c][2]);
+    q[0] = _mm256_and_si256(b0, seven);
+    q[2] = _mm256_and_si256(b1, seven);
+    q[4] = _mm256_and_si256(b2, seven);
+#if FY_X86_VNNI /* masked in place: 8 (q + 4), see k16_shift */
+    const __m256i seven3 = _mm256_set1_epi8(7 << 3);
+    q[1] = _mm256_and_si256(b0, seven3);
+    q[3] = _mm256_and_si256(b1, seven3);
+    q[5] = _mm256_and_si256(b2, seven3);
+#else
+    q[1] = _mm256_and_si256(_mm256_srli_epi16(b0, 3), seven);
+    q[3] = _mm256_and_si256(_mm256_srli_epi16(b1, 3), seven);
+    q[5] = _mm256_and_si256(_mm256_srli_epi16(b2, 3), seven);
+#endif
+    q[6] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b0, 6), three),
+                           _mm256_and_si256(_mm256_srli_epi16(b2, 4), four));
+    q[7] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 6), three),
+                           _mm256_and_si256(_mm256_srli_epi16(b2, 5), four));
+}
+
+static inline void q2_chunk8(const fy_block_q2_kx8_t *b, int c, __m256i *q)
+{
+    const __m256i three = _mm256_set1_epi8(3);
+    for (int h = 0; h < 2; h++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)b->qs[c][h]);
+#if FY_X86_VNNI /* masked in place: 4^t q, see k16_shift */
+        q[4 * h] = _mm256_and_si256(v, three);
+        q[4 * h + 1] = _mm256_and_si256(v, _mm256_set1_epi8(3 << 2));
+        q[4 * h + 2] = _mm256_and_si256(v, _mm256_set1_epi8(3 << 4));
+        q[4 * h + 3] = _mm256_and_si256(v, _mm256_set1_epi8((char)(3 << 6)));
+#else
+        q[4 * h] = _mm256_and_si256(v, three);
+        q[4 * h + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 2), three);
+        q[4 * h + 2] = _mm256_and_si256(_mm256_srli_epi16(v, 4), three);
+        q[4 * h + 3] = _mm256_and_si256(_mm256_srli_epi16(v, 6), three);
+#endif
+    }
+}
+
+/*
+ * With VNNI's byte dots (no 16-bit intermediate to saturate) the 2- and
+ * 3-bit quants of some sub-blocks are masked where they lie instead of
+ * shifted down, saving an operation per vector: their dots come out times
+ * 2^k16_shift, exactly, and are shifted back (exact: a multiple) before use.
+ */
+static inline int k16_shift(k16_kind_t kind, int k)
+{
+#if FY_X86_VNNI
+    if (kind == K16_Q2) return 2 * (k % 4);
+    if (kind == K16_Q3) return k == 1 || k == 3 || k == 5 ? 3 : 0;
+#else
+    (void)kind, (void)k;
+#endif
+    return 0;
+}
+
+/* Q3_K's 16 scales of 8 rows, less 32: bytes 0..3 of lane r in w[q] are
+ * row r's scales 4 q .. 4 q + 3 (ggml's aux unpacking on 8 rows) */
+static inline void k3_scales8(const uint32_t (*s)[8], __m256i *w)
+{
+    const __m256i a0 = _mm256_loadu_si256((const __m256i *)s[0]), a1 = _mm256_loadu_si256((const __m256i *)s[1]);
+    const __m256i a2 = _mm256_loadu_si256((const __m256i *)s[2]);
+    const __m256i k4 = _mm256_set1_epi32(0x0f0f0f0f), k2 = _mm256_set1_epi32(0x03030303);
+    const __m256i off = _mm256_set1_epi8(32);
+    w[0] = _mm256_or_si256(_mm256_and_si256(a0, k4), _mm256_slli_epi32(_mm256_and_si256(a2, k2), 4));
+    w[1] =
+        _mm256_or_si256(_mm256_and_si256(a1, k4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(a2, 2), k2), 4));
+    w[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(a0, 4), k4),
+                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(a2, 4), k2), 4));
+    w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(a1, 4), k4),
+                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(a2, 6), k2), 4));
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++) w[q] = _mm256_sub_epi8(w[q], off);
+}
+
+/* (lo & 0xffff) | hi << 16: two int16 halves of a 32-bit word */
+static inline int32_t pair16(int32_t lo, int32_t hi)
+{
+    return (int32_t)(((uint32_t)lo & 0xffff) | ((uint32_t)hi << 16));
+}
+
+/*
+ * One token's share of activation block j: a0, a1 the integer dots of
+ * columns 0..15 and 16..31 with the stored quants (offset, and for VNNI
+ * scaled by 2^sh).  For Q6_K they are multiplied by the two scales (sc[0],
+ * sc[1]) as int32.  Q3_K's and Q2_K's fit in 16 bits (|dot| < 2^15), so
+ * the pair goes into the two halves of each lane and one 16-bit
+ * multiply-add applies both scales (sc[0] holds them as int16 pairs), and
+ * Q2_K's minimums (mn[0]) the same way to the pair of activation sums:
+ * half the operations of two 32-bit multiplies and their scale unpacking.
+ */
+static inline __attribute__((always_inline)) void k16_tail(__m256 *acc, __m256 *accm, __m256i a0, __m256i a1,
+                                                           const __m256i *sc, const __m256i *mn, __m256 d, __m256 dmin,
+                                                           const fy_q8a_t *xt, int64_t j, k16_kind_t kind, int sh)
+{
+    const int32_t s0 = xt->isum16[2 * j], s1 = xt->isum16[2 * j + 1];
+    __m256i is;
+    if (sh) {
+        a0 = _mm256_srai_epi32(a0, sh);
+        a1 = _mm256_srai_epi32(a1, sh);
+    }
+    if (kind == K16_Q6) {
+        a0 = _mm256_sub_epi32(a0, _mm256_set1_epi32(32 * s0));
+        a1 = _mm256_sub_epi32(a1, _mm256_set1_epi32(32 * s1));
+        is = _mm256_add_epi32(_mm256_mullo_epi32(a0, sc[0]), _mm256_mullo_epi32(a1, sc[1]));
+    } else {
+        __m256i p = _mm256_blend_epi16(a0, _mm256_slli_epi32(a1, 16), 0xaa);
+        if (kind == K16_Q3) p = _mm256_sub_epi16(p, _mm256_set1_epi32(pair16(4 * s0, 4 * s1)));
+        is = _mm256_madd_epi16(p, sc[0]);
+    }
+    const __m256 xd = _mm256_set1_ps(xt->d[j]);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(d, xd), *acc);
+    if (kind == K16_Q2) {
+        __m256i ms = _mm256_madd_epi16(_mm256_set1_epi32(pair16(s0, s1)), mn[0]);
+        *accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_mul_ps(dmin, xd), *accm);
+    }
+}
+
+/* sub-block sb's scales of the 8 rows, lane r row r: Q6_K's as two int32
+ * vectors (columns 0..15, 16..31), Q3_K's and Q2_K's (and Q2_K's
+ * minimums in mn[0]) as one vector of int16 pairs */
+static inline __attribute__((always_inline)) void k16_scales(const void *blk, const __m256i *w3, int sb,
+                                                             k16_kind_t kind, __m256i *sc, __m256i *mn)
+{
+    mn[0] = _mm256_setzero_si256();
+    if (kind == K16_Q6) {
+        const fy_block_q6_kx8_t *b6 = blk;
+        sc[0] = load_s8x8(b6->scales[2 * sb]), sc[1] = load_s8x8(b6->scales[2 * sb + 1]);
+    } else if (kind == K16_Q3) {
+        /* bytes 2 (sb % 2) and 2 (sb % 2) + 1 of each lane to the high bytes of its int16 halves, then
+         * shifted down with their sign */
+        const char lo = (char)(2 * (sb % 2)), hi = (char)(2 * (sb % 2) + 1), z = (char)0x80;
+        const __m256i sh =
+            _mm256_setr_epi8(z, lo, z, hi, z, (char)(4 + lo), z, (char)(4 + hi), z, (char)(8 + lo), z, (char)(8 + hi),
+                             z, (char)(12 + lo), z, (char)(12 + hi), z, lo, z, hi, z, (char)(4 + lo), z, (char)(4 + hi),
+                             z, (char)(8 + lo), z, (char)(8 + hi), z, (char)(12 + lo), z, (char)(12 + hi));
+        sc[0] = _mm256_srai_epi16(_mm256_shuffle_epi8(w3[sb / 2], sh), 8);
+    } else {
+        const fy_block_q2_kx8_t *b2 = blk;
+        const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)b2->scales[sb]));
+        sc[0] = _mm256_and_si256(v, _mm256_set1_epi16(0x0f));
+        mn[0] = _mm256_srli_epi16(v, 4);
+    }
+}
+
+/* chunk c of the sub-blocks in group g: 4 of them for Q6_K (g = h), all 8
+ * for Q3_K and Q2_K (g = 0) */
+static inline __attribute__((always_inline)) void k16_chunk(const void *blk, int g, int c, k16_kind_t kind, __m256i *q)
+{
+    if (kind == K16_Q6)
+        q6_chunk4(blk, g, c, q);
+    else if (kind == K16_Q3)
+        q3_chunk8(blk, c, q);
+    else
+        q2_chunk8(blk, c, q);
+}
+
+/*
+ * Q6_K, Q3_K, Q2_K: scales per 16 columns, quants stored with an offset
+ * (Q6_K q + 32, Q3_K q + 4; Q2_K's are plain with a minimum).  Each half
+ * of an activation block's dot is offset-corrected with that half's sum of
+ * x (isum16) and multiplied by its row's scale in integers (exact: under
+ * 2^24 in magnitude), then scaled in float once per block.  A lone token
+ * takes each chunk's sub-blocks (4 for Q6_K, 8 for the others) into as
+ * many pairs of running dots at once, reading the super-block once in
+ * order; a group of tokens unpacks them into memory first and runs each
+ * token over them.
+ */
+static inline __attribute__((always_inline)) void gemm_k16_tokens(const void *w, int64_t nsb, const fy_q8a_t *x, int nt,
+                                                                  float *y, int64_t ldy, k16_kind_t kind)
+{
+    const size_t sb_bytes = kind == K16_Q6   ? sizeof(fy_block_q6_kx8_t)
+                            : kind == K16_Q3 ? sizeof(fy_block_q3_kx8_t)
+                                             : sizeof(fy_block_q2_kx8_t);
+    const int per = kind == K16_Q6 ? 4 : 8; /* sub-blocks per chunk */
+    __m256 acc[TOK_GROUP][2], accm[TOK_GROUP];
+    for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = accm[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nsb; i++) {
+        const char *blk = (const char *)w + (size_t)i * sb_bytes;
+        const fy_block_q6_kx8_t *b6 = (const fy_block_q6_kx8_t *)blk;
+        const fy_block_q3_kx8_t *b3 = (const fy_block_q3_kx8_t *)blk;
+        const fy_block_q2_kx8_t *b2 = (const fy_block_q2_kx8_t *)blk;
+        __m256i w3[4];
+        if (kind == K16_Q3) k3_scales8(b3->scales, w3);
+        const __m256 d = load_h8(kind == K16_Q6 ? b6->d : kind == K16_Q3 ? b3->d : b2->d);
+        const __m256 dmin = kind == K16_Q2 ? load_h8(b2->dmin) : d;
+#pragma GCC unroll 2
+        for (int g = 0; g < 8 / per; g++) {
+            if (nt == 1) {
+                const int8_t *xq = x->qs + (8 * i + per * g) * FY_QK;
+                __m256i a[8][2];
+#pragma GCC unroll 8
+                for (int k = 0; k < per; k++) a[k][0] = a[k][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++) {
+                    __m256i q[8];
+                    /* the share of the super-block this chunk reads, K_PREFETCH bytes ahead */
+                    prefetch_lines(blk + K_PREFETCH + (8 * g + c) * 128, kind == K16_Q6 ? 2 : kind == K16_Q3 ? 2 : 1);
+                    k16_chunk(blk, g, c, kind, q);
+#pragma GCC unroll 8
+                    for (int k = 0; k < per; k++) a[k][c / 4] = DPBUSD(a[k][c / 4], q[k], bcast4(xq + 32 * k + 4 * c));
+                }
+#pragma GCC unroll 8
+                for (int k = 0; k < per; k++) {
+                    __m256i sc[2], mn[1];
+                    k16_scales(blk, w3, per * g + k, kind, sc, mn);
+                    k16_tail(&acc[0][k & 1], &accm[0], a[k][0], a[k][1], sc, mn, d, dmin, x, 8 * i + per * g + k, kind,
+                             k16_shift(kind, k));
+                }
+                continue;
+            }
+            __m256i qq[8][8]; /* [k][c] */
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) {
+                __m256i q[8];
+                k16_chunk(blk, g, c, kind, q);
+                for (int k = 0; k < per; k++) qq[k][c] = q[k];
+            }
+#pragma GCC unroll 8
+            for (int k = 0; k < per; k++) {
+                __m256i sc[2], mn[1];
+                k16_scales(blk, w3, per * g + k, kind, sc, mn);
+                const int64_t j = 8 * i + per * g + k; /* activation block */
+                for (int t = 0; t < nt; t++) {
+                    __m256i a0, a1;
+                    isum_x8_halves(qq[k], x[t].qs + j * FY_QK, &a0, &a1);
+                    k16_tail(&acc[t][k & 1], &accm[t], a0, a1, sc, mn, d, dmin, &x[t], j, kind, k16_shift(kind, k));
+                }
+            }
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        _mm256_storeu_ps(y + t * ldy, _mm256_sub_ps(_mm256_add_ps(acc[t][0], acc[t][1]), accm[t]));
+}
+
+#define GEMM_X8_K(name, BODY)                                                                                          \
+    static void name(const void *w, int64_t nb, const fy_q8a_t *x, int n_tok, float *y, int64_t ldy)                   \
+    {                                                                                                                  \
+        if (n_tok == 1) {                                                                                              \
+            BODY(w, nb / 8, x, 1, y, ldy);                                                                             \
+            return;                                                                                                    \
+        }                                                                                                              \
+        for (int t0 = 0; t0 < n_tok; t0 += TOK_GROUP)                                                                  \
+            BODY(w, nb / 8, x + t0, n_tok - t0 < TOK_GROUP ? n_tok - t0 : TOK_GROUP, y + t0 * ldy, ldy);               \
+    }
+#define Q4K_BODY(w, nsb, x, nt, y, ldy) gemm_k45_tokens(w, nsb, x, nt, y, ldy, false)
+#define Q5K_BODY(w, nsb, x, nt, y, ldy) gemm_k45_tokens(w, nsb, x, nt, y, ldy, true)
+#define Q6K_BODY(w, nsb, x, nt, y, ldy) gemm_k16_tokens(w, nsb, x, nt, y, ldy, K16_Q6)
+#define Q3K_BODY(w, nsb, x, nt, y, ldy) gemm_k16_tokens(w, nsb, x, nt, y, ldy, K16_Q3)
+#define Q2K_BODY(w, nsb, x, nt, y, ldy) gemm_k16_tokens(w, nsb, x, nt, y, ldy, K16_Q2)
+GEMM_X8_K(gemm_q4_kx8, Q4K_BODY)
+GEMM_X8_K(gemm_q5_kx8, Q5K_BODY)
+GEMM_X8_K(gemm_q6_kx8, Q6K_BODY)
+GEMM_X8_K(gemm_q3_kx8, Q3K_BODY)
+GEMM_X8_K(gemm_q2_kx8, Q2K_BODY)
+#undef GEMM_X8_K
+#undef Q4K_BODY
+#undef Q5K_BODY
+#undef Q6K_BODY
+#undef Q3K_BODY
+#undef Q2K_BODY
+
 #if FY_X86_VNNI == 2
 /* ---- 512-bit kernels: two 8-row groups per vector, for several tokens --------------------- */
 
@@ -1026,6 +1536,14 @@ const fy_cpu_kernels_t FY_X86_TABLE = {
             [FY_DTYPE_Q8_0] = gemm_q8_0x8,
             [FY_DTYPE_Q4_0] = gemm_q4_0x8,
             [FY_DTYPE_Q4_1] = gemm_q4_1x8,
+            [FY_DTYPE_Q5_0] = gemm_q5_0x8,
+            [FY_DTYPE_Q5_1] = gemm_q5_1x8,
+            [FY_DTYPE_IQ4_NL] = gemm_iq4_nlx8,
+            [FY_DTYPE_Q2_K] = gemm_q2_kx8,
+            [FY_DTYPE_Q3_K] = gemm_q3_kx8,
+            [FY_DTYPE_Q4_K] = gemm_q4_kx8,
+            [FY_DTYPE_Q5_K] = gemm_q5_kx8,
+            [FY_DTYPE_Q6_K] = gemm_q6_kx8,
         },
 #if FY_X86_VNNI == 2
     .gemm_x16 =

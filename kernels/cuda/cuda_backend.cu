@@ -4,9 +4,10 @@
  * output); the other ops are the kernels of cuda_kernels.cu.
  *
  * Weights.  Matmul weights and embedding tables are uploaded as bf16
- * [rows, in]: GGUF-quantized (Q4_0, Q4_1, Q8_0), F16 and F32 rows are
- * dequantized on the host with the reference dequantizers of dtype.h and
- * rounded to bf16 once, at load.  Norm weights stay f32.
+ * [rows, in]: GGUF-quantized (every type dtype.h reads, the K-quants
+ * included), F16 and F32 rows are dequantized on the host with the
+ * reference dequantizers of dtype.h and rounded to bf16 once, at load.
+ * Norm weights stay f32.
  *
  * Streams.  Compute runs on one stream; KV block copies (swap, demotion,
  * copy-on-write) on a second, ordered after the compute enqueued before

@@ -10,7 +10,8 @@
  * last byte, a description, an id, and a tokenizer and chat template that
  * encode and render a short conversation; fy_model_inspect (ferry info)
  * reports on every input without crashing.  Seeds: tiny models written by
- * tests/tinymodel.c, as GGUF (f32, q8_0, q4_0) and as folders.
+ * tests/tinymodel.c, as GGUF (q8_0, q4_0, q5_0; qwen2, qwen3, gemma3) and as
+ * folders.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -131,7 +131,8 @@ static void models(const char *tmp)
         const char *name;
         uint32_t type;
         bool tied;
-    } ggufs[] = {{"tiny-q4_0.gguf", GW_Q4_0, false}, {"tiny-q8_0-tied.gguf", GW_Q8_0, true}};
+    } ggufs[] = {
+        {"tiny-q4_0.gguf", GW_Q4_0, false}, {"tiny-q8_0-tied.gguf", GW_Q8_0, true}, {"tiny-q5_0.gguf", GW_Q5_0, false}};
     for (size_t i = 0; i < FY_ARRAY_LEN(ggufs); i++) {
         tiny_cfg(&c, ggufs[i].tied);
         fy_tiny_init(&m, &c);
@@ -257,6 +258,33 @@ static void models(const char *tmp)
     memcpy(file + 8, hdr, hl);
     for (size_t i = 0; i < 48; i++) file[8 + hl + i] = (uint8_t)(i * 37);
     put("safetensors", "dtypes.safetensors", file, sizeof(file));
+}
+
+/* Two rows of each weight type ferry reads beyond the tiny models' (the
+ * K-quants need rows of 256), so that the reader's type table and row
+ * sizes are in the corpus; a model would be 200 KiB at the smallest. */
+static void gguf_types(void)
+{
+    static const struct {
+        const char *name;
+        uint32_t type;
+        int64_t cols;
+        size_t row_bytes;
+    } ts[] = {{"w.q5_1", GW_Q5_1, 32, 24},   {"w.iq4_nl", GW_IQ4_NL, 32, 18}, {"w.q2_k", GW_Q2_K, 256, 84},
+              {"w.q3_k", GW_Q3_K, 256, 110}, {"w.q4_k", GW_Q4_K, 256, 144},   {"w.q5_k", GW_Q5_K, 256, 176},
+              {"w.q6_k", GW_Q6_K, 256, 210}, {"w.q4_1", GW_Q4_1, 64, 40}};
+    uint8_t data[2 * 210];
+    for (size_t i = 0; i < sizeof(data); i++) data[i] = (uint8_t)(i * 131 + 7);
+    fy_gw_t *w = fy_gw_new();
+    fy_gw_str(w, "general.architecture", "llama");
+    for (size_t i = 0; i < FY_ARRAY_LEN(ts); i++) {
+        int64_t ne[2] = {ts[i].cols, 2};
+        fy_gw_tensor(w, ts[i].name, ts[i].type, 2, ne, data, 2 * ts[i].row_bytes);
+    }
+    size_t len;
+    const uint8_t *b = fy_gw_bytes(w, &len);
+    put("gguf", "types.gguf", b, len);
+    fy_gw_free(w);
 }
 
 /* ---- tokenizers ------------------------------------------------------------------------------------------- */
@@ -869,6 +897,7 @@ int main(int argc, char **argv)
     if (access(model, R_OK)) model = NULL;
 
     models(tmp);
+    gguf_types();
     gguf_llama_tokenizer();
     json_spm_tokenizer();
     smollm2_cut(model);
