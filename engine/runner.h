@@ -1,7 +1,7 @@
 /*
- * runner.h - the model runner: one forward pass of a Llama-family model
- * over a batch of sequences, reading and writing K/V through each
- * sequence's block table.
+ * runner.h - the model runner: one forward pass of a model (any
+ * architecture model.h describes) over a batch of sequences, reading and
+ * writing K/V through each sequence's block table.
  *
  * A batch mixes sequences freely: a prompt chunk (many tokens), a decode
  * step (one token), a speculative verification (k + 1 tokens).  Each

@@ -1,6 +1,7 @@
 /* backend.c - backend selection and dispatch through the ops table. */
 #include "backend_impl.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -40,8 +41,8 @@ void fy_backend_profile_get(const fy_backend_t *be, fy_backend_profile_t *out) {
 
 const char *fy_backend_op_name(fy_backend_op_t op)
 {
-    static const char *names[FY_OP_COUNT] = {"embed", "matmul",   "rmsnorm",  "rope",      "swiglu",
-                                             "add",   "get_rows", "kv_write", "attention", "copy"};
+    static const char *names[FY_OP_COUNT] = {"embed",    "matmul",    "rmsnorm", "rope",  "swiglu", "add",  "get_rows",
+                                             "kv_write", "attention", "copy",    "geglu", "bias",   "scale"};
     return (unsigned)op < FY_OP_COUNT ? names[op] : "?";
 }
 
@@ -190,9 +191,9 @@ fy_status_t fy_backend_rmsnorm(fy_backend_t *be, const float *x, const fy_tensor
 }
 
 fy_status_t fy_backend_rope(fy_backend_t *be, float *q, float *k, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                            float theta, fy_rope_style_t style)
+                            const fy_rope_t *rope)
 {
-    TIMED(FY_OP_ROPE, rope, q, k, n_heads, n_kv_heads, head_dim, theta, style);
+    TIMED(FY_OP_ROPE, rope, q, k, n_heads, n_kv_heads, head_dim, rope);
 }
 
 fy_status_t fy_backend_swiglu(fy_backend_t *be, const float *gate, const float *up, float *out, size_t n)
@@ -200,7 +201,19 @@ fy_status_t fy_backend_swiglu(fy_backend_t *be, const float *gate, const float *
     TIMED(FY_OP_SWIGLU, swiglu, gate, up, out, n);
 }
 
+fy_status_t fy_backend_geglu(fy_backend_t *be, const float *gate, const float *up, float *out, size_t n)
+{
+    TIMED(FY_OP_GEGLU, geglu, gate, up, out, n);
+}
+
 fy_status_t fy_backend_add(fy_backend_t *be, float *x, const float *y, size_t n) { TIMED(FY_OP_ADD, add, x, y, n); }
+
+fy_status_t fy_backend_add_bias(fy_backend_t *be, float *x, const fy_tensor_t *b, int32_t n)
+{
+    TIMED(FY_OP_BIAS, add_bias, x, b, n);
+}
+
+fy_status_t fy_backend_scale(fy_backend_t *be, float *x, float s, size_t n) { TIMED(FY_OP_SCALE, scale, x, s, n); }
 
 fy_status_t fy_backend_get_rows(fy_backend_t *be, const float *src, const int32_t *rows, int32_t n, int32_t dim,
                                 float *dst)
@@ -215,9 +228,13 @@ fy_status_t fy_backend_kv_write(fy_backend_t *be, const fy_kv_layout_t *lay, voi
 }
 
 fy_status_t fy_backend_attention(fy_backend_t *be, const fy_kv_layout_t *lay, const void *arena, int32_t layer,
-                                 int32_t n_heads, const float *q, float *out)
+                                 int32_t n_heads, float scale, int32_t window, const float *q, float *out)
 {
-    TIMED(FY_OP_ATTENTION, attention, lay, arena, layer, n_heads, q, out);
+    if (window < 0 || !(scale > 0) || !isfinite(scale)) {
+        fy_error("backend %s: attention window %d or scale %g is invalid", be->ops->name, window, (double)scale);
+        return FY_ERR_INVALID;
+    }
+    TIMED(FY_OP_ATTENTION, attention, lay, arena, layer, n_heads, scale, window, q, out);
 }
 
 fy_status_t fy_backend_sync(fy_backend_t *be) { return be->ops->sync ? be->ops->sync(be->ctx) : FY_OK; }

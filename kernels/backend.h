@@ -138,13 +138,25 @@ fy_status_t fy_backend_matmul(fy_backend_t *be, int n_w, const fy_tensor_t *cons
 /* y[t] = x[t] / rms(x[t]) * w; x, y: [n, dim]; may alias. w: f32 (dim). */
 fy_status_t fy_backend_rmsnorm(fy_backend_t *be, const float *x, const fy_tensor_t *w, int32_t n, float eps, float *y);
 /* Rotary embedding of q [n_tokens, n_heads, head_dim] and k [n_tokens,
- * n_kv_heads, head_dim] in place, at the batch's positions. */
+ * n_kv_heads, head_dim] in place, at the batch's positions, turned as rope
+ * says (rope.h: convention, base, linear and per-frequency scaling; its
+ * freq_factors are host memory, read during the call). */
 fy_status_t fy_backend_rope(fy_backend_t *be, float *q, float *k, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                            float theta, fy_rope_style_t style);
+                            const fy_rope_t *rope);
 /* out = silu(gate) * up, elementwise; n elements; out may alias gate. */
 fy_status_t fy_backend_swiglu(fy_backend_t *be, const float *gate, const float *up, float *out, size_t n);
+/* out = gelu_tanh(gate) * up, elementwise (GELU with the tanh
+ * approximation, written gate * sigmoid(2u), u = sqrt(2/pi) (g + 0.044715 g^3),
+ * which is 0.5 g (1 + tanh u) without its cancellation); n elements; out may
+ * alias gate. */
+fy_status_t fy_backend_geglu(fy_backend_t *be, const float *gate, const float *up, float *out, size_t n);
 /* x += y; n elements */
 fy_status_t fy_backend_add(fy_backend_t *be, float *x, const float *y, size_t n);
+/* x[t] += b for each of the n rows of x ([n, b->ne[0]]); b: an f32 vector
+ * uploaded with FY_USE_VECTOR (the biases of a projection). */
+fy_status_t fy_backend_add_bias(fy_backend_t *be, float *x, const fy_tensor_t *b, int32_t n);
+/* x *= s; n elements */
+fy_status_t fy_backend_scale(fy_backend_t *be, float *x, float s, size_t n);
 /* dst[i] = src[rows[i]] for i < n; rows of dim floats; rows is a host array. */
 fy_status_t fy_backend_get_rows(fy_backend_t *be, const float *src, const int32_t *rows, int32_t n, int32_t dim,
                                 float *dst);
@@ -153,11 +165,15 @@ fy_status_t fy_backend_get_rows(fy_backend_t *be, const float *src, const int32_
 fy_status_t fy_backend_kv_write(fy_backend_t *be, const fy_kv_layout_t *lay, void *arena, int32_t layer, const float *k,
                                 const float *v);
 /* Causal paged attention of one layer for the whole batch: out[t, h] =
- * softmax(q[t, h] . K / sqrt(d)) V over the sequence's tokens up to t's
- * position, K/V of kv head h / (n_heads / n_kv_heads).
- * q, out: [n_tokens, n_heads, head_dim]. */
+ * softmax(scale * q[t, h] . K) V over the sequence's tokens the query at
+ * position p sees, K/V of kv head h / (n_heads / n_kv_heads).  window 0:
+ * positions 0..p (global); window W > 0: positions p - W + 1 .. p, the last
+ * W including p itself (a key at j is masked when p - j >= W, as llama.cpp's
+ * LLAMA_SWA_TYPE_STANDARD and Hugging Face's sliding_window_overlay), and
+ * blocks wholly before the window are never read.  scale is usually
+ * 1 / sqrt(head_dim).  q, out: [n_tokens, n_heads, head_dim]. */
 fy_status_t fy_backend_attention(fy_backend_t *be, const fy_kv_layout_t *lay, const void *arena, int32_t layer,
-                                 int32_t n_heads, const float *q, float *out);
+                                 int32_t n_heads, float scale, int32_t window, const float *q, float *out);
 fy_status_t fy_backend_sync(fy_backend_t *be);
 
 /* ---- profiling: wall time per op, synchronizing after each op when on ---- */
@@ -172,6 +188,9 @@ typedef enum fy_backend_op {
     FY_OP_KV_WRITE,
     FY_OP_ATTENTION,
     FY_OP_COPY, /* memcpy and copy_blocks */
+    FY_OP_GEGLU,
+    FY_OP_BIAS,
+    FY_OP_SCALE,
     FY_OP_COUNT
 } fy_backend_op_t;
 

@@ -27,15 +27,20 @@ typedef struct fy_backend_ops {
     fy_status_t (*matmul)(void *ctx, int n_w, const fy_tensor_t *const *w, const float *x, int32_t n, float *const *y);
     fy_status_t (*rmsnorm)(void *ctx, const float *x, const fy_tensor_t *w, int32_t n, float eps, float *y);
     fy_status_t (*rope)(void *ctx, float *q, float *k, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                        float theta, fy_rope_style_t style);
+                        const fy_rope_t *rope);
     fy_status_t (*swiglu)(void *ctx, const float *gate, const float *up, float *out, size_t n);
     fy_status_t (*add)(void *ctx, float *x, const float *y, size_t n);
     fy_status_t (*get_rows)(void *ctx, const float *src, const int32_t *rows, int32_t n, int32_t dim, float *dst);
     fy_status_t (*kv_write)(void *ctx, const fy_kv_layout_t *lay, void *arena, int32_t layer, const float *k,
                             const float *v);
     fy_status_t (*attention)(void *ctx, const fy_kv_layout_t *lay, const void *arena, int32_t layer, int32_t n_heads,
-                             const float *q, float *out);
+                             float scale, int32_t window, const float *q, float *out);
     fy_status_t (*sync)(void *ctx);
+    /* the architectures' ops (model.h's description): after sync so that
+     * the table's older entries keep their places */
+    fy_status_t (*geglu)(void *ctx, const float *gate, const float *up, float *out, size_t n);
+    fy_status_t (*add_bias)(void *ctx, float *x, const fy_tensor_t *b, int32_t n);
+    fy_status_t (*scale)(void *ctx, float *x, float s, size_t n);
 } fy_backend_ops_t;
 
 /* Each backend's constructor: fills *ops_p and *ctx_p, and a description. */

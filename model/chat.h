@@ -33,6 +33,10 @@ fy_status_t fy_chat_template_create(const char *src, const char *bos_token, cons
                                     fy_chat_template_t **tmpl_p);
 void fy_chat_template_destroy(fy_chat_template_t *tmpl); /* accepts NULL */
 
+/* The source of a template ferry carries for models that ship none:
+ * "chatml" (the default) or "gemma" (Gemma 3's own); NULL for other names. */
+const char *fy_chat_template_builtin(const char *name);
+
 /* Renders the template for msgs.  add_generation_prompt opens the
  * assistant's turn.  On success *out_p is a NUL-terminated string the
  * caller frees with fy_free().  Errors (raise_exception, a type error, a

@@ -418,6 +418,12 @@ const fy_gguf_tensor_t *fy_gguf_find_tensor(const fy_gguf_t *g, const char *name
 
 bool fy_gguf_has_key(const fy_gguf_t *g, const char *key) { return find_kv(g, key) != NULL; }
 
+fy_gguf_type_t fy_gguf_key_type(const fy_gguf_t *g, const char *key)
+{
+    const gguf_kv_t *kv = find_kv(g, key);
+    return kv ? kv->type : FY_GGUF_TYPE_COUNT;
+}
+
 /* Reads an integer value of any width as int64 (uint64 above INT64_MAX fails). */
 static bool read_int(fy_gguf_type_t t, const uint8_t *p, int64_t *v)
 {

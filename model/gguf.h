@@ -76,6 +76,9 @@ const char *fy_gguf_ggml_type_name(uint32_t ggml_type);
  * and FY_ERR_FORMAT (logged) when it holds the wrong type or a value that
  * does not fit. */
 bool fy_gguf_has_key(const fy_gguf_t *gguf, const char *key);
+/* The key's value type (FY_GGUF_TYPE_ARRAY for arrays), FY_GGUF_TYPE_COUNT
+ * when absent; logs nothing, so a caller can accept more than one type. */
+fy_gguf_type_t fy_gguf_key_type(const fy_gguf_t *gguf, const char *key);
 fy_status_t fy_gguf_get_u32(const fy_gguf_t *gguf, const char *key, uint32_t *value_p);
 fy_status_t fy_gguf_get_f32(const fy_gguf_t *gguf, const char *key, float *value_p);
 fy_status_t fy_gguf_get_bool(const fy_gguf_t *gguf, const char *key, bool *value_p);

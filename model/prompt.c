@@ -72,9 +72,14 @@ fy_status_t fy_prompt_chat(const fy_model_t *m, const fy_chat_msg_t *in, size_t 
     }
     char *r = NULL;
     if ((st = fy_chat_template_apply(fy_model_chat_template(m), msgs, nm, true, &r))) return finish(&o, st, ids_p, n_p);
-    /* template text (special tokens on) between the messages (special off) */
+    /* template text (special tokens on) between the messages (special off);
+     * BOS where the model wants one, unless the template wrote it already
+     * (Gemma's and Llama's begin with {{ bos_token }}: two BOS would be
+     * a prompt the model never saw) */
     const char *p = r;
-    bool first = true;
+    int32_t bos = fy_tokenizer_bos(tok);
+    const char *bos_text = bos >= 0 ? fy_tokenizer_piece(tok, bos) : NULL;
+    bool first = !(bos_text && bos_text[0] && !strncmp(r, bos_text, strlen(bos_text)));
     size_t seen = 0;
     for (;;) {
         const char *s = strstr(p, SENT_OPEN);

@@ -703,11 +703,13 @@ static fy_status_t build_specials(fy_tokenizer_t *tok, const char *src)
     return FY_OK;
 }
 
-/* End of generation: EOS and the end-of-turn tokens chat models use. */
+/* End of generation: EOS and the end-of-turn tokens chat models use.
+ * Gemma's <start_of_turn> too: its template never opens a turn inside an
+ * answer, so a model that emits one has ended its turn without saying so. */
 static void mark_eog(fy_tokenizer_t *tok)
 {
-    static const char *const k_end_of_turn[] = {"<|im_end|>",    "<|eot_id|>",    "<|end|>",
-                                                "<|endoftext|>", "<end_of_turn>", "<|end_of_text|>"};
+    static const char *const k_end_of_turn[] = {"<|im_end|>",    "<|eot_id|>",      "<|end|>",        "<|endoftext|>",
+                                                "<end_of_turn>", "<|end_of_text|>", "<start_of_turn>"};
     if (tok->eos >= 0) tok->tokens[tok->eos].eog = true;
     for (size_t i = 0; i < FY_ARRAY_LEN(k_end_of_turn); i++) {
         int32_t id = index_find(tok, k_end_of_turn[i], strlen(k_end_of_turn[i]));

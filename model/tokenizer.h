@@ -52,8 +52,9 @@ int32_t fy_tokenizer_eos(const fy_tokenizer_t *tok); /* -1 if none */
 /* Whether encode(add_bos = true) actually prepends BOS for this model. */
 bool fy_tokenizer_wants_bos(const fy_tokenizer_t *tok);
 /* End of generation: EOS, and the end-of-turn tokens of chat models
- * (<|im_end|>, <|eot_id|>, <|end|>, <|endoftext|>, <end_of_turn>) present
- * in the vocabulary. */
+ * (<|im_end|>, <|eot_id|>, <|end|>, <|endoftext|>, <end_of_turn>, and
+ * Gemma's <start_of_turn>, which only a turn that has ended can be followed
+ * by) present in the vocabulary. */
 bool fy_tokenizer_is_eog(const fy_tokenizer_t *tok, int32_t id);
 /* Control, user-defined or otherwise special (not plain text). */
 bool fy_tokenizer_is_special(const fy_tokenizer_t *tok, int32_t id);

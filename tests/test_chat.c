@@ -628,6 +628,51 @@ static void test_gemma2(void **state)
     expect_raise(GEMMA2, CONV(WITH_SYSTEM), "System role not supported");
 }
 
+/* Gemma 3's template (google/gemma-3-*-it; ferry's built-in copy for GGUF
+ * files that carry none): the system message becomes the first user turn's
+ * prefix, assistant turns are "model", content is trimmed, roles must
+ * alternate. */
+static void test_gemma3(void **state)
+{
+    (void)state;
+    const char *g3 = fy_chat_template_builtin("gemma");
+    assert_non_null(g3);
+    assert_non_null(strstr(g3, "first_user_prefix"));
+    expect_render(g3, "<bos>", "<eos>", CONV(WITH_SYSTEM), true,
+                  "<bos><start_of_turn>user\n"
+                  "You are a helpful assistant\n\n"
+                  "Hello<end_of_turn>\n"
+                  "<start_of_turn>model\n"
+                  "Hi there<end_of_turn>\n"
+                  "<start_of_turn>user\n"
+                  "Who are you<end_of_turn>\n"
+                  "<start_of_turn>model\n"
+                  "I am an assistant<end_of_turn>\n"
+                  "<start_of_turn>user\n"
+                  "Another question<end_of_turn>\n"
+                  "<start_of_turn>model\n");
+    expect_render(g3, "<bos>", "<eos>", CONV(NO_SYSTEM), false,
+                  "<bos><start_of_turn>user\n"
+                  "Hello<end_of_turn>\n"
+                  "<start_of_turn>model\n"
+                  "Hi there<end_of_turn>\n"
+                  "<start_of_turn>user\n"
+                  "How are you?<end_of_turn>\n");
+    expect_render(g3, "<bos>", "<eos>", CONV(UNICODE), true,
+                  "<bos><start_of_turn>user\n"
+                  "Sys\n\n"
+                  "\xc3\x9c"
+                  "n\xc3\xaf"
+                  "c\xc3\xb6"
+                  "d\xc3\xa9 \xe2\x9c\x93 test<end_of_turn>\n"
+                  "<start_of_turn>model\n"
+                  "ok\n\nline2<end_of_turn>\n"
+                  "<start_of_turn>model\n");
+    expect_raise(g3, CONV(TWO_USERS), "Conversation roles must alternate user/assistant/user/assistant/...");
+    assert_null(fy_chat_template_builtin("nonesuch"));
+    assert_non_null(fy_chat_template_builtin("chatml"));
+}
+
 static void test_zephyr(void **state)
 {
     (void)state;
@@ -1186,6 +1231,7 @@ int main(void)
         cmocka_unit_test(test_qwen25),
         cmocka_unit_test(test_phi35),
         cmocka_unit_test(test_gemma2),
+        cmocka_unit_test(test_gemma3),
         cmocka_unit_test(test_zephyr),
         cmocka_unit_test(test_semantics),
         cmocka_unit_test(test_misc),

@@ -208,6 +208,37 @@ static void test_elementwise(void **state)
     fetch(p->gpu, got, od, e);
     expect_close("swiglu", ref, got, e, 1e-6f, 1e-5f);
 
+    /* geglu (GELU-tanh gated) into a poisoned output */
+    assert_int_equal(fy_backend_geglu(p->cpu, x, y, ref, e), FY_OK);
+    assert_int_equal(fy_backend_geglu(p->gpu, xd, yd, od, e), FY_OK);
+    fetch(p->gpu, got, od, e);
+    expect_close("geglu", ref, got, e, 1e-6f, 1e-5f);
+
+    /* scale, then a bias over rows of DIM, in place on a copy of y */
+    float *sd = dev_floats(p->gpu, y, e);
+    memcpy(ref, y, e * sizeof(float));
+    assert_int_equal(fy_backend_scale(p->cpu, ref, 25.3f, e), FY_OK);
+    assert_int_equal(fy_backend_scale(p->gpu, sd, 25.3f, e), FY_OK);
+    fetch(p->gpu, got, sd, e);
+    expect_close("scale", ref, got, e, 0, 0);
+    assert_int_equal(fy_backend_add_bias(p->cpu, ref, &wc, n), FY_OK);
+    assert_int_equal(fy_backend_add_bias(p->gpu, sd, &wg, n), FY_OK);
+    fetch(p->gpu, got, sd, e);
+    expect_close("add_bias", ref, got, e, 0, 0);
+    fy_backend_free(p->gpu, sd);
+
+    /* rmsnorm per head: rows of HD inside rows of DIM (Q/K norms) */
+    fy_tensor_t ht = {FY_DTYPE_F32, {HD, 1}, HD * sizeof(float), HD * sizeof(float), w, 0}, hc, hg;
+    assert_int_equal(fy_backend_upload(p->cpu, &ht, FY_USE_VECTOR, &hc), FY_OK);
+    assert_int_equal(fy_backend_upload(p->gpu, &ht, FY_USE_VECTOR, &hg), FY_OK);
+    memcpy(ref, x, e * sizeof(float));
+    assert_int_equal(fy_backend_rmsnorm(p->cpu, ref, &hc, n * (DIM / HD), 1e-6f, ref), FY_OK);
+    assert_int_equal(fy_backend_rmsnorm(p->gpu, xd, &hg, n * (DIM / HD), 1e-6f, od), FY_OK);
+    fetch(p->gpu, got, od, e);
+    expect_close("rmsnorm per head", ref, got, e, 1e-5f, 1e-5f);
+    fy_backend_release_tensor(p->cpu, &hc);
+    fy_backend_release_tensor(p->gpu, &hg);
+
     /* add in place */
     memcpy(ref, x, e * sizeof(float));
     assert_int_equal(fy_backend_add(p->cpu, ref, y, e), FY_OK);
@@ -215,16 +246,22 @@ static void test_elementwise(void **state)
     fetch(p->gpu, got, xd, e);
     expect_close("add", ref, got, e, 0, 0);
 
-    /* rope, both styles: q [n, N_HEADS, HD] and k [n, N_KV, HD] */
-    for (int style = FY_ROPE_NORM; style <= FY_ROPE_NEOX; style++) {
+    /* rope, both styles, plain and scaled (linear, and Llama 3's
+     * per-frequency factors): q [n, N_HEADS, HD] and k [n, N_KV, HD] */
+    float factors[HD / 2];
+    for (int i = 0; i < HD / 2; i++) factors[i] = 1.0f + (float)i / 4;
+    for (int variant = 0; variant < 4; variant++) {
+        fy_rope_style_t style = variant % 2 ? FY_ROPE_NEOX : FY_ROPE_NORM;
+        fy_rope_t rope = {style, variant < 2 ? 10000.0f : 500000.0f, variant < 2 ? 1.0f : 0.125f,
+                          variant == 3 ? factors : NULL};
         size_t nq = (size_t)n * N_HEADS * HD, nk = (size_t)n * N_KV * HD;
         float *q = fy_malloc(nq * sizeof(float)), *k = fy_malloc(nk * sizeof(float));
         float *gq = fy_malloc(nq * sizeof(float)), *gk = fy_malloc(nk * sizeof(float));
         fill(p, q, nq, 1.0f);
         fill(p, k, nk, 1.0f);
         float *qd = dev_floats(p->gpu, q, nq), *kd = dev_floats(p->gpu, k, nk);
-        assert_int_equal(fy_backend_rope(p->cpu, q, k, N_HEADS, N_KV, HD, 10000.0f, style), FY_OK);
-        assert_int_equal(fy_backend_rope(p->gpu, qd, kd, N_HEADS, N_KV, HD, 10000.0f, style), FY_OK);
+        assert_int_equal(fy_backend_rope(p->cpu, q, k, N_HEADS, N_KV, HD, &rope), FY_OK);
+        assert_int_equal(fy_backend_rope(p->gpu, qd, kd, N_HEADS, N_KV, HD, &rope), FY_OK);
         fetch(p->gpu, gq, qd, nq);
         fetch(p->gpu, gk, kd, nk);
         expect_close("rope q", q, gq, nq, 1e-5f, 1e-5f);
@@ -341,10 +378,18 @@ static void test_kv_attention(void **state)
 
         float *ref = fy_malloc(nq * sizeof(float)), *got = fy_malloc(nq * sizeof(float));
         float *od = dev_floats(p->gpu, NULL, nq);
-        assert_int_equal(fy_backend_attention(p->cpu, &lay, ac, 1, N_HEADS, q, ref), FY_OK);
-        assert_int_equal(fy_backend_attention(p->gpu, &lay, ag, 1, N_HEADS, qd, od), FY_OK);
-        fetch(p->gpu, got, od, nq);
-        expect_close(f16 ? "attention f16" : "attention f32", ref, got, nq, 1e-4f, 1e-3f);
+        /* global, then sliding windows that cut through blocks and
+         * segments, and one longer than every sequence; a query scale */
+        const int32_t windows[] = {0, 1, 7, 40, 300, 100000};
+        for (size_t wi = 0; wi < sizeof(windows) / sizeof(windows[0]); wi++) {
+            float scale = wi == 3 ? 0.0625f : 1.0f / sqrtf((float)HD);
+            assert_int_equal(fy_backend_attention(p->cpu, &lay, ac, 1, N_HEADS, scale, windows[wi], q, ref), FY_OK);
+            assert_int_equal(fy_backend_attention(p->gpu, &lay, ag, 1, N_HEADS, scale, windows[wi], qd, od), FY_OK);
+            fetch(p->gpu, got, od, nq);
+            char what[64];
+            snprintf(what, sizeof(what), "attention %s window %d", f16 ? "f16" : "f32", windows[wi]);
+            expect_close(what, ref, got, nq, 1e-4f, 1e-3f);
+        }
 
         /* block copies device -> host and back, on the copy stream */
         int32_t src[3] = {1, 2, 3}, dst[3] = {0, 5, 6};

@@ -274,6 +274,26 @@ static void test_isa_kernels_agree(void **state)
     S->f32_to_f16(xv, h1, 100);
     A->f32_to_f16(xv, h2, 100);
     assert_memory_equal(h1, h2, sizeof(h1));
+    /* gated activations (SwiGLU, GELU-tanh): exp8's polynomial against expf,
+     * over gates from the flat tails to the steep middle, and a tail
+     * shorter than a vector */
+    {
+        enum { NE = 1003 };
+        float g[NE], u[NE], o1[NE], o2[NE];
+        for (int i = 0; i < NE; i++) g[i] = (float)(i - NE / 2) / 25.0f, u[i] = fy_test_rand_uniform(&s);
+        for (int act = 0; act < 2; act++) {
+            (act ? S->geglu : S->swiglu)(g, u, o1, NE);
+            (act ? A->geglu : A->swiglu)(g, u, o2, NE);
+            for (int i = 0; i < NE; i++) assert_float_equal(o1[i], o2[i], 2e-6 * (fabsf(o1[i]) + 1e-6f));
+        }
+        /* GELU-tanh itself against its textbook form, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+        for (int i = 0; i < NE; i++) u[i] = 1.0f;
+        S->geglu(g, u, o1, NE);
+        for (int i = 0; i < NE; i++) {
+            double gx = g[i], want = 0.5 * gx * (1 + tanh(sqrt(2 / M_PI) * (gx + 0.044715 * gx * gx * gx)));
+            assert_true(fabs(o1[i] - want) <= 1e-6 * (fabs(want) + 1e-6));
+        }
+    }
     /* attention blocks: two blocks in a row, so the rescaling runs too */
     for (int kt = 0; kt < 2; kt++) {
         fy_dtype_t t = kt ? FY_DTYPE_F16 : FY_DTYPE_F32;
@@ -368,39 +388,47 @@ typedef struct attn_case {
     int n_q[4]; /* of which queried this step */
 } attn_case_t;
 
-/* Contiguous reference over the same (possibly f16-rounded) K/V. */
-static void ref_attention(const float *q, const float *K, const float *V, int n_heads, int n_kv, int hd, int kv_len,
-                          int pos, double *out)
+/* Contiguous reference over the same (possibly f16-rounded) K/V: the query
+ * at pos sees keys s with s <= pos and, for a window W > 0, pos - s < W
+ * (Hugging Face's sliding_window_overlay: kv_idx > q_idx - W). */
+static void ref_attention(const float *q, const float *K, const float *V, int n_heads, int n_kv, int hd, int window,
+                          double scale, int pos, double *out)
 {
-    int group = n_heads / n_kv;
+    int group = n_heads / n_kv, lo = 0;
+    while (window && lo <= pos && !(lo > pos - window)) lo++;
     for (int h = 0; h < n_heads; h++) {
         int kh = h / group;
         double mx = -INFINITY, sum = 0, sc[512];
-        for (int s = 0; s <= pos; s++) {
+        for (int s = lo; s <= pos; s++) {
             double d = 0;
             for (int i = 0; i < hd; i++) d += (double)q[h * hd + i] * K[((size_t)s * n_kv + kh) * hd + i];
-            sc[s] = d / sqrt((double)hd);
+            sc[s] = d * scale;
             if (sc[s] > mx) mx = sc[s];
         }
-        for (int s = 0; s <= pos; s++) sum += (sc[s] = exp(sc[s] - mx));
+        for (int s = lo; s <= pos; s++) sum += (sc[s] = exp(sc[s] - mx));
         for (int i = 0; i < hd; i++) {
             double a = 0;
-            for (int s = 0; s <= pos; s++) a += sc[s] * V[((size_t)s * n_kv + kh) * hd + i];
+            for (int s = lo; s <= pos; s++) a += sc[s] * V[((size_t)s * n_kv + kh) * hd + i];
             out[h * hd + i] = a / sum;
         }
-        (void)kv_len;
     }
 }
 
-static void run_attention_case(fy_backend_t *be, int bs, fy_dtype_t kvt, const attn_case_t *c, uint64_t seed)
+/* window 0: global; scale 0: 1 / sqrt(head_dim).  With a window, the
+ * block-table entries of blocks wholly before every query's window are
+ * pointed at a block of NaNs: reading one would show in the output. */
+static void run_attention_case(fy_backend_t *be, int bs, fy_dtype_t kvt, const attn_case_t *c, uint64_t seed,
+                               int window, float scale, float *keep)
 {
     const int n_heads = 6, n_kv = 2, hd = 32, n_layers = 2, layer = 1;
     fy_kv_layout_t lay;
     assert_int_equal(fy_kv_layout_init(&lay, n_layers, n_kv, hd, bs, kvt), FY_OK);
     int total_blocks = 0;
     for (int s = 0; s < c->n_seqs; s++) total_blocks += (c->len[s] + bs - 1) / bs;
-    int n_blocks = total_blocks + 8;
-    char *arena = calloc((size_t)n_blocks, lay.block_bytes);
+    int n_blocks = total_blocks + 8, poison = n_blocks; /* one more block: NaNs in the layer attended */
+    char *arena = calloc((size_t)n_blocks + 1, lay.block_bytes);
+    memset(arena + fy_kv_offset(&lay, poison, layer, 0, 0), 0xff, lay.layer_bytes);
+    if (!scale) scale = 1.0f / sqrtf((float)hd);
     /* a shuffled block order so that block tables are not the identity */
     int *perm = malloc(sizeof(int) * n_blocks);
     for (int i = 0; i < n_blocks; i++) perm[i] = i;
@@ -408,7 +436,7 @@ static void run_attention_case(fy_backend_t *be, int bs, fy_dtype_t kvt, const a
         int j = (int)(fy_test_rand_u64(&seed) % (uint64_t)(i + 1)), t = perm[i];
         perm[i] = perm[j], perm[j] = t;
     }
-    int32_t tables[4][64];
+    int32_t tables[4][80];
     fy_attn_seq_t seqs[4];
     int used = 0, n_tok = 0;
     for (int s = 0; s < c->n_seqs; s++) {
@@ -453,6 +481,11 @@ static void run_attention_case(fy_backend_t *be, int bs, fy_dtype_t kvt, const a
         assert_int_equal(fy_backend_kv_write(be, &lay, arena, layer, K[s], V[s]), FY_OK);
         free(tok), free(pos), free(slot);
     }
+    /* blocks wholly before the first query's window hold nothing it may read */
+    for (int s = 0; s < c->n_seqs && window; s++) {
+        int lo = c->len[s] - c->n_q[s] - window + 1;
+        for (int b = 0; (b + 1) * bs <= lo; b++) tables[s][b] = poison;
+    }
     /* this step: the new tokens of every sequence in one batch */
     int32_t *tok = calloc((size_t)n_tok, sizeof(int32_t)), *pos = malloc(sizeof(int32_t) * n_tok),
             *slot = malloc(sizeof(int32_t) * n_tok);
@@ -471,20 +504,21 @@ static void run_attention_case(fy_backend_t *be, int bs, fy_dtype_t kvt, const a
     fy_batch_meta_t m = {n_tok, tok, pos, slot, c->n_seqs, seqs};
     assert_int_equal(fy_backend_set_batch(be, &m), FY_OK);
     assert_int_equal(fy_backend_kv_write(be, &lay, arena, layer, kn, vn), FY_OK);
-    assert_int_equal(fy_backend_attention(be, &lay, arena, layer, n_heads, q, out), FY_OK);
+    assert_int_equal(fy_backend_attention(be, &lay, arena, layer, n_heads, scale, window, q, out), FY_OK);
+    if (keep) memcpy(keep, out, sizeof(float) * n_tok * n_heads * hd);
     double ref[6 * 32], err2 = 0, ref2 = 0;
     for (int s = 0, t = 0; s < c->n_seqs; s++) {
         for (int i = 0; i < c->n_q[s]; i++, t++) {
             /* exact against the stored (rounded) K/V */
-            ref_attention(q + (size_t)t * n_heads * hd, K[s], V[s], n_heads, n_kv, hd, c->len[s], pos[t], ref);
+            ref_attention(q + (size_t)t * n_heads * hd, K[s], V[s], n_heads, n_kv, hd, window, scale, pos[t], ref);
             for (int j = 0; j < n_heads * hd; j++) {
                 double g = out[(size_t)t * n_heads * hd + j];
-                if (fabs(g - ref[j]) > 1e-5 * (1 + fabs(ref[j])))
-                    fail_msg("%s: block %d, seq %d, token %d, elem %d: %g vs %g", fy_dtype_name(kvt), bs, s, t, j, g,
-                             ref[j]);
+                if (!(fabs(g - ref[j]) <= 1e-5 * (1 + fabs(ref[j]))))
+                    fail_msg("%s: block %d, window %d, seq %d, token %d, elem %d: %g vs %g", fy_dtype_name(kvt), bs,
+                             window, s, t, j, g, ref[j]);
             }
             /* and close to the unquantized K/V */
-            ref_attention(q + (size_t)t * n_heads * hd, K0[s], V0[s], n_heads, n_kv, hd, c->len[s], pos[t], ref);
+            ref_attention(q + (size_t)t * n_heads * hd, K0[s], V0[s], n_heads, n_kv, hd, window, scale, pos[t], ref);
             for (int j = 0; j < n_heads * hd; j++) {
                 double d = out[(size_t)t * n_heads * hd + j] - ref[j];
                 err2 += d * d, ref2 += ref[j] * ref[j];
@@ -533,7 +567,57 @@ static void test_paged_attention_matches_contiguous(void **state)
     for (size_t b = 0; b < 3; b++)
         for (size_t k = 0; k < FY_ARRAY_LEN(kvts); k++)
             for (size_t c = 0; c < FY_ARRAY_LEN(cases); c++)
-                run_attention_case(be, bss[b], kvts[k], &cases[c], 1000 + c);
+                run_attention_case(be, bss[b], kvts[k], &cases[c], 1000 + c, 0, 0, NULL);
+    fy_backend_destroy(be);
+}
+
+/*
+ * Sliding windows: a query at p sees p - W + 1 .. p.  Windows of 1 (itself
+ * only), ones that end inside a block and inside a 64-position segment,
+ * exactly a block, and longer than the sequence; prefill, decode (split
+ * into segments over two threads) and mixed batches past several segments;
+ * a query scale other than 1 / sqrt(d).  Blocks before the window are
+ * poisoned with NaNs, so a kernel that read one would fail.
+ */
+static void test_sliding_window_attention(void **state)
+{
+    fy_backend_t *be;
+    fy_backend_params_t bp = {.n_threads = 2};
+    assert_int_equal(fy_backend_create("cpu", &bp, &be), FY_OK);
+    fy_backend_reserve_t r = {.max_tokens = 512,
+                              .max_row = 256,
+                              .max_seqs = 4,
+                              .max_blocks = 256,
+                              .max_kv_len = 512,
+                              .n_heads = 6,
+                              .head_dim = 32};
+    assert_int_equal(fy_backend_reserve(be, &r), FY_OK);
+    const attn_case_t cases[] = {
+        {1, {45}, {45}},                         /* a prompt */
+        {1, {150}, {150}},                       /* a prompt over three segments */
+        {1, {200}, {1}},                         /* decode far past the window */
+        {1, {129}, {7}},                         /* a chunk that starts a segment */
+        {3, {70, 16, 131}, {1, 1, 1}},           /* decodes at block and segment edges */
+        {4, {15, 97, 180, 64}, {15, 1, 40, 30}}, /* mixed prefill, decode, chunk */
+    };
+    const int windows[] = {1, 5, 16, 37, 64, 100, 1000};
+    int bss[] = {8, 16, 32};
+    fy_dtype_t kvts[] = {FY_DTYPE_F32, FY_DTYPE_F16, FY_DTYPE_FP8, FY_DTYPE_I8};
+    for (size_t b = 0; b < 3; b++)
+        for (size_t k = 0; k < FY_ARRAY_LEN(kvts); k++)
+            for (size_t c = 0; c < FY_ARRAY_LEN(cases); c++)
+                for (size_t w = 0; w < FY_ARRAY_LEN(windows); w++)
+                    run_attention_case(be, bss[b], kvts[k], &cases[c], 2000 + c, windows[w], w == 3 ? 0.0625f : 0,
+                                       NULL);
+    /* a window longer than the sequence gives the global result bit for bit */
+    enum { KEEP = 86 * 6 * 32 };
+    float *global = malloc(sizeof(float) * KEEP), *wide = malloc(sizeof(float) * KEEP);
+    for (size_t b = 0; b < 3; b++) {
+        run_attention_case(be, bss[b], FY_DTYPE_F16, &cases[5], 77, 0, 0, global);
+        run_attention_case(be, bss[b], FY_DTYPE_F16, &cases[5], 77, 181, 0, wide);
+        assert_memory_equal(global, wide, sizeof(float) * KEEP);
+    }
+    free(global), free(wide);
     fy_backend_destroy(be);
 }
 
@@ -610,6 +694,7 @@ int main(void)
         cmocka_unit_test(test_isa_kernels_agree),
         cmocka_unit_test(test_packed_gemm_matches_rows),
         cmocka_unit_test(test_paged_attention_matches_contiguous),
+        cmocka_unit_test(test_sliding_window_attention),
         cmocka_unit_test(test_fp8_e4m3_codec),
         cmocka_unit_test(test_kv_scaled_rows),
         cmocka_unit_test(test_threadpool_runs_every_item_once),

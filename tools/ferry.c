@@ -390,7 +390,9 @@ out:
 static void info_usage(FILE *f)
 {
     fprintf(f, "usage: ferry info [MODEL]\n"
-               "  describe a model file (.gguf) or Hugging Face folder: shape, weights, tokenizer\n"
+               "  describe a model file (.gguf) or Hugging Face folder: shape, architecture, each layer's\n"
+               "  window and rope, tensor types, tokenizer, chat template, and whether ferry runs it (and\n"
+               "  if not, every reason found)\n"
                "  (default " FY_CLI_DEFAULT_MODEL ")\n"
                "  -h, --help\n");
 }
@@ -414,16 +416,12 @@ static int cmd_info(int argc, char **argv)
         return 2;
     }
     const char *path = optind < argc ? argv[optind] : FY_CLI_DEFAULT_MODEL;
-    fy_model_t *m;
-    if (fy_model_load(path, &m) != FY_OK) return 1;
-    char desc[512];
-    fy_model_describe(m, desc, sizeof(desc));
-    printf("%s\n", desc);
-    const fy_tokenizer_t *tok = fy_model_tokenizer(m);
-    printf("tokenizer: %s, %d tokens, bos %d, eos %d\n",
-           fy_tokenizer_kind(tok) == FY_TOKENIZER_BPE_BYTE ? "byte-level bpe" : "sentencepiece bpe",
-           fy_tokenizer_vocab_size(tok), fy_tokenizer_bos(tok), fy_tokenizer_eos(tok));
-    fy_model_destroy(m);
+    /* a description of anything that reads as a model file, with what
+     * ferry cannot run listed, not a refusal at the first fault */
+    char *report = NULL;
+    if (fy_model_inspect(path, &report) != FY_OK) return 1;
+    fputs(report, stdout);
+    fy_free(report);
     return 0;
 }
 

@@ -22,7 +22,8 @@
 #define MAX_GROUP FY_ATTN_MAX_GROUP /* query heads per kv head */
 #define MAX_HEAD_DIM 512
 #define MAX_MATMUL_W 8
-#define ATTN_SEG 64 /* attention segment: a multiple of every block size (see below) */
+#define ATTN_SEG 64  /* attention segment: a multiple of every block size (see below) */
+#define ROPE_SLOTS 4 /* angle tables kept per batch: distinct ropes among a model's layers */
 
 int fy_cpu_has_avx2(void)
 {
@@ -71,11 +72,16 @@ typedef struct cpu_ctx {
     int32_t *block_tables;                   /* [max_blocks] */
     fy_q8a_t *rows;                          /* [max_tokens] */
     int32_t *ent_off;                        /* [max_tokens + 1] attention partial offsets */
-    float *rope_cs, *rope_sn;                /* [max_tokens, head_dim / 2] this batch's angles */
-    bool rope_valid;
-    float rope_theta;
-    int32_t rope_hd;
-    float *part; /* attention partials of split (few-token) batches */
+    /* this batch's rotation angles, one table per distinct rope of the
+     * model's layers (local and global layers turn differently) */
+    float *rope_cs, *rope_sn; /* [ROPE_SLOTS][max_tokens, head_dim / 2] */
+    struct {
+        bool valid;
+        fy_rope_t rope;
+        int32_t hd;
+    } rope_slot[ROPE_SLOTS];
+    int rope_next; /* the slot a new rope replaces */
+    float *part;   /* attention partials of split (few-token) batches */
     size_t part_floats;
     float *kvdq; /* [n_threads][k | v][32][head_dim]: one fp8/int8 block dequantized for attention */
 } cpu_ctx_t;
@@ -135,8 +141,8 @@ static fy_status_t cpu_reserve(void *p, const fy_backend_reserve_t *r)
         {(void **)&c->ent_off, ((size_t)r->max_tokens + 1) * sizeof(int32_t)},
         {(void **)&c->part, part_floats * sizeof(float)},
         {(void **)&c->kvdq, (size_t)c->n_threads * 2 * 32 * (size_t)r->head_dim * sizeof(float)},
-        {(void **)&c->rope_cs, (size_t)r->max_tokens * (size_t)(r->head_dim / 2 + 1) * sizeof(float)},
-        {(void **)&c->rope_sn, (size_t)r->max_tokens * (size_t)(r->head_dim / 2 + 1) * sizeof(float)},
+        {(void **)&c->rope_cs, ROPE_SLOTS * (size_t)r->max_tokens * (size_t)(r->head_dim / 2 + 1) * sizeof(float)},
+        {(void **)&c->rope_sn, ROPE_SLOTS * (size_t)r->max_tokens * (size_t)(r->head_dim / 2 + 1) * sizeof(float)},
     };
     for (size_t i = 0; i < FY_ARRAY_LEN(bufs); i++) {
         fy_free(*bufs[i].slot);
@@ -286,7 +292,7 @@ static fy_status_t cpu_set_batch(void *p, const fy_batch_meta_t *m)
     }
     c->n_tokens = m->n_tokens;
     c->n_seqs = m->n_seqs;
-    c->rope_valid = false; /* new positions */
+    for (int i = 0; i < ROPE_SLOTS; i++) c->rope_slot[i].valid = false; /* new positions */
     return FY_OK;
 }
 
@@ -340,6 +346,7 @@ typedef struct rope_job {
     int32_t n_heads, n_kv_heads, head_dim;
     fy_rope_style_t style;
     const double *inv_freq; /* [head_dim / 2] */
+    float *cs, *sn;         /* the slot's tables, [n_tokens, head_dim / 2] */
 } rope_job_t;
 
 static void rope_apply(float *x, int32_t n_heads, int32_t hd, const float *cs, const float *sn, fy_rope_style_t st)
@@ -357,7 +364,8 @@ static void rope_apply(float *x, int32_t n_heads, int32_t hd, const float *cs, c
     }
 }
 
-/* cos and sin of each token's angles, once per batch: every layer uses the same */
+/* cos and sin of each token's angles, once per batch and rope: every layer
+ * that turns the same way uses the same table */
 static void rope_table_rows(void *arg, int64_t b, int64_t e, int thread)
 {
     const rope_job_t *j = arg;
@@ -366,8 +374,8 @@ static void rope_table_rows(void *arg, int64_t b, int64_t e, int thread)
         double pos = (double)j->c->pos[t];
         for (int32_t i = 0; i < half; i++) {
             double a = pos * j->inv_freq[i];
-            j->c->rope_cs[t * half + i] = (float)cos(a);
-            j->c->rope_sn[t * half + i] = (float)sin(a);
+            j->cs[t * half + i] = (float)cos(a);
+            j->sn[t * half + i] = (float)sin(a);
         }
     }
 }
@@ -377,14 +385,14 @@ static void rope_rows(void *arg, int64_t b, int64_t e, int thread)
     const rope_job_t *j = arg;
     int32_t half = j->head_dim / 2;
     for (int64_t t = b; t < e; t++) {
-        const float *cs = j->c->rope_cs + t * half, *sn = j->c->rope_sn + t * half;
+        const float *cs = j->cs + t * half, *sn = j->sn + t * half;
         rope_apply(j->q + t * j->n_heads * j->head_dim, j->n_heads, j->head_dim, cs, sn, j->style);
         rope_apply(j->k + t * j->n_kv_heads * j->head_dim, j->n_kv_heads, j->head_dim, cs, sn, j->style);
     }
 }
 
 static fy_status_t cpu_rope(void *p, float *q, float *k, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                            float theta, fy_rope_style_t style)
+                            const fy_rope_t *rope)
 {
     cpu_ctx_t *c = p;
     if (head_dim > MAX_HEAD_DIM || head_dim % 2 || head_dim > c->res.head_dim) {
@@ -392,15 +400,29 @@ static fy_status_t cpu_rope(void *p, float *q, float *k, int32_t n_heads, int32_
                  head_dim > c->res.head_dim ? c->res.head_dim : MAX_HEAD_DIM);
         return FY_ERR_UNSUPPORTED;
     }
-    double inv_freq[MAX_HEAD_DIM / 2];
-    for (int32_t i = 0; i < head_dim / 2; i++) inv_freq[i] = pow((double)theta, -2.0 * i / head_dim);
-    rope_job_t j = {c, q, k, n_heads, n_kv_heads, head_dim, style, inv_freq};
-    if (!c->rope_valid || c->rope_theta != theta || c->rope_hd != head_dim) {
-        fy_threadpool_run(c->tp, c->n_tokens, 16, rope_table_rows, &j);
-        c->rope_valid = true;
-        c->rope_theta = theta;
-        c->rope_hd = head_dim;
+    if (!(rope->theta > 0) || !(rope->freq_scale > 0)) {
+        fy_error("cpu backend: rope base %g or scale %g is not positive", (double)rope->theta,
+                 (double)rope->freq_scale);
+        return FY_ERR_INVALID;
     }
+    int slot = 0;
+    while (slot < ROPE_SLOTS && !(c->rope_slot[slot].valid && c->rope_slot[slot].hd == head_dim &&
+                                  fy_rope_same_angles(&c->rope_slot[slot].rope, rope)))
+        slot++;
+    size_t table = (size_t)c->res.max_tokens * (size_t)(c->res.head_dim / 2 + 1);
+    double inv_freq[MAX_HEAD_DIM / 2];
+    rope_job_t j = {c, q, k, n_heads, n_kv_heads, head_dim, rope->style, inv_freq, NULL, NULL};
+    if (slot == ROPE_SLOTS) { /* a rope not seen this batch: its table, in the oldest slot */
+        slot = c->rope_next;
+        c->rope_next = (c->rope_next + 1) % ROPE_SLOTS;
+        for (int32_t i = 0; i < head_dim / 2; i++) inv_freq[i] = fy_rope_inv_freq(rope, i, head_dim);
+        j.cs = c->rope_cs + (size_t)slot * table, j.sn = c->rope_sn + (size_t)slot * table;
+        fy_threadpool_run(c->tp, c->n_tokens, 16, rope_table_rows, &j);
+        c->rope_slot[slot].valid = true;
+        c->rope_slot[slot].rope = *rope;
+        c->rope_slot[slot].hd = head_dim;
+    }
+    j.cs = c->rope_cs + (size_t)slot * table, j.sn = c->rope_sn + (size_t)slot * table;
     fy_threadpool_run(c->tp, c->n_tokens, 8, rope_rows, &j);
     return FY_OK;
 }
@@ -425,6 +447,20 @@ static fy_status_t cpu_swiglu(void *p, const float *gate, const float *up, float
     return FY_OK;
 }
 
+static void geglu_range(void *arg, int64_t b, int64_t e, int thread)
+{
+    const ew_job_t *j = arg;
+    j->k->geglu(j->a + b, j->b + b, j->out + b, e - b);
+}
+
+static fy_status_t cpu_geglu(void *p, const float *gate, const float *up, float *out, size_t n)
+{
+    cpu_ctx_t *c = p;
+    ew_job_t j = {c->k, out, gate, up};
+    fy_threadpool_run(c->tp, (int64_t)n, 4096, geglu_range, &j);
+    return FY_OK;
+}
+
 static void add_range(void *arg, int64_t b, int64_t e, int thread)
 {
     const ew_job_t *j = arg;
@@ -436,6 +472,47 @@ static fy_status_t cpu_add(void *p, float *x, const float *y, size_t n)
     cpu_ctx_t *c = p;
     ew_job_t j = {c->k, x, y, NULL};
     fy_threadpool_run(c->tp, (int64_t)n, 16384, add_range, &j);
+    return FY_OK;
+}
+
+typedef struct bias_job {
+    float *x;
+    const float *b;
+    int64_t width;
+} bias_job_t;
+
+static void bias_rows(void *arg, int64_t b, int64_t e, int thread)
+{
+    const bias_job_t *j = arg;
+    for (int64_t t = b; t < e; t++)
+        for (int64_t i = 0; i < j->width; i++) j->x[t * j->width + i] += j->b[i];
+}
+
+static fy_status_t cpu_add_bias(void *p, float *x, const fy_tensor_t *b, int32_t n)
+{
+    cpu_ctx_t *c = p;
+    if (b->dtype != FY_DTYPE_F32 || b->ne[1] != 1) {
+        fy_error("cpu backend: a bias must be an f32 vector, not %s [%lld, %lld]", fy_dtype_name(b->dtype),
+                 (long long)b->ne[1], (long long)b->ne[0]);
+        return FY_ERR_INVALID;
+    }
+    bias_job_t j = {x, b->data, b->ne[0]};
+    fy_threadpool_run(c->tp, n, 16, bias_rows, &j);
+    return FY_OK;
+}
+
+static void scale_range(void *arg, int64_t b, int64_t e, int thread)
+{
+    const ew_job_t *j = arg;
+    const float s = j->a[0];
+    for (int64_t i = b; i < e; i++) j->out[i] *= s;
+}
+
+static fy_status_t cpu_scale(void *p, float *x, float s, size_t n)
+{
+    cpu_ctx_t *c = p;
+    ew_job_t j = {c->k, x, &s, NULL};
+    fy_threadpool_run(c->tp, (int64_t)n, 16384, scale_range, &j);
     return FY_OK;
 }
 
@@ -615,6 +692,7 @@ typedef struct attn_job {
     const fy_kv_layout_t *lay;
     const char *arena;
     int32_t layer, n_heads, G;
+    int32_t window; /* 0: global; else the last window positions */
     float scale;
     const float *q;
     float *out;
@@ -633,12 +711,18 @@ static float *attn_dq(const attn_job_t *j, int thread)
     return j->c->kvdq + (size_t)thread * 2 * 32 * (size_t)j->c->res.head_dim;
 }
 
-static int32_t n_segs(int32_t pos) { return pos / ATTN_SEG + 1; }
+/* The first position the query at p sees: 0, or the start of its window. */
+static int32_t win_lo(int32_t window, int32_t p) { return window && p - window + 1 > 0 ? p - window + 1 : 0; }
+/* Segments [first_seg, first_seg + n_segs) hold what the query at p sees. */
+static int32_t first_seg(int32_t window, int32_t p) { return win_lo(window, p) / ATTN_SEG; }
+static int32_t n_segs(int32_t window, int32_t p) { return p / ATTN_SEG + 1 - first_seg(window, p); }
 
-/* Partial attention of token t's G heads of KV head kvh over positions
- * [seg * ATTN_SEG, min(p + 1, (seg + 1) * ATTN_SEG)).  ml: m[G] then l[G].
- * fp8/int8 blocks are dequantized into the thread's dq (2 * 32 * head_dim
- * floats) and go through the f32 block kernel. */
+/* Partial attention of token t's G heads of KV head kvh over the positions
+ * it sees in [seg * ATTN_SEG, (seg + 1) * ATTN_SEG): from the window's start
+ * (which can fall inside a block: the block is read from that row on) to
+ * p.  ml: m[G] then l[G].  fp8/int8 blocks are dequantized into the
+ * thread's dq (2 * 32 * head_dim floats) and go through the f32 block
+ * kernel. */
 static void attn_segment(const attn_job_t *j, int32_t t, int32_t kvh, int32_t seg, float *ml, float *acc, float *dq)
 {
     const cpu_ctx_t *c = j->c;
@@ -649,11 +733,12 @@ static void attn_segment(const attn_job_t *j, int32_t t, int32_t kvh, int32_t se
     memset(acc, 0, (size_t)G * hd * sizeof(float));
     const float *qt = j->q + ((size_t)t * j->n_heads + (size_t)kvh * G) * hd;
     int32_t last = (seg + 1) * ATTN_SEG < p + 1 ? (seg + 1) * ATTN_SEG : p + 1;
-    for (int32_t pos = seg * ATTN_SEG; pos < last; pos += bs) {
-        int32_t id = s->block_table[pos / bs];
-        int32_t nk = last - pos < bs ? last - pos : bs;
-        const char *kb = j->arena + fy_kv_offset(L, id, j->layer, 0, kvh);
-        const char *vb = j->arena + fy_kv_offset(L, id, j->layer, 1, kvh);
+    int32_t lo = win_lo(j->window, p), start = seg * ATTN_SEG > lo ? seg * ATTN_SEG : lo;
+    for (int32_t pos = start; pos < last;) {
+        int32_t id = s->block_table[pos / bs], off = pos % bs;
+        int32_t nk = last - pos < bs - off ? last - pos : bs - off;
+        const char *kb = j->arena + fy_kv_offset(L, id, j->layer, 0, kvh) + (size_t)off * L->row_bytes;
+        const char *vb = j->arena + fy_kv_offset(L, id, j->layer, 1, kvh) + (size_t)off * L->row_bytes;
         if (fy_kv_dtype_scaled(L->dtype)) {
             const int fp8 = L->dtype == FY_DTYPE_FP8;
             for (int32_t i = 0; i < nk; i++) {
@@ -663,6 +748,7 @@ static void attn_segment(const attn_job_t *j, int32_t t, int32_t kvh, int32_t se
             kb = (const char *)dq, vb = (const char *)(dq + (size_t)32 * hd);
         }
         j->block(qt, G, kb, vb, nk, hd, j->scale, ml, ml + G, acc);
+        pos += nk;
     }
 }
 
@@ -701,9 +787,10 @@ static void attn_whole(void *arg, int64_t b, int64_t e, int thread)
     const int32_t n_kv = j->lay->n_kv_heads, G = j->G, hd = j->lay->head_dim;
     float ml[2 * MAX_GROUP], ML[2 * MAX_GROUP], acc[MAX_GROUP * MAX_HEAD_DIM], A[MAX_GROUP * MAX_HEAD_DIM];
     for (int64_t it = b; it < e; it++) {
-        int32_t t = (int32_t)(it / n_kv), kvh = (int32_t)(it % n_kv);
+        int32_t t = (int32_t)(it / n_kv), kvh = (int32_t)(it % n_kv), p = tok_pos(j->c, t);
+        int32_t seg0 = first_seg(j->window, p), segs = n_segs(j->window, p);
         attn_start(G, hd, ML, A);
-        for (int32_t seg = 0; seg < n_segs(tok_pos(j->c, t)); seg++) {
+        for (int32_t seg = seg0; seg < seg0 + segs; seg++) {
             attn_segment(j, t, kvh, seg, ml, acc, attn_dq(j, thread));
             attn_merge(G, hd, ml, acc, ML, A);
         }
@@ -719,9 +806,9 @@ static void attn_parts(void *arg, int64_t b, int64_t e, int thread)
     for (int64_t it = b; it < e; it++) {
         int32_t t = 0;
         while (j->ent_off[t + 1] <= it) t++;
-        int32_t segs = n_segs(tok_pos(j->c, t)), local = (int32_t)(it - j->ent_off[t]);
+        int32_t p = tok_pos(j->c, t), segs = n_segs(j->window, p), local = (int32_t)(it - j->ent_off[t]);
         float *ml = j->part + (size_t)it * G * (hd + 2);
-        attn_segment(j, t, local / segs, local % segs, ml, ml + 2 * G, attn_dq(j, thread));
+        attn_segment(j, t, local / segs, first_seg(j->window, p) + local % segs, ml, ml + 2 * G, attn_dq(j, thread));
     }
 }
 
@@ -732,7 +819,7 @@ static void attn_reduce(void *arg, int64_t b, int64_t e, int thread)
     const int32_t n_kv = j->lay->n_kv_heads, G = j->G, hd = j->lay->head_dim;
     float ML[2 * MAX_GROUP], A[MAX_GROUP * MAX_HEAD_DIM];
     for (int64_t it = b; it < e; it++) {
-        int32_t t = (int32_t)(it / n_kv), kvh = (int32_t)(it % n_kv), segs = n_segs(tok_pos(j->c, t));
+        int32_t t = (int32_t)(it / n_kv), kvh = (int32_t)(it % n_kv), segs = n_segs(j->window, tok_pos(j->c, t));
         attn_start(G, hd, ML, A);
         for (int32_t seg = 0; seg < segs; seg++) {
             const float *ml = j->part + (size_t)(j->ent_off[t] + kvh * segs + seg) * G * (hd + 2);
@@ -743,7 +830,7 @@ static void attn_reduce(void *arg, int64_t b, int64_t e, int thread)
 }
 
 static fy_status_t cpu_attention(void *p, const fy_kv_layout_t *lay, const void *arena, int32_t layer, int32_t n_heads,
-                                 const float *q, float *out)
+                                 float scale, int32_t window, const float *q, float *out)
 {
     cpu_ctx_t *c = p;
     if (n_heads % lay->n_kv_heads || n_heads / lay->n_kv_heads > MAX_GROUP || lay->head_dim > MAX_HEAD_DIM ||
@@ -769,12 +856,13 @@ static fy_status_t cpu_attention(void *p, const fy_kv_layout_t *lay, const void 
     fy_attn_block_fn block = c->k->attn_block[kd];
     if (lay->head_dim % 8) block = fy_cpu_kernels_scalar.attn_block[kd];
     const int32_t n_kv = lay->n_kv_heads, G = n_heads / n_kv;
-    attn_job_t j = {c, block, lay, arena, layer, n_heads, G, 1.0f / sqrtf((float)lay->head_dim), q, out, NULL, NULL};
+    attn_job_t j = {c, block, lay, arena, layer, n_heads, G, window, scale, q, out, NULL, NULL};
     int64_t pairs = (int64_t)c->n_tokens * n_kv;
     if (c->n_threads > 1 && pairs < 4 * (int64_t)c->n_threads) {
         int64_t n_part = 0;
         c->ent_off[0] = 0;
-        for (int32_t t = 0; t < c->n_tokens; t++) c->ent_off[t + 1] = c->ent_off[t] + n_kv * n_segs(tok_pos(c, t));
+        for (int32_t t = 0; t < c->n_tokens; t++)
+            c->ent_off[t + 1] = c->ent_off[t] + n_kv * n_segs(window, tok_pos(c, t));
         n_part = c->ent_off[c->n_tokens];
         if ((size_t)n_part * (size_t)G * (size_t)(lay->head_dim + 2) <= c->part_floats) {
             j.ent_off = c->ent_off;
@@ -815,6 +903,9 @@ static const fy_backend_ops_t g_cpu_ops = {
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,
     .sync = cpu_sync,
+    .geglu = cpu_geglu,
+    .add_bias = cpu_add_bias,
+    .scale = cpu_scale,
 };
 
 fy_status_t fy_backend_cpu_init(const fy_backend_params_t *params, const fy_backend_ops_t **ops_p, void **ctx_p,

@@ -210,6 +210,9 @@ typedef struct fy_cpu_kernels {
     void (*rmsnorm)(const float *x, const float *w, int64_t n, float eps, float *y);
     /* out = silu(gate) * up over n elements (out may alias gate) */
     void (*swiglu)(const float *gate, const float *up, float *out, int64_t n);
+    /* out = gelu_tanh(gate) * up = gate * sigmoid(2u) * up, u = sqrt(2/pi)
+     * (gate + 0.044715 gate^3), over n elements (out may alias gate) */
+    void (*geglu)(const float *gate, const float *up, float *out, int64_t n);
     /* f16 <-> f32 rows (KV writes) */
     void (*f32_to_f16)(const float *x, uint16_t *y, int64_t n);
     /* one fp8 (fp8 != 0) or int8 KV row, [f32 scale][n codes] (kv.h), into

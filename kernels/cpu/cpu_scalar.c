@@ -570,6 +570,17 @@ static void swiglu(const float *gate, const float *up, float *out, int64_t n)
     }
 }
 
+#define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_C 0.044715f
+
+static void geglu(const float *gate, const float *up, float *out, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i], u = GELU_K * (g + GELU_C * g * g * g);
+        out[i] = g / (1.0f + expf(-2.0f * u)) * up[i];
+    }
+}
+
 static void f32_to_f16(const float *x, uint16_t *y, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) y[i] = fy_fp32_to_fp16(x[i]);
@@ -609,6 +620,7 @@ const fy_cpu_kernels_t fy_cpu_kernels_scalar = {
     .attn_block = {[FY_DTYPE_F32] = attn_block_f32, [FY_DTYPE_F16] = attn_block_f16},
     .rmsnorm = rmsnorm,
     .swiglu = swiglu,
+    .geglu = geglu,
     .f32_to_f16 = f32_to_f16,
     .kv_row_read = kv_row_read,
 };

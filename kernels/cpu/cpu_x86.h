@@ -1465,6 +1465,24 @@ static void swiglu(const float *gate, const float *up, float *out, int64_t n)
     for (; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
+/* as the scalar table's: gate / (1 + exp(-2u)) * up */
+static void geglu(const float *gate, const float *up, float *out, int64_t n)
+{
+    int64_t i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f), k2 = _mm256_set1_ps(-2.0f * 0.7978845608028654f),
+                 c = _mm256_set1_ps(0.044715f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 inner = _mm256_fmadd_ps(_mm256_mul_ps(c, g), _mm256_mul_ps(g, g), g); /* g + c g^3 */
+        __m256 e = exp8(_mm256_mul_ps(k2, inner));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; i++) {
+        float g = gate[i], u = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+        out[i] = g / (1.0f + expf(-2.0f * u)) * up[i];
+    }
+}
+
 static void f32_to_f16(const float *x, uint16_t *y, int64_t n)
 {
     int64_t i = 0;
@@ -1548,6 +1566,7 @@ const fy_cpu_kernels_t FY_X86_TABLE = {
     .attn_block = {[FY_DTYPE_F32] = attn_block_f32, [FY_DTYPE_F16] = attn_block_f16},
     .rmsnorm = rmsnorm,
     .swiglu = swiglu,
+    .geglu = geglu,
     .f32_to_f16 = f32_to_f16,
     .kv_row_read = kv_row_read,
 };

@@ -487,15 +487,24 @@ static fy_status_t cuda_rmsnorm(void *p, const float *x, const fy_tensor_t *w, i
 }
 
 static fy_status_t cuda_rope(void *p, float *q, float *k, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                             float theta, fy_rope_style_t style)
+                             const fy_rope_t *rope)
 {
     cuda_ctx_t *c = (cuda_ctx_t *)p;
-    if (head_dim > MAX_HEAD_DIM || head_dim % 2 || head_dim > c->res.head_dim) {
+    if (head_dim > MAX_HEAD_DIM || head_dim % 2 || head_dim > c->res.head_dim ||
+        head_dim / 2 > FY_CUDA_ROPE_MAX_PAIRS) {
         fy_error("cuda backend: rope head size %d unsupported (even, at most %d)", head_dim,
                  head_dim > c->res.head_dim ? c->res.head_dim : MAX_HEAD_DIM);
         return FY_ERR_UNSUPPORTED;
     }
-    CK(fy_cuda_rope(q, k, c->pos_dev, c->n_tokens, n_heads, n_kv_heads, head_dim, theta, style == FY_ROPE_NEOX,
+    if (!(rope->theta > 0) || !(rope->freq_scale > 0)) {
+        fy_error("cuda backend: rope base %g or scale %g is not positive", (double)rope->theta,
+                 (double)rope->freq_scale);
+        return FY_ERR_INVALID;
+    }
+    fy_cuda_rope_freqs_t f;
+    memset(&f, 0, sizeof(f));
+    for (int32_t i = 0; i < head_dim / 2; i++) f.inv_freq[i] = fy_rope_inv_freq(rope, i, head_dim);
+    CK(fy_cuda_rope(q, k, c->pos_dev, c->n_tokens, n_heads, n_kv_heads, head_dim, &f, rope->style == FY_ROPE_NEOX,
                     c->stream),
        "launching rope");
     return FY_OK;
@@ -508,10 +517,37 @@ static fy_status_t cuda_swiglu(void *p, const float *gate, const float *up, floa
     return FY_OK;
 }
 
+static fy_status_t cuda_geglu(void *p, const float *gate, const float *up, float *out, size_t n)
+{
+    cuda_ctx_t *c = (cuda_ctx_t *)p;
+    CK(fy_cuda_geglu(gate, up, out, n, c->stream), "launching geglu");
+    return FY_OK;
+}
+
 static fy_status_t cuda_add(void *p, float *x, const float *y, size_t n)
 {
     cuda_ctx_t *c = (cuda_ctx_t *)p;
     CK(fy_cuda_add(x, y, n, c->stream), "launching add");
+    return FY_OK;
+}
+
+static fy_status_t cuda_add_bias(void *p, float *x, const fy_tensor_t *b, int32_t n)
+{
+    cuda_ctx_t *c = (cuda_ctx_t *)p;
+    if (b->dtype != FY_DTYPE_F32 || b->ne[1] != 1) {
+        fy_error("cuda backend: a bias must be an f32 vector, not %s [%lld, %lld]", fy_dtype_name(b->dtype),
+                 (long long)b->ne[1], (long long)b->ne[0]);
+        return FY_ERR_INVALID;
+    }
+    if (n < 1) return FY_OK;
+    CK(fy_cuda_add_bias(x, (const float *)b->data, n, (int32_t)b->ne[0], c->stream), "launching add_bias");
+    return FY_OK;
+}
+
+static fy_status_t cuda_scale(void *p, float *x, float s, size_t n)
+{
+    cuda_ctx_t *c = (cuda_ctx_t *)p;
+    CK(fy_cuda_scale(x, s, n, c->stream), "launching scale");
     return FY_OK;
 }
 
@@ -545,7 +581,7 @@ static fy_status_t cuda_kv_write(void *p, const fy_kv_layout_t *lay, void *arena
 }
 
 static fy_status_t cuda_attention(void *p, const fy_kv_layout_t *lay, const void *arena, int32_t layer, int32_t n_heads,
-                                  const float *q, float *out)
+                                  float scale, int32_t window, const float *q, float *out)
 {
     cuda_ctx_t *c = (cuda_ctx_t *)p;
     const int32_t n_kv = lay->n_kv_heads, hd = lay->head_dim;
@@ -600,7 +636,8 @@ static fy_status_t cuda_attention(void *p, const fy_kv_layout_t *lay, const void
     a.layer_bytes = lay->layer_bytes;
     a.kv_bytes = lay->kv_bytes;
     a.head_bytes = lay->head_bytes;
-    a.scale = 1.0f / sqrtf((float)hd);
+    a.window = window;
+    a.scale = scale;
     CK(fy_cuda_attention(&a, c->max_pos / FY_CUDA_ATTN_SEG + 1, c->stream), "launching attention");
     return FY_OK;
 }
@@ -613,10 +650,10 @@ static fy_status_t cuda_sync(void *p)
 }
 
 static const fy_backend_ops_t g_cuda_ops = {
-    "cuda",          cuda_destroy,   cuda_reserve,  cuda_alloc,     cuda_free,           cuda_mem_info,
-    cuda_alloc_host, cuda_free_host, cuda_memcpy,   cuda_upload,    cuda_release_tensor, cuda_copy_blocks,
-    cuda_set_batch,  cuda_embed,     cuda_matmul,   cuda_rmsnorm,   cuda_rope,           cuda_swiglu,
-    cuda_add,        cuda_get_rows,  cuda_kv_write, cuda_attention, cuda_sync,
+    "cuda",         cuda_destroy, cuda_reserve, cuda_alloc,          cuda_free,        cuda_mem_info,  cuda_alloc_host,
+    cuda_free_host, cuda_memcpy,  cuda_upload,  cuda_release_tensor, cuda_copy_blocks, cuda_set_batch, cuda_embed,
+    cuda_matmul,    cuda_rmsnorm, cuda_rope,    cuda_swiglu,         cuda_add,         cuda_get_rows,  cuda_kv_write,
+    cuda_attention, cuda_sync,    cuda_geglu,   cuda_add_bias,       cuda_scale,
 };
 
 /* ---- creation ---------------------------------------------------------------------------- */

@@ -78,16 +78,17 @@ extern "C" cudaError_t fy_cuda_rmsnorm(const float *x, const float *w, int32_t n
 }
 
 /* one block per token; each thread one (head, pair) of q or k.  Angles in
- * double as the CPU computes them: pos * theta^(-2i/d). */
+ * double as the CPU computes them: pos * inv_freq[i], the frequencies
+ * computed on the host (fy_rope_inv_freq) and passed by value. */
 static __global__ void rope_kernel(float *q, float *k, const int32_t *pos, int32_t n_heads, int32_t n_kv, int32_t hd,
-                                   float theta, int neox)
+                                   fy_cuda_rope_freqs_t freqs, int neox)
 {
     const int32_t t = blockIdx.x, half = hd / 2, total = (n_heads + n_kv) * half;
     const double p = (double)pos[t];
     for (int32_t e = threadIdx.x; e < total; e += blockDim.x) {
         int32_t h = e / half, i = e % half;
         float *v = h < n_heads ? q + ((size_t)t * n_heads + h) * hd : k + ((size_t)t * n_kv + (h - n_heads)) * hd;
-        double a = p * pow((double)theta, -2.0 * i / hd);
+        double a = p * freqs.inv_freq[i];
         float cs = (float)cos(a), sn = (float)sin(a);
         int32_t ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
         float x0 = v[ia], x1 = v[ib];
@@ -97,9 +98,9 @@ static __global__ void rope_kernel(float *q, float *k, const int32_t *pos, int32
 }
 
 extern "C" cudaError_t fy_cuda_rope(float *q, float *k, const int32_t *pos, int32_t n, int32_t n_heads, int32_t n_kv,
-                                    int32_t hd, float theta, int neox, cudaStream_t s)
+                                    int32_t hd, const fy_cuda_rope_freqs_t *freqs, int neox, cudaStream_t s)
 {
-    rope_kernel<<<n, 128, 0, s>>>(q, k, pos, n_heads, n_kv, hd, theta, neox);
+    rope_kernel<<<n, 128, 0, s>>>(q, k, pos, n_heads, n_kv, hd, *freqs, neox);
     return cudaGetLastError();
 }
 
@@ -114,6 +115,45 @@ static __global__ void swiglu_kernel(const float *gate, const float *up, float *
 extern "C" cudaError_t fy_cuda_swiglu(const float *gate, const float *up, float *out, size_t n, cudaStream_t s)
 {
     swiglu_kernel<<<grid_for(n, 256), 256, 0, s>>>(gate, up, out, n);
+    return cudaGetLastError();
+}
+
+static __global__ void geglu_kernel(const float *gate, const float *up, float *out, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float g = gate[i], u = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+        out[i] = g / (1.0f + expf(-2.0f * u)) * up[i];
+    }
+}
+
+extern "C" cudaError_t fy_cuda_geglu(const float *gate, const float *up, float *out, size_t n, cudaStream_t s)
+{
+    geglu_kernel<<<grid_for(n, 256), 256, 0, s>>>(gate, up, out, n);
+    return cudaGetLastError();
+}
+
+/* one block per row */
+static __global__ void add_bias_kernel(float *x, const float *b, int32_t width)
+{
+    float *row = x + (size_t)blockIdx.x * width;
+    for (int32_t i = threadIdx.x; i < width; i += blockDim.x) row[i] += b[i];
+}
+
+extern "C" cudaError_t fy_cuda_add_bias(float *x, const float *b, int32_t n, int32_t width, cudaStream_t s)
+{
+    add_bias_kernel<<<n, 256, 0, s>>>(x, b, width);
+    return cudaGetLastError();
+}
+
+static __global__ void scale_kernel(float *x, float a, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] *= a;
+}
+
+extern "C" cudaError_t fy_cuda_scale(float *x, float a, size_t n, cudaStream_t s)
+{
+    scale_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, a, n);
     return cudaGetLastError();
 }
 
@@ -171,10 +211,21 @@ extern "C" cudaError_t fy_cuda_kv_write(void *arena, const int32_t *slots, int32
  * segment's keys through the block table in chunks staged in shared
  * memory, keeping an online softmax (max m, sum l, accumulator) per row,
  * keys past a row's position masked (causal), and writes the partial.
+ * With a sliding window W a row also masks keys W or more positions behind
+ * it; segments and key chunks that lie wholly before the window of the
+ * tile's first (earliest) token are skipped, and keys before that window
+ * are never loaded, so blocks wholly before every window are never read.
  * Pass 2: one block per (token, head) merges that token's segment partials
- * in segment order (flash-decoding's reduction).  Each row's arithmetic
- * depends only on its own position and keys, never on the tile or grid.
+ * in segment order (flash-decoding's reduction), from the first segment its
+ * window reaches.  Each row's arithmetic depends only on its own position
+ * and keys, never on the tile or grid.
  */
+
+/* The first position a query at p sees. */
+static __device__ int32_t attn_win_lo(int32_t window, int32_t p)
+{
+    return window && p - window + 1 > 0 ? p - window + 1 : 0;
+}
 
 /* Shared memory pass 1 needs for these shapes (bytes). */
 static size_t attn_smem(int32_t G, int32_t qt, int32_t hd)
@@ -212,6 +263,8 @@ static __global__ void __launch_bounds__(FY_CUDA_ATTN_THREADS) attn_part_kernel(
     const int32_t lo = seg * FY_CUDA_ATTN_SEG;
     if (lo > last) return; /* the whole block: no token of the tile reaches this segment */
     const int32_t hi = min(lo + FY_CUDA_ATTN_SEG, last + 1);
+    const int32_t wlo = attn_win_lo(a.window, a.apos[t0]); /* the earliest key any row of the tile sees */
+    if (hi <= wlo) return;                                 /* the segment lies before every row's window */
     const int32_t *bt = a.block_tables + sd.bt_off;
     const int tid = threadIdx.x;
     const size_t elem = a.f16 ? 2 : 4;
@@ -227,10 +280,17 @@ static __global__ void __launch_bounds__(FY_CUDA_ATTN_THREADS) attn_part_kernel(
     for (int i = 0; i < FY_CUDA_ATTN_ACC; i++) acc[i] = 0.0f;
     __syncthreads();
 
-    for (int32_t p0 = lo; p0 < hi; p0 += FY_CUDA_ATTN_CHUNK) {
+    /* chunks wholly before every row's window are all masked: skip them */
+    const int32_t first = wlo > lo ? lo + (wlo - lo) / FY_CUDA_ATTN_CHUNK * FY_CUDA_ATTN_CHUNK : lo;
+    for (int32_t p0 = first; p0 < hi; p0 += FY_CUDA_ATTN_CHUNK) {
         const int32_t nk = min(FY_CUDA_ATTN_CHUNK, hi - p0);
         for (int32_t e = tid; e < nk * hd; e += blockDim.x) {
             int32_t j = e / hd, d = e % hd, p = p0 + j;
+            if (p < wlo) { /* masked for every row; its block may be gone */
+                sk[e] = 0.0f;
+                sv[e] = 0.0f;
+                continue;
+            }
             const char *base = (const char *)a.arena + (size_t)bt[p / a.block_size] * a.block_bytes +
                                (size_t)a.layer * a.layer_bytes + (size_t)kvh * a.head_bytes +
                                ((size_t)(p % a.block_size) * hd + d) * elem;
@@ -247,7 +307,9 @@ static __global__ void __launch_bounds__(FY_CUDA_ATTN_THREADS) attn_part_kernel(
             int32_t r = e / nk, j = e % nk;
             float dot = 0.0f;
             for (int32_t d = 0; d < hd; d++) dot += sq[r * hd + d] * sk[j * hd + d];
-            ss[r * FY_CUDA_ATTN_CHUNK + j] = p0 + j <= s_pos[r / G] ? dot * a.scale : -INFINITY;
+            const int32_t rp = s_pos[r / G];
+            ss[r * FY_CUDA_ATTN_CHUNK + j] =
+                p0 + j <= rp && p0 + j >= attn_win_lo(a.window, rp) ? dot * a.scale : -INFINITY;
         }
         __syncthreads();
         for (int32_t r = tid; r < nr; r += blockDim.x) {
@@ -299,11 +361,11 @@ static __global__ void __launch_bounds__(FY_CUDA_ATTN_THREADS) attn_part_kernel(
 static __global__ void attn_reduce_kernel(fy_cuda_attn_args_t a)
 {
     const int32_t t = blockIdx.x / a.n_heads, h = blockIdx.x % a.n_heads;
-    const int32_t segs = a.apos[t] / FY_CUDA_ATTN_SEG + 1;
+    const int32_t seg0 = attn_win_lo(a.window, a.apos[t]) / FY_CUDA_ATTN_SEG, segs = a.apos[t] / FY_CUDA_ATTN_SEG + 1;
     const size_t base = ((size_t)t * a.n_heads + h) * a.max_segs;
     for (int32_t d = threadIdx.x; d < a.hd; d += blockDim.x) {
         float M = -INFINITY, L = 0.0f, A = 0.0f;
-        for (int32_t sg = 0; sg < segs; sg++) {
+        for (int32_t sg = seg0; sg < segs; sg++) {
             float m = a.pm[base + sg], l = a.pl[base + sg], x = a.pacc[(base + sg) * a.hd + d];
             float mx = fmaxf(m, M);
             float ca = M == -INFINITY ? 0.0f : expf(M - mx), cs = expf(m - mx);

@@ -43,13 +43,28 @@ cudaError_t fy_cuda_embed(const void *table, const int32_t *tokens, int32_t n, i
 /* y[t] = x[t] / rms(x[t]) * w, double accumulation as on the CPU; x, y: [n, dim] (may alias); w: [dim] */
 cudaError_t fy_cuda_rmsnorm(const float *x, const float *w, int32_t n, int32_t dim, float eps, float *y,
                             cudaStream_t s);
-/* q: [n, n_heads, hd], k: [n, n_kv, hd], rotated in place at pos[t]; neox: halves, else adjacent pairs */
+/* the inverse frequencies of one rope (rope.h's fy_rope_inv_freq, computed
+ * on the host as the CPU does), passed by value to the kernel */
+#define FY_CUDA_ROPE_MAX_PAIRS 256
+typedef struct fy_cuda_rope_freqs {
+    double inv_freq[FY_CUDA_ROPE_MAX_PAIRS];
+} fy_cuda_rope_freqs_t;
+
+/* q: [n, n_heads, hd], k: [n, n_kv, hd], rotated in place at pos[t] by
+ * pos * inv_freq[i]; neox: halves, else adjacent pairs */
 cudaError_t fy_cuda_rope(float *q, float *k, const int32_t *pos, int32_t n, int32_t n_heads, int32_t n_kv, int32_t hd,
-                         float theta, int neox, cudaStream_t s);
+                         const fy_cuda_rope_freqs_t *freqs, int neox, cudaStream_t s);
 /* out = silu(gate) * up; out may alias gate */
 cudaError_t fy_cuda_swiglu(const float *gate, const float *up, float *out, size_t n, cudaStream_t s);
+/* out = gate / (1 + exp(-2u)) * up, u = sqrt(2/pi) (gate + 0.044715 gate^3)
+ * (GELU-tanh gated, as the CPU's geglu); out may alias gate */
+cudaError_t fy_cuda_geglu(const float *gate, const float *up, float *out, size_t n, cudaStream_t s);
 /* x += y */
 cudaError_t fy_cuda_add(float *x, const float *y, size_t n, cudaStream_t s);
+/* x[t, i] += b[i] for t < n, i < width */
+cudaError_t fy_cuda_add_bias(float *x, const float *b, int32_t n, int32_t width, cudaStream_t s);
+/* x *= a */
+cudaError_t fy_cuda_scale(float *x, float a, size_t n, cudaStream_t s);
 /* K and V ([n, n_kv, hd] f32) of one layer into the paged arena at slots[t];
  * f16: the arena holds half, else float.  Offsets as fy_kv_offset. */
 cudaError_t fy_cuda_kv_write(void *arena, const int32_t *slots, int32_t n, const float *k, const float *v, int32_t n_kv,
@@ -70,6 +85,7 @@ typedef struct fy_cuda_attn_args {
     float *out;
     int32_t n_seqs, n_tokens, n_heads, n_kv, hd, G, qt, n_tiles, max_segs;
     int32_t block_size, layer, f16;
+    int32_t window; /* 0: global; W: a query at p sees p - W + 1 .. p */
     size_t block_bytes, layer_bytes, kv_bytes, head_bytes;
     float scale;
 } fy_cuda_attn_args_t;

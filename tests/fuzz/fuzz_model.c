@@ -8,8 +8,10 @@
  * (format, unsupported, not found, io) or gives a model whose
  * configuration passes fy_model_config_check, every weight readable to its
  * last byte, a description, an id, and a tokenizer and chat template that
- * encode and render a short conversation.  Seeds: tiny models written by
- * tests/tinymodel.c, as GGUF (q8_0, q4_0, q5_0) and as folders.
+ * encode and render a short conversation; fy_model_inspect (ferry info)
+ * reports on every input without crashing.  Seeds: tiny models written by
+ * tests/tinymodel.c, as GGUF (q8_0, q4_0, q5_0; qwen2, qwen3, gemma3) and as
+ * folders.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +44,25 @@ static void use_model(const fy_model_t *m)
         const fy_tensor_t *t[] = {&L->attn_norm, &L->wq,     &L->wk,   &L->wv,    &L->wo,
                                   &L->ffn_norm,  &L->w_gate, &L->w_up, &L->w_down};
         for (size_t i = 0; i < FY_ARRAY_LEN(t); i++) touch(t[i], "layer");
+        /* the architecture's own: present exactly when its traits say */
+        const fy_arch_traits_t *a = &c->traits;
+        const struct {
+            const fy_tensor_t *t;
+            bool want;
+        } extra[] = {{&L->bq, a->qkv_bias},
+                     {&L->bk, a->qkv_bias},
+                     {&L->bv, a->qkv_bias},
+                     {&L->q_norm, a->qk_norm},
+                     {&L->k_norm, a->qk_norm},
+                     {&L->post_attn_norm, a->post_norms},
+                     {&L->post_ffn_norm, a->post_norms}};
+        for (size_t i = 0; i < FY_ARRAY_LEN(extra); i++) {
+            FZ_CHECK((extra[i].t->data != NULL) == extra[i].want, "layer %d: tensor %zu present %d, wanted %d", l, i,
+                     extra[i].t->data != NULL, extra[i].want);
+            if (extra[i].want) touch(extra[i].t, "layer extra");
+        }
+        FZ_CHECK(c->layer[l].window >= 0 && c->layer[l].rope.theta > 0, "layer %d: window %d, rope base %g", l,
+                 c->layer[l].window, (double)c->layer[l].rope.theta);
     }
     char buf[512];
     fy_model_describe(m, buf, sizeof(buf));
@@ -101,5 +122,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         use_model(m);
         fy_model_destroy(m);
     }
+    /* inspection reads on past what loading refuses: it must not crash
+     * either, and it describes whatever loads */
+    char *report = NULL;
+    st = fy_model_inspect(path, &report);
+    FZ_CHECK(st == FY_OK || st == FY_ERR_FORMAT || st == FY_ERR_UNSUPPORTED || st == FY_ERR_NOT_FOUND ||
+                 st == FY_ERR_IO,
+             "fy_model_inspect returned %s", fy_status_str(st));
+    FZ_CHECK((st == FY_OK) == (report != NULL), "inspect: a report without success or the reverse");
+    fy_free(report);
     return 0;
 }

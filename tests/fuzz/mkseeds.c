@@ -145,6 +145,39 @@ static void models(const char *tmp)
         put("model", ggufs[i].name, b, len);
         free(b);
     }
+    /* the other architectures: their keys, windows, patterns and extra tensors */
+    static const struct {
+        const char *name;
+        fy_arch_t arch;
+    } archs[] = {{"tiny-qwen2-swa.gguf", FY_ARCH_QWEN2},
+                 {"tiny-qwen3.gguf", FY_ARCH_QWEN3},
+                 {"tiny-gemma3.gguf", FY_ARCH_GEMMA3}};
+    for (size_t i = 0; i < FY_ARRAY_LEN(archs); i++) {
+        fy_tiny_cfg_arch(&c, archs[i].arch);
+        c.dim = 32, c.n_heads = 2, c.n_kv_heads = 1, c.ffn = 32, c.max_ctx = 64;
+        if (archs[i].arch == FY_ARCH_QWEN2) c.window = 5, c.max_window_layers = 1;
+        if (archs[i].arch == FY_ARCH_GEMMA3) c.n_layers = 3, c.swa_period = 3, c.write_pattern = true;
+        fy_tiny_init(&m, &c);
+        snprintf(path, sizeof(path), "%s/%s", tmp, archs[i].name);
+        if (!fy_tiny_write_gguf(&m, path, GW_Q8_0)) abort();
+        size_t len;
+        char *b = slurp(path, &len);
+        put("model", archs[i].name, b, len);
+        free(b);
+        if (archs[i].arch == FY_ARCH_GEMMA3) { /* and as a folder: (1 + w) norms, Gemma's names */
+            snprintf(dir, sizeof(dir), "%s/hf-gemma3", tmp);
+            if (!fy_tiny_write_hf(&m, dir, "BF16", 1)) abort();
+            joined_t j = {0};
+            static const char *const files[] = {"config.json", "model.safetensors", "tokenizer.json"};
+            for (size_t k = 0; k < FY_ARRAY_LEN(files); k++) {
+                snprintf(path, sizeof(path), "%s/%s", dir, files[k]);
+                join_file(&j, path);
+            }
+            put("model", "hf-gemma3", j.p, j.n);
+            free(j.p);
+        }
+        fy_tiny_free(&m);
+    }
 
     /* Hugging Face folders: config.json, model.safetensors, tokenizer.json [, tokenizer_config.json] */
     static const struct {
