@@ -252,6 +252,7 @@ static void test_options_reach_the_work(void **state)
     const char *runs[][16] = {
         {"ferry", "generate", "-m", missing, "-p", "hi", "-n", "4", "--temp", "0", "--top-k", "5", "-t", "1", NULL},
         {"ferry", "info", missing, NULL},
+        {"ferry", "info", "-m", missing, NULL},
         {"ferry", "bench", "-m", missing, "--threads", "1", "--reps", "1", NULL},
         {"ferry", "bench-batch", "-m", missing, "--batches", "1,2", "-t", "1", NULL},
         {"ferry", "bench-spec", "--model", missing, "--batch", "1", "--workload", "open", NULL},

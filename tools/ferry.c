@@ -389,33 +389,35 @@ out:
 
 static void info_usage(FILE *f)
 {
-    fprintf(f, "usage: ferry info [MODEL]\n"
+    fprintf(f, "usage: ferry info [-m MODEL | MODEL]\n"
                "  describe a model file (.gguf) or Hugging Face folder: shape, architecture, each layer's\n"
                "  window and rope, tensor types, tokenizer, chat template, and whether ferry runs it (and\n"
                "  if not, every reason found)\n"
-               "  (default " FY_CLI_DEFAULT_MODEL ")\n"
+               "  -m, --model PATH  the model, as the other commands take it (or the one operand)\n"
+               "                    (default " FY_CLI_DEFAULT_MODEL ")\n"
                "  -h, --help\n");
 }
 
 static int cmd_info(int argc, char **argv)
 {
-    static const struct option opts[] = {{"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    const char *path = NULL;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (c == 'h') {
-            info_usage(stdout);
-            return 0;
+    while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': path = optarg; break;
+        case 'h': info_usage(stdout); return 0;
+        default: info_usage(stderr); return 2;
         }
+    }
+    if (argc - optind > (path ? 0 : 1)) {
+        fprintf(stderr, "ferry: info: one model at a time, not '%s' too\n", argv[path ? optind : optind + 1]);
         info_usage(stderr);
         return 2;
     }
-    if (argc - optind > 1) {
-        fprintf(stderr, "ferry: info: one model at a time, not '%s' too\n", argv[optind + 1]);
-        info_usage(stderr);
-        return 2;
-    }
-    const char *path = optind < argc ? argv[optind] : FY_CLI_DEFAULT_MODEL;
+    if (!path) path = optind < argc ? argv[optind] : FY_CLI_DEFAULT_MODEL;
     /* a description of anything that reads as a model file, with what
      * ferry cannot run listed, not a refusal at the first fault */
     char *report = NULL;
