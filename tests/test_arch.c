@@ -361,6 +361,7 @@ typedef struct variant {
     const char *rope_type; /* rope.scaling.type */
     bool rope_freqs_short; /* a rope_freqs tensor one entry short */
     uint32_t bad_type;     /* blk.0.attn_k.weight of this ggml type */
+    int32_t extra_layers;  /* block_count this much above the layers whose tensors are written */
 } variant_t;
 
 static bool keep_tensor(const variant_t *v, const char *name) { return !v->drop || strcmp(v->drop, name); }
@@ -384,7 +385,7 @@ static const char *write_gguf_variant(const variant_t *v, const char *file)
 #define KEY(k) (snprintf(key, sizeof(key), "%s." k, A), key)
     fy_gw_str(w, "general.architecture", A);
     int32_t n_layers = c.n_layers;
-    fy_gw_u32(w, KEY("block_count"), (uint32_t)n_layers);
+    fy_gw_u32(w, KEY("block_count"), (uint32_t)(n_layers + v->extra_layers));
     fy_gw_u32(w, KEY("context_length"), (uint32_t)c.max_ctx);
     fy_gw_u32(w, KEY("embedding_length"), (uint32_t)c.dim);
     fy_gw_u32(w, KEY("feed_forward_length"), (uint32_t)c.ffn);
@@ -602,6 +603,19 @@ static void test_inspect(void **state)
     expect_in(r, "- missing tensor 'blk.1.attn_k_norm.weight'");
     expect_in(r, "- tensor type iq2_xxs is not supported (1 tensor, the first 'blk.0.attn_k.weight'");
     expect_in(r, "tensors: ");
+    fy_free(r);
+    /* a file that faults on every tensor of 300 layers: the first 64
+     * faults listed, the rest counted (the list once grew quadratically,
+     * and a fuzz input like it outlasted libFuzzer's 30-s timeout) */
+    v = (variant_t){.arch = FY_ARCH_LLAMA, .extra_layers = 298};
+    r = inspect(write_gguf_variant(&v, "inspect-300.gguf"));
+    expect_in(r, "300 layers");
+    expect_in(r, "ferry runs it: no");
+    expect_in(r, "- missing tensor 'blk.2.attn_norm.weight'");
+    expect_in(r, " more faults like these\n");
+    size_t lines = 0;
+    for (const char *q = strstr(r, "ferry runs it: no"); q && (q = strstr(q, "\n- ")); q++) lines++;
+    if (lines > 66) fail_msg("%zu fault lines listed:\n%s", lines, r);
     fy_free(r);
     /* not a model file at all: an error, as loading gives */
     char *none = NULL;
