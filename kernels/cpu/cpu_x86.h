@@ -136,60 +136,55 @@ static inline __m256i qdot_q4_0(const void *w, const int8_t *xq)
     return dot_s8s8(q, _mm256_loadu_si256((const __m256i *)xq));
 }
 
-static inline __m256i qdot_q4_1(const fy_block_q4_1_t *w, const int8_t *xq)
+static inline __m256i qdot_q4_1(const void *wv, const int8_t *xq)
 {
+    const fy_block_q4_1_t *w = wv;
     return dot_u8s8(unpack_nibbles(w->qs), _mm256_loadu_si256((const __m256i *)xq));
 }
 
-/* x = d q blocks (Q8_0, Q4_0): the fp16 scale leads each block */
+/* x = d q blocks (Q8_0, Q4_0, Q5_0, IQ4_NL): the fp16 scale leads each
+ * block; with_min (Q4_1, Q5_1): x = d q + m, the fp16 minimum after it,
+ * which meets the activation through its per-block sums s.  Inlined with
+ * constant arguments, so each type gets its own loop. */
 static inline __attribute__((always_inline)) float dot_scaled(const void *w, int bytes, const fy_q8a_t *xa, int64_t n,
-                                                              __m256i (*qdot)(const void *, const int8_t *))
+                                                              __m256i (*qdot)(const void *, const int8_t *),
+                                                              bool with_min)
 {
     const char *wb = w;
-    int64_t nb = n / FY_QK, b = 0;
-    __m256 acc = _mm256_setzero_ps();
-    for (; b + 8 <= nb; b += 8) {
-        __m256i p[8];
-        for (int j = 0; j < 8; j++) p[j] = qdot(wb + (b + j) * bytes, xa->qs + (b + j) * FY_QK);
-        __m256 d;
-        load_scales8(wb + b * bytes, bytes, &d, NULL);
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(xa->d + b)), _mm256_cvtepi32_ps(hsum8_epi32(p)), acc);
-    }
-    __m256 tail = _mm256_setzero_ps();
-    for (; b < nb; b++) {
-        uint16_t d;
-        memcpy(&d, wb + b * bytes, 2);
-        tail = _mm256_fmadd_ps(_mm256_set1_ps(h2f(d) * xa->d[b]),
-                               _mm256_cvtepi32_ps(qdot(wb + b * bytes, xa->qs + b * FY_QK)), tail);
-    }
-    return hsum(acc) + hsum(tail);
-}
-
-static float dot_q8_0(const void *w, const void *x, int64_t n) { return dot_scaled(w, Q8_0_BYTES, x, n, qdot_q8_0); }
-static float dot_q4_0(const void *w, const void *x, int64_t n) { return dot_scaled(w, Q4_0_BYTES, x, n, qdot_q4_0); }
-
-static float dot_q4_1(const void *w, const void *x, int64_t n)
-{
-    const fy_block_q4_1_t *wb = w;
-    const fy_q8a_t *xa = x;
     int64_t nb = n / FY_QK, b = 0;
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (; b + 8 <= nb; b += 8) {
         __m256i p[8];
-        for (int j = 0; j < 8; j++) p[j] = qdot_q4_1(&wb[b + j], xa->qs + (b + j) * FY_QK);
+        for (int j = 0; j < 8; j++) p[j] = qdot(wb + (b + j) * bytes, xa->qs + (b + j) * FY_QK);
         __m256 d, m;
-        load_scales8(&wb[b], Q4_1_BYTES, &d, &m);
+        load_scales8(wb + b * bytes, bytes, &d, with_min ? &m : NULL);
         acc = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(xa->d + b)), _mm256_cvtepi32_ps(hsum8_epi32(p)), acc);
-        accm = _mm256_fmadd_ps(m, _mm256_loadu_ps(xa->s + b), accm);
+        if (with_min) accm = _mm256_fmadd_ps(m, _mm256_loadu_ps(xa->s + b), accm);
     }
     float tail_m = 0.0f;
     __m256 tail = _mm256_setzero_ps();
     for (; b < nb; b++) {
-        tail = _mm256_fmadd_ps(_mm256_set1_ps(h2f(wb[b].d) * xa->d[b]),
-                               _mm256_cvtepi32_ps(qdot_q4_1(&wb[b], xa->qs + b * FY_QK)), tail);
-        tail_m += h2f(wb[b].m) * xa->s[b];
+        uint16_t dm[2] = {0, 0};
+        memcpy(dm, wb + b * bytes, with_min ? 4 : 2);
+        tail = _mm256_fmadd_ps(_mm256_set1_ps(h2f(dm[0]) * xa->d[b]),
+                               _mm256_cvtepi32_ps(qdot(wb + b * bytes, xa->qs + b * FY_QK)), tail);
+        if (with_min) tail_m += h2f(dm[1]) * xa->s[b];
     }
-    return hsum(acc) + hsum(accm) + hsum(tail) + tail_m;
+    return with_min ? hsum(acc) + hsum(accm) + hsum(tail) + tail_m : hsum(acc) + hsum(tail);
+}
+
+static float dot_q8_0(const void *w, const void *x, int64_t n)
+{
+    return dot_scaled(w, Q8_0_BYTES, x, n, qdot_q8_0, false);
+}
+static float dot_q4_0(const void *w, const void *x, int64_t n)
+{
+    return dot_scaled(w, Q4_0_BYTES, x, n, qdot_q4_0, false);
+}
+
+static float dot_q4_1(const void *w, const void *x, int64_t n)
+{
+    return dot_scaled(w, Q4_1_BYTES, x, n, qdot_q4_1, true);
 }
 
 /* ---- Q5_0, Q5_1, IQ4_NL: 32-element blocks ------------------------------------------------ */
@@ -227,40 +222,25 @@ static inline __m256i qdot_iq4_nl(const void *w, const int8_t *xq)
     return dot_s8s8(q, _mm256_loadu_si256((const __m256i *)xq));
 }
 
-static float dot_q5_0(const void *w, const void *x, int64_t n) { return dot_scaled(w, Q5_0_BYTES, x, n, qdot_q5_0); }
+static float dot_q5_0(const void *w, const void *x, int64_t n)
+{
+    return dot_scaled(w, Q5_0_BYTES, x, n, qdot_q5_0, false);
+}
 static float dot_iq4_nl(const void *w, const void *x, int64_t n)
 {
-    return dot_scaled(w, IQ4_NL_BYTES, x, n, qdot_iq4_nl);
+    return dot_scaled(w, IQ4_NL_BYTES, x, n, qdot_iq4_nl, false);
 }
 
-static inline __m256i qdot_q5_1(const fy_block_q5_1_t *w, const int8_t *xq)
+static inline __m256i qdot_q5_1(const void *wv, const int8_t *xq)
 {
+    const fy_block_q5_1_t *w = wv;
     __m256i q = _mm256_or_si256(unpack_nibbles(w->qs), _mm256_and_si256(bits_to_bytes(w->qh), _mm256_set1_epi8(0x10)));
     return dot_u8s8(q, _mm256_loadu_si256((const __m256i *)xq));
 }
 
 static float dot_q5_1(const void *w, const void *x, int64_t n)
 {
-    const fy_block_q5_1_t *wb = w;
-    const fy_q8a_t *xa = x;
-    int64_t nb = n / FY_QK, b = 0;
-    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-    for (; b + 8 <= nb; b += 8) {
-        __m256i p[8];
-        for (int j = 0; j < 8; j++) p[j] = qdot_q5_1(&wb[b + j], xa->qs + (b + j) * FY_QK);
-        __m256 d, m;
-        load_scales8(&wb[b], Q5_1_BYTES, &d, &m);
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(xa->d + b)), _mm256_cvtepi32_ps(hsum8_epi32(p)), acc);
-        accm = _mm256_fmadd_ps(m, _mm256_loadu_ps(xa->s + b), accm);
-    }
-    float tail_m = 0.0f;
-    __m256 tail = _mm256_setzero_ps();
-    for (; b < nb; b++) {
-        tail = _mm256_fmadd_ps(_mm256_set1_ps(h2f(wb[b].d) * xa->d[b]),
-                               _mm256_cvtepi32_ps(qdot_q5_1(&wb[b], xa->qs + b * FY_QK)), tail);
-        tail_m += h2f(wb[b].m) * xa->s[b];
-    }
-    return hsum(acc) + hsum(accm) + hsum(tail) + tail_m;
+    return dot_scaled(w, Q5_1_BYTES, x, n, qdot_q5_1, true);
 }
 
 /* ---- K-quants: a super-block is 8 activation blocks ----------------------------------------
