@@ -568,18 +568,6 @@ const char *fy_config_origin(const fy_config_t *c, const char *section, const ch
 
 int fy_config_count(const fy_config_t *c) { return c->l.n; }
 
-bool fy_config_entry(const fy_config_t *c, int i, const char **section_p, const char **key_p, const char **value_p,
-                     const char **origin_p)
-{
-    if (i < 0 || i >= c->l.n) return false;
-    const entry_t *e = c->l.v[i];
-    *section_p = e->section;
-    *key_p = e->key;
-    *value_p = e->value;
-    *origin_p = e->origin;
-    return true;
-}
-
 __attribute__((format(printf, 2, 3))) static fy_status_t refuse_value(const entry_t *e, const char *fmt, ...)
 {
     char want[200];

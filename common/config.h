@@ -127,10 +127,6 @@ fy_status_t fy_config_write(const fy_config_t *c, const char *path);
 
 /* Number of entries (tests, diagnostics). */
 int fy_config_count(const fy_config_t *c);
-/* The i-th entry (0 <= i < fy_config_count(c)), in the order first set;
- * the strings belong to c.  False past the end. */
-bool fy_config_entry(const fy_config_t *c, int i, const char **section_p, const char **key_p, const char **value_p,
-                     const char **origin_p);
 
 /* ---- the schema: every key, its type, default and range ---------------------------------------- */
 
