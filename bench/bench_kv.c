@@ -95,7 +95,7 @@ int fy_cmd_bench_kv(int argc, char **argv)
                 fy_kvm_destroy(m);
                 goto out;
             }
-            fy_kvm_seq_commit(m, &bts[i], tokens, lens[i]);
+            fy_kvm_seq_commit(m, &bts[i], tokens, lens[i], NULL);
         }
         fy_kvm_stats_t st;
         fy_kvm_stats(m, &st);
@@ -143,7 +143,7 @@ int fy_cmd_bench_kv(int argc, char **argv)
             fy_kvm_destroy(m);
             goto out;
         }
-        fy_kvm_seq_commit(m, &bt, tokens, 32768);
+        fy_kvm_seq_commit(m, &bt, tokens, 32768, NULL);
         fy_kvm_seq_release(m, &bt);
         enum { REPS = 200 };
         double hit_t[REPS], miss_t[REPS];

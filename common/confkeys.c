@@ -79,6 +79,9 @@ static const fy_conf_key_t KEYS[] = {
         "the deployment's secret (mode 0600, 16 bytes or more): keys prefix-block names and authenticates every "
         "control-plane message; unset: `ferry serve` makes RUN_DIR/kv.secret, the router and workers refuse to start"),
     BOOL("kv", "prefix_cache", "true", "false: workers keep no prompt blocks for later requests"),
+    BOOL("kv", "sliding_groups", "true",
+         "sliding-window layers in KV groups of their own that give blocks back as the window moves; false: one "
+         "table for all layers, every block kept (every process of a cluster must agree)"),
 
     STR("router", "listen", "tcp://127.0.0.1:7400", "the router's client address (ferry request, ferry-bench)"),
     STR("router", "events", "tcp://127.0.0.1:7401",

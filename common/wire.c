@@ -54,8 +54,9 @@ typedef enum lim_ref {
     L_NBLOCKS_M1,    /* hi: the prompt's blocks - 1 (n_prompt, block_size) */
     L_PROMPT_BLOCKS, /* hi: max_prompt / block_size */
     L_MAX_PROMPT,    /* cap: lim->max_prompt */
-    L_NBLOCKS,       /* cap: the prompt's blocks */
-    L_MSG_NBLOCKS,   /* cap: the blocks of the "tokens" read before it in this message (block_size) */
+    L_NBLOCKS,       /* cap: the prompt's blocks, times the kv groups */
+    L_MSG_NBLOCKS,   /* cap: the blocks of the "tokens" read before it in this message (block_size), times the
+                        kv groups */
 } lim_ref_t;
 
 typedef struct field {
@@ -352,7 +353,7 @@ static const field_t PREFILL[] = {
     GEN(T, gen),
     BIN(T, "target", target, target_len, FY_REQ, P_ALWAYS, 64 << 10),
     I32_LIM(T, "first_block", first_block, FY_REQ, P_ALWAYS, 0, INT32_MAX, L_PROMPT_BLOCKS),
-    I32S_LIM(T, "blocks", blocks, n_blocks, FY_REQ, P_ALWAYS, 0, INT32_MAX, MAX_ARRAY, L_NONE, L_MSG_NBLOCKS),
+    I32S_LIM(T, "blocks", blocks, n_blocks, FY_REQ, P_ALWAYS, -1, INT32_MAX, MAX_ARRAY, L_NONE, L_MSG_NBLOCKS),
     F64(T, "deadline_s", deadline_s, FY_OPT, P_NONZERO, 0.001, 3600),
 };
 #undef T
@@ -421,7 +422,7 @@ static const field_t RESERVED[] = {
     F64(T, "lease_s", lease_s, FY_OPT, P_NONZERO, 0.01, 3600),
     I32_LIM(T, "cached", cached, FY_REQ, P_ALWAYS, 0, INT32_MAX, L_NPROMPT_M1),
     I32_LIM(T, "first_block", first_block, FY_REQ, P_ALWAYS, 0, INT32_MAX, L_NBLOCKS_M1),
-    I32S_LIM(T, "blocks", blocks, n_blocks, FY_REQ, P_ALWAYS, 0, INT32_MAX, MAX_ARRAY, L_NONE, L_NBLOCKS),
+    I32S_LIM(T, "blocks", blocks, n_blocks, FY_REQ, P_ALWAYS, -1, INT32_MAX, MAX_ARRAY, L_NONE, L_NBLOCKS),
     BIN(T, "target", target, target_len, FY_REQ, P_ALWAYS, 64 << 10),
 };
 #undef T
@@ -503,6 +504,24 @@ static const field_t EV_ERROR[] = {
 
 static int32_t blocks_of(int32_t n_tokens, int32_t block_size) { return (n_tokens + block_size - 1) / block_size; }
 
+/* Whether n entries are one table of `per` blocks for each KV group:
+ * lim's count of groups, or any count up to kv.h's layer limit. */
+static bool groups_fit(const fy_wire_lim_t *lim, int32_t n, int32_t per)
+{
+    if (per < 1) return false;
+    if (lim->kv_groups > 0) return (int64_t)n == (int64_t)per * lim->kv_groups;
+    return n % per == 0 && n / per >= 1 && n / per <= FY_WIRE_MAX_KV_GROUPS;
+}
+
+/* "2 kv groups" or "a table per kv group", for the refusals above */
+static const char *groups_text(const fy_wire_lim_t *lim)
+{
+    static _Thread_local char buf[40];
+    if (lim->kv_groups < 1) return "a table per kv group";
+    snprintf(buf, sizeof(buf), "%d kv group%s", lim->kv_groups, lim->kv_groups == 1 ? "" : "s");
+    return buf;
+}
+
 static void check_generate(fy_msgr_t *r, const fy_wire_lim_t *lim, const void *p)
 {
     const fy_wire_generate_t *m = p;
@@ -531,9 +550,9 @@ static void check_prefill(fy_msgr_t *r, const fy_wire_lim_t *lim, const void *p)
     }
     if (!lim || lim->block_size < 1) return; /* the blocks cannot be counted */
     int32_t n = blocks_of(m->n_tokens, lim->block_size);
-    if (m->first_block >= n || m->n_blocks != n - m->first_block)
-        fy_msgr_fail(r, FY_ERR_FORMAT, "%d destination blocks from block %d for a prompt of %d blocks", m->n_blocks,
-                     m->first_block, n);
+    if (m->first_block >= n || !groups_fit(lim, m->n_blocks, n - m->first_block))
+        fy_msgr_fail(r, FY_ERR_FORMAT, "%d destination blocks from block %d for a prompt of %d blocks (%s)",
+                     m->n_blocks, m->first_block, n, groups_text(lim));
 }
 
 static void check_load(fy_msgr_t *r, const fy_wire_lim_t *lim, const void *p)
@@ -561,8 +580,9 @@ static void check_reserved(fy_msgr_t *r, const fy_wire_lim_t *lim, const void *p
     const fy_wire_reserved_t *m = p;
     if (!lim || lim->n_prompt < 1 || lim->block_size < 1) return; /* the prompt is not known */
     int32_t n = blocks_of(lim->n_prompt, lim->block_size);
-    if (m->n_blocks != n - m->first_block)
-        fy_msgr_fail(r, FY_ERR_FORMAT, "%d blocks from block %d for a %d-block prompt", m->n_blocks, m->first_block, n);
+    if (!groups_fit(lim, m->n_blocks, n - m->first_block))
+        fy_msgr_fail(r, FY_ERR_FORMAT, "%d blocks from block %d for a %d-block prompt (%s)", m->n_blocks,
+                     m->first_block, n, groups_text(lim));
 }
 
 static void check_prefilled(fy_msgr_t *r, const fy_wire_lim_t *lim, const void *p)
@@ -663,10 +683,11 @@ static int64_t cap_of(const field_t *f, const fy_wire_lim_t *lim, int32_t n_toke
 {
     if (!lim) return f->cap;
     int32_t np = lim->n_prompt, bs = lim->block_size;
+    int64_t groups = lim->kv_groups > 0 ? lim->kv_groups : FY_WIRE_MAX_KV_GROUPS;
     switch (f->limcap) {
     case L_MAX_PROMPT: return lim->max_prompt > 0 ? min64(f->cap, lim->max_prompt) : f->cap;
-    case L_NBLOCKS: return np > 0 && bs > 0 ? min64(f->cap, blocks_of(np, bs)) : f->cap;
-    case L_MSG_NBLOCKS: return bs > 0 ? min64(f->cap, blocks_of(n_tokens, bs)) : f->cap;
+    case L_NBLOCKS: return np > 0 && bs > 0 ? min64(f->cap, (int64_t)blocks_of(np, bs) * groups) : f->cap;
+    case L_MSG_NBLOCKS: return bs > 0 ? min64(f->cap, (int64_t)blocks_of(n_tokens, bs) * groups) : f->cap;
     default: return f->cap;
     }
 }

@@ -62,12 +62,17 @@
 
 /* ---- what a reader knows ---------------------------------------------------------------------------- */
 
+/* The most KV groups a block list may carry when the reader does not know
+ * its count (kv.h's FY_KV_MAX_LAYERS: a group has at least one layer). */
+#define FY_WIRE_MAX_KV_GROUPS 1024
+
 typedef struct fy_wire_lim {
     int32_t token_hi;   /* token ids: [0, token_hi] (the vocabulary less one) */
     int32_t max_prompt; /* tokens in a prompt: at most this many */
     int32_t max_ctx;    /* max_tokens: at most this (genspec's cap; 0: INT32_MAX) */
     int32_t n_prompt;   /* a reply about a request: its prompt's tokens */
     int32_t block_size; /* tokens per KV block (with n_prompt or max_prompt: block counts) */
+    int32_t kv_groups;  /* KV groups (kv.h): block lists hold one table per group; 0: any count */
 } fy_wire_lim_t;
 
 /* ---- schemas ------------------------------------------------------------------------------------------ */
@@ -336,7 +341,9 @@ typedef struct fy_wire_prefill {
     const void *target; /* the decode worker's transfer descriptor */
     size_t target_len;
     int32_t first_block;
-    int32_t *blocks; /* the decode worker's block for each prompt block from first_block */
+    int32_t *blocks; /* the decode worker's block for each prompt block from first_block, one table per KV
+                        group (group-major; n_blocks = groups x prompt blocks from first_block); -1: a block
+                        the decode side never reads (before a sliding window), not to be sent */
     int32_t n_blocks;
     double deadline_s; /* not zero; [0.001, 3600] */
 } fy_wire_prefill_t;
@@ -403,7 +410,7 @@ typedef struct fy_wire_reserved {
     double lease_s;      /* not zero: the lease granted */
     int32_t cached;      /* [0, n_prompt - 1] */
     int32_t first_block; /* [0, the prompt's blocks - 1] */
-    int32_t *blocks;     /* the prompt's blocks from first_block */
+    int32_t *blocks;     /* the prompt's blocks from first_block, per KV group as in prefill (-1: not wanted) */
     int32_t n_blocks;
     const void *target;
     size_t target_len;

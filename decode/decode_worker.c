@@ -39,6 +39,7 @@ typedef struct lease {
     uint64_t lease, id;
     double deadline, t_reserved;
     fy_block_table_t bt;
+    int32_t held; /* blocks the reservation took (all groups) */
     fy_kv_resv_t resv;
     int32_t *prompt;
     int32_t n_prompt, n_cached;
@@ -87,7 +88,7 @@ static void lease_unlink(decode_t *d, lease_t *l)
         if (*p == l) {
             *p = l->next;
             d->n_leases--;
-            d->leased_blocks -= l->bt.n_blocks;
+            d->leased_blocks -= l->held;
             return;
         }
     }
@@ -127,7 +128,8 @@ static fy_wire_lim_t command_lim(fy_node_t *n)
     return (fy_wire_lim_t){.token_hi = fy_model_config(fy_node_model(n))->vocab_size - 1,
                            .max_prompt = rp->max_ctx - 1 < MAX_PROMPT ? rp->max_ctx - 1 : MAX_PROMPT,
                            .max_ctx = rp->max_ctx,
-                           .block_size = fy_kvm_layout(fy_node_kvm(n))->block_size};
+                           .block_size = fy_kvm_layout(fy_node_kvm(n))->block_size,
+                           .kv_groups = fy_kvm_layout(fy_node_kvm(n))->n_groups};
 }
 
 static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
@@ -186,7 +188,7 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
     int32_t hit = 0;
     if ((st = fy_kvm_seq_lookup(kvm, &l->bt, prompt, l->n_prompt, &hit)) ||
         (st = fy_kvm_admit(kvm, fy_kvm_blocks_for(kvm, l->n_prompt, max_tokens, hit), &l->resv)) ||
-        (st = fy_kvm_seq_reserve(kvm, &l->bt, l->n_prompt, &l->resv))) {
+        (st = fy_kvm_seq_reserve_from(kvm, &l->bt, l->n_prompt, l->n_prompt, &l->resv))) {
         d->refused++;
         fy_metric_inc(d->m.reserve_refused);
         int32_t free_now = fy_kvm_admittable(kvm), n_prompt = l->n_prompt;
@@ -196,6 +198,19 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
                       hit, max_tokens, free_now);
         return;
     }
+    /* the prompt's blocks from the first not cached, per KV group: -1 for
+     * those a sliding group does not hold (the prefill worker sends none) */
+    int32_t first = hit / bs, per = l->bt.n_blocks - first, ng = l->bt.n_groups;
+    int32_t *list = fy_malloc((size_t)per * (size_t)ng * sizeof(int32_t));
+    if (!list) {
+        lease_free(d, l);
+        fy_node_error(n, rid, id, FY_ERR_NOMEM, "out of memory for a reservation's block list");
+        return;
+    }
+    for (int32_t g = 0; g < ng; g++) {
+        const int32_t *tab = fy_block_table_group(&l->bt, g);
+        for (int32_t i = 0; i < per; i++) list[g * per + i] = first + i >= l->bt.lo[g] ? tab[first + i] : -1;
+    }
     l->n_cached = hit;
     l->id = id;
     l->lease = ++d->next_lease;
@@ -204,24 +219,25 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
     l->next = d->leases;
     d->leases = l;
     d->n_leases++;
-    d->leased_blocks += l->bt.n_blocks;
+    l->held = fy_block_table_held(&l->bt);
+    d->leased_blocks += l->held;
     d->reserved++;
 
     const void *blob;
     size_t blob_len;
     fy_xfer_target_desc(fy_node_xfer(n), &blob, &blob_len);
-    int32_t first = hit / bs;
     fy_wire_reserved_t rm = {.ev = fy_node_ev(n, rid, id),
                              .lease = l->lease,
                              .lease_s = lease_s,
                              .cached = hit,
                              .first_block = first,
-                             .blocks = l->bt.blocks + first,
-                             .n_blocks = l->bt.n_blocks - first,
+                             .blocks = list,
+                             .n_blocks = per * ng,
                              .target = blob,
                              .target_len = blob_len};
     fy_msgw_t w;
     fy_wire_reserved_write(&w, &rm);
+    fy_free(list);
     fy_node_push(n, &w);
     fy_debug("request %llu: lease %llu, %d blocks (%d tokens cached), %.1f s", (unsigned long long)id,
              (unsigned long long)l->lease, l->bt.n_blocks - first, hit, lease_s);
@@ -340,7 +356,7 @@ static void cmd_adopt(decode_t *d, fy_msgr_t *r, uint64_t rid)
         return;
     }
     /* the prefill worker's K/V are in the blocks now: name the full ones */
-    fy_kvm_seq_commit(fy_node_kvm(n), &l->bt, l->prompt, l->n_prompt);
+    fy_kvm_seq_commit(fy_node_kvm(n), &l->bt, l->prompt, l->n_prompt, &l->resv);
     fy_request_params_t rq;
     const char *stops[FY_GEN_MAX_STOP];
     request_params(&l->gen, &l->ns, stops, &rq);
@@ -561,7 +577,7 @@ static void d_tick(fy_node_t *n, void *state, double now)
         d->expired++;
         fy_metric_inc(d->m.expired);
         fy_warn("request %llu: lease %llu expired; its %d blocks go back", (unsigned long long)l->id,
-                (unsigned long long)l->lease, l->bt.n_blocks);
+                (unsigned long long)l->lease, l->held);
         fy_wire_lease_expired_t m = {.ev = fy_node_ev(n, 0, l->id), .lease = l->lease};
         fy_msgw_t w;
         fy_wire_lease_expired_write(&w, &m);

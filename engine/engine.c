@@ -1005,7 +1005,7 @@ static void draft_propose(fy_engine_t *e, int32_t n)
         for (int32_t f = 0; f < nf; f++) {
             request_t *q = e->fwd_req[f];
             q->d_computed += e->dfwd[f].n_tokens;
-            fy_kvm_seq_commit(dk, &q->dbt, q->tokens, q->d_computed);
+            fy_kvm_seq_commit(dk, &q->dbt, q->tokens, q->d_computed, NULL);
             if (e->dfwd[f].n_logits)
                 q->tokens[q->n_total] = draft_pick(e, q, e->logits + (size_t)row++ * (size_t)e->vocab, 0);
         }
@@ -1035,7 +1035,7 @@ static void draft_propose(fy_engine_t *e, int32_t n)
         for (int32_t f = 0; f < nf; f++) {
             request_t *q = e->fwd_req[f];
             q->d_computed = q->n_total + j;
-            fy_kvm_seq_commit(dk, &q->dbt, q->tokens, q->d_computed);
+            fy_kvm_seq_commit(dk, &q->dbt, q->tokens, q->d_computed, NULL);
             q->tokens[q->n_total + j] = draft_pick(e, q, e->logits + (size_t)f * (size_t)e->vocab, j);
         }
     }
@@ -1210,7 +1210,7 @@ static void spec_verify(fy_engine_t *e, request_t *q, const float *lg, double t)
     q->spec_k = 0;
     fy_kvm_seq_rollback(e->kvm, &q->bt, q->n_computed, &q->resv, q->spec_drawn);
     q->spec_drawn = 0;
-    fy_kvm_seq_commit(e->kvm, &q->bt, q->tokens, q->n_computed);
+    fy_kvm_seq_commit(e->kvm, &q->bt, q->tokens, q->n_computed, &q->resv);
     if (q->dbt.blocks) {
         if (q->d_computed > q->n_computed) q->d_computed = q->n_computed;
         fy_kvm_seq_truncate(e->p.spec.draft_kvm, &q->dbt, q->d_computed);
@@ -1349,7 +1349,7 @@ fy_status_t fy_engine_step(fy_engine_t *e)
         if (before < q->n_prompt)
             e->st.computed_prompt_tokens +=
                 (uint64_t)((q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt) - before);
-        fy_kvm_seq_commit(e->kvm, &q->bt, q->tokens, q->n_computed);
+        fy_kvm_seq_commit(e->kvm, &q->bt, q->tokens, q->n_computed, &q->resv);
         if (q->progress && before < q->n_prompt) {
             fy_event_t ev = {.kind = FY_EVENT_PROGRESS,
                              .id = q->id,

@@ -66,7 +66,7 @@ fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engi
     int64_t threads, kv_mem, max_seqs, max_batch, max_waiting, ctx, host_mem = 0;
     int32_t block_size;
     fy_dtype_t kv_dtype;
-    bool prefix_caching;
+    bool prefix_caching, sliding_groups;
     double draft_frac = 0;
     fy_status_t st;
     if ((st = fy_conf_string(c, "worker", "isa", &isa)) || (st = fy_conf_string(c, "worker", "device", &device)) ||
@@ -76,6 +76,7 @@ fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engi
         (st = fy_conf_int(c, role, "max_waiting", &max_waiting)) || (st = fy_conf_int(c, role, "ctx", &ctx)) ||
         (st = fy_cluster_kv(c, &block_size, &kv_dtype)) ||
         (st = fy_conf_bool(c, "kv", "prefix_cache", &prefix_caching)) ||
+        (st = fy_conf_bool(c, "kv", "sliding_groups", &sliding_groups)) ||
         (decode && (st = fy_conf_size(c, role, "host_kv_mem", &host_mem))))
         return st;
     if (max_batch < max_seqs) max_batch = max_seqs;
@@ -114,6 +115,7 @@ fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engi
     rp->kv_mem = draft ? (int64_t)((double)kv_mem * (1 - draft_frac)) : kv_mem;
     rp->block_size = block_size;
     rp->kv_dtype = kv_dtype;
+    rp->kv_one_group = !sliding_groups;
     b.host_kv_mem = host_mem;
     b.draft = draft;
     b.draft_kv_mem = draft ? (int64_t)((double)kv_mem * draft_frac) : 0;
@@ -127,10 +129,8 @@ fy_status_t fy_engine_stack_create(const fy_model_t *m, const fy_engine_build_t 
     fy_runner_params_t rp = b->runner;
     fy_status_t st;
     if (b->host_kv_mem > 0) { /* the host tier (swap preemption), in whole blocks */
-        const fy_model_config_t *mc = fy_model_config(m);
         fy_kv_layout_t lay;
-        if ((st = fy_kv_layout_init(&lay, mc->n_layers, mc->n_kv_heads, mc->head_dim, rp.block_size, rp.kv_dtype)))
-            return st;
+        if ((st = fy_runner_layout_for(m, fy_model_config(m)->n_layers, &rp, &lay))) return st;
         rp.n_host_blocks = (int32_t)(b->host_kv_mem / (int64_t)lay.block_bytes);
     }
     fy_backend_params_t bp = {.n_threads = b->threads, .isa = b->isa};

@@ -83,6 +83,26 @@ static fy_status_t kv_copy(void *arg, fy_kv_tier_t dst_tier, const int32_t *dst,
     return fy_backend_copy_blocks(r->be, &r->kv, da, sa, dst, src, n, kind);
 }
 
+fy_status_t fy_runner_layout_for(const fy_model_t *model, int32_t n_layers, const fy_runner_params_t *p,
+                                 fy_kv_layout_t *lay_p)
+{
+    const fy_model_config_t *c = fy_model_config(model);
+    fy_kv_layout_t lay;
+    if (n_layers < 1 || n_layers > c->n_layers) {
+        fy_error("runner: a kv layout of %d layers for a model of %d", n_layers, c->n_layers);
+        return FY_ERR_INVALID;
+    }
+    fy_status_t st = fy_kv_layout_init(&lay, n_layers, c->n_kv_heads, c->head_dim, p->block_size, p->kv_dtype);
+    if (st != FY_OK) return st;
+    if (!p->kv_one_group) { /* KV groups by window: sliding layers give blocks back */
+        int32_t win[FY_KV_MAX_LAYERS];
+        for (int32_t l = 0; l < n_layers; l++) win[l] = c->layer[l].window;
+        if ((st = fy_kv_layout_set_windows(&lay, win))) return st;
+    }
+    *lay_p = lay;
+    return FY_OK;
+}
+
 void fy_runner_kvm_params(fy_runner_t *r, fy_kvm_params_t *p)
 {
     *p = (fy_kvm_params_t){
@@ -94,6 +114,7 @@ void fy_runner_kvm_params(fy_runner_t *r, fy_kvm_params_t *p)
         .copy_arg = r,
         .prefix_caching = true,
         .watermark = 0.01f,
+        .max_step_tokens = r->p.max_batch_tokens,
     };
 }
 
@@ -164,7 +185,7 @@ static fy_status_t runner_create(const fy_model_t *model, fy_backend_t *be, cons
     r->p = p;
     r->n_layers = n_layers;
     r->shared = shared;
-    fy_status_t st = fy_kv_layout_init(&r->kv, n_layers, c->n_kv_heads, c->head_dim, p.block_size, p.kv_dtype);
+    fy_status_t st = fy_runner_layout_for(model, n_layers, &p, &r->kv);
     if (st != FY_OK) goto fail;
 
     if ((st = upload_weights(r))) goto fail;
@@ -214,7 +235,7 @@ static fy_status_t runner_create(const fy_model_t *model, fy_backend_t *be, cons
 
     r->tokens = fy_calloc(T, sizeof(int32_t));
     r->pos = fy_calloc(T, sizeof(int32_t));
-    r->slots = fy_calloc(T, sizeof(int32_t));
+    r->slots = fy_calloc(T * (size_t)r->kv.n_groups, sizeof(int32_t));
     r->logit_rows = fy_calloc(L, sizeof(int32_t));
     r->seqs = fy_calloc((size_t)p.max_seqs, sizeof(fy_attn_seq_t));
     if (!r->tokens || !r->pos || !r->slots || !r->logit_rows || !r->seqs) {
@@ -230,7 +251,8 @@ static fy_status_t runner_create(const fy_model_t *model, fy_backend_t *be, cons
         .max_tokens = p.max_batch_tokens,
         .max_row = max_row,
         .max_seqs = p.max_seqs,
-        .max_blocks = p.max_seqs * blocks_per_seq,
+        .max_blocks = p.max_seqs * blocks_per_seq * r->kv.n_groups,
+        .n_groups = r->kv.n_groups,
         .max_kv_len = p.max_ctx,
         .n_heads = c->n_heads,
         .head_dim = c->head_dim,
@@ -243,6 +265,7 @@ static fy_status_t runner_create(const fy_model_t *model, fy_backend_t *be, cons
         RES_MAX(max_row);
         RES_MAX(max_seqs);
         RES_MAX(max_blocks);
+        RES_MAX(n_groups);
         RES_MAX(max_kv_len);
         RES_MAX(n_heads);
         RES_MAX(head_dim);
@@ -350,9 +373,19 @@ static fy_status_t build_batch(fy_runner_t *r, const fy_forward_seq_t *seqs, int
             fy_error("runner: sequence %d reaches %d tokens, past the context limit %d", s, kv_len, r->p.max_ctx);
             return FY_ERR_INVALID;
         }
-        if (!bt || bt->block_size != r->kv.block_size || kv_len > bt->n_blocks * bt->block_size) {
+        if (!bt || bt->block_size != r->kv.block_size || bt->n_groups != r->kv.n_groups ||
+            kv_len > bt->n_blocks * bt->block_size) {
             fy_error("runner: sequence %d: %d tokens need more blocks than its table holds", s, kv_len);
             return FY_ERR_INVALID;
+        }
+        for (int32_t g = 0; g < bt->n_groups; g++) {
+            /* a sliding group holds what its first query sees, from there on */
+            int32_t w = r->kv.group_window[g], lo = w && f->pos - w + 1 > 0 ? (f->pos - w + 1) / bt->block_size : 0;
+            if (bt->lo[g] > lo) {
+                fy_error("runner: sequence %d: group %d dropped block %d, which a query at %d reads", s, g,
+                         bt->lo[g] - 1, f->pos);
+                return FY_ERR_INVALID;
+            }
         }
         for (int32_t i = 0; i < f->n_tokens; i++) {
             int32_t tok = f->tokens[i];
@@ -362,7 +395,8 @@ static fy_status_t build_batch(fy_runner_t *r, const fy_forward_seq_t *seqs, int
             }
             r->tokens[nt + i] = tok;
             r->pos[nt + i] = f->pos + i;
-            r->slots[nt + i] = fy_block_table_slot(bt, f->pos + i);
+            for (int32_t g = 0; g < bt->n_groups; g++)
+                r->slots[(size_t)g * r->p.max_batch_tokens + nt + i] = fy_block_table_slot(bt, g, f->pos + i);
         }
         for (int32_t i = 0; i < f->n_logits; i++) r->logit_rows[nl + i] = nt + f->n_tokens - f->n_logits + i;
         r->seqs[s] = (fy_attn_seq_t){
@@ -371,6 +405,7 @@ static fy_status_t build_batch(fy_runner_t *r, const fy_forward_seq_t *seqs, int
             .kv_len = kv_len,
             .n_blocks = (kv_len + bt->block_size - 1) / bt->block_size,
             .block_table = bt->blocks,
+            .group_stride = bt->max_blocks,
         };
         nt += f->n_tokens;
         nl += f->n_logits;
@@ -388,8 +423,12 @@ fy_status_t fy_runner_forward(fy_runner_t *r, const fy_forward_seq_t *seqs, int3
     int32_t n, nl;
     fy_status_t st = build_batch(r, seqs, n_seqs, &n, &nl);
     if (st != FY_OK) return st;
+    /* the groups' slots, packed [n_groups][n] */
+    for (int32_t g = 1; g < r->kv.n_groups; g++)
+        memmove(r->slots + (size_t)g * n, r->slots + (size_t)g * r->p.max_batch_tokens, (size_t)n * sizeof(int32_t));
     fy_batch_meta_t meta = {
         .n_tokens = n,
+        .n_groups = r->kv.n_groups,
         .tokens = r->tokens,
         .pos = r->pos,
         .slots = r->slots,

@@ -16,6 +16,7 @@
 #ifndef FY_RUNNER_H
 #define FY_RUNNER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "backend.h"
@@ -34,6 +35,8 @@ typedef struct fy_runner_params {
     int32_t n_host_blocks;    /* blocks in the host tier (0: none) */
     int32_t block_size;       /* tokens per block: 8, 16, 32 */
     fy_dtype_t kv_dtype;      /* f32 or f16 */
+    bool kv_one_group;        /* one KV group of every layer: sliding layers keep all their blocks
+                                 (kv.sliding_groups = false; the layout before groups) */
 } fy_runner_params_t;
 
 /* Defaults: 512-token batches, 64 sequences, f16 KV in 16-token blocks,
@@ -74,6 +77,11 @@ const fy_kv_layout_t *fy_runner_kv_layout(const fy_runner_t *runner);
 const fy_runner_params_t *fy_runner_params(const fy_runner_t *runner);
 const fy_model_t *fy_runner_model(const fy_runner_t *runner);
 void *fy_runner_kv_arena(fy_runner_t *runner);
+
+/* The KV layout a runner of the first n_layers layers of model with
+ * params p uses: KV groups by window unless p->kv_one_group. */
+fy_status_t fy_runner_layout_for(const fy_model_t *model, int32_t n_layers, const fy_runner_params_t *p,
+                                 fy_kv_layout_t *lay_p);
 
 /* Block manager parameters for this runner's arenas: layout, block
  * counts, host arena and the copy callback (the runner's backend).  The

@@ -128,7 +128,13 @@ static fy_status_t missing(const fy_backend_t *be, const char *op)
         return st_;                                                                                                    \
     } while (0)
 
-fy_status_t fy_backend_reserve(fy_backend_t *be, const fy_backend_reserve_t *r) { return CALL(reserve, r); }
+/* n_groups 0 reads as 1 (one KV group: the layout without groups) */
+fy_status_t fy_backend_reserve(fy_backend_t *be, const fy_backend_reserve_t *r)
+{
+    fy_backend_reserve_t res = *r;
+    if (res.n_groups == 0) res.n_groups = 1;
+    return CALL(reserve, &res);
+}
 fy_status_t fy_backend_alloc(fy_backend_t *be, size_t bytes, void **ptr_p) { return CALL(alloc, bytes, ptr_p); }
 
 void fy_backend_free(fy_backend_t *be, void *ptr)
@@ -172,7 +178,12 @@ fy_status_t fy_backend_copy_blocks(fy_backend_t *be, const fy_kv_layout_t *lay, 
     TIMED(FY_OP_COPY, copy_blocks, lay, dst_arena, src_arena, dst, src, n, kind);
 }
 
-fy_status_t fy_backend_set_batch(fy_backend_t *be, const fy_batch_meta_t *meta) { return CALL(set_batch, meta); }
+fy_status_t fy_backend_set_batch(fy_backend_t *be, const fy_batch_meta_t *meta)
+{
+    fy_batch_meta_t m = *meta;
+    if (m.n_groups == 0) m.n_groups = 1;
+    return CALL(set_batch, &m);
+}
 
 fy_status_t fy_backend_embed(fy_backend_t *be, const fy_tensor_t *table, float *out)
 {

@@ -50,16 +50,22 @@ typedef struct fy_attn_seq {
     int32_t n_q;
     int32_t kv_len;
     int32_t n_blocks;
-    const int32_t *block_table; /* [n_blocks] (host pointer in set_batch's argument) */
+    /* [n_groups][n_blocks]: group g's table at block_table + g * group_stride
+     * (host pointer in set_batch's argument; the backend's copy packs the
+     * groups, group_stride = n_blocks).  Entries a layer's window never
+     * reaches may be -1: kernels never read them. */
+    const int32_t *block_table;
+    int32_t group_stride;
 } fy_attn_seq_t;
 
 typedef struct fy_batch_meta {
     int32_t n_tokens;
     const int32_t *tokens; /* [n_tokens] */
     const int32_t *pos;    /* [n_tokens] position of each token in its sequence */
-    const int32_t *slots;  /* [n_tokens] KV slot: block * block_size + offset */
+    const int32_t *slots;  /* [n_groups][n_tokens] KV slot in each group: block * block_size + offset */
     int32_t n_seqs;
     const fy_attn_seq_t *seqs; /* [n_seqs] */
+    int32_t n_groups;          /* KV groups (kv.h): the layout's n_groups; 0 reads as 1 */
 } fy_batch_meta_t;
 
 /* Reservation made once at start-up so the ops never allocate. */
@@ -67,7 +73,8 @@ typedef struct fy_backend_reserve {
     int32_t max_tokens; /* rows per op (batch tokens) */
     int32_t max_row;    /* widest matmul input (elements) */
     int32_t max_seqs;   /* sequences per batch */
-    int32_t max_blocks; /* total block-table entries per batch */
+    int32_t max_blocks; /* total block-table entries per batch, all groups */
+    int32_t n_groups;   /* KV groups (slots per token); 0 reads as 1 */
     int32_t max_kv_len; /* longest sequence */
     int32_t n_heads;    /* query heads of attention */
     int32_t head_dim;

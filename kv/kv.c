@@ -52,8 +52,99 @@ fy_status_t fy_kv_layout_init(fy_kv_layout_t *lay, int32_t n_layers, int32_t n_k
     l.kv_bytes = l.head_bytes * (size_t)n_kv_heads;
     l.layer_bytes = 2 * l.kv_bytes;
     l.block_bytes = l.layer_bytes * (size_t)n_layers;
+    if (n_layers > FY_KV_MAX_LAYERS) {
+        fy_error("kv: %d layers (at most %d)", n_layers, FY_KV_MAX_LAYERS);
+        return FY_ERR_INVALID;
+    }
+    l.n_groups = 1;
+    l.group_layers = n_layers;
+    for (int32_t i = 0; i < n_layers; i++) l.layer_slot[i] = (uint16_t)i;
     *lay = l;
     return FY_OK;
+}
+
+static int32_t gcd32(int32_t a, int32_t b)
+{
+    while (b) {
+        int32_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+fy_status_t fy_kv_layout_set_windows(fy_kv_layout_t *lay, const int32_t *window)
+{
+    int32_t n = lay->n_layers;
+    /* the distinct windows, global (0) first, then ascending; and how many
+     * layers each has */
+    int32_t win[FY_KV_MAX_LAYERS] = {0}, cnt[FY_KV_MAX_LAYERS] = {0}, n_win = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (window[i] < 0) {
+            fy_error("kv: layer %d has window %d", i, window[i]);
+            return FY_ERR_INVALID;
+        }
+        int32_t k = 0;
+        while (k < n_win && win[k] != window[i]) k++;
+        if (k == n_win) win[n_win] = window[i], cnt[n_win++] = 0;
+        cnt[k]++;
+    }
+    for (int32_t a = 1; a < n_win; a++) /* insertion sort: 0 sorts first */
+        for (int32_t b = a; b > 0 && win[b] < win[b - 1]; b--) {
+            int32_t t = win[b];
+            win[b] = win[b - 1], win[b - 1] = t;
+            t = cnt[b], cnt[b] = cnt[b - 1], cnt[b - 1] = t;
+        }
+    fy_kv_layout_t l = *lay;
+    if (n_win == 1) { /* one window for every layer: one group, as before */
+        l.n_groups = 1;
+        l.group_layers = n;
+        l.group_window[0] = win[0];
+        for (int32_t i = 0; i < n; i++) l.layer_group[i] = 0, l.layer_slot[i] = (uint16_t)i;
+    } else {
+        int32_t p = cnt[0];
+        for (int32_t k = 1; k < n_win; k++) p = gcd32(p, cnt[k]);
+        l.group_layers = p;
+        l.n_groups = n / p;
+        int32_t g0 = 0;
+        for (int32_t k = 0; k < n_win; k++) {
+            int32_t j = 0;
+            for (int32_t i = 0; i < n; i++) {
+                if (window[i] != win[k]) continue;
+                l.layer_group[i] = (uint16_t)(g0 + j / p);
+                l.layer_slot[i] = (uint16_t)(j % p);
+                j++;
+            }
+            for (int32_t g = g0; g < g0 + cnt[k] / p; g++) l.group_window[g] = win[k];
+            g0 += cnt[k] / p;
+        }
+    }
+    l.block_bytes = l.layer_bytes * (size_t)l.group_layers;
+    *lay = l;
+    return FY_OK;
+}
+
+uint32_t fy_kv_layout_groups_digest(const fy_kv_layout_t *lay)
+{
+    if (lay->n_groups == 1 && lay->group_window[0] == 0) return 0;
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (int32_t i = 0; i < lay->n_layers; i++) {
+        uint32_t v[3] = {lay->layer_group[i], lay->layer_slot[i], (uint32_t)lay->group_window[lay->layer_group[i]]};
+        for (int k = 0; k < 3; k++)
+            for (int b = 0; b < 4; b++) h = (h ^ ((v[k] >> (8 * b)) & 0xff)) * 16777619u;
+    }
+    return h ? h : 1;
+}
+
+int64_t fy_kv_blocks_held(const fy_kv_layout_t *lay, int64_t n, int32_t step)
+{
+    int64_t bs = lay->block_size, all = (n + bs - 1) / bs, held = 0;
+    for (int32_t g = 0; g < lay->n_groups; g++) {
+        int64_t w = lay->group_window[g];
+        int64_t most = w && step > 0 ? (w - 1 + step + bs - 1) / bs + 1 : all;
+        held += most < all ? most : all;
+    }
+    return held;
 }
 
 void fy_kv_row_write(const fy_kv_layout_t *lay, const float *x, void *row)
@@ -200,6 +291,9 @@ void fy_kv_ns_make(const fy_kv_hasher_t *h, const char *tenant, const char *mode
     put_int(&st, lay->head_dim);
     put_int(&st, lay->block_size);
     put_str(&st, fy_dtype_name(lay->dtype));
+    put_int(&st, lay->n_groups);
+    for (int32_t i = 0; lay->n_groups > 1 && i < lay->n_layers; i++)
+        put_int(&st, (int64_t)lay->layer_group[i] << 32 | lay->group_window[lay->layer_group[i]]);
     put_str(&st, adapter);
     crypto_generichash_blake2b_final(&st, ns_p->digest.b, FY_KV_HASH_BYTES);
 }
@@ -304,10 +398,14 @@ static int32_t index_find(const tier_t *t, const fy_kv_hash_t *h)
     }
 }
 
-static void index_add(tier_t *t, int32_t b, const fy_kv_hash_t *h)
+/* named: NAME_PRIMARY for a block of group 0 (its name is the prefix
+ * name routers compute), NAME_DERIVED for the other groups' blocks */
+enum { NAME_PRIMARY = 1, NAME_DERIVED = 2 };
+
+static void index_add(tier_t *t, int32_t b, const fy_kv_hash_t *h, uint8_t kind)
 {
     t->name[b] = *h;
-    t->named[b] = 1;
+    t->named[b] = kind;
     uint32_t i = bucket(t, h);
     while (t->index[i] >= 0) i = (i + 1) & t->index_mask;
     t->index[i] = b;
@@ -415,10 +513,11 @@ struct fy_kvm {
     const fy_kv_hasher_t *hasher;
     bool prefix_caching;
     int32_t watermark_blocks;
+    int32_t max_step;
     int32_t promised;
     /* figures */
     uint64_t queries, query_tokens, hit_blocks, hit_tokens, cow_copies;
-    uint64_t swap_out_blocks, swap_in_blocks, demotions, promotions;
+    uint64_t swap_out_blocks, swap_in_blocks, demotions, promotions, slid_blocks;
 };
 
 const fy_kv_layout_t *fy_kvm_layout(const fy_kvm_t *m) { return &m->lay; }
@@ -497,6 +596,7 @@ fy_status_t fy_kvm_create(const fy_kvm_params_t *p, fy_kvm_t **m_p)
     m->hasher = p->hasher;
     m->prefix_caching = p->prefix_caching;
     m->watermark_blocks = (int32_t)((double)p->watermark * p->n_device_blocks);
+    m->max_step = p->max_step_tokens > 0 ? p->max_step_tokens : 0;
     int32_t n[FY_KV_TIERS] = {p->n_device_blocks, p->n_host_blocks, disk_slots};
     for (int t = 0; t < FY_KV_TIERS; t++)
         if (tier_init(&m->tier[t], n[t]) != FY_OK) goto nomem;
@@ -531,8 +631,9 @@ static int32_t alloc_block(fy_kvm_t *m, fy_kv_tier_t t);
 static void move_name(fy_kvm_t *m, fy_kv_tier_t from, int32_t b, fy_kv_tier_t to, int32_t nb)
 {
     fy_kv_hash_t h = m->tier[from].name[b];
+    uint8_t kind = m->tier[from].named[b];
     index_remove(&m->tier[from], b);
-    index_add(&m->tier[to], nb, &h);
+    index_add(&m->tier[to], nb, &h, kind);
 }
 
 /* The least recently used cached block of tier t leaves it: its contents
@@ -612,25 +713,55 @@ static void unref(fy_kvm_t *m, fy_kv_tier_t t, int32_t b)
 
 /* ---- sequences ------------------------------------------------------------------------------------ */
 
+static int32_t *grp(const fy_block_table_t *bt, int32_t g) { return fy_block_table_group(bt, g); }
+
+int32_t fy_block_table_held(const fy_block_table_t *bt)
+{
+    int32_t n = 0;
+    for (int32_t g = 0; g < bt->n_groups; g++) n += bt->n_blocks > bt->lo[g] ? bt->n_blocks - bt->lo[g] : 0;
+    return n;
+}
+
+/* The first block of group g that a query at position pos sees. */
+static int32_t first_seen(const fy_kvm_t *m, int32_t g, int32_t pos)
+{
+    int32_t w = m->lay.group_window[g];
+    return w && pos - w + 1 > 0 ? (pos - w + 1) / m->lay.block_size : 0;
+}
+
+/* Where group g's copy of prefix block i is named: the prefix name itself
+ * for group 0, and for the others that name with g folded into its first
+ * bytes.  Names are keyed hashes, so a derived name meets another block's
+ * name only by a 2^-128 chance, and it hashes to its own index bucket. */
+static void group_name(const fy_kv_hash_t *h, int32_t g, fy_kv_hash_t *out)
+{
+    *out = *h;
+    out->b[0] ^= (uint8_t)g;
+    out->b[1] ^= (uint8_t)(g >> 8);
+}
+
 fy_status_t fy_kvm_seq_init(fy_kvm_t *m, fy_block_table_t *bt, int32_t max_tokens, const fy_kv_ns_t *ns)
 {
-    int32_t bs = m->lay.block_size;
+    int32_t bs = m->lay.block_size, ng = m->lay.n_groups;
     if (max_tokens < 1 || max_tokens > (INT32_MAX - bs)) {
         fy_error("kv: a sequence of %d tokens", max_tokens);
         return FY_ERR_INVALID;
     }
     int32_t max_blocks = (max_tokens + bs - 1) / bs;
     memset(bt, 0, sizeof(*bt));
-    bt->blocks = fy_malloc((size_t)max_blocks * sizeof(int32_t));
+    bt->blocks = fy_malloc((size_t)max_blocks * (size_t)ng * sizeof(int32_t));
+    bt->lo = fy_calloc((size_t)ng, sizeof(int32_t));
     bt->hashes = fy_malloc((size_t)max_blocks * sizeof(fy_kv_hash_t));
-    if (!bt->blocks || !bt->hashes) {
+    if (!bt->blocks || !bt->lo || !bt->hashes) {
         fy_free(bt->blocks);
+        fy_free(bt->lo);
         fy_free(bt->hashes);
-        bt->blocks = NULL;
-        bt->hashes = NULL;
+        memset(bt, 0, sizeof(*bt));
         fy_error("kv: out of memory for a block table of %d blocks", max_blocks);
         return FY_ERR_NOMEM;
     }
+    for (size_t i = 0; i < (size_t)max_blocks * (size_t)ng; i++) bt->blocks[i] = -1;
+    bt->n_groups = ng;
     bt->max_blocks = max_blocks;
     bt->block_size = bs;
     bt->tier = FY_KV_DEVICE;
@@ -641,6 +772,7 @@ fy_status_t fy_kvm_seq_init(fy_kvm_t *m, fy_block_table_t *bt, int32_t max_token
 void fy_kvm_seq_deinit(fy_block_table_t *bt)
 {
     fy_free(bt->blocks);
+    fy_free(bt->lo);
     fy_free(bt->hashes);
     memset(bt, 0, sizeof(*bt));
 }
@@ -656,9 +788,34 @@ static void hash_upto(const fy_kvm_t *m, fy_block_table_t *bt, const int32_t *to
     if (full > bt->n_hashed) bt->n_hashed = full;
 }
 
+/* Sliding groups drop the blocks before what a query at position pos
+ * sees.  Dropped blocks that went back to the pool (free, or cached under
+ * their names) go back into resv's promise. */
+static void slide(fy_kvm_t *m, fy_block_table_t *bt, int32_t pos, fy_kv_resv_t *resv)
+{
+    int32_t before = takeable(m, FY_KV_DEVICE), dropped = 0;
+    for (int32_t g = 0; g < bt->n_groups; g++) {
+        int32_t lo = first_seen(m, g, pos), *t = grp(bt, g);
+        if (lo <= bt->lo[g]) continue;
+        for (int32_t i = bt->lo[g]; i < lo && i < bt->n_blocks; i++) {
+            unref(m, bt->tier, t[i]);
+            t[i] = -1;
+            dropped++;
+        }
+        bt->lo[g] = lo;
+    }
+    m->slid_blocks += (uint64_t)dropped;
+    int32_t back = takeable(m, FY_KV_DEVICE) - before;
+    if (resv && bt->tier == FY_KV_DEVICE && back > 0) {
+        resv->blocks += back;
+        m->promised += back;
+    }
+}
+
 /* While a lookup pins blocks of several tiers, a table slot holds the
  * tier and the block: device ids as they are, host ids below -1, disk ids
- * below INT32_MIN / 2 (tier sizes are capped well under those ranges). */
+ * below INT32_MIN / 2 (tier sizes are capped well under those ranges);
+ * -1 is an empty slot. */
 static int32_t loc_encode(fy_kv_tier_t t, int32_t b)
 {
     return t == FY_KV_DEVICE ? b : t == FY_KV_HOST ? -2 - b : INT32_MIN / 2 - b;
@@ -735,6 +892,47 @@ static int32_t bring_to_device(fy_kvm_t *m, fy_kv_tier_t t, int32_t b)
     return t == FY_KV_DEVICE ? b : promote_host(m, b);
 }
 
+/* Group g's copy of prefix block i, in whichever tier names it (-1: none). */
+static int32_t find_any(const fy_kvm_t *m, const fy_block_table_t *bt, int32_t g, int32_t i, fy_kv_tier_t *t_p)
+{
+    fy_kv_hash_t nm;
+    group_name(&bt->hashes[i], g, &nm);
+    for (fy_kv_tier_t t = FY_KV_DEVICE; t < FY_KV_TIERS; t++) {
+        int32_t b = index_find(&m->tier[t], &nm);
+        if (b >= 0) return *t_p = t, b;
+    }
+    return -1;
+}
+
+/* Whether every group has the blocks a query at k * block_size reads,
+ * among prefix blocks [from, k) (the blocks before `from` are known). */
+static bool prefix_found(const fy_kvm_t *m, const fy_block_table_t *bt, int32_t k, int32_t from)
+{
+    fy_kv_tier_t t;
+    for (int32_t g = 0; g < bt->n_groups; g++) {
+        int32_t lo = first_seen(m, g, k * bt->block_size);
+        for (int32_t i = lo > from ? lo : from; i < k; i++)
+            if (find_any(m, bt, g, i, &t) < 0) return false;
+    }
+    return true;
+}
+
+/* Lets go of table entries [from, to) of every group: device blocks and
+ * pinned blocks of any tier. */
+static void unpin_range(fy_kvm_t *m, fy_block_table_t *bt, int32_t from, int32_t to)
+{
+    for (int32_t g = 0; g < bt->n_groups; g++) {
+        int32_t *t = grp(bt, g);
+        for (int32_t i = from; i < to; i++) {
+            if (t[i] == -1) continue;
+            fy_kv_tier_t tier;
+            int32_t b = loc_decode(t[i], &tier);
+            unref(m, tier, b);
+            t[i] = -1;
+        }
+    }
+}
+
 fy_status_t fy_kvm_seq_lookup(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *tokens, int32_t n, int32_t *hit_p)
 {
     if (bt->n_blocks || bt->tier != FY_KV_DEVICE || n < 0) {
@@ -743,42 +941,67 @@ fy_status_t fy_kvm_seq_lookup(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *
     }
     m->queries++;
     m->query_tokens += (uint64_t)(n > 0 ? n : 0);
-    int32_t bs = bt->block_size, hit = 0;
+    int32_t bs = bt->block_size, hit = 0, ng = bt->n_groups;
+    bool sliding = false;
+    for (int32_t g = 0; g < ng; g++) sliding |= m->lay.group_window[g] > 0;
     if (m->prefix_caching && n > 1) {
         int32_t want = (n - 1) / bs; /* at least one token is left to compute */
         if (want > bt->max_blocks) want = bt->max_blocks;
-        /* first pin every block of the prefix wherever it is, so that
-         * promoting one cannot evict another from a lower tier; names are
-         * computed only as far as the prefix is found (the caller may go on
-         * with other tokens after the hit) */
-        int32_t found = 0;
-        for (; found < want; found++) {
-            hash_upto(m, bt, tokens, (found + 1) * bs);
-            int32_t b = -1;
-            fy_kv_tier_t t;
-            for (t = FY_KV_DEVICE; t < FY_KV_TIERS; t++)
-                if ((b = index_find(&m->tier[t], &bt->hashes[found])) >= 0) break;
-            if (b < 0) break;
-            pin(&m->tier[t], b);
-            bt->blocks[found] = loc_encode(t, b);
+        /* the longest run of blocks the global groups hold (names are
+         * computed only as far as the prefix is found: the caller may go on
+         * with other tokens after the hit), then the longest hit within it
+         * whose windows the sliding groups hold */
+        int32_t k = 0;
+        fy_kv_tier_t t = FY_KV_DEVICE;
+        for (; k < want; k++) {
+            hash_upto(m, bt, tokens, (k + 1) * bs);
+            bool all = true;
+            for (int32_t g = 0; g < ng && all; g++)
+                if (!m->lay.group_window[g]) all = find_any(m, bt, g, k, &t) >= 0;
+            if (!all) break;
         }
-        /* then bring them to the device in order, stopping where there is
-         * no room (the prefix found so far is kept) */
-        for (int32_t i = 0; i < found; i++) {
-            fy_kv_tier_t from;
-            int32_t b = loc_decode(bt->blocks[i], &from), db = bring_to_device(m, from, b);
-            if (db < 0) {
-                for (int32_t j = i + 1; j < found; j++) {
-                    fy_kv_tier_t tj;
-                    int32_t bj = loc_decode(bt->blocks[j], &tj);
-                    unref(m, tj, bj);
+        if (sliding)
+            while (k > 0 && !prefix_found(m, bt, k, 0)) k--;
+        /* pin every block of the hit wherever it is, so that promoting one
+         * cannot evict another from a lower tier */
+        for (int32_t g = 0; g < ng && k > 0; g++) {
+            int32_t *tab = grp(bt, g);
+            bt->lo[g] = first_seen(m, g, k * bs);
+            for (int32_t i = bt->lo[g]; i < k; i++) {
+                int32_t b = find_any(m, bt, g, i, &t);
+                pin(&m->tier[t], b);
+                tab[i] = loc_encode(t, b);
+            }
+        }
+        bt->n_blocks = k;
+        /* then bring them to the device in order; where there is no room
+         * the hit ends before that block (without sliding groups) or is
+         * given up (a shorter hit would need window blocks not pinned) */
+        for (int32_t i = 0; i < k; i++) {
+            bool ok = true;
+            for (int32_t g = 0; g < ng; g++) {
+                int32_t *tab = grp(bt, g);
+                if (i < bt->lo[g]) continue;
+                fy_kv_tier_t from;
+                int32_t b = loc_decode(tab[i], &from), db = ok ? bring_to_device(m, from, b) : -1;
+                if (db < 0) {
+                    if (ok) tab[i] = -1; /* bring_to_device let its pin go */
+                    ok = false;
+                    continue;
                 }
+                m->tier[from].hits++;
+                tab[i] = db;
+            }
+            if (!ok) {
+                int32_t keep = sliding ? 0 : i;
+                unpin_range(m, bt, keep, k);
+                k = keep;
                 break;
             }
-            m->tier[from].hits++;
-            bt->blocks[i] = db;
-            bt->n_blocks = ++hit;
         }
+        if (k == 0) memset(bt->lo, 0, (size_t)ng * sizeof(int32_t));
+        hit = k;
+        bt->n_blocks = hit;
         bt->n_named = hit;
         bt->n_hashed = hit;
         m->hit_blocks += (uint64_t)hit;
@@ -790,25 +1013,29 @@ fy_status_t fy_kvm_seq_lookup(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *
     return FY_OK;
 }
 
-fy_status_t fy_kvm_seq_reserve(fy_kvm_t *m, fy_block_table_t *bt, int32_t n_tokens, fy_kv_resv_t *resv)
+/* fy_kvm_seq_reserve after any slide: copy-on-write of the block the next
+ * token goes into, in every group, and new blocks from each group's
+ * window on. */
+static fy_status_t reserve(fy_kvm_t *m, fy_block_table_t *bt, int32_t n_tokens, fy_kv_resv_t *resv)
 {
-    int32_t bs = bt->block_size;
-    if (bt->tier != FY_KV_DEVICE) {
-        fy_error("kv: reserve on a swapped-out sequence");
-        return FY_ERR_INVALID;
-    }
+    int32_t bs = bt->block_size, ng = bt->n_groups;
     int32_t need = (n_tokens + bs - 1) / bs;
     if (need > bt->max_blocks) return FY_ERR_INVALID;
     tier_t *D = &m->tier[FY_KV_DEVICE];
     /* the block the next token goes into must be this sequence's alone
      * and not a named (immutable) prefix block */
-    int32_t cur = bt->n_tokens / bs;
-    bool cow =
-        n_tokens > bt->n_tokens && cur < bt->n_blocks && (D->ref[bt->blocks[cur]] > 1 || D->named[bt->blocks[cur]]);
-    int32_t grow = need > bt->n_blocks ? need - bt->n_blocks : 0;
-    if (grow + (cow ? 1 : 0) > available(m, resv)) return FY_ERR_NO_SPACE;
-    if (cow) {
-        int32_t old = bt->blocks[cur], nb = alloc_block(m, FY_KV_DEVICE);
+    int32_t cur = bt->n_tokens / bs, n_cow = 0, grow = 0;
+    bool writes = n_tokens > bt->n_tokens && cur < bt->n_blocks;
+    for (int32_t g = 0; g < ng; g++) {
+        int32_t *t = grp(bt, g), from = bt->n_blocks > bt->lo[g] ? bt->n_blocks : bt->lo[g];
+        if (writes && cur >= bt->lo[g] && (D->ref[t[cur]] > 1 || D->named[t[cur]])) n_cow++;
+        if (need > from) grow += need - from;
+    }
+    if (grow + n_cow > available(m, resv)) return FY_ERR_NO_SPACE;
+    for (int32_t g = 0; g < ng && n_cow; g++) {
+        int32_t *t = grp(bt, g);
+        if (cur < bt->lo[g] || !(D->ref[t[cur]] > 1 || D->named[t[cur]])) continue;
+        int32_t old = t[cur], nb = alloc_block(m, FY_KV_DEVICE);
         draw(m, resv, 1);
         fy_status_t st = m->copy(m->copy_arg, FY_KV_DEVICE, &nb, FY_KV_DEVICE, &old, 1);
         if (st != FY_OK) {
@@ -817,59 +1044,112 @@ fy_status_t fy_kvm_seq_reserve(fy_kvm_t *m, fy_block_table_t *bt, int32_t n_toke
         }
         D->filled[nb] = D->filled[old];
         unref(m, FY_KV_DEVICE, old);
-        bt->blocks[cur] = nb;
+        t[cur] = nb;
         if (bt->n_named > cur) bt->n_named = cur;
         m->cow_copies++;
     }
-    while (bt->n_blocks < need) {
-        bt->blocks[bt->n_blocks++] = alloc_block(m, FY_KV_DEVICE);
-        draw(m, resv, 1);
+    for (int32_t g = 0; g < ng; g++) {
+        int32_t *t = grp(bt, g);
+        for (int32_t i = bt->n_blocks > bt->lo[g] ? bt->n_blocks : bt->lo[g]; i < need; i++) {
+            t[i] = alloc_block(m, FY_KV_DEVICE);
+            draw(m, resv, 1);
+        }
     }
+    if (need > bt->n_blocks) bt->n_blocks = need;
     CHECK_BOOKS(m);
     return FY_OK;
 }
 
-void fy_kvm_seq_commit(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *tokens, int32_t n)
+fy_status_t fy_kvm_seq_reserve(fy_kvm_t *m, fy_block_table_t *bt, int32_t n_tokens, fy_kv_resv_t *resv)
 {
-    int32_t bs = bt->block_size;
+    if (bt->tier != FY_KV_DEVICE) {
+        fy_error("kv: reserve on a swapped-out sequence");
+        return FY_ERR_INVALID;
+    }
+    return reserve(m, bt, n_tokens, resv);
+}
+
+fy_status_t fy_kvm_seq_reserve_from(fy_kvm_t *m, fy_block_table_t *bt, int32_t n_tokens, int32_t from,
+                                    fy_kv_resv_t *resv)
+{
+    if (bt->tier != FY_KV_DEVICE || from < bt->n_tokens || from > n_tokens) {
+        fy_error("kv: reserve from position %d of a sequence of %d tokens (%d written)", from, n_tokens, bt->n_tokens);
+        return FY_ERR_INVALID;
+    }
+    if ((n_tokens + bt->block_size - 1) / bt->block_size > bt->max_blocks) return FY_ERR_INVALID;
+    slide(m, bt, from, resv);
+    return reserve(m, bt, n_tokens, resv);
+}
+
+void fy_kvm_seq_commit(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *tokens, int32_t n, fy_kv_resv_t *resv)
+{
+    int32_t bs = bt->block_size, ng = bt->n_groups;
     if (n > bt->n_blocks * bs) n = bt->n_blocks * bs; /* a caller bug; never write past the table */
     tier_t *D = &m->tier[FY_KV_DEVICE];
     for (int32_t b = bt->n_tokens / bs; b * bs < n; b++) {
         int32_t f = n - b * bs < bs ? n - b * bs : bs;
-        if (D->filled[bt->blocks[b]] < f) D->filled[bt->blocks[b]] = (uint16_t)f;
+        for (int32_t g = 0; g < ng && bt->tier == FY_KV_DEVICE; g++) {
+            int32_t id = b >= bt->lo[g] ? grp(bt, g)[b] : -1;
+            if (id >= 0 && D->filled[id] < f) D->filled[id] = (uint16_t)f;
+        }
     }
     if (n > bt->n_tokens) bt->n_tokens = n;
-    if (!m->prefix_caching || bt->tier != FY_KV_DEVICE) return;
-    hash_upto(m, bt, tokens, n);
-    for (int32_t i = bt->n_named; i < n / bs; i++) {
-        int32_t b = bt->blocks[i];
-        if (D->named[b]) continue;
-        /* a name lives in one tier at a time: the device copy wins; an
-         * identical block already named on the device keeps its name */
-        if (index_find(D, &bt->hashes[i]) >= 0) continue;
-        for (fy_kv_tier_t t = FY_KV_HOST; t < FY_KV_TIERS; t++) {
-            int32_t o = index_find(&m->tier[t], &bt->hashes[i]);
-            if (o >= 0 && m->tier[t].state[o] == BLOCK_CACHED) make_free(&m->tier[t], o);
+    if (m->prefix_caching && bt->tier == FY_KV_DEVICE) {
+        hash_upto(m, bt, tokens, n);
+        for (int32_t i = bt->n_named; i < n / bs; i++) {
+            for (int32_t g = 0; g < ng; g++) {
+                if (i < bt->lo[g]) continue;
+                int32_t b = grp(bt, g)[i];
+                if (D->named[b]) continue;
+                /* a name lives in one tier at a time: the device copy wins;
+                 * an identical block already named on the device keeps its
+                 * name */
+                fy_kv_hash_t nm;
+                group_name(&bt->hashes[i], g, &nm);
+                if (index_find(D, &nm) >= 0) continue;
+                for (fy_kv_tier_t t = FY_KV_HOST; t < FY_KV_TIERS; t++) {
+                    int32_t o = index_find(&m->tier[t], &nm);
+                    if (o >= 0 && m->tier[t].state[o] == BLOCK_CACHED) make_free(&m->tier[t], o);
+                }
+                index_add(D, b, &nm, g ? NAME_DERIVED : NAME_PRIMARY);
+            }
         }
-        index_add(D, b, &bt->hashes[i]);
+        if (n / bs > bt->n_named) bt->n_named = n / bs;
     }
-    bt->n_named = n / bs;
+    /* after naming: a full block a sliding group drops stays cached under
+     * its name for later prefix hits */
+    slide(m, bt, bt->n_tokens, resv);
     CHECK_BOOKS(m);
 }
 
 void fy_kvm_seq_truncate(fy_kvm_t *m, fy_block_table_t *bt, int32_t n)
 {
-    int32_t bs = bt->block_size;
+    int32_t bs = bt->block_size, ng = bt->n_groups;
     if (n < 0) n = 0;
     int32_t keep = (n + bs - 1) / bs;
-    while (bt->n_blocks > keep) unref(m, bt->tier, bt->blocks[--bt->n_blocks]);
+    for (int32_t g = 0; g < ng; g++)
+        if (bt->lo[g] > first_seen(m, g, n))
+            fy_error("kv: truncating to %d tokens, behind what group %d already dropped (block %d)", n, g, bt->lo[g]);
+    /* later blocks first, as in release */
+    for (int32_t i = bt->n_blocks - 1; i >= keep; i--) {
+        for (int32_t g = 0; g < ng; g++) {
+            int32_t *t = grp(bt, g);
+            if (i < bt->lo[g]) continue;
+            unref(m, bt->tier, t[i]);
+            t[i] = -1;
+        }
+    }
+    if (bt->n_blocks > keep) bt->n_blocks = keep;
     if (bt->n_tokens > n) bt->n_tokens = n;
     if (bt->n_hashed > n / bs) bt->n_hashed = n / bs;
     if (bt->n_named > n / bs) bt->n_named = n / bs;
     if (bt->tier == FY_KV_DEVICE && keep > 0 && n % bs) {
         tier_t *D = &m->tier[FY_KV_DEVICE];
-        int32_t last = bt->blocks[keep - 1];
-        if (D->ref[last] == 1 && !D->named[last]) D->filled[last] = (uint16_t)(n % bs);
+        for (int32_t g = 0; g < ng; g++) {
+            if (keep - 1 < bt->lo[g]) continue;
+            int32_t last = grp(bt, g)[keep - 1];
+            if (D->ref[last] == 1 && !D->named[last]) D->filled[last] = (uint16_t)(n % bs);
+        }
     }
 }
 
@@ -889,14 +1169,20 @@ int32_t fy_kvm_seq_rollback(fy_kvm_t *m, fy_block_table_t *bt, int32_t n, fy_kv_
 
 fy_status_t fy_kvm_seq_fork(fy_kvm_t *m, const fy_block_table_t *src, fy_block_table_t *dst)
 {
-    if (dst->n_blocks || dst->max_blocks < src->n_blocks || src->tier != FY_KV_DEVICE) {
+    if (dst->n_blocks || dst->max_blocks < src->n_blocks || src->tier != FY_KV_DEVICE ||
+        dst->n_groups != src->n_groups) {
         fy_error("kv: fork into a table that is not empty or too small, or from a swapped-out one");
         return FY_ERR_INVALID;
     }
     tier_t *D = &m->tier[FY_KV_DEVICE];
-    for (int32_t i = 0; i < src->n_blocks; i++) {
-        dst->blocks[i] = src->blocks[i];
-        D->ref[src->blocks[i]]++;
+    for (int32_t g = 0; g < src->n_groups; g++) {
+        const int32_t *s = grp(src, g);
+        int32_t *d = grp(dst, g);
+        for (int32_t i = src->lo[g]; i < src->n_blocks; i++) {
+            d[i] = s[i];
+            D->ref[s[i]]++;
+        }
+        dst->lo[g] = src->lo[g];
     }
     memcpy(dst->hashes, src->hashes, (size_t)src->n_hashed * sizeof(fy_kv_hash_t));
     dst->n_blocks = src->n_blocks;
@@ -912,35 +1198,65 @@ void fy_kvm_seq_release(fy_kvm_t *m, fy_block_table_t *bt)
 {
     /* later blocks first, so they reach the LRU list first and are evicted
      * before the prefix blocks that more requests share */
-    while (bt->n_blocks > 0) unref(m, bt->tier, bt->blocks[--bt->n_blocks]);
+    for (int32_t i = bt->n_blocks - 1; i >= 0; i--) {
+        for (int32_t g = 0; g < bt->n_groups; g++) {
+            int32_t *t = grp(bt, g);
+            if (i < bt->lo[g]) continue;
+            unref(m, bt->tier, t[i]);
+            t[i] = -1;
+        }
+    }
+    if (bt->lo) memset(bt->lo, 0, (size_t)bt->n_groups * sizeof(int32_t));
+    bt->n_blocks = 0;
     bt->n_tokens = bt->n_hashed = bt->n_named = 0;
     bt->tier = FY_KV_DEVICE;
     CHECK_BOOKS(m);
+}
+
+/* The blocks a table holds, as (group, index) positions into its blocks[]:
+ * pos[] gets fy_block_table_held entries. */
+static int32_t held_positions(const fy_block_table_t *bt, size_t *pos)
+{
+    int32_t n = 0;
+    for (int32_t g = 0; g < bt->n_groups; g++)
+        for (int32_t i = bt->lo[g]; i < bt->n_blocks; i++) pos[n++] = (size_t)g * (size_t)bt->max_blocks + (size_t)i;
+    return n;
 }
 
 fy_status_t fy_kvm_seq_swap_out(fy_kvm_t *m, fy_block_table_t *bt)
 {
     if (m->tier[FY_KV_HOST].n == 0) return FY_ERR_UNSUPPORTED;
     if (bt->tier != FY_KV_DEVICE) return FY_ERR_INVALID;
-    int32_t n = bt->n_blocks;
+    int32_t n = fy_block_table_held(bt);
     if (takeable(m, FY_KV_HOST) < n) return FY_ERR_NO_SPACE;
-    int32_t *hb = fy_malloc((size_t)(n ? n : 1) * sizeof(int32_t));
-    if (!hb) {
+    size_t cnt = (size_t)(n ? n : 1);
+    int32_t *hb = fy_malloc(cnt * 2 * sizeof(int32_t));
+    size_t *pos = fy_malloc(cnt * sizeof(size_t));
+    if (!hb || !pos) {
+        fy_free(hb);
+        fy_free(pos);
         fy_error("kv: out of memory swapping out %d blocks", n);
         return FY_ERR_NOMEM;
     }
-    for (int32_t i = 0; i < n; i++) hb[i] = alloc_block(m, FY_KV_HOST);
-    fy_status_t st = n ? m->copy(m->copy_arg, FY_KV_HOST, hb, FY_KV_DEVICE, bt->blocks, n) : FY_OK;
+    int32_t *db = hb + cnt;
+    held_positions(bt, pos);
+    for (int32_t i = 0; i < n; i++) {
+        hb[i] = alloc_block(m, FY_KV_HOST);
+        db[i] = bt->blocks[pos[i]];
+    }
+    fy_status_t st = n ? m->copy(m->copy_arg, FY_KV_HOST, hb, FY_KV_DEVICE, db, n) : FY_OK;
     if (st != FY_OK) {
         for (int32_t i = 0; i < n; i++) unref(m, FY_KV_HOST, hb[i]);
         fy_free(hb);
+        fy_free(pos);
         return st;
     }
     for (int32_t i = 0; i < n; i++) {
-        unref(m, FY_KV_DEVICE, bt->blocks[i]);
-        bt->blocks[i] = hb[i];
+        unref(m, FY_KV_DEVICE, db[i]);
+        bt->blocks[pos[i]] = hb[i];
     }
     fy_free(hb);
+    fy_free(pos);
     bt->tier = FY_KV_HOST;
     bt->n_named = 0; /* host copies are private; names stay with the device blocks */
     m->swap_out_blocks += (uint64_t)n;
@@ -952,56 +1268,75 @@ fy_status_t fy_kvm_seq_swap_in(fy_kvm_t *m, fy_block_table_t *bt, fy_kv_resv_t *
 {
     if (bt->tier != FY_KV_HOST) return FY_ERR_INVALID;
     tier_t *D = &m->tier[FY_KV_DEVICE];
-    int32_t n = bt->n_blocks, bs = bt->block_size;
-    int32_t *db = fy_malloc((size_t)(n ? n : 1) * sizeof(int32_t) * 3);
-    if (!db) {
+    int32_t n = fy_block_table_held(bt), bs = bt->block_size;
+    size_t cnt = (size_t)(n ? n : 1);
+    int32_t *db = fy_malloc(cnt * sizeof(int32_t) * 3);
+    size_t *pos = fy_malloc(cnt * sizeof(size_t));
+    if (!db || !pos) {
+        fy_free(db);
+        fy_free(pos);
         fy_error("kv: out of memory swapping in %d blocks", n);
         return FY_ERR_NOMEM;
     }
-    int32_t *src = db + n, *dst = db + 2 * n, n_copy = 0;
+    int32_t *src = db + cnt, *dst = db + 2 * cnt, n_copy = 0;
+    held_positions(bt, pos);
     /* full blocks still named on the device are shared, not copied: pin
      * them all before allocating, so no allocation can evict one */
-    for (int32_t i = 0; i < n; i++) {
-        db[i] = -1;
+    for (int32_t k = 0; k < n; k++) {
+        int32_t g = (int32_t)(pos[k] / (size_t)bt->max_blocks), i = (int32_t)(pos[k] % (size_t)bt->max_blocks);
+        db[k] = -1;
         if (m->prefix_caching && i < bt->n_hashed && (i + 1) * bs <= bt->n_tokens) {
-            int32_t b = index_find(D, &bt->hashes[i]);
+            fy_kv_hash_t nm;
+            group_name(&bt->hashes[i], g, &nm);
+            int32_t b = index_find(D, &nm);
             if (b >= 0) {
                 pin(D, b);
-                db[i] = b;
+                db[k] = b;
             }
         }
-        if (db[i] < 0) n_copy++;
+        if (db[k] < 0) n_copy++;
     }
     if (n_copy > available(m, resv)) {
-        for (int32_t i = 0; i < n; i++)
-            if (db[i] >= 0) unref(m, FY_KV_DEVICE, db[i]);
+        for (int32_t k = 0; k < n; k++)
+            if (db[k] >= 0) unref(m, FY_KV_DEVICE, db[k]);
         fy_free(db);
+        fy_free(pos);
         return FY_ERR_NO_SPACE;
     }
     n_copy = 0;
-    for (int32_t i = 0; i < n; i++) {
-        if (db[i] >= 0) continue;
-        db[i] = alloc_block(m, FY_KV_DEVICE);
+    for (int32_t k = 0; k < n; k++) {
+        if (db[k] >= 0) continue;
+        db[k] = alloc_block(m, FY_KV_DEVICE);
         draw(m, resv, 1);
-        src[n_copy] = bt->blocks[i];
-        dst[n_copy++] = db[i];
+        src[n_copy] = bt->blocks[pos[k]];
+        dst[n_copy++] = db[k];
     }
     fy_status_t st = n_copy ? m->copy(m->copy_arg, FY_KV_DEVICE, dst, FY_KV_HOST, src, n_copy) : FY_OK;
     if (st != FY_OK) {
-        for (int32_t i = 0; i < n; i++) unref(m, FY_KV_DEVICE, db[i]);
+        for (int32_t k = 0; k < n; k++) unref(m, FY_KV_DEVICE, db[k]);
         fy_free(db);
+        fy_free(pos);
         return st;
     }
-    for (int32_t i = 0; i < n; i++) {
+    for (int32_t k = 0; k < n; k++) {
+        int32_t i = (int32_t)(pos[k] % (size_t)bt->max_blocks);
         int32_t f = bt->n_tokens - i * bs < bs ? bt->n_tokens - i * bs : bs;
-        if (D->filled[db[i]] < f) D->filled[db[i]] = (uint16_t)f;
-        unref(m, FY_KV_HOST, bt->blocks[i]);
-        bt->blocks[i] = db[i];
+        if (D->filled[db[k]] < f) D->filled[db[k]] = (uint16_t)f;
+        unref(m, FY_KV_HOST, bt->blocks[pos[k]]);
+        bt->blocks[pos[k]] = db[k];
     }
     fy_free(db);
+    fy_free(pos);
     bt->tier = FY_KV_DEVICE;
+    /* leading blocks whose every held copy is named */
     bt->n_named = 0;
-    for (int32_t i = 0; i < n && D->named[bt->blocks[i]]; i++) bt->n_named = i + 1;
+    for (int32_t i = 0; i < bt->n_blocks; i++) {
+        bool named = true;
+        for (int32_t g = 0; g < bt->n_groups && named; g++)
+            if (i >= bt->lo[g]) named = D->named[grp(bt, g)[i]] != 0;
+        if (!named) break;
+        bt->n_named = i + 1;
+    }
     m->swap_in_blocks += (uint64_t)n;
     CHECK_BOOKS(m);
     return FY_OK;
@@ -1011,9 +1346,16 @@ fy_status_t fy_kvm_seq_swap_in(fy_kvm_t *m, fy_block_table_t *bt, fy_kv_resv_t *
 
 int32_t fy_kvm_blocks_for(const fy_kvm_t *m, int32_t prompt_tokens, int32_t max_tokens, int32_t cached_tokens)
 {
-    int32_t bs = m->lay.block_size;
-    int64_t total = (int64_t)prompt_tokens + max_tokens;
-    int64_t need = (total + bs - 1) / bs - cached_tokens / bs;
+    const fy_kv_layout_t *lay = &m->lay;
+    int64_t bs = lay->block_size, total = (int64_t)prompt_tokens + max_tokens, need = 0;
+    int64_t all = (total + bs - 1) / bs - cached_tokens / bs;
+    for (int32_t g = 0; g < lay->n_groups; g++) {
+        int64_t w = lay->group_window[g];
+        /* a sliding group's cached blocks (its window at the hit) are
+         * held, not new, but its bound counts them: conservative */
+        int64_t most = w && m->max_step > 0 ? (w - 1 + m->max_step + bs - 1) / bs + 1 : all;
+        need += most < all ? most : all;
+    }
     return need < 0 ? 0 : need > INT32_MAX ? INT32_MAX : (int32_t)need;
 }
 
@@ -1049,7 +1391,7 @@ void fy_kvm_foreach_name(const fy_kvm_t *m, fy_kv_tier_t tier, void (*fn)(void *
 {
     const tier_t *T = &m->tier[tier];
     for (int32_t b = 0; b < T->n; b++)
-        if (T->named[b]) fn(arg, &T->name[b]);
+        if (T->named[b] == NAME_PRIMARY) fn(arg, &T->name[b]);
 }
 
 /* ---- figures ---------------------------------------------------------------------------------------- */
@@ -1081,6 +1423,13 @@ void fy_kvm_stats(const fy_kvm_t *m, fy_kvm_stats_t *o)
     o->swap_in_blocks = m->swap_in_blocks;
     o->demotions = m->demotions;
     o->promotions = m->promotions;
+    o->slid_blocks = m->slid_blocks;
+    for (int32_t g = 0; g < m->lay.n_groups; g++) {
+        if (m->lay.group_window[g])
+            o->groups_sliding++;
+        else
+            o->groups_global++;
+    }
 }
 
 int32_t fy_kvm_n_free(const fy_kvm_t *m, fy_kv_tier_t t) { return m->tier[t].n_free; }

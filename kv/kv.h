@@ -49,6 +49,22 @@
 
 /* ---- layout ------------------------------------------------------------------------------ */
 
+/*
+ * KV groups.  Models that mix sliding-window and global layers (Gemma 3:
+ * five local layers per global one) keep the two kinds in separate block
+ * tables, as vLLM's hybrid KV manager does: the layers are split into
+ * groups of group_layers layers of one window each, a page (what the pool
+ * hands out; "block" below) holds block_size tokens of one group's layers,
+ * and a sequence has one block table per group.  A sliding group drops
+ * the blocks that lie wholly before its window while the sequence runs, so
+ * it holds at most ceil((W - 1 + step) / block_size) + 1 blocks; a global
+ * group keeps everything.  group_layers is the gcd of the layer counts of
+ * each window, so every page has the same size and one pool serves all
+ * groups.  A model whose layers all share one window has one group of
+ * every layer: the layout every model had before groups.
+ */
+#define FY_KV_MAX_LAYERS 1024
+
 typedef struct fy_kv_layout {
     int32_t n_layers;
     int32_t n_kv_heads;
@@ -61,7 +77,13 @@ typedef struct fy_kv_layout {
     size_t head_bytes;  /* one head of one block: block_size rows */
     size_t kv_bytes;    /* all K (or all V) heads of one layer of one block */
     size_t layer_bytes; /* K and V of one layer of one block */
-    size_t block_bytes; /* the whole block */
+    size_t block_bytes; /* one block (page): group_layers layers */
+    /* groups (fy_kv_layout_set_windows; one group of every layer without) */
+    int32_t n_groups;
+    int32_t group_layers;
+    int32_t group_window[FY_KV_MAX_LAYERS]; /* [n_groups] 0: global */
+    uint16_t layer_group[FY_KV_MAX_LAYERS]; /* [n_layers] the group of each layer */
+    uint16_t layer_slot[FY_KV_MAX_LAYERS];  /* [n_layers] its place in the group's pages */
 } fy_kv_layout_t;
 
 /*
@@ -88,22 +110,41 @@ static inline int32_t fy_kv_scale_format(const fy_kv_layout_t *lay)
 void fy_kv_row_write(const fy_kv_layout_t *lay, const float *x, void *row);
 void fy_kv_row_read(const fy_kv_layout_t *lay, const void *row, float *x);
 
-/* Fills lay; FY_ERR_INVALID (logged) for unsupported sizes or dtypes. */
+/* Fills lay with one group of every layer; FY_ERR_INVALID (logged) for
+ * unsupported sizes or dtypes. */
 fy_status_t fy_kv_layout_init(fy_kv_layout_t *lay, int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,
                               int32_t block_size, fy_dtype_t dtype);
 
-/* Byte offset of (block, layer, k or v, head, token 0) in an arena. */
+/* Groups the layers by window (window[n_layers], 0 global): global groups
+ * first, then sliding ones by window, each in layer order.  With every
+ * window equal the layout stays one group.  FY_ERR_INVALID (logged) for a
+ * negative window. */
+fy_status_t fy_kv_layout_set_windows(fy_kv_layout_t *lay, const int32_t *window);
+
+/* A digest of the grouping (each layer's group and place, each group's
+ * window) for the transfer layout descriptor; 0 for one group of every
+ * layer in order with no window. */
+uint32_t fy_kv_layout_groups_digest(const fy_kv_layout_t *lay);
+
+/* Byte offset of (block, layer, k or v, head, token 0) in an arena: the
+ * block is one of the layer's group. */
 static inline size_t fy_kv_offset(const fy_kv_layout_t *lay, int32_t block, int32_t layer, int is_v, int32_t head)
 {
-    return (size_t)block * lay->block_bytes + (size_t)layer * lay->layer_bytes + (size_t)is_v * lay->kv_bytes +
-           (size_t)head * lay->head_bytes;
+    return (size_t)block * lay->block_bytes + (size_t)lay->layer_slot[layer] * lay->layer_bytes +
+           (size_t)is_v * lay->kv_bytes + (size_t)head * lay->head_bytes;
 }
 
-/* KV bytes one token takes across all layers. */
+/* KV bytes one token takes across all layers (before any block of a
+ * sliding group is dropped). */
 static inline size_t fy_kv_bytes_per_token(const fy_kv_layout_t *lay)
 {
-    return lay->block_bytes / (size_t)lay->block_size;
+    return lay->block_bytes * (size_t)lay->n_groups / (size_t)lay->block_size;
 }
+
+/* Blocks (pages) a sequence of n tokens holds at most: every block of the
+ * global groups, and of a sliding group the blocks a step of up to `step`
+ * new tokens can see. */
+int64_t fy_kv_blocks_held(const fy_kv_layout_t *lay, int64_t n, int32_t step);
 
 /* ---- prefix names ------------------------------------------------------------------------- */
 
@@ -165,6 +206,8 @@ typedef struct fy_kvm_params {
     const fy_kv_hasher_t *hasher; /* required; outlives the manager */
     bool prefix_caching;          /* false: full blocks are never named or kept after release */
     float watermark;              /* share of device blocks admission keeps free (0.01 = 1%) */
+    int32_t max_step_tokens;      /* most tokens one forward pass adds to a sequence (sliding groups'
+                                     admission bound); 0: unbounded (sliding groups counted whole) */
 } fy_kvm_params_t;
 
 typedef struct fy_kvm fy_kvm_t;
@@ -176,12 +219,18 @@ const fy_kv_layout_t *fy_kvm_layout(const fy_kvm_t *m);
 
 /* ---- sequences (block tables) ---- */
 
-/* The blocks of one sequence, in order: token t lives in block
- * blocks[t / block_size] at slot t % block_size.  Arrays are sized at
- * init for the longest sequence allowed, so growing never allocates. */
+/* The blocks of one sequence, one table per KV group: token t of group g
+ * lives in block blocks[g * max_blocks + t / block_size] at slot
+ * t % block_size.  Group 0 comes first, so for a one-group layout blocks[]
+ * is the plain table.  A sliding group holds blocks [lo[g], n_blocks); the
+ * entries before lo[g] are -1 (dropped: no query can see them).  Arrays
+ * are sized at init for the longest sequence allowed, so growing never
+ * allocates. */
 typedef struct fy_block_table {
-    int32_t *blocks;
-    int32_t n_blocks;   /* blocks held */
+    int32_t *blocks; /* [n_groups * max_blocks] */
+    int32_t *lo;     /* [n_groups] first block each group holds */
+    int32_t n_groups;
+    int32_t n_blocks;   /* blocks of the sequence (per group) */
     int32_t max_blocks; /* capacity */
     int32_t n_tokens;   /* tokens whose K/V are written */
     int32_t block_size;
@@ -192,11 +241,21 @@ typedef struct fy_block_table {
     int32_t n_named;      /* leading blocks named in the prefix index (theirs or found there) */
 } fy_block_table_t;
 
-/* The slot (block * block_size + offset) of token t, t < n_blocks * block_size. */
-static inline int32_t fy_block_table_slot(const fy_block_table_t *bt, int32_t t)
+/* Group g's table. */
+static inline int32_t *fy_block_table_group(const fy_block_table_t *bt, int32_t g)
 {
-    return bt->blocks[t / bt->block_size] * bt->block_size + t % bt->block_size;
+    return bt->blocks + (size_t)g * (size_t)bt->max_blocks;
 }
+
+/* The slot (block * block_size + offset) of token t in group g,
+ * lo[g] * block_size <= t < n_blocks * block_size. */
+static inline int32_t fy_block_table_slot(const fy_block_table_t *bt, int32_t g, int32_t t)
+{
+    return fy_block_table_group(bt, g)[t / bt->block_size] * bt->block_size + t % bt->block_size;
+}
+
+/* Blocks held over all groups. */
+int32_t fy_block_table_held(const fy_block_table_t *bt);
 
 /* A promise of blocks made at admission, drawn from as blocks are taken. */
 typedef struct fy_kv_resv {
@@ -211,7 +270,9 @@ void fy_kvm_seq_deinit(fy_block_table_t *bt);
  * Attaches the longest cached prefix of tokens[n] to an empty table, block
  * by block, from any tier (host and disk hits are promoted to the device),
  * at most (n - 1) / block_size blocks so at least one token is left to
- * compute.  Sets bt->n_tokens to the tokens found; *hit_p (may be NULL)
+ * compute.  A hit of k blocks needs every block of the global groups
+ * before k, and of each sliding group only the blocks a query at position
+ * k * block_size sees.  Sets bt->n_tokens to the tokens found; *hit_p (may be NULL)
  * too.  Counts a prefix query of n tokens.
  */
 fy_status_t fy_kvm_seq_lookup(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *tokens, int32_t n, int32_t *hit_p);
@@ -221,13 +282,26 @@ fy_status_t fy_kvm_seq_lookup(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *
  * nothing: FY_ERR_NO_SPACE (no free or evictable block), FY_ERR_INVALID
  * (past max_tokens, or swapped out).  resv (may be NULL) is drawn from. */
 fy_status_t fy_kvm_seq_reserve(fy_kvm_t *m, fy_block_table_t *bt, int32_t n_tokens, fy_kv_resv_t *resv);
+/* fy_kvm_seq_reserve when the first query to run is at position `from`
+ * (>= bt->n_tokens), not bt->n_tokens: a decode worker reserving blocks
+ * that a transfer fills reads them first from the prompt's end.  Sliding
+ * groups first drop what a query at `from` cannot see (into resv, as
+ * fy_kvm_seq_commit does) and get blocks only from their window on. */
+fy_status_t fy_kvm_seq_reserve_from(fy_kvm_t *m, fy_block_table_t *bt, int32_t n_tokens, int32_t from,
+                                    fy_kv_resv_t *resv);
 
 /* Records that tokens [bt->n_tokens, n) are written (tokens holds the whole
- * sequence so far) and names the blocks that became full. */
-void fy_kvm_seq_commit(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *tokens, int32_t n);
+ * sequence so far), names the blocks that became full, and has sliding
+ * groups drop the blocks that no query at position n or later can see.
+ * A dropped block that goes back to the pool goes back into resv's
+ * promise (may be NULL), so what admission promised a request covers its
+ * whole run although its sliding groups take new blocks as they go. */
+void fy_kvm_seq_commit(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *tokens, int32_t n, fy_kv_resv_t *resv);
 
 /* Keeps the first n tokens (rolling back speculative tokens); blocks no
- * longer needed go back. */
+ * longer needed go back.  n must not go behind what the last commit let
+ * sliding groups drop (logged as a caller bug, and the table is cut to
+ * what it still holds). */
 void fy_kvm_seq_truncate(fy_kvm_t *m, fy_block_table_t *bt, int32_t n);
 
 /* fy_kvm_seq_truncate for a speculative step that reserved from resv:
@@ -254,7 +328,8 @@ fy_status_t fy_kvm_seq_swap_in(fy_kvm_t *m, fy_block_table_t *bt, fy_kv_resv_t *
 /* ---- admission ---- */
 
 /* Device blocks a request needs at most: prompt plus max_tokens, less the
- * blocks its cached prefix already covers. */
+ * blocks its cached prefix already covers; for a sliding group no more
+ * than its window and one step hold at once (fy_kv_blocks_held). */
 int32_t fy_kvm_blocks_for(const fy_kvm_t *m, int32_t prompt_tokens, int32_t max_tokens, int32_t cached_tokens);
 /* Promises blocks to a request if free plus evictable blocks, less what is
  * promised to others and the watermark, cover them: then later allocations
@@ -268,8 +343,9 @@ int32_t fy_kvm_admittable(const fy_kvm_t *m);
  * watermark.  A request needing more is refused at once, not queued. */
 int32_t fy_kvm_capacity(const fy_kvm_t *m);
 
-/* Calls fn with the name of every block of a tier that is in the prefix
- * index (cached or in use): what a router's prefix digest is built from. */
+/* Calls fn with the name of every block of group 0 of a tier that is in
+ * the prefix index (cached or in use): what a router's prefix digest is
+ * built from (the other groups' blocks of a prefix carry derived names). */
 void fy_kvm_foreach_name(const fy_kvm_t *m, fy_kv_tier_t tier, void (*fn)(void *arg, const fy_kv_hash_t *h), void *arg);
 
 /* ---- figures ---- */
@@ -291,6 +367,8 @@ typedef struct fy_kvm_stats {
     uint64_t cow_copies;
     uint64_t swap_out_blocks, swap_in_blocks;
     uint64_t demotions, promotions;
+    uint64_t slid_blocks;                  /* blocks sliding groups dropped while their sequences ran */
+    int32_t groups_global, groups_sliding; /* the layout's KV groups */
 } fy_kvm_stats_t;
 
 void fy_kvm_stats(const fy_kvm_t *m, fy_kvm_stats_t *out);

@@ -70,6 +70,19 @@ fy_status_t fy_kv_plan(const fy_kv_plan_in_t *in, fy_kv_plan_t *out)
     if (in->context > 0) {
         p.blocks_per_request = (in->context + in->block_size - 1) / in->block_size;
         p.requests = p.blocks / p.blocks_per_request;
+        /* per layer: every block, or of a sliding layer what its window
+         * and one step see (kv.h's fy_kv_blocks_held, layer by layer) */
+        int64_t layer_block = p.bytes_per_block / in->n_layers, step = in->step > 0 ? in->step : 512, held = 0;
+        for (int32_t l = 0; l < in->n_layers; l++) {
+            int64_t w = in->windows ? in->windows[l] : 0, most = p.blocks_per_request;
+            if (w > 0) {
+                int64_t win = (w - 1 + step + in->block_size - 1) / in->block_size + 1;
+                if (win < most) most = win;
+            }
+            held += most * layer_block;
+        }
+        p.held_per_request = held;
+        p.requests_held = held ? p.kv_mem / held : 0;
     }
     *out = p;
     return FY_OK;

@@ -25,18 +25,23 @@ typedef struct fy_kv_plan_in {
     int32_t elem_bytes;
     int32_t scale_bytes; /* per row (token, head): fy_kv_dtype_scale_bytes */
     int32_t block_size;
-    int64_t kv_mem;      /* the KV budget; or 0 and the next three */
-    int64_t mem;         /* device memory */
-    int64_t weights;     /* what the weights take of it */
-    double mem_fraction; /* the share of what is left that the KV cache gets */
-    int64_t context;     /* tokens per request */
+    int64_t kv_mem;         /* the KV budget; or 0 and the next three */
+    int64_t mem;            /* device memory */
+    int64_t weights;        /* what the weights take of it */
+    double mem_fraction;    /* the share of what is left that the KV cache gets */
+    int64_t context;        /* tokens per request */
+    const int32_t *windows; /* [n_layers] each layer's sliding window (0: global); NULL: all global */
+    int32_t step;           /* tokens one forward pass adds (a sliding layer's bound); 0: 512 */
 } fy_kv_plan_in_t;
 
 typedef struct fy_kv_plan {
     int64_t kv_mem;
     int64_t bytes_per_token, bytes_per_block;
     int64_t blocks, tokens;
-    int64_t blocks_per_request, requests;
+    int64_t blocks_per_request, requests; /* as if every layer kept every block */
+    /* with sliding-window layers in KV groups (kv.sliding_groups): what a
+     * request of `context` tokens holds at most, and how many fit */
+    int64_t held_per_request, requests_held;
 } fy_kv_plan_t;
 
 /* FY_ERR_INVALID (logged) for shapes or budgets that make no sense. */

@@ -252,17 +252,36 @@ static void ship(pjob_t *j, const fy_block_table_t *bt, int32_t n_computed)
         fy_engine_cancel(fy_node_engine(j->p->n), j->engine_id);
         return;
     }
-    int32_t cnt = ready - from;
+    /* per KV group, the blocks the decode worker will read (a sliding
+     * group's before the prompt's last window come as -1: never sent);
+     * every one of those is still held here, since this side drops only
+     * what a query at its own position, never past the prompt's end, cannot
+     * see */
+    int32_t per = j->n_dst / bt->n_groups, cnt = 0, n = 0;
     int32_t src[256], dst[256];
-    for (int32_t k = 0; k < cnt;) {
-        int32_t m = cnt - k < 256 ? cnt - k : 256;
-        for (int32_t i = 0; i < m; i++) {
-            src[i] = bt->blocks[from + k + i];
-            dst[i] = j->dst[from + k + i - j->first_block];
+    for (int32_t g = 0; g < bt->n_groups; g++) {
+        const int32_t *tab = fy_block_table_group(bt, g), *want = j->dst + (size_t)g * (size_t)per;
+        for (int32_t i = from; i < ready; i++) {
+            int32_t d = want[i - j->first_block];
+            if (d < 0) continue;
+            if (i < bt->lo[g]) { /* cannot happen with equal layouts, which the handshake checked */
+                job_close_xfer(j, false);
+                snprintf(j->engine_msg, sizeof(j->engine_msg), "kv group %d: block %d was dropped before it was sent",
+                         g, i);
+                j->engine_status = FY_ERR_INTERNAL;
+                fy_engine_cancel(fy_node_engine(j->p->n), j->engine_id);
+                return;
+            }
+            src[n] = tab[i];
+            dst[n++] = d;
+            if (n == 256) {
+                fy_xfer_job_put(j->xj, src, dst, n); /* an error is remembered and reported at the end */
+                cnt += n, n = 0;
+            }
         }
-        fy_xfer_job_put(j->xj, src, dst, m); /* an error is remembered and reported at the end */
-        k += m;
     }
+    if (n) fy_xfer_job_put(j->xj, src, dst, n);
+    cnt += n;
     if (j->t_first_put == 0) j->t_first_put = fy_node_now();
     j->bytes += (int64_t)cnt * (int64_t)fy_kvm_layout(kvm)->block_bytes;
     j->p->bytes += (int64_t)cnt * (int64_t)fy_kvm_layout(kvm)->block_bytes;
@@ -321,7 +340,8 @@ static void cmd_prefill(prefill_t *p, fy_msgr_t *r, uint64_t rid)
     fy_wire_lim_t lim = {.token_hi = fy_model_config(fy_node_model(n))->vocab_size - 1,
                          .max_prompt = rp->max_ctx - 1 < MAX_PROMPT ? rp->max_ctx - 1 : MAX_PROMPT,
                          .max_ctx = rp->max_ctx,
-                         .block_size = fy_kvm_layout(kvm)->block_size};
+                         .block_size = fy_kvm_layout(kvm)->block_size,
+                         .kv_groups = fy_kvm_layout(kvm)->n_groups};
     fy_wire_prefill_t m;
     fy_wire_prefill_init(&m);
     m.deadline_s = 30;

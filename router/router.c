@@ -153,6 +153,7 @@ typedef struct router {
     fy_kv_hasher_t *hasher;
     fy_kv_layout_t lay;
     int32_t vocab, max_ctx;
+    int32_t step; /* decode.max_batch_tokens: a sliding KV group's bound (fy_kv_blocks_held) */
     /* sockets, and the credentials they carry */
     fy_env_auth_t auth;
     fy_rpc_server_t *srv;
@@ -345,12 +346,15 @@ static void retry_or_fail(router_t *R, rreq_t *q, fy_status_t err, const char *w
 
 /* ---- placement ---------------------------------------------------------------------------------------- */
 
+/* The blocks a decode worker promises q (fy_kvm_blocks_for without a
+ * cached prefix): every block of the global KV groups, a window's of the
+ * sliding ones. */
 static int32_t blocks_for(const router_t *R, const rreq_t *q)
 {
-    int32_t bs = R->lay.block_size;
     int64_t total = (int64_t)q->n_prompt + q->gen.max_tokens;
     if (total > R->max_ctx) total = R->max_ctx;
-    return (int32_t)((total + bs - 1) / bs);
+    int64_t n = fy_kv_blocks_held(&R->lay, total, R->step);
+    return n > INT32_MAX ? INT32_MAX : (int32_t)n;
 }
 
 static bool usable(const worker_t *w, wrole_t role) { return w->up && !w->incompatible && w->role == role && w->push; }
@@ -646,7 +650,7 @@ static void send_prefill(router_t *R, rreq_t *q)
 
 static void on_reserved(router_t *R, rreq_t *q, fy_msgr_t *r)
 {
-    fy_wire_lim_t lim = {.n_prompt = q->n_prompt, .block_size = R->lay.block_size};
+    fy_wire_lim_t lim = {.n_prompt = q->n_prompt, .block_size = R->lay.block_size, .kv_groups = R->lay.n_groups};
     fy_wire_reserved_t m;
     fy_wire_reserved_init(&m);
     m.lease_s = R->lease_s; /* the lease the worker granted (its own cap may shorten what was asked) */
@@ -1604,7 +1608,8 @@ static fy_status_t setup(router_t *R)
 {
     const fy_config_t *c = R->cfg;
     const char *model_path, *listen, *events;
-    int64_t max_queue, retries, pq_tokens, n_prefill;
+    int64_t max_queue, retries, pq_tokens, n_prefill, step;
+    bool sliding_groups;
     int32_t bs;
     fy_dtype_t dt;
     fy_status_t st;
@@ -1622,8 +1627,11 @@ static fy_status_t setup(router_t *R)
         (st = fy_conf_int(c, "router", "retries", &retries)) ||
         (st = fy_conf_int(c, "router", "prefill_queue_tokens", &pq_tokens)) ||
         (st = fy_conf_float(c, "router", "prefix_weight", &R->prefix_weight)) ||
-        (st = fy_conf_int(c, "prefill", "count", &n_prefill)) || (st = fy_cluster_kv(c, &bs, &dt)))
+        (st = fy_conf_int(c, "prefill", "count", &n_prefill)) || (st = fy_cluster_kv(c, &bs, &dt)) ||
+        (st = fy_conf_bool(c, "kv", "sliding_groups", &sliding_groups)) ||
+        (st = fy_conf_int(c, "decode", "max_batch_tokens", &step)))
         return st;
+    R->step = (int32_t)step;
     R->colocated = n_prefill == 0;
     R->max_queue = (int32_t)max_queue;
     R->max_retries = (int32_t)retries;
@@ -1637,6 +1645,11 @@ static fy_status_t setup(router_t *R)
     R->vocab = mc->vocab_size;
     R->max_ctx = mc->max_ctx;
     if ((st = fy_kv_layout_init(&R->lay, mc->n_layers, mc->n_kv_heads, mc->head_dim, bs, dt))) return st;
+    if (sliding_groups) { /* the workers' KV groups (fy_runner_layout_for): names and block counts agree */
+        int32_t win[FY_KV_MAX_LAYERS];
+        for (int32_t l = 0; l < mc->n_layers; l++) win[l] = mc->layer[l].window;
+        if ((st = fy_kv_layout_set_windows(&R->lay, win))) return st;
+    }
     if ((st = fy_kv_hasher_from_config(c, &R->hasher))) return st;
     if ((st = fy_cluster_auth(c, FY_ROLE_ROUTER, "router", 0, &R->auth))) return st;
     /* the sockets are published under the lock: their callbacks read them there */

@@ -88,10 +88,20 @@ static void run_chunked(env_t *e, const int32_t *tok, int n, int chunk, float *o
     for (int done = 0; done < n;) {
         int k = n - done < chunk ? n - done : chunk;
         assert_int_equal(fy_kvm_seq_reserve(e->kvm, &bt, done + k, NULL), FY_OK);
+        /* KV groups: a sliding group holds no more than its window and this
+         * step can see; a global one every block */
+        const fy_kv_layout_t *lay = fy_kvm_layout(e->kvm);
+        for (int32_t g = 0; g < lay->n_groups; g++) {
+            int32_t w = lay->group_window[g], bs = lay->block_size, held = bt.n_blocks - bt.lo[g];
+            int32_t most = w ? (w - 1 + k + bs - 1) / bs + 1 : (done + k + bs - 1) / bs;
+            if (held > most || (!w && bt.lo[g] != 0))
+                fail_msg("group %d (window %d) holds %d blocks at %d + %d tokens; at most %d", g, w, held, done, k,
+                         most);
+        }
         fy_forward_seq_t f = {&bt, tok + done, k, done, k};
         assert_int_equal(fy_runner_forward(e->r, &f, 1, out + (long)done * vocab), FY_OK);
         done += k;
-        fy_kvm_seq_commit(e->kvm, &bt, tok, done);
+        fy_kvm_seq_commit(e->kvm, &bt, tok, done, NULL);
     }
     fy_kvm_seq_release(e->kvm, &bt);
     fy_kvm_seq_deinit(&bt);
@@ -118,6 +128,16 @@ static void check_reference(const char *path, const fy_tiny_model_t *tm, int n_t
                 fail_msg("%s: block %d, chunk %d: relative error %.3g >= %.3g (seed %u)", path, block_sizes[b],
                          chunks[c], err, tol, SEED);
         }
+        /* a window that leaves whole blocks behind (decode and 7-token
+         * chunks move past them) gave them back while the sequence ran */
+        const fy_kv_layout_t *lay = fy_kvm_layout(e.kvm);
+        bool behind = false;
+        for (int32_t g = 0; g < lay->n_groups; g++)
+            behind |= lay->group_window[g] && n_tok - lay->group_window[g] >= 2 * block_sizes[b] + 7;
+        fy_kvm_stats_t ks;
+        fy_kvm_stats(e.kvm, &ks);
+        if (behind && ks.slid_blocks == 0)
+            fail_msg("%s: block %d: no block of a sliding group was dropped", path, block_sizes[b]);
         env_close(&e);
     }
     free(tok), free(ref), free(got);

@@ -165,14 +165,14 @@ static void set_batch_both(pair_t *p, int32_t *n_tokens_p)
     for (int i = 0; i < N_BLOCKS / 2; i++) bt0[i] = 2 * i + 1, bt1[i] = N_BLOCKS - 2 - 2 * i; /* scattered */
     int32_t *bts[2] = {bt0, bt1}, n = 0;
     for (int s = 0; s < 2; s++) {
-        seqs[s] = (fy_attn_seq_t){n, q_counts[s], kv_lens[s], (kv_lens[s] + BS - 1) / BS, bts[s]};
+        seqs[s] = (fy_attn_seq_t){n, q_counts[s], kv_lens[s], (kv_lens[s] + BS - 1) / BS, bts[s], 0};
         for (int i = 0; i < q_counts[s]; i++, n++) {
             pos[n] = kv_lens[s] - q_counts[s] + i;
             tokens[n] = (int32_t)((p->rng = p->rng * 1664525u + 1013904223u) >> 8) % VOCAB;
             slots[n] = bts[s][pos[n] / BS] * BS + pos[n] % BS;
         }
     }
-    fy_batch_meta_t m = {n, tokens, pos, slots, 2, seqs};
+    fy_batch_meta_t m = {n, tokens, pos, slots, 2, seqs, 1};
     assert_int_equal(fy_backend_set_batch(p->cpu, &m), FY_OK);
     assert_int_equal(fy_backend_set_batch(p->gpu, &m), FY_OK);
     *n_tokens_p = n;

@@ -698,7 +698,7 @@ static void disaggregated(const char *model)
                    lay->block_bytes);
         fy_kvm_seq_release(P.kvm, &h.hold);
         fy_kvm_seq_deinit(&h.hold);
-        fy_kvm_seq_commit(D.kvm, &bt, w->prompt[i], w->len[i]);
+        fy_kvm_seq_commit(D.kvm, &bt, w->prompt[i], w->len[i], NULL);
         adopt_job_t a = {w->prompt[i], w->len[i], &w->rp[i], &bt, &resv, &h, &dis[i], FY_ERR_INTERNAL};
         assert_int_equal(fy_engine_post(D.e, do_adopt, &a), FY_OK);
         assert_int_equal(fy_engine_step(D.e), FY_OK); /* runs the post, then a step */

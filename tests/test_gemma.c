@@ -90,7 +90,12 @@ static void engine_open(engine_t *e, int threads, int32_t batch, int32_t max_seq
     rp.max_seqs = max_seqs;
     rp.max_logits = max_logits;
     rp.max_ctx = 1024;
-    rp.n_kv_blocks = 3 * 1024 / 16;
+    /* three 1,024-token sequences with every block kept: the arena counts
+     * pages of one KV group (a sixth of the layers with Gemma 3's groups) */
+    fy_kv_layout_t lay;
+    assert_int_equal(fy_runner_layout_for(g_model, fy_model_config(g_model)->n_layers, &rp, &lay), FY_OK);
+    assert_int_equal(lay.n_groups, 6);
+    rp.n_kv_blocks = 3 * 1024 / 16 * lay.n_groups;
     assert_int_equal(fy_runner_create(g_model, e->be, &rp, &e->r), FY_OK);
     fy_kvm_params_t kp;
     fy_runner_kvm_params(e->r, &kp);
@@ -436,7 +441,7 @@ static void test_perplexity(void **state)
             nll += log(sum) + mx - l[ids[done + i + 1]];
         }
         done += (size_t)k;
-        fy_kvm_seq_commit(e.kvm, &bt, ids, (int32_t)done);
+        fy_kvm_seq_commit(e.kvm, &bt, ids, (int32_t)done, NULL);
     }
     fy_kvm_seq_release(e.kvm, &bt);
     fy_kvm_seq_deinit(&bt);

@@ -442,7 +442,7 @@ static void run_attention_case(fy_backend_t *be, int bs, fy_dtype_t kvt, const a
     for (int s = 0; s < c->n_seqs; s++) {
         int nb = (c->len[s] + bs - 1) / bs;
         for (int b = 0; b < nb; b++) tables[s][b] = perm[used++];
-        seqs[s] = (fy_attn_seq_t){n_tok, c->n_q[s], c->len[s], nb, tables[s]};
+        seqs[s] = (fy_attn_seq_t){n_tok, c->n_q[s], c->len[s], nb, tables[s], 0};
         n_tok += c->n_q[s];
     }
     /* full K/V of every sequence (f16-rounded when the cache is f16;
@@ -475,8 +475,8 @@ static void run_attention_case(fy_backend_t *be, int bs, fy_dtype_t kvt, const a
         int32_t *tok = calloc((size_t)old, sizeof(int32_t)), *pos = malloc(sizeof(int32_t) * old),
                 *slot = malloc(sizeof(int32_t) * old);
         for (int t = 0; t < old; t++) pos[t] = t, slot[t] = tables[s][t / bs] * bs + t % bs;
-        fy_attn_seq_t one = {0, old, old, (old + bs - 1) / bs, tables[s]};
-        fy_batch_meta_t m = {old, tok, pos, slot, 1, &one};
+        fy_attn_seq_t one = {0, old, old, (old + bs - 1) / bs, tables[s], 0};
+        fy_batch_meta_t m = {old, tok, pos, slot, 1, &one, 1};
         assert_int_equal(fy_backend_set_batch(be, &m), FY_OK);
         assert_int_equal(fy_backend_kv_write(be, &lay, arena, layer, K[s], V[s]), FY_OK);
         free(tok), free(pos), free(slot);
@@ -501,7 +501,7 @@ static void run_attention_case(fy_backend_t *be, int bs, fy_dtype_t kvt, const a
         }
     }
     for (int i = 0; i < n_tok * n_heads * hd; i++) q[i] = fy_test_rand_uniform(&seed);
-    fy_batch_meta_t m = {n_tok, tok, pos, slot, c->n_seqs, seqs};
+    fy_batch_meta_t m = {n_tok, tok, pos, slot, c->n_seqs, seqs, 1};
     assert_int_equal(fy_backend_set_batch(be, &m), FY_OK);
     assert_int_equal(fy_backend_kv_write(be, &lay, arena, layer, kn, vn), FY_OK);
     assert_int_equal(fy_backend_attention(be, &lay, arena, layer, n_heads, scale, window, q, out), FY_OK);

@@ -41,11 +41,21 @@ typedef struct fixture {
     fy_kv_ns_t ns[3]; /* tenants */
 } fixture_t;
 
-static void fixture_open(fixture_t *f, int dev, int host, int disk_blocks, int bs)
+/* The sliding window of fixture_open_groups' layout: ends inside a block. */
+enum { WINDOW = 40 };
+
+/* groups: 0, one layer (one group); else three layers, one global and two
+ * with a window of WINDOW: three KV groups of one layer each. */
+static void fixture_open_groups(fixture_t *f, int dev, int host, int disk_blocks, int bs, int groups)
 {
     memset(f, 0, sizeof(*f));
-    /* one layer, one head of 4 floats: 16 bytes a token, enough for a tag */
-    assert_int_equal(fy_kv_layout_init(&f->ar.lay, 1, 1, 4, bs, FY_DTYPE_F32), FY_OK);
+    /* one head of 4 floats: 16 bytes a token, enough for a tag */
+    assert_int_equal(fy_kv_layout_init(&f->ar.lay, groups ? 3 : 1, 1, 4, bs, FY_DTYPE_F32), FY_OK);
+    if (groups) {
+        const int32_t win[3] = {WINDOW, 0, WINDOW};
+        assert_int_equal(fy_kv_layout_set_windows(&f->ar.lay, win), FY_OK);
+        assert_int_equal(f->ar.lay.n_groups, 3);
+    }
     f->ar.dev = calloc((size_t)dev, f->ar.lay.block_bytes);
     f->ar.host = host ? calloc((size_t)host, f->ar.lay.block_bytes) : NULL;
     const uint8_t secret[32] = "test secret, thirty-two bytes!!";
@@ -64,8 +74,14 @@ static void fixture_open(fixture_t *f, int dev, int host, int disk_blocks, int b
         .hasher = f->hasher,
         .prefix_caching = true,
         .watermark = 0.0f,
+        .max_step_tokens = groups ? 16 : 0,
     };
     assert_int_equal(fy_kvm_create(&p, &f->m), FY_OK);
+}
+
+static void fixture_open(fixture_t *f, int dev, int host, int disk_blocks, int bs)
+{
+    fixture_open_groups(f, dev, host, disk_blocks, bs, 0);
 }
 
 static void fixture_close(fixture_t *f)
@@ -82,11 +98,13 @@ static uint32_t tag(int tenant, int32_t token, int32_t pos)
     return (uint32_t)tenant * 1000003u ^ (uint32_t)token * 7919u ^ (uint32_t)pos * 104729u ^ 0x5bd1e995u;
 }
 
-static uint32_t *slot_ptr(fixture_t *f, fy_kv_tier_t tier, const fy_block_table_t *bt, int32_t pos)
+/* The slot of position pos in group g's blocks (its first layer's). */
+static uint32_t *slot_ptr_g(fixture_t *f, fy_kv_tier_t tier, const fy_block_table_t *bt, int32_t g, int32_t pos)
 {
     char *arena = tier == FY_KV_DEVICE ? f->ar.dev : f->ar.host;
-    int32_t b = bt->blocks[pos / bt->block_size];
-    return (uint32_t *)(arena + fy_kv_offset(&f->ar.lay, b, 0, 0, 0) + (size_t)(pos % bt->block_size) * 16);
+    int32_t b = fy_block_table_group(bt, g)[pos / bt->block_size], layer = 0;
+    while (f->ar.lay.layer_group[layer] != g) layer++;
+    return (uint32_t *)(arena + fy_kv_offset(&f->ar.lay, b, layer, 0, 0) + (size_t)(pos % bt->block_size) * 16);
 }
 
 typedef struct seq {
@@ -99,21 +117,36 @@ typedef struct seq {
 
 /* Writes the tags of tokens [from, to) into the sequence's blocks, as a
  * forward pass writes K/V, and commits them. */
+/* Writes the tags of tokens [bt.n_tokens, to) into every group's blocks,
+ * as a forward pass writes K/V; no commit. */
+static void write_uncommitted(fixture_t *f, seq_t *s, int32_t to)
+{
+    for (int32_t g = 0; g < s->bt.n_groups; g++)
+        for (int32_t p = s->bt.n_tokens; p < to; p++)
+            *slot_ptr_g(f, FY_KV_DEVICE, &s->bt, g, p) = tag(s->tenant, s->tokens[p], p) ^ (uint32_t)g * 0x9e3779b9u;
+}
+
+/* Writes the tags of tokens [from, to) into the sequence's blocks, as a
+ * forward pass writes K/V, and commits them. */
 static void write_tokens(fixture_t *f, seq_t *s, int32_t to)
 {
-    for (int32_t p = s->bt.n_tokens; p < to; p++)
-        *slot_ptr(f, FY_KV_DEVICE, &s->bt, p) = tag(s->tenant, s->tokens[p], p);
-    fy_kvm_seq_commit(f->m, &s->bt, s->tokens, to);
+    write_uncommitted(f, s, to);
+    fy_kvm_seq_commit(f->m, &s->bt, s->tokens, to, NULL);
     s->n = to;
 }
 
+/* Every position each group holds reads this sequence's values. */
 static void verify(fixture_t *f, const seq_t *s)
 {
-    for (int32_t p = 0; p < s->n; p++) {
-        uint32_t got = *slot_ptr(f, s->bt.tier, &s->bt, p), want = tag(s->tenant, s->tokens[p], p);
-        if (got != want)
-            fail_msg("tenant %d sequence reads %08x at position %d (block %d, %s tier), wants %08x", s->tenant, got, p,
-                     s->bt.blocks[p / s->bt.block_size], fy_kv_tier_name(s->bt.tier), want);
+    for (int32_t g = 0; g < s->bt.n_groups; g++) {
+        for (int32_t p = s->bt.lo[g] * s->bt.block_size; p < s->n; p++) {
+            uint32_t got = *slot_ptr_g(f, s->bt.tier, &s->bt, g, p);
+            uint32_t want = tag(s->tenant, s->tokens[p], p) ^ (uint32_t)g * 0x9e3779b9u;
+            if (got != want)
+                fail_msg("tenant %d sequence reads %08x at position %d of group %d (block %d, %s tier), wants %08x",
+                         s->tenant, got, p, g, fy_block_table_group(&s->bt, g)[p / s->bt.block_size],
+                         fy_kv_tier_name(s->bt.tier), want);
+        }
     }
 }
 
@@ -129,7 +162,9 @@ static void check_books(fixture_t *f, seq_t *seqs, int n_seqs)
         int32_t *refs = calloc((size_t)(total ? total : 1), sizeof(int32_t));
         for (int i = 0; i < n_seqs; i++) {
             if (!seqs[i].live || seqs[i].bt.tier != (fy_kv_tier_t)t) continue;
-            for (int32_t b = 0; b < seqs[i].bt.n_blocks; b++) refs[seqs[i].bt.blocks[b]]++;
+            const fy_block_table_t *bt = &seqs[i].bt;
+            for (int32_t g = 0; g < bt->n_groups; g++)
+                for (int32_t b = bt->lo[g]; b < bt->n_blocks; b++) refs[fy_block_table_group(bt, g)[b]]++;
         }
         for (int32_t b = 0; b < total; b++)
             if (refs[b] != fy_kvm_refcount(f->m, (fy_kv_tier_t)t, b))
@@ -154,10 +189,13 @@ static void new_tokens(uint64_t *rng, seq_t *s)
     s->n = shared + extra;
 }
 
-static void test_random_operations(void **state)
+/* groups: the three-group layout (fixture_open_groups), where rollbacks
+ * go the engine's way (speculative tokens written, rolled back, then the
+ * accepted ones committed: a sliding group drops blocks only at commits) */
+static void random_operations(int groups)
 {
     fixture_t f;
-    fixture_open(&f, 96, 48, 32, 16);
+    fixture_open_groups(&f, groups ? 160 : 96, groups ? 80 : 48, 32, 16, groups);
     seq_t *seqs = calloc(N_SEQS, sizeof(seq_t));
     uint64_t rng = 20261121;
     long ops = 0, hits = 0, cows = 0, swaps = 0, no_space = 0;
@@ -217,12 +255,22 @@ static void test_random_operations(void **state)
                 d->live = true;
                 cows++;
             }
-        } else if (op < 54) {
+        } else if (op < 54 && !groups) {
             /* roll back speculative tokens */
             int32_t keep = s->n - (int32_t)(fy_test_rand_u64(&rng) % 8);
             if (keep < 0) keep = 0;
             fy_kvm_seq_truncate(f.m, &s->bt, keep);
             s->n = keep;
+        } else if (op < 54) {
+            /* a speculative step: k tokens written, some accepted */
+            int32_t k = 1 + (int32_t)(fy_test_rand_u64(&rng) % 8), a = (int32_t)(fy_test_rand_u64(&rng) % (k + 1));
+            if (s->n + k <= MAX_TOK && fy_kvm_seq_reserve(f.m, &s->bt, s->n + k, NULL) == FY_OK) {
+                for (int32_t p = s->n; p < s->n + k; p++) s->tokens[p] = (int32_t)(fy_test_rand_u64(&rng) % 50000);
+                write_uncommitted(&f, s, s->n + k);
+                fy_kvm_seq_truncate(f.m, &s->bt, s->n + a);
+                fy_kvm_seq_commit(f.m, &s->bt, s->tokens, s->n + a, NULL);
+                s->n += a;
+            }
         } else if (op < 62) {
             fy_status_t st = fy_kvm_seq_swap_out(f.m, &s->bt);
             assert_true(st == FY_OK || st == FY_ERR_NO_SPACE);
@@ -247,6 +295,8 @@ static void test_random_operations(void **state)
     /* every path was exercised */
     assert_true(hits > 100 && cows > 100 && swaps > 100 && st.cow_copies > 50 && st.demotions > 100 &&
                 st.promotions > 10 && st.tier[FY_KV_HOST].hits > 0 && st.tier[FY_KV_DISK].hits > 0);
+    if (groups) fprintf(stderr, "sliding groups dropped %llu blocks\n", (unsigned long long)st.slid_blocks);
+    assert_true(!groups || st.slid_blocks > 1000);
     for (int k = 0; k < N_SEQS; k++) {
         if (!seqs[k].live) continue;
         fy_kvm_seq_release(f.m, &seqs[k].bt);
@@ -260,6 +310,9 @@ static void test_random_operations(void **state)
     free(seqs);
     fixture_close(&f);
 }
+
+static void test_random_operations(void **state) { random_operations(0); }
+static void test_random_operations_groups(void **state) { random_operations(1); }
 
 /* ---- focused tests ---------------------------------------------------------------------------- */
 
@@ -472,6 +525,167 @@ static void test_tiers(void **state)
     fixture_close(&f);
 }
 
+/* ---- KV groups ---------------------------------------------------------------------------------------- */
+
+/* Gemma 3's pattern (five local layers, then a global one): groups of
+ * gcd(15, 3) = 3 layers, the global group first; one window for every
+ * layer stays one group; nonsense is refused. */
+static void test_groups_layout(void **state)
+{
+    fy_kv_layout_t lay, one;
+    int32_t win[18];
+    for (int i = 0; i < 18; i++) win[i] = i % 6 == 5 ? 0 : 512;
+    assert_int_equal(fy_kv_layout_init(&lay, 18, 1, 256, 16, FY_DTYPE_F16), FY_OK);
+    one = lay;
+    size_t all_layers = lay.block_bytes;
+    assert_int_equal(fy_kv_layout_set_windows(&lay, win), FY_OK);
+    assert_int_equal(lay.n_groups, 6);
+    assert_int_equal(lay.group_layers, 3);
+    assert_int_equal(lay.block_bytes * 6, all_layers); /* one pool of equal pages */
+    assert_int_equal(fy_kv_bytes_per_token(&lay), fy_kv_bytes_per_token(&one));
+    assert_int_equal(lay.group_window[0], 0);
+    for (int g = 1; g < 6; g++) assert_int_equal(lay.group_window[g], 512);
+    const int global[3] = {5, 11, 17};
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(lay.layer_group[global[k]], 0);
+        assert_int_equal(lay.layer_slot[global[k]], k);
+    }
+    assert_int_equal(lay.layer_group[0], 1), assert_int_equal(lay.layer_slot[0], 0);
+    assert_int_equal(lay.layer_group[6], 2), assert_int_equal(lay.layer_slot[6], 2); /* 0,1,2 | 3,4,6 */
+    /* every (group, slot) once */
+    int seen[6][3] = {{0}};
+    for (int l = 0; l < 18; l++) seen[lay.layer_group[l]][lay.layer_slot[l]]++;
+    for (int g = 0; g < 6; g++)
+        for (int s = 0; s < 3; s++) assert_int_equal(seen[g][s], 1);
+    assert_int_not_equal(fy_kv_layout_groups_digest(&lay), 0);
+    assert_int_equal(fy_kv_layout_groups_digest(&one), 0);
+    /* 8k tokens: three global layers keep 512 blocks each, fifteen local
+     * ones (5 groups) a window and a step: 0.21 of all-global */
+    assert_int_equal(fy_kv_blocks_held(&one, 8192, 512), 512);
+    assert_int_equal(fy_kv_blocks_held(&lay, 8192, 512), 512 + 5 * ((511 + 512 + 15) / 16 + 1));
+    assert_int_equal(fy_kv_blocks_held(&lay, 100, 16), 6 * 7); /* short: the window holds it all */
+    /* one window everywhere (Mistral): one group, and it slides */
+    for (int i = 0; i < 18; i++) win[i] = 4096;
+    fy_kv_layout_t m = one;
+    assert_int_equal(fy_kv_layout_set_windows(&m, win), FY_OK);
+    assert_int_equal(m.n_groups, 1);
+    assert_int_equal(m.group_window[0], 4096);
+    assert_int_equal(m.block_bytes, all_layers);
+    /* 1 global + 3 local: groups of one layer */
+    int32_t w4[4] = {0, 7, 7, 7};
+    assert_int_equal(fy_kv_layout_init(&m, 4, 1, 4, 16, FY_DTYPE_F32), FY_OK);
+    assert_int_equal(fy_kv_layout_set_windows(&m, w4), FY_OK);
+    assert_int_equal(m.n_groups, 4);
+    assert_int_equal(m.group_layers, 1);
+    w4[2] = -1;
+    fy_test_log_begin();
+    assert_int_equal(fy_kv_layout_set_windows(&m, w4), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("window -1", NULL));
+    fy_test_log_end();
+}
+
+/* A long request in a pool exactly the size of its promise: the sliding
+ * groups' dropped blocks go back into the promise, so every step of a
+ * 560-token run (prompt in chunks, then decode) finds its blocks; the
+ * global group holds every block, a sliding one never more than its
+ * window and a step. */
+static void test_groups_window_and_promise(void **state)
+{
+    fixture_t f;
+    const int32_t total = 560, prompt = 100, bs = 16;
+    fixture_open_groups(&f, 64, 0, 0, bs, 1);
+    int32_t need = fy_kvm_blocks_for(f.m, prompt, total - prompt, 0);
+    assert_int_equal(need, total / bs + 2 * ((WINDOW - 1 + 16 + bs - 1) / bs + 1)); /* 35 + 2 x 5 */
+    fy_kvm_destroy(f.m);
+    fy_kvm_params_t p = {.layout = f.ar.lay,
+                         .n_device_blocks = need,
+                         .copy = copy_cb,
+                         .copy_arg = &f.ar,
+                         .hasher = f.hasher,
+                         .prefix_caching = true,
+                         .max_step_tokens = 16};
+    assert_int_equal(fy_kvm_create(&p, &f.m), FY_OK);
+    fy_kv_resv_t r = {0};
+    assert_int_equal(fy_kvm_admit(f.m, need, &r), FY_OK);
+    seq_t s = {0};
+    assert_int_equal(fy_kvm_seq_init(f.m, &s.bt, MAX_TOK, &f.ns[0]), FY_OK);
+    for (int32_t i = 0; i < total; i++) s.tokens[i] = 7 * i + 1;
+    for (int32_t n = 0; n < total;) {
+        int32_t k = n < prompt ? (prompt - n < 16 ? prompt - n : 16) : 1;
+        if (fy_kvm_seq_reserve(f.m, &s.bt, n + k, &r) != FY_OK) fail_msg("no blocks at %d + %d tokens", n, k);
+        for (int32_t g = 0; g < 3; g++) {
+            int32_t w = f.ar.lay.group_window[g], held = s.bt.n_blocks - s.bt.lo[g];
+            if (w ? held > (w - 1 + k + bs - 1) / bs + 1 : s.bt.lo[g] != 0)
+                fail_msg("group %d holds %d blocks from %d at %d tokens", g, held, s.bt.lo[g], n + k);
+        }
+        write_uncommitted(&f, &s, n + k);
+        fy_kvm_seq_commit(f.m, &s.bt, s.tokens, n + k, &r);
+        n += k;
+        s.n = n;
+        verify(&f, &s);
+    }
+    assert_true(r.blocks >= 0);
+    fy_kvm_stats_t st;
+    fy_kvm_stats(f.m, &st);
+    assert_true(st.slid_blocks > 2 * 25);
+    assert_true(fy_block_table_held(&s.bt) < 35 + 2 * 5);
+    /* a query behind what was dropped is refused by name, not read */
+    fy_test_log_begin();
+    fy_kvm_seq_truncate(f.m, &s.bt, 100);
+    assert_true(fy_test_log_has("behind what group", NULL));
+    fy_test_log_end();
+    fy_kvm_seq_release(f.m, &s.bt);
+    fy_kvm_seq_deinit(&s.bt);
+    fy_kvm_resv_release(f.m, &r);
+    assert_int_equal(fy_kvm_check(f.m), FY_OK);
+    fixture_close(&f);
+}
+
+/* A prefix hit needs every block of the global group but only the
+ * window's blocks of the sliding ones, which the first request dropped
+ * into the cache under their names; the hit reads the right values, and
+ * a request of another tenant finds nothing. */
+static void test_groups_prefix(void **state)
+{
+    fixture_t f;
+    fixture_open_groups(&f, 96, 0, 0, 16, 1);
+    int32_t p[260], hit;
+    for (int i = 0; i < 260; i++) p[i] = 3 * i + 11;
+    seq_t a = {0}, b = {0}, c = {0};
+    /* a writes 200 tokens in 16-token steps: its sliding groups drop blocks */
+    a.tenant = 0;
+    assert_int_equal(fy_kvm_seq_init(f.m, &a.bt, MAX_TOK, &f.ns[0]), FY_OK);
+    memcpy(a.tokens, p, sizeof(p));
+    for (int32_t n = 0; n < 200; n += 16) {
+        int32_t k = 200 - n < 16 ? 200 - n : 16;
+        assert_int_equal(fy_kvm_seq_reserve(f.m, &a.bt, n + k, NULL), FY_OK);
+        write_tokens(&f, &a, n + k);
+    }
+    assert_int_equal(a.bt.lo[0], 0);
+    assert_int_equal(a.bt.lo[1], (200 - WINDOW + 1) / 16);
+    drop(&f, &a);
+    /* b: 12 full blocks of the same prefix and more */
+    b.tenant = 0;
+    assert_int_equal(fy_kvm_seq_init(f.m, &b.bt, MAX_TOK, &f.ns[0]), FY_OK);
+    memcpy(b.tokens, p, sizeof(p));
+    assert_int_equal(fy_kvm_seq_lookup(f.m, &b.bt, p, 260, &hit), FY_OK);
+    assert_int_equal(hit, 192);
+    b.n = hit;
+    assert_int_equal(b.bt.lo[0], 0);
+    assert_int_equal(b.bt.lo[1], (192 - WINDOW + 1) / 16); /* only what a query at 192 sees */
+    assert_int_equal(fy_block_table_held(&b.bt), 12 + 2 * (12 - (192 - WINDOW + 1) / 16));
+    verify(&f, &b);
+    assert_int_equal(fy_kvm_seq_reserve(f.m, &b.bt, 260, NULL), FY_OK);
+    write_tokens(&f, &b, 260);
+    verify(&f, &b);
+    drop(&f, &b);
+    prefill(&f, &c, 1, p, 260, &hit);
+    assert_int_equal(hit, 0);
+    drop(&f, &c);
+    assert_int_equal(fy_kvm_check(f.m), FY_OK);
+    fixture_close(&f);
+}
+
 static void test_admission(void **state)
 {
     fixture_t f;
@@ -580,10 +794,18 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tenant_isolation), cmocka_unit_test(test_lru_order),
-        cmocka_unit_test(test_copy_on_write),    cmocka_unit_test(test_tiers),
-        cmocka_unit_test(test_admission),        cmocka_unit_test(test_waste_and_stats),
-        cmocka_unit_test(test_bad_params),       cmocka_unit_test(test_random_operations),
+        cmocka_unit_test(test_tenant_isolation),
+        cmocka_unit_test(test_lru_order),
+        cmocka_unit_test(test_copy_on_write),
+        cmocka_unit_test(test_tiers),
+        cmocka_unit_test(test_admission),
+        cmocka_unit_test(test_waste_and_stats),
+        cmocka_unit_test(test_bad_params),
+        cmocka_unit_test(test_random_operations),
+        cmocka_unit_test(test_random_operations_groups),
+        cmocka_unit_test(test_groups_layout),
+        cmocka_unit_test(test_groups_window_and_promise),
+        cmocka_unit_test(test_groups_prefix),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
 }

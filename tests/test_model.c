@@ -85,7 +85,7 @@ static void run_chunked(env_t *e, const int32_t *tok, int n, int chunk, float *o
         fy_forward_seq_t f = {&bt, tok + done, k, done, k};
         assert_int_equal(fy_runner_forward(e->r, &f, 1, out + (long)done * vocab), FY_OK);
         done += k;
-        fy_kvm_seq_commit(e->kvm, &bt, tok, done);
+        fy_kvm_seq_commit(e->kvm, &bt, tok, done, NULL);
     }
     fy_kvm_seq_release(e->kvm, &bt);
     fy_kvm_seq_deinit(&bt);
@@ -328,7 +328,7 @@ static double ppl_of(const char *path, const int32_t *tok, int n, fy_dtype_t kv,
             nll += log(sum) + mx - l[tok[done + i + 1]];
         }
         done += k;
-        fy_kvm_seq_commit(kvm, &bt, tok, done);
+        fy_kvm_seq_commit(kvm, &bt, tok, done, NULL);
     }
     fy_kvm_seq_release(kvm, &bt);
     fy_kvm_seq_deinit(&bt);

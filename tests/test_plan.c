@@ -98,6 +98,28 @@ static void test_worked_examples(void **state)
     assert_int_equal(fy_kv_plan(&sm, &p), FY_OK);
     assert_int_equal(p.bytes_per_token, 23040);
     assert_int_equal(p.kv_mem, (int64_t)((double)((INT64_C(24) << 30) - 96576768) * 0.5));
+    /* Gemma 3 270M: 15 layers with a 512-token window, 3 global; at 8k a
+     * sliding layer holds its window and a 512-token step, 65 blocks of 16 */
+    int32_t win[18];
+    for (int i = 0; i < 18; i++) win[i] = i % 6 == 5 ? 0 : 512;
+    fy_kv_plan_in_t g3 = {.n_layers = 18,
+                          .n_kv_heads = 1,
+                          .head_dim = 256,
+                          .elem_bytes = 2,
+                          .block_size = 16,
+                          .kv_mem = INT64_C(1) << 30,
+                          .context = 8192,
+                          .windows = win,
+                          .step = 512};
+    assert_int_equal(fy_kv_plan(&g3, &p), FY_OK);
+    assert_int_equal(p.bytes_per_token, 18432);
+    const int64_t layer_block = 2 * 256 * 2 * 16; /* K and V of one layer, one block */
+    assert_int_equal(p.held_per_request, (3 * 512 + 15 * 65) * layer_block);
+    assert_int_equal(p.requests, 7);
+    assert_int_equal(p.requests_held, (INT64_C(1) << 30) / ((3 * 512 + 15 * 65) * layer_block));
+    g3.windows = NULL; /* all global: the same as every block kept */
+    assert_int_equal(fy_kv_plan(&g3, &p), FY_OK);
+    assert_int_equal(p.held_per_request, 512 * 18 * layer_block);
     /* nonsense is refused */
     fy_test_log_begin();
     sm.weights = INT64_C(25) << 30;

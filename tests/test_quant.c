@@ -369,8 +369,8 @@ static void test_embed_rows(void **state)
     uint64_t s = 5;
     int32_t tok[NT] = {0, 39, 7, 7, 21, 1}, pos[NT], slot[NT], table[4] = {0, 1, 2, 3};
     for (int i = 0; i < NT; i++) pos[i] = i, slot[i] = i;
-    fy_attn_seq_t seq = {0, NT, NT, 1, table};
-    fy_batch_meta_t m = {NT, tok, pos, slot, 1, &seq};
+    fy_attn_seq_t seq = {0, NT, NT, 1, table, 0};
+    fy_batch_meta_t m = {NT, tok, pos, slot, 1, &seq, 1};
     assert_int_equal(fy_backend_set_batch(be, &m), FY_OK);
     float *out = malloc(sizeof(float) * DIM * NT), *want = malloc(sizeof(float) * DIM);
     for (int ti = 0; ti < N_TYPES; ti++) {

@@ -499,14 +499,14 @@ static void verify_bits(const char *model)
         assert_int_equal(fy_kvm_seq_reserve(g.kvm, bts[t], P, NULL), FY_OK);
         fy_forward_seq_t f = {.bt = bts[t], .tokens = toks, .n_tokens = P, .pos = 0, .n_logits = 1};
         assert_int_equal(fy_runner_forward(g.r, &f, 1, last), FY_OK);
-        fy_kvm_seq_commit(g.kvm, bts[t], toks, P);
+        fy_kvm_seq_commit(g.kvm, bts[t], toks, P, NULL);
     }
     /* K tokens one at a time in a, all at once in b */
     for (int i = 0; i < K; i++) {
         assert_int_equal(fy_kvm_seq_reserve(g.kvm, &a, P + i + 1, NULL), FY_OK);
         fy_forward_seq_t f = {.bt = &a, .tokens = toks + P + i, .n_tokens = 1, .pos = P + i, .n_logits = 1};
         assert_int_equal(fy_runner_forward(g.r, &f, 1, one + (size_t)i * (size_t)g.vocab), FY_OK);
-        fy_kvm_seq_commit(g.kvm, &a, toks, P + i + 1);
+        fy_kvm_seq_commit(g.kvm, &a, toks, P + i + 1, NULL);
     }
     assert_int_equal(fy_kvm_seq_reserve(g.kvm, &b, P + K, NULL), FY_OK);
     fy_forward_seq_t f = {.bt = &b, .tokens = toks + P, .n_tokens = K, .pos = P, .n_logits = K};

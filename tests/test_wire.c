@@ -713,6 +713,23 @@ static void test_refusal_in_genspec(void **state)
 
 /* ---- rules across fields ------------------------------------------------------------------------------ */
 
+/* s's example, changed by edit, read under lim: accepted. */
+static void expect_read(const fy_wire_schema_t *s, void (*edit)(void *m), const fy_wire_lim_t *lim)
+{
+    void *m = example(s), *out = fy_calloc(1, fy_wire_size(s));
+    edit(m);
+    size_t len;
+    void *buf = write_msg(s, m, &len);
+    fy_msgr_t r;
+    fy_status_t st = read_msg(s, buf, len, lim, out, &r);
+    if (st != FY_OK) fail_msg("%s: got %s '%s', want it read", fy_wire_name(s), fy_status_str(st), r.err);
+    fy_msgr_free(&r);
+    fy_wire_clear(s, out);
+    fy_free(buf);
+    fy_free(out);
+    fy_free(m);
+}
+
 /* s's example, changed by edit, read under lim: refused with want in the text. */
 static void expect_rule(const fy_wire_schema_t *s, void (*edit)(void *m), const fy_wire_lim_t *lim, const char *want)
 {
@@ -749,6 +766,34 @@ static void prefill_block_too_many(void *p)
     m->first_block = 0, m->blocks = four, m->n_blocks = 4;
 }
 static void reserved_one_block_less(void *p) { ((fy_wire_reserved_t *)p)->n_blocks = 1; }
+/* two KV groups (kv.h): a table of the prompt's blocks from first_block for each */
+static int32_t g_two_groups[6] = {7, 8, 9, -1, -1, 12};
+static void prefill_two_groups(void *p)
+{
+    fy_wire_prefill_t *m = p;
+    m->first_block = 0, m->blocks = g_two_groups, m->n_blocks = 6;
+}
+static void prefill_two_groups_short(void *p)
+{
+    prefill_two_groups(p);
+    ((fy_wire_prefill_t *)p)->n_blocks = 5;
+}
+static void reserved_two_groups(void *p)
+{
+    fy_wire_reserved_t *m = p;
+    m->first_block = 0, m->blocks = g_two_groups, m->n_blocks = 6;
+}
+static void reserved_two_groups_short(void *p)
+{
+    reserved_two_groups(p);
+    ((fy_wire_reserved_t *)p)->n_blocks = 4;
+}
+static void reserved_below_none(void *p)
+{
+    static int32_t bad[3] = {7, -2, 9};
+    fy_wire_reserved_t *m = p;
+    m->first_block = 0, m->blocks = bad, m->n_blocks = 3;
+}
 static void progress_short(void *p) { ((fy_wire_progress_t *)p)->n_computed = 2; }
 static void adopt_two_words(void *p) { ((fy_wire_adopt_t *)p)->n_rng = 2; }
 static void prefilled_three_words(void *p) { ((fy_wire_prefilled_t *)p)->n_rng = 3; }
@@ -767,6 +812,19 @@ static void test_cross_field_rules(void **state)
     expect_rule(&fy_wire_prefill_schema, prefill_first_past_end, LIM, "from block 3 for a prompt of 3 blocks");
     expect_rule(&fy_wire_prefill_schema, prefill_block_too_many, LIM, "field 'blocks' has 4 entries; at most 3");
     expect_rule(&fy_wire_reserved_schema, reserved_one_block_less, LIM, "1 blocks from block 1 for a 3-block prompt");
+    /* KV groups: a table per group, -1 for a block a sliding group does not
+     * want; the count is checked against the reader's groups, or (a
+     * router, which forwards the list) against whole tables */
+    fy_wire_lim_t two = *LIM, any = *LIM;
+    two.kv_groups = 2, any.kv_groups = 0;
+    expect_read(&fy_wire_prefill_schema, prefill_two_groups, &two);
+    expect_read(&fy_wire_reserved_schema, reserved_two_groups, &any);
+    expect_rule(&fy_wire_prefill_schema, prefill_two_groups_short, &two,
+                "5 destination blocks from block 0 for a prompt of 3 blocks (2 kv groups)");
+    expect_rule(&fy_wire_prefill_schema, prefill_two_groups, LIM, "field 'blocks' has 6 entries; at most 3");
+    expect_rule(&fy_wire_reserved_schema, reserved_two_groups_short, &any,
+                "4 blocks from block 0 for a 3-block prompt (a table per kv group)");
+    expect_rule(&fy_wire_reserved_schema, reserved_below_none, &any, "blocks");
     expect_rule(&fy_wire_progress_schema, progress_short, LIM, "3 ids, 3 attempts and 2 computed counts");
     expect_rule(&fy_wire_adopt_schema, adopt_two_words, LIM, "field 'rng' must hold 4 words");
     expect_rule(&fy_wire_prefilled_schema, prefilled_three_words, LIM, "field 'rng' must hold 4 words");

@@ -8,7 +8,7 @@
 #include <string.h>
 
 const fy_wire_lim_t fy_test_wire_lim = {
-    .token_hi = 49151, .max_prompt = 4096, .max_ctx = 8192, .n_prompt = 40, .block_size = 16};
+    .token_hi = 49151, .max_prompt = 4096, .max_ctx = 8192, .n_prompt = 40, .block_size = 16, .kv_groups = 1};
 
 /* a 40-token prompt: three 16-token blocks */
 static int32_t g_prompt[40];

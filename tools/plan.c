@@ -9,6 +9,7 @@
 
 #include "cli.h"
 #include "commands.h"
+#include "kv.h"
 #include "kvplan.h"
 #include "log.h"
 #include "model.h"
@@ -35,6 +36,7 @@ int fy_cmd_plan(int argc, char **argv)
 {
     fy_kv_plan_in_t in = {.block_size = 16, .elem_bytes = 2};
     const char *model = NULL, *dtype = "f16";
+    int32_t windows[FY_KV_MAX_LAYERS], n_sliding = 0;
     bool weights_given = false;
     enum { O_LAYERS = 256, O_HEADS, O_DIM, O_KV_MEM, O_MEM, O_WEIGHTS, O_FRACTION, O_KVD, O_BS, O_CONTEXT };
     static const struct option opts[] = {
@@ -114,6 +116,11 @@ int fy_cmd_plan(int argc, char **argv)
         if (!weights_given) in.weights = (int64_t)fy_model_weight_bytes_per_token(m);
         if (!in.context) in.context = c->max_ctx;
         snprintf(shape, sizeof(shape), "%s", c->name);
+        for (int32_t i = 0; i < c->n_layers && i < FY_KV_MAX_LAYERS; i++) {
+            windows[i] = c->layer[i].window;
+            n_sliding += windows[i] > 0;
+        }
+        if (n_sliding) in.windows = windows;
         fy_model_destroy(m);
     } else if (!in.n_layers || !in.n_kv_heads || !in.head_dim) {
         fprintf(stderr, "ferry: plan needs --model or all of --layers, --kv-heads, --head-dim\n");
@@ -142,9 +149,17 @@ int fy_cmd_plan(int argc, char **argv)
     print_bytes("kv bytes per block", p.bytes_per_block);
     printf("%-28s %lld\n", "blocks that fit", (long long)p.blocks);
     printf("%-28s %lld\n", "tokens that fit", (long long)p.tokens);
-    if (in.context)
+    if (in.context && in.windows) {
+        printf("%-28s %d of %d, in KV groups of their own (kv.sliding_groups)\n", "sliding-window layers", n_sliding,
+               in.n_layers);
+        print_bytes("kv held per request", p.held_per_request);
+        printf("%-28s %lld\n", "requests of full context", (long long)p.requests_held);
+        printf("%-28s %lld (of %lld blocks each)\n", "  every block kept", (long long)p.requests,
+               (long long)p.blocks_per_request);
+    } else if (in.context) {
         printf("%-28s %lld (of %lld blocks each)\n", "requests of full context", (long long)p.requests,
                (long long)p.blocks_per_request);
+    }
     if (in.context) printf("%-28s %lld tokens\n", "context", (long long)in.context);
     return 0;
 }

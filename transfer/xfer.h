@@ -52,6 +52,9 @@ typedef struct fy_xfer_layout {
     int32_t order;        /* 1 = block-major [layer][k|v][kv_head][token][head_dim] */
     int32_t scale_format; /* 0 = no quantization scales; other values reserved for fp8/int8 KV */
     uint64_t block_bytes; /* bytes of one block in the arena */
+    int32_t n_groups;     /* KV groups (kv.h): block tables per sequence, each block of one group */
+    uint32_t groups;      /* digest of which layer is in which group, at which place, with which window
+                             (fy_kv_layout_groups_digest); 0 for one group of every layer */
 } fy_xfer_layout_t;
 
 #define FY_XFER_ORDER_BLOCK_MAJOR 1

@@ -79,6 +79,8 @@ const char *fy_xfer_layout_diff(const fy_xfer_layout_t *a, const fy_xfer_layout_
     if (a->order != b->order) return "order";
     if (a->scale_format != b->scale_format) return "scale_format";
     if (a->block_bytes != b->block_bytes) return "block_bytes";
+    if (a->n_groups != b->n_groups) return "n_groups";
+    if (a->groups != b->groups) return "groups";
     return NULL;
 }
 
@@ -106,6 +108,10 @@ bool fy_xfer_layout_explain(const fy_xfer_layout_t *here, const fy_xfer_layout_t
             h = here->head_dim, p = peer->head_dim;
         else if (!strcmp(f, "order"))
             h = here->order, p = peer->order;
+        else if (!strcmp(f, "n_groups"))
+            h = here->n_groups, p = peer->n_groups;
+        else if (!strcmp(f, "groups")) /* the same count, grouped differently (kv.sliding_groups, windows) */
+            h = (int32_t)here->groups, p = (int32_t)peer->groups;
         else
             h = here->scale_format, p = peer->scale_format;
         snprintf(buf, cap, "kv layout mismatch: %s is %d here, %d at the peer", f, h, p);
@@ -120,6 +126,8 @@ void fy_xfer_layout_pack(const fy_xfer_layout_t *l, uint8_t out[FY_XFER_LAYOUT_W
     const int32_t v[7] = {l->dtype, l->block_size, l->n_layers, l->n_kv_heads, l->head_dim, l->order, l->scale_format};
     for (int i = 0; i < 7; i++) put_u32(p + 4 * i, (uint32_t)v[i]);
     put_u64(p + 28, l->block_bytes);
+    put_u32(p + 36, (uint32_t)l->n_groups);
+    put_u32(p + 40, l->groups);
 }
 
 void fy_xfer_layout_unpack(const uint8_t in[FY_XFER_LAYOUT_WIRE_LEN], fy_xfer_layout_t *l)
@@ -135,6 +143,8 @@ void fy_xfer_layout_unpack(const uint8_t in[FY_XFER_LAYOUT_WIRE_LEN], fy_xfer_la
     l->order = (int32_t)get_u32(p + 20);
     l->scale_format = (int32_t)get_u32(p + 24);
     l->block_bytes = get_u64(p + 28);
+    l->n_groups = (int32_t)get_u32(p + 36);
+    l->groups = get_u32(p + 40);
 }
 
 /* ---- target blob ----------------------------------------------------------------------------- */

@@ -436,6 +436,8 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     xp.layout.order = FY_XFER_ORDER_BLOCK_MAJOR;
     xp.layout.scale_format = fy_kv_scale_format(lay);
     xp.layout.block_bytes = lay->block_bytes;
+    xp.layout.n_groups = lay->n_groups;
+    xp.layout.groups = fy_kv_layout_groups_digest(lay);
     xp.arena = fy_runner_kv_arena(n->stack.runner);
     xp.arena_bytes = (size_t)ks.tier[FY_KV_DEVICE].total * lay->block_bytes;
     xp.transports = transports && *transports ? transports : NULL;

@@ -67,11 +67,13 @@ typedef struct cpu_ctx {
     char *xq; /* max_tokens rows of fy_q8a_bytes(max_row): quantized activations */
     /* the current batch (copied by set_batch) */
     int32_t n_tokens, n_seqs;
-    int32_t *tokens, *pos, *slots, *tok_seq; /* [max_tokens] */
-    fy_attn_seq_t *seqs;                     /* [max_seqs] */
-    int32_t *block_tables;                   /* [max_blocks] */
-    fy_q8a_t *rows;                          /* [max_tokens] */
-    int32_t *ent_off;                        /* [max_tokens + 1] attention partial offsets */
+    int32_t *tokens, *pos, *tok_seq; /* [max_tokens] */
+    int32_t *slots;                  /* [n_groups][max_tokens] */
+    int32_t n_groups;
+    fy_attn_seq_t *seqs;   /* [max_seqs] */
+    int32_t *block_tables; /* [max_blocks] */
+    fy_q8a_t *rows;        /* [max_tokens] */
+    int32_t *ent_off;      /* [max_tokens + 1] attention partial offsets */
     /* this batch's rotation angles, one table per distinct rope of the
      * model's layers (local and global layers turn differently) */
     float *rope_cs, *rope_sn; /* [ROPE_SLOTS][max_tokens, head_dim / 2] */
@@ -113,7 +115,7 @@ static fy_status_t cpu_reserve(void *p, const fy_backend_reserve_t *r)
 {
     cpu_ctx_t *c = p;
     if (r->max_tokens < 1 || r->max_row < FY_QK || r->max_seqs < 1 || r->max_blocks < 1 || r->max_kv_len < 1 ||
-        r->n_heads < 1 || r->head_dim < 1) {
+        r->n_heads < 1 || r->head_dim < 1 || r->n_groups < 1 || r->n_groups > FY_KV_MAX_LAYERS) {
         fy_error("cpu backend: bad reservation (tokens %d, row %d, seqs %d, blocks %d, heads %d x %d)", r->max_tokens,
                  r->max_row, r->max_seqs, r->max_blocks, r->n_heads, r->head_dim);
         return FY_ERR_INVALID;
@@ -133,7 +135,7 @@ static fy_status_t cpu_reserve(void *p, const fy_backend_reserve_t *r)
         {(void **)&c->xq, xq_bytes},
         {(void **)&c->tokens, (size_t)r->max_tokens * sizeof(int32_t)},
         {(void **)&c->pos, (size_t)r->max_tokens * sizeof(int32_t)},
-        {(void **)&c->slots, (size_t)r->max_tokens * sizeof(int32_t)},
+        {(void **)&c->slots, (size_t)r->max_tokens * (size_t)r->n_groups * sizeof(int32_t)},
         {(void **)&c->tok_seq, (size_t)r->max_tokens * sizeof(int32_t)},
         {(void **)&c->seqs, (size_t)r->max_seqs * sizeof(fy_attn_seq_t)},
         {(void **)&c->block_tables, (size_t)r->max_blocks * sizeof(int32_t)},
@@ -270,18 +272,27 @@ static fy_status_t cpu_set_batch(void *p, const fy_batch_meta_t *m)
     }
     memcpy(c->tokens, m->tokens, (size_t)m->n_tokens * sizeof(int32_t));
     memcpy(c->pos, m->pos, (size_t)m->n_tokens * sizeof(int32_t));
-    memcpy(c->slots, m->slots, (size_t)m->n_tokens * sizeof(int32_t));
+    if (m->n_groups < 1 || m->n_groups > c->res.n_groups) {
+        fy_error("cpu backend: %d kv groups (reserved %d)", m->n_groups, c->res.n_groups);
+        return FY_ERR_INVALID;
+    }
+    memcpy(c->slots, m->slots, (size_t)m->n_tokens * (size_t)m->n_groups * sizeof(int32_t));
+    c->n_groups = m->n_groups;
     int32_t used = 0, covered = 0;
     for (int32_t s = 0; s < m->n_seqs; s++) {
         fy_attn_seq_t q = m->seqs[s];
         if (q.q_start != covered || q.n_q < 1 || q.q_start + q.n_q > m->n_tokens || q.kv_len < q.n_q ||
-            q.kv_len > c->res.max_kv_len || q.n_blocks < 1 || used + q.n_blocks > c->res.max_blocks) {
+            q.kv_len > c->res.max_kv_len || q.n_blocks < 1 || (m->n_groups > 1 && q.group_stride < q.n_blocks) ||
+            (int64_t)used + (int64_t)q.n_blocks * m->n_groups > c->res.max_blocks) {
             fy_error("cpu backend: inconsistent batch metadata for sequence %d", s);
             return FY_ERR_INVALID;
         }
-        memcpy(c->block_tables + used, q.block_table, (size_t)q.n_blocks * sizeof(int32_t));
+        for (int32_t g = 0; g < m->n_groups; g++)
+            memcpy(c->block_tables + used + g * q.n_blocks, q.block_table + (size_t)g * (size_t)q.group_stride,
+                   (size_t)q.n_blocks * sizeof(int32_t));
         q.block_table = c->block_tables + used;
-        used += q.n_blocks;
+        q.group_stride = q.n_blocks;
+        used += q.n_blocks * m->n_groups;
         c->seqs[s] = q;
         for (int32_t t = q.q_start; t < q.q_start + q.n_q; t++) c->tok_seq[t] = s;
         covered += q.n_q;
@@ -648,7 +659,7 @@ static void kv_rows(void *arg, int64_t b, int64_t e, int thread)
     const fy_kv_layout_t *L = j->lay;
     int64_t hd = L->head_dim;
     for (int64_t t = b; t < e; t++) {
-        int32_t slot = j->c->slots[t];
+        int32_t slot = j->c->slots[(int64_t)L->layer_group[j->layer] * j->c->n_tokens + t];
         int32_t block = slot / L->block_size, off = slot % L->block_size;
         for (int32_t h = 0; h < L->n_kv_heads; h++) {
             for (int is_v = 0; is_v < 2; is_v++) {
@@ -729,13 +740,14 @@ static void attn_segment(const attn_job_t *j, int32_t t, int32_t kvh, int32_t se
     const fy_kv_layout_t *L = j->lay;
     const fy_attn_seq_t *s = &c->seqs[c->tok_seq[t]];
     const int32_t hd = L->head_dim, bs = L->block_size, G = j->G, p = tok_pos(c, t);
+    const int32_t g_off = (int32_t)L->layer_group[j->layer] * s->group_stride;
     for (int32_t g = 0; g < G; g++) ml[g] = -INFINITY, ml[G + g] = 0.0f;
     memset(acc, 0, (size_t)G * hd * sizeof(float));
     const float *qt = j->q + ((size_t)t * j->n_heads + (size_t)kvh * G) * hd;
     int32_t last = (seg + 1) * ATTN_SEG < p + 1 ? (seg + 1) * ATTN_SEG : p + 1;
     int32_t lo = win_lo(j->window, p), start = seg * ATTN_SEG > lo ? seg * ATTN_SEG : lo;
     for (int32_t pos = start; pos < last;) {
-        int32_t id = s->block_table[pos / bs], off = pos % bs;
+        int32_t id = s->block_table[g_off + pos / bs], off = pos % bs;
         int32_t nk = last - pos < bs - off ? last - pos : bs - off;
         const char *kb = j->arena + fy_kv_offset(L, id, j->layer, 0, kvh) + (size_t)off * L->row_bytes;
         const char *vb = j->arena + fy_kv_offset(L, id, j->layer, 1, kvh) + (size_t)off * L->row_bytes;

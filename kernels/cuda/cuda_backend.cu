@@ -86,7 +86,8 @@ typedef struct cuda_ctx {
     fy_backend_reserve_t res;
     bool reserved;
     /* the batch: one pinned staging buffer and its device twin, laid out
-     * tokens | pos | slots | apos [max_tokens] | seqs [max_seqs] | block_tables [max_blocks] */
+     * tokens | pos | apos [max_tokens] | slots [n_groups][max_tokens] | seqs [max_seqs] |
+     * block_tables [max_blocks] (each sequence's groups one after another) */
     int32_t *meta_pinned, *meta_dev;
     size_t meta_ints;
     int32_t *tokens_dev, *pos_dev, *slots_dev, *apos_dev, *bt_dev;
@@ -151,7 +152,8 @@ static fy_status_t cuda_reserve(void *p, const fy_backend_reserve_t *r)
     CK(cudaStreamSynchronize(c->stream), "synchronizing before reserve");
     free_work(c);
     const size_t T = (size_t)r->max_tokens, seq_ints = sizeof(fy_cuda_seq_t) / sizeof(int32_t);
-    c->meta_ints = 4 * T + (size_t)r->max_seqs * seq_ints + (size_t)r->max_blocks;
+    const size_t NG = (size_t)(r->n_groups > 0 ? r->n_groups : 1);
+    c->meta_ints = (3 + NG) * T + (size_t)r->max_seqs * seq_ints + (size_t)r->max_blocks;
     c->max_segs = (r->max_kv_len - 1) / FY_CUDA_ATTN_SEG + 1;
     const size_t parts = T * (size_t)r->n_heads * (size_t)c->max_segs;
     c->seqs_host = (fy_cuda_seq_t *)fy_calloc((size_t)r->max_seqs, sizeof(fy_cuda_seq_t));
@@ -190,10 +192,10 @@ static fy_status_t cuda_reserve(void *p, const fy_backend_reserve_t *r)
     }
     c->tokens_dev = c->meta_dev;
     c->pos_dev = c->meta_dev + T;
-    c->slots_dev = c->meta_dev + 2 * T;
-    c->apos_dev = c->meta_dev + 3 * T;
-    c->seqs_dev = (fy_cuda_seq_t *)(c->meta_dev + 4 * T);
-    c->bt_dev = c->meta_dev + 4 * T + (size_t)r->max_seqs * seq_ints;
+    c->apos_dev = c->meta_dev + 2 * T;
+    c->slots_dev = c->meta_dev + 3 * T;
+    c->seqs_dev = (fy_cuda_seq_t *)(c->meta_dev + (3 + NG) * T);
+    c->bt_dev = c->meta_dev + (3 + NG) * T + (size_t)r->max_seqs * seq_ints;
     c->res = *r;
     c->reserved = true;
     return FY_OK;
@@ -383,24 +385,31 @@ static fy_status_t cuda_set_batch(void *p, const fy_batch_meta_t *m)
     }
     /* the previous upload must be done reading the staging buffer */
     CK(cudaEventSynchronize(c->meta_done), "waiting for the previous batch upload");
-    const size_t T = (size_t)c->res.max_tokens;
-    int32_t *tokens = c->meta_pinned, *pos = tokens + T, *slots = pos + T, *apos = slots + T;
-    fy_cuda_seq_t *seqs = (fy_cuda_seq_t *)(tokens + 4 * T);
+    if (m->n_groups < 1 || m->n_groups > c->res.n_groups) {
+        fy_error("cuda backend: %d kv groups (reserved %d)", m->n_groups, c->res.n_groups);
+        return FY_ERR_INVALID;
+    }
+    const size_t T = (size_t)c->res.max_tokens, NG = (size_t)c->res.n_groups;
+    int32_t *tokens = c->meta_pinned, *pos = tokens + T, *apos = pos + T, *slots = apos + T;
+    fy_cuda_seq_t *seqs = (fy_cuda_seq_t *)(tokens + (3 + NG) * T);
     int32_t *bt = (int32_t *)(seqs + c->res.max_seqs);
     memcpy(tokens, m->tokens, (size_t)m->n_tokens * sizeof(int32_t));
     memcpy(pos, m->pos, (size_t)m->n_tokens * sizeof(int32_t));
-    memcpy(slots, m->slots, (size_t)m->n_tokens * sizeof(int32_t));
+    memcpy(slots, m->slots, (size_t)m->n_tokens * (size_t)m->n_groups * sizeof(int32_t));
     int32_t used = 0, covered = 0, max_pos = 0;
     for (int32_t s = 0; s < m->n_seqs; s++) {
         const fy_attn_seq_t q = m->seqs[s];
         if (q.q_start != covered || q.n_q < 1 || q.q_start + q.n_q > m->n_tokens || q.kv_len < q.n_q ||
-            q.kv_len > c->res.max_kv_len || q.n_blocks < 1 || used + q.n_blocks > c->res.max_blocks) {
+            q.kv_len > c->res.max_kv_len || q.n_blocks < 1 || (m->n_groups > 1 && q.group_stride < q.n_blocks) ||
+            (int64_t)used + (int64_t)q.n_blocks * m->n_groups > c->res.max_blocks) {
             fy_error("cuda backend: inconsistent batch metadata for sequence %d", s);
             return FY_ERR_INVALID;
         }
-        memcpy(bt + used, q.block_table, (size_t)q.n_blocks * sizeof(int32_t));
+        for (int32_t g = 0; g < m->n_groups; g++)
+            memcpy(bt + used + g * q.n_blocks, q.block_table + (size_t)g * (size_t)q.group_stride,
+                   (size_t)q.n_blocks * sizeof(int32_t));
         seqs[s] = (fy_cuda_seq_t){q.q_start, q.n_q, q.kv_len, q.n_blocks, used};
-        used += q.n_blocks;
+        used += q.n_blocks * m->n_groups;
         for (int32_t t = q.q_start; t < q.q_start + q.n_q; t++) apos[t] = q.kv_len - q.n_q + (t - q.q_start);
         if (q.kv_len - 1 > max_pos) max_pos = q.kv_len - 1;
         covered += q.n_q;
@@ -573,9 +582,10 @@ static fy_status_t cuda_kv_write(void *p, const fy_kv_layout_t *lay, void *arena
         fy_error("cuda backend: kv dtype %s unsupported (f32, f16)", fy_dtype_name(lay->dtype));
         return FY_ERR_UNSUPPORTED;
     }
-    CK(fy_cuda_kv_write(arena, c->slots_dev, c->n_tokens, k, v, lay->n_kv_heads, lay->head_dim, lay->block_size,
-                        lay->block_bytes, lay->layer_bytes, lay->kv_bytes, lay->head_bytes, layer,
-                        lay->dtype == FY_DTYPE_F16, c->stream),
+    /* the slots of the layer's group; the layer's place in that group's blocks */
+    CK(fy_cuda_kv_write(arena, c->slots_dev + (size_t)lay->layer_group[layer] * (size_t)c->n_tokens, c->n_tokens, k, v,
+                        lay->n_kv_heads, lay->head_dim, lay->block_size, lay->block_bytes, lay->layer_bytes,
+                        lay->kv_bytes, lay->head_bytes, lay->layer_slot[layer], lay->dtype == FY_DTYPE_F16, c->stream),
        "launching kv_write");
     return FY_OK;
 }
@@ -630,7 +640,8 @@ static fy_status_t cuda_attention(void *p, const fy_kv_layout_t *lay, const void
     a.n_tiles = n_tiles;
     a.max_segs = c->max_segs;
     a.block_size = lay->block_size;
-    a.layer = layer;
+    a.layer = lay->layer_slot[layer]; /* its place in its group's blocks */
+    a.group = lay->layer_group[layer];
     a.f16 = lay->dtype == FY_DTYPE_F16;
     a.block_bytes = lay->block_bytes;
     a.layer_bytes = lay->layer_bytes;

@@ -265,7 +265,7 @@ static __global__ void __launch_bounds__(FY_CUDA_ATTN_THREADS) attn_part_kernel(
     const int32_t hi = min(lo + FY_CUDA_ATTN_SEG, last + 1);
     const int32_t wlo = attn_win_lo(a.window, a.apos[t0]); /* the earliest key any row of the tile sees */
     if (hi <= wlo) return;                                 /* the segment lies before every row's window */
-    const int32_t *bt = a.block_tables + sd.bt_off;
+    const int32_t *bt = a.block_tables + sd.bt_off + (size_t)a.group * sd.n_blocks;
     const int tid = threadIdx.x;
     const size_t elem = a.f16 ? 2 : 4;
 

@@ -33,7 +33,7 @@ extern "C" {
 /* One sequence of the batch as the device sees it. */
 typedef struct fy_cuda_seq {
     int32_t q_start, n_q, kv_len, n_blocks;
-    int32_t bt_off; /* first entry of its block table in the batch's block_tables */
+    int32_t bt_off; /* first entry of its block tables (n_blocks per group) in the batch's block_tables */
 } fy_cuda_seq_t;
 
 /* y[i] = bf16(x[i]); y: [n] __nv_bfloat16 */
@@ -84,7 +84,9 @@ typedef struct fy_cuda_attn_args {
     float *pm, *pl, *pacc;
     float *out;
     int32_t n_seqs, n_tokens, n_heads, n_kv, hd, G, qt, n_tiles, max_segs;
-    int32_t block_size, layer, f16;
+    int32_t block_size, f16;
+    int32_t layer;  /* the layer's place in its group's blocks */
+    int32_t group;  /* its KV group: table g of a sequence starts at bt_off + g * n_blocks */
     int32_t window; /* 0: global; W: a query at p sees p - W + 1 .. p */
     size_t block_bytes, layer_bytes, kv_bytes, head_bytes;
     float scale;

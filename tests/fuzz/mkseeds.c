@@ -813,7 +813,8 @@ static void transfer(void)
                           .head_dim = 64,
                           .order = FY_XFER_ORDER_BLOCK_MAJOR,
                           .scale_format = 0,
-                          .block_bytes = 368640};
+                          .block_bytes = 368640,
+                          .n_groups = 1};
     snprintf(l.model_id, sizeof(l.model_id), "SmolLM2-135M@3f9a0c1d");
     fy_xfer_hello_t h = {.cookie = 0x1122334455667788ull, .layout = l};
     snprintf(h.name, sizeof(h.name), "prefill-0");
@@ -833,6 +834,13 @@ static void transfer(void)
     fy_xfer_layout_pack(&l, two);
     fy_xfer_layout_pack(&r.layout, two + FY_XFER_LAYOUT_WIRE_LEN);
     put("xfer_hello", "two-layouts", two, sizeof(two));
+    /* Gemma 3's KV groups against the same model with one table for every layer */
+    fy_xfer_layout_t g = l, one = l;
+    g.n_layers = one.n_layers = 18, g.n_kv_heads = one.n_kv_heads = 1, g.head_dim = one.head_dim = 256;
+    g.n_groups = 6, g.groups = 0x5eed6a11u, g.block_bytes = 49152, one.block_bytes = 294912;
+    fy_xfer_layout_pack(&g, two);
+    fy_xfer_layout_pack(&one, two + FY_XFER_LAYOUT_WIRE_LEN);
+    put("xfer_hello", "two-layouts-groups", two, sizeof(two));
 }
 
 /* ---- HTTP bodies (first byte: 0 completions, 1 chat) ------------------------------------------------------------ */
