@@ -165,10 +165,14 @@ int fy_cmd_bench_window(int argc, char **argv)
     int64_t kv_mem = INT64_C(256) << 20;
     enum { O_CONTEXT = 256, O_KV_MEM, O_CHUNK, O_DECODE, O_THREADS };
     static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},       {"context", required_argument, 0, O_CONTEXT},
-        {"kv-mem", required_argument, 0, O_KV_MEM}, {"chunk", required_argument, 0, O_CHUNK},
-        {"decode", required_argument, 0, O_DECODE}, {"threads", required_argument, 0, O_THREADS},
-        {"help", no_argument, 0, 'h'},              {0, 0, 0, 0},
+        {"model", required_argument, 0, 'm'},
+        {"context", required_argument, 0, O_CONTEXT},
+        {"kv-mem", required_argument, 0, O_KV_MEM},
+        {"chunk", required_argument, 0, O_CHUNK},
+        {"decode", required_argument, 0, O_DECODE},
+        {"threads", required_argument, 0, O_THREADS},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     int opt;
     optind = 1;
@@ -234,9 +238,8 @@ int fy_cmd_bench_window(int argc, char **argv)
                (double)w[0].held_end / (double)w[1].held_end, (double)w[0].held_peak / (double)w[1].held_peak,
                (double)w[0].promised / (double)w[1].promised,
                w[1].admitted ? (double)w[0].admitted / (double)w[1].admitted : 0.0,
-               w[0].last_argmax == w[1].last_argmax && w[0].last_logit_max == w[1].last_logit_max
-                   ? "and logit the same"
-                   : "DIFFERS");
+               w[0].last_argmax == w[1].last_argmax && w[0].last_logit_max == w[1].last_logit_max ? "and logit the same"
+                                                                                                  : "DIFFERS");
         if (w[0].last_argmax != w[1].last_argmax || w[0].last_logit_max != w[1].last_logit_max) rc = 1;
     }
     fy_backend_destroy(be);

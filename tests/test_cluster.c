@@ -408,6 +408,81 @@ static void test_layout_mismatch(void **state)
     tc_stop(&c);
 }
 
+/* ---- sliding-window KV groups across the transfer ---- */
+
+/* Gemma 3 (five local layers with a 512-token window per global one),
+ * disaggregated: long prompts whose sliding groups the prefill worker
+ * drops as it goes, a repeat that hits the decode worker's prefix cache
+ * with only the window's blocks, tokens equal to the single-process
+ * engine's; the prefill worker shipped only the blocks decode reads, well
+ * under every layer's blocks; every block back.  Then a decode worker
+ * with kv.sliding_groups = false: the transfer is refused by name. */
+static void test_sliding_groups_across_transfer(void **state)
+{
+    if (!tc_available()) skip();
+    const char *gemma = getenv("FERRY_GEMMA_MODEL");
+    if (!gemma) gemma = "models/gemma-3-270m-q4_k_m.gguf";
+    if (access(gemma, R_OK) != 0) {
+        print_message("skipped: %s not found (make model MODEL=gemma3-270m)\n", gemma);
+        skip();
+    }
+    enum { N = 4 };
+    static int32_t prompts[N][1100];
+    int32_t lens[N] = {40, 700, 1100, 1100}, max_tokens[N] = {6, 6, 6, 6};
+    int32_t *pp[N];
+    for (int i = 0; i < N; i++) {
+        make_prompt(prompts[i], lens[i], 4200 + (uint64_t)(i == 3 ? 2 : i));
+        pp[i] = prompts[i];
+    }
+    static tc_result_t ref[N], got[N];
+    tc_reference(gemma, pp, lens, max_tokens, N, ref);
+    char model_set[600];
+    snprintf(model_set, sizeof(model_set), "model.path=%s", gemma);
+    tc_cluster_t c;
+    tc_opts_t o = {.n_prefill = 1, .n_decode = 1, .common = {model_set}, .metrics = true};
+    tc_start(&c, &o);
+    char names[8][64];
+    int32_t adm[8];
+    int nd = decode_admittable(&c, names, adm);
+    for (int i = 0; i < N; i++) { /* one at a time: the repeat finds the first one's blocks */
+        fy_client_stream_t s = submit(&c, prompts[i], lens[i], max_tokens[i]);
+        tc_collect(&c, &s, &got[i], 1, 240);
+        expect_same(&ref[i], &got[i], i);
+    }
+    char *body = NULL;
+    assert_int_equal(tc_http(c.metrics_port[0], "GET", "/metrics", &body), 200);
+    double shipped = tc_metric(body, "ferry:kv_transfer_bytes_total");
+    double dropped = tc_metric(body, "ferry:kv_window_dropped_blocks_total");
+    assert_int_equal((int)tc_metric(body, "ferry:kv_groups{window=\"sliding\"}"), 5);
+    fy_free(body);
+    /* every layer's K and V for every prompt token: 18 x 2 x 256 x 2 bytes */
+    double all = 0;
+    for (int i = 0; i < N; i++) all += (double)((lens[i] + 15) / 16 * 16) * 18 * 2 * 256 * 2;
+    print_message("prefill shipped %.0f bytes, %.2f of every layer's blocks; dropped %.0f blocks\n", shipped,
+                  shipped / all, dropped);
+    assert_true(shipped > 0 && shipped < 0.8 * all);
+    assert_true(dropped > 0);
+    assert_int_equal(tc_http(c.metrics_port[1], "GET", "/metrics", &body), 200);
+    assert_true(tc_metric(body, "ferry:prefix_cache_hits_total") >= 1024); /* the repeat */
+    fy_free(body);
+    expect_pools_back(&c, names, adm, nd);
+    tc_stop(&c);
+    /* a decode worker that keeps one table for every layer cannot take
+     * the prefill worker's blocks */
+    tc_opts_t m = {
+        .n_prefill = 1, .n_decode = 1, .common = {model_set}, .per_worker = {{NULL}, {"kv.sliding_groups=false"}}};
+    tc_start(&c, &m);
+    nd = decode_admittable(&c, names, adm);
+    fy_client_stream_t s = submit(&c, prompts[0], lens[0], 4);
+    tc_result_t bad = {0};
+    tc_collect(&c, &s, &bad, 1, 60);
+    print_message("request ended: %s\n", bad.message);
+    assert_true(bad.error != FY_OK);
+    assert_true(strstr(bad.message, "n_groups") || strstr(bad.message, "blocks"));
+    expect_pools_back(&c, names, adm, nd);
+    tc_stop(&c);
+}
+
 /* ---- garbage on every socket ---- */
 
 static void send_raw_unix(const char *url, const void *buf, size_t len)
@@ -736,6 +811,7 @@ int main(void)
         cmocka_unit_test_teardown(test_decode_killed_mid_stream, teardown),
         cmocka_unit_test_teardown(test_lease_renewed_and_expires, teardown),
         cmocka_unit_test_teardown(test_layout_mismatch, teardown),
+        cmocka_unit_test_teardown(test_sliding_groups_across_transfer, teardown),
         cmocka_unit_test_teardown(test_garbage_everywhere, teardown),
         cmocka_unit_test_teardown(test_forged_messages, teardown),
     };
