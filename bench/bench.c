@@ -193,14 +193,14 @@ static fy_status_t run_model(const fy_model_t *m, int threads, const char *isa, 
 
     for (int rep = -1; rep < reps; rep++) { /* rep -1 warms caches and page tables */
         if ((st = fy_kvm_seq_reserve(kvm, &bt, rp.max_ctx, NULL))) goto out;
-        fy_forward_seq_t f = {&bt, prompt, n_prompt, 0, 1};
+        fy_forward_seq_t f = {&bt, prompt, n_prompt, 0, 1, NULL};
         double t = now_s();
         if ((st = fy_runner_forward(r, &f, 1, logits))) goto out;
         t = now_s() - t;
         int32_t tok = fy_argmax(logits, c->vocab_size);
         double t2 = now_s();
         for (int i = 0; i < n_gen; i++) {
-            fy_forward_seq_t d = {&bt, &tok, 1, n_prompt + i, 1};
+            fy_forward_seq_t d = {&bt, &tok, 1, n_prompt + i, 1, NULL};
             if ((st = fy_runner_forward(r, &d, 1, logits))) goto out;
             tok = fy_argmax(logits, c->vocab_size);
         }
@@ -216,12 +216,12 @@ static fy_status_t run_model(const fy_model_t *m, int threads, const char *isa, 
     /* one more decode run with per-op timing, for the breakdown */
     if ((st = fy_kvm_seq_reserve(kvm, &bt, rp.max_ctx, NULL))) goto out;
     {
-        fy_forward_seq_t f = {&bt, prompt, n_prompt, 0, 1};
+        fy_forward_seq_t f = {&bt, prompt, n_prompt, 0, 1, NULL};
         if ((st = fy_runner_forward(r, &f, 1, logits))) goto out;
         int32_t tok = fy_argmax(logits, c->vocab_size);
         fy_backend_profile_enable(be, true);
         for (int i = 0; i < n_gen; i++) {
-            fy_forward_seq_t d = {&bt, &tok, 1, n_prompt + i, 1};
+            fy_forward_seq_t d = {&bt, &tok, 1, n_prompt + i, 1, NULL};
             if ((st = fy_runner_forward(r, &d, 1, logits))) goto out;
             tok = fy_argmax(logits, c->vocab_size);
         }

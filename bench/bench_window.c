@@ -77,7 +77,7 @@ static fy_status_t run_one(const fy_model_t *model, fy_backend_t *be, bool group
     /* the arena holds this one request with every block kept, and the
      * admission count below uses a kvm of kv_mem */
     int64_t pages = ((int64_t)total + lay.block_size - 1) / lay.block_size * lay.n_groups;
-    rp.n_kv_blocks = (int32_t)pages;
+    rp.n_kv_blocks = (int32_t)(pages / lay.n_groups);
     fy_runner_t *r = NULL;
     fy_kv_hasher_t *h = NULL;
     fy_kvm_t *m = NULL, *budget = NULL;
@@ -127,7 +127,7 @@ static fy_status_t run_one(const fy_model_t *model, fy_backend_t *be, bool group
         }
         int64_t used = used_bytes(m);
         if (used > out->held_peak) out->held_peak = used;
-        fy_forward_seq_t f = {&bt, tok + n, k, n, last ? 1 : 0};
+        fy_forward_seq_t f = {&bt, tok + n, k, n, last ? 1 : 0, NULL};
         if ((st = fy_runner_forward(r, &f, 1, logits))) goto done;
         n += k;
         fy_kvm_seq_commit(m, &bt, tok, n, &resv);

@@ -131,7 +131,7 @@ fy_status_t fy_engine_stack_create(const fy_model_t *m, const fy_engine_build_t 
     if (b->host_kv_mem > 0) { /* the host tier (swap preemption), in whole blocks */
         fy_kv_layout_t lay;
         if ((st = fy_runner_layout_for(m, fy_model_config(m)->n_layers, &rp, &lay))) return st;
-        rp.n_host_blocks = (int32_t)(b->host_kv_mem / (int64_t)lay.block_bytes);
+        rp.n_host_blocks = (int32_t)(b->host_kv_mem / ((int64_t)lay.block_bytes * lay.n_groups));
     }
     fy_backend_params_t bp = {.n_threads = b->threads, .isa = b->isa};
     if ((st = fy_backend_create_device(b->device, &bp, &s.be)) || (st = fy_runner_create(m, s.be, &rp, &s.runner)))

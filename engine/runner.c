@@ -31,8 +31,10 @@ struct fy_runner {
     const fy_runner_t *shared; /* the runner whose device weights this one borrows, or NULL */
     fy_backend_reserve_t res;  /* what this runner asked of the backend */
     fy_kv_layout_t kv;
-    void *arena;      /* device: n_kv_blocks * kv.block_bytes */
-    void *host_arena; /* host tier: n_host_blocks * kv.block_bytes */
+    void *arena;      /* device: n_pages * kv.block_bytes */
+    void *host_arena; /* host tier: n_host_pages * kv.block_bytes */
+    int32_t n_pages;  /* the pool's blocks: n_kv_blocks of every layer, n_groups pages each */
+    int32_t n_host_pages;
 
     /* device copies of the weights */
     fy_tensor_t tok_embd, out_norm, output;
@@ -107,8 +109,8 @@ void fy_runner_kvm_params(fy_runner_t *r, fy_kvm_params_t *p)
 {
     *p = (fy_kvm_params_t){
         .layout = r->kv,
-        .n_device_blocks = r->p.n_kv_blocks,
-        .n_host_blocks = r->p.n_host_blocks,
+        .n_device_blocks = r->n_pages,
+        .n_host_blocks = r->n_host_pages,
         .host_arena = r->host_arena,
         .copy = kv_copy,
         .copy_arg = r,
@@ -196,26 +198,34 @@ static fy_status_t runner_create(const fy_model_t *model, fy_backend_t *be, cons
             if ((st = fy_backend_mem_info(be, &total, &avail))) goto fail;
             budget = (int64_t)((double)avail * p.kv_mem_fraction);
         }
-        int64_t blocks = budget / (int64_t)r->kv.block_bytes;
+        size_t all_layers = r->kv.block_bytes * (size_t)r->kv.n_groups;
+        int64_t blocks = budget / (int64_t)all_layers;
         if (blocks < 1) {
-            fy_error("runner: a kv budget of %lld bytes holds no %zu-byte block", (long long)budget, r->kv.block_bytes);
+            fy_error("runner: a kv budget of %lld bytes holds no %zu-byte block", (long long)budget, all_layers);
             st = FY_ERR_NO_SPACE;
             goto fail;
         }
-        r->p.n_kv_blocks = p.n_kv_blocks = blocks > INT32_MAX / 2 ? INT32_MAX / 2 : (int32_t)blocks;
+        int64_t most = INT32_MAX / 2 / r->kv.n_groups;
+        r->p.n_kv_blocks = p.n_kv_blocks = blocks > most ? (int32_t)most : (int32_t)blocks;
         fy_info("runner: kv arena of %d blocks (%lld MiB) from a budget of %lld MiB", p.n_kv_blocks,
-                (long long)((int64_t)p.n_kv_blocks * (int64_t)r->kv.block_bytes >> 20), (long long)(budget >> 20));
+                (long long)((int64_t)p.n_kv_blocks * (int64_t)all_layers >> 20), (long long)(budget >> 20));
     }
+    /* the pool counts pages of one KV group; a block of every layer is
+     * n_groups of them (the same bytes) */
     size_t arena_bytes;
-    if (!fy_mul_size((size_t)p.n_kv_blocks, r->kv.block_bytes, &arena_bytes)) {
-        fy_error("runner: kv arena of %d blocks overflows", p.n_kv_blocks);
+    if ((int64_t)p.n_kv_blocks * r->kv.n_groups > INT32_MAX / 2 ||
+        (int64_t)p.n_host_blocks * r->kv.n_groups > INT32_MAX / 2 ||
+        !fy_mul_size((size_t)p.n_kv_blocks * (size_t)r->kv.n_groups, r->kv.block_bytes, &arena_bytes)) {
+        fy_error("runner: kv arena of %d blocks (or a host tier of %d) overflows", p.n_kv_blocks, p.n_host_blocks);
         st = FY_ERR_INVALID;
         goto fail;
     }
+    r->n_pages = p.n_kv_blocks * r->kv.n_groups;
+    r->n_host_pages = p.n_host_blocks * r->kv.n_groups;
     if ((st = fy_backend_alloc(be, arena_bytes, &r->arena))) goto fail;
     if (p.n_host_blocks > 0) {
         size_t host_bytes;
-        if (!fy_mul_size((size_t)p.n_host_blocks, r->kv.block_bytes, &host_bytes)) {
+        if (!fy_mul_size((size_t)r->n_host_pages, r->kv.block_bytes, &host_bytes)) {
             fy_error("runner: host kv tier of %d blocks overflows", p.n_host_blocks);
             st = FY_ERR_INVALID;
             goto fail;

@@ -29,10 +29,12 @@ typedef struct fy_runner_params {
     int32_t max_seqs;         /* sequences per forward */
     int32_t max_logits;       /* logit rows per forward */
     int32_t max_ctx;          /* longest sequence; 0: the model's trained context */
-    int32_t n_kv_blocks;      /* blocks in the device KV arena; 0: from kv_mem or kv_mem_fraction */
+    int32_t n_kv_blocks;      /* blocks of block_size tokens of every layer in the device KV arena (with KV
+                                 groups, the pool counts n_groups pages for each); 0: from kv_mem or
+                                 kv_mem_fraction */
     int64_t kv_mem;           /* device KV budget in bytes, when n_kv_blocks is 0 */
     double kv_mem_fraction;   /* else this share of the device memory free after the weights */
-    int32_t n_host_blocks;    /* blocks in the host tier (0: none) */
+    int32_t n_host_blocks;    /* blocks of every layer in the host tier (0: none) */
     int32_t block_size;       /* tokens per block: 8, 16, 32 */
     fy_dtype_t kv_dtype;      /* f32 or f16 */
     bool kv_one_group;        /* one KV group of every layer: sliding layers keep all their blocks
@@ -51,6 +53,8 @@ typedef struct fy_forward_seq {
     int32_t n_tokens;
     int32_t pos;      /* position of tokens[0]: tokens already in the KV cache */
     int32_t n_logits; /* logits for the last n_logits of the new tokens (0..n_tokens) */
+    float *scores;    /* H2O (evict.h): adds the attention mass each of its blocks received in this pass
+                         (all layers and heads, its query rows) into scores[block]; NULL: none */
 } fy_forward_seq_t;
 
 /* The model and backend must outlive the runner. */

@@ -98,7 +98,7 @@ static void run_chunked(env_t *e, const int32_t *tok, int n, int chunk, float *o
                 fail_msg("group %d (window %d) holds %d blocks at %d + %d tokens; at most %d", g, w, held, done, k,
                          most);
         }
-        fy_forward_seq_t f = {&bt, tok + done, k, done, k};
+        fy_forward_seq_t f = {&bt, tok + done, k, done, k, NULL};
         assert_int_equal(fy_runner_forward(e->r, &f, 1, out + (long)done * vocab), FY_OK);
         done += k;
         fy_kvm_seq_commit(e->kvm, &bt, tok, done, NULL);
@@ -673,12 +673,12 @@ static void test_batch_and_thread_invariance(void **state)
             assert_int_equal(fy_kvm_seq_reserve(e.kvm, &bt[s], lens[s], NULL), FY_OK);
             float dummy;
             if (threads == 1) { /* alone: prefill, then decode the last token */
-                fy_forward_seq_t p = {&bt[s], tok[s], lens[s] - 1, 0, 0};
+                fy_forward_seq_t p = {&bt[s], tok[s], lens[s] - 1, 0, 0, NULL};
                 assert_int_equal(fy_runner_forward(e.r, &p, 1, &dummy), FY_OK);
-                fy_forward_seq_t d = {&bt[s], tok[s] + lens[s] - 1, 1, lens[s] - 1, 1};
+                fy_forward_seq_t d = {&bt[s], tok[s] + lens[s] - 1, 1, lens[s] - 1, 1, NULL};
                 assert_int_equal(fy_runner_forward(e.r, &d, 1, alone + (long)s * tm.vocab), FY_OK);
             }
-            f[s] = (fy_forward_seq_t){&bt[s], tok[s], lens[s] - 1, 0, 0};
+            f[s] = (fy_forward_seq_t){&bt[s], tok[s], lens[s] - 1, 0, 0, NULL};
         }
         if (threads == 1) {
             for (int s = 0; s < NS; s++) fy_kvm_seq_release(e.kvm, &bt[s]), fy_kvm_seq_deinit(&bt[s]);
@@ -690,7 +690,7 @@ static void test_batch_and_thread_invariance(void **state)
         }
         float dummy;
         assert_int_equal(fy_runner_forward(e.r, f, NS, &dummy), FY_OK);
-        for (int s = 0; s < NS; s++) f[s] = (fy_forward_seq_t){&bt[s], tok[s] + lens[s] - 1, 1, lens[s] - 1, 1};
+        for (int s = 0; s < NS; s++) f[s] = (fy_forward_seq_t){&bt[s], tok[s] + lens[s] - 1, 1, lens[s] - 1, 1, NULL};
         assert_int_equal(fy_runner_forward(e.r, f, NS, batched), FY_OK);
         assert_memory_equal(batched, alone, sizeof(float) * NS * (size_t)tm.vocab);
         for (int s = 0; s < NS; s++) fy_kvm_seq_release(e.kvm, &bt[s]), fy_kvm_seq_deinit(&bt[s]);

@@ -90,12 +90,7 @@ static void engine_open(engine_t *e, int threads, int32_t batch, int32_t max_seq
     rp.max_seqs = max_seqs;
     rp.max_logits = max_logits;
     rp.max_ctx = 1024;
-    /* three 1,024-token sequences with every block kept: the arena counts
-     * pages of one KV group (a sixth of the layers with Gemma 3's groups) */
-    fy_kv_layout_t lay;
-    assert_int_equal(fy_runner_layout_for(g_model, fy_model_config(g_model)->n_layers, &rp, &lay), FY_OK);
-    assert_int_equal(lay.n_groups, 6);
-    rp.n_kv_blocks = 3 * 1024 / 16 * lay.n_groups;
+    rp.n_kv_blocks = 3 * 1024 / 16;
     assert_int_equal(fy_runner_create(g_model, e->be, &rp, &e->r), FY_OK);
     fy_kvm_params_t kp;
     fy_runner_kvm_params(e->r, &kp);
@@ -155,7 +150,7 @@ static void run_rows(engine_t *e, const int32_t *ids, int32_t n, int32_t chunk, 
         }
         assert_int_equal(fy_kvm_seq_reserve(e->kvm, &bt, done + k, NULL), FY_OK);
         float dummy;
-        fy_forward_seq_t f = {&bt, ids + done, k, done, want};
+        fy_forward_seq_t f = {&bt, ids + done, k, done, want, NULL};
         assert_int_equal(fy_runner_forward(e->r, &f, 1, want ? out + (size_t)got * vocab : &dummy), FY_OK);
         got += want;
         done += k;
@@ -304,18 +299,19 @@ static void test_same_bits_across_chunks_threads_batches(void **state)
     float dummy;
     for (int32_t done = 0; done < n - 1;) { /* the long one, all but its last token */
         int32_t k = n - 1 - done < 64 ? n - 1 - done : 64;
-        fy_forward_seq_t f = {&bt[0], ids + done, k, done, 0};
+        fy_forward_seq_t f = {&bt[0], ids + done, k, done, 0, NULL};
         assert_int_equal(fy_runner_forward(e.r, &f, 1, &dummy), FY_OK);
         done += k;
     }
     for (int32_t done = 0; done < 299;) { /* the third: 299 tokens of the prompt's middle */
         int32_t k = 299 - done < 64 ? 299 - done : 64;
-        fy_forward_seq_t f = {&bt[2], ids + 100 + done, k, done, 0};
+        fy_forward_seq_t f = {&bt[2], ids + 100 + done, k, done, 0, NULL};
         assert_int_equal(fy_runner_forward(e.r, &f, 1, &dummy), FY_OK);
         done += k;
     }
-    fy_forward_seq_t mixed[3] = {
-        {&bt[1], ids + 7, 37, 0, 0}, {&bt[0], ids + n - 1, 1, n - 1, 1}, {&bt[2], ids + 399, 1, 299, 1}};
+    fy_forward_seq_t mixed[3] = {{&bt[1], ids + 7, 37, 0, 0, NULL},
+                                 {&bt[0], ids + n - 1, 1, n - 1, 1, NULL},
+                                 {&bt[2], ids + 399, 1, 299, 1, NULL}};
     float *lg = malloc(sizeof(float) * 2 * (size_t)vocab);
     assert_int_equal(fy_runner_forward(e.r, mixed, 3, lg), FY_OK);
     assert_memory_equal(lg, a + 3 * (size_t)vocab, sizeof(float) * (size_t)vocab);
@@ -431,7 +427,7 @@ static void test_perplexity(void **state)
     for (size_t done = 0; done < n - 1;) {
         int32_t k = n - 1 - done < 64 ? (int32_t)(n - 1 - done) : 64;
         assert_int_equal(fy_kvm_seq_reserve(e.kvm, &bt, (int32_t)done + k, NULL), FY_OK);
-        fy_forward_seq_t f = {&bt, ids + done, k, (int32_t)done, k};
+        fy_forward_seq_t f = {&bt, ids + done, k, (int32_t)done, k, NULL};
         assert_int_equal(fy_runner_forward(e.r, &f, 1, lg), FY_OK);
         for (int i = 0; i < k; i++) {
             const float *l = lg + (size_t)i * vocab;

@@ -82,7 +82,7 @@ static void run_chunked(env_t *e, const int32_t *tok, int n, int chunk, float *o
     for (int done = 0; done < n;) {
         int k = n - done < chunk ? n - done : chunk;
         assert_int_equal(fy_kvm_seq_reserve(e->kvm, &bt, done + k, NULL), FY_OK);
-        fy_forward_seq_t f = {&bt, tok + done, k, done, k};
+        fy_forward_seq_t f = {&bt, tok + done, k, done, k, NULL};
         assert_int_equal(fy_runner_forward(e->r, &f, 1, out + (long)done * vocab), FY_OK);
         done += k;
         fy_kvm_seq_commit(e->kvm, &bt, tok, done, NULL);
@@ -318,7 +318,7 @@ static double ppl_of(const char *path, const int32_t *tok, int n, fy_dtype_t kv,
     for (int done = 0; done < n - 1;) {
         int k = n - 1 - done < 64 ? n - 1 - done : 64;
         assert_int_equal(fy_kvm_seq_reserve(kvm, &bt, done + k, NULL), FY_OK);
-        fy_forward_seq_t f = {&bt, tok + done, k, done, k};
+        fy_forward_seq_t f = {&bt, tok + done, k, done, k, NULL};
         assert_int_equal(fy_runner_forward(r, &f, 1, logits), FY_OK);
         for (int i = 0; i < k; i++) { /* -log p(tok[done + i + 1]) */
             const float *l = logits + (size_t)i * vocab;
@@ -399,10 +399,10 @@ static void test_batch_and_thread_invariance(void **state)
         fy_block_table_t bt;
         assert_int_equal(fy_kvm_seq_init(e.kvm, &bt, 256, NULL), FY_OK);
         assert_int_equal(fy_kvm_seq_reserve(e.kvm, &bt, lens[s], NULL), FY_OK);
-        fy_forward_seq_t f = {&bt, tok[s], lens[s] - 1, 0, 0};
+        fy_forward_seq_t f = {&bt, tok[s], lens[s] - 1, 0, 0, NULL};
         float dummy;
         assert_int_equal(fy_runner_forward(e.r, &f, 1, &dummy), FY_OK);
-        fy_forward_seq_t d = {&bt, tok[s] + lens[s] - 1, 1, lens[s] - 1, 1};
+        fy_forward_seq_t d = {&bt, tok[s] + lens[s] - 1, 1, lens[s] - 1, 1, NULL};
         assert_int_equal(fy_runner_forward(e.r, &d, 1, alone + (long)s * vocab), FY_OK);
         fy_kvm_seq_release(e.kvm, &bt);
         fy_kvm_seq_deinit(&bt);
@@ -417,11 +417,11 @@ static void test_batch_and_thread_invariance(void **state)
         for (int s = 0; s < NS; s++) {
             assert_int_equal(fy_kvm_seq_init(e.kvm, &bt[s], 256, NULL), FY_OK);
             assert_int_equal(fy_kvm_seq_reserve(e.kvm, &bt[s], lens[s], NULL), FY_OK);
-            f[s] = (fy_forward_seq_t){&bt[s], tok[s], lens[s] - 1, 0, 0};
+            f[s] = (fy_forward_seq_t){&bt[s], tok[s], lens[s] - 1, 0, 0, NULL};
         }
         float dummy;
         assert_int_equal(fy_runner_forward(e.r, f, NS, &dummy), FY_OK);
-        for (int s = 0; s < NS; s++) f[s] = (fy_forward_seq_t){&bt[s], tok[s] + lens[s] - 1, 1, lens[s] - 1, 1};
+        for (int s = 0; s < NS; s++) f[s] = (fy_forward_seq_t){&bt[s], tok[s] + lens[s] - 1, 1, lens[s] - 1, 1, NULL};
         float *batched = calloc((size_t)NS * vocab, sizeof(float));
         assert_int_equal(fy_runner_forward(e.r, f, NS, batched), FY_OK);
         assert_memory_equal(batched, alone, sizeof(float) * NS * vocab);
@@ -500,14 +500,14 @@ static void test_forward_rejects_bad_input(void **state)
     assert_int_equal(fy_kvm_seq_reserve(e.kvm, &bt, 16, NULL), FY_OK);
     float *logits = malloc(sizeof(float) * tm.vocab);
     int32_t bad[2] = {5, tm.vocab};
-    fy_forward_seq_t f = {&bt, bad, 2, 0, 1};
+    fy_forward_seq_t f = {&bt, bad, 2, 0, 1, NULL};
     fy_test_log_begin();
     assert_int_equal(fy_runner_forward(e.r, &f, 1, logits), FY_ERR_INVALID);
     assert_true(fy_test_log_has("token id", "out of range", NULL));
     int32_t ok[1] = {3};
-    fy_forward_seq_t past = {&bt, ok, 1, 16, 1}; /* position 16 has no block */
+    fy_forward_seq_t past = {&bt, ok, 1, 16, 1, NULL}; /* position 16 has no block */
     assert_int_equal(fy_runner_forward(e.r, &past, 1, logits), FY_ERR_INVALID);
-    fy_forward_seq_t big = {&bt, ok, 40, 0, 1}; /* more than the batch allows */
+    fy_forward_seq_t big = {&bt, ok, 40, 0, 1, NULL}; /* more than the batch allows */
     assert_int_equal(fy_runner_forward(e.r, &big, 1, logits), FY_ERR_INVALID);
     fy_test_log_end();
     fy_kvm_seq_release(e.kvm, &bt);
