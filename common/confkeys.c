@@ -82,6 +82,12 @@ static const fy_conf_key_t KEYS[] = {
     BOOL("kv", "sliding_groups", "true",
          "sliding-window layers in KV groups of their own that give blocks back as the window moves; false: one "
          "table for all layers, every block kept (every process of a cluster must agree)"),
+    ENUM("kv", "evict", "none", "none|streaming|h2o",
+         "KV eviction for long contexts: streaming keeps sink and recent tokens, h2o also the heavy hitters (the "
+         "blocks that got the most attention); whole blocks, at their original positions"),
+    INT("kv", "sink_tokens", "64", 0, 1 << 20, "eviction: the first tokens, always kept"),
+    INT("kv", "recent_tokens", "1024", 1, 1 << 20, "eviction: the last tokens, always kept"),
+    INT("kv", "heavy_tokens", "512", 0, 1 << 20, "h2o: middle tokens kept by accumulated attention"),
 
     STR("router", "listen", "tcp://127.0.0.1:7400", "the router's client address (ferry request, ferry-bench)"),
     STR("router", "events", "tcp://127.0.0.1:7401",

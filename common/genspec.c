@@ -51,6 +51,7 @@ void fy_genspec_write(fy_msgw_t *w, const fy_genspec_t *g)
     if (g->logprobs) fy_msgw_bool(w, "logprobs", true);
     if (g->priority) fy_msgw_i64(w, "priority", g->priority);
     if (g->spec != FY_SPEC_DEFAULT) fy_msgw_str(w, "spec", fy_spec_method_str(g->spec));
+    if (g->kv_budget) fy_msgw_i64(w, "kv_budget", g->kv_budget);
 }
 
 void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap)
@@ -81,6 +82,7 @@ void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap)
     g->ignore_eos = fy_msgr_bool(r, "ignore_eos", FY_OPT, g->ignore_eos);
     g->logprobs = fy_msgr_bool(r, "logprobs", FY_OPT, g->logprobs);
     g->priority = (int32_t)fy_msgr_i64(r, "priority", FY_OPT, g->priority, -FY_GEN_PRIORITY_MAX, FY_GEN_PRIORITY_MAX);
+    g->kv_budget = (int32_t)fy_msgr_i64(r, "kv_budget", FY_OPT, g->kv_budget, 0, FY_GEN_KV_BUDGET_MAX);
     if (fy_msgr_has(r, "spec")) {
         char buf[16];
         fy_msgr_str(r, "spec", FY_OPT, NULL, buf, sizeof(buf));
@@ -122,6 +124,9 @@ fy_status_t fy_genspec_check(const fy_genspec_t *g, int32_t max_tokens_cap, cons
         f = "priority";
         snprintf(err, err_cap, "'priority' is %d; it must be between %d and %d", g->priority, -FY_GEN_PRIORITY_MAX,
                  FY_GEN_PRIORITY_MAX);
+    } else if (g->kv_budget < 0 || g->kv_budget > FY_GEN_KV_BUDGET_MAX) {
+        f = "kv_budget";
+        snprintf(err, err_cap, "'kv_budget' is %d; it must be between 0 and %d", g->kv_budget, FY_GEN_KV_BUDGET_MAX);
     } else if (g->spec < FY_SPEC_DEFAULT || g->spec > FY_SPEC_DRAFT) {
         f = "spec";
         snprintf(err, err_cap, "unknown speculative method %d", (int)g->spec);

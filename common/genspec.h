@@ -28,8 +28,9 @@
  */
 #define FY_GEN_TEMPERATURE_MAX 100.0f
 #define FY_GEN_TOP_P_MIN 1e-6f
-#define FY_GEN_TOP_K_MAX (1 << 24)  /* 0: off */
-#define FY_GEN_PRIORITY_MAX 1000000 /* and -FY_GEN_PRIORITY_MAX */
+#define FY_GEN_TOP_K_MAX (1 << 24)     /* 0: off */
+#define FY_GEN_PRIORITY_MAX 1000000    /* and -FY_GEN_PRIORITY_MAX */
+#define FY_GEN_KV_BUDGET_MAX (1 << 24) /* tokens; the engine refuses more than its deployment allows */
 
 /* Speculative decoding, as a request asks for it (engine/spec.h has the rest). */
 typedef enum fy_spec_method {
@@ -52,6 +53,7 @@ typedef struct fy_genspec {
     bool logprobs;
     int32_t priority;
     fy_spec_method_t spec; /* the request's proposer; default: the decode worker's */
+    int32_t kv_budget;     /* KV tokens kept (kv.evict), [0, FY_GEN_KV_BUDGET_MAX]; 0: the deployment's */
 } fy_genspec_t;
 
 /* greedy, 128 tokens, no stop strings, priority 0 */

@@ -310,6 +310,7 @@ static void request_params(const fy_genspec_t *gen, const fy_kv_ns_t *ns, const 
     rq->logprobs = gen->logprobs;
     rq->priority = gen->priority;
     rq->spec = gen->spec;
+    rq->kv_budget = gen->kv_budget;
     rq->ns = *ns;
 }
 

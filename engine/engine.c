@@ -56,6 +56,10 @@ typedef struct request {
     fy_block_table_t bt;
     fy_kv_resv_t resv;
     bool looked_up;
+    /* KV budget: its policy, the most blocks a group holds, H2O's scores */
+    fy_evict_params_t evict;
+    int32_t kv_cap;
+    float *scores; /* [blocks of cap tokens] attention mass each block received (H2O) */
     /* output */
     fy_rng_t rng;
     fy_detok_t detok;
@@ -100,7 +104,9 @@ struct fy_engine {
     uint32_t cost_n[COST_N];
     double dcost;          /* seconds of one draft pass (moving average) */
     fy_forward_seq_t *fwd; /* [max_num_seqs] */
-    request_t **fwd_req;   /* [max_num_seqs] */
+    int32_t *evict_buf;    /* [evict_cap] blocks kv_evict drops */
+    int32_t evict_cap;
+    request_t **fwd_req; /* [max_num_seqs] */
     /* queues: the engine thread's */
     request_t *waiting, *swapped; /* sorted: priority down, then arrival */
     request_t **running;          /* [max_num_seqs] */
@@ -188,6 +194,7 @@ static void request_free(request_t *q)
     fy_stopper_deinit(&q->stopper);
     fy_free(q->tokens);
     fy_free(q->itl);
+    fy_free(q->scores);
     fy_free(q);
 }
 
@@ -338,6 +345,16 @@ fy_status_t fy_engine_create(fy_runner_t *r, fy_kvm_t *kvm, const fy_tokenizer_t
                  rp->max_batch_tokens);
         return FY_ERR_INVALID;
     }
+    const fy_evict_params_t *ev = &p->evict;
+    if (ev->policy < FY_EVICT_NONE || ev->policy > FY_EVICT_H2O ||
+        (ev->policy != FY_EVICT_NONE &&
+         (ev->sink_tokens < 0 || ev->recent_tokens < 1 || ev->heavy_tokens < 0 ||
+          (ev->policy == FY_EVICT_H2O && ev->heavy_tokens < 1) || fy_evict_budget(ev) >= rp->max_ctx))) {
+        fy_error("engine: kv eviction %s with %d sink, %d recent and %d heavy tokens (a recent window, for h2o "
+                 "heavy tokens, and a budget under the context of %d)",
+                 fy_evict_policy_name(ev->policy), ev->sink_tokens, ev->recent_tokens, ev->heavy_tokens, rp->max_ctx);
+        return FY_ERR_INVALID;
+    }
     fy_engine_t *e = fy_calloc(1, sizeof(*e));
     if (!e) goto nomem;
     e->r = r;
@@ -379,6 +396,9 @@ fy_status_t fy_engine_create(fy_runner_t *r, fy_kvm_t *kvm, const fy_tokenizer_t
     if (!e->probs || !e->scratch || !e->dfwd || !e->dreq || !e->dk || (p->spec.draft && !e->qprobs)) goto nomem;
     e->fwd = fy_calloc((size_t)n, sizeof(*e->fwd));
     e->fwd_req = fy_calloc((size_t)n, sizeof(*e->fwd_req));
+    e->evict_cap = rp->max_ctx / rp->block_size + 1;
+    e->evict_buf = fy_calloc((size_t)e->evict_cap, sizeof(int32_t));
+    if (!e->evict_buf) goto nomem;
     e->running = fy_calloc((size_t)n, sizeof(*e->running));
     e->itl_ring = fy_calloc((size_t)w, sizeof(float));
     e->itl_scratch = fy_calloc((size_t)w, sizeof(float));
@@ -456,6 +476,7 @@ void fy_engine_destroy(fy_engine_t *e)
     fy_free(e->logits);
     fy_free(e->fwd);
     fy_free(e->fwd_req);
+    fy_free(e->evict_buf);
     fy_free(e->running);
     fy_free(e->itl_ring);
     fy_free(e->itl_scratch);
@@ -531,8 +552,15 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
         return NULL;
     }
     int32_t max_tokens = rp->max_tokens < e->max_ctx - n_prompt ? rp->max_tokens : e->max_ctx - n_prompt;
+    /* its KV budget: the engine's, or a smaller one it asks for */
+    fy_evict_params_t evict = e->p.evict;
+    if (rp->kv_budget && fy_evict_for_budget(&e->p.evict, rp->kv_budget, &evict) != FY_OK) {
+        *st_p = refuse(e, FY_ERR_INVALID, "kv_budget %d refused (see above)", rp->kv_budget);
+        return NULL;
+    }
+    int32_t kv_cap = fy_evict_max_blocks(&evict, e->block_size, e->p.max_num_batched_tokens);
     /* a request the cache could never hold would wait forever: refuse it */
-    int32_t need = fy_kvm_blocks_for(e->kvm, n_prompt, e->p.predict_output ? 1 : max_tokens, 0);
+    int32_t need = fy_kvm_blocks_for_capped(e->kvm, n_prompt, e->p.predict_output ? 1 : max_tokens, 0, kv_cap);
     if (need > e->total_blocks) {
         *st_p = refuse(e, FY_ERR_INVALID, "request needs %d kv blocks; the cache has %d", need, e->total_blocks);
         return NULL;
@@ -545,8 +573,12 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
     q->cap = n_prompt + max_tokens;
     q->tokens = fy_malloc((size_t)q->cap * sizeof(int32_t));
     q->itl = fy_malloc((size_t)max_tokens * sizeof(float));
+    q->evict = evict;
+    q->kv_cap = kv_cap;
+    if (evict.policy == FY_EVICT_H2O) q->scores = fy_calloc((size_t)(q->cap / e->block_size + 1), sizeof(float));
     fy_status_t st = FY_ERR_NOMEM;
-    if (!q->tokens || !q->itl || (init_bt && (st = fy_kvm_seq_init(e->kvm, &q->bt, q->cap, &rp->ns))) ||
+    if (!q->tokens || !q->itl || (evict.policy == FY_EVICT_H2O && !q->scores) ||
+        (init_bt && (st = fy_kvm_seq_init(e->kvm, &q->bt, q->cap, &rp->ns))) ||
         (st = fy_stopper_init(&q->stopper, rp->stop, rp->n_stop, FY_DETOK_MAX_OUT))) {
         request_free(q);
         *st_p = refuse(e, st, "cannot set up the request: %s", fy_status_str(st));
@@ -697,7 +729,16 @@ static int32_t planned_output(const fy_engine_t *e, const request_t *q)
  * the output it plans for, less the full blocks it already holds. */
 static int32_t blocks_needed(const fy_engine_t *e, const request_t *q)
 {
-    return fy_kvm_blocks_for(e->kvm, q->n_total, planned_output(e, q), q->n_computed);
+    return fy_kvm_blocks_for_capped(e->kvm, q->n_total, planned_output(e, q), q->n_computed, q->kv_cap);
+}
+
+/* A request past its KV budget drops the blocks its policy does not keep
+ * (after a commit: the blocks it names are the full prefix's). */
+static void kv_evict(fy_engine_t *e, request_t *q)
+{
+    if (q->evict.policy == FY_EVICT_NONE) return;
+    int32_t n = fy_evict_choose(&q->evict, &q->bt, q->scores, e->evict_buf, e->evict_cap);
+    if (n > 0) (void)fy_kvm_seq_evict(e->kvm, &q->bt, e->evict_buf, n, &q->resv); /* refusal: logged, a bug */
 }
 
 static void preempt(fy_engine_t *e, request_t *q)
@@ -1211,6 +1252,7 @@ static void spec_verify(fy_engine_t *e, request_t *q, const float *lg, double t)
     fy_kvm_seq_rollback(e->kvm, &q->bt, q->n_computed, &q->resv, q->spec_drawn);
     q->spec_drawn = 0;
     fy_kvm_seq_commit(e->kvm, &q->bt, q->tokens, q->n_computed, &q->resv);
+    kv_evict(e, q);
     if (q->dbt.blocks) {
         if (q->d_computed > q->n_computed) q->d_computed = q->n_computed;
         fy_kvm_seq_truncate(e->p.spec.draft_kvm, &q->dbt, q->d_computed);
@@ -1261,6 +1303,10 @@ fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_pro
     pthread_mutex_unlock(&e->mu);
     q->n_computed = n_prompt;
     q->looked_up = true;
+    /* a KV budget applies from the prompt's end, as after a colocated
+     * prompt's last chunk (without the prefill side's H2O scores: those
+     * stay there, so H2O's first choice here is by position alone) */
+    kv_evict(e, q);
     q->state = RQ_RUNNING;
     e->running[e->n_running++] = q;
     double t = now_s();
@@ -1319,6 +1365,7 @@ fy_status_t fy_engine_step(fy_engine_t *e)
             .n_logits = q->spec_k > 0                            ? q->spec_k + 1
                         : q->n_computed + q->sched == q->n_total ? 1
                                                                  : 0,
+            .scores = q->scores,
         };
         n++;
     }
@@ -1359,6 +1406,7 @@ fy_status_t fy_engine_step(fy_engine_t *e)
                              .n_prompt = q->n_prompt};
             q->cb(q->cb_arg, &ev);
         }
+        kv_evict(e, q);
         if (e->fwd[i].n_logits == 0) continue;
         const float *lg = e->logits + (size_t)row++ * (size_t)e->vocab;
         float lp = 0.0f;

@@ -36,6 +36,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "evict.h"
 #include "kv.h"
 #include "runner.h"
 #include "sampler.h"
@@ -78,6 +79,9 @@ typedef struct fy_engine_params {
     /* speculative decoding: the deployment's proposer and its control
      * (engine/spec.h); method none turns it off unless a request asks */
     fy_spec_params_t spec;
+    /* KV eviction for long contexts (evict.h): every request keeps at most
+     * this budget of blocks once its context passes it; policy none: off */
+    fy_evict_params_t evict;
 } fy_engine_params_t;
 
 /* Defaults: 64 sequences, 512 tokens a step, 256 waiting, recompute, no
@@ -95,6 +99,7 @@ typedef struct fy_request_params {
     fy_kv_ns_t ns;         /* prefix-cache namespace: the tenant's, set by the server */
     bool progress;         /* FY_EVENT_PROGRESS after each forward pass that computed prompt tokens */
     fy_spec_method_t spec; /* proposer for this request; FY_SPEC_DEFAULT: the engine's */
+    int32_t kv_budget;     /* KV tokens kept (evict.h), at most the engine's budget; 0: the engine's */
 } fy_request_params_t;
 
 void fy_request_params_default(fy_request_params_t *p);

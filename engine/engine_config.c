@@ -67,6 +67,8 @@ fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engi
     int32_t block_size;
     fy_dtype_t kv_dtype;
     bool prefix_caching, sliding_groups;
+    int evict;
+    int64_t sink, recent, heavy;
     double draft_frac = 0;
     fy_status_t st;
     if ((st = fy_conf_string(c, "worker", "isa", &isa)) || (st = fy_conf_string(c, "worker", "device", &device)) ||
@@ -77,6 +79,8 @@ fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engi
         (st = fy_cluster_kv(c, &block_size, &kv_dtype)) ||
         (st = fy_conf_bool(c, "kv", "prefix_cache", &prefix_caching)) ||
         (st = fy_conf_bool(c, "kv", "sliding_groups", &sliding_groups)) ||
+        (st = fy_conf_enum(c, "kv", "evict", &evict)) || (st = fy_conf_int(c, "kv", "sink_tokens", &sink)) ||
+        (st = fy_conf_int(c, "kv", "recent_tokens", &recent)) || (st = fy_conf_int(c, "kv", "heavy_tokens", &heavy)) ||
         (decode && (st = fy_conf_size(c, role, "host_kv_mem", &host_mem))))
         return st;
     if (max_batch < max_seqs) max_batch = max_seqs;
@@ -98,6 +102,11 @@ fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engi
             return st;
         ep->preempt = preempt ? FY_PREEMPT_SWAP : FY_PREEMPT_RECOMPUTE; /* "recompute|swap" */
     }
+    /* kv.evict: none|streaming|h2o, the table's order */
+    ep->evict = (fy_evict_params_t){.policy = (fy_evict_policy_t)evict,
+                                    .sink_tokens = (int32_t)sink,
+                                    .recent_tokens = (int32_t)recent,
+                                    .heavy_tokens = evict == FY_EVICT_H2O ? (int32_t)heavy : 0};
     ep->max_num_seqs = (int32_t)max_seqs;
     ep->max_num_batched_tokens = (int32_t)max_batch;
     ep->max_waiting = (int32_t)max_waiting;

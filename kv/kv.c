@@ -517,7 +517,7 @@ struct fy_kvm {
     int32_t promised;
     /* figures */
     uint64_t queries, query_tokens, hit_blocks, hit_tokens, cow_copies;
-    uint64_t swap_out_blocks, swap_in_blocks, demotions, promotions, slid_blocks;
+    uint64_t swap_out_blocks, swap_in_blocks, demotions, promotions, slid_blocks, evicted_blocks;
 };
 
 const fy_kv_layout_t *fy_kvm_layout(const fy_kvm_t *m) { return &m->lay; }
@@ -715,10 +715,18 @@ static void unref(fy_kvm_t *m, fy_kv_tier_t t, int32_t b)
 
 static int32_t *grp(const fy_block_table_t *bt, int32_t g) { return fy_block_table_group(bt, g); }
 
+/* Drops a table entry's reference, if it holds one (-1: dropped or evicted). */
+static void unref_entry(fy_kvm_t *m, fy_block_table_t *bt, int32_t *entry)
+{
+    if (*entry >= 0) unref(m, bt->tier, *entry);
+    *entry = -1;
+}
+
 int32_t fy_block_table_held(const fy_block_table_t *bt)
 {
     int32_t n = 0;
-    for (int32_t g = 0; g < bt->n_groups; g++) n += bt->n_blocks > bt->lo[g] ? bt->n_blocks - bt->lo[g] : 0;
+    for (int32_t g = 0; g < bt->n_groups; g++)
+        for (int32_t i = bt->lo[g]; i < bt->n_blocks; i++) n += grp(bt, g)[i] >= 0;
     return n;
 }
 
@@ -762,6 +770,7 @@ fy_status_t fy_kvm_seq_init(fy_kvm_t *m, fy_block_table_t *bt, int32_t max_token
     }
     for (size_t i = 0; i < (size_t)max_blocks * (size_t)ng; i++) bt->blocks[i] = -1;
     bt->n_groups = ng;
+    bt->name_limit = INT32_MAX;
     bt->max_blocks = max_blocks;
     bt->block_size = bs;
     bt->tier = FY_KV_DEVICE;
@@ -798,9 +807,8 @@ static void slide(fy_kvm_t *m, fy_block_table_t *bt, int32_t pos, fy_kv_resv_t *
         int32_t lo = first_seen(m, g, pos), *t = grp(bt, g);
         if (lo <= bt->lo[g]) continue;
         for (int32_t i = bt->lo[g]; i < lo && i < bt->n_blocks; i++) {
-            unref(m, bt->tier, t[i]);
-            t[i] = -1;
-            dropped++;
+            dropped += t[i] >= 0;
+            unref_entry(m, bt, &t[i]);
         }
         bt->lo[g] = lo;
     }
@@ -1096,11 +1104,12 @@ void fy_kvm_seq_commit(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *tokens,
     if (n > bt->n_tokens) bt->n_tokens = n;
     if (m->prefix_caching && bt->tier == FY_KV_DEVICE) {
         hash_upto(m, bt, tokens, n);
-        for (int32_t i = bt->n_named; i < n / bs; i++) {
+        int32_t full = n / bs < bt->name_limit ? n / bs : bt->name_limit;
+        for (int32_t i = bt->n_named; i < full; i++) {
             for (int32_t g = 0; g < ng; g++) {
                 if (i < bt->lo[g]) continue;
                 int32_t b = grp(bt, g)[i];
-                if (D->named[b]) continue;
+                if (b < 0 || D->named[b]) continue;
                 /* a name lives in one tier at a time: the device copy wins;
                  * an identical block already named on the device keeps its
                  * name */
@@ -1114,7 +1123,7 @@ void fy_kvm_seq_commit(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *tokens,
                 index_add(D, b, &nm, g ? NAME_DERIVED : NAME_PRIMARY);
             }
         }
-        if (n / bs > bt->n_named) bt->n_named = n / bs;
+        if (full > bt->n_named) bt->n_named = full;
     }
     /* after naming: a full block a sliding group drops stays cached under
      * its name for later prefix hits */
@@ -1131,14 +1140,9 @@ void fy_kvm_seq_truncate(fy_kvm_t *m, fy_block_table_t *bt, int32_t n)
         if (bt->lo[g] > first_seen(m, g, n))
             fy_error("kv: truncating to %d tokens, behind what group %d already dropped (block %d)", n, g, bt->lo[g]);
     /* later blocks first, as in release */
-    for (int32_t i = bt->n_blocks - 1; i >= keep; i--) {
-        for (int32_t g = 0; g < ng; g++) {
-            int32_t *t = grp(bt, g);
-            if (i < bt->lo[g]) continue;
-            unref(m, bt->tier, t[i]);
-            t[i] = -1;
-        }
-    }
+    for (int32_t i = bt->n_blocks - 1; i >= keep; i--)
+        for (int32_t g = 0; g < ng; g++)
+            if (i >= bt->lo[g]) unref_entry(m, bt, &grp(bt, g)[i]);
     if (bt->n_blocks > keep) bt->n_blocks = keep;
     if (bt->n_tokens > n) bt->n_tokens = n;
     if (bt->n_hashed > n / bs) bt->n_hashed = n / bs;
@@ -1146,9 +1150,8 @@ void fy_kvm_seq_truncate(fy_kvm_t *m, fy_block_table_t *bt, int32_t n)
     if (bt->tier == FY_KV_DEVICE && keep > 0 && n % bs) {
         tier_t *D = &m->tier[FY_KV_DEVICE];
         for (int32_t g = 0; g < ng; g++) {
-            if (keep - 1 < bt->lo[g]) continue;
-            int32_t last = grp(bt, g)[keep - 1];
-            if (D->ref[last] == 1 && !D->named[last]) D->filled[last] = (uint16_t)(n % bs);
+            int32_t last = keep - 1 >= bt->lo[g] ? grp(bt, g)[keep - 1] : -1;
+            if (last >= 0 && D->ref[last] == 1 && !D->named[last]) D->filled[last] = (uint16_t)(n % bs);
         }
     }
 }
@@ -1167,6 +1170,43 @@ int32_t fy_kvm_seq_rollback(fy_kvm_t *m, fy_block_table_t *bt, int32_t n, fy_kv_
     return back;
 }
 
+fy_status_t fy_kvm_seq_evict(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *blocks, int32_t n, fy_kv_resv_t *resv)
+{
+    int32_t cur = bt->n_tokens / bt->block_size; /* the block the next token goes into, or past the last */
+    for (int32_t k = 0; k < n; k++) {
+        int32_t i = blocks[k];
+        bool held = false;
+        for (int32_t g = 0; g < bt->n_groups && i >= 0 && i < cur; g++) held |= i >= bt->lo[g] && grp(bt, g)[i] >= 0;
+        bool again = false;
+        for (int32_t j = 0; j < k && !again; j++) again = blocks[j] == i;
+        if (i < 0 || i >= cur || !held || again) {
+            fy_error("kv: cannot evict block %d of a sequence of %d tokens (%s)", i, bt->n_tokens,
+                     i < 0 || i >= cur ? "not a full block before the one being written"
+                     : again           ? "asked twice"
+                                       : "already gone");
+            return FY_ERR_INVALID;
+        }
+    }
+    int32_t before = takeable(m, FY_KV_DEVICE);
+    for (int32_t k = 0; k < n; k++) {
+        for (int32_t g = 0; g < bt->n_groups; g++) {
+            int32_t *e = &grp(bt, g)[blocks[k]];
+            if (blocks[k] < bt->lo[g] || *e < 0) continue;
+            unref_entry(m, bt, e);
+            m->evicted_blocks++;
+        }
+        bt->n_evicted++;
+    }
+    if (n > 0 && bt->name_limit > cur) bt->name_limit = cur;
+    int32_t back = takeable(m, FY_KV_DEVICE) - before;
+    if (resv && bt->tier == FY_KV_DEVICE && back > 0) {
+        resv->blocks += back;
+        m->promised += back;
+    }
+    CHECK_BOOKS(m);
+    return FY_OK;
+}
+
 fy_status_t fy_kvm_seq_fork(fy_kvm_t *m, const fy_block_table_t *src, fy_block_table_t *dst)
 {
     if (dst->n_blocks || dst->max_blocks < src->n_blocks || src->tier != FY_KV_DEVICE ||
@@ -1180,7 +1220,7 @@ fy_status_t fy_kvm_seq_fork(fy_kvm_t *m, const fy_block_table_t *src, fy_block_t
         int32_t *d = grp(dst, g);
         for (int32_t i = src->lo[g]; i < src->n_blocks; i++) {
             d[i] = s[i];
-            D->ref[s[i]]++;
+            if (s[i] >= 0) D->ref[s[i]]++;
         }
         dst->lo[g] = src->lo[g];
     }
@@ -1189,6 +1229,8 @@ fy_status_t fy_kvm_seq_fork(fy_kvm_t *m, const fy_block_table_t *src, fy_block_t
     dst->n_tokens = src->n_tokens;
     dst->n_hashed = src->n_hashed;
     dst->n_named = src->n_named;
+    dst->name_limit = src->name_limit;
+    dst->n_evicted = src->n_evicted;
     dst->ns = src->ns;
     dst->tier = FY_KV_DEVICE;
     return FY_OK;
@@ -1198,17 +1240,13 @@ void fy_kvm_seq_release(fy_kvm_t *m, fy_block_table_t *bt)
 {
     /* later blocks first, so they reach the LRU list first and are evicted
      * before the prefix blocks that more requests share */
-    for (int32_t i = bt->n_blocks - 1; i >= 0; i--) {
-        for (int32_t g = 0; g < bt->n_groups; g++) {
-            int32_t *t = grp(bt, g);
-            if (i < bt->lo[g]) continue;
-            unref(m, bt->tier, t[i]);
-            t[i] = -1;
-        }
-    }
+    for (int32_t i = bt->n_blocks - 1; i >= 0; i--)
+        for (int32_t g = 0; g < bt->n_groups; g++)
+            if (i >= bt->lo[g]) unref_entry(m, bt, &grp(bt, g)[i]);
     if (bt->lo) memset(bt->lo, 0, (size_t)bt->n_groups * sizeof(int32_t));
     bt->n_blocks = 0;
-    bt->n_tokens = bt->n_hashed = bt->n_named = 0;
+    bt->n_tokens = bt->n_hashed = bt->n_named = bt->n_evicted = 0;
+    bt->name_limit = INT32_MAX;
     bt->tier = FY_KV_DEVICE;
     CHECK_BOOKS(m);
 }
@@ -1219,7 +1257,8 @@ static int32_t held_positions(const fy_block_table_t *bt, size_t *pos)
 {
     int32_t n = 0;
     for (int32_t g = 0; g < bt->n_groups; g++)
-        for (int32_t i = bt->lo[g]; i < bt->n_blocks; i++) pos[n++] = (size_t)g * (size_t)bt->max_blocks + (size_t)i;
+        for (int32_t i = bt->lo[g]; i < bt->n_blocks; i++)
+            if (grp(bt, g)[i] >= 0) pos[n++] = (size_t)g * (size_t)bt->max_blocks + (size_t)i;
     return n;
 }
 
@@ -1333,7 +1372,7 @@ fy_status_t fy_kvm_seq_swap_in(fy_kvm_t *m, fy_block_table_t *bt, fy_kv_resv_t *
     for (int32_t i = 0; i < bt->n_blocks; i++) {
         bool named = true;
         for (int32_t g = 0; g < bt->n_groups && named; g++)
-            if (i >= bt->lo[g]) named = D->named[grp(bt, g)[i]] != 0;
+            if (i >= bt->lo[g] && grp(bt, g)[i] >= 0) named = D->named[grp(bt, g)[i]] != 0;
         if (!named) break;
         bt->n_named = i + 1;
     }
@@ -1346,9 +1385,16 @@ fy_status_t fy_kvm_seq_swap_in(fy_kvm_t *m, fy_block_table_t *bt, fy_kv_resv_t *
 
 int32_t fy_kvm_blocks_for(const fy_kvm_t *m, int32_t prompt_tokens, int32_t max_tokens, int32_t cached_tokens)
 {
+    return fy_kvm_blocks_for_capped(m, prompt_tokens, max_tokens, cached_tokens, INT32_MAX);
+}
+
+int32_t fy_kvm_blocks_for_capped(const fy_kvm_t *m, int32_t prompt_tokens, int32_t max_tokens, int32_t cached_tokens,
+                                 int32_t cap)
+{
     const fy_kv_layout_t *lay = &m->lay;
     int64_t bs = lay->block_size, total = (int64_t)prompt_tokens + max_tokens, need = 0;
     int64_t all = (total + bs - 1) / bs - cached_tokens / bs;
+    if (all > cap) all = cap; /* a budget holds at most cap blocks however long the request runs */
     for (int32_t g = 0; g < lay->n_groups; g++) {
         int64_t w = lay->group_window[g];
         /* a sliding group's cached blocks (its window at the hit) are
@@ -1424,6 +1470,7 @@ void fy_kvm_stats(const fy_kvm_t *m, fy_kvm_stats_t *o)
     o->demotions = m->demotions;
     o->promotions = m->promotions;
     o->slid_blocks = m->slid_blocks;
+    o->evicted_blocks = m->evicted_blocks;
     for (int32_t g = 0; g < m->lay.n_groups; g++) {
         if (m->lay.group_window[g])
             o->groups_sliding++;

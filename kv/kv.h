@@ -223,9 +223,10 @@ const fy_kv_layout_t *fy_kvm_layout(const fy_kvm_t *m);
  * lives in block blocks[g * max_blocks + t / block_size] at slot
  * t % block_size.  Group 0 comes first, so for a one-group layout blocks[]
  * is the plain table.  A sliding group holds blocks [lo[g], n_blocks); the
- * entries before lo[g] are -1 (dropped: no query can see them).  Arrays
- * are sized at init for the longest sequence allowed, so growing never
- * allocates. */
+ * entries before lo[g] are -1 (dropped: no query can see them).  Blocks
+ * evicted by a KV budget (fy_kvm_seq_evict) are -1 too, anywhere before
+ * the block being written; kernels skip -1 entries.  Arrays are sized at
+ * init for the longest sequence allowed, so growing never allocates. */
 typedef struct fy_block_table {
     int32_t *blocks; /* [n_groups * max_blocks] */
     int32_t *lo;     /* [n_groups] first block each group holds */
@@ -239,6 +240,9 @@ typedef struct fy_block_table {
     fy_kv_hash_t *hashes; /* [max_blocks] names of the leading full blocks */
     int32_t n_hashed;     /* leading blocks with hashes[] computed */
     int32_t n_named;      /* leading blocks named in the prefix index (theirs or found there) */
+    int32_t name_limit;   /* blocks from this one on are never named: their K/V were computed after an
+                             eviction, so they are not the K/V of the full prefix (INT32_MAX: none) */
+    int32_t n_evicted;    /* blocks (rows of every group) evicted by fy_kvm_seq_evict */
 } fy_block_table_t;
 
 /* Group g's table. */
@@ -319,6 +323,21 @@ fy_status_t fy_kvm_seq_fork(fy_kvm_t *m, const fy_block_table_t *src, fy_block_t
  * freed.  The table is empty afterwards. */
 void fy_kvm_seq_release(fy_kvm_t *m, fy_block_table_t *bt);
 
+/*
+ * KV eviction (StreamingLLM, H2O): drops this sequence's reference to
+ * blocks[0..n) (logical block indexes, every group's copy), which must be
+ * full blocks before the one the next token goes into and not evicted
+ * yet; their entries become -1.  A block shared with other sequences or
+ * named in the prefix cache keeps its contents: only this reference
+ * goes.  From here on the sequence names no block at or after the one
+ * being written (their K/V will be computed without the evicted tokens,
+ * so they are not the K/V of the full prefix).  Blocks that go back to the
+ * pool go back into resv's promise (may be NULL).  FY_ERR_INVALID (logged,
+ * nothing changed) for an index out of range, repeated, already evicted,
+ * or not yet full.
+ */
+fy_status_t fy_kvm_seq_evict(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *blocks, int32_t n, fy_kv_resv_t *resv);
+
 /* Preemption by swapping: moves a sequence's blocks to the host tier and
  * back.  FY_ERR_NO_SPACE (nothing changed) when the other tier is full;
  * FY_ERR_UNSUPPORTED without a host tier. */
@@ -334,6 +353,10 @@ int32_t fy_kvm_blocks_for(const fy_kvm_t *m, int32_t prompt_tokens, int32_t max_
 /* Promises blocks to a request if free plus evictable blocks, less what is
  * promised to others and the watermark, cover them: then later allocations
  * drawing from the promise cannot fail.  FY_ERR_NO_SPACE otherwise. */
+/* fy_kvm_blocks_for for a sequence that never holds more than cap blocks
+ * in any group (a KV budget, evict.h); INT32_MAX: no cap. */
+int32_t fy_kvm_blocks_for_capped(const fy_kvm_t *m, int32_t prompt_tokens, int32_t max_tokens, int32_t cached_tokens,
+                                 int32_t cap);
 fy_status_t fy_kvm_admit(fy_kvm_t *m, int32_t blocks, fy_kv_resv_t *resv);
 /* Returns what is left of a promise (when the request ends). */
 void fy_kvm_resv_release(fy_kvm_t *m, fy_kv_resv_t *resv);
@@ -368,6 +391,7 @@ typedef struct fy_kvm_stats {
     uint64_t swap_out_blocks, swap_in_blocks;
     uint64_t demotions, promotions;
     uint64_t slid_blocks;                  /* blocks sliding groups dropped while their sequences ran */
+    uint64_t evicted_blocks;               /* blocks KV budgets evicted (fy_kvm_seq_evict; each group's copy) */
     int32_t groups_global, groups_sliding; /* the layout's KV groups */
 } fy_kvm_stats_t;
 

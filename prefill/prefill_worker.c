@@ -378,6 +378,7 @@ static void cmd_prefill(prefill_t *p, fy_msgr_t *r, uint64_t rid)
     rq.ignore_eos = true; /* the decode worker decides what the first token means */
     rq.logprobs = m.gen.logprobs;
     rq.priority = m.gen.priority;
+    rq.kv_budget = m.gen.kv_budget;
     rq.progress = true;
     fy_node_ns(n, m.tenant, &rq.ns);
     fy_status_t st = fy_kvm_seq_init(kvm, &j->hold, n_prompt + 1, &rq.ns);

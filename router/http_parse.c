@@ -155,6 +155,9 @@ static void parse_common(const fy_http_front_t *H, parsed_t *p, json_t *o, bool 
     json_int_t prio = 0;
     int_field(p, o, "priority", -FY_GEN_PRIORITY_MAX, FY_GEN_PRIORITY_MAX, &prio);
     g->gen.priority = (int32_t)prio;
+    json_int_t budget = 0;
+    int_field(p, o, "kv_budget", 0, FY_GEN_KV_BUDGET_MAX, &budget);
+    g->gen.kv_budget = (int32_t)budget;
     /* stop: a string or an array of them */
     json_t *st = json_object_get(o, "stop");
     if (st && !json_is_null(st)) {

@@ -332,6 +332,144 @@ static void preemption(fy_preempt_mode_t mode)
 static void test_preempt_recompute(void **state) { preemption(FY_PREEMPT_RECOMPUTE); }
 static void test_preempt_swap(void **state) { preemption(FY_PREEMPT_SWAP); }
 
+/* ---- KV budgets (evict.h) ---------------------------------------------------------------------------- */
+
+/* Which blocks go, exactly: a sequence of 200 tokens in 16-token blocks
+ * (12 full, the 13th being written). */
+static void test_evict_choose(void **state)
+{
+    fy_block_table_t bt = {0};
+    int32_t blocks[13], lo = 0;
+    for (int i = 0; i < 13; i++) blocks[i] = 100 + i;
+    bt.blocks = blocks, bt.lo = &lo, bt.n_groups = 1, bt.max_blocks = 13, bt.n_blocks = 13, bt.n_tokens = 200;
+    bt.block_size = 16;
+    int32_t out[16];
+    /* streaming: sinks 16 (block 0), recent 40 (tokens 160.. : blocks 10..12) */
+    fy_evict_params_t s = {.policy = FY_EVICT_STREAMING, .sink_tokens = 16, .recent_tokens = 40};
+    assert_int_equal(fy_evict_choose(&s, &bt, NULL, out, 16), 9);
+    for (int k = 0; k < 9; k++) assert_int_equal(out[k], 1 + k);
+    /* h2o keeps the two middle blocks with the highest scores; a tie keeps the later */
+    float sc[13] = {9, 1, 5, 0.5f, 7, 2, 2, 0, 1, 3, 9, 9, 9};
+    fy_evict_params_t h = {.policy = FY_EVICT_H2O, .sink_tokens = 16, .recent_tokens = 40, .heavy_tokens = 32};
+    assert_int_equal(fy_evict_choose(&h, &bt, sc, out, 16), 7);
+    const int32_t want[7] = {1, 3, 5, 6, 7, 8, 9};
+    for (int k = 0; k < 7; k++) assert_int_equal(out[k], want[k]);
+    sc[9] = 5; /* blocks 2 and 9 tie for the second place: the later one stays */
+    assert_int_equal(fy_evict_choose(&h, &bt, sc, out, 16), 7);
+    assert_int_equal(out[1], 2);
+    /* blocks already gone are not chosen again; within the budget, nothing goes */
+    blocks[3] = blocks[5] = -1;
+    assert_int_equal(fy_evict_choose(&s, &bt, NULL, out, 16), 7);
+    bt.n_tokens = 50, bt.n_blocks = 4;
+    fy_evict_params_t big = {.policy = FY_EVICT_STREAMING, .sink_tokens = 16, .recent_tokens = 64};
+    assert_int_equal(fy_evict_choose(&big, &bt, NULL, out, 16), 0);
+    fy_evict_params_t none = {.policy = FY_EVICT_NONE};
+    assert_int_equal(fy_evict_choose(&none, &bt, NULL, out, 16), 0);
+    /* a request's budget scales the split; more than the deployment's is refused */
+    fy_evict_params_t d = {.policy = FY_EVICT_H2O, .sink_tokens = 64, .recent_tokens = 1024, .heavy_tokens = 512}, r;
+    assert_int_equal(fy_evict_budget(&d), 1600);
+    assert_int_equal(fy_evict_for_budget(&d, 800, &r), FY_OK);
+    assert_int_equal(r.sink_tokens, 32), assert_int_equal(r.heavy_tokens, 256), assert_int_equal(r.recent_tokens, 512);
+    fy_test_log_begin();
+    assert_int_equal(fy_evict_for_budget(&d, 1601, &r), FY_ERR_INVALID);
+    assert_int_equal(fy_evict_for_budget(&none, 100, &r), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("allows 1 to 1600", NULL) && fy_test_log_has("evicts nothing", NULL));
+    fy_test_log_end();
+    /* the most a group holds: sinks, heavy, recent plus a step, the block being written */
+    assert_int_equal(fy_evict_max_blocks(&h, 16, 256), 1 + 2 + (40 + 256 + 15) / 16 + 1);
+}
+
+/* A streaming budget through the engine: every step stays within the
+ * budget's blocks, blocks go back, the tokens are the same run to run; a
+ * budget larger than the context changes nothing; requests for budgets the
+ * engine does not allow are refused.  kv_budget_run: the tokens of 4
+ * requests of 300-token prompts and 40 greedy tokens under ep. */
+static void kv_budget_run(const fy_engine_params_t *ep, int32_t kv_budget, result_t *res, uint64_t *evicted_p)
+{
+    rig_opts_t o;
+    rig_opts(&o, g_tiny);
+    o.caching = false;
+    o.ep.evict = ep->evict;
+    rig_t g;
+    rig_open(&g, &o);
+    static int32_t p[4][300];
+    fy_request_params_t rp;
+    fy_request_params_default(&rp);
+    rp.max_tokens = 40;
+    rp.ignore_eos = true;
+    rp.kv_budget = kv_budget;
+    for (int i = 0; i < 4; i++) {
+        make_prompt(p[i], 300, g.vocab, 70 + (uint64_t)i);
+        uint64_t id;
+        assert_int_equal(fy_engine_submit(g.e, p[i], 300, &rp, on_event, &res[i], &id), FY_OK);
+    }
+    int32_t cap = fy_evict_max_blocks(&ep->evict, 16, o.ep.max_num_batched_tokens);
+    for (int s = 0; s < 100000 && !fy_engine_idle(g.e); s++) {
+        assert_int_equal(fy_engine_step(g.e), FY_OK);
+        fy_kvm_stats_t ks;
+        fy_kvm_stats(g.kvm, &ks);
+        if (ep->evict.policy != FY_EVICT_NONE && ks.tier[FY_KV_DEVICE].used > 4 * cap)
+            fail_msg("step %d: %d blocks in use; 4 requests of at most %d each", s, ks.tier[FY_KV_DEVICE].used, cap);
+    }
+    fy_kvm_stats_t ks;
+    fy_kvm_stats(g.kvm, &ks);
+    *evicted_p = ks.evicted_blocks;
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(res[i].terminal, 1);
+        assert_int_equal(res[i].kind, FY_EVENT_FINISH);
+        assert_int_equal(res[i].n, 40);
+    }
+    rig_close(&g); /* every block back */
+}
+
+static void test_kv_budget_streaming(void **state)
+{
+    fy_engine_params_t none, st, wide;
+    fy_engine_params_default(&none);
+    st = wide = none;
+    st.evict = (fy_evict_params_t){.policy = FY_EVICT_STREAMING, .sink_tokens = 16, .recent_tokens = 64};
+    wide.evict = (fy_evict_params_t){.policy = FY_EVICT_STREAMING, .sink_tokens = 16, .recent_tokens = 500};
+    result_t a[4] = {0}, b[4] = {0}, c[4] = {0}, d[4] = {0};
+    uint64_t ea, eb, ec, ed;
+    kv_budget_run(&none, 0, a, &ea);
+    kv_budget_run(&st, 0, b, &eb);
+    kv_budget_run(&st, 0, c, &ec);
+    kv_budget_run(&wide, 0, d, &ed);
+    fprintf(stderr, "streaming 16 + 64: %llu blocks evicted\n", (unsigned long long)eb);
+    assert_int_equal(ea, 0);
+    assert_true(eb > 4 * 10);
+    assert_int_equal(eb, ec);
+    assert_int_equal(ed, 0); /* 340 tokens never pass a 516-token budget */
+    int differ = 0;
+    for (int i = 0; i < 4; i++) {
+        assert_memory_equal(b[i].tokens, c[i].tokens, sizeof(int32_t) * 40); /* run to run */
+        assert_memory_equal(a[i].tokens, d[i].tokens, sizeof(int32_t) * 40); /* within the budget: as none */
+        differ += memcmp(a[i].tokens, b[i].tokens, sizeof(int32_t) * 40) != 0;
+    }
+    fprintf(stderr, "%d of 4 requests' tokens changed under the budget\n", differ);
+    /* a request's own budget: smaller than the engine's is taken, larger refused */
+    result_t e[4] = {0};
+    uint64_t ee;
+    kv_budget_run(&wide, 80, e, &ee);
+    assert_true(ee > 0);
+    rig_opts_t o;
+    rig_opts(&o, g_tiny);
+    o.ep.evict = wide.evict;
+    rig_t g;
+    rig_open(&g, &o);
+    int32_t p[20] = {1, 2, 3};
+    fy_request_params_t rp;
+    fy_request_params_default(&rp);
+    rp.kv_budget = 517;
+    result_t r = {0};
+    uint64_t id;
+    fy_test_log_begin();
+    assert_int_equal(fy_engine_submit(g.e, p, 20, &rp, on_event, &r, &id), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("allows 1 to 516", NULL));
+    fy_test_log_end();
+    rig_close(&g);
+}
+
 static void test_cancel_and_errors(void **state)
 {
     rig_opts_t o;
@@ -922,6 +1060,7 @@ int main(void)
         cmocka_unit_test(test_engine_thread),         cmocka_unit_test(test_submit_handoff),
         cmocka_unit_test(test_disaggregated_tiny),    cmocka_unit_test(test_disaggregated_default),
         cmocka_unit_test(test_post_and_tick),         cmocka_unit_test(test_build_from_config),
+        cmocka_unit_test(test_evict_choose),          cmocka_unit_test(test_kv_budget_streaming),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

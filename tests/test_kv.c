@@ -140,6 +140,7 @@ static void verify(fixture_t *f, const seq_t *s)
 {
     for (int32_t g = 0; g < s->bt.n_groups; g++) {
         for (int32_t p = s->bt.lo[g] * s->bt.block_size; p < s->n; p++) {
+            if (fy_block_table_group(&s->bt, g)[p / s->bt.block_size] < 0) continue; /* evicted */
             uint32_t got = *slot_ptr_g(f, s->bt.tier, &s->bt, g, p);
             uint32_t want = tag(s->tenant, s->tokens[p], p) ^ (uint32_t)g * 0x9e3779b9u;
             if (got != want)
@@ -164,7 +165,8 @@ static void check_books(fixture_t *f, seq_t *seqs, int n_seqs)
             if (!seqs[i].live || seqs[i].bt.tier != (fy_kv_tier_t)t) continue;
             const fy_block_table_t *bt = &seqs[i].bt;
             for (int32_t g = 0; g < bt->n_groups; g++)
-                for (int32_t b = bt->lo[g]; b < bt->n_blocks; b++) refs[fy_block_table_group(bt, g)[b]]++;
+                for (int32_t b = bt->lo[g]; b < bt->n_blocks; b++)
+                    if (fy_block_table_group(bt, g)[b] >= 0) refs[fy_block_table_group(bt, g)[b]]++;
         }
         for (int32_t b = 0; b < total; b++)
             if (refs[b] != fy_kvm_refcount(f->m, (fy_kv_tier_t)t, b))
@@ -686,6 +688,83 @@ static void test_groups_prefix(void **state)
     fixture_close(&f);
 }
 
+/* ---- KV budgets (eviction) ---------------------------------------------------------------------------- */
+
+/* Evicting drops this sequence's references and nothing else: a block
+ * another sequence shares keeps its contents and its reference; a named
+ * block stays in the prefix cache; the block being written and blocks
+ * already gone are refused. */
+static void test_evict_blocks(void **state)
+{
+    fixture_t f;
+    fixture_open(&f, 64, 0, 0, 16);
+    int32_t p[200], hit;
+    for (int i = 0; i < 200; i++) p[i] = 5 * i + 3;
+    seq_t a = {0}, b = {0};
+    prefill(&f, &a, 0, p, 200, &hit); /* 12 full blocks and 8 tokens */
+    assert_int_equal(fy_kvm_seq_init(f.m, &b.bt, MAX_TOK, &f.ns[0]), FY_OK);
+    assert_int_equal(fy_kvm_seq_fork(f.m, &a.bt, &b.bt), FY_OK);
+    b.tenant = 0, b.n = 200, b.live = true;
+    memcpy(b.tokens, p, sizeof(p));
+    int32_t shared = a.bt.blocks[4], before = fy_kvm_refcount(f.m, FY_KV_DEVICE, shared);
+    const int32_t ev[3] = {3, 4, 5};
+    fy_kv_resv_t r = {0};
+    assert_int_equal(fy_kvm_seq_evict(f.m, &a.bt, ev, 3, &r), FY_OK);
+    assert_int_equal(a.bt.blocks[4], -1);
+    assert_int_equal(a.bt.n_evicted, 3);
+    assert_int_equal(fy_kvm_refcount(f.m, FY_KV_DEVICE, shared), before - 1);
+    assert_int_equal(fy_block_table_held(&a.bt), 13 - 3);
+    assert_int_equal(r.blocks, 0); /* b still holds them: nothing went back */
+    verify(&f, &b);                /* the other sequence reads its values */
+    fy_test_log_begin();
+    const int32_t bad[4][2] = {{12, 1}, {4, 1}, {6, 6}, {-1, 1}};
+    for (int k = 0; k < 4; k++)
+        assert_int_equal(fy_kvm_seq_evict(f.m, &a.bt, bad[k], bad[k][1] == bad[k][0] ? 2 : 1, NULL), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("being written", NULL) && fy_test_log_has("already gone", NULL) &&
+                fy_test_log_has("asked twice", NULL));
+    fy_test_log_end();
+    check_books(&f, (seq_t[]){a, b}, 2);
+    /* b lets go: the blocks a evicted stay cached under their names */
+    drop(&f, &b);
+    seq_t c = {0};
+    prefill(&f, &c, 0, p, 200, &hit);
+    assert_int_equal(hit, 192);
+    verify(&f, &c);
+    drop(&f, &c);
+    drop(&f, &a);
+    assert_int_equal(fy_kvm_check(f.m), FY_OK);
+    fixture_close(&f);
+}
+
+/* KV computed after an eviction is not the KV of the full prefix: a
+ * sequence that evicted names none of the blocks it writes afterwards, so
+ * a request without eviction never receives one. */
+static void test_evicted_kv_never_named(void **state)
+{
+    fixture_t f;
+    fixture_open(&f, 64, 0, 0, 16);
+    int32_t p[300], hit;
+    for (int i = 0; i < 300; i++) p[i] = 11 * i + 7;
+    seq_t a = {0}, b = {0};
+    prefill(&f, &a, 0, p, 100, &hit); /* 6 full blocks, named */
+    const int32_t ev[2] = {1, 2};
+    assert_int_equal(fy_kvm_seq_evict(f.m, &a.bt, ev, 2, NULL), FY_OK);
+    memcpy(a.tokens, p, sizeof(p));
+    for (int32_t n = 100; n < 300; n += 20) { /* the rest, computed "under eviction" */
+        assert_int_equal(fy_kvm_seq_reserve(f.m, &a.bt, n + 20, NULL), FY_OK);
+        write_tokens(&f, &a, n + 20);
+    }
+    assert_int_equal(a.bt.name_limit, 6);
+    drop(&f, &a);
+    /* the same 300 tokens, no eviction: only the 6 blocks from before it hit */
+    prefill(&f, &b, 0, p, 300, &hit);
+    assert_int_equal(hit, 96);
+    verify(&f, &b);
+    drop(&f, &b);
+    assert_int_equal(fy_kvm_check(f.m), FY_OK);
+    fixture_close(&f);
+}
+
 static void test_admission(void **state)
 {
     fixture_t f;
@@ -806,6 +885,8 @@ int main(void)
         cmocka_unit_test(test_groups_layout),
         cmocka_unit_test(test_groups_window_and_promise),
         cmocka_unit_test(test_groups_prefix),
+        cmocka_unit_test(test_evict_blocks),
+        cmocka_unit_test(test_evicted_kv_never_named),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
 }

@@ -18,7 +18,7 @@ struct fy_node_series {
     fy_metric_t *blocks[2][4]; /* [tier: device, host][free, used, cached, promised] */
     fy_metric_t *prefix_queries, *prefix_hits;
     fy_metric_t *preempt_recompute, *preempt_swap, *swap_out, *swap_in;
-    fy_metric_t *window_dropped, *groups[2];
+    fy_metric_t *window_dropped, *evicted, *groups[2];
     fy_metric_t *running, *waiting, *swapped;
     fy_metric_t *prompt_tokens, *computed_tokens, *generation_tokens;
     fy_metric_t *refused_overloaded, *refused_invalid;
@@ -66,6 +66,8 @@ fy_status_t fy_node_series_create(fy_metrics_t *reg, const char *role, const cha
     C(swap_in, "ferry:kv_swapped_blocks_total", "KV blocks moved by swap preemption.", "direction", "in");
     C(window_dropped, "ferry:kv_window_dropped_blocks_total",
       "KV blocks sliding-window groups gave back while their requests ran (no query could see them).", NULL);
+    C(evicted, "ferry:kv_evicted_blocks_total",
+      "KV blocks evicted by KV budgets (kv.evict: StreamingLLM or H2O), each group's copy counted.", NULL);
     G(groups[0], "ferry:kv_groups", "KV groups of the layout (block tables per request), by window.", "window",
       "global");
     G(groups[1], "ferry:kv_groups", "KV groups of the layout (block tables per request), by window.", "window",
@@ -130,6 +132,7 @@ void fy_node_series_sync(fy_node_series_t *s, const fy_engine_stats_t *es, const
     fy_metric_set(s->swap_out, (double)ks->swap_out_blocks);
     fy_metric_set(s->swap_in, (double)ks->swap_in_blocks);
     fy_metric_set(s->window_dropped, (double)ks->slid_blocks);
+    fy_metric_set(s->evicted, (double)ks->evicted_blocks);
     fy_metric_set(s->groups[0], ks->groups_global);
     fy_metric_set(s->groups[1], ks->groups_sliding);
     fy_metric_set(s->running, es->running);
