@@ -52,8 +52,10 @@ typedef struct fy_attn_seq {
     int32_t n_blocks;
     /* [n_groups][n_blocks]: group g's table at block_table + g * group_stride
      * (host pointer in set_batch's argument; the backend's copy packs the
-     * groups, group_stride = n_blocks).  Entries a layer's window never
-     * reaches may be -1: kernels never read them. */
+     * groups, group_stride = n_blocks).  An entry of -1 is a block that is
+     * gone: dropped before a layer's window, or evicted (StreamingLLM, H2O)
+     * anywhere in the table.  Kernels never read it; its positions are
+     * masked as if outside the window. */
     const int32_t *block_table;
     int32_t group_stride;
 } fy_attn_seq_t;
@@ -177,8 +179,12 @@ fy_status_t fy_backend_kv_write(fy_backend_t *be, const fy_kv_layout_t *lay, voi
  * positions 0..p (global); window W > 0: positions p - W + 1 .. p, the last
  * W including p itself (a key at j is masked when p - j >= W, as llama.cpp's
  * LLAMA_SWA_TYPE_STANDARD and Hugging Face's sliding_window_overlay), and
- * blocks wholly before the window are never read.  scale is usually
- * 1 / sqrt(head_dim).  q, out: [n_tokens, n_heads, head_dim]. */
+ * blocks wholly before the window are never read.  Positions in evicted
+ * blocks (block-table entry -1) take no part either.  A query that sees no
+ * key at all (every visible block evicted; the engine always keeps the
+ * current token's block, so only a caller bug does this) gets zeros, not
+ * NaN.  scale is usually 1 / sqrt(head_dim).  q, out: [n_tokens, n_heads,
+ * head_dim]. */
 fy_status_t fy_backend_attention(fy_backend_t *be, const fy_kv_layout_t *lay, const void *arena, int32_t layer,
                                  int32_t n_heads, float scale, int32_t window, const float *q, float *out);
 fy_status_t fy_backend_sync(fy_backend_t *be);

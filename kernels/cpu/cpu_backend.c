@@ -731,7 +731,8 @@ static int32_t n_segs(int32_t window, int32_t p) { return p / ATTN_SEG + 1 - fir
 /* Partial attention of token t's G heads of KV head kvh over the positions
  * it sees in [seg * ATTN_SEG, (seg + 1) * ATTN_SEG): from the window's start
  * (which can fall inside a block: the block is read from that row on) to
- * p.  ml: m[G] then l[G].  fp8/int8 blocks are dequantized into the
+ * p, less the blocks evicted from the table (-1: skipped, as if masked).
+ * ml: m[G] then l[G] (-inf and 0 when every key was evicted).  fp8/int8 blocks are dequantized into the
  * thread's dq (2 * 32 * head_dim floats) and go through the f32 block
  * kernel. */
 static void attn_segment(const attn_job_t *j, int32_t t, int32_t kvh, int32_t seg, float *ml, float *acc, float *dq)
@@ -749,6 +750,10 @@ static void attn_segment(const attn_job_t *j, int32_t t, int32_t kvh, int32_t se
     for (int32_t pos = start; pos < last;) {
         int32_t id = s->block_table[g_off + pos / bs], off = pos % bs;
         int32_t nk = last - pos < bs - off ? last - pos : bs - off;
+        if (id < 0) { /* evicted: its keys are masked, and there is nothing to read */
+            pos += nk;
+            continue;
+        }
         const char *kb = j->arena + fy_kv_offset(L, id, j->layer, 0, kvh) + (size_t)off * L->row_bytes;
         const char *vb = j->arena + fy_kv_offset(L, id, j->layer, 1, kvh) + (size_t)off * L->row_bytes;
         if (fy_kv_dtype_scaled(L->dtype)) {
@@ -768,6 +773,7 @@ static void attn_segment(const attn_job_t *j, int32_t t, int32_t kvh, int32_t se
 static void attn_merge(int32_t G, int32_t hd, const float *ml, const float *acc, float *ML, float *A)
 {
     for (int32_t g = 0; g < G; g++) {
+        if (ml[g] == -INFINITY) continue; /* every key of the segment evicted: nothing to add */
         float mx = ml[g] > ML[g] ? ml[g] : ML[g];
         float ca = expf(ML[g] - mx), cs = expf(ml[g] - mx); /* ca is 0 at the first merge */
         ML[G + g] = ML[G + g] * ca + ml[G + g] * cs;
@@ -781,7 +787,9 @@ static void attn_store(const attn_job_t *j, int32_t t, int32_t kvh, const float 
     int32_t hd = j->lay->head_dim;
     float *ot = j->out + ((size_t)t * j->n_heads + (size_t)kvh * j->G) * hd;
     for (int32_t g = 0; g < j->G; g++) {
-        float inv = 1.0f / ML[j->G + g];
+        /* no visible key left (all evicted; the engine never lets that
+         * happen): zeros rather than 0 / 0 */
+        float inv = ML[j->G + g] > 0.0f ? 1.0f / ML[j->G + g] : 0.0f;
         for (int32_t d = 0; d < hd; d++) ot[(size_t)g * hd + d] = A[(size_t)g * hd + d] * inv;
     }
 }

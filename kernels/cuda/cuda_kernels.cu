@@ -215,7 +215,8 @@ extern "C" cudaError_t fy_cuda_kv_write(void *arena, const int32_t *slots, int32
  * it; segments and key chunks that lie wholly before the window of the
  * tile's first (earliest) token are skipped, and keys before that window
  * are never loaded, so blocks wholly before every window are never read.
- * Pass 2: one block per (token, head) merges that token's segment partials
+ * Keys of evicted blocks (table entry -1) are masked for every row and
+ * never loaded either.  Pass 2: one block per (token, head) merges that token's segment partials
  * in segment order (flash-decoding's reduction), from the first segment its
  * window reaches.  Each row's arithmetic depends only on its own position
  * and keys, never on the tile or grid.
@@ -286,14 +287,14 @@ static __global__ void __launch_bounds__(FY_CUDA_ATTN_THREADS) attn_part_kernel(
         const int32_t nk = min(FY_CUDA_ATTN_CHUNK, hi - p0);
         for (int32_t e = tid; e < nk * hd; e += blockDim.x) {
             int32_t j = e / hd, d = e % hd, p = p0 + j;
-            if (p < wlo) { /* masked for every row; its block may be gone */
+            const int32_t id = bt[p / a.block_size];
+            if (p < wlo || id < 0) { /* masked for every row: before the window, or evicted (-1) */
                 sk[e] = 0.0f;
                 sv[e] = 0.0f;
                 continue;
             }
-            const char *base = (const char *)a.arena + (size_t)bt[p / a.block_size] * a.block_bytes +
-                               (size_t)a.layer * a.layer_bytes + (size_t)kvh * a.head_bytes +
-                               ((size_t)(p % a.block_size) * hd + d) * elem;
+            const char *base = (const char *)a.arena + (size_t)id * a.block_bytes + (size_t)a.layer * a.layer_bytes +
+                               (size_t)kvh * a.head_bytes + ((size_t)(p % a.block_size) * hd + d) * elem;
             if (a.f16) {
                 sk[e] = __half2float(*(const __half *)base);
                 sv[e] = __half2float(*(const __half *)(base + a.kv_bytes));
@@ -308,8 +309,8 @@ static __global__ void __launch_bounds__(FY_CUDA_ATTN_THREADS) attn_part_kernel(
             float dot = 0.0f;
             for (int32_t d = 0; d < hd; d++) dot += sq[r * hd + d] * sk[j * hd + d];
             const int32_t rp = s_pos[r / G];
-            ss[r * FY_CUDA_ATTN_CHUNK + j] =
-                p0 + j <= rp && p0 + j >= attn_win_lo(a.window, rp) ? dot * a.scale : -INFINITY;
+            const bool seen = p0 + j <= rp && p0 + j >= attn_win_lo(a.window, rp) && bt[(p0 + j) / a.block_size] >= 0;
+            ss[r * FY_CUDA_ATTN_CHUNK + j] = seen ? dot * a.scale : -INFINITY;
         }
         __syncthreads();
         for (int32_t r = tid; r < nr; r += blockDim.x) {
@@ -357,7 +358,9 @@ static __global__ void __launch_bounds__(FY_CUDA_ATTN_THREADS) attn_part_kernel(
     }
 }
 
-/* one block per (token, head): merge its segments in order, as the CPU's attn_merge */
+/* one block per (token, head): merge its segments in order, as the CPU's
+ * attn_merge (a segment whose every key was evicted has m = -inf and adds
+ * nothing; a row with no visible key at all gets zeros) */
 static __global__ void attn_reduce_kernel(fy_cuda_attn_args_t a)
 {
     const int32_t t = blockIdx.x / a.n_heads, h = blockIdx.x % a.n_heads;
@@ -367,13 +370,14 @@ static __global__ void attn_reduce_kernel(fy_cuda_attn_args_t a)
         float M = -INFINITY, L = 0.0f, A = 0.0f;
         for (int32_t sg = seg0; sg < segs; sg++) {
             float m = a.pm[base + sg], l = a.pl[base + sg], x = a.pacc[(base + sg) * a.hd + d];
+            if (m == -INFINITY) continue; /* every key of the segment evicted */
             float mx = fmaxf(m, M);
             float ca = M == -INFINITY ? 0.0f : expf(M - mx), cs = expf(m - mx);
             L = L * ca + l * cs;
             A = A * ca + x * cs;
             M = mx;
         }
-        a.out[((size_t)t * a.n_heads + h) * a.hd + d] = A / L;
+        a.out[((size_t)t * a.n_heads + h) * a.hd + d] = L > 0.0f ? A / L : 0.0f; /* no key left: zeros */
     }
 }
 
