@@ -43,7 +43,7 @@ fy_status_t fy_kv_plan(const fy_kv_plan_in_t *in, fy_kv_plan_t *out)
         fy_error("plan: bad block size %d", in->block_size);
         return FY_ERR_INVALID;
     }
-    if (in->context < 0) {
+    if (in->context < 0 || in->kv_budget < 0) {
         fy_error("plan: negative context");
         return FY_ERR_INVALID;
     }
@@ -73,8 +73,14 @@ fy_status_t fy_kv_plan(const fy_kv_plan_in_t *in, fy_kv_plan_t *out)
         /* per layer: every block, or of a sliding layer what its window
          * and one step see (kv.h's fy_kv_blocks_held, layer by layer) */
         int64_t layer_block = p.bytes_per_block / in->n_layers, step = in->step > 0 ? in->step : 512, held = 0;
+        /* a budget: its sink, recent and heavy parts each round up to
+         * blocks, plus a step and the block being written (evict.h's
+         * fy_evict_max_blocks) */
+        int64_t budget_blocks =
+            in->kv_budget > 0 ? (in->kv_budget + step + in->block_size - 1) / in->block_size + 3 : p.blocks_per_request;
         for (int32_t l = 0; l < in->n_layers; l++) {
             int64_t w = in->windows ? in->windows[l] : 0, most = p.blocks_per_request;
+            if (budget_blocks < most) most = budget_blocks;
             if (w > 0) {
                 int64_t win = (w - 1 + step + in->block_size - 1) / in->block_size + 1;
                 if (win < most) most = win;

@@ -32,6 +32,7 @@ typedef struct fy_kv_plan_in {
     int64_t context;        /* tokens per request */
     const int32_t *windows; /* [n_layers] each layer's sliding window (0: global); NULL: all global */
     int32_t step;           /* tokens one forward pass adds (a sliding layer's bound); 0: 512 */
+    int64_t kv_budget;      /* KV budget per request in tokens (kv.evict, evict.h); 0: none */
 } fy_kv_plan_in_t;
 
 typedef struct fy_kv_plan {
@@ -39,8 +40,9 @@ typedef struct fy_kv_plan {
     int64_t bytes_per_token, bytes_per_block;
     int64_t blocks, tokens;
     int64_t blocks_per_request, requests; /* as if every layer kept every block */
-    /* with sliding-window layers in KV groups (kv.sliding_groups): what a
-     * request of `context` tokens holds at most, and how many fit */
+    /* with sliding-window layers in KV groups (kv.sliding_groups) and a
+     * KV budget: what a request of `context` tokens holds at most, and how
+     * many fit */
     int64_t held_per_request, requests_held;
 } fy_kv_plan_t;
 

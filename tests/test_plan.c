@@ -120,6 +120,16 @@ static void test_worked_examples(void **state)
     g3.windows = NULL; /* all global: the same as every block kept */
     assert_int_equal(fy_kv_plan(&g3, &p), FY_OK);
     assert_int_equal(p.held_per_request, 512 * 18 * layer_block);
+    /* a KV budget of 1,638 tokens (20% of 8k): its blocks, a step, and three for the parts' rounding */
+    g3.kv_budget = 1638;
+    assert_int_equal(fy_kv_plan(&g3, &p), FY_OK);
+    assert_int_equal(p.held_per_request, ((1638 + 512 + 15) / 16 + 3) * 18 * layer_block);
+    assert_true(p.requests_held >= 3 * p.requests);
+    g3.kv_budget = -1;
+    fy_test_log_begin();
+    assert_int_equal(fy_kv_plan(&g3, &p), FY_ERR_INVALID);
+    fy_test_log_end();
+    g3.kv_budget = 0;
     /* nonsense is refused */
     fy_test_log_begin();
     sm.weights = INT64_C(25) << 30;

@@ -19,6 +19,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: ferry plan (--model FILE | --layers L --kv-heads H --head-dim D)\n"
                "                  (--kv-mem SIZE | --mem SIZE [--weights SIZE] --mem-fraction F)\n"
                "                  [--kv-dtype f16|bf16|fp8|int8|f32] [--block-size B] [--context N]\n"
+               "                  [--kv-budget N]\n"
                "sizes take K/M/G/T (powers of 1000) or Ki/Mi/Gi/Ti (powers of 1024), e.g. 50GiB.\n"
                "--weights defaults to the model file's weights when --model is given.\n"
                "  -m, --model FILE    the model whose KV shape to take\n"
@@ -38,7 +39,7 @@ int fy_cmd_plan(int argc, char **argv)
     const char *model = NULL, *dtype = "f16";
     int32_t windows[FY_KV_MAX_LAYERS], n_sliding = 0;
     bool weights_given = false;
-    enum { O_LAYERS = 256, O_HEADS, O_DIM, O_KV_MEM, O_MEM, O_WEIGHTS, O_FRACTION, O_KVD, O_BS, O_CONTEXT };
+    enum { O_LAYERS = 256, O_HEADS, O_DIM, O_KV_MEM, O_MEM, O_WEIGHTS, O_FRACTION, O_KVD, O_BS, O_CONTEXT, O_BUDGET };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
         {"layers", required_argument, 0, O_LAYERS},
@@ -51,6 +52,7 @@ int fy_cmd_plan(int argc, char **argv)
         {"kv-dtype", required_argument, 0, O_KVD},
         {"block-size", required_argument, 0, O_BS},
         {"context", required_argument, 0, O_CONTEXT},
+        {"kv-budget", required_argument, 0, O_BUDGET},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -99,6 +101,10 @@ int fy_cmd_plan(int argc, char **argv)
         case O_CONTEXT:
             if (!fy_cli_parse_int("--context", optarg, 1, 1L << 30, &l)) return 2;
             in.context = l;
+            break;
+        case O_BUDGET:
+            if (!fy_cli_parse_int("--kv-budget", optarg, 1, 1L << 30, &l)) return 2;
+            in.kv_budget = l;
             break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -149,9 +155,11 @@ int fy_cmd_plan(int argc, char **argv)
     print_bytes("kv bytes per block", p.bytes_per_block);
     printf("%-28s %lld\n", "blocks that fit", (long long)p.blocks);
     printf("%-28s %lld\n", "tokens that fit", (long long)p.tokens);
-    if (in.context && in.windows) {
-        printf("%-28s %d of %d, in KV groups of their own (kv.sliding_groups)\n", "sliding-window layers", n_sliding,
-               in.n_layers);
+    if (in.context && (in.windows || in.kv_budget)) {
+        if (in.windows)
+            printf("%-28s %d of %d, in KV groups of their own (kv.sliding_groups)\n", "sliding-window layers",
+                   n_sliding, in.n_layers);
+        if (in.kv_budget) printf("%-28s %lld tokens (kv.evict)\n", "kv budget per request", (long long)in.kv_budget);
         print_bytes("kv held per request", p.held_per_request);
         printf("%-28s %lld\n", "requests of full context", (long long)p.requests_held);
         printf("%-28s %lld (of %lld blocks each)\n", "  every block kept", (long long)p.requests,
