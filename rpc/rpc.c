@@ -160,11 +160,25 @@ static void self_header(const fy_env_auth_t *a, uint64_t chan, fy_env_kind_t kin
 }
 
 /*
- * nng 1.5.2 (Debian 12) can hang in nng_close when a reply arrived for a
- * request whose context had already given up (nng issues #1543, #1813,
- * fixed in later releases).  A socket is closed on a helper thread; if
- * that does not finish within two seconds the socket is left behind with
- * a warning rather than hanging the process that is shutting it down.
+ * nng 1.5.2 (Debian 12) can hang in nng_close when a message arrives on
+ * one of the socket's pipes while the socket closes.  The ipc and tcp
+ * transports read a message in two steps (its length, then its body);
+ * if the pipe closes between the two, the body's read is refused without
+ * a callback, so the protocol's receive on that pipe never ends
+ * (nanomsg/nng pull request #1636, "Finish receive aio on close", fixed
+ * it for tcp after 1.5.2; ipc has the same code).  The pipe is torn down
+ * on nng's single reaper thread, which then waits for that receive
+ * forever: this close hangs, and so does every later close in the
+ * process, since pipes are no longer reaped (and dials that fail leave
+ * their socket in the poller, which then spins a core).  So the close
+ * must not race an arriving message: a client lets the replies it still
+ * expects arrive before it closes (fy_rpc_client_destroy).  A server or
+ * an event stream cannot know that its peers are done sending, so its
+ * close can still meet the bug, when a peer sends just then (at
+ * shutdown, in practice).  As a last resort, a socket is closed on a
+ * helper thread; if that does not finish within two seconds the socket
+ * is left behind with a warning rather than hanging the process that is
+ * shutting it down.
  */
 typedef struct closer {
     nng_socket sock;
@@ -515,8 +529,19 @@ void fy_rpc_server_refused(fy_rpc_server_t *s, uint64_t out[FY_ENV_N_FAULTS]) { 
  * fy_rpc_client_destroy, so calls neither open nor close contexts inside
  * aio callbacks, and the calls in flight to one peer are bounded.  Calls
  * beyond the pool wait in a queue for a free slot.
+ *
+ * A request that went out is answered on its own context, even after
+ * its caller gave up: the caller hears FY_ERR_TIMEOUT from the slot's
+ * timer at its deadline, while the context keeps waiting (LATE_REPLY_S
+ * more at most) for the late reply and drops it.  So the client always
+ * knows which replies may still come, and fy_rpc_client_destroy lets
+ * them arrive (CLOSE_DRAIN_S at most) before it closes the socket: a
+ * message arriving while nng 1.5 closes a socket can hang that close and
+ * every later one in the process (see close_socket).
  */
 #define CLIENT_SLOTS 32
+#define LATE_REPLY_S 5.0  /* a slot waits this long past its call's deadline for a late reply */
+#define CLOSE_DRAIN_S 1.0 /* destroy waits this long for replies still on their way */
 
 typedef struct pending {
     nng_msg *msg;
@@ -526,11 +551,20 @@ typedef struct pending {
     struct pending *next;
 } pending_t;
 
+/* Every field but seq is under the client's mu.  A slot is busy from the
+ * moment a call takes it until both of its operations (the send, then
+ * the receive, on aio; the deadline on timer) have ended and the caller
+ * has been told; only then does the next queued call get it. */
 typedef struct cslot {
     fy_rpc_client_t *c;
     nng_ctx ctx;
-    nng_aio *aio;
-    bool busy, receiving;
+    nng_aio *aio;   /* the request's send, then its reply's receive */
+    nng_aio *timer; /* the caller's deadline, once the request is out */
+    bool busy;
+    bool receiving; /* the request went out: aio receives its reply */
+    bool waiting;   /* aio has an operation outstanding */
+    bool timing;    /* timer is running */
+    bool told;      /* the caller has had its answer */
     double deadline;
     uint64_t seq; /* the request's sequence number: its reply must name it */
     fy_rpc_reply_fn cb;
@@ -544,7 +578,8 @@ struct fy_rpc_client {
     cslot_t slots[CLIENT_SLOTS];
     int n_slots;
     pending_t *head, *tail;
-    bool closing;
+    bool closing;  /* no new calls; calls still waiting were told FY_ERR_CANCELLED */
+    bool stopping; /* no new operations: every outstanding one is being cancelled */
     fy_env_auth_t auth;
     fy_env_hdr_t self; /* this client's request header, less sequence and time */
     size_t hlen;       /* its bytes: each message keeps this much room in front */
@@ -559,32 +594,40 @@ static nng_duration ms_left(double deadline)
     return left <= 0 ? 1 : (nng_duration)(left * 1000.0 + 1.0);
 }
 
-/* Seals m (its payload behind hlen bytes of room) as the next request and sends it. */
-static void slot_start(cslot_t *k, nng_msg *m, double deadline, fy_rpc_reply_fn cb, void *arg)
+/* Gives slot k to a call (mu held). */
+static void slot_assign(cslot_t *k, double deadline, fy_rpc_reply_fn cb, void *arg)
 {
-    fy_rpc_client_t *c = k->c;
+    k->busy = true;
+    k->receiving = false;
+    k->waiting = true; /* from here on: slot_start sends, or ends the call */
+    k->timing = false;
+    k->told = false;
     k->deadline = deadline;
     k->cb = cb;
     k->arg = arg;
-    k->receiving = false;
-    /* sequence numbers go out in about the order they are taken: at most
-     * CLIENT_SLOTS calls race, well inside the receiver's window */
-    fy_env_hdr_t h = c->self;
-    h.seq = k->seq = atomic_fetch_add(&c->seq, 1) + 1;
-    h.ts_ms = fy_env_now_ms();
-    uint8_t *body = nng_msg_body(m);
-    fy_env_seal(&c->auth.key, &h, body + c->hlen, nng_msg_len(m) - c->hlen, body);
-    nng_aio_set_msg(k->aio, m);
-    nng_aio_set_timeout(k->aio, ms_left(deadline));
-    nng_ctx_send(k->ctx, k->aio);
 }
 
-/* The call on slot k ended: tell its owner, then give the slot to the
- * next queued call (those already past their deadline end at once). */
-static void cslot_end(cslot_t *k, fy_status_t st, const void *reply, size_t len)
+/* Tells the caller of slot k's call st, unless it has been told already. */
+static void cslot_tell(cslot_t *k, fy_status_t st, const void *reply, size_t len)
 {
     fy_rpc_client_t *c = k->c;
-    k->cb(k->arg, st, reply, len);
+    pthread_mutex_lock(&c->mu);
+    bool tell = !k->told;
+    k->told = true;
+    fy_rpc_reply_fn cb = k->cb;
+    void *arg = k->arg;
+    pthread_mutex_unlock(&c->mu);
+    if (tell) cb(arg, st, reply, len);
+}
+
+static void slot_start(cslot_t *k, nng_msg *m);
+
+/* Slot k's call is over: the slot goes to the next queued call (those
+ * already past their deadline, or queued when the client closes, end at
+ * once), or idle. */
+static void cslot_release(cslot_t *k)
+{
+    fy_rpc_client_t *c = k->c;
     for (;;) {
         pthread_mutex_lock(&c->mu);
         pending_t *p = c->head;
@@ -592,16 +635,17 @@ static void cslot_end(cslot_t *k, fy_status_t st, const void *reply, size_t len)
             c->head = p->next;
             if (!c->head) c->tail = NULL;
         }
-        bool closing = c->closing;
         if (!p) {
             k->busy = false;
             pthread_cond_broadcast(&c->cv);
+            pthread_mutex_unlock(&c->mu);
+            return;
         }
+        fy_status_t why = c->closing ? FY_ERR_CANCELLED : p->deadline <= mono_s() ? FY_ERR_TIMEOUT : FY_OK;
+        if (why == FY_OK) slot_assign(k, p->deadline, p->cb, p->arg);
         pthread_mutex_unlock(&c->mu);
-        if (!p) return;
-        fy_status_t why = closing ? FY_ERR_CANCELLED : p->deadline <= mono_s() ? FY_ERR_TIMEOUT : FY_OK;
         if (why == FY_OK) {
-            slot_start(k, p->msg, p->deadline, p->cb, p->arg);
+            slot_start(k, p->msg);
             fy_free(p);
             return;
         }
@@ -611,27 +655,60 @@ static void cslot_end(cslot_t *k, fy_status_t st, const void *reply, size_t len)
     }
 }
 
-static void cslot_cb(void *arg)
+/* One of slot k's operations ended (*which: waiting or timing); after
+ * the last the slot is released.  A reply ends the deadline's timer. */
+static void cslot_done(cslot_t *k, bool *which)
+{
+    fy_rpc_client_t *c = k->c;
+    pthread_mutex_lock(&c->mu);
+    *which = false;
+    if (!k->waiting && k->timing) nng_aio_cancel(k->timer); /* completes on another thread */
+    bool idle = !k->waiting && !k->timing;
+    pthread_mutex_unlock(&c->mu);
+    if (idle) cslot_release(k);
+}
+
+/* Seals m (its payload behind hlen bytes of room) as the next request
+ * and sends it on slot k, which slot_assign gave to this call. */
+static void slot_start(cslot_t *k, nng_msg *m)
+{
+    fy_rpc_client_t *c = k->c;
+    /* sequence numbers go out in about the order they are taken: at most
+     * CLIENT_SLOTS calls race, well inside the receiver's window */
+    fy_env_hdr_t h = c->self;
+    h.seq = k->seq = atomic_fetch_add(&c->seq, 1) + 1;
+    h.ts_ms = fy_env_now_ms();
+    uint8_t *body = nng_msg_body(m);
+    fy_env_seal(&c->auth.key, &h, body + c->hlen, nng_msg_len(m) - c->hlen, body);
+    /* operations start under mu, so that none starts once destroy has
+     * cancelled them all (nng 1.5 ignores an operation on a stopped aio
+     * without a callback); nng completes them on its own threads */
+    pthread_mutex_lock(&c->mu);
+    bool stopping = c->stopping;
+    if (!stopping) {
+        nng_aio_set_msg(k->aio, m);
+        nng_aio_set_timeout(k->aio, ms_left(k->deadline));
+        nng_ctx_send(k->ctx, k->aio);
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (stopping) {
+        nng_msg_free(m);
+        cslot_tell(k, FY_ERR_CANCELLED, NULL, 0);
+        cslot_done(k, &k->waiting);
+    }
+}
+
+/* The deadline of slot k's call passed (or the timer was cancelled). */
+static void cslot_timer_cb(void *arg)
 {
     cslot_t *k = arg;
-    int rv = nng_aio_result(k->aio);
-    fy_status_t st = rv && k->c->closing ? FY_ERR_CANCELLED : from_nng(rv);
-    if (!k->receiving) {
-        if (rv || k->c->closing) {
-            if (rv) nng_msg_free(nng_aio_get_msg(k->aio));
-            cslot_end(k, rv ? st : FY_ERR_CANCELLED, NULL, 0);
-            return;
-        }
-        k->receiving = true;
-        nng_aio_set_timeout(k->aio, ms_left(k->deadline));
-        nng_ctx_recv(k->ctx, k->aio);
-        return;
-    }
-    if (rv) {
-        cslot_end(k, st, NULL, 0);
-        return;
-    }
-    nng_msg *m = nng_aio_get_msg(k->aio);
+    if (nng_aio_result(k->timer) == 0) cslot_tell(k, FY_ERR_TIMEOUT, NULL, 0);
+    cslot_done(k, &k->timing);
+}
+
+/* Checks a reply to slot k's request: FY_OK with its payload, or why not. */
+static fy_status_t cslot_check(cslot_t *k, nng_msg *m, const uint8_t **payload_p, size_t *len_p)
+{
     fy_rpc_client_t *c = k->c;
     const uint8_t *body = nng_msg_body(m);
     size_t len = nng_msg_len(m), off;
@@ -646,20 +723,60 @@ static void cslot_cb(void *arg)
                 fy_error("rpc: %s refused our request: %s (does this process read the same kv.secret_file as "
                          "the router?)",
                          c->url, fy_env_fault_words(r.reason));
-            st = FY_ERR_MISMATCH;
-        } else {
-            refused(&c->refusals, f, NULL, "a reply");
-            st = FY_ERR_PEER;
+            return FY_ERR_MISMATCH;
         }
-    } else if (h.kind != FY_ENV_REPLY || h.role != FY_ROLE_ROUTER || h.re_chan != c->self.chan || h.re_seq != k->seq) {
-        refused(&c->refusals, FY_ENV_IDENTITY, &h, "not a router's reply to this request");
-        st = FY_ERR_PEER;
+        refused(&c->refusals, f, NULL, "a reply");
+        return FY_ERR_PEER;
     }
-    if (st == FY_OK)
-        cslot_end(k, FY_OK, body + off, len - off);
-    else
-        cslot_end(k, st, NULL, 0);
-    nng_msg_free(m);
+    if (h.kind != FY_ENV_REPLY || h.role != FY_ROLE_ROUTER || h.re_chan != c->self.chan || h.re_seq != k->seq) {
+        refused(&c->refusals, FY_ENV_IDENTITY, &h, "not a router's reply to this request");
+        return FY_ERR_PEER;
+    }
+    *payload_p = body + off;
+    *len_p = len - off;
+    return FY_OK;
+}
+
+static void cslot_cb(void *arg)
+{
+    cslot_t *k = arg;
+    fy_rpc_client_t *c = k->c;
+    int rv = nng_aio_result(k->aio);
+    pthread_mutex_lock(&c->mu);
+    bool receiving = k->receiving, closing = c->closing;
+    if (!receiving && !rv && !c->stopping) {
+        /* the request is out: wait for its reply, past the caller's
+         * deadline too (the timer tells the caller then) */
+        k->receiving = true;
+        nng_duration ms = ms_left(k->deadline);
+        if (!closing) {
+            k->timing = true;
+            nng_sleep_aio(ms, k->timer);
+        }
+        nng_aio_set_timeout(k->aio, ms + (nng_duration)(LATE_REPLY_S * 1000));
+        nng_ctx_recv(k->ctx, k->aio);
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (!receiving) {
+        /* not sent (or sent while the client stops: nobody waits for it) */
+        if (rv) nng_msg_free(nng_aio_get_msg(k->aio));
+        cslot_tell(k, rv && !closing ? from_nng(rv) : FY_ERR_CANCELLED, NULL, 0);
+        cslot_done(k, &k->waiting);
+        return;
+    }
+    if (rv) {
+        cslot_tell(k, closing ? FY_ERR_CANCELLED : from_nng(rv), NULL, 0);
+    } else {
+        nng_msg *m = nng_aio_get_msg(k->aio);
+        const uint8_t *payload = NULL;
+        size_t len = 0;
+        fy_status_t st = cslot_check(k, m, &payload, &len);
+        cslot_tell(k, st, st == FY_OK ? payload : NULL, st == FY_OK ? len : 0);
+        nng_msg_free(m);
+    }
+    cslot_done(k, &k->waiting);
 }
 
 fy_status_t fy_rpc_client_create(const char *url, const fy_env_auth_t *auth, fy_rpc_client_t **c_p)
@@ -696,7 +813,12 @@ fy_status_t fy_rpc_client_create(const char *url, const fy_env_auth_t *auth, fy_
         cslot_t *k = &c->slots[i];
         k->c = c;
         if ((rv = nng_aio_alloc(&k->aio, cslot_cb, k))) break;
+        if ((rv = nng_aio_alloc(&k->timer, cslot_timer_cb, k))) {
+            nng_aio_free(k->aio);
+            break;
+        }
         if ((rv = nng_ctx_open(&k->ctx, c->sock))) {
+            nng_aio_free(k->timer);
             nng_aio_free(k->aio);
             break;
         }
@@ -712,24 +834,60 @@ fy_status_t fy_rpc_client_create(const char *url, const fy_env_auth_t *auth, fy_
     return FY_OK;
 }
 
+static bool any_busy(fy_rpc_client_t *c)
+{
+    for (int i = 0; i < c->n_slots; i++)
+        if (c->slots[i].busy) return true;
+    return false;
+}
+
 void fy_rpc_client_destroy(fy_rpc_client_t *c)
 {
     if (!c) return;
+    /* every call still waiting ends now; requests not yet out are withdrawn */
+    fy_rpc_reply_fn cbs[CLIENT_SLOTS];
+    void *args[CLIENT_SLOTS];
+    int n = 0;
     pthread_mutex_lock(&c->mu);
     c->closing = true;
+    for (int i = 0; i < c->n_slots; i++) {
+        cslot_t *k = &c->slots[i];
+        if (k->busy && !k->told) {
+            k->told = true;
+            cbs[n] = k->cb;
+            args[n++] = k->arg;
+        }
+        if (k->timing) nng_aio_cancel(k->timer);
+        if (k->waiting && !k->receiving) nng_aio_cancel(k->aio);
+    }
     pthread_mutex_unlock(&c->mu);
-    /* stopping an aio ends its operation and waits for its callback,
-     * which ends queued calls too now that closing is set */
-    for (int i = 0; i < c->n_slots; i++) nng_aio_stop(c->slots[i].aio);
-    /* an operation started by a callback racing the stop is refused by
-     * nng and its callback still runs: wait for every slot to go idle */
+    for (int i = 0; i < n; i++) cbs[i](args[i], FY_ERR_CANCELLED, NULL, 0);
+    /* replies to requests that went out may still come: let them arrive
+     * rather than close the socket under them (see close_socket) */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += (time_t)CLOSE_DRAIN_S;
+    ts.tv_nsec += (long)((CLOSE_DRAIN_S - (double)(time_t)CLOSE_DRAIN_S) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
     pthread_mutex_lock(&c->mu);
-    for (int i = 0; i < c->n_slots; i++)
-        while (c->slots[i].busy) pthread_cond_wait(&c->cv, &c->mu);
+    while (any_busy(c))
+        if (pthread_cond_timedwait(&c->cv, &c->mu, &ts)) break;
+    /* then cancel what is left: each cancelled operation still runs its
+     * callback, and no new one starts once stopping is set */
+    c->stopping = true;
+    for (int i = 0; i < c->n_slots; i++) {
+        cslot_t *k = &c->slots[i];
+        if (k->waiting) nng_aio_cancel(k->aio);
+        if (k->timing) nng_aio_cancel(k->timer);
+    }
+    while (any_busy(c)) pthread_cond_wait(&c->cv, &c->mu);
     pthread_mutex_unlock(&c->mu);
     for (int i = 0; i < c->n_slots; i++) {
+        nng_aio_stop(c->slots[i].aio);
+        nng_aio_stop(c->slots[i].timer);
         nng_ctx_close(c->slots[i].ctx);
         nng_aio_free(c->slots[i].aio);
+        nng_aio_free(c->slots[i].timer);
     }
     close_socket(c->sock, c->url);
     while (c->head) { /* queued with every slot idle: cannot happen, but end them anyway */
@@ -768,9 +926,9 @@ fy_status_t fy_rpc_call_async(fy_rpc_client_t *c, const void *buf, size_t len, d
     for (int i = 0; i < c->n_slots && !k; i++)
         if (!c->slots[i].busy) k = &c->slots[i];
     if (k) {
-        k->busy = true;
+        slot_assign(k, deadline, cb, arg);
         pthread_mutex_unlock(&c->mu);
-        slot_start(k, m, deadline, cb, arg);
+        slot_start(k, m);
         return FY_OK;
     }
     pending_t *p = fy_calloc(1, sizeof(*p));

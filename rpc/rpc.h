@@ -84,7 +84,9 @@ typedef void (*fy_rpc_reply_fn)(void *arg, fy_status_t st, const void *reply, si
 /* Dials url in the background; calls made before the peer is up wait for
  * it until their timeout.  Replies are taken from a router role only. */
 fy_status_t fy_rpc_client_create(const char *url, const fy_env_auth_t *auth, fy_rpc_client_t **c_p);
-/* Ends every outstanding call (callback with FY_ERR_CANCELLED) first. */
+/* Ends every outstanding call (callback with FY_ERR_CANCELLED) first,
+ * then lets replies to requests already sent, timed-out ones included,
+ * arrive (1 s at most) before it closes the socket (see rpc.c). */
 void fy_rpc_client_destroy(fy_rpc_client_t *c); /* accepts NULL */
 /* FY_ERR_TIMEOUT when no reply came within timeout_s, FY_ERR_PEER when
  * the connection failed or the reply did not verify, FY_ERR_MISMATCH when

@@ -169,8 +169,14 @@ static void test_timeouts_and_absent_peer(void **state)
     /* the server still serves; the abandoned call's slot is replied later */
     assert_int_equal(fy_rpc_call(c, "ping", 4, 5.0, &rep, &len), FY_OK);
     fy_free(rep);
+    /* the abandoned call's late reply is on its way as the client closes:
+     * the client takes it first (a message arriving while nng 1.5 closes a
+     * socket hangs that close and every later one: see rpc.c) */
+    fy_test_log_begin();
     release_all(&s);
     fy_rpc_client_destroy(c);
+    fy_test_log_end();
+    assert_false(fy_test_log_has("is stuck", NULL));
     fy_rpc_server_destroy(srv);
 
     /* nobody listens: the call ends at its deadline */
