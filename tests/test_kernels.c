@@ -305,12 +305,18 @@ static void test_isa_kernels_agree(void **state)
         S->f32_to_f16(kf, kh, NK * HD);
         S->f32_to_f16(vf, vh, NK * HD);
         const void *kk = kt ? (const void *)kh : kf, *vv = kt ? (const void *)vh : vf;
-        float m1[G], l1[G], a1[G * HD], m2[G], l2[G], a2[G * HD];
+        float m1[G], l1[G], a1[G * HD], m2[G], l2[G], a2[G * HD], b1[G], b2[G], m0[G], l0[G];
         for (int g = 0; g < G; g++) m1[g] = m2[g] = -INFINITY, l1[g] = l2[g] = 0;
         memset(a1, 0, sizeof(a1)), memset(a2, 0, sizeof(a2));
         for (int rep = 0; rep < 2; rep++) {
-            S->attn_block[t](q, G, kk, vv, NK - rep * 4, HD, 0.125f, m1, l1, a1);
-            A->attn_block[t](q, G, kk, vv, NK - rep * 4, HD, 0.125f, m2, l2, a2);
+            memcpy(m0, m2, sizeof(m0)), memcpy(l0, l2, sizeof(l0));
+            S->attn_block[t](q, G, kk, vv, NK - rep * 4, HD, 0.125f, m1, l1, a1, b1);
+            A->attn_block[t](q, G, kk, vv, NK - rep * 4, HD, 0.125f, m2, l2, a2, b2);
+            /* the block's own sum (H2O) is its share of l in the new frame */
+            for (int g = 0; g < G; g++) {
+                assert_float_equal(b1[g], b2[g], 1e-5 * b1[g]);
+                assert_float_equal(b2[g], l2[g] - l0[g] * expf(m0[g] - m2[g]), 1e-5 * l2[g]);
+            }
         }
         for (int g = 0; g < G; g++) {
             assert_float_equal(m1[g], m2[g], 1e-5);
