@@ -14,7 +14,8 @@
  * them by an event, and complete when copy_blocks returns.
  *
  * Not here: a determinism guarantee across batch compositions (cuBLAS
- * picks its algorithm by shape), multi-GPU, CUDA graphs.
+ * picks its algorithm by shape), multi-GPU, CUDA graphs, H2O attention
+ * scores (set_attn_scores refuses them; the CPU backend has them).
  *
  * Status: compiled in CI for sm_80 and sm_90; never yet run on a GPU.
  */
