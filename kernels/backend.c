@@ -248,4 +248,14 @@ fy_status_t fy_backend_attention(fy_backend_t *be, const fy_kv_layout_t *lay, co
     TIMED(FY_OP_ATTENTION, attention, lay, arena, layer, n_heads, scale, window, q, out);
 }
 
+fy_status_t fy_backend_set_attn_scores(fy_backend_t *be, float *scores, int32_t stride)
+{
+    if (scores && stride < 1) {
+        fy_error("backend %s: attention scores with stride %d", be->ops->name, stride);
+        return FY_ERR_INVALID;
+    }
+    if (!be->ops->set_attn_scores) return scores ? missing(be, "set_attn_scores") : FY_OK;
+    return be->ops->set_attn_scores(be->ctx, scores, stride);
+}
+
 fy_status_t fy_backend_sync(fy_backend_t *be) { return be->ops->sync ? be->ops->sync(be->ctx) : FY_OK; }

@@ -187,6 +187,23 @@ fy_status_t fy_backend_kv_write(fy_backend_t *be, const fy_kv_layout_t *lay, voi
  * head_dim]. */
 fy_status_t fy_backend_attention(fy_backend_t *be, const fy_kv_layout_t *lay, const void *arena, int32_t layer,
                                  int32_t n_heads, float scale, int32_t window, const float *q, float *out);
+/* H2O: while set, each attention call adds into scores[s * stride + i] the
+ * attention mass (the softmax weights, summed over the query heads and over
+ * sequence s's query rows of this batch) that the keys of block i of
+ * sequence s received in that layer; i indexes the sequence's logical
+ * blocks (0 .. n_blocks-1; with several KV groups every group's layers add
+ * into the same entry i).  Every query row of the batch counts, prefill
+ * chunks included; a row adds n_heads in all (each head's weights sum to
+ * 1; a head that sees no key, all its blocks evicted, adds 0).  Blocks no
+ * row saw (evicted, before every window, past kv_len) get nothing added.  NULL: off (the default; no cost).  Host
+ * memory, valid until unset.  set_batch turns it off (a new batch has
+ * other sequences, and a draft model's batch must not add to the target's
+ * scores): set it after each set_batch whose attention it should measure;
+ * stride must be at least every sequence's n_blocks.  The CPU backend
+ * computes it inside its attention pass (no second read of K) and adds in
+ * a fixed order: the same bits for any thread count.  The CUDA backend
+ * refuses a non-NULL pointer (FY_ERR_UNSUPPORTED). */
+fy_status_t fy_backend_set_attn_scores(fy_backend_t *be, float *scores, int32_t stride);
 fy_status_t fy_backend_sync(fy_backend_t *be);
 
 /* ---- profiling: wall time per op, synchronizing after each op when on ---- */

@@ -41,6 +41,9 @@ typedef struct fy_backend_ops {
     fy_status_t (*geglu)(void *ctx, const float *gate, const float *up, float *out, size_t n);
     fy_status_t (*add_bias)(void *ctx, float *x, const fy_tensor_t *b, int32_t n);
     fy_status_t (*scale)(void *ctx, float *x, float s, size_t n);
+    /* optional: NULL means H2O scores are unsupported (turning them off
+     * still succeeds) */
+    fy_status_t (*set_attn_scores)(void *ctx, float *scores, int32_t stride);
 } fy_backend_ops_t;
 
 /* Each backend's constructor: fills *ops_p and *ctx_p, and a description. */

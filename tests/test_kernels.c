@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend.h"
 #include "cpu_kernels.h"
@@ -305,12 +306,18 @@ static void test_isa_kernels_agree(void **state)
         S->f32_to_f16(kf, kh, NK * HD);
         S->f32_to_f16(vf, vh, NK * HD);
         const void *kk = kt ? (const void *)kh : kf, *vv = kt ? (const void *)vh : vf;
-        float m1[G], l1[G], a1[G * HD], m2[G], l2[G], a2[G * HD];
+        float m1[G], l1[G], a1[G * HD], m2[G], l2[G], a2[G * HD], b1[G], b2[G], m0[G], l0[G];
         for (int g = 0; g < G; g++) m1[g] = m2[g] = -INFINITY, l1[g] = l2[g] = 0;
         memset(a1, 0, sizeof(a1)), memset(a2, 0, sizeof(a2));
         for (int rep = 0; rep < 2; rep++) {
-            S->attn_block[t](q, G, kk, vv, NK - rep * 4, HD, 0.125f, m1, l1, a1);
-            A->attn_block[t](q, G, kk, vv, NK - rep * 4, HD, 0.125f, m2, l2, a2);
+            memcpy(m0, m2, sizeof(m0)), memcpy(l0, l2, sizeof(l0));
+            S->attn_block[t](q, G, kk, vv, NK - rep * 4, HD, 0.125f, m1, l1, a1, b1);
+            A->attn_block[t](q, G, kk, vv, NK - rep * 4, HD, 0.125f, m2, l2, a2, b2);
+            /* the block's own sum (H2O) is its share of l in the new frame */
+            for (int g = 0; g < G; g++) {
+                assert_float_equal(b1[g], b2[g], 1e-5 * b1[g]);
+                assert_float_equal(b2[g], l2[g] - l0[g] * expf(m0[g] - m2[g]), 1e-5 * l2[g]);
+            }
         }
         for (int g = 0; g < G; g++) {
             assert_float_equal(m1[g], m2[g], 1e-5);
@@ -388,45 +395,99 @@ typedef struct attn_case {
     int n_q[4]; /* of which queried this step */
 } attn_case_t;
 
+enum { REF_MAX_POS = 1024 };
+
 /* Contiguous reference over the same (possibly f16-rounded) K/V: the query
  * at pos sees keys s with s <= pos and, for a window W > 0, pos - s < W
- * (Hugging Face's sliding_window_overlay: kv_idx > q_idx - W). */
+ * (Hugging Face's sliding_window_overlay: kv_idx > q_idx - W), less the
+ * positions gone[s] (evicted; gone may be NULL).  A head that sees nothing
+ * outputs zeros.  w (may be NULL): [n_heads][pos + 1] the softmax weights
+ * (0 where masked). */
 static void ref_attention(const float *q, const float *K, const float *V, int n_heads, int n_kv, int hd, int window,
-                          double scale, int pos, double *out)
+                          double scale, int pos, const unsigned char *gone, double *out, double *w)
 {
     int group = n_heads / n_kv, lo = 0;
     while (window && lo <= pos && !(lo > pos - window)) lo++;
+    assert_true(pos < REF_MAX_POS);
     for (int h = 0; h < n_heads; h++) {
         int kh = h / group;
-        double mx = -INFINITY, sum = 0, sc[512];
-        for (int s = lo; s <= pos; s++) {
+        double mx = -INFINITY, sum = 0, sc[REF_MAX_POS];
+        for (int s = 0; s <= pos; s++) {
+            sc[s] = -INFINITY;
+            if (s < lo || (gone && gone[s])) continue;
             double d = 0;
             for (int i = 0; i < hd; i++) d += (double)q[h * hd + i] * K[((size_t)s * n_kv + kh) * hd + i];
             sc[s] = d * scale;
             if (sc[s] > mx) mx = sc[s];
         }
-        for (int s = lo; s <= pos; s++) sum += (sc[s] = exp(sc[s] - mx));
+        for (int s = 0; s <= pos; s++) sum += (sc[s] = sc[s] == -INFINITY ? 0 : exp(sc[s] - mx));
         for (int i = 0; i < hd; i++) {
             double a = 0;
-            for (int s = lo; s <= pos; s++) a += sc[s] * V[((size_t)s * n_kv + kh) * hd + i];
-            out[h * hd + i] = a / sum;
+            for (int s = 0; s <= pos; s++) a += sc[s] * V[((size_t)s * n_kv + kh) * hd + i];
+            out[h * hd + i] = sum > 0 ? a / sum : 0;
         }
+        for (int s = 0; w && s <= pos; s++) w[(size_t)h * (pos + 1) + s] = sum > 0 ? sc[s] / sum : 0;
     }
 }
 
-/* window 0: global; scale 0: 1 / sqrt(head_dim).  With a window, the
- * block-table entries of blocks wholly before every query's window are
- * pointed at a block of NaNs: reading one would show in the output. */
+/* Which blocks of a sequence are evicted (-1 in its table): never one that
+ * holds a query of this step (from kept_from on), as in the engine, which
+ * keeps the current token's block. */
+typedef enum evict {
+    EVICT_NONE = 0,
+    EVICT_MIDDLE, /* one block half way */
+    EVICT_START,  /* the first two (no attention sink) */
+    EVICT_RUNS,   /* runs of three adjacent blocks, one kept between runs */
+    EVICT_STREAM, /* StreamingLLM: all but the first block and the last two before the queries */
+    EVICT_RANDOM, /* two in five, scattered */
+    EVICT_COUNT
+} evict_t;
+
+static bool block_evicted(evict_t e, int b, int kept_from, uint64_t seed)
+{
+    if (b >= kept_from) return false;
+    switch (e) {
+    case EVICT_MIDDLE: return b == kept_from / 2;
+    case EVICT_START: return b < 2;
+    case EVICT_RUNS: return b % 4 != 0;
+    case EVICT_STREAM: return b >= 1 && b < kept_from - 2;
+    case EVICT_RANDOM: {
+        uint64_t h = seed * 0x9e3779b97f4a7c15ull + (uint64_t)b;
+        return fy_test_rand_u64(&h) % 5 < 2;
+    }
+    default: return false;
+    }
+}
+
+/* What a case checks besides the output against the reference. */
+typedef struct attn_opts {
+    evict_t evict;
+    /* H2O: runs the attention again with scores on, checks the same
+     * output bits and each block's mass against the reference's weights */
+    bool scores;
+    float *keep_scores; /* may be NULL: [n_seqs][ATTN_STRIDE] the scores */
+    bool no_ref;        /* the caller compares the kept output with another run's instead */
+} attn_opts_t;
+
+enum { ATTN_STRIDE = 160 }; /* block-table entries per sequence in these tests (1024 tokens of 8, and spare) */
+
+/* window 0: global; scale 0: 1 / sqrt(head_dim); o may be NULL.  With a
+ * window, the block-table entries of blocks wholly before every query's
+ * window are pointed at a block of NaNs: reading one would show in the
+ * output.  So is the block an evicted entry (-1) would address. */
 static void run_attention_case(fy_backend_t *be, int bs, fy_dtype_t kvt, const attn_case_t *c, uint64_t seed,
-                               int window, float scale, float *keep)
+                               int window, float scale, float *keep, const attn_opts_t *o)
 {
     const int n_heads = 6, n_kv = 2, hd = 32, n_layers = 2, layer = 1;
+    const attn_opts_t none = {0};
+    if (!o) o = &none;
     fy_kv_layout_t lay;
     assert_int_equal(fy_kv_layout_init(&lay, n_layers, n_kv, hd, bs, kvt), FY_OK);
     int total_blocks = 0;
     for (int s = 0; s < c->n_seqs; s++) total_blocks += (c->len[s] + bs - 1) / bs;
     int n_blocks = total_blocks + 8, poison = n_blocks; /* one more block: NaNs in the layer attended */
-    char *arena = calloc((size_t)n_blocks + 1, lay.block_bytes);
+    char *mem = calloc((size_t)n_blocks + 2, lay.block_bytes), *arena = mem + lay.block_bytes;
+    memset(mem, 0xff, lay.block_bytes); /* block -1: NaNs */
     memset(arena + fy_kv_offset(&lay, poison, layer, 0, 0), 0xff, lay.layer_bytes);
     if (!scale) scale = 1.0f / sqrtf((float)hd);
     /* a shuffled block order so that block tables are not the identity */
@@ -436,11 +497,13 @@ static void run_attention_case(fy_backend_t *be, int bs, fy_dtype_t kvt, const a
         int j = (int)(fy_test_rand_u64(&seed) % (uint64_t)(i + 1)), t = perm[i];
         perm[i] = perm[j], perm[j] = t;
     }
-    int32_t tables[4][80];
+    int32_t tables[4][ATTN_STRIDE];
+    unsigned char *gone[4]; /* per position: in an evicted block */
     fy_attn_seq_t seqs[4];
     int used = 0, n_tok = 0;
     for (int s = 0; s < c->n_seqs; s++) {
         int nb = (c->len[s] + bs - 1) / bs;
+        assert_true(nb <= ATTN_STRIDE);
         for (int b = 0; b < nb; b++) tables[s][b] = perm[used++];
         seqs[s] = (fy_attn_seq_t){n_tok, c->n_q[s], c->len[s], nb, tables[s], 0};
         n_tok += c->n_q[s];
@@ -486,6 +549,16 @@ static void run_attention_case(fy_backend_t *be, int bs, fy_dtype_t kvt, const a
         int lo = c->len[s] - c->n_q[s] - window + 1;
         for (int b = 0; (b + 1) * bs <= lo; b++) tables[s][b] = poison;
     }
+    /* evicted blocks: gone from the table, anywhere before the queries */
+    for (int s = 0; s < c->n_seqs; s++) {
+        gone[s] = calloc((size_t)c->len[s], 1);
+        int kept_from = (c->len[s] - c->n_q[s]) / bs;
+        for (int b = 0; b < kept_from; b++) {
+            if (!block_evicted(o->evict, b, kept_from, seed + (uint64_t)s)) continue;
+            tables[s][b] = -1;
+            for (int i = b * bs; i < (b + 1) * bs; i++) gone[s][i] = 1;
+        }
+    }
     /* this step: the new tokens of every sequence in one batch */
     int32_t *tok = calloc((size_t)n_tok, sizeof(int32_t)), *pos = malloc(sizeof(int32_t) * n_tok),
             *slot = malloc(sizeof(int32_t) * n_tok);
@@ -506,29 +579,64 @@ static void run_attention_case(fy_backend_t *be, int bs, fy_dtype_t kvt, const a
     assert_int_equal(fy_backend_kv_write(be, &lay, arena, layer, kn, vn), FY_OK);
     assert_int_equal(fy_backend_attention(be, &lay, arena, layer, n_heads, scale, window, q, out), FY_OK);
     if (keep) memcpy(keep, out, sizeof(float) * n_tok * n_heads * hd);
-    double ref[6 * 32], err2 = 0, ref2 = 0;
-    for (int s = 0, t = 0; s < c->n_seqs; s++) {
+    /* H2O: the same attention with scores on gives the same bits, and the
+     * scores sum each block's softmax weights (checked below) */
+    float *scores = NULL;
+    if (o->scores) {
+        float *out2 = malloc(sizeof(float) * n_tok * n_heads * hd);
+        scores = calloc((size_t)c->n_seqs * ATTN_STRIDE, sizeof(float));
+        assert_int_equal(fy_backend_set_attn_scores(be, scores, ATTN_STRIDE), FY_OK);
+        assert_int_equal(fy_backend_attention(be, &lay, arena, layer, n_heads, scale, window, q, out2), FY_OK);
+        assert_memory_equal(out, out2, sizeof(float) * n_tok * n_heads * hd);
+        assert_int_equal(fy_backend_set_attn_scores(be, NULL, 0), FY_OK);
+        if (o->keep_scores) memcpy(o->keep_scores, scores, sizeof(float) * c->n_seqs * ATTN_STRIDE);
+        free(out2);
+    }
+    double ref[6 * 32], err2 = 0, ref2 = 0, mass_err = 0, *w = malloc(sizeof(double) * n_heads * REF_MAX_POS);
+    for (int s = 0, t = 0; s < c->n_seqs && !o->no_ref; s++) {
+        double want[ATTN_STRIDE] = {0};
         for (int i = 0; i < c->n_q[s]; i++, t++) {
             /* exact against the stored (rounded) K/V */
-            ref_attention(q + (size_t)t * n_heads * hd, K[s], V[s], n_heads, n_kv, hd, window, scale, pos[t], ref);
+            ref_attention(q + (size_t)t * n_heads * hd, K[s], V[s], n_heads, n_kv, hd, window, scale, pos[t], gone[s],
+                          ref, w);
             for (int j = 0; j < n_heads * hd; j++) {
                 double g = out[(size_t)t * n_heads * hd + j];
                 if (!(fabs(g - ref[j]) <= 1e-5 * (1 + fabs(ref[j]))))
-                    fail_msg("%s: block %d, window %d, seq %d, token %d, elem %d: %g vs %g", fy_dtype_name(kvt), bs,
-                             window, s, t, j, g, ref[j]);
+                    fail_msg("%s: block %d, window %d, evict %d, seq %d, token %d, elem %d: %g vs %g",
+                             fy_dtype_name(kvt), bs, window, o->evict, s, t, j, g, ref[j]);
             }
-            /* and close to the unquantized K/V */
-            ref_attention(q + (size_t)t * n_heads * hd, K0[s], V0[s], n_heads, n_kv, hd, window, scale, pos[t], ref);
+            for (int h = 0; h < n_heads; h++)
+                for (int k = 0; k <= pos[t]; k++) want[k / bs] += w[(size_t)h * (pos[t] + 1) + k];
+            /* and close to the unquantized K/V (the quantization's error:
+             * eviction changes nothing there) */
+            if (o->evict) continue;
+            ref_attention(q + (size_t)t * n_heads * hd, K0[s], V0[s], n_heads, n_kv, hd, window, scale, pos[t], gone[s],
+                          ref, NULL);
             for (int j = 0; j < n_heads * hd; j++) {
                 double d = out[(size_t)t * n_heads * hd + j] - ref[j];
                 err2 += d * d, ref2 += ref[j] * ref[j];
             }
         }
+        /* every block's mass as the reference's weights sum it; nothing
+         * added for evicted blocks or past the sequence; each row's heads
+         * add one each */
+        for (int b = 0; scores && b < ATTN_STRIDE; b++) {
+            double got = scores[s * ATTN_STRIDE + b];
+            if (want[b] > 0 && fabs(got - want[b]) / want[b] > mass_err) mass_err = fabs(got - want[b]) / want[b];
+            if (!(fabs(got - want[b]) <= 1e-4 * want[b] + 1e-30) || (b < c->len[s] / bs && gone[s][b * bs] && got))
+                fail_msg("%s: block %d, window %d, evict %d, seq %d: block %d's mass %.9g vs %.9g", fy_dtype_name(kvt),
+                         bs, window, o->evict, s, b, got, want[b]);
+        }
+        double total = 0;
+        for (int b = 0; scores && b < ATTN_STRIDE; b++) total += scores[s * ATTN_STRIDE + b];
+        if (scores && !(fabs(total - (double)n_heads * c->n_q[s]) <= 1e-5 * n_heads * c->n_q[s]))
+            fail_msg("seq %d: the masses add to %.9g, not %d heads x %d rows", s, total, n_heads, c->n_q[s]);
     }
     /* relative (Frobenius) error of the output against f32 K/V */
     double rel = sqrt(err2 / (ref2 + 1e-30));
     double tol = kvt == FY_DTYPE_FP8 ? 0.05 : kvt == FY_DTYPE_I8 ? 0.01 : 1e-3;
-    if (getenv("FY_TEST_VERBOSE")) fprintf(stderr, "%s block %d: rel err %.3g\n", fy_dtype_name(kvt), bs, rel);
+    if (getenv("FY_TEST_VERBOSE"))
+        fprintf(stderr, "%s block %d: rel err %.3g, block masses %.3g\n", fy_dtype_name(kvt), bs, rel, mass_err);
     if (rel > tol)
         fail_msg("%s: block %d: relative error %.3g > %.3g against f32 K/V", fy_dtype_name(kvt), bs, rel, tol);
     /* the other layer's slots of the touched blocks stay untouched */
@@ -536,8 +644,9 @@ static void run_attention_case(fy_backend_t *be, int bs, fy_dtype_t kvt, const a
         const char *l0 = arena + fy_kv_offset(&lay, b, 0, 0, 0);
         for (size_t i = 0; i < lay.layer_bytes; i++) assert_int_equal(l0[i], 0);
     }
-    for (int s = 0; s < c->n_seqs; s++) free(K[s]), free(V[s]), free(K0[s]), free(V0[s]);
-    free(tok), free(pos), free(slot), free(kn), free(vn), free(q), free(out), free(arena), free(perm);
+    for (int s = 0; s < c->n_seqs; s++) free(K[s]), free(V[s]), free(K0[s]), free(V0[s]), free(gone[s]);
+    free(tok), free(pos), free(slot), free(kn), free(vn), free(q), free(out), free(mem), free(perm), free(w);
+    free(scores);
 }
 
 static void test_paged_attention_matches_contiguous(void **state)
@@ -564,10 +673,11 @@ static void test_paged_attention_matches_contiguous(void **state)
     };
     int bss[] = {8, 16, 32};
     fy_dtype_t kvts[] = {FY_DTYPE_F32, FY_DTYPE_F16, FY_DTYPE_FP8, FY_DTYPE_I8};
+    const attn_opts_t h2o = {.scores = true}; /* and H2O's per-block masses */
     for (size_t b = 0; b < 3; b++)
         for (size_t k = 0; k < FY_ARRAY_LEN(kvts); k++)
             for (size_t c = 0; c < FY_ARRAY_LEN(cases); c++)
-                run_attention_case(be, bss[b], kvts[k], &cases[c], 1000 + c, 0, 0, NULL);
+                run_attention_case(be, bss[b], kvts[k], &cases[c], 1000 + c, 0, 0, NULL, &h2o);
     fy_backend_destroy(be);
 }
 
@@ -603,22 +713,321 @@ static void test_sliding_window_attention(void **state)
     const int windows[] = {1, 5, 16, 37, 64, 100, 1000};
     int bss[] = {8, 16, 32};
     fy_dtype_t kvts[] = {FY_DTYPE_F32, FY_DTYPE_F16, FY_DTYPE_FP8, FY_DTYPE_I8};
+    const attn_opts_t h2o = {.scores = true}; /* and H2O's per-block masses */
     for (size_t b = 0; b < 3; b++)
         for (size_t k = 0; k < FY_ARRAY_LEN(kvts); k++)
             for (size_t c = 0; c < FY_ARRAY_LEN(cases); c++)
                 for (size_t w = 0; w < FY_ARRAY_LEN(windows); w++)
-                    run_attention_case(be, bss[b], kvts[k], &cases[c], 2000 + c, windows[w], w == 3 ? 0.0625f : 0,
-                                       NULL);
-    /* a window longer than the sequence gives the global result bit for bit */
-    enum { KEEP = 86 * 6 * 32 };
+                    run_attention_case(be, bss[b], kvts[k], &cases[c], 2000 + c, windows[w], w == 3 ? 0.0625f : 0, NULL,
+                                       &h2o);
+    /* a window longer than the sequence gives the global result bit for
+     * bit, scores included */
+    enum { KEEP = 86 * 6 * 32, KEEP_SC = 4 * ATTN_STRIDE };
     float *global = malloc(sizeof(float) * KEEP), *wide = malloc(sizeof(float) * KEEP);
+    float *gsc = malloc(sizeof(float) * KEEP_SC), *wsc = malloc(sizeof(float) * KEEP_SC);
     for (size_t b = 0; b < 3; b++) {
-        run_attention_case(be, bss[b], FY_DTYPE_F16, &cases[5], 77, 0, 0, global);
-        run_attention_case(be, bss[b], FY_DTYPE_F16, &cases[5], 77, 181, 0, wide);
+        run_attention_case(be, bss[b], FY_DTYPE_F16, &cases[5], 77, 0, 0, global,
+                           &(attn_opts_t){.scores = true, .keep_scores = gsc});
+        run_attention_case(be, bss[b], FY_DTYPE_F16, &cases[5], 77, 181, 0, wide,
+                           &(attn_opts_t){.scores = true, .keep_scores = wsc});
         assert_memory_equal(global, wide, sizeof(float) * KEEP);
+        assert_memory_equal(gsc, wsc, sizeof(float) * KEEP_SC);
     }
-    free(global), free(wide);
+    free(global), free(wide), free(gsc), free(wsc);
     fy_backend_destroy(be);
+}
+
+static fy_backend_t *attn_backend(int n_threads, int32_t max_tokens, int32_t max_kv_len, int32_t n_heads,
+                                  int32_t head_dim)
+{
+    fy_backend_t *be;
+    fy_backend_params_t bp = {.n_threads = n_threads};
+    assert_int_equal(fy_backend_create("cpu", &bp, &be), FY_OK);
+    fy_backend_reserve_t r = {.max_tokens = max_tokens,
+                              .max_row = 256,
+                              .max_seqs = 16,
+                              .max_blocks = 16 * (max_kv_len / 8 + 1),
+                              .max_kv_len = max_kv_len,
+                              .n_heads = n_heads,
+                              .head_dim = head_dim};
+    assert_int_equal(fy_backend_reserve(be, &r), FY_OK);
+    return be;
+}
+
+/*
+ * Evicted blocks (-1 in a block table: StreamingLLM's sinks and recent
+ * window, H2O's heavy hitters) anywhere before the queries: one in the
+ * middle, the first ones, adjacent runs, all but a sink and the latest,
+ * scattered; with and without sliding windows; decodes far into the
+ * context (split into 64-position segments over two threads), a prefill
+ * chunk and mixed batches.  The output matches the reference with those
+ * positions masked; a -1 entry would address a block of NaNs.  One and two
+ * threads give the same bits, outputs and H2O scores alike.
+ */
+static void test_evicted_blocks_attention(void **state)
+{
+    fy_backend_t *be[2] = {attn_backend(1, 1024, 1024, 6, 32), attn_backend(2, 1024, 1024, 6, 32)};
+    const attn_case_t cases[] = {
+        {1, {700}, {1}},                         /* decode far in: 11 segments */
+        {3, {130, 257, 400}, {1, 1, 1}},         /* decodes at several lengths */
+        {1, {300}, {24}},                        /* a prefill chunk after a long prefix */
+        {4, {64, 200, 96, 150}, {1, 20, 1, 11}}, /* mixed */
+    };
+    const int windows[] = {0, 37, 300};
+    int bss[] = {8, 16, 32};
+    fy_dtype_t kvts[] = {FY_DTYPE_F32, FY_DTYPE_F16, FY_DTYPE_FP8, FY_DTYPE_I8};
+    enum { KEEP = 64 * 6 * 32, KEEP_SC = 4 * ATTN_STRIDE };
+    float *out[2], *sc[2];
+    for (int i = 0; i < 2; i++) out[i] = malloc(sizeof(float) * KEEP), sc[i] = malloc(sizeof(float) * KEEP_SC);
+    for (size_t b = 0; b < FY_ARRAY_LEN(bss); b++)
+        for (size_t k = 0; k < FY_ARRAY_LEN(kvts); k++)
+            for (size_t c = 0; c < FY_ARRAY_LEN(cases); c++)
+                for (size_t w = 0; w < FY_ARRAY_LEN(windows); w++)
+                    for (int e = EVICT_MIDDLE; e < EVICT_COUNT; e++) {
+                        uint64_t seed = 3000 + c * 100 + (uint64_t)e;
+                        for (int i = 0; i < 2; i++) {
+                            memset(sc[i], 0, sizeof(float) * KEEP_SC);
+                            run_attention_case(
+                                be[i], bss[b], kvts[k], &cases[c], seed, windows[w], 0, out[i],
+                                &(attn_opts_t){
+                                    .evict = (evict_t)e, .scores = true, .keep_scores = sc[i], .no_ref = i == 1});
+                        }
+                        int n_tok = 0;
+                        for (int s = 0; s < cases[c].n_seqs; s++) n_tok += cases[c].n_q[s];
+                        assert_memory_equal(out[0], out[1], sizeof(float) * n_tok * 6 * 32);
+                        assert_memory_equal(sc[0], sc[1], sizeof(float) * cases[c].n_seqs * ATTN_STRIDE);
+                    }
+    for (int i = 0; i < 2; i++) free(out[i]), free(sc[i]), fy_backend_destroy(be[i]);
+}
+
+/* Random K/V for tokens [0, len) of a sequence through kv_write, in
+ * batches of at most max_tokens. */
+static void write_kv(fy_backend_t *be, const fy_kv_layout_t *lay, char *arena, int layer, const int32_t *table, int len,
+                     int max_tokens, uint64_t *seed)
+{
+    size_t row = (size_t)lay->n_kv_heads * lay->head_dim;
+    int32_t *tok = calloc((size_t)max_tokens, sizeof(int32_t)), *pos = malloc(sizeof(int32_t) * max_tokens),
+            *slot = malloc(sizeof(int32_t) * max_tokens);
+    float *k = malloc(sizeof(float) * max_tokens * row), *v = malloc(sizeof(float) * max_tokens * row);
+    for (int t0 = 0; t0 < len; t0 += max_tokens) {
+        int n = len - t0 < max_tokens ? len - t0 : max_tokens;
+        for (int t = 0; t < n; t++)
+            pos[t] = t0 + t, slot[t] = table[(t0 + t) / lay->block_size] * lay->block_size + (t0 + t) % lay->block_size;
+        for (size_t i = 0; i < (size_t)n * row; i++)
+            k[i] = fy_test_rand_uniform(seed) * 2, v[i] = fy_test_rand_uniform(seed);
+        fy_attn_seq_t one = {0, n, t0 + n, (t0 + n + lay->block_size - 1) / lay->block_size, table, 0};
+        fy_batch_meta_t m = {n, tok, pos, slot, 1, &one, 1};
+        assert_int_equal(fy_backend_set_batch(be, &m), FY_OK);
+        assert_int_equal(fy_backend_kv_write(be, lay, arena, layer, k, v), FY_OK);
+    }
+    free(tok), free(pos), free(slot), free(k), free(v);
+}
+
+/*
+ * H2O scores of a long prefill chunk whose rows of masses do not fit the
+ * scratch at once (several passes of tokens) equal, bit for bit, those the
+ * same queries add one decode step at a time: the additions into each
+ * entry go in token and kv-head order whatever the passes, threads or
+ * batch.  Several layers add into the same entries.
+ */
+static void test_attention_scores_passes(void **state)
+{
+    enum { LEN = 2800, NQ = 512, H = 6, KV = 6, HD = 32, BS = 8, NB = (LEN + BS - 1) / BS };
+    fy_backend_t *be = attn_backend(2, NQ, LEN, H, HD);
+    fy_kv_layout_t lay;
+    assert_int_equal(fy_kv_layout_init(&lay, 2, KV, HD, BS, FY_DTYPE_F16), FY_OK);
+    char *arena = calloc(NB, lay.block_bytes);
+    int32_t *table = malloc(sizeof(int32_t) * NB);
+    for (int b = 0; b < NB; b++) table[b] = (b * 37) % NB;
+    uint64_t seed = 5;
+    for (int layer = 0; layer < 2; layer++) write_kv(be, &lay, arena, layer, table, LEN, NQ, &seed);
+    for (int b = 100; b < 300; b += 3) table[b] = -1; /* some evicted */
+    float *q = malloc(sizeof(float) * NQ * H * HD), *out = malloc(sizeof(float) * NQ * H * HD);
+    for (int i = 0; i < NQ * H * HD; i++) q[i] = fy_test_rand_uniform(&seed);
+    float *batch = calloc(NB, sizeof(float)), *steps = calloc(NB, sizeof(float));
+    int32_t *tok = calloc(NQ, sizeof(int32_t)), *pos = malloc(sizeof(int32_t) * NQ),
+            *slot = malloc(sizeof(int32_t) * NQ);
+    for (int t = 0; t < NQ; t++) pos[t] = LEN - NQ + t, slot[t] = table[pos[t] / BS] * BS + pos[t] % BS;
+    /* the chunk: rows of 512 tokens x 6 kv heads x 350 blocks exceed the 2^20 floats of scratch */
+    fy_attn_seq_t seq = {0, NQ, LEN, NB, table, 0};
+    fy_batch_meta_t m = {NQ, tok, pos, slot, 1, &seq, 1};
+    assert_int_equal(fy_backend_set_batch(be, &m), FY_OK);
+    assert_int_equal(fy_backend_set_attn_scores(be, batch, NB), FY_OK);
+    for (int layer = 0; layer < 2; layer++)
+        assert_int_equal(fy_backend_attention(be, &lay, arena, layer, H, 0.125f, 0, q, out), FY_OK);
+    /* the same rows one at a time, layer by layer as a decode step runs them */
+    float *steps2 = calloc(NB, sizeof(float));
+    for (int layer = 0; layer < 2; layer++) {
+        for (int t = 0; t < NQ; t++) {
+            fy_attn_seq_t one = {0, 1, pos[t] + 1, NB, table, 0};
+            fy_batch_meta_t m1 = {1, tok, pos + t, slot + t, 1, &one, 1};
+            assert_int_equal(fy_backend_set_batch(be, &m1), FY_OK);
+            assert_int_equal(fy_backend_set_attn_scores(be, layer ? steps2 : steps, NB), FY_OK);
+            assert_int_equal(fy_backend_attention(be, &lay, arena, layer, H, 0.125f, 0, q + (size_t)t * H * HD, out),
+                             FY_OK);
+        }
+    }
+    /* both layers into one array: each entry is layer 0's sum, then layer 1's rows added on */
+    double total = 0, total2 = 0;
+    for (int b = 0; b < NB; b++) total += steps[b], total2 += steps2[b];
+    assert_float_equal(total, (double)H * NQ, 1e-4 * H * NQ);
+    assert_float_equal(total2, (double)H * NQ, 1e-4 * H * NQ);
+    for (int b = 0; b < NB; b++) {
+        assert_float_equal(batch[b], steps[b] + steps2[b], 1e-5 * (steps[b] + steps2[b]) + 1e-30);
+        if (b >= 100 && b < 300 && (b - 100) % 3 == 0) assert_true(batch[b] == 0);
+    }
+    /* one layer alone: bit for bit */
+    memset(batch, 0, sizeof(float) * NB);
+    assert_int_equal(fy_backend_set_batch(be, &m), FY_OK);
+    assert_int_equal(fy_backend_set_attn_scores(be, batch, NB), FY_OK);
+    assert_int_equal(fy_backend_attention(be, &lay, arena, 0, H, 0.125f, 0, q, out), FY_OK);
+    assert_memory_equal(batch, steps, sizeof(float) * NB);
+    free(steps2);
+    free(arena), free(table), free(q), free(out), free(batch), free(steps), free(tok), free(pos), free(slot);
+    fy_backend_destroy(be);
+}
+
+/*
+ * The API's edges: scores before any batch or with a stride short of a
+ * sequence's blocks are refused; set_batch turns them off; a row whose
+ * every visible key is evicted (which the engine never lets happen) gets
+ * zeros, not NaN, and adds no mass.
+ */
+static void test_attention_scores_api(void **state)
+{
+    enum { H = 6, KV = 2, HD = 32, BS = 16, LEN = 40, NB = 3 };
+    fy_backend_t *be = attn_backend(1, 64, 64, H, HD);
+    fy_test_log_begin();
+    float sc[2 * 4] = {0};
+    assert_int_equal(fy_backend_set_attn_scores(be, sc, 4), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("before any batch", NULL));
+    fy_test_log_end();
+    fy_kv_layout_t lay;
+    assert_int_equal(fy_kv_layout_init(&lay, 1, KV, HD, BS, FY_DTYPE_F32), FY_OK);
+    char *arena = calloc(8, lay.block_bytes);
+    int32_t t0[NB] = {0, 1, 2}, t1[NB] = {3, 4, 5};
+    uint64_t seed = 9;
+    write_kv(be, &lay, arena, 0, t0, LEN, 64, &seed);
+    write_kv(be, &lay, arena, 0, t1, LEN, 64, &seed);
+    /* sequence 0 sees 36..39 (window 4), all in its block 2, evicted;
+     * sequence 1 keeps its blocks */
+    int32_t gone0[NB] = {0, 1, -1};
+    fy_attn_seq_t seqs[2] = {{0, 1, LEN, NB, gone0, 0}, {1, 1, LEN, NB, t1, 0}};
+    int32_t tok[2] = {0}, pos[2] = {LEN - 1, LEN - 1}, slot[2] = {2 * BS + 7, 5 * BS + 7};
+    fy_batch_meta_t m = {2, tok, pos, slot, 2, seqs, 1};
+    float q[2 * H * HD], out[2 * H * HD];
+    for (int i = 0; i < 2 * H * HD; i++) q[i] = fy_test_rand_uniform(&seed);
+    assert_int_equal(fy_backend_set_batch(be, &m), FY_OK);
+    fy_test_log_begin();
+    assert_int_equal(fy_backend_set_attn_scores(be, sc, NB - 1), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("stride 2", "3 blocks", NULL));
+    assert_int_equal(fy_backend_set_attn_scores(be, sc, -1), FY_ERR_INVALID);
+    fy_test_log_end();
+    assert_int_equal(fy_backend_set_attn_scores(be, sc, 4), FY_OK);
+    assert_int_equal(fy_backend_attention(be, &lay, arena, 0, H, 0.125f, 4, q, out), FY_OK);
+    for (int i = 0; i < H * HD; i++) assert_true(out[i] == 0.0f);
+    for (int i = H * HD; i < 2 * H * HD; i++) assert_true(isfinite(out[i]) && out[i] != 0.0f);
+    for (int b = 0; b < 4; b++) assert_true(sc[b] == 0.0f);
+    assert_true(sc[4] == 0.0f && sc[5] == 0.0f && sc[7] == 0.0f);
+    assert_float_equal(sc[6], H, 1e-5); /* sequence 1's row saw only its block 2 */
+    /* set_batch turns the scores off */
+    assert_int_equal(fy_backend_set_batch(be, &m), FY_OK);
+    assert_int_equal(fy_backend_attention(be, &lay, arena, 0, H, 0.125f, 4, q, out), FY_OK);
+    assert_float_equal(sc[6], H, 1e-5);
+    /* two threads (split into segments) give the same zeros */
+    fy_backend_t *be2 = attn_backend(2, 64, 64, H, HD);
+    assert_int_equal(fy_backend_set_batch(be2, &m), FY_OK);
+    float out2[2 * H * HD];
+    assert_int_equal(fy_backend_attention(be2, &lay, arena, 0, H, 0.125f, 4, q, out2), FY_OK);
+    assert_memory_equal(out, out2, sizeof(out));
+    fy_backend_destroy(be2);
+    /* the CUDA backend refuses them, by name, and accepts off */
+    if (fy_backend_cuda_usable(NULL, 0)) {
+        fy_backend_t *gpu;
+        assert_int_equal(fy_backend_create("cuda", NULL, &gpu), FY_OK);
+        assert_int_equal(fy_backend_set_attn_scores(gpu, NULL, 0), FY_OK);
+        fy_test_log_begin();
+        assert_int_equal(fy_backend_set_attn_scores(gpu, sc, 4), FY_ERR_UNSUPPORTED);
+        assert_true(fy_test_log_has("H2O", "not on the GPU", NULL));
+        fy_test_log_end();
+        fy_backend_destroy(gpu);
+    }
+    free(arena);
+    fy_backend_destroy(be);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/*
+ * What H2O scores cost the attention op: SmolLM2-135M's shape (9 heads, 3
+ * KV heads of 64, f16 KV in blocks of 16), a decode step of 1 and of 16
+ * sequences at 2048 tokens of context, one and two threads; off and on
+ * interleaved (each first in every other round), the median and the
+ * fastest of each.
+ * Printed, not asserted (a loaded machine says nothing about the code).
+ * FY_TEST_BENCH=1 takes more rounds.
+ */
+static void test_attention_scores_overhead(void **state)
+{
+    enum { H = 9, KV = 3, HD = 64, BS = 16, CTX = 2048, NB = CTX / BS, MAXB = 16, MAX_REPS = 101 };
+    const int reps = getenv("FY_TEST_BENCH") ? MAX_REPS : 7;
+    for (int threads = 1; threads <= 2; threads++) {
+        fy_backend_t *be = attn_backend(threads, CTX, CTX, H, HD);
+        fy_kv_layout_t lay;
+        assert_int_equal(fy_kv_layout_init(&lay, 1, KV, HD, BS, FY_DTYPE_F16), FY_OK);
+        char *arena = calloc((size_t)MAXB * NB, lay.block_bytes);
+        int32_t *tables = malloc(sizeof(int32_t) * MAXB * NB);
+        uint64_t seed = 21;
+        for (int i = 0; i < MAXB * NB; i++) tables[i] = (int32_t)((i * 7919) % (MAXB * NB)); /* scattered */
+        for (int s = 0; s < MAXB; s++) write_kv(be, &lay, arena, 0, tables + s * NB, CTX, CTX, &seed);
+        float *q = malloc(sizeof(float) * MAXB * H * HD), *out = malloc(sizeof(float) * MAXB * H * HD);
+        float *scores = calloc((size_t)MAXB * NB, sizeof(float));
+        for (int i = 0; i < MAXB * H * HD; i++) q[i] = fy_test_rand_uniform(&seed);
+        const int batches[] = {1, 16};
+        for (size_t bi = 0; bi < FY_ARRAY_LEN(batches); bi++) {
+            int n = batches[bi];
+            fy_attn_seq_t seqs[MAXB];
+            int32_t tok[MAXB] = {0}, pos[MAXB], slot[MAXB];
+            for (int s = 0; s < n; s++) {
+                seqs[s] = (fy_attn_seq_t){s, 1, CTX, NB, tables + s * NB, 0};
+                pos[s] = CTX - 1, slot[s] = tables[s * NB + NB - 1] * BS + BS - 1;
+            }
+            fy_batch_meta_t m = {n, tok, pos, slot, n, seqs, 1};
+            double t[2][MAX_REPS];
+            for (int r = 0; r < reps; r++) {
+                for (int k = 0; k < 2; k++) {
+                    int on = k ^ (r & 1);
+                    assert_int_equal(fy_backend_set_batch(be, &m), FY_OK);
+                    if (on) assert_int_equal(fy_backend_set_attn_scores(be, scores, NB), FY_OK);
+                    double t0 = now_ms();
+                    for (int layer = 0; layer < 5; layer++) /* five calls per figure, as a step runs one per layer */
+                        assert_int_equal(fy_backend_attention(be, &lay, arena, 0, H, 0.125f, 0, q, out), FY_OK);
+                    t[on][r] = (now_ms() - t0) / 5;
+                }
+            }
+            qsort(t[0], (size_t)reps, sizeof(double), cmp_double);
+            qsort(t[1], (size_t)reps, sizeof(double), cmp_double);
+            double off = t[0][reps / 2], on = t[1][reps / 2];
+            fprintf(stderr,
+                    "h2o scores: attention of %2d x %d-token decode (%d heads, %d kv, f16, block %d, %d thread%s): "
+                    "median %.3f ms off, %.3f ms on (%+.1f%%); fastest %.3f, %.3f (%+.1f%%); %d rounds\n",
+                    n, CTX, H, KV, BS, threads, threads > 1 ? "s" : "", off, on, 100 * (on - off) / off, t[0][0],
+                    t[1][0], 100 * (t[1][0] - t[0][0]) / t[0][0], reps);
+        }
+        free(arena), free(tables), free(q), free(out), free(scores);
+        fy_backend_destroy(be);
+    }
 }
 
 /* ---- thread pool ------------------------------------------------------------------------ */
@@ -695,6 +1104,10 @@ int main(void)
         cmocka_unit_test(test_packed_gemm_matches_rows),
         cmocka_unit_test(test_paged_attention_matches_contiguous),
         cmocka_unit_test(test_sliding_window_attention),
+        cmocka_unit_test(test_evicted_blocks_attention),
+        cmocka_unit_test(test_attention_scores_passes),
+        cmocka_unit_test(test_attention_scores_api),
+        cmocka_unit_test(test_attention_scores_overhead),
         cmocka_unit_test(test_fp8_e4m3_codec),
         cmocka_unit_test(test_kv_scaled_rows),
         cmocka_unit_test(test_threadpool_runs_every_item_once),

@@ -22,8 +22,9 @@
 #define MAX_GROUP FY_ATTN_MAX_GROUP /* query heads per kv head */
 #define MAX_HEAD_DIM 512
 #define MAX_MATMUL_W 8
-#define ATTN_SEG 64  /* attention segment: a multiple of every block size (see below) */
-#define ROPE_SLOTS 4 /* angle tables kept per batch: distinct ropes among a model's layers */
+#define ATTN_SEG 64                       /* attention segment: a multiple of every block size (see below) */
+#define ROPE_SLOTS 4                      /* angle tables kept per batch: distinct ropes among a model's layers */
+#define H2O_ROWS_FLOATS ((size_t)1 << 20) /* H2O mass rows: 4 MiB, unless one split batch needs more */
 
 int fy_cpu_has_avx2(void)
 {
@@ -86,6 +87,16 @@ typedef struct cpu_ctx {
     float *part;   /* attention partials of split (few-token) batches */
     size_t part_floats;
     float *kvdq; /* [n_threads][k | v][32][head_dim]: one fp8/int8 block dequantized for attention */
+    /* H2O scores: the caller's array while on (set_batch turns them off),
+     * and the attention pass's scratch (see attn_mass) */
+    float *scores;
+    int32_t scores_stride;
+    float *h2o_rec; /* [n_threads][h2o_rec_per]: block records of the (token, kv head) a thread walks */
+    size_t h2o_rec_per;
+    float *h2o_prec; /* split mode: block records of each partial, [part][ATTN_SEG / block_size][2G] */
+    size_t h2o_prec_floats;
+    float *h2o_rows; /* [tokens of a pass][n_kv_heads][blocks]: mass per block of each (token, kv head) */
+    size_t h2o_rows_floats;
 } cpu_ctx_t;
 
 /* ---- memory ---------------------------------------------------------------------- */
@@ -108,6 +119,9 @@ static void cpu_destroy(void *p)
     fy_free(c->rope_sn);
     fy_free(c->part);
     fy_free(c->kvdq);
+    fy_free(c->h2o_rec);
+    fy_free(c->h2o_prec);
+    fy_free(c->h2o_rows);
     fy_free(c);
 }
 
@@ -128,6 +142,22 @@ static fy_status_t cpu_reserve(void *p, const fy_backend_reserve_t *r)
      * max and sum */
     size_t part_floats = (size_t)4 * (size_t)c->n_threads * (size_t)(r->max_kv_len / ATTN_SEG + 1) *
                          (size_t)r->n_heads * (size_t)(r->head_dim + 2);
+    /* H2O scratch, reserved always (a few MiB) so that scores can be
+     * turned on per batch.  Bounds: blocks a query sees at the smallest
+     * block size (8), groups of at most n_heads heads.  Each thread keeps
+     * (bsum, m) per head of every block its current (token, kv head)
+     * visits; split mode keeps them per partial (8 blocks per segment at
+     * most); the rows of masses hold as many tokens as fit in
+     * H2O_ROWS_FLOATS (prefill chunks beyond that run in several passes),
+     * and always every token of a batch small enough for split mode. */
+    size_t nb_max = (size_t)r->max_kv_len / 8 + 1, g_max = r->n_heads < MAX_GROUP ? (size_t)r->n_heads : MAX_GROUP;
+    size_t per_token = (size_t)r->n_heads * nb_max, split_rows = (size_t)4 * (size_t)c->n_threads * per_token;
+    size_t rows_floats = (size_t)r->max_tokens * per_token;
+    size_t rows_cap = H2O_ROWS_FLOATS > split_rows ? H2O_ROWS_FLOATS : split_rows;
+    if (rows_floats > rows_cap) rows_floats = rows_cap;
+    size_t rec_per = nb_max * 2 * g_max;
+    size_t prec_floats = (size_t)4 * (size_t)c->n_threads * (size_t)(r->max_kv_len / ATTN_SEG + 1) *
+                         (size_t)r->n_heads * 2 * (ATTN_SEG / 8);
     struct {
         void **slot;
         size_t bytes;
@@ -143,6 +173,9 @@ static fy_status_t cpu_reserve(void *p, const fy_backend_reserve_t *r)
         {(void **)&c->ent_off, ((size_t)r->max_tokens + 1) * sizeof(int32_t)},
         {(void **)&c->part, part_floats * sizeof(float)},
         {(void **)&c->kvdq, (size_t)c->n_threads * 2 * 32 * (size_t)r->head_dim * sizeof(float)},
+        {(void **)&c->h2o_rec, (size_t)c->n_threads * rec_per * sizeof(float)},
+        {(void **)&c->h2o_prec, prec_floats * sizeof(float)},
+        {(void **)&c->h2o_rows, rows_floats * sizeof(float)},
         {(void **)&c->rope_cs, ROPE_SLOTS * (size_t)r->max_tokens * (size_t)(r->head_dim / 2 + 1) * sizeof(float)},
         {(void **)&c->rope_sn, ROPE_SLOTS * (size_t)r->max_tokens * (size_t)(r->head_dim / 2 + 1) * sizeof(float)},
     };
@@ -156,6 +189,10 @@ static fy_status_t cpu_reserve(void *p, const fy_backend_reserve_t *r)
         }
     }
     c->part_floats = part_floats;
+    c->h2o_rec_per = rec_per;
+    c->h2o_prec_floats = prec_floats;
+    c->h2o_rows_floats = rows_floats;
+    c->scores = NULL;
     c->res = *r;
     c->reserved = true;
     return FY_OK;
@@ -303,7 +340,27 @@ static fy_status_t cpu_set_batch(void *p, const fy_batch_meta_t *m)
     }
     c->n_tokens = m->n_tokens;
     c->n_seqs = m->n_seqs;
+    c->scores = NULL; /* the caller's scores were indexed by the last batch's sequences */
     for (int i = 0; i < ROPE_SLOTS; i++) c->rope_slot[i].valid = false; /* new positions */
+    return FY_OK;
+}
+
+static fy_status_t cpu_set_attn_scores(void *p, float *scores, int32_t stride)
+{
+    cpu_ctx_t *c = p;
+    if (scores && c->n_seqs < 1) {
+        fy_error("cpu backend: attention scores set before any batch");
+        return FY_ERR_INVALID;
+    }
+    for (int32_t s = 0; scores && s < c->n_seqs; s++) {
+        if (c->seqs[s].n_blocks > stride) {
+            fy_error("cpu backend: attention scores stride %d is short of sequence %d's %d blocks", stride, s,
+                     c->seqs[s].n_blocks);
+            return FY_ERR_INVALID;
+        }
+    }
+    c->scores = scores;
+    c->scores_stride = stride;
     return FY_OK;
 }
 
@@ -695,6 +752,18 @@ static fy_status_t cpu_kv_write(void *p, const fy_kv_layout_t *lay, void *arena,
  * segments and the merge order depend only on the token's position, so
  * both ways give the same bits and a sequence's output does not depend on
  * the batch it is in.
+ *
+ * H2O scores come out of the same walk.  For each block it visits, the
+ * block kernel also returns the block's own sum of exp(score - m), bsum,
+ * in the frame of the running max m just after the block; (bsum, m) is
+ * recorded per head.  Once the segments are merged into the row's final
+ * max M and sum L, the block's softmax mass is bsum * exp(m - M) / L
+ * (attn_mass): exact whichever segment frame the block was summed in, and
+ * no key is read twice.  Each (token, kv head) item writes its masses,
+ * summed over its heads, into its own row of h2o_rows; the caller then
+ * adds the rows into the scores in token and kv-head order.  A prefill
+ * batch whose rows do not fit the scratch runs in several passes of
+ * tokens; the order of additions is the same.
  */
 
 typedef struct attn_job {
@@ -709,6 +778,13 @@ typedef struct attn_job {
     float *out;
     int32_t *ent_off; /* split mode: first partial of each token, [n_tokens + 1] */
     float *part;      /* split mode: partials, G * (head_dim + 2) floats each */
+    /* H2O scores (rows NULL: off) */
+    int32_t t0;  /* whole mode: the pass's first token (items count from it) */
+    int32_t nbw; /* blocks per row: the longest sequence's */
+    float *rows; /* [pass tokens][n_kv][nbw] */
+    float *rec;  /* whole mode: [n_threads][rec_per] */
+    size_t rec_per;
+    float *prec; /* split mode: [partial][ATTN_SEG / block_size][2G] */
 } attn_job_t;
 
 static int32_t tok_pos(const cpu_ctx_t *c, int32_t t)
@@ -732,10 +808,13 @@ static int32_t n_segs(int32_t window, int32_t p) { return p / ATTN_SEG + 1 - fir
  * it sees in [seg * ATTN_SEG, (seg + 1) * ATTN_SEG): from the window's start
  * (which can fall inside a block: the block is read from that row on) to
  * p, less the blocks evicted from the table (-1: skipped, as if masked).
- * ml: m[G] then l[G] (-inf and 0 when every key was evicted).  fp8/int8 blocks are dequantized into the
- * thread's dq (2 * 32 * head_dim floats) and go through the f32 block
- * kernel. */
-static void attn_segment(const attn_job_t *j, int32_t t, int32_t kvh, int32_t seg, float *ml, float *acc, float *dq)
+ * ml: m[G] then l[G] (-inf and 0 when every key was evicted).  fp8/int8
+ * blocks are dequantized into the thread's dq (2 * 32 * head_dim floats)
+ * and go through the f32 block kernel.  rec (H2O; NULL: off): block b's
+ * (bsum[G], m[G]) at rec + (b - rec_b0) * 2G for every block the segment's
+ * walk reaches, bsum 0 for an evicted one (it received nothing). */
+static void attn_segment(const attn_job_t *j, int32_t t, int32_t kvh, int32_t seg, float *ml, float *acc, float *dq,
+                         float *rec, int32_t rec_b0)
 {
     const cpu_ctx_t *c = j->c;
     const fy_kv_layout_t *L = j->lay;
@@ -750,7 +829,11 @@ static void attn_segment(const attn_job_t *j, int32_t t, int32_t kvh, int32_t se
     for (int32_t pos = start; pos < last;) {
         int32_t id = s->block_table[g_off + pos / bs], off = pos % bs;
         int32_t nk = last - pos < bs - off ? last - pos : bs - off;
+        /* a block never straddles a segment (ATTN_SEG is a multiple of the
+         * block size), so this is the block's one call for this row */
+        float *r = rec ? rec + (size_t)(pos / bs - rec_b0) * 2 * G : NULL;
         if (id < 0) { /* evicted: its keys are masked, and there is nothing to read */
+            if (r) memset(r, 0, (size_t)G * sizeof(float));
             pos += nk;
             continue;
         }
@@ -764,7 +847,8 @@ static void attn_segment(const attn_job_t *j, int32_t t, int32_t kvh, int32_t se
             }
             kb = (const char *)dq, vb = (const char *)(dq + (size_t)32 * hd);
         }
-        j->block(qt, G, kb, vb, nk, hd, j->scale, ml, ml + G, acc);
+        j->block(qt, G, kb, vb, nk, hd, j->scale, ml, ml + G, acc, r);
+        if (r) memcpy(r + G, ml, (size_t)G * sizeof(float)); /* the frame r's sums are in */
         pos += nk;
     }
 }
@@ -800,21 +884,53 @@ static void attn_start(int32_t G, int32_t hd, float *ML, float *A)
     memset(A, 0, (size_t)G * hd * sizeof(float));
 }
 
-/* items (t, kvh), each walking all its segments */
+/* H2O: adds the softmax mass of n recorded blocks (rec as attn_segment
+ * writes it) under the row's final (M, L) = ML into row[0 .. n), head
+ * after head: each entry gets its heads' shares in head order, whichever
+ * mode recorded them.  A segment's running max changes at few blocks, so
+ * the factor exp(m - M) / L is recomputed only when m does (the same
+ * value either way). */
+static void attn_mass(int32_t G, const float *ML, const float *rec, int32_t n, float *row)
+{
+    for (int32_t g = 0; g < G; g++) {
+        if (!(ML[G + g] > 0.0f)) continue; /* the head saw no key */
+        float inv = 1.0f / ML[G + g], m = -INFINITY, f = 0.0f;
+        for (int32_t b = 0; b < n; b++) {
+            const float *r = rec + (size_t)b * 2 * G;
+            if (!(r[g] > 0.0f)) continue; /* not visited */
+            if (r[G + g] != m) m = r[G + g], f = expf(m - ML[g]) * inv;
+            row[b] += r[g] * f;
+        }
+    }
+}
+
+static float *attn_row(const attn_job_t *j, int32_t t, int32_t kvh)
+{
+    return j->rows + ((size_t)(t - j->t0) * j->lay->n_kv_heads + (size_t)kvh) * (size_t)j->nbw;
+}
+
+/* items (t, kvh) from the pass's first token on, each walking all its segments */
 static void attn_whole(void *arg, int64_t b, int64_t e, int thread)
 {
     const attn_job_t *j = arg;
-    const int32_t n_kv = j->lay->n_kv_heads, G = j->G, hd = j->lay->head_dim;
+    const int32_t n_kv = j->lay->n_kv_heads, G = j->G, hd = j->lay->head_dim, bs = j->lay->block_size;
     float ml[2 * MAX_GROUP], ML[2 * MAX_GROUP], acc[MAX_GROUP * MAX_HEAD_DIM], A[MAX_GROUP * MAX_HEAD_DIM];
+    float *rec = j->rows ? j->rec + (size_t)thread * j->rec_per : NULL;
     for (int64_t it = b; it < e; it++) {
-        int32_t t = (int32_t)(it / n_kv), kvh = (int32_t)(it % n_kv), p = tok_pos(j->c, t);
+        int32_t t = j->t0 + (int32_t)(it / n_kv), kvh = (int32_t)(it % n_kv), p = tok_pos(j->c, t);
         int32_t seg0 = first_seg(j->window, p), segs = n_segs(j->window, p);
+        int32_t b0 = win_lo(j->window, p) / bs, nv = p / bs + 1 - b0; /* the blocks its segments walk */
         attn_start(G, hd, ML, A);
         for (int32_t seg = seg0; seg < seg0 + segs; seg++) {
-            attn_segment(j, t, kvh, seg, ml, acc, attn_dq(j, thread));
+            attn_segment(j, t, kvh, seg, ml, acc, attn_dq(j, thread), rec, b0);
             attn_merge(G, hd, ml, acc, ML, A);
         }
         attn_store(j, t, kvh, ML, A);
+        if (rec) {
+            float *row = attn_row(j, t, kvh);
+            memset(row, 0, (size_t)(p / bs + 1) * sizeof(float));
+            attn_mass(G, ML, rec, nv, row + b0);
+        }
     }
 }
 
@@ -822,13 +938,15 @@ static void attn_whole(void *arg, int64_t b, int64_t e, int thread)
 static void attn_parts(void *arg, int64_t b, int64_t e, int thread)
 {
     const attn_job_t *j = arg;
-    const int32_t G = j->G, hd = j->lay->head_dim;
+    const int32_t G = j->G, hd = j->lay->head_dim, spb = ATTN_SEG / j->lay->block_size;
     for (int64_t it = b; it < e; it++) {
         int32_t t = 0;
         while (j->ent_off[t + 1] <= it) t++;
         int32_t p = tok_pos(j->c, t), segs = n_segs(j->window, p), local = (int32_t)(it - j->ent_off[t]);
+        int32_t seg = first_seg(j->window, p) + local % segs;
         float *ml = j->part + (size_t)it * G * (hd + 2);
-        attn_segment(j, t, local / segs, first_seg(j->window, p) + local % segs, ml, ml + 2 * G, attn_dq(j, thread));
+        float *rec = j->prec ? j->prec + (size_t)it * spb * 2 * G : NULL;
+        attn_segment(j, t, local / segs, seg, ml, ml + 2 * G, attn_dq(j, thread), rec, seg * spb);
     }
 }
 
@@ -836,16 +954,46 @@ static void attn_parts(void *arg, int64_t b, int64_t e, int thread)
 static void attn_reduce(void *arg, int64_t b, int64_t e, int thread)
 {
     const attn_job_t *j = arg;
-    const int32_t n_kv = j->lay->n_kv_heads, G = j->G, hd = j->lay->head_dim;
+    const int32_t n_kv = j->lay->n_kv_heads, G = j->G, hd = j->lay->head_dim, bs = j->lay->block_size;
+    const int32_t spb = ATTN_SEG / bs;
     float ML[2 * MAX_GROUP], A[MAX_GROUP * MAX_HEAD_DIM];
     for (int64_t it = b; it < e; it++) {
-        int32_t t = (int32_t)(it / n_kv), kvh = (int32_t)(it % n_kv), segs = n_segs(j->window, tok_pos(j->c, t));
+        int32_t t = (int32_t)(it / n_kv), kvh = (int32_t)(it % n_kv), p = tok_pos(j->c, t);
+        int32_t seg0 = first_seg(j->window, p), segs = n_segs(j->window, p);
         attn_start(G, hd, ML, A);
         for (int32_t seg = 0; seg < segs; seg++) {
             const float *ml = j->part + (size_t)(j->ent_off[t] + kvh * segs + seg) * G * (hd + 2);
             attn_merge(G, hd, ml, ml + 2 * G, ML, A);
         }
         attn_store(j, t, kvh, ML, A);
+        if (!j->prec) continue;
+        float *row = attn_row(j, t, kvh);
+        memset(row, 0, (size_t)(p / bs + 1) * sizeof(float));
+        /* the blocks each segment's walk reached: from the window's start
+         * or the segment's, to p or the segment's end */
+        int32_t lo = win_lo(j->window, p) / bs, hi = p / bs;
+        for (int32_t seg = 0; seg < segs; seg++) {
+            int32_t sb0 = (seg0 + seg) * spb, first = sb0 > lo ? sb0 : lo,
+                    last = sb0 + spb - 1 < hi ? sb0 + spb - 1 : hi;
+            const float *rec = j->prec + (size_t)(j->ent_off[t] + kvh * segs + seg) * spb * 2 * G;
+            attn_mass(G, ML, rec + (size_t)(first - sb0) * 2 * G, last - first + 1, row + first);
+        }
+    }
+}
+
+/* H2O: adds the rows of tokens [t0, t1) into the caller's scores, in token
+ * then kv-head order: the order of additions into each entry (and so its
+ * bits) does not depend on the passes, the threads or the mode. */
+static void attn_scores_add(const cpu_ctx_t *c, const attn_job_t *j, int32_t t0, int32_t t1)
+{
+    const int32_t n_kv = j->lay->n_kv_heads, bs = j->lay->block_size;
+    for (int32_t t = t0; t < t1; t++) {
+        float *dst = c->scores + (size_t)c->tok_seq[t] * (size_t)c->scores_stride;
+        int32_t nb = tok_pos(c, t) / bs + 1; /* the blocks the row may have seen */
+        for (int32_t kvh = 0; kvh < n_kv; kvh++) {
+            const float *row = attn_row(j, t, kvh);
+            for (int32_t i = 0; i < nb; i++) dst[i] += row[i];
+        }
     }
 }
 
@@ -859,12 +1007,15 @@ static fy_status_t cpu_attention(void *p, const fy_kv_layout_t *lay, const void 
                  lay->n_kv_heads, lay->head_dim);
         return FY_ERR_UNSUPPORTED;
     }
+    int32_t nbw = 0; /* blocks of the longest sequence */
     for (int32_t s = 0; s < c->n_seqs; s++) {
         if (c->seqs[s].kv_len > c->seqs[s].n_blocks * lay->block_size) {
             fy_error("cpu backend: sequence %d has %d tokens but only %d blocks", s, c->seqs[s].kv_len,
                      c->seqs[s].n_blocks);
             return FY_ERR_INVALID;
         }
+        int32_t nb = (c->seqs[s].kv_len + lay->block_size - 1) / lay->block_size;
+        if (nb > nbw) nbw = nb;
     }
     if (fy_kv_dtype_scaled(lay->dtype) && lay->head_dim > c->res.head_dim) {
         fy_error("cpu backend: kv head size %d exceeds the reserved %d", lay->head_dim, c->res.head_dim);
@@ -875,8 +1026,24 @@ static fy_status_t cpu_attention(void *p, const fy_kv_layout_t *lay, const void 
     fy_dtype_t kd = fy_kv_dtype_scaled(lay->dtype) ? FY_DTYPE_F32 : lay->dtype;
     fy_attn_block_fn block = c->k->attn_block[kd];
     if (lay->head_dim % 8) block = fy_cpu_kernels_scalar.attn_block[kd];
-    const int32_t n_kv = lay->n_kv_heads, G = n_heads / n_kv;
-    attn_job_t j = {c, block, lay, arena, layer, n_heads, G, window, scale, q, out, NULL, NULL};
+    const int32_t n_kv = lay->n_kv_heads, G = n_heads / n_kv, spb = ATTN_SEG / lay->block_size;
+    const bool h2o = c->scores != NULL;
+    if (h2o && ((size_t)nbw * 2 * (size_t)G > c->h2o_rec_per || (size_t)nbw * (size_t)n_kv > c->h2o_rows_floats)) {
+        fy_error("cpu backend: attention scores over %d blocks of %d heads exceed the reservation", nbw, n_heads);
+        return FY_ERR_INVALID;
+    }
+    attn_job_t j = {.c = c,
+                    .block = block,
+                    .lay = lay,
+                    .arena = arena,
+                    .layer = layer,
+                    .n_heads = n_heads,
+                    .G = G,
+                    .window = window,
+                    .scale = scale,
+                    .q = q,
+                    .out = out};
+    if (h2o) j.nbw = nbw, j.rows = c->h2o_rows, j.rec = c->h2o_rec, j.rec_per = c->h2o_rec_per;
     int64_t pairs = (int64_t)c->n_tokens * n_kv;
     if (c->n_threads > 1 && pairs < 4 * (int64_t)c->n_threads) {
         int64_t n_part = 0;
@@ -884,16 +1051,30 @@ static fy_status_t cpu_attention(void *p, const fy_kv_layout_t *lay, const void 
         for (int32_t t = 0; t < c->n_tokens; t++)
             c->ent_off[t + 1] = c->ent_off[t] + n_kv * n_segs(window, tok_pos(c, t));
         n_part = c->ent_off[c->n_tokens];
-        if ((size_t)n_part * (size_t)G * (size_t)(lay->head_dim + 2) <= c->part_floats) {
+        bool fits = (size_t)n_part * (size_t)G * (size_t)(lay->head_dim + 2) <= c->part_floats;
+        if (h2o)
+            fits = fits && (size_t)n_part * (size_t)spb * 2 * (size_t)G <= c->h2o_prec_floats &&
+                   (size_t)pairs * (size_t)nbw <= c->h2o_rows_floats;
+        if (fits) {
             j.ent_off = c->ent_off;
             j.part = c->part;
+            if (h2o) j.prec = c->h2o_prec;
             fy_threadpool_run(c->tp, n_part, 1, attn_parts, &j);
             fy_threadpool_run(c->tp, pairs, 1, attn_reduce, &j);
+            if (h2o) attn_scores_add(c, &j, 0, c->n_tokens);
             return FY_OK;
         }
     }
-    int64_t chunk = pairs / (8 * (int64_t)c->n_threads); /* few claims; lengths differ, so not too few */
-    fy_threadpool_run(c->tp, pairs, chunk > 0 ? chunk : 1, attn_whole, &j);
+    /* with scores, as many tokens per pass as their rows of masses fit */
+    int32_t step = h2o ? (int32_t)(c->h2o_rows_floats / ((size_t)nbw * (size_t)n_kv)) : c->n_tokens;
+    for (int32_t t0 = 0; t0 < c->n_tokens; t0 += step) {
+        int32_t t1 = c->n_tokens - t0 < step ? c->n_tokens : t0 + step;
+        int64_t items = (int64_t)(t1 - t0) * n_kv;
+        int64_t chunk = items / (8 * (int64_t)c->n_threads); /* few claims; lengths differ, so not too few */
+        j.t0 = t0;
+        fy_threadpool_run(c->tp, items, chunk > 0 ? chunk : 1, attn_whole, &j);
+        if (h2o) attn_scores_add(c, &j, t0, t1);
+    }
     return FY_OK;
 }
 
@@ -926,6 +1107,7 @@ static const fy_backend_ops_t g_cpu_ops = {
     .geglu = cpu_geglu,
     .add_bias = cpu_add_bias,
     .scale = cpu_scale,
+    .set_attn_scores = cpu_set_attn_scores,
 };
 
 fy_status_t fy_backend_cpu_init(const fy_backend_params_t *params, const fy_backend_ops_t **ops_p, void **ctx_p,

@@ -192,10 +192,13 @@ typedef float (*fy_vec_dot_fn)(const void *w, const void *x, int64_t n);
  * f16, by the table entry); scores are q . k * scale.  m, l: [G] running
  * maximum score and sum of exp(score - m); acc: [G][hd] running sum of
  * exp(score - m) * v.  Start with m = -inf, l = 0, acc = 0; the output is
- * acc / l.  G <= FY_ATTN_MAX_GROUP. */
+ * acc / l.  G <= FY_ATTN_MAX_GROUP.  bsum: NULL, or [G] set to these nk
+ * keys' sum of exp(score - m) with m as it is after the call (the block's
+ * share of l, summed on its own: H2O's per-block attention mass without a
+ * cancelling l_after - l_before; l itself is summed as without bsum). */
 #define FY_ATTN_MAX_GROUP 32
 typedef void (*fy_attn_block_fn)(const float *q, int G, const void *k, const void *v, int nk, int hd, float scale,
-                                 float *m, float *l, float *acc);
+                                 float *m, float *l, float *acc, float *bsum);
 
 typedef struct fy_cpu_kernels {
     const char *name;

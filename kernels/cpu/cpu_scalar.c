@@ -516,7 +516,7 @@ static inline float kv_f32(const void *p, int64_t i) { return ((const float *)p)
 static inline float kv_f16(const void *p, int64_t i) { return fy_fp16_to_fp32(((const uint16_t *)p)[i]); }
 
 static inline void attn_block(const float *q, int G, const void *k, const void *v, int nk, int hd, float scale,
-                              float *m, float *l, float *acc, float (*get)(const void *, int64_t))
+                              float *m, float *l, float *acc, float *bsum, float (*get)(const void *, int64_t))
 {
     for (int g = 0; g < G; g++) {
         const float *qg = q + (size_t)g * hd;
@@ -534,24 +534,27 @@ static inline void attn_block(const float *q, int G, const void *k, const void *
             for (int j = 0; j < hd; j++) ag[j] *= corr;
             m[g] = mb;
         }
+        float bs = 0.0f;
         for (int i = 0; i < nk; i++) {
             float e = expf(sc[i] - m[g]);
             l[g] += e;
+            bs += e;
             for (int j = 0; j < hd; j++) ag[j] += e * get(v, (int64_t)i * hd + j);
         }
+        if (bsum) bsum[g] = bs;
     }
 }
 
 static void attn_block_f32(const float *q, int G, const void *k, const void *v, int nk, int hd, float scale, float *m,
-                           float *l, float *acc)
+                           float *l, float *acc, float *bsum)
 {
-    attn_block(q, G, k, v, nk, hd, scale, m, l, acc, kv_f32);
+    attn_block(q, G, k, v, nk, hd, scale, m, l, acc, bsum, kv_f32);
 }
 
 static void attn_block_f16(const float *q, int G, const void *k, const void *v, int nk, int hd, float scale, float *m,
-                           float *l, float *acc)
+                           float *l, float *acc, float *bsum)
 {
-    attn_block(q, G, k, v, nk, hd, scale, m, l, acc, kv_f16);
+    attn_block(q, G, k, v, nk, hd, scale, m, l, acc, bsum, kv_f16);
 }
 
 static void rmsnorm(const float *x, const float *w, int64_t n, float eps, float *y)

@@ -1329,7 +1329,7 @@ static inline __m256 hsum8_ps(const __m256 *s)
  */
 static inline __attribute__((always_inline)) void attn_head(const float *q, const void *k, const void *v, int nk,
                                                             int hd, float scale, float *m, float *l, float *acc,
-                                                            __m256 (*load8)(const void *, int64_t))
+                                                            float *bsum, __m256 (*load8)(const void *, int64_t))
 {
     float sc[32] __attribute__((aligned(32)));
     for (int i0 = 0; i0 < nk; i0 += 8) {
@@ -1360,7 +1360,18 @@ static inline __attribute__((always_inline)) void attn_head(const float *q, cons
     }
     for (int i = 0; i < nk; i += 8) /* entries past nk are computed and ignored */
         _mm256_store_ps(sc + i, exp8(_mm256_sub_ps(_mm256_load_ps(sc + i), _mm256_set1_ps(*m))));
-    for (int i = 0; i < nk; i++) *l += sc[i];
+    /* l summed in a register (through *l the compiler kept a store and a
+     * reload in the chain); H2O's block sum as a second chain beside it,
+     * l's order (and bits) unchanged */
+    float ll = *l;
+    if (!bsum) {
+        for (int i = 0; i < nk; i++) ll += sc[i];
+    } else {
+        float bs = 0.0f;
+        for (int i = 0; i < nk; i++) ll += sc[i], bs += sc[i];
+        *bsum = bs;
+    }
+    *l = ll;
     /* values: keys outer and 64 columns in 8 accumulators inner, so the
      * multiply-adds form 8 independent chains (one chain per column
      * chunk over all keys waited on its own latency) */
@@ -1387,23 +1398,25 @@ static inline __attribute__((always_inline)) void attn_head(const float *q, cons
 
 static inline __attribute__((always_inline)) void attn_block_x86(const float *q, int G, const void *k, const void *v,
                                                                  int nk, int hd, float scale, float *m, float *l,
-                                                                 float *acc, __m256 (*load8)(const void *, int64_t))
+                                                                 float *acc, float *bsum,
+                                                                 __m256 (*load8)(const void *, int64_t))
 {
     for (int g = 0; g < G; g++)
-        attn_head(q + (size_t)g * hd, k, v, nk, hd, scale, m + g, l + g, acc + (size_t)g * hd, load8);
+        attn_head(q + (size_t)g * hd, k, v, nk, hd, scale, m + g, l + g, acc + (size_t)g * hd, bsum ? bsum + g : NULL,
+                  load8);
 }
 
 static void attn_block_f32(const float *q, int G, const void *k, const void *v, int nk, int hd, float scale, float *m,
-                           float *l, float *acc)
+                           float *l, float *acc, float *bsum)
 {
-    attn_block_x86(q, G, k, v, nk, hd, scale, m, l, acc, kv8_f32);
+    attn_block_x86(q, G, k, v, nk, hd, scale, m, l, acc, bsum, kv8_f32);
 }
 
 static void attn_block_f16(const float *q, int G, const void *k, const void *v, int nk, int hd, float scale, float *m,
-                           float *l, float *acc)
+                           float *l, float *acc, float *bsum)
 {
     if (G == 1 || (size_t)nk * (size_t)hd > 32 * 128) {
-        attn_block_x86(q, G, k, v, nk, hd, scale, m, l, acc, kv8_f16);
+        attn_block_x86(q, G, k, v, nk, hd, scale, m, l, acc, bsum, kv8_f16);
         return;
     }
     /* several heads read this block: convert it to f32 once, not per head */
@@ -1413,7 +1426,7 @@ static void attn_block_f16(const float *q, int G, const void *k, const void *v, 
         _mm256_store_ps(kf + i, kv8_f16(k, i));
         _mm256_store_ps(vf + i, kv8_f16(v, i));
     }
-    attn_block_x86(q, G, kf, vf, nk, hd, scale, m, l, acc, kv8_f32);
+    attn_block_x86(q, G, kf, vf, nk, hd, scale, m, l, acc, bsum, kv8_f32);
 }
 
 static void rmsnorm(const float *x, const float *w, int64_t n, float eps, float *y)

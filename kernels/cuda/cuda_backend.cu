@@ -14,7 +14,8 @@
  * them by an event, and complete when copy_blocks returns.
  *
  * Not here: a determinism guarantee across batch compositions (cuBLAS
- * picks its algorithm by shape), multi-GPU, CUDA graphs.
+ * picks its algorithm by shape), multi-GPU, CUDA graphs, H2O attention
+ * scores (set_attn_scores refuses them; the CPU backend has them).
  *
  * Status: compiled in CI for sm_80 and sm_90; never yet run on a GPU.
  */
@@ -660,11 +661,20 @@ static fy_status_t cuda_sync(void *p)
     return FY_OK;
 }
 
+/* H2O's per-block attention mass is computed by the CPU attention only */
+static fy_status_t cuda_set_attn_scores(void *p, float *scores, int32_t stride)
+{
+    if (!scores) return FY_OK;
+    fy_error("cuda backend: H2O attention scores are not on the GPU yet (kv eviction by scores needs the cpu backend)");
+    return FY_ERR_UNSUPPORTED;
+}
+
 static const fy_backend_ops_t g_cuda_ops = {
-    "cuda",         cuda_destroy, cuda_reserve, cuda_alloc,          cuda_free,        cuda_mem_info,  cuda_alloc_host,
-    cuda_free_host, cuda_memcpy,  cuda_upload,  cuda_release_tensor, cuda_copy_blocks, cuda_set_batch, cuda_embed,
-    cuda_matmul,    cuda_rmsnorm, cuda_rope,    cuda_swiglu,         cuda_add,         cuda_get_rows,  cuda_kv_write,
-    cuda_attention, cuda_sync,    cuda_geglu,   cuda_add_bias,       cuda_scale,
+    "cuda",          cuda_destroy,   cuda_reserve,         cuda_alloc,     cuda_free,           cuda_mem_info,
+    cuda_alloc_host, cuda_free_host, cuda_memcpy,          cuda_upload,    cuda_release_tensor, cuda_copy_blocks,
+    cuda_set_batch,  cuda_embed,     cuda_matmul,          cuda_rmsnorm,   cuda_rope,           cuda_swiglu,
+    cuda_add,        cuda_get_rows,  cuda_kv_write,        cuda_attention, cuda_sync,           cuda_geglu,
+    cuda_add_bias,   cuda_scale,     cuda_set_attn_scores,
 };
 
 /* ---- creation ---------------------------------------------------------------------------- */
