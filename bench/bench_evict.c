@@ -194,8 +194,7 @@ static int quality(rig_t *g, const int32_t *tok, int32_t n, const double *budget
     double *nll = fy_calloc((size_t)n, sizeof(double));
     if (!nll) return 1;
     printf("\nperplexity over %d tokens of the text, chunks of %d, the policy after each\n", n, CHUNK);
-    printf("%-10s %8s %8s %8s %8s  %10s %8s\n", "policy", "budget", "sink", "recent", "heavy", "perplexity",
-           "vs full");
+    printf("%-10s %8s %8s %8s %8s  %10s %8s\n", "policy", "budget", "sink", "recent", "heavy", "perplexity", "vs full");
     double full = 0;
     for (int b = -1; b < nb; b++) {
         for (int pi = b < 0 ? 0 : 1; pi < (b < 0 ? 1 : 3); pi++) {
@@ -320,10 +319,14 @@ int fy_cmd_bench_evict(int argc, char **argv)
     int nb = 3, ctx[MAX_CTX] = {2048, 4096, 8192}, nctx = 3;
     enum { O_TEXT = 256, O_TOKENS, O_BUDGETS, O_CONTEXT, O_THREADS };
     static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},         {"text", required_argument, 0, O_TEXT},
-        {"tokens", required_argument, 0, O_TOKENS},   {"budgets", required_argument, 0, O_BUDGETS},
-        {"context", required_argument, 0, O_CONTEXT}, {"threads", required_argument, 0, O_THREADS},
-        {"help", no_argument, 0, 'h'},                {0, 0, 0, 0},
+        {"model", required_argument, 0, 'm'},
+        {"text", required_argument, 0, O_TEXT},
+        {"tokens", required_argument, 0, O_TOKENS},
+        {"budgets", required_argument, 0, O_BUDGETS},
+        {"context", required_argument, 0, O_CONTEXT},
+        {"threads", required_argument, 0, O_THREADS},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     int opt;
     optind = 1;

@@ -51,6 +51,8 @@ struct fy_runner {
     /* host metadata for one batch */
     int32_t *tokens, *pos, *slots; /* [T] */
     int32_t *logit_rows;           /* [L] */
+    float *scores;                 /* [max_seqs, scores_stride] H2O: one pass's attention mass per block */
+    int32_t scores_stride;         /* blocks per sequence at most */
     fy_attn_seq_t *seqs;           /* [max_seqs] */
 };
 
@@ -247,8 +249,10 @@ static fy_status_t runner_create(const fy_model_t *model, fy_backend_t *be, cons
     r->pos = fy_calloc(T, sizeof(int32_t));
     r->slots = fy_calloc(T * (size_t)r->kv.n_groups, sizeof(int32_t));
     r->logit_rows = fy_calloc(L, sizeof(int32_t));
+    r->scores_stride = (p.max_ctx + p.block_size - 1) / p.block_size;
+    r->scores = fy_calloc((size_t)p.max_seqs * (size_t)r->scores_stride, sizeof(float));
     r->seqs = fy_calloc((size_t)p.max_seqs, sizeof(fy_attn_seq_t));
-    if (!r->tokens || !r->pos || !r->slots || !r->logit_rows || !r->seqs) {
+    if (!r->tokens || !r->pos || !r->slots || !r->logit_rows || !r->seqs || !r->scores) {
         fy_error("runner: out of memory for batch metadata");
         st = FY_ERR_NOMEM;
         goto fail;
@@ -352,6 +356,7 @@ void fy_runner_destroy(fy_runner_t *r)
     fy_free(r->pos);
     fy_free(r->slots);
     fy_free(r->logit_rows);
+    fy_free(r->scores);
     fy_free(r->seqs);
     fy_free(r);
 }
@@ -425,6 +430,24 @@ static fy_status_t build_batch(fy_runner_t *r, const fy_forward_seq_t *seqs, int
     return FY_OK;
 }
 
+/* The end of a forward pass: wait for the backend, then add this pass's
+ * block scores into the sequences that asked for them. */
+static fy_status_t finish(fy_runner_t *r, const fy_forward_seq_t *seqs, int32_t n_seqs, bool scores)
+{
+    fy_status_t st = fy_backend_sync(r->be);
+    if (!scores) return st;
+    fy_backend_set_attn_scores(r->be, NULL, 0);
+    if (st) return st;
+    for (int32_t s = 0; s < n_seqs; s++) {
+        const fy_forward_seq_t *f = &seqs[s];
+        if (!f->scores) continue;
+        const float *src = r->scores + (size_t)s * (size_t)r->scores_stride;
+        int32_t nb = (f->pos + f->n_tokens + r->kv.block_size - 1) / r->kv.block_size;
+        for (int32_t i = 0; i < nb; i++) f->scores[i] += src[i];
+    }
+    return FY_OK;
+}
+
 fy_status_t fy_runner_forward(fy_runner_t *r, const fy_forward_seq_t *seqs, int32_t n_seqs, float *logits)
 {
     const fy_model_config_t *c = r->cfg;
@@ -446,7 +469,14 @@ fy_status_t fy_runner_forward(fy_runner_t *r, const fy_forward_seq_t *seqs, int3
         .seqs = r->seqs,
     };
     const size_t dim = (size_t)c->dim, nd = (size_t)n * dim, nf = (size_t)n * (size_t)c->ffn_dim;
-    if ((st = fy_backend_set_batch(be, &meta)) || (st = fy_backend_embed(be, &r->tok_embd, r->x))) return st;
+    if ((st = fy_backend_set_batch(be, &meta))) return st;
+    bool scores = false;
+    for (int32_t s = 0; s < n_seqs; s++) scores |= seqs[s].scores != NULL;
+    if (scores) { /* H2O: the kernel adds each block's attention mass here (set_batch turned it off) */
+        memset(r->scores, 0, (size_t)n_seqs * (size_t)r->scores_stride * sizeof(float));
+        if ((st = fy_backend_set_attn_scores(be, r->scores, r->scores_stride))) return st;
+    }
+    if ((st = fy_backend_embed(be, &r->tok_embd, r->x))) return st;
     if (c->embed_scale != 1.0f && (st = fy_backend_scale(be, r->x, c->embed_scale, nd))) return st;
 
     for (int32_t l = 0; l < r->n_layers; l++) {
@@ -488,7 +518,7 @@ fy_status_t fy_runner_forward(fy_runner_t *r, const fy_forward_seq_t *seqs, int3
             return st;
         if ((st = fy_backend_add(be, r->x, r->xb2, nd))) return st;
     }
-    if (nl == 0) return fy_backend_sync(be);
+    if (nl == 0) return finish(r, seqs, n_seqs, scores);
     const fy_tensor_t *out_w[1] = {&r->output};
     float *out_y[1] = {r->logits};
     if ((st = fy_backend_get_rows(be, r->x, r->logit_rows, nl, c->dim, r->xl)) ||
@@ -497,5 +527,5 @@ fy_status_t fy_runner_forward(fy_runner_t *r, const fy_forward_seq_t *seqs, int3
         (st =
              fy_backend_memcpy(be, logits, r->logits, (size_t)nl * (size_t)c->vocab_size * sizeof(float), FY_COPY_D2H)))
         return st;
-    return fy_backend_sync(be);
+    return finish(r, seqs, n_seqs, scores);
 }

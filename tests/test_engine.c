@@ -447,6 +447,17 @@ static void test_kv_budget_streaming(void **state)
         differ += memcmp(a[i].tokens, b[i].tokens, sizeof(int32_t) * 40) != 0;
     }
     fprintf(stderr, "%d of 4 requests' tokens changed under the budget\n", differ);
+    /* H2O: the kernel's scores pick the middle blocks; the same run to run,
+     * within its budget every step, not streaming's choice */
+    fy_engine_params_t h2o = none;
+    h2o.evict = (fy_evict_params_t){.policy = FY_EVICT_H2O, .sink_tokens = 16, .recent_tokens = 48, .heavy_tokens = 32};
+    result_t h[4] = {0}, h2[4] = {0};
+    uint64_t eh, eh2;
+    kv_budget_run(&h2o, 0, h, &eh);
+    kv_budget_run(&h2o, 0, h2, &eh2);
+    assert_true(eh > 0);
+    assert_int_equal(eh, eh2);
+    for (int i = 0; i < 4; i++) assert_memory_equal(h[i].tokens, h2[i].tokens, sizeof(int32_t) * 40);
     /* a request's own budget: smaller than the engine's is taken, larger refused */
     result_t e[4] = {0};
     uint64_t ee;
