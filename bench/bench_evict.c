@@ -52,9 +52,10 @@ static void usage(FILE *f)
                "  every block kept\n"
                "  -m, --model FILE   the model (default model of `make model`)\n"
                "  --text FILE        a long English text (tests/data/gpl-3.0.txt)\n"
-               "  --tokens N         tokens of it for perplexity (default 4096)\n"
+               "  --tokens N         tokens of it for perplexity (default 4096; 0: skip it)\n"
                "  --budgets LIST     budgets as fractions of --tokens (default 0.1,0.2,0.4)\n"
-               "  --context LIST     context lengths for decode speed (default 2048,4096,8192; 0: skip)\n"
+               "  --context LIST     context lengths for decode speed (default 2048,4096,8000; 0: skip); each\n"
+               "                     plus 64 decode steps must fit the model's context\n"
                "  --threads N        CPU threads (default 2)\n"
                "  -h, --help\n");
 }
@@ -316,7 +317,7 @@ int fy_cmd_bench_evict(int argc, char **argv)
     const char *model_path = NULL, *text_path = NULL;
     long n_tok = 4096, threads = 2;
     double budgets[MAX_BUDGETS] = {0.1, 0.2, 0.4};
-    int nb = 3, ctx[MAX_CTX] = {2048, 4096, 8192}, nctx = 3;
+    int nb = 3, ctx[MAX_CTX] = {2048, 4096, 8000}, nctx = 3;
     enum { O_TEXT = 256, O_TOKENS, O_BUDGETS, O_CONTEXT, O_THREADS };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
@@ -335,7 +336,11 @@ int fy_cmd_bench_evict(int argc, char **argv)
         case 'm': model_path = optarg; break;
         case O_TEXT: text_path = optarg; break;
         case O_TOKENS:
-            if (!fy_cli_parse_int("--tokens", optarg, 64, 1 << 20, &n_tok)) return 2;
+            if (!fy_cli_parse_int("--tokens", optarg, 0, 1 << 20, &n_tok)) return 2;
+            if (n_tok > 0 && n_tok < 64) {
+                fprintf(stderr, "ferry: --tokens: 0 (no perplexity) or at least 64\n");
+                return 2;
+            }
             break;
         case O_BUDGETS: {
             nb = 0;
@@ -385,11 +390,19 @@ int fy_cmd_bench_evict(int argc, char **argv)
     const fy_model_config_t *c = fy_model_config(m);
     int32_t max_ctx = (int32_t)n_tok + 64 > 2048 + 128 ? (int32_t)n_tok + 64 : 2048 + 128; /* and the probe */
     for (int i = 0; i < nctx; i++) max_ctx = ctx[i] + 128 > max_ctx ? ctx[i] + 128 : max_ctx;
+    if (max_ctx > c->max_ctx) max_ctx = c->max_ctx;
     printf("ferry bench-evict: %s, %zu tokens of %s, f16 KV, blocks of 16, whole-block eviction\n", c->name, n_text,
            text_path);
     rig_t g;
     if (rig_open(&g, m, be, max_ctx, 512) != FY_OK) goto out;
-    rc = quality(&g, tok, (int32_t)n_tok, budgets, nb);
+    for (int i = 0; i < nctx; i++)
+        if (ctx[i] + 65 > c->max_ctx) {
+            fy_error("bench-evict: --context %d: with 64 decode steps past the model's context of %d", ctx[i],
+                     c->max_ctx);
+            rig_close(&g);
+            goto out;
+        }
+    rc = n_tok ? quality(&g, tok, (int32_t)n_tok, budgets, nb) : 0;
     if (!rc) rc = probe(&g, tk, tok, 2000 < (int32_t)n_text ? 2000 : (int32_t)n_text, 0.2);
     if (!rc && nctx) rc = speed(&g, ctx, nctx, 0.2, c->vocab_size);
     rig_close(&g);

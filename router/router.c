@@ -35,6 +35,7 @@
 
 #include "bloom.h"
 #include "cluster.h"
+#include "evict.h"
 #include "genspec.h"
 #include "kv.h"
 #include "log.h"
@@ -153,7 +154,8 @@ typedef struct router {
     fy_kv_hasher_t *hasher;
     fy_kv_layout_t lay;
     int32_t vocab, max_ctx;
-    int32_t step; /* decode.max_batch_tokens: a sliding KV group's bound (fy_kv_blocks_held) */
+    int32_t step;             /* decode.max_batch_tokens: a sliding KV group's bound (fy_kv_blocks_held) */
+    fy_evict_params_t evict;  /* the deployment's KV budget (kv.evict): the decode workers' admission bound */
     /* sockets, and the credentials they carry */
     fy_env_auth_t auth;
     fy_rpc_server_t *srv;
@@ -354,6 +356,17 @@ static int32_t blocks_for(const router_t *R, const rreq_t *q)
     int64_t total = (int64_t)q->n_prompt + q->gen.max_tokens;
     if (total > R->max_ctx) total = R->max_ctx;
     int64_t n = fy_kv_blocks_held(&R->lay, total, R->step);
+    /* a KV budget holds at most its blocks in every group (the engine's
+     * fy_kvm_blocks_for_capped); a budget the deployment refuses is the
+     * worker's to refuse, counted here as the deployment's */
+    fy_evict_params_t ev = R->evict;
+    if (q->gen.kv_budget > 0 && fy_evict_budget(&R->evict) >= q->gen.kv_budget &&
+        R->evict.policy != FY_EVICT_NONE)
+        (void)fy_evict_for_budget(&R->evict, q->gen.kv_budget, &ev);
+    if (ev.policy != FY_EVICT_NONE) {
+        int64_t cap = (int64_t)fy_evict_max_blocks(&ev, R->lay.block_size, R->step) * R->lay.n_groups;
+        if (cap < n) n = cap;
+    }
     return n > INT32_MAX ? INT32_MAX : (int32_t)n;
 }
 
@@ -1608,7 +1621,8 @@ static fy_status_t setup(router_t *R)
 {
     const fy_config_t *c = R->cfg;
     const char *model_path, *listen, *events;
-    int64_t max_queue, retries, pq_tokens, n_prefill, step;
+    int64_t max_queue, retries, pq_tokens, n_prefill, step, sink, recent, heavy;
+    int evict;
     bool sliding_groups;
     int32_t bs;
     fy_dtype_t dt;
@@ -1629,9 +1643,15 @@ static fy_status_t setup(router_t *R)
         (st = fy_conf_float(c, "router", "prefix_weight", &R->prefix_weight)) ||
         (st = fy_conf_int(c, "prefill", "count", &n_prefill)) || (st = fy_cluster_kv(c, &bs, &dt)) ||
         (st = fy_conf_bool(c, "kv", "sliding_groups", &sliding_groups)) ||
-        (st = fy_conf_int(c, "decode", "max_batch_tokens", &step)))
+        (st = fy_conf_int(c, "decode", "max_batch_tokens", &step)) ||
+        (st = fy_conf_enum(c, "kv", "evict", &evict)) || (st = fy_conf_int(c, "kv", "sink_tokens", &sink)) ||
+        (st = fy_conf_int(c, "kv", "recent_tokens", &recent)) || (st = fy_conf_int(c, "kv", "heavy_tokens", &heavy)))
         return st;
     R->step = (int32_t)step;
+    R->evict = (fy_evict_params_t){.policy = (fy_evict_policy_t)evict,
+                                   .sink_tokens = (int32_t)sink,
+                                   .recent_tokens = (int32_t)recent,
+                                   .heavy_tokens = evict == FY_EVICT_H2O ? (int32_t)heavy : 0};
     R->colocated = n_prefill == 0;
     R->max_queue = (int32_t)max_queue;
     R->max_retries = (int32_t)retries;
