@@ -264,7 +264,8 @@ static void ship(pjob_t *j, const fy_block_table_t *bt, int32_t n_computed)
         for (int32_t i = from; i < ready; i++) {
             int32_t d = want[i - j->first_block];
             if (d < 0) continue;
-            if (i < bt->lo[g]) { /* cannot happen with equal layouts, which the handshake checked */
+            if (i < bt->lo[g] || tab[i] < 0) { /* cannot happen: equal layouts (the handshake), and eviction
+                                                  * takes only blocks shipped at an earlier progress */
                 job_close_xfer(j, false);
                 snprintf(j->engine_msg, sizeof(j->engine_msg), "kv group %d: block %d was dropped before it was sent",
                          g, i);
