@@ -154,8 +154,8 @@ typedef struct router {
     fy_kv_hasher_t *hasher;
     fy_kv_layout_t lay;
     int32_t vocab, max_ctx;
-    int32_t step;             /* decode.max_batch_tokens: a sliding KV group's bound (fy_kv_blocks_held) */
-    fy_evict_params_t evict;  /* the deployment's KV budget (kv.evict): the decode workers' admission bound */
+    int32_t step;            /* decode.max_batch_tokens: a sliding KV group's bound (fy_kv_blocks_held) */
+    fy_evict_params_t evict; /* the deployment's KV budget (kv.evict): the decode workers' admission bound */
     /* sockets, and the credentials they carry */
     fy_env_auth_t auth;
     fy_rpc_server_t *srv;
@@ -360,8 +360,7 @@ static int32_t blocks_for(const router_t *R, const rreq_t *q)
      * fy_kvm_blocks_for_capped); a budget the deployment refuses is the
      * worker's to refuse, counted here as the deployment's */
     fy_evict_params_t ev = R->evict;
-    if (q->gen.kv_budget > 0 && fy_evict_budget(&R->evict) >= q->gen.kv_budget &&
-        R->evict.policy != FY_EVICT_NONE)
+    if (q->gen.kv_budget > 0 && fy_evict_budget(&R->evict) >= q->gen.kv_budget && R->evict.policy != FY_EVICT_NONE)
         (void)fy_evict_for_budget(&R->evict, q->gen.kv_budget, &ev);
     if (ev.policy != FY_EVICT_NONE) {
         int64_t cap = (int64_t)fy_evict_max_blocks(&ev, R->lay.block_size, R->step) * R->lay.n_groups;
@@ -1643,9 +1642,9 @@ static fy_status_t setup(router_t *R)
         (st = fy_conf_float(c, "router", "prefix_weight", &R->prefix_weight)) ||
         (st = fy_conf_int(c, "prefill", "count", &n_prefill)) || (st = fy_cluster_kv(c, &bs, &dt)) ||
         (st = fy_conf_bool(c, "kv", "sliding_groups", &sliding_groups)) ||
-        (st = fy_conf_int(c, "decode", "max_batch_tokens", &step)) ||
-        (st = fy_conf_enum(c, "kv", "evict", &evict)) || (st = fy_conf_int(c, "kv", "sink_tokens", &sink)) ||
-        (st = fy_conf_int(c, "kv", "recent_tokens", &recent)) || (st = fy_conf_int(c, "kv", "heavy_tokens", &heavy)))
+        (st = fy_conf_int(c, "decode", "max_batch_tokens", &step)) || (st = fy_conf_enum(c, "kv", "evict", &evict)) ||
+        (st = fy_conf_int(c, "kv", "sink_tokens", &sink)) || (st = fy_conf_int(c, "kv", "recent_tokens", &recent)) ||
+        (st = fy_conf_int(c, "kv", "heavy_tokens", &heavy)))
         return st;
     R->step = (int32_t)step;
     R->evict = (fy_evict_params_t){.policy = (fy_evict_policy_t)evict,
