@@ -36,9 +36,9 @@ static bool wire_takes(const fy_genspec_t *g)
     return ok;
 }
 
-typedef enum { F_TEMP, F_TOP_P, F_TOP_K, F_MIN_P, F_MAX_TOKENS, F_PRIORITY } field_t;
+typedef enum { F_TEMP, F_TOP_P, F_TOP_K, F_MIN_P, F_MAX_TOKENS, F_PRIORITY, F_KV_BUDGET } field_t;
 
-static const char *const NAMES[] = {"temperature", "top_p", "top_k", "min_p", "max_tokens", "priority"};
+static const char *const NAMES[] = {"temperature", "top_p", "top_k", "min_p", "max_tokens", "priority", "kv_budget"};
 
 static void set(fy_genspec_t *g, field_t f, double v)
 {
@@ -49,6 +49,7 @@ static void set(fy_genspec_t *g, field_t f, double v)
     case F_MIN_P: g->sampling.min_p = (float)v; break;
     case F_MAX_TOKENS: g->max_tokens = (int32_t)v; break;
     case F_PRIORITY: g->priority = (int32_t)v; break;
+    case F_KV_BUDGET: g->kv_budget = (int32_t)v; break;
     }
 }
 
@@ -92,6 +93,10 @@ static void test_check_agrees_with_wire(void **state)
         {F_PRIORITY, 1000000, true},
         {F_PRIORITY, 1000001, false},
         {F_PRIORITY, -1000001, false},
+        {F_KV_BUDGET, -1, false},
+        {F_KV_BUDGET, 0, true},
+        {F_KV_BUDGET, 1 << 24, true},
+        {F_KV_BUDGET, (1 << 24) + 1, false},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         fy_genspec_t g;

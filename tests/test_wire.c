@@ -1148,6 +1148,8 @@ static char *reference(void)
     sb_add(&b, "| `ignore_eos`, `logprobs` | bool | not zero | |\n");
     sb_add(&b, "| `priority` | int | not zero | %d to %d |\n", -FY_GEN_PRIORITY_MAX, FY_GEN_PRIORITY_MAX);
     sb_add(&b, "| `spec` | str | not `default` | `default`, `none`, `ngram`, `draft` |\n");
+    sb_add(&b, "| `kv_budget` | int | not zero | 0 to %d (tokens; the engine refuses more than `kv.evict` allows) |\n",
+           FY_GEN_KV_BUDGET_MAX);
     for (int32_t i = 0; i < fy_wire_n_all; i++) {
         const fy_wire_schema_t *s = fy_wire_all[i];
         sb_add(&b, "\n#### `%s` (%s)\n\n", fy_wire_type(s), fy_wire_route(s));
