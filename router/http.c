@@ -677,7 +677,10 @@ static void refuse_submitted(hreq_t *h, fy_status_t st, const char *err)
     json_object_set_new(eb, "message", jstr(err, strlen(err)));
     json_object_set_new(eb, "type",
                         json_string(st == FY_ERR_OVERLOADED ? "server_overloaded" : "invalid_request_error"));
-    json_object_set_new(eb, "param", st == FY_ERR_INVALID ? json_string(h->chat ? "messages" : "prompt") : json_null());
+    /* the router refuses a prompt it cannot hold, or a kv_budget the
+     * deployment does not allow (its message starts with the field) */
+    const char *param = !strncmp(err, "'kv_budget'", 11) ? "kv_budget" : h->chat ? "messages" : "prompt";
+    json_object_set_new(eb, "param", st == FY_ERR_INVALID ? json_string(param) : json_null());
     json_object_set_new(eb, "code", json_null());
     json_object_set_new(e, "error", eb);
     raw_response(h, status_of(st), e);

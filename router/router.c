@@ -1115,6 +1115,17 @@ static fy_status_t enqueue(router_t *R, const char *tenant, int32_t *ids, int32_
         fy_metric_inc(R->m.refused[1]);
         return FY_ERR_INVALID;
     }
+    if (gen->kv_budget > 0 && (R->evict.policy == FY_EVICT_NONE || gen->kv_budget > fy_evict_budget(&R->evict))) {
+        if (R->evict.policy == FY_EVICT_NONE)
+            snprintf(err, err_cap, "'kv_budget' is %d; this deployment evicts nothing (kv.evict = none)",
+                     gen->kv_budget);
+        else
+            snprintf(err, err_cap, "'kv_budget' is %d; this deployment allows at most %d", gen->kv_budget,
+                     fy_evict_budget(&R->evict));
+        fy_free(ids);
+        fy_metric_inc(R->m.refused[1]);
+        return FY_ERR_INVALID;
+    }
     rreq_t *q = fy_calloc(1, sizeof(*q));
     int32_t bs = R->lay.block_size;
     if (q) q->hashes = fy_malloc((size_t)(n / bs + 1) * sizeof(fy_kv_hash_t));

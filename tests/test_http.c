@@ -354,6 +354,9 @@ static void test_bad_requests(void **state)
     CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"temperature\":100.5}", 400, "temperature", NULL);
     CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"min_p\":-0.1}", 400, "min_p", NULL);
     CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"priority\":1000001}", 400, "priority", NULL);
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"kv_budget\":-1}", 400, "kv_budget", NULL);
+    /* a budget where the deployment evicts nothing (kv.evict = none): the worker refuses it by name */
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"kv_budget\":100}", 400, "kv_budget", NULL);
     CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"stop\":[\"a\\u0000b\"]}", 400, NULL, "JSON");
     CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"n\":99}", 400, "n", NULL);
     CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"seed\":-1}", 400, "seed", NULL);
