@@ -83,6 +83,7 @@ typedef struct rig {
     float *logits; /* [chunk, vocab] */
     float *scores;
     int32_t *evict_buf;
+    fy_evict_cand_t *evict_cand;
 } rig_t;
 
 static void rig_close(rig_t *g)
@@ -93,6 +94,7 @@ static void rig_close(rig_t *g)
     fy_free(g->logits);
     fy_free(g->scores);
     fy_free(g->evict_buf);
+    fy_free(g->evict_cand);
     memset(g, 0, sizeof(*g));
 }
 
@@ -119,7 +121,8 @@ static fy_status_t rig_open(rig_t *g, const fy_model_t *m, fy_backend_t *be, int
     g->logits = fy_malloc((size_t)chunk * (size_t)g->vocab * sizeof(float));
     g->scores = fy_calloc((size_t)(max_ctx / rp.block_size + 1), sizeof(float));
     g->evict_buf = fy_calloc((size_t)(max_ctx / rp.block_size + 1), sizeof(int32_t));
-    if (!g->logits || !g->scores || !g->evict_buf) {
+    g->evict_cand = fy_calloc((size_t)(max_ctx / rp.block_size + 1), sizeof(fy_evict_cand_t));
+    if (!g->logits || !g->scores || !g->evict_buf || !g->evict_cand) {
         st = FY_ERR_NOMEM;
         goto fail;
     }
@@ -168,7 +171,7 @@ static fy_status_t run_seq(rig_t *g, const fy_evict_params_t *p, const int32_t *
         }
         done += k;
         fy_kvm_seq_commit(g->kvm, &bt, all, done, NULL);
-        int32_t ne = fy_evict_choose(p, &bt, sc, g->evict_buf, cap);
+        int32_t ne = fy_evict_choose(p, &bt, sc, g->evict_buf, g->evict_cand, cap);
         if (ne && (st = fy_kvm_seq_evict(g->kvm, &bt, g->evict_buf, ne, NULL))) break;
         if (want && done >= n && done < n + n_gen) { /* greedy next */
             const float *lg = g->logits + (size_t)(want - 1) * (size_t)g->vocab;
@@ -289,29 +292,6 @@ static int speed(rig_t *g, const int32_t *ctx, int nctx, double budget_frac, int
     return 0;
 }
 
-static char *read_file(const char *path, size_t *len_p)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fy_error("bench-evict: cannot open %s: %m", path);
-        return NULL;
-    }
-    char *buf = NULL;
-    size_t cap = 0, n = 0, r;
-    do {
-        if (n + 65536 > cap) {
-            char *nb = fy_realloc(buf, cap = (n + 65536) * 2);
-            if (!nb) break;
-            buf = nb;
-        }
-        r = fread(buf + n, 1, cap - n, f);
-        n += r;
-    } while (r > 0);
-    fclose(f);
-    *len_p = n;
-    return buf;
-}
-
 int fy_cmd_bench_evict(int argc, char **argv)
 {
     const char *model_path = NULL, *text_path = NULL;
@@ -370,9 +350,9 @@ int fy_cmd_bench_evict(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    size_t tlen;
-    char *text = read_file(text_path, &tlen);
+    char *text = fy_cli_read_file(text_path);
     if (!text) return 1;
+    size_t tlen = strlen(text);
     fy_model_t *m = NULL;
     fy_backend_t *be = NULL;
     fy_backend_params_t bp = {.n_threads = (int)threads};

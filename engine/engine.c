@@ -102,9 +102,10 @@ struct fy_engine {
     int32_t *dk;            /* [max_num_seqs] tokens each wants proposed */
     double cost[COST_N];    /* seconds of a forward pass of n tokens (moving average) */
     uint32_t cost_n[COST_N];
-    double dcost;          /* seconds of one draft pass (moving average) */
-    fy_forward_seq_t *fwd; /* [max_num_seqs] */
-    int32_t *evict_buf;    /* [evict_cap] blocks kv_evict drops */
+    double dcost;                /* seconds of one draft pass (moving average) */
+    fy_forward_seq_t *fwd;       /* [max_num_seqs] */
+    int32_t *evict_buf;          /* [evict_cap] blocks kv_evict drops */
+    fy_evict_cand_t *evict_cand; /* [evict_cap] its scratch */
     int32_t evict_cap;
     request_t **fwd_req; /* [max_num_seqs] */
     /* queues: the engine thread's */
@@ -398,7 +399,8 @@ fy_status_t fy_engine_create(fy_runner_t *r, fy_kvm_t *kvm, const fy_tokenizer_t
     e->fwd_req = fy_calloc((size_t)n, sizeof(*e->fwd_req));
     e->evict_cap = rp->max_ctx / rp->block_size + 1;
     e->evict_buf = fy_calloc((size_t)e->evict_cap, sizeof(int32_t));
-    if (!e->evict_buf) goto nomem;
+    e->evict_cand = fy_calloc((size_t)e->evict_cap, sizeof(fy_evict_cand_t));
+    if (!e->evict_buf || !e->evict_cand) goto nomem;
     e->running = fy_calloc((size_t)n, sizeof(*e->running));
     e->itl_ring = fy_calloc((size_t)w, sizeof(float));
     e->itl_scratch = fy_calloc((size_t)w, sizeof(float));
@@ -477,6 +479,7 @@ void fy_engine_destroy(fy_engine_t *e)
     fy_free(e->fwd);
     fy_free(e->fwd_req);
     fy_free(e->evict_buf);
+    fy_free(e->evict_cand);
     fy_free(e->running);
     fy_free(e->itl_ring);
     fy_free(e->itl_scratch);
@@ -737,7 +740,7 @@ static int32_t blocks_needed(const fy_engine_t *e, const request_t *q)
 static void kv_evict(fy_engine_t *e, request_t *q)
 {
     if (q->evict.policy == FY_EVICT_NONE) return;
-    int32_t n = fy_evict_choose(&q->evict, &q->bt, q->scores, e->evict_buf, e->evict_cap);
+    int32_t n = fy_evict_choose(&q->evict, &q->bt, q->scores, e->evict_buf, e->evict_cand, e->evict_cap);
     if (n > 0) (void)fy_kvm_seq_evict(e->kvm, &q->bt, e->evict_buf, n, &q->resv); /* refusal: logged, a bug */
 }
 

@@ -4,7 +4,6 @@
 #include <stdlib.h>
 
 #include "log.h"
-#include "mem.h"
 
 const char *fy_evict_policy_name(fy_evict_policy_t p)
 {
@@ -60,48 +59,37 @@ static bool held(const fy_block_table_t *bt, int32_t i)
     return false;
 }
 
-typedef struct cand {
-    int32_t block;
-    float score;
-} cand_t;
-
 /* Highest score first; of equal scores the later block first (it stays). */
 static int by_score(const void *a, const void *b)
 {
-    const cand_t *x = a, *y = b;
+    const fy_evict_cand_t *x = a, *y = b;
     if (x->score != y->score) return x->score < y->score ? 1 : -1;
     return (x->block < y->block) - (x->block > y->block);
 }
 
 static int by_block(const void *a, const void *b)
 {
-    const cand_t *x = a, *y = b;
+    const fy_evict_cand_t *x = a, *y = b;
     return (x->block > y->block) - (x->block < y->block);
 }
 
 int32_t fy_evict_choose(const fy_evict_params_t *p, const fy_block_table_t *bt, const float *scores, int32_t *out,
-                        int32_t cap)
+                        fy_evict_cand_t *c, int32_t cap)
 {
     if (p->policy == FY_EVICT_NONE) return 0;
     int32_t bs = bt->block_size, n = bt->n_tokens, cur = n / bs;
     int32_t sinks = blocks_of(p->sink_tokens, bs);
     int32_t recent = n - p->recent_tokens > 0 ? (n - p->recent_tokens) / bs : 0; /* first recent block */
     int32_t end = recent < cur ? recent : cur;
-    if (end <= sinks) return 0;
-    /* the middle blocks still held; on the stack for what one table can
-     * hold at 16 K blocks, else in two passes */
-    cand_t stack[1024], *c = end - sinks <= 1024 ? stack : fy_malloc(sizeof(cand_t) * (size_t)(end - sinks));
-    if (!c) return 0; /* out of memory: nothing evicted this step, the budget is checked again next step */
     int32_t nc = 0;
-    for (int32_t i = sinks; i < end; i++)
-        if (held(bt, i)) c[nc++] = (cand_t){i, scores && p->policy == FY_EVICT_H2O ? scores[i] : 0.0f};
+    for (int32_t i = sinks; i < end && nc < cap; i++)
+        if (held(bt, i)) c[nc++] = (fy_evict_cand_t){i, scores && p->policy == FY_EVICT_H2O ? scores[i] : 0.0f};
     int32_t keep = p->policy == FY_EVICT_H2O ? blocks_of(p->heavy_tokens, bs) : 0;
     int32_t n_out = 0;
     if (nc > keep) {
         if (keep > 0) qsort(c, (size_t)nc, sizeof(*c), by_score);
         qsort(c + keep, (size_t)(nc - keep), sizeof(*c), by_block);
-        for (int32_t k = keep; k < nc && n_out < cap; k++) out[n_out++] = c[k].block;
+        for (int32_t k = keep; k < nc; k++) out[n_out++] = c[k].block;
     }
-    if (c != stack) fy_free(c);
     return n_out;
 }

@@ -57,6 +57,12 @@ fy_status_t fy_evict_for_budget(const fy_evict_params_t *deploy, int32_t tokens,
  * pass adds up to step tokens before eviction runs. */
 int32_t fy_evict_max_blocks(const fy_evict_params_t *p, int32_t block_size, int32_t step);
 
+/* One candidate block of fy_evict_choose (the caller's scratch). */
+typedef struct fy_evict_cand {
+    int32_t block;
+    float score;
+} fy_evict_cand_t;
+
 /*
  * The blocks to evict now from bt (n_tokens written): every held full
  * block before the one being written that is neither a sink block (the
@@ -64,9 +70,10 @@ int32_t fy_evict_max_blocks(const fy_evict_params_t *p, int32_t block_size, int3
  * the last `recent` tokens), nor, for H2O, among the ceil(heavy / B)
  * middle blocks with the highest scores[i] (ties: the later block stays).
  * Writes at most cap indexes into out, ascending; returns the count.
- * Policy none: 0.
+ * cand: scratch of cap entries (nothing is allocated: it runs every engine
+ * step).  Policy none: 0.
  */
 int32_t fy_evict_choose(const fy_evict_params_t *p, const fy_block_table_t *bt, const float *scores, int32_t *out,
-                        int32_t cap);
+                        fy_evict_cand_t *cand, int32_t cap);
 
 #endif /* FY_EVICT_H */

@@ -344,27 +344,28 @@ static void test_evict_choose(void **state)
     bt.blocks = blocks, bt.lo = &lo, bt.n_groups = 1, bt.max_blocks = 13, bt.n_blocks = 13, bt.n_tokens = 200;
     bt.block_size = 16;
     int32_t out[16];
+    fy_evict_cand_t cand[16];
     /* streaming: sinks 16 (block 0), recent 40 (tokens 160.. : blocks 10..12) */
     fy_evict_params_t s = {.policy = FY_EVICT_STREAMING, .sink_tokens = 16, .recent_tokens = 40};
-    assert_int_equal(fy_evict_choose(&s, &bt, NULL, out, 16), 9);
+    assert_int_equal(fy_evict_choose(&s, &bt, NULL, out, cand, 16), 9);
     for (int k = 0; k < 9; k++) assert_int_equal(out[k], 1 + k);
     /* h2o keeps the two middle blocks with the highest scores; a tie keeps the later */
     float sc[13] = {9, 1, 5, 0.5f, 7, 2, 2, 0, 1, 3, 9, 9, 9};
     fy_evict_params_t h = {.policy = FY_EVICT_H2O, .sink_tokens = 16, .recent_tokens = 40, .heavy_tokens = 32};
-    assert_int_equal(fy_evict_choose(&h, &bt, sc, out, 16), 7);
+    assert_int_equal(fy_evict_choose(&h, &bt, sc, out, cand, 16), 7);
     const int32_t want[7] = {1, 3, 5, 6, 7, 8, 9};
     for (int k = 0; k < 7; k++) assert_int_equal(out[k], want[k]);
     sc[9] = 5; /* blocks 2 and 9 tie for the second place: the later one stays */
-    assert_int_equal(fy_evict_choose(&h, &bt, sc, out, 16), 7);
+    assert_int_equal(fy_evict_choose(&h, &bt, sc, out, cand, 16), 7);
     assert_int_equal(out[1], 2);
     /* blocks already gone are not chosen again; within the budget, nothing goes */
     blocks[3] = blocks[5] = -1;
-    assert_int_equal(fy_evict_choose(&s, &bt, NULL, out, 16), 7);
+    assert_int_equal(fy_evict_choose(&s, &bt, NULL, out, cand, 16), 7);
     bt.n_tokens = 50, bt.n_blocks = 4;
     fy_evict_params_t big = {.policy = FY_EVICT_STREAMING, .sink_tokens = 16, .recent_tokens = 64};
-    assert_int_equal(fy_evict_choose(&big, &bt, NULL, out, 16), 0);
+    assert_int_equal(fy_evict_choose(&big, &bt, NULL, out, cand, 16), 0);
     fy_evict_params_t none = {.policy = FY_EVICT_NONE};
-    assert_int_equal(fy_evict_choose(&none, &bt, NULL, out, 16), 0);
+    assert_int_equal(fy_evict_choose(&none, &bt, NULL, out, cand, 16), 0);
     /* a request's budget scales the split; more than the deployment's is refused */
     fy_evict_params_t d = {.policy = FY_EVICT_H2O, .sink_tokens = 64, .recent_tokens = 1024, .heavy_tokens = 512}, r;
     assert_int_equal(fy_evict_budget(&d), 1600);
