@@ -639,6 +639,20 @@ static void test_groups_window_and_promise(void **state)
     fy_kvm_seq_release(f.m, &s.bt);
     fy_kvm_seq_deinit(&s.bt);
     fy_kvm_resv_release(f.m, &r);
+    /* a decode worker's reservation reads from the prompt's end: the
+     * sliding groups take only their window there; a first query behind
+     * what is written, or past the end, is refused */
+    seq_t d = {0};
+    assert_int_equal(fy_kvm_seq_init(f.m, &d.bt, MAX_TOK, &f.ns[0]), FY_OK);
+    fy_test_log_begin();
+    assert_int_equal(fy_kvm_seq_reserve_from(f.m, &d.bt, 100, 101, NULL), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("reserve from position 101", NULL));
+    fy_test_log_end();
+    assert_int_equal(fy_kvm_seq_reserve_from(f.m, &d.bt, 100, 100, NULL), FY_OK);
+    assert_int_equal(d.bt.lo[1], (100 - WINDOW + 1) / bs);
+    assert_int_equal(fy_block_table_held(&d.bt), 7 + 2 * (7 - (100 - WINDOW + 1) / bs));
+    fy_kvm_seq_release(f.m, &d.bt);
+    fy_kvm_seq_deinit(&d.bt);
     assert_int_equal(fy_kvm_check(f.m), FY_OK);
     fixture_close(&f);
 }
