@@ -333,6 +333,8 @@ static const field_t ADOPT[] = {
     I32_LIM(T, "first_token", first_token, FY_REQ, P_ALWAYS, 0, INT32_MAX, L_TOKEN),
     F64(T, "logprob", logprob, FY_OPT, P_ALWAYS, -1e30, 0),
     U64S_IN(T, "rng", rng, n_rng, FY_OPT, P_ALWAYS),
+    I32S(T, "kept", kept, n_kept, FY_OPT, P_NONZERO, 0, INT32_MAX, MAX_ARRAY),
+    F32S(T, "scores", scores, n_scores, FY_OPT, P_NONZERO, MAX_ARRAY),
 };
 #undef T
 #define T fy_wire_release_t
@@ -355,6 +357,7 @@ static const field_t PREFILL[] = {
     I32_LIM(T, "first_block", first_block, FY_REQ, P_ALWAYS, 0, INT32_MAX, L_PROMPT_BLOCKS),
     I32S_LIM(T, "blocks", blocks, n_blocks, FY_REQ, P_ALWAYS, -1, INT32_MAX, MAX_ARRAY, L_NONE, L_MSG_NBLOCKS),
     F64(T, "deadline_s", deadline_s, FY_OPT, P_NONZERO, 0.001, 3600),
+    I32_LIM(T, "slots", slots, FY_OPT, P_NONZERO, 0, INT32_MAX, L_PROMPT_BLOCKS),
 };
 #undef T
 #define T fy_wire_extend_t
@@ -424,6 +427,7 @@ static const field_t RESERVED[] = {
     I32_LIM(T, "first_block", first_block, FY_REQ, P_ALWAYS, 0, INT32_MAX, L_NBLOCKS_M1),
     I32S_LIM(T, "blocks", blocks, n_blocks, FY_REQ, P_ALWAYS, -1, INT32_MAX, MAX_ARRAY, L_NONE, L_NBLOCKS),
     BIN(T, "target", target, target_len, FY_REQ, P_ALWAYS, 64 << 10),
+    I32(T, "slots", slots, FY_OPT, P_NONZERO, 0, INT32_MAX),
 };
 #undef T
 #define T fy_wire_renewed_t
@@ -456,6 +460,8 @@ static const field_t PREFILLED[] = {
     U64S_IN(T, "rng", rng, n_rng, FY_REQ, P_ALWAYS),
     I32_LIM(T, "cached", cached, FY_OPT, P_ALWAYS, 0, INT32_MAX, L_NPROMPT),
     MAP(T, "timings", timings, FY_OPT, P_ALWAYS, JOB_TIMINGS),
+    I32S_LIM(T, "kept", kept, n_kept, FY_OPT, P_NONZERO, 0, INT32_MAX, MAX_ARRAY, L_NBLOCKS_M1, L_NBLOCKS),
+    F32S(T, "scores", scores, n_scores, FY_OPT, P_NONZERO, MAX_ARRAY),
 };
 #undef T
 #define T fy_wire_token_t
@@ -535,10 +541,31 @@ static void check_reserve(fy_msgr_t *r, const fy_wire_lim_t *lim, const void *p)
     if (m->n_tokens < 1) fy_msgr_fail(r, FY_ERR_FORMAT, "field 'tokens' is empty");
 }
 
+/* A KV budget's kept blocks: ascending, and scores (if any) one per kept
+ * block, each a finite, non-negative attention mass. */
+static void check_kept(fy_msgr_t *r, const int32_t *kept, int32_t n_kept, const float *scores, int32_t n_scores)
+{
+    for (int32_t i = 1; i < n_kept; i++)
+        if (kept[i] <= kept[i - 1]) {
+            fy_msgr_fail(r, FY_ERR_FORMAT, "field 'kept' is not ascending at entry %d", i);
+            return;
+        }
+    if (n_scores && n_scores != n_kept) {
+        fy_msgr_fail(r, FY_ERR_FORMAT, "%d scores for %d kept blocks", n_scores, n_kept);
+        return;
+    }
+    for (int32_t i = 0; i < n_scores; i++)
+        if (!(scores[i] >= 0.0f && scores[i] <= 3.0e38f)) {
+            fy_msgr_fail(r, FY_ERR_FORMAT, "field 'scores': entry %d is not a finite, non-negative mass", i);
+            return;
+        }
+}
+
 static void check_adopt(fy_msgr_t *r, const fy_wire_lim_t *lim, const void *p)
 {
     const fy_wire_adopt_t *m = p;
     if (m->n_rng != 0 && m->n_rng != 4) fy_msgr_fail(r, FY_ERR_FORMAT, "field 'rng' must hold 4 words");
+    check_kept(r, m->kept, m->n_kept, m->scores, m->n_scores);
 }
 
 static void check_prefill(fy_msgr_t *r, const fy_wire_lim_t *lim, const void *p)
@@ -550,7 +577,10 @@ static void check_prefill(fy_msgr_t *r, const fy_wire_lim_t *lim, const void *p)
     }
     if (!lim || lim->block_size < 1) return; /* the blocks cannot be counted */
     int32_t n = blocks_of(m->n_tokens, lim->block_size);
-    if (m->first_block >= n || !groups_fit(lim, m->n_blocks, n - m->first_block))
+    if (m->slots > n - m->first_block)
+        fy_msgr_fail(r, FY_ERR_FORMAT, "%d slots from block %d for a prompt of %d blocks", m->slots, m->first_block,
+                     n);
+    else if (m->first_block >= n || !groups_fit(lim, m->n_blocks, m->slots ? m->slots : n - m->first_block))
         fy_msgr_fail(r, FY_ERR_FORMAT, "%d destination blocks from block %d for a prompt of %d blocks (%s)",
                      m->n_blocks, m->first_block, n, groups_text(lim));
 }
@@ -580,7 +610,9 @@ static void check_reserved(fy_msgr_t *r, const fy_wire_lim_t *lim, const void *p
     const fy_wire_reserved_t *m = p;
     if (!lim || lim->n_prompt < 1 || lim->block_size < 1) return; /* the prompt is not known */
     int32_t n = blocks_of(lim->n_prompt, lim->block_size);
-    if (!groups_fit(lim, m->n_blocks, n - m->first_block))
+    if (m->slots > n - m->first_block)
+        fy_msgr_fail(r, FY_ERR_FORMAT, "%d slots from block %d for a %d-block prompt", m->slots, m->first_block, n);
+    else if (!groups_fit(lim, m->n_blocks, m->slots ? m->slots : n - m->first_block))
         fy_msgr_fail(r, FY_ERR_FORMAT, "%d blocks from block %d for a %d-block prompt (%s)", m->n_blocks,
                      m->first_block, n, groups_text(lim));
 }
@@ -589,6 +621,7 @@ static void check_prefilled(fy_msgr_t *r, const fy_wire_lim_t *lim, const void *
 {
     const fy_wire_prefilled_t *m = p;
     if (m->n_rng != 4) fy_msgr_fail(r, FY_ERR_FORMAT, "field 'rng' must hold 4 words");
+    check_kept(r, m->kept, m->n_kept, m->scores, m->n_scores);
 }
 
 /* ---- schemas ------------------------------------------------------------------------------------------- */

@@ -316,6 +316,10 @@ typedef struct fy_wire_adopt {
     double logprob;
     int32_t n_rng; /* always: 0 (none) or 4 words */
     uint64_t rng[4];
+    int32_t *kept; /* a KV budget's reservation (slots): the prompt's blocks the prefill worker kept, ascending */
+    int32_t n_kept;
+    float *scores; /* H2O: the attention each kept block received (n_kept of them), or none */
+    int32_t n_scores;
 } fy_wire_adopt_t;
 FY_WIRE_MESSAGE(adopt, fy_wire_adopt_t)
 
@@ -346,6 +350,8 @@ typedef struct fy_wire_prefill {
                         the decode side never reads (before a sliding window), not to be sent */
     int32_t n_blocks;
     double deadline_s; /* not zero; [0.001, 3600] */
+    int32_t slots;     /* not zero: a KV budget's reservation; blocks holds, per group, the slots blocks that
+                          the kept prompt blocks from first_block on go into, in order (-1: fewer) */
 } fy_wire_prefill_t;
 FY_WIRE_MESSAGE(prefill, fy_wire_prefill_t)
 
@@ -414,6 +420,7 @@ typedef struct fy_wire_reserved {
     int32_t n_blocks;
     const void *target;
     size_t target_len;
+    int32_t slots; /* not zero: a KV budget's reservation, as in prefill */
 } fy_wire_reserved_t;
 FY_WIRE_MESSAGE(reserved, fy_wire_reserved_t)
 
@@ -449,6 +456,10 @@ typedef struct fy_wire_prefilled {
     uint64_t rng[4];
     int32_t cached; /* [0, n_prompt] */
     fy_wire_job_timings_t timings;
+    int32_t *kept; /* a KV budget's reservation: as in adopt */
+    int32_t n_kept;
+    float *scores;
+    int32_t n_scores;
 } fy_wire_prefilled_t;
 FY_WIRE_MESSAGE(prefilled, fy_wire_prefilled_t)
 

@@ -9,7 +9,11 @@
  * the arena's address and rkey (the transfer descriptor); the prefill
  * worker writes into them with one-sided puts.  On "adopt" the lease
  * becomes a running request; a lease that reaches its deadline first is
- * freed (blocks and promise) and the router is told.  How long a lease
+ * freed (blocks and promise) and the router is told.  Under a KV budget
+ * (kv.evict) the prefill worker evicts while it runs the prompt, so the
+ * lease takes only as many blocks as the budget keeps ("slots", in no
+ * particular place yet); "adopt" says which prompt blocks were kept (and
+ * their H2O scores), and the blocks move there (fy_kvm_seq_place).  How long a lease
  * lasts is the router's ask capped by this worker's decode.max_lease, so a
  * command can never hold blocks and sequence slots longer than the
  * worker's own configuration allows.  Leases are reaped on
@@ -39,7 +43,8 @@ typedef struct lease {
     uint64_t lease, id;
     double deadline, t_reserved;
     fy_block_table_t bt;
-    int32_t held; /* blocks the reservation took (all groups) */
+    int32_t held;  /* blocks the reservation took (all groups) */
+    int32_t slots; /* a KV budget's reservation: blocks per group for the kept ones; 0: one per prompt block */
     fy_kv_resv_t resv;
     int32_t *prompt;
     int32_t n_prompt, n_cached;
@@ -185,10 +190,28 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
         fy_free(l);
         return;
     }
-    int32_t hit = 0;
-    if ((st = fy_kvm_seq_lookup(kvm, &l->bt, prompt, l->n_prompt, &hit)) ||
-        (st = fy_kvm_admit(kvm, fy_kvm_blocks_for(kvm, l->n_prompt, max_tokens, hit), &l->resv)) ||
-        (st = fy_kvm_seq_reserve_from(kvm, &l->bt, l->n_prompt, l->n_prompt, &l->resv))) {
+    /* a KV budget: the prefill worker evicts as it goes, and what it keeps
+     * at the prompt's end (at most fy_evict_max_blocks with no step) comes
+     * into that many blocks per group */
+    fy_evict_params_t ev;
+    int32_t kv_cap, hit = 0;
+    if (fy_engine_request_evict(fy_node_engine(n), l->gen.kv_budget, &ev, &kv_cap)) {
+        fy_kvm_seq_deinit(&l->bt);
+        fy_node_error(n, rid, id, FY_ERR_INVALID, "kv_budget %d is more than this decode worker allows (kv.evict)",
+                      l->gen.kv_budget);
+        fy_free(prompt);
+        fy_free(l);
+        return;
+    }
+    if (!(st = fy_kvm_seq_lookup(kvm, &l->bt, prompt, l->n_prompt, &hit)) &&
+        !(st = fy_kvm_admit(kvm, fy_kvm_blocks_for_capped(kvm, l->n_prompt, max_tokens, hit, kv_cap), &l->resv))) {
+        int32_t left = (l->n_prompt + bs - 1) / bs - hit / bs;
+        l->slots = ev.policy == FY_EVICT_NONE ? 0 : fy_evict_max_blocks(&ev, bs, 0);
+        if (l->slots > left) l->slots = left;
+        st = l->slots ? fy_kvm_seq_reserve_slots(kvm, &l->bt, l->n_prompt, l->slots, &l->resv)
+                      : fy_kvm_seq_reserve_from(kvm, &l->bt, l->n_prompt, l->n_prompt, &l->resv);
+    }
+    if (st) {
         d->refused++;
         fy_metric_inc(d->m.reserve_refused);
         int32_t free_now = fy_kvm_admittable(kvm), n_prompt = l->n_prompt;
@@ -199,8 +222,10 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
         return;
     }
     /* the prompt's blocks from the first not cached, per KV group: -1 for
-     * those a sliding group does not hold (the prefill worker sends none) */
-    int32_t first = hit / bs, per = l->bt.n_blocks - first, ng = l->bt.n_groups;
+     * those a sliding group does not hold (the prefill worker sends none);
+     * under a KV budget, each group's slots in order from there (or from
+     * its window), -1 past the prompt */
+    int32_t first = hit / bs, per = l->slots ? l->slots : l->bt.n_blocks - first, ng = l->bt.n_groups;
     int32_t *list = fy_malloc((size_t)per * (size_t)ng * sizeof(int32_t));
     if (!list) {
         lease_free(d, l);
@@ -209,7 +234,9 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
     }
     for (int32_t g = 0; g < ng; g++) {
         const int32_t *tab = fy_block_table_group(&l->bt, g);
-        for (int32_t i = 0; i < per; i++) list[g * per + i] = first + i >= l->bt.lo[g] ? tab[first + i] : -1;
+        int32_t from = l->slots && l->bt.lo[g] > first ? l->bt.lo[g] : first;
+        for (int32_t i = 0; i < per; i++)
+            list[g * per + i] = from + i >= l->bt.lo[g] && from + i < l->bt.n_blocks ? tab[from + i] : -1;
     }
     l->n_cached = hit;
     l->id = id;
@@ -234,7 +261,8 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
                              .blocks = list,
                              .n_blocks = per * ng,
                              .target = blob,
-                             .target_len = blob_len};
+                             .target_len = blob_len,
+                             .slots = l->slots};
     fy_msgw_t w;
     fy_wire_reserved_write(&w, &rm);
     fy_free(list);
@@ -343,15 +371,40 @@ static void cmd_adopt(decode_t *d, fy_msgr_t *r, uint64_t rid)
     float logprob = (float)m.logprob;
     lease_t *l = lease_find(d, id, lease);
     if (!l) {
+        fy_wire_adopt_clear(&m);
         fy_node_error(n, rid, id, FY_ERR_NOT_FOUND, "no lease %llu for request %llu (expired or released)",
                       (unsigned long long)lease, (unsigned long long)id);
         return;
     }
+    if (!l->slots != !m.n_kept) {
+        fy_wire_adopt_clear(&m);
+        fy_node_error(n, rid, id, FY_ERR_INVALID,
+                      l->slots ? "adopt without the kept blocks for a KV budget's reservation"
+                               : "adopt with kept blocks for a reservation of every prompt block");
+        return;
+    }
     lease_unlink(d, l);
     fy_metric_observe(d->m.lease_wait, fy_node_now() - l->t_reserved);
+    /* a KV budget: the blocks go where the kept ones belong; the scores
+     * spread over the prompt's blocks */
+    float *scores = NULL;
+    fy_status_t st = FY_OK;
+    if (l->slots) {
+        st = fy_kvm_seq_place(fy_node_kvm(n), &l->bt, m.kept, m.n_kept, &l->resv);
+        if (!st && m.n_scores && !(scores = fy_calloc((size_t)l->bt.n_blocks, sizeof(float)))) st = FY_ERR_NOMEM;
+        for (int32_t k = 0; scores && k < m.n_scores; k++) scores[m.kept[k]] = m.scores[k];
+    }
+    fy_wire_adopt_clear(&m);
+    if (st) {
+        lease_free(d, l);
+        fy_node_error(n, rid, id, st, "cannot place the kept blocks of a KV budget (see the worker's log): %s",
+                      fy_status_str(st));
+        return;
+    }
     /* linked first: the first token's events may end it inside adopt */
     dreq_t *q = req_link(d, id, l->gen.logprobs);
     if (!q) {
+        fy_free(scores);
         lease_free(d, l);
         fy_node_error(n, rid, id, FY_ERR_NOMEM, "out of memory adopting a request");
         return;
@@ -361,14 +414,16 @@ static void cmd_adopt(decode_t *d, fy_msgr_t *r, uint64_t rid)
     fy_request_params_t rq;
     const char *stops[FY_GEN_MAX_STOP];
     request_params(&l->gen, &l->ns, stops, &rq);
+    rq.kv_scores = scores;
     fy_rng_t rng;
     memcpy(rng.s, m.rng, sizeof(rng.s));
     fy_wire_ack_t a = {.ev = fy_node_ev(n, rid, id)};
     fy_msgw_t w;
     fy_wire_adopted_write(&w, &a);
     fy_node_push(n, &w); /* before the first token's event: the router reads them in order */
-    fy_status_t st = fy_engine_adopt(fy_node_engine(n), l->prompt, l->n_prompt, &rq, &l->bt, &l->resv, first, logprob,
-                                     ns ? &rng : NULL, on_event, q, &q->engine_id);
+    st = fy_engine_adopt(fy_node_engine(n), l->prompt, l->n_prompt, &rq, &l->bt, &l->resv, first, logprob,
+                         ns ? &rng : NULL, on_event, q, &q->engine_id);
+    fy_free(scores);
     if (st) {
         req_unlink(d, q);
         fy_free(q);

@@ -556,12 +556,12 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
     }
     int32_t max_tokens = rp->max_tokens < e->max_ctx - n_prompt ? rp->max_tokens : e->max_ctx - n_prompt;
     /* its KV budget: the engine's, or a smaller one it asks for */
-    fy_evict_params_t evict = e->p.evict;
-    if (rp->kv_budget && fy_evict_for_budget(&e->p.evict, rp->kv_budget, &evict) != FY_OK) {
+    fy_evict_params_t evict;
+    int32_t kv_cap;
+    if (fy_engine_request_evict(e, rp->kv_budget, &evict, &kv_cap) != FY_OK) {
         *st_p = refuse(e, FY_ERR_INVALID, "kv_budget %d refused (see above)", rp->kv_budget);
         return NULL;
     }
-    int32_t kv_cap = fy_evict_max_blocks(&evict, e->block_size, e->p.max_num_batched_tokens);
     /* a request the cache could never hold would wait forever: refuse it */
     int32_t need = fy_kvm_blocks_for_capped(e->kvm, n_prompt, e->p.predict_output ? 1 : max_tokens, 0, kv_cap);
     if (need > e->total_blocks) {
@@ -608,6 +608,15 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
     q->state = RQ_INBOX;
     *st_p = FY_OK;
     return q;
+}
+
+fy_status_t fy_engine_request_evict(const fy_engine_t *e, int32_t kv_budget, fy_evict_params_t *ev_p, int32_t *cap_p)
+{
+    fy_evict_params_t ev = e->p.evict;
+    if (kv_budget && fy_evict_for_budget(&e->p.evict, kv_budget, &ev) != FY_OK) return FY_ERR_INVALID;
+    *ev_p = ev;
+    *cap_p = fy_evict_max_blocks(&ev, e->block_size, e->p.max_num_batched_tokens);
+    return FY_OK;
 }
 
 fy_status_t fy_engine_submit(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_request_params_t *rp,
@@ -1307,8 +1316,11 @@ fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_pro
     q->n_computed = n_prompt;
     q->looked_up = true;
     /* a KV budget applies from the prompt's end, as after a colocated
-     * prompt's last chunk (without the prefill side's H2O scores: those
-     * stay there, so H2O's first choice here is by position alone) */
+     * prompt's last chunk, with the scores the prompt's blocks received
+     * where it ran (a decode worker's placed blocks are within the budget
+     * already: nothing goes) */
+    if (q->scores && rp->kv_scores)
+        memcpy(q->scores, rp->kv_scores, (size_t)q->bt.n_blocks * sizeof(float));
     kv_evict(e, q);
     q->state = RQ_RUNNING;
     e->running[e->n_running++] = q;
@@ -1400,16 +1412,17 @@ fy_status_t fy_engine_step(fy_engine_t *e)
             e->st.computed_prompt_tokens +=
                 (uint64_t)((q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt) - before);
         fy_kvm_seq_commit(e->kvm, &q->bt, q->tokens, q->n_computed, &q->resv);
+        kv_evict(e, q);
         if (q->progress && before < q->n_prompt) {
             fy_event_t ev = {.kind = FY_EVENT_PROGRESS,
                              .id = q->id,
                              .token = -1,
                              .bt = &q->bt,
                              .n_computed = q->n_computed,
-                             .n_prompt = q->n_prompt};
+                             .n_prompt = q->n_prompt,
+                             .kv_scores = q->scores};
             q->cb(q->cb_arg, &ev);
         }
-        kv_evict(e, q);
         if (e->fwd[i].n_logits == 0) continue;
         const float *lg = e->logits + (size_t)row++ * (size_t)e->vocab;
         float lp = 0.0f;

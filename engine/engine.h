@@ -100,6 +100,10 @@ typedef struct fy_request_params {
     bool progress;         /* FY_EVENT_PROGRESS after each forward pass that computed prompt tokens */
     fy_spec_method_t spec; /* proposer for this request; FY_SPEC_DEFAULT: the engine's */
     int32_t kv_budget;     /* KV tokens kept (evict.h), at most the engine's budget; 0: the engine's */
+    /* fy_engine_adopt under H2O: the attention each prompt block received
+     * where the prompt ran ([the prompt's blocks], copied); NULL: none, and
+     * H2O's first choice here is by position */
+    const float *kv_scores;
 } fy_request_params_t;
 
 void fy_request_params_default(fy_request_params_t *p);
@@ -140,6 +144,10 @@ typedef struct fy_event {
      * tokens of it have their K/V written */
     const fy_block_table_t *bt;
     int32_t n_computed, n_prompt;
+    /* FY_EVENT_PROGRESS, after the KV budget's eviction (evict.h) ran on
+     * the table: the attention each block received so far ([bt->n_blocks];
+     * H2O only, else NULL) */
+    const float *kv_scores;
 } fy_event_t;
 
 /* Called on the engine thread; must not call back into the engine except
@@ -198,6 +206,12 @@ fy_status_t fy_engine_post(fy_engine_t *e, fy_engine_fn fn, void *arg);
 fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_request_params_t *rp,
                             fy_block_table_t *bt, fy_kv_resv_t *resv, int32_t first, float logprob, const fy_rng_t *rng,
                             fy_event_fn cb, void *arg, uint64_t *id_p);
+
+/* A request's KV budget here (evict.h): the engine's policy scaled to
+ * kv_budget tokens (0: the engine's own), and the most blocks a KV group
+ * of it holds (INT32_MAX without eviction).  FY_ERR_INVALID (logged) for a
+ * budget the engine would refuse.  Any thread. */
+fy_status_t fy_engine_request_evict(const fy_engine_t *e, int32_t kv_budget, fy_evict_params_t *ev_p, int32_t *cap_p);
 
 /* Steps on a thread of the engine's own while there is work, sleeping
  * otherwise; fy_engine_stop (or destroy) ends it. */

@@ -1089,6 +1089,125 @@ fy_status_t fy_kvm_seq_reserve_from(fy_kvm_t *m, fy_block_table_t *bt, int32_t n
     return reserve(m, bt, n_tokens, resv);
 }
 
+/* Where group g's reserved slots begin: the first block not cached, or
+ * its window's first block. */
+static int32_t slots_from(const fy_block_table_t *bt, int32_t g)
+{
+    int32_t first = bt->n_tokens / bt->block_size;
+    return first > bt->lo[g] ? first : bt->lo[g];
+}
+
+fy_status_t fy_kvm_seq_reserve_slots(fy_kvm_t *m, fy_block_table_t *bt, int32_t n_tokens, int32_t slots,
+                                     fy_kv_resv_t *resv)
+{
+    int32_t bs = bt->block_size, need = (int32_t)(((int64_t)n_tokens + bs - 1) / bs);
+    if (bt->tier != FY_KV_DEVICE || n_tokens <= bt->n_tokens || bt->n_tokens % bs || slots < 1 ||
+        bt->n_blocks > bt->n_tokens / bs || need > bt->max_blocks) {
+        fy_error("kv: %d slots for a sequence of %d tokens (%d written, room for %d blocks)", slots, n_tokens,
+                 bt->n_tokens, bt->max_blocks);
+        return FY_ERR_INVALID;
+    }
+    slide(m, bt, n_tokens, resv);
+    int32_t grow = 0;
+    for (int32_t g = 0; g < bt->n_groups; g++) {
+        int32_t from = slots_from(bt, g);
+        grow += need - from < slots ? (need - from > 0 ? need - from : 0) : slots;
+    }
+    if (grow > available(m, resv)) return FY_ERR_NO_SPACE;
+    for (int32_t g = 0; g < bt->n_groups; g++) {
+        int32_t from = slots_from(bt, g), *t = grp(bt, g);
+        for (int32_t i = from; i < need && i < from + slots; i++) {
+            t[i] = alloc_block(m, FY_KV_DEVICE);
+            draw(m, resv, 1);
+        }
+    }
+    bt->n_blocks = need;
+    CHECK_BOOKS(m);
+    return FY_OK;
+}
+
+/* Whether sorted kept[n] holds i. */
+static bool kept_has(const int32_t *kept, int32_t n, int32_t i)
+{
+    int32_t lo = 0, hi = n;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (kept[mid] < i)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n && kept[lo] == i;
+}
+
+fy_status_t fy_kvm_seq_place(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *kept, int32_t n_kept,
+                             fy_kv_resv_t *resv)
+{
+    int32_t nb = bt->n_blocks, first = bt->n_tokens / bt->block_size;
+    const char *why = NULL;
+    int32_t at = -1, grp_bad = -1;
+    if (bt->tier != FY_KV_DEVICE || n_kept < 1 || n_kept > nb || kept[n_kept - 1] != nb - 1)
+        why = "the prompt's last block is not the last kept";
+    for (int32_t k = 0; k < n_kept && !why; k++)
+        if (kept[k] < 0 || kept[k] >= nb || (k && kept[k] <= kept[k - 1])) why = "out of order or range", at = k;
+    for (int32_t g = 0; g < bt->n_groups && !why; g++) {
+        const int32_t *t = grp(bt, g);
+        int32_t from = slots_from(bt, g), have = 0, want = 0;
+        while (from + have < nb && t[from + have] >= 0) have++;
+        for (int32_t i = from + have; i < nb && !why; i++)
+            if (t[i] >= 0) why = "the reserved blocks are not where fy_kvm_seq_reserve_slots put them", grp_bad = g;
+        for (int32_t k = 0; k < n_kept; k++) {
+            int32_t i = kept[k];
+            if (i >= from)
+                want++;
+            else if (i >= bt->lo[g] && t[i] < 0)
+                why = "a kept cached block is not here", at = k, grp_bad = g;
+        }
+        if (want > have && !why) why = "more kept blocks than reserved", grp_bad = g;
+    }
+    if (why) {
+        fy_error("kv: placing %d kept blocks of a %d-block prompt (%d cached): %s (entry %d, kv group %d)", n_kept, nb,
+                 first, why, at, grp_bad);
+        return FY_ERR_INVALID;
+    }
+    int32_t before = takeable(m, FY_KV_DEVICE), gap = -1, lo_min = INT32_MAX;
+    for (int32_t g = 0; g < bt->n_groups; g++) {
+        int32_t *t = grp(bt, g), from = slots_from(bt, g), have = 0, k0 = 0;
+        if (bt->lo[g] < lo_min) lo_min = bt->lo[g];
+        while (from + have < nb && t[from + have] >= 0) have++;
+        while (k0 < n_kept && kept[k0] < from) k0++;
+        int32_t want = n_kept - k0;
+        /* the reserved blocks the sender did not fill go back (fresh, never
+         * written); then, last first, reserved block j moves to the j-th
+         * kept index from `from` on, which is at or after it: every entry
+         * above is empty or already placed */
+        for (int32_t s = from + want; s < from + have; s++) unref_entry(m, bt, &t[s]);
+        for (int32_t j = want - 1; j >= 0; j--) {
+            int32_t b = t[from + j];
+            t[from + j] = -1;
+            t[kept[k0 + j]] = b;
+        }
+        for (int32_t i = bt->lo[g]; i < from; i++)
+            if (t[i] >= 0 && !kept_has(kept, n_kept, i)) {
+                unref_entry(m, bt, &t[i]);
+                m->evicted_blocks++;
+            }
+    }
+    for (int32_t i = lo_min; i < nb; i++)
+        if (!kept_has(kept, n_kept, i)) {
+            if (gap < 0) gap = i;
+            bt->n_evicted++;
+        }
+    if (gap >= 0 && bt->name_limit > gap) bt->name_limit = gap;
+    int32_t back = takeable(m, FY_KV_DEVICE) - before;
+    if (resv && back > 0) {
+        resv->blocks += back;
+        m->promised += back;
+    }
+    CHECK_BOOKS(m);
+    return FY_OK;
+}
+
 void fy_kvm_seq_commit(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *tokens, int32_t n, fy_kv_resv_t *resv)
 {
     int32_t bs = bt->block_size, ng = bt->n_groups;

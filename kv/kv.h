@@ -294,6 +294,37 @@ fy_status_t fy_kvm_seq_reserve(fy_kvm_t *m, fy_block_table_t *bt, int32_t n_toke
 fy_status_t fy_kvm_seq_reserve_from(fy_kvm_t *m, fy_block_table_t *bt, int32_t n_tokens, int32_t from,
                                     fy_kv_resv_t *resv);
 
+/*
+ * Reserving for a prompt whose K/V arrive after a KV budget evicted some
+ * of it (evict.h): which blocks the sender keeps is not known yet, only
+ * that at most `slots` of them lie at or after the first block not cached
+ * here (bt->n_tokens / block_size; bt->n_tokens must be a whole number of
+ * blocks, as a lookup leaves it).  Sliding groups drop what a query at
+ * n_tokens cannot see; each group then gets min(slots, its blocks from
+ * there to n_tokens) blocks at the front of that range, the rest of its
+ * entries stay -1, and bt->n_blocks covers n_tokens.  fy_kvm_seq_place
+ * moves the blocks where the sender's kept blocks belong.  All or nothing;
+ * FY_ERR_NO_SPACE, FY_ERR_INVALID as fy_kvm_seq_reserve.
+ */
+fy_status_t fy_kvm_seq_reserve_slots(fy_kvm_t *m, fy_block_table_t *bt, int32_t n_tokens, int32_t slots,
+                                     fy_kv_resv_t *resv);
+
+/*
+ * After fy_kvm_seq_reserve_slots, once the sender says which of the
+ * prompt's blocks it kept: kept[0..n_kept) are logical block indexes,
+ * ascending, the last one the prompt's last block.  Each group's reserved
+ * blocks move, in order, to its kept indexes from the first uncached
+ * block (or its window) on; cached blocks not kept are evicted (counted,
+ * and no block from the first one not kept on is named: its K/V came from
+ * an evicted context); reserved blocks left over go back.  Blocks back in
+ * the pool go into resv's promise.  FY_ERR_INVALID (logged, nothing
+ * changed) when kept is out of order or range, leaves out the last block,
+ * names a cached block not here, or gives a group more blocks than it
+ * reserved.  Before fy_kvm_seq_commit of the prompt.
+ */
+fy_status_t fy_kvm_seq_place(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *kept, int32_t n_kept,
+                             fy_kv_resv_t *resv);
+
 /* Records that tokens [bt->n_tokens, n) are written (tokens holds the whole
  * sequence so far), names the blocks that became full, and has sliding
  * groups drop the blocks that no query at position n or later can see.

@@ -16,6 +16,14 @@
  * the job flushes; the flush's completion (transfer thread) is posted
  * back to the engine thread, which reports "prefilled" or an error.
  *
+ * Under a KV budget (kv.evict) the engine evicts blocks between chunks,
+ * so which blocks survive is known only at the prompt's end: the decode
+ * worker reserved "slots", as many blocks per group as the budget keeps,
+ * and the job ships every kept block after the last chunk, in order, into
+ * them; "prefilled" names the kept blocks and carries their H2O scores,
+ * for the decode worker to put its blocks in place and go on evicting as
+ * this engine would have.
+ *
  * Metrics (besides node.c's): per job, time to first token and queue time
  * as the engine measures them (submission to the first token: queue and
  * prompt compute, not the transfer), the whole job (command received to
@@ -45,6 +53,10 @@ typedef struct pjob {
     bool xj_closed; /* finish or abort was called */
     int32_t n_prompt, first_block, n_dst, shipped, computed;
     int32_t *dst;          /* [n_dst] the decode worker's blocks for prompt blocks first_block.. */
+    int32_t slots;         /* a KV budget's reservation: dst holds slots blocks per group (0: positional) */
+    int32_t *kept;         /* [n_kept] the prompt blocks kept at its end (slots) */
+    float *scores;         /* [n_kept] their H2O scores, or NULL */
+    int32_t n_kept;
     fy_block_table_t hold; /* references to every block handed to the transfer */
     bool engine_done, xfer_done;
     fy_status_t engine_status, xfer_status;
@@ -132,6 +144,8 @@ static void job_free(prefill_t *p, pjob_t *j)
     fy_kvm_seq_release(fy_node_kvm(p->n), &j->hold);
     fy_kvm_seq_deinit(&j->hold);
     fy_free(j->dst);
+    fy_free(j->kept);
+    fy_free(j->scores);
     fy_free(j);
 }
 
@@ -176,7 +190,11 @@ static void job_maybe_end(pjob_t *j)
                                              .compute_s = j->t_computed - j->t_recv - j->queue_s,
                                              .transfer_tail_s = now - j->t_computed,
                                              .transfer_s = j->t_first_put > 0 ? now - j->t_first_put : 0,
-                                             .bytes = j->bytes}};
+                                             .bytes = j->bytes},
+                                 .kept = j->kept,
+                                 .n_kept = j->n_kept,
+                                 .scores = j->scores,
+                                 .n_scores = j->scores ? j->n_kept : 0};
         memcpy(m.rng, j->rng.s, sizeof(m.rng));
         fy_msgw_t w;
         fy_wire_prefilled_write(&w, &m);
@@ -235,21 +253,90 @@ static void on_xfer_done(void *arg, fy_status_t st, const char *message)
 
 /* ---- shipping blocks ------------------------------------------------------------------------ */
 
-/* Hands every block that is complete and not yet shipped to the transfer. */
-static void ship(pjob_t *j, const fy_block_table_t *bt, int32_t n_computed)
+/* Ends the job for a reason of the engine side's (engine thread). */
+static void ship_fail(pjob_t *j, fy_status_t st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void ship_fail(pjob_t *j, fy_status_t st, const char *fmt, ...)
+{
+    job_close_xfer(j, false);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(j->engine_msg, sizeof(j->engine_msg), fmt, ap);
+    va_end(ap);
+    j->engine_status = st;
+    fy_engine_cancel(fy_node_engine(j->p->n), j->engine_id);
+}
+
+/* Hands n blocks src -> dst to the transfer, in puts of up to 256. */
+static int32_t put_blocks(pjob_t *j, const int32_t *src, const int32_t *dst, int32_t n)
+{
+    fy_xfer_job_put(j->xj, src, dst, n); /* an error is remembered and reported at the end */
+    if (j->t_first_put == 0) j->t_first_put = fy_node_now();
+    int64_t b = (int64_t)n * (int64_t)fy_kvm_layout(fy_node_kvm(j->p->n))->block_bytes;
+    j->bytes += b;
+    j->p->bytes += b;
+    return n;
+}
+
+/* A KV budget's job at the prompt's end (bt after its last eviction): the
+ * kept blocks, and each group's kept blocks from the first the decode
+ * worker lacks (or the group's window) into its slots, in order. */
+static void ship_kept(pjob_t *j, const fy_block_table_t *bt, const float *scores)
+{
+    int32_t nb = bt->n_blocks, n = 0;
+    j->kept = fy_malloc((size_t)nb * sizeof(int32_t));
+    j->scores = scores ? fy_malloc((size_t)nb * sizeof(float)) : NULL;
+    if (!j->kept || (scores && !j->scores)) {
+        ship_fail(j, FY_ERR_NOMEM, "out of memory for the kept blocks");
+        return;
+    }
+    for (int32_t i = 0; i < nb; i++) {
+        bool held = false;
+        for (int32_t g = 0; g < bt->n_groups && !held; g++) held = i >= bt->lo[g] && fy_block_table_group(bt, g)[i] >= 0;
+        if (!held) continue;
+        if (scores) j->scores[n] = scores[i];
+        j->kept[n++] = i;
+    }
+    j->n_kept = n;
+    int32_t src[256], dst[256], k = 0;
+    for (int32_t g = 0; g < bt->n_groups; g++) {
+        const int32_t *tab = fy_block_table_group(bt, g), *want = j->dst + (size_t)g * (size_t)j->slots;
+        int32_t from = bt->lo[g] > j->first_block ? bt->lo[g] : j->first_block, s = 0;
+        for (int32_t i = from; i < nb; i++) {
+            if (tab[i] < 0) continue;
+            if (s >= j->slots || want[s] < 0) {
+                ship_fail(j, FY_ERR_INVALID,
+                          "kv group %d keeps more blocks than the decode worker reserved (%d): do the workers' "
+                          "kv.evict settings differ?",
+                          g, j->slots);
+                return;
+            }
+            src[k] = tab[i];
+            dst[k++] = want[s++];
+            if (k == 256) k -= put_blocks(j, src, dst, k);
+        }
+    }
+    if (k) put_blocks(j, src, dst, k);
+    j->shipped = nb;
+}
+
+/* Hands every block that is complete and not yet shipped to the transfer
+ * (under a KV budget: every kept block, once the prompt is done). */
+static void ship(pjob_t *j, const fy_block_table_t *bt, int32_t n_computed, const float *scores)
 {
     fy_kvm_t *kvm = fy_node_kvm(j->p->n);
     int32_t bs = bt->block_size;
     int32_t ready = n_computed >= j->n_prompt ? (j->n_prompt + bs - 1) / bs : n_computed / bs;
     int32_t from = j->shipped > j->first_block ? j->shipped : j->first_block;
-    if (ready <= from || j->xj_closed) return;
+    if (ready <= from || j->xj_closed || (j->slots && n_computed < j->n_prompt)) return;
     /* hold the blocks before the transfer can read them */
     fy_kvm_seq_release(kvm, &j->hold);
     if (fy_kvm_seq_fork(kvm, bt, &j->hold) != FY_OK) {
-        job_close_xfer(j, false);
-        snprintf(j->engine_msg, sizeof(j->engine_msg), "cannot hold blocks for the transfer");
-        j->engine_status = FY_ERR_INTERNAL;
-        fy_engine_cancel(fy_node_engine(j->p->n), j->engine_id);
+        ship_fail(j, FY_ERR_INTERNAL, "cannot hold blocks for the transfer");
+        return;
+    }
+    if (j->slots) {
+        ship_kept(j, bt, scores);
         return;
     }
     /* per KV group, the blocks the decode worker will read (a sliding
@@ -257,35 +344,24 @@ static void ship(pjob_t *j, const fy_block_table_t *bt, int32_t n_computed)
      * every one of those is still held here, since this side drops only
      * what a query at its own position, never past the prompt's end, cannot
      * see */
-    int32_t per = j->n_dst / bt->n_groups, cnt = 0, n = 0;
+    int32_t per = j->n_dst / bt->n_groups, n = 0;
     int32_t src[256], dst[256];
     for (int32_t g = 0; g < bt->n_groups; g++) {
         const int32_t *tab = fy_block_table_group(bt, g), *want = j->dst + (size_t)g * (size_t)per;
         for (int32_t i = from; i < ready; i++) {
             int32_t d = want[i - j->first_block];
             if (d < 0) continue;
-            if (i < bt->lo[g] || tab[i] < 0) { /* cannot happen: equal layouts (the handshake), and eviction
-                                                  * takes only blocks shipped at an earlier progress */
-                job_close_xfer(j, false);
-                snprintf(j->engine_msg, sizeof(j->engine_msg), "kv group %d: block %d was dropped before it was sent",
-                         g, i);
-                j->engine_status = FY_ERR_INTERNAL;
-                fy_engine_cancel(fy_node_engine(j->p->n), j->engine_id);
+            if (i < bt->lo[g] || tab[i] < 0) { /* cannot happen: equal layouts (the handshake), and a
+                                                  * positional job evicts nothing (cmd_prefill) */
+                ship_fail(j, FY_ERR_INTERNAL, "kv group %d: block %d was dropped before it was sent", g, i);
                 return;
             }
             src[n] = tab[i];
             dst[n++] = d;
-            if (n == 256) {
-                fy_xfer_job_put(j->xj, src, dst, n); /* an error is remembered and reported at the end */
-                cnt += n, n = 0;
-            }
+            if (n == 256) n -= put_blocks(j, src, dst, n);
         }
     }
-    if (n) fy_xfer_job_put(j->xj, src, dst, n);
-    cnt += n;
-    if (j->t_first_put == 0) j->t_first_put = fy_node_now();
-    j->bytes += (int64_t)cnt * (int64_t)fy_kvm_layout(kvm)->block_bytes;
-    j->p->bytes += (int64_t)cnt * (int64_t)fy_kvm_layout(kvm)->block_bytes;
+    if (n) put_blocks(j, src, dst, n);
     j->shipped = ready;
 }
 
@@ -295,7 +371,7 @@ static void on_event(void *arg, const fy_event_t *ev)
     switch (ev->kind) {
     case FY_EVENT_PROGRESS:
         j->computed = ev->n_computed;
-        ship(j, ev->bt, ev->n_computed);
+        ship(j, ev->bt, ev->n_computed, ev->kv_scores);
         return;
     case FY_EVENT_TOKEN:
         j->first_token = ev->token;
@@ -350,6 +426,20 @@ static void cmd_prefill(prefill_t *p, fy_msgr_t *r, uint64_t rid)
     if (fy_msgr_ok(r) && job_find(p, m.id, m.attempt))
         fy_msgr_fail(r, FY_ERR_INVALID, "request %llu (try %lld) is already here", (unsigned long long)m.id,
                      (long long)m.attempt);
+    /* a KV budget here and a reservation of slots there go together: the
+     * engine evicts as the prompt runs, and ships only what it kept */
+    fy_evict_params_t ev;
+    int32_t kv_cap;
+    if (fy_msgr_ok(r) && fy_engine_request_evict(fy_node_engine(n), m.gen.kv_budget, &ev, &kv_cap))
+        fy_msgr_fail(r, FY_ERR_INVALID, "kv_budget %d is more than this prefill worker allows (kv.evict)",
+                     m.gen.kv_budget);
+    else if (fy_msgr_ok(r) && (ev.policy != FY_EVICT_NONE) != (m.slots > 0))
+        fy_msgr_fail(r, FY_ERR_INVALID,
+                     m.slots ? "the decode worker reserved blocks for a KV budget; this prefill worker evicts nothing "
+                               "(kv.evict = none)"
+                             : "this prefill worker evicts (kv.evict = %s); the decode worker reserved every prompt "
+                               "block (kv.evict differs between the workers)",
+                     fy_evict_policy_name(ev.policy));
     if (!fy_msgr_ok(r)) {
         fy_node_error(n, rid, m.id, r->status, "bad prefill: %s", r->err);
         fy_wire_prefill_clear(&m);
@@ -371,6 +461,7 @@ static void cmd_prefill(prefill_t *p, fy_msgr_t *r, uint64_t rid)
     j->n_prompt = n_prompt;
     j->first_block = m.first_block;
     j->n_dst = m.n_blocks;
+    j->slots = m.slots;
     j->t_recv = fy_node_now();
     fy_request_params_t rq;
     fy_request_params_default(&rq);

@@ -103,6 +103,7 @@ typedef struct rreq {
     uint64_t renew_rid;
     int32_t p_computed;
     int32_t first_block, n_dst, need_blocks, cached_d, cached_p;
+    int32_t slots; /* a KV budget's reservation (the decode worker's "slots"): passed on to the prefill worker */
     int32_t *dst;
     void *target;
     size_t target_len;
@@ -648,7 +649,8 @@ static void send_prefill(router_t *R, rreq_t *q)
                            .first_block = q->first_block,
                            .blocks = q->dst,
                            .n_blocks = q->n_dst,
-                           .deadline_s = left > 0.05 ? left : 0.05};
+                           .deadline_s = left > 0.05 ? left : 0.05,
+                           .slots = q->slots};
     snprintf(m.tenant, sizeof(m.tenant), "%s", q->tenant);
     fy_wire_prefill_write(&w, &m);
     cmd_send(p, &w);
@@ -694,6 +696,7 @@ static void on_reserved(router_t *R, rreq_t *q, fy_msgr_t *r)
     q->renew_rid = 0;
     q->p_computed = 0;
     q->first_block = first;
+    q->slots = m.slots;
     q->cached_d = cached;
     q->t_reserved = now_s();
     q->rid = 0;
@@ -778,11 +781,17 @@ static void on_renewed(router_t *R, rreq_t *q, fy_msgr_t *r, uint64_t rid)
 
 static void on_prefilled(router_t *R, rreq_t *q, fy_msgr_t *r)
 {
-    fy_wire_lim_t lim = {.token_hi = R->vocab - 1, .n_prompt = q->n_prompt};
+    fy_wire_lim_t lim = {.token_hi = R->vocab - 1,
+                         .n_prompt = q->n_prompt,
+                         .block_size = R->lay.block_size,
+                         .kv_groups = R->lay.n_groups};
     fy_wire_prefilled_t m;
     fy_wire_prefilled_init(&m);
     fy_wire_prefilled_read(r, &lim, &m);
-    if (m.attempt != q->retries) return; /* an earlier try's */
+    if (m.attempt != q->retries) { /* an earlier try's */
+        fy_wire_prefilled_clear(&m);
+        return;
+    }
     if (!fy_msgr_ok(r)) {
         R->bad_events++;
         retry_or_fail(R, q, FY_ERR_FORMAT, r->err);
@@ -809,9 +818,14 @@ static void on_prefilled(router_t *R, rreq_t *q, fy_msgr_t *r)
                          .lease = q->lease,
                          .first_token = m.first_token,
                          .logprob = m.logprob,
-                         .n_rng = 4};
+                         .n_rng = 4,
+                         .kept = m.kept,
+                         .n_kept = m.n_kept,
+                         .scores = m.scores,
+                         .n_scores = m.n_scores};
     memcpy(a.rng, m.rng, sizeof(a.rng));
     fy_wire_adopt_write(&w, &a);
+    fy_wire_prefilled_clear(&m);
     cmd_send(d, &w);
     set_state(R, q, RQ_ADOPTING);
 }

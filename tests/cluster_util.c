@@ -344,6 +344,12 @@ static void on_ref(void *arg, const fy_event_t *ev)
 void tc_reference(const char *model, int32_t *const *prompts, const int32_t *lens, const int32_t *max_tokens, int n,
                   tc_result_t *res)
 {
+    tc_reference_opts(model, prompts, lens, max_tokens, n, NULL, res);
+}
+
+void tc_reference_opts(const char *model, int32_t *const *prompts, const int32_t *lens, const int32_t *max_tokens,
+                       int n, const tc_ref_opts_t *o, tc_result_t *res)
+{
     fy_model_t *m;
     fy_backend_t *be;
     fy_runner_t *r;
@@ -369,6 +375,8 @@ void tc_reference(const char *model, int32_t *const *prompts, const int32_t *len
     ep.max_num_seqs = 16;
     ep.max_num_batched_tokens = 512;
     ep.max_waiting = n + 1;
+    if (o) ep.evict = o->evict;
+    if (o && o->max_batch_tokens) ep.max_num_batched_tokens = o->max_batch_tokens;
     assert_int_equal(fy_engine_create(r, kvm, fy_model_tokenizer(m), &ep, &e), FY_OK);
     for (int i = 0; i < n; i++) {
         memset(&res[i], 0, sizeof(res[i]));
@@ -376,8 +384,10 @@ void tc_reference(const char *model, int32_t *const *prompts, const int32_t *len
         fy_request_params_default(&q);
         q.max_tokens = max_tokens[i];
         q.ignore_eos = true;
+        if (o && o->kv_budget) q.kv_budget = o->kv_budget[i];
         uint64_t id;
         assert_int_equal(fy_engine_submit(e, prompts[i], lens[i], &q, on_ref, &res[i], &id), FY_OK);
+        for (int k = 0; o && k < 1000000 && !fy_engine_idle(e); k++) assert_int_equal(fy_engine_step(e), FY_OK);
     }
     for (int k = 0; k < 1000000 && !fy_engine_idle(e); k++) assert_int_equal(fy_engine_step(e), FY_OK);
     for (int i = 0; i < n; i++) assert_true(res[i].done && res[i].error == FY_OK);

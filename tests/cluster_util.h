@@ -12,6 +12,7 @@
 #include <sys/types.h>
 
 #include "client.h"
+#include "evict.h"
 
 #define TC_MAX_PROCS 8
 
@@ -90,6 +91,18 @@ void tc_collect(tc_cluster_t *c, fy_client_stream_t *s, tc_result_t *res, int n,
  * invariance makes one batched run equal to each alone). */
 void tc_reference(const char *model, int32_t *const *prompts, const int32_t *lens, const int32_t *max_tokens, int n,
                   tc_result_t *res);
+
+/* tc_reference under a KV budget: the engine's eviction (evict.h), each
+ * request's kv_budget (NULL: the engine's), and one request at a time in
+ * prompt chunks of max_batch_tokens (0: 512), so that the points where
+ * eviction runs are those of a worker serving them one by one. */
+typedef struct tc_ref_opts {
+    fy_evict_params_t evict;
+    const int32_t *kv_budget;
+    int32_t max_batch_tokens;
+} tc_ref_opts_t;
+void tc_reference_opts(const char *model, int32_t *const *prompts, const int32_t *lens, const int32_t *max_tokens,
+                       int n, const tc_ref_opts_t *o, tc_result_t *res);
 
 double tc_now(void);
 

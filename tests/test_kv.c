@@ -331,6 +331,13 @@ static void prefill(fixture_t *f, seq_t *s, int tenant, const int32_t *tokens, i
     write_tokens(f, s, n);
 }
 
+static bool kept_contains(const int32_t *kept, int32_t n, int32_t i)
+{
+    for (int32_t k = 0; k < n; k++)
+        if (kept[k] == i) return true;
+    return false;
+}
+
 static void drop(fixture_t *f, seq_t *s)
 {
     fy_kvm_seq_release(f->m, &s->bt);
@@ -779,6 +786,137 @@ static void test_evicted_kv_never_named(void **state)
     fixture_close(&f);
 }
 
+/*
+ * A KV budget across a transfer: the sender evicted some of a prompt's
+ * blocks; the receiver, which caches a prefix of it, reserved slots
+ * (fy_kvm_seq_reserve_slots) without knowing which blocks survive; the
+ * sender's kept blocks from the first one the receiver lacks go into the
+ * slots in order, and fy_kvm_seq_place puts them where they belong.  The
+ * receiver then reads every kept position's values and holds nothing
+ * else, its cached blocks the sender dropped are gone, the slots it did
+ * not need went back, and the books balance throughout.
+ */
+static void place_kept(int groups)
+{
+    fixture_t f;
+    fixture_open_groups(&f, 256, 0, 0, 16, groups);
+    uint64_t rng = 20261124 + (uint64_t)groups;
+    int32_t placed = 0, cached_dropped = 0, leftover = 0;
+    for (int round = 0; round < 300; round++) {
+        int32_t n = 20 + (int32_t)(fy_test_rand_u64(&rng) % 380), nb = (n + 15) / 16, hit;
+        int32_t tok[400];
+        for (int32_t i = 0; i < n; i++) tok[i] = (int32_t)(fy_test_rand_u64(&rng) % 50000);
+        /* the receiver caches a random prefix of it */
+        seq_t c = {0}, a = {0}, d = {0};
+        int32_t lc = (int32_t)(fy_test_rand_u64(&rng) % (uint64_t)(n + 1));
+        if (lc > 0) {
+            prefill(&f, &c, 0, tok, lc, &hit);
+            drop(&f, &c);
+        }
+        /* the sender (its own namespace, the same values) runs the prompt
+         * and evicts some full blocks before the last */
+        a.tenant = 0;
+        assert_int_equal(fy_kvm_seq_init(f.m, &a.bt, MAX_TOK, &f.ns[2]), FY_OK);
+        memcpy(a.tokens, tok, sizeof(int32_t) * (size_t)n);
+        assert_int_equal(fy_kvm_seq_reserve(f.m, &a.bt, n, NULL), FY_OK);
+        write_tokens(&f, &a, n);
+        a.live = true;
+        int32_t ev[32], n_ev = 0;
+        for (int32_t i = 0; i < n / 16 && i < nb - 1 && n_ev < 32; i++) {
+            bool held = false;
+            for (int32_t g = 0; g < a.bt.n_groups; g++)
+                held |= i >= a.bt.lo[g] && fy_block_table_group(&a.bt, g)[i] >= 0;
+            if (held && fy_test_rand_u64(&rng) % 3 == 0) ev[n_ev++] = i;
+        }
+        assert_int_equal(fy_kvm_seq_evict(f.m, &a.bt, ev, n_ev, NULL), FY_OK);
+        int32_t kept[32], n_kept = 0;
+        for (int32_t i = 0; i < nb; i++) {
+            bool held = false;
+            for (int32_t g = 0; g < a.bt.n_groups; g++)
+                held |= i >= a.bt.lo[g] && fy_block_table_group(&a.bt, g)[i] >= 0;
+            if (held) kept[n_kept++] = i;
+        }
+        /* the receiver: its prefix, and slots for the rest */
+        d.tenant = 0;
+        assert_int_equal(fy_kvm_seq_init(f.m, &d.bt, MAX_TOK, &f.ns[0]), FY_OK);
+        memcpy(d.tokens, tok, sizeof(int32_t) * (size_t)n);
+        assert_int_equal(fy_kvm_seq_lookup(f.m, &d.bt, tok, n, &hit), FY_OK);
+        int32_t first = hit / 16, want = 0;
+        for (int32_t k = 0; k < n_kept; k++) want += kept[k] >= first;
+        int32_t slots = want + (int32_t)(fy_test_rand_u64(&rng) % 3);
+        if (slots > nb - first) slots = nb - first;
+        assert_int_equal(fy_kvm_seq_reserve_slots(f.m, &d.bt, n, slots, NULL), FY_OK);
+        d.live = true;
+        check_books(&f, (seq_t[]){a, d}, 2);
+        /* the transfer: each group's kept blocks from its slots' start, in order */
+        for (int32_t g = 0; g < d.bt.n_groups; g++) {
+            const int32_t *src = fy_block_table_group(&a.bt, g), *dst = fy_block_table_group(&d.bt, g);
+            int32_t from = d.bt.lo[g] > first ? d.bt.lo[g] : first, s = 0;
+            assert_int_equal(a.bt.lo[g], d.bt.lo[g]);
+            for (int32_t i = from; i < nb; i++) {
+                if (src[i] < 0) continue;
+                assert_true(dst[from + s] >= 0);
+                assert_int_equal(copy_cb(&f.ar, FY_KV_DEVICE, &dst[from + s], FY_KV_DEVICE, &src[i], 1), FY_OK);
+                s++;
+            }
+        }
+        int32_t free_before = fy_kvm_n_free(f.m, FY_KV_DEVICE);
+        fy_kv_resv_t r = {0};
+        /* refusals change nothing */
+        fy_test_log_begin();
+        int32_t bad[33];
+        memcpy(bad, kept, sizeof(int32_t) * (size_t)n_kept);
+        if (n_kept > 1) {
+            assert_int_equal(fy_kvm_seq_place(f.m, &d.bt, bad, n_kept - 1, &r), FY_ERR_INVALID); /* no last */
+            bad[0] = kept[1], bad[1] = kept[0];
+            assert_int_equal(fy_kvm_seq_place(f.m, &d.bt, bad, n_kept, &r), FY_ERR_INVALID); /* order */
+        }
+        if (n_kept < nb && slots == want) { /* one more kept block than the slots hold */
+            int32_t m = 0, extra = -1;
+            for (int32_t i = first; i < nb && extra < 0; i++)
+                if (!kept_contains(kept, n_kept, i)) extra = i;
+            if (extra >= 0) {
+                for (int32_t k = 0, done = 0; k < n_kept; k++) {
+                    if (!done && extra < kept[k]) bad[m++] = extra, done = 1;
+                    bad[m++] = kept[k];
+                }
+                assert_int_equal(fy_kvm_seq_place(f.m, &d.bt, bad, m, &r), FY_ERR_INVALID);
+            }
+        }
+        fy_test_log_end();
+        assert_int_equal(fy_kvm_n_free(f.m, FY_KV_DEVICE), free_before);
+        check_books(&f, (seq_t[]){a, d}, 2);
+        assert_int_equal(fy_kvm_seq_place(f.m, &d.bt, kept, n_kept, &r), FY_OK);
+        placed++;
+        leftover += slots - want;
+        for (int32_t i = 0; i < first; i++)
+            cached_dropped += !kept_contains(kept, n_kept, i) && fy_block_table_group(&d.bt, 0)[i] < 0;
+        fy_kvm_seq_commit(f.m, &d.bt, d.tokens, n, &r); /* what the transfer wrote */
+        d.n = n;
+        verify(&f, &d);
+        for (int32_t g = 0; g < d.bt.n_groups; g++)
+            for (int32_t i = d.bt.lo[g]; i < nb; i++)
+                if ((fy_block_table_group(&d.bt, g)[i] >= 0) != kept_contains(kept, n_kept, i))
+                    fail_msg("round %d: group %d block %d is %s on the receiver", round, g, i,
+                             kept_contains(kept, n_kept, i) ? "missing" : "held");
+        if (n_ev) assert_true(d.bt.name_limit <= ev[0]);
+        check_books(&f, (seq_t[]){a, d}, 2);
+        fy_kvm_resv_release(f.m, &r);
+        drop(&f, &a);
+        drop(&f, &d);
+    }
+    fprintf(stderr, "%d placements, %d cached blocks dropped, %d slots left over\n", placed, cached_dropped, leftover);
+    assert_true(placed == 300 && cached_dropped > 20 && leftover > 100);
+    fy_kvm_stats_t st;
+    fy_kvm_stats(f.m, &st);
+    assert_int_equal(st.tier[FY_KV_DEVICE].used, 0); /* nothing leaked */
+    assert_int_equal(fy_kvm_check(f.m), FY_OK);
+    fixture_close(&f);
+}
+
+static void test_place_kept(void **state) { place_kept(0); }
+static void test_place_kept_groups(void **state) { place_kept(1); }
+
 static void test_admission(void **state)
 {
     fixture_t f;
@@ -901,6 +1039,8 @@ int main(void)
         cmocka_unit_test(test_groups_prefix),
         cmocka_unit_test(test_evict_blocks),
         cmocka_unit_test(test_evicted_kv_never_named),
+        cmocka_unit_test(test_place_kept),
+        cmocka_unit_test(test_place_kept_groups),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
 }
