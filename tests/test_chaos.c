@@ -3,7 +3,8 @@
  * cluster (2 prefill and 2 decode workers on the default model), one round
  * of each fault (a prefill worker, a decode worker and the router killed
  * with SIGKILL, a burst of streams ending at once as a decode worker dies,
- * a decode worker stopped past the health timeout), under HTTP load.  The
+ * a decode worker stopped past the health timeout), under HTTP load, with
+ * H2O eviction on and every other request asking for a small KV budget.  The
  * run must report: every request ended (none hung, no answer cut outside
  * the router's own death), the cluster healthy after every fault, no KV
  * block left held.  `make chaos` runs 100 rounds.
@@ -35,9 +36,12 @@ static void test_chaos_rounds(void **state)
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent) _exit(127);
+        /* under H2O eviction, every other request with a small KV budget:
+         * the faults hit reservations of slots, kept-block transfers and
+         * adoptions that place them (`make chaos` runs without eviction) */
         execl(ferry, ferry, "chaos", "-c", "configs/local.ini", "--rounds", "5", "--clients", "3", "--json", json,
-              "--set", model, "--set", "router.lease=10s", "--set", "decode.kv_mem=128MiB", "--set",
-              "prefill.kv_mem=64MiB", (char *)NULL);
+              "--kv-budget", "48", "--set", model, "--set", "router.lease=10s", "--set", "decode.kv_mem=128MiB",
+              "--set", "prefill.kv_mem=64MiB", "--set", "kv.evict=h2o", (char *)NULL);
         _exit(127);
     }
     int status = 0;

@@ -275,6 +275,8 @@ static bool old_write(const fy_wire_schema_t *s, const void *p, fy_msgw_t *w)
         fy_msgw_i64(w, "first_token", m->first_token);
         fy_msgw_f64(w, "logprob", m->logprob);
         fy_msgw_u64s(w, "rng", m->rng, 4);
+        if (m->n_kept) fy_msgw_i32s(w, "kept", m->kept, m->n_kept);
+        if (m->n_scores) fy_msgw_f32s(w, "scores", m->scores, m->n_scores);
     } else if (s == &fy_wire_release_schema || s == &fy_wire_cmd_cancel_schema) {
         const fy_wire_release_t *m = p;
         old_cmd(w, fy_wire_type(s), &m->cmd, m->id);
@@ -289,6 +291,7 @@ static bool old_write(const fy_wire_schema_t *s, const void *p, fy_msgw_t *w)
         fy_msgw_i64(w, "first_block", m->first_block);
         fy_msgw_i32s(w, "blocks", m->blocks, m->n_blocks);
         fy_msgw_f64(w, "deadline_s", m->deadline_s);
+        if (m->slots) fy_msgw_i64(w, "slots", m->slots);
     } else if (s == &fy_wire_extend_schema) {
         const fy_wire_extend_t *m = p;
         old_cmd(w, "extend", &m->cmd, m->id);
@@ -349,6 +352,7 @@ static bool old_write(const fy_wire_schema_t *s, const void *p, fy_msgw_t *w)
         fy_msgw_i64(w, "first_block", m->first_block);
         fy_msgw_i32s(w, "blocks", m->blocks, m->n_blocks);
         fy_msgw_bin(w, "target", m->target, m->target_len);
+        if (m->slots) fy_msgw_i64(w, "slots", m->slots);
     } else if (s == &fy_wire_renewed_schema) {
         const fy_wire_renewed_t *m = p;
         old_ev(w, "renewed", &m->ev);
@@ -371,6 +375,8 @@ static bool old_write(const fy_wire_schema_t *s, const void *p, fy_msgw_t *w)
         fy_msgw_f64(w, "transfer_s", m->timings.transfer_s);
         fy_msgw_i64(w, "bytes", m->timings.bytes);
         fy_msgw_map_end(w);
+        if (m->n_kept) fy_msgw_i32s(w, "kept", m->kept, m->n_kept);
+        if (m->n_scores) fy_msgw_f32s(w, "scores", m->scores, m->n_scores);
     } else if (s == &fy_wire_token_schema) {
         const fy_wire_token_t *m = p;
         old_ev(w, "token", &m->ev);
@@ -794,6 +800,42 @@ static void reserved_below_none(void *p)
     fy_wire_reserved_t *m = p;
     m->first_block = 0, m->blocks = bad, m->n_blocks = 3;
 }
+/* a KV budget's reservation: slots blocks per group, not one per prompt block */
+static void prefill_slots(void *p) { ((fy_wire_prefill_t *)p)->slots = 2; }
+static void prefill_slots_past_prompt(void *p) { ((fy_wire_prefill_t *)p)->slots = 3; }
+static void prefill_slots_short(void *p) { ((fy_wire_prefill_t *)p)->slots = 1; }
+static void reserved_slots_two_groups(void *p)
+{
+    fy_wire_reserved_t *m = p;
+    m->first_block = 0, m->blocks = g_two_groups, m->n_blocks = 4, m->slots = 2;
+}
+static void reserved_slots_uneven(void *p)
+{
+    reserved_slots_two_groups(p);
+    ((fy_wire_reserved_t *)p)->n_blocks = 5;
+}
+static void adopt_kept_unsorted(void *p)
+{
+    static int32_t bad[2] = {2, 0};
+    ((fy_wire_adopt_t *)p)->kept = bad;
+}
+static void adopt_scores_short(void *p) { ((fy_wire_adopt_t *)p)->n_scores = 1; }
+static void prefilled_score_negative(void *p)
+{
+    static float bad[2] = {-1.0f, 2.0f};
+    ((fy_wire_prefilled_t *)p)->scores = bad;
+}
+static void prefilled_score_nan(void *p)
+{
+    static float bad[2] = {1.0f, 0.0f};
+    bad[1] = __builtin_nanf("");
+    ((fy_wire_prefilled_t *)p)->scores = bad;
+}
+static void prefilled_kept_past_prompt(void *p)
+{
+    static int32_t bad[2] = {0, 3};
+    ((fy_wire_prefilled_t *)p)->kept = bad;
+}
 static void progress_short(void *p) { ((fy_wire_progress_t *)p)->n_computed = 2; }
 static void adopt_two_words(void *p) { ((fy_wire_adopt_t *)p)->n_rng = 2; }
 static void prefilled_three_words(void *p) { ((fy_wire_prefilled_t *)p)->n_rng = 3; }
@@ -825,6 +867,18 @@ static void test_cross_field_rules(void **state)
     expect_rule(&fy_wire_reserved_schema, reserved_two_groups_short, &any,
                 "4 blocks from block 0 for a 3-block prompt (a table per kv group)");
     expect_rule(&fy_wire_reserved_schema, reserved_below_none, &any, "blocks");
+    expect_read(&fy_wire_prefill_schema, prefill_slots, LIM);
+    expect_rule(&fy_wire_prefill_schema, prefill_slots_past_prompt, LIM, "3 slots from block 1 for a prompt of 3 blocks");
+    expect_rule(&fy_wire_prefill_schema, prefill_slots_short, LIM,
+                "2 destination blocks from block 1 for a prompt of 3 blocks");
+    expect_read(&fy_wire_reserved_schema, reserved_slots_two_groups, &any);
+    expect_rule(&fy_wire_reserved_schema, reserved_slots_uneven, &any,
+                "5 blocks from block 0 for a 3-block prompt (a table per kv group)");
+    expect_rule(&fy_wire_adopt_schema, adopt_kept_unsorted, LIM, "field 'kept' is not ascending at entry 1");
+    expect_rule(&fy_wire_adopt_schema, adopt_scores_short, LIM, "1 scores for 2 kept blocks");
+    expect_rule(&fy_wire_prefilled_schema, prefilled_score_negative, LIM, "entry 0 is not a finite, non-negative");
+    expect_rule(&fy_wire_prefilled_schema, prefilled_score_nan, LIM, "entry 1 is not a finite, non-negative");
+    expect_rule(&fy_wire_prefilled_schema, prefilled_kept_past_prompt, LIM, "kept");
     expect_rule(&fy_wire_progress_schema, progress_short, LIM, "3 ids, 3 attempts and 2 computed counts");
     expect_rule(&fy_wire_adopt_schema, adopt_two_words, LIM, "field 'rng' must hold 4 words");
     expect_rule(&fy_wire_prefilled_schema, prefilled_three_words, LIM, "field 'rng' must hold 4 words");

@@ -13,6 +13,9 @@ const fy_wire_lim_t fy_test_wire_lim = {
 /* a 40-token prompt: three 16-token blocks */
 static int32_t g_prompt[40];
 static int32_t g_blocks[3] = {7, 8, 9};
+/* a KV budget's kept blocks of the 3-block prompt (the last one kept) and their H2O scores */
+static int32_t g_kept[2] = {0, 2};
+static float g_scores[2] = {12.5f, 0.75f};
 static uint64_t g_ids[3] = {7, 8, 1ull << 40};
 static int32_t g_attempts[3] = {0, 1, 1000};
 static int32_t g_computed[3] = {16, 40, 0};
@@ -141,7 +144,16 @@ void fy_test_wire_example(const fy_wire_schema_t *s, void *p)
         *(fy_wire_renew_t *)p = (fy_wire_renew_t){.cmd = cmd(10), .id = 7, .lease = 5, .lease_s = 30};
     } else if (s == &fy_wire_adopt_schema) {
         fy_wire_adopt_t *m = p;
-        *m = (fy_wire_adopt_t){.cmd = cmd(11), .id = 7, .lease = 5, .first_token = 42, .logprob = -0.5, .n_rng = 4};
+        *m = (fy_wire_adopt_t){.cmd = cmd(11),
+                               .id = 7,
+                               .lease = 5,
+                               .first_token = 42,
+                               .logprob = -0.5,
+                               .n_rng = 4,
+                               .kept = g_kept,
+                               .n_kept = 2,
+                               .scores = g_scores,
+                               .n_scores = 2};
         memcpy(m->rng, g_rng, sizeof(m->rng));
     } else if (s == &fy_wire_release_schema || s == &fy_wire_cmd_cancel_schema) {
         *(fy_wire_release_t *)p = (fy_wire_release_t){.cmd = cmd(0), .id = 7};
@@ -234,7 +246,11 @@ void fy_test_wire_example(const fy_wire_schema_t *s, void *p)
             .n_rng = 4,
             .cached = 16,
             .timings = {
-                .queue_s = 0.001, .compute_s = 0.01, .transfer_tail_s = 0.002, .transfer_s = 0.008, .bytes = 3 << 16}};
+                .queue_s = 0.001, .compute_s = 0.01, .transfer_tail_s = 0.002, .transfer_s = 0.008, .bytes = 3 << 16},
+            .kept = g_kept,
+            .n_kept = 2,
+            .scores = g_scores,
+            .n_scores = 2};
         memcpy(m->rng, g_rng, sizeof(m->rng));
     } else if (s == &fy_wire_token_schema) {
         *(fy_wire_token_t *)p = (fy_wire_token_t){.ev = ev("decode-0", 0, 7),

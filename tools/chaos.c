@@ -183,6 +183,7 @@ typedef struct chaos {
     const char *sets[MAX_SETS];
     int n_sets;
     int rounds, clients;
+    int kv_budget; /* not zero: every other request asks for this KV budget (kv.evict must be on) */
     double recover_s, request_s, stop_s, load_s;
     uint64_t seed;
     const char *json_path;
@@ -528,7 +529,7 @@ static uint64_t rng_next(uint64_t *s)
 static const char *const WORDS[] = {"river",  "stone",  "light",  "engine", "paper",  "cloud",  "garden", "signal",
                                     "market", "window", "winter", "copper", "forest", "bridge", "orbit",  "letter"};
 
-static char *make_body(uint64_t *rng, bool stream, int max_tokens)
+static char *make_body(uint64_t *rng, bool stream, int max_tokens, int kv_budget)
 {
     char prompt[2048];
     size_t n = 0;
@@ -538,6 +539,7 @@ static char *make_body(uint64_t *rng, bool stream, int max_tokens)
                               WORDS[rng_next(rng) % (sizeof(WORDS) / sizeof(WORDS[0]))]);
     json_t *o = json_pack("{s:s, s:i, s:b, s:b, s:f}", "prompt", prompt, "max_tokens", max_tokens, "stream", stream,
                           "ignore_eos", 1, "temperature", 0.0);
+    if (o && kv_budget && rng_next(rng) % 2) json_object_set_new(o, "kv_budget", json_integer(kv_budget));
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     return s;
@@ -576,7 +578,7 @@ static int one_request(chaos_t *c, uint64_t *rng, bool stream, int max_tokens, v
     c->in_flight++;
     int kind = c->round_kind;
     pthread_mutex_unlock(&c->mu);
-    char *body = make_body(rng, stream, max_tokens);
+    char *body = make_body(rng, stream, max_tokens, c->kv_budget);
     http_res_t r;
     http_do(c->http_port, "POST", "/v1/completions", body, now_s() + c->request_s, started, &r);
     int o = body ? classify(&r, stream) : O_HTTP_ERROR;
@@ -796,7 +798,8 @@ static void summary(chaos_t *c, double wall)
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: ferry chaos [-c CONFIG] [--rounds N] [--clients N] [--seed S] [--set section.key=value]...\n"
+            "usage: ferry chaos [-c CONFIG] [--rounds N] [--clients N] [--seed S] [--kv-budget N]\n"
+            "                   [--set section.key=value]...\n"
             "                   [--recover S] [--request-timeout S] [--stop S] [--load S] [--json FILE] [-v]\n"
             "  kill a local cluster's processes under load, round after round, and check that every request\n"
             "  ends, the cluster recovers and every KV block comes back\n"
@@ -804,6 +807,7 @@ static void usage(FILE *f)
             "      --rounds N            rounds of faults (default 5)\n"
             "  -C, --clients N           load clients, one request in flight each (default 4)\n"
             "      --seed S              which worker each fault hits (default 1)\n"
+            "      --kv-budget N         every other request asks for a KV budget of N tokens (kv.evict on)\n"
             "      --set SECTION.KEY=V   override a key of the configuration (repeatable)\n"
             "      --recover S           a round fails when the cluster is not healthy S seconds after (default 60)\n"
             "      --request-timeout S   a request still open after S seconds is hung: a failure (default 90)\n"
@@ -832,6 +836,7 @@ int fy_cmd_chaos(int argc, char **argv)
         {"rounds", required_argument, NULL, 'r'},
         {"clients", required_argument, NULL, 'C'},
         {"seed", required_argument, NULL, 's'},
+        {"kv-budget", required_argument, NULL, 'B'},
         {"set", required_argument, NULL, 'S'},
         {"recover", required_argument, NULL, 'R'},
         {"request-timeout", required_argument, NULL, 'T'},
@@ -859,6 +864,10 @@ int fy_cmd_chaos(int argc, char **argv)
             break;
         case 's':
             if (!fy_cli_parse_u64("--seed", optarg, &c->seed)) goto bad;
+            break;
+        case 'B':
+            if (!fy_cli_parse_int("--kv-budget", optarg, 1, 1 << 20, &v)) goto bad;
+            c->kv_budget = (int)v;
             break;
         case 'S':
             if (c->n_sets >= MAX_SETS - 16) {
