@@ -811,7 +811,10 @@ static void admit_swapped(fy_engine_t *e)
 {
     while (e->swapped && e->n_running < e->p.max_num_seqs) {
         request_t *q = e->swapped;
-        if (fy_kvm_admit(e->kvm, fy_kvm_blocks_for(e->kvm, q->n_total, planned_output(e, q), 0), &q->resv) != FY_OK)
+        /* a budgeted request's promise is capped as at its admission: its
+         * whole length might never fit again */
+        if (fy_kvm_admit(e->kvm, fy_kvm_blocks_for_capped(e->kvm, q->n_total, planned_output(e, q), 0, q->kv_cap),
+                         &q->resv) != FY_OK)
             return;
         if (fy_kvm_seq_swap_in(e->kvm, &q->bt, &q->resv) != FY_OK) {
             fy_kvm_resv_release(e->kvm, &q->resv);

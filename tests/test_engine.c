@@ -482,6 +482,78 @@ static void test_kv_budget_streaming(void **state)
     rig_close(&g);
 }
 
+/*
+ * Evicting requests preempted and resumed: short prompts that decode far
+ * past their budget, admitted on a predicted short output into a pool
+ * smaller than what each would hold without eviction.  They outgrow their
+ * promises, get preempted (swapped out, or dropped and recomputed) and
+ * come back within their budget's blocks (a swapped-out request asks for
+ * its capped promise, not its whole length), and all finish; every block
+ * returns (rig_close).
+ */
+static void kv_budget_preempted(fy_preempt_mode_t mode)
+{
+    rig_opts_t o;
+    rig_opts(&o, g_tiny);
+    o.caching = false;
+    o.blocks = 24;
+    o.host_blocks = mode == FY_PREEMPT_SWAP ? 96 : 0;
+    o.batch_tokens = 32;
+    o.ep.max_num_batched_tokens = 32;
+    o.ep.preempt = mode;
+    o.ep.predict_output = true;
+    o.ep.predict_quantile = 0.1;
+    o.ep.evict = (fy_evict_params_t){.policy = FY_EVICT_STREAMING, .sink_tokens = 16, .recent_tokens = 48};
+    rig_t g;
+    rig_open(&g, &o);
+    int32_t cap = fy_evict_max_blocks(&o.ep.evict, 16, 32);
+    int32_t p[6][40];
+    result_t warm[8] = {0}, res[6] = {0};
+    fy_request_params_t rp;
+    fy_request_params_default(&rp);
+    rp.max_tokens = 1;
+    for (int i = 0; i < 8; i++) { /* teach the predictor that outputs are short */
+        make_prompt(p[0], 8, g.vocab, 9);
+        uint64_t id;
+        assert_int_equal(fy_engine_submit(g.e, p[0], 8, &rp, on_event, &warm[i], &id), FY_OK);
+    }
+    rig_drain(&g);
+    rp.max_tokens = 400; /* 440 tokens: 28 blocks without eviction, more than the pool */
+    rp.ignore_eos = true;
+    for (int i = 0; i < 6; i++) {
+        make_prompt(p[i], 40, g.vocab, 300 + (uint64_t)i);
+        uint64_t id;
+        assert_int_equal(fy_engine_submit(g.e, p[i], 40, &rp, on_event, &res[i], &id), FY_OK);
+    }
+    for (int s = 0; s < 200000 && !fy_engine_idle(g.e); s++) {
+        assert_int_equal(fy_engine_step(g.e), FY_OK);
+        fy_kvm_stats_t ks;
+        fy_kvm_stats(g.kvm, &ks);
+        if (ks.tier[FY_KV_DEVICE].used > 6 * cap) fail_msg("step %d: %d blocks in use", s, ks.tier[FY_KV_DEVICE].used);
+    }
+    assert_true(fy_engine_idle(g.e));
+    fy_engine_stats_t st;
+    fy_engine_stats(g.e, &st);
+    fy_kvm_stats_t ks;
+    fy_kvm_stats(g.kvm, &ks);
+    int preempted = 0;
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(res[i].terminal, 1);
+        assert_int_equal(res[i].kind, FY_EVENT_FINISH);
+        assert_int_equal(res[i].n_generated, 400);
+        preempted += res[i].n_preempted > 0;
+    }
+    fprintf(stderr, "%s: %d of 6 evicting requests preempted (%llu by swap, %llu by recompute), %llu blocks evicted\n",
+            mode == FY_PREEMPT_SWAP ? "swap" : "recompute", preempted, (unsigned long long)st.preemptions_swap,
+            (unsigned long long)st.preemptions_recompute, (unsigned long long)ks.evicted_blocks);
+    assert_true(preempted > 0 && ks.evicted_blocks > 6 * 20);
+    assert_true(mode == FY_PREEMPT_SWAP ? st.preemptions_swap > 0 : st.preemptions_recompute > 0);
+    rig_close(&g);
+}
+
+static void test_kv_budget_preempt_swap(void **state) { kv_budget_preempted(FY_PREEMPT_SWAP); }
+static void test_kv_budget_preempt_recompute(void **state) { kv_budget_preempted(FY_PREEMPT_RECOMPUTE); }
+
 static void test_cancel_and_errors(void **state)
 {
     rig_opts_t o;
@@ -1073,6 +1145,7 @@ int main(void)
         cmocka_unit_test(test_disaggregated_tiny),    cmocka_unit_test(test_disaggregated_default),
         cmocka_unit_test(test_post_and_tick),         cmocka_unit_test(test_build_from_config),
         cmocka_unit_test(test_evict_choose),          cmocka_unit_test(test_kv_budget_streaming),
+        cmocka_unit_test(test_kv_budget_preempt_swap), cmocka_unit_test(test_kv_budget_preempt_recompute),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
