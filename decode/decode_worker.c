@@ -71,7 +71,7 @@ typedef struct decode {
     double max_lease; /* decode.max_lease: no lease lasts longer */
     uint64_t reserved, refused, adopted, expired, released, renewed, generated;
     struct {
-        fy_metric_t *e2e, *itl, *lease_wait;
+        fy_metric_t *e2e, *itl, *lease_wait, *kv_kept;
         fy_metric_t *success[FY_FINISH_CALLBACK + 1]; /* by fy_finish_reason_t */
         fy_metric_t *failed, *leases, *leased_blocks, *expired, *reserve_refused;
     } m;
@@ -295,6 +295,7 @@ static void on_event(void *arg, const fy_event_t *ev)
     case FY_EVENT_FINISH:
         if ((unsigned)ev->reason <= FY_FINISH_CALLBACK) fy_metric_inc(d->m.success[ev->reason]);
         fy_metric_observe(d->m.e2e, ev->timings->e2e_s);
+        fy_metric_observe(d->m.kv_kept, (double)ev->timings->n_kv_kept);
         fy_metric_observe_f32(d->m.itl, ev->timings->itl_s, ev->timings->n_itl);
         fy_wire_finish_t m = {
             .ev = fy_node_ev(n, 0, q->id),
@@ -568,6 +569,13 @@ static fy_status_t d_start(fy_node_t *n, void **state_p)
         st = fy_metrics_histogram(reg, "ferry:inter_token_latency_seconds",
                                   "Time between consecutive tokens of a request.", NULL, fy_metrics_itl_buckets,
                                   fy_metrics_n_itl_buckets, &d->m.itl);
+    static const double kept_buckets[] = {16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768};
+    if (!st)
+        st = fy_metrics_histogram(reg, "ferry:request_kv_kept_tokens",
+                                  "Tokens whose K/V a finished request held at its end: its whole length, or what "
+                                  "its KV budget kept (kv.evict).",
+                                  NULL, kept_buckets, (int)(sizeof(kept_buckets) / sizeof(kept_buckets[0])),
+                                  &d->m.kv_kept);
     if (!st)
         st = fy_metrics_histogram(reg, "ferry:kv_lease_wait_seconds",
                                   "From reserving blocks for a prompt to adopting it (the prefill and KV transfer, "

@@ -283,11 +283,27 @@ static void unlink_request(fy_engine_t *e, request_t *q)
     }
 }
 
+/* Tokens whose K/V a table holds in some KV group (a KV budget's kept
+ * ones; all of them without eviction). */
+static int32_t kv_kept_tokens(const fy_block_table_t *bt)
+{
+    int64_t kept = 0;
+    for (int32_t i = 0; i < bt->n_blocks; i++) {
+        bool held = false;
+        for (int32_t g = 0; g < bt->n_groups && !held; g++)
+            held = i >= bt->lo[g] && fy_block_table_group(bt, g)[i] >= 0;
+        int32_t in = bt->n_tokens - i * bt->block_size;
+        if (held && in > 0) kept += in < bt->block_size ? in : bt->block_size;
+    }
+    return (int32_t)kept;
+}
+
 /* The one terminal event: the request leaves, its blocks and promise go back. */
 static void end_request(fy_engine_t *e, request_t *q, fy_event_kind_t kind, fy_finish_reason_t reason,
                         fy_status_t status, const char *message)
 {
     unlink_request(e, q);
+    q->timings.n_kv_kept = kv_kept_tokens(&q->bt);
     fy_kvm_seq_release(e->kvm, &q->bt);
     fy_kvm_resv_release(e->kvm, &q->resv);
     draft_drop(e, q);

@@ -118,6 +118,7 @@ typedef struct fy_request_timings {
     int32_t n_preempted;
     int32_t n_spec_proposed, n_spec_accepted; /* speculative tokens proposed for it, and accepted */
     int32_t n_spec_steps;                     /* its verification steps */
+    int32_t n_kv_kept; /* tokens whose K/V it held at its end: fewer than its length under a KV budget */
 } fy_request_timings_t;
 
 typedef enum fy_event_kind {

@@ -557,8 +557,12 @@ static void kv_budget_across_transfer(fy_evict_policy_t policy)
                   shipped / block, all / block, shipped / all);
     assert_true(shipped > 0 && shipped < 0.5 * all);
     assert_int_equal(tc_http(c.metrics_port[1], "GET", "/metrics", &body), 200);
-    print_message("decode worker: %.0f blocks evicted\n", tc_metric(body, "ferry:kv_evicted_blocks_total"));
+    double kept = tc_metric(body, "ferry:request_kv_kept_tokens_sum"), length = 0;
+    for (int i = 0; i < N; i++) length += lens[i] + max_tokens[i];
+    print_message("decode worker: %.0f blocks evicted; requests ended holding %.0f of %.0f tokens\n",
+                  tc_metric(body, "ferry:kv_evicted_blocks_total"), kept, length);
     assert_true(tc_metric(body, "ferry:kv_evicted_blocks_total") > 0); /* it went on evicting */
+    assert_true(kept > 0 && kept < 0.5 * length);
     fy_free(body);
     /* more than the deployment allows: refused, by name */
     fy_client_stream_t s;
