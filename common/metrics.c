@@ -52,8 +52,8 @@ struct fy_metrics {
     pthread_mutex_t reg_mu; /* registration */
     family_t *fams, *fams_tail;
     fy_metric_t *series, *series_tail;
-    char *const_labels;               /* rendered, as a series' labels; "" when none */
-    char *const_names[MAX_LABELS];    /* their names */
+    char *const_labels;            /* rendered, as a series' labels; "" when none */
+    char *const_names[MAX_LABELS]; /* their names */
     int n_const;
 };
 

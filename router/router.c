@@ -1519,7 +1519,8 @@ static fy_status_t metrics_setup(router_t *R)
 {
     char served[128];
     fy_status_t st = fy_cluster_served_model_name(R->cfg, served, sizeof(served));
-    if (!st) st = fy_metrics_create_labeled((const char *const[]){"model_name", served, "role", "router", NULL}, &R->reg);
+    if (!st)
+        st = fy_metrics_create_labeled((const char *const[]){"model_name", served, "role", "router", NULL}, &R->reg);
     if (st) return st;
     fy_metrics_t *g = R->reg;
     static const char *const up_p[] = {"worker_role", "prefill", NULL}, *const up_d[] = {"worker_role", "decode", NULL};

@@ -653,7 +653,11 @@ static void test_router_metrics(void **state)
     double alpha0 = 0;
     (void)fy_metrics_sample(a.body, "ferry:prompt_tokens_total{tenant=\"alpha\"}", &alpha0);
     assert_true(sample(b.body, "ferry:prompt_tokens_total{tenant=\"alpha\"}") - alpha0 == 100);
-    assert_true(sample(b.body, "ferry:prompt_tokens_total{model_name=\"SmolLM2-135M-Instruct.Q4_1\",role=\"router\"}") >= 100);
+    assert_true(
+        sample(
+            b.body,
+            "ferry:prompt_tokens_total{model_name=\"SmolLM2-135M-Instruct.Q4_1\",role=\"router\",tenant=\"alpha\"}") >=
+        100);
     assert_true(DELTA("ferry:request_prompt_tokens_count") == 3);
     assert_true(DELTA("ferry:request_prompt_tokens_sum") == 100);
     assert_true(DELTA("ferry:request_generation_tokens_sum") == 15);

@@ -515,8 +515,10 @@ static void test_cluster_metrics(void **state)
     assert_true(tc_metric(td, "ferry:engine_num_requests_running") == 0);
     assert_true(tc_metric(td, "ferry:kv_cache_usage_perc") == 0);
     /* every series names the model and the role; the cache's shape is in cache_config_info */
-    assert_true(tc_metric(tp, "ferry:kv_cache_usage_perc{role=\"prefill\",model_name=\"SmolLM2-135M-Instruct.Q4_1\"}") == 0);
-    assert_true(tc_metric(td, "ferry:kv_cache_usage_perc{role=\"decode\",model_name=\"SmolLM2-135M-Instruct.Q4_1\"}") == 0);
+    assert_true(
+        tc_metric(tp, "ferry:kv_cache_usage_perc{role=\"prefill\",model_name=\"SmolLM2-135M-Instruct.Q4_1\"}") == 0);
+    assert_true(tc_metric(td, "ferry:kv_cache_usage_perc{role=\"decode\",model_name=\"SmolLM2-135M-Instruct.Q4_1\"}") ==
+                0);
     for (int w = 0; w < 2; w++) {
         const char *t = w ? td : tp;
         double total = tc_metric(t, "ferry:kv_blocks{tier=\"device\",state=\"free\"}") +
@@ -573,9 +575,10 @@ static void test_cluster_metrics(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_render_exact), cmocka_unit_test(test_const_labels_and_sample), cmocka_unit_test(test_register_errors),
-        cmocka_unit_test(test_concurrent),   cmocka_unit_test(test_health_rules),
-        cmocka_unit_test(test_httpd_routes), cmocka_unit_test(test_cluster_metrics),
+        cmocka_unit_test(test_render_exact),    cmocka_unit_test(test_const_labels_and_sample),
+        cmocka_unit_test(test_register_errors), cmocka_unit_test(test_concurrent),
+        cmocka_unit_test(test_health_rules),    cmocka_unit_test(test_httpd_routes),
+        cmocka_unit_test(test_cluster_metrics),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -266,7 +266,8 @@ static fy_status_t metrics_setup(serve_t *s, const fy_config_t *cfg)
 {
     char served[128];
     fy_status_t st = fy_cluster_served_model_name(cfg, served, sizeof(served));
-    if (!st) st = fy_metrics_create_labeled((const char *const[]){"model_name", served, "role", "serve", NULL}, &s->reg);
+    if (!st)
+        st = fy_metrics_create_labeled((const char *const[]){"model_name", served, "role", "serve", NULL}, &s->reg);
     if (!st)
         st = fy_metrics_gauge(s->reg, "ferry:serve_cluster_ready",
                               "1 once every child was ready and the router saw every worker", NULL, &s->cluster_ready);

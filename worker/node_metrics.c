@@ -32,8 +32,7 @@ struct fy_node_series {
 static const char *const STATE[4] = {"free", "used", "cached", "promised"};
 
 fy_status_t fy_node_series_create(fy_metrics_t *reg, const char *worker, const char *model_id,
-                                  const fy_node_cache_info_t *cache, bool host_tier, bool puts,
-                                  fy_node_series_t **s_p)
+                                  const fy_node_cache_info_t *cache, bool host_tier, bool puts, fy_node_series_t **s_p)
 {
     fy_node_series_t *s = fy_calloc(1, sizeof(*s));
     if (!s) {
@@ -119,9 +118,10 @@ fy_status_t fy_node_series_create(fy_metrics_t *reg, const char *worker, const c
     C(steps, "ferry:engine_steps_total", "Forward passes the engine ran.", NULL);
     C(bad_commands, "ferry:bad_commands_total", "Commands from the router that did not parse.", NULL);
     if (!st)
-        st = fy_metrics_histogram(reg, "ferry:iteration_tokens",
-                                  "Tokens an engine step fed to its forward pass: prompt chunks, decoded tokens and speculative drafts.", NULL,
-                                  fy_metrics_iteration_buckets, fy_metrics_n_iteration_buckets, &s->iteration_tokens);
+        st = fy_metrics_histogram(
+            reg, "ferry:iteration_tokens",
+            "Tokens an engine step fed to its forward pass: prompt chunks, decoded tokens and speculative drafts.",
+            NULL, fy_metrics_iteration_buckets, fy_metrics_n_iteration_buckets, &s->iteration_tokens);
 #undef C
 #undef G
     if (st) {

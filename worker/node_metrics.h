@@ -25,13 +25,13 @@ typedef struct fy_node_series fy_node_series_t;
 
 /* The KV cache as configured, for ferry:cache_config_info (vLLM's labels). */
 typedef struct fy_node_cache_info {
-    int32_t block_size;     /* tokens a block holds */
-    int32_t device_blocks;  /* num_gpu_blocks: the device tier */
-    int32_t host_blocks;    /* num_cpu_blocks: the host tier (0: none) */
-    const char *dtype;      /* cache_dtype: f16, f32, fp8, int8 */
-    bool prefix_caching;    /* kv.prefix_cache */
-    int32_t n_groups;       /* KV groups of the layout */
-    size_t block_bytes;     /* bytes of one block, every layer of its group */
+    int32_t block_size;    /* tokens a block holds */
+    int32_t device_blocks; /* num_gpu_blocks: the device tier */
+    int32_t host_blocks;   /* num_cpu_blocks: the host tier (0: none) */
+    const char *dtype;     /* cache_dtype: f16, f32, fp8, int8 */
+    bool prefix_caching;   /* kv.prefix_cache */
+    int32_t n_groups;      /* KV groups of the layout */
+    size_t block_bytes;    /* bytes of one block, every layer of its group */
 } fy_node_cache_info_t;
 
 /* Registers the common series in reg (whose own labels carry model_name
@@ -41,8 +41,7 @@ typedef struct fy_node_cache_info {
  * exported too); puts: this role initiates KV transfers (prefill), so it
  * exports bytes and jobs. */
 fy_status_t fy_node_series_create(fy_metrics_t *reg, const char *worker, const char *model_id,
-                                  const fy_node_cache_info_t *cache, bool host_tier, bool puts,
-                                  fy_node_series_t **s_p);
+                                  const fy_node_cache_info_t *cache, bool host_tier, bool puts, fy_node_series_t **s_p);
 void fy_node_series_destroy(fy_node_series_t *s); /* accepts NULL; the series stay in reg */
 
 /* Copies the figures into the series, as one batch (engine thread). */
