@@ -394,7 +394,8 @@ DEBS := build-essential pkg-config python3 python3-pip ca-certificates \
         libpcre2-dev libjansson-dev libcmocka-dev libsodium-dev libinih-dev \
         libucx-dev ucx-utils libnng-dev libmsgpack-dev gnuplot-nox iproute2 curl python3-venv \
         libcurl4-openssl-dev libmicrohttpd-dev \
-        clang libclang-rt-dev llvm clang-format
+        clang libclang-rt-dev llvm clang-format \
+        prometheus
 
 deps:
 	@missing=""; for p in $(DEBS); do \

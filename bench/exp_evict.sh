@@ -20,7 +20,7 @@ for pol in $POLICIES; do
         --set kv.sink_tokens=52 --set kv.recent_tokens=179 --set kv.heavy_tokens=179 || exit 1
     peak=0
     ( while :; do
-          curl -s $METRICS/metrics | awk '/^ferry:num_requests_running /{print $2}'
+          curl -s $METRICS/metrics | awk '/^ferry:engine_num_requests_running[{ ]/{print $NF}'
           sleep 0.2
       done ) >"$OUT/$pol.running" 2>/dev/null &
     sampler=$!

@@ -272,3 +272,23 @@ void fy_cluster_raise_nofile(void)
     else
         fy_debug("descriptor limit raised from %llu to %llu", (unsigned long long)was, (unsigned long long)rl.rlim_max);
 }
+
+fy_status_t fy_cluster_served_model_name(const fy_config_t *cfg, char *out, size_t cap)
+{
+    const char *served = fy_conf_default("router", "served_model_name"), *path = fy_conf_default("model", "path");
+    fy_status_t st;
+    if (cfg && ((st = fy_conf_string(cfg, "router", "served_model_name", &served)) ||
+                (st = fy_conf_string(cfg, "model", "path", &path))))
+        return st;
+    if (!cap) return FY_ERR_INVALID;
+    if (served && *served) {
+        snprintf(out, cap, "%s", served);
+        return FY_OK;
+    }
+    path = path ? path : "";
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    snprintf(out, cap, "%s", base);
+    size_t l = strlen(out);
+    if (l > 5 && !strcmp(out + l - 5, ".gguf")) out[l - 5] = 0;
+    return FY_OK;
+}

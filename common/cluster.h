@@ -56,6 +56,13 @@ fy_status_t fy_cluster_auth_file(const char *path, fy_env_role_t role, const cha
 fy_status_t fy_cluster_auth(const fy_config_t *cfg, fy_env_role_t role, const char *name, uint64_t inc,
                             fy_env_auth_t *auth_p);
 
+/* The name the deployment serves its model under: router.served_model_name,
+ * else the file name of model.path without ".gguf" (as llama.cpp's server
+ * names it).  Every process reads it the same way, so the router's API and
+ * the model_name label on every process's metrics agree.  Truncated to
+ * cap; cfg NULL: the defaults. */
+fy_status_t fy_cluster_served_model_name(const fy_config_t *cfg, char *out, size_t cap);
+
 /* kv.block_size and kv.dtype (cfg NULL: their defaults). */
 fy_status_t fy_cluster_kv(const fy_config_t *cfg, int32_t *block_size_p, fy_dtype_t *dtype_p);
 

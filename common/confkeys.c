@@ -95,7 +95,9 @@ static const fy_conf_key_t KEYS[] = {
     STR("router", "http", "", "the OpenAI-compatible HTTP API and the router's /health and /metrics; empty: none"),
     STR("router", "api_keys", "",
         "file of \"KEY TENANT [max_concurrent=N] [tokens_per_minute=N]\" lines, mode 0600; empty: no keys asked"),
-    STR("router", "served_model_name", "", "the model's name in the HTTP API; empty: the model file's name"),
+    STR("router", "served_model_name", "",
+        "the model's name in the HTTP API and the model_name label on every process's metrics; empty: the model "
+        "file's name"),
     SIZE("router", "max_body", "1MiB", KIB, 64 * MIB, "HTTP request bodies at most; beyond it 413"),
     INT("router", "default_max_tokens", "1024", 1, 1 << 20,
         "max_tokens of chat completions that give none (completions default to 16, as OpenAI's)"),

@@ -22,7 +22,7 @@
 #include "log.h"
 #include "mem.h"
 
-#define MAX_LABELS 8
+#define MAX_LABELS 12 /* the registry's own and the series' */
 
 typedef enum kind { KIND_COUNTER, KIND_GAUGE, KIND_HISTOGRAM } kind_t;
 
@@ -52,6 +52,9 @@ struct fy_metrics {
     pthread_mutex_t reg_mu; /* registration */
     family_t *fams, *fams_tail;
     fy_metric_t *series, *series_tail;
+    char *const_labels;            /* rendered, as a series' labels; "" when none */
+    char *const_names[MAX_LABELS]; /* their names */
+    int n_const;
 };
 
 const double fy_metrics_ttft_buckets[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
@@ -63,6 +66,22 @@ const int fy_metrics_n_itl_buckets = (int)(sizeof(fy_metrics_itl_buckets) / size
 const double fy_metrics_e2e_buckets[] = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
                                          30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 const int fy_metrics_n_e2e_buckets = (int)(sizeof(fy_metrics_e2e_buckets) / sizeof(double));
+const double fy_metrics_iteration_buckets[] = {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
+const int fy_metrics_n_iteration_buckets = (int)(sizeof(fy_metrics_iteration_buckets) / sizeof(double));
+
+int fy_metrics_buckets_125(double max, double *out, int cap)
+{
+    static const double steps[] = {1, 2, 5};
+    int n = 0;
+    for (double mag = 1; n < cap; mag *= 10) {
+        for (int i = 0; i < 3 && n < cap; i++) {
+            double v = steps[i] * mag;
+            if (v > max && n > 0) return n;
+            out[n++] = v;
+        }
+    }
+    return n;
+}
 
 static uint64_t d2u(double v)
 {
@@ -78,15 +97,28 @@ static double u2d(uint64_t u)
     return v;
 }
 
-fy_status_t fy_metrics_create(fy_metrics_t **reg_p)
+static fy_status_t render_labels(const char *what, const char *const *labels, bool histogram, char *const *taken,
+                                 int n_taken, char **text_p, int *n_p);
+
+fy_status_t fy_metrics_create(fy_metrics_t **reg_p) { return fy_metrics_create_labeled(NULL, reg_p); }
+
+fy_status_t fy_metrics_create_labeled(const char *const *const_labels, fy_metrics_t **reg_p)
 {
     fy_metrics_t *r = fy_calloc(1, sizeof(*r));
     if (!r) {
         fy_error("metrics: out of memory for a registry");
         return FY_ERR_NOMEM;
     }
+    fy_status_t st = render_labels("the registry", const_labels, true, NULL, 0, &r->const_labels, &r->n_const);
+    for (int i = 0; !st && i < r->n_const; i++)
+        if (!(r->const_names[i] = fy_strdup(const_labels[2 * i]))) st = FY_ERR_NOMEM;
     pthread_rwlock_init(&r->lock, NULL);
     pthread_mutex_init(&r->reg_mu, NULL);
+    if (st) {
+        if (st == FY_ERR_NOMEM) fy_error("metrics: out of memory for a registry");
+        fy_metrics_destroy(r);
+        return st;
+    }
     *reg_p = r;
     return FY_OK;
 }
@@ -108,6 +140,8 @@ void fy_metrics_destroy(fy_metrics_t *r)
         fy_free(f->bounds);
         fy_free(f);
     }
+    for (int i = 0; i < r->n_const; i++) fy_free(r->const_names[i]);
+    fy_free(r->const_labels);
     pthread_rwlock_destroy(&r->lock);
     pthread_mutex_destroy(&r->reg_mu);
     fy_free(r);
@@ -216,39 +250,25 @@ static bool ends_with(const char *s, const char *suffix)
     return a >= b && !strcmp(s + a - b, suffix);
 }
 
-static fy_status_t add_series(fy_metrics_t *r, kind_t kind, const char *name, const char *help,
-                              const char *const *labels, const double *bounds, int n_bounds, fy_metric_t **m_p)
+/* Checks label pairs (none of them one of taken[n_taken]) and renders
+ * them, escaped: k1="v1",k2="v2".  *text_p is the caller's to fy_free. */
+static fy_status_t render_labels(const char *what, const char *const *labels, bool histogram, char *const *taken,
+                                 int n_taken, char **text_p, int *n_p)
 {
-    if (!name_ok(name, true)) {
-        fy_error("metrics: '%s' is not a metric name", name ? name : "(null)");
-        return FY_ERR_INVALID;
-    }
-    if (kind == KIND_COUNTER && !ends_with(name, "_total")) {
-        fy_error("metrics: counter %s: a counter's name ends in _total", name);
-        return FY_ERR_INVALID;
-    }
     int n_labels = 0;
     for (; labels && labels[2 * n_labels]; n_labels++) {
         const char *k = labels[2 * n_labels], *v = labels[2 * n_labels + 1];
-        if (n_labels == MAX_LABELS || !v || !name_ok(k, false) || !strncmp(k, "__", 2) ||
-            (kind == KIND_HISTOGRAM && !strcmp(k, "le"))) {
-            fy_error("metrics: %s: bad label '%s' (or more than %d labels, or one without a value)", name, k,
+        if (n_labels + n_taken == MAX_LABELS || !v || !name_ok(k, false) || !strncmp(k, "__", 2) ||
+            (histogram && !strcmp(k, "le"))) {
+            fy_error("metrics: %s: bad label '%s' (or more than %d labels, or one without a value)", what, k,
                      MAX_LABELS);
             return FY_ERR_INVALID;
         }
-        for (int j = 0; j < n_labels; j++) {
-            if (!strcmp(labels[2 * j], k)) {
-                fy_error("metrics: %s: label '%s' given twice", name, k);
+        for (int j = 0; j < n_labels + n_taken; j++) {
+            if (!strcmp(j < n_labels ? labels[2 * j] : taken[j - n_labels], k)) {
+                fy_error("metrics: %s: label '%s' given twice (or the registry's own)", what, k);
                 return FY_ERR_INVALID;
             }
-        }
-    }
-    if (kind == KIND_HISTOGRAM) {
-        bool ok = bounds && n_bounds > 0;
-        for (int i = 0; ok && i < n_bounds; i++) ok = isfinite(bounds[i]) && (i == 0 || bounds[i] > bounds[i - 1]);
-        if (!ok) {
-            fy_error("metrics: histogram %s: bounds must be finite and strictly increasing", name);
-            return FY_ERR_INVALID;
         }
     }
     sbuf_t lb = {0};
@@ -260,6 +280,45 @@ static fy_status_t add_series(fy_metrics_t *r, kind_t kind, const char *name, co
         sb_escaped(&lb, labels[2 * i + 1], true);
         sb_str(&lb, "\"");
     }
+    if (lb.oom) {
+        fy_free(lb.p);
+        fy_error("metrics: out of memory registering %s", what);
+        return FY_ERR_NOMEM;
+    }
+    *text_p = lb.p;
+    *n_p = n_labels;
+    return FY_OK;
+}
+
+static fy_status_t add_series(fy_metrics_t *r, kind_t kind, const char *name, const char *help,
+                              const char *const *labels, const double *bounds, int n_bounds, fy_metric_t **m_p)
+{
+    if (!name_ok(name, true)) {
+        fy_error("metrics: '%s' is not a metric name", name ? name : "(null)");
+        return FY_ERR_INVALID;
+    }
+    if (kind == KIND_COUNTER && !ends_with(name, "_total")) {
+        fy_error("metrics: counter %s: a counter's name ends in _total", name);
+        return FY_ERR_INVALID;
+    }
+    if (kind == KIND_HISTOGRAM) {
+        bool ok = bounds && n_bounds > 0;
+        for (int i = 0; ok && i < n_bounds; i++) ok = isfinite(bounds[i]) && (i == 0 || bounds[i] > bounds[i - 1]);
+        if (!ok) {
+            fy_error("metrics: histogram %s: bounds must be finite and strictly increasing", name);
+            return FY_ERR_INVALID;
+        }
+    }
+    char *own = NULL;
+    int n_own = 0;
+    fy_status_t lst = render_labels(name, labels, kind == KIND_HISTOGRAM, r->const_names, r->n_const, &own, &n_own);
+    if (lst) return lst;
+    sbuf_t lb = {0};
+    sb_grow(&lb, 0);
+    sb_str(&lb, r->const_labels);
+    if (*r->const_labels && *own) sb_str(&lb, ",");
+    sb_str(&lb, own);
+    fy_free(own);
     fy_metric_t *m = fy_calloc(1, sizeof(*m));
     if (lb.oom || !m || (kind == KIND_HISTOGRAM && !(m->buckets = fy_calloc((size_t)n_bounds + 1, sizeof(uint64_t))))) {
         fy_free(lb.p);
@@ -518,4 +577,74 @@ fy_status_t fy_metrics_render(fy_metrics_t *r, char **text_p, size_t *len_p)
     *text_p = b.p;
     *len_p = b.len;
     return FY_OK;
+}
+
+/* ---- reading the text back (tests, tools) ------------------------------------------------------------ */
+
+/* The label pair at *p (k="v", escapes kept), ending at '}' or ','; its
+ * key and raw value as spans, *p past it (and past a ','); false when
+ * malformed. */
+static bool next_pair(const char **p, const char **k, size_t *kn, const char **v, size_t *vn)
+{
+    const char *s = *p;
+    *k = s;
+    while (*s && *s != '=' && *s != '}' && *s != '\n') s++;
+    if (*s != '=' || s[1] != '"') return false;
+    *kn = (size_t)(s - *k);
+    s += 2;
+    *v = s;
+    while (*s && *s != '"' && *s != '\n') s += *s == '\\' && s[1] ? 2 : 1;
+    if (*s != '"') return false;
+    *vn = (size_t)(s - *v);
+    s++;
+    if (*s == ',') s++;
+    *p = s;
+    return true;
+}
+
+/* Whether the labels of a sample (at lp, after its '{'; NULL: none) hold
+ * every pair of the spec's (at sp, after its '{'). */
+static bool labels_hold(const char *lp, const char *sp)
+{
+    while (sp && *sp && *sp != '}') {
+        const char *k, *v;
+        size_t kn, vn;
+        if (!next_pair(&sp, &k, &kn, &v, &vn)) return false;
+        bool found = false;
+        for (const char *q = lp; q && *q && *q != '}' && !found;) {
+            const char *k2, *v2;
+            size_t kn2, vn2;
+            if (!next_pair(&q, &k2, &kn2, &v2, &vn2)) return false;
+            found = kn == kn2 && vn == vn2 && !memcmp(k, k2, kn) && !memcmp(v, v2, vn);
+        }
+        if (!found) return false;
+    }
+    return true;
+}
+
+fy_status_t fy_metrics_sample(const char *text, const char *series, double *v_p)
+{
+    size_t n = strcspn(series, "{");
+    const char *spec = series[n] == '{' ? series + n + 1 : NULL;
+    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+        if (*p == '#' || strncmp(p, series, n) || (p[n] != ' ' && p[n] != '{')) continue;
+        const char *lp = p[n] == '{' ? p + n + 1 : NULL;
+        if (spec && !labels_hold(lp, spec)) continue;
+        const char *val = p + n;
+        if (lp) { /* past the labels: the first '}' outside a quoted value */
+            bool quoted = false;
+            for (val = lp; *val && *val != '\n' && (quoted || *val != '}'); val++) {
+                if (*val == '\\' && quoted && val[1])
+                    val++;
+                else if (*val == '"')
+                    quoted = !quoted;
+            }
+            if (*val != '}') continue;
+            val++;
+        }
+        if (*val != ' ') continue;
+        *v_p = strtod(val + 1, NULL);
+        return FY_OK;
+    }
+    return FY_ERR_NOT_FOUND;
 }

@@ -27,6 +27,11 @@ typedef struct fy_metrics fy_metrics_t; /* the registry */
 typedef struct fy_metric fy_metric_t;   /* one series; owned by its registry */
 
 fy_status_t fy_metrics_create(fy_metrics_t **reg_p);
+/* A registry whose every series carries the label pairs const_labels
+ * (NULL-terminated, as in fy_metrics_counter; copied), before its own:
+ * a process's model_name and role (docs/operations.md).  A series may not
+ * name one of them again. */
+fy_status_t fy_metrics_create_labeled(const char *const *const_labels, fy_metrics_t **reg_p);
 void fy_metrics_destroy(fy_metrics_t *reg); /* accepts NULL; frees every series */
 
 /*
@@ -81,5 +86,18 @@ extern const double fy_metrics_itl_buckets[]; /* inter-token latency */
 extern const int fy_metrics_n_itl_buckets;
 extern const double fy_metrics_e2e_buckets[]; /* whole requests, queue time, transfers */
 extern const int fy_metrics_n_e2e_buckets;
+extern const double fy_metrics_iteration_buckets[]; /* tokens an engine step computes */
+extern const int fy_metrics_n_iteration_buckets;
+
+/* vLLM's token-count buckets: 1, 2, 5, 10, 20, 50, ... up to max (at
+ * least 1), into out[cap]; the number written. */
+int fy_metrics_buckets_125(double max, double *out, int cap);
+
+/* The value of the first sample in Prometheus text that matches series:
+ * "name" or "name{k=\"v\",...}", matched on the name and on the labels it
+ * gives (a sample may carry more, such as model_name and role).  For
+ * tests and tools that read /metrics.  FY_ERR_NOT_FOUND when no sample
+ * matches. */
+fy_status_t fy_metrics_sample(const char *text, const char *series, double *v_p);
 
 #endif /* FY_METRICS_H */

@@ -562,11 +562,11 @@ static fy_status_t d_start(fy_node_t *n, void **state_p)
     d->n = n;
     fy_metrics_t *reg = fy_node_metrics(n);
     st = fy_metrics_histogram(
-        reg, "ferry:e2e_request_latency_seconds",
+        reg, "ferry:decode_request_latency_seconds",
         "On a decode worker: from adoption (the first token, sampled by the prefill worker) to the request's end.",
         NULL, fy_metrics_e2e_buckets, fy_metrics_n_e2e_buckets, &d->m.e2e);
     if (!st)
-        st = fy_metrics_histogram(reg, "ferry:inter_token_latency_seconds",
+        st = fy_metrics_histogram(reg, "ferry:decode_inter_token_latency_seconds",
                                   "Time between consecutive tokens of a request.", NULL, fy_metrics_itl_buckets,
                                   fy_metrics_n_itl_buckets, &d->m.itl);
     static const double kept_buckets[] = {16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768};
@@ -583,11 +583,11 @@ static fy_status_t d_start(fy_node_t *n, void **state_p)
                                   NULL, fy_metrics_ttft_buckets, fy_metrics_n_ttft_buckets, &d->m.lease_wait);
     for (int r = FY_FINISH_LENGTH; !st && r <= FY_FINISH_CALLBACK; r++) {
         const char *reason = fy_finish_reason_str((fy_finish_reason_t)r);
-        st = fy_metrics_counter(reg, "ferry:request_success_total", "Requests finished, by why they finished.",
+        st = fy_metrics_counter(reg, "ferry:decode_request_success_total", "Requests finished, by why they finished.",
                                 (const char *const[]){"finished_reason", reason, NULL}, &d->m.success[r]);
     }
     if (!st)
-        st = fy_metrics_counter(reg, "ferry:request_failure_total",
+        st = fy_metrics_counter(reg, "ferry:decode_request_failure_total",
                                 "Adopted requests that ended with an error (cancelled, shutting down, compute).", NULL,
                                 &d->m.failed);
     if (!st)

@@ -1407,6 +1407,7 @@ fy_status_t fy_engine_step(fy_engine_t *e)
     e->st.steps++;
     int32_t n_tok = 0;
     for (int32_t i = 0; i < n; i++) n_tok += e->fwd[i].n_tokens;
+    e->st.forward_tokens += (uint64_t)n_tok;
     double t_fwd = now_s();
     fy_status_t st = fy_runner_forward(e->r, e->fwd, n, e->logits);
     cost_note(e, n_tok, now_s() - t_fwd);

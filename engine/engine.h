@@ -224,8 +224,9 @@ typedef struct fy_engine_stats {
     uint64_t submitted, finished, errors, refused_overloaded, refused_invalid, cancelled;
     uint64_t steps, preemptions_recompute, preemptions_swap;
     uint64_t prompt_tokens, generation_tokens, computed_prompt_tokens;
-    int32_t prefill_budget; /* prompt tokens per step now (the guardrail moves it) */
-    double itl_p95_s;       /* over the guardrail's window */
+    uint64_t forward_tokens; /* tokens fed to forward passes, every step's (vLLM's iteration tokens) */
+    int32_t prefill_budget;  /* prompt tokens per step now (the guardrail moves it) */
+    double itl_p95_s;        /* over the guardrail's window */
     /* speculative decoding: tokens proposed and accepted, verification
      * steps (one per request per step that speculated; mean accepted
      * length = spec_accepted / spec_steps, tokens per verification one

@@ -592,16 +592,16 @@ static fy_status_t p_start(fy_node_t *n, void **state_p)
     pthread_mutex_init(&p->open_mu, NULL);
     fy_metrics_t *reg = fy_node_metrics(n);
     fy_status_t st = fy_metrics_histogram(
-        reg, "ferry:time_to_first_token_seconds",
+        reg, "ferry:prefill_time_to_first_token_seconds",
         "On a prefill worker: from a job's submission to its engine to the first token (queue and prompt compute; "
         "the KV transfer's tail and the router's hops are not in it).",
         NULL, fy_metrics_ttft_buckets, fy_metrics_n_ttft_buckets, &p->m.ttft);
     if (!st)
-        st = fy_metrics_histogram(reg, "ferry:request_queue_time_seconds",
+        st = fy_metrics_histogram(reg, "ferry:prefill_queue_time_seconds",
                                   "From a job's submission to its engine to its first scheduled step.", NULL,
                                   fy_metrics_e2e_buckets, fy_metrics_n_e2e_buckets, &p->m.queue);
     if (!st)
-        st = fy_metrics_histogram(reg, "ferry:e2e_request_latency_seconds",
+        st = fy_metrics_histogram(reg, "ferry:prefill_job_latency_seconds",
                                   "On a prefill worker: from the prefill command's arrival to the job's report "
                                   "(prefilled or failed), KV transfer included.",
                                   NULL, fy_metrics_e2e_buckets, fy_metrics_n_e2e_buckets, &p->m.e2e);

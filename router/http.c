@@ -49,6 +49,7 @@
 #include <jansson.h>
 #include <sodium.h>
 
+#include "cluster.h"
 #include "http_parse.h"
 #include "httpd.h"
 #include "log.h"
@@ -819,14 +820,13 @@ static void on_metrics(void *arg, fy_httpd_req_t *r)
 static fy_status_t http_start(router_t *R, fy_http_t **h_p)
 {
     const fy_config_t *c = fy_router_config(R);
-    const char *url, *keys, *served, *path;
+    const char *url, *keys, *path;
     int64_t max_body, max_tokens;
     double retry;
     fy_httpd_limits_t lim;
     fy_status_t st;
     *h_p = NULL;
     if ((st = fy_conf_string(c, "router", "http", &url)) || (st = fy_conf_string(c, "router", "api_keys", &keys)) ||
-        (st = fy_conf_string(c, "router", "served_model_name", &served)) ||
         (st = fy_conf_size(c, "router", "max_body", &max_body)) ||
         (st = fy_conf_int(c, "router", "default_max_tokens", &max_tokens)) ||
         (st = fy_conf_duration(c, "router", "retry_after", &retry)) ||
@@ -842,15 +842,9 @@ static fy_status_t http_start(router_t *R, fy_http_t **h_p)
     snprintf(H->url, sizeof(H->url), "%s", url);
     struct stat sb;
     H->model_created = stat(path, &sb) == 0 ? sb.st_mtime : time(NULL);
-    if (*served) {
-        snprintf(H->served, sizeof(H->served), "%s", served);
-    } else { /* the model file's name, as llama.cpp's server does */
-        const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-        snprintf(H->served, sizeof(H->served), "%s", base);
-        size_t l = strlen(H->served);
-        if (l > 5 && !strcmp(H->served + l - 5, ".gguf")) H->served[l - 5] = 0;
-    }
-    if (sodium_init() < 0) st = FY_ERR_INTERNAL;
+    /* the same name the model_name label of every process's metrics carries */
+    st = fy_cluster_served_model_name(c, H->served, sizeof(H->served));
+    if (!st && sodium_init() < 0) st = FY_ERR_INTERNAL;
     if (!st && *keys) st = fy_tenants_load(keys, &H->tenants);
     static const char *const classes[] = {"2xx", "400", "4xx", "429", "5xx", "client_gone"};
     fy_metrics_t *g = fy_router_metrics(R);

@@ -83,6 +83,8 @@ typedef struct worker {
     int64_t pending_tokens; /* prefill: prompt tokens of jobs sent, not yet finished */
 } worker_t;
 
+#define MAX_TENANT_SERIES 64
+
 typedef struct rreq {
     uint64_t id;
     char tenant[64];
@@ -178,13 +180,22 @@ typedef struct router {
     uint64_t accepted, refused, completed, failed, retried, bad_events, renewals;
     fy_metrics_t *reg;
     struct {
-        fy_metric_t *running, *waiting, *prefill_up, *decode_up, *prompt, *cached, *generation, *retries, *bad_events;
+        fy_metric_t *running, *waiting, *prefill_up, *decode_up, *generation, *retries, *bad_events;
         fy_metric_t *renewals;
         fy_metric_t *ttft, *itl, *e2e, *queue, *xfer_s, *xfer_bytes;
+        fy_metric_t *prompt_len, *gen_len, *prefill_s, *decode_s, *inference_s;
         fy_metric_t *success[4];                   /* length, stop, eos, context */
         fy_metric_t *failure[6];                   /* cancelled, timeout, peer, invalid, overloaded, other */
         fy_metric_t *refused[2];                   /* overloaded, invalid */
         fy_metric_t *ctl_refused[FY_ENV_N_FAULTS]; /* control messages refused, by fault (0 unused) */
+        /* prompt and cached tokens by tenant, registered when a tenant is
+         * first seen (tenants come from the key file, never from clients;
+         * past MAX_TENANT_SERIES they share tenant="_other") */
+        struct {
+            char name[64];
+            fy_metric_t *prompt, *cached;
+        } tenant[MAX_TENANT_SERIES + 1];
+        int n_tenants;
     } m;
 } router_t;
 
@@ -290,6 +301,28 @@ static void wake_poll(router_t *R, rreq_t *q);
 static void finish_req(router_t *R, rreq_t *q, fy_status_t err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* The prompt and cached-token series of a tenant (router lock held). */
+static int tenant_series(router_t *R, const char *tenant)
+{
+    int i = 0;
+    while (i < R->m.n_tenants && strcmp(R->m.tenant[i].name, tenant)) i++;
+    if (i < R->m.n_tenants) return i;
+    if (i == MAX_TENANT_SERIES) { /* full: the rest count together */
+        tenant = "_other";
+        while (i < R->m.n_tenants && strcmp(R->m.tenant[i].name, tenant)) i++;
+        if (i < R->m.n_tenants) return i;
+    }
+    const char *l[] = {"tenant", tenant, NULL};
+    snprintf(R->m.tenant[i].name, sizeof(R->m.tenant[i].name), "%s", tenant);
+    /* a failure leaves a series NULL: it counts nothing, the request goes on */
+    (void)fy_metrics_counter(R->reg, "ferry:prompt_tokens_total", "Prompt tokens of accepted requests, by tenant", l,
+                             &R->m.tenant[i].prompt);
+    (void)fy_metrics_counter(R->reg, "ferry:prompt_tokens_cached_total",
+                             "Prompt tokens found in a worker's prefix cache, by tenant", l, &R->m.tenant[i].cached);
+    R->m.n_tenants = i + 1;
+    return i;
+}
+
 /* The request ends: with an error (err != FY_OK) or finished (finish set). */
 static void finish_req(router_t *R, rreq_t *q, fy_status_t err, const char *fmt, ...)
 {
@@ -312,6 +345,19 @@ static void finish_req(router_t *R, rreq_t *q, fy_status_t err, const char *fmt,
     q->done = true;
     q->t_done = now_s();
     fy_metric_observe(R->m.e2e, q->t_done - q->t_arrive);
+    /* vLLM's per-request phases, on the router's clock: queue (arrival to
+     * the last placement), prefill (placement to the first token),
+     * decode (first token to the end), inference (the two) */
+    if (q->t_reserve > 0) fy_metric_observe(R->m.queue, q->t_reserve - q->t_arrive);
+    if (err == FY_OK) {
+        fy_metric_observe(R->m.prompt_len, q->n_prompt);
+        fy_metric_observe(R->m.gen_len, q->n_out);
+        if (q->t_reserve > 0 && q->t_first > 0) {
+            fy_metric_observe(R->m.prefill_s, q->t_first - q->t_reserve);
+            fy_metric_observe(R->m.decode_s, q->t_done - q->t_first);
+            fy_metric_observe(R->m.inference_s, q->t_done - q->t_reserve);
+        }
+    }
     if (err == FY_OK) {
         static const char *const reasons[] = {"length", "stop", "eos", "context"};
         int k = 0;
@@ -448,7 +494,6 @@ static void send_to_decode(router_t *R, rreq_t *q, int di)
     d->assigned++;
     d->blocks_since += q->need_blocks;
     q->t_reserve = now_s();
-    fy_metric_observe(R->m.queue, q->t_reserve - q->t_arrive);
     set_state(R, q, R->colocated ? RQ_ADOPTING : RQ_RESERVING);
 }
 
@@ -873,7 +918,8 @@ static void on_token(router_t *R, rreq_t *q, fy_msgr_t *r)
     if (q->t_first == 0) {
         q->t_first = now;
         fy_metric_observe(R->m.ttft, now - q->t_arrive);
-        fy_metric_add(R->m.cached, q->cached_p > q->cached_d ? q->cached_p : q->cached_d);
+        double hit = q->cached_p > q->cached_d ? q->cached_p : q->cached_d;
+        fy_metric_add(R->m.tenant[tenant_series(R, q->tenant)].cached, hit);
     } else {
         fy_metric_observe(R->m.itl, now - q->t_last);
     }
@@ -899,7 +945,7 @@ static void on_finish(router_t *R, rreq_t *q, fy_msgr_t *r)
     }
     if (R->colocated) { /* the prefix hit is only known in the worker's engine */
         q->cached_d = cached;
-        fy_metric_add(R->m.cached, cached);
+        fy_metric_add(R->m.tenant[tenant_series(R, q->tenant)].cached, cached);
     }
     if (len) text_append(q, text, len);
     snprintf(q->finish, sizeof(q->finish), "%s", m.reason);
@@ -1200,7 +1246,7 @@ static fy_status_t enqueue(router_t *R, const char *tenant, int32_t *ids, int32_
     R->all = q;
     R->n_reqs++;
     R->accepted++;
-    fy_metric_add(R->m.prompt, n);
+    fy_metric_add(R->m.tenant[tenant_series(R, q->tenant)].prompt, n);
     *q_p = q;
     return FY_OK;
 }
@@ -1485,9 +1531,13 @@ void fy_router_metrics_refresh(router_t *R)
 /* The router's series (docs/operations.md). */
 static fy_status_t metrics_setup(router_t *R)
 {
-    fy_status_t st = fy_metrics_create(&R->reg);
+    char served[128];
+    fy_status_t st = fy_cluster_served_model_name(R->cfg, served, sizeof(served));
+    if (!st)
+        st = fy_metrics_create_labeled((const char *const[]){"model_name", served, "role", "router", NULL}, &R->reg);
+    if (st) return st;
     fy_metrics_t *g = R->reg;
-    static const char *const up_p[] = {"role", "prefill", NULL}, *const up_d[] = {"role", "decode", NULL};
+    static const char *const up_p[] = {"worker_role", "prefill", NULL}, *const up_d[] = {"worker_role", "decode", NULL};
     if (!st)
         st = fy_metrics_gauge(g, "ferry:num_requests_running", "Requests placed on workers, not yet done", NULL,
                               &R->m.running);
@@ -1495,12 +1545,9 @@ static fy_status_t metrics_setup(router_t *R)
         st = fy_metrics_gauge(g, "ferry:num_requests_waiting", "Requests in the router's queue", NULL, &R->m.waiting);
     if (!st) st = fy_metrics_gauge(g, "ferry:workers_up", "Workers reporting, by role", up_p, &R->m.prefill_up);
     if (!st) st = fy_metrics_gauge(g, "ferry:workers_up", "Workers reporting, by role", up_d, &R->m.decode_up);
-    if (!st)
-        st = fy_metrics_counter(g, "ferry:prompt_tokens_total", "Prompt tokens of accepted requests", NULL,
-                                &R->m.prompt);
-    if (!st)
-        st = fy_metrics_counter(g, "ferry:prompt_tokens_cached_total", "Prompt tokens found in a worker's prefix cache",
-                                NULL, &R->m.cached);
+    /* the tenant of requests without an API key, from the start (other
+     * tenants' series appear with their first request) */
+    if (!st) st = tenant_series(R, "") == 0 && R->m.tenant[0].prompt && R->m.tenant[0].cached ? FY_OK : FY_ERR_NOMEM;
     if (!st)
         st = fy_metrics_counter(g, "ferry:generation_tokens_total", "Tokens streamed to clients", NULL,
                                 &R->m.generation);
@@ -1549,15 +1596,37 @@ static fy_status_t metrics_setup(router_t *R)
         st = fy_metrics_histogram(g, "ferry:e2e_request_latency_seconds", "Arrival to the end (finished or failed)",
                                   NULL, fy_metrics_e2e_buckets, fy_metrics_n_e2e_buckets, &R->m.e2e);
     if (!st)
-        st = fy_metrics_histogram(g, "ferry:request_queue_time_seconds", "Arrival to placement on a worker", NULL,
+        st = fy_metrics_histogram(g, "ferry:request_queue_time_seconds",
+                                  "Arrival to (the last) placement on a worker, observed when the request ends", NULL,
                                   fy_metrics_e2e_buckets, fy_metrics_n_e2e_buckets, &R->m.queue);
     if (!st)
-        st = fy_metrics_histogram(g, "ferry:kv_transfer_seconds",
+        st = fy_metrics_histogram(g, "ferry:request_prefill_time_seconds",
+                                  "Finished requests: placement on a worker to the first token at the router", NULL,
+                                  fy_metrics_e2e_buckets, fy_metrics_n_e2e_buckets, &R->m.prefill_s);
+    if (!st)
+        st = fy_metrics_histogram(g, "ferry:request_decode_time_seconds",
+                                  "Finished requests: first token to the last at the router", NULL,
+                                  fy_metrics_e2e_buckets, fy_metrics_n_e2e_buckets, &R->m.decode_s);
+    if (!st)
+        st = fy_metrics_histogram(g, "ferry:request_inference_time_seconds",
+                                  "Finished requests: placement on a worker to the end (prefill and decode)", NULL,
+                                  fy_metrics_e2e_buckets, fy_metrics_n_e2e_buckets, &R->m.inference_s);
+    double lens[40];
+    int n_lens = fy_metrics_buckets_125(R->max_ctx, lens, 40);
+    if (!st)
+        st = fy_metrics_histogram(g, "ferry:request_prompt_tokens", "Finished requests: prompt tokens", NULL, lens,
+                                  n_lens, &R->m.prompt_len);
+    if (!st)
+        st = fy_metrics_histogram(g, "ferry:request_generation_tokens", "Finished requests: generated tokens", NULL,
+                                  lens, n_lens, &R->m.gen_len);
+    if (!st)
+        st = fy_metrics_histogram(g, "ferry:request_kv_transfer_seconds",
                                   "A prompt's KV transfer, as its prefill worker timed it", NULL,
                                   fy_metrics_e2e_buckets, fy_metrics_n_e2e_buckets, &R->m.xfer_s);
     if (!st)
-        st = fy_metrics_counter(g, "ferry:kv_transfer_bytes_total", "KV bytes prefill workers put into decode workers",
-                                NULL, &R->m.xfer_bytes);
+        st = fy_metrics_counter(g, "ferry:request_kv_transfer_bytes_total",
+                                "KV bytes prefill workers put into decode workers, counted per request", NULL,
+                                &R->m.xfer_bytes);
     return st;
 }
 

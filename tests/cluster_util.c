@@ -24,6 +24,7 @@
 
 #include "backend.h"
 #include "cluster.h"
+#include "metrics.h"
 #include "engine.h"
 #include "mem.h"
 #include "model.h"
@@ -457,12 +458,9 @@ int tc_http(int port, const char *method, const char *path, char **body_p)
 
 double tc_metric(const char *text, const char *series)
 {
-    size_t n = strlen(series);
-    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
-        if (!strncmp(p, series, n) && p[n] == ' ') return strtod(p + n + 1, NULL);
-    }
-    fail_msg("no series %s in the metrics", series);
-    return 0;
+    double v = 0;
+    if (fy_metrics_sample(text, series, &v) != FY_OK) fail_msg("no series %s in the metrics", series);
+    return v;
 }
 
 int tc_http_dial(int port, double timeout_s)

@@ -131,9 +131,10 @@ void tc_http_send(int fd, const char *method, const char *path, const char *key,
 int tc_http_read(int fd, tc_http_resp_t *r);
 void tc_http_free(tc_http_resp_t *r);
 
-/* The value of one sample line of Prometheus text: series is the name
- * with its labels exactly as rendered ("ferry:kv_blocks{tier=\"device\",state=\"used\"}").
- * Fails the test when the series is absent. */
+/* The value of the first sample of Prometheus text that matches series:
+ * the name, and any of its labels ("ferry:kv_blocks{tier=\"device\",state=\"used\"}"
+ * matches whatever model_name and role the sample also carries;
+ * fy_metrics_sample).  Fails the test when no sample matches. */
 double tc_metric(const char *text, const char *series);
 
 #endif /* FY_CLUSTER_UTIL_H */

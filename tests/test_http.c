@@ -27,6 +27,7 @@
 
 #include "cluster_util.h"
 #include "mem.h"
+#include "metrics.h"
 #include "model.h"
 #include "testutil.h"
 #include "tokenizer.h"
@@ -622,11 +623,9 @@ static void test_tenants_never_share_prefixes(void **state)
 /* The value of the sample line that starts with series (name and labels). */
 static double sample(const char *text, const char *series)
 {
-    size_t l = strlen(series);
-    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
-        if (!strncmp(p, series, l) && p[l] == ' ') return atof(p + l + 1);
-    fail_msg("no sample '%s' in the router's metrics", series);
-    return 0;
+    double v = 0;
+    if (fy_metrics_sample(text, series, &v) != FY_OK) fail_msg("no sample '%s' in the router's metrics", series);
+    return v;
 }
 
 static void test_router_metrics(void **state)
@@ -650,7 +649,21 @@ static void test_router_metrics(void **state)
     resp_t b = call("GET", "/metrics", NULL, NULL);
     assert_int_equal(b.status, 200);
 #define DELTA(series) (sample(b.body, series) - sample(a.body, series))
-    assert_true(DELTA("ferry:prompt_tokens_total") == 100);
+    /* alpha's series appeared with its first request, perhaps since a */
+    double alpha0 = 0;
+    (void)fy_metrics_sample(a.body, "ferry:prompt_tokens_total{tenant=\"alpha\"}", &alpha0);
+    assert_true(sample(b.body, "ferry:prompt_tokens_total{tenant=\"alpha\"}") - alpha0 == 100);
+    assert_true(
+        sample(
+            b.body,
+            "ferry:prompt_tokens_total{model_name=\"SmolLM2-135M-Instruct.Q4_1\",role=\"router\",tenant=\"alpha\"}") >=
+        100);
+    assert_true(DELTA("ferry:request_prompt_tokens_count") == 3);
+    assert_true(DELTA("ferry:request_prompt_tokens_sum") == 100);
+    assert_true(DELTA("ferry:request_generation_tokens_sum") == 15);
+    assert_true(DELTA("ferry:request_prefill_time_seconds_count") == 3);
+    assert_true(DELTA("ferry:request_decode_time_seconds_count") == 3);
+    assert_true(DELTA("ferry:request_inference_time_seconds_count") == 3);
     assert_true(DELTA("ferry:generation_tokens_total") == 15);
     assert_true(DELTA("ferry:time_to_first_token_seconds_count") == 3);
     assert_true(DELTA("ferry:e2e_request_latency_seconds_count") == 3);
@@ -659,8 +672,8 @@ static void test_router_metrics(void **state)
     assert_true(DELTA("ferry:request_success_total{finished_reason=\"length\"}") == 3);
     assert_true(DELTA("ferry:http_responses_total{code=\"2xx\"}") >= 3);
     assert_true(DELTA("ferry:http_responses_total{code=\"400\"}") == 1);
-    assert_true(DELTA("ferry:kv_transfer_bytes_total") > 0);
-    assert_true(sample(b.body, "ferry:workers_up{role=\"decode\"}") == 1);
+    assert_true(DELTA("ferry:request_kv_transfer_bytes_total") > 0);
+    assert_true(sample(b.body, "ferry:workers_up{worker_role=\"decode\"}") == 1);
     assert_true(sample(b.body, "ferry:num_requests_running") == 0);
 #undef DELTA
     free(a.body);

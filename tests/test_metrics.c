@@ -81,6 +81,66 @@ static void test_render_exact(void **state)
     fy_metrics_destroy(r);
 }
 
+/* A registry's own labels lead every series; a series may not name them
+ * again; fy_metrics_sample finds samples by the labels it is given. */
+static void test_const_labels_and_sample(void **state)
+{
+    (void)state;
+    fy_metrics_t *r;
+    fy_metric_t *c, *g, *h, *m = NULL;
+    assert_int_equal(
+        fy_metrics_create_labeled((const char *const[]){"model_name", "tiny \"m\"", "role", "router", NULL}, &r),
+        FY_OK);
+    assert_int_equal(fy_metrics_counter(r, "a_total", "A.", NULL, &c), FY_OK);
+    assert_int_equal(fy_metrics_gauge(r, "b", "B.", (const char *const[]){"tenant", "x", NULL}, &g), FY_OK);
+    const double bounds[] = {1, 2};
+    assert_int_equal(fy_metrics_histogram(r, "h", "H.", NULL, bounds, 2, &h), FY_OK);
+    fy_test_log_begin();
+    assert_int_equal(fy_metrics_gauge(r, "b", "B.", (const char *const[]){"role", "x", NULL}, &m), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("given twice", NULL));
+    fy_test_log_end();
+    fy_metric_add(c, 3);
+    fy_metric_set(g, 2.5);
+    fy_metric_observe(h, 1.5);
+    char *t = render(r);
+    const char *want = "# HELP a_total A.\n# TYPE a_total counter\n"
+                       "a_total{model_name=\"tiny \\\"m\\\"\",role=\"router\"} 3\n"
+                       "# HELP b B.\n# TYPE b gauge\n"
+                       "b{model_name=\"tiny \\\"m\\\"\",role=\"router\",tenant=\"x\"} 2.5\n"
+                       "# HELP h H.\n# TYPE h histogram\n"
+                       "h_bucket{model_name=\"tiny \\\"m\\\"\",role=\"router\",le=\"1\"} 0\n"
+                       "h_bucket{model_name=\"tiny \\\"m\\\"\",role=\"router\",le=\"2\"} 1\n"
+                       "h_bucket{model_name=\"tiny \\\"m\\\"\",role=\"router\",le=\"+Inf\"} 1\n"
+                       "h_sum{model_name=\"tiny \\\"m\\\"\",role=\"router\"} 1.5\n"
+                       "h_count{model_name=\"tiny \\\"m\\\"\",role=\"router\"} 1\n";
+    assert_string_equal(t, want);
+    double v = -1;
+    assert_int_equal(fy_metrics_sample(t, "a_total", &v), FY_OK);
+    assert_true(v == 3);
+    assert_int_equal(fy_metrics_sample(t, "b{tenant=\"x\",role=\"router\"}", &v), FY_OK);
+    assert_true(v == 2.5);
+    assert_int_equal(fy_metrics_sample(t, "b{tenant=\"y\"}", &v), FY_ERR_NOT_FOUND);
+    assert_int_equal(fy_metrics_sample(t, "h_bucket{le=\"2\"}", &v), FY_OK);
+    assert_true(v == 1);
+    assert_int_equal(fy_metrics_sample(t, "h_bucket{le=\"+Inf\"}", &v), FY_OK);
+    assert_true(v == 1);
+    assert_int_equal(fy_metrics_sample(t, "h_bucket{model_name=\"tiny \\\"m\\\"\",le=\"1\"}", &v), FY_OK);
+    assert_true(v == 0);
+    assert_int_equal(fy_metrics_sample(t, "h", &v), FY_ERR_NOT_FOUND); /* names match whole */
+    assert_int_equal(fy_metrics_sample(t, "a_tota", &v), FY_ERR_NOT_FOUND);
+    fy_free(t);
+    fy_metrics_destroy(r);
+    /* vLLM's 1-2-5 token buckets stop at the first bound past max */
+    double b[40];
+    int n = fy_metrics_buckets_125(1000, b, 40);
+    assert_int_equal(n, 10);
+    assert_true(b[0] == 1 && b[1] == 2 && b[2] == 5 && b[3] == 10 && b[9] == 1000);
+    assert_int_equal(fy_metrics_buckets_125(8192, b, 40), 12); /* ... 5000 */
+    assert_true(b[11] == 5000);
+    assert_int_equal(fy_metrics_buckets_125(0, b, 40), 1);
+    assert_int_equal(fy_metrics_buckets_125(1e30, b, 4), 4);
+}
+
 static void test_register_errors(void **state)
 {
     fy_metrics_t *r;
@@ -410,9 +470,9 @@ static void test_cluster_metrics(void **state)
         fy_free(td);
         tp = scrape(&c, P);
         td = scrape(&c, D);
-        if (tc_metric(td, "ferry:generation_tokens_total") == sum_gen &&
+        if (tc_metric(td, "ferry:engine_generation_tokens_total") == sum_gen &&
             tc_metric(td, "ferry:kv_blocks{tier=\"device\",state=\"used\"}") == 0 &&
-            tc_metric(tp, "ferry:prompt_tokens_total") == sum_prompt)
+            tc_metric(tp, "ferry:engine_prompt_tokens_total") == sum_prompt)
             break;
         if (tc_now() - t_start > 5) {
             print_message("prefill:\n%s\ndecode:\n%s\n", tp, td);
@@ -427,33 +487,63 @@ static void test_cluster_metrics(void **state)
 
     /* prefill: every prompt token arrived; the prefix hit was not computed */
     double hits = tc_metric(tp, "ferry:prefix_cache_hits_total");
-    assert_true(tc_metric(tp, "ferry:prompt_tokens_total") == sum_prompt);
+    assert_true(tc_metric(tp, "ferry:engine_prompt_tokens_total") == sum_prompt);
     assert_true(hits >= 16);
-    assert_true(tc_metric(tp, "ferry:prompt_tokens_computed_total") == sum_prompt - hits);
+    assert_true(tc_metric(tp, "ferry:engine_prompt_tokens_computed_total") == sum_prompt - hits);
     assert_true(tc_metric(tp, "ferry:prefix_cache_queries_total") == sum_prompt);
-    assert_true(tc_metric(tp, "ferry:generation_tokens_total") == N_REQ); /* the first token of each */
-    assert_true(tc_metric(tp, "ferry:time_to_first_token_seconds_count") == N_REQ);
-    assert_true(tc_metric(tp, "ferry:request_queue_time_seconds_count") == N_REQ);
-    assert_true(tc_metric(tp, "ferry:e2e_request_latency_seconds_count") == N_REQ);
+    assert_true(tc_metric(tp, "ferry:engine_generation_tokens_total") == N_REQ); /* the first token of each */
+    assert_true(tc_metric(tp, "ferry:prefill_time_to_first_token_seconds_count") == N_REQ);
+    assert_true(tc_metric(tp, "ferry:prefill_queue_time_seconds_count") == N_REQ);
+    assert_true(tc_metric(tp, "ferry:prefill_job_latency_seconds_count") == N_REQ);
     assert_true(tc_metric(tp, "ferry:kv_transfer_seconds_count") == N_REQ);
     assert_true(tc_metric(tp, "ferry:prefill_jobs_total{outcome=\"ok\"}") == N_REQ);
     assert_true(tc_metric(tp, "ferry:kv_transfer_jobs_total{result=\"ok\"}") == N_REQ);
     assert_true(tc_metric(tp, "ferry:kv_transfer_bytes_total") > 0);
-    assert_true(tc_metric(tp, "ferry:time_to_first_token_seconds_sum") > 0);
+    assert_true(tc_metric(tp, "ferry:prefill_time_to_first_token_seconds_sum") > 0);
     assert_true(tc_metric(tp, "ferry:kv_blocks{tier=\"device\",state=\"used\"}") == 0);
     assert_true(tc_metric(tp, "ferry:spec_decode_num_draft_tokens_total") == 0);
     /* decode: prompts arrive by adoption (computed elsewhere), every token after the first is sampled here */
-    assert_true(tc_metric(td, "ferry:prompt_tokens_total") == sum_prompt);
-    assert_true(tc_metric(td, "ferry:prompt_tokens_computed_total") == 0);
-    assert_true(tc_metric(td, "ferry:generation_tokens_total") == sum_gen);
-    assert_true(tc_metric(td, "ferry:e2e_request_latency_seconds_count") == N_REQ);
-    assert_true(tc_metric(td, "ferry:inter_token_latency_seconds_count") == sum_itl);
+    assert_true(tc_metric(td, "ferry:engine_prompt_tokens_total") == sum_prompt);
+    assert_true(tc_metric(td, "ferry:engine_prompt_tokens_computed_total") == 0);
+    assert_true(tc_metric(td, "ferry:engine_generation_tokens_total") == sum_gen);
+    assert_true(tc_metric(td, "ferry:decode_request_latency_seconds_count") == N_REQ);
+    assert_true(tc_metric(td, "ferry:decode_inter_token_latency_seconds_count") == sum_itl);
     assert_true(tc_metric(td, "ferry:kv_lease_wait_seconds_count") == N_REQ);
-    assert_true(tc_metric(td, "ferry:request_success_total{finished_reason=\"length\"}") == N_REQ);
+    assert_true(tc_metric(td, "ferry:decode_request_success_total{finished_reason=\"length\"}") == N_REQ);
     assert_true(tc_metric(td, "ferry:kv_leases_expired_total") == 0);
     assert_true(tc_metric(td, "ferry:kv_leases") == 0);
-    assert_true(tc_metric(td, "ferry:num_requests_running") == 0);
+    assert_true(tc_metric(td, "ferry:engine_num_requests_running") == 0);
     assert_true(tc_metric(td, "ferry:kv_cache_usage_perc") == 0);
+    /* every series names the model and the role; the cache's shape is in cache_config_info */
+    assert_true(
+        tc_metric(tp, "ferry:kv_cache_usage_perc{role=\"prefill\",model_name=\"SmolLM2-135M-Instruct.Q4_1\"}") == 0);
+    assert_true(tc_metric(td, "ferry:kv_cache_usage_perc{role=\"decode\",model_name=\"SmolLM2-135M-Instruct.Q4_1\"}") ==
+                0);
+    for (int w = 0; w < 2; w++) {
+        const char *t = w ? td : tp;
+        double total = tc_metric(t, "ferry:kv_blocks{tier=\"device\",state=\"free\"}") +
+                       tc_metric(t, "ferry:kv_blocks{tier=\"device\",state=\"used\"}") +
+                       tc_metric(t, "ferry:kv_blocks{tier=\"device\",state=\"cached\"}");
+        char want[256];
+        snprintf(want, sizeof(want), "ferry:cache_config_info{block_size=\"16\",num_gpu_blocks=\"%.0f\"}", total);
+        assert_true(tc_metric(t, want) == 1);
+        for (const char *p = t; (p = strchr(p, '\n')) != NULL;) { /* no sample without both labels */
+            p++;
+            if (*p == '#' || !*p) continue;
+            if (strncmp(p, "ferry:", 6) || !strstr(p, "model_name=\"SmolLM2-135M-Instruct.Q4_1\"") ||
+                !strstr(p, w ? "role=\"decode\"" : "role=\"prefill\""))
+                fail_msg("a sample without model_name or role: %.120s", p);
+        }
+    }
+    /* tokens per step: the prefill steps fed every prompt token less the hits; the decode steps fed each
+     * token but the last (the first came by adoption) and the speculative drafts */
+    assert_true(tc_metric(tp, "ferry:iteration_tokens_sum") == sum_prompt - hits);
+    /* a verification step feeds its drafts too, and keeps the accepted ones */
+    double drafted = tc_metric(td, "ferry:spec_decode_num_draft_tokens_total");
+    double accepted = tc_metric(td, "ferry:spec_decode_num_accepted_tokens_total");
+    assert_true(tc_metric(td, "ferry:iteration_tokens_sum") == sum_itl + drafted - accepted);
+    assert_true(tc_metric(tp, "ferry:iteration_tokens_count") == tc_metric(tp, "ferry:engine_steps_total"));
+    assert_true(tc_metric(td, "ferry:iteration_tokens_count") == tc_metric(td, "ferry:engine_steps_total"));
     /* blocks went back: free again, or cached for the prefix cache */
     double free1 = tc_metric(td, "ferry:kv_blocks{tier=\"device\",state=\"free\"}");
     double cached1 = tc_metric(td, "ferry:kv_blocks{tier=\"device\",state=\"cached\"}");
@@ -485,9 +575,10 @@ static void test_cluster_metrics(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_render_exact), cmocka_unit_test(test_register_errors),
-        cmocka_unit_test(test_concurrent),   cmocka_unit_test(test_health_rules),
-        cmocka_unit_test(test_httpd_routes), cmocka_unit_test(test_cluster_metrics),
+        cmocka_unit_test(test_render_exact),    cmocka_unit_test(test_const_labels_and_sample),
+        cmocka_unit_test(test_register_errors), cmocka_unit_test(test_concurrent),
+        cmocka_unit_test(test_health_rules),    cmocka_unit_test(test_httpd_routes),
+        cmocka_unit_test(test_cluster_metrics),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -59,6 +59,7 @@
 #include "cli.h"
 #include "commands.h"
 #include "config.h"
+#include "metrics.h"
 #include "mem.h"
 
 #define MAX_CLIENTS 32
@@ -421,11 +422,8 @@ static bool wait_healthy(chaos_t *c, double timeout_s)
 /* The value of a sample line "name{labels} value" (labels as rendered), or 0 when absent. */
 static double metric(const char *text, const char *series)
 {
-    size_t n = strlen(series);
-    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
-        if (!strncmp(p, series, n) && p[n] == ' ') return strtod(p + n + 1, NULL);
-    }
-    return 0;
+    double v = 0;
+    return fy_metrics_sample(text, series, &v) == FY_OK ? v : 0;
 }
 
 /* Blocks a worker still holds for requests: used + promised, and its
@@ -441,7 +439,7 @@ static int64_t held_blocks(int port, char *what, size_t cap)
     double used = metric(r.body, "ferry:kv_blocks{tier=\"device\",state=\"used\"}");
     double promised = metric(r.body, "ferry:kv_blocks{tier=\"device\",state=\"promised\"}");
     double leased = metric(r.body, "ferry:kv_leased_blocks");
-    double running = metric(r.body, "ferry:num_requests_running");
+    double running = metric(r.body, "ferry:engine_num_requests_running");
     snprintf(what, cap, "used %.0f, promised %.0f, leased %.0f, running %.0f", used, promised, leased, running);
     fy_free(r.body);
     return (int64_t)(used + promised + leased + running);

@@ -262,9 +262,12 @@ static void on_metrics(void *arg, const char *path, fy_http_reply_t *reply)
 }
 
 /* The series of every child added so far (docs/operations.md, "ferry serve"). */
-static fy_status_t metrics_setup(serve_t *s)
+static fy_status_t metrics_setup(serve_t *s, const fy_config_t *cfg)
 {
-    fy_status_t st = fy_metrics_create(&s->reg);
+    char served[128];
+    fy_status_t st = fy_cluster_served_model_name(cfg, served, sizeof(served));
+    if (!st)
+        st = fy_metrics_create_labeled((const char *const[]){"model_name", served, "role", "serve", NULL}, &s->reg);
     if (!st)
         st = fy_metrics_gauge(s->reg, "ferry:serve_cluster_ready",
                               "1 once every child was ready and the router saw every worker", NULL, &s->cluster_ready);
@@ -549,7 +552,7 @@ int fy_cmd_serve(int argc, char **argv)
         }
     }
     s.n_children = fy_sup_count(s.sup);
-    if (metrics_setup(&s)) goto out;
+    if (metrics_setup(&s, cfg)) goto out;
     if (serve_metrics && *serve_metrics) { /* before any child: a port taken is our own start-up error */
         if (fy_httpd_create(serve_metrics, &s.http) || fy_httpd_route(s.http, "/health", on_health, &s) ||
             fy_httpd_route(s.http, "/metrics", on_metrics, &s)) {

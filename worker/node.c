@@ -371,6 +371,9 @@ static void on_tick(void *arg)
     fy_node_t *n = arg;
     double now = fy_node_now();
     n->last_tick = now; /* read by the heartbeat and HTTP threads */
+    fy_engine_stats_t es;
+    fy_engine_stats(n->engine, &es);
+    fy_node_series_step(n->series, &es);
     if (n->role->tick) n->role->tick(n, n->state, now);
     if (now - n->last_sync >= METRICS_SYNC_S) {
         n->last_sync = now;
@@ -457,8 +460,20 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     n->bloom_bytes = fy_bloom_bytes_for(ks.tier[FY_KV_DEVICE].total);
     if (!(n->bloom = fy_calloc(n->bloom_bytes, 1))) return FY_ERR_NOMEM;
     /* the registry before the role, which adds its own series */
-    if ((st = fy_metrics_create(&n->metrics)) ||
-        (st = fy_node_series_create(n->metrics, sec, n->name, n->model_id, ks.tier[FY_KV_HOST].total > 0,
+    char served[128];
+    bool prefix_caching;
+    if ((st = fy_cluster_served_model_name(c, served, sizeof(served))) ||
+        (st = fy_conf_bool(c, "kv", "prefix_cache", &prefix_caching)))
+        return st;
+    fy_node_cache_info_t cache = {.block_size = lay->block_size,
+                                  .device_blocks = ks.tier[FY_KV_DEVICE].total,
+                                  .host_blocks = ks.tier[FY_KV_HOST].total,
+                                  .dtype = fy_dtype_name(lay->dtype),
+                                  .prefix_caching = prefix_caching,
+                                  .n_groups = lay->n_groups,
+                                  .block_bytes = lay->block_bytes};
+    if ((st = fy_metrics_create_labeled((const char *const[]){"model_name", served, "role", sec, NULL}, &n->metrics)) ||
+        (st = fy_node_series_create(n->metrics, n->name, n->model_id, &cache, ks.tier[FY_KV_HOST].total > 0,
                                     !strcmp(sec, "prefill"), &n->series)))
         return st;
     for (int i = 1; i < FY_ENV_N_FAULTS && !st; i++) {

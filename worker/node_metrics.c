@@ -25,12 +25,14 @@ struct fy_node_series {
     fy_metric_t *spec_draft, *spec_accepted;
     fy_metric_t *layout_refusals, *peer_failures, *xfer_bytes, *xfer_ok, *xfer_failed;
     fy_metric_t *steps, *bad_commands;
+    fy_metric_t *iteration_tokens;
+    uint64_t last_steps, last_tokens; /* at the last fy_node_series_step */
 };
 
 static const char *const STATE[4] = {"free", "used", "cached", "promised"};
 
-fy_status_t fy_node_series_create(fy_metrics_t *reg, const char *role, const char *worker, const char *model,
-                                  bool host_tier, bool puts, fy_node_series_t **s_p)
+fy_status_t fy_node_series_create(fy_metrics_t *reg, const char *worker, const char *model_id,
+                                  const fy_node_cache_info_t *cache, bool host_tier, bool puts, fy_node_series_t **s_p)
 {
     fy_node_series_t *s = fy_calloc(1, sizeof(*s));
     if (!s) {
@@ -40,15 +42,29 @@ fy_status_t fy_node_series_create(fy_metrics_t *reg, const char *role, const cha
     s->reg = reg;
     s->host_tier = host_tier;
     s->puts = puts;
-    fy_metric_t *info;
+    fy_metric_t *info, *cache_info;
     fy_status_t st;
+    char bs[16], dev[16], host[16], groups[16], bytes[24];
+    snprintf(bs, sizeof(bs), "%d", (int)cache->block_size);
+    snprintf(dev, sizeof(dev), "%d", (int)cache->device_blocks);
+    snprintf(host, sizeof(host), "%d", (int)cache->host_blocks);
+    snprintf(groups, sizeof(groups), "%d", (int)cache->n_groups);
+    snprintf(bytes, sizeof(bytes), "%zu", cache->block_bytes);
 #define C(field, name, help, ...)                                                                                      \
     if (!st) st = fy_metrics_counter(reg, name, help, (const char *const[]){__VA_ARGS__, NULL}, &s->field)
 #define G(field, name, help, ...)                                                                                      \
     if (!st) st = fy_metrics_gauge(reg, name, help, (const char *const[]){__VA_ARGS__, NULL}, &s->field)
-    st = fy_metrics_gauge(reg, "ferry:worker_info", "This worker: its role, name and model (value 1).",
-                          (const char *const[]){"role", role, "worker", worker, "model_name", model, NULL}, &info);
+    st = fy_metrics_gauge(reg, "ferry:worker_info", "This worker: its name and its model's identity (value 1).",
+                          (const char *const[]){"worker", worker, "model_id", model_id, NULL}, &info);
     if (!st) fy_metric_set(info, 1);
+    if (!st)
+        st = fy_metrics_gauge(reg, "ferry:cache_config_info", "The KV cache as configured, in the labels (value 1).",
+                              (const char *const[]){"block_size", bs, "num_gpu_blocks", dev, "num_cpu_blocks", host,
+                                                    "cache_dtype", cache->dtype, "enable_prefix_caching",
+                                                    cache->prefix_caching ? "true" : "false", "kv_groups", groups,
+                                                    "block_bytes", bytes, NULL},
+                              &cache_info);
+    if (!st) fy_metric_set(cache_info, 1);
     G(usage, "ferry:kv_cache_usage_perc", "Share of device KV blocks in use by requests (0 to 1).", NULL);
     for (int t = 0; t < (host_tier ? 2 : 1); t++) {
         for (int k = 0; k < (t == 0 ? 4 : 3); k++) {
@@ -72,21 +88,21 @@ fy_status_t fy_node_series_create(fy_metrics_t *reg, const char *role, const cha
       "global");
     G(groups[1], "ferry:kv_groups", "KV groups of the layout (block tables per request), by window.", "window",
       "sliding");
-    G(running, "ferry:num_requests_running", "Requests in the running batch.", NULL);
-    G(waiting, "ferry:num_requests_waiting", "Requests queued in the engine, not yet running.", NULL);
-    G(swapped, "ferry:num_requests_swapped", "Requests swapped out to the host tier.", NULL);
-    C(prompt_tokens, "ferry:prompt_tokens_total",
+    G(running, "ferry:engine_num_requests_running", "Requests in the engine's running batch.", NULL);
+    G(waiting, "ferry:engine_num_requests_waiting", "Requests queued in the engine, not yet running.", NULL);
+    G(swapped, "ferry:engine_num_requests_swapped", "Requests swapped out to the host tier.", NULL);
+    C(prompt_tokens, "ferry:engine_prompt_tokens_total",
       "Prompt tokens of requests this engine took in (submitted on a prefill worker, adopted on a decode worker), "
       "prefix-cache hits included.",
       NULL);
-    C(computed_tokens, "ferry:prompt_tokens_computed_total",
+    C(computed_tokens, "ferry:engine_prompt_tokens_computed_total",
       "Prompt tokens this engine computed (hits and adopted prompts excluded; recomputation after preemption "
       "included).",
       NULL);
-    C(generation_tokens, "ferry:generation_tokens_total", "Tokens sampled by this engine.", NULL);
-    C(refused_overloaded, "ferry:requests_refused_total", "Requests the engine refused at submission.", "reason",
+    C(generation_tokens, "ferry:engine_generation_tokens_total", "Tokens sampled by this engine.", NULL);
+    C(refused_overloaded, "ferry:engine_requests_refused_total", "Requests the engine refused at submission.", "reason",
       "overloaded");
-    C(refused_invalid, "ferry:requests_refused_total", "Requests the engine refused at submission.", "reason",
+    C(refused_invalid, "ferry:engine_requests_refused_total", "Requests the engine refused at submission.", "reason",
       "invalid");
     C(spec_draft, "ferry:spec_decode_num_draft_tokens_total", "Draft tokens proposed by speculative decoding.", NULL);
     C(spec_accepted, "ferry:spec_decode_num_accepted_tokens_total", "Draft tokens accepted by the target model.", NULL);
@@ -101,6 +117,11 @@ fy_status_t fy_node_series_create(fy_metrics_t *reg, const char *role, const cha
     }
     C(steps, "ferry:engine_steps_total", "Forward passes the engine ran.", NULL);
     C(bad_commands, "ferry:bad_commands_total", "Commands from the router that did not parse.", NULL);
+    if (!st)
+        st = fy_metrics_histogram(
+            reg, "ferry:iteration_tokens",
+            "Tokens an engine step fed to its forward pass: prompt chunks, decoded tokens and speculative drafts.",
+            NULL, fy_metrics_iteration_buckets, fy_metrics_n_iteration_buckets, &s->iteration_tokens);
 #undef C
 #undef G
     if (st) {
@@ -155,6 +176,17 @@ void fy_node_series_sync(fy_node_series_t *s, const fy_engine_stats_t *es, const
     fy_metric_set(s->steps, (double)es->steps);
     fy_metric_set(s->bad_commands, (double)bad_commands);
     fy_metrics_batch_end(s->reg);
+}
+
+void fy_node_series_step(fy_node_series_t *s, const fy_engine_stats_t *es)
+{
+    uint64_t tokens = es->forward_tokens;
+    uint64_t steps = es->steps - s->last_steps, done = tokens - s->last_tokens;
+    s->last_steps = es->steps;
+    s->last_tokens = tokens;
+    /* a tick with no step (idle) observes nothing; more than one step
+     * between ticks is not expected (the engine ticks after each) */
+    for (uint64_t i = 0; i < steps && i < 64; i++) fy_metric_observe(s->iteration_tokens, (double)done / (double)steps);
 }
 
 /* ---- health ---------------------------------------------------------------------------------------- */

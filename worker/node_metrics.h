@@ -23,16 +23,36 @@
 
 typedef struct fy_node_series fy_node_series_t;
 
-/* Registers the common series in reg.  host_tier: the block manager has
- * a host tier (its block series are exported too); puts: this role
- * initiates KV transfers (prefill), so it exports bytes and jobs. */
-fy_status_t fy_node_series_create(fy_metrics_t *reg, const char *role, const char *worker, const char *model,
-                                  bool host_tier, bool puts, fy_node_series_t **s_p);
+/* The KV cache as configured, for ferry:cache_config_info (vLLM's labels). */
+typedef struct fy_node_cache_info {
+    int32_t block_size;    /* tokens a block holds */
+    int32_t device_blocks; /* num_gpu_blocks: the device tier */
+    int32_t host_blocks;   /* num_cpu_blocks: the host tier (0: none) */
+    const char *dtype;     /* cache_dtype: f16, f32, fp8, int8 */
+    bool prefix_caching;   /* kv.prefix_cache */
+    int32_t n_groups;      /* KV groups of the layout */
+    size_t block_bytes;    /* bytes of one block, every layer of its group */
+} fy_node_cache_info_t;
+
+/* Registers the common series in reg (whose own labels carry model_name
+ * and role).  worker: the worker's name; model_id: the model's identity
+ * (worker_info's model_id label); cache: cache_config_info's labels;
+ * host_tier: the block manager has a host tier (its block series are
+ * exported too); puts: this role initiates KV transfers (prefill), so it
+ * exports bytes and jobs. */
+fy_status_t fy_node_series_create(fy_metrics_t *reg, const char *worker, const char *model_id,
+                                  const fy_node_cache_info_t *cache, bool host_tier, bool puts, fy_node_series_t **s_p);
 void fy_node_series_destroy(fy_node_series_t *s); /* accepts NULL; the series stay in reg */
 
 /* Copies the figures into the series, as one batch (engine thread). */
 void fy_node_series_sync(fy_node_series_t *s, const fy_engine_stats_t *es, const fy_kvm_stats_t *ks,
                          const fy_xfer_stats_t *xs, uint64_t bad_commands);
+
+/* After every engine step (the engine's tick; engine thread): the tokens
+ * the steps since the last call fed to their forward passes into the
+ * iteration-tokens histogram, one observation a step (the mean when the
+ * tick saw more than one step). */
+void fy_node_series_step(fy_node_series_t *s, const fy_engine_stats_t *es);
 
 /* ---- health ---- */
 
