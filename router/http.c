@@ -35,7 +35,8 @@
  * finish_reason "abort", an error event, then [DONE]).
  *
  * Not here: TLS (put a proxy in front), top-k alternatives in logprobs
- * (only the chosen token's log-probability).
+ * (only the chosen token's log-probability), CORS and the refusals made
+ * before a handler runs (404, 405, 413: rpc/httpd.c).
  */
 #include "http.h"
 

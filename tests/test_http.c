@@ -612,6 +612,64 @@ static void test_max_completion_tokens(void **state)
     free(r.body);
 }
 
+
+/* ---- docs/protocol.md's field table, as the code treats each field ---- */
+
+static void test_field_table(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    static const struct {
+        const char *field; /* the name, and a value that asks for something */
+        const char *value;
+        int status; /* 400: refused naming the field; 200: taken (supported or ignored) */
+        bool chat_only, completion_only;
+    } f[] = {
+        {"presence_penalty", "0.5", 400, 0, 0},
+        {"frequency_penalty", "0.5", 400, 0, 0},
+        {"repetition_penalty", "1.1", 400, 0, 0},
+        {"logit_bias", "{\"1\":5}", 400, 0, 0},
+        {"response_format", "{\"type\":\"json_object\"}", 400, 0, 0},
+        {"guided_json", "{\"type\":\"object\"}", 400, 0, 0},
+        {"guided_regex", "\"a+\"", 400, 0, 0},
+        {"tools", "[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]", 400, 0, 0},
+        {"functions", "[{\"name\":\"f\"}]", 400, 0, 0},
+        {"min_tokens", "2", 400, 0, 0},
+        {"top_logprobs", "2", 400, 1, 0},
+        {"best_of", "2", 400, 0, 1},
+        {"echo", "true", 400, 0, 1},
+        {"suffix", "\"x\"", 400, 0, 1},
+        {"logprobs", "2", 400, 0, 1},
+        {"max_completion_tokens", "1", 200, 0, 0},
+        {"min_tokens", "0", 200, 0, 0},
+        {"response_format", "{\"type\":\"text\"}", 200, 0, 0},
+        {"tool_choice", "\"none\"", 200, 1, 0},
+        {"stop_token_ids", "[2]", 200, 0, 0},
+        {"user", "\"someone\"", 200, 0, 0},
+        {"metadata", "{\"k\":\"v\"}", 200, 0, 0},
+        {"top_k", "5", 200, 0, 0},
+        {"min_p", "0.1", 200, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++) {
+        for (int chat = 0; chat < 2; chat++) {
+            if ((chat && f[i].completion_only) || (!chat && f[i].chat_only)) continue;
+            char body[512];
+            snprintf(body, sizeof(body), "{%s,\"max_tokens\":1,\"%s\":%s%s}",
+                     chat ? "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]" : "\"prompt\":\"Hi\"", f[i].field,
+                     f[i].value, !strcmp(f[i].field, "top_logprobs") ? ",\"logprobs\":true" : "");
+            if (!strcmp(f[i].field, "max_completion_tokens")) /* the same value as max_tokens */
+                snprintf(body, sizeof(body), "{%s,\"max_tokens\":1,\"max_completion_tokens\":1}",
+                         chat ? "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]" : "\"prompt\":\"Hi\"");
+            resp_t r = call("POST", chat ? "/v1/chat/completions" : "/v1/completions", KEY_A, body);
+            if (f[i].status == 400)
+                expect_error(&r, 400, f[i].field, NULL);
+            else if (r.status != 200)
+                fail_msg("%s: HTTP %d %s", body, r.status, r.body);
+            free(r.body);
+        }
+    }
+}
+
 /* ---- refusals never corrupt the next request on a kept-alive connection ---- */
 
 static void send_keepalive(int s, const char *method, const char *path, const char *extra, const char *body,
@@ -1152,6 +1210,7 @@ int main(void)
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_tokenize_and_friends),
         cmocka_unit_test(test_max_completion_tokens),
+        cmocka_unit_test(test_field_table),
         cmocka_unit_test(test_keepalive_after_refusals),
         cmocka_unit_test(test_cors),
         cmocka_unit_test(test_slow_and_departing_clients),
