@@ -808,8 +808,8 @@ static void tokenize(fy_http_t *H, fy_httpd_req_t *r, bool detok)
     fy_http_front_t f = front_of(H);
     fy_http_fault_t fault;
     fy_http_tok_t t;
-    fy_status_t st = detok ? fy_http_parse_detokenize(&f, body, len, &t, &fault)
-                           : fy_http_parse_tokenize(&f, body, len, &t, &fault);
+    fy_status_t st =
+        detok ? fy_http_parse_detokenize(&f, body, len, &t, &fault) : fy_http_parse_tokenize(&f, body, len, &t, &fault);
     if (st == FY_ERR_INVALID) {
         respond_error(H, r, fault.status, fault.type, fault.param, 0, "%s", fault.msg);
         return;

@@ -54,8 +54,8 @@ fy_status_t fy_http_parse_generation(const fy_http_front_t *f, const char *body,
 
 /* An accepted /tokenize or /detokenize body. */
 typedef struct fy_http_tok {
-    int32_t *ids; /* [n] token ids, each below the vocabulary's size (fy_free) */
-    int32_t n;    /* 0 or more */
+    int32_t *ids;    /* [n] token ids, each below the vocabulary's size (fy_free) */
+    int32_t n;       /* 0 or more */
     bool token_strs; /* tokenize: "return_token_strs" */
 } fy_http_tok_t;
 

@@ -90,12 +90,12 @@ enum { PH_WAIT, PH_READ, PH_ANSWER };
 
 typedef struct conn {
     int fd;
-    int phase;       /* no request under way, a request coming in, being answered */
-    bool fresh;      /* no request yet on this connection */
-    bool over_cap;   /* accepted beyond the cap: refused, except GET routes */
-    bool killed;     /* shut down here; MHD closes it */
+    int phase;        /* no request under way, a request coming in, being answered */
+    bool fresh;       /* no request yet on this connection */
+    bool over_cap;    /* accepted beyond the cap: refused, except GET routes */
+    bool killed;      /* shut down here; MHD closes it */
     uint64_t dropped; /* body bytes of a refused request, read and dropped */
-    double deadline; /* PH_WAIT, PH_READ: shut down past it */
+    double deadline;  /* PH_WAIT, PH_READ: shut down past it */
     struct conn *prev, *next;
 } conn_t;
 
@@ -1224,7 +1224,8 @@ static fy_status_t add_route(fy_httpd_t *h, route_t *rt)
     rt->refs = 1;
     pthread_mutex_lock(&S->mu);
     bool taken = false;
-    for (route_t *o = S->routes; o; o = o->next) taken |= !o->dead && o->prefix == rt->prefix && !strcmp(o->path, rt->path);
+    for (route_t *o = S->routes; o; o = o->next)
+        taken |= !o->dead && o->prefix == rt->prefix && !strcmp(o->path, rt->path);
     if (taken) {
         pthread_mutex_unlock(&S->mu);
         fy_error("http %s: the path %s already has a route", h->url, rt->path);

@@ -149,10 +149,11 @@ typedef struct fy_httpd_req fy_httpd_req_t;
 typedef void (*fy_httpd_fn)(void *arg, fy_httpd_req_t *r);
 
 /* Adds a route for method ("GET" also takes HEAD; "POST") on exactly
- * path, or, for a path ending in '*' ("/v1/models/" then *), on every path that
- * starts with what is before the '*' and goes on by a byte or more (an
- * exact route wins, then the longest prefix).  FY_ERR_INVALID when the
- * server already has a route on path. */
+ * path, or, for a path ending in '*' (the router's models route is
+ * "/v1/models/" and a star), on every path that starts with what is
+ * before the '*' and goes on by a byte or more (an exact route wins, then
+ * the longest prefix).  FY_ERR_INVALID when the server already has a
+ * route on path. */
 fy_status_t fy_httpd_handle(fy_httpd_t *h, const char *method, const char *path, size_t max_body, fy_httpd_fn fn,
                             void *arg);
 

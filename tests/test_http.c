@@ -183,11 +183,10 @@ static int setup(void **state)
     static char http[128], keyset[600];
     snprintf(http, sizeof(http), "router.http=http://127.0.0.1:%d", PORT);
     snprintf(keyset, sizeof(keyset), "router.api_keys=%s", KEYS);
-    tc_opts_t o = {
-        .n_prefill = 1,
-        .n_decode = 1,
-        .common = {http, keyset, "router.max_body=64KiB", "decode.kv_mem=64MiB",
-                   "router.cors_origins=https://app.example, http://localhost:3000/"}};
+    tc_opts_t o = {.n_prefill = 1,
+                   .n_decode = 1,
+                   .common = {http, keyset, "router.max_body=64KiB", "decode.kv_mem=64MiB",
+                              "router.cors_origins=https://app.example, http://localhost:3000/"}};
     tc_start(&C, &o);
     IDLE_ADMITTABLE = decode_admittable();
     return 0;
@@ -432,7 +431,6 @@ static void test_bad_requests(void **state)
     }
 }
 
-
 /* ---- /tokenize, /detokenize, /version, /v1/models/{id} ---- */
 
 /* A header's value in r's head, or NULL (static buffer). */
@@ -495,8 +493,8 @@ static void test_tokenize_and_friends(void **state)
     /* tokenize and back */
     const char *text = "The quick brown fox jumps over the lazy dog. \\u00e9t\\u00e9";
     char body[512];
-    snprintf(body, sizeof(body), "{\"model\":\"SmolLM2-135M-Instruct.Q4_1\",\"prompt\":\"%s\",\"return_token_strs\":true}",
-             text);
+    snprintf(body, sizeof(body),
+             "{\"model\":\"SmolLM2-135M-Instruct.Q4_1\",\"prompt\":\"%s\",\"return_token_strs\":true}", text);
     r = call("POST", "/tokenize", KEY_A, body);
     if (r.status != 200) fail_msg("tokenize: HTTP %d %s", r.status, r.body);
     j = json_of(&r);
@@ -611,7 +609,6 @@ static void test_max_completion_tokens(void **state)
     expect_error(&r, 400, "min_tokens", NULL);
     free(r.body);
 }
-
 
 /* ---- docs/protocol.md's field table, as the code treats each field ---- */
 

@@ -501,8 +501,10 @@ static void test_prefix_routes_and_origins(void **state)
         int status;
         const char *body;
     } cases[] = {
-        {"/items/a%2Fb?x=1", 200, "prefix /items/a/b"}, {"/items/special", 200, "exact /items/special"},
-        {"/items", 200, "list /items"},                 {"/items/", 404, NULL},
+        {"/items/a%2Fb?x=1", 200, "prefix /items/a/b"},
+        {"/items/special", 200, "exact /items/special"},
+        {"/items", 200, "list /items"},
+        {"/items/", 404, NULL},
         {"/itemsx", 404, NULL},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -510,15 +512,18 @@ static void test_prefix_routes_and_origins(void **state)
         int st = tc_http(port, "GET", cases[i].path, &body);
         print_message("GET %s: HTTP %d %s\n", cases[i].path, st, body ? body : "");
         assert_int_equal(st, cases[i].status);
-        if (cases[i].body) assert_string_equal(body, cases[i].body);
-        else assert_non_null(strstr(body, "\"code\":null"));
+        if (cases[i].body)
+            assert_string_equal(body, cases[i].body);
+        else
+            assert_non_null(strstr(body, "\"code\":null"));
         fy_free(body);
     }
     assert_int_equal(fy_httpd_cors(h, "*"), FY_OK);
     assert_int_equal(fy_httpd_cors(h, " https://a.example , http://localhost:3000/,http://[::1]:8080"), FY_OK);
     assert_int_equal(fy_httpd_cors(h, ""), FY_OK);
-    static const char *const bad[] = {"a.example", "https://a.example/app", "https://", "https://a.example,,x",
-                                      "*, https://a.example", "ftp://a.example"};
+    static const char *const bad[] = {
+        "a.example",      "https://a.example/app", "https://", "https://a.example,,x", "*, https://a.example",
+        "ftp://a.example"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         fy_test_log_begin();
         assert_int_equal(fy_httpd_cors(h, bad[i]), FY_ERR_INVALID);
@@ -556,7 +561,7 @@ int main(void)
         cmocka_unit_test(test_held_and_streamed),       cmocka_unit_test(test_gone_and_stopped),
         cmocka_unit_test(test_header_timeout_and_idle), cmocka_unit_test(test_sizes_and_errors),
         cmocka_unit_test(test_connection_cap),          cmocka_unit_test(test_shared_and_bad_urls),
-        cmocka_unit_test(test_limits_config),          cmocka_unit_test(test_prefix_routes_and_origins),
+        cmocka_unit_test(test_limits_config),           cmocka_unit_test(test_prefix_routes_and_origins),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

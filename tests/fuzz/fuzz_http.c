@@ -61,8 +61,8 @@ static int tokenize(const fy_http_front_t *f, bool detok, const char *body, size
 {
     fy_http_tok_t t;
     fy_http_fault_t fault;
-    fy_status_t st = detok ? fy_http_parse_detokenize(f, body, len, &t, &fault)
-                           : fy_http_parse_tokenize(f, body, len, &t, &fault);
+    fy_status_t st =
+        detok ? fy_http_parse_detokenize(f, body, len, &t, &fault) : fy_http_parse_tokenize(f, body, len, &t, &fault);
     if (st == FY_ERR_INVALID) {
         FZ_CHECK(fault.status == 400 || fault.status == 404, "status %u", fault.status);
         FZ_CHECK(fault.type && fault.msg[0], "a refusal without a type or a message");
