@@ -99,6 +99,9 @@ static const fy_conf_key_t KEYS[] = {
         "the model's name in the HTTP API and the model_name label on every process's metrics; empty: the model "
         "file's name"),
     SIZE("router", "max_body", "1MiB", KIB, 64 * MIB, "HTTP request bodies at most; beyond it 413"),
+    STR("router", "cors_origins", "",
+        "origins browsers may call the HTTP API from: \"*\" or a comma-separated list (https://app.example, ...); "
+        "empty: none"),
     INT("router", "default_max_tokens", "1024", 1, 1 << 20,
         "max_tokens of chat completions that give none (completions default to 16, as OpenAI's)"),
     DUR("router", "retry_after", "1s", 0, 3600, "the Retry-After of HTTP 503 answers"),

@@ -6,6 +6,9 @@
  *   POST /v1/completions        prompt (text, or token ids) -> text
  *   POST /v1/chat/completions   messages through the model's chat template
  *   GET  /v1/models             the one model served
+ *   GET  /v1/models/{id}        that model (404 for another id)
+ *   POST /tokenize, /detokenize text or messages <-> token ids (vLLM's)
+ *   GET  /version               {"version": ferry's}
  *   GET  /health                200 while requests can be served, else 503
  *   GET  /metrics               the router's Prometheus metrics
  *
@@ -32,7 +35,8 @@
  * finish_reason "abort", an error event, then [DONE]).
  *
  * Not here: TLS (put a proxy in front), top-k alternatives in logprobs
- * (only the chosen token's log-probability).
+ * (only the chosen token's log-probability), CORS and the refusals made
+ * before a handler runs (404, 405, 413: rpc/httpd.c).
  */
 #include "http.h"
 
@@ -59,6 +63,7 @@
 #include "router_int.h"
 #include "tenants.h"
 #include "tokenizer.h"
+#include "version.h"
 
 typedef struct fy_http fy_http_t;
 
@@ -539,8 +544,8 @@ static void h_end(void *arg, bool complete)
 
 /* ---- handlers ------------------------------------------------------------------------------------- */
 
-/* The body of a generation, parsed: false with the error answered. */
-static bool parse_body(fy_http_t *H, fy_httpd_req_t *r, bool chat, fy_http_gen_t *g)
+/* A JSON body's Content-Type; false with a 415 answered. */
+static bool json_body(fy_http_t *H, fy_httpd_req_t *r)
 {
     const char *ct = fy_httpd_req_header(r, "Content-Type");
     if (!ct || strncasecmp(ct, "application/json", 16) || (ct[16] && ct[16] != ';' && ct[16] != ' ')) {
@@ -548,13 +553,25 @@ static bool parse_body(fy_http_t *H, fy_httpd_req_t *r, bool chat, fy_http_gen_t
                       "the body must be JSON with Content-Type: application/json (got %s)", ct ? ct : "none");
         return false;
     }
+    return true;
+}
+
+static fy_http_front_t front_of(const fy_http_t *H)
+{
+    return (fy_http_front_t){.model = fy_router_model(H->R),
+                             .model_id = fy_router_model_id(H->R),
+                             .served = H->served,
+                             .max_ctx = fy_router_max_ctx(H->R),
+                             .default_max_tokens = H->default_max_tokens};
+}
+
+/* The body of a generation, parsed: false with the error answered. */
+static bool parse_body(fy_http_t *H, fy_httpd_req_t *r, bool chat, fy_http_gen_t *g)
+{
+    if (!json_body(H, r)) return false;
     size_t len;
     const char *body = fy_httpd_req_body(r, &len);
-    fy_http_front_t f = {.model = fy_router_model(H->R),
-                         .model_id = fy_router_model_id(H->R),
-                         .served = H->served,
-                         .max_ctx = fy_router_max_ctx(H->R),
-                         .default_max_tokens = H->default_max_tokens};
+    fy_http_front_t f = front_of(H);
     fy_http_fault_t fault;
     fy_status_t st = fy_http_parse_generation(&f, body, len, chat, g, &fault);
     if (st == FY_ERR_INVALID)
@@ -747,9 +764,9 @@ static void generation(fy_http_t *H, fy_httpd_req_t *r, bool chat)
 static void on_completions(void *arg, fy_httpd_req_t *r) { generation(arg, r, false); }
 static void on_chat(void *arg, fy_httpd_req_t *r) { generation(arg, r, true); }
 
-static void on_models(void *arg, fy_httpd_req_t *r)
+/* The model object of /v1/models and /v1/models/{id}. */
+static json_t *model_json(const fy_http_t *H)
 {
-    fy_http_t *H = arg;
     json_t *m = json_object();
     json_object_set_new(m, "id", json_string(H->served));
     json_object_set_new(m, "object", json_string("model"));
@@ -757,6 +774,92 @@ static void on_models(void *arg, fy_httpd_req_t *r)
     json_object_set_new(m, "owned_by", json_string("ferry"));
     json_object_set_new(m, "root", json_string(fy_router_model_id(H->R)));
     json_object_set_new(m, "max_model_len", json_integer(fy_router_max_ctx(H->R)));
+    return m;
+}
+
+/* GET /v1/models/{id}: the served name or the model's id (as "model"
+ * takes them); another is OpenAI's 404, code "model_not_found". */
+static void on_model(void *arg, fy_httpd_req_t *r)
+{
+    fy_http_t *H = arg;
+    const char *id = fy_httpd_req_path(r) + strlen("/v1/models/");
+    if (!strcmp(id, H->served) || !strcmp(id, fy_router_model_id(H->R))) {
+        answer_json(H, r, 200, model_json(H), 0);
+        return;
+    }
+    char msg[400];
+    snprintf(msg, sizeof(msg), "the model '%.200s' does not exist; this server serves '%s'", id, H->served);
+    json_t *e = json_object(), *eb = json_object();
+    json_object_set_new(eb, "message", jstr(msg, strlen(msg)));
+    json_object_set_new(eb, "type", json_string("invalid_request_error"));
+    json_object_set_new(eb, "param", json_string("model"));
+    json_object_set_new(eb, "code", json_string("model_not_found"));
+    json_object_set_new(e, "error", eb);
+    answer_json(H, r, 404, e, 0);
+}
+
+/* POST /tokenize and /detokenize (vLLM's shapes), behind the API keys:
+ * no cluster work, the router's own tokenizer. */
+static void tokenize(fy_http_t *H, fy_httpd_req_t *r, bool detok)
+{
+    fy_tenant_t *tenant;
+    if (!authenticate(H, r, &tenant) || !json_body(H, r)) return;
+    size_t len;
+    const char *body = fy_httpd_req_body(r, &len);
+    fy_http_front_t f = front_of(H);
+    fy_http_fault_t fault;
+    fy_http_tok_t t;
+    fy_status_t st =
+        detok ? fy_http_parse_detokenize(&f, body, len, &t, &fault) : fy_http_parse_tokenize(&f, body, len, &t, &fault);
+    if (st == FY_ERR_INVALID) {
+        respond_error(H, r, fault.status, fault.type, fault.param, 0, "%s", fault.msg);
+        return;
+    }
+    if (st) {
+        respond_error(H, r, 500, "server_error", NULL, 0, "out of memory");
+        return;
+    }
+    const fy_tokenizer_t *tok = fy_model_tokenizer(f.model);
+    json_t *o = json_object();
+    if (detok) {
+        size_t need = fy_tokenizer_decode(tok, t.ids, (size_t)t.n, true, NULL, 0);
+        char *text = fy_malloc(need + 1);
+        if (text) fy_tokenizer_decode(tok, t.ids, (size_t)t.n, true, text, need + 1);
+        json_object_set_new(o, "prompt", text ? jstr(text, need) : json_null());
+        fy_free(text);
+    } else {
+        json_t *ids = json_array(), *strs = t.token_strs ? json_array() : json_null();
+        for (int32_t i = 0; i < t.n; i++) {
+            json_array_append_new(ids, json_integer(t.ids[i]));
+            if (!t.token_strs) continue;
+            const char *b;
+            size_t bl;
+            fy_tokenizer_token_bytes(tok, t.ids[i], true, &b, &bl);
+            json_array_append_new(strs, jstr(b, bl));
+        }
+        json_object_set_new(o, "count", json_integer(t.n));
+        json_object_set_new(o, "max_model_len", json_integer(f.max_ctx));
+        json_object_set_new(o, "tokens", ids);
+        json_object_set_new(o, "token_strs", strs);
+    }
+    fy_free(t.ids);
+    answer_json(H, r, 200, o, 0);
+}
+
+static void on_tokenize(void *arg, fy_httpd_req_t *r) { tokenize(arg, r, false); }
+static void on_detokenize(void *arg, fy_httpd_req_t *r) { tokenize(arg, r, true); }
+
+static void on_version(void *arg, fy_httpd_req_t *r)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "version", json_string(FY_VERSION));
+    answer_json(arg, r, 200, o, 0);
+}
+
+static void on_models(void *arg, fy_httpd_req_t *r)
+{
+    fy_http_t *H = arg;
+    json_t *m = model_json(H);
     json_t *data = json_array();
     json_array_append_new(data, m);
     json_t *o = json_object();
@@ -820,13 +923,14 @@ static void on_metrics(void *arg, fy_httpd_req_t *r)
 static fy_status_t http_start(router_t *R, fy_http_t **h_p)
 {
     const fy_config_t *c = fy_router_config(R);
-    const char *url, *keys, *path;
+    const char *url, *keys, *path, *cors;
     int64_t max_body, max_tokens;
     double retry;
     fy_httpd_limits_t lim;
     fy_status_t st;
     *h_p = NULL;
     if ((st = fy_conf_string(c, "router", "http", &url)) || (st = fy_conf_string(c, "router", "api_keys", &keys)) ||
+        (st = fy_conf_string(c, "router", "cors_origins", &cors)) ||
         (st = fy_conf_size(c, "router", "max_body", &max_body)) ||
         (st = fy_conf_int(c, "router", "default_max_tokens", &max_tokens)) ||
         (st = fy_conf_duration(c, "router", "retry_after", &retry)) ||
@@ -865,9 +969,14 @@ static fy_status_t http_start(router_t *R, fy_http_t **h_p)
     }
     if (!st) st = fy_metrics_gauge(g, "ferry:http_connections", "HTTP connections open", NULL, &H->conns);
     if (!st) st = fy_httpd_create_with(url, &lim, &H->srv);
+    if (!st) st = fy_httpd_cors(H->srv, cors);
     if (!st) st = fy_httpd_handle(H->srv, "POST", "/v1/completions", (size_t)max_body, on_completions, H);
     if (!st) st = fy_httpd_handle(H->srv, "POST", "/v1/chat/completions", (size_t)max_body, on_chat, H);
     if (!st) st = fy_httpd_handle(H->srv, "GET", "/v1/models", 0, on_models, H);
+    if (!st) st = fy_httpd_handle(H->srv, "GET", "/v1/models/*", 0, on_model, H);
+    if (!st) st = fy_httpd_handle(H->srv, "POST", "/tokenize", (size_t)max_body, on_tokenize, H);
+    if (!st) st = fy_httpd_handle(H->srv, "POST", "/detokenize", (size_t)max_body, on_detokenize, H);
+    if (!st) st = fy_httpd_handle(H->srv, "GET", "/version", 0, on_version, H);
     if (!st) st = fy_httpd_handle(H->srv, "GET", "/health", 0, on_health, H);
     if (!st) st = fy_httpd_handle(H->srv, "GET", "/metrics", 0, on_metrics, H);
     if (st) {

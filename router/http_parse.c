@@ -3,7 +3,8 @@
  * /v1/chat/completions, from bytes to a generation the router can run:
  * JSON (jansson), every field checked with the wire's ranges
  * (common/genspec.h), the prompt tokenized or rendered through the
- * model's chat template (model/prompt.h).  router/http.c answers with
+ * model's chat template (model/prompt.h); and the bodies of POST
+ * /tokenize and /detokenize (vLLM's shapes).  router/http.c answers with
  * what this returns; tests/fuzz/fuzz_http.c feeds it arbitrary bytes.
  *
  * Not here: the HTTP exchange, API keys, the router.
@@ -86,13 +87,9 @@ static void bool_field(parsed_t *p, json_t *o, const char *name, bool *out)
 
 typedef fy_http_gen_t gen_req_t;
 
-static void parse_common(const fy_http_front_t *H, parsed_t *p, json_t *o, bool chat, gen_req_t *g)
+/* "model": absent, null, the served name or the model's id; else 404. */
+static void model_field(const fy_http_front_t *H, parsed_t *p, json_t *o)
 {
-    fy_genspec_default(&g->gen);
-    g->gen.sampling.temperature = 1.0f; /* OpenAI's defaults */
-    g->gen.sampling.top_k = 0;
-    g->gen.sampling.top_p = 1.0f;
-    g->gen.sampling.min_p = 0;
     json_t *m = json_object_get(o, "model");
     if (m && !json_is_null(m)) {
         if (!json_is_string(m))
@@ -101,18 +98,38 @@ static void parse_common(const fy_http_front_t *H, parsed_t *p, json_t *o, bool 
             bad(p, 404, "model", "the model '%s' does not exist; this server serves '%s'", json_string_value(m),
                 H->served);
     }
-    json_int_t mt = chat ? H->default_max_tokens : DEFAULT_MAX_TOKENS_COMPLETION;
-    json_t *mtv = json_object_get(o, chat ? "max_completion_tokens" : "max_tokens");
-    const char *mt_name = chat ? "max_completion_tokens" : "max_tokens";
-    if (!mtv || json_is_null(mtv)) mtv = json_object_get(o, "max_tokens"), mt_name = "max_tokens";
-    if (mtv && !json_is_null(mtv)) {
+}
+
+static void parse_common(const fy_http_front_t *H, parsed_t *p, json_t *o, bool chat, gen_req_t *g)
+{
+    fy_genspec_default(&g->gen);
+    g->gen.sampling.temperature = 1.0f; /* OpenAI's defaults */
+    g->gen.sampling.top_k = 0;
+    g->gen.sampling.top_p = 1.0f;
+    g->gen.sampling.min_p = 0;
+    model_field(H, p, o);
+    /* max_tokens, or its newer name max_completion_tokens, on both endpoints */
+    json_int_t mt = chat ? H->default_max_tokens : DEFAULT_MAX_TOKENS_COMPLETION, old = 0, mct = 0;
+    int_field(p, o, "max_tokens", 1, H->max_ctx, &old);
+    int_field(p, o, "max_completion_tokens", 1, H->max_ctx, &mct);
+    if (old && mct && old != mct)
+        bad(p, 400, "max_completion_tokens",
+            "'max_completion_tokens' is %lld and 'max_tokens' %lld: they are the same limit, give one of them",
+            (long long)mct, (long long)old);
+    if (mct || old) {
         g->max_tokens_set = true;
-        json_t *tmp = json_object();
-        json_object_set(tmp, mt_name, mtv);
-        int_field(p, tmp, mt_name, 1, H->max_ctx, &mt);
-        json_decref(tmp);
+        mt = mct ? mct : old;
     }
     g->gen.max_tokens = (int32_t)mt;
+    /* min_tokens: the engine cannot hold back EOS and stop strings yet
+     * (docs/protocol.md); refused rather than dropped */
+    json_t *mn = json_object_get(o, "min_tokens");
+    if (mn && !json_is_null(mn)) {
+        if (!json_is_integer(mn) || json_integer_value(mn) < 0)
+            bad(p, 400, "min_tokens", "'min_tokens' must be a non-negative integer");
+        else if (json_integer_value(mn) > 0)
+            bad(p, 400, "min_tokens", "'min_tokens' is not supported by this server yet (only 0)");
+    }
     double d = g->gen.sampling.temperature;
     num_field(p, o, "temperature", 0, FY_GEN_TEMPERATURE_MAX, &d);
     g->gen.sampling.temperature = (float)d;
@@ -349,22 +366,30 @@ static int32_t *prompt_ids(const fy_http_front_t *H, parsed_t *p, json_t *o, boo
     return NULL;
 }
 
+/* The body as a JSON object, or NULL with the fault said. */
+static json_t *load_object(const char *body, size_t len, parsed_t *fault)
+{
+    json_error_t je;
+    json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!o) {
+        bad(fault, 400, NULL, "malformed JSON at line %d column %d: %s", je.line, je.column, je.text);
+        return NULL;
+    }
+    if (!json_is_object(o)) {
+        json_decref(o);
+        bad(fault, 400, NULL, "the body must be a JSON object");
+        return NULL;
+    }
+    return o;
+}
+
 fy_status_t fy_http_parse_generation(const fy_http_front_t *f, const char *body, size_t len, bool chat,
                                      fy_http_gen_t *g, fy_http_fault_t *fault)
 {
     memset(g, 0, sizeof(*g));
     memset(fault, 0, sizeof(*fault));
-    json_error_t je;
-    json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
-    if (!o) {
-        bad(fault, 400, NULL, "malformed JSON at line %d column %d: %s", je.line, je.column, je.text);
-        return FY_ERR_INVALID;
-    }
-    if (!json_is_object(o)) {
-        json_decref(o);
-        bad(fault, 400, NULL, "the body must be a JSON object");
-        return FY_ERR_INVALID;
-    }
+    json_t *o = load_object(body, len, fault);
+    if (!o) return FY_ERR_INVALID;
     parse_common(f, fault, o, chat, g);
     int32_t n_prompt = 0;
     int32_t *ids = fault->status ? NULL : prompt_ids(f, fault, o, chat, &n_prompt);
@@ -376,5 +401,100 @@ fy_status_t fy_http_parse_generation(const fy_http_front_t *f, const char *body,
         g->gen.max_tokens = f->max_ctx - n_prompt > 1 ? f->max_ctx - n_prompt : 1;
     g->ids = ids;
     g->n_prompt = n_prompt;
+    return FY_OK;
+}
+
+fy_status_t fy_http_parse_tokenize(const fy_http_front_t *f, const char *body, size_t len, fy_http_tok_t *t,
+                                   fy_http_fault_t *fault)
+{
+    memset(t, 0, sizeof(*t));
+    memset(fault, 0, sizeof(*fault));
+    json_t *o = load_object(body, len, fault);
+    if (!o) return FY_ERR_INVALID;
+    model_field(f, fault, o);
+    bool chat = json_object_get(o, "messages") != NULL, gen_prompt = true, cont = false;
+    bool special = !chat; /* vLLM's defaults: BOS for a prompt, the template's own for messages */
+    bool_field(fault, o, "return_token_strs", &t->token_strs);
+    bool_field(fault, o, "add_special_tokens", &special);
+    if (chat) {
+        bool_field(fault, o, "add_generation_prompt", &gen_prompt);
+        bool_field(fault, o, "continue_final_message", &cont);
+        if (json_object_get(o, "prompt"))
+            bad(fault, 400, "prompt", "give 'prompt' or 'messages', not both");
+        else if (!gen_prompt)
+            bad(fault, 400, "add_generation_prompt",
+                "'add_generation_prompt': false is not supported (the assistant's turn is always opened)");
+        else if (cont)
+            bad(fault, 400, "continue_final_message", "'continue_final_message' is not supported");
+        else if (special)
+            bad(fault, 400, "add_special_tokens",
+                "'add_special_tokens' with 'messages' is not supported (the chat template places them)");
+    }
+    int32_t *ids = NULL, n = 0;
+    if (!fault->status && chat) {
+        ids = prompt_ids(f, fault, o, true, &n);
+    } else if (!fault->status) {
+        json_t *pr = json_object_get(o, "prompt");
+        const fy_tokenizer_t *tok = fy_model_tokenizer(f->model);
+        if (!json_is_string(pr)) {
+            bad(fault, 400, "prompt", "'prompt' must be a string (or give 'messages')");
+        } else if (!json_string_length(pr)) { /* nothing, or BOS alone */
+            ids = fy_malloc(sizeof(int32_t));
+            if (ids && special && fy_tokenizer_wants_bos(tok) && fy_tokenizer_bos(tok) >= 0)
+                ids[n++] = fy_tokenizer_bos(tok);
+        } else {
+            char *txt = fy_strndup(json_string_value(pr), json_string_length(pr));
+            if (!txt || fy_prompt_tokens(f->model, NULL, txt, false, &ids, &n) != FY_OK)
+                bad(fault, 400, "prompt", "cannot tokenize 'prompt'");
+            fy_free(txt);
+            if (ids && !special && n > 0 && fy_tokenizer_wants_bos(tok) && ids[0] == fy_tokenizer_bos(tok)) {
+                memmove(ids, ids + 1, (size_t)(n - 1) * sizeof(int32_t));
+                n--;
+            }
+        }
+    }
+    json_decref(o);
+    if (fault->status) {
+        fy_free(ids);
+        return FY_ERR_INVALID;
+    }
+    if (!ids) return FY_ERR_NOMEM;
+    t->ids = ids;
+    t->n = n;
+    return FY_OK;
+}
+
+fy_status_t fy_http_parse_detokenize(const fy_http_front_t *f, const char *body, size_t len, fy_http_tok_t *t,
+                                     fy_http_fault_t *fault)
+{
+    memset(t, 0, sizeof(*t));
+    memset(fault, 0, sizeof(*fault));
+    json_t *o = load_object(body, len, fault);
+    if (!o) return FY_ERR_INVALID;
+    model_field(f, fault, o);
+    json_t *a = json_object_get(o, "tokens");
+    int32_t vocab = fy_tokenizer_vocab_size(fy_model_tokenizer(f->model));
+    size_t n = json_is_array(a) ? json_array_size(a) : 0;
+    int32_t *ids = NULL;
+    if (!fault->status && !json_is_array(a))
+        bad(fault, 400, "tokens", "'tokens' must be an array of token ids");
+    else if (!fault->status && !(ids = fy_malloc((n ? n : 1) * sizeof(int32_t)))) {
+        json_decref(o);
+        return FY_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < n && !fault->status; i++) {
+        json_t *v = json_array_get(a, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab)
+            bad(fault, 400, "tokens", "'tokens'[%zu] is not a token id below %d", i, vocab);
+        else
+            ids[i] = (int32_t)json_integer_value(v);
+    }
+    json_decref(o);
+    if (fault->status) {
+        fy_free(ids);
+        return FY_ERR_INVALID;
+    }
+    t->ids = ids;
+    t->n = (int32_t)n;
     return FY_OK;
 }

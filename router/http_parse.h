@@ -1,7 +1,7 @@
 /*
  * http_parse.h - OpenAI request bodies to generations: what router/http.c
  * runs for POST /v1/completions and /v1/chat/completions between the
- * bytes and the router, as a function of its own so that a fuzz target
+ * bytes and the router (and for /tokenize and /detokenize), as a function of its own so that a fuzz target
  * (tests/fuzz/fuzz_http.c) drives exactly the code the router runs.
  */
 #ifndef FY_HTTP_PARSE_H
@@ -51,5 +51,22 @@ typedef struct fy_http_gen {
  * FY_ERR_INVALID: *fault says why (nothing to free); FY_ERR_NOMEM. */
 fy_status_t fy_http_parse_generation(const fy_http_front_t *f, const char *body, size_t len, bool chat,
                                      fy_http_gen_t *g, fy_http_fault_t *fault);
+
+/* An accepted /tokenize or /detokenize body. */
+typedef struct fy_http_tok {
+    int32_t *ids;    /* [n] token ids, each below the vocabulary's size (fy_free) */
+    int32_t n;       /* 0 or more */
+    bool token_strs; /* tokenize: "return_token_strs" */
+} fy_http_tok_t;
+
+/* POST /tokenize: {"prompt": text, "add_special_tokens"} or {"messages",
+ * "add_generation_prompt"} (rendered as a chat completion's), with
+ * "model" and "return_token_strs".  FY_OK: t->ids is the caller's;
+ * FY_ERR_INVALID: *fault says why; FY_ERR_NOMEM. */
+fy_status_t fy_http_parse_tokenize(const fy_http_front_t *f, const char *body, size_t len, fy_http_tok_t *t,
+                                   fy_http_fault_t *fault);
+/* POST /detokenize: {"model", "tokens": [ids]}; the same contract. */
+fy_status_t fy_http_parse_detokenize(const fy_http_front_t *f, const char *body, size_t len, fy_http_tok_t *t,
+                                     fy_http_fault_t *fault);
 
 #endif /* FY_HTTP_PARSE_H */

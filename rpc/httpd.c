@@ -65,13 +65,17 @@
 #define MAX_PENDING (8u << 20) /* streamed bytes the client has not taken */
 #define STREAM_BLOCK 16384
 #define STOP_WAIT_S 3.0
+/* body bytes of a refused request (404, 405, 413, OPTIONS) read and dropped
+ * so that the connection stays usable; a longer body closes it */
+#define DROP_MAX (8u << 20)
 
 typedef struct srv srv_t;
 
 typedef struct route {
     fy_httpd_t *owner;
     char path[128];
-    bool get; /* GET (and HEAD); else POST */
+    bool get;    /* GET (and HEAD); else POST */
+    bool prefix; /* registered as "PATH*": every path that starts with PATH */
     size_t max_body;
     fy_httpd_get_fn get_fn;
     fy_httpd_fn fn;
@@ -86,11 +90,12 @@ enum { PH_WAIT, PH_READ, PH_ANSWER };
 
 typedef struct conn {
     int fd;
-    int phase;       /* no request under way, a request coming in, being answered */
-    bool fresh;      /* no request yet on this connection */
-    bool over_cap;   /* accepted beyond the cap: refused, except GET routes */
-    bool killed;     /* shut down here; MHD closes it */
-    double deadline; /* PH_WAIT, PH_READ: shut down past it */
+    int phase;        /* no request under way, a request coming in, being answered */
+    bool fresh;       /* no request yet on this connection */
+    bool over_cap;    /* accepted beyond the cap: refused, except GET routes */
+    bool killed;      /* shut down here; MHD closes it */
+    uint64_t dropped; /* body bytes of a refused request, read and dropped */
+    double deadline;  /* PH_WAIT, PH_READ: shut down past it */
     struct conn *prev, *next;
 } conn_t;
 
@@ -102,6 +107,7 @@ struct fy_httpd_req {
     conn_t *c;
     route_t *route;
     uint64_t serial;
+    char *path; /* as MHD gives it: unescaped, without the query */
     int state;
     bool ran; /* its route ran (MHD's thread alone reads and writes it) */
     bool streamed, close_after;
@@ -142,6 +148,7 @@ struct srv {
     uint64_t next_serial;
     fy_httpd_req_t *rq, *rq_tail; /* to resume */
     route_t *routes;
+    char cors[1024]; /* allowed origins: "" none, "*", or "a\0b\0\0" */
     bool closing;
     uint64_t timed_out, evicted, refused;
     int ep, evfd;
@@ -154,6 +161,11 @@ struct fy_httpd {
     srv_t *S;
     char url[256];
 };
+
+/* *con_cls of a request refused before any route runs: its body is read
+ * and dropped, then it is answered, and the connection goes on */
+static char g_refused;
+#define REFUSED ((fy_httpd_req_t *)(void *)&g_refused)
 
 /* the servers of this process, by address (see the file's head) */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -242,13 +254,44 @@ void fy_httpd_reply_error(fy_http_reply_t *reply, int status, const char *type, 
     if (reply->body_owned) fy_free(reply->body);
     reply->body = body;
     reply->body_owned = body != NULL;
-    reply->body_len =
-        body ? (size_t)snprintf(body, 700, "{\"error\":{\"message\":\"%s\",\"type\":\"%s\"}}\n", m, t) : 0;
+    reply->body_len = body ? (size_t)snprintf(body, 700,
+                                              "{\"error\":{\"message\":\"%s\",\"type\":\"%s\",\"param\":null,"
+                                              "\"code\":null}}\n",
+                                              m, t)
+                           : 0;
+}
+
+/* ---- cross-origin requests ------------------------------------------------------------------------------ */
+
+/* The Access-Control-Allow-Origin for mc's request: "*", its own Origin
+ * when that is allowed, or NULL (CORS off, no Origin, not allowed).
+ * *listed_p: origins are a list (answers then vary with Origin). */
+static const char *cors_origin(srv_t *S, struct MHD_Connection *mc, bool *listed_p)
+{
+    const char *o = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Origin");
+    const char *allow = NULL;
+    pthread_mutex_lock(&S->mu);
+    *listed_p = S->cors[0] && strcmp(S->cors, "*");
+    if (!strcmp(S->cors, "*") && o) allow = "*";
+    for (const char *a = *listed_p ? S->cors : ""; o && *a && !allow; a += strlen(a) + 1)
+        if (!strcasecmp(a, o)) allow = o;
+    pthread_mutex_unlock(&S->mu);
+    return allow;
+}
+
+static void cors_headers(srv_t *S, struct MHD_Connection *mc, struct MHD_Response *res)
+{
+    bool listed;
+    const char *allow = cors_origin(S, mc, &listed);
+    if (listed) MHD_add_response_header(res, "Vary", "Origin");
+    if (!allow) return;
+    MHD_add_response_header(res, "Access-Control-Allow-Origin", allow);
+    MHD_add_response_header(res, "Access-Control-Expose-Headers", "Retry-After");
 }
 
 /* MHD thread: queues a JSON error answer (an OpenAI-shaped body). */
-static enum MHD_Result queue_error(struct MHD_Connection *mc, unsigned status, const char *type, const char *msg,
-                                   const char *hname, const char *hvalue, bool close_after)
+static enum MHD_Result queue_error(srv_t *S, struct MHD_Connection *mc, unsigned status, const char *type,
+                                   const char *msg, const char *hname, const char *hvalue, bool close_after)
 {
     char m[512], body[768];
     json_escape(m, sizeof(m), msg);
@@ -259,6 +302,7 @@ static enum MHD_Result queue_error(struct MHD_Connection *mc, unsigned status, c
     MHD_add_response_header(res, "Content-Type", "application/json");
     if (hname) MHD_add_response_header(res, hname, hvalue);
     if (close_after) MHD_add_response_header(res, "Connection", "close");
+    cors_headers(S, mc, res);
     enum MHD_Result rc = MHD_queue_response(mc, status, res);
     MHD_destroy_response(res);
     return rc;
@@ -345,12 +389,19 @@ static void route_unref(srv_t *S, route_t *rt)
     fy_free(rt);
 }
 
-/* Lock held: the live route for path, or NULL. */
+/* Lock held: the live route for path (an exact one, else the longest
+ * prefix route that path extends by a byte or more), or NULL. */
 static route_t *route_find(srv_t *S, const char *path)
 {
-    for (route_t *rt = S->routes; rt; rt = rt->next)
-        if (!rt->dead && !strcmp(rt->path, path)) return rt;
-    return NULL;
+    route_t *best = NULL;
+    size_t best_len = 0;
+    for (route_t *rt = S->routes; rt; rt = rt->next) {
+        if (rt->dead) continue;
+        if (!rt->prefix && !strcmp(rt->path, path)) return rt;
+        size_t l = strlen(rt->path);
+        if (rt->prefix && !strncmp(rt->path, path, l) && path[l] && l > best_len) best = rt, best_len = l;
+    }
+    return best;
 }
 
 /* ---- MHD callbacks ------------------------------------------------------------------------------------ */
@@ -483,7 +534,7 @@ static enum MHD_Result dispatch(srv_t *S, fy_httpd_req_t *r)
     }
     if (r->state == RS_NEW) {
         pthread_mutex_unlock(&S->mu);
-        return queue_error(r->mc, 500, "server_error", "the handler gave no answer", NULL, NULL, false);
+        return queue_error(S, r->mc, 500, "server_error", "the handler gave no answer", NULL, NULL, false);
     }
     if (r->state != RS_WHOLE && r->state != RS_STREAM) {
         pthread_mutex_unlock(&S->mu);
@@ -509,6 +560,7 @@ static enum MHD_Result dispatch(srv_t *S, fy_httpd_req_t *r)
         h = v + strlen(v) + 1;
     }
     if (r->close_after) MHD_add_response_header(res, "Connection", "close");
+    cors_headers(S, r->mc, res);
     enum MHD_Result rc = MHD_queue_response(r->mc, (unsigned)r->status, res);
     MHD_destroy_response(res);
     return rc;
@@ -522,7 +574,7 @@ static enum MHD_Result run_route(srv_t *S, fy_httpd_req_t *r)
     bool dead = rt->dead || S->closing;
     if (!dead) rt->inflight++;
     pthread_mutex_unlock(&S->mu);
-    if (dead) return queue_error(r->mc, 503, "unavailable", "shutting down", "Retry-After", "1", true);
+    if (dead) return queue_error(S, r->mc, 503, "unavailable", "shutting down", "Retry-After", "1", true);
     if (rt->get_fn) {
         fy_http_reply_t reply = {.status = 200};
         rt->get_fn(rt->arg, rt->path, &reply);
@@ -547,11 +599,84 @@ static enum MHD_Result add_header_size(void *cls, enum MHD_ValueKind kind, const
     return MHD_YES;
 }
 
+/* MHD thread: the answer to a request no route takes (no such path, a
+ * route's path with another method, OPTIONS), once its body is dropped;
+ * close_after: the body was too long to drop, the connection goes. */
+static enum MHD_Result answer_refused(srv_t *S, struct MHD_Connection *mc, const char *url, const char *method,
+                                      bool close_after)
+{
+    pthread_mutex_lock(&S->mu);
+    route_t *rt = route_find(S, url);
+    int kind = !rt ? 0 : rt->get ? 1 : 2;
+    pthread_mutex_unlock(&S->mu);
+    char msg[256];
+    if (!kind) {
+        snprintf(msg, sizeof(msg), "no such path: %.160s", url);
+        return queue_error(S, mc, 404, "not_found_error", msg, NULL, NULL, close_after);
+    }
+    const char *allow = kind == 1 ? "GET, HEAD, OPTIONS" : "POST, OPTIONS";
+    if (strcmp(method, "OPTIONS")) {
+        snprintf(msg, sizeof(msg), "%.160s takes %s, not %.16s", url, kind == 1 ? "GET" : "POST", method);
+        return queue_error(S, mc, 405, "invalid_request_error", msg, "Allow", allow, close_after);
+    }
+    /* OPTIONS: a CORS preflight (Origin and Access-Control-Request-Method)
+     * from an origin not allowed is refused by name; else what is allowed */
+    const char *origin = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Origin");
+    const char *want = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Access-Control-Request-Method");
+    bool listed;
+    const char *ok = cors_origin(S, mc, &listed);
+    if (origin && want && !ok) {
+        snprintf(msg, sizeof(msg), "cross-origin requests from %.160s are not allowed here", origin);
+        return queue_error(S, mc, 403, "permission_error", msg, NULL, NULL, close_after);
+    }
+    struct MHD_Response *res = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!res) return MHD_NO;
+    MHD_add_response_header(res, "Allow", allow);
+    if (ok && want) {
+        const char *hdrs = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+        MHD_add_response_header(res, "Access-Control-Allow-Methods", allow);
+        MHD_add_response_header(res, "Access-Control-Allow-Headers",
+                                hdrs && *hdrs && strlen(hdrs) < 512 ? hdrs : "Authorization, Content-Type");
+        MHD_add_response_header(res, "Access-Control-Max-Age", "600");
+    }
+    if (close_after) MHD_add_response_header(res, "Connection", "close");
+    cors_headers(S, mc, res);
+    enum MHD_Result rc = MHD_queue_response(mc, 204, res);
+    MHD_destroy_response(res);
+    return rc;
+}
+
+/* The request's declared body length; 0 when it declares none. */
+static unsigned long long declared_length(struct MHD_Connection *mc)
+{
+    const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Content-Length");
+    return cl ? strtoull(cl, NULL, 10) : 0;
+}
+
+/* Body bytes of a request being refused: dropped; false (the connection
+ * is closed) past DROP_MAX. */
+static bool drop_body(struct MHD_Connection *mc, size_t n)
+{
+    conn_t *c = conn_of(mc);
+    if (!c) return true;
+    c->dropped += n;
+    return c->dropped <= DROP_MAX;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
     srv_t *S = cls;
     fy_httpd_req_t *r = *con_cls;
+    if (r == REFUSED) { /* its body is dropped, then it is answered */
+        if (*upload_size) {
+            bool keep = drop_body(mc, *upload_size);
+            *upload_size = 0;
+            return keep ? MHD_YES : MHD_NO;
+        }
+        set_phase(S, conn_of(mc), PH_ANSWER);
+        return answer_refused(S, mc, url, method, false);
+    }
     if (!r) { /* the headers are in */
         conn_t *c = conn_of(mc);
         /* MHD refuses what does not fit its connection memory (431, 414);
@@ -563,14 +688,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
             char msg[128];
             snprintf(msg, sizeof(msg), "the request line and headers are %zu bytes; at most %lld", hbytes,
                      (long long)S->lim.max_header);
-            return queue_error(mc, 431, "invalid_request_error", msg, NULL, NULL, true);
+            return queue_error(S, mc, 431, "invalid_request_error", msg, NULL, NULL, true);
         }
         bool is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+        unsigned long long declared = declared_length(mc);
         pthread_mutex_lock(&S->mu);
         route_t *rt = route_find(S, url);
         bool closing = S->closing, over = c && c->over_cap;
-        if (rt && (rt->get ? is_get : !strcmp(method, "POST")) && !closing && !(over && !rt->get)) {
+        bool fits = rt && (rt->get ? is_get : !strcmp(method, "POST"));
+        if (fits && !closing && !(over && !rt->get)) {
             r = fy_calloc(1, sizeof(*r));
+            if (r && !(r->path = fy_strndup(url, strlen(url)))) {
+                fy_free(r);
+                r = NULL;
+            }
             if (r) {
                 rt->refs++;
                 r->route = rt;
@@ -585,47 +716,53 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
             }
         }
         if (over && !(rt && rt->get)) S->refused++;
-        if (c && !r) c->phase = PH_ANSWER;
+        bool refused = !r && !closing && !(over && !(rt && rt->get)) && !fits;
+        if (c && !r && !refused) c->phase = PH_ANSWER;
+        if (c) c->dropped = 0;
         pthread_mutex_unlock(&S->mu);
         if (r) {
             *con_cls = r;
-            const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Content-Length");
-            if (!rt->get && cl && strtoull(cl, NULL, 10) > (unsigned long long)rt->max_body) {
+            if (!rt->get && declared > (unsigned long long)rt->max_body) {
+                /* dropped, then answered, when it is not too long to read */
+                if (declared <= DROP_MAX) {
+                    r->too_big = true;
+                    return MHD_YES;
+                }
                 set_phase(S, c, PH_ANSWER);
                 char msg[96];
                 snprintf(msg, sizeof(msg), "the body is larger than %zu bytes", rt->max_body);
-                return queue_error(mc, 413, "invalid_request_error", msg, NULL, NULL, true);
+                return queue_error(S, mc, 413, "invalid_request_error", msg, NULL, NULL, true);
             }
             return MHD_YES;
         }
         if (closing)
-            return queue_error(mc, 503, "unavailable", "the server is shutting down", "Retry-After", "1", true);
+            return queue_error(S, mc, 503, "unavailable", "the server is shutting down", "Retry-After", "1", true);
         if (over && !(rt && rt->get)) {
             char msg[128];
             snprintf(msg, sizeof(msg), "too many connections (%d): try again shortly", S->cap);
-            return queue_error(mc, 503, "server_overloaded", msg, "Retry-After", "1", true);
+            return queue_error(S, mc, 503, "server_overloaded", msg, "Retry-After", "1", true);
         }
-        if (!rt) {
-            char msg[200];
-            snprintf(msg, sizeof(msg), "no such path: %.160s", url);
-            return queue_error(mc, 404, "not_found_error", msg, NULL, NULL, false);
+        if (fits) /* out of memory */
+            return queue_error(S, mc, 500, "server_error", "out of memory", NULL, NULL, true);
+        /* 404, 405, OPTIONS: answered once the body is in and dropped, so the
+         * next request on the connection starts where this one ends */
+        if (declared > DROP_MAX) {
+            set_phase(S, c, PH_ANSWER);
+            return answer_refused(S, mc, url, method, true);
         }
-        if (!r && rt && (rt->get ? is_get : !strcmp(method, "POST"))) /* out of memory */
-            return queue_error(mc, 500, "server_error", "out of memory", NULL, NULL, true);
-        char msg[200];
-        snprintf(msg, sizeof(msg), "%s takes %s, not %.16s", url, rt->get ? "GET" : "POST", method);
-        return queue_error(mc, 405, "invalid_request_error", msg, "Allow", rt->get ? "GET, HEAD" : "POST", false);
+        *con_cls = REFUSED;
+        return MHD_YES;
     }
     if (*upload_size) { /* a piece of the body */
         size_t n = *upload_size;
         *upload_size = 0;
-        if (r->too_big) return MHD_YES;
+        if (r->too_big) return drop_body(mc, n) ? MHD_YES : MHD_NO;
         if (r->len + n > r->route->max_body) {
             r->too_big = true;
             fy_free(r->body);
             r->body = NULL;
             r->len = r->cap = 0;
-            return MHD_YES;
+            return drop_body(mc, n) ? MHD_YES : MHD_NO;
         }
         if (r->len + n + 1 > r->cap) {
             size_t cap = (r->len + n + 1) * 2;
@@ -643,10 +780,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     if (!r->ran) { /* the whole request is in */
         r->ran = true;
         set_phase(S, r->c, PH_ANSWER);
-        if (r->too_big) {
+        if (r->too_big) { /* read and dropped: the connection goes on */
             char msg[96];
             snprintf(msg, sizeof(msg), "the body is larger than %zu bytes", r->route->max_body);
-            return queue_error(mc, 413, "invalid_request_error", msg, NULL, NULL, true);
+            return queue_error(S, mc, 413, "invalid_request_error", msg, NULL, NULL, false);
         }
         return run_route(S, r);
     }
@@ -656,8 +793,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
 static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
     srv_t *S = cls;
-    fy_httpd_req_t *r = *con_cls;
+    fy_httpd_req_t *r = *con_cls == REFUSED ? NULL : *con_cls;
     conn_t *c = conn_of(mc);
+    if (!r) *con_cls = NULL;
     pthread_mutex_lock(&S->mu);
     if (c) { /* kept alive: the next request may take the idle timeout to start */
         c->phase = PH_WAIT;
@@ -688,6 +826,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
     fy_httpd_end_fn end = r->end;
     pthread_mutex_unlock(&S->mu);
     if (end) end(r->end_arg, complete);
+    fy_free(r->path);
     fy_free(r->body);
     fy_free(r->hdrs);
     fy_free(r->out);
@@ -1026,6 +1165,53 @@ void fy_httpd_stats(const fy_httpd_t *h, fy_httpd_stats_t *s)
     pthread_mutex_unlock(&S->mu);
 }
 
+/* One allowed origin: http(s)://HOST[:PORT], no path, nothing odd. */
+static bool origin_ok(const char *o, size_t n)
+{
+    size_t k = !strncmp(o, "http://", 7) ? 7 : !strncmp(o, "https://", 8) ? 8 : 0;
+    if (!k || k >= n) return false;
+    for (size_t i = k; i < n; i++)
+        if (o[i] == '/' || o[i] <= ' ' || o[i] >= 0x7f || o[i] == ',') return false;
+    return true;
+}
+
+fy_status_t fy_httpd_cors(fy_httpd_t *h, const char *origins)
+{
+    char list[sizeof(((srv_t *)0)->cors)] = {0};
+    size_t k = 0;
+    const char *p = origins ? origins : "";
+    while (*p == ' ') p++;
+    if (!strcmp(p, "*")) {
+        list[0] = '*';
+    } else {
+        while (*p) {
+            const char *e = strchr(p, ',') ? strchr(p, ',') : p + strlen(p);
+            const char *a = p, *b = e;
+            while (a < b && *a == ' ') a++;
+            while (b > a && b[-1] == ' ') b--;
+            size_t n = (size_t)(b - a);
+            if (n && b[-1] == '/') n--; /* "https://a.example/": the origin is without it */
+            if (!origin_ok(a, n)) {
+                fy_error("http %s: '%.*s' is not an origin (http://HOST[:PORT] or https://...; \"*\" alone for any)",
+                         h->url, (int)(b - a), a);
+                return FY_ERR_INVALID;
+            }
+            if (k + n + 2 > sizeof(list)) {
+                fy_error("http %s: the list of allowed origins is over %zu bytes", h->url, sizeof(list) - 2);
+                return FY_ERR_INVALID;
+            }
+            memcpy(list + k, a, n);
+            k += n + 1;
+            p = *e ? e + 1 : e;
+        }
+    }
+    srv_t *S = h->S;
+    pthread_mutex_lock(&S->mu);
+    memcpy(S->cors, list, sizeof(list));
+    pthread_mutex_unlock(&S->mu);
+    return FY_OK;
+}
+
 static fy_status_t add_route(fy_httpd_t *h, route_t *rt)
 {
     srv_t *S = h->S;
@@ -1037,7 +1223,10 @@ static fy_status_t add_route(fy_httpd_t *h, route_t *rt)
     rt->owner = h;
     rt->refs = 1;
     pthread_mutex_lock(&S->mu);
-    if (route_find(S, rt->path)) {
+    bool taken = false;
+    for (route_t *o = S->routes; o; o = o->next)
+        taken |= !o->dead && o->prefix == rt->prefix && !strcmp(o->path, rt->path);
+    if (taken) {
         pthread_mutex_unlock(&S->mu);
         fy_error("http %s: the path %s already has a route", h->url, rt->path);
         fy_free(rt);
@@ -1081,6 +1270,11 @@ fy_status_t fy_httpd_handle(fy_httpd_t *h, const char *method, const char *path,
         return FY_ERR_NOMEM;
     }
     snprintf(rt->path, sizeof(rt->path), "%s", path);
+    size_t pl = strlen(rt->path);
+    if (pl > 1 && rt->path[pl - 1] == '*') { /* a prefix route */
+        rt->path[pl - 1] = 0;
+        rt->prefix = true;
+    }
     rt->get = !strcmp(method, "GET");
     rt->max_body = max_body;
     rt->fn = fn;
@@ -1128,6 +1322,8 @@ const char *fy_httpd_req_header(fy_httpd_req_t *r, const char *name)
 {
     return MHD_lookup_connection_value(r->mc, MHD_HEADER_KIND, name);
 }
+
+const char *fy_httpd_req_path(fy_httpd_req_t *r) { return r->path ? r->path : ""; }
 
 const char *fy_httpd_req_body(fy_httpd_req_t *r, size_t *len_p)
 {

@@ -10,8 +10,14 @@
  * its routes beside the API's; each holder removes only its own routes,
  * and the last one stops the server.  A request for a path no route has
  * gets 404, another method on a route's path 405 (HEAD is answered as GET
- * without the body), both with a JSON error body; the process keeps
- * serving.
+ * without the body), OPTIONS on a route's path 204 with Allow (or a CORS
+ * preflight's answer, fy_httpd_cors); every error has an OpenAI-shaped
+ * JSON body ({"error": {"message", "type", "param", "code"}}).  A refused
+ * request's body is read and dropped before it is answered (up to 8 MiB;
+ * beyond that the answer says Connection: close), so the next request on
+ * a kept-alive connection is read from where it starts; the process keeps
+ * serving.  (Requests libmicrohttpd cannot parse at all, such as a
+ * malformed request line, get its own short answer.)
  *
  * Every connection is guarded (fy_httpd_limits_t, docs/operations.md):
  * a request's line, headers and body must arrive within the header
@@ -86,6 +92,19 @@ typedef struct fy_httpd_stats {
 } fy_httpd_stats_t;
 void fy_httpd_stats(const fy_httpd_t *h, fy_httpd_stats_t *s);
 
+/*
+ * Cross-origin requests from browsers: origins is "*" (any), a
+ * comma-separated list of origins ("https://app.example,
+ * http://localhost:3000"), or empty (off, the default).  Answers to an
+ * allowed Origin carry Access-Control-Allow-Origin (errors too); a
+ * preflight (OPTIONS with Origin and Access-Control-Request-Method) from
+ * one is answered 204 with the route's methods and the headers asked for,
+ * from another 403.  For the whole server (all its holders).
+ * FY_ERR_INVALID (logged, naming the entry) for an entry that is not
+ * http(s)://HOST[:PORT].
+ */
+fy_status_t fy_httpd_cors(fy_httpd_t *h, const char *origins);
+
 /* ---- GET routes ------------------------------------------------------------------------------------ */
 
 /* What a route answers.  The callback sets status (200 when left alone),
@@ -130,10 +149,16 @@ typedef struct fy_httpd_req fy_httpd_req_t;
 typedef void (*fy_httpd_fn)(void *arg, fy_httpd_req_t *r);
 
 /* Adds a route for method ("GET" also takes HEAD; "POST") on exactly
- * path.  FY_ERR_INVALID when the server already has a route on path. */
+ * path, or, for a path ending in '*' (the router's models route is
+ * "/v1/models/" and a star), on every path that starts with what is
+ * before the '*' and goes on by a byte or more (an exact route wins, then
+ * the longest prefix).  FY_ERR_INVALID when the server already has a
+ * route on path. */
 fy_status_t fy_httpd_handle(fy_httpd_t *h, const char *method, const char *path, size_t max_body, fy_httpd_fn fn,
                             void *arg);
 
+/* The request's path (percent-escapes undone, without the query). */
+const char *fy_httpd_req_path(fy_httpd_req_t *r);
 /* A request header (case-insensitive name), or NULL. */
 const char *fy_httpd_req_header(fy_httpd_req_t *r, const char *name);
 /* The body (NUL-terminated for convenience; may hold NULs) and its length. */

@@ -1,5 +1,7 @@
 """openai_check.py BASE_URL KEY - the `openai` Python package against a ferry
-router: plain and streamed completions and chat, and an error it raises.
+router: the model list and one model retrieved by id (and an unknown id's
+404), plain and streamed completions and chat, max_completion_tokens on
+both endpoints, and the errors it raises.
 Run by tests/test_http.c in a virtual environment; exits non-zero on a
 failed check."""
 import sys
@@ -12,6 +14,14 @@ client = openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=120)
 models = [m.id for m in client.models.list()]
 assert models, models
 model = models[0]
+
+m = client.models.retrieve(model)
+assert m.id == model and m.object == "model", m
+try:
+    client.models.retrieve("no-such-model")
+    raise SystemExit("an unknown model id was found")
+except openai.NotFoundError as e:
+    assert e.status_code == 404 and "no-such-model" in str(e), e
 
 c = client.completions.create(model=model, prompt="The sky is", max_tokens=8, temperature=0)
 assert c.choices[0].text, c
@@ -34,6 +44,13 @@ for ch in client.chat.completions.create(model=model, messages=[{"role": "user",
         text += ch.choices[0].delta.content
 assert text == r.choices[0].message.content, (text, r.choices[0].message.content)
 
+c = client.completions.create(model=model, prompt="The sky is", temperature=0,
+                              extra_body={"max_completion_tokens": 3, "ignore_eos": True})
+assert c.usage.completion_tokens == 3, c.usage
+r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Count to fifty."}],
+                                   max_completion_tokens=4, temperature=0, extra_body={"ignore_eos": True})
+assert r.usage.completion_tokens == 4, r.usage
+
 try:
     client.completions.create(model=model, prompt="x", max_tokens=0)
     raise SystemExit("max_tokens=0 was accepted")
@@ -47,4 +64,4 @@ try:
 except openai.AuthenticationError:
     pass
 
-print("openai %s: completions, chat, streaming, errors: ok" % openai.__version__)
+print("openai %s: models, completions, chat, streaming, max_completion_tokens, errors: ok" % openai.__version__)

@@ -7,9 +7,12 @@
  * tenants (401, 429 for concurrency and tokens per minute, and prefix
  * caches that a tenant never shares, timing included), a client that
  * disconnects mid-stream (its blocks come back), slow clients, the
- * router's /metrics moving as requests pass, overload (503), and curl
- * and the `openai` Python package against it (the latter skipped where
- * it cannot be installed).  The router answers the next request after each.
+ * router's /metrics moving as requests pass, overload (503), /tokenize,
+ * /detokenize, /version and /v1/models/{id}, max_completion_tokens and
+ * min_tokens, refusals (404, 405, 413, OPTIONS) that leave a kept-alive
+ * connection usable for the next request, CORS, and curl and the
+ * `openai` Python package against it (the latter skipped where it cannot
+ * be installed).  The router answers the next request after each.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -112,6 +115,7 @@ static void read_response(int s, resp_t *r)
             if (cl && cl < hend) clen = atol(cl + 15);
         }
         if (hend && clen >= 0 && n >= (size_t)(hend + 4 - buf) + (size_t)clen) break;
+        if (hend && (!strncmp(buf + 9, "204", 3) || !strncmp(buf + 9, "304", 3))) break; /* no body */
     }
     buf[n] = 0;
     memset(r, 0, sizeof(*r));
@@ -180,8 +184,10 @@ static int setup(void **state)
     static char http[128], keyset[600];
     snprintf(http, sizeof(http), "router.http=http://127.0.0.1:%d", PORT);
     snprintf(keyset, sizeof(keyset), "router.api_keys=%s", KEYS);
-    tc_opts_t o = {
-        .n_prefill = 1, .n_decode = 1, .common = {http, keyset, "router.max_body=64KiB", "decode.kv_mem=64MiB"}};
+    tc_opts_t o = {.n_prefill = 1,
+                   .n_decode = 1,
+                   .common = {http, keyset, "router.max_body=64KiB", "decode.kv_mem=64MiB",
+                              "router.cors_origins=https://app.example, http://localhost:3000/"}};
     tc_start(&C, &o);
     IDLE_ADMITTABLE = decode_admittable();
     return 0;
@@ -409,7 +415,7 @@ static void test_bad_requests(void **state)
     read_response(s, &r);
     close(s);
     print_message("a %zu-byte body: HTTP %d\n", hn, r.status);
-    assert_true(r.status == 413 || r.status == 400);
+    assert_int_equal(r.status, 413);
     free(r.body);
     fy_free(huge);
     /* still serving, and the boundaries themselves are served */
@@ -424,6 +430,396 @@ static void test_bad_requests(void **state)
         if (r.status != 200) fail_msg("%s: HTTP %d %s", edges[i], r.status, r.body);
         free(r.body);
     }
+}
+
+/* ---- /tokenize, /detokenize, /version, /v1/models/{id} ---- */
+
+/* A header's value in r's head, or NULL (static buffer). */
+static const char *header_of(const resp_t *r, const char *name)
+{
+    static char v[512];
+    char pat[128];
+    snprintf(pat, sizeof(pat), "\r\n%s:", name);
+    const char *h = strcasestr(r->head, pat);
+    if (!h) return NULL;
+    h += strlen(pat);
+    while (*h == ' ') h++;
+    size_t n = strcspn(h, "\r\n");
+    snprintf(v, sizeof(v), "%.*s", (int)n, h);
+    return v;
+}
+
+/* An OpenAI error body: an object "error" with message, type, param and code. */
+static void expect_openai_error(const resp_t *r, int status)
+{
+    if (r->status != status) fail_msg("status %d, expected %d: %s", r->status, status, r->body);
+    const char *ct = header_of(r, "Content-Type");
+    if (!ct || strncmp(ct, "application/json", 16)) fail_msg("Content-Type %s: %s", ct ? ct : "none", r->body);
+    json_t *j = json_of(r), *e = json_object_get(j, "error");
+    if (!json_is_object(e) || !json_is_string(json_object_get(e, "message")) ||
+        !json_is_string(json_object_get(e, "type")) || !json_object_get(e, "param") || !json_object_get(e, "code"))
+        fail_msg("not an OpenAI error body: %s", r->body);
+    json_decref(j);
+}
+
+static void test_tokenize_and_friends(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    resp_t r = call("GET", "/version", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    json_t *j = json_of(&r);
+    assert_true(json_is_string(json_object_get(j, "version")) && json_string_length(json_object_get(j, "version")));
+    json_decref(j);
+    free(r.body);
+    /* the model by its served name; another id is OpenAI's 404 */
+    r = call("GET", "/v1/models/SmolLM2-135M-Instruct.Q4_1", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    j = json_of(&r);
+    assert_string_equal(json_string_value(json_object_get(j, "id")), "SmolLM2-135M-Instruct.Q4_1");
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "model");
+    assert_true(json_integer_value(json_object_get(j, "max_model_len")) > 0);
+    json_decref(j);
+    free(r.body);
+    static const char *const unknown[] = {"/v1/models/gpt-4", "/v1/models/HuggingFaceTB/SmolLM2-135M-Instruct",
+                                          "/v1/models/SmolLM2-135M-Instruct.Q4_1x"};
+    for (size_t i = 0; i < 3; i++) {
+        r = call("GET", unknown[i], NULL, NULL);
+        expect_error(&r, 404, "model", "does not exist");
+        j = json_of(&r);
+        assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "code")), "model_not_found");
+        json_decref(j);
+        free(r.body);
+    }
+    /* tokenize and back */
+    const char *text = "The quick brown fox jumps over the lazy dog. \\u00e9t\\u00e9";
+    char body[512];
+    snprintf(body, sizeof(body),
+             "{\"model\":\"SmolLM2-135M-Instruct.Q4_1\",\"prompt\":\"%s\",\"return_token_strs\":true}", text);
+    r = call("POST", "/tokenize", KEY_A, body);
+    if (r.status != 200) fail_msg("tokenize: HTTP %d %s", r.status, r.body);
+    j = json_of(&r);
+    json_t *toks = json_object_get(j, "tokens"), *strs = json_object_get(j, "token_strs");
+    size_t n = json_array_size(toks);
+    assert_true(n > 5);
+    assert_int_equal(json_integer_value(json_object_get(j, "count")), (json_int_t)n);
+    assert_true(json_integer_value(json_object_get(j, "max_model_len")) > 0);
+    assert_int_equal(json_array_size(strs), n);
+    char joined[512] = "";
+    for (size_t i = 0; i < n; i++) strcat(joined, json_string_value(json_array_get(strs, i)));
+    assert_string_equal(joined, "The quick brown fox jumps over the lazy dog. \xc3\xa9t\xc3\xa9");
+    char *ids = json_dumps(toks, JSON_COMPACT);
+    snprintf(body, sizeof(body), "{\"tokens\":%s}", ids);
+    free(ids);
+    json_decref(j);
+    free(r.body);
+    r = call("POST", "/detokenize", KEY_A, body);
+    if (r.status != 200) fail_msg("detokenize: HTTP %d %s", r.status, r.body);
+    j = json_of(&r);
+    assert_string_equal(json_string_value(json_object_get(j, "prompt")),
+                        "The quick brown fox jumps over the lazy dog. \xc3\xa9t\xc3\xa9");
+    json_decref(j);
+    free(r.body);
+    /* messages: as many tokens as the chat completion's prompt */
+    const char *msgs = "\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                       "{\"role\":\"user\",\"content\":\"Name a colour.\"}]";
+    snprintf(body, sizeof(body), "{%s}", msgs);
+    r = call("POST", "/tokenize", KEY_A, body);
+    assert_int_equal(r.status, 200);
+    j = json_of(&r);
+    json_int_t count = json_integer_value(json_object_get(j, "count"));
+    json_decref(j);
+    free(r.body);
+    snprintf(body, sizeof(body), "{%s,\"max_tokens\":1}", msgs);
+    r = call("POST", "/v1/chat/completions", KEY_A, body);
+    assert_int_equal(r.status, 200);
+    j = json_of(&r);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens")), count);
+    json_decref(j);
+    free(r.body);
+    /* refusals, by name */
+#define CHECK(P, K, B, S, F)                                                                                           \
+    do {                                                                                                               \
+        r = call("POST", P, K, B);                                                                                     \
+        expect_error(&r, S, F, NULL);                                                                                  \
+        free(r.body);                                                                                                  \
+    } while (0)
+    CHECK("/tokenize", KEY_A, "{\"prompt\":5}", 400, "prompt");
+    CHECK("/tokenize", KEY_A, "{\"prompt\":\"hi\",\"model\":\"gpt-4\"}", 404, "model");
+    CHECK("/tokenize", KEY_A, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"add_generation_prompt\":false}",
+          400, "add_generation_prompt");
+    CHECK("/tokenize", KEY_A, "{\"messages\":\"x\"}", 400, "messages");
+    CHECK("/tokenize", KEY_A, "[1]", 400, NULL);
+    CHECK("/tokenize", NULL, "{\"prompt\":\"hi\"}", 401, NULL);
+    CHECK("/detokenize", KEY_A, "{\"tokens\":[1,-1]}", 400, "tokens");
+    CHECK("/detokenize", KEY_A, "{\"tokens\":[1,99999999]}", 400, "tokens");
+    CHECK("/detokenize", KEY_A, "{\"tokens\":\"1 2\"}", 400, "tokens");
+#undef CHECK
+    r = call("POST", "/detokenize", KEY_A, "{\"tokens\":[]}");
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"prompt\":\"\""));
+    free(r.body);
+}
+
+/* ---- max_completion_tokens on both endpoints, min_tokens refused ---- */
+
+static json_int_t completion_tokens(const char *path, const char *body)
+{
+    resp_t r = call("POST", path, KEY_A, body);
+    if (r.status != 200) fail_msg("%s %s: HTTP %d %s", path, body, r.status, r.body);
+    json_t *j = json_of(&r);
+    json_int_t n = json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens"));
+    json_decref(j);
+    free(r.body);
+    return n;
+}
+
+static void test_max_completion_tokens(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    const char *chat = "\"messages\":[{\"role\":\"user\",\"content\":\"Count to fifty.\"}],\"ignore_eos\":true";
+    char b[512];
+    assert_int_equal(completion_tokens("/v1/completions", "{\"prompt\":\"Once\",\"max_completion_tokens\":3,"
+                                                          "\"ignore_eos\":true}"),
+                     3);
+    assert_int_equal(completion_tokens("/v1/completions", "{\"prompt\":\"Once\",\"max_completion_tokens\":4,"
+                                                          "\"max_tokens\":4,\"ignore_eos\":true}"),
+                     4);
+    snprintf(b, sizeof(b), "{%s,\"max_tokens\":2}", chat);
+    assert_int_equal(completion_tokens("/v1/chat/completions", b), 2);
+    snprintf(b, sizeof(b), "{%s,\"max_completion_tokens\":5}", chat);
+    assert_int_equal(completion_tokens("/v1/chat/completions", b), 5);
+    snprintf(b, sizeof(b), "{%s,\"max_completion_tokens\":1,\"min_tokens\":0}", chat);
+    assert_int_equal(completion_tokens("/v1/chat/completions", b), 1);
+    resp_t r;
+    r = call("POST", "/v1/completions", KEY_A, "{\"prompt\":\"Once\",\"max_completion_tokens\":3,\"max_tokens\":5}");
+    expect_error(&r, 400, "max_completion_tokens", "max_tokens");
+    free(r.body);
+    snprintf(b, sizeof(b), "{%s,\"max_completion_tokens\":3,\"max_tokens\":7}", chat);
+    r = call("POST", "/v1/chat/completions", KEY_A, b);
+    expect_error(&r, 400, "max_completion_tokens", NULL);
+    free(r.body);
+    r = call("POST", "/v1/completions", KEY_A, "{\"prompt\":\"Once\",\"max_completion_tokens\":0}");
+    expect_error(&r, 400, "max_completion_tokens", NULL);
+    free(r.body);
+    r = call("POST", "/v1/completions", KEY_A, "{\"prompt\":\"Once\",\"min_tokens\":4}");
+    expect_error(&r, 400, "min_tokens", "not supported");
+    free(r.body);
+    r = call("POST", "/v1/completions", KEY_A, "{\"prompt\":\"Once\",\"min_tokens\":-1}");
+    expect_error(&r, 400, "min_tokens", NULL);
+    free(r.body);
+}
+
+/* ---- docs/protocol.md's field table, as the code treats each field ---- */
+
+static void test_field_table(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    static const struct {
+        const char *field; /* the name, and a value that asks for something */
+        const char *value;
+        int status; /* 400: refused naming the field; 200: taken (supported or ignored) */
+        bool chat_only, completion_only;
+    } f[] = {
+        {"presence_penalty", "0.5", 400, 0, 0},
+        {"frequency_penalty", "0.5", 400, 0, 0},
+        {"repetition_penalty", "1.1", 400, 0, 0},
+        {"logit_bias", "{\"1\":5}", 400, 0, 0},
+        {"response_format", "{\"type\":\"json_object\"}", 400, 0, 0},
+        {"guided_json", "{\"type\":\"object\"}", 400, 0, 0},
+        {"guided_regex", "\"a+\"", 400, 0, 0},
+        {"tools", "[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]", 400, 0, 0},
+        {"functions", "[{\"name\":\"f\"}]", 400, 0, 0},
+        {"min_tokens", "2", 400, 0, 0},
+        {"top_logprobs", "2", 400, 1, 0},
+        {"best_of", "2", 400, 0, 1},
+        {"echo", "true", 400, 0, 1},
+        {"suffix", "\"x\"", 400, 0, 1},
+        {"logprobs", "2", 400, 0, 1},
+        {"max_completion_tokens", "1", 200, 0, 0},
+        {"min_tokens", "0", 200, 0, 0},
+        {"response_format", "{\"type\":\"text\"}", 200, 0, 0},
+        {"tool_choice", "\"none\"", 200, 1, 0},
+        {"stop_token_ids", "[2]", 200, 0, 0},
+        {"user", "\"someone\"", 200, 0, 0},
+        {"metadata", "{\"k\":\"v\"}", 200, 0, 0},
+        {"top_k", "5", 200, 0, 0},
+        {"min_p", "0.1", 200, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++) {
+        for (int chat = 0; chat < 2; chat++) {
+            if ((chat && f[i].completion_only) || (!chat && f[i].chat_only)) continue;
+            char body[512];
+            snprintf(body, sizeof(body), "{%s,\"max_tokens\":1,\"%s\":%s%s}",
+                     chat ? "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]" : "\"prompt\":\"Hi\"", f[i].field,
+                     f[i].value, !strcmp(f[i].field, "top_logprobs") ? ",\"logprobs\":true" : "");
+            if (!strcmp(f[i].field, "max_completion_tokens")) /* the same value as max_tokens */
+                snprintf(body, sizeof(body), "{%s,\"max_tokens\":1,\"max_completion_tokens\":1}",
+                         chat ? "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]" : "\"prompt\":\"Hi\"");
+            resp_t r = call("POST", chat ? "/v1/chat/completions" : "/v1/completions", KEY_A, body);
+            if (f[i].status == 400)
+                expect_error(&r, 400, f[i].field, NULL);
+            else if (r.status != 200)
+                fail_msg("%s: HTTP %d %s", body, r.status, r.body);
+            free(r.body);
+        }
+    }
+}
+
+/* ---- refusals never corrupt the next request on a kept-alive connection ---- */
+
+static void send_keepalive(int s, const char *method, const char *path, const char *extra, const char *body,
+                           size_t blen)
+{
+    char head[1024];
+    int n = snprintf(head, sizeof(head),
+                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\n%s"
+                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+                     method, path, KEY_A, extra ? extra : "", blen);
+    send_all(s, head, (size_t)n);
+    if (blen) send_all(s, body, blen);
+}
+
+static void test_keepalive_after_refusals(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    static const char ok[] = "{\"prompt\":\"Hello\",\"max_tokens\":2,\"temperature\":0}";
+    /* a body that looks like a request line: what a server that did not
+     * read it would take for the next request */
+    static const char trap[] = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
+    size_t big_n = 100000; /* over router.max_body (64 KiB) */
+    char *big = fy_malloc(big_n);
+    memset(big, 'x', big_n);
+    static const struct {
+        const char *method, *path, *extra;
+        int status;
+        int body; /* 0 none, 1 trap, 2 big */
+    } kinds[] = {
+        {"POST", "/v1/nothing", NULL, 404, 1},
+        {"GET", "/v2/nothing", NULL, 404, 0},
+        {"POST", "/v1/models", NULL, 405, 1},
+        {"PUT", "/v1/completions", NULL, 405, 1},
+        {"GET", "/v1/completions", NULL, 405, 0},
+        {"POST", "/v1/completions", NULL, 413, 2},
+        {"POST", "/tokenize", NULL, 413, 2},
+        {"OPTIONS", "/v1/completions", NULL, 204, 1},
+        {"OPTIONS", "/v1/completions", "Origin: https://evil.example\r\nAccess-Control-Request-Method: POST\r\n", 403,
+         0},
+        {"POST", "/v1/completions", NULL, 400, 1}, /* a route's own refusal (malformed JSON), for comparison */
+    };
+    for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
+        int s = dial();
+        const char *b = kinds[k].body == 1 ? trap : kinds[k].body == 2 ? big : "";
+        size_t bl = kinds[k].body == 1 ? strlen(trap) : kinds[k].body == 2 ? big_n : 0;
+        send_keepalive(s, kinds[k].method, kinds[k].path, kinds[k].extra, b, bl);
+        resp_t r;
+        read_response(s, &r);
+        print_message("%s %s (%zu-byte body): HTTP %d\n", kinds[k].method, kinds[k].path, bl, r.status);
+        if (kinds[k].status == 204) {
+            assert_int_equal(r.status, 204);
+            assert_non_null(header_of(&r, "Allow"));
+        } else {
+            expect_openai_error(&r, kinds[k].status);
+        }
+        const char *conn = header_of(&r, "Connection");
+        if (conn && !strcasecmp(conn, "close")) fail_msg("%s %s closes the connection", kinds[k].method, kinds[k].path);
+        free(r.body);
+        /* the next request on the same connection is read from its start */
+        send_keepalive(s, "POST", "/v1/completions", NULL, ok, strlen(ok));
+        read_response(s, &r);
+        if (r.status != 200) fail_msg("after %s %s: HTTP %d %s", kinds[k].method, kinds[k].path, r.status, r.body);
+        assert_non_null(strstr(r.body, "text_completion"));
+        free(r.body);
+        close(s);
+    }
+    fy_free(big);
+    /* a body declared far too long to read is refused at once, and the
+     * connection closed (said in the answer) rather than read for it */
+    int s = dial();
+    char head[512];
+    int n = snprintf(head, sizeof(head),
+                     "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\n"
+                     "Content-Type: application/json\r\nContent-Length: 500000000\r\n\r\n{\"prompt\":",
+                     KEY_A);
+    send_all(s, head, (size_t)n);
+    resp_t r;
+    read_response(s, &r);
+    expect_openai_error(&r, 413);
+    const char *conn = header_of(&r, "Connection");
+    assert_true(conn && !strcasecmp(conn, "close"));
+    free(r.body);
+    char c;
+    assert_true(recv(s, &c, 1, 0) <= 0); /* closed */
+    close(s);
+}
+
+/* ---- CORS (router.cors_origins: https://app.example, http://localhost:3000) ---- */
+
+static resp_t raw_call(const char *method, const char *path, const char *extra_headers)
+{
+    int s = dial();
+    char head[1024];
+    int n = snprintf(head, sizeof(head), "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s\r\n", method,
+                     path, extra_headers);
+    send_all(s, head, (size_t)n);
+    resp_t r;
+    read_response(s, &r);
+    close(s);
+    return r;
+}
+
+static void test_cors(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    resp_t r = raw_call("OPTIONS", "/v1/chat/completions",
+                        "Origin: https://app.example\r\nAccess-Control-Request-Method: POST\r\n"
+                        "Access-Control-Request-Headers: authorization, content-type\r\n");
+    assert_int_equal(r.status, 204);
+    const char *h = header_of(&r, "Access-Control-Allow-Origin");
+    assert_true(h && !strcmp(h, "https://app.example"));
+    h = header_of(&r, "Access-Control-Allow-Methods");
+    assert_true(h && strstr(h, "POST"));
+    h = header_of(&r, "Access-Control-Allow-Headers");
+    assert_true(h && strstr(h, "authorization") && strstr(h, "content-type"));
+    assert_non_null(header_of(&r, "Access-Control-Max-Age"));
+    free(r.body);
+    r = raw_call("OPTIONS", "/v1/models", "Origin: http://localhost:3000\r\nAccess-Control-Request-Method: GET\r\n");
+    assert_int_equal(r.status, 204);
+    h = header_of(&r, "Access-Control-Allow-Methods");
+    assert_true(h && strstr(h, "GET") && !strstr(h, "POST"));
+    free(r.body);
+    /* an origin not listed: the preflight is refused, answers carry no grant */
+    r = raw_call("OPTIONS", "/v1/chat/completions",
+                 "Origin: https://evil.example\r\nAccess-Control-Request-Method: POST\r\n");
+    expect_openai_error(&r, 403);
+    assert_null(header_of(&r, "Access-Control-Allow-Origin"));
+    free(r.body);
+    r = raw_call("GET", "/v1/models", "Origin: https://evil.example\r\n");
+    assert_int_equal(r.status, 200);
+    assert_null(header_of(&r, "Access-Control-Allow-Origin"));
+    h = header_of(&r, "Vary");
+    assert_true(h && strstr(h, "Origin"));
+    free(r.body);
+    /* answers to a listed origin carry it, errors included */
+    r = raw_call("GET", "/v1/models", "Origin: https://app.example\r\n");
+    assert_int_equal(r.status, 200);
+    h = header_of(&r, "Access-Control-Allow-Origin");
+    assert_true(h && !strcmp(h, "https://app.example"));
+    free(r.body);
+    r = raw_call("GET", "/v1/nothing", "Origin: http://localhost:3000\r\n");
+    expect_openai_error(&r, 404);
+    h = header_of(&r, "Access-Control-Allow-Origin");
+    assert_true(h && !strcmp(h, "http://localhost:3000"));
+    free(r.body);
+    r = raw_call("POST", "/v1/completions", "Origin: https://app.example\r\nContent-Length: 0\r\n");
+    expect_openai_error(&r, 401);
+    h = header_of(&r, "Access-Control-Allow-Origin");
+    assert_true(h && !strcmp(h, "https://app.example"));
+    free(r.body);
 }
 
 /* ---- created: each answer's own time, not the router's start ---- */
@@ -822,6 +1218,11 @@ int main(void)
         cmocka_unit_test(test_completion_matches_nng_client),
         cmocka_unit_test(test_chat_plain_and_n),
         cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_tokenize_and_friends),
+        cmocka_unit_test(test_max_completion_tokens),
+        cmocka_unit_test(test_field_table),
+        cmocka_unit_test(test_keepalive_after_refusals),
+        cmocka_unit_test(test_cors),
         cmocka_unit_test(test_slow_and_departing_clients),
         cmocka_unit_test(test_tenant_limits),
         cmocka_unit_test(test_tenants_never_share_prefixes),

@@ -475,6 +475,64 @@ static void test_shared_and_bad_urls(void **state)
     fy_httpd_destroy(b);
 }
 
+/* Prefix routes (a path ending in a star) with the request's path, the exact route
+ * winning over them; and the allowed origins checked as they are set. */
+static void on_path(void *arg, fy_httpd_req_t *r)
+{
+    char b[256];
+    int n = snprintf(b, sizeof(b), "%s %s", (const char *)arg, fy_httpd_req_path(r));
+    fy_httpd_answer(r, 200, "text/plain", NULL, b, (size_t)n);
+}
+
+static void test_prefix_routes_and_origins(void **state)
+{
+    (void)state;
+    fy_httpd_t *h;
+    assert_int_equal(fy_httpd_create("http://127.0.0.1:0", &h), FY_OK);
+    assert_int_equal(fy_httpd_handle(h, "GET", "/items/*", 0, on_path, "prefix"), FY_OK);
+    assert_int_equal(fy_httpd_handle(h, "GET", "/items/special", 0, on_path, "exact"), FY_OK);
+    assert_int_equal(fy_httpd_handle(h, "GET", "/items", 0, on_path, "list"), FY_OK);
+    fy_test_log_begin();
+    assert_int_equal(fy_httpd_handle(h, "GET", "/items/*", 0, on_path, "again"), FY_ERR_INVALID);
+    fy_test_log_end();
+    int port = fy_httpd_port(h);
+    static const struct {
+        const char *path;
+        int status;
+        const char *body;
+    } cases[] = {
+        {"/items/a%2Fb?x=1", 200, "prefix /items/a/b"},
+        {"/items/special", 200, "exact /items/special"},
+        {"/items", 200, "list /items"},
+        {"/items/", 404, NULL},
+        {"/itemsx", 404, NULL},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char *body;
+        int st = tc_http(port, "GET", cases[i].path, &body);
+        print_message("GET %s: HTTP %d %s\n", cases[i].path, st, body ? body : "");
+        assert_int_equal(st, cases[i].status);
+        if (cases[i].body)
+            assert_string_equal(body, cases[i].body);
+        else
+            assert_non_null(strstr(body, "\"code\":null"));
+        fy_free(body);
+    }
+    assert_int_equal(fy_httpd_cors(h, "*"), FY_OK);
+    assert_int_equal(fy_httpd_cors(h, " https://a.example , http://localhost:3000/,http://[::1]:8080"), FY_OK);
+    assert_int_equal(fy_httpd_cors(h, ""), FY_OK);
+    static const char *const bad[] = {
+        "a.example",      "https://a.example/app", "https://", "https://a.example,,x", "*, https://a.example",
+        "ftp://a.example"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        fy_test_log_begin();
+        assert_int_equal(fy_httpd_cors(h, bad[i]), FY_ERR_INVALID);
+        fy_test_log_end();
+        assert_non_null(strstr(fy_test_log_text(), "not an origin"));
+    }
+    fy_httpd_destroy(h);
+}
+
 /* Limits from a config section, and values out of range refused. */
 static void test_limits_config(void **state)
 {
@@ -503,7 +561,7 @@ int main(void)
         cmocka_unit_test(test_held_and_streamed),       cmocka_unit_test(test_gone_and_stopped),
         cmocka_unit_test(test_header_timeout_and_idle), cmocka_unit_test(test_sizes_and_errors),
         cmocka_unit_test(test_connection_cap),          cmocka_unit_test(test_shared_and_bad_urls),
-        cmocka_unit_test(test_limits_config),
+        cmocka_unit_test(test_limits_config),           cmocka_unit_test(test_prefix_routes_and_origins),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

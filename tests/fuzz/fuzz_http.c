@@ -1,18 +1,20 @@
 /*
- * fuzz_http.c - HTTP request bodies of POST /v1/completions and
- * /v1/chat/completions through the router's own parsing
- * (router/http_parse.c: jansson with the router's flags, every field
- * checked with the wire's ranges, the prompt tokenized or rendered with
- * the default model's tokenizer and chat template).  The first byte of an
- * input picks the endpoint (odd: chat); the rest is the body.
+ * fuzz_http.c - HTTP request bodies of POST /v1/completions,
+ * /v1/chat/completions, /tokenize and /detokenize through the router's
+ * own parsing (router/http_parse.c: jansson with the router's flags,
+ * every field checked with the wire's ranges, the prompt tokenized or
+ * rendered with the default model's tokenizer and chat template).  The
+ * first byte of an input picks the endpoint (modulo 4: 0 completions,
+ * 1 chat, 2 tokenize, 3 detokenize); the rest is the body.
  *
  * Checks: a refused body has a status (400 or 404), a message, and no
  * prompt; an accepted one has a prompt of 1 or more ids inside the
  * vocabulary, sampling parameters that pass the sampler's check,
  * max_tokens in [1, the context], n in [1, 16], at most 8 stop strings
  * of 1 to 64 bytes, and parameters that the workers' decoder takes back
- * exactly as written (what HTTP accepts, the wire accepts).  Needs the
- * default model; skipped without it.
+ * exactly as written (what HTTP accepts, the wire accepts).  Tokenize
+ * and detokenize: a refusal as above; accepted ids inside the vocabulary,
+ * which decode.  Needs the default model; skipped without it.
  */
 #include <jansson.h>
 #include <math.h>
@@ -54,11 +56,36 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
+/* POST /tokenize (detok: /detokenize). */
+static int tokenize(const fy_http_front_t *f, bool detok, const char *body, size_t len)
+{
+    fy_http_tok_t t;
+    fy_http_fault_t fault;
+    fy_status_t st =
+        detok ? fy_http_parse_detokenize(f, body, len, &t, &fault) : fy_http_parse_tokenize(f, body, len, &t, &fault);
+    if (st == FY_ERR_INVALID) {
+        FZ_CHECK(fault.status == 400 || fault.status == 404, "status %u", fault.status);
+        FZ_CHECK(fault.type && fault.msg[0], "a refusal without a type or a message");
+        return 0;
+    }
+    FZ_CHECK(st == FY_OK, "parse: %s", fy_status_str(st));
+    FZ_CHECK(t.ids != NULL && t.n >= 0, "accepted without ids");
+    const fy_tokenizer_t *tok = fy_model_tokenizer(f->model);
+    int32_t vocab = fy_tokenizer_vocab_size(tok);
+    for (int32_t i = 0; i < t.n; i++) FZ_CHECK(t.ids[i] >= 0 && t.ids[i] < vocab, "token id %d", t.ids[i]);
+    char small[64];
+    size_t need = fy_tokenizer_decode(tok, t.ids, (size_t)t.n, true, small, sizeof(small));
+    FZ_CHECK(strlen(small) <= need, "decode wrote %zu bytes of %zu", strlen(small), need);
+    fy_free(t.ids);
+    return 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1) return 0;
     bool chat = data[0] & 1;
     const fy_http_front_t *f = &g_front;
+    if (data[0] % 4 >= 2) return tokenize(f, data[0] % 4 == 3, (const char *)data + 1, size - 1);
     fy_http_gen_t g;
     fy_http_fault_t fault;
     fy_status_t st = fy_http_parse_generation(f, (const char *)data + 1, size - 1, chat, &g, &fault);

@@ -843,13 +843,13 @@ static void transfer(void)
     put("xfer_hello", "two-layouts-groups", two, sizeof(two));
 }
 
-/* ---- HTTP bodies (first byte: 0 completions, 1 chat) ------------------------------------------------------------ */
+/* ---- HTTP bodies (first byte: 0 completions, 1 chat, 2 tokenize, 3 detokenize) ------------------------------------------------------------ */
 
 static void http(void)
 {
     static const struct {
         const char *name;
-        bool chat;
+        int kind;
         const char *body;
     } b[] = {
         {"completion", false,
@@ -875,11 +875,22 @@ static void http(void)
         {"chat-bad", true,
          "{\"messages\":[{\"role\":\"tool\",\"content\":1}],\"temperature\":\"hot\","
          "\"logit_bias\":{\"1\":2}}"},
+        {"completion-max-completion-tokens", false,
+         "{\"prompt\":\"hi\",\"max_completion_tokens\":4,\"max_tokens\":4,\"min_tokens\":0}"},
+        {"tokenize", 2,
+         "{\"model\":\"SmolLM2-135M-Instruct.Q4_1\",\"prompt\":\"Hello <|im_end|> \\u00e9\","
+         "\"add_special_tokens\":false,\"return_token_strs\":true}"},
+        {"tokenize-empty", 2, "{\"prompt\":\"\"}"},
+        {"tokenize-chat", 2,
+         "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\","
+         "\"content\":[{\"type\":\"text\",\"text\":\"x\"}]}],\"add_generation_prompt\":true}"},
+        {"detokenize", 3, "{\"model\":null,\"tokens\":[1,2,3,49151,0,198]}"},
+        {"detokenize-bad", 3, "{\"tokens\":[1,-1,\"x\"]}"},
     };
     for (size_t i = 0; i < FY_ARRAY_LEN(b); i++) {
         size_t n = strlen(b[i].body);
         char *buf = malloc(n + 1);
-        buf[0] = b[i].chat ? 1 : 0;
+        buf[0] = (char)b[i].kind;
         memcpy(buf + 1, b[i].body, n);
         put("http", b[i].name, buf, n + 1);
         free(buf);
