@@ -34,6 +34,13 @@ void fy_genspec_default(fy_genspec_t *g)
     memset(g, 0, sizeof(*g));
     fy_sampling_params_default(&g->sampling);
     g->max_tokens = 128;
+    g->repetition_penalty = 1.0f;
+}
+
+bool fy_genspec_processes_logits(const fy_genspec_t *g)
+{
+    return g->presence_penalty != 0 || g->frequency_penalty != 0 || g->repetition_penalty != 1.0f ||
+           g->n_logit_bias > 0 || g->min_tokens > 0 || g->n_stop_ids > 0;
 }
 
 void fy_genspec_write(fy_msgw_t *w, const fy_genspec_t *g)
@@ -52,6 +59,16 @@ void fy_genspec_write(fy_msgw_t *w, const fy_genspec_t *g)
     if (g->priority) fy_msgw_i64(w, "priority", g->priority);
     if (g->spec != FY_SPEC_DEFAULT) fy_msgw_str(w, "spec", fy_spec_method_str(g->spec));
     if (g->kv_budget) fy_msgw_i64(w, "kv_budget", g->kv_budget);
+    if (g->presence_penalty != 0) fy_msgw_f64(w, "presence_penalty", g->presence_penalty);
+    if (g->frequency_penalty != 0) fy_msgw_f64(w, "frequency_penalty", g->frequency_penalty);
+    if (g->repetition_penalty != 1.0f) fy_msgw_f64(w, "repetition_penalty", g->repetition_penalty);
+    if (g->n_logit_bias) {
+        fy_msgw_i32s(w, "logit_bias_ids", g->logit_bias_id, g->n_logit_bias);
+        fy_msgw_f32s(w, "logit_bias", g->logit_bias, g->n_logit_bias);
+    }
+    if (g->min_tokens) fy_msgw_i64(w, "min_tokens", g->min_tokens);
+    if (g->top_logprobs) fy_msgw_i64(w, "top_logprobs", g->top_logprobs);
+    if (g->n_stop_ids) fy_msgw_i32s(w, "stop_token_ids", g->stop_ids, g->n_stop_ids);
 }
 
 void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap)
@@ -83,6 +100,39 @@ void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap)
     g->logprobs = fy_msgr_bool(r, "logprobs", FY_OPT, g->logprobs);
     g->priority = (int32_t)fy_msgr_i64(r, "priority", FY_OPT, g->priority, -FY_GEN_PRIORITY_MAX, FY_GEN_PRIORITY_MAX);
     g->kv_budget = (int32_t)fy_msgr_i64(r, "kv_budget", FY_OPT, g->kv_budget, 0, FY_GEN_KV_BUDGET_MAX);
+    g->presence_penalty = (float)fy_msgr_f64(r, "presence_penalty", FY_OPT, g->presence_penalty, -FY_GEN_PENALTY_MAX,
+                                             FY_GEN_PENALTY_MAX);
+    g->frequency_penalty = (float)fy_msgr_f64(r, "frequency_penalty", FY_OPT, g->frequency_penalty,
+                                              -FY_GEN_PENALTY_MAX, FY_GEN_PENALTY_MAX);
+    g->repetition_penalty =
+        (float)fy_msgr_f64(r, "repetition_penalty", FY_OPT, g->repetition_penalty, FY_GEN_REP_PENALTY_MIN, FY_GEN_REP_PENALTY_MAX);
+    if (fy_msgr_has(r, "logit_bias_ids") || fy_msgr_has(r, "logit_bias")) {
+        int32_t ids[FY_GEN_MAX_LOGIT_BIAS];
+        float b[FY_GEN_MAX_LOGIT_BIAS];
+        int32_t ni = fy_msgr_i32s(r, "logit_bias_ids", FY_REQ, ids, FY_GEN_MAX_LOGIT_BIAS, 0, INT32_MAX);
+        int32_t nb = fy_msgr_f32s(r, "logit_bias", FY_REQ, b, FY_GEN_MAX_LOGIT_BIAS);
+        if (fy_msgr_ok(r) && ni != nb)
+            fy_msgr_fail(r, FY_ERR_FORMAT, "%d logit_bias_ids for %d logit_bias values", ni, nb);
+        for (int32_t i = 0; i < nb && fy_msgr_ok(r); i++)
+            if (!(b[i] >= -FY_GEN_LOGIT_BIAS_MAX && b[i] <= FY_GEN_LOGIT_BIAS_MAX))
+                fy_msgr_fail(r, FY_ERR_FORMAT, "field 'logit_bias': entry %d is out of -100 to 100", i);
+        if (fy_msgr_ok(r)) {
+            memcpy(g->logit_bias_id, ids, (size_t)ni * sizeof(int32_t));
+            memcpy(g->logit_bias, b, (size_t)nb * sizeof(float));
+            g->n_logit_bias = ni;
+        }
+    }
+    g->min_tokens = (int32_t)fy_msgr_i64(r, "min_tokens", FY_OPT, g->min_tokens, 0, g->max_tokens);
+    g->top_logprobs =
+        (int32_t)fy_msgr_i64(r, "top_logprobs", FY_OPT, g->top_logprobs, 0, FY_GEN_MAX_TOP_LOGPROBS);
+    if (fy_msgr_has(r, "stop_token_ids")) {
+        int32_t ids[FY_GEN_MAX_STOP_IDS];
+        int32_t n = fy_msgr_i32s(r, "stop_token_ids", FY_OPT, ids, FY_GEN_MAX_STOP_IDS, 0, INT32_MAX);
+        if (fy_msgr_ok(r)) {
+            memcpy(g->stop_ids, ids, (size_t)n * sizeof(int32_t));
+            g->n_stop_ids = n;
+        }
+    }
     if (fy_msgr_has(r, "spec")) {
         char buf[16];
         fy_msgr_str(r, "spec", FY_OPT, NULL, buf, sizeof(buf));
@@ -130,7 +180,44 @@ fy_status_t fy_genspec_check(const fy_genspec_t *g, int32_t max_tokens_cap, cons
     } else if (g->spec < FY_SPEC_DEFAULT || g->spec > FY_SPEC_DRAFT) {
         f = "spec";
         snprintf(err, err_cap, "unknown speculative method %d", (int)g->spec);
+    } else if (!(g->presence_penalty >= -FY_GEN_PENALTY_MAX && g->presence_penalty <= FY_GEN_PENALTY_MAX)) {
+        f = "presence_penalty";
+        snprintf(err, err_cap, "'presence_penalty' is %g; it must be between -2 and 2", (double)g->presence_penalty);
+    } else if (!(g->frequency_penalty >= -FY_GEN_PENALTY_MAX && g->frequency_penalty <= FY_GEN_PENALTY_MAX)) {
+        f = "frequency_penalty";
+        snprintf(err, err_cap, "'frequency_penalty' is %g; it must be between -2 and 2",
+                 (double)g->frequency_penalty);
+    } else if (!(g->repetition_penalty >= FY_GEN_REP_PENALTY_MIN && g->repetition_penalty <= FY_GEN_REP_PENALTY_MAX)) {
+        f = "repetition_penalty";
+        snprintf(err, err_cap, "'repetition_penalty' is %g; it must be above 0 and at most %g (1: off)",
+                 (double)g->repetition_penalty, (double)FY_GEN_REP_PENALTY_MAX);
+    } else if (g->n_logit_bias < 0 || g->n_logit_bias > FY_GEN_MAX_LOGIT_BIAS) {
+        f = "logit_bias";
+        snprintf(err, err_cap, "%d logit_bias entries; at most %d", g->n_logit_bias, FY_GEN_MAX_LOGIT_BIAS);
+    } else if (g->min_tokens < 0 || g->min_tokens > g->max_tokens) {
+        f = "min_tokens";
+        snprintf(err, err_cap, "'min_tokens' is %d; it must be between 0 and max_tokens (%d)", g->min_tokens,
+                 g->max_tokens);
+    } else if (g->top_logprobs < 0 || g->top_logprobs > FY_GEN_MAX_TOP_LOGPROBS) {
+        f = "top_logprobs";
+        snprintf(err, err_cap, "'top_logprobs' is %d; it must be between 0 and %d", g->top_logprobs,
+                 FY_GEN_MAX_TOP_LOGPROBS);
+    } else if (g->n_stop_ids < 0 || g->n_stop_ids > FY_GEN_MAX_STOP_IDS) {
+        f = "stop_token_ids";
+        snprintf(err, err_cap, "%d stop_token_ids; at most %d", g->n_stop_ids, FY_GEN_MAX_STOP_IDS);
     }
+    for (int32_t i = 0; !f && i < g->n_logit_bias; i++)
+        if (g->logit_bias_id[i] < 0 ||
+            !(g->logit_bias[i] >= -FY_GEN_LOGIT_BIAS_MAX && g->logit_bias[i] <= FY_GEN_LOGIT_BIAS_MAX)) {
+            f = "logit_bias";
+            snprintf(err, err_cap, "logit_bias: token %d with bias %g; ids are token ids, biases -100 to 100",
+                     g->logit_bias_id[i], (double)g->logit_bias[i]);
+        }
+    for (int32_t i = 0; !f && i < g->n_stop_ids; i++)
+        if (g->stop_ids[i] < 0) {
+            f = "stop_token_ids";
+            snprintf(err, err_cap, "stop_token_ids: %d is not a token id", g->stop_ids[i]);
+        }
     for (int32_t i = 0; !f && i < g->n_stop; i++) {
         size_t n = strnlen(g->stop[i], FY_GEN_STOP_LEN + 1);
         if (n < 1 || n > FY_GEN_STOP_LEN) {

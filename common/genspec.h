@@ -31,6 +31,13 @@
 #define FY_GEN_TOP_K_MAX (1 << 24)     /* 0: off */
 #define FY_GEN_PRIORITY_MAX 1000000    /* and -FY_GEN_PRIORITY_MAX */
 #define FY_GEN_KV_BUDGET_MAX (1 << 24) /* tokens; the engine refuses more than its deployment allows */
+#define FY_GEN_PENALTY_MAX 2.0f        /* presence and frequency penalties: -2 to 2 (OpenAI's) */
+#define FY_GEN_REP_PENALTY_MAX 10.0f   /* repetition penalty: above 0 to 10; 1 is off (vLLM's) */
+#define FY_GEN_REP_PENALTY_MIN 1e-6f   /* (a float: what travels) */
+#define FY_GEN_MAX_LOGIT_BIAS 300      /* logit_bias entries (OpenAI's limit) */
+#define FY_GEN_LOGIT_BIAS_MAX 100.0f   /* and -100 (bans the token) */
+#define FY_GEN_MAX_TOP_LOGPROBS 20     /* alternatives per token (OpenAI's) */
+#define FY_GEN_MAX_STOP_IDS 16         /* stop_token_ids */
 
 /* Speculative decoding, as a request asks for it (engine/spec.h has the rest). */
 typedef enum fy_spec_method {
@@ -54,12 +61,28 @@ typedef struct fy_genspec {
     int32_t priority;
     fy_spec_method_t spec; /* the request's proposer; default: the decode worker's */
     int32_t kv_budget;     /* KV tokens kept (kv.evict), [0, FY_GEN_KV_BUDGET_MAX]; 0: the deployment's */
+    /* logits processing (vLLM's definitions): presence and frequency
+     * penalties over the generated tokens, the repetition penalty over the
+     * prompt's and the generated ones, a bias per token id */
+    float presence_penalty, frequency_penalty, repetition_penalty;
+    int32_t n_logit_bias;
+    int32_t logit_bias_id[FY_GEN_MAX_LOGIT_BIAS];
+    float logit_bias[FY_GEN_MAX_LOGIT_BIAS];
+    int32_t min_tokens;   /* EOS, stop token ids and stop strings are held back until this many, [0, max_tokens] */
+    int32_t top_logprobs; /* alternatives reported with each token's logprob, [0, FY_GEN_MAX_TOP_LOGPROBS] */
+    int32_t n_stop_ids;
+    int32_t stop_ids[FY_GEN_MAX_STOP_IDS]; /* token ids that end the request (finish reason stop) */
 } fy_genspec_t;
 
-/* greedy, 128 tokens, no stop strings, priority 0 */
+/* Whether g changes the logits the sampler sees (penalties, a bias, a
+ * minimum length, stop token ids). */
+bool fy_genspec_processes_logits(const fy_genspec_t *g);
+
+/* greedy, 128 tokens, no stop strings, priority 0, no penalties (repetition 1) */
 void fy_genspec_default(fy_genspec_t *g);
 /* Adds the fields to an open message: temperature, top_k, top_p, min_p,
- * seed, max_tokens, stop, ignore_eos, logprobs, priority, spec. */
+ * seed, max_tokens, stop, ignore_eos, logprobs, priority, spec, kv_budget,
+ * and those of logits processing where set. */
 void fy_genspec_write(fy_msgw_t *w, const fy_genspec_t *g);
 /* Reads them (absent ones keep g's values); errors land in r and name
  * the field.  max_tokens must be in [1, max_tokens_cap]. */
@@ -67,7 +90,9 @@ void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap);
 /* Every field of g in the ranges above (temperature 0 to its max, top_p
  * FY_GEN_TOP_P_MIN to 1, top_k 0 to its max, min_p 0 to 1, max_tokens 1
  * to max_tokens_cap, stop strings 1 to FY_GEN_STOP_LEN bytes without a
- * NUL, priority within its max, a known spec), else FY_ERR_INVALID with
+ * NUL, priority within its max, a known spec, penalties and biases
+ * within theirs, min_tokens at most max_tokens, token ids not negative:
+ * the vocabulary is the engine's to check), else FY_ERR_INVALID with
  * *field_p naming the first field at fault ("top_p") and err saying why.
  * Not logged. */
 fy_status_t fy_genspec_check(const fy_genspec_t *g, int32_t max_tokens_cap, const char **field_p, char *err,

@@ -335,6 +335,8 @@ static const field_t ADOPT[] = {
     U64S_IN(T, "rng", rng, n_rng, FY_OPT, P_ALWAYS),
     I32S(T, "kept", kept, n_kept, FY_OPT, P_NONZERO, 0, INT32_MAX, MAX_ARRAY),
     F32S(T, "scores", scores, n_scores, FY_OPT, P_NONZERO, MAX_ARRAY),
+    I32S_LIM(T, "top_ids", top_ids, n_top_ids, FY_OPT, P_NONZERO, 0, INT32_MAX, FY_GEN_MAX_TOP_LOGPROBS, L_TOKEN, L_NONE),
+    F32S(T, "top_logprobs", top_logprobs, n_top_logprobs, FY_OPT, P_NONZERO, FY_GEN_MAX_TOP_LOGPROBS),
 };
 #undef T
 #define T fy_wire_release_t
@@ -462,6 +464,8 @@ static const field_t PREFILLED[] = {
     MAP(T, "timings", timings, FY_OPT, P_ALWAYS, JOB_TIMINGS),
     I32S_LIM(T, "kept", kept, n_kept, FY_OPT, P_NONZERO, 0, INT32_MAX, MAX_ARRAY, L_NBLOCKS_M1, L_NBLOCKS),
     F32S(T, "scores", scores, n_scores, FY_OPT, P_NONZERO, MAX_ARRAY),
+    I32S_LIM(T, "top_ids", top_ids, n_top_ids, FY_OPT, P_NONZERO, 0, INT32_MAX, FY_GEN_MAX_TOP_LOGPROBS, L_TOKEN, L_NONE),
+    F32S(T, "top_logprobs", top_logprobs, n_top_logprobs, FY_OPT, P_NONZERO, FY_GEN_MAX_TOP_LOGPROBS),
 };
 #undef T
 #define T fy_wire_token_t
@@ -471,6 +475,8 @@ static const field_t TOKEN[] = {
     I32_LIM(T, "token", token, FY_REQ, P_ALWAYS, 0, INT32_MAX, L_TOKEN),
     TEXT(T, "text", text, text_len, FY_OPT, P_ALWAYS, 1 << 16),
     F64(T, "logprob", logprob, FY_OPT, WHEN(T, has_logprob), -1e30, 0),
+    I32S_LIM(T, "top_ids", top_ids, n_top_ids, FY_OPT, P_NONZERO, 0, INT32_MAX, FY_GEN_MAX_TOP_LOGPROBS, L_TOKEN, L_NONE),
+    F32S(T, "top_logprobs", top_logprobs, n_top_logprobs, FY_OPT, P_NONZERO, FY_GEN_MAX_TOP_LOGPROBS),
 };
 #undef T
 #define T fy_wire_finish_timings_t
@@ -561,11 +567,34 @@ static void check_kept(fy_msgr_t *r, const int32_t *kept, int32_t n_kept, const 
         }
 }
 
+/* A token's alternatives: as many log-probabilities as ids, each a
+ * log-probability (-1e30 to 0). */
+static void check_top(fy_msgr_t *r, int32_t n_ids, const float *lps, int32_t n_lps)
+{
+    if (!fy_msgr_ok(r)) return;
+    if (n_ids != n_lps) {
+        fy_msgr_fail(r, FY_ERR_FORMAT, "%d top_ids for %d top_logprobs", n_ids, n_lps);
+        return;
+    }
+    for (int32_t i = 0; i < n_lps; i++)
+        if (!(lps[i] >= -1e30f && lps[i] <= 0.0f)) {
+            fy_msgr_fail(r, FY_ERR_FORMAT, "field 'top_logprobs': entry %d is not a log-probability", i);
+            return;
+        }
+}
+
 static void check_adopt(fy_msgr_t *r, const fy_wire_lim_t *lim, const void *p)
 {
     const fy_wire_adopt_t *m = p;
     if (m->n_rng != 0 && m->n_rng != 4) fy_msgr_fail(r, FY_ERR_FORMAT, "field 'rng' must hold 4 words");
     check_kept(r, m->kept, m->n_kept, m->scores, m->n_scores);
+    check_top(r, m->n_top_ids, m->top_logprobs, m->n_top_logprobs);
+}
+
+static void check_token(fy_msgr_t *r, const fy_wire_lim_t *lim, const void *p)
+{
+    const fy_wire_token_t *m = p;
+    check_top(r, m->n_top_ids, m->top_logprobs, m->n_top_logprobs);
 }
 
 static void check_prefill(fy_msgr_t *r, const fy_wire_lim_t *lim, const void *p)
@@ -622,6 +651,7 @@ static void check_prefilled(fy_msgr_t *r, const fy_wire_lim_t *lim, const void *
     const fy_wire_prefilled_t *m = p;
     if (m->n_rng != 4) fy_msgr_fail(r, FY_ERR_FORMAT, "field 'rng' must hold 4 words");
     check_kept(r, m->kept, m->n_kept, m->scores, m->n_scores);
+    check_top(r, m->n_top_ids, m->top_logprobs, m->n_top_logprobs);
 }
 
 /* ---- schemas ------------------------------------------------------------------------------------------- */
@@ -669,7 +699,7 @@ SCHEMA(renewed, "renewed", D2R, fy_wire_renewed_t, RENEWED, NULL);
 SCHEMA(adopted, "adopted", D2R, fy_wire_ack_t, ACK, NULL);
 SCHEMA(ev_accepted, "accepted", P2R, fy_wire_ack_t, ACK, NULL);
 SCHEMA(prefilled, "prefilled", P2R, fy_wire_prefilled_t, PREFILLED, check_prefilled);
-SCHEMA(token, "token", D2R, fy_wire_token_t, TOKEN, NULL);
+SCHEMA(token, "token", D2R, fy_wire_token_t, TOKEN, check_token);
 SCHEMA(finish, "finish", D2R, fy_wire_finish_t, FINISH, NULL);
 SCHEMA(lease_expired, "lease_expired", D2R, fy_wire_lease_expired_t, LEASE_EXPIRED, NULL);
 SCHEMA(ev_error, "error", W2R, fy_wire_ev_error_t, EV_ERROR, NULL);

@@ -320,6 +320,10 @@ typedef struct fy_wire_adopt {
     int32_t n_kept;
     float *scores; /* H2O: the attention each kept block received (n_kept of them), or none */
     int32_t n_scores;
+    int32_t *top_ids; /* top_logprobs: the first token's alternatives, most likely first */
+    int32_t n_top_ids;
+    float *top_logprobs; /* and their log-probabilities (as many) */
+    int32_t n_top_logprobs;
 } fy_wire_adopt_t;
 FY_WIRE_MESSAGE(adopt, fy_wire_adopt_t)
 
@@ -460,6 +464,10 @@ typedef struct fy_wire_prefilled {
     int32_t n_kept;
     float *scores;
     int32_t n_scores;
+    int32_t *top_ids; /* top_logprobs: the first token's alternatives, as in adopt */
+    int32_t n_top_ids;
+    float *top_logprobs;
+    int32_t n_top_logprobs;
 } fy_wire_prefilled_t;
 FY_WIRE_MESSAGE(prefilled, fy_wire_prefilled_t)
 
@@ -472,6 +480,10 @@ typedef struct fy_wire_token {
     size_t text_len;
     bool has_logprob; /* when set (the request asked for them) */
     double logprob;
+    int32_t *top_ids; /* top_logprobs: the most likely tokens at this step, most likely first */
+    int32_t n_top_ids;
+    float *top_logprobs; /* their log-probabilities (as many) */
+    int32_t n_top_logprobs;
 } fy_wire_token_t;
 FY_WIRE_MESSAGE(token, fy_wire_token_t)
 

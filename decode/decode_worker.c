@@ -287,7 +287,11 @@ static void on_event(void *arg, const fy_event_t *ev)
                              .text = ev->text,
                              .text_len = ev->len,
                              .has_logprob = q->logprobs,
-                             .logprob = ev->logprob};
+                             .logprob = ev->logprob,
+                             .top_ids = (int32_t *)ev->top_ids, /* written, not kept */
+                             .n_top_ids = ev->n_top,
+                             .top_logprobs = (float *)ev->top_logprobs,
+                             .n_top_logprobs = ev->n_top};
         fy_wire_token_write(&w, &m);
         fy_node_push(n, &w);
         return;
@@ -324,23 +328,6 @@ static void on_event(void *arg, const fy_event_t *ev)
     }
     req_unlink(d, q);
     fy_free(q);
-}
-
-/* The engine's parameters for a request from its wire parameters; stops
- * point into gen. */
-static void request_params(const fy_genspec_t *gen, const fy_kv_ns_t *ns, const char **stops, fy_request_params_t *rq)
-{
-    fy_request_params_default(rq);
-    rq->sampling = gen->sampling;
-    rq->max_tokens = gen->max_tokens;
-    rq->stop = stops;
-    rq->n_stop = fy_genspec_stops(gen, stops);
-    rq->ignore_eos = gen->ignore_eos;
-    rq->logprobs = gen->logprobs;
-    rq->priority = gen->priority;
-    rq->spec = gen->spec;
-    rq->kv_budget = gen->kv_budget;
-    rq->ns = *ns;
 }
 
 static dreq_t *req_link(decode_t *d, uint64_t id, bool logprobs)
@@ -395,8 +382,8 @@ static void cmd_adopt(decode_t *d, fy_msgr_t *r, uint64_t rid)
         if (!st && m.n_scores && !(scores = fy_calloc((size_t)l->bt.n_blocks, sizeof(float)))) st = FY_ERR_NOMEM;
         for (int32_t k = 0; scores && k < m.n_scores; k++) scores[m.kept[k]] = m.scores[k];
     }
-    fy_wire_adopt_clear(&m);
     if (st) {
+        fy_wire_adopt_clear(&m);
         lease_free(d, l);
         fy_node_error(n, rid, id, st, "cannot place the kept blocks of a KV budget (see the worker's log): %s",
                       fy_status_str(st));
@@ -406,6 +393,7 @@ static void cmd_adopt(decode_t *d, fy_msgr_t *r, uint64_t rid)
     dreq_t *q = req_link(d, id, l->gen.logprobs);
     if (!q) {
         fy_free(scores);
+        fy_wire_adopt_clear(&m);
         lease_free(d, l);
         fy_node_error(n, rid, id, FY_ERR_NOMEM, "out of memory adopting a request");
         return;
@@ -414,8 +402,11 @@ static void cmd_adopt(decode_t *d, fy_msgr_t *r, uint64_t rid)
     fy_kvm_seq_commit(fy_node_kvm(n), &l->bt, l->prompt, l->n_prompt, &l->resv);
     fy_request_params_t rq;
     const char *stops[FY_GEN_MAX_STOP];
-    request_params(&l->gen, &l->ns, stops, &rq);
+    fy_node_request_params(&l->gen, &l->ns, stops, &rq);
     rq.kv_scores = scores;
+    rq.first_top_ids = m.top_ids;
+    rq.first_top_logprobs = m.top_logprobs;
+    rq.n_first_top = m.n_top_ids;
     fy_rng_t rng;
     memcpy(rng.s, m.rng, sizeof(rng.s));
     fy_wire_ack_t a = {.ev = fy_node_ev(n, rid, id)};
@@ -425,6 +416,7 @@ static void cmd_adopt(decode_t *d, fy_msgr_t *r, uint64_t rid)
     st = fy_engine_adopt(fy_node_engine(n), l->prompt, l->n_prompt, &rq, &l->bt, &l->resv, first, logprob,
                          ns ? &rng : NULL, on_event, q, &q->engine_id);
     fy_free(scores);
+    fy_wire_adopt_clear(&m); /* the engine copied what it keeps */
     if (st) {
         req_unlink(d, q);
         fy_free(q);
@@ -472,7 +464,7 @@ static void cmd_generate(decode_t *d, fy_msgr_t *r, uint64_t rid)
     fy_node_ns(n, m.tenant, &ns);
     fy_request_params_t rq;
     const char *stops[FY_GEN_MAX_STOP];
-    request_params(&m.gen, &ns, stops, &rq);
+    fy_node_request_params(&m.gen, &ns, stops, &rq);
     dreq_t *q = req_link(d, id, m.gen.logprobs);
     if (!q) {
         fy_free(prompt);

@@ -60,6 +60,14 @@ typedef struct request {
     fy_evict_params_t evict;
     int32_t kv_cap;
     float *scores; /* [blocks of cap tokens] attention mass each block received (H2O) */
+    /* logits processing (logits.h): lp's arrays point at its own copies */
+    fy_logits_params_t lp;
+    bool lp_on;
+    int32_t *bias_ids;
+    float *bias;
+    int32_t stop_ids[FY_LOGITS_MAX_STOP_IDS];
+    int32_t top_logprobs;
+    bool defer_stops;
     /* output */
     fy_rng_t rng;
     fy_detok_t detok;
@@ -97,6 +105,11 @@ struct fy_engine {
     float *probs;           /* [k_max + 1, vocab] target distributions of one sampled verification */
     float *qprobs;          /* [SPEC_QSLOTS, k_max, vocab] draft distributions (sampled requests) */
     float *scratch;         /* [vocab] */
+    fy_logits_scratch_t lscratch;
+    int32_t *eog;         /* [n_eog] the tokenizer's end-of-generation tokens */
+    int32_t n_eog;
+    int32_t top_ids[FY_LOGITS_MAX_TOP];
+    float top_lps[FY_LOGITS_MAX_TOP];
     fy_forward_seq_t *dfwd; /* [max_num_seqs] draft batch */
     request_t **dreq;       /* [max_num_seqs] */
     int32_t *dk;            /* [max_num_seqs] tokens each wants proposed */
@@ -183,6 +196,7 @@ void fy_request_params_default(fy_request_params_t *p)
     memset(p, 0, sizeof(*p));
     fy_sampling_params_default(&p->sampling);
     p->max_tokens = 128;
+    p->logits.repetition_penalty = 1.0f;
 }
 
 /* ---- requests ----------------------------------------------------------------------------- */
@@ -196,6 +210,8 @@ static void request_free(request_t *q)
     fy_free(q->tokens);
     fy_free(q->itl);
     fy_free(q->scores);
+    fy_free(q->bias_ids);
+    fy_free(q->bias);
     fy_free(q);
 }
 
@@ -406,6 +422,12 @@ fy_status_t fy_engine_create(fy_runner_t *r, fy_kvm_t *kvm, const fy_tokenizer_t
     int32_t K = p->spec.k_max;
     e->probs = fy_malloc((size_t)(K + 1) * (size_t)e->vocab * sizeof(float));
     e->scratch = fy_malloc((size_t)e->vocab * sizeof(float));
+    if (fy_logits_scratch_init(&e->lscratch, e->vocab) != FY_OK) goto nomem;
+    for (int32_t i = 0; i < e->vocab; i++) e->n_eog += fy_tokenizer_is_eog(tok, i);
+    e->eog = fy_malloc((size_t)(e->n_eog ? e->n_eog : 1) * sizeof(int32_t));
+    if (!e->eog) goto nomem;
+    for (int32_t i = 0, k = 0; i < e->vocab; i++)
+        if (fy_tokenizer_is_eog(tok, i)) e->eog[k++] = i;
     e->dfwd = fy_calloc((size_t)n, sizeof(*e->dfwd));
     e->dreq = fy_calloc((size_t)n, sizeof(*e->dreq));
     e->dk = fy_calloc((size_t)n, sizeof(*e->dk));
@@ -503,6 +525,8 @@ void fy_engine_destroy(fy_engine_t *e)
     fy_free(e->probs);
     fy_free(e->qprobs);
     fy_free(e->scratch);
+    fy_logits_scratch_deinit(&e->lscratch);
+    fy_free(e->eog);
     fy_free(e->dfwd);
     fy_free(e->dreq);
     fy_free(e->dk);
@@ -560,11 +584,32 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
         *st_p = refuse(e, FY_ERR_INVALID, "bad sampling parameters (see above)");
         return NULL;
     }
+    fy_logits_params_t lpv = rp->logits; /* a zeroed one: repetition penalty 0 means off too */
+    if (lpv.repetition_penalty == 0) lpv.repetition_penalty = 1.0f;
+    const fy_logits_params_t *lp = &lpv;
+    if (lp->n_bias < 0 || lp->n_bias > FY_LOGITS_MAX_BIAS || lp->n_stop_ids < 0 ||
+        lp->n_stop_ids > FY_LOGITS_MAX_STOP_IDS || rp->top_logprobs < 0 || rp->top_logprobs > FY_LOGITS_MAX_TOP ||
+        lp->min_tokens < 0 || !(lp->repetition_penalty > 0)) {
+        *st_p = refuse(e, FY_ERR_INVALID, "logits processing: %d biases, %d stop ids, %d alternatives, min_tokens %d",
+                       lp->n_bias, lp->n_stop_ids, rp->top_logprobs, lp->min_tokens);
+        return NULL;
+    }
+    for (int32_t i = 0; i < lp->n_bias + lp->n_stop_ids; i++) {
+        int32_t t = i < lp->n_bias ? lp->bias_ids[i] : lp->stop_ids[i - lp->n_bias];
+        if (t < 0 || t >= e->vocab) {
+            *st_p = refuse(e, FY_ERR_INVALID, "%s names token %d; the vocabulary has %d",
+                           i < lp->n_bias ? "logit_bias" : "stop_token_ids", t, e->vocab);
+            return NULL;
+        }
+    }
     /* by default a sampled request speculates only where the deployment
-     * says so (spec.h: its seed then no longer fixes its tokens under load) */
+     * says so (spec.h: its seed then no longer fixes its tokens under load);
+     * processed logits and reported alternatives are per position, which a
+     * verification step does not do: no speculation for them */
     fy_spec_method_t spec = rp->spec;
     if (spec == FY_SPEC_DEFAULT)
         spec = fy_sampling_is_greedy(&rp->sampling) || e->p.spec.sampled ? e->p.spec.method : FY_SPEC_NONE;
+    if (fy_logits_active(lp) || rp->top_logprobs > 0) spec = FY_SPEC_NONE;
     if (spec > FY_SPEC_DRAFT || (spec == FY_SPEC_DRAFT && !e->p.spec.draft)) {
         *st_p = refuse(e, FY_ERR_INVALID, "speculative decoding '%s' asked for; this engine has no draft model",
                        fy_spec_method_str(spec));
@@ -596,7 +641,22 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
     q->kv_cap = kv_cap;
     if (evict.policy == FY_EVICT_H2O) q->scores = fy_calloc((size_t)(q->cap / e->block_size + 1), sizeof(float));
     fy_status_t st = FY_ERR_NOMEM;
+    q->lp = *lp;
+    q->lp.stop_ids = q->stop_ids;
+    if (lp->n_stop_ids) memcpy(q->stop_ids, lp->stop_ids, (size_t)lp->n_stop_ids * sizeof(int32_t));
+    if (lp->n_bias) {
+        q->bias_ids = fy_malloc((size_t)lp->n_bias * sizeof(int32_t));
+        q->bias = fy_malloc((size_t)lp->n_bias * sizeof(float));
+        if (q->bias_ids) memcpy(q->bias_ids, lp->bias_ids, (size_t)lp->n_bias * sizeof(int32_t));
+        if (q->bias) memcpy(q->bias, lp->bias, (size_t)lp->n_bias * sizeof(float));
+    }
+    q->lp.bias_ids = q->bias_ids;
+    q->lp.bias = q->bias;
+    q->lp_on = fy_logits_active(lp);
+    q->top_logprobs = rp->top_logprobs;
+    q->defer_stops = rp->defer_stops;
     if (!q->tokens || !q->itl || (evict.policy == FY_EVICT_H2O && !q->scores) ||
+        (lp->n_bias && (!q->bias_ids || !q->bias)) ||
         (init_bt && (st = fy_kvm_seq_init(e->kvm, &q->bt, q->cap, &rp->ns))) ||
         (st = fy_stopper_init(&q->stopper, rp->stop, rp->n_stop, FY_DETOK_MAX_OUT))) {
         request_free(q);
@@ -946,9 +1006,10 @@ static void adjust_budget(fy_engine_t *e)
     e->itl_since_change = 0;
 }
 
-/* A token was sampled for q: stream it, and end q if it is done (then
- * false: q is gone). */
-static bool on_token(fy_engine_t *e, request_t *q, int32_t tok, float logprob, double t)
+/* A token was sampled for q: stream it (with n_top alternatives), and
+ * end q if it is done (then false: q is gone). */
+static bool on_token_top(fy_engine_t *e, request_t *q, int32_t tok, float logprob, const int32_t *top_ids,
+                         const float *top_lps, int32_t n_top, double t)
 {
     if (q->t_first == 0) {
         q->t_first = t;
@@ -958,24 +1019,41 @@ static bool on_token(fy_engine_t *e, request_t *q, int32_t tok, float logprob, d
         guardrail(e, itl);
     }
     q->t_last = t;
-    if (!q->ignore_eos && fy_tokenizer_is_eog(e->tok, tok)) {
+    /* min_tokens: nothing ends it earlier (the logits banned the end
+     * tokens; stop strings are not looked for: vLLM's rule) */
+    bool may_stop = q->n_generated >= q->lp.min_tokens;
+    if (!q->ignore_eos && may_stop && fy_tokenizer_is_eog(e->tok, tok)) {
         end_request(e, q, FY_EVENT_FINISH, FY_FINISH_EOS, FY_OK, NULL);
         return false;
     }
+    for (int32_t i = 0; i < q->lp.n_stop_ids && may_stop && !q->defer_stops; i++)
+        if (tok == q->lp.stop_ids[i]) { /* like an end token: not part of the text */
+            end_request(e, q, FY_EVENT_FINISH, FY_FINISH_STOP, FY_OK, NULL);
+            return false;
+        }
     q->tokens[q->n_total++] = tok;
     q->n_generated++;
     e->st.generation_tokens++;
     char piece[FY_DETOK_MAX_OUT];
     size_t n = fy_detok_push(&q->detok, tok, piece, sizeof(piece));
     q->n_out = 0;
-    bool stopped = fy_stopper_feed(&q->stopper, piece, n, emit_text, q);
+    bool stopped = false;
+    if (may_stop) {
+        stopped = fy_stopper_feed(&q->stopper, piece, n, emit_text, q);
+    } else {
+        fy_stopper_flush(&q->stopper, emit_text, q);
+        emit_text(q, piece, n);
+    }
     fy_event_t ev = {.kind = FY_EVENT_TOKEN,
                      .id = q->id,
                      .token = tok,
                      .logprob = logprob,
                      .text = q->out,
                      .len = q->n_out,
-                     .rng = &q->rng};
+                     .rng = &q->rng,
+                     .top_ids = top_ids,
+                     .top_logprobs = top_lps,
+                     .n_top = n_top};
     q->cb(q->cb_arg, &ev);
     if (stopped)
         end_request(e, q, FY_EVENT_FINISH, FY_FINISH_STOP, FY_OK, NULL);
@@ -986,6 +1064,11 @@ static bool on_token(fy_engine_t *e, request_t *q, int32_t tok, float logprob, d
     else
         return true;
     return false;
+}
+
+static bool on_token(fy_engine_t *e, request_t *q, int32_t tok, float logprob, double t)
+{
+    return on_token_top(e, q, tok, logprob, NULL, NULL, 0, t);
 }
 
 /* ---- speculative decoding ------------------------------------------------------------------------- */
@@ -1346,7 +1429,8 @@ fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_pro
     double t = now_s();
     q->t_sched = t;
     if (id_p) *id_p = q->id;
-    (void)on_token(e, q, first, logprob, t); /* may end it */
+    int32_t n_top = rp->n_first_top < q->top_logprobs ? rp->n_first_top : q->top_logprobs;
+    (void)on_token_top(e, q, first, logprob, rp->first_top_ids, rp->first_top_logprobs, n_top, t); /* may end it */
     return FY_OK;
 }
 
@@ -1444,10 +1528,16 @@ fy_status_t fy_engine_step(fy_engine_t *e)
             q->cb(q->cb_arg, &ev);
         }
         if (e->fwd[i].n_logits == 0) continue;
-        const float *lg = e->logits + (size_t)row++ * (size_t)e->vocab;
+        float *lg = e->logits + (size_t)row++ * (size_t)e->vocab;
+        if (q->lp_on)
+            fy_logits_apply(&q->lp, &e->lscratch, q->tokens, q->n_prompt, q->n_total, e->eog, e->n_eog, lg);
         float lp = 0.0f;
         int32_t tok = fy_sampler_sample(e->sampler, &q->sampling, &q->rng, lg, q->logprobs ? &lp : NULL);
-        (void)on_token(e, q, tok, lp, t);
+        int32_t n_top = q->top_logprobs ? fy_logits_top(lg, e->vocab, fy_sampling_is_greedy(&q->sampling)
+                                                                          ? 1.0f : q->sampling.temperature,
+                                                        q->top_logprobs, e->top_ids, e->top_lps)
+                                        : 0;
+        (void)on_token_top(e, q, tok, lp, e->top_ids, e->top_lps, n_top, t);
     }
     adjust_budget(e);
     return FY_OK;

@@ -38,6 +38,7 @@
 
 #include "evict.h"
 #include "kv.h"
+#include "logits.h"
 #include "runner.h"
 #include "sampler.h"
 #include "spec.h"
@@ -104,6 +105,17 @@ typedef struct fy_request_params {
      * where the prompt ran ([the prompt's blocks], copied); NULL: none, and
      * H2O's first choice here is by position */
     const float *kv_scores;
+    /* logits processing (logits.h; its arrays copied at submit) and the
+     * alternatives each token's event reports (0 to 20); either turns
+     * speculation off for the request */
+    fy_logits_params_t logits;
+    int32_t top_logprobs;
+    bool defer_stops; /* never ends on a stop token id (a prefill worker's one token: the decode worker decides) */
+    /* fy_engine_adopt: the first token's alternatives, as the prefill
+     * worker reported them */
+    const int32_t *first_top_ids;
+    const float *first_top_logprobs;
+    int32_t n_first_top;
 } fy_request_params_t;
 
 void fy_request_params_default(fy_request_params_t *p);
@@ -140,6 +152,11 @@ typedef struct fy_event {
     const char *message;                 /* FY_EVENT_ERROR, NUL-terminated */
     const fy_request_timings_t *timings; /* terminal events */
     const fy_rng_t *rng;                 /* FY_EVENT_TOKEN: the generator after drawing token */
+    /* FY_EVENT_TOKEN with top_logprobs: the most likely tokens at this
+     * step and their log-probabilities (as logprob), most likely first */
+    const int32_t *top_ids;
+    const float *top_logprobs;
+    int32_t n_top;
     /* FY_EVENT_PROGRESS: the request's block table (valid during the
      * callback; the callback may fork it to keep its blocks) and how many
      * tokens of it have their K/V written */

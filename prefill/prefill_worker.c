@@ -64,6 +64,9 @@ typedef struct pjob {
     char engine_msg[200];
     int32_t first_token;
     float logprob;
+    int32_t top_ids[FY_LOGITS_MAX_TOP]; /* the first token's alternatives (top_logprobs) */
+    float top_lps[FY_LOGITS_MAX_TOP];
+    int32_t n_top;
     fy_rng_t rng;
     bool have_token;
     bool cancelled;
@@ -194,7 +197,11 @@ static void job_maybe_end(pjob_t *j)
                                  .kept = j->kept,
                                  .n_kept = j->n_kept,
                                  .scores = j->scores,
-                                 .n_scores = j->scores ? j->n_kept : 0};
+                                 .n_scores = j->scores ? j->n_kept : 0,
+                                 .top_ids = j->top_ids,
+                                 .n_top_ids = j->n_top,
+                                 .top_logprobs = j->top_lps,
+                                 .n_top_logprobs = j->n_top};
         memcpy(m.rng, j->rng.s, sizeof(m.rng));
         fy_msgw_t w;
         fy_wire_prefilled_write(&w, &m);
@@ -376,6 +383,11 @@ static void on_event(void *arg, const fy_event_t *ev)
     case FY_EVENT_TOKEN:
         j->first_token = ev->token;
         j->logprob = ev->logprob;
+        j->n_top = ev->n_top < FY_LOGITS_MAX_TOP ? ev->n_top : FY_LOGITS_MAX_TOP;
+        if (j->n_top > 0) {
+            memcpy(j->top_ids, ev->top_ids, (size_t)j->n_top * sizeof(int32_t));
+            memcpy(j->top_lps, ev->top_logprobs, (size_t)j->n_top * sizeof(float));
+        }
         j->rng = *ev->rng;
         j->have_token = true;
         return;
@@ -464,15 +476,15 @@ static void cmd_prefill(prefill_t *p, fy_msgr_t *r, uint64_t rid)
     j->slots = m.slots;
     j->t_recv = fy_node_now();
     fy_request_params_t rq;
-    fy_request_params_default(&rq);
-    rq.sampling = m.gen.sampling;
+    fy_kv_ns_t ns;
+    fy_node_ns(n, m.tenant, &ns);
+    fy_node_request_params(&m.gen, &ns, NULL, &rq); /* m.gen outlives the submission below */
+    rq.stop = NULL, rq.n_stop = 0; /* stop strings are the decode worker's */
     rq.max_tokens = 1;
-    rq.ignore_eos = true; /* the decode worker decides what the first token means */
-    rq.logprobs = m.gen.logprobs;
-    rq.priority = m.gen.priority;
-    rq.kv_budget = m.gen.kv_budget;
+    rq.ignore_eos = true;   /* the decode worker decides what the first token means */
+    rq.defer_stops = true;  /* and whether it is a stop token id; min_tokens still bans them here */
+    rq.spec = FY_SPEC_NONE; /* one token */
     rq.progress = true;
-    fy_node_ns(n, m.tenant, &rq.ns);
     fy_status_t st = fy_kvm_seq_init(kvm, &j->hold, n_prompt + 1, &rq.ns);
     if (!st)
         st = fy_xfer_job_begin(fy_node_xfer(n), m.target, m.target_len, j->t_recv + m.deadline_s, on_xfer_done, j,

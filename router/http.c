@@ -275,36 +275,66 @@ static bool h_view(hreq_t *h, int i, fy_router_view_t *v)
     return h->ids[i] && fy_router_view(h->H->R, h->ids[i], v);
 }
 
+/* Chat's {token, logprob, bytes} of one token. */
+static json_t *chat_token_json(const fy_tokenizer_t *tok, int32_t id, double lp)
+{
+    const char *b;
+    size_t bl;
+    fy_tokenizer_token_bytes(tok, id, true, &b, &bl);
+    json_t *e = json_object(), *bytes = json_array();
+    for (size_t k = 0; k < bl; k++) json_array_append_new(bytes, json_integer((unsigned char)b[k]));
+    json_object_set_new(e, "token", jstr(b, bl));
+    json_object_set_new(e, "logprob", json_real(lp));
+    json_object_set_new(e, "bytes", bytes);
+    return e;
+}
+
 static json_t *logprobs_json(const hreq_t *h, const fy_router_view_t *v, int32_t from, int32_t to)
 {
     const fy_tokenizer_t *tok = fy_model_tokenizer(fy_router_model(h->H->R));
-    json_t *list = json_array(), *lps = json_array();
+    json_t *list = json_array(), *lps = json_array(), *tops = v->top_k ? json_array() : json_null();
     for (int32_t i = from; i < to; i++) {
         const char *b;
         size_t bl;
         fy_tokenizer_token_bytes(tok, v->tokens[i], true, &b, &bl);
         double lp = v->logprobs ? v->logprobs[i] : 0;
+        /* the alternatives: chat, a list of {token, logprob, bytes};
+         * completions, a {token text: logprob} map per position */
+        int32_t nt = v->top_k ? v->n_top[i] : 0;
+        const int32_t *ti = v->top_k ? v->top_ids + (size_t)i * (size_t)v->top_k : NULL;
+        const float *tl = v->top_k ? v->top_logprobs + (size_t)i * (size_t)v->top_k : NULL;
         if (h->chat) {
-            json_t *e = json_object(), *bytes = json_array();
-            for (size_t k = 0; k < bl; k++) json_array_append_new(bytes, json_integer((unsigned char)b[k]));
-            json_object_set_new(e, "token", jstr(b, bl));
-            json_object_set_new(e, "logprob", json_real(lp));
-            json_object_set_new(e, "bytes", bytes);
-            json_object_set_new(e, "top_logprobs", json_array());
+            json_t *e = chat_token_json(tok, v->tokens[i], lp), *alt = json_array();
+            for (int32_t k = 0; k < nt; k++) json_array_append_new(alt, chat_token_json(tok, ti[k], tl[k]));
+            json_object_set_new(e, "top_logprobs", alt);
             json_array_append_new(list, e);
         } else {
             json_array_append_new(list, jstr(b, bl));
             json_array_append_new(lps, json_real(lp));
+            if (v->top_k) {
+                json_t *alt = json_object();
+                for (int32_t k = 0; k < nt; k++) {
+                    const char *ab;
+                    size_t abl;
+                    fy_tokenizer_token_bytes(tok, ti[k], true, &ab, &abl);
+                    json_t *key = jstr(ab, abl); /* valid UTF-8, as a key must be */
+                    const char *ks = json_string_value(key);
+                    if (ks && !json_object_get(alt, ks)) json_object_set_new(alt, ks, json_real(tl[k]));
+                    json_decref(key);
+                }
+                json_array_append_new(tops, alt);
+            }
         }
     }
     json_t *o = json_object();
     if (h->chat) {
         json_object_set_new(o, "content", list);
         json_decref(lps);
+        json_decref(tops);
     } else {
         json_object_set_new(o, "tokens", list);
         json_object_set_new(o, "token_logprobs", lps);
-        json_object_set_new(o, "top_logprobs", json_null());
+        json_object_set_new(o, "top_logprobs", tops);
     }
     return o;
 }

@@ -11,7 +11,9 @@
  */
 #include "http_parse.h"
 
+#include <errno.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -87,6 +89,67 @@ static void bool_field(parsed_t *p, json_t *o, const char *name, bool *out)
 
 typedef fy_http_gen_t gen_req_t;
 
+/* The logits processing fields (vLLM's and OpenAI's names): penalties,
+ * logit_bias ({"token id": bias}), stop_token_ids. */
+static void logits_fields(const fy_http_front_t *H, parsed_t *p, json_t *o, fy_genspec_t *g)
+{
+    int32_t vocab = fy_model_config(H->model)->vocab_size;
+    double d = 0;
+    num_field(p, o, "presence_penalty", -FY_GEN_PENALTY_MAX, FY_GEN_PENALTY_MAX, &d);
+    g->presence_penalty = (float)d;
+    d = 0;
+    num_field(p, o, "frequency_penalty", -FY_GEN_PENALTY_MAX, FY_GEN_PENALTY_MAX, &d);
+    g->frequency_penalty = (float)d;
+    d = 1;
+    num_field(p, o, "repetition_penalty", 0, FY_GEN_REP_PENALTY_MAX, &d);
+    if (!p->status && !(d > 0)) bad(p, 400, "repetition_penalty", "'repetition_penalty' must be above 0 (1: off)");
+    g->repetition_penalty = (float)d;
+    json_t *lb = json_object_get(o, "logit_bias");
+    if (lb && !json_is_null(lb)) {
+        const char *key;
+        json_t *v;
+        if (!json_is_object(lb))
+            bad(p, 400, "logit_bias", "'logit_bias' must be an object of token ids to biases");
+        else if (json_object_size(lb) > FY_GEN_MAX_LOGIT_BIAS)
+            bad(p, 400, "logit_bias", "'logit_bias' has %zu entries; at most %d", json_object_size(lb),
+                FY_GEN_MAX_LOGIT_BIAS);
+        json_object_foreach(lb, key, v)
+        {
+            if (p->status) break;
+            char *end;
+            errno = 0;
+            long id = strtol(key, &end, 10);
+            if (!*key || *end || errno || id < 0 || id >= vocab) {
+                bad(p, 400, "logit_bias", "'logit_bias' key '%.40s' is not a token id (0 to %d)", key, vocab - 1);
+            } else if (!json_is_number(v) || !(json_number_value(v) >= -FY_GEN_LOGIT_BIAS_MAX &&
+                                               json_number_value(v) <= FY_GEN_LOGIT_BIAS_MAX)) {
+                bad(p, 400, "logit_bias", "'logit_bias' of token %ld must be a number from -100 to 100", id);
+            } else {
+                g->logit_bias_id[g->n_logit_bias] = (int32_t)id;
+                g->logit_bias[g->n_logit_bias++] = (float)json_number_value(v);
+            }
+        }
+    }
+    json_t *si = json_object_get(o, "stop_token_ids");
+    if (si && !json_is_null(si)) {
+        if (!json_is_array(si) || json_array_size(si) > FY_GEN_MAX_STOP_IDS) {
+            bad(p, 400, "stop_token_ids", "'stop_token_ids' must be an array of at most %d token ids",
+                FY_GEN_MAX_STOP_IDS);
+            return;
+        }
+        size_t i;
+        json_t *v;
+        json_array_foreach(si, i, v)
+        {
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab) {
+                bad(p, 400, "stop_token_ids", "'stop_token_ids' entry %zu is not a token id (0 to %d)", i, vocab - 1);
+                return;
+            }
+            g->stop_ids[g->n_stop_ids++] = (int32_t)json_integer_value(v);
+        }
+    }
+}
+
 /* "model": absent, null, the served name or the model's id; else 404. */
 static void model_field(const fy_http_front_t *H, parsed_t *p, json_t *o)
 {
@@ -121,15 +184,11 @@ static void parse_common(const fy_http_front_t *H, parsed_t *p, json_t *o, bool 
         mt = mct ? mct : old;
     }
     g->gen.max_tokens = (int32_t)mt;
-    /* min_tokens: the engine cannot hold back EOS and stop strings yet
-     * (docs/protocol.md); refused rather than dropped */
-    json_t *mn = json_object_get(o, "min_tokens");
-    if (mn && !json_is_null(mn)) {
-        if (!json_is_integer(mn) || json_integer_value(mn) < 0)
-            bad(p, 400, "min_tokens", "'min_tokens' must be a non-negative integer");
-        else if (json_integer_value(mn) > 0)
-            bad(p, 400, "min_tokens", "'min_tokens' is not supported by this server yet (only 0)");
-    }
+    /* min_tokens: EOS, stop token ids and stop strings held back until then */
+    json_int_t mn = 0;
+    int_field(p, o, "min_tokens", 0, mt, &mn);
+    g->gen.min_tokens = (int32_t)mn;
+    logits_fields(H, p, o, &g->gen);
     double d = g->gen.sampling.temperature;
     num_field(p, o, "temperature", 0, FY_GEN_TEMPERATURE_MAX, &d);
     g->gen.sampling.temperature = (float)d;
@@ -213,16 +272,14 @@ static void parse_common(const fy_http_front_t *H, parsed_t *p, json_t *o, bool 
             g->gen.logprobs = true;
             g->top_logprobs = v;
         }
-        if (g->top_logprobs > 0)
-            bad(p, 400, chat ? "top_logprobs" : "logprobs",
-                "alternatives in logprobs are not supported (0 gives each chosen token's log-probability)");
+        g->gen.top_logprobs = (int32_t)g->top_logprobs;
     }
+    json_t *tl = json_object_get(o, "top_logprobs");
+    if (chat && !p->status && tl && !json_is_null(tl) && !(json_is_integer(tl) && !json_integer_value(tl)) &&
+        !g->gen.logprobs)
+        bad(p, 400, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
     /* known fields ferry does not implement: refused, not silently dropped */
-    static const char *const unsupported[] = {"presence_penalty",
-                                              "frequency_penalty",
-                                              "repetition_penalty",
-                                              "logit_bias",
-                                              "best_of",
+    static const char *const unsupported[] = {"best_of",
                                               "echo",
                                               "suffix",
                                               "tools",

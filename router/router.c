@@ -126,6 +126,9 @@ typedef struct rreq {
     char err_msg[256];
     char finish[16];
     float *lps; /* [cap_out] each token's logprob, when asked for */
+    int32_t *tops;   /* [cap_out * gen.top_logprobs] each token's alternatives (top_logprobs) */
+    float *top_lps;  /* [cap_out * gen.top_logprobs] their logprobs */
+    uint8_t *n_tops; /* [cap_out] how many each has */
     /* who made it on the client port (0: the HTTP front door): only that
      * client may poll or cancel it */
     uint64_t owner_inc;
@@ -233,6 +236,9 @@ static void req_free(router_t *R, rreq_t *q)
     fy_free(q->target);
     fy_free(q->out);
     fy_free(q->lps);
+    fy_free(q->tops);
+    fy_free(q->top_lps);
+    fy_free(q->n_tops);
     fy_free(q->text);
     fy_free(q);
 }
@@ -867,7 +873,11 @@ static void on_prefilled(router_t *R, rreq_t *q, fy_msgr_t *r)
                          .kept = m.kept,
                          .n_kept = m.n_kept,
                          .scores = m.scores,
-                         .n_scores = m.n_scores};
+                         .n_scores = m.n_scores,
+                         .top_ids = m.top_ids,
+                         .n_top_ids = m.n_top_ids,
+                         .top_logprobs = m.top_logprobs,
+                         .n_top_logprobs = m.n_top_logprobs};
     memcpy(a.rng, m.rng, sizeof(a.rng));
     fy_wire_adopt_write(&w, &a);
     fy_wire_prefilled_clear(&m);
@@ -890,7 +900,9 @@ static void on_token(router_t *R, rreq_t *q, fy_msgr_t *r)
         finish_req(R, q, FY_ERR_FORMAT, "bad token event from %s: %s", R->workers[q->dw].name, r->err);
         return;
     }
+    int32_t K = q->gen.top_logprobs, n_top = m.n_top_ids < K ? m.n_top_ids : K;
     if (n != q->n_out) { /* an event was dropped on the way: the stream is broken */
+        fy_wire_token_clear(&m);
         finish_req(R, q, FY_ERR_PEER, "token %d from decode worker %s arrived after %d: tokens were lost", n,
                    R->workers[q->dw].name, q->n_out);
         return;
@@ -901,13 +913,28 @@ static void on_token(router_t *R, rreq_t *q, fy_msgr_t *r)
         if (o) q->out = o;
         float *l = o && q->gen.logprobs ? fy_realloc(q->lps, (size_t)cap * sizeof(float)) : NULL;
         if (l) q->lps = l;
-        if (!o || (q->gen.logprobs && !l)) {
+        int32_t *ti = o && K ? fy_realloc(q->tops, (size_t)cap * (size_t)K * sizeof(int32_t)) : NULL;
+        if (ti) q->tops = ti;
+        float *tl = ti ? fy_realloc(q->top_lps, (size_t)cap * (size_t)K * sizeof(float)) : NULL;
+        if (tl) q->top_lps = tl;
+        uint8_t *tn = tl ? fy_realloc(q->n_tops, (size_t)cap) : NULL;
+        if (tn) q->n_tops = tn;
+        if (!o || (q->gen.logprobs && !l) || (K && !tn)) {
+            fy_wire_token_clear(&m);
             finish_req(R, q, FY_ERR_NOMEM, "router out of memory");
             return;
         }
         q->cap_out = cap;
     }
     if (q->lps) q->lps[q->n_out] = lp;
+    if (K) {
+        q->n_tops[q->n_out] = (uint8_t)n_top;
+        if (n_top > 0) {
+            memcpy(q->tops + (size_t)q->n_out * (size_t)K, m.top_ids, (size_t)n_top * sizeof(int32_t));
+            memcpy(q->top_lps + (size_t)q->n_out * (size_t)K, m.top_logprobs, (size_t)n_top * sizeof(float));
+        }
+    }
+    fy_wire_token_clear(&m);
     q->out[q->n_out++] = tok;
     if (len && !text_append(q, text, len)) {
         finish_req(R, q, FY_ERR_NOMEM, "router out of memory");
@@ -1481,6 +1508,10 @@ bool fy_router_view(router_t *R, uint64_t id, fy_router_view_t *v)
     v->tokens = q->out;
     v->logprobs = q->lps;
     v->n_tokens = q->n_out;
+    v->top_k = q->n_tops ? q->gen.top_logprobs : 0;
+    v->top_ids = q->tops;
+    v->top_logprobs = q->top_lps;
+    v->n_top = q->n_tops;
     v->text = q->text ? q->text : "";
     v->text_len = q->text_len;
     v->n_prompt = q->n_prompt;

@@ -58,6 +58,12 @@ typedef struct fy_router_view {
     const int32_t *tokens;
     const float *logprobs; /* NULL unless asked for */
     int32_t n_tokens;
+    /* top_logprobs: token i's alternatives are top_ids[i * top_k ..] and
+     * top_logprobs[i * top_k ..], n_top[i] of them (top_k 0: none) */
+    int32_t top_k;
+    const int32_t *top_ids;
+    const float *top_logprobs;
+    const uint8_t *n_top;
     const char *text;
     size_t text_len;
     int32_t n_prompt;

@@ -554,6 +554,118 @@ static void kv_budget_preempted(fy_preempt_mode_t mode)
 static void test_kv_budget_preempt_swap(void **state) { kv_budget_preempted(FY_PREEMPT_SWAP); }
 static void test_kv_budget_preempt_recompute(void **state) { kv_budget_preempted(FY_PREEMPT_RECOMPUTE); }
 
+/* ---- logits processing and alternatives (logits.h) ---- */
+
+typedef struct top_rec {
+    result_t r;
+    int32_t first_alt[64]; /* each token's most likely alternative */
+    float lp[64], first_alt_lp[64];
+    int32_t n_alt[64];
+} top_rec_t;
+
+static void on_top(void *arg, const fy_event_t *ev)
+{
+    top_rec_t *t = arg;
+    if (ev->kind == FY_EVENT_TOKEN && t->r.n < 64) {
+        t->n_alt[t->r.n] = ev->n_top;
+        t->lp[t->r.n] = ev->logprob;
+        if (ev->n_top) t->first_alt[t->r.n] = ev->top_ids[0], t->first_alt_lp[t->r.n] = ev->top_logprobs[0];
+    }
+    on_event(&t->r, ev);
+}
+
+static void run_one(rig_t *g, const int32_t *p, int32_t n, const fy_request_params_t *rp, top_rec_t *t)
+{
+    memset(t, 0, sizeof(*t));
+    uint64_t id;
+    assert_int_equal(fy_engine_submit(g->e, p, n, rp, on_top, t, &id), FY_OK);
+    rig_drain(g);
+    assert_int_equal(t->r.terminal, 1);
+    assert_int_equal(t->r.kind, FY_EVENT_FINISH);
+}
+
+/* On the tiny model, greedy: a stop token id ends the request before it
+ * (finish stop, not in the text); min_tokens holds it and EOS back; a
+ * bias of +100 makes a token the only choice and -100 bans one; the
+ * alternatives name the greedy token first with its logprob; penalties
+ * move a repetitive greedy run off its loop; an id outside the vocabulary
+ * is refused by name. */
+static void test_logits_processing_engine(void **state)
+{
+    rig_opts_t o;
+    rig_opts(&o, g_tiny);
+    o.caching = false;
+    rig_t g;
+    rig_open(&g, &o);
+    int32_t p[24];
+    make_prompt(p, 24, g.vocab, 404);
+    fy_request_params_t rp;
+    fy_request_params_default(&rp);
+    rp.max_tokens = 40;
+    rp.ignore_eos = true;
+    static top_rec_t base, t;
+    run_one(&g, p, 24, &rp, &base);
+    assert_int_equal(base.r.n, 40);
+    /* stop token id: the base run's 6th token */
+    int32_t stop = base.r.tokens[5], first_at = 0;
+    while (base.r.tokens[first_at] != stop) first_at++;
+    fy_request_params_t q = rp;
+    q.logits.stop_ids = &stop, q.logits.n_stop_ids = 1;
+    run_one(&g, p, 24, &q, &t);
+    assert_int_equal(t.r.reason, FY_FINISH_STOP);
+    assert_int_equal(t.r.n, first_at); /* the tokens before it, not it */
+    assert_memory_equal(t.r.tokens, base.r.tokens, sizeof(int32_t) * (size_t)first_at);
+    /* min_tokens past it: the stop id is banned until then */
+    q.logits.min_tokens = first_at + 3;
+    run_one(&g, p, 24, &q, &t);
+    assert_true(t.r.n >= first_at + 3);
+    for (int32_t i = 0; i < first_at + 3; i++) assert_int_not_equal(t.r.tokens[i], stop);
+    /* +100 on one token: every greedy pick; -100 on the base's first: never first */
+    fy_request_params_t b = rp;
+    int32_t ids[2] = {17, base.r.tokens[0]};
+    float bias[2] = {100.0f, -100.0f};
+    b.logits.bias_ids = ids, b.logits.bias = bias, b.logits.n_bias = 1;
+    run_one(&g, p, 24, &b, &t);
+    for (int32_t i = 0; i < t.r.n; i++) assert_int_equal(t.r.tokens[i], 17);
+    b.logits.bias_ids = ids + 1, b.logits.bias = bias + 1;
+    run_one(&g, p, 24, &b, &t);
+    assert_int_not_equal(t.r.tokens[0], base.r.tokens[0]);
+    /* alternatives: greedy picks the first; its logprob is the event's */
+    fy_request_params_t a = rp;
+    a.logprobs = true, a.top_logprobs = 5;
+    run_one(&g, p, 24, &a, &t);
+    assert_memory_equal(t.r.tokens, base.r.tokens, sizeof(int32_t) * 40); /* alternatives change nothing */
+    for (int32_t i = 0; i < 40; i++) {
+        assert_int_equal(t.n_alt[i], 5);
+        assert_int_equal(t.first_alt[i], t.r.tokens[i]);
+        assert_true(fabsf(t.first_alt_lp[i] - t.lp[i]) < 1e-6f);
+    }
+    /* a strong repetition penalty: no generated token repeats a prompt or
+     * earlier token while fresh ones are far more likely (greedy on the
+     * tiny model loops otherwise) */
+    int distinct_base = 0, distinct_pen = 0;
+    fy_request_params_t r = rp;
+    r.logits.repetition_penalty = 10.0f, r.logits.presence_penalty = 2.0f, r.logits.frequency_penalty = 2.0f;
+    run_one(&g, p, 24, &r, &t);
+    for (int32_t i = 0; i < 40; i++) {
+        bool seen_b = false, seen_p = false;
+        for (int32_t j = 0; j < i; j++) seen_b |= base.r.tokens[j] == base.r.tokens[i], seen_p |= t.r.tokens[j] == t.r.tokens[i];
+        distinct_base += !seen_b, distinct_pen += !seen_p;
+    }
+    fprintf(stderr, "distinct tokens in 40: %d greedy, %d with penalties\n", distinct_base, distinct_pen);
+    assert_true(distinct_pen > distinct_base);
+    /* ids outside the vocabulary: refused by name */
+    int32_t far = g.vocab;
+    fy_request_params_t bad = rp;
+    bad.logits.stop_ids = &far, bad.logits.n_stop_ids = 1;
+    uint64_t id;
+    fy_test_log_begin();
+    assert_int_equal(fy_engine_submit(g.e, p, 24, &bad, on_top, &t, &id), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("stop_token_ids names token", NULL));
+    fy_test_log_end();
+    rig_close(&g);
+}
+
 static void test_cancel_and_errors(void **state)
 {
     rig_opts_t o;
@@ -1146,6 +1258,7 @@ int main(void)
         cmocka_unit_test(test_post_and_tick),         cmocka_unit_test(test_build_from_config),
         cmocka_unit_test(test_evict_choose),          cmocka_unit_test(test_kv_budget_streaming),
         cmocka_unit_test(test_kv_budget_preempt_swap), cmocka_unit_test(test_kv_budget_preempt_recompute),
+        cmocka_unit_test(test_logits_processing_engine),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -36,9 +36,25 @@ static bool wire_takes(const fy_genspec_t *g)
     return ok;
 }
 
-typedef enum { F_TEMP, F_TOP_P, F_TOP_K, F_MIN_P, F_MAX_TOKENS, F_PRIORITY, F_KV_BUDGET } field_t;
+typedef enum {
+    F_TEMP,
+    F_TOP_P,
+    F_TOP_K,
+    F_MIN_P,
+    F_MAX_TOKENS,
+    F_PRIORITY,
+    F_KV_BUDGET,
+    F_PRESENCE,
+    F_FREQUENCY,
+    F_REPETITION,
+    F_MIN_TOKENS,
+    F_TOP_LOGPROBS,
+} field_t;
 
-static const char *const NAMES[] = {"temperature", "top_p", "top_k", "min_p", "max_tokens", "priority", "kv_budget"};
+static const char *const NAMES[] = {"temperature",      "top_p",          "top_k",
+                                    "min_p",            "max_tokens",     "priority",
+                                    "kv_budget",        "presence_penalty", "frequency_penalty",
+                                    "repetition_penalty", "min_tokens",   "top_logprobs"};
 
 static void set(fy_genspec_t *g, field_t f, double v)
 {
@@ -50,6 +66,11 @@ static void set(fy_genspec_t *g, field_t f, double v)
     case F_MAX_TOKENS: g->max_tokens = (int32_t)v; break;
     case F_PRIORITY: g->priority = (int32_t)v; break;
     case F_KV_BUDGET: g->kv_budget = (int32_t)v; break;
+    case F_PRESENCE: g->presence_penalty = (float)v; break;
+    case F_FREQUENCY: g->frequency_penalty = (float)v; break;
+    case F_REPETITION: g->repetition_penalty = (float)v; break;
+    case F_MIN_TOKENS: g->min_tokens = (int32_t)v; break;
+    case F_TOP_LOGPROBS: g->top_logprobs = (int32_t)v; break;
     }
 }
 
@@ -97,6 +118,22 @@ static void test_check_agrees_with_wire(void **state)
         {F_KV_BUDGET, 0, true},
         {F_KV_BUDGET, 1 << 24, true},
         {F_KV_BUDGET, (1 << 24) + 1, false},
+        {F_PRESENCE, -2, true},
+        {F_PRESENCE, 2, true},
+        {F_PRESENCE, 2.001, false},
+        {F_PRESENCE, NAN, false},
+        {F_FREQUENCY, -2.001, false},
+        {F_FREQUENCY, 1.5, true},
+        {F_REPETITION, 0, false},
+        {F_REPETITION, 1e-6, true},
+        {F_REPETITION, 10, true},
+        {F_REPETITION, 10.01, false},
+        {F_MIN_TOKENS, -1, false},
+        {F_MIN_TOKENS, 10, true}, /* max_tokens is 10 */
+        {F_MIN_TOKENS, 11, false},
+        {F_TOP_LOGPROBS, -1, false},
+        {F_TOP_LOGPROBS, 20, true},
+        {F_TOP_LOGPROBS, 21, false},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         fy_genspec_t g;
@@ -138,11 +175,64 @@ static void test_stop_strings(void **state)
     assert_string_equal(field, "stop");
 }
 
+/* Every logits-processing field survives the wire; a bias outside -100 to
+ * 100, a negative token id or a count past its cap is refused on both
+ * sides, by name. */
+static void test_logits_fields(void **state)
+{
+    (void)state;
+    fy_genspec_t g, back;
+    fy_genspec_default(&g);
+    g.max_tokens = 50;
+    g.presence_penalty = 0.5f, g.frequency_penalty = -0.25f, g.repetition_penalty = 1.3f;
+    g.n_logit_bias = 2;
+    g.logit_bias_id[0] = 7, g.logit_bias[0] = -100;
+    g.logit_bias_id[1] = 49151, g.logit_bias[1] = 12.5f;
+    g.min_tokens = 5, g.top_logprobs = 3;
+    g.n_stop_ids = 2, g.stop_ids[0] = 2, g.stop_ids[1] = 0;
+    const char *field;
+    char why[160];
+    assert_int_equal(fy_genspec_check(&g, CAP, &field, why, sizeof(why)), FY_OK);
+    assert_true(fy_genspec_processes_logits(&g));
+    fy_msgw_t w;
+    fy_msgw_init(&w, "t");
+    fy_genspec_write(&w, &g);
+    void *buf;
+    size_t len;
+    assert_int_equal(fy_msgw_finish(&w, &buf, &len), FY_OK);
+    fy_msgr_t r;
+    assert_int_equal(fy_msgr_parse(&r, buf, len), FY_OK);
+    fy_genspec_default(&back);
+    fy_genspec_read(&r, &back, CAP);
+    assert_true(fy_msgr_ok(&r));
+    fy_msgr_free(&r);
+    fy_free(buf);
+    assert_true(back.presence_penalty == 0.5f && back.frequency_penalty == -0.25f && back.repetition_penalty == 1.3f);
+    assert_int_equal(back.n_logit_bias, 2);
+    assert_true(back.logit_bias_id[1] == 49151 && back.logit_bias[0] == -100 && back.logit_bias[1] == 12.5f);
+    assert_true(back.min_tokens == 5 && back.top_logprobs == 3 && back.n_stop_ids == 2 && back.stop_ids[0] == 2);
+    fy_genspec_t d;
+    fy_genspec_default(&d);
+    assert_false(fy_genspec_processes_logits(&d)); /* the defaults change nothing */
+    g.logit_bias[1] = 100.5f;
+    assert_int_equal(fy_genspec_check(&g, CAP, &field, why, sizeof(why)), FY_ERR_INVALID);
+    assert_string_equal(field, "logit_bias");
+    assert_false(wire_takes(&g));
+    g.logit_bias[1] = 1, g.logit_bias_id[1] = -3;
+    assert_int_equal(fy_genspec_check(&g, CAP, &field, why, sizeof(why)), FY_ERR_INVALID);
+    assert_false(wire_takes(&g));
+    g.logit_bias_id[1] = 3, g.stop_ids[1] = -1;
+    assert_int_equal(fy_genspec_check(&g, CAP, &field, why, sizeof(why)), FY_ERR_INVALID);
+    assert_string_equal(field, "stop_token_ids");
+    assert_false(wire_takes(&g));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_check_agrees_with_wire),
         cmocka_unit_test(test_stop_strings),
+        cmocka_unit_test(test_logits_fields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

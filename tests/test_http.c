@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -372,9 +373,14 @@ static void test_bad_requests(void **state)
     CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":[1,2,999999]}", 400, "prompt", NULL);
     CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":{\"a\":1}}", 400, "prompt", NULL);
     CHECK("POST", "/v1/completions", KEY_A, "{\"max_tokens\":3}", 400, "prompt", NULL);
-    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"presence_penalty\":0.5}", 400, "presence_penalty",
-          "not supported");
-    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"logprobs\":3}", 400, "logprobs", NULL);
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"presence_penalty\":2.5}", 400, "presence_penalty",
+          "between -2 and 2");
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"logit_bias\":{\"99999999\":1}}", 400, "logit_bias",
+          "not a token id");
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"logprobs\":30}", 400, "logprobs", NULL);
+    CHECK("POST", "/v1/chat/completions", KEY_A,
+          "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":3}", 400, "top_logprobs",
+          "logprobs");
     CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"speculative\":\"magic\"}", 400, "speculative", NULL);
     CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"model\":\"gpt-4\"}", 404, "model", "gpt-4");
     CHECK("POST", "/v1/chat/completions", KEY_A, "{\"messages\":[]}", 400, "messages", NULL);
@@ -561,7 +567,7 @@ static void test_tokenize_and_friends(void **state)
     free(r.body);
 }
 
-/* ---- max_completion_tokens on both endpoints, min_tokens refused ---- */
+/* ---- max_completion_tokens on both endpoints, min_tokens within it ---- */
 
 static json_int_t completion_tokens(const char *path, const char *body)
 {
@@ -603,11 +609,109 @@ static void test_max_completion_tokens(void **state)
     r = call("POST", "/v1/completions", KEY_A, "{\"prompt\":\"Once\",\"max_completion_tokens\":0}");
     expect_error(&r, 400, "max_completion_tokens", NULL);
     free(r.body);
-    r = call("POST", "/v1/completions", KEY_A, "{\"prompt\":\"Once\",\"min_tokens\":4}");
-    expect_error(&r, 400, "min_tokens", "not supported");
+    r = call("POST", "/v1/completions", KEY_A, "{\"prompt\":\"Once\",\"min_tokens\":4,\"max_tokens\":3}");
+    expect_error(&r, 400, "min_tokens", "between 0 and 3");
     free(r.body);
     r = call("POST", "/v1/completions", KEY_A, "{\"prompt\":\"Once\",\"min_tokens\":-1}");
     expect_error(&r, 400, "min_tokens", NULL);
+    free(r.body);
+}
+
+/* ---- sampling controls over HTTP ---- */
+
+/* top_logprobs on both endpoints, streaming too: the alternatives in
+ * OpenAI's shapes, greedy's pick first among them; logit_bias of 100
+ * makes a token every pick; a stop token id ends the answer with "stop";
+ * penalties are taken and change a repetitive greedy answer. */
+static void test_sampling_controls(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    const char *chat = "\"messages\":[{\"role\":\"user\",\"content\":\"Count from one to twenty.\"}]";
+    char b[768];
+    snprintf(b, sizeof(b), "{%s,\"max_tokens\":6,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":3}", chat);
+    resp_t r = call("POST", "/v1/chat/completions", KEY_A, b);
+    assert_int_equal(r.status, 200);
+    json_t *j = json_of(&r);
+    json_t *content = json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"),
+                                      "content");
+    assert_int_equal(json_array_size(content), 6);
+    for (size_t i = 0; i < 6; i++) {
+        json_t *e = json_array_get(content, i), *alt = json_object_get(e, "top_logprobs");
+        assert_int_equal(json_array_size(alt), 3);
+        assert_string_equal(json_string_value(json_object_get(json_array_get(alt, 0), "token")),
+                            json_string_value(json_object_get(e, "token")));
+        assert_true(fabs(json_real_value(json_object_get(json_array_get(alt, 0), "logprob")) -
+                         json_real_value(json_object_get(e, "logprob"))) < 1e-5);
+        assert_true(json_real_value(json_object_get(json_array_get(alt, 1), "logprob")) <=
+                    json_real_value(json_object_get(json_array_get(alt, 0), "logprob")));
+    }
+    json_decref(j);
+    free(r.body);
+    /* completions: logprobs N, a {token: logprob} map per position; streamed */
+    r = call("POST", "/v1/completions", KEY_A,
+             "{\"prompt\":\"One, two,\",\"max_tokens\":4,\"temperature\":0,\"logprobs\":2,\"stream\":true}");
+    assert_int_equal(r.status, 200);
+    int maps = 0;
+    for (const char *d = strstr(r.body, "data: {"); d; d = strstr(d + 1, "data: {")) {
+        json_error_t e;
+        json_t *c = json_loadb(d + 6, strcspn(d + 6, "\n"), 0, &e);
+        json_t *tl = json_object_get(json_object_get(json_array_get(json_object_get(c, "choices"), 0), "logprobs"),
+                                     "top_logprobs");
+        for (size_t k = 0; k < json_array_size(tl); k++) maps += json_object_size(json_array_get(tl, k)) >= 1;
+        json_decref(c);
+    }
+    assert_int_equal(maps, 4);
+    free(r.body);
+    /* logit_bias 100 on one token: every pick */
+    r = call("POST", "/v1/completions", KEY_A,
+             "{\"prompt\":[1,2,3],\"max_tokens\":5,\"temperature\":0,\"ignore_eos\":true,\"logit_bias\":{\"320\":100},"
+             "\"logprobs\":0}");
+    assert_int_equal(r.status, 200);
+    j = json_of(&r);
+    json_t *toks = json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"),
+                                   "tokens");
+    assert_int_equal(json_array_size(toks), 5);
+    for (size_t i = 1; i < 5; i++)
+        assert_string_equal(json_string_value(json_array_get(toks, i)), json_string_value(json_array_get(toks, 0)));
+    json_decref(j);
+    free(r.body);
+    /* a stop token id: the greedy answer's third token ends it */
+    r = call("POST", "/v1/completions", KEY_A,
+             "{\"prompt\":\"One, two,\",\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true}");
+    j = json_of(&r);
+    json_decref(j);
+    free(r.body);
+    r = call("POST", "/tokenize", KEY_A, "{\"prompt\":\" three, four, five\"}");
+    assert_int_equal(r.status, 200);
+    j = json_of(&r);
+    json_int_t stop = json_integer_value(json_array_get(json_object_get(j, "tokens"), 0));
+    json_decref(j);
+    free(r.body);
+    snprintf(b, sizeof(b),
+             "{\"prompt\":\"One, two,\",\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true,"
+             "\"stop_token_ids\":[%lld],\"logit_bias\":{\"%lld\":100}}",
+             (long long)stop, (long long)stop);
+    r = call("POST", "/v1/completions", KEY_A, b);
+    assert_int_equal(r.status, 200);
+    j = json_of(&r);
+    json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c0, "finish_reason")), "stop");
+    assert_string_equal(json_string_value(json_object_get(c0, "text")), ""); /* the stop token is not text */
+    json_decref(j);
+    free(r.body);
+    /* min_tokens holds it back: 3 tokens before the (forced) stop token can end it */
+    snprintf(b, sizeof(b),
+             "{\"prompt\":\"One, two,\",\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true,"
+             "\"stop_token_ids\":[%lld],\"logit_bias\":{\"%lld\":100},\"min_tokens\":3}",
+             (long long)stop, (long long)stop);
+    r = call("POST", "/v1/completions", KEY_A, b);
+    assert_int_equal(r.status, 200);
+    j = json_of(&r);
+    c0 = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c0, "finish_reason")), "stop");
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 3);
+    json_decref(j);
     free(r.body);
 }
 
@@ -623,26 +727,30 @@ static void test_field_table(void **state)
         int status; /* 400: refused naming the field; 200: taken (supported or ignored) */
         bool chat_only, completion_only;
     } f[] = {
-        {"presence_penalty", "0.5", 400, 0, 0},
-        {"frequency_penalty", "0.5", 400, 0, 0},
-        {"repetition_penalty", "1.1", 400, 0, 0},
-        {"logit_bias", "{\"1\":5}", 400, 0, 0},
+        {"presence_penalty", "0.5", 200, 0, 0},
+        {"frequency_penalty", "0.5", 200, 0, 0},
+        {"repetition_penalty", "1.1", 200, 0, 0},
+        {"logit_bias", "{\"1\":5}", 200, 0, 0},
         {"response_format", "{\"type\":\"json_object\"}", 400, 0, 0},
         {"guided_json", "{\"type\":\"object\"}", 400, 0, 0},
         {"guided_regex", "\"a+\"", 400, 0, 0},
         {"tools", "[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]", 400, 0, 0},
         {"functions", "[{\"name\":\"f\"}]", 400, 0, 0},
-        {"min_tokens", "2", 400, 0, 0},
-        {"top_logprobs", "2", 400, 1, 0},
+        {"min_tokens", "1", 200, 0, 0},
+        {"top_logprobs", "2", 200, 1, 0},
+        {"logit_bias", "{\"x\":5}", 400, 0, 0},
+        {"repetition_penalty", "0", 400, 0, 0},
         {"best_of", "2", 400, 0, 1},
         {"echo", "true", 400, 0, 1},
         {"suffix", "\"x\"", 400, 0, 1},
-        {"logprobs", "2", 400, 0, 1},
+        {"logprobs", "2", 200, 0, 1},
+        {"logprobs", "21", 400, 0, 1},
         {"max_completion_tokens", "1", 200, 0, 0},
         {"min_tokens", "0", 200, 0, 0},
         {"response_format", "{\"type\":\"text\"}", 200, 0, 0},
         {"tool_choice", "\"none\"", 200, 1, 0},
         {"stop_token_ids", "[2]", 200, 0, 0},
+        {"stop_token_ids", "[-1]", 400, 0, 0},
         {"user", "\"someone\"", 200, 0, 0},
         {"metadata", "{\"k\":\"v\"}", 200, 0, 0},
         {"top_k", "5", 200, 0, 0},
@@ -1220,6 +1328,7 @@ int main(void)
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_tokenize_and_friends),
         cmocka_unit_test(test_max_completion_tokens),
+        cmocka_unit_test(test_sampling_controls),
         cmocka_unit_test(test_field_table),
         cmocka_unit_test(test_keepalive_after_refusals),
         cmocka_unit_test(test_cors),

@@ -1,6 +1,8 @@
 /*
  * test_sampling.c - the sampler (greedy, temperature, top-k, top-p,
- * min-p, seeding) and stop strings over streamed text.
+ * min-p, seeding), stop strings over streamed text, and logits
+ * processing (penalties, biases, min_tokens, top alternatives) against a
+ * reference written from vLLM's definitions in double precision.
  */
 #include <math.h>
 #include <stdio.h>
@@ -8,6 +10,7 @@
 #include <string.h>
 
 #include "mem.h"
+#include "logits.h"
 #include "sampler.h"
 #include "stop.h"
 #include "testutil.h"
@@ -288,6 +291,117 @@ static void test_stop_strings(void **state)
     fy_test_log_end();
 }
 
+/* ---- logits processing ---- */
+
+#define LV 50
+
+/* vLLM's definitions, directly: for each token of the vocabulary, its
+ * count in the output and whether the prompt or the output has it. */
+static void logits_reference(const fy_logits_params_t *p, const int32_t *tok, int32_t n_prompt, int32_t n_total,
+                             const int32_t *eog, int32_t n_eog, const float *in, double *out)
+{
+    for (int32_t t = 0; t < LV; t++) {
+        double l = in[t];
+        for (int32_t i = 0; i < p->n_bias; i++)
+            if (p->bias_ids[i] == t) l = p->bias[i] <= -100 ? -1e30 : l + p->bias[i];
+        bool banned = l <= -1e30;
+        if (n_total - n_prompt < p->min_tokens) {
+            for (int32_t i = 0; i < n_eog; i++) banned |= eog[i] == t;
+            for (int32_t i = 0; i < p->n_stop_ids; i++) banned |= p->stop_ids[i] == t;
+        }
+        int c = 0;
+        bool seen = false;
+        for (int32_t i = 0; i < n_total; i++)
+            if (tok[i] == t) {
+                seen = true;
+                c += i >= n_prompt;
+            }
+        if (banned) {
+            out[t] = -1e30;
+            continue;
+        }
+        if (seen && p->repetition_penalty != 1.0f) l = l > 0 ? l / p->repetition_penalty : l * p->repetition_penalty;
+        if (c > 0) l -= (double)p->frequency_penalty * c + p->presence_penalty;
+        out[t] = l;
+    }
+}
+
+static void test_logits_processing(void **state)
+{
+    (void)state;
+    fy_logits_scratch_t sc;
+    assert_int_equal(fy_logits_scratch_init(&sc, LV), FY_OK);
+    uint64_t rng = 77;
+    int32_t eog[2] = {0, 1};
+    for (int round = 0; round < 2000; round++) {
+        int32_t tok[64], bias_ids[6], stop_ids[3];
+        float bias[6], in[LV], got[LV];
+        double want[LV];
+        int32_t n_total = 1 + (int32_t)(fy_test_rand_u64(&rng) % 64), n_prompt = (int32_t)(fy_test_rand_u64(&rng) % (uint64_t)(n_total + 1));
+        for (int32_t i = 0; i < n_total; i++) tok[i] = (int32_t)(fy_test_rand_u64(&rng) % 20); /* repeats */
+        for (int32_t t = 0; t < LV; t++) in[t] = (float)((double)(fy_test_rand_u64(&rng) % 2001) / 100.0 - 10.0);
+        fy_logits_params_t p = {.repetition_penalty = 1.0f};
+        switch (round % 5) {
+        case 0: p.repetition_penalty = 0.5f + (float)(fy_test_rand_u64(&rng) % 20) / 10.0f; break;
+        case 1:
+            p.presence_penalty = (float)((int)(fy_test_rand_u64(&rng) % 41) - 20) / 10.0f;
+            p.frequency_penalty = (float)((int)(fy_test_rand_u64(&rng) % 41) - 20) / 10.0f;
+            break;
+        case 2:
+            p.n_bias = 6;
+            for (int i = 0; i < 6; i++) {
+                bias_ids[i] = (int32_t)(fy_test_rand_u64(&rng) % LV);
+                bias[i] = i == 0 ? -100.0f : (float)((int)(fy_test_rand_u64(&rng) % 200) - 100) / 4.0f;
+            }
+            break;
+        case 3:
+            p.min_tokens = (int32_t)(fy_test_rand_u64(&rng) % 8);
+            p.n_stop_ids = 3;
+            for (int i = 0; i < 3; i++) stop_ids[i] = (int32_t)(fy_test_rand_u64(&rng) % LV);
+            break;
+        default: /* all of it */
+            p.repetition_penalty = 1.2f, p.presence_penalty = 0.7f, p.frequency_penalty = 0.3f;
+            p.n_bias = 2, bias_ids[0] = tok[0], bias[0] = 5, bias_ids[1] = 33, bias[1] = -100;
+            p.min_tokens = 3, p.n_stop_ids = 1, stop_ids[0] = 7;
+        }
+        p.bias_ids = bias_ids, p.bias = bias, p.stop_ids = stop_ids;
+        memcpy(got, in, sizeof(in));
+        fy_logits_apply(&p, &sc, tok, n_prompt, n_total, eog, 2, got);
+        logits_reference(&p, tok, n_prompt, n_total, eog, 2, in, want);
+        for (int32_t t = 0; t < LV; t++)
+            if (fabs((double)got[t] - want[t]) > 1e-4 * (1 + fabs(want[t])))
+                fail_msg("round %d token %d: %g, the reference %g", round, t, (double)got[t], want[t]);
+        for (int32_t t = 0; t < LV; t++) assert_int_equal(sc.count[t], 0); /* the scratch is left clean */
+    }
+    fy_logits_params_t off = {.repetition_penalty = 1.0f};
+    assert_false(fy_logits_active(&off));
+    fy_logits_scratch_deinit(&sc);
+}
+
+/* The top alternatives: the k largest, most likely first (ties to the
+ * lower id), with the log-probabilities fy_logprob gives. */
+static void test_logits_top(void **state)
+{
+    (void)state;
+    float l[V] = {0, 3, 1, 3, -1, 2, 0, 0};
+    int32_t ids[8];
+    float lps[8];
+    fy_sampling_params_t sp;
+    fy_sampling_params_default(&sp);
+    assert_int_equal(fy_logits_top(l, V, 0.0f, 3, ids, lps), 3);
+    assert_int_equal(ids[0], 1), assert_int_equal(ids[1], 3), assert_int_equal(ids[2], 5);
+    for (int k = 0; k < 3; k++) assert_true(fabsf(lps[k] - fy_logprob(l, V, &sp, ids[k])) < 1e-6f);
+    sp.temperature = 0.5f;
+    assert_int_equal(fy_logits_top(l, V, 0.5f, 20, ids, lps), V); /* capped by the vocabulary */
+    double sum = 0;
+    for (int k = 0; k < V; k++) {
+        assert_true(fabsf(lps[k] - fy_logprob(l, V, &sp, ids[k])) < 1e-6f);
+        if (k) assert_true(lps[k] <= lps[k - 1]);
+        sum += exp(lps[k]);
+    }
+    assert_true(fabs(sum - 1) < 1e-5);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -299,6 +413,8 @@ int main(void)
         cmocka_unit_test(test_tiny_temperature_is_greedy),
         cmocka_unit_test(test_params_checked),
         cmocka_unit_test(test_stop_strings),
+        cmocka_unit_test(test_logits_processing),
+        cmocka_unit_test(test_logits_top),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -384,6 +384,8 @@ static bool old_write(const fy_wire_schema_t *s, const void *p, fy_msgw_t *w)
         fy_msgw_i64(w, "token", m->token);
         fy_msgw_strn(w, "text", m->text, m->text_len);
         if (m->has_logprob) fy_msgw_f64(w, "logprob", m->logprob);
+        if (m->n_top_ids) fy_msgw_i32s(w, "top_ids", m->top_ids, m->n_top_ids);
+        if (m->n_top_logprobs) fy_msgw_f32s(w, "top_logprobs", m->top_logprobs, m->n_top_logprobs);
     } else if (s == &fy_wire_finish_schema) {
         const fy_wire_finish_t *m = p;
         old_ev(w, "finish", &m->ev);
@@ -1204,6 +1206,16 @@ static char *reference(void)
     sb_add(&b, "| `spec` | str | not `default` | `default`, `none`, `ngram`, `draft` |\n");
     sb_add(&b, "| `kv_budget` | int | not zero | 0 to %d (tokens; the engine refuses more than `kv.evict` allows) |\n",
            FY_GEN_KV_BUDGET_MAX);
+    sb_add(&b, "| `presence_penalty`, `frequency_penalty` | float | not zero | %g to %g |\n",
+           -(double)FY_GEN_PENALTY_MAX, (double)FY_GEN_PENALTY_MAX);
+    sb_add(&b, "| `repetition_penalty` | float | not 1 | %g to %g (1: off) |\n", (double)FY_GEN_REP_PENALTY_MIN,
+           (double)FY_GEN_REP_PENALTY_MAX);
+    sb_add(&b, "| `logit_bias_ids`, `logit_bias` | [int], [float] | when any | at most %d of each, as many; token ids "
+               "(the engine refuses one past its vocabulary), biases %g to %g |\n",
+           FY_GEN_MAX_LOGIT_BIAS, -(double)FY_GEN_LOGIT_BIAS_MAX, (double)FY_GEN_LOGIT_BIAS_MAX);
+    sb_add(&b, "| `min_tokens` | int | not zero | 0 to `max_tokens` |\n");
+    sb_add(&b, "| `top_logprobs` | int | not zero | 0 to %d |\n", FY_GEN_MAX_TOP_LOGPROBS);
+    sb_add(&b, "| `stop_token_ids` | [int] | when any | at most %d token ids |\n", FY_GEN_MAX_STOP_IDS);
     for (int32_t i = 0; i < fy_wire_n_all; i++) {
         const fy_wire_schema_t *s = fy_wire_all[i];
         sb_add(&b, "\n#### `%s` (%s)\n\n", fy_wire_type(s), fy_wire_route(s));

@@ -16,6 +16,9 @@ static int32_t g_blocks[3] = {7, 8, 9};
 /* a KV budget's kept blocks of the 3-block prompt (the last one kept) and their H2O scores */
 static int32_t g_kept[2] = {0, 2};
 static float g_scores[2] = {12.5f, 0.75f};
+/* a token's alternatives (top_logprobs) */
+static int32_t g_top_ids[2] = {42, 7};
+static float g_top_lps[2] = {-0.125f, -2.5f};
 static uint64_t g_ids[3] = {7, 8, 1ull << 40};
 static int32_t g_attempts[3] = {0, 1, 1000};
 static int32_t g_computed[3] = {16, 40, 0};
@@ -40,6 +43,14 @@ static void gen_full(fy_genspec_t *g)
     g->logprobs = true;
     g->priority = -3;
     g->spec = FY_SPEC_NGRAM;
+    g->kv_budget = 400;
+    g->presence_penalty = 0.5f, g->frequency_penalty = 0.25f, g->repetition_penalty = 1.1f;
+    g->n_logit_bias = 2;
+    g->logit_bias_id[0] = 13, g->logit_bias[0] = -100.0f;
+    g->logit_bias_id[1] = 42, g->logit_bias[1] = 2.5f;
+    g->min_tokens = 4;
+    g->top_logprobs = 3;
+    g->n_stop_ids = 1, g->stop_ids[0] = 2;
 }
 
 static fy_wire_cmd_t cmd(uint64_t rid) { return (fy_wire_cmd_t){.to = 0xabcdef0123456789ull, .rid = rid}; }
@@ -259,7 +270,11 @@ void fy_test_wire_example(const fy_wire_schema_t *s, void *p)
                                                   .text = " wor",
                                                   .text_len = 4,
                                                   .has_logprob = true,
-                                                  .logprob = -0.125};
+                                                  .logprob = -0.125,
+                                                  .top_ids = g_top_ids,
+                                                  .n_top_ids = 2,
+                                                  .top_logprobs = g_top_lps,
+                                                  .n_top_logprobs = 2};
     } else if (s == &fy_wire_finish_schema) {
         fy_wire_finish_t *m = p;
         *m = (fy_wire_finish_t){

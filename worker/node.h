@@ -22,6 +22,7 @@
 
 #include "config.h"
 #include "engine.h"
+#include "genspec.h"
 #include "kv.h"
 #include "metrics.h"
 #include "model.h"
@@ -85,5 +86,11 @@ fy_wire_ev_t fy_node_ev(const fy_node_t *n, uint64_t rid, uint64_t id);
 void fy_node_error(fy_node_t *n, uint64_t rid, uint64_t id, fy_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 double fy_node_now(void); /* CLOCK_MONOTONIC seconds */
+
+/* The engine's parameters for a request from its wire parameters (stops
+ * and the logits processing's arrays point into gen, which must outlive
+ * the submission; stops NULL: none; ns: its prefix-cache namespace). */
+void fy_node_request_params(const fy_genspec_t *gen, const fy_kv_ns_t *ns, const char **stops,
+                            fy_request_params_t *rq);
 
 #endif /* FY_NODE_H */

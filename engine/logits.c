@@ -1,0 +1,99 @@
+/* logits.c - logits processing and top alternatives (logits.h). */
+#include "logits.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "mem.h"
+#include "sampling.h"
+
+/* A banned token's logit: far below any real one, yet finite (exp of it
+ * less the row's maximum is 0, and no arithmetic meets an infinity). */
+#define BANNED (-1e30f)
+
+bool fy_logits_active(const fy_logits_params_t *p)
+{
+    return p->presence_penalty != 0 || p->frequency_penalty != 0 || p->repetition_penalty != 1.0f || p->n_bias > 0 ||
+           p->min_tokens > 0;
+}
+
+fy_status_t fy_logits_scratch_init(fy_logits_scratch_t *s, int32_t vocab)
+{
+    s->count = fy_calloc((size_t)vocab, sizeof(int32_t));
+    s->vocab = vocab;
+    return s->count ? FY_OK : FY_ERR_NOMEM;
+}
+
+void fy_logits_scratch_deinit(fy_logits_scratch_t *s)
+{
+    fy_free(s->count);
+    s->count = NULL;
+}
+
+void fy_logits_apply(const fy_logits_params_t *p, fy_logits_scratch_t *s, const int32_t *tokens, int32_t n_prompt,
+                     int32_t n_total, const int32_t *eog, int32_t n_eog, float *logits)
+{
+    int32_t V = s->vocab, *count = s->count;
+    for (int32_t i = 0; i < p->n_bias; i++) {
+        int32_t t = p->bias_ids[i];
+        if (t < 0 || t >= V) continue;
+        logits[t] = p->bias[i] <= -100.0f ? BANNED : logits[t] + p->bias[i];
+    }
+    if (n_total - n_prompt < p->min_tokens) {
+        for (int32_t i = 0; i < n_eog; i++)
+            if (eog[i] >= 0 && eog[i] < V) logits[eog[i]] = BANNED;
+        for (int32_t i = 0; i < p->n_stop_ids; i++)
+            if (p->stop_ids[i] >= 0 && p->stop_ids[i] < V) logits[p->stop_ids[i]] = BANNED;
+    }
+    bool rep = p->repetition_penalty != 1.0f, pf = p->presence_penalty != 0 || p->frequency_penalty != 0;
+    if (!rep && !pf) return;
+    /* counts: the output's occurrences, plus a mark (-1 ... below zero)
+     * for a prompt token the output has not repeated */
+    for (int32_t i = n_prompt; i < n_total; i++)
+        if (tokens[i] >= 0 && tokens[i] < V) count[tokens[i]]++;
+    if (rep)
+        for (int32_t i = 0; i < n_prompt; i++)
+            if (tokens[i] >= 0 && tokens[i] < V && count[tokens[i]] == 0) count[tokens[i]] = -1;
+    /* each distinct token once: the first time it is met its count is
+     * used and cleared */
+    for (int32_t i = 0; i < n_total; i++) {
+        int32_t t = tokens[i];
+        if (t < 0 || t >= V || count[t] == 0) continue;
+        int32_t c = count[t] > 0 ? count[t] : 0;
+        count[t] = 0;
+        float l = logits[t];
+        if (l <= BANNED) continue;
+        if (rep) l = l > 0 ? l / p->repetition_penalty : l * p->repetition_penalty;
+        if (c > 0) l -= p->frequency_penalty * (float)c + p->presence_penalty;
+        logits[t] = l;
+    }
+}
+
+int32_t fy_logits_top(const float *logits, int32_t vocab, float temperature, int32_t k, int32_t *ids, float *logprobs)
+{
+    if (k > 64) k = 64;
+    if (k > vocab) k = vocab;
+    if (k < 1) return 0;
+    /* the k largest by insertion (k is small), ties to the lower id */
+    int32_t n = 0;
+    for (int32_t i = 0; i < vocab; i++) {
+        float l = logits[i];
+        if (n == k && !(l > logits[ids[n - 1]])) continue;
+        int32_t j = n < k ? n++ : k - 1;
+        while (j > 0 && l > logits[ids[j - 1]]) {
+            ids[j] = ids[j - 1];
+            j--;
+        }
+        ids[j] = i;
+    }
+    double t = temperature >= FY_SAMPLING_MIN_TEMP ? (double)temperature : 1.0;
+    float mx = logits[ids[0]];
+    double sum = 0.0;
+    for (int32_t i = 0; i < vocab; i++) sum += exp(((double)logits[i] - mx) / t);
+    double lse = log(sum);
+    for (int32_t j = 0; j < n; j++) {
+        double lp = ((double)logits[ids[j]] - mx) / t - lse;
+        logprobs[j] = lp > FY_LOGPROB_MIN ? (float)lp : FY_LOGPROB_MIN;
+    }
+    return n;
+}

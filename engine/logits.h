@@ -1,0 +1,77 @@
+/*
+ * logits.h - what a request does to its logits before the sampler sees
+ * them (vLLM's definitions), and the top alternatives it reports.
+ *
+ *   repetition penalty r (1: off): every token of the prompt or the output
+ *       so far has its logit divided by r when positive, multiplied when
+ *       not (CTRL's rule, as vLLM and llama.cpp apply it);
+ *   frequency penalty f, presence penalty p (0: off): a token generated c
+ *       times so far loses f * c + p * (c > 0) (OpenAI's rule, over the
+ *       output only);
+ *   logit bias: added to the token's logit; -100 (or less) bans it;
+ *   min_tokens: until that many tokens are out, the end-of-generation
+ *       tokens and the stop token ids cannot be drawn.
+ *
+ * The order is vLLM's: the bias and the minimum length first, then the
+ * penalties.  Cost: one pass over the request's tokens per step (counts
+ * in a scratch array of the vocabulary's size, reset afterwards), plus
+ * the bias entries: no pass over the vocabulary.
+ *
+ * Not here: drawing the token (sampler.h), stop strings (stop.h), the
+ * engine's bookkeeping of which requests process their logits (engine.c).
+ */
+#ifndef FY_LOGITS_H
+#define FY_LOGITS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "status.h"
+
+#define FY_LOGITS_MAX_BIAS 300    /* bias entries a request may give */
+#define FY_LOGITS_MAX_STOP_IDS 16 /* stop token ids */
+#define FY_LOGITS_MAX_TOP 20      /* alternatives reported per token */
+
+typedef struct fy_logits_params {
+    float presence_penalty, frequency_penalty; /* 0: off */
+    float repetition_penalty;                  /* 1: off; above 0 */
+    const int32_t *bias_ids;                   /* [n_bias] token ids */
+    const float *bias;                         /* [n_bias] added to their logits; <= -100: banned */
+    int32_t n_bias;
+    int32_t min_tokens;       /* end tokens (eog and stop_ids) banned while fewer are out */
+    const int32_t *stop_ids;  /* [n_stop_ids] tokens that end a request (banned under min_tokens) */
+    int32_t n_stop_ids;
+} fy_logits_params_t;
+
+/* Whether p changes anything (a default p is off: repetition 1, the rest 0). */
+bool fy_logits_active(const fy_logits_params_t *p);
+
+/* Per-engine scratch: one counter per vocabulary entry, all zero between calls. */
+typedef struct fy_logits_scratch {
+    int32_t *count; /* [vocab] */
+    int32_t vocab;
+} fy_logits_scratch_t;
+
+fy_status_t fy_logits_scratch_init(fy_logits_scratch_t *s, int32_t vocab);
+void fy_logits_scratch_deinit(fy_logits_scratch_t *s);
+
+/*
+ * Applies p to one row of logits [s->vocab] of a sequence whose tokens
+ * are tokens[0..n_total), the first n_prompt its prompt; eog[n_eog] are
+ * the model's end-of-generation tokens (banned with the stop ids while
+ * fewer than min_tokens are out).  Token ids out of the vocabulary are
+ * skipped (the engine refuses them at submission).
+ */
+void fy_logits_apply(const fy_logits_params_t *p, fy_logits_scratch_t *s, const int32_t *tokens, int32_t n_prompt,
+                     int32_t n_total, const int32_t *eog, int32_t n_eog, float *logits);
+
+/*
+ * The k most likely tokens of a row under the temperature-scaled
+ * distribution (temperature below the sampler's minimum: 1, as
+ * fy_logprob): ids and log-probabilities, most likely first, ties by
+ * lower id.  k at most 64; returns how many were written (k, or the
+ * vocabulary if smaller).
+ */
+int32_t fy_logits_top(const float *logits, int32_t vocab, float temperature, int32_t k, int32_t *ids, float *logprobs);
+
+#endif /* FY_LOGITS_H */
