@@ -29,6 +29,18 @@ fy_status_t fy_spec_method_parse(const char *s, bool allow_default, fy_spec_meth
     return FY_ERR_INVALID;
 }
 
+const char *fy_gen_grammar_str(fy_gen_grammar_t k)
+{
+    switch (k) {
+    case FY_GEN_GRAMMAR_NONE: return "none";
+    case FY_GEN_GRAMMAR_JSON_SCHEMA: return "json_schema";
+    case FY_GEN_GRAMMAR_JSON_OBJECT: return "json_object";
+    case FY_GEN_GRAMMAR_REGEX: return "regex";
+    case FY_GEN_GRAMMAR_CHOICE: return "choice";
+    }
+    return "?";
+}
+
 void fy_genspec_default(fy_genspec_t *g)
 {
     memset(g, 0, sizeof(*g));
@@ -69,6 +81,10 @@ void fy_genspec_write(fy_msgw_t *w, const fy_genspec_t *g)
     if (g->min_tokens) fy_msgw_i64(w, "min_tokens", g->min_tokens);
     if (g->top_logprobs) fy_msgw_i64(w, "top_logprobs", g->top_logprobs);
     if (g->n_stop_ids) fy_msgw_i32s(w, "stop_token_ids", g->stop_ids, g->n_stop_ids);
+    if (g->grammar_kind != FY_GEN_GRAMMAR_NONE) {
+        fy_msgw_str(w, "grammar_kind", fy_gen_grammar_str(g->grammar_kind));
+        fy_msgw_strn(w, "grammar", g->grammar, (size_t)g->grammar_len);
+    }
 }
 
 void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap)
@@ -131,6 +147,27 @@ void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap)
         if (fy_msgr_ok(r)) {
             memcpy(g->stop_ids, ids, (size_t)n * sizeof(int32_t));
             g->n_stop_ids = n;
+        }
+    }
+    if (fy_msgr_has(r, "grammar_kind")) {
+        char kind[16];
+        fy_msgr_str(r, "grammar_kind", FY_OPT, NULL, kind, sizeof(kind));
+        fy_gen_grammar_t k = FY_GEN_GRAMMAR_NONE;
+        while (fy_msgr_ok(r) && k <= FY_GEN_GRAMMAR_CHOICE && strcmp(kind, fy_gen_grammar_str(k))) k++;
+        if (fy_msgr_ok(r) && k > FY_GEN_GRAMMAR_CHOICE)
+            fy_msgr_fail(r, FY_ERR_FORMAT, "field 'grammar_kind': '%s' is not none, json_schema, json_object, regex "
+                                           "or choice",
+                         kind);
+        size_t glen = 0;
+        const char *src = fy_msgr_bytes(r, "grammar", FY_OPT, FY_GEN_MAX_GRAMMAR, &glen);
+        if (!src) glen = 0;
+        if (fy_msgr_ok(r) && src && memchr(src, 0, glen))
+            fy_msgr_fail(r, FY_ERR_FORMAT, "field 'grammar' holds a NUL byte");
+        if (fy_msgr_ok(r)) {
+            g->grammar_kind = k;
+            g->grammar_len = (int32_t)glen;
+            if (glen) memcpy(g->grammar, src, glen);
+            g->grammar[glen] = 0;
         }
     }
     if (fy_msgr_has(r, "spec")) {
@@ -205,6 +242,13 @@ fy_status_t fy_genspec_check(const fy_genspec_t *g, int32_t max_tokens_cap, cons
     } else if (g->n_stop_ids < 0 || g->n_stop_ids > FY_GEN_MAX_STOP_IDS) {
         f = "stop_token_ids";
         snprintf(err, err_cap, "%d stop_token_ids; at most %d", g->n_stop_ids, FY_GEN_MAX_STOP_IDS);
+    }
+    if (!f && (g->grammar_kind < FY_GEN_GRAMMAR_NONE || g->grammar_kind > FY_GEN_GRAMMAR_CHOICE ||
+               g->grammar_len < 0 || g->grammar_len > FY_GEN_MAX_GRAMMAR ||
+               memchr(g->grammar, 0, (size_t)g->grammar_len))) {
+        f = "response_format";
+        snprintf(err, err_cap, "a structured output's source holds at most %d bytes, and no NUL byte",
+                 FY_GEN_MAX_GRAMMAR);
     }
     for (int32_t i = 0; !f && i < g->n_logit_bias; i++)
         if (g->logit_bias_id[i] < 0 ||

@@ -38,6 +38,18 @@
 #define FY_GEN_LOGIT_BIAS_MAX 100.0f   /* and -100 (bans the token) */
 #define FY_GEN_MAX_TOP_LOGPROBS 20     /* alternatives per token (OpenAI's) */
 #define FY_GEN_MAX_STOP_IDS 16         /* stop_token_ids */
+#define FY_GEN_MAX_GRAMMAR 32768       /* bytes of a structured output's source (a schema, a regex, choices) */
+
+/* Structured outputs: what constrains the text (engine/grammar.h compiles it). */
+typedef enum fy_gen_grammar {
+    FY_GEN_GRAMMAR_NONE = 0,
+    FY_GEN_GRAMMAR_JSON_SCHEMA, /* grammar: a JSON Schema document */
+    FY_GEN_GRAMMAR_JSON_OBJECT, /* any JSON object (grammar empty) */
+    FY_GEN_GRAMMAR_REGEX,       /* grammar: a regular expression the whole output matches */
+    FY_GEN_GRAMMAR_CHOICE,      /* grammar: a JSON array of strings, the output one of them */
+} fy_gen_grammar_t;
+
+const char *fy_gen_grammar_str(fy_gen_grammar_t k); /* "none", "json_schema", "json_object", "regex", "choice" */
 
 /* Speculative decoding, as a request asks for it (engine/spec.h has the rest). */
 typedef enum fy_spec_method {
@@ -72,6 +84,11 @@ typedef struct fy_genspec {
     int32_t top_logprobs; /* alternatives reported with each token's logprob, [0, FY_GEN_MAX_TOP_LOGPROBS] */
     int32_t n_stop_ids;
     int32_t stop_ids[FY_GEN_MAX_STOP_IDS]; /* token ids that end the request (finish reason stop) */
+    /* structured output: the kind and its source text (not NUL-terminated
+     * on the wire; kept with a NUL here) */
+    fy_gen_grammar_t grammar_kind;
+    int32_t grammar_len;
+    char grammar[FY_GEN_MAX_GRAMMAR + 1];
 } fy_genspec_t;
 
 /* Whether g changes the logits the sampler sees (penalties, a bias, a
