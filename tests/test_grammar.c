@@ -73,6 +73,8 @@ static void run_cases(fy_grammar_kind_t kind, const tcase_t *cases, size_t n)
     }
 }
 
+static fy_token_trie_t *tiny_trie(void);
+
 /* ---- JSON Schema -------------------------------------------------------------------------------------------- */
 
 static void test_schema_scalars(void **state)
@@ -323,11 +325,21 @@ static void test_limits(void **state)
     g = compile_ok(FY_GRAMMAR_JSON_OBJECT, NULL);
     assert_int_equal(fy_gmatch_create(g, &m), FY_OK);
     assert_true(fy_gmatch_accept_bytes(m, "{\"a\":", 5));
-    for (int i = 0; i < 5000; i++) assert_true(fy_gmatch_accept_byte(m, '['));
-    for (int i = 0; i < 5000; i++) assert_true(fy_gmatch_accept_byte(m, ']'));
+    /* deep enough that the memo fills and is rebuilt (more states than
+     * it keeps), across tokens so that rollback crosses a rebuild */
+    fy_token_trie_t *t = tiny_trie();
+    for (int i = 0; i < 20000; i++) assert_int_equal(fy_gmatch_accept_token(m, t, '['), FY_OK);
+    for (int i = 0; i < 19990; i++) assert_true(fy_gmatch_accept_byte(m, ']'));
+    for (int i = 0; i < 10; i++) assert_int_equal(fy_gmatch_accept_token(m, t, ']'), FY_OK);
+    fy_gmatch_stats_t st;
+    fy_gmatch_stats(m, &st);
+    assert_true(st.flushes > 0);
+    assert_int_equal(fy_gmatch_rollback(m, 10), FY_OK);
+    assert_true(fy_gmatch_accept_bytes(m, "]]]]]]]]]]", 10));
     assert_false(fy_gmatch_accept_byte(m, ']'));
     assert_true(fy_gmatch_accept_byte(m, '}'));
     assert_true(fy_gmatch_is_complete(m));
+    fy_token_trie_destroy(t);
     fy_gmatch_destroy(m);
     fy_grammar_unref(g);
 }
