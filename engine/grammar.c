@@ -897,7 +897,7 @@ fy_status_t gb_finish(gb_t *b, int32_t root, fy_grammar_t **g_p, char *err, size
         } else {
             memcpy(g->elems, b->elems.v, (size_t)g->n_elems * sizeof(gelem_t));
             memcpy(g->alts, b->alts.v, (size_t)g->n_alts * sizeof(int32_t));
-            memcpy(g->sets, b->sets.v, (size_t)g->n_sets * 32);
+            if (g->n_sets) memcpy(g->sets, b->sets.v, (size_t)g->n_sets * 32); /* none for an empty language */
             for (int32_t r = 0; r < nr; r++) {
                 g->rules[r].alt_first = b->rule_alt_first[r];
                 g->rules[r].n_alts = b->rule_n_alts[r];
@@ -1314,7 +1314,7 @@ static int32_t intern(fy_gmatch_t *m, const int32_t *t, int32_t n, bool complete
     for (int32_t id; (id = m->shash[k]) >= 0; k = (k + 1) & m->shash_mask) {
         const gstate_t *s = &m->states[id];
         if (s->hash == h && s->n_top == n && s->complete == complete &&
-            !memcmp(m->tops + s->top_off, t, (size_t)n * sizeof(int32_t)))
+            (n == 0 || !memcmp(m->tops + s->top_off, t, (size_t)n * sizeof(int32_t))))
             return id;
     }
     if ((int64_t)(m->n_states + 1) * 2 > (int64_t)m->shash_mask + 1) {
@@ -1336,7 +1336,7 @@ static int32_t intern(fy_gmatch_t *m, const int32_t *t, int32_t n, bool complete
         m->tops = p;
         m->cap_tops = c;
     }
-    memcpy(m->tops + m->n_tops, t, (size_t)n * sizeof(int32_t));
+    if (n) memcpy(m->tops + m->n_tops, t, (size_t)n * sizeof(int32_t));
     int32_t id = m->n_states++;
     m->states[id] = (gstate_t){m->n_tops, n, -1, -1, h, complete};
     m->n_tops += n;
@@ -1668,10 +1668,11 @@ static void push_hist(fy_gmatch_t *m)
 
 fy_status_t fy_gmatch_accept_token(fy_gmatch_t *m, const fy_token_trie_t *t, int32_t id)
 {
-    if (m->ended || m->broken || id < 0 || id >= t->n_vocab) return FY_ERR_INVALID;
+    if (m->broken || id < 0 || id >= t->n_vocab) return FY_ERR_INVALID;
+    if (m->ended && !fy_token_trie_is_eog(t, id)) return FY_ERR_INVALID;
     maybe_flush(m);
-    if (fy_token_trie_is_eog(t, id)) {
-        if (!m->states[m->cur].complete) return FY_ERR_INVALID;
+    if (fy_token_trie_is_eog(t, id)) { /* ends (again, once ended: what the mask allows) */
+        if (!m->ended && !m->states[m->cur].complete) return FY_ERR_INVALID;
         push_hist(m);
         m->ended = true;
         return FY_OK;

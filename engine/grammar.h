@@ -116,9 +116,10 @@ bool fy_gmatch_is_ended(const fy_gmatch_t *m);
  * An all-zero mask cannot happen for a grammar compiled here over a
  * vocabulary that has every single byte as a token. */
 fy_status_t fy_gmatch_mask(fy_gmatch_t *m, const fy_token_trie_t *t, uint32_t *mask);
-/* Advances by token id's bytes (or ends, for an EOG token when complete)
- * and records the step for rollback.  FY_ERR_INVALID when the token is not
- * allowed (state unchanged). */
+/* Advances by token id's bytes (or ends, for an EOG token when complete;
+ * once ended, only EOG tokens are taken, changing nothing) and records the
+ * step for rollback.  FY_ERR_INVALID when the token is not allowed (state
+ * unchanged): exactly the tokens fy_gmatch_mask leaves out. */
 fy_status_t fy_gmatch_accept_token(fy_gmatch_t *m, const fy_token_trie_t *t, int32_t id);
 /* Undoes the last n accepted tokens (speculative decoding: drop the
  * rejected draft).  FY_ERR_INVALID when fewer than n are remembered

@@ -183,6 +183,7 @@ static void test_regex(void **state)
     (void)state;
     static const tcase_t cases[] = {
         {"abc", {"abc"}, {"ab", "abcd", ""}},
+        {"", {""}, {"a"}},
         {"^a(b|cd)*e$", {"ae", "abe", "acdbe"}, {"ace", "a"}},
         {"[0-9]{3}-[0-9]{2,4}", {"123-45", "123-4567"}, {"12-45", "123-4", "123-45678"}},
         {"\\d+(\\.\\d+)?", {"1", "12.5"}, {"1.", ".5", "a"}},
@@ -555,6 +556,9 @@ static void test_rollback_clone(void **state)
     assert_int_equal(fy_gmatch_accept_token(m, t, eos), FY_OK);
     assert_true(fy_gmatch_is_ended(m));
     assert_int_equal(fy_gmatch_accept_token(m, t, ' '), FY_ERR_INVALID);
+    assert_int_equal(fy_gmatch_accept_token(m, t, eos), FY_OK); /* as the mask says */
+    assert_int_equal(fy_gmatch_rollback(m, 1), FY_OK);
+    assert_true(fy_gmatch_is_ended(m));
     uint32_t mask[16];
     assert_int_equal(fy_gmatch_mask(m, t, mask), FY_OK);
     assert_true(bit(mask, eos));
