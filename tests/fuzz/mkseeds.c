@@ -614,6 +614,51 @@ static void configs(void)
     put_str("tenants", "bad.txt", "short alpha\nkey-one-0001 al/pha\n");
 }
 
+/* ---- grammars -------------------------------------------------------------------------------------------------- */
+
+/* fuzz_grammar: a kind byte, 8 token-picking bytes, the source. */
+static void grammars(void)
+{
+    static const struct {
+        const char *name;
+        char kind; /* '0' json_schema, '1' json_object, '2' regex, '3' choice (mod 4 of the byte) */
+        const char *src;
+    } seeds[] = {
+        {"schema-object", 0,
+         "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"string\",\"maxLength\":3},"
+         "\"c\":{\"type\":\"array\",\"items\":{\"enum\":[\"x\",1,null]},\"maxItems\":2}},\"required\":[\"a\"]}"},
+        {"schema-pydantic", 0,
+         "{\"$defs\":{\"Color\":{\"enum\":[\"red\",\"blue\"],\"title\":\"Color\",\"type\":\"string\"}},"
+         "\"properties\":{\"c\":{\"$ref\":\"#/$defs/Color\"},\"n\":{\"anyOf\":[{\"type\":\"number\"},{\"type\":\"null\"}],"
+         "\"default\":null}},\"required\":[\"c\"],\"title\":\"M\",\"type\":\"object\"}"},
+        {"schema-recursive", 0,
+         "{\"definitions\":{\"n\":{\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"array\",\"items\":"
+         "{\"$ref\":\"#/definitions/n\"}}}}},\"$ref\":\"#/definitions/n\"}"},
+        {"schema-formats", 0,
+         "{\"anyOf\":[{\"type\":\"string\",\"format\":\"date-time\"},{\"type\":\"string\",\"format\":\"uuid\"},"
+         "{\"type\":\"string\",\"pattern\":\"^[a-z]+\\\\d?$\"},{\"type\":\"integer\",\"minimum\":0}]}"},
+        {"schema-map", 0, "{\"type\":\"object\",\"additionalProperties\":{\"type\":\"boolean\"}}"},
+        {"schema-refused", 0, "{\"type\":\"object\",\"patternProperties\":{}}"},
+        {"json-object", 1, ""},
+        {"regex-phone", 2, "\\(?\\d{3}\\)?[ -]?\\d{3}-\\d{4}"},
+        {"regex-mixed", 2, "^(?:yes|no|[A-Z][a-z]*\\.)+(x|\\u00e9){1,3}.?$"},
+        {"regex-class", 2, "[^\\s\"]+@[\\w.-]+"},
+        {"choice", 3, "[\"positive\",\"negative\",\"n/a\",\"\"]"},
+        /* what the fuzzer found: an empty language's grammar has no byte sets */
+        {"found-empty-regex", 2, ""},
+    };
+    for (size_t i = 0; i < sizeof(seeds) / sizeof(seeds[0]); i++) {
+        size_t n = strlen(seeds[i].src);
+        char *buf = malloc(9 + n);
+        if (!buf) abort();
+        buf[0] = seeds[i].kind;
+        memcpy(buf + 1, "\x03\x11\x07\x29\x02\x05\x13\x0b", 8);
+        memcpy(buf + 9, seeds[i].src, n);
+        put("grammar", seeds[i].name, buf, 9 + n);
+        free(buf);
+    }
+}
+
 /* ---- wire messages -------------------------------------------------------------------------------------------- */
 
 static void messages(void)
@@ -927,6 +972,7 @@ int main(int argc, char **argv)
     wire_messages();
     transfer();
     http();
+    grammars();
 
     char cmd[600];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
