@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "grammar.h"
 #include "log.h"
 #include "mem.h"
 
@@ -68,6 +69,7 @@ typedef struct request {
     int32_t stop_ids[FY_LOGITS_MAX_STOP_IDS];
     int32_t top_logprobs;
     bool defer_stops;
+    fy_gmatch_t *gm; /* structured output: the grammar's state after the generated tokens; NULL: none */
     /* output */
     fy_rng_t rng;
     fy_detok_t detok;
@@ -110,6 +112,11 @@ struct fy_engine {
     int32_t n_eog;
     int32_t top_ids[FY_LOGITS_MAX_TOP];
     float top_lps[FY_LOGITS_MAX_TOP];
+    /* structured outputs: the vocabulary's trie, compiled grammars, a mask */
+    fy_token_trie_t *trie;
+    fy_grammar_cache_t *gcache;
+    uint32_t *gmask; /* [mask words] */
+    uint64_t grammar_compiles, grammar_hits;
     fy_forward_seq_t *dfwd; /* [max_num_seqs] draft batch */
     request_t **dreq;       /* [max_num_seqs] */
     int32_t *dk;            /* [max_num_seqs] tokens each wants proposed */
@@ -212,6 +219,7 @@ static void request_free(request_t *q)
     fy_free(q->scores);
     fy_free(q->bias_ids);
     fy_free(q->bias);
+    fy_gmatch_destroy(q->gm);
     fy_free(q);
 }
 
@@ -423,6 +431,10 @@ fy_status_t fy_engine_create(fy_runner_t *r, fy_kvm_t *kvm, const fy_tokenizer_t
     e->probs = fy_malloc((size_t)(K + 1) * (size_t)e->vocab * sizeof(float));
     e->scratch = fy_malloc((size_t)e->vocab * sizeof(float));
     if (fy_logits_scratch_init(&e->lscratch, e->vocab) != FY_OK) goto nomem;
+    if (fy_token_trie_from_tokenizer(tok, &e->trie) != FY_OK || fy_grammar_cache_create(64, &e->gcache) != FY_OK)
+        goto nomem;
+    e->gmask = fy_malloc(fy_token_trie_mask_words(e->trie) * sizeof(uint32_t));
+    if (!e->gmask) goto nomem;
     for (int32_t i = 0; i < e->vocab; i++) e->n_eog += fy_tokenizer_is_eog(tok, i);
     e->eog = fy_malloc((size_t)(e->n_eog ? e->n_eog : 1) * sizeof(int32_t));
     if (!e->eog) goto nomem;
@@ -526,6 +538,9 @@ void fy_engine_destroy(fy_engine_t *e)
     fy_free(e->qprobs);
     fy_free(e->scratch);
     fy_logits_scratch_deinit(&e->lscratch);
+    fy_free(e->gmask);
+    fy_grammar_cache_destroy(e->gcache);
+    fy_token_trie_destroy(e->trie);
     fy_free(e->eog);
     fy_free(e->dfwd);
     fy_free(e->dreq);
@@ -629,11 +644,38 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
         *st_p = refuse(e, FY_ERR_INVALID, "request needs %d kv blocks; the cache has %d", need, e->total_blocks);
         return NULL;
     }
+    /* structured output: compiled once per source (the cache), a matcher per request */
+    fy_gmatch_t *gm = NULL;
+    if (rp->grammar_kind != FY_GEN_GRAMMAR_NONE) {
+        static const fy_grammar_kind_t kinds[] = {
+            [FY_GEN_GRAMMAR_JSON_SCHEMA] = FY_GRAMMAR_JSON_SCHEMA, [FY_GEN_GRAMMAR_JSON_OBJECT] = FY_GRAMMAR_JSON_OBJECT,
+            [FY_GEN_GRAMMAR_REGEX] = FY_GRAMMAR_REGEX, [FY_GEN_GRAMMAR_CHOICE] = FY_GRAMMAR_CHOICE};
+        char err[FY_GRAMMAR_ERR_LEN] = "";
+        fy_grammar_t *g = NULL;
+        bool hit = false;
+        fy_status_t gst = (unsigned)rp->grammar_kind > FY_GEN_GRAMMAR_CHOICE || rp->grammar_len < 0
+                              ? FY_ERR_INVALID
+                              : fy_grammar_cache_get(e->gcache, kinds[rp->grammar_kind], rp->grammar ? rp->grammar : "",
+                                                     (size_t)rp->grammar_len, &g, &hit, err, sizeof(err));
+        if (!gst) gst = fy_gmatch_create(g, &gm);
+        fy_grammar_unref(g);
+        if (gst) {
+            *st_p = refuse(e, gst == FY_ERR_NOMEM ? FY_ERR_NOMEM : FY_ERR_INVALID, "response_format (%s): %s",
+                           fy_gen_grammar_str(rp->grammar_kind), err[0] ? err : fy_status_str(gst));
+            return NULL;
+        }
+        pthread_mutex_lock(&e->mu);
+        e->grammar_compiles += !hit;
+        e->grammar_hits += hit;
+        pthread_mutex_unlock(&e->mu);
+    }
     request_t *q = fy_calloc(1, sizeof(*q));
     if (!q) {
+        fy_gmatch_destroy(gm);
         *st_p = refuse(e, FY_ERR_NOMEM, "out of memory for a request");
         return NULL;
     }
+    q->gm = gm;
     q->cap = n_prompt + max_tokens;
     q->tokens = fy_malloc((size_t)q->cap * sizeof(int32_t));
     q->itl = fy_malloc((size_t)max_tokens * sizeof(float));
@@ -1006,6 +1048,23 @@ static void adjust_budget(fy_engine_t *e)
     e->itl_since_change = 0;
 }
 
+/* Structured output: the tokens q's grammar does not allow next (and any
+ * logit past the tokenizer's vocabulary) cannot be drawn from row lg. */
+static fy_status_t grammar_mask(fy_engine_t *e, request_t *q, float *lg)
+{
+    fy_status_t st = fy_gmatch_mask(q->gm, e->trie, e->gmask);
+    if (st != FY_OK) return st;
+    int32_t n = fy_token_trie_n_vocab(e->trie);
+    for (int32_t w = 0; w * 32 < n; w++) {
+        uint32_t m = e->gmask[w];
+        if (m == UINT32_MAX) continue;
+        for (int32_t b = 0; b < 32 && w * 32 + b < n; b++)
+            if (!(m >> b & 1u)) lg[w * 32 + b] = FY_LOGPROB_MIN;
+    }
+    for (int32_t i = n; i < e->vocab; i++) lg[i] = FY_LOGPROB_MIN;
+    return FY_OK;
+}
+
 /* A token was sampled for q: stream it (with n_top alternatives), and
  * end q if it is done (then false: q is gone). */
 static bool on_token_top(fy_engine_t *e, request_t *q, int32_t tok, float logprob, const int32_t *top_ids,
@@ -1019,6 +1078,16 @@ static bool on_token_top(fy_engine_t *e, request_t *q, int32_t tok, float logpro
         guardrail(e, itl);
     }
     q->t_last = t;
+    /* structured output: the token moves the grammar on (it was drawn
+     * from its mask; an adopted first token is checked here) */
+    if (q->gm && fy_gmatch_accept_token(q->gm, e->trie, tok) != FY_OK) {
+        end_error(e, q, FY_ERR_INVALID, "a token the structured output does not allow");
+        return false;
+    }
+    if (q->gm && fy_gmatch_is_ended(q->gm) && !q->defer_stops) { /* its end token, whatever ignore_eos says */
+        end_request(e, q, FY_EVENT_FINISH, FY_FINISH_EOS, FY_OK, NULL);
+        return false;
+    }
     /* min_tokens: nothing ends it earlier (the logits banned the end
      * tokens; stop strings are not looked for: vLLM's rule) */
     bool may_stop = q->n_generated >= q->lp.min_tokens;
@@ -1340,6 +1409,22 @@ static void spec_verify(fy_engine_t *e, request_t *q, const float *lg, double t)
     int32_t out[FY_SPEC_MAX_K + 1];
     float lp[FY_SPEC_MAX_K + 1] = {0};
     int32_t a = 0;
+    /* structured output: row i is masked in the grammar's state after the
+     * first i proposals; a proposal it does not allow ends the masking
+     * (verification rejects it there: it is out of that row's mask) */
+    if (q->gm) {
+        int32_t taken = 0;
+        for (int32_t i = 0; i <= k; i++) {
+            if (grammar_mask(e, q, e->logits + (lg - e->logits) + (size_t)i * (size_t)V) != FY_OK) {
+                (void)fy_gmatch_rollback(q->gm, taken);
+                end_error(e, q, FY_ERR_INTERNAL, "the structured output's mask failed");
+                return;
+            }
+            if (i == k || fy_gmatch_accept_token(q->gm, e->trie, draft[i]) != FY_OK) break;
+            taken++;
+        }
+        (void)fy_gmatch_rollback(q->gm, taken); /* on_token takes the accepted ones for good */
+    }
     if (fy_sampling_is_greedy(&q->sampling)) {
         for (;;) {
             out[a] = fy_argmax(lg + (size_t)a * (size_t)V, V);
@@ -1531,6 +1616,10 @@ fy_status_t fy_engine_step(fy_engine_t *e)
         float *lg = e->logits + (size_t)row++ * (size_t)e->vocab;
         if (q->lp_on)
             fy_logits_apply(&q->lp, &e->lscratch, q->tokens, q->n_prompt, q->n_total, e->eog, e->n_eog, lg);
+        if (q->gm && grammar_mask(e, q, lg) != FY_OK) {
+            end_error(e, q, FY_ERR_INTERNAL, "the structured output's mask failed");
+            continue;
+        }
         float lp = 0.0f;
         int32_t tok = fy_sampler_sample(e->sampler, &q->sampling, &q->rng, lg, q->logprobs ? &lp : NULL);
         int32_t n_top = q->top_logprobs ? fy_logits_top(lg, e->vocab, fy_sampling_is_greedy(&q->sampling)

@@ -116,6 +116,12 @@ typedef struct fy_request_params {
     const int32_t *first_top_ids;
     const float *first_top_logprobs;
     int32_t n_first_top;
+    /* structured output (grammar.h): every token is drawn from what the
+     * grammar allows next; the source is compiled (through the engine's
+     * cache) at submission, which refuses what it cannot compile */
+    fy_gen_grammar_t grammar_kind;
+    const char *grammar;
+    int32_t grammar_len;
 } fy_request_params_t;
 
 void fy_request_params_default(fy_request_params_t *p);

@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <jansson.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -666,6 +668,85 @@ static void test_logits_processing_engine(void **state)
     rig_close(&g);
 }
 
+/* ---- structured outputs (grammar.h) ---- */
+
+/* One greedy request under a structured output on the tiny model: its
+ * text and how it finished.  spec: n-gram speculation on. */
+static void run_grammar(bool spec, fy_gen_grammar_t kind, const char *src, top_rec_t *t)
+{
+    rig_opts_t o;
+    rig_opts(&o, g_tiny);
+    o.caching = false;
+    if (spec) o.ep.spec.method = FY_SPEC_NGRAM, o.ep.spec.min_accept = 0;
+    rig_t g;
+    rig_open(&g, &o);
+    int32_t p[16];
+    make_prompt(p, 16, g.vocab, 808);
+    fy_request_params_t rp;
+    fy_request_params_default(&rp);
+    rp.max_tokens = 400;
+    rp.grammar_kind = kind, rp.grammar = src, rp.grammar_len = (int32_t)strlen(src);
+    run_one(&g, p, 16, &rp, t);
+    t->r.text[t->r.len] = 0;
+    rig_close(&g);
+}
+
+/* The tiny model's greedy text, whatever it would say, comes out as what
+ * the grammar allows and ends with EOS once the grammar is complete: a
+ * bounded JSON Schema (jansson parses it and the values are the schema's),
+ * a choice, a regular expression; speculation (n-gram proposals checked
+ * against the grammar) gives the same tokens; a schema keyword the
+ * engine does not handle is refused by name. */
+static void test_structured_outputs(void **state)
+{
+    static top_rec_t a, b;
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"name\":{\"enum\":[\"ann\",\"bo\",\"cy\"]},"
+                         "\"ok\":{\"type\":\"boolean\"},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"x\",\"y\"]},"
+                         "\"maxItems\":3}},\"required\":[\"name\",\"ok\",\"tags\"],\"additionalProperties\":false}";
+    run_grammar(false, FY_GEN_GRAMMAR_JSON_SCHEMA, schema, &a);
+    fprintf(stderr, "json_schema: %s (%d tokens)\n", a.r.text, a.r.n);
+    assert_int_equal(a.r.reason, FY_FINISH_EOS);
+    json_error_t err;
+    json_t *j = json_loads(a.r.text, 0, &err);
+    if (!j) fail_msg("not JSON: %s (%s)", a.r.text, err.text);
+    const char *name = json_string_value(json_object_get(j, "name"));
+    assert_true(name && (!strcmp(name, "ann") || !strcmp(name, "bo") || !strcmp(name, "cy")));
+    assert_true(json_is_boolean(json_object_get(j, "ok")));
+    json_t *tags = json_object_get(j, "tags");
+    assert_true(json_is_array(tags) && json_array_size(tags) <= 3);
+    assert_int_equal(json_object_size(j), 3);
+    json_decref(j);
+    run_grammar(true, FY_GEN_GRAMMAR_JSON_SCHEMA, schema, &b);
+    assert_string_equal(b.r.text, a.r.text);
+    assert_int_equal(b.r.n, a.r.n);
+    run_grammar(false, FY_GEN_GRAMMAR_CHOICE, "[\"yes\",\"no\",\"maybe so\"]", &a);
+    fprintf(stderr, "choice: %s\n", a.r.text);
+    assert_true(!strcmp(a.r.text, "yes") || !strcmp(a.r.text, "no") || !strcmp(a.r.text, "maybe so"));
+    assert_int_equal(a.r.reason, FY_FINISH_EOS);
+    run_grammar(false, FY_GEN_GRAMMAR_REGEX, "[0-9]{3}-[a-z]{2}", &a);
+    fprintf(stderr, "regex: %s\n", a.r.text);
+    assert_int_equal(a.r.len, 6);
+    for (int i = 0; i < 6; i++)
+        assert_true(i < 3 ? (a.r.text[i] >= '0' && a.r.text[i] <= '9') : i == 3 ? a.r.text[i] == '-'
+                                                                                : (a.r.text[i] >= 'a' && a.r.text[i] <= 'z'));
+    /* refused by name */
+    rig_opts_t o;
+    rig_opts(&o, g_tiny);
+    rig_t g;
+    rig_open(&g, &o);
+    int32_t p[4] = {5, 6, 7, 8};
+    fy_request_params_t rp;
+    fy_request_params_default(&rp);
+    const char *bad = "{\"type\":\"object\",\"patternProperties\":{\"^x\":{\"type\":\"string\"}}}";
+    rp.grammar_kind = FY_GEN_GRAMMAR_JSON_SCHEMA, rp.grammar = bad, rp.grammar_len = (int32_t)strlen(bad);
+    uint64_t id;
+    fy_test_log_begin();
+    assert_int_equal(fy_engine_submit(g.e, p, 4, &rp, on_top, &a, &id), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("patternProperties", NULL));
+    fy_test_log_end();
+    rig_close(&g);
+}
+
 static void test_cancel_and_errors(void **state)
 {
     rig_opts_t o;
@@ -1258,7 +1339,7 @@ int main(void)
         cmocka_unit_test(test_post_and_tick),         cmocka_unit_test(test_build_from_config),
         cmocka_unit_test(test_evict_choose),          cmocka_unit_test(test_kv_budget_streaming),
         cmocka_unit_test(test_kv_budget_preempt_swap), cmocka_unit_test(test_kv_budget_preempt_recompute),
-        cmocka_unit_test(test_logits_processing_engine),
+        cmocka_unit_test(test_logits_processing_engine), cmocka_unit_test(test_structured_outputs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -620,4 +620,7 @@ void fy_node_request_params(const fy_genspec_t *gen, const fy_kv_ns_t *ns, const
                                       .stop_ids = gen->stop_ids,
                                       .n_stop_ids = gen->n_stop_ids};
     rq->top_logprobs = gen->top_logprobs;
+    rq->grammar_kind = gen->grammar_kind;
+    rq->grammar = gen->grammar;
+    rq->grammar_len = gen->grammar_len;
 }
