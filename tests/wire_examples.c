@@ -51,6 +51,9 @@ static void gen_full(fy_genspec_t *g)
     g->min_tokens = 4;
     g->top_logprobs = 3;
     g->n_stop_ids = 1, g->stop_ids[0] = 2;
+    g->grammar_kind = FY_GEN_GRAMMAR_JSON_SCHEMA;
+    g->grammar_len = snprintf(g->grammar, sizeof(g->grammar),
+                              "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}");
 }
 
 static fy_wire_cmd_t cmd(uint64_t rid) { return (fy_wire_cmd_t){.to = 0xabcdef0123456789ull, .rid = rid}; }

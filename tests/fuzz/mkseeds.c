@@ -793,7 +793,7 @@ static void messages(void)
  * logprob, each role's load report, an error without an attempt). */
 static void wire_messages(void)
 {
-    static _Alignas(max_align_t) char m[8192];
+    static _Alignas(max_align_t) char m[65536];
     fy_msgw_t w;
     for (int32_t i = 0; i < fy_wire_n_all; i++) {
         const fy_wire_schema_t *s = fy_wire_all[i];
