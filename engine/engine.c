@@ -116,7 +116,6 @@ struct fy_engine {
     fy_token_trie_t *trie;
     fy_grammar_cache_t *gcache;
     uint32_t *gmask; /* [mask words] */
-    uint64_t grammar_compiles, grammar_hits;
     fy_forward_seq_t *dfwd; /* [max_num_seqs] draft batch */
     request_t **dreq;       /* [max_num_seqs] */
     int32_t *dk;            /* [max_num_seqs] tokens each wants proposed */
@@ -665,8 +664,8 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
             return NULL;
         }
         pthread_mutex_lock(&e->mu);
-        e->grammar_compiles += !hit;
-        e->grammar_hits += hit;
+        e->st.grammar_compiles += !hit;
+        e->st.grammar_cache_hits += hit;
         pthread_mutex_unlock(&e->mu);
     }
     request_t *q = fy_calloc(1, sizeof(*q));

@@ -259,6 +259,8 @@ typedef struct fy_engine_stats {
     double propose_s;
     uint64_t spec_request_offs, spec_worker_offs;
     bool spec_worker_off; /* the worker's speculation is off now (probed again later) */
+    /* structured outputs: grammars compiled at submission, and found in the cache */
+    uint64_t grammar_compiles, grammar_cache_hits;
 } fy_engine_stats_t;
 
 void fy_engine_stats(fy_engine_t *e, fy_engine_stats_t *out);

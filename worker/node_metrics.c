@@ -18,6 +18,7 @@ struct fy_node_series {
     fy_metric_t *blocks[2][4]; /* [tier: device, host][free, used, cached, promised] */
     fy_metric_t *prefix_queries, *prefix_hits;
     fy_metric_t *preempt_recompute, *preempt_swap, *swap_out, *swap_in;
+    fy_metric_t *grammar_compiled, *grammar_cached;
     fy_metric_t *window_dropped, *evicted, *groups[2];
     fy_metric_t *running, *waiting, *swapped;
     fy_metric_t *prompt_tokens, *computed_tokens, *generation_tokens;
@@ -78,6 +79,12 @@ fy_status_t fy_node_series_create(fy_metrics_t *reg, const char *worker, const c
     C(prefix_hits, "ferry:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", NULL);
     C(preempt_recompute, "ferry:num_preemptions_total", "Requests preempted, by how.", "mode", "recompute");
     C(preempt_swap, "ferry:num_preemptions_total", "Requests preempted, by how.", "mode", "swap");
+    C(grammar_compiled, "ferry:grammar_requests_total",
+      "Requests with a structured output, by whether its grammar was compiled or found in the engine's cache.",
+      "grammar", "compiled");
+    C(grammar_cached, "ferry:grammar_requests_total",
+      "Requests with a structured output, by whether its grammar was compiled or found in the engine's cache.",
+      "grammar", "cached");
     C(swap_out, "ferry:kv_swapped_blocks_total", "KV blocks moved by swap preemption.", "direction", "out");
     C(swap_in, "ferry:kv_swapped_blocks_total", "KV blocks moved by swap preemption.", "direction", "in");
     C(window_dropped, "ferry:kv_window_dropped_blocks_total",
@@ -150,6 +157,8 @@ void fy_node_series_sync(fy_node_series_t *s, const fy_engine_stats_t *es, const
     fy_metric_set(s->prefix_hits, (double)ks->hit_tokens);
     fy_metric_set(s->preempt_recompute, (double)es->preemptions_recompute);
     fy_metric_set(s->preempt_swap, (double)es->preemptions_swap);
+    fy_metric_set(s->grammar_compiled, (double)es->grammar_compiles);
+    fy_metric_set(s->grammar_cached, (double)es->grammar_cache_hits);
     fy_metric_set(s->swap_out, (double)ks->swap_out_blocks);
     fy_metric_set(s->swap_in, (double)ks->swap_in_blocks);
     fy_metric_set(s->window_dropped, (double)ks->slid_blocks);
