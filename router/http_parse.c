@@ -415,15 +415,7 @@ static void parse_common(const fy_http_front_t *H, parsed_t *p, json_t *o, bool 
     structured_fields(p, o, &g->gen);
     /* known fields ferry does not implement: refused, not silently dropped
      * (tools on /v1/completions, which has no messages to put them in) */
-    static const char *const unsupported[] = {"best_of",
-                                              "echo",
-                                              "suffix",
-                                              "functions",
-                                              "function_call",
-                                              "guided_grammar",
-                                              "tools",
-                                              "guided_decoding_backend",
-                                              "guided_whitespace_pattern"};
+    static const char *const unsupported[] = {"best_of", "echo", "suffix", "functions", "guided_grammar", "tools"};
     for (size_t i = 0; i < sizeof(unsupported) / sizeof(*unsupported); i++) {
         if (chat && !strcmp(unsupported[i], "tools")) continue; /* chat's are tools.c's */
         json_t *v = json_object_get(o, unsupported[i]);
