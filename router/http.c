@@ -17,8 +17,10 @@
  * counts.  Bodies are parsed with jansson; a wrong type or an
  * out-of-range value (genspec.h's ranges, the same as the wire's) is a
  * 400 with an OpenAI-style error body naming the field ("param"); unknown
- * fields are ignored, known ones ferry does not implement (penalties,
- * logit_bias, echo, ...) are refused rather than silently ignored.
+ * fields are ignored, known ones ferry does not implement (echo, best_of,
+ * ...) are refused rather than silently ignored.  Chat answers with tools
+ * are parsed into tool_calls here (router/tools.c), streamed as one
+ * delta per call once the text is done, what may be a call held back.
  *
  * A generation is a held request (fy_httpd_hold): the router calls watch()
  * under its lock as tokens arrive, and what is new is handed to the

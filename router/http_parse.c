@@ -501,7 +501,8 @@ static bool check_tool_calls(parsed_t *p, size_t m, json_t *calls, json_t **tmpl
                  json_string_length(name) > FY_TOOL_NAME_MAX)
             bad(p, 400, "messages", "message %zu: tool_calls[%zu] needs a 'function' with a 'name' (1 to %d bytes)", m,
                 i, FY_TOOL_NAME_MAX);
-        else if (!json_is_string(args) || !json_is_object(obj = json_loads(json_string_value(args), 0, NULL)))
+        else if (!json_is_string(args) || !(obj = json_loads(json_string_value(args), 0, NULL)) ||
+                 !json_is_object(obj)) /* (a macro: its argument is evaluated twice) */
             bad(p, 400, "messages", "message %zu: tool_calls[%zu].function.arguments must be a JSON object as a string",
                 m, i);
         if (p->status) {
