@@ -81,7 +81,7 @@ static void one(const fy_wire_schema_t *s, const fy_wire_lim_t *lim, const uint8
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static _Alignas(max_align_t) char m[8192], m2[8192]; /* the largest struct is the status reply's */
+    static _Alignas(max_align_t) char m[65536], m2[65536]; /* the largest struct: generate, with its genspec's grammar */
     for (int32_t i = 0; i < fy_wire_n_all; i++) {
         const fy_wire_schema_t *s = fy_wire_all[i];
         FZ_CHECK(fy_wire_size(s) <= sizeof(m), "%s is %zu bytes", fy_wire_name(s), fy_wire_size(s));
