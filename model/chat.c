@@ -32,6 +32,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <jansson.h>
+
 #include "log.h"
 #include "mem.h"
 
@@ -1463,6 +1465,8 @@ fy_status_t fy_chat_template_create(const char *src, const char *bos_token, cons
     return FY_OK;
 }
 
+const char *fy_chat_template_source(const fy_chat_template_t *tmpl) { return tmpl ? tmpl->src : ""; }
+
 void fy_chat_template_destroy(fy_chat_template_t *tmpl)
 {
     if (!tmpl) return;
@@ -2593,8 +2597,49 @@ static void exec(render_t *r, const nodes_t *body)
     r->depth--;
 }
 
+/* A JSON value (jansson's) as a template value, copied into the arena;
+ * objects keep their members' order (jansson iterates in insertion order). */
+static val_t from_json(render_t *r, json_t *j, int depth)
+{
+    charge(r, NULL, 1);
+    if (depth > CHAT_MAX_DEPTH) ERR(r, NULL, "JSON nested deeper than %d levels", CHAT_MAX_DEPTH);
+    switch (json_typeof(j)) {
+    case JSON_OBJECT: {
+        dict_t *d = dict_new(r);
+        const char *k;
+        json_t *v;
+        json_object_foreach(j, k, v)
+        {
+            size_t n = strlen(k);
+            char *kc = alloc(&r->c, n + 1);
+            memcpy(kc, k, n + 1);
+            dict_set(r, d, (str_t){kc, n}, from_json(r, v, depth + 1));
+        }
+        return (val_t){V_DICT, {.d = d}};
+    }
+    case JSON_ARRAY: {
+        list_t *l = list_new(r, json_array_size(j));
+        size_t i;
+        json_t *v;
+        json_array_foreach(j, i, v) list_push(r, l, from_json(r, v, depth + 1));
+        return vlist(l);
+    }
+    case JSON_STRING: {
+        size_t n = json_string_length(j);
+        char *s = alloc(&r->c, n + 1);
+        memcpy(s, json_string_value(j), n + 1);
+        return vstr((str_t){s, n});
+    }
+    case JSON_INTEGER: return vint((int64_t)json_integer_value(j));
+    case JSON_REAL: return (val_t){V_FLOAT, {.f = json_real_value(j)}};
+    case JSON_TRUE: return vbool(true);
+    case JSON_FALSE: return vbool(false);
+    default: return (val_t){V_NONE, {0}};
+    }
+}
+
 static fy_status_t render_guarded(render_t *r, const fy_chat_template_t *t, const fy_chat_msg_t *msgs, size_t n_msgs,
-                                  bool add_generation_prompt, frame_t *root)
+                                  json_t *const *extra, json_t *tools, bool add_generation_prompt, frame_t *root)
 {
     if (setjmp(r->c.jmp)) return r->c.status;
     r->root = r->top = root;
@@ -2604,9 +2649,22 @@ static fy_status_t render_guarded(render_t *r, const fy_chat_template_t *t, cons
         dict_t *m = dict_new(r);
         dict_set(r, m, STR("role"), vstr(cstr(msgs[k].role)));
         dict_set(r, m, STR("content"), msgs[k].content ? vstr(cstr(msgs[k].content)) : (val_t){V_NONE, {0}});
+        if (extra && extra[k]) { /* tool_calls, tool_call_id, name: beside role and content */
+            const char *key;
+            json_t *v;
+            json_object_foreach(extra[k], key, v)
+            {
+                if (!strcmp(key, "role") || !strcmp(key, "content")) continue;
+                size_t n = strlen(key);
+                char *kc = alloc(&r->c, n + 1);
+                memcpy(kc, key, n + 1);
+                dict_set(r, m, (str_t){kc, n}, from_json(r, v, 1));
+            }
+        }
         list_push(r, l, (val_t){V_DICT, {.d = m}});
     }
     dict_set(r, &root->vars, STR("messages"), vlist(l));
+    if (tools) dict_set(r, &root->vars, STR("tools"), from_json(r, tools, 0));
     dict_set(r, &root->vars, STR("add_generation_prompt"), vbool(add_generation_prompt));
     dict_set(r, &root->vars, STR("bos_token"), vstr(t->bos));
     dict_set(r, &root->vars, STR("eos_token"), vstr(t->eos));
@@ -2617,15 +2675,54 @@ static fy_status_t render_guarded(render_t *r, const fy_chat_template_t *t, cons
 fy_status_t fy_chat_template_apply(const fy_chat_template_t *tmpl, const fy_chat_msg_t *msgs, size_t n_msgs,
                                    bool add_generation_prompt, char **out_p)
 {
+    return fy_chat_template_apply_tools(tmpl, msgs, NULL, n_msgs, NULL, add_generation_prompt, out_p);
+}
+
+/* A JSON text of the caller's (tools, a message's extra members) or NULL
+ * with the fault logged. */
+static json_t *load_json(const char *text, bool object, const char *what, size_t k)
+{
+    json_error_t je;
+    json_t *j = json_loads(text, 0, &je);
+    if (!j || (object ? !json_is_object(j) : !json_is_array(j))) {
+        fy_error("chat template: %s %zu is not a JSON %s%s%s", what, k, object ? "object" : "array", j ? "" : ": ",
+                 j ? "" : je.text);
+        json_decref(j);
+        return NULL;
+    }
+    return j;
+}
+
+fy_status_t fy_chat_template_apply_tools(const fy_chat_template_t *tmpl, const fy_chat_msg_t *msgs,
+                                         const char *const *extra_json, size_t n_msgs, const char *tools_json,
+                                         bool add_generation_prompt, char **out_p)
+{
     if (!tmpl || !out_p || (n_msgs && !msgs)) {
         fy_error("chat template: apply: no template, messages or output");
         return FY_ERR_INVALID;
+    }
+    /* the JSON parsed before the render, which may unwind with longjmp,
+     * so that everything here is released on every path */
+    json_t *tools = NULL, **extra = NULL;
+    fy_status_t st = FY_OK;
+    if (tools_json && !(tools = load_json(tools_json, false, "tools", 0))) return FY_ERR_INVALID;
+    for (size_t k = 0; k < n_msgs && st == FY_OK; k++) {
+        if (!extra_json || !extra_json[k]) continue;
+        if (!extra && !(extra = fy_calloc(n_msgs, sizeof(*extra)))) {
+            fy_error("chat template: out of memory");
+            st = FY_ERR_NOMEM;
+        } else if (!(extra[k] = load_json(extra_json[k], true, "the extra members of message", k))) {
+            st = FY_ERR_INVALID;
+        }
     }
     arena_t arena = {0};
     buf_t out = {0};
     frame_t root = {0};
     render_t r = {.c = {.arena = &arena, .src = tmpl->src}, .out = &out};
-    fy_status_t st = render_guarded(&r, tmpl, msgs, n_msgs, add_generation_prompt, &root);
+    if (st == FY_OK) st = render_guarded(&r, tmpl, msgs, n_msgs, extra, tools, add_generation_prompt, &root);
+    for (size_t k = 0; extra && k < n_msgs; k++) json_decref(extra[k]);
+    fy_free(extra);
+    json_decref(tools);
     char *s = NULL;
     if (st == FY_OK && !(s = fy_malloc(out.n + 1))) {
         fy_error("chat template: out of memory");

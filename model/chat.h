@@ -21,8 +21,8 @@
 #include "status.h"
 
 typedef struct fy_chat_msg {
-    const char *role;    /* "system", "user", "assistant", ... */
-    const char *content; /* UTF-8 */
+    const char *role;    /* "system", "user", "assistant", "tool", ... */
+    const char *content; /* UTF-8; NULL: None (an assistant's turn of tool calls alone) */
 } fy_chat_msg_t;
 
 typedef struct fy_chat_template fy_chat_template_t;
@@ -43,5 +43,20 @@ const char *fy_chat_template_builtin(const char *name);
  * runaway loop) are logged and returned as FY_ERR_INVALID. */
 fy_status_t fy_chat_template_apply(const fy_chat_template_t *tmpl, const fy_chat_msg_t *msgs, size_t n_msgs,
                                    bool add_generation_prompt, char **out_p);
+
+/* The same with tools_json (NULL: the template sees no 'tools') the
+ * JSON array of tool definitions a template renders (OpenAI's shape:
+ * [{"type": "function", "function": {"name", "description",
+ * "parameters"}}]) and extra (NULL, or [n_msgs] each NULL or a JSON
+ * object whose members join that message as the template sees it:
+ * tool_calls, tool_call_id, name); JSON that does not parse is
+ * FY_ERR_INVALID (logged). */
+fy_status_t fy_chat_template_apply_tools(const fy_chat_template_t *tmpl, const fy_chat_msg_t *msgs,
+                                         const char *const *extra, size_t n_msgs, const char *tools_json,
+                                         bool add_generation_prompt, char **out_p);
+
+/* The template's source (normalized), for callers that pick a format by
+ * what it mentions (a tool-call syntax). */
+const char *fy_chat_template_source(const fy_chat_template_t *tmpl);
 
 #endif /* FY_CHAT_H */

@@ -36,4 +36,12 @@ fy_status_t fy_prompt_tokens(const fy_model_t *m, const char *system, const char
 fy_status_t fy_prompt_chat(const fy_model_t *m, const fy_chat_msg_t *msgs, size_t n_msgs, int32_t **ids_p,
                            int32_t *n_p);
 
+/* The same with tools_json (NULL: none) for the template's 'tools' and
+ * extra (NULL, or [n_msgs]) each message's extra members (chat.h); a message with no text or an
+ * empty one is passed as it is (an assistant's tool calls alone), and a
+ * message's text the template dumps with tojson goes in JSON-escaped,
+ * still never parsed for special tokens. */
+fy_status_t fy_prompt_chat_tools(const fy_model_t *m, const fy_chat_msg_t *msgs, const char *const *extra,
+                                 size_t n_msgs, const char *tools_json, int32_t **ids_p, int32_t *n_p);
+
 #endif /* FY_PROMPT_H */

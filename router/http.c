@@ -17,8 +17,10 @@
  * counts.  Bodies are parsed with jansson; a wrong type or an
  * out-of-range value (genspec.h's ranges, the same as the wire's) is a
  * 400 with an OpenAI-style error body naming the field ("param"); unknown
- * fields are ignored, known ones ferry does not implement (penalties,
- * logit_bias, echo, ...) are refused rather than silently ignored.
+ * fields are ignored, known ones ferry does not implement (echo, best_of,
+ * ...) are refused rather than silently ignored.  Chat answers with tools
+ * are parsed into tool_calls here (router/tools.c), streamed as one
+ * delta per call once the text is done, what may be a call held back.
  *
  * A generation is a held request (fy_httpd_hold): the router calls watch()
  * under its lock as tokens arrive, and what is new is handed to the
@@ -63,6 +65,7 @@
 #include "router_int.h"
 #include "tenants.h"
 #include "tokenizer.h"
+#include "tools.h"
 #include "version.h"
 
 typedef struct fy_http fy_http_t;
@@ -95,6 +98,9 @@ struct hreq {
     char *wbuf;
     size_t wlen, wcap;
     bool chat, stream, include_usage, logprobs;
+    fy_tool_choice_t tool_choice; /* chat with tools: the output parsed into tool calls */
+    fy_tool_format_t tool_format;
+    char tool_named[FY_TOOL_NAME_MAX + 1];
     int n;
     uint64_t ids[MAX_N];
     int32_t from_tok[MAX_N];
@@ -370,7 +376,45 @@ static json_t *usage_json(hreq_t *h)
     return u;
 }
 
+/* A finished sample's tool calls (a new JSON array, NULL when there are
+ * none or the request has no tools) and the bytes of its text before
+ * them that are content. */
+static json_t *h_tool_calls(const hreq_t *h, const fy_router_view_t *v, size_t *content_len_p)
+{
+    *content_len_p = v->text_len;
+    if (!h->chat || h->tool_choice == FY_TOOL_CHOICE_NONE) return NULL;
+    json_t *calls = NULL;
+    size_t clen = 0;
+    fy_status_t st = h->tool_choice == FY_TOOL_CHOICE_AUTO
+                         ? fy_tools_parse(h->tool_format, v->text, v->text_len, &calls, &clen)
+                         : fy_tools_parse_forced(h->tool_choice, h->tool_named, v->text, v->text_len, &calls);
+    if (st || !json_array_size(calls)) {
+        json_decref(calls);
+        return NULL;
+    }
+    *content_len_p = clen;
+    return calls;
+}
+
+/* Content that is only white space before a call is no content. */
+static bool blank(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != ' ' && s[i] != '\n' && s[i] != '\r' && s[i] != '\t') return false;
+    return true;
+}
+
+static void stream_chunk_delta(hreq_t *h, int i, const char *text, size_t len, json_t *lp, const char *fin, bool role,
+                               json_t *tool_calls);
+
 static void stream_chunk(hreq_t *h, int i, const char *text, size_t len, json_t *lp, const char *fin, bool role)
+{
+    stream_chunk_delta(h, i, text, len, lp, fin, role, NULL);
+}
+
+/* One chunk of choice i; tool_calls (stolen; NULL: none) go in its delta. */
+static void stream_chunk_delta(hreq_t *h, int i, const char *text, size_t len, json_t *lp, const char *fin, bool role,
+                               json_t *tool_calls)
 {
     json_t *o = envelope(h, true), *ch = json_object();
     json_object_set_new(ch, "index", json_integer(i));
@@ -378,6 +422,7 @@ static void stream_chunk(hreq_t *h, int i, const char *text, size_t len, json_t 
         json_t *delta = json_object();
         if (role) json_object_set_new(delta, "role", json_string("assistant"));
         if (len || role) json_object_set_new(delta, "content", jstr(text, len));
+        if (tool_calls) json_object_set_new(delta, "tool_calls", tool_calls);
         json_object_set_new(ch, "delta", delta);
     } else {
         json_object_set_new(ch, "text", jstr(text, len));
@@ -401,16 +446,40 @@ static void build_stream(hreq_t *h)
     for (int i = 0; i < h->n; i++) {
         fy_router_view_t v;
         if (h->done_sent[i] || !h_view(h, i, &v)) continue;
-        bool more_text = v.text_len > h->from_text[i], more_tok = v.n_tokens > h->from_tok[i];
+        /* with tools, text that may be a call is held back until the end,
+         * when it is parsed: its calls go out as tool_calls deltas, or it
+         * goes out as content after all */
+        size_t avail = v.text_len, clen = 0;
+        json_t *calls = v.done && v.error == FY_OK ? h_tool_calls(h, &v, &clen) : NULL;
+        if (calls)
+            avail = clen;
+        else if (!v.done && h->chat && h->tool_choice == FY_TOOL_CHOICE_AUTO)
+            avail = fy_tools_content_prefix(h->tool_format, v.text, v.text_len);
+        else if (!v.done && h->chat && h->tool_choice != FY_TOOL_CHOICE_NONE)
+            avail = 0;
+        if (avail < h->from_text[i]) avail = h->from_text[i];
+        bool more_text = avail > h->from_text[i], more_tok = v.n_tokens > h->from_tok[i];
         if (more_text || (more_tok && h->logprobs)) {
             json_t *lp = h->logprobs ? logprobs_json(h, &v, h->from_tok[i], v.n_tokens) : NULL;
-            stream_chunk(h, i, v.text + h->from_text[i], v.text_len - h->from_text[i], lp, NULL, false);
+            const char *t = v.text + h->from_text[i];
+            size_t tl = avail - h->from_text[i];
+            if (calls && h->from_text[i] == 0 && blank(t, tl)) tl = 0; /* white space before a call */
+            stream_chunk(h, i, t, tl, lp, NULL, false);
         }
-        h->from_text[i] = v.text_len;
+        h->from_text[i] = avail;
         h->from_tok[i] = v.n_tokens;
         if (!v.done) continue;
         if (v.error == FY_OK) {
-            stream_chunk(h, i, "", 0, NULL, finish_reason(v.finish), false);
+            if (calls) { /* one delta per call, whole: index, id, type, name and arguments */
+                for (size_t k = 0; k < json_array_size(calls); k++) {
+                    json_t *c = json_deep_copy(json_array_get(calls, k)), *one = json_array();
+                    json_object_set_new(c, "index", json_integer((json_int_t)k));
+                    json_array_append_new(one, c);
+                    stream_chunk_delta(h, i, "", 0, NULL, NULL, false, one);
+                }
+                json_decref(calls);
+            }
+            stream_chunk(h, i, "", 0, NULL, calls ? "tool_calls" : finish_reason(v.finish), false);
         } else { /* the choice ends (vLLM's "abort"), then what ended it */
             stream_chunk(h, i, "", 0, NULL, "abort", false);
             json_t *e = json_object();
@@ -467,16 +536,19 @@ static void build_whole(hreq_t *h)
         }
         json_t *c = json_object();
         json_object_set_new(c, "index", json_integer(i));
+        size_t clen;
+        json_t *calls = h_tool_calls(h, &v, &clen);
         if (h->chat) {
             json_t *msg = json_object();
             json_object_set_new(msg, "role", json_string("assistant"));
-            json_object_set_new(msg, "content", jstr(v.text, v.text_len));
+            json_object_set_new(msg, "content", calls && blank(v.text, clen) ? json_null() : jstr(v.text, clen));
+            if (calls) json_object_set_new(msg, "tool_calls", calls);
             json_object_set_new(c, "message", msg);
         } else {
             json_object_set_new(c, "text", jstr(v.text, v.text_len));
         }
         json_object_set_new(c, "logprobs", h->logprobs ? logprobs_json(h, &v, 0, v.n_tokens) : json_null());
-        json_object_set_new(c, "finish_reason", json_string(finish_reason(v.finish)));
+        json_object_set_new(c, "finish_reason", json_string(calls ? "tool_calls" : finish_reason(v.finish)));
         json_array_append_new(choices, c);
     }
     json_t *o = envelope(h, false);
@@ -661,6 +733,9 @@ static hreq_t *hreq_new(fy_http_t *H, fy_httpd_req_t *r, bool chat, const fy_htt
     h->stream = g->stream;
     h->include_usage = g->include_usage;
     h->logprobs = g->gen.logprobs;
+    h->tool_choice = g->tool_choice;
+    h->tool_format = g->tool_format;
+    memcpy(h->tool_named, g->tool_named, sizeof(h->tool_named));
     h->n = g->n;
     h->max_tokens = g->gen.max_tokens;
     h->gen = g->gen;

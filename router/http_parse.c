@@ -22,6 +22,7 @@
 #include "mem.h"
 #include "prompt.h"
 #include "tokenizer.h"
+#include "tools.h"
 
 #define MAX_N FY_HTTP_MAX_N
 #define DEFAULT_MAX_TOKENS_COMPLETION 16 /* OpenAI's default for /v1/completions */
@@ -163,6 +164,139 @@ static void model_field(const fy_http_front_t *H, parsed_t *p, json_t *o)
     }
 }
 
+/* A structured output's source into g (FY_GEN_MAX_GRAMMAR bytes at most). */
+static void set_grammar(parsed_t *p, fy_genspec_t *g, const char **first, const char *param, fy_gen_grammar_t kind,
+                        const char *src, size_t len)
+{
+    if (p->status) return;
+    if (g->grammar_kind != FY_GEN_GRAMMAR_NONE) {
+        bad(p, 400, param, "'%s' asks for a structured output and so does '%s': give one", param, *first);
+        return;
+    }
+    if (len > FY_GEN_MAX_GRAMMAR) {
+        bad(p, 400, param, "'%s' is %zu bytes as compact JSON; at most %d", param, len, FY_GEN_MAX_GRAMMAR);
+        return;
+    }
+    if (memchr(src, 0, len)) {
+        bad(p, 400, param, "'%s' holds a NUL byte", param);
+        return;
+    }
+    g->grammar_kind = kind;
+    g->grammar_len = (int32_t)len;
+    memcpy(g->grammar, src, len);
+    g->grammar[len] = 0;
+    *first = param;
+}
+
+/* A JSON Schema (an object, or its JSON text: vLLM takes both) as compact
+ * JSON with its members in the order given (property order is the order
+ * the output writes them). */
+static void set_schema(parsed_t *p, fy_genspec_t *g, const char **first, const char *param, json_t *schema)
+{
+    json_t *own = NULL;
+    if (json_is_string(schema)) schema = own = json_loads(json_string_value(schema), 0, NULL);
+    if (!json_is_object(schema)) {
+        bad(p, 400, param, "'%s' must be a JSON Schema (an object, or its JSON text)", param);
+        json_decref(own);
+        return;
+    }
+    char *s = json_dumps(schema, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (s)
+        set_grammar(p, g, first, param, FY_GEN_GRAMMAR_JSON_SCHEMA, s, strlen(s));
+    else
+        bad(p, 400, param, "'%s' cannot be written back as JSON", param);
+    free(s);
+    json_decref(own);
+}
+
+static void set_regex(parsed_t *p, fy_genspec_t *g, const char **first, const char *param, json_t *v)
+{
+    if (!json_is_string(v) || !json_string_length(v))
+        bad(p, 400, param, "'%s' must be a non-empty regular expression", param);
+    else
+        set_grammar(p, g, first, param, FY_GEN_GRAMMAR_REGEX, json_string_value(v), json_string_length(v));
+}
+
+static void set_choice(parsed_t *p, fy_genspec_t *g, const char **first, const char *param, json_t *v)
+{
+    size_t i;
+    json_t *c;
+    bool ok = json_is_array(v) && json_array_size(v) > 0;
+    json_array_foreach(v, i, c) ok = ok && json_is_string(c);
+    if (!ok) {
+        bad(p, 400, param, "'%s' must be a non-empty array of strings", param);
+        return;
+    }
+    char *s = json_dumps(v, JSON_COMPACT);
+    if (s) set_grammar(p, g, first, param, FY_GEN_GRAMMAR_CHOICE, s, strlen(s));
+    free(s);
+}
+
+/* Structured outputs: OpenAI's response_format, vLLM's guided_json,
+ * guided_regex and guided_choice and its newer structured_outputs; one
+ * of them at most. */
+static void structured_fields(parsed_t *p, json_t *o, fy_genspec_t *g)
+{
+    const char *firstv = NULL, **first = &firstv;
+    json_t *rf = json_object_get(o, "response_format");
+    if (rf && !json_is_null(rf)) {
+        json_t *t = json_object_get(rf, "type");
+        const char *type = json_string_value(t);
+        if (!json_is_object(rf) || !type) {
+            bad(p, 400, "response_format", "'response_format' must be an object with a 'type'");
+        } else if (!strcmp(type, "text")) {
+        } else if (!strcmp(type, "json_object")) {
+            set_grammar(p, g, first, "response_format", FY_GEN_GRAMMAR_JSON_OBJECT, "", 0);
+        } else if (!strcmp(type, "json_schema")) {
+            json_t *js = json_object_get(rf, "json_schema"), *name = json_object_get(js, "name");
+            json_t *strict = json_object_get(js, "strict");
+            if (!json_is_object(js))
+                bad(p, 400, "response_format", "'response_format' of type json_schema needs a 'json_schema' object");
+            else if (name && !json_is_null(name) && !json_is_string(name))
+                bad(p, 400, "response_format", "'response_format.json_schema.name' must be a string");
+            else if (strict && !json_is_null(strict) && !json_is_boolean(strict))
+                bad(p, 400, "response_format", "'response_format.json_schema.strict' must be true or false");
+            else if (!json_is_object(json_object_get(js, "schema")))
+                bad(p, 400, "response_format", "'response_format.json_schema.schema' must be a JSON Schema object");
+            else
+                set_schema(p, g, first, "response_format", json_object_get(js, "schema"));
+        } else {
+            bad(p, 400, "response_format", "'response_format' type '%.40s' is not text, json_object or json_schema",
+                type);
+        }
+    }
+    json_t *v;
+    if ((v = json_object_get(o, "guided_json")) && !json_is_null(v)) set_schema(p, g, first, "guided_json", v);
+    if ((v = json_object_get(o, "guided_regex")) && !json_is_null(v)) set_regex(p, g, first, "guided_regex", v);
+    if ((v = json_object_get(o, "guided_choice")) && !json_is_null(v)) set_choice(p, g, first, "guided_choice", v);
+    json_t *so = json_object_get(o, "structured_outputs");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so)) {
+            bad(p, 400, "structured_outputs", "'structured_outputs' must be an object");
+            return;
+        }
+        const char *k;
+        json_object_foreach(so, k, v)
+        {
+            if (json_is_null(v) || json_is_false(v)) continue;
+            if (!strcmp(k, "json"))
+                set_schema(p, g, first, "structured_outputs", v);
+            else if (!strcmp(k, "regex"))
+                set_regex(p, g, first, "structured_outputs", v);
+            else if (!strcmp(k, "choice"))
+                set_choice(p, g, first, "structured_outputs", v);
+            else if (!strcmp(k, "json_object") && json_is_true(v))
+                set_grammar(p, g, first, "structured_outputs", FY_GEN_GRAMMAR_JSON_OBJECT, "", 0);
+            else if (strcmp(k, "disable_any_whitespace") && strcmp(k, "disable_fallback") &&
+                     strcmp(k, "disable_additional_properties") && strcmp(k, "whitespace_pattern"))
+                bad(p, 400, "structured_outputs",
+                    "'structured_outputs.%.40s' is not supported (json, regex, choice, "
+                    "json_object are)",
+                    k);
+        }
+    }
+}
+
 static void parse_common(const fy_http_front_t *H, parsed_t *p, json_t *o, bool chat, gen_req_t *g)
 {
     fy_genspec_default(&g->gen);
@@ -278,25 +412,16 @@ static void parse_common(const fy_http_front_t *H, parsed_t *p, json_t *o, bool 
     if (chat && !p->status && tl && !json_is_null(tl) && !(json_is_integer(tl) && !json_integer_value(tl)) &&
         !g->gen.logprobs)
         bad(p, 400, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
-    /* known fields ferry does not implement: refused, not silently dropped */
-    static const char *const unsupported[] = {"best_of",
-                                              "echo",
-                                              "suffix",
-                                              "tools",
-                                              "functions",
-                                              "response_format",
-                                              "guided_json",
-                                              "guided_regex"};
+    structured_fields(p, o, &g->gen);
+    /* known fields ferry does not implement: refused, not silently dropped
+     * (tools on /v1/completions, which has no messages to put them in) */
+    static const char *const unsupported[] = {"best_of", "echo", "suffix", "functions", "guided_grammar", "tools"};
     for (size_t i = 0; i < sizeof(unsupported) / sizeof(*unsupported); i++) {
+        if (chat && !strcmp(unsupported[i], "tools")) continue; /* chat's are tools.c's */
         json_t *v = json_object_get(o, unsupported[i]);
         bool set = v && !json_is_null(v) && !json_is_false(v) && !(json_is_number(v) && json_number_value(v) == 0) &&
                    !(json_is_integer(v) && json_integer_value(v) == 1 && !strcmp(unsupported[i], "best_of")) &&
-                   !(json_is_string(v) && !strcmp(unsupported[i], "response_format")) &&
                    !(json_is_object(v) && !json_object_size(v)) && !(json_is_array(v) && !json_array_size(v));
-        if (json_is_object(v) && !strcmp(unsupported[i], "response_format")) {
-            json_t *t = json_object_get(v, "type");
-            set = !(json_is_string(t) && !strcmp(json_string_value(t), "text"));
-        }
         if (set) bad(p, 400, unsupported[i], "'%s' is not supported by this server", unsupported[i]);
     }
     /* the wire's own ranges, on the values as they will travel: nothing
@@ -339,48 +464,247 @@ static char *message_text(parsed_t *p, json_t *c)
     return s;
 }
 
-/* The prompt's token ids (fy_malloc'd) or a fault in p. */
-static int32_t *prompt_ids(const fy_http_front_t *H, parsed_t *p, json_t *o, bool chat, int32_t *n_p)
+/* Whether text, tokenized as template text is, holds a special token:
+ * what a client wrote must never become one (prompt.h). */
+static bool holds_special(const fy_tokenizer_t *tok, const char *text)
+{
+    size_t len = strlen(text), n = 0;
+    int32_t *ids = fy_malloc((len + 2) * sizeof(int32_t));
+    bool found = !ids || fy_tokenizer_encode(tok, text, len, false, true, ids, len + 2, &n) != FY_OK;
+    for (size_t i = 0; i < n && !found; i++) found = fy_tokenizer_is_special(tok, ids[i]);
+    fy_free(ids);
+    /* and no prompt.c sentinel, which tojson would have written so */
+    return found || strstr(text, "\\u0001") || strstr(text, "\\u0002");
+}
+
+/* An assistant message's tool_calls, checked; as the template sees them
+ * (arguments as an object, as transformers' templates expect) in *tmpl_p
+ * (a new reference). */
+static bool check_tool_calls(parsed_t *p, size_t m, json_t *calls, json_t **tmpl_p)
+{
+    if (!json_is_array(calls) || !json_array_size(calls)) {
+        bad(p, 400, "messages", "message %zu: 'tool_calls' must be a non-empty array", m);
+        return false;
+    }
+    json_t *out = json_array();
+    size_t i;
+    json_t *c;
+    json_array_foreach(calls, i, c)
+    {
+        json_t *id = json_object_get(c, "id"), *type = json_object_get(c, "type"), *fn = json_object_get(c, "function");
+        json_t *name = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments"), *obj = NULL;
+        if (!json_is_string(id) || !json_string_length(id) || json_string_length(id) > 256)
+            bad(p, 400, "messages", "message %zu: tool_calls[%zu] needs an 'id' (a string of 1 to 256 bytes)", m, i);
+        else if (!json_is_string(type) || strcmp(json_string_value(type), "function"))
+            bad(p, 400, "messages", "message %zu: tool_calls[%zu] must have \"type\": \"function\"", m, i);
+        else if (!json_is_object(fn) || !json_is_string(name) || !json_string_length(name) ||
+                 json_string_length(name) > FY_TOOL_NAME_MAX)
+            bad(p, 400, "messages", "message %zu: tool_calls[%zu] needs a 'function' with a 'name' (1 to %d bytes)", m,
+                i, FY_TOOL_NAME_MAX);
+        else if (!json_is_string(args) || !(obj = json_loads(json_string_value(args), 0, NULL)) ||
+                 !json_is_object(obj)) /* (a macro: its argument is evaluated twice) */
+            bad(p, 400, "messages", "message %zu: tool_calls[%zu].function.arguments must be a JSON object as a string",
+                m, i);
+        if (p->status) {
+            json_decref(obj);
+            json_decref(out);
+            return false;
+        }
+        json_array_append_new(out, json_pack("{s:O, s:s, s:{s:O, s:o}}", "id", id, "type", "function", "function",
+                                             "name", name, "arguments", obj));
+    }
+    *tmpl_p = out;
+    return true;
+}
+
+/* Text joined: a, sep, b (either may be NULL or empty); fy_malloc'd. */
+static char *join(const char *a, const char *sep, const char *b)
+{
+    a = a ? a : "";
+    b = b ? b : "";
+    if (!*a) sep = "";
+    size_t la = strlen(a), ls = strlen(sep), lb = strlen(b);
+    char *s = fy_malloc(la + ls + lb + 1);
+    if (!s) return NULL;
+    memcpy(s, a, la);
+    memcpy(s + la, sep, ls);
+    memcpy(s + la + ls, b, lb + 1);
+    return s;
+}
+
+/* The chat messages to token ids through the model's template.  A
+ * template that renders tools (it mentions 'tools': Qwen's, Llama 3's,
+ * Mistral's) is given them and the messages' tool calls and ids, and its
+ * syntax picks the output format; for one that does not (SmolLM2's,
+ * ChatML, Gemma's) ferry writes SmolLM2's tool prompt into the system
+ * message, an assistant's calls as <tool_call>[...]</tool_call> and tool
+ * results as a user turn of <tool_response>s, all as message text. */
+static int32_t *chat_ids(const fy_http_front_t *H, parsed_t *p, json_t *o, const fy_tools_req_t *tr, int32_t *n_p,
+                         fy_tool_format_t *fmt_p)
+{
+    const fy_model_t *m = H->model;
+    const fy_tokenizer_t *tok = fy_model_tokenizer(m);
+    const char *src = fy_chat_template_source(fy_model_chat_template(m));
+    bool in_template = strstr(src, "tools") != NULL;
+    *fmt_p = !in_template || strstr(src, "<tool_call>")                ? FY_TOOL_FORMAT_HERMES
+             : strstr(src, "<|python_tag|>") || strstr(src, "ipython") ? FY_TOOL_FORMAT_LLAMA3
+                                                                       : FY_TOOL_FORMAT_HERMES;
+    bool show_tools = tr && tr->tools && tr->choice != FY_TOOL_CHOICE_NONE;
+    json_t *msgs = json_object_get(o, "messages");
+    if (!json_is_array(msgs) || !json_array_size(msgs)) {
+        bad(p, 400, "messages", "'messages' must be a non-empty array");
+        return NULL;
+    }
+    size_t nm = json_array_size(msgs);
+    if (nm + 1 > FY_PROMPT_MAX_MSGS) { /* (room for the tool prompt's system message) */
+        bad(p, 400, "messages", "%zu messages; at most %d", nm, FY_PROMPT_MAX_MSGS - 1);
+        return NULL;
+    }
+    fy_chat_msg_t cm[FY_PROMPT_MAX_MSGS];
+    char *texts[FY_PROMPT_MAX_MSGS] = {0}, *extras[FY_PROMPT_MAX_MSGS] = {0}, *tools_json = NULL;
+    json_t *names = json_object(); /* tool call id -> function name, for tool results */
+    size_t k = 0;                  /* messages out */
+    bool last_tool = false;        /* message k - 1 holds tool results */
+    int32_t *ids = NULL;
+    if (show_tools && !in_template) {
+        texts[k] = fy_tools_system_prompt(tr);
+        if (!texts[k]) goto out;
+        cm[k] = (fy_chat_msg_t){"system", texts[k]};
+        k++;
+    }
+    size_t i;
+    json_t *msg;
+    json_array_foreach(msgs, i, msg)
+    {
+        json_t *role = json_object_get(msg, "role"), *content = json_object_get(msg, "content");
+        json_t *calls = json_object_get(msg, "tool_calls");
+        const char *r = json_is_string(role) ? json_string_value(role) : NULL;
+        if (!json_is_object(msg) || !r ||
+            (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "developer") &&
+             strcmp(r, "tool"))) {
+            bad(p, 400, "messages", "message %zu needs a 'role' of system, user, assistant or tool", i);
+            break;
+        }
+        if (!strcmp(r, "developer")) r = "system";
+        bool assistant = !strcmp(r, "assistant"), tool = !strcmp(r, "tool");
+        if (calls && json_is_null(calls)) calls = NULL;
+        if (calls && !assistant) {
+            bad(p, 400, "messages", "message %zu: only an assistant's message has 'tool_calls'", i);
+            break;
+        }
+        json_t *tmpl_calls = NULL;
+        if (calls && !check_tool_calls(p, i, calls, &tmpl_calls)) break;
+        char *text = NULL;
+        if (!(calls && (!content || json_is_null(content)))) {
+            text = message_text(p, content);
+            if (!text) {
+                json_decref(tmpl_calls);
+                bad(p, 400, "messages", "message %zu has no usable 'content'", i);
+                break;
+            }
+        }
+        json_t *extra = NULL;
+        if (tool) {
+            json_t *id = json_object_get(msg, "tool_call_id"), *name = json_object_get(msg, "name");
+            if (!json_is_string(id) || !json_string_length(id)) {
+                fy_free(text);
+                bad(p, 400, "messages", "message %zu: a tool message needs a 'tool_call_id' (a string)", i);
+                break;
+            }
+            if (!json_is_string(name)) name = json_object_get(names, json_string_value(id));
+            extra = json_pack("{s:O}", "tool_call_id", id);
+            if (json_is_string(name)) json_object_set(extra, "name", name);
+        } else if (tmpl_calls) {
+            size_t c;
+            json_t *call;
+            json_array_foreach(tmpl_calls, c, call)
+            {
+                json_object_set(names, json_string_value(json_object_get(call, "id")),
+                                json_object_get(json_object_get(call, "function"), "name"));
+            }
+            extra = json_pack("{s:o}", "tool_calls", tmpl_calls);
+        }
+        if (in_template) {
+            if (extra && !(extras[k] = json_dumps(extra, JSON_PRESERVE_ORDER))) {
+                json_decref(extra);
+                fy_free(text);
+                goto out;
+            }
+            json_decref(extra);
+            if (extras[k] && holds_special(tok, extras[k])) {
+                fy_free(text);
+                bad(p, 400, "messages", "message %zu: its tool calls hold the text of a special token", i);
+                break;
+            }
+            texts[k] = text;
+            cm[k] = (fy_chat_msg_t){r, text};
+            k++;
+            continue;
+        }
+        /* no tool syntax in the template: calls and results as text */
+        json_decref(extra);
+        if (calls) {
+            char *ct = fy_tools_calls_text(calls), *joined = ct ? join(text, "\n", ct) : NULL;
+            fy_free(ct);
+            fy_free(text);
+            if (!(text = joined)) goto out;
+        }
+        if (tool) {
+            char *a = join("<tool_response>\n", "", text), *b = a ? join(a, "", "\n</tool_response>") : NULL;
+            fy_free(a);
+            fy_free(text);
+            if (!(text = b)) goto out;
+            if (last_tool) {
+                char *merged = join(texts[k - 1], "\n", text); /* consecutive results: one turn */
+                fy_free(text);
+                if (!merged) goto out;
+                fy_free(texts[k - 1]);
+                texts[k - 1] = merged;
+                cm[k - 1].content = merged;
+                continue;
+            }
+            r = "user";
+        }
+        last_tool = tool;
+        if (show_tools && k == 1 && i == 0 && !strcmp(r, "system")) { /* the tool prompt, then the client's */
+            char *merged = join(texts[0], "\n\n", text);
+            fy_free(text);
+            if (!merged) goto out;
+            fy_free(texts[0]);
+            texts[0] = merged;
+            cm[0].content = merged;
+            continue;
+        }
+        texts[k] = text;
+        cm[k] = (fy_chat_msg_t){r, text};
+        k++;
+    }
+    if (!p->status && in_template && show_tools) {
+        /* the tool definitions as the template sees them; never a special token */
+        if (!(tools_json = json_dumps(tr->tools, JSON_PRESERVE_ORDER))) goto out;
+        if (holds_special(tok, tools_json)) bad(p, 400, "tools", "'tools' holds the text of a special token");
+    }
+    if (!p->status && fy_prompt_chat_tools(m, cm, (const char *const *)extras, k, tools_json, &ids, n_p) != FY_OK)
+        bad(p, 400, "messages", "the chat template cannot render these messages");
+out: /* (out of memory: no fault, no ids) */
+    for (size_t x = 0; x < FY_PROMPT_MAX_MSGS; x++) {
+        fy_free(texts[x]);
+        free(extras[x]);
+    }
+    free(tools_json);
+    json_decref(names);
+    return p->status ? (fy_free(ids), NULL) : ids;
+}
+
+/* The prompt's token ids (fy_malloc'd) or a fault in p; chat: with the
+ * tools of tr (NULL: none) and *fmt_p the format their calls come in. */
+static int32_t *prompt_ids(const fy_http_front_t *H, parsed_t *p, json_t *o, bool chat, const fy_tools_req_t *tr,
+                           int32_t *n_p, fy_tool_format_t *fmt_p)
 {
     const fy_model_t *m = H->model;
     int32_t vocab = fy_tokenizer_vocab_size(fy_model_tokenizer(m));
     int32_t *ids = NULL;
-    if (chat) {
-        json_t *msgs = json_object_get(o, "messages");
-        if (!json_is_array(msgs) || !json_array_size(msgs)) {
-            bad(p, 400, "messages", "'messages' must be a non-empty array");
-            return NULL;
-        }
-        size_t nm = json_array_size(msgs);
-        if (nm > FY_PROMPT_MAX_MSGS) {
-            bad(p, 400, "messages", "%zu messages; at most %d", nm, FY_PROMPT_MAX_MSGS);
-            return NULL;
-        }
-        fy_chat_msg_t cm[FY_PROMPT_MAX_MSGS];
-        char *texts[FY_PROMPT_MAX_MSGS] = {0};
-        size_t i;
-        json_t *msg;
-        json_array_foreach(msgs, i, msg)
-        {
-            json_t *role = json_object_get(msg, "role");
-            const char *r = json_is_string(role) ? json_string_value(role) : NULL;
-            if (!json_is_object(msg) || !r ||
-                (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "developer"))) {
-                bad(p, 400, "messages", "message %zu needs a 'role' of system, user or assistant", i);
-                break;
-            }
-            texts[i] = message_text(p, json_object_get(msg, "content"));
-            if (!texts[i]) {
-                bad(p, 400, "messages", "message %zu has no usable 'content'", i);
-                break;
-            }
-            cm[i] = (fy_chat_msg_t){!strcmp(r, "developer") ? "system" : r, texts[i]};
-        }
-        if (!p->status && fy_prompt_chat(m, cm, nm, &ids, n_p) != FY_OK)
-            bad(p, 400, "messages", "the chat template cannot render these messages");
-        for (size_t k = 0; k < nm; k++) fy_free(texts[k]);
-        return p->status ? (fy_free(ids), NULL) : ids;
-    }
+    if (chat) return chat_ids(H, p, o, tr, n_p, fmt_p);
     json_t *pr = json_object_get(o, "prompt");
     if (json_is_array(pr) && json_array_size(pr) == 1 && json_is_string(json_array_get(pr, 0)))
         pr = json_array_get(pr, 0);
@@ -440,6 +764,44 @@ static json_t *load_object(const char *body, size_t len, parsed_t *fault)
     return o;
 }
 
+/* Chat's tools, tool_choice and parallel_tool_calls into *tr; a required
+ * or named choice becomes g's grammar (the tools' schema), which no
+ * other structured output may ask for as well. */
+static void tools_fields(parsed_t *p, json_t *o, fy_tools_req_t *tr, gen_req_t *g)
+{
+    const char *param = NULL;
+    char why[256];
+    if (fy_tools_request(o, tr, &param, why, sizeof(why)) != FY_OK) {
+        bad(p, 400, param, "%s", why);
+        return;
+    }
+    g->tool_choice = tr->choice;
+    snprintf(g->tool_named, sizeof(g->tool_named), "%s", tr->named);
+    if (tr->choice != FY_TOOL_CHOICE_REQUIRED && tr->choice != FY_TOOL_CHOICE_NAMED) return;
+    if (g->gen.grammar_kind != FY_GEN_GRAMMAR_NONE) {
+        bad(p, 400, "tool_choice",
+            "'tool_choice' %s constrains the output, and so does a structured output (response_format, guided_*): "
+            "give one",
+            tr->choice == FY_TOOL_CHOICE_REQUIRED ? "\"required\"" : "naming a function");
+        return;
+    }
+    char *schema = NULL;
+    fy_status_t st = fy_tools_schema(tr, &schema, why, sizeof(why));
+    if (st == FY_ERR_INVALID) {
+        bad(p, 400, "tools", "%s", why);
+    } else if (st) {
+        bad(p, 500, NULL, "out of memory");
+    } else if (strlen(schema) > FY_GEN_MAX_GRAMMAR) {
+        bad(p, 400, "tools", "the schema that enforces 'tool_choice' is %zu bytes; at most %d", strlen(schema),
+            FY_GEN_MAX_GRAMMAR);
+    } else {
+        g->gen.grammar_kind = FY_GEN_GRAMMAR_JSON_SCHEMA;
+        g->gen.grammar_len = (int32_t)strlen(schema);
+        memcpy(g->gen.grammar, schema, strlen(schema) + 1);
+    }
+    fy_free(schema);
+}
+
 fy_status_t fy_http_parse_generation(const fy_http_front_t *f, const char *body, size_t len, bool chat,
                                      fy_http_gen_t *g, fy_http_fault_t *fault)
 {
@@ -448,8 +810,11 @@ fy_status_t fy_http_parse_generation(const fy_http_front_t *f, const char *body,
     json_t *o = load_object(body, len, fault);
     if (!o) return FY_ERR_INVALID;
     parse_common(f, fault, o, chat, g);
+    fy_tools_req_t tr = {0};
+    if (chat && !fault->status) tools_fields(fault, o, &tr, g);
     int32_t n_prompt = 0;
-    int32_t *ids = fault->status ? NULL : prompt_ids(f, fault, o, chat, &n_prompt);
+    int32_t *ids = fault->status ? NULL : prompt_ids(f, fault, o, chat, &tr, &n_prompt, &g->tool_format);
+    fy_tools_req_clear(&tr);
     json_decref(o);
     if (fault->status) return FY_ERR_INVALID;
     if (!ids) return FY_ERR_NOMEM;
@@ -488,8 +853,16 @@ fy_status_t fy_http_parse_tokenize(const fy_http_front_t *f, const char *body, s
                 "'add_special_tokens' with 'messages' is not supported (the chat template places them)");
     }
     int32_t *ids = NULL, n = 0;
-    if (!fault->status && chat) {
-        ids = prompt_ids(f, fault, o, true, &n);
+    if (!fault->status && chat) { /* the tools too, as a chat completion renders them */
+        fy_tools_req_t tr = {0};
+        fy_tool_format_t fmt;
+        const char *param = NULL;
+        char why[256];
+        if (fy_tools_request(o, &tr, &param, why, sizeof(why)) != FY_OK)
+            bad(fault, 400, param, "%s", why);
+        else
+            ids = prompt_ids(f, fault, o, true, &tr, &n, &fmt);
+        fy_tools_req_clear(&tr);
     } else if (!fault->status) {
         json_t *pr = json_object_get(o, "prompt");
         const fy_tokenizer_t *tok = fy_model_tokenizer(f->model);

@@ -16,6 +16,7 @@
 #include "genspec.h"
 #include "model.h"
 #include "status.h"
+#include "tools.h"
 
 #define FY_HTTP_MAX_N 16 /* samples per request ("n") */
 
@@ -44,6 +45,10 @@ typedef struct fy_http_gen {
     json_int_t top_logprobs;
     int32_t *ids; /* [n_prompt] the prompt's token ids (fy_free) */
     int32_t n_prompt;
+    /* chat with tools: how the output becomes tool calls (router/tools.h) */
+    fy_tool_choice_t tool_choice;
+    fy_tool_format_t tool_format;
+    char tool_named[FY_TOOL_NAME_MAX + 1];
 } fy_http_gen_t;
 
 /* Parses body (len bytes, not NUL-terminated) of a completion (chat:

@@ -1,7 +1,10 @@
 """openai_check.py BASE_URL KEY - the `openai` Python package against a ferry
 router: the model list and one model retrieved by id (and an unknown id's
 404), plain and streamed completions and chat, max_completion_tokens on
-both endpoints, and the errors it raises.
+both endpoints, the errors it raises, and structured outputs and tool calls
+(tools with tool_choice required and named, the stream helper accumulating
+tool-call deltas, beta.chat.completions.parse with a Pydantic model: strict
+where the workers apply grammars, shape only where not, and said so).
 Run by tests/test_http.c in a virtual environment; exits non-zero on a
 failed check."""
 import sys
@@ -65,3 +68,94 @@ except openai.AuthenticationError:
     pass
 
 print("openai %s: models, completions, chat, streaming, max_completion_tokens, errors: ok" % openai.__version__)
+
+# ---- structured outputs and tool calls ----
+# Whether the workers apply grammars (a choice list answered verbatim):
+# where they do not yet, the checks that need it report so and check the
+# answers' shape only.
+import json
+
+import pydantic
+
+g = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Pick one."}],
+                                   max_tokens=8, temperature=1, seed=3,
+                                   extra_body={"guided_choice": ["alpha-17", "beta-42"]})
+enforced = g.choices[0].message.content in ("alpha-17", "beta-42")
+results = {}
+
+tools = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
+                   "required": ["city", "unit"]}}}]
+ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def check_calls(msg, finish):
+    """the SDK's parsed tool calls: ids, names, JSON arguments; the calls (or None)"""
+    if not msg.tool_calls:
+        assert finish != "tool_calls", finish
+        return None
+    assert finish == "tool_calls", finish
+    for c in msg.tool_calls:
+        assert c.id.startswith("call_") and c.type == "function", c
+        assert isinstance(json.loads(c.function.arguments), dict), c.function.arguments
+    return [(c.function.name, c.function.arguments) for c in msg.tool_calls]
+
+
+# auto: whatever the model says, the SDK reads it
+r = client.chat.completions.create(model=model, messages=ask, tools=tools, max_tokens=48, temperature=0)
+check_calls(r.choices[0].message, r.choices[0].finish_reason)
+
+# required: the SDK's tool_calls, the arguments valid for the schema
+r = client.chat.completions.create(model=model, messages=ask, tools=tools, tool_choice="required",
+                                   max_tokens=64, temperature=0)
+calls = check_calls(r.choices[0].message, r.choices[0].finish_reason)
+if enforced:
+    assert calls and calls[0][0] == "get_weather", r
+    a = json.loads(calls[0][1])
+    assert isinstance(a["city"], str) and a["unit"] in ("C", "F"), a
+    results["tools required"] = "ok"
+else:
+    results["tools required"] = "shape only (%s)" % ("calls" if calls else "no calls")
+
+# streaming: the SDK's stream helper accumulates the tool-call deltas into
+# the same calls as the whole answer
+streams = getattr(client.chat.completions, "stream", None) or client.beta.chat.completions.stream
+with streams(model=model, messages=ask, tools=tools, tool_choice="required", max_tokens=64,
+             temperature=0) as s:
+    final = s.get_final_completion()
+scalls = check_calls(final.choices[0].message, final.choices[0].finish_reason)
+assert scalls == calls, (scalls, calls)
+results["streamed tool calls"] = "ok" if enforced else "same as whole (%s)" % ("calls" if calls else "no calls")
+
+# a named function: its arguments
+r = client.chat.completions.create(model=model, messages=ask, tools=tools, max_tokens=64, temperature=0,
+                                   tool_choice={"type": "function", "function": {"name": "get_weather"}})
+calls = check_calls(r.choices[0].message, r.choices[0].finish_reason)
+if enforced:
+    assert calls and calls[0][0] == "get_weather" and "city" in json.loads(calls[0][1]), r
+results["named tool"] = "ok" if enforced else "shape only"
+
+
+# beta.chat.completions.parse with a Pydantic model
+class Weather(pydantic.BaseModel):
+    city: str
+    temperature_c: int
+    sunny: bool
+
+
+parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+try:
+    p = parse(model=model, messages=[{"role": "user", "content": "The weather in Paris, as JSON."}],
+              response_format=Weather, max_tokens=96, temperature=0)
+    w = p.choices[0].message.parsed
+    assert isinstance(w, Weather), p
+    results["parse(Pydantic)"] = "ok"
+except (pydantic.ValidationError, openai.LengthFinishReasonError, AssertionError) as e:
+    if enforced:
+        raise
+    results["parse(Pydantic)"] = "not enforced (%s)" % type(e).__name__
+
+print("openai: structured outputs and tools (grammars %s): %s" % (
+    "applied" if enforced else "NOT applied by the workers",
+    ", ".join("%s: %s" % kv for kv in results.items())))

@@ -848,6 +848,135 @@ static const struct {
      "<s>|</s>|True|3|user|How are you?|True|Hello|False|False"},
 };
 
+/* ---- tools ----------------------------------------------------------------- */
+
+/* Rendered by jinja2 3.1 (transformers' settings) with TOOLS_JSON as tools
+ * and TOOL_CONV with its tool_calls (arguments as an object, as vLLM and
+ * transformers pass them) and tool_call_id. */
+static const char QWEN25_TOOLS_OUT[] =
+    "<|im_start|>system\n"
+    "Be brief.\n"
+    "\n"
+    "# Tools\n"
+    "\n"
+    "You may call one or more functions to assist with the user query.\n"
+    "\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n"
+    "<tools>\n"
+    "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather in a city\", "
+    "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": "
+    "[\"city\"]}}}\n"
+    "</tools>\n"
+    "\n"
+    "For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML "
+    "tags:\n"
+    "<tool_call>\n"
+    "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+    "</tool_call><|im_end|>\n"
+    "<|im_start|>user\n"
+    "Weather in Paris?<|im_end|>\n"
+    "<|im_start|>assistant\n"
+    "<tool_call>\n"
+    "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+    "</tool_call><|im_end|>\n"
+    "<|im_start|>user\n"
+    "<tool_response>\n"
+    "{\"temp\": 21}\n"
+    "</tool_response><|im_end|>\n"
+    "<|im_start|>assistant\n";
+
+static const char LLAMA31_TOOLS_OUT[] =
+    "<s><|start_header_id|>system<|end_header_id|>\n"
+    "\n"
+    "Environment: ipython\n"
+    "Cutting Knowledge Date: December 2023\n"
+    "Today Date: 26 Jul 2024\n"
+    "\n"
+    "<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
+    "\n"
+    "Given the following functions, please respond with a JSON for a function call with its proper arguments that best "
+    "answers the given prompt.\n"
+    "\n"
+    "Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not "
+    "use variables.\n"
+    "\n"
+    "{\n"
+    "    \"type\": \"function\",\n"
+    "    \"function\": {\n"
+    "        \"name\": \"get_weather\",\n"
+    "        \"description\": \"Weather in a city\",\n"
+    "        \"parameters\": {\n"
+    "            \"type\": \"object\",\n"
+    "            \"properties\": {\n"
+    "                \"city\": {\n"
+    "                    \"type\": \"string\"\n"
+    "                }\n"
+    "            },\n"
+    "            \"required\": [\n"
+    "                \"city\"\n"
+    "            ]\n"
+    "        }\n"
+    "    }\n"
+    "}\n"
+    "\n"
+    "Weather in Paris?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+    "\n"
+    "{\"name\": \"get_weather\", \"parameters\": {\"city\": "
+    "\"Paris\"}}<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n"
+    "\n"
+    "\"{\\\"temp\\\": 21}\"<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+    "\n";
+
+static const char TOOLS_JSON[] =
+    "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather in a "
+    "city\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, "
+    "\"required\": [\"city\"]}}}]";
+static const fy_chat_msg_t TOOL_CONV[] = {
+    {"system", "Be brief."},
+    {"user", "Weather in Paris?"},
+    {"assistant", NULL},
+    {"tool", "{\"temp\": 21}"},
+};
+static const char *const TOOL_EXTRA[] = {
+    NULL,
+    NULL,
+    "{\"tool_calls\": [{\"id\": \"call_1\", \"type\": \"function\", \"function\": {\"name\": "
+    "\"get_weather\", \"arguments\": {\"city\": \"Paris\"}}}]}",
+    "{\"tool_call_id\": \"call_1\"}",
+};
+
+static void expect_tools_render(const char *src, size_t skip, const char *expected)
+{
+    fy_chat_template_t *t = NULL;
+    char *out = NULL;
+    assert_int_equal(fy_chat_template_create(src, "<s>", "</s>", &t), FY_OK);
+    assert_int_equal(fy_chat_template_apply_tools(t, TOOL_CONV + skip, TOOL_EXTRA + skip,
+                                                  FY_ARRAY_LEN(TOOL_CONV) - skip, TOOLS_JSON, true, &out),
+                     FY_OK);
+    if (strcmp(out, expected) != 0) print_message("expected:\n[%s]\ngot:\n[%s]\n", expected, out);
+    assert_string_equal(out, expected);
+    fy_free(out);
+    /* JSON that does not parse is refused, not rendered */
+    const char *bad_extra[] = {NULL, NULL, "{\"tool_calls\": [", NULL};
+    fy_test_log_begin();
+    assert_int_equal(fy_chat_template_apply_tools(t, TOOL_CONV, bad_extra, 4, TOOLS_JSON, true, &out), FY_ERR_INVALID);
+    assert_int_equal(fy_chat_template_apply_tools(t, TOOL_CONV, NULL, 4, "{\"not\": \"a list\"}", true, &out),
+                     FY_ERR_INVALID);
+    fy_test_log_end();
+    fy_chat_template_destroy(t);
+}
+
+/* Qwen 2.5 (Hermes-style <tool_call>, results as <tool_response>) and
+ * Llama 3.1 (JSON {"name", "parameters"}, results in the ipython role)
+ * render tools, an assistant's tool calls and a tool's result as jinja2
+ * does. */
+static void test_tools_render(void **state)
+{
+    (void)state;
+    expect_tools_render(QWEN25, 0, QWEN25_TOOLS_OUT);
+    expect_tools_render(LLAMA31, 1, LLAMA31_TOOLS_OUT); /* (its tools go in the first user turn) */
+}
+
 static void test_semantics(void **state)
 {
     (void)state;
@@ -1233,6 +1362,7 @@ int main(void)
         cmocka_unit_test(test_gemma2),
         cmocka_unit_test(test_gemma3),
         cmocka_unit_test(test_zephyr),
+        cmocka_unit_test(test_tools_render),
         cmocka_unit_test(test_semantics),
         cmocka_unit_test(test_misc),
         cmocka_unit_test(test_render_errors),
