@@ -87,14 +87,15 @@ USES_common   := common
 USES_kv       := common kv
 USES_kernels  := common kv model kernels kernels/cpu
 USES_model    := common model
-USES_engine   := common kv kernels model engine
+USES_grammar  := common model grammar
+USES_engine   := common kv kernels model grammar engine
 USES_transfer := common transfer
 USES_rpc      := common rpc
-USES_worker   := common kv kernels model engine transfer rpc worker
+USES_worker   := common kv kernels model grammar engine transfer rpc worker
 USES_decode   := $(USES_worker) decode
 USES_prefill  := $(USES_worker) prefill
-USES_router   := common kv model rpc router
-USES_all      := common kv kernels kernels/cpu model engine transfer rpc worker decode prefill router tools bench
+USES_router   := common kv model grammar rpc router
+USES_all      := common kv kernels kernels/cpu model grammar engine transfer rpc worker decode prefill router tools bench
 INCLUDES := $(USES_all:%=-I%)
 CFLAGS  ?=
 CFLAGS  += -std=c11 $(OPT) -g -D_GNU_SOURCE -pthread $(WARN) $(INCLUDES) $(PKG_CFLAGS) $(SAN_FLAGS) -MMD -MP
@@ -127,7 +128,7 @@ endif
 
 # ---- sources ------------------------------------------------------------------
 LIB_SRC := $(wildcard common/*.c) $(wildcard kv/*.c) $(wildcard kernels/*.c) $(wildcard kernels/cpu/*.c) \
-           $(wildcard model/*.c) $(wildcard engine/*.c) $(wildcard transfer/*.c) $(wildcard rpc/*.c) \
+           $(wildcard model/*.c) $(wildcard grammar/*.c) $(wildcard engine/*.c) $(wildcard transfer/*.c) $(wildcard rpc/*.c) \
            $(wildcard worker/*.c) $(wildcard decode/*.c) $(wildcard prefill/*.c) $(wildcard router/*.c)
 ifeq ($(SAN),fuzz)
 # the fuzz targets reach parsers, not compute kernels; and clang 14's
@@ -214,7 +215,7 @@ $(BUILD)/%.o: %.cu $(FLAGS_STAMP)
 	$(Q)$(NVCC) $(NVCC_FLAGS) -MMD -MP -c $< -o $@
 endif
 
-$(foreach m,common kv kernels model engine transfer rpc worker decode prefill router,\
+$(foreach m,common kv kernels model grammar engine transfer rpc worker decode prefill router,\
   $(eval $(BUILD)/$(m)/%.o: INCLUDES := $(USES_$(m):%=-I%)))
 
 $(BUILD)/%.o: %.c $(FLAGS_STAMP)

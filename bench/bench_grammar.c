@@ -1,6 +1,6 @@
 /*
  * bench_grammar.c - `ferry bench-grammar`: what structured outputs cost
- * per step (engine/grammar.h).  On the model's vocabulary: the trie's
+ * per step (grammar/grammar.h).  On the model's vocabulary: the trie's
  * build time; a nested JSON Schema's compile time, cold and through the
  * cache; the token mask's time per step along a completion (a fixed
  * document as the model's tokenizer splits it, each step masked then

@@ -40,7 +40,7 @@
 #define FY_GEN_MAX_STOP_IDS 16         /* stop_token_ids */
 #define FY_GEN_MAX_GRAMMAR 32768       /* bytes of a structured output's source (a schema, a regex, choices) */
 
-/* Structured outputs: what constrains the text (engine/grammar.h compiles it). */
+/* Structured outputs: what constrains the text (grammar/grammar.h compiles it). */
 typedef enum fy_gen_grammar {
     FY_GEN_GRAMMAR_NONE = 0,
     FY_GEN_GRAMMAR_JSON_SCHEMA, /* grammar: a JSON Schema document */

@@ -646,15 +646,13 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
     /* structured output: compiled once per source (the cache), a matcher per request */
     fy_gmatch_t *gm = NULL;
     if (rp->grammar_kind != FY_GEN_GRAMMAR_NONE) {
-        static const fy_grammar_kind_t kinds[] = {
-            [FY_GEN_GRAMMAR_JSON_SCHEMA] = FY_GRAMMAR_JSON_SCHEMA, [FY_GEN_GRAMMAR_JSON_OBJECT] = FY_GRAMMAR_JSON_OBJECT,
-            [FY_GEN_GRAMMAR_REGEX] = FY_GRAMMAR_REGEX, [FY_GEN_GRAMMAR_CHOICE] = FY_GRAMMAR_CHOICE};
         char err[FY_GRAMMAR_ERR_LEN] = "";
         fy_grammar_t *g = NULL;
+        fy_grammar_kind_t kind;
         bool hit = false;
-        fy_status_t gst = (unsigned)rp->grammar_kind > FY_GEN_GRAMMAR_CHOICE || rp->grammar_len < 0
+        fy_status_t gst = !fy_grammar_kind_of_gen(rp->grammar_kind, &kind) || rp->grammar_len < 0
                               ? FY_ERR_INVALID
-                              : fy_grammar_cache_get(e->gcache, kinds[rp->grammar_kind], rp->grammar ? rp->grammar : "",
+                              : fy_grammar_cache_get(e->gcache, kind, rp->grammar ? rp->grammar : "",
                                                      (size_t)rp->grammar_len, &g, &hit, err, sizeof(err));
         if (!gst) gst = fy_gmatch_create(g, &gm);
         fy_grammar_unref(g);

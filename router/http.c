@@ -56,6 +56,7 @@
 #include <sodium.h>
 
 #include "cluster.h"
+#include "grammar.h"
 #include "http_parse.h"
 #include "httpd.h"
 #include "log.h"
@@ -79,6 +80,7 @@ struct fy_http {
     fy_httpd_t *srv;
     char url[256];
     char served[128];      /* the model's name in the API */
+    fy_grammar_cache_t *grammars; /* structured outputs compiled at the door (thread-safe) */
     fy_tenants_t *tenants; /* NULL: no keys, everyone is tenant "" */
     int64_t default_max_tokens;
     double retry_after_s;
@@ -664,7 +666,8 @@ static fy_http_front_t front_of(const fy_http_t *H)
                              .model_id = fy_router_model_id(H->R),
                              .served = H->served,
                              .max_ctx = fy_router_max_ctx(H->R),
-                             .default_max_tokens = H->default_max_tokens};
+                             .default_max_tokens = H->default_max_tokens,
+                             .grammars = H->grammars};
 }
 
 /* The body of a generation, parsed: false with the error answered. */
@@ -1055,6 +1058,7 @@ static fy_status_t http_start(router_t *R, fy_http_t **h_p)
     st = fy_cluster_served_model_name(c, H->served, sizeof(H->served));
     if (!st && sodium_init() < 0) st = FY_ERR_INTERNAL;
     if (!st && *keys) st = fy_tenants_load(keys, &H->tenants);
+    if (!st) st = fy_grammar_cache_create(64, &H->grammars);
     static const char *const classes[] = {"2xx", "400", "4xx", "429", "5xx", "client_gone"};
     fy_metrics_t *g = fy_router_metrics(R);
     for (int i = 0; i < 6 && !st; i++) {
@@ -1087,6 +1091,7 @@ static fy_status_t http_start(router_t *R, fy_http_t **h_p)
     if (st) {
         fy_httpd_destroy(H->srv);
         fy_tenants_destroy(H->tenants);
+        fy_grammar_cache_destroy(H->grammars);
         fy_free(H);
         return st;
     }
@@ -1135,6 +1140,7 @@ static void http_stop(fy_http_t *H)
         return;
     }
     fy_tenants_destroy(H->tenants);
+    fy_grammar_cache_destroy(H->grammars);
     fy_free(H);
 }
 

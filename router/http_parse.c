@@ -19,6 +19,7 @@
 
 #include <sodium.h>
 
+#include "grammar.h"
 #include "mem.h"
 #include "prompt.h"
 #include "tokenizer.h"
@@ -802,6 +803,34 @@ static void tools_fields(parsed_t *p, json_t *o, fy_tools_req_t *tr, gen_req_t *
     fy_free(schema);
 }
 
+/* The structured output compiles (what the workers' engines will do):
+ * else a 400 naming the field that asked for it and what the grammar
+ * engine cannot take (a keyword, a construct, a limit). */
+static void grammar_compiles(const fy_http_front_t *f, parsed_t *p, json_t *o, bool by_tools, const fy_genspec_t *g)
+{
+    static const char *const fields[] = {"response_format", "guided_json", "guided_regex", "guided_choice",
+                                         "structured_outputs"};
+    const char *param = "response_format";
+    for (size_t i = 0; !by_tools && i < sizeof(fields) / sizeof(*fields); i++)
+        if (json_object_get(o, fields[i]) && !json_is_null(json_object_get(o, fields[i]))) {
+            param = fields[i];
+            break;
+        }
+    if (by_tools) param = "tools";
+    fy_grammar_kind_t kind;
+    char err[FY_GRAMMAR_ERR_LEN] = "";
+    fy_grammar_t *gr = NULL;
+    fy_status_t st = !fy_grammar_kind_of_gen(g->grammar_kind, &kind) ? FY_ERR_INVALID
+                     : f->grammars ? fy_grammar_cache_get(f->grammars, kind, g->grammar, (size_t)g->grammar_len, &gr,
+                                                          NULL, err, sizeof(err))
+                                   : fy_grammar_compile(kind, g->grammar, (size_t)g->grammar_len, &gr, err, sizeof(err));
+    fy_grammar_unref(gr);
+    if (st == FY_ERR_NOMEM)
+        bad(p, 500, NULL, "out of memory compiling '%s'", param);
+    else if (st)
+        bad(p, 400, param, "'%s': %s", param, err[0] ? err : "not a structured output this server can enforce");
+}
+
 fy_status_t fy_http_parse_generation(const fy_http_front_t *f, const char *body, size_t len, bool chat,
                                      fy_http_gen_t *g, fy_http_fault_t *fault)
 {
@@ -812,6 +841,9 @@ fy_status_t fy_http_parse_generation(const fy_http_front_t *f, const char *body,
     parse_common(f, fault, o, chat, g);
     fy_tools_req_t tr = {0};
     if (chat && !fault->status) tools_fields(fault, o, &tr, g);
+    if (!fault->status && g->gen.grammar_kind != FY_GEN_GRAMMAR_NONE)
+        grammar_compiles(f, fault, o, tr.choice == FY_TOOL_CHOICE_REQUIRED || tr.choice == FY_TOOL_CHOICE_NAMED,
+                         &g->gen);
     int32_t n_prompt = 0;
     int32_t *ids = fault->status ? NULL : prompt_ids(f, fault, o, chat, &tr, &n_prompt, &g->tool_format);
     fy_tools_req_clear(&tr);

@@ -27,6 +27,9 @@ typedef struct fy_http_front {
     const char *served;         /* the name the API serves the model under */
     int32_t max_ctx;            /* tokens of context */
     int64_t default_max_tokens; /* chat completions without max_tokens */
+    /* structured outputs are compiled here first, so a schema the workers
+     * would refuse is a 400 naming its field (NULL: compiled uncached) */
+    struct fy_grammar_cache *grammars;
 } fy_http_front_t;
 
 /* Why a body was refused: an HTTP status (400, 404), an OpenAI error type,

@@ -1,5 +1,5 @@
 /*
- * test_grammar.c - the grammar engine (engine/grammar.h): each JSON
+ * test_grammar.c - the grammar engine (grammar/grammar.h): each JSON
  * Schema construct, json_object, regexes and choices by texts they must
  * accept and refuse; refusals naming the keyword; limits; the token mask
  * against brute force (every token tried through accept_token) on a tiny

@@ -380,6 +380,18 @@ static void test_bad_requests(void **state)
     CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"logit_bias\":{\"99999999\":1}}", 400, "logit_bias",
           "not a token id");
     CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"logprobs\":30}", 400, "logprobs", NULL);
+    /* a structured output the grammar engine cannot enforce: refused at the door, by keyword */
+    CHECK("POST", "/v1/completions", KEY_A,
+          "{\"prompt\":\"hi\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\","
+          "\"schema\":{\"type\":\"object\",\"patternProperties\":{\"^a\":{\"type\":\"string\"}}}}}}",
+          400, "response_format", "patternProperties");
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"guided_regex\":\"a(b\"}", 400, "guided_regex",
+          NULL);
+    CHECK("POST", "/v1/chat/completions", KEY_A,
+          "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\","
+          "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+          "\"patternProperties\":{\"^a\":{}}}}}]}",
+          400, "tools", "patternProperties");
     CHECK("POST", "/v1/chat/completions", KEY_A,
           "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":3}", 400, "top_logprobs", "logprobs");
     CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"speculative\":\"magic\"}", 400, "speculative", NULL);

@@ -1,6 +1,6 @@
 /*
- * fuzz_grammar.c - the grammar compilers (engine/json_schema.c,
- * engine/grammar_regex.c: JSON Schema, json_object, regex, choice list)
+ * fuzz_grammar.c - the grammar compilers (grammar/json_schema.c,
+ * grammar/grammar_regex.c: JSON Schema, json_object, regex, choice list)
  * on any text, and a few steps of the matcher and its mask.
  *
  * Input: the first byte picks the kind (mod 4), the next 8 bytes drive

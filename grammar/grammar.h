@@ -69,6 +69,11 @@ typedef enum fy_grammar_kind {
 
 const char *fy_grammar_kind_str(fy_grammar_kind_t kind);
 
+/* The compiler for a generation's structured output (genspec.h's
+ * FY_GEN_GRAMMAR_*, an int here to keep this header free of it); false
+ * for none or an unknown value. */
+bool fy_grammar_kind_of_gen(int gen_kind, fy_grammar_kind_t *kind_p);
+
 /* Compiles src (len bytes, need not be NUL-terminated) of the given kind.
  * On failure returns FY_ERR_INVALID (malformed input, limits) or
  * FY_ERR_UNSUPPORTED (a keyword or construct not handled, named in the

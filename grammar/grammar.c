@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "genspec.h"
 #include "log.h"
 #include "mem.h"
 
@@ -920,6 +921,17 @@ fy_status_t gb_finish(gb_t *b, int32_t root, fy_grammar_t **g_p, char *err, size
 /* ======================================================================================================== */
 /* grammars                                                                                                 */
 /* ======================================================================================================== */
+
+bool fy_grammar_kind_of_gen(int gen_kind, fy_grammar_kind_t *kind_p)
+{
+    switch (gen_kind) {
+    case FY_GEN_GRAMMAR_JSON_SCHEMA: *kind_p = FY_GRAMMAR_JSON_SCHEMA; return true;
+    case FY_GEN_GRAMMAR_JSON_OBJECT: *kind_p = FY_GRAMMAR_JSON_OBJECT; return true;
+    case FY_GEN_GRAMMAR_REGEX: *kind_p = FY_GRAMMAR_REGEX; return true;
+    case FY_GEN_GRAMMAR_CHOICE: *kind_p = FY_GRAMMAR_CHOICE; return true;
+    default: return false;
+    }
+}
 
 const char *fy_grammar_kind_str(fy_grammar_kind_t kind)
 {
