@@ -10,6 +10,9 @@
  * exactly the tokens accept_token takes, with EOS exactly when complete;
  * up to 8 tokens are taken from the mask and undone by rollback to the
  * same mask.  Seeds: the schemas, regexes and choices of mkseeds.c.
+ *
+ * Not here: the default model's vocabulary (test_grammar checks the mask
+ * against brute force on it).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -25,14 +28,15 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc, (void)argv;
     fz_quiet_log();
-    static const char *const pieces[] = {"{\"", "\":", "\"", "ab", "true", ", \"", "}", "12", "-1.", "\xc3\xa9",
-                                         " ",   "\n ", "null", "\"}", "[{", "},{", "a\"b", "e+",  "x"};
+    static const char *const pieces[] = {"{\"", "\":", "\"",   "ab",  "true", ", \"", "}",    "12", "-1.", "\xc3\xa9",
+                                         " ",   "\n ", "null", "\"}", "[{",   "},{",  "a\"b", "e+", "x"};
     enum { NP = sizeof(pieces) / sizeof(pieces[0]), N = 256 + NP + 1 };
     static uint8_t single[256];
     static const uint8_t *bytes[N];
     static uint32_t len[N];
     for (int i = 0; i < 256; i++) single[i] = (uint8_t)i, bytes[i] = &single[i], len[i] = 1;
-    for (int i = 0; i < NP; i++) bytes[256 + i] = (const uint8_t *)pieces[i], len[256 + i] = (uint32_t)strlen(pieces[i]);
+    for (int i = 0; i < NP; i++)
+        bytes[256 + i] = (const uint8_t *)pieces[i], len[256 + i] = (uint32_t)strlen(pieces[i]);
     bytes[N - 1] = (const uint8_t *)"", len[N - 1] = 0;
     int32_t eos = N - 1;
     if (fy_token_trie_create(N, bytes, len, NULL, &eos, 1, &g_trie) != FY_OK) abort();
