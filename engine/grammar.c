@@ -15,7 +15,8 @@
  * on (pos, parent), so ambiguity cannot multiply stacks.  Left recursion
  * is refused when compiling, so expansion ends.
  *
- * Not here: input syntaxes (json_schema.c, grammar_regex.c), the trie
+ * Not here: input syntaxes (json_schema.c, grammar_regex.c,
+ * grammar_gbnf.c), the trie
  * (token_trie.c).
  */
 #include "grammar_int.h"
@@ -929,6 +930,7 @@ const char *fy_grammar_kind_str(fy_grammar_kind_t kind)
     case FY_GRAMMAR_JSON_OBJECT: return "json_object";
     case FY_GRAMMAR_REGEX: return "regex";
     case FY_GRAMMAR_CHOICE: return "choice";
+    case FY_GRAMMAR_GBNF: return "gbnf";
     case FY_GRAMMAR_KIND_COUNT: break;
     }
     return "?";
@@ -987,6 +989,7 @@ static fy_status_t compile_with(gb_t *b, fy_grammar_kind_t kind, const char *src
         return b->st;
     }
     case FY_GRAMMAR_CHOICE: return fy_choice_compile(b, src, len, root_p);
+    case FY_GRAMMAR_GBNF: return fy_gbnf_compile(b, src, len, root_p);
     case FY_GRAMMAR_KIND_COUNT: break;
     }
     gb_fail(b, FY_ERR_INVALID, "grammar: unknown kind %d", (int)kind);

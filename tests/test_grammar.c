@@ -241,6 +241,58 @@ static void test_choice(void **state)
     run_cases(FY_GRAMMAR_CHOICE, cases, FY_ARRAY_LEN(cases));
 }
 
+static void test_gbnf(void **state)
+{
+    (void)state;
+    static const tcase_t cases[] = {
+        {"root ::= \"a\" b* # comment\nb ::= [b-d] | \"xy\"\n", {"a", "abxyd"}, {"", "ab x", "ax"}},
+        {"root   ::= (\"yes\" | \"no\")  \".\"?  [\\u00e9a-c]{1,3}\n",
+         {"yesa", "no.\xc3\xa9"
+                  "cc"},
+         {"yes", "yesaaaa"}},
+        {"root ::= item (\",\" item){0,2}\nitem ::= [0-9]+ | \"\\\"q\\\"\"\n", {"1", "12,\"q\",3"}, {"1,2,3,4", "1,"}},
+        {"root ::= ( \"a\"\n  | \"b\" )\n", {"a", "b"}, {"ab"}},
+        {"root ::= [^a\\n] .\n", {"bb", "b\n"}, {"ab", "\nb"}},
+        {"root ::= \"\\x41\\u00e9\\t\"\n", {"A\xc3\xa9\t"}, {"A\xe9\t"}},
+    };
+    run_cases(FY_GRAMMAR_GBNF, cases, FY_ARRAY_LEN(cases));
+    static const struct {
+        const char *src, *words;
+    } bad[] = {
+        {"root ::= a\n", "rule 'a' is used but not defined"},
+        {"item ::= \"a\"\n", "no rule named root"},
+        {"root ::= root \"a\" | \"b\"\n", "left-recursive"},
+        {"root ::= \"a\"\nroot ::= \"b\"\n", "defined twice"},
+        {"root ::= <[1]>\n", "token references"},
+        {"root ::= \"a\\q\"\n", "unknown escape"},
+        {"root ::= (\"a\"\n", "missing )"},
+        {"root = \"a\"\n", "expected ::="},
+        {"root ::= \"a\"{3,1}\n", "out of range"},
+    };
+    for (size_t i = 0; i < FY_ARRAY_LEN(bad); i++) {
+        char err[FY_GRAMMAR_ERR_LEN] = "";
+        fy_grammar_t *g = NULL;
+        fy_status_t st = fy_grammar_compile(FY_GRAMMAR_GBNF, bad[i].src, strlen(bad[i].src), &g, err, sizeof(err));
+        if (st == FY_OK || !strstr(err, bad[i].words)) {
+            fprintf(stderr, "%s: got '%s', want '...%s...'\n", bad[i].src, err, bad[i].words);
+            fail();
+        }
+    }
+    /* llama.cpp's json.gbnf accepts what json_object does */
+    static const char json_gbnf[] =
+        "root ::= object\nvalue ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n"
+        "object ::= \"{\" ws ( string \":\" ws value (\",\" ws string \":\" ws value)* )? \"}\" ws\n"
+        "array ::= \"[\" ws ( value (\",\" ws value)* )? \"]\" ws\n"
+        "string ::= \"\\\"\" ( [^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) )* "
+        "\"\\\"\" ws\n"
+        "number ::= (\"-\"? ([0-9] | [1-9] [0-9]{0,15})) (\".\" [0-9]+)? ([eE] [-+]? [0-9]{1,3})? ws\n"
+        "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n";
+    fy_grammar_t *g = compile_ok(FY_GRAMMAR_GBNF, json_gbnf);
+    assert_true(matches(g, "{\"a\": [1, -2.5e3, \"x\\n\", {\"b\": null}], \"c\": true}"));
+    assert_false(matches(g, "{\"a\": [1,]}"));
+    fy_grammar_unref(g);
+}
+
 /* ---- refusals and limits ------------------------------------------------------------------------------------ */
 
 typedef struct refusal {
@@ -917,6 +969,7 @@ int main(void)
         cmocka_unit_test(test_json_object),
         cmocka_unit_test(test_regex),
         cmocka_unit_test(test_choice),
+        cmocka_unit_test(test_gbnf),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_cache),

@@ -1,9 +1,10 @@
 /*
  * fuzz_grammar.c - the grammar compilers (engine/json_schema.c,
- * engine/grammar_regex.c: JSON Schema, json_object, regex, choice list)
+ * engine/grammar_regex.c, engine/grammar_gbnf.c: JSON Schema,
+ * json_object, regex, choice list, GBNF)
  * on any text, and a few steps of the matcher and its mask.
  *
- * Input: the first byte picks the kind (mod 4), the next 8 bytes drive
+ * Input: the first byte picks the kind (mod 5), the next 8 bytes drive
  * which tokens are taken, the rest is the source.  Checks: a refused
  * source comes with a message; a compiled one gives a matcher whose mask
  * over a small vocabulary (every byte, some multi-byte pieces, EOS) is
@@ -48,7 +49,7 @@ static bool bit(const uint32_t *m, int32_t id) { return (m[id >> 5] >> (id & 31)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 9) return 0;
-    fy_grammar_kind_t kind = (fy_grammar_kind_t)(data[0] % 4);
+    fy_grammar_kind_t kind = (fy_grammar_kind_t)(data[0] % FY_GRAMMAR_KIND_COUNT);
     const uint8_t *pick = data + 1;
     char err[FY_GRAMMAR_ERR_LEN];
     fy_grammar_t *g = NULL;
