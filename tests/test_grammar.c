@@ -12,6 +12,7 @@
  * (ferry bench-grammar).
  */
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -471,6 +472,50 @@ static void test_cache(void **state)
     assert_true(matches(g1, "42"));
     fy_grammar_unref(g1);
     fy_grammar_unref(g2);
+}
+
+/* Threads sharing a cache smaller than their set of schemas: every get
+ * gives the right grammar while others evict it. */
+static fy_grammar_cache_t *g_shared;
+
+static void *cache_worker(void *arg)
+{
+    uint64_t rng = (uint64_t)(uintptr_t)arg;
+    static const char *const srcs[] = {"{\"type\":\"integer\"}", "{\"type\":\"string\"}", "{\"type\":\"boolean\"}",
+                                       "{\"type\":\"null\"}",    "{\"enum\":[1,2]}",      "{\"const\":\"k\"}"};
+    static const char *const texts[] = {"42", "\"s\"", "true", "null", "2", "\"k\""};
+    for (int i = 0; i < 300; i++) {
+        int k = (int)(fy_test_rand_u64(&rng) % 6);
+        fy_grammar_t *g;
+        char err[FY_GRAMMAR_ERR_LEN];
+        if (fy_grammar_cache_get(g_shared, FY_GRAMMAR_JSON_SCHEMA, srcs[k], strlen(srcs[k]), &g, NULL, err,
+                                 sizeof(err)))
+            return (void *)1;
+        fy_gmatch_t *m;
+        bool ok = fy_gmatch_create(g, &m) == FY_OK;
+        fy_grammar_unref(g); /* the matcher keeps it alive through an eviction */
+        if (!ok) return (void *)1;
+        ok = fy_gmatch_accept_bytes(m, texts[k], strlen(texts[k])) && fy_gmatch_is_complete(m);
+        fy_gmatch_destroy(m);
+        if (!ok) return (void *)1;
+    }
+    return NULL;
+}
+
+static void test_cache_threads(void **state)
+{
+    (void)state;
+    assert_int_equal(fy_grammar_cache_create(3, &g_shared), FY_OK);
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, cache_worker, (void *)(uintptr_t)(SEED + i)), 0);
+    for (int i = 0; i < 4; i++) {
+        void *rv;
+        assert_int_equal(pthread_join(th[i], &rv), 0);
+        assert_null(rv);
+    }
+    fy_grammar_cache_destroy(g_shared);
+    g_shared = NULL;
 }
 
 /* ---- masks -------------------------------------------------------------------------------------------------- */
@@ -973,6 +1018,7 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_cache),
+        cmocka_unit_test(test_cache_threads),
         cmocka_unit_test(test_mask_tiny),
         cmocka_unit_test(test_mask_real),
         cmocka_unit_test(test_rollback_clone),
