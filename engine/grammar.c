@@ -667,6 +667,12 @@ static void lower_alt(gb_t *b, int32_t rule, int32_t node)
     lower_node(b, node, 0);
     emit(b, (gelem_t){GE_END, 0});
     if (b->st) return;
+    /* an alternative through an empty byte set can never finish: left
+     * in, the mask could lead into it and then allow nothing; out, a rule
+     * left with no alternatives is reported by the productivity check */
+    static const uint32_t zero[8];
+    for (int64_t i = 0; i < b->scratch.n; i++)
+        if (b->scratch.v[i].type == GE_SET && !memcmp(b->sets.v[b->scratch.v[i].v], zero, 32)) return;
     int32_t start = (int32_t)b->elems.n;
     if (!vec_grow((void **)&b->elems.v, &b->elems.cap, b->elems.n + b->scratch.n, sizeof(gelem_t),
                   FY_GRAMMAR_MAX_ELEMS)) {

@@ -345,6 +345,8 @@ static void test_refusals(void **state)
         {FY_GRAMMAR_REGEX, "a++", FY_ERR_UNSUPPORTED, "possessive"},
         {FY_GRAMMAR_REGEX, "a^b", FY_ERR_UNSUPPORTED, "'^' inside"},
         {FY_GRAMMAR_REGEX, "(a*)*", FY_ERR_INVALID, "left-recursive"},
+        {FY_GRAMMAR_REGEX, "a[^\\x00-\\u{10FFFF}]|b", FY_ERR_INVALID, "can never finish"},
+        {FY_GRAMMAR_REGEX, "[^\\x00-\\u{10FFFF}]", FY_ERR_INVALID, "matches no text"},
         {FY_GRAMMAR_REGEX, "(ab", FY_ERR_INVALID, "missing )"},
         {FY_GRAMMAR_REGEX, "a{3,2}", FY_ERR_INVALID, "out of range"},
         {FY_GRAMMAR_REGEX, "a{99999}", FY_ERR_INVALID, "out of range"},

@@ -10,7 +10,7 @@
  * over a small vocabulary (every byte, some multi-byte pieces, EOS) is
  * exactly the tokens accept_token takes, with EOS exactly when complete;
  * up to 8 tokens are taken from the mask and undone by rollback to the
- * same mask.  Seeds: the schemas, regexes and choices of mkseeds.c.
+ * same mask; the mask is never empty (every byte is a token).  Seeds: the schemas, regexes and choices of mkseeds.c.
  *
  * Not here: the default model's vocabulary (test_grammar checks the mask
  * against brute force on it).
@@ -79,7 +79,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                  fy_gmatch_is_complete(m));
         int32_t n = 0;
         for (size_t w = 0; w < words; w++) n += __builtin_popcount(mask[w]);
-        if (n == 0) break;
+        FZ_CHECK(n > 0, "a live matcher allows no token (complete %d)", fy_gmatch_is_complete(m));
         int32_t k = pick[s] % n, id = 0;
         for (; id < t->n_vocab; id++)
             if (bit(mask, id) && k-- == 0) break;
