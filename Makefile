@@ -306,7 +306,7 @@ asan:
 # workers miss the commands' 5-s timeouts, which tests nothing about races.  UCX's memory
 # hooks (libucm) crash under TSan, so they are off (UCX_MEM_EVENTS=no);
 # tests/tsan.supp says what is suppressed and why.
-TSAN_TESTS := test_engine test_xfer test_rpc test_envelope test_httpd test_bench test_supervise test_http_robust
+TSAN_TESTS := test_engine test_xfer test_rpc test_envelope test_httpd test_bench test_supervise test_http_robust test_grammar
 tsan:
 	$(Q)$(MAKE) --no-print-directory SAN=tsan tests
 	$(Q)rm -rf build/tsan/run && mkdir -p build/tsan/run && \

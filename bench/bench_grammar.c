@@ -35,28 +35,31 @@ static const char g_schema[] =
     "\"$defs\":{\"Tier\":{\"enum\":[\"bronze\",\"silver\",\"gold\"],\"title\":\"Tier\",\"type\":\"string\"},"
     "\"Item\":{\"type\":\"object\",\"title\":\"Item\",\"properties\":{"
     "\"sku\":{\"type\":\"string\",\"title\":\"Sku\"},\"qty\":{\"type\":\"integer\",\"minimum\":0},"
-    "\"price\":{\"type\":\"number\"},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"hardware\",\"software\",\"sale\","
+    "\"price\":{\"type\":\"number\"},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"hardware\",\"software\","
+    "\"sale\","
     "\"gift\"]},\"maxItems\":4}},\"required\":[\"sku\",\"qty\",\"price\"]}},"
     "\"properties\":{\"order_id\":{\"type\":\"string\"},"
-    "\"customer\":{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"tier\":{\"$ref\":\"#/$defs/Tier\"},"
+    "\"customer\":{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"tier\":{\"$ref\":\"#/$defs/"
+    "Tier\"},"
     "\"since\":{\"type\":\"string\",\"format\":\"date\"}},\"required\":[\"name\",\"tier\"]},"
     "\"items\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/Item\"},\"minItems\":1},"
     "\"total\":{\"type\":\"number\"},\"status\":{\"enum\":[\"pending\",\"paid\",\"shipped\"]},"
     "\"notes\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}],\"default\":null}},"
     "\"required\":[\"order_id\",\"customer\",\"items\",\"total\",\"status\"]}";
 
-static const char g_doc[] = "{\n"
-                            "  \"order_id\": \"A-1042\",\n"
-                            "  \"customer\": {\"name\": \"Ada Lovelace\", \"tier\": \"gold\", \"since\": \"2021-03-14\"},\n"
-                            "  \"items\": [\n"
-                            "    {\"sku\": \"KB-001\", \"qty\": 2, \"price\": 49.99, \"tags\": [\"hardware\", \"sale\"]},\n"
-                            "    {\"sku\": \"MS-204\", \"qty\": 1, \"price\": 29.5, \"tags\": [\"hardware\"]},\n"
-                            "    {\"sku\": \"LIC-PRO\", \"qty\": 3, \"price\": 16.66, \"tags\": [\"software\", \"gift\"]}\n"
-                            "  ],\n"
-                            "  \"total\": 178.46,\n"
-                            "  \"status\": \"paid\",\n"
-                            "  \"notes\": \"Leave the parcel at the front desk, please.\"\n"
-                            "}";
+static const char g_doc[] =
+    "{\n"
+    "  \"order_id\": \"A-1042\",\n"
+    "  \"customer\": {\"name\": \"Ada Lovelace\", \"tier\": \"gold\", \"since\": \"2021-03-14\"},\n"
+    "  \"items\": [\n"
+    "    {\"sku\": \"KB-001\", \"qty\": 2, \"price\": 49.99, \"tags\": [\"hardware\", \"sale\"]},\n"
+    "    {\"sku\": \"MS-204\", \"qty\": 1, \"price\": 29.5, \"tags\": [\"hardware\"]},\n"
+    "    {\"sku\": \"LIC-PRO\", \"qty\": 3, \"price\": 16.66, \"tags\": [\"software\", \"gift\"]}\n"
+    "  ],\n"
+    "  \"total\": 178.46,\n"
+    "  \"status\": \"paid\",\n"
+    "  \"notes\": \"Leave the parcel at the front desk, please.\"\n"
+    "}";
 
 static double now_s(void)
 {
@@ -168,9 +171,12 @@ int fy_cmd_bench_grammar(int argc, char **argv)
     long runs = 5, samples = 5, threads = 2;
     enum { O_RUNS = 256, O_SAMPLES, O_THREADS };
     static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},     {"runs", required_argument, 0, O_RUNS},
-        {"samples", required_argument, 0, O_SAMPLES}, {"threads", required_argument, 0, O_THREADS},
-        {"help", no_argument, 0, 'h'},            {0, 0, 0, 0},
+        {"model", required_argument, 0, 'm'},
+        {"runs", required_argument, 0, O_RUNS},
+        {"samples", required_argument, 0, O_SAMPLES},
+        {"threads", required_argument, 0, O_THREADS},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     int opt;
     optind = 1;

@@ -15,7 +15,8 @@
  * on (pos, parent), so ambiguity cannot multiply stacks.  Left recursion
  * is refused when compiling, so expansion ends.
  *
- * Not here: input syntaxes (json_schema.c, grammar_regex.c), the trie
+ * Not here: input syntaxes (json_schema.c, grammar_regex.c,
+ * grammar_gbnf.c), the trie
  * (token_trie.c).
  */
 #include "grammar_int.h"
@@ -91,7 +92,7 @@ static bool vec_grow(void **v, int64_t *cap, int64_t need, size_t elem, int64_t 
 
 #define VEC_PUSH(b, vec, val, limit, what)                                                                             \
     (vec_grow((void **)&(vec).v, &(vec).cap, (vec).n + 1, sizeof(*(vec).v), (limit))                                   \
-         ? ((vec).v[(vec).n] = (val), (int32_t)(vec).n++)                                                               \
+         ? ((vec).v[(vec).n] = (val), (int32_t)(vec).n++)                                                              \
          : gb_fail((b), FY_ERR_INVALID, "grammar: too many %s (at most %lld)", (what), (long long)(limit)))
 
 gb_t *gb_create(void)
@@ -352,7 +353,8 @@ static int32_t byte_class(gb_t *b, const char *spec)
 int32_t gb_json_ws(gb_t *b)
 {
     if (b->j_ws < 0) {
-        int32_t nl = gb_seqv(b, gb_str(b, "\n"), gb_rep(b, byte_class(b, "  \t\t"), 0, FY_GRAMMAR_JSON_WS_MAX), GB_NONE);
+        int32_t nl =
+            gb_seqv(b, gb_str(b, "\n"), gb_rep(b, byte_class(b, "  \t\t"), 0, FY_GRAMMAR_JSON_WS_MAX), GB_NONE);
         int32_t r = gb_rule(b, "ws");
         gb_rule_set(b, r, gb_altv(b, gb_empty(b), gb_str(b, " "), nl, GB_NONE));
         b->j_ws = r;
@@ -390,15 +392,15 @@ static int32_t json_number(gb_t *b)
 {
     if (b->j_number < 0) {
         int32_t d = byte_class(b, "09");
-        int32_t intpart = gb_altv(b, gb_str(b, "0"), gb_seqv(b, byte_class(b, "19"), gb_rep(b, d, 0, 15), GB_NONE),
-                                  GB_NONE);
+        int32_t intpart =
+            gb_altv(b, gb_str(b, "0"), gb_seqv(b, byte_class(b, "19"), gb_rep(b, d, 0, 15), GB_NONE), GB_NONE);
         int32_t frac = gb_seqv(b, gb_str(b, "."), gb_rep(b, d, 1, 16), GB_NONE);
-        int32_t exp = gb_seqv(b, byte_class(b, "eeEE"), gb_rep(b, byte_class(b, "++--"), 0, 1), gb_rep(b, d, 1, 3),
-                              GB_NONE);
+        int32_t exp =
+            gb_seqv(b, byte_class(b, "eeEE"), gb_rep(b, byte_class(b, "++--"), 0, 1), gb_rep(b, d, 1, 3), GB_NONE);
         int32_t r = gb_rule(b, "number");
-        gb_rule_set(b, r,
-                    gb_seqv(b, gb_rep(b, gb_str(b, "-"), 0, 1), intpart, gb_rep(b, frac, 0, 1), gb_rep(b, exp, 0, 1),
-                            GB_NONE));
+        gb_rule_set(
+            b, r,
+            gb_seqv(b, gb_rep(b, gb_str(b, "-"), 0, 1), intpart, gb_rep(b, frac, 0, 1), gb_rep(b, exp, 0, 1), GB_NONE));
         b->j_number = r;
     }
     return gb_ref(b, b->j_number);
@@ -413,8 +415,8 @@ int32_t gb_json_value(gb_t *b)
         b->j_object = object;
         int32_t array = gb_rule(b, "array");
         int32_t ws = gb_json_ws(b);
-        int32_t member = gb_share(b, "member",
-                                  gb_seqv(b, gb_json_string(b), ws, gb_str(b, ":"), ws, gb_ref(b, value), ws, GB_NONE));
+        int32_t member =
+            gb_share(b, "member", gb_seqv(b, gb_json_string(b), ws, gb_str(b, ":"), ws, gb_ref(b, value), ws, GB_NONE));
         int32_t more_m = gb_rep(b, gb_seqv(b, gb_str(b, ","), ws, member, GB_NONE), 0, -1);
         gb_rule_set(b, object,
                     gb_seqv(b, gb_str(b, "{"), ws, gb_rep(b, gb_seqv(b, member, more_m, GB_NONE), 0, 1), gb_str(b, "}"),
@@ -425,8 +427,8 @@ int32_t gb_json_value(gb_t *b)
                     gb_seqv(b, gb_str(b, "["), ws, gb_rep(b, gb_seqv(b, item, more_i, GB_NONE), 0, 1), gb_str(b, "]"),
                             GB_NONE));
         gb_rule_set(b, value,
-                    gb_altv(b, gb_ref(b, object), gb_ref(b, array), gb_json_string(b), json_number(b), gb_str(b, "true"),
-                            gb_str(b, "false"), gb_str(b, "null"), GB_NONE));
+                    gb_altv(b, gb_ref(b, object), gb_ref(b, array), gb_json_string(b), json_number(b),
+                            gb_str(b, "true"), gb_str(b, "false"), gb_str(b, "null"), GB_NONE));
     }
     return gb_ref(b, b->j_value);
 }
@@ -666,6 +668,12 @@ static void lower_alt(gb_t *b, int32_t rule, int32_t node)
     lower_node(b, node, 0);
     emit(b, (gelem_t){GE_END, 0});
     if (b->st) return;
+    /* an alternative through an empty byte set can never finish: left
+     * in, the mask could lead into it and then allow nothing; out, a rule
+     * left with no alternatives is reported by the productivity check */
+    static const uint32_t zero[8];
+    for (int64_t i = 0; i < b->scratch.n; i++)
+        if (b->scratch.v[i].type == GE_SET && !memcmp(b->sets.v[b->scratch.v[i].v], zero, 32)) return;
     int32_t start = (int32_t)b->elems.n;
     if (!vec_grow((void **)&b->elems.v, &b->elems.cap, b->elems.n + b->scratch.n, sizeof(gelem_t),
                   FY_GRAMMAR_MAX_ELEMS)) {
@@ -940,6 +948,7 @@ const char *fy_grammar_kind_str(fy_grammar_kind_t kind)
     case FY_GRAMMAR_JSON_OBJECT: return "json_object";
     case FY_GRAMMAR_REGEX: return "regex";
     case FY_GRAMMAR_CHOICE: return "choice";
+    case FY_GRAMMAR_GBNF: return "gbnf";
     case FY_GRAMMAR_KIND_COUNT: break;
     }
     return "?";
@@ -998,6 +1007,7 @@ static fy_status_t compile_with(gb_t *b, fy_grammar_kind_t kind, const char *src
         return b->st;
     }
     case FY_GRAMMAR_CHOICE: return fy_choice_compile(b, src, len, root_p);
+    case FY_GRAMMAR_GBNF: return fy_gbnf_compile(b, src, len, root_p);
     case FY_GRAMMAR_KIND_COUNT: break;
     }
     gb_fail(b, FY_ERR_INVALID, "grammar: unknown kind %d", (int)kind);
@@ -1013,7 +1023,8 @@ static fy_status_t compile(fy_grammar_kind_t kind, const char *src, size_t len, 
         return FY_ERR_INVALID;
     }
     if (!json && len > FY_GRAMMAR_MAX_SOURCE) {
-        if (err) snprintf(err, err_cap, "%s: %zu bytes (at most %d)", fy_grammar_kind_str(kind), len, FY_GRAMMAR_MAX_SOURCE);
+        if (err)
+            snprintf(err, err_cap, "%s: %zu bytes (at most %d)", fy_grammar_kind_str(kind), len, FY_GRAMMAR_MAX_SOURCE);
         return FY_ERR_INVALID;
     }
     gb_t *b = gb_create();
@@ -1023,8 +1034,10 @@ static fy_status_t compile(fy_grammar_kind_t kind, const char *src, size_t len, 
     }
     int32_t root = -1;
     fy_status_t st = compile_with(b, kind, src ? src : "", src ? len : 0, json, &root);
-    if (!st && !b->st) st = gb_finish(b, root, g_p, err, err_cap);
-    else st = gb_error(b, err, err_cap);
+    if (!st && !b->st)
+        st = gb_finish(b, root, g_p, err, err_cap);
+    else
+        st = gb_error(b, err, err_cap);
     gb_destroy(b);
     return st;
 }
@@ -1081,8 +1094,10 @@ static void dump_set(sbuf_t *s, const uint32_t set[8])
     if (n == 1) {
         for (int c = 0; c < 256; c++)
             if ((set[c >> 5] >> (c & 31)) & 1) {
-                if (c >= 0x21 && c < 0x7f && c != '"' && c != '\\') sb_printf(s, "\"%c\"", c);
-                else sb_printf(s, "\"\\x%02X\"", c);
+                if (c >= 0x21 && c < 0x7f && c != '"' && c != '\\')
+                    sb_printf(s, "\"%c\"", c);
+                else
+                    sb_printf(s, "\"\\x%02X\"", c);
             }
         return;
     }
@@ -1094,12 +1109,16 @@ static void dump_set(sbuf_t *s, const uint32_t set[8])
         }
         int e = c;
         while (e + 1 < 256 && ((set[(e + 1) >> 5] >> ((e + 1) & 31)) & 1)) e++;
-        if (c >= 0x21 && c < 0x7f && c != ']' && c != '\\' && c != '-') sb_printf(s, "%c", c);
-        else sb_printf(s, "\\x%02X", c);
+        if (c >= 0x21 && c < 0x7f && c != ']' && c != '\\' && c != '-')
+            sb_printf(s, "%c", c);
+        else
+            sb_printf(s, "\\x%02X", c);
         if (e > c) {
             sb_printf(s, "-");
-            if (e >= 0x21 && e < 0x7f && e != ']' && e != '\\' && e != '-') sb_printf(s, "%c", e);
-            else sb_printf(s, "\\x%02X", e);
+            if (e >= 0x21 && e < 0x7f && e != ']' && e != '\\' && e != '-')
+                sb_printf(s, "%c", e);
+            else
+                sb_printf(s, "\\x%02X", e);
         }
         c = e + 1;
     }
@@ -1117,8 +1136,10 @@ char *fy_grammar_dump(const fy_grammar_t *g)
             if (g->elems[p].type == GE_END) sb_printf(&s, " \"\"");
             for (; g->elems[p].type != GE_END; p++) {
                 sb_printf(&s, " ");
-                if (g->elems[p].type == GE_REF) sb_printf(&s, "%s-%d", g->rules[g->elems[p].v].name, g->elems[p].v);
-                else dump_set(&s, g->sets[g->elems[p].v]);
+                if (g->elems[p].type == GE_REF)
+                    sb_printf(&s, "%s-%d", g->rules[g->elems[p].v].name, g->elems[p].v);
+                else
+                    dump_set(&s, g->sets[g->elems[p].v]);
             }
         }
         sb_printf(&s, "\n");
@@ -1393,8 +1414,10 @@ static int32_t expand(fy_gmatch_t *m, int32_t n_work, bool *complete)
         if (visited(m, pos, par)) continue;
         gelem_t e = g->elems[pos];
         if (e.type == GE_END) {
-            if (par < 0) *complete = true;
-            else m->work[n_work++] = (int64_t)m->npos[par] << 32 | (uint32_t)m->npar[par];
+            if (par < 0)
+                *complete = true;
+            else
+                m->work[n_work++] = (int64_t)m->npos[par] << 32 | (uint32_t)m->npar[par];
         } else if (e.type == GE_SET) {
             int32_t id = cons(m, pos, par);
             if (id < 0 || nt >= STATE_MAX_TOPS) return -1;
@@ -1602,7 +1625,8 @@ fy_status_t fy_gmatch_create(fy_grammar_t *g, fy_gmatch_t **m_p)
     }
     m->work = w;
     if (r->n_alts > m->cap_work) m->cap_work = r->n_alts;
-    for (int32_t a = r->n_alts - 1; a >= 0; a--) m->work[n_work++] = (int64_t)g->alts[r->alt_first + a] << 32 | 0xffffffffu;
+    for (int32_t a = r->n_alts - 1; a >= 0; a--)
+        m->work[n_work++] = (int64_t)g->alts[r->alt_first + a] << 32 | 0xffffffffu;
     bool complete = false;
     int32_t nt = expand(m, n_work, &complete);
     if (nt >= 0) m->cur = intern(m, m->tmp, nt, complete);
@@ -1674,8 +1698,10 @@ static void push_hist(fy_gmatch_t *m)
 {
     int32_t at = (m->hist_head + m->n_hist) % FY_GMATCH_HISTORY;
     m->hist[at] = (hist_t){m->cur, m->ended};
-    if (m->n_hist < FY_GMATCH_HISTORY) m->n_hist++;
-    else m->hist_head = (m->hist_head + 1) % FY_GMATCH_HISTORY;
+    if (m->n_hist < FY_GMATCH_HISTORY)
+        m->n_hist++;
+    else
+        m->hist_head = (m->hist_head + 1) % FY_GMATCH_HISTORY;
 }
 
 fy_status_t fy_gmatch_accept_token(fy_gmatch_t *m, const fy_token_trie_t *t, int32_t id)

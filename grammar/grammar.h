@@ -8,7 +8,7 @@
  * classes and bounded or unbounded repetition are lowered to those).  It
  * is compiled from a response_format: a JSON Schema (json_schema.c), any
  * JSON object ("json_object"), a regular expression or a list of choices
- * (grammar_regex.c).  A compiled grammar is immutable and may be shared
+ * (grammar_regex.c), or a GBNF text grammar (grammar_gbnf.c).  A compiled grammar is immutable and may be shared
  * between threads and requests (it is reference-counted; the cache below
  * hands out references).
  *
@@ -64,6 +64,7 @@ typedef enum fy_grammar_kind {
     FY_GRAMMAR_JSON_OBJECT,     /* source ignored: any JSON object */
     FY_GRAMMAR_REGEX,           /* source: a regular expression, matched whole */
     FY_GRAMMAR_CHOICE,          /* source: a JSON array of strings; output is one of them, verbatim */
+    FY_GRAMMAR_GBNF,            /* source: a llama.cpp GBNF grammar, start rule "root" */
     FY_GRAMMAR_KIND_COUNT
 } fy_grammar_kind_t;
 

@@ -1,6 +1,6 @@
 /*
  * grammar_int.h - inside the grammar engine: the builder the compilers
- * (json_schema.c, grammar_regex.c) write an expression tree with, and the
+ * (json_schema.c, grammar_regex.c, grammar_gbnf.c) write an expression tree with, and the
  * compiled form grammar.c matches.
  *
  * A compiler makes expression nodes (literal, byte set, codepoint ranges,
@@ -101,5 +101,6 @@ int32_t gb_json_object(gb_t *b); /* any JSON object */
 fy_status_t fy_json_schema_compile(gb_t *b, const void *schema, int32_t *root_p);
 fy_status_t fy_regex_compile(gb_t *b, const char *re, size_t len, bool json_string, int32_t *root_p);
 fy_status_t fy_choice_compile(gb_t *b, const char *src, size_t len, int32_t *root_p);
+fy_status_t fy_gbnf_compile(gb_t *b, const char *src, size_t len, int32_t *root_p);
 
 #endif /* FY_GRAMMAR_INT_H */

@@ -96,7 +96,9 @@ static int32_t hexval(rx_t *r, int n)
     int32_t v = 0;
     for (int i = 0; i < n; i++) {
         if (r->p >= r->end) return -1;
-        int c = *r->p++, d = c >= '0' && c <= '9' ? c - '0' : (c | 0x20) >= 'a' && (c | 0x20) <= 'f' ? (c | 0x20) - 'a' + 10 : -1;
+        int c = *r->p++, d = c >= '0' && c <= '9'                     ? c - '0'
+                             : (c | 0x20) >= 'a' && (c | 0x20) <= 'f' ? (c | 0x20) - 'a' + 10
+                                                                      : -1;
         if (d < 0) return -1;
         v = v * 16 + d;
     }
@@ -129,7 +131,8 @@ static int32_t char_escape(rx_t *r, int32_t e)
                 v = v * 16 + d;
                 n++;
             }
-            if (r->p >= r->end || *r->p != '}' || n == 0 || v > 0x10FFFF) return rx_fail(r, FY_ERR_INVALID, "bad \\u{...}");
+            if (r->p >= r->end || *r->p != '}' || n == 0 || v > 0x10FFFF)
+                return rx_fail(r, FY_ERR_INVALID, "bad \\u{...}");
             r->p++;
         } else {
             v = hexval(r, 4);
@@ -181,7 +184,8 @@ static int32_t set_node(rx_t *r, cls_t *c, bool negate)
                 sorted.r[2 * (k - 1)] = t0, sorted.r[2 * (k - 1) + 1] = t1;
             }
         for (int32_t i = 0; i < sorted.n; i++) {
-            if (sorted.r[2 * i] > next && !cls_add(&u, next, sorted.r[2 * i] - 1)) return rx_fail(r, FY_ERR_INVALID, "class too big");
+            if (sorted.r[2 * i] > next && !cls_add(&u, next, sorted.r[2 * i] - 1))
+                return rx_fail(r, FY_ERR_INVALID, "class too big");
             if (sorted.r[2 * i + 1] + 1 > next) next = sorted.r[2 * i + 1] + 1;
         }
         if (next <= 0x10FFFF && !cls_add(&u, next, 0x10FFFF)) return rx_fail(r, FY_ERR_INVALID, "class too big");
@@ -200,9 +204,12 @@ static int32_t lit_cp(rx_t *r, uint32_t c)
     char buf[8];
     if (r->json && (c == '"' || c == '\\' || c < 0x20)) {
         static const char esc[] = "btn\0fr";
-        if (c == '"' || c == '\\') snprintf(buf, sizeof(buf), "\\%c", (char)c);
-        else if (c >= 8 && c <= 13 && c != 11) snprintf(buf, sizeof(buf), "\\%c", esc[c - 8]);
-        else snprintf(buf, sizeof(buf), "\\u%04x", c);
+        if (c == '"' || c == '\\')
+            snprintf(buf, sizeof(buf), "\\%c", (char)c);
+        else if (c >= 8 && c <= 13 && c != 11)
+            snprintf(buf, sizeof(buf), "\\%c", esc[c - 8]);
+        else
+            snprintf(buf, sizeof(buf), "\\u%04x", c);
         return gb_str(r->b, buf);
     }
     uint32_t rg[2] = {c, c};
@@ -233,11 +240,14 @@ static int32_t parse_class(rx_t *r)
             if (class_escape(e, &sub, &neg)) {
                 if (neg) return unsupported(r, "a negated class escape inside [...]");
                 for (int32_t i = 0; i < sub.n; i++)
-                    if (!cls_add(&c, sub.r[2 * i], sub.r[2 * i + 1])) return rx_fail(r, FY_ERR_INVALID, "class too big");
+                    if (!cls_add(&c, sub.r[2 * i], sub.r[2 * i + 1]))
+                        return rx_fail(r, FY_ERR_INVALID, "class too big");
                 continue;
             }
-            if (e == 'b') e = '\b', lo = 8;
-            else if ((lo = char_escape(r, e)) < 0) return -1;
+            if (e == 'b')
+                e = '\b', lo = 8;
+            else if ((lo = char_escape(r, e)) < 0)
+                return -1;
         }
         int32_t hi = lo;
         if (r->p + 1 < r->end && *r->p == '-' && r->p[1] != ']') {
@@ -340,9 +350,12 @@ static int32_t parse_seq(rx_t *r)
         while (r->p < r->end) {
             int32_t min, max;
             unsigned char q = *r->p;
-            if (q == '*') min = 0, max = -1, r->p++;
-            else if (q == '+') min = 1, max = -1, r->p++;
-            else if (q == '?') min = 0, max = 1, r->p++;
+            if (q == '*')
+                min = 0, max = -1, r->p++;
+            else if (q == '+')
+                min = 1, max = -1, r->p++;
+            else if (q == '?')
+                min = 0, max = 1, r->p++;
             else if (q == '{') {
                 const unsigned char *save = r->p;
                 r->p++;
@@ -362,8 +375,10 @@ static int32_t parse_seq(rx_t *r)
             } else {
                 break;
             }
-            if (r->p < r->end && *r->p == '?') r->p++; /* lazy: same language */
-            else if (r->p < r->end && *r->p == '+') return unsupported(r, "a possessive quantifier");
+            if (r->p < r->end && *r->p == '?')
+                r->p++; /* lazy: same language */
+            else if (r->p < r->end && *r->p == '+')
+                return unsupported(r, "a possessive quantifier");
             atom = gb_rep(b, atom, min, max);
         }
         if (n == 256) {

@@ -43,13 +43,29 @@ typedef struct js {
     int depth;
 } js_t;
 
-static const char *const annotations[] = {"title",    "description", "default",  "examples",      "$schema",
-                                          "$id",      "$comment",    "deprecated", "readOnly",    "writeOnly",
-                                          "$defs",    "definitions", "discriminator", "example", NULL};
-static const char *const handled[] = {"type",      "properties", "required",  "additionalProperties", "items",
-                                      "minItems",  "maxItems",   "enum",      "const",                "anyOf",
-                                      "oneOf",     "allOf",      "$ref",      "minLength",            "maxLength",
-                                      "pattern",   "format",     "minimum",   "exclusiveMinimum",     NULL};
+static const char *const annotations[] = {"title", "description", "default",       "examples", "$schema",
+                                          "$id",   "$comment",    "deprecated",    "readOnly", "writeOnly",
+                                          "$defs", "definitions", "discriminator", "example",  NULL};
+static const char *const handled[] = {"type",
+                                      "properties",
+                                      "required",
+                                      "additionalProperties",
+                                      "items",
+                                      "minItems",
+                                      "maxItems",
+                                      "enum",
+                                      "const",
+                                      "anyOf",
+                                      "oneOf",
+                                      "allOf",
+                                      "$ref",
+                                      "minLength",
+                                      "maxLength",
+                                      "pattern",
+                                      "format",
+                                      "minimum",
+                                      "exclusiveMinimum",
+                                      NULL};
 
 static bool in(const char *const *list, const char *k)
 {
@@ -121,7 +137,8 @@ static int32_t ref_rule(js_t *j, const char *ref, const char *path)
         if (!strcmp(j->refs[i].ref, ref)) return gb_ref(j->b, j->refs[i].rule);
     json_t *target = resolve(j, ref);
     if (!target) {
-        if (ref[0] != '#') return fail(j, FY_ERR_UNSUPPORTED, path, "$ref '%.100s' is not supported (only local '#/...')", ref);
+        if (ref[0] != '#')
+            return fail(j, FY_ERR_UNSUPPORTED, path, "$ref '%.100s' is not supported (only local '#/...')", ref);
         return fail(j, FY_ERR_INVALID, path, "$ref '%.100s' points at nothing", ref);
     }
     if (j->n_refs == j->cap_refs) {
@@ -159,15 +176,21 @@ static int32_t digits(gb_t *b, const char *cls, int min, int max)
 static int lower_bound(js_t *j, json_t *s, bool integer, const char *path)
 {
     json_t *mn = json_object_get(s, "minimum"), *ex = json_object_get(s, "exclusiveMinimum");
-    if (ex && json_is_boolean(ex)) return fail(j, FY_ERR_UNSUPPORTED, path, "keyword '%s' as a boolean is not supported", "exclusiveMinimum"), -1;
+    if (ex && json_is_boolean(ex))
+        return fail(j, FY_ERR_UNSUPPORTED, path, "keyword '%s' as a boolean is not supported", "exclusiveMinimum"), -1;
     if ((mn && !json_is_number(mn)) || (ex && !json_is_number(ex)))
-        return fail(j, FY_ERR_INVALID, path, "%s is not a number", mn && !json_is_number(mn) ? "minimum" : "exclusiveMinimum"), -1;
+        return fail(j, FY_ERR_INVALID, path, "%s is not a number",
+                    mn && !json_is_number(mn) ? "minimum" : "exclusiveMinimum"),
+               -1;
     if (!mn && !ex) return 0;
     double lo = mn ? json_number_value(mn) : -INFINITY;
     if (ex) {
         double e = json_number_value(ex);
-        if (integer) e = floor(e) + 1;
-        else if (e >= 0) return fail(j, FY_ERR_UNSUPPORTED, path, "keyword '%s' on a number is not supported", "exclusiveMinimum"), -1;
+        if (integer)
+            e = floor(e) + 1;
+        else if (e >= 0)
+            return fail(j, FY_ERR_UNSUPPORTED, path, "keyword '%s' on a number is not supported", "exclusiveMinimum"),
+                   -1;
         if (e > lo) lo = e;
     }
     if (integer) lo = ceil(lo);
@@ -195,7 +218,8 @@ static int32_t number(js_t *j, json_t *s, const char *path)
     gb_t *b = j->b;
     int lb = lower_bound(j, s, false, path);
     if (lb < 0) return -1;
-    int32_t nat = gb_altv(b, gb_str(b, "0"), gb_seqv(b, digits(b, "19", 1, 1), digits(b, "09", 0, 15), GB_NONE), GB_NONE);
+    int32_t nat =
+        gb_altv(b, gb_str(b, "0"), gb_seqv(b, digits(b, "19", 1, 1), digits(b, "09", 0, 15), GB_NONE), GB_NONE);
     int32_t frac = gb_seqv(b, gb_str(b, "."), digits(b, "09", 1, 16), GB_NONE);
     int32_t exp = gb_seqv(b, digits(b, "eeEE", 1, 1), digits(b, "++--", 0, 1), digits(b, "09", 1, 3), GB_NONE);
     return gb_seqv(b, lb ? gb_empty(b) : gb_rep(b, gb_str(b, "-"), 0, 1), nat, gb_rep(b, frac, 0, 1),
@@ -232,8 +256,8 @@ static int32_t format(js_t *j, const char *f, const char *path)
     int32_t hh = gb_altv(b, gb_seqv(b, digits(b, "01", 1, 1), digits(b, "09", 1, 1), GB_NONE),
                          gb_seqv(b, gb_str(b, "2"), digits(b, "03", 1, 1), GB_NONE), GB_NONE);
     int32_t mm = gb_seqv(b, digits(b, "05", 1, 1), digits(b, "09", 1, 1), GB_NONE);
-    int32_t zone = gb_altv(b, gb_str(b, "Z"), gb_seqv(b, digits(b, "++--", 1, 1), hh, gb_str(b, ":"), mm, GB_NONE),
-                           GB_NONE);
+    int32_t zone =
+        gb_altv(b, gb_str(b, "Z"), gb_seqv(b, digits(b, "++--", 1, 1), hh, gb_str(b, ":"), mm, GB_NONE), GB_NONE);
     int32_t time = gb_seqv(b, hh, gb_str(b, ":"), mm, gb_str(b, ":"), mm,
                            gb_rep(b, gb_seqv(b, gb_str(b, "."), digits(b, "09", 1, 6), GB_NONE), 0, 1), zone, GB_NONE);
     if (!strcmp(f, "date")) return quoted(b, date);
@@ -254,7 +278,9 @@ static int32_t string(js_t *j, json_t *s, const char *path)
     int32_t min = count(j, s, "minLength", 0, path), max = count(j, s, "maxLength", -1, path);
     if (min == -2 || max == -2) return -1;
     int n_kinds = (fmt != NULL) + (pat != NULL) + (min > 0 || max >= 0);
-    if (n_kinds > 1) return fail(j, FY_ERR_UNSUPPORTED, path, "%s", "only one of format, pattern and minLength/maxLength at once is supported");
+    if (n_kinds > 1)
+        return fail(j, FY_ERR_UNSUPPORTED, path, "%s",
+                    "only one of format, pattern and minLength/maxLength at once is supported");
     if (fmt) {
         if (!json_is_string(fmt)) return fail(j, FY_ERR_INVALID, path, "%s", "format is not a string");
         return format(j, json_string_value(fmt), path);
@@ -283,7 +309,8 @@ static int32_t array(js_t *j, json_t *s, const char *path)
     int32_t ws = gb_json_ws(b);
     if (max == 0) return gb_seqv(b, gb_str(b, "["), ws, gb_str(b, "]"), GB_NONE);
     int32_t one = gb_share(b, "item", gb_seqv(b, item, ws, GB_NONE));
-    int32_t more = gb_rep(b, gb_seqv(b, gb_str(b, ","), ws, one, GB_NONE), min > 0 ? min - 1 : 0, max < 0 ? -1 : max - 1);
+    int32_t more =
+        gb_rep(b, gb_seqv(b, gb_str(b, ","), ws, one, GB_NONE), min > 0 ? min - 1 : 0, max < 0 ? -1 : max - 1);
     int32_t list = gb_seqv(b, one, more, GB_NONE);
     if (min == 0) list = gb_rep(b, list, 0, 1);
     return gb_seqv(b, gb_str(b, "["), ws, list, gb_str(b, "]"), GB_NONE);
@@ -386,7 +413,8 @@ static int32_t alternatives(js_t *j, json_t *list, const char *key, const char *
 {
     if (!json_is_array(list) || json_array_size(list) == 0)
         return fail(j, FY_ERR_INVALID, path, "%s is not a non-empty array", key);
-    if (json_array_size(list) > FY_GRAMMAR_MAX_CHOICES) return fail(j, FY_ERR_INVALID, path, "%s has too many entries", key);
+    if (json_array_size(list) > FY_GRAMMAR_MAX_CHOICES)
+        return fail(j, FY_ERR_INVALID, path, "%s has too many entries", key);
     size_t n = json_array_size(list);
     int32_t *kids = fy_malloc(n * sizeof(int32_t));
     if (!kids) return gb_fail(j->b, FY_ERR_NOMEM, "json_schema: out of memory");
@@ -429,8 +457,8 @@ static int32_t schema(js_t *j, json_t *s, const char *path)
     if (which && n_valid > 1) {
         /* "type" beside enum/const is only a restatement; anything else
          * would have to be intersected */
-        bool only_type = n_valid == 2 && json_object_get(s, "type") &&
-                         (!strcmp(which, "enum") || !strcmp(which, "const"));
+        bool only_type =
+            n_valid == 2 && json_object_get(s, "type") && (!strcmp(which, "enum") || !strcmp(which, "const"));
         if (!only_type) {
             j->depth--;
             return fail(j, FY_ERR_UNSUPPORTED, path, "keyword '%s' beside other validation keywords is not supported",
@@ -476,11 +504,16 @@ static int32_t schema(js_t *j, json_t *s, const char *path)
         static const char *const arr_kw[] = {"items", "minItems", "maxItems", NULL};
         static const char *const str_kw[] = {"minLength", "maxLength", "pattern", "format", NULL};
         static const char *const num_kw[] = {"minimum", "exclusiveMinimum", NULL};
-        if (has_any(s, obj_kw)) r = object(j, s, path);
-        else if (has_any(s, arr_kw)) r = array(j, s, path);
-        else if (has_any(s, str_kw)) r = string(j, s, path);
-        else if (has_any(s, num_kw)) r = number(j, s, path);
-        else r = gb_json_value(b);
+        if (has_any(s, obj_kw))
+            r = object(j, s, path);
+        else if (has_any(s, arr_kw))
+            r = array(j, s, path);
+        else if (has_any(s, str_kw))
+            r = string(j, s, path);
+        else if (has_any(s, num_kw))
+            r = number(j, s, path);
+        else
+            r = gb_json_value(b);
     }
     j->depth--;
     return r;

@@ -1,4 +1,9 @@
-/* token_trie.c - the vocabulary as a byte trie (see token_trie.h). */
+/*
+ * token_trie.c - the vocabulary as a byte trie (see token_trie.h): tokens
+ * sorted by their bytes give the depth-first node order in one pass.
+ *
+ * Not here: walking it against a grammar (grammar.c's mask).
+ */
 #include "token_trie.h"
 
 #include <stdlib.h>

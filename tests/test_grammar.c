@@ -7,8 +7,12 @@
  * schemas whose completions, sampled uniformly from the mask token by
  * token, must parse and validate (by a validator here, and by Python's
  * jsonschema when $FERRY_PYTHON has it).
+ *
+ * Not here: the fuzzing (tests/fuzz/fuzz_grammar.c), the speed
+ * (ferry bench-grammar).
  */
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,18 +88,32 @@ static void test_schema_scalars(void **state)
         {"{\"type\":\"string\"}",
          {"\"\"", "\"abc\"", "\"a\\\"b\"", "\"\\u00e9\\n\"", "\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\""},
          {"abc", "\"a", "\"\\x\"", "\"a\nb\"", "\"\xc3\"", "\"\xed\xa0\x80\"", "\"\\u12\""}},
-        {"{\"type\":\"integer\"}", {"0", "-7", "123456", "1234567890123456"}, {"01", "1.5", "-", "+1", "1e3", "12345678901234567"}},
+        {"{\"type\":\"integer\"}",
+         {"0", "-7", "123456", "1234567890123456"},
+         {"01", "1.5", "-", "+1", "1e3", "12345678901234567"}},
         {"{\"type\":\"number\"}", {"0", "-0.5", "3.25e-7", "1E+10", "12"}, {"01", ".5", "1.", "1e", "--1", "NaN"}},
         {"{\"type\":\"boolean\"}", {"true", "false"}, {"True", "1", "tru"}},
         {"{\"type\":\"null\"}", {"null"}, {"nul", "None"}},
         {"{\"type\":[\"integer\",\"null\"]}", {"5", "null"}, {"\"5\""}},
-        {"{\"enum\":[\"red\",\"green\",3,null,{\"a\":1}]}", {"\"red\"", "\"green\"", "3", "null", "{\"a\":1}"}, {"\"blue\"", "red", "4"}},
+        {"{\"enum\":[\"red\",\"green\",3,null,{\"a\":1}]}",
+         {"\"red\"", "\"green\"", "3", "null", "{\"a\":1}"},
+         {"\"blue\"", "red", "4"}},
         {"{\"const\":\"x\\\"y\"}", {"\"x\\\"y\""}, {"\"xy\""}},
-        {"{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}", {"\"ab\"", "\"abc\"", "\"\xc3\xa9\xc3\xa9\"", "\"\\n\\t\""}, {"\"a\"", "\"abcd\""}},
-        {"{\"type\":\"string\",\"format\":\"date\"}", {"\"2024-02-29\"", "\"1999-12-31\""}, {"\"2024-13-01\"", "\"2024-1-01\"", "\"24-01-01\""}},
-        {"{\"type\":\"string\",\"format\":\"date-time\"}", {"\"2024-02-29T12:30:00Z\"", "\"2024-02-29T23:59:59.123+02:00\""}, {"\"2024-02-29 12:30:00Z\"", "\"2024-02-29T24:00:00Z\""}},
-        {"{\"type\":\"string\",\"format\":\"uuid\"}", {"\"123e4567-e89b-12d3-a456-426614174000\""}, {"\"123e4567e89b12d3a456426614174000\""}},
-        {"{\"type\":\"string\",\"pattern\":\"^[a-z]+@[a-z]+\\\\.com$\"}", {"\"ab@cd.com\""}, {"\"ab@cd.org\"", "\"Ab@cd.com\""}},
+        {"{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}",
+         {"\"ab\"", "\"abc\"", "\"\xc3\xa9\xc3\xa9\"", "\"\\n\\t\""},
+         {"\"a\"", "\"abcd\""}},
+        {"{\"type\":\"string\",\"format\":\"date\"}",
+         {"\"2024-02-29\"", "\"1999-12-31\""},
+         {"\"2024-13-01\"", "\"2024-1-01\"", "\"24-01-01\""}},
+        {"{\"type\":\"string\",\"format\":\"date-time\"}",
+         {"\"2024-02-29T12:30:00Z\"", "\"2024-02-29T23:59:59.123+02:00\""},
+         {"\"2024-02-29 12:30:00Z\"", "\"2024-02-29T24:00:00Z\""}},
+        {"{\"type\":\"string\",\"format\":\"uuid\"}",
+         {"\"123e4567-e89b-12d3-a456-426614174000\""},
+         {"\"123e4567e89b12d3a456426614174000\""}},
+        {"{\"type\":\"string\",\"pattern\":\"^[a-z]+@[a-z]+\\\\.com$\"}",
+         {"\"ab@cd.com\""},
+         {"\"ab@cd.org\"", "\"Ab@cd.com\""}},
         {"{\"type\":\"string\",\"pattern\":\"ab\"}", {"\"ab\"", "\"xxabyy\""}, {"\"a\"", "\"ba\""}},
         {"{\"type\":\"integer\",\"minimum\":0}", {"0", "17"}, {"-1"}},
         {"{\"type\":\"integer\",\"exclusiveMinimum\":0}", {"1", "17"}, {"0", "-1"}},
@@ -113,7 +131,8 @@ static void test_schema_objects(void **state)
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"string\"}},"
          "\"required\":[\"a\",\"b\"]}",
          {"{\"a\":1,\"b\":\"x\"}", "{ \"a\" : 1 , \"b\" : \"x\" }", "{\n  \"a\": 1,\n  \"b\": \"x\"\n}"},
-         {"{\"b\":\"x\",\"a\":1}", "{\"a\":1}", "{\"a\":1,\"b\":\"x\",\"c\":2}", "{\"a\":1,,\"b\":\"x\"}", "{\"a\":1,\"b\":\"x\",}"}},
+         {"{\"b\":\"x\",\"a\":1}", "{\"a\":1}", "{\"a\":1,\"b\":\"x\",\"c\":2}", "{\"a\":1,,\"b\":\"x\"}",
+          "{\"a\":1,\"b\":\"x\",}"}},
         /* optional properties may be absent, in schema order */
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"integer\"},"
          "\"c\":{\"type\":\"integer\"}},\"required\":[\"b\"]}",
@@ -124,7 +143,8 @@ static void test_schema_objects(void **state)
          {"{\"a\":1,}", "{,}", "{\"b\":2,\"a\":1}"}},
         /* a map */
         {"{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}",
-         {"{}", "{\"x\":1}", "{\"x\":1,\"y\":-2}"}, {"{\"x\":\"1\"}", "{\"x\":1,}"}},
+         {"{}", "{\"x\":1}", "{\"x\":1,\"y\":-2}"},
+         {"{\"x\":\"1\"}", "{\"x\":1,}"}},
         {"{\"type\":\"object\"}", {"{}"}, {"[]"}},
         {"{\"type\":\"object\",\"additionalProperties\":true}", {"{}", "{\"k\":[1,\"v\"]}"}, {"[]"}},
         /* whitespace is bounded */
@@ -139,9 +159,12 @@ static void test_schema_arrays_refs(void **state)
 {
     (void)state;
     static const tcase_t cases[] = {
-        {"{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}", {"[]", "[1]", "[1, 2,3]", "[ 1 ]"}, {"[1,]", "[,]", "[\"a\"]", "["}},
+        {"{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}",
+         {"[]", "[1]", "[1, 2,3]", "[ 1 ]"},
+         {"[1,]", "[,]", "[\"a\"]", "["}},
         {"{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"minItems\":2,\"maxItems\":3}",
-         {"[1,2]", "[1,2,3]"}, {"[]", "[1]", "[1,2,3,4]"}},
+         {"[1,2]", "[1,2,3]"},
+         {"[]", "[1]", "[1,2,3,4]"}},
         {"{\"type\":\"array\",\"maxItems\":0}", {"[]"}, {"[1]"}},
         {"{\"type\":\"array\"}", {"[]", "[1,\"a\",null,[{}]]"}, {"[1,]"}},
         {"{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"string\"}]}", {"1", "\"a\""}, {"null"}},
@@ -149,20 +172,26 @@ static void test_schema_arrays_refs(void **state)
         {"{\"allOf\":[{\"type\":\"boolean\"}]}", {"true"}, {"1"}},
         /* Pydantic: $defs, $ref, title, Optional as anyOf with null, enums as $defs */
         {"{\"$defs\":{\"Color\":{\"enum\":[\"red\",\"blue\"],\"title\":\"Color\",\"type\":\"string\"},"
-         "\"Item\":{\"properties\":{\"name\":{\"title\":\"Name\",\"type\":\"string\"},\"color\":{\"$ref\":\"#/$defs/Color\"},"
-         "\"tags\":{\"anyOf\":[{\"items\":{\"type\":\"string\"},\"type\":\"array\"},{\"type\":\"null\"}],\"default\":null,"
+         "\"Item\":{\"properties\":{\"name\":{\"title\":\"Name\",\"type\":\"string\"},\"color\":{\"$ref\":\"#/$defs/"
+         "Color\"},"
+         "\"tags\":{\"anyOf\":[{\"items\":{\"type\":\"string\"},\"type\":\"array\"},{\"type\":\"null\"}],\"default\":"
+         "null,"
          "\"title\":\"Tags\"}},\"required\":[\"name\",\"color\"],\"title\":\"Item\",\"type\":\"object\"}},"
          "\"properties\":{\"items\":{\"items\":{\"$ref\":\"#/$defs/Item\"},\"title\":\"Items\",\"type\":\"array\"}},"
          "\"required\":[\"items\"],\"title\":\"Order\",\"type\":\"object\",\"additionalProperties\":false}",
          {"{\"items\":[]}", "{\"items\":[{\"name\":\"a\",\"color\":\"red\"}]}",
-          "{\"items\":[{\"name\":\"a\",\"color\":\"blue\",\"tags\":null},{\"name\":\"b\",\"color\":\"red\",\"tags\":[\"x\"]}]}"},
+          "{\"items\":[{\"name\":\"a\",\"color\":\"blue\",\"tags\":null},{\"name\":\"b\",\"color\":\"red\",\"tags\":["
+          "\"x\"]}]}"},
          {"{\"items\":[{\"name\":\"a\",\"color\":\"green\"}]}", "{\"items\":[{\"name\":\"a\"}]}"}},
         /* recursion through $ref, and definitions */
         {"{\"definitions\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},"
          "\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/definitions/node\"}}},\"required\":[\"v\"]}},"
          "\"$ref\":\"#/definitions/node\"}",
-         {"{\"v\":1}", "{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[{\"v\":3}]},{\"v\":4}]}"}, {"{\"kids\":[]}", "{\"v\":1,\"kids\":[{}]}"}},
-        {"{\"type\":\"object\",\"properties\":{\"next\":{\"$ref\":\"#\"}}}", {"{}", "{\"next\":{\"next\":{}}}"}, {"{\"next\":1}"}},
+         {"{\"v\":1}", "{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[{\"v\":3}]},{\"v\":4}]}"},
+         {"{\"kids\":[]}", "{\"v\":1,\"kids\":[{}]}"}},
+        {"{\"type\":\"object\",\"properties\":{\"next\":{\"$ref\":\"#\"}}}",
+         {"{}", "{\"next\":{\"next\":{}}}"},
+         {"{\"next\":1}"}},
     };
     run_cases(FY_GRAMMAR_JSON_SCHEMA, cases, FY_ARRAY_LEN(cases));
 }
@@ -205,10 +234,64 @@ static void test_choice(void **state)
 {
     (void)state;
     static const tcase_t cases[] = {
-        {"[\"positive\",\"negative\",\"neutral\",\"n/a\"]", {"positive", "negative", "neutral", "n/a"}, {"pos", "positive ", "\"positive\""}},
+        {"[\"positive\",\"negative\",\"neutral\",\"n/a\"]",
+         {"positive", "negative", "neutral", "n/a"},
+         {"pos", "positive ", "\"positive\""}},
         {"[\"\",\"x\"]", {"", "x"}, {"y"}},
     };
     run_cases(FY_GRAMMAR_CHOICE, cases, FY_ARRAY_LEN(cases));
+}
+
+static void test_gbnf(void **state)
+{
+    (void)state;
+    static const tcase_t cases[] = {
+        {"root ::= \"a\" b* # comment\nb ::= [b-d] | \"xy\"\n", {"a", "abxyd"}, {"", "ab x", "ax"}},
+        {"root   ::= (\"yes\" | \"no\")  \".\"?  [\\u00e9a-c]{1,3}\n",
+         {"yesa", "no.\xc3\xa9"
+                  "cc"},
+         {"yes", "yesaaaa"}},
+        {"root ::= item (\",\" item){0,2}\nitem ::= [0-9]+ | \"\\\"q\\\"\"\n", {"1", "12,\"q\",3"}, {"1,2,3,4", "1,"}},
+        {"root ::= ( \"a\"\n  | \"b\" )\n", {"a", "b"}, {"ab"}},
+        {"root ::= [^a\\n] .\n", {"bb", "b\n"}, {"ab", "\nb"}},
+        {"root ::= \"\\x41\\u00e9\\t\"\n", {"A\xc3\xa9\t"}, {"A\xe9\t"}},
+    };
+    run_cases(FY_GRAMMAR_GBNF, cases, FY_ARRAY_LEN(cases));
+    static const struct {
+        const char *src, *words;
+    } bad[] = {
+        {"root ::= a\n", "rule 'a' is used but not defined"},
+        {"item ::= \"a\"\n", "no rule named root"},
+        {"root ::= root \"a\" | \"b\"\n", "left-recursive"},
+        {"root ::= \"a\"\nroot ::= \"b\"\n", "defined twice"},
+        {"root ::= <[1]>\n", "token references"},
+        {"root ::= \"a\\q\"\n", "unknown escape"},
+        {"root ::= (\"a\"\n", "missing )"},
+        {"root = \"a\"\n", "expected ::="},
+        {"root ::= \"a\"{3,1}\n", "out of range"},
+    };
+    for (size_t i = 0; i < FY_ARRAY_LEN(bad); i++) {
+        char err[FY_GRAMMAR_ERR_LEN] = "";
+        fy_grammar_t *g = NULL;
+        fy_status_t st = fy_grammar_compile(FY_GRAMMAR_GBNF, bad[i].src, strlen(bad[i].src), &g, err, sizeof(err));
+        if (st == FY_OK || !strstr(err, bad[i].words)) {
+            fprintf(stderr, "%s: got '%s', want '...%s...'\n", bad[i].src, err, bad[i].words);
+            fail();
+        }
+    }
+    /* llama.cpp's json.gbnf accepts what json_object does */
+    static const char json_gbnf[] =
+        "root ::= object\nvalue ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n"
+        "object ::= \"{\" ws ( string \":\" ws value (\",\" ws string \":\" ws value)* )? \"}\" ws\n"
+        "array ::= \"[\" ws ( value (\",\" ws value)* )? \"]\" ws\n"
+        "string ::= \"\\\"\" ( [^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) )* "
+        "\"\\\"\" ws\n"
+        "number ::= (\"-\"? ([0-9] | [1-9] [0-9]{0,15})) (\".\" [0-9]+)? ([eE] [-+]? [0-9]{1,3})? ws\n"
+        "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n";
+    fy_grammar_t *g = compile_ok(FY_GRAMMAR_GBNF, json_gbnf);
+    assert_true(matches(g, "{\"a\": [1, -2.5e3, \"x\\n\", {\"b\": null}], \"c\": true}"));
+    assert_false(matches(g, "{\"a\": [1,]}"));
+    fy_grammar_unref(g);
 }
 
 /* ---- refusals and limits ------------------------------------------------------------------------------------ */
@@ -224,7 +307,8 @@ static void test_refusals(void **state)
 {
     (void)state;
     static const refusal_t cases[] = {
-        {FY_GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"patternProperties\":{}}", FY_ERR_UNSUPPORTED, "keyword 'patternProperties' is not supported"},
+        {FY_GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"patternProperties\":{}}", FY_ERR_UNSUPPORTED,
+         "keyword 'patternProperties' is not supported"},
         {FY_GRAMMAR_JSON_SCHEMA, "{\"type\":\"array\",\"uniqueItems\":true}", FY_ERR_UNSUPPORTED, "'uniqueItems'"},
         {FY_GRAMMAR_JSON_SCHEMA, "{\"type\":\"array\",\"prefixItems\":[]}", FY_ERR_UNSUPPORTED, "'prefixItems'"},
         {FY_GRAMMAR_JSON_SCHEMA, "{\"type\":\"integer\",\"maximum\":5}", FY_ERR_UNSUPPORTED, "'maximum'"},
@@ -239,13 +323,18 @@ static void test_refusals(void **state)
         {FY_GRAMMAR_JSON_SCHEMA, "{\"$ref\":\"#/$defs/missing\"}", FY_ERR_INVALID, "points at nothing"},
         {FY_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", FY_ERR_UNSUPPORTED, "backreference"},
         {FY_GRAMMAR_JSON_SCHEMA, "{\"type\":\"strin\"}", FY_ERR_INVALID, "unknown type 'strin'"},
-        {FY_GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"properties\":{},\"required\":[\"a\"]}", FY_ERR_UNSUPPORTED, "'a'"},
+        {FY_GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"properties\":{},\"required\":[\"a\"]}", FY_ERR_UNSUPPORTED,
+         "'a'"},
         {FY_GRAMMAR_JSON_SCHEMA, "{\"enum\":[]}", FY_ERR_INVALID, "enum"},
         {FY_GRAMMAR_JSON_SCHEMA, "false", FY_ERR_INVALID, "matches nothing"},
         {FY_GRAMMAR_JSON_SCHEMA, "{\"type\":", FY_ERR_INVALID, "not JSON"},
         {FY_GRAMMAR_JSON_SCHEMA, "{\"type\":\"array\",\"maxItems\":100000}", FY_ERR_INVALID, "maxItems"},
-        {FY_GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}},\"required\":[\"a\"]}", FY_ERR_INVALID, "matches no text"},
-        {FY_GRAMMAR_JSON_SCHEMA, "{\"anyOf\":[{\"type\":\"null\"},{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/anyOf/1\"}},\"required\":[\"a\"]}]}", FY_ERR_INVALID, "never finish"},
+        {FY_GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}},\"required\":[\"a\"]}",
+         FY_ERR_INVALID, "matches no text"},
+        {FY_GRAMMAR_JSON_SCHEMA,
+         "{\"anyOf\":[{\"type\":\"null\"},{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/anyOf/"
+         "1\"}},\"required\":[\"a\"]}]}",
+         FY_ERR_INVALID, "never finish"},
         {FY_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"x-vendor\":1}", FY_ERR_UNSUPPORTED, "'x-vendor'"},
         {FY_GRAMMAR_REGEX, "(?=a)b", FY_ERR_UNSUPPORTED, "lookahead"},
         {FY_GRAMMAR_REGEX, "(?<!a)b", FY_ERR_UNSUPPORTED, "lookbehind"},
@@ -256,6 +345,8 @@ static void test_refusals(void **state)
         {FY_GRAMMAR_REGEX, "a++", FY_ERR_UNSUPPORTED, "possessive"},
         {FY_GRAMMAR_REGEX, "a^b", FY_ERR_UNSUPPORTED, "'^' inside"},
         {FY_GRAMMAR_REGEX, "(a*)*", FY_ERR_INVALID, "left-recursive"},
+        {FY_GRAMMAR_REGEX, "a[^\\x00-\\u{10FFFF}]|b", FY_ERR_INVALID, "can never finish"},
+        {FY_GRAMMAR_REGEX, "[^\\x00-\\u{10FFFF}]", FY_ERR_INVALID, "matches no text"},
         {FY_GRAMMAR_REGEX, "(ab", FY_ERR_INVALID, "missing )"},
         {FY_GRAMMAR_REGEX, "a{3,2}", FY_ERR_INVALID, "out of range"},
         {FY_GRAMMAR_REGEX, "a{99999}", FY_ERR_INVALID, "out of range"},
@@ -385,14 +476,58 @@ static void test_cache(void **state)
     fy_grammar_unref(g2);
 }
 
+/* Threads sharing a cache smaller than their set of schemas: every get
+ * gives the right grammar while others evict it. */
+static fy_grammar_cache_t *g_shared;
+
+static void *cache_worker(void *arg)
+{
+    uint64_t rng = (uint64_t)(uintptr_t)arg;
+    static const char *const srcs[] = {"{\"type\":\"integer\"}", "{\"type\":\"string\"}", "{\"type\":\"boolean\"}",
+                                       "{\"type\":\"null\"}",    "{\"enum\":[1,2]}",      "{\"const\":\"k\"}"};
+    static const char *const texts[] = {"42", "\"s\"", "true", "null", "2", "\"k\""};
+    for (int i = 0; i < 300; i++) {
+        int k = (int)(fy_test_rand_u64(&rng) % 6);
+        fy_grammar_t *g;
+        char err[FY_GRAMMAR_ERR_LEN];
+        if (fy_grammar_cache_get(g_shared, FY_GRAMMAR_JSON_SCHEMA, srcs[k], strlen(srcs[k]), &g, NULL, err,
+                                 sizeof(err)))
+            return (void *)1;
+        fy_gmatch_t *m;
+        bool ok = fy_gmatch_create(g, &m) == FY_OK;
+        fy_grammar_unref(g); /* the matcher keeps it alive through an eviction */
+        if (!ok) return (void *)1;
+        ok = fy_gmatch_accept_bytes(m, texts[k], strlen(texts[k])) && fy_gmatch_is_complete(m);
+        fy_gmatch_destroy(m);
+        if (!ok) return (void *)1;
+    }
+    return NULL;
+}
+
+static void test_cache_threads(void **state)
+{
+    (void)state;
+    assert_int_equal(fy_grammar_cache_create(3, &g_shared), FY_OK);
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, cache_worker, (void *)(uintptr_t)(SEED + i)), 0);
+    for (int i = 0; i < 4; i++) {
+        void *rv;
+        assert_int_equal(pthread_join(th[i], &rv), 0);
+        assert_null(rv);
+    }
+    fy_grammar_cache_destroy(g_shared);
+    g_shared = NULL;
+}
+
 /* ---- masks -------------------------------------------------------------------------------------------------- */
 
 /* A tiny vocabulary: every byte, some multi-byte pieces, a special and EOS. */
 static fy_token_trie_t *tiny_trie(void)
 {
-    static const char *const pieces[] = {"{\"",  "\":",   "\"",   "ab",  "abc",     "true", "tr", "ue", ", \"",
-                                         "}",    "1",     "12",   "-1.", "\xc3\xa9", "\xc3", " ",  "\n ", "null",
-                                         "\"}",  "\"]",   "[{",   "},{", "a\"b",    "e+",   "x",  "\"a\"", "red"};
+    static const char *const pieces[] = {"{\"", "\":", "\"", "ab",  "abc",      "true", "tr", "ue",    ", \"",
+                                         "}",   "1",   "12", "-1.", "\xc3\xa9", "\xc3", " ",  "\n ",   "null",
+                                         "\"}", "\"]", "[{", "},{", "a\"b",     "e+",   "x",  "\"a\"", "red"};
     enum { NP = sizeof(pieces) / sizeof(pieces[0]) };
     int32_t n = 256 + NP + 2;
     const uint8_t *bytes[256 + NP + 2];
@@ -467,9 +602,11 @@ static int32_t pick(const uint32_t *mask, int32_t n_vocab, uint64_t *rng)
 
 static const char *const g_mask_schemas[] = {
     "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":6},\"n\":{\"type\":\"integer\"},"
-    "\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"red\",\"abc\"]},\"maxItems\":3},\"ok\":{\"type\":\"boolean\"}},"
+    "\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"red\",\"abc\"]},\"maxItems\":3},\"ok\":{\"type\":\"boolean\"}}"
+    ","
     "\"required\":[\"name\",\"n\"]}",
-    "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"number\"},{\"type\":\"null\"},{\"type\":\"string\",\"format\":\"date\"}]},\"maxItems\":4}",
+    "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"number\"},{\"type\":\"null\"},{\"type\":\"string\","
+    "\"format\":\"date\"}]},\"maxItems\":4}",
 };
 
 static void mask_vs_brute(const fy_token_trie_t *t, fy_grammar_t *g, uint64_t *rng, int steps)
@@ -620,8 +757,7 @@ static json_t *gen_schema(uint64_t *rng, int depth, json_t *defs, int *n_defs)
         snprintf(ref, sizeof(ref), "#/$defs/%s", name);
         return json_pack("{s:s}", "$ref", ref);
     }
-    case 5: /* a map */
-        return json_pack("{s:s, s:o}", "type", "object", "additionalProperties", gen_leaf(rng));
+    case 5: /* a map */ return json_pack("{s:s, s:o}", "type", "object", "additionalProperties", gen_leaf(rng));
     default: return gen_leaf(rng);
     }
 }
@@ -667,8 +803,10 @@ static bool valid(json_t *root, json_t *s, json_t *v)
         const char *str = json_string_value(v), *f = json_string_value(json_object_get(s, "format"));
         size_t n;
         utf8_len(str, &n);
-        if (json_object_get(s, "minLength") && n < (size_t)json_integer_value(json_object_get(s, "minLength"))) return false;
-        if (json_object_get(s, "maxLength") && n > (size_t)json_integer_value(json_object_get(s, "maxLength"))) return false;
+        if (json_object_get(s, "minLength") && n < (size_t)json_integer_value(json_object_get(s, "minLength")))
+            return false;
+        if (json_object_get(s, "maxLength") && n > (size_t)json_integer_value(json_object_get(s, "maxLength")))
+            return false;
         if (f && !strcmp(f, "date")) {
             int y, mo, d;
             char tail;
@@ -688,8 +826,10 @@ static bool valid(json_t *root, json_t *s, json_t *v)
     if (!strcmp(type, "array")) {
         if (!json_is_array(v)) return false;
         size_t n = json_array_size(v);
-        if (json_object_get(s, "minItems") && n < (size_t)json_integer_value(json_object_get(s, "minItems"))) return false;
-        if (json_object_get(s, "maxItems") && n > (size_t)json_integer_value(json_object_get(s, "maxItems"))) return false;
+        if (json_object_get(s, "minItems") && n < (size_t)json_integer_value(json_object_get(s, "minItems")))
+            return false;
+        if (json_object_get(s, "maxItems") && n > (size_t)json_integer_value(json_object_get(s, "maxItems")))
+            return false;
         json_t *items = json_object_get(s, "items");
         size_t i;
         json_t *e;
@@ -701,7 +841,8 @@ static bool valid(json_t *root, json_t *s, json_t *v)
         json_t *props = json_object_get(s, "properties"), *addl = json_object_get(s, "additionalProperties");
         size_t i;
         json_t *e;
-        json_array_foreach(json_object_get(s, "required"), i, e) if (!json_object_get(v, json_string_value(e))) return false;
+        json_array_foreach(json_object_get(s, "required"), i,
+                           e) if (!json_object_get(v, json_string_value(e))) return false;
         const char *key;
         json_object_foreach(v, key, e)
         {
@@ -735,7 +876,8 @@ static void test_random_schemas(void **state)
         snprintf(cmd, sizeof(cmd), "'%s' -c 'import jsonschema' 2>/dev/null", py);
         have_py = system(cmd) == 0;
     }
-    if (!have_py) fprintf(stderr, "note: $FERRY_PYTHON has no jsonschema: completions checked by the validator here only\n");
+    if (!have_py)
+        fprintf(stderr, "note: $FERRY_PYTHON has no jsonschema: completions checked by the validator here only\n");
     json_t *pairs = json_array();
     uint64_t rng = SEED + 2;
     size_t words = fy_token_trie_mask_words(t);
@@ -874,9 +1016,11 @@ int main(void)
         cmocka_unit_test(test_json_object),
         cmocka_unit_test(test_regex),
         cmocka_unit_test(test_choice),
+        cmocka_unit_test(test_gbnf),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_cache),
+        cmocka_unit_test(test_cache_threads),
         cmocka_unit_test(test_mask_tiny),
         cmocka_unit_test(test_mask_real),
         cmocka_unit_test(test_rollback_clone),

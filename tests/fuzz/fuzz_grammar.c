@@ -1,15 +1,19 @@
 /*
  * fuzz_grammar.c - the grammar compilers (grammar/json_schema.c,
- * grammar/grammar_regex.c: JSON Schema, json_object, regex, choice list)
+ * grammar/grammar_regex.c, grammar/grammar_gbnf.c: JSON Schema,
+ * json_object, regex, choice list, GBNF)
  * on any text, and a few steps of the matcher and its mask.
  *
- * Input: the first byte picks the kind (mod 4), the next 8 bytes drive
+ * Input: the first byte picks the kind (mod 5), the next 8 bytes drive
  * which tokens are taken, the rest is the source.  Checks: a refused
  * source comes with a message; a compiled one gives a matcher whose mask
  * over a small vocabulary (every byte, some multi-byte pieces, EOS) is
  * exactly the tokens accept_token takes, with EOS exactly when complete;
  * up to 8 tokens are taken from the mask and undone by rollback to the
- * same mask.  Seeds: the schemas, regexes and choices of mkseeds.c.
+ * same mask; the mask is never empty (every byte is a token).  Seeds: the schemas, regexes and choices of mkseeds.c.
+ *
+ * Not here: the default model's vocabulary (test_grammar checks the mask
+ * against brute force on it).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -25,14 +29,15 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc, (void)argv;
     fz_quiet_log();
-    static const char *const pieces[] = {"{\"", "\":", "\"", "ab", "true", ", \"", "}", "12", "-1.", "\xc3\xa9",
-                                         " ",   "\n ", "null", "\"}", "[{", "},{", "a\"b", "e+",  "x"};
+    static const char *const pieces[] = {"{\"", "\":", "\"",   "ab",  "true", ", \"", "}",    "12", "-1.", "\xc3\xa9",
+                                         " ",   "\n ", "null", "\"}", "[{",   "},{",  "a\"b", "e+", "x"};
     enum { NP = sizeof(pieces) / sizeof(pieces[0]), N = 256 + NP + 1 };
     static uint8_t single[256];
     static const uint8_t *bytes[N];
     static uint32_t len[N];
     for (int i = 0; i < 256; i++) single[i] = (uint8_t)i, bytes[i] = &single[i], len[i] = 1;
-    for (int i = 0; i < NP; i++) bytes[256 + i] = (const uint8_t *)pieces[i], len[256 + i] = (uint32_t)strlen(pieces[i]);
+    for (int i = 0; i < NP; i++)
+        bytes[256 + i] = (const uint8_t *)pieces[i], len[256 + i] = (uint32_t)strlen(pieces[i]);
     bytes[N - 1] = (const uint8_t *)"", len[N - 1] = 0;
     int32_t eos = N - 1;
     if (fy_token_trie_create(N, bytes, len, NULL, &eos, 1, &g_trie) != FY_OK) abort();
@@ -44,7 +49,7 @@ static bool bit(const uint32_t *m, int32_t id) { return (m[id >> 5] >> (id & 31)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 9) return 0;
-    fy_grammar_kind_t kind = (fy_grammar_kind_t)(data[0] % 4);
+    fy_grammar_kind_t kind = (fy_grammar_kind_t)(data[0] % FY_GRAMMAR_KIND_COUNT);
     const uint8_t *pick = data + 1;
     char err[FY_GRAMMAR_ERR_LEN];
     fy_grammar_t *g = NULL;
@@ -74,7 +79,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                  fy_gmatch_is_complete(m));
         int32_t n = 0;
         for (size_t w = 0; w < words; w++) n += __builtin_popcount(mask[w]);
-        if (n == 0) break;
+        FZ_CHECK(n > 0, "a live matcher allows no token (complete %d)", fy_gmatch_is_complete(m));
         int32_t k = pick[s] % n, id = 0;
         for (; id < t->n_vocab; id++)
             if (bit(mask, id) && k-- == 0) break;

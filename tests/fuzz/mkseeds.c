@@ -621,7 +621,7 @@ static void grammars(void)
 {
     static const struct {
         const char *name;
-        char kind; /* '0' json_schema, '1' json_object, '2' regex, '3' choice (mod 4 of the byte) */
+        char kind; /* 0 json_schema, 1 json_object, 2 regex, 3 choice, 4 gbnf (fy_grammar_kind_t) */
         const char *src;
     } seeds[] = {
         {"schema-object", 0,
@@ -644,6 +644,14 @@ static void grammars(void)
         {"regex-mixed", 2, "^(?:yes|no|[A-Z][a-z]*\\.)+(x|\\u00e9){1,3}.?$"},
         {"regex-class", 2, "[^\\s\"]+@[\\w.-]+"},
         {"choice", 3, "[\"positive\",\"negative\",\"n/a\",\"\"]"},
+        {"gbnf-json", 4,
+         "root ::= object\nvalue ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n"
+         "object ::= \"{\" ws ( string \":\" ws value (\",\" ws string \":\" ws value)* )? \"}\" ws\n"
+         "array ::= \"[\" ws ( value (\",\" ws value)* )? \"]\" ws\n"
+         "string ::= \"\\\"\" ( [^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) )* \"\\\"\" ws\n"
+         "number ::= (\"-\"? ([0-9] | [1-9] [0-9]{0,15})) (\".\" [0-9]+)? ([eE] [-+]? [0-9]{1,3})? ws\n"
+         "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}  # bounded\n"},
+        {"gbnf-small", 4, "root ::= (\"yes\" | \"no\") \".\"? [\\u00e9a-c]{1,3} tail\ntail ::= ( . )*\n"},
         /* what the fuzzer found: an empty language's grammar has no byte sets */
         {"found-empty-regex", 2, ""},
     };
