@@ -116,12 +116,12 @@ void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap)
     g->logprobs = fy_msgr_bool(r, "logprobs", FY_OPT, g->logprobs);
     g->priority = (int32_t)fy_msgr_i64(r, "priority", FY_OPT, g->priority, -FY_GEN_PRIORITY_MAX, FY_GEN_PRIORITY_MAX);
     g->kv_budget = (int32_t)fy_msgr_i64(r, "kv_budget", FY_OPT, g->kv_budget, 0, FY_GEN_KV_BUDGET_MAX);
-    g->presence_penalty = (float)fy_msgr_f64(r, "presence_penalty", FY_OPT, g->presence_penalty, -FY_GEN_PENALTY_MAX,
-                                             FY_GEN_PENALTY_MAX);
-    g->frequency_penalty = (float)fy_msgr_f64(r, "frequency_penalty", FY_OPT, g->frequency_penalty,
-                                              -FY_GEN_PENALTY_MAX, FY_GEN_PENALTY_MAX);
-    g->repetition_penalty =
-        (float)fy_msgr_f64(r, "repetition_penalty", FY_OPT, g->repetition_penalty, FY_GEN_REP_PENALTY_MIN, FY_GEN_REP_PENALTY_MAX);
+    g->presence_penalty =
+        (float)fy_msgr_f64(r, "presence_penalty", FY_OPT, g->presence_penalty, -FY_GEN_PENALTY_MAX, FY_GEN_PENALTY_MAX);
+    g->frequency_penalty = (float)fy_msgr_f64(r, "frequency_penalty", FY_OPT, g->frequency_penalty, -FY_GEN_PENALTY_MAX,
+                                              FY_GEN_PENALTY_MAX);
+    g->repetition_penalty = (float)fy_msgr_f64(r, "repetition_penalty", FY_OPT, g->repetition_penalty,
+                                               FY_GEN_REP_PENALTY_MIN, FY_GEN_REP_PENALTY_MAX);
     if (fy_msgr_has(r, "logit_bias_ids") || fy_msgr_has(r, "logit_bias")) {
         int32_t ids[FY_GEN_MAX_LOGIT_BIAS];
         float b[FY_GEN_MAX_LOGIT_BIAS];
@@ -139,8 +139,7 @@ void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap)
         }
     }
     g->min_tokens = (int32_t)fy_msgr_i64(r, "min_tokens", FY_OPT, g->min_tokens, 0, g->max_tokens);
-    g->top_logprobs =
-        (int32_t)fy_msgr_i64(r, "top_logprobs", FY_OPT, g->top_logprobs, 0, FY_GEN_MAX_TOP_LOGPROBS);
+    g->top_logprobs = (int32_t)fy_msgr_i64(r, "top_logprobs", FY_OPT, g->top_logprobs, 0, FY_GEN_MAX_TOP_LOGPROBS);
     if (fy_msgr_has(r, "stop_token_ids")) {
         int32_t ids[FY_GEN_MAX_STOP_IDS];
         int32_t n = fy_msgr_i32s(r, "stop_token_ids", FY_OPT, ids, FY_GEN_MAX_STOP_IDS, 0, INT32_MAX);
@@ -155,8 +154,9 @@ void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap)
         fy_gen_grammar_t k = FY_GEN_GRAMMAR_NONE;
         while (fy_msgr_ok(r) && k <= FY_GEN_GRAMMAR_CHOICE && strcmp(kind, fy_gen_grammar_str(k))) k++;
         if (fy_msgr_ok(r) && k > FY_GEN_GRAMMAR_CHOICE)
-            fy_msgr_fail(r, FY_ERR_FORMAT, "field 'grammar_kind': '%s' is not none, json_schema, json_object, regex "
-                                           "or choice",
+            fy_msgr_fail(r, FY_ERR_FORMAT,
+                         "field 'grammar_kind': '%s' is not none, json_schema, json_object, regex "
+                         "or choice",
                          kind);
         size_t glen = 0;
         const char *src = fy_msgr_bytes(r, "grammar", FY_OPT, FY_GEN_MAX_GRAMMAR, &glen);
@@ -222,8 +222,7 @@ fy_status_t fy_genspec_check(const fy_genspec_t *g, int32_t max_tokens_cap, cons
         snprintf(err, err_cap, "'presence_penalty' is %g; it must be between -2 and 2", (double)g->presence_penalty);
     } else if (!(g->frequency_penalty >= -FY_GEN_PENALTY_MAX && g->frequency_penalty <= FY_GEN_PENALTY_MAX)) {
         f = "frequency_penalty";
-        snprintf(err, err_cap, "'frequency_penalty' is %g; it must be between -2 and 2",
-                 (double)g->frequency_penalty);
+        snprintf(err, err_cap, "'frequency_penalty' is %g; it must be between -2 and 2", (double)g->frequency_penalty);
     } else if (!(g->repetition_penalty >= FY_GEN_REP_PENALTY_MIN && g->repetition_penalty <= FY_GEN_REP_PENALTY_MAX)) {
         f = "repetition_penalty";
         snprintf(err, err_cap, "'repetition_penalty' is %g; it must be above 0 and at most %g (1: off)",
@@ -243,9 +242,8 @@ fy_status_t fy_genspec_check(const fy_genspec_t *g, int32_t max_tokens_cap, cons
         f = "stop_token_ids";
         snprintf(err, err_cap, "%d stop_token_ids; at most %d", g->n_stop_ids, FY_GEN_MAX_STOP_IDS);
     }
-    if (!f && (g->grammar_kind < FY_GEN_GRAMMAR_NONE || g->grammar_kind > FY_GEN_GRAMMAR_CHOICE ||
-               g->grammar_len < 0 || g->grammar_len > FY_GEN_MAX_GRAMMAR ||
-               memchr(g->grammar, 0, (size_t)g->grammar_len))) {
+    if (!f && (g->grammar_kind < FY_GEN_GRAMMAR_NONE || g->grammar_kind > FY_GEN_GRAMMAR_CHOICE || g->grammar_len < 0 ||
+               g->grammar_len > FY_GEN_MAX_GRAMMAR || memchr(g->grammar, 0, (size_t)g->grammar_len))) {
         f = "response_format";
         snprintf(err, err_cap, "a structured output's source holds at most %d bytes, and no NUL byte",
                  FY_GEN_MAX_GRAMMAR);

@@ -335,7 +335,8 @@ static const field_t ADOPT[] = {
     U64S_IN(T, "rng", rng, n_rng, FY_OPT, P_ALWAYS),
     I32S(T, "kept", kept, n_kept, FY_OPT, P_NONZERO, 0, INT32_MAX, MAX_ARRAY),
     F32S(T, "scores", scores, n_scores, FY_OPT, P_NONZERO, MAX_ARRAY),
-    I32S_LIM(T, "top_ids", top_ids, n_top_ids, FY_OPT, P_NONZERO, 0, INT32_MAX, FY_GEN_MAX_TOP_LOGPROBS, L_TOKEN, L_NONE),
+    I32S_LIM(T, "top_ids", top_ids, n_top_ids, FY_OPT, P_NONZERO, 0, INT32_MAX, FY_GEN_MAX_TOP_LOGPROBS, L_TOKEN,
+             L_NONE),
     F32S(T, "top_logprobs", top_logprobs, n_top_logprobs, FY_OPT, P_NONZERO, FY_GEN_MAX_TOP_LOGPROBS),
 };
 #undef T
@@ -464,7 +465,8 @@ static const field_t PREFILLED[] = {
     MAP(T, "timings", timings, FY_OPT, P_ALWAYS, JOB_TIMINGS),
     I32S_LIM(T, "kept", kept, n_kept, FY_OPT, P_NONZERO, 0, INT32_MAX, MAX_ARRAY, L_NBLOCKS_M1, L_NBLOCKS),
     F32S(T, "scores", scores, n_scores, FY_OPT, P_NONZERO, MAX_ARRAY),
-    I32S_LIM(T, "top_ids", top_ids, n_top_ids, FY_OPT, P_NONZERO, 0, INT32_MAX, FY_GEN_MAX_TOP_LOGPROBS, L_TOKEN, L_NONE),
+    I32S_LIM(T, "top_ids", top_ids, n_top_ids, FY_OPT, P_NONZERO, 0, INT32_MAX, FY_GEN_MAX_TOP_LOGPROBS, L_TOKEN,
+             L_NONE),
     F32S(T, "top_logprobs", top_logprobs, n_top_logprobs, FY_OPT, P_NONZERO, FY_GEN_MAX_TOP_LOGPROBS),
 };
 #undef T
@@ -475,7 +477,8 @@ static const field_t TOKEN[] = {
     I32_LIM(T, "token", token, FY_REQ, P_ALWAYS, 0, INT32_MAX, L_TOKEN),
     TEXT(T, "text", text, text_len, FY_OPT, P_ALWAYS, 1 << 16),
     F64(T, "logprob", logprob, FY_OPT, WHEN(T, has_logprob), -1e30, 0),
-    I32S_LIM(T, "top_ids", top_ids, n_top_ids, FY_OPT, P_NONZERO, 0, INT32_MAX, FY_GEN_MAX_TOP_LOGPROBS, L_TOKEN, L_NONE),
+    I32S_LIM(T, "top_ids", top_ids, n_top_ids, FY_OPT, P_NONZERO, 0, INT32_MAX, FY_GEN_MAX_TOP_LOGPROBS, L_TOKEN,
+             L_NONE),
     F32S(T, "top_logprobs", top_logprobs, n_top_logprobs, FY_OPT, P_NONZERO, FY_GEN_MAX_TOP_LOGPROBS),
 };
 #undef T
@@ -607,8 +610,7 @@ static void check_prefill(fy_msgr_t *r, const fy_wire_lim_t *lim, const void *p)
     if (!lim || lim->block_size < 1) return; /* the blocks cannot be counted */
     int32_t n = blocks_of(m->n_tokens, lim->block_size);
     if (m->slots > n - m->first_block)
-        fy_msgr_fail(r, FY_ERR_FORMAT, "%d slots from block %d for a prompt of %d blocks", m->slots, m->first_block,
-                     n);
+        fy_msgr_fail(r, FY_ERR_FORMAT, "%d slots from block %d for a prompt of %d blocks", m->slots, m->first_block, n);
     else if (m->first_block >= n || !groups_fit(lim, m->n_blocks, m->slots ? m->slots : n - m->first_block))
         fy_msgr_fail(r, FY_ERR_FORMAT, "%d destination blocks from block %d for a prompt of %d blocks (%s)",
                      m->n_blocks, m->first_block, n, groups_text(lim));

@@ -103,19 +103,19 @@ struct fy_engine {
     float *logits;      /* [logit_rows, vocab] */
     int32_t logit_rows; /* the runner's max_logits */
     /* speculative decoding */
-    fy_spec_ctl_t wctl;     /* the worker's acceptance and off switch */
-    float *probs;           /* [k_max + 1, vocab] target distributions of one sampled verification */
-    float *qprobs;          /* [SPEC_QSLOTS, k_max, vocab] draft distributions (sampled requests) */
-    float *scratch;         /* [vocab] */
+    fy_spec_ctl_t wctl; /* the worker's acceptance and off switch */
+    float *probs;       /* [k_max + 1, vocab] target distributions of one sampled verification */
+    float *qprobs;      /* [SPEC_QSLOTS, k_max, vocab] draft distributions (sampled requests) */
+    float *scratch;     /* [vocab] */
     fy_logits_scratch_t lscratch;
-    int32_t *eog;         /* [n_eog] the tokenizer's end-of-generation tokens */
+    int32_t *eog; /* [n_eog] the tokenizer's end-of-generation tokens */
     int32_t n_eog;
     int32_t top_ids[FY_LOGITS_MAX_TOP];
     float top_lps[FY_LOGITS_MAX_TOP];
     /* structured outputs: the vocabulary's trie, compiled grammars, a mask */
     fy_token_trie_t *trie;
     fy_grammar_cache_t *gcache;
-    uint32_t *gmask; /* [mask words] */
+    uint32_t *gmask;        /* [mask words] */
     fy_forward_seq_t *dfwd; /* [max_num_seqs] draft batch */
     request_t **dreq;       /* [max_num_seqs] */
     int32_t *dk;            /* [max_num_seqs] tokens each wants proposed */
@@ -1503,8 +1503,7 @@ fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_pro
      * prompt's last chunk, with the scores the prompt's blocks received
      * where it ran (a decode worker's placed blocks are within the budget
      * already: nothing goes) */
-    if (q->scores && rp->kv_scores)
-        memcpy(q->scores, rp->kv_scores, (size_t)q->bt.n_blocks * sizeof(float));
+    if (q->scores && rp->kv_scores) memcpy(q->scores, rp->kv_scores, (size_t)q->bt.n_blocks * sizeof(float));
     kv_evict(e, q);
     q->state = RQ_RUNNING;
     e->running[e->n_running++] = q;
@@ -1611,18 +1610,18 @@ fy_status_t fy_engine_step(fy_engine_t *e)
         }
         if (e->fwd[i].n_logits == 0) continue;
         float *lg = e->logits + (size_t)row++ * (size_t)e->vocab;
-        if (q->lp_on)
-            fy_logits_apply(&q->lp, &e->lscratch, q->tokens, q->n_prompt, q->n_total, e->eog, e->n_eog, lg);
+        if (q->lp_on) fy_logits_apply(&q->lp, &e->lscratch, q->tokens, q->n_prompt, q->n_total, e->eog, e->n_eog, lg);
         if (q->gm && grammar_mask(e, q, lg) != FY_OK) {
             end_error(e, q, FY_ERR_INTERNAL, "the structured output's mask failed");
             continue;
         }
         float lp = 0.0f;
         int32_t tok = fy_sampler_sample(e->sampler, &q->sampling, &q->rng, lg, q->logprobs ? &lp : NULL);
-        int32_t n_top = q->top_logprobs ? fy_logits_top(lg, e->vocab, fy_sampling_is_greedy(&q->sampling)
-                                                                          ? 1.0f : q->sampling.temperature,
-                                                        q->top_logprobs, e->top_ids, e->top_lps)
-                                        : 0;
+        int32_t n_top =
+            q->top_logprobs
+                ? fy_logits_top(lg, e->vocab, fy_sampling_is_greedy(&q->sampling) ? 1.0f : q->sampling.temperature,
+                                q->top_logprobs, e->top_ids, e->top_lps)
+                : 0;
         (void)on_token_top(e, q, tok, lp, e->top_ids, e->top_lps, n_top, t);
     }
     adjust_budget(e);

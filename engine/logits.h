@@ -38,8 +38,8 @@ typedef struct fy_logits_params {
     const int32_t *bias_ids;                   /* [n_bias] token ids */
     const float *bias;                         /* [n_bias] added to their logits; <= -100: banned */
     int32_t n_bias;
-    int32_t min_tokens;       /* end tokens (eog and stop_ids) banned while fewer are out */
-    const int32_t *stop_ids;  /* [n_stop_ids] tokens that end a request (banned under min_tokens) */
+    int32_t min_tokens;      /* end tokens (eog and stop_ids) banned while fewer are out */
+    const int32_t *stop_ids; /* [n_stop_ids] tokens that end a request (banned under min_tokens) */
     int32_t n_stop_ids;
 } fy_logits_params_t;
 

@@ -1140,8 +1140,7 @@ static bool kept_has(const int32_t *kept, int32_t n, int32_t i)
     return lo < n && kept[lo] == i;
 }
 
-fy_status_t fy_kvm_seq_place(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *kept, int32_t n_kept,
-                             fy_kv_resv_t *resv)
+fy_status_t fy_kvm_seq_place(fy_kvm_t *m, fy_block_table_t *bt, const int32_t *kept, int32_t n_kept, fy_kv_resv_t *resv)
 {
     int32_t nb = bt->n_blocks, first = bt->n_tokens / bt->block_size;
     const char *why = NULL;

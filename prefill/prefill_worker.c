@@ -52,10 +52,10 @@ typedef struct pjob {
     fy_xfer_job_t *xj;
     bool xj_closed; /* finish or abort was called */
     int32_t n_prompt, first_block, n_dst, shipped, computed;
-    int32_t *dst;          /* [n_dst] the decode worker's blocks for prompt blocks first_block.. */
-    int32_t slots;         /* a KV budget's reservation: dst holds slots blocks per group (0: positional) */
-    int32_t *kept;         /* [n_kept] the prompt blocks kept at its end (slots) */
-    float *scores;         /* [n_kept] their H2O scores, or NULL */
+    int32_t *dst;  /* [n_dst] the decode worker's blocks for prompt blocks first_block.. */
+    int32_t slots; /* a KV budget's reservation: dst holds slots blocks per group (0: positional) */
+    int32_t *kept; /* [n_kept] the prompt blocks kept at its end (slots) */
+    float *scores; /* [n_kept] their H2O scores, or NULL */
     int32_t n_kept;
     fy_block_table_t hold; /* references to every block handed to the transfer */
     bool engine_done, xfer_done;
@@ -299,7 +299,8 @@ static void ship_kept(pjob_t *j, const fy_block_table_t *bt, const float *scores
     }
     for (int32_t i = 0; i < nb; i++) {
         bool held = false;
-        for (int32_t g = 0; g < bt->n_groups && !held; g++) held = i >= bt->lo[g] && fy_block_table_group(bt, g)[i] >= 0;
+        for (int32_t g = 0; g < bt->n_groups && !held; g++)
+            held = i >= bt->lo[g] && fy_block_table_group(bt, g)[i] >= 0;
         if (!held) continue;
         if (scores) j->scores[n] = scores[i];
         j->kept[n++] = i;
@@ -479,7 +480,7 @@ static void cmd_prefill(prefill_t *p, fy_msgr_t *r, uint64_t rid)
     fy_kv_ns_t ns;
     fy_node_ns(n, m.tenant, &ns);
     fy_node_request_params(&m.gen, &ns, NULL, &rq); /* m.gen outlives the submission below */
-    rq.stop = NULL, rq.n_stop = 0; /* stop strings are the decode worker's */
+    rq.stop = NULL, rq.n_stop = 0;                  /* stop strings are the decode worker's */
     rq.max_tokens = 1;
     rq.ignore_eos = true;   /* the decode worker decides what the first token means */
     rq.defer_stops = true;  /* and whether it is a stop token id; min_tokens still bans them here */

@@ -79,9 +79,9 @@ struct fy_http {
     router_t *R;
     fy_httpd_t *srv;
     char url[256];
-    char served[128];      /* the model's name in the API */
+    char served[128];             /* the model's name in the API */
     fy_grammar_cache_t *grammars; /* structured outputs compiled at the door (thread-safe) */
-    fy_tenants_t *tenants; /* NULL: no keys, everyone is tenant "" */
+    fy_tenants_t *tenants;        /* NULL: no keys, everyone is tenant "" */
     int64_t default_max_tokens;
     double retry_after_s;
     time_t model_created; /* the model file's time, for /v1/models */

@@ -820,10 +820,11 @@ static void grammar_compiles(const fy_http_front_t *f, parsed_t *p, json_t *o, b
     fy_grammar_kind_t kind;
     char err[FY_GRAMMAR_ERR_LEN] = "";
     fy_grammar_t *gr = NULL;
-    fy_status_t st = !fy_grammar_kind_of_gen(g->grammar_kind, &kind) ? FY_ERR_INVALID
-                     : f->grammars ? fy_grammar_cache_get(f->grammars, kind, g->grammar, (size_t)g->grammar_len, &gr,
-                                                          NULL, err, sizeof(err))
-                                   : fy_grammar_compile(kind, g->grammar, (size_t)g->grammar_len, &gr, err, sizeof(err));
+    fy_status_t st =
+        !fy_grammar_kind_of_gen(g->grammar_kind, &kind) ? FY_ERR_INVALID
+        : f->grammars
+            ? fy_grammar_cache_get(f->grammars, kind, g->grammar, (size_t)g->grammar_len, &gr, NULL, err, sizeof(err))
+            : fy_grammar_compile(kind, g->grammar, (size_t)g->grammar_len, &gr, err, sizeof(err));
     fy_grammar_unref(gr);
     if (st == FY_ERR_NOMEM)
         bad(p, 500, NULL, "out of memory compiling '%s'", param);

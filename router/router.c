@@ -125,7 +125,7 @@ typedef struct rreq {
     fy_status_t err;
     char err_msg[256];
     char finish[16];
-    float *lps; /* [cap_out] each token's logprob, when asked for */
+    float *lps;      /* [cap_out] each token's logprob, when asked for */
     int32_t *tops;   /* [cap_out * gen.top_logprobs] each token's alternatives (top_logprobs) */
     float *top_lps;  /* [cap_out * gen.top_logprobs] their logprobs */
     uint8_t *n_tops; /* [cap_out] how many each has */

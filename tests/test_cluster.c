@@ -525,7 +525,8 @@ static void kv_budget_across_transfer(fy_evict_policy_t policy)
                    .n_decode = 1,
                    .metrics = true,
                    .common = {policy == FY_EVICT_H2O ? "kv.evict=h2o" : "kv.evict=streaming", "kv.sink_tokens=32",
-                              "kv.recent_tokens=128", policy == FY_EVICT_H2O ? "kv.heavy_tokens=64" : "kv.heavy_tokens=0",
+                              "kv.recent_tokens=128",
+                              policy == FY_EVICT_H2O ? "kv.heavy_tokens=64" : "kv.heavy_tokens=0",
                               /* a verification step evicts once for all its tokens: not the one-by-one reference */
                               "decode.spec=none"}};
     tc_start(&c, &o);

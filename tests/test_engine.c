@@ -651,7 +651,8 @@ static void test_logits_processing_engine(void **state)
     run_one(&g, p, 24, &r, &t);
     for (int32_t i = 0; i < 40; i++) {
         bool seen_b = false, seen_p = false;
-        for (int32_t j = 0; j < i; j++) seen_b |= base.r.tokens[j] == base.r.tokens[i], seen_p |= t.r.tokens[j] == t.r.tokens[i];
+        for (int32_t j = 0; j < i; j++)
+            seen_b |= base.r.tokens[j] == base.r.tokens[i], seen_p |= t.r.tokens[j] == t.r.tokens[i];
         distinct_base += !seen_b, distinct_pen += !seen_p;
     }
     fprintf(stderr, "distinct tokens in 40: %d greedy, %d with penalties\n", distinct_base, distinct_pen);
@@ -700,9 +701,10 @@ static void run_grammar(bool spec, fy_gen_grammar_t kind, const char *src, top_r
 static void test_structured_outputs(void **state)
 {
     static top_rec_t a, b;
-    const char *schema = "{\"type\":\"object\",\"properties\":{\"name\":{\"enum\":[\"ann\",\"bo\",\"cy\"]},"
-                         "\"ok\":{\"type\":\"boolean\"},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"x\",\"y\"]},"
-                         "\"maxItems\":3}},\"required\":[\"name\",\"ok\",\"tags\"],\"additionalProperties\":false}";
+    const char *schema =
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"enum\":[\"ann\",\"bo\",\"cy\"]},"
+        "\"ok\":{\"type\":\"boolean\"},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"x\",\"y\"]},"
+        "\"maxItems\":3}},\"required\":[\"name\",\"ok\",\"tags\"],\"additionalProperties\":false}";
     run_grammar(false, FY_GEN_GRAMMAR_JSON_SCHEMA, schema, &a);
     fprintf(stderr, "json_schema: %s (%d tokens)\n", a.r.text, a.r.n);
     assert_int_equal(a.r.reason, FY_FINISH_EOS);
@@ -727,8 +729,9 @@ static void test_structured_outputs(void **state)
     fprintf(stderr, "regex: %s\n", a.r.text);
     assert_int_equal(a.r.len, 6);
     for (int i = 0; i < 6; i++)
-        assert_true(i < 3 ? (a.r.text[i] >= '0' && a.r.text[i] <= '9') : i == 3 ? a.r.text[i] == '-'
-                                                                                : (a.r.text[i] >= 'a' && a.r.text[i] <= 'z'));
+        assert_true(i < 3    ? (a.r.text[i] >= '0' && a.r.text[i] <= '9')
+                    : i == 3 ? a.r.text[i] == '-'
+                             : (a.r.text[i] >= 'a' && a.r.text[i] <= 'z'));
     /* refused by name */
     rig_opts_t o;
     rig_opts(&o, g_tiny);
@@ -1330,16 +1333,26 @@ static void test_build_from_config(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_batch_invariance_tiny), cmocka_unit_test(test_batch_invariance_default),
-        cmocka_unit_test(test_preempt_recompute),     cmocka_unit_test(test_preempt_swap),
-        cmocka_unit_test(test_cancel_and_errors),     cmocka_unit_test(test_overload),
-        cmocka_unit_test(test_priority_and_timings),  cmocka_unit_test(test_guardrail),
-        cmocka_unit_test(test_engine_thread),         cmocka_unit_test(test_submit_handoff),
-        cmocka_unit_test(test_disaggregated_tiny),    cmocka_unit_test(test_disaggregated_default),
-        cmocka_unit_test(test_post_and_tick),         cmocka_unit_test(test_build_from_config),
-        cmocka_unit_test(test_evict_choose),          cmocka_unit_test(test_kv_budget_streaming),
-        cmocka_unit_test(test_kv_budget_preempt_swap), cmocka_unit_test(test_kv_budget_preempt_recompute),
-        cmocka_unit_test(test_logits_processing_engine), cmocka_unit_test(test_structured_outputs),
+        cmocka_unit_test(test_batch_invariance_tiny),
+        cmocka_unit_test(test_batch_invariance_default),
+        cmocka_unit_test(test_preempt_recompute),
+        cmocka_unit_test(test_preempt_swap),
+        cmocka_unit_test(test_cancel_and_errors),
+        cmocka_unit_test(test_overload),
+        cmocka_unit_test(test_priority_and_timings),
+        cmocka_unit_test(test_guardrail),
+        cmocka_unit_test(test_engine_thread),
+        cmocka_unit_test(test_submit_handoff),
+        cmocka_unit_test(test_disaggregated_tiny),
+        cmocka_unit_test(test_disaggregated_default),
+        cmocka_unit_test(test_post_and_tick),
+        cmocka_unit_test(test_build_from_config),
+        cmocka_unit_test(test_evict_choose),
+        cmocka_unit_test(test_kv_budget_streaming),
+        cmocka_unit_test(test_kv_budget_preempt_swap),
+        cmocka_unit_test(test_kv_budget_preempt_recompute),
+        cmocka_unit_test(test_logits_processing_engine),
+        cmocka_unit_test(test_structured_outputs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

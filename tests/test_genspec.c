@@ -51,10 +51,18 @@ typedef enum {
     F_TOP_LOGPROBS,
 } field_t;
 
-static const char *const NAMES[] = {"temperature",      "top_p",          "top_k",
-                                    "min_p",            "max_tokens",     "priority",
-                                    "kv_budget",        "presence_penalty", "frequency_penalty",
-                                    "repetition_penalty", "min_tokens",   "top_logprobs"};
+static const char *const NAMES[] = {"temperature",
+                                    "top_p",
+                                    "top_k",
+                                    "min_p",
+                                    "max_tokens",
+                                    "priority",
+                                    "kv_budget",
+                                    "presence_penalty",
+                                    "frequency_penalty",
+                                    "repetition_penalty",
+                                    "min_tokens",
+                                    "top_logprobs"};
 
 static void set(fy_genspec_t *g, field_t f, double v)
 {

@@ -385,8 +385,7 @@ static void test_bad_requests(void **state)
           "{\"prompt\":\"hi\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\","
           "\"schema\":{\"type\":\"object\",\"patternProperties\":{\"^a\":{\"type\":\"string\"}}}}}}",
           400, "response_format", "patternProperties");
-    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"guided_regex\":\"a(b\"}", 400, "guided_regex",
-          NULL);
+    CHECK("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"guided_regex\":\"a(b\"}", 400, "guided_regex", NULL);
     CHECK("POST", "/v1/chat/completions", KEY_A,
           "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\","
           "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","

@@ -337,7 +337,8 @@ static void test_logits_processing(void **state)
         int32_t tok[64], bias_ids[6], stop_ids[3];
         float bias[6], in[LV], got[LV];
         double want[LV];
-        int32_t n_total = 1 + (int32_t)(fy_test_rand_u64(&rng) % 64), n_prompt = (int32_t)(fy_test_rand_u64(&rng) % (uint64_t)(n_total + 1));
+        int32_t n_total = 1 + (int32_t)(fy_test_rand_u64(&rng) % 64),
+                n_prompt = (int32_t)(fy_test_rand_u64(&rng) % (uint64_t)(n_total + 1));
         for (int32_t i = 0; i < n_total; i++) tok[i] = (int32_t)(fy_test_rand_u64(&rng) % 20); /* repeats */
         for (int32_t t = 0; t < LV; t++) in[t] = (float)((double)(fy_test_rand_u64(&rng) % 2001) / 100.0 - 10.0);
         fy_logits_params_t p = {.repetition_penalty = 1.0f};

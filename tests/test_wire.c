@@ -871,7 +871,8 @@ static void test_cross_field_rules(void **state)
                 "4 blocks from block 0 for a 3-block prompt (a table per kv group)");
     expect_rule(&fy_wire_reserved_schema, reserved_below_none, &any, "blocks");
     expect_read(&fy_wire_prefill_schema, prefill_slots, LIM);
-    expect_rule(&fy_wire_prefill_schema, prefill_slots_past_prompt, LIM, "3 slots from block 1 for a prompt of 3 blocks");
+    expect_rule(&fy_wire_prefill_schema, prefill_slots_past_prompt, LIM,
+                "3 slots from block 1 for a prompt of 3 blocks");
     expect_rule(&fy_wire_prefill_schema, prefill_slots_short, LIM,
                 "2 destination blocks from block 1 for a prompt of 3 blocks");
     expect_read(&fy_wire_reserved_schema, reserved_slots_two_groups, &any);
@@ -1211,8 +1212,9 @@ static char *reference(void)
            -(double)FY_GEN_PENALTY_MAX, (double)FY_GEN_PENALTY_MAX);
     sb_add(&b, "| `repetition_penalty` | float | not 1 | %g to %g (1: off) |\n", (double)FY_GEN_REP_PENALTY_MIN,
            (double)FY_GEN_REP_PENALTY_MAX);
-    sb_add(&b, "| `logit_bias_ids`, `logit_bias` | [int], [float] | when any | at most %d of each, as many; token ids "
-               "(the engine refuses one past its vocabulary), biases %g to %g |\n",
+    sb_add(&b,
+           "| `logit_bias_ids`, `logit_bias` | [int], [float] | when any | at most %d of each, as many; token ids "
+           "(the engine refuses one past its vocabulary), biases %g to %g |\n",
            FY_GEN_MAX_LOGIT_BIAS, -(double)FY_GEN_LOGIT_BIAS_MAX, (double)FY_GEN_LOGIT_BIAS_MAX);
     sb_add(&b, "| `min_tokens` | int | not zero | 0 to `max_tokens` |\n");
     sb_add(&b, "| `top_logprobs` | int | not zero | 0 to %d |\n", FY_GEN_MAX_TOP_LOGPROBS);

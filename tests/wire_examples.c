@@ -52,8 +52,9 @@ static void gen_full(fy_genspec_t *g)
     g->top_logprobs = 3;
     g->n_stop_ids = 1, g->stop_ids[0] = 2;
     g->grammar_kind = FY_GEN_GRAMMAR_JSON_SCHEMA;
-    g->grammar_len = snprintf(g->grammar, sizeof(g->grammar),
-                              "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}");
+    g->grammar_len =
+        snprintf(g->grammar, sizeof(g->grammar),
+                 "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}");
 }
 
 static fy_wire_cmd_t cmd(uint64_t rid) { return (fy_wire_cmd_t){.to = 0xabcdef0123456789ull, .rid = rid}; }
@@ -252,19 +253,21 @@ void fy_test_wire_example(const fy_wire_schema_t *s, void *p)
         *(fy_wire_ack_t *)p = (fy_wire_ack_t){.ev = ev("prefill-0", 12, 7)};
     } else if (s == &fy_wire_prefilled_schema) {
         fy_wire_prefilled_t *m = p;
-        *m = (fy_wire_prefilled_t){
-            .ev = ev("prefill-0", 0, 7),
-            .attempt = 1,
-            .first_token = 42,
-            .logprob = -0.25,
-            .n_rng = 4,
-            .cached = 16,
-            .timings = {
-                .queue_s = 0.001, .compute_s = 0.01, .transfer_tail_s = 0.002, .transfer_s = 0.008, .bytes = 3 << 16},
-            .kept = g_kept,
-            .n_kept = 2,
-            .scores = g_scores,
-            .n_scores = 2};
+        *m = (fy_wire_prefilled_t){.ev = ev("prefill-0", 0, 7),
+                                   .attempt = 1,
+                                   .first_token = 42,
+                                   .logprob = -0.25,
+                                   .n_rng = 4,
+                                   .cached = 16,
+                                   .timings = {.queue_s = 0.001,
+                                               .compute_s = 0.01,
+                                               .transfer_tail_s = 0.002,
+                                               .transfer_s = 0.008,
+                                               .bytes = 3 << 16},
+                                   .kept = g_kept,
+                                   .n_kept = 2,
+                                   .scores = g_scores,
+                                   .n_scores = 2};
         memcpy(m->rng, g_rng, sizeof(m->rng));
     } else if (s == &fy_wire_token_schema) {
         *(fy_wire_token_t *)p = (fy_wire_token_t){.ev = ev("decode-0", 0, 7),

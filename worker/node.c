@@ -596,8 +596,7 @@ int fy_node_main(int argc, char **argv, const fy_node_role_t *role)
     return 0;
 }
 
-void fy_node_request_params(const fy_genspec_t *gen, const fy_kv_ns_t *ns, const char **stops,
-                            fy_request_params_t *rq)
+void fy_node_request_params(const fy_genspec_t *gen, const fy_kv_ns_t *ns, const char **stops, fy_request_params_t *rq)
 {
     fy_request_params_default(rq);
     rq->sampling = gen->sampling;

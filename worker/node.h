@@ -90,7 +90,6 @@ double fy_node_now(void); /* CLOCK_MONOTONIC seconds */
 /* The engine's parameters for a request from its wire parameters (stops
  * and the logits processing's arrays point into gen, which must outlive
  * the submission; stops NULL: none; ns: its prefix-cache namespace). */
-void fy_node_request_params(const fy_genspec_t *gen, const fy_kv_ns_t *ns, const char **stops,
-                            fy_request_params_t *rq);
+void fy_node_request_params(const fy_genspec_t *gen, const fy_kv_ns_t *ns, const char **stops, fy_request_params_t *rq);
 
 #endif /* FY_NODE_H */

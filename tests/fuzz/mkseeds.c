@@ -625,11 +625,13 @@ static void grammars(void)
         const char *src;
     } seeds[] = {
         {"schema-object", 0,
-         "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"string\",\"maxLength\":3},"
+         "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"string\",\"maxLength\":3}"
+         ","
          "\"c\":{\"type\":\"array\",\"items\":{\"enum\":[\"x\",1,null]},\"maxItems\":2}},\"required\":[\"a\"]}"},
         {"schema-pydantic", 0,
          "{\"$defs\":{\"Color\":{\"enum\":[\"red\",\"blue\"],\"title\":\"Color\",\"type\":\"string\"}},"
-         "\"properties\":{\"c\":{\"$ref\":\"#/$defs/Color\"},\"n\":{\"anyOf\":[{\"type\":\"number\"},{\"type\":\"null\"}],"
+         "\"properties\":{\"c\":{\"$ref\":\"#/$defs/"
+         "Color\"},\"n\":{\"anyOf\":[{\"type\":\"number\"},{\"type\":\"null\"}],"
          "\"default\":null}},\"required\":[\"c\"],\"title\":\"M\",\"type\":\"object\"}"},
         {"schema-recursive", 0,
          "{\"definitions\":{\"n\":{\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"array\",\"items\":"
@@ -648,7 +650,8 @@ static void grammars(void)
          "root ::= object\nvalue ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n"
          "object ::= \"{\" ws ( string \":\" ws value (\",\" ws string \":\" ws value)* )? \"}\" ws\n"
          "array ::= \"[\" ws ( value (\",\" ws value)* )? \"]\" ws\n"
-         "string ::= \"\\\"\" ( [^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) )* \"\\\"\" ws\n"
+         "string ::= \"\\\"\" ( [^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) )* "
+         "\"\\\"\" ws\n"
          "number ::= (\"-\"? ([0-9] | [1-9] [0-9]{0,15})) (\".\" [0-9]+)? ([eE] [-+]? [0-9]{1,3})? ws\n"
          "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}  # bounded\n"},
         {"gbnf-small", 4, "root ::= (\"yes\" | \"no\") \".\"? [\\u00e9a-c]{1,3} tail\ntail ::= ( . )*\n"},
