@@ -181,10 +181,11 @@ fy_status_t fy_tools_schema(const fy_tools_req_t *t, char **schema_p, char *err,
                 {
                     json_t *have = json_object_get(defs[d], k);
                     if (have && !json_equal(have, v)) {
-                        json_decref(p);
+                        /* the message first: k belongs to p */
                         st = fault(NULL, NULL, err, err_cap,
                                    "two tools define '%s' in their %s differently; give them distinct names", k,
                                    def_keys[d]);
+                        json_decref(p);
                         goto fail_defs;
                     }
                     json_object_set(defs[d], k, v);
