@@ -108,8 +108,6 @@ struct fy_engine {
     float *qprobs;      /* [SPEC_QSLOTS, k_max, vocab] draft distributions (sampled requests) */
     float *scratch;     /* [vocab] */
     fy_logits_scratch_t lscratch;
-    int32_t *eog; /* [n_eog] the tokenizer's end-of-generation tokens */
-    int32_t n_eog;
     int32_t top_ids[FY_LOGITS_MAX_TOP];
     float top_lps[FY_LOGITS_MAX_TOP];
     /* structured outputs: the vocabulary's trie, compiled grammars, a mask */
@@ -312,11 +310,8 @@ static int32_t kv_kept_tokens(const fy_block_table_t *bt)
 {
     int64_t kept = 0;
     for (int32_t i = 0; i < bt->n_blocks; i++) {
-        bool held = false;
-        for (int32_t g = 0; g < bt->n_groups && !held; g++)
-            held = i >= bt->lo[g] && fy_block_table_group(bt, g)[i] >= 0;
         int32_t in = bt->n_tokens - i * bt->block_size;
-        if (held && in > 0) kept += in < bt->block_size ? in : bt->block_size;
+        if (fy_block_table_holds(bt, i) && in > 0) kept += in < bt->block_size ? in : bt->block_size;
     }
     return (int32_t)kept;
 }
@@ -434,11 +429,6 @@ fy_status_t fy_engine_create(fy_runner_t *r, fy_kvm_t *kvm, const fy_tokenizer_t
         goto nomem;
     e->gmask = fy_malloc(fy_token_trie_mask_words(e->trie) * sizeof(uint32_t));
     if (!e->gmask) goto nomem;
-    for (int32_t i = 0; i < e->vocab; i++) e->n_eog += fy_tokenizer_is_eog(tok, i);
-    e->eog = fy_malloc((size_t)(e->n_eog ? e->n_eog : 1) * sizeof(int32_t));
-    if (!e->eog) goto nomem;
-    for (int32_t i = 0, k = 0; i < e->vocab; i++)
-        if (fy_tokenizer_is_eog(tok, i)) e->eog[k++] = i;
     e->dfwd = fy_calloc((size_t)n, sizeof(*e->dfwd));
     e->dreq = fy_calloc((size_t)n, sizeof(*e->dreq));
     e->dk = fy_calloc((size_t)n, sizeof(*e->dk));
@@ -540,7 +530,6 @@ void fy_engine_destroy(fy_engine_t *e)
     fy_free(e->gmask);
     fy_grammar_cache_destroy(e->gcache);
     fy_token_trie_destroy(e->trie);
-    fy_free(e->eog);
     fy_free(e->dfwd);
     fy_free(e->dreq);
     fy_free(e->dk);
@@ -1610,7 +1599,8 @@ fy_status_t fy_engine_step(fy_engine_t *e)
         }
         if (e->fwd[i].n_logits == 0) continue;
         float *lg = e->logits + (size_t)row++ * (size_t)e->vocab;
-        if (q->lp_on) fy_logits_apply(&q->lp, &e->lscratch, q->tokens, q->n_prompt, q->n_total, e->eog, e->n_eog, lg);
+        if (q->lp_on)
+            fy_logits_apply(&q->lp, &e->lscratch, q->tokens, q->n_prompt, q->n_total, e->trie->eog, e->trie->n_eog, lg);
         if (q->gm && grammar_mask(e, q, lg) != FY_OK) {
             end_error(e, q, FY_ERR_INTERNAL, "the structured output's mask failed");
             continue;

@@ -51,14 +51,6 @@ int32_t fy_evict_max_blocks(const fy_evict_params_t *p, int32_t bs, int32_t step
     return n > INT32_MAX ? INT32_MAX : (int32_t)n;
 }
 
-/* Whether any group still holds logical block i. */
-static bool held(const fy_block_table_t *bt, int32_t i)
-{
-    for (int32_t g = 0; g < bt->n_groups; g++)
-        if (i >= bt->lo[g] && fy_block_table_group(bt, g)[i] >= 0) return true;
-    return false;
-}
-
 /* Highest score first; of equal scores the later block first (it stays). */
 static int by_score(const void *a, const void *b)
 {
@@ -83,7 +75,8 @@ int32_t fy_evict_choose(const fy_evict_params_t *p, const fy_block_table_t *bt, 
     int32_t end = recent < cur ? recent : cur;
     int32_t nc = 0;
     for (int32_t i = sinks; i < end && nc < cap; i++)
-        if (held(bt, i)) c[nc++] = (fy_evict_cand_t){i, scores && p->policy == FY_EVICT_H2O ? scores[i] : 0.0f};
+        if (fy_block_table_holds(bt, i))
+            c[nc++] = (fy_evict_cand_t){i, scores && p->policy == FY_EVICT_H2O ? scores[i] : 0.0f};
     int32_t keep = p->policy == FY_EVICT_H2O ? blocks_of(p->heavy_tokens, bs) : 0;
     int32_t n_out = 0;
     if (nc > keep) {

@@ -261,6 +261,15 @@ static inline int32_t fy_block_table_slot(const fy_block_table_t *bt, int32_t g,
 /* Blocks held over all groups. */
 int32_t fy_block_table_held(const fy_block_table_t *bt);
 
+/* Whether some KV group holds logical block i (not dropped by a sliding
+ * window in every group, not evicted). */
+static inline bool fy_block_table_holds(const fy_block_table_t *bt, int32_t i)
+{
+    for (int32_t g = 0; g < bt->n_groups; g++)
+        if (i >= bt->lo[g] && i < bt->n_blocks && fy_block_table_group(bt, g)[i] >= 0) return true;
+    return false;
+}
+
 /* A promise of blocks made at admission, drawn from as blocks are taken. */
 typedef struct fy_kv_resv {
     int32_t blocks;

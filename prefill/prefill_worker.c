@@ -298,10 +298,7 @@ static void ship_kept(pjob_t *j, const fy_block_table_t *bt, const float *scores
         return;
     }
     for (int32_t i = 0; i < nb; i++) {
-        bool held = false;
-        for (int32_t g = 0; g < bt->n_groups && !held; g++)
-            held = i >= bt->lo[g] && fy_block_table_group(bt, g)[i] >= 0;
-        if (!held) continue;
+        if (!fy_block_table_holds(bt, i)) continue;
         if (scores) j->scores[n] = scores[i];
         j->kept[n++] = i;
     }

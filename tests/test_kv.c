@@ -823,18 +823,12 @@ static void place_kept(int groups)
         a.live = true;
         int32_t ev[32], n_ev = 0;
         for (int32_t i = 0; i < n / 16 && i < nb - 1 && n_ev < 32; i++) {
-            bool held = false;
-            for (int32_t g = 0; g < a.bt.n_groups; g++)
-                held |= i >= a.bt.lo[g] && fy_block_table_group(&a.bt, g)[i] >= 0;
-            if (held && fy_test_rand_u64(&rng) % 3 == 0) ev[n_ev++] = i;
+            if (fy_block_table_holds(&a.bt, i) && fy_test_rand_u64(&rng) % 3 == 0) ev[n_ev++] = i;
         }
         assert_int_equal(fy_kvm_seq_evict(f.m, &a.bt, ev, n_ev, NULL), FY_OK);
         int32_t kept[32], n_kept = 0;
         for (int32_t i = 0; i < nb; i++) {
-            bool held = false;
-            for (int32_t g = 0; g < a.bt.n_groups; g++)
-                held |= i >= a.bt.lo[g] && fy_block_table_group(&a.bt, g)[i] >= 0;
-            if (held) kept[n_kept++] = i;
+            if (fy_block_table_holds(&a.bt, i)) kept[n_kept++] = i;
         }
         /* the receiver: its prefix, and slots for the rest */
         d.tenant = 0;
