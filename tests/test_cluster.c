@@ -583,6 +583,22 @@ static void kv_budget_across_transfer(fy_evict_policy_t policy)
     assert_true(st != FY_OK && strstr(err, "kv_budget"));
     expect_pools_back(&c, names, adm, nd);
     tc_stop(&c);
+    if (policy != FY_EVICT_H2O) return;
+    /* workers that disagree on kv.evict: the prefill worker refuses the
+     * job by name, the request ends with that error, every block comes back */
+    tc_opts_t m = {.n_prefill = 1,
+                   .n_decode = 1,
+                   .common = {"decode.spec=none"},
+                   .per_worker = {{"kv.evict=h2o"}, {"kv.evict=none"}}};
+    tc_start(&c, &m);
+    nd = decode_admittable(&c, names, adm);
+    s = submit(&c, prompts[2], lens[2], 4);
+    memset(&bad, 0, sizeof(bad));
+    tc_collect(&c, &s, &bad, 1, 60);
+    print_message("kv.evict differing: %s\n", bad.message);
+    assert_true(bad.error != FY_OK && strstr(bad.message, "kv.evict"));
+    expect_pools_back(&c, names, adm, nd);
+    tc_stop(&c);
 }
 
 static void test_kv_budget_streaming_across_transfer(void **state) { kv_budget_across_transfer(FY_EVICT_STREAMING); }
