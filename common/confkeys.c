@@ -60,7 +60,10 @@
     STR(S, "metrics", NULL,                                                                                            \
         "GET /metrics and /health (tcp:// or http://HOST:PORT); `ferry serve` gives worker i "                         \
         "port + i; unset or empty: none"),                                                                             \
-        INT(S, "threads", "0", 0, 256, "CPU threads of the engine; 0: one per core"),                                  \
+        INT(S, "threads", "0", 0, 256, "CPU threads of the engine; 0: one per CPU it may run on (see cpus)"),          \
+        STR(S, "cpus", "",                                                                                             \
+            "CPUs the role's workers run on, as taskset writes them (0-3,8): prefill and decode pools on cores of "    \
+            "their own; empty: any"),                                                                                  \
         SIZE(S, "kv_mem", "256MiB", MIB, TIB, "device memory for the KV cache (a draft model's share included)"),      \
         INT(S, "max_seqs", "32", 1, 1024, "sequences in the running batch at most"),                                   \
         INT(S, "max_batch_tokens", "512", 1, 65536, "tokens per forward pass at most (raised to max_seqs if below)"),  \

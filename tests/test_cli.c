@@ -271,6 +271,16 @@ static void test_options_reach_the_work(void **state)
     assert_non_null(strstr(r.err, "--top-p expects"));
     assert_null(strstr(r.err, "no-such-model"));
     run_free(&r);
+    /* a worker's CPU list is applied first thing at start-up: one it may
+     * not use, or one that does not parse, stops it with the key named */
+    const char *cpus[][4] = {{"ferry-decode", "--set", "decode.cpus=1023", NULL},
+                             {"ferry-prefill", "--set", "prefill.cpus=0-x", NULL}};
+    for (size_t i = 0; i < 2; i++) {
+        r = run_argv(cpus[i]);
+        if (r.status != 1 || !strstr(r.err, i ? "prefill.cpus = '0-x'" : "decode.cpus: CPU 1023"))
+            fail_msg("%s %s: status %d (want 1), stderr:\n%s", cpus[i][0], cpus[i][2], r.status, r.err);
+        run_free(&r);
+    }
     /* an operand where none is taken */
     const char *extra[] = {"ferry", "bench-kv", "now", NULL};
     r = run_argv(extra);

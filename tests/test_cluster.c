@@ -9,6 +9,7 @@
  * worker or touch another client's request.  After each, every request
  * has ended and every decode pool is back to its starting free count.
  */
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,9 +108,32 @@ static void test_loopback_same_tokens(void **state)
     static tc_result_t ref[N_LOOP], got[N_LOOP];
     tc_reference(tc_model(), pp, lens, max_tokens, N_LOOP, ref);
 
+    /* the pools on CPUs of their own (prefill.cpus, decode.cpus): the first
+     * and the last this test may use (one and the same on one CPU) */
+    cpu_set_t mine;
+    assert_int_equal(sched_getaffinity(0, sizeof(mine), &mine), 0);
+    int first = -1, last = -1;
+    for (int k = 0; k < CPU_SETSIZE; k++)
+        if (CPU_ISSET(k, &mine)) last = k, first = first < 0 ? k : first;
+    static char pin[2][64];
+    snprintf(pin[0], sizeof(pin[0]), "prefill.cpus=%d", first);
+    snprintf(pin[1], sizeof(pin[1]), "decode.cpus=%d", last);
     tc_cluster_t c;
-    tc_opts_t o = {.n_prefill = 2, .n_decode = 2};
+    tc_opts_t o = {.n_prefill = 2, .n_decode = 2, .common = {pin[0], pin[1]}};
     tc_start(&c, &o);
+    for (int k = 0; k < c.n_procs; k++) { /* what the kernel says each worker may run on */
+        bool pre = !strncmp(c.procs[k].name, "prefill", 7), dec = !strncmp(c.procs[k].name, "decode", 6);
+        if (!pre && !dec) continue;
+        char path[64], want[64];
+        snprintf(path, sizeof(path), "/proc/%d/status", (int)c.procs[k].pid);
+        snprintf(want, sizeof(want), "Cpus_allowed_list:\t%d\n", pre ? first : last);
+        char st[4096] = ""; /* /proc files say size 0: read, not stat */
+        FILE *f = fopen(path, "r");
+        assert_non_null(f);
+        st[fread(st, 1, sizeof(st) - 1, f)] = 0;
+        fclose(f);
+        if (!strstr(st, want)) fail_msg("%s is not pinned to CPU %d", c.procs[k].name, pre ? first : last);
+    }
     char names[8][64];
     int32_t adm[8];
     int nd = decode_admittable(&c, names, adm);

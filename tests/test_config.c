@@ -14,6 +14,7 @@
 #include <glob.h>
 #include <limits.h>
 #include <math.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,7 @@
 
 #include "cluster.h"
 #include "config.h"
+#include "cpuset.h"
 #include "mem.h"
 #include "testutil.h"
 
@@ -917,6 +919,51 @@ static void check_default_rows(const char *path, const char *text)
     }
 }
 
+/* CPU lists (prefill.cpus, decode.cpus): what parses, what is refused by
+ * name, and that applying one pins the process (in a child, so this
+ * process keeps its mask) and narrows "one thread per CPU". */
+static void test_cpuset(void **state)
+{
+    (void)state;
+    fy_cpuset_t s;
+    assert_int_equal(fy_cpuset_parse("t.cpus", "0-3,8, 10-11", &s), FY_OK);
+    assert_int_equal(fy_cpuset_count(&s), 7);
+    assert_true(s.bits[0] == 0x0d0full);
+    assert_int_equal(fy_cpuset_parse("t.cpus", "1023", &s), FY_OK);
+    assert_true(s.bits[15] == 1ull << 63 && fy_cpuset_count(&s) == 1);
+    static const char *const bad[] = {"", ",", "1,", "3-1", "1024", "0-1024", "a", "1-", "-1", "1,,2", "1 2", "0x1"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        s.bits[0] = 42;
+        assert_int_equal(fy_cpuset_parse("t.cpus", bad[i], &s), FY_ERR_INVALID);
+        assert_true(s.bits[0] == 42); /* untouched on failure */
+    }
+    assert_int_equal(fy_cpuset_parse("t.cpus", NULL, &s), FY_ERR_INVALID);
+
+    int usable = fy_cpuset_usable();
+    assert_true(usable >= 1);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        cpu_set_t before, after;
+        int first = -1;
+        if (sched_getaffinity(0, sizeof(before), &before)) _exit(10);
+        for (int c = 0; c < CPU_SETSIZE && first < 0; c++)
+            if (CPU_ISSET(c, &before)) first = c;
+        fy_cpuset_t far, one;
+        char list[16];
+        snprintf(list, sizeof(list), "%d", first);
+        /* a CPU this process may not use: refused, the mask unchanged */
+        if (fy_cpuset_parse("t.cpus", "1023", &far) || fy_cpuset_apply("t.cpus", &far) != FY_ERR_INVALID) _exit(11);
+        if (sched_getaffinity(0, sizeof(after), &after) || !CPU_EQUAL(&before, &after)) _exit(12);
+        if (fy_cpuset_parse("t.cpus", list, &one) || fy_cpuset_apply("t.cpus", &one)) _exit(13);
+        if (sched_getaffinity(0, sizeof(after), &after) || CPU_COUNT(&after) != 1 || !CPU_ISSET(first, &after))
+            _exit(14);
+        _exit(fy_cpuset_usable() == 1 ? 0 : 15);
+    }
+    int wst = 0;
+    assert_int_equal(waitpid(pid, &wst, 0), pid);
+    if (!WIFEXITED(wst) || WEXITSTATUS(wst)) fail_msg("the pinning child failed (status %d)", WEXITSTATUS(wst));
+}
 static void test_docs(void **state)
 {
     char *ops = fy_test_read_file("docs/operations.md", NULL);
@@ -1120,6 +1167,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse),
+        cmocka_unit_test(test_cpuset),
         cmocka_unit_test(test_merge_order),
         cmocka_unit_test(test_set_errors),
         cmocka_unit_test(test_int),

@@ -40,6 +40,7 @@
 #include "backend.h"
 #include "bloom.h"
 #include "cluster.h"
+#include "cpuset.h"
 #include "engine_config.h"
 #include "log.h"
 #include "httpd.h"
@@ -394,6 +395,15 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     double heartbeat, stall;
     fy_engine_build_t eb;
     fy_status_t st;
+    const char *cpus;
+    if ((st = fy_conf_string(c, sec, "cpus", &cpus))) return st;
+    if (cpus && *cpus) { /* first, so that every thread started below inherits the mask */
+        char what[32];
+        fy_cpuset_t set;
+        snprintf(what, sizeof(what), "%s.cpus", sec);
+        if ((st = fy_cpuset_parse(what, cpus, &set)) || (st = fy_cpuset_apply(what, &set))) return st;
+        fy_info("%s = %s: pinned to %d CPU(s)", what, cpus, fy_cpuset_count(&set));
+    }
     if ((st = fy_conf_string(c, "model", "path", &model_path)) || (st = fy_conf_string(c, "worker", "name", &name)) ||
         (st = fy_conf_string(c, sec, "listen", &listen)) || (st = fy_conf_string(c, "router", "events", &events)) ||
         (st = fy_conf_string(c, "worker", "transports", &transports)) ||

@@ -15,9 +15,11 @@
 
 #include "backend_impl.h"
 #include "cpu_kernels.h"
+#include "cpuset.h"
 #include "log.h"
 #include "mem.h"
 #include "threadpool.h"
+#include "cpuset.h"
 
 #define MAX_GROUP FY_ATTN_MAX_GROUP /* query heads per kv head */
 #define MAX_HEAD_DIM 512
@@ -1125,10 +1127,7 @@ fy_status_t fy_backend_cpu_init(const fy_backend_params_t *params, const fy_back
         return FY_ERR_INVALID;
     }
     int n = params->n_threads;
-    if (n <= 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        n = cores > 0 ? (int)cores : 1;
-    }
+    if (n <= 0) n = fy_cpuset_usable(); /* the CPUs this process may run on (worker cpus, taskset, cgroups) */
     if (n > 256) {
         fy_error("cpu backend: %d threads is absurd (at most 256)", n);
         return FY_ERR_INVALID;
