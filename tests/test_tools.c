@@ -596,6 +596,8 @@ static void expect_grammar(const char *body, bool chat, fy_gen_grammar_t kind, c
         assert_int_equal(g->gen.grammar_len, (int32_t)strlen(grammar));
     }
     fy_free(g->ids);
+    fy_free(g->tool_names);
+    g->tool_names = NULL;
     fy_free(g);
 }
 
@@ -688,6 +690,8 @@ static void test_tool_requests(void **state)
     assert_string_equal(json_string_value(json_object_get(s, "type")), "array");
     json_decref(s);
     fy_free(g->ids);
+    fy_free(g->tool_names);
+    g->tool_names = NULL;
     /* SmolLM2's template has no tool syntax: its tool prompt is in the system message */
     assert_int_equal(parse(CHAT(", \"tools\": [" WEATHER_TOOL "]"), true, g, &f), FY_OK);
     assert_int_equal(g->tool_choice, FY_TOOL_CHOICE_AUTO);
@@ -700,6 +704,8 @@ static void test_tool_requests(void **state)
     assert_non_null(strstr(text, "<tools>[{\"name\": \"get_weather\", \"description\": \"Weather\""));
     assert_non_null(strstr(text, "<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n"));
     fy_free(g->ids);
+    fy_free(g->tool_names);
+    g->tool_names = NULL;
     /* a conversation with a call and its result: the call as <tool_call>[...], the result a user turn */
     const char *conv =
         "{\"tools\": [" WEATHER_TOOL "], \"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, "
@@ -720,6 +726,8 @@ static void test_tool_requests(void **state)
                                  "</tool_response><|im_end|>\n<|im_start|>assistant\n"));
     fy_free(text);
     fy_free(g->ids);
+    fy_free(g->tool_names);
+    g->tool_names = NULL;
     fy_free(g);
     /* what is refused, and the field named */
     expect_refused(COMPL(", \"tools\": [" WEATHER_TOOL "]"), false, "tools");
@@ -1014,16 +1022,73 @@ static void test_tiny_served(void **state)
     tc_stop(&c);
 }
 
+/* The template's syntax picks the format calls are read in: a model file
+ * per template, written here, through router/http_parse.c. */
+static void test_format_of_template(void **state)
+{
+    (void)state;
+    static const char MISTRAL_LIKE[] =
+        "{{ bos_token }}{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+        "{% for m in messages %}{% if m.role == 'user' %}[INST]{{ m.content }}[/INST]"
+        "{% elif m.tool_calls %}[TOOL_CALLS]{{ m.tool_calls | tojson }}{% else %}{{ m.content }}{% endif %}"
+        "{% endfor %}";
+    static const char LLAMA3_LIKE[] =
+        "{% if tools %}<|im_start|>ipython tools: {{ tools | tojson }}<|im_end|>{% endif %}"
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.tool_calls %}<|python_tag|>"
+        "{{ m.tool_calls[0].function | tojson }}{% else %}{{ m.content }}{% endif %}<|im_end|>{% endfor %}"
+        "<|im_start|>assistant\n";
+    static const struct {
+        const char *tmpl;
+        fy_tool_format_t fmt;
+    } cases[] = {
+        {TINY_TEMPLATE, FY_TOOL_FORMAT_HERMES},
+        {MISTRAL_LIKE, FY_TOOL_FORMAT_MISTRAL},
+        {LLAMA3_LIKE, FY_TOOL_FORMAT_LLAMA3},
+        {NULL, FY_TOOL_FORMAT_HERMES}, /* ChatML: SmolLM2's tool prompt, answered in <tool_call> */
+    };
+    for (size_t i = 0; i < FY_ARRAY_LEN(cases); i++) {
+        char path[512];
+        snprintf(path, sizeof(path), "%s/tiny-format-%zu.gguf", fy_test_tmpdir(), i);
+        fy_tiny_cfg_t cfg;
+        fy_tiny_cfg_default(&cfg);
+        cfg.max_ctx = 2048;
+        cfg.chat_template = cases[i].tmpl;
+        fy_tiny_model_t tm;
+        fy_tiny_init(&tm, &cfg);
+        assert_true(fy_tiny_write_gguf(&tm, path, GW_F32));
+        fy_tiny_free(&tm);
+        fy_model_t *m;
+        assert_int_equal(fy_model_load(path, &m), FY_OK);
+        fy_http_front_t f = {
+            .model = m, .model_id = "tiny", .served = "tiny", .max_ctx = 2048, .default_max_tokens = 8};
+        fy_http_gen_t *g = fy_calloc(1, sizeof(*g));
+        fy_http_fault_t fault;
+        const char *body = "{" TINY_USER ", " TINY_TOOLS "}";
+        fy_status_t st = fy_http_parse_generation(&f, body, strlen(body), true, g, &fault);
+        if (st) print_message("template %zu: %s\n", i, fault.msg);
+        assert_int_equal(st, FY_OK);
+        assert_int_equal(g->tool_format, cases[i].fmt);
+        assert_non_null(g->tool_names);
+        assert_string_equal(g->tool_names, "get_weather");
+        assert_string_equal(g->tool_names + strlen("get_weather") + 1, "now");
+        fy_free(g->ids);
+        fy_free(g->tool_names);
+        fy_free(g);
+        fy_model_destroy(m);
+    }
+}
+
 int main(void)
 {
     if (sodium_init() < 0) return 1;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse_hermes),  cmocka_unit_test(test_parse_llama3),
-        cmocka_unit_test(test_parse_names),   cmocka_unit_test(test_parse_mistral),
-        cmocka_unit_test(test_parse_forced),  cmocka_unit_test(test_content_prefix),
-        cmocka_unit_test(test_stream_split),  cmocka_unit_test(test_tools_request),
-        cmocka_unit_test(test_tools_schema),  cmocka_unit_test(test_structured_outputs),
-        cmocka_unit_test(test_tool_requests), cmocka_unit_test(test_tiny_served),
+        cmocka_unit_test(test_parse_hermes),       cmocka_unit_test(test_parse_llama3),
+        cmocka_unit_test(test_parse_names),        cmocka_unit_test(test_parse_mistral),
+        cmocka_unit_test(test_parse_forced),       cmocka_unit_test(test_content_prefix),
+        cmocka_unit_test(test_stream_split),       cmocka_unit_test(test_tools_request),
+        cmocka_unit_test(test_tools_schema),       cmocka_unit_test(test_structured_outputs),
+        cmocka_unit_test(test_tool_requests),      cmocka_unit_test(test_tiny_served),
+        cmocka_unit_test(test_format_of_template),
     };
     return cmocka_run_group_tests(tests, setup_model, teardown_model);
 }
