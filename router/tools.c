@@ -859,13 +859,13 @@ static bool body_byte(fy_tools_stream_t *s, const char *text, size_t at, int ev,
 }
 
 /* Keys: the lexer reports a key's bytes as EV_BYTE while it reads one. */
-static void key_byte(fy_tools_stream_t *s, const lx_t *before, char c)
+static void key_byte(fy_tools_stream_t *s, uint8_t st_before, uint8_t esc_before, char c)
 {
-    if (before->st == LX_OBJ_FIRST || before->st == LX_OBJ_KEY) { /* its opening quote */
+    if (st_before == LX_OBJ_FIRST || st_before == LX_OBJ_KEY) { /* its opening quote */
         s->klen = 0, s->kbad = false, s->kbuf[0] = 0;
         return;
     }
-    if (before->esc || c == '\\' || s->klen >= KEY_MAX) {
+    if (esc_before || c == '\\' || s->klen >= KEY_MAX) {
         s->kbad = true;
         return;
     }
@@ -925,14 +925,14 @@ fy_status_t fy_tools_stream_feed(fy_tools_stream_t *s, const char *text, size_t 
             } else if (s->outer != O_BODY) {
                 if (!outer_byte(s, text, len, done)) break;
             } else {
-                lx_t before = s->lx;
+                uint8_t st_before = s->lx.st, esc_before = s->lx.esc;
                 int ev = lx_byte(&s->lx, text, at);
                 if (ev == EV_ERR) {
                     region_fail(s);
                     continue;
                 }
                 if (s->in_call && s->lx.st == LX_STR && s->lx.key && s->lx.depth == s->cd + 1)
-                    key_byte(s, &before, text[at]);
+                    key_byte(s, st_before, esc_before, text[at]);
                 fy_status_t st = FY_OK;
                 if (!body_byte(s, text, at, ev, &st)) {
                     if (st) return st;
