@@ -1004,6 +1004,39 @@ static void test_tiny_served(void **state)
         json_string_value(json_object_get(json_object_get(json_array_get(calls, 0), "function"), "name")),
         "get_weather");
     json_decref(j);
+    /* cut by max_tokens inside the arguments: the call as far as it went, finish_reason "length" */
+    j = ask_both("{" TINY_USER ", " TINY_TOOLS ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
+                 "\"get_weather\"}}, \"max_tokens\": 3, \"temperature\": 0",
+                 false);
+    json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c0, "finish_reason")), "length");
+    assert_int_equal(json_array_size(json_object_get(json_object_get(c0, "message"), "tool_calls")), 1);
+    json_decref(j);
+    /* two samples: each choice's calls are its own, from index 0 */
+    tc_http_resp_t r = post("/v1/chat/completions",
+                            "{" TINY_USER ", " TINY_TOOLS ", \"tool_choice\": \"required\", \"parallel_tool_calls\": "
+                            "false, \"max_tokens\": 600, \"temperature\": 1, \"seed\": 9, \"n\": 2, \"stream\": true}");
+    int heads[2] = {0, 0}, fins[2] = {0, 0};
+    for (const char *d = strstr(r.body, "data: {"); d; d = strstr(d + 1, "data: {")) {
+        json_t *ck = json_loadb(d + 6, strcspn(d + 6, "\n"), 0, NULL);
+        json_t *ch = json_array_get(json_object_get(ck, "choices"), 0);
+        json_int_t ci = json_integer_value(json_object_get(ch, "index"));
+        assert_true(ci == 0 || ci == 1);
+        json_t *tc = json_object_get(json_object_get(ch, "delta"), "tool_calls");
+        for (size_t k = 0; k < json_array_size(tc); k++) {
+            json_t *e = json_array_get(tc, k);
+            assert_int_equal(json_integer_value(json_object_get(e, "index")), 0);
+            if (json_object_get(e, "id")) heads[ci]++;
+        }
+        const char *f = json_string_value(json_object_get(ch, "finish_reason"));
+        if (f) {
+            assert_string_equal(f, "tool_calls");
+            fins[ci]++;
+        }
+        json_decref(ck);
+    }
+    tc_http_free(&r);
+    assert_true(heads[0] == 1 && heads[1] == 1 && fins[0] == 1 && fins[1] == 1);
     /* auto: whatever the random model says, whole and streamed agree */
     for (int q = 0; q < 2; q++) {
         char b[2048];
