@@ -19,8 +19,10 @@
  * 400 with an OpenAI-style error body naming the field ("param"); unknown
  * fields are ignored, known ones ferry does not implement (echo, best_of,
  * ...) are refused rather than silently ignored.  Chat answers with tools
- * are parsed into tool_calls here (router/tools.c), streamed as one
- * delta per call once the text is done, what may be a call held back.
+ * are parsed into tool_calls here (router/tools.c's incremental parser,
+ * one per sample): a stream sends content until a call begins (what may
+ * be a call's marker held back), then each call's id and name and its
+ * arguments as they are generated, as OpenAI's stream does.
  *
  * A generation is a held request (fy_httpd_hold): the router calls watch()
  * under its lock as tokens arrive, and what is new is handed to the
@@ -103,6 +105,9 @@ struct hreq {
     fy_tool_choice_t tool_choice; /* chat with tools: the output parsed into tool calls */
     fy_tool_format_t tool_format;
     char tool_named[FY_TOOL_NAME_MAX + 1];
+    char *tool_names; /* the tools' names (fy_tools_names) */
+    bool tool_parallel;
+    fy_tools_stream_t *tools[MAX_N]; /* each sample's text read into tool calls as it grows */
     int n;
     uint64_t ids[MAX_N];
     int32_t from_tok[MAX_N];
@@ -378,24 +383,28 @@ static json_t *usage_json(hreq_t *h)
     return u;
 }
 
-/* A finished sample's tool calls (a new JSON array, NULL when there are
- * none or the request has no tools) and the bytes of its text before
- * them that are content. */
-static json_t *h_tool_calls(const hreq_t *h, const fy_router_view_t *v, size_t *content_len_p)
+/* Sample i's tool-call parser, fed with its text so far (NULL: the
+ * request has no tools, or out of memory: then the text is all content). */
+static fy_tools_stream_t *h_tools(hreq_t *h, int i, const fy_router_view_t *v)
 {
-    *content_len_p = v->text_len;
     if (!h->chat || h->tool_choice == FY_TOOL_CHOICE_NONE) return NULL;
-    json_t *calls = NULL;
-    size_t clen = 0;
-    fy_status_t st = h->tool_choice == FY_TOOL_CHOICE_AUTO
-                         ? fy_tools_parse(h->tool_format, v->text, v->text_len, &calls, &clen)
-                         : fy_tools_parse_forced(h->tool_choice, h->tool_named, v->text, v->text_len, &calls);
-    if (st || !json_array_size(calls)) {
-        json_decref(calls);
+    if (!h->tools[i] && fy_tools_stream_create(h->tool_choice, h->tool_format, h->tool_named, h->tool_names,
+                                               h->tool_parallel, &h->tools[i]) != FY_OK)
         return NULL;
+    if (fy_tools_stream_feed(h->tools[i], v->text, v->text_len, v->done && v->error == FY_OK) != FY_OK) {
+        fy_tools_stream_destroy(h->tools[i]);
+        h->tools[i] = NULL;
+        fy_error("http %s: out of memory reading tool calls; the answer goes out as text", h->oid);
     }
-    *content_len_p = clen;
-    return calls;
+    return h->tools[i];
+}
+
+/* The finish reason of a done sample: "tool_calls" when it made calls
+ * (unless cut short by max_tokens: "length", as OpenAI says). */
+static const char *h_finish(const fy_tools_stream_t *ts, const fy_router_view_t *v)
+{
+    const char *f = finish_reason(v->finish);
+    return ts && fy_tools_stream_n_calls(ts) && strcmp(f, "length") ? "tool_calls" : f;
 }
 
 /* Content that is only white space before a call is no content. */
@@ -448,40 +457,29 @@ static void build_stream(hreq_t *h)
     for (int i = 0; i < h->n; i++) {
         fy_router_view_t v;
         if (h->done_sent[i] || !h_view(h, i, &v)) continue;
-        /* with tools, text that may be a call is held back until the end,
-         * when it is parsed: its calls go out as tool_calls deltas, or it
-         * goes out as content after all */
-        size_t avail = v.text_len, clen = 0;
-        json_t *calls = v.done && v.error == FY_OK ? h_tool_calls(h, &v, &clen) : NULL;
-        if (calls)
-            avail = clen;
-        else if (!v.done && h->chat && h->tool_choice == FY_TOOL_CHOICE_AUTO)
-            avail = fy_tools_content_prefix(h->tool_format, v.text, v.text_len);
-        else if (!v.done && h->chat && h->tool_choice != FY_TOOL_CHOICE_NONE)
-            avail = 0;
+        /* with tools, the content the parser is sure of, then the calls'
+         * deltas as they grow (what may begin a call is held back) */
+        fy_tools_stream_t *ts = h_tools(h, i, &v);
+        size_t avail = ts ? fy_tools_stream_content(ts, v.text) : v.text_len;
         if (avail < h->from_text[i]) avail = h->from_text[i];
         bool more_text = avail > h->from_text[i], more_tok = v.n_tokens > h->from_tok[i];
         if (more_text || (more_tok && h->logprobs)) {
             json_t *lp = h->logprobs ? logprobs_json(h, &v, h->from_tok[i], v.n_tokens) : NULL;
             const char *t = v.text + h->from_text[i];
-            size_t tl = avail - h->from_text[i];
-            if (calls && h->from_text[i] == 0 && blank(t, tl)) tl = 0; /* white space before a call */
-            stream_chunk(h, i, t, tl, lp, NULL, false);
+            stream_chunk(h, i, t, avail - h->from_text[i], lp, NULL, false);
         }
         h->from_text[i] = avail;
         h->from_tok[i] = v.n_tokens;
+        json_t *deltas = ts ? fy_tools_stream_deltas(ts) : NULL;
+        for (size_t k = 0; k < json_array_size(deltas); k++) { /* one chunk each, as OpenAI sends them */
+            json_t *one = json_array();
+            json_array_append(one, json_array_get(deltas, k));
+            stream_chunk_delta(h, i, "", 0, NULL, NULL, false, one);
+        }
+        json_decref(deltas);
         if (!v.done) continue;
         if (v.error == FY_OK) {
-            if (calls) { /* one delta per call, whole: index, id, type, name and arguments */
-                for (size_t k = 0; k < json_array_size(calls); k++) {
-                    json_t *c = json_deep_copy(json_array_get(calls, k)), *one = json_array();
-                    json_object_set_new(c, "index", json_integer((json_int_t)k));
-                    json_array_append_new(one, c);
-                    stream_chunk_delta(h, i, "", 0, NULL, NULL, false, one);
-                }
-                json_decref(calls);
-            }
-            stream_chunk(h, i, "", 0, NULL, calls ? "tool_calls" : finish_reason(v.finish), false);
+            stream_chunk(h, i, "", 0, NULL, h_finish(ts, &v), false);
         } else { /* the choice ends (vLLM's "abort"), then what ended it */
             stream_chunk(h, i, "", 0, NULL, "abort", false);
             json_t *e = json_object();
@@ -538,8 +536,9 @@ static void build_whole(hreq_t *h)
         }
         json_t *c = json_object();
         json_object_set_new(c, "index", json_integer(i));
-        size_t clen;
-        json_t *calls = h_tool_calls(h, &v, &clen);
+        fy_tools_stream_t *ts = h_tools(h, i, &v);
+        size_t clen = ts ? fy_tools_stream_content(ts, v.text) : v.text_len;
+        json_t *calls = ts && fy_tools_stream_n_calls(ts) ? fy_tools_stream_calls(ts) : NULL;
         if (h->chat) {
             json_t *msg = json_object();
             json_object_set_new(msg, "role", json_string("assistant"));
@@ -550,7 +549,7 @@ static void build_whole(hreq_t *h)
             json_object_set_new(c, "text", jstr(v.text, v.text_len));
         }
         json_object_set_new(c, "logprobs", h->logprobs ? logprobs_json(h, &v, 0, v.n_tokens) : json_null());
-        json_object_set_new(c, "finish_reason", json_string(calls ? "tool_calls" : finish_reason(v.finish)));
+        json_object_set_new(c, "finish_reason", json_string(h_finish(ts, &v)));
         json_array_append_new(choices, c);
     }
     json_t *o = envelope(h, false);
@@ -643,6 +642,8 @@ static void h_end(void *arg, bool complete)
     fy_router_unlock(H->R);
     fy_free(h->wbuf);
     fy_free(h->prompt);
+    for (int i = 0; i < MAX_N; i++) fy_tools_stream_destroy(h->tools[i]);
+    fy_free(h->tool_names);
     fy_free(h);
 }
 
@@ -718,7 +719,7 @@ static void refuse_draining(fy_http_t *H, fy_httpd_req_t *r)
 
 /* A held request for g, with its own copy of the prompt when it has
  * more samples to submit later; NULL (500 answered) when out of memory. */
-static hreq_t *hreq_new(fy_http_t *H, fy_httpd_req_t *r, bool chat, const fy_http_gen_t *g)
+static hreq_t *hreq_new(fy_http_t *H, fy_httpd_req_t *r, bool chat, fy_http_gen_t *g)
 {
     hreq_t *h = fy_calloc(1, sizeof(*h));
     if (h && g->n > 1 && !(h->prompt = fy_malloc((size_t)g->n_prompt * sizeof(int32_t)))) {
@@ -739,6 +740,9 @@ static hreq_t *hreq_new(fy_http_t *H, fy_httpd_req_t *r, bool chat, const fy_htt
     h->tool_choice = g->tool_choice;
     h->tool_format = g->tool_format;
     memcpy(h->tool_named, g->tool_named, sizeof(h->tool_named));
+    h->tool_names = g->tool_names; /* (h's now) */
+    g->tool_names = NULL;
+    h->tool_parallel = g->tool_parallel;
     h->n = g->n;
     h->max_tokens = g->gen.max_tokens;
     h->gen = g->gen;
@@ -829,6 +833,7 @@ static void generation(fy_http_t *H, fy_httpd_req_t *r, bool chat)
     hreq_t *h = hreq_new(H, r, chat, &g);
     if (!h) {
         fy_free(g.ids);
+        fy_free(g.tool_names);
         return;
     }
     /* tenant limits; then the request is held, and h lives until h_end */
@@ -838,6 +843,7 @@ static void generation(fy_http_t *H, fy_httpd_req_t *r, bool chat)
     fy_router_unlock(R);
     if (!admitted) {
         fy_free(h->prompt);
+        fy_free(h->tool_names);
         fy_free(h);
         fy_free(g.ids);
         refuse_admission(H, r, tenant, &why);

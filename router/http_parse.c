@@ -548,6 +548,7 @@ static int32_t *chat_ids(const fy_http_front_t *H, parsed_t *p, json_t *o, const
     const char *src = fy_chat_template_source(fy_model_chat_template(m));
     bool in_template = strstr(src, "tools") != NULL;
     *fmt_p = !in_template || strstr(src, "<tool_call>")                ? FY_TOOL_FORMAT_HERMES
+             : strstr(src, "[TOOL_CALLS]")                             ? FY_TOOL_FORMAT_MISTRAL
              : strstr(src, "<|python_tag|>") || strstr(src, "ipython") ? FY_TOOL_FORMAT_LLAMA3
                                                                        : FY_TOOL_FORMAT_HERMES;
     bool show_tools = tr && tr->tools && tr->choice != FY_TOOL_CHOICE_NONE;
@@ -778,6 +779,11 @@ static void tools_fields(parsed_t *p, json_t *o, fy_tools_req_t *tr, gen_req_t *
     }
     g->tool_choice = tr->choice;
     snprintf(g->tool_named, sizeof(g->tool_named), "%s", tr->named);
+    g->tool_parallel = tr->parallel;
+    if (tr->choice != FY_TOOL_CHOICE_NONE && !(g->tool_names = fy_tools_names(tr))) {
+        bad(p, 500, NULL, "out of memory");
+        return;
+    }
     if (tr->choice != FY_TOOL_CHOICE_REQUIRED && tr->choice != FY_TOOL_CHOICE_NAMED) return;
     if (g->gen.grammar_kind != FY_GEN_GRAMMAR_NONE) {
         bad(p, 400, "tool_choice",
@@ -849,6 +855,10 @@ fy_status_t fy_http_parse_generation(const fy_http_front_t *f, const char *body,
     int32_t *ids = fault->status ? NULL : prompt_ids(f, fault, o, chat, &tr, &n_prompt, &g->tool_format);
     fy_tools_req_clear(&tr);
     json_decref(o);
+    if (fault->status || !ids) {
+        fy_free(g->tool_names);
+        g->tool_names = NULL;
+    }
     if (fault->status) return FY_ERR_INVALID;
     if (!ids) return FY_ERR_NOMEM;
     /* the chat default: what the context has room for, within the configured cap */

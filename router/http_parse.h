@@ -52,6 +52,8 @@ typedef struct fy_http_gen {
     fy_tool_choice_t tool_choice;
     fy_tool_format_t tool_format;
     char tool_named[FY_TOOL_NAME_MAX + 1];
+    char *tool_names; /* the tools' names (fy_tools_names; fy_free); NULL: no tools */
+    bool tool_parallel;
 } fy_http_gen_t;
 
 /* Parses body (len bytes, not NUL-terminated) of a completion (chat:

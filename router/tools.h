@@ -36,6 +36,8 @@ typedef enum fy_tool_format {
                                 * array of calls inside one (SmolLM2's) */
     FY_TOOL_FORMAT_LLAMA3,     /* the whole answer {"name", "parameters"} (after <|python_tag|>), calls
                                 * separated by ';' */
+    FY_TOOL_FORMAT_MISTRAL,    /* [TOOL_CALLS] [{"name", "arguments"}, ...] (the marker is a control token,
+                                * so the array may also open the answer bare) */
 } fy_tool_format_t;
 
 /* What a chat completion asks of tools. */
@@ -69,20 +71,61 @@ char *fy_tools_system_prompt(const fy_tools_req_t *t);
  * format writes them; fy_free'd, NULL when out of memory. */
 char *fy_tools_calls_text(json_t *tool_calls);
 
-/* The model's text (len bytes, any bytes) in format fmt.  FY_OK: *calls_p
- * is a new JSON array of OpenAI tool calls ({"id", "type": "function",
- * "function": {"name", "arguments": JSON text}}), empty when the text
- * holds no well-formed call (then all of it is content), and
- * *content_len_p the bytes of text before the first call that are the
- * answer's content; FY_ERR_NOMEM. */
-fy_status_t fy_tools_parse(fy_tool_format_t fmt, const char *text, size_t len, json_t **calls_p, size_t *content_len_p);
+/* The tools' names, each NUL-terminated, one after the other, then an
+ * empty one ("a\0b\0\0"): what the parsers take as the known names;
+ * fy_free'd, NULL when out of memory. */
+char *fy_tools_names(const fy_tools_req_t *t);
+
+/*
+ * The model's text parsed into tool calls as it grows (router/tools.c
+ * says how).  A stream reads the answer in its family's format (choice
+ * AUTO) or as the JSON a grammar forced (REQUIRED: an array of {"name",
+ * "parameters"}; NAMED: named's arguments).  Feeding the whole text at
+ * once or in pieces gives the same content and calls: a call goes out
+ * (its id and name) once its name is known and its arguments begin,
+ * then its arguments as they come (white space outside strings left
+ * out); a call whose name is not in names (NULL: any) is not a call
+ * (its text is content, vLLM's choice); a call cut short keeps the
+ * arguments it had; without parallel calls the first call is the only
+ * one.  Text before the first call is content (trailing white space
+ * left out); text between and after calls is dropped; with no call at
+ * the end, all of the text is content.
+ */
+typedef struct fy_tools_stream fy_tools_stream_t;
+
+/* names: fy_tools_names' list (copied; NULL: any name).  FY_OK: *s_p is
+ * fy_tools_stream_destroy'ed by the caller; FY_ERR_NOMEM. */
+fy_status_t fy_tools_stream_create(fy_tool_choice_t choice, fy_tool_format_t fmt, const char *named, const char *names,
+                                   bool parallel, fy_tools_stream_t **s_p);
+void fy_tools_stream_destroy(fy_tools_stream_t *s); /* accepts NULL */
+/* Reads text (len bytes: all of the answer so far, each feed's text
+ * extending the last's); done: the answer ended.  FY_OK or FY_ERR_NOMEM. */
+fy_status_t fy_tools_stream_feed(fy_tools_stream_t *s, const char *text, size_t len, bool done);
+/* How many first bytes of text are content for sure (never fewer than
+ * before); at the end, the content's length. */
+size_t fy_tools_stream_content(const fy_tools_stream_t *s, const char *text);
+size_t fy_tools_stream_n_calls(const fy_tools_stream_t *s);
+/* Call i's arguments are whole (a JSON object's text). */
+bool fy_tools_stream_call_complete(const fy_tools_stream_t *s, size_t i);
+/* The calls so far as OpenAI's message.tool_calls ({"id", "type":
+ * "function", "function": {"name", "arguments"}}), a new array; NULL
+ * when out of memory. */
+json_t *fy_tools_stream_calls(const fy_tools_stream_t *s);
+/* What is new since the last call, as OpenAI's stream sends it: a new
+ * array of tool_calls delta entries, each for a chunk of its own (a
+ * call's first: {"index", "id", "type", "function": {"name",
+ * "arguments": ""}}; then {"index", "function": {"arguments": more}});
+ * NULL when out of memory. */
+json_t *fy_tools_stream_deltas(fy_tools_stream_t *s);
+
+/* The whole text at once (a stream fed once): FY_OK with *calls_p a new
+ * array as fy_tools_stream_calls (empty: no call, all of the text
+ * content) and *content_len_p the content's bytes; FY_ERR_NOMEM. */
+fy_status_t fy_tools_parse(fy_tool_format_t fmt, const char *names, bool parallel, const char *text, size_t len,
+                           json_t **calls_p, size_t *content_len_p);
 /* The text a grammar forced for choice (REQUIRED or NAMED, named: the
- * function): FY_OK with *calls_p as above (empty when the text is not
- * the JSON the grammar allows, e.g. cut short by max_tokens). */
+ * function), likewise. */
 fy_status_t fy_tools_parse_forced(fy_tool_choice_t choice, const char *named, const char *text, size_t len,
                                   json_t **calls_p);
-/* While the text still grows: how many of its first bytes are content
- * for sure (no call can begin inside them), to stream as they come. */
-size_t fy_tools_content_prefix(fy_tool_format_t fmt, const char *text, size_t len);
 
 #endif /* FY_TOOLS_H */

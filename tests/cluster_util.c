@@ -46,7 +46,7 @@ static const char *bindir(void)
 
 const char *tc_model(void) { return fy_test_default_model(); }
 
-bool tc_available(void)
+bool tc_bins_available(void)
 {
     char path[512];
     snprintf(path, sizeof(path), "%s/ferry-router", bindir());
@@ -54,8 +54,10 @@ bool tc_available(void)
         print_message("skipped: %s is not built\n", path);
         return false;
     }
-    return tc_model() != NULL;
+    return true;
 }
+
+bool tc_available(void) { return tc_bins_available() && tc_model() != NULL; }
 
 static pid_t spawn(const char *const *wrap, char *const argv[], const char *log)
 {
@@ -150,7 +152,7 @@ void tc_start(tc_cluster_t *c, const tc_opts_t *o)
             "[prefill]\ncount = %d\nthreads = 1\nkv_mem = 48MiB\nmax_seqs = 8\nmax_batch_tokens = 256\n"
             "[decode]\ncount = %d\nthreads = 1\nkv_mem = 48MiB\nmax_seqs = 32\nmax_batch_tokens = 128\n"
             "[worker]\nheartbeat = 100ms\n",
-            tc_model(), secret, c->router_url, c->events_url, o->n_prefill, o->n_decode);
+            o->model ? o->model : tc_model(), secret, c->router_url, c->events_url, o->n_prefill, o->n_decode);
     fclose(f);
     char bin[512];
     char *argv[40];

@@ -37,6 +37,7 @@ typedef struct tc_cluster {
 
 typedef struct tc_opts {
     int n_prefill, n_decode;
+    const char *model; /* the model file; NULL: the default model (tc_model) */
     /* extra "section.key=value" settings for every process, and per worker
      * (indexed prefill 0.., then decode 0..) */
     const char *common[16];
@@ -52,6 +53,8 @@ typedef struct tc_opts {
 /* The binaries' directory ($FERRY_BIN or bin) and the default model, or
  * false (with a message) when either is missing: the test then skips. */
 bool tc_available(void);
+/* The binaries alone (for a test that writes its own model). */
+bool tc_bins_available(void);
 const char *tc_model(void);
 
 /* Starts the processes and waits (up to a minute) until every worker has

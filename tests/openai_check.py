@@ -3,7 +3,9 @@ router: the model list and one model retrieved by id (and an unknown id's
 404), plain and streamed completions and chat, max_completion_tokens on
 both endpoints, the errors it raises, and structured outputs and tool calls
 (tools with tool_choice required and named, the stream helper accumulating
-tool-call deltas, beta.chat.completions.parse with a Pydantic model: strict
+tool-call deltas, the raw deltas' shape (id and name first, then argument
+fragments), parallel_tool_calls=False, a tool result turn after the SDK's
+own message, beta.chat.completions.parse with a Pydantic model: strict
 where the workers apply grammars, shape only where not, and said so).
 Run by tests/test_http.c in a virtual environment; exits non-zero on a
 failed check."""
@@ -127,6 +129,40 @@ with streams(model=model, messages=ask, tools=tools, tool_choice="required", max
 scalls = check_calls(final.choices[0].message, final.choices[0].finish_reason)
 assert scalls == calls, (scalls, calls)
 results["streamed tool calls"] = "ok" if enforced else "same as whole (%s)" % ("calls" if calls else "no calls")
+
+# the raw chunks, as OpenAI shapes them: a call's first delta has its id,
+# type, name and "" arguments; then its arguments come in fragments as
+# they are generated (not whole at the end)
+firsts, fragments = {}, 0
+for ch in client.chat.completions.create(model=model, messages=ask, tools=tools, tool_choice="required",
+                                         max_tokens=64, temperature=0, stream=True):
+    for d in (ch.choices[0].delta.tool_calls or []) if ch.choices else []:
+        if d.index not in firsts:
+            assert d.id and d.type == "function" and d.function.name and d.function.arguments == "", d
+            firsts[d.index] = d
+        else:
+            assert d.id is None and d.function.name is None and d.function.arguments, d
+            fragments += 1
+if enforced:
+    assert firsts and fragments >= 2, (firsts, fragments)
+results["tool-call deltas"] = "ok (%d fragments)" % fragments
+
+# parallel_tool_calls=False: one call, whatever the tools
+more = tools + [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+r = client.chat.completions.create(model=model, messages=ask, tools=more, tool_choice="required",
+                                   parallel_tool_calls=False, max_tokens=64, temperature=0)
+calls = check_calls(r.choices[0].message, r.choices[0].finish_reason)
+if enforced:
+    assert calls and len(calls) == 1, calls
+results["parallel_tool_calls=False"] = "ok" if enforced else "shape only"
+
+# the conversation goes on: the SDK's own message with its calls, then the tool's result
+if r.choices[0].message.tool_calls:
+    follow = ask + [r.choices[0].message.model_dump(exclude_none=True),
+                    {"role": "tool", "tool_call_id": r.choices[0].message.tool_calls[0].id, "content": "21 C"}]
+    r2 = client.chat.completions.create(model=model, messages=follow, tools=more, max_tokens=16, temperature=0)
+    check_calls(r2.choices[0].message, r2.choices[0].finish_reason)
+    results["tool result turn"] = "ok"
 
 # a named function: its arguments
 r = client.chat.completions.create(model=model, messages=ask, tools=tools, max_tokens=64, temperature=0,

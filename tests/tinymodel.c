@@ -333,6 +333,7 @@ static void put_header(fy_gw_t *w, const fy_tiny_cfg_t *c, int hd, int vocab)
     fy_gw_u32(w, "tokenizer.ggml.bos_token_id", 257);
     fy_gw_u32(w, "tokenizer.ggml.eos_token_id", 258);
     fy_gw_bool(w, "tokenizer.ggml.add_bos_token", c->add_bos);
+    if (c->chat_template) fy_gw_str(w, "tokenizer.chat_template", c->chat_template);
 }
 
 bool fy_tiny_write_gguf(const fy_tiny_model_t *m, const char *path, uint32_t ggml)

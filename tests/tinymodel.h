@@ -45,6 +45,7 @@ typedef struct fy_tiny_cfg {
     bool multimodal;       /* HF gemma3: Gemma3ForConditionalGeneration, text_config, language_model.* names */
     bool mistral;          /* llama written as a Mistral file (GGUF "mistral", MistralForCausalLM) */
     bool add_bos;          /* GGUF tokenizer.ggml.add_bos_token (BOS is <|im_start|>, 257) */
+    const char *chat_template;           /* GGUF tokenizer.chat_template; NULL: none (ferry's default, ChatML) */
     fy_tiny_rope_scaling_t rope_scaling; /* of the global layers */
     float rope_factor, rope_low, rope_high;
     int rope_orig_ctx;

@@ -125,5 +125,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fy_msgr_free(&r);
     fy_free(buf);
     fy_free(g.ids);
+    fy_free(g.tool_names);
     return 0;
 }
