@@ -129,6 +129,13 @@ typedef struct rreq {
     int32_t *tops;   /* [cap_out * gen.top_logprobs] each token's alternatives (top_logprobs) */
     float *top_lps;  /* [cap_out * gen.top_logprobs] their logprobs */
     uint8_t *n_tops; /* [cap_out] how many each has */
+    /* prompt_logprobs: prompt token i's logprob and rank (i >= 1), and
+     * gen.prompt_top alternatives ([n_prompt * prompt_top]); tokens 1 to
+     * plp_have - 1 have arrived */
+    float *plp;
+    int32_t *plp_rank, *plp_ids;
+    float *plp_tlps;
+    int32_t plp_have;
     /* who made it on the client port (0: the HTTP front door): only that
      * client may poll or cancel it */
     uint64_t owner_inc;
@@ -239,6 +246,10 @@ static void req_free(router_t *R, rreq_t *q)
     fy_free(q->tops);
     fy_free(q->top_lps);
     fy_free(q->n_tops);
+    fy_free(q->plp);
+    fy_free(q->plp_rank);
+    fy_free(q->plp_ids);
+    fy_free(q->plp_tlps);
     fy_free(q->text);
     fy_free(q);
 }
@@ -955,6 +966,50 @@ static void on_token(router_t *R, rreq_t *q, fy_msgr_t *r)
     wake_poll(R, q);
 }
 
+/* Prompt logprobs, from the worker that runs the prompt: the prefill
+ * worker (its try's) or, colocated, the decode worker. */
+static void on_prompt_logprobs(router_t *R, rreq_t *q, fy_msgr_t *r)
+{
+    fy_wire_lim_t lim = {.token_hi = R->vocab - 1, .n_prompt = q->n_prompt};
+    fy_wire_prompt_logprobs_t m;
+    fy_wire_prompt_logprobs_init(&m);
+    fy_wire_prompt_logprobs_read(r, &lim, &m);
+    if (fy_msgr_ok(r) && m.has_attempt && m.attempt != q->retries) { /* an earlier try's */
+        fy_wire_prompt_logprobs_clear(&m);
+        return;
+    }
+    int32_t K = q->gen.prompt_top;
+    if (fy_msgr_ok(r) && (!q->gen.prompt_logprobs || m.k != K))
+        fy_msgr_fail(r, FY_ERR_FORMAT, "%d prompt alternatives for a request that asked for %s%d", m.k,
+                     q->gen.prompt_logprobs ? "" : "none, not ", K);
+    if (!fy_msgr_ok(r)) {
+        R->bad_events++;
+        finish_req(R, q, FY_ERR_FORMAT, "bad prompt_logprobs event: %s", r->err);
+        return;
+    }
+    size_t np = (size_t)q->n_prompt;
+    if (!q->plp) {
+        q->plp = fy_calloc(np, sizeof(float));
+        q->plp_rank = fy_calloc(np, sizeof(int32_t));
+        q->plp_ids = K ? fy_calloc(np * (size_t)K, sizeof(int32_t)) : NULL;
+        q->plp_tlps = K ? fy_calloc(np * (size_t)K, sizeof(float)) : NULL;
+        if (!q->plp || !q->plp_rank || (K && (!q->plp_ids || !q->plp_tlps))) {
+            fy_wire_prompt_logprobs_clear(&m);
+            finish_req(R, q, FY_ERR_NOMEM, "router out of memory");
+            return;
+        }
+    }
+    int32_t n = m.n_logprobs;
+    memcpy(q->plp + m.first, m.logprobs, (size_t)n * sizeof(float));
+    memcpy(q->plp_rank + m.first, m.ranks, (size_t)n * sizeof(int32_t));
+    if (K) {
+        memcpy(q->plp_ids + (size_t)m.first * (size_t)K, m.top_ids, (size_t)n * (size_t)K * sizeof(int32_t));
+        memcpy(q->plp_tlps + (size_t)m.first * (size_t)K, m.top_logprobs, (size_t)n * (size_t)K * sizeof(float));
+    }
+    if (m.first + n > q->plp_have) q->plp_have = m.first + n;
+    fy_wire_prompt_logprobs_clear(&m);
+}
+
 static void on_finish(router_t *R, rreq_t *q, fy_msgr_t *r)
 {
     fy_wire_lim_t lim = {.n_prompt = q->n_prompt};
@@ -1081,7 +1136,9 @@ static void on_event(void *arg, const fy_env_hdr_t *from, const void *buf, size_
     } else {
         worker_t *w = worker_by_name(R, name, false);
         if (w && w->inc == inc) w->last_seen = now_s();
-        bool decode_side = !fy_wire_ev_accepted_is(&r) && !fy_wire_prefilled_is(&r);
+        /* prompt logprobs: a prefill worker's name their try */
+        bool decode_side = !fy_wire_ev_accepted_is(&r) && !fy_wire_prefilled_is(&r) &&
+                           !(fy_wire_prompt_logprobs_is(&r) && fy_msgr_has(&r, "attempt"));
         rreq_t *q = req_of(R, id, name, inc, decode_side);
         if (!q) {
             /* about a request that ended, or from a worker it no longer belongs to */
@@ -1101,6 +1158,9 @@ static void on_event(void *arg, const fy_env_hdr_t *from, const void *buf, size_
             }
         } else if (fy_wire_token_is(&r)) {
             if (q->state == RQ_DECODING || q->state == RQ_ADOPTING) on_token(R, q, &r);
+        } else if (fy_wire_prompt_logprobs_is(&r)) {
+            if (q->state == RQ_PREFILLING || (R->colocated && (q->state == RQ_ADOPTING || q->state == RQ_DECODING)))
+                on_prompt_logprobs(R, q, &r);
         } else if (fy_wire_finish_is(&r)) {
             if (q->state == RQ_DECODING || q->state == RQ_ADOPTING) on_finish(R, q, &r);
         } else if (fy_wire_lease_expired_is(&r)) {
@@ -1512,6 +1572,13 @@ bool fy_router_view(router_t *R, uint64_t id, fy_router_view_t *v)
     v->top_ids = q->tops;
     v->top_logprobs = q->top_lps;
     v->n_top = q->n_tops;
+    v->prompt_tokens = q->prompt;
+    v->plp_k = q->gen.prompt_top;
+    v->plp_ready = q->gen.prompt_logprobs && (q->n_prompt <= 1 || q->plp_have == q->n_prompt);
+    v->plp = q->plp;
+    v->plp_rank = q->plp_rank;
+    v->plp_ids = q->plp_ids;
+    v->plp_tlps = q->plp_tlps;
     v->text = q->text ? q->text : "";
     v->text_len = q->text_len;
     v->n_prompt = q->n_prompt;

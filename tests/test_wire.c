@@ -387,6 +387,16 @@ static bool old_write(const fy_wire_schema_t *s, const void *p, fy_msgw_t *w)
         if (m->has_logprob) fy_msgw_f64(w, "logprob", m->logprob);
         if (m->n_top_ids) fy_msgw_i32s(w, "top_ids", m->top_ids, m->n_top_ids);
         if (m->n_top_logprobs) fy_msgw_f32s(w, "top_logprobs", m->top_logprobs, m->n_top_logprobs);
+    } else if (s == &fy_wire_prompt_logprobs_schema) { /* node.c's fy_node_push_prompt_logprobs, by hand */
+        const fy_wire_prompt_logprobs_t *m = p;
+        old_ev(w, "prompt_logprobs", &m->ev);
+        if (m->has_attempt) fy_msgw_i64(w, "attempt", m->attempt);
+        fy_msgw_i64(w, "first", m->first);
+        fy_msgw_i64(w, "k", m->k);
+        fy_msgw_f32s(w, "logprobs", m->logprobs, m->n_logprobs);
+        fy_msgw_i32s(w, "ranks", m->ranks, m->n_ranks);
+        if (m->n_top_ids) fy_msgw_i32s(w, "top_ids", m->top_ids, m->n_top_ids);
+        if (m->n_top_logprobs) fy_msgw_f32s(w, "top_logprobs", m->top_logprobs, m->n_top_logprobs);
     } else if (s == &fy_wire_finish_schema) {
         const fy_wire_finish_t *m = p;
         old_ev(w, "finish", &m->ev);
