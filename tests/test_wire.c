@@ -1229,6 +1229,14 @@ static char *reference(void)
     sb_add(&b, "| `min_tokens` | int | not zero | 0 to `max_tokens` |\n");
     sb_add(&b, "| `top_logprobs` | int | not zero | 0 to %d |\n", FY_GEN_MAX_TOP_LOGPROBS);
     sb_add(&b, "| `stop_token_ids` | [int] | when any | at most %d token ids |\n", FY_GEN_MAX_STOP_IDS);
+    sb_add(&b,
+           "| `prompt_logprobs` | int | when asked | 0 to %d: alternatives per prompt token (present: the prompt's "
+           "logprobs are wanted; the worker running the prompt sends `prompt_logprobs` events) |\n",
+           FY_GEN_MAX_PROMPT_LOGPROBS);
+    sb_add(&b,
+           "| `bad_words_lens`, `bad_words_ids` | [int], [int] | when any | at most %d sequences of 1 to %d tokens, "
+           "%d tokens in all; the ids the sequences one after another (as many as the lengths add up to) |\n",
+           FY_GEN_MAX_BAD_SEQS, FY_GEN_BAD_SEQ_MAX, FY_GEN_MAX_BAD_TOKENS);
     for (int32_t i = 0; i < fy_wire_n_all; i++) {
         const fy_wire_schema_t *s = fy_wire_all[i];
         sb_add(&b, "\n#### `%s` (%s)\n\n", fy_wire_type(s), fy_wire_route(s));
