@@ -130,11 +130,12 @@ typedef struct rreq {
     float *top_lps;  /* [cap_out * gen.top_logprobs] their logprobs */
     uint8_t *n_tops; /* [cap_out] how many each has */
     /* prompt_logprobs: prompt token i's logprob and rank (i >= 1), and
-     * gen.prompt_top alternatives ([n_prompt * prompt_top]); tokens 1 to
-     * plp_have - 1 have arrived */
+     * gen.prompt_top alternatives ([n_prompt * prompt_top]); plp_got[i]:
+     * token i's have arrived, plp_have of them */
     float *plp;
     int32_t *plp_rank, *plp_ids;
     float *plp_tlps;
+    uint8_t *plp_got;
     int32_t plp_have;
     /* who made it on the client port (0: the HTTP front door): only that
      * client may poll or cancel it */
@@ -250,6 +251,7 @@ static void req_free(router_t *R, rreq_t *q)
     fy_free(q->plp_rank);
     fy_free(q->plp_ids);
     fy_free(q->plp_tlps);
+    fy_free(q->plp_got);
     fy_free(q->text);
     fy_free(q);
 }
@@ -993,7 +995,8 @@ static void on_prompt_logprobs(router_t *R, rreq_t *q, fy_msgr_t *r)
         q->plp_rank = fy_calloc(np, sizeof(int32_t));
         q->plp_ids = K ? fy_calloc(np * (size_t)K, sizeof(int32_t)) : NULL;
         q->plp_tlps = K ? fy_calloc(np * (size_t)K, sizeof(float)) : NULL;
-        if (!q->plp || !q->plp_rank || (K && (!q->plp_ids || !q->plp_tlps))) {
+        q->plp_got = fy_calloc(np, 1);
+        if (!q->plp || !q->plp_rank || !q->plp_got || (K && (!q->plp_ids || !q->plp_tlps))) {
             fy_wire_prompt_logprobs_clear(&m);
             finish_req(R, q, FY_ERR_NOMEM, "router out of memory");
             return;
@@ -1006,7 +1009,10 @@ static void on_prompt_logprobs(router_t *R, rreq_t *q, fy_msgr_t *r)
         memcpy(q->plp_ids + (size_t)m.first * (size_t)K, m.top_ids, (size_t)n * (size_t)K * sizeof(int32_t));
         memcpy(q->plp_tlps + (size_t)m.first * (size_t)K, m.top_logprobs, (size_t)n * (size_t)K * sizeof(float));
     }
-    if (m.first + n > q->plp_have) q->plp_have = m.first + n;
+    for (int32_t i = m.first; i < m.first + n; i++) {
+        q->plp_have += !q->plp_got[i];
+        q->plp_got[i] = 1;
+    }
     fy_wire_prompt_logprobs_clear(&m);
 }
 
@@ -1032,6 +1038,11 @@ static void on_finish(router_t *R, rreq_t *q, fy_msgr_t *r)
     if (len) text_append(q, text, len);
     snprintf(q->finish, sizeof(q->finish), "%s", m.reason);
     if (q->t_first == 0) q->t_first = now_s();
+    if (q->gen.prompt_logprobs && q->plp_have != q->n_prompt - 1) { /* asked for, and not all came */
+        finish_req(R, q, FY_ERR_PEER, "prompt logprobs of %d of the prompt's %d tokens arrived", q->plp_have,
+                   q->n_prompt - 1);
+        return;
+    }
     finish_req(R, q, FY_OK, NULL);
 }
 
@@ -1574,7 +1585,7 @@ bool fy_router_view(router_t *R, uint64_t id, fy_router_view_t *v)
     v->n_top = q->n_tops;
     v->prompt_tokens = q->prompt;
     v->plp_k = q->gen.prompt_top;
-    v->plp_ready = q->gen.prompt_logprobs && (q->n_prompt <= 1 || q->plp_have == q->n_prompt);
+    v->plp_ready = q->gen.prompt_logprobs && q->plp_have == q->n_prompt - 1;
     v->plp = q->plp;
     v->plp_rank = q->plp_rank;
     v->plp_ids = q->plp_ids;
