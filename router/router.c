@@ -1360,6 +1360,13 @@ static void client_generate(router_t *R, fy_rpc_call_t *call, const fy_env_hdr_t
         fy_rpc_reply_error(call, 0, r->status, r->err);
         return;
     }
+    if (m.gen.prompt_logprobs) { /* the events a client polls carry none: computing them would be waste */
+        fy_wire_generate_clear(&m);
+        fy_rpc_reply_error(
+            call, 0, FY_ERR_INVALID,
+            "field 'prompt_logprobs': served on the HTTP API only (a client's events do not carry them)");
+        return;
+    }
     int32_t *ids = m.tokens, n = m.n_tokens; /* taken: enqueue owns them */
     m.tokens = NULL;
     if (m.prompt) { /* tokenizing takes the model's tokenizer, not the router's lock */

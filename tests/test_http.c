@@ -1650,6 +1650,14 @@ static void test_echo_prompt_logprobs_bad_words(void **state)
         expect_error(&r, 400, bad[i].param, NULL);
         free(r.body);
     }
+    /* the nng client's events carry no prompt logprobs: its port refuses them by name */
+    fy_client_req_t q = {.prompt = "Hi"};
+    fy_genspec_default(&q.gen);
+    q.gen.prompt_logprobs = true;
+    fy_client_stream_t cs;
+    char err[256] = "";
+    assert_int_equal(fy_client_generate(C.client, &q, &cs, err, sizeof(err)), FY_ERR_INVALID);
+    assert_non_null(strstr(err, "prompt_logprobs"));
     /* a prompt whose logprobs would be too many entries (6300 tokens
      * times 21): refused by name; with 5 alternatives it is not */
     char *big = token_prompt_json(6300, 3, ",\"prompt_logprobs\":20,\"max_tokens\":1");
