@@ -1525,7 +1525,9 @@ fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_pro
         return refuse(e, FY_ERR_INVALID, "adopted request: %d tokens in its blocks for a prompt of %d, first token %d",
                       bt->n_tokens, n_prompt, first);
     fy_status_t st;
-    request_t *q = request_new(e, prompt, n_prompt, rp, cb, arg, false, &st);
+    fy_request_params_t rq = *rp;
+    rq.prompt_logprobs = false; /* its prompt ran elsewhere: nothing stops it speculating */
+    request_t *q = request_new(e, prompt, n_prompt, &rq, cb, arg, false, &st);
     if (!q) return st;
     if ((int64_t)bt->max_blocks * e->block_size < q->cap) {
         request_free(q);
@@ -1545,7 +1547,6 @@ fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_pro
     pthread_mutex_unlock(&e->mu);
     q->n_computed = n_prompt;
     q->looked_up = true;
-    q->plp = false; /* its prompt ran elsewhere */
     /* a KV budget applies from the prompt's end, as after a colocated
      * prompt's last chunk, with the scores the prompt's blocks received
      * where it ran (a decode worker's placed blocks are within the budget
