@@ -52,7 +52,7 @@ void fy_genspec_default(fy_genspec_t *g)
 bool fy_genspec_processes_logits(const fy_genspec_t *g)
 {
     return g->presence_penalty != 0 || g->frequency_penalty != 0 || g->repetition_penalty != 1.0f ||
-           g->n_logit_bias > 0 || g->min_tokens > 0 || g->n_stop_ids > 0;
+           g->n_logit_bias > 0 || g->min_tokens > 0 || g->n_stop_ids > 0 || g->n_bad > 0;
 }
 
 void fy_genspec_write(fy_msgw_t *w, const fy_genspec_t *g)
@@ -84,6 +84,13 @@ void fy_genspec_write(fy_msgw_t *w, const fy_genspec_t *g)
     if (g->grammar_kind != FY_GEN_GRAMMAR_NONE) {
         fy_msgw_str(w, "grammar_kind", fy_gen_grammar_str(g->grammar_kind));
         fy_msgw_strn(w, "grammar", g->grammar, (size_t)g->grammar_len);
+    }
+    if (g->prompt_logprobs) fy_msgw_i64(w, "prompt_logprobs", g->prompt_top);
+    if (g->n_bad) {
+        int32_t total = 0;
+        for (int32_t i = 0; i < g->n_bad; i++) total += g->bad_lens[i];
+        fy_msgw_i32s(w, "bad_words_lens", g->bad_lens, g->n_bad);
+        fy_msgw_i32s(w, "bad_words_ids", g->bad_ids, total);
     }
 }
 
@@ -170,6 +177,28 @@ void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap)
             g->grammar[glen] = 0;
         }
     }
+    if (fy_msgr_has(r, "prompt_logprobs")) {
+        int32_t k = (int32_t)fy_msgr_i64(r, "prompt_logprobs", FY_OPT, 0, 0, FY_GEN_MAX_PROMPT_LOGPROBS);
+        if (fy_msgr_ok(r)) {
+            g->prompt_logprobs = true;
+            g->prompt_top = k;
+        }
+    }
+    if (fy_msgr_has(r, "bad_words_lens") || fy_msgr_has(r, "bad_words_ids")) {
+        int32_t lens[FY_GEN_MAX_BAD_SEQS], ids[FY_GEN_MAX_BAD_TOKENS];
+        int32_t nl = fy_msgr_i32s(r, "bad_words_lens", FY_REQ, lens, FY_GEN_MAX_BAD_SEQS, 1, FY_GEN_BAD_SEQ_MAX);
+        int32_t ni = fy_msgr_i32s(r, "bad_words_ids", FY_REQ, ids, FY_GEN_MAX_BAD_TOKENS, 0, INT32_MAX);
+        int32_t total = 0;
+        for (int32_t i = 0; i < nl && fy_msgr_ok(r); i++) total += lens[i];
+        if (fy_msgr_ok(r) && total != ni)
+            fy_msgr_fail(r, FY_ERR_FORMAT, "field 'bad_words_ids': %d ids for sequences of %d tokens in all", ni,
+                         total);
+        if (fy_msgr_ok(r)) {
+            memcpy(g->bad_lens, lens, (size_t)nl * sizeof(int32_t));
+            memcpy(g->bad_ids, ids, (size_t)ni * sizeof(int32_t));
+            g->n_bad = nl;
+        }
+    }
     if (fy_msgr_has(r, "spec")) {
         char buf[16];
         fy_msgr_str(r, "spec", FY_OPT, NULL, buf, sizeof(buf));
@@ -241,6 +270,27 @@ fy_status_t fy_genspec_check(const fy_genspec_t *g, int32_t max_tokens_cap, cons
     } else if (g->n_stop_ids < 0 || g->n_stop_ids > FY_GEN_MAX_STOP_IDS) {
         f = "stop_token_ids";
         snprintf(err, err_cap, "%d stop_token_ids; at most %d", g->n_stop_ids, FY_GEN_MAX_STOP_IDS);
+    } else if (g->prompt_top < 0 || g->prompt_top > FY_GEN_MAX_PROMPT_LOGPROBS) {
+        f = "prompt_logprobs";
+        snprintf(err, err_cap, "'prompt_logprobs' is %d; it must be between 0 and %d", g->prompt_top,
+                 FY_GEN_MAX_PROMPT_LOGPROBS);
+    } else if (g->n_bad < 0 || g->n_bad > FY_GEN_MAX_BAD_SEQS) {
+        f = "bad_words";
+        snprintf(err, err_cap, "%d bad word sequences; at most %d", g->n_bad, FY_GEN_MAX_BAD_SEQS);
+    }
+    for (int32_t i = 0, total = 0; !f && i < g->n_bad; i++) {
+        if (g->bad_lens[i] < 1 || g->bad_lens[i] > FY_GEN_BAD_SEQ_MAX ||
+            (total += g->bad_lens[i]) > FY_GEN_MAX_BAD_TOKENS) {
+            f = "bad_words";
+            snprintf(err, err_cap, "bad_words: each word is 1 to %d tokens, %d tokens in all at most",
+                     FY_GEN_BAD_SEQ_MAX, FY_GEN_MAX_BAD_TOKENS);
+            break;
+        }
+        for (int32_t j = total - g->bad_lens[i]; !f && j < total; j++)
+            if (g->bad_ids[j] < 0) {
+                f = "bad_words";
+                snprintf(err, err_cap, "bad_words: %d is not a token id", g->bad_ids[j]);
+            }
     }
     if (!f && (g->grammar_kind < FY_GEN_GRAMMAR_NONE || g->grammar_kind > FY_GEN_GRAMMAR_CHOICE || g->grammar_len < 0 ||
                g->grammar_len > FY_GEN_MAX_GRAMMAR || memchr(g->grammar, 0, (size_t)g->grammar_len))) {

@@ -39,6 +39,10 @@
 #define FY_GEN_MAX_TOP_LOGPROBS 20     /* alternatives per token (OpenAI's) */
 #define FY_GEN_MAX_STOP_IDS 16         /* stop_token_ids */
 #define FY_GEN_MAX_GRAMMAR 32768       /* bytes of a structured output's source (a schema, a regex, choices) */
+#define FY_GEN_MAX_PROMPT_LOGPROBS 20  /* prompt_logprobs: alternatives per prompt token (vLLM's) */
+#define FY_GEN_MAX_BAD_SEQS 64         /* bad_words: token sequences (a word tokenized two ways: 32 words) */
+#define FY_GEN_MAX_BAD_TOKENS 512      /* bad_words: their tokens in all */
+#define FY_GEN_BAD_SEQ_MAX 32          /* bad_words: tokens in one sequence */
 
 /* Structured outputs: what constrains the text (grammar/grammar.h compiles it). */
 typedef enum fy_gen_grammar {
@@ -89,17 +93,28 @@ typedef struct fy_genspec {
     fy_gen_grammar_t grammar_kind;
     int32_t grammar_len;
     char grammar[FY_GEN_MAX_GRAMMAR + 1];
+    /* prompt_logprobs (vLLM's): each prompt token's log-probability given
+     * the tokens before it, its rank, and prompt_top alternatives
+     * [0, FY_GEN_MAX_PROMPT_LOGPROBS]; computed where the prompt runs,
+     * which then takes nothing from its prefix cache for that prompt */
+    bool prompt_logprobs;
+    int32_t prompt_top;
+    /* bad_words (vLLM's): token sequences that must not be generated; the
+     * i-th is bad_lens[i] tokens of bad_ids, in order (logits.h) */
+    int32_t n_bad;
+    int32_t bad_lens[FY_GEN_MAX_BAD_SEQS];
+    int32_t bad_ids[FY_GEN_MAX_BAD_TOKENS];
 } fy_genspec_t;
 
 /* Whether g changes the logits the sampler sees (penalties, a bias, a
- * minimum length, stop token ids). */
+ * minimum length, stop token ids, bad words). */
 bool fy_genspec_processes_logits(const fy_genspec_t *g);
 
 /* greedy, 128 tokens, no stop strings, priority 0, no penalties (repetition 1) */
 void fy_genspec_default(fy_genspec_t *g);
 /* Adds the fields to an open message: temperature, top_k, top_p, min_p,
  * seed, max_tokens, stop, ignore_eos, logprobs, priority, spec, kv_budget,
- * and those of logits processing where set. */
+ * and those of logits processing, prompt_logprobs and bad_words where set. */
 void fy_genspec_write(fy_msgw_t *w, const fy_genspec_t *g);
 /* Reads them (absent ones keep g's values); errors land in r and name
  * the field.  max_tokens must be in [1, max_tokens_cap]. */
@@ -109,7 +124,9 @@ void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap);
  * to max_tokens_cap, stop strings 1 to FY_GEN_STOP_LEN bytes without a
  * NUL, priority within its max, a known spec, penalties and biases
  * within theirs, min_tokens at most max_tokens, token ids not negative:
- * the vocabulary is the engine's to check), else FY_ERR_INVALID with
+ * the vocabulary is the engine's to check; prompt_top within its max; bad
+ * words' sequences 1 to FY_GEN_BAD_SEQ_MAX tokens, their lengths adding up
+ * to the tokens held), else FY_ERR_INVALID with
  * *field_p naming the first field at fault ("top_p") and err saying why.
  * Not logged. */
 fy_status_t fy_genspec_check(const fy_genspec_t *g, int32_t max_tokens_cap, const char **field_p, char *err,

@@ -482,6 +482,20 @@ static const field_t TOKEN[] = {
     F32S(T, "top_logprobs", top_logprobs, n_top_logprobs, FY_OPT, P_NONZERO, FY_GEN_MAX_TOP_LOGPROBS),
 };
 #undef T
+#define T fy_wire_prompt_logprobs_t
+static const field_t PROMPT_LOGPROBS[] = {
+    HDR(T, ev, EV),
+    I32(T, "attempt", attempt, FY_OPT, WHEN(T, has_attempt), 0, 1000),
+    I32_LIM(T, "first", first, FY_REQ, P_ALWAYS, 1, INT32_MAX, L_NPROMPT_M1),
+    I32(T, "k", k, FY_OPT, P_ALWAYS, 0, FY_GEN_MAX_PROMPT_LOGPROBS),
+    F32S(T, "logprobs", logprobs, n_logprobs, FY_REQ, P_ALWAYS, FY_WIRE_MAX_PLP_ROWS),
+    I32S(T, "ranks", ranks, n_ranks, FY_REQ, P_ALWAYS, 1, INT32_MAX, FY_WIRE_MAX_PLP_ROWS),
+    I32S_LIM(T, "top_ids", top_ids, n_top_ids, FY_OPT, P_NONZERO, 0, INT32_MAX,
+             FY_WIRE_MAX_PLP_ROWS *FY_GEN_MAX_PROMPT_LOGPROBS, L_TOKEN, L_NONE),
+    F32S(T, "top_logprobs", top_logprobs, n_top_logprobs, FY_OPT, P_NONZERO,
+         FY_WIRE_MAX_PLP_ROWS *FY_GEN_MAX_PROMPT_LOGPROBS),
+};
+#undef T
 #define T fy_wire_finish_timings_t
 static const field_t FINISH_TIMINGS[] = {
     F64(T, "e2e_s", e2e_s, FY_OPT, P_ALWAYS, -1, 1e9),
@@ -648,6 +662,32 @@ static void check_reserved(fy_msgr_t *r, const fy_wire_lim_t *lim, const void *p
                      m->first_block, n, groups_text(lim));
 }
 
+static void check_prompt_logprobs(fy_msgr_t *r, const fy_wire_lim_t *lim, const void *p)
+{
+    const fy_wire_prompt_logprobs_t *m = p;
+    if (!fy_msgr_ok(r)) return;
+    int32_t n = m->n_logprobs;
+    if (n < 1 || m->n_ranks != n) {
+        fy_msgr_fail(r, FY_ERR_FORMAT, "%d logprobs and %d ranks (one each, at least one)", n, m->n_ranks);
+        return;
+    }
+    if (lim && lim->n_prompt > 0 && (int64_t)m->first + n > lim->n_prompt) {
+        fy_msgr_fail(r, FY_ERR_FORMAT, "prompt tokens %d to %d of a prompt of %d", m->first, m->first + n - 1,
+                     lim->n_prompt);
+        return;
+    }
+    if ((int64_t)m->n_top_ids != (int64_t)n * m->k) {
+        fy_msgr_fail(r, FY_ERR_FORMAT, "%d top_ids for %d tokens of %d alternatives", m->n_top_ids, n, m->k);
+        return;
+    }
+    for (int32_t i = 0; i < n; i++)
+        if (!(m->logprobs[i] >= -1e30f && m->logprobs[i] <= 0.0f)) {
+            fy_msgr_fail(r, FY_ERR_FORMAT, "field 'logprobs': entry %d is not a log-probability", i);
+            return;
+        }
+    check_top(r, m->n_top_ids, m->top_logprobs, m->n_top_logprobs);
+}
+
 static void check_prefilled(fy_msgr_t *r, const fy_wire_lim_t *lim, const void *p)
 {
     const fy_wire_prefilled_t *m = p;
@@ -702,19 +742,22 @@ SCHEMA(adopted, "adopted", D2R, fy_wire_ack_t, ACK, NULL);
 SCHEMA(ev_accepted, "accepted", P2R, fy_wire_ack_t, ACK, NULL);
 SCHEMA(prefilled, "prefilled", P2R, fy_wire_prefilled_t, PREFILLED, check_prefilled);
 SCHEMA(token, "token", D2R, fy_wire_token_t, TOKEN, check_token);
+SCHEMA(prompt_logprobs, "prompt_logprobs", W2R, fy_wire_prompt_logprobs_t, PROMPT_LOGPROBS, check_prompt_logprobs);
 SCHEMA(finish, "finish", D2R, fy_wire_finish_t, FINISH, NULL);
 SCHEMA(lease_expired, "lease_expired", D2R, fy_wire_lease_expired_t, LEASE_EXPIRED, NULL);
 SCHEMA(ev_error, "error", W2R, fy_wire_ev_error_t, EV_ERROR, NULL);
 
 const fy_wire_schema_t *const fy_wire_all[] = {
-    &fy_wire_generate_schema,     &fy_wire_poll_schema,    &fy_wire_cancel_schema,    &fy_wire_status_schema,
-    &fy_wire_accepted_schema,     &fy_wire_events_schema,  &fy_wire_cancelled_schema, &fy_wire_status_reply_schema,
-    &fy_wire_error_schema,        &fy_wire_reserve_schema, &fy_wire_renew_schema,     &fy_wire_adopt_schema,
-    &fy_wire_cmd_generate_schema, &fy_wire_release_schema, &fy_wire_prefill_schema,   &fy_wire_extend_schema,
-    &fy_wire_cmd_cancel_schema,   &fy_wire_load_schema,    &fy_wire_alive_schema,     &fy_wire_progress_schema,
-    &fy_wire_reserved_schema,     &fy_wire_renewed_schema, &fy_wire_adopted_schema,   &fy_wire_ev_accepted_schema,
-    &fy_wire_prefilled_schema,    &fy_wire_token_schema,   &fy_wire_finish_schema,    &fy_wire_lease_expired_schema,
-    &fy_wire_ev_error_schema,
+    &fy_wire_generate_schema,     &fy_wire_poll_schema,          &fy_wire_cancel_schema,
+    &fy_wire_status_schema,       &fy_wire_accepted_schema,      &fy_wire_events_schema,
+    &fy_wire_cancelled_schema,    &fy_wire_status_reply_schema,  &fy_wire_error_schema,
+    &fy_wire_reserve_schema,      &fy_wire_renew_schema,         &fy_wire_adopt_schema,
+    &fy_wire_cmd_generate_schema, &fy_wire_release_schema,       &fy_wire_prefill_schema,
+    &fy_wire_extend_schema,       &fy_wire_cmd_cancel_schema,    &fy_wire_load_schema,
+    &fy_wire_alive_schema,        &fy_wire_progress_schema,      &fy_wire_reserved_schema,
+    &fy_wire_renewed_schema,      &fy_wire_adopted_schema,       &fy_wire_ev_accepted_schema,
+    &fy_wire_prefilled_schema,    &fy_wire_token_schema,         &fy_wire_prompt_logprobs_schema,
+    &fy_wire_finish_schema,       &fy_wire_lease_expired_schema, &fy_wire_ev_error_schema,
 };
 const int32_t fy_wire_n_all = (int32_t)FY_ARRAY_LEN(fy_wire_all);
 
@@ -1066,7 +1109,15 @@ static bool same_gen(const fy_genspec_t *a, const fy_genspec_t *b)
         return false;
     for (int32_t i = 0; i < a->n_stop && i < FY_GEN_MAX_STOP; i++)
         if (strcmp(a->stop[i], b->stop[i])) return false;
-    return true;
+    if (a->prompt_logprobs != b->prompt_logprobs || (a->prompt_logprobs && a->prompt_top != b->prompt_top) ||
+        a->n_bad != b->n_bad)
+        return false;
+    int32_t total = 0;
+    for (int32_t i = 0; i < a->n_bad && i < FY_GEN_MAX_BAD_SEQS; i++) {
+        if (a->bad_lens[i] != b->bad_lens[i]) return false;
+        total += a->bad_lens[i];
+    }
+    return total <= FY_GEN_MAX_BAD_TOKENS && !memcmp(a->bad_ids, b->bad_ids, (size_t)total * sizeof(int32_t));
 }
 
 static bool same_array(const field_t *f, const void *x, const void *y, int32_t n)

@@ -487,6 +487,30 @@ typedef struct fy_wire_token {
 } fy_wire_token_t;
 FY_WIRE_MESSAGE(token, fy_wire_token_t)
 
+/* prompt_logprobs: prompt tokens' log-probabilities (a request with
+ * prompt_logprobs), from the worker that ran the prompt, before its
+ * prefilled (prefill worker) or first token (colocated decode worker):
+ * tokens [first, first + n) of the prompt, n = n_logprobs, each with its
+ * rank and k alternatives (top_ids and top_logprobs: n * k, row after
+ * row).  A position may come again (a recomputed prompt): the same values. */
+#define FY_WIRE_MAX_PLP_ROWS 8192 /* prompt tokens in one message (a step's logit rows) */
+typedef struct fy_wire_prompt_logprobs {
+    fy_wire_ev_t ev;
+    bool has_attempt; /* when set: a prefill job's try */
+    int32_t attempt;
+    int32_t first; /* [1, n_prompt - 1] */
+    int32_t k;     /* [0, FY_GEN_MAX_PROMPT_LOGPROBS] */
+    float *logprobs;
+    int32_t n_logprobs;
+    int32_t *ranks; /* as many, each at least 1 */
+    int32_t n_ranks;
+    int32_t *top_ids;
+    int32_t n_top_ids;
+    float *top_logprobs;
+    int32_t n_top_logprobs;
+} fy_wire_prompt_logprobs_t;
+FY_WIRE_MESSAGE(prompt_logprobs, fy_wire_prompt_logprobs_t)
+
 /* A decode-side request's timings. */
 typedef struct fy_wire_finish_timings {
     double e2e_s;

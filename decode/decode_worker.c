@@ -325,6 +325,9 @@ static void on_event(void *arg, const fy_event_t *ev)
         fy_node_error(n, 0, q->id, ev->status, "%s", ev->message);
         break;
     case FY_EVENT_PROGRESS: return;
+    case FY_EVENT_PROMPT_LOGPROBS: /* colocated: before the first token */
+        fy_node_push_prompt_logprobs(n, q->id, -1, ev);
+        return;
     }
     req_unlink(d, q);
     fy_free(q);

@@ -68,6 +68,13 @@ typedef struct request {
     float *bias;
     int32_t stop_ids[FY_LOGITS_MAX_STOP_IDS];
     int32_t top_logprobs;
+    int32_t bad_lens[FY_LOGITS_MAX_BAD];
+    int32_t bad_ids[FY_LOGITS_MAX_BAD_IDS];
+    /* prompt logprobs: wanted, with this many alternatives; done once
+     * every prompt row has been reported (the prefix cache is skipped
+     * until then) */
+    bool plp, plp_done;
+    int32_t plp_top;
     bool defer_stops;
     fy_gmatch_t *gm; /* structured output: the grammar's state after the generated tokens; NULL: none */
     /* output */
@@ -110,6 +117,11 @@ struct fy_engine {
     fy_logits_scratch_t lscratch;
     int32_t top_ids[FY_LOGITS_MAX_TOP];
     float top_lps[FY_LOGITS_MAX_TOP];
+    /* prompt logprobs of one request's rows in a step */
+    float *plp_lps;    /* [logit_rows] */
+    int32_t *plp_rank; /* [logit_rows] */
+    int32_t *plp_ids;  /* [logit_rows, FY_LOGITS_MAX_TOP] */
+    float *plp_tlps;   /* [logit_rows, FY_LOGITS_MAX_TOP] */
     /* structured outputs: the vocabulary's trie, compiled grammars, a mask */
     fy_token_trie_t *trie;
     fy_grammar_cache_t *gcache;
@@ -421,6 +433,11 @@ fy_status_t fy_engine_create(fy_runner_t *r, fy_kvm_t *kvm, const fy_tokenizer_t
     pthread_cond_init(&e->cv, NULL);
     int32_t n = p->max_num_seqs, w = p->itl_window > 0 ? p->itl_window : 1;
     e->logits = fy_malloc((size_t)e->logit_rows * (size_t)e->vocab * sizeof(float));
+    e->plp_lps = fy_malloc((size_t)e->logit_rows * sizeof(float));
+    e->plp_rank = fy_malloc((size_t)e->logit_rows * sizeof(int32_t));
+    e->plp_ids = fy_malloc((size_t)e->logit_rows * FY_LOGITS_MAX_TOP * sizeof(int32_t));
+    e->plp_tlps = fy_malloc((size_t)e->logit_rows * FY_LOGITS_MAX_TOP * sizeof(float));
+    if (!e->plp_lps || !e->plp_rank || !e->plp_ids || !e->plp_tlps) goto nomem;
     int32_t K = p->spec.k_max;
     e->probs = fy_malloc((size_t)(K + 1) * (size_t)e->vocab * sizeof(float));
     e->scratch = fy_malloc((size_t)e->vocab * sizeof(float));
@@ -515,6 +532,10 @@ void fy_engine_destroy(fy_engine_t *e)
     while (e->swapped) end_error(e, e->swapped, FY_ERR_CANCELLED, "engine shutting down");
     fy_sampler_destroy(e->sampler);
     fy_free(e->logits);
+    fy_free(e->plp_lps);
+    fy_free(e->plp_rank);
+    fy_free(e->plp_ids);
+    fy_free(e->plp_tlps);
     fy_free(e->fwd);
     fy_free(e->fwd_req);
     fy_free(e->evict_buf);
@@ -597,6 +618,27 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
                        lp->n_bias, lp->n_stop_ids, rp->top_logprobs, lp->min_tokens);
         return NULL;
     }
+    int32_t n_bad_ids = 0;
+    for (int32_t i = 0; i < lp->n_bad && lp->n_bad <= FY_LOGITS_MAX_BAD; i++) {
+        if (lp->bad_lens[i] < 1 || n_bad_ids + lp->bad_lens[i] > FY_LOGITS_MAX_BAD_IDS) {
+            n_bad_ids = -1;
+            break;
+        }
+        n_bad_ids += lp->bad_lens[i];
+    }
+    if (lp->n_bad < 0 || lp->n_bad > FY_LOGITS_MAX_BAD || n_bad_ids < 0 || rp->prompt_top < 0 ||
+        rp->prompt_top > FY_LOGITS_MAX_TOP) {
+        *st_p = refuse(e, FY_ERR_INVALID, "%d bad words (at most %d, of %d tokens in all), %d prompt alternatives",
+                       lp->n_bad, FY_LOGITS_MAX_BAD, FY_LOGITS_MAX_BAD_IDS, rp->prompt_top);
+        return NULL;
+    }
+    for (int32_t i = 0; i < n_bad_ids; i++) {
+        if (lp->bad_ids[i] < 0 || lp->bad_ids[i] >= e->vocab) {
+            *st_p =
+                refuse(e, FY_ERR_INVALID, "bad_words names token %d; the vocabulary has %d", lp->bad_ids[i], e->vocab);
+            return NULL;
+        }
+    }
     for (int32_t i = 0; i < lp->n_bias + lp->n_stop_ids; i++) {
         int32_t t = i < lp->n_bias ? lp->bias_ids[i] : lp->stop_ids[i - lp->n_bias];
         if (t < 0 || t >= e->vocab) {
@@ -612,7 +654,7 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
     fy_spec_method_t spec = rp->spec;
     if (spec == FY_SPEC_DEFAULT)
         spec = fy_sampling_is_greedy(&rp->sampling) || e->p.spec.sampled ? e->p.spec.method : FY_SPEC_NONE;
-    if (fy_logits_active(lp) || rp->top_logprobs > 0) spec = FY_SPEC_NONE;
+    if (fy_logits_active(lp) || rp->top_logprobs > 0 || rp->prompt_logprobs) spec = FY_SPEC_NONE;
     if (spec > FY_SPEC_DRAFT || (spec == FY_SPEC_DRAFT && !e->p.spec.draft)) {
         *st_p = refuse(e, FY_ERR_INVALID, "speculative decoding '%s' asked for; this engine has no draft model",
                        fy_spec_method_str(spec));
@@ -680,6 +722,14 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
     }
     q->lp.bias_ids = q->bias_ids;
     q->lp.bias = q->bias;
+    if (lp->n_bad) {
+        memcpy(q->bad_lens, lp->bad_lens, (size_t)lp->n_bad * sizeof(int32_t));
+        memcpy(q->bad_ids, lp->bad_ids, (size_t)n_bad_ids * sizeof(int32_t));
+    }
+    q->lp.bad_lens = q->bad_lens;
+    q->lp.bad_ids = q->bad_ids;
+    q->plp = rp->prompt_logprobs;
+    q->plp_top = rp->prompt_top < e->vocab ? rp->prompt_top : e->vocab;
     q->lp_on = fy_logits_active(lp);
     q->top_logprobs = rp->top_logprobs;
     q->defer_stops = rp->defer_stops;
@@ -931,15 +981,20 @@ static void admit_swapped(fy_engine_t *e)
     }
 }
 
-/* Admits waiting requests while their promise and a first chunk fit, and
- * schedules that chunk. */
-static void admit_waiting(fy_engine_t *e, int32_t *budget, int32_t *prefill_left)
+/* Whether q's next chunk is prompt rows whose logprobs it reports (every
+ * row of the chunk wants logits). */
+static bool plp_rows(const request_t *q) { return q->plp && !q->plp_done && q->n_computed < q->n_prompt; }
+
+/* Admits waiting requests while their promise, a first chunk and its
+ * logit rows fit, and schedules that chunk. */
+static void admit_waiting(fy_engine_t *e, int32_t *budget, int32_t *prefill_left, int32_t *rows_left)
 {
-    while (e->waiting && e->n_running<e->p.max_num_seqs && * budget> 0 && *prefill_left > 0) {
+    while (e->waiting && e->n_running<e->p.max_num_seqs && * budget> 0 && *prefill_left > 0 && *rows_left > 0) {
         request_t *q = e->waiting;
         if (!q->looked_up) {
             int32_t hit = 0;
-            if (fy_kvm_seq_lookup(e->kvm, &q->bt, q->tokens, q->n_total, &hit) != FY_OK) {
+            /* prompt logprobs need every prompt row's logits: no cached prefix */
+            if ((!q->plp || q->plp_done) && fy_kvm_seq_lookup(e->kvm, &q->bt, q->tokens, q->n_total, &hit) != FY_OK) {
                 end_error(e, q, FY_ERR_INTERNAL, "prefix lookup failed");
                 continue;
             }
@@ -964,8 +1019,10 @@ static void admit_waiting(fy_engine_t *e, int32_t *budget, int32_t *prefill_left
         int32_t k = q->n_total - q->n_computed;
         if (k > *budget) k = *budget;
         if (k > 1 && k > *prefill_left) k = *prefill_left;
+        if (plp_rows(q) && k > *rows_left) k = *rows_left;
         if (schedule(e, e->n_running - 1, k)) {
             *budget -= k;
+            *rows_left -= plp_rows(q) ? k : 1;
             if (q->n_total - q->n_computed > 1) *prefill_left -= k;
         }
     }
@@ -1299,7 +1356,7 @@ static void spec_plan(fy_engine_t *e, int32_t budget)
         request_t *q = e->running[i];
         if (q->sched <= 0) continue;
         tokens += q->sched;
-        rows += q->n_computed + q->sched == q->n_total;
+        rows += plp_rows(q) ? q->sched : q->n_computed + q->sched == q->n_total;
     }
     int32_t spare = e->logit_rows - rows;
     if (spare > budget) spare = budget;
@@ -1468,7 +1525,9 @@ fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_pro
         return refuse(e, FY_ERR_INVALID, "adopted request: %d tokens in its blocks for a prompt of %d, first token %d",
                       bt->n_tokens, n_prompt, first);
     fy_status_t st;
-    request_t *q = request_new(e, prompt, n_prompt, rp, cb, arg, false, &st);
+    fy_request_params_t rq = *rp;
+    rq.prompt_logprobs = false; /* its prompt ran elsewhere: nothing stops it speculating */
+    request_t *q = request_new(e, prompt, n_prompt, &rq, cb, arg, false, &st);
     if (!q) return st;
     if ((int64_t)bt->max_blocks * e->block_size < q->cap) {
         request_free(q);
@@ -1504,6 +1563,38 @@ fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_pro
     return FY_OK;
 }
 
+/* Reports the prompt logprobs of q's chunk this step: rows [n_rows, vocab]
+ * of raw logits, row r the distribution of token n_computed + r + 1 (the
+ * prompt's tokens only; a last row past them is the first token's). */
+static void plp_report(fy_engine_t *e, request_t *q, const float *logits, int32_t n_rows)
+{
+    int32_t first = q->n_computed + 1, n = q->n_prompt - first;
+    if (n > n_rows) n = n_rows;
+    int32_t k = q->plp_top;
+    for (int32_t r = 0; r < n; r++) {
+        const float *lg = logits + (size_t)r * (size_t)e->vocab;
+        e->plp_lps[r] = fy_logits_token_logprob(lg, e->vocab, q->tokens[first + r], &e->plp_rank[r]);
+        if (k) {
+            fy_logits_top(lg, e->vocab, 1.0f, k, e->plp_ids + (size_t)r * (size_t)k,
+                          e->plp_tlps + (size_t)r * (size_t)k);
+        }
+    }
+    if (first + n >= q->n_prompt) q->plp_done = true;
+    if (n < 1) return;
+    fy_event_t ev = {.kind = FY_EVENT_PROMPT_LOGPROBS,
+                     .id = q->id,
+                     .token = -1,
+                     .first = first,
+                     .n_rows = n,
+                     .prompt_lps = e->plp_lps,
+                     .prompt_rank = e->plp_rank,
+                     .top_ids = e->plp_ids,
+                     .top_logprobs = e->plp_tlps,
+                     .n_top = k,
+                     .n_prompt = q->n_prompt};
+    q->cb(q->cb_arg, &ev);
+}
+
 fy_status_t fy_engine_step(fy_engine_t *e)
 {
     run_posts(e);
@@ -1511,6 +1602,10 @@ fy_status_t fy_engine_step(fy_engine_t *e)
     admit_swapped(e);
     qsort(e->running, (size_t)e->n_running, sizeof(request_t *), cmp_running);
     int32_t budget = e->p.max_num_batched_tokens, prefill_left = e->prefill_budget;
+    /* logit rows: one for each request scheduled (at most max_num_seqs,
+     * which the runner's rows cover), a chunk's worth for prompt logprobs,
+     * which take only rows no later running request could need */
+    int32_t rows_left = e->logit_rows;
     /* running requests in priority order; a token for every decoding
      * request is set aside before prompt chunks take the rest */
     int32_t decodes = 0;
@@ -1527,6 +1622,7 @@ fy_status_t fy_engine_step(fy_engine_t *e)
         } else {
             if (k > budget - decodes) k = budget - decodes;
             if (k > prefill_left) k = prefill_left;
+            if (plp_rows(q) && k > rows_left - (e->n_running - i - 1)) k = rows_left - (e->n_running - i - 1);
         }
         if (k <= 0) continue;
         if (!schedule(e, i, k)) {
@@ -1534,10 +1630,11 @@ fy_status_t fy_engine_step(fy_engine_t *e)
             if (i < e->n_running && e->running[i] != q) i--;
             continue;
         }
+        rows_left -= plp_rows(q) ? k : 1;
         budget -= k;
         if (!decode) prefill_left -= k;
     }
-    admit_waiting(e, &budget, &prefill_left);
+    admit_waiting(e, &budget, &prefill_left, &rows_left);
     spec_plan(e, budget);
 
     int32_t n = 0;
@@ -1551,6 +1648,7 @@ fy_status_t fy_engine_step(fy_engine_t *e)
             .n_tokens = q->sched,
             .pos = q->n_computed,
             .n_logits = q->spec_k > 0                            ? q->spec_k + 1
+                        : plp_rows(q)                            ? q->sched
                         : q->n_computed + q->sched == q->n_total ? 1
                                                                  : 0,
             .scores = q->scores,
@@ -1579,7 +1677,11 @@ fy_status_t fy_engine_step(fy_engine_t *e)
             spec_verify(e, q, lg, t); /* may end it */
             continue;
         }
-        int32_t before = q->n_computed;
+        int32_t before = q->n_computed, n_rows = e->fwd[i].n_logits;
+        if (plp_rows(q)) {
+            plp_report(e, q, e->logits + (size_t)row * (size_t)e->vocab, n_rows);
+            row += n_rows - 1; /* the last row: the first token's, when the chunk ends the prompt */
+        }
         q->n_computed += q->sched;
         q->sched = 0;
         if (before < q->n_prompt)
@@ -1597,7 +1699,11 @@ fy_status_t fy_engine_step(fy_engine_t *e)
                              .kv_scores = q->scores};
             q->cb(q->cb_arg, &ev);
         }
-        if (e->fwd[i].n_logits == 0) continue;
+        if (n_rows == 0) continue;
+        if (q->n_computed < q->n_total) { /* a prompt-logprobs chunk short of the prompt's end */
+            row++;
+            continue;
+        }
         float *lg = e->logits + (size_t)row++ * (size_t)e->vocab;
         if (q->lp_on)
             fy_logits_apply(&q->lp, &e->lscratch, q->tokens, q->n_prompt, q->n_total, e->trie->eog, e->trie->n_eog, lg);

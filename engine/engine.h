@@ -122,6 +122,15 @@ typedef struct fy_request_params {
     fy_gen_grammar_t grammar_kind;
     const char *grammar;
     int32_t grammar_len;
+    /* prompt logprobs (vLLM's): FY_EVENT_PROMPT_LOGPROBS events give each
+     * prompt token's log-probability under the raw logits of the row
+     * before it, its rank and prompt_top (0 to 20) alternatives.  The
+     * prompt then computes every row's logits (its chunks take at most the
+     * step's free logit rows), takes nothing from the prefix cache until
+     * the whole prompt is computed, and does not speculate.  Ignored by
+     * fy_engine_adopt (the prompt ran elsewhere). */
+    bool prompt_logprobs;
+    int32_t prompt_top;
 } fy_request_params_t;
 
 void fy_request_params_default(fy_request_params_t *p);
@@ -140,10 +149,11 @@ typedef struct fy_request_timings {
 } fy_request_timings_t;
 
 typedef enum fy_event_kind {
-    FY_EVENT_TOKEN = 0, /* a token was sampled; text is what became final with it (may be empty) */
-    FY_EVENT_FINISH,    /* terminal: finished, see reason */
-    FY_EVENT_ERROR,     /* terminal: failed, see status and message */
-    FY_EVENT_PROGRESS,  /* prompt tokens were computed (requests with progress set) */
+    FY_EVENT_TOKEN = 0,       /* a token was sampled; text is what became final with it (may be empty) */
+    FY_EVENT_FINISH,          /* terminal: finished, see reason */
+    FY_EVENT_ERROR,           /* terminal: failed, see status and message */
+    FY_EVENT_PROGRESS,        /* prompt tokens were computed (requests with progress set) */
+    FY_EVENT_PROMPT_LOGPROBS, /* prompt tokens' logprobs (requests with prompt_logprobs), before the first token */
 } fy_event_kind_t;
 
 typedef struct fy_event {
@@ -159,7 +169,9 @@ typedef struct fy_event {
     const fy_request_timings_t *timings; /* terminal events */
     const fy_rng_t *rng;                 /* FY_EVENT_TOKEN: the generator after drawing token */
     /* FY_EVENT_TOKEN with top_logprobs: the most likely tokens at this
-     * step and their log-probabilities (as logprob), most likely first */
+     * step and their log-probabilities (as logprob), most likely first;
+     * FY_EVENT_PROMPT_LOGPROBS: n_top of them for each of its rows, row
+     * after row ([n_rows * n_top]) */
     const int32_t *top_ids;
     const float *top_logprobs;
     int32_t n_top;
@@ -172,6 +184,14 @@ typedef struct fy_event {
      * the table: the attention each block received so far ([bt->n_blocks];
      * H2O only, else NULL) */
     const float *kv_scores;
+    /* FY_EVENT_PROMPT_LOGPROBS: prompt tokens [first, first + n_rows)
+     * (first >= 1: the first prompt token has none), each one's
+     * log-probability and rank (1: the most likely); a request preempted
+     * and recomputed before its first token may report a position again,
+     * with the same values */
+    int32_t first, n_rows;
+    const float *prompt_lps;    /* [n_rows] */
+    const int32_t *prompt_rank; /* [n_rows] */
 } fy_event_t;
 
 /* Called on the engine thread; must not call back into the engine except

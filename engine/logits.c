@@ -14,7 +14,7 @@
 bool fy_logits_active(const fy_logits_params_t *p)
 {
     return p->presence_penalty != 0 || p->frequency_penalty != 0 || p->repetition_penalty != 1.0f || p->n_bias > 0 ||
-           p->min_tokens > 0;
+           p->min_tokens > 0 || p->n_bad > 0;
 }
 
 fy_status_t fy_logits_scratch_init(fy_logits_scratch_t *s, int32_t vocab)
@@ -30,10 +30,13 @@ void fy_logits_scratch_deinit(fy_logits_scratch_t *s)
     s->count = NULL;
 }
 
+static void penalize(const fy_logits_params_t *p, fy_logits_scratch_t *s, const int32_t *tokens, int32_t n_prompt,
+                     int32_t n_total, float *logits);
+
 void fy_logits_apply(const fy_logits_params_t *p, fy_logits_scratch_t *s, const int32_t *tokens, int32_t n_prompt,
                      int32_t n_total, const int32_t *eog, int32_t n_eog, float *logits)
 {
-    int32_t V = s->vocab, *count = s->count;
+    int32_t V = s->vocab;
     for (int32_t i = 0; i < p->n_bias; i++) {
         int32_t t = p->bias_ids[i];
         if (t < 0 || t >= V) continue;
@@ -46,7 +49,22 @@ void fy_logits_apply(const fy_logits_params_t *p, fy_logits_scratch_t *s, const 
             if (p->stop_ids[i] >= 0 && p->stop_ids[i] < V) logits[p->stop_ids[i]] = BANNED;
     }
     bool rep = p->repetition_penalty != 1.0f, pf = p->presence_penalty != 0 || p->frequency_penalty != 0;
-    if (!rep && !pf) return;
+    if (rep || pf) penalize(p, s, tokens, n_prompt, n_total, logits);
+    /* bad words: a sequence whose tokens but the last end the output bans its last */
+    const int32_t *seq = p->bad_ids, *out = tokens + n_prompt;
+    int32_t n_out = n_total - n_prompt;
+    for (int32_t i = 0; i < p->n_bad; seq += p->bad_lens[i++]) {
+        int32_t len = p->bad_lens[i], last = seq[len - 1];
+        if (last < 0 || last >= V || len - 1 > n_out) continue;
+        if (!memcmp(out + n_out - (len - 1), seq, (size_t)(len - 1) * sizeof(int32_t))) logits[last] = BANNED;
+    }
+}
+
+static void penalize(const fy_logits_params_t *p, fy_logits_scratch_t *s, const int32_t *tokens, int32_t n_prompt,
+                     int32_t n_total, float *logits)
+{
+    int32_t V = s->vocab, *count = s->count;
+    bool rep = p->repetition_penalty != 1.0f;
     /* counts: the output's occurrences, plus a mark (-1 ... below zero)
      * for a prompt token the output has not repeated */
     for (int32_t i = n_prompt; i < n_total; i++)
@@ -67,6 +85,22 @@ void fy_logits_apply(const fy_logits_params_t *p, fy_logits_scratch_t *s, const 
         if (c > 0) l -= p->frequency_penalty * (float)c + p->presence_penalty;
         logits[t] = l;
     }
+}
+
+float fy_logits_token_logprob(const float *logits, int32_t vocab, int32_t token, int32_t *rank_p)
+{
+    float mx = logits[0], l = logits[token];
+    int32_t above = 0;
+    for (int32_t i = 1; i < vocab; i++)
+        if (logits[i] > mx) mx = logits[i];
+    double sum = 0.0;
+    for (int32_t i = 0; i < vocab; i++) {
+        sum += exp((double)logits[i] - mx);
+        above += logits[i] > l;
+    }
+    double lp = (double)l - mx - log(sum);
+    *rank_p = above + 1;
+    return lp > FY_LOGPROB_MIN ? (float)lp : FY_LOGPROB_MIN;
 }
 
 int32_t fy_logits_top(const float *logits, int32_t vocab, float temperature, int32_t k, int32_t *ids, float *logprobs)

@@ -10,12 +10,17 @@
  *       output only);
  *   logit bias: added to the token's logit; -100 (or less) bans it;
  *   min_tokens: until that many tokens are out, the end-of-generation
- *       tokens and the stop token ids cannot be drawn.
+ *       tokens and the stop token ids cannot be drawn;
+ *   bad words (vLLM's NoBadWordsLogitsProcessor): token sequences the
+ *       output must not contain: a one-token sequence is always banned,
+ *       a longer one's last token is banned whenever the output so far
+ *       ends with all its other tokens.
  *
  * The order is vLLM's: the bias and the minimum length first, then the
- * penalties.  Cost: one pass over the request's tokens per step (counts
- * in a scratch array of the vocabulary's size, reset afterwards), plus
- * the bias entries: no pass over the vocabulary.
+ * penalties, then the bad words.  Cost: one pass over the request's tokens
+ * per step (counts in a scratch array of the vocabulary's size, reset
+ * afterwards), plus the bias entries and the bad words' tokens: no pass
+ * over the vocabulary.
  *
  * Not here: drawing the token (sampler.h), stop strings (stop.h), the
  * engine's bookkeeping of which requests process their logits (engine.c).
@@ -31,6 +36,8 @@
 #define FY_LOGITS_MAX_BIAS 300    /* bias entries a request may give */
 #define FY_LOGITS_MAX_STOP_IDS 16 /* stop token ids */
 #define FY_LOGITS_MAX_TOP 20      /* alternatives reported per token */
+#define FY_LOGITS_MAX_BAD 64      /* bad word sequences */
+#define FY_LOGITS_MAX_BAD_IDS 512 /* their tokens in all */
 
 typedef struct fy_logits_params {
     float presence_penalty, frequency_penalty; /* 0: off */
@@ -41,6 +48,9 @@ typedef struct fy_logits_params {
     int32_t min_tokens;      /* end tokens (eog and stop_ids) banned while fewer are out */
     const int32_t *stop_ids; /* [n_stop_ids] tokens that end a request (banned under min_tokens) */
     int32_t n_stop_ids;
+    const int32_t *bad_lens; /* [n_bad] each bad word's tokens, at least 1 */
+    const int32_t *bad_ids;  /* [sum of bad_lens] the sequences, one after another */
+    int32_t n_bad;
 } fy_logits_params_t;
 
 /* Whether p changes anything (a default p is off: repetition 1, the rest 0). */
@@ -64,6 +74,13 @@ void fy_logits_scratch_deinit(fy_logits_scratch_t *s);
  */
 void fy_logits_apply(const fy_logits_params_t *p, fy_logits_scratch_t *s, const int32_t *tokens, int32_t n_prompt,
                      int32_t n_total, const int32_t *eog, int32_t n_eog, float *logits);
+
+/*
+ * A prompt token's log-probability under a raw row of logits [vocab]
+ * (temperature 1, no processing: vLLM's prompt logprobs), and its rank
+ * (1 + the tokens strictly more likely).  One pass over the row.
+ */
+float fy_logits_token_logprob(const float *logits, int32_t vocab, int32_t token, int32_t *rank_p);
 
 /*
  * The k most likely tokens of a row under the temperature-scaled

@@ -374,6 +374,9 @@ static void on_event(void *arg, const fy_event_t *ev)
 {
     pjob_t *j = arg;
     switch (ev->kind) {
+    case FY_EVENT_PROMPT_LOGPROBS: /* before "prefilled" on the same socket */
+        if (!j->cancelled) fy_node_push_prompt_logprobs(j->p->n, j->id, j->attempt, ev);
+        return;
     case FY_EVENT_PROGRESS:
         j->computed = ev->n_computed;
         ship(j, ev->bt, ev->n_computed, ev->kv_scores);

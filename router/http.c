@@ -17,12 +17,16 @@
  * counts.  Bodies are parsed with jansson; a wrong type or an
  * out-of-range value (genspec.h's ranges, the same as the wire's) is a
  * 400 with an OpenAI-style error body naming the field ("param"); unknown
- * fields are ignored, known ones ferry does not implement (echo, best_of,
- * ...) are refused rather than silently ignored.  Chat answers with tools
- * are parsed into tool_calls here (router/tools.c's incremental parser,
- * one per sample): a stream sends content until a call begins (what may
- * be a call's marker held back), then each call's id and name and its
- * arguments as they are generated, as OpenAI's stream does.
+ * fields are ignored, known ones ferry does not implement (best_of,
+ * suffix, chat's echo, ...) are refused rather than silently ignored.
+ * Completions' echo gives the prompt back before the completion (its
+ * logprobs too), and prompt_logprobs (vLLM's) each prompt token's, both
+ * computed where the prompt ran and carried here by the router.  Chat
+ * answers with tools are parsed into tool_calls here (router/tools.c's
+ * incremental parser, one per sample): a stream sends content until a
+ * call begins (what may be a call's marker held back), then each call's
+ * id and name and its arguments as they are generated, as OpenAI's
+ * stream does.
  *
  * A generation is a held request (fy_httpd_hold): the router calls watch()
  * under its lock as tokens arrive, and what is new is handed to the
@@ -38,8 +42,7 @@
  * then ends carries a terminal event (a stream's choices end with
  * finish_reason "abort", an error event, then [DONE]).
  *
- * Not here: TLS (put a proxy in front), top-k alternatives in logprobs
- * (only the chosen token's log-probability), CORS and the refusals made
+ * Not here: TLS (put a proxy in front), CORS and the refusals made
  * before a handler runs (404, 405, 413: rpc/httpd.c).
  */
 #include "http.h"
@@ -102,6 +105,9 @@ struct hreq {
     char *wbuf;
     size_t wlen, wcap;
     bool chat, stream, include_usage, logprobs;
+    bool echo, echo_only, plp; /* http_parse.h; plp: the client asked for prompt_logprobs */
+    int32_t plp_top;
+    bool echo_sent[MAX_N];
     fy_tool_choice_t tool_choice; /* chat with tools: the output parsed into tool calls */
     fy_tool_format_t tool_format;
     char tool_named[FY_TOOL_NAME_MAX + 1];
@@ -285,7 +291,109 @@ static bool h_view(hreq_t *h, int i, fy_router_view_t *v)
         v->finish = "";
         return true;
     }
-    return h->ids[i] && fy_router_view(h->H->R, h->ids[i], v);
+    if (!h->ids[i] || !fy_router_view(h->H->R, h->ids[i], v)) return false;
+    if (h->echo_only) { /* max_tokens 0: the one token made is not the client's */
+        v->n_tokens = 0;
+        v->text_len = 0;
+        if (v->done && v->error == FY_OK) v->finish = "length";
+    }
+    return true;
+}
+
+/* ---- echo and prompt logprobs -------------------------------------------------------------------------- */
+
+/* The prompt as text (echo): its tokens decoded, special ones left out.
+ * NULL when out of memory; fy_free it. */
+static char *prompt_text(const hreq_t *h, const fy_router_view_t *v, size_t *len_p)
+{
+    const fy_tokenizer_t *tok = fy_model_tokenizer(fy_router_model(h->H->R));
+    char one[1];
+    size_t need = fy_tokenizer_decode(tok, v->prompt_tokens, (size_t)v->n_prompt, false, one, sizeof(one));
+    char *s = fy_malloc(need + 1);
+    if (s) *len_p = fy_tokenizer_decode(tok, v->prompt_tokens, (size_t)v->n_prompt, false, s, need + 1);
+    return s;
+}
+
+/* A token's text as the logprobs name it (and its length in bytes). */
+static json_t *token_str(const fy_tokenizer_t *tok, int32_t id, size_t *len_p)
+{
+    const char *b;
+    size_t bl;
+    fy_tokenizer_token_bytes(tok, id, true, &b, &bl);
+    if (len_p) *len_p = bl;
+    return jstr(b, bl);
+}
+
+static size_t token_len(const fy_tokenizer_t *tok, int32_t id)
+{
+    const char *b;
+    size_t bl;
+    fy_tokenizer_token_bytes(tok, id, true, &b, &bl);
+    return bl;
+}
+
+/* vLLM's prompt_logprobs: null for the first prompt token, then for each
+ * a map of token ids to {logprob, rank, decoded_token}: its own token and
+ * the plp_top most likely ones. */
+static json_t *prompt_logprobs_json(const hreq_t *h, const fy_router_view_t *v)
+{
+    if (!v->plp_ready) return json_null();
+    const fy_tokenizer_t *tok = fy_model_tokenizer(fy_router_model(h->H->R));
+    json_t *list = json_array();
+    json_array_append_new(list, json_null());
+    int32_t K = v->plp_k, k_out = h->plp_top < K ? h->plp_top : K;
+    for (int32_t i = 1; i < v->n_prompt; i++) {
+        json_t *d = json_object();
+        for (int32_t k = -1; k < k_out; k++) {
+            int32_t id = k < 0 ? v->prompt_tokens[i] : v->plp_ids[(size_t)i * (size_t)K + (size_t)k];
+            char key[16];
+            snprintf(key, sizeof(key), "%d", id);
+            if (k >= 0 && json_object_get(d, key)) continue; /* the prompt's own token, already there */
+            json_t *e = json_object();
+            json_object_set_new(e, "logprob",
+                                json_real(k < 0 ? v->plp[i] : v->plp_tlps[(size_t)i * (size_t)K + (size_t)k]));
+            json_object_set_new(e, "rank", json_integer(k < 0 ? v->plp_rank[i] : k + 1));
+            json_object_set_new(e, "decoded_token", token_str(tok, id, NULL));
+            json_object_set_new(d, key, e);
+        }
+        json_array_append_new(list, d);
+    }
+    return list;
+}
+
+/* The prompt's entries of a completion's logprobs (echo), appended to its
+ * arrays: the first token's logprob and alternatives null, the others'
+ * alternatives the top_logprobs most likely and the token itself. */
+static void echo_logprobs(const hreq_t *h, const fy_router_view_t *v, json_t *list, json_t *lps, json_t *tops,
+                          json_t *offs, size_t *off)
+{
+    const fy_tokenizer_t *tok = fy_model_tokenizer(fy_router_model(h->H->R));
+    int32_t K = v->plp_k, k_out = h->gen.top_logprobs < K ? h->gen.top_logprobs : K;
+    for (int32_t i = 0; i < v->n_prompt; i++) {
+        size_t bl;
+        int32_t id = v->prompt_tokens[i];
+        json_array_append_new(list, token_str(tok, id, &bl));
+        json_array_append_new(offs, json_integer((json_int_t)*off));
+        *off += bl;
+        bool have = i > 0 && v->plp_ready;
+        json_array_append_new(lps, have ? json_real(v->plp[i]) : json_null());
+        if (!json_is_array(tops)) continue;
+        if (!have) {
+            json_array_append_new(tops, json_null());
+            continue;
+        }
+        json_t *alt = json_object();
+        for (int32_t k = -1; k < k_out; k++) {
+            int32_t t = k < 0 ? id : v->plp_ids[(size_t)i * (size_t)K + (size_t)k];
+            json_t *key = token_str(tok, t, NULL);
+            const char *ks = json_string_value(key);
+            if (ks && !json_object_get(alt, ks))
+                json_object_set_new(alt, ks,
+                                    json_real(k < 0 ? v->plp[i] : v->plp_tlps[(size_t)i * (size_t)K + (size_t)k]));
+            json_decref(key);
+        }
+        json_array_append_new(tops, alt);
+    }
 }
 
 /* Chat's {token, logprob, bytes} of one token. */
@@ -302,13 +410,23 @@ static json_t *chat_token_json(const fy_tokenizer_t *tok, int32_t id, double lp)
     return e;
 }
 
-static json_t *logprobs_json(const hreq_t *h, const fy_router_view_t *v, int32_t from, int32_t to)
+/* Tokens [from, to) of a sample's logprobs; a completion's with echo also
+ * the prompt's, first (prompt), and text_offset counts the prompt. */
+static json_t *logprobs_json(const hreq_t *h, const fy_router_view_t *v, int32_t from, int32_t to, bool prompt)
 {
     const fy_tokenizer_t *tok = fy_model_tokenizer(fy_router_model(h->H->R));
     json_t *list = json_array(), *lps = json_array(), *tops = v->top_k ? json_array() : json_null();
+    json_t *offs = json_array();
+    /* text_offset: where each token's text starts in the choice's text */
+    size_t off = 0, bl;
+    if (!h->chat && prompt)
+        echo_logprobs(h, v, list, lps, tops, offs, &off);
+    else if (h->echo)
+        for (int32_t i = 0; i < v->n_prompt; i++) off += token_len(tok, v->prompt_tokens[i]);
+    if (!h->chat)
+        for (int32_t i = 0; i < from; i++) off += token_len(tok, v->tokens[i]);
     for (int32_t i = from; i < to; i++) {
         const char *b;
-        size_t bl;
         fy_tokenizer_token_bytes(tok, v->tokens[i], true, &b, &bl);
         double lp = v->logprobs ? v->logprobs[i] : 0;
         /* the alternatives: chat, a list of {token, logprob, bytes};
@@ -324,6 +442,8 @@ static json_t *logprobs_json(const hreq_t *h, const fy_router_view_t *v, int32_t
         } else {
             json_array_append_new(list, jstr(b, bl));
             json_array_append_new(lps, json_real(lp));
+            json_array_append_new(offs, json_integer((json_int_t)off));
+            off += bl;
             if (v->top_k) {
                 json_t *alt = json_object();
                 for (int32_t k = 0; k < nt; k++) {
@@ -344,10 +464,12 @@ static json_t *logprobs_json(const hreq_t *h, const fy_router_view_t *v, int32_t
         json_object_set_new(o, "content", list);
         json_decref(lps);
         json_decref(tops);
+        json_decref(offs);
     } else {
         json_object_set_new(o, "tokens", list);
         json_object_set_new(o, "token_logprobs", lps);
         json_object_set_new(o, "top_logprobs", tops);
+        json_object_set_new(o, "text_offset", offs);
     }
     return o;
 }
@@ -462,9 +584,18 @@ static void build_stream(hreq_t *h)
         fy_tools_stream_t *ts = h_tools(h, i, &v);
         size_t avail = ts ? fy_tools_stream_content(ts, v.text) : v.text_len;
         if (avail < h->from_text[i]) avail = h->from_text[i];
+        /* echo: the prompt first, with its logprobs (in before the first token) */
+        if (h->echo && !h->echo_sent[i] && (v.t_first || v.done) && v.error == FY_OK) {
+            size_t pl = 0;
+            char *pt = prompt_text(h, &v, &pl);
+            stream_chunk(h, i, pt ? pt : "", pt ? pl : 0, h->logprobs ? logprobs_json(h, &v, 0, 0, true) : NULL, NULL,
+                         false);
+            fy_free(pt);
+            h->echo_sent[i] = true;
+        }
         bool more_text = avail > h->from_text[i], more_tok = v.n_tokens > h->from_tok[i];
         if (more_text || (more_tok && h->logprobs)) {
-            json_t *lp = h->logprobs ? logprobs_json(h, &v, h->from_tok[i], v.n_tokens) : NULL;
+            json_t *lp = h->logprobs ? logprobs_json(h, &v, h->from_tok[i], v.n_tokens, false) : NULL;
             const char *t = v.text + h->from_text[i];
             stream_chunk(h, i, t, avail - h->from_text[i], lp, NULL, false);
         }
@@ -545,16 +676,31 @@ static void build_whole(hreq_t *h)
             json_object_set_new(msg, "content", calls && blank(v.text, clen) ? json_null() : jstr(v.text, clen));
             if (calls) json_object_set_new(msg, "tool_calls", calls);
             json_object_set_new(c, "message", msg);
+        } else if (h->echo) { /* the prompt, then the completion */
+            size_t pl = 0;
+            char *pt = prompt_text(h, &v, &pl), *all = pt ? fy_malloc(pl + v.text_len + 1) : NULL;
+            if (all) {
+                memcpy(all, pt, pl);
+                memcpy(all + pl, v.text, v.text_len);
+            }
+            json_object_set_new(c, "text", all ? jstr(all, pl + v.text_len) : jstr(v.text, v.text_len));
+            fy_free(all);
+            fy_free(pt);
         } else {
             json_object_set_new(c, "text", jstr(v.text, v.text_len));
         }
-        json_object_set_new(c, "logprobs", h->logprobs ? logprobs_json(h, &v, 0, v.n_tokens) : json_null());
+        json_object_set_new(c, "logprobs", h->logprobs ? logprobs_json(h, &v, 0, v.n_tokens, h->echo) : json_null());
+        if (h->plp && !h->chat) json_object_set_new(c, "prompt_logprobs", prompt_logprobs_json(h, &v));
         json_object_set_new(c, "finish_reason", json_string(h_finish(ts, &v)));
         json_array_append_new(choices, c);
     }
     json_t *o = envelope(h, false);
     json_object_set_new(o, "choices", choices);
     json_object_set_new(o, "usage", usage_json(h));
+    if (h->plp && h->chat) { /* chat's are the response's (vLLM's): the prompt is one */
+        h_view(h, 0, &v);
+        json_object_set_new(o, "prompt_logprobs", prompt_logprobs_json(h, &v));
+    }
     raw_response(h, 200, o);
 }
 
@@ -737,6 +883,10 @@ static hreq_t *hreq_new(fy_http_t *H, fy_httpd_req_t *r, bool chat, fy_http_gen_
     h->stream = g->stream;
     h->include_usage = g->include_usage;
     h->logprobs = g->gen.logprobs;
+    h->echo = g->echo;
+    h->echo_only = g->echo_only;
+    h->plp = g->prompt_logprobs;
+    h->plp_top = g->prompt_top;
     h->tool_choice = g->tool_choice;
     h->tool_format = g->tool_format;
     memcpy(h->tool_named, g->tool_named, sizeof(h->tool_named));

@@ -298,6 +298,57 @@ static void structured_fields(parsed_t *p, json_t *o, fy_genspec_t *g)
     }
 }
 
+/* bad_words (vLLM's): a list of strings, each banned as its tokens with
+ * and without a leading space (the second only where it differs), as
+ * vLLM's tokenization does. */
+static void bad_words_field(const fy_http_front_t *H, parsed_t *p, json_t *o, fy_genspec_t *g)
+{
+    json_t *bw = json_object_get(o, "bad_words");
+    if (!bw || json_is_null(bw) || p->status) return;
+    if (!json_is_array(bw) || json_array_size(bw) > FY_GEN_MAX_BAD_SEQS / 2) {
+        bad(p, 400, "bad_words", "'bad_words' must be an array of at most %d strings", FY_GEN_MAX_BAD_SEQS / 2);
+        return;
+    }
+    const fy_tokenizer_t *tok = fy_model_tokenizer(H->model);
+    int32_t used = 0;
+    size_t i;
+    json_t *w;
+    json_array_foreach(bw, i, w)
+    {
+        if (!json_is_string(w) || json_string_length(w) < 1 || json_string_length(w) > 256) {
+            bad(p, 400, "bad_words", "each of 'bad_words' must be a string of 1 to 256 bytes");
+            return;
+        }
+        const char *s = json_string_value(w);
+        while (*s == ' ') s++; /* vLLM strips the word's leading space */
+        char buf[258];
+        for (int sp = 0; sp < 2; sp++) {
+            int n = snprintf(buf, sizeof(buf), "%s%s", sp ? " " : "", s);
+            int32_t ids[FY_GEN_BAD_SEQ_MAX + 1];
+            size_t nt = 0;
+            fy_status_t st =
+                n > 0 ? fy_tokenizer_encode(tok, buf, (size_t)n, false, false, ids, FY_GEN_BAD_SEQ_MAX + 1, &nt)
+                      : FY_ERR_INVALID;
+            if (st == FY_ERR_NOMEM) {
+                bad(p, 500, NULL, "out of memory tokenizing 'bad_words'");
+                return;
+            }
+            if (st || nt < 1 || nt > FY_GEN_BAD_SEQ_MAX || used + (int32_t)nt > FY_GEN_MAX_BAD_TOKENS) {
+                bad(p, 400, "bad_words", "'bad_words' entry %zu is more than %d tokens, or the words more than %d", i,
+                    FY_GEN_BAD_SEQ_MAX, FY_GEN_MAX_BAD_TOKENS);
+                return;
+            }
+            /* the spaced form only when it is another sequence */
+            if (sp && g->bad_lens[g->n_bad - 1] == (int32_t)nt &&
+                !memcmp(g->bad_ids + used - nt, ids, nt * sizeof(int32_t)))
+                continue;
+            memcpy(g->bad_ids + used, ids, nt * sizeof(int32_t));
+            g->bad_lens[g->n_bad++] = (int32_t)nt;
+            used += (int32_t)nt;
+        }
+    }
+}
+
 static void parse_common(const fy_http_front_t *H, parsed_t *p, json_t *o, bool chat, gen_req_t *g)
 {
     fy_genspec_default(&g->gen);
@@ -306,10 +357,22 @@ static void parse_common(const fy_http_front_t *H, parsed_t *p, json_t *o, bool 
     g->gen.sampling.top_p = 1.0f;
     g->gen.sampling.min_p = 0;
     model_field(H, p, o);
-    /* max_tokens, or its newer name max_completion_tokens, on both endpoints */
-    json_int_t mt = chat ? H->default_max_tokens : DEFAULT_MAX_TOKENS_COMPLETION, old = 0, mct = 0;
-    int_field(p, o, "max_tokens", 1, H->max_ctx, &old);
-    int_field(p, o, "max_completion_tokens", 1, H->max_ctx, &mct);
+    /* echo (completions only: chat's is another thing, refused below) */
+    if (!chat) bool_field(p, o, "echo", &g->echo);
+    /* max_tokens, or its newer name max_completion_tokens, on both
+     * endpoints; 0 with echo: the prompt alone (vLLM's) */
+    json_int_t mt = chat ? H->default_max_tokens : DEFAULT_MAX_TOKENS_COMPLETION, old = -1, mct = -1;
+    int_field(p, o, "max_tokens", g->echo ? 0 : 1, H->max_ctx, &old);
+    int_field(p, o, "max_completion_tokens", g->echo ? 0 : 1, H->max_ctx, &mct);
+    if (old == 0 || mct == 0) {
+        if (old > 0 || mct > 0)
+            bad(p, 400, "max_completion_tokens",
+                "'max_completion_tokens' and 'max_tokens' are the same limit, give one of them");
+        g->echo_only = true;
+        old = mct = 1; /* the prompt runs, one token is made and left out */
+    }
+    if (old < 0) old = 0;
+    if (mct < 0) mct = 0;
     if (old && mct && old != mct)
         bad(p, 400, "max_completion_tokens",
             "'max_completion_tokens' is %lld and 'max_tokens' %lld: they are the same limit, give one of them",
@@ -414,11 +477,26 @@ static void parse_common(const fy_http_front_t *H, parsed_t *p, json_t *o, bool 
         !g->gen.logprobs)
         bad(p, 400, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
     structured_fields(p, o, &g->gen);
+    /* prompt_logprobs (vLLM's): 0 to 20 alternatives; not with stream (as vLLM) */
+    json_t *pl = json_object_get(o, "prompt_logprobs");
+    if (pl && !json_is_null(pl)) {
+        json_int_t v = 0;
+        int_field(p, o, "prompt_logprobs", 0, FY_GEN_MAX_PROMPT_LOGPROBS, &v);
+        g->prompt_logprobs = true;
+        g->prompt_top = (int32_t)v;
+        if (g->stream) bad(p, 400, "prompt_logprobs", "'prompt_logprobs' is not available with 'stream': true");
+    }
+    /* echo with logprobs: the prompt's come from the same computation */
+    g->gen.prompt_logprobs = g->prompt_logprobs || (g->echo && g->gen.logprobs);
+    g->gen.prompt_top = g->prompt_top;
+    if (g->echo && g->gen.logprobs && g->top_logprobs > g->gen.prompt_top) g->gen.prompt_top = (int32_t)g->top_logprobs;
+    bad_words_field(H, p, o, &g->gen);
     /* known fields ferry does not implement: refused, not silently dropped
      * (tools on /v1/completions, which has no messages to put them in) */
     static const char *const unsupported[] = {"best_of", "echo", "suffix", "functions", "guided_grammar", "tools"};
     for (size_t i = 0; i < sizeof(unsupported) / sizeof(*unsupported); i++) {
         if (chat && !strcmp(unsupported[i], "tools")) continue; /* chat's are tools.c's */
+        if (!chat && !strcmp(unsupported[i], "echo")) continue; /* completions' is above */
         json_t *v = json_object_get(o, unsupported[i]);
         bool set = v && !json_is_null(v) && !json_is_false(v) && !(json_is_number(v) && json_number_value(v) == 0) &&
                    !(json_is_integer(v) && json_integer_value(v) == 1 && !strcmp(unsupported[i], "best_of")) &&
@@ -861,6 +939,15 @@ fy_status_t fy_http_parse_generation(const fy_http_front_t *f, const char *body,
     }
     if (fault->status) return FY_ERR_INVALID;
     if (!ids) return FY_ERR_NOMEM;
+    /* prompt logprobs: bounded, so is the answer */
+    int64_t entries = (int64_t)n_prompt * (g->gen.prompt_top + 1);
+    if (g->gen.prompt_logprobs && entries > FY_HTTP_MAX_PLP_ENTRIES) {
+        fy_free(ids);
+        bad(fault, 400, g->prompt_logprobs ? "prompt_logprobs" : "logprobs",
+            "prompt logprobs of %d tokens with %d alternatives each are %lld entries; at most %d", n_prompt,
+            g->gen.prompt_top, (long long)entries, FY_HTTP_MAX_PLP_ENTRIES);
+        return FY_ERR_INVALID;
+    }
     /* the chat default: what the context has room for, within the configured cap */
     if (!g->max_tokens_set && g->gen.max_tokens > f->max_ctx - n_prompt)
         g->gen.max_tokens = f->max_ctx - n_prompt > 1 ? f->max_ctx - n_prompt : 1;

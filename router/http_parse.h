@@ -46,6 +46,14 @@ typedef struct fy_http_gen {
     int n;
     bool stream, include_usage, max_tokens_set;
     json_int_t top_logprobs;
+    /* completions' echo: the prompt comes back before the completion (its
+     * logprobs too, with logprobs); echo_only: max_tokens 0, the prompt
+     * alone (the cluster generates one token, which the answer leaves out) */
+    bool echo, echo_only;
+    /* the client asked for prompt_logprobs (gen.prompt_logprobs is also
+     * set for echo with logprobs) with this many alternatives */
+    bool prompt_logprobs;
+    int32_t prompt_top;
     int32_t *ids; /* [n_prompt] the prompt's token ids (fy_free) */
     int32_t n_prompt;
     /* chat with tools: how the output becomes tool calls (router/tools.h) */
@@ -55,6 +63,10 @@ typedef struct fy_http_gen {
     char *tool_names; /* the tools' names (fy_tools_names; fy_free); NULL: no tools */
     bool tool_parallel;
 } fy_http_gen_t;
+
+/* The most prompt logprob entries (prompt tokens times one plus the
+ * alternatives) one request may ask for: bounds the answer's size. */
+#define FY_HTTP_MAX_PLP_ENTRIES (1 << 17)
 
 /* Parses body (len bytes, not NUL-terminated) of a completion (chat:
  * a chat completion).  FY_OK: *g is filled and g->ids is the caller's;

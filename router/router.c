@@ -129,6 +129,14 @@ typedef struct rreq {
     int32_t *tops;   /* [cap_out * gen.top_logprobs] each token's alternatives (top_logprobs) */
     float *top_lps;  /* [cap_out * gen.top_logprobs] their logprobs */
     uint8_t *n_tops; /* [cap_out] how many each has */
+    /* prompt_logprobs: prompt token i's logprob and rank (i >= 1), and
+     * gen.prompt_top alternatives ([n_prompt * prompt_top]); plp_got[i]:
+     * token i's have arrived, plp_have of them */
+    float *plp;
+    int32_t *plp_rank, *plp_ids;
+    float *plp_tlps;
+    uint8_t *plp_got;
+    int32_t plp_have;
     /* who made it on the client port (0: the HTTP front door): only that
      * client may poll or cancel it */
     uint64_t owner_inc;
@@ -239,6 +247,11 @@ static void req_free(router_t *R, rreq_t *q)
     fy_free(q->tops);
     fy_free(q->top_lps);
     fy_free(q->n_tops);
+    fy_free(q->plp);
+    fy_free(q->plp_rank);
+    fy_free(q->plp_ids);
+    fy_free(q->plp_tlps);
+    fy_free(q->plp_got);
     fy_free(q->text);
     fy_free(q);
 }
@@ -955,6 +968,54 @@ static void on_token(router_t *R, rreq_t *q, fy_msgr_t *r)
     wake_poll(R, q);
 }
 
+/* Prompt logprobs, from the worker that runs the prompt: the prefill
+ * worker (its try's) or, colocated, the decode worker. */
+static void on_prompt_logprobs(router_t *R, rreq_t *q, fy_msgr_t *r)
+{
+    fy_wire_lim_t lim = {.token_hi = R->vocab - 1, .n_prompt = q->n_prompt};
+    fy_wire_prompt_logprobs_t m;
+    fy_wire_prompt_logprobs_init(&m);
+    fy_wire_prompt_logprobs_read(r, &lim, &m);
+    if (fy_msgr_ok(r) && m.has_attempt && m.attempt != q->retries) { /* an earlier try's */
+        fy_wire_prompt_logprobs_clear(&m);
+        return;
+    }
+    int32_t K = q->gen.prompt_top;
+    if (fy_msgr_ok(r) && (!q->gen.prompt_logprobs || m.k != K))
+        fy_msgr_fail(r, FY_ERR_FORMAT, "%d prompt alternatives for a request that asked for %s%d", m.k,
+                     q->gen.prompt_logprobs ? "" : "none, not ", K);
+    if (!fy_msgr_ok(r)) {
+        R->bad_events++;
+        finish_req(R, q, FY_ERR_FORMAT, "bad prompt_logprobs event: %s", r->err);
+        return;
+    }
+    size_t np = (size_t)q->n_prompt;
+    if (!q->plp) {
+        q->plp = fy_calloc(np, sizeof(float));
+        q->plp_rank = fy_calloc(np, sizeof(int32_t));
+        q->plp_ids = K ? fy_calloc(np * (size_t)K, sizeof(int32_t)) : NULL;
+        q->plp_tlps = K ? fy_calloc(np * (size_t)K, sizeof(float)) : NULL;
+        q->plp_got = fy_calloc(np, 1);
+        if (!q->plp || !q->plp_rank || !q->plp_got || (K && (!q->plp_ids || !q->plp_tlps))) {
+            fy_wire_prompt_logprobs_clear(&m);
+            finish_req(R, q, FY_ERR_NOMEM, "router out of memory");
+            return;
+        }
+    }
+    int32_t n = m.n_logprobs;
+    memcpy(q->plp + m.first, m.logprobs, (size_t)n * sizeof(float));
+    memcpy(q->plp_rank + m.first, m.ranks, (size_t)n * sizeof(int32_t));
+    if (K) {
+        memcpy(q->plp_ids + (size_t)m.first * (size_t)K, m.top_ids, (size_t)n * (size_t)K * sizeof(int32_t));
+        memcpy(q->plp_tlps + (size_t)m.first * (size_t)K, m.top_logprobs, (size_t)n * (size_t)K * sizeof(float));
+    }
+    for (int32_t i = m.first; i < m.first + n; i++) {
+        q->plp_have += !q->plp_got[i];
+        q->plp_got[i] = 1;
+    }
+    fy_wire_prompt_logprobs_clear(&m);
+}
+
 static void on_finish(router_t *R, rreq_t *q, fy_msgr_t *r)
 {
     fy_wire_lim_t lim = {.n_prompt = q->n_prompt};
@@ -977,6 +1038,11 @@ static void on_finish(router_t *R, rreq_t *q, fy_msgr_t *r)
     if (len) text_append(q, text, len);
     snprintf(q->finish, sizeof(q->finish), "%s", m.reason);
     if (q->t_first == 0) q->t_first = now_s();
+    if (q->gen.prompt_logprobs && q->plp_have != q->n_prompt - 1) { /* asked for, and not all came */
+        finish_req(R, q, FY_ERR_PEER, "prompt logprobs of %d of the prompt's %d tokens arrived", q->plp_have,
+                   q->n_prompt - 1);
+        return;
+    }
     finish_req(R, q, FY_OK, NULL);
 }
 
@@ -1081,7 +1147,9 @@ static void on_event(void *arg, const fy_env_hdr_t *from, const void *buf, size_
     } else {
         worker_t *w = worker_by_name(R, name, false);
         if (w && w->inc == inc) w->last_seen = now_s();
-        bool decode_side = !fy_wire_ev_accepted_is(&r) && !fy_wire_prefilled_is(&r);
+        /* prompt logprobs: a prefill worker's name their try */
+        bool decode_side = !fy_wire_ev_accepted_is(&r) && !fy_wire_prefilled_is(&r) &&
+                           !(fy_wire_prompt_logprobs_is(&r) && fy_msgr_has(&r, "attempt"));
         rreq_t *q = req_of(R, id, name, inc, decode_side);
         if (!q) {
             /* about a request that ended, or from a worker it no longer belongs to */
@@ -1101,6 +1169,9 @@ static void on_event(void *arg, const fy_env_hdr_t *from, const void *buf, size_
             }
         } else if (fy_wire_token_is(&r)) {
             if (q->state == RQ_DECODING || q->state == RQ_ADOPTING) on_token(R, q, &r);
+        } else if (fy_wire_prompt_logprobs_is(&r)) {
+            if (q->state == RQ_PREFILLING || (R->colocated && (q->state == RQ_ADOPTING || q->state == RQ_DECODING)))
+                on_prompt_logprobs(R, q, &r);
         } else if (fy_wire_finish_is(&r)) {
             if (q->state == RQ_DECODING || q->state == RQ_ADOPTING) on_finish(R, q, &r);
         } else if (fy_wire_lease_expired_is(&r)) {
@@ -1287,6 +1358,13 @@ static void client_generate(router_t *R, fy_rpc_call_t *call, const fy_env_hdr_t
     m.deadline_s = R->request_timeout;
     if (fy_wire_generate_read(r, &lim, &m)) {
         fy_rpc_reply_error(call, 0, r->status, r->err);
+        return;
+    }
+    if (m.gen.prompt_logprobs) { /* the events a client polls carry none: computing them would be waste */
+        fy_wire_generate_clear(&m);
+        fy_rpc_reply_error(
+            call, 0, FY_ERR_INVALID,
+            "field 'prompt_logprobs': served on the HTTP API only (a client's events do not carry them)");
         return;
     }
     int32_t *ids = m.tokens, n = m.n_tokens; /* taken: enqueue owns them */
@@ -1512,6 +1590,13 @@ bool fy_router_view(router_t *R, uint64_t id, fy_router_view_t *v)
     v->top_ids = q->tops;
     v->top_logprobs = q->top_lps;
     v->n_top = q->n_tops;
+    v->prompt_tokens = q->prompt;
+    v->plp_k = q->gen.prompt_top;
+    v->plp_ready = q->gen.prompt_logprobs && q->plp_have == q->n_prompt - 1;
+    v->plp = q->plp;
+    v->plp_rank = q->plp_rank;
+    v->plp_ids = q->plp_ids;
+    v->plp_tlps = q->plp_tlps;
     v->text = q->text ? q->text : "";
     v->text_len = q->text_len;
     v->n_prompt = q->n_prompt;

@@ -64,6 +64,16 @@ typedef struct fy_router_view {
     const int32_t *top_ids;
     const float *top_logprobs;
     const uint8_t *n_top;
+    /* the prompt, and with prompt_logprobs, once all have arrived
+     * (plp_ready): prompt token i's logprob plp[i] and rank plp_rank[i]
+     * (i >= 1), its alternatives plp_ids[i * plp_k ..] and plp_tlps[i *
+     * plp_k ..] */
+    const int32_t *prompt_tokens;
+    bool plp_ready;
+    int32_t plp_k;
+    const float *plp;
+    const int32_t *plp_rank, *plp_ids;
+    const float *plp_tlps;
     const char *text;
     size_t text_len;
     int32_t n_prompt;

@@ -1,7 +1,8 @@
 """openai_check.py BASE_URL KEY - the `openai` Python package against a ferry
 router: the model list and one model retrieved by id (and an unknown id's
 404), plain and streamed completions and chat, max_completion_tokens on
-both endpoints, the errors it raises, and structured outputs and tool calls
+both endpoints, echo with logprobs and prompt_logprobs on completions,
+the errors it raises, and structured outputs and tool calls
 (tools with tool_choice required and named, the stream helper accumulating
 tool-call deltas, the raw deltas' shape (id and name first, then argument
 fragments), parallel_tool_calls=False, a tool result turn after the SDK's
@@ -62,6 +63,38 @@ try:
 except openai.BadRequestError as e:
     assert "max_tokens" in str(e), e
 
+# echo and logprobs on completions: the prompt then the completion, the
+# logprobs covering both (the first prompt token's null), text offsets
+# into the returned text; max_tokens 0 with echo is the prompt alone;
+# prompt_logprobs (vLLM's) through extra_body, and refused with a stream
+e = client.completions.create(model=model, prompt="The sky is", max_tokens=4, temperature=0, echo=True,
+                              logprobs=2, extra_body={"ignore_eos": True, "prompt_logprobs": 1})
+ch = e.choices[0]
+assert ch.text.startswith("The sky is") and len(ch.text) > len("The sky is"), ch.text
+lp = ch.logprobs
+n = len(lp.tokens)
+assert n == e.usage.prompt_tokens + 4 and len(lp.token_logprobs) == n and len(lp.text_offset) == n, lp
+assert lp.token_logprobs[0] is None and all(x <= 0 for x in lp.token_logprobs[1:]), lp.token_logprobs
+assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset), lp.text_offset
+assert "".join(lp.tokens) == ch.text, (lp.tokens, ch.text)
+assert lp.top_logprobs[0] is None and all(len(t) >= 1 for t in lp.top_logprobs[1:]), lp.top_logprobs
+plp = ch.model_extra["prompt_logprobs"]
+assert plp[0] is None and len(plp) == e.usage.prompt_tokens, plp
+for i, d in enumerate(plp[1:], 1):
+    mine = [v for v in d.values() if abs(v["logprob"] - lp.token_logprobs[i]) < 1e-6]
+    assert mine and all(v["rank"] >= 1 for v in d.values()), (i, d, lp.token_logprobs[i])
+o = client.completions.create(model=model, prompt="The sky is", max_tokens=0, echo=True)
+assert o.choices[0].text == "The sky is" and o.usage.completion_tokens == 0, o
+try:
+    client.completions.create(model=model, prompt="x", max_tokens=2, stream=True, extra_body={"prompt_logprobs": 1})
+    raise SystemExit("prompt_logprobs with stream was accepted")
+except openai.BadRequestError as e2:
+    assert "prompt_logprobs" in str(e2), e2
+parts = [x.choices[0].text for x in client.completions.create(
+    model=model, prompt="The sky is", max_tokens=4, temperature=0, echo=True, stream=True,
+    extra_body={"ignore_eos": True}) if x.choices]
+assert parts[0] == "The sky is" and "".join(parts) == ch.text, (parts, ch.text)
+
 bad = openai.OpenAI(base_url=base, api_key="wrong-key-123", max_retries=0)
 try:
     bad.completions.create(model=model, prompt="x", max_tokens=2)
@@ -69,7 +102,8 @@ try:
 except openai.AuthenticationError:
     pass
 
-print("openai %s: models, completions, chat, streaming, max_completion_tokens, errors: ok" % openai.__version__)
+print("openai %s: models, completions, chat, streaming, max_completion_tokens, echo and logprobs, errors: ok" %
+      openai.__version__)
 
 # ---- structured outputs and tool calls ----
 # Whether the workers apply grammars (a choice list answered verbatim):

@@ -669,6 +669,188 @@ static void test_logits_processing_engine(void **state)
     rig_close(&g);
 }
 
+/* ---- prompt logprobs and bad words ---- */
+
+#define PLP_N 40
+#define PLP_K 5
+
+typedef struct plp_rec {
+    top_rec_t t;
+    float lp[PLP_N];
+    int32_t rank[PLP_N], top[PLP_N][PLP_K];
+    float top_lp[PLP_N][PLP_K];
+    int32_t seen[PLP_N]; /* times each position was reported */
+    int32_t events, after_token;
+} plp_rec_t;
+
+static void on_plp(void *arg, const fy_event_t *ev)
+{
+    plp_rec_t *p = arg;
+    if (ev->kind == FY_EVENT_PROMPT_LOGPROBS) {
+        p->events++;
+        p->after_token += p->t.r.n > 0;
+        assert_int_equal(ev->n_top, PLP_K);
+        assert_true(ev->first >= 1 && ev->first + ev->n_rows <= ev->n_prompt && ev->n_prompt <= PLP_N);
+        for (int32_t r = 0; r < ev->n_rows; r++) {
+            int32_t j = ev->first + r;
+            p->lp[j] = ev->prompt_lps[r];
+            p->rank[j] = ev->prompt_rank[r];
+            memcpy(p->top[j], ev->top_ids + r * PLP_K, sizeof(p->top[j]));
+            memcpy(p->top_lp[j], ev->top_logprobs + r * PLP_K, sizeof(p->top_lp[j]));
+            p->seen[j]++;
+        }
+        return;
+    }
+    on_top(&p->t, ev);
+}
+
+static void run_plp(rig_t *g, const int32_t *p, int32_t n, const fy_request_params_t *rp, plp_rec_t *t)
+{
+    memset(t, 0, sizeof(*t));
+    uint64_t id;
+    assert_int_equal(fy_engine_submit(g->e, p, n, rp, on_plp, t, &id), FY_OK);
+    rig_drain(g);
+    assert_int_equal(t->t.r.terminal, 1);
+    assert_int_equal(t->t.r.kind, FY_EVENT_FINISH);
+}
+
+/* Prompt logprobs against a reference: the prompt run token by token
+ * through the runner (one logit row a pass), each row's log-softmax in
+ * double: every prompt token from the second has its logprob (within
+ * 1e-3), its rank and the top alternatives, reported before the first
+ * token and exactly once, over a runner of 4 logit rows (chunks of at
+ * most 4 tokens); a second identical request, whose prefix is cached,
+ * still computes and reports them all (no cached tokens); the tokens
+ * are those of a request without them; requests beside it in the batch
+ * are unchanged. */
+static void test_prompt_logprobs_engine(void **state)
+{
+    rig_opts_t o;
+    rig_opts(&o, g_tiny);
+    o.max_seqs = 4, o.ep.max_num_seqs = 4;
+    rig_t g;
+    rig_open(&g, &o);
+    int32_t p[PLP_N], V = g.vocab;
+    make_prompt(p, PLP_N, V, 4242);
+    /* the reference */
+    float *ref = fy_malloc((size_t)PLP_N * (size_t)V * sizeof(float));
+    assert_non_null(ref);
+    fy_block_table_t bt;
+    assert_int_equal(fy_kvm_seq_init(g.kvm, &bt, PLP_N, NULL), FY_OK);
+    for (int32_t j = 0; j < PLP_N; j++) {
+        assert_int_equal(fy_kvm_seq_reserve(g.kvm, &bt, j + 1, NULL), FY_OK);
+        fy_forward_seq_t f = {&bt, p + j, 1, j, 1, NULL};
+        assert_int_equal(fy_runner_forward(g.r, &f, 1, ref + (size_t)j * (size_t)V), FY_OK);
+        fy_kvm_seq_commit(g.kvm, &bt, p, j + 1, NULL);
+    }
+    fy_kvm_seq_release(g.kvm, &bt);
+    fy_kvm_seq_deinit(&bt);
+    fy_request_params_t rp;
+    fy_request_params_default(&rp);
+    rp.max_tokens = 6;
+    rp.ignore_eos = true;
+    static top_rec_t plain;
+    run_one(&g, p, PLP_N, &rp, &plain); /* and its blocks are in the prefix cache now */
+    assert_true(plain.r.n_cached > 0);
+    fy_request_params_t q = rp;
+    q.prompt_logprobs = true, q.prompt_top = PLP_K;
+    static plp_rec_t a, b;
+    for (int run = 0; run < 2; run++) {
+        plp_rec_t *t = run ? &b : &a;
+        run_plp(&g, p, PLP_N, &q, t);
+        assert_int_equal(t->t.r.n_cached, 0); /* the prefix cache gave it nothing */
+        assert_int_equal(t->after_token, 0);
+        assert_true(t->events >= (PLP_N - 1 + 3) / 4); /* chunks of at most 4 rows */
+        assert_memory_equal(t->t.r.tokens, plain.r.tokens, sizeof(int32_t) * 6);
+        assert_int_equal(t->seen[0], 0);
+        for (int32_t j = 1; j < PLP_N; j++) {
+            assert_int_equal(t->seen[j], 1);
+            const float *row = ref + (size_t)(j - 1) * (size_t)V;
+            double mx = row[0], sum = 0;
+            for (int32_t v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+            for (int32_t v = 0; v < V; v++) sum += exp((double)row[v] - mx);
+            double lse = mx + log(sum), want = (double)row[p[j]] - lse;
+            int32_t rank = 1, best = 0;
+            for (int32_t v = 0; v < V; v++) {
+                rank += row[v] > row[p[j]];
+                if (row[v] > row[best]) best = v;
+            }
+            if (fabs(t->lp[j] - want) > 1e-3)
+                fail_msg("prompt token %d: logprob %g, the reference %g", j, (double)t->lp[j], want);
+            assert_int_equal(t->rank[j], rank);
+            assert_int_equal(t->top[j][0], best);
+            assert_true(fabs(t->top_lp[j][0] - ((double)row[best] - lse)) < 1e-3);
+            for (int32_t k = 1; k < PLP_K; k++) assert_true(t->top_lp[j][k] <= t->top_lp[j][k - 1]);
+        }
+    }
+    assert_memory_equal(a.lp, b.lp, sizeof(a.lp));
+    assert_memory_equal(a.top, b.top, sizeof(a.top));
+    /* beside others: three at once, the middle one with prompt logprobs */
+    static plp_rec_t m[3];
+    uint64_t id;
+    for (int i = 0; i < 3; i++) {
+        memset(&m[i], 0, sizeof(m[i]));
+        assert_int_equal(fy_engine_submit(g.e, p, PLP_N, i == 1 ? &q : &rp, on_plp, &m[i], &id), FY_OK);
+    }
+    rig_drain(&g);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(m[i].t.r.kind, FY_EVENT_FINISH);
+        assert_memory_equal(m[i].t.r.tokens, plain.r.tokens, sizeof(int32_t) * 6);
+        assert_int_equal(m[i].events > 0, i == 1);
+    }
+    for (int32_t j = 1; j < PLP_N; j++) assert_true(fabsf(m[1].lp[j] - a.lp[j]) < 1e-5f);
+    /* out of range: refused */
+    q.prompt_top = FY_LOGITS_MAX_TOP + 1;
+    fy_test_log_begin();
+    assert_int_equal(fy_engine_submit(g.e, p, PLP_N, &q, on_plp, &a, &id), FY_ERR_INVALID);
+    fy_test_log_end();
+    fy_free(ref);
+    rig_close(&g);
+}
+
+/* Bad words (vLLM's rule) on the tiny model, greedy: a one-token word
+ * never comes out; a two-token word taken from the greedy output stops
+ * that pair from forming (the output follows the greedy one up to it and
+ * then differs); the pair's first token alone is still allowed. */
+static void test_bad_words_engine(void **state)
+{
+    rig_opts_t o;
+    rig_opts(&o, g_tiny);
+    o.caching = false;
+    rig_t g;
+    rig_open(&g, &o);
+    int32_t p[16];
+    make_prompt(p, 16, g.vocab, 515);
+    fy_request_params_t rp;
+    fy_request_params_default(&rp);
+    rp.max_tokens = 30;
+    rp.ignore_eos = true;
+    static top_rec_t base, t;
+    run_one(&g, p, 16, &rp, &base);
+    /* a pair from the output whose first token came out before it alone */
+    int32_t at = 3;
+    int32_t lens[2] = {2, 1}, ids[3] = {base.r.tokens[at], base.r.tokens[at + 1], base.r.tokens[0]};
+    fy_request_params_t q = rp;
+    q.logits.bad_lens = lens, q.logits.bad_ids = ids, q.logits.n_bad = 1;
+    run_one(&g, p, 16, &q, &t);
+    assert_memory_equal(t.r.tokens, base.r.tokens, sizeof(int32_t) * (size_t)(at + 1));
+    assert_int_not_equal(t.r.tokens[at + 1], base.r.tokens[at + 1]);
+    for (int32_t i = 1; i < t.r.n; i++) assert_false(t.r.tokens[i - 1] == ids[0] && t.r.tokens[i] == ids[1]);
+    /* and a one-token word: the greedy first token, never */
+    q.logits.n_bad = 2;
+    run_one(&g, p, 16, &q, &t);
+    for (int32_t i = 0; i < t.r.n; i++) assert_int_not_equal(t.r.tokens[i], base.r.tokens[0]);
+    /* a token outside the vocabulary: refused by name */
+    int32_t far = g.vocab, one = 1;
+    q.logits.bad_lens = &one, q.logits.bad_ids = &far, q.logits.n_bad = 1;
+    uint64_t id;
+    fy_test_log_begin();
+    assert_int_equal(fy_engine_submit(g.e, p, 16, &q, on_top, &t, &id), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("bad_words names token", NULL));
+    fy_test_log_end();
+    rig_close(&g);
+}
+
 /* ---- structured outputs (grammar.h) ---- */
 
 /* One greedy request under a structured output on the tiny model: its
@@ -1352,6 +1534,8 @@ int main(void)
         cmocka_unit_test(test_kv_budget_preempt_swap),
         cmocka_unit_test(test_kv_budget_preempt_recompute),
         cmocka_unit_test(test_logits_processing_engine),
+        cmocka_unit_test(test_prompt_logprobs_engine),
+        cmocka_unit_test(test_bad_words_engine),
         cmocka_unit_test(test_structured_outputs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

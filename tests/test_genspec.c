@@ -235,12 +235,73 @@ static void test_logits_fields(void **state)
     assert_false(wire_takes(&g));
 }
 
+/* prompt_logprobs and bad_words: through the wire and back; the check
+ * and the reader refuse the same values, naming the field. */
+static void test_prompt_logprobs_bad_words(void **state)
+{
+    (void)state;
+    fy_genspec_t g, back;
+    fy_genspec_default(&g);
+    assert_false(g.prompt_logprobs);
+    g.prompt_logprobs = true, g.prompt_top = 0; /* 0 alternatives is still asking */
+    g.n_bad = 3, g.bad_lens[0] = 1, g.bad_lens[1] = 3, g.bad_lens[2] = 2;
+    for (int32_t i = 0; i < 6; i++) g.bad_ids[i] = 100 + i;
+    const char *field;
+    char why[160];
+    assert_int_equal(fy_genspec_check(&g, CAP, &field, why, sizeof(why)), FY_OK);
+    assert_true(fy_genspec_processes_logits(&g));
+    fy_msgw_t w;
+    fy_msgw_init(&w, "t");
+    fy_genspec_write(&w, &g);
+    void *buf;
+    size_t len;
+    assert_int_equal(fy_msgw_finish(&w, &buf, &len), FY_OK);
+    fy_msgr_t r;
+    assert_int_equal(fy_msgr_parse(&r, buf, len), FY_OK);
+    fy_genspec_default(&back);
+    fy_genspec_read(&r, &back, CAP);
+    assert_true(fy_msgr_ok(&r));
+    fy_msgr_free(&r);
+    fy_free(buf);
+    assert_true(back.prompt_logprobs && back.prompt_top == 0 && back.n_bad == 3);
+    assert_memory_equal(back.bad_lens, g.bad_lens, 3 * sizeof(int32_t));
+    assert_memory_equal(back.bad_ids, g.bad_ids, 6 * sizeof(int32_t));
+    /* out of range: the check names the field and the wire refuses it */
+    g.prompt_top = FY_GEN_MAX_PROMPT_LOGPROBS + 1;
+    assert_int_equal(fy_genspec_check(&g, CAP, &field, why, sizeof(why)), FY_ERR_INVALID);
+    assert_string_equal(field, "prompt_logprobs");
+    assert_false(wire_takes(&g));
+    g.prompt_top = 20, g.bad_lens[1] = FY_GEN_BAD_SEQ_MAX + 1;
+    assert_int_equal(fy_genspec_check(&g, CAP, &field, why, sizeof(why)), FY_ERR_INVALID);
+    assert_string_equal(field, "bad_words");
+    assert_false(wire_takes(&g));
+    g.bad_lens[1] = 3, g.bad_ids[4] = -1;
+    assert_int_equal(fy_genspec_check(&g, CAP, &field, why, sizeof(why)), FY_ERR_INVALID);
+    assert_string_equal(field, "bad_words");
+    assert_false(wire_takes(&g));
+    /* ids and lengths that disagree, by hand */
+    int32_t lens[2] = {2, 2}, ids[3] = {1, 2, 3};
+    fy_msgw_init(&w, "t");
+    fy_msgw_i32s(&w, "bad_words_lens", lens, 2);
+    fy_msgw_i32s(&w, "bad_words_ids", ids, 3);
+    assert_int_equal(fy_msgw_finish(&w, &buf, &len), FY_OK);
+    assert_int_equal(fy_msgr_parse(&r, buf, len), FY_OK);
+    fy_genspec_default(&back);
+    fy_genspec_read(&r, &back, CAP);
+    assert_false(fy_msgr_ok(&r));
+    assert_non_null(strstr(r.err, "bad_words_ids"));
+    assert_int_equal(back.n_bad, 0);
+    fy_msgr_free(&r);
+    fy_free(buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_check_agrees_with_wire),
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_logits_fields),
+        cmocka_unit_test(test_prompt_logprobs_bad_words),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -935,7 +935,12 @@ static void test_field_table(void **state)
         {"logit_bias", "{\"x\":5}", 400, 0, 0},
         {"repetition_penalty", "0", 400, 0, 0},
         {"best_of", "2", 400, 0, 1},
-        {"echo", "true", 400, 0, 1},
+        {"echo", "true", 200, 0, 1},
+        {"echo", "true", 400, 1, 0},
+        {"prompt_logprobs", "2", 200, 0, 0},
+        {"prompt_logprobs", "21", 400, 0, 0},
+        {"bad_words", "[\"x\"]", 200, 0, 0},
+        {"bad_words", "\"x\"", 400, 0, 0},
         {"suffix", "\"x\"", 400, 0, 1},
         {"logprobs", "2", 200, 0, 1},
         {"logprobs", "21", 400, 0, 1},
@@ -1423,6 +1428,252 @@ static void test_overload_503(void **state)
     tc_stop(&c2);
 }
 
+/* ---- echo, prompt logprobs, bad words ---- */
+
+#define EPROMPT "The capital of France is"
+
+/* The prompt's token ids (/tokenize). */
+static json_t *prompt_tokens(void)
+{
+    resp_t r = call("POST", "/tokenize", KEY_A, "{\"prompt\":\"" EPROMPT "\"}");
+    assert_int_equal(r.status, 200);
+    json_t *j = json_of(&r), *t = json_incref(json_object_get(j, "tokens"));
+    json_decref(j);
+    free(r.body);
+    assert_true(json_array_size(t) > 2);
+    return t;
+}
+
+/* One completion with echo, logprobs 2 and prompt_logprobs 3 on the
+ * cluster at PORT, checked for shape against the prompt's tokens: the
+ * text is the prompt then the completion, the logprobs cover the prompt
+ * (the first token's null) then the completion with increasing text
+ * offsets, prompt_logprobs has a null then a map per token holding the
+ * token itself (the same logprob as the echo's) and the 3 most likely
+ * (ranks 1 to 3).  Returns the choice (the caller's). */
+static json_t *echo_completion(const json_t *ptoks)
+{
+    resp_t r = call("POST", "/v1/completions", KEY_A,
+                    "{\"prompt\":\"" EPROMPT "\",\"max_tokens\":5,\"temperature\":0,\"ignore_eos\":true,"
+                    "\"echo\":true,\"logprobs\":2,\"prompt_logprobs\":3}");
+    if (r.status != 200) fail_msg("HTTP %d: %s", r.status, r.body);
+    json_t *j = json_of(&r), *c = json_incref(json_array_get(json_object_get(j, "choices"), 0));
+    size_t np = json_array_size(ptoks);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens")), np);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 5);
+    json_decref(j);
+    free(r.body);
+    const char *text = json_string_value(json_object_get(c, "text"));
+    assert_non_null(text);
+    if (strncmp(text, EPROMPT, strlen(EPROMPT)) || strlen(text) <= strlen(EPROMPT))
+        fail_msg("echo's text '%s' is not the prompt and more", text);
+    json_t *lp = json_object_get(c, "logprobs"), *lps = json_object_get(lp, "token_logprobs");
+    json_t *toks = json_object_get(lp, "tokens"), *tops = json_object_get(lp, "top_logprobs");
+    json_t *offs = json_object_get(lp, "text_offset");
+    assert_int_equal(json_array_size(lps), np + 5);
+    assert_int_equal(json_array_size(toks), np + 5);
+    assert_int_equal(json_array_size(tops), np + 5);
+    assert_int_equal(json_array_size(offs), np + 5);
+    assert_true(json_is_null(json_array_get(lps, 0)) && json_is_null(json_array_get(tops, 0)));
+    size_t at = 0;
+    for (size_t i = 0; i < np + 5; i++) {
+        assert_int_equal(json_integer_value(json_array_get(offs, i)), at);
+        at += strlen(json_string_value(json_array_get(toks, i)));
+        if (i == 0) continue;
+        assert_true(json_is_number(json_array_get(lps, i)) && json_number_value(json_array_get(lps, i)) <= 0);
+        assert_true(json_object_size(json_array_get(tops, i)) >= 1);
+    }
+    assert_int_equal(at, strlen(text));
+    json_t *pl = json_object_get(c, "prompt_logprobs");
+    assert_int_equal(json_array_size(pl), np);
+    assert_true(json_is_null(json_array_get(pl, 0)));
+    for (size_t i = 1; i < np; i++) {
+        json_t *d = json_array_get(pl, i);
+        char key[16];
+        snprintf(key, sizeof(key), "%lld", (long long)json_integer_value(json_array_get(ptoks, i)));
+        json_t *own = json_object_get(d, key);
+        if (!own) fail_msg("prompt_logprobs[%zu] lacks the prompt's token %s", i, key);
+        assert_true(json_object_size(d) == 3 || json_object_size(d) == 4);
+        assert_true(json_integer_value(json_object_get(own, "rank")) >= 1);
+        assert_true(json_is_string(json_object_get(own, "decoded_token")));
+        assert_true(fabs(json_number_value(json_object_get(own, "logprob")) -
+                         json_number_value(json_array_get(lps, i))) < 1e-6);
+        int ranks = 0;
+        const char *k;
+        json_t *v;
+        json_object_foreach(d, k, v)
+        {
+            json_int_t rk = json_integer_value(json_object_get(v, "rank"));
+            ranks |= rk >= 1 && rk <= 3 ? 1 << rk : 0;
+        }
+        assert_int_equal(ranks, 0xe); /* 1, 2 and 3 */
+    }
+    return c;
+}
+
+/* The same numbers (logprobs of the prompt and the completion, the
+ * alternatives of the prompt) in two answers, within tol. */
+static void same_logprobs(const json_t *a, const json_t *b, double tol, const char *what)
+{
+    assert_string_equal(json_string_value(json_object_get(a, "text")), json_string_value(json_object_get(b, "text")));
+    json_t *la = json_object_get(json_object_get(a, "logprobs"), "token_logprobs");
+    json_t *lb = json_object_get(json_object_get(b, "logprobs"), "token_logprobs");
+    assert_int_equal(json_array_size(la), json_array_size(lb));
+    for (size_t i = 1; i < json_array_size(la); i++) {
+        double x = json_number_value(json_array_get(la, i)), y = json_number_value(json_array_get(lb, i));
+        if (fabs(x - y) > tol) fail_msg("%s: logprob %zu is %g and %g", what, i, x, y);
+    }
+    json_t *pa = json_object_get(a, "prompt_logprobs"), *pb = json_object_get(b, "prompt_logprobs");
+    for (size_t i = 1; i < json_array_size(pa); i++) {
+        const char *k;
+        json_t *v;
+        json_object_foreach(json_array_get(pa, i), k, v)
+        {
+            json_t *w = json_object_get(json_array_get(pb, i), k);
+            if (!w) fail_msg("%s: prompt token %zu: alternative %s in one answer only", what, i, k);
+            double x = json_number_value(json_object_get(v, "logprob")),
+                   y = json_number_value(json_object_get(w, "logprob"));
+            if (fabs(x - y) > tol) fail_msg("%s: prompt token %zu, token %s: %g and %g", what, i, k, x, y);
+        }
+    }
+}
+
+/* A greedy completion's text under bad_words (NULL: none). */
+static char *greedy_text(const char *bad_words)
+{
+    char body[512];
+    snprintf(body, sizeof(body),
+             "{\"prompt\":\"" EPROMPT "\",\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true%s%s}",
+             bad_words ? ",\"bad_words\":" : "", bad_words ? bad_words : "");
+    resp_t r = call("POST", "/v1/completions", KEY_A, body);
+    if (r.status != 200) fail_msg("HTTP %d: %s", r.status, r.body);
+    json_t *j = json_of(&r);
+    char *t = fy_strdup(json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text")));
+    json_decref(j);
+    free(r.body);
+    return t;
+}
+
+/* echo, logprobs over the prompt and prompt_logprobs, through the prefill
+ * worker (this cluster) and colocated (a second cluster without prefill
+ * workers): the same values from both, and again once the prompt is in
+ * the prefix caches; streamed, the prompt comes first with its logprobs;
+ * max_tokens 0 with echo is the prompt alone; bad_words keeps a word the
+ * greedy answer has out of it, on both clusters; bad values are refused
+ * naming the field. */
+static void test_echo_prompt_logprobs_bad_words(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    json_t *ptoks = prompt_tokens();
+    size_t np = json_array_size(ptoks);
+    json_t *a = echo_completion(ptoks), *b = echo_completion(ptoks); /* b: the prompt cached by now */
+    same_logprobs(a, b, 1e-5, "disaggregated, again");
+    /* streamed: the prompt and its logprobs first, then the same text */
+    resp_t r = call("POST", "/v1/completions", KEY_A,
+                    "{\"prompt\":\"" EPROMPT "\",\"max_tokens\":5,\"temperature\":0,\"ignore_eos\":true,"
+                    "\"echo\":true,\"logprobs\":1,\"stream\":true}");
+    assert_int_equal(r.status, 200);
+    char all[1024] = "";
+    int chunk = 0;
+    for (const char *d = strstr(r.body, "data: {"); d; d = strstr(d + 1, "data: {")) {
+        json_error_t e;
+        json_t *c = json_loadb(d + 6, strcspn(d + 6, "\n"), 0, &e),
+               *ch = json_array_get(json_object_get(c, "choices"), 0);
+        const char *t = json_string_value(json_object_get(ch, "text"));
+        if (chunk++ == 0) {
+            assert_string_equal(t, EPROMPT);
+            assert_int_equal(json_array_size(json_object_get(json_object_get(ch, "logprobs"), "tokens")), np);
+        }
+        strncat(all, t ? t : "", sizeof(all) - strlen(all) - 1);
+        json_decref(c);
+    }
+    assert_string_equal(all, json_string_value(json_object_get(a, "text")));
+    free(r.body);
+    /* max_tokens 0: the prompt alone */
+    r = call("POST", "/v1/completions", KEY_A,
+             "{\"prompt\":\"" EPROMPT "\",\"max_tokens\":0,\"echo\":true,\"logprobs\":0}");
+    if (r.status != 200) fail_msg("HTTP %d: %s", r.status, r.body);
+    json_t *j = json_of(&r), *c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c, "text")), EPROMPT);
+    assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "length");
+    assert_int_equal(json_array_size(json_object_get(json_object_get(c, "logprobs"), "tokens")), np);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 0);
+    json_decref(j);
+    free(r.body);
+    /* bad words: the greedy answer's first word is kept out of it */
+    char *plain = greedy_text(NULL), word[64] = "", bw[80], spaced[66];
+    sscanf(plain, " %63[A-Za-z]", word);
+    if (!word[0]) fail_msg("no word in the greedy answer '%s'", plain);
+    snprintf(bw, sizeof(bw), "[\"%s\"]", word);
+    snprintf(spaced, sizeof(spaced), " %s", word);
+    char *banned = greedy_text(bw);
+    fprintf(stderr, "greedy '%s'; without '%s': '%s'\n", plain, word, banned);
+    assert_non_null(strstr(plain, spaced));
+    assert_null(strstr(banned, spaced));
+    /* colocated: the same values and the same ban */
+    tc_cluster_t c2;
+    int port2 = free_port(), keep = PORT;
+    char http[128], keyset[600];
+    snprintf(http, sizeof(http), "router.http=http://127.0.0.1:%d", port2);
+    snprintf(keyset, sizeof(keyset), "router.api_keys=%s", KEYS);
+    tc_opts_t o = {.n_prefill = 0, .n_decode = 1, .common = {http, keyset, "decode.kv_mem=64MiB"}};
+    tc_start(&c2, &o);
+    PORT = port2;
+    json_t *co = echo_completion(ptoks);
+    same_logprobs(a, co, 1e-4, "colocated against disaggregated");
+    char *banned2 = greedy_text(bw);
+    assert_string_equal(banned2, banned);
+    PORT = keep;
+    tc_stop(&c2);
+    /* refusals, each naming its field */
+    static const struct {
+        const char *body, *param;
+    } bad[] = {
+        {"{\"prompt\":\"x\",\"prompt_logprobs\":21}", "prompt_logprobs"},
+        {"{\"prompt\":\"x\",\"prompt_logprobs\":-1}", "prompt_logprobs"},
+        {"{\"prompt\":\"x\",\"prompt_logprobs\":\"3\"}", "prompt_logprobs"},
+        {"{\"prompt\":\"x\",\"prompt_logprobs\":2,\"stream\":true}", "prompt_logprobs"},
+        {"{\"prompt\":\"x\",\"bad_words\":\"word\"}", "bad_words"},
+        {"{\"prompt\":\"x\",\"bad_words\":[1]}", "bad_words"},
+        {"{\"prompt\":\"x\",\"bad_words\":[\"\"]}", "bad_words"},
+        {"{\"prompt\":\"x\",\"bad_words\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\",\"j\",\"k\","
+         "\"l\",\"m\",\"n\",\"o\",\"p\",\"q\",\"r\",\"s\",\"t\",\"u\",\"v\",\"w\",\"x\",\"y\",\"z\",\"A\",\"B\","
+         "\"C\",\"D\",\"E\",\"F\",\"G\"]}",
+         "bad_words"},
+        {"{\"prompt\":\"x\",\"max_tokens\":0}", "max_tokens"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"echo\":true}", "echo"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+        const char *path = strstr(bad[i].body, "messages") ? "/v1/chat/completions" : "/v1/completions";
+        r = call("POST", path, KEY_A, bad[i].body);
+        expect_error(&r, 400, bad[i].param, NULL);
+        free(r.body);
+    }
+    /* the nng client's events carry no prompt logprobs: its port refuses them by name */
+    fy_client_req_t q = {.prompt = "Hi"};
+    fy_genspec_default(&q.gen);
+    q.gen.prompt_logprobs = true;
+    fy_client_stream_t cs;
+    char err[256] = "";
+    assert_int_equal(fy_client_generate(C.client, &q, &cs, err, sizeof(err)), FY_ERR_INVALID);
+    assert_non_null(strstr(err, "prompt_logprobs"));
+    /* a prompt whose logprobs would be too many entries (6300 tokens
+     * times 21): refused by name; with 5 alternatives it is not */
+    char *big = token_prompt_json(6300, 3, ",\"prompt_logprobs\":20,\"max_tokens\":1");
+    r = call("POST", "/v1/completions", KEY_A, big);
+    expect_error(&r, 400, "prompt_logprobs", "entries");
+    free(r.body);
+    fy_free(big);
+    fy_free(plain);
+    fy_free(banned);
+    fy_free(banned2);
+    json_decref(a);
+    json_decref(b);
+    json_decref(co);
+    json_decref(ptoks);
+}
+
 /* ---- curl, the client people type ---- */
 
 static char *run_capture(const char *cmd)
@@ -1523,6 +1774,7 @@ int main(void)
         cmocka_unit_test(test_tokenize_and_friends),
         cmocka_unit_test(test_max_completion_tokens),
         cmocka_unit_test(test_sampling_controls),
+        cmocka_unit_test(test_echo_prompt_logprobs_bad_words),
         cmocka_unit_test(test_field_table),
         cmocka_unit_test(test_tool_calls),
         cmocka_unit_test(test_keepalive_after_refusals),

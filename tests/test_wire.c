@@ -387,6 +387,16 @@ static bool old_write(const fy_wire_schema_t *s, const void *p, fy_msgw_t *w)
         if (m->has_logprob) fy_msgw_f64(w, "logprob", m->logprob);
         if (m->n_top_ids) fy_msgw_i32s(w, "top_ids", m->top_ids, m->n_top_ids);
         if (m->n_top_logprobs) fy_msgw_f32s(w, "top_logprobs", m->top_logprobs, m->n_top_logprobs);
+    } else if (s == &fy_wire_prompt_logprobs_schema) { /* node.c's fy_node_push_prompt_logprobs, by hand */
+        const fy_wire_prompt_logprobs_t *m = p;
+        old_ev(w, "prompt_logprobs", &m->ev);
+        if (m->has_attempt) fy_msgw_i64(w, "attempt", m->attempt);
+        fy_msgw_i64(w, "first", m->first);
+        fy_msgw_i64(w, "k", m->k);
+        fy_msgw_f32s(w, "logprobs", m->logprobs, m->n_logprobs);
+        fy_msgw_i32s(w, "ranks", m->ranks, m->n_ranks);
+        if (m->n_top_ids) fy_msgw_i32s(w, "top_ids", m->top_ids, m->n_top_ids);
+        if (m->n_top_logprobs) fy_msgw_f32s(w, "top_logprobs", m->top_logprobs, m->n_top_logprobs);
     } else if (s == &fy_wire_finish_schema) {
         const fy_wire_finish_t *m = p;
         old_ev(w, "finish", &m->ev);
@@ -1219,6 +1229,14 @@ static char *reference(void)
     sb_add(&b, "| `min_tokens` | int | not zero | 0 to `max_tokens` |\n");
     sb_add(&b, "| `top_logprobs` | int | not zero | 0 to %d |\n", FY_GEN_MAX_TOP_LOGPROBS);
     sb_add(&b, "| `stop_token_ids` | [int] | when any | at most %d token ids |\n", FY_GEN_MAX_STOP_IDS);
+    sb_add(&b,
+           "| `prompt_logprobs` | int | when asked | 0 to %d: alternatives per prompt token (present: the prompt's "
+           "logprobs are wanted; the worker running the prompt sends `prompt_logprobs` events) |\n",
+           FY_GEN_MAX_PROMPT_LOGPROBS);
+    sb_add(&b,
+           "| `bad_words_lens`, `bad_words_ids` | [int], [int] | when any | at most %d sequences of 1 to %d tokens, "
+           "%d tokens in all; the ids the sequences one after another (as many as the lengths add up to) |\n",
+           FY_GEN_MAX_BAD_SEQS, FY_GEN_BAD_SEQ_MAX, FY_GEN_MAX_BAD_TOKENS);
     for (int32_t i = 0; i < fy_wire_n_all; i++) {
         const fy_wire_schema_t *s = fy_wire_all[i];
         sb_add(&b, "\n#### `%s` (%s)\n\n", fy_wire_type(s), fy_wire_route(s));

@@ -19,6 +19,11 @@ static float g_scores[2] = {12.5f, 0.75f};
 /* a token's alternatives (top_logprobs) */
 static int32_t g_top_ids[2] = {42, 7};
 static float g_top_lps[2] = {-0.125f, -2.5f};
+/* prompt logprobs of tokens 5 and 6, two alternatives each */
+static float g_plp[2] = {-1.5f, -0.25f};
+static int32_t g_plp_rank[2] = {3, 1};
+static int32_t g_plp_ids[4] = {42, 7, 9, 42};
+static float g_plp_tlps[4] = {-0.5f, -1.0f, -0.25f, -2.0f};
 static uint64_t g_ids[3] = {7, 8, 1ull << 40};
 static int32_t g_attempts[3] = {0, 1, 1000};
 static int32_t g_computed[3] = {16, 40, 0};
@@ -51,6 +56,9 @@ static void gen_full(fy_genspec_t *g)
     g->min_tokens = 4;
     g->top_logprobs = 3;
     g->n_stop_ids = 1, g->stop_ids[0] = 2;
+    g->prompt_logprobs = true, g->prompt_top = 2;
+    g->n_bad = 2, g->bad_lens[0] = 1, g->bad_lens[1] = 2;
+    g->bad_ids[0] = 17, g->bad_ids[1] = 30, g->bad_ids[2] = 31;
     g->grammar_kind = FY_GEN_GRAMMAR_JSON_SCHEMA;
     g->grammar_len =
         snprintf(g->grammar, sizeof(g->grammar),
@@ -281,6 +289,20 @@ void fy_test_wire_example(const fy_wire_schema_t *s, void *p)
                                                   .n_top_ids = 2,
                                                   .top_logprobs = g_top_lps,
                                                   .n_top_logprobs = 2};
+    } else if (s == &fy_wire_prompt_logprobs_schema) {
+        *(fy_wire_prompt_logprobs_t *)p = (fy_wire_prompt_logprobs_t){.ev = ev("prefill-0", 0, 7),
+                                                                      .has_attempt = true,
+                                                                      .attempt = 1,
+                                                                      .first = 5,
+                                                                      .k = 2,
+                                                                      .logprobs = g_plp,
+                                                                      .n_logprobs = 2,
+                                                                      .ranks = g_plp_rank,
+                                                                      .n_ranks = 2,
+                                                                      .top_ids = g_plp_ids,
+                                                                      .n_top_ids = 4,
+                                                                      .top_logprobs = g_plp_tlps,
+                                                                      .n_top_logprobs = 4};
     } else if (s == &fy_wire_finish_schema) {
         fy_wire_finish_t *m = p;
         *m = (fy_wire_finish_t){

@@ -138,6 +138,27 @@ fy_wire_ev_t fy_node_ev(const fy_node_t *n, uint64_t rid, uint64_t id)
     return h;
 }
 
+void fy_node_push_prompt_logprobs(fy_node_t *n, uint64_t id, int64_t attempt, const fy_event_t *ev)
+{
+    int32_t nt = ev->n_rows * ev->n_top;
+    fy_wire_prompt_logprobs_t m = {.ev = fy_node_ev(n, 0, id),
+                                   .has_attempt = attempt >= 0,
+                                   .attempt = attempt >= 0 ? (int32_t)attempt : 0,
+                                   .first = ev->first,
+                                   .k = ev->n_top,
+                                   .logprobs = (float *)ev->prompt_lps, /* written, not kept */
+                                   .n_logprobs = ev->n_rows,
+                                   .ranks = (int32_t *)ev->prompt_rank,
+                                   .n_ranks = ev->n_rows,
+                                   .top_ids = (int32_t *)ev->top_ids,
+                                   .n_top_ids = nt,
+                                   .top_logprobs = (float *)ev->top_logprobs,
+                                   .n_top_logprobs = nt};
+    fy_msgw_t w;
+    fy_wire_prompt_logprobs_write(&w, &m);
+    fy_node_push(n, &w);
+}
+
 void fy_node_error(fy_node_t *n, uint64_t rid, uint64_t id, fy_status_t st, const char *fmt, ...)
 {
     char msg[512];
@@ -632,4 +653,9 @@ void fy_node_request_params(const fy_genspec_t *gen, const fy_kv_ns_t *ns, const
     rq->grammar_kind = gen->grammar_kind;
     rq->grammar = gen->grammar;
     rq->grammar_len = gen->grammar_len;
+    rq->logits.bad_lens = gen->bad_lens;
+    rq->logits.bad_ids = gen->bad_ids;
+    rq->logits.n_bad = gen->n_bad;
+    rq->prompt_logprobs = gen->prompt_logprobs;
+    rq->prompt_top = gen->prompt_top;
 }

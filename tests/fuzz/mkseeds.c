@@ -933,6 +933,9 @@ static void http(void)
          "\"logit_bias\":{\"1\":2}}"},
         {"completion-max-completion-tokens", false,
          "{\"prompt\":\"hi\",\"max_completion_tokens\":4,\"max_tokens\":4,\"min_tokens\":0}"},
+        {"completion-echo", false,
+         "{\"prompt\":\"The sky is\",\"max_tokens\":0,\"echo\":true,\"logprobs\":2,\"prompt_logprobs\":3,"
+         "\"bad_words\":[\"blue\",\" green sky\"]}"},
         {"tokenize", 2,
          "{\"model\":\"SmolLM2-135M-Instruct.Q4_1\",\"prompt\":\"Hello <|im_end|> \\u00e9\","
          "\"add_special_tokens\":false,\"return_token_strs\":true}"},
