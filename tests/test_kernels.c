@@ -1145,6 +1145,65 @@ static void test_attention_scores_overhead(void **state)
     }
 }
 
+/*
+ * Not a check, a figure (the bits are compared, the times only printed):
+ * a 256-row prompt chunk after a cached prefix, through the one-row walk
+ * and the tiled kernel in alternation (BENCHMARKS.md, issue 19).
+ * FY_TEST_BENCH=1 takes 31 rounds instead of 5.
+ */
+static void test_tiled_attention_speed(void **state)
+{
+    (void)state;
+    enum { H = 9, KV = 3, HD = 64, BS = 16, NQ = 256, MAX_REPS = 31 };
+    const int reps = getenv("FY_TEST_BENCH") ? MAX_REPS : 5, ctxs[] = {512, 2048};
+    for (int threads = 1; threads <= 2; threads++) {
+        fy_backend_t *be[2];
+        setenv("FY_CPU_ATTN", "rows", 1);
+        be[0] = attn_backend(threads, NQ, 2048, H, HD);
+        unsetenv("FY_CPU_ATTN");
+        be[1] = attn_backend(threads, NQ, 2048, H, HD);
+        for (size_t ci = 0; ci < FY_ARRAY_LEN(ctxs); ci++) {
+            const int ctx = ctxs[ci], nb = ctx / BS;
+            fy_kv_layout_t lay;
+            assert_int_equal(fy_kv_layout_init(&lay, 1, KV, HD, BS, FY_DTYPE_F16), FY_OK);
+            char *arena = calloc((size_t)nb, lay.block_bytes);
+            int32_t *table = malloc(sizeof(int32_t) * nb), tok[NQ] = {0}, pos[NQ], slot[NQ];
+            uint64_t seed = 19;
+            for (int i = 0; i < nb; i++) table[i] = (int32_t)((i * 97) % nb); /* scattered */
+            write_kv(be[0], &lay, arena, 0, table, ctx, NQ, &seed);
+            float *q = malloc(sizeof(float) * NQ * H * HD), *out[2];
+            out[0] = malloc(sizeof(float) * NQ * H * HD), out[1] = malloc(sizeof(float) * NQ * H * HD);
+            for (int i = 0; i < NQ * H * HD; i++) q[i] = fy_test_rand_uniform(&seed) * 2 - 1;
+            fy_attn_seq_t seq = {0, NQ, ctx, nb, table, 0};
+            for (int t = 0; t < NQ; t++) pos[t] = ctx - NQ + t, slot[t] = table[pos[t] / BS] * BS + pos[t] % BS;
+            fy_batch_meta_t m = {NQ, tok, pos, slot, 1, &seq, 1};
+            double t[2][MAX_REPS];
+            for (int r = 0; r < reps; r++) {
+                for (int k = 0; k < 2; k++) {
+                    int i = k ^ (r & 1);
+                    assert_int_equal(fy_backend_set_batch(be[i], &m), FY_OK);
+                    double t0 = now_ms();
+                    assert_int_equal(fy_backend_attention(be[i], &lay, arena, 0, H, 0.125f, 0, q, out[i]), FY_OK);
+                    t[i][r] = now_ms() - t0;
+                }
+            }
+            assert_memory_equal(out[0], out[1], sizeof(float) * NQ * H * HD);
+            qsort(t[0], (size_t)reps, sizeof(double), cmp_double);
+            qsort(t[1], (size_t)reps, sizeof(double), cmp_double);
+            double flop = 0;
+            for (int i = 0; i < NQ; i++) flop += 4.0 * (pos[i] + 1) * H * HD;
+            fprintf(stderr,
+                    "tiled attention: %d-row chunk at %d-%d (%d heads, %d kv of %d, f16, block %d, %d thread%s): "
+                    "median %.3f ms rows, %.3f ms tiles (%.2fx, %.1f GFLOP/s); fastest %.3f, %.3f (%.2fx); %d rounds\n",
+                    NQ, ctx - NQ, ctx, H, KV, HD, BS, threads, threads > 1 ? "s" : "", t[0][reps / 2], t[1][reps / 2],
+                    t[0][reps / 2] / t[1][reps / 2], flop / t[1][reps / 2] * 1e-6, t[0][0], t[1][0], t[0][0] / t[1][0],
+                    reps);
+            free(arena), free(table), free(q), free(out[0]), free(out[1]);
+        }
+        fy_backend_destroy(be[0]), fy_backend_destroy(be[1]);
+    }
+}
+
 /* ---- thread pool ------------------------------------------------------------------------ */
 
 typedef struct tp_job {
@@ -1224,6 +1283,7 @@ int main(void)
         cmocka_unit_test(test_attention_scores_passes),
         cmocka_unit_test(test_attention_scores_api),
         cmocka_unit_test(test_attention_scores_overhead),
+        cmocka_unit_test(test_tiled_attention_speed),
         cmocka_unit_test(test_fp8_e4m3_codec),
         cmocka_unit_test(test_kv_scaled_rows),
         cmocka_unit_test(test_threadpool_runs_every_item_once),
