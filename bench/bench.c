@@ -35,6 +35,7 @@
 
 #define BW_BYTES ((size_t)512 << 20)
 #define MAX_THREAD_COUNTS 8
+#define MAX_PROMPTS 8
 
 static double now_s(void)
 {
@@ -147,6 +148,9 @@ typedef struct bench_result {
     double prefill_tps, decode_tps;
     fy_backend_profile_t prof; /* one profiled decode run */
     int prof_tokens;
+    fy_backend_profile_t prof_pre; /* one profiled prefill */
+    int n_prompt;
+    const char *attn; /* FY_CPU_ATTN for this run: "tiles" or "rows" */
 } bench_result_t;
 
 static fy_status_t run_model(const fy_model_t *m, int threads, const char *isa, int n_prompt, int n_gen, int reps,
@@ -217,7 +221,10 @@ static fy_status_t run_model(const fy_model_t *m, int threads, const char *isa, 
     if ((st = fy_kvm_seq_reserve(kvm, &bt, rp.max_ctx, NULL))) goto out;
     {
         fy_forward_seq_t f = {&bt, prompt, n_prompt, 0, 1, NULL};
+        fy_backend_profile_enable(be, true);
         if ((st = fy_runner_forward(r, &f, 1, logits))) goto out;
+        fy_backend_profile_get(be, &res->prof_pre);
+        fy_backend_profile_enable(be, false);
         int32_t tok = fy_argmax(logits, c->vocab_size);
         fy_backend_profile_enable(be, true);
         for (int i = 0; i < n_gen; i++) {
@@ -266,21 +273,24 @@ static void cpu_name(char *buf, size_t cap)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: ferry bench [-m MODEL] [--threads 1,2] [--prompt-tokens 128] [--gen-tokens 64] [--reps 3]\n"
-               "                   [--isa auto|avx2|scalar]\n"
+               "                   [--isa auto|avx2|scalar] [--attn tiles,rows]\n"
                "  prefill and decode tokens per second at batch 1, for each thread count, against the\n"
                "  memory-bandwidth bound measured in the same run\n"
                "  -m, --model PATH       .gguf file or Hugging Face folder (default " FY_CLI_DEFAULT_MODEL ")\n"
                "  -t, --threads LIST     thread counts, comma-separated (default 1,2)\n"
-               "      --prompt-tokens N  prompt length (default 128)\n"
+               "      --prompt-tokens LIST prompt lengths, comma-separated (default 128); prefill tok/s\n"
+               "                         is also given against the first length's, same threads and kernel\n"
                "      --gen-tokens N     decoded tokens (default 64)\n"
                "      --reps N           runs per figure; the median is kept (default 3)\n"
                "      --isa NAME         CPU kernels (default auto)\n"
+               "      --attn LIST        CPU prefill attention, comma-separated: tiles (default), rows (the\n"
+               "                         one-row walk, for reference; sets FY_CPU_ATTN)\n"
                "  -h, --help\n");
 }
 
 int fy_cmd_bench(int argc, char **argv)
 {
-    enum { O_PROMPT = 256, O_GEN, O_REPS, O_ISA };
+    enum { O_PROMPT = 256, O_GEN, O_REPS, O_ISA, O_ATTN };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
         {"threads", required_argument, 0, 't'},
@@ -288,13 +298,17 @@ int fy_cmd_bench(int argc, char **argv)
         {"gen-tokens", required_argument, 0, O_GEN},
         {"reps", required_argument, 0, O_REPS},
         {"isa", required_argument, 0, O_ISA},
+        {"attn", required_argument, 0, O_ATTN},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     const char *model = FY_CLI_DEFAULT_MODEL;
     const char *isa = NULL;
     int counts[MAX_THREAD_COUNTS] = {1, 2}, n_counts = 2;
-    long n_prompt = 128, n_gen = 64, reps = 3;
+    int prompts[MAX_PROMPTS] = {128}, n_prompts = 1;
+    const char *attns[2] = {"tiles"};
+    int n_attns = 1;
+    long n_gen = 64, reps = 3;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:t:h", opts, NULL)) != -1) {
@@ -304,7 +318,7 @@ int fy_cmd_bench(int argc, char **argv)
             if (!fy_cli_parse_int_list("--threads", optarg, 1, 64, counts, MAX_THREAD_COUNTS, &n_counts)) return 2;
             break;
         case O_PROMPT:
-            if (!fy_cli_parse_int("--prompt-tokens", optarg, 1, 8192, &n_prompt)) return 2;
+            if (!fy_cli_parse_int_list("--prompt-tokens", optarg, 1, 8192, prompts, MAX_PROMPTS, &n_prompts)) return 2;
             break;
         case O_GEN:
             if (!fy_cli_parse_int("--gen-tokens", optarg, 1, 8192, &n_gen)) return 2;
@@ -313,6 +327,17 @@ int fy_cmd_bench(int argc, char **argv)
             if (!fy_cli_parse_int("--reps", optarg, 1, 100, &reps)) return 2;
             break;
         case O_ISA: isa = optarg; break;
+        case O_ATTN:
+            if (!strcmp(optarg, "tiles") || !strcmp(optarg, "rows"))
+                attns[0] = optarg, n_attns = 1;
+            else if (!strcmp(optarg, "tiles,rows") || !strcmp(optarg, "rows,tiles"))
+                attns[0] = optarg[0] == 't' ? "tiles" : "rows", attns[1] = optarg[0] == 't' ? "rows" : "tiles",
+                n_attns = 2;
+            else {
+                fprintf(stderr, "ferry: bench: --attn takes tiles, rows or both, not '%s'\n", optarg);
+                return 2;
+            }
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -337,45 +362,68 @@ int fy_cmd_bench(int argc, char **argv)
     double wbytes = (double)fy_model_weight_bytes_per_token(m);
     printf("ferry bench, %s\nmachine: %s, %ld cores online\nmodel: %s\n", date, cpu, sysconf(_SC_NPROCESSORS_ONLN),
            desc);
-    printf("batch 1, prompt %ld tokens, decode %ld tokens, median of %ld runs\n\n", n_prompt, n_gen, reps);
-    printf("| threads | copy GB/s | read GB/s | bound tok/s (copy / read) | prefill tok/s | decode tok/s | "
-           "decode / copy bound | decode / read bound |\n");
-    printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    int rc = 0;
-    bench_result_t profiles[MAX_THREAD_COUNTS] = {0};
-    for (int i = 0; i < n_counts; i++) {
-        bench_result_t res = {.threads = counts[i]};
-        /* bandwidth on this shared machine moves between runs: measure it
-         * before and after the model and keep the higher figure, which
-         * makes the bound the stricter one */
-        res.copy_bw = measure_bw(a, b, counts[i], 0);
-        res.read_bw = measure_bw(a, b, counts[i], 1);
-        if (run_model(m, counts[i], isa, (int)n_prompt, (int)n_gen, (int)reps, &res) != FY_OK) {
-            rc = 1;
-            break;
+    printf("batch 1, prompts of %d", prompts[0]);
+    for (int p = 1; p < n_prompts; p++) printf(", %d", prompts[p]);
+    printf(" tokens, decode %ld tokens, median of %ld runs\n\n", n_gen, reps);
+    printf("| prompt | attention | threads | copy GB/s | read GB/s | bound tok/s (copy / read) | prefill tok/s | "
+           "vs prompt %d | decode tok/s | decode / copy bound | decode / read bound |\n",
+           prompts[0]);
+    printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    int rc = 0, n_res = 0;
+    bench_result_t *res_all = fy_calloc((size_t)n_prompts * n_attns * n_counts, sizeof(bench_result_t));
+    if (!res_all) rc = 1;
+    for (int p = 0; p < n_prompts && !rc; p++) {
+        for (int at = 0; at < n_attns && !rc; at++) {
+            for (int i = 0; i < n_counts; i++) {
+                bench_result_t res = {.threads = counts[i], .n_prompt = prompts[p], .attn = attns[at]};
+                setenv("FY_CPU_ATTN", attns[at], 1); /* read when the backend is created */
+                /* bandwidth on this shared machine moves between runs: measure it
+                 * before and after the model and keep the higher figure, which
+                 * makes the bound the stricter one */
+                res.copy_bw = measure_bw(a, b, counts[i], 0);
+                res.read_bw = measure_bw(a, b, counts[i], 1);
+                if (run_model(m, counts[i], isa, prompts[p], (int)n_gen, (int)reps, &res) != FY_OK) {
+                    rc = 1;
+                    break;
+                }
+                res.copy_bw = fmax(res.copy_bw, measure_bw(a, b, counts[i], 0));
+                res.read_bw = fmax(res.read_bw, measure_bw(a, b, counts[i], 1));
+                double cb = res.copy_bw / wbytes, rb = res.read_bw / wbytes;
+                /* the first prompt length's figure for the same threads and kernel */
+                double first = res.prefill_tps;
+                for (int k = 0; k < n_res; k++)
+                    if (res_all[k].n_prompt == prompts[0] && res_all[k].threads == counts[i] &&
+                        !strcmp(res_all[k].attn, attns[at]))
+                        first = res_all[k].prefill_tps;
+                printf("| %d | %s | %d | %.1f | %.1f | %.0f / %.0f | %.1f | %.0f%% | %.1f | %.0f%% | %.0f%% |\n",
+                       prompts[p], attns[at], counts[i], res.copy_bw / 1e9, res.read_bw / 1e9, cb, rb, res.prefill_tps,
+                       100.0 * res.prefill_tps / first, res.decode_tps, 100.0 * res.decode_tps / cb,
+                       100.0 * res.decode_tps / rb);
+                fflush(stdout);
+                res_all[n_res++] = res;
+            }
         }
-        res.copy_bw = fmax(res.copy_bw, measure_bw(a, b, counts[i], 0));
-        res.read_bw = fmax(res.read_bw, measure_bw(a, b, counts[i], 1));
-        double cb = res.copy_bw / wbytes, rb = res.read_bw / wbytes;
-        printf("| %d | %.1f | %.1f | %.0f / %.0f | %.1f | %.1f | %.0f%% | %.0f%% |\n", counts[i], res.copy_bw / 1e9,
-               res.read_bw / 1e9, cb, rb, res.prefill_tps, res.decode_tps, 100.0 * res.decode_tps / cb,
-               100.0 * res.decode_tps / rb);
-        fflush(stdout);
-        profiles[i] = res;
     }
-    if (rc == 0) {
-        printf("\ndecode time per token by op (ms, one profiled run)\n\n| op |");
-        for (int i = 0; i < n_counts; i++) printf(" %d thread%s |", counts[i], counts[i] > 1 ? "s" : "");
+    unsetenv("FY_CPU_ATTN");
+    for (int pass = 0; pass < 2 && rc == 0; pass++) {
+        printf("\n%s time per token by op (ms, one profiled run; columns: prompt / attention / threads)\n\n| op |",
+               pass ? "decode" : "prefill");
+        for (int i = 0; i < n_res; i++)
+            printf(" %d / %s / %d |", res_all[i].n_prompt, res_all[i].attn, res_all[i].threads);
         printf("\n|---|");
-        for (int i = 0; i < n_counts; i++) printf("---:|");
+        for (int i = 0; i < n_res; i++) printf("---:|");
         printf("\n");
         for (int op = 0; op < FY_OP_COUNT; op++) {
             printf("| %s |", fy_backend_op_name((fy_backend_op_t)op));
-            for (int i = 0; i < n_counts; i++)
-                printf(" %.3f |", (double)profiles[i].prof.ns[op] / 1e6 / profiles[i].prof_tokens);
+            for (int i = 0; i < n_res; i++) {
+                const bench_result_t *x = &res_all[i];
+                printf(" %.3f |", pass ? (double)x->prof.ns[op] / 1e6 / x->prof_tokens
+                                       : (double)x->prof_pre.ns[op] / 1e6 / x->n_prompt);
+            }
             printf("\n");
         }
     }
+    fy_free(res_all);
     fy_free(a);
     fy_free(b);
     fy_model_destroy(m);

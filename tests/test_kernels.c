@@ -824,6 +824,121 @@ static void write_kv(fy_backend_t *be, const fy_kv_layout_t *lay, char *arena, i
 }
 
 /*
+ * The tiled prefill kernel (TILE_ROWS query rows per K/V block read)
+ * against the one-row walk (FY_CPU_ATTN=rows) on the models' own head
+ * shapes: SmolLM2's 9 heads over 3 KV heads of 64, Gemma 3's 4 over 1 of
+ * 256, and plain multi-head; every block size and KV dtype; a prompt's
+ * first chunk, a chunk after a cached prefix, both straddling blocks and
+ * tiles, beside a decoding sequence; global and sliding-window layers.
+ * Bit for bit (each row's arithmetic is the walk's), and against the
+ * double-precision reference over the stored K/V.
+ */
+static void test_tiled_attention_matches_rows(void **state)
+{
+    (void)state;
+    const struct {
+        int n_heads, n_kv, hd;
+    } shapes[] = {{9, 3, 64}, {4, 1, 256}, {4, 4, 64}};
+    const int bss[] = {8, 16, 32}, windows[] = {0, 37};
+    const fy_dtype_t kvts[] = {FY_DTYPE_F32, FY_DTYPE_F16, FY_DTYPE_FP8, FY_DTYPE_I8};
+    enum { NS = 3, MAXLEN = 420 };
+    const int len[NS] = {77, 45 + 130, 400}, n_q[NS] = {77, 130, 1}; /* first chunk, chunk after a prefix, decode */
+    fy_backend_t *be[2];
+    for (int i = 0; i < 2; i++) {
+        if (i)
+            unsetenv("FY_CPU_ATTN");
+        else
+            setenv("FY_CPU_ATTN", "rows", 1);
+        be[i] = attn_backend(2, MAXLEN * NS, MAXLEN, 9, 256);
+    }
+    unsetenv("FY_CPU_ATTN");
+    uint64_t seed = 4242;
+    for (size_t sh = 0; sh < FY_ARRAY_LEN(shapes); sh++)
+        for (size_t b = 0; b < FY_ARRAY_LEN(bss); b++)
+            for (size_t k = 0; k < FY_ARRAY_LEN(kvts); k++)
+                for (size_t w = 0; w < FY_ARRAY_LEN(windows); w++) {
+                    const int H = shapes[sh].n_heads, KV = shapes[sh].n_kv, HD = shapes[sh].hd, bs = bss[b];
+                    fy_kv_layout_t lay;
+                    assert_int_equal(fy_kv_layout_init(&lay, 1, KV, HD, bs, kvts[k]), FY_OK);
+                    int32_t tables[NS][MAXLEN / 8 + 1], nb_all = 0;
+                    for (int s = 0; s < NS; s++)
+                        for (int i = 0; i < (len[s] + bs - 1) / bs; i++) tables[s][i] = nb_all++;
+                    char *arena = calloc((size_t)nb_all, lay.block_bytes);
+                    /* K/V of every position, as stored (rounded through the cache's dtype) */
+                    float *K[NS], *V[NS];
+                    for (int s = 0; s < NS; s++) {
+                        size_t n = (size_t)len[s] * KV * HD;
+                        K[s] = malloc(n * sizeof(float)), V[s] = malloc(n * sizeof(float));
+                        for (size_t i = 0; i < n; i++)
+                            K[s][i] = fy_test_rand_uniform(&seed) * 2 - 1, V[s][i] = fy_test_rand_uniform(&seed);
+                        int32_t *tok = calloc((size_t)len[s], sizeof(int32_t)), *pos = malloc(sizeof(int32_t) * len[s]),
+                                *slot = malloc(sizeof(int32_t) * len[s]);
+                        for (int t = 0; t < len[s]; t++) pos[t] = t, slot[t] = tables[s][t / bs] * bs + t % bs;
+                        fy_attn_seq_t one = {0, len[s], len[s], (len[s] + bs - 1) / bs, tables[s], 0};
+                        fy_batch_meta_t m = {len[s], tok, pos, slot, 1, &one, 1};
+                        assert_int_equal(fy_backend_set_batch(be[0], &m), FY_OK);
+                        assert_int_equal(fy_backend_kv_write(be[0], &lay, arena, 0, K[s], V[s]), FY_OK);
+                        char row[4 + 256 * 4];
+                        for (size_t i = 0; i < n; i += (size_t)HD) {
+                            if (kvts[k] == FY_DTYPE_F16) {
+                                for (int d = 0; d < HD; d++) {
+                                    K[s][i + d] = fy_fp16_to_fp32(fy_fp32_to_fp16(K[s][i + d]));
+                                    V[s][i + d] = fy_fp16_to_fp32(fy_fp32_to_fp16(V[s][i + d]));
+                                }
+                            } else if (fy_kv_dtype_scaled(kvts[k])) {
+                                fy_kv_row_write(&lay, K[s] + i, row), fy_kv_row_read(&lay, row, K[s] + i);
+                                fy_kv_row_write(&lay, V[s] + i, row), fy_kv_row_read(&lay, row, V[s] + i);
+                            }
+                        }
+                        free(tok), free(pos), free(slot);
+                    }
+                    /* this step: the three sequences' query rows in one batch */
+                    fy_attn_seq_t seqs[NS];
+                    int n_tok = 0;
+                    for (int s = 0; s < NS; s++) {
+                        seqs[s] = (fy_attn_seq_t){n_tok, n_q[s], len[s], (len[s] + bs - 1) / bs, tables[s], 0};
+                        n_tok += n_q[s];
+                    }
+                    int32_t *tok = calloc((size_t)n_tok, sizeof(int32_t)), *pos = malloc(sizeof(int32_t) * n_tok),
+                            *slot = malloc(sizeof(int32_t) * n_tok);
+                    for (int s = 0, t = 0; s < NS; s++)
+                        for (int i = 0; i < n_q[s]; i++, t++) {
+                            pos[t] = len[s] - n_q[s] + i;
+                            slot[t] = tables[s][pos[t] / bs] * bs + pos[t] % bs;
+                        }
+                    size_t nq = (size_t)n_tok * H * HD;
+                    float *q = malloc(nq * sizeof(float)), *out[2];
+                    for (size_t i = 0; i < nq; i++) q[i] = fy_test_rand_uniform(&seed) * 2 - 1;
+                    fy_batch_meta_t m = {n_tok, tok, pos, slot, NS, seqs, 1};
+                    for (int i = 0; i < 2; i++) {
+                        out[i] = malloc(nq * sizeof(float));
+                        assert_int_equal(fy_backend_set_batch(be[i], &m), FY_OK);
+                        assert_int_equal(fy_backend_attention(be[i], &lay, arena, 0, H, 1.0f / sqrtf((float)HD),
+                                                              windows[w], q, out[i]),
+                                         FY_OK);
+                    }
+                    if (memcmp(out[0], out[1], nq * sizeof(float)))
+                        fail_msg("%d/%d heads of %d, %s, block %d, window %d: tiles and rows differ", H, KV, HD,
+                                 fy_dtype_name(kvts[k]), bs, windows[w]);
+                    double ref[4 * 256];
+                    for (int s = 0, t = 0; s < NS; s++)
+                        for (int i = 0; i < n_q[s]; i++, t++) {
+                            ref_attention(q + (size_t)t * H * HD, K[s], V[s], H, KV, HD, windows[w],
+                                          1.0 / sqrt((double)HD), pos[t], NULL, ref, NULL);
+                            for (int j = 0; j < H * HD; j++) {
+                                double g = out[1][(size_t)t * H * HD + j];
+                                if (!(fabs(g - ref[j]) <= 1e-5 * (1 + fabs(ref[j]))))
+                                    fail_msg("%s block %d window %d: seq %d row %d elem %d: %g vs %g",
+                                             fy_dtype_name(kvts[k]), bs, windows[w], s, i, j, g, ref[j]);
+                            }
+                        }
+                    for (int s = 0; s < NS; s++) free(K[s]), free(V[s]);
+                    free(tok), free(pos), free(slot), free(q), free(out[0]), free(out[1]), free(arena);
+                }
+    fy_backend_destroy(be[0]), fy_backend_destroy(be[1]);
+}
+
+/*
  * H2O scores of a long prefill chunk whose rows of masses do not fit the
  * scratch at once (several passes of tokens) equal, bit for bit, those the
  * same queries add one decode step at a time: the additions into each
@@ -1030,6 +1145,65 @@ static void test_attention_scores_overhead(void **state)
     }
 }
 
+/*
+ * Not a check, a figure (the bits are compared, the times only printed):
+ * a 256-row prompt chunk after a cached prefix, through the one-row walk
+ * and the tiled kernel in alternation (BENCHMARKS.md, issue 19).
+ * FY_TEST_BENCH=1 takes 31 rounds instead of 5.
+ */
+static void test_tiled_attention_speed(void **state)
+{
+    (void)state;
+    enum { H = 9, KV = 3, HD = 64, BS = 16, NQ = 256, MAX_REPS = 31 };
+    const int reps = getenv("FY_TEST_BENCH") ? MAX_REPS : 5, ctxs[] = {512, 2048};
+    for (int threads = 1; threads <= 2; threads++) {
+        fy_backend_t *be[2];
+        setenv("FY_CPU_ATTN", "rows", 1);
+        be[0] = attn_backend(threads, NQ, 2048, H, HD);
+        unsetenv("FY_CPU_ATTN");
+        be[1] = attn_backend(threads, NQ, 2048, H, HD);
+        for (size_t ci = 0; ci < FY_ARRAY_LEN(ctxs); ci++) {
+            const int ctx = ctxs[ci], nb = ctx / BS;
+            fy_kv_layout_t lay;
+            assert_int_equal(fy_kv_layout_init(&lay, 1, KV, HD, BS, FY_DTYPE_F16), FY_OK);
+            char *arena = calloc((size_t)nb, lay.block_bytes);
+            int32_t *table = malloc(sizeof(int32_t) * nb), tok[NQ] = {0}, pos[NQ], slot[NQ];
+            uint64_t seed = 19;
+            for (int i = 0; i < nb; i++) table[i] = (int32_t)((i * 97) % nb); /* scattered */
+            write_kv(be[0], &lay, arena, 0, table, ctx, NQ, &seed);
+            float *q = malloc(sizeof(float) * NQ * H * HD), *out[2];
+            out[0] = malloc(sizeof(float) * NQ * H * HD), out[1] = malloc(sizeof(float) * NQ * H * HD);
+            for (int i = 0; i < NQ * H * HD; i++) q[i] = fy_test_rand_uniform(&seed) * 2 - 1;
+            fy_attn_seq_t seq = {0, NQ, ctx, nb, table, 0};
+            for (int t = 0; t < NQ; t++) pos[t] = ctx - NQ + t, slot[t] = table[pos[t] / BS] * BS + pos[t] % BS;
+            fy_batch_meta_t m = {NQ, tok, pos, slot, 1, &seq, 1};
+            double t[2][MAX_REPS];
+            for (int r = 0; r < reps; r++) {
+                for (int k = 0; k < 2; k++) {
+                    int i = k ^ (r & 1);
+                    assert_int_equal(fy_backend_set_batch(be[i], &m), FY_OK);
+                    double t0 = now_ms();
+                    assert_int_equal(fy_backend_attention(be[i], &lay, arena, 0, H, 0.125f, 0, q, out[i]), FY_OK);
+                    t[i][r] = now_ms() - t0;
+                }
+            }
+            assert_memory_equal(out[0], out[1], sizeof(float) * NQ * H * HD);
+            qsort(t[0], (size_t)reps, sizeof(double), cmp_double);
+            qsort(t[1], (size_t)reps, sizeof(double), cmp_double);
+            double flop = 0;
+            for (int i = 0; i < NQ; i++) flop += 4.0 * (pos[i] + 1) * H * HD;
+            fprintf(stderr,
+                    "tiled attention: %d-row chunk at %d-%d (%d heads, %d kv of %d, f16, block %d, %d thread%s): "
+                    "median %.3f ms rows, %.3f ms tiles (%.2fx, %.1f GFLOP/s); fastest %.3f, %.3f (%.2fx); %d rounds\n",
+                    NQ, ctx - NQ, ctx, H, KV, HD, BS, threads, threads > 1 ? "s" : "", t[0][reps / 2], t[1][reps / 2],
+                    t[0][reps / 2] / t[1][reps / 2], flop / t[1][reps / 2] * 1e-6, t[0][0], t[1][0], t[0][0] / t[1][0],
+                    reps);
+            free(arena), free(table), free(q), free(out[0]), free(out[1]);
+        }
+        fy_backend_destroy(be[0]), fy_backend_destroy(be[1]);
+    }
+}
+
 /* ---- thread pool ------------------------------------------------------------------------ */
 
 typedef struct tp_job {
@@ -1105,9 +1279,11 @@ int main(void)
         cmocka_unit_test(test_paged_attention_matches_contiguous),
         cmocka_unit_test(test_sliding_window_attention),
         cmocka_unit_test(test_evicted_blocks_attention),
+        cmocka_unit_test(test_tiled_attention_matches_rows),
         cmocka_unit_test(test_attention_scores_passes),
         cmocka_unit_test(test_attention_scores_api),
         cmocka_unit_test(test_attention_scores_overhead),
+        cmocka_unit_test(test_tiled_attention_speed),
         cmocka_unit_test(test_fp8_e4m3_codec),
         cmocka_unit_test(test_kv_scaled_rows),
         cmocka_unit_test(test_threadpool_runs_every_item_once),

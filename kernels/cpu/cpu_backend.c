@@ -10,6 +10,7 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -27,6 +28,7 @@
 #define ATTN_SEG 64                       /* attention segment: a multiple of every block size (see below) */
 #define ROPE_SLOTS 4                      /* angle tables kept per batch: distinct ropes among a model's layers */
 #define H2O_ROWS_FLOATS ((size_t)1 << 20) /* H2O mass rows: 4 MiB, unless one split batch needs more */
+#define TILE_ROWS 32                      /* query rows of a prefill attention tile */
 
 int fy_cpu_has_avx2(void)
 {
@@ -99,6 +101,13 @@ typedef struct cpu_ctx {
     size_t h2o_prec_floats;
     float *h2o_rows; /* [tokens of a pass][n_kv_heads][blocks]: mass per block of each (token, kv head) */
     size_t h2o_rows_floats;
+    /* tiled attention (prefill chunks): the items of a call and each
+     * thread's scratch (see attn_tiles) */
+    bool attn_rows;    /* FY_CPU_ATTN=rows: every query row on its own (the reference) */
+    int32_t *tiles;    /* [max_tiles][4]: sequence, kv head, first row, rows */
+    int64_t max_tiles; /* n_heads * (max_tokens / TILE_ROWS + max_seqs) */
+    float *tile_ws;    /* [n_threads][tile_ws_per] */
+    size_t tile_ws_per;
 } cpu_ctx_t;
 
 /* ---- memory ---------------------------------------------------------------------- */
@@ -124,6 +133,8 @@ static void cpu_destroy(void *p)
     fy_free(c->h2o_rec);
     fy_free(c->h2o_prec);
     fy_free(c->h2o_rows);
+    fy_free(c->tiles);
+    fy_free(c->tile_ws);
     fy_free(c);
 }
 
@@ -158,6 +169,11 @@ static fy_status_t cpu_reserve(void *p, const fy_backend_reserve_t *r)
     size_t rows_cap = H2O_ROWS_FLOATS > split_rows ? H2O_ROWS_FLOATS : split_rows;
     if (rows_floats > rows_cap) rows_floats = rows_cap;
     size_t rec_per = nb_max * 2 * g_max;
+    /* tiles: a thread's kernel work (transposed K, f32 V), then per row
+     * of its tile the segment partial and the running (m, l) and sums */
+    size_t tile_g = (size_t)g_max, tile_hd = (size_t)r->head_dim;
+    size_t tile_ws_per = FY_ALIGN_UP(2 * 32 * tile_hd + (size_t)TILE_ROWS * tile_g * (4 + 2 * tile_hd), 16);
+    int64_t max_tiles = (int64_t)r->n_heads * ((int64_t)r->max_tokens / TILE_ROWS + r->max_seqs + 1);
     size_t prec_floats = (size_t)4 * (size_t)c->n_threads * (size_t)(r->max_kv_len / ATTN_SEG + 1) *
                          (size_t)r->n_heads * 2 * (ATTN_SEG / 8);
     struct {
@@ -178,6 +194,8 @@ static fy_status_t cpu_reserve(void *p, const fy_backend_reserve_t *r)
         {(void **)&c->h2o_rec, (size_t)c->n_threads * rec_per * sizeof(float)},
         {(void **)&c->h2o_prec, prec_floats * sizeof(float)},
         {(void **)&c->h2o_rows, rows_floats * sizeof(float)},
+        {(void **)&c->tiles, (size_t)max_tiles * 4 * sizeof(int32_t)},
+        {(void **)&c->tile_ws, (size_t)c->n_threads * tile_ws_per * sizeof(float)},
         {(void **)&c->rope_cs, ROPE_SLOTS * (size_t)r->max_tokens * (size_t)(r->head_dim / 2 + 1) * sizeof(float)},
         {(void **)&c->rope_sn, ROPE_SLOTS * (size_t)r->max_tokens * (size_t)(r->head_dim / 2 + 1) * sizeof(float)},
     };
@@ -194,6 +212,8 @@ static fy_status_t cpu_reserve(void *p, const fy_backend_reserve_t *r)
     c->h2o_rec_per = rec_per;
     c->h2o_prec_floats = prec_floats;
     c->h2o_rows_floats = rows_floats;
+    c->max_tiles = max_tiles;
+    c->tile_ws_per = tile_ws_per;
     c->scores = NULL;
     c->res = *r;
     c->reserved = true;
@@ -936,6 +956,112 @@ static void attn_whole(void *arg, int64_t b, int64_t e, int thread)
     }
 }
 
+/*
+ * Tiled attention for prefill chunks: one work item is a tile of up to
+ * TILE_ROWS consecutive query rows of a sequence and one KV head, so each
+ * K/V block is read, converted (f16, fp8, int8) and transposed once for
+ * the tile's rows and heads instead of once per row.  The walk is
+ * attn_whole's, row by row: the same segments and merges, the same block
+ * calls over the keys each row sees (the rows that see a block form a
+ * contiguous run of the tile: positions, window starts and segment ranges
+ * all grow with the row), and the tile kernel repeats attn_block's
+ * arithmetic per row.  So every row gets exactly the bits attn_whole gives
+ * it: alone, in another tile, in split mode or with H2O scores on (which
+ * still run attn_whole: they need per-block records).
+ */
+static void attn_tiles(void *arg, int64_t b, int64_t e, int thread)
+{
+    const attn_job_t *j = arg;
+    const cpu_ctx_t *c = j->c;
+    const fy_kv_layout_t *L = j->lay;
+    const int32_t G = j->G, hd = L->head_dim, bs = L->block_size;
+    float *ws = c->tile_ws + (size_t)thread * c->tile_ws_per;
+    float *work = ws, *pm = work + 2 * 32 * (size_t)hd;                         /* [R][G] segment partial max */
+    float *pl = pm + TILE_ROWS * G, *pacc = pl + TILE_ROWS * G;                 /* [R][G], [R][G][hd] */
+    float *ML = pacc + (size_t)TILE_ROWS * G * hd, *A = ML + 2 * TILE_ROWS * G; /* [R][2G], [R][G][hd] */
+    const float *qp[TILE_ROWS];
+    int32_t vis[2 * TILE_ROWS], pos[TILE_ROWS], lo[TILE_ROWS];
+    for (int64_t it = b; it < e; it++) {
+        const int32_t *ti = c->tiles + 4 * it;
+        const fy_attn_seq_t *s = &c->seqs[ti[0]];
+        const int32_t kvh = ti[1], t0 = ti[2], nr = ti[3];
+        const int32_t g_off = (int32_t)L->layer_group[j->layer] * s->group_stride;
+        for (int32_t r = 0; r < nr; r++) {
+            pos[r] = tok_pos(c, t0 + r), lo[r] = win_lo(j->window, pos[r]);
+            qp[r] = j->q + ((size_t)(t0 + r) * j->n_heads + (size_t)kvh * G) * hd;
+            attn_start(G, hd, ML + (size_t)r * 2 * G, A + (size_t)r * G * hd);
+        }
+        const int32_t seg_a = first_seg(j->window, pos[0]), seg_b = pos[nr - 1] / ATTN_SEG;
+        for (int32_t seg = seg_a; seg <= seg_b; seg++) {
+            /* rows whose walk has this segment: [ra, rb) */
+            int32_t ra = 0, rb = nr;
+            while (ra < nr && pos[ra] < seg * ATTN_SEG) ra++;
+            while (rb > ra && first_seg(j->window, pos[rb - 1]) > seg) rb--;
+            if (ra >= rb) continue;
+            for (int32_t i = ra * G; i < rb * G; i++) pm[i] = -INFINITY, pl[i] = 0.0f;
+            memset(pacc + (size_t)ra * G * hd, 0, (size_t)(rb - ra) * G * hd * sizeof(float));
+            int32_t p0 = seg * ATTN_SEG > lo[ra] ? seg * ATTN_SEG : lo[ra];
+            int32_t p1 = (seg + 1) * ATTN_SEG < pos[rb - 1] + 1 ? (seg + 1) * ATTN_SEG : pos[rb - 1] + 1;
+            for (int32_t blk = p0 / bs; blk * bs < p1; blk++) {
+                int32_t id = s->block_table[g_off + blk], b0 = blk * bs;
+                if (id < 0) continue; /* evicted: masked, nothing to read */
+                /* the rows that see some of this block: [va, vb) */
+                int32_t va = ra, vb = rb, ulo = bs, uhi = 0;
+                while (va < vb && pos[va] < b0) va++;
+                while (vb > va && lo[vb - 1] >= b0 + bs) vb--;
+                if (va >= vb) continue;
+                for (int32_t r = va; r < vb; r++) {
+                    int32_t from = lo[r] > seg * ATTN_SEG ? lo[r] : seg * ATTN_SEG;
+                    int32_t vl = from > b0 ? from - b0 : 0, vh = pos[r] + 1 - b0 < bs ? pos[r] + 1 - b0 : bs;
+                    vis[2 * (r - va)] = vl, vis[2 * (r - va) + 1] = vh;
+                    ulo = vl < ulo ? vl : ulo, uhi = vh > uhi ? vh : uhi;
+                }
+                const char *kb = j->arena + fy_kv_offset(L, id, j->layer, 0, kvh);
+                const char *vb_ = j->arena + fy_kv_offset(L, id, j->layer, 1, kvh);
+                fy_attn_tile_fn tile = c->k->attn_tile[L->dtype == FY_DTYPE_F16 ? FY_DTYPE_F16 : FY_DTYPE_F32];
+                if (fy_kv_dtype_scaled(L->dtype)) { /* dequantized rows, as attn_segment reads them */
+                    float *dq = attn_dq(j, thread);
+                    const int fp8 = L->dtype == FY_DTYPE_FP8;
+                    for (int32_t i = ulo; i < uhi; i++) {
+                        c->k->kv_row_read(kb + (size_t)i * L->row_bytes, fp8, dq + (size_t)i * hd, hd);
+                        c->k->kv_row_read(vb_ + (size_t)i * L->row_bytes, fp8, dq + (size_t)(32 + i) * hd, hd);
+                    }
+                    kb = (const char *)dq, vb_ = (const char *)(dq + (size_t)32 * hd);
+                }
+                tile(qp + va, vb - va, G, kb, vb_, bs, hd, j->scale, vis, pm + (size_t)va * G, pl + (size_t)va * G,
+                     pacc + (size_t)va * G * hd, work);
+            }
+            for (int32_t r = ra; r < rb; r++) {
+                float ml[2 * MAX_GROUP];
+                memcpy(ml, pm + (size_t)r * G, (size_t)G * sizeof(float));
+                memcpy(ml + G, pl + (size_t)r * G, (size_t)G * sizeof(float));
+                attn_merge(G, hd, ml, pacc + (size_t)r * G * hd, ML + (size_t)r * 2 * G, A + (size_t)r * G * hd);
+            }
+        }
+        for (int32_t r = 0; r < nr; r++) attn_store(j, t0 + r, kvh, ML + (size_t)r * 2 * G, A + (size_t)r * G * hd);
+    }
+}
+
+/* The tiles of a batch, the costliest (last rows of the longest chunks)
+ * first; false where they do not fit the reservation. */
+static bool attn_tiles_plan(cpu_ctx_t *c, int32_t n_kv, int64_t *n_p)
+{
+    int64_t n = 0;
+    for (int32_t s = 0; s < c->n_seqs; s++) {
+        const fy_attn_seq_t *q = &c->seqs[s];
+        for (int32_t r1 = q->n_q; r1 > 0; r1 -= TILE_ROWS) {
+            int32_t r0 = r1 - TILE_ROWS > 0 ? r1 - TILE_ROWS : 0;
+            for (int32_t kvh = 0; kvh < n_kv; kvh++) {
+                if (n >= c->max_tiles) return false;
+                int32_t *ti = c->tiles + 4 * n++;
+                ti[0] = s, ti[1] = kvh, ti[2] = q->q_start + r0, ti[3] = r1 - r0;
+            }
+        }
+    }
+    *n_p = n;
+    return true;
+}
+
 /* split mode, pass 1: one item per (t, kvh, segment) partial */
 static void attn_parts(void *arg, int64_t b, int64_t e, int thread)
 {
@@ -1067,6 +1193,17 @@ static fy_status_t cpu_attention(void *p, const fy_kv_layout_t *lay, const void 
             return FY_OK;
         }
     }
+    /* prefill chunks (rows of several tokens per sequence): tiles, where
+     * this table has the kernel; the same bits as the walk below */
+    int32_t max_q = 0;
+    for (int32_t s = 0; s < c->n_seqs; s++) max_q = c->seqs[s].n_q > max_q ? c->seqs[s].n_q : max_q;
+    int64_t n_tiles = 0;
+    if (!h2o && !c->attn_rows && max_q > 1 && c->k->attn_tile[kd] && lay->head_dim % 8 == 0 &&
+        (size_t)2 * 32 * lay->head_dim + (size_t)TILE_ROWS * G * (4 + 2 * (size_t)lay->head_dim) <= c->tile_ws_per &&
+        attn_tiles_plan(c, n_kv, &n_tiles)) {
+        fy_threadpool_run(c->tp, n_tiles, 1, attn_tiles, &j);
+        return FY_OK;
+    }
     /* with scores, as many tokens per pass as their rows of masses fit */
     int32_t step = h2o ? (int32_t)(c->h2o_rows_floats / ((size_t)nbw * (size_t)n_kv)) : c->n_tokens;
     for (int32_t t0 = 0; t0 < c->n_tokens; t0 += step) {
@@ -1140,6 +1277,8 @@ fy_status_t fy_backend_cpu_init(const fy_backend_params_t *params, const fy_back
     c->k = k;
     c->n_threads = n;
     c->no_repack = params->no_repack;
+    const char *ak = getenv("FY_CPU_ATTN"); /* read once: the reference kernel for benchmarks */
+    c->attn_rows = ak && !strcmp(ak, "rows");
     fy_status_t st = fy_threadpool_create(n, &c->tp);
     if (st != FY_OK) {
         cpu_destroy(c);

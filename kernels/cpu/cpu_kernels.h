@@ -200,6 +200,17 @@ typedef float (*fy_vec_dot_fn)(const void *w, const void *x, int64_t n);
 typedef void (*fy_attn_block_fn)(const float *q, int G, const void *k, const void *v, int nk, int hd, float scale,
                                  float *m, float *l, float *acc, float *bsum);
 
+/* One K/V block for a tile of nr query rows of one sequence, G heads each
+ * (prefill chunks: the block is read and converted once for every row).
+ * q[r]: row r's [G][hd] query; k, v: the block's first rows (f32 or f16,
+ * by the table entry); row r sees keys [vis[2r], vis[2r + 1]) of them,
+ * never an empty range; m, l: [nr][G], acc: [nr][G][hd] as attn_block's.
+ * Each row's arithmetic is attn_block's over the keys it sees, operation
+ * for operation: the same bits in any tile, or through attn_block.  work:
+ * 64-byte aligned, 2 * 32 * hd floats.  hd % 8 == 0. */
+typedef void (*fy_attn_tile_fn)(const float *const *q, int nr, int G, const void *k, const void *v, int nk, int hd,
+                                float scale, const int32_t *vis, float *m, float *l, float *acc, float *work);
+
 typedef struct fy_cpu_kernels {
     const char *name;
     /* x (n floats, n % 32 == 0) into the row y */
@@ -209,6 +220,8 @@ typedef struct fy_cpu_kernels {
     fy_gemm_x16_fn gemm_x16[FY_DTYPE_COUNT]; /* NULL: gemm_x8 for every token count */
     /* by KV dtype (f32, f16); hd must be a multiple of 8 for the vector tables */
     fy_attn_block_fn attn_block[FY_DTYPE_COUNT];
+    /* by KV dtype (f32, f16); NULL where the table has none (scalar) */
+    fy_attn_tile_fn attn_tile[FY_DTYPE_COUNT];
     /* y = x / rms(x) * w over one row of n (y may alias x) */
     void (*rmsnorm)(const float *x, const float *w, int64_t n, float eps, float *y);
     /* out = silu(gate) * up over n elements (out may alias gate) */

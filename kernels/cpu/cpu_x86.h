@@ -1321,6 +1321,23 @@ static inline __m256 hsum8_ps(const __m256 *s)
     return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
 }
 
+/* sum of e[0 .. n), n <= 32: 8-wide partial sums added in order, then
+ * hsum's tree.  A block's share of l (and H2O's block mass) in both
+ * attention kernels, so that they agree bit for bit; l then takes it in one
+ * addition (a key-by-key chain was a quarter of the tiled kernel's time). */
+static inline __attribute__((always_inline)) float attn_bsum(const float *e, int n)
+{
+    __m256 s = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) {
+        __m256 x = _mm256_loadu_ps(e + i);
+        if (n - i < 8) /* lanes past n hold scores of no key */
+            x = _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n - i),
+                                                                        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
+        s = _mm256_add_ps(s, x);
+    }
+    return hsum(s);
+}
+
 /*
  * One head at a time, so that everything lives in registers: scores of 8
  * keys at once (8 accumulators, one horizontal-sum tree), then the values
@@ -1360,18 +1377,9 @@ static inline __attribute__((always_inline)) void attn_head(const float *q, cons
     }
     for (int i = 0; i < nk; i += 8) /* entries past nk are computed and ignored */
         _mm256_store_ps(sc + i, exp8(_mm256_sub_ps(_mm256_load_ps(sc + i), _mm256_set1_ps(*m))));
-    /* l summed in a register (through *l the compiler kept a store and a
-     * reload in the chain); H2O's block sum as a second chain beside it,
-     * l's order (and bits) unchanged */
-    float ll = *l;
-    if (!bsum) {
-        for (int i = 0; i < nk; i++) ll += sc[i];
-    } else {
-        float bs = 0.0f;
-        for (int i = 0; i < nk; i++) ll += sc[i], bs += sc[i];
-        *bsum = bs;
-    }
-    *l = ll;
+    const float bs = attn_bsum(sc, nk);
+    *l += bs;
+    if (bsum) *bsum = bs;
     /* values: keys outer and 64 columns in 8 accumulators inner, so the
      * multiply-adds form 8 independent chains (one chain per column
      * chunk over all keys waited on its own latency) */
@@ -1427,6 +1435,218 @@ static void attn_block_f16(const float *q, int G, const void *k, const void *v, 
         _mm256_store_ps(vf + i, kv8_f16(v, i));
     }
     attn_block_x86(q, G, kf, vf, nk, hd, scale, m, l, acc, bsum, kv8_f32);
+}
+
+/*
+ * Tiled attention: one K/V block for a tile of query rows (prefill chunks
+ * read each block once for many rows).  The block is transposed once per
+ * tile into kt[hd][32] (keys along the vector), so a row's scores come from
+ * broadcast-multiply-adds with no horizontal sums; V is converted to f32
+ * once.  Each row's arithmetic is attn_head's, operation for operation: a
+ * key's score keeps 8 partial sums by column mod 8 (attn_head's lanes),
+ * added in hsum8_ps's tree, then scaled; max, exp, l and acc as there.  So
+ * a row gets the same bits in any tile, and the same as attn_block would
+ * give it over the keys it sees.
+ */
+#if FY_X86_VNNI == 2
+#define TW 16 /* keys per score vector */
+typedef __m512 tv_t;
+#define TV_ZERO() _mm512_setzero_ps()
+#define TV_LOAD(p) _mm512_load_ps(p)
+#define TV_LOADU(p) _mm512_loadu_ps(p)
+#define TV_STOREU(p, x) _mm512_storeu_ps(p, x)
+#define TV_STORE(p, x) _mm512_store_ps(p, x)
+#define TV_SET1(x) _mm512_set1_ps(x)
+#define TV_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define TV_MUL(a, b) _mm512_mul_ps(a, b)
+#define TV_ADD(a, b) _mm512_add_ps(a, b)
+#else
+#define TW 8
+typedef __m256 tv_t;
+#define TV_ZERO() _mm256_setzero_ps()
+#define TV_LOAD(p) _mm256_load_ps(p)
+#define TV_LOADU(p) _mm256_loadu_ps(p)
+#define TV_STOREU(p, x) _mm256_storeu_ps(p, x)
+#define TV_STORE(p, x) _mm256_store_ps(p, x)
+#define TV_SET1(x) _mm256_set1_ps(x)
+#define TV_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define TV_MUL(a, b) _mm256_mul_ps(a, b)
+#define TV_ADD(a, b) _mm256_add_ps(a, b)
+#endif
+#define TILE_LD 32 /* kt's row: a block's keys (at most 32) */
+
+/* rows r0 .. r0+7 (8 f32 vectors of 8 columns) into kt columns r0 .. r0+7 */
+static inline __attribute__((always_inline)) void tile_transpose8(const __m256 *r, float *kt, int r0)
+{
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+    _mm256_store_ps(kt + 0 * TILE_LD + r0, _mm256_permute2f128_ps(u0, u4, 0x20));
+    _mm256_store_ps(kt + 1 * TILE_LD + r0, _mm256_permute2f128_ps(u1, u5, 0x20));
+    _mm256_store_ps(kt + 2 * TILE_LD + r0, _mm256_permute2f128_ps(u2, u6, 0x20));
+    _mm256_store_ps(kt + 3 * TILE_LD + r0, _mm256_permute2f128_ps(u3, u7, 0x20));
+    _mm256_store_ps(kt + 4 * TILE_LD + r0, _mm256_permute2f128_ps(u0, u4, 0x31));
+    _mm256_store_ps(kt + 5 * TILE_LD + r0, _mm256_permute2f128_ps(u1, u5, 0x31));
+    _mm256_store_ps(kt + 6 * TILE_LD + r0, _mm256_permute2f128_ps(u2, u6, 0x31));
+    _mm256_store_ps(kt + 7 * TILE_LD + r0, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
+/* scores of keys [TW c, TW c + TW) for two heads (qb may equal qa: one
+ * head), scaled, into sa and sb */
+static inline __attribute__((always_inline)) void tile_scores(const float *qa, const float *qb, const float *kt, int c,
+                                                              int hd, float scale, float *sa, float *sb, const int two)
+{
+    tv_t a[8], b[8];
+    for (int i = 0; i < 8; i++) a[i] = TV_ZERO(), b[i] = TV_ZERO();
+    const float *kc = kt + c * TW;
+    for (int d = 0; d < hd; d += 8) {
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            tv_t kv = TV_LOAD(kc + (size_t)(d + i) * TILE_LD);
+            a[i] = TV_FMA(TV_SET1(qa[d + i]), kv, a[i]);
+            if (two) b[i] = TV_FMA(TV_SET1(qb[d + i]), kv, b[i]);
+        }
+    }
+    /* hsum8_ps's tree: ((0+1)+(2+3)) + ((4+5)+(6+7)) */
+    tv_t s = TV_ADD(TV_ADD(TV_ADD(a[0], a[1]), TV_ADD(a[2], a[3])), TV_ADD(TV_ADD(a[4], a[5]), TV_ADD(a[6], a[7])));
+    TV_STOREU(sa + c * TW, TV_MUL(s, TV_SET1(scale)));
+    if (!two) return;
+    s = TV_ADD(TV_ADD(TV_ADD(b[0], b[1]), TV_ADD(b[2], b[3])), TV_ADD(TV_ADD(b[4], b[5]), TV_ADD(b[6], b[7])));
+    TV_STOREU(sb + c * TW, TV_MUL(s, TV_SET1(scale)));
+}
+
+/* attn_head's softmax step over sc[lo, hi) (exp in place, from lo); the
+ * factor acc must be multiplied by */
+static inline __attribute__((always_inline)) float tile_softmax(float *sc, int lo, int hi, float *m, float *l)
+{
+    __m256 mx = _mm256_set1_ps(*m);
+    for (int i = lo; i < hi; i += 8) { /* the maximum is exact in any order */
+        __m256 x = _mm256_loadu_ps(sc + i);
+        if (hi - i < 8)
+            x = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x,
+                                 _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(hi - i),
+                                                                        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
+        mx = _mm256_max_ps(mx, x);
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    const float mb = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    float corr = 1.0f;
+    if (mb > *m) {
+        corr = expf(*m - mb);
+        *l *= corr;
+        *m = mb;
+    }
+    for (int i = lo; i < hi; i += 8)
+        _mm256_storeu_ps(sc + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + i), _mm256_set1_ps(*m))));
+    *l += attn_bsum(sc + lo, hi - lo);
+    return corr;
+}
+
+/* acc = acc * corr + sum over keys [lo, hi) of e[i] v[i], in key order,
+ * for two heads of one row at once (they read the same V rows); ab may be
+ * NULL (one head) */
+static inline __attribute__((always_inline)) void tile_values(const float *v, int lo, int hi, int hd, const float *ea,
+                                                              float ca, float *aa, const float *eb, float cb, float *ab)
+{
+    enum { NA = 64 / TW };
+    int j0 = 0;
+    for (; j0 + 64 <= hd; j0 += 64) {
+        tv_t x[NA], y[NA];
+        for (int jj = 0; jj < NA; jj++) x[jj] = TV_MUL(TV_LOADU(aa + j0 + TW * jj), TV_SET1(ca));
+        if (ab) {
+            for (int jj = 0; jj < NA; jj++) y[jj] = TV_MUL(TV_LOADU(ab + j0 + TW * jj), TV_SET1(cb));
+            for (int i = lo; i < hi; i++) {
+                tv_t e = TV_SET1(ea[i]), f = TV_SET1(eb[i]);
+#pragma GCC unroll 8
+                for (int jj = 0; jj < NA; jj++) {
+                    tv_t vv = TV_LOADU(v + (size_t)i * hd + j0 + TW * jj);
+                    x[jj] = TV_FMA(e, vv, x[jj]);
+                    y[jj] = TV_FMA(f, vv, y[jj]);
+                }
+            }
+            for (int jj = 0; jj < NA; jj++) TV_STOREU(ab + j0 + TW * jj, y[jj]);
+        } else {
+            for (int i = lo; i < hi; i++) {
+                tv_t e = TV_SET1(ea[i]);
+#pragma GCC unroll 8
+                for (int jj = 0; jj < NA; jj++) x[jj] = TV_FMA(e, TV_LOADU(v + (size_t)i * hd + j0 + TW * jj), x[jj]);
+            }
+        }
+        for (int jj = 0; jj < NA; jj++) TV_STOREU(aa + j0 + TW * jj, x[jj]);
+    }
+    for (int j = j0; j < hd; j += 8) { /* head sizes that are not a multiple of 64 */
+        __m256 x = _mm256_mul_ps(_mm256_loadu_ps(aa + j), _mm256_set1_ps(ca));
+        for (int i = lo; i < hi; i++)
+            x = _mm256_fmadd_ps(_mm256_set1_ps(ea[i]), _mm256_loadu_ps(v + (size_t)i * hd + j), x);
+        _mm256_storeu_ps(aa + j, x);
+        if (!ab) continue;
+        __m256 y = _mm256_mul_ps(_mm256_loadu_ps(ab + j), _mm256_set1_ps(cb));
+        for (int i = lo; i < hi; i++)
+            y = _mm256_fmadd_ps(_mm256_set1_ps(eb[i]), _mm256_loadu_ps(v + (size_t)i * hd + j), y);
+        _mm256_storeu_ps(ab + j, y);
+    }
+}
+
+static inline __attribute__((always_inline)) void attn_tile_x86(const float *const *q, int nr, int G, const void *k,
+                                                                const void *v, int nk, int hd, float scale,
+                                                                const int32_t *vis, float *m, float *l, float *acc,
+                                                                float *work, int f16)
+{
+    float *kt = work, *vf = work + (size_t)TILE_LD * hd; /* [hd][32], [32][hd] */
+    int ulo = nk, uhi = 0;
+    for (int r = 0; r < nr; r++) {
+        ulo = vis[2 * r] < ulo ? vis[2 * r] : ulo;
+        uhi = vis[2 * r + 1] > uhi ? vis[2 * r + 1] : uhi;
+    }
+    const int a8 = ulo & ~7, b8 = (uhi + 7) & ~7; /* whole 8-row groups: blocks hold 8, 16 or 32 rows */
+    for (int i0 = a8; i0 < b8; i0 += 8) {
+        for (int d0 = 0; d0 < hd; d0 += 8) {
+            __m256 rows[8];
+            for (int i = 0; i < 8; i++)
+                rows[i] = f16 ? kv8_f16(k, (int64_t)(i0 + i) * hd + d0) : kv8_f32(k, (int64_t)(i0 + i) * hd + d0);
+            tile_transpose8(rows, kt + (size_t)d0 * TILE_LD, i0);
+        }
+    }
+    if (f16) {
+        for (int64_t i = (int64_t)ulo * hd; i < (int64_t)uhi * hd; i += 8) _mm256_store_ps(vf + i, kv8_f16(v, i));
+        v = vf;
+    }
+    float sa[TILE_LD + 8] __attribute__((aligned(64))), sb[TILE_LD + 8] __attribute__((aligned(64)));
+    for (int r = 0; r < nr; r++) {
+        const int lo = vis[2 * r], hi = vis[2 * r + 1];
+        for (int g = 0; g < G; g += 2) {
+            const int two = g + 1 < G;
+            const float *qa = q[r] + (size_t)g * hd, *qb = two ? qa + hd : qa;
+            for (int c = lo / TW; c * TW < hi; c++) {
+                if (two)
+                    tile_scores(qa, qb, kt, c, hd, scale, sa, sb, 1);
+                else
+                    tile_scores(qa, qa, kt, c, hd, scale, sa, sb, 0);
+            }
+            size_t ia = (size_t)r * G + g;
+            float ca = tile_softmax(sa, lo, hi, m + ia, l + ia), cb = 0.0f;
+            if (two) cb = tile_softmax(sb, lo, hi, m + ia + 1, l + ia + 1);
+            tile_values(v, lo, hi, hd, sa, ca, acc + ia * hd, sb, cb, two ? acc + (ia + 1) * hd : NULL);
+        }
+    }
+}
+
+static void attn_tile_f32(const float *const *q, int nr, int G, const void *k, const void *v, int nk, int hd,
+                          float scale, const int32_t *vis, float *m, float *l, float *acc, float *work)
+{
+    attn_tile_x86(q, nr, G, k, v, nk, hd, scale, vis, m, l, acc, work, 0);
+}
+
+static void attn_tile_f16(const float *const *q, int nr, int G, const void *k, const void *v, int nk, int hd,
+                          float scale, const int32_t *vis, float *m, float *l, float *acc, float *work)
+{
+    attn_tile_x86(q, nr, G, k, v, nk, hd, scale, vis, m, l, acc, work, 1);
 }
 
 static void rmsnorm(const float *x, const float *w, int64_t n, float eps, float *y)
@@ -1557,6 +1777,7 @@ const fy_cpu_kernels_t FY_X86_TABLE = {
 #endif
 
     .attn_block = {[FY_DTYPE_F32] = attn_block_f32, [FY_DTYPE_F16] = attn_block_f16},
+    .attn_tile = {[FY_DTYPE_F32] = attn_tile_f32, [FY_DTYPE_F16] = attn_tile_f16},
     .rmsnorm = rmsnorm,
     .swiglu = swiglu,
     .geglu = geglu,
