@@ -328,8 +328,14 @@ int fy_cmd_bench_spec(int argc, char **argv)
     names[n_cfg++] = "off";
     fy_spec_params_default(&cfg[n_cfg]);
     cfg[n_cfg].method = FY_SPEC_NGRAM;
+    cfg[n_cfg].lookup = FY_SPEC_LOOKUP_NGRAM;
     cfg[n_cfg].k_max = (int32_t)k_max;
     names[n_cfg++] = "ngram";
+    fy_spec_params_default(&cfg[n_cfg]);
+    cfg[n_cfg].method = FY_SPEC_NGRAM;
+    cfg[n_cfg].lookup = FY_SPEC_LOOKUP_SUFFIX;
+    cfg[n_cfg].k_max = (int32_t)k_max;
+    names[n_cfg++] = "suffix";
     if (draft) {
         fy_spec_params_default(&cfg[n_cfg]);
         cfg[n_cfg].method = FY_SPEC_DRAFT;
