@@ -13,7 +13,7 @@
  * token to the group's last one.  Each group of prompts runs under every
  * configuration back to back, so a ratio compares runs seconds apart
  * under the same machine noise; the table gives medians over repetitions
- * and the median of the per-repetition ratios.  The greedy text of every configuration is compared, token for
+ * and the median of the per-repetition ratios with their range.  The greedy text of every configuration is compared, token for
  * token, with the run without speculation.
  */
 #include <getopt.h>
@@ -36,7 +36,7 @@
 #include "spec.h"
 
 #define N_PROMPTS 8
-#define MAX_CFG 4
+#define MAX_CFG 5
 #define MAX_REPS 20
 
 static const char *const REWRITE[N_PROMPTS] = {
@@ -336,6 +336,12 @@ int fy_cmd_bench_spec(int argc, char **argv)
     cfg[n_cfg].lookup = FY_SPEC_LOOKUP_SUFFIX;
     cfg[n_cfg].k_max = (int32_t)k_max;
     names[n_cfg++] = "suffix";
+    fy_spec_params_default(&cfg[n_cfg]);
+    cfg[n_cfg].method = FY_SPEC_NGRAM;
+    cfg[n_cfg].lookup = FY_SPEC_LOOKUP_SUFFIX;
+    cfg[n_cfg].history = 0;
+    cfg[n_cfg].k_max = (int32_t)k_max;
+    names[n_cfg++] = "suffix, no history";
     if (draft) {
         fy_spec_params_default(&cfg[n_cfg]);
         cfg[n_cfg].method = FY_SPEC_DRAFT;
@@ -362,8 +368,9 @@ int fy_cmd_bench_spec(int argc, char **argv)
            "%ld repetitions%s%s\n\n",
            date, desc, fy_backend_describe(be), gen, k_max, N_PROMPTS, reps, draft ? ", draft " : "",
            draft ? fy_spec_draft_describe(draft) : "");
-    printf("| workload | batch | speculation | decode tok/s | vs off | accepted / proposed | mean accepted per "
-           "verification | tokens per step | proposing ms | greedy text |\n");
+    printf(
+        "| workload | batch | speculation | decode tok/s | vs off (min-max) | accepted / proposed | mean accepted per "
+        "verification | tokens per step | proposing ms | greedy text |\n");
     printf("|---|---:|---|---:|---:|---:|---:|---:|---:|---|\n");
     for (int w = 0; w < 2; w++) {
         if (!(workloads & (1 << w))) continue;
@@ -404,9 +411,10 @@ int fy_cmd_bench_spec(int argc, char **argv)
                     snprintf(same, sizeof(same), c ? "identical" : "(reference)");
                 else
                     snprintf(same, sizeof(same), "DIFFERS: prompt %d, token %d", diff_req, diff_at);
-                printf("| %s | %d | %s | %.1f | %.2fx | %.1f%% (%llu / %llu) | %.2f | %.2f | %.2f | %s |\n",
-                       w ? "open" : "rewrite", batches[b], names[c], median(tps, (int)reps), median(ratio, (int)reps),
-                       prop ? 100.0 * (double)acc / (double)prop : 0.0, (unsigned long long)acc,
+                double med = median(ratio, (int)reps); /* sorts ratio: its ends are the spread */
+                printf("| %s | %d | %s | %.1f | %.2fx (%.2f-%.2f) | %.1f%% (%llu / %llu) | %.2f | %.2f | %.2f | %s |\n",
+                       w ? "open" : "rewrite", batches[b], names[c], median(tps, (int)reps), med, ratio[0],
+                       ratio[reps - 1], prop ? 100.0 * (double)acc / (double)prop : 0.0, (unsigned long long)acc,
                        (unsigned long long)prop, steps ? (double)acc / (double)steps : 0.0,
                        fsteps ? (double)toks / (double)fsteps : 0.0, 1e3 * ps / (double)reps, same);
                 fflush(stdout);

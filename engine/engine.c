@@ -96,6 +96,7 @@ typedef struct request {
     fy_rng_t drng;                  /* the draft's own draws */
     fy_spec_est_t est;              /* suffix lookup: how its proposals fare */
     int32_t spec_match;             /* suffix lookup: this step's matched length */
+    bool spec_own;                  /* suffix lookup: the match is in the request's own text */
     float spec_gain[FY_SPEC_MAX_K]; /* suffix lookup: P(proposals 0..i all accepted) */
     struct request *next;           /* inbox and queue links */
 } request_t;
@@ -1344,10 +1345,10 @@ static void spec_plan(fy_engine_t *e, int32_t budget)
             int32_t kk =
                 sp->k_max < q->max_tokens - q->n_generated - 1 ? sp->k_max : q->max_tokens - q->n_generated - 1;
             if (kk > e->max_ctx - q->n_total) kk = e->max_ctx - q->n_total;
-            k = fy_spec_suffix_propose(q->tokens, q->n_total, src, ns, kk, q->tokens + q->n_total, freq,
-                                       &q->spec_match);
+            k = fy_spec_suffix_propose(q->tokens, q->n_total, src, ns, kk, q->tokens + q->n_total, freq, &q->spec_match,
+                                       &q->spec_own);
             if (k == 0) continue;
-            fy_spec_est_gains(&q->est, q->spec_match, freq, k, q->spec_gain);
+            fy_spec_est_gains(&q->est, q->spec_match, q->spec_own, freq, k, q->spec_gain);
         } else if (q->spec == FY_SPEC_NGRAM) {
             k = fy_spec_ngram_propose(q->tokens, q->n_total, sp->ngram_max, k, q->tokens + q->n_total);
             if (k == 0) continue;
@@ -1482,8 +1483,8 @@ static void spec_verify(fy_engine_t *e, request_t *q, const float *lg, double t)
         fy_kvm_seq_truncate(e->p.spec.draft_kvm, &q->dbt, q->d_computed);
     }
     if (suffix_lookup(e, q)) {
-        fy_spec_est_note(&q->est, q->spec_match, k, a);
-        fy_spec_est_note(&e->west, q->spec_match, k, a);
+        fy_spec_est_note(&q->est, q->spec_match, q->spec_own, k, a);
+        fy_spec_est_note(&e->west, q->spec_match, q->spec_own, k, a);
     }
     e->st.spec_proposed += (uint64_t)k;
     e->st.spec_accepted += (uint64_t)a;

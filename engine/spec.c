@@ -106,11 +106,12 @@ static void suffix_scan(const int32_t *q, int32_t nq, const int32_t *src, int32_
 }
 
 int32_t fy_spec_suffix_propose(const int32_t *t, int32_t n_tokens, const fy_spec_text_t *src, int32_t n_src, int32_t k,
-                               int32_t *out, float *freq, int32_t *match_p)
+                               int32_t *out, float *freq, int32_t *match_p, bool *own_p)
 {
     cand_t c[FY_SPEC_SUFFIX_CANDS];
     int32_t nc = 0, best = 0;
     if (match_p) *match_p = 0;
+    if (own_p) *own_p = false;
     if (k < 1 || n_tokens < 1) return 0;
     /* own text: occurrences whose continuation starts before the end */
     suffix_scan(t, n_tokens, t, n_tokens, n_tokens - 1, &best, c, &nc);
@@ -118,6 +119,7 @@ int32_t fy_spec_suffix_propose(const int32_t *t, int32_t n_tokens, const fy_spec
         if (src[s].n > 0) suffix_scan(t, n_tokens, src[s].tokens, src[s].n, src[s].n - 1, &best, c, &nc);
     if (best == 0) return 0;
     if (match_p) *match_p = best;
+    if (own_p) *own_p = c[0].t == t; /* the own text's occurrences come first */
     int32_t n = 0;
     for (; n < k; n++) {
         /* the token most live occurrences continue with; ties: the first */
@@ -146,14 +148,17 @@ int32_t fy_spec_suffix_propose(const int32_t *t, int32_t n_tokens, const fy_spec
     return n;
 }
 
-static int est_bucket(int32_t match) { return match <= 1 ? 0 : match <= 3 ? 1 : match <= 7 ? 2 : 3; }
+static int est_bucket(int32_t match, bool own)
+{
+    return (own ? 0 : 4) + (match <= 1 ? 0 : match <= 3 ? 1 : match <= 7 ? 2 : 3);
+}
 
 void fy_spec_est_init(fy_spec_est_t *s)
 {
     /* priors worth 4 proposals each: a one-token match is a guess, a long
      * match a copy (BENCHMARKS.md, issue 19: 13-57% against 80-100%) */
-    static const float prior[4] = {0.45f, 0.65f, 0.8f, 0.9f};
-    for (int b = 0; b < 4; b++) {
+    static const float prior[8] = {0.45f, 0.65f, 0.8f, 0.9f, 0.3f, 0.45f, 0.6f, 0.75f};
+    for (int b = 0; b < 8; b++) {
         s->first_n[b] = 4.0f;
         s->first_ok[b] = 4.0f * prior[b];
     }
@@ -161,9 +166,9 @@ void fy_spec_est_init(fy_spec_est_t *s)
     s->next_ok = 4.0f * 0.85f;
 }
 
-void fy_spec_est_gains(const fy_spec_est_t *s, int32_t match, const float *freq, int32_t n, float *gain)
+void fy_spec_est_gains(const fy_spec_est_t *s, int32_t match, bool own, const float *freq, int32_t n, float *gain)
 {
-    int b = est_bucket(match);
+    int b = est_bucket(match, own);
     float g = s->first_ok[b] / s->first_n[b], next = s->next_ok / s->next_n;
     for (int32_t i = 0; i < n; i++) {
         g *= (i ? next : 1.0f) * (freq ? freq[i] : 1.0f);
@@ -182,10 +187,10 @@ static void est_count(float *ok, float *n, float hits, float tries)
     *n += tries;
 }
 
-void fy_spec_est_note(fy_spec_est_t *s, int32_t match, int32_t proposed, int32_t accepted)
+void fy_spec_est_note(fy_spec_est_t *s, int32_t match, bool own, int32_t proposed, int32_t accepted)
 {
     if (proposed < 1) return;
-    int b = est_bucket(match);
+    int b = est_bucket(match, own);
     est_count(&s->first_ok[b], &s->first_n[b], accepted > 0, 1.0f);
     /* later tokens were tried only after their predecessor passed */
     if (accepted > 0 && proposed > 1) {

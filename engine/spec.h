@@ -103,7 +103,8 @@ int32_t fy_spec_ngram_propose(const int32_t *tokens, int32_t n_tokens, int32_t n
  * occurrence in that order), keeping only the occurrences that agree.
  * Up to k tokens go to out; freq[i] (may be NULL) gets the share of the
  * live occurrences that continued with out[i].  *match_p (may be NULL):
- * the matched length (0: none).  Returns how many tokens were proposed.
+ * the matched length (0: none); *own_p (may be NULL): whether the
+ * request's own text holds an occurrence of that match.  Returns how many tokens were proposed.
  * Costs one pass over the texts, no allocation.
  */
 typedef struct fy_spec_text {
@@ -112,26 +113,27 @@ typedef struct fy_spec_text {
 } fy_spec_text_t;
 
 int32_t fy_spec_suffix_propose(const int32_t *tokens, int32_t n_tokens, const fy_spec_text_t *src, int32_t n_src,
-                               int32_t k, int32_t *out, float *freq, int32_t *match_p);
+                               int32_t k, int32_t *out, float *freq, int32_t *match_p, bool *own_p);
 
 /*
  * A request's estimate of how likely a suffix proposal's tokens are to be
  * accepted: the first token's rate by the matched length (1, 2-3, 4-7,
- * 8+: a one-token match is a guess, a long one a copy), and one rate for
+ * 8+: a one-token match is a guess, a long one a copy) and by where the
+ * match is (the request's own text, or only other texts), and one rate for
  * every later token (copies run on or break at an edit), each a ratio of
  * decayed counts from a prior.  What the engine sizes proposals by,
  * instead of one rate to the power of the position.
  */
 typedef struct fy_spec_est {
-    float first_ok[4], first_n[4];
+    float first_ok[8], first_n[8]; /* [own text: 0-3, other texts only: 4-7] */
     float next_ok, next_n;
 } fy_spec_est_t;
 
 void fy_spec_est_init(fy_spec_est_t *s);
 /* gain[i]: the probability that tokens 0..i are all accepted */
-void fy_spec_est_gains(const fy_spec_est_t *s, int32_t match, const float *freq, int32_t n, float *gain);
+void fy_spec_est_gains(const fy_spec_est_t *s, int32_t match, bool own, const float *freq, int32_t n, float *gain);
 /* After a verification: `accepted` of `proposed` tokens matched at `match`. */
-void fy_spec_est_note(fy_spec_est_t *s, int32_t match, int32_t proposed, int32_t accepted);
+void fy_spec_est_note(fy_spec_est_t *s, int32_t match, bool own, int32_t proposed, int32_t accepted);
 
 /*
  * Recent finished requests' texts per tenant, for the suffix lookup: a

@@ -60,7 +60,7 @@ static int teardown(void **state)
  * occurs with a continuation, every occurrence listed by memcmp in the
  * documented order, then the majority walk with its tie rule. */
 static int32_t suffix_reference(const int32_t *t, int32_t n, const fy_spec_text_t *src, int32_t n_src, int32_t k,
-                                int32_t *out, float *freq, int32_t *match_p)
+                                int32_t *out, float *freq, int32_t *match_p, bool *own_p)
 {
     const int32_t *ct[FY_SPEC_SUFFIX_CANDS];
     int32_t cn[FY_SPEC_SUFFIX_CANDS], cat[FY_SPEC_SUFFIX_CANDS], nc = 0, m;
@@ -78,6 +78,8 @@ static int32_t suffix_reference(const int32_t *t, int32_t n, const fy_spec_text_
         }
     }
     *match_p = nc ? m + 1 : 0;
+    *own_p = false;
+    for (int32_t i = 0; i < nc; i++) *own_p |= ct[i] == t;
     int32_t np = 0;
     while (nc > 0 && np < k) {
         int32_t live = 0, pick = -1, best = 0;
@@ -126,9 +128,11 @@ static void test_suffix_propose(void **state)
         int32_t k = 1 + (int32_t)(fy_test_rand_u64(&s) % FY_SPEC_MAX_K);
         int32_t got[FY_SPEC_MAX_K], want[FY_SPEC_MAX_K], gm = -1, wm = -1;
         float gf[FY_SPEC_MAX_K], wf[FY_SPEC_MAX_K];
-        int32_t ng = fy_spec_suffix_propose(text[0], len[0], src, n_src, k, got, gf, &gm);
-        int32_t nw = suffix_reference(text[0], len[0], src, n_src, k, want, wf, &wm);
-        if (ng != nw || gm != wm || memcmp(got, want, (size_t)ng * sizeof(int32_t)) ||
+        bool own;
+        int32_t ng = fy_spec_suffix_propose(text[0], len[0], src, n_src, k, got, gf, &gm, &own);
+        bool wown;
+        int32_t nw = suffix_reference(text[0], len[0], src, n_src, k, want, wf, &wm, &wown);
+        if (ng != nw || gm != wm || own != wown || memcmp(got, want, (size_t)ng * sizeof(int32_t)) ||
             memcmp(gf, wf, (size_t)ng * sizeof(float)))
             fail_msg("seed %llu, iteration %d: proposed %d (match %d), reference %d (match %d)",
                      (unsigned long long)SEED, it, ng, gm, nw, wm);
@@ -137,14 +141,14 @@ static void test_suffix_propose(void **state)
     int32_t t[] = {7, 8, 9, 1, 2, 3, 7, 8}, out[4];
     float f[4];
     int32_t m;
-    assert_int_equal(fy_spec_suffix_propose(t, 8, NULL, 0, 4, out, f, &m), 4);
+    assert_int_equal(fy_spec_suffix_propose(t, 8, NULL, 0, 4, out, f, &m, NULL), 4);
     assert_int_equal(m, 2);
     assert_int_equal(out[0], 9);
     assert_int_equal(out[3], 3);
     assert_true(f[0] == 1.0f);
     /* nothing to match: nothing proposed */
     int32_t u[] = {1, 2, 3};
-    assert_int_equal(fy_spec_suffix_propose(u, 3, NULL, 0, 4, out, f, &m), 0);
+    assert_int_equal(fy_spec_suffix_propose(u, 3, NULL, 0, 4, out, f, &m, NULL), 0);
     assert_int_equal(m, 0);
 }
 
@@ -179,7 +183,7 @@ static void test_suffix_tenants(void **state)
         int32_t at = 40 + (int32_t)(fy_test_rand_u64(&s) % 50), len = 1 + (int32_t)(fy_test_rand_u64(&s) % 3);
         memcpy(req + 40 - len, tb[2] + at - len, (size_t)len * sizeof(int32_t));
         int32_t out[FY_SPEC_MAX_K], m;
-        int32_t np = fy_spec_suffix_propose(req, 40, src, n, FY_SPEC_MAX_K, out, NULL, &m);
+        int32_t np = fy_spec_suffix_propose(req, 40, src, n, FY_SPEC_MAX_K, out, NULL, &m, NULL);
         for (int32_t i = 0; i < np; i++) {
             bool own = false;
             for (int j = 0; j < 40; j++) own |= req[j] == out[i];
@@ -188,7 +192,7 @@ static void test_suffix_tenants(void **state)
         /* B's own lookups do find those continuations (the control) */
         fy_spec_text_t bs[8];
         int32_t nb = fy_spec_hist_texts(h, &b, bs, 8);
-        np = fy_spec_suffix_propose(req, 40, bs, nb, FY_SPEC_MAX_K, out, NULL, &m);
+        np = fy_spec_suffix_propose(req, 40, bs, nb, FY_SPEC_MAX_K, out, NULL, &m, NULL);
         for (int32_t i = 0; i < np; i++) hits += out[i] >= 1000;
     }
     assert_true(hits > 0);
