@@ -358,14 +358,15 @@ int fy_cmd_bench_spec(int argc, char **argv)
     fy_spec_params_default(&cfg[n_cfg]);
     cfg[n_cfg].method = FY_SPEC_NGRAM;
     cfg[n_cfg].lookup = FY_SPEC_LOOKUP_SUFFIX;
+    cfg[n_cfg].history = 16;
     cfg[n_cfg].k_max = (int32_t)k_max;
-    names[n_cfg++] = "suffix";
+    names[n_cfg++] = "suffix, history 16";
     fy_spec_params_default(&cfg[n_cfg]);
     cfg[n_cfg].method = FY_SPEC_NGRAM;
     cfg[n_cfg].lookup = FY_SPEC_LOOKUP_SUFFIX;
     cfg[n_cfg].history = 0;
     cfg[n_cfg].k_max = (int32_t)k_max;
-    names[n_cfg++] = "suffix, no history";
+    names[n_cfg++] = "suffix";
     if (draft) {
         fy_spec_params_default(&cfg[n_cfg]);
         cfg[n_cfg].method = FY_SPEC_DRAFT;

@@ -151,7 +151,7 @@ static const fy_conf_key_t KEYS[] = {
     INT("decode", "spec_ngram_max", "3", 1, 8, "longest suffix the n-gram lookup matches"),
     ENUM("decode", "spec_lookup", "suffix", "suffix|ngram",
          "how spec = ngram looks up: longest match sized by confidence (suffix), or the last n tokens (ngram)"),
-    INT("decode", "spec_history", "16", 0, 1024,
+    INT("decode", "spec_history", "0", 0, 1024,
         "finished requests' texts the suffix lookup keeps and searches, each for its own tenant only; 0: none"),
     FLT("decode", "spec_min_accept", "0.3", 0, 1,
         "acceptance below this turns speculation off (request, worker), probed again later"),

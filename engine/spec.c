@@ -19,7 +19,7 @@ void fy_spec_params_default(fy_spec_params_t *p)
     *p = (fy_spec_params_t){
         .method = FY_SPEC_NONE,
         .lookup = FY_SPEC_LOOKUP_SUFFIX,
-        .history = 16,
+        .history = 0,
         .k_max = 8,
         .ngram_max = 3,
         .min_accept = 0.3,

@@ -75,7 +75,7 @@ typedef struct fy_spec_params {
     fy_kvm_t *draft_kvm;
 } fy_spec_params_t;
 
-/* none; k_max 8, ngram_max 3, min_accept 0.3, warmup 16, probe_steps 64,
+/* none, suffix lookup without history; k_max 8, ngram_max 3, min_accept 0.3, warmup 16, probe_steps 64,
  * batch_tokens 64, cost_aware, sampled false (docs/speculative.md says why) */
 void fy_spec_params_default(fy_spec_params_t *p);
 /* Range checks, and a draft for FY_SPEC_DRAFT; logs the offending field. */

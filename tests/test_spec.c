@@ -429,9 +429,10 @@ static void rig_open(rig_t *g, const char *model, const char *spec, const fy_spe
     if (spec && !strcmp(spec, "ngram")) { /* issue 8's lookup */
         ep.spec.method = FY_SPEC_NGRAM;
         ep.spec.lookup = FY_SPEC_LOOKUP_NGRAM;
-    } else if (spec && !strcmp(spec, "suffix")) {
+    } else if (spec && !strcmp(spec, "suffix")) { /* with the tenant's history: alone, requests see earlier ones */
         ep.spec.method = FY_SPEC_NGRAM;
         ep.spec.lookup = FY_SPEC_LOOKUP_SUFFIX;
+        ep.spec.history = 16;
     } else if (spec) {
         assert_int_equal(fy_spec_draft_open(spec, g->r, 0, g->hasher, &g->draft), FY_OK);
         ep.spec.method = FY_SPEC_DRAFT;
