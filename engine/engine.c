@@ -1295,6 +1295,13 @@ static void cost_note(fy_engine_t *e, int32_t n, double s)
     if (e->cost_n[n] < UINT32_MAX) e->cost_n[n]++;
 }
 
+/* The request's proposals come from the suffix lookup (sized by its own
+ * confidence), not issue 8's n-gram lookup or a draft. */
+static bool suffix_lookup(const fy_engine_t *e, const request_t *q)
+{
+    return q->spec == FY_SPEC_NGRAM && e->p.spec.lookup == FY_SPEC_LOOKUP_SUFFIX;
+}
+
 /*
  * After scheduling: gives decoding requests that speculate their
  * proposals.  Tokens are handed out one at a time, each to the request
@@ -1307,11 +1314,6 @@ static void cost_note(fy_engine_t *e, int32_t n, double s)
  * come from its own promise; one that cannot get them just decodes.
  * Never preempts.
  */
-static bool suffix_lookup(const fy_engine_t *e, const request_t *q)
-{
-    return q->spec == FY_SPEC_NGRAM && e->p.spec.lookup == FY_SPEC_LOOKUP_SUFFIX;
-}
-
 static void spec_plan(fy_engine_t *e, int32_t budget)
 {
     const fy_spec_params_t *sp = &e->p.spec;
