@@ -13,7 +13,7 @@
  * token to the group's last one.  Each group of prompts runs under every
  * configuration back to back, so a ratio compares runs seconds apart
  * under the same machine noise; the table gives medians over repetitions
- * and the median of the per-repetition ratios.  The greedy text of every configuration is compared, token for
+ * and the median of the per-repetition ratios with their range.  The greedy text of every configuration is compared, token for
  * token, with the run without speculation.
  */
 #include <getopt.h>
@@ -36,7 +36,7 @@
 #include "spec.h"
 
 #define N_PROMPTS 8
-#define MAX_CFG 4
+#define MAX_CFG 5
 #define MAX_REPS 20
 
 static const char *const REWRITE[N_PROMPTS] = {
@@ -186,6 +186,24 @@ static fy_status_t run_rep(rig_t *g, int w, int batch, const fy_spec_params_t *c
     return st;
 }
 
+/* Prompts and the first repetition's greedy output without speculation. */
+static bool dump_tokens(const char *path, const rig_t *g, int w, const result_t *off)
+{
+    FILE *f = fopen(path, "a");
+    if (!f) {
+        fprintf(stderr, "ferry: bench-spec: %s: %m\n", path);
+        return false;
+    }
+    for (int i = 0; i < N_PROMPTS; i++) {
+        fprintf(f, "P%d", w);
+        for (int32_t j = 0; j < g->n_ids[w][i]; j++) fprintf(f, " %d", g->ids[w][i][j]);
+        fprintf(f, "\nO%d", w);
+        for (int32_t j = 0; j < off->tr[i].n; j++) fprintf(f, " %d", off->tr[i].tok[j]);
+        fprintf(f, "\n");
+    }
+    return fclose(f) == 0;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -203,6 +221,7 @@ static void usage(FILE *f)
     fprintf(
         f, "usage: ferry bench-spec [-m MODEL] [--draft self:L|draft:FILE] [--spec-k 8] [--gen-tokens 160] [--reps 3]\n"
            "                        [--batch 1|8] [--workload rewrite|open|both] [--threads N] [--isa NAME]\n"
+           "                        [--dump FILE]\n"
            "  decode throughput with and without speculative decoding (n-gram and a draft model)\n"
            "  -m, --model PATH      .gguf file or Hugging Face folder (default " FY_CLI_DEFAULT_MODEL ")\n"
            "      --draft SPEC      the draft: self:LAYERS (the target's first layers) or draft:MODEL_FILE\n"
@@ -211,6 +230,9 @@ static void usage(FILE *f)
            "      --reps N          runs per figure; the median is kept (default 3)\n"
            "      --batch B         one batch size instead of 1 and 8\n"
            "      --workload W      rewrite (answers that repeat the prompt), open (stories), or both (default)\n"
+           "      --dump FILE       append each prompt's tokens and its greedy output without speculation, as\n"
+           "                        lines 'P<workload> ids..' and 'O<workload> ids..' (for offline proposer studies:\n"
+           "                        bench/spec_oracle.py)\n"
            "  -t, --threads N       CPU threads (default: one per core)\n"
            "      --isa NAME        CPU kernels (default auto)\n"
            "  -h, --help\n");
@@ -218,7 +240,7 @@ static void usage(FILE *f)
 
 int fy_cmd_bench_spec(int argc, char **argv)
 {
-    enum { O_DRAFT = 256, O_REPS, O_GEN, O_SPEC_K, O_ISA, O_BATCH, O_WORKLOAD };
+    enum { O_DRAFT = 256, O_REPS, O_GEN, O_SPEC_K, O_ISA, O_BATCH, O_WORKLOAD, O_DUMP };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
         {"draft", required_argument, 0, O_DRAFT},
@@ -229,10 +251,11 @@ int fy_cmd_bench_spec(int argc, char **argv)
         {"isa", required_argument, 0, O_ISA},
         {"batch", required_argument, 0, O_BATCH},
         {"workload", required_argument, 0, O_WORKLOAD},
+        {"dump", required_argument, 0, O_DUMP},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
-    const char *model = FY_CLI_DEFAULT_MODEL, *draft_spec = NULL, *isa = NULL;
+    const char *model = FY_CLI_DEFAULT_MODEL, *draft_spec = NULL, *isa = NULL, *dump = NULL;
     long reps = 3, gen = 160, threads = 0, k_max = 8, batch;
     int batches[2] = {1, 8}, n_batches = 2, workloads = 3;
     int opt;
@@ -265,6 +288,7 @@ int fy_cmd_bench_spec(int argc, char **argv)
             batches[0] = (int)batch;
             n_batches = 1;
             break;
+        case O_DUMP: dump = optarg; break;
         case O_WORKLOAD:
             if (!strcmp(optarg, "rewrite"))
                 workloads = 1;
@@ -328,8 +352,21 @@ int fy_cmd_bench_spec(int argc, char **argv)
     names[n_cfg++] = "off";
     fy_spec_params_default(&cfg[n_cfg]);
     cfg[n_cfg].method = FY_SPEC_NGRAM;
+    cfg[n_cfg].lookup = FY_SPEC_LOOKUP_NGRAM;
     cfg[n_cfg].k_max = (int32_t)k_max;
     names[n_cfg++] = "ngram";
+    fy_spec_params_default(&cfg[n_cfg]);
+    cfg[n_cfg].method = FY_SPEC_NGRAM;
+    cfg[n_cfg].lookup = FY_SPEC_LOOKUP_SUFFIX;
+    cfg[n_cfg].history = 16;
+    cfg[n_cfg].k_max = (int32_t)k_max;
+    names[n_cfg++] = "suffix, history 16";
+    fy_spec_params_default(&cfg[n_cfg]);
+    cfg[n_cfg].method = FY_SPEC_NGRAM;
+    cfg[n_cfg].lookup = FY_SPEC_LOOKUP_SUFFIX;
+    cfg[n_cfg].history = 0;
+    cfg[n_cfg].k_max = (int32_t)k_max;
+    names[n_cfg++] = "suffix";
     if (draft) {
         fy_spec_params_default(&cfg[n_cfg]);
         cfg[n_cfg].method = FY_SPEC_DRAFT;
@@ -356,8 +393,9 @@ int fy_cmd_bench_spec(int argc, char **argv)
            "%ld repetitions%s%s\n\n",
            date, desc, fy_backend_describe(be), gen, k_max, N_PROMPTS, reps, draft ? ", draft " : "",
            draft ? fy_spec_draft_describe(draft) : "");
-    printf("| workload | batch | speculation | decode tok/s | vs off | accepted / proposed | mean accepted per "
-           "verification | tokens per step | proposing ms | greedy text |\n");
+    printf(
+        "| workload | batch | speculation | decode tok/s | vs off (min-max) | accepted / proposed | mean accepted per "
+        "verification | tokens per step | proposing ms | greedy text |\n");
     printf("|---|---:|---|---:|---:|---:|---:|---:|---:|---|\n");
     for (int w = 0; w < 2; w++) {
         if (!(workloads & (1 << w))) continue;
@@ -367,6 +405,7 @@ int fy_cmd_bench_spec(int argc, char **argv)
                 for (int c = 0; c < n_cfg; c++) rr[c] = &res[c * MAX_REPS + k];
                 if (run_rep(&g, w, batches[b], cfg, n_cfg, rr) != FY_OK) goto out;
             }
+            if (dump && !dump_tokens(dump, &g, w, res)) goto out;
             for (int c = 0; c < n_cfg; c++) {
                 double tps[MAX_REPS], ratio[MAX_REPS];
                 uint64_t prop = 0, acc = 0, steps = 0, toks = 0, fsteps = 0;
@@ -398,9 +437,10 @@ int fy_cmd_bench_spec(int argc, char **argv)
                     snprintf(same, sizeof(same), c ? "identical" : "(reference)");
                 else
                     snprintf(same, sizeof(same), "DIFFERS: prompt %d, token %d", diff_req, diff_at);
-                printf("| %s | %d | %s | %.1f | %.2fx | %.1f%% (%llu / %llu) | %.2f | %.2f | %.2f | %s |\n",
-                       w ? "open" : "rewrite", batches[b], names[c], median(tps, (int)reps), median(ratio, (int)reps),
-                       prop ? 100.0 * (double)acc / (double)prop : 0.0, (unsigned long long)acc,
+                double med = median(ratio, (int)reps); /* sorts ratio: its ends are the spread */
+                printf("| %s | %d | %s | %.1f | %.2fx (%.2f-%.2f) | %.1f%% (%llu / %llu) | %.2f | %.2f | %.2f | %s |\n",
+                       w ? "open" : "rewrite", batches[b], names[c], median(tps, (int)reps), med, ratio[0],
+                       ratio[reps - 1], prop ? 100.0 * (double)acc / (double)prop : 0.0, (unsigned long long)acc,
                        (unsigned long long)prop, steps ? (double)acc / (double)steps : 0.0,
                        fsteps ? (double)toks / (double)fsteps : 0.0, 1e3 * ps / (double)reps, same);
                 fflush(stdout);

@@ -30,6 +30,10 @@
 /* sampled requests whose draft distributions one step can keep (each
  * k_max rows of the vocabulary); greedy ones need none */
 #define SPEC_QSLOTS 8
+/* suffix lookup: a tenant's finished texts it searches at most, and the
+ * tokens kept of each (the tail); a search reads them all each step */
+#define SPEC_HIST_MAX 8
+#define SPEC_HIST_TOKENS 2048
 /* forward-pass costs are tracked per token count below this */
 #define COST_N 512
 
@@ -91,13 +95,17 @@ typedef struct request {
      * n_total + spec_k), verified after the forward pass */
     fy_spec_method_t spec; /* FY_SPEC_NONE: off */
     fy_spec_ctl_t ctl;
-    int32_t spec_k;       /* tokens proposed this step */
-    int32_t spec_drawn;   /* blocks this step's extra reservation drew from resv */
-    int32_t qslot;        /* draft distributions' slot (sampled requests with a draft), -1: none */
-    fy_block_table_t dbt; /* the draft's KV (FY_SPEC_DRAFT) */
-    int32_t d_computed;   /* leading tokens with draft K/V */
-    fy_rng_t drng;        /* the draft's own draws */
-    struct request *next; /* inbox and queue links */
+    int32_t spec_k;                 /* tokens proposed this step */
+    int32_t spec_drawn;             /* blocks this step's extra reservation drew from resv */
+    int32_t qslot;                  /* draft distributions' slot (sampled requests with a draft), -1: none */
+    fy_block_table_t dbt;           /* the draft's KV (FY_SPEC_DRAFT) */
+    int32_t d_computed;             /* leading tokens with draft K/V */
+    fy_rng_t drng;                  /* the draft's own draws */
+    fy_spec_est_t est;              /* suffix lookup: how its proposals fare */
+    int32_t spec_match;             /* suffix lookup: this step's matched length */
+    bool spec_own;                  /* suffix lookup: the match is in the request's own text */
+    float spec_gain[FY_SPEC_MAX_K]; /* suffix lookup: P(proposals 0..i all accepted) */
+    struct request *next;           /* inbox and queue links */
 } request_t;
 
 struct fy_engine {
@@ -110,10 +118,12 @@ struct fy_engine {
     float *logits;      /* [logit_rows, vocab] */
     int32_t logit_rows; /* the runner's max_logits */
     /* speculative decoding */
-    fy_spec_ctl_t wctl; /* the worker's acceptance and off switch */
-    float *probs;       /* [k_max + 1, vocab] target distributions of one sampled verification */
-    float *qprobs;      /* [SPEC_QSLOTS, k_max, vocab] draft distributions (sampled requests) */
-    float *scratch;     /* [vocab] */
+    fy_spec_ctl_t wctl;   /* the worker's acceptance and off switch */
+    float *probs;         /* [k_max + 1, vocab] target distributions of one sampled verification */
+    float *qprobs;        /* [SPEC_QSLOTS, k_max, vocab] draft distributions (sampled requests) */
+    float *scratch;       /* [vocab] */
+    fy_spec_hist_t *hist; /* suffix lookup: tenants' recent texts; NULL: none */
+    fy_spec_est_t west;   /* suffix lookup: all requests' outcomes, a new request's prior */
     fy_logits_scratch_t lscratch;
     int32_t top_ids[FY_LOGITS_MAX_TOP];
     float top_lps[FY_LOGITS_MAX_TOP];
@@ -333,6 +343,9 @@ static void end_request(fy_engine_t *e, request_t *q, fy_event_kind_t kind, fy_f
                         fy_status_t status, const char *message)
 {
     unlink_request(e, q);
+    /* its text is what the tenant's next requests may repeat */
+    if (e->hist && kind == FY_EVENT_FINISH && q->spec == FY_SPEC_NGRAM)
+        fy_spec_hist_add(e->hist, &q->bt.ns, q->tokens, q->n_total);
     q->timings.n_kv_kept = kv_kept_tokens(&q->bt);
     fy_kvm_seq_release(e->kvm, &q->bt);
     fy_kvm_resv_release(e->kvm, &q->resv);
@@ -428,6 +441,7 @@ fy_status_t fy_engine_create(fy_runner_t *r, fy_kvm_t *kvm, const fy_tokenizer_t
         }
     }
     fy_spec_ctl_init(&e->wctl, &p->spec);
+    fy_spec_est_init(&e->west);
     e->wctl.window = 256;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
@@ -451,6 +465,9 @@ fy_status_t fy_engine_create(fy_runner_t *r, fy_kvm_t *kvm, const fy_tokenizer_t
     e->dk = fy_calloc((size_t)n, sizeof(*e->dk));
     if (p->spec.draft) e->qprobs = fy_malloc((size_t)SPEC_QSLOTS * (size_t)K * (size_t)e->vocab * sizeof(float));
     if (!e->probs || !e->scratch || !e->dfwd || !e->dreq || !e->dk || (p->spec.draft && !e->qprobs)) goto nomem;
+    if (p->spec.lookup == FY_SPEC_LOOKUP_SUFFIX && p->spec.history > 0 &&
+        fy_spec_hist_create(p->spec.history, SPEC_HIST_TOKENS, &e->hist) != FY_OK)
+        goto nomem;
     e->fwd = fy_calloc((size_t)n, sizeof(*e->fwd));
     e->fwd_req = fy_calloc((size_t)n, sizeof(*e->fwd_req));
     e->evict_cap = rp->max_ctx / rp->block_size + 1;
@@ -531,6 +548,7 @@ void fy_engine_destroy(fy_engine_t *e)
     while (e->waiting) end_error(e, e->waiting, FY_ERR_CANCELLED, "engine shutting down");
     while (e->swapped) end_error(e, e->swapped, FY_ERR_CANCELLED, "engine shutting down");
     fy_sampler_destroy(e->sampler);
+    fy_spec_hist_destroy(e->hist);
     fy_free(e->logits);
     fy_free(e->plp_lps);
     fy_free(e->plp_rank);
@@ -754,6 +772,7 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
     fy_rng_seed(&q->rng, rp->sampling.seed);
     q->spec = spec;
     fy_spec_ctl_init(&q->ctl, &e->p.spec);
+    q->est = e->west;
     q->qslot = -1;
     /* the draft's draws must not move the request's own generator */
     fy_rng_seed(&q->drng, rp->sampling.seed ^ 0x5bd1e9955bd1e995ull);
@@ -1333,6 +1352,13 @@ static void cost_note(fy_engine_t *e, int32_t n, double s)
     if (e->cost_n[n] < UINT32_MAX) e->cost_n[n]++;
 }
 
+/* The request's proposals come from the suffix lookup (sized by its own
+ * confidence), not issue 8's n-gram lookup or a draft. */
+static bool suffix_lookup(const fy_engine_t *e, const request_t *q)
+{
+    return q->spec == FY_SPEC_NGRAM && e->p.spec.lookup == FY_SPEC_LOOKUP_SUFFIX;
+}
+
 /*
  * After scheduling: gives decoding requests that speculate their
  * proposals.  Tokens are handed out one at a time, each to the request
@@ -1370,7 +1396,19 @@ static void spec_plan(fy_engine_t *e, int32_t budget)
         if (k > q->max_tokens - q->n_generated - 1) k = q->max_tokens - q->n_generated - 1;
         if (k > e->max_ctx - q->n_total) k = e->max_ctx - q->n_total;
         if (k <= 0) continue;
-        if (q->spec == FY_SPEC_NGRAM) {
+        if (q->spec == FY_SPEC_NGRAM && sp->lookup == FY_SPEC_LOOKUP_SUFFIX) {
+            /* sized by its own confidence, not the controller's k */
+            fy_spec_text_t src[SPEC_HIST_MAX];
+            float freq[FY_SPEC_MAX_K];
+            int32_t ns = e->hist ? fy_spec_hist_texts(e->hist, &q->bt.ns, src, SPEC_HIST_MAX) : 0;
+            int32_t kk =
+                sp->k_max < q->max_tokens - q->n_generated - 1 ? sp->k_max : q->max_tokens - q->n_generated - 1;
+            if (kk > e->max_ctx - q->n_total) kk = e->max_ctx - q->n_total;
+            k = fy_spec_suffix_propose(q->tokens, q->n_total, src, ns, kk, q->tokens + q->n_total, freq, &q->spec_match,
+                                       &q->spec_own);
+            if (k == 0) continue;
+            fy_spec_est_gains(&q->est, q->spec_match, q->spec_own, freq, k, q->spec_gain);
+        } else if (q->spec == FY_SPEC_NGRAM) {
             k = fy_spec_ngram_propose(q->tokens, q->n_total, sp->ngram_max, k, q->tokens + q->n_total);
             if (k == 0) continue;
         } else {
@@ -1390,7 +1428,7 @@ static void spec_plan(fy_engine_t *e, int32_t budget)
     int32_t draft_k = 0;
     double dcost = e->dcost > 0 ? e->dcost : 0.5 * step_cost(e, 1);
     for (int32_t c = 0; c < nc; c++) {
-        double a = e->dreq[c]->ctl.rate;
+        double a = suffix_lookup(e, e->dreq[c]) ? e->dreq[c]->spec_gain[0] : e->dreq[c]->ctl.rate;
         g_next[c] = a < 0.02 ? 0.02 : a > 0.98 ? 0.98 : a;
     }
     for (int32_t T = tokens; spare > 0;) {
@@ -1409,8 +1447,12 @@ static void spec_plan(fy_engine_t *e, int32_t budget)
         G += g;
         T++;
         spare--;
-        double a = q->ctl.rate < 0.02 ? 0.02 : q->ctl.rate > 0.98 ? 0.98 : q->ctl.rate;
-        g_next[best] *= a;
+        if (suffix_lookup(e, q)) {
+            if (q->spec_k < e->dk[best]) g_next[best] = q->spec_gain[q->spec_k];
+        } else {
+            double a = q->ctl.rate < 0.02 ? 0.02 : q->ctl.rate > 0.98 ? 0.98 : q->ctl.rate;
+            g_next[best] *= a;
+        }
     }
     /* blocks for the proposals; the draft runs for those that use one */
     int32_t nd = 0;
@@ -1498,6 +1540,10 @@ static void spec_verify(fy_engine_t *e, request_t *q, const float *lg, double t)
     if (q->dbt.blocks) {
         if (q->d_computed > q->n_computed) q->d_computed = q->n_computed;
         fy_kvm_seq_truncate(e->p.spec.draft_kvm, &q->dbt, q->d_computed);
+    }
+    if (suffix_lookup(e, q)) {
+        fy_spec_est_note(&q->est, q->spec_match, q->spec_own, k, a);
+        fy_spec_est_note(&e->west, q->spec_match, q->spec_own, k, a);
     }
     e->st.spec_proposed += (uint64_t)k;
     e->st.spec_accepted += (uint64_t)a;

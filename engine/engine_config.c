@@ -22,12 +22,15 @@ void fy_engine_build_default(fy_engine_build_t *b)
 static fy_status_t spec_read(const fy_config_t *c, fy_spec_params_t *sp, const char **draft_p, double *frac_p)
 {
     const char *spec;
-    int64_t k, ngram, warmup, probe, batch;
+    int64_t k, ngram, warmup, probe, batch, history;
+    int lookup;
     double min_accept, frac;
     bool sampled;
     fy_status_t st;
     if ((st = fy_conf_string(c, "decode", "spec", &spec)) || (st = fy_conf_int(c, "decode", "spec_k", &k)) ||
         (st = fy_conf_int(c, "decode", "spec_ngram_max", &ngram)) ||
+        (st = fy_conf_enum(c, "decode", "spec_lookup", &lookup)) ||
+        (st = fy_conf_int(c, "decode", "spec_history", &history)) ||
         (st = fy_conf_float(c, "decode", "spec_min_accept", &min_accept)) ||
         (st = fy_conf_int(c, "decode", "spec_warmup", &warmup)) ||
         (st = fy_conf_int(c, "decode", "spec_probe_steps", &probe)) ||
@@ -49,6 +52,8 @@ static fy_status_t spec_read(const fy_config_t *c, fy_spec_params_t *sp, const c
     }
     sp->k_max = (int32_t)k;
     sp->ngram_max = (int32_t)ngram;
+    sp->lookup = lookup ? FY_SPEC_LOOKUP_NGRAM : FY_SPEC_LOOKUP_SUFFIX; /* "suffix|ngram" */
+    sp->history = (int32_t)history;
     sp->min_accept = min_accept;
     sp->warmup = (int32_t)warmup;
     sp->probe_steps = (int32_t)probe;

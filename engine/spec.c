@@ -18,6 +18,8 @@ void fy_spec_params_default(fy_spec_params_t *p)
 {
     *p = (fy_spec_params_t){
         .method = FY_SPEC_NONE,
+        .lookup = FY_SPEC_LOOKUP_SUFFIX,
+        .history = 0,
         .k_max = 8,
         .ngram_max = 3,
         .min_accept = 0.3,
@@ -41,6 +43,10 @@ fy_status_t fy_spec_params_check(const fy_spec_params_t *p)
         bad = "min_accept must be in [0, 1]";
     else if (p->warmup < 1 || p->probe_steps < 1)
         bad = "warmup and probe_steps must be at least 1";
+    else if (p->lookup != FY_SPEC_LOOKUP_SUFFIX && p->lookup != FY_SPEC_LOOKUP_NGRAM)
+        bad = "lookup must be suffix or ngram";
+    else if (p->history < 0 || p->history > 1024)
+        bad = "history must be in [0, 1024]";
     else if (p->batch_tokens < 0)
         bad = "batch_tokens must not be negative";
     else if (p->method == FY_SPEC_DRAFT && (!p->draft || !p->draft_kvm))
@@ -69,6 +75,197 @@ int32_t fy_spec_ngram_propose(const int32_t *t, int32_t n_tokens, int32_t ngram_
         }
     }
     return 0;
+}
+
+/* ---- suffix lookup --------------------------------------------------------------------------------- */
+
+typedef struct cand {
+    const int32_t *t; /* the text */
+    int32_t n;        /* its tokens */
+    int32_t at;       /* where the occurrence's continuation starts */
+} cand_t;
+
+/* Adds src's occurrences of the suffix q[-m..) ending before limit, from
+ * the end backwards: a longer match than *best restarts the set. */
+static void suffix_scan(const int32_t *q, int32_t nq, const int32_t *src, int32_t n_src, int32_t limit, int32_t *best,
+                        cand_t *c, int32_t *nc)
+{
+    int32_t last = q[nq - 1];
+    for (int32_t at = limit; at >= 1; at--) {
+        if (src[at - 1] != last) continue;
+        int32_t cap = nq < at ? nq : at, m = 1;
+        if (cap > FY_SPEC_SUFFIX_MATCH) cap = FY_SPEC_SUFFIX_MATCH;
+        while (m < cap && src[at - 1 - m] == q[nq - 1 - m]) m++;
+        if (m < *best) continue;
+        if (m > *best) {
+            *best = m;
+            *nc = 0;
+        }
+        if (*nc < FY_SPEC_SUFFIX_CANDS) c[(*nc)++] = (cand_t){src, n_src, at};
+    }
+}
+
+int32_t fy_spec_suffix_propose(const int32_t *t, int32_t n_tokens, const fy_spec_text_t *src, int32_t n_src, int32_t k,
+                               int32_t *out, float *freq, int32_t *match_p, bool *own_p)
+{
+    cand_t c[FY_SPEC_SUFFIX_CANDS];
+    int32_t nc = 0, best = 0;
+    if (match_p) *match_p = 0;
+    if (own_p) *own_p = false;
+    if (k < 1 || n_tokens < 1) return 0;
+    /* own text: occurrences whose continuation starts before the end */
+    suffix_scan(t, n_tokens, t, n_tokens, n_tokens - 1, &best, c, &nc);
+    for (int32_t s = 0; s < n_src; s++)
+        if (src[s].n > 0) suffix_scan(t, n_tokens, src[s].tokens, src[s].n, src[s].n - 1, &best, c, &nc);
+    if (best == 0) return 0;
+    if (match_p) *match_p = best;
+    if (own_p) *own_p = c[0].t == t; /* the own text's occurrences come first */
+    int32_t n = 0;
+    for (; n < k; n++) {
+        /* the token most live occurrences continue with; ties: the first */
+        int32_t pick = -1, pick_votes = 0, live = 0;
+        for (int32_t i = 0; i < nc; i++) {
+            if (c[i].at + n >= c[i].n) continue;
+            live++;
+            int32_t tok = c[i].t[c[i].at + n], votes = 0;
+            bool seen = false;
+            for (int32_t j = 0; j < i && !seen; j++) seen = c[j].at + n < c[j].n && c[j].t[c[j].at + n] == tok;
+            if (seen) continue;
+            for (int32_t j = i; j < nc; j++) votes += c[j].at + n < c[j].n && c[j].t[c[j].at + n] == tok;
+            if (votes > pick_votes) {
+                pick = tok;
+                pick_votes = votes;
+            }
+        }
+        if (live == 0) break;
+        out[n] = pick;
+        if (freq) freq[n] = (float)pick_votes / (float)live;
+        int32_t kept = 0;
+        for (int32_t i = 0; i < nc; i++)
+            if (c[i].at + n < c[i].n && c[i].t[c[i].at + n] == pick) c[kept++] = c[i];
+        nc = kept;
+    }
+    return n;
+}
+
+static int est_bucket(int32_t match, bool own)
+{
+    return (own ? 0 : 4) + (match <= 1 ? 0 : match <= 3 ? 1 : match <= 7 ? 2 : 3);
+}
+
+void fy_spec_est_init(fy_spec_est_t *s)
+{
+    /* priors worth 4 proposals each: a one-token match is a guess, a long
+     * match a copy (BENCHMARKS.md, issue 19: 13-57% against 80-100%) */
+    static const float prior[8] = {0.45f, 0.65f, 0.8f, 0.9f, 0.3f, 0.45f, 0.6f, 0.75f};
+    for (int b = 0; b < 8; b++) {
+        s->first_n[b] = 4.0f;
+        s->first_ok[b] = 4.0f * prior[b];
+    }
+    s->next_n = 4.0f;
+    s->next_ok = 4.0f * 0.85f;
+}
+
+void fy_spec_est_gains(const fy_spec_est_t *s, int32_t match, bool own, const float *freq, int32_t n, float *gain)
+{
+    int b = est_bucket(match, own);
+    float g = s->first_ok[b] / s->first_n[b], next = s->next_ok / s->next_n;
+    for (int32_t i = 0; i < n; i++) {
+        g *= (i ? next : 1.0f) * (freq ? freq[i] : 1.0f);
+        gain[i] = g;
+    }
+}
+
+/* counts decay so that about the last 32 outcomes count */
+static void est_count(float *ok, float *n, float hits, float tries)
+{
+    if (*n > 32.0f) {
+        *ok *= 32.0f / *n;
+        *n = 32.0f;
+    }
+    *ok += hits;
+    *n += tries;
+}
+
+void fy_spec_est_note(fy_spec_est_t *s, int32_t match, bool own, int32_t proposed, int32_t accepted)
+{
+    if (proposed < 1) return;
+    int b = est_bucket(match, own);
+    est_count(&s->first_ok[b], &s->first_n[b], accepted > 0, 1.0f);
+    /* later tokens were tried only after their predecessor passed */
+    if (accepted > 0 && proposed > 1) {
+        float tries = (float)(accepted < proposed ? accepted : proposed - 1);
+        float hits = (float)(accepted < proposed ? accepted - 1 : proposed - 1);
+        est_count(&s->next_ok, &s->next_n, hits, tries);
+    }
+}
+
+/* ---- tenants' recent texts ------------------------------------------------------------------------- */
+
+struct fy_spec_hist {
+    int32_t n_texts, max_tokens;
+    int32_t next;       /* the slot reused next (oldest) */
+    uint64_t clock;     /* adds so far */
+    fy_kv_ns_t *tenant; /* [n_texts] */
+    uint64_t *stamp;    /* [n_texts] add order; 0: empty */
+    int32_t *n;         /* [n_texts] */
+    int32_t *tokens;    /* [n_texts, max_tokens] */
+};
+
+fy_status_t fy_spec_hist_create(int32_t n_texts, int32_t max_tokens, fy_spec_hist_t **h_p)
+{
+    if (n_texts < 1 || max_tokens < 1) return FY_ERR_INVALID;
+    fy_spec_hist_t *h = fy_calloc(1, sizeof(*h));
+    if (!h) return FY_ERR_NOMEM;
+    h->n_texts = n_texts;
+    h->max_tokens = max_tokens;
+    h->tenant = fy_calloc((size_t)n_texts, sizeof(*h->tenant));
+    h->stamp = fy_calloc((size_t)n_texts, sizeof(*h->stamp));
+    h->n = fy_calloc((size_t)n_texts, sizeof(*h->n));
+    h->tokens = fy_malloc((size_t)n_texts * (size_t)max_tokens * sizeof(int32_t));
+    if (!h->tenant || !h->stamp || !h->n || !h->tokens) {
+        fy_spec_hist_destroy(h);
+        return FY_ERR_NOMEM;
+    }
+    *h_p = h;
+    return FY_OK;
+}
+
+void fy_spec_hist_destroy(fy_spec_hist_t *h)
+{
+    if (!h) return;
+    fy_free(h->tenant);
+    fy_free(h->stamp);
+    fy_free(h->n);
+    fy_free(h->tokens);
+    fy_free(h);
+}
+
+void fy_spec_hist_add(fy_spec_hist_t *h, const fy_kv_ns_t *tenant, const int32_t *tokens, int32_t n)
+{
+    if (n < 2) return;
+    if (n > h->max_tokens) { /* the tail: what was generated last */
+        tokens += n - h->max_tokens;
+        n = h->max_tokens;
+    }
+    int32_t s = h->next;
+    h->next = (s + 1) % h->n_texts;
+    h->tenant[s] = *tenant;
+    h->stamp[s] = ++h->clock;
+    h->n[s] = n;
+    memcpy(h->tokens + (size_t)s * (size_t)h->max_tokens, tokens, (size_t)n * sizeof(int32_t));
+}
+
+int32_t fy_spec_hist_texts(const fy_spec_hist_t *h, const fy_kv_ns_t *tenant, fy_spec_text_t *out, int32_t max)
+{
+    int32_t m = 0;
+    /* slots were filled round-robin: newest is just before next */
+    for (int32_t i = 1; i <= h->n_texts && m < max; i++) {
+        int32_t s = (h->next - i + h->n_texts) % h->n_texts;
+        if (!h->stamp[s] || memcmp(&h->tenant[s], tenant, sizeof(*tenant))) continue;
+        out[m++] = (fy_spec_text_t){h->tokens + (size_t)s * (size_t)h->max_tokens, h->n[s]};
+    }
+    return m;
 }
 
 /* ---- rejection sampling ------------------------------------------------------------------------ */

@@ -29,17 +29,30 @@
 
 #define FY_SPEC_MAX_K 16 /* proposed tokens per step at most */
 #define FY_SPEC_MAX_NGRAM 8
+#define FY_SPEC_SUFFIX_MATCH 32 /* longest suffix the suffix lookup matches */
+#define FY_SPEC_SUFFIX_CANDS 64 /* occurrences of the matched suffix it weighs at most */
 
 /* fy_spec_method_t (none, ngram, draft, or a request's default) is in
  * genspec.h: a request names it on the wire. */
 
+/* How the ngram method looks tokens up (decode.spec_lookup). */
+typedef enum fy_spec_lookup {
+    FY_SPEC_LOOKUP_SUFFIX, /* longest match, most frequent continuation, confidence-sized (issue 19) */
+    FY_SPEC_LOOKUP_NGRAM,  /* last n tokens, most recent occurrence, rate-sized (issue 8) */
+} fy_spec_lookup_t;
+
 typedef struct fy_spec_params {
     fy_spec_method_t method; /* the deployment's proposer: none, ngram or draft */
-    int32_t k_max;           /* proposed tokens per step at most, 1..FY_SPEC_MAX_K */
-    int32_t ngram_max;       /* longest suffix matched, 1..FY_SPEC_MAX_NGRAM (matching tries n = max .. 1) */
-    double min_accept;       /* acceptance rate below which speculation turns off (request or worker), 0..1 */
-    int32_t warmup;          /* proposed tokens before a rate is judged */
-    int32_t probe_steps;     /* decode steps speculation stays off before it is tried again */
+    fy_spec_lookup_t lookup; /* the ngram method's lookup */
+    /* suffix lookup: finished requests' texts kept per tenant (KV
+     * namespace) and proposed from, for requests of that tenant only;
+     * 0: a request's own text only */
+    int32_t history;
+    int32_t k_max;       /* proposed tokens per step at most, 1..FY_SPEC_MAX_K */
+    int32_t ngram_max;   /* longest suffix matched, 1..FY_SPEC_MAX_NGRAM (matching tries n = max .. 1) */
+    double min_accept;   /* acceptance rate below which speculation turns off (request or worker), 0..1 */
+    int32_t warmup;      /* proposed tokens before a rate is judged */
+    int32_t probe_steps; /* decode steps speculation stays off before it is tried again */
     /* tokens per step (decodes plus proposals) up to which a verification
      * step costs about what a plain decode step costs: proposals are cut
      * to fit, so a batch large enough to be compute-bound speculates
@@ -62,7 +75,7 @@ typedef struct fy_spec_params {
     fy_kvm_t *draft_kvm;
 } fy_spec_params_t;
 
-/* none; k_max 8, ngram_max 3, min_accept 0.3, warmup 16, probe_steps 64,
+/* none, suffix lookup without history; k_max 8, ngram_max 3, min_accept 0.3, warmup 16, probe_steps 64,
  * batch_tokens 64, cost_aware, sampled false (docs/speculative.md says why) */
 void fy_spec_params_default(fy_spec_params_t *p);
 /* Range checks, and a draft for FY_SPEC_DRAFT; logs the offending field. */
@@ -77,6 +90,66 @@ fy_status_t fy_spec_params_check(const fy_spec_params_t *p);
  * out.  Returns how many (0: no match).
  */
 int32_t fy_spec_ngram_propose(const int32_t *tokens, int32_t n_tokens, int32_t ngram_max, int32_t k, int32_t *out);
+
+/*
+ * Suffix lookup (after SuffixDecoding, Oliaro et al. 2024): the longest
+ * suffix of tokens[n_tokens] (up to FY_SPEC_SUFFIX_MATCH tokens) that
+ * occurs earlier in that text or in any of the n_src other texts, then,
+ * over those occurrences (the FY_SPEC_SUFFIX_CANDS first in the order:
+ * the request's own text from its end backwards, then src[0], src[1],
+ * .. each from its end backwards), the continuation a suffix tree's walk
+ * from the match would take: at each position the token most of the
+ * still-live occurrences continue with (a tie goes to the earliest
+ * occurrence in that order), keeping only the occurrences that agree.
+ * Up to k tokens go to out; freq[i] (may be NULL) gets the share of the
+ * live occurrences that continued with out[i].  *match_p (may be NULL):
+ * the matched length (0: none); *own_p (may be NULL): whether the
+ * request's own text holds an occurrence of that match.  Returns how many tokens were proposed.
+ * Costs one pass over the texts, no allocation.
+ */
+typedef struct fy_spec_text {
+    const int32_t *tokens;
+    int32_t n;
+} fy_spec_text_t;
+
+int32_t fy_spec_suffix_propose(const int32_t *tokens, int32_t n_tokens, const fy_spec_text_t *src, int32_t n_src,
+                               int32_t k, int32_t *out, float *freq, int32_t *match_p, bool *own_p);
+
+/*
+ * A request's estimate of how likely a suffix proposal's tokens are to be
+ * accepted: the first token's rate by the matched length (1, 2-3, 4-7,
+ * 8+: a one-token match is a guess, a long one a copy) and by where the
+ * match is (the request's own text, or only other texts), and one rate for
+ * every later token (copies run on or break at an edit), each a ratio of
+ * decayed counts from a prior.  What the engine sizes proposals by,
+ * instead of one rate to the power of the position.
+ */
+typedef struct fy_spec_est {
+    float first_ok[8], first_n[8]; /* [own text: 0-3, other texts only: 4-7] */
+    float next_ok, next_n;
+} fy_spec_est_t;
+
+void fy_spec_est_init(fy_spec_est_t *s);
+/* gain[i]: the probability that tokens 0..i are all accepted */
+void fy_spec_est_gains(const fy_spec_est_t *s, int32_t match, bool own, const float *freq, int32_t n, float *gain);
+/* After a verification: `accepted` of `proposed` tokens matched at `match`. */
+void fy_spec_est_note(fy_spec_est_t *s, int32_t match, bool own, int32_t proposed, int32_t accepted);
+
+/*
+ * Recent finished requests' texts per tenant, for the suffix lookup: a
+ * fixed arena of n_texts slots of at most max_tokens tokens each (the
+ * tail of a longer text), reused oldest first.  A tenant is a KV
+ * namespace digest: fy_spec_hist_texts gives only that tenant's texts, so
+ * a proposal never carries another tenant's tokens.  Engine thread only.
+ */
+typedef struct fy_spec_hist fy_spec_hist_t;
+
+fy_status_t fy_spec_hist_create(int32_t n_texts, int32_t max_tokens, fy_spec_hist_t **h_p);
+void fy_spec_hist_destroy(fy_spec_hist_t *h); /* accepts NULL */
+void fy_spec_hist_add(fy_spec_hist_t *h, const fy_kv_ns_t *tenant, const int32_t *tokens, int32_t n);
+/* Up to max of the tenant's texts, newest first, into out (valid until the
+ * next fy_spec_hist_add); returns how many. */
+int32_t fy_spec_hist_texts(const fy_spec_hist_t *h, const fy_kv_ns_t *tenant, fy_spec_text_t *out, int32_t max);
 
 /* ---- verification ---- */
 

@@ -5,7 +5,8 @@
  * the default model; a verification step's logits bit-identical to
  * one-at-a-time decoding; the rejection sampler's output distribution
  * against the target's (chi-square, fixed seed, with a wrong sampler as
- * the control that must fail); the n-gram proposer and the adaptive
+ * the control that must fail); the n-gram proposer, the suffix lookup
+ * against a brute-force reference, its tenant isolation, and the adaptive
  * controller; both KV pools holding exactly what their sequences need
  * after every step, and every block back at the end.
  */
@@ -20,6 +21,7 @@
 #include "gguf_writer.h"
 #include "mem.h"
 #include "model.h"
+#include "prompt.h"
 #include "runner.h"
 #include "spec.h"
 #include "testutil.h"
@@ -50,6 +52,151 @@ static int teardown(void **state)
 {
     fy_test_tmpdir_remove();
     return 0;
+}
+
+/* ---- the suffix lookup ---------------------------------------------------------------------------- */
+
+/* Brute force: the longest suffix (at most FY_SPEC_SUFFIX_MATCH) that
+ * occurs with a continuation, every occurrence listed by memcmp in the
+ * documented order, then the majority walk with its tie rule. */
+static int32_t suffix_reference(const int32_t *t, int32_t n, const fy_spec_text_t *src, int32_t n_src, int32_t k,
+                                int32_t *out, float *freq, int32_t *match_p, bool *own_p)
+{
+    const int32_t *ct[FY_SPEC_SUFFIX_CANDS];
+    int32_t cn[FY_SPEC_SUFFIX_CANDS], cat[FY_SPEC_SUFFIX_CANDS], nc = 0, m;
+    for (m = n < FY_SPEC_SUFFIX_MATCH ? n : FY_SPEC_SUFFIX_MATCH; m >= 1 && nc == 0; m--) {
+        const int32_t *suf = t + n - m;
+        for (int32_t s = -1; s < n_src; s++) {
+            const int32_t *x = s < 0 ? t : src[s].tokens;
+            int32_t xn = s < 0 ? n : src[s].n;
+            for (int32_t at = xn - 1; at >= m; at--)
+                if (!memcmp(x + at - m, suf, (size_t)m * sizeof(int32_t)) && nc < FY_SPEC_SUFFIX_CANDS) {
+                    ct[nc] = x;
+                    cn[nc] = xn;
+                    cat[nc++] = at;
+                }
+        }
+    }
+    *match_p = nc ? m + 1 : 0;
+    *own_p = false;
+    for (int32_t i = 0; i < nc; i++) *own_p |= ct[i] == t;
+    int32_t np = 0;
+    while (nc > 0 && np < k) {
+        int32_t live = 0, pick = -1, best = 0;
+        for (int32_t i = 0; i < nc; i++) {
+            if (cat[i] + np >= cn[i]) continue;
+            live++;
+            int32_t tok = ct[i][cat[i] + np], votes = 0;
+            for (int32_t j = 0; j < nc; j++) votes += cat[j] + np < cn[j] && ct[j][cat[j] + np] == tok;
+            if (votes > best) { /* strictly more: the first in order keeps a tie */
+                best = votes;
+                pick = tok;
+            }
+        }
+        if (!live) break;
+        out[np] = pick;
+        freq[np++] = (float)best / (float)live;
+        int32_t kept = 0;
+        for (int32_t i = 0; i < nc; i++)
+            if (cat[i] + np - 1 < cn[i] && ct[i][cat[i] + np - 1] == pick) {
+                ct[kept] = ct[i];
+                cn[kept] = cn[i];
+                cat[kept++] = cat[i];
+            }
+        nc = kept;
+    }
+    return np;
+}
+
+static void test_suffix_propose(void **state)
+{
+    uint64_t s = SEED;
+    int32_t text[4][400];
+    fy_spec_text_t src[3];
+    for (int it = 0; it < 3000; it++) {
+        /* small alphabets make long and many matches; the request's text
+         * may end with a stretch copied from another (what a rewrite does) */
+        int32_t alpha = 2 + (int32_t)(fy_test_rand_u64(&s) % 6), n_src = (int32_t)(fy_test_rand_u64(&s) % 4);
+        int32_t len[4];
+        for (int32_t x = 0; x <= n_src; x++) {
+            len[x] = 1 + (int32_t)(fy_test_rand_u64(&s) % 400);
+            for (int32_t j = 0; j < len[x]; j++) text[x][j] = (int32_t)(fy_test_rand_u64(&s) % (uint64_t)alpha);
+            if (x > 0 && len[x] > 60 && len[0] > 60 && fy_test_rand_u64(&s) % 2)
+                memcpy(text[0] + len[0] - 50, text[x] + 5, 50 * sizeof(int32_t));
+        }
+        for (int32_t x = 0; x < n_src; x++) src[x] = (fy_spec_text_t){text[x + 1], len[x + 1]};
+        int32_t k = 1 + (int32_t)(fy_test_rand_u64(&s) % FY_SPEC_MAX_K);
+        int32_t got[FY_SPEC_MAX_K], want[FY_SPEC_MAX_K], gm = -1, wm = -1;
+        float gf[FY_SPEC_MAX_K], wf[FY_SPEC_MAX_K];
+        bool own;
+        int32_t ng = fy_spec_suffix_propose(text[0], len[0], src, n_src, k, got, gf, &gm, &own);
+        bool wown;
+        int32_t nw = suffix_reference(text[0], len[0], src, n_src, k, want, wf, &wm, &wown);
+        if (ng != nw || gm != wm || own != wown || memcmp(got, want, (size_t)ng * sizeof(int32_t)) ||
+            memcmp(gf, wf, (size_t)ng * sizeof(float)))
+            fail_msg("seed %llu, iteration %d: proposed %d (match %d), reference %d (match %d)",
+                     (unsigned long long)SEED, it, ng, gm, nw, wm);
+    }
+    /* the copy in progress is continued: "7 8 9 1 2 3 7 8" -> 9 1 2 3 */
+    int32_t t[] = {7, 8, 9, 1, 2, 3, 7, 8}, out[4];
+    float f[4];
+    int32_t m;
+    assert_int_equal(fy_spec_suffix_propose(t, 8, NULL, 0, 4, out, f, &m, NULL), 4);
+    assert_int_equal(m, 2);
+    assert_int_equal(out[0], 9);
+    assert_int_equal(out[3], 3);
+    assert_true(f[0] == 1.0f);
+    /* nothing to match: nothing proposed */
+    int32_t u[] = {1, 2, 3};
+    assert_int_equal(fy_spec_suffix_propose(u, 3, NULL, 0, 4, out, f, &m, NULL), 0);
+    assert_int_equal(m, 0);
+}
+
+/* A tenant's history never reaches another tenant: tenant B's texts hold
+ * tokens 1000.. that appear nowhere in A's, and A's request ends with
+ * tokens B's texts continue; no proposal A gets holds a token it has not
+ * itself seen. */
+static void test_suffix_tenants(void **state)
+{
+    uint64_t s = SEED + 1;
+    fy_spec_hist_t *h;
+    assert_int_equal(fy_spec_hist_create(4, 64, &h), FY_OK);
+    fy_kv_ns_t a = {{{1}}}, b = {{{2}}};
+    int32_t ta[3][100], tb[3][100], req[40];
+    for (int i = 0; i < 3; i++) {
+        for (int j = 0; j < 100; j++) {
+            ta[i][j] = (int32_t)(fy_test_rand_u64(&s) % 50);
+            tb[i][j] = j % 10 < 3 ? (int32_t)(fy_test_rand_u64(&s) % 50) : 1000 + (int32_t)(fy_test_rand_u64(&s) % 50);
+        }
+        fy_spec_hist_add(h, &b, tb[i], 100);
+        fy_spec_hist_add(h, &a, ta[i], 100); /* the slots cycle: only the newest 4 stay */
+    }
+    fy_spec_text_t src[8];
+    assert_int_equal(fy_spec_hist_texts(h, &b, src, 8), 2);
+    assert_true(src[0].n == 64 && src[0].tokens[63] == tb[2][99]); /* newest first, the tail kept */
+    int32_t n = fy_spec_hist_texts(h, &a, src, 8);
+    assert_int_equal(n, 2);
+    int32_t hits = 0;
+    for (int it = 0; it < 300; it++) {
+        /* a request of A whose text ends like a stretch of B's */
+        for (int j = 0; j < 40; j++) req[j] = (int32_t)(fy_test_rand_u64(&s) % 50);
+        int32_t at = 40 + (int32_t)(fy_test_rand_u64(&s) % 50), len = 1 + (int32_t)(fy_test_rand_u64(&s) % 3);
+        memcpy(req + 40 - len, tb[2] + at - len, (size_t)len * sizeof(int32_t));
+        int32_t out[FY_SPEC_MAX_K], m;
+        int32_t np = fy_spec_suffix_propose(req, 40, src, n, FY_SPEC_MAX_K, out, NULL, &m, NULL);
+        for (int32_t i = 0; i < np; i++) {
+            bool own = false;
+            for (int j = 0; j < 40; j++) own |= req[j] == out[i];
+            if (out[i] >= 1000 && !own) fail_msg("iteration %d: tenant A was proposed B's token %d", it, out[i]);
+        }
+        /* B's own lookups do find those continuations (the control) */
+        fy_spec_text_t bs[8];
+        int32_t nb = fy_spec_hist_texts(h, &b, bs, 8);
+        np = fy_spec_suffix_propose(req, 40, bs, nb, FY_SPEC_MAX_K, out, NULL, &m, NULL);
+        for (int32_t i = 0; i < np; i++) hits += out[i] >= 1000;
+    }
+    assert_true(hits > 0);
+    fy_spec_hist_destroy(h);
 }
 
 /* ---- the n-gram proposer ------------------------------------------------------------------------ */
@@ -251,7 +398,7 @@ typedef struct rig {
     int vocab;
 } rig_t;
 
-/* spec: NULL (none), "ngram", or a draft ("self:L", "draft:FILE") */
+/* spec: NULL (none), "ngram", "suffix", or a draft ("self:L", "draft:FILE") */
 static void rig_open(rig_t *g, const char *model, const char *spec, const fy_spec_params_t *sp_in, int32_t blocks)
 {
     memset(g, 0, sizeof(*g));
@@ -279,8 +426,13 @@ static void rig_open(rig_t *g, const char *model, const char *spec, const fy_spe
     ep.max_num_seqs = 8;
     ep.max_num_batched_tokens = 256;
     if (sp_in) ep.spec = *sp_in;
-    if (spec && !strcmp(spec, "ngram")) {
+    if (spec && !strcmp(spec, "ngram")) { /* issue 8's lookup */
         ep.spec.method = FY_SPEC_NGRAM;
+        ep.spec.lookup = FY_SPEC_LOOKUP_NGRAM;
+    } else if (spec && !strcmp(spec, "suffix")) { /* with the tenant's history: alone, requests see earlier ones */
+        ep.spec.method = FY_SPEC_NGRAM;
+        ep.spec.lookup = FY_SPEC_LOOKUP_SUFFIX;
+        ep.spec.history = 16;
     } else if (spec) {
         assert_int_equal(fy_spec_draft_open(spec, g->r, 0, g->hasher, &g->draft), FY_OK);
         ep.spec.method = FY_SPEC_DRAFT;
@@ -434,16 +586,62 @@ static void greedy_identity(const char *model, int n_req, int32_t max_tokens, co
 
 static void test_greedy_identity_tiny(void **state)
 {
-    const char *specs[] = {"ngram", "self:1", "self:3", g_tiny_spec};
-    greedy_identity(g_tiny, N_REQ, 120, specs, 4);
+    const char *specs[] = {"ngram", "suffix", "self:1", "self:3", g_tiny_spec};
+    greedy_identity(g_tiny, N_REQ, 120, specs, 5);
 }
 
 static void test_greedy_identity_default(void **state)
 {
     const char *model = fy_test_default_model();
     if (!model) skip();
-    const char *specs[] = {"ngram", "self:20"};
-    greedy_identity(model, 3, 40, specs, 2);
+    const char *specs[] = {"ngram", "suffix", "self:20"};
+    greedy_identity(model, 3, 40, specs, 3);
+}
+
+/* Chat prompts on the default model, one a rewrite (the answer copies the
+ * prompt) and one open: the same greedy text with the suffix lookup (and
+ * issue 8's n-gram lookup) as without speculation, end of turn honoured;
+ * the rewrite accepts most of what is proposed. */
+static void test_greedy_chat_default(void **state)
+{
+    const char *model = fy_test_default_model();
+    if (!model) skip();
+    static const char *const prompts[2] = {
+        "Rewrite the following text, correcting the typos:\n\nThe quick brown fox jumpd over the lazy dog. It was a "
+        "sunny day in the village, and the childen were playing in the park near the old church.",
+        "Write a short story about a robot who learns to paint.",
+    };
+    workload_t *w = calloc(1, sizeof(*w));
+    fy_model_t *m;
+    assert_int_equal(fy_model_load(model, &m), FY_OK);
+    for (int i = 0; i < 2; i++) {
+        int32_t *ids, n;
+        assert_int_equal(fy_prompt_tokens(m, NULL, prompts[i], true, &ids, &n), FY_OK);
+        assert_true(n <= 200);
+        memcpy(w->prompt[i], ids, (size_t)n * sizeof(int32_t));
+        w->len[i] = n;
+        fy_free(ids);
+        fy_request_params_default(&w->rp[i]);
+        w->rp[i].max_tokens = 48;
+    }
+    fy_model_destroy(m);
+    result_t ref[2], got[2];
+    fy_engine_stats_t st;
+    run(model, NULL, NULL, w, 2, false, ref, &st);
+    fy_spec_params_t sp;
+    fy_spec_params_default(&sp);
+    sp.min_accept = 0;
+    sp.cost_aware = false;
+    const char *specs[] = {"suffix", "ngram"};
+    for (int s = 0; s < 2; s++) {
+        run(model, specs[s], &sp, w, 2, false, got, &st);
+        char what[64];
+        snprintf(what, sizeof(what), "chat %s", specs[s]);
+        report(what, &st);
+        check_same(what, ref, got, 2);
+        assert_true(got[0].n_accepted * 2 > got[0].n_proposed); /* the rewrite copies */
+    }
+    free(w);
 }
 
 /* Sampled requests with each proposer finish, are reproducible for the
@@ -700,6 +898,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ngram_propose),
+        cmocka_unit_test(test_suffix_propose),
+        cmocka_unit_test(test_suffix_tenants),
         cmocka_unit_test(test_ctl),
         cmocka_unit_test(test_rejection_sampler),
         cmocka_unit_test(test_verify_bits),
@@ -710,6 +910,7 @@ int main(void)
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_genspec_spec),
         cmocka_unit_test(test_greedy_identity_default),
+        cmocka_unit_test(test_greedy_chat_default),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
