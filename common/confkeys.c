@@ -190,6 +190,15 @@ static const fy_conf_key_t KEYS[] = {
     DUR("serve", "restart_window", "60s", 0.001, 86400,
         "a crash this soon after the start doubles the delay; a longer run resets it"),
     INT("serve", "max_restarts", "-1", -1, 1000, "-1: never give up; N: leave a child down after N restarts"),
+
+    STR("cluster", "etcd", "",
+        "etcd endpoints (http://HOST:PORT[,...]): routers and workers find each other there; empty: one router at "
+        "router.events"),
+    STR("cluster", "name", "ferry", "the cluster's name: its records live under /ferry/NAME/ in etcd"),
+    DUR("cluster", "etcd_ttl", "3s", 2, 3600,
+        "the lease on a process's record: a process that dies leaves the cluster this long after"),
+    DUR("cluster", "etcd_poll", "250ms", 0.01, 60, "between reads of the membership (a watch round)"),
+    STR("cluster", "router_name", NULL, "a router's name in etcd and in its messages; unset: router-HOST-PID"),
 };
 
 const fy_conf_key_t *fy_conf_keys(int *n_p)

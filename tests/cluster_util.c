@@ -88,6 +88,15 @@ static void add_proc(tc_cluster_t *c, const char *name, const char *const *wrap,
     tc_proc_t *p = &c->procs[c->n_procs++];
     char log[sizeof(p->log)];
     snprintf(p->name, sizeof(p->name), "%s", name);
+    size_t off = 0;
+    for (int i = 0; argv[i]; i++) {
+        size_t l = strlen(argv[i]) + 1;
+        assert_true(off + l <= sizeof(p->args));
+        memcpy(p->args + off, argv[i], l);
+        off += l;
+        p->n_args++;
+    }
+    p->wrap = wrap;
     if (snprintf(log, sizeof(log), "%s/%s.log", c->dir, name) >= (int)sizeof(log)) fail_msg("path too long");
     memcpy(p->log, log, sizeof(log));
     p->pid = spawn(wrap, argv, p->log);
@@ -163,6 +172,23 @@ void tc_start(tc_cluster_t *c, const tc_opts_t *o)
     for (int k = 0; k < 16 && o->common[k]; k++) argv[na++] = "--set", argv[na++] = (char *)o->common[k];
     argv[na] = NULL;
     if (!o->no_router) add_proc(c, "router", o->wrap[0], argv);
+    snprintf(c->router_urls[0], sizeof(c->router_urls[0]), "%s", c->router_url);
+    c->n_routers = o->n_routers > 1 ? o->n_routers : 1;
+    assert_true(c->n_routers <= TC_MAX_ROUTERS);
+    for (int r = 1; r < c->n_routers && !o->no_router; r++) {
+        char rs[3][640], name[32];
+        snprintf(name, sizeof(name), "router-%d", r);
+        snprintf(c->router_urls[r], sizeof(c->router_urls[r]), "ipc://%s/router-%d", c->dir, r);
+        snprintf(rs[0], sizeof(rs[0]), "router.listen=%s", c->router_urls[r]);
+        snprintf(rs[1], sizeof(rs[1]), "router.events=ipc://%s/events-%d", c->dir, r);
+        snprintf(rs[2], sizeof(rs[2]), "cluster.router_name=%s", name);
+        na = 0;
+        argv[na++] = bin, argv[na++] = "-c", argv[na++] = c->conf;
+        for (int k = 0; k < 16 && o->common[k]; k++) argv[na++] = "--set", argv[na++] = (char *)o->common[k];
+        for (int k = 0; k < 3; k++) argv[na++] = "--set", argv[na++] = rs[k];
+        argv[na] = NULL;
+        add_proc(c, name, o->wrap[0], argv);
+    }
     /* the workers */
     for (int w = 0; w < o->n_prefill + o->n_decode; w++) {
         bool decode = w >= o->n_prefill;
@@ -227,6 +253,24 @@ void tc_kill(tc_cluster_t *c, const char *name)
         return;
     }
     fail_msg("no process %s to kill", name);
+}
+
+void tc_restart(tc_cluster_t *c, const char *name)
+{
+    for (int i = 0; i < c->n_procs; i++) {
+        tc_proc_t *p = &c->procs[i];
+        if (strcmp(p->name, name)) continue;
+        assert_int_equal(p->pid, 0);
+        char *argv[64];
+        char *a = p->args;
+        for (int k = 0; k < p->n_args && k < 63; k++, a += strlen(a) + 1) argv[k] = a;
+        argv[p->n_args < 63 ? p->n_args : 63] = NULL;
+        p->pid = spawn(p->wrap, argv, p->log);
+        assert_true(p->pid > 0);
+        p->killed = false;
+        return;
+    }
+    fail_msg("no process %s to restart", name);
 }
 
 bool tc_alive(tc_cluster_t *c, const char *name)

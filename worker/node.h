@@ -50,6 +50,10 @@ typedef struct fy_node_role {
     void (*tick)(fy_node_t *n, void *state, double now);
     /* fills the role's fields of a load report (engine thread) */
     void (*load)(fy_node_t *n, void *state, fy_wire_load_t *m);
+    /* optional (cluster.etcd): the router that made request ids with this
+     * tag (fy_node_id_tag) is gone: end every lease, job and request of
+     * its (engine thread); nothing of theirs reaches a router any more */
+    void (*forget)(fy_node_t *n, void *state, uint32_t tag);
     /* shutting down (engine thread stopped): end what the role holds */
     void (*stop)(fy_node_t *n, void *state);
     /* after the engine is gone (its last events delivered): free state */
@@ -86,6 +90,9 @@ fy_wire_ev_t fy_node_ev(const fy_node_t *n, uint64_t rid, uint64_t id);
 void fy_node_error(fy_node_t *n, uint64_t rid, uint64_t id, fy_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 double fy_node_now(void); /* CLOCK_MONOTONIC seconds */
+/* The router a request id comes from (cluster.etcd: each router makes
+ * its ids with its tag in the high 32 bits; 0 for a single router). */
+static inline uint32_t fy_node_id_tag(uint64_t id) { return (uint32_t)(id >> 32); }
 
 /* The engine's parameters for a request from its wire parameters (stops
  * and the logits processing's arrays point into gen, which must outlive
