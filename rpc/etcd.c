@@ -146,8 +146,7 @@ fy_status_t fy_etcd_parse_range(const void *json, size_t len, fy_etcd_kvs_t *out
         }
         uint8_t *key = NULL, *val = NULL;
         size_t klen = 0, vlen = 0;
-        if (!b64_decode(json_object_get(e, "key"), FY_ETCD_MAX_KEY, &key, &klen) || klen == 0 ||
-            memchr(key, 0, klen)) {
+        if (!b64_decode(json_object_get(e, "key"), FY_ETCD_MAX_KEY, &key, &klen) || klen == 0 || memchr(key, 0, klen)) {
             fy_free(key);
             ERR("kvs[%zu].key: not base64 of 1..%d bytes without NUL", i, FY_ETCD_MAX_KEY);
             goto out;
@@ -263,8 +262,9 @@ static bool get_str(json_t *j, const char *field, bool empty_ok, char *out, size
     bool ok = n < cap && (empty_ok || n > 0);
     for (size_t i = 0; ok && i < n; i++) ok = (unsigned char)s[i] >= 0x20 && (unsigned char)s[i] < 0x7f;
     if (!ok) {
-        if (err && ecap) snprintf(err, ecap, "\"%s\" is not %s printable ASCII of at most %zu bytes", field,
-                                  empty_ok ? "" : "non-empty", cap - 1);
+        if (err && ecap)
+            snprintf(err, ecap, "\"%s\" is not %s printable ASCII of at most %zu bytes", field,
+                     empty_ok ? "" : "non-empty", cap - 1);
         return false;
     }
     memcpy(out, s, n + 1);
@@ -361,8 +361,8 @@ fy_status_t fy_member_compatible(const fy_member_t *m, const char *model, uint64
 uint64_t fy_member_layout_hash(int32_t block_size, int32_t dtype, int32_t n_layers, int32_t n_kv_heads,
                                int32_t head_dim, uint64_t block_bytes, uint64_t groups)
 {
-    uint64_t f[] = {(uint64_t)block_size, (uint64_t)dtype, (uint64_t)n_layers, (uint64_t)n_kv_heads,
-                    (uint64_t)head_dim,   block_bytes,     groups};
+    uint64_t f[] = {(uint64_t)block_size, (uint64_t)dtype, (uint64_t)n_layers, (uint64_t)n_kv_heads, (uint64_t)head_dim,
+                    block_bytes,          groups};
     uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a over the fields' bytes */
     for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
         for (int b = 0; b < 8; b++) {
@@ -420,8 +420,10 @@ fy_status_t fy_etcd_create(const char *endpoints, double timeout_s, fy_etcd_t **
             e->ep[e->n_ep++] = ep;
         }
         s += n;
-        if (c) s = c + 1;
-        else break;
+        if (c)
+            s = c + 1;
+        else
+            break;
     }
     if (!e->n_ep) {
         fy_error("cluster.etcd: no endpoint in '%s'", endpoints ? endpoints : "");
@@ -818,8 +820,7 @@ fy_status_t fy_membership_start(const fy_membership_params_t *p, fy_membership_t
         fy_free(m);
         return FY_ERR_INTERNAL;
     }
-    fy_info("etcd: %s registers as %s and watches %s every %.0f ms", p->endpoints, m->key, m->prefix,
-            p->poll_s * 1e3);
+    fy_info("etcd: %s registers as %s and watches %s every %.0f ms", p->endpoints, m->key, m->prefix, p->poll_s * 1e3);
     *m_p = m;
     return FY_OK;
 }

@@ -29,9 +29,9 @@
 
 /* ---- the JSON gateway's answers (untrusted input) ---- */
 
-#define FY_ETCD_MAX_KEY 512      /* bytes of a key we accept */
-#define FY_ETCD_MAX_VALUE 4096   /* bytes of a value we accept */
-#define FY_ETCD_MAX_KVS 1024     /* keys in one range answer */
+#define FY_ETCD_MAX_KEY 512        /* bytes of a key we accept */
+#define FY_ETCD_MAX_VALUE 4096     /* bytes of a value we accept */
+#define FY_ETCD_MAX_KVS 1024       /* keys in one range answer */
 #define FY_ETCD_MAX_BODY (1 << 22) /* bytes of one answer */
 
 typedef struct fy_etcd_kv {
@@ -83,10 +83,10 @@ fy_status_t fy_etcd_range_prefix(fy_etcd_t *e, const char *prefix, fy_etcd_kvs_t
 #define FY_MEMBER_VERSION 1
 
 typedef struct fy_member {
-    char kind[16];  /* "router", "prefill" or "decode" */
-    char name[64];  /* unique in the cluster; the last part of its key */
-    uint64_t inc;   /* the process's incarnation (a new one per start) */
-    char addr[256]; /* router: where workers push events; worker: its command address */
+    char kind[16];    /* "router", "prefill" or "decode" */
+    char name[64];    /* unique in the cluster; the last part of its key */
+    uint64_t inc;     /* the process's incarnation (a new one per start) */
+    char addr[256];   /* router: where workers push events; worker: its command address */
     char client[256]; /* router: its client address (ferry request); worker: "" */
     char http[256];   /* the process's HTTP address (/health), "" when none */
     uint32_t tag;     /* router: the high 32 bits of every request id it makes (1..2^20-1); worker: 0 */

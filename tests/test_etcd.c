@@ -108,8 +108,15 @@ static void test_parse_lease(void **state)
     assert_int_equal(fy_etcd_parse_lease(gone, strlen(gone), &id, &ttl, err, sizeof(err)), FY_OK);
     assert_int_equal(ttl, 0);
     static const char *const bad[] = {
-        "{}", "{\"ID\":\"x\"}", "{\"ID\":\"0\"}", "{\"ID\":\"1\",\"TTL\":\"-1\"}", "{\"ID\":\"1\",\"TTL\":[]}",
-        "{\"result\":3}", "{\"ID\":\"99999999999999999999\"}", "{\"ID\":\"12a\"}", "nul",
+        "{}",
+        "{\"ID\":\"x\"}",
+        "{\"ID\":\"0\"}",
+        "{\"ID\":\"1\",\"TTL\":\"-1\"}",
+        "{\"ID\":\"1\",\"TTL\":[]}",
+        "{\"result\":3}",
+        "{\"ID\":\"99999999999999999999\"}",
+        "{\"ID\":\"12a\"}",
+        "nul",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         if (fy_etcd_parse_lease(bad[i], strlen(bad[i]), &id, &ttl, err, sizeof(err)) != FY_ERR_FORMAT)
@@ -197,7 +204,8 @@ static void test_member_record(void **state)
         char *s = member_with(bad[i].field, bad[i].value);
         err[0] = 0;
         fy_status_t st = fy_member_read(s, strlen(s), &r, err, sizeof(err));
-        if (!st || !strstr(err, bad[i].why)) fail_msg("%s: %s, '%s' (wanted '%s')", s, fy_status_str(st), err, bad[i].why);
+        if (!st || !strstr(err, bad[i].why))
+            fail_msg("%s: %s, '%s' (wanted '%s')", s, fy_status_str(st), err, bad[i].why);
         free(s);
     }
     assert_int_equal(fy_member_read("[]", 2, &r, err, sizeof(err)), FY_ERR_FORMAT);
