@@ -26,6 +26,7 @@
 #include "cluster.h"
 #include "metrics.h"
 #include "engine.h"
+#include "etcd.h"
 #include "mem.h"
 #include "model.h"
 #include "runner.h"
@@ -223,8 +224,16 @@ void tc_start(tc_cluster_t *c, const tc_opts_t *o)
     double t0 = tc_now();
     for (;;) {
         fy_client_status_t s;
-        if (fy_client_status(c->client, &s) == FY_OK && s.prefill_up == o->n_prefill && s.decode_up == o->n_decode)
-            break;
+        fy_status_t sst = fy_client_status(c->client, &s);
+        if (sst == FY_OK && s.prefill_up == o->n_prefill && s.decode_up == o->n_decode) break;
+        static double last_said;
+        if (tc_now() - last_said > 10) { /* what it waits for, now and then */
+            last_said = tc_now();
+            if (sst)
+                print_message("waiting for the router: %s\n", fy_status_str(sst));
+            else
+                print_message("waiting for the workers: %d prefill and %d decode up\n", s.prefill_up, s.decode_up);
+        }
         for (int i = 0; i < c->n_procs; i++) {
             int status;
             if (waitpid(c->procs[i].pid, &status, WNOHANG) == c->procs[i].pid) {
@@ -619,4 +628,73 @@ void tc_http_free(tc_http_resp_t *r)
 {
     fy_free(r->body);
     r->body = NULL;
+}
+
+/* ---- etcd ---- */
+
+bool tc_etcd_available(void)
+{
+    const char *path = getenv("PATH");
+    char buf[1024];
+    snprintf(buf, sizeof(buf), "%s", path ? path : "/usr/bin:/bin");
+    for (char *save, *d = strtok_r(buf, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
+        char p[1200];
+        snprintf(p, sizeof(p), "%s/etcd", d);
+        if (!access(p, X_OK)) return true;
+    }
+    print_message("skipped: etcd is not installed (make deps installs etcd-server)\n");
+    return false;
+}
+
+void tc_etcd_spawn(tc_etcd_t *e)
+{
+    char client[96], peer[96], cluster[128];
+    snprintf(client, sizeof(client), "http://%s:%d", e->host, e->port);
+    snprintf(peer, sizeof(peer), "http://%s:%d", e->host, e->peer_port);
+    snprintf(cluster, sizeof(cluster), "t=%s", peer);
+    pid_t parent = getpid();
+    e->pid = fork();
+    assert_true(e->pid >= 0);
+    if (e->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(127);
+        FILE *f = freopen(e->log, "a", stdout);
+        if (f) dup2(1, 2);
+        execlp("etcd", "etcd", "--name", "t", "--data-dir", e->dir, "--listen-client-urls", client,
+               "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+               "--initial-cluster", cluster, "--log-level", "warn", (char *)NULL);
+        _exit(127);
+    }
+    /* up when a range answers */
+    fy_etcd_t *c;
+    assert_int_equal(fy_etcd_create(e->url, 0.5, &c), FY_OK);
+    double t0 = tc_now();
+    fy_etcd_kvs_t k = {0};
+    while (fy_etcd_range_prefix(c, "/", &k) != FY_OK) {
+        if (tc_now() - t0 > 20) fail_msg("etcd did not answer within 20 s (%s)", fy_etcd_last_error(c));
+        usleep(50000);
+    }
+    fy_etcd_kvs_free(&k);
+    fy_etcd_destroy(c);
+}
+
+void tc_etcd_start(tc_etcd_t *e, const char *dir, const char *host)
+{
+    memset(e, 0, sizeof(*e));
+    e->port = tc_free_port();
+    do e->peer_port = tc_free_port();
+    while (e->peer_port == e->port);
+    snprintf(e->host, sizeof(e->host), "%s", host);
+    snprintf(e->url, sizeof(e->url), "http://%s:%d", host, e->port);
+    snprintf(e->dir, sizeof(e->dir), "%s/etcd", dir);
+    snprintf(e->log, sizeof(e->log), "%s/etcd.log", dir);
+    tc_etcd_spawn(e);
+}
+
+void tc_etcd_kill(tc_etcd_t *e)
+{
+    if (e->pid <= 0) return;
+    kill(e->pid, SIGKILL);
+    waitpid(e->pid, NULL, 0);
+    e->pid = 0;
 }

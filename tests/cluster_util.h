@@ -149,4 +149,20 @@ void tc_http_free(tc_http_resp_t *r);
  * fy_metrics_sample).  Fails the test when no sample matches. */
 double tc_metric(const char *text, const char *series);
 
+/* etcd for cluster.etcd tests: a single member on host's free ports (as
+ * tc_free_port finds them on loopback), its data and log under dir, dying
+ * with the test.  tc_etcd_available says (with a message) whether etcd is
+ * installed; tc_etcd_start waits until it answers; tc_etcd_kill is
+ * SIGKILL; tc_etcd_spawn starts a killed one again on the same ports and
+ * data. */
+typedef struct tc_etcd {
+    pid_t pid;
+    int port, peer_port;
+    char host[64], url[96], dir[512], log[600];
+} tc_etcd_t;
+bool tc_etcd_available(void);
+void tc_etcd_start(tc_etcd_t *e, const char *dir, const char *host);
+void tc_etcd_spawn(tc_etcd_t *e);
+void tc_etcd_kill(tc_etcd_t *e);
+
 #endif /* FY_CLUSTER_UTIL_H */

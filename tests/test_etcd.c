@@ -221,83 +221,11 @@ static void test_member_record(void **state)
 
 /* ---- a real etcd ---- */
 
-typedef struct etcd_proc {
-    pid_t pid;
-    int port, peer_port;
-    char url[64], dir[512], log[600];
-} etcd_proc_t;
-
-static bool have_etcd(void)
-{
-    const char *path = getenv("PATH");
-    char buf[1024];
-    snprintf(buf, sizeof(buf), "%s", path ? path : "/usr/bin:/bin");
-    for (char *save, *d = strtok_r(buf, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
-        char p[1200];
-        snprintf(p, sizeof(p), "%s/etcd", d);
-        if (!access(p, X_OK)) return true;
-    }
-    print_message("skipped: etcd is not installed (make deps installs etcd-server)\n");
-    return false;
-}
-
-static void etcd_spawn(etcd_proc_t *e)
-{
-    char client[64], peer[64], cluster[96];
-    snprintf(client, sizeof(client), "http://127.0.0.1:%d", e->port);
-    snprintf(peer, sizeof(peer), "http://127.0.0.1:%d", e->peer_port);
-    snprintf(cluster, sizeof(cluster), "t=%s", peer);
-    pid_t parent = getpid();
-    e->pid = fork();
-    assert_true(e->pid >= 0);
-    if (e->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent) _exit(127);
-        FILE *f = freopen(e->log, "a", stdout);
-        if (f) dup2(1, 2);
-        execlp("etcd", "etcd", "--name", "t", "--data-dir", e->dir, "--listen-client-urls", client,
-               "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-               "--initial-cluster", cluster, "--log-level", "warn", (char *)NULL);
-        _exit(127);
-    }
-    /* up when a range answers */
-    fy_etcd_t *c;
-    assert_int_equal(fy_etcd_create(e->url, 0.5, &c), FY_OK);
-    double t0 = tc_now();
-    fy_etcd_kvs_t k = {0};
-    while (fy_etcd_range_prefix(c, "/", &k) != FY_OK) {
-        if (tc_now() - t0 > 20) fail_msg("etcd did not answer within 20 s (%s)", fy_etcd_last_error(c));
-        usleep(50000);
-    }
-    fy_etcd_kvs_free(&k);
-    fy_etcd_destroy(c);
-}
-
-static void etcd_start(etcd_proc_t *e, const char *dir)
-{
-    memset(e, 0, sizeof(*e));
-    e->port = tc_free_port();
-    do e->peer_port = tc_free_port();
-    while (e->peer_port == e->port);
-    snprintf(e->url, sizeof(e->url), "http://127.0.0.1:%d", e->port);
-    snprintf(e->dir, sizeof(e->dir), "%s/etcd", dir);
-    snprintf(e->log, sizeof(e->log), "%s/etcd.log", dir);
-    etcd_spawn(e);
-}
-
-static void etcd_kill(etcd_proc_t *e)
-{
-    if (e->pid <= 0) return;
-    kill(e->pid, SIGKILL);
-    waitpid(e->pid, NULL, 0);
-    e->pid = 0;
-}
-
 static void test_client(void **state)
 {
-    if (!have_etcd()) skip();
-    etcd_proc_t e;
-    etcd_start(&e, fy_test_tmpdir());
+    if (!tc_etcd_available()) skip();
+    tc_etcd_t e;
+    tc_etcd_start(&e, fy_test_tmpdir(), "127.0.0.1");
     fy_etcd_t *c;
     /* a dead endpoint first: the call goes on to the live one */
     char eps[160];
@@ -329,7 +257,7 @@ static void test_client(void **state)
     assert_int_equal(fy_etcd_put(c, "/x", "y", 1, 12345), FY_ERR_PEER);
     assert_non_null(strstr(fy_etcd_last_error(c), "lease not found"));
     /* etcd gone: every call fails with a cause, none hangs past its timeout */
-    etcd_kill(&e);
+    tc_etcd_kill(&e);
     double t0 = tc_now();
     assert_int_equal(fy_etcd_range_prefix(c, "/ferry/", &k), FY_ERR_PEER);
     assert_int_equal(fy_etcd_grant(c, 5, &lease), FY_ERR_PEER);
@@ -422,9 +350,9 @@ enum { N_EACH = 4 };
 
 static void test_two_routers(void **state)
 {
-    if (!have_etcd() || !tc_available()) skip();
-    etcd_proc_t e;
-    etcd_start(&e, fy_test_tmpdir());
+    if (!tc_etcd_available() || !tc_available()) skip();
+    tc_etcd_t e;
+    tc_etcd_start(&e, fy_test_tmpdir(), "127.0.0.1");
     char set_etcd[128];
     snprintf(set_etcd, sizeof(set_etcd), "cluster.etcd=%s", e.url);
     tc_cluster_t c;
@@ -539,7 +467,7 @@ static void test_two_routers(void **state)
     assert_int_equal(r.error, FY_OK);
 
     /* etcd away for 10 s: serving goes on on the last known membership */
-    etcd_kill(&e);
+    tc_etcd_kill(&e);
     double t_down = tc_now();
     int served = 0;
     while (tc_now() - t_down < 10) {
@@ -555,7 +483,7 @@ static void test_two_routers(void **state)
     assert_int_equal(st.prefill_up, 2);
     print_message("etcd down for 10 s: %d requests served\n", served);
     wait_log(&c, "router-1", "etcd: watch failed", 1);
-    etcd_spawn(&e);
+    tc_etcd_spawn(&e);
     /* every live process is registered again */
     double t_up = tc_now();
     for (;;) {
@@ -577,7 +505,7 @@ static void test_two_routers(void **state)
     fy_etcd_destroy(ec);
     fy_client_destroy(c1);
     tc_stop(&c);
-    etcd_kill(&e);
+    tc_etcd_kill(&e);
 }
 
 static int teardown(void **state)

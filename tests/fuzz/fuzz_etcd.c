@@ -49,8 +49,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         char *json;
         size_t len;
         FZ_CHECK(fy_member_write(&m, &json, &len) == FY_OK, "a record read does not write");
-        FZ_CHECK(fy_member_read(json, len, &m2, err, sizeof(err)) == FY_OK, "a record written does not read: %s",
-                 err);
+        FZ_CHECK(fy_member_read(json, len, &m2, err, sizeof(err)) == FY_OK, "a record written does not read: %s", err);
         FZ_CHECK(!memcmp(&m, &m2, sizeof(m)), "a record does not read back the same");
         fy_free(json);
     }
