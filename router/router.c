@@ -1798,12 +1798,29 @@ static void *hk_main(void *arg)
 
 /* ---- the process ------------------------------------------------------------------------------------------ */
 
+/* membership thread: this router's lease expired, so every worker saw it
+ * leave and ended what it held for it: its requests cannot go on */
+static void on_lease_lost(void *arg)
+{
+    router_t *R = arg;
+    int n = 0;
+    pthread_mutex_lock(&R->mu);
+    for (rreq_t *q = R->all; q; q = q->next) {
+        if (q->state == RQ_DONE) continue;
+        finish_req(R, q, FY_ERR_PEER, "this router lost its etcd registration; the workers dropped its requests");
+        n++;
+    }
+    pthread_mutex_unlock(&R->mu);
+    if (n) fy_warn("etcd: %d request(s) ended: the workers dropped them when this router's record expired", n);
+}
+
 /* cluster.etcd: registers this router and watches the workers */
 static fy_status_t membership_start(router_t *R, const char *etcd)
 {
     const fy_config_t *c = R->cfg;
     const char *http;
-    fy_membership_params_t mp = {.endpoints = etcd, .dir = "routers", .watch = "workers/", .fn = on_workers, .arg = R};
+    fy_membership_params_t mp = {
+        .endpoints = etcd, .dir = "routers", .watch = "workers/", .fn = on_workers, .lost = on_lease_lost, .arg = R};
     fy_status_t st;
     if ((st = fy_conf_string(c, "cluster", "name", &mp.cluster)) ||
         (st = fy_conf_duration(c, "cluster", "etcd_ttl", &mp.ttl_s)) ||

@@ -673,6 +673,7 @@ static void keep_registered(fy_membership_t *m, double now)
         if (left <= 0) { /* expired while etcd was away: register anew */
             fy_warn("etcd: lease %llx expired; registering %s again", (unsigned long long)m->lease, m->key);
             m->lease = 0;
+            if (m->p.lost) m->p.lost(m->p.arg);
             pthread_mutex_lock(&m->mu);
             m->registered = false;
             pthread_mutex_unlock(&m->mu);

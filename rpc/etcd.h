@@ -124,6 +124,10 @@ typedef struct fy_membership_params {
     double ttl_s;  /* the lease's TTL (cluster.etcd_ttl) */
     double poll_s; /* the watch round (cluster.etcd_poll) */
     fy_members_fn fn;
+    /* optional: the record's lease expired (etcd lost us for longer than
+     * the TTL: the others saw this process leave), called before it
+     * registers again, on the membership thread */
+    void (*lost)(void *arg);
     void *arg;
 } fy_membership_params_t;
 

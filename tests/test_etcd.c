@@ -502,6 +502,44 @@ static void test_two_routers(void **state)
     memset(&r, 0, sizeof(r));
     collect_on(&c, c1, &s, &r, 1, 60);
     assert_int_equal(r.error, FY_OK);
+
+    /* router-1 stopped past its lease: the workers drop its requests, and
+     * when it runs again it ends them with an error, registers anew and
+     * serves */
+    pid_t r1pid = 0;
+    for (int i = 0; i < c.n_procs; i++)
+        if (!strcmp(c.procs[i].name, "router-1")) r1pid = c.procs[i].pid;
+    assert_true(r1pid > 0);
+    s = submit(c1, p[2], 48, 1500);
+    memset(&r, 0, sizeof(r));
+    for (int32_t got = 0; got < 2;) {
+        fy_client_update_t u;
+        assert_int_equal(fy_client_poll(c1, &s, 0.5, &u), FY_OK);
+        got += u.n_tokens;
+    }
+    assert_int_equal(kill(r1pid, SIGSTOP), 0);
+    wait_log(&c, "decode-0", "router router-1 is gone", 10);
+    assert_int_equal(kill(r1pid, SIGCONT), 0);
+    collect_on(&c, c1, &s, &r, 1, 30);
+    /* whichever it noticed first: its workers silent past router.health_timeout, or its lease gone */
+    if (r.error != FY_ERR_PEER) fail_msg("the request through the stopped router: %s", r.message);
+    print_message("router-1 stopped 3+ s: its request ended with '%s'\n", r.message);
+    wait_log(&c, "router-1", "expired; registering /ferry/t/routers/router-1 again", 5);
+    wait_up(&c, c1, 2, 2, 10);
+    s = submit(c1, p[3], 48, 8);
+    memset(&r, 0, sizeof(r));
+    collect_on(&c, c1, &s, &r, 1, 60);
+    if (r.error) {
+        tc_print_logs(&c);
+        fail_msg("after re-registering: %s", r.message);
+    }
+    double t_pools = tc_now();
+    for (int32_t adm[2] = {-1, -1}; adm[0] != adm0[0] || adm[1] != adm0[1];) { /* no block leaked */
+        admittable(c1, adm);
+        if (tc_now() - t_pools > 10)
+            fail_msg("decode pools at %d and %d blocks, %d and %d at the start", adm[0], adm[1], adm0[0], adm0[1]);
+        usleep(20000);
+    }
     fy_etcd_destroy(ec);
     fy_client_destroy(c1);
     tc_stop(&c);

@@ -63,7 +63,15 @@ typedef struct router_link {
     uint64_t inc;
     uint32_t tag; /* the high bits of its request ids: events about a request go to its router alone */
     fy_push_t *push;
+    /* its record went (its requests here were ended): no more load
+     * reports, but replies to what it still sends get through, should it
+     * come back under the same identity before LINK_LINGER_S (a router
+     * whose lease expired while it was stopped registers again) */
+    bool gone;
+    double gone_at;
 } router_link_t;
+
+#define LINK_LINGER_S 30.0
 
 #include <sodium.h>
 
@@ -164,7 +172,7 @@ static fy_status_t send_routed(fy_node_t *n, const void *buf, size_t len, bool a
     fy_status_t st = tag ? FY_ERR_NOT_FOUND : FY_OK;
     pthread_mutex_lock(&n->links_mu);
     for (int i = 0; i < n->n_links; i++) {
-        if (tag && n->links[i].tag != tag) continue;
+        if (tag ? n->links[i].tag != tag : n->links[i].gone) continue;
         st = fy_push_send(n->links[i].push, buf, len);
     }
     pthread_mutex_unlock(&n->links_mu);
@@ -382,22 +390,34 @@ static void on_routers(void *arg, const fy_member_t *live, int n_live)
     uint32_t gone[MAX_ROUTERS];
     char gone_name[MAX_ROUTERS][64];
     fy_push_t *closed[MAX_ROUTERS];
-    int n_gone = 0;
+    int n_gone = 0, n_closed = 0;
     bool added = false;
+    double now = fy_node_now();
     pthread_mutex_lock(&n->links_mu);
     for (int i = 0; i < n->n_links;) {
         router_link_t *l = &n->links[i];
-        bool kept = false;
-        for (int k = 0; k < n_live && !kept; k++)
-            kept = !strcmp(live[k].name, l->name) && live[k].inc == l->inc && live[k].tag == l->tag;
-        if (kept) {
-            i++;
+        bool listed = false;
+        for (int k = 0; k < n_live && !listed; k++)
+            listed = !strcmp(live[k].name, l->name) && live[k].inc == l->inc && live[k].tag == l->tag;
+        if (listed && l->gone) { /* back under the same identity */
+            l->gone = false;
+            added = true;
+            fy_info("router %s is back: events to it again", l->name);
+        } else if (!listed && !l->gone) {
+            l->gone = true;
+            l->gone_at = now;
+            snprintf(gone_name[n_gone], sizeof(gone_name[n_gone]), "%s", l->name);
+            gone[n_gone++] = l->tag;
+        }
+        /* a link another identity of the same name replaces, or one gone for long, closes */
+        bool replaced = false;
+        for (int k = 0; k < n_live && !replaced; k++) replaced = !listed && !strcmp(live[k].name, l->name);
+        if (l->gone && (replaced || now - l->gone_at > LINK_LINGER_S)) {
+            closed[n_closed++] = l->push;
+            n->links[i] = n->links[--n->n_links];
             continue;
         }
-        closed[n_gone] = l->push;
-        snprintf(gone_name[n_gone], sizeof(gone_name[n_gone]), "%s", l->name);
-        gone[n_gone++] = l->tag;
-        n->links[i] = n->links[--n->n_links];
+        i++;
     }
     for (int k = 0; k < n_live; k++) {
         const fy_member_t *m = &live[k];
@@ -423,13 +443,13 @@ static void on_routers(void *arg, const fy_member_t *live, int n_live)
         fy_info("router %s joined: events to %s", m->name, m->addr);
     }
     pthread_mutex_unlock(&n->links_mu);
+    for (int i = 0; i < n_closed; i++) fy_push_destroy(closed[i]);
     for (int i = 0; i < n_gone; i++) {
-        fy_push_destroy(closed[i]);
         fy_warn("router %s left the cluster (its etcd record is gone)", gone_name[i]);
         forget_t *f = fy_malloc(sizeof(*f));
         if (!f) continue;
         *f = (forget_t){.n = n, .tag = gone[i]};
-        snprintf(f->name, sizeof(f->name), "%s", gone_name[i]);
+        snprintf(f->name, sizeof(f->name), "%.63s", gone_name[i]);
         if (fy_engine_post(n->engine, run_forget, f) != FY_OK) fy_free(f);
     }
     if (added) { /* a new router hears of this worker now, not a heartbeat later */
