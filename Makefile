@@ -62,10 +62,10 @@ else
 CUDA ?= 1
 endif
 
-PKGS    := libpcre2-8 jansson libsodium ucx msgpack inih libmicrohttpd
+PKGS    := libpcre2-8 jansson libsodium ucx msgpack inih libmicrohttpd libcurl
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || \
-                echo -lpcre2-8 -ljansson -lsodium -lucp -luct -lucs -lucm -lmsgpackc -linih -lmicrohttpd) -lnng
+                echo -lpcre2-8 -ljansson -lsodium -lucp -luct -lucs -lucm -lmsgpackc -linih -lmicrohttpd -lcurl) -lnng
 
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
 ifeq ($(WERROR),1)
@@ -404,7 +404,7 @@ DEBS := build-essential pkg-config python3 python3-pip ca-certificates \
         libucx-dev ucx-utils libnng-dev libmsgpack-dev gnuplot-nox iproute2 curl python3-venv \
         libcurl4-openssl-dev libmicrohttpd-dev \
         clang libclang-rt-dev llvm clang-format \
-        prometheus
+        prometheus etcd-server
 
 deps:
 	@missing=""; for p in $(DEBS); do \

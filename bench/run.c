@@ -133,7 +133,7 @@ typedef struct run {
     pthread_cond_t idle; /* a worker finished a conversation */
     int32_t *queue;      /* [n_convs] released conversations, FIFO */
     int32_t q_head, q_tail;
-    int32_t n_workers, n_idle, n_ready;
+    int32_t n_workers, n_idle, n_ready, n_started;
     bool closing;
     pthread_t *threads; /* [max_inflight] nng workers */
     pthread_attr_t attr;
@@ -244,10 +244,82 @@ static void *progress_main(void *arg)
 
 /* ---- nng --------------------------------------------------------------------------------------- */
 
+/* A client thread's routers (--url ADDR,ADDR...: several routers of one
+ * cluster): thread k starts on router k mod n and moves to the next when
+ * one cannot be reached or dies before a request's first token; the
+ * request is then sent again there, and counted once. */
+#define MAX_ROUTERS 8
+
+typedef struct nng_conn {
+    char url[MAX_ROUTERS][512];
+    fy_client_t *c[MAX_ROUTERS];
+    int n, cur;
+} nng_conn_t;
+
+static void conn_init(nng_conn_t *cn, const char *urls, int k)
+{
+    memset(cn, 0, sizeof(*cn));
+    for (const char *u = urls; *u && cn->n < MAX_ROUTERS;) {
+        size_t n = strcspn(u, ",");
+        if (n && n < sizeof(cn->url[0])) snprintf(cn->url[cn->n++], sizeof(cn->url[0]), "%.*s", (int)n, u);
+        u += n + (u[n] == ',');
+    }
+    cn->cur = cn->n ? k % cn->n : 0;
+}
+
+/* the current router's client (made on first use) */
+static fy_status_t conn_get(run_t *R, nng_conn_t *cn, fy_client_t **c_p)
+{
+    if (!cn->n || !R->t->secret_file) return FY_ERR_INVALID;
+    fy_client_t **c = &cn->c[cn->cur];
+    fy_status_t st = *c ? FY_OK : fy_client_create(cn->url[cn->cur], R->t->secret_file, cn->n > 1 ? 3.0 : 10.0, c);
+    if (!st) *c_p = *c;
+    return st;
+}
+
+static void conn_free(nng_conn_t *cn)
+{
+    for (int i = 0; i < cn->n; i++) fy_client_destroy(cn->c[i]);
+}
+
+/* a failure another router may not share: no answer, or the router gone */
+static bool conn_failover(nng_conn_t *cn, fy_status_t st)
+{
+    if (cn->n < 2 || (st != FY_ERR_PEER && st != FY_ERR_TIMEOUT)) return false;
+    cn->cur = (cn->cur + 1) % cn->n;
+    return true;
+}
+
 static const char *status_kind(fy_status_t st) { return fy_status_tag(st); }
 
 /* One request through the router; the answer's text into *answer when asked. */
-static void nng_request(run_t *R, fy_client_t *c, int32_t i, char **answer)
+static void nng_request_on(run_t *R, fy_client_t *c, int32_t i, char **answer, fy_status_t *transport_p);
+
+static void nng_request(run_t *R, nng_conn_t *cn, int32_t i, char **answer)
+{
+    for (int k = 0; k < (cn->n > 1 ? cn->n : 1); k++) {
+        fy_client_t *c;
+        fy_status_t st = conn_get(R, cn, &c);
+        if (st) {
+            count_start(R); /* ended by the caller, as a request that failed */
+            result_fail(&R->res[i], "client", "cannot make a client of %s: %s", cn->url[cn->cur],
+                        R->t->secret_file ? fy_status_str(st) : "no secret file (--secret)");
+            if (k + 1 == cn->n || !conn_failover(cn, FY_ERR_PEER)) return;
+            atomic_fetch_sub(&R->sent, 1);
+            atomic_fetch_sub(&R->inflight, 1);
+            continue;
+        }
+        fy_status_t transport = FY_OK;
+        nng_request_on(R, c, i, answer, &transport);
+        if (!transport || k + 1 == cn->n || !conn_failover(cn, transport)) return;
+        atomic_fetch_sub(&R->sent, 1); /* sent again: counted once */
+        atomic_fetch_sub(&R->inflight, 1);
+        result_reset(&R->res[i], R->res[i].sched_s, R->w->reqs[i].n_in);
+    }
+}
+
+/* *transport_p: a failure before the first token that another router may not share */
+static void nng_request_on(run_t *R, fy_client_t *c, int32_t i, char **answer, fy_status_t *transport_p)
 {
     const fy_bench_req_t *q = &R->w->reqs[i];
     fy_bench_result_t *r = &R->res[i];
@@ -272,6 +344,7 @@ static void nng_request(run_t *R, fy_client_t *c, int32_t i, char **answer)
     if (st) {
         r->end_s = now_s() - R->t0;
         result_fail(r, status_kind(st), "%s", err[0] ? err : fy_status_str(st));
+        *transport_p = st;
         return;
     }
     r->n_in = s.n_prompt;
@@ -296,6 +369,7 @@ static void nng_request(run_t *R, fy_client_t *c, int32_t i, char **answer)
             r->end_s = t;
             result_fail(r, status_kind(st), "poll: %s", u.message[0] ? u.message : fy_status_str(st));
             fy_client_cancel(c, s.id);
+            if (r->n_out == 0) *transport_p = st;
             return;
         }
         result_chunk(r, t, u.n_tokens);
@@ -324,7 +398,7 @@ static void nng_request(run_t *R, fy_client_t *c, int32_t i, char **answer)
     }
 }
 
-static void nng_conv(run_t *R, fy_client_t *c, int32_t ci, double due)
+static void nng_conv(run_t *R, nng_conn_t *c, int32_t ci, double due)
 {
     const fy_bench_conv_t *cv = &R->w->convs[ci];
     for (int32_t k = 0; k < cv->n_turns; k++) {
@@ -356,9 +430,13 @@ static void nng_conv(run_t *R, fy_client_t *c, int32_t ci, double due)
 static void *nng_worker(void *arg)
 {
     run_t *R = arg;
+    pthread_mutex_lock(&R->mu);
+    int me = R->n_started++;
+    pthread_mutex_unlock(&R->mu);
+    nng_conn_t cn;
+    conn_init(&cn, R->t->url, me);
     fy_client_t *c = NULL;
-    fy_status_t cst = R->t->secret_file ? fy_client_create(R->t->url, R->t->secret_file, 10.0, &c) : FY_ERR_INVALID;
-    if (!cst) { /* connected before it takes work, so no request's time includes the dial */
+    if (!conn_get(R, &cn, &c)) { /* connected before it takes work, so no request's time includes the dial */
         fy_client_status_t *s = fy_malloc(sizeof(*s));
         if (s) fy_client_status(c, s);
         fy_free(s);
@@ -373,20 +451,13 @@ static void *nng_worker(void *arg)
         R->n_idle--;
         pthread_mutex_unlock(&R->mu);
         double due = R->t0 + R->res[R->w->convs[ci].first].sched_s;
-        if (cst) {
-            char why[160];
-            snprintf(why, sizeof(why), "cannot make a client of %s: %s", R->t->url,
-                     R->t->secret_file ? fy_status_str(cst) : "no secret file (--secret)");
-            conv_not_sent(R, ci, 0, "client", why);
-        } else {
-            nng_conv(R, c, ci, due);
-        }
+        nng_conv(R, &cn, ci, due);
         pthread_mutex_lock(&R->mu);
         R->n_idle++;
         pthread_cond_broadcast(&R->idle);
     }
     pthread_mutex_unlock(&R->mu);
-    fy_client_destroy(c);
+    conn_free(&cn);
     return NULL;
 }
 
@@ -1013,6 +1084,17 @@ fy_status_t fy_bench_run(const fy_bench_target_t *t, const fy_bench_workload_t *
 
 fy_status_t fy_bench_check_address(const char *url, bool allow_remote, char *err, size_t cap)
 {
+    if (strchr(url, ',')) { /* several routers of one cluster: each must pass */
+        char one[1024];
+        for (const char *u = url;;) {
+            size_t n = strcspn(u, ",");
+            snprintf(one, sizeof(one), "%.*s", (int)(n < sizeof(one) ? n : sizeof(one) - 1), u);
+            fy_status_t st = fy_bench_check_address(one, allow_remote, err, cap);
+            if (st) return st;
+            if (!u[n]) return FY_OK;
+            u += n + 1;
+        }
+    }
     const char *sep = strstr(url, "://");
     if (!sep) {
         snprintf(err, cap, "address '%s': expected scheme://host:port (tcp://, http://) or ipc://path", url);

@@ -194,6 +194,21 @@ static const fy_conf_key_t KEYS[] = {
     DUR("serve", "restart_window", "60s", 0.001, 86400,
         "a crash this soon after the start doubles the delay; a longer run resets it"),
     INT("serve", "max_restarts", "-1", -1, 1000, "-1: never give up; N: leave a child down after N restarts"),
+    INT("serve", "routers", "1", 1, 16,
+        "routers `ferry serve` starts (more than one needs cluster.etcd); router i listens on each of the router's "
+        "addresses' port + 2i"),
+    STR("serve", "etcd_data", NULL,
+        "with cluster.etcd on this host's loopback, `ferry serve` runs etcd with its data here; unset: RUN_DIR/etcd; "
+        "empty: etcd is someone else's to run"),
+
+    STR("cluster", "etcd", "",
+        "etcd endpoints (http://HOST:PORT[,...]): routers and workers find each other there; empty: one router at "
+        "router.events"),
+    STR("cluster", "name", "ferry", "the cluster's name: its records live under /ferry/NAME/ in etcd"),
+    DUR("cluster", "etcd_ttl", "3s", 2, 3600,
+        "the lease on a process's record: a process that dies leaves the cluster this long after"),
+    DUR("cluster", "etcd_poll", "250ms", 0.01, 60, "between reads of the membership (a watch round)"),
+    STR("cluster", "router_name", NULL, "a router's name in etcd and in its messages; unset: router-HOST-PID"),
 };
 
 const fy_conf_key_t *fy_conf_keys(int *n_p)

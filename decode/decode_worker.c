@@ -671,6 +671,31 @@ static void d_stop(fy_node_t *n, void *state)
     }
 }
 
+/* a router is gone (cluster.etcd): its leases go back at once, its
+ * running requests are cancelled (their ends go nowhere) */
+static void d_forget(fy_node_t *n, void *state, uint32_t tag)
+{
+    decode_t *d = state;
+    int leases = 0, reqs = 0;
+    for (lease_t **p = &d->leases; *p;) {
+        lease_t *l = *p;
+        if (fy_node_id_tag(l->id) != tag) {
+            p = &l->next;
+            continue;
+        }
+        lease_unlink(d, l);
+        lease_free(d, l);
+        d->released++;
+        leases++;
+    }
+    for (dreq_t *q = d->reqs; q; q = q->next)
+        if (fy_node_id_tag(q->id) == tag) {
+            fy_engine_cancel(fy_node_engine(n), q->engine_id);
+            reqs++;
+        }
+    if (leases || reqs) fy_warn("its router is gone: %d lease(s) released, %d request(s) cancelled", leases, reqs);
+}
+
 static void d_destroy(void *state) { fy_free(state); }
 
 const fy_node_role_t fy_decode_role = {
@@ -679,6 +704,7 @@ const fy_node_role_t fy_decode_role = {
     .command = d_command,
     .tick = d_tick,
     .load = d_load,
+    .forget = d_forget,
     .stop = d_stop,
     .destroy = d_destroy,
 };

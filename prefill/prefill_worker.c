@@ -595,6 +595,20 @@ static void cmd_cancel(prefill_t *p, fy_msgr_t *r, uint64_t rid)
     }
 }
 
+/* a router is gone (cluster.etcd): its jobs end as a cancel would end them */
+static void p_forget(fy_node_t *n, void *state, uint32_t tag)
+{
+    prefill_t *p = state;
+    int k = 0;
+    for (pjob_t *j = p->jobs; j; j = j->next) {
+        if (fy_node_id_tag(j->id) != tag || j->cancelled) continue;
+        j->cancelled = true;
+        if (!j->engine_done) fy_engine_cancel(fy_node_engine(n), j->engine_id);
+        k++;
+    }
+    if (k) fy_warn("its router is gone: %d prefill job(s) cancelled", k);
+}
+
 /* ---- the role ---------------------------------------------------------------------------------- */
 
 static fy_status_t p_start(fy_node_t *n, void **state_p)
@@ -684,5 +698,6 @@ const fy_node_role_t fy_prefill_role = {
     .direct = p_direct,
     .tick = p_tick,
     .load = p_load,
+    .forget = p_forget,
     .destroy = p_destroy,
 };

@@ -33,8 +33,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
 #include "bloom.h"
 #include "cluster.h"
+#include "etcd.h"
 #include "evict.h"
 #include "genspec.h"
 #include "kv.h"
@@ -177,6 +180,17 @@ typedef struct router {
     const fy_router_door_t *door; /* NULL: no front door */
     void *door_h;
     char listen[256], events_url[256];
+    /* cluster.etcd: this router's record and the workers etcd lists (the
+     * membership thread's last round that reached etcd); a worker not
+     * listed gets no requests, and its load reports are not taken */
+    bool etcd;
+    fy_membership_t *members;
+    char name[FY_ENV_NAME_MAX + 1];
+    uint64_t inc;
+    uint32_t tag; /* the high 32 bits of this router's request ids */
+    char (*listed)[64];
+    int n_listed;
+    bool listed_once;
     /* state */
     worker_t workers[MAX_WORKERS];
     int n_workers;
@@ -606,6 +620,48 @@ static void worker_lost(router_t *R, int wi, const char *why)
     w->pending_tokens = 0;
 }
 
+static bool worker_listed(const router_t *R, const char *name)
+{
+    for (int i = 0; i < R->n_listed; i++)
+        if (!strcmp(R->listed[i], name)) return true;
+    return false;
+}
+
+/* membership thread: the workers etcd lists now.  Those that left get no
+ * new requests (their running ones end as for a worker that went
+ * silent); those that appeared are dialled at once, and join with their
+ * first load report. */
+static void on_workers(void *arg, const fy_member_t *live, int n_live)
+{
+    router_t *R = arg;
+    char(*listed)[64] = n_live ? fy_calloc((size_t)n_live, sizeof(*listed)) : NULL;
+    if (n_live && !listed) return; /* the last list stays */
+    int n = 0;
+    for (int k = 0; k < n_live; k++)
+        if (strcmp(live[k].kind, "router")) snprintf(listed[n++], sizeof(listed[0]), "%s", live[k].name);
+    pthread_mutex_lock(&R->mu);
+    fy_free(R->listed);
+    R->listed = listed;
+    R->n_listed = n;
+    if (!R->listed_once) fy_info("etcd lists %d worker(s)", n);
+    R->listed_once = true;
+    for (int i = 0; i < R->n_workers; i++)
+        if (R->workers[i].up && !worker_listed(R, R->workers[i].name))
+            worker_lost(R, i, "left the cluster (its etcd record is gone)");
+    for (int k = 0; k < n_live; k++) {
+        const fy_member_t *m = &live[k];
+        if (!strcmp(m->kind, "router")) continue;
+        worker_t *w = worker_by_name(R, m->name, true);
+        if (!w || (w->push && !strcmp(w->listen, m->addr))) continue;
+        fy_push_destroy(w->push);
+        w->push = NULL;
+        snprintf(w->listen, sizeof(w->listen), "%s", m->addr);
+        if (fy_push_create(m->addr, 4096, &R->auth, &w->push) != FY_OK)
+            fy_error("cannot reach worker %s at %s", m->name, m->addr);
+    }
+    pthread_mutex_unlock(&R->mu);
+}
+
 static void on_load(router_t *R, fy_msgr_t *r, const fy_env_hdr_t *from, const char *name, uint64_t inc)
 {
     fy_wire_load_t m;
@@ -622,6 +678,7 @@ static void on_load(router_t *R, fy_msgr_t *r, const fy_env_hdr_t *from, const c
     }
     const char *role = m.role, *listen = m.listen, *model = m.model;
     int32_t bs = m.block_size, capacity = m.has_capacity ? m.capacity : m.total_blocks;
+    if (R->etcd && !worker_listed(R, name)) return; /* it joins through etcd, or not at all */
     const void *bloom = m.bloom;
     size_t bloom_len = m.bloom_len;
     worker_t *w = worker_by_name(R, name, true);
@@ -1332,7 +1389,7 @@ static fy_status_t enqueue(router_t *R, const char *tenant, int32_t *ids, int32_
         return FY_ERR_OVERLOADED;
     }
     double now = now_s();
-    q->id = ++R->next_id;
+    q->id = ++R->next_id; /* cluster.etcd: under this router's tag (fy_router_start) */
     q->t_arrive = q->last_poll = now;
     q->deadline = now + deadline_s;
     q->state = RQ_QUEUED;
@@ -1826,6 +1883,48 @@ static void *hk_main(void *arg)
 
 /* ---- the process ------------------------------------------------------------------------------------------ */
 
+/* membership thread: this router's lease expired, so every worker saw it
+ * leave and ended what it held for it: its requests cannot go on */
+static void on_lease_lost(void *arg)
+{
+    router_t *R = arg;
+    int n = 0;
+    pthread_mutex_lock(&R->mu);
+    for (rreq_t *q = R->all; q; q = q->next) {
+        if (q->state == RQ_DONE) continue;
+        finish_req(R, q, FY_ERR_PEER, "this router lost its etcd registration; the workers dropped its requests");
+        n++;
+    }
+    pthread_mutex_unlock(&R->mu);
+    if (n) fy_warn("etcd: %d request(s) ended: the workers dropped them when this router's record expired", n);
+}
+
+/* cluster.etcd: registers this router and watches the workers */
+static fy_status_t membership_start(router_t *R, const char *etcd)
+{
+    const fy_config_t *c = R->cfg;
+    const char *http;
+    fy_membership_params_t mp = {
+        .endpoints = etcd, .dir = "routers", .watch = "workers/", .fn = on_workers, .lost = on_lease_lost, .arg = R};
+    fy_status_t st;
+    if ((st = fy_conf_string(c, "cluster", "name", &mp.cluster)) ||
+        (st = fy_conf_duration(c, "cluster", "etcd_ttl", &mp.ttl_s)) ||
+        (st = fy_conf_duration(c, "cluster", "etcd_poll", &mp.poll_s)) ||
+        (st = fy_conf_string(c, "router", "http", &http)))
+        return st;
+    snprintf(mp.self.kind, sizeof(mp.self.kind), "router");
+    snprintf(mp.self.name, sizeof(mp.self.name), "%s", R->name);
+    mp.self.inc = R->inc;
+    mp.self.tag = R->tag;
+    snprintf(mp.self.addr, sizeof(mp.self.addr), "%s", R->events_url);
+    snprintf(mp.self.client, sizeof(mp.self.client), "%s", R->listen);
+    snprintf(mp.self.http, sizeof(mp.self.http), "%s", http ? http : "");
+    snprintf(mp.self.model, sizeof(mp.self.model), "%s", R->model_id);
+    mp.self.layout = fy_member_layout_hash(R->lay.block_size, (int32_t)R->lay.dtype, R->lay.n_layers, R->lay.n_kv_heads,
+                                           R->lay.head_dim, R->lay.block_bytes, fy_kv_layout_groups_digest(&R->lay));
+    return fy_membership_start(&mp, &R->members);
+}
+
 static fy_status_t setup(router_t *R)
 {
     const fy_config_t *c = R->cfg;
@@ -1880,7 +1979,29 @@ static fy_status_t setup(router_t *R)
         if ((st = fy_kv_layout_set_windows(&R->lay, win))) return st;
     }
     if ((st = fy_kv_hasher_from_config(c, &R->hasher))) return st;
-    if ((st = fy_cluster_auth(c, FY_ROLE_ROUTER, "router", 0, &R->auth))) return st;
+    const char *etcd, *rname;
+    if ((st = fy_conf_string(c, "cluster", "etcd", &etcd)) ||
+        (st = fy_conf_string(c, "cluster", "router_name", &rname)))
+        return st;
+    R->etcd = etcd && *etcd;
+    snprintf(R->name, sizeof(R->name), "router");
+    if (R->etcd) { /* one of several: a name, an incarnation and request ids of its own */
+        if (sodium_init() < 0) return FY_ERR_INTERNAL;
+        if (rname && *rname) {
+            snprintf(R->name, sizeof(R->name), "%s", rname);
+        } else {
+            char host[64] = "host";
+            gethostname(host, sizeof(host) - 1);
+            for (char *h = host; *h; h++)
+                if (*h == '.' || *h == '/') *h = 0;
+            snprintf(R->name, sizeof(R->name), "router-%.40s-%d", host, (int)getpid());
+        }
+        while (!R->inc) randombytes_buf(&R->inc, sizeof(R->inc));
+        R->tag = 1 + randombytes_uniform((1u << 20) - 1);
+        R->next_id = (uint64_t)R->tag << 32;
+        fy_log_set_prefix(R->name);
+    }
+    if ((st = fy_cluster_auth(c, FY_ROLE_ROUTER, R->name, R->inc, &R->auth))) return st;
     /* the sockets are published under the lock: their callbacks read them there */
     fy_pull_t *pull;
     fy_rpc_server_t *srv;
@@ -1899,6 +2020,7 @@ static fy_status_t setup(router_t *R)
     if (R->door && (st = R->door->start(R, &R->door_h))) return st;
     if (pthread_create(&R->hk, NULL, hk_main, R)) return FY_ERR_INTERNAL;
     R->hk_on = true;
+    if (R->etcd && (st = membership_start(R, etcd))) return st;
     fy_info("router up: clients on %s, worker events on %s, model %s%s", R->listen, R->events_url, R->model_id,
             R->colocated ? " (colocated: decode workers run whole requests)" : "");
     return FY_OK;
@@ -1906,6 +2028,8 @@ static fy_status_t setup(router_t *R)
 
 static void teardown(router_t *R)
 {
+    fy_membership_stop(R->members); /* the record goes: workers end what they still hold of ours */
+    R->members = NULL;
     if (R->door) R->door->stop(R->door_h); /* its requests cancelled, its sockets closed */
     R->door_h = NULL;
     if (R->hk_on) {
@@ -1937,6 +2061,7 @@ static void teardown(router_t *R)
         fy_push_destroy(R->workers[i].push);
         fy_free(R->workers[i].bloom);
     }
+    fy_free(R->listed);
     fy_kv_hasher_destroy(R->hasher);
     fy_env_auth_wipe(&R->auth);
     fy_metrics_destroy(R->reg);

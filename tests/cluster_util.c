@@ -26,6 +26,7 @@
 #include "cluster.h"
 #include "metrics.h"
 #include "engine.h"
+#include "etcd.h"
 #include "mem.h"
 #include "model.h"
 #include "runner.h"
@@ -90,6 +91,15 @@ static void add_proc(tc_cluster_t *c, const char *name, const char *const *wrap,
     tc_proc_t *p = &c->procs[c->n_procs++];
     char log[sizeof(p->log)];
     snprintf(p->name, sizeof(p->name), "%s", name);
+    size_t off = 0;
+    for (int i = 0; argv[i]; i++) {
+        size_t l = strlen(argv[i]) + 1;
+        assert_true(off + l <= sizeof(p->args));
+        memcpy(p->args + off, argv[i], l);
+        off += l;
+        p->n_args++;
+    }
+    p->wrap = wrap;
     if (snprintf(log, sizeof(log), "%s/%s.log", c->dir, name) >= (int)sizeof(log)) fail_msg("path too long");
     memcpy(p->log, log, sizeof(log));
     p->pid = spawn(wrap, argv, p->log);
@@ -165,6 +175,23 @@ void tc_start(tc_cluster_t *c, const tc_opts_t *o)
     for (int k = 0; k < 16 && o->common[k]; k++) argv[na++] = "--set", argv[na++] = (char *)o->common[k];
     argv[na] = NULL;
     if (!o->no_router) add_proc(c, "router", o->wrap[0], argv);
+    snprintf(c->router_urls[0], sizeof(c->router_urls[0]), "%s", c->router_url);
+    c->n_routers = o->n_routers > 1 ? o->n_routers : 1;
+    assert_true(c->n_routers <= TC_MAX_ROUTERS);
+    for (int r = 1; r < c->n_routers && !o->no_router; r++) {
+        char rs[3][640], name[32];
+        snprintf(name, sizeof(name), "router-%d", r);
+        snprintf(c->router_urls[r], sizeof(c->router_urls[r]), "ipc://%s/router-%d", c->dir, r);
+        snprintf(rs[0], sizeof(rs[0]), "router.listen=%s", c->router_urls[r]);
+        snprintf(rs[1], sizeof(rs[1]), "router.events=ipc://%s/events-%d", c->dir, r);
+        snprintf(rs[2], sizeof(rs[2]), "cluster.router_name=%s", name);
+        na = 0;
+        argv[na++] = bin, argv[na++] = "-c", argv[na++] = c->conf;
+        for (int k = 0; k < 16 && o->common[k]; k++) argv[na++] = "--set", argv[na++] = (char *)o->common[k];
+        for (int k = 0; k < 3; k++) argv[na++] = "--set", argv[na++] = rs[k];
+        argv[na] = NULL;
+        add_proc(c, name, o->wrap[0], argv);
+    }
     /* the workers */
     for (int w = 0; w < o->n_prefill + o->n_decode; w++) {
         bool decode = w >= o->n_prefill;
@@ -199,8 +226,16 @@ void tc_start(tc_cluster_t *c, const tc_opts_t *o)
     double t0 = tc_now();
     for (;;) {
         fy_client_status_t s;
-        if (fy_client_status(c->client, &s) == FY_OK && s.prefill_up == o->n_prefill && s.decode_up == o->n_decode)
-            break;
+        fy_status_t sst = fy_client_status(c->client, &s);
+        if (sst == FY_OK && s.prefill_up == o->n_prefill && s.decode_up == o->n_decode) break;
+        static double last_said;
+        if (tc_now() - last_said > 10) { /* what it waits for, now and then */
+            last_said = tc_now();
+            if (sst)
+                print_message("waiting for the router: %s\n", fy_status_str(sst));
+            else
+                print_message("waiting for the workers: %d prefill and %d decode up\n", s.prefill_up, s.decode_up);
+        }
         for (int i = 0; i < c->n_procs; i++) {
             int status;
             if (waitpid(c->procs[i].pid, &status, WNOHANG) == c->procs[i].pid) {
@@ -229,6 +264,24 @@ void tc_kill(tc_cluster_t *c, const char *name)
         return;
     }
     fail_msg("no process %s to kill", name);
+}
+
+void tc_restart(tc_cluster_t *c, const char *name)
+{
+    for (int i = 0; i < c->n_procs; i++) {
+        tc_proc_t *p = &c->procs[i];
+        if (strcmp(p->name, name)) continue;
+        assert_int_equal(p->pid, 0);
+        char *argv[64];
+        char *a = p->args;
+        for (int k = 0; k < p->n_args && k < 63; k++, a += strlen(a) + 1) argv[k] = a;
+        argv[p->n_args < 63 ? p->n_args : 63] = NULL;
+        p->pid = spawn(p->wrap, argv, p->log);
+        assert_true(p->pid > 0);
+        p->killed = false;
+        return;
+    }
+    fail_msg("no process %s to restart", name);
 }
 
 bool tc_alive(tc_cluster_t *c, const char *name)
@@ -577,4 +630,73 @@ void tc_http_free(tc_http_resp_t *r)
 {
     fy_free(r->body);
     r->body = NULL;
+}
+
+/* ---- etcd ---- */
+
+bool tc_etcd_available(void)
+{
+    const char *path = getenv("PATH");
+    char buf[1024];
+    snprintf(buf, sizeof(buf), "%s", path ? path : "/usr/bin:/bin");
+    for (char *save, *d = strtok_r(buf, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
+        char p[1200];
+        snprintf(p, sizeof(p), "%s/etcd", d);
+        if (!access(p, X_OK)) return true;
+    }
+    print_message("skipped: etcd is not installed (make deps installs etcd-server)\n");
+    return false;
+}
+
+void tc_etcd_spawn(tc_etcd_t *e)
+{
+    char client[96], peer[96], cluster[128];
+    snprintf(client, sizeof(client), "http://%s:%d", e->host, e->port);
+    snprintf(peer, sizeof(peer), "http://%s:%d", e->host, e->peer_port);
+    snprintf(cluster, sizeof(cluster), "t=%s", peer);
+    pid_t parent = getpid();
+    e->pid = fork();
+    assert_true(e->pid >= 0);
+    if (e->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(127);
+        FILE *f = freopen(e->log, "a", stdout);
+        if (f) dup2(1, 2);
+        execlp("etcd", "etcd", "--name", "t", "--data-dir", e->dir, "--listen-client-urls", client,
+               "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+               "--initial-cluster", cluster, "--log-level", "warn", (char *)NULL);
+        _exit(127);
+    }
+    /* up when a range answers */
+    fy_etcd_t *c;
+    assert_int_equal(fy_etcd_create(e->url, 0.5, &c), FY_OK);
+    double t0 = tc_now();
+    fy_etcd_kvs_t k = {0};
+    while (fy_etcd_range_prefix(c, "/", &k) != FY_OK) {
+        if (tc_now() - t0 > 20) fail_msg("etcd did not answer within 20 s (%s)", fy_etcd_last_error(c));
+        usleep(50000);
+    }
+    fy_etcd_kvs_free(&k);
+    fy_etcd_destroy(c);
+}
+
+void tc_etcd_start(tc_etcd_t *e, const char *dir, const char *host)
+{
+    memset(e, 0, sizeof(*e));
+    e->port = tc_free_port();
+    do e->peer_port = tc_free_port();
+    while (e->peer_port == e->port);
+    snprintf(e->host, sizeof(e->host), "%s", host);
+    snprintf(e->url, sizeof(e->url), "http://%s:%d", host, e->port);
+    snprintf(e->dir, sizeof(e->dir), "%s/etcd", dir);
+    snprintf(e->log, sizeof(e->log), "%s/etcd.log", dir);
+    tc_etcd_spawn(e);
+}
+
+void tc_etcd_kill(tc_etcd_t *e)
+{
+    if (e->pid <= 0) return;
+    kill(e->pid, SIGKILL);
+    waitpid(e->pid, NULL, 0);
+    e->pid = 0;
 }

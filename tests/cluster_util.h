@@ -15,18 +15,24 @@
 #include "evict.h"
 
 #define TC_MAX_PROCS 8
+#define TC_MAX_ROUTERS 2
 
 typedef struct tc_proc {
     char name[32];
     char log[512];
     pid_t pid;
-    bool killed; /* by the test, on purpose */
+    bool killed;     /* by the test, on purpose */
+    char args[4096]; /* its command line, NUL-separated, for tc_restart */
+    int n_args;
+    const char *const *wrap;
 } tc_proc_t;
 
 typedef struct tc_cluster {
     char dir[256];
     char conf[512];
     char router_url[512], events_url[512];
+    char router_urls[TC_MAX_ROUTERS][512]; /* [0] is router_url; more with n_routers */
+    int n_routers;
     char secret[512]; /* the deployment's secret file (kv.secret_file) */
     tc_proc_t procs[TC_MAX_PROCS];
     int n_procs;
@@ -48,6 +54,10 @@ typedef struct tc_opts {
     const char *const *wrap[TC_MAX_PROCS + 1]; /* [0] router, then workers */
     bool metrics;                              /* every worker serves /metrics and /health on a free loopback port */
     bool no_router; /* workers only: the test plays the router on events_url (no client, no wait) */
+    /* routers (0: 1): more than one needs cluster.etcd in common; router i
+     * > 0 is named "router-i", listens on ipc://DIR/router-i and takes
+     * events on ipc://DIR/events-i */
+    int n_routers;
 } tc_opts_t;
 
 /* The binaries' directory ($FERRY_BIN or bin) and the default model, or
@@ -67,6 +77,8 @@ void tc_stop(tc_cluster_t *c);
 /* kill -9 of one process by name ("prefill-0"); the test expects it dead. */
 void tc_kill(tc_cluster_t *c, const char *name);
 bool tc_alive(tc_cluster_t *c, const char *name);
+/* Starts a process the test killed again, with the same command line. */
+void tc_restart(tc_cluster_t *c, const char *name);
 void tc_print_logs(const tc_cluster_t *c);
 
 /* Router status; fails the test if the router does not answer. */
@@ -139,5 +151,21 @@ void tc_http_free(tc_http_resp_t *r);
  * matches whatever model_name and role the sample also carries;
  * fy_metrics_sample).  Fails the test when no sample matches. */
 double tc_metric(const char *text, const char *series);
+
+/* etcd for cluster.etcd tests: a single member on host's free ports (as
+ * tc_free_port finds them on loopback), its data and log under dir, dying
+ * with the test.  tc_etcd_available says (with a message) whether etcd is
+ * installed; tc_etcd_start waits until it answers; tc_etcd_kill is
+ * SIGKILL; tc_etcd_spawn starts a killed one again on the same ports and
+ * data. */
+typedef struct tc_etcd {
+    pid_t pid;
+    int port, peer_port;
+    char host[64], url[96], dir[512], log[600];
+} tc_etcd_t;
+bool tc_etcd_available(void);
+void tc_etcd_start(tc_etcd_t *e, const char *dir, const char *host);
+void tc_etcd_spawn(tc_etcd_t *e);
+void tc_etcd_kill(tc_etcd_t *e);
 
 #endif /* FY_CLUSTER_UTIL_H */

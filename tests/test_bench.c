@@ -486,6 +486,41 @@ static void test_echo_nng(void **state)
     fy_test_tmpdir_remove();
 }
 
+/* several routers (--url A,B): client threads spread over them, and move
+ * on from one that does not answer; every request counted once */
+static void test_echo_nng_routers(void **state)
+{
+    fy_test_tmpdir();
+    char ua[512], ub[512], dead[512], urls[1600];
+    snprintf(ua, sizeof(ua), "ipc://%s", fy_test_path("echo-a.sock"));
+    snprintf(ub, sizeof(ub), "ipc://%s", fy_test_path("echo-b.sock"));
+    snprintf(dead, sizeof(dead), "ipc://%s", fy_test_path("nobody.sock"));
+    fy_bench_echo_params_t pa = {.nng_url = ua, .secret_file = bench_secret(), .ttft_s = 0.01, .itl_s = 0.001};
+    fy_bench_echo_params_t pb = pa;
+    pb.nng_url = ub;
+    fy_bench_echo_t *a, *b;
+    assert_int_equal(fy_bench_echo_create(&pa, &a), FY_OK);
+    assert_int_equal(fy_bench_echo_create(&pb, &b), FY_OK);
+    snprintf(urls, sizeof(urls), "%s,%s", ua, ub);
+    fy_bench_target_t t = {.proto = FY_BENCH_PROTO_NNG, .url = urls, .ignore_eos = true, .secret_file = pa.secret_file};
+    runout_t o;
+    run_echo(&t, "10-30/8-24", 40, 1, 100, 10, &o);
+    check_accounted(&o, 0, "", 0.01);
+    assert_int_equal(fy_bench_echo_served(a) + fy_bench_echo_served(b), 40);
+    assert_true(fy_bench_echo_served(a) > 0 && fy_bench_echo_served(b) > 0);
+    runout_free(&o);
+    /* the first router gone: its threads move to the second */
+    fy_bench_echo_destroy(b);
+    snprintf(urls, sizeof(urls), "%s,%s", dead, ua);
+    uint64_t before = fy_bench_echo_served(a);
+    run_echo(&t, "10-30/8-24", 12, 1, 100, 20, &o);
+    check_accounted(&o, 0, "", 0.01);
+    assert_int_equal(fy_bench_echo_served(a) - before, 12);
+    runout_free(&o);
+    fy_bench_echo_destroy(a);
+    fy_test_tmpdir_remove();
+}
+
 static void test_echo_http(void **state)
 {
     fy_bench_echo_params_t ep = {.http = true, .ttft_s = 0.02, .itl_s = 0.001, .fail_every = 9, .api_key = "k3y"};
@@ -619,11 +654,13 @@ int main(void)
 {
     curl_global_init(CURL_GLOBAL_DEFAULT);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_len_parse),   cmocka_unit_test(test_synth_lengths), cmocka_unit_test(test_shared_prefix),
-        cmocka_unit_test(test_arrivals),    cmocka_unit_test(test_trace),         cmocka_unit_test(test_percentiles),
-        cmocka_unit_test(test_slo_goodput), cmocka_unit_test(test_addresses),     cmocka_unit_test(test_echo_nng),
-        cmocka_unit_test(test_echo_http),   cmocka_unit_test(test_multiturn),     cmocka_unit_test(test_timeout),
-        cmocka_unit_test(test_ceiling),
+        cmocka_unit_test(test_len_parse),     cmocka_unit_test(test_synth_lengths),
+        cmocka_unit_test(test_shared_prefix), cmocka_unit_test(test_arrivals),
+        cmocka_unit_test(test_trace),         cmocka_unit_test(test_percentiles),
+        cmocka_unit_test(test_slo_goodput),   cmocka_unit_test(test_addresses),
+        cmocka_unit_test(test_echo_nng),      cmocka_unit_test(test_echo_nng_routers),
+        cmocka_unit_test(test_echo_http),     cmocka_unit_test(test_multiturn),
+        cmocka_unit_test(test_timeout),       cmocka_unit_test(test_ceiling),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     curl_global_cleanup();

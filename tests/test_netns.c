@@ -44,9 +44,14 @@ static void net_down(void)
     g_made = false;
 }
 
-/* The three namespaces on one bridge; false (and a message) if this host cannot. */
+/* The three namespaces on one bridge, made once for every test: this
+ * process joins the router's, and nng's threads, started there, cannot
+ * follow it into another; false (and a message) if this host cannot. */
 static bool net_up(void)
 {
+    static int done; /* 1: up, -1: cannot */
+    if (done) return done > 0;
+    done = -1;
     if (geteuid() != 0) {
         print_message("skipped: network namespaces need root\n");
         return false;
@@ -81,6 +86,7 @@ static bool net_up(void)
         print_message("skipped: could not build the veth/bridge network (see the messages above)\n");
         return false;
     }
+    done = 1;
     return true;
 }
 
@@ -96,10 +102,10 @@ static bool join(const char *ns)
     return ok;
 }
 
-static void test_three_hosts(void **state)
+/* with_etcd: no router address in the workers' configuration; etcd runs
+ * on the router's host and every process finds the others there */
+static void three_hosts(bool with_etcd)
 {
-    if (!tc_available()) skip();
-    if (!net_up()) skip();
     enum { N = 6 };
     static int32_t prompts[N][400];
     int32_t lens[N], max_tokens[N], *pp[N];
@@ -131,6 +137,17 @@ static void test_three_hosts(void **state)
                    .worker_url = {purl, durl},
                    .common = {"worker.transports=tcp"},
                    .wrap = {wr, wp, wd}};
+    tc_etcd_t e = {0};
+    char set_etcd[128];
+    if (with_etcd) { /* started from here: in the router's namespace, on its address */
+        char host[32];
+        snprintf(host, sizeof(host), "10.213.%d.1", g_subnet);
+        tc_etcd_start(&e, fy_test_tmpdir(), host);
+        snprintf(set_etcd, sizeof(set_etcd), "cluster.etcd=%s", e.url);
+        o.common[1] = set_etcd;
+        o.common[2] = "cluster.etcd_poll=100ms";
+        o.per_worker[0][0] = o.per_worker[1][0] = "router.events=tcp://10.213.0.9:1"; /* the workers must not need it */
+    }
     tc_cluster_t c;
     tc_start(&c, &o);
     fy_client_stream_t s[N];
@@ -151,15 +168,36 @@ static void test_three_hosts(void **state)
             fail_msg("request %d: different tokens across namespaces", i);
         bytes += got[i].timings.transfer_bytes;
     }
-    print_message("%d requests across three namespaces, %.1f MB of KV over UCX/TCP\n", N, (double)bytes / 1e6);
+    print_message("%d requests across three namespaces%s, %.1f MB of KV over UCX/TCP\n", N,
+                  with_etcd ? " (membership through etcd)" : "", (double)bytes / 1e6);
     assert_true(bytes > 0);
     tc_stop(&c);
+    tc_etcd_kill(&e);
+}
+
+static void test_three_hosts(void **state)
+{
+    if (!tc_available()) skip();
+    if (!net_up()) skip();
+    three_hosts(false);
+}
+
+static void test_three_hosts_etcd(void **state)
+{
+    if (!tc_available() || !tc_etcd_available()) skip();
+    if (!net_up()) skip();
+    three_hosts(true);
 }
 
 static int teardown(void **state)
 {
-    net_down();
     fy_test_tmpdir_remove();
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    net_down();
     return 0;
 }
 
@@ -168,6 +206,9 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_three_hosts, teardown),
+        cmocka_unit_test_teardown(test_three_hosts_etcd, teardown),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    const char *only = getenv("FY_TEST_FILTER");
+    if (only) cmocka_set_test_filter(only);
+    return cmocka_run_group_tests(tests, NULL, group_teardown);
 }

@@ -400,13 +400,74 @@ static void test_cluster(void **state)
     fy_free(t);
 }
 
+/* cluster.etcd on loopback with serve.routers = 2: etcd runs as a child,
+ * both routers serve, and on SIGTERM the routers stop first, etcd last */
+static void test_etcd_two_routers(void **state)
+{
+    if (!have_ferry() || !tc_available()) skip();
+    if (system("command -v etcd >/dev/null 2>&1")) {
+        print_message("skipped: etcd is not installed (make deps installs etcd-server)\n");
+        skip();
+    }
+    ports_t ports;
+    pick_ports(&ports);
+    const char *ini = write_ini("e.ini", &ports);
+    char run[PATH_MAX + 32], metrics[64], etcd[96];
+    snprintf(run, sizeof(run), "serve.run_dir=%s/run-e", fy_test_tmpdir());
+    snprintf(metrics, sizeof(metrics), "serve.metrics=http://127.0.0.1:%d", ports.serve);
+    snprintf(etcd, sizeof(etcd), "cluster.etcd=http://127.0.0.1:%d", tc_free_port());
+    const char *args[] = {"-c",    ini,
+                          "--set", run,
+                          "--set", metrics,
+                          "--set", etcd,
+                          "--set", "serve.routers=2",
+                          "--set", "cluster.etcd_ttl=2s",
+                          NULL};
+    proc_t e;
+    serve_spawn(&e, "e.out", args);
+    wait_text(&e, "cluster ready", START_DEADLINE_S);
+    kid_t k;
+    const char *kids[] = {"etcd", "router", "router-1", "prefill-0", "decode-0"};
+    for (size_t i = 0; i < FY_ARRAY_LEN(kids); i++) {
+        serve_health(ports.serve, kids[i], &k);
+        if (strcmp(k.state, "running")) fail_msg("%s is '%s', not running", kids[i], k.state);
+    }
+    /* router-1 (each address's port + 2) finds the workers through etcd;
+     * `ferry request` given a dead router first moves on to it */
+    char cmd[2 * PATH_MAX];
+    snprintf(cmd, sizeof(cmd),
+             "%s/ferry request -r tcp://127.0.0.1:%d,tcp://127.0.0.1:%d --secret %s/run-e/kv.secret -p hello -n 4 "
+             ">%s 2>&1",
+             bindir(), tc_free_port(), ports.router + 2, fy_test_tmpdir(), fy_test_path("req.out"));
+    double t0 = tc_now();
+    int rc = -1;
+    while ((rc = system(cmd)) != 0 && tc_now() - t0 < 30) { /* until router-1 has seen both workers */
+        struct timespec ts = {.tv_nsec = 200000000};
+        nanosleep(&ts, NULL);
+    }
+    char *t = read_text(fy_test_path("req.out"));
+    if (rc != 0 || !strstr(t, "trying tcp://127.0.0.1:")) fail_msg("ferry request: status %d, output:\n%s", rc, t);
+    fy_free(t);
+    assert_int_equal(kill(e.pid, SIGTERM), 0);
+    int st = serve_wait(&e, 60);
+    t = read_text(e.err);
+    const char *r = strstr(t, "stopped router-1"), *d0 = strstr(t, "stopped decode-0"), *et = strstr(t, "stopped etcd");
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !r || !d0 || !et || r > d0 || d0 > et)
+        fail_msg("stopping: wait status 0x%x, output:\n%s", st, t);
+    fy_free(t);
+    fy_test_tmpdir_remove();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_usage),
         cmocka_unit_test(test_bad_setting),
         cmocka_unit_test(test_cluster),
+        cmocka_unit_test(test_etcd_two_routers),
     };
+    const char *only = getenv("FY_TEST_FILTER"); /* e.g. FY_TEST_FILTER=test_etcd* */
+    if (only) cmocka_set_test_filter(only);
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fy_test_tmpdir_remove();
     return rc;

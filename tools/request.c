@@ -26,7 +26,9 @@ static void usage(FILE *f)
             "usage: ferry request [-c CONFIG] [-r ADDR] [--secret FILE] (-p PROMPT | -f FILE) [options]\n"
             "       ferry request [-c CONFIG] [-r ADDR] [--secret FILE] --status\n"
             "  -c, --config FILE     take the router's address and the secret's path from a cluster's configuration\n"
-            "  -r, --router ADDR     the router's client address (default router.listen, or tcp://127.0.0.1:7400)\n"
+            "  -r, --router ADDR     the router's client address (default router.listen, or tcp://127.0.0.1:7400);\n"
+            "                        ADDR,ADDR...: several routers of one cluster (cluster.etcd), tried in turn\n"
+            "                        while one cannot be reached or goes away before the answer began\n"
             "      --secret FILE     the deployment's secret, which authenticates every call (default\n"
             "                        kv.secret_file, or RUN_DIR/kv.secret as `ferry serve` makes it: run/kv.secret)\n"
             "  -p, --prompt TEXT     the prompt\n"
@@ -60,6 +62,82 @@ static int print_status(fy_client_t *c)
            s.model, s.prefill_up, s.decode_up, s.requests, s.queued, (unsigned long long)s.completed,
            (unsigned long long)s.failed, (unsigned long long)s.refused, (unsigned long long)s.retried);
     return 0;
+}
+
+/* One try on one router.  *next_p: it failed in a way another router
+ * may not (unreachable, or gone before the answer began). */
+static int request_on(const char *router, const char *secret, double call_timeout, fy_client_req_t *reqp, bool status,
+                      bool quiet, double timeout, bool *next_p)
+{
+    fy_client_req_t req = *reqp;
+    fy_client_t *cl;
+    if (fy_client_create(router, secret, call_timeout, &cl) != FY_OK) {
+        fprintf(stderr, "ferry: request: cannot use the secret %s (see above); give --secret FILE or -c CONFIG\n",
+                secret);
+        return 1;
+    }
+    int rc = 0;
+    if (status) {
+        rc = print_status(cl);
+        *next_p = rc != 0;
+        goto out;
+    }
+    req.deadline_s = timeout;
+    char err[256] = "";
+    fy_client_stream_t sm;
+    fy_status_t st = fy_client_generate(cl, &req, &sm, err, sizeof(err));
+    uint64_t id = sm.id;
+    int32_t n_prompt = sm.n_prompt;
+    if (st) {
+        fprintf(stderr, "ferry: request refused: %s (%s)\n", err, fy_status_str(st));
+        *next_p = st == FY_ERR_PEER || st == FY_ERR_TIMEOUT; /* not reached, or no answer */
+        rc = 1;
+        goto out;
+    }
+    struct sigaction sa = {.sa_handler = on_sigint};
+    sigaction(SIGINT, &sa, NULL);
+    int32_t generated = 0;
+    for (;;) {
+        if (interrupted) {
+            fy_client_cancel(cl, id);
+            fprintf(stderr, "\nferry: request %llu cancelled\n", (unsigned long long)id);
+            rc = 130;
+            break;
+        }
+        fy_client_update_t upd;
+        st = fy_client_poll(cl, &sm, 0.25, &upd);
+        if (st) {
+            fprintf(stderr, "\nferry: request %llu: %s (%s)\n", (unsigned long long)id, upd.message, fy_status_str(st));
+            *next_p = generated == 0; /* the router went away before any text: another may answer all of it */
+            rc = 1;
+            break;
+        }
+        generated += upd.n_tokens;
+        if (upd.text_len) {
+            fwrite(upd.text, 1, upd.text_len, stdout);
+            fflush(stdout);
+        }
+        if (!upd.done) continue;
+        printf("\n");
+        const fy_client_timings_t *t = &upd.timings;
+        if (upd.error) {
+            fprintf(stderr, "ferry: request %llu failed: %s (%s)\n", (unsigned long long)id, upd.message,
+                    fy_status_str(upd.error));
+            rc = 1;
+        } else if (!quiet) {
+            fprintf(stderr,
+                    "ferry: request %llu: prompt tokens: %d, generated tokens: %d, finish: %s; ttft %.3f s (queue "
+                    "%.3f, reserve %.3f, prefill queue %.3f, prefill %.3f with %d tokens cached, transfer tail %.3f "
+                    "of %.3f for %.1f MB, first token %.3f), e2e %.3f s%s\n",
+                    (unsigned long long)id, n_prompt, generated, upd.finish, t->ttft_s, t->queue_s, t->reserve_s,
+                    t->prefill_queue_s, t->prefill_compute_s, t->cached_prefill, t->transfer_tail_s, t->transfer_s,
+                    (double)t->transfer_bytes / 1e6, t->first_token_s, t->e2e_s, t->retries ? " (retried)" : "");
+        }
+        break;
+    }
+out:
+    fy_client_destroy(cl);
+    return rc;
 }
 
 int fy_cmd_request(int argc, char **argv)
@@ -200,71 +278,27 @@ int fy_cmd_request(int argc, char **argv)
         fy_free(prompt_file);
         return 2;
     }
-    fy_client_t *cl;
-    if (fy_client_create(router, secret, 10.0, &cl) != FY_OK) {
-        fprintf(stderr, "ferry: request: cannot use the secret %s (see above); give --secret FILE or -c CONFIG\n",
-                secret);
+    /* several routers: each in turn, while one cannot be reached or dies
+     * before any text came back (a router's requests die with it) */
+    char routers[8][512];
+    int n_routers = 0;
+    for (const char *r = router; *r && n_routers < 8;) {
+        size_t n = strcspn(r, ",");
+        if (n && n < sizeof(routers[0])) snprintf(routers[n_routers++], sizeof(routers[0]), "%.*s", (int)n, r);
+        r += n + (r[n] == ',');
+    }
+    if (!n_routers) {
+        fprintf(stderr, "ferry: request: no router address in '%s'\n", router);
         fy_free(prompt_file);
-        return 1;
+        return 2;
     }
-    int rc = 0;
-    if (status) {
-        rc = print_status(cl);
-        goto out;
+    int rc = 1;
+    for (int k = 0; k < n_routers; k++) {
+        bool next = false;
+        rc = request_on(routers[k], secret, n_routers > 1 ? 3.0 : 10.0, &req, status, quiet, timeout, &next);
+        if (!next || k + 1 == n_routers) break;
+        fprintf(stderr, "ferry: request: router %s failed; trying %s\n", routers[k], routers[k + 1]);
     }
-    req.deadline_s = timeout;
-    char err[256] = "";
-    fy_client_stream_t sm;
-    fy_status_t st = fy_client_generate(cl, &req, &sm, err, sizeof(err));
-    uint64_t id = sm.id;
-    int32_t n_prompt = sm.n_prompt;
-    if (st) {
-        fprintf(stderr, "ferry: request refused: %s (%s)\n", err, fy_status_str(st));
-        rc = 1;
-        goto out;
-    }
-    struct sigaction sa = {.sa_handler = on_sigint};
-    sigaction(SIGINT, &sa, NULL);
-    int32_t generated = 0;
-    for (;;) {
-        if (interrupted) {
-            fy_client_cancel(cl, id);
-            fprintf(stderr, "\nferry: request %llu cancelled\n", (unsigned long long)id);
-            rc = 130;
-            break;
-        }
-        fy_client_update_t upd;
-        st = fy_client_poll(cl, &sm, 0.25, &upd);
-        if (st) {
-            fprintf(stderr, "\nferry: request %llu: %s (%s)\n", (unsigned long long)id, upd.message, fy_status_str(st));
-            rc = 1;
-            break;
-        }
-        generated += upd.n_tokens;
-        if (upd.text_len) {
-            fwrite(upd.text, 1, upd.text_len, stdout);
-            fflush(stdout);
-        }
-        if (!upd.done) continue;
-        printf("\n");
-        const fy_client_timings_t *t = &upd.timings;
-        if (upd.error) {
-            fprintf(stderr, "ferry: request %llu failed: %s (%s)\n", (unsigned long long)id, upd.message,
-                    fy_status_str(upd.error));
-            rc = 1;
-        } else if (!quiet) {
-            fprintf(stderr,
-                    "ferry: request %llu: prompt tokens: %d, generated tokens: %d, finish: %s; ttft %.3f s (queue "
-                    "%.3f, reserve %.3f, prefill queue %.3f, prefill %.3f with %d tokens cached, transfer tail %.3f "
-                    "of %.3f for %.1f MB, first token %.3f), e2e %.3f s%s\n",
-                    (unsigned long long)id, n_prompt, generated, upd.finish, t->ttft_s, t->queue_s, t->reserve_s,
-                    t->prefill_queue_s, t->prefill_compute_s, t->cached_prefill, t->transfer_tail_s, t->transfer_s,
-                    (double)t->transfer_bytes / 1e6, t->first_token_s, t->e2e_s, t->retries ? " (retried)" : "");
-        }
-        break;
-    }
-out:
-    fy_client_destroy(cl);
     fy_free(prompt_file);
     return rc;
 }

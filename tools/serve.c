@@ -25,7 +25,13 @@
  * is killed and restarted (supervise.h, "Liveness").  serve.metrics
  * serves our own /health and /metrics: each child's state and restarts.
  *
- * Stopping (SIGINT, SIGTERM): the router first, with serve.stop_grace to
+ * With cluster.etcd: serve.routers routers (router i on each of the
+ * router's addresses' port + 2i), and, when the first etcd endpoint is on
+ * this host's loopback and serve.etcd_data is not empty, etcd itself as a
+ * child (its data in serve.etcd_data, by default RUN_DIR/etcd; its peer
+ * port the client port + 1), stopped last.
+ *
+ * Stopping (SIGINT, SIGTERM): the routers first, with serve.stop_grace to
  * drain its requests (router.drain_timeout) and a margin to end the rest,
  * then the workers.  With --prompt, a first request is sent once the
  * cluster is ready, and with --once the cluster stops after it.
@@ -410,6 +416,59 @@ static int parse_serve(int argc, char **argv, serve_t *s, char **cargv, int cap,
     return 0;
 }
 
+/* etcd as a child (cluster.etcd on this host's loopback): stopped last,
+ * after the workers; probed on its own /health */
+static fy_status_t add_etcd(serve_t *s, const char *endpoints, const char *data, const char *run_dir,
+                            const char *log_dir)
+{
+    char first[256], host[200], dir[PATH_MAX], client[256], peer[256], cluster[300], logp[PATH_MAX];
+    snprintf(first, sizeof(first), "%.*s", (int)strcspn(endpoints, ","), endpoints);
+    const char *hp = strncmp(first, "http://", 7) ? first : first + 7;
+    const char *colon = strrchr(hp, ':');
+    int port = colon ? atoi(colon + 1) : 0;
+    snprintf(host, sizeof(host), "%.*s", colon ? (int)(colon - hp) : 0, hp);
+    if (port <= 0 || port >= 65535 || (strcmp(host, "127.0.0.1") && strcmp(host, "localhost"))) {
+        fprintf(stderr,
+                "ferry: serve: cluster.etcd = '%s' is not on this host's loopback: etcd is not ours to start "
+                "(serve.etcd_data = \"\" says so quietly)\n",
+                endpoints);
+        return FY_OK;
+    }
+    if (!fmt(dir, sizeof(dir), "%s/etcd", run_dir)) return FY_ERR_INVALID;
+    if (data) snprintf(dir, sizeof(dir), "%s", data);
+    snprintf(client, sizeof(client), "http://%s:%d", host, port);
+    snprintf(peer, sizeof(peer), "http://%s:%d", host, port + 1);
+    snprintf(cluster, sizeof(cluster), "ferry-etcd=%s", peer);
+    if (!fmt(logp, sizeof(logp), "%s/etcd.log", log_dir)) return FY_ERR_INVALID;
+    char exe[PATH_MAX] = "";
+    const char *path = getenv("PATH");
+    for (const char *d = path ? path : "/usr/bin:/bin"; *d && !exe[0];) {
+        size_t n = strcspn(d, ":");
+        if (snprintf(exe, sizeof(exe), "%.*s/etcd", (int)n, d) >= (int)sizeof(exe) || access(exe, X_OK)) exe[0] = 0;
+        d += n + (d[n] == ':');
+    }
+    if (!exe[0]) {
+        fprintf(stderr, "ferry: serve: cluster.etcd is on this host but etcd is not installed (make deps installs "
+                        "etcd-server; or serve.etcd_data = \"\" to run it yourself)\n");
+        return FY_ERR_NOT_FOUND;
+    }
+    char *argv[] = {exe,          "--name",
+                    "ferry-etcd", "--data-dir",
+                    dir,          "--listen-client-urls",
+                    client,       "--advertise-client-urls",
+                    client,       "--listen-peer-urls",
+                    peer,         "--initial-advertise-peer-urls",
+                    peer,         "--initial-cluster",
+                    cluster,      "--log-level",
+                    "warn",       NULL};
+    int idx;
+    rotate_log(logp);
+    if (fy_sup_add(s->sup, "etcd", argv, logp, true, &idx) || fy_sup_set_health(s->sup, idx, client) ||
+        fy_sup_set_stop(s->sup, idx, 2, -1))
+        return FY_ERR_INVALID;
+    return FY_OK;
+}
+
 int fy_cmd_serve(int argc, char **argv)
 {
     serve_t s = {.max_tokens = 128, .first_rc = 0};
@@ -425,7 +484,8 @@ int fy_cmd_serve(int argc, char **argv)
     int rc = 1;
     const char *run_dir, *logs, *secret, *router_listen, *router_http, *p_listen, *d_listen, *p_metrics, *d_metrics,
         *serve_metrics;
-    int64_t n_prefill, n_decode, max_restarts;
+    const char *etcd, *etcd_data, *router_events;
+    int64_t n_prefill, n_decode, max_restarts, n_routers;
     double backoff, backoff_max, window, grace, health_timeout, start_timeout;
     if (fy_conf_string(cfg, "serve", "run_dir", &run_dir) || fy_conf_string(cfg, "serve", "logs", &logs) ||
         fy_conf_int(cfg, "serve", "max_restarts", &max_restarts) ||
@@ -440,8 +500,15 @@ int fy_cmd_serve(int argc, char **argv)
         fy_conf_string(cfg, "router", "http", &router_http) || fy_conf_string(cfg, "prefill", "listen", &p_listen) ||
         fy_conf_string(cfg, "decode", "listen", &d_listen) || fy_conf_string(cfg, "prefill", "metrics", &p_metrics) ||
         fy_conf_string(cfg, "decode", "metrics", &d_metrics) || fy_conf_int(cfg, "prefill", "count", &n_prefill) ||
-        fy_conf_int(cfg, "decode", "count", &n_decode))
+        fy_conf_int(cfg, "decode", "count", &n_decode) || fy_conf_int(cfg, "serve", "routers", &n_routers) ||
+        fy_conf_string(cfg, "serve", "etcd_data", &etcd_data) || fy_conf_string(cfg, "cluster", "etcd", &etcd) ||
+        fy_conf_string(cfg, "router", "events", &router_events))
         goto out;
+    if (n_routers > 1 && !*etcd) {
+        fprintf(stderr, "ferry: serve: serve.routers = %lld needs cluster.etcd: routers find workers there\n",
+                (long long)n_routers);
+        goto out;
+    }
     if (backoff_max < backoff) {
         fprintf(stderr, "ferry: serve: serve.restart_backoff_max (%g s) is below serve.restart_backoff (%g s)\n",
                 backoff_max, backoff);
@@ -499,19 +566,41 @@ int fy_cmd_serve(int argc, char **argv)
     sp.log_echo_mark = ": error: "; /* common/log.h's "TIME NAME: error: ..." */
     if (fy_sup_create(&sp, &s.sup)) goto out;
     char bin[PATH_MAX], logp[PATH_MAX], name[64], addr[256], set_name[128], set_addr[320], maddr[256], set_maddr[320];
-    if (!fmt(bin, sizeof(bin), "%s/ferry-router", bindir) || !fmt(logp, sizeof(logp), "%s/router.log", log_dir))
-        goto out;
+    if (!fmt(bin, sizeof(bin), "%s/ferry-router", bindir)) goto out;
     /* the router drains its requests for serve.stop_grace when stopped,
      * and has ROUTER_STOP_MARGIN_S more to end the rest and exit */
     char set_drain[64];
     snprintf(set_drain, sizeof(set_drain), "router.drain_timeout=%g", grace);
-    char *rargv[] = {bin, "-c", conf, "--set", set_drain, NULL};
     int idx;
-    rotate_log(logp);
-    if (fy_sup_add(s.sup, "router", rargv, logp, true, &idx) || fy_sup_set_ready(s.sup, idx, FY_CLUSTER_READY_ENV) ||
-        (*router_http && fy_sup_set_health(s.sup, idx, router_http)) ||
-        fy_sup_set_stop(s.sup, idx, 0, grace + ROUTER_STOP_MARGIN_S))
-        goto out;
+    if (*etcd && (!etcd_data || *etcd_data) && add_etcd(&s, etcd, etcd_data, run_dir, log_dir)) goto out;
+    for (int r = 0; r < n_routers; r++) {
+        /* router r: every address of the router's at port + 2r */
+        char rname[32], sets[3][320], a[256];
+        const char *base[3] = {router_listen, router_events, router_http};
+        const char *key[3] = {"listen", "events", "http"};
+        snprintf(rname, sizeof(rname), r ? "router-%d" : "router", r);
+        char *rargv[12] = {bin, "-c", conf, "--set", set_drain};
+        int na = 5;
+        for (int k = 0; k < 3 && r > 0; k++) {
+            if (!*base[k]) continue;
+            if (!fy_cluster_addr_plus(base[k], 2 * r, a, sizeof(a))) {
+                fprintf(stderr, "ferry: serve: router.%s = '%s': expected tcp://HOST:PORT or ipc://PATH\n", key[k],
+                        base[k]);
+                goto out;
+            }
+            snprintf(sets[k], sizeof(sets[k]), "router.%s=%s", key[k], a);
+            rargv[na++] = "--set", rargv[na++] = sets[k];
+        }
+        rargv[na] = NULL;
+        char rhttp[256] = "";
+        if (*router_http && !fy_cluster_addr_plus(router_http, 2 * r, rhttp, sizeof(rhttp))) goto out;
+        if (!fmt(logp, sizeof(logp), "%s/%s.log", log_dir, rname)) goto out;
+        rotate_log(logp);
+        if (fy_sup_add(s.sup, rname, rargv, logp, true, &idx) || fy_sup_set_ready(s.sup, idx, FY_CLUSTER_READY_ENV) ||
+            (*rhttp && fy_sup_set_health(s.sup, idx, rhttp)) ||
+            fy_sup_set_stop(s.sup, idx, 0, grace + ROUTER_STOP_MARGIN_S))
+            goto out;
+    }
     if (!*router_http && health_timeout > 0)
         fprintf(stderr, "ferry: serve: router.http is empty: a wedged router goes unnoticed (only its exit is seen)\n");
     for (int role = 0; role < 2; role++) {
@@ -567,9 +656,9 @@ int fy_cmd_serve(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     s.t_start = mono();
     if (fy_sup_start(s.sup)) goto out;
-    fprintf(stderr, "ferry: serve: started the router and %d prefill and %d decode workers; logs in %s%s%s\n",
-            s.n_prefill, s.n_decode, log_dir, s.http ? "; our /health and /metrics on " : "",
-            s.http ? serve_metrics : "");
+    fprintf(stderr, "ferry: serve: started %d router(s)%s and %d prefill and %d decode workers; logs in %s%s%s\n",
+            (int)n_routers, *etcd ? " (membership in etcd)" : "", s.n_prefill, s.n_decode, log_dir,
+            s.http ? "; our /health and /metrics on " : "", s.http ? serve_metrics : "");
     st = fy_sup_run(s.sup, on_poll, &s, 0.2);
     if (s.first_started) pthread_join(s.first, NULL);
     rc = st == FY_OK ? s.first_rc : 1;

@@ -42,6 +42,7 @@
 #include "cluster.h"
 #include "cpuset.h"
 #include "engine_config.h"
+#include "etcd.h"
 #include "log.h"
 #include "httpd.h"
 #include "mem.h"
@@ -53,6 +54,24 @@
 
 #define METRICS_SYNC_S 0.05 /* figures in /metrics are at most this much older than a tick */
 #define KV_CHECK_S 10.0     /* between full scans of the block manager for /health */
+#define MAX_ROUTERS 16      /* live routers a worker reports to (cluster.etcd) */
+
+/* A router this worker reports to (cluster.etcd): its record's identity
+ * and the push socket to its events address. */
+typedef struct router_link {
+    char name[64];
+    uint64_t inc;
+    uint32_t tag; /* the high bits of its request ids: events about a request go to its router alone */
+    fy_push_t *push;
+    /* its record went (its requests here were ended): no more load
+     * reports, but replies to what it still sends get through, should it
+     * come back under the same identity before LINK_LINGER_S (a router
+     * whose lease expired while it was stopped registers again) */
+    bool gone;
+    double gone_at;
+} router_link_t;
+
+#define LINK_LINGER_S 30.0
 
 #include <sodium.h>
 
@@ -74,7 +93,15 @@ struct fy_node {
     fy_env_auth_t auth; /* this worker's control-plane credentials */
     fy_pull_t *cmds;
     fy_pull_t *cmds_stats; /* cmds, for the engine thread's metrics: under health_mu */
-    fy_push_t *out;
+    fy_push_t *out;        /* the one router at router.events (no cluster.etcd) */
+    /* cluster.etcd: the routers come from the membership thread, under
+     * links_mu; an event goes to the router whose tag its request id
+     * carries, load reports and other id-less events to every one */
+    bool etcd;
+    fy_membership_t *members;
+    pthread_mutex_t links_mu;
+    router_link_t links[MAX_ROUTERS];
+    int n_links;
     fy_metric_t *ctl_refused[FY_ENV_N_FAULTS]; /* commands refused, by fault (0 unused) */
     int32_t max_seqs;
     double heartbeat_s, last_load;
@@ -129,7 +156,40 @@ void fy_node_ns(const fy_node_t *n, const char *tenant, fy_kv_ns_t *ns)
     fy_kv_ns_make(n->stack.hasher, tenant, n->model_id, fy_kvm_layout(n->kvm), NULL, ns);
 }
 
-fy_status_t fy_node_push(fy_node_t *n, fy_msgw_t *w) { return fy_push_msgw(n->out, w); }
+/* Sends an event's bytes (cluster.etcd): to the router its request id
+ * names, or to every router when it names none; dropped when that router
+ * is gone (its requests are being ended here, see forget_router). */
+static fy_status_t send_routed(fy_node_t *n, const void *buf, size_t len, bool all)
+{
+    uint32_t tag = 0;
+    if (!all) {
+        fy_msgr_t r;
+        fy_wire_ev_t h = {0};
+        if (fy_msgr_parse(&r, buf, len) == FY_OK) fy_wire_ev_read(&r, &h);
+        fy_msgr_free(&r);
+        tag = (uint32_t)(h.id >> 32);
+    }
+    fy_status_t st = tag ? FY_ERR_NOT_FOUND : FY_OK;
+    pthread_mutex_lock(&n->links_mu);
+    for (int i = 0; i < n->n_links; i++) {
+        if (tag ? n->links[i].tag != tag : n->links[i].gone) continue;
+        st = fy_push_send(n->links[i].push, buf, len);
+    }
+    pthread_mutex_unlock(&n->links_mu);
+    return st;
+}
+
+fy_status_t fy_node_push(fy_node_t *n, fy_msgw_t *w)
+{
+    if (!n->etcd) return fy_push_msgw(n->out, w);
+    void *buf;
+    size_t len;
+    fy_status_t st = fy_msgw_finish(w, &buf, &len);
+    if (st) return st;
+    st = send_routed(n, buf, len, false);
+    fy_free(buf);
+    return st;
+}
 
 fy_wire_ev_t fy_node_ev(const fy_node_t *n, uint64_t rid, uint64_t id)
 {
@@ -303,7 +363,10 @@ static void *hb_main(void *arg)
     pthread_mutex_lock(&n->hb_mu);
     while (!n->hb_stop) {
         if (n->snap_new) {
-            fy_push_send(n->out, n->snap, n->snap_len);
+            if (n->etcd)
+                send_routed(n, n->snap, n->snap_len, true);
+            else
+                fy_push_send(n->out, n->snap, n->snap_len);
             n->snap_new = false;
         } else {
             fy_wire_alive_t m = {.ev = fy_node_ev(n, 0, 0), .busy_s = fy_node_now() - n->last_tick};
@@ -320,6 +383,102 @@ static void *hb_main(void *arg)
     }
     pthread_mutex_unlock(&n->hb_mu);
     return NULL;
+}
+
+/* ---- routers from etcd (cluster.etcd) -------------------------------------------------------------- */
+
+typedef struct forget {
+    fy_node_t *n;
+    uint32_t tag;
+    char name[64];
+} forget_t;
+
+/* engine thread: a router is gone, and with it whoever would take the
+ * tokens of its requests: the role ends its leases, jobs and requests */
+static void run_forget(fy_engine_t *e, void *arg)
+{
+    forget_t *f = arg;
+    fy_info("router %s is gone: ending its requests (ids %08x...)", f->name, f->tag);
+    if (f->n->role->forget) f->n->role->forget(f->n, f->n->state, f->tag);
+    fy_free(f);
+}
+
+/* membership thread: after every watch round that reached etcd, the live
+ * routers; links to the gone ones close (their requests end), new ones open */
+static void on_routers(void *arg, const fy_member_t *live, int n_live)
+{
+    fy_node_t *n = arg;
+    uint32_t gone[MAX_ROUTERS];
+    char gone_name[MAX_ROUTERS][64];
+    fy_push_t *closed[MAX_ROUTERS];
+    int n_gone = 0, n_closed = 0;
+    bool added = false;
+    double now = fy_node_now();
+    pthread_mutex_lock(&n->links_mu);
+    for (int i = 0; i < n->n_links;) {
+        router_link_t *l = &n->links[i];
+        bool listed = false;
+        for (int k = 0; k < n_live && !listed; k++)
+            listed = !strcmp(live[k].name, l->name) && live[k].inc == l->inc && live[k].tag == l->tag;
+        if (listed && l->gone) { /* back under the same identity */
+            l->gone = false;
+            added = true;
+            fy_info("router %s is back: events to it again", l->name);
+        } else if (!listed && !l->gone) {
+            l->gone = true;
+            l->gone_at = now;
+            snprintf(gone_name[n_gone], sizeof(gone_name[n_gone]), "%s", l->name);
+            gone[n_gone++] = l->tag;
+        }
+        /* a link another identity of the same name replaces, or one gone for long, closes */
+        bool replaced = false;
+        for (int k = 0; k < n_live && !replaced; k++) replaced = !listed && !strcmp(live[k].name, l->name);
+        if (l->gone && (replaced || now - l->gone_at > LINK_LINGER_S)) {
+            closed[n_closed++] = l->push;
+            n->links[i] = n->links[--n->n_links];
+            continue;
+        }
+        i++;
+    }
+    for (int k = 0; k < n_live; k++) {
+        const fy_member_t *m = &live[k];
+        if (strcmp(m->kind, "router")) continue;
+        bool known = false;
+        for (int i = 0; i < n->n_links && !known; i++) known = !strcmp(n->links[i].name, m->name);
+        if (known) continue;
+        if (n->n_links == MAX_ROUTERS) {
+            fy_warn("router %s not used: %d routers already", m->name, MAX_ROUTERS);
+            continue;
+        }
+        router_link_t *l = &n->links[n->n_links];
+        memset(l, 0, sizeof(*l));
+        if (fy_push_create(m->addr, 8192, &n->auth, &l->push) != FY_OK) {
+            fy_error("router %s: cannot push events to %s", m->name, m->addr);
+            continue;
+        }
+        snprintf(l->name, sizeof(l->name), "%s", m->name);
+        l->inc = m->inc;
+        l->tag = m->tag;
+        n->n_links++;
+        added = true;
+        fy_info("router %s joined: events to %s", m->name, m->addr);
+    }
+    pthread_mutex_unlock(&n->links_mu);
+    for (int i = 0; i < n_closed; i++) fy_push_destroy(closed[i]);
+    for (int i = 0; i < n_gone; i++) {
+        fy_warn("router %s left the cluster (its etcd record is gone)", gone_name[i]);
+        forget_t *f = fy_malloc(sizeof(*f));
+        if (!f) continue;
+        *f = (forget_t){.n = n, .tag = gone[i]};
+        snprintf(f->name, sizeof(f->name), "%.63s", gone_name[i]);
+        if (fy_engine_post(n->engine, run_forget, f) != FY_OK) fy_free(f);
+    }
+    if (added) { /* a new router hears of this worker now, not a heartbeat later */
+        pthread_mutex_lock(&n->hb_mu);
+        if (n->snap) n->snap_new = true;
+        pthread_cond_signal(&n->hb_cv);
+        pthread_mutex_unlock(&n->hb_mu);
+    }
 }
 
 /* ---- metrics and health ---------------------------------------------------------------------------- */
@@ -518,7 +677,10 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     n->kv_check = FY_OK;
     if ((st = role->start(n, &n->state))) return st;
     n->role = role;
-    if ((st = fy_push_create(n->events, 8192, &n->auth, &n->out))) return st;
+    const char *etcd;
+    if ((st = fy_conf_string(c, "cluster", "etcd", &etcd))) return st;
+    n->etcd = etcd && *etcd;
+    if (!n->etcd && (st = fy_push_create(n->events, 8192, &n->auth, &n->out))) return st;
     n->last_tick = fy_node_now();
     n->last_kv_check = n->last_tick - KV_CHECK_S; /* the first sync scans */
     sync_metrics(n, n->last_tick);
@@ -542,11 +704,31 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
      * someone else holds must not draw the router's commands there */
     if (pthread_create(&n->hb, NULL, hb_main, n)) return FY_ERR_INTERNAL;
     n->hb_on = true;
+    if (n->etcd) { /* the routers are whoever etcd lists */
+        fy_membership_params_t mp = {.endpoints = etcd, .watch = "routers/", .fn = on_routers, .arg = n};
+        char dir[32];
+        snprintf(dir, sizeof(dir), "workers/%s", sec);
+        mp.dir = dir;
+        if ((st = fy_conf_string(c, "cluster", "name", &mp.cluster)) ||
+            (st = fy_conf_duration(c, "cluster", "etcd_ttl", &mp.ttl_s)) ||
+            (st = fy_conf_duration(c, "cluster", "etcd_poll", &mp.poll_s)))
+            return st;
+        snprintf(mp.self.kind, sizeof(mp.self.kind), "%s", sec);
+        snprintf(mp.self.name, sizeof(mp.self.name), "%s", n->name);
+        mp.self.inc = n->incarnation;
+        snprintf(mp.self.addr, sizeof(mp.self.addr), "%s", n->listen);
+        snprintf(mp.self.http, sizeof(mp.self.http), "%s", n->metrics_url);
+        snprintf(mp.self.model, sizeof(mp.self.model), "%s", n->model_id);
+        mp.self.layout = fy_member_layout_hash(lay->block_size, (int32_t)lay->dtype, lay->n_layers, lay->n_kv_heads,
+                                               lay->head_dim, lay->block_bytes, fy_kv_layout_groups_digest(lay));
+        if ((st = fy_membership_start(&mp, &n->members))) return st;
+    }
     n->up = true;
     char desc[256];
     fy_model_describe(n->model, desc, sizeof(desc));
     fy_info("%s worker up: commands on %s, events to %s; %s; kv %d blocks of %d tokens (%zu bytes each)", sec,
-            n->listen, n->events, n->model_id, ks.tier[FY_KV_DEVICE].total, lay->block_size, lay->block_bytes);
+            n->listen, n->etcd ? "the routers etcd lists" : n->events, n->model_id, ks.tier[FY_KV_DEVICE].total,
+            lay->block_size, lay->block_bytes);
     return FY_OK;
 }
 
@@ -558,6 +740,8 @@ static void teardown(fy_node_t *n)
     pthread_mutex_unlock(&n->health_mu);
     fy_pull_destroy(n->cmds);
     n->cmds = NULL;
+    fy_membership_stop(n->members); /* the record goes now; no more router changes */
+    n->members = NULL;
     /* the engine thread stops first: it must not hand a block to a job
      * the transfer engine is ending */
     if (n->engine) fy_engine_stop(n->engine);
@@ -582,6 +766,8 @@ static void teardown(fy_node_t *n)
     fy_node_series_destroy(n->series);
     fy_metrics_destroy(n->metrics);
     fy_push_destroy(n->out);
+    for (int i = 0; i < n->n_links; i++) fy_push_destroy(n->links[i].push);
+    n->n_links = 0;
     fy_engine_stack_destroy(&n->stack); /* the block manager, hasher, runner and backend */
     n->kvm = NULL;
     fy_model_destroy(n->model);
@@ -606,6 +792,7 @@ int fy_node_main(int argc, char **argv, const fy_node_role_t *role)
     pthread_mutex_init(&n.hb_mu, NULL);
     pthread_cond_init(&n.hb_cv, NULL);
     pthread_mutex_init(&n.health_mu, NULL);
+    pthread_mutex_init(&n.links_mu, NULL);
     fy_status_t st = fy_cluster_config(
         argc, argv,
         strcmp(role->name, "decode") ? "-c FILE [--set section.key=value]..."

@@ -50,6 +50,10 @@ typedef struct fy_node_role {
     void (*tick)(fy_node_t *n, void *state, double now);
     /* fills the role's fields of a load report (engine thread) */
     void (*load)(fy_node_t *n, void *state, fy_wire_load_t *m);
+    /* optional (cluster.etcd): the router that made request ids with this
+     * tag (fy_node_id_tag) is gone: end every lease, job and request of
+     * its (engine thread); nothing of theirs reaches a router any more */
+    void (*forget)(fy_node_t *n, void *state, uint32_t tag);
     /* shutting down (engine thread stopped): end what the role holds */
     void (*stop)(fy_node_t *n, void *state);
     /* after the engine is gone (its last events delivered): free state */
@@ -89,6 +93,9 @@ double fy_node_now(void); /* CLOCK_MONOTONIC seconds */
 /* Sends an engine's FY_EVENT_PROMPT_LOGPROBS of request id as a
  * "prompt_logprobs" event (attempt < 0: none, a colocated request). */
 void fy_node_push_prompt_logprobs(fy_node_t *n, uint64_t id, int64_t attempt, const fy_event_t *ev);
+/* The router a request id comes from (cluster.etcd: each router makes
+ * its ids with its tag in the high 32 bits; 0 for a single router). */
+static inline uint32_t fy_node_id_tag(uint64_t id) { return (uint32_t)(id >> 32); }
 
 /* The engine's parameters for a request from its wire parameters (stops
  * and the logits processing's arrays point into gen, which must outlive

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sodium.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -29,6 +30,7 @@
 #include "mem.h"
 #include "msg.h"
 #include "rpc.h"
+#include "etcd.h"
 #include "util.h"
 #include "wire.h"
 #include "xfer_wire.h"
@@ -956,6 +958,56 @@ static void http(void)
     }
 }
 
+/* ---- etcd's answers and the registration record --------------------------------------------------------- */
+
+static void etcd_answers(void)
+{
+    /* as etcd 3.4's JSON gateway answers */
+    put_str("etcd", "grant",
+            "{\"header\":{\"cluster_id\":\"324952591200643719\",\"member_id\":\"3319814642761637952\","
+            "\"revision\":\"1\",\"raft_term\":\"2\"},\"ID\":\"2324035578623626757\",\"TTL\":\"5\"}");
+    put_str("etcd", "keepalive",
+            "{\"result\":{\"header\":{\"revision\":\"1\"},\"ID\":\"2324035578623626759\",\"TTL\":\"5\"}}");
+    put_str("etcd", "keepalive-expired", "{\"result\":{\"header\":{\"revision\":\"2\"},\"ID\":\"12345\"}}");
+    put_str("etcd", "put",
+            "{\"header\":{\"cluster_id\":\"324952591200643719\",\"revision\":\"2\",\"raft_term\":\"2\"}}");
+    put_str("etcd", "error",
+            "{\"error\":\"illegal base64 data at input byte 0\",\"message\":\"illegal base64 data at "
+            "input byte 0\",\"code\":3}");
+    put_str("etcd", "range-empty", "{\"header\":{\"revision\":\"2\"}}");
+    /* a range holding a router's and a worker's records, as ferry writes them */
+    fy_member_t r = {.inc = 0x1122334455667788ull, .tag = 4242, .layout = 0x0123456789abcdefull};
+    snprintf(r.kind, sizeof(r.kind), "router");
+    snprintf(r.name, sizeof(r.name), "router-a");
+    snprintf(r.addr, sizeof(r.addr), "tcp://10.0.0.1:7401");
+    snprintf(r.client, sizeof(r.client), "tcp://10.0.0.1:7400");
+    snprintf(r.http, sizeof(r.http), "http://10.0.0.1:8080");
+    snprintf(r.model, sizeof(r.model), "smollm2-135m-q4_1");
+    snprintf(r.version, sizeof(r.version), "0.1.0");
+    fy_member_t w = r;
+    w.tag = 0;
+    snprintf(w.kind, sizeof(w.kind), "decode");
+    snprintf(w.name, sizeof(w.name), "decode-0");
+    snprintf(w.addr, sizeof(w.addr), "tcp://10.0.0.2:7500");
+    w.client[0] = 0;
+    char *rj, *wj;
+    size_t rl, wl;
+    if (fy_member_write(&r, &rj, &rl) || fy_member_write(&w, &wj, &wl)) exit(1);
+    put("etcd", "record-router", rj, rl);
+    put("etcd", "record-decode", wj, wl);
+    char rb[2048], wb[2048], json[8192];
+    sodium_bin2base64(rb, sizeof(rb), (const unsigned char *)rj, rl, sodium_base64_VARIANT_ORIGINAL);
+    sodium_bin2base64(wb, sizeof(wb), (const unsigned char *)wj, wl, sodium_base64_VARIANT_ORIGINAL);
+    snprintf(json, sizeof(json),
+             "{\"header\":{\"revision\":\"9\"},\"kvs\":[{\"key\":\"L2ZlcnJ5L3Qvcm91dGVycy9yb3V0ZXItYQ==\","
+             "\"create_revision\":\"3\",\"mod_revision\":\"3\",\"version\":\"1\",\"value\":\"%s\",\"lease\":\"7\"},"
+             "{\"key\":\"L2ZlcnJ5L3Qvd29ya2Vycy9kZWNvZGUvZGVjb2RlLTA=\",\"value\":\"%s\"}],\"count\":\"2\"}",
+             rb, wb);
+    put_str("etcd", "range", json);
+    fy_free(rj);
+    fy_free(wj);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -987,6 +1039,7 @@ int main(int argc, char **argv)
     transfer();
     http();
     grammars();
+    etcd_answers();
 
     char cmd[600];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);

@@ -1,0 +1,852 @@
+/*
+ * etcd.c - the etcd v3 JSON gateway client, the registration record and
+ * the membership thread (see etcd.h).
+ *
+ * Why polling a range rather than /v3/watch: a watch round is one small
+ * range of the prefix, which answers "who is there now" directly, needs
+ * no revision bookkeeping to resume after etcd was away or compacted, and
+ * costs etcd one read per process per round (cluster.etcd_poll, 250 ms by
+ * default); a streaming watch would tell of a change sooner by at most
+ * that round.
+ */
+#include "etcd.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+#include "mem.h"
+#include "version.h"
+
+/* ---- parsing ------------------------------------------------------------------------------------- */
+
+#define ERR(...) (err && cap ? (void)snprintf(err, cap, __VA_ARGS__) : (void)0)
+
+void fy_etcd_kvs_free(fy_etcd_kvs_t *k)
+{
+    if (!k) return;
+    for (int i = 0; i < k->n; i++) fy_free(k->kv[i].value);
+    fy_free(k->kv);
+    k->kv = NULL;
+    k->n = 0;
+}
+
+static json_t *parse_json(const void *buf, size_t len, char *err, size_t cap)
+{
+    if (len > FY_ETCD_MAX_BODY) {
+        ERR("answer of %zu bytes, more than %d", len, FY_ETCD_MAX_BODY);
+        return NULL;
+    }
+    json_error_t je;
+    json_t *j = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
+    if (!j) {
+        ERR("not JSON: %s", je.text);
+        return NULL;
+    }
+    if (!json_is_object(j)) {
+        ERR("not a JSON object");
+        json_decref(j);
+        return NULL;
+    }
+    return j;
+}
+
+/* an error object ({"error": ..., "code": N, "message": ...}) */
+static bool is_error(json_t *j, char *err, size_t cap)
+{
+    json_t *e = json_object_get(j, "error");
+    if (!e) return false;
+    json_t *m = json_object_get(j, "message");
+    const char *s = json_is_string(m) ? json_string_value(m) : json_is_string(e) ? json_string_value(e) : "?";
+    ERR("etcd: %.200s", s);
+    return true;
+}
+
+/* The gateway writes 64-bit integers as strings; a number is taken too. */
+static bool get_i64(json_t *j, int64_t *v)
+{
+    if (json_is_integer(j)) {
+        *v = json_integer_value(j);
+        return true;
+    }
+    if (!json_is_string(j)) return false;
+    const char *s = json_string_value(j);
+    size_t n = json_string_length(j);
+    if (n == 0 || n > 20) return false;
+    char *end;
+    errno = 0;
+    long long x = strtoll(s, &end, 10);
+    if (errno || end != s + n) return false;
+    *v = x;
+    return true;
+}
+
+/* base64 in, bytes out (NUL-terminated); max: bytes allowed */
+static bool b64_decode(json_t *j, size_t max, uint8_t **out_p, size_t *len_p)
+{
+    if (!json_is_string(j)) return false;
+    const char *s = json_string_value(j);
+    size_t n = json_string_length(j);
+    if (n > (max + 2) / 3 * 4) return false;
+    uint8_t *out = fy_malloc(n / 4 * 3 + 4);
+    if (!out) return false;
+    size_t len = 0;
+    if (sodium_base642bin(out, n / 4 * 3 + 3, s, n, NULL, &len, NULL, sodium_base64_VARIANT_ORIGINAL) != 0 ||
+        len > max) {
+        fy_free(out);
+        return false;
+    }
+    out[len] = 0;
+    *out_p = out;
+    *len_p = len;
+    return true;
+}
+
+fy_status_t fy_etcd_parse_range(const void *json, size_t len, fy_etcd_kvs_t *out_p, char *err, size_t cap)
+{
+    json_t *j = parse_json(json, len, err, cap);
+    if (!j) return FY_ERR_FORMAT;
+    fy_status_t st = FY_ERR_FORMAT;
+    fy_etcd_kvs_t k = {0};
+    if (is_error(j, err, cap)) {
+        st = FY_ERR_PEER;
+        goto out;
+    }
+    json_t *kvs = json_object_get(j, "kvs");
+    if (!kvs) { /* no key under the prefix: the gateway leaves "kvs" out */
+        st = FY_OK;
+        goto out;
+    }
+    if (!json_is_array(kvs)) {
+        ERR("\"kvs\" is not an array");
+        goto out;
+    }
+    size_t n = json_array_size(kvs);
+    if (n > FY_ETCD_MAX_KVS) {
+        ERR("%zu keys, more than %d", n, FY_ETCD_MAX_KVS);
+        goto out;
+    }
+    if (n && !(k.kv = fy_calloc(n, sizeof(*k.kv)))) {
+        st = FY_ERR_NOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = json_array_get(kvs, i);
+        if (!json_is_object(e)) {
+            ERR("kvs[%zu] is not an object", i);
+            goto out;
+        }
+        uint8_t *key = NULL, *val = NULL;
+        size_t klen = 0, vlen = 0;
+        if (!b64_decode(json_object_get(e, "key"), FY_ETCD_MAX_KEY, &key, &klen) || klen == 0 || memchr(key, 0, klen)) {
+            fy_free(key);
+            ERR("kvs[%zu].key: not base64 of 1..%d bytes without NUL", i, FY_ETCD_MAX_KEY);
+            goto out;
+        }
+        memcpy(k.kv[k.n].key, key, klen + 1);
+        fy_free(key);
+        json_t *v = json_object_get(e, "value");
+        if (!v) { /* an empty value is left out too */
+            if (!(val = fy_calloc(1, 1))) {
+                st = FY_ERR_NOMEM;
+                goto out;
+            }
+        } else if (!b64_decode(v, FY_ETCD_MAX_VALUE, &val, &vlen)) {
+            ERR("kvs[%zu].value: not base64 of at most %d bytes", i, FY_ETCD_MAX_VALUE);
+            goto out;
+        }
+        k.kv[k.n].value = val;
+        k.kv[k.n].value_len = vlen;
+        k.n++;
+    }
+    st = FY_OK;
+out:
+    json_decref(j);
+    if (st == FY_OK)
+        *out_p = k;
+    else
+        fy_etcd_kvs_free(&k);
+    return st;
+}
+
+fy_status_t fy_etcd_parse_lease(const void *json, size_t len, int64_t *id_p, int64_t *ttl_p, char *err, size_t cap)
+{
+    json_t *j = parse_json(json, len, err, cap);
+    if (!j) return FY_ERR_FORMAT;
+    fy_status_t st = FY_ERR_FORMAT;
+    if (is_error(j, err, cap)) {
+        st = FY_ERR_PEER;
+        goto out;
+    }
+    json_t *o = json_object_get(j, "result"); /* keepalive streams its answers, each in "result" */
+    if (!o) o = j;
+    if (!json_is_object(o)) {
+        ERR("\"result\" is not an object");
+        goto out;
+    }
+    json_t *e = json_object_get(o, "error");
+    if (json_is_string(e) && json_string_length(e)) {
+        ERR("etcd: %.200s", json_string_value(e));
+        st = FY_ERR_PEER;
+        goto out;
+    }
+    int64_t id = 0, ttl = 0;
+    if (!get_i64(json_object_get(o, "ID"), &id) || id == 0) {
+        ERR("no lease \"ID\"");
+        goto out;
+    }
+    json_t *t = json_object_get(o, "TTL"); /* left out when 0: the lease is gone */
+    if (t && (!get_i64(t, &ttl) || ttl < 0 || ttl > 1000000000)) {
+        ERR("\"TTL\" is not a count of seconds");
+        goto out;
+    }
+    *id_p = id;
+    *ttl_p = ttl;
+    st = FY_OK;
+out:
+    json_decref(j);
+    return st;
+}
+
+fy_status_t fy_etcd_parse_ok(const void *json, size_t len, char *err, size_t cap)
+{
+    json_t *j = parse_json(json, len, err, cap);
+    if (!j) return FY_ERR_FORMAT;
+    fy_status_t st = is_error(j, err, cap) ? FY_ERR_PEER : FY_OK;
+    json_decref(j);
+    return st;
+}
+
+/* ---- the record ----------------------------------------------------------------------------------- */
+
+static const char *const KINDS[] = {"router", "prefill", "decode"};
+
+fy_status_t fy_member_write(const fy_member_t *m, char **json_p, size_t *len_p)
+{
+    char inc[17], layout[17];
+    snprintf(inc, sizeof(inc), "%016" PRIx64, m->inc);
+    snprintf(layout, sizeof(layout), "%016" PRIx64, m->layout);
+    json_t *j = json_pack("{s:i,s:s,s:s,s:s,s:s,s:s,s:s,s:I,s:s,s:s,s:s}", "v", FY_MEMBER_VERSION, "kind", m->kind,
+                          "name", m->name, "inc", inc, "addr", m->addr, "client", m->client, "http", m->http, "tag",
+                          (json_int_t)m->tag, "model", m->model, "layout", layout, "version", m->version);
+    if (!j) return FY_ERR_NOMEM;
+    char *s = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(j);
+    if (!s) return FY_ERR_NOMEM;
+    char *out = fy_strdup(s);
+    free(s);
+    if (!out) return FY_ERR_NOMEM;
+    *json_p = out;
+    *len_p = strlen(out);
+    return FY_OK;
+}
+
+/* a string field of 1..cap-1 printable bytes (or 0.. when empty is allowed) */
+static bool get_str(json_t *j, const char *field, bool empty_ok, char *out, size_t cap, char *err, size_t ecap)
+{
+    json_t *v = json_object_get(j, field);
+    if (!json_is_string(v)) {
+        if (err && ecap) snprintf(err, ecap, "\"%s\" is missing or not a string", field);
+        return false;
+    }
+    size_t n = json_string_length(v);
+    const char *s = json_string_value(v);
+    bool ok = n < cap && (empty_ok || n > 0);
+    for (size_t i = 0; ok && i < n; i++) ok = (unsigned char)s[i] >= 0x20 && (unsigned char)s[i] < 0x7f;
+    if (!ok) {
+        if (err && ecap)
+            snprintf(err, ecap, "\"%s\" is not %s printable ASCII of at most %zu bytes", field,
+                     empty_ok ? "" : "non-empty", cap - 1);
+        return false;
+    }
+    memcpy(out, s, n + 1);
+    return true;
+}
+
+static bool get_hex64(json_t *j, const char *field, uint64_t *out, char *err, size_t cap)
+{
+    json_t *v = json_object_get(j, field);
+    const char *s = json_is_string(v) ? json_string_value(v) : "";
+    size_t n = json_is_string(v) ? json_string_length(v) : 0;
+    bool ok = n == 16;
+    for (size_t i = 0; ok && i < n; i++) ok = (s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f');
+    if (!ok) {
+        ERR("\"%s\" is not 16 lowercase hex digits", field);
+        return false;
+    }
+    *out = strtoull(s, NULL, 16);
+    return true;
+}
+
+fy_status_t fy_member_read(const void *buf, size_t len, fy_member_t *out, char *err, size_t cap)
+{
+    if (len > FY_ETCD_MAX_VALUE) {
+        ERR("record of %zu bytes, more than %d", len, FY_ETCD_MAX_VALUE);
+        return FY_ERR_FORMAT;
+    }
+    json_t *j = parse_json(buf, len, err, cap);
+    if (!j) return FY_ERR_FORMAT;
+    fy_status_t st = FY_ERR_FORMAT;
+    fy_member_t m = {0};
+    json_t *v = json_object_get(j, "v");
+    if (!json_is_integer(v)) {
+        ERR("\"v\" is missing or not an integer");
+        goto out;
+    }
+    if (json_integer_value(v) != FY_MEMBER_VERSION) {
+        ERR("record version %" JSON_INTEGER_FORMAT ", this ferry reads %d", json_integer_value(v), FY_MEMBER_VERSION);
+        st = FY_ERR_UNSUPPORTED;
+        goto out;
+    }
+    if (!get_str(j, "kind", false, m.kind, sizeof(m.kind), err, cap) ||
+        !get_str(j, "name", false, m.name, sizeof(m.name), err, cap) ||
+        !get_str(j, "addr", false, m.addr, sizeof(m.addr), err, cap) ||
+        !get_str(j, "client", true, m.client, sizeof(m.client), err, cap) ||
+        !get_str(j, "http", true, m.http, sizeof(m.http), err, cap) ||
+        !get_str(j, "model", false, m.model, sizeof(m.model), err, cap) ||
+        !get_str(j, "version", false, m.version, sizeof(m.version), err, cap) ||
+        !get_hex64(j, "inc", &m.inc, err, cap) || !get_hex64(j, "layout", &m.layout, err, cap))
+        goto out;
+    int kind = -1;
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(m.kind, KINDS[i])) kind = i;
+    if (kind < 0) {
+        ERR("\"kind\" is '%s', not router, prefill or decode", m.kind);
+        goto out;
+    }
+    for (const char *c = m.name; *c; c++)
+        if (*c == '/') {
+            ERR("\"name\" '%s' holds a '/'", m.name);
+            goto out;
+        }
+    json_t *t = json_object_get(j, "tag");
+    if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= (1 << 20) ||
+        (kind == 0) != (json_integer_value(t) != 0)) {
+        ERR("\"tag\" is not %s", kind == 0 ? "an integer in 1..2^20-1" : "0");
+        goto out;
+    }
+    m.tag = (uint32_t)json_integer_value(t);
+    if (!m.inc) {
+        ERR("\"inc\" is 0");
+        goto out;
+    }
+    *out = m;
+    st = FY_OK;
+out:
+    json_decref(j);
+    return st;
+}
+
+fy_status_t fy_member_compatible(const fy_member_t *m, const char *model, uint64_t layout, char *err, size_t cap)
+{
+    if (strcmp(m->model, model)) {
+        ERR("%s %s serves model %s; this one serves %s", m->kind, m->name, m->model, model);
+        return FY_ERR_MISMATCH;
+    }
+    if (m->layout != layout) {
+        ERR("%s %s has KV layout %016" PRIx64 "; this one has %016" PRIx64, m->kind, m->name, m->layout, layout);
+        return FY_ERR_MISMATCH;
+    }
+    return FY_OK;
+}
+
+uint64_t fy_member_layout_hash(int32_t block_size, int32_t dtype, int32_t n_layers, int32_t n_kv_heads,
+                               int32_t head_dim, uint64_t block_bytes, uint64_t groups)
+{
+    uint64_t f[] = {(uint64_t)block_size, (uint64_t)dtype, (uint64_t)n_layers, (uint64_t)n_kv_heads, (uint64_t)head_dim,
+                    block_bytes,          groups};
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a over the fields' bytes */
+    for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
+        for (int b = 0; b < 8; b++) {
+            h ^= (f[i] >> (8 * b)) & 0xff;
+            h *= 0x100000001b3ull;
+        }
+    return h;
+}
+
+/* ---- the client ----------------------------------------------------------------------------------- */
+
+#define MAX_ENDPOINTS 8
+
+struct fy_etcd {
+    CURL *curl;
+    char *ep[MAX_ENDPOINTS];
+    int n_ep, cur;
+    long timeout_ms;
+    char *body;
+    size_t body_len, body_cap;
+    bool body_over;
+    char err[256];
+};
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static void curl_init_once(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
+
+fy_status_t fy_etcd_create(const char *endpoints, double timeout_s, fy_etcd_t **e_p)
+{
+    pthread_once(&curl_once, curl_init_once);
+    fy_etcd_t *e = fy_calloc(1, sizeof(*e));
+    if (!e) return FY_ERR_NOMEM;
+    e->timeout_ms = (long)(timeout_s * 1000);
+    if (e->timeout_ms < 50) e->timeout_ms = 50;
+    const char *s = endpoints ? endpoints : "";
+    while (*s) {
+        const char *c = strchr(s, ',');
+        size_t n = c ? (size_t)(c - s) : strlen(s);
+        while (n && *s == ' ') s++, n--;
+        while (n && s[n - 1] == ' ') n--;
+        if (n) {
+            if (e->n_ep == MAX_ENDPOINTS) {
+                fy_error("cluster.etcd: more than %d endpoints", MAX_ENDPOINTS);
+                fy_etcd_destroy(e);
+                return FY_ERR_INVALID;
+            }
+            bool scheme = (n > 7 && !strncmp(s, "http://", 7)) || (n > 8 && !strncmp(s, "https://", 8));
+            char *ep = fy_malloc(n + 8);
+            if (!ep) {
+                fy_etcd_destroy(e);
+                return FY_ERR_NOMEM;
+            }
+            snprintf(ep, n + 8, "%s%.*s", scheme ? "" : "http://", (int)n, s);
+            while (ep[0] && ep[strlen(ep) - 1] == '/') ep[strlen(ep) - 1] = 0;
+            e->ep[e->n_ep++] = ep;
+        }
+        s += n;
+        if (c)
+            s = c + 1;
+        else
+            break;
+    }
+    if (!e->n_ep) {
+        fy_error("cluster.etcd: no endpoint in '%s'", endpoints ? endpoints : "");
+        fy_etcd_destroy(e);
+        return FY_ERR_INVALID;
+    }
+    if (!(e->curl = curl_easy_init())) {
+        fy_etcd_destroy(e);
+        return FY_ERR_NOMEM;
+    }
+    *e_p = e;
+    return FY_OK;
+}
+
+void fy_etcd_destroy(fy_etcd_t *e)
+{
+    if (!e) return;
+    if (e->curl) curl_easy_cleanup(e->curl);
+    for (int i = 0; i < e->n_ep; i++) fy_free(e->ep[i]);
+    fy_free(e->body);
+    fy_free(e);
+}
+
+const char *fy_etcd_last_error(const fy_etcd_t *e) { return e->err; }
+
+static size_t on_body(char *p, size_t size, size_t n, void *arg)
+{
+    fy_etcd_t *e = arg;
+    size_t len = size * n;
+    if (e->body_len + len + 1 > FY_ETCD_MAX_BODY) {
+        e->body_over = true;
+        return 0; /* curl stops the transfer */
+    }
+    if (e->body_len + len + 1 > e->body_cap) {
+        size_t cap = (e->body_len + len + 1) * 2;
+        char *b = fy_realloc(e->body, cap);
+        if (!b) return 0;
+        e->body = b;
+        e->body_cap = cap;
+    }
+    memcpy(e->body + e->body_len, p, len);
+    e->body_len += len;
+    e->body[e->body_len] = 0;
+    return len;
+}
+
+/* POSTs a JSON body to path at the first endpoint that answers; on
+ * success e->body holds the answer. */
+static fy_status_t call(fy_etcd_t *e, const char *path, const char *json)
+{
+    for (int k = 0; k < e->n_ep; k++) {
+        int i = (e->cur + k) % e->n_ep;
+        char url[512];
+        snprintf(url, sizeof(url), "%s%s", e->ep[i], path);
+        e->body_len = 0;
+        e->body_over = false;
+        curl_easy_reset(e->curl);
+        struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+        curl_easy_setopt(e->curl, CURLOPT_URL, url);
+        curl_easy_setopt(e->curl, CURLOPT_HTTPHEADER, h);
+        curl_easy_setopt(e->curl, CURLOPT_POSTFIELDS, json);
+        curl_easy_setopt(e->curl, CURLOPT_WRITEFUNCTION, on_body);
+        curl_easy_setopt(e->curl, CURLOPT_WRITEDATA, e);
+        curl_easy_setopt(e->curl, CURLOPT_TIMEOUT_MS, e->timeout_ms);
+        curl_easy_setopt(e->curl, CURLOPT_CONNECTTIMEOUT_MS, e->timeout_ms);
+        curl_easy_setopt(e->curl, CURLOPT_NOSIGNAL, 1L);
+        curl_easy_setopt(e->curl, CURLOPT_PROTOCOLS_STR, "http,https");
+        CURLcode rc = curl_easy_perform(e->curl);
+        long code = 0;
+        curl_easy_getinfo(e->curl, CURLINFO_RESPONSE_CODE, &code);
+        curl_slist_free_all(h);
+        if (rc == CURLE_OK && code >= 200 && code < 500) { /* 4xx: etcd's error object, parsed by the caller */
+            e->cur = i;
+            if (!e->body) on_body((char *)"", 1, 0, e);
+            return e->body ? FY_OK : FY_ERR_NOMEM;
+        }
+        if (e->body_over)
+            snprintf(e->err, sizeof(e->err), "%.200s: answer longer than %d bytes", url, FY_ETCD_MAX_BODY);
+        else if (rc != CURLE_OK)
+            snprintf(e->err, sizeof(e->err), "%.160s: %.90s", url, curl_easy_strerror(rc));
+        else
+            snprintf(e->err, sizeof(e->err), "%.200s: HTTP %ld", url, code);
+    }
+    return FY_ERR_PEER;
+}
+
+static char *b64(const void *p, size_t n)
+{
+    size_t cap = sodium_base64_encoded_len(n, sodium_base64_VARIANT_ORIGINAL);
+    char *s = fy_malloc(cap);
+    if (s) sodium_bin2base64(s, cap, p, n, sodium_base64_VARIANT_ORIGINAL);
+    return s;
+}
+
+static fy_status_t call_ok(fy_etcd_t *e, const char *path, const char *json)
+{
+    fy_status_t st = call(e, path, json);
+    if (!st) st = fy_etcd_parse_ok(e->body, e->body_len, e->err, sizeof(e->err));
+    return st;
+}
+
+fy_status_t fy_etcd_grant(fy_etcd_t *e, int64_t ttl_s, int64_t *id_p)
+{
+    char json[64];
+    snprintf(json, sizeof(json), "{\"TTL\":%lld}", (long long)ttl_s);
+    int64_t id, ttl;
+    fy_status_t st = call(e, "/v3/lease/grant", json);
+    if (!st) st = fy_etcd_parse_lease(e->body, e->body_len, &id, &ttl, e->err, sizeof(e->err));
+    if (!st && ttl <= 0) {
+        snprintf(e->err, sizeof(e->err), "lease granted with TTL %lld", (long long)ttl);
+        st = FY_ERR_FORMAT;
+    }
+    if (!st) *id_p = id;
+    return st;
+}
+
+fy_status_t fy_etcd_keepalive(fy_etcd_t *e, int64_t id, int64_t *ttl_p)
+{
+    char json[64];
+    snprintf(json, sizeof(json), "{\"ID\":\"%lld\"}", (long long)id);
+    int64_t rid, ttl;
+    fy_status_t st = call(e, "/v3/lease/keepalive", json);
+    if (!st) st = fy_etcd_parse_lease(e->body, e->body_len, &rid, &ttl, e->err, sizeof(e->err));
+    if (!st && rid != id) {
+        snprintf(e->err, sizeof(e->err), "keepalive of lease %lld answered for %lld", (long long)id, (long long)rid);
+        st = FY_ERR_FORMAT;
+    }
+    if (!st) *ttl_p = ttl;
+    return st;
+}
+
+fy_status_t fy_etcd_revoke(fy_etcd_t *e, int64_t id)
+{
+    char json[64];
+    snprintf(json, sizeof(json), "{\"ID\":\"%lld\"}", (long long)id);
+    return call_ok(e, "/v3/lease/revoke", json);
+}
+
+fy_status_t fy_etcd_put(fy_etcd_t *e, const char *key, const void *value, size_t len, int64_t lease)
+{
+    char *k = b64(key, strlen(key)), *v = b64(value, len), *json = NULL;
+    fy_status_t st = FY_ERR_NOMEM;
+    if (k && v) {
+        size_t cap = strlen(k) + strlen(v) + 96;
+        if ((json = fy_malloc(cap))) {
+            snprintf(json, cap, "{\"key\":\"%s\",\"value\":\"%s\",\"lease\":\"%lld\"}", k, v, (long long)lease);
+            st = call_ok(e, "/v3/kv/put", json);
+        }
+    }
+    fy_free(k);
+    fy_free(v);
+    fy_free(json);
+    return st;
+}
+
+fy_status_t fy_etcd_delete(fy_etcd_t *e, const char *key)
+{
+    char *k = b64(key, strlen(key)), *json = NULL;
+    fy_status_t st = FY_ERR_NOMEM;
+    if (k && (json = fy_malloc(strlen(k) + 32))) {
+        sprintf(json, "{\"key\":\"%s\"}", k);
+        st = call_ok(e, "/v3/kv/deleterange", json);
+    }
+    fy_free(k);
+    fy_free(json);
+    return st;
+}
+
+fy_status_t fy_etcd_range_prefix(fy_etcd_t *e, const char *prefix, fy_etcd_kvs_t *out_p)
+{
+    size_t n = strlen(prefix);
+    if (!n || n > FY_ETCD_MAX_KEY) return FY_ERR_INVALID;
+    char end[FY_ETCD_MAX_KEY + 1];
+    memcpy(end, prefix, n);
+    end[n - 1]++; /* the range [prefix, prefix with its last byte + 1) */
+    char *k = b64(prefix, n), *r = b64(end, n), *json = NULL;
+    fy_status_t st = FY_ERR_NOMEM;
+    if (k && r && (json = fy_malloc(strlen(k) + strlen(r) + 64))) {
+        sprintf(json, "{\"key\":\"%s\",\"range_end\":\"%s\"}", k, r);
+        st = call(e, "/v3/kv/range", json);
+        if (!st) st = fy_etcd_parse_range(e->body, e->body_len, out_p, e->err, sizeof(e->err));
+    }
+    fy_free(k);
+    fy_free(r);
+    fy_free(json);
+    return st;
+}
+
+/* ---- the membership thread ------------------------------------------------------------------------ */
+
+#define MAX_REFUSED 64
+
+struct fy_membership {
+    fy_membership_params_t p;
+    char cluster[128], dir[64], watch[64];
+    char key[512], prefix[512];
+    char *record;
+    size_t record_len;
+    fy_etcd_t *etcd;
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop, registered, up, ever_up;
+    int64_t lease;
+    double last_keepalive;
+    /* records refused, so that each is logged once (by key and content) */
+    struct {
+        char key[FY_ETCD_MAX_KEY + 1];
+        uint64_t digest;
+    } refused[MAX_REFUSED];
+    int n_refused;
+};
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void etcd_failed(fy_membership_t *m, const char *what)
+{
+    if (m->up || !m->ever_up) /* once per outage */
+        fy_warn("etcd: %s failed: %s; serving on the last known membership, retrying", what,
+                fy_etcd_last_error(m->etcd));
+    m->up = false;
+    m->ever_up = true;
+}
+
+static void etcd_answered(fy_membership_t *m)
+{
+    if (!m->up && m->ever_up) fy_info("etcd: reachable again");
+    m->up = m->ever_up = true;
+}
+
+static void keep_registered(fy_membership_t *m, double now)
+{
+    int64_t ttl = (int64_t)(m->p.ttl_s + 0.999);
+    if (m->lease && now - m->last_keepalive >= m->p.ttl_s / 3) {
+        int64_t left = 0;
+        if (fy_etcd_keepalive(m->etcd, m->lease, &left)) {
+            etcd_failed(m, "lease keepalive");
+            return;
+        }
+        etcd_answered(m);
+        m->last_keepalive = now;
+        if (left <= 0) { /* expired while etcd was away: register anew */
+            fy_warn("etcd: lease %llx expired; registering %s again", (unsigned long long)m->lease, m->key);
+            m->lease = 0;
+            if (m->p.lost) m->p.lost(m->p.arg);
+            pthread_mutex_lock(&m->mu);
+            m->registered = false;
+            pthread_mutex_unlock(&m->mu);
+        }
+    }
+    if (m->lease) return;
+    int64_t id;
+    if (fy_etcd_grant(m->etcd, ttl, &id)) {
+        etcd_failed(m, "lease grant");
+        return;
+    }
+    if (fy_etcd_put(m->etcd, m->key, m->record, m->record_len, id)) {
+        etcd_failed(m, "registration");
+        fy_etcd_revoke(m->etcd, id);
+        return;
+    }
+    etcd_answered(m);
+    m->lease = id;
+    m->last_keepalive = now;
+    pthread_mutex_lock(&m->mu);
+    m->registered = true;
+    pthread_mutex_unlock(&m->mu);
+    fy_info("etcd: registered %s (lease %llx, %llds)", m->key, (unsigned long long)id, (long long)ttl);
+}
+
+static uint64_t digest(const void *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const uint8_t *)p)[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* logs a refused record once (per key and content) */
+static void refuse(fy_membership_t *m, const fy_etcd_kv_t *kv, const char *why)
+{
+    uint64_t d = digest(kv->value, kv->value_len);
+    for (int i = 0; i < m->n_refused; i++)
+        if (!strcmp(m->refused[i].key, kv->key) && m->refused[i].digest == d) return;
+    fy_error("etcd: record %s refused: %s", kv->key, why);
+    int i = m->n_refused < MAX_REFUSED ? m->n_refused++ : (int)(d % MAX_REFUSED);
+    snprintf(m->refused[i].key, sizeof(m->refused[i].key), "%s", kv->key);
+    m->refused[i].digest = d;
+}
+
+static void watch_round(fy_membership_t *m)
+{
+    fy_etcd_kvs_t kvs = {0};
+    if (fy_etcd_range_prefix(m->etcd, m->prefix, &kvs)) {
+        etcd_failed(m, "watch");
+        return;
+    }
+    etcd_answered(m);
+    fy_member_t *live = kvs.n ? fy_calloc((size_t)kvs.n, sizeof(*live)) : NULL;
+    int n = 0;
+    if (kvs.n && !live) {
+        fy_etcd_kvs_free(&kvs);
+        return;
+    }
+    for (int i = 0; i < kvs.n; i++) {
+        fy_member_t r;
+        char err[256];
+        const char *last = strrchr(kvs.kv[i].key, '/');
+        if (fy_member_read(kvs.kv[i].value, kvs.kv[i].value_len, &r, err, sizeof(err))) {
+            refuse(m, &kvs.kv[i], err);
+            continue;
+        }
+        if (strcmp(last ? last + 1 : "", r.name)) {
+            snprintf(err, sizeof(err), "its name '%s' is not its key's", r.name);
+            refuse(m, &kvs.kv[i], err);
+            continue;
+        }
+        if (!strcmp(r.name, m->p.self.name) && r.inc == m->p.self.inc) continue; /* this process */
+        if (fy_member_compatible(&r, m->p.self.model, m->p.self.layout, err, sizeof(err))) {
+            refuse(m, &kvs.kv[i], err);
+            continue;
+        }
+        live[n++] = r;
+    }
+    fy_etcd_kvs_free(&kvs);
+    m->p.fn(m->p.arg, live, n);
+    fy_free(live);
+}
+
+static void *membership_main(void *arg)
+{
+    fy_membership_t *m = arg;
+    pthread_mutex_lock(&m->mu);
+    while (!m->stop) {
+        pthread_mutex_unlock(&m->mu);
+        keep_registered(m, mono_s());
+        watch_round(m);
+        pthread_mutex_lock(&m->mu);
+        if (m->stop) break;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        double ns = (double)ts.tv_nsec + m->p.poll_s * 1e9;
+        ts.tv_sec += (time_t)(ns / 1e9);
+        ts.tv_nsec = (long)(ns - (double)(time_t)(ns / 1e9) * 1e9);
+        pthread_cond_timedwait(&m->cv, &m->mu, &ts);
+    }
+    pthread_mutex_unlock(&m->mu);
+    return NULL;
+}
+
+static bool path_part_ok(const char *s)
+{
+    if (!*s) return false;
+    for (; *s; s++)
+        if ((unsigned char)*s <= 0x20 || (unsigned char)*s >= 0x7f) return false;
+    return true;
+}
+
+fy_status_t fy_membership_start(const fy_membership_params_t *p, fy_membership_t **m_p)
+{
+    if (!path_part_ok(p->cluster) || strchr(p->cluster, '/')) {
+        fy_error("cluster.name '%s': one path part of printable ASCII, no '/'", p->cluster);
+        return FY_ERR_INVALID;
+    }
+    if (!path_part_ok(p->self.name) || strchr(p->self.name, '/')) {
+        fy_error("name '%s': one path part of printable ASCII, no '/'", p->self.name);
+        return FY_ERR_INVALID;
+    }
+    fy_membership_t *m = fy_calloc(1, sizeof(*m));
+    if (!m) return FY_ERR_NOMEM;
+    m->p = *p;
+    snprintf(m->key, sizeof(m->key), "/ferry/%s/%s/%s", p->cluster, p->dir, p->self.name);
+    snprintf(m->prefix, sizeof(m->prefix), "/ferry/%s/%s", p->cluster, p->watch);
+    snprintf(m->p.self.version, sizeof(m->p.self.version), "%s", FY_VERSION);
+    fy_status_t st = fy_member_write(&m->p.self, &m->record, &m->record_len);
+    if (!st) st = fy_etcd_create(p->endpoints, p->ttl_s / 3 > 1 ? 1 : p->ttl_s / 3, &m->etcd);
+    if (st) {
+        fy_free(m->record);
+        fy_free(m);
+        return st;
+    }
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&m->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&m->mu, NULL);
+    if (pthread_create(&m->th, NULL, membership_main, m)) {
+        fy_etcd_destroy(m->etcd);
+        fy_free(m->record);
+        fy_free(m);
+        return FY_ERR_INTERNAL;
+    }
+    fy_info("etcd: %s registers as %s and watches %s every %.0f ms", p->endpoints, m->key, m->prefix, p->poll_s * 1e3);
+    *m_p = m;
+    return FY_OK;
+}
+
+void fy_membership_stop(fy_membership_t *m)
+{
+    if (!m) return;
+    pthread_mutex_lock(&m->mu);
+    m->stop = true;
+    pthread_cond_signal(&m->cv);
+    pthread_mutex_unlock(&m->mu);
+    pthread_join(m->th, NULL);
+    if (m->lease && fy_etcd_revoke(m->etcd, m->lease))
+        fy_warn("etcd: revoking lease of %s failed (%s); it expires by itself", m->key, fy_etcd_last_error(m->etcd));
+    fy_etcd_destroy(m->etcd);
+    fy_free(m->record);
+    pthread_cond_destroy(&m->cv);
+    pthread_mutex_destroy(&m->mu);
+    fy_free(m);
+}
+
+bool fy_membership_registered(fy_membership_t *m)
+{
+    pthread_mutex_lock(&m->mu);
+    bool r = m->registered;
+    pthread_mutex_unlock(&m->mu);
+    return r;
+}
