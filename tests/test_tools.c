@@ -935,7 +935,11 @@ static void tokenize_text(const char *body, char *out, size_t cap)
     tc_http_free(&r);
     json_t *toks = json_object_get(j, "tokens");
     assert_true(json_array_size(toks) > 0);
-    r = post("/detokenize", json_dumps(json_pack("{s:O}", "tokens", toks), 0));
+    json_t *req = json_pack("{s:O}", "tokens", toks);
+    char *req_body = json_dumps(req, 0);
+    json_decref(req);
+    r = post("/detokenize", req_body);
+    free(req_body);
     json_t *d = json_loads(r.body, 0, NULL);
     snprintf(out, cap, "%s", json_string_value(json_object_get(d, "prompt")));
     json_decref(d);
