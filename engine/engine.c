@@ -1619,11 +1619,9 @@ static void plp_report(fy_engine_t *e, request_t *q, const float *logits, int32_
     int32_t k = q->plp_top;
     for (int32_t r = 0; r < n; r++) {
         const float *lg = logits + (size_t)r * (size_t)e->vocab;
-        e->plp_lps[r] = fy_logits_token_logprob(lg, e->vocab, q->tokens[first + r], &e->plp_rank[r]);
-        if (k) {
-            fy_logits_top(lg, e->vocab, 1.0f, k, e->plp_ids + (size_t)r * (size_t)k,
-                          e->plp_tlps + (size_t)r * (size_t)k);
-        }
+        e->plp_lps[r] =
+            fy_logits_token_logprob(lg, e->vocab, q->tokens[first + r], k, e->plp_ids + (size_t)r * (size_t)k,
+                                    e->plp_tlps + (size_t)r * (size_t)k, &e->plp_rank[r]);
     }
     if (first + n >= q->n_prompt) q->plp_done = true;
     if (n < 1) return;

@@ -87,28 +87,13 @@ static void penalize(const fy_logits_params_t *p, fy_logits_scratch_t *s, const 
     }
 }
 
-float fy_logits_token_logprob(const float *logits, int32_t vocab, int32_t token, int32_t *rank_p)
-{
-    float mx = logits[0], l = logits[token];
-    int32_t above = 0;
-    for (int32_t i = 1; i < vocab; i++)
-        if (logits[i] > mx) mx = logits[i];
-    double sum = 0.0;
-    for (int32_t i = 0; i < vocab; i++) {
-        sum += exp((double)logits[i] - mx);
-        above += logits[i] > l;
-    }
-    double lp = (double)l - mx - log(sum);
-    *rank_p = above + 1;
-    return lp > FY_LOGPROB_MIN ? (float)lp : FY_LOGPROB_MIN;
-}
-
-int32_t fy_logits_top(const float *logits, int32_t vocab, float temperature, int32_t k, int32_t *ids, float *logprobs)
+/* The k largest of a row by insertion (k is small), ties to the lower id;
+ * k at most 64 and the vocabulary; returns k. */
+static int32_t top_ids(const float *logits, int32_t vocab, int32_t k, int32_t *ids)
 {
     if (k > 64) k = 64;
     if (k > vocab) k = vocab;
     if (k < 1) return 0;
-    /* the k largest by insertion (k is small), ties to the lower id */
     int32_t n = 0;
     for (int32_t i = 0; i < vocab; i++) {
         float l = logits[i];
@@ -120,14 +105,39 @@ int32_t fy_logits_top(const float *logits, int32_t vocab, float temperature, int
         }
         ids[j] = i;
     }
+    return n;
+}
+
+static float clamp_lp(double lp) { return lp > FY_LOGPROB_MIN ? (float)lp : FY_LOGPROB_MIN; }
+
+float fy_logits_token_logprob(const float *logits, int32_t vocab, int32_t token, int32_t k, int32_t *ids,
+                              float *logprobs, int32_t *rank_p)
+{
+    float mx = logits[0], l = logits[token];
+    int32_t above = 0;
+    for (int32_t i = 1; i < vocab; i++)
+        if (logits[i] > mx) mx = logits[i];
+    double sum = 0.0;
+    for (int32_t i = 0; i < vocab; i++) {
+        sum += exp((double)logits[i] - mx);
+        above += logits[i] > l;
+    }
+    double lse = log(sum);
+    int32_t n = top_ids(logits, vocab, k, ids);
+    for (int32_t j = 0; j < n; j++) logprobs[j] = clamp_lp((double)logits[ids[j]] - mx - lse);
+    *rank_p = above + 1;
+    return clamp_lp((double)l - mx - lse);
+}
+
+int32_t fy_logits_top(const float *logits, int32_t vocab, float temperature, int32_t k, int32_t *ids, float *logprobs)
+{
+    int32_t n = top_ids(logits, vocab, k, ids);
+    if (n < 1) return 0;
     double t = temperature >= FY_SAMPLING_MIN_TEMP ? (double)temperature : 1.0;
     float mx = logits[ids[0]];
     double sum = 0.0;
     for (int32_t i = 0; i < vocab; i++) sum += exp(((double)logits[i] - mx) / t);
     double lse = log(sum);
-    for (int32_t j = 0; j < n; j++) {
-        double lp = ((double)logits[ids[j]] - mx) / t - lse;
-        logprobs[j] = lp > FY_LOGPROB_MIN ? (float)lp : FY_LOGPROB_MIN;
-    }
+    for (int32_t j = 0; j < n; j++) logprobs[j] = clamp_lp(((double)logits[ids[j]] - mx) / t - lse);
     return n;
 }

@@ -78,9 +78,12 @@ void fy_logits_apply(const fy_logits_params_t *p, fy_logits_scratch_t *s, const 
 /*
  * A prompt token's log-probability under a raw row of logits [vocab]
  * (temperature 1, no processing: vLLM's prompt logprobs), and its rank
- * (1 + the tokens strictly more likely).  One pass over the row.
+ * (1 + the tokens strictly more likely); with k > 0 also the row's k most
+ * likely tokens into ids and logprobs (as fy_logits_top at temperature 1),
+ * from the same normaliser: one exponential per vocabulary entry.
  */
-float fy_logits_token_logprob(const float *logits, int32_t vocab, int32_t token, int32_t *rank_p);
+float fy_logits_token_logprob(const float *logits, int32_t vocab, int32_t token, int32_t k, int32_t *ids,
+                              float *logprobs, int32_t *rank_p);
 
 /*
  * The k most likely tokens of a row under the temperature-scaled
