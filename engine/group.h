@@ -1,0 +1,100 @@
+/*
+ * group.h - a rank group: the processes that serve one model together
+ * (tensor and pipeline parallel ranks), and the collectives they use.
+ *
+ * On the CPU the ranks are processes on one host, forked from rank 0
+ * before it starts any thread, sharing one anonymous shared-memory
+ * segment: a command area rank 0 broadcasts into, one slot per rank for
+ * reductions and point-to-point transfers, and a status word per rank.
+ * Waits spin briefly, then sleep on a futex in the segment, so ranks that
+ * share cores do not burn them.  A GPU backend would fill the same calls
+ * with NCCL; nothing above this file knows how the bytes move.
+ *
+ * Ranks are numbered stage * tp + tp_rank (pipeline stage outer, tensor
+ * rank inner).  Every collective is called by every rank it names, in the
+ * same order; results are identical bits on every rank (fixed summation
+ * order), so ranks that start equal stay equal.
+ *
+ * Failure: a rank that dies, or calls fy_group_abort, breaks the group:
+ * every wait in every other rank returns FY_ERR_PEER (logged once, naming
+ * the rank and why), and every later call returns it at once.  Rank 0
+ * notices a dead child by its pid (waitpid), children notice a dead rank
+ * 0 by their parent changing; a peer that does not arrive within the
+ * group's timeout is counted dead too (except in fy_group_wait_cmd, where
+ * followers may idle for ever).
+ *
+ * Not here: what the ranks compute (runner.c splits the model), who
+ * schedules (rank 0's engine), transfer between groups (transfer/).
+ */
+#ifndef FY_GROUP_H
+#define FY_GROUP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "status.h"
+
+typedef struct fy_group fy_group_t;
+
+typedef struct fy_group_params {
+    int32_t n_ranks;    /* 2..64 */
+    size_t slot_bytes;  /* each rank's slot: the largest reduction or transfer */
+    size_t cmd_bytes;   /* the command area: the largest broadcast */
+    int32_t timeout_ms; /* a peer that does not arrive within this is dead (0: 30000) */
+} fy_group_params_t;
+
+/*
+ * Creates the segment and forks n_ranks - 1 children.  Returns in every
+ * process: *rank_p is 0 in the caller, 1..n_ranks-1 in the children, and
+ * *g_p that process's handle.  Call before the process starts threads (a
+ * child has only the forking thread).  On failure nothing is forked, or
+ * the children already forked are killed and reaped.
+ */
+fy_status_t fy_group_spawn(const fy_group_params_t *p, fy_group_t **g_p, int32_t *rank_p);
+
+/*
+ * Rank 0: asks the others to leave (they see FY_ERR_CANCELLED from
+ * fy_group_wait_cmd), waits up to the timeout for them, kills what is
+ * left, reaps, unmaps.  Other ranks: unmaps (then _exit).  Accepts NULL.
+ */
+void fy_group_destroy(fy_group_t *g);
+
+int32_t fy_group_rank(const fy_group_t *g);
+int32_t fy_group_size(const fy_group_t *g);
+pid_t fy_group_pid(const fy_group_t *g, int32_t rank); /* rank 0's view; 0 elsewhere */
+
+/* Every rank of the group. */
+fy_status_t fy_group_barrier(fy_group_t *g);
+
+/*
+ * Commands, rank 0 to every other rank: rank 0 posts len bytes; the others
+ * wait (without a timeout) and receive a pointer into the command area,
+ * valid until their next fy_group_done.  Then every rank (rank 0 too)
+ * calls fy_group_done with its own status; rank 0's fy_group_done returns
+ * the first failing rank's status (and its rank in *bad_rank_p, -1 if
+ * none), the others' return FY_OK or the group's breakage.
+ */
+fy_status_t fy_group_post_cmd(fy_group_t *g, const void *buf, size_t len);
+fy_status_t fy_group_wait_cmd(fy_group_t *g, const void **buf_p, size_t *len_p);
+fy_status_t fy_group_done(fy_group_t *g, fy_status_t mine, int32_t *bad_rank_p);
+
+/*
+ * Sum of x[0..n) over ranks first..first+count-1 (the caller among them),
+ * written back into x on each of them: identical bits on every rank (the
+ * sum runs in rank order), n * 4 <= slot_bytes.
+ */
+fy_status_t fy_group_allreduce_f32(fy_group_t *g, int32_t first, int32_t count, float *x, size_t n);
+
+/* Point to point: src sends, dst receives len bytes (len <= slot_bytes);
+ * a send returns once dst holds the bytes. */
+fy_status_t fy_group_send(fy_group_t *g, int32_t dst, const void *buf, size_t len);
+fy_status_t fy_group_recv(fy_group_t *g, int32_t src, void *buf, size_t len);
+
+/* Breaks the group: every rank's waits return FY_ERR_PEER naming this rank
+ * and why. */
+void fy_group_abort(fy_group_t *g, const char *why);
+bool fy_group_broken(const fy_group_t *g);
+
+#endif /* FY_GROUP_H */
