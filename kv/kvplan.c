@@ -31,7 +31,49 @@ int32_t fy_kv_dtype_scale_bytes(const char *name)
     return !strcmp(name, "fp8") || !strcmp(name, "int8") ? (int32_t)sizeof(float) : 0;
 }
 
-fy_status_t fy_kv_plan(const fy_kv_plan_in_t *in, fy_kv_plan_t *out)
+fy_status_t fy_kv_tp_heads(int32_t n_heads, int32_t n_kv_heads, int32_t tp, int32_t rank, int32_t *q0_p, int32_t *nq_p,
+                           int32_t *kv0_p, int32_t *nkv_p)
+{
+    if (tp < 1 || rank < 0 || rank >= tp || n_heads < 1 || n_kv_heads < 1 || n_heads % n_kv_heads) {
+        fy_error("tensor parallel: bad shape (%d heads, %d kv heads, rank %d of %d)", n_heads, n_kv_heads, rank, tp);
+        return FY_ERR_INVALID;
+    }
+    if (n_heads % tp) {
+        fy_error("tensor parallel: %d query heads do not split over %d ranks", n_heads, tp);
+        return FY_ERR_INVALID;
+    }
+    int32_t nq = n_heads / tp, q0 = rank * nq, kv0, nkv;
+    if (n_kv_heads % tp == 0) {
+        nkv = n_kv_heads / tp;
+        kv0 = rank * nkv;
+    } else if (tp % n_kv_heads == 0) { /* each rank's query heads read one KV head: keep a copy of it */
+        nkv = 1;
+        kv0 = q0 / (n_heads / n_kv_heads);
+    } else {
+        fy_error("tensor parallel: %d kv heads neither split over %d ranks nor replicate evenly across them",
+                 n_kv_heads, tp);
+        return FY_ERR_INVALID;
+    }
+    *q0_p = q0;
+    *nq_p = nq;
+    *kv0_p = kv0;
+    *nkv_p = nkv;
+    return FY_OK;
+}
+
+fy_status_t fy_kv_pp_layers(int32_t n_layers, int32_t pp, int32_t stage, int32_t *first_p, int32_t *count_p)
+{
+    if (pp < 1 || stage < 0 || stage >= pp || n_layers < pp) {
+        fy_error("pipeline parallel: %d layers do not make %d stages (stage %d)", n_layers, pp, stage);
+        return FY_ERR_INVALID;
+    }
+    int32_t base = n_layers / pp, extra = n_layers % pp;
+    *first_p = stage * base + (stage < extra ? stage : extra);
+    *count_p = base + (stage < extra);
+    return FY_OK;
+}
+
+static fy_status_t plan_one(const fy_kv_plan_in_t *in, fy_kv_plan_t *out)
 {
     if (in->n_layers < 1 || in->n_kv_heads < 1 || in->head_dim < 1 || in->elem_bytes < 1 || in->scale_bytes < 0 ||
         in->scale_bytes > 64 || in->n_layers > 4096 || in->n_kv_heads > 4096 || in->head_dim > 4096) {
@@ -90,6 +132,65 @@ fy_status_t fy_kv_plan(const fy_kv_plan_in_t *in, fy_kv_plan_t *out)
         p.held_per_request = held;
         p.requests_held = held ? p.kv_mem / held : 0;
     }
+    *out = p;
+    return FY_OK;
+}
+
+fy_status_t fy_kv_plan(const fy_kv_plan_in_t *in, fy_kv_plan_t *out)
+{
+    int32_t tp = in->tp > 1 ? in->tp : 1, pp = in->pp > 1 ? in->pp : 1;
+    if (in->tp < 0 || in->pp < 0 || tp > 64 || pp > 64 || tp * pp > 64) {
+        fy_error("plan: bad ranks (tp %d, pp %d; at most 64 ranks)", in->tp, in->pp);
+        return FY_ERR_INVALID;
+    }
+    fy_kv_plan_t p;
+    fy_status_t st;
+    if (tp * pp == 1) {
+        if ((st = plan_one(in, &p))) return st;
+        p.ranks = 1;
+        p.kv_heads_per_rank = in->n_kv_heads;
+        p.max_stage_layers = in->n_layers;
+        p.bytes_per_token_all = p.bytes_per_token;
+        *out = p;
+        return FY_OK;
+    }
+    int32_t q0, nq, kv0, nkv;
+    if (tp > 1 && in->n_heads < 1) {
+        fy_error("plan: tensor parallel needs the query head count");
+        return FY_ERR_INVALID;
+    }
+    if (tp > 1 && (st = fy_kv_tp_heads(in->n_heads, in->n_kv_heads, tp, 0, &q0, &nq, &kv0, &nkv))) return st;
+    if (tp == 1) nkv = in->n_kv_heads;
+    /* every rank holds the same block ids: the fullest stage bounds them all */
+    for (int32_t s = 0; s < pp; s++) {
+        int32_t first, count;
+        if ((st = fy_kv_pp_layers(in->n_layers, pp, s, &first, &count))) return st;
+        fy_kv_plan_in_t one = *in;
+        one.n_layers = count;
+        one.n_kv_heads = nkv;
+        one.windows = in->windows ? in->windows + first : NULL;
+        one.tp = one.pp = 1;
+        fy_kv_plan_t q;
+        if ((st = plan_one(&one, &q))) return st;
+        if (s == 0) {
+            p = q;
+            p.bytes_per_token_all = 0;
+            p.max_stage_layers = 0;
+        }
+        if (q.bytes_per_block > p.bytes_per_block) {
+            p.bytes_per_token = q.bytes_per_token;
+            p.bytes_per_block = q.bytes_per_block;
+        }
+        if (q.blocks < p.blocks) p.blocks = q.blocks;
+        if (q.requests < p.requests) p.requests = q.requests;
+        if (q.held_per_request > p.held_per_request) p.held_per_request = q.held_per_request;
+        if (q.requests_held < p.requests_held) p.requests_held = q.requests_held;
+        if (count > p.max_stage_layers) p.max_stage_layers = count;
+        p.bytes_per_token_all += q.bytes_per_token * tp;
+    }
+    p.tokens = p.blocks * in->block_size;
+    p.ranks = tp * pp;
+    p.kv_heads_per_rank = nkv;
     *out = p;
     return FY_OK;
 }

@@ -20,6 +20,21 @@ fy_status_t fy_kv_dtype_bytes(const char *name, int32_t *bytes_p);
  * dtype: 4 for fp8 and int8 (an f32 per row, kv.h), 0 otherwise. */
 int32_t fy_kv_dtype_scale_bytes(const char *name);
 
+/*
+ * Tensor-parallel ranks' heads: query heads split evenly (n_heads % tp ==
+ * 0); KV heads split evenly when n_kv_heads % tp == 0, else, when tp %
+ * n_kv_heads == 0, each rank keeps the one KV head its query heads read
+ * (replicated tp / n_kv_heads times).  Rank `rank` of tp holds query heads
+ * [*q0_p, *q0_p + *nq_p) and KV heads [*kv0_p, *kv0_p + *nkv_p).
+ * FY_ERR_INVALID (logged, naming the counts) for a split that cannot be.
+ */
+fy_status_t fy_kv_tp_heads(int32_t n_heads, int32_t n_kv_heads, int32_t tp, int32_t rank, int32_t *q0_p, int32_t *nq_p,
+                           int32_t *kv0_p, int32_t *nkv_p);
+/* Pipeline stages: stage `stage` of pp holds layers [*first_p, *first_p +
+ * *count_p), n_layers / pp each and one more for the first n_layers % pp.
+ * FY_ERR_INVALID (logged) when pp exceeds the layers. */
+fy_status_t fy_kv_pp_layers(int32_t n_layers, int32_t pp, int32_t stage, int32_t *first_p, int32_t *count_p);
+
 typedef struct fy_kv_plan_in {
     int32_t n_layers, n_kv_heads, head_dim;
     int32_t elem_bytes;
@@ -33,6 +48,9 @@ typedef struct fy_kv_plan_in {
     const int32_t *windows; /* [n_layers] each layer's sliding window (0: global); NULL: all global */
     int32_t step;           /* tokens one forward pass adds (a sliding layer's bound); 0: 512 */
     int64_t kv_budget;      /* KV budget per request in tokens (kv.evict, evict.h); 0: none */
+    int32_t n_heads;        /* query heads: needed with tp > 1 */
+    int32_t tp, pp;         /* tensor and pipeline ranks (0 or 1: one); kv_mem, mem and weights are then per
+                               rank (one device each), weights already divided */
 } fy_kv_plan_in_t;
 
 typedef struct fy_kv_plan {
@@ -44,9 +62,16 @@ typedef struct fy_kv_plan {
      * KV budget: what a request of `context` tokens holds at most, and how
      * many fit */
     int64_t held_per_request, requests_held;
+    /* with ranks: the figures above are the fullest rank's (every rank
+     * holds the same block ids, so it bounds them all) */
+    int32_t ranks;               /* tp * pp */
+    int32_t kv_heads_per_rank;   /* after splitting or replicating */
+    int32_t max_stage_layers;    /* the largest stage */
+    int64_t bytes_per_token_all; /* summed over ranks, replicated KV heads counted each time */
 } fy_kv_plan_t;
 
-/* FY_ERR_INVALID (logged) for shapes or budgets that make no sense. */
+/* FY_ERR_INVALID (logged) for shapes or budgets that make no sense, or
+ * ranks the model cannot be split over. */
 fy_status_t fy_kv_plan(const fy_kv_plan_in_t *in, fy_kv_plan_t *out);
 
 #endif /* FY_KVPLAN_H */

@@ -158,6 +158,77 @@ static char *run_ferry(const char *args, int *status_p)
     return out;
 }
 
+/* Tensor and pipeline ranks: heads split or replicated, stages of layers,
+ * the fullest rank bounding the block count. */
+static void test_ranks(void **state)
+{
+    int32_t q0, nq, kv0, nkv, first, count;
+    /* SmolLM2: 9 query heads over 3 KV heads */
+    assert_int_equal(fy_kv_tp_heads(9, 3, 3, 2, &q0, &nq, &kv0, &nkv), FY_OK);
+    assert_true(q0 == 6 && nq == 3 && kv0 == 2 && nkv == 1);
+    /* 9 ranks: one query head each, its KV head copied to the 3 ranks that read it */
+    assert_int_equal(fy_kv_tp_heads(9, 3, 9, 5, &q0, &nq, &kv0, &nkv), FY_OK);
+    assert_true(q0 == 5 && nq == 1 && kv0 == 1 && nkv == 1);
+    /* Gemma 3 270M: 4 heads, 1 KV head, 2 ranks: replicated */
+    assert_int_equal(fy_kv_tp_heads(4, 1, 2, 1, &q0, &nq, &kv0, &nkv), FY_OK);
+    assert_true(q0 == 2 && nq == 2 && kv0 == 0 && nkv == 1);
+    /* 8 heads, 4 KV heads, 4 ranks: split */
+    assert_int_equal(fy_kv_tp_heads(8, 4, 4, 3, &q0, &nq, &kv0, &nkv), FY_OK);
+    assert_true(q0 == 6 && nq == 2 && kv0 == 3 && nkv == 1);
+    fy_test_log_begin();
+    assert_int_equal(fy_kv_tp_heads(9, 3, 2, 0, &q0, &nq, &kv0, &nkv), FY_ERR_INVALID);
+    assert_true(fy_test_log_has("9 query heads do not split over 2 ranks", NULL));
+    assert_int_equal(fy_kv_tp_heads(12, 4, 6, 0, &q0, &nq, &kv0, &nkv), FY_ERR_INVALID); /* 4 kv heads, 6 ranks */
+    assert_true(fy_test_log_has("4 kv heads neither split", NULL));
+    assert_int_equal(fy_kv_pp_layers(3, 4, 0, &first, &count), FY_ERR_INVALID);
+    fy_test_log_end();
+    /* 30 layers in 4 stages: 8, 8, 7, 7 */
+    int32_t want_first[] = {0, 8, 16, 23}, want_count[] = {8, 8, 7, 7};
+    for (int32_t s = 0; s < 4; s++) {
+        assert_int_equal(fy_kv_pp_layers(30, 4, s, &first, &count), FY_OK);
+        assert_int_equal(first, want_first[s]);
+        assert_int_equal(count, want_count[s]);
+    }
+    /* SmolLM2 shape, f16, 16-token blocks: tp 3 x pp 2 holds 15 layers of
+     * one KV head per rank: 2 x 15 x 1 x 64 x 2 = 3840 bytes a token */
+    fy_kv_plan_in_t sm = {.n_layers = 30,
+                          .n_heads = 9,
+                          .n_kv_heads = 3,
+                          .head_dim = 64,
+                          .elem_bytes = 2,
+                          .block_size = 16,
+                          .kv_mem = INT64_C(1) << 30,
+                          .context = 8192};
+    fy_kv_plan_t one, p;
+    assert_int_equal(fy_kv_plan(&sm, &one), FY_OK);
+    assert_int_equal(one.ranks, 1);
+    assert_int_equal(one.bytes_per_token, 23040);
+    sm.tp = 3;
+    sm.pp = 2;
+    assert_int_equal(fy_kv_plan(&sm, &p), FY_OK);
+    assert_int_equal(p.ranks, 6);
+    assert_int_equal(p.kv_heads_per_rank, 1);
+    assert_int_equal(p.max_stage_layers, 15);
+    assert_int_equal(p.bytes_per_token, 3840);
+    assert_int_equal(p.bytes_per_token_all, 23040);               /* nothing replicated: the same bytes, spread */
+    assert_int_equal(p.blocks, (INT64_C(1) << 30) / (3840 * 16)); /* about 6x one rank's */
+    /* 29 layers in 2 stages: the 15-layer stage bounds both */
+    sm.n_layers = 29;
+    assert_int_equal(fy_kv_plan(&sm, &p), FY_OK);
+    assert_int_equal(p.bytes_per_token, 2 * 15 * 64 * 2);
+    assert_int_equal(p.bytes_per_token_all, 2 * 29 * 3 * 64 * 2);
+    /* 9 ranks: each KV head kept by 3 of them, 3x the bytes in all */
+    sm.n_layers = 30;
+    sm.tp = 9;
+    sm.pp = 1;
+    assert_int_equal(fy_kv_plan(&sm, &p), FY_OK);
+    assert_int_equal(p.bytes_per_token_all, 3 * 23040);
+    sm.tp = 2;
+    fy_test_log_begin();
+    assert_int_equal(fy_kv_plan(&sm, &p), FY_ERR_INVALID);
+    fy_test_log_end();
+}
+
 static void test_plan_command(void **state)
 {
     int st;
@@ -179,6 +250,21 @@ static void test_plan_command(void **state)
     assert_int_equal(st, 2);
     assert_non_null(strstr(out, "needs --model or"));
     fy_free(out);
+    out = run_ferry("plan --layers 30 --kv-heads 3 --heads 9 --head-dim 64 --kv-mem 1GiB --tp 3 --pp 2", &st);
+    assert_int_equal(st, 0);
+    assert_non_null(strstr(out, "ranks                        6 (tp 3 x pp 2)"));
+    assert_non_null(strstr(out, "kv heads per rank            1 of 3"));
+    assert_non_null(strstr(out, "layers per stage (most)      15 of 30"));
+    assert_non_null(strstr(out, "kv bytes per token           3840"));
+    fy_free(out);
+    out = run_ferry("plan --layers 30 --kv-heads 3 --heads 9 --head-dim 64 --kv-mem 1GiB --tp 2", &st);
+    assert_int_equal(st, 1);
+    assert_non_null(strstr(out, "9 query heads do not split over 2 ranks"));
+    fy_free(out);
+    out = run_ferry("plan --layers 30 --kv-heads 3 --head-dim 64 --kv-mem 1GiB --tp 3", &st);
+    assert_int_equal(st, 1);
+    assert_non_null(strstr(out, "needs the query head count"));
+    fy_free(out);
     const char *model = fy_test_default_model();
     if (model) {
         char args[512];
@@ -195,6 +281,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_size),
         cmocka_unit_test(test_worked_examples),
+        cmocka_unit_test(test_ranks),
         cmocka_unit_test(test_plan_command),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,7 +1,8 @@
 /*
  * plan.c - `ferry plan`: how much KV cache fits, for a model (its file, or
  * just its shape) and a memory budget: bytes per token and per block,
- * blocks, tokens, and requests of a given context.
+ * blocks, tokens, and requests of a given context; with --tp/--pp, per
+ * rank of a tensor/pipeline-parallel group (one device each).
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -19,9 +20,11 @@ static void usage(FILE *f)
     fprintf(f, "usage: ferry plan (--model FILE | --layers L --kv-heads H --head-dim D)\n"
                "                  (--kv-mem SIZE | --mem SIZE [--weights SIZE] --mem-fraction F)\n"
                "                  [--kv-dtype f16|bf16|fp8|int8|f32] [--block-size B] [--context N]\n"
-               "                  [--kv-budget N]\n"
+               "                  [--kv-budget N] [--tp N [--heads H]] [--pp M]\n"
                "sizes take K/M/G/T (powers of 1000) or Ki/Mi/Gi/Ti (powers of 1024), e.g. 50GiB.\n"
                "--weights defaults to the model file's weights when --model is given.\n"
+               "With --tp/--pp the memory sizes are per rank (one device each) and the weights are\n"
+               "divided over the ranks; --heads (query heads) is needed with --tp when no --model.\n"
                "  -m, --model FILE    the model whose KV shape to take\n"
                "  -h, --help\n");
 }
@@ -39,7 +42,22 @@ int fy_cmd_plan(int argc, char **argv)
     const char *model = NULL, *dtype = "f16";
     int32_t windows[FY_KV_MAX_LAYERS], n_sliding = 0;
     bool weights_given = false;
-    enum { O_LAYERS = 256, O_HEADS, O_DIM, O_KV_MEM, O_MEM, O_WEIGHTS, O_FRACTION, O_KVD, O_BS, O_CONTEXT, O_BUDGET };
+    enum {
+        O_LAYERS = 256,
+        O_HEADS,
+        O_DIM,
+        O_KV_MEM,
+        O_MEM,
+        O_WEIGHTS,
+        O_FRACTION,
+        O_KVD,
+        O_BS,
+        O_CONTEXT,
+        O_BUDGET,
+        O_TP,
+        O_PP,
+        O_QHEADS
+    };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
         {"layers", required_argument, 0, O_LAYERS},
@@ -53,6 +71,9 @@ int fy_cmd_plan(int argc, char **argv)
         {"block-size", required_argument, 0, O_BS},
         {"context", required_argument, 0, O_CONTEXT},
         {"kv-budget", required_argument, 0, O_BUDGET},
+        {"tp", required_argument, 0, O_TP},
+        {"pp", required_argument, 0, O_PP},
+        {"heads", required_argument, 0, O_QHEADS},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -106,6 +127,18 @@ int fy_cmd_plan(int argc, char **argv)
             if (!fy_cli_parse_int("--kv-budget", optarg, 1, 1L << 30, &l)) return 2;
             in.kv_budget = l;
             break;
+        case O_TP:
+            if (!fy_cli_parse_int("--tp", optarg, 1, 64, &l)) return 2;
+            in.tp = (int32_t)l;
+            break;
+        case O_PP:
+            if (!fy_cli_parse_int("--pp", optarg, 1, 64, &l)) return 2;
+            in.pp = (int32_t)l;
+            break;
+        case O_QHEADS:
+            if (!fy_cli_parse_int("--heads", optarg, 1, 4096, &l)) return 2;
+            in.n_heads = (int32_t)l;
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -118,6 +151,7 @@ int fy_cmd_plan(int argc, char **argv)
         const fy_model_config_t *c = fy_model_config(m);
         in.n_layers = c->n_layers;
         in.n_kv_heads = c->n_kv_heads;
+        in.n_heads = c->n_heads;
         in.head_dim = c->head_dim;
         if (!weights_given) in.weights = (int64_t)fy_model_weight_bytes_per_token(m);
         if (!in.context) in.context = c->max_ctx;
@@ -141,14 +175,30 @@ int fy_cmd_plan(int argc, char **argv)
         return 2;
     }
     if (!in.kv_mem && !in.mem_fraction) in.mem_fraction = 0.9;
+    int32_t ranks = (in.tp > 1 ? in.tp : 1) * (in.pp > 1 ? in.pp : 1);
+    if (ranks > 64) {
+        fprintf(stderr, "ferry: plan: --tp x --pp is %d ranks; at most 64\n", ranks);
+        return 2;
+    }
+    int64_t all_weights = in.weights;
+    if (ranks > 1) in.weights /= ranks; /* each rank holds its share (embeddings and norms are copied: a bit more) */
     fy_kv_plan_t p;
     if (fy_kv_plan(&in, &p) != FY_OK) return 1;
     printf("%-28s %s: %d layers, %d kv heads x %d, kv %s, blocks of %d tokens\n", "model", shape, in.n_layers,
            in.n_kv_heads, in.head_dim, dtype, in.block_size);
     if (!in.kv_mem) {
         print_bytes("memory", in.mem);
-        print_bytes("weights", in.weights);
+        print_bytes(ranks > 1 ? "weights per rank" : "weights", in.weights);
         printf("%-28s %.2f of what the weights leave\n", "kv share", in.mem_fraction);
+    }
+    if (p.ranks > 1) {
+        printf("%-28s %d (tp %d x pp %d), one device each; figures below per rank\n", "ranks", p.ranks,
+               in.tp > 1 ? in.tp : 1, in.pp > 1 ? in.pp : 1);
+        printf("%-28s %d of %d%s\n", "kv heads per rank", p.kv_heads_per_rank, in.n_kv_heads,
+               p.kv_heads_per_rank * (in.tp > 1 ? in.tp : 1) > in.n_kv_heads ? " (replicated)" : "");
+        printf("%-28s %d of %d\n", "layers per stage (most)", p.max_stage_layers, in.n_layers);
+        if (!in.kv_mem) print_bytes("weights, all ranks", all_weights);
+        print_bytes("kv bytes per token, all", p.bytes_per_token_all);
     }
     print_bytes("kv memory", p.kv_mem);
     print_bytes("kv bytes per token", p.bytes_per_token);
