@@ -486,7 +486,7 @@ fy_status_t fy_runner_forward(fy_runner_t *r, const fy_forward_seq_t *seqs, int3
         float *qkv_y[3] = {r->q, r->k, r->v};
         const fy_tensor_t *gu_w[2] = {&L->w_gate, &L->w_up};
         float *gu_y[2] = {r->hb, r->hb2};
-        const fy_tensor_t *o_w[1] = {&L->wo}, *d_w[1] = {&L->w_down}, *pf_w[3] = {&L->wo, &L->w_gate, &L->w_up};
+        const fy_tensor_t *o_w[1] = {&L->wo}, *d_w[1] = {&L->w_down};
         float *xb2[1] = {r->xb2};
         /* attention */
         if ((st = fy_backend_rmsnorm_matmul(be, r->x, &L->attn_norm, c->norm_eps, 3, qkv_w, n, r->xb, qkv_y)))
@@ -500,7 +500,6 @@ fy_status_t fy_runner_forward(fy_runner_t *r, const fy_forward_seq_t *seqs, int3
             return st;
         if ((st = fy_backend_rope(be, r->q, r->k, c->n_heads, c->n_kv_heads, c->head_dim, &D->rope)) ||
             (st = fy_backend_kv_write(be, &r->kv, r->arena, l, r->k, r->v)) ||
-            (st = fy_backend_prefetch(be, 3, pf_w)) || /* read while attention computes */
             (st = fy_backend_attention(be, &r->kv, r->arena, l, c->n_heads, c->attn_scale, D->window, r->q, r->att)) ||
             (st = fy_backend_matmul(be, 1, o_w, r->att, n, xb2)))
             return st;

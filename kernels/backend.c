@@ -206,11 +206,6 @@ fy_status_t fy_backend_rmsnorm_matmul(fy_backend_t *be, const float *x, const fy
     TIMED(FY_OP_MATMUL, rmsnorm_matmul, x, norm, eps, n_w, w, n, h, y);
 }
 
-fy_status_t fy_backend_prefetch(fy_backend_t *be, int n_w, const fy_tensor_t *const *w)
-{
-    return be->ops->prefetch ? be->ops->prefetch(be->ctx, n_w, w) : FY_OK;
-}
-
 fy_status_t fy_backend_rmsnorm(fy_backend_t *be, const float *x, const fy_tensor_t *w, int32_t n, float eps, float *y)
 {
     TIMED(FY_OP_RMSNORM, rmsnorm, x, w, n, eps, y);

@@ -152,12 +152,6 @@ fy_status_t fy_backend_matmul(fy_backend_t *be, int n_w, const fy_tensor_t *cons
  * x and is left holding the normalized rows. */
 fy_status_t fy_backend_rmsnorm_matmul(fy_backend_t *be, const float *x, const fy_tensor_t *norm, float eps, int n_w,
                                       const fy_tensor_t *const *w, int32_t n, float *h, float *const *y);
-/* A hint, no result: the n_w weights w are the next matmul's.  A backend
- * may start reading them during the ops in between (the CPU backend
- * prefetches them into cache from inside the next attention call, which
- * reads little memory); the next matmul, or set_batch, ends the hint.
- * Backends without it ignore it. */
-fy_status_t fy_backend_prefetch(fy_backend_t *be, int n_w, const fy_tensor_t *const *w);
 /* y[t] = x[t] / rms(x[t]) * w; x, y: [n, dim]; may alias. w: f32 (dim). */
 fy_status_t fy_backend_rmsnorm(fy_backend_t *be, const float *x, const fy_tensor_t *w, int32_t n, float eps, float *y);
 /* Rotary embedding of q [n_tokens, n_heads, head_dim] and k [n_tokens,

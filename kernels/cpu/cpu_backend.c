@@ -29,7 +29,6 @@
 #define ROPE_SLOTS 4                      /* angle tables kept per batch: distinct ropes among a model's layers */
 #define H2O_ROWS_FLOATS ((size_t)1 << 20) /* H2O mass rows: 4 MiB, unless one split batch needs more */
 #define TILE_ROWS 32                      /* query rows of a prefill attention tile */
-#define PREFETCH_KIB 1024                 /* most weight bytes one attention call prefetches */
 
 int fy_cpu_has_avx2(void)
 {
@@ -109,14 +108,7 @@ typedef struct cpu_ctx {
     int64_t max_tiles; /* n_heads * (max_tokens / TILE_ROWS + max_seqs) */
     float *tile_ws;    /* [n_threads][tile_ws_per] */
     size_t tile_ws_per;
-    /* issue 19: fused rmsnorm + matmul (FY_CPU_FUSE=0 runs the two ops),
-     * and the prefetch hint: the next matmuls' weights, read into cache
-     * during attention, at most pf_kib KiB (FY_CPU_PREFETCH, KiB; 0 off) */
-    bool no_fuse;
-    int pf_n;                         /* hinted tensors; 0: no hint */
-    const void *pf_ptr[MAX_MATMUL_W]; /* each tensor's data */
-    int64_t pf_end[MAX_MATMUL_W];     /* cumulative cache lines */
-    int64_t pf_kib;
+    bool no_fuse; /* FY_CPU_FUSE=0: rmsnorm_matmul runs the two ops */
 } cpu_ctx_t;
 
 /* ---- memory ---------------------------------------------------------------------- */
@@ -326,17 +318,14 @@ static fy_status_t cpu_copy_blocks(void *p, const fy_kv_layout_t *lay, void *dst
 
 /* ---- batch ------------------------------------------------------------------------ */
 
-/* FY_CPU_FUSE=0 (rmsnorm and matmul as two ops) and FY_CPU_PREFETCH (KiB a
- * prefetch hint may read, 0: ignore hints): the paths before issue 19, for
- * benchmarks.  Read at every batch (one getenv each per forward pass), so
- * that a benchmark can alternate them in one process over the same
+/* FY_CPU_FUSE=0 (rmsnorm and matmul as two ops): the path before issue 19,
+ * for benchmarks.  Read at every batch (one getenv per forward pass), so
+ * that a benchmark can alternate the two in one process over the same
  * weights in memory. */
 static void read_switches(cpu_ctx_t *c)
 {
-    const char *fz = getenv("FY_CPU_FUSE"), *pf = getenv("FY_CPU_PREFETCH");
+    const char *fz = getenv("FY_CPU_FUSE");
     c->no_fuse = fz && !strcmp(fz, "0");
-    c->pf_kib = pf && *pf ? strtol(pf, NULL, 10) : PREFETCH_KIB;
-    if (c->pf_kib < 0) c->pf_kib = 0;
 }
 
 static fy_status_t cpu_set_batch(void *p, const fy_batch_meta_t *m)
@@ -385,7 +374,6 @@ static fy_status_t cpu_set_batch(void *p, const fy_batch_meta_t *m)
     c->n_tokens = m->n_tokens;
     c->n_seqs = m->n_seqs;
     c->scores = NULL; /* the caller's scores were indexed by the last batch's sequences */
-    c->pf_n = 0;
     read_switches(c);
     for (int i = 0; i < ROPE_SLOTS; i++) c->rope_slot[i].valid = false; /* new positions */
     return FY_OK;
@@ -747,7 +735,6 @@ static fy_status_t mm_prepare(cpu_ctx_t *c, int n_w, const fy_tensor_t *const *w
 /* The matmul proper, once x is quantized (where it must be). */
 static void mm_run(cpu_ctx_t *c, mm_job_t *j)
 {
-    c->pf_n = 0; /* a prefetch hint is for the ops before this matmul */
     /* rows cost the same: a few large claims per thread (every claim is a
      * contended compare-and-swap) leave enough slack for imbalance */
     int64_t total = j->unit_end[j->n_w - 1];
@@ -811,39 +798,6 @@ static fy_status_t cpu_rmsnorm_matmul(void *p, const float *x, const fy_tensor_t
     fy_threadpool_run(c->tp, n, 4, rms_quant_rows, &r);
     mm_run(c, &j);
     return FY_OK;
-}
-
-static fy_status_t cpu_prefetch(void *p, int n_w, const fy_tensor_t *const *w)
-{
-    cpu_ctx_t *c = p;
-    c->pf_n = 0;
-    if (c->pf_kib == 0) return FY_OK; /* FY_CPU_PREFETCH=0: off */
-    int64_t lines = 0, cap = (int64_t)c->pf_kib * 1024 / 64;
-    for (int i = 0; i < n_w && i < MAX_MATMUL_W && lines < cap; i++) {
-        int64_t l = (int64_t)(w[i]->nbytes / 64);
-        if (l > cap - lines) l = cap - lines;
-        c->pf_ptr[c->pf_n] = w[i]->data;
-        c->pf_end[c->pf_n++] = lines += l;
-    }
-    return FY_OK;
-}
-
-/* Prefetch hint: issues the hinted weights' cache lines [a, b) (counted
- * across the tensors in order) into L2, so that the next matmul finds
- * them there. */
-static void pf_lines(const cpu_ctx_t *c, int64_t a, int64_t b)
-{
-    int64_t start = 0;
-    for (int i = 0; i < c->pf_n && a < b; i++) {
-        int64_t end = c->pf_end[i];
-        if (a < end) {
-            const char *base = (const char *)c->pf_ptr[i] - start * 64;
-            int64_t stop = b < end ? b : end;
-            for (int64_t l = a; l < stop; l++) __builtin_prefetch(base + l * 64, 0, 2);
-            a = stop;
-        }
-        start = end;
-    }
 }
 
 /* ---- KV cache and attention ------------------------------------------------------------ */
@@ -931,32 +885,7 @@ typedef struct attn_job {
     float *rec;  /* whole mode: [n_threads][rec_per] */
     size_t rec_per;
     float *prec; /* split mode: [partial][ATTN_SEG / block_size][2G] */
-    /* the prefetch hint's lines, spread over the pf_items items (0: none) */
-    int64_t pf_lines, pf_items;
 } attn_job_t;
-
-/* An item's share of the prefetch hint, issued a slice before each block
- * it reads, so that the loads overlap attention's arithmetic. */
-typedef struct pf_cursor {
-    int64_t next, end, per_call;
-} pf_cursor_t;
-
-static void pf_start(const attn_job_t *j, int64_t it, int32_t block_calls, pf_cursor_t *pc)
-{
-    pc->next = pc->end = pc->per_call = 0;
-    if (!j->pf_lines) return;
-    pc->next = it * j->pf_lines / j->pf_items;
-    pc->end = (it + 1) * j->pf_lines / j->pf_items;
-    pc->per_call = (pc->end - pc->next + block_calls) / (block_calls + 1);
-}
-
-static void pf_step(const cpu_ctx_t *c, pf_cursor_t *pc, bool all)
-{
-    if (pc->next >= pc->end) return;
-    int64_t stop = all || pc->end - pc->next < pc->per_call ? pc->end : pc->next + pc->per_call;
-    pf_lines(c, pc->next, stop);
-    pc->next = stop;
-}
 
 static int32_t tok_pos(const cpu_ctx_t *c, int32_t t)
 {
@@ -985,7 +914,7 @@ static int32_t n_segs(int32_t window, int32_t p) { return p / ATTN_SEG + 1 - fir
  * (bsum[G], m[G]) at rec + (b - rec_b0) * 2G for every block the segment's
  * walk reaches, bsum 0 for an evicted one (it received nothing). */
 static void attn_segment(const attn_job_t *j, int32_t t, int32_t kvh, int32_t seg, float *ml, float *acc, float *dq,
-                         float *rec, int32_t rec_b0, pf_cursor_t *pc)
+                         float *rec, int32_t rec_b0)
 {
     const cpu_ctx_t *c = j->c;
     const fy_kv_layout_t *L = j->lay;
@@ -1018,7 +947,6 @@ static void attn_segment(const attn_job_t *j, int32_t t, int32_t kvh, int32_t se
             }
             kb = (const char *)dq, vb = (const char *)(dq + (size_t)32 * hd);
         }
-        pf_step(c, pc, false);
         j->block(qt, G, kb, vb, nk, hd, j->scale, ml, ml + G, acc, r);
         if (r) memcpy(r + G, ml, (size_t)G * sizeof(float)); /* the frame r's sums are in */
         pos += nk;
@@ -1092,14 +1020,11 @@ static void attn_whole(void *arg, int64_t b, int64_t e, int thread)
         int32_t t = j->t0 + (int32_t)(it / n_kv), kvh = (int32_t)(it % n_kv), p = tok_pos(j->c, t);
         int32_t seg0 = first_seg(j->window, p), segs = n_segs(j->window, p);
         int32_t b0 = win_lo(j->window, p) / bs, nv = p / bs + 1 - b0; /* the blocks its segments walk */
-        pf_cursor_t pc;
-        pf_start(j, it, nv, &pc);
         attn_start(G, hd, ML, A);
         for (int32_t seg = seg0; seg < seg0 + segs; seg++) {
-            attn_segment(j, t, kvh, seg, ml, acc, attn_dq(j, thread), rec, b0, &pc);
+            attn_segment(j, t, kvh, seg, ml, acc, attn_dq(j, thread), rec, b0);
             attn_merge(G, hd, ml, acc, ML, A);
         }
-        pf_step(j->c, &pc, true);
         attn_store(j, t, kvh, ML, A);
         if (rec) {
             float *row = attn_row(j, t, kvh);
@@ -1227,10 +1152,7 @@ static void attn_parts(void *arg, int64_t b, int64_t e, int thread)
         int32_t seg = first_seg(j->window, p) + local % segs;
         float *ml = j->part + (size_t)it * G * (hd + 2);
         float *rec = j->prec ? j->prec + (size_t)it * spb * 2 * G : NULL;
-        pf_cursor_t pc;
-        pf_start(j, it, spb, &pc);
-        attn_segment(j, t, local / segs, seg, ml, ml + 2 * G, attn_dq(j, thread), rec, seg * spb, &pc);
-        pf_step(j->c, &pc, true);
+        attn_segment(j, t, local / segs, seg, ml, ml + 2 * G, attn_dq(j, thread), rec, seg * spb);
     }
 }
 
@@ -1329,7 +1251,6 @@ static fy_status_t cpu_attention(void *p, const fy_kv_layout_t *lay, const void 
                     .out = out};
     if (h2o) j.nbw = nbw, j.rows = c->h2o_rows, j.rec = c->h2o_rec, j.rec_per = c->h2o_rec_per;
     int64_t pairs = (int64_t)c->n_tokens * n_kv;
-    int64_t pf_lines = c->pf_n ? c->pf_end[c->pf_n - 1] : 0; /* kept until the next matmul */
     if (c->n_threads > 1 && pairs < 4 * (int64_t)c->n_threads) {
         int64_t n_part = 0;
         c->ent_off[0] = 0;
@@ -1343,7 +1264,6 @@ static fy_status_t cpu_attention(void *p, const fy_kv_layout_t *lay, const void 
         if (fits) {
             j.ent_off = c->ent_off;
             j.part = c->part;
-            j.pf_lines = pf_lines, j.pf_items = n_part;
             if (h2o) j.prec = c->h2o_prec;
             fy_threadpool_run(c->tp, n_part, 1, attn_parts, &j);
             fy_threadpool_run(c->tp, pairs, 1, attn_reduce, &j);
@@ -1369,7 +1289,6 @@ static fy_status_t cpu_attention(void *p, const fy_kv_layout_t *lay, const void 
         int64_t items = (int64_t)(t1 - t0) * n_kv;
         int64_t chunk = items / (8 * (int64_t)c->n_threads); /* few claims; lengths differ, so not too few */
         j.t0 = t0;
-        if (t0 == 0 && t1 == c->n_tokens) j.pf_lines = pf_lines, j.pf_items = items; /* one pass: items from 0 */
         fy_threadpool_run(c->tp, items, chunk > 0 ? chunk : 1, attn_whole, &j);
         if (h2o) attn_scores_add(c, &j, t0, t1);
     }
@@ -1407,7 +1326,6 @@ static const fy_backend_ops_t g_cpu_ops = {
     .scale = cpu_scale,
     .set_attn_scores = cpu_set_attn_scores,
     .rmsnorm_matmul = cpu_rmsnorm_matmul,
-    .prefetch = cpu_prefetch,
 };
 
 fy_status_t fy_backend_cpu_init(const fy_backend_params_t *params, const fy_backend_ops_t **ops_p, void **ctx_p,
