@@ -489,8 +489,7 @@ fy_status_t fy_runner_forward(fy_runner_t *r, const fy_forward_seq_t *seqs, int3
         const fy_tensor_t *o_w[1] = {&L->wo}, *d_w[1] = {&L->w_down};
         float *xb2[1] = {r->xb2};
         /* attention */
-        if ((st = fy_backend_rmsnorm(be, r->x, &L->attn_norm, n, c->norm_eps, r->xb)) ||
-            (st = fy_backend_matmul(be, 3, qkv_w, r->xb, n, qkv_y)))
+        if ((st = fy_backend_rmsnorm_matmul(be, r->x, &L->attn_norm, c->norm_eps, 3, qkv_w, n, r->xb, qkv_y)))
             return st;
         if (a->qkv_bias &&
             ((st = fy_backend_add_bias(be, r->q, &L->bq, n)) || (st = fy_backend_add_bias(be, r->k, &L->bk, n)) ||
@@ -508,8 +507,7 @@ fy_status_t fy_runner_forward(fy_runner_t *r, const fy_forward_seq_t *seqs, int3
             return st;
         if ((st = fy_backend_add(be, r->x, r->xb2, nd))) return st;
         /* MLP */
-        if ((st = fy_backend_rmsnorm(be, r->x, &L->ffn_norm, n, c->norm_eps, r->xb)) ||
-            (st = fy_backend_matmul(be, 2, gu_w, r->xb, n, gu_y)) ||
+        if ((st = fy_backend_rmsnorm_matmul(be, r->x, &L->ffn_norm, c->norm_eps, 2, gu_w, n, r->xb, gu_y)) ||
             (st = a->act == FY_ACT_GELU_TANH ? fy_backend_geglu(be, r->hb, r->hb2, r->hb, nf)
                                              : fy_backend_swiglu(be, r->hb, r->hb2, r->hb, nf)) ||
             (st = fy_backend_matmul(be, 1, d_w, r->hb, n, xb2)))
@@ -522,8 +520,7 @@ fy_status_t fy_runner_forward(fy_runner_t *r, const fy_forward_seq_t *seqs, int3
     const fy_tensor_t *out_w[1] = {&r->output};
     float *out_y[1] = {r->logits};
     if ((st = fy_backend_get_rows(be, r->x, r->logit_rows, nl, c->dim, r->xl)) ||
-        (st = fy_backend_rmsnorm(be, r->xl, &r->out_norm, nl, c->norm_eps, r->xl)) ||
-        (st = fy_backend_matmul(be, 1, out_w, r->xl, nl, out_y)) ||
+        (st = fy_backend_rmsnorm_matmul(be, r->xl, &r->out_norm, c->norm_eps, 1, out_w, nl, r->xl, out_y)) ||
         (st =
              fy_backend_memcpy(be, logits, r->logits, (size_t)nl * (size_t)c->vocab_size * sizeof(float), FY_COPY_D2H)))
         return st;

@@ -196,6 +196,16 @@ fy_status_t fy_backend_matmul(fy_backend_t *be, int n_w, const fy_tensor_t *cons
     TIMED(FY_OP_MATMUL, matmul, n_w, w, x, n, y);
 }
 
+fy_status_t fy_backend_rmsnorm_matmul(fy_backend_t *be, const float *x, const fy_tensor_t *norm, float eps, int n_w,
+                                      const fy_tensor_t *const *w, int32_t n, float *h, float *const *y)
+{
+    if (!be->ops->rmsnorm_matmul) {
+        fy_status_t st = fy_backend_rmsnorm(be, x, norm, n, eps, h);
+        return st != FY_OK ? st : fy_backend_matmul(be, n_w, w, h, n, y);
+    }
+    TIMED(FY_OP_MATMUL, rmsnorm_matmul, x, norm, eps, n_w, w, n, h, y);
+}
+
 fy_status_t fy_backend_rmsnorm(fy_backend_t *be, const float *x, const fy_tensor_t *w, int32_t n, float eps, float *y)
 {
     TIMED(FY_OP_RMSNORM, rmsnorm, x, w, n, eps, y);

@@ -144,6 +144,14 @@ fy_status_t fy_backend_embed(fy_backend_t *be, const fy_tensor_t *table, float *
  * n rows of x ([n, in]); all w[i] share x and its width.  y[i]: [n, rows_i]. */
 fy_status_t fy_backend_matmul(fy_backend_t *be, int n_w, const fy_tensor_t *const *w, const float *x, int32_t n,
                               float *const *y);
+/* rmsnorm(x, norm) into h, then the matmul of h by the n_w weights w (as
+ * fy_backend_matmul: y[i]: [n, rows_i]), in one op: the same bits as
+ * fy_backend_rmsnorm followed by fy_backend_matmul (the CPU backend
+ * normalizes and quantizes each row in one pass and dispatches once; a
+ * backend without the fused op runs the two).  x, h: [n, dim]; h may alias
+ * x and is left holding the normalized rows. */
+fy_status_t fy_backend_rmsnorm_matmul(fy_backend_t *be, const float *x, const fy_tensor_t *norm, float eps, int n_w,
+                                      const fy_tensor_t *const *w, int32_t n, float *h, float *const *y);
 /* y[t] = x[t] / rms(x[t]) * w; x, y: [n, dim]; may alias. w: f32 (dim). */
 fy_status_t fy_backend_rmsnorm(fy_backend_t *be, const float *x, const fy_tensor_t *w, int32_t n, float eps, float *y);
 /* Rotary embedding of q [n_tokens, n_heads, head_dim] and k [n_tokens,

@@ -44,6 +44,9 @@ typedef struct fy_backend_ops {
     /* optional: NULL means H2O scores are unsupported (turning them off
      * still succeeds) */
     fy_status_t (*set_attn_scores)(void *ctx, float *scores, int32_t stride);
+    /* optional: NULL means rmsnorm then matmul */
+    fy_status_t (*rmsnorm_matmul)(void *ctx, const float *x, const fy_tensor_t *norm, float eps, int n_w,
+                                  const fy_tensor_t *const *w, int32_t n, float *h, float *const *y);
 } fy_backend_ops_t;
 
 /* Each backend's constructor: fills *ops_p and *ctx_p, and a description. */

@@ -534,6 +534,119 @@ static void test_quantize_roundtrip(void **state)
     free(x), free(y), free(buf);
 }
 
+/*
+ * Issue 19: fy_backend_rmsnorm_matmul against fy_backend_rmsnorm then
+ * fy_backend_matmul: the same bits, for every weight type the CPU matmul
+ * takes (the quantized ones, two per call as qkv and gate/up share their
+ * input, and f32/f16/bf16), packed and row layouts, 1 and 2 threads, 1, 3
+ * and 9 tokens, row counts that are and are not multiples of 8, two
+ * widths, and the normalized rows written over the input (h == x, as the
+ * output head does).
+ */
+static void test_rmsnorm_matmul_matches_ops(void **state)
+{
+    enum { TOK = 9, MAXN = 768 };
+    static const int widths[2] = {512, 768}, rows[2] = {24, 13}, toks[3] = {1, 3, 9};
+    static const fy_dtype_t plain[3] = {FY_DTYPE_F32, FY_DTYPE_F16, FY_DTYPE_BF16};
+    uint64_t s = 1919;
+    float *x = malloc(sizeof(float) * MAXN * TOK), *nw = malloc(sizeof(float) * MAXN);
+    float *h1 = malloc(sizeof(float) * MAXN * TOK), *h2 = malloc(sizeof(float) * MAXN * TOK);
+    for (int i = 0; i < MAXN * TOK; i++) x[i] = fy_test_rand_uniform(&s) * (i % 5 ? 1.0f : 8.0f);
+    for (int i = 0; i < MAXN; i++) nw[i] = 0.5f + fy_test_rand_uniform(&s);
+    const char *isa = fy_cpu_kernels_pick("avx512vnni") ? "avx512vnni"
+                      : fy_cpu_kernels_pick("avx2")     ? "avx2"
+                                                        : "scalar";
+    int checked = 0;
+    for (int threads = 1; threads <= 2; threads++) {
+        for (int repack = 0; repack < 2; repack++) {
+            fy_backend_t *be;
+            fy_backend_params_t bp = {.n_threads = threads, .isa = isa, .no_repack = repack == 0};
+            assert_int_equal(fy_backend_create("cpu", &bp, &be), FY_OK);
+            fy_backend_reserve_t r = {.max_tokens = 16,
+                                      .max_row = MAXN,
+                                      .max_seqs = 1,
+                                      .max_blocks = 4,
+                                      .max_kv_len = 64,
+                                      .n_heads = 1,
+                                      .head_dim = 32};
+            assert_int_equal(fy_backend_reserve(be, &r), FY_OK);
+            for (int wi = 0; wi < 2; wi++) {
+                const int N = widths[wi];
+                fy_tensor_t nh = {FY_DTYPE_F32, {N, 1}, sizeof(float) * (size_t)N, sizeof(float) * (size_t)N, nw, 0};
+                fy_tensor_t norm;
+                assert_int_equal(fy_backend_upload(be, &nh, FY_USE_VECTOR, &norm), FY_OK);
+                for (int ti = 0; ti < N_TYPES + 3; ti++) {
+                    /* two weights of one call: this type and another */
+                    fy_dtype_t t[2] = {ti < N_TYPES ? g_types[ti].t : plain[ti - N_TYPES],
+                                       ti < N_TYPES ? g_types[(ti + 3) % N_TYPES].t : plain[(ti - N_TYPES + 1) % 3]};
+                    fy_tensor_t host[2], dev[2];
+                    void *wdata[2];
+                    float *y1[2], *y2[2];
+                    for (int i = 0; i < 2; i++) {
+                        size_t rb;
+                        assert_int_equal(fy_dtype_row_bytes(t[i], N, &rb), FY_OK);
+                        wdata[i] = malloc(rb * (size_t)rows[i]);
+                        float *f = malloc(sizeof(float) * (size_t)N);
+                        for (int rr = 0; rr < rows[i]; rr++) {
+                            for (int e = 0; e < N; e++) f[e] = fy_test_rand_uniform(&s) * (e / 256 % 3 ? 0.05f : 3.0f);
+                            fy_quantize_row(t[i], f, (char *)wdata[i] + rb * (size_t)rr, N);
+                        }
+                        free(f);
+                        host[i] = (fy_tensor_t){t[i], {N, rows[i]}, rb, rb * (size_t)rows[i], wdata[i], 0};
+                        assert_int_equal(fy_backend_upload(be, &host[i], FY_USE_MATMUL, &dev[i]), FY_OK);
+                        y1[i] = malloc(sizeof(float) * (size_t)rows[i] * TOK);
+                        y2[i] = malloc(sizeof(float) * (size_t)rows[i] * TOK);
+                    }
+                    const fy_tensor_t *w[2] = {&dev[0], &dev[1]};
+                    for (int k = 0; k < 3; k++) {
+                        const int n = toks[k];
+                        assert_int_equal(fy_backend_rmsnorm(be, x, &norm, n, 1e-5f, h1), FY_OK);
+                        assert_int_equal(fy_backend_matmul(be, 2, w, h1, n, y1), FY_OK);
+                        for (int alias = 0; alias < 2; alias++) {
+                            memset(h2, 0xff, sizeof(float) * (size_t)N * n);
+                            if (alias) memcpy(h2, x, sizeof(float) * (size_t)N * n);
+                            assert_int_equal(
+                                fy_backend_rmsnorm_matmul(be, alias ? h2 : x, &norm, 1e-5f, 2, w, n, h2, y2), FY_OK);
+                            if (memcmp(h1, h2, sizeof(float) * (size_t)N * n))
+                                fail_msg("%s x%d: normalized rows differ (%s, width %d, %d tokens)", isa, threads,
+                                         fy_dtype_name(t[0]), N, n);
+                            for (int i = 0; i < 2; i++)
+                                if (memcmp(y1[i], y2[i], sizeof(float) * (size_t)rows[i] * n))
+                                    fail_msg("%s x%d%s: %s outputs differ from rmsnorm then matmul (width %d, %d "
+                                             "tokens%s)",
+                                             isa, threads, repack ? " packed" : "", fy_dtype_name(t[i]), N, n,
+                                             alias ? ", in place" : "");
+                            checked++;
+                        }
+                    }
+                    for (int i = 0; i < 2; i++) {
+                        fy_backend_release_tensor(be, &dev[i]);
+                        free(wdata[i]), free(y1[i]), free(y2[i]);
+                    }
+                }
+                fy_backend_release_tensor(be, &norm);
+            }
+            /* a norm of another width than the weights' is refused */
+            fy_tensor_t nh = {FY_DTYPE_F32, {256, 1}, 1024, 1024, nw, 0}, norm;
+            assert_int_equal(fy_backend_upload(be, &nh, FY_USE_VECTOR, &norm), FY_OK);
+            size_t rb;
+            assert_int_equal(fy_dtype_row_bytes(FY_DTYPE_Q8_0, 512, &rb), FY_OK);
+            void *wd = calloc(8, rb);
+            fy_tensor_t wh = {FY_DTYPE_Q8_0, {512, 8}, rb, rb * 8, wd, 0}, wdv;
+            assert_int_equal(fy_backend_upload(be, &wh, FY_USE_MATMUL, &wdv), FY_OK);
+            const fy_tensor_t *w1[1] = {&wdv};
+            float *y1[1] = {h1};
+            assert_int_equal(fy_backend_rmsnorm_matmul(be, x, &norm, 1e-5f, 1, w1, 1, h2, y1), FY_ERR_INVALID);
+            fy_backend_release_tensor(be, &wdv);
+            fy_backend_release_tensor(be, &norm);
+            free(wd);
+            fy_backend_destroy(be);
+        }
+    }
+    assert_int_equal(checked, 2 * 2 * 2 * (N_TYPES + 3) * 3 * 2);
+    free(x), free(nw), free(h1), free(h2);
+}
+
 static int teardown(void **state)
 {
     fy_test_tmpdir_remove();
@@ -548,6 +661,7 @@ int main(void)
         cmocka_unit_test(test_quantize_roundtrip),
         cmocka_unit_test(test_vec_dot_all_isas),
         cmocka_unit_test(test_matmul_mixed_types),
+        cmocka_unit_test(test_rmsnorm_matmul_matches_ops),
         cmocka_unit_test(test_embed_rows),
         cmocka_unit_test(test_matmul_refuses_partial_blocks),
         cmocka_unit_test(test_partial_block_rows_refused),

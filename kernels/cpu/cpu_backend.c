@@ -108,6 +108,7 @@ typedef struct cpu_ctx {
     int64_t max_tiles; /* n_heads * (max_tokens / TILE_ROWS + max_seqs) */
     float *tile_ws;    /* [n_threads][tile_ws_per] */
     size_t tile_ws_per;
+    bool no_fuse; /* FY_CPU_FUSE=0: rmsnorm_matmul runs the two ops */
 } cpu_ctx_t;
 
 /* ---- memory ---------------------------------------------------------------------- */
@@ -317,6 +318,16 @@ static fy_status_t cpu_copy_blocks(void *p, const fy_kv_layout_t *lay, void *dst
 
 /* ---- batch ------------------------------------------------------------------------ */
 
+/* FY_CPU_FUSE=0 (rmsnorm and matmul as two ops): the path before issue 19,
+ * for benchmarks.  Read at every batch (one getenv per forward pass), so
+ * that a benchmark can alternate the two in one process over the same
+ * weights in memory. */
+static void read_switches(cpu_ctx_t *c)
+{
+    const char *fz = getenv("FY_CPU_FUSE");
+    c->no_fuse = fz && !strcmp(fz, "0");
+}
+
 static fy_status_t cpu_set_batch(void *p, const fy_batch_meta_t *m)
 {
     cpu_ctx_t *c = p;
@@ -363,6 +374,7 @@ static fy_status_t cpu_set_batch(void *p, const fy_batch_meta_t *m)
     c->n_tokens = m->n_tokens;
     c->n_seqs = m->n_seqs;
     c->scores = NULL; /* the caller's scores were indexed by the last batch's sequences */
+    read_switches(c);
     for (int i = 0; i < ROPE_SLOTS; i++) c->rope_slot[i].valid = false; /* new positions */
     return FY_OK;
 }
@@ -684,41 +696,107 @@ static void mm_units(void *arg, int64_t b, int64_t e, int thread)
     }
 }
 
-static fy_status_t cpu_matmul(void *p, int n_w, const fy_tensor_t *const *w, const float *x, int32_t n, float *const *y)
+/* Checks a matmul against the weights' types and the reservation and
+ * fills the job; *quant_p says whether x must be quantized first. */
+static fy_status_t mm_prepare(cpu_ctx_t *c, int n_w, const fy_tensor_t *const *w, const float *x, int32_t n,
+                              float *const *y, mm_job_t *j, bool *quant_p)
 {
-    cpu_ctx_t *c = p;
     if (n_w < 1 || n_w > MAX_MATMUL_W) return FY_ERR_INVALID;
-    mm_job_t j = {.k = c->k, .n_w = n_w, .w = w, .y = y, .x = x, .xq = c->xq, .in = w[0]->ne[0], .n = n};
+    *j = (mm_job_t){.k = c->k, .n_w = n_w, .w = w, .y = y, .x = x, .xq = c->xq, .in = w[0]->ne[0], .n = n};
     bool any_quant = false;
     int64_t total = 0;
     for (int i = 0; i < n_w; i++) {
-        if (w[i]->ne[0] != j.in || !c->k->vec_dot[w[i]->dtype]) {
+        if (w[i]->ne[0] != j->in || !c->k->vec_dot[w[i]->dtype]) {
             fy_error("cpu backend: matmul weights of mixed widths or unsupported type %s", fy_dtype_name(w[i]->dtype));
             return FY_ERR_INVALID;
         }
         int be = fy_dtype_info(w[i]->dtype)->block_elems; /* 32, or 256 for the K-quants */
-        if (j.in % be) {
+        if (j->in % be) {
             fy_error("cpu backend: matmul input width %lld is not a multiple of %s's %d-element blocks",
-                     (long long)j.in, fy_dtype_name(w[i]->dtype), be);
+                     (long long)j->in, fy_dtype_name(w[i]->dtype), be);
             return FY_ERR_INVALID;
         }
         any_quant |= fy_dtype_is_quantized(w[i]->dtype);
         total += w[i]->packing == FY_CPU_PACK_X8 ? w[i]->ne[1] / 8 : w[i]->ne[1];
-        j.unit_end[i] = total;
+        j->unit_end[i] = total;
     }
-    if (n > c->res.max_tokens || j.in > c->res.max_row) {
-        fy_error("cpu backend: matmul of %d x %lld exceeds the reservation", n, (long long)j.in);
+    if (n > c->res.max_tokens || j->in > c->res.max_row) {
+        fy_error("cpu backend: matmul of %d x %lld exceeds the reservation", n, (long long)j->in);
         return FY_ERR_INVALID;
     }
     if (any_quant) {
-        j.xq_row = fy_q8a_bytes(j.in);
-        j.rows = c->rows;
-        fy_threadpool_run(c->tp, n, 8, quant_rows, &j);
+        j->xq_row = fy_q8a_bytes(j->in);
+        j->rows = c->rows;
     }
+    *quant_p = any_quant;
+    return FY_OK;
+}
+
+/* The matmul proper, once x is quantized (where it must be). */
+static void mm_run(cpu_ctx_t *c, mm_job_t *j)
+{
     /* rows cost the same: a few large claims per thread (every claim is a
      * contended compare-and-swap) leave enough slack for imbalance */
+    int64_t total = j->unit_end[j->n_w - 1];
     int64_t chunk = total / (4 * (int64_t)c->n_threads);
-    fy_threadpool_run(c->tp, total, chunk > 0 ? chunk : 1, mm_units, &j);
+    fy_threadpool_run(c->tp, total, chunk > 0 ? chunk : 1, mm_units, j);
+}
+
+static fy_status_t cpu_matmul(void *p, int n_w, const fy_tensor_t *const *w, const float *x, int32_t n, float *const *y)
+{
+    cpu_ctx_t *c = p;
+    mm_job_t j;
+    bool quant;
+    fy_status_t st = mm_prepare(c, n_w, w, x, n, y, &j, &quant);
+    if (st != FY_OK) return st;
+    if (quant) fy_threadpool_run(c->tp, n, 8, quant_rows, &j);
+    mm_run(c, &j);
+    return FY_OK;
+}
+
+typedef struct rms_mm_job {
+    const mm_job_t *mm;
+    const float *x, *norm;
+    float eps;
+    float *h;
+    bool quant;
+} rms_mm_job_t;
+
+/* rmsnorm then quantization of each row, while the row is in L1: the same
+ * kernels on the same floats as rms_rows then quant_rows */
+static void rms_quant_rows(void *arg, int64_t b, int64_t e, int thread)
+{
+    const rms_mm_job_t *j = arg;
+    const mm_job_t *m = j->mm;
+    for (int64_t t = b; t < e; t++) {
+        float *h = j->h + t * m->in;
+        m->k->rmsnorm(j->x + t * m->in, j->norm, m->in, j->eps, h);
+        if (!j->quant) continue;
+        m->rows[t] = fy_q8a_at(m->xq + (size_t)t * m->xq_row, m->in);
+        m->k->quantize_q8a(h, &m->rows[t], m->in);
+    }
+}
+
+static fy_status_t cpu_rmsnorm_matmul(void *p, const float *x, const fy_tensor_t *norm, float eps, int n_w,
+                                      const fy_tensor_t *const *w, int32_t n, float *h, float *const *y)
+{
+    cpu_ctx_t *c = p;
+    if (c->no_fuse) { /* FY_CPU_FUSE=0: the two ops, for comparison */
+        fy_status_t st = cpu_rmsnorm(p, x, norm, n, eps, h);
+        return st != FY_OK ? st : cpu_matmul(p, n_w, w, h, n, y);
+    }
+    mm_job_t j;
+    bool quant;
+    fy_status_t st = mm_prepare(c, n_w, w, h, n, y, &j, &quant);
+    if (st != FY_OK) return st;
+    if (norm->dtype != FY_DTYPE_F32 || norm->ne[0] != j.in) {
+        fy_error("cpu backend: rmsnorm weight must be f32 of the matmul's width %lld, not %s of %lld", (long long)j.in,
+                 fy_dtype_name(norm->dtype), (long long)norm->ne[0]);
+        return FY_ERR_INVALID;
+    }
+    rms_mm_job_t r = {&j, x, norm->data, eps, h, quant};
+    fy_threadpool_run(c->tp, n, 4, rms_quant_rows, &r);
+    mm_run(c, &j);
     return FY_OK;
 }
 
@@ -1247,6 +1325,7 @@ static const fy_backend_ops_t g_cpu_ops = {
     .add_bias = cpu_add_bias,
     .scale = cpu_scale,
     .set_attn_scores = cpu_set_attn_scores,
+    .rmsnorm_matmul = cpu_rmsnorm_matmul,
 };
 
 fy_status_t fy_backend_cpu_init(const fy_backend_params_t *params, const fy_backend_ops_t **ops_p, void **ctx_p,
@@ -1279,6 +1358,7 @@ fy_status_t fy_backend_cpu_init(const fy_backend_params_t *params, const fy_back
     c->no_repack = params->no_repack;
     const char *ak = getenv("FY_CPU_ATTN"); /* read once: the reference kernel for benchmarks */
     c->attn_rows = ak && !strcmp(ak, "rows");
+    read_switches(c);
     fy_status_t st = fy_threadpool_create(n, &c->tp);
     if (st != FY_OK) {
         cpu_destroy(c);

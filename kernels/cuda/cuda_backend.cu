@@ -669,12 +669,37 @@ static fy_status_t cuda_set_attn_scores(void *p, float *scores, int32_t stride)
     return FY_ERR_UNSUPPORTED;
 }
 
-static const fy_backend_ops_t g_cuda_ops = {
-    "cuda",          cuda_destroy,   cuda_reserve,         cuda_alloc,     cuda_free,           cuda_mem_info,
-    cuda_alloc_host, cuda_free_host, cuda_memcpy,          cuda_upload,    cuda_release_tensor, cuda_copy_blocks,
-    cuda_set_batch,  cuda_embed,     cuda_matmul,          cuda_rmsnorm,   cuda_rope,           cuda_swiglu,
-    cuda_add,        cuda_get_rows,  cuda_kv_write,        cuda_attention, cuda_sync,           cuda_geglu,
-    cuda_add_bias,   cuda_scale,     cuda_set_attn_scores,
+static const fy_backend_ops_t
+    g_cuda_ops =
+        {
+            "cuda",
+            cuda_destroy,
+            cuda_reserve,
+            cuda_alloc,
+            cuda_free,
+            cuda_mem_info,
+            cuda_alloc_host,
+            cuda_free_host,
+            cuda_memcpy,
+            cuda_upload,
+            cuda_release_tensor,
+            cuda_copy_blocks,
+            cuda_set_batch,
+            cuda_embed,
+            cuda_matmul,
+            cuda_rmsnorm,
+            cuda_rope,
+            cuda_swiglu,
+            cuda_add,
+            cuda_get_rows,
+            cuda_kv_write,
+            cuda_attention,
+            cuda_sync,
+            cuda_geglu,
+            cuda_add_bias,
+            cuda_scale,
+            cuda_set_attn_scores,
+            NULL, /* rmsnorm_matmul: backend.c runs rmsnorm then matmul */
 };
 
 /* ---- creation ---------------------------------------------------------------------------- */
