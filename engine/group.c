@@ -56,11 +56,11 @@ enum {
     GRP_IDLE_NAP_MS = 100, /* the same in fy_group_wait_cmd */
 };
 
-#define GRP_MAGIC 0x6665727279677270ull           /* "ferrygrp" */
-#define GRP_MAX_AREA ((size_t)1 << 30)           /* slot_bytes, cmd_bytes: at most 1 GiB each */
-#define GRP_SMALL_REDUCE ((size_t)64 * 1024)     /* up to this many bytes every rank sums the whole vector */
-#define GRP_SPIN_NS 5000                         /* spin before sleeping, ranks <= CPUs */
-#define GRP_SPIN_NS_CROWDED 1000                 /* spin before sleeping, ranks > CPUs */
+#define GRP_MAGIC 0x6665727279677270ull      /* "ferrygrp" */
+#define GRP_MAX_AREA ((size_t)1 << 30)       /* slot_bytes, cmd_bytes: at most 1 GiB each */
+#define GRP_SMALL_REDUCE ((size_t)64 * 1024) /* up to this many bytes every rank sums the whole vector */
+#define GRP_SPIN_NS 5000                     /* spin before sleeping, ranks <= CPUs */
+#define GRP_SPIN_NS_CROWDED 1000             /* spin before sleeping, ranks > CPUs */
 #define GRP_DEFAULT_TIMEOUT_MS 30000
 
 /* the kinds of step, in the tags of the pair counters */
@@ -101,10 +101,10 @@ struct fy_group {
     int32_t rank, n;
     int32_t timeout_ms;
     int64_t spin_ns;
-    pid_t parent;        /* followers: rank 0's pid */
-    uint64_t cmd_seen;   /* followers: the last command received */
-    bool cmd_open;       /* rank 0: a command posted and not yet done */
-    bool peer_logged;    /* this process has logged the breakage */
+    pid_t parent;      /* followers: rank 0's pid */
+    uint64_t cmd_seen; /* followers: the last command received */
+    bool cmd_open;     /* rank 0: a command posted and not yet done */
+    bool peer_logged;  /* this process has logged the breakage */
     bool reaped[GRP_MAX_RANKS];
     pid_t pids[GRP_MAX_RANKS]; /* rank 0's children */
 };
@@ -125,7 +125,10 @@ static void futex_wait(_Atomic uint32_t *word, uint32_t val, int64_t ns)
     syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, val, &ts, NULL, 0);
 }
 
-static void futex_wake(_Atomic uint32_t *word) { syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
+static void futex_wake(_Atomic uint32_t *word)
+{
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
 
 static inline void cpu_relax(void)
 {
@@ -157,18 +160,23 @@ static void wake_all(grp_hdr_t *h)
 
 /* ---- the segment's areas ------------------------------------------------------ */
 
-static char *slot_of(const fy_group_t *g, int32_t r) { return (char *)g->h + g->h->off_slots + (size_t)r * g->h->slot_stride; }
+static char *slot_of(const fy_group_t *g, int32_t r)
+{
+    return (char *)g->h + g->h->off_slots + (size_t)r * g->h->slot_stride;
+}
 static char *cmd_area(const fy_group_t *g) { return (char *)g->h + g->h->off_cmd; }
 
 /* ---- breakage ------------------------------------------------------------------ */
 
-/* Breaks the group once (the first caller's rank and reason stand). */
-static void grp_break(fy_group_t *g, int32_t rank, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void grp_break(fy_group_t *g, int32_t rank, const char *fmt, ...)
+/* Breaks the group once (the first caller's rank and reason stand);
+ * true for that first caller. */
+static bool grp_break(fy_group_t *g, int32_t rank, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static bool grp_break(fy_group_t *g, int32_t rank, const char *fmt, ...)
 {
     grp_hdr_t *h = g->h;
     uint32_t zero = 0;
-    if (atomic_compare_exchange_strong(&h->broken, &zero, 1)) {
+    bool first = atomic_compare_exchange_strong(&h->broken, &zero, 1);
+    if (first) {
         va_list ap;
         va_start(ap, fmt);
         h->broken_rank = rank;
@@ -177,7 +185,10 @@ static void grp_break(fy_group_t *g, int32_t rank, const char *fmt, ...)
         atomic_store(&h->broken_ready, 1);
     }
     wake_all(h);
+    return first;
 }
+
+static void grp_check_peers(fy_group_t *g, int32_t lag);
 
 /* The status of a call that finds the group broken: logs once per process. */
 static fy_status_t grp_peer(fy_group_t *g)
@@ -185,6 +196,8 @@ static fy_status_t grp_peer(fy_group_t *g)
     grp_hdr_t *h = g->h;
     if (!g->peer_logged) {
         g->peer_logged = true;
+        /* rank 0 says how its dead children died, whoever saw them first */
+        if (g->rank == 0) grp_check_peers(g, -1);
         /* the breaker writes the reason right after its flag; a breaker
          * killed in between leaves it unwritten */
         int64_t until = now_ns() + 10 * 1000000;
@@ -215,9 +228,27 @@ static void describe_exit(int st, char *buf, size_t size)
         snprintf(buf, size, "ended (wait status 0x%x)", st);
 }
 
-/* Rank 0 reaps children that died; the others look for rank 0 gone.
- * Breaks the group on what it finds. */
-static void grp_check_peers(fy_group_t *g)
+/* A rank that is not this process's child is dead when it is gone or a
+ * zombie (its parent, rank 0, has not reaped it yet). */
+static bool pid_dead(pid_t pid)
+{
+    if (pid <= 0) return false;
+    if (kill(pid, 0) < 0 && errno == ESRCH) return true;
+    char path[48], buf[256];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return errno == ENOENT;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *paren = strrchr(buf, ')'); /* the name may hold spaces and parentheses */
+    return paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
+}
+
+/* Rank 0 reaps children that died; the others look for rank 0 gone, and
+ * for the sibling lag they wait for dead.  Breaks the group on what it
+ * finds. */
+static void grp_check_peers(fy_group_t *g, int32_t lag)
 {
     if (g->rank == 0) {
         for (int32_t q = 1; q < g->n; q++) {
@@ -228,7 +259,8 @@ static void grp_check_peers(fy_group_t *g)
                 g->reaped[q] = true;
                 char why[64];
                 describe_exit(st, why, sizeof(why));
-                grp_break(g, q, "rank %d (pid %d) died: %s", (int)q, (int)g->pids[q], why);
+                if (!grp_break(g, q, "rank %d (pid %d) died: %s", (int)q, (int)g->pids[q], why))
+                    fy_error("group: rank %d (pid %d) died: %s", (int)q, (int)g->pids[q], why);
             } else if (r < 0 && errno == ECHILD) {
                 g->reaped[q] = true; /* reaped by someone else's waitpid(-1) */
                 grp_break(g, q, "rank %d (pid %d) is gone (reaped elsewhere)", (int)q, (int)g->pids[q]);
@@ -236,6 +268,9 @@ static void grp_check_peers(fy_group_t *g)
         }
     } else if (getppid() != g->parent) {
         grp_break(g, 0, "rank 0 (pid %d) died", (int)g->parent);
+    } else if (lag > 0 && lag < g->n && lag != g->rank) {
+        pid_t pid = atomic_load(&g->h->ranks[lag].pid);
+        if (pid_dead(pid)) grp_break(g, lag, "rank %d (pid %d) died", (int)lag, (int)pid);
     }
 }
 
@@ -284,8 +319,7 @@ static int want_ready(fy_group_t *g, const grp_want_t *w, int32_t *lag_p)
 {
     grp_hdr_t *h = g->h;
     int32_t me = g->rank;
-    if (w->idle)
-        return atomic_load(&h->cmd_seq) != g->cmd_seen || atomic_load(&h->leave) ? 1 : (*lag_p = 0, 0);
+    if (w->idle) return atomic_load(&h->cmd_seq) != g->cmd_seen || atomic_load(&h->leave) ? 1 : (*lag_p = 0, 0);
     if (w->cmd) {
         uint64_t seq = atomic_load(&h->cmd_seq);
         for (int32_t q = 1; q < g->n; q++)
@@ -351,7 +385,7 @@ static fy_status_t grp_wait(fy_group_t *g, const grp_want_t *w)
         atomic_store(&mine->sleeping, 0);
         now = now_ns();
         if (now >= next_check) {
-            grp_check_peers(g);
+            grp_check_peers(g, lag);
             next_check = now + nap_ns;
         }
         if (!w->idle && now >= deadline && want_ready(g, w, &lag) == 0 && grp_state(g) == FY_OK) {
@@ -509,7 +543,8 @@ void fy_group_destroy(fy_group_t *g)
             nap_us = FY_MIN(nap_us * 2, (int64_t)20000);
         }
         for (int32_t q = 1; q < g->n; q++)
-            if (!g->reaped[q]) fy_warn("group: rank %d (pid %d) did not leave in time: killed", (int)q, (int)g->pids[q]);
+            if (!g->reaped[q])
+                fy_warn("group: rank %d (pid %d) did not leave in time: killed", (int)q, (int)g->pids[q]);
         kill_and_reap(g, g->n);
     }
     munmap(g->h, g->map_bytes);
@@ -549,8 +584,8 @@ fy_status_t fy_group_barrier(fy_group_t *g)
 fy_status_t fy_group_allreduce_f32(fy_group_t *g, int32_t first, int32_t count, float *x, size_t n)
 {
     if (count < 1 || first < 0 || first > g->n - count || g->rank < first || g->rank >= first + count) {
-        fy_error("group: allreduce over ranks %d..%d (count %d) from rank %d: out of range or not its own",
-                 (int)first, (int)(first + count - 1), (int)count, (int)g->rank);
+        fy_error("group: allreduce over ranks %d..%d (count %d) from rank %d: out of range or not its own", (int)first,
+                 (int)(first + count - 1), (int)count, (int)g->rank);
         return FY_ERR_INVALID;
     }
     if (n > g->h->slot_bytes / sizeof(float)) {
@@ -652,7 +687,8 @@ fy_status_t fy_group_post_cmd(fy_group_t *g, const void *buf, size_t len)
         return FY_ERR_INVALID;
     }
     if (len > g->h->cmd_bytes || (len > 0 && !buf)) {
-        fy_error("group: post_cmd of %zu bytes: %s", len, len > g->h->cmd_bytes ? "more than cmd_bytes" : "buf is NULL");
+        fy_error("group: post_cmd of %zu bytes: %s", len,
+                 len > g->h->cmd_bytes ? "more than cmd_bytes" : "buf is NULL");
         return FY_ERR_INVALID;
     }
     if (g->cmd_open) {
@@ -674,8 +710,8 @@ fy_status_t fy_group_post_cmd(fy_group_t *g, const void *buf, size_t len)
 fy_status_t fy_group_wait_cmd(fy_group_t *g, const void **buf_p, size_t *len_p)
 {
     if (g->rank == 0 || !buf_p || !len_p) {
-        fy_error("group: wait_cmd: %s", g->rank == 0 ? "rank 0 posts commands, it does not wait for them"
-                                                     : "buf_p or len_p is NULL");
+        fy_error("group: wait_cmd: %s",
+                 g->rank == 0 ? "rank 0 posts commands, it does not wait for them" : "buf_p or len_p is NULL");
         return FY_ERR_INVALID;
     }
     fy_status_t st = grp_state(g);

@@ -215,8 +215,8 @@ static void commands_with(int32_t n)
         if (i == CMD_ROUNDS - 1) h.payload = CMD_BYTES - sizeof(h); /* the whole area */
         int32_t want_bad = -1;
         fy_status_t mine = FY_OK;
-        if (i % 4 == 1) h.fail_rank[0] = want_bad = n - 1;                      /* the last follower fails */
-        if (i % 4 == 2 && n > 2) h.fail_rank[0] = n - 1, h.fail_rank[1] = 1;   /* two fail: the first counts */
+        if (i % 4 == 1) h.fail_rank[0] = want_bad = n - 1;                   /* the last follower fails */
+        if (i % 4 == 2 && n > 2) h.fail_rank[0] = n - 1, h.fail_rank[1] = 1; /* two fail: the first counts */
         if (i % 4 == 2 && n > 2) want_bad = 1;
         if (i % 4 == 3) mine = FY_ERR_NO_SPACE, h.fail_rank[0] = 1, want_bad = 0; /* rank 0 fails first */
         memcpy(buf, &h, sizeof(h));
@@ -225,8 +225,10 @@ static void commands_with(int32_t n)
         int32_t bad = 99;
         fy_status_t st = fy_group_done(g, mine, &bad);
         assert_int_equal(bad, want_bad);
-        if (want_bad < 0) assert_int_equal(st, FY_OK);
-        else assert_int_equal(st, want_bad == 0 ? FY_ERR_NO_SPACE : rank_failure(want_bad));
+        if (want_bad < 0)
+            assert_int_equal(st, FY_OK);
+        else
+            assert_int_equal(st, want_bad == 0 ? FY_ERR_NO_SPACE : rank_failure(want_bad));
     }
     fy_free(buf);
     fy_group_destroy(g);
@@ -478,6 +480,40 @@ static void test_killed_follower(void **state)
     board_check(b, 3, pids);
 }
 
+/* A follower dies in an all-reduce of a subgroup rank 0 is not in, while
+ * rank 0 is busy elsewhere (not in any group call): its partner sees it
+ * dead by itself, well before the timeout. */
+static void test_killed_sibling(void **state)
+{
+    (void)state;
+    board_t *b = board_new();
+    pid_t pids[MAX_RANKS];
+    int32_t rank;
+    fy_group_t *g = spawn(4, 4096, 64, 20000, &rank, pids);
+    float x[64];
+    if (rank >= 2) {
+        for (int k = 0; k < 64; k++) x[k] = 1.0f;
+        CHECK(b, rank, fy_group_allreduce_f32(g, 2, 2, x, 64) == FY_OK);
+        if (rank == 3) raise(SIGKILL);
+        int64_t t0 = now_ms();
+        CHECK(b, rank, fy_group_allreduce_f32(g, 2, 2, x, 64) == FY_ERR_PEER);
+        CHECK(b, rank, now_ms() - t0 < 3000);
+        follower_quit(b, g, rank);
+    }
+    if (rank == 1) {
+        CHECK(b, rank, fy_group_barrier(g) == FY_ERR_PEER); /* rank 0 never comes: the breakage ends it */
+        follower_quit(b, g, rank);
+    }
+    int64_t deadline = now_ms() + 5000;
+    while (!atomic_load(&b->finished[2]) && now_ms() < deadline) nap_ms(2); /* busy, as far as the group knows */
+    assert_true(atomic_load(&b->finished[2]));
+    assert_true(fy_group_broken(g));
+    assert_int_equal(fy_group_barrier(g), FY_ERR_PEER);
+    fy_group_destroy(g);
+    atomic_store(&b->finished[3], 1); /* it died on purpose */
+    board_check(b, 4, pids);
+}
+
 /* A follower that sleeps past the timeout is counted dead: the others'
  * all-reduce returns FY_ERR_PEER after about timeout_ms, and the sleeper
  * gets FY_ERR_PEER at once when it arrives. */
@@ -508,7 +544,8 @@ static void test_stuck_follower(void **state)
     }
     fy_test_log_end();
     assert_int_equal(st, FY_ERR_PEER);
-    if (took < timeout - 50 || took > 5 * timeout) fail_msg("gave up after %lld ms (timeout %d)", (long long)took, timeout);
+    if (took < timeout - 50 || took > 5 * timeout)
+        fail_msg("gave up after %lld ms (timeout %d)", (long long)took, timeout);
     assert_true(fy_test_log_has("rank 2", "did not arrive within 300 ms", NULL));
     /* the sleeper finishes by itself (wait for it, with a deadline) */
     int64_t deadline = now_ms() + 5000;
@@ -653,11 +690,17 @@ int main(void)
 {
     fy_log_set_level(FY_LOG_WARN);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_commands),      cmocka_unit_test(test_allreduce),
-        cmocka_unit_test(test_allreduce_subgroups), cmocka_unit_test(test_send_recv),
-        cmocka_unit_test(test_abort),         cmocka_unit_test(test_killed_follower),
-        cmocka_unit_test(test_stuck_follower), cmocka_unit_test(test_rank0_dies),
-        cmocka_unit_test(test_bad_params),    cmocka_unit_test(test_mismatch),
+        cmocka_unit_test(test_commands),
+        cmocka_unit_test(test_allreduce),
+        cmocka_unit_test(test_allreduce_subgroups),
+        cmocka_unit_test(test_send_recv),
+        cmocka_unit_test(test_abort),
+        cmocka_unit_test(test_killed_follower),
+        cmocka_unit_test(test_killed_sibling),
+        cmocka_unit_test(test_stuck_follower),
+        cmocka_unit_test(test_rank0_dies),
+        cmocka_unit_test(test_bad_params),
+        cmocka_unit_test(test_mismatch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
