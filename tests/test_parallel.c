@@ -39,7 +39,8 @@ static void assert_no_children(void)
 {
     errno = 0;
     pid_t p = waitpid(-1, NULL, WNOHANG);
-    if (p != -1 || errno != ECHILD) fprintf(stderr, "a rank's process is left: waitpid -> %d (%s)\n", p, strerror(errno));
+    if (p != -1 || errno != ECHILD)
+        fprintf(stderr, "a rank's process is left: waitpid -> %d (%s)\n", p, strerror(errno));
     assert_int_equal(p, -1);
     assert_int_equal(errno, ECHILD);
 }
@@ -357,7 +358,8 @@ static void test_follower_fails(void **state)
     rq.ignore_eos = true;
     rq.sampling.temperature = 0;
     uint64_t id;
-    for (int r = 0; r < 3; r++) assert_int_equal(fy_engine_submit(s.engine, prompt[r], 10, &rq, on_event, &o, &id), FY_OK);
+    for (int r = 0; r < 3; r++)
+        assert_int_equal(fy_engine_submit(s.engine, prompt[r], 10, &rq, on_event, &o, &id), FY_OK);
     fy_test_log_begin();
     for (int steps = 0; !fy_engine_idle(s.engine) && steps < 200; steps++) fy_engine_step(s.engine);
     fy_test_log_end();
@@ -461,9 +463,9 @@ static void test_smollm2_greedy(void **state)
             gp.ignore_eos = true;
             gp.sampling.temperature = 0;
             fy_gen_stats_t st;
-            assert_int_equal(fy_generate(s.runner, s.kvm, fy_model_tokenizer(m), ids, n, &gp, NULL, NULL, got[k][p], 16,
-                                         &st),
-                             FY_OK);
+            assert_int_equal(
+                fy_generate(s.runner, s.kvm, fy_model_tokenizer(m), ids, n, &gp, NULL, NULL, got[k][p], 16, &st),
+                FY_OK);
             assert_int_equal(st.n_generated, 16);
             fy_free(ids);
         }
@@ -496,7 +498,10 @@ static void test_smollm2_logits(void **state)
     assert_int_equal(fy_model_load(path, &m), FY_OK);
     int vocab = fy_model_config(m)->vocab_size;
     int32_t *ids, n;
-    assert_int_equal(fy_prompt_tokens(m, NULL, "The capital of France is Paris, and the capital of Italy is Rome; the capital of Spain is Madrid, and the capital of Germany is", false, &ids, &n),
+    assert_int_equal(fy_prompt_tokens(m, NULL,
+                                      "The capital of France is Paris, and the capital of Italy is Rome; the capital "
+                                      "of Spain is Madrid, and the capital of Germany is",
+                                      false, &ids, &n),
                      FY_OK);
     assert_true(n >= N_TOK);
     float *one = malloc(sizeof(float) * N_TOK * (size_t)vocab), *many = malloc(sizeof(float) * N_TOK * (size_t)vocab);
@@ -539,8 +544,8 @@ int main(void)
 {
     fy_test_tmpdir();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_llama_f32),     cmocka_unit_test(test_archs),          cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_unequal_pools), cmocka_unit_test(test_follower_fails), cmocka_unit_test(test_timing),
+        cmocka_unit_test(test_llama_f32),      cmocka_unit_test(test_archs),          cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_unequal_pools),  cmocka_unit_test(test_follower_fails), cmocka_unit_test(test_timing),
         cmocka_unit_test(test_smollm2_logits), cmocka_unit_test(test_smollm2_greedy),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
