@@ -10,6 +10,7 @@
  * in rank 0 only.
  */
 #include <errno.h>
+#include <signal.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -384,6 +385,139 @@ static void test_follower_fails(void **state)
     fy_model_destroy(m);
 }
 
+typedef struct tokens {
+    int32_t tok[32];
+    int n;
+    bool ended;
+} tokens_t;
+
+static void on_token(void *arg, const fy_event_t *ev)
+{
+    tokens_t *t = arg;
+    if (ev->kind == FY_EVENT_TOKEN && t->n < 32) t->tok[t->n++] = ev->token;
+    if (ev->kind == FY_EVENT_FINISH || ev->kind == FY_EVENT_ERROR) t->ended = ev->kind == FY_EVENT_FINISH;
+}
+
+/* 8 greedy requests on a pool too small for them (admission on a
+ * predicted output length), swap preemption: blocks go to the host tier
+ * and back, and every block copy must reach every rank.  out[8]. */
+static void swap_run(fy_model_t *m, int tp, int pp, tokens_t *out, uint64_t *swaps_p)
+{
+    fy_engine_build_t b;
+    build_for(&b, tp, pp, 20);
+    b.no_engine = false;
+    b.prefix_caching = true;
+    b.host_kv_mem = 1 << 20;
+    b.runner.max_seqs = 8;
+    b.runner.max_logits = 8;
+    b.runner.max_batch_tokens = 64;
+    b.engine.max_num_seqs = 8;
+    b.engine.max_num_batched_tokens = 64;
+    b.engine.preempt = FY_PREEMPT_SWAP;
+    b.engine.predict_output = true;
+    b.engine.predict_quantile = 0.1;
+    fy_engine_stack_t s;
+    assert_int_equal(fy_engine_stack_create(m, &b, &s), FY_OK);
+    fy_request_params_t rq;
+    fy_request_params_default(&rq);
+    rq.sampling.temperature = 0;
+    rq.ignore_eos = true;
+    uint64_t id;
+    int32_t p[8][16];
+    for (int r = 0; r < 8; r++)
+        for (int i = 0; i < 16; i++) p[r][i] = 3 + (r * 31 + i * 7) % 250;
+    tokens_t warm[8] = {0};
+    rq.max_tokens = 1; /* teach the predictor that outputs are short */
+    for (int r = 0; r < 8; r++)
+        assert_int_equal(fy_engine_submit(s.engine, p[r], 16, &rq, on_token, &warm[r], &id), FY_OK);
+    for (int steps = 0; !fy_engine_idle(s.engine) && steps < 1000; steps++)
+        assert_int_equal(fy_engine_step(s.engine), FY_OK);
+    rq.max_tokens = 24;
+    memset(out, 0, 8 * sizeof(*out));
+    for (int r = 0; r < 8; r++)
+        assert_int_equal(fy_engine_submit(s.engine, p[r], 16, &rq, on_token, &out[r], &id), FY_OK);
+    for (int steps = 0; !fy_engine_idle(s.engine) && steps < 5000; steps++)
+        assert_int_equal(fy_engine_step(s.engine), FY_OK);
+    fy_engine_stats_t st;
+    fy_engine_stats(s.engine, &st);
+    *swaps_p = st.preemptions_swap;
+    for (int r = 0; r < 8; r++) assert_true(out[r].ended && out[r].n == 24);
+    fy_kvm_stats_t ks;
+    fy_kvm_stats(s.kvm, &ks);
+    assert_int_equal(ks.tier[FY_KV_DEVICE].free + ks.tier[FY_KV_DEVICE].cached, ks.tier[FY_KV_DEVICE].total);
+    fy_engine_stack_destroy(&s);
+    assert_no_children();
+}
+
+/* Swapping (the block manager's copies through the runner) keeps every
+ * rank's shard in step: the same tokens as one rank. */
+static void test_swap_copies(void **state)
+{
+    (void)state;
+    fy_tiny_cfg_t c;
+    fy_tiny_cfg_default(&c);
+    c.seed = 109;
+    fy_tiny_model_t tm;
+    fy_tiny_init(&tm, &c);
+    const char *path = fy_test_path("par-swap.gguf");
+    assert_true(fy_tiny_write_gguf(&tm, path, GW_F32));
+    fy_tiny_free(&tm);
+    fy_model_t *m;
+    assert_int_equal(fy_model_load(path, &m), FY_OK);
+    tokens_t one[8], many[8];
+    uint64_t swaps1, swaps;
+    swap_run(m, 1, 1, one, &swaps1);
+    swap_run(m, 2, 2, many, &swaps);
+    fprintf(stderr, "  swap preemptions: %llu with one rank, %llu with tp 2 x pp 2\n", (unsigned long long)swaps1,
+            (unsigned long long)swaps);
+    assert_true(swaps > 0);
+    for (int r = 0; r < 8; r++) assert_memory_equal(one[r].tok, many[r].tok, sizeof(one[r].tok));
+    fy_model_destroy(m);
+}
+
+/* A rank killed outright: rank 0's next pass fails (the group saw it
+ * die), and the stack still comes down with nothing left behind. */
+static void test_rank_killed(void **state)
+{
+    (void)state;
+    fy_tiny_cfg_t c;
+    fy_tiny_cfg_default(&c);
+    c.seed = 110;
+    fy_tiny_model_t tm;
+    fy_tiny_init(&tm, &c);
+    const char *path = fy_test_path("par-kill.gguf");
+    assert_true(fy_tiny_write_gguf(&tm, path, GW_F32));
+    fy_tiny_free(&tm);
+    fy_model_t *m;
+    assert_int_equal(fy_model_load(path, &m), FY_OK);
+    int vocab = fy_model_config(m)->vocab_size;
+    fy_engine_build_t b;
+    fy_engine_stack_t s;
+    build_for(&b, 2, 1, 16);
+    assert_int_equal(fy_engine_stack_create(m, &b, &s), FY_OK);
+    pid_t victim = fy_group_pid(s.group, 1);
+    assert_true(victim > 0);
+    assert_int_equal(kill(victim, SIGKILL), 0);
+    fy_block_table_t bt;
+    assert_int_equal(fy_kvm_seq_init(s.kvm, &bt, CTX, NULL), FY_OK);
+    assert_int_equal(fy_kvm_seq_reserve(s.kvm, &bt, 4, NULL), FY_OK);
+    int32_t tok[4] = {5, 6, 7, 8};
+    float *out = malloc(sizeof(float) * 4 * (size_t)vocab);
+    fy_forward_seq_t f = {&bt, tok, 4, 0, 4, NULL};
+    fy_test_log_begin();
+    fy_status_t st = fy_runner_forward(s.runner, &f, 1, out);
+    fy_status_t again = fy_runner_forward(s.runner, &f, 1, out);
+    fy_test_log_end();
+    assert_int_not_equal(st, FY_OK);
+    assert_int_equal(again, FY_ERR_PEER); /* at once: the group is out of service */
+    fy_kvm_seq_release(s.kvm, &bt);
+    fy_kvm_seq_deinit(&bt);
+    fy_engine_stack_destroy(&s);
+    assert_no_children();
+    free(out);
+    fy_model_destroy(m);
+}
+
 /* Per-rank timing: every rank ran every forward pass; the pipeline's later
  * stage waited; the reductions took time. */
 static void test_timing(void **state)
@@ -544,8 +678,10 @@ int main(void)
 {
     fy_test_tmpdir();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_llama_f32),      cmocka_unit_test(test_archs),          cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_unequal_pools),  cmocka_unit_test(test_follower_fails), cmocka_unit_test(test_timing),
+        cmocka_unit_test(test_llama_f32),      cmocka_unit_test(test_archs),
+        cmocka_unit_test(test_refusals),       cmocka_unit_test(test_unequal_pools),
+        cmocka_unit_test(test_follower_fails), cmocka_unit_test(test_swap_copies),
+        cmocka_unit_test(test_rank_killed),    cmocka_unit_test(test_timing),
         cmocka_unit_test(test_smollm2_logits), cmocka_unit_test(test_smollm2_greedy),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
