@@ -494,6 +494,10 @@ fy_status_t fy_group_spawn(const fy_group_params_t *p, fy_group_t **g_p, int32_t
     pid_t parent = getpid();
     g->pids[0] = parent;
 
+    /* children that return through exit() would write the parent's
+     * unwritten stdio buffers a second time */
+    fflush(stdout);
+    fflush(stderr);
     for (int32_t r = 1; r < g->n; r++) {
         pid_t pid = fork();
         if (pid < 0) {
