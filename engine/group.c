@@ -641,7 +641,7 @@ fy_status_t fy_group_allreduce_f32(fy_group_t *g, int32_t first, int32_t count, 
     /* the sum runs in rank order, element by element: the same bits
      * whichever rank computes an element */
     size_t lo_i = 0, hi_i = n, per = 0;
-    bool split = count > 2 && n * sizeof(float) > GRP_SMALL_REDUCE;
+    bool split = n * sizeof(float) > GRP_SMALL_REDUCE;
     if (split) {
         per = FY_ALIGN_UP((n + (size_t)count - 1) / (size_t)count, (size_t)16); /* whole cache lines */
         lo_i = FY_MIN(n, (size_t)(g->rank - first) * per);
