@@ -150,9 +150,12 @@ static fy_status_t run_rank(fy_group_t *g, int base, figures_t *f)
         int reps = reps_for(bytes, base);
         for (int i = 0; i < reps + 2; i++) {
             double t0 = now_s();
-            if (rank == 0) st = fy_group_send(g, 1, buf, bytes);
-            else if (rank == 1) st = fy_group_recv(g, 0, buf, bytes);
-            else st = FY_OK;
+            if (rank == 0)
+                st = fy_group_send(g, 1, buf, bytes);
+            else if (rank == 1)
+                st = fy_group_recv(g, 0, buf, bytes);
+            else
+                st = FY_OK;
             if (st != FY_OK) goto out;
             if (i >= 2) t[i - 2] = now_s() - t0;
         }

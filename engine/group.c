@@ -188,7 +188,8 @@ static bool grp_break(fy_group_t *g, int32_t rank, const char *fmt, ...)
     return first;
 }
 
-static void grp_check_peers(fy_group_t *g, int32_t lag);
+typedef struct grp_want grp_want_t;
+static void grp_check_peers(fy_group_t *g, const grp_want_t *w, int32_t lag);
 
 /* The status of a call that finds the group broken: logs once per process. */
 static fy_status_t grp_peer(fy_group_t *g)
@@ -197,7 +198,7 @@ static fy_status_t grp_peer(fy_group_t *g)
     if (!g->peer_logged) {
         g->peer_logged = true;
         /* rank 0 says how its dead children died, whoever saw them first */
-        if (g->rank == 0) grp_check_peers(g, -1);
+        if (g->rank == 0) grp_check_peers(g, NULL, -1);
         /* the breaker writes the reason right after its flag; a breaker
          * killed in between leaves it unwritten */
         int64_t until = now_ns() + 10 * 1000000;
@@ -245,10 +246,12 @@ static bool pid_dead(pid_t pid)
     return paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
 }
 
+static int want_ready(fy_group_t *g, const grp_want_t *w, int32_t *lag_p);
+
 /* Rank 0 reaps children that died; the others look for rank 0 gone, and
- * for the sibling lag they wait for dead.  Breaks the group on what it
+ * for the sibling lag that w waits for dead.  Breaks the group on what it
  * finds. */
-static void grp_check_peers(fy_group_t *g, int32_t lag)
+static void grp_check_peers(fy_group_t *g, const grp_want_t *w, int32_t lag)
 {
     if (g->rank == 0) {
         for (int32_t q = 1; q < g->n; q++) {
@@ -270,7 +273,11 @@ static void grp_check_peers(fy_group_t *g, int32_t lag)
         grp_break(g, 0, "rank 0 (pid %d) died", (int)g->parent);
     } else if (lag > 0 && lag < g->n && lag != g->rank) {
         pid_t pid = atomic_load(&g->h->ranks[lag].pid);
-        if (pid_dead(pid)) grp_break(g, lag, "rank %d (pid %d) died", (int)lag, (int)pid);
+        /* dead, and still the first rank w waits for (the counters only
+         * grow: it did not post before it went) */
+        int32_t now_lag = -1;
+        if (pid_dead(pid) && w && want_ready(g, w, &now_lag) == 0 && now_lag == lag)
+            grp_break(g, lag, "rank %d (pid %d) died", (int)lag, (int)pid);
     }
 }
 
@@ -305,13 +312,13 @@ static void post_step(fy_group_t *g, int32_t lo, int32_t hi, uint32_t tag)
 }
 
 /* What a wait waits for. */
-typedef struct grp_want {
+struct grp_want {
     int32_t lo, hi; /* the peers [lo, hi), this rank left out */
     uint32_t ahead; /* 0: each peer has posted as many steps to me as I to it; 1: one more */
     uint32_t tag;   /* ahead 1: the tag that step must carry */
     bool cmd;       /* instead: rank 0 waits for every follower's fy_group_done */
     bool idle;      /* instead: a follower waits for a command (no timeout) */
-} grp_want_t;
+};
 
 /* 1: the wait is over; 0: not yet (*lag_p: a rank it waits for);
  * -1: two ranks disagree on the step (the group is broken). */
@@ -378,21 +385,25 @@ static fy_status_t grp_wait(fy_group_t *g, const grp_want_t *w)
             if (st != FY_OK) return st;
             return r > 0 ? FY_OK : FY_ERR_MISMATCH;
         }
+        /* not ready, just now: a peer that is gone (lag, the one waited
+         * for) will never post; one that posted and then left is ready
+         * above */
         int64_t now = now_ns();
+        if (now >= next_check) {
+            grp_check_peers(g, w, lag);
+            next_check = now + nap_ns;
+            if (atomic_load(&h->broken)) continue;
+        }
+        if (!w->idle && now >= deadline) {
+            pid_t pid = atomic_load(&h->ranks[lag].pid);
+            grp_break(g, lag, "rank %d (pid %d) did not arrive within %d ms (stuck)", (int)lag, (int)pid,
+                      (int)g->timeout_ms);
+            continue;
+        }
         int64_t nap = next_check - now;
         if (!w->idle && deadline - now < nap) nap = deadline - now;
         if (nap > 0) futex_wait(&mine->wake, word, nap);
         atomic_store(&mine->sleeping, 0);
-        now = now_ns();
-        if (now >= next_check) {
-            grp_check_peers(g, lag);
-            next_check = now + nap_ns;
-        }
-        if (!w->idle && now >= deadline && want_ready(g, w, &lag) == 0 && grp_state(g) == FY_OK) {
-            pid_t pid = atomic_load(&h->ranks[lag].pid);
-            grp_break(g, lag, "rank %d (pid %d) did not arrive within %d ms (stuck)", (int)lag, (int)pid,
-                      (int)g->timeout_ms);
-        }
     }
 }
 
@@ -483,6 +494,10 @@ fy_status_t fy_group_spawn(const fy_group_params_t *p, fy_group_t **g_p, int32_t
     pid_t parent = getpid();
     g->pids[0] = parent;
 
+    /* children that return through exit() would write the parent's
+     * unwritten stdio buffers a second time */
+    fflush(stdout);
+    fflush(stderr);
     for (int32_t r = 1; r < g->n; r++) {
         pid_t pid = fork();
         if (pid < 0) {
@@ -626,7 +641,7 @@ fy_status_t fy_group_allreduce_f32(fy_group_t *g, int32_t first, int32_t count, 
     /* the sum runs in rank order, element by element: the same bits
      * whichever rank computes an element */
     size_t lo_i = 0, hi_i = n, per = 0;
-    bool split = count > 2 && n * sizeof(float) > GRP_SMALL_REDUCE;
+    bool split = n * sizeof(float) > GRP_SMALL_REDUCE;
     if (split) {
         per = FY_ALIGN_UP((n + (size_t)count - 1) / (size_t)count, (size_t)16); /* whole cache lines */
         lo_i = FY_MIN(n, (size_t)(g->rank - first) * per);

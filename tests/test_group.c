@@ -390,6 +390,59 @@ static void test_send_recv(void **state)
     p2p_with(5);
 }
 
+/* ---- a mix, without barriers ---------------------------------------------------------- */
+
+/* Five ranks run whole-group all-reduces, all-reduces of {0, 1} and
+ * {2, 3, 4} at once, and sends around each subgroup, back to back with no
+ * barrier: a rank that wrote its slot while a slower rank of an earlier,
+ * wider collective still read it would corrupt someone's result. */
+static void test_mixed(void **state)
+{
+    (void)state;
+    enum { N = 5, ROUNDS = 120, BIG = 20000 };
+    board_t *b = board_new();
+    pid_t pids[MAX_RANKS];
+    int32_t rank;
+    fy_group_t *g = spawn(N, BIG * sizeof(float), 64, 10000, &rank, pids);
+    float *x = malloc(BIG * sizeof(float)), *want = malloc(BIG * sizeof(float)), *tmp = malloc(BIG * sizeof(float));
+    uint8_t *in = malloc(BIG * sizeof(float)), *bytes = malloc(BIG * sizeof(float));
+    int32_t first = rank < 2 ? 0 : 2, count = rank < 2 ? 2 : 3;
+    for (int round = 0; round < ROUNDS; round++) {
+        size_t n = round % 3 == 0 ? BIG : (size_t)(1 + (round * 37) % 3000);
+        int op = round % 4;
+        if (op == 0 || op == 1) {
+            int32_t f = op == 0 ? 0 : first, c = op == 0 ? N : count;
+            fill_floats(x, n, vec_seed(round, rank));
+            CHECK(b, rank, fy_group_allreduce_f32(g, f, c, x, n) == FY_OK);
+            expected_sum(want, tmp, n, f, c, round);
+            CHECK(b, rank, memcmp(x, want, n * sizeof(float)) == 0);
+        } else {
+            /* around the subgroup: the first sends first, the others pass it on */
+            int32_t next = first + (rank - first + 1) % count, prev = first + (rank - first + count - 1) % count;
+            size_t olen = p2p_len(round, rank) % (BIG * sizeof(float)),
+                   ilen = p2p_len(round, prev) % (BIG * sizeof(float));
+            fill_bytes(bytes, olen, vec_seed(round, rank));
+            if (rank == first) CHECK(b, rank, fy_group_send(g, next, bytes, olen) == FY_OK);
+            CHECK(b, rank, fy_group_recv(g, prev, in, ilen) == FY_OK);
+            if (rank != first) CHECK(b, rank, fy_group_send(g, next, bytes, olen) == FY_OK);
+            fill_bytes(bytes, ilen, vec_seed(round, prev));
+            CHECK(b, rank, memcmp(in, bytes, ilen) == 0);
+        }
+    }
+    /* the subgroups end at different times: rank 0's destroy must not
+     * cancel the slower one's sends */
+    CHECK(b, rank, fy_group_barrier(g) == FY_OK);
+    free(x);
+    free(want);
+    free(tmp);
+    free(in);
+    free(bytes);
+    if (rank != 0) follower_end(b, g, rank);
+    if (atomic_load(&b->fails[0])) fail_msg("rank 0: %s", b->msg[0]);
+    fy_group_destroy(g);
+    board_check(b, N, pids);
+}
+
 /* ---- failures ---------------------------------------------------------------------------- */
 
 /* A follower's fy_group_abort: rank 0's next wait returns FY_ERR_PEER
@@ -694,6 +747,7 @@ int main(void)
         cmocka_unit_test(test_allreduce),
         cmocka_unit_test(test_allreduce_subgroups),
         cmocka_unit_test(test_send_recv),
+        cmocka_unit_test(test_mixed),
         cmocka_unit_test(test_abort),
         cmocka_unit_test(test_killed_follower),
         cmocka_unit_test(test_killed_sibling),
