@@ -129,10 +129,14 @@ out:
 int fy_cmd_bench_ranks(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'}, {"shapes", required_argument, 0, 'S'},
-        {"prompt", required_argument, 0, 'p'}, {"tokens", required_argument, 0, 'n'},
-        {"threads", required_argument, 0, 't'}, {"reps", required_argument, 0, 'r'},
-        {"partial-sums", no_argument, 0, 'P'}, {"help", no_argument, 0, 'h'},
+        {"model", required_argument, 0, 'm'},
+        {"shapes", required_argument, 0, 'S'},
+        {"prompt", required_argument, 0, 'p'},
+        {"tokens", required_argument, 0, 'n'},
+        {"threads", required_argument, 0, 't'},
+        {"reps", required_argument, 0, 'r'},
+        {"partial-sums", no_argument, 0, 'P'},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     const char *model = FY_CLI_DEFAULT_MODEL, *shapes = "1x1,3x1,1x2,3x2";
