@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine.h"
 #include "engine_config.h"
@@ -616,40 +617,29 @@ static void test_smollm2_greedy(void **state)
     fy_model_destroy(m);
 }
 
-/* SmolLM2's logits, teacher-forced over a fixed text, of tp 3 (and pp 2,
- * and both) against one rank: the reductions' summation order is the only
- * difference; prints the largest and checks it against the bound the
- * docs state. */
-static void test_smollm2_logits(void **state)
+/* A real model's logits, teacher-forced over a fixed text, of each shape
+ * (tp, pp, partial sums) against one rank's: gathering must give the
+ * same bits; partial sums are measured (printed), not bounded. */
+static void real_logits(const char *path, const char *text, const int (*shapes)[3], int n_shapes)
 {
-    (void)state;
-    const char *path = fy_test_default_model();
-    if (!path) {
-        fprintf(stderr, "  skipped: no SmolLM2 model file\n");
-        return;
-    }
     fy_model_t *m;
     assert_int_equal(fy_model_load(path, &m), FY_OK);
     int vocab = fy_model_config(m)->vocab_size;
     int32_t *ids, n;
-    assert_int_equal(fy_prompt_tokens(m, NULL,
-                                      "The capital of France is Paris, and the capital of Italy is Rome; the capital "
-                                      "of Spain is Madrid, and the capital of Germany is",
-                                      false, &ids, &n),
-                     FY_OK);
+    assert_int_equal(fy_prompt_tokens(m, NULL, text, false, &ids, &n), FY_OK);
     assert_true(n >= N_TOK);
     float *one = malloc(sizeof(float) * N_TOK * (size_t)vocab), *many = malloc(sizeof(float) * N_TOK * (size_t)vocab);
-    int shapes[][3] = {{1, 1, 0}, {3, 1, 0}, {1, 2, 0}, {3, 2, 0}, {3, 1, 1}};
-    for (size_t k = 0; k < FY_ARRAY_LEN(shapes); k++) {
+    for (int k = -1; k < n_shapes; k++) {
         fy_engine_build_t b;
-        build_for(&b, shapes[k][0], shapes[k][1], 16);
-        b.runner.tp_partial_sums = shapes[k][2];
+        build_for(&b, k < 0 ? 1 : shapes[k][0], k < 0 ? 1 : shapes[k][1], 16);
+        b.runner.tp_partial_sums = k >= 0 && shapes[k][2];
         b.threads = 2;
         fy_engine_stack_t s;
         assert_int_equal(fy_engine_stack_create(m, &b, &s), FY_OK);
-        run_logits(&s, ids, k ? many : one);
+        run_logits(&s, ids, k < 0 ? one : many);
         fy_engine_stack_destroy(&s);
-        if (!k) continue;
+        assert_no_children();
+        if (k < 0) continue;
         double most = 0, gap = 1e9;
         int flips = 0;
         for (int t = 0; t < N_TOK; t++) {
@@ -663,15 +653,47 @@ static void test_smollm2_logits(void **state)
             gap = fmin(gap, a[i] - second);
         }
         fprintf(stderr,
-                "  smollm2 tp %d pp %d%s: max |logit diff| %.3g over %d rows, %d argmax flips (smallest top-2 gap "
-                "%.3g)\n",
-                shapes[k][0], shapes[k][1], shapes[k][2] ? " (partial sums)" : "", most, N_TOK, flips, gap);
+                "  %s tp %d pp %d%s: max |logit diff| %.3g over %d rows, %d argmax flips (smallest top-2 gap %.3g)\n",
+                fy_model_config(m)->name, shapes[k][0], shapes[k][1], shapes[k][2] ? " (partial sums)" : "", most,
+                N_TOK, flips, gap);
         if (!shapes[k][2]) assert_true(most == 0); /* gathering computes every element as one rank does */
     }
     free(one);
     free(many);
     fy_free(ids);
     fy_model_destroy(m);
+}
+
+static const char REAL_TEXT[] = "The capital of France is Paris, and the capital of Italy is Rome; the capital of "
+                                "Spain is Madrid, and the capital of Germany is";
+
+/* SmolLM2: 9 heads over 3 KV heads, tp 3 splits both. */
+static void test_smollm2_logits(void **state)
+{
+    (void)state;
+    const char *path = fy_test_default_model();
+    if (!path) {
+        fprintf(stderr, "  skipped: no SmolLM2 model file\n");
+        return;
+    }
+    static const int shapes[][3] = {{3, 1, 0}, {1, 2, 0}, {3, 2, 0}, {3, 1, 1}};
+    real_logits(path, REAL_TEXT, shapes, 4);
+}
+
+/* Gemma 3 270M: 4 heads over one KV head (tp 2 and 4 replicate it), K-quant
+ * weights, post norms, sliding layers (pp 2's stages group their windows
+ * differently: one KV group each). */
+static void test_gemma_logits(void **state)
+{
+    (void)state;
+    const char *path = getenv("FERRY_GEMMA_MODEL");
+    if (!path) path = "models/gemma-3-270m-q4_k_m.gguf";
+    if (access(path, R_OK)) {
+        fprintf(stderr, "  skipped: no %s\n", path);
+        return;
+    }
+    static const int shapes[][3] = {{2, 1, 0}, {4, 1, 0}, {1, 2, 0}, {2, 1, 1}};
+    real_logits(path, REAL_TEXT, shapes, 4);
 }
 
 int main(void)
@@ -682,7 +704,8 @@ int main(void)
         cmocka_unit_test(test_refusals),       cmocka_unit_test(test_unequal_pools),
         cmocka_unit_test(test_follower_fails), cmocka_unit_test(test_swap_copies),
         cmocka_unit_test(test_rank_killed),    cmocka_unit_test(test_timing),
-        cmocka_unit_test(test_smollm2_logits), cmocka_unit_test(test_smollm2_greedy),
+        cmocka_unit_test(test_smollm2_logits), cmocka_unit_test(test_gemma_logits),
+        cmocka_unit_test(test_smollm2_greedy),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fy_test_tmpdir_remove();
