@@ -274,6 +274,14 @@ static void test_refusals(void **state)
     assert_int_equal(fy_engine_stack_create(m, &b, &s), FY_ERR_INVALID);
     fy_test_log_end();
     assert_true(fy_test_log_has("need a kv block count or kv_mem", NULL));
+    /* refused by every rank after the fork (bad batch sizes): all of them leave */
+    build_for(&b, 2, 2, 16);
+    b.runner.max_seqs = 64;
+    fy_test_log_begin();
+    assert_int_equal(fy_engine_stack_create(m, &b, &s), FY_ERR_INVALID);
+    fy_test_log_end();
+    assert_true(fy_test_log_has("runner: bad parameters", NULL));
+    assert_no_children();
     fy_model_destroy(m);
     assert_no_children();
 }
