@@ -396,6 +396,15 @@ static int cmd_generate(int argc, char **argv)
             stats.prefill_s,
             stats.n_generated > 1 ? (stats.n_generated - 1) / (stats.decode_s > 0 ? stats.decode_s : 1e-9) : 0.0,
             stats.decode_s, fy_finish_reason_str(stats.finish), (unsigned long long)o.gp.sampling.seed);
+    fy_runner_timing_t rt[64];
+    int32_t n_ranks = fy_runner_n_ranks(s.runner);
+    if (s.group && fy_runner_timing(s.runner, rt, n_ranks, false) == FY_OK)
+        for (int32_t k = 0; k < n_ranks; k++) /* where each rank's time went: compute, collectives, bubbles */
+            fprintf(stderr,
+                    "ferry: rank %d (stage %d, tp rank %d): %llu passes, compute %.3f s, gathers/reductions %.3f s, "
+                    "waiting on other stages %.3f s, sending %.3f s\n",
+                    k, k / o.tp, k % o.tp, (unsigned long long)rt[k].forwards, rt[k].compute_ns * 1e-9,
+                    rt[k].allreduce_ns * 1e-9, rt[k].wait_ns * 1e-9, rt[k].send_ns * 1e-9);
     if (o.gp.spec.method != FY_SPEC_NONE)
         fprintf(stderr,
                 "ferry: speculative (%s, k up to %d): proposed %d, accepted %d (%.1f%%), %d verification steps, "
