@@ -19,7 +19,8 @@
  * to it as it has to them (the last step of a collective is "done
  * reading"), which replaces a closing barrier.
  *
- * Waits spin for a few microseconds, then sleep on the rank's futex word
+ * Waits spin briefly (0.25-20 us, adapting to whether spinning pays),
+ * then sleep on the rank's futex word
  * (shared, not FUTEX_PRIVATE: the word is in another process's mapping
  * too) for at most GRP_NAP_MS, so that rank 0 can reap dead children and
  * the others can see rank 0 gone; whoever posts a step to a sleeping rank
@@ -31,10 +32,10 @@
 #include "group.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>

@@ -688,6 +688,21 @@ static void test_bad_params(void **state)
     }
     assert_no_children();
 
+    /* the handle's allocation fails: nothing forked, nothing set */
+    fy_group_params_t ok = {.n_ranks = 3, .slot_bytes = 64, .cmd_bytes = 64};
+    fy_group_t *g0 = NULL;
+    int32_t rank0 = 77;
+    fy_test_log_begin();
+    fy_mem_fail_after(1);
+    fy_status_t st = fy_group_spawn(&ok, &g0, &rank0);
+    fy_mem_fail_after(0);
+    fy_test_log_end();
+    assert_int_equal(st, FY_ERR_NOMEM);
+    assert_null(g0);
+    assert_int_equal(rank0, 77);
+    assert_true(fy_test_log_has("group", "out of memory", NULL));
+    assert_no_children();
+
     /* a group's calls refuse what is out of range, and the group goes on */
     board_t *b = board_new();
     pid_t pids[MAX_RANKS];
