@@ -19,7 +19,8 @@
  * to it as it has to them (the last step of a collective is "done
  * reading"), which replaces a closing barrier.
  *
- * Waits spin for a few microseconds, then sleep on the rank's futex word
+ * Waits spin briefly (0.25-20 us, adapting to whether spinning pays),
+ * then sleep on the rank's futex word
  * (shared, not FUTEX_PRIVATE: the word is in another process's mapping
  * too) for at most GRP_NAP_MS, so that rank 0 can reap dead children and
  * the others can see rank 0 gone; whoever posts a step to a sleeping rank
@@ -31,10 +32,10 @@
 #include "group.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -59,8 +60,15 @@ enum {
 #define GRP_MAGIC 0x6665727279677270ull      /* "ferrygrp" */
 #define GRP_MAX_AREA ((size_t)1 << 30)       /* slot_bytes, cmd_bytes: at most 1 GiB each */
 #define GRP_SMALL_REDUCE ((size_t)64 * 1024) /* up to this many bytes every rank sums the whole vector */
-#define GRP_SPIN_NS 5000                     /* spin before sleeping, ranks <= CPUs */
-#define GRP_SPIN_NS_CROWDED 1000             /* spin before sleeping, ranks > CPUs */
+/* The spin before sleeping adapts between these: it doubles when a spin
+ * saw the wait end and halves when the rank had to sleep.  On cores of
+ * its own a peer posts within microseconds and the spin saves a futex
+ * round trip; on cores shared with the peer (or busy with other work) the
+ * peer cannot post while this rank spins, and every spun microsecond adds
+ * to the latency (bench-group: a 2-rank barrier took spin + 5 us). */
+#define GRP_SPIN_MIN_NS 250
+#define GRP_SPIN_MAX_NS 20000
+#define GRP_SPIN_MAX_NS_CROWDED 2000 /* ranks > CPUs */
 #define GRP_DEFAULT_TIMEOUT_MS 30000
 
 /* the kinds of step, in the tags of the pair counters */
@@ -100,11 +108,11 @@ struct fy_group {
     size_t map_bytes;
     int32_t rank, n;
     int32_t timeout_ms;
-    int64_t spin_ns;
-    pid_t parent;      /* followers: rank 0's pid */
-    uint64_t cmd_seen; /* followers: the last command received */
-    bool cmd_open;     /* rank 0: a command posted and not yet done */
-    bool peer_logged;  /* this process has logged the breakage */
+    int64_t spin_ns, spin_max_ns; /* the spin now, and its ceiling */
+    pid_t parent;                 /* followers: rank 0's pid */
+    uint64_t cmd_seen;            /* followers: the last command received */
+    bool cmd_open;                /* rank 0: a command posted and not yet done */
+    bool peer_logged;             /* this process has logged the breakage */
     bool reaped[GRP_MAX_RANKS];
     pid_t pids[GRP_MAX_RANKS]; /* rank 0's children */
 };
@@ -362,16 +370,23 @@ static fy_status_t grp_wait(fy_group_t *g, const grp_want_t *w)
     fy_status_t st;
     int r;
 
+    /* commands take as long as their work: their waits say nothing
+     * about how soon a peer posts */
+    bool adapt = !w->idle && !w->cmd;
     int64_t start = now_ns();
     for (uint32_t i = 0;; i++) {
         /* breakage first: once broken, every wait says so; rank 0 leaving
          * only ends waits that would not end otherwise */
         if (atomic_load(&h->broken)) return grp_peer(g);
-        if ((r = want_ready(g, w, &lag)) != 0) return r > 0 ? FY_OK : FY_ERR_MISMATCH;
+        if ((r = want_ready(g, w, &lag)) != 0) {
+            if (adapt && i > 0) g->spin_ns = FY_MIN(g->spin_max_ns, 2 * g->spin_ns);
+            return r > 0 ? FY_OK : FY_ERR_MISMATCH;
+        }
         if ((st = grp_state(g)) != FY_OK) return st;
         if ((i & 15) == 15 && now_ns() - start >= g->spin_ns) break;
         cpu_relax();
     }
+    if (adapt) g->spin_ns = FY_MAX((int64_t)GRP_SPIN_MIN_NS, g->spin_ns / 2);
     int64_t nap_ns = (int64_t)(w->idle ? GRP_IDLE_NAP_MS : GRP_NAP_MS) * 1000000;
     int64_t deadline = start + (int64_t)g->timeout_ms * 1000000;
     int64_t next_check = start + nap_ns;
@@ -490,7 +505,8 @@ fy_status_t fy_group_spawn(const fy_group_params_t *p, fy_group_t **g_p, int32_t
     g->n = p->n_ranks;
     g->timeout_ms = h->timeout_ms;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    g->spin_ns = cpus > 0 && p->n_ranks > cpus ? GRP_SPIN_NS_CROWDED : GRP_SPIN_NS;
+    g->spin_max_ns = cpus > 0 && p->n_ranks > cpus ? GRP_SPIN_MAX_NS_CROWDED : GRP_SPIN_MAX_NS;
+    g->spin_ns = g->spin_max_ns / 4;
     pid_t parent = getpid();
     g->pids[0] = parent;
 

