@@ -5,8 +5,10 @@
 #include "engine_config.h"
 
 #include <string.h>
+#include <unistd.h>
 
 #include "cluster.h"
+#include "cpuset.h"
 #include "log.h"
 
 void fy_engine_build_default(fy_engine_build_t *b)
@@ -137,18 +139,78 @@ fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engi
     return FY_OK;
 }
 
+/* A group can serve what b asks? */
+static fy_status_t group_check(const fy_model_t *m, const fy_engine_build_t *b, const fy_runner_params_t *rp)
+{
+    fy_status_t st = fy_runner_check_shape(m, rp);
+    if (st != FY_OK) return st;
+    const char *why = NULL;
+    if (b->draft)
+        why = "a speculative draft";
+    else if (b->engine.evict.policy == FY_EVICT_H2O)
+        why = "H2O eviction (kv.evict = h2o: its attention scores are not gathered across ranks)";
+    else if (b->device && strcmp(b->device, "cpu"))
+        why = "a device other than the cpu (the collectives move host memory)";
+    if (why) {
+        fy_error("engine: tp %d x pp %d ranks do not run %s", rp->tp, rp->pp, why);
+        return FY_ERR_UNSUPPORTED;
+    }
+    if (rp->n_kv_blocks == 0 && rp->kv_mem == 0) {
+        fy_error("engine: tp %d x pp %d ranks need a kv block count or kv_mem (each rank sizing from the memory it "
+                 "finds free could get unequal pools)",
+                 rp->tp, rp->pp);
+        return FY_ERR_INVALID;
+    }
+    return FY_OK;
+}
+
+/* A rank other than 0, in the forked child: its backend and shard, then
+ * rank 0's commands until the group ends.  Never returns. */
+static _Noreturn void follower_main(const fy_model_t *m, const fy_engine_build_t *b, const fy_runner_params_t *rp,
+                                    fy_group_t *g, int threads)
+{
+    fy_backend_params_t bp = {.n_threads = threads, .isa = b->isa};
+    fy_backend_t *be = NULL;
+    fy_runner_t *r = NULL;
+    fy_status_t st = fy_backend_create_device(b->device, &bp, &be);
+    if (st == FY_OK) st = fy_runner_create_rank(m, be, rp, g, &r);
+    if (st != FY_OK) {
+        char why[96];
+        snprintf(why, sizeof(why), "rank %d could not start: %s", fy_group_rank(g), fy_status_str(st));
+        fy_group_abort(g, why);
+    } else {
+        st = fy_runner_follow(r);
+    }
+    fy_runner_destroy(r);
+    fy_backend_destroy(be);
+    fy_group_destroy(g);
+    _exit(st == FY_OK ? 0 : 1);
+}
+
 fy_status_t fy_engine_stack_create(const fy_model_t *m, const fy_engine_build_t *b, fy_engine_stack_t *s_p)
 {
     fy_engine_stack_t s = {0};
     fy_runner_params_t rp = b->runner;
     fy_status_t st;
+    int32_t n_ranks = (rp.tp > 1 ? rp.tp : 1) * (rp.pp > 1 ? rp.pp : 1);
+    if (n_ranks > 1 && (st = group_check(m, b, &rp))) return st;
     if (b->host_kv_mem > 0) { /* the host tier (swap preemption), in whole blocks */
         fy_kv_layout_t lay;
         if ((st = fy_runner_layout_for(m, fy_model_config(m)->n_layers, &rp, &lay))) return st;
         rp.n_host_blocks = (int32_t)(b->host_kv_mem / ((int64_t)lay.block_bytes * lay.n_groups));
     }
-    fy_backend_params_t bp = {.n_threads = b->threads, .isa = b->isa};
-    if ((st = fy_backend_create_device(b->device, &bp, &s.be)) || (st = fy_runner_create(m, s.be, &rp, &s.runner)))
+    int threads = b->threads;
+    if (n_ranks > 1) { /* fork before the backend starts its threads */
+        fy_group_params_t gp;
+        int32_t rank;
+        if ((st = fy_runner_group_params(m, &rp, &gp)) || (st = fy_group_spawn(&gp, &s.group, &rank))) return st;
+        threads = (threads > 0 ? threads : fy_cpuset_usable()) / n_ranks;
+        if (threads < 1) threads = 1;
+        if (rank != 0) follower_main(m, b, &rp, s.group, threads);
+    }
+    fy_backend_params_t bp = {.n_threads = threads, .isa = b->isa};
+    if ((st = fy_backend_create_device(b->device, &bp, &s.be)) ||
+        (st = fy_runner_create_rank(m, s.be, &rp, s.group, &s.runner)))
         goto fail;
     st = b->cluster ? fy_kv_hasher_from_config(b->cluster, &s.hasher) : fy_kv_hasher_create_random(&s.hasher);
     if (st) goto fail;
@@ -166,9 +228,13 @@ fy_status_t fy_engine_stack_create(const fy_model_t *m, const fy_engine_build_t 
         fy_info("speculative draft: %s", fy_spec_draft_describe(s.draft));
     }
     if (!b->no_engine && (st = fy_engine_create(s.runner, s.kvm, fy_model_tokenizer(m), &ep, &s.engine))) goto fail;
+    if (s.group)
+        fy_info("engine: %d ranks (tp %d, pp %d), kv %d blocks on each", n_ranks, rp.tp > 1 ? rp.tp : 1,
+                rp.pp > 1 ? rp.pp : 1, fy_runner_params(s.runner)->n_kv_blocks);
     *s_p = s;
     return FY_OK;
 fail:
+    if (s.group && !fy_group_broken(s.group)) fy_group_abort(s.group, "rank 0 could not start");
     fy_engine_stack_destroy(&s);
     return st;
 }
@@ -180,6 +246,7 @@ void fy_engine_stack_destroy(fy_engine_stack_t *s)
     fy_kvm_destroy(s->kvm);
     fy_kv_hasher_destroy(s->hasher);
     fy_runner_destroy(s->runner);
+    fy_group_destroy(s->group); /* the other ranks leave and are reaped */
     fy_backend_destroy(s->be);
     *s = (fy_engine_stack_t){0};
 }

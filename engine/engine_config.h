@@ -23,6 +23,7 @@
 #include "backend.h"
 #include "config.h"
 #include "engine.h"
+#include "group.h"
 #include "kv.h"
 #include "model.h"
 #include "runner.h"
@@ -32,8 +33,10 @@
 typedef struct fy_engine_build {
     /* backend */
     const char *device; /* "cpu" or "cuda" (fy_backend_create_device); NULL: cpu */
-    int threads;        /* 0: one per core */
-    const char *isa;    /* CPU kernels; NULL: the best this CPU runs */
+    int threads;        /* 0: one per core; with ranks, split among them (at least 1 each) */
+    /* ranks: runner.tp tensor-parallel ranks per stage, runner.pp stages
+     * (0 and 1 mean 1); more than one rank forks a group (group.h) */
+    const char *isa; /* CPU kernels; NULL: the best this CPU runs */
     /* runner */
     fy_runner_params_t runner;
     int64_t host_kv_mem; /* bytes of host tier for swapped blocks, in whole blocks; 0: none */
@@ -69,6 +72,7 @@ fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engi
 
 /* What fy_engine_stack_create makes; members are NULL where not made. */
 typedef struct fy_engine_stack {
+    fy_group_t *group; /* the rank group when tp * pp > 1 (this process is rank 0) */
     fy_backend_t *be;
     fy_runner_t *runner;
     fy_kv_hasher_t *hasher;
@@ -80,9 +84,18 @@ typedef struct fy_engine_stack {
 /* Builds, in order, the backend, runner, hasher, block manager, draft and
  * engine for model m (which must outlive the stack), the draft wired into
  * the engine's speculative parameters.  The component that fails logs
- * why; what was made is destroyed and *s_p is untouched. */
+ * why; what was made is destroyed and *s_p is untouched.
+ *
+ * With b->runner.tp * pp > 1 it first checks the shape (fy_runner_check_shape)
+ * and forks the group's other ranks, before any thread exists: each
+ * creates its own backend and shard runner and follows rank 0 until the
+ * stack is destroyed, then _exits (status 0, or 1 when its shard failed);
+ * it never returns here.  Not with a group: a speculative draft, H2O
+ * eviction, a device other than the CPU, a KV pool sized from free memory
+ * alone (FY_ERR_UNSUPPORTED or FY_ERR_INVALID, logged). */
 fy_status_t fy_engine_stack_create(const fy_model_t *m, const fy_engine_build_t *b, fy_engine_stack_t *s_p);
-/* Destroys what s holds, the engine first and the backend last, and zeroes
+/* Destroys what s holds, the engine first and the backend last (the group
+ * after the runner: its other ranks leave and are reaped), and zeroes
  * it.  A caller that must end the engine earlier (a worker that stops it
  * before its transfer engine) destroys it itself and sets it to NULL. */
 void fy_engine_stack_destroy(fy_engine_stack_t *s);

@@ -12,6 +12,25 @@
  * The runner does not own block tables or the block pool: its caller (the
  * generate loop now, the engine's scheduler later) reserves blocks before
  * calling forward.  Not thread-safe: one engine thread drives it.
+ *
+ * Ranks (tp, pp > 1).  A runner can be one rank of a group (group.h) that
+ * serves the model together: tp ranks per pipeline stage split the
+ * attention heads (KV heads too, or each rank keeps the one KV head its
+ * query heads read when the model has fewer KV heads than ranks) and the
+ * MLP's intermediate dimension, and the rows of the o- and
+ * down-projections, gathering what each needs with fy_group_allreduce_f32
+ * (or summing partial projections: tp_partial_sums); pp stages split the
+ * layers, each holding the KV of its own layers.  Rank 0 (stage 0, tensor rank 0) is the
+ * runner the engine drives: it alone has a block manager, and every
+ * operation that touches the KV arena (fy_runner_forward, the block
+ * manager's copy callback) is first broadcast to the other ranks, which
+ * apply it with the same block ids to their own slice of the pool
+ * (fy_runner_follow), so no shard can run out of blocks before the
+ * others.  Rank 0 also holds the embeddings, the final norm and the output
+ * head and computes every logit.  Every element is computed as one rank
+ * computes it, so logits are the single rank's bits (with
+ * tp_partial_sums they are not: tests/test_parallel.c measures by how
+ * much).
  */
 #ifndef FY_RUNNER_H
 #define FY_RUNNER_H
@@ -20,6 +39,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "group.h"
 #include "kv.h"
 #include "model.h"
 #include "status.h"
@@ -39,6 +59,29 @@ typedef struct fy_runner_params {
     fy_dtype_t kv_dtype;      /* f32 or f16 */
     bool kv_one_group;        /* one KV group of every layer: sliding layers keep all their blocks
                                  (kv.sliding_groups = false; the layout before groups) */
+    /* ranks: tensor-parallel ranks per stage and pipeline stages (0 and 1
+     * mean 1); tp * pp > 1 needs a group of tp * pp ranks, whose rank
+     * (fy_group_rank: stage * tp + tp_rank) is this runner's place.  Every
+     * rank is created with the same parameters. */
+    int32_t tp;
+    int32_t pp;
+    /* how tp ranks combine the o- and down-projections.  false (default):
+     * exactly as one rank: each rank gathers the whole input (every head's
+     * attention output, the whole MLP activation) and computes its rows of
+     * the output, which are then gathered, so every element is the one
+     * rank's dot product bit for bit and greedy output equals one rank's.
+     * true: each rank multiplies its input columns and the partial sums are
+     * added across ranks (Megatron's row-parallel layer: half the traffic,
+     * but another summation order; on SmolLM2 logits move by up to ~1.5,
+     * since the 8-bit activations of later layers round differently) */
+    bool tp_partial_sums;
+    /* for tests only, honoured by the group's last rank (a follower) alone:
+     * its pool is sized pool_skew blocks larger (unequal pools, which
+     * creation must refuse); it fails its forward pass after
+     * fail_after_forwards of them (0: never), reporting FY_ERR_NO_SPACE
+     * through fy_group_done as a rank whose allocation failed would */
+    int32_t pool_skew;
+    int32_t fail_after_forwards;
 } fy_runner_params_t;
 
 /* Defaults: 512-token batches, 64 sequences, f16 KV in 16-token blocks,
@@ -57,9 +100,67 @@ typedef struct fy_forward_seq {
                          (all layers and heads, its query rows) into scores[block]; NULL: none */
 } fy_forward_seq_t;
 
-/* The model and backend must outlive the runner. */
+/* The model and backend must outlive the runner.  A single rank: params
+ * must ask for tp = pp = 1. */
 fy_status_t fy_runner_create(const fy_model_t *model, fy_backend_t *be, const fy_runner_params_t *params,
                              fy_runner_t **runner_p);
+
+/*
+ * Whether model can be split as params' tp and pp ask: heads divisible by
+ * tp, KV heads divisible by tp or dividing it, the MLP's width and the
+ * model's width divisible by tp (with tp_partial_sums, every column slice
+ * of the o- and down-projections on a whole quantization block), at least
+ * pp layers, no more than 64 ranks.
+ * FY_ERR_INVALID, logged naming the counts or the tensor, otherwise.  Call
+ * before spawning a group; fy_runner_create_rank checks it too.
+ */
+fy_status_t fy_runner_check_shape(const fy_model_t *model, const fy_runner_params_t *params);
+
+/* What a group for runners of params must carry: its size, each rank's
+ * slot (one stage's activations) and the command area (the largest
+ * broadcast batch).  FY_ERR_INVALID (logged) for a bad shape. */
+fy_status_t fy_runner_group_params(const fy_model_t *model, const fy_runner_params_t *params, fy_group_params_t *gp_p);
+
+/*
+ * One rank of a group (group NULL: fy_runner_create).  Every rank of the
+ * group calls it with the same parameters; the ranks compare their pools'
+ * block counts and refuse unequal ones (FY_ERR_INVALID, logged on rank 0
+ * naming the ranks and counts).  Sizing from kv_mem_fraction alone is
+ * refused in a group: each rank would measure free memory at another
+ * moment.  Rank 0's runner is driven as a single runner is; the others
+ * run fy_runner_follow.  The group must outlive the runner.
+ */
+fy_status_t fy_runner_create_rank(const fy_model_t *model, fy_backend_t *be, const fy_runner_params_t *params,
+                                  fy_group_t *group, fy_runner_t **runner_p);
+
+/*
+ * A rank other than 0: applies rank 0's commands (forward passes, block
+ * copies, timing reports) to its own shard until the group is destroyed
+ * (FY_OK) or fails (that status; a command that fails here breaks the
+ * group, so rank 0 is never left waiting).  Each command's bytes are
+ * checked before use.
+ */
+fy_status_t fy_runner_follow(fy_runner_t *runner);
+
+/* Where a rank's time went (nanoseconds), since creation or the last
+ * reset.  compute is the forward passes' time less the rest; allreduce
+ * the time in fy_group_allreduce_f32; wait the time a stage spent
+ * receiving activations (the previous stage's, or for rank 0 the last
+ * stage's hidden rows): pipeline bubbles; send the time handing them on. */
+typedef struct fy_runner_timing {
+    uint64_t forwards;
+    uint64_t compute_ns;
+    uint64_t allreduce_ns;
+    uint64_t wait_ns;
+    uint64_t send_ns;
+} fy_runner_timing_t;
+
+/* Rank 0 (or a single runner): every rank's counters into out[0..n_ranks)
+ * (a report command for the others), then resets them all when reset is
+ * set.  FY_ERR_PEER when the group is broken. */
+fy_status_t fy_runner_timing(fy_runner_t *runner, fy_runner_timing_t *out, int32_t n_ranks, bool reset);
+/* Ranks of this runner's group (1 alone). */
+int32_t fy_runner_n_ranks(const fy_runner_t *runner);
 void fy_runner_destroy(fy_runner_t *runner); /* accepts NULL */
 
 /*
@@ -83,7 +184,10 @@ const fy_model_t *fy_runner_model(const fy_runner_t *runner);
 void *fy_runner_kv_arena(fy_runner_t *runner);
 
 /* The KV layout a runner of the first n_layers layers of model with
- * params p uses: KV groups by window unless p->kv_one_group. */
+ * params p uses: KV groups by window unless p->kv_one_group.  With p->tp
+ * or p->pp > 1, rank 0's (its stage's layers, its KV heads): the layout
+ * its block manager keeps; every stage's grouping is the same (one group
+ * of every layer when the stages' windows would group differently). */
 fy_status_t fy_runner_layout_for(const fy_model_t *model, int32_t n_layers, const fy_runner_params_t *p,
                                  fy_kv_layout_t *lay_p);
 
@@ -96,7 +200,10 @@ void fy_runner_kvm_params(fy_runner_t *runner, fy_kvm_params_t *params);
  * Runs one forward pass.  logits (host memory) receives, for each sequence
  * in order, n_logits rows of vocab_size floats.  Token ids are checked
  * against the vocabulary and positions against the block tables:
- * FY_ERR_INVALID (logged) and nothing written on bad input.
+ * FY_ERR_INVALID (logged) and nothing written on bad input.  Rank 0 of a
+ * group: a rank that fails makes it fail (logged naming the rank), and
+ * from then on every call fails at once with FY_ERR_PEER; scores must be
+ * NULL (H2O is not sharded).
  */
 fy_status_t fy_runner_forward(fy_runner_t *runner, const fy_forward_seq_t *seqs, int32_t n_seqs, float *logits);
 

@@ -114,25 +114,16 @@ typedef struct cmd {
 } cmd_t;
 
 static const cmd_t COMMANDS[] = {
-    {{"ferry", "generate"}},
-    {{"ferry", "info"}},
-    {{"ferry", "bench"}},
-    {{"ferry", "bench-kv"}},
-    {{"ferry", "bench-batch"}},
-    {{"ferry", "bench-xfer"}},
-    {{"ferry", "bench-spec"}},
-    {{"ferry", "bench-ttft"}},
-    {{"ferry", "plan"}},
-    {{"ferry", "request"}},
-    {{"ferry", "serve"}},
-    {{"ferry", "chaos"}},
-    {{"ferry"}},
-    {{"ferry-router"}},
-    {{"ferry-prefill"}},
-    {{"ferry-decode"}},
-    {{"ferry-bench"}},
-    {{"ferry-bench", "echo"}},
-    {{"ferry-bench", "auth"}},
+    {{"ferry", "generate"}},    {{"ferry", "info"}},
+    {{"ferry", "bench"}},       {{"ferry", "bench-kv"}},
+    {{"ferry", "bench-batch"}}, {{"ferry", "bench-xfer"}},
+    {{"ferry", "bench-spec"}},  {{"ferry", "bench-ttft"}},
+    {{"ferry", "bench-ranks"}}, {{"ferry", "plan"}},
+    {{"ferry", "request"}},     {{"ferry", "serve"}},
+    {{"ferry", "chaos"}},       {{"ferry"}},
+    {{"ferry-router"}},         {{"ferry-prefill"}},
+    {{"ferry-decode"}},         {{"ferry-bench"}},
+    {{"ferry-bench", "echo"}},  {{"ferry-bench", "auth"}},
     {{"ferry", "config"}},
 };
 #define N_COMMANDS (int)(sizeof(COMMANDS) / sizeof(COMMANDS[0]))
@@ -279,6 +270,16 @@ static void test_options_reach_the_work(void **state)
         r = run_argv(cpus[i]);
         if (r.status != 1 || !strstr(r.err, i ? "prefill.cpus = '0-x'" : "decode.cpus: CPU 1023"))
             fail_msg("%s %s: status %d (want 1), stderr:\n%s", cpus[i][0], cpus[i][2], r.status, r.err);
+        run_free(&r);
+    }
+    /* ranks a model cannot be split into are refused before any process is
+     * forked, naming the counts (SmolLM2 has 9 heads) */
+    const char *model = fy_test_default_model();
+    if (model) {
+        const char *tp[] = {"ferry", "generate", "-m", model, "-p", "hi", "-n", "1", "--tp", "2", NULL};
+        r = run_argv(tp);
+        if (r.status != 2 || !strstr(r.err, "tp 2 does not divide the model's 9 attention heads"))
+            fail_msg("generate --tp 2: status %d (want 2), stderr:\n%s", r.status, r.err);
         run_free(&r);
     }
     /* an operand where none is taken */

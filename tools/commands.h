@@ -19,6 +19,8 @@ int fy_cmd_request(int argc, char **argv);
 int fy_cmd_serve(int argc, char **argv);
 int fy_cmd_bench_ttft(int argc, char **argv);
 int fy_cmd_bench_xfer(int argc, char **argv);
+int fy_cmd_bench_group(int argc, char **argv);
+int fy_cmd_bench_ranks(int argc, char **argv);
 int fy_cmd_bench_spec(int argc, char **argv);
 int fy_cmd_chaos(int argc, char **argv);
 int fy_cmd_config(int argc, char **argv);

@@ -56,6 +56,9 @@ static void generate_usage(FILE *f)
                "      --kv-dtype T      f16, f32, fp8 (e4m3) or int8 (default f16)\n"
                "      --block-size B    KV block size: 8, 16, 32 (default 16)\n"
                "      --batch N         prompt tokens per forward pass (default 512)\n"
+               "      --tp N            tensor-parallel ranks: heads and the MLP split over N processes (default 1)\n"
+               "      --pp M            pipeline stages: the layers split over M processes (default 1; with --tp,\n"
+               "                        N x M processes; --threads are shared among them)\n"
                "      --spec S          speculative decoding: none, ngram, draft:MODEL_FILE or self:LAYERS\n"
                "                        (the target's first LAYERS layers as the draft; default none)\n"
                "      --spec-k K        proposed tokens per step at most, 1-16 (default 8)\n"
@@ -80,6 +83,7 @@ typedef struct gen_opts {
     int block_size;
     int batch;
     const char *spec; /* NULL, "none", "ngram", "draft:FILE", "self:L" */
+    int tp, pp;       /* ranks: tensor-parallel, pipeline stages */
 } gen_opts_t;
 
 static bool on_text(void *arg, const char *text, size_t len)
@@ -108,6 +112,8 @@ enum {
     O_SPEC_K,
     O_SPEC_NGRAM,
     O_DEVICE,
+    O_TP,
+    O_PP,
     O_NOT_MINE
 };
 
@@ -203,6 +209,11 @@ static int generate_engine_opt(int c, const char *arg, gen_opts_t *o)
         if (!fy_cli_parse_int("--batch", arg, 1, 65536, &l)) return 2;
         o->batch = (int)l;
         return 0;
+    case O_TP:
+    case O_PP:
+        if (!fy_cli_parse_int(c == O_TP ? "--tp" : "--pp", arg, 1, 64, &l)) return 2;
+        *(c == O_TP ? &o->tp : &o->pp) = (int)l;
+        return 0;
     case O_SPEC:
         if (strcmp(arg, "none") && strcmp(arg, "ngram") && strncmp(arg, "draft:", 6) && strncmp(arg, "self:", 5)) {
             fprintf(stderr, "ferry: --spec expects none, ngram, draft:MODEL_FILE or self:LAYERS, got '%s'\n", arg);
@@ -238,6 +249,8 @@ static int parse_generate(int argc, char **argv, gen_opts_t *o)
         {"kv-dtype", required_argument, 0, O_KVD},
         {"block-size", required_argument, 0, O_BS},
         {"batch", required_argument, 0, O_BATCH},
+        {"tp", required_argument, 0, O_TP},
+        {"pp", required_argument, 0, O_PP},
         {"verbose", no_argument, 0, 'v'},
         {"spec", required_argument, 0, O_SPEC},
         {"spec-k", required_argument, 0, O_SPEC_K},
@@ -290,7 +303,7 @@ static fy_status_t tokenize_prompt(const fy_model_t *m, const gen_opts_t *o, int
 static int cmd_generate(int argc, char **argv)
 {
     /* the model, block size and KV dtype default to the key table's model.path and kv.* */
-    gen_opts_t o = {.batch = 512};
+    gen_opts_t o = {.batch = 512, .tp = 1, .pp = 1};
     int32_t block_size;
     if (fy_conf_string(NULL, "model", "path", &o.model) || fy_cluster_kv(NULL, &block_size, &o.kv_dtype)) return 1;
     o.block_size = block_size;
@@ -337,6 +350,19 @@ static int cmd_generate(int argc, char **argv)
     rpm->block_size = o.block_size;
     rpm->kv_dtype = o.kv_dtype;
     rpm->n_kv_blocks = (int32_t)((ctx + o.block_size - 1) / o.block_size);
+    rpm->tp = o.tp;
+    rpm->pp = o.pp;
+    if (o.tp * o.pp > 1) {
+        if (o.tp * o.pp > 64) {
+            fprintf(stderr, "ferry: --tp %d x --pp %d is more than 64 ranks\n", o.tp, o.pp);
+            rc = 2;
+            goto out;
+        }
+        if (fy_runner_check_shape(m, rpm) != FY_OK) { /* said which counts do not split */
+            rc = 2;
+            goto out;
+        }
+    }
     eb.draft = o.spec && strcmp(o.spec, "ngram") && strcmp(o.spec, "none") ? o.spec : NULL;
     eb.no_engine = true;
     if (fy_engine_stack_create(m, &eb, &s) != FY_OK) goto out;
@@ -355,6 +381,7 @@ static int cmd_generate(int argc, char **argv)
     fy_info("model: %s", desc);
     fy_info("backend: %s; kv: %s, %d-token blocks, %d blocks", fy_backend_describe(s.be), fy_dtype_name(o.kv_dtype),
             o.block_size, rpm->n_kv_blocks);
+    if (s.group) fy_info("ranks: tp %d, pp %d (%d processes)", o.tp, o.pp, o.tp * o.pp);
 
     fy_gen_stats_t stats;
     fy_status_t st =
@@ -369,6 +396,15 @@ static int cmd_generate(int argc, char **argv)
             stats.prefill_s,
             stats.n_generated > 1 ? (stats.n_generated - 1) / (stats.decode_s > 0 ? stats.decode_s : 1e-9) : 0.0,
             stats.decode_s, fy_finish_reason_str(stats.finish), (unsigned long long)o.gp.sampling.seed);
+    fy_runner_timing_t rt[64];
+    int32_t n_ranks = fy_runner_n_ranks(s.runner);
+    if (s.group && fy_runner_timing(s.runner, rt, n_ranks, false) == FY_OK)
+        for (int32_t k = 0; k < n_ranks; k++) /* where each rank's time went: compute, collectives, bubbles */
+            fprintf(stderr,
+                    "ferry: rank %d (stage %d, tp rank %d): %llu passes, compute %.3f s, gathers/reductions %.3f s, "
+                    "waiting on other stages %.3f s, sending %.3f s\n",
+                    k, k / o.tp, k % o.tp, (unsigned long long)rt[k].forwards, rt[k].compute_ns * 1e-9,
+                    rt[k].allreduce_ns * 1e-9, rt[k].wait_ns * 1e-9, rt[k].send_ns * 1e-9);
     if (o.gp.spec.method != FY_SPEC_NONE)
         fprintf(stderr,
                 "ferry: speculative (%s, k up to %d): proposed %d, accepted %d (%.1f%%), %d verification steps, "
@@ -445,6 +481,8 @@ static void usage(FILE *f)
                "  bench-evict   KV budgets (StreamingLLM, H2O): perplexity, a retrieval probe, decode speed\n"
                "  bench-grammar structured outputs: token-mask time per step against a decode step\n"
                "  bench-xfer KV transfer throughput over UCX against ucx_perftest\n"
+               "  bench-group  the rank group's all-reduce, barrier and send/recv against memcpy\n"
+               "  bench-ranks  tensor/pipeline-parallel ranks: tok/s and each rank's step split per tp x pp shape\n"
                "  bench-ttft time to first token, disaggregated (a running cluster) against colocated\n"
                "  plan       how much KV cache fits a memory budget\n"
                "  chaos      kill a local cluster's processes under load and check nothing is lost\n"
@@ -465,6 +503,8 @@ static const struct {
     {"bench-grammar", fy_cmd_bench_grammar},
     {"bench-batch", fy_cmd_bench_batch},
     {"bench-xfer", fy_cmd_bench_xfer},
+    {"bench-group", fy_cmd_bench_group},
+    {"bench-ranks", fy_cmd_bench_ranks},
     {"bench-spec", fy_cmd_bench_spec},
     {"bench-ttft", fy_cmd_bench_ttft},
     {"plan", fy_cmd_plan},
