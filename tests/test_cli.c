@@ -120,7 +120,6 @@ static const cmd_t COMMANDS[] = {
     {{"ferry", "bench-kv"}},
     {{"ferry", "bench-batch"}},
     {{"ferry", "bench-xfer"}},
-    {{"ferry", "bench-group"}},
     {{"ferry", "bench-spec"}},
     {{"ferry", "bench-ttft"}},
     {{"ferry", "plan"}},
