@@ -75,6 +75,11 @@ fy_status_t fy_group_barrier(fy_group_t *g);
  * calls fy_group_done with its own status; rank 0's fy_group_done returns
  * the first failing rank's status (and its rank in *bad_rank_p, -1 if
  * none), the others' return FY_OK or the group's breakage.
+ * (group.c: bad_rank_p may be NULL; when the group breaks, rank 0's
+ * returns FY_ERR_PEER with the breaking rank in *bad_rank_p.  Rank 0's
+ * wait in fy_group_done has the group's timeout: a command that runs
+ * longer on a follower counts it as stuck.  Rank 0 posts the next command
+ * only after its fy_group_done: FY_ERR_INVALID otherwise.)
  */
 fy_status_t fy_group_post_cmd(fy_group_t *g, const void *buf, size_t len);
 fy_status_t fy_group_wait_cmd(fy_group_t *g, const void **buf_p, size_t *len_p);
@@ -93,7 +98,12 @@ fy_status_t fy_group_send(fy_group_t *g, int32_t dst, const void *buf, size_t le
 fy_status_t fy_group_recv(fy_group_t *g, int32_t src, void *buf, size_t len);
 
 /* Breaks the group: every rank's waits return FY_ERR_PEER naming this rank
- * and why. */
+ * and why.
+ * (group.c: a rank calls its group from one thread at a time; a follower
+ * waiting in any call that rank 0's fy_group_destroy leaves unfinishable
+ * gets FY_ERR_CANCELLED, like fy_group_wait_cmd; two ranks that call
+ * different collectives, or different sizes, at the same point break the
+ * group, the one that sees it returning FY_ERR_MISMATCH.) */
 void fy_group_abort(fy_group_t *g, const char *why);
 bool fy_group_broken(const fy_group_t *g);
 
