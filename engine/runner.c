@@ -38,6 +38,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kvplan.h"
 #include "log.h"
 #include "mem.h"
 
@@ -130,11 +131,10 @@ static int32_t ranks_or_one(int32_t n) { return n > 1 ? n : 1; }
  * n % pp stages one more. */
 static void stage_layers(int32_t n, int32_t pp, int32_t s, int32_t *l0_p, int32_t *l1_p)
 {
-    int32_t base = n / pp, extra = n % pp;
-    *l0_p = s * base + (s < extra ? s : extra);
-    *l1_p = *l0_p + base + (s < extra ? 1 : 0);
+    int32_t count = 0;
+    (void)fy_kv_pp_layers(n, pp, s, l0_p, &count); /* ferry plan's split; pp <= n checked by the caller */
+    *l1_p = *l0_p + count;
 }
-
 /* Is the column range [c0, c0 + w) of t on whole blocks of its dtype? */
 static bool columns_aligned(const fy_tensor_t *t, int64_t c0, int64_t w)
 {
@@ -171,15 +171,10 @@ static fy_status_t shard_of(const fy_model_t *m, const fy_runner_params_t *p, in
     s.stage = rank / s.tp;
     s.tp_rank = rank % s.tp;
     stage_layers(c->n_layers, s.pp, s.stage, &s.l0, &s.l1);
-    s.n_heads = c->n_heads / s.tp;
-    s.head0 = s.tp_rank * s.n_heads;
-    if (c->n_kv_heads % s.tp == 0) {
-        s.n_kv_heads = c->n_kv_heads / s.tp;
-        s.kv_head0 = s.tp_rank * s.n_kv_heads;
-    } else { /* fewer KV heads than ranks: each rank keeps the one its query heads read */
-        s.n_kv_heads = 1;
-        s.kv_head0 = s.head0 / (c->n_heads / c->n_kv_heads);
-    }
+    /* the heads (split, or with fewer KV heads than ranks the one KV head
+     * its query heads read): ferry plan's split, checked above */
+    if (fy_kv_tp_heads(c->n_heads, c->n_kv_heads, s.tp, s.tp_rank, &s.head0, &s.n_heads, &s.kv_head0, &s.n_kv_heads))
+        return FY_ERR_INVALID;
     s.ffn = c->ffn_dim / s.tp;
     s.ffn0 = s.tp_rank * s.ffn;
     s.gather = s.tp > 1 && !p->tp_partial_sums;
