@@ -46,6 +46,7 @@
 
 #include "log.h"
 #include "mem.h"
+#include "reshard.h"
 #include "xfer_wire.h"
 
 #define DEFAULT_CONNECT_TIMEOUT_S 5.0
@@ -1092,6 +1093,13 @@ static fy_status_t check_params(const fy_xfer_params_t *p)
         fy_error("xfer: layout has a zero or negative size (block_bytes %" PRIu64
                  ", block_size %d, layers %d, kv heads %d, head_dim %d)",
                  l->block_bytes, l->block_size, l->n_layers, l->n_kv_heads, l->head_dim);
+        return FY_ERR_INVALID;
+    }
+    if (!fy_xfer_layout_shard_ok(l)) {
+        fy_error("xfer: layout shard (tp %d x pp %d, rank %d.%d, layers %d+%d of %d, kv heads %d+%d of %d) does not "
+                 "fit its model (one process: fy_xfer_layout_whole)",
+                 l->tp, l->pp, l->stage, l->tp_rank, l->layer0, l->n_layers, l->model_layers, l->kv_head0,
+                 l->n_kv_heads, l->model_kv_heads);
         return FY_ERR_INVALID;
     }
     if (p->err_mode != FY_XFER_ERRMODE_PEER && p->err_mode != FY_XFER_ERRMODE_NONE) {

@@ -55,7 +55,17 @@ typedef struct fy_xfer_layout {
     int32_t n_groups;     /* KV groups (kv.h): block tables per sequence, each block of one group */
     uint32_t groups;      /* digest of which layer is in which group, at which place, with which window
                              (fy_kv_layout_groups_digest); 0 for one group of every layer */
+    /* the shard: a rank of a tensor/pipeline-parallel group holds layers
+     * [layer0, layer0 + n_layers) and KV heads [kv_head0, kv_head0 +
+     * n_kv_heads) of a model of model_layers layers and model_kv_heads KV
+     * heads; one process is tp = pp = 1, rank 0, everything */
+    int32_t tp, pp, tp_rank, stage;
+    int32_t layer0, kv_head0;
+    int32_t model_layers, model_kv_heads;
 } fy_xfer_layout_t;
+
+/* A layout's shard fields for one process holding the whole model. */
+void fy_xfer_layout_whole(fy_xfer_layout_t *l);
 
 #define FY_XFER_ORDER_BLOCK_MAJOR 1
 
