@@ -245,6 +245,7 @@ static void test_options_reach_the_work(void **state)
         {"ferry", "info", missing, NULL},
         {"ferry", "info", "-m", missing, NULL},
         {"ferry", "bench", "-m", missing, "--threads", "1", "--reps", "1", NULL},
+        {"ferry", "bench", "-m", missing, "--alternate", "FY_CPU_FUSE=0,1", "--reps", "1", NULL},
         {"ferry", "bench-batch", "-m", missing, "--batches", "1,2", "-t", "1", NULL},
         {"ferry", "bench-spec", "--model", missing, "--batch", "1", "--workload", "open", NULL},
         {"ferry", "plan", "-m", missing, "--kv-mem", "1GiB", NULL},
@@ -260,6 +261,12 @@ static void test_options_reach_the_work(void **state)
     run_t r = run_argv(bad);
     assert_int_equal(r.status, 2);
     assert_non_null(strstr(r.err, "--top-p expects"));
+    assert_null(strstr(r.err, "no-such-model"));
+    run_free(&r);
+    const char *bad_alt[] = {"ferry", "bench", "-m", missing, "--alternate", "FY_CPU_FUSE", NULL};
+    r = run_argv(bad_alt);
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "--alternate takes VAR=A,B"));
     assert_null(strstr(r.err, "no-such-model"));
     run_free(&r);
     /* a worker's CPU list is applied first thing at start-up: one it may
