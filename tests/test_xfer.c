@@ -637,6 +637,119 @@ static void test_reshard(void **state)
     assert_null(fy_xfer_layout_diff(&a, &b));
 }
 
+/* Real puts between groups of different shapes over UCX (tcp): each
+ * source rank opens a job to each destination rank it feeds and puts its
+ * pieces of a few blocks to scattered destination blocks; every
+ * destination block must then hold its rank's slice of the model's
+ * block, and untargeted blocks stay untouched.  Also: whole blocks to a
+ * rank of another shape fail the job (only pieces go there), and a shape
+ * re-sharding cannot map is refused at the handshake. */
+static void reshard_over_ucx(const model_shape_t *m, int32_t tp_a, int32_t pp_a, int32_t tp_b, int32_t pp_b)
+{
+    enum { NB = 8, MOVE = 3 };
+    int32_t na = tp_a * pp_a, nb = tp_b * pp_b;
+    uint64_t hb = (uint64_t)m->block_size * (uint64_t)m->head_dim * 2;
+    side_t src[8], dst[8];
+    fy_xfer_layout_t ls[8], ld[8];
+    const int32_t sblk[MOVE] = {1, 2, 6}, dblk[MOVE] = {5, 0, 3};
+    for (int32_t s = 0; s < na; s++) {
+        ls[s] = rank_layout(m, tp_a, pp_a, s);
+        side_open(&src[s], &ls[s], NB, "tcp", 0);
+        uint8_t *b = rank_block(&ls[s], hb);
+        for (int32_t k = 0; k < MOVE; k++) memcpy(block(&src[s], sblk[k]), b, ls[s].block_bytes);
+        fy_free(b);
+    }
+    for (int32_t d = 0; d < nb; d++) {
+        ld[d] = rank_layout(m, tp_b, pp_b, d);
+        side_open(&dst[d], &ld[d], NB, "tcp", 0xA5);
+    }
+    fy_xfer_piece_t pieces[512];
+    for (int32_t s = 0; s < na; s++) {
+        int32_t n;
+        assert_int_equal(fy_xfer_reshard_plan(&ls[s], ld, nb, pieces, (int32_t)FY_ARRAY_LEN(pieces), &n), FY_OK);
+        for (int32_t d = 0; d < nb; d++) {
+            int32_t mine = 0;
+            for (int32_t i = 0; i < n; i++) mine += pieces[i].dst_rank == d;
+            if (!mine) continue;
+            const void *blob;
+            size_t len;
+            assert_int_equal(fy_xfer_target_desc(dst[d].x, &blob, &len), FY_OK);
+            done_t dn;
+            done_init(&dn);
+            fy_xfer_job_t *j;
+            assert_int_equal(fy_xfer_job_begin(src[s].x, blob, len, fy_xfer_now() + 20, on_done, &dn, &j), FY_OK);
+            for (int32_t i = 0; i < n; i++)
+                if (pieces[i].dst_rank == d)
+                    assert_int_equal(fy_xfer_job_put_piece(j, sblk, dblk, MOVE, &pieces[i]), FY_OK);
+            fy_xfer_job_finish(j);
+            fy_status_t st = done_wait(&dn, 30);
+            if (st != FY_OK) fail_msg("rank %d -> rank %d: %s: %s", s, d, fy_status_str(st), dn.msg);
+            done_fini(&dn);
+        }
+    }
+    for (int32_t d = 0; d < nb; d++) {
+        uint8_t *want = rank_block(&ld[d], hb);
+        for (int32_t b = 0; b < NB; b++) {
+            bool moved = b == dblk[0] || b == dblk[1] || b == dblk[2];
+            for (uint64_t k = 0; k < ld[d].block_bytes; k++)
+                if (block(&dst[d], b)[k] != (moved ? want[k] : 0xA5))
+                    fail_msg("tp %d x pp %d -> tp %d x pp %d over UCX: rank %d block %d byte %llu", tp_a, pp_a, tp_b,
+                             pp_b, d, b, (unsigned long long)k);
+        }
+        fy_free(want);
+    }
+    if (na * nb > 1 && fy_xfer_layout_diff(&ls[0], &ld[0])) { /* whole blocks into another shape: refused */
+        const void *blob;
+        size_t len;
+        assert_int_equal(fy_xfer_target_desc(dst[0].x, &blob, &len), FY_OK);
+        done_t dn;
+        done_init(&dn);
+        fy_xfer_job_t *j;
+        assert_int_equal(fy_xfer_job_begin(src[0].x, blob, len, fy_xfer_now() + 20, on_done, &dn, &j), FY_OK);
+        assert_int_equal(fy_xfer_job_put(j, sblk, dblk, 1), FY_OK);
+        fy_xfer_job_finish(j);
+        assert_int_equal(done_wait(&dn, 30), FY_ERR_MISMATCH);
+        assert_non_null(strstr(dn.msg, "only pieces"));
+        done_fini(&dn);
+    }
+    for (int32_t s = 0; s < na; s++) side_close(&src[s]);
+    for (int32_t d = 0; d < nb; d++) side_close(&dst[d]);
+}
+
+static void test_reshard_ucx(void **state)
+{
+    const model_shape_t sm = {.layers = 6, .heads = 9, .kv_heads = 3, .head_dim = 16, .block_size = 4};
+    reshard_over_ucx(&sm, 1, 1, 3, 1); /* prefill tp 1 -> decode tp 3 */
+    reshard_over_ucx(&sm, 1, 2, 1, 1); /* prefill pp 2 -> decode tp 1 */
+    reshard_over_ucx(&sm, 3, 2, 1, 2); /* tp 3 x pp 2 -> pp 2 */
+    /* a shape that cannot be mapped: another model's head count at the target */
+    fy_xfer_layout_t a = rank_layout(&sm, 1, 1, 0);
+    const model_shape_t other = {.layers = 6, .heads = 8, .kv_heads = 2, .head_dim = 16, .block_size = 4};
+    fy_xfer_layout_t b = rank_layout(&other, 2, 1, 1);
+    side_t s, d;
+    side_open(&s, &a, 4, "tcp", 0);
+    side_open(&d, &b, 4, "tcp", 0xA5);
+    const void *blob;
+    size_t len;
+    assert_int_equal(fy_xfer_target_desc(d.x, &blob, &len), FY_OK);
+    done_t dn;
+    done_init(&dn);
+    fy_xfer_job_t *j;
+    fy_test_log_begin();
+    assert_int_equal(fy_xfer_job_begin(s.x, blob, len, fy_xfer_now() + 20, on_done, &dn, &j), FY_OK);
+    fy_xfer_piece_t p = {.dst_rank = 1, .src_off = 0, .len = 64, .dst_off = 0};
+    int32_t zero = 0;
+    assert_int_equal(fy_xfer_job_put_piece(j, &zero, &zero, 1, &p), FY_OK);
+    fy_xfer_job_finish(j);
+    assert_int_equal(done_wait(&dn, 30), FY_ERR_MISMATCH);
+    fy_test_log_end();
+    if (!strstr(dn.msg, "model_kv_heads is 3 here, 2 at the peer")) fail_msg("refusal: %s", dn.msg);
+    done_fini(&dn);
+    for (uint64_t k = 0; k < d.bytes; k++) assert_int_equal(d.arena[k], 0xA5);
+    side_close(&s);
+    side_close(&d);
+}
+
 static void test_bad_blobs(void **state)
 {
     fy_xfer_layout_t l = small_layout(16);
@@ -1158,6 +1271,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout_diff),
         cmocka_unit_test(test_reshard),
+        cmocka_unit_test(test_reshard_ucx),
         cmocka_unit_test(test_bad_params),
         cmocka_unit_test(test_devices_for),
         cmocka_unit_test(test_listens_where_told),

@@ -21,8 +21,8 @@ bool fy_xfer_layout_shard_ok(const fy_xfer_layout_t *l)
 {
     return l->tp >= 1 && l->pp >= 1 && l->tp <= 64 && l->pp <= 64 && l->tp_rank >= 0 && l->tp_rank < l->tp &&
            l->stage >= 0 && l->stage < l->pp && l->model_layers >= 1 && l->model_kv_heads >= 1 && l->layer0 >= 0 &&
-           l->n_layers >= 1 && l->layer0 <= l->model_layers - l->n_layers && l->kv_head0 >= 0 &&
-           l->n_kv_heads >= 1 && l->kv_head0 <= l->model_kv_heads - l->n_kv_heads;
+           l->n_layers >= 1 && l->layer0 <= l->model_layers - l->n_layers && l->kv_head0 >= 0 && l->n_kv_heads >= 1 &&
+           l->kv_head0 <= l->model_kv_heads - l->n_kv_heads;
 }
 
 /* Is l's shard the one its rank holds?  The splits of kv/kvplan.h
@@ -58,43 +58,62 @@ static fy_status_t refuse(char *why, size_t cap, const char *fmt, ...)
     return FY_ERR_MISMATCH;
 }
 
-fy_status_t fy_xfer_reshard_check(const fy_xfer_layout_t *src, const fy_xfer_layout_t *dst, int32_t n_dst, char *why,
-                                  size_t cap)
+/* src against one destination rank d (its number in its group, for messages) */
+static fy_status_t pair_check(const fy_xfer_layout_t *src, const fy_xfer_layout_t *l, int32_t d, char *why, size_t cap)
 {
     uint64_t hs, hd;
     if (!fy_xfer_layout_shard_ok(src) || !shard_where_rank_says(src) || !head_bytes(src, &hs))
-        return refuse(why, cap, "the source's shard (layers %d+%d of %d, kv heads %d+%d of %d, %llu-byte blocks) is "
+        return refuse(why, cap,
+                      "the source's shard (layers %d+%d of %d, kv heads %d+%d of %d, %llu-byte blocks) is "
                       "not its rank's",
                       src->layer0, src->n_layers, src->model_layers, src->kv_head0, src->n_kv_heads,
                       src->model_kv_heads, (unsigned long long)src->block_bytes);
+    if (strncmp(l->model_id, src->model_id, sizeof(l->model_id)))
+        return refuse(why, cap, "destination rank %d serves '%.64s', the source '%.64s'", d, l->model_id,
+                      src->model_id);
+    if (l->dtype != src->dtype || l->block_size != src->block_size || l->head_dim != src->head_dim ||
+        l->order != src->order || l->scale_format != src->scale_format)
+        return refuse(why, cap,
+                      "destination rank %d stores kv differently (dtype %d, block %d, head size %d, "
+                      "scales %d; the source %d, %d, %d, %d)",
+                      d, l->dtype, l->block_size, l->head_dim, l->scale_format, src->dtype, src->block_size,
+                      src->head_dim, src->scale_format);
+    if (l->model_layers != src->model_layers || l->model_kv_heads != src->model_kv_heads)
+        return refuse(why, cap, "destination rank %d's model has %d layers and %d kv heads, the source's %d and %d", d,
+                      l->model_layers, l->model_kv_heads, src->model_layers, src->model_kv_heads);
+    if (!fy_xfer_layout_shard_ok(l) || !shard_where_rank_says(l) || !head_bytes(l, &hd) || hd != hs ||
+        (d >= 0 && l->stage * l->tp + l->tp_rank != d))
+        return refuse(why, cap,
+                      "destination rank %d's shard (tp %d x pp %d, rank %d.%d, layers %d+%d, kv heads "
+                      "%d+%d, %llu-byte blocks) is not rank %d of its group",
+                      d, l->tp, l->pp, l->stage, l->tp_rank, l->layer0, l->n_layers, l->kv_head0, l->n_kv_heads,
+                      (unsigned long long)l->block_bytes, d >= 0 ? d : l->stage * l->tp + l->tp_rank);
+    bool whole = src->tp * src->pp == 1 && l->tp * l->pp == 1;
+    if ((l->n_groups != 1 || src->n_groups != 1) &&
+        !(whole && l->n_groups == src->n_groups && l->groups == src->groups))
+        return refuse(why, cap,
+                      "kv groups (sliding windows: %d groups here, %d at destination rank %d) move only "
+                      "between whole models grouped alike",
+                      src->n_groups, l->n_groups, d);
+    return FY_OK;
+}
+
+fy_status_t fy_xfer_reshard_pair(const fy_xfer_layout_t *src, const fy_xfer_layout_t *dst, char *why, size_t cap)
+{
+    return pair_check(src, dst, -1, why, cap);
+}
+
+fy_status_t fy_xfer_reshard_check(const fy_xfer_layout_t *src, const fy_xfer_layout_t *dst, int32_t n_dst, char *why,
+                                  size_t cap)
+{
     if (n_dst < 1 || n_dst > 64 || n_dst != dst[0].tp * dst[0].pp)
         return refuse(why, cap, "%d destination ranks for a group of tp %d x pp %d", n_dst, dst[0].tp, dst[0].pp);
     for (int32_t d = 0; d < n_dst; d++) {
-        const fy_xfer_layout_t *l = &dst[d];
-        if (strncmp(l->model_id, src->model_id, sizeof(l->model_id)))
-            return refuse(why, cap, "destination rank %d serves '%.64s', the source '%.64s'", d, l->model_id,
-                          src->model_id);
-        if (l->dtype != src->dtype || l->block_size != src->block_size || l->head_dim != src->head_dim ||
-            l->order != src->order || l->scale_format != src->scale_format)
-            return refuse(why, cap, "destination rank %d stores kv differently (dtype %d, block %d, head size %d, "
-                          "scales %d; the source %d, %d, %d, %d)",
-                          d, l->dtype, l->block_size, l->head_dim, l->scale_format, src->dtype, src->block_size,
-                          src->head_dim, src->scale_format);
-        if (l->model_layers != src->model_layers || l->model_kv_heads != src->model_kv_heads)
-            return refuse(why, cap, "destination rank %d's model has %d layers and %d kv heads, the source's %d and %d",
-                          d, l->model_layers, l->model_kv_heads, src->model_layers, src->model_kv_heads);
-        if (!fy_xfer_layout_shard_ok(l) || !shard_where_rank_says(l) || !head_bytes(l, &hd) || hd != hs || l->tp != dst[0].tp || l->pp != dst[0].pp ||
-            l->stage * l->tp + l->tp_rank != d)
-            return refuse(why, cap, "destination rank %d's shard (tp %d x pp %d, rank %d.%d, layers %d+%d, kv heads "
-                          "%d+%d, %llu-byte blocks) is not rank %d of its group",
-                          d, l->tp, l->pp, l->stage, l->tp_rank, l->layer0, l->n_layers, l->kv_head0, l->n_kv_heads,
-                          (unsigned long long)l->block_bytes, d);
-        bool whole = src->tp * src->pp == 1 && n_dst == 1;
-        if ((l->n_groups != 1 || src->n_groups != 1) && !(whole && l->n_groups == src->n_groups && l->groups ==
-                                                                                                      src->groups))
-            return refuse(why, cap, "kv groups (sliding windows: %d groups here, %d at destination rank %d) move only "
-                          "between whole models grouped alike",
-                          src->n_groups, l->n_groups, d);
+        fy_status_t st = pair_check(src, &dst[d], d, why, cap);
+        if (st != FY_OK) return st;
+        if (dst[d].tp != dst[0].tp || dst[d].pp != dst[0].pp)
+            return refuse(why, cap, "destination rank %d is of a tp %d x pp %d group, rank 0 of tp %d x pp %d", d,
+                          dst[d].tp, dst[d].pp, dst[0].tp, dst[0].pp);
     }
     return FY_OK;
 }
@@ -121,7 +140,7 @@ fy_status_t fy_xfer_reshard_plan(const fy_xfer_layout_t *src, const fy_xfer_layo
                                                                            : l->layer0 + l->n_layers;
         int32_t h0 = src->kv_head0 > l->kv_head0 ? src->kv_head0 : l->kv_head0;
         int32_t h1 = src->kv_head0 + src->n_kv_heads < l->kv_head0 + l->n_kv_heads ? src->kv_head0 + src->n_kv_heads
-                                                                                    : l->kv_head0 + l->n_kv_heads;
+                                                                                   : l->kv_head0 + l->n_kv_heads;
         if (lo >= hi || h0 >= h1) continue;
         for (int32_t layer = lo; layer < hi; layer++) {
             for (int32_t kv = 0; kv < 2; kv++) {

@@ -29,15 +29,18 @@
 #include "status.h"
 #include "xfer.h"
 
-typedef struct fy_xfer_piece {
-    int32_t dst_rank;        /* the destination group's rank: stage * tp + tp_rank */
-    uint64_t src_off, len;   /* bytes [src_off, src_off + len) of the source rank's block */
-    uint64_t dst_off;        /* land at dst_off of the destination rank's block */
-} fy_xfer_piece_t;
+/* fy_xfer_piece_t (xfer.h): len bytes at src_off of a source block go to dst_off of dst_rank's block. */
 
 /* Does l's shard sit inside its model where its rank says (tp, pp at most
  * 64, its layers and KV heads within the model's)? */
 bool fy_xfer_layout_shard_ok(const fy_xfer_layout_t *l);
+
+/*
+ * Can rank src put pieces into rank dst (one destination rank, as the
+ * transfer handshake sees it)?  Everything fy_xfer_reshard_check asks of
+ * one destination rank but that the group is whole.
+ */
+fy_status_t fy_xfer_reshard_pair(const fy_xfer_layout_t *src, const fy_xfer_layout_t *dst, char *why, size_t cap);
 
 /*
  * Can the rank src hand its blocks to the group whose ranks' layouts are
