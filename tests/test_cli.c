@@ -114,17 +114,18 @@ typedef struct cmd {
 } cmd_t;
 
 static const cmd_t COMMANDS[] = {
-    {{"ferry", "generate"}},    {{"ferry", "info"}},
-    {{"ferry", "bench"}},       {{"ferry", "bench-kv"}},
-    {{"ferry", "bench-batch"}}, {{"ferry", "bench-xfer"}},
-    {{"ferry", "bench-spec"}},  {{"ferry", "bench-ttft"}},
-    {{"ferry", "bench-ranks"}}, {{"ferry", "plan"}},
-    {{"ferry", "request"}},     {{"ferry", "serve"}},
-    {{"ferry", "chaos"}},       {{"ferry"}},
-    {{"ferry-router"}},         {{"ferry-prefill"}},
-    {{"ferry-decode"}},         {{"ferry-bench"}},
-    {{"ferry-bench", "echo"}},  {{"ferry-bench", "auth"}},
-    {{"ferry", "config"}},
+    {{"ferry", "generate"}},      {{"ferry", "info"}},
+    {{"ferry", "bench"}},         {{"ferry", "bench-kv"}},
+    {{"ferry", "bench-batch"}},   {{"ferry", "bench-xfer"}},
+    {{"ferry", "bench-spec"}},    {{"ferry", "bench-ttft"}},
+    {{"ferry", "bench-ranks"}},   {{"ferry", "plan"}},
+    {{"ferry", "request"}},       {{"ferry", "serve"}},
+    {{"ferry", "chaos"}},         {{"ferry"}},
+    {{"ferry-router"}},           {{"ferry-prefill"}},
+    {{"ferry-decode"}},           {{"ferry-bench"}},
+    {{"ferry-bench", "echo"}},    {{"ferry-bench", "auth"}},
+    {{"ferry", "config"}},        {{"ferry", "bench-group"}},
+    {{"ferry", "bench-reshard"}},
 };
 #define N_COMMANDS (int)(sizeof(COMMANDS) / sizeof(COMMANDS[0]))
 
