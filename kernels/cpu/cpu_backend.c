@@ -40,6 +40,17 @@ int fy_cpu_has_avx2(void)
 #endif
 }
 
+int fy_cpu_has_avx512bf16(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512bf16");
+#else
+    return 0;
+#endif
+}
+
 const fy_cpu_kernels_t *fy_cpu_kernels_pick(const char *name)
 {
     bool avx2 = fy_cpu_has_avx2(), avxvnni = false, avx512vnni = false;
@@ -104,6 +115,7 @@ typedef struct cpu_ctx {
     /* tiled attention (prefill chunks): the items of a call and each
      * thread's scratch (see attn_tiles) */
     bool attn_rows;    /* FY_CPU_ATTN=rows: every query row on its own (the reference) */
+    bool attn_bf16;    /* FY_CPU_ATTN=bf16: tiles in bf16 arithmetic (where the CPU has it) */
     int32_t *tiles;    /* [max_tiles][4]: sequence, kv head, first row, rows */
     int64_t max_tiles; /* n_heads * (max_tokens / TILE_ROWS + max_seqs) */
     float *tile_ws;    /* [n_threads][tile_ws_per] */
@@ -1019,6 +1031,8 @@ static void attn_tiles(void *arg, int64_t b, int64_t e, int thread)
                 const char *kb = j->arena + fy_kv_offset(L, id, j->layer, 0, kvh);
                 const char *vb_ = j->arena + fy_kv_offset(L, id, j->layer, 1, kvh);
                 fy_attn_tile_fn tile = c->k->attn_tile[L->dtype == FY_DTYPE_F16 ? FY_DTYPE_F16 : FY_DTYPE_F32];
+                if (c->attn_bf16 && hd % 32 == 0)
+                    tile = L->dtype == FY_DTYPE_F16 ? fy_attn_tile_bf16_f16 : fy_attn_tile_bf16_f32;
                 if (fy_kv_dtype_scaled(L->dtype)) { /* dequantized rows, as attn_segment reads them */
                     float *dq = attn_dq(j, thread);
                     const int fp8 = L->dtype == FY_DTYPE_FP8;
@@ -1279,6 +1293,11 @@ fy_status_t fy_backend_cpu_init(const fy_backend_params_t *params, const fy_back
     c->no_repack = params->no_repack;
     const char *ak = getenv("FY_CPU_ATTN"); /* read once: the reference kernel for benchmarks */
     c->attn_rows = ak && !strcmp(ak, "rows");
+    c->attn_bf16 = ak && !strcmp(ak, "bf16");
+    if (c->attn_bf16 && (!fy_cpu_has_avx512bf16() || !k->attn_tile[FY_DTYPE_F32])) {
+        fy_info("cpu backend: no avx512_bf16 (or tiles) here: f32 attention instead of bf16");
+        c->attn_bf16 = false;
+    }
     fy_status_t st = fy_threadpool_create(n, &c->tp);
     if (st != FY_OK) {
         cpu_destroy(c);

@@ -211,6 +211,17 @@ typedef void (*fy_attn_block_fn)(const float *q, int G, const void *k, const voi
 typedef void (*fy_attn_tile_fn)(const float *const *q, int nr, int G, const void *k, const void *v, int nk, int hd,
                                 float scale, const int32_t *vis, float *m, float *l, float *acc, float *work);
 
+/* The tile in bf16 arithmetic (cpu_attn_avx512bf16.c; FY_CPU_ATTN=bf16):
+ * Q, K, V and the softmax weights rounded to bf16 (8-bit mantissa), dot
+ * products and sums in f32; not the f32 kernels' bits, but within the
+ * bound test_kernels derives.  hd % 32 == 0; only where
+ * fy_cpu_has_avx512bf16(). */
+void fy_attn_tile_bf16_f32(const float *const *q, int nr, int G, const void *k, const void *v, int nk, int hd,
+                           float scale, const int32_t *vis, float *m, float *l, float *acc, float *work);
+void fy_attn_tile_bf16_f16(const float *const *q, int nr, int G, const void *k, const void *v, int nk, int hd,
+                           float scale, const int32_t *vis, float *m, float *l, float *acc, float *work);
+int fy_cpu_has_avx512bf16(void);
+
 typedef struct fy_cpu_kernels {
     const char *name;
     /* x (n floats, n % 32 == 0) into the row y */
