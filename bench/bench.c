@@ -150,7 +150,7 @@ typedef struct bench_result {
     int prof_tokens;
     fy_backend_profile_t prof_pre; /* one profiled prefill */
     int n_prompt;
-    const char *attn; /* FY_CPU_ATTN for this run: "tiles" or "rows" */
+    const char *attn; /* FY_CPU_ATTN for this run: "tiles", "rows" or "bf16" */
 } bench_result_t;
 
 static fy_status_t run_model(const fy_model_t *m, int threads, const char *isa, int n_prompt, int n_gen, int reps,
@@ -273,7 +273,7 @@ static void cpu_name(char *buf, size_t cap)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: ferry bench [-m MODEL] [--threads 1,2] [--prompt-tokens 128] [--gen-tokens 64] [--reps 3]\n"
-               "                   [--isa auto|avx2|scalar] [--attn tiles,rows]\n"
+               "                   [--isa auto|avx2|scalar] [--attn tiles,rows,bf16]\n"
                "  prefill and decode tokens per second at batch 1, for each thread count, against the\n"
                "  memory-bandwidth bound measured in the same run\n"
                "  -m, --model PATH       .gguf file or Hugging Face folder (default " FY_CLI_DEFAULT_MODEL ")\n"
@@ -284,7 +284,8 @@ static void usage(FILE *f)
                "      --reps N           runs per figure; the median is kept (default 3)\n"
                "      --isa NAME         CPU kernels (default auto)\n"
                "      --attn LIST        CPU prefill attention, comma-separated: tiles (default), rows (the\n"
-               "                         one-row walk, for reference; sets FY_CPU_ATTN)\n"
+               "                         one-row walk, for reference), bf16 (tiles in bf16 arithmetic, on\n"
+               "                         CPUs with avx512_bf16); sets FY_CPU_ATTN\n"
                "  -h, --help\n");
 }
 
@@ -306,7 +307,7 @@ int fy_cmd_bench(int argc, char **argv)
     const char *isa = NULL;
     int counts[MAX_THREAD_COUNTS] = {1, 2}, n_counts = 2;
     int prompts[MAX_PROMPTS] = {128}, n_prompts = 1;
-    const char *attns[2] = {"tiles"};
+    const char *attns[3] = {"tiles"};
     int n_attns = 1;
     long n_gen = 64, reps = 3;
     int c;
@@ -327,17 +328,26 @@ int fy_cmd_bench(int argc, char **argv)
             if (!fy_cli_parse_int("--reps", optarg, 1, 100, &reps)) return 2;
             break;
         case O_ISA: isa = optarg; break;
-        case O_ATTN:
-            if (!strcmp(optarg, "tiles") || !strcmp(optarg, "rows"))
-                attns[0] = optarg, n_attns = 1;
-            else if (!strcmp(optarg, "tiles,rows") || !strcmp(optarg, "rows,tiles"))
-                attns[0] = optarg[0] == 't' ? "tiles" : "rows", attns[1] = optarg[0] == 't' ? "rows" : "tiles",
-                n_attns = 2;
-            else {
-                fprintf(stderr, "ferry: bench: --attn takes tiles, rows or both, not '%s'\n", optarg);
+        case O_ATTN: {
+            static const char *const known[] = {"tiles", "rows", "bf16"};
+            n_attns = 0;
+            for (const char *t = optarg; *t;) {
+                size_t len = strcspn(t, ",");
+                int k = 0;
+                while (k < 3 && (strlen(known[k]) != len || strncmp(t, known[k], len))) k++;
+                if (k == 3 || n_attns == 3) {
+                    fprintf(stderr, "ferry: bench: --attn takes a list of tiles, rows, bf16, not '%s'\n", optarg);
+                    return 2;
+                }
+                attns[n_attns++] = known[k];
+                t += len + (t[len] == ',');
+            }
+            if (!n_attns) {
+                fprintf(stderr, "ferry: bench: --attn needs a kernel\n");
                 return 2;
             }
             break;
+        }
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -151,24 +151,24 @@ static inline __attribute__((always_inline)) void values_cols(const uint32_t *vt
 #pragma GCC unroll 4
     for (int jj = 0; jj < NJ; jj++) x[jj] = _mm512_mul_ps(_mm512_loadu_ps(aa + j0 + 16 * jj), _mm512_set1_ps(ca));
     if (ab) {
-    #pragma GCC unroll 4
-    for (int jj = 0; jj < NJ; jj++) y[jj] = _mm512_mul_ps(_mm512_loadu_ps(ab + j0 + 16 * jj), _mm512_set1_ps(cb));
+#pragma GCC unroll 4
+        for (int jj = 0; jj < NJ; jj++) y[jj] = _mm512_mul_ps(_mm512_loadu_ps(ab + j0 + 16 * jj), _mm512_set1_ps(cb));
         for (int i = pa; i < pb; i++) {
             __m512bh e = (__m512bh)_mm512_set1_epi32((int)ea[i]), f = (__m512bh)_mm512_set1_epi32((int)eb[i]);
-        #pragma GCC unroll 4
-    for (int jj = 0; jj < NJ; jj++) {
+#pragma GCC unroll 4
+            for (int jj = 0; jj < NJ; jj++) {
                 __m512bh vv = (__m512bh)_mm512_load_si512(vt + (size_t)i * hd + j0 + 16 * jj);
                 x[jj] = _mm512_dpbf16_ps(x[jj], e, vv);
                 y[jj] = _mm512_dpbf16_ps(y[jj], f, vv);
             }
         }
-    #pragma GCC unroll 4
-    for (int jj = 0; jj < NJ; jj++) _mm512_storeu_ps(ab + j0 + 16 * jj, y[jj]);
+#pragma GCC unroll 4
+        for (int jj = 0; jj < NJ; jj++) _mm512_storeu_ps(ab + j0 + 16 * jj, y[jj]);
     } else {
         for (int i = pa; i < pb; i++) {
             __m512bh e = (__m512bh)_mm512_set1_epi32((int)ea[i]);
-        #pragma GCC unroll 4
-    for (int jj = 0; jj < NJ; jj++)
+#pragma GCC unroll 4
+            for (int jj = 0; jj < NJ; jj++)
                 x[jj] = _mm512_dpbf16_ps(x[jj], e, (__m512bh)_mm512_load_si512(vt + (size_t)i * hd + j0 + 16 * jj));
         }
     }
@@ -247,8 +247,8 @@ static inline __attribute__((always_inline)) void tile_bf16(const float *const *
             for (int p = 0; p < np; p += 16) {
                 _mm512_store_si512(qa + p, pairs32(_mm512_loadu_ps(xa + 2 * p), _mm512_loadu_ps(xa + 2 * p + 16)));
                 if (two)
-                    _mm512_store_si512(qb + p, pairs32(_mm512_loadu_ps(xa + hd + 2 * p),
-                                                       _mm512_loadu_ps(xa + hd + 2 * p + 16)));
+                    _mm512_store_si512(
+                        qb + p, pairs32(_mm512_loadu_ps(xa + hd + 2 * p), _mm512_loadu_ps(xa + hd + 2 * p + 16)));
             }
             __m512 sa[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, sb[2] = {sa[0], sa[0]};
             for (int c = 0; c < 2; c++) {
