@@ -92,6 +92,13 @@ static inline __attribute__((always_inline)) void scores16(const uint32_t *qa, c
     if (two) *sb = _mm512_add_ps(_mm512_add_ps(b[0], b[1]), _mm512_add_ps(b[2], b[3]));
 }
 
+/* m is the softmax's reference point, not always the running maximum: it
+ * moves (to the maximum) only when a score passes it by more than
+ * LAZY_MAX, which saves a reduction in most blocks; weights stay below
+ * e^LAZY_MAX, far inside f32's and bf16's range, and the merge of
+ * partials (cpu_backend.c) and the output acc / l hold for any m. */
+#define LAZY_MAX 8.0f
+
 /* One head's online-softmax step over its block scores s[0..1] (32 keys,
  * keys outside [lo, hi) masked): m, l updated, e (16 bf16 pairs) set to
  * exp(score - m) rounded to bf16, zero outside [lo, hi); l takes the sum
@@ -102,9 +109,10 @@ static inline __attribute__((always_inline)) float softmax32(__m512 s0, __m512 s
 {
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     s0 = _mm512_mask_blend_ps(k0, ninf, s0), s1 = _mm512_mask_blend_ps(k1, ninf, s1);
-    const float mb = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
     float corr = 1.0f;
-    if (mb > *m) {
+    const __m512 lim = _mm512_set1_ps(*m + LAZY_MAX);
+    if (_mm512_cmp_ps_mask(s0, lim, _CMP_GT_OQ) | _mm512_cmp_ps_mask(s1, lim, _CMP_GT_OQ)) {
+        const float mb = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
         corr = expf(*m - mb);
         *l *= corr;
         *m = mb;
@@ -127,9 +135,9 @@ static inline __attribute__((always_inline)) float softmax16(__m512 s, __mmask16
                                                              uint32_t *e)
 {
     s = _mm512_mask_blend_ps(k, _mm512_set1_ps(-INFINITY), s);
-    const float mb = _mm512_reduce_max_ps(s);
     float corr = 1.0f;
-    if (mb > *m) {
+    if (_mm512_cmp_ps_mask(s, _mm512_set1_ps(*m + LAZY_MAX), _CMP_GT_OQ)) {
+        const float mb = _mm512_reduce_max_ps(s);
         corr = expf(*m - mb);
         *l *= corr;
         *m = mb;
