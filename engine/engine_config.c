@@ -72,13 +72,13 @@ fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engi
     int32_t block_size;
     fy_dtype_t kv_dtype;
     bool prefix_caching, sliding_groups;
-    int evict;
+    int evict, attn;
     int64_t sink, recent, heavy;
     double draft_frac = 0;
     fy_status_t st;
     if ((st = fy_conf_string(c, "worker", "isa", &isa)) || (st = fy_conf_string(c, "worker", "device", &device)) ||
-        (st = fy_conf_int(c, role, "threads", &threads)) || (st = fy_conf_size(c, role, "kv_mem", &kv_mem)) ||
-        (st = fy_conf_int(c, role, "max_seqs", &max_seqs)) ||
+        (st = fy_conf_enum(c, "worker", "attn", &attn)) || (st = fy_conf_int(c, role, "threads", &threads)) ||
+        (st = fy_conf_size(c, role, "kv_mem", &kv_mem)) || (st = fy_conf_int(c, role, "max_seqs", &max_seqs)) ||
         (st = fy_conf_int(c, role, "max_batch_tokens", &max_batch)) ||
         (st = fy_conf_int(c, role, "max_waiting", &max_waiting)) || (st = fy_conf_int(c, role, "ctx", &ctx)) ||
         (st = fy_cluster_kv(c, &block_size, &kv_dtype)) ||
@@ -95,6 +95,7 @@ fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engi
     b.device = device;
     b.threads = (int)threads;
     b.isa = isa;
+    b.attn_bf16 = attn == 1; /* "f32|bf16" */
     b.cluster = c;
     /* kv.prefix_cache = false: no block is named or kept after its request
      * (the baseline of the harness's prefix-caching experiment) */
@@ -147,7 +148,7 @@ fy_status_t fy_engine_stack_create(const fy_model_t *m, const fy_engine_build_t 
         if ((st = fy_runner_layout_for(m, fy_model_config(m)->n_layers, &rp, &lay))) return st;
         rp.n_host_blocks = (int32_t)(b->host_kv_mem / ((int64_t)lay.block_bytes * lay.n_groups));
     }
-    fy_backend_params_t bp = {.n_threads = b->threads, .isa = b->isa};
+    fy_backend_params_t bp = {.n_threads = b->threads, .isa = b->isa, .attn_bf16 = b->attn_bf16};
     if ((st = fy_backend_create_device(b->device, &bp, &s.be)) || (st = fy_runner_create(m, s.be, &rp, &s.runner)))
         goto fail;
     st = b->cluster ? fy_kv_hasher_from_config(b->cluster, &s.hasher) : fy_kv_hasher_create_random(&s.hasher);

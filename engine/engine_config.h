@@ -34,6 +34,7 @@ typedef struct fy_engine_build {
     const char *device; /* "cpu" or "cuda" (fy_backend_create_device); NULL: cpu */
     int threads;        /* 0: one per core */
     const char *isa;    /* CPU kernels; NULL: the best this CPU runs */
+    bool attn_bf16;     /* worker.attn = bf16: CPU prefill attention in bf16 arithmetic */
     /* runner */
     fy_runner_params_t runner;
     int64_t host_kv_mem; /* bytes of host tier for swapped blocks, in whole blocks; 0: none */

@@ -1293,7 +1293,7 @@ fy_status_t fy_backend_cpu_init(const fy_backend_params_t *params, const fy_back
     c->no_repack = params->no_repack;
     const char *ak = getenv("FY_CPU_ATTN"); /* read once: the reference kernel for benchmarks */
     c->attn_rows = ak && !strcmp(ak, "rows");
-    c->attn_bf16 = ak && !strcmp(ak, "bf16");
+    c->attn_bf16 = ak && *ak ? !strcmp(ak, "bf16") : params->attn_bf16;
     if (c->attn_bf16 && (!fy_cpu_has_avx512bf16() || !k->attn_tile[FY_DTYPE_F32])) {
         fy_info("cpu backend: no avx512_bf16 (or tiles) here: f32 attention instead of bf16");
         c->attn_bf16 = false;
