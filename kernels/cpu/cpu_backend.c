@@ -1303,7 +1303,8 @@ fy_status_t fy_backend_cpu_init(const fy_backend_params_t *params, const fy_back
         cpu_destroy(c);
         return st;
     }
-    snprintf(desc, desc_cap, "cpu/%s x%d%s", k->name, n, c->no_repack || !k->gemm_x8[FY_DTYPE_Q4_1] ? "" : ", packed");
+    snprintf(desc, desc_cap, "cpu/%s x%d%s%s", k->name, n, c->no_repack || !k->gemm_x8[FY_DTYPE_Q4_1] ? "" : ", packed",
+             c->attn_bf16 ? ", bf16 attention" : "");
     *ops_p = &g_cpu_ops;
     *ctx_p = c;
     *n_threads_p = n;
