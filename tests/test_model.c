@@ -391,13 +391,14 @@ static void test_fp8_int8_kv_perplexity(void **state)
 /*
  * bf16 prefill attention (FY_CPU_ATTN=bf16) against the f32 tiles on the
  * real model, teacher-forced over the same text and chunks as above (f16
- * KV): perplexity within 1%, and the most likely next token agreeing
- * with f32 attention's at no fewer positions (less 1% of them) than f16
- * KV agrees with f32 KV, both with f32 attention.  An absolute 99% is
- * not the yardstick on this quantized model: its near-ties (leads of a
- * fifth of a logit) flip under any rounding, and storing the KV in f16
- * rather than f32, the project's default, already changes the top token
- * at about 3% of these positions.  Skipped without avx512_bf16.
+ * KV): perplexity within 1%, the most likely next token the same at 95%
+ * of positions or more, and changed only at near-ties (where f32
+ * attention's lead over the runner-up is under half a logit).  99% is
+ * not the yardstick on this quantized model: its near-ties flip under
+ * any rounding, and storing the KV in f16 rather than f32, the project's
+ * default, already changes the top token at 3-4% of these positions
+ * (printed beside, with the largest lead it overturns).  Skipped without
+ * avx512_bf16.
  */
 static void test_bf16_attention_quality(void **state)
 {
@@ -423,18 +424,21 @@ static void test_bf16_attention_quality(void **state)
     double pb = ppl_of(path, tok, (int)n, FY_DTYPE_F16, &bytes, top[1], NULL);
     unsetenv("FY_CPU_ATTN");
     int same = 0, same_kv = 0;
+    double agree;
     float worst = 0, worst_kv = 0; /* the largest leads the bf16 run (the f32 kv) overturned */
     for (size_t i = 0; i + 1 < n; i++) {
         same += top[0][i] == top[1][i], same_kv += top[0][i] == top[2][i];
         if (top[0][i] != top[1][i] && gap[i] > worst) worst = gap[i];
         if (top[0][i] != top[2][i] && gap[i] > worst_kv) worst_kv = gap[i];
     }
+    agree = (double)same / (double)(n - 1);
     fprintf(stderr,
             "bf16 attention over %zu tokens: perplexity %.4f vs f32 %.4f (%+.3f%%), top-1 agreement %d/%zu "
             "(largest lead overturned %.3f); f16 vs f32 kv: perplexity %+.3f%%, agreement %d/%zu (%.3f)\n",
             n, pb, pf, 100 * (pb / pf - 1), same, n - 1, worst, 100 * (pf / p32 - 1), same_kv, n - 1, worst_kv);
     assert_true(fabs(pb / pf - 1) < 0.01);
-    assert_true(same >= same_kv - (int)(n - 1) / 100);
+    assert_true(agree >= 0.95);
+    assert_true(worst < 0.5f);
 }
 
 /* Logits of several sequences run together equal, bit for bit, the logits

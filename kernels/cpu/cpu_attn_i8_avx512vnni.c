@@ -35,8 +35,8 @@ void fy_attn_q8_quantize(const float *q, int G, int hd, int8_t *qc, float *qs, i
 /* acc[g][0 .. 64) += sum over rows i < n of w[g][i] * codes_i[0 .. 64),
  * for NG heads (w: [NG][16], acc rows hd apart), each row's codes
  * converted to f32 once */
-static inline __attribute__((always_inline)) void values_i8(const char *vc, size_t row_bytes, int n,
-                                                            float (*w)[16], float *acc, int hd, const int NG)
+static inline __attribute__((always_inline)) void values_i8(const char *vc, size_t row_bytes, int n, float (*w)[16],
+                                                            float *acc, int hd, const int NG)
 {
     __m512 a[I8_GROUP][4];
 #pragma GCC unroll 4
