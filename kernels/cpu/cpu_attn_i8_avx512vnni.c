@@ -2,9 +2,9 @@
  * place (rows [f32 scale][hd codes], kv.h) with 8-bit dot products: each
  * query head is quantized to int8 once per (token, kv head), Q . K is
  * vpdpbusd (64 u8 x s8 products per instruction) on the stored codes, the
- * softmax and P . V (codes converted to f32, scaled per row) in f32.  A
- * kernel and its test and micro-benchmark (test_kernels) only: the
- * backend does not call it yet.  Makefile: AVX512-VNNI flags. */
+ * softmax and P . V (codes converted to f32, scaled per row) in f32.
+ * Called by the row walk under FY_CPU_ATTN=int8 only (an experiment; the
+ * default dequantizes int8 rows to f32).  Makefile: AVX512-VNNI flags. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>

@@ -116,6 +116,7 @@ typedef struct cpu_ctx {
      * thread's scratch (see attn_tiles) */
     bool attn_rows;    /* FY_CPU_ATTN=rows: every query row on its own (the reference) */
     bool attn_bf16;    /* FY_CPU_ATTN=bf16: tiles in bf16 arithmetic (where the CPU has it) */
+    bool attn_i8;      /* FY_CPU_ATTN=int8: int8 KV read in place by 8-bit query dots (VNNI) in the row walk */
     int32_t *tiles;    /* [max_tiles][4]: sequence, kv head, first row, rows */
     int64_t max_tiles; /* n_heads * (max_tokens / TILE_ROWS + max_seqs) */
     float *tile_ws;    /* [n_threads][tile_ws_per] */
@@ -858,6 +859,13 @@ static void attn_segment(const attn_job_t *j, int32_t t, int32_t kvh, int32_t se
     for (int32_t g = 0; g < G; g++) ml[g] = -INFINITY, ml[G + g] = 0.0f;
     memset(acc, 0, (size_t)G * hd * sizeof(float));
     const float *qt = j->q + ((size_t)t * j->n_heads + (size_t)kvh * G) * hd;
+    /* int8 KV with VNNI (FY_CPU_ATTN=int8): the query quantized once here,
+     * the blocks read in place; not with H2O records (no block sums) */
+    const bool i8 = c->attn_i8 && L->dtype == FY_DTYPE_I8 && !rec && hd % 64 == 0;
+    int8_t qc[MAX_GROUP * MAX_HEAD_DIM];
+    float qs[MAX_GROUP];
+    int32_t qsum[MAX_GROUP];
+    if (i8) fy_attn_q8_quantize(qt, G, hd, qc, qs, qsum);
     int32_t last = (seg + 1) * ATTN_SEG < p + 1 ? (seg + 1) * ATTN_SEG : p + 1;
     int32_t lo = win_lo(j->window, p), start = seg * ATTN_SEG > lo ? seg * ATTN_SEG : lo;
     for (int32_t pos = start; pos < last;) {
@@ -873,6 +881,11 @@ static void attn_segment(const attn_job_t *j, int32_t t, int32_t kvh, int32_t se
         }
         const char *kb = j->arena + fy_kv_offset(L, id, j->layer, 0, kvh) + (size_t)off * L->row_bytes;
         const char *vb = j->arena + fy_kv_offset(L, id, j->layer, 1, kvh) + (size_t)off * L->row_bytes;
+        if (i8) {
+            fy_attn_block_i8_vnni(qc, qs, qsum, G, kb, vb, L->row_bytes, nk, hd, j->scale, ml, ml + G, acc);
+            pos += nk;
+            continue;
+        }
         if (fy_kv_dtype_scaled(L->dtype)) {
             const int fp8 = L->dtype == FY_DTYPE_FP8;
             for (int32_t i = 0; i < nk; i++) {
@@ -1294,6 +1307,9 @@ fy_status_t fy_backend_cpu_init(const fy_backend_params_t *params, const fy_back
     const char *ak = getenv("FY_CPU_ATTN"); /* read once: the reference kernel for benchmarks */
     c->attn_rows = ak && !strcmp(ak, "rows");
     c->attn_bf16 = ak && *ak ? !strcmp(ak, "bf16") : params->attn_bf16;
+    c->attn_i8 = ak && !strcmp(ak, "int8") && k == &fy_cpu_kernels_avx512vnni; /* an experiment: env only */
+    if (ak && !strcmp(ak, "int8") && !c->attn_i8)
+        fy_info("cpu backend: no avx512vnni kernels here: int8 KV dequantized for attention as usual");
     if (c->attn_bf16 && (!fy_cpu_has_avx512bf16() || !k->attn_tile[FY_DTYPE_F32])) {
         fy_info("cpu backend: no avx512_bf16 (or tiles) here: f32 attention instead of bf16");
         c->attn_bf16 = false;
@@ -1304,7 +1320,9 @@ fy_status_t fy_backend_cpu_init(const fy_backend_params_t *params, const fy_back
         return st;
     }
     snprintf(desc, desc_cap, "cpu/%s x%d%s%s", k->name, n, c->no_repack || !k->gemm_x8[FY_DTYPE_Q4_1] ? "" : ", packed",
-             c->attn_bf16 ? ", bf16 attention" : "");
+             c->attn_bf16 ? ", bf16 attention"
+             : c->attn_i8 ? ", int8 vnni decode attention"
+                          : "");
     *ops_p = &g_cpu_ops;
     *ctx_p = c;
     *n_threads_p = n;

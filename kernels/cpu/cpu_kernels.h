@@ -223,8 +223,8 @@ void fy_attn_tile_bf16_f16(const float *const *q, int nr, int G, const void *k, 
 int fy_cpu_has_avx512bf16(void);
 
 /* Decode attention over one block of int8 KV rows read in place
- * (cpu_attn_i8_avx512vnni.c, AVX512-VNNI CPUs; not called by the backend
- * yet).  fy_attn_q8_quantize: q [G][hd] into codes qc [G][hd] with one
+ * (cpu_attn_i8_avx512vnni.c, AVX512-VNNI CPUs; the row walk's under
+ * FY_CPU_ATTN=int8).  fy_attn_q8_quantize: q [G][hd] into codes qc [G][hd] with one
  * scale qs[g] = max |q| / 127 and the codes' sum qsum[g] a head, once per
  * (token, kv head).  fy_attn_block_i8_vnni: k, v point at a block's first
  * rows ([f32 scale][hd codes], row_bytes apart), nk <= 32; m, l, acc as
