@@ -80,8 +80,8 @@ static fy_status_t rank_layout(const model_shape_t *m, int32_t tp, int32_t pp, i
     l.tp = tp, l.pp = pp, l.tp_rank = rank % tp, l.stage = rank / tp;
     l.layer0 = first, l.n_layers = count;
     l.model_layers = m->layers, l.model_kv_heads = m->kv_heads;
-    l.block_bytes = (uint64_t)2 * (uint64_t)count * (uint64_t)l.n_kv_heads * (uint64_t)m->block_size *
-                    (uint64_t)m->head_dim * 2;
+    l.block_bytes =
+        (uint64_t)2 * (uint64_t)count * (uint64_t)l.n_kv_heads * (uint64_t)m->block_size * (uint64_t)m->head_dim * 2;
     *l_p = l;
     return FY_OK;
 }
@@ -193,29 +193,35 @@ static bool parse_shape(const char *s, int32_t *tp_p, int32_t *pp_p)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: ferry bench-reshard [--pairs 1x1:1x1,1x1:3x1,1x2:1x1,3x2:1x1] [--tls tcp|sm]\n"
-               "                           [--tokens 2048] [--reps 5]\n"
-               "  moving one prompt's KV between rank groups of different shapes (pieces of blocks)\n"
-               "  against whole blocks between two whole models (the first pair), in one run\n"
-               "      --pairs LIST    source:destination shapes, tp x pp each (at most %d ranks a side)\n"
-               "      --tls NAME      the UCX transport (default tcp)\n"
-               "      --tokens N      the prompt (default 2048)\n"
-               "      --layers L --heads H --kv-heads K --head-dim D --block-size B\n"
-               "                      the model's shape (default SmolLM2-135M: 30, 9, 3, 64, 16)\n"
-               "      --reps N        timed rounds after a warm-up; the median is kept (default 5)\n"
-               "  -h, --help\n",
-               MAX_RANKS);
+    fprintf(f,
+            "usage: ferry bench-reshard [--pairs 1x1:1x1,1x1:3x1,1x2:1x1,3x2:1x1] [--tls tcp|sm]\n"
+            "                           [--tokens 2048] [--reps 5]\n"
+            "  moving one prompt's KV between rank groups of different shapes (pieces of blocks)\n"
+            "  against whole blocks between two whole models (the first pair), in one run\n"
+            "      --pairs LIST    source:destination shapes, tp x pp each (at most %d ranks a side)\n"
+            "      --tls NAME      the UCX transport (default tcp)\n"
+            "      --tokens N      the prompt (default 2048)\n"
+            "      --layers L --heads H --kv-heads K --head-dim D --block-size B\n"
+            "                      the model's shape (default SmolLM2-135M: 30, 9, 3, 64, 16)\n"
+            "      --reps N        timed rounds after a warm-up; the median is kept (default 5)\n"
+            "  -h, --help\n",
+            MAX_RANKS);
 }
 
 int fy_cmd_bench_reshard(int argc, char **argv)
 {
     enum { O_PAIRS = 256, O_TLS, O_TOKENS, O_LAYERS, O_HEADS, O_KVH, O_HD, O_BS, O_REPS };
     static const struct option opts[] = {
-        {"pairs", required_argument, 0, O_PAIRS},   {"tls", required_argument, 0, O_TLS},
-        {"tokens", required_argument, 0, O_TOKENS}, {"layers", required_argument, 0, O_LAYERS},
-        {"heads", required_argument, 0, O_HEADS},   {"kv-heads", required_argument, 0, O_KVH},
-        {"head-dim", required_argument, 0, O_HD},   {"block-size", required_argument, 0, O_BS},
-        {"reps", required_argument, 0, O_REPS},     {"help", no_argument, 0, 'h'},
+        {"pairs", required_argument, 0, O_PAIRS},
+        {"tls", required_argument, 0, O_TLS},
+        {"tokens", required_argument, 0, O_TOKENS},
+        {"layers", required_argument, 0, O_LAYERS},
+        {"heads", required_argument, 0, O_HEADS},
+        {"kv-heads", required_argument, 0, O_KVH},
+        {"head-dim", required_argument, 0, O_HD},
+        {"block-size", required_argument, 0, O_BS},
+        {"reps", required_argument, 0, O_REPS},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     model_shape_t m = {.layers = 30, .heads = 9, .kv_heads = 3, .head_dim = 64, .block_size = 16, .tokens = 2048};
