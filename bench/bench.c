@@ -449,6 +449,7 @@ int fy_cmd_bench(int argc, char **argv)
                 return 2;
             }
             break;
+        }
         case O_ALT: {
             snprintf(alt_buf, sizeof(alt_buf), "%s", optarg);
             char *eq = strchr(alt_buf, '='), *comma = eq ? strchr(eq, ',') : NULL;
@@ -464,120 +465,119 @@ int fy_cmd_bench(int argc, char **argv)
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
-        }
-        if (!fy_cli_no_operands("bench", argc, argv, usage)) return 2;
-        fy_model_t *m;
-        if (fy_model_load(model, &m) != FY_OK) return 1;
-        if (alt_var[0]) {
-            char cpu[256], date[64];
-            cpu_name(cpu, sizeof(cpu));
-            time_t now = time(NULL);
-            strftime(date, sizeof(date), "%Y-%m-%d", gmtime(&now));
-            printf("ferry bench --alternate, %s\nmachine: %s, %ld cores online\n", date, cpu,
-                   sysconf(_SC_NPROCESSORS_ONLN));
-            printf("%s=%s (A) against %s=%s (B), one process, %ld rounds ABBA of a %d-token prompt and %ld decode "
-                   "steps\n\n",
-                   alt_var, alt_vals[0], alt_var, alt_vals[1], reps, prompts[0], n_gen);
-            printf("| threads | A decode tok/s | B decode tok/s | B / A (median of rounds) | B / A per CPU-second |\n"
-                   "|---:|---:|---:|---:|---:|\n");
-            int rc = 0;
-            for (int i = 0; i < n_counts && !rc; i++) {
-                alt_result_t a = {0};
-                if (run_alternate(m, counts[i], isa, prompts[0], (int)n_gen, (int)reps, alt_var, alt_vals, &a) !=
-                    FY_OK) {
-                    rc = 1;
-                    break;
-                }
-                char cr[32] = "-"; /* workers spin: CPU time means something with one thread only */
-                if (counts[i] == 1) snprintf(cr, sizeof(cr), "%.3f", a.cpu_ratio);
-                printf("| %d | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) | %.3f (%.3f-%.3f) | %s |\n", counts[i], a.tps[0],
-                       a.lo[0], a.hi[0], a.tps[1], a.lo[1], a.hi[1], a.ratio, a.ratio_lo, a.ratio_hi, cr);
-                fflush(stdout);
-            }
-            fy_model_destroy(m);
-            return rc;
-        }
-        char *a = fy_aligned_alloc(4096, BW_BYTES), *b = fy_aligned_alloc(4096, BW_BYTES);
-        if (!a || !b) {
-            fprintf(stderr, "ferry: bench: cannot allocate bandwidth buffers\n");
-            fy_free(a), fy_free(b), fy_model_destroy(m);
-            return 1;
-        }
-        memset(a, 1, BW_BYTES);
-        memset(b, 2, BW_BYTES);
-
-        char cpu[256], desc[512], date[64];
+    }
+    if (!fy_cli_no_operands("bench", argc, argv, usage)) return 2;
+    fy_model_t *m;
+    if (fy_model_load(model, &m) != FY_OK) return 1;
+    if (alt_var[0]) {
+        char cpu[256], date[64];
         cpu_name(cpu, sizeof(cpu));
-        fy_model_describe(m, desc, sizeof(desc));
         time_t now = time(NULL);
         strftime(date, sizeof(date), "%Y-%m-%d", gmtime(&now));
-        double wbytes = (double)fy_model_weight_bytes_per_token(m);
-        printf("ferry bench, %s\nmachine: %s, %ld cores online\nmodel: %s\n", date, cpu, sysconf(_SC_NPROCESSORS_ONLN),
-               desc);
-        printf("batch 1, prompts of %d", prompts[0]);
-        for (int p = 1; p < n_prompts; p++) printf(", %d", prompts[p]);
-        printf(" tokens, decode %ld tokens, median of %ld runs\n\n", n_gen, reps);
-        printf("| prompt | attention | threads | copy GB/s | read GB/s | bound tok/s (copy / read) | prefill tok/s | "
-               "vs prompt %d | decode tok/s | decode / copy bound | decode / read bound |\n",
-               prompts[0]);
-        printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-        int rc = 0, n_res = 0;
-        bench_result_t *res_all = fy_calloc((size_t)n_prompts * n_attns * n_counts, sizeof(bench_result_t));
-        if (!res_all) rc = 1;
-        for (int p = 0; p < n_prompts && !rc; p++) {
-            for (int at = 0; at < n_attns && !rc; at++) {
-                for (int i = 0; i < n_counts; i++) {
-                    bench_result_t res = {.threads = counts[i], .n_prompt = prompts[p], .attn = attns[at]};
-                    setenv("FY_CPU_ATTN", attns[at], 1); /* read when the backend is created */
-                    /* bandwidth on this shared machine moves between runs: measure it
-                 * before and after the model and keep the higher figure, which
-                 * makes the bound the stricter one */
-                    res.copy_bw = measure_bw(a, b, counts[i], 0);
-                    res.read_bw = measure_bw(a, b, counts[i], 1);
-                    if (run_model(m, counts[i], isa, prompts[p], (int)n_gen, (int)reps, &res) != FY_OK) {
-                        rc = 1;
-                        break;
-                    }
-                    res.copy_bw = fmax(res.copy_bw, measure_bw(a, b, counts[i], 0));
-                    res.read_bw = fmax(res.read_bw, measure_bw(a, b, counts[i], 1));
-                    double cb = res.copy_bw / wbytes, rb = res.read_bw / wbytes;
-                    /* the first prompt length's figure for the same threads and kernel */
-                    double first = res.prefill_tps;
-                    for (int k = 0; k < n_res; k++)
-                        if (res_all[k].n_prompt == prompts[0] && res_all[k].threads == counts[i] &&
-                            !strcmp(res_all[k].attn, attns[at]))
-                            first = res_all[k].prefill_tps;
-                    printf("| %d | %s | %d | %.1f | %.1f | %.0f / %.0f | %.1f | %.0f%% | %.1f | %.0f%% | %.0f%% |\n",
-                           prompts[p], attns[at], counts[i], res.copy_bw / 1e9, res.read_bw / 1e9, cb, rb,
-                           res.prefill_tps, 100.0 * res.prefill_tps / first, res.decode_tps,
-                           100.0 * res.decode_tps / cb, 100.0 * res.decode_tps / rb);
-                    fflush(stdout);
-                    res_all[n_res++] = res;
-                }
+        printf("ferry bench --alternate, %s\nmachine: %s, %ld cores online\n", date, cpu,
+               sysconf(_SC_NPROCESSORS_ONLN));
+        printf("%s=%s (A) against %s=%s (B), one process, %ld rounds ABBA of a %d-token prompt and %ld decode "
+               "steps\n\n",
+               alt_var, alt_vals[0], alt_var, alt_vals[1], reps, prompts[0], n_gen);
+        printf("| threads | A decode tok/s | B decode tok/s | B / A (median of rounds) | B / A per CPU-second |\n"
+               "|---:|---:|---:|---:|---:|\n");
+        int rc = 0;
+        for (int i = 0; i < n_counts && !rc; i++) {
+            alt_result_t a = {0};
+            if (run_alternate(m, counts[i], isa, prompts[0], (int)n_gen, (int)reps, alt_var, alt_vals, &a) != FY_OK) {
+                rc = 1;
+                break;
             }
+            char cr[32] = "-"; /* workers spin: CPU time means something with one thread only */
+            if (counts[i] == 1) snprintf(cr, sizeof(cr), "%.3f", a.cpu_ratio);
+            printf("| %d | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) | %.3f (%.3f-%.3f) | %s |\n", counts[i], a.tps[0],
+                   a.lo[0], a.hi[0], a.tps[1], a.lo[1], a.hi[1], a.ratio, a.ratio_lo, a.ratio_hi, cr);
+            fflush(stdout);
         }
-        unsetenv("FY_CPU_ATTN");
-        for (int pass = 0; pass < 2 && rc == 0; pass++) {
-            printf("\n%s time per token by op (ms, one profiled run; columns: prompt / attention / threads)\n\n| op |",
-                   pass ? "decode" : "prefill");
-            for (int i = 0; i < n_res; i++)
-                printf(" %d / %s / %d |", res_all[i].n_prompt, res_all[i].attn, res_all[i].threads);
-            printf("\n|---|");
-            for (int i = 0; i < n_res; i++) printf("---:|");
-            printf("\n");
-            for (int op = 0; op < FY_OP_COUNT; op++) {
-                printf("| %s |", fy_backend_op_name((fy_backend_op_t)op));
-                for (int i = 0; i < n_res; i++) {
-                    const bench_result_t *x = &res_all[i];
-                    printf(" %.3f |", pass ? (double)x->prof.ns[op] / 1e6 / x->prof_tokens
-                                           : (double)x->prof_pre.ns[op] / 1e6 / x->n_prompt);
-                }
-                printf("\n");
-            }
-        }
-        fy_free(res_all);
-        fy_free(a);
-        fy_free(b);
         fy_model_destroy(m);
         return rc;
     }
+    char *a = fy_aligned_alloc(4096, BW_BYTES), *b = fy_aligned_alloc(4096, BW_BYTES);
+    if (!a || !b) {
+        fprintf(stderr, "ferry: bench: cannot allocate bandwidth buffers\n");
+        fy_free(a), fy_free(b), fy_model_destroy(m);
+        return 1;
+    }
+    memset(a, 1, BW_BYTES);
+    memset(b, 2, BW_BYTES);
+
+    char cpu[256], desc[512], date[64];
+    cpu_name(cpu, sizeof(cpu));
+    fy_model_describe(m, desc, sizeof(desc));
+    time_t now = time(NULL);
+    strftime(date, sizeof(date), "%Y-%m-%d", gmtime(&now));
+    double wbytes = (double)fy_model_weight_bytes_per_token(m);
+    printf("ferry bench, %s\nmachine: %s, %ld cores online\nmodel: %s\n", date, cpu, sysconf(_SC_NPROCESSORS_ONLN),
+           desc);
+    printf("batch 1, prompts of %d", prompts[0]);
+    for (int p = 1; p < n_prompts; p++) printf(", %d", prompts[p]);
+    printf(" tokens, decode %ld tokens, median of %ld runs\n\n", n_gen, reps);
+    printf("| prompt | attention | threads | copy GB/s | read GB/s | bound tok/s (copy / read) | prefill tok/s | "
+           "vs prompt %d | decode tok/s | decode / copy bound | decode / read bound |\n",
+           prompts[0]);
+    printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    int rc = 0, n_res = 0;
+    bench_result_t *res_all = fy_calloc((size_t)n_prompts * n_attns * n_counts, sizeof(bench_result_t));
+    if (!res_all) rc = 1;
+    for (int p = 0; p < n_prompts && !rc; p++) {
+        for (int at = 0; at < n_attns && !rc; at++) {
+            for (int i = 0; i < n_counts; i++) {
+                bench_result_t res = {.threads = counts[i], .n_prompt = prompts[p], .attn = attns[at]};
+                setenv("FY_CPU_ATTN", attns[at], 1); /* read when the backend is created */
+                /* bandwidth on this shared machine moves between runs: measure it
+                 * before and after the model and keep the higher figure, which
+                 * makes the bound the stricter one */
+                res.copy_bw = measure_bw(a, b, counts[i], 0);
+                res.read_bw = measure_bw(a, b, counts[i], 1);
+                if (run_model(m, counts[i], isa, prompts[p], (int)n_gen, (int)reps, &res) != FY_OK) {
+                    rc = 1;
+                    break;
+                }
+                res.copy_bw = fmax(res.copy_bw, measure_bw(a, b, counts[i], 0));
+                res.read_bw = fmax(res.read_bw, measure_bw(a, b, counts[i], 1));
+                double cb = res.copy_bw / wbytes, rb = res.read_bw / wbytes;
+                /* the first prompt length's figure for the same threads and kernel */
+                double first = res.prefill_tps;
+                for (int k = 0; k < n_res; k++)
+                    if (res_all[k].n_prompt == prompts[0] && res_all[k].threads == counts[i] &&
+                        !strcmp(res_all[k].attn, attns[at]))
+                        first = res_all[k].prefill_tps;
+                printf("| %d | %s | %d | %.1f | %.1f | %.0f / %.0f | %.1f | %.0f%% | %.1f | %.0f%% | %.0f%% |\n",
+                       prompts[p], attns[at], counts[i], res.copy_bw / 1e9, res.read_bw / 1e9, cb, rb, res.prefill_tps,
+                       100.0 * res.prefill_tps / first, res.decode_tps, 100.0 * res.decode_tps / cb,
+                       100.0 * res.decode_tps / rb);
+                fflush(stdout);
+                res_all[n_res++] = res;
+            }
+        }
+    }
+    unsetenv("FY_CPU_ATTN");
+    for (int pass = 0; pass < 2 && rc == 0; pass++) {
+        printf("\n%s time per token by op (ms, one profiled run; columns: prompt / attention / threads)\n\n| op |",
+               pass ? "decode" : "prefill");
+        for (int i = 0; i < n_res; i++)
+            printf(" %d / %s / %d |", res_all[i].n_prompt, res_all[i].attn, res_all[i].threads);
+        printf("\n|---|");
+        for (int i = 0; i < n_res; i++) printf("---:|");
+        printf("\n");
+        for (int op = 0; op < FY_OP_COUNT; op++) {
+            printf("| %s |", fy_backend_op_name((fy_backend_op_t)op));
+            for (int i = 0; i < n_res; i++) {
+                const bench_result_t *x = &res_all[i];
+                printf(" %.3f |", pass ? (double)x->prof.ns[op] / 1e6 / x->prof_tokens
+                                       : (double)x->prof_pre.ns[op] / 1e6 / x->n_prompt);
+            }
+            printf("\n");
+        }
+    }
+    fy_free(res_all);
+    fy_free(a);
+    fy_free(b);
+    fy_model_destroy(m);
+    return rc;
+}
