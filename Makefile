@@ -106,6 +106,7 @@ LDLIBS  += $(PKG_LIBS) -lm
 AVX2_FLAGS := -mavx2 -mfma -mf16c
 AVXVNNI_FLAGS := $(AVX2_FLAGS) -mavxvnni
 AVX512VNNI_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512vl -mavx512bw -mavx512vnni
+AVX512BF16_FLAGS := $(AVX512VNNI_FLAGS) -mavx512bf16
 
 # ---- CUDA -------------------------------------------------------------------------
 # nvcc compiles only kernels/cuda/*.cu; FY_HAVE_CUDA is defined for
@@ -205,6 +206,11 @@ $(BUILD)/%_avx512vnni.o: %_avx512vnni.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC     $<")
 	$(Q)$(CC) $(CFLAGS) $(AVX512VNNI_FLAGS) -c $< -o $@
+
+$(BUILD)/%_avx512bf16.o: %_avx512bf16.c $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC     $<")
+	$(Q)$(CC) $(CFLAGS) $(AVX512BF16_FLAGS) -c $< -o $@
 
 ifeq ($(CUDA),1)
 $(BUILD)/kernels/backend.o: CFLAGS += -DFY_HAVE_CUDA

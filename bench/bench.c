@@ -150,7 +150,7 @@ typedef struct bench_result {
     int prof_tokens;
     fy_backend_profile_t prof_pre; /* one profiled prefill */
     int n_prompt;
-    const char *attn; /* FY_CPU_ATTN for this run: "tiles" or "rows" */
+    const char *attn; /* FY_CPU_ATTN for this run: "tiles", "rows" or "bf16" */
 } bench_result_t;
 
 static fy_status_t run_model(const fy_model_t *m, int threads, const char *isa, int n_prompt, int n_gen, int reps,
@@ -250,6 +250,101 @@ out:
     return st;
 }
 
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/*
+ * --alternate VAR=A,B: one engine stack, and runs (a prompt, then n_gen
+ * decode steps) that set VAR to A or B in turn, ABBA, so that both see the
+ * same weights in memory and the same drift of a shared machine.  For
+ * variables the backend reads at every batch (FY_CPU_FUSE).  Fills, per
+ * value, the median decode tok/s, and the median over rounds of B / A in
+ * wall time and in tokens per CPU-second (the latter leaves out time the
+ * process was descheduled; with one thread only, as workers spin).
+ */
+typedef struct alt_result {
+    double tps[2], lo[2], hi[2];
+    double ratio, ratio_lo, ratio_hi, cpu_ratio;
+} alt_result_t;
+
+static fy_status_t run_alternate(const fy_model_t *m, int threads, const char *isa, int n_prompt, int n_gen, int rounds,
+                                 const char *var, const char *const vals[2], alt_result_t *out)
+{
+    const fy_model_config_t *c = fy_model_config(m);
+    fy_engine_stack_t s = {0};
+    fy_block_table_t bt = {0};
+    int32_t *prompt = fy_malloc((size_t)n_prompt * sizeof(int32_t));
+    float *logits = fy_malloc((size_t)c->vocab_size * sizeof(float));
+    double *wall = fy_calloc((size_t)rounds * 2, sizeof(double)), *cpu = fy_calloc((size_t)rounds * 2, sizeof(double));
+    double *tmp = fy_calloc((size_t)rounds, sizeof(double));
+    fy_status_t st = FY_ERR_NOMEM;
+    if (!prompt || !logits || !wall || !cpu || !tmp) goto out;
+    fy_runner_params_t rp;
+    fy_runner_params_default(&rp);
+    rp.max_batch_tokens = n_prompt;
+    rp.max_seqs = 1;
+    rp.max_logits = 1;
+    rp.max_ctx = n_prompt + n_gen + 1;
+    rp.n_kv_blocks = (rp.max_ctx + rp.block_size - 1) / rp.block_size;
+    fy_engine_build_t eb;
+    fy_engine_build_default(&eb);
+    eb.threads = threads;
+    eb.isa = isa;
+    eb.runner = rp;
+    eb.prefix_caching = false;
+    eb.no_engine = true;
+    if ((st = fy_engine_stack_create(m, &eb, &s))) goto out;
+    if ((st = fy_kvm_seq_init(s.kvm, &bt, rp.max_ctx, NULL))) goto out;
+    fy_rng_t rng;
+    fy_rng_seed(&rng, 1234);
+    for (int i = 0; i < n_prompt; i++) prompt[i] = (int32_t)(fy_rng_next(&rng) % (uint64_t)c->vocab_size);
+    for (int r = -1; r < rounds; r++) { /* round -1 warms caches and page tables */
+        for (int k = 0; k < 2; k++) {
+            int v = (r & 1) ? 1 - k : k; /* A B, then B A */
+            setenv(var, vals[v], 1);
+            if ((st = fy_kvm_seq_reserve(s.kvm, &bt, rp.max_ctx, NULL))) goto out;
+            fy_forward_seq_t f = {&bt, prompt, n_prompt, 0, 1, NULL};
+            if ((st = fy_runner_forward(s.runner, &f, 1, logits))) goto out;
+            int32_t tok = fy_argmax(logits, c->vocab_size);
+            double t = now_s(), tc = cpu_s();
+            for (int i = 0; i < n_gen; i++) {
+                fy_forward_seq_t d = {&bt, &tok, 1, n_prompt + i, 1, NULL};
+                if ((st = fy_runner_forward(s.runner, &d, 1, logits))) goto out;
+                tok = fy_argmax(logits, c->vocab_size);
+            }
+            t = now_s() - t, tc = cpu_s() - tc;
+            fy_kvm_seq_release(s.kvm, &bt);
+            if (r >= 0) wall[2 * r + v] = n_gen / t, cpu[2 * r + v] = n_gen / tc;
+        }
+    }
+    for (int v = 0; v < 2; v++) {
+        for (int r = 0; r < rounds; r++) tmp[r] = wall[2 * r + v];
+        out->tps[v] = median(tmp, rounds), out->lo[v] = tmp[0], out->hi[v] = tmp[rounds - 1];
+    }
+    for (int r = 0; r < rounds; r++) tmp[r] = wall[2 * r + 1] / wall[2 * r];
+    out->ratio = median(tmp, rounds), out->ratio_lo = tmp[0], out->ratio_hi = tmp[rounds - 1];
+    for (int r = 0; r < rounds; r++) tmp[r] = cpu[2 * r + 1] / cpu[2 * r];
+    out->cpu_ratio = median(tmp, rounds);
+    st = FY_OK;
+out:
+    unsetenv(var);
+    if (bt.blocks) {
+        fy_kvm_seq_release(s.kvm, &bt);
+        fy_kvm_seq_deinit(&bt);
+    }
+    fy_free(prompt);
+    fy_free(logits);
+    fy_free(wall);
+    fy_free(cpu);
+    fy_free(tmp);
+    fy_engine_stack_destroy(&s);
+    return st;
+}
+
 static void cpu_name(char *buf, size_t cap)
 {
     snprintf(buf, cap, "unknown cpu");
@@ -273,7 +368,7 @@ static void cpu_name(char *buf, size_t cap)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: ferry bench [-m MODEL] [--threads 1,2] [--prompt-tokens 128] [--gen-tokens 64] [--reps 3]\n"
-               "                   [--isa auto|avx2|scalar] [--attn tiles,rows]\n"
+               "                   [--isa auto|avx2|scalar] [--attn tiles,rows,bf16]\n"
                "  prefill and decode tokens per second at batch 1, for each thread count, against the\n"
                "  memory-bandwidth bound measured in the same run\n"
                "  -m, --model PATH       .gguf file or Hugging Face folder (default " FY_CLI_DEFAULT_MODEL ")\n"
@@ -284,13 +379,17 @@ static void usage(FILE *f)
                "      --reps N           runs per figure; the median is kept (default 3)\n"
                "      --isa NAME         CPU kernels (default auto)\n"
                "      --attn LIST        CPU prefill attention, comma-separated: tiles (default), rows (the\n"
-               "                         one-row walk, for reference; sets FY_CPU_ATTN)\n"
+               "                         one-row walk, for reference), bf16 (tiles in bf16 arithmetic, on\n"
+               "                         CPUs with avx512_bf16); sets FY_CPU_ATTN\n"
+               "      --alternate VAR=A,B  instead: one process, decode runs with the environment variable\n"
+               "                         VAR set to A and to B in turn (ABBA, --reps rounds), the median ratio\n"
+               "                         B / A; for variables the backend reads at every batch (FY_CPU_FUSE)\n"
                "  -h, --help\n");
 }
 
 int fy_cmd_bench(int argc, char **argv)
 {
-    enum { O_PROMPT = 256, O_GEN, O_REPS, O_ISA, O_ATTN };
+    enum { O_PROMPT = 256, O_GEN, O_REPS, O_ISA, O_ATTN, O_ALT };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
         {"threads", required_argument, 0, 't'},
@@ -299,6 +398,7 @@ int fy_cmd_bench(int argc, char **argv)
         {"reps", required_argument, 0, O_REPS},
         {"isa", required_argument, 0, O_ISA},
         {"attn", required_argument, 0, O_ATTN},
+        {"alternate", required_argument, 0, O_ALT},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -306,9 +406,12 @@ int fy_cmd_bench(int argc, char **argv)
     const char *isa = NULL;
     int counts[MAX_THREAD_COUNTS] = {1, 2}, n_counts = 2;
     int prompts[MAX_PROMPTS] = {128}, n_prompts = 1;
-    const char *attns[2] = {"tiles"};
+    const char *attns[3] = {"tiles"};
     int n_attns = 1;
     long n_gen = 64, reps = 3;
+    char alt_var[64] = "";
+    const char *alt_vals[2] = {NULL, NULL};
+    char alt_buf[256];
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:t:h", opts, NULL)) != -1) {
@@ -327,17 +430,38 @@ int fy_cmd_bench(int argc, char **argv)
             if (!fy_cli_parse_int("--reps", optarg, 1, 100, &reps)) return 2;
             break;
         case O_ISA: isa = optarg; break;
-        case O_ATTN:
-            if (!strcmp(optarg, "tiles") || !strcmp(optarg, "rows"))
-                attns[0] = optarg, n_attns = 1;
-            else if (!strcmp(optarg, "tiles,rows") || !strcmp(optarg, "rows,tiles"))
-                attns[0] = optarg[0] == 't' ? "tiles" : "rows", attns[1] = optarg[0] == 't' ? "rows" : "tiles",
-                n_attns = 2;
-            else {
-                fprintf(stderr, "ferry: bench: --attn takes tiles, rows or both, not '%s'\n", optarg);
+        case O_ATTN: {
+            static const char *const known[] = {"tiles", "rows", "bf16"};
+            n_attns = 0;
+            for (const char *t = optarg; *t;) {
+                size_t len = strcspn(t, ",");
+                int k = 0;
+                while (k < 3 && (strlen(known[k]) != len || strncmp(t, known[k], len))) k++;
+                if (k == 3 || n_attns == 3) {
+                    fprintf(stderr, "ferry: bench: --attn takes a list of tiles, rows, bf16, not '%s'\n", optarg);
+                    return 2;
+                }
+                attns[n_attns++] = known[k];
+                t += len + (t[len] == ',');
+            }
+            if (!n_attns) {
+                fprintf(stderr, "ferry: bench: --attn needs a kernel\n");
                 return 2;
             }
             break;
+        }
+        case O_ALT: {
+            snprintf(alt_buf, sizeof(alt_buf), "%s", optarg);
+            char *eq = strchr(alt_buf, '='), *comma = eq ? strchr(eq, ',') : NULL;
+            if (!eq || !comma || eq == alt_buf || (size_t)(eq - alt_buf) >= sizeof(alt_var)) {
+                fprintf(stderr, "ferry: bench: --alternate takes VAR=A,B, not '%s'\n", optarg);
+                return 2;
+            }
+            *eq = *comma = '\0';
+            memcpy(alt_var, alt_buf, (size_t)(eq - alt_buf) + 1);
+            alt_vals[0] = eq + 1, alt_vals[1] = comma + 1;
+            break;
+        }
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -345,6 +469,34 @@ int fy_cmd_bench(int argc, char **argv)
     if (!fy_cli_no_operands("bench", argc, argv, usage)) return 2;
     fy_model_t *m;
     if (fy_model_load(model, &m) != FY_OK) return 1;
+    if (alt_var[0]) {
+        char cpu[256], date[64];
+        cpu_name(cpu, sizeof(cpu));
+        time_t now = time(NULL);
+        strftime(date, sizeof(date), "%Y-%m-%d", gmtime(&now));
+        printf("ferry bench --alternate, %s\nmachine: %s, %ld cores online\n", date, cpu,
+               sysconf(_SC_NPROCESSORS_ONLN));
+        printf("%s=%s (A) against %s=%s (B), one process, %ld rounds ABBA of a %d-token prompt and %ld decode "
+               "steps\n\n",
+               alt_var, alt_vals[0], alt_var, alt_vals[1], reps, prompts[0], n_gen);
+        printf("| threads | A decode tok/s | B decode tok/s | B / A (median of rounds) | B / A per CPU-second |\n"
+               "|---:|---:|---:|---:|---:|\n");
+        int rc = 0;
+        for (int i = 0; i < n_counts && !rc; i++) {
+            alt_result_t a = {0};
+            if (run_alternate(m, counts[i], isa, prompts[0], (int)n_gen, (int)reps, alt_var, alt_vals, &a) != FY_OK) {
+                rc = 1;
+                break;
+            }
+            char cr[32] = "-"; /* workers spin: CPU time means something with one thread only */
+            if (counts[i] == 1) snprintf(cr, sizeof(cr), "%.3f", a.cpu_ratio);
+            printf("| %d | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) | %.3f (%.3f-%.3f) | %s |\n", counts[i], a.tps[0],
+                   a.lo[0], a.hi[0], a.tps[1], a.lo[1], a.hi[1], a.ratio, a.ratio_lo, a.ratio_hi, cr);
+            fflush(stdout);
+        }
+        fy_model_destroy(m);
+        return rc;
+    }
     char *a = fy_aligned_alloc(4096, BW_BYTES), *b = fy_aligned_alloc(4096, BW_BYTES);
     if (!a || !b) {
         fprintf(stderr, "ferry: bench: cannot allocate bandwidth buffers\n");

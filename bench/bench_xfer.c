@@ -114,6 +114,7 @@ static fy_xfer_layout_t make_layout(const shape_t *s)
                           .order = FY_XFER_ORDER_BLOCK_MAJOR,
                           .block_bytes = s->block_bytes};
     snprintf(l.model_id, sizeof(l.model_id), "bench-xfer/%ldx%ldx%ld", s->layers, s->kv_heads, s->head_dim);
+    fy_xfer_layout_whole(&l);
     return l;
 }
 

@@ -173,6 +173,9 @@ static const fy_conf_key_t KEYS[] = {
     STR("worker", "net_devices", NULL,
         "UCX network devices (UCX_NET_DEVICES, e.g. eth0,mlx5_0:1); unset: the listen address's interface"),
     STR("worker", "isa", NULL, "CPU kernels: auto, avx2, scalar...; unset: the best this CPU runs"),
+    ENUM("worker", "attn", "f32", "f32|bf16",
+         "CPU prefill attention arithmetic: f32 (the reference) or bf16 (perplexity within 1%; CPUs with avx512_bf16, "
+         "elsewhere f32 with a log line; FY_CPU_ATTN overrides)"),
     ENUM("worker", "device", "cpu", "cpu|cuda", "compute device; cuda without a usable GPU warns and uses the cpu"),
     DUR("worker", "http_header_timeout", "10s", 0.1, 3600, "the metrics server's router.http_header_timeout"),
     DUR("worker", "http_idle_timeout", "30s", 1, 86400, "the metrics server's router.http_idle_timeout"),

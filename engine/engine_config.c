@@ -74,13 +74,13 @@ fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engi
     int32_t block_size;
     fy_dtype_t kv_dtype;
     bool prefix_caching, sliding_groups;
-    int evict;
+    int evict, attn;
     int64_t sink, recent, heavy;
     double draft_frac = 0;
     fy_status_t st;
     if ((st = fy_conf_string(c, "worker", "isa", &isa)) || (st = fy_conf_string(c, "worker", "device", &device)) ||
-        (st = fy_conf_int(c, role, "threads", &threads)) || (st = fy_conf_size(c, role, "kv_mem", &kv_mem)) ||
-        (st = fy_conf_int(c, role, "max_seqs", &max_seqs)) ||
+        (st = fy_conf_enum(c, "worker", "attn", &attn)) || (st = fy_conf_int(c, role, "threads", &threads)) ||
+        (st = fy_conf_size(c, role, "kv_mem", &kv_mem)) || (st = fy_conf_int(c, role, "max_seqs", &max_seqs)) ||
         (st = fy_conf_int(c, role, "max_batch_tokens", &max_batch)) ||
         (st = fy_conf_int(c, role, "max_waiting", &max_waiting)) || (st = fy_conf_int(c, role, "ctx", &ctx)) ||
         (st = fy_cluster_kv(c, &block_size, &kv_dtype)) ||
@@ -97,6 +97,7 @@ fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engi
     b.device = device;
     b.threads = (int)threads;
     b.isa = isa;
+    b.attn_bf16 = attn == 1; /* "f32|bf16" */
     b.cluster = c;
     /* kv.prefix_cache = false: no block is named or kept after its request
      * (the baseline of the harness's prefix-caching experiment) */
@@ -169,7 +170,7 @@ static fy_status_t group_check(const fy_model_t *m, const fy_engine_build_t *b, 
 static _Noreturn void follower_main(const fy_model_t *m, const fy_engine_build_t *b, const fy_runner_params_t *rp,
                                     fy_group_t *g, int threads)
 {
-    fy_backend_params_t bp = {.n_threads = threads, .isa = b->isa};
+    fy_backend_params_t bp = {.n_threads = threads, .isa = b->isa, .attn_bf16 = b->attn_bf16};
     fy_backend_t *be = NULL;
     fy_runner_t *r = NULL;
     fy_status_t st = fy_backend_create_device(b->device, &bp, &be);
@@ -208,7 +209,7 @@ fy_status_t fy_engine_stack_create(const fy_model_t *m, const fy_engine_build_t 
         if (threads < 1) threads = 1;
         if (rank != 0) follower_main(m, b, &rp, s.group, threads);
     }
-    fy_backend_params_t bp = {.n_threads = threads, .isa = b->isa};
+    fy_backend_params_t bp = {.n_threads = threads, .isa = b->isa, .attn_bf16 = b->attn_bf16};
     if ((st = fy_backend_create_device(b->device, &bp, &s.be)) ||
         (st = fy_runner_create_rank(m, s.be, &rp, s.group, &s.runner)))
         goto fail;

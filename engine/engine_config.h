@@ -37,6 +37,7 @@ typedef struct fy_engine_build {
     /* ranks: runner.tp tensor-parallel ranks per stage, runner.pp stages
      * (0 and 1 mean 1); more than one rank forks a group (group.h) */
     const char *isa; /* CPU kernels; NULL: the best this CPU runs */
+    bool attn_bf16;  /* worker.attn = bf16: CPU prefill attention in bf16 arithmetic */
     /* runner */
     fy_runner_params_t runner;
     int64_t host_kv_mem; /* bytes of host tier for swapped blocks, in whole blocks; 0: none */

@@ -39,6 +39,7 @@ typedef struct fy_backend_params {
     int n_threads;   /* CPU: worker threads including the caller; 0 = one per core */
     const char *isa; /* CPU: "auto" (default), "avx512vnni", "avxvnni", "avx2" or "scalar" */
     bool no_repack;  /* CPU: use matmul weights in their file layout */
+    bool attn_bf16;  /* CPU: prefill attention in bf16 arithmetic where the CPU has AVX512_BF16 (worker.attn) */
 } fy_backend_params_t;
 
 /* One sequence of a batch: its query tokens are rows [q_start, q_start +

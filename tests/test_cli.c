@@ -114,17 +114,18 @@ typedef struct cmd {
 } cmd_t;
 
 static const cmd_t COMMANDS[] = {
-    {{"ferry", "generate"}},    {{"ferry", "info"}},
-    {{"ferry", "bench"}},       {{"ferry", "bench-kv"}},
-    {{"ferry", "bench-batch"}}, {{"ferry", "bench-xfer"}},
-    {{"ferry", "bench-spec"}},  {{"ferry", "bench-ttft"}},
-    {{"ferry", "bench-ranks"}}, {{"ferry", "plan"}},
-    {{"ferry", "request"}},     {{"ferry", "serve"}},
-    {{"ferry", "chaos"}},       {{"ferry"}},
-    {{"ferry-router"}},         {{"ferry-prefill"}},
-    {{"ferry-decode"}},         {{"ferry-bench"}},
-    {{"ferry-bench", "echo"}},  {{"ferry-bench", "auth"}},
-    {{"ferry", "config"}},
+    {{"ferry", "generate"}},      {{"ferry", "info"}},
+    {{"ferry", "bench"}},         {{"ferry", "bench-kv"}},
+    {{"ferry", "bench-batch"}},   {{"ferry", "bench-xfer"}},
+    {{"ferry", "bench-spec"}},    {{"ferry", "bench-ttft"}},
+    {{"ferry", "bench-ranks"}},   {{"ferry", "plan"}},
+    {{"ferry", "request"}},       {{"ferry", "serve"}},
+    {{"ferry", "chaos"}},         {{"ferry"}},
+    {{"ferry-router"}},           {{"ferry-prefill"}},
+    {{"ferry-decode"}},           {{"ferry-bench"}},
+    {{"ferry-bench", "echo"}},    {{"ferry-bench", "auth"}},
+    {{"ferry", "config"}},        {{"ferry", "bench-group"}},
+    {{"ferry", "bench-reshard"}},
 };
 #define N_COMMANDS (int)(sizeof(COMMANDS) / sizeof(COMMANDS[0]))
 
@@ -245,6 +246,7 @@ static void test_options_reach_the_work(void **state)
         {"ferry", "info", missing, NULL},
         {"ferry", "info", "-m", missing, NULL},
         {"ferry", "bench", "-m", missing, "--threads", "1", "--reps", "1", NULL},
+        {"ferry", "bench", "-m", missing, "--alternate", "FY_CPU_FUSE=0,1", "--reps", "1", NULL},
         {"ferry", "bench-batch", "-m", missing, "--batches", "1,2", "-t", "1", NULL},
         {"ferry", "bench-spec", "--model", missing, "--batch", "1", "--workload", "open", NULL},
         {"ferry", "plan", "-m", missing, "--kv-mem", "1GiB", NULL},
@@ -260,6 +262,12 @@ static void test_options_reach_the_work(void **state)
     run_t r = run_argv(bad);
     assert_int_equal(r.status, 2);
     assert_non_null(strstr(r.err, "--top-p expects"));
+    assert_null(strstr(r.err, "no-such-model"));
+    run_free(&r);
+    const char *bad_alt[] = {"ferry", "bench", "-m", missing, "--alternate", "FY_CPU_FUSE", NULL};
+    r = run_argv(bad_alt);
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "--alternate takes VAR=A,B"));
     assert_null(strstr(r.err, "no-such-model"));
     run_free(&r);
     /* a worker's CPU list is applied first thing at start-up: one it may

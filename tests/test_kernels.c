@@ -824,6 +824,49 @@ static void write_kv(fy_backend_t *be, const fy_kv_layout_t *lay, char *arena, i
 }
 
 /*
+ * The bf16 tile kernel's error bound for one query row, per output element,
+ * against exact arithmetic over the stored K/V (bound[h * hd + d]).  With u
+ * = 2^-9 (bf16's rounding to nearest) each score q . k scale moves by at
+ * most D = (2u + u^2) scale sum |q_d k_d| from rounding q and k, plus f32
+ * sums (hd 2^-24 of the same); so each weight exp(s - m) moves by a factor
+ * within e^{+-D}, and rounding it to bf16 adds (1 +- u): every weight w_i
+ * gets a factor (1 + eta_i), |eta_i| <= eta = e^D (1 + u) - 1.  Numerator
+ * and normaliser use the same rounded weights, so the normalised weights
+ * move by at most w_i 2 eta / (1 - eta), and V's rounding adds u |v_i|:
+ * |out - ref| <= (2 eta + u (1 + eta)) / (1 - eta) sum_i w_i |v_id|, plus
+ * 1e-6 relative for the f32 exp and sums.
+ */
+static void bf16_attention_bound(const float *q, const float *K, const float *V, int n_heads, int n_kv, int hd,
+                                 int window, double scale, int pos, double *bound)
+{
+    const double u = 1.0 / 512;
+    int group = n_heads / n_kv, lo = window && pos - window + 1 > 0 ? pos - window + 1 : 0;
+    static double w[REF_MAX_POS];
+    for (int h = 0; h < n_heads; h++) {
+        int kh = h / group;
+        double mx = -INFINITY, sum = 0, D = 0;
+        for (int s = lo; s <= pos; s++) {
+            double d = 0, a = 0;
+            for (int i = 0; i < hd; i++) {
+                double x = (double)q[h * hd + i] * K[((size_t)s * n_kv + kh) * hd + i];
+                d += x, a += fabs(x);
+            }
+            w[s] = d * scale;
+            mx = w[s] > mx ? w[s] : mx;
+            a *= scale * (2 * u + u * u + hd * 0x1p-24);
+            D = a > D ? a : D;
+        }
+        for (int s = lo; s <= pos; s++) sum += (w[s] = exp(w[s] - mx));
+        double eta = exp(D) * (1 + u) - 1, f = (2 * eta + u * (1 + eta)) / (1 - eta);
+        for (int i = 0; i < hd; i++) {
+            double a = 0;
+            for (int s = lo; s <= pos; s++) a += w[s] / sum * fabs(V[((size_t)s * n_kv + kh) * hd + i]);
+            bound[h * hd + i] = f * a + 1e-6 * (1 + a);
+        }
+    }
+}
+
+/*
  * The tiled prefill kernel (TILE_ROWS query rows per K/V block read)
  * against the one-row walk (FY_CPU_ATTN=rows) on the models' own head
  * shapes: SmolLM2's 9 heads over 3 KV heads of 64, Gemma 3's 4 over 1 of
@@ -831,7 +874,9 @@ static void write_kv(fy_backend_t *be, const fy_kv_layout_t *lay, char *arena, i
  * first chunk, a chunk after a cached prefix, both straddling blocks and
  * tiles, beside a decoding sequence; global and sliding-window layers.
  * Bit for bit (each row's arithmetic is the walk's), and against the
- * double-precision reference over the stored K/V.
+ * double-precision reference over the stored K/V.  The bf16 tiles
+ * (FY_CPU_ATTN=bf16, where the CPU has AVX512_BF16) against the same
+ * reference within bf16_attention_bound's derived bound.
  */
 static void test_tiled_attention_matches_rows(void **state)
 {
@@ -843,15 +888,16 @@ static void test_tiled_attention_matches_rows(void **state)
     const fy_dtype_t kvts[] = {FY_DTYPE_F32, FY_DTYPE_F16, FY_DTYPE_FP8, FY_DTYPE_I8};
     enum { NS = 3, MAXLEN = 420 };
     const int len[NS] = {77, 45 + 130, 400}, n_q[NS] = {77, 130, 1}; /* first chunk, chunk after a prefix, decode */
-    fy_backend_t *be[2];
-    for (int i = 0; i < 2; i++) {
-        if (i)
-            unsetenv("FY_CPU_ATTN");
-        else
-            setenv("FY_CPU_ATTN", "rows", 1);
+    fy_backend_t *be[3];
+    const char *attn[3] = {"rows", "tiles", "bf16"};
+    const int n_be = fy_cpu_has_avx512bf16() ? 3 : 2;
+    if (n_be < 3) printf("test_tiled_attention_matches_rows: no avx512_bf16 here, bf16 tiles not tested\n");
+    for (int i = 0; i < n_be; i++) {
+        setenv("FY_CPU_ATTN", attn[i], 1);
         be[i] = attn_backend(2, MAXLEN * NS, MAXLEN, 9, 256);
     }
     unsetenv("FY_CPU_ATTN");
+    double worst = 0; /* bf16: the largest error as a share of its bound */
     uint64_t seed = 4242;
     for (size_t sh = 0; sh < FY_ARRAY_LEN(shapes); sh++)
         for (size_t b = 0; b < FY_ARRAY_LEN(bss); b++)
@@ -907,10 +953,10 @@ static void test_tiled_attention_matches_rows(void **state)
                             slot[t] = tables[s][pos[t] / bs] * bs + pos[t] % bs;
                         }
                     size_t nq = (size_t)n_tok * H * HD;
-                    float *q = malloc(nq * sizeof(float)), *out[2];
+                    float *q = malloc(nq * sizeof(float)), *out[3] = {0};
                     for (size_t i = 0; i < nq; i++) q[i] = fy_test_rand_uniform(&seed) * 2 - 1;
                     fy_batch_meta_t m = {n_tok, tok, pos, slot, NS, seqs, 1};
-                    for (int i = 0; i < 2; i++) {
+                    for (int i = 0; i < n_be; i++) {
                         out[i] = malloc(nq * sizeof(float));
                         assert_int_equal(fy_backend_set_batch(be[i], &m), FY_OK);
                         assert_int_equal(fy_backend_attention(be[i], &lay, arena, 0, H, 1.0f / sqrtf((float)HD),
@@ -920,7 +966,7 @@ static void test_tiled_attention_matches_rows(void **state)
                     if (memcmp(out[0], out[1], nq * sizeof(float)))
                         fail_msg("%d/%d heads of %d, %s, block %d, window %d: tiles and rows differ", H, KV, HD,
                                  fy_dtype_name(kvts[k]), bs, windows[w]);
-                    double ref[4 * 256];
+                    double ref[9 * 256], bound[9 * 256];
                     for (int s = 0, t = 0; s < NS; s++)
                         for (int i = 0; i < n_q[s]; i++, t++) {
                             ref_attention(q + (size_t)t * H * HD, K[s], V[s], H, KV, HD, windows[w],
@@ -931,11 +977,25 @@ static void test_tiled_attention_matches_rows(void **state)
                                     fail_msg("%s block %d window %d: seq %d row %d elem %d: %g vs %g",
                                              fy_dtype_name(kvts[k]), bs, windows[w], s, i, j, g, ref[j]);
                             }
+                            if (n_be < 3) continue;
+                            bf16_attention_bound(q + (size_t)t * H * HD, K[s], V[s], H, KV, HD, windows[w],
+                                                 1.0 / sqrt((double)HD), pos[t], bound);
+                            for (int j = 0; j < H * HD; j++) {
+                                double e = fabs(out[2][(size_t)t * H * HD + j] - ref[j]);
+                                if (!(e <= bound[j]))
+                                    fail_msg("bf16: %d/%d heads of %d, %s block %d window %d: seq %d row %d elem %d: "
+                                             "%g vs %g (bound %g)",
+                                             H, KV, HD, fy_dtype_name(kvts[k]), bs, windows[w], s, i, j,
+                                             out[2][(size_t)t * H * HD + j], ref[j], bound[j]);
+                                worst = e / bound[j] > worst ? e / bound[j] : worst;
+                            }
                         }
                     for (int s = 0; s < NS; s++) free(K[s]), free(V[s]);
-                    free(tok), free(pos), free(slot), free(q), free(out[0]), free(out[1]), free(arena);
+                    free(tok), free(pos), free(slot), free(q), free(arena);
+                    for (int i = 0; i < n_be; i++) free(out[i]);
                 }
-    fy_backend_destroy(be[0]), fy_backend_destroy(be[1]);
+    if (n_be == 3) printf("bf16 tiles: largest error %.3f of the derived bound\n", worst);
+    for (int i = 0; i < n_be; i++) fy_backend_destroy(be[i]);
 }
 
 /*
@@ -1156,12 +1216,15 @@ static void test_tiled_attention_speed(void **state)
     (void)state;
     enum { H = 9, KV = 3, HD = 64, BS = 16, NQ = 256, MAX_REPS = 31 };
     const int reps = getenv("FY_TEST_BENCH") ? MAX_REPS : 5, ctxs[] = {512, 2048};
+    const int n_be = fy_cpu_has_avx512bf16() ? 3 : 2; /* rows, tiles, bf16 tiles */
     for (int threads = 1; threads <= 2; threads++) {
-        fy_backend_t *be[2];
-        setenv("FY_CPU_ATTN", "rows", 1);
-        be[0] = attn_backend(threads, NQ, 2048, H, HD);
+        fy_backend_t *be[3];
+        const char *attn[3] = {"rows", "tiles", "bf16"};
+        for (int i = 0; i < n_be; i++) {
+            setenv("FY_CPU_ATTN", attn[i], 1);
+            be[i] = attn_backend(threads, NQ, 2048, H, HD);
+        }
         unsetenv("FY_CPU_ATTN");
-        be[1] = attn_backend(threads, NQ, 2048, H, HD);
         for (size_t ci = 0; ci < FY_ARRAY_LEN(ctxs); ci++) {
             const int ctx = ctxs[ci], nb = ctx / BS;
             fy_kv_layout_t lay;
@@ -1171,16 +1234,16 @@ static void test_tiled_attention_speed(void **state)
             uint64_t seed = 19;
             for (int i = 0; i < nb; i++) table[i] = (int32_t)((i * 97) % nb); /* scattered */
             write_kv(be[0], &lay, arena, 0, table, ctx, NQ, &seed);
-            float *q = malloc(sizeof(float) * NQ * H * HD), *out[2];
-            out[0] = malloc(sizeof(float) * NQ * H * HD), out[1] = malloc(sizeof(float) * NQ * H * HD);
+            float *q = malloc(sizeof(float) * NQ * H * HD), *out[3];
+            for (int i = 0; i < 3; i++) out[i] = malloc(sizeof(float) * NQ * H * HD);
             for (int i = 0; i < NQ * H * HD; i++) q[i] = fy_test_rand_uniform(&seed) * 2 - 1;
             fy_attn_seq_t seq = {0, NQ, ctx, nb, table, 0};
             for (int t = 0; t < NQ; t++) pos[t] = ctx - NQ + t, slot[t] = table[pos[t] / BS] * BS + pos[t] % BS;
             fy_batch_meta_t m = {NQ, tok, pos, slot, 1, &seq, 1};
-            double t[2][MAX_REPS];
+            double t[3][MAX_REPS];
             for (int r = 0; r < reps; r++) {
-                for (int k = 0; k < 2; k++) {
-                    int i = k ^ (r & 1);
+                for (int k = 0; k < n_be; k++) {
+                    int i = (k + r) % n_be; /* each configuration first in turn */
                     assert_int_equal(fy_backend_set_batch(be[i], &m), FY_OK);
                     double t0 = now_ms();
                     assert_int_equal(fy_backend_attention(be[i], &lay, arena, 0, H, 0.125f, 0, q, out[i]), FY_OK);
@@ -1190,6 +1253,7 @@ static void test_tiled_attention_speed(void **state)
             assert_memory_equal(out[0], out[1], sizeof(float) * NQ * H * HD);
             qsort(t[0], (size_t)reps, sizeof(double), cmp_double);
             qsort(t[1], (size_t)reps, sizeof(double), cmp_double);
+            qsort(t[2], (size_t)reps, sizeof(double), cmp_double);
             double flop = 0;
             for (int i = 0; i < NQ; i++) flop += 4.0 * (pos[i] + 1) * H * HD;
             fprintf(stderr,
@@ -1198,10 +1262,177 @@ static void test_tiled_attention_speed(void **state)
                     NQ, ctx - NQ, ctx, H, KV, HD, BS, threads, threads > 1 ? "s" : "", t[0][reps / 2], t[1][reps / 2],
                     t[0][reps / 2] / t[1][reps / 2], flop / t[1][reps / 2] * 1e-6, t[0][0], t[1][0], t[0][0] / t[1][0],
                     reps);
-            free(arena), free(table), free(q), free(out[0]), free(out[1]);
+            if (n_be == 3)
+                fprintf(stderr, "tiled attention: bf16 tiles median %.3f ms (%.2fx the f32 tiles, %.1f GFLOP/s)\n",
+                        t[2][reps / 2], t[1][reps / 2] / t[2][reps / 2], flop / t[2][reps / 2] * 1e-6);
+            free(arena), free(table), free(q), free(out[0]), free(out[1]), free(out[2]);
         }
-        fy_backend_destroy(be[0]), fy_backend_destroy(be[1]);
+        for (int i = 0; i < n_be; i++) fy_backend_destroy(be[i]);
     }
+}
+
+/*
+ * The int8 VNNI decode block kernel (fy_attn_block_i8_vnni) over int8 KV
+ * rows against the double-precision reference over the same stored rows
+ * and the unquantized query, on SmolLM2's, Gemma 3's and a one-head
+ * group's shapes, walking a context in blocks of 8, 16 and 32 with a
+ * ragged last block.  Bound: the stored K and V are exact inputs, so the
+ * error comes from quantizing q (score i moves by at most
+ * D_i = scale sum_d |q_d - qs qc_d| |k_id|, computed from the codes
+ * used) and f32 rounding (the int32 dot is exact; scales 4 roundings,
+ * exp 1e-6 relative); each weight moves by a factor within
+ * e^{+-D} (1 +- 1e-6), so |out - ref| <= 2 eta / (1 - eta) sum w |v|
+ * with eta = e^D (1 + 1e-6) - 1, plus the f32 sums over n keys
+ * (n 2^-24 sum w |v|).
+ */
+static void test_i8_vnni_attention(void **state)
+{
+    (void)state;
+    if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")) {
+        printf("no avx512_vnni here: int8 attention kernel not tested\n");
+        skip();
+    }
+    const struct {
+        int G, hd;
+    } shapes[] = {{3, 64}, {4, 256}, {1, 64}};
+    const int bss[] = {8, 16, 32}, lens[] = {1, 13, 300};
+    uint64_t seed = 1919;
+    double worst = 0;
+    for (size_t sh = 0; sh < FY_ARRAY_LEN(shapes); sh++)
+        for (size_t b = 0; b < FY_ARRAY_LEN(bss); b++)
+            for (size_t li = 0; li < FY_ARRAY_LEN(lens); li++) {
+                const int G = shapes[sh].G, hd = shapes[sh].hd, bs = bss[b], n = lens[li];
+                fy_kv_layout_t lay;
+                assert_int_equal(fy_kv_layout_init(&lay, 1, 1, hd, bs, FY_DTYPE_I8), FY_OK);
+                char *kr = malloc(lay.row_bytes * n), *vr = malloc(lay.row_bytes * n);
+                float *K = malloc(sizeof(float) * n * hd), *V = malloc(sizeof(float) * n * hd);
+                float *x = malloc(sizeof(float) * hd), *q = malloc(sizeof(float) * G * hd);
+                for (int i = 0; i < n; i++) {
+                    for (int d = 0; d < hd; d++) x[d] = fy_test_rand_uniform(&seed) * (1 + (i % 7));
+                    fy_kv_row_write(&lay, x, kr + lay.row_bytes * i),
+                        fy_kv_row_read(&lay, kr + lay.row_bytes * i, K + (size_t)i * hd);
+                    for (int d = 0; d < hd; d++) x[d] = fy_test_rand_uniform(&seed);
+                    fy_kv_row_write(&lay, x, vr + lay.row_bytes * i),
+                        fy_kv_row_read(&lay, vr + lay.row_bytes * i, V + (size_t)i * hd);
+                }
+                for (int i = 0; i < G * hd; i++) q[i] = fy_test_rand_uniform(&seed) * 2;
+                int8_t qc[4 * 256];
+                float qs[4], m[4], l[4], acc[4 * 256];
+                int32_t qsum[4];
+                fy_attn_q8_quantize(q, G, hd, qc, qs, qsum);
+                for (int g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0;
+                memset(acc, 0, sizeof(acc));
+                const float scale = 1.0f / sqrtf((float)hd);
+                for (int b0 = 0; b0 < n; b0 += bs) {
+                    int nk = n - b0 < bs ? n - b0 : bs;
+                    fy_attn_block_i8_vnni(qc, qs, qsum, G, kr + lay.row_bytes * b0, vr + lay.row_bytes * b0,
+                                          lay.row_bytes, nk, hd, scale, m, l, acc);
+                }
+                for (int g = 0; g < G; g++) {
+                    double sc[300], mx = -INFINITY, sum = 0, D = 0;
+                    for (int i = 0; i < n; i++) {
+                        double dot = 0, dq = 0;
+                        for (int d = 0; d < hd; d++) {
+                            double kk = K[(size_t)i * hd + d], qq = q[g * hd + d];
+                            dot += qq * kk, dq += fabs(qq - (double)qs[g] * qc[g * hd + d]) * fabs(kk);
+                        }
+                        sc[i] = dot * scale;
+                        mx = sc[i] > mx ? sc[i] : mx;
+                        double Di = dq * scale + 4 * 0x1p-24 * fabs(sc[i]);
+                        D = Di > D ? Di : D;
+                    }
+                    for (int i = 0; i < n; i++) sum += (sc[i] = exp(sc[i] - mx));
+                    double eta = exp(D) * (1 + 1e-6) - 1;
+                    for (int d = 0; d < hd; d++) {
+                        double r = 0, a = 0;
+                        for (int i = 0; i < n; i++)
+                            r += sc[i] / sum * V[(size_t)i * hd + d], a += sc[i] / sum * fabs(V[(size_t)i * hd + d]);
+                        double bound = 2 * eta / (1 - eta) * a + (n + 8) * 0x1p-24 * a + 1e-7;
+                        double got = acc[g * hd + d] / l[g], err = fabs(got - r);
+                        if (!(err <= bound))
+                            fail_msg("int8 vnni: G %d hd %d block %d len %d head %d dim %d: %g vs %g (bound %g)", G, hd,
+                                     bs, n, g, d, got, r, bound);
+                        worst = err / bound > worst ? err / bound : worst;
+                    }
+                }
+                free(kr), free(vr), free(K), free(V), free(x), free(q);
+            }
+    printf("int8 vnni attention: largest error %.3f of the derived bound\n", worst);
+}
+
+/*
+ * Decode attention at batch 32 x 2,048 context on SmolLM2's shape (3 KV
+ * heads, 3 query heads each, head size 64, blocks of 16), one thread, one
+ * layer's worth of block calls: the f32 block kernel on f32 and f16 rows,
+ * on int8 rows dequantized first (today's int8 path), and the int8 VNNI
+ * kernel on the rows in place.  Speed only printed (alternating, median).
+ */
+static void test_decode_attention_speed(void **state)
+{
+    (void)state;
+    if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")) skip();
+    enum { B = 32, CTX = 2048, KV = 3, G = 3, HD = 64, BS = 16, NK = 4, MAX_REPS = 15 };
+    const int reps = getenv("FY_TEST_BENCH") ? MAX_REPS : 3;
+    const fy_cpu_kernels_t *kt = &fy_cpu_kernels_avx512vnni;
+    fy_kv_layout_t li8;
+    assert_int_equal(fy_kv_layout_init(&li8, 1, 1, HD, BS, FY_DTYPE_I8), FY_OK);
+    const size_t rows = (size_t)B * KV * CTX;
+    float *kf = malloc(sizeof(float) * rows * HD), *vf = malloc(sizeof(float) * rows * HD);
+    uint16_t *kh = malloc(2 * rows * HD), *vh = malloc(2 * rows * HD);
+    char *k8 = malloc(li8.row_bytes * rows), *v8 = malloc(li8.row_bytes * rows);
+    uint64_t seed = 32;
+    for (size_t i = 0; i < rows * HD; i++) kf[i] = fy_test_rand_uniform(&seed), vf[i] = fy_test_rand_uniform(&seed);
+    kt->f32_to_f16(kf, kh, (int64_t)(rows * HD)), kt->f32_to_f16(vf, vh, (int64_t)(rows * HD));
+    for (size_t i = 0; i < rows; i++)
+        fy_kv_row_write(&li8, kf + i * HD, k8 + i * li8.row_bytes),
+            fy_kv_row_write(&li8, vf + i * HD, v8 + i * li8.row_bytes);
+    float *q = malloc(sizeof(float) * B * KV * G * HD), *out = malloc(sizeof(float) * B * KV * G * HD);
+    for (int i = 0; i < B * KV * G * HD; i++) q[i] = fy_test_rand_uniform(&seed);
+    float dq[64 * HD] __attribute__((aligned(64)));
+    const char *names[NK] = {"f32 kv", "f16 kv", "int8 kv dequantized + f32", "int8 kv vnni"};
+    double t[NK][MAX_REPS];
+    for (int r = 0; r < reps; r++)
+        for (int kk = 0; kk < NK; kk++) {
+            const int kind = (kk + r) % NK;
+            double t0 = now_ms();
+            for (int s = 0; s < B * KV; s++) {
+                const float *qs_ = q + (size_t)s * G * HD;
+                float m[G], l[G], *acc = out + (size_t)s * G * HD;
+                int8_t qc[G * HD];
+                float qsc[G];
+                int32_t qsum[G];
+                for (int g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0;
+                memset(acc, 0, sizeof(float) * G * HD);
+                if (kind == 3) fy_attn_q8_quantize(qs_, G, HD, qc, qsc, qsum);
+                for (int b0 = 0; b0 < CTX; b0 += BS) {
+                    size_t row0 = (size_t)s * CTX + b0;
+                    if (kind == 0)
+                        kt->attn_block[FY_DTYPE_F32](qs_, G, kf + row0 * HD, vf + row0 * HD, BS, HD, 0.125f, m, l, acc,
+                                                     NULL);
+                    else if (kind == 1)
+                        kt->attn_block[FY_DTYPE_F16](qs_, G, kh + row0 * HD, vh + row0 * HD, BS, HD, 0.125f, m, l, acc,
+                                                     NULL);
+                    else if (kind == 2) {
+                        for (int i = 0; i < BS; i++) {
+                            kt->kv_row_read(k8 + (row0 + i) * li8.row_bytes, 0, dq + (size_t)i * HD, HD);
+                            kt->kv_row_read(v8 + (row0 + i) * li8.row_bytes, 0, dq + (size_t)(32 + i) * HD, HD);
+                        }
+                        kt->attn_block[FY_DTYPE_F32](qs_, G, dq, dq + 32 * HD, BS, HD, 0.125f, m, l, acc, NULL);
+                    } else
+                        fy_attn_block_i8_vnni(qc, qsc, qsum, G, k8 + row0 * li8.row_bytes, v8 + row0 * li8.row_bytes,
+                                              li8.row_bytes, BS, HD, 0.125f, m, l, acc);
+                }
+            }
+            t[kind][r] = now_ms() - t0;
+        }
+    for (int kk = 0; kk < NK; kk++) qsort(t[kk], (size_t)reps, sizeof(double), cmp_double);
+    for (int kk = 0; kk < NK; kk++)
+        fprintf(stderr,
+                "decode attention, batch %d x %d context (%d kv heads x %d, head %d, block %d, 1 thread, one layer): "
+                "%s median %.3f ms (%.2fx f32 kv, %.2fx int8 dequantized); %d rounds\n",
+                B, CTX, KV, G, HD, BS, names[kk], t[kk][reps / 2], t[0][reps / 2] / t[kk][reps / 2],
+                t[2][reps / 2] / t[kk][reps / 2], reps);
+    free(kf), free(vf), free(kh), free(vh), free(k8), free(v8), free(q), free(out);
 }
 
 /* ---- thread pool ------------------------------------------------------------------------ */
@@ -1284,6 +1515,8 @@ int main(void)
         cmocka_unit_test(test_attention_scores_api),
         cmocka_unit_test(test_attention_scores_overhead),
         cmocka_unit_test(test_tiled_attention_speed),
+        cmocka_unit_test(test_i8_vnni_attention),
+        cmocka_unit_test(test_decode_attention_speed),
         cmocka_unit_test(test_fp8_e4m3_codec),
         cmocka_unit_test(test_kv_scaled_rows),
         cmocka_unit_test(test_threadpool_runs_every_item_once),

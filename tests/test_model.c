@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "cpu_kernels.h"
 #include "gguf_writer.h"
 #include "kv.h"
 #include "mem.h"
@@ -283,7 +284,11 @@ static const char PPL_TEXT[] =
     "the evening the air is loud with frogs. The mill is a museum. Its wheel no longer turns, "
     "but the guide will tell you, if you ask, that the river has not finished with the village yet.";
 
-static double ppl_of(const char *path, const int32_t *tok, int n, fy_dtype_t kv, size_t *bytes_per_token_p)
+/* top1: NULL, or [n - 1] set to each position's most likely next token;
+ * gap: NULL, or [n - 1] set to its logit's lead over the runner-up's;
+ * chunk: tokens per forward (1: every position as a decode step) */
+static double ppl_of(const char *path, const int32_t *tok, int n, fy_dtype_t kv, size_t *bytes_per_token_p,
+                     int32_t *top1, float *gap, int chunk)
 {
     fy_model_t *m;
     assert_int_equal(fy_model_load(path, &m), FY_OK);
@@ -316,14 +321,23 @@ static double ppl_of(const char *path, const int32_t *tok, int n, fy_dtype_t kv,
     assert_int_equal(fy_kvm_seq_init(kvm, &bt, 512, NULL), FY_OK);
     double nll = 0;
     for (int done = 0; done < n - 1;) {
-        int k = n - 1 - done < 64 ? n - 1 - done : 64;
+        int k = n - 1 - done < chunk ? n - 1 - done : chunk;
         assert_int_equal(fy_kvm_seq_reserve(kvm, &bt, done + k, NULL), FY_OK);
         fy_forward_seq_t f = {&bt, tok + done, k, done, k, NULL};
         assert_int_equal(fy_runner_forward(r, &f, 1, logits), FY_OK);
         for (int i = 0; i < k; i++) { /* -log p(tok[done + i + 1]) */
             const float *l = logits + (size_t)i * vocab;
             double mx = l[0], sum = 0;
-            for (int v = 1; v < vocab; v++) mx = l[v] > mx ? l[v] : mx;
+            int arg = 0;
+            for (int v = 1; v < vocab; v++)
+                if (l[v] > mx) mx = l[v], arg = v;
+            if (top1) top1[done + i] = arg;
+            if (gap) {
+                float second = -INFINITY;
+                for (int v = 0; v < vocab; v++)
+                    if (v != arg && l[v] > second) second = l[v];
+                gap[done + i] = (float)mx - second;
+            }
             for (int v = 0; v < vocab; v++) sum += exp(l[v] - mx);
             nll += log(sum) + mx - l[tok[done + i + 1]];
         }
@@ -357,10 +371,10 @@ static void test_fp8_int8_kv_perplexity(void **state)
     fy_model_destroy(m);
     assert_true(n >= 300 && n <= 500);
     size_t b16, b32, b8f, b8i;
-    double p16 = ppl_of(path, tok, (int)n, FY_DTYPE_F16, &b16);
-    double p32 = ppl_of(path, tok, (int)n, FY_DTYPE_F32, &b32);
-    double pf8 = ppl_of(path, tok, (int)n, FY_DTYPE_FP8, &b8f);
-    double pi8 = ppl_of(path, tok, (int)n, FY_DTYPE_I8, &b8i);
+    double p16 = ppl_of(path, tok, (int)n, FY_DTYPE_F16, &b16, NULL, NULL, 64);
+    double p32 = ppl_of(path, tok, (int)n, FY_DTYPE_F32, &b32, NULL, NULL, 64);
+    double pf8 = ppl_of(path, tok, (int)n, FY_DTYPE_FP8, &b8f, NULL, NULL, 64);
+    double pi8 = ppl_of(path, tok, (int)n, FY_DTYPE_I8, &b8i, NULL, NULL, 64);
     fprintf(stderr,
             "kv perplexity over %zu tokens: f32 %.4f, f16 %.4f, fp8 %.4f (%+.2f%%), int8 %.4f (%+.2f%%)\n"
             "kv bytes per token: f32 %zu, f16 %zu, fp8 %zu (%.4fx f16), int8 %zu (%.4fx f32)\n",
@@ -373,6 +387,102 @@ static void test_fp8_int8_kv_perplexity(void **state)
     assert_true(fabs(pf8 / p16 - 1) < 0.01);
     assert_true(fabs(pi8 / p16 - 1) < 0.03);
     (void)state;
+}
+
+/*
+ * bf16 prefill attention (FY_CPU_ATTN=bf16) against the f32 tiles on the
+ * real model, teacher-forced over the same text and chunks as above (f16
+ * KV): perplexity within 1%, the most likely next token the same at 95%
+ * of positions or more, and changed only at near-ties (where f32
+ * attention's lead over the runner-up is under half a logit).  99% is
+ * not the yardstick on this quantized model: its near-ties flip under
+ * any rounding, and storing the KV in f16 rather than f32, the project's
+ * default, already changes the top token at 3-4% of these positions
+ * (printed beside, with the largest lead it overturns).  Skipped without
+ * avx512_bf16.
+ */
+static void test_bf16_attention_quality(void **state)
+{
+    (void)state;
+    const char *path = fy_test_default_model();
+    if (!path) skip();
+    if (!fy_cpu_has_avx512bf16()) {
+        printf("no avx512_bf16 here: bf16 attention not tested\n");
+        skip();
+    }
+    fy_model_t *m;
+    assert_int_equal(fy_model_load(path, &m), FY_OK);
+    int32_t tok[512], top[3][512];
+    float gap[512];
+    size_t n, bytes;
+    assert_int_equal(fy_tokenizer_encode(fy_model_tokenizer(m), PPL_TEXT, strlen(PPL_TEXT), true, false, tok, 512, &n),
+                     FY_OK);
+    fy_model_destroy(m);
+    setenv("FY_CPU_ATTN", "tiles", 1);
+    double pf = ppl_of(path, tok, (int)n, FY_DTYPE_F16, &bytes, top[0], gap, 64);
+    double p32 = ppl_of(path, tok, (int)n, FY_DTYPE_F32, &bytes, top[2], NULL, 64);
+    setenv("FY_CPU_ATTN", "bf16", 1);
+    double pb = ppl_of(path, tok, (int)n, FY_DTYPE_F16, &bytes, top[1], NULL, 64);
+    unsetenv("FY_CPU_ATTN");
+    int same = 0, same_kv = 0;
+    double agree;
+    float worst = 0, worst_kv = 0; /* the largest leads the bf16 run (the f32 kv) overturned */
+    for (size_t i = 0; i + 1 < n; i++) {
+        same += top[0][i] == top[1][i], same_kv += top[0][i] == top[2][i];
+        if (top[0][i] != top[1][i] && gap[i] > worst) worst = gap[i];
+        if (top[0][i] != top[2][i] && gap[i] > worst_kv) worst_kv = gap[i];
+    }
+    agree = (double)same / (double)(n - 1);
+    fprintf(stderr,
+            "bf16 attention over %zu tokens: perplexity %.4f vs f32 %.4f (%+.3f%%), top-1 agreement %d/%zu "
+            "(largest lead overturned %.3f); f16 vs f32 kv: perplexity %+.3f%%, agreement %d/%zu (%.3f)\n",
+            n, pb, pf, 100 * (pb / pf - 1), same, n - 1, worst, 100 * (pf / p32 - 1), same_kv, n - 1, worst_kv);
+    assert_true(fabs(pb / pf - 1) < 0.01);
+    assert_true(agree >= 0.95);
+    assert_true(worst < 0.5f);
+}
+
+/*
+ * int8 KV read in place by the VNNI kernel (FY_CPU_ATTN=int8) against the
+ * usual dequantize-then-f32 walk, every position a decode step (the path
+ * it serves): teacher-forced perplexity within 1%, top-1 changed only at
+ * near-ties, as for bf16 above.  Skipped without avx512_vnni.
+ */
+static void test_int8_vnni_attention_quality(void **state)
+{
+    (void)state;
+    const char *path = fy_test_default_model();
+    if (!path) skip();
+    if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")) {
+        printf("no avx512_vnni here: int8 vnni attention not tested\n");
+        skip();
+    }
+    fy_model_t *m;
+    assert_int_equal(fy_model_load(path, &m), FY_OK);
+    int32_t tok[512], top[2][512];
+    float gap[512];
+    size_t n, bytes;
+    assert_int_equal(fy_tokenizer_encode(fy_model_tokenizer(m), PPL_TEXT, strlen(PPL_TEXT), true, false, tok, 512, &n),
+                     FY_OK);
+    fy_model_destroy(m);
+    setenv("FY_CPU_ATTN", "tiles", 1);
+    double pf = ppl_of(path, tok, (int)n, FY_DTYPE_I8, &bytes, top[0], gap, 1);
+    setenv("FY_CPU_ATTN", "int8", 1);
+    double pv = ppl_of(path, tok, (int)n, FY_DTYPE_I8, &bytes, top[1], NULL, 1);
+    unsetenv("FY_CPU_ATTN");
+    int same = 0;
+    float worst = 0;
+    for (size_t i = 0; i + 1 < n; i++) {
+        same += top[0][i] == top[1][i];
+        if (top[0][i] != top[1][i] && gap[i] > worst) worst = gap[i];
+    }
+    fprintf(stderr,
+            "int8 kv, vnni attention over %zu decode steps: perplexity %.4f vs dequantized f32 %.4f (%+.3f%%), top-1 "
+            "agreement %d/%zu (largest lead overturned %.3f)\n",
+            n, pv, pf, 100 * (pv / pf - 1), same, n - 1, worst);
+    assert_true(fabs(pv / pf - 1) < 0.01);
+    assert_true((double)same / (double)(n - 1) >= 0.95);
+    assert_true(worst < 0.5f);
 }
 
 /* Logits of several sequences run together equal, bit for bit, the logits
@@ -610,6 +720,8 @@ int main(void)
         cmocka_unit_test(test_kquant_weights),
         cmocka_unit_test(test_f16_kv),
         cmocka_unit_test(test_fp8_int8_kv_perplexity),
+        cmocka_unit_test(test_bf16_attention_quality),
+        cmocka_unit_test(test_int8_vnni_attention_quality),
         cmocka_unit_test(test_batch_and_thread_invariance),
         cmocka_unit_test(test_isa_agreement),
         cmocka_unit_test(test_forward_rejects_bad_input),

@@ -21,7 +21,9 @@
 
 #include <ucp/api/ucp.h>
 
+#include "kvplan.h"
 #include "mem.h"
+#include "reshard.h"
 #include "testutil.h"
 #include "xfer.h"
 #include "xfer_wire.h"
@@ -151,6 +153,7 @@ static fy_xfer_layout_t small_layout(int32_t block_size)
                           .order = FY_XFER_ORDER_BLOCK_MAJOR};
     snprintf(l.model_id, sizeof(l.model_id), "tiny-test-model/0123abcd");
     l.block_bytes = (uint64_t)2 * l.n_layers * l.n_kv_heads * (uint64_t)block_size * l.head_dim * 2;
+    fy_xfer_layout_whole(&l);
     return l;
 }
 
@@ -468,6 +471,284 @@ static void test_layout_diff(void **state)
 }
 
 /* ---- hostile target descriptors ------------------------------------------------------------- */
+
+/* ---- re-sharding between rank groups ------------------------------------------------------ */
+
+typedef struct model_shape {
+    int32_t layers, heads, kv_heads, head_dim, block_size;
+} model_shape_t;
+
+/* rank's layout in a tp x pp group of model m (f16 K/V): the runner's splits */
+static fy_xfer_layout_t rank_layout(const model_shape_t *m, int32_t tp, int32_t pp, int32_t rank)
+{
+    fy_xfer_layout_t l = {.dtype = 1, .block_size = m->block_size, .head_dim = m->head_dim, .order = 1, .n_groups = 1};
+    snprintf(l.model_id, sizeof(l.model_id), "reshard-model");
+    int32_t q0, nq, kv0, nkv, first, count;
+    assert_int_equal(fy_kv_tp_heads(m->heads, m->kv_heads, tp, rank % tp, &q0, &nq, &kv0, &nkv), FY_OK);
+    assert_int_equal(fy_kv_pp_layers(m->layers, pp, rank / tp, &first, &count), FY_OK);
+    l.tp = tp, l.pp = pp, l.tp_rank = rank % tp, l.stage = rank / tp;
+    l.layer0 = first, l.n_layers = count, l.kv_head0 = kv0, l.n_kv_heads = nkv;
+    l.model_layers = m->layers, l.model_kv_heads = m->kv_heads;
+    l.block_bytes = (uint64_t)2 * (uint64_t)count * (uint64_t)nkv * (uint64_t)m->block_size * (uint64_t)m->head_dim * 2;
+    return l;
+}
+
+/* the byte a block holds at (layer, k|v, head, i) of the whole model */
+static uint8_t kv_byte(int32_t layer, int32_t kv, int32_t head, uint64_t i)
+{
+    uint64_t x = ((uint64_t)layer * 131 + (uint64_t)kv * 71 + (uint64_t)head * 29 + i * 7) * 0x9E3779B97F4A7C15ull;
+    return (uint8_t)(x >> 56);
+}
+
+/* a rank's block filled from the whole model's */
+static uint8_t *rank_block(const fy_xfer_layout_t *l, uint64_t hb)
+{
+    uint8_t *b = fy_malloc(l->block_bytes);
+    assert_non_null(b);
+    uint64_t at = 0;
+    for (int32_t layer = 0; layer < l->n_layers; layer++)
+        for (int32_t kv = 0; kv < 2; kv++)
+            for (int32_t h = 0; h < l->n_kv_heads; h++)
+                for (uint64_t i = 0; i < hb; i++) b[at++] = kv_byte(l->layer0 + layer, kv, l->kv_head0 + h, i);
+    assert_true(at == l->block_bytes);
+    return b;
+}
+
+/* Every source rank of shape a puts its pieces into zeroed blocks of the
+ * ranks of shape b; each destination must then hold its own slice, every
+ * byte written exactly once.  Returns the number of pieces in all. */
+static int32_t reshard_round(const model_shape_t *m, int32_t tp_a, int32_t pp_a, int32_t tp_b, int32_t pp_b)
+{
+    int32_t na = tp_a * pp_a, nb = tp_b * pp_b, total = 0;
+    uint64_t hb = (uint64_t)m->block_size * (uint64_t)m->head_dim * 2;
+    fy_xfer_layout_t dst[64];
+    uint8_t *got[64], *writes[64];
+    for (int32_t d = 0; d < nb; d++) {
+        dst[d] = rank_layout(m, tp_b, pp_b, d);
+        got[d] = fy_calloc(1, dst[d].block_bytes);
+        writes[d] = fy_calloc(1, dst[d].block_bytes);
+        assert_true(got[d] && writes[d]);
+    }
+    fy_xfer_piece_t pieces[2048];
+    for (int32_t s = 0; s < na; s++) {
+        fy_xfer_layout_t src = rank_layout(m, tp_a, pp_a, s);
+        uint8_t *sb = rank_block(&src, hb);
+        int32_t n;
+        assert_int_equal(fy_xfer_reshard_plan(&src, dst, nb, pieces, (int32_t)FY_ARRAY_LEN(pieces), &n), FY_OK);
+        for (int32_t i = 0; i < n; i++) {
+            const fy_xfer_piece_t *p = &pieces[i];
+            assert_true(p->dst_rank >= 0 && p->dst_rank < nb);
+            assert_true(p->len > 0 && p->src_off + p->len <= src.block_bytes &&
+                        p->dst_off + p->len <= dst[p->dst_rank].block_bytes);
+            memcpy(got[p->dst_rank] + p->dst_off, sb + p->src_off, p->len);
+            for (uint64_t j = 0; j < p->len; j++) writes[p->dst_rank][p->dst_off + j]++;
+        }
+        total += n;
+        fy_free(sb);
+    }
+    for (int32_t d = 0; d < nb; d++) {
+        uint8_t *want = rank_block(&dst[d], hb);
+        for (uint64_t j = 0; j < dst[d].block_bytes; j++)
+            if (writes[d][j] != 1 || got[d][j] != want[j])
+                fail_msg("tp %d x pp %d -> tp %d x pp %d: rank %d byte %llu written %d times, %s", tp_a, pp_a, tp_b,
+                         pp_b, d, (unsigned long long)j, writes[d][j], got[d][j] == want[j] ? "right" : "wrong");
+        fy_free(want);
+        fy_free(got[d]);
+        fy_free(writes[d]);
+    }
+    return total;
+}
+
+static void test_reshard(void **state)
+{
+    /* SmolLM2's shape (30 layers, 9 heads over 3 KV heads), 8-token blocks */
+    const model_shape_t sm = {.layers = 30, .heads = 9, .kv_heads = 3, .head_dim = 64, .block_size = 8};
+    /* whole to whole: one piece */
+    assert_int_equal(reshard_round(&sm, 1, 1, 1, 1), 1);
+    /* the issue's shapes: tp 1 -> tp 3 (one-to-many), pp 2 -> tp 1 (many-to-one: each stage one piece),
+     * tp 3 x pp 2 -> tp 1, and back */
+    reshard_round(&sm, 1, 1, 3, 1);
+    assert_int_equal(reshard_round(&sm, 1, 2, 1, 1), 2);
+    reshard_round(&sm, 3, 2, 1, 1);
+    reshard_round(&sm, 1, 1, 3, 2);
+    reshard_round(&sm, 3, 1, 1, 2);
+    reshard_round(&sm, 1, 3, 3, 2);
+    /* KV heads kept on several ranks: 9 ranks hold 3 copies of each */
+    reshard_round(&sm, 1, 1, 9, 1);
+    reshard_round(&sm, 9, 1, 3, 1);
+    reshard_round(&sm, 9, 1, 1, 2);
+    /* Gemma 3 270M's shape: 1 KV head, 4 query heads */
+    const model_shape_t g3 = {.layers = 18, .heads = 4, .kv_heads = 1, .head_dim = 256, .block_size = 16};
+    reshard_round(&g3, 2, 1, 4, 1);
+    reshard_round(&g3, 4, 2, 1, 3);
+
+    /* refused: another model, a different element format, a rank that is
+     * not where its number says, a whole group missing a rank, KV groups */
+    fy_xfer_layout_t src = rank_layout(&sm, 1, 1, 0), dst[3];
+    for (int32_t d = 0; d < 3; d++) dst[d] = rank_layout(&sm, 3, 1, d);
+    char why[240];
+    assert_int_equal(fy_xfer_reshard_check(&src, dst, 3, why, sizeof(why)), FY_OK);
+    fy_xfer_layout_t bad[3];
+    memcpy(bad, dst, sizeof(bad));
+    snprintf(bad[1].model_id, sizeof(bad[1].model_id), "another-model");
+    assert_int_equal(fy_xfer_reshard_check(&src, bad, 3, why, sizeof(why)), FY_ERR_MISMATCH);
+    assert_non_null(strstr(why, "destination rank 1 serves 'another-model'"));
+    memcpy(bad, dst, sizeof(bad));
+    bad[2].dtype = 0;
+    assert_int_equal(fy_xfer_reshard_check(&src, bad, 3, why, sizeof(why)), FY_ERR_MISMATCH);
+    assert_non_null(strstr(why, "stores kv differently"));
+    memcpy(bad, dst, sizeof(bad));
+    bad[1].tp_rank = 2;
+    assert_int_equal(fy_xfer_reshard_check(&src, bad, 3, why, sizeof(why)), FY_ERR_MISMATCH);
+    assert_non_null(strstr(why, "is not rank 1 of its group"));
+    assert_int_equal(fy_xfer_reshard_check(&src, dst, 2, why, sizeof(why)), FY_ERR_MISMATCH);
+    assert_non_null(strstr(why, "2 destination ranks for a group of tp 3 x pp 1"));
+    memcpy(bad, dst, sizeof(bad));
+    bad[0].kv_head0 = 2; /* rank 0 claiming rank 2's head */
+    assert_int_equal(fy_xfer_reshard_check(&src, bad, 3, why, sizeof(why)), FY_ERR_MISMATCH);
+    assert_non_null(strstr(why, "is not rank 0 of its group"));
+    fy_xfer_layout_t off = src;
+    off.layer0 = 1, off.n_layers = 29, off.block_bytes = src.block_bytes / 30 * 29; /* a stage that is no stage */
+    assert_int_equal(fy_xfer_reshard_check(&off, dst, 3, why, sizeof(why)), FY_ERR_MISMATCH);
+    assert_non_null(strstr(why, "is not its rank's"));
+    fy_xfer_layout_t grouped = src;
+    grouped.n_groups = 6;
+    assert_int_equal(fy_xfer_reshard_check(&grouped, dst, 3, why, sizeof(why)), FY_ERR_MISMATCH);
+    assert_non_null(strstr(why, "kv groups"));
+    /* whole models grouped alike may move */
+    fy_xfer_layout_t whole = src;
+    whole.n_groups = 6, whole.groups = 0x1234u;
+    assert_int_equal(fy_xfer_reshard_check(&whole, &whole, 1, why, sizeof(why)), FY_OK);
+    /* too small a piece array */
+    int32_t n;
+    fy_xfer_piece_t one[1];
+    fy_test_log_begin();
+    assert_int_equal(fy_xfer_reshard_plan(&src, dst, 3, one, 1, &n), FY_ERR_NO_SPACE);
+    assert_int_equal(fy_xfer_reshard_plan(&src, bad, 3, one, 1, &n), FY_ERR_MISMATCH);
+    fy_test_log_end();
+    /* a mismatch of shapes is refused at the handshake, naming the field */
+    fy_xfer_layout_t a = rank_layout(&sm, 3, 1, 1), b = a;
+    b.tp = 1;
+    assert_true(fy_xfer_layout_explain(&a, &b, why, sizeof(why)));
+    assert_string_equal(why, "kv layout mismatch: tp is 3 here, 1 at the peer");
+    uint8_t w[FY_XFER_LAYOUT_WIRE_LEN];
+    fy_xfer_layout_pack(&a, w);
+    fy_xfer_layout_unpack(w, &b);
+    assert_null(fy_xfer_layout_diff(&a, &b));
+}
+
+/* Real puts between groups of different shapes over UCX (tcp): each
+ * source rank opens a job to each destination rank it feeds and puts its
+ * pieces of a few blocks to scattered destination blocks; every
+ * destination block must then hold its rank's slice of the model's
+ * block, and untargeted blocks stay untouched.  Also: whole blocks to a
+ * rank of another shape fail the job (only pieces go there), and a shape
+ * re-sharding cannot map is refused at the handshake. */
+static void reshard_over_ucx(const model_shape_t *m, int32_t tp_a, int32_t pp_a, int32_t tp_b, int32_t pp_b)
+{
+    enum { NB = 8, MOVE = 3 };
+    int32_t na = tp_a * pp_a, nb = tp_b * pp_b;
+    uint64_t hb = (uint64_t)m->block_size * (uint64_t)m->head_dim * 2;
+    side_t src[8], dst[8];
+    fy_xfer_layout_t ls[8], ld[8];
+    const int32_t sblk[MOVE] = {1, 2, 6}, dblk[MOVE] = {5, 0, 3};
+    for (int32_t s = 0; s < na; s++) {
+        ls[s] = rank_layout(m, tp_a, pp_a, s);
+        side_open(&src[s], &ls[s], NB, "tcp", 0);
+        uint8_t *b = rank_block(&ls[s], hb);
+        for (int32_t k = 0; k < MOVE; k++) memcpy(block(&src[s], sblk[k]), b, ls[s].block_bytes);
+        fy_free(b);
+    }
+    for (int32_t d = 0; d < nb; d++) {
+        ld[d] = rank_layout(m, tp_b, pp_b, d);
+        side_open(&dst[d], &ld[d], NB, "tcp", 0xA5);
+    }
+    fy_xfer_piece_t pieces[512];
+    for (int32_t s = 0; s < na; s++) {
+        int32_t n;
+        assert_int_equal(fy_xfer_reshard_plan(&ls[s], ld, nb, pieces, (int32_t)FY_ARRAY_LEN(pieces), &n), FY_OK);
+        for (int32_t d = 0; d < nb; d++) {
+            int32_t mine = 0;
+            for (int32_t i = 0; i < n; i++) mine += pieces[i].dst_rank == d;
+            if (!mine) continue;
+            const void *blob;
+            size_t len;
+            assert_int_equal(fy_xfer_target_desc(dst[d].x, &blob, &len), FY_OK);
+            done_t dn;
+            done_init(&dn);
+            fy_xfer_job_t *j;
+            assert_int_equal(fy_xfer_job_begin(src[s].x, blob, len, fy_xfer_now() + 20, on_done, &dn, &j), FY_OK);
+            for (int32_t i = 0; i < n; i++)
+                if (pieces[i].dst_rank == d)
+                    assert_int_equal(fy_xfer_job_put_piece(j, sblk, dblk, MOVE, &pieces[i]), FY_OK);
+            fy_xfer_job_finish(j);
+            fy_status_t st = done_wait(&dn, 30);
+            if (st != FY_OK) fail_msg("rank %d -> rank %d: %s: %s", s, d, fy_status_str(st), dn.msg);
+            done_fini(&dn);
+        }
+    }
+    for (int32_t d = 0; d < nb; d++) {
+        uint8_t *want = rank_block(&ld[d], hb);
+        for (int32_t b = 0; b < NB; b++) {
+            bool moved = b == dblk[0] || b == dblk[1] || b == dblk[2];
+            for (uint64_t k = 0; k < ld[d].block_bytes; k++)
+                if (block(&dst[d], b)[k] != (moved ? want[k] : 0xA5))
+                    fail_msg("tp %d x pp %d -> tp %d x pp %d over UCX: rank %d block %d byte %llu", tp_a, pp_a, tp_b,
+                             pp_b, d, b, (unsigned long long)k);
+        }
+        fy_free(want);
+    }
+    if (na * nb > 1 && fy_xfer_layout_diff(&ls[0], &ld[0])) { /* whole blocks into another shape: refused */
+        const void *blob;
+        size_t len;
+        assert_int_equal(fy_xfer_target_desc(dst[0].x, &blob, &len), FY_OK);
+        done_t dn;
+        done_init(&dn);
+        fy_xfer_job_t *j;
+        assert_int_equal(fy_xfer_job_begin(src[0].x, blob, len, fy_xfer_now() + 20, on_done, &dn, &j), FY_OK);
+        assert_int_equal(fy_xfer_job_put(j, sblk, dblk, 1), FY_OK);
+        fy_xfer_job_finish(j);
+        assert_int_equal(done_wait(&dn, 30), FY_ERR_MISMATCH);
+        assert_non_null(strstr(dn.msg, "only pieces"));
+        done_fini(&dn);
+    }
+    for (int32_t s = 0; s < na; s++) side_close(&src[s]);
+    for (int32_t d = 0; d < nb; d++) side_close(&dst[d]);
+}
+
+static void test_reshard_ucx(void **state)
+{
+    const model_shape_t sm = {.layers = 6, .heads = 9, .kv_heads = 3, .head_dim = 16, .block_size = 4};
+    reshard_over_ucx(&sm, 1, 1, 3, 1); /* prefill tp 1 -> decode tp 3 */
+    reshard_over_ucx(&sm, 1, 2, 1, 1); /* prefill pp 2 -> decode tp 1 */
+    reshard_over_ucx(&sm, 3, 2, 1, 2); /* tp 3 x pp 2 -> pp 2 */
+    /* a shape that cannot be mapped: another model's head count at the target */
+    fy_xfer_layout_t a = rank_layout(&sm, 1, 1, 0);
+    const model_shape_t other = {.layers = 6, .heads = 8, .kv_heads = 2, .head_dim = 16, .block_size = 4};
+    fy_xfer_layout_t b = rank_layout(&other, 2, 1, 1);
+    side_t s, d;
+    side_open(&s, &a, 4, "tcp", 0);
+    side_open(&d, &b, 4, "tcp", 0xA5);
+    const void *blob;
+    size_t len;
+    assert_int_equal(fy_xfer_target_desc(d.x, &blob, &len), FY_OK);
+    done_t dn;
+    done_init(&dn);
+    fy_xfer_job_t *j;
+    fy_test_log_begin();
+    assert_int_equal(fy_xfer_job_begin(s.x, blob, len, fy_xfer_now() + 20, on_done, &dn, &j), FY_OK);
+    fy_xfer_piece_t p = {.dst_rank = 1, .src_off = 0, .len = 64, .dst_off = 0};
+    int32_t zero = 0;
+    assert_int_equal(fy_xfer_job_put_piece(j, &zero, &zero, 1, &p), FY_OK);
+    fy_xfer_job_finish(j);
+    assert_int_equal(done_wait(&dn, 30), FY_ERR_MISMATCH);
+    fy_test_log_end();
+    if (!strstr(dn.msg, "model_kv_heads is 3 here, 2 at the peer")) fail_msg("refusal: %s", dn.msg);
+    done_fini(&dn);
+    for (uint64_t k = 0; k < d.bytes; k++) assert_int_equal(d.arena[k], 0xA5);
+    side_close(&s);
+    side_close(&d);
+}
 
 static void test_bad_blobs(void **state)
 {
@@ -989,6 +1270,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout_diff),
+        cmocka_unit_test(test_reshard),
+        cmocka_unit_test(test_reshard_ucx),
         cmocka_unit_test(test_bad_params),
         cmocka_unit_test(test_devices_for),
         cmocka_unit_test(test_listens_where_told),

@@ -482,6 +482,7 @@ static void usage(FILE *f)
                "  bench-grammar structured outputs: token-mask time per step against a decode step\n"
                "  bench-xfer KV transfer throughput over UCX against ucx_perftest\n"
                "  bench-group  the rank group's all-reduce, barrier and send/recv against memcpy\n"
+               "  bench-reshard  KV between rank groups of different shapes against whole blocks\n"
                "  bench-ranks  tensor/pipeline-parallel ranks: tok/s and each rank's step split per tp x pp shape\n"
                "  bench-ttft time to first token, disaggregated (a running cluster) against colocated\n"
                "  plan       how much KV cache fits a memory budget\n"
@@ -504,6 +505,7 @@ static const struct {
     {"bench-batch", fy_cmd_bench_batch},
     {"bench-xfer", fy_cmd_bench_xfer},
     {"bench-group", fy_cmd_bench_group},
+    {"bench-reshard", fy_cmd_bench_reshard},
     {"bench-ranks", fy_cmd_bench_ranks},
     {"bench-spec", fy_cmd_bench_spec},
     {"bench-ttft", fy_cmd_bench_ttft},

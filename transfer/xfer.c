@@ -46,6 +46,7 @@
 
 #include "log.h"
 #include "mem.h"
+#include "reshard.h"
 #include "xfer_wire.h"
 
 #define DEFAULT_CONNECT_TIMEOUT_S 5.0
@@ -53,9 +54,11 @@
 #define AM_ID_HELLO 1        /* the worker is ours alone, so small ids cannot clash */
 #define AM_ID_REPLY 2
 
-/* A run of blocks consecutive on both sides: one put. */
+/* A run of blocks consecutive on both sides: one put; or (len > 0) one
+ * piece of one block (fy_xfer_job_put_piece). */
 typedef struct xfer_run {
     int32_t src, dst, count;
+    uint64_t src_off, dst_off, len;
 } xfer_run_t;
 
 typedef enum cmd_type { CMD_BEGIN, CMD_PUT, CMD_FINISH, CMD_ABORT } cmd_type_t;
@@ -92,6 +95,7 @@ typedef struct xfer_peer {
     ucs_status_t ep_status;
     bool got_reply;
     fy_xfer_reply_t reply;
+    bool same_shape;   /* READY: the target's layout is ours (whole blocks may go); else pieces only */
     int n_jobs;        /* jobs attached to this peer */
     char refusal[256]; /* REFUSED: what every job to it reports */
 } xfer_peer_t;
@@ -208,9 +212,14 @@ static void job_issue(fy_xfer_job_t *j, const xfer_run_t *r)
 {
     fy_xfer_t *x = j->x;
     xfer_peer_t *p = j->peer;
-    size_t off = (size_t)r->src * x->layout.block_bytes;
-    size_t len = (size_t)r->count * x->layout.block_bytes;
-    uint64_t raddr = p->arena_base + (uint64_t)r->dst * p->block_bytes;
+    size_t off = (size_t)r->src * x->layout.block_bytes + r->src_off;
+    size_t len = r->len ? r->len : (size_t)r->count * x->layout.block_bytes;
+    uint64_t raddr = p->arena_base + (uint64_t)r->dst * p->block_bytes + r->dst_off;
+    if (!r->len && !p->same_shape) { /* a whole block of one shape into a rank of another: garbage there */
+        job_fail(j, FY_ERR_MISMATCH, "whole blocks to %s, a rank of another shape: only pieces (reshard.h) go there",
+                 p->name);
+        return;
+    }
     ucp_request_param_t prm = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH,
         .cb.send = put_done,
@@ -526,6 +535,26 @@ static void log_lanes(xfer_peer_t *p)
 }
 
 /* Acts on what the reply handler recorded. */
+/* Do here and peer refuse each other (why says so, from here's side)?
+ * Equal layouts connect; so do two ranks of one model in different
+ * shapes that re-sharding maps (src: the initiator's layout, whose
+ * blocks go to the target), which then take pieces only. */
+static bool handshake_refuses(const fy_xfer_layout_t *here, const fy_xfer_layout_t *peer, const fy_xfer_layout_t *src,
+                              char *why, size_t cap)
+{
+    if (!fy_xfer_layout_explain(here, peer, why, cap)) return false;
+    /* the same but for what a shard changes? then it is re-sharding's call */
+    fy_xfer_layout_t p = *peer;
+    p.n_layers = here->n_layers, p.n_kv_heads = here->n_kv_heads, p.block_bytes = here->block_bytes;
+    p.groups = here->groups;
+    p.tp = here->tp, p.pp = here->pp, p.tp_rank = here->tp_rank, p.stage = here->stage;
+    p.layer0 = here->layer0, p.kv_head0 = here->kv_head0;
+    if (fy_xfer_layout_diff(here, &p)) /* a difference no shard explains: name it */
+        return fy_xfer_layout_explain(here, &p, why, cap);
+    const fy_xfer_layout_t *dst = src == here ? peer : here;
+    return fy_xfer_reshard_pair(src, dst, why, cap) != FY_OK;
+}
+
 static void peer_handle_reply(xfer_peer_t *p)
 {
     fy_xfer_t *x = p->x;
@@ -535,7 +564,7 @@ static void peer_handle_reply(xfer_peer_t *p)
     if (p->state != PEER_CONNECTING) return;
     /* our own comparison names the field from this side ("16 here, 32 at
      * the peer"); the target's text only when we see no difference */
-    if (fy_xfer_layout_explain(&x->layout, &r->layout, why, sizeof(why))) {
+    if (handshake_refuses(&x->layout, &r->layout, &x->layout, why, sizeof(why))) {
         peer_refuse(p, "%s (target %s)", why, p->name);
         return;
     }
@@ -555,6 +584,7 @@ static void peer_handle_reply(xfer_peer_t *p)
         return;
     }
     if (fy_log_get_level() >= FY_LOG_DEBUG) log_lanes(p);
+    p->same_shape = fy_xfer_layout_diff(&x->layout, &r->layout) == NULL;
     p->state = PEER_READY;
     atomic_fetch_add(&x->stats.peers_connected, 1);
 }
@@ -603,7 +633,7 @@ static ucs_status_t am_hello(void *arg, const void *header, size_t header_length
     }
     fy_xfer_reply_t r = {.cookie = h.cookie, .ok = true, .layout = x->layout};
     char why[FY_XFER_MSG_LEN];
-    if (fy_xfer_layout_explain(&x->layout, &h.layout, why, sizeof(why))) {
+    if (handshake_refuses(&x->layout, &h.layout, &h.layout, why, sizeof(why))) {
         r.ok = false;
         snprintf(r.message, sizeof(r.message), "%s", why);
         fy_error("xfer: refusing a connection from %s: %s", h.name, why);
@@ -996,9 +1026,58 @@ fy_status_t fy_xfer_job_put(fy_xfer_job_t *j, const int32_t *src, const int32_t 
     int32_t r = -1;
     for (int32_t i = 0; i < n; i++) {
         if (i == 0 || src[i] != src[i - 1] + 1 || dst[i] != dst[i - 1] + 1)
-            c->runs[++r] = (xfer_run_t){.src = src[i], .dst = dst[i], .count = 0};
+            c->runs[++r] = (xfer_run_t){.src = src[i], .dst = dst[i], .count = 0, .len = 0};
         c->runs[r].count++;
     }
+    if (!enqueue(x, c)) {
+        fy_free(c);
+        return FY_ERR_CANCELLED;
+    }
+    return FY_OK;
+}
+
+fy_status_t fy_xfer_job_put_piece(fy_xfer_job_t *j, const int32_t *src, const int32_t *dst, int32_t n,
+                                  const fy_xfer_piece_t *piece)
+{
+    if (!j) {
+        fy_error("xfer: job_put_piece on a NULL job");
+        return FY_ERR_INVALID;
+    }
+    fy_xfer_t *x = j->x;
+    if (n < 0 || (n > 0 && (!src || !dst)) || !piece || piece->len == 0 || piece->len > x->layout.block_bytes ||
+        piece->src_off > x->layout.block_bytes - piece->len || piece->len > j->target.block_bytes ||
+        piece->dst_off > j->target.block_bytes - piece->len) {
+        fy_error("xfer: job_put_piece to %s: %d blocks, a piece of %llu bytes at %llu -> %llu (blocks of %llu bytes "
+                 "here, %llu at the target)",
+                 j->target.name, n, piece ? (unsigned long long)piece->len : 0ull,
+                 piece ? (unsigned long long)piece->src_off : 0ull, piece ? (unsigned long long)piece->dst_off : 0ull,
+                 (unsigned long long)x->layout.block_bytes, (unsigned long long)j->target.block_bytes);
+        atomic_store(&j->caller_st, FY_ERR_INVALID);
+        return FY_ERR_INVALID;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        if (src[i] < 0 || src[i] >= x->n_blocks || dst[i] < 0 || dst[i] >= j->remote_blocks) {
+            fy_error("xfer: job_put_piece to %s: block %d -> %d out of range (%d blocks here, %d at the target)",
+                     j->target.name, src[i], dst[i], x->n_blocks, j->remote_blocks);
+            atomic_store(&j->caller_st, FY_ERR_INVALID);
+            return FY_ERR_INVALID;
+        }
+    }
+    if (n == 0) return FY_OK;
+    xfer_cmd_t *c = fy_malloc(sizeof(*c) + (size_t)n * sizeof(xfer_run_t));
+    if (!c) {
+        fy_error("xfer: out of memory queueing %d puts to %s", n, j->target.name);
+        atomic_store(&j->caller_st, FY_ERR_NOMEM);
+        return FY_ERR_NOMEM;
+    }
+    *c = (xfer_cmd_t){.type = CMD_PUT, .job = j, .n_runs = n, .runs = (xfer_run_t *)(c + 1)};
+    for (int32_t i = 0; i < n; i++)
+        c->runs[i] = (xfer_run_t){.src = src[i],
+                                  .dst = dst[i],
+                                  .count = 1,
+                                  .src_off = piece->src_off,
+                                  .dst_off = piece->dst_off,
+                                  .len = piece->len};
     if (!enqueue(x, c)) {
         fy_free(c);
         return FY_ERR_CANCELLED;
@@ -1092,6 +1171,13 @@ static fy_status_t check_params(const fy_xfer_params_t *p)
         fy_error("xfer: layout has a zero or negative size (block_bytes %" PRIu64
                  ", block_size %d, layers %d, kv heads %d, head_dim %d)",
                  l->block_bytes, l->block_size, l->n_layers, l->n_kv_heads, l->head_dim);
+        return FY_ERR_INVALID;
+    }
+    if (!fy_xfer_layout_shard_ok(l)) {
+        fy_error("xfer: layout shard (tp %d x pp %d, rank %d.%d, layers %d+%d of %d, kv heads %d+%d of %d) does not "
+                 "fit its model (one process: fy_xfer_layout_whole)",
+                 l->tp, l->pp, l->stage, l->tp_rank, l->layer0, l->n_layers, l->model_layers, l->kv_head0,
+                 l->n_kv_heads, l->model_kv_heads);
         return FY_ERR_INVALID;
     }
     if (p->err_mode != FY_XFER_ERRMODE_PEER && p->err_mode != FY_XFER_ERRMODE_NONE) {

@@ -55,7 +55,17 @@ typedef struct fy_xfer_layout {
     int32_t n_groups;     /* KV groups (kv.h): block tables per sequence, each block of one group */
     uint32_t groups;      /* digest of which layer is in which group, at which place, with which window
                              (fy_kv_layout_groups_digest); 0 for one group of every layer */
+    /* the shard: a rank of a tensor/pipeline-parallel group holds layers
+     * [layer0, layer0 + n_layers) and KV heads [kv_head0, kv_head0 +
+     * n_kv_heads) of a model of model_layers layers and model_kv_heads KV
+     * heads; one process is tp = pp = 1, rank 0, everything */
+    int32_t tp, pp, tp_rank, stage;
+    int32_t layer0, kv_head0;
+    int32_t model_layers, model_kv_heads;
 } fy_xfer_layout_t;
+
+/* A layout's shard fields for one process holding the whole model. */
+void fy_xfer_layout_whole(fy_xfer_layout_t *l);
 
 #define FY_XFER_ORDER_BLOCK_MAJOR 1
 
@@ -161,6 +171,23 @@ fy_status_t fy_xfer_job_begin(fy_xfer_t *x, const void *target_blob, size_t len,
  * FY_ERR_INVALID (a transfer with a hole in it must not report success).
  * FY_ERR_NOMEM likewise fails the job. */
 fy_status_t fy_xfer_job_put(fy_xfer_job_t *j, const int32_t *src, const int32_t *dst, int32_t n);
+/* A piece of a block (transfer/reshard.h makes them): len bytes at
+ * src_off of a local block land at dst_off of a remote block; dst_rank
+ * says which rank of the destination group (the caller's job goes to
+ * that rank's target). */
+typedef struct fy_xfer_piece {
+    int32_t dst_rank;
+    uint64_t src_off, len;
+    uint64_t dst_off;
+} fy_xfer_piece_t;
+
+/* Queues puts of one piece of each block: [piece->src_off, + len) of local
+ * block src[i] -> [piece->dst_off, + len) of remote block dst[i], i < n,
+ * one put each; between ranks of different shapes (the handshake accepts
+ * them when reshard.h can map them) the only puts there are.  Checks as
+ * fy_xfer_job_put, and the piece within both blocks. */
+fy_status_t fy_xfer_job_put_piece(fy_xfer_job_t *j, const int32_t *src, const int32_t *dst, int32_t n,
+                                  const fy_xfer_piece_t *piece);
 /* Moves the job's deadline later (an earlier one is ignored): the target's
  * lease was renewed.  Only between begin and finish/abort (or until cb
  * runs, if that is first), from any thread, one at a time. */

@@ -68,6 +68,14 @@ static bool get_str(const uint8_t *p, size_t cap, char *out)
 
 /* ---- layout ---------------------------------------------------------------------------------- */
 
+void fy_xfer_layout_whole(fy_xfer_layout_t *l)
+{
+    l->tp = l->pp = 1;
+    l->tp_rank = l->stage = l->layer0 = l->kv_head0 = 0;
+    l->model_layers = l->n_layers;
+    l->model_kv_heads = l->n_kv_heads;
+}
+
 const char *fy_xfer_layout_diff(const fy_xfer_layout_t *a, const fy_xfer_layout_t *b)
 {
     if (strncmp(a->model_id, b->model_id, sizeof(a->model_id))) return "model_id";
@@ -81,6 +89,14 @@ const char *fy_xfer_layout_diff(const fy_xfer_layout_t *a, const fy_xfer_layout_
     if (a->block_bytes != b->block_bytes) return "block_bytes";
     if (a->n_groups != b->n_groups) return "n_groups";
     if (a->groups != b->groups) return "groups";
+    if (a->tp != b->tp) return "tp";
+    if (a->pp != b->pp) return "pp";
+    if (a->tp_rank != b->tp_rank) return "tp_rank";
+    if (a->stage != b->stage) return "stage";
+    if (a->layer0 != b->layer0) return "layer0";
+    if (a->kv_head0 != b->kv_head0) return "kv_head0";
+    if (a->model_layers != b->model_layers) return "model_layers";
+    if (a->model_kv_heads != b->model_kv_heads) return "model_kv_heads";
     return NULL;
 }
 
@@ -112,8 +128,24 @@ bool fy_xfer_layout_explain(const fy_xfer_layout_t *here, const fy_xfer_layout_t
             h = here->n_groups, p = peer->n_groups;
         else if (!strcmp(f, "groups")) /* the same count, grouped differently (kv.sliding_groups, windows) */
             h = (int32_t)here->groups, p = (int32_t)peer->groups;
-        else
+        else if (!strcmp(f, "scale_format"))
             h = here->scale_format, p = peer->scale_format;
+        else if (!strcmp(f, "tp"))
+            h = here->tp, p = peer->tp;
+        else if (!strcmp(f, "pp"))
+            h = here->pp, p = peer->pp;
+        else if (!strcmp(f, "tp_rank"))
+            h = here->tp_rank, p = peer->tp_rank;
+        else if (!strcmp(f, "stage"))
+            h = here->stage, p = peer->stage;
+        else if (!strcmp(f, "layer0"))
+            h = here->layer0, p = peer->layer0;
+        else if (!strcmp(f, "kv_head0"))
+            h = here->kv_head0, p = peer->kv_head0;
+        else if (!strcmp(f, "model_layers"))
+            h = here->model_layers, p = peer->model_layers;
+        else
+            h = here->model_kv_heads, p = peer->model_kv_heads;
         snprintf(buf, cap, "kv layout mismatch: %s is %d here, %d at the peer", f, h, p);
     }
     return true;
@@ -128,6 +160,9 @@ void fy_xfer_layout_pack(const fy_xfer_layout_t *l, uint8_t out[FY_XFER_LAYOUT_W
     put_u64(p + 28, l->block_bytes);
     put_u32(p + 36, (uint32_t)l->n_groups);
     put_u32(p + 40, l->groups);
+    const int32_t s[8] = {l->tp,     l->pp,       l->tp_rank,      l->stage,
+                          l->layer0, l->kv_head0, l->model_layers, l->model_kv_heads};
+    for (int i = 0; i < 8; i++) put_u32(p + 44 + 4 * i, (uint32_t)s[i]);
 }
 
 void fy_xfer_layout_unpack(const uint8_t in[FY_XFER_LAYOUT_WIRE_LEN], fy_xfer_layout_t *l)
@@ -145,6 +180,9 @@ void fy_xfer_layout_unpack(const uint8_t in[FY_XFER_LAYOUT_WIRE_LEN], fy_xfer_la
     l->block_bytes = get_u64(p + 28);
     l->n_groups = (int32_t)get_u32(p + 36);
     l->groups = get_u32(p + 40);
+    int32_t *s[8] = {&l->tp,     &l->pp,       &l->tp_rank,      &l->stage,
+                     &l->layer0, &l->kv_head0, &l->model_layers, &l->model_kv_heads};
+    for (int i = 0; i < 8; i++) *s[i] = (int32_t)get_u32(p + 44 + 4 * i);
 }
 
 /* ---- target blob ----------------------------------------------------------------------------- */

@@ -16,10 +16,11 @@
 #include "status.h"
 #include "xfer.h"
 
-#define FY_XFER_WIRE_VERSION 2      /* 2: the layout carries the KV groups */
-#define FY_XFER_NAME_LEN 64         /* peer names in blobs and hellos, NUL-padded */
-#define FY_XFER_LAYOUT_WIRE_LEN 108 /* model_id[64], 7 x i32, u64, i32 n_groups, u32 groups */
-#define FY_XFER_MSG_LEN 160         /* refusal text in a reply, NUL-padded */
+#define FY_XFER_WIRE_VERSION 3 /* 2: the layout carries the KV groups; 3: and the rank's shard */
+#define FY_XFER_NAME_LEN 64    /* peer names in blobs and hellos, NUL-padded */
+/* model_id[64], 7 x i32, u64, i32 n_groups, u32 groups, 8 x i32 shard */
+#define FY_XFER_LAYOUT_WIRE_LEN 140
+#define FY_XFER_MSG_LEN 160 /* refusal text in a reply, NUL-padded */
 /* bounds on the UCX pieces of a blob: real ones are tens to hundreds of
  * bytes; the bound keeps a hostile length from asking for gigabytes */
 #define FY_XFER_MAX_ADDR_LEN 65536

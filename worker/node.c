@@ -631,6 +631,7 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     xp.layout.block_bytes = lay->block_bytes;
     xp.layout.n_groups = lay->n_groups;
     xp.layout.groups = fy_kv_layout_groups_digest(lay);
+    fy_xfer_layout_whole(&xp.layout); /* one process, the whole model (ranks in workers: not built) */
     xp.arena = fy_runner_kv_arena(n->stack.runner);
     xp.arena_bytes = (size_t)ks.tier[FY_KV_DEVICE].total * lay->block_bytes;
     xp.transports = transports && *transports ? transports : NULL;

@@ -40,6 +40,17 @@ int fy_cpu_has_avx2(void)
 #endif
 }
 
+int fy_cpu_has_avx512bf16(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512bf16");
+#else
+    return 0;
+#endif
+}
+
 const fy_cpu_kernels_t *fy_cpu_kernels_pick(const char *name)
 {
     bool avx2 = fy_cpu_has_avx2(), avxvnni = false, avx512vnni = false;
@@ -104,6 +115,8 @@ typedef struct cpu_ctx {
     /* tiled attention (prefill chunks): the items of a call and each
      * thread's scratch (see attn_tiles) */
     bool attn_rows;    /* FY_CPU_ATTN=rows: every query row on its own (the reference) */
+    bool attn_bf16;    /* FY_CPU_ATTN=bf16: tiles in bf16 arithmetic (where the CPU has it) */
+    bool attn_i8;      /* FY_CPU_ATTN=int8: int8 KV read in place by 8-bit query dots (VNNI) in the row walk */
     int32_t *tiles;    /* [max_tiles][4]: sequence, kv head, first row, rows */
     int64_t max_tiles; /* n_heads * (max_tokens / TILE_ROWS + max_seqs) */
     float *tile_ws;    /* [n_threads][tile_ws_per] */
@@ -924,6 +937,13 @@ static void attn_segment(const attn_job_t *j, int32_t t, int32_t kvh, int32_t se
     for (int32_t g = 0; g < G; g++) ml[g] = -INFINITY, ml[G + g] = 0.0f;
     memset(acc, 0, (size_t)G * hd * sizeof(float));
     const float *qt = j->q + ((size_t)t * j->n_heads + (size_t)kvh * G) * hd;
+    /* int8 KV with VNNI (FY_CPU_ATTN=int8): the query quantized once here,
+     * the blocks read in place; not with H2O records (no block sums) */
+    const bool i8 = c->attn_i8 && L->dtype == FY_DTYPE_I8 && !rec && hd % 64 == 0;
+    int8_t qc[MAX_GROUP * MAX_HEAD_DIM];
+    float qs[MAX_GROUP];
+    int32_t qsum[MAX_GROUP];
+    if (i8) fy_attn_q8_quantize(qt, G, hd, qc, qs, qsum);
     int32_t last = (seg + 1) * ATTN_SEG < p + 1 ? (seg + 1) * ATTN_SEG : p + 1;
     int32_t lo = win_lo(j->window, p), start = seg * ATTN_SEG > lo ? seg * ATTN_SEG : lo;
     for (int32_t pos = start; pos < last;) {
@@ -939,6 +959,11 @@ static void attn_segment(const attn_job_t *j, int32_t t, int32_t kvh, int32_t se
         }
         const char *kb = j->arena + fy_kv_offset(L, id, j->layer, 0, kvh) + (size_t)off * L->row_bytes;
         const char *vb = j->arena + fy_kv_offset(L, id, j->layer, 1, kvh) + (size_t)off * L->row_bytes;
+        if (i8) {
+            fy_attn_block_i8_vnni(qc, qs, qsum, G, kb, vb, L->row_bytes, nk, hd, j->scale, ml, ml + G, acc);
+            pos += nk;
+            continue;
+        }
         if (fy_kv_dtype_scaled(L->dtype)) {
             const int fp8 = L->dtype == FY_DTYPE_FP8;
             for (int32_t i = 0; i < nk; i++) {
@@ -1097,6 +1122,8 @@ static void attn_tiles(void *arg, int64_t b, int64_t e, int thread)
                 const char *kb = j->arena + fy_kv_offset(L, id, j->layer, 0, kvh);
                 const char *vb_ = j->arena + fy_kv_offset(L, id, j->layer, 1, kvh);
                 fy_attn_tile_fn tile = c->k->attn_tile[L->dtype == FY_DTYPE_F16 ? FY_DTYPE_F16 : FY_DTYPE_F32];
+                if (c->attn_bf16 && hd % 32 == 0)
+                    tile = L->dtype == FY_DTYPE_F16 ? fy_attn_tile_bf16_f16 : fy_attn_tile_bf16_f32;
                 if (fy_kv_dtype_scaled(L->dtype)) { /* dequantized rows, as attn_segment reads them */
                     float *dq = attn_dq(j, thread);
                     const int fp8 = L->dtype == FY_DTYPE_FP8;
@@ -1359,12 +1386,23 @@ fy_status_t fy_backend_cpu_init(const fy_backend_params_t *params, const fy_back
     const char *ak = getenv("FY_CPU_ATTN"); /* read once: the reference kernel for benchmarks */
     c->attn_rows = ak && !strcmp(ak, "rows");
     read_switches(c);
+    c->attn_bf16 = ak && *ak ? !strcmp(ak, "bf16") : params->attn_bf16;
+    c->attn_i8 = ak && !strcmp(ak, "int8") && k == &fy_cpu_kernels_avx512vnni; /* an experiment: env only */
+    if (ak && !strcmp(ak, "int8") && !c->attn_i8)
+        fy_info("cpu backend: no avx512vnni kernels here: int8 KV dequantized for attention as usual");
+    if (c->attn_bf16 && (!fy_cpu_has_avx512bf16() || !k->attn_tile[FY_DTYPE_F32])) {
+        fy_info("cpu backend: no avx512_bf16 (or tiles) here: f32 attention instead of bf16");
+        c->attn_bf16 = false;
+    }
     fy_status_t st = fy_threadpool_create(n, &c->tp);
     if (st != FY_OK) {
         cpu_destroy(c);
         return st;
     }
-    snprintf(desc, desc_cap, "cpu/%s x%d%s", k->name, n, c->no_repack || !k->gemm_x8[FY_DTYPE_Q4_1] ? "" : ", packed");
+    snprintf(desc, desc_cap, "cpu/%s x%d%s%s", k->name, n, c->no_repack || !k->gemm_x8[FY_DTYPE_Q4_1] ? "" : ", packed",
+             c->attn_bf16 ? ", bf16 attention"
+             : c->attn_i8 ? ", int8 vnni decode attention"
+                          : "");
     *ops_p = &g_cpu_ops;
     *ctx_p = c;
     *n_threads_p = n;

@@ -211,6 +211,28 @@ typedef void (*fy_attn_block_fn)(const float *q, int G, const void *k, const voi
 typedef void (*fy_attn_tile_fn)(const float *const *q, int nr, int G, const void *k, const void *v, int nk, int hd,
                                 float scale, const int32_t *vis, float *m, float *l, float *acc, float *work);
 
+/* The tile in bf16 arithmetic (cpu_attn_avx512bf16.c; FY_CPU_ATTN=bf16):
+ * Q, K, V and the softmax weights rounded to bf16 (8-bit mantissa), dot
+ * products and sums in f32; not the f32 kernels' bits, but within the
+ * bound test_kernels derives.  hd % 32 == 0; only where
+ * fy_cpu_has_avx512bf16(). */
+void fy_attn_tile_bf16_f32(const float *const *q, int nr, int G, const void *k, const void *v, int nk, int hd,
+                           float scale, const int32_t *vis, float *m, float *l, float *acc, float *work);
+void fy_attn_tile_bf16_f16(const float *const *q, int nr, int G, const void *k, const void *v, int nk, int hd,
+                           float scale, const int32_t *vis, float *m, float *l, float *acc, float *work);
+int fy_cpu_has_avx512bf16(void);
+
+/* Decode attention over one block of int8 KV rows read in place
+ * (cpu_attn_i8_avx512vnni.c, AVX512-VNNI CPUs; the row walk's under
+ * FY_CPU_ATTN=int8).  fy_attn_q8_quantize: q [G][hd] into codes qc [G][hd] with one
+ * scale qs[g] = max |q| / 127 and the codes' sum qsum[g] a head, once per
+ * (token, kv head).  fy_attn_block_i8_vnni: k, v point at a block's first
+ * rows ([f32 scale][hd codes], row_bytes apart), nk <= 32; m, l, acc as
+ * attn_block's.  hd % 64 == 0. */
+void fy_attn_q8_quantize(const float *q, int G, int hd, int8_t *qc, float *qs, int32_t *qsum);
+void fy_attn_block_i8_vnni(const int8_t *qc, const float *qs, const int32_t *qsum, int G, const void *k, const void *v,
+                           size_t row_bytes, int nk, int hd, float scale, float *m, float *l, float *acc);
+
 typedef struct fy_cpu_kernels {
     const char *name;
     /* x (n floats, n % 32 == 0) into the row y */

@@ -21,7 +21,9 @@ static bool layout_eq(const fy_xfer_layout_t *a, const fy_xfer_layout_t *b)
     return !strcmp(a->model_id, b->model_id) && a->dtype == b->dtype && a->block_size == b->block_size &&
            a->n_layers == b->n_layers && a->n_kv_heads == b->n_kv_heads && a->head_dim == b->head_dim &&
            a->order == b->order && a->scale_format == b->scale_format && a->block_bytes == b->block_bytes &&
-           a->n_groups == b->n_groups && a->groups == b->groups;
+           a->n_groups == b->n_groups && a->groups == b->groups && a->tp == b->tp && a->pp == b->pp &&
+           a->tp_rank == b->tp_rank && a->stage == b->stage && a->layer0 == b->layer0 && a->kv_head0 == b->kv_head0 &&
+           a->model_layers == b->model_layers && a->model_kv_heads == b->model_kv_heads;
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)

@@ -874,6 +874,7 @@ static void transfer(void)
                           .block_bytes = 368640,
                           .n_groups = 1};
     snprintf(l.model_id, sizeof(l.model_id), "SmolLM2-135M@3f9a0c1d");
+    fy_xfer_layout_whole(&l);
     fy_xfer_hello_t h = {.cookie = 0x1122334455667788ull, .layout = l};
     snprintf(h.name, sizeof(h.name), "prefill-0");
     uint8_t hb[FY_XFER_HELLO_LEN];
@@ -899,6 +900,13 @@ static void transfer(void)
     fy_xfer_layout_pack(&g, two);
     fy_xfer_layout_pack(&one, two + FY_XFER_LAYOUT_WIRE_LEN);
     put("xfer_hello", "two-layouts-groups", two, sizeof(two));
+    /* a rank of a tp 3 x pp 2 group against the whole model */
+    fy_xfer_layout_t r1 = l;
+    r1.tp = 3, r1.pp = 2, r1.tp_rank = 1, r1.stage = 1, r1.layer0 = 15, r1.n_layers = 15, r1.kv_head0 = 1;
+    r1.n_kv_heads = 1, r1.block_bytes = l.block_bytes / 6;
+    fy_xfer_layout_pack(&r1, two);
+    fy_xfer_layout_pack(&l, two + FY_XFER_LAYOUT_WIRE_LEN);
+    put("xfer_hello", "two-layouts-ranks", two, sizeof(two));
 }
 
 /* ---- HTTP bodies (first byte: 0 completions, 1 chat, 2 tokenize, 3 detokenize) ------------------------------------------------------------ */
