@@ -8,6 +8,10 @@
  *               median), against memcpy of the same bytes in this
  *               process in the same run (the reference: the least a
  *               reduction that must move the vector can cost);
+ *   all-gather  the same vectors as the all-reduce's result, each rank
+ *               contributing 1/ranks of them (rows 1): median latency
+ *               against the same memcpy; the tensor ranks' gathers move
+ *               these bytes, where they used to all-reduce with zeros;
  *   barrier     median latency;
  *   send/recv   rank 0 to rank 1, 64 KiB to 4 MiB: median time of a send
  *               that returns once rank 1 holds the bytes, and bytes per
@@ -67,7 +71,8 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: ferry bench-group [options]\n"
                "  the rank group's collectives between processes on this host: all-reduce latency and\n"
-               "  bandwidth (576 floats to 4 MiB) against memcpy of the same bytes, barrier latency,\n"
+               "  bandwidth (576 floats to 4 MiB) against memcpy of the same bytes, all-gather of the\n"
+               "  same results, barrier latency,\n"
                "  send/recv bandwidth\n"
                "  --ranks LIST   group sizes to measure, 2..64 (default 2,3,4)\n"
                "  --reps N       reps of the smallest sizes (default 2000; large sizes use fewer,\n"
@@ -106,6 +111,7 @@ out:
 
 typedef struct figures {
     double ar_s[FY_ARRAY_LEN(AR_FLOATS)];
+    double ag_s[FY_ARRAY_LEN(AR_FLOATS)]; /* all-gather of (floats / ranks) * ranks floats */
     double barrier_s;
     double p2p_s[FY_ARRAY_LEN(P2P_BYTES)];
 } figures_t;
@@ -116,9 +122,10 @@ static fy_status_t run_rank(fy_group_t *g, int base, figures_t *f)
     int32_t rank = fy_group_rank(g), n = fy_group_size(g);
     float *x = fy_malloc(SLOT_BYTES);
     char *buf = fy_malloc(SLOT_BYTES);
+    float *all = fy_malloc(SLOT_BYTES);
     double *t = fy_malloc(sizeof(double) * (size_t)base);
     fy_status_t st = FY_ERR_NOMEM;
-    if (!x || !buf || !t) goto out;
+    if (!x || !buf || !all || !t) goto out;
     for (size_t i = 0; i < SLOT_BYTES / sizeof(float); i++) x[i] = (float)(rank + 1) * 1e-3f;
     memset(buf, rank, SLOT_BYTES);
 
@@ -136,6 +143,17 @@ static fy_status_t run_rank(fy_group_t *g, int base, figures_t *f)
                 for (size_t j = 0; j < nf; j++) x[j] = 1e-3f;
         }
         f->ar_s[k] = median(t, reps);
+    }
+
+    for (size_t k = 0; k < FY_ARRAY_LEN(AR_FLOATS); k++) {
+        size_t piece = AR_FLOATS[k] / (size_t)n * sizeof(float);
+        int reps = reps_for(piece * (size_t)n, base);
+        for (int i = 0; i < 3 + reps; i++) { /* three warm-up calls first */
+            double t0 = now_s();
+            if ((st = fy_group_allgather(g, 0, n, x, 1, piece, all)) != FY_OK) goto out;
+            if (i >= 3) t[i - 3] = now_s() - t0;
+        }
+        f->ag_s[k] = median(t, reps);
     }
 
     for (int i = 0; i < base; i++) {
@@ -166,6 +184,7 @@ static fy_status_t run_rank(fy_group_t *g, int base, figures_t *f)
 out:
     fy_free(x);
     fy_free(buf);
+    fy_free(all);
     fy_free(t);
     return st;
 }
@@ -232,6 +251,16 @@ int fy_cmd_bench_group(int argc, char **argv)
             double bytes = (double)AR_FLOATS[k] * sizeof(float), ar = all[s].ar_s[k], ref = ref_s[k];
             printf("%6d %9zu %10.0f %12.2f %10.2f %12.2f %10.2f %8.1f\n", sets[s], AR_FLOATS[k], bytes, ar * 1e6,
                    bytes / ar / 1e9, ref * 1e6, ref > 0 ? bytes / ref / 1e9 : 0.0, ref > 0 ? ar / ref : 0.0);
+        }
+    printf("\nall-gather (rows 1, each rank's piece floats / ranks; memcpy of the floats is the reference)\n");
+    printf("%6s %9s %10s %12s %10s %12s %8s %8s\n", "ranks", "floats", "bytes", "median_us", "GB/s", "memcpy_us",
+           "x_memcpy", "x_allred");
+    for (int s = 0; s < n_sets; s++)
+        for (size_t k = 0; k < FY_ARRAY_LEN(AR_FLOATS); k++) {
+            size_t nf = AR_FLOATS[k] / (size_t)sets[s] * (size_t)sets[s];
+            double bytes = (double)nf * sizeof(float), ag = all[s].ag_s[k], ref = ref_s[k];
+            printf("%6d %9zu %10.0f %12.2f %10.2f %12.2f %8.1f %8.2f\n", sets[s], nf, bytes, ag * 1e6, bytes / ag / 1e9,
+                   ref * 1e6, ref > 0 ? ag / ref : 0.0, ag / all[s].ar_s[k]);
         }
     printf("\nbarrier (every rank)\n%6s %12s\n", "ranks", "median_us");
     for (int s = 0; s < n_sets; s++) printf("%6d %12.2f\n", sets[s], all[s].barrier_s * 1e6);

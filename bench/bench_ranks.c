@@ -4,9 +4,9 @@
  * an engine stack of that many ranks, a prompt of P tokens prefilled in
  * one pass, then N greedy decode steps through the runner; prefill and
  * decode tokens per second, the ratio to the first shape's, and each
- * rank's step time split (compute, the tensor ranks' gathers or
- * reductions, waiting on the previous stage: pipeline bubbles, handing
- * activations on), per decode step.  Shapes run in turn, reps times
+ * rank's time split (compute, the tensor ranks' gathers or reductions,
+ * waiting on the previous stage: pipeline bubbles, handing activations
+ * on) in the prefill pass and per decode step.  Shapes run in turn, reps times
  * round, the best rep kept, so a neighbour's load moves every shape alike.
  *
  * On a CPU whose ranks share cores this shows what splitting costs, not a
@@ -52,7 +52,8 @@ static void usage(FILE *f)
 
 typedef struct shape_result {
     double prefill_tps, decode_tps;
-    fy_runner_timing_t t[MAX_RANKS]; /* decode only */
+    fy_runner_timing_t t[MAX_RANKS];  /* decode only */
+    fy_runner_timing_t pt[MAX_RANKS]; /* the prefill pass of the same rep */
     int n_ranks;
 } shape_result_t;
 
@@ -84,7 +85,7 @@ static int run_shape(const fy_model_t *m, int tp, int pp, int n_prompt, int n_to
     int32_t *tok = fy_calloc((size_t)(n_prompt + n_tokens + 1), sizeof(int32_t));
     fy_block_table_t bt;
     bool bt_open = false;
-    fy_runner_timing_t t[MAX_RANKS];
+    fy_runner_timing_t t[MAX_RANKS], pt[MAX_RANKS];
     if (!logits || !tok || fy_kvm_seq_init(s.kvm, &bt, rp->max_ctx, NULL) != FY_OK) goto out;
     bt_open = true;
     for (int i = 0; i < n_prompt; i++) tok[i] = 100 + (i * 37) % (c->vocab_size - 200);
@@ -102,7 +103,7 @@ static int run_shape(const fy_model_t *m, int tp, int pp, int n_prompt, int n_to
         tok[done] = best;
         if (done == n_prompt) { /* the decode steps' counters from zero */
             t1 = now_s();
-            if (fy_runner_timing(s.runner, t, n_ranks, true) != FY_OK) goto out;
+            if (fy_runner_timing(s.runner, pt, n_ranks, true) != FY_OK) goto out;
         }
     }
     double t2 = now_s();
@@ -113,6 +114,7 @@ static int run_shape(const fy_model_t *m, int tp, int pp, int n_prompt, int n_to
         res->prefill_tps = n_prompt / (t1 - t0);
         res->n_ranks = n_ranks;
         memcpy(res->t, t, sizeof(t[0]) * (size_t)n_ranks);
+        memcpy(res->pt, pt, sizeof(pt[0]) * (size_t)n_ranks);
     }
     rc = 0;
 out:
@@ -195,16 +197,19 @@ int fy_cmd_bench_ranks(int argc, char **argv)
         for (int k = 0; k < n; k++)
             printf("| tp %d x pp %d | %d | %.1f | %.1f | %.2fx |\n", tp[k], pp[k], res[k].n_ranks, res[k].prefill_tps,
                    res[k].decode_tps, res[k].decode_tps / res[0].decode_tps);
-        printf("\nper decode step, ms (compute / gather or reduce / wait: bubbles / send):\n");
-        for (int k = 0; k < n; k++) {
-            printf("tp %d x pp %d:", tp[k], pp[k]);
-            for (int q = 0; q < res[k].n_ranks; q++) {
-                const fy_runner_timing_t *t = &res[k].t[q];
-                double f = t->forwards ? 1e-6 / (double)t->forwards : 0;
-                printf("  r%d %.2f/%.2f/%.2f/%.2f", q, (double)t->compute_ns * f, (double)t->allreduce_ns * f,
-                       (double)t->wait_ns * f, (double)t->send_ns * f);
+        for (int ph = 0; ph < 2; ph++) {
+            printf(ph ? "\nper decode step, ms (compute / gather or reduce / wait: bubbles / send):\n"
+                      : "\nthe prefill pass, ms (compute / gather or reduce / wait: bubbles / send):\n");
+            for (int k = 0; k < n; k++) {
+                printf("tp %d x pp %d:", tp[k], pp[k]);
+                for (int q = 0; q < res[k].n_ranks; q++) {
+                    const fy_runner_timing_t *t = ph ? &res[k].t[q] : &res[k].pt[q];
+                    double f = t->forwards ? 1e-6 / (double)t->forwards : 0;
+                    printf("  r%d %.2f/%.2f/%.2f/%.2f", q, (double)t->compute_ns * f, (double)t->allreduce_ns * f,
+                           (double)t->wait_ns * f, (double)t->send_ns * f);
+                }
+                printf("\n");
             }
-            printf("\n");
         }
     }
     fy_free(res);

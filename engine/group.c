@@ -72,7 +72,7 @@ enum {
 #define GRP_DEFAULT_TIMEOUT_MS 30000
 
 /* the kinds of step, in the tags of the pair counters */
-enum { STEP_BARRIER = 1, STEP_AR_IN, STEP_AR_SUM, STEP_AR_DONE, STEP_P2P };
+enum { STEP_BARRIER = 1, STEP_AR_IN, STEP_AR_SUM, STEP_AR_DONE, STEP_P2P, STEP_AG_IN, STEP_AG_DONE };
 
 typedef struct grp_rank {
     _Atomic uint32_t wake;     /* futex word: bumped by whoever may unblock this rank */
@@ -685,6 +685,65 @@ fy_status_t fy_group_allreduce_f32(fy_group_t *g, int32_t first, int32_t count, 
     }
     /* done reading the others' slots: they may write them again */
     post_step(g, first, hi, step_tag(STEP_AR_DONE, first, count, n));
+    return FY_OK;
+}
+
+/* Copies rows pieces of piece bytes, contiguous in src, to dst's rows of
+ * row bytes. */
+static void place_rows(char *dst, size_t row, const char *src, size_t piece, size_t rows)
+{
+    if (rows == 1 || row == piece) {
+        memcpy(dst, src, rows * piece);
+        return;
+    }
+    for (size_t i = 0; i < rows; i++) memcpy(dst + i * row, src + i * piece, piece);
+}
+
+fy_status_t fy_group_allgather(fy_group_t *g, int32_t first, int32_t count, const void *mine, size_t rows,
+                               size_t piece_bytes, void *all)
+{
+    if (count < 1 || first < 0 || first > g->n - count || g->rank < first || g->rank >= first + count) {
+        fy_error("group: allgather over ranks %d..%d (count %d) from rank %d: out of range or not its own", (int)first,
+                 (int)(first + count - 1), (int)count, (int)g->rank);
+        return FY_ERR_INVALID;
+    }
+    size_t bytes;
+    if (!fy_mul_size(rows, piece_bytes, &bytes) || bytes > g->h->slot_bytes) {
+        fy_error("group: allgather of %zu rows of %zu bytes: more than a slot holds (%zu bytes)", rows, piece_bytes,
+                 g->h->slot_bytes);
+        return FY_ERR_INVALID;
+    }
+    if (bytes > 0 && (!mine || !all)) {
+        fy_error("group: allgather: %s is NULL", !mine ? "mine" : "all");
+        return FY_ERR_INVALID;
+    }
+    fy_status_t st = grp_state(g);
+    if (st != FY_OK || bytes == 0) return st;
+
+    size_t row = (size_t)count * piece_bytes;
+    char *out = all;
+    if (count == 1) {
+        place_rows(out, row, mine, piece_bytes, rows);
+        return FY_OK;
+    }
+    int32_t hi = first + count;
+    /* both below 2^31 (their product is at most slot_bytes <= 1 GiB): the
+     * tag tells every shape apart, so ranks that disagree on either break
+     * the group */
+    uint64_t shape = ((uint64_t)rows << 32) | piece_bytes;
+    if ((st = wait_slot_free(g)) != FY_OK) return st;
+    memcpy(slot_of(g, g->rank), mine, bytes);
+    post_step(g, first, hi, step_tag(STEP_AG_IN, first, count, shape));
+    /* my own piece while the others arrive, straight from mine */
+    place_rows(out + (size_t)(g->rank - first) * piece_bytes, row, mine, piece_bytes, rows);
+    /* each peer's piece as soon as that peer has posted it */
+    for (int32_t r = first; r < hi; r++) {
+        if (r == g->rank) continue;
+        if ((st = wait_peers(g, r, r + 1, 0, 0)) != FY_OK) return st;
+        place_rows(out + (size_t)(r - first) * piece_bytes, row, slot_of(g, r), piece_bytes, rows);
+    }
+    /* done reading the others' slots: they may write them again */
+    post_step(g, first, hi, step_tag(STEP_AG_DONE, first, count, shape));
     return FY_OK;
 }
 

@@ -92,6 +92,21 @@ fy_status_t fy_group_done(fy_group_t *g, fy_status_t mine, int32_t *bad_rank_p);
  */
 fy_status_t fy_group_allreduce_f32(fy_group_t *g, int32_t first, int32_t count, float *x, size_t n);
 
+/*
+ * Gather over ranks first..first+count-1 (the caller among them): each
+ * holds mine [rows, piece_bytes], row-major, and every one of them gets
+ * all [rows, count * piece_bytes] with rank first + k's piece at byte
+ * column k * piece_bytes of each row: the pieces' bytes, unchanged, on
+ * every rank.  Pieces are of one size, rows * piece_bytes <= slot_bytes;
+ * mine and all must not overlap.  rows 1 is the plain all-gather of
+ * contiguous pieces; more rows gather column blocks of a matrix (tensor
+ * ranks' slices of a batch's activations) without a transpose on either
+ * side: each piece is copied once into its rank's slot and once out of it
+ * into each rank's rows.
+ */
+fy_status_t fy_group_allgather(fy_group_t *g, int32_t first, int32_t count, const void *mine, size_t rows,
+                               size_t piece_bytes, void *all);
+
 /* Point to point: src sends, dst receives len bytes (len <= slot_bytes);
  * a send returns once dst holds the bytes. */
 fy_status_t fy_group_send(fy_group_t *g, int32_t dst, const void *buf, size_t len);

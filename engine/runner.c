@@ -17,7 +17,7 @@
  * biases) are row slices, views into the model's tensors.  wo and w_down
  * are row slices too: each rank gathers the whole attention output (or MLP
  * activation), computes its rows of the projection, and the rows are
- * gathered (an allreduce where the other ranks add exact zeros), so every
+ * gathered (fy_group_allgather: bytes copied, nothing summed), so every
  * element is computed as one rank computes it.  With tp_partial_sums they
  * are column slices, copied row by row into buffers the runner owns, and
  * the partial projections are added across the stage's ranks instead.
@@ -974,28 +974,26 @@ static fy_status_t reduce(fy_runner_t *r, float *x, size_t n)
     return st;
 }
 
-/* Every tensor rank's columns of a [n, w_full] matrix, this one's
- * [n, w] at column off of it: into dst on every rank.  An allreduce in
- * which the other ranks add exact zeros, so the gathered values are the
- * computed ones bit for bit.  Host memory (the CPU backend). */
-static fy_status_t gather(fy_runner_t *r, const float *src, size_t w, size_t w_full, size_t off, float *dst, int32_t n)
+/* Every tensor rank's columns of a [n, w * tp] matrix, this one's [n, w]
+ * at column tp_rank * w of it (the ranks' slices lie in rank order): into
+ * dst on every rank, the computed values bit for bit.  Host memory (the
+ * CPU backend). */
+static fy_status_t gather(fy_runner_t *r, const float *src, size_t w, float *dst, int32_t n)
 {
     fy_status_t st = fy_backend_sync(r->be);
     if (st != FY_OK) return st;
     uint64_t t = now_ns();
-    memset(dst, 0, (size_t)n * w_full * sizeof(float));
-    for (int32_t i = 0; i < n; i++) memcpy(dst + (size_t)i * w_full + off, src + (size_t)i * w, w * sizeof(float));
-    st = fy_group_allreduce_f32(r->group, r->stage * r->tp, r->tp, dst, (size_t)n * w_full);
+    st = fy_group_allgather(r->group, r->stage * r->tp, r->tp, src, (size_t)n, w * sizeof(float), dst);
     r->tm.allreduce_ns += now_ns() - t;
     return st;
 }
 
 /* One projection of the layer (wo or w_down) of input x [n, in] (this
- * rank's columns; in_full of every rank) into xb2 [n, dim]: the whole
- * input gathered and this rank's rows (gathering), or this rank's columns
- * summed across ranks, or one rank's whole product. */
-static fy_status_t project(fy_runner_t *r, const fy_tensor_t *w, float *x, size_t in, size_t in_full, size_t in_off,
-                           float *x_full, int32_t n)
+ * rank's columns, at column tp_rank * in of the whole input) into
+ * xb2 [n, dim]: the whole input gathered into x_full and this rank's rows
+ * (gathering), or this rank's columns summed across ranks, or one rank's
+ * whole product. */
+static fy_status_t project(fy_runner_t *r, const fy_tensor_t *w, float *x, size_t in, float *x_full, int32_t n)
 {
     const fy_tensor_t *ws[1] = {w};
     float *y[1] = {r->xb2};
@@ -1004,11 +1002,10 @@ static fy_status_t project(fy_runner_t *r, const fy_tensor_t *w, float *x, size_
         if ((st = fy_backend_matmul(r->be, 1, ws, x, n, y))) return st;
         return reduce(r, r->xb2, (size_t)n * (size_t)r->cfg->dim);
     }
-    size_t dim = (size_t)r->cfg->dim, rows = (size_t)w->ne[1];
+    size_t rows = (size_t)w->ne[1];
     float *part[1] = {r->xb}; /* free here: the projection's input was made from it */
-    if ((st = gather(r, x, in, in_full, in_off, x_full, n)) || (st = fy_backend_matmul(r->be, 1, ws, x_full, n, part)))
-        return st;
-    return gather(r, r->xb, rows, dim, (size_t)r->tp_rank * rows, r->xb2, n);
+    if ((st = gather(r, x, in, x_full, n)) || (st = fy_backend_matmul(r->be, 1, ws, x_full, n, part))) return st;
+    return gather(r, r->xb, rows, r->xb2, n);
 }
 
 static fy_status_t stage_send(fy_runner_t *r, int32_t dst, const float *x, size_t n)
@@ -1085,7 +1082,7 @@ static fy_status_t compute(fy_runner_t *r, const fy_forward_seq_t *seqs, int32_t
         if ((st = fy_backend_rope(be, r->q, r->k, nh, nkv, c->head_dim, &D->rope)) ||
             (st = fy_backend_kv_write(be, &r->kv, r->arena, l, r->k, r->v)) ||
             (st = fy_backend_attention(be, &r->kv, r->arena, l, nh, c->attn_scale, D->window, r->q, r->att)) ||
-            (st = project(r, &L->wo, r->att, qd, qd * (size_t)r->tp, qd * (size_t)r->tp_rank, r->attf, n)))
+            (st = project(r, &L->wo, r->att, qd, r->attf, n)))
             return st;
         if (a->post_norms && (st = fy_backend_rmsnorm(be, r->xb2, &L->post_attn_norm, n, c->norm_eps, r->xb2)))
             return st;
@@ -1094,8 +1091,7 @@ static fy_status_t compute(fy_runner_t *r, const fy_forward_seq_t *seqs, int32_t
         if ((st = fy_backend_rmsnorm_matmul(be, r->x, &L->ffn_norm, c->norm_eps, 2, gu_w, n, r->xb, gu_y)) ||
             (st = a->act == FY_ACT_GELU_TANH ? fy_backend_geglu(be, r->hb, r->hb2, r->hb, nf)
                                              : fy_backend_swiglu(be, r->hb, r->hb2, r->hb, nf)) ||
-            (st = project(r, &L->w_down, r->hb, (size_t)r->ffn, (size_t)c->ffn_dim, (size_t)r->ffn * (size_t)r->tp_rank,
-                          r->hbf, n)))
+            (st = project(r, &L->w_down, r->hb, (size_t)r->ffn, r->hbf, n)))
             return st;
         if (a->post_norms && (st = fy_backend_rmsnorm(be, r->xb2, &L->post_ffn_norm, n, c->norm_eps, r->xb2)))
             return st;

@@ -144,7 +144,8 @@ fy_status_t fy_runner_follow(fy_runner_t *runner);
 
 /* Where a rank's time went (nanoseconds), since creation or the last
  * reset.  compute is the forward passes' time less the rest; allreduce
- * the time in fy_group_allreduce_f32; wait the time a stage spent
+ * the time in the tensor ranks' collectives (fy_group_allreduce_f32 of
+ * partial sums, or fy_group_allgather when gathering); wait the time a stage spent
  * receiving activations (the previous stage's, or for rank 0 the last
  * stage's hidden rows): pipeline bubbles; send the time handing them on. */
 typedef struct fy_runner_timing {

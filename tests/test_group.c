@@ -1,7 +1,8 @@
 /*
  * test_group.c - the rank group (engine/group.h): processes forked by
- * rank 0, commands, status aggregation, deterministic all-reduce over the
- * group and over disjoint subgroups at once, point to point, and what
+ * rank 0, commands, status aggregation, deterministic all-reduce and
+ * bit-exact all-gather over the group and over disjoint subgroups at
+ * once, point to point, all of them mixed without barriers, and what
  * happens when a rank aborts, dies, hangs, or rank 0 dies.
  *
  * The followers are children of the test process: they must not call
@@ -390,34 +391,112 @@ static void test_send_recv(void **state)
     p2p_with(5);
 }
 
-/* ---- a mix, without barriers ---------------------------------------------------------- */
+/* ---- all-gather ------------------------------------------------------------------------ */
 
-/* Five ranks run whole-group all-reduces, all-reduces of {0, 1} and
- * {2, 3, 4} at once, and sends around each subgroup, back to back with no
- * barrier: a rank that wrote its slot while a slower rank of an earlier,
- * wider collective still read it would corrupt someone's result. */
-static void test_mixed(void **state)
+/* rank's piece of a round: rows x piece bytes that the ranks agree on */
+static void gather_piece(uint8_t *p, size_t rows, size_t piece, int round, int32_t rank)
 {
-    (void)state;
-    enum { N = 5, ROUNDS = 120, BIG = 20000 };
+    fill_bytes(p, rows * piece, vec_seed(round, rank));
+}
+
+/* What every rank of [first, first + count) must hold after the round's
+ * all-gather: each rank's piece regenerated and placed by hand. */
+static void expected_gather(uint8_t *out, uint8_t *tmp, size_t rows, size_t piece, int32_t first, int32_t count,
+                            int round)
+{
+    size_t row = (size_t)count * piece;
+    for (int32_t r = first; r < first + count; r++) {
+        gather_piece(tmp, rows, piece, round, r);
+        for (size_t i = 0; i < rows; i++) memcpy(out + i * row + (size_t)(r - first) * piece, tmp + i * piece, piece);
+    }
+}
+
+/* One all-gather of a round over [first, first + count), checked bytewise
+ * against the pieces placed by hand; all is poisoned first so a byte left
+ * unwritten shows. */
+static void gather_check(board_t *b, fy_group_t *g, int32_t rank, int32_t first, int32_t count, size_t rows,
+                         size_t piece, int round, uint8_t *mine, uint8_t *all, uint8_t *want, uint8_t *tmp)
+{
+    size_t total = rows * (size_t)count * piece;
+    gather_piece(mine, rows, piece, round, rank);
+    memset(all, 0xa5, total);
+    CHECK(b, rank, fy_group_allgather(g, first, count, mine, rows, piece, all) == FY_OK);
+    expected_gather(want, tmp, rows, piece, first, count, round);
+    CHECK(b, rank, memcmp(all, want, total) == 0);
+}
+
+/* rows x piece bytes: one token's slice (SmolLM2's 576 / 2 floats), odd
+ * sizes, a prefill's rows, one piece filling the slot */
+static const size_t AG_SHAPES[][2] = {{1, 4}, {1, 1152}, {1, 13}, {7, 13}, {128, 1152}, {3, 6144}, {1, 300000}};
+enum { AG_SLOT = 300000 };
+
+/* The whole group, then its two halves at once (a half of one rank
+ * included: count 1 copies the piece), then the whole group again with no
+ * barrier in between. */
+static void allgather_with(int32_t n)
+{
+    int32_t split = n / 2; /* subgroups [0, split) and [split, n) */
     board_t *b = board_new();
     pid_t pids[MAX_RANKS];
     int32_t rank;
-    fy_group_t *g = spawn(N, BIG * sizeof(float), 64, 10000, &rank, pids);
+    fy_group_t *g = spawn(n, AG_SLOT, 64, 10000, &rank, pids);
+    int32_t sub_first = rank < split ? 0 : split, sub_count = rank < split ? split : n - split;
+    size_t cap = (size_t)AG_SLOT * (size_t)n;
+    uint8_t *mine = malloc(AG_SLOT), *all = malloc(cap), *want = malloc(cap), *tmp = malloc(AG_SLOT);
+    for (int rep = 0; rep < 3; rep++)
+        for (size_t k = 0; k < FY_ARRAY_LEN(AG_SHAPES); k++) {
+            int round = rep * 100 + (int)k * 3;
+            size_t rows = AG_SHAPES[k][0], piece = AG_SHAPES[k][1];
+            gather_check(b, g, rank, 0, n, rows, piece, round, mine, all, want, tmp);
+            gather_check(b, g, rank, sub_first, sub_count, rows, piece, round + 1, mine, all, want, tmp);
+            gather_check(b, g, rank, 0, n, rows, piece, round + 2, mine, all, want, tmp);
+        }
+    CHECK(b, rank, fy_group_barrier(g) == FY_OK);
+    free(mine);
+    free(all);
+    free(want);
+    free(tmp);
+    if (rank != 0) follower_end(b, g, rank);
+    if (atomic_load(&b->fails[0])) fail_msg("%d ranks: rank 0: %s", (int)n, b->msg[0]);
+    fy_group_destroy(g);
+    board_check(b, n, pids);
+}
+
+/* ---- a mix, without barriers ---------------------------------------------------------- */
+
+/* n ranks run whole-group all-reduces and all-gathers, the same over the
+ * halves {0..n/2-1} and {n/2..n-1} at once, and sends around each half,
+ * back to back with no barrier: a rank that wrote its slot while a slower
+ * rank of an earlier, wider collective still read it would corrupt
+ * someone's result. */
+static void mixed_with(int32_t n)
+{
+    enum { ROUNDS = 180, BIG = 20000 };
+    board_t *b = board_new();
+    pid_t pids[MAX_RANKS];
+    int32_t rank;
+    fy_group_t *g = spawn(n, BIG * sizeof(float), 64, 10000, &rank, pids);
     float *x = malloc(BIG * sizeof(float)), *want = malloc(BIG * sizeof(float)), *tmp = malloc(BIG * sizeof(float));
     uint8_t *in = malloc(BIG * sizeof(float)), *bytes = malloc(BIG * sizeof(float));
-    int32_t first = rank < 2 ? 0 : 2, count = rank < 2 ? 2 : 3;
+    size_t cap = (size_t)n * BIG * sizeof(float);
+    uint8_t *all = malloc(cap), *gwant = malloc(cap);
+    int32_t split = n / 2;
+    int32_t first = rank < split ? 0 : split, count = rank < split ? split : n - split;
     for (int round = 0; round < ROUNDS; round++) {
-        size_t n = round % 3 == 0 ? BIG : (size_t)(1 + (round * 37) % 3000);
-        int op = round % 4;
+        size_t len = round % 3 == 0 ? BIG : (size_t)(1 + (round * 37) % 3000);
+        int op = round % 6;
         if (op == 0 || op == 1) {
-            int32_t f = op == 0 ? 0 : first, c = op == 0 ? N : count;
-            fill_floats(x, n, vec_seed(round, rank));
-            CHECK(b, rank, fy_group_allreduce_f32(g, f, c, x, n) == FY_OK);
-            expected_sum(want, tmp, n, f, c, round);
-            CHECK(b, rank, memcmp(x, want, n * sizeof(float)) == 0);
-        } else {
-            /* around the subgroup: the first sends first, the others pass it on */
+            int32_t f = op == 0 ? 0 : first, c = op == 0 ? n : count;
+            fill_floats(x, len, vec_seed(round, rank));
+            CHECK(b, rank, fy_group_allreduce_f32(g, f, c, x, len) == FY_OK);
+            expected_sum(want, tmp, len, f, c, round);
+            CHECK(b, rank, memcmp(x, want, len * sizeof(float)) == 0);
+        } else if (op == 2 || op == 3) {
+            int32_t f = op == 2 ? 0 : first, c = op == 2 ? n : count;
+            size_t rows = 1 + (size_t)round % 5, piece = len * sizeof(float) / rows;
+            gather_check(b, g, rank, f, c, rows, piece, round, bytes, all, gwant, in);
+        } else if (count > 1) {
+            /* around the half: the first sends first, the others pass it on */
             int32_t next = first + (rank - first + 1) % count, prev = first + (rank - first + count - 1) % count;
             size_t olen = p2p_len(round, rank) % (BIG * sizeof(float)),
                    ilen = p2p_len(round, prev) % (BIG * sizeof(float));
@@ -429,7 +508,7 @@ static void test_mixed(void **state)
             CHECK(b, rank, memcmp(in, bytes, ilen) == 0);
         }
     }
-    /* the subgroups end at different times: rank 0's destroy must not
+    /* the halves end at different times: rank 0's destroy must not
      * cancel the slower one's sends */
     CHECK(b, rank, fy_group_barrier(g) == FY_OK);
     free(x);
@@ -437,10 +516,28 @@ static void test_mixed(void **state)
     free(tmp);
     free(in);
     free(bytes);
+    free(all);
+    free(gwant);
     if (rank != 0) follower_end(b, g, rank);
-    if (atomic_load(&b->fails[0])) fail_msg("rank 0: %s", b->msg[0]);
+    if (atomic_load(&b->fails[0])) fail_msg("%d ranks: rank 0: %s", (int)n, b->msg[0]);
     fy_group_destroy(g);
-    board_check(b, N, pids);
+    board_check(b, n, pids);
+}
+
+static void test_allgather(void **state)
+{
+    (void)state;
+    allgather_with(2);
+    allgather_with(3);
+    allgather_with(5);
+}
+
+static void test_mixed(void **state)
+{
+    (void)state;
+    mixed_with(2);
+    mixed_with(3);
+    mixed_with(5);
 }
 
 /* ---- failures ---------------------------------------------------------------------------- */
@@ -718,6 +815,10 @@ static void test_bad_params(void **state)
     CHECK(b, rank, fy_group_send(g, rank, buf, 4) == FY_ERR_INVALID);
     CHECK(b, rank, fy_group_send(g, 1 - rank, buf, 257) == FY_ERR_INVALID);
     CHECK(b, rank, fy_group_recv(g, 5, buf, 4) == FY_ERR_INVALID);
+    CHECK(b, rank, fy_group_allgather(g, 0, 2, buf, 3, 86, buf + 256) == FY_ERR_INVALID); /* 258 bytes > 256 */
+    CHECK(b, rank, fy_group_allgather(g, 0, 2, buf, SIZE_MAX, 2, buf + 256) == FY_ERR_INVALID);
+    CHECK(b, rank, fy_group_allgather(g, 1 - rank, 1, buf, 1, 4, buf + 256) == FY_ERR_INVALID);
+    CHECK(b, rank, fy_group_allgather(g, 0, 2, NULL, 1, 4, buf + 256) == FY_ERR_INVALID);
     if (rank == 0) {
         CHECK(b, rank, fy_group_post_cmd(g, buf, 65) == FY_ERR_INVALID);
     } else {
@@ -727,6 +828,9 @@ static void test_bad_params(void **state)
     for (int k = 0; k < 64; k++) x[k] = (float)(rank + 1);
     CHECK(b, rank, fy_group_allreduce_f32(g, 0, 2, x, 64) == FY_OK);
     CHECK(b, rank, x[63] == 3.0f);
+    memset(buf, rank + 1, 64);
+    CHECK(b, rank, fy_group_allgather(g, 0, 2, buf, 1, 64, buf + 256) == FY_OK);
+    CHECK(b, rank, buf[256] == 1 && buf[256 + 63] == 1 && buf[256 + 64] == 2 && buf[256 + 127] == 2);
     CHECK(b, rank, !fy_group_broken(g));
     if (rank != 0) follower_end(b, g, rank);
     assert_int_equal(atomic_load(&b->fails[0]), 0);
@@ -754,6 +858,37 @@ static void test_mismatch(void **state)
     board_check(b, 2, pids);
 }
 
+/* Ranks that call an all-gather with pieces of different sizes, or of
+ * the same bytes in another shape, or an all-gather against an
+ * all-reduce, break the group. */
+static void test_gather_mismatch(void **state)
+{
+    (void)state;
+    /* rank 0's call, rank 1's call: {rows, piece bytes}, or rows 0 for an all-reduce of 16 floats */
+    static const size_t cases[][2][2] = {
+        {{1, 64}, {1, 128}},
+        {{2, 32}, {1, 64}},
+        {{1, 64}, {0, 0}},
+    };
+    for (size_t k = 0; k < FY_ARRAY_LEN(cases); k++) {
+        board_t *b = board_new();
+        pid_t pids[MAX_RANKS];
+        int32_t rank;
+        fy_group_t *g = spawn(2, 4096, 64, 5000, &rank, pids);
+        uint8_t mine[128] = {0}, all[256];
+        float x[16] = {0};
+        const size_t *c = cases[k][rank];
+        fy_status_t st =
+            c[0] ? fy_group_allgather(g, 0, 2, mine, c[0], c[1], all) : fy_group_allreduce_f32(g, 0, 2, x, 16);
+        CHECK(b, rank, st == FY_ERR_MISMATCH || st == FY_ERR_PEER);
+        CHECK(b, rank, fy_group_broken(g));
+        if (rank != 0) follower_quit(b, g, rank);
+        if (atomic_load(&b->fails[0])) fail_msg("case %zu: rank 0: %s", k, b->msg[0]);
+        fy_group_destroy(g);
+        board_check(b, 2, pids);
+    }
+}
+
 int main(void)
 {
     fy_log_set_level(FY_LOG_WARN);
@@ -762,6 +897,7 @@ int main(void)
         cmocka_unit_test(test_allreduce),
         cmocka_unit_test(test_allreduce_subgroups),
         cmocka_unit_test(test_send_recv),
+        cmocka_unit_test(test_allgather),
         cmocka_unit_test(test_mixed),
         cmocka_unit_test(test_abort),
         cmocka_unit_test(test_killed_follower),
@@ -770,6 +906,7 @@ int main(void)
         cmocka_unit_test(test_rank0_dies),
         cmocka_unit_test(test_bad_params),
         cmocka_unit_test(test_mismatch),
+        cmocka_unit_test(test_gather_mismatch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
