@@ -306,7 +306,8 @@ asan:
 	$(Q)$(MAKE) --no-print-directory SAN=asan test
 
 # ThreadSanitizer on the multi-threaded tests (engine thread, transfer
-# thread, nng callbacks, the HTTP server; test_http_robust runs a router
+# thread, nng callbacks, the HTTP server, the rank group's processes with
+# their backends' threads; test_http_robust runs a router
 # and workers built with TSan, which exit non-zero on a race).  The
 # 50-request cluster tests are left out: under TSan's slowdown their
 # workers miss the commands' 5-s timeouts, which tests nothing about races.  UCX's memory
@@ -314,7 +315,8 @@ asan:
 # tests/tsan.supp says what is suppressed and why.  Each binary gets 40
 # minutes, not the suite's 15: test_engine takes a quarter of an hour
 # under TSan alone on 2 cores, and passed 15 beside other work.
-TSAN_TESTS := test_engine test_xfer test_rpc test_envelope test_httpd test_bench test_supervise test_http_robust test_grammar
+TSAN_TESTS := test_engine test_xfer test_rpc test_envelope test_httpd test_bench test_supervise test_http_robust test_grammar \
+              test_group test_parallel
 tsan:
 	$(Q)$(MAKE) --no-print-directory SAN=tsan tests
 	$(Q)rm -rf build/tsan/run && mkdir -p build/tsan/run && \
