@@ -31,15 +31,9 @@
 #include "envelope.h"
 #include "mem.h"
 #include "rpc.h"
+#include "stats.h"
 
 static const uint8_t SECRET[32] = "ferry-bench auth: a test secret";
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* This thread's CPU time: the per-message costs are work done, whatever
  * else shares the machine (a busy host deschedules the thread, which wall

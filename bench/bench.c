@@ -32,29 +32,11 @@
 #include "model.h"
 #include "runner.h"
 #include "sampler.h"
+#include "stats.h"
 
 #define BW_BYTES ((size_t)512 << 20)
 #define MAX_THREAD_COUNTS 8
 #define MAX_PROMPTS 8
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* ---- memory bandwidth --------------------------------------------------------------- */
 

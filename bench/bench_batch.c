@@ -25,15 +25,9 @@
 #include "mem.h"
 #include "model.h"
 #include "runner.h"
+#include "stats.h"
 
 #define MAX_BATCHES 16
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 typedef struct track {
     double *t; /* time of each token */
@@ -47,12 +41,6 @@ static void on_event(void *arg, const fy_event_t *ev)
     if (ev->kind == FY_EVENT_TOKEN && k->n < k->cap) k->t[k->n++] = now_s();
     if (ev->kind != FY_EVENT_TOKEN) k->done = true;
     if (ev->kind == FY_EVENT_ERROR) fprintf(stderr, "ferry: bench-batch: request failed: %s\n", ev->message);
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 typedef struct row {

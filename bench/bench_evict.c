@@ -34,15 +34,9 @@
 #include "model.h"
 #include "runner.h"
 #include "tokenizer.h"
+#include "stats.h"
 
 enum { CHUNK = 16, SINK = 64, MAX_BUDGETS = 8, MAX_CTX = 8 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void usage(FILE *f)
 {

@@ -29,6 +29,7 @@
 #include "sampler.h"
 #include "token_trie.h"
 #include "tokenizer.h"
+#include "stats.h"
 
 static const char g_schema[] =
     "{\"title\":\"Order\",\"type\":\"object\",\"additionalProperties\":false,"
@@ -61,20 +62,14 @@ static const char g_doc[] =
     "  \"notes\": \"Leave the parcel at the front desk, please.\"\n"
     "}";
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static int cmp_d(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
 
-static double median(double *v, int n)
+/* the upper median, v[n / 2]: what this command's figures have always used */
+static double median_upper(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof(double), cmp_d);
     return n ? v[n / 2] : 0;
@@ -107,7 +102,7 @@ static void report(const char *what, step_times_t *s, double decode_s)
     double sum = 0, max = 0;
     for (int i = 0; i < s->n; i++) sum += s->t[i], max = s->t[i] > max ? s->t[i] : max;
     double mean = s->n ? sum / s->n : 0;
-    double med = median(s->t, s->n);
+    double med = median_upper(s->t, s->n);
     printf("%-34s %6d steps  mean %8.1f us  median %7.1f us  max %8.1f us  mean/decode step %5.1f%%\n", what, s->n,
            mean * 1e6, med * 1e6, max * 1e6, 100 * mean / decode_s);
 }
@@ -152,7 +147,7 @@ static double decode_step_s(const fy_model_t *model, int threads)
         }
         fy_kvm_seq_release(s.kvm, &bt);
     }
-    res = median(t, n_gen);
+    res = median_upper(t, n_gen);
 out:
     if (bt.blocks) {
         fy_kvm_seq_release(s.kvm, &bt);
@@ -249,8 +244,8 @@ int fy_cmd_bench_grammar(int argc, char **argv)
         goto out;
     printf("schema %zu bytes -> %d rules, %d elements; compile cold %.3f ms, cached %.4f ms, matcher %.4f ms "
            "(medians of 50)\n",
-           strlen(g_schema), fy_grammar_n_rules(g), fy_grammar_n_elems(g), median(cold, 50) * 1e3,
-           median(hit, 50) * 1e3, median(create, 50) * 1e3);
+           strlen(g_schema), fy_grammar_n_rules(g), fy_grammar_n_elems(g), median_upper(cold, 50) * 1e3,
+           median_upper(hit, 50) * 1e3, median_upper(create, 50) * 1e3);
 
     size_t words = fy_token_trie_mask_words(trie), n_ids = 0;
     mask = fy_malloc(words * sizeof(uint32_t));

@@ -34,31 +34,13 @@
 #include "group.h"
 #include "log.h"
 #include "mem.h"
+#include "stats.h"
 
 enum { MAX_RANK_SETS = 8, MAX_REPS = 100000 };
 
 static const size_t AR_FLOATS[] = {576, 4096, 16384, 65536, 262144, 1048576}; /* 2.3 KiB .. 4 MiB */
 static const size_t P2P_BYTES[] = {65536, 1048576, 4194304};
 #define SLOT_BYTES ((size_t)4 << 20)
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *t, int n)
-{
-    qsort(t, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
 
 /* reps for a size: about 256 MiB moved, within [20, base] */
 static int reps_for(size_t bytes, int base)

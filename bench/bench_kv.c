@@ -18,13 +18,7 @@
 #include "kv.h"
 #include "log.h"
 #include "mem.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "stats.h"
 
 static fy_status_t no_copy(void *arg, fy_kv_tier_t dt, const int32_t *d, fy_kv_tier_t st, const int32_t *s, int32_t n)
 {
@@ -43,12 +37,6 @@ static fy_status_t make(const fy_kv_hasher_t *h, int bs, int32_t blocks, bool ca
     /* SmolLM2-135M's KV shape, f16 */
     fy_status_t st = fy_kv_layout_init(&p.layout, 30, 3, 64, bs, FY_DTYPE_F16);
     return st ? st : fy_kvm_create(&p, m_p);
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 static void usage(FILE *f)

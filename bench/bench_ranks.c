@@ -26,15 +26,9 @@
 #include "mem.h"
 #include "model.h"
 #include "runner.h"
+#include "stats.h"
 
 enum { MAX_SHAPES = 8, MAX_RANKS = 64 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void usage(FILE *f)
 {

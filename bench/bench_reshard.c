@@ -30,6 +30,7 @@
 #include "mem.h"
 #include "reshard.h"
 #include "xfer.h"
+#include "stats.h"
 
 enum { MAX_RANKS = 8, MAX_SHAPES = 8 };
 
@@ -174,12 +175,6 @@ static fy_status_t round_once(side_t *src, int32_t na, side_t *dst, int32_t nb, 
         st = w.st;
     }
     return st;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 static bool parse_shape(const char *s, int32_t *tp_p, int32_t *pp_p)

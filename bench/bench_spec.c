@@ -34,6 +34,7 @@
 #include "prompt.h"
 #include "runner.h"
 #include "spec.h"
+#include "stats.h"
 
 #define N_PROMPTS 8
 #define MAX_CFG 5
@@ -68,13 +69,6 @@ static const char *const OPEN[N_PROMPTS] = {
     "Write a poem about the ocean at night.",
     "What should I pack for a week-long hiking trip in the mountains?",
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 typedef struct track {
     int32_t *tok;
@@ -202,18 +196,6 @@ static bool dump_tokens(const char *path, const rig_t *g, int w, const result_t 
         fprintf(f, "\n");
     }
     return fclose(f) == 0;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static void usage(FILE *f)

@@ -29,16 +29,10 @@
 #include "mem.h"
 #include "model.h"
 #include "runner.h"
+#include "stats.h"
 
 #define MAX_LENS 8
 #define MAX_REPS 64
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -46,7 +40,8 @@ static int cmp_d(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static double median(double *v, int n)
+/* the upper median, v[n / 2]: what this command's figures have always used */
+static double median_upper(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof(double), cmp_d);
     return n ? v[n / 2] : 0;
@@ -228,11 +223,11 @@ int fy_cmd_bench_ttft(int argc, char **argv)
         }
         if (!rc && colocated(model, (int)threads, prompts, plens, (int)reps, col) != FY_OK) rc = 1;
         if (!rc) {
-            double mc = median(col, (int)reps), md = median(dis, (int)reps);
+            double mc = median_upper(col, (int)reps), md = median_upper(dis, (int)reps);
             printf("| %d | %.1f | %.1f | %.2fx | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", lens[li], mc * 1e3,
-                   md * 1e3, md / mc, median(q, (int)reps) * 1e3, median(pq, (int)reps) * 1e3,
-                   median(pc, (int)reps) * 1e3, median(tail, (int)reps) * 1e3, median(back, (int)reps) * 1e3,
-                   median(mb, (int)reps));
+                   md * 1e3, md / mc, median_upper(q, (int)reps) * 1e3, median_upper(pq, (int)reps) * 1e3,
+                   median_upper(pc, (int)reps) * 1e3, median_upper(tail, (int)reps) * 1e3,
+                   median_upper(back, (int)reps) * 1e3, median_upper(mb, (int)reps));
             fflush(stdout);
         }
         for (int k = 0; k < reps; k++) fy_free(prompts[k]);

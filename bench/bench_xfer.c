@@ -35,6 +35,7 @@
 #include "log.h"
 #include "mem.h"
 #include "xfer.h"
+#include "stats.h"
 
 #define MAX_TLS 8
 
@@ -373,12 +374,6 @@ static fy_status_t run_job(fy_xfer_t *x, const void *blob, size_t len, const pat
     if (st != FY_OK) fy_error("bench-xfer: %s job failed: %s: %s", p->name, fy_status_str(st), w->msg);
     *secs_p = t1 - t0;
     return st;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 static char g_lanes[256];

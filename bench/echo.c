@@ -32,13 +32,7 @@
 #include "rpc.h"
 #include "wire.h"
 #include "workload.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "stats.h"
 
 typedef struct ereq {
     bool live;

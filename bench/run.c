@@ -30,13 +30,7 @@
 #include "log.h"
 #include "mem.h"
 #include "rpc.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "stats.h"
 
 static void abs_time(double t, struct timespec *ts)
 {

@@ -1,0 +1,33 @@
+/*
+ * stats.h - the clock and the order statistics every bench command
+ * uses: CLOCK_MONOTONIC seconds, a qsort comparator for doubles, and the
+ * median (the mean of the middle two for an even count).  Static inline,
+ * so each command file stays one translation unit.
+ */
+#ifndef FY_BENCH_STATS_H
+#define FY_BENCH_STATS_H
+
+#include <stdlib.h>
+#include <time.h>
+
+static inline double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static inline int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Sorts v[0..n) in place; n > 0. */
+static inline double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+#endif /* FY_BENCH_STATS_H */
