@@ -722,19 +722,55 @@ static void test_reshard_ucx(void **state)
     reshard_over_ucx(&sm, 1, 1, 3, 1); /* prefill tp 1 -> decode tp 3 */
     reshard_over_ucx(&sm, 1, 2, 1, 1); /* prefill pp 2 -> decode tp 1 */
     reshard_over_ucx(&sm, 3, 2, 1, 2); /* tp 3 x pp 2 -> pp 2 */
+    /* bad pieces: past either block, or a block id past either arena: refused, and the job fails */
+    fy_xfer_layout_t la = rank_layout(&sm, 1, 1, 0), lb = rank_layout(&sm, 3, 1, 0);
+    side_t s, d;
+    const void *blob;
+    size_t len;
+    done_t dn;
+    fy_xfer_job_t *j;
+    side_open(&s, &la, 4, "tcp", 0);
+    side_open(&d, &lb, 4, "tcp", 0xA5);
+    assert_int_equal(fy_xfer_target_desc(d.x, &blob, &len), FY_OK);
+    const fy_xfer_piece_t bad[] = {
+        {.dst_rank = 0, .src_off = la.block_bytes - 8, .len = 16, .dst_off = 0}, /* past the source block */
+        {.dst_rank = 0, .src_off = 0, .len = 16, .dst_off = lb.block_bytes - 8}, /* past the target block */
+        {.dst_rank = 0, .src_off = 0, .len = 0, .dst_off = 0},                   /* empty */
+        {.dst_rank = 0, .src_off = 0, .len = 16, .dst_off = 0},                  /* fine, but block 4 (below) */
+    };
+    /* one good piece first: the connection is made and answered before any job fails (UCX 1.13
+     * asserts when an endpoint whose handshake reply is still connecting fails at close) */
+    int32_t one = 1;
+    done_init(&dn);
+    assert_int_equal(fy_xfer_job_begin(s.x, blob, len, fy_xfer_now() + 20, on_done, &dn, &j), FY_OK);
+    assert_int_equal(fy_xfer_job_put_piece(j, &one, &one, 1, &bad[3]), FY_OK);
+    fy_xfer_job_finish(j);
+    assert_int_equal(done_wait(&dn, 30), FY_OK);
+    done_fini(&dn);
+    memset(d.arena, 0xA5, d.bytes);
+    for (size_t i = 0; i < FY_ARRAY_LEN(bad); i++) {
+        int32_t sb = 0, db = i == 3 ? 4 : 0;
+        done_init(&dn);
+        fy_test_log_begin();
+        assert_int_equal(fy_xfer_job_begin(s.x, blob, len, fy_xfer_now() + 20, on_done, &dn, &j), FY_OK);
+        assert_int_equal(fy_xfer_job_put_piece(j, &sb, &db, 1, &bad[i]), FY_ERR_INVALID);
+        fy_xfer_job_finish(j);
+        assert_int_equal(done_wait(&dn, 30), FY_ERR_INVALID);
+        fy_test_log_end();
+        done_fini(&dn);
+    }
+    for (uint64_t k = 0; k < d.bytes; k++) assert_int_equal(d.arena[k], 0xA5);
+    side_close(&s);
+    side_close(&d);
+
     /* a shape that cannot be mapped: another model's head count at the target */
     fy_xfer_layout_t a = rank_layout(&sm, 1, 1, 0);
     const model_shape_t other = {.layers = 6, .heads = 8, .kv_heads = 2, .head_dim = 16, .block_size = 4};
     fy_xfer_layout_t b = rank_layout(&other, 2, 1, 1);
-    side_t s, d;
     side_open(&s, &a, 4, "tcp", 0);
     side_open(&d, &b, 4, "tcp", 0xA5);
-    const void *blob;
-    size_t len;
     assert_int_equal(fy_xfer_target_desc(d.x, &blob, &len), FY_OK);
-    done_t dn;
     done_init(&dn);
-    fy_xfer_job_t *j;
     fy_test_log_begin();
     assert_int_equal(fy_xfer_job_begin(s.x, blob, len, fy_xfer_now() + 20, on_done, &dn, &j), FY_OK);
     fy_xfer_piece_t p = {.dst_rank = 1, .src_off = 0, .len = 64, .dst_off = 0};

@@ -992,6 +992,21 @@ fy_status_t fy_xfer_job_begin(fy_xfer_t *x, const void *target_blob, size_t len,
     return FY_OK;
 }
 
+/* Every block id within both arenas?  If not: logged, and the job will
+ * fail with FY_ERR_INVALID (a transfer with a hole must not succeed). */
+static bool blocks_in_range(fy_xfer_job_t *j, const int32_t *src, const int32_t *dst, int32_t n, const char *what)
+{
+    for (int32_t i = 0; i < n; i++) {
+        if (src[i] < 0 || src[i] >= j->x->n_blocks || dst[i] < 0 || dst[i] >= j->remote_blocks) {
+            fy_error("xfer: %s to %s: block %d -> %d out of range (%d blocks here, %d at the target)", what,
+                     j->target.name, src[i], dst[i], j->x->n_blocks, j->remote_blocks);
+            atomic_store(&j->caller_st, FY_ERR_INVALID);
+            return false;
+        }
+    }
+    return true;
+}
+
 fy_status_t fy_xfer_job_put(fy_xfer_job_t *j, const int32_t *src, const int32_t *dst, int32_t n)
 {
     if (!j) {
@@ -1005,16 +1020,10 @@ fy_status_t fy_xfer_job_put(fy_xfer_job_t *j, const int32_t *src, const int32_t 
         atomic_store(&j->caller_st, FY_ERR_INVALID);
         return FY_ERR_INVALID;
     }
+    if (!blocks_in_range(j, src, dst, n, "job_put")) return FY_ERR_INVALID;
     int32_t runs = 0;
-    for (int32_t i = 0; i < n; i++) {
-        if (src[i] < 0 || src[i] >= x->n_blocks || dst[i] < 0 || dst[i] >= j->remote_blocks) {
-            fy_error("xfer: job_put to %s: block %d -> %d out of range (%d blocks here, %d at the target)",
-                     j->target.name, src[i], dst[i], x->n_blocks, j->remote_blocks);
-            atomic_store(&j->caller_st, FY_ERR_INVALID);
-            return FY_ERR_INVALID;
-        }
+    for (int32_t i = 0; i < n; i++)
         if (i == 0 || src[i] != src[i - 1] + 1 || dst[i] != dst[i - 1] + 1) runs++;
-    }
     if (n == 0) return FY_OK;
     xfer_cmd_t *c = fy_malloc(sizeof(*c) + (size_t)runs * sizeof(xfer_run_t));
     if (!c) {
@@ -1055,14 +1064,7 @@ fy_status_t fy_xfer_job_put_piece(fy_xfer_job_t *j, const int32_t *src, const in
         atomic_store(&j->caller_st, FY_ERR_INVALID);
         return FY_ERR_INVALID;
     }
-    for (int32_t i = 0; i < n; i++) {
-        if (src[i] < 0 || src[i] >= x->n_blocks || dst[i] < 0 || dst[i] >= j->remote_blocks) {
-            fy_error("xfer: job_put_piece to %s: block %d -> %d out of range (%d blocks here, %d at the target)",
-                     j->target.name, src[i], dst[i], x->n_blocks, j->remote_blocks);
-            atomic_store(&j->caller_st, FY_ERR_INVALID);
-            return FY_ERR_INVALID;
-        }
-    }
+    if (!blocks_in_range(j, src, dst, n, "job_put_piece")) return FY_ERR_INVALID;
     if (n == 0) return FY_OK;
     xfer_cmd_t *c = fy_malloc(sizeof(*c) + (size_t)n * sizeof(xfer_run_t));
     if (!c) {
