@@ -68,7 +68,9 @@
         INT(S, "max_seqs", "32", 1, 1024, "sequences in the running batch at most"),                                   \
         INT(S, "max_batch_tokens", "512", 1, 65536, "tokens per forward pass at most (raised to max_seqs if below)"),  \
         INT(S, "max_waiting", "256", 0, 1 << 20, "requests queued in the engine before new ones are refused"),         \
-        INT(S, "ctx", "0", 0, 1 << 20, "longest sequence in tokens; 0: the model's trained context")
+        INT(S, "ctx", "0", 0, 1 << 20, "longest sequence in tokens; 0: the model's trained context"),                  \
+        INT(S, "tp", "0", 0, 64, "tensor-parallel ranks of this role's workers; 0: worker.tp"),                        \
+        INT(S, "pp", "0", 0, 64, "pipeline stages of this role's workers; 0: worker.pp")
 
 static const fy_conf_key_t KEYS[] = {
     STR("model", "path", FY_DEFAULT_MODEL_PATH,
@@ -172,6 +174,10 @@ static const fy_conf_key_t KEYS[] = {
     STR("worker", "transports", NULL, "UCX transports (UCX_TLS); unset or empty: UCX's choice"),
     STR("worker", "net_devices", NULL,
         "UCX network devices (UCX_NET_DEVICES, e.g. eth0,mlx5_0:1); unset: the listen address's interface"),
+    INT("worker", "tp", "1", 1, 64,
+        "tensor-parallel ranks per worker (processes sharing one model's heads and MLP, and its KV pages); "
+        "docs/parallel.md"),
+    INT("worker", "pp", "1", 1, 64, "pipeline stages per worker (processes each holding a range of layers)"),
     STR("worker", "isa", NULL, "CPU kernels: auto, avx2, scalar...; unset: the best this CPU runs"),
     ENUM("worker", "attn", "f32", "f32|bf16",
          "CPU prefill attention arithmetic: f32 (the reference) or bf16 (perplexity within 1%; CPUs with avx512_bf16, "

@@ -35,7 +35,7 @@
 #include "log.h"
 #include "mem.h"
 #include "rpc.h"
-#include "xfer.h"
+#include "xgroup.h"
 
 #define MAX_PROMPT 32768
 
@@ -252,7 +252,7 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
 
     const void *blob;
     size_t blob_len;
-    fy_xfer_target_desc(fy_node_xfer(n), &blob, &blob_len);
+    fy_xgroup_target_desc(fy_node_xfer(n), &blob, &blob_len); /* every rank's, for a group */
     fy_wire_reserved_t rm = {.ev = fy_node_ev(n, rid, id),
                              .lease = l->lease,
                              .lease_s = lease_s,

@@ -4,12 +4,15 @@
  */
 #include "engine_config.h"
 
+#include <errno.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "cluster.h"
 #include "cpuset.h"
 #include "log.h"
+#include "mem.h"
 
 void fy_engine_build_default(fy_engine_build_t *b)
 {
@@ -90,6 +93,10 @@ fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engi
         (st = fy_conf_int(c, "kv", "recent_tokens", &recent)) || (st = fy_conf_int(c, "kv", "heavy_tokens", &heavy)) ||
         (decode && (st = fy_conf_size(c, role, "host_kv_mem", &host_mem))))
         return st;
+    int64_t tp, pp, role_tp, role_pp;
+    if ((st = fy_conf_int(c, "worker", "tp", &tp)) || (st = fy_conf_int(c, "worker", "pp", &pp)) ||
+        (st = fy_conf_int(c, role, "tp", &role_tp)) || (st = fy_conf_int(c, role, "pp", &role_pp)))
+        return st;
     if (max_batch < max_seqs) max_batch = max_seqs;
 
     fy_engine_build_t b;
@@ -133,6 +140,9 @@ fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engi
     rp->block_size = block_size;
     rp->kv_dtype = kv_dtype;
     rp->kv_one_group = !sliding_groups;
+    rp->tp = (int32_t)(role_tp ? role_tp : tp);
+    rp->pp = (int32_t)(role_pp ? role_pp : pp);
+    b.shared_arenas = rp->tp * rp->pp > 1; /* the worker's transfer engine puts into every rank's arena */
     b.host_kv_mem = host_mem;
     b.draft = draft;
     b.draft_kv_mem = draft ? (int64_t)((double)kv_mem * draft_frac) : 0;
@@ -204,7 +214,27 @@ fy_status_t fy_engine_stack_create(const fy_model_t *m, const fy_engine_build_t 
     if (n_ranks > 1) { /* fork before the backend starts its threads */
         fy_group_params_t gp;
         int32_t rank;
-        if ((st = fy_runner_group_params(m, &rp, &gp)) || (st = fy_group_spawn(&gp, &s.group, &rank))) return st;
+        if ((st = fy_runner_group_params(m, &rp, &gp))) return st;
+        if (b->shared_arenas) { /* every rank's arena where rank 0 sees it too: mapped before the fork */
+            size_t stride, all;
+            if ((st = fy_runner_group_arena_bytes(m, &rp, &stride))) return st;
+            if (!fy_mul_size(stride, (size_t)n_ranks, &all)) return FY_ERR_INVALID;
+            void *a = mmap(NULL, all, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (a == MAP_FAILED) {
+                fy_error("engine: cannot map %zu MiB of kv arenas for %d ranks: %s", all >> 20, n_ranks,
+                         strerror(errno));
+                return FY_ERR_NOMEM;
+            }
+            s.arenas = a;
+            s.arenas_bytes = all;
+            s.arena_stride = stride;
+            rp.kv_arenas = a;
+            rp.kv_arena_stride = stride;
+        }
+        if ((st = fy_group_spawn(&gp, &s.group, &rank))) {
+            if (s.arenas) munmap(s.arenas, s.arenas_bytes);
+            return st;
+        }
         threads = (threads > 0 ? threads : fy_cpuset_usable()) / n_ranks;
         if (threads < 1) threads = 1;
         if (rank != 0) follower_main(m, b, &rp, s.group, threads);
@@ -249,5 +279,6 @@ void fy_engine_stack_destroy(fy_engine_stack_t *s)
     fy_runner_destroy(s->runner);
     fy_group_destroy(s->group); /* the other ranks leave and are reaped */
     fy_backend_destroy(s->be);
+    if (s->arenas) munmap(s->arenas, s->arenas_bytes); /* after the group: no rank maps it any more */
     *s = (fy_engine_stack_t){0};
 }

@@ -53,6 +53,10 @@ typedef struct fy_engine_build {
      * draft), for a caller that drives the runner or makes its own engines */
     bool no_engine;
     fy_engine_params_t engine;
+    /* with ranks: every rank's device KV arena in one shared mapping made
+     * before the fork (runner.kv_arenas), so that rank 0's transfer engine
+     * can put into and read from every rank's KV (a worker's group) */
+    bool shared_arenas;
 } fy_engine_build_t;
 
 /* The runner's and engine's defaults, cpu, one thread per core, prefix
@@ -80,6 +84,9 @@ typedef struct fy_engine_stack {
     fy_kvm_t *kvm;
     fy_spec_draft_t *draft;
     fy_engine_t *engine;
+    /* shared_arenas: the mapping, rank r's arena at arenas + r * arena_stride */
+    void *arenas;
+    size_t arenas_bytes, arena_stride;
 } fy_engine_stack_t;
 
 /* Builds, in order, the backend, runner, hasher, block manager, draft and

@@ -51,9 +51,10 @@ struct fy_runner {
     const fy_runner_t *shared; /* the runner whose device weights this one borrows, or NULL */
     fy_backend_reserve_t res;  /* what this runner asked of the backend */
     fy_kv_layout_t kv;
-    void *arena;      /* device: n_pages * kv.block_bytes */
-    void *host_arena; /* host tier: n_host_pages * kv.block_bytes */
-    int32_t n_pages;  /* the pool's blocks: n_kv_blocks of every layer, n_groups pages each */
+    void *arena;         /* device: n_pages * kv.block_bytes */
+    bool arena_borrowed; /* in params.kv_arenas: the caller's mapping */
+    void *host_arena;    /* host tier: n_host_pages * kv.block_bytes */
+    int32_t n_pages;     /* the pool's blocks: n_kv_blocks of every layer, n_groups pages each */
     int32_t n_host_pages;
 
     /* device copies of the weights */
@@ -543,6 +544,22 @@ static fy_status_t largest_block(const fy_model_t *m, const fy_runner_params_t *
     return st;
 }
 
+fy_status_t fy_runner_group_arena_bytes(const fy_model_t *m, const fy_runner_params_t *p, size_t *bytes_p)
+{
+    size_t largest;
+    fy_status_t st = largest_block(m, p, &largest);
+    if (st != FY_OK) return st;
+    int64_t blocks = p->n_kv_blocks > 0 ? p->n_kv_blocks : p->kv_mem / (int64_t)largest;
+    size_t bytes;
+    if (blocks < 1 || !fy_mul_size((size_t)blocks, largest, &bytes)) {
+        fy_error("runner: a group's kv arenas of %lld blocks of %zu bytes: none, or too many", (long long)blocks,
+                 largest);
+        return FY_ERR_INVALID;
+    }
+    *bytes_p = (bytes + 4095) & ~(size_t)4095;
+    return FY_OK;
+}
+
 fy_status_t fy_runner_group_params(const fy_model_t *m, const fy_runner_params_t *params, fy_group_params_t *gp_p)
 {
     const fy_model_config_t *c = fy_model_config(m);
@@ -693,7 +710,18 @@ static fy_status_t runner_create(const fy_model_t *model, fy_backend_t *be, cons
     }
     r->n_pages = p.n_kv_blocks * r->kv.n_groups;
     r->n_host_pages = p.n_host_blocks * r->kv.n_groups;
-    if ((st = fy_backend_alloc(be, arena_bytes, &r->arena))) goto fail;
+    if (p.kv_arenas) { /* a worker's group: every rank's arena in one mapping rank 0 also sees */
+        if (!group || arena_bytes > p.kv_arena_stride) {
+            fy_error("runner: rank %d's kv arena of %zu bytes does not fit its %zu-byte share of the group's mapping",
+                     rank, arena_bytes, p.kv_arena_stride);
+            st = FY_ERR_INVALID;
+            goto fail;
+        }
+        r->arena = (char *)p.kv_arenas + (size_t)rank * p.kv_arena_stride;
+        r->arena_borrowed = true;
+    } else if ((st = fy_backend_alloc(be, arena_bytes, &r->arena))) {
+        goto fail;
+    }
     if (p.n_host_blocks > 0) {
         size_t host_bytes;
         if (!fy_mul_size((size_t)r->n_host_pages, r->kv.block_bytes, &host_bytes)) {
@@ -832,7 +860,7 @@ void fy_runner_destroy(fy_runner_t *r)
     if (!r) return;
     float *bufs[] = {r->x, r->xb, r->xb2, r->q, r->att, r->k, r->v, r->hb, r->hb2, r->xl, r->logits, r->attf, r->hbf};
     for (size_t i = 0; i < FY_ARRAY_LEN(bufs); i++) fy_backend_free(r->be, bufs[i]);
-    fy_backend_free(r->be, r->arena);
+    if (!r->arena_borrowed) fy_backend_free(r->be, r->arena);
     fy_backend_free_host(r->be, r->host_arena);
     if (r->shared) { /* borrowed, not ours to release */
         r->layers = NULL;

@@ -75,6 +75,13 @@ typedef struct fy_runner_params {
      * but another summation order; on SmolLM2 logits move by up to ~1.5,
      * since the 8-bit activations of later layers round differently) */
     bool tp_partial_sums;
+    /* a group whose arenas rank 0 must reach (a worker's transfer engine
+     * puts into and reads from every rank's KV): rank r's device arena is
+     * kv_arenas + r * kv_arena_stride, in a shared mapping made before the
+     * group forked (fy_runner_group_arena_bytes sizes the stride); NULL:
+     * each rank allocates its own */
+    void *kv_arenas;
+    size_t kv_arena_stride;
     /* for tests only, honoured by the group's last rank (a follower) alone:
      * its pool is sized pool_skew blocks larger (unequal pools, which
      * creation must refuse); it fails its forward pass after
@@ -120,6 +127,12 @@ fy_status_t fy_runner_check_shape(const fy_model_t *model, const fy_runner_param
  * slot (one stage's activations) and the command area (the largest
  * broadcast batch).  FY_ERR_INVALID (logged) for a bad shape. */
 fy_status_t fy_runner_group_params(const fy_model_t *model, const fy_runner_params_t *params, fy_group_params_t *gp_p);
+
+/* The most bytes a rank's device arena takes in a group for params (the
+ * largest stage's block of every layer times the block count the ranks
+ * agree on), rounded up to a page: kv_arena_stride.  FY_ERR_INVALID
+ * (logged) for a budget that holds no block. */
+fy_status_t fy_runner_group_arena_bytes(const fy_model_t *model, const fy_runner_params_t *params, size_t *bytes_p);
 
 /*
  * One rank of a group (group NULL: fy_runner_create).  Every rank of the

@@ -41,16 +41,16 @@
 #include "log.h"
 #include "mem.h"
 #include "rpc.h"
-#include "xfer.h"
+#include "xgroup.h"
 
 #define MAX_PROMPT 32768
 
 typedef struct pjob {
     struct prefill *p;
     uint64_t id, engine_id;
-    int64_t attempt; /* the router's try number: an old try's events are told apart */
-    fy_xfer_job_t *xj;
-    bool xj_closed; /* finish or abort was called */
+    int64_t attempt;     /* the router's try number: an old try's events are told apart */
+    fy_xgroup_job_t *xj; /* one transfer job per pair of ranks that share bytes (xgroup.h) */
+    bool xj_closed;      /* finish or abort was called */
     int32_t n_prompt, first_block, n_dst, shipped, computed;
     int32_t *dst;  /* [n_dst] the decode worker's blocks for prompt blocks first_block.. */
     int32_t slots; /* a KV budget's reservation: dst holds slots blocks per group (0: positional) */
@@ -127,9 +127,9 @@ static void job_close_xfer(pjob_t *j, bool finish)
     open_remove(j->p, j);
     j->xj_closed = true;
     if (finish)
-        fy_xfer_job_finish(j->xj);
+        fy_xgroup_job_finish(j->xj);
     else
-        fy_xfer_job_abort(j->xj);
+        fy_xgroup_job_abort(j->xj);
 }
 
 static void job_unlink(prefill_t *p, pjob_t *j)
@@ -277,9 +277,9 @@ static void ship_fail(pjob_t *j, fy_status_t st, const char *fmt, ...)
 /* Hands n blocks src -> dst to the transfer, in puts of up to 256. */
 static int32_t put_blocks(pjob_t *j, const int32_t *src, const int32_t *dst, int32_t n)
 {
-    fy_xfer_job_put(j->xj, src, dst, n); /* an error is remembered and reported at the end */
+    fy_xgroup_job_put(j->xj, src, dst, n); /* an error is remembered and reported at the end */
     if (j->t_first_put == 0) j->t_first_put = fy_node_now();
-    int64_t b = (int64_t)n * (int64_t)fy_kvm_layout(fy_node_kvm(j->p->n))->block_bytes;
+    int64_t b = (int64_t)n * (int64_t)fy_xgroup_job_block_bytes(j->xj); /* every rank's share */
     j->bytes += b;
     j->p->bytes += b;
     return n;
@@ -488,8 +488,8 @@ static void cmd_prefill(prefill_t *p, fy_msgr_t *r, uint64_t rid)
     rq.progress = true;
     fy_status_t st = fy_kvm_seq_init(kvm, &j->hold, n_prompt + 1, &rq.ns);
     if (!st)
-        st = fy_xfer_job_begin(fy_node_xfer(n), m.target, m.target_len, j->t_recv + m.deadline_s, on_xfer_done, j,
-                               &j->xj);
+        st = fy_xgroup_job_begin(fy_node_xfer(n), m.target, m.target_len, j->t_recv + m.deadline_s, on_xfer_done, j,
+                                 &j->xj);
     if (st) {
         fy_kvm_seq_deinit(&j->hold);
         job_error(j, st, "cannot start the kv transfer: %s", fy_status_str(st));
@@ -536,7 +536,7 @@ static bool p_direct(fy_node_t *n, void *state, const char *type, fy_msgr_t *r)
     double until = fy_node_now() + m.deadline_s;
     pthread_mutex_lock(&p->open_mu);
     for (pjob_t *j = p->open; j; j = j->xnext)
-        if (j->id == m.id && j->attempt == m.attempt) fy_xfer_job_extend(j->xj, until);
+        if (j->id == m.id && j->attempt == m.attempt) fy_xgroup_job_extend(j->xj, until);
     pthread_mutex_unlock(&p->open_mu);
     return true;
 }

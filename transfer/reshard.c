@@ -25,24 +25,34 @@ bool fy_xfer_layout_shard_ok(const fy_xfer_layout_t *l)
            l->kv_head0 <= l->model_kv_heads - l->n_kv_heads;
 }
 
-/* Is l's shard the one its rank holds?  The splits of kv/kvplan.h
- * (fy_kv_tp_heads, fy_kv_pp_layers; transfer/ sits below kv/, so the two
- * lines are repeated here, and test_xfer's re-sharding test builds its
- * layouts with kvplan's functions, so the two cannot drift apart). */
-static bool shard_where_rank_says(const fy_xfer_layout_t *l)
+/* The shard of rank (stage, tp_rank) of a model of model_layers layers and
+ * model_kv_heads KV heads: the splits of kv/kvplan.h (fy_kv_tp_heads,
+ * fy_kv_pp_layers; transfer/ sits below kv/, so the lines are repeated
+ * here, and test_xfer's re-sharding test builds its layouts with kvplan's
+ * functions, so the two cannot drift apart).  False when the heads do not
+ * split over tp. */
+static bool shard_of_rank(const fy_xfer_layout_t *l, int32_t *first_p, int32_t *count_p, int32_t *kv0_p, int32_t *nkv_p)
 {
     int32_t base = l->model_layers / l->pp, extra = l->model_layers % l->pp;
-    int32_t first = l->stage * base + (l->stage < extra ? l->stage : extra), count = base + (l->stage < extra);
-    int32_t kv0, nkv;
+    *first_p = l->stage * base + (l->stage < extra ? l->stage : extra);
+    *count_p = base + (l->stage < extra);
     if (l->model_kv_heads % l->tp == 0) {
-        nkv = l->model_kv_heads / l->tp;
-        kv0 = l->tp_rank * nkv;
+        *nkv_p = l->model_kv_heads / l->tp;
+        *kv0_p = l->tp_rank * *nkv_p;
     } else if (l->tp % l->model_kv_heads == 0) {
-        nkv = 1;
-        kv0 = l->tp_rank / (l->tp / l->model_kv_heads);
+        *nkv_p = 1;
+        *kv0_p = l->tp_rank / (l->tp / l->model_kv_heads);
     } else {
         return false;
     }
+    return true;
+}
+
+/* Is l's shard the one its rank holds? */
+static bool shard_where_rank_says(const fy_xfer_layout_t *l)
+{
+    int32_t first, count, kv0, nkv;
+    if (!shard_of_rank(l, &first, &count, &kv0, &nkv)) return false;
     return l->layer0 == first && l->n_layers == count && l->kv_head0 == kv0 && l->n_kv_heads == nkv;
 }
 
@@ -95,6 +105,25 @@ static fy_status_t pair_check(const fy_xfer_layout_t *src, const fy_xfer_layout_
                       "kv groups (sliding windows: %d groups here, %d at destination rank %d) move only "
                       "between whole models grouped alike",
                       src->n_groups, l->n_groups, d);
+    return FY_OK;
+}
+
+fy_status_t fy_xfer_layout_for_rank(const fy_xfer_layout_t *l, int32_t tp, int32_t pp, int32_t rank,
+                                    fy_xfer_layout_t *out_p)
+{
+    uint64_t hb;
+    fy_xfer_layout_t o = *l;
+    o.tp = tp, o.pp = pp;
+    o.tp_rank = tp > 0 ? rank % tp : 0, o.stage = tp > 0 ? rank / tp : 0;
+    if (!fy_xfer_layout_shard_ok(l) || !head_bytes(l, &hb) || tp < 1 || pp < 1 || tp > 64 || pp > 64 || tp * pp > 64 ||
+        rank < 0 || rank >= tp * pp || pp > l->model_layers ||
+        !shard_of_rank(&o, &o.layer0, &o.n_layers, &o.kv_head0, &o.n_kv_heads)) {
+        fy_error("kv re-sharding: no rank %d of tp %d x pp %d for a model of %d layers and %d kv heads", rank, tp, pp,
+                 l->model_layers, l->model_kv_heads);
+        return FY_ERR_MISMATCH;
+    }
+    o.block_bytes = hb * 2 * (uint64_t)o.n_layers * (uint64_t)o.n_kv_heads;
+    *out_p = o;
     return FY_OK;
 }
 

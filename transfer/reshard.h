@@ -36,6 +36,17 @@
 bool fy_xfer_layout_shard_ok(const fy_xfer_layout_t *l);
 
 /*
+ * The layout of rank `rank` of a tp x pp group serving the model of l (any
+ * rank's or a whole model's layout: its model, element format, block and
+ * head size, groups, and the bytes per head and layer of a block): the
+ * shard the splits give that rank, its block bytes from it.
+ * FY_ERR_MISMATCH (logged) when l's shard is not sound, the shape out of
+ * range, or the model's KV heads do not split over tp.  *out_p on success.
+ */
+fy_status_t fy_xfer_layout_for_rank(const fy_xfer_layout_t *l, int32_t tp, int32_t pp, int32_t rank,
+                                    fy_xfer_layout_t *out_p);
+
+/*
  * Can rank src put pieces into rank dst (one destination rank, as the
  * transfer handshake sees it)?  Everything fy_xfer_reshard_check asks of
  * one destination rank but that the group is whole.

@@ -50,7 +50,7 @@
 #include "node_metrics.h"
 #include "rpc.h"
 #include "spec.h"
-#include "xfer.h"
+#include "xgroup.h"
 
 #define METRICS_SYNC_S 0.05 /* figures in /metrics are at most this much older than a tick */
 #define KV_CHECK_S 10.0     /* between full scans of the block manager for /health */
@@ -87,10 +87,11 @@ struct fy_node {
     /* backend, runner, hasher, block manager, a decode worker's speculative
      * draft (or NULL) and the engine (engine_config.h) */
     fy_engine_stack_t stack;
-    fy_kvm_t *kvm;       /* stack.kvm */
-    fy_engine_t *engine; /* stack.engine */
-    fy_xfer_t *xfer;
-    fy_env_auth_t auth; /* this worker's control-plane credentials */
+    fy_kvm_t *kvm;        /* stack.kvm */
+    fy_engine_t *engine;  /* stack.engine */
+    fy_kv_layout_t whole; /* the whole model's KV layout (tp = pp = 1) */
+    fy_xgroup_t *xfer;    /* one transfer engine per rank of the model's group (one for one process) */
+    fy_env_auth_t auth;   /* this worker's control-plane credentials */
     fy_pull_t *cmds;
     fy_pull_t *cmds_stats; /* cmds, for the engine thread's metrics: under health_mu */
     fy_push_t *out;        /* the one router at router.events (no cluster.etcd) */
@@ -145,7 +146,7 @@ fy_engine_t *fy_node_engine(fy_node_t *n) { return n->engine; }
 fy_kvm_t *fy_node_kvm(fy_node_t *n) { return n->kvm; }
 fy_runner_t *fy_node_runner(fy_node_t *n) { return n->stack.runner; }
 const fy_model_t *fy_node_model(const fy_node_t *n) { return n->model; }
-fy_xfer_t *fy_node_xfer(fy_node_t *n) { return n->xfer; }
+fy_xgroup_t *fy_node_xfer(fy_node_t *n) { return n->xfer; }
 
 double fy_node_heartbeat(const fy_node_t *n) { return n->heartbeat_s; }
 int32_t fy_node_max_seqs(const fy_node_t *n) { return n->max_seqs; }
@@ -153,7 +154,7 @@ fy_metrics_t *fy_node_metrics(fy_node_t *n) { return n->metrics; }
 
 void fy_node_ns(const fy_node_t *n, const char *tenant, fy_kv_ns_t *ns)
 {
-    fy_kv_ns_make(n->stack.hasher, tenant, n->model_id, fy_kvm_layout(n->kvm), NULL, ns);
+    fy_kv_ns_make(n->stack.hasher, tenant, n->model_id, &n->whole, NULL, ns);
 }
 
 /* Sends an event's bytes (cluster.etcd): to the router its request id
@@ -491,14 +492,14 @@ static void sync_metrics(fy_node_t *n, double now)
     fy_xfer_stats_t xs;
     fy_engine_stats(n->engine, &es);
     fy_kvm_stats(n->kvm, &ks);
-    fy_xfer_stats(n->xfer, &xs);
+    fy_xgroup_stats(n->xfer, &xs);
     fy_node_series_sync(n->series, &es, &ks, &xs, n->bad_commands);
     if (now - n->last_kv_check >= KV_CHECK_S) { /* a full scan: not on every tick */
         n->last_kv_check = now;
         n->kv_check = fy_kvm_check(n->kvm); /* logs what broke */
     }
     double waited;
-    fy_status_t xst = fy_xfer_health(n->xfer, now, n->stall_s, &waited);
+    fy_status_t xst = fy_xgroup_health(n->xfer, now, n->stall_s, &waited);
     if (xst == FY_ERR_TIMEOUT && n->health.xfer != FY_ERR_TIMEOUT)
         fy_error("transfer thread has not answered for %.1f s", waited);
     pthread_mutex_lock(&n->health_mu);
@@ -617,9 +618,14 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     n->engine = n->stack.engine;
 
     const fy_kv_layout_t *lay = fy_kvm_layout(n->kvm);
+    /* the whole model's layout (rank 0's is its shard's): prefix hashes and
+     * the membership record must not depend on this worker's shape */
+    fy_runner_params_t whole_p = *fy_runner_params(n->stack.runner);
+    whole_p.tp = whole_p.pp = 1;
+    if ((st = fy_runner_layout_for(n->model, fy_model_config(n->model)->n_layers, &whole_p, &n->whole))) return st;
     fy_kvm_stats_t ks;
     fy_kvm_stats(n->kvm, &ks);
-    fy_xfer_params_t xp = {0};
+    fy_xgroup_params_t xp = {0};
     snprintf(xp.layout.model_id, sizeof(xp.layout.model_id), "%s", n->model_id);
     xp.layout.dtype = lay->dtype;
     xp.layout.block_size = lay->block_size;
@@ -631,9 +637,23 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     xp.layout.block_bytes = lay->block_bytes;
     xp.layout.n_groups = lay->n_groups;
     xp.layout.groups = fy_kv_layout_groups_digest(lay);
-    fy_xfer_layout_whole(&xp.layout); /* one process, the whole model (ranks in workers: not built) */
-    xp.arena = fy_runner_kv_arena(n->stack.runner);
-    xp.arena_bytes = (size_t)ks.tier[FY_KV_DEVICE].total * lay->block_bytes;
+    /* rank 0's shard; the group's other ranks' layouts follow from it
+     * (xgroup.h), each over its arena in the stack's shared mapping */
+    const fy_runner_params_t *rp = fy_runner_params(n->stack.runner);
+    xp.tp = rp->tp > 1 ? rp->tp : 1;
+    xp.pp = rp->pp > 1 ? rp->pp : 1;
+    fy_xfer_layout_whole(&xp.layout);
+    if (xp.tp * xp.pp > 1) {
+        const fy_model_config_t *mc = fy_model_config(n->model);
+        xp.layout.tp = xp.tp, xp.layout.pp = xp.pp;
+        xp.layout.model_layers = mc->n_layers;
+        xp.layout.model_kv_heads = mc->n_kv_heads;
+        xp.arenas = n->stack.arenas;
+        xp.arena_stride = n->stack.arena_stride;
+    } else {
+        xp.arenas = fy_runner_kv_arena(n->stack.runner);
+    }
+    xp.n_pages = ks.tier[FY_KV_DEVICE].total;
     xp.transports = transports && *transports ? transports : NULL;
     /* UCX listens where the worker was told to listen, not on every
      * interface: worker.net_devices, else UCX_NET_DEVICES, else the
@@ -646,7 +666,11 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
         xp.net_devices = devs;
     }
     xp.connect_timeout_s = 5;
-    if ((st = fy_xfer_create(&xp, &n->xfer))) return st;
+    if (xp.tp * xp.pp > 1 && fy_runner_kv_arena(n->stack.runner) != xp.arenas) {
+        fy_error("worker: rank 0's kv arena is not the first of the group's shared mapping");
+        return FY_ERR_INTERNAL;
+    }
+    if ((st = fy_xgroup_create(&xp, &n->xfer))) return st;
 
     n->bloom_bytes = fy_bloom_bytes_for(ks.tier[FY_KV_DEVICE].total);
     if (!(n->bloom = fy_calloc(n->bloom_bytes, 1))) return FY_ERR_NOMEM;
@@ -720,8 +744,9 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
         snprintf(mp.self.addr, sizeof(mp.self.addr), "%s", n->listen);
         snprintf(mp.self.http, sizeof(mp.self.http), "%s", n->metrics_url);
         snprintf(mp.self.model, sizeof(mp.self.model), "%s", n->model_id);
-        mp.self.layout = fy_member_layout_hash(lay->block_size, (int32_t)lay->dtype, lay->n_layers, lay->n_kv_heads,
-                                               lay->head_dim, lay->block_bytes, fy_kv_layout_groups_digest(lay));
+        const fy_kv_layout_t *wl = &n->whole; /* the model's, whatever this worker's shape */
+        mp.self.layout = fy_member_layout_hash(wl->block_size, (int32_t)wl->dtype, wl->n_layers, wl->n_kv_heads,
+                                               wl->head_dim, wl->block_bytes, fy_kv_layout_groups_digest(wl));
         if ((st = fy_membership_start(&mp, &n->members))) return st;
     }
     n->up = true;
@@ -746,7 +771,7 @@ static void teardown(fy_node_t *n)
     /* the engine thread stops first: it must not hand a block to a job
      * the transfer engine is ending */
     if (n->engine) fy_engine_stop(n->engine);
-    fy_xfer_destroy(n->xfer); /* unfinished jobs end now; their completions post to the engine */
+    fy_xgroup_destroy(n->xfer); /* unfinished jobs end now; their completions post to the engine */
     n->xfer = NULL;
     if (n->role && n->role->stop) n->role->stop(n, n->state);
     fy_engine_destroy(n->engine); /* posted work runs; requests left end with errors (pushed) */

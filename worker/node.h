@@ -32,7 +32,7 @@
 #include "wire.h"
 
 typedef struct fy_node fy_node_t;
-typedef struct fy_xfer fy_xfer_t;
+typedef struct fy_xgroup fy_xgroup_t;
 
 typedef struct fy_node_role {
     const char *name; /* "prefill" or "decode": also its config section */
@@ -71,7 +71,8 @@ fy_engine_t *fy_node_engine(fy_node_t *n);
 fy_kvm_t *fy_node_kvm(fy_node_t *n);
 fy_runner_t *fy_node_runner(fy_node_t *n);
 const fy_model_t *fy_node_model(const fy_node_t *n);
-fy_xfer_t *fy_node_xfer(fy_node_t *n);
+/* the KV data plane: one transfer engine per rank (xgroup.h) */
+fy_xgroup_t *fy_node_xfer(fy_node_t *n);
 /* worker.heartbeat: how often load reports (and a prefill worker's progress) go out */
 double fy_node_heartbeat(const fy_node_t *n);
 int32_t fy_node_max_seqs(const fy_node_t *n);
