@@ -293,6 +293,8 @@ static const field_t STATUS_REPLY[] = {
     I32S_IN(T, "total_blocks", total_blocks, n_total_blocks, FY_OPT, P_ALWAYS, INT32_MIN, INT32_MAX),
     I32S_IN(T, "decode", decode, n_decode, FY_OPT, P_ALWAYS, INT32_MIN, INT32_MAX),
     I32S_IN(T, "pending_tokens", pending_tokens, n_pending_tokens, FY_OPT, P_ALWAYS, INT32_MIN, INT32_MAX),
+    I32S_IN(T, "ranks", ranks, n_ranks, FY_OPT, P_ALWAYS, 0, 4096),
+    I32S_IN(T, "out_of_service", out, n_out, FY_OPT, P_ALWAYS, 0, 1),
     MAP(T, "refused_messages", refused_messages, FY_OPT, P_ALWAYS, REFUSED),
 };
 #undef T
@@ -405,6 +407,9 @@ static const field_t LOAD[] = {
     U64(T, "jobs_done", jobs_done, FY_OPT, WHEN(T, has_prefill), 0, UINT64_MAX),
     U64(T, "jobs_failed", jobs_failed, FY_OPT, WHEN(T, has_prefill), 0, UINT64_MAX),
     I64(T, "bytes_shipped", bytes_shipped, FY_OPT, WHEN(T, has_prefill), 0, INT64_MAX),
+    I32(T, "tp", tp, FY_OPT, P_NONZERO, 0, 64),
+    I32(T, "pp", pp, FY_OPT, P_NONZERO, 0, 64),
+    STR(T, "out_of_service", out_of_service, FY_OPT, P_NONZERO),
 };
 #undef T
 #define T fy_wire_alive_t

@@ -266,6 +266,8 @@ typedef struct fy_wire_status_reply {
     int32_t n_workers;
     char workers[FY_WIRE_MAX_WORKERS][64];
     int32_t n_up, up[FY_WIRE_MAX_WORKERS];
+    int32_t n_ranks, ranks[FY_WIRE_MAX_WORKERS]; /* tp * pp of each worker's rank group (1: one process) */
+    int32_t n_out, out[FY_WIRE_MAX_WORKERS];     /* 1: reports itself out of service (a rank died) */
     int32_t n_assigned, assigned[FY_WIRE_MAX_WORKERS];
     int32_t n_admittable, admittable[FY_WIRE_MAX_WORKERS];
     int32_t n_total_blocks, total_blocks[FY_WIRE_MAX_WORKERS];
@@ -391,6 +393,11 @@ typedef struct fy_wire_load {
     int32_t jobs;
     uint64_t jobs_done, jobs_failed;
     int64_t bytes_shipped;
+    /* a rank group (docs/parallel.md): its shape (0: not sent, one
+     * process), and why it serves nothing now (a rank died: every request
+     * there has ended; "" when it serves) */
+    int32_t tp, pp;
+    char out_of_service[160];
 } fy_wire_load_t;
 FY_WIRE_MESSAGE(load, fy_wire_load_t)
 

@@ -593,6 +593,20 @@ pid_t fy_group_pid(const fy_group_t *g, int32_t rank)
 
 bool fy_group_broken(const fy_group_t *g) { return atomic_load(&g->h->broken) != 0; }
 
+fy_status_t fy_group_poll(fy_group_t *g, char *why, size_t cap)
+{
+    if (g->rank == 0 && !atomic_load(&g->h->broken)) grp_check_peers(g, NULL, -1);
+    if (!atomic_load(&g->h->broken)) return FY_OK;
+    grp_peer(g); /* logs the reason once */
+    if (why && cap) {
+        if (atomic_load(&g->h->broken_ready))
+            snprintf(why, cap, "%s", g->h->reason);
+        else
+            snprintf(why, cap, "rank %d broke the group (no reason recorded)", (int)g->h->broken_rank);
+    }
+    return FY_ERR_PEER;
+}
+
 void fy_group_abort(fy_group_t *g, const char *why)
 {
     if (!g) return;

@@ -121,5 +121,11 @@ fy_status_t fy_group_recv(fy_group_t *g, int32_t src, void *buf, size_t len);
  * group, the one that sees it returning FY_ERR_MISMATCH.) */
 void fy_group_abort(fy_group_t *g, const char *why);
 bool fy_group_broken(const fy_group_t *g);
+/* For rank 0 between collectives (a worker's tick: a rank can die while
+ * the group is idle, and nothing else would look): reaps followers that
+ * ended, breaking the group for them, then FY_OK or FY_ERR_PEER with the
+ * reason copied into why ("rank 2 (pid 1234) died: killed by signal 9").
+ * From the thread that drives the group. */
+fy_status_t fy_group_poll(fy_group_t *g, char *why, size_t cap);
 
 #endif /* FY_GROUP_H */

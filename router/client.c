@@ -277,6 +277,8 @@ fy_status_t fy_client_status(fy_client_t *c, fy_client_status_t *s)
             if (i < m->n_admittable) wk->admittable = m->admittable[i];
             if (i < m->n_total_blocks) wk->total_blocks = m->total_blocks[i];
             if (i < m->n_pending_tokens) wk->pending_tokens = m->pending_tokens[i];
+            wk->ranks = i < m->n_ranks && m->ranks[i] > 0 ? m->ranks[i] : 1;
+            if (i < m->n_out) wk->out_of_service = m->out[i] != 0;
         }
     }
     fy_free(m);

@@ -89,6 +89,8 @@ typedef struct fy_client_worker {
     int32_t admittable; /* decode: blocks it could still promise (last report) */
     int32_t total_blocks;
     int32_t pending_tokens; /* prefill: prompt tokens of its unfinished jobs */
+    int32_t ranks;          /* processes of its rank group (tp * pp; 1: one) */
+    bool out_of_service;    /* it says it serves nothing (a rank died); not up */
 } fy_client_worker_t;
 
 typedef struct fy_client_status {

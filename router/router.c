@@ -80,10 +80,12 @@ typedef struct worker {
     uint8_t *bloom;
     uint32_t bloom_bytes;
     /* the router's own view since that report */
-    int32_t assigned;       /* requests placed here and not yet done */
-    int32_t blocks_since;   /* decode: blocks reserved since the last report */
-    bool full;              /* decode: refused a reservation; skip until the next report */
-    int64_t pending_tokens; /* prefill: prompt tokens of jobs sent, not yet finished */
+    int32_t assigned;         /* requests placed here and not yet done */
+    int32_t blocks_since;     /* decode: blocks reserved since the last report */
+    bool full;                /* decode: refused a reservation; skip until the next report */
+    int64_t pending_tokens;   /* prefill: prompt tokens of jobs sent, not yet finished */
+    int32_t ranks;            /* tp * pp of its rank group (1: one process) */
+    char out_of_service[160]; /* its own word that it serves nothing (a rank died); "" when it serves */
 } worker_t;
 
 #define MAX_TENANT_SERIES 64
@@ -707,6 +709,19 @@ static void on_load(router_t *R, fy_msgr_t *r, const fy_env_hdr_t *from, const c
         if (fy_push_create(listen, 4096, &R->auth, &w->push) != FY_OK)
             fy_error("cannot reach worker %s at %s", name, listen);
     }
+    w->ranks = (m.tp > 0 ? m.tp : 1) * (m.pp > 0 ? m.pp : 1);
+    if (m.out_of_service[0]) { /* its rank group broke: nothing new goes there; what ran there has ended */
+        if (!w->out_of_service[0] || w->inc != inc)
+            fy_error("worker %s (%d ranks) is out of service: %s", name, w->ranks, m.out_of_service);
+        snprintf(w->out_of_service, sizeof(w->out_of_service), "%s", m.out_of_service);
+        if (w->up && w->inc == inc) worker_lost(R, wi, "is out of service");
+        w->inc = inc;
+        w->role = wrole;
+        w->up = false;
+        w->last_seen = now_s();
+        return;
+    }
+    w->out_of_service[0] = '\0';
     if (!w->up && w->inc == inc && !w->incompatible) fy_info("worker %s is back", name);
     w->inc = inc;
     w->role = wrole;
@@ -1191,8 +1206,8 @@ static void on_event(void *arg, const fy_env_hdr_t *from, const void *buf, size_
             R->bad_events++;
             fy_warn("bad 'alive' event from %s: %s", name, r.err);
         } else if (w && w->inc == inc && !w->incompatible) {
-            if (!w->up) fy_info("worker %s is back", name);
-            w->up = true;
+            if (!w->up && !w->out_of_service[0]) fy_info("worker %s is back", name);
+            w->up = !w->out_of_service[0]; /* alive, but it said it serves nothing */
             w->last_seen = now_s();
         }
     } else if (fy_wire_ev_error_is(&r)) {
@@ -1561,9 +1576,11 @@ static void client_status(router_t *R, fy_rpc_call_t *call)
         m->total_blocks[i] = k->total_blocks;
         m->decode[i] = k->role == W_DECODE;
         m->pending_tokens[i] = k->pending_tokens > INT32_MAX ? INT32_MAX : (int32_t)k->pending_tokens;
+        m->ranks[i] = k->ranks;
+        m->out[i] = k->out_of_service[0] != '\0';
     }
     m->n_workers = m->n_up = m->n_assigned = m->n_admittable = m->n_total_blocks = m->n_decode = m->n_pending_tokens =
-        R->n_workers;
+        m->n_ranks = m->n_out = R->n_workers;
     uint64_t refused[FY_ENV_N_FAULTS];
     refused_messages(R, refused);
     m->refused_messages = (fy_wire_refused_t){.format = refused[FY_ENV_FORMAT],

@@ -13,11 +13,14 @@
 
 #define DESC_MAGIC 0x47585946u /* "FYXG" little-endian */
 #define DESC_VERSION 1u
-#define DESC_HEAD 8u          /* magic, version (u16), tp (u8), pp (u8) */
-#define DESC_MAX_BLOB 16384u  /* one rank's blob: real ones are a few hundred bytes */
-#define DESC_MAX (64u << 10)  /* the wire's limit on a target */
+#define DESC_HEAD 8u         /* magic, version (u16), tp (u8), pp (u8) */
+#define DESC_MAX_BLOB 16384u /* one rank's blob: real ones are a few hundred bytes */
+#define DESC_MAX (64u << 10) /* the wire's limit on a target */
 
-static uint32_t get32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static uint32_t get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
 static void put32(uint8_t *p, uint32_t v)
 {
     p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16), p[3] = (uint8_t)(v >> 24);
@@ -134,8 +137,7 @@ fy_status_t fy_xgroup_create(const fy_xgroup_params_t *p, fy_xgroup_t **g_p)
         else if ((st = fy_xfer_layout_for_rank(&p->layout, tp, pp, r, &g->lay[r])))
             break;
         size_t bytes;
-        if (!fy_mul_size((size_t)p->n_pages, g->lay[r].block_bytes, &bytes) ||
-            (g->n > 1 && bytes > p->arena_stride)) {
+        if (!fy_mul_size((size_t)p->n_pages, g->lay[r].block_bytes, &bytes) || (g->n > 1 && bytes > p->arena_stride)) {
             fy_error("xgroup: rank %d's %d blocks of %llu bytes do not fit its %zu-byte arena", r, p->n_pages,
                      (unsigned long long)g->lay[r].block_bytes, p->arena_stride);
             st = FY_ERR_INVALID;
@@ -184,10 +186,10 @@ fy_status_t fy_xgroup_target_desc(fy_xgroup_t *g, const void **blob_p, size_t *l
 typedef struct sub {
     struct fy_xgroup_job *gj;
     fy_xfer_job_t *j;
-    int32_t src, dst;         /* local rank, destination rank */
-    bool whole;               /* equal layouts: whole blocks, runs coalesced */
+    int32_t src, dst; /* local rank, destination rank */
+    bool whole;       /* equal layouts: whole blocks, runs coalesced */
     int32_t n_pieces;
-    fy_xfer_piece_t *pieces;  /* into gj->pieces */
+    fy_xfer_piece_t *pieces; /* into gj->pieces */
 } sub_t;
 
 struct fy_xgroup_job {
@@ -294,8 +296,8 @@ fy_status_t fy_xgroup_job_begin(fy_xgroup_t *g, const void *blob, size_t len, do
         if (!single) {
             char why[256];
             if (fy_xfer_reshard_check(&g->lay[s], d->lay, d->n, why, sizeof(why))) {
-                fy_error("xgroup: rank %d of tp %d x pp %d cannot feed a group of %d ranks: %s", s, g->tp, g->pp,
-                         d->n, why);
+                fy_error("xgroup: rank %d of tp %d x pp %d cannot feed a group of %d ranks: %s", s, g->tp, g->pp, d->n,
+                         why);
                 st = FY_ERR_MISMATCH;
                 goto fail_mu;
             }

@@ -66,12 +66,12 @@ fy_status_t fy_xgroup_desc_parse(const void *buf, size_t len, fy_xgroup_desc_t *
 /* ---- the group's engines ------------------------------------------------------------------------- */
 
 typedef struct fy_xgroup_params {
-    int32_t tp, pp;                  /* this worker's shape (1, 1: one process) */
-    fy_xfer_layout_t layout;         /* rank 0's layout; the others' are derived (fy_xfer_layout_for_rank) */
-    void *arenas;                    /* rank r's arena at arenas + r * arena_stride */
-    size_t arena_stride;             /* bytes between ranks' arenas (any value for one rank) */
-    int32_t n_pages;                 /* blocks (pages) in every rank's arena */
-    const char *transports;          /* as fy_xfer_params_t */
+    int32_t tp, pp;          /* this worker's shape (1, 1: one process) */
+    fy_xfer_layout_t layout; /* rank 0's layout; the others' are derived (fy_xfer_layout_for_rank) */
+    void *arenas;            /* rank r's arena at arenas + r * arena_stride */
+    size_t arena_stride;     /* bytes between ranks' arenas (any value for one rank) */
+    int32_t n_pages;         /* blocks (pages) in every rank's arena */
+    const char *transports;  /* as fy_xfer_params_t */
     const char *net_devices;
     double connect_timeout_s;
     fy_xfer_errmode_t err_mode;

@@ -75,7 +75,18 @@ typedef struct router_link {
 
 #include <sodium.h>
 
+#define EXIT_GROUP_BROKEN 3 /* a rank of the worker's group died or failed */
+#define GROUP_DRAIN_S 2.0   /* the most a broken group's worker waits for its engine to end its requests */
+
 struct fy_node {
+    /* the rank group (engine thread): broken_at > 0 once a rank died or
+     * failed; the worker then reports itself out of service with
+     * group_why, lets the engine end its requests, and exits with
+     * EXIT_GROUP_BROKEN for its supervisor (`ferry serve`) to start the
+     * whole group again */
+    double broken_at;
+    char group_why[160];
+    volatile sig_atomic_t exit_code;
     const fy_node_role_t *role;
     void *state;
     fy_config_t *cfg;
@@ -344,6 +355,12 @@ static void send_load(fy_node_t *n)
     snprintf(m.role, sizeof(m.role), "%s", n->role->name);
     snprintf(m.listen, sizeof(m.listen), "%s", n->listen);
     snprintf(m.model, sizeof(m.model), "%s", n->model_id);
+    if (n->stack.group) {
+        const fy_runner_params_t *rp = fy_runner_params(n->stack.runner);
+        m.tp = rp->tp > 1 ? rp->tp : 1;
+        m.pp = rp->pp > 1 ? rp->pp : 1;
+        if (n->broken_at > 0) snprintf(m.out_of_service, sizeof(m.out_of_service), "%s", n->group_why);
+    }
     if (n->role->load) n->role->load(n, n->state, &m);
     fy_msgw_t w;
     fy_wire_load_write(&w, &m);
@@ -548,6 +565,45 @@ static void on_health(void *arg, const char *path, fy_http_reply_t *reply)
 }
 
 /* engine thread, after every step and at least every heartbeat */
+/* A follower rank can die while the group is idle; nothing but this
+ * looks then.  Once broken: out of service at once (health, load report),
+ * and out of the process when the engine has ended what it held, or after
+ * GROUP_DRAIN_S. */
+static void check_group(fy_node_t *n, const fy_engine_stats_t *es, double now)
+{
+    if (!n->stack.group) return;
+    if (n->broken_at == 0) {
+        char why[160];
+        if (fy_group_poll(n->stack.group, why, sizeof(why)) == FY_OK) return;
+        for (char *c = why; *c; c++) /* it goes into JSON and log lines as it is */
+            if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) *c = '\'';
+        n->broken_at = now;
+        pthread_mutex_lock(&n->health_mu);
+        snprintf(n->group_why, sizeof(n->group_why), "rank group broken: %.140s", why);
+        snprintf(n->health.group, sizeof(n->health.group), "%s", n->group_why);
+        pthread_mutex_unlock(&n->health_mu);
+        fy_error("%s: out of service; requests here end with errors, then the worker exits (status %d) for its "
+                 "supervisor to start the group again",
+                 n->group_why, EXIT_GROUP_BROKEN);
+        n->last_load = now;
+        send_load(n); /* the router hears it now, not at the next heartbeat */
+        pthread_mutex_lock(&n->hb_mu);
+        pthread_cond_signal(&n->hb_cv);
+        pthread_mutex_unlock(&n->hb_mu);
+        return;
+    }
+    /* the engine ends running and waiting requests at its next pass (every
+     * pass fails in a broken group); leases and jobs end with the process */
+    pthread_mutex_lock(&n->hb_mu);
+    bool told = !n->snap_new; /* the out-of-service report has gone out */
+    pthread_mutex_unlock(&n->hb_mu);
+    if (!n->exit_code && ((told && es->running == 0 && es->waiting == 0 && now - n->broken_at > 0.2) ||
+                          now - n->broken_at > GROUP_DRAIN_S)) {
+        n->exit_code = EXIT_GROUP_BROKEN;
+        kill(getpid(), SIGTERM); /* the main thread's sigwait: the usual shutdown */
+    }
+}
+
 static void on_tick(void *arg)
 {
     fy_node_t *n = arg;
@@ -555,6 +611,7 @@ static void on_tick(void *arg)
     n->last_tick = now; /* read by the heartbeat and HTTP threads */
     fy_engine_stats_t es;
     fy_engine_stats(n->engine, &es);
+    check_group(n, &es, now);
     fy_node_series_step(n->series, &es);
     if (n->role->tick) n->role->tick(n, n->state, now);
     if (now - n->last_sync >= METRICS_SYNC_S) {
@@ -836,8 +893,9 @@ int fy_node_main(int argc, char **argv, const fy_node_role_t *role)
     int sig = 0;
     sigwait(&sigs, &sig);
     fy_info("%s: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    int code = n.exit_code;
     teardown(&n);
-    return 0;
+    return code;
 }
 
 void fy_node_request_params(const fy_genspec_t *gen, const fy_kv_ns_t *ns, const char **stops, fy_request_params_t *rq)

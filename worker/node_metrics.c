@@ -208,6 +208,8 @@ int fy_health_eval(const fy_health_t *h, double now, char *body, size_t cap)
         snprintf(why, sizeof(why), "not serving: starting up or shutting down");
     else if (idle > h->stall_s)
         snprintf(why, sizeof(why), "engine stalled: no step or tick for %.2f s (limit %.2f s)", idle, h->stall_s);
+    else if (h->group[0])
+        snprintf(why, sizeof(why), "%.180s", h->group);
     else if (!h->kv_balanced)
         snprintf(why, sizeof(why), "kv pool books do not balance: free + used + cached != total");
     else if (h->kv_check != FY_OK)

@@ -67,12 +67,13 @@ typedef struct fy_health {
     double xfer_waited;
     int32_t running, waiting;
     double kv_usage;
+    char group[160]; /* "" or why the worker's rank group is out of service (no quotes or backslashes) */
 } fy_health_t;
 
 /* The verdict at now: 200 and {"status":"ok",...}, or 503 and
  * {"status":"unavailable","reason":"...",...} naming the first thing
  * wrong, in this order: not up (starting or shutting down), engine
- * stalled, KV books unbalanced, KV check failed, transfer engine down or
+ * stalled, rank group broken, KV books unbalanced, KV check failed, transfer engine down or
  * stuck.  The body is NUL-terminated (truncated to cap). */
 int fy_health_eval(const fy_health_t *h, double now, char *body, size_t cap);
 
