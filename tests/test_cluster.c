@@ -9,6 +9,8 @@
  * worker or touch another client's request.  After each, every request
  * has ended and every decode pool is back to its starting free count.
  */
+#include <dirent.h>
+#include <errno.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -16,6 +18,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <nng/nng.h>
@@ -940,6 +943,216 @@ static void test_forged_messages(void **state)
     tc_stop(&c);
 }
 
+/* ---- rank groups as workers (issue 21) ---- */
+
+enum { N_RANKS = 6 };
+
+static void ranks_prompts(int32_t prompts[][300], int32_t *lens, int32_t *max_tokens, int32_t **pp)
+{
+    for (int i = 0; i < N_RANKS; i++) {
+        lens[i] = 7 + (i * 97) % 280; /* 1 to 18 blocks, part blocks included */
+        make_prompt(prompts[i], lens[i], 2100 + (uint64_t)i);
+        max_tokens[i] = 12 + (i * 5) % 9;
+        pp[i] = prompts[i];
+    }
+}
+
+static int32_t worker_ranks(tc_cluster_t *c, const char *name)
+{
+    fy_client_status_t s;
+    tc_status(c, &s);
+    for (int i = 0; i < s.n_workers; i++)
+        if (!strcmp(s.workers[i].name, name)) return s.workers[i].ranks;
+    return 0;
+}
+
+/* Prefill and decode workers of different shapes (SmolLM2: 9 query and 3
+ * KV heads, 30 layers): tp 1 -> tp 3 (each layer's heads split over three
+ * ranks), pp 2 -> tp 1 (two stages into one whole model), tp 3 x pp 2 ->
+ * pp 2 (each stage's three head ranks into the stage that holds all
+ * heads), and tp 3 -> tp 3 (matched: whole blocks, rank to rank).  Every
+ * request's greedy tokens equal the single-process engine's, the router
+ * lists each worker's rank count, and every block comes back. */
+static void test_ranks_between_shapes(void **state)
+{
+    if (!tc_available()) skip();
+    static int32_t prompts[N_RANKS][300];
+    int32_t lens[N_RANKS], max_tokens[N_RANKS], *pp[N_RANKS];
+    ranks_prompts(prompts, lens, max_tokens, pp);
+    static tc_result_t ref[N_RANKS], got[N_RANKS];
+    tc_reference(tc_model(), pp, lens, max_tokens, N_RANKS, ref);
+    static const struct {
+        const char *pre[2], *dec[2];
+        int32_t pre_ranks, dec_ranks;
+    } shapes[] = {
+        {{"prefill.tp=1"}, {"decode.tp=3"}, 1, 3},
+        {{"prefill.pp=2"}, {"decode.tp=1"}, 2, 1},
+        {{"prefill.tp=3", "prefill.pp=2"}, {"decode.pp=2"}, 6, 2},
+        {{"prefill.tp=3"}, {"decode.tp=3"}, 3, 3},
+    };
+    for (size_t k = 0; k < FY_ARRAY_LEN(shapes); k++) {
+        print_message("prefill %d ranks (%s %s) -> decode %d ranks (%s)\n", shapes[k].pre_ranks, shapes[k].pre[0],
+                      shapes[k].pre[1] ? shapes[k].pre[1] : "", shapes[k].dec_ranks, shapes[k].dec[0]);
+        tc_cluster_t c;
+        tc_opts_t o = {.n_prefill = 1,
+                       .n_decode = 1,
+                       .common = {"decode.kv_mem=64MiB", "prefill.kv_mem=64MiB"},
+                       .per_worker = {{shapes[k].pre[0], shapes[k].pre[1]}, {shapes[k].dec[0]}},
+                       .metrics = k == 0};
+        tc_start(&c, &o);
+        assert_int_equal(worker_ranks(&c, "prefill-0"), shapes[k].pre_ranks);
+        assert_int_equal(worker_ranks(&c, "decode-0"), shapes[k].dec_ranks);
+        char names[8][64];
+        int32_t adm[8];
+        int nd = decode_admittable(&c, names, adm);
+        fy_client_stream_t s[N_RANKS];
+        memset(got, 0, sizeof(got));
+        for (int i = 0; i < N_RANKS; i++) s[i] = submit(&c, prompts[i], lens[i], max_tokens[i]);
+        tc_collect(&c, s, got, N_RANKS, 120);
+        for (int i = 0; i < N_RANKS; i++) expect_same(&ref[i], &got[i], i);
+        fy_client_status_t st;
+        tc_status(&c, &st);
+        assert_int_equal(st.completed, N_RANKS);
+        assert_int_equal(st.failed, 0);
+        expect_pools_back(&c, names, adm, nd);
+        if (o.metrics) { /* decode tp 3: each rank one KV head of every layer; each rank's time is reported */
+            int32_t total = 0;
+            for (int i = 0; i < st.n_workers; i++)
+                if (!strcmp(st.workers[i].name, "decode-0")) total = st.workers[i].total_blocks;
+            usleep(1300 * 1000); /* a timing report (every second) after the work */
+            char *text = NULL;
+            assert_int_equal(tc_http(c.metrics_port[1], "GET", "/metrics", &text), 200);
+            const double rank_block = 2.0 * 30 * 1 * 16 * 64 * 2; /* K and V, 30 layers, 1 head, f16 */
+            for (int r = 0; r < 3; r++) {
+                char series[128];
+                snprintf(series, sizeof(series), "ferry:rank_kv_bytes{rank=\"%d\"}", r);
+                assert_true(tc_metric(text, series) == total * rank_block);
+                snprintf(series, sizeof(series), "ferry:rank_seconds_total{rank=\"%d\",phase=\"compute\"}", r);
+                assert_true(tc_metric(text, series) > 0);
+                snprintf(series, sizeof(series), "ferry:rank_seconds_total{rank=\"%d\",phase=\"collective\"}", r);
+                assert_true(tc_metric(text, series) > 0);
+            }
+            fy_free(text);
+        }
+        tc_stop(&c);
+    }
+}
+
+/* pids whose parent is ppid (the ranks a worker forked) */
+static int children_of(pid_t ppid, pid_t *out, int cap)
+{
+    int n = 0;
+    DIR *d = opendir("/proc");
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d)) && n < cap) {
+        char path[300], buf[512];
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t k = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[k] = 0;
+        const char *paren = strrchr(buf, ')');
+        int parent = 0;
+        char state;
+        if (paren && sscanf(paren + 1, " %c %d", &state, &parent) == 2 && parent == (int)ppid)
+            out[n++] = (pid_t)atoi(e->d_name);
+    }
+    closedir(d);
+    return n;
+}
+
+static bool file_has(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return strstr(buf, needle) != NULL;
+}
+
+/* A decode worker of three ranks loses one (SIGKILL) mid-stream: the
+ * request there ends with an error, the router takes the worker out of
+ * service on its word (router log), the worker exits with status 3 (its
+ * supervisor's cue; `ferry serve` restarts it, test_serve's business is
+ * the supervisor) and leaves no rank behind; started again, the group
+ * serves the engine's tokens and every block is back. */
+static void test_rank_killed(void **state)
+{
+    if (!tc_available()) skip();
+    static int32_t prompts[N_RANKS][300];
+    int32_t lens[N_RANKS], max_tokens[N_RANKS], *pp[N_RANKS];
+    ranks_prompts(prompts, lens, max_tokens, pp);
+    static tc_result_t ref[N_RANKS], got[N_RANKS];
+    tc_reference(tc_model(), pp, lens, max_tokens, 1, ref);
+    tc_cluster_t c;
+    tc_opts_t o = {.n_prefill = 1,
+                   .n_decode = 1,
+                   .common = {"decode.kv_mem=64MiB", "prefill.kv_mem=64MiB"},
+                   .per_worker = {{NULL}, {"decode.tp=3"}}};
+    tc_start(&c, &o);
+    tc_proc_t *dp = NULL;
+    for (int i = 0; i < c.n_procs; i++)
+        if (!strcmp(c.procs[i].name, "decode-0")) dp = &c.procs[i];
+    assert_non_null(dp);
+    pid_t ranks[8];
+    assert_int_equal(children_of(dp->pid, ranks, 8), 2);
+    fy_client_stream_t s = submit(&c, prompts[0], lens[0], 4000);
+    fy_client_update_t u;
+    double t0 = tc_now();
+    int32_t seen = 0;
+    while (seen < 4 && tc_now() - t0 < 30) { /* it streams from the group */
+        assert_int_equal(fy_client_poll(c.client, &s, 0.2, &u), FY_OK);
+        seen += u.n_tokens;
+        assert_false(u.done);
+    }
+    assert_true(seen >= 4);
+    assert_int_equal(kill(ranks[1], SIGKILL), 0);
+    tc_result_t res = {0};
+    tc_collect(&c, &s, &res, 1, 30);
+    print_message("the request ended: %s\n", res.message);
+    assert_int_not_equal(res.error, FY_OK);
+    /* out of service, then gone with status 3 and no rank left */
+    int status = 0;
+    pid_t r = 0;
+    for (t0 = tc_now(); r == 0 && tc_now() - t0 < 10; usleep(20000)) r = waitpid(dp->pid, &status, WNOHANG);
+    if (r != dp->pid) {
+        tc_print_logs(&c);
+        fail_msg("decode-0 did not exit after losing a rank");
+    }
+    dp->pid = 0;
+    dp->killed = true;
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 3);
+    for (int i = 0; i < 2; i++) assert_true(kill(ranks[i], 0) < 0 && errno == ESRCH);
+    if (!file_has(c.procs[0].log, "decode-0 (3 ranks) is out of service: rank group broken: rank 2")) {
+        tc_print_logs(&c);
+        fail_msg("the router did not take decode-0 out of service on its word");
+    }
+    /* started again: the group serves */
+    tc_restart(&c, "decode-0");
+    fy_client_status_t st;
+    for (t0 = tc_now(); tc_now() - t0 < 30; usleep(50000)) {
+        tc_status(&c, &st);
+        if (st.decode_up == 1) break;
+    }
+    assert_int_equal(st.decode_up, 1);
+    assert_int_equal(worker_ranks(&c, "decode-0"), 3);
+    char names[8][64];
+    int32_t adm[8];
+    int nd = decode_admittable(&c, names, adm);
+    s = submit(&c, prompts[0], lens[0], max_tokens[0]);
+    memset(got, 0, sizeof(got));
+    tc_collect(&c, &s, got, 1, 60);
+    expect_same(&ref[0], &got[0], 0);
+    expect_pools_back(&c, names, adm, nd);
+    tc_stop(&c);
+}
+
 static int teardown(void **state)
 {
     fy_test_tmpdir_remove();
@@ -961,6 +1174,8 @@ int main(void)
         cmocka_unit_test_teardown(test_kv_budget_h2o_across_transfer, teardown),
         cmocka_unit_test_teardown(test_garbage_everywhere, teardown),
         cmocka_unit_test_teardown(test_forged_messages, teardown),
+        cmocka_unit_test_teardown(test_ranks_between_shapes, teardown),
+        cmocka_unit_test_teardown(test_rank_killed, teardown),
     };
     const char *only = getenv("FY_TEST_FILTER"); /* e.g. FY_TEST_FILTER=test_lease* */
     if (only) cmocka_set_test_filter(only);

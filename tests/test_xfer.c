@@ -26,6 +26,7 @@
 #include "reshard.h"
 #include "testutil.h"
 #include "xfer.h"
+#include "xgroup.h"
 #include "xfer_wire.h"
 
 #define SEED 0x5eedf00dull
@@ -786,6 +787,190 @@ static void test_reshard_ucx(void **state)
     side_close(&d);
 }
 
+/* ---- a rank group's engines (xgroup.h) ---------------------------------------------------- */
+
+typedef struct xg_side {
+    fy_xgroup_t *g;
+    uint8_t *arenas;
+    size_t stride;
+    int32_t n;
+    fy_xfer_layout_t lay[8];
+} xg_side_t;
+
+/* A group of tp x pp ranks of model m, each rank's arena of nb blocks at
+ * arenas + r * stride (one allocation, as a worker's shared mapping),
+ * filled with fill. */
+static void xg_open(xg_side_t *x, const model_shape_t *m, int32_t tp, int32_t pp, int32_t nb, uint8_t fill)
+{
+    x->n = tp * pp;
+    x->stride = 0;
+    for (int32_t r = 0; r < x->n; r++) {
+        x->lay[r] = rank_layout(m, tp, pp, r);
+        size_t b = (size_t)nb * x->lay[r].block_bytes;
+        if (b > x->stride) x->stride = b;
+    }
+    x->stride = (x->stride + 4095) & ~(size_t)4095;
+    void *a = NULL;
+    assert_int_equal(posix_memalign(&a, 4096, x->stride * (size_t)x->n), 0);
+    x->arenas = a;
+    memset(x->arenas, fill, x->stride * (size_t)x->n);
+    fy_xgroup_params_t p = {.tp = tp,
+                            .pp = pp,
+                            .layout = x->lay[0],
+                            .arenas = x->arenas,
+                            .arena_stride = x->stride,
+                            .n_pages = nb,
+                            .transports = "tcp",
+                            .connect_timeout_s = 10};
+    if (x->n == 1) fy_xfer_layout_whole(&p.layout);
+    assert_int_equal(fy_xgroup_create(&p, &x->g), FY_OK);
+    for (int32_t r = 0; r < x->n; r++) assert_null(fy_xfer_layout_diff(fy_xgroup_layout(x->g, r), &x->lay[r]));
+}
+
+static void xg_close(xg_side_t *x)
+{
+    fy_xgroup_destroy(x->g);
+    free(x->arenas);
+}
+
+static uint8_t *xg_block(xg_side_t *x, int32_t r, int32_t b)
+{
+    return x->arenas + (size_t)r * x->stride + (size_t)b * x->lay[r].block_bytes;
+}
+
+/* One group job from shape a into shape b: every destination rank's
+ * moved blocks hold its slice of the model's block, the others are
+ * untouched, and the job's bytes per block are the destination group's
+ * distinct bytes. */
+static void xgroup_over_ucx(const model_shape_t *m, int32_t tp_a, int32_t pp_a, int32_t tp_b, int32_t pp_b)
+{
+    enum { NB = 8, MOVE = 3 };
+    uint64_t hb = (uint64_t)m->block_size * (uint64_t)m->head_dim * 2;
+    const int32_t sblk[MOVE] = {1, 2, 6}, dblk[MOVE] = {5, 6, 3}; /* 1,2 -> 5,6: one coalesced run where whole */
+    xg_side_t a, b;
+    xg_open(&a, m, tp_a, pp_a, NB, 0);
+    xg_open(&b, m, tp_b, pp_b, NB, 0xA5);
+    for (int32_t r = 0; r < a.n; r++) {
+        uint8_t *blk = rank_block(&a.lay[r], hb);
+        for (int32_t k = 0; k < MOVE; k++) memcpy(xg_block(&a, r, sblk[k]), blk, a.lay[r].block_bytes);
+        fy_free(blk);
+    }
+    const void *blob;
+    size_t len;
+    assert_int_equal(fy_xgroup_target_desc(b.g, &blob, &len), FY_OK);
+    assert_int_equal(fy_xgroup_desc_is(blob, len), b.n > 1);
+    done_t dn;
+    done_init(&dn);
+    fy_xgroup_job_t *j;
+    assert_int_equal(fy_xgroup_job_begin(a.g, blob, len, fy_xfer_now() + 20, on_done, &dn, &j), FY_OK);
+    uint64_t whole = (uint64_t)2 * (uint64_t)m->layers * (uint64_t)m->kv_heads * hb;
+    assert_true(fy_xgroup_job_block_bytes(j) == whole);
+    assert_int_equal(fy_xgroup_job_put(j, sblk, dblk, MOVE), FY_OK);
+    fy_xgroup_job_finish(j);
+    fy_status_t st = done_wait(&dn, 30);
+    if (st != FY_OK)
+        fail_msg("tp %d x pp %d -> tp %d x pp %d: %s: %s", tp_a, pp_a, tp_b, pp_b, fy_status_str(st), dn.msg);
+    assert_int_equal(done_calls(&dn), 1);
+    done_fini(&dn);
+    for (int32_t r = 0; r < b.n; r++) {
+        uint8_t *want = rank_block(&b.lay[r], hb);
+        for (int32_t blk = 0; blk < NB; blk++) {
+            bool moved = blk == dblk[0] || blk == dblk[1] || blk == dblk[2];
+            for (uint64_t k = 0; k < b.lay[r].block_bytes; k++)
+                if (xg_block(&b, r, blk)[k] != (moved ? want[k] : 0xA5))
+                    fail_msg("group tp %d x pp %d -> tp %d x pp %d: rank %d block %d byte %llu", tp_a, pp_a, tp_b, pp_b,
+                             r, blk, (unsigned long long)k);
+        }
+        fy_free(want);
+    }
+    xg_close(&a);
+    xg_close(&b);
+}
+
+static void test_xgroup(void **state)
+{
+    const model_shape_t sm = {.layers = 6, .heads = 9, .kv_heads = 3, .head_dim = 16, .block_size = 4};
+    xgroup_over_ucx(&sm, 1, 1, 1, 1); /* one process to one: the plain blob */
+    xgroup_over_ucx(&sm, 1, 1, 3, 1); /* prefill tp 1 -> decode tp 3 */
+    xgroup_over_ucx(&sm, 1, 2, 1, 1); /* prefill pp 2 -> decode tp 1 */
+    xgroup_over_ucx(&sm, 3, 2, 1, 2); /* tp 3 x pp 2 -> pp 2 */
+    xgroup_over_ucx(&sm, 3, 1, 3, 1); /* matched: whole blocks rank to rank */
+
+    /* the descriptor: built and parsed back; every truncation, a bad magic,
+     * version, shape, length and trailing bytes refused */
+    xg_side_t d;
+    xg_open(&d, &sm, 3, 1, 4, 0);
+    const void *blob;
+    size_t len;
+    assert_int_equal(fy_xgroup_target_desc(d.g, &blob, &len), FY_OK);
+    fy_xgroup_desc_t gd;
+    assert_int_equal(fy_xgroup_desc_parse(blob, len, &gd), FY_OK);
+    assert_int_equal(gd.tp, 3);
+    assert_int_equal(gd.pp, 1);
+    assert_int_equal(gd.n, 3);
+    for (int32_t r = 0; r < 3; r++) {
+        const void *rb;
+        size_t rl;
+        assert_int_equal(fy_xfer_target_desc(fy_xgroup_rank(d.g, r), &rb, &rl), FY_OK);
+        assert_true(gd.blob_len[r] == rl && !memcmp(gd.blob[r], rb, rl));
+    }
+    uint8_t *copy = fy_malloc(len + 1);
+    memcpy(copy, blob, len);
+    for (size_t n = 0; n < len; n++) assert_int_equal(fy_xgroup_desc_parse(copy, n, &gd), FY_ERR_FORMAT);
+    copy[len] = 0;
+    assert_int_equal(fy_xgroup_desc_parse(copy, len + 1, &gd), FY_ERR_FORMAT); /* a byte past the last blob */
+    const struct {
+        size_t at;
+        uint8_t v;
+    } flips[] = {{0, 'X'}, {4, 2}, {6, 0}, {6, 65}, {7, 0}, {6, 9}, {8, 0}, {9, 0x40}};
+    for (size_t k = 0; k < FY_ARRAY_LEN(flips); k++) {
+        memcpy(copy, blob, len);
+        copy[flips[k].at] = flips[k].v;
+        if (fy_xgroup_desc_parse(copy, len, &gd) != FY_ERR_FORMAT)
+            fail_msg("a descriptor with byte %zu = %u parsed", flips[k].at, flips[k].v);
+    }
+    fy_xgroup_desc_t bad = gd;
+    bad.tp = 0;
+    fy_test_log_begin();
+    uint8_t *out;
+    size_t out_len;
+    assert_int_equal(fy_xgroup_desc_build(&bad, &out, &out_len), FY_ERR_INVALID);
+    fy_test_log_end();
+
+    /* jobs that cannot begin: no callback ever, nothing written */
+    xg_side_t s;
+    xg_open(&s, &sm, 1, 1, 4, 0);
+    done_t dn;
+    done_init(&dn);
+    fy_xgroup_job_t *j;
+    fy_test_log_begin();
+    memcpy(copy, blob, len);
+    copy[9] ^= 0x40; /* rank 0's blob length */
+    assert_int_equal(fy_xgroup_job_begin(s.g, copy, len, fy_xfer_now() + 5, on_done, &dn, &j), FY_ERR_FORMAT);
+    /* a shape re-sharding cannot map: tp 2 over 3 KV heads (nor 9 query heads) */
+    assert_int_equal(fy_xgroup_desc_parse(blob, len, &gd), FY_OK);
+    fy_xgroup_desc_t two = {
+        .tp = 2, .pp = 1, .n = 2, .blob = {gd.blob[0], gd.blob[1]}, .blob_len = {gd.blob_len[0], gd.blob_len[1]}};
+    assert_int_equal(fy_xgroup_desc_build(&two, &out, &out_len), FY_OK);
+    assert_int_equal(fy_xgroup_job_begin(s.g, out, out_len, fy_xfer_now() + 5, on_done, &dn, &j), FY_ERR_MISMATCH);
+    fy_test_log_end();
+    fy_free(out);
+    /* a rank's blob that does not parse: the pairs begun end, no callback */
+    memcpy(copy, blob, len);
+    copy[len - 1] ^= 0xFF; /* the last rank's blob checksum */
+    fy_test_log_begin();
+    assert_int_equal(fy_xgroup_job_begin(s.g, copy, len, fy_xfer_now() + 5, on_done, &dn, &j), FY_ERR_FORMAT);
+    fy_test_log_end();
+    usleep(100000);
+    assert_int_equal(done_calls(&dn), 0);
+    done_fini(&dn);
+    for (int32_t r = 0; r < d.n; r++)
+        for (uint64_t k = 0; k < 4 * d.lay[r].block_bytes; k++) assert_int_equal(xg_block(&d, r, 0)[k], 0);
+    fy_free(copy);
+    xg_close(&s);
+    xg_close(&d);
+}
+
 static void test_bad_blobs(void **state)
 {
     fy_xfer_layout_t l = small_layout(16);
@@ -1308,6 +1493,7 @@ int main(void)
         cmocka_unit_test(test_layout_diff),
         cmocka_unit_test(test_reshard),
         cmocka_unit_test(test_reshard_ucx),
+        cmocka_unit_test(test_xgroup),
         cmocka_unit_test(test_bad_params),
         cmocka_unit_test(test_devices_for),
         cmocka_unit_test(test_listens_where_told),

@@ -8,6 +8,7 @@
 #include "log.h"
 #include "mem.h"
 #include "reshard.h"
+#include "xfer_wire.h"
 
 /* ---- the group descriptor ---------------------------------------------------------------------- */
 
@@ -266,6 +267,12 @@ static fy_status_t dest_of(const fy_xgroup_t *g, const void *blob, size_t len, d
     for (int32_t r = 0; r < gd.n; r++) {
         d->blob[r] = gd.blob[r];
         d->len[r] = gd.blob_len[r];
+        /* every rank's blob before any pair begins: a bad one must not leave pairs half made */
+        fy_xfer_target_t t;
+        if ((st = fy_xfer_blob_parse(d->blob[r], d->len[r], &t))) {
+            fy_warn("xgroup: rank %d's target blob in a group descriptor does not parse", r);
+            return st;
+        }
         if ((st = fy_xfer_layout_for_rank(&g->lay[0], gd.tp, gd.pp, r, &d->lay[r]))) return st;
     }
     return FY_OK;

@@ -52,6 +52,7 @@
 #include "spec.h"
 #include "xgroup.h"
 
+#define RANK_SYNC_S 1.0     /* a timing report is a command to every rank: not every tick */
 #define METRICS_SYNC_S 0.05 /* figures in /metrics are at most this much older than a tick */
 #define KV_CHECK_S 10.0     /* between full scans of the block manager for /health */
 #define MAX_ROUTERS 16      /* live routers a worker reports to (cluster.etcd) */
@@ -139,6 +140,12 @@ struct fy_node {
     fy_httpd_t *http;
     char metrics_url[256];
     double stall_s, last_sync, last_kv_check;
+    /* the rank group's own series: each rank's pool bytes and where its
+     * time went (fy_runner_timing, read every RANK_SYNC_S) */
+    double last_rank_sync;
+    struct {
+        fy_metric_t *kv_bytes, *phase[4];
+    } ranks[FY_XGROUP_MAX_RANKS];
     fy_status_t kv_check;
     pthread_mutex_t health_mu;
     fy_health_t health;
@@ -565,6 +572,46 @@ static void on_health(void *arg, const char *path, fy_http_reply_t *reply)
 }
 
 /* engine thread, after every step and at least every heartbeat */
+/* engine thread, between passes: each rank's time since the last report */
+static void sync_ranks(fy_node_t *n)
+{
+    fy_runner_timing_t t[FY_XGROUP_MAX_RANKS];
+    int32_t nr = fy_runner_n_ranks(n->stack.runner);
+    if (fy_runner_timing(n->stack.runner, t, nr, true) != FY_OK) return; /* broken: check_group says so */
+    for (int32_t r = 0; r < nr; r++) {
+        const uint64_t ns[4] = {t[r].compute_ns, t[r].allreduce_ns, t[r].wait_ns, t[r].send_ns};
+        for (int k = 0; k < 4; k++) fy_metric_add(n->ranks[r].phase[k], (double)ns[k] * 1e-9);
+    }
+}
+
+/* The group's series: per rank its pool's bytes (the same block ids on
+ * every rank; a pipeline stage's bytes follow its layers) and its time. */
+static fy_status_t rank_series(fy_node_t *n, int32_t n_pages)
+{
+    static const char *const phases[4] = {"compute", "collective", "pipeline_wait", "send"};
+    fy_status_t st = FY_OK;
+    for (int32_t r = 0; r < fy_xgroup_n_ranks(n->xfer) && st == FY_OK; r++) {
+        char rank[16];
+        snprintf(rank, sizeof(rank), "%d", (int)r);
+        const char *l[] = {"rank", rank, NULL};
+        st = fy_metrics_gauge(n->metrics, "ferry:rank_kv_bytes",
+                              "Bytes of KV pool on each rank of the worker's group (every rank holds the same block "
+                              "ids, each its own layers and heads of them)",
+                              l, &n->ranks[r].kv_bytes);
+        if (st == FY_OK)
+            fy_metric_set(n->ranks[r].kv_bytes, (double)n_pages * (double)fy_xgroup_layout(n->xfer, r)->block_bytes);
+        for (int k = 0; k < 4 && st == FY_OK; k++) {
+            const char *lp[] = {"rank", rank, "phase", phases[k], NULL};
+            st = fy_metrics_counter(n->metrics, "ferry:rank_seconds_total",
+                                    "Time of each rank of the worker's group by phase: compute, collective (tensor "
+                                    "ranks' gathers and reductions), pipeline_wait (a stage waiting for the one "
+                                    "before: bubbles), send",
+                                    lp, &n->ranks[r].phase[k]);
+        }
+    }
+    return st;
+}
+
 /* A follower rank can die while the group is idle; nothing but this
  * looks then.  Once broken: out of service at once (health, load report),
  * and out of the process when the engine has ended what it held, or after
@@ -612,6 +659,10 @@ static void on_tick(void *arg)
     fy_engine_stats_t es;
     fy_engine_stats(n->engine, &es);
     check_group(n, &es, now);
+    if (n->stack.group && n->broken_at == 0 && now - n->last_rank_sync >= RANK_SYNC_S) {
+        n->last_rank_sync = now;
+        sync_ranks(n);
+    }
     fy_node_series_step(n->series, &es);
     if (n->role->tick) n->role->tick(n, n->state, now);
     if (now - n->last_sync >= METRICS_SYNC_S) {
@@ -755,6 +806,7 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
                                 &n->ctl_refused[i]);
     }
     if (st) return st;
+    if (n->stack.group && (st = rank_series(n, ks.tier[FY_KV_DEVICE].total))) return st;
     n->health = (fy_health_t){.role = sec, .worker = n->name, .stall_s = stall, .kv_balanced = ks.balanced};
     n->kv_check = FY_OK;
     if ((st = role->start(n, &n->state))) return st;

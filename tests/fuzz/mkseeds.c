@@ -34,6 +34,7 @@
 #include "util.h"
 #include "wire.h"
 #include "xfer_wire.h"
+#include "xgroup.h"
 
 static const char *g_root;
 static int g_files;
@@ -862,6 +863,29 @@ static void transfer(void)
     t.name[0] = 0;
     if (fy_xfer_blob_build(&t, &blob, &len) != FY_OK) abort();
     put("xfer_blob", "smallest", blob, len);
+    /* a decode group's descriptors: tp 3 of real-shaped blobs, tp 3 x pp 2 of the smallest */
+    {
+        uint8_t *b0, *g;
+        size_t l0, gl;
+        t.addr_len = sizeof(addr), t.rkey_len = sizeof(rkey), t.arena_bytes = 64 << 20, t.block_bytes = 1 << 14;
+        snprintf(t.name, sizeof(t.name), "decode-0");
+        if (fy_xfer_blob_build(&t, &b0, &l0) != FY_OK) abort();
+        fy_xgroup_desc_t gd = {.tp = 3, .pp = 1, .n = 3};
+        for (int k = 0; k < 3; k++) gd.blob[k] = b0, gd.blob_len[k] = l0;
+        if (fy_xgroup_desc_build(&gd, &g, &gl) != FY_OK) abort();
+        put("xgroup_desc", "tp3", g, gl);
+        fy_free(g);
+        fy_free(b0);
+    }
+    {
+        fy_xgroup_desc_t gd = {.tp = 3, .pp = 2, .n = 6};
+        for (int k = 0; k < 6; k++) gd.blob[k] = blob, gd.blob_len[k] = len;
+        uint8_t *g;
+        size_t gl;
+        if (fy_xgroup_desc_build(&gd, &g, &gl) != FY_OK) abort();
+        put("xgroup_desc", "tp3-pp2-smallest", g, gl);
+        fy_free(g);
+    }
     fy_free(blob);
 
     fy_xfer_layout_t l = {.dtype = 1,
