@@ -18,6 +18,10 @@
  *                  router's HTTP threads for good)
  *   stop-decode    SIGSTOP a decode worker past the router's health
  *                  timeout, then SIGCONT: a stuck process, not a dead one
+ *   kill-rank      SIGKILL one follower rank of a worker whose model a
+ *                  rank group serves (worker.tp/pp; skipped without one):
+ *                  the worker goes out of service, exits, and is started
+ *                  again with its whole group
  *
  * A request "ends" when the server answers (any status, or a stream that
  * reaches [DONE]), when the connection fails at once (the router is down:
@@ -68,8 +72,9 @@
 #define BURST 16
 #define RESP_CAP (1 << 20)
 
-enum { K_KILL_PREFILL, K_KILL_DECODE, K_KILL_ROUTER, K_BURST, K_STOP_DECODE, N_KINDS };
-static const char *const KIND_NAMES[N_KINDS] = {"kill-prefill", "kill-decode", "kill-router", "burst", "stop-decode"};
+enum { K_KILL_PREFILL, K_KILL_DECODE, K_KILL_ROUTER, K_BURST, K_STOP_DECODE, K_KILL_RANK, N_KINDS };
+static const char *const KIND_NAMES[N_KINDS] = {"kill-prefill", "kill-decode", "kill-router",
+                                                "burst",        "stop-decode", "kill-rank"};
 
 /* how a request ended */
 enum { O_OK, O_HTTP_ERROR, O_STREAM_ERROR, O_REFUSED, O_CUT, O_HUNG, N_OUTCOMES };
@@ -201,6 +206,8 @@ typedef struct chaos {
     bool paused, stop;
     int in_flight;
     int round_kind;                             /* what the current round is; -1 before the first */
+    bool has_ranks;                             /* some worker's model is served by a rank group (kill-rank can run) */
+    uint32_t kinds;                             /* --faults: the kinds of rounds to run, a bit each (0: all) */
     uint64_t outcomes[N_KINDS + 1][N_OUTCOMES]; /* [N_KINDS]: before the first fault */
     uint64_t requests;
     pthread_t threads[MAX_CLIENTS];
@@ -296,11 +303,18 @@ static bool start_cluster(chaos_t *c)
     fy_config_t *cfg;
     if (fy_config_create(&cfg) || fy_config_load(cfg, c->config)) return false;
     for (int i = 0; i < c->n_sets; i++) fy_config_set(cfg, c->sets[i]);
-    int64_t np = 0, nd = 0;
+    int64_t np = 0, nd = 0, shape[6] = {0};
     bool counts = !fy_conf_int(cfg, "prefill", "count", &np) && !fy_conf_int(cfg, "decode", "count", &nd) &&
-                  !fy_conf_duration(cfg, "router", "lease", &c->lease_s);
+                  !fy_conf_duration(cfg, "router", "lease", &c->lease_s) &&
+                  !fy_conf_int(cfg, "worker", "tp", &shape[0]) && !fy_conf_int(cfg, "worker", "pp", &shape[1]) &&
+                  !fy_conf_int(cfg, "prefill", "tp", &shape[2]) && !fy_conf_int(cfg, "prefill", "pp", &shape[3]) &&
+                  !fy_conf_int(cfg, "decode", "tp", &shape[4]) && !fy_conf_int(cfg, "decode", "pp", &shape[5]);
     fy_config_destroy(cfg);
     if (!counts) return false;
+    /* a role's ranks: its own tp/pp, else worker.tp/pp */
+    int64_t pre = (shape[2] ? shape[2] : shape[0]) * (shape[3] ? shape[3] : shape[1]);
+    int64_t dec = (shape[4] ? shape[4] : shape[0]) * (shape[5] ? shape[5] : shape[1]);
+    c->has_ranks = (np > 0 && pre > 1) || (nd > 0 && dec > 1);
     c->n_prefill = (int)np;
     c->n_decode = (int)nd;
 
@@ -662,6 +676,53 @@ static bool signal_child(chaos_t *c, const char *exe, int k, int sig, pid_t *pid
     return true;
 }
 
+/* pids whose parent is ppid and that are not zombies, into out[0..cap) */
+static int children_of(pid_t ppid, pid_t *out, int cap)
+{
+    DIR *d = opendir("/proc");
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < cap) {
+        pid_t pid = (pid_t)atoi(e->d_name);
+        if (pid <= 0) continue;
+        char path[64], buf[1024];
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        bool got = fgets(buf, sizeof(buf), f) != NULL;
+        fclose(f);
+        char *rp = got ? strrchr(buf, ')') : NULL;
+        int parent = -1;
+        char state = 0;
+        if (rp && sscanf(rp + 1, " %c %d", &state, &parent) == 2 && parent == (int)ppid && state != 'Z') out[n++] = pid;
+    }
+    closedir(d);
+    return n;
+}
+
+/* SIGKILL a follower rank (a child of a prefill or decode worker); the
+ * worker is what must be replaced: *worker_p. */
+static bool kill_rank(chaos_t *c, int k, pid_t *worker_p)
+{
+    static const char *const exes[2] = {"ferry-decode", "ferry-prefill"};
+    for (int t = 0; t < 2 * MAX_WORKERS; t++) {
+        pid_t w = find_child(c, exes[(k + t) % 2], k + t / 2);
+        pid_t ranks[64];
+        int n = w > 0 ? children_of(w, ranks, 64) : 0;
+        if (n == 0) continue;
+        pid_t victim = ranks[(unsigned)k % (unsigned)n];
+        if (kill(victim, SIGKILL)) {
+            fail(c, "kill(%d, SIGKILL): %s", (int)victim, strerror(errno));
+            return false;
+        }
+        *worker_p = w;
+        return true;
+    }
+    fail(c, "no worker with follower ranks to kill one of");
+    return false;
+}
+
 static void watch_start(chaos_t *c, watch_t *w, pid_t gone, double t_fault)
 {
     *w = (watch_t){.c = c, .gone = gone, .t_fault = t_fault, .deadline = t_fault + c->recover_s};
@@ -717,6 +778,11 @@ static void round_run(chaos_t *c, int r, int kind, uint64_t *rng)
         http_do(c->http_port, "GET", "/health", NULL, now_s() + 5, NULL, &h);
         if (h.status < 0) fail(c, "round %d: the router's /health does not answer after the burst", r);
         fy_free(h.body);
+        break;
+    }
+    case K_KILL_RANK: {
+        double t = now_s();
+        if (kill_rank(c, victim, &pid)) watch_start(c, &w, pid, t);
         break;
     }
     case K_STOP_DECODE:
@@ -795,25 +861,27 @@ static void summary(chaos_t *c, double wall)
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: ferry chaos [-c CONFIG] [--rounds N] [--clients N] [--seed S] [--kv-budget N]\n"
-            "                   [--set section.key=value]...\n"
-            "                   [--recover S] [--request-timeout S] [--stop S] [--load S] [--json FILE] [-v]\n"
-            "  kill a local cluster's processes under load, round after round, and check that every request\n"
-            "  ends, the cluster recovers and every KV block comes back\n"
-            "  -c, --config FILE         the cluster's configuration (default configs/local.ini)\n"
-            "      --rounds N            rounds of faults (default 5)\n"
-            "  -C, --clients N           load clients, one request in flight each (default 4)\n"
-            "      --seed S              which worker each fault hits (default 1)\n"
-            "      --kv-budget N         every other request asks for a KV budget of N tokens (kv.evict on)\n"
-            "      --set SECTION.KEY=V   override a key of the configuration (repeatable)\n"
-            "      --recover S           a round fails when the cluster is not healthy S seconds after (default 60)\n"
-            "      --request-timeout S   a request still open after S seconds is hung: a failure (default 90)\n"
-            "      --stop S              how long a stopped (SIGSTOP) process stays stopped (default 4)\n"
-            "      --load S              seconds of load before each fault and after it (default 1.5)\n"
-            "      --json FILE           the outcomes as JSON\n"
-            "  -v, --verbose             a line for every request that did not end well\n"
-            "  -h, --help\n");
+    fprintf(
+        f, "usage: ferry chaos [-c CONFIG] [--rounds N] [--clients N] [--seed S] [--kv-budget N] [--faults LIST]\n"
+           "                   [--set section.key=value]...\n"
+           "                   [--recover S] [--request-timeout S] [--stop S] [--load S] [--json FILE] [-v]\n"
+           "  kill a local cluster's processes under load, round after round, and check that every request\n"
+           "  ends, the cluster recovers and every KV block comes back\n"
+           "  -c, --config FILE         the cluster's configuration (default configs/local.ini)\n"
+           "      --rounds N            rounds of faults (default 5)\n"
+           "  -C, --clients N           load clients, one request in flight each (default 4)\n"
+           "      --seed S              which worker each fault hits (default 1)\n"
+           "      --kv-budget N         every other request asks for a KV budget of N tokens (kv.evict on)\n"
+           "      --set SECTION.KEY=V   override a key of the configuration (repeatable)\n"
+           "      --recover S           a round fails when the cluster is not healthy S seconds after (default 60)\n"
+           "      --request-timeout S   a request still open after S seconds is hung: a failure (default 90)\n"
+           "      --stop S              how long a stopped (SIGSTOP) process stays stopped (default 4)\n"
+           "      --load S              seconds of load before each fault and after it (default 1.5)\n"
+           "      --faults LIST         the kinds of rounds, in turn (default every kind that applies): kill-prefill,\n"
+           "                            kill-decode, kill-router, burst, stop-decode, kill-rank\n"
+           "      --json FILE           the outcomes as JSON\n"
+           "  -v, --verbose             a line for every request that did not end well\n"
+           "  -h, --help\n");
 }
 
 int fy_cmd_chaos(int argc, char **argv)
@@ -841,6 +909,7 @@ int fy_cmd_chaos(int argc, char **argv)
         {"stop", required_argument, NULL, 'P'},
         {"load", required_argument, NULL, 'L'},
         {"json", required_argument, NULL, 'j'},
+        {"faults", required_argument, NULL, 'F'},
         {"verbose", no_argument, NULL, 'v'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -891,6 +960,20 @@ int fy_cmd_chaos(int argc, char **argv)
             c->load_s = d;
             break;
         case 'j': c->json_path = optarg; break;
+        case 'F': {
+            char list[256];
+            snprintf(list, sizeof(list), "%s", optarg);
+            for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                int k = 0;
+                while (k < N_KINDS && strcmp(t, KIND_NAMES[k])) k++;
+                if (k == N_KINDS) {
+                    fprintf(stderr, "ferry: chaos: --faults: no fault '%s'\n", t);
+                    goto bad;
+                }
+                c->kinds |= 1u << k;
+            }
+            break;
+        }
         case 'v': c->verbose = true; break;
         case 'h':
             usage(stdout);
@@ -931,7 +1014,13 @@ int fy_cmd_chaos(int argc, char **argv)
     uint64_t rng = c->seed | 1;
     int kinds[N_KINDS], nk = 0;
     for (int k = 0; k < N_KINDS; k++)
-        if (k != K_KILL_PREFILL || c->n_prefill > 0) kinds[nk++] = k;
+        if ((k != K_KILL_PREFILL || c->n_prefill > 0) && (k != K_KILL_RANK || c->has_ranks) &&
+            (!c->kinds || (c->kinds >> k & 1)))
+            kinds[nk++] = k;
+    if (nk == 0) {
+        fail(c, "no fault of --faults can run on this cluster (kill-rank needs worker.tp or pp above 1)");
+        goto out;
+    }
     for (int r = 1; r <= c->rounds; r++) round_run(c, r, kinds[(r - 1) % nk], &rng);
     rc = c->failures ? 1 : 0;
 out:
