@@ -388,6 +388,7 @@ void fy_runner_kvm_params(fy_runner_t *r, fy_kvm_params_t *p)
         .prefix_caching = true,
         .watermark = 0.01f,
         .max_step_tokens = r->p.max_batch_tokens,
+        .n_ranks = fy_runner_n_ranks(r),
     };
 }
 

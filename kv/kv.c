@@ -574,6 +574,12 @@ fy_status_t fy_kvm_create(const fy_kvm_params_t *p, fy_kvm_t **m_p)
     }
     int32_t disk_slots = 0;
     if (p->disk_dir && p->disk_bytes > 0) {
+        if (p->n_ranks > 1) {
+            fy_error("kv: a disk tier with %d ranks: the manager reads and writes only rank 0's host arena, so the "
+                     "other ranks' slices would be lost (not built)",
+                     p->n_ranks);
+            return FY_ERR_UNSUPPORTED;
+        }
         if (p->n_host_blocks == 0) {
             fy_error("kv: a disk tier needs a host tier to stage through");
             return FY_ERR_INVALID;

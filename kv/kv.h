@@ -208,6 +208,9 @@ typedef struct fy_kvm_params {
     float watermark;              /* share of device blocks admission keeps free (0.01 = 1%) */
     int32_t max_step_tokens;      /* most tokens one forward pass adds to a sequence (sliding groups'
                                      admission bound); 0: unbounded (sliding groups counted whole) */
+    int32_t n_ranks;              /* ranks whose arenas copy touches (a rank group: rank 0's manager for
+                                     all); 0 and 1 mean one.  A disk tier is refused with more: the
+                                     manager would write only host_arena, rank 0's, to disk */
 } fy_kvm_params_t;
 
 typedef struct fy_kvm fy_kvm_t;

@@ -982,6 +982,10 @@ static void test_bad_params(void **state)
     p.disk_bytes = 1 << 20; /* a disk tier without a host tier */
     assert_int_equal(fy_kvm_create(&p, &m), FY_ERR_INVALID);
     assert_true(fy_test_log_has("disk tier needs a host tier", NULL));
+    p.n_ranks = 3; /* a rank group's manager: the disk would hold rank 0's slices only */
+    assert_int_equal(fy_kvm_create(&p, &m), FY_ERR_UNSUPPORTED);
+    assert_true(fy_test_log_has("a disk tier with 3 ranks", NULL));
+    p.n_ranks = 0;
     p.disk_dir = NULL;
     p.watermark = 1.5f;
     assert_int_equal(fy_kvm_create(&p, &m), FY_ERR_INVALID);
