@@ -499,6 +499,23 @@ static void test_sliding_groups_across_transfer(void **state)
     fy_free(body);
     expect_pools_back(&c, names, adm, nd);
     tc_stop(&c);
+    /* rank groups keep the sliding groups (tensor ranks each hold every
+     * layer of Gemma's one KV head): tp 2 -> tp 4, whole pages into every
+     * replica, the engine's tokens */
+    tc_opts_t r = {.n_prefill = 1,
+                   .n_decode = 1,
+                   .common = {model_set, "decode.kv_mem=64MiB", "prefill.kv_mem=64MiB"},
+                   .per_worker = {{"prefill.tp=2"}, {"decode.tp=4"}}};
+    tc_start(&c, &r);
+    nd = decode_admittable(&c, names, adm);
+    for (int i = 0; i < 2; i++) {
+        fy_client_stream_t s = submit(&c, prompts[i], lens[i], max_tokens[i]);
+        memset(&got[i], 0, sizeof(got[i]));
+        tc_collect(&c, &s, &got[i], 1, 240);
+        expect_same(&ref[i], &got[i], i);
+    }
+    expect_pools_back(&c, names, adm, nd);
+    tc_stop(&c);
     /* a decode worker that keeps one table for every layer cannot take
      * the prefill worker's blocks */
     tc_opts_t m = {

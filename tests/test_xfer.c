@@ -620,8 +620,39 @@ static void test_reshard(void **state)
     fy_xfer_layout_t whole = src;
     whole.n_groups = 6, whole.groups = 0x1234u;
     assert_int_equal(fy_xfer_reshard_check(&whole, &whole, 1, why, sizeof(why)), FY_OK);
-    /* too small a piece array */
+    /* KV groups (a page is one group's layers): ranks that hold the same
+     * bytes take whole pages (Gemma's one KV head on every tensor rank),
+     * others are refused; a pipeline stage of a grouped model cannot be
+     * derived */
+    const model_shape_t g1 = {.layers = 18, .heads = 4, .kv_heads = 1, .head_dim = 256, .block_size = 16};
+    fy_xfer_layout_t gw = rank_layout(&g1, 1, 1, 0), gr[4];
+    gw.n_groups = 6, gw.groups = 0x77u, gw.block_bytes = 3 * 2 * 16 * 256 * 2; /* a page of 3 layers */
+    for (int32_t r = 0; r < 4; r++) assert_int_equal(fy_xfer_layout_for_rank(&gw, 4, 1, r, &gr[r]), FY_OK);
+    assert_true(gr[3].block_bytes == gw.block_bytes && gr[3].n_groups == 6 && gr[3].tp_rank == 3);
+    assert_true(fy_xfer_layout_same_data(&gw, &gr[2]));
+    fy_xfer_piece_t pg[8];
     int32_t n;
+    assert_int_equal(fy_xfer_reshard_plan(&gw, gr, 4, pg, 8, &n), FY_OK); /* one page to each replica */
+    assert_int_equal(n, 4);
+    for (int32_t k = 0; k < 4; k++)
+        assert_true(pg[k].dst_rank == k && pg[k].src_off == 0 && pg[k].dst_off == 0 && pg[k].len == gw.block_bytes);
+    assert_int_equal(fy_xfer_reshard_plan(&gr[1], &gw, 1, pg, 8, &n), FY_OK); /* a replica does not send */
+    assert_int_equal(n, 0);
+    assert_int_equal(fy_xfer_reshard_plan(&gr[0], &gw, 1, pg, 8, &n), FY_OK);
+    assert_int_equal(n, 1);
+    fy_xfer_layout_t stage;
+    fy_test_log_begin();
+    assert_int_equal(fy_xfer_layout_for_rank(&gw, 1, 2, 1, &stage), FY_ERR_MISMATCH);
+    assert_true(fy_test_log_has("cannot be derived from a layout of 6 kv groups", NULL));
+    fy_test_log_end();
+    const model_shape_t g2 = {.layers = 12, .heads = 8, .kv_heads = 2, .head_dim = 64, .block_size = 16};
+    fy_xfer_layout_t hw = rank_layout(&g2, 1, 1, 0), hr[2];
+    hw.n_groups = 2, hw.groups = 0x99u;
+    for (int32_t r = 0; r < 2; r++) assert_int_equal(fy_xfer_layout_for_rank(&hw, 2, 1, r, &hr[r]), FY_OK);
+    assert_true(hr[1].block_bytes * 2 == hw.block_bytes && hr[1].kv_head0 == 1);
+    assert_int_equal(fy_xfer_reshard_check(&hw, hr, 2, why, sizeof(why)), FY_ERR_MISMATCH); /* heads split */
+    assert_non_null(strstr(why, "holding the same layers and heads grouped alike"));
+    /* too small a piece array */
     fy_xfer_piece_t one[1];
     fy_test_log_begin();
     assert_int_equal(fy_xfer_reshard_plan(&src, dst, 3, one, 1, &n), FY_ERR_NO_SPACE);

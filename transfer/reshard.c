@@ -71,8 +71,11 @@ static fy_status_t refuse(char *why, size_t cap, const char *fmt, ...)
 /* src against one destination rank d (its number in its group, for messages) */
 static fy_status_t pair_check(const fy_xfer_layout_t *src, const fy_xfer_layout_t *l, int32_t d, char *why, size_t cap)
 {
-    uint64_t hs, hd;
-    if (!fy_xfer_layout_shard_ok(src) || !shard_where_rank_says(src) || !head_bytes(src, &hs))
+    uint64_t hs = 0, hd = 0;
+    /* a block of several KV groups is one group's page, not [layer][k|v][head]
+     * of every layer: its bytes per head are not the block's share */
+    bool grouped = l->n_groups != 1 || src->n_groups != 1;
+    if (!fy_xfer_layout_shard_ok(src) || !shard_where_rank_says(src) || (!grouped && !head_bytes(src, &hs)))
         return refuse(why, cap,
                       "the source's shard (layers %d+%d of %d, kv heads %d+%d of %d, %llu-byte blocks) is "
                       "not its rank's",
@@ -91,19 +94,21 @@ static fy_status_t pair_check(const fy_xfer_layout_t *src, const fy_xfer_layout_
     if (l->model_layers != src->model_layers || l->model_kv_heads != src->model_kv_heads)
         return refuse(why, cap, "destination rank %d's model has %d layers and %d kv heads, the source's %d and %d", d,
                       l->model_layers, l->model_kv_heads, src->model_layers, src->model_kv_heads);
-    if (!fy_xfer_layout_shard_ok(l) || !shard_where_rank_says(l) || !head_bytes(l, &hd) || hd != hs ||
+    if (!fy_xfer_layout_shard_ok(l) || !shard_where_rank_says(l) || (!grouped && (!head_bytes(l, &hd) || hd != hs)) ||
         (d >= 0 && l->stage * l->tp + l->tp_rank != d))
         return refuse(why, cap,
                       "destination rank %d's shard (tp %d x pp %d, rank %d.%d, layers %d+%d, kv heads "
                       "%d+%d, %llu-byte blocks) is not rank %d of its group",
                       d, l->tp, l->pp, l->stage, l->tp_rank, l->layer0, l->n_layers, l->kv_head0, l->n_kv_heads,
                       (unsigned long long)l->block_bytes, d >= 0 ? d : l->stage * l->tp + l->tp_rank);
-    bool whole = src->tp * src->pp == 1 && l->tp * l->pp == 1;
-    if ((l->n_groups != 1 || src->n_groups != 1) &&
-        !(whole && l->n_groups == src->n_groups && l->groups == src->groups))
+    /* grouped: only whole pages move, between ranks that hold the same layers
+     * and heads grouped alike, or to ranks that hold none of them */
+    bool disjoint = src->layer0 >= l->layer0 + l->n_layers || l->layer0 >= src->layer0 + src->n_layers ||
+                    src->kv_head0 >= l->kv_head0 + l->n_kv_heads || l->kv_head0 >= src->kv_head0 + src->n_kv_heads;
+    if (grouped && !disjoint && !fy_xfer_layout_same_data(src, l))
         return refuse(why, cap,
                       "kv groups (sliding windows: %d groups here, %d at destination rank %d) move only "
-                      "between whole models grouped alike",
+                      "between ranks holding the same layers and heads grouped alike",
                       src->n_groups, l->n_groups, d);
     return FY_OK;
 }
@@ -111,20 +116,38 @@ static fy_status_t pair_check(const fy_xfer_layout_t *src, const fy_xfer_layout_
 fy_status_t fy_xfer_layout_for_rank(const fy_xfer_layout_t *l, int32_t tp, int32_t pp, int32_t rank,
                                     fy_xfer_layout_t *out_p)
 {
-    uint64_t hb;
+    uint64_t hb = 0;
     fy_xfer_layout_t o = *l;
     o.tp = tp, o.pp = pp;
     o.tp_rank = tp > 0 ? rank % tp : 0, o.stage = tp > 0 ? rank / tp : 0;
-    if (!fy_xfer_layout_shard_ok(l) || !head_bytes(l, &hb) || tp < 1 || pp < 1 || tp > 64 || pp > 64 || tp * pp > 64 ||
-        rank < 0 || rank >= tp * pp || pp > l->model_layers ||
+    bool grouped = l->n_groups != 1;
+    if (!fy_xfer_layout_shard_ok(l) || (!grouped && !head_bytes(l, &hb)) || tp < 1 || pp < 1 || tp > 64 || pp > 64 ||
+        tp * pp > 64 || rank < 0 || rank >= tp * pp || pp > l->model_layers ||
         !shard_of_rank(&o, &o.layer0, &o.n_layers, &o.kv_head0, &o.n_kv_heads)) {
         fy_error("kv re-sharding: no rank %d of tp %d x pp %d for a model of %d layers and %d kv heads", rank, tp, pp,
                  l->model_layers, l->model_kv_heads);
         return FY_ERR_MISMATCH;
     }
-    o.block_bytes = hb * 2 * (uint64_t)o.n_layers * (uint64_t)o.n_kv_heads;
+    if (grouped) { /* pages of KV groups (sliding windows): the same layers, each rank its heads' share */
+        if (o.layer0 != l->layer0 || o.n_layers != l->n_layers || l->block_bytes % (uint64_t)l->n_kv_heads) {
+            fy_error("kv re-sharding: a rank of tp %d x pp %d cannot be derived from a layout of %d kv groups over "
+                     "layers %d+%d (pipeline stages group their layers otherwise)",
+                     tp, pp, l->n_groups, l->layer0, l->n_layers);
+            return FY_ERR_MISMATCH;
+        }
+        o.block_bytes = l->block_bytes / (uint64_t)l->n_kv_heads * (uint64_t)o.n_kv_heads;
+    } else {
+        o.block_bytes = hb * 2 * (uint64_t)o.n_layers * (uint64_t)o.n_kv_heads;
+    }
     *out_p = o;
     return FY_OK;
+}
+
+bool fy_xfer_layout_same_data(const fy_xfer_layout_t *a, const fy_xfer_layout_t *b)
+{
+    fy_xfer_layout_t x = *b; /* b with a's place in its group */
+    x.tp = a->tp, x.pp = a->pp, x.tp_rank = a->tp_rank, x.stage = a->stage;
+    return fy_xfer_layout_diff(a, &x) == NULL;
 }
 
 fy_status_t fy_xfer_reshard_pair(const fy_xfer_layout_t *src, const fy_xfer_layout_t *dst, char *why, size_t cap)
@@ -157,13 +180,23 @@ fy_status_t fy_xfer_reshard_plan(const fy_xfer_layout_t *src, const fy_xfer_layo
         return st;
     }
     uint64_t hb = 0;
-    (void)head_bytes(src, &hb); /* checked */
+    bool grouped = src->n_groups != 1 || dst[0].n_groups != 1;
+    if (!grouped) (void)head_bytes(src, &hb); /* checked */
     /* of heads the source group keeps on several ranks, the first sends */
     int32_t copies = src->tp > src->model_kv_heads ? src->tp / src->model_kv_heads : 1;
     bool sends = src->tp_rank % copies == 0;
     int32_t n = 0;
     for (int32_t d = 0; d < n_dst && sends; d++) {
         const fy_xfer_layout_t *l = &dst[d];
+        if (grouped) { /* pages of the same bytes (checked), or nothing of this rank's */
+            if (!fy_xfer_layout_same_data(src, l)) continue;
+            if (n == cap) {
+                fy_error("xfer: kv re-sharding needs more than %d pieces per block", cap);
+                return FY_ERR_NO_SPACE;
+            }
+            pieces[n++] = (fy_xfer_piece_t){.dst_rank = d, .src_off = 0, .len = src->block_bytes, .dst_off = 0};
+            continue;
+        }
         int32_t lo = src->layer0 > l->layer0 ? src->layer0 : l->layer0;
         int32_t hi = src->layer0 + src->n_layers < l->layer0 + l->n_layers ? src->layer0 + src->n_layers
                                                                            : l->layer0 + l->n_layers;

@@ -36,6 +36,15 @@
 bool fy_xfer_layout_shard_ok(const fy_xfer_layout_t *l);
 
 /*
+ * Do a and b hold the same bytes in the same places: the same model, format,
+ * block, groups, layers and KV heads, whatever their group's shape and their
+ * rank in it (a tensor rank holding a KV head that its group replicates; a
+ * rank of one KV head's model against a whole model)?  Whole blocks may go
+ * between such ranks, KV groups (sliding windows) included.
+ */
+bool fy_xfer_layout_same_data(const fy_xfer_layout_t *a, const fy_xfer_layout_t *b);
+
+/*
  * The layout of rank `rank` of a tp x pp group serving the model of l (any
  * rank's or a whole model's layout: its model, element format, block and
  * head size, groups, and the bytes per head and layer of a block): the

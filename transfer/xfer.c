@@ -584,7 +584,7 @@ static void peer_handle_reply(xfer_peer_t *p)
         return;
     }
     if (fy_log_get_level() >= FY_LOG_DEBUG) log_lanes(p);
-    p->same_shape = fy_xfer_layout_diff(&x->layout, &r->layout) == NULL;
+    p->same_shape = fy_xfer_layout_same_data(&x->layout, &r->layout); /* same bytes: whole blocks may go */
     p->state = PEER_READY;
     atomic_fetch_add(&x->stats.peers_connected, 1);
 }

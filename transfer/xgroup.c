@@ -313,7 +313,9 @@ fy_status_t fy_xgroup_job_begin(fy_xgroup_t *g, const void *blob, size_t len, do
         for (int32_t r = 0; r < d->n; r++) {
             sub_t *sb = &gj->sub[gj->n_sub];
             *sb = (sub_t){.gj = gj, .src = s, .dst = r};
-            if (single || !fy_xfer_layout_diff(&g->lay[s], &d->lay[r])) {
+            bool feeds = single;
+            for (int32_t k = 0; k < np && !feeds; k++) feeds = pc[k].dst_rank == r;
+            if (feeds && fy_xfer_layout_same_data(&g->lay[s], &d->lay[r])) { /* the same bytes: whole blocks */
                 sb->whole = true;
                 gj->block_bytes += g->lay[s].block_bytes;
             } else {
