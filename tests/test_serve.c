@@ -13,6 +13,7 @@
  * /health, an exit) with a deadline.  Tests that need the model or the
  * binaries skip without them.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -400,6 +401,94 @@ static void test_cluster(void **state)
     fy_free(t);
 }
 
+/* pids of the non-zombie children of ppid (a worker's follower ranks) */
+static int children_of(int ppid, int *out, int cap)
+{
+    int n = 0;
+    DIR *d = opendir("/proc");
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d)) && n < cap) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        char path[300], buf[512];
+        snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t k = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[k] = 0;
+        const char *paren = strrchr(buf, ')');
+        int parent = 0;
+        char st = 0;
+        if (paren && sscanf(paren + 1, " %c %d", &st, &parent) == 2 && parent == ppid && st != 'Z')
+            out[n++] = atoi(e->d_name);
+    }
+    closedir(d);
+    return n;
+}
+
+/* A decode worker of three tensor ranks (decode.tp = 3) under ferry
+ * serve: one follower rank SIGKILLed, the worker exits (status 3) and
+ * serve starts the whole group again; `ferry request --status` lists it
+ * up with its three ranks and a request is answered. */
+static void test_rank_group_restarted(void **state)
+{
+    if (!have_ferry() || !tc_available()) skip();
+    ports_t ports;
+    pick_ports(&ports);
+    const char *ini = write_ini("g.ini", &ports);
+    char run[PATH_MAX + 32], metrics[64];
+    snprintf(run, sizeof(run), "serve.run_dir=%s/run-g", fy_test_tmpdir());
+    snprintf(metrics, sizeof(metrics), "serve.metrics=http://127.0.0.1:%d", ports.serve);
+    const char *args[] = {"-c",    ini,          "--set", run,  "--set", metrics, "--set", "serve.restart_backoff=50ms",
+                          "--set", "decode.tp=3", NULL};
+    proc_t g;
+    serve_spawn(&g, "g.out", args);
+    wait_text(&g, "cluster ready", START_DEADLINE_S);
+    kid_t decode, again;
+    serve_health(ports.serve, "decode-0", &decode);
+    assert_true(decode.pid > 0);
+    int ranks[8];
+    assert_int_equal(children_of(decode.pid, ranks, 8), 2);
+    assert_int_equal(kill(ranks[0], SIGKILL), 0);
+    wait_back(&g, ports.serve, "decode-0", decode.pid, &again, 60);
+    assert_int_equal(again.restarts, 1);
+    assert_true(pid_gone(decode.pid) && pid_gone(ranks[0]) && pid_gone(ranks[1]));
+    int fresh[8];
+    assert_int_equal(children_of(again.pid, fresh, 8), 2);
+    char *t = read_text(g.err);
+    if (!line_has(t, "decode-0 (pid", "exited with status 3")) fail_msg("serve's output:\n%s", t);
+    fy_free(t);
+    char cmd[2 * PATH_MAX];
+    snprintf(cmd, sizeof(cmd), "%s/ferry request -r tcp://127.0.0.1:%d --secret %s/run-g/kv.secret --status >%s 2>&1",
+             bindir(), ports.router, fy_test_tmpdir(), fy_test_path("status.out"));
+    double t0 = tc_now();
+    int rc = -1;
+    for (;;) { /* until the router has the new incarnation up */
+        rc = system(cmd);
+        t = read_text(fy_test_path("status.out"));
+        if ((rc == 0 && line_has(t, "decode-0", "up")) || tc_now() - t0 > 30) break;
+        fy_free(t);
+        struct timespec ts = {.tv_nsec = 100000000};
+        nanosleep(&ts, NULL);
+    }
+    if (rc != 0 || !line_has(t, "decode-0", "3 ranks") || !line_has(t, "prefill-0", "1 rank,"))
+        fail_msg("ferry request --status: status %d, output:\n%s", rc, t);
+    fy_free(t);
+    snprintf(cmd, sizeof(cmd),
+             "%s/ferry request -r tcp://127.0.0.1:%d --secret %s/run-g/kv.secret -p hello -n 4 >%s 2>&1", bindir(),
+             ports.router, fy_test_tmpdir(), fy_test_path("req.out"));
+    rc = system(cmd);
+    t = read_text(fy_test_path("req.out"));
+    if (rc != 0 || !strstr(t, "generated tokens: 4")) fail_msg("ferry request: status %d, output:\n%s", rc, t);
+    fy_free(t);
+    assert_int_equal(kill(g.pid, SIGTERM), 0);
+    int st = serve_wait(&g, 60);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    for (int i = 0; i < 2; i++) assert_true(pid_gone(fresh[i]));
+    fy_test_tmpdir_remove();
+}
+
 /* cluster.etcd on loopback with serve.routers = 2: etcd runs as a child,
  * both routers serve, and on SIGTERM the routers stop first, etcd last */
 static void test_etcd_two_routers(void **state)
@@ -465,6 +554,7 @@ int main(void)
         cmocka_unit_test(test_bad_setting),
         cmocka_unit_test(test_cluster),
         cmocka_unit_test(test_etcd_two_routers),
+        cmocka_unit_test(test_rank_group_restarted),
     };
     const char *only = getenv("FY_TEST_FILTER"); /* e.g. FY_TEST_FILTER=test_etcd* */
     if (only) cmocka_set_test_filter(only);

@@ -247,6 +247,8 @@ static bool old_write(const fy_wire_schema_t *s, const void *p, fy_msgw_t *w)
         fy_msgw_i32s(w, "total_blocks", m->total_blocks, m->n_total_blocks);
         fy_msgw_i32s(w, "decode", m->decode, m->n_decode);
         fy_msgw_i32s(w, "pending_tokens", m->pending_tokens, m->n_pending_tokens);
+        fy_msgw_i32s(w, "ranks", m->ranks, m->n_ranks); /* issue 21: each worker's rank group */
+        fy_msgw_i32s(w, "out_of_service", m->out, m->n_out);
         fy_msgw_map_begin(w, "refused_messages");
         const uint64_t *f = &m->refused_messages.format;
         for (int i = 1; i < FY_ENV_N_FAULTS; i++) fy_msgw_u64(w, fy_env_fault_str((fy_env_fault_t)i), f[i - 1]);
@@ -334,6 +336,9 @@ static bool old_write(const fy_wire_schema_t *s, const void *p, fy_msgw_t *w)
             fy_msgw_u64(w, "jobs_failed", m->jobs_failed);
             fy_msgw_i64(w, "bytes_shipped", m->bytes_shipped);
         }
+        if (m->tp) fy_msgw_i64(w, "tp", m->tp); /* issue 21: a rank group's shape and state */
+        if (m->pp) fy_msgw_i64(w, "pp", m->pp);
+        if (m->out_of_service[0]) fy_msgw_str(w, "out_of_service", m->out_of_service);
     } else if (s == &fy_wire_alive_schema) {
         const fy_wire_alive_t *m = p;
         old_ev(w, "alive", &m->ev);

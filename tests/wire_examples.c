@@ -139,7 +139,9 @@ void fy_test_wire_example(const fy_wire_schema_t *s, void *p)
         m->requests = 3, m->queued = 1, m->completed = 10, m->failed = 2, m->refused = 1, m->retried = 4;
         m->bad_events = 5, m->prefill_up = 1, m->decode_up = 1;
         m->n_workers = m->n_up = m->n_assigned = m->n_admittable = m->n_total_blocks = m->n_decode =
-            m->n_pending_tokens = 2;
+            m->n_pending_tokens = m->n_ranks = m->n_out = 2;
+        m->ranks[0] = 1, m->ranks[1] = 3; /* decode-0: a tp 3 group, out of service */
+        m->out[1] = 1;
         snprintf(m->workers[0], sizeof(m->workers[0]), "prefill-0");
         snprintf(m->workers[1], sizeof(m->workers[1]), "decode-0");
         m->up[0] = m->up[1] = 1;
@@ -229,7 +231,10 @@ void fy_test_wire_example(const fy_wire_schema_t *s, void *p)
                               .jobs = 2,
                               .jobs_done = 8,
                               .jobs_failed = 1,
-                              .bytes_shipped = 1 << 24};
+                              .bytes_shipped = 1 << 24,
+                              .tp = 3,
+                              .pp = 2};
+        snprintf(m->out_of_service, sizeof(m->out_of_service), "rank group broken: rank 4 (pid 1234) died");
         snprintf(m->role, sizeof(m->role), "decode");
         snprintf(m->listen, sizeof(m->listen), "tcp://127.0.0.1:7500");
         snprintf(m->model, sizeof(m->model), "SmolLM2-135M-Instruct.Q4_1@0123456789abcdef");

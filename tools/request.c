@@ -61,6 +61,12 @@ static int print_status(fy_client_t *c)
            "%llu refused, %llu retried\n",
            s.model, s.prefill_up, s.decode_up, s.requests, s.queued, (unsigned long long)s.completed,
            (unsigned long long)s.failed, (unsigned long long)s.refused, (unsigned long long)s.retried);
+    for (int32_t i = 0; i < s.n_workers; i++) {
+        const fy_client_worker_t *w = &s.workers[i];
+        printf("  %-24s %-7s %-14s %d rank%s, %d assigned\n", w->name, w->decode ? "decode" : "prefill",
+               w->out_of_service ? "out of service" : w->up ? "up" : "down", w->ranks, w->ranks == 1 ? "" : "s",
+               w->assigned);
+    }
     return 0;
 }
 
