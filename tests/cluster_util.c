@@ -2,6 +2,7 @@
  * cluster_util.c - a ferry cluster of real processes for tests (see
  * cluster_util.h).
  */
+#include <dirent.h>
 #include "cluster_util.h"
 
 #include <errno.h>
@@ -282,6 +283,31 @@ void tc_restart(tc_cluster_t *c, const char *name)
         return;
     }
     fail_msg("no process %s to restart", name);
+}
+
+int tc_children_of(pid_t ppid, pid_t *out, int cap)
+{
+    int n = 0;
+    DIR *d = opendir("/proc");
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d)) && n < cap) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        char path[300], buf[512];
+        snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t k = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[k] = 0;
+        const char *paren = strrchr(buf, ')');
+        int parent = 0;
+        char st = 0;
+        if (paren && sscanf(paren + 1, " %c %d", &st, &parent) == 2 && parent == (int)ppid && st != 'Z')
+            out[n++] = (pid_t)atoi(e->d_name);
+    }
+    closedir(d);
+    return n;
 }
 
 bool tc_alive(tc_cluster_t *c, const char *name)

@@ -77,6 +77,9 @@ void tc_stop(tc_cluster_t *c);
 /* kill -9 of one process by name ("prefill-0"); the test expects it dead. */
 void tc_kill(tc_cluster_t *c, const char *name);
 bool tc_alive(tc_cluster_t *c, const char *name);
+/* The live (not zombie) children of ppid, into out[0..cap): a worker's
+ * follower ranks (worker.tp/pp).  Returns how many. */
+int tc_children_of(pid_t ppid, pid_t *out, int cap);
 /* Starts a process the test killed again, with the same command line. */
 void tc_restart(tc_cluster_t *c, const char *name);
 void tc_print_logs(const tc_cluster_t *c);

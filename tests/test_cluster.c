@@ -9,7 +9,6 @@
  * worker or touch another client's request.  After each, every request
  * has ended and every decode pool is back to its starting free count.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <sched.h>
 #include <signal.h>
@@ -1055,32 +1054,6 @@ static void test_ranks_between_shapes(void **state)
     }
 }
 
-/* pids whose parent is ppid (the ranks a worker forked) */
-static int children_of(pid_t ppid, pid_t *out, int cap)
-{
-    int n = 0;
-    DIR *d = opendir("/proc");
-    assert_non_null(d);
-    struct dirent *e;
-    while ((e = readdir(d)) && n < cap) {
-        char path[300], buf[512];
-        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-        snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f) continue;
-        size_t k = fread(buf, 1, sizeof(buf) - 1, f);
-        fclose(f);
-        buf[k] = 0;
-        const char *paren = strrchr(buf, ')');
-        int parent = 0;
-        char state;
-        if (paren && sscanf(paren + 1, " %c %d", &state, &parent) == 2 && parent == (int)ppid)
-            out[n++] = (pid_t)atoi(e->d_name);
-    }
-    closedir(d);
-    return n;
-}
-
 static bool file_has(const char *path, const char *needle)
 {
     FILE *f = fopen(path, "r");
@@ -1117,7 +1090,7 @@ static void test_rank_killed(void **state)
         if (!strcmp(c.procs[i].name, "decode-0")) dp = &c.procs[i];
     assert_non_null(dp);
     pid_t ranks[8];
-    assert_int_equal(children_of(dp->pid, ranks, 8), 2);
+    assert_int_equal(tc_children_of(dp->pid, ranks, 8), 2);
     fy_client_stream_t s = submit(&c, prompts[0], lens[0], 4000);
     fy_client_update_t u;
     double t0 = tc_now();

@@ -401,32 +401,6 @@ static void test_cluster(void **state)
     fy_free(t);
 }
 
-/* pids of the non-zombie children of ppid (a worker's follower ranks) */
-static int children_of(int ppid, int *out, int cap)
-{
-    int n = 0;
-    DIR *d = opendir("/proc");
-    assert_non_null(d);
-    struct dirent *e;
-    while ((e = readdir(d)) && n < cap) {
-        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-        char path[300], buf[512];
-        snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f) continue;
-        size_t k = fread(buf, 1, sizeof(buf) - 1, f);
-        fclose(f);
-        buf[k] = 0;
-        const char *paren = strrchr(buf, ')');
-        int parent = 0;
-        char st = 0;
-        if (paren && sscanf(paren + 1, " %c %d", &st, &parent) == 2 && parent == ppid && st != 'Z')
-            out[n++] = atoi(e->d_name);
-    }
-    closedir(d);
-    return n;
-}
-
 /* A decode worker of three tensor ranks (decode.tp = 3) under ferry
  * serve: one follower rank SIGKILLed, the worker exits (status 3) and
  * serve starts the whole group again; `ferry request --status` lists it
@@ -440,7 +414,7 @@ static void test_rank_group_restarted(void **state)
     char run[PATH_MAX + 32], metrics[64];
     snprintf(run, sizeof(run), "serve.run_dir=%s/run-g", fy_test_tmpdir());
     snprintf(metrics, sizeof(metrics), "serve.metrics=http://127.0.0.1:%d", ports.serve);
-    const char *args[] = {"-c",    ini,          "--set", run,  "--set", metrics, "--set", "serve.restart_backoff=50ms",
+    const char *args[] = {"-c",    ini,           "--set", run, "--set", metrics, "--set", "serve.restart_backoff=50ms",
                           "--set", "decode.tp=3", NULL};
     proc_t g;
     serve_spawn(&g, "g.out", args);
@@ -448,14 +422,14 @@ static void test_rank_group_restarted(void **state)
     kid_t decode, again;
     serve_health(ports.serve, "decode-0", &decode);
     assert_true(decode.pid > 0);
-    int ranks[8];
-    assert_int_equal(children_of(decode.pid, ranks, 8), 2);
+    pid_t ranks[8];
+    assert_int_equal(tc_children_of(decode.pid, ranks, 8), 2);
     assert_int_equal(kill(ranks[0], SIGKILL), 0);
     wait_back(&g, ports.serve, "decode-0", decode.pid, &again, 60);
     assert_int_equal(again.restarts, 1);
     assert_true(pid_gone(decode.pid) && pid_gone(ranks[0]) && pid_gone(ranks[1]));
-    int fresh[8];
-    assert_int_equal(children_of(again.pid, fresh, 8), 2);
+    pid_t fresh[8];
+    assert_int_equal(tc_children_of(again.pid, fresh, 8), 2);
     char *t = read_text(g.err);
     if (!line_has(t, "decode-0 (pid", "exited with status 3")) fail_msg("serve's output:\n%s", t);
     fy_free(t);

@@ -492,38 +492,49 @@ static bool blocks_back(chaos_t *c, double timeout_s)
     return false;
 }
 
-/* The pid of a live child of our serve running role (ferry-prefill, ...), the
- * k-th by name order, or -1. */
-static pid_t find_child(chaos_t *c, const char *exe, int k)
+/* pids whose parent is ppid and that are not zombies, into out[0..cap) */
+static int children_of(pid_t ppid, pid_t *out, int cap)
 {
     DIR *d = opendir("/proc");
-    if (!d) return -1;
-    pid_t found[MAX_WORKERS];
+    if (!d) return 0;
     int n = 0;
     struct dirent *e;
-    while ((e = readdir(d)) && n < MAX_WORKERS) {
+    while ((e = readdir(d)) && n < cap) {
         pid_t pid = (pid_t)atoi(e->d_name);
         if (pid <= 0) continue;
-        char path[64], buf[4096];
+        char path[64], buf[1024];
         snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
         FILE *f = fopen(path, "r");
         if (!f) continue;
-        int ppid = -1;
-        char state = 0;
         bool got = fgets(buf, sizeof(buf), f) != NULL;
         fclose(f);
         char *rp = got ? strrchr(buf, ')') : NULL;
-        if (!rp || sscanf(rp + 1, " %c %d", &state, &ppid) != 2 || ppid != c->serve || state == 'Z') continue;
-        snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
-        if (!(f = fopen(path, "r"))) continue;
+        int parent = -1;
+        char state = 0;
+        if (rp && sscanf(rp + 1, " %c %d", &state, &parent) == 2 && parent == (int)ppid && state != 'Z') out[n++] = pid;
+    }
+    closedir(d);
+    return n;
+}
+
+/* The k-th (modulo their count) running child of our `ferry serve` whose
+ * program is exe ("ferry-decode"), or -1. */
+static pid_t find_child(chaos_t *c, const char *exe, int k)
+{
+    pid_t kids[MAX_WORKERS * 4], found[MAX_WORKERS];
+    int nk = children_of(c->serve, kids, MAX_WORKERS * 4), n = 0;
+    for (int i = 0; i < nk && n < MAX_WORKERS; i++) {
+        char path[64], buf[4096];
+        snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)kids[i]);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
         size_t len = fread(buf, 1, sizeof(buf) - 1, f);
         fclose(f);
         buf[len] = '\0';
         const char *base = strrchr(buf, '/');
         base = base ? base + 1 : buf;
-        if (!strcmp(base, exe)) found[n++] = pid;
+        if (!strcmp(base, exe)) found[n++] = kids[i];
     }
-    closedir(d);
     if (n == 0) return -1;
     return found[k % n];
 }
@@ -674,31 +685,6 @@ static bool signal_child(chaos_t *c, const char *exe, int k, int sig, pid_t *pid
     }
     if (pid_p) *pid_p = pid;
     return true;
-}
-
-/* pids whose parent is ppid and that are not zombies, into out[0..cap) */
-static int children_of(pid_t ppid, pid_t *out, int cap)
-{
-    DIR *d = opendir("/proc");
-    if (!d) return 0;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < cap) {
-        pid_t pid = (pid_t)atoi(e->d_name);
-        if (pid <= 0) continue;
-        char path[64], buf[1024];
-        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-        FILE *f = fopen(path, "r");
-        if (!f) continue;
-        bool got = fgets(buf, sizeof(buf), f) != NULL;
-        fclose(f);
-        char *rp = got ? strrchr(buf, ')') : NULL;
-        int parent = -1;
-        char state = 0;
-        if (rp && sscanf(rp + 1, " %c %d", &state, &parent) == 2 && parent == (int)ppid && state != 'Z') out[n++] = pid;
-    }
-    closedir(d);
-    return n;
 }
 
 /* SIGKILL a follower rank (a child of a prefill or decode worker); the

@@ -64,8 +64,10 @@ static int print_status(fy_client_t *c)
     for (int32_t i = 0; i < s.n_workers; i++) {
         const fy_client_worker_t *w = &s.workers[i];
         printf("  %-24s %-7s %-14s %d rank%s, %d assigned\n", w->name, w->decode ? "decode" : "prefill",
-               w->out_of_service ? "out of service" : w->up ? "up" : "down", w->ranks, w->ranks == 1 ? "" : "s",
-               w->assigned);
+               w->out_of_service ? "out of service"
+               : w->up           ? "up"
+                                 : "down",
+               w->ranks, w->ranks == 1 ? "" : "s", w->assigned);
     }
     return 0;
 }
