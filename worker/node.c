@@ -571,7 +571,6 @@ static void on_health(void *arg, const char *path, fy_http_reply_t *reply)
     reply->body_owned = 1;
 }
 
-/* engine thread, after every step and at least every heartbeat */
 /* engine thread, between passes: each rank's time since the last report */
 static void sync_ranks(fy_node_t *n)
 {
@@ -651,6 +650,7 @@ static void check_group(fy_node_t *n, const fy_engine_stats_t *es, double now)
     }
 }
 
+/* engine thread, after every step and at least every heartbeat */
 static void on_tick(void *arg)
 {
     fy_node_t *n = arg;
