@@ -221,6 +221,13 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
                       hit, max_tokens, free_now);
         return;
     }
+    const void *blob; /* where the KV goes: every rank's target, for a group */
+    size_t blob_len;
+    if ((st = fy_xgroup_target_desc(fy_node_xfer(n), &blob, &blob_len))) {
+        lease_free(d, l);
+        fy_node_error(n, rid, id, st, "no transfer engine to take the prompt's KV (shutting down)");
+        return;
+    }
     /* the prompt's blocks from the first not cached, per KV group: -1 for
      * those a sliding group does not hold (the prefill worker sends none);
      * under a KV budget, each group's slots in order from there (or from
@@ -249,10 +256,6 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
     l->held = fy_block_table_held(&l->bt);
     d->leased_blocks += l->held;
     d->reserved++;
-
-    const void *blob;
-    size_t blob_len;
-    fy_xgroup_target_desc(fy_node_xfer(n), &blob, &blob_len); /* every rank's, for a group */
     fy_wire_reserved_t rm = {.ev = fy_node_ev(n, rid, id),
                              .lease = l->lease,
                              .lease_s = lease_s,

@@ -968,6 +968,14 @@ static void test_xgroup(void **state)
     assert_int_equal(fy_xgroup_desc_build(&bad, &out, &out_len), FY_ERR_INVALID);
     fy_test_log_end();
 
+    /* a worker shutting down has no engines (commands posted before still run) */
+    fy_test_log_begin();
+    fy_xgroup_job_t *none;
+    assert_int_equal(fy_xgroup_job_begin(NULL, blob, len, fy_xfer_now() + 5, on_done, NULL, &none), FY_ERR_CANCELLED);
+    assert_int_equal(fy_xgroup_target_desc(NULL, &blob, &len), FY_ERR_CANCELLED);
+    fy_test_log_end();
+    assert_int_equal(fy_xgroup_target_desc(d.g, &blob, &len), FY_OK);
+
     /* jobs that cannot begin: no callback ever, nothing written */
     xg_side_t s;
     xg_open(&s, &sm, 1, 1, 4, 0);

@@ -176,6 +176,10 @@ void fy_xgroup_destroy(fy_xgroup_t *g)
 
 fy_status_t fy_xgroup_target_desc(fy_xgroup_t *g, const void **blob_p, size_t *len_p)
 {
+    if (!g) { /* shutting down: the engines are gone (commands posted before still run) */
+        fy_warn("xgroup: no transfer engine (shutting down)");
+        return FY_ERR_CANCELLED;
+    }
     if (g->n == 1) return fy_xfer_target_desc(g->x[0], blob_p, len_p);
     *blob_p = g->desc;
     *len_p = g->desc_len;
@@ -281,6 +285,10 @@ static fy_status_t dest_of(const fy_xgroup_t *g, const void *blob, size_t len, d
 fy_status_t fy_xgroup_job_begin(fy_xgroup_t *g, const void *blob, size_t len, double deadline, fy_xfer_done_fn cb,
                                 void *arg, fy_xgroup_job_t **job_p)
 {
+    if (!g) { /* shutting down: the engines are gone (commands posted before still run) */
+        fy_warn("xgroup: no transfer engine (shutting down)");
+        return FY_ERR_CANCELLED;
+    }
     dest_t *d = fy_calloc(1, sizeof(*d));
     fy_xgroup_job_t *gj = fy_calloc(1, sizeof(*gj));
     int32_t per = 2 * FY_XGROUP_MAX_RANKS; /* grown below */
@@ -412,7 +420,7 @@ void fy_xgroup_job_abort(fy_xgroup_job_t *gj)
 void fy_xgroup_stats(fy_xgroup_t *g, fy_xfer_stats_t *out)
 {
     *out = (fy_xfer_stats_t){0};
-    for (int32_t r = 0; r < g->n; r++) {
+    for (int32_t r = 0; g && r < g->n; r++) {
         fy_xfer_stats_t s;
         fy_xfer_stats(g->x[r], &s);
         out->jobs_ok += s.jobs_ok;
@@ -427,9 +435,9 @@ void fy_xgroup_stats(fy_xgroup_t *g, fy_xfer_stats_t *out)
 
 fy_status_t fy_xgroup_health(fy_xgroup_t *g, double now, double timeout_s, double *waited_p)
 {
-    fy_status_t worst = FY_OK;
+    fy_status_t worst = g ? FY_OK : FY_ERR_CANCELLED;
     double most = 0;
-    for (int32_t r = 0; r < g->n; r++) {
+    for (int32_t r = 0; g && r < g->n; r++) {
         double w = 0;
         fy_status_t st = fy_xfer_health(g->x[r], now, timeout_s, &w);
         if (w > most) most = w;

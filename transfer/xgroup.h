@@ -90,7 +90,8 @@ const fy_xfer_layout_t *fy_xgroup_layout(const fy_xgroup_t *g, int32_t rank);
 
 /* What a prefill worker needs to put into this group: one rank's plain
  * blob (fy_xfer_target_desc), or the group descriptor.  *blob_p lives as
- * long as g. */
+ * long as g.  g NULL (a worker shutting down): FY_ERR_CANCELLED, as for
+ * fy_xgroup_job_begin; stats and health accept NULL too. */
 fy_status_t fy_xgroup_target_desc(fy_xgroup_t *g, const void **blob_p, size_t *len_p);
 
 /* ---- jobs -------------------------------------------------------------------------------------- */
