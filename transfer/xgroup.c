@@ -151,7 +151,6 @@ fy_status_t fy_xgroup_create(const fy_xgroup_params_t *p, fy_xgroup_t **g_p)
                                .net_devices = p->net_devices,
                                .connect_timeout_s = p->connect_timeout_s,
                                .err_mode = p->err_mode};
-        if (g->n == 1) xp.arena = p->arenas;
         if ((st = fy_xfer_create(&xp, &g->x[r]))) break;
         const void *blob;
         if ((st = fy_xfer_target_desc(g->x[r], &blob, &d.blob_len[r]))) break;
@@ -192,7 +191,7 @@ typedef struct sub {
     struct fy_xgroup_job *gj;
     fy_xfer_job_t *j;
     int32_t src, dst; /* local rank, destination rank */
-    bool whole;       /* equal layouts: whole blocks, runs coalesced */
+    bool whole;       /* the same bytes on both (fy_xfer_layout_same_data): whole blocks, runs coalesced */
     int32_t n_pieces;
     fy_xfer_piece_t *pieces; /* into gj->pieces */
 } sub_t;
@@ -291,7 +290,6 @@ fy_status_t fy_xgroup_job_begin(fy_xgroup_t *g, const void *blob, size_t len, do
     }
     dest_t *d = fy_calloc(1, sizeof(*d));
     fy_xgroup_job_t *gj = fy_calloc(1, sizeof(*gj));
-    int32_t per = 2 * FY_XGROUP_MAX_RANKS; /* grown below */
     fy_status_t st = d && gj ? FY_OK : FY_ERR_NOMEM;
     if (st == FY_OK) st = dest_of(g, blob, len, d);
     if (st != FY_OK) goto fail;
@@ -299,7 +297,7 @@ fy_status_t fy_xgroup_job_begin(fy_xgroup_t *g, const void *blob, size_t len, do
     gj->cb = cb, gj->arg = arg;
     bool single = g->n == 1 && d->n == 1;
     /* the pieces: per local rank at most 2 * its layers * destination ranks */
-    per = 2 * g->lay[0].model_layers * d->n;
+    int32_t per = 2 * g->lay[0].model_layers * d->n;
     if (!(gj->sub = fy_calloc((size_t)g->n * (size_t)d->n, sizeof(sub_t))) ||
         !(gj->pieces = fy_calloc((size_t)g->n * (size_t)per, sizeof(fy_xfer_piece_t)))) {
         st = FY_ERR_NOMEM;
