@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "cuda_attn.h"
 #include "mem.h"
 #include "testutil.h"
 
@@ -411,13 +412,297 @@ static void test_kv_attention(void **state)
     }
 }
 
+/* ---- the attention plans (pure host code: run on every machine) ---------------------- */
+
+static void test_attn_plan(void **state)
+{
+    (void)state;
+    /* tiles: at most ROWS query rows, within the accumulators, as many as fit */
+    const int32_t hds[] = {64, 80, 128, 256, 512};
+    for (size_t i = 0; i < sizeof(hds) / sizeof(hds[0]); i++) {
+        for (int32_t G = 1; G <= 40; G++) {
+            int32_t qt = fy_cuda_attn_qt(G, hds[i]);
+            if (G > FY_CUDA_ATTN_ROWS) {
+                assert_int_equal(qt, 0);
+                continue;
+            }
+            assert_true(qt * G <= FY_CUDA_ATTN_ROWS);
+            assert_true((int64_t)qt * G * hds[i] <= (int64_t)FY_CUDA_ATTN_THREADS * FY_CUDA_ATTN_ACC);
+            if (qt > 0 && qt < FY_CUDA_ATTN_ROWS / G) /* one more token would not fit the accumulators */
+                assert_true((int64_t)(qt + 1) * G * hds[i] > (int64_t)FY_CUDA_ATTN_THREADS * FY_CUDA_ATTN_ACC);
+        }
+    }
+    assert_int_equal(fy_cuda_attn_qt(4, 128), 8); /* Llama-3-8B: a decode row and seven more per tile */
+    assert_int_equal(fy_cuda_attn_qt(8, 256), 4);
+    assert_int_equal(fy_cuda_attn_qt(32, 512), 0);
+    /* shared memory: Gemma's head size 256 with 8 heads per kv head needs the
+     * opt-in above 48 KB, which an A100 (163 KB) and an H100 (227 KB) give */
+    size_t gemma = fy_cuda_attn_smem(8, 4, 256), llama = fy_cuda_attn_smem(4, 8, 128);
+    assert_true(gemma > 48 * 1024 && gemma < 163 * 1024);
+    assert_true(llama < 163 * 1024);
+    /* the K rows are padded by one float: the layout the kernel carves */
+    assert_int_equal(llama, (size_t)(32 * 128 + 32 * 129 + 32 * 128 + 32 * 32 + 3 * 32) * 4 + 8 * 4);
+
+    /* splits: two blocks per multiprocessor over the kv heads, bounded */
+    assert_int_equal(fy_cuda_attn_splits(132, 8), 33); /* H100 SXM, Llama-3-8B */
+    assert_int_equal(fy_cuda_attn_splits(108, 8), 27); /* A100 */
+    assert_int_equal(fy_cuda_attn_splits(132, 1), FY_CUDA_ATTN_MAX_SPLITS);
+    assert_int_equal(fy_cuda_attn_splits(0, 0), 2);
+    assert_int_equal(fy_cuda_attn_splits(1, 64), 1);
+    /* segments: a multiple of MIN_SEG, never more than splits of them, and
+     * only for rows of decode and verification */
+    for (int32_t splits = 1; splits <= FY_CUDA_ATTN_MAX_SPLITS; splits += 7) {
+        for (int32_t kv = 1; kv <= 140000; kv = kv * 5 / 4 + 1) {
+            for (int32_t nq = 1; nq <= FY_CUDA_SPLIT_MAX_Q + 1; nq += 4) {
+                int32_t seg = fy_cuda_attn_seg_len(kv, nq, splits);
+                if (nq > FY_CUDA_SPLIT_MAX_Q || splits < 2 || kv <= FY_CUDA_ATTN_MIN_SEG) {
+                    assert_int_equal(seg, 0);
+                    continue;
+                }
+                if (seg == 0) continue; /* one segment would hold it all */
+                assert_int_equal(seg % FY_CUDA_ATTN_MIN_SEG, 0);
+                assert_true(seg < kv);
+                assert_true((kv + seg - 1) / seg <= splits);
+                assert_int_equal(seg % fy_cuda_attn_chunk(128), 0);
+                assert_int_equal(seg % fy_cuda_attn_chunk(256), 0);
+            }
+        }
+    }
+    assert_int_equal(fy_cuda_attn_seg_len(4096, 1, 33), 128); /* 32 segments of 128 */
+    assert_int_equal(fy_cuda_attn_seg_len(100, 1, 33), 0 + 64);
+    assert_int_equal(fy_cuda_attn_seg_len(64, 1, 33), 0);
+    assert_int_equal(fy_cuda_attn_seg_len(4096, 9, 33), 0); /* a prefill chunk is not split */
+
+    /* partial scratch: decode rows only, whatever the context.  Llama-3.1-8B
+     * at 131k context, 512 batch tokens, 256 sequences on an H100: the old
+     * worst case (every row, ctx / 256 segments) was 4 GiB */
+    int32_t st = fy_cuda_attn_split_tokens(512, 256);
+    assert_int_equal(st, 512);
+    assert_int_equal(fy_cuda_attn_split_tokens(8192, 16), 16 * FY_CUDA_SPLIT_MAX_Q);
+    size_t part = fy_cuda_attn_part_bytes(st, 32, fy_cuda_attn_splits(132, 8), 128);
+    assert_int_equal(part, (size_t)512 * 32 * 33 * 130 * 4);
+    assert_true(part < (size_t)300 << 20);
+
+    /* what the kernels refuse, naming what to change */
+    char buf[192];
+    const size_t h100 = 227 * 1024;
+    assert_null(fy_cuda_attn_unsupported(32, 8, 128, FY_DTYPE_F16, h100, buf, sizeof(buf)));
+    assert_null(fy_cuda_attn_unsupported(32, 8, 128, FY_DTYPE_FP8, h100, buf, sizeof(buf)));
+    assert_null(fy_cuda_attn_unsupported(32, 8, 128, FY_DTYPE_I8, h100, buf, sizeof(buf)));
+    assert_null(fy_cuda_attn_unsupported(4, 1, 256, FY_DTYPE_F32, h100, buf, sizeof(buf)));
+    const char *w = fy_cuda_attn_unsupported(32, 8, 128, FY_DTYPE_Q8_0, h100, buf, sizeof(buf));
+    assert_non_null(w);
+    assert_non_null(strstr(w, "kv.dtype = q8_0"));
+    assert_non_null(fy_cuda_attn_unsupported(64, 1, 128, FY_DTYPE_F16, h100, buf, sizeof(buf))); /* G 64 */
+    assert_non_null(fy_cuda_attn_unsupported(8, 3, 128, FY_DTYPE_F16, h100, buf, sizeof(buf)));  /* uneven GQA */
+    assert_non_null(fy_cuda_attn_unsupported(8, 2, 513, FY_DTYPE_F16, h100, buf, sizeof(buf)));  /* odd, too wide */
+    assert_non_null(fy_cuda_attn_unsupported(8, 2, 1024, FY_DTYPE_F16, h100, buf, sizeof(buf)));
+    w = fy_cuda_attn_unsupported(8, 1, 256, FY_DTYPE_F16, 48 * 1024, buf, sizeof(buf)); /* a device without opt-in */
+    assert_non_null(w);
+    assert_non_null(strstr(w, "shared memory"));
+}
+
+/* ---- attention across shapes, formats, groups and evictions (need a GPU) ----------- */
+
+typedef struct attn_case {
+    const char *name;
+    int32_t n_heads, n_kv, hd;
+    fy_dtype_t dtype;
+    bool groups; /* layer 0 global, layer 1 a 32-token window: two KV groups */
+} attn_case_t;
+
+/* prefill chunk (not split), decode past several segments, a verification
+ * of 3 rows (split), a short decode (one segment) */
+#define AC_SEQS 4
+static const int32_t ac_nq[AC_SEQS] = {20, 1, 3, 1}, ac_kv[AC_SEQS] = {120, 258, 700, 40};
+#define AC_WINDOW 32
+#define AC_POOL 160
+
+static void reserve_both(pair_t *p, const fy_backend_reserve_t *r)
+{
+    assert_int_equal(fy_backend_reserve(p->cpu, r), FY_OK);
+    assert_int_equal(fy_backend_reserve(p->gpu, r), FY_OK);
+}
+
+static void reserve_default(pair_t *p)
+{
+    fy_backend_reserve_t r = {.max_tokens = 32,
+                              .max_row = HIDDEN,
+                              .max_seqs = 4,
+                              .max_blocks = N_BLOCKS,
+                              .max_kv_len = 300,
+                              .n_heads = N_HEADS,
+                              .head_dim = HD};
+    reserve_both(p, &r);
+}
+
+static void attention_case(pair_t *p, const attn_case_t *ac)
+{
+    fy_kv_layout_t lay;
+    assert_int_equal(fy_kv_layout_init(&lay, 2, ac->n_kv, ac->hd, BS, ac->dtype), FY_OK);
+    if (ac->groups) {
+        const int32_t win[2] = {0, AC_WINDOW};
+        assert_int_equal(fy_kv_layout_set_windows(&lay, win), FY_OK);
+        assert_int_equal(lay.n_groups, 2);
+    }
+    const int32_t NG = lay.n_groups;
+    fy_backend_reserve_t r = {.max_tokens = 32,
+                              .max_row = HIDDEN,
+                              .max_seqs = AC_SEQS,
+                              .max_blocks = AC_POOL,
+                              .n_groups = NG,
+                              .max_kv_len = 704,
+                              .n_heads = ac->n_heads,
+                              .head_dim = ac->hd,
+                              .n_kv_heads = ac->n_kv};
+    reserve_both(p, &r);
+
+    /* a history of valid rows in every block (scaled formats need real scales) */
+    size_t bytes = lay.block_bytes * AC_POOL, n_rows = bytes / lay.row_bytes;
+    char *hist = fy_malloc(bytes);
+    float *row = fy_malloc((size_t)ac->hd * sizeof(float));
+    for (size_t i = 0; i < n_rows; i++) {
+        fill(p, row, (size_t)ac->hd, i % 7 == 3 ? 4.0f : 1.0f);
+        fy_kv_row_write(&lay, row, hist + i * lay.row_bytes);
+    }
+    void *ac_a = NULL, *ag = NULL;
+    assert_int_equal(fy_backend_alloc(p->cpu, bytes, &ac_a), FY_OK);
+    assert_int_equal(fy_backend_alloc(p->gpu, bytes, &ag), FY_OK);
+    memcpy(ac_a, hist, bytes);
+    assert_int_equal(fy_backend_memcpy(p->gpu, ag, hist, bytes, FY_COPY_H2D), FY_OK);
+
+    /* tables: every (sequence, group) its own scattered blocks; in the
+     * global group blocks 5..12 of the long sequence are evicted (-1); in
+     * the sliding group the blocks wholly before a sequence's first query
+     * row's window are dropped (-1), as the engine drops them */
+    static int32_t bt[AC_SEQS][2][48], tokens[32], pos[32], slots[2][32];
+    static fy_attn_seq_t seqs[AC_SEQS];
+    int32_t next = 0, n = 0;
+    for (int s = 0; s < AC_SEQS; s++) {
+        int32_t nb = (ac_kv[s] + BS - 1) / BS, first = ac_kv[s] - ac_nq[s];
+        for (int g = 0; g < NG; g++) {
+            for (int32_t b = 0; b < nb; b++) {
+                bt[s][g][b] = (next * 37 + 11) % AC_POOL; /* 37 is prime to the pool: a permutation */
+                next++;
+                bool evicted = g == 0 && s == 2 && b >= 5 && b <= 12;
+                bool dropped = g == 1 && (b + 1) * BS <= first - AC_WINDOW + 1;
+                if (evicted || dropped) bt[s][g][b] = -1;
+            }
+        }
+        seqs[s] = (fy_attn_seq_t){n, ac_nq[s], ac_kv[s], nb, &bt[s][0][0], 48};
+        for (int32_t i = 0; i < ac_nq[s]; i++, n++) {
+            pos[n] = first + i;
+            tokens[n] = (int32_t)((frand(p) * 0.5f + 0.5f) * (VOCAB - 1));
+            for (int g = 0; g < NG; g++) slots[g][n] = bt[s][g][pos[n] / BS] * BS + pos[n] % BS;
+        }
+    }
+    /* slots is [n_groups][n_tokens]: pack group 1 right after group 0's n */
+    int32_t packed[64];
+    for (int g = 0; g < NG; g++) memcpy(packed + g * n, slots[g], (size_t)n * sizeof(int32_t));
+    fy_batch_meta_t m = {n, tokens, pos, packed, AC_SEQS, seqs, NG};
+    assert_int_equal(fy_backend_set_batch(p->cpu, &m), FY_OK);
+    assert_int_equal(fy_backend_set_batch(p->gpu, &m), FY_OK);
+    /* H2O scores on both, over both layers */
+    const int32_t stride = 48;
+    float *sc_c = calloc((size_t)AC_SEQS * stride, sizeof(float)),
+          *sc_g = calloc((size_t)AC_SEQS * stride, sizeof(float));
+    assert_int_equal(fy_backend_set_attn_scores(p->cpu, sc_c, stride), FY_OK);
+    assert_int_equal(fy_backend_set_attn_scores(p->gpu, sc_g, stride), FY_OK);
+
+    size_t nq = (size_t)n * ac->n_heads * ac->hd, nk = (size_t)n * ac->n_kv * ac->hd;
+    float *q = fy_malloc(nq * sizeof(float)), *k = fy_malloc(nk * sizeof(float)), *v = fy_malloc(nk * sizeof(float));
+    float *ref = fy_malloc(nq * sizeof(float)), *got = fy_malloc(nq * sizeof(float));
+    char *back = fy_malloc(bytes);
+    float *od = dev_floats(p->gpu, NULL, nq);
+    for (int32_t layer = 0; layer < 2; layer++) {
+        fill(p, q, nq, 1.0f), fill(p, k, nk, 1.5f), fill(p, v, nk, 1.0f);
+        float *qd = dev_floats(p->gpu, q, nq), *kd = dev_floats(p->gpu, k, nk), *vd = dev_floats(p->gpu, v, nk);
+        assert_int_equal(fy_backend_kv_write(p->cpu, &lay, ac_a, layer, k, v), FY_OK);
+        assert_int_equal(fy_backend_kv_write(p->gpu, &lay, ag, layer, kd, vd), FY_OK);
+        assert_int_equal(fy_backend_sync(p->gpu), FY_OK);
+        assert_int_equal(fy_backend_memcpy(p->gpu, back, ag, bytes, FY_COPY_D2H), FY_OK);
+        if (memcmp(back, ac_a, bytes)) fail_msg("%s: kv_write layer %d: the arenas differ", ac->name, layer);
+        int32_t window = lay.group_window[lay.layer_group[layer]];
+        float scale = 1.0f / sqrtf((float)ac->hd);
+        assert_int_equal(fy_backend_attention(p->cpu, &lay, ac_a, layer, ac->n_heads, scale, window, q, ref), FY_OK);
+        assert_int_equal(fy_backend_attention(p->gpu, &lay, ag, layer, ac->n_heads, scale, window, qd, od), FY_OK);
+        fetch(p->gpu, got, od, nq);
+        char what[96];
+        snprintf(what, sizeof(what), "%s layer %d (window %d)", ac->name, layer, window);
+        expect_close(what, ref, got, nq, 1e-4f, 1e-3f);
+        fy_backend_free(p->gpu, qd), fy_backend_free(p->gpu, kd), fy_backend_free(p->gpu, vd);
+    }
+    assert_int_equal(fy_backend_sync(p->cpu), FY_OK);
+    assert_int_equal(fy_backend_sync(p->gpu), FY_OK);
+    char what[96];
+    snprintf(what, sizeof(what), "%s h2o scores", ac->name);
+    expect_close(what, sc_c, sc_g, (size_t)AC_SEQS * stride, 1e-4f, 1e-3f);
+    /* each row hands out n_heads of mass per layer, all of it to blocks it sees */
+    double total = 0;
+    for (size_t i = 0; i < (size_t)AC_SEQS * stride; i++) total += sc_g[i];
+    assert_true(fabs(total - 2.0 * n * ac->n_heads) < 1e-3 * n * ac->n_heads);
+    for (int32_t b = 5; b <= 12 && !ac->groups; b++) assert_true(sc_g[2 * stride + b] == 0.0f); /* evicted */
+    assert_int_equal(fy_backend_set_attn_scores(p->gpu, NULL, 0), FY_OK);
+    assert_int_equal(fy_backend_set_attn_scores(p->cpu, NULL, 0), FY_OK);
+
+    fy_backend_free(p->cpu, ac_a), fy_backend_free(p->gpu, ag), fy_backend_free(p->gpu, od);
+    fy_free(hist), fy_free(row), fy_free(q), fy_free(k), fy_free(v), fy_free(ref), fy_free(got), fy_free(back);
+    free(sc_c), free(sc_g);
+}
+
+static void test_attention_shapes(void **state)
+{
+    pair_t *p = *state;
+    NEED_GPU(p);
+    const attn_case_t cases[] = {
+        {"f16 G4 hd64", 8, 2, 64, FY_DTYPE_F16, false},
+        {"f32 G1 hd64 groups", 4, 4, 64, FY_DTYPE_F32, true},
+        {"f16 G4 hd128 (llama-3-8b)", 32, 8, 128, FY_DTYPE_F16, false},
+        {"f16 G8 hd128 groups", 16, 2, 128, FY_DTYPE_F16, true},
+        {"fp8 G4 hd128", 32, 8, 128, FY_DTYPE_FP8, false},
+        {"int8 G4 hd128 groups", 32, 8, 128, FY_DTYPE_I8, true},
+        {"f16 G4 hd256 groups (gemma)", 4, 1, 256, FY_DTYPE_F16, true},
+        {"f16 G8 hd256 (68 KB opt-in)", 8, 1, 256, FY_DTYPE_F16, false},
+        {"fp8 G8 hd256 groups", 8, 1, 256, FY_DTYPE_FP8, true},
+        {"int8 G2 hd66 (byte loads)", 4, 2, 66, FY_DTYPE_I8, false},
+        {"f16 G2 hd76 (unaligned rows)", 4, 2, 76, FY_DTYPE_F16, true},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) attention_case(p, &cases[i]);
+    reserve_default(p);
+}
+
+/* copy_blocks device to device inside one arena: the targets held other
+ * bytes before, hold the sources' after, and nothing else moved */
+static void test_copy_blocks_d2d(void **state)
+{
+    pair_t *p = *state;
+    NEED_GPU(p);
+    fy_kv_layout_t lay;
+    assert_int_equal(fy_kv_layout_init(&lay, 2, N_KV, HD, BS, FY_DTYPE_F16), FY_OK);
+    size_t bytes = lay.block_bytes * N_BLOCKS, bb = lay.block_bytes;
+    unsigned char *h = fy_malloc(bytes), *back = fy_malloc(bytes);
+    for (size_t i = 0; i < bytes; i++) h[i] = (unsigned char)(i * 131 + i / bb * 7 + 1);
+    void *ag = NULL;
+    assert_int_equal(fy_backend_alloc(p->gpu, bytes, &ag), FY_OK);
+    assert_int_equal(fy_backend_memcpy(p->gpu, ag, h, bytes, FY_COPY_H2D), FY_OK);
+    /* a run (3, 4, 5 -> 20, 21, 22) and scattered ones, one of them backwards */
+    int32_t src[5] = {3, 4, 5, 9, 30}, dst[5] = {20, 21, 22, 1, 8};
+    for (int i = 0; i < 5; i++) assert_memory_not_equal(h + (size_t)src[i] * bb, h + (size_t)dst[i] * bb, bb);
+    assert_int_equal(fy_backend_copy_blocks(p->gpu, &lay, ag, ag, dst, src, 5, FY_COPY_D2D), FY_OK);
+    assert_int_equal(fy_backend_memcpy(p->gpu, back, ag, bytes, FY_COPY_D2H), FY_OK);
+    for (int i = 0; i < 5; i++) memcpy(h + (size_t)dst[i] * bb, h + (size_t)src[i] * bb, bb);
+    assert_memory_equal(back, h, bytes);
+    fy_backend_free(p->gpu, ag);
+    fy_free(h), fy_free(back);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_device_fallback),
-        cmocka_unit_test(test_elementwise),
-        cmocka_unit_test(test_embed_matmul),
-        cmocka_unit_test(test_kv_attention),
+        cmocka_unit_test(test_device_fallback), cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_embed_matmul),    cmocka_unit_test(test_kv_attention),
+        cmocka_unit_test(test_attn_plan),       cmocka_unit_test(test_attention_shapes),
+        cmocka_unit_test(test_copy_blocks_d2d),
     };
     return cmocka_run_group_tests(tests, setup_pair, teardown_pair);
 }

@@ -13,9 +13,19 @@
  * copy-on-write) on a second, ordered after the compute enqueued before
  * them by an event, and complete when copy_blocks returns.
  *
+ * KV and attention.  Every KV format of kv.h: f32, f16, and fp8/int8 rows
+ * with their per-row scale, written bit for bit as the CPU writes them.
+ * Decode rows' contexts are split over the multiprocessors (flash-
+ * decoding, cuda_attn.h); the partial scratch is sized by decode rows
+ * only and reserved before the runner sizes the KV pool from what is
+ * left.  H2O's per-block attention mass is a third kernel that rereads K
+ * with each row's final softmax state (the CPU computes it inside its
+ * attention pass); it is gathered on the device and added into the host
+ * array at sync.
+ *
  * Not here: a determinism guarantee across batch compositions (cuBLAS
- * picks its algorithm by shape), multi-GPU, CUDA graphs, H2O attention
- * scores (set_attn_scores refuses them; the CPU backend has them).
+ * picks its algorithm by shape; attention is batch-independent), multi-
+ * GPU, CUDA graphs (each step launches its kernels one by one).
  *
  * Status: compiled in CI for sm_80 and sm_90; never yet run on a GPU.
  */
@@ -36,13 +46,17 @@ extern "C" {
 #include "cuda_kernels.h"
 
 #define FY_CUDA_PACK_BF16 0x42 /* fy_tensor_t.packing: bf16 [rows, in] on the device */
-#define MAX_HEAD_DIM 512
+#define MAX_HEAD_DIM FY_CUDA_MAX_HEAD_DIM
 
 /* ---- foreign errors at the boundary -------------------------------------------------- */
 
+/* Logs a failed call and clears CUDA's last-error slot, so the next
+ * launch's cudaGetLastError reports that launch, not this one.  (A sticky
+ * error, a kernel fault, stays: every later call fails, and says so.) */
 static fy_status_t cuda_check(cudaError_t e, const char *what)
 {
     if (e == cudaSuccess) return FY_OK;
+    (void)cudaGetLastError();
     fy_error("cuda backend: %s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
     return e == cudaErrorMemoryAllocation ? FY_ERR_NOMEM : FY_ERR_BACKEND;
 }
@@ -84,22 +98,35 @@ typedef struct cuda_ctx {
     cudaEvent_t compute_done; /* copy_stream waits on it */
     cudaEvent_t meta_done;    /* the last batch upload finished reading meta_pinned */
     cublasHandle_t blas;
+    int32_t n_sms;   /* multiprocessors: how far a decode row's context is split */
+    size_t max_smem; /* shared memory a block may opt in to */
     fy_backend_reserve_t res;
     bool reserved;
     /* the batch: one pinned staging buffer and its device twin, laid out
-     * tokens | pos | apos [max_tokens] | slots [n_groups][max_tokens] | seqs [max_seqs] |
-     * block_tables [max_blocks] (each sequence's groups one after another) */
+     * tokens | pos | apos | tseq | split_tok [max_tokens] | slots [n_groups][max_tokens] |
+     * seqs [max_seqs] | block_tables [max_blocks] (each sequence's groups one after another) */
     int32_t *meta_pinned, *meta_dev;
     size_t meta_ints;
-    int32_t *tokens_dev, *pos_dev, *slots_dev, *apos_dev, *bt_dev;
+    int32_t *tokens_dev, *pos_dev, *slots_dev, *apos_dev, *tseq_dev, *split_dev, *bt_dev;
     fy_cuda_seq_t *seqs_dev;
     fy_cuda_seq_t *seqs_host; /* [max_seqs] the host's copy (tiling, checks) */
     int32_t *tokens_host;     /* [max_tokens] (range checks in embed) */
     int32_t n_tokens, n_seqs, max_pos;
-    void *xb_dev;                      /* [max_tokens, max_row] bf16 matmul input */
-    float *pm_dev, *pl_dev, *pacc_dev; /* attention partials */
-    int32_t max_segs;
+    int32_t n_split, grid_segs, max_n_blocks; /* this batch: split tokens, most segments, longest table */
+    void *xb_dev;                             /* [max_tokens, max_row] bf16 matmul input */
+    /* attention scratch: partials of split rows [split_tokens, n_heads, splits] (+ head_dim),
+     * and every row's final max and sum [max_tokens, n_heads] */
+    float *pm_dev, *pl_dev, *pacc_dev, *fm_dev, *fl_dev;
+    int32_t splits, split_tokens;
+    /* H2O: the step's per-block attention mass on the device, the pinned
+     * buffer it comes back through, and the host array it is added into */
+    float *scores_dev, *scores_pinned, *scores_host;
+    size_t scores_cap; /* floats in either buffer */
+    int32_t scores_stride, scores_seqs;
+    bool scores_pending; /* the device holds mass not yet added into scores_host */
 } cuda_ctx_t;
+
+static void free_work(cuda_ctx_t *c);
 
 static void cuda_destroy(void *p)
 {
@@ -107,14 +134,7 @@ static void cuda_destroy(void *p)
     if (!c) return;
     cudaSetDevice(c->device);
     if (c->stream) cudaStreamSynchronize(c->stream);
-    cudaFree(c->meta_dev);
-    cudaFreeHost(c->meta_pinned);
-    cudaFree(c->xb_dev);
-    cudaFree(c->pm_dev);
-    cudaFree(c->pl_dev);
-    cudaFree(c->pacc_dev);
-    fy_free(c->seqs_host);
-    fy_free(c->tokens_host);
+    free_work(c);
     if (c->blas) cublasDestroy(c->blas);
     if (c->meta_done) cudaEventDestroy(c->meta_done);
     if (c->compute_done) cudaEventDestroy(c->compute_done);
@@ -131,11 +151,18 @@ static void free_work(cuda_ctx_t *c)
     cudaFree(c->pm_dev);
     cudaFree(c->pl_dev);
     cudaFree(c->pacc_dev);
+    cudaFree(c->fm_dev);
+    cudaFree(c->fl_dev);
+    cudaFree(c->scores_dev);
+    cudaFreeHost(c->scores_pinned);
     fy_free(c->seqs_host);
     fy_free(c->tokens_host);
     c->meta_dev = c->meta_pinned = NULL;
     c->xb_dev = NULL;
-    c->pm_dev = c->pl_dev = c->pacc_dev = NULL;
+    c->pm_dev = c->pl_dev = c->pacc_dev = c->fm_dev = c->fl_dev = NULL;
+    c->scores_dev = c->scores_pinned = c->scores_host = NULL;
+    c->scores_cap = 0;
+    c->scores_pending = false;
     c->seqs_host = NULL;
     c->tokens_host = NULL;
     c->reserved = false;
@@ -154,9 +181,14 @@ static fy_status_t cuda_reserve(void *p, const fy_backend_reserve_t *r)
     free_work(c);
     const size_t T = (size_t)r->max_tokens, seq_ints = sizeof(fy_cuda_seq_t) / sizeof(int32_t);
     const size_t NG = (size_t)(r->n_groups > 0 ? r->n_groups : 1);
-    c->meta_ints = (3 + NG) * T + (size_t)r->max_seqs * seq_ints + (size_t)r->max_blocks;
-    c->max_segs = (r->max_kv_len - 1) / FY_CUDA_ATTN_SEG + 1;
-    const size_t parts = T * (size_t)r->n_heads * (size_t)c->max_segs;
+    c->meta_ints = (5 + NG) * T + (size_t)r->max_seqs * seq_ints + (size_t)r->max_blocks;
+    /* partials for decode rows only (cuda_attn.h): prefill rows are not split */
+    c->splits = fy_cuda_attn_splits(c->n_sms, r->n_kv_heads > 0 ? r->n_kv_heads : r->n_heads);
+    c->split_tokens = fy_cuda_attn_split_tokens(r->max_tokens, r->max_seqs);
+    const size_t parts = (size_t)c->split_tokens * (size_t)r->n_heads * (size_t)c->splits;
+    const size_t rows = T * (size_t)r->n_heads;
+    /* H2O's per-block mass: a block holds at least 8 tokens (kv.h) */
+    c->scores_cap = (size_t)r->max_seqs * (size_t)((r->max_kv_len + 7) / 8);
     c->seqs_host = (fy_cuda_seq_t *)fy_calloc((size_t)r->max_seqs, sizeof(fy_cuda_seq_t));
     c->tokens_host = (int32_t *)fy_calloc(T, sizeof(int32_t));
     if (!c->seqs_host || !c->tokens_host) {
@@ -174,6 +206,9 @@ static fy_status_t cuda_reserve(void *p, const fy_backend_reserve_t *r)
         {(void **)&c->pm_dev, parts * sizeof(float), "attention maxima"},
         {(void **)&c->pl_dev, parts * sizeof(float), "attention sums"},
         {(void **)&c->pacc_dev, parts * (size_t)r->head_dim * sizeof(float), "attention partials"},
+        {(void **)&c->fm_dev, rows * sizeof(float), "attention row maxima"},
+        {(void **)&c->fl_dev, rows * sizeof(float), "attention row sums"},
+        {(void **)&c->scores_dev, c->scores_cap * sizeof(float), "attention scores"},
     };
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
         cudaError_t e = cudaMalloc(bufs[i].slot, bufs[i].bytes);
@@ -186,17 +221,26 @@ static fy_status_t cuda_reserve(void *p, const fy_backend_reserve_t *r)
         }
     }
     cudaError_t e = cudaHostAlloc((void **)&c->meta_pinned, c->meta_ints * sizeof(int32_t), cudaHostAllocDefault);
+    if (e == cudaSuccess)
+        e = cudaHostAlloc((void **)&c->scores_pinned, c->scores_cap * sizeof(float), cudaHostAllocDefault);
     if (e != cudaSuccess) {
-        c->meta_pinned = NULL;
         free_work(c);
         return cuda_check(e, "reserving pinned batch metadata");
+    }
+    fy_status_t st = cuda_check(cudaMemsetAsync(c->scores_dev, 0, c->scores_cap * sizeof(float), c->stream),
+                                "clearing attention scores");
+    if (st != FY_OK) {
+        free_work(c);
+        return st;
     }
     c->tokens_dev = c->meta_dev;
     c->pos_dev = c->meta_dev + T;
     c->apos_dev = c->meta_dev + 2 * T;
-    c->slots_dev = c->meta_dev + 3 * T;
-    c->seqs_dev = (fy_cuda_seq_t *)(c->meta_dev + (3 + NG) * T);
-    c->bt_dev = c->meta_dev + (3 + NG) * T + (size_t)r->max_seqs * seq_ints;
+    c->tseq_dev = c->meta_dev + 3 * T;
+    c->split_dev = c->meta_dev + 4 * T;
+    c->slots_dev = c->meta_dev + 5 * T;
+    c->seqs_dev = (fy_cuda_seq_t *)(c->meta_dev + (5 + NG) * T);
+    c->bt_dev = c->meta_dev + (5 + NG) * T + (size_t)r->max_seqs * seq_ints;
     c->res = *r;
     c->reserved = true;
     return FY_OK;
@@ -372,6 +416,22 @@ static fy_status_t cuda_copy_blocks(void *p, const fy_kv_layout_t *lay, void *ds
 
 /* ---- batch ------------------------------------------------------------------------------- */
 
+/* H2O: the mass the device gathered since the last flush, added into the
+ * host array (backend.h: "adds into"), and the device buffer cleared.
+ * Waits for the compute stream. */
+static fy_status_t scores_flush(cuda_ctx_t *c)
+{
+    if (!c->scores_pending) return FY_OK;
+    c->scores_pending = false;
+    const size_t n = (size_t)c->scores_seqs * (size_t)c->scores_stride;
+    CK(cudaMemcpyAsync(c->scores_pinned, c->scores_dev, n * sizeof(float), cudaMemcpyDeviceToHost, c->stream),
+       "fetching attention scores");
+    CK(cudaMemsetAsync(c->scores_dev, 0, n * sizeof(float), c->stream), "clearing attention scores");
+    CK(cudaStreamSynchronize(c->stream), "fetching attention scores");
+    for (size_t i = 0; i < n; i++) c->scores_host[i] += c->scores_pinned[i];
+    return FY_OK;
+}
+
 static fy_status_t cuda_set_batch(void *p, const fy_batch_meta_t *m)
 {
     cuda_ctx_t *c = (cuda_ctx_t *)p;
@@ -384,6 +444,10 @@ static fy_status_t cuda_set_batch(void *p, const fy_batch_meta_t *m)
                  m->n_seqs, c->res.max_tokens, c->res.max_seqs);
         return FY_ERR_INVALID;
     }
+    /* a new batch turns H2O scores off (backend.h); what the last one gathered goes home first */
+    fy_status_t fst = scores_flush(c);
+    c->scores_host = NULL;
+    if (fst != FY_OK) return fst;
     /* the previous upload must be done reading the staging buffer */
     CK(cudaEventSynchronize(c->meta_done), "waiting for the previous batch upload");
     if (m->n_groups < 1 || m->n_groups > c->res.n_groups) {
@@ -391,13 +455,14 @@ static fy_status_t cuda_set_batch(void *p, const fy_batch_meta_t *m)
         return FY_ERR_INVALID;
     }
     const size_t T = (size_t)c->res.max_tokens, NG = (size_t)c->res.n_groups;
-    int32_t *tokens = c->meta_pinned, *pos = tokens + T, *apos = pos + T, *slots = apos + T;
-    fy_cuda_seq_t *seqs = (fy_cuda_seq_t *)(tokens + (3 + NG) * T);
+    int32_t *tokens = c->meta_pinned, *pos = tokens + T, *apos = pos + T, *tseq = apos + T, *split = tseq + T;
+    int32_t *slots = split + T;
+    fy_cuda_seq_t *seqs = (fy_cuda_seq_t *)(tokens + (5 + NG) * T);
     int32_t *bt = (int32_t *)(seqs + c->res.max_seqs);
     memcpy(tokens, m->tokens, (size_t)m->n_tokens * sizeof(int32_t));
     memcpy(pos, m->pos, (size_t)m->n_tokens * sizeof(int32_t));
     memcpy(slots, m->slots, (size_t)m->n_tokens * (size_t)m->n_groups * sizeof(int32_t));
-    int32_t used = 0, covered = 0, max_pos = 0;
+    int32_t used = 0, covered = 0, max_pos = 0, n_split = 0, grid_segs = 1, max_nb = 1;
     for (int32_t s = 0; s < m->n_seqs; s++) {
         const fy_attn_seq_t q = m->seqs[s];
         if (q.q_start != covered || q.n_q < 1 || q.q_start + q.n_q > m->n_tokens || q.kv_len < q.n_q ||
@@ -409,9 +474,18 @@ static fy_status_t cuda_set_batch(void *p, const fy_batch_meta_t *m)
         for (int32_t g = 0; g < m->n_groups; g++)
             memcpy(bt + used + g * q.n_blocks, q.block_table + (size_t)g * (size_t)q.group_stride,
                    (size_t)q.n_blocks * sizeof(int32_t));
-        seqs[s] = (fy_cuda_seq_t){q.q_start, q.n_q, q.kv_len, q.n_blocks, used};
+        /* decode rows' contexts are split over the GPU (cuda_attn.h) */
+        int32_t seg = fy_cuda_attn_seg_len(q.kv_len, q.n_q, c->splits);
+        if (seg > 0 && n_split + q.n_q > c->split_tokens) seg = 0; /* cannot happen: split_tokens bounds them */
+        seqs[s] = (fy_cuda_seq_t){q.q_start, q.n_q, q.kv_len, q.n_blocks, used, seg, seg > 0 ? n_split : -1};
         used += q.n_blocks * m->n_groups;
-        for (int32_t t = q.q_start; t < q.q_start + q.n_q; t++) apos[t] = q.kv_len - q.n_q + (t - q.q_start);
+        for (int32_t t = q.q_start; t < q.q_start + q.n_q; t++) {
+            apos[t] = q.kv_len - q.n_q + (t - q.q_start);
+            tseq[t] = s;
+            if (seg > 0) split[n_split++] = t;
+        }
+        if (seg > 0 && (q.kv_len - 1) / seg + 1 > grid_segs) grid_segs = (q.kv_len - 1) / seg + 1;
+        if (q.n_blocks > max_nb) max_nb = q.n_blocks;
         if (q.kv_len - 1 > max_pos) max_pos = q.kv_len - 1;
         covered += q.n_q;
     }
@@ -429,6 +503,9 @@ static fy_status_t cuda_set_batch(void *p, const fy_batch_meta_t *m)
     c->n_tokens = m->n_tokens;
     c->n_seqs = m->n_seqs;
     c->max_pos = max_pos;
+    c->n_split = n_split;
+    c->grid_segs = grid_segs;
+    c->max_n_blocks = max_nb;
     return FY_OK;
 }
 
@@ -575,18 +652,43 @@ static fy_status_t cuda_get_rows(void *p, const float *src, const int32_t *rows,
     return FY_OK;
 }
 
+/* The layer's rows in the arena as the kernels address them. */
+static fy_status_t kv_geom(const fy_kv_layout_t *lay, int32_t layer, fy_cuda_kv_geom_t *g)
+{
+    if (!fy_cuda_kv_dtype_ok(lay->dtype)) {
+        fy_error("cuda backend: kv dtype %s unsupported (f32, f16, fp8, int8)", fy_dtype_name(lay->dtype));
+        return FY_ERR_UNSUPPORTED;
+    }
+    if (layer < 0 || layer >= lay->n_layers) {
+        fy_error("cuda backend: layer %d of a %d-layer kv layout", layer, lay->n_layers);
+        return FY_ERR_INVALID;
+    }
+    *g = (fy_cuda_kv_geom_t){lay->block_bytes,
+                             lay->layer_bytes,
+                             lay->kv_bytes,
+                             lay->head_bytes,
+                             lay->row_bytes,
+                             lay->block_size,
+                             lay->n_kv_heads,
+                             lay->head_dim,
+                             lay->dtype == FY_DTYPE_F32   ? FY_CUDA_KV_F32
+                             : lay->dtype == FY_DTYPE_F16 ? FY_CUDA_KV_F16
+                             : lay->dtype == FY_DTYPE_FP8 ? FY_CUDA_KV_FP8
+                                                          : FY_CUDA_KV_I8,
+                             lay->layer_slot[layer]};
+    return FY_OK;
+}
+
 static fy_status_t cuda_kv_write(void *p, const fy_kv_layout_t *lay, void *arena, int32_t layer, const float *k,
                                  const float *v)
 {
     cuda_ctx_t *c = (cuda_ctx_t *)p;
-    if (lay->dtype != FY_DTYPE_F32 && lay->dtype != FY_DTYPE_F16) {
-        fy_error("cuda backend: kv dtype %s unsupported (f32, f16)", fy_dtype_name(lay->dtype));
-        return FY_ERR_UNSUPPORTED;
-    }
+    fy_cuda_kv_geom_t g;
+    fy_status_t st = kv_geom(lay, layer, &g);
+    if (st != FY_OK) return st;
     /* the slots of the layer's group; the layer's place in that group's blocks */
     CK(fy_cuda_kv_write(arena, c->slots_dev + (size_t)lay->layer_group[layer] * (size_t)c->n_tokens, c->n_tokens, k, v,
-                        lay->n_kv_heads, lay->head_dim, lay->block_size, lay->block_bytes, lay->layer_bytes,
-                        lay->kv_bytes, lay->head_bytes, lay->layer_slot[layer], lay->dtype == FY_DTYPE_F16, c->stream),
+                        &g, c->stream),
        "launching kv_write");
     return FY_OK;
 }
@@ -596,21 +698,18 @@ static fy_status_t cuda_attention(void *p, const fy_kv_layout_t *lay, const void
 {
     cuda_ctx_t *c = (cuda_ctx_t *)p;
     const int32_t n_kv = lay->n_kv_heads, hd = lay->head_dim;
-    const int32_t G = n_kv > 0 && n_heads % n_kv == 0 ? n_heads / n_kv : 0;
-    if (!G || G > FY_CUDA_ATTN_ROWS || hd > c->res.head_dim || n_heads > c->res.n_heads ||
-        (lay->dtype != FY_DTYPE_F32 && lay->dtype != FY_DTYPE_F16)) {
-        fy_error("cuda backend: attention shape unsupported (%d heads, %d kv heads, head size %d, kv %s)", n_heads,
-                 n_kv, hd, fy_dtype_name(lay->dtype));
+    char buf[192];
+    const char *why = fy_cuda_attn_unsupported(n_heads, n_kv, hd, lay->dtype, c->max_smem, buf, sizeof(buf));
+    if (!why && (hd > c->res.head_dim || n_heads > c->res.n_heads)) why = "more heads or a wider head than reserved";
+    if (why) {
+        fy_error("cuda backend: attention unsupported: %s", why);
         return FY_ERR_UNSUPPORTED;
     }
-    /* prefill tiles several tokens per block; at most ROWS query rows, and
-     * the accumulators must fit the threads' registers */
-    int32_t qt = FY_CUDA_ATTN_ROWS / G;
-    while (qt > 1 && (size_t)qt * G * hd > (size_t)FY_CUDA_ATTN_THREADS * FY_CUDA_ATTN_ACC) qt--;
-    if ((size_t)qt * G * hd > (size_t)FY_CUDA_ATTN_THREADS * FY_CUDA_ATTN_ACC) {
-        fy_error("cuda backend: attention group of %d heads of size %d is too large for one block", G, hd);
-        return FY_ERR_UNSUPPORTED;
-    }
+    fy_cuda_attn_args_t a;
+    memset(&a, 0, sizeof(a));
+    fy_status_t st = kv_geom(lay, layer, &a.kv);
+    if (st != FY_OK) return st;
+    const int32_t G = n_heads / n_kv, qt = fy_cuda_attn_qt(G, hd);
     int32_t n_tiles = 0;
     for (int32_t s = 0; s < c->n_seqs; s++) {
         if (c->seqs_host[s].kv_len > c->seqs_host[s].n_blocks * lay->block_size) {
@@ -620,37 +719,43 @@ static fy_status_t cuda_attention(void *p, const fy_kv_layout_t *lay, const void
         }
         n_tiles += (c->seqs_host[s].n_q + qt - 1) / qt;
     }
-    fy_cuda_attn_args_t a;
-    memset(&a, 0, sizeof(a));
     a.q = q;
     a.arena = arena;
     a.seqs = c->seqs_dev;
     a.block_tables = c->bt_dev;
     a.apos = c->apos_dev;
+    a.tseq = c->tseq_dev;
+    a.split_tok = c->split_dev;
     a.pm = c->pm_dev;
     a.pl = c->pl_dev;
     a.pacc = c->pacc_dev;
+    a.fm = c->fm_dev;
+    a.fl = c->fl_dev;
     a.out = out;
+    a.scores = c->scores_host ? c->scores_dev : NULL;
+    a.scores_stride = c->scores_stride;
     a.n_seqs = c->n_seqs;
     a.n_tokens = c->n_tokens;
     a.n_heads = n_heads;
-    a.n_kv = n_kv;
-    a.hd = hd;
     a.G = G;
     a.qt = qt;
     a.n_tiles = n_tiles;
-    a.max_segs = c->max_segs;
-    a.block_size = lay->block_size;
-    a.layer = lay->layer_slot[layer]; /* its place in its group's blocks */
+    a.splits = c->splits;
+    a.n_split = c->n_split;
+    a.max_n_blocks = c->max_n_blocks;
+    a.chunk = fy_cuda_attn_chunk(hd);
+    /* 16-byte loads where every row starts 16-byte aligned (cudaMalloc'd
+     * arenas are 256-byte aligned); the codes of fp8/int8 rows, after their
+     * 4-byte scale, in 4-byte words where the head size allows */
+    const bool scaled = fy_kv_dtype_scaled(lay->dtype);
+    a.vec = scaled ? hd % 4 == 0 && lay->row_bytes % 4 == 0 && (uintptr_t)arena % 4 == 0
+                   : lay->row_bytes % 16 == 0 && hd % (lay->dtype == FY_DTYPE_F16 ? 8 : 4) == 0 &&
+                         (uintptr_t)arena % 16 == 0;
     a.group = lay->layer_group[layer];
-    a.f16 = lay->dtype == FY_DTYPE_F16;
-    a.block_bytes = lay->block_bytes;
-    a.layer_bytes = lay->layer_bytes;
-    a.kv_bytes = lay->kv_bytes;
-    a.head_bytes = lay->head_bytes;
     a.window = window;
     a.scale = scale;
-    CK(fy_cuda_attention(&a, c->max_pos / FY_CUDA_ATTN_SEG + 1, c->stream), "launching attention");
+    CK(fy_cuda_attention(&a, c->grid_segs, c->stream), "launching attention");
+    if (a.scores) c->scores_pending = true;
     return FY_OK;
 }
 
@@ -658,14 +763,45 @@ static fy_status_t cuda_sync(void *p)
 {
     cuda_ctx_t *c = (cuda_ctx_t *)p;
     CK(cudaStreamSynchronize(c->stream), "synchronizing the compute stream");
+    return scores_flush(c);
+}
+
+/* H2O: the attention kernels add each block's mass into a device buffer;
+ * sync (or unsetting, or the next set_batch) adds it into the host array */
+static fy_status_t cuda_set_attn_scores(void *p, float *scores, int32_t stride)
+{
+    cuda_ctx_t *c = (cuda_ctx_t *)p;
+    fy_status_t st = scores_flush(c);
+    c->scores_host = NULL;
+    if (st != FY_OK || !scores) return st;
+    if (!c->reserved || stride < 1 || (size_t)stride * (size_t)c->n_seqs > c->scores_cap) {
+        fy_error("cuda backend: attention scores of %d sequences x %d blocks exceed the reservation (%zu)", c->n_seqs,
+                 stride, c->scores_cap);
+        return FY_ERR_INVALID;
+    }
+    for (int32_t s = 0; s < c->n_seqs; s++) {
+        if (c->seqs_host[s].n_blocks > stride) {
+            fy_error("cuda backend: attention scores stride %d is less than sequence %d's %d blocks", stride, s,
+                     c->seqs_host[s].n_blocks);
+            return FY_ERR_INVALID;
+        }
+    }
+    c->scores_host = scores;
+    c->scores_stride = stride;
+    c->scores_seqs = c->n_seqs;
     return FY_OK;
 }
 
-/* H2O's per-block attention mass is computed by the CPU attention only */
-static fy_status_t cuda_set_attn_scores(void *p, float *scores, int32_t stride)
+/* What the kernels cannot run, found when a worker starts (backend.h). */
+static fy_status_t cuda_check_needs(void *p, const fy_backend_needs_t *n, char *why, size_t cap)
 {
-    if (!scores) return FY_OK;
-    fy_error("cuda backend: H2O attention scores are not on the GPU yet (kv eviction by scores needs the cpu backend)");
+    cuda_ctx_t *c = (cuda_ctx_t *)p;
+    char buf[192];
+    const char *w =
+        fy_cuda_attn_unsupported(n->n_heads, n->n_kv_heads, n->head_dim, n->kv_dtype, c->max_smem, buf, sizeof(buf));
+    if (!w && n->head_dim / 2 > FY_CUDA_ROPE_MAX_PAIRS) w = "the model's head size (rope takes at most 512)";
+    if (!w) return FY_OK;
+    snprintf(why, cap, "%s", w);
     return FY_ERR_UNSUPPORTED;
 }
 
@@ -700,6 +836,7 @@ static const fy_backend_ops_t
             cuda_scale,
             cuda_set_attn_scores,
             NULL, /* rmsnorm_matmul: backend.c runs rmsnorm then matmul */
+            cuda_check_needs,
 };
 
 /* ---- creation ---------------------------------------------------------------------------- */
@@ -751,6 +888,8 @@ extern "C" fy_status_t fy_backend_cuda_init(const fy_backend_params_t *params, c
         cuda_destroy(c);
         return FY_ERR_UNSUPPORTED;
     }
+    c->n_sms = prop.multiProcessorCount;
+    c->max_smem = prop.sharedMemPerBlockOptin;
     snprintf(desc, desc_cap, "cuda/%s sm_%d%d", prop.name, prop.major, prop.minor);
     *ops_p = &g_cuda_ops;
     *ctx_p = c;
