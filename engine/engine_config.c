@@ -175,6 +175,26 @@ static fy_status_t group_check(const fy_model_t *m, const fy_engine_build_t *b, 
     return FY_OK;
 }
 
+/* Can the backend the worker got serve this model and configuration?
+ * Refused here, at start, naming what to change, rather than at the first
+ * forward pass. */
+static fy_status_t backend_check(const fy_model_t *m, const fy_engine_build_t *b, const fy_runner_params_t *rp,
+                                 fy_backend_t *be)
+{
+    const fy_model_config_t *c = fy_model_config(m);
+    fy_backend_needs_t n = {.n_heads = c->n_heads,
+                            .n_kv_heads = c->n_kv_heads,
+                            .head_dim = c->head_dim,
+                            .kv_dtype = rp->kv_dtype,
+                            .attn_scores = b->engine.evict.policy == FY_EVICT_H2O};
+    char why[256] = "";
+    fy_status_t st = fy_backend_check(be, &n, why, sizeof(why));
+    if (st != FY_OK)
+        fy_error("engine: worker.device = %s (%s) cannot serve this configuration: %s", b->device ? b->device : "cpu",
+                 fy_backend_describe(be), why);
+    return st;
+}
+
 /* A rank other than 0, in the forked child: its backend and shard, then
  * rank 0's commands until the group ends.  Never returns. */
 static _Noreturn void follower_main(const fy_model_t *m, const fy_engine_build_t *b, const fy_runner_params_t *rp,
@@ -240,7 +260,7 @@ fy_status_t fy_engine_stack_create(const fy_model_t *m, const fy_engine_build_t 
         if (rank != 0) follower_main(m, b, &rp, s.group, threads);
     }
     fy_backend_params_t bp = {.n_threads = threads, .isa = b->isa, .attn_bf16 = b->attn_bf16};
-    if ((st = fy_backend_create_device(b->device, &bp, &s.be)) ||
+    if ((st = fy_backend_create_device(b->device, &bp, &s.be)) || (st = backend_check(m, b, &rp, s.be)) ||
         (st = fy_runner_create_rank(m, s.be, &rp, s.group, &s.runner)))
         goto fail;
     st = b->cluster ? fy_kv_hasher_from_config(b->cluster, &s.hasher) : fy_kv_hasher_create_random(&s.hasher);

@@ -677,62 +677,8 @@ static fy_status_t runner_create(const fy_model_t *model, fy_backend_t *be, cons
     if (st != FY_OK) goto fail;
 
     if ((st = upload_weights(r, &S))) goto fail;
-    if (p.n_kv_blocks == 0) {
-        /* sized from a byte budget, or from what the weights left free */
-        int64_t budget = p.kv_mem, total, avail;
-        if (!budget) {
-            if ((st = fy_backend_mem_info(be, &total, &avail))) goto fail;
-            budget = (int64_t)((double)avail * p.kv_mem_fraction);
-        }
-        size_t all_layers = r->kv.block_bytes * (size_t)r->kv.n_groups;
-        if (n_ranks > 1 && (st = largest_block(model, &p, &all_layers))) goto fail;
-        int64_t blocks = budget / (int64_t)all_layers;
-        if (blocks < 1) {
-            fy_error("runner: a kv budget of %lld bytes holds no %zu-byte block", (long long)budget, all_layers);
-            st = FY_ERR_NO_SPACE;
-            goto fail;
-        }
-        int64_t most = INT32_MAX / 2 / r->kv.n_groups;
-        r->p.n_kv_blocks = p.n_kv_blocks = blocks > most ? (int32_t)most : (int32_t)blocks;
-        fy_info("runner: kv arena of %d blocks (%lld MiB) from a budget of %lld MiB", p.n_kv_blocks,
-                (long long)((int64_t)p.n_kv_blocks * (int64_t)all_layers >> 20), (long long)(budget >> 20));
-    }
-    if (group && rank == n_ranks - 1 && p.pool_skew) /* tests only: unequal pools, which must be refused */
-        r->p.n_kv_blocks = p.n_kv_blocks += p.pool_skew;
-    /* the pool counts pages of one KV group; a block of every layer is
-     * n_groups of them (the same bytes) */
-    size_t arena_bytes;
-    if (p.n_kv_blocks < 1 || (int64_t)p.n_kv_blocks * r->kv.n_groups > INT32_MAX / 2 ||
-        (int64_t)p.n_host_blocks * r->kv.n_groups > INT32_MAX / 2 ||
-        !fy_mul_size((size_t)p.n_kv_blocks * (size_t)r->kv.n_groups, r->kv.block_bytes, &arena_bytes)) {
-        fy_error("runner: kv arena of %d blocks (or a host tier of %d) overflows", p.n_kv_blocks, p.n_host_blocks);
-        st = FY_ERR_INVALID;
-        goto fail;
-    }
-    r->n_pages = p.n_kv_blocks * r->kv.n_groups;
-    r->n_host_pages = p.n_host_blocks * r->kv.n_groups;
-    if (p.kv_arenas) { /* a worker's group: every rank's arena in one mapping rank 0 also sees */
-        if (!group || arena_bytes > p.kv_arena_stride) {
-            fy_error("runner: rank %d's kv arena of %zu bytes does not fit its %zu-byte share of the group's mapping",
-                     rank, arena_bytes, p.kv_arena_stride);
-            st = FY_ERR_INVALID;
-            goto fail;
-        }
-        r->arena = (char *)p.kv_arenas + (size_t)rank * p.kv_arena_stride;
-        r->arena_borrowed = true;
-    } else if ((st = fy_backend_alloc(be, arena_bytes, &r->arena))) {
-        goto fail;
-    }
-    if (p.n_host_blocks > 0) {
-        size_t host_bytes;
-        if (!fy_mul_size((size_t)r->n_host_pages, r->kv.block_bytes, &host_bytes)) {
-            fy_error("runner: host kv tier of %d blocks overflows", p.n_host_blocks);
-            st = FY_ERR_INVALID;
-            goto fail;
-        }
-        if ((st = fy_backend_alloc_host(be, host_bytes, &r->host_arena))) goto fail;
-    }
-
+    /* activations and the backend's scratch before the KV arena, which may
+     * be sized from the memory left free */
     size_t T = (size_t)p.max_batch_tokens, L = (size_t)p.max_logits;
     size_t qd = (size_t)r->n_heads * c->head_dim, kvd = (size_t)r->n_kv_heads * c->head_dim, ffn = (size_t)r->ffn;
     if ((st = dev_alloc(r, T * c->dim, &r->x)) || (st = dev_alloc(r, T * c->dim, &r->xb)) ||
@@ -789,6 +735,7 @@ static fy_status_t runner_create(const fy_model_t *model, fy_backend_t *be, cons
         .max_kv_len = p.max_ctx,
         .n_heads = r->n_heads,
         .head_dim = c->head_dim,
+        .n_kv_heads = r->n_kv_heads,
     };
     r->res = res;
     if (also) { /* two runners on one backend: its buffers must fit either */
@@ -802,9 +749,66 @@ static fy_status_t runner_create(const fy_model_t *model, fy_backend_t *be, cons
         RES_MAX(max_kv_len);
         RES_MAX(n_heads);
         RES_MAX(head_dim);
+        RES_MAX(n_kv_heads);
 #undef RES_MAX
     }
     if ((st = fy_backend_reserve(be, &res))) goto fail;
+    if (p.n_kv_blocks == 0) {
+        /* sized from a byte budget, or from what the weights left free */
+        int64_t budget = p.kv_mem, total, avail;
+        if (!budget) {
+            if ((st = fy_backend_mem_info(be, &total, &avail))) goto fail;
+            budget = (int64_t)((double)avail * p.kv_mem_fraction);
+        }
+        size_t all_layers = r->kv.block_bytes * (size_t)r->kv.n_groups;
+        if (n_ranks > 1 && (st = largest_block(model, &p, &all_layers))) goto fail;
+        int64_t blocks = budget / (int64_t)all_layers;
+        if (blocks < 1) {
+            fy_error("runner: a kv budget of %lld bytes holds no %zu-byte block", (long long)budget, all_layers);
+            st = FY_ERR_NO_SPACE;
+            goto fail;
+        }
+        int64_t most = INT32_MAX / 2 / r->kv.n_groups;
+        r->p.n_kv_blocks = p.n_kv_blocks = blocks > most ? (int32_t)most : (int32_t)blocks;
+        fy_info("runner: kv arena of %d blocks (%lld MiB) from a budget of %lld MiB", p.n_kv_blocks,
+                (long long)((int64_t)p.n_kv_blocks * (int64_t)all_layers >> 20), (long long)(budget >> 20));
+    }
+    if (group && rank == n_ranks - 1 && p.pool_skew) /* tests only: unequal pools, which must be refused */
+        r->p.n_kv_blocks = p.n_kv_blocks += p.pool_skew;
+    /* the pool counts pages of one KV group; a block of every layer is
+     * n_groups of them (the same bytes) */
+    size_t arena_bytes;
+    if (p.n_kv_blocks < 1 || (int64_t)p.n_kv_blocks * r->kv.n_groups > INT32_MAX / 2 ||
+        (int64_t)p.n_host_blocks * r->kv.n_groups > INT32_MAX / 2 ||
+        !fy_mul_size((size_t)p.n_kv_blocks * (size_t)r->kv.n_groups, r->kv.block_bytes, &arena_bytes)) {
+        fy_error("runner: kv arena of %d blocks (or a host tier of %d) overflows", p.n_kv_blocks, p.n_host_blocks);
+        st = FY_ERR_INVALID;
+        goto fail;
+    }
+    r->n_pages = p.n_kv_blocks * r->kv.n_groups;
+    r->n_host_pages = p.n_host_blocks * r->kv.n_groups;
+    if (p.kv_arenas) { /* a worker's group: every rank's arena in one mapping rank 0 also sees */
+        if (!group || arena_bytes > p.kv_arena_stride) {
+            fy_error("runner: rank %d's kv arena of %zu bytes does not fit its %zu-byte share of the group's mapping",
+                     rank, arena_bytes, p.kv_arena_stride);
+            st = FY_ERR_INVALID;
+            goto fail;
+        }
+        r->arena = (char *)p.kv_arenas + (size_t)rank * p.kv_arena_stride;
+        r->arena_borrowed = true;
+    } else if ((st = fy_backend_alloc(be, arena_bytes, &r->arena))) {
+        goto fail;
+    }
+    if (p.n_host_blocks > 0) {
+        size_t host_bytes;
+        if (!fy_mul_size((size_t)r->n_host_pages, r->kv.block_bytes, &host_bytes)) {
+            fy_error("runner: host kv tier of %d blocks overflows", p.n_host_blocks);
+            st = FY_ERR_INVALID;
+            goto fail;
+        }
+        if ((st = fy_backend_alloc_host(be, host_bytes, &r->host_arena))) goto fail;
+    }
+
     if (group && (st = compare_pools(r))) goto fail;
     *runner_p = r;
     return FY_OK;

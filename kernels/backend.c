@@ -135,6 +135,15 @@ fy_status_t fy_backend_reserve(fy_backend_t *be, const fy_backend_reserve_t *r)
     if (res.n_groups == 0) res.n_groups = 1;
     return CALL(reserve, &res);
 }
+fy_status_t fy_backend_check(fy_backend_t *be, const fy_backend_needs_t *n, char *why, size_t cap)
+{
+    if (n->attn_scores && !be->ops->set_attn_scores) {
+        snprintf(why, cap, "kv.evict = h2o: the %s backend gathers no attention scores", be->ops->name);
+        return FY_ERR_UNSUPPORTED;
+    }
+    return be->ops->check ? be->ops->check(be->ctx, n, why, cap) : FY_OK;
+}
+
 fy_status_t fy_backend_alloc(fy_backend_t *be, size_t bytes, void **ptr_p) { return CALL(alloc, bytes, ptr_p); }
 
 void fy_backend_free(fy_backend_t *be, void *ptr)

@@ -81,7 +81,17 @@ typedef struct fy_backend_reserve {
     int32_t max_kv_len; /* longest sequence */
     int32_t n_heads;    /* query heads of attention */
     int32_t head_dim;
+    int32_t n_kv_heads; /* KV heads (how far the CUDA backend splits a decode row's context); 0 reads as n_heads */
 } fy_backend_reserve_t;
+
+/* What a runner will ask of a backend, checked once when a worker or
+ * generator starts, so that a configuration the backend cannot serve is
+ * refused then and not at the first forward pass. */
+typedef struct fy_backend_needs {
+    int32_t n_heads, n_kv_heads, head_dim; /* the model's attention */
+    fy_dtype_t kv_dtype;                   /* kv.dtype */
+    bool attn_scores;                      /* H2O (kv.evict = h2o) */
+} fy_backend_needs_t;
 
 typedef enum fy_copy_kind {
     FY_COPY_H2D = 0,
@@ -105,6 +115,10 @@ void fy_backend_destroy(fy_backend_t *be); /* accepts NULL */
 const char *fy_backend_describe(const fy_backend_t *be);
 
 fy_status_t fy_backend_reserve(fy_backend_t *be, const fy_backend_reserve_t *r);
+/* FY_OK when the backend can run everything n asks; else
+ * FY_ERR_UNSUPPORTED with why (cap bytes) naming what it cannot do and
+ * what to change.  Logs nothing: the caller words the refusal. */
+fy_status_t fy_backend_check(fy_backend_t *be, const fy_backend_needs_t *n, char *why, size_t cap);
 
 /* ---- memory ---- */
 fy_status_t fy_backend_alloc(fy_backend_t *be, size_t bytes, void **ptr_p);
@@ -211,7 +225,8 @@ fy_status_t fy_backend_attention(fy_backend_t *be, const fy_kv_layout_t *lay, co
  * stride must be at least every sequence's n_blocks.  The CPU backend
  * computes it inside its attention pass (no second read of K) and adds in
  * a fixed order: the same bits for any thread count.  The CUDA backend
- * refuses a non-NULL pointer (FY_ERR_UNSUPPORTED). */
+ * gathers it on the device in a pass of its own and adds it into scores
+ * at fy_backend_sync (and when scores are unset or a batch is set). */
 fy_status_t fy_backend_set_attn_scores(fy_backend_t *be, float *scores, int32_t stride);
 fy_status_t fy_backend_sync(fy_backend_t *be);
 
