@@ -667,8 +667,19 @@ static void test_attention_shapes(void **state)
         {"int8 G2 hd66 (byte loads)", 4, 2, 66, FY_DTYPE_I8, false},
         {"f16 G2 hd76 (unaligned rows)", 4, 2, 76, FY_DTYPE_F16, true},
     };
-    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) attention_case(p, &cases[i]);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        attention_case(p, &cases[i]);
+        fy_backend_needs_t needs = {cases[i].n_heads, cases[i].n_kv, cases[i].hd, cases[i].dtype, true};
+        char why[256] = "";
+        assert_int_equal(fy_backend_check(p->gpu, &needs, why, sizeof(why)), FY_OK);
+    }
     reserve_default(p);
+    /* what the kernels cannot run is refused when a worker starts, in words */
+    fy_backend_needs_t wide = {64, 1, 128, FY_DTYPE_F16, false};
+    char why[256] = "";
+    assert_int_equal(fy_backend_check(p->gpu, &wide, why, sizeof(why)), FY_ERR_UNSUPPORTED);
+    assert_non_null(strstr(why, "64 query heads per kv head"));
+    assert_int_equal(fy_backend_check(p->cpu, &wide, why, sizeof(why)), FY_OK);
 }
 
 /* copy_blocks device to device inside one arena: the targets held other
