@@ -183,6 +183,9 @@ static const fy_conf_key_t KEYS[] = {
          "CPU prefill attention arithmetic: f32 (the reference) or bf16 (perplexity within 1%; CPUs with avx512_bf16, "
          "elsewhere f32 with a log line; FY_CPU_ATTN overrides)"),
     ENUM("worker", "device", "cpu", "cpu|cuda", "compute device; cuda without a usable GPU warns and uses the cpu"),
+    BOOL("worker", "cuda_graphs", "true",
+         "cuda: decode steps as recorded CUDA graphs, one per batch-size bucket (1, 2, 4, .. max_seqs; batches "
+         "padded to it); false: every kernel launched one by one"),
     DUR("worker", "http_header_timeout", "10s", 0.1, 3600, "the metrics server's router.http_header_timeout"),
     DUR("worker", "http_idle_timeout", "30s", 1, 86400, "the metrics server's router.http_idle_timeout"),
     INT("worker", "http_max_connections", "512", 1, 1 << 20, "the metrics server's router.http_max_connections"),

@@ -76,7 +76,7 @@ fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engi
     int64_t threads, kv_mem, max_seqs, max_batch, max_waiting, ctx, host_mem = 0;
     int32_t block_size;
     fy_dtype_t kv_dtype;
-    bool prefix_caching, sliding_groups;
+    bool prefix_caching, sliding_groups, graphs;
     int evict, attn;
     int64_t sink, recent, heavy;
     double draft_frac = 0;
@@ -88,6 +88,7 @@ fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engi
         (st = fy_conf_int(c, role, "max_waiting", &max_waiting)) || (st = fy_conf_int(c, role, "ctx", &ctx)) ||
         (st = fy_cluster_kv(c, &block_size, &kv_dtype)) ||
         (st = fy_conf_bool(c, "kv", "prefix_cache", &prefix_caching)) ||
+        (st = fy_conf_bool(c, "worker", "cuda_graphs", &graphs)) ||
         (st = fy_conf_bool(c, "kv", "sliding_groups", &sliding_groups)) ||
         (st = fy_conf_enum(c, "kv", "evict", &evict)) || (st = fy_conf_int(c, "kv", "sink_tokens", &sink)) ||
         (st = fy_conf_int(c, "kv", "recent_tokens", &recent)) || (st = fy_conf_int(c, "kv", "heavy_tokens", &heavy)) ||
@@ -140,6 +141,7 @@ fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engi
     rp->block_size = block_size;
     rp->kv_dtype = kv_dtype;
     rp->kv_one_group = !sliding_groups;
+    rp->graphs = graphs ? 1 : 0;
     rp->tp = (int32_t)(role_tp ? role_tp : tp);
     rp->pp = (int32_t)(role_pp ? role_pp : pp);
     b.shared_arenas = rp->tp * rp->pp > 1; /* the worker's transfer engine puts into every rank's arena */

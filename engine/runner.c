@@ -74,6 +74,8 @@ struct fy_runner {
     int32_t *tokens, *pos, *slots; /* [T] */
     int32_t *logit_rows;           /* [L] */
     float *scores;                 /* [max_seqs, scores_stride] H2O: one pass's attention mass per block */
+    int32_t *pad_table;            /* [n_groups] of -1: the block table of a padding row (pad_batch) */
+    bool graphs_failed;            /* a recording failed: decode steps run directly */
     int32_t scores_stride;         /* blocks per sequence at most */
     fy_attn_seq_t *seqs;           /* [max_seqs] */
 
@@ -275,6 +277,7 @@ void fy_runner_params_default(fy_runner_params_t *p)
         .kv_mem_fraction = 0.9,
         .block_size = 16,
         .kv_dtype = FY_DTYPE_F16,
+        .graphs = 1,
     };
 }
 
@@ -698,11 +701,13 @@ static fy_status_t runner_create(const fy_model_t *model, fy_backend_t *be, cons
     r->scores_stride = (p.max_ctx + p.block_size - 1) / p.block_size;
     r->scores = fy_calloc((size_t)p.max_seqs * (size_t)r->scores_stride, sizeof(float));
     r->seqs = fy_calloc((size_t)p.max_seqs, sizeof(fy_attn_seq_t));
-    if (!r->tokens || !r->pos || !r->slots || !r->logit_rows || !r->seqs || !r->scores) {
+    r->pad_table = fy_malloc((size_t)r->kv.n_groups * sizeof(int32_t));
+    if (!r->tokens || !r->pos || !r->slots || !r->logit_rows || !r->seqs || !r->scores || !r->pad_table) {
         fy_error("runner: out of memory for batch metadata");
         st = FY_ERR_NOMEM;
         goto fail;
     }
+    for (int32_t g = 0; g < r->kv.n_groups; g++) r->pad_table[g] = -1;
     r->blocks_per_seq = (p.max_ctx + p.block_size - 1) / p.block_size;
     if (group) { /* the command area's copy (rank 0) or what a command decodes into (the others) */
         size_t ng = (size_t)r->kv.n_groups, bps = (size_t)r->blocks_per_seq, seqs = (size_t)p.max_seqs;
@@ -895,6 +900,7 @@ void fy_runner_destroy(fy_runner_t *r)
     fy_free(r->slots);
     fy_free(r->logit_rows);
     fy_free(r->scores);
+    fy_free(r->pad_table);
     fy_free(r->seqs);
     fy_free(r->cmd);
     fy_free(r->f_bt);
@@ -1059,35 +1065,20 @@ static fy_status_t stage_recv(fy_runner_t *r, int32_t src, float *x, size_t n)
     return st;
 }
 
-/* This rank's part of a forward pass over a batch build_batch accepted
- * (n tokens, nl logit rows); logits: rank 0's. */
-static fy_status_t compute(fy_runner_t *r, const fy_forward_seq_t *seqs, int32_t n_seqs, int32_t n, int32_t nl,
-                           bool scores, float *logits)
+/* This rank's layers and, where it has them, the head: from the embedding
+ * (or the previous stage's x) to the logits of the nl rows in r->logits
+ * (*head_p: rank 0 made them).  Only compute ops on a single rank: what a
+ * recorded step (fy_backend_graph_begin) holds. */
+static fy_status_t run_layers(fy_runner_t *r, int32_t n, int32_t nl, bool *head_p)
 {
     const fy_model_config_t *c = r->cfg;
     const fy_arch_traits_t *a = &c->traits;
     fy_backend_t *be = r->be;
     fy_status_t st;
-    /* the groups' slots, packed [n_groups][n] */
-    for (int32_t g = 1; g < r->kv.n_groups; g++)
-        memmove(r->slots + (size_t)g * n, r->slots + (size_t)g * r->p.max_batch_tokens, (size_t)n * sizeof(int32_t));
-    fy_batch_meta_t meta = {
-        .n_tokens = n,
-        .n_groups = r->kv.n_groups,
-        .tokens = r->tokens,
-        .pos = r->pos,
-        .slots = r->slots,
-        .n_seqs = n_seqs,
-        .seqs = r->seqs,
-    };
     const size_t dim = (size_t)c->dim, nd = (size_t)n * dim, nf = (size_t)n * (size_t)r->ffn;
     const int32_t nh = r->n_heads, nkv = r->n_kv_heads;
     const size_t qd = (size_t)nh * (size_t)c->head_dim;
-    if ((st = fy_backend_set_batch(be, &meta))) return st;
-    if (scores) { /* H2O: the kernel adds each block's attention mass here (set_batch turned it off) */
-        memset(r->scores, 0, (size_t)n_seqs * (size_t)r->scores_stride * sizeof(float));
-        if ((st = fy_backend_set_attn_scores(be, r->scores, r->scores_stride))) return st;
-    }
+    *head_p = false;
     if (r->stage == 0) {
         if ((st = fy_backend_embed(be, &r->tok_embd, r->x))) return st;
         if (c->embed_scale != 1.0f && (st = fy_backend_scale(be, r->x, c->embed_scale, nd))) return st;
@@ -1132,13 +1123,13 @@ static fy_status_t compute(fy_runner_t *r, const fy_forward_seq_t *seqs, int32_t
     }
     const bool last = r->stage == r->pp - 1;
     if (!last && (st = stage_send(r, r->rank + r->tp, r->x, nd))) return st; /* on to the next stage */
-    if (nl == 0) return finish(r, seqs, n_seqs, scores);
+    if (nl == 0) return FY_OK;
     if (r->rank != 0) { /* the last stage's first tensor rank hands rank 0 the rows that want logits */
         if (last && r->tp_rank == 0 && r->pp > 1 &&
             ((st = fy_backend_get_rows(be, r->x, r->logit_rows, nl, c->dim, r->xl)) ||
              (st = stage_send(r, 0, r->xl, (size_t)nl * dim))))
             return st;
-        return finish(r, seqs, n_seqs, scores);
+        return FY_OK;
     }
     const fy_tensor_t *out_w[1] = {&r->output};
     float *out_y[1] = {r->logits};
@@ -1146,10 +1137,104 @@ static fy_status_t compute(fy_runner_t *r, const fy_forward_seq_t *seqs, int32_t
         st = fy_backend_get_rows(be, r->x, r->logit_rows, nl, c->dim, r->xl);
     else
         st = stage_recv(r, (r->pp - 1) * r->tp, r->xl, (size_t)nl * dim);
-    if (st || (st = fy_backend_rmsnorm_matmul(be, r->xl, &r->out_norm, c->norm_eps, 1, out_w, nl, r->xl, out_y)) ||
-        (st =
-             fy_backend_memcpy(be, logits, r->logits, (size_t)nl * (size_t)c->vocab_size * sizeof(float), FY_COPY_D2H)))
+    if (st || (st = fy_backend_rmsnorm_matmul(be, r->xl, &r->out_norm, c->norm_eps, 1, out_w, nl, r->xl, out_y)))
         return st;
+    *head_p = true;
+    return FY_OK;
+}
+
+/* Recorded steps (CUDA graphs) run decode batches: every sequence one new
+ * token that wants its logits, a single rank, no H2O scores.  Such a batch
+ * of n sequences runs as the next bucket (1, 2, 4, .. and the largest
+ * batch the runner takes), padded with sequences that write nothing and
+ * attend to nothing, so a handful of recordings serve every decode step.
+ * 0: run this batch as it is. */
+static int32_t graph_bucket(const fy_runner_t *r, const fy_forward_seq_t *seqs, int32_t n_seqs, int32_t n, int32_t nl,
+                            bool scores)
+{
+    if (!r->p.graphs || r->graphs_failed || r->group || scores || n != n_seqs || nl != n) return 0;
+    if (r->p.graphs == 1 && !fy_backend_graphs(r->be)) return 0; /* nothing records: no padding */
+    for (int32_t s = 0; s < n_seqs; s++)
+        if (seqs[s].n_tokens != 1 || seqs[s].n_logits != 1) return 0;
+    int32_t most = r->p.max_seqs;
+    if (r->p.max_logits < most) most = r->p.max_logits;
+    if (r->p.max_batch_tokens < most) most = r->p.max_batch_tokens;
+    int32_t b = 1;
+    while (b < n) b *= 2;
+    return b < most ? b : most;
+}
+
+/* Rows n .. b - 1 of the batch: one sequence each, token 0 at position 0,
+ * every slot -1 (kv_write keeps nothing) and every block -1 (attention
+ * sees no key: zeros), its logits computed and not returned. */
+static void pad_batch(fy_runner_t *r, int32_t n, int32_t b)
+{
+    for (int32_t i = n; i < b; i++) {
+        r->tokens[i] = 0;
+        r->pos[i] = 0;
+        for (int32_t g = 0; g < r->kv.n_groups; g++) r->slots[(size_t)g * r->p.max_batch_tokens + i] = -1;
+        r->seqs[i] = (fy_attn_seq_t){
+            .q_start = i, .n_q = 1, .kv_len = 1, .n_blocks = 1, .block_table = r->pad_table, .group_stride = 1};
+        r->logit_rows[i] = i;
+    }
+}
+
+/* This rank's part of a forward pass over a batch build_batch accepted
+ * (n tokens, nl logit rows); logits: rank 0's. */
+static fy_status_t compute(fy_runner_t *r, const fy_forward_seq_t *seqs, int32_t n_seqs, int32_t n, int32_t nl,
+                           bool scores, float *logits)
+{
+    const fy_model_config_t *c = r->cfg;
+    fy_backend_t *be = r->be;
+    fy_status_t st;
+    const int32_t nl_out = nl, bucket = graph_bucket(r, seqs, n_seqs, n, nl, scores);
+    int32_t n_batch_seqs = n_seqs;
+    if (bucket) {
+        pad_batch(r, n, bucket);
+        r->tm.pad_rows += (uint64_t)(bucket - n);
+        n = nl = n_batch_seqs = bucket;
+    }
+    /* the groups' slots, packed [n_groups][n] */
+    for (int32_t g = 1; g < r->kv.n_groups; g++)
+        memmove(r->slots + (size_t)g * n, r->slots + (size_t)g * r->p.max_batch_tokens, (size_t)n * sizeof(int32_t));
+    fy_batch_meta_t meta = {
+        .n_tokens = n,
+        .n_groups = r->kv.n_groups,
+        .tokens = r->tokens,
+        .pos = r->pos,
+        .slots = r->slots,
+        .n_seqs = n_batch_seqs,
+        .seqs = r->seqs,
+    };
+    if ((st = fy_backend_set_batch(be, &meta))) return st;
+    if (scores) { /* H2O: the kernel adds each block's attention mass here (set_batch turned it off) */
+        memset(r->scores, 0, (size_t)n_seqs * (size_t)r->scores_stride * sizeof(float));
+        if ((st = fy_backend_set_attn_scores(be, r->scores, r->scores_stride))) return st;
+    }
+    bool head = false, replay = false, recorded = false;
+    if (bucket) {
+        st = fy_backend_graph_begin(be, r, bucket, &replay);
+        if (st != FY_OK && st != FY_ERR_UNSUPPORTED) return st;
+        recorded = st == FY_OK;
+    }
+    st = replay ? FY_OK : run_layers(r, n, nl, &head);
+    if (recorded) {
+        fy_status_t end = fy_backend_graph_end(be, st == FY_OK);
+        if (!replay && (st != FY_OK || end == FY_ERR_UNSUPPORTED)) {
+            /* the recording failed and nothing ran (the backend said why):
+             * this step, and every later one, runs directly */
+            r->graphs_failed = true;
+            st = run_layers(r, n, nl, &head);
+        } else if (st == FY_OK) {
+            st = end;
+            head = r->rank == 0 && nl > 0;
+            r->tm.graph_steps++;
+        }
+    }
+    if (st == FY_OK && head)
+        st = fy_backend_memcpy(be, logits, r->logits, (size_t)nl_out * (size_t)c->vocab_size * sizeof(float),
+                               FY_COPY_D2H);
+    if (st != FY_OK) return st;
     return finish(r, seqs, n_seqs, scores);
 }
 

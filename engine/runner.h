@@ -89,6 +89,13 @@ typedef struct fy_runner_params {
      * through fy_group_done as a rank whose allocation failed would */
     int32_t pool_skew;
     int32_t fail_after_forwards;
+    /* recorded decode steps (CUDA graphs; worker.cuda_graphs): 0 off; 1 a
+     * decode batch (every sequence one token, its logits wanted) runs as
+     * the next bucket of 1, 2, 4, .. max_seqs sequences, padded, recorded
+     * once per bucket and replayed, where the backend records
+     * (fy_backend_graph_begin); 2 pads such batches on every backend (for
+     * tests: a padded batch gives the unpadded batch's logits) */
+    int32_t graphs;
 } fy_runner_params_t;
 
 /* Defaults: 512-token batches, 64 sequences, f16 KV in 16-token blocks,
@@ -167,6 +174,8 @@ typedef struct fy_runner_timing {
     uint64_t allreduce_ns;
     uint64_t wait_ns;
     uint64_t send_ns;
+    uint64_t graph_steps; /* forward passes run as a recorded step (recorded or replayed) */
+    uint64_t pad_rows;    /* padding rows those steps (or, with graphs = 2, padded ones) computed */
 } fy_runner_timing_t;
 
 /* Rank 0 (or a single runner): every rank's counters into out[0..n_ranks)

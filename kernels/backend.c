@@ -278,3 +278,18 @@ fy_status_t fy_backend_set_attn_scores(fy_backend_t *be, float *scores, int32_t 
 }
 
 fy_status_t fy_backend_sync(fy_backend_t *be) { return be->ops->sync ? be->ops->sync(be->ctx) : FY_OK; }
+
+fy_status_t fy_backend_graph_begin(fy_backend_t *be, const void *owner, int32_t shape, bool *replay_p)
+{
+    *replay_p = false;
+    /* profiling times each op with a sync after it: nothing to record */
+    if (!be->ops->graph_begin || be->profiling) return FY_ERR_UNSUPPORTED;
+    return be->ops->graph_begin(be->ctx, owner, shape, replay_p);
+}
+
+bool fy_backend_graphs(const fy_backend_t *be) { return be->ops->graph_begin && !be->profiling; }
+
+fy_status_t fy_backend_graph_end(fy_backend_t *be, bool keep)
+{
+    return be->ops->graph_end ? be->ops->graph_end(be->ctx, keep) : FY_ERR_UNSUPPORTED;
+}

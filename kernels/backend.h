@@ -193,7 +193,8 @@ fy_status_t fy_backend_scale(fy_backend_t *be, float *x, float s, size_t n);
 fy_status_t fy_backend_get_rows(fy_backend_t *be, const float *src, const int32_t *rows, int32_t n, int32_t dim,
                                 float *dst);
 /* Writes k, v ([n_tokens, n_kv_heads, head_dim]) of one layer into the
- * arena at the batch's slots. */
+ * arena at the batch's slots.  A slot of -1 writes nothing: the padding
+ * rows of a batch shaped for a recorded graph (fy_backend_graph_begin). */
 fy_status_t fy_backend_kv_write(fy_backend_t *be, const fy_kv_layout_t *lay, void *arena, int32_t layer, const float *k,
                                 const float *v);
 /* Causal paged attention of one layer for the whole batch: out[t, h] =
@@ -229,6 +230,31 @@ fy_status_t fy_backend_attention(fy_backend_t *be, const fy_kv_layout_t *lay, co
  * at fy_backend_sync (and when scores are unset or a batch is set). */
 fy_status_t fy_backend_set_attn_scores(fy_backend_t *be, float *scores, int32_t stride);
 fy_status_t fy_backend_sync(fy_backend_t *be);
+
+/* ---- recorded steps (CUDA graphs; optional) ----
+ * A run of ops issued the same way step after step, with only the
+ * contents of the batch metadata changing (same shapes, same pointers),
+ * can be recorded once and replayed, saving the launch cost of each op.
+ * After set_batch, fy_backend_graph_begin(be, owner, shape, &replay):
+ *   - a recording of (owner, shape) exists: *replay = true; the caller
+ *     issues no ops and calls graph_end, which launches it;
+ *   - else recording starts: *replay = false; the caller issues the ops
+ *     as usual (they are recorded, nothing runs) and graph_end
+ *     instantiates the recording and launches it (keep false: an op
+ *     failed while recording; the recording is dropped, nothing runs,
+ *     and graph_end answers FY_ERR_UNSUPPORTED).
+ * Between begin and end only compute ops (embed .. attention): no sync,
+ * memcpy, copy_blocks, set_batch, set_attn_scores, upload or alloc.
+ * FY_ERR_UNSUPPORTED from begin: no graphs here (the CPU backend, profiling
+ * on, or recordings failed before): run the ops directly.  From end after
+ * a recording: the recording failed and nothing ran (an op refused to be
+ * recorded, or failed): run the ops directly; the backend records no more.
+ * A recording refers to the memory it was made with: every free, release
+ * and reserve drops all recordings.  Main thread, like every op. */
+fy_status_t fy_backend_graph_begin(fy_backend_t *be, const void *owner, int32_t shape, bool *replay_p);
+/* Does this backend record steps (and is profiling off)? */
+bool fy_backend_graphs(const fy_backend_t *be);
+fy_status_t fy_backend_graph_end(fy_backend_t *be, bool keep);
 
 /* ---- profiling: wall time per op, synchronizing after each op when on ---- */
 typedef enum fy_backend_op {

@@ -50,6 +50,9 @@ typedef struct fy_backend_ops {
     /* optional: NULL means the backend runs every model and KV format the
      * runner can lay out */
     fy_status_t (*check)(void *ctx, const fy_backend_needs_t *n, char *why, size_t cap);
+    /* optional, both or neither: recorded steps (backend.h) */
+    fy_status_t (*graph_begin)(void *ctx, const void *owner, int32_t shape, bool *replay_p);
+    fy_status_t (*graph_end)(void *ctx, bool keep);
 } fy_backend_ops_t;
 
 /* Each backend's constructor: fills *ops_p and *ctx_p, and a description. */

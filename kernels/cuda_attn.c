@@ -5,10 +5,7 @@
 
 #include <stdio.h>
 
-int32_t fy_cuda_attn_chunk(int32_t head_dim)
-{
-    return head_dim > 128 ? FY_CUDA_ATTN_CHUNK_WIDE : FY_CUDA_ATTN_CHUNK;
-}
+int32_t fy_cuda_attn_chunk(int32_t head_dim) { return head_dim > 128 ? FY_CUDA_ATTN_CHUNK_WIDE : FY_CUDA_ATTN_CHUNK; }
 
 int32_t fy_cuda_attn_qt(int32_t G, int32_t head_dim)
 {
@@ -34,10 +31,11 @@ int32_t fy_cuda_attn_splits(int32_t n_sms, int32_t n_kv_heads)
 
 int32_t fy_cuda_attn_seg_len(int32_t kv_len, int32_t n_q, int32_t splits)
 {
-    if (n_q > FY_CUDA_SPLIT_MAX_Q || splits < 2 || kv_len <= FY_CUDA_ATTN_MIN_SEG) return 0;
+    if (n_q > FY_CUDA_SPLIT_MAX_Q) return 0;
+    if (splits < 1) splits = 1;
+    if (kv_len < 1) kv_len = 1;
     int32_t seg = (kv_len + splits - 1) / splits;
-    seg = (seg + FY_CUDA_ATTN_MIN_SEG - 1) / FY_CUDA_ATTN_MIN_SEG * FY_CUDA_ATTN_MIN_SEG;
-    return seg >= kv_len ? 0 : seg;
+    return (seg + FY_CUDA_ATTN_MIN_SEG - 1) / FY_CUDA_ATTN_MIN_SEG * FY_CUDA_ATTN_MIN_SEG;
 }
 
 int32_t fy_cuda_attn_split_tokens(int32_t max_tokens, int32_t max_seqs)
@@ -80,7 +78,8 @@ const char *fy_cuda_attn_unsupported(int32_t n_heads, int32_t n_kv_heads, int32_
     }
     size_t smem = fy_cuda_attn_smem(G, qt, head_dim);
     if (smem > max_smem) {
-        snprintf(buf, cap, "attention over heads of size %d needs %zu bytes of shared memory per block; the device has %zu",
+        snprintf(buf, cap,
+                 "attention over heads of size %d needs %zu bytes of shared memory per block; the device has %zu",
                  head_dim, smem, max_smem);
         return buf;
     }

@@ -61,9 +61,14 @@ size_t fy_cuda_attn_smem(int32_t G, int32_t qt, int32_t head_dim);
  * [1, FY_CUDA_ATTN_MAX_SPLITS]. */
 int32_t fy_cuda_attn_splits(int32_t n_sms, int32_t n_kv_heads);
 /* Segment length (positions) for a sequence of kv_len tokens with n_q
- * query rows this step: kv_len / splits rounded up to FY_CUDA_ATTN_MIN_SEG
- * when it is split, else 0 (one segment: the whole context).  Never more
- * than `splits` segments: ceil(kv_len / seg) <= splits. */
+ * query rows this step: for decode rows (n_q <= FY_CUDA_SPLIT_MAX_Q)
+ * kv_len / splits rounded up to a multiple of FY_CUDA_ATTN_MIN_SEG, at
+ * least that (a short context is one segment, still merged by the second
+ * kernel, which gives the same bits as writing it directly: so every
+ * decode row takes one path, and a recorded step's shapes do not depend
+ * on context lengths); 0 for longer query runs (not split: the whole
+ * context in one block, written directly).  Never more than `splits`
+ * segments: ceil(kv_len / seg) <= max(splits, 1). */
 int32_t fy_cuda_attn_seg_len(int32_t kv_len, int32_t n_q, int32_t splits);
 /* Rows of partial-softmax scratch a step can need: split tokens are at
  * most FY_CUDA_SPLIT_MAX_Q per sequence and max_tokens in all. */

@@ -455,22 +455,23 @@ static void test_attn_plan(void **state)
         for (int32_t kv = 1; kv <= 140000; kv = kv * 5 / 4 + 1) {
             for (int32_t nq = 1; nq <= FY_CUDA_SPLIT_MAX_Q + 1; nq += 4) {
                 int32_t seg = fy_cuda_attn_seg_len(kv, nq, splits);
-                if (nq > FY_CUDA_SPLIT_MAX_Q || splits < 2 || kv <= FY_CUDA_ATTN_MIN_SEG) {
+                if (nq > FY_CUDA_SPLIT_MAX_Q) {
                     assert_int_equal(seg, 0);
                     continue;
                 }
-                if (seg == 0) continue; /* one segment would hold it all */
+                assert_true(seg >= FY_CUDA_ATTN_MIN_SEG);
                 assert_int_equal(seg % FY_CUDA_ATTN_MIN_SEG, 0);
-                assert_true(seg < kv);
                 assert_true((kv + seg - 1) / seg <= splits);
+                if (kv <= FY_CUDA_ATTN_MIN_SEG || splits == 1) assert_true(seg >= kv); /* one segment */
                 assert_int_equal(seg % fy_cuda_attn_chunk(128), 0);
                 assert_int_equal(seg % fy_cuda_attn_chunk(256), 0);
             }
         }
     }
     assert_int_equal(fy_cuda_attn_seg_len(4096, 1, 33), 128); /* 32 segments of 128 */
-    assert_int_equal(fy_cuda_attn_seg_len(100, 1, 33), 0 + 64);
-    assert_int_equal(fy_cuda_attn_seg_len(64, 1, 33), 0);
+    assert_int_equal(fy_cuda_attn_seg_len(100, 1, 33), 64);
+    assert_int_equal(fy_cuda_attn_seg_len(1, 1, 33), 64); /* one segment, still merged */
+    assert_int_equal(fy_cuda_attn_seg_len(64, 8, 33), 64);
     assert_int_equal(fy_cuda_attn_seg_len(4096, 9, 33), 0); /* a prefill chunk is not split */
 
     /* partial scratch: decode rows only, whatever the context.  Llama-3.1-8B

@@ -108,6 +108,7 @@ typedef struct rig_opts {
     int32_t blocks, host_blocks, max_seqs, batch_tokens;
     fy_engine_params_t ep;
     bool caching;
+    int32_t graphs; /* the runner's: 2 pads decode batches as for recorded steps */
 } rig_opts_t;
 
 static void rig_opts(rig_opts_t *o, const char *model)
@@ -118,6 +119,7 @@ static void rig_opts(rig_opts_t *o, const char *model)
     o->max_seqs = 16;
     o->batch_tokens = 256;
     o->caching = true;
+    o->graphs = 1;
     fy_engine_params_default(&o->ep);
     o->ep.max_num_seqs = 16;
     o->ep.max_num_batched_tokens = 256;
@@ -138,6 +140,7 @@ static void rig_open(rig_t *g, const rig_opts_t *o)
     rp.max_ctx = 1024;
     rp.n_kv_blocks = o->blocks;
     rp.n_host_blocks = o->host_blocks;
+    rp.graphs = o->graphs;
     assert_int_equal(fy_runner_create(g->m, g->be, &rp, &g->r), FY_OK);
     assert_int_equal(fy_kv_hasher_create_random(&g->hasher), FY_OK);
     fy_kvm_params_t kp;
@@ -235,7 +238,7 @@ static void check_same(const result_t *a, const result_t *b)
 
 /* Batch invariance: 16 requests of different lengths, greedy and seeded,
  * arriving at different steps, give the tokens they give alone. */
-static void batch_invariance(const char *model, int n_checked)
+static void batch_invariance(const char *model, int n_checked, int32_t graphs)
 {
     workload_t *w = calloc(1, sizeof(*w));
     rig_t g;
@@ -246,6 +249,8 @@ static void batch_invariance(const char *model, int n_checked)
     rig_close(&g);
     result_t *alone = calloc(N_REQ, sizeof(result_t)), *batch = calloc(N_REQ, sizeof(result_t));
     run_alone(model, w, alone);
+    o.graphs = graphs;
+    o.max_seqs = o.ep.max_num_seqs = 13; /* the last bucket is not a power of two */
     rig_open(&g, &o);
     int submitted = 0, max_running = 0;
     for (int step = 0; submitted < N_REQ || !fy_engine_idle(g.e); step++) {
@@ -265,17 +270,29 @@ static void batch_invariance(const char *model, int n_checked)
     assert_true(max_running >= 8); /* they really shared steps */
     (void)n_checked;
     check_same(alone, batch);
+    fy_runner_timing_t tm;
+    assert_int_equal(fy_runner_timing(g.r, &tm, 1, false), FY_OK);
+    assert_int_equal(tm.graph_steps, 0); /* the cpu records nothing; padded or not, it ran directly */
+    if (graphs == 2)
+        assert_true(tm.pad_rows > 0); /* batches of 3, 5, 6, 7, 9.. sequences ran as 4, 8, 16 */
+    else
+        assert_int_equal(tm.pad_rows, 0);
     rig_close(&g);
     free(w), free(alone), free(batch);
 }
 
-static void test_batch_invariance_tiny(void **state) { batch_invariance(g_tiny, N_REQ); }
+static void test_batch_invariance_tiny(void **state) { batch_invariance(g_tiny, N_REQ, 1); }
+
+/* Decode batches padded to the buckets of recorded steps (CUDA graphs),
+ * padding rows that write no KV and see no key: every request's tokens
+ * are still its tokens alone, and every block comes back (rig_close). */
+static void test_batch_invariance_padded(void **state) { batch_invariance(g_tiny, N_REQ, 2); }
 
 static void test_batch_invariance_default(void **state)
 {
     const char *m = fy_test_default_model();
     if (!m) skip();
-    batch_invariance(m, N_REQ);
+    batch_invariance(m, N_REQ, 1);
 }
 
 /* Too few blocks for the batch: admission on a predicted output length
@@ -1516,6 +1533,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_invariance_tiny),
+        cmocka_unit_test(test_batch_invariance_padded),
         cmocka_unit_test(test_batch_invariance_default),
         cmocka_unit_test(test_preempt_recompute),
         cmocka_unit_test(test_preempt_swap),

@@ -830,6 +830,7 @@ static void kv_rows(void *arg, int64_t b, int64_t e, int thread)
     int64_t hd = L->head_dim;
     for (int64_t t = b; t < e; t++) {
         int32_t slot = j->c->slots[(int64_t)L->layer_group[j->layer] * j->c->n_tokens + t];
+        if (slot < 0) continue; /* a padding row: nothing to keep */
         int32_t block = slot / L->block_size, off = slot % L->block_size;
         for (int32_t h = 0; h < L->n_kv_heads; h++) {
             for (int is_v = 0; is_v < 2; is_v++) {

@@ -47,6 +47,8 @@ extern "C" {
 
 #define FY_CUDA_PACK_BF16 0x42 /* fy_tensor_t.packing: bf16 [rows, in] on the device */
 #define MAX_HEAD_DIM FY_CUDA_MAX_HEAD_DIM
+#define CUDA_MAX_GRAPHS 64              /* recorded steps kept: buckets x runners */
+#define CUDA_BLAS_WORKSPACE (32u << 20) /* cuBLAS's recommended size on Hopper */
 
 /* ---- foreign errors at the boundary -------------------------------------------------- */
 
@@ -124,9 +126,30 @@ typedef struct cuda_ctx {
     size_t scores_cap; /* floats in either buffer */
     int32_t scores_stride, scores_seqs;
     bool scores_pending; /* the device holds mass not yet added into scores_host */
+    /* recorded steps (backend.h): instantiated graphs by (owner, shape) */
+    struct {
+        const void *owner;
+        int32_t shape;
+        cudaGraphExec_t exec;
+    } graphs[CUDA_MAX_GRAPHS];
+    int32_t n_graphs;
+    int32_t recording;     /* 1 while the compute stream is being recorded */
+    const void *rec_owner; /* what is being recorded */
+    int32_t rec_shape;
+    int32_t replay;  /* graphs[replay - 1] is to be launched by graph_end */
+    bool graphs_off; /* a recording failed: run every step directly */
+    void *blas_work; /* cuBLAS's workspace, fixed so that a recorded GEMM allocates nothing */
 } cuda_ctx_t;
 
 static void free_work(cuda_ctx_t *c);
+
+/* Every recording refers to the memory it was made with. */
+static void drop_graphs(cuda_ctx_t *c)
+{
+    for (int32_t i = 0; i < c->n_graphs; i++) cudaGraphExecDestroy(c->graphs[i].exec);
+    c->n_graphs = 0;
+    c->replay = 0;
+}
 
 static void cuda_destroy(void *p)
 {
@@ -135,6 +158,8 @@ static void cuda_destroy(void *p)
     cudaSetDevice(c->device);
     if (c->stream) cudaStreamSynchronize(c->stream);
     free_work(c);
+    drop_graphs(c);
+    cudaFree(c->blas_work);
     if (c->blas) cublasDestroy(c->blas);
     if (c->meta_done) cudaEventDestroy(c->meta_done);
     if (c->compute_done) cudaEventDestroy(c->compute_done);
@@ -179,6 +204,7 @@ static fy_status_t cuda_reserve(void *p, const fy_backend_reserve_t *r)
     }
     CK(cudaStreamSynchronize(c->stream), "synchronizing before reserve");
     free_work(c);
+    drop_graphs(c);
     const size_t T = (size_t)r->max_tokens, seq_ints = sizeof(fy_cuda_seq_t) / sizeof(int32_t);
     const size_t NG = (size_t)(r->n_groups > 0 ? r->n_groups : 1);
     c->meta_ints = (5 + NG) * T + (size_t)r->max_seqs * seq_ints + (size_t)r->max_blocks;
@@ -267,6 +293,8 @@ static fy_status_t cuda_alloc(void *p, size_t bytes, void **ptr_p)
 
 static void cuda_free(void *p, void *ptr)
 {
+    if (!ptr) return;
+    drop_graphs((cuda_ctx_t *)p);
     cudaError_t e = cudaFree(ptr);
     if (e != cudaSuccess) cuda_check(e, "freeing device memory");
 }
@@ -754,7 +782,9 @@ static fy_status_t cuda_attention(void *p, const fy_kv_layout_t *lay, const void
     a.group = lay->layer_group[layer];
     a.window = window;
     a.scale = scale;
-    CK(fy_cuda_attention(&a, c->grid_segs, c->stream), "launching attention");
+    /* a recorded step is replayed with other context lengths: its grid
+     * covers the most segments any decode row can have */
+    CK(fy_cuda_attention(&a, c->recording ? c->splits : c->grid_segs, c->stream), "launching attention");
     if (a.scores) c->scores_pending = true;
     return FY_OK;
 }
@@ -789,6 +819,73 @@ static fy_status_t cuda_set_attn_scores(void *p, float *scores, int32_t stride)
     c->scores_host = scores;
     c->scores_stride = stride;
     c->scores_seqs = c->n_seqs;
+    return FY_OK;
+}
+
+/* ---- recorded steps (CUDA graphs) ---------------------------------------------------- */
+
+static fy_status_t cuda_graph_begin(void *p, const void *owner, int32_t shape, bool *replay_p)
+{
+    cuda_ctx_t *c = (cuda_ctx_t *)p;
+    if (c->graphs_off || c->recording || c->scores_host) return FY_ERR_UNSUPPORTED;
+    for (int32_t i = 0; i < c->n_graphs; i++) {
+        if (c->graphs[i].owner == owner && c->graphs[i].shape == shape) {
+            c->replay = i + 1;
+            *replay_p = true;
+            return FY_OK;
+        }
+    }
+    if (c->n_graphs == CUDA_MAX_GRAPHS) return FY_ERR_UNSUPPORTED; /* run it directly */
+    /* thread-local: another thread's unrelated CUDA calls do not break it */
+    CK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal), "starting a recording");
+    c->recording = 1;
+    c->rec_owner = owner;
+    c->rec_shape = shape;
+    *replay_p = false;
+    return FY_OK;
+}
+
+/* A recording that failed leaves nothing run and nothing kept, and turns
+ * recordings off: the caller runs the step directly. */
+static fy_status_t graph_failed(cuda_ctx_t *c, cudaError_t e, const char *what)
+{
+    (void)cudaGetLastError();
+    c->graphs_off = true;
+    fy_warn("cuda backend: %s failed (%s); steps run without cuda graphs from now on", what,
+            e == cudaSuccess ? "an op failed while recording" : cudaGetErrorString(e));
+    return FY_ERR_UNSUPPORTED;
+}
+
+static fy_status_t cuda_graph_end(void *p, bool keep)
+{
+    cuda_ctx_t *c = (cuda_ctx_t *)p;
+    if (c->replay) {
+        cudaGraphExec_t exec = c->graphs[c->replay - 1].exec;
+        c->replay = 0;
+        CK(cudaGraphLaunch(exec, c->stream), "launching a recorded step");
+        return FY_OK;
+    }
+    if (!c->recording) {
+        fy_error("cuda backend: graph_end without graph_begin");
+        return FY_ERR_INTERNAL;
+    }
+    c->recording = 0;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    if (!keep) { /* an op failed while recording: nothing of it may run */
+        if (g) cudaGraphDestroy(g);
+        return graph_failed(c, e, "recording a step");
+    }
+    if (e != cudaSuccess || !g) return graph_failed(c, e, "recording a step");
+    cudaGraphExec_t exec = NULL;
+    e = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) return graph_failed(c, e, "instantiating a recorded step");
+    c->graphs[c->n_graphs].owner = c->rec_owner;
+    c->graphs[c->n_graphs].shape = c->rec_shape;
+    c->graphs[c->n_graphs].exec = exec;
+    c->n_graphs++;
+    CK(cudaGraphLaunch(exec, c->stream), "launching a recorded step");
     return FY_OK;
 }
 
@@ -837,6 +934,8 @@ static const fy_backend_ops_t
             cuda_set_attn_scores,
             NULL, /* rmsnorm_matmul: backend.c runs rmsnorm then matmul */
             cuda_check_needs,
+            cuda_graph_begin,
+            cuda_graph_end,
 };
 
 /* ---- creation ---------------------------------------------------------------------------- */
@@ -878,6 +977,8 @@ extern "C" fy_status_t fy_backend_cuda_init(const fy_backend_params_t *params, c
     if (!st) st = blas_check(cublasCreate(&c->blas), "creating a handle");
     if (!st) st = blas_check(cublasSetStream(c->blas, c->stream), "setting the stream");
     if (!st) st = cuda_check(cudaEventRecord(c->meta_done, c->stream), "recording an event");
+    if (!st) st = cuda_check(cudaMalloc(&c->blas_work, CUDA_BLAS_WORKSPACE), "allocating cuBLAS's workspace");
+    if (!st) st = blas_check(cublasSetWorkspace(c->blas, c->blas_work, CUDA_BLAS_WORKSPACE), "setting its workspace");
     if (st != FY_OK) {
         cuda_destroy(c);
         return st;
@@ -890,6 +991,10 @@ extern "C" fy_status_t fy_backend_cuda_init(const fy_backend_params_t *params, c
     }
     c->n_sms = prop.multiProcessorCount;
     c->max_smem = prop.sharedMemPerBlockOptin;
+    if ((st = cuda_check(fy_cuda_attention_init(c->max_smem), "opting attention in to shared memory"))) {
+        cuda_destroy(c);
+        return st;
+    }
     snprintf(desc, desc_cap, "cuda/%s sm_%d%d", prop.name, prop.major, prop.minor);
     *ops_p = &g_cuda_ops;
     *ctx_p = c;

@@ -224,6 +224,7 @@ static __global__ void __launch_bounds__(KVW_THREADS)
     __shared__ float red[KVW_THREADS];
     const int32_t t = blockIdx.x, h = blockIdx.y, is_v = blockIdx.z, hd = g.hd;
     const int32_t slot = slots[t];
+    if (slot < 0) return; /* a padding row of a recorded step: nothing to keep */
     const float *src = (is_v ? v : k) + ((size_t)t * g.n_kv + h) * hd;
     char *row = kv_row(g, arena, slot / g.block_size, h, slot % g.block_size) + (size_t)is_v * g.kv_bytes;
     if (g.dtype == FY_CUDA_KV_F32) {
@@ -585,13 +586,14 @@ static __global__ void __launch_bounds__(SCORE_THREADS) attn_scores_kernel(fy_cu
     if (threadIdx.x == 0) a.scores[(size_t)s * a.scores_stride + i] += red[0];
 }
 
+extern "C" cudaError_t fy_cuda_attention_init(size_t max_smem)
+{
+    return cudaFuncSetAttribute(attn_part_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)max_smem);
+}
+
 extern "C" cudaError_t fy_cuda_attention(const fy_cuda_attn_args_t *a, int32_t grid_segs, cudaStream_t s)
 {
     size_t smem = fy_cuda_attn_smem(a->G, a->qt, a->kv.hd);
-    if (smem > 48 * 1024) {
-        cudaError_t e = cudaFuncSetAttribute(attn_part_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) return e;
-    }
     dim3 grid((unsigned)(a->n_tiles * a->kv.n_kv), (unsigned)(grid_segs > 0 ? grid_segs : 1));
     attn_part_kernel<<<grid, FY_CUDA_ATTN_THREADS, smem, s>>>(*a);
     cudaError_t e = cudaGetLastError();

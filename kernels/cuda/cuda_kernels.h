@@ -115,6 +115,10 @@ typedef struct fy_cuda_attn_args {
  * scores[s * stride + i], one thread block per entry, a fixed order).
  * grid_segs: the most segments of any split sequence (1 when none). */
 cudaError_t fy_cuda_attention(const fy_cuda_attn_args_t *a, int32_t grid_segs, cudaStream_t s);
+/* Once per device, before any launch: lets pass 1 take up to max_smem
+ * bytes of shared memory (the device's opt-in limit; fy_cuda_attn_smem
+ * above 48 KB needs it).  Set once, outside any recording. */
+cudaError_t fy_cuda_attention_init(size_t max_smem);
 
 #ifdef __cplusplus
 }
