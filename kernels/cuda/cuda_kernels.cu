@@ -35,21 +35,6 @@ extern "C" cudaError_t fy_cuda_f32_to_bf16(const float *x, void *y, size_t n, cu
     return cudaGetLastError();
 }
 
-/* one block per token: table [vocab, dim] bf16, out [n, dim] */
-static __global__ void embed_kernel(const __nv_bfloat16 *table, const int32_t *tokens, int32_t dim, float *out)
-{
-    const __nv_bfloat16 *row = table + (size_t)tokens[blockIdx.x] * dim;
-    float *o = out + (size_t)blockIdx.x * dim;
-    for (int32_t d = threadIdx.x; d < dim; d += blockDim.x) o[d] = __bfloat162float(row[d]);
-}
-
-extern "C" cudaError_t fy_cuda_embed(const void *table, const int32_t *tokens, int32_t n, int32_t dim, float *out,
-                                     cudaStream_t s)
-{
-    embed_kernel<<<n, 256, 0, s>>>((const __nv_bfloat16 *)table, tokens, dim, out);
-    return cudaGetLastError();
-}
-
 #define RMS_THREADS 256
 
 /* one block per row; the sum of squares in double, reduced in a fixed tree */

@@ -38,8 +38,6 @@ typedef struct fy_cuda_seq {
 
 /* y[i] = bf16(x[i]); y: [n] __nv_bfloat16 */
 cudaError_t fy_cuda_f32_to_bf16(const float *x, void *y, size_t n, cudaStream_t s);
-/* out[t] = f32(table[tokens[t]]); table: bf16 [vocab, dim]; out: [n, dim] */
-cudaError_t fy_cuda_embed(const void *table, const int32_t *tokens, int32_t n, int32_t dim, float *out, cudaStream_t s);
 /* y[t] = x[t] / rms(x[t]) * w, double accumulation as on the CPU; x, y: [n, dim] (may alias); w: [dim] */
 cudaError_t fy_cuda_rmsnorm(const float *x, const float *w, int32_t n, int32_t dim, float eps, float *y,
                             cudaStream_t s);
