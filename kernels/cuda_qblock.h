@@ -98,7 +98,8 @@ FYQ_FN int32_t fyq_dp4a(int32_t a, int32_t b, int32_t c)
 #ifdef __CUDA_ARCH__
     return __dp4a(a, b, c);
 #else
-    for (int k = 0; k < 4; k++) c += (int32_t)(int8_t)(uint8_t)(a >> (8 * k)) * (int32_t)(int8_t)(uint8_t)(b >> (8 * k));
+    for (int k = 0; k < 4; k++)
+        c += (int32_t)(int8_t)(uint8_t)(a >> (8 * k)) * (int32_t)(int8_t)(uint8_t)(b >> (8 * k));
     return c;
 #endif
 }
@@ -177,7 +178,8 @@ FYQ_FN float fyq_deq(fy_dtype_t t, const uint8_t *row, int64_t e)
         const uint8_t *p = row + (e / 32) * (q51 ? 24 : 22);
         const uint32_t qh = fyq_u16(p + ho) | fyq_u16(p + ho + 2) << 16;
         const uint8_t qs = p[ho + 4 + j];
-        const int x = l < 16 ? (int)((qs & 0x0f) | (((qh >> j) << 4) & 0x10)) : (int)((qs >> 4) | ((qh >> (j + 12)) & 0x10));
+        const int x =
+            l < 16 ? (int)((qs & 0x0f) | (((qh >> j) << 4) & 0x10)) : (int)((qs >> 4) | ((qh >> (j + 12)) & 0x10));
         const float d = fyq_f16(fyq_u16(p));
         if (!q51) return FYQ_MUL((float)(x - 16), d);
         return FYQ_ADD(FYQ_MUL((float)x, d), fyq_f16(fyq_u16(p + 2)));
@@ -194,7 +196,8 @@ FYQ_FN float fyq_deq(fy_dtype_t t, const uint8_t *row, int64_t e)
         const uint8_t *p = row + (e / 256) * 110;
         const int ee = (int)(e % 256);
         const float dl = FYQ_MUL(fyq_f16(fyq_u16(p + 108)), (float)(fyq_k3(p + 96, ee / 16) - 32));
-        const int q = ((p[32 + 32 * (ee / 128) + ee % 32] >> (2 * (ee / 32 % 4))) & 3) - ((p[ee % 32] >> (ee / 32)) & 1 ? 0 : 4);
+        const int q =
+            ((p[32 + 32 * (ee / 128) + ee % 32] >> (2 * (ee / 32 % 4))) & 3) - ((p[ee % 32] >> (ee / 32)) & 1 ? 0 : 4);
         return FYQ_MUL(dl, (float)q);
     }
     case FY_DTYPE_Q4_K:

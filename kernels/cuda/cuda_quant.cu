@@ -49,8 +49,7 @@ static __global__ void quantize_q8_kernel(const float *x, int64_t total, int8_t 
     if (threadIdx.x % 32 == 0) xd[i / 32] = d;
 }
 
-extern "C" cudaError_t fy_cuda_quantize_q8(const float *x, int32_t n, int32_t in, int8_t *xq, float *xd,
-                                           cudaStream_t s)
+extern "C" cudaError_t fy_cuda_quantize_q8(const float *x, int32_t n, int32_t in, int8_t *xq, float *xd, cudaStream_t s)
 {
     if (in % FY_QK) return cudaErrorInvalidValue;
     const int64_t total = (int64_t)n * in;
@@ -146,9 +145,8 @@ static __global__ void __launch_bounds__(32 * FY_CUDA_MMV_WARPS)
     X(FY_DTYPE_Q6_K)
 #define FY_FLOAT_TYPES(X) X(FY_DTYPE_F32) X(FY_DTYPE_F16) X(FY_DTYPE_BF16)
 
-extern "C" cudaError_t fy_cuda_mmv(int dtype, const void *w, size_t row_bytes, int64_t rows, int32_t in,
-                                   const float *x, const int8_t *xq, const float *xd, int32_t n, float *y,
-                                   cudaStream_t s)
+extern "C" cudaError_t fy_cuda_mmv(int dtype, const void *w, size_t row_bytes, int64_t rows, int32_t in, const float *x,
+                                   const int8_t *xq, const float *xd, int32_t n, float *y, cudaStream_t s)
 {
     if (n < 1 || n > FY_CUDA_MMV_MAX_N || rows < 1) return cudaErrorInvalidValue;
     const fy_cuda_launch_t l = fy_cuda_mmv_launch(rows);
