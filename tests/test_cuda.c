@@ -654,8 +654,10 @@ static void test_elementwise(void **state)
     fy_free(x), fy_free(y), fy_free(w), fy_free(ref), fy_free(got);
 }
 
-/* embed and matmul for every weight dtype: the GPU holds bf16, so the
- * tolerance is bf16's (8 bits of mantissa) over the dot product */
+/* embed and matmul for every weight dtype at the batch's 21 tokens (the
+ * GEMM on bf16 tiles) against the CPU's own arithmetic (q8 activations for
+ * quantized weights): a loose tolerance for bf16's 8 bits of mantissa over
+ * the dot product; test_quant_matmul compares like with like */
 static void test_embed_matmul(void **state)
 {
     pair_t *p = *state;
@@ -685,7 +687,7 @@ static void test_embed_matmul(void **state)
         assert_int_equal(fy_backend_embed(p->cpu, &ec, ref), FY_OK);
         assert_int_equal(fy_backend_embed(p->gpu, &eg, od), FY_OK);
         fetch(p->gpu, got, od, e);
-        expect_close(fy_dtype_name(dt), ref, got, e, 0, 1.0f / 128); /* bf16 rounding of each element */
+        expect_close(fy_dtype_name(dt), ref, got, e, 0, 0); /* the stored rows, dequantized as the cpu does */
 
         float *x = fy_malloc(e * sizeof(float));
         fill(p, x, e, 1.0f);
@@ -778,6 +780,256 @@ static void test_kv_attention(void **state)
     }
 }
 
+/* ---- weights as stored, on the GPU (need one) ------------------------------------------ */
+
+#define SKIP_WITHOUT_GPU()                                                                                             \
+    do {                                                                                                               \
+        char why_[192] = "";                                                                                           \
+        if (!fy_backend_cuda_usable(why_, sizeof(why_))) {                                                             \
+            printf("no CUDA device: %s; skipping\n", why_);                                                            \
+            skip();                                                                                                    \
+        }                                                                                                              \
+    } while (0)
+
+static float bf16_round(float v) { return fy_bf16_to_fp32(fy_fp32_to_bf16(v)); }
+
+/* One weight of a matmul call, uploaded four ways: as stored to the GPU and
+ * to the CPU backend, and as f32 tensors of its bf16-rounded values and of
+ * their magnitudes to the CPU backend (the prefill reference and the scale
+ * of the tolerance). */
+typedef struct qweight {
+    int64_t rows;
+    uint8_t *q;
+    float *wf, *wa;
+    fy_tensor_t g, c, cf, ca;
+} qweight_t;
+
+static void qweight_make(fy_backend_t *cpu, fy_backend_t *gpu, fy_dtype_t dt, int64_t rows, int32_t in, qweight_t *w)
+{
+    size_t rb;
+    w->rows = rows;
+    w->q = random_weight(dt, rows, in, &rb);
+    w->wf = fy_malloc((size_t)rows * in * sizeof(float));
+    w->wa = fy_malloc((size_t)rows * in * sizeof(float));
+    for (int64_t r = 0; r < rows; r++) fy_dequantize_row(dt, w->q + (size_t)r * rb, w->wf + (size_t)r * in, in);
+    for (size_t i = 0; i < (size_t)rows * in; i++) w->wf[i] = bf16_round(w->wf[i]), w->wa[i] = fabsf(w->wf[i]);
+    fy_tensor_t h = {dt, {in, rows}, rb, rb * (size_t)rows, w->q, 0};
+    fy_tensor_t hf = {FY_DTYPE_F32, {in, rows}, (size_t)in * 4, (size_t)in * 4 * (size_t)rows, w->wf, 0};
+    fy_tensor_t ha = hf;
+    ha.data = w->wa;
+    assert_int_equal(fy_backend_upload(gpu, &h, FY_USE_MATMUL, &w->g), FY_OK);
+    assert_int_equal(fy_backend_upload(cpu, &h, FY_USE_MATMUL, &w->c), FY_OK);
+    assert_int_equal(fy_backend_upload(cpu, &hf, FY_USE_MATMUL, &w->cf), FY_OK);
+    assert_int_equal(fy_backend_upload(cpu, &ha, FY_USE_MATMUL, &w->ca), FY_OK);
+}
+
+static void qweight_drop(fy_backend_t *cpu, fy_backend_t *gpu, qweight_t *w)
+{
+    fy_backend_release_tensor(gpu, &w->g);
+    fy_backend_release_tensor(cpu, &w->c);
+    fy_backend_release_tensor(cpu, &w->cf);
+    fy_backend_release_tensor(cpu, &w->ca);
+    fy_free(w->q), fy_free(w->wf), fy_free(w->wa);
+}
+
+/*
+ * Matmul of every weight type as the runner calls it (3 weights for
+ * q/k/v, 2 for gate/up; in = 4096, and a width that is not whole 256s
+ * where the type allows), for n = 1, 3, 8 (the vector kernels) and 9, 64
+ * (the GEMM on dequantized tiles; Q4_K also as a head of 9000 rows, more
+ * than one tile holds), each against the CPU backend doing the
+ * same arithmetic:
+ *  - n <= 8: the CPU backend on the same stored weights and x.  For the
+ *    quantized types both sides quantize x to q8 per 32 with the same
+ *    bits and sum each block's integers exactly; for F32/F16/BF16 both
+ *    multiply in f32.  What differs is the order of f32 operations.
+ *  - n > 8: the CPU backend's f32 matmul of the weights dequantized and
+ *    rounded to bf16 and of x rounded to bf16, which is what the GPU
+ *    multiplies (bf16 products are exact in f32): again only the order of
+ *    the f32 sums differs.
+ * Tolerance, with A = |W'| . |x| per element (the CPU's f32 matmul of the
+ * magnitudes): reordering in f32 moves a sum of in terms by at most
+ * (in - 1) 2^-24 A on each side, so 2 (in + 64) 2^-24 A; for the quantized
+ * types at n <= 8 only the in / 32 block terms are summed in f32, so
+ * 8 (in / 32 + 64) 2^-24 A (8: each block's float parts, scale and
+ * minimum, reach 4 |w| for these weights).  A 32-element block read
+ * wrongly moves a row by about 1 (these weights and x), hundreds of
+ * tolerances at n <= 8 and one or two for the GEMM.
+ */
+static void test_quant_matmul(void **state)
+{
+    SKIP_WITHOUT_GPU();
+    fy_backend_t *cpu = NULL, *gpu = NULL;
+    fy_backend_params_t bp = {.n_threads = 0};
+    assert_int_equal(fy_backend_create("cpu", &bp, &cpu), FY_OK);
+    assert_int_equal(fy_backend_create("cuda", &bp, &gpu), FY_OK);
+    fy_backend_reserve_t res = {.max_tokens = 64,
+                                .max_row = 4096,
+                                .max_seqs = 1,
+                                .max_blocks = 1,
+                                .max_kv_len = 16,
+                                .n_heads = 1,
+                                .head_dim = 64};
+    assert_int_equal(fy_backend_reserve(cpu, &res), FY_OK);
+    assert_int_equal(fy_backend_reserve(gpu, &res), FY_OK);
+    const int32_t ns[] = {1, 3, 8, 9, 64};
+    for (size_t ti = 0; ti < N_WTYPES; ti++) {
+        const fy_dtype_t dt = g_wtypes[ti];
+        const bool quant = fy_dtype_is_quantized(dt);
+        /* Q4_K also as an output head of 9000 rows: three tiles of the GEMM (4096 rows of 4096 each) */
+        for (int call = 0; call < (dt == FY_DTYPE_Q4_K ? 3 : 2); call++) {
+            const int n_w = call == 2 ? 1 : call ? 2 : 3;
+            const int32_t in = call == 1 ? (fy_dtype_info(dt)->block_elems == 256 ? 2816 : quant ? 1056 : 1000) : 4096;
+            const int64_t rows[3] = {call == 2 ? 9000 : call ? 1000 : 1024, call ? 1000 : 256, 250};
+            qweight_t w[3];
+            for (int i = 0; i < n_w; i++) qweight_make(cpu, gpu, dt, rows[i], in, &w[i]);
+            const fy_tensor_t *gw[3], *cw[3], *cfw[3], *caw[3];
+            for (int i = 0; i < n_w; i++) gw[i] = &w[i].g, cw[i] = &w[i].c, cfw[i] = &w[i].cf, caw[i] = &w[i].ca;
+            for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+                const int32_t n = ns[ni];
+                const bool vec = n <= FY_CUDA_MMV_MAX_N;
+                size_t e = (size_t)n * in;
+                float *x = fy_malloc(e * sizeof(float)), *xb = fy_malloc(e * sizeof(float));
+                float *xa = fy_malloc(e * sizeof(float));
+                for (size_t i = 0; i < e; i++) {
+                    x[i] = qrand();
+                    xb[i] = bf16_round(x[i]);
+                    xa[i] = fabsf(vec ? x[i] : xb[i]);
+                }
+                float *xd = dev_floats(gpu, x, e);
+                float *yd[3], *ref[3], *amag[3], *got[3];
+                for (int i = 0; i < n_w; i++) {
+                    size_t o = (size_t)n * rows[i];
+                    yd[i] = dev_floats(gpu, NULL, o);
+                    ref[i] = fy_malloc(o * sizeof(float));
+                    amag[i] = fy_malloc(o * sizeof(float));
+                    got[i] = fy_malloc(o * sizeof(float));
+                }
+                assert_int_equal(fy_backend_matmul(gpu, n_w, gw, xd, n, yd), FY_OK);
+                if (vec)
+                    assert_int_equal(fy_backend_matmul(cpu, n_w, cw, x, n, ref), FY_OK);
+                else
+                    assert_int_equal(fy_backend_matmul(cpu, n_w, cfw, xb, n, ref), FY_OK);
+                assert_int_equal(fy_backend_matmul(cpu, n_w, caw, xa, n, amag), FY_OK);
+                const double f = (quant && vec ? 8.0 * (in / 32 + 64) : 2.0 * (in + 64)) * ldexp(1.0, -24);
+                for (int i = 0; i < n_w; i++) {
+                    size_t o = (size_t)n * rows[i];
+                    fetch(gpu, got[i], yd[i], o);
+                    for (size_t k = 0; k < o; k++) {
+                        double tol = f * amag[i][k] + 1e-6;
+                        if (!isfinite(got[i][k]) || !(fabs((double)got[i][k] - ref[i][k]) <= tol))
+                            fail_msg("matmul %s, %d weights of width %d, n %d: weight %d row %lld token %lld is %.9g, "
+                                     "the cpu says %.9g (tolerance %g) seed %u",
+                                     fy_dtype_name(dt), n_w, in, n, i, (long long)(k % rows[i]),
+                                     (long long)(k / rows[i]), got[i][k], ref[i][k], tol, SEED);
+                    }
+                    fy_backend_free(gpu, yd[i]);
+                    fy_free(ref[i]), fy_free(amag[i]), fy_free(got[i]);
+                }
+                fy_backend_free(gpu, xd);
+                fy_free(x), fy_free(xb), fy_free(xa);
+            }
+            for (int i = 0; i < n_w; i++) qweight_drop(cpu, gpu, &w[i]);
+        }
+    }
+    fy_backend_destroy(cpu);
+    fy_backend_destroy(gpu);
+}
+
+/* The embedding lookup of every type reads the stored rows: bit for bit
+ * the CPU's dequantized rows.  A tied output head is the same device copy
+ * and outlives neither use: the table still reads right after the head
+ * is released. */
+static void test_quant_embed(void **state)
+{
+    pair_t *p = *state;
+    NEED_GPU(p);
+    int32_t n;
+    set_batch_both(p, &n);
+    for (size_t ti = 0; ti < N_WTYPES; ti++) {
+        const fy_dtype_t dt = g_wtypes[ti];
+        const bool quant = fy_dtype_is_quantized(dt);
+        const int32_t dims[2] = {512, fy_dtype_info(dt)->block_elems == 256 ? 768 : quant ? 544 : 500};
+        for (int di = 0; di < 2; di++) {
+            const int32_t dim = dims[di];
+            size_t rb, e = (size_t)n * dim;
+            uint8_t *tab = random_weight(dt, VOCAB, dim, &rb);
+            fy_tensor_t host = {dt, {dim, VOCAB}, rb, rb * VOCAB, tab, 0}, ec, eg, head;
+            assert_int_equal(fy_backend_upload(p->cpu, &host, FY_USE_ROWS, &ec), FY_OK);
+            assert_int_equal(fy_backend_upload(p->gpu, &host, FY_USE_ROWS, &eg), FY_OK);
+            assert_int_equal(fy_backend_upload(p->gpu, &host, FY_USE_MATMUL, &head), FY_OK);
+            assert_ptr_equal(head.data, eg.data); /* tied: one device copy */
+            float *ref = fy_malloc(e * sizeof(float)), *got = fy_malloc(e * sizeof(float));
+            float *od = dev_floats(p->gpu, NULL, e);
+            assert_int_equal(fy_backend_embed(p->cpu, &ec, ref), FY_OK);
+            for (int pass = 0; pass < 2; pass++) {
+                assert_int_equal(fy_backend_embed(p->gpu, &eg, od), FY_OK);
+                fetch(p->gpu, got, od, e);
+                for (size_t i = 0; i < e; i++)
+                    if (memcmp(&got[i], &ref[i], sizeof(float)) != 0)
+                        fail_msg("embed %s dim %d%s: element %zu is %.9g, the cpu says %.9g", fy_dtype_name(dt), dim,
+                                 pass ? " after the tied head was released" : "", i, got[i], ref[i]);
+                if (pass == 0) fy_backend_release_tensor(p->gpu, &head);
+            }
+            fy_backend_release_tensor(p->cpu, &ec);
+            fy_backend_release_tensor(p->gpu, &eg);
+            fy_backend_free(p->gpu, od);
+            fy_free(tab), fy_free(ref), fy_free(got);
+        }
+    }
+}
+
+/* A weight larger than the staging buffers together arrives byte for byte;
+ * a second upload of the same host tensor takes no device memory and the
+ * copy goes with the last release; weights the device cannot hold are
+ * refused, naming why. */
+static void test_quant_upload(void **state)
+{
+    SKIP_WITHOUT_GPU();
+    fy_backend_t *gpu = NULL;
+    fy_backend_params_t bp = {.n_threads = 0};
+    assert_int_equal(fy_backend_create("cuda", &bp, &gpu), FY_OK);
+    const int64_t in = 4096, rows = 5000; /* 82 MB of f32: 5 chunks through 3 buffers */
+    const size_t bytes = (size_t)in * rows * 4, slack = (size_t)16 << 20;
+    float *w = fy_malloc(bytes);
+    for (size_t i = 0; i < bytes / 4; i++) w[i] = qrand();
+    fy_tensor_t host = {FY_DTYPE_F32, {in, rows}, (size_t)in * 4, bytes, w, 0}, a, b;
+    int64_t total, free0, free1, free2, free3;
+    assert_int_equal(fy_backend_mem_info(gpu, &total, &free0), FY_OK);
+    assert_int_equal(fy_backend_upload(gpu, &host, FY_USE_MATMUL, &a), FY_OK);
+    assert_int_equal(fy_backend_mem_info(gpu, &total, &free1), FY_OK);
+    assert_true(free1 <= free0 - (int64_t)bytes + (int64_t)slack);
+    assert_int_equal(fy_backend_upload(gpu, &host, FY_USE_ROWS, &b), FY_OK);
+    assert_ptr_equal(a.data, b.data);
+    assert_int_equal(fy_backend_mem_info(gpu, &total, &free2), FY_OK);
+    assert_true(free2 >= free1 - (int64_t)slack);
+    float *back = fy_malloc(bytes);
+    assert_int_equal(fy_backend_memcpy(gpu, back, a.data, bytes, FY_COPY_D2H), FY_OK);
+    assert_memory_equal(back, w, bytes);
+    fy_backend_release_tensor(gpu, &a);
+    memset(back, 0, bytes);
+    assert_int_equal(fy_backend_memcpy(gpu, back, b.data, bytes, FY_COPY_D2H), FY_OK);
+    assert_memory_equal(back, w, bytes);
+    fy_backend_release_tensor(gpu, &b);
+    assert_int_equal(fy_backend_mem_info(gpu, &total, &free3), FY_OK);
+    assert_true(free3 >= free1 + (int64_t)bytes - (int64_t)slack);
+
+    /* refused: a type with no kernel, rows that are not as the type stores them */
+    static uint8_t fp8[64 * 8];
+    fy_tensor_t bad = {FY_DTYPE_FP8, {64, 8}, 64, sizeof(fp8), fp8, 0}, d;
+    fy_test_log_begin();
+    assert_int_equal(fy_backend_upload(gpu, &bad, FY_USE_MATMUL, &d), FY_ERR_UNSUPPORTED);
+    fy_test_log_end();
+    assert_true(fy_test_log_has("cannot upload for matmul", "fp8 has no GPU kernel", NULL));
+    bad = (fy_tensor_t){FY_DTYPE_Q8_0, {64, 4}, 80, 320, fp8, 0};
+    fy_test_log_begin();
+    assert_int_equal(fy_backend_upload(gpu, &bad, FY_USE_ROWS, &d), FY_ERR_INVALID);
+    fy_test_log_end();
+    assert_true(fy_test_log_has("cannot upload for rows", "rows of 80 bytes (expected 68)", NULL));
+    fy_free(w), fy_free(back);
+    fy_backend_destroy(gpu);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -786,6 +1038,8 @@ int main(void)
         cmocka_unit_test(test_plan_staging),      cmocka_unit_test(test_plan_share),
         cmocka_unit_test(test_qblock_reading),    cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_embed_matmul),      cmocka_unit_test(test_kv_attention),
+        cmocka_unit_test(test_quant_matmul),      cmocka_unit_test(test_quant_embed),
+        cmocka_unit_test(test_quant_upload),
     };
     return cmocka_run_group_tests(tests, setup_pair, teardown_pair);
 }
