@@ -1,13 +1,20 @@
 /*
  * cuda_backend.cu - the CUDA backend: the ops table of backend_impl.h on
- * one GPU.  Projections go through cuBLAS (bf16 inputs, fp32 compute and
- * output); the other ops are the kernels of cuda_kernels.cu.
+ * one GPU.  Projections are cuda_quant.cu's vector kernels (decode) or
+ * cuBLAS on bf16 tiles (prefill); the other ops are the kernels of
+ * cuda_kernels.cu.
  *
- * Weights.  Matmul weights and embedding tables are uploaded as bf16
- * [rows, in]: GGUF-quantized (every type dtype.h reads, the K-quants
- * included), F16 and F32 rows are dequantized on the host with the
- * reference dequantizers of dtype.h and rounded to bf16 once, at load.
- * Norm weights stay f32.
+ * Weights.  Matmul weights and embedding tables stay on the device as the
+ * file stores them (every weight type: GGUF's blocks, F16/BF16/F32 rows;
+ * kernels/cuda_plan.h), copied from the mmap through pinned staging
+ * buffers filled by several threads while the previous chunk's copy is
+ * in flight.  Uploads of the same host tensor (a tied output head and the
+ * embedding table) share one device copy, counted, freed with the last
+ * tensor.  Decode matmuls (n <= FY_CUDA_MMV_MAX_N) quantize x to q8 and
+ * take integer dot products with the stored blocks; prefill dequantizes
+ * tiles of rows to bf16 into the reservation's scratch tile and calls
+ * cublasGemmEx (bf16 in, fp32 compute and out).  The embedding lookup
+ * dequantizes the tokens' rows on the device.  Norm weights stay f32.
  *
  * Streams.  Compute runs on one stream; KV block copies (swap, demotion,
  * copy-on-write) on a second, ordered after the compute enqueued before

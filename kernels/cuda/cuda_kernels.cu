@@ -4,10 +4,10 @@
  * CPU reference of each is in kernels/cpu/cpu_backend.c and
  * cpu_scalar.c; the arithmetic follows it where that is cheap (double
  * sums in RMSNorm, double angles in RoPE, the same online-softmax merge),
- * so differences come from summation order and bf16 weights only.
+ * so differences come from summation order only.
  *
- * Not here: the projections (cuBLAS, in cuda_backend.cu) and anything
- * that allocates.
+ * Not here: the projections and the embedding lookup (cuda_quant.cu,
+ * on weights as their file stores them) and anything that allocates.
  */
 #include "cuda_kernels.h"
 

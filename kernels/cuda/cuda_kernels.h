@@ -5,6 +5,8 @@
  * never synchronize.  The CPU reference of each is the same-named op of
  * kernels/cpu/cpu_backend.c (tests/test_cuda.c compares them).
  *
+ * The weights' kernels (matmul, embedding) are cuda_quant.h's.
+ *
  * Only kernels/cuda/ includes this header.
  */
 #ifndef FY_CUDA_KERNELS_H
