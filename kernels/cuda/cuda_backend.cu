@@ -234,7 +234,8 @@ static fy_status_t cuda_reserve(void *p, const fy_backend_reserve_t *r)
     c->seqs_dev = (fy_cuda_seq_t *)(c->meta_dev + (3 + NG) * T);
     c->bt_dev = c->meta_dev + (3 + NG) * T + (size_t)r->max_seqs * seq_ints;
     /* ---- weights as stored: q8 activations for decode, a bf16 tile for prefill ---- */
-    if (fy_cuda_wscratch_plan(r, &c->wplan) != FY_OK) {
+    if (fy_cuda_wscratch_plan(r, &c->wplan) != FY_OK) { /* rows and tokens were checked above */
+        fy_error("cuda backend: no weight scratch for a reservation of %d tokens of %d", r->max_tokens, r->max_row);
         free_work(c);
         return FY_ERR_INVALID;
     }
