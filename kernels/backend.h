@@ -140,7 +140,12 @@ typedef enum fy_tensor_use {
 
 /* A device-resident tensor for a host one; release with
  * fy_backend_release_tensor.  The CPU backend aliases host->data, or for
- * matmul weights makes a copy with rows interleaved for its kernels. */
+ * matmul weights makes a copy with rows interleaved for its kernels.  The
+ * CUDA backend copies matmul and rows weights as stored, and uploads of
+ * the same host tensor (tied embeddings: the table for rows, the head for
+ * matmul) share one device copy until the last is released: host memory
+ * must not be rewritten with other weights of the same type and shape
+ * while a device tensor made from it is alive. */
 fy_status_t fy_backend_upload(fy_backend_t *be, const fy_tensor_t *host, fy_tensor_use_t use, fy_tensor_t *dev_p);
 void fy_backend_release_tensor(fy_backend_t *be, fy_tensor_t *dev);
 /* Copies n whole KV blocks: dst_arena[dst[i]] = src_arena[src[i]] (both

@@ -6,6 +6,7 @@
  * The op comparisons need a GPU: without one they skip with a message
  * ("no CUDA device: ...").  The fallback case runs everywhere.
  */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,8 @@
 
 #include "backend.h"
 #include "cuda_attn.h"
+#include "cuda_plan.h"
+#include "cuda_qblock.h"
 #include "mem.h"
 #include "testutil.h"
 
@@ -59,6 +62,370 @@ static void test_device_fallback(void **state)
     fy_test_log_begin();
     assert_int_equal(fy_backend_create_device("tpu", &bp, &be), FY_ERR_INVALID);
     fy_test_log_end();
+}
+
+/* ---- the weights' host-side plan and block reading (run everywhere) ------------------ */
+
+/* every type the GPU holds weights in; the quantized ones first */
+static const fy_dtype_t g_wtypes[] = {FY_DTYPE_Q8_0,   FY_DTYPE_Q4_0, FY_DTYPE_Q4_1, FY_DTYPE_Q5_0, FY_DTYPE_Q5_1,
+                                      FY_DTYPE_IQ4_NL, FY_DTYPE_Q2_K, FY_DTYPE_Q3_K, FY_DTYPE_Q4_K, FY_DTYPE_Q5_K,
+                                      FY_DTYPE_Q6_K,   FY_DTYPE_F32,  FY_DTYPE_F16,  FY_DTYPE_BF16};
+#define N_WTYPES (sizeof(g_wtypes) / sizeof(g_wtypes[0]))
+
+static uint32_t g_qrng = SEED;
+
+static float qrand(void)
+{
+    g_qrng = g_qrng * 1664525u + 1013904223u;
+    return ((float)(g_qrng >> 8) / 16777216.0f) * 2.0f - 1.0f;
+}
+
+/* rows x in random weights in [-0.5, 0.5) stored as dt: *rb_p bytes a row */
+static uint8_t *random_weight(fy_dtype_t dt, int64_t rows, int64_t in, size_t *rb_p)
+{
+    size_t rb;
+    assert_int_equal(fy_dtype_row_bytes(dt, in, &rb), FY_OK);
+    uint8_t *q = fy_malloc(rb * (size_t)rows);
+    float *f = fy_malloc((size_t)in * sizeof(float));
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < in; i++) f[i] = 0.5f * qrand();
+        fy_quantize_row(dt, f, q + (size_t)r * rb, in);
+    }
+    fy_free(f);
+    *rb_p = rb;
+    return q;
+}
+
+static void test_plan_types_paths(void **state)
+{
+    for (int t = 0; t < FY_DTYPE_COUNT; t++)
+        assert_int_equal(fy_cuda_weight_type((fy_dtype_t)t), t != FY_DTYPE_FP8 && t != FY_DTYPE_I8);
+    assert_false(fy_cuda_weight_type(FY_DTYPE_COUNT));
+    for (size_t i = 0; i < N_WTYPES; i++) {
+        fy_dtype_t t = g_wtypes[i];
+        bool q = fy_dtype_is_quantized(t);
+        for (int32_t n = 1; n <= FY_CUDA_MMV_MAX_N; n++)
+            assert_int_equal(fy_cuda_mm_path(t, n), q ? FY_CUDA_MM_VEC_Q8 : FY_CUDA_MM_VEC_F);
+        for (int32_t n = FY_CUDA_MMV_MAX_N + 1; n < 600; n += 37)
+            assert_int_equal(fy_cuda_mm_path(t, n), t == FY_DTYPE_BF16 ? FY_CUDA_MM_GEMM_BF16 : FY_CUDA_MM_GEMM_TILED);
+    }
+    /* launch shapes: a warp per row, whole warps; one thread per element */
+    fy_cuda_launch_t l = fy_cuda_mmv_launch(1);
+    assert_int_equal(l.grid, 1), assert_int_equal(l.block, 32 * FY_CUDA_MMV_WARPS);
+    l = fy_cuda_mmv_launch(1025);
+    assert_int_equal(l.grid, (1025 + FY_CUDA_MMV_WARPS - 1) / FY_CUDA_MMV_WARPS);
+    assert_true((int64_t)l.grid * FY_CUDA_MMV_WARPS >= 1025 && (int64_t)(l.grid - 1) * FY_CUDA_MMV_WARPS < 1025);
+    l = fy_cuda_elem_launch(0);
+    assert_int_equal(l.grid, 1);
+    l = fy_cuda_elem_launch((int64_t)64 * 14336);
+    assert_int_equal(l.block % 32, 0);
+    assert_int_equal((int64_t)l.grid * l.block, (int64_t)64 * 14336);
+}
+
+static void test_plan_weight_check(void **state)
+{
+    char why[160];
+    size_t rb;
+    assert_int_equal(fy_dtype_row_bytes(FY_DTYPE_Q4_K, 512, &rb), FY_OK);
+    static uint8_t data[8 * 288];
+    fy_tensor_t t = {FY_DTYPE_Q4_K, {512, 8}, rb, rb * 8, data, 0};
+    assert_int_equal(fy_cuda_weight_check(&t, why, sizeof(why)), FY_OK);
+    fy_tensor_t bad = t;
+    bad.row_bytes = rb + 2; /* rows with padding: not as the type stores them */
+    assert_int_equal(fy_cuda_weight_check(&bad, why, sizeof(why)), FY_ERR_INVALID);
+    assert_non_null(strstr(why, "rows of 290 bytes (expected 288)"));
+    bad = t;
+    bad.nbytes = rb * 7;
+    assert_int_equal(fy_cuda_weight_check(&bad, why, sizeof(why)), FY_ERR_INVALID);
+    bad = t;
+    bad.data = NULL;
+    assert_int_equal(fy_cuda_weight_check(&bad, why, sizeof(why)), FY_ERR_INVALID);
+    assert_non_null(strstr(why, "no data"));
+    bad = t;
+    bad.ne[0] = 500; /* not whole super-blocks */
+    assert_int_equal(fy_cuda_weight_check(&bad, why, sizeof(why)), FY_ERR_INVALID);
+    assert_non_null(strstr(why, "not whole blocks"));
+    bad = t;
+    bad.dtype = FY_DTYPE_FP8;
+    assert_int_equal(fy_cuda_weight_check(&bad, why, sizeof(why)), FY_ERR_UNSUPPORTED);
+    assert_non_null(strstr(why, "fp8 has no GPU kernel"));
+}
+
+static void test_plan_scratch_tiles(void **state)
+{
+    /* Llama-3-8B: widest input 14336 (ffn down), 512 batch tokens */
+    fy_backend_reserve_t r = {.max_tokens = 512,
+                              .max_row = 14336,
+                              .max_seqs = 8,
+                              .max_blocks = 64,
+                              .max_kv_len = 8192,
+                              .n_heads = 32,
+                              .head_dim = 128};
+    fy_cuda_wscratch_t w;
+    assert_int_equal(fy_cuda_wscratch_plan(&r, &w), FY_OK);
+    assert_int_equal(w.xd_off % 16, 0);
+    assert_true(w.xd_off >= (size_t)FY_CUDA_MMV_MAX_N * 14336);
+    assert_int_equal(w.xq_bytes, w.xd_off + (size_t)FY_CUDA_MMV_MAX_N * (14336 / 32) * sizeof(float));
+    assert_int_equal(w.tile_rows_max, 1152); /* 16M elements / 14336 = 1170, down to a multiple of 64 */
+    assert_int_equal(w.tile_bytes, (size_t)1152 * 14336 * 2);
+    assert_int_equal(fy_cuda_tile_rows(w.tile_bytes, 14336), 1152);
+    /* a narrower weight fills the same tile with more rows, never past it or the cap */
+    int64_t tr = fy_cuda_tile_rows(w.tile_bytes, 4096);
+    assert_true(tr % FY_CUDA_TILE_ALIGN == 0 && tr * 4096 * 2 <= (int64_t)w.tile_bytes && tr <= FY_CUDA_TILE_MAX_ROWS);
+    assert_int_equal(fy_cuda_tile_rows(w.tile_bytes, 64), FY_CUDA_TILE_MAX_ROWS);
+    assert_int_equal(fy_cuda_tile_rows(100, 64), 0);          /* not one row */
+    assert_int_equal(fy_cuda_tile_rows(64 * 2 * 10, 64), 10); /* fewer than 64 rows: not rounded away */
+    /* a model whose rows are odd: a width that is not a multiple of 32 still gets whole q8 blocks */
+    r.max_row = 1000;
+    assert_int_equal(fy_cuda_wscratch_plan(&r, &w), FY_OK);
+    assert_int_equal(w.xq_bytes, w.xd_off + (size_t)FY_CUDA_MMV_MAX_N * 32 * sizeof(float));
+    assert_true(w.xd_off >= (size_t)FY_CUDA_MMV_MAX_N * 1024);
+    /* decode-only reservations need no tile */
+    r.max_tokens = FY_CUDA_MMV_MAX_N;
+    assert_int_equal(fy_cuda_wscratch_plan(&r, &w), FY_OK);
+    assert_int_equal(w.tile_bytes, 0);
+    r.max_row = 0;
+    assert_int_equal(fy_cuda_wscratch_plan(&r, &w), FY_ERR_INVALID);
+    /* the tiles of the output head (128256 rows) cover every row once, in order */
+    const int64_t rows = 128256, per = 1152;
+    int64_t next = 0, n = fy_cuda_tile_count(rows, per);
+    assert_int_equal(n, (rows + per - 1) / per);
+    for (int64_t k = 0; k < n; k++) {
+        int64_t r0, nr;
+        fy_cuda_tile(rows, per, k, &r0, &nr);
+        assert_int_equal(r0, next);
+        assert_true(nr > 0 && nr <= per);
+        next = r0 + nr;
+    }
+    assert_int_equal(next, rows);
+}
+
+static void test_plan_staging(void **state)
+{
+    const size_t sizes[] = {
+        1, 4095, 4096, FY_CUDA_STAGE_BYTES - 1, FY_CUDA_STAGE_BYTES, FY_CUDA_STAGE_BYTES + 1, (size_t)100 << 20};
+    for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+        size_t bytes = sizes[si], next = 0, chunks = fy_cuda_stage_chunks(bytes);
+        assert_int_equal(chunks, (bytes + FY_CUDA_STAGE_BYTES - 1) / FY_CUDA_STAGE_BYTES);
+        for (size_t k = 0; k < chunks; k++) {
+            size_t off, len;
+            fy_cuda_stage_chunk(bytes, k, &off, &len);
+            assert_int_equal(off, next);
+            assert_true(len > 0 && len <= FY_CUDA_STAGE_BYTES);
+            next = off + len;
+            /* the slices of every thread count: contiguous, page-aligned, the chunk exactly */
+            for (int th = 1; th <= FY_CUDA_STAGE_MAX_THREADS; th++) {
+                size_t at = 0;
+                for (int i = 0; i < th; i++) {
+                    size_t so, sn;
+                    fy_cuda_stage_slice(len, th, i, &so, &sn);
+                    assert_int_equal(so, at);
+                    assert_true(so % 4096 == 0 || sn == 0);
+                    at = so + sn;
+                }
+                assert_int_equal(at, len);
+            }
+        }
+        assert_int_equal(next, bytes);
+    }
+    assert_int_equal(fy_cuda_stage_chunks(0), 0);
+    assert_int_equal(fy_cuda_stage_threads(1000, 16), 1);
+    assert_int_equal(fy_cuda_stage_threads(FY_CUDA_STAGE_BYTES, 16), FY_CUDA_STAGE_MAX_THREADS);
+    assert_int_equal(fy_cuda_stage_threads(FY_CUDA_STAGE_BYTES, 2), 2);
+    assert_int_equal(fy_cuda_stage_threads(FY_CUDA_STAGE_BYTES, 0), FY_CUDA_STAGE_MAX_THREADS); /* unknown: the cap */
+}
+
+static void test_plan_share(void **state)
+{
+    fy_cuda_share_table_t tab = {0};
+    static uint8_t a[4096], b[4096];
+    for (size_t i = 0; i < sizeof(a); i++) a[i] = (uint8_t)i, b[i] = (uint8_t)(i * 7);
+    fy_tensor_t ta = {FY_DTYPE_Q8_0, {64, 120}, 34 * 2, 34 * 2 * 120, a, 0};
+    int dev_a, dev_b, many[100];
+    assert_null(fy_cuda_share_find(&tab, &ta));
+    assert_int_equal(fy_cuda_share_add(&tab, &ta, &dev_a), FY_OK);
+    /* the output head tied to the embedding: the same host tensor again */
+    fy_tensor_t tied = ta;
+    fy_cuda_shared_t *e = fy_cuda_share_find(&tab, &tied);
+    assert_non_null(e);
+    assert_ptr_equal(e->dev, &dev_a);
+    e->refs++;
+    /* not the same tensor: another type, shape or address, or the bytes rewritten */
+    fy_tensor_t other = ta;
+    other.dtype = FY_DTYPE_Q4_0;
+    assert_null(fy_cuda_share_find(&tab, &other));
+    other = ta;
+    other.ne[1] = 60;
+    other.nbytes /= 2;
+    assert_null(fy_cuda_share_find(&tab, &other));
+    other = ta;
+    other.data = b;
+    assert_null(fy_cuda_share_find(&tab, &other));
+    a[0] ^= 1;
+    assert_null(fy_cuda_share_find(&tab, &ta));
+    a[0] ^= 1;
+    size_t last = ta.row_bytes * 120 - 1;
+    a[last] ^= 1;
+    assert_null(fy_cuda_share_find(&tab, &ta));
+    a[last] ^= 1;
+    assert_non_null(fy_cuda_share_find(&tab, &ta));
+    /* more entries than the first allocation holds */
+    fy_tensor_t tb = {FY_DTYPE_F16, {16, 4}, 32, 128, b, 0};
+    assert_int_equal(fy_cuda_share_add(&tab, &tb, &dev_b), FY_OK);
+    for (int i = 0; i < 100; i++) {
+        fy_tensor_t ti = {FY_DTYPE_F32, {1, 1}, 4, 4, b + 4 * i, 0};
+        assert_int_equal(fy_cuda_share_add(&tab, &ti, &many[i]), FY_OK);
+    }
+    assert_int_equal(tab.n, 102);
+    /* released twice before the copy goes; a tensor never shared is not found */
+    assert_int_equal(fy_cuda_share_drop(&tab, &dev_a), 1);
+    assert_non_null(fy_cuda_share_find(&tab, &ta));
+    assert_int_equal(fy_cuda_share_drop(&tab, &dev_a), 0);
+    assert_null(fy_cuda_share_find(&tab, &ta));
+    assert_int_equal(fy_cuda_share_drop(&tab, &dev_a), -1);
+    assert_ptr_equal(fy_cuda_share_find(&tab, &tb)->dev, &dev_b); /* the others survive the removal */
+    for (int i = 0; i < 100; i++) assert_int_equal(fy_cuda_share_drop(&tab, &many[i]), 0);
+    assert_int_equal(fy_cuda_share_drop(&tab, &dev_b), 0);
+    assert_int_equal(tab.n, 0);
+    fy_cuda_share_free(&tab);
+    assert_null(tab.e);
+}
+
+/* q8 activation rows as the quantize kernel makes them (a block's amax, its scale, each quant) */
+static void emu_quantize_q8(const float *x, int32_t n, int32_t in, int8_t *xq, float *xd)
+{
+    for (int64_t bi = 0; bi < (int64_t)n * in / 32; bi++) {
+        float amax = 0.0f;
+        for (int l = 0; l < 32; l++) amax = fmaxf(amax, fabsf(x[32 * bi + l]));
+        float d = fyq_q8_scale(amax), id = fyq_q8_inv(d);
+        for (int l = 0; l < 32; l++) xq[32 * bi + l] = (int8_t)fyq_q8_round(x[32 * bi + l], id);
+        xd[bi] = d;
+    }
+}
+
+/* the warp's shuffle tree (xor 16, 8, 4, 2, 1), lane 0's result */
+static float emu_warp_sum(float *v)
+{
+    for (int o = 16; o > 0; o /= 2) {
+        float nv[32];
+        for (int l = 0; l < 32; l++) nv[l] = v[l] + v[l ^ o];
+        memcpy(v, nv, sizeof(nv));
+    }
+    return v[0];
+}
+
+/* mmv_q8_kernel and mmv_f_kernel, lane by lane */
+static void emu_mmv(fy_dtype_t t, const uint8_t *w, size_t rb, int64_t rows, int32_t in, const float *x,
+                    const int8_t *xq, const float *xd, int32_t n, float *y)
+{
+    const int32_t nb = in / 32;
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = w + (size_t)r * rb;
+        for (int32_t tk = 0; tk < n; tk++) {
+            float lane[32] = {0};
+            for (int l = 0; l < 32; l++) {
+                if (fy_dtype_is_quantized(t)) {
+                    for (int32_t b = l; b < nb; b += 32) {
+                        fyq_sub_t sb;
+                        fyq_sub_load(t, row, b, &sb);
+                        int32_t xw[8];
+                        memcpy(xw, xq + (size_t)tk * in + (size_t)b * 32, sizeof(xw));
+                        lane[l] += fyq_sub_dot(&sb, xw, xd[(size_t)tk * nb + b], fyq_needs_xsum(t));
+                    }
+                } else {
+                    for (int32_t k = l; k < in; k += 32) lane[l] += fyq_deq(t, row, k) * x[(size_t)tk * in + k];
+                }
+            }
+            y[(size_t)tk * rows + r] = emu_warp_sum(lane);
+        }
+    }
+}
+
+/* Every type: fyq_deq gives fy_dequantize_row's bits; a decoded block
+ * rebuilds the same values; and the vector kernels' arithmetic, run lane
+ * by lane here, agrees with the CPU backend's matmul to the reordering of
+ * f32 sums (the integer sums are exact on both sides). */
+static void test_qblock_reading(void **state)
+{
+    fy_backend_t *cpu = NULL;
+    fy_backend_params_t bp = {.n_threads = 2};
+    assert_int_equal(fy_backend_create("cpu", &bp, &cpu), FY_OK);
+    fy_backend_reserve_t res = {.max_tokens = 8,
+                                .max_row = 4096,
+                                .max_seqs = 1,
+                                .max_blocks = 1,
+                                .max_kv_len = 16,
+                                .n_heads = 1,
+                                .head_dim = 64};
+    assert_int_equal(fy_backend_reserve(cpu, &res), FY_OK);
+    for (int i = 0; i < 16; i++) assert_int_equal(fyq_iq4nl((uint32_t)i), fy_iq4nl_values[i]);
+    for (size_t ti = 0; ti < N_WTYPES; ti++) {
+        const fy_dtype_t dt = g_wtypes[ti];
+        const bool quant = fy_dtype_is_quantized(dt);
+        /* K-quants: 4096; 32-element types: a width that is not whole 256s and an odd count of blocks */
+        const int32_t widths[2] = {4096, fy_dtype_info(dt)->block_elems == 256 ? 2816 : quant ? 1056 : 1000};
+        for (int wi = 0; wi < 2; wi++) {
+            const int32_t in = widths[wi], n = 3;
+            const int64_t rows = 37;
+            size_t rb;
+            uint8_t *w = random_weight(dt, rows, in, &rb);
+            float *ref = fy_malloc((size_t)in * sizeof(float));
+            double *absw = fy_calloc((size_t)rows * in, sizeof(double));
+            for (int64_t r = 0; r < rows; r++) {
+                const uint8_t *row = w + (size_t)r * rb;
+                fy_dequantize_row(dt, row, ref, in);
+                for (int32_t k = 0; k < in; k++) {
+                    float got = fyq_deq(dt, row, k);
+                    if (memcmp(&got, &ref[k], sizeof(float)) != 0)
+                        fail_msg("%s: element %d of row %lld is %.9g, dequantize_row says %.9g", fy_dtype_name(dt), k,
+                                 (long long)r, got, ref[k]);
+                    absw[(size_t)r * in + k] = fabs(ref[k]);
+                }
+                for (int32_t b = 0; quant && b < in / 32; b++) {
+                    fyq_sub_t sb;
+                    fyq_sub_load(dt, row, b, &sb);
+                    for (int l = 0; l < 32; l++) {
+                        float a = sb.a[l / 16], e = sb.e[l / 16];
+                        int q = (int8_t)(uint8_t)(sb.q[l / 4] >> (8 * (l % 4)));
+                        float v = a * (float)q + e + sb.c;
+                        float bound = 4 * FLT_EPSILON * (fabsf(a * (float)q) + fabsf(e) + fabsf(sb.c)) + 1e-30f;
+                        if (!(fabsf(v - ref[32 * b + l]) <= bound))
+                            fail_msg("%s: block %d element %d decodes to %.9g, dequantize_row says %.9g",
+                                     fy_dtype_name(dt), b, l, v, ref[32 * b + l]);
+                    }
+                }
+            }
+            float *x = fy_malloc((size_t)n * in * sizeof(float));
+            for (size_t i = 0; i < (size_t)n * in; i++) x[i] = qrand();
+            int8_t *xq = fy_malloc((size_t)n * in);
+            float *xd = fy_malloc((size_t)n * (in / 32 + 1) * sizeof(float));
+            if (quant) emu_quantize_q8(x, n, in, xq, xd);
+            float *got = fy_malloc((size_t)n * rows * sizeof(float)),
+                  *want = fy_malloc((size_t)n * rows * sizeof(float));
+            emu_mmv(dt, w, rb, rows, in, x, xq, xd, n, got);
+            fy_tensor_t host = {dt, {in, rows}, rb, rb * (size_t)rows, w, 0}, dev;
+            assert_int_equal(fy_backend_upload(cpu, &host, FY_USE_MATMUL, &dev), FY_OK);
+            const fy_tensor_t *wl[1] = {&dev};
+            float *yl[1] = {want};
+            assert_int_equal(fy_backend_matmul(cpu, 1, wl, x, n, yl), FY_OK);
+            /* |w| . |x|: the scale of every rounding; quantized: 8 (blocks + 64) roundings of it, the 8 for the
+             * scale and minimum parts of a weight (up to 4 |w| here) on both sides; float: 2 (in + 64) */
+            for (int32_t tk = 0; tk < n; tk++) {
+                for (int64_t r = 0; r < rows; r++) {
+                    double A = 0;
+                    for (int32_t k = 0; k < in; k++) A += absw[(size_t)r * in + k] * fabs(x[(size_t)tk * in + k]);
+                    double tol = (quant ? 8.0 * (in / 32 + 64) : 2.0 * (in + 64)) * ldexp(1.0, -24) * A;
+                    size_t i = (size_t)tk * rows + (size_t)r;
+                    if (!(fabs((double)got[i] - want[i]) <= tol))
+                        fail_msg("%s width %d: row %lld token %d is %.9g, the cpu backend says %.9g (tolerance %g)",
+                                 fy_dtype_name(dt), in, (long long)r, tk, got[i], want[i], tol);
+                }
+            }
+            fy_backend_release_tensor(cpu, &dev);
+            fy_free(w), fy_free(ref), fy_free(absw), fy_free(x), fy_free(xq), fy_free(xd), fy_free(got), fy_free(want);
+        }
+    }
+    fy_backend_destroy(cpu);
 }
 
 /* ---- op comparisons (need a GPU) ---------------------------------------------------- */
@@ -288,8 +655,10 @@ static void test_elementwise(void **state)
     fy_free(x), fy_free(y), fy_free(w), fy_free(ref), fy_free(got);
 }
 
-/* embed and matmul for every weight dtype: the GPU holds bf16, so the
- * tolerance is bf16's (8 bits of mantissa) over the dot product */
+/* embed and matmul for every weight dtype at the batch's 21 tokens (the
+ * GEMM on bf16 tiles) against the CPU's own arithmetic (q8 activations for
+ * quantized weights): a loose tolerance for bf16's 8 bits of mantissa over
+ * the dot product; test_quant_matmul compares like with like */
 static void test_embed_matmul(void **state)
 {
     pair_t *p = *state;
@@ -319,7 +688,7 @@ static void test_embed_matmul(void **state)
         assert_int_equal(fy_backend_embed(p->cpu, &ec, ref), FY_OK);
         assert_int_equal(fy_backend_embed(p->gpu, &eg, od), FY_OK);
         fetch(p->gpu, got, od, e);
-        expect_close(fy_dtype_name(dt), ref, got, e, 0, 1.0f / 128); /* bf16 rounding of each element */
+        expect_close(fy_dtype_name(dt), ref, got, e, 0, 0); /* the stored rows, dequantized as the cpu does */
 
         float *x = fy_malloc(e * sizeof(float));
         fill(p, x, e, 1.0f);
@@ -708,13 +1077,267 @@ static void test_copy_blocks_d2d(void **state)
     fy_free(h), fy_free(back);
 }
 
+/* ---- weights as stored, on the GPU (need one) ------------------------------------------ */
+
+#define SKIP_WITHOUT_GPU()                                                                                             \
+    do {                                                                                                               \
+        char why_[192] = "";                                                                                           \
+        if (!fy_backend_cuda_usable(why_, sizeof(why_))) {                                                             \
+            printf("no CUDA device: %s; skipping\n", why_);                                                            \
+            skip();                                                                                                    \
+        }                                                                                                              \
+    } while (0)
+
+static float bf16_round(float v) { return fy_bf16_to_fp32(fy_fp32_to_bf16(v)); }
+
+/* One weight of a matmul call, uploaded four ways: as stored to the GPU and
+ * to the CPU backend, and as f32 tensors of its bf16-rounded values and of
+ * their magnitudes to the CPU backend (the prefill reference and the scale
+ * of the tolerance). */
+typedef struct qweight {
+    int64_t rows;
+    uint8_t *q;
+    float *wf, *wa;
+    fy_tensor_t g, c, cf, ca;
+} qweight_t;
+
+static void qweight_make(fy_backend_t *cpu, fy_backend_t *gpu, fy_dtype_t dt, int64_t rows, int32_t in, qweight_t *w)
+{
+    size_t rb;
+    w->rows = rows;
+    w->q = random_weight(dt, rows, in, &rb);
+    w->wf = fy_malloc((size_t)rows * in * sizeof(float));
+    w->wa = fy_malloc((size_t)rows * in * sizeof(float));
+    for (int64_t r = 0; r < rows; r++) fy_dequantize_row(dt, w->q + (size_t)r * rb, w->wf + (size_t)r * in, in);
+    for (size_t i = 0; i < (size_t)rows * in; i++) w->wf[i] = bf16_round(w->wf[i]), w->wa[i] = fabsf(w->wf[i]);
+    fy_tensor_t h = {dt, {in, rows}, rb, rb * (size_t)rows, w->q, 0};
+    fy_tensor_t hf = {FY_DTYPE_F32, {in, rows}, (size_t)in * 4, (size_t)in * 4 * (size_t)rows, w->wf, 0};
+    fy_tensor_t ha = hf;
+    ha.data = w->wa;
+    assert_int_equal(fy_backend_upload(gpu, &h, FY_USE_MATMUL, &w->g), FY_OK);
+    assert_int_equal(fy_backend_upload(cpu, &h, FY_USE_MATMUL, &w->c), FY_OK);
+    assert_int_equal(fy_backend_upload(cpu, &hf, FY_USE_MATMUL, &w->cf), FY_OK);
+    assert_int_equal(fy_backend_upload(cpu, &ha, FY_USE_MATMUL, &w->ca), FY_OK);
+}
+
+static void qweight_drop(fy_backend_t *cpu, fy_backend_t *gpu, qweight_t *w)
+{
+    fy_backend_release_tensor(gpu, &w->g);
+    fy_backend_release_tensor(cpu, &w->c);
+    fy_backend_release_tensor(cpu, &w->cf);
+    fy_backend_release_tensor(cpu, &w->ca);
+    fy_free(w->q), fy_free(w->wf), fy_free(w->wa);
+}
+
+/*
+ * Matmul of every weight type as the runner calls it (3 weights for
+ * q/k/v, 2 for gate/up; in = 4096, and a width that is not whole 256s
+ * where the type allows), for n = 1, 3, 8 (the vector kernels) and 9, 64
+ * (the GEMM on dequantized tiles; Q4_K also as a head of 9000 rows, more
+ * than one tile holds), each against the CPU backend doing the
+ * same arithmetic:
+ *  - n <= 8: the CPU backend on the same stored weights and x.  For the
+ *    quantized types both sides quantize x to q8 per 32 with the same
+ *    bits and sum each block's integers exactly; for F32/F16/BF16 both
+ *    multiply in f32.  What differs is the order of f32 operations.
+ *  - n > 8: the CPU backend's f32 matmul of the weights dequantized and
+ *    rounded to bf16 and of x rounded to bf16, which is what the GPU
+ *    multiplies (bf16 products are exact in f32): again only the order of
+ *    the f32 sums differs.
+ * Tolerance, with A = |W'| . |x| per element (the CPU's f32 matmul of the
+ * magnitudes): reordering in f32 moves a sum of in terms by at most
+ * (in - 1) 2^-24 A on each side, so 2 (in + 64) 2^-24 A; for the quantized
+ * types at n <= 8 only the in / 32 block terms are summed in f32, so
+ * 8 (in / 32 + 64) 2^-24 A (8: each block's float parts, scale and
+ * minimum, reach 4 |w| for these weights).  A 32-element block read
+ * wrongly moves a row by about 1 (these weights and x), hundreds of
+ * tolerances at n <= 8 and one or two for the GEMM.
+ */
+static void test_quant_matmul(void **state)
+{
+    SKIP_WITHOUT_GPU();
+    fy_backend_t *cpu = NULL, *gpu = NULL;
+    fy_backend_params_t bp = {.n_threads = 0};
+    assert_int_equal(fy_backend_create("cpu", &bp, &cpu), FY_OK);
+    assert_int_equal(fy_backend_create("cuda", &bp, &gpu), FY_OK);
+    fy_backend_reserve_t res = {.max_tokens = 64,
+                                .max_row = 4096,
+                                .max_seqs = 1,
+                                .max_blocks = 1,
+                                .max_kv_len = 16,
+                                .n_heads = 1,
+                                .head_dim = 64};
+    assert_int_equal(fy_backend_reserve(cpu, &res), FY_OK);
+    assert_int_equal(fy_backend_reserve(gpu, &res), FY_OK);
+    const int32_t ns[] = {1, 3, 8, 9, 64};
+    for (size_t ti = 0; ti < N_WTYPES; ti++) {
+        const fy_dtype_t dt = g_wtypes[ti];
+        const bool quant = fy_dtype_is_quantized(dt);
+        /* Q4_K also as an output head of 9000 rows: three tiles of the GEMM (4096 rows of 4096 each) */
+        for (int call = 0; call < (dt == FY_DTYPE_Q4_K ? 3 : 2); call++) {
+            const int n_w = call == 2 ? 1 : call ? 2 : 3;
+            const int32_t in = call == 1 ? (fy_dtype_info(dt)->block_elems == 256 ? 2816 : quant ? 1056 : 1000) : 4096;
+            const int64_t rows[3] = {call == 2 ? 9000 : call ? 1000 : 1024, call ? 1000 : 256, 250};
+            qweight_t w[3];
+            for (int i = 0; i < n_w; i++) qweight_make(cpu, gpu, dt, rows[i], in, &w[i]);
+            const fy_tensor_t *gw[3], *cw[3], *cfw[3], *caw[3];
+            for (int i = 0; i < n_w; i++) gw[i] = &w[i].g, cw[i] = &w[i].c, cfw[i] = &w[i].cf, caw[i] = &w[i].ca;
+            for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+                const int32_t n = ns[ni];
+                const bool vec = n <= FY_CUDA_MMV_MAX_N;
+                size_t e = (size_t)n * in;
+                float *x = fy_malloc(e * sizeof(float)), *xb = fy_malloc(e * sizeof(float));
+                float *xa = fy_malloc(e * sizeof(float));
+                for (size_t i = 0; i < e; i++) {
+                    x[i] = qrand();
+                    xb[i] = bf16_round(x[i]);
+                    xa[i] = fabsf(vec ? x[i] : xb[i]);
+                }
+                float *xd = dev_floats(gpu, x, e);
+                float *yd[3], *ref[3], *amag[3], *got[3];
+                for (int i = 0; i < n_w; i++) {
+                    size_t o = (size_t)n * rows[i];
+                    yd[i] = dev_floats(gpu, NULL, o);
+                    ref[i] = fy_malloc(o * sizeof(float));
+                    amag[i] = fy_malloc(o * sizeof(float));
+                    got[i] = fy_malloc(o * sizeof(float));
+                }
+                assert_int_equal(fy_backend_matmul(gpu, n_w, gw, xd, n, yd), FY_OK);
+                if (vec)
+                    assert_int_equal(fy_backend_matmul(cpu, n_w, cw, x, n, ref), FY_OK);
+                else
+                    assert_int_equal(fy_backend_matmul(cpu, n_w, cfw, xb, n, ref), FY_OK);
+                assert_int_equal(fy_backend_matmul(cpu, n_w, caw, xa, n, amag), FY_OK);
+                const double f = (quant && vec ? 8.0 * (in / 32 + 64) : 2.0 * (in + 64)) * ldexp(1.0, -24);
+                for (int i = 0; i < n_w; i++) {
+                    size_t o = (size_t)n * rows[i];
+                    fetch(gpu, got[i], yd[i], o);
+                    for (size_t k = 0; k < o; k++) {
+                        double tol = f * amag[i][k] + 1e-6;
+                        if (!isfinite(got[i][k]) || !(fabs((double)got[i][k] - ref[i][k]) <= tol))
+                            fail_msg("matmul %s, %d weights of width %d, n %d: weight %d row %lld token %lld is %.9g, "
+                                     "the cpu says %.9g (tolerance %g) seed %u",
+                                     fy_dtype_name(dt), n_w, in, n, i, (long long)(k % rows[i]),
+                                     (long long)(k / rows[i]), got[i][k], ref[i][k], tol, SEED);
+                    }
+                    fy_backend_free(gpu, yd[i]);
+                    fy_free(ref[i]), fy_free(amag[i]), fy_free(got[i]);
+                }
+                fy_backend_free(gpu, xd);
+                fy_free(x), fy_free(xb), fy_free(xa);
+            }
+            for (int i = 0; i < n_w; i++) qweight_drop(cpu, gpu, &w[i]);
+        }
+    }
+    fy_backend_destroy(cpu);
+    fy_backend_destroy(gpu);
+}
+
+/* The embedding lookup of every type reads the stored rows: bit for bit
+ * the CPU's dequantized rows.  A tied output head is the same device copy
+ * and outlives neither use: the table still reads right after the head
+ * is released. */
+static void test_quant_embed(void **state)
+{
+    pair_t *p = *state;
+    NEED_GPU(p);
+    int32_t n;
+    set_batch_both(p, &n);
+    for (size_t ti = 0; ti < N_WTYPES; ti++) {
+        const fy_dtype_t dt = g_wtypes[ti];
+        const bool quant = fy_dtype_is_quantized(dt);
+        const int32_t dims[2] = {512, fy_dtype_info(dt)->block_elems == 256 ? 768 : quant ? 544 : 500};
+        for (int di = 0; di < 2; di++) {
+            const int32_t dim = dims[di];
+            size_t rb, e = (size_t)n * dim;
+            uint8_t *tab = random_weight(dt, VOCAB, dim, &rb);
+            fy_tensor_t host = {dt, {dim, VOCAB}, rb, rb * VOCAB, tab, 0}, ec, eg, head;
+            assert_int_equal(fy_backend_upload(p->cpu, &host, FY_USE_ROWS, &ec), FY_OK);
+            assert_int_equal(fy_backend_upload(p->gpu, &host, FY_USE_ROWS, &eg), FY_OK);
+            assert_int_equal(fy_backend_upload(p->gpu, &host, FY_USE_MATMUL, &head), FY_OK);
+            assert_ptr_equal(head.data, eg.data); /* tied: one device copy */
+            float *ref = fy_malloc(e * sizeof(float)), *got = fy_malloc(e * sizeof(float));
+            float *od = dev_floats(p->gpu, NULL, e);
+            assert_int_equal(fy_backend_embed(p->cpu, &ec, ref), FY_OK);
+            for (int pass = 0; pass < 2; pass++) {
+                assert_int_equal(fy_backend_embed(p->gpu, &eg, od), FY_OK);
+                fetch(p->gpu, got, od, e);
+                for (size_t i = 0; i < e; i++)
+                    if (memcmp(&got[i], &ref[i], sizeof(float)) != 0)
+                        fail_msg("embed %s dim %d%s: element %zu is %.9g, the cpu says %.9g", fy_dtype_name(dt), dim,
+                                 pass ? " after the tied head was released" : "", i, got[i], ref[i]);
+                if (pass == 0) fy_backend_release_tensor(p->gpu, &head);
+            }
+            fy_backend_release_tensor(p->cpu, &ec);
+            fy_backend_release_tensor(p->gpu, &eg);
+            fy_backend_free(p->gpu, od);
+            fy_free(tab), fy_free(ref), fy_free(got);
+        }
+    }
+}
+
+/* A weight larger than the staging buffers together arrives byte for byte;
+ * a second upload of the same host tensor takes no device memory and the
+ * copy goes with the last release; weights the device cannot hold are
+ * refused, naming why. */
+static void test_quant_upload(void **state)
+{
+    SKIP_WITHOUT_GPU();
+    fy_backend_t *gpu = NULL;
+    fy_backend_params_t bp = {.n_threads = 0};
+    assert_int_equal(fy_backend_create("cuda", &bp, &gpu), FY_OK);
+    const int64_t in = 4096, rows = 5000; /* 82 MB of f32: 5 chunks through 3 buffers */
+    const size_t bytes = (size_t)in * rows * 4, slack = (size_t)16 << 20;
+    float *w = fy_malloc(bytes);
+    for (size_t i = 0; i < bytes / 4; i++) w[i] = qrand();
+    fy_tensor_t host = {FY_DTYPE_F32, {in, rows}, (size_t)in * 4, bytes, w, 0}, a, b;
+    int64_t total, free0, free1, free2, free3;
+    assert_int_equal(fy_backend_mem_info(gpu, &total, &free0), FY_OK);
+    assert_int_equal(fy_backend_upload(gpu, &host, FY_USE_MATMUL, &a), FY_OK);
+    assert_int_equal(fy_backend_mem_info(gpu, &total, &free1), FY_OK);
+    assert_true(free1 <= free0 - (int64_t)bytes + (int64_t)slack);
+    assert_int_equal(fy_backend_upload(gpu, &host, FY_USE_ROWS, &b), FY_OK);
+    assert_ptr_equal(a.data, b.data);
+    assert_int_equal(fy_backend_mem_info(gpu, &total, &free2), FY_OK);
+    assert_true(free2 >= free1 - (int64_t)slack);
+    float *back = fy_malloc(bytes);
+    assert_int_equal(fy_backend_memcpy(gpu, back, a.data, bytes, FY_COPY_D2H), FY_OK);
+    assert_memory_equal(back, w, bytes);
+    fy_backend_release_tensor(gpu, &a);
+    memset(back, 0, bytes);
+    assert_int_equal(fy_backend_memcpy(gpu, back, b.data, bytes, FY_COPY_D2H), FY_OK);
+    assert_memory_equal(back, w, bytes);
+    fy_backend_release_tensor(gpu, &b);
+    assert_int_equal(fy_backend_mem_info(gpu, &total, &free3), FY_OK);
+    assert_true(free3 >= free1 + (int64_t)bytes - (int64_t)slack);
+
+    /* refused: a type with no kernel, rows that are not as the type stores them */
+    static uint8_t fp8[64 * 8];
+    fy_tensor_t bad = {FY_DTYPE_FP8, {64, 8}, 64, sizeof(fp8), fp8, 0}, d;
+    fy_test_log_begin();
+    assert_int_equal(fy_backend_upload(gpu, &bad, FY_USE_MATMUL, &d), FY_ERR_UNSUPPORTED);
+    fy_test_log_end();
+    assert_true(fy_test_log_has("cannot upload for matmul", "fp8 has no GPU kernel", NULL));
+    bad = (fy_tensor_t){FY_DTYPE_Q8_0, {64, 4}, 80, 320, fp8, 0};
+    fy_test_log_begin();
+    assert_int_equal(fy_backend_upload(gpu, &bad, FY_USE_ROWS, &d), FY_ERR_INVALID);
+    fy_test_log_end();
+    assert_true(fy_test_log_has("cannot upload for rows", "rows of 80 bytes (expected 68)", NULL));
+    fy_free(w), fy_free(back);
+    fy_backend_destroy(gpu);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_device_fallback), cmocka_unit_test(test_elementwise),
-        cmocka_unit_test(test_embed_matmul),    cmocka_unit_test(test_kv_attention),
-        cmocka_unit_test(test_attn_plan),       cmocka_unit_test(test_attention_shapes),
-        cmocka_unit_test(test_copy_blocks_d2d),
+        cmocka_unit_test(test_device_fallback),   cmocka_unit_test(test_plan_types_paths),
+        cmocka_unit_test(test_plan_weight_check), cmocka_unit_test(test_plan_scratch_tiles),
+        cmocka_unit_test(test_plan_staging),      cmocka_unit_test(test_plan_share),
+        cmocka_unit_test(test_qblock_reading),    cmocka_unit_test(test_attn_plan),
+        cmocka_unit_test(test_elementwise),       cmocka_unit_test(test_embed_matmul),
+        cmocka_unit_test(test_kv_attention),      cmocka_unit_test(test_attention_shapes),
+        cmocka_unit_test(test_copy_blocks_d2d),   cmocka_unit_test(test_quant_matmul),
+        cmocka_unit_test(test_quant_embed),       cmocka_unit_test(test_quant_upload),
     };
     return cmocka_run_group_tests(tests, setup_pair, teardown_pair);
 }

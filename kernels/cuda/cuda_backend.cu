@@ -1,13 +1,20 @@
 /*
  * cuda_backend.cu - the CUDA backend: the ops table of backend_impl.h on
- * one GPU.  Projections go through cuBLAS (bf16 inputs, fp32 compute and
- * output); the other ops are the kernels of cuda_kernels.cu.
+ * one GPU.  Projections are cuda_quant.cu's vector kernels (decode) or
+ * cuBLAS on bf16 tiles (prefill); the other ops are the kernels of
+ * cuda_kernels.cu.
  *
- * Weights.  Matmul weights and embedding tables are uploaded as bf16
- * [rows, in]: GGUF-quantized (every type dtype.h reads, the K-quants
- * included), F16 and F32 rows are dequantized on the host with the
- * reference dequantizers of dtype.h and rounded to bf16 once, at load.
- * Norm weights stay f32.
+ * Weights.  Matmul weights and embedding tables stay on the device as the
+ * file stores them (every weight type: GGUF's blocks, F16/BF16/F32 rows;
+ * kernels/cuda_plan.h), copied from the mmap through pinned staging
+ * buffers filled by several threads while the previous chunk's copy is
+ * in flight.  Uploads of the same host tensor (a tied output head and the
+ * embedding table) share one device copy, counted, freed with the last
+ * tensor.  Decode matmuls (n <= FY_CUDA_MMV_MAX_N) quantize x to q8 and
+ * take integer dot products with the stored blocks; prefill dequantizes
+ * tiles of rows to bf16 into the reservation's scratch tile and calls
+ * cublasGemmEx (bf16 in, fp32 compute and out).  The embedding lookup
+ * dequantizes the tokens' rows on the device.  Norm weights stay f32.
  *
  * Streams.  Compute runs on one stream; KV block copies (swap, demotion,
  * copy-on-write) on a second, ordered after the compute enqueued before
@@ -23,14 +30,20 @@
  * attention pass); it is gathered on the device and added into the host
  * array at sync.
  *
+ * Recorded steps.  graph_begin/graph_end capture the compute stream
+ * between them into a CUDA graph per (owner, shape) and replay it
+ * (backend.h; the runner pads decode batches to buckets for it).
+ *
  * Not here: a determinism guarantee across batch compositions (cuBLAS
  * picks its algorithm by shape; attention is batch-independent), multi-
- * GPU, CUDA graphs (each step launches its kernels one by one).
+ * GPU.
  *
  * Status: compiled in CI for sm_80 and sm_90; never yet run on a GPU.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -39,13 +52,15 @@
 #define _Static_assert static_assert
 extern "C" {
 #include "backend_impl.h"
+#include "cuda_plan.h"
 #include "log.h"
 #include "mem.h"
 }
 
 #include "cuda_kernels.h"
+#include "cuda_quant.h"
 
-#define FY_CUDA_PACK_BF16 0x42 /* fy_tensor_t.packing: bf16 [rows, in] on the device */
+#define FY_CUDA_PACK_STORED 0x53 /* fy_tensor_t.packing: a matmul/rows weight on the device as its file stores it */
 #define MAX_HEAD_DIM FY_CUDA_MAX_HEAD_DIM
 #define CUDA_MAX_GRAPHS 64              /* recorded steps kept: buckets x runners */
 #define CUDA_BLAS_WORKSPACE (32u << 20) /* cuBLAS's recommended size on Hopper */
@@ -139,6 +154,13 @@ typedef struct cuda_ctx {
     int32_t replay;  /* graphs[replay - 1] is to be launched by graph_end */
     bool graphs_off; /* a recording failed: run every step directly */
     void *blas_work; /* cuBLAS's workspace, fixed so that a recorded GEMM allocates nothing */
+    /* ---- weights as stored (cuda_quant.cu; kernels/cuda_plan.h) ---- */
+    fy_cuda_wscratch_t wplan;                   /* the reservation's weight scratch */
+    void *wxq_dev;                              /* q8 activation rows and scales of the vector kernels */
+    void *wtile_dev;                            /* bf16 tile of dequantized weight rows for the GEMM */
+    void *stage[FY_CUDA_STAGE_BUFS];            /* pinned upload staging, made at the first upload */
+    cudaEvent_t stage_done[FY_CUDA_STAGE_BUFS]; /* the copy out of stage[i] finished */
+    fy_cuda_share_table_t shared;               /* device copies shared by uploads of one host tensor */
 } cuda_ctx_t;
 
 static void free_work(cuda_ctx_t *c);
@@ -151,15 +173,31 @@ static void drop_graphs(cuda_ctx_t *c)
     c->replay = 0;
 }
 
+/* the weight scratch of a reservation (reserve-time; free_work frees it) */
+static void free_weight_work(cuda_ctx_t *c)
+{
+    cudaFree(c->wxq_dev);
+    cudaFree(c->wtile_dev);
+    c->wxq_dev = c->wtile_dev = NULL;
+    memset(&c->wplan, 0, sizeof(c->wplan));
+}
+
 static void cuda_destroy(void *p)
 {
     cuda_ctx_t *c = (cuda_ctx_t *)p;
     if (!c) return;
     cudaSetDevice(c->device);
     if (c->stream) cudaStreamSynchronize(c->stream);
-    free_work(c);
+    free_work(c); /* the weight scratch too */
     drop_graphs(c);
     cudaFree(c->blas_work);
+    /* ---- weights as stored ---- */
+    for (int i = 0; i < FY_CUDA_STAGE_BUFS; i++) {
+        cudaFreeHost(c->stage[i]);
+        if (c->stage_done[i]) cudaEventDestroy(c->stage_done[i]);
+    }
+    fy_cuda_share_free(&c->shared);
+    /* ---- */
     if (c->blas) cublasDestroy(c->blas);
     if (c->meta_done) cudaEventDestroy(c->meta_done);
     if (c->compute_done) cudaEventDestroy(c->compute_done);
@@ -191,6 +229,7 @@ static void free_work(cuda_ctx_t *c)
     c->seqs_host = NULL;
     c->tokens_host = NULL;
     c->reserved = false;
+    free_weight_work(c); /* weights as stored */
 }
 
 static fy_status_t cuda_reserve(void *p, const fy_backend_reserve_t *r)
@@ -267,6 +306,27 @@ static fy_status_t cuda_reserve(void *p, const fy_backend_reserve_t *r)
     c->slots_dev = c->meta_dev + 5 * T;
     c->seqs_dev = (fy_cuda_seq_t *)(c->meta_dev + (5 + NG) * T);
     c->bt_dev = c->meta_dev + (5 + NG) * T + (size_t)r->max_seqs * seq_ints;
+    /* ---- weights as stored: q8 activations for decode, a bf16 tile for prefill ---- */
+    if (fy_cuda_wscratch_plan(r, &c->wplan) != FY_OK) { /* rows and tokens were checked above */
+        fy_error("cuda backend: no weight scratch for a reservation of %d tokens of %d", r->max_tokens, r->max_row);
+        free_work(c);
+        return FY_ERR_INVALID;
+    }
+    e = cudaMalloc(&c->wxq_dev, c->wplan.xq_bytes);
+    if (e != cudaSuccess) {
+        c->wxq_dev = NULL;
+    } else if (c->wplan.tile_bytes) {
+        e = cudaMalloc(&c->wtile_dev, c->wplan.tile_bytes);
+        if (e != cudaSuccess) c->wtile_dev = NULL;
+    }
+    if (e != cudaSuccess) {
+        char what[128];
+        snprintf(what, sizeof(what), "reserving %zu + %zu bytes of weight scratch (q8 activations, a bf16 tile)",
+                 c->wplan.xq_bytes, c->wplan.tile_bytes);
+        free_work(c);
+        return cuda_check(e, what);
+    }
+    /* ---- */
     c->res = *r;
     c->reserved = true;
     return FY_OK;
@@ -348,71 +408,144 @@ static fy_status_t cuda_memcpy(void *p, void *dst, const void *src, size_t bytes
     return FY_OK;
 }
 
-/* Host rows of any dtype -> bf16 rows on the device, a slab of rows at a time. */
-static fy_status_t upload_bf16(cuda_ctx_t *c, const fy_tensor_t *h, void *dst_dev)
+/* One slice of a staging chunk, copied by its own thread (page faults of
+ * a cold mmap are the cost: several threads take them in parallel). */
+typedef struct stage_job {
+    char *dst;
+    const char *src;
+    size_t n;
+} stage_job_t;
+
+static void *stage_copy_slice(void *arg)
 {
-    const int64_t in = h->ne[0], rows = h->ne[1] > 0 ? h->ne[1] : 1;
-    const int64_t slab = in >= (1 << 20) ? 1 : (1 << 20) / in; /* ~1M elements per copy */
-    float *f = (float *)fy_malloc((size_t)in * sizeof(float));
-    uint16_t *b = NULL;
-    cudaError_t e = cudaHostAlloc((void **)&b, (size_t)slab * (size_t)in * 2, cudaHostAllocDefault);
-    if (!f || e != cudaSuccess) {
-        fy_free(f);
-        if (e == cudaSuccess) cudaFreeHost(b);
-        fy_error("cuda backend: out of host memory converting a %lld x %lld tensor to bf16", (long long)rows,
-                 (long long)in);
-        return FY_ERR_NOMEM;
-    }
-    fy_status_t st = FY_OK;
-    for (int64_t r0 = 0; r0 < rows && st == FY_OK; r0 += slab) {
-        int64_t nr = rows - r0 < slab ? rows - r0 : slab;
-        for (int64_t r = 0; r < nr; r++) {
-            fy_dequantize_row(h->dtype, (const char *)h->data + (size_t)(r0 + r) * h->row_bytes, f, in);
-            for (int64_t i = 0; i < in; i++) b[r * in + i] = fy_fp32_to_bf16(f[i]);
-        }
-        st = cuda_check(cudaMemcpy((char *)dst_dev + (size_t)r0 * (size_t)in * 2, b, (size_t)nr * (size_t)in * 2,
-                                   cudaMemcpyHostToDevice),
-                        "uploading weights");
-    }
-    cudaFreeHost(b);
-    fy_free(f);
-    return st;
+    const stage_job_t *j = (const stage_job_t *)arg;
+    memcpy(j->dst, j->src, j->n);
+    return NULL;
 }
 
+/* fills dst (pinned) from src with threads threads (fy_cuda_stage_slice);
+ * a thread that cannot be started copies on the caller's */
+static void stage_fill(char *dst, const char *src, size_t len, int threads)
+{
+    pthread_t tid[FY_CUDA_STAGE_MAX_THREADS];
+    stage_job_t jobs[FY_CUDA_STAGE_MAX_THREADS];
+    bool started[FY_CUDA_STAGE_MAX_THREADS] = {false};
+    for (int i = 0; i < threads; i++) {
+        size_t off, n;
+        fy_cuda_stage_slice(len, threads, i, &off, &n);
+        jobs[i] = (stage_job_t){dst + off, src + off, n};
+        if (i > 0 && n > 0) started[i] = pthread_create(&tid[i], NULL, stage_copy_slice, &jobs[i]) == 0;
+    }
+    for (int i = 0; i < threads; i++)
+        if (!started[i]) stage_copy_slice(&jobs[i]);
+    for (int i = 1; i < threads; i++)
+        if (started[i]) pthread_join(tid[i], NULL);
+}
+
+/* Host bytes to the device as they lie: chunks through the pinned staging
+ * buffers in turn, each filled by several threads while the copy of the
+ * one before is in flight on the compute stream (so compute enqueued later
+ * is ordered after it).  Complete when it returns. */
+static fy_status_t stage_upload(cuda_ctx_t *c, void *dst_dev, const void *src, size_t bytes)
+{
+    for (int i = 0; i < FY_CUDA_STAGE_BUFS; i++) {
+        if (c->stage[i]) continue;
+        char what[80];
+        snprintf(what, sizeof(what), "allocating %zu bytes of pinned upload staging", FY_CUDA_STAGE_BYTES);
+        cudaError_t e = cudaHostAlloc(&c->stage[i], FY_CUDA_STAGE_BYTES, cudaHostAllocDefault);
+        if (e != cudaSuccess) {
+            c->stage[i] = NULL;
+            return cuda_check(e, what);
+        }
+        e = cudaEventCreateWithFlags(&c->stage_done[i], cudaEventDisableTiming);
+        if (e != cudaSuccess) {
+            cudaFreeHost(c->stage[i]);
+            c->stage[i] = NULL;
+            c->stage_done[i] = NULL;
+            return cuda_check(e, "creating an upload event");
+        }
+    }
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    const size_t chunks = fy_cuda_stage_chunks(bytes);
+    fy_status_t st = FY_OK;
+    for (size_t k = 0; k < chunks && st == FY_OK; k++) {
+        const int b = (int)(k % FY_CUDA_STAGE_BUFS);
+        size_t off, len;
+        fy_cuda_stage_chunk(bytes, k, &off, &len);
+        if (k >= FY_CUDA_STAGE_BUFS && (st = cuda_check(cudaEventSynchronize(c->stage_done[b]), "uploading weights")))
+            break;
+        stage_fill((char *)c->stage[b], (const char *)src + off, len, fy_cuda_stage_threads(len, (int)ncpu));
+        st = cuda_check(cudaMemcpyAsync((char *)dst_dev + off, c->stage[b], len, cudaMemcpyHostToDevice, c->stream),
+                        "uploading weights");
+        if (st == FY_OK) st = cuda_check(cudaEventRecord(c->stage_done[b], c->stream), "uploading weights");
+    }
+    /* every chunk in flight finishes before the staging is reused or the caller frees src */
+    fy_status_t done = cuda_check(cudaStreamSynchronize(c->stream), "uploading weights");
+    return st != FY_OK ? st : done;
+}
+
+/* Vectors (f32) as they are; matmul and rows weights as their file stores
+ * them (cuda_plan.h: every weight type has a GPU kernel), one device copy
+ * for every upload of the same host tensor (tied embeddings: the table
+ * for rows and the output head for matmul are the same bytes). */
 static fy_status_t cuda_upload(void *p, const fy_tensor_t *host, fy_tensor_use_t use, fy_tensor_t *dev_p)
 {
     cuda_ctx_t *c = (cuda_ctx_t *)p;
     fy_tensor_t t = *host;
     void *m = NULL;
     fy_status_t st;
+    char what[160];
     if (use == FY_USE_VECTOR) {
         if (host->dtype != FY_DTYPE_F32) {
             fy_error("cuda backend: vector parameters must be f32, not %s", fy_dtype_name(host->dtype));
             return FY_ERR_INVALID;
         }
-        if ((st = cuda_alloc(c, host->nbytes, &m))) return st;
-        st = cuda_check(cudaMemcpy(m, host->data, host->nbytes, cudaMemcpyHostToDevice), "uploading a vector");
-    } else {
-        size_t elems = (size_t)host->ne[0] * (size_t)(host->ne[1] > 0 ? host->ne[1] : 1);
-        if ((st = cuda_alloc(c, elems * 2, &m))) return st;
-        st = upload_bf16(c, host, m);
-        t.dtype = FY_DTYPE_BF16;
-        t.row_bytes = (size_t)host->ne[0] * 2;
-        t.nbytes = elems * 2;
-        t.packing = FY_CUDA_PACK_BF16;
+        snprintf(what, sizeof(what), "allocating %zu bytes for a vector", host->nbytes);
+        CK(cudaMalloc(&m, host->nbytes), what);
+        if ((st = stage_upload(c, m, host->data, host->nbytes)) != FY_OK) {
+            cudaFree(m);
+            return st;
+        }
+        t.data = m;
+        t.packing = 0;
+        *dev_p = t;
+        return FY_OK;
     }
+    if ((st = fy_cuda_weight_check(host, what, sizeof(what))) != FY_OK) {
+        fy_error("cuda backend: cannot upload for %s: %s", use == FY_USE_ROWS ? "rows" : "matmul", what);
+        return st;
+    }
+    fy_cuda_shared_t *sh = fy_cuda_share_find(&c->shared, host);
+    if (sh) {
+        sh->refs++;
+        t.data = sh->dev;
+        t.packing = FY_CUDA_PACK_STORED;
+        *dev_p = t;
+        return FY_OK;
+    }
+    const size_t bytes = host->row_bytes * (size_t)(host->ne[1] > 0 ? host->ne[1] : 1);
+    snprintf(what, sizeof(what), "allocating %zu bytes for a %s weight of %lld x %lld", bytes,
+             fy_dtype_name(host->dtype), (long long)host->ne[1], (long long)host->ne[0]);
+    CK(cudaMalloc(&m, bytes), what);
+    st = stage_upload(c, m, host->data, bytes);
+    if (st == FY_OK && (st = fy_cuda_share_add(&c->shared, host, m)) != FY_OK)
+        fy_error("cuda backend: out of host memory recording a weight");
     if (st != FY_OK) {
         cudaFree(m);
         return st;
     }
     t.data = m;
+    t.nbytes = bytes;
+    t.packing = FY_CUDA_PACK_STORED;
     *dev_p = t;
     return FY_OK;
 }
 
+/* a shared weight's device copy goes with its last tensor */
 static void cuda_release_tensor(void *p, fy_tensor_t *t)
 {
-    cuda_free(p, (void *)t->data);
+    cuda_ctx_t *c = (cuda_ctx_t *)p;
+    if (fy_cuda_share_drop(&c->shared, t->data) <= 0) cuda_free(p, (void *)t->data);
     t->data = NULL;
     t->packing = 0;
 }
@@ -542,7 +675,7 @@ static fy_status_t cuda_set_batch(void *p, const fy_batch_meta_t *m)
 static fy_status_t cuda_embed(void *p, const fy_tensor_t *table, float *out)
 {
     cuda_ctx_t *c = (cuda_ctx_t *)p;
-    if (table->packing != FY_CUDA_PACK_BF16) {
+    if (table->packing != FY_CUDA_PACK_STORED) {
         fy_error("cuda backend: embedding table was not uploaded for rows");
         return FY_ERR_INVALID;
     }
@@ -553,39 +686,84 @@ static fy_status_t cuda_embed(void *p, const fy_tensor_t *table, float *out)
             return FY_ERR_INVALID;
         }
     }
-    CK(fy_cuda_embed(table->data, c->tokens_dev, c->n_tokens, (int32_t)table->ne[0], out, c->stream),
+    CK(fy_cuda_embed_rows(table->dtype, table->data, table->row_bytes, c->tokens_dev, c->n_tokens,
+                          (int32_t)table->ne[0], out, c->stream),
        "launching embed");
     return FY_OK;
 }
 
-/* y (row-major [n, rows]) = x ([n, in]) . W^T, W row-major [rows, in]: in
- * cuBLAS's column-major terms Y^T (rows x n) = op(W)=W^T... i.e. A = W
- * viewed as [in, rows] col-major, transposed. */
+/* y (row-major [n, rows]) = x ([n, in]) . W^T for each weight, W as
+ * stored, row-major [rows, in] (cuda_plan.h's fy_cuda_mm_path picks the
+ * kernel).  Decode (n <= FY_CUDA_MMV_MAX_N): x is quantized to q8 once for
+ * all the quantized weights, then one vector kernel per weight.  Prefill:
+ * x goes to bf16 once; each weight is multiplied by cublasGemmEx (bf16 in,
+ * fp32 compute and out), a bf16 weight directly, any other tile by tile
+ * dequantized into the reservation's tile.  In cuBLAS's column-major
+ * terms Y^T (rows x n) = op(A) B with A the weight (or tile) viewed as
+ * [in, rows] and transposed, B = x^T [in, n]; a tile of rows r0.. writes
+ * Y^T's rows r0.., at y + r0 with leading dimension rows. */
 static fy_status_t cuda_matmul(void *p, int n_w, const fy_tensor_t *const *w, const float *x, int32_t n,
                                float *const *y)
 {
     cuda_ctx_t *c = (cuda_ctx_t *)p;
     if (n_w < 1) return FY_ERR_INVALID;
     const int64_t in = w[0]->ne[0];
+    bool any_q8 = false, any_tiled = false;
     for (int i = 0; i < n_w; i++) {
-        if (w[i]->ne[0] != in || w[i]->packing != FY_CUDA_PACK_BF16) {
+        if (w[i]->ne[0] != in || w[i]->packing != FY_CUDA_PACK_STORED) {
             fy_error("cuda backend: matmul weights of mixed widths or not uploaded for matmul");
             return FY_ERR_INVALID;
         }
+        fy_cuda_mm_path_t path = fy_cuda_mm_path(w[i]->dtype, n);
+        any_q8 |= path == FY_CUDA_MM_VEC_Q8;
+        any_tiled |= path == FY_CUDA_MM_GEMM_TILED;
     }
-    if (n < 1 || n > c->res.max_tokens || in > c->res.max_row) {
+    if (!c->reserved || n < 1 || n > c->res.max_tokens || in > c->res.max_row) {
         fy_error("cuda backend: matmul of %d x %lld exceeds the reservation", n, (long long)in);
         return FY_ERR_INVALID;
     }
-    CK(fy_cuda_f32_to_bf16(x, c->xb_dev, (size_t)n * (size_t)in, c->stream), "launching bf16 conversion");
+    if (any_tiled && fy_cuda_tile_rows(c->wplan.tile_bytes, in) < 1) { /* the plan sizes it for max_row */
+        fy_error("cuda backend: no weight tile for a matmul of %d x %lld", n, (long long)in);
+        return FY_ERR_INVALID;
+    }
+    int8_t *xq = (int8_t *)c->wxq_dev;
+    float *xd = (float *)((char *)c->wxq_dev + c->wplan.xd_off);
+    if (any_q8) CK(fy_cuda_quantize_q8(x, n, (int32_t)in, xq, xd, c->stream), "launching q8 quantization");
+    if (n > FY_CUDA_MMV_MAX_N)
+        CK(fy_cuda_f32_to_bf16(x, c->xb_dev, (size_t)n * (size_t)in, c->stream), "launching bf16 conversion");
     const float one = 1.0f, zero = 0.0f;
     for (int i = 0; i < n_w; i++) {
-        int rows = (int)w[i]->ne[1];
-        fy_status_t st = blas_check(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, (int)in, &one, w[i]->data,
-                                                 CUDA_R_16BF, (int)in, c->xb_dev, CUDA_R_16BF, (int)in, &zero, y[i],
-                                                 CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                                    "matmul");
-        if (st != FY_OK) return st;
+        const fy_tensor_t *wi = w[i];
+        const int64_t rows = wi->ne[1] > 0 ? wi->ne[1] : 1;
+        const fy_cuda_mm_path_t path = fy_cuda_mm_path(wi->dtype, n);
+        if (path == FY_CUDA_MM_VEC_Q8 || path == FY_CUDA_MM_VEC_F) {
+            CK(fy_cuda_mmv(wi->dtype, wi->data, wi->row_bytes, rows, (int32_t)in, x, xq, xd, n, y[i], c->stream),
+               "launching a vector matmul");
+            continue;
+        }
+        if (path == FY_CUDA_MM_GEMM_BF16) {
+            fy_status_t st =
+                blas_check(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, n, (int)in, &one, wi->data,
+                                        CUDA_R_16BF, (int)in, c->xb_dev, CUDA_R_16BF, (int)in, &zero, y[i], CUDA_R_32F,
+                                        (int)rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                           "matmul");
+            if (st != FY_OK) return st;
+            continue;
+        }
+        const int64_t tr = fy_cuda_tile_rows(c->wplan.tile_bytes, in);
+        for (int64_t k = 0; k < fy_cuda_tile_count(rows, tr); k++) {
+            int64_t r0, nr;
+            fy_cuda_tile(rows, tr, k, &r0, &nr);
+            /* the tile is reused: stream order puts this after the GEMM of the tile before */
+            CK(fy_cuda_dequant_bf16(wi->dtype, wi->data, wi->row_bytes, r0, nr, (int32_t)in, c->wtile_dev, c->stream),
+               "launching a weight tile's dequantization");
+            fy_status_t st =
+                blas_check(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, n, (int)in, &one, c->wtile_dev,
+                                        CUDA_R_16BF, (int)in, c->xb_dev, CUDA_R_16BF, (int)in, &zero, y[i] + r0,
+                                        CUDA_R_32F, (int)rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                           "matmul of a weight tile");
+            if (st != FY_OK) return st;
+        }
     }
     return FY_OK;
 }

@@ -4,10 +4,10 @@
  * CPU reference of each is in kernels/cpu/cpu_backend.c and
  * cpu_scalar.c; the arithmetic follows it where that is cheap (double
  * sums in RMSNorm, double angles in RoPE, the same online-softmax merge),
- * so differences come from summation order and bf16 weights only.
+ * so differences come from summation order only.
  *
- * Not here: the projections (cuBLAS, in cuda_backend.cu) and anything
- * that allocates.
+ * Not here: the projections and the embedding lookup (cuda_quant.cu,
+ * on weights as their file stores them) and anything that allocates.
  */
 #include "cuda_kernels.h"
 
@@ -32,21 +32,6 @@ static unsigned grid_for(size_t n, unsigned threads)
 extern "C" cudaError_t fy_cuda_f32_to_bf16(const float *x, void *y, size_t n, cudaStream_t s)
 {
     f32_to_bf16_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, (__nv_bfloat16 *)y, n);
-    return cudaGetLastError();
-}
-
-/* one block per token: table [vocab, dim] bf16, out [n, dim] */
-static __global__ void embed_kernel(const __nv_bfloat16 *table, const int32_t *tokens, int32_t dim, float *out)
-{
-    const __nv_bfloat16 *row = table + (size_t)tokens[blockIdx.x] * dim;
-    float *o = out + (size_t)blockIdx.x * dim;
-    for (int32_t d = threadIdx.x; d < dim; d += blockDim.x) o[d] = __bfloat162float(row[d]);
-}
-
-extern "C" cudaError_t fy_cuda_embed(const void *table, const int32_t *tokens, int32_t n, int32_t dim, float *out,
-                                     cudaStream_t s)
-{
-    embed_kernel<<<n, 256, 0, s>>>((const __nv_bfloat16 *)table, tokens, dim, out);
     return cudaGetLastError();
 }
 

@@ -5,6 +5,8 @@
  * never synchronize.  The CPU reference of each is the same-named op of
  * kernels/cpu/cpu_backend.c (tests/test_cuda.c compares them).
  *
+ * The weights' kernels (matmul, embedding) are cuda_quant.h's.
+ *
  * Only kernels/cuda/ includes this header.
  */
 #ifndef FY_CUDA_KERNELS_H
@@ -48,8 +50,6 @@ typedef struct fy_cuda_kv_geom {
 
 /* y[i] = bf16(x[i]); y: [n] __nv_bfloat16 */
 cudaError_t fy_cuda_f32_to_bf16(const float *x, void *y, size_t n, cudaStream_t s);
-/* out[t] = f32(table[tokens[t]]); table: bf16 [vocab, dim]; out: [n, dim] */
-cudaError_t fy_cuda_embed(const void *table, const int32_t *tokens, int32_t n, int32_t dim, float *out, cudaStream_t s);
 /* y[t] = x[t] / rms(x[t]) * w, double accumulation as on the CPU; x, y: [n, dim] (may alias); w: [dim] */
 cudaError_t fy_cuda_rmsnorm(const float *x, const float *w, int32_t n, int32_t dim, float eps, float *y,
                             cudaStream_t s);

@@ -1,0 +1,226 @@
+/*
+ * cuda_quant.cu - the kernels of weights kept as their file stores them
+ * (cuda_quant.h): activations quantized to q8 per 32, the vector matmuls
+ * of decode (integer dot products on the stored blocks, or f32 for float
+ * weights), bf16 tiles for the prefill GEMM, and the embedding lookup.
+ * Every read of a block is kernels/cuda_qblock.h's, which the CPU tests
+ * check type by type; the kernels here only map threads to rows, blocks
+ * and elements.
+ *
+ * Vector matmul (n <= FY_CUDA_MMV_MAX_N): a warp per output row; lane l
+ * takes the row's 32-element blocks l, l + 32, ..., decodes each once
+ * (fyq_sub_load) and multiplies it with the same block of each of the n
+ * activation rows (two 16-byte loads of quants, one scale), keeping n
+ * accumulators; a shuffle tree sums the lanes.  A warp reads its row's
+ * blocks front to back, 32 consecutive blocks per step: every byte of the
+ * weight is read once, in whole sectors.  Not tuned: llama.cpp's mmvq
+ * loads several 32-bit words per lane per step and splits a block among
+ * lanes; this keeps a block per lane for the plainest indexing.
+ *
+ * Never run on a GPU yet (compiled for sm_80 and sm_90, warnings as
+ * errors).
+ */
+#include "cuda_quant.h"
+
+#include <cuda_bf16.h>
+#include <math.h>
+
+/* the project's headers are C11; their one C-only construct, spelled for C++ */
+#define _Static_assert static_assert
+extern "C" {
+#include "cuda_plan.h"
+#include "dtype.h"
+}
+#include "cuda_qblock.h"
+
+/* ---- activations ------------------------------------------------------------------ */
+
+/* one thread per element, a warp per 32-element block; total a multiple of
+ * 32, so a warp is wholly in range or wholly out */
+static __global__ void quantize_q8_kernel(const float *x, int64_t total, int8_t *xq, float *xd)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    const float v = x[i];
+    float amax = fabsf(v);
+    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = fyq_q8_scale(amax), id = fyq_q8_inv(d);
+    xq[i] = (int8_t)fyq_q8_round(v, id);
+    if (threadIdx.x % 32 == 0) xd[i / 32] = d;
+}
+
+extern "C" cudaError_t fy_cuda_quantize_q8(const float *x, int32_t n, int32_t in, int8_t *xq, float *xd, cudaStream_t s)
+{
+    if (in % FY_QK) return cudaErrorInvalidValue;
+    const int64_t total = (int64_t)n * in;
+    fy_cuda_launch_t l = fy_cuda_elem_launch(total);
+    quantize_q8_kernel<<<l.grid, l.block, 0, s>>>(x, total, xq, xd);
+    return cudaGetLastError();
+}
+
+/* ---- vector matmul ---------------------------------------------------------------- */
+
+/* the sum over the warp, in every lane */
+static __device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <int T>
+static __global__ void __launch_bounds__(32 * FY_CUDA_MMV_WARPS)
+    mmv_q8_kernel(const uint8_t *w, size_t row_bytes, int64_t rows, int32_t in, const int8_t *xq, const float *xd,
+                  int32_t n, float *y)
+{
+    const int lane = threadIdx.x % 32;
+    const int64_t r = (int64_t)blockIdx.x * FY_CUDA_MMV_WARPS + threadIdx.x / 32;
+    if (r >= rows) return; /* the whole warp: r is the warp's */
+    const uint8_t *row = w + r * (int64_t)row_bytes;
+    const int32_t nb = in / FY_QK;
+    float acc[FY_CUDA_MMV_MAX_N];
+#pragma unroll
+    for (int t = 0; t < FY_CUDA_MMV_MAX_N; t++) acc[t] = 0.0f;
+    for (int32_t b = lane; b < nb; b += 32) {
+        fyq_sub_t sb;
+        fyq_sub_load((fy_dtype_t)T, row, b, &sb);
+#pragma unroll
+        for (int t = 0; t < FY_CUDA_MMV_MAX_N; t++) {
+            if (t < n) {
+                /* 32 quants at a 32-byte boundary: in is a multiple of 32 */
+                const int4 *xv = (const int4 *)(xq + (int64_t)t * in + (int64_t)b * FY_QK);
+                const int4 v0 = xv[0], v1 = xv[1];
+                const int32_t xw[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+                acc[t] += fyq_sub_dot(&sb, xw, xd[(int64_t)t * nb + b], fyq_needs_xsum((fy_dtype_t)T));
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < FY_CUDA_MMV_MAX_N; t++) {
+        if (t < n) { /* n is the same in every lane */
+            const float v = warp_sum(acc[t]);
+            if (lane == 0) y[(int64_t)t * rows + r] = v;
+        }
+    }
+}
+
+/* float weights: lane l takes elements l, l + 32, ... (coalesced), x as it is */
+template <int T>
+static __global__ void __launch_bounds__(32 * FY_CUDA_MMV_WARPS)
+    mmv_f_kernel(const uint8_t *w, size_t row_bytes, int64_t rows, int32_t in, const float *x, int32_t n, float *y)
+{
+    const int lane = threadIdx.x % 32;
+    const int64_t r = (int64_t)blockIdx.x * FY_CUDA_MMV_WARPS + threadIdx.x / 32;
+    if (r >= rows) return;
+    const uint8_t *row = w + r * (int64_t)row_bytes;
+    float acc[FY_CUDA_MMV_MAX_N];
+#pragma unroll
+    for (int t = 0; t < FY_CUDA_MMV_MAX_N; t++) acc[t] = 0.0f;
+    for (int32_t k = lane; k < in; k += 32) {
+        const float wv = fyq_deq((fy_dtype_t)T, row, k);
+#pragma unroll
+        for (int t = 0; t < FY_CUDA_MMV_MAX_N; t++)
+            if (t < n) acc[t] += wv * x[(int64_t)t * in + k];
+    }
+#pragma unroll
+    for (int t = 0; t < FY_CUDA_MMV_MAX_N; t++) {
+        if (t < n) {
+            const float v = warp_sum(acc[t]);
+            if (lane == 0) y[(int64_t)t * rows + r] = v;
+        }
+    }
+}
+
+/* every weight type the device holds, quantized ones and float ones */
+#define FY_QUANT_TYPES(X)                                                                                              \
+    X(FY_DTYPE_Q8_0)                                                                                                   \
+    X(FY_DTYPE_Q4_0)                                                                                                   \
+    X(FY_DTYPE_Q4_1)                                                                                                   \
+    X(FY_DTYPE_Q5_0)                                                                                                   \
+    X(FY_DTYPE_Q5_1)                                                                                                   \
+    X(FY_DTYPE_IQ4_NL)                                                                                                 \
+    X(FY_DTYPE_Q2_K)                                                                                                   \
+    X(FY_DTYPE_Q3_K)                                                                                                   \
+    X(FY_DTYPE_Q4_K)                                                                                                   \
+    X(FY_DTYPE_Q5_K)                                                                                                   \
+    X(FY_DTYPE_Q6_K)
+#define FY_FLOAT_TYPES(X) X(FY_DTYPE_F32) X(FY_DTYPE_F16) X(FY_DTYPE_BF16)
+
+extern "C" cudaError_t fy_cuda_mmv(int dtype, const void *w, size_t row_bytes, int64_t rows, int32_t in, const float *x,
+                                   const int8_t *xq, const float *xd, int32_t n, float *y, cudaStream_t s)
+{
+    if (n < 1 || n > FY_CUDA_MMV_MAX_N || rows < 1) return cudaErrorInvalidValue;
+    const fy_cuda_launch_t l = fy_cuda_mmv_launch(rows);
+    const uint8_t *wb = (const uint8_t *)w;
+    switch (dtype) {
+#define MMV_Q(T)                                                                                                       \
+    case T:                                                                                                            \
+        if (in % FY_QK) return cudaErrorInvalidValue;                                                                  \
+        mmv_q8_kernel<T><<<l.grid, l.block, 0, s>>>(wb, row_bytes, rows, in, xq, xd, n, y);                            \
+        break;
+        FY_QUANT_TYPES(MMV_Q)
+#undef MMV_Q
+#define MMV_F(T)                                                                                                       \
+    case T: mmv_f_kernel<T><<<l.grid, l.block, 0, s>>>(wb, row_bytes, rows, in, x, n, y); break;
+        FY_FLOAT_TYPES(MMV_F)
+#undef MMV_F
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+/* ---- dequantized tiles and rows ----------------------------------------------------- */
+
+/* one thread per element of the tile [nr, in], w at the tile's first row */
+template <int T>
+static __global__ void dequant_bf16_kernel(const uint8_t *w, size_t row_bytes, int64_t nr, int32_t in,
+                                           __nv_bfloat16 *out)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= nr * in) return;
+    const int64_t r = i / in, k = i % in;
+    out[i] = __float2bfloat16_rn(fyq_deq((fy_dtype_t)T, w + r * (int64_t)row_bytes, k));
+}
+
+extern "C" cudaError_t fy_cuda_dequant_bf16(int dtype, const void *w, size_t row_bytes, int64_t r0, int64_t nr,
+                                            int32_t in, void *out, cudaStream_t s)
+{
+    if (nr < 1 || in < 1) return cudaErrorInvalidValue;
+    const fy_cuda_launch_t l = fy_cuda_elem_launch(nr * in);
+    const uint8_t *wb = (const uint8_t *)w + r0 * (int64_t)row_bytes;
+    __nv_bfloat16 *o = (__nv_bfloat16 *)out;
+    switch (dtype) {
+#define DEQ(T)                                                                                                         \
+    case T: dequant_bf16_kernel<T><<<l.grid, l.block, 0, s>>>(wb, row_bytes, nr, in, o); break;
+        FY_QUANT_TYPES(DEQ)
+        FY_FLOAT_TYPES(DEQ)
+#undef DEQ
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+/* one block per token */
+template <int T>
+static __global__ void embed_rows_kernel(const uint8_t *table, size_t row_bytes, const int32_t *tokens, int32_t dim,
+                                         float *out)
+{
+    const uint8_t *row = table + (int64_t)tokens[blockIdx.x] * (int64_t)row_bytes;
+    float *o = out + (int64_t)blockIdx.x * dim;
+    for (int32_t d = threadIdx.x; d < dim; d += blockDim.x) o[d] = fyq_deq((fy_dtype_t)T, row, d);
+}
+
+extern "C" cudaError_t fy_cuda_embed_rows(int dtype, const void *table, size_t row_bytes, const int32_t *tokens,
+                                          int32_t n, int32_t dim, float *out, cudaStream_t s)
+{
+    if (n < 1) return cudaSuccess;
+    const uint8_t *tb = (const uint8_t *)table;
+    switch (dtype) {
+#define EMB(T)                                                                                                         \
+    case T: embed_rows_kernel<T><<<n, FY_CUDA_ELEM_THREADS, 0, s>>>(tb, row_bytes, tokens, dim, out); break;
+        FY_QUANT_TYPES(EMB)
+        FY_FLOAT_TYPES(EMB)
+#undef EMB
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
