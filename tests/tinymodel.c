@@ -401,8 +401,8 @@ static void add_random_matrix(fy_gw_t *w, const char *name, long rows, long cols
         fy_quantize_row(t, row, buf + (size_t)r * rb, cols);
     }
     int64_t ne[2] = {cols, rows};
-    fy_gw_tensor(w, name, ggml, 2, ne, buf, rb * (size_t)rows);
-    free(buf), free(row);
+    fy_gw_tensor_take(w, name, ggml, 2, ne, buf, rb * (size_t)rows);
+    free(row);
 }
 
 /* Blocks drawn per matrix from a pool of POOL_BLOCKS quantized random
@@ -443,8 +443,8 @@ static void add_pooled_matrix(fy_gw_t *w, const char *name, long rows, long cols
     }
     *s = x;
     int64_t ne[2] = {cols, rows};
-    fy_gw_tensor(w, name, ggml, 2, ne, buf, rb * (size_t)rows);
-    free(pool), free(vals), free(buf);
+    fy_gw_tensor_take(w, name, ggml, 2, ne, buf, rb * (size_t)rows);
+    free(pool), free(vals);
 }
 
 void fy_tiny_random_default(fy_tiny_random_t *r, uint32_t ggml_type) { *r = (fy_tiny_random_t){.type = ggml_type}; }
