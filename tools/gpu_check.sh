@@ -17,7 +17,9 @@
 #   5. bench     ferry bench-gpu on the Llama-shaped model, alone on the GPU:
 #                device-to-device copy, decode steps at batch 1/8/64, paged decode
 #                attention at 4k-32k context, prefill matmuls
-# Every step has its own timeout, clipped so that all of them end within
+# GPU_CHECK_SIZES=tiny writes the dry run's tiny models instead (a quick look
+# on a GPU host; tests/test_gpucheck.c runs it where there is no GPU, to see
+# every GPU step fail).  Every step has its own timeout, clipped so that all of them end within
 # GPU_CHECK_BUDGET seconds (default 400).  Output lands under $OUT (default
 # build/gpu-check/DATE) in seven files: summary.txt, build.log, models.log,
 # test_cuda.log, compare.log, sanitizer.log, bench.log; nothing is deleted.  The
@@ -171,7 +173,7 @@ mlog=$out/models.log
 : >"$mlog"
 llama=$mdir/llama3-8b-shape.gguf
 gemma=$mdir/gemma3-4b-shape.gguf
-if [ $dry = 1 ]; then
+if [ $dry = 1 ] || [ "${GPU_CHECK_SIZES:-}" = tiny ]; then
     largs="--shape llama3-8b --dim 256 --ffn 512 --heads 4 --kv-heads 2 --layers 2 --vocab 1024"
     gargs="--shape gemma3-4b --dim 256 --heads 2 --kv-heads 1 --head-dim 128 --ffn 512 --vocab 1024 --window 16"
 else
