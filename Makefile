@@ -74,13 +74,18 @@ PKGS    := libpcre2-8 jansson libsodium ucx msgpack inih libmicrohttpd libcurl
 MULTIARCH  := $(shell $(CC) -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
 PKG_FALLBACK_CFLAGS := -I$(PKG_CONFIG_SYSROOT_DIR)/usr/include -I$(PKG_CONFIG_SYSROOT_DIR)/usr/include/$(MULTIARCH)
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null || echo FAILED)
-ifeq ($(PKG_CFLAGS),FAILED)
+ifneq ($(filter FAILED,$(PKG_CFLAGS)),)
 PKG_BAD    := $(strip $(foreach p,$(PKGS),$(if $(shell pkg-config --cflags $(p) >/dev/null 2>&1 || echo bad),$(p))))
 PKG_CFLAGS := $(foreach p,$(filter-out $(PKG_BAD),$(PKGS)),$(shell pkg-config --cflags $(p) 2>/dev/null)) \
               $(if $(PKG_BAD),$(PKG_FALLBACK_CFLAGS))
 ifneq ($(PKG_BAD),)
 $(warning pkg-config --cflags fails for $(PKG_BAD); using $(PKG_FALLBACK_CFLAGS) for them)
 endif
+endif
+# pkgconf leaves out what it takes for a system folder, under a sysroot too
+# (libcurl's usr/include/x86_64-linux-gnu): name the sysroot's own
+ifneq ($(PKG_CONFIG_SYSROOT_DIR),)
+PKG_CFLAGS += $(filter-out $(PKG_CFLAGS),$(PKG_FALLBACK_CFLAGS))
 endif
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || \
                 echo -lpcre2-8 -ljansson -lsodium -lucp -luct -lucs -lucm -lmsgpackc -linih -lmicrohttpd -lcurl) -lnng

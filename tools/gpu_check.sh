@@ -37,15 +37,21 @@
 # A GPU host has no package registry: bring ferry's Debian libraries along as
 # ../shared/device/README.md says, into the git-ignored .debs/ of the working
 # tree, with its use-debs.sh.  The packages this script needs (their runtime
-# libraries follow by dependency):
-#   libucx-dev libnng-dev libmsgpack-dev libpcre2-dev libjansson-dev
-#   libsodium-dev libinih-dev libmicrohttpd-dev libcurl4-openssl-dev (the
-#   Makefile's PKGS, and nng); libgnutls28-dev (libmicrohttpd's .pc requires
-#   gnutls, so without it `pkg-config --cflags` fails: the Makefile then asks
-#   package by package); libcmocka-dev (the tests link it); make; pkg-config.
-# Debian keeps curl's headers in usr/include/x86_64-linux-gnu: use-debs.sh puts
-# /opt/debs/usr/include/x86_64-linux-gnu on CPATH, and the Makefile adds
-# $PKG_CONFIG_SYSROOT_DIR/usr/include/<multiarch> when pkg-config fails.
+# libraries follow by dependency), checked against the Makefile's PKGS, nng
+# (no .pc: -lnng) and what the tests link (cmocka):
+#   echo /.debs/ >> .git/info/exclude   # (.gitignore has it already)
+#   ../shared/device/fetch-debs.sh .debs libucx-dev libnng-dev libmsgpack-dev \
+#       libpcre2-dev libjansson-dev libsodium-dev libinih-dev libmicrohttpd-dev \
+#       libgnutls28-dev libp11-kit-dev nettle-dev libtasn1-6-dev libidn2-dev \
+#       libcurl4-openssl-dev libcmocka-dev make pkgconf pkgconf-bin
+#   cp ../shared/device/use-debs.sh .debs/
+# (61 .deb files, 16 MiB, bookworm).  libmicrohttpd's .pc requires gnutls,
+# whose .pc requires p11-kit-1, nettle, hogweed, libtasn1 and libidn2: with
+# one missing `pkg-config --cflags` fails as a whole, and the Makefile then
+# asks package by package and warns.  make and pkg-config may be missing on
+# the host.  Debian keeps curl's headers in usr/include/x86_64-linux-gnu:
+# use-debs.sh puts /opt/debs/usr/include/x86_64-linux-gnu on CPATH, and the
+# Makefile adds $PKG_CONFIG_SYSROOT_DIR/usr/include/<multiarch> itself.
 # Then, from the working tree:
 #     . .debs/use-debs.sh .debs && sh tools/gpu_check.sh
 # (or make gpu-check).  nvcc is looked for on PATH and at /usr/local/cuda/bin.
@@ -124,7 +130,8 @@ failed_logs=""
 
 # ---- where and what ------------------------------------------------------------------------------------------
 : >"$sum"
-say "ferry gpu_check.sh$([ $dry = 1 ] && echo ' --dry-run'), $(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
+rev=$(git rev-parse --short HEAD 2>/dev/null) && { git diff --quiet HEAD 2>/dev/null || rev="$rev with changes"; }
+say "ferry gpu_check.sh$([ $dry = 1 ] && echo ' --dry-run'), $(date -u '+%Y-%m-%d %H:%M UTC'), commit ${rev:-unknown (no git)}"
 say "host: $(uname -m), $jobs cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo 2>/dev/null)"
 gpu=0
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
