@@ -6,7 +6,9 @@
  * backend) and leaves its table and its seven files under $OUT.  The
  * same script without --dry-run here, where no GPU is, must fail every
  * GPU step (a skipped test_cuda is a failure there, and cuda is never
- * replaced by the CPU), and a spent budget must show as such.
+ * replaced by the CPU), with a stand-in compute-sanitizer whose memcheck
+ * reports errors (the step fails, both logs merged into one file); and a
+ * spent budget must show as such.
  *
  * The script calls make, which sees this make's variables through
  * MAKEFLAGS (SAN, WERROR), so it finds the build it runs in with nothing
@@ -15,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <dirent.h>
 
@@ -24,7 +27,7 @@
 /* runs cmd (a shell line) with its output into out_file; the exit status */
 static int run_sh(const char *cmd, const char *out_file)
 {
-    char line[2048];
+    char line[4096];
     snprintf(line, sizeof(line), "%s >%s 2>&1", cmd, out_file);
     int rc = system(line);
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
@@ -154,9 +157,24 @@ static void test_no_gpu_fails(void **state)
         printf("this machine has a GPU: the check would run; skipping\n");
         skip();
     }
-    char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "OUT=%s GPU_CHECK_SIZES=tiny timeout 150 sh tools/gpu_check.sh",
-             fy_test_path("out-nogpu"));
+    /* a stand-in compute-sanitizer on PATH: memcheck finds two errors, racecheck none */
+    char bindir[512], fake[600], cmd[2048];
+    snprintf(bindir, sizeof(bindir), "%s", fy_test_path("fakebin"));
+    assert_int_equal(mkdir(bindir, 0700), 0);
+    snprintf(fake, sizeof(fake), "%s/compute-sanitizer", bindir);
+    static const char script[] =
+        "#!/bin/sh\n"
+        "echo \"========= COMPUTE-SANITIZER (stand-in) $*\"\n"
+        "case \"$2\" in\n"
+        "memcheck) echo '========= ERROR SUMMARY: 2 errors'; exit 3 ;;\n"
+        "*) echo '========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)'; exit 0 ;;\n"
+        "esac\n";
+    assert_true(fy_test_write_file(fake, script, sizeof(script) - 1));
+    assert_int_equal(chmod(fake, 0700), 0);
+    char dir[512];
+    snprintf(dir, sizeof(dir), "%s", fy_test_path("out-nogpu"));
+    snprintf(cmd, sizeof(cmd), "PATH=%s:$PATH OUT=%s GPU_CHECK_SIZES=tiny timeout 150 sh tools/gpu_check.sh", bindir,
+             dir);
     const char *so = fy_test_path("stdout-nogpu.txt");
     int rc = run_sh(cmd, so);
     char *out = slurp(so);
@@ -168,7 +186,26 @@ static void test_no_gpu_fails(void **state)
     expect_in(out, "| compare cuda,cpu | FAIL |", "the output");
     expect_in(out, "| bench-gpu | FAIL |", "the output");
     expect_in(out, "cuda is not usable here", "the output"); /* the tail of compare.log, before the table */
-    expect_in(out, "; 3 failed; logs in", "the output");
+    expect_in(out, "| memcheck | FAIL |", "the output");
+    expect_in(out, "exit status 3; ERROR SUMMARY: 2 errors |", "the output");
+    expect_in(out, "| racecheck | PASS |", "the output");
+    expect_in(out, "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings) |", "the output");
+    expect_in(out, "; 4 failed; logs in", "the output");
+    /* both sanitizers' logs merged into one file; still seven files */
+    char path[600];
+    snprintf(path, sizeof(path), "%s/sanitizer.log", dir);
+    char *slog = slurp(path);
+    const char *m = strstr(slog, "==== compute-sanitizer --tool memcheck");
+    assert_non_null(m);
+    assert_non_null(strstr(m, "(stand-in) --tool memcheck --leak-check full --error-exitcode 3"));
+    assert_non_null(strstr(m, "==== compute-sanitizer --tool racecheck"));
+    fy_free(slog);
+    int n = 0;
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+    closedir(d);
+    assert_int_equal(n, 7);
     fy_free(out);
 }
 

@@ -256,15 +256,21 @@ clog=$out/compare.log
 slog=$out/sanitizer.log
 : >"$clog"
 : >"$slog"
+# each sanitizer logs apart while they run, outside $OUT (which keeps its
+# seven files even if the whole command is cut short), merged after
+part=build/gpu-check-parts
+mkdir -p "$part"
 lim=$(limit 120)
 pids=""
 if [ "$built" = 0 ] && [ $dry = 0 ] && [ -n "$san" ]; then
-    # each sanitizer into a log of its own while they run, merged after
-    (run "$slog.memcheck" "$lim" "$san" --tool memcheck --leak-check full --error-exitcode 3 "$build/tests/test_cuda"
-     echo "$rc $dt" >"$slog.memcheck.rc") &
+    rm -f "$part"/*.rc
+    : >"$part/memcheck"
+    : >"$part/racecheck"
+    (run "$part/memcheck" "$lim" "$san" --tool memcheck --leak-check full --error-exitcode 3 "$build/tests/test_cuda"
+     echo "$rc $dt" >"$part/memcheck.rc") &
     pids="$pids $!"
-    (run "$slog.racecheck" "$lim" "$san" --tool racecheck --error-exitcode 3 "$build/tests/test_cuda"
-     echo "$rc $dt" >"$slog.racecheck.rc") &
+    (run "$part/racecheck" "$lim" "$san" --tool racecheck --error-exitcode 3 "$build/tests/test_cuda"
+     echo "$rc $dt" >"$part/racecheck.rc") &
     pids="$pids $!"
 fi
 if [ "$models" = 0 ]; then
@@ -302,15 +308,16 @@ for tool in memcheck racecheck; do
         row "$tool" SKIP 0 "compute-sanitizer not found"
     else
         echo "==== compute-sanitizer --tool $tool" >>"$slog"
-        cat "$slog.$tool" >>"$slog" 2>/dev/null
-        rm -f "$slog.$tool" # merged into sanitizer.log
-        read -r rc dt <"$slog.$tool.rc" || { rc=1 dt=0; }
-        rm -f "$slog.$tool.rc"
-        errs=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$slog" | tail -n 1)
-        if grep -q 'Device not supported' "$slog" 2>/dev/null && [ "$rc" != 0 ]; then
+        cat "$part/$tool" >>"$slog" 2>/dev/null
+        read -r rc dt <"$part/$tool.rc" || { rc=1 dt=0; }
+        # its last summary line ("ERROR SUMMARY: 0 errors", "RACECHECK SUMMARY: 0 hazards ...")
+        summ=$(grep -o '[A-Z]* SUMMARY: .*' "$part/$tool" | tail -n 1)
+        unsupported=$(grep -c 'Device not supported' "$part/$tool")
+        rm -f "$part/$tool" "$part/$tool.rc" # merged into sanitizer.log
+        if [ "$unsupported" != 0 ] && [ "$rc" != 0 ]; then
             row "$tool" SKIP "$dt" "compute-sanitizer: device not supported on this host"
         else
-            row "$tool" "$(verdict)" "$dt" "$(note_rc "${errs:-?} errors reported")"
+            row "$tool" "$(verdict)" "$dt" "$(note_rc "${summ:-no summary}")"
             [ "$rc" = 0 ] || failed_logs="$failed_logs $slog"
         fi
     fi
