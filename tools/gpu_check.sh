@@ -45,7 +45,7 @@
 #       libgnutls28-dev libp11-kit-dev nettle-dev libtasn1-6-dev libidn2-dev \
 #       libcurl4-openssl-dev libcmocka-dev make pkgconf pkgconf-bin
 #   cp ../shared/device/use-debs.sh .debs/
-# (61 .deb files, 16 MiB, bookworm).  libmicrohttpd's .pc requires gnutls,
+# (61 .deb files, 15 MiB, bookworm).  libmicrohttpd's .pc requires gnutls,
 # whose .pc requires p11-kit-1, nettle, hogweed, libtasn1 and libidn2: with
 # one missing `pkg-config --cflags` fails as a whole, and the Makefile then
 # asks package by package and warns.  make and pkg-config may be missing on
