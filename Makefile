@@ -14,12 +14,13 @@
 #   make chaos       100 rounds of killed processes under load (ferry chaos)
 #   make bench       run the benchmarks on the default model
 #   make bench-quant decode speed per GGUF weight type on one random-weight model shape
+#   make gpu-check   the one-shot device check on a GPU host (tools/gpu_check.sh)
 #   make fuzz        build the libFuzzer targets (tests/fuzz/) with clang and run
 #                    each for FUZZ_TIME seconds (default 60); docs/fuzzing.md
 #   make WERROR=1    warnings are errors (CI)
 #   make CUDA=0      never build CUDA code, even where nvcc exists
 #                    (CUDA=1 is the default where nvcc is found: kernels/cuda/*.cu
-#                    are compiled for sm_80 and sm_90 and linked with cudart and
+#                    are compiled for sm_80 and sm_90, with compute_90 PTX, and linked with cudart and
 #                    cuBLAS; a machine without a GPU still runs everything, the
 #                    CUDA backend falling back to the CPU at run time)
 
@@ -63,7 +64,29 @@ CUDA ?= 1
 endif
 
 PKGS    := libpcre2-8 jansson libsodium ucx msgpack inih libmicrohttpd libcurl
-PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+# Compile flags of the packages.  pkg-config fails as a whole when one .pc
+# names a package that is not installed (libmicrohttpd's names gnutls: a
+# GPU host with Debian's libraries unpacked under /opt/debs,
+# docs/architecture.md "Backends"), which would leave the flags silently
+# empty: then each package is asked alone, and one that still fails gets
+# Debian's include folders under PKG_CONFIG_SYSROOT_DIR (curl's headers
+# live in the multiarch folder), with a warning naming it.
+MULTIARCH  := $(shell $(CC) -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
+PKG_FALLBACK_CFLAGS := -I$(PKG_CONFIG_SYSROOT_DIR)/usr/include -I$(PKG_CONFIG_SYSROOT_DIR)/usr/include/$(MULTIARCH)
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null || echo FAILED)
+ifneq ($(filter FAILED,$(PKG_CFLAGS)),)
+PKG_BAD    := $(strip $(foreach p,$(PKGS),$(if $(shell pkg-config --cflags $(p) >/dev/null 2>&1 || echo bad),$(p))))
+PKG_CFLAGS := $(foreach p,$(filter-out $(PKG_BAD),$(PKGS)),$(shell pkg-config --cflags $(p) 2>/dev/null)) \
+              $(if $(PKG_BAD),$(PKG_FALLBACK_CFLAGS))
+ifneq ($(PKG_BAD),)
+$(warning pkg-config --cflags fails for $(PKG_BAD); using $(PKG_FALLBACK_CFLAGS) for them)
+endif
+endif
+# pkgconf leaves out what it takes for a system folder, under a sysroot too
+# (libcurl's usr/include/x86_64-linux-gnu): name the sysroot's own
+ifneq ($(PKG_CONFIG_SYSROOT_DIR),)
+PKG_CFLAGS += $(filter-out $(PKG_CFLAGS),$(PKG_FALLBACK_CFLAGS))
+endif
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || \
                 echo -lpcre2-8 -ljansson -lsodium -lucp -luct -lucs -lucm -lmsgpackc -linih -lmicrohttpd -lcurl) -lnng
 
@@ -116,7 +139,10 @@ CUDA_OBJ :=
 NVCC_FLAGS :=
 ifeq ($(CUDA),1)
 CUDA_HOME ?= $(abspath $(dir $(NVCC))..)
-CUDA_ARCHS ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+# machine code for sm_80 (A100) and sm_90 (H100, H200), and compute_90 PTX
+# that the driver compiles at load for a newer GPU
+CUDA_ARCHS ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+              -gencode arch=compute_90,code=compute_90
 NVCC_WARN := -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
 ifeq ($(WERROR),1)
 NVCC_WARN += -Werror all-warnings -Xcompiler -Werror
@@ -174,7 +200,7 @@ MODEL_FILES := smollm2=$(MODEL_FILE) gemma3-270m=$(GEMMA_FILE)
 MODEL_PICK  := $(patsubst $(MODEL)=%,%,$(filter $(MODEL)=%,$(MODEL_FILES)))
 
 .PHONY: all deps model model-optional pyenv pyenv-optional test check asan ubsan tsan chaos bench bench-quant clean info tests FORCE \
-        fuzz fuzz-build fuzz-bins fuzz-seeds format format-check
+        fuzz fuzz-build fuzz-bins fuzz-seeds format format-check gpu-check print-dirs print-flags
 all: $(TOOL_BIN) $(BENCH_BIN)
 
 info:
@@ -262,7 +288,7 @@ $(TEST_BIN): $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_UTIL_OBJ) $(LIB)
 	@$(if $(Q),echo "  LD     $@")
 	$(Q)$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
 
-tests: $(TEST_BIN) $(TOOL_BIN) $(BENCH_BIN)
+tests: $(TEST_BIN) $(TOOL_BIN) $(BENCH_BIN) $(BUILD)/tests/mkbench
 
 # writes the random-weight models of `make bench-quant`
 $(BUILD)/tests/mkbench: $(BUILD)/tests/mkbench.o $(TEST_UTIL_OBJ) $(LIB)
@@ -391,6 +417,27 @@ bench: $(TOOL_BIN) $(MODEL_FILE)
 # (bench/quant_types.sh; BENCH_ROUNDS rounds, default 3)
 bench-quant: $(TOOL_BIN) $(BUILD)/tests/mkbench
 	$(Q)FERRY_BIN=$(BINDIR) MKBENCH=$(BUILD)/tests/mkbench sh bench/quant_types.sh $(or $(BENCH_ROUNDS),3)
+
+# The one-shot device check (tools/gpu_check.sh; docs/architecture.md,
+# "Backends"): on a GPU host, with Debian's libraries from .debs/,
+#     . .debs/use-debs.sh .debs && make gpu-check
+# builds with every core, writes its models, runs test_cuda (and
+# compute-sanitizer), cuda against cpu, and the GPU benchmarks; output
+# under $$OUT (default build/gpu-check).  GPU_CHECK_ARGS=--dry-run: the same
+# on a machine without a GPU (make test runs it: tests/test_gpucheck.c).
+gpu-check:
+	$(Q)sh tools/gpu_check.sh $(GPU_CHECK_ARGS)
+
+# where this make puts objects and binaries, and the flags it builds with
+# (tools/gpu_check.sh asks)
+print-dirs:
+	@echo "$(BUILD) $(BINDIR)"
+print-flags:
+	@echo "CC=$(CC) NVCC=$(NVCC) CUDA=$(CUDA) SAN=$(SAN) WERROR=$(WERROR)"
+	@echo "PKG_CFLAGS=$(strip $(PKG_CFLAGS))"
+	@echo "PKG_LIBS=$(strip $(PKG_LIBS))"
+	@echo "CUDA_ARCHS=$(strip $(if $(filter 1,$(CUDA)),$(CUDA_ARCHS)))"
+	@echo "CPATH=$$CPATH LIBRARY_PATH=$$LIBRARY_PATH PKG_CONFIG_PATH=$$PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR=$$PKG_CONFIG_SYSROOT_DIR"
 
 # ---- format -------------------------------------------------------------------
 # One .clang-format for every C, header and CUDA file (STYLE.md); CI runs

@@ -138,8 +138,8 @@ void fy_gw_i32_arr(fy_gw_t *w, const char *k, const int32_t *v, size_t n)
     put(&w->kv, v, 4 * n);
 }
 
-void fy_gw_tensor(fy_gw_t *w, const char *name, uint32_t type, int n_dims, const int64_t *ne, const void *data,
-                  size_t nbytes)
+void fy_gw_tensor_take(fy_gw_t *w, const char *name, uint32_t type, int n_dims, const int64_t *ne, void *data,
+                       size_t nbytes)
 {
     w->t = realloc(w->t, (w->n_t + 1) * sizeof(*w->t));
     if (!w->t) abort();
@@ -150,13 +150,22 @@ void fy_gw_tensor(fy_gw_t *w, const char *name, uint32_t type, int n_dims, const
     if (n_dims > 8) abort();
     t->n_dims = n_dims;
     for (int i = 0; i < n_dims; i++) t->ne[i] = ne[i];
-    t->data = malloc(nbytes ? nbytes : 1);
+    t->data = data;
     if (!t->name || !t->data) abort();
-    memcpy(t->data, data, nbytes);
     t->nbytes = nbytes;
 }
 
-const uint8_t *fy_gw_bytes(fy_gw_t *w, size_t *len_p)
+void fy_gw_tensor(fy_gw_t *w, const char *name, uint32_t type, int n_dims, const int64_t *ne, const void *data,
+                  size_t nbytes)
+{
+    void *copy = malloc(nbytes ? nbytes : 1);
+    if (!copy) abort();
+    memcpy(copy, data, nbytes);
+    fy_gw_tensor_take(w, name, type, n_dims, ne, copy, nbytes);
+}
+
+/* The header and tensor infos, padded to the alignment, into w->out. */
+static void put_head(fy_gw_t *w)
 {
     buf_t *b = &w->out;
     b->len = 0;
@@ -178,6 +187,13 @@ const uint8_t *fy_gw_bytes(fy_gw_t *w, size_t *len_p)
     }
     static const uint8_t zeros[4096];
     while (b->len % w->alignment) put(b, zeros, 1);
+}
+
+const uint8_t *fy_gw_bytes(fy_gw_t *w, size_t *len_p)
+{
+    buf_t *b = &w->out;
+    static const uint8_t zeros[4096];
+    put_head(w);
     for (size_t i = 0; i < w->n_t; i++) {
         put(b, w->t[i].data, w->t[i].nbytes);
         while (b->len % w->alignment) put(b, zeros, 1);
@@ -186,12 +202,18 @@ const uint8_t *fy_gw_bytes(fy_gw_t *w, size_t *len_p)
     return b->p;
 }
 
+/* the bytes fy_gw_bytes makes, streamed: a model of gigabytes is not
+ * copied into one buffer first */
 bool fy_gw_write(fy_gw_t *w, const char *path)
 {
-    size_t len;
-    const uint8_t *p = fy_gw_bytes(w, &len);
+    static const uint8_t zeros[4096];
+    put_head(w);
     FILE *f = fopen(path, "wb");
     if (!f) return false;
-    bool ok = fwrite(p, 1, len, f) == len;
+    bool ok = fwrite(w->out.p, 1, w->out.len, f) == w->out.len;
+    for (size_t i = 0; ok && i < w->n_t; i++) {
+        size_t pad = (w->alignment - w->t[i].nbytes % w->alignment) % w->alignment;
+        ok = fwrite(w->t[i].data, 1, w->t[i].nbytes, f) == w->t[i].nbytes && fwrite(zeros, 1, pad, f) == pad;
+    }
     return fclose(f) == 0 && ok;
 }

@@ -49,6 +49,10 @@ void fy_gw_i32_arr(fy_gw_t *w, const char *key, const int32_t *v, size_t n);
 void fy_gw_tensor(fy_gw_t *w, const char *name, uint32_t ggml_type, int n_dims, const int64_t *ne, const void *data,
                   size_t nbytes);
 
+/* fy_gw_tensor that takes data (malloc'd; freed with w) instead of a copy. */
+void fy_gw_tensor_take(fy_gw_t *w, const char *name, uint32_t ggml_type, int n_dims, const int64_t *ne, void *data,
+                       size_t nbytes);
+
 /* The serialized file; valid until the next call on w. */
 const uint8_t *fy_gw_bytes(fy_gw_t *w, size_t *len_p);
 bool fy_gw_write(fy_gw_t *w, const char *path);

@@ -401,41 +401,112 @@ static void add_random_matrix(fy_gw_t *w, const char *name, long rows, long cols
         fy_quantize_row(t, row, buf + (size_t)r * rb, cols);
     }
     int64_t ne[2] = {cols, rows};
-    fy_gw_tensor(w, name, ggml, 2, ne, buf, rb * (size_t)rows);
-    free(buf), free(row);
+    fy_gw_tensor_take(w, name, ggml, 2, ne, buf, rb * (size_t)rows);
+    free(row);
 }
 
-bool fy_tiny_write_random_gguf(const fy_tiny_cfg_t *c, const char *path, uint32_t ggml)
+/* Blocks drawn per matrix from a pool of POOL_BLOCKS quantized random
+ * blocks: a model of billions of weights is written in about the time its
+ * bytes take to copy, where quantizing every row takes minutes. */
+#define POOL_BLOCKS 4096
+
+/* rows x cols whose every quantization block is one of POOL_BLOCKS blocks
+ * of uniform random values times scale, picked at random: valid blocks
+ * at the scale asked, rows that differ from each other (the output head's
+ * logits are not tied; a matrix too small for that is written block by
+ * block), no two tensors alike. */
+static void add_pooled_matrix(fy_gw_t *w, const char *name, long rows, long cols, uint32_t ggml, float scale,
+                              uint64_t *s)
 {
-    int D = c->dim, hd = c->dim / c->n_heads, F = c->ffn, vocab = 256 + N_SPECIAL;
+    fy_dtype_t t = dtype_of(ggml);
+    const fy_dtype_info_t *ti = fy_dtype_info(t);
+    size_t rb, bb = (size_t)ti->block_bytes;
+    long be = ti->block_elems, n_pool = POOL_BLOCKS;
+    if (fy_dtype_row_bytes(t, cols, &rb) != FY_OK) abort();
+    if (rb * (size_t)rows / bb <= 4 * POOL_BLOCKS) { /* small: every block its own, no two rows alike */
+        add_random_matrix(w, name, rows, cols, ggml, scale, s);
+        return;
+    }
+    char *pool = malloc(bb * (size_t)n_pool);
+    float *vals = malloc((size_t)be * sizeof(float));
+    char *buf = malloc(rb * (size_t)rows);
+    if (!pool || !vals || !buf) abort();
+    for (long b = 0; b < n_pool; b++) {
+        for (long i = 0; i < be; i++) vals[i] = fy_test_rand_uniform(s) * scale;
+        fy_quantize_row(t, vals, pool + (size_t)b * bb, be);
+    }
+    size_t n_blocks = rb * (size_t)rows / bb;
+    uint64_t x = *s | 1;
+    for (size_t b = 0; b < n_blocks; b++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17; /* xorshift64 */
+        memcpy(buf + b * bb, pool + (size_t)(x % (uint64_t)n_pool) * bb, bb);
+    }
+    *s = x;
+    int64_t ne[2] = {cols, rows};
+    fy_gw_tensor_take(w, name, ggml, 2, ne, buf, rb * (size_t)rows);
+    free(pool), free(vals);
+}
+
+void fy_tiny_random_default(fy_tiny_random_t *r, uint32_t ggml_type) { *r = (fy_tiny_random_t){.type = ggml_type}; }
+
+/* llama.cpp's use_more_bits (llama-quant.cpp): the layers whose attn_v and
+ * ffn_down Q4_K_M keeps in Q6_K */
+static bool more_bits(int l, int n) { return l < n / 8 || l >= 7 * n / 8 || (l - n / 8) % 3 == 2; }
+
+bool fy_tiny_write_random_gguf_as(const fy_tiny_cfg_t *c, const char *path, const fy_tiny_random_t *r)
+{
+    int D = c->dim, hd = c->head_dim ? c->head_dim : c->dim / c->n_heads, F = c->ffn;
+    int vocab = r->vocab > 256 + N_SPECIAL ? r->vocab : 256 + N_SPECIAL;
     uint64_t s = c->seed;
-    float sd = 1.0f / sqrtf((float)D), sf = 1.0f / sqrtf((float)F);
-    float *ones = malloc((size_t)D * sizeof(float));
+    float sd = 1.0f / sqrtf((float)D), sf = 1.0f / sqrtf((float)F), sh = 1.0f / sqrtf((float)c->n_heads * hd);
+    long big = D > hd ? D : hd;
+    float *ones = malloc((size_t)big * sizeof(float));
     if (!ones) abort();
-    for (int i = 0; i < D; i++) ones[i] = 1.0f;
+    for (long i = 0; i < big; i++) ones[i] = 1.0f;
+    uint32_t t = r->q4_k_m ? GW_Q4_K : r->type, t6 = r->q4_k_m ? GW_Q6_K : r->type;
+    void (*mat)(fy_gw_t *, const char *, long, long, uint32_t, float, uint64_t *) =
+        r->pooled ? add_pooled_matrix : add_random_matrix;
+    bool gemma = c->arch == FY_ARCH_GEMMA3;
     fy_gw_t *w = fy_gw_new();
-    put_header(w, c, hd, vocab);
-    add_random_matrix(w, "token_embd.weight", vocab, D, ggml, 1.0f, &s);
+    put_header(w, c, hd, 256 + N_SPECIAL); /* the tokenizer's; the matrices may have more rows */
+    /* Q4_K_M: a tied embedding is the output head, kept in Q6_K; and at the
+     * output head's scale, or (gemma3 multiplying it by sqrt(dim)) the
+     * embedding would swamp every layer and each token predict itself */
+    mat(w, "token_embd.weight", vocab, D, c->tied ? t6 : t, c->tied ? sd : 1.0f, &s);
     add_vector(w, "output_norm.weight", ones, D);
-    if (!c->tied) add_random_matrix(w, "output.weight", vocab, D, ggml, sd, &s);
+    if (!c->tied) mat(w, "output.weight", vocab, D, t6, sd, &s);
     for (int l = 0; l < c->n_layers; l++) {
         char name[64];
+        bool more = r->q4_k_m && more_bits(l, c->n_layers);
 #define NAME(x) (snprintf(name, sizeof(name), "blk.%d." x, l), name)
         add_vector(w, NAME("attn_norm.weight"), ones, D);
-        add_random_matrix(w, NAME("attn_q.weight"), (long)c->n_heads * hd, D, ggml, sd, &s);
-        add_random_matrix(w, NAME("attn_k.weight"), (long)c->n_kv_heads * hd, D, ggml, sd, &s);
-        add_random_matrix(w, NAME("attn_v.weight"), (long)c->n_kv_heads * hd, D, ggml, sd, &s);
-        add_random_matrix(w, NAME("attn_output.weight"), D, (long)c->n_heads * hd, ggml, sd, &s);
+        mat(w, NAME("attn_q.weight"), (long)c->n_heads * hd, D, t, sd, &s);
+        mat(w, NAME("attn_k.weight"), (long)c->n_kv_heads * hd, D, t, sd, &s);
+        mat(w, NAME("attn_v.weight"), (long)c->n_kv_heads * hd, D, more ? t6 : t, sd, &s);
+        if (gemma) {
+            add_vector(w, NAME("attn_q_norm.weight"), ones, hd);
+            add_vector(w, NAME("attn_k_norm.weight"), ones, hd);
+        }
+        mat(w, NAME("attn_output.weight"), D, (long)c->n_heads * hd, t, sh, &s);
+        if (gemma) add_vector(w, NAME("post_attention_norm.weight"), ones, D);
         add_vector(w, NAME("ffn_norm.weight"), ones, D);
-        add_random_matrix(w, NAME("ffn_gate.weight"), F, D, ggml, sd, &s);
-        add_random_matrix(w, NAME("ffn_up.weight"), F, D, ggml, sd, &s);
-        add_random_matrix(w, NAME("ffn_down.weight"), D, F, ggml, sf, &s);
+        mat(w, NAME("ffn_gate.weight"), F, D, t, sd, &s);
+        mat(w, NAME("ffn_up.weight"), F, D, t, sd, &s);
+        mat(w, NAME("ffn_down.weight"), D, F, more ? t6 : t, sf, &s);
+        if (gemma) add_vector(w, NAME("post_ffw_norm.weight"), ones, D);
 #undef NAME
     }
     bool ok = fy_gw_write(w, path);
     fy_gw_free(w);
     free(ones);
     return ok;
+}
+
+bool fy_tiny_write_random_gguf(const fy_tiny_cfg_t *c, const char *path, uint32_t ggml)
+{
+    fy_tiny_random_t r;
+    fy_tiny_random_default(&r, ggml);
+    return fy_tiny_write_random_gguf_as(c, path, &r);
 }
 
 /* ---- Hugging Face folder ------------------------------------------------------------ */

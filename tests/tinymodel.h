@@ -88,6 +88,29 @@ bool fy_tiny_write_gguf(const fy_tiny_model_t *m, const char *path, uint32_t ggm
  * measurements (tests/mkbench.c), where the values do not matter but must
  * stay finite and of a realistic scale. */
 bool fy_tiny_write_random_gguf(const fy_tiny_cfg_t *c, const char *path, uint32_t ggml_type);
+
+/* How fy_tiny_write_random_gguf_as writes a random model. */
+typedef struct fy_tiny_random {
+    uint32_t type; /* every matrix's ggml type */
+    /* llama.cpp's Q4_K_M mix instead of type: Q4_K, and Q6_K for the
+     * output head (the embedding when tied) and for attn_v and ffn_down of
+     * the layers its use_more_bits picks */
+    bool q4_k_m;
+    /* rows of the embedding and output head; the byte-level tokenizer's 259
+     * when smaller (ids past the tokenizer's are valid model ids, as in a
+     * real model whose matrices are padded) */
+    int vocab;
+    /* each matrix made of blocks drawn at random from a pool of 4096
+     * quantized random blocks: a model of real size (Llama-3-8B's layers,
+     * a 128k vocabulary) in about the time its bytes take to copy */
+    bool pooled;
+} fy_tiny_random_t;
+
+void fy_tiny_random_default(fy_tiny_random_t *r, uint32_t ggml_type);
+/* fy_tiny_write_random_gguf with r's types, vocabulary and writer, for a
+ * llama or (c->arch) a gemma3 shape, c->head_dim honoured (gemma3's q/k
+ * norms and post-norms are ones, like the other norms). */
+bool fy_tiny_write_random_gguf_as(const fy_tiny_cfg_t *c, const char *path, const fy_tiny_random_t *r);
 /* Writes config.json, model.safetensors (dtype "F32", "F16" or "BF16"),
  * tokenizer.json into dir (created); shards > 1 writes an index and that
  * many shard files. */

@@ -23,6 +23,8 @@ int fy_cmd_bench_group(int argc, char **argv);
 int fy_cmd_bench_ranks(int argc, char **argv);
 int fy_cmd_bench_spec(int argc, char **argv);
 int fy_cmd_bench_reshard(int argc, char **argv);
+int fy_cmd_bench_gpu(int argc, char **argv);
+int fy_cmd_cmp_devices(int argc, char **argv);
 int fy_cmd_chaos(int argc, char **argv);
 int fy_cmd_config(int argc, char **argv);
 

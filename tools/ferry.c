@@ -485,6 +485,8 @@ static void usage(FILE *f)
                "  bench-reshard  KV between rank groups of different shapes against whole blocks\n"
                "  bench-ranks  tensor/pipeline-parallel ranks: tok/s and each rank's step split per tp x pp shape\n"
                "  bench-ttft time to first token, disaggregated (a running cluster) against colocated\n"
+               "  bench-gpu  a backend's decode steps, paged attention and matmuls against its device copy\n"
+               "  cmp-devices  greedy decoding on two backends in lockstep: where their tokens first differ\n"
                "  plan       how much KV cache fits a memory budget\n"
                "  chaos      kill a local cluster's processes under load and check nothing is lost\n"
                "  config     print a configuration as the processes read it, or check one\n"
@@ -509,6 +511,8 @@ static const struct {
     {"bench-ranks", fy_cmd_bench_ranks},
     {"bench-spec", fy_cmd_bench_spec},
     {"bench-ttft", fy_cmd_bench_ttft},
+    {"bench-gpu", fy_cmd_bench_gpu},
+    {"cmp-devices", fy_cmd_cmp_devices},
     {"plan", fy_cmd_plan},
     {"request", fy_cmd_request},
     {"serve", fy_cmd_serve},
