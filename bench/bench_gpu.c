@@ -128,8 +128,8 @@ static fy_status_t bench_decode(const gpu_opts_t *o, const fy_model_t *m, double
     int maxB = 0;
     for (int i = 0; i < o->n_batches; i++)
         if (o->batches[i] > maxB) maxB = o->batches[i];
-    /* every batch size runs 2 warm-up and `steps` timed steps on the first B sequences */
-    int32_t extra = o->n_batches * (o->steps + 2) + 1, cap = o->ctx + extra;
+    /* every batch size runs 1 + 2 warm-up and 2 x `steps` timed steps on the first B sequences */
+    int32_t extra = o->n_batches * (2 * o->steps + 3) + 1, cap = o->ctx + extra; /* with graphs and without */
     if (cap > c->max_ctx) {
         fy_error("bench-gpu: --ctx %d plus %d decode steps is past the model's context of %d", o->ctx, extra,
                  c->max_ctx);
@@ -188,11 +188,32 @@ static fy_status_t bench_decode(const gpu_opts_t *o, const fy_model_t *m, double
         pos[b] = o->ctx;
     }
     printf("prefill of %d sequences of %d tokens: %.2f s\n\n", maxB, o->ctx, now_s() - tp);
-    printf("| batch | step ms (median of %d) | tok/s | weight + KV bytes per step | GB/s | of copy |\n", o->steps);
-    printf("|---:|---:|---:|---:|---:|---:|\n");
+    /* each batch size with recorded steps (CUDA graphs, the default) and
+     * with every kernel launched directly; the first recorded step of a
+     * bucket records it (a warm-up step) */
+    printf(
+        "| batch | step ms (median of %d) | tok/s | weight + KV bytes per step | GB/s | of copy | without graphs ms | "
+        "graphs save |\n",
+        o->steps);
+    printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int i = 0; i < o->n_batches; i++) {
         int B = o->batches[i];
-        double kv_sum = 0;
+        double kv_sum = 0, direct = 0;
+        fy_runner_timing_t tm0, tm1;
+        fy_runner_set_graphs(s.runner, 0);
+        for (int k = -1; k < o->steps; k++) {
+            for (int b = 0; b < B; b++) {
+                tok[b] = (int32_t)(fy_rng_next(&rng) % (uint64_t)c->vocab_size);
+                f[b] = (fy_forward_seq_t){&bt[b], &tok[b], 1, pos[b], 1, NULL};
+            }
+            double t0 = now_s();
+            if ((st = fy_runner_forward(s.runner, f, B, logits))) goto out;
+            if (k >= 0) t[k] = now_s() - t0;
+            for (int b = 0; b < B; b++) pos[b]++;
+        }
+        direct = median(t, o->steps);
+        fy_runner_set_graphs(s.runner, 1);
+        if ((st = fy_runner_timing(s.runner, &tm0, 1, false))) goto out;
         for (int k = -2; k < o->steps; k++) {
             kv_sum = 0;
             for (int b = 0; b < B; b++) {
@@ -211,9 +232,13 @@ static fy_status_t bench_decode(const gpu_opts_t *o, const fy_model_t *m, double
                 st = FY_ERR_INTERNAL;
                 goto out;
             }
+        if ((st = fy_runner_timing(s.runner, &tm1, 1, false))) goto out;
         double med = median(t, o->steps), bytes = wbytes + kv_sum; /* KV of the last step */
-        printf("| %d | %.3f | %.1f | %.1f MiB | %.1f | %.0f%% |\n", B, med * 1e3, B / med, bytes / 1048576.0,
-               bytes / med / 1e9, copy_bw > 0 ? 100.0 * bytes / med / copy_bw : 0);
+        char save[48] = "none recorded";
+        if (tm1.graph_steps > tm0.graph_steps) snprintf(save, sizeof(save), "%.0f%%", 100.0 * (direct - med) / direct);
+        printf("| %d | %.3f | %.1f | %.1f MiB | %.1f | %.0f%% | %.3f | %s |\n", B, med * 1e3, B / med,
+               bytes / 1048576.0, bytes / med / 1e9, copy_bw > 0 ? 100.0 * bytes / med / copy_bw : 0, direct * 1e3,
+               save);
         fflush(stdout);
     }
     printf("\n");

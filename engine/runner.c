@@ -282,6 +282,7 @@ void fy_runner_params_default(fy_runner_params_t *p)
 }
 
 const fy_kv_layout_t *fy_runner_kv_layout(const fy_runner_t *r) { return &r->kv; }
+void fy_runner_set_graphs(fy_runner_t *r, int32_t graphs) { r->p.graphs = graphs; }
 const fy_runner_params_t *fy_runner_params(const fy_runner_t *r) { return &r->p; }
 const fy_model_t *fy_runner_model(const fy_runner_t *r) { return r->model; }
 void *fy_runner_kv_arena(fy_runner_t *r) { return r->arena; }

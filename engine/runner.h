@@ -182,6 +182,9 @@ typedef struct fy_runner_timing {
  * (a report command for the others), then resets them all when reset is
  * set.  FY_ERR_PEER when the group is broken. */
 fy_status_t fy_runner_timing(fy_runner_t *runner, fy_runner_timing_t *out, int32_t n_ranks, bool reset);
+/* Recorded decode steps on (1) or off (0) from the next forward pass on
+ * (fy_runner_params_t.graphs; benchmarks compare the two).  Main thread. */
+void fy_runner_set_graphs(fy_runner_t *runner, int32_t graphs);
 /* Ranks of this runner's group (1 alone). */
 int32_t fy_runner_n_ranks(const fy_runner_t *runner);
 void fy_runner_destroy(fy_runner_t *runner); /* accepts NULL */

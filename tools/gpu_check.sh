@@ -335,8 +335,10 @@ if [ "$models" = 0 ]; then
         run "$belog" "$(limit 180)" "$bin/ferry" bench-gpu -m "$llama" --device cuda
     fi
     copy=$(sed -n 's/^| copy | .* | \([0-9.]* GB\/s\).*/\1/p' "$belog" | head -1)
-    b1=$(sed -n 's/^| 1 | [0-9.]* | [0-9.]* | [^|]* | [0-9.]* | \([0-9]*%\) |$/\1/p' "$belog" | head -1)
-    row bench-gpu "$(verdict)" "$dt" "$(note_rc "copy ${copy:-?}; decode batch 1 at ${b1:-?} of copy")"
+    b1=$(sed -n 's/^| 1 | [0-9.]* | [0-9.]* | [^|]* | [0-9.]* | \([0-9]*%\) |.*/\1/p' "$belog" | head -1)
+    g1=$(sed -n 's/^| 1 | [0-9.]* | [0-9.]* | [^|]* | [0-9.]* | [0-9]*% | [0-9.]* | \([^|]*\) |$/\1/p' "$belog" | head -1)
+    row bench-gpu "$(verdict)" "$dt" \
+        "$(note_rc "copy ${copy:-?}; decode batch 1 at ${b1:-?} of copy; graphs save: ${g1:-?}")"
     [ "$rc" = 0 ] || failed_logs="$failed_logs $belog"
 else
     row bench-gpu SKIP 0 "no models"
