@@ -147,6 +147,8 @@ fy_status_t fy_backend_mem_info(fy_backend_t *be, int64_t *total_p, int64_t *fre
     return CALL(mem_info, total_p, free_p);
 }
 
+bool fy_backend_device_memory(const fy_backend_t *be) { return be->ops->device_memory; }
+
 fy_status_t fy_backend_alloc_host(fy_backend_t *be, size_t bytes, void **ptr_p)
 {
     return CALL(alloc_host, bytes, ptr_p);
