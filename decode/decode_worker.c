@@ -275,16 +275,18 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
         }
         l->stage_blocks = l->stage_slots + need;
         if (fy_xstage_take(stage, need, true, l->stage_slots) < need) {
+            /* busy (other leases hold slots: the router queues the request
+             * again, as for blocks), or never (more than the whole area) */
             fy_xstage_stats_t ss;
             fy_xstage_stats(stage, &ss);
             d->refused++;
             fy_metric_inc(d->m.reserve_refused);
             fy_free(list);
             lease_free(d, l);
-            fy_node_error(n, rid, id, FY_ERR_NO_SPACE,
-                          "kv staging exhausted: the prompt needs %d staging blocks, %d of %d are free "
+            fy_node_error(n, rid, id, need > ss.slots ? FY_ERR_INVALID : FY_ERR_NO_SPACE,
+                          "kv staging exhausted: the prompt needs %d staging blocks, %d of %d are free%s "
                           "(worker.kv_staging_blocks)",
-                          need, ss.free, ss.slots);
+                          need, ss.free, ss.slots, need > ss.slots ? " and it can never fit" : "");
             return;
         }
         l->n_stage = need;
