@@ -59,8 +59,8 @@ typedef struct lease {
     int32_t n_prompt, n_cached;
     fy_genspec_t gen;
     fy_kv_ns_t ns;
-    int32_t n_recv;       /* blocks the prefill worker sends (entries of the reservation's list) */
-    int32_t *stage_slots; /* staged: [n_stage] the staging slots they land in, */
+    int32_t n_recv;        /* blocks the prefill worker sends (entries of the reservation's list) */
+    int32_t *stage_slots;  /* staged: [n_stage] the staging slots they land in, */
     int32_t *stage_blocks; /* and the pool blocks each goes to at adoption */
     int32_t n_stage;
     struct lease *next;

@@ -47,9 +47,6 @@ typedef struct fy_backend_ops {
     /* optional: NULL means rmsnorm then matmul */
     fy_status_t (*rmsnorm_matmul)(void *ctx, const float *x, const fy_tensor_t *norm, float eps, int n_w,
                                   const fy_tensor_t *const *w, int32_t n, float *h, float *const *y);
-    /* what fy_backend_alloc returns: true for memory on a device (the CPU
-     * cannot dereference it), false for host memory */
-    bool device_memory;
 } fy_backend_ops_t;
 
 /* Each backend's constructor: fills *ops_p and *ctx_p, and a description. */

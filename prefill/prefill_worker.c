@@ -106,8 +106,8 @@ typedef struct prefill {
     struct {
         fy_metric_t *ttft, *queue, *e2e, *xfer_s, *ok, *failed, *cancelled;
     } m;
-    fy_xstage_t *stage;        /* worker.kv_transfer runs staged; else NULL */
-    _Atomic bool pump_posted;  /* a pump is posted to the engine thread */
+    fy_xstage_t *stage;       /* worker.kv_transfer runs staged; else NULL */
+    _Atomic bool pump_posted; /* a pump is posted to the engine thread */
 } prefill_t;
 
 static void open_add(prefill_t *p, pjob_t *j)

@@ -1236,8 +1236,8 @@ static void test_staged_same_tokens(void **state)
     double sent = worker_metric(&c, 0, "ferry:kv_transfer_path_blocks_total{path=\"staged\"}");
     double recv = wait_metric(&c, 1, "ferry:kv_transfer_path_blocks_total{path=\"staged\"}", sent);
     double waits = worker_metric(&c, 0, "ferry:kv_staging_waits_total");
-    print_message("staged: %.0f blocks sent through 3 staging blocks (%.0f waits for a free one), %.0f received\n", sent,
-                  waits, recv);
+    print_message("staged: %.0f blocks sent through 3 staging blocks (%.0f waits for a free one), %.0f received\n",
+                  sent, waits, recv);
     assert_true(sent > 3 * 10);
     assert_true(waits > 0); /* the ring was smaller than what wanted to go */
     assert_true(recv == sent);
@@ -1245,38 +1245,44 @@ static void test_staged_same_tokens(void **state)
     tc_stop(&c);
 }
 
-/* A decode worker whose staging area cannot take a whole prompt refuses
- * the reservation by name ("kv staging exhausted"); a prompt that fits
- * still goes; nothing is left held. */
+/* A decode worker's staging area (16 blocks) refuses a prompt that can
+ * never fit by name ("kv staging exhausted", an error for the client),
+ * and one that fits only once another lease lets go as busy (the router
+ * queues it again): two 200-token prompts (13 blocks each) at once both
+ * end with the engine's tokens; nothing is left held. */
 static void test_staging_exhausted(void **state)
 {
     if (!tc_available()) skip();
-    static int32_t p[200];
-    make_prompt(p, 200, 61);
-    int32_t small = 20, mt = 4, *pp = p;
-    tc_result_t ref;
-    tc_reference(tc_model(), &pp, &small, &mt, 1, &ref);
+    static int32_t p[3][300];
+    int32_t lens[3] = {300, 200, 200}, mt[3] = {4, 5, 5}, *pp[3];
+    for (int i = 0; i < 3; i++) make_prompt(p[i], lens[i], 61 + (uint64_t)i), pp[i] = p[i];
+    static tc_result_t ref[3], got[3];
+    tc_reference(tc_model(), pp, lens, mt, 3, ref);
     tc_cluster_t c;
     tc_opts_t o = {.n_prefill = 1,
                    .n_decode = 1,
                    .common = {"worker.kv_transfer=staged"},
-                   .per_worker = {{NULL}, {"worker.kv_staging_blocks=2"}},
+                   .per_worker = {{NULL}, {"worker.kv_staging_blocks=16"}},
                    .metrics = true};
     tc_start(&c, &o);
     char names[8][64];
     int32_t adm[8];
     int nd = decode_admittable(&c, names, adm);
-    fy_client_stream_t s = submit(&c, p, 200, 4); /* 13 blocks of 16 tokens */
-    tc_result_t got = {0};
-    tc_collect(&c, &s, &got, 1, 60);
-    print_message("request ended: %s\n", got.message);
-    assert_int_not_equal(got.error, FY_OK);
-    assert_non_null(strstr(got.message, "kv staging exhausted"));
+    fy_client_stream_t s[3];
+    s[0] = submit(&c, p[0], lens[0], mt[0]); /* 19 blocks of 16 tokens */
+    memset(got, 0, sizeof(got));
+    tc_collect(&c, s, got, 1, 60);
+    print_message("request ended: %s\n", got[0].message);
+    assert_int_not_equal(got[0].error, FY_OK);
+    assert_non_null(strstr(got[0].message, "kv staging exhausted"));
+    assert_non_null(strstr(got[0].message, "never fit"));
     assert_true(wait_metric(&c, 1, "ferry:kv_staging_exhausted_total", 1) >= 1);
-    s = submit(&c, p, small, mt); /* 2 blocks: fits */
-    memset(&got, 0, sizeof(got));
-    tc_collect(&c, &s, &got, 1, 60);
-    expect_same(&ref, &got, 0);
+    for (int i = 1; i < 3; i++) s[i] = submit(&c, p[i], lens[i], mt[i]);
+    tc_collect(&c, s + 1, got + 1, 2, 120);
+    for (int i = 1; i < 3; i++) expect_same(&ref[i], &got[i], i);
+    double busy = worker_metric(&c, 1, "ferry:kv_staging_exhausted_total") - 1;
+    print_message("two prompts for one staging area: %.0f busy refusal(s), then both served\n", busy);
+    assert_true(busy >= 1);
     expect_pools_back(&c, names, adm, nd);
     expect_staging_back(&c, 0, "prefill-0");
     expect_staging_back(&c, 1, "decode-0");

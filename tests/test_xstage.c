@@ -21,10 +21,10 @@
 #include "xgroup.h"
 #include "xstage.h"
 
-#define BB 256u     /* bytes of a block */
-#define N_POOL 64   /* the sender's pool blocks */
-#define N_DST 80    /* the receiver's arena blocks */
-#define N_SLOTS 3   /* the sender's staging slots: far fewer than a transfer's blocks */
+#define BB 256u   /* bytes of a block */
+#define N_POOL 64 /* the sender's pool blocks */
+#define N_DST 80  /* the receiver's arena blocks */
+#define N_SLOTS 3 /* the sender's staging slots: far fewer than a transfer's blocks */
 #define N_MOVE 40
 
 /* ---- which path ---------------------------------------------------------------------------- */
@@ -37,11 +37,16 @@ static void test_choose(void **state)
         fy_status_t st;
         fy_xfer_mem_t mem;
     } cases[] = {
-        {"auto", false, false, FY_OK, FY_XFER_MEM_HOST},   {"auto", false, true, FY_OK, FY_XFER_MEM_HOST},
-        {"auto", true, false, FY_OK, FY_XFER_MEM_STAGED},  {"auto", true, true, FY_OK, FY_XFER_MEM_CUDA},
-        {NULL, true, false, FY_OK, FY_XFER_MEM_STAGED},    {"direct", false, false, FY_OK, FY_XFER_MEM_HOST},
-        {"direct", true, true, FY_OK, FY_XFER_MEM_CUDA},   {"direct", true, false, FY_ERR_UNSUPPORTED, 0},
-        {"staged", false, false, FY_OK, FY_XFER_MEM_STAGED}, {"staged", true, true, FY_OK, FY_XFER_MEM_STAGED},
+        {"auto", false, false, FY_OK, FY_XFER_MEM_HOST},
+        {"auto", false, true, FY_OK, FY_XFER_MEM_HOST},
+        {"auto", true, false, FY_OK, FY_XFER_MEM_STAGED},
+        {"auto", true, true, FY_OK, FY_XFER_MEM_CUDA},
+        {NULL, true, false, FY_OK, FY_XFER_MEM_STAGED},
+        {"direct", false, false, FY_OK, FY_XFER_MEM_HOST},
+        {"direct", true, true, FY_OK, FY_XFER_MEM_CUDA},
+        {"direct", true, false, FY_ERR_UNSUPPORTED, 0},
+        {"staged", false, false, FY_OK, FY_XFER_MEM_STAGED},
+        {"staged", true, true, FY_OK, FY_XFER_MEM_STAGED},
         {"gpu", false, false, FY_ERR_INVALID, 0},
     };
     for (size_t k = 0; k < FY_ARRAY_LEN(cases); k++) {
@@ -314,7 +319,7 @@ static void run_transfer(run_kind_t kind)
     assert_int_equal(fy_xgroup_job_begin(tx, copy, len, fy_xfer_now() + 30, on_done, &d, &j), FY_OK);
     int32_t src[N_MOVE], to[N_MOVE];
     for (int32_t i = 0; i < N_MOVE; i++) {
-        src[i] = (i * 7) % N_POOL;  /* scattered on both sides */
+        src[i] = (i * 7) % N_POOL; /* scattered on both sides */
         to[i] = (i * 13 + 5) % N_DST;
     }
     fy_xstage_queue_t q = {0};
@@ -403,8 +408,9 @@ static void test_cuda_arena_refused(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_choose),      cmocka_unit_test(test_pool),         cmocka_unit_test(test_through_ucx),
-        cmocka_unit_test(test_copy_fails),  cmocka_unit_test(test_target_dies),  cmocka_unit_test(test_cuda_arena_refused),
+        cmocka_unit_test(test_choose),      cmocka_unit_test(test_pool),
+        cmocka_unit_test(test_through_ucx), cmocka_unit_test(test_copy_fails),
+        cmocka_unit_test(test_target_dies), cmocka_unit_test(test_cuda_arena_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

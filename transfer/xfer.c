@@ -135,7 +135,7 @@ struct fy_xfer_job {
     xfer_run_t *pending; /* queued before the handshake completed */
     int32_t n_pending, cap_pending;
     xfer_mark_t *marks; /* put_then's releases, fired or not */
-    int outstanding; /* UCX requests in flight: puts and the flush */
+    int outstanding;    /* UCX requests in flight: puts and the flush */
     bool ended, flush_issued, flushed;
     bool orphan; /* cb ran while UCX still held a request (FY_XFER_ERRMODE_NONE only); on x->zombies */
     fy_status_t st;
@@ -643,8 +643,8 @@ static void peer_handle_reply(xfer_peer_t *p)
         return;
     }
     if (!r->ok) {
-        peer_refuse(p, !strncmp(r->message, "kv memory mismatch", 18), "target %s refused the connection: %s",
-                    p->name, r->message);
+        peer_refuse(p, !strncmp(r->message, "kv memory mismatch", 18), "target %s refused the connection: %s", p->name,
+                    r->message);
         return;
     }
     if (p->block_bytes != r->layout.block_bytes) {
@@ -1120,9 +1120,9 @@ static fy_status_t queue_put(fy_xfer_job_t *j, const int32_t *src, const int32_t
         atomic_store(&j->caller_st, FY_ERR_INVALID);
         return FY_ERR_INVALID;
     }
-    if (piece && (piece->len == 0 || piece->len > x->layout.block_bytes ||
-                  piece->src_off > x->layout.block_bytes - piece->len || piece->len > j->target.block_bytes ||
-                  piece->dst_off > j->target.block_bytes - piece->len)) {
+    if (piece &&
+        (piece->len == 0 || piece->len > x->layout.block_bytes || piece->src_off > x->layout.block_bytes - piece->len ||
+         piece->len > j->target.block_bytes || piece->dst_off > j->target.block_bytes - piece->len)) {
         fy_error("xfer: %s to %s: %d blocks, a piece of %llu bytes at %llu -> %llu (blocks of %llu bytes "
                  "here, %llu at the target)",
                  what, j->target.name, n, (unsigned long long)piece->len, (unsigned long long)piece->src_off,

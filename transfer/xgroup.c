@@ -425,8 +425,8 @@ fy_status_t fy_xgroup_job_put_then(fy_xgroup_job_t *gj, const int32_t *src, cons
         int32_t calls = sb->whole ? 1 : sb->n_pieces;
         for (int32_t i = 0; i < calls; i++) {
             atomic_fetch_add(&m->left, 1);
-            fy_status_t st = fy_xfer_job_put_then(sb->j, src, dst, n, sb->whole ? NULL : &sb->pieces[i],
-                                                  group_mark_done, m);
+            fy_status_t st =
+                fy_xfer_job_put_then(sb->j, src, dst, n, sb->whole ? NULL : &sb->pieces[i], group_mark_done, m);
             if (st == FY_OK) {
                 taken++;
                 continue;

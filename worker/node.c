@@ -110,7 +110,7 @@ struct fy_node {
     fy_xstage_t *stage;
     fy_node_path_series_t *path_series;
     uint64_t kv_moved_blocks, kv_moved_bytes;
-    fy_env_auth_t auth;   /* this worker's control-plane credentials */
+    fy_env_auth_t auth; /* this worker's control-plane credentials */
     fy_pull_t *cmds;
     fy_pull_t *cmds_stats; /* cmds, for the engine thread's metrics: under health_mu */
     fy_push_t *out;        /* the one router at router.events (no cluster.etcd) */
@@ -819,15 +819,14 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
         int32_t slots = staging_blocks > 0 ? (int32_t)staging_blocks
                                            : fy_xstage_default_slots(!strcmp(sec, "decode"), xp.n_pages,
                                                                      eb.engine.max_num_seqs, per_prompt);
-        fy_xstage_params_t sp = {.be = n->stack.be,
-                                 .lay = lay,
-                                 .pool = fy_runner_kv_arena(n->stack.runner),
-                                 .n_slots = slots};
+        fy_xstage_params_t sp = {
+            .be = n->stack.be, .lay = lay, .pool = fy_runner_kv_arena(n->stack.runner), .n_slots = slots};
         if ((st = fy_xstage_create(&sp, &n->stage))) return st;
         xp.arenas = fy_xstage_base(n->stage);
         xp.n_pages = slots;
-        fy_info("kv transfer: staged (%s); %d staging blocks, %.1f MiB of pinned host memory (worker.kv_staging_blocks)",
-                why, slots, (double)fy_xstage_bytes(n->stage) / (1 << 20));
+        fy_info(
+            "kv transfer: staged (%s); %d staging blocks, %.1f MiB of pinned host memory (worker.kv_staging_blocks)",
+            why, slots, (double)fy_xstage_bytes(n->stage) / (1 << 20));
     } else {
         fy_info("kv transfer: %s (%s)", fy_xfer_mem_name(n->kv_mem), why);
     }

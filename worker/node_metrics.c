@@ -215,8 +215,7 @@ fy_status_t fy_node_path_series_create(fy_metrics_t *reg, const char *path, bool
       "CUDA memory support).",
       NULL);
     if (staged) {
-        G(slots, "ferry:kv_staging_blocks", "Blocks of the pinned host staging area (worker.kv_staging_blocks).",
-          NULL);
+        G(slots, "ferry:kv_staging_blocks", "Blocks of the pinned host staging area (worker.kv_staging_blocks).", NULL);
         G(free, "ferry:kv_staging_free_blocks", "Staging blocks free now; all of them when no transfer is under way.",
           NULL);
         C(waits, "ferry:kv_staging_waits_total", "Times a transfer found fewer free staging blocks than it wanted.",

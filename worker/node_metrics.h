@@ -53,10 +53,10 @@ void fy_node_series_sync(fy_node_series_t *s, const fy_engine_stats_t *es, const
 typedef struct fy_node_path_series fy_node_path_series_t;
 
 typedef struct fy_node_path_figures {
-    uint64_t blocks, bytes;   /* a prefill worker: blocks handed to puts; a decode worker: blocks received
+    uint64_t blocks, bytes; /* a prefill worker: blocks handed to puts; a decode worker: blocks received
                                * into its pool (adopted); bytes: theirs */
-    uint64_t mem_refusals;    /* fy_xfer_stats_t.mem_refusals */
-    bool staged;              /* the staging figures below are meant */
+    uint64_t mem_refusals;  /* fy_xfer_stats_t.mem_refusals */
+    bool staged;            /* the staging figures below are meant */
     int32_t staging_slots, staging_free;
     uint64_t staging_waits, staging_exhausted, staging_copy_failures;
 } fy_node_path_figures_t;

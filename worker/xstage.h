@@ -137,12 +137,12 @@ fy_status_t fy_xstage_pump(fy_xstage_t *s, fy_xstage_queue_t *q, fy_xgroup_job_t
 
 typedef struct fy_xstage_stats {
     int32_t slots, free;
-    int32_t low;              /* the fewest free slots there have been */
-    uint64_t waits;           /* takes that found fewer free slots than they wanted */
-    uint64_t exhausted;       /* all-or-none takes refused (decode: reservations) */
-    uint64_t copy_failures;   /* copies that failed (either way) */
-    uint64_t blocks_out;      /* blocks copied pool -> staging */
-    uint64_t blocks_in;       /* blocks copied staging -> pool */
+    int32_t low;            /* the fewest free slots there have been */
+    uint64_t waits;         /* takes that found fewer free slots than they wanted */
+    uint64_t exhausted;     /* all-or-none takes refused (decode: reservations) */
+    uint64_t copy_failures; /* copies that failed (either way) */
+    uint64_t blocks_out;    /* blocks copied pool -> staging */
+    uint64_t blocks_in;     /* blocks copied staging -> pool */
 } fy_xstage_stats_t;
 
 void fy_xstage_stats(fy_xstage_t *s, fy_xstage_stats_t *out); /* any thread; NULL: zeros */

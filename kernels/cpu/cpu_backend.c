@@ -1332,7 +1332,6 @@ static const fy_backend_ops_t g_cpu_ops = {
     .free = cpu_free,
     .mem_info = cpu_mem_info,
     .alloc_host = cpu_alloc, /* device memory is host memory */
-    .device_memory = false,
     .free_host = cpu_free,
     .memcpy = cpu_memcpy,
     .upload = cpu_upload,

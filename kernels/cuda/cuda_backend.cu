@@ -700,7 +700,6 @@ static const fy_backend_ops_t
             cuda_scale,
             cuda_set_attn_scores,
             NULL, /* rmsnorm_matmul: backend.c runs rmsnorm then matmul */
-            true, /* device_memory: cudaMalloc'd */
 };
 
 /* ---- creation ---------------------------------------------------------------------------- */
