@@ -475,7 +475,7 @@ static void on_event(void *arg, const fy_event_t *ev)
             fy_metric_observe(j->p->m.queue, ev->timings->queue_s);
             if (j->have_token) fy_metric_observe(j->p->m.ttft, ev->timings->ttft_s);
         }
-        if (ev->kind == FY_EVENT_ERROR) {
+        if (ev->kind == FY_EVENT_ERROR && j->engine_status == FY_OK) { /* ship_fail's reason, not its cancel */
             j->engine_status = ev->status;
             snprintf(j->engine_msg, sizeof(j->engine_msg), "%s", ev->message ? ev->message : "");
         }
