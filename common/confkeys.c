@@ -180,7 +180,7 @@ static const fy_conf_key_t KEYS[] = {
          "memory, else staged); staged is refused with worker.tp or worker.pp above 1"),
     INT("worker", "kv_staging_blocks", "0", 0, 1 << 20,
         "staged KV transfer: blocks of pinned host staging memory; 0: 64 on a prefill worker, enough for max_seqs "
-        "whole-context prompts (at most 4096) on a decode worker, neither more than the KV pool"),
+        "whole-context prompts (at most 4096, at least one prompt) on a decode worker, neither more than the KV pool"),
     INT("worker", "tp", "1", 1, 64,
         "tensor-parallel ranks per worker (processes sharing one model's heads and MLP, and its KV pages); "
         "docs/parallel.md"),

@@ -68,6 +68,7 @@ static void test_choose(void **state)
     assert_int_equal(fy_xstage_default_slots(true, 100000, 8, 100), 800);
     assert_int_equal(fy_xstage_default_slots(true, 100000, 64, 512), 4096);
     assert_int_equal(fy_xstage_default_slots(true, 300, 8, 100), 300);
+    assert_int_equal(fy_xstage_default_slots(true, 100000, 64, 8192), 8192); /* one long-context prompt always fits */
 }
 
 /* ---- the slot pool ------------------------------------------------------------------------- */

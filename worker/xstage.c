@@ -43,9 +43,10 @@ fy_status_t fy_xstage_choose(const char *asked, bool device_memory, bool ucx_cud
 int32_t fy_xstage_default_slots(bool decode, int32_t pool_blocks, int32_t max_seqs, int32_t max_prompt_blocks)
 {
     int64_t n = 64;
-    if (decode) {
-        n = (int64_t)(max_seqs > 0 ? max_seqs : 1) * (max_prompt_blocks > 0 ? max_prompt_blocks : 1);
-        if (n > 4096) n = 4096;
+    if (decode) { /* max_seqs whole-context prompts, at most 4096 blocks, but always one */
+        int64_t one = max_prompt_blocks > 0 ? max_prompt_blocks : 1;
+        n = (int64_t)(max_seqs > 0 ? max_seqs : 1) * one;
+        if (n > 4096) n = 4096 > one ? 4096 : one;
     }
     if (n > pool_blocks) n = pool_blocks;
     return n < 1 ? 1 : (int32_t)n;

@@ -67,8 +67,10 @@ fy_status_t fy_xstage_choose(const char *asked, bool device_memory, bool ucx_cud
 /* The blocks a staging area gets by default when worker.kv_staging_blocks
  * is 0: a prefill worker 64 (two batches of 32 in flight: 23.6 MB for
  * SmolLM2-135M, 128 MiB for Llama-3-8B's 2 MiB blocks of 16 tokens);
- * a decode worker enough for max_seqs prompts of max_prompt_blocks each,
- * at most 4096; neither more than the pool. */
+ * a decode worker enough for max_seqs prompts of max_prompt_blocks each
+ * (a whole context's blocks, every KV group), at most 4096 blocks (8 GiB
+ * for Llama-3-8B) unless one prompt needs more; neither more than the
+ * pool. */
 int32_t fy_xstage_default_slots(bool decode, int32_t pool_blocks, int32_t max_seqs, int32_t max_prompt_blocks);
 
 /* Copies n whole blocks; the backend's copy_blocks by default. */
