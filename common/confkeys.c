@@ -174,6 +174,13 @@ static const fy_conf_key_t KEYS[] = {
     STR("worker", "transports", NULL, "UCX transports (UCX_TLS); unset or empty: UCX's choice"),
     STR("worker", "net_devices", NULL,
         "UCX network devices (UCX_NET_DEVICES, e.g. eth0,mlx5_0:1); unset: the listen address's interface"),
+    ENUM("worker", "kv_transfer", "auto", "auto|direct|staged",
+         "how KV blocks move between workers: direct (UCX reads and writes the KV pool), staged (through pinned host "
+         "staging blocks, copied device-to-host and host-to-device), auto (direct for a host pool or a UCX with CUDA "
+         "memory, else staged); staged is refused with worker.tp or worker.pp above 1"),
+    INT("worker", "kv_staging_blocks", "0", 0, 1 << 20,
+        "staged KV transfer: blocks of pinned host staging memory; 0: 64 on a prefill worker, enough for max_seqs "
+        "whole-context prompts (at most 4096, at least one prompt) on a decode worker, neither more than the KV pool"),
     INT("worker", "tp", "1", 1, 64,
         "tensor-parallel ranks per worker (processes sharing one model's heads and MLP, and its KV pages); "
         "docs/parallel.md"),

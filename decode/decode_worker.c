@@ -19,6 +19,14 @@
  * worker's own configuration allows.  Leases are reaped on
  * every engine step and heartbeat, so an idle worker reaps them too.
  *
+ * Staged (worker.kv_transfer, xstage.h): the router is told staging
+ * slots instead of pool blocks (the transfer engine registered the
+ * staging area); the lease holds one slot per block the prefill worker
+ * will send, taken all or none at reservation ("kv staging exhausted"
+ * otherwise), and "adopt" copies them host-to-device into the blocks the
+ * lease reserved before anything else.  Slots go back whenever the lease
+ * ends (lease_free): adopted, expired, released, forgotten, or shutdown.
+ *
  * Everything here runs on the engine thread.
  *
  * Metrics (besides node.c's): requests' decode-phase latency (adoption to
@@ -36,6 +44,7 @@
 #include "mem.h"
 #include "rpc.h"
 #include "xgroup.h"
+#include "xstage.h"
 
 #define MAX_PROMPT 32768
 
@@ -50,6 +59,10 @@ typedef struct lease {
     int32_t n_prompt, n_cached;
     fy_genspec_t gen;
     fy_kv_ns_t ns;
+    int32_t n_recv;        /* blocks the prefill worker sends (entries of the reservation's list) */
+    int32_t *stage_slots;  /* staged: [n_stage] the staging slots they land in, */
+    int32_t *stage_blocks; /* and the pool blocks each goes to at adoption */
+    int32_t n_stage;
     struct lease *next;
 } lease_t;
 
@@ -80,6 +93,8 @@ typedef struct decode {
 static void lease_free(decode_t *d, lease_t *l)
 {
     fy_kvm_t *kvm = fy_node_kvm(d->n);
+    fy_xstage_give(fy_node_stage(d->n), l->stage_slots, l->n_stage); /* n_stage 0 when not staged */
+    fy_free(l->stage_slots);
     fy_kvm_resv_release(kvm, &l->resv);
     fy_kvm_seq_release(kvm, &l->bt);
     fy_kvm_seq_deinit(&l->bt);
@@ -245,6 +260,42 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
         for (int32_t i = 0; i < per; i++)
             list[g * per + i] = from + i >= l->bt.lo[g] && from + i < l->bt.n_blocks ? tab[from + i] : -1;
     }
+    for (int32_t i = 0; i < per * ng; i++) l->n_recv += list[i] >= 0;
+    /* staged: the prefill worker writes into staging slots, one per block
+     * it sends; they go to the blocks above at adoption */
+    fy_xstage_t *stage = fy_node_stage(n);
+    if (stage && l->n_recv > 0) {
+        int32_t need = l->n_recv;
+        l->stage_slots = fy_malloc(2 * (size_t)need * sizeof(int32_t));
+        if (!l->stage_slots) {
+            fy_free(list);
+            lease_free(d, l);
+            fy_node_error(n, rid, id, FY_ERR_NOMEM, "out of memory for a reservation's staging list");
+            return;
+        }
+        l->stage_blocks = l->stage_slots + need;
+        if (fy_xstage_take(stage, need, true, l->stage_slots) < need) {
+            /* busy (other leases hold slots: the router queues the request
+             * again, as for blocks), or never (more than the whole area) */
+            fy_xstage_stats_t ss;
+            fy_xstage_stats(stage, &ss);
+            d->refused++;
+            fy_metric_inc(d->m.reserve_refused);
+            fy_free(list);
+            lease_free(d, l);
+            fy_node_error(n, rid, id, need > ss.slots ? FY_ERR_INVALID : FY_ERR_NO_SPACE,
+                          "kv staging exhausted: the prompt needs %d staging blocks, %d of %d are free%s "
+                          "(worker.kv_staging_blocks)",
+                          need, ss.free, ss.slots, need > ss.slots ? " and it can never fit" : "");
+            return;
+        }
+        l->n_stage = need;
+        for (int32_t i = 0, k = 0; i < per * ng; i++) {
+            if (list[i] < 0) continue;
+            l->stage_blocks[k] = list[i];
+            list[i] = l->stage_slots[k++];
+        }
+    }
     l->n_cached = hit;
     l->id = id;
     l->lease = ++d->next_lease;
@@ -379,10 +430,24 @@ static void cmd_adopt(decode_t *d, fy_msgr_t *r, uint64_t rid)
     }
     lease_unlink(d, l);
     fy_metric_observe(d->m.lease_wait, fy_node_now() - l->t_reserved);
+    /* staged: the prompt's blocks from the staging slots into the pool,
+     * before they are placed or read */
+    fy_status_t st = FY_OK;
+    if (l->n_stage > 0) {
+        if ((st = fy_xstage_in(fy_node_stage(n), l->stage_slots, l->stage_blocks, l->n_stage))) {
+            fy_wire_adopt_clear(&m);
+            lease_free(d, l);
+            fy_node_error(n, rid, id, st, "kv staging: copying the prompt's blocks into the kv pool failed: %s",
+                          fy_status_str(st));
+            return;
+        }
+        fy_xstage_give(fy_node_stage(n), l->stage_slots, l->n_stage);
+        l->n_stage = 0;
+    }
+    fy_node_kv_moved(n, l->n_recv, (int64_t)l->n_recv * (int64_t)fy_kvm_layout(fy_node_kvm(n))->block_bytes);
     /* a KV budget: the blocks go where the kept ones belong; the scores
      * spread over the prompt's blocks */
     float *scores = NULL;
-    fy_status_t st = FY_OK;
     if (l->slots) {
         st = fy_kvm_seq_place(fy_node_kvm(n), &l->bt, m.kept, m.n_kept, &l->resv);
         if (!st && m.n_scores && !(scores = fy_calloc((size_t)l->bt.n_blocks, sizeof(float)))) st = FY_ERR_NOMEM;

@@ -19,6 +19,7 @@ struct fy_backend {
     const fy_backend_ops_t *ops;
     void *ctx;
     int n_threads;
+    bool device_memory; /* fy_backend_device_memory: which constructor made it says */
     char desc[96];
     bool profiling;
     fy_backend_profile_t prof;
@@ -61,6 +62,7 @@ fy_status_t fy_backend_create(const char *name, const fy_backend_params_t *param
 #ifdef FY_HAVE_CUDA
     } else if (!strcmp(name, "cuda")) {
         st = fy_backend_cuda_init(params, &be->ops, &be->ctx, be->desc, sizeof(be->desc), &be->n_threads);
+        be->device_memory = true; /* cudaMalloc'd (cuda_alloc) */
 #endif
     } else {
         fy_error("backend: unknown backend '%s' (this build has: %s)", name, BUILT_BACKENDS);
@@ -155,6 +157,8 @@ fy_status_t fy_backend_mem_info(fy_backend_t *be, int64_t *total_p, int64_t *fre
 {
     return CALL(mem_info, total_p, free_p);
 }
+
+bool fy_backend_device_memory(const fy_backend_t *be) { return be->device_memory; }
 
 fy_status_t fy_backend_alloc_host(fy_backend_t *be, size_t bytes, void **ptr_p)
 {

@@ -123,6 +123,12 @@ fy_status_t fy_backend_check(fy_backend_t *be, const fy_backend_needs_t *n, char
 /* ---- memory ---- */
 fy_status_t fy_backend_alloc(fy_backend_t *be, size_t bytes, void **ptr_p);
 void fy_backend_free(fy_backend_t *be, void *ptr); /* accepts NULL */
+/* Is what fy_backend_alloc returns device memory (the CUDA backend's GPU
+ * memory), which the CPU, and a UCX without CUDA support, cannot read or
+ * write?  False for the CPU backend (its "device" memory is host memory).
+ * The KV transfer asks it to choose how blocks move between workers
+ * (worker.kv_transfer, worker/xstage.h). */
+bool fy_backend_device_memory(const fy_backend_t *be);
 /* Device memory in bytes: total and what is free now (for the CPU backend,
  * system memory and what the kernel reports available). */
 fy_status_t fy_backend_mem_info(fy_backend_t *be, int64_t *total_p, int64_t *free_p);

@@ -24,6 +24,13 @@
  * for the decode worker to put its blocks in place and go on evicting as
  * this engine would have.
  *
+ * Staged (worker.kv_transfer, xstage.h): the blocks a job hands to the
+ * transfer wait in its queue for staging slots; the pump copies what the
+ * slots allow device-to-host and puts it from there, and goes on when
+ * put completions give slots back (a wake-up posted to the engine
+ * thread).  The job's finish waits until its queue is empty; an abort
+ * drops the queue.  A job's blocks stay held (hold) the same way.
+ *
  * Metrics (besides node.c's): per job, time to first token and queue time
  * as the engine measures them (submission to the first token: queue and
  * prompt compute, not the transfer), the whole job (command received to
@@ -34,6 +41,7 @@
 
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -42,6 +50,7 @@
 #include "mem.h"
 #include "rpc.h"
 #include "xgroup.h"
+#include "xstage.h"
 
 #define MAX_PROMPT 32768
 
@@ -51,6 +60,10 @@ typedef struct pjob {
     int64_t attempt;     /* the router's try number: an old try's events are told apart */
     fy_xgroup_job_t *xj; /* one transfer job per pair of ranks that share bytes (xgroup.h) */
     bool xj_closed;      /* finish or abort was called */
+    /* staged: blocks waiting for staging slots; the finish waits for them */
+    fy_xstage_queue_t stq;
+    bool finish_wanted;
+    _Atomic bool xj_gone; /* the transfer called back: xj is freed (set on the transfer thread) */
     int32_t n_prompt, first_block, n_dst, shipped, computed;
     int32_t *dst;  /* [n_dst] the decode worker's blocks for prompt blocks first_block.. */
     int32_t slots; /* a KV budget's reservation: dst holds slots blocks per group (0: positional) */
@@ -93,6 +106,8 @@ typedef struct prefill {
     struct {
         fy_metric_t *ttft, *queue, *e2e, *xfer_s, *ok, *failed, *cancelled;
     } m;
+    fy_xstage_t *stage;       /* worker.kv_transfer runs staged; else NULL */
+    _Atomic bool pump_posted; /* a pump is posted to the engine thread */
 } prefill_t;
 
 static void open_add(prefill_t *p, pjob_t *j)
@@ -121,9 +136,16 @@ static void open_remove(prefill_t *p, pjob_t *j)
     pthread_mutex_unlock(&p->open_mu);
 }
 
-/* Ends the job's transfer (engine thread): flush what was put, or give up. */
+/* Ends the job's transfer (engine thread): flush what was put, or give
+ * up.  Staged, a finish waits until the pump has put every queued block. */
 static void job_close_xfer(pjob_t *j, bool finish)
 {
+    if (finish && fy_xstage_queue_left(&j->stq) > 0) {
+        j->finish_wanted = true;
+        return;
+    }
+    j->finish_wanted = false;
+    fy_xstage_queue_clear(&j->stq);
     open_remove(j->p, j);
     j->xj_closed = true;
     if (finish)
@@ -146,6 +168,7 @@ static void job_free(prefill_t *p, pjob_t *j)
 {
     fy_kvm_seq_release(fy_node_kvm(p->n), &j->hold);
     fy_kvm_seq_deinit(&j->hold);
+    fy_xstage_queue_clear(&j->stq);
     fy_free(j->dst);
     fy_free(j->kept);
     fy_free(j->scores);
@@ -236,6 +259,8 @@ static void xfer_end(fy_engine_t *e, void *arg)
     pjob_t *j = x->j;
     j->xfer_done = true;
     j->xj_closed = true; /* the handle is gone (also when the transfer engine shut down first) */
+    j->finish_wanted = false;
+    fy_xstage_queue_clear(&j->stq);
     j->xfer_status = x->st;
     snprintf(j->xfer_msg, sizeof(j->xfer_msg), "%s", x->msg);
     fy_free(x);
@@ -247,6 +272,9 @@ static void on_xfer_done(void *arg, fy_status_t st, const char *message)
 {
     pjob_t *j = arg;
     open_remove(j->p, j); /* the handle is freed after this returns */
+    /* a pump posted before xfer_end runs must not touch it (only at
+     * shutdown can a transfer end before finish or abort was called) */
+    atomic_store(&j->xj_gone, true);
     xfer_result_t *x = fy_calloc(1, sizeof(*x));
     if (!x) { /* cannot happen in practice; the job's blocks would stay held */
         fy_error("request %llu: out of memory ending a transfer", (unsigned long long)j->id);
@@ -274,14 +302,59 @@ static void ship_fail(pjob_t *j, fy_status_t st, const char *fmt, ...)
     fy_engine_cancel(fy_node_engine(j->p->n), j->engine_id);
 }
 
-/* Hands n blocks src -> dst to the transfer, in puts of up to 256. */
+/* Staged: moves what the staging slots allow from the job's queue into
+ * its transfer, and flushes once the queue is empty and the job is done
+ * (engine thread). */
+static void stage_pump(pjob_t *j)
+{
+    prefill_t *p = j->p;
+    if (j->xj_closed || atomic_load(&j->xj_gone) || fy_xstage_queue_left(&j->stq) == 0) return;
+    int64_t sent = 0;
+    fy_status_t st = fy_xstage_pump(p->stage, &j->stq, j->xj, &sent);
+    if (sent) fy_node_kv_moved(p->n, sent, sent * (int64_t)fy_xgroup_job_block_bytes(j->xj));
+    if (st != FY_OK) {
+        ship_fail(j, st, "kv staging failed (copy to host staging, or queueing its puts): %s", fy_status_str(st));
+        return;
+    }
+    if (j->finish_wanted && fy_xstage_queue_left(&j->stq) == 0) job_close_xfer(j, true);
+}
+
+/* engine thread: staging slots came back */
+static void pump_all(fy_engine_t *e, void *arg)
+{
+    prefill_t *p = arg;
+    atomic_store(&p->pump_posted, false);
+    for (pjob_t *j = p->jobs; j; j = j->next) stage_pump(j);
+}
+
+/* any thread (a transfer thread's put completion): slots came back after
+ * a pump found too few */
+static void stage_wake(void *arg)
+{
+    prefill_t *p = arg;
+    if (atomic_exchange(&p->pump_posted, true)) return;
+    if (fy_engine_post(fy_node_engine(p->n), pump_all, p) != FY_OK) atomic_store(&p->pump_posted, false);
+}
+
+/* Hands n blocks src -> dst to the transfer, in puts of up to 256
+ * (staged: into the job's queue, pumped through the staging slots). */
 static int32_t put_blocks(pjob_t *j, const int32_t *src, const int32_t *dst, int32_t n)
 {
-    fy_xgroup_job_put(j->xj, src, dst, n); /* an error is remembered and reported at the end */
+    if (j->xj_closed) return n; /* failed meanwhile (staging): nothing more goes */
+    if (j->p->stage) {
+        if (fy_xstage_queue_push(&j->stq, src, dst, n) != FY_OK) {
+            ship_fail(j, FY_ERR_NOMEM, "out of memory queueing %d blocks for staging", n);
+            return n;
+        }
+    } else {
+        fy_xgroup_job_put(j->xj, src, dst, n); /* an error is remembered and reported at the end */
+        fy_node_kv_moved(j->p->n, n, (int64_t)n * (int64_t)fy_xgroup_job_block_bytes(j->xj));
+    }
     if (j->t_first_put == 0) j->t_first_put = fy_node_now();
     int64_t b = (int64_t)n * (int64_t)fy_xgroup_job_block_bytes(j->xj); /* every rank's share */
     j->bytes += b;
     j->p->bytes += b;
+    if (j->p->stage) stage_pump(j);
     return n;
 }
 
@@ -402,7 +475,7 @@ static void on_event(void *arg, const fy_event_t *ev)
             fy_metric_observe(j->p->m.queue, ev->timings->queue_s);
             if (j->have_token) fy_metric_observe(j->p->m.ttft, ev->timings->ttft_s);
         }
-        if (ev->kind == FY_EVENT_ERROR) {
+        if (ev->kind == FY_EVENT_ERROR && j->engine_status == FY_OK) { /* ship_fail's reason, not its cancel */
             j->engine_status = ev->status;
             snprintf(j->engine_msg, sizeof(j->engine_msg), "%s", ev->message ? ev->message : "");
         }
@@ -617,6 +690,8 @@ static fy_status_t p_start(fy_node_t *n, void **state_p)
     if (!p) return FY_ERR_NOMEM;
     p->n = n;
     pthread_mutex_init(&p->open_mu, NULL);
+    p->stage = fy_node_stage(n);
+    if (p->stage) fy_xstage_set_wake(p->stage, stage_wake, p);
     fy_metrics_t *reg = fy_node_metrics(n);
     fy_status_t st = fy_metrics_histogram(
         reg, "ferry:prefill_time_to_first_token_seconds",

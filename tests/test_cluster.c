@@ -6,7 +6,9 @@
  * while a long prompt is prefilled and leases that expire when its
  * prefill worker stops, a KV layout mismatch, garbage on every socket,
  * and forged, replayed and altered messages that must not register a
- * worker or touch another client's request.  After each, every request
+ * worker or touch another client's request; and KV staged through pinned
+ * host memory (worker.kv_transfer = staged), the same tokens, with its
+ * failures (staging exhausted, peers dying mid-transfer).  After each, every request
  * has ended and every decode pool is back to its starting free count.
  */
 #include <errno.h>
@@ -1143,6 +1145,259 @@ static void test_rank_killed(void **state)
     tc_stop(&c);
 }
 
+/* ---- KV staged through pinned host memory (worker.kv_transfer = staged) ---- */
+
+/* A worker's /metrics value for one series (fails the test without it). */
+static double worker_metric(tc_cluster_t *c, int k, const char *series)
+{
+    char *body = NULL;
+    assert_int_equal(tc_http(c->metrics_port[k], "GET", "/metrics", &body), 200);
+    double v = tc_metric(body, series);
+    fy_free(body);
+    return v;
+}
+
+/* Worker k's series once it is at least want (the registry follows the
+ * engine's tick), or what it was after 5 s. */
+static double wait_metric(tc_cluster_t *c, int k, const char *series, double want)
+{
+    double v = worker_metric(c, k, series);
+    for (double t0 = tc_now(); v < want && tc_now() - t0 < 5; usleep(50000)) v = worker_metric(c, k, series);
+    return v;
+}
+
+/* Waits until worker k's staging blocks are all free again. */
+static void expect_staging_back(tc_cluster_t *c, int k, const char *who)
+{
+    double total = worker_metric(c, k, "ferry:kv_staging_blocks"), free = -1;
+    for (double t0 = tc_now(); tc_now() - t0 < 10; usleep(50000))
+        if ((free = worker_metric(c, k, "ferry:kv_staging_free_blocks")) == total) return;
+    tc_print_logs(c);
+    fail_msg("%s: %.0f of %.0f staging blocks free", who, free, total);
+}
+
+/*
+ * The path a GPU deployment without a CUDA UCX takes, run on the CPU: both
+ * workers stage (the prefill worker copies finished blocks into its
+ * staging slots and puts from there, the decode worker receives into its
+ * slots and copies them into the reserved blocks at adoption), through a
+ * prefill staging area of 3 blocks, far smaller than a prompt, so the ring
+ * turns over many times per request.  The engine's tokens; every pool
+ * block and every staging block back; the path counted by name.
+ */
+enum { N_STAGED = 12 };
+
+static void test_staged_same_tokens(void **state)
+{
+    if (!tc_available()) skip();
+    static int32_t prompts[N_STAGED][600];
+    int32_t lens[N_STAGED], max_tokens[N_STAGED];
+    int32_t *pp[N_STAGED];
+    for (int i = 0; i < N_STAGED; i++) {
+        lens[i] = 7 + (i * 173) % 590;
+        make_prompt(prompts[i], lens[i], 3100 + (uint64_t)i);
+        if (i % 4 == 3) { /* a shared prefix: the decode worker's cache takes part of it (fewer staged blocks) */
+            int32_t k = lens[i] < lens[i - 2] ? lens[i] : lens[i - 2];
+            memcpy(prompts[i], prompts[i - 2], sizeof(int32_t) * (size_t)k);
+        }
+        max_tokens[i] = 6 + (i * 5) % 11;
+        pp[i] = prompts[i];
+    }
+    static tc_result_t ref[N_STAGED], got[N_STAGED];
+    tc_reference(tc_model(), pp, lens, max_tokens, N_STAGED, ref);
+    tc_cluster_t c;
+    tc_opts_t o = {.n_prefill = 1,
+                   .n_decode = 1,
+                   /* twelve prompts at once on one prefill worker: under a sanitizer its steps (between
+                    * which it answers commands) can outlast the default 5-s command timeout */
+                   .common = {"worker.kv_transfer=staged", "router.command_timeout=30s"},
+                   .per_worker = {{"worker.kv_staging_blocks=3"}},
+                   .metrics = true};
+    tc_start(&c, &o);
+    assert_true(log_contains(&c, "prefill-0", "kv transfer: staged"));
+    assert_true(log_contains(&c, "decode-0", "kv transfer: staged"));
+    assert_int_equal((int)worker_metric(&c, 0, "ferry:kv_staging_blocks"), 3);
+    char names[8][64];
+    int32_t adm[8];
+    int nd = decode_admittable(&c, names, adm);
+    fy_client_stream_t s[N_STAGED];
+    memset(got, 0, sizeof(got));
+    for (int i = 0; i < N_STAGED; i++) s[i] = submit(&c, prompts[i], lens[i], max_tokens[i]);
+    tc_collect(&c, s, got, N_STAGED, 240);
+    for (int i = 0; i < N_STAGED; i++) {
+        if (got[i].error) tc_print_logs(&c);
+        expect_same(&ref[i], &got[i], i);
+    }
+    fy_client_status_t st;
+    tc_status(&c, &st);
+    assert_int_equal(st.completed, N_STAGED);
+    assert_int_equal(st.failed, 0);
+    expect_pools_back(&c, names, adm, nd);
+    expect_staging_back(&c, 0, "prefill-0");
+    expect_staging_back(&c, 1, "decode-0");
+    double sent = worker_metric(&c, 0, "ferry:kv_transfer_path_blocks_total{path=\"staged\"}");
+    double recv = wait_metric(&c, 1, "ferry:kv_transfer_path_blocks_total{path=\"staged\"}", sent);
+    double waits = worker_metric(&c, 0, "ferry:kv_staging_waits_total");
+    print_message("staged: %.0f blocks sent through 3 staging blocks (%.0f waits for a free one), %.0f received\n",
+                  sent, waits, recv);
+    assert_true(sent > 3 * 10);
+    assert_true(waits > 0); /* the ring was smaller than what wanted to go */
+    assert_true(recv == sent);
+    assert_int_equal((int)worker_metric(&c, 0, "ferry:kv_staging_copy_failures_total"), 0);
+    tc_stop(&c);
+}
+
+/* A decode worker's staging area (16 blocks) refuses a prompt that can
+ * never fit by name ("kv staging exhausted", an error for the client),
+ * and one that fits only once another lease lets go as busy (the router
+ * queues it again): two 200-token prompts (13 blocks each) at once both
+ * end with the engine's tokens; nothing is left held. */
+static void test_staging_exhausted(void **state)
+{
+    if (!tc_available()) skip();
+    static int32_t p[3][300];
+    int32_t lens[3] = {300, 200, 200}, mt[3] = {4, 5, 5}, *pp[3];
+    for (int i = 0; i < 3; i++) make_prompt(p[i], lens[i], 61 + (uint64_t)i), pp[i] = p[i];
+    static tc_result_t ref[3], got[3];
+    tc_reference(tc_model(), pp, lens, mt, 3, ref);
+    tc_cluster_t c;
+    tc_opts_t o = {.n_prefill = 1,
+                   .n_decode = 1,
+                   .common = {"worker.kv_transfer=staged"},
+                   .per_worker = {{NULL}, {"worker.kv_staging_blocks=16"}},
+                   .metrics = true};
+    tc_start(&c, &o);
+    char names[8][64];
+    int32_t adm[8];
+    int nd = decode_admittable(&c, names, adm);
+    fy_client_stream_t s[3];
+    s[0] = submit(&c, p[0], lens[0], mt[0]); /* 19 blocks of 16 tokens */
+    memset(got, 0, sizeof(got));
+    tc_collect(&c, s, got, 1, 60);
+    print_message("request ended: %s\n", got[0].message);
+    assert_int_not_equal(got[0].error, FY_OK);
+    assert_non_null(strstr(got[0].message, "kv staging exhausted"));
+    assert_non_null(strstr(got[0].message, "never fit"));
+    assert_true(wait_metric(&c, 1, "ferry:kv_staging_exhausted_total", 1) >= 1);
+    for (int i = 1; i < 3; i++) s[i] = submit(&c, p[i], lens[i], mt[i]);
+    tc_collect(&c, s + 1, got + 1, 2, 120);
+    for (int i = 1; i < 3; i++) expect_same(&ref[i], &got[i], i);
+    double busy = worker_metric(&c, 1, "ferry:kv_staging_exhausted_total") - 1;
+    print_message("two prompts for one staging area: %.0f busy refusal(s), then both served\n", busy);
+    assert_true(busy >= 1);
+    expect_pools_back(&c, names, adm, nd);
+    expect_staging_back(&c, 0, "prefill-0");
+    expect_staging_back(&c, 1, "decode-0");
+    tc_stop(&c);
+}
+
+/* Peers that die while a staged transfer runs: a prefill worker killed
+ * mid-transfer (the request goes to the other one; the decode worker's
+ * lease, and its staging blocks, go back), then the decode worker a
+ * prefill worker is putting into (that job fails; every staging block it
+ * held comes back as its puts fail). */
+static void test_staged_peer_dies(void **state)
+{
+    if (!tc_available()) skip();
+    static int32_t p[2000];
+    int32_t len = 2000, mt = 6, *pp = p;
+    make_prompt(p, len, 88);
+    static tc_result_t ref, got;
+    tc_reference(tc_model(), &pp, &len, &mt, 1, &ref);
+    tc_cluster_t c;
+    tc_opts_t o = {.n_prefill = 2,
+                   .n_decode = 2,
+                   .common = {"worker.kv_transfer=staged", "decode.kv_mem=96MiB", "prefill.kv_mem=96MiB",
+                              "prefill.max_batch_tokens=128"},
+                   .per_worker = {{"worker.kv_staging_blocks=4"}, {"worker.kv_staging_blocks=4"}},
+                   .metrics = true};
+    tc_start(&c, &o);
+    char names[8][64];
+    int32_t adm[8];
+    int nd = decode_admittable(&c, names, adm);
+    fy_client_stream_t s = submit(&c, p, len, mt);
+    const char *victim = NULL;
+    double t0 = tc_now();
+    while (!(victim = busy_prefill(&c)) && tc_now() - t0 < 30) usleep(20000);
+    assert_non_null(victim);
+    usleep(300000);
+    char killed[64];
+    snprintf(killed, sizeof(killed), "%s", victim);
+    tc_kill(&c, killed);
+    memset(&got, 0, sizeof(got));
+    tc_collect(&c, &s, &got, 1, 120);
+    print_message("killed %s mid staged transfer; the request %s after %d retries\n", killed,
+                  got.error ? got.message : "finished", got.timings.retries);
+    expect_same(&ref, &got, 0);
+    expect_pools_back(&c, names, adm, nd);
+    expect_staging_back(&c, 2, "decode-0");
+    expect_staging_back(&c, 3, "decode-1");
+    int live = !strcmp(killed, "prefill-0") ? 1 : 0; /* the prefill worker left */
+    /* the survivor puts the next long prompt; its decode worker dies under it */
+    make_prompt(p, len, 89);
+    s = submit(&c, p, len, mt);
+    char dead[64] = "";
+    for (t0 = tc_now(); !dead[0] && tc_now() - t0 < 30; usleep(20000)) {
+        fy_client_status_t st;
+        tc_status(&c, &st);
+        for (int i = 0; i < st.n_workers; i++)
+            if (st.workers[i].decode && st.workers[i].assigned > 0)
+                snprintf(dead, sizeof(dead), "%s", st.workers[i].name);
+    }
+    assert_true(dead[0] != '\0');
+    /* once the survivor has put some of it */
+    double sent0 = worker_metric(&c, live, "ferry:kv_transfer_path_blocks_total{path=\"staged\"}"), sent = sent0;
+    for (t0 = tc_now(); sent < sent0 + 8 && tc_now() - t0 < 60; usleep(20000))
+        sent = worker_metric(&c, live, "ferry:kv_transfer_path_blocks_total{path=\"staged\"}");
+    assert_true(sent >= sent0 + 8);
+    tc_kill(&c, dead);
+    memset(&got, 0, sizeof(got));
+    tc_collect(&c, &s, &got, 1, 120);
+    print_message("killed %s mid staged transfer: %s\n", dead, got.error ? got.message : "finished (retried)");
+    char who[32];
+    snprintf(who, sizeof(who), "prefill-%d", live);
+    expect_staging_back(&c, live, who);
+    /* the cluster keeps serving, staged */
+    s = submit(&c, p, 100, 4);
+    tc_result_t r2 = {0};
+    tc_collect(&c, &s, &r2, 1, 60);
+    assert_int_equal(r2.error, FY_OK);
+    expect_staging_back(&c, live, who);
+    tc_stop(&c);
+}
+
+/* Staged KV with a rank group is refused at start, naming the keys; so is
+ * a value worker.kv_transfer does not know. */
+static void test_staged_rank_group_refused(void **state)
+{
+    if (!tc_available()) skip();
+    const char *bin = getenv("FERRY_BIN");
+    char exe[512], model[600], out[600];
+    snprintf(exe, sizeof(exe), "%s/ferry-prefill", bin && *bin ? bin : "bin");
+    snprintf(model, sizeof(model), "model.path=%s", tc_model());
+    const char *cases[][2] = {{"worker.tp=2", "worker.kv_transfer=staged"}, {"worker.pp=1", "worker.kv_transfer=gpu"}};
+    const char *want[][2] = {{"worker.kv_transfer = staged", "worker.tp = 2"}, {"worker.kv_transfer", "'gpu'"}};
+    for (int k = 0; k < 2; k++) {
+        snprintf(out, sizeof(out), "%s/refused-%d.log", fy_test_tmpdir(), k);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            FILE *f = freopen(out, "w", stderr);
+            if (!f) _exit(99);
+            execl(exe, exe, "-c", "configs/local.ini", "--set", model, "--set", cases[k][0], "--set", cases[k][1],
+                  (char *)NULL);
+            _exit(98);
+        }
+        int status = 0;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        char *text = fy_test_read_file(out, NULL);
+        assert_non_null(text);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) == 0 || !strstr(text, want[k][0]) || !strstr(text, want[k][1]))
+            fail_msg("case %d: status 0x%x, output:\n%s", k, status, text);
+        fy_free(text);
+    }
+}
+
 static int teardown(void **state)
 {
     fy_test_tmpdir_remove();
@@ -1166,6 +1421,10 @@ int main(void)
         cmocka_unit_test_teardown(test_forged_messages, teardown),
         cmocka_unit_test_teardown(test_ranks_between_shapes, teardown),
         cmocka_unit_test_teardown(test_rank_killed, teardown),
+        cmocka_unit_test_teardown(test_staged_same_tokens, teardown),
+        cmocka_unit_test_teardown(test_staging_exhausted, teardown),
+        cmocka_unit_test_teardown(test_staged_peer_dies, teardown),
+        cmocka_unit_test_teardown(test_staged_rank_group_refused, teardown),
     };
     const char *only = getenv("FY_TEST_FILTER"); /* e.g. FY_TEST_FILTER=test_lease* */
     if (only) cmocka_set_test_filter(only);

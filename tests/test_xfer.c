@@ -468,7 +468,144 @@ static void test_layout_diff(void **state)
     assert_int_not_equal(fy_xfer_reply_unpack(hw, sizeof(hw), &r2), FY_OK); /* a hello is not a reply */
     memset(rw + 16 + FY_XFER_LAYOUT_WIRE_LEN, 'x', FY_XFER_MSG_LEN);        /* unterminated message */
     assert_int_equal(fy_xfer_reply_unpack(rw, sizeof(rw), &r2), FY_ERR_FORMAT);
+
+    /* how each side's KV moves: carried both ways; a peer from before the
+     * field (zero bytes) reads as unstated, no CUDA; values past the enum
+     * or unknown flags are malformed */
+    fy_xfer_hello_t hm = {.cookie = 3, .name = "st", .layout = a, .mem = FY_XFER_MEM_STAGED, .ucx_cuda = true};
+    fy_xfer_hello_pack(&hm, hw);
+    assert_int_equal(fy_xfer_hello_unpack(hw, sizeof(hw), &h2), FY_OK);
+    assert_int_equal(h2.mem, FY_XFER_MEM_STAGED);
+    assert_true(h2.ucx_cuda);
+    hw[2] = hw[3] = 0; /* what version 3 sent */
+    assert_int_equal(fy_xfer_hello_unpack(hw, sizeof(hw), &h2), FY_OK);
+    assert_int_equal(h2.mem, FY_XFER_MEM_UNSTATED);
+    assert_false(h2.ucx_cuda);
+    hw[2] = 4;
+    assert_int_equal(fy_xfer_hello_unpack(hw, sizeof(hw), &h2), FY_ERR_FORMAT);
+    hw[2] = 1, hw[3] = 2;
+    assert_int_equal(fy_xfer_hello_unpack(hw, sizeof(hw), &h2), FY_ERR_FORMAT);
+    fy_xfer_reply_t rm = {.cookie = 4, .ok = true, .layout = a, .mem = FY_XFER_MEM_CUDA, .ucx_cuda = true};
+    fy_xfer_reply_pack(&rm, rw);
+    assert_int_equal(fy_xfer_reply_unpack(rw, sizeof(rw), &r2), FY_OK);
+    assert_int_equal(r2.mem, FY_XFER_MEM_CUDA);
+    assert_true(r2.ucx_cuda);
+    rw[3] = rw[4] = 0;
+    assert_int_equal(fy_xfer_reply_unpack(rw, sizeof(rw), &r2), FY_OK);
+    assert_int_equal(r2.mem, FY_XFER_MEM_UNSTATED);
+    rw[3] = 9;
+    assert_int_equal(fy_xfer_reply_unpack(rw, sizeof(rw), &r2), FY_ERR_FORMAT);
     log_end();
+
+    /* which pairs meet: direct cuda needs CUDA in the other side's UCX */
+    char why[256];
+    assert_false(fy_xfer_mem_explain(FY_XFER_MEM_STAGED, false, FY_XFER_MEM_HOST, false, why, sizeof(why)));
+    assert_false(fy_xfer_mem_explain(FY_XFER_MEM_HOST, false, FY_XFER_MEM_STAGED, false, why, sizeof(why)));
+    assert_false(fy_xfer_mem_explain(FY_XFER_MEM_CUDA, true, FY_XFER_MEM_STAGED, true, why, sizeof(why)));
+    assert_false(fy_xfer_mem_explain(FY_XFER_MEM_CUDA, true, FY_XFER_MEM_CUDA, true, why, sizeof(why)));
+    assert_true(fy_xfer_mem_explain(FY_XFER_MEM_CUDA, true, FY_XFER_MEM_STAGED, false, why, sizeof(why)));
+    assert_non_null(strstr(why, "kv memory mismatch: direct cuda here"));
+    assert_non_null(strstr(why, "(staged)"));
+    assert_true(fy_xfer_mem_explain(FY_XFER_MEM_HOST, false, FY_XFER_MEM_CUDA, true, why, sizeof(why)));
+    assert_non_null(strstr(why, "the peer is direct cuda"));
+    assert_non_null(strstr(why, "worker.kv_transfer = staged"));
+    assert_string_equal(fy_xfer_mem_name(FY_XFER_MEM_HOST), "direct host");
+}
+
+/* put_then: each call's release runs once its puts let go of their
+ * source, before the job's callback, also when the job failed or was
+ * aborted before they were issued. */
+typedef struct rel {
+    pthread_mutex_t lock;
+    int n;
+    int before_cb; /* releases counted when the job's callback ran */
+} rel_t;
+
+static void on_release(void *arg)
+{
+    rel_t *r = arg;
+    pthread_mutex_lock(&r->lock);
+    r->n++;
+    pthread_mutex_unlock(&r->lock);
+}
+
+static rel_t *g_rel; /* for on_done_rel */
+static void on_done_rel(void *arg, fy_status_t st, const char *message)
+{
+    pthread_mutex_lock(&g_rel->lock);
+    g_rel->before_cb = g_rel->n;
+    pthread_mutex_unlock(&g_rel->lock);
+    on_done(arg, st, message);
+}
+
+static int rel_count(rel_t *r)
+{
+    pthread_mutex_lock(&r->lock);
+    int n = r->n;
+    pthread_mutex_unlock(&r->lock);
+    return n;
+}
+
+static void test_put_then(void **state)
+{
+    uint64_t rng = SEED ^ 0x7;
+    fy_xfer_layout_t l = small_layout(16);
+    side_t pf, dc;
+    side_open(&pf, &l, 32, "tcp", 0);
+    side_open(&dc, &l, 32, "tcp", 0xA5);
+    fill_random(&pf, &rng);
+    const void *blob;
+    size_t len;
+    assert_int_equal(fy_xfer_target_desc(dc.x, &blob, &len), FY_OK);
+    rel_t r = {.lock = PTHREAD_MUTEX_INITIALIZER};
+    g_rel = &r;
+    done_t d;
+    done_init(&d);
+    fy_xfer_job_t *j;
+    /* whole blocks, a piece, and nothing at all: three releases, all before the callback */
+    assert_int_equal(fy_xfer_job_begin(pf.x, blob, len, fy_xfer_now() + 20, on_done_rel, &d, &j), FY_OK);
+    int32_t src[4] = {1, 2, 3, 9}, dst[4] = {5, 6, 7, 20};
+    assert_int_equal(fy_xfer_job_put_then(j, src, dst, 4, NULL, on_release, &r), FY_OK);
+    fy_xfer_piece_t pc = {.src_off = 8, .len = 32, .dst_off = 64};
+    int32_t ps = 11, pd = 30;
+    assert_int_equal(fy_xfer_job_put_then(j, &ps, &pd, 1, &pc, on_release, &r), FY_OK);
+    assert_int_equal(fy_xfer_job_put_then(j, NULL, NULL, 0, NULL, on_release, &r), FY_OK);
+    /* refused calls queue nothing and never release */
+    log_begin();
+    int32_t far = 40;
+    assert_int_equal(fy_xfer_job_put_then(j, &far, dst, 1, NULL, on_release, &r), FY_ERR_INVALID);
+    log_end();
+    fy_xfer_job_finish(j);
+    assert_int_equal(done_wait(&d, 20), FY_ERR_INVALID); /* the refused call fails the job, as job_put's would */
+    assert_int_equal(r.before_cb, 3);
+    assert_int_equal(rel_count(&r), 3);
+    done_fini(&d);
+    /* a clean job: the bytes arrive; the releases ran before the callback */
+    r.n = 0;
+    done_init(&d);
+    assert_int_equal(fy_xfer_job_begin(pf.x, blob, len, fy_xfer_now() + 20, on_done_rel, &d, &j), FY_OK);
+    assert_int_equal(fy_xfer_job_put_then(j, src, dst, 4, NULL, on_release, &r), FY_OK);
+    assert_int_equal(fy_xfer_job_put_then(j, &ps, &pd, 1, &pc, on_release, &r), FY_OK);
+    fy_xfer_job_finish(j);
+    assert_int_equal(done_wait(&d, 20), FY_OK);
+    assert_int_equal(r.before_cb, 2);
+    for (int i = 0; i < 4; i++) assert_memory_equal(block(&dc, dst[i]), block(&pf, src[i]), dc.block_bytes);
+    assert_memory_equal(block(&dc, 30) + 64, block(&pf, 11) + 8, 32);
+    assert_int_equal(block(&dc, 30)[63], 0xA5); /* the piece and nothing around it */
+    assert_int_equal(block(&dc, 30)[96], 0xA5);
+    done_fini(&d);
+    /* aborted at once (puts possibly never issued): released all the same */
+    r.n = 0;
+    done_init(&d);
+    assert_int_equal(fy_xfer_job_begin(pf.x, blob, len, fy_xfer_now() + 20, on_done_rel, &d, &j), FY_OK);
+    assert_int_equal(fy_xfer_job_put_then(j, src, dst, 4, NULL, on_release, &r), FY_OK);
+    fy_xfer_job_abort(j);
+    assert_int_equal(done_wait(&d, 20), FY_ERR_CANCELLED);
+    assert_int_equal(r.before_cb, 1);
+    done_fini(&d);
+    g_rel = NULL;
+    side_close(&pf);
+    side_close(&dc);
 }
 
 /* ---- hostile target descriptors ------------------------------------------------------------- */
@@ -1533,6 +1670,7 @@ int main(void)
         cmocka_unit_test(test_reshard),
         cmocka_unit_test(test_reshard_ucx),
         cmocka_unit_test(test_xgroup),
+        cmocka_unit_test(test_put_then),
         cmocka_unit_test(test_bad_params),
         cmocka_unit_test(test_devices_for),
         cmocka_unit_test(test_listens_where_told),

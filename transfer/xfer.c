@@ -54,11 +54,27 @@
 #define AM_ID_HELLO 1        /* the worker is ours alone, so small ids cannot clash */
 #define AM_ID_REPLY 2
 
+struct fy_xfer_job;
+
+/* One fy_xfer_job_put_then call's release: fires once none of its runs
+ * can read its source any more (transfer thread only; on its job's list
+ * from its command on, freed with the job). */
+typedef struct xfer_mark {
+    struct xfer_mark *next;
+    struct fy_xfer_job *job;
+    fy_xfer_release_fn fn;
+    void *arg;
+    int32_t runs_left; /* runs of its call neither issued nor dropped yet */
+    int outstanding;   /* its puts UCX holds */
+    bool fired;
+} xfer_mark_t;
+
 /* A run of blocks consecutive on both sides: one put; or (len > 0) one
  * piece of one block (fy_xfer_job_put_piece). */
 typedef struct xfer_run {
     int32_t src, dst, count;
     uint64_t src_off, dst_off, len;
+    xfer_mark_t *mark; /* put_then: whose release waits for this run; else NULL */
 } xfer_run_t;
 
 typedef enum cmd_type { CMD_BEGIN, CMD_PUT, CMD_FINISH, CMD_ABORT } cmd_type_t;
@@ -68,7 +84,8 @@ typedef struct xfer_cmd {
     cmd_type_t type;
     fy_xfer_job_t *job;
     int32_t n_runs;
-    xfer_run_t *runs; /* CMD_PUT: in the same allocation, after the command */
+    xfer_run_t *runs;  /* CMD_PUT: in the same allocation, after the command */
+    xfer_mark_t *mark; /* CMD_PUT from put_then: linked to the job by the thread */
 } xfer_cmd_t;
 
 typedef enum peer_state { PEER_CONNECTING, PEER_READY, PEER_REFUSED, PEER_FAILED } peer_state_t;
@@ -96,6 +113,7 @@ typedef struct xfer_peer {
     bool got_reply;
     fy_xfer_reply_t reply;
     bool same_shape;   /* READY: the target's layout is ours (whole blocks may go); else pieces only */
+    fy_xfer_mem_t mem; /* READY: the target's memory (its reply) */
     int n_jobs;        /* jobs attached to this peer */
     char refusal[256]; /* REFUSED: what every job to it reports */
 } xfer_peer_t;
@@ -116,7 +134,8 @@ struct fy_xfer_job {
     xfer_peer_t *peer;
     xfer_run_t *pending; /* queued before the handshake completed */
     int32_t n_pending, cap_pending;
-    int outstanding; /* UCX requests in flight: puts and the flush */
+    xfer_mark_t *marks; /* put_then's releases, fired or not */
+    int outstanding;    /* UCX requests in flight: puts and the flush */
     bool ended, flush_issued, flushed;
     bool orphan; /* cb ran while UCX still held a request (FY_XFER_ERRMODE_NONE only); on x->zombies */
     fy_status_t st;
@@ -136,6 +155,8 @@ struct fy_xfer {
     int32_t n_blocks;
     double connect_timeout_s;
     fy_xfer_errmode_t err_mode;
+    fy_xfer_mem_t mem; /* what the arena is (never UNSTATED here) */
+    bool ucx_cuda;     /* this context supports CUDA memory */
     char name[FY_XFER_NAME_LEN];
 
     ucp_context_h ctx;
@@ -160,7 +181,8 @@ struct fy_xfer {
     bool arm_broken;
 
     struct {
-        _Atomic uint64_t jobs_ok, jobs_failed, puts, bytes, layout_refusals, peers_connected, peer_failures;
+        _Atomic uint64_t jobs_ok, jobs_failed, puts, bytes, layout_refusals, peers_connected, peer_failures,
+            mem_refusals;
     } stats;
 
     /* fy_xfer_health: pings sent (by its caller) and the last one the thread saw */
@@ -197,6 +219,35 @@ static void put_done(void *request, ucs_status_t status, void *user_data)
     ucp_request_free(request);
 }
 
+/* a put of a put_then call: its mark counts it too */
+static void put_mark_done(void *request, ucs_status_t status, void *user_data)
+{
+    xfer_mark_t *m = user_data;
+    fy_xfer_job_t *j = m->job;
+    m->outstanding--;
+    j->outstanding--;
+    if (status != UCS_OK) job_fail(j, FY_ERR_PEER, "put to %s failed: %s", j->target.name, ucs_status_string(status));
+    ucp_request_free(request);
+}
+
+/* Runs that will never be issued (the job failed): their marks stop waiting for them. */
+static void runs_drop(const xfer_run_t *r, int32_t n)
+{
+    for (int32_t i = 0; i < n; i++)
+        if (r[i].mark) r[i].mark->runs_left--;
+}
+
+/* Releases whose puts are all done, or will never be issued: the loop's,
+ * outside UCX callbacks.  all: the job is completing, every one goes. */
+static void fire_marks(fy_xfer_job_t *j, bool all)
+{
+    for (xfer_mark_t *m = j->marks; m; m = m->next) {
+        if (m->fired || (!all && (m->outstanding > 0 || (m->runs_left > 0 && j->st == FY_OK)))) continue;
+        m->fired = true;
+        m->fn(m->arg);
+    }
+}
+
 static void flush_done(void *request, ucs_status_t status, void *user_data)
 {
     fy_xfer_job_t *j = user_data;
@@ -208,7 +259,7 @@ static void flush_done(void *request, ucs_status_t status, void *user_data)
     ucp_request_free(request);
 }
 
-static void job_issue(fy_xfer_job_t *j, const xfer_run_t *r)
+static void issue_run(fy_xfer_job_t *j, const xfer_run_t *r)
 {
     fy_xfer_t *x = j->x;
     xfer_peer_t *p = j->peer;
@@ -222,8 +273,8 @@ static void job_issue(fy_xfer_job_t *j, const xfer_run_t *r)
     }
     ucp_request_param_t prm = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH,
-        .cb.send = put_done,
-        .user_data = j,
+        .cb.send = r->mark ? put_mark_done : put_done,
+        .user_data = r->mark ? (void *)r->mark : (void *)j,
         .memh = x->memh,
     };
     ucs_status_ptr_t sp = ucp_put_nbx(p->ep, x->arena + off, len, raddr, p->rkey, &prm);
@@ -231,9 +282,18 @@ static void job_issue(fy_xfer_job_t *j, const xfer_run_t *r)
         job_fail(j, FY_ERR_PEER, "put to %s failed: %s", p->name, ucs_status_string(UCS_PTR_STATUS(sp)));
         return;
     }
-    if (sp) j->outstanding++;
+    if (sp) {
+        j->outstanding++;
+        if (r->mark) r->mark->outstanding++;
+    }
     atomic_fetch_add(&x->stats.puts, 1);
     atomic_fetch_add(&x->stats.bytes, len);
+}
+
+static void job_issue(fy_xfer_job_t *j, const xfer_run_t *r)
+{
+    issue_run(j, r);
+    if (r->mark) r->mark->runs_left--; /* issued, or failed (and so never issued) */
 }
 
 static void job_flush(fy_xfer_job_t *j)
@@ -270,7 +330,9 @@ static bool job_advance(fy_xfer_job_t *j, double now)
     if (j->st == FY_OK && now > j->deadline)
         job_fail(j, FY_ERR_TIMEOUT, "deadline passed before the transfer to %s completed", j->target.name);
     if (j->st == FY_OK && j->peer && j->peer->state == PEER_READY) {
-        for (int32_t i = 0; i < j->n_pending && j->st == FY_OK; i++) job_issue(j, &j->pending[i]);
+        int32_t i = 0;
+        for (; i < j->n_pending && j->st == FY_OK; i++) job_issue(j, &j->pending[i]);
+        runs_drop(j->pending + i, j->n_pending - i);
         j->n_pending = 0;
         if (j->st == FY_OK && j->ended && !j->flush_issued) job_flush(j);
     }
@@ -290,6 +352,11 @@ static void job_unlink(fy_xfer_t *x, fy_xfer_job_t *j)
 static void job_free(fy_xfer_job_t *j)
 {
     if (j->peer) j->peer->n_jobs--;
+    while (j->marks) {
+        xfer_mark_t *m = j->marks;
+        j->marks = m->next;
+        fy_free(m);
+    }
     fy_free(j->pending);
     fy_free(j->blob);
     fy_free(j);
@@ -301,6 +368,7 @@ static void job_complete(fy_xfer_t *x, fy_xfer_job_t *j)
 {
     job_unlink(x, j);
     atomic_fetch_add(j->st == FY_OK ? &x->stats.jobs_ok : &x->stats.jobs_failed, 1);
+    fire_marks(j, true); /* before cb, as xfer.h promises */
     j->cb(j->arg, j->st, j->st == FY_OK ? NULL : j->msg);
     if (j->outstanding > 0) {
         /* the UCX callbacks still point at it */
@@ -399,8 +467,9 @@ __attribute__((format(printf, 3, 4))) static void peer_fail(xfer_peer_t *p, fy_s
     peer_close(p, true);
 }
 
-static void peer_refuse(xfer_peer_t *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void peer_refuse(xfer_peer_t *p, const char *fmt, ...)
+static void peer_refuse(xfer_peer_t *p, bool mem, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* mem: the sides' memory cannot meet (fy_xfer_mem_explain); else their layouts differ */
+static void peer_refuse(xfer_peer_t *p, bool mem, const char *fmt, ...)
 {
     fy_xfer_t *x = p->x;
     va_list ap;
@@ -408,7 +477,7 @@ static void peer_refuse(xfer_peer_t *p, const char *fmt, ...)
     vsnprintf(p->refusal, sizeof(p->refusal), fmt, ap);
     va_end(ap);
     fy_error("xfer: %s", p->refusal);
-    atomic_fetch_add(&x->stats.layout_refusals, 1);
+    atomic_fetch_add(mem ? &x->stats.mem_refusals : &x->stats.layout_refusals, 1);
     p->state = PEER_REFUSED;
     for (fy_xfer_job_t *j = x->jobs; j; j = j->next)
         if (j->peer == p) job_fail(j, FY_ERR_MISMATCH, "%s", p->refusal);
@@ -489,7 +558,7 @@ static xfer_peer_t *peer_connect(fy_xfer_t *x, fy_xfer_job_t *j)
     p->next = x->peers;
     x->peers = p;
 
-    fy_xfer_hello_t h = {.cookie = p->cookie, .layout = x->layout};
+    fy_xfer_hello_t h = {.cookie = p->cookie, .layout = x->layout, .mem = x->mem, .ucx_cuda = x->ucx_cuda};
     memcpy(h.name, x->name, sizeof(h.name));
     fy_xfer_hello_pack(&h, p->hello);
     /* REPLY: the target answers on the endpoint UCX made for us there,
@@ -565,11 +634,17 @@ static void peer_handle_reply(xfer_peer_t *p)
     /* our own comparison names the field from this side ("16 here, 32 at
      * the peer"); the target's text only when we see no difference */
     if (handshake_refuses(&x->layout, &r->layout, &x->layout, why, sizeof(why))) {
-        peer_refuse(p, "%s (target %s)", why, p->name);
+        peer_refuse(p, false, "%s (target %s)", why, p->name);
+        return;
+    }
+    fy_xfer_mem_t pm = r->mem == FY_XFER_MEM_UNSTATED ? FY_XFER_MEM_HOST : r->mem;
+    if (fy_xfer_mem_explain(x->mem, x->ucx_cuda, pm, r->ucx_cuda, why, sizeof(why))) {
+        peer_refuse(p, true, "%s (target %s)", why, p->name);
         return;
     }
     if (!r->ok) {
-        peer_refuse(p, "target %s refused the connection: %s", p->name, r->message);
+        peer_refuse(p, !strncmp(r->message, "kv memory mismatch", 18), "target %s refused the connection: %s", p->name,
+                    r->message);
         return;
     }
     if (p->block_bytes != r->layout.block_bytes) {
@@ -585,6 +660,8 @@ static void peer_handle_reply(xfer_peer_t *p)
     }
     if (fy_log_get_level() >= FY_LOG_DEBUG) log_lanes(p);
     p->same_shape = fy_xfer_layout_same_data(&x->layout, &r->layout); /* same bytes: whole blocks may go */
+    p->mem = pm;
+    fy_debug("xfer: %s: %s here, %s at the target", p->name, fy_xfer_mem_name(x->mem), fy_xfer_mem_name(pm));
     p->state = PEER_READY;
     atomic_fetch_add(&x->stats.peers_connected, 1);
 }
@@ -631,13 +708,21 @@ static ucs_status_t am_hello(void *arg, const void *header, size_t header_length
         fy_warn("xfer: hello from %s without a reply endpoint; ignored", h.name);
         return UCS_OK;
     }
-    fy_xfer_reply_t r = {.cookie = h.cookie, .ok = true, .layout = x->layout};
+    fy_xfer_reply_t r = {.cookie = h.cookie, .ok = true, .layout = x->layout, .mem = x->mem, .ucx_cuda = x->ucx_cuda};
     char why[FY_XFER_MSG_LEN];
+    fy_xfer_mem_t hm = h.mem == FY_XFER_MEM_UNSTATED ? FY_XFER_MEM_HOST : h.mem;
     if (handshake_refuses(&x->layout, &h.layout, &h.layout, why, sizeof(why))) {
         r.ok = false;
         snprintf(r.message, sizeof(r.message), "%s", why);
         fy_error("xfer: refusing a connection from %s: %s", h.name, why);
         atomic_fetch_add(&x->stats.layout_refusals, 1);
+    } else if (fy_xfer_mem_explain(x->mem, x->ucx_cuda, hm, h.ucx_cuda, why, sizeof(why))) {
+        r.ok = false;
+        snprintf(r.message, sizeof(r.message), "%s", why);
+        fy_error("xfer: refusing a connection from %s: %s", h.name, why);
+        atomic_fetch_add(&x->stats.mem_refusals, 1);
+    } else {
+        fy_debug("xfer: %s connects: %s there, %s here", h.name, fy_xfer_mem_name(hm), fy_xfer_mem_name(x->mem));
     }
     xfer_reply_buf_t *b = fy_calloc(1, sizeof(*b));
     if (!b) {
@@ -718,10 +803,19 @@ static void cmd_begin(fy_xfer_t *x, fy_xfer_job_t *j)
 
 static void cmd_put(fy_xfer_job_t *j, const xfer_cmd_t *c)
 {
-    job_take_caller_error(j);   /* set before this command was queued, so visible now */
-    if (j->st != FY_OK) return; /* an earlier error stands; later puts are ignored */
+    if (c->mark) {
+        c->mark->next = j->marks;
+        j->marks = c->mark;
+    }
+    job_take_caller_error(j); /* set before this command was queued, so visible now */
+    if (j->st != FY_OK) {     /* an earlier error stands; later puts are ignored */
+        runs_drop(c->runs, c->n_runs);
+        return;
+    }
     if (j->peer && j->peer->state == PEER_READY && j->n_pending == 0) {
-        for (int32_t i = 0; i < c->n_runs && j->st == FY_OK; i++) job_issue(j, &c->runs[i]);
+        int32_t i = 0;
+        for (; i < c->n_runs && j->st == FY_OK; i++) job_issue(j, &c->runs[i]);
+        runs_drop(c->runs + i, c->n_runs - i);
         return;
     }
     if (j->n_pending + c->n_runs > j->cap_pending) {
@@ -729,6 +823,7 @@ static void cmd_put(fy_xfer_job_t *j, const xfer_cmd_t *c)
         xfer_run_t *nr = fy_realloc(j->pending, (size_t)cap * sizeof(*nr));
         if (!nr) {
             job_fail(j, FY_ERR_NOMEM, "out of memory queueing puts to %s", j->target.name);
+            runs_drop(c->runs, c->n_runs);
             return;
         }
         j->pending = nr;
@@ -803,7 +898,9 @@ static void complete_jobs(fy_xfer_t *x, double now)
     fy_xfer_job_t *next;
     for (fy_xfer_job_t *j = x->jobs; j; j = next) {
         next = j->next;
-        if (job_advance(j, now)) job_complete(x, j);
+        bool done = job_advance(j, now);
+        fire_marks(j, false);
+        if (done) job_complete(x, j);
     }
 }
 
@@ -1007,84 +1104,96 @@ static bool blocks_in_range(fy_xfer_job_t *j, const int32_t *src, const int32_t 
     return true;
 }
 
-fy_status_t fy_xfer_job_put(fy_xfer_job_t *j, const int32_t *src, const int32_t *dst, int32_t n)
+/* fy_xfer_job_put (piece NULL) and fy_xfer_job_put_piece, with an
+ * optional release (put_then). */
+static fy_status_t queue_put(fy_xfer_job_t *j, const int32_t *src, const int32_t *dst, int32_t n,
+                             const fy_xfer_piece_t *piece, fy_xfer_release_fn release, void *arg, const char *what)
 {
     if (!j) {
-        fy_error("xfer: job_put on a NULL job");
+        fy_error("xfer: %s on a NULL job", what);
         return FY_ERR_INVALID;
     }
     fy_xfer_t *x = j->x;
     if (n < 0 || (n > 0 && (!src || !dst))) {
-        fy_error("xfer: job_put to %s: %d blocks from %p to %p", j->target.name, n, (const void *)src,
+        fy_error("xfer: %s to %s: %d blocks from %p to %p", what, j->target.name, n, (const void *)src,
                  (const void *)dst);
         atomic_store(&j->caller_st, FY_ERR_INVALID);
         return FY_ERR_INVALID;
     }
-    if (!blocks_in_range(j, src, dst, n, "job_put")) return FY_ERR_INVALID;
+    if (piece &&
+        (piece->len == 0 || piece->len > x->layout.block_bytes || piece->src_off > x->layout.block_bytes - piece->len ||
+         piece->len > j->target.block_bytes || piece->dst_off > j->target.block_bytes - piece->len)) {
+        fy_error("xfer: %s to %s: %d blocks, a piece of %llu bytes at %llu -> %llu (blocks of %llu bytes "
+                 "here, %llu at the target)",
+                 what, j->target.name, n, (unsigned long long)piece->len, (unsigned long long)piece->src_off,
+                 (unsigned long long)piece->dst_off, (unsigned long long)x->layout.block_bytes,
+                 (unsigned long long)j->target.block_bytes);
+        atomic_store(&j->caller_st, FY_ERR_INVALID);
+        return FY_ERR_INVALID;
+    }
+    if (!blocks_in_range(j, src, dst, n, what)) return FY_ERR_INVALID;
     int32_t runs = 0;
     for (int32_t i = 0; i < n; i++)
-        if (i == 0 || src[i] != src[i - 1] + 1 || dst[i] != dst[i - 1] + 1) runs++;
-    if (n == 0) return FY_OK;
+        if (piece || i == 0 || src[i] != src[i - 1] + 1 || dst[i] != dst[i - 1] + 1) runs++;
+    if (n == 0 && !release) return FY_OK;
     xfer_cmd_t *c = fy_malloc(sizeof(*c) + (size_t)runs * sizeof(xfer_run_t));
-    if (!c) {
+    xfer_mark_t *m = release ? fy_calloc(1, sizeof(*m)) : NULL;
+    if (!c || (release && !m)) {
         fy_error("xfer: out of memory queueing %d puts to %s", n, j->target.name);
+        fy_free(c);
+        fy_free(m);
         atomic_store(&j->caller_st, FY_ERR_NOMEM);
         return FY_ERR_NOMEM;
     }
-    *c = (xfer_cmd_t){.type = CMD_PUT, .job = j, .n_runs = runs, .runs = (xfer_run_t *)(c + 1)};
+    if (m) *m = (xfer_mark_t){.job = j, .fn = release, .arg = arg, .runs_left = runs};
+    *c = (xfer_cmd_t){.type = CMD_PUT, .job = j, .n_runs = runs, .runs = (xfer_run_t *)(c + 1), .mark = m};
     int32_t r = -1;
     for (int32_t i = 0; i < n; i++) {
-        if (i == 0 || src[i] != src[i - 1] + 1 || dst[i] != dst[i - 1] + 1)
-            c->runs[++r] = (xfer_run_t){.src = src[i], .dst = dst[i], .count = 0, .len = 0};
-        c->runs[r].count++;
+        if (piece)
+            c->runs[++r] = (xfer_run_t){.src = src[i],
+                                        .dst = dst[i],
+                                        .count = 1,
+                                        .src_off = piece->src_off,
+                                        .dst_off = piece->dst_off,
+                                        .len = piece->len,
+                                        .mark = m};
+        else if (i == 0 || src[i] != src[i - 1] + 1 || dst[i] != dst[i - 1] + 1)
+            c->runs[++r] = (xfer_run_t){.src = src[i], .dst = dst[i], .count = 0, .len = 0, .mark = m};
+        if (!piece) c->runs[r].count++;
     }
     if (!enqueue(x, c)) {
         fy_free(c);
+        fy_free(m);
         return FY_ERR_CANCELLED;
     }
     return FY_OK;
 }
 
+fy_status_t fy_xfer_job_put(fy_xfer_job_t *j, const int32_t *src, const int32_t *dst, int32_t n)
+{
+    return queue_put(j, src, dst, n, NULL, NULL, NULL, "job_put");
+}
+
 fy_status_t fy_xfer_job_put_piece(fy_xfer_job_t *j, const int32_t *src, const int32_t *dst, int32_t n,
                                   const fy_xfer_piece_t *piece)
 {
-    if (!j) {
-        fy_error("xfer: job_put_piece on a NULL job");
+    if (!piece) {
+        fy_error("xfer: job_put_piece without a piece");
+        if (j) atomic_store(&j->caller_st, FY_ERR_INVALID);
         return FY_ERR_INVALID;
     }
-    fy_xfer_t *x = j->x;
-    if (n < 0 || (n > 0 && (!src || !dst)) || !piece || piece->len == 0 || piece->len > x->layout.block_bytes ||
-        piece->src_off > x->layout.block_bytes - piece->len || piece->len > j->target.block_bytes ||
-        piece->dst_off > j->target.block_bytes - piece->len) {
-        fy_error("xfer: job_put_piece to %s: %d blocks, a piece of %llu bytes at %llu -> %llu (blocks of %llu bytes "
-                 "here, %llu at the target)",
-                 j->target.name, n, piece ? (unsigned long long)piece->len : 0ull,
-                 piece ? (unsigned long long)piece->src_off : 0ull, piece ? (unsigned long long)piece->dst_off : 0ull,
-                 (unsigned long long)x->layout.block_bytes, (unsigned long long)j->target.block_bytes);
-        atomic_store(&j->caller_st, FY_ERR_INVALID);
+    return queue_put(j, src, dst, n, piece, NULL, NULL, "job_put_piece");
+}
+
+fy_status_t fy_xfer_job_put_then(fy_xfer_job_t *j, const int32_t *src, const int32_t *dst, int32_t n,
+                                 const fy_xfer_piece_t *piece, fy_xfer_release_fn release, void *arg)
+{
+    if (!release) {
+        fy_error("xfer: job_put_then without a release function");
+        if (j) atomic_store(&j->caller_st, FY_ERR_INVALID);
         return FY_ERR_INVALID;
     }
-    if (!blocks_in_range(j, src, dst, n, "job_put_piece")) return FY_ERR_INVALID;
-    if (n == 0) return FY_OK;
-    xfer_cmd_t *c = fy_malloc(sizeof(*c) + (size_t)n * sizeof(xfer_run_t));
-    if (!c) {
-        fy_error("xfer: out of memory queueing %d puts to %s", n, j->target.name);
-        atomic_store(&j->caller_st, FY_ERR_NOMEM);
-        return FY_ERR_NOMEM;
-    }
-    *c = (xfer_cmd_t){.type = CMD_PUT, .job = j, .n_runs = n, .runs = (xfer_run_t *)(c + 1)};
-    for (int32_t i = 0; i < n; i++)
-        c->runs[i] = (xfer_run_t){.src = src[i],
-                                  .dst = dst[i],
-                                  .count = 1,
-                                  .src_off = piece->src_off,
-                                  .dst_off = piece->dst_off,
-                                  .len = piece->len};
-    if (!enqueue(x, c)) {
-        fy_free(c);
-        return FY_ERR_CANCELLED;
-    }
-    return FY_OK;
+    return queue_put(j, src, dst, n, piece, release, arg, "job_put_then");
 }
 
 void fy_xfer_job_extend(fy_xfer_job_t *j, double deadline)
@@ -1144,6 +1253,7 @@ void fy_xfer_stats(fy_xfer_t *x, fy_xfer_stats_t *out)
         .layout_refusals = atomic_load(&x->stats.layout_refusals),
         .peers_connected = atomic_load(&x->stats.peers_connected),
         .peer_failures = atomic_load(&x->stats.peer_failures),
+        .mem_refusals = atomic_load(&x->stats.mem_refusals),
     };
 }
 
@@ -1184,6 +1294,11 @@ static fy_status_t check_params(const fy_xfer_params_t *p)
     }
     if (p->err_mode != FY_XFER_ERRMODE_PEER && p->err_mode != FY_XFER_ERRMODE_NONE) {
         fy_error("xfer: unknown error handling mode %d", (int)p->err_mode);
+        return FY_ERR_INVALID;
+    }
+    if ((unsigned)p->mem > FY_XFER_MEM_STAGED || (p->mem == FY_XFER_MEM_CUDA && !p->arena)) {
+        fy_error("xfer: memory kind %d%s", (int)p->mem,
+                 p->mem == FY_XFER_MEM_CUDA ? " needs the caller's arena (UCX allocates host memory only)" : "");
         return FY_ERR_INVALID;
     }
     if (p->arena_bytes == 0 || p->arena_bytes % l->block_bytes || p->arena_bytes / l->block_bytes > INT32_MAX) {
@@ -1361,6 +1476,15 @@ static fy_status_t ucx_init(fy_xfer_t *x, const char *transports, const char *ne
         fy_error("xfer: ucp_init (transports %s): %s", transports ? transports : "UCX's choice", ucs_status_string(us));
         return us == UCS_ERR_NO_DEVICE || us == UCS_ERR_NO_ELEM ? FY_ERR_UNSUPPORTED : FY_ERR_IO;
     }
+    ucp_context_attr_t ca = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+    x->ucx_cuda = ucp_context_query(x->ctx, &ca) == UCS_OK && (ca.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA));
+    if (x->mem == FY_XFER_MEM_CUDA && !x->ucx_cuda) {
+        fy_error("xfer: the kv arena is CUDA device memory, and this UCX (transports %s) has no CUDA memory support "
+                 "(no cuda_copy/cuda_ipc transports): it cannot move it directly; stage it through host memory "
+                 "(worker.kv_transfer = staged)",
+                 transports ? transports : "UCX's choice");
+        return FY_ERR_UNSUPPORTED;
+    }
     ucp_worker_params_t wp = {
         .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
         .thread_mode = UCS_THREAD_MODE_SINGLE, /* one thread owns it: see the top of this file */
@@ -1383,6 +1507,10 @@ static fy_status_t ucx_init(fy_xfer_t *x, const char *transports, const char *ne
         .length = x->arena_bytes,
         .flags = x->arena ? 0 : UCP_MEM_MAP_ALLOCATE,
     };
+    if (x->mem == FY_XFER_MEM_CUDA) { /* UCX would otherwise detect it, or take it for host memory */
+        mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+        mp.memory_type = UCS_MEMORY_TYPE_CUDA;
+    }
     if ((us = ucp_mem_map(x->ctx, &mp, &x->memh)) != UCS_OK) {
         x->memh = NULL;
         fy_error("xfer: %s the %zu-byte kv arena: %s", x->arena ? "registering" : "allocating", x->arena_bytes,
@@ -1415,6 +1543,27 @@ static fy_status_t ucx_init(fy_xfer_t *x, const char *transports, const char *ne
         return FY_ERR_IO;
     }
     return FY_OK;
+}
+
+bool fy_xfer_ucx_cuda(const char *transports)
+{
+    ucp_config_t *cfg;
+    if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK) return false;
+    if (transports && ucp_config_modify(cfg, "TLS", transports) != UCS_OK) {
+        ucp_config_release(cfg);
+        return false;
+    }
+    ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
+                           .features = UCP_FEATURE_RMA | UCP_FEATURE_AM,
+                           .name = "ferry-xfer-probe"};
+    ucp_context_h ctx;
+    ucs_status_t us = ucp_init(&params, cfg, &ctx);
+    ucp_config_release(cfg);
+    if (us != UCS_OK) return false;
+    ucp_context_attr_t ca = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+    bool cuda = ucp_context_query(ctx, &ca) == UCS_OK && (ca.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA));
+    ucp_cleanup(ctx);
+    return cuda;
 }
 
 /* Packs what a peer needs to put here: worker address, rkey, arena. */
@@ -1478,6 +1627,7 @@ fy_status_t fy_xfer_create(const fy_xfer_params_t *p, fy_xfer_t **x_p)
     x->n_blocks = (int32_t)(p->arena_bytes / p->layout.block_bytes);
     x->connect_timeout_s = p->connect_timeout_s > 0 ? p->connect_timeout_s : DEFAULT_CONNECT_TIMEOUT_S;
     x->err_mode = p->err_mode;
+    x->mem = p->mem == FY_XFER_MEM_UNSTATED ? FY_XFER_MEM_HOST : p->mem;
     x->worker_fd = x->event_fd = x->epoll_fd = -1;
     pthread_mutex_init(&x->lock, NULL);
     if ((st = ucx_init(x, p->transports, p->net_devices)) != FY_OK || (st = build_blob(x)) != FY_OK) goto fail;
@@ -1503,10 +1653,12 @@ fy_status_t fy_xfer_create(const fy_xfer_params_t *p, fy_xfer_t **x_p)
         goto fail;
     }
     x->thread_started = true;
-    fy_debug("xfer: %s ready: %d blocks of %" PRIu64 " bytes, transports %s, devices %s, peer failure %s", x->name,
-             x->n_blocks, x->layout.block_bytes, p->transports ? p->transports : "UCX's choice",
+    fy_debug("xfer: %s ready: %d blocks of %" PRIu64 " bytes (%s), transports %s, devices %s, peer failure %s, UCX "
+             "CUDA memory %s",
+             x->name, x->n_blocks, x->layout.block_bytes, fy_xfer_mem_name(x->mem),
+             p->transports ? p->transports : "UCX's choice",
              p->net_devices && *p->net_devices ? p->net_devices : "UCX's choice",
-             x->err_mode == FY_XFER_ERRMODE_PEER ? "detected" : "not detected");
+             x->err_mode == FY_XFER_ERRMODE_PEER ? "detected" : "not detected", x->ucx_cuda ? "yes" : "no");
     *x_p = x;
     return FY_OK;
 fail:

@@ -34,6 +34,7 @@
 #ifndef FY_XFER_H
 #define FY_XFER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -93,11 +94,51 @@ typedef enum fy_xfer_errmode {
     FY_XFER_ERRMODE_NONE,
 } fy_xfer_errmode_t;
 
+/* What the registered arena is and how KV leaves or reaches it (the
+ * worker's worker.kv_transfer; worker/xstage.h decides).  It travels in
+ * the handshake, so that a pair that cannot work is refused by name
+ * (fy_xfer_mem_explain). */
+typedef enum fy_xfer_mem {
+    FY_XFER_MEM_UNSTATED = 0, /* a peer's handshake from before this field: read as FY_XFER_MEM_HOST */
+    FY_XFER_MEM_HOST = 1,     /* direct: the arena is the KV pool, in host memory */
+    FY_XFER_MEM_CUDA = 2,     /* direct: the arena is the KV pool, in CUDA device memory; registered with
+                               * UCS_MEMORY_TYPE_CUDA, which needs a UCX with CUDA memory support */
+    FY_XFER_MEM_STAGED = 3,   /* the arena is a host staging area; the KV pool is elsewhere (device memory),
+                               * copied through it by the caller (xstage.h) */
+} fy_xfer_mem_t;
+
+/* "direct host", "direct cuda", "staged" ("unstated" for 0). */
+const char *fy_xfer_mem_name(fy_xfer_mem_t m);
+
+/* Can this UCX register and move CUDA device memory?  ucp_context_query's
+ * memory types (UCP_ATTR_FIELD_MEMORY_TYPES) of a context made with the
+ * given transports (as fy_xfer_params_t.transports; NULL: UCX's choice)
+ * hold UCS_MEMORY_TYPE_CUDA: it does when UCX was built with CUDA and its
+ * cuda_copy (or cuda_ipc, gdr_copy) transports load.  Debian 12's UCX 1.13
+ * is built without.  Makes and drops a UCX context (milliseconds). */
+bool fy_xfer_ucx_cuda(const char *transports);
+
+/* Do two sides of a connection agree on how KV moves?  here/peer: each
+ * side's fy_xfer_mem_t; *_cuda: whether each side's UCX supports CUDA
+ * memory.  A side whose arena is CUDA memory moved directly needs the
+ * other side's UCX to support CUDA memory too (a put out of or into
+ * device memory runs through both UCXs' memory-type handling); everything
+ * else (host to host, staged to anything with host memory at both ends)
+ * agrees.  The rule is conservative: over InfiniBand with GPUDirect RDMA a
+ * UCX without CUDA could still put into a remote GPU's memory; ferry
+ * refuses it rather than find out at the first put.  False when they
+ * agree; else true, with one line naming both sides into buf
+ * ("kv memory mismatch: direct cuda here, the peer's UCX has no CUDA
+ * memory support (it is staged); set worker.kv_transfer = staged ..."). */
+bool fy_xfer_mem_explain(fy_xfer_mem_t here, bool here_cuda, fy_xfer_mem_t peer, bool peer_cuda, char *buf, size_t cap);
+
 typedef struct fy_xfer_params {
     fy_xfer_layout_t layout;
-    void *arena;              /* this process's KV arena, host memory; the caller owns it and keeps it
-                               * alive until fy_xfer_destroy returns.  NULL: fy_xfer allocates it
-                               * through UCX (see fy_xfer_arena) */
+    void *arena;              /* this process's KV arena (or staging area, FY_XFER_MEM_STAGED); the caller
+                               * owns it and keeps it alive until fy_xfer_destroy returns.  NULL: fy_xfer
+                               * allocates it through UCX (see fy_xfer_arena), host memory only */
+    fy_xfer_mem_t mem;        /* what arena is; 0 reads as FY_XFER_MEM_HOST.  FY_XFER_MEM_CUDA where this UCX
+                               * has no CUDA memory support (fy_xfer_ucx_cuda) fails with FY_ERR_UNSUPPORTED */
     size_t arena_bytes;       /* a non-zero multiple of layout.block_bytes */
     const char *transports;   /* NULL: UCX's choice (UCX_TLS from the environment still applies); else the
                                * UCX_TLS list for this context, e.g. "tcp" or "sm,self" */
@@ -188,6 +229,27 @@ typedef struct fy_xfer_piece {
  * fy_xfer_job_put, and the piece within both blocks. */
 fy_status_t fy_xfer_job_put_piece(fy_xfer_job_t *j, const int32_t *src, const int32_t *dst, int32_t n,
                                   const fy_xfer_piece_t *piece);
+
+/* Runs once the puts of one fy_xfer_job_put_then call no longer read
+ * their source blocks (transfer thread, or the caller's, see below). */
+typedef void (*fy_xfer_release_fn)(void *arg);
+
+/* As fy_xfer_job_put (piece NULL) or fy_xfer_job_put_piece, and then
+ * release(arg) exactly once, when every put of this call has completed
+ * locally (UCX's send completion: the source may be overwritten; not yet
+ * remote completion, which the job's flush gives), or was never issued
+ * because the job failed, or at the latest before the job's cb runs.
+ * Staging buffers go back to their pool this way while the job goes on
+ * (xstage.h: a ring smaller than one prompt's blocks).  release runs on
+ * the transfer thread, never inside a UCX callback.  One exception to
+ * "exactly once": when this returns an error, release is never called
+ * (nothing was queued; the caller still owns the source).  Under
+ * FY_XFER_ERRMODE_NONE a job whose puts UCX still holds past its grace
+ * (xfer.h's contract) releases them when its cb runs: a put to that
+ * abandoned peer may still read the source afterwards (what it sends
+ * then goes to a peer given up on). */
+fy_status_t fy_xfer_job_put_then(fy_xfer_job_t *j, const int32_t *src, const int32_t *dst, int32_t n,
+                                 const fy_xfer_piece_t *piece, fy_xfer_release_fn release, void *arg);
 /* Moves the job's deadline later (an earlier one is ignored): the target's
  * lease was renewed.  Only between begin and finish/abort (or until cb
  * runs, if that is first), from any thread, one at a time. */
@@ -222,6 +284,7 @@ typedef struct fy_xfer_stats {
     uint64_t layout_refusals; /* handshakes refused for a layout mismatch, as initiator or target */
     uint64_t peers_connected; /* handshakes that succeeded (as initiator) */
     uint64_t peer_failures;   /* connections lost, handshakes timed out, connections closed by force */
+    uint64_t mem_refusals;    /* handshakes refused because the sides' memory cannot meet (fy_xfer_mem_explain) */
 } fy_xfer_stats_t;
 
 void fy_xfer_stats(fy_xfer_t *x, fy_xfer_stats_t *out); /* any thread */

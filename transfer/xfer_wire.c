@@ -279,16 +279,64 @@ fy_status_t fy_xfer_blob_parse(const void *blob, size_t len, fy_xfer_target_t *t
 
 /* ---- handshake messages ---------------------------------------------------------------------- */
 /*
- * hello:  u8 version, u8 type (1), 6 reserved | u64 cookie | name[64] | layout
- * reply:  u8 version, u8 type (2), u8 ok, 5 reserved | u64 cookie | layout | message[160]
+ * hello:  u8 version, u8 type (1), u8 mem, u8 flags, 4 reserved | u64 cookie | name[64] | layout
+ * reply:  u8 version, u8 type (2), u8 ok, u8 mem, u8 flags, 3 reserved | u64 cookie | layout | message[160]
+ *
+ * mem (fy_xfer_mem_t) and flags (bit 0: this side's UCX supports CUDA
+ * memory; the other bits zero) came after version 3 in bytes it sent as
+ * zero: zero reads as "unstated" (host, moved directly) and "no CUDA".
  */
 enum { MSG_HELLO = 1, MSG_REPLY = 2 };
+#define FLAG_UCX_CUDA 1u
+
+const char *fy_xfer_mem_name(fy_xfer_mem_t m)
+{
+    switch (m) {
+    case FY_XFER_MEM_UNSTATED: return "unstated";
+    case FY_XFER_MEM_HOST: return "direct host";
+    case FY_XFER_MEM_CUDA: return "direct cuda";
+    case FY_XFER_MEM_STAGED: return "staged";
+    }
+    return "?";
+}
+
+bool fy_xfer_mem_explain(fy_xfer_mem_t here, bool here_cuda, fy_xfer_mem_t peer, bool peer_cuda, char *buf, size_t cap)
+{
+    if (here == FY_XFER_MEM_CUDA && !peer_cuda) {
+        snprintf(buf, cap,
+                 "kv memory mismatch: direct cuda here, and the peer (%s) has a UCX without CUDA memory support; set "
+                 "worker.kv_transfer = staged here (or give the peer a UCX with cuda transports)",
+                 fy_xfer_mem_name(peer));
+        return true;
+    }
+    if (peer == FY_XFER_MEM_CUDA && !here_cuda) {
+        snprintf(buf, cap,
+                 "kv memory mismatch: the peer is direct cuda, and this side (%s) has a UCX without CUDA memory "
+                 "support; set worker.kv_transfer = staged at the peer (or give this side a UCX with cuda transports)",
+                 fy_xfer_mem_name(here));
+        return true;
+    }
+    return false;
+}
+
+static fy_status_t get_mem(uint8_t mem, uint8_t flags, const char *what, fy_xfer_mem_t *m_p, bool *cuda_p)
+{
+    if (mem > FY_XFER_MEM_STAGED || (flags & ~FLAG_UCX_CUDA)) {
+        fy_warn("xfer: %s malformed (memory %u, flags 0x%x)", what, mem, flags);
+        return FY_ERR_FORMAT;
+    }
+    *m_p = (fy_xfer_mem_t)mem;
+    *cuda_p = (flags & FLAG_UCX_CUDA) != 0;
+    return FY_OK;
+}
 
 void fy_xfer_hello_pack(const fy_xfer_hello_t *h, uint8_t out[FY_XFER_HELLO_LEN])
 {
     memset(out, 0, FY_XFER_HELLO_LEN);
     out[0] = FY_XFER_WIRE_VERSION;
     out[1] = MSG_HELLO;
+    out[2] = (uint8_t)h->mem;
+    out[3] = h->ucx_cuda ? FLAG_UCX_CUDA : 0;
     put_u64(out + 8, h->cookie);
     put_str(out + 16, h->name, FY_XFER_NAME_LEN);
     fy_xfer_layout_pack(&h->layout, out + 16 + FY_XFER_NAME_LEN);
@@ -317,6 +365,7 @@ fy_status_t fy_xfer_hello_unpack(const void *buf, size_t len, fy_xfer_hello_t *h
     fy_status_t st = check_header(b, len, FY_XFER_HELLO_LEN, MSG_HELLO, "hello");
     if (st != FY_OK) return st;
     fy_xfer_hello_t h;
+    if ((st = get_mem(b[2], b[3], "hello", &h.mem, &h.ucx_cuda)) != FY_OK) return st;
     h.cookie = get_u64(b + 8);
     const uint8_t *lw = b + 16 + FY_XFER_NAME_LEN;
     if (!get_str(b + 16, FY_XFER_NAME_LEN, h.name) || !memchr(lw, 0, sizeof(h.layout.model_id))) {
@@ -334,6 +383,8 @@ void fy_xfer_reply_pack(const fy_xfer_reply_t *r, uint8_t out[FY_XFER_REPLY_LEN]
     out[0] = FY_XFER_WIRE_VERSION;
     out[1] = MSG_REPLY;
     out[2] = r->ok ? 1 : 0;
+    out[3] = (uint8_t)r->mem;
+    out[4] = r->ucx_cuda ? FLAG_UCX_CUDA : 0;
     put_u64(out + 8, r->cookie);
     fy_xfer_layout_pack(&r->layout, out + 16);
     put_str(out + 16 + FY_XFER_LAYOUT_WIRE_LEN, r->message, FY_XFER_MSG_LEN);
@@ -345,6 +396,7 @@ fy_status_t fy_xfer_reply_unpack(const void *buf, size_t len, fy_xfer_reply_t *r
     fy_status_t st = check_header(b, len, FY_XFER_REPLY_LEN, MSG_REPLY, "handshake reply");
     if (st != FY_OK) return st;
     fy_xfer_reply_t r;
+    if ((st = get_mem(b[3], b[4], "handshake reply", &r.mem, &r.ucx_cuda)) != FY_OK) return st;
     r.ok = b[2] == 1;
     r.cookie = get_u64(b + 8);
     if (b[2] > 1 || !memchr(b + 16, 0, sizeof(r.layout.model_id)) ||

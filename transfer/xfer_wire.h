@@ -53,15 +53,25 @@ bool fy_xfer_layout_explain(const fy_xfer_layout_t *here, const fy_xfer_layout_t
 #define FY_XFER_HELLO_LEN (8 + 8 + FY_XFER_NAME_LEN + FY_XFER_LAYOUT_WIRE_LEN)
 #define FY_XFER_REPLY_LEN (8 + 8 + FY_XFER_LAYOUT_WIRE_LEN + FY_XFER_MSG_LEN)
 
+/* Both messages also say how each side's KV moves (mem, a fy_xfer_mem_t)
+ * and whether its UCX supports CUDA memory (ucx_cuda), in bytes that
+ * version 3 reserved as zero: a peer from before them reads as
+ * FY_XFER_MEM_UNSTATED (host memory, moved directly) without CUDA, which
+ * is what it was, so old and new peers still connect.  Values past
+ * FY_XFER_MEM_STAGED are refused as malformed. */
 typedef struct fy_xfer_hello {
     uint64_t cookie;             /* the initiator's id for the connection, echoed in the reply */
     char name[FY_XFER_NAME_LEN]; /* the initiator, for log lines */
     fy_xfer_layout_t layout;
+    fy_xfer_mem_t mem; /* the initiator's: how its source blocks are read */
+    bool ucx_cuda;
 } fy_xfer_hello_t;
 
 typedef struct fy_xfer_reply {
     uint64_t cookie;
     bool ok;
+    fy_xfer_mem_t mem; /* the target's: what its arena is */
+    bool ucx_cuda;
     fy_xfer_layout_t layout;       /* the target's */
     char message[FY_XFER_MSG_LEN]; /* the target's refusal, NUL-terminated; "" when ok */
 } fy_xfer_reply_t;

@@ -2,6 +2,7 @@
 #include "xgroup.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -150,7 +151,8 @@ fy_status_t fy_xgroup_create(const fy_xgroup_params_t *p, fy_xgroup_t **g_p)
                                .transports = p->transports,
                                .net_devices = p->net_devices,
                                .connect_timeout_s = p->connect_timeout_s,
-                               .err_mode = p->err_mode};
+                               .err_mode = p->err_mode,
+                               .mem = p->mem};
         if ((st = fy_xfer_create(&xp, &g->x[r]))) break;
         const void *blob;
         if ((st = fy_xfer_target_desc(g->x[r], &blob, &d.blob_len[r]))) break;
@@ -388,6 +390,54 @@ fy_status_t fy_xgroup_job_put(fy_xgroup_job_t *gj, const int32_t *src, const int
         if (st != FY_OK && first == FY_OK) first = st;
     }
     return first;
+}
+
+/* One put_then call over every pair: the pairs' releases count down. */
+typedef struct group_mark {
+    _Atomic int32_t left;
+    fy_xfer_release_fn fn;
+    void *arg;
+} group_mark_t;
+
+static void group_mark_done(void *arg)
+{
+    group_mark_t *m = arg;
+    if (atomic_fetch_sub(&m->left, 1) != 1) return;
+    m->fn(m->arg);
+    fy_free(m);
+}
+
+fy_status_t fy_xgroup_job_put_then(fy_xgroup_job_t *gj, const int32_t *src, const int32_t *dst, int32_t n,
+                                   fy_xfer_release_fn release, void *arg)
+{
+    group_mark_t *m = fy_malloc(sizeof(*m));
+    if (!m) {
+        fy_error("xgroup: out of memory queueing puts");
+        release(arg);
+        return FY_ERR_NOMEM;
+    }
+    *m = (group_mark_t){.fn = release, .arg = arg};
+    atomic_init(&m->left, 1); /* the caller's own hold, dropped below */
+    fy_status_t first = FY_OK;
+    int32_t taken = 0;
+    for (int32_t k = 0; k < gj->n_sub; k++) {
+        sub_t *sb = &gj->sub[k];
+        int32_t calls = sb->whole ? 1 : sb->n_pieces;
+        for (int32_t i = 0; i < calls; i++) {
+            atomic_fetch_add(&m->left, 1);
+            fy_status_t st =
+                fy_xfer_job_put_then(sb->j, src, dst, n, sb->whole ? NULL : &sb->pieces[i], group_mark_done, m);
+            if (st == FY_OK) {
+                taken++;
+                continue;
+            }
+            atomic_fetch_sub(&m->left, 1); /* that call never releases */
+            if (first == FY_OK) first = st;
+            break; /* the pair's job has failed: its later pieces would be ignored */
+        }
+    }
+    group_mark_done(m); /* with taken == 0: release runs here, nothing having been queued */
+    return taken == 0 && first == FY_OK ? FY_ERR_INTERNAL : first;
 }
 
 uint64_t fy_xgroup_job_block_bytes(const fy_xgroup_job_t *gj) { return gj->block_bytes; }

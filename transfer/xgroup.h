@@ -75,6 +75,8 @@ typedef struct fy_xgroup_params {
     const char *net_devices;
     double connect_timeout_s;
     fy_xfer_errmode_t err_mode;
+    fy_xfer_mem_t mem; /* what every rank's arena is (xfer.h); a staging area (FY_XFER_MEM_STAGED) only
+                        * for one rank: node.c refuses worker.kv_transfer = staged with tp * pp > 1 */
 } fy_xgroup_params_t;
 
 typedef struct fy_xgroup fy_xgroup_t;
@@ -114,6 +116,15 @@ fy_status_t fy_xgroup_job_begin(fy_xgroup_t *g, const void *blob, size_t len, do
 /* Queues local blocks src[i] -> destination blocks dst[i] on every pair
  * (whole blocks or pieces); an error fails the job, as fy_xfer_job_put. */
 fy_status_t fy_xgroup_job_put(fy_xgroup_job_t *j, const int32_t *src, const int32_t *dst, int32_t n);
+/* As fy_xgroup_job_put, then release(arg) once no put of this call on
+ * any pair reads its source any more (fy_xfer_job_put_then on each pair;
+ * the last pair's release calls it, on its transfer thread, or on the
+ * caller's before this returns when every pair had already let go).
+ * release runs exactly once whatever this returns: an error from a pair
+ * fails the job, and release follows once the pairs that took the call
+ * let go (at once, on the caller's thread, when none took it). */
+fy_status_t fy_xgroup_job_put_then(fy_xgroup_job_t *j, const int32_t *src, const int32_t *dst, int32_t n,
+                                   fy_xfer_release_fn release, void *arg);
 /* Bytes one block puts over all pairs (replicated heads counted once). */
 uint64_t fy_xgroup_job_block_bytes(const fy_xgroup_job_t *j);
 /* As fy_xfer_job_extend, finish and abort, on every pair; the contract of

@@ -51,6 +51,7 @@
 #include "rpc.h"
 #include "spec.h"
 #include "xgroup.h"
+#include "xstage.h"
 
 #define RANK_SYNC_S 1.0     /* a timing report is a command to every rank: not every tick */
 #define METRICS_SYNC_S 0.05 /* figures in /metrics are at most this much older than a tick */
@@ -103,7 +104,13 @@ struct fy_node {
     fy_engine_t *engine;  /* stack.engine */
     fy_kv_layout_t whole; /* the whole model's KV layout (tp = pp = 1) */
     fy_xgroup_t *xfer;    /* one transfer engine per rank of the model's group (one for one process) */
-    fy_env_auth_t auth;   /* this worker's control-plane credentials */
+    /* worker.kv_transfer: how KV moves (the memory xfer registered), the
+     * staging area when staged, and what moved (engine thread) */
+    fy_xfer_mem_t kv_mem;
+    fy_xstage_t *stage;
+    fy_node_path_series_t *path_series;
+    uint64_t kv_moved_blocks, kv_moved_bytes;
+    fy_env_auth_t auth; /* this worker's control-plane credentials */
     fy_pull_t *cmds;
     fy_pull_t *cmds_stats; /* cmds, for the engine thread's metrics: under health_mu */
     fy_push_t *out;        /* the one router at router.events (no cluster.etcd) */
@@ -165,6 +172,13 @@ fy_kvm_t *fy_node_kvm(fy_node_t *n) { return n->kvm; }
 fy_runner_t *fy_node_runner(fy_node_t *n) { return n->stack.runner; }
 const fy_model_t *fy_node_model(const fy_node_t *n) { return n->model; }
 fy_xgroup_t *fy_node_xfer(fy_node_t *n) { return n->xfer; }
+fy_xstage_t *fy_node_stage(fy_node_t *n) { return n->stage; }
+
+void fy_node_kv_moved(fy_node_t *n, int64_t blocks, int64_t bytes)
+{
+    n->kv_moved_blocks += (uint64_t)blocks;
+    n->kv_moved_bytes += (uint64_t)bytes;
+}
 
 double fy_node_heartbeat(const fy_node_t *n) { return n->heartbeat_s; }
 int32_t fy_node_max_seqs(const fy_node_t *n) { return n->max_seqs; }
@@ -518,6 +532,18 @@ static void sync_metrics(fy_node_t *n, double now)
     fy_kvm_stats(n->kvm, &ks);
     fy_xgroup_stats(n->xfer, &xs);
     fy_node_series_sync(n->series, &es, &ks, &xs, n->bad_commands);
+    fy_xstage_stats_t ss;
+    fy_xstage_stats(n->stage, &ss);
+    fy_node_path_figures_t pf = {.blocks = n->kv_moved_blocks,
+                                 .bytes = n->kv_moved_bytes,
+                                 .mem_refusals = xs.mem_refusals,
+                                 .staged = n->stage != NULL,
+                                 .staging_slots = ss.slots,
+                                 .staging_free = ss.free,
+                                 .staging_waits = ss.waits,
+                                 .staging_exhausted = ss.exhausted,
+                                 .staging_copy_failures = ss.copy_failures};
+    fy_node_path_series_sync(n->path_series, &pf);
     if (now - n->last_kv_check >= KV_CHECK_S) { /* a full scan: not on every tick */
         n->last_kv_check = now;
         n->kv_check = fy_kvm_check(n->kvm); /* logs what broke */
@@ -681,6 +707,8 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
 {
     const fy_config_t *c = n->cfg;
     const char *sec = role->name, *model_path, *name, *listen, *events, *transports, *net_devices, *metrics_url;
+    const char *kv_transfer;
+    int64_t staging_blocks;
     double heartbeat, stall;
     fy_engine_build_t eb;
     fy_status_t st;
@@ -699,8 +727,21 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
         (st = fy_conf_string(c, "worker", "net_devices", &net_devices)) ||
         (st = fy_conf_duration(c, "worker", "heartbeat", &heartbeat)) ||
         (st = fy_conf_duration(c, "worker", "stall_timeout", &stall)) ||
-        (st = fy_conf_string(c, sec, "metrics", &metrics_url)) || (st = fy_engine_build_read(c, sec, &eb)))
+        (st = fy_conf_string(c, sec, "metrics", &metrics_url)) ||
+        (st = fy_conf_string(c, "worker", "kv_transfer", &kv_transfer)) ||
+        (st = fy_conf_int(c, "worker", "kv_staging_blocks", &staging_blocks)) ||
+        (st = fy_engine_build_read(c, sec, &eb)))
         return st;
+    /* a rank group's arenas lie in one shared mapping that rank 0's
+     * engines register directly (xgroup.h), and groups run on the CPU
+     * alone: staging them is refused before anything is loaded */
+    int32_t shape = (eb.runner.tp > 1 ? eb.runner.tp : 1) * (eb.runner.pp > 1 ? eb.runner.pp : 1);
+    if (kv_transfer && !strcmp(kv_transfer, "staged") && shape > 1) {
+        fy_error("worker.kv_transfer = staged cannot serve a rank group (worker.tp = %d, worker.pp = %d, or %s.tp/pp): "
+                 "its ranks' KV is moved directly from their shared mapping; use worker.kv_transfer = auto or direct",
+                 eb.runner.tp, eb.runner.pp, sec);
+        return FY_ERR_UNSUPPORTED;
+    }
     snprintf(n->name, sizeof(n->name), "%s", name ? name : "");
     if (!n->name[0]) snprintf(n->name, sizeof(n->name), "%s-%d", sec, (int)getpid());
     fy_log_set_prefix(n->name);
@@ -763,6 +804,32 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     }
     xp.n_pages = ks.tier[FY_KV_DEVICE].total;
     xp.transports = transports && *transports ? transports : NULL;
+    /* how the KV moves: the pool itself, or a staging area of host memory */
+    bool dev_mem = fy_backend_device_memory(n->stack.be);
+    char why[256];
+    if ((st = fy_xstage_choose(kv_transfer, dev_mem, dev_mem && fy_xfer_ucx_cuda(xp.transports), &n->kv_mem, why,
+                               sizeof(why)))) {
+        fy_error("%s (backend %s)", why, fy_backend_describe(n->stack.be));
+        return st;
+    }
+    xp.mem = n->kv_mem;
+    if (n->kv_mem == FY_XFER_MEM_STAGED) {
+        int32_t per_prompt =
+            (fy_runner_params(n->stack.runner)->max_ctx + lay->block_size - 1) / lay->block_size * lay->n_groups;
+        int32_t slots = staging_blocks > 0 ? (int32_t)staging_blocks
+                                           : fy_xstage_default_slots(!strcmp(sec, "decode"), xp.n_pages,
+                                                                     eb.engine.max_num_seqs, per_prompt);
+        fy_xstage_params_t sp = {
+            .be = n->stack.be, .lay = lay, .pool = fy_runner_kv_arena(n->stack.runner), .n_slots = slots};
+        if ((st = fy_xstage_create(&sp, &n->stage))) return st;
+        xp.arenas = fy_xstage_base(n->stage);
+        xp.n_pages = slots;
+        fy_info(
+            "kv transfer: staged (%s); %d staging blocks, %.1f MiB of pinned host memory (worker.kv_staging_blocks)",
+            why, slots, (double)fy_xstage_bytes(n->stage) / (1 << 20));
+    } else {
+        fy_info("kv transfer: %s (%s)", fy_xfer_mem_name(n->kv_mem), why);
+    }
     /* UCX listens where the worker was told to listen, not on every
      * interface: worker.net_devices, else UCX_NET_DEVICES, else the
      * interface of the listen address */
@@ -774,7 +841,7 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
         xp.net_devices = devs;
     }
     xp.connect_timeout_s = 5;
-    if (xp.tp * xp.pp > 1 && fy_runner_kv_arena(n->stack.runner) != xp.arenas) {
+    if (xp.tp * xp.pp > 1 && fy_runner_kv_arena(n->stack.runner) != xp.arenas) { /* never staged: see above */
         fy_error("worker: rank 0's kv arena is not the first of the group's shared mapping");
         return FY_ERR_INTERNAL;
     }
@@ -807,6 +874,11 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     }
     if (st) return st;
     if (n->stack.group && (st = rank_series(n, ks.tier[FY_KV_DEVICE].total))) return st;
+    char path[32];
+    snprintf(path, sizeof(path), "%s", fy_xfer_mem_name(n->kv_mem));
+    for (char *p = path; *p; p++)
+        if (*p == ' ') *p = '_';
+    if ((st = fy_node_path_series_create(n->metrics, path, n->stage != NULL, &n->path_series))) return st;
     n->health = (fy_health_t){.role = sec, .worker = n->name, .stall_s = stall, .kv_balanced = ks.balanced};
     n->kv_check = FY_OK;
     if ((st = role->start(n, &n->state))) return st;
@@ -882,7 +954,7 @@ static void teardown(fy_node_t *n)
     if (n->engine) fy_engine_stop(n->engine);
     fy_xgroup_destroy(n->xfer); /* unfinished jobs end now; their completions post to the engine */
     n->xfer = NULL;
-    if (n->role && n->role->stop) n->role->stop(n, n->state);
+    if (n->role && n->role->stop) n->role->stop(n, n->state); /* leases give their staging blocks back */
     fy_engine_destroy(n->engine); /* posted work runs; requests left end with errors (pushed) */
     n->engine = n->stack.engine = NULL;
     fy_spec_draft_destroy(n->stack.draft); /* after the engine that used it, before the runner it borrows from */
@@ -899,10 +971,16 @@ static void teardown(fy_node_t *n)
     }
     fy_free(n->snap);
     fy_node_series_destroy(n->series);
+    fy_node_path_series_destroy(n->path_series);
     fy_metrics_destroy(n->metrics);
     fy_push_destroy(n->out);
     for (int i = 0; i < n->n_links; i++) fy_push_destroy(n->links[i].push);
     n->n_links = 0;
+    /* the staging area after everything that could hold a slot (the
+     * transfer engine that registered it, the role's leases and jobs), and
+     * before the backend that allocated it */
+    fy_xstage_destroy(n->stage);
+    n->stage = NULL;
     fy_engine_stack_destroy(&n->stack); /* the block manager, hasher, runner and backend */
     n->kvm = NULL;
     fy_model_destroy(n->model);

@@ -73,6 +73,12 @@ fy_runner_t *fy_node_runner(fy_node_t *n);
 const fy_model_t *fy_node_model(const fy_node_t *n);
 /* the KV data plane: one transfer engine per rank (xgroup.h) */
 fy_xgroup_t *fy_node_xfer(fy_node_t *n);
+/* worker.kv_transfer runs staged: the pinned host staging area the
+ * transfer engine registered instead of the KV pool (xstage.h); else NULL */
+struct fy_xstage *fy_node_stage(fy_node_t *n);
+/* Blocks this worker moved over its KV path, and their bytes (engine
+ * thread): ferry:kv_transfer_path_blocks_total and _bytes_total. */
+void fy_node_kv_moved(fy_node_t *n, int64_t blocks, int64_t bytes);
 /* worker.heartbeat: how often load reports (and a prefill worker's progress) go out */
 double fy_node_heartbeat(const fy_node_t *n);
 int32_t fy_node_max_seqs(const fy_node_t *n);

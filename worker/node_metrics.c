@@ -187,6 +187,72 @@ void fy_node_series_sync(fy_node_series_t *s, const fy_engine_stats_t *es, const
     fy_metrics_batch_end(s->reg);
 }
 
+struct fy_node_path_series {
+    fy_metrics_t *reg;
+    bool staged;
+    fy_metric_t *blocks, *bytes, *mem_refusals;
+    fy_metric_t *slots, *free, *waits, *exhausted, *copy_failures;
+};
+
+fy_status_t fy_node_path_series_create(fy_metrics_t *reg, const char *path, bool staged, fy_node_path_series_t **s_p)
+{
+    fy_node_path_series_t *s = fy_calloc(1, sizeof(*s));
+    if (!s) return FY_ERR_NOMEM;
+    s->reg = reg;
+    s->staged = staged;
+    fy_status_t st = FY_OK;
+#define C(field, name, help, ...)                                                                                      \
+    if (!st) st = fy_metrics_counter(reg, name, help, (const char *const[]){__VA_ARGS__, NULL}, &s->field)
+#define G(field, name, help, ...)                                                                                      \
+    if (!st) st = fy_metrics_gauge(reg, name, help, (const char *const[]){__VA_ARGS__, NULL}, &s->field)
+    C(blocks, "ferry:kv_transfer_path_blocks_total",
+      "KV blocks moved between workers, by path (worker.kv_transfer: direct_host, direct_cuda, staged): on a prefill "
+      "worker handed to puts, on a decode worker received into its pool.",
+      "path", path);
+    C(bytes, "ferry:kv_transfer_path_bytes_total", "The bytes of ferry:kv_transfer_path_blocks_total.", "path", path);
+    C(mem_refusals, "ferry:kv_memory_refusals_total",
+      "KV transfer connections refused because the two sides' memory cannot meet (direct cuda with a UCX without "
+      "CUDA memory support).",
+      NULL);
+    if (staged) {
+        G(slots, "ferry:kv_staging_blocks", "Blocks of the pinned host staging area (worker.kv_staging_blocks).", NULL);
+        G(free, "ferry:kv_staging_free_blocks", "Staging blocks free now; all of them when no transfer is under way.",
+          NULL);
+        C(waits, "ferry:kv_staging_waits_total", "Times a transfer found fewer free staging blocks than it wanted.",
+          NULL);
+        C(exhausted, "ferry:kv_staging_exhausted_total",
+          "Reservations refused because the staging area could not take the whole prompt (decode workers).", NULL);
+        C(copy_failures, "ferry:kv_staging_copy_failures_total",
+          "Copies between the KV pool and the staging area that failed.", NULL);
+    }
+#undef C
+#undef G
+    if (st) {
+        fy_free(s);
+        return st;
+    }
+    *s_p = s;
+    return FY_OK;
+}
+
+void fy_node_path_series_destroy(fy_node_path_series_t *s) { fy_free(s); }
+
+void fy_node_path_series_sync(fy_node_path_series_t *s, const fy_node_path_figures_t *f)
+{
+    fy_metrics_batch_begin(s->reg);
+    fy_metric_set(s->blocks, (double)f->blocks);
+    fy_metric_set(s->bytes, (double)f->bytes);
+    fy_metric_set(s->mem_refusals, (double)f->mem_refusals);
+    if (s->staged) {
+        fy_metric_set(s->slots, f->staging_slots);
+        fy_metric_set(s->free, f->staging_free);
+        fy_metric_set(s->waits, (double)f->staging_waits);
+        fy_metric_set(s->exhausted, (double)f->staging_exhausted);
+        fy_metric_set(s->copy_failures, (double)f->staging_copy_failures);
+    }
+    fy_metrics_batch_end(s->reg);
+}
+
 void fy_node_series_step(fy_node_series_t *s, const fy_engine_stats_t *es)
 {
     uint64_t tokens = es->forward_tokens;

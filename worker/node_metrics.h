@@ -48,6 +48,26 @@ void fy_node_series_destroy(fy_node_series_t *s); /* accepts NULL; the series st
 void fy_node_series_sync(fy_node_series_t *s, const fy_engine_stats_t *es, const fy_kvm_stats_t *ks,
                          const fy_xfer_stats_t *xs, uint64_t bad_commands);
 
+/* How KV moves between workers (worker.kv_transfer): which path runs,
+ * what went over it, and the staging area's state when staged. */
+typedef struct fy_node_path_series fy_node_path_series_t;
+
+typedef struct fy_node_path_figures {
+    uint64_t blocks, bytes; /* a prefill worker: blocks handed to puts; a decode worker: blocks received
+                               * into its pool (adopted); bytes: theirs */
+    uint64_t mem_refusals;  /* fy_xfer_stats_t.mem_refusals */
+    bool staged;            /* the staging figures below are meant */
+    int32_t staging_slots, staging_free;
+    uint64_t staging_waits, staging_exhausted, staging_copy_failures;
+} fy_node_path_figures_t;
+
+/* path: fy_xfer_mem_name's words with the space made '_' ("direct_host",
+ * "direct_cuda", "staged"), the label of ferry:kv_transfer_path_blocks_total
+ * and ..._bytes_total; staged: the ferry:kv_staging_* series too. */
+fy_status_t fy_node_path_series_create(fy_metrics_t *reg, const char *path, bool staged, fy_node_path_series_t **s_p);
+void fy_node_path_series_destroy(fy_node_path_series_t *s); /* accepts NULL */
+void fy_node_path_series_sync(fy_node_path_series_t *s, const fy_node_path_figures_t *f);
+
 /* After every engine step (the engine's tick; engine thread): the tokens
  * the steps since the last call fed to their forward passes into the
  * iteration-tokens histogram, one observation a step (the mean when the
