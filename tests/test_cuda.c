@@ -238,7 +238,7 @@ static void test_plan_staging(void **state)
 static void test_plan_share(void **state)
 {
     fy_cuda_share_table_t tab = {0};
-    static uint8_t a[4096], b[4096];
+    static uint8_t a[68 * 120], b[68 * 120]; /* the Q8_0 tensor below: 120 rows of 68 bytes */
     for (size_t i = 0; i < sizeof(a); i++) a[i] = (uint8_t)i, b[i] = (uint8_t)(i * 7);
     fy_tensor_t ta = {FY_DTYPE_Q8_0, {64, 120}, 34 * 2, 34 * 2 * 120, a, 0};
     int dev_a, dev_b, many[100];
