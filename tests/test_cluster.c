@@ -238,6 +238,19 @@ static const char *busy_prefill(tc_cluster_t *c)
     return NULL;
 }
 
+/* Waits (up to 30 s) for a prefill worker to be busy with a job, lets it
+ * ship part of it, and kills it; its name into killed. */
+static void kill_busy_prefill(tc_cluster_t *c, char *killed, size_t cap)
+{
+    const char *victim = NULL;
+    double t0 = tc_now();
+    while (!(victim = busy_prefill(c)) && tc_now() - t0 < 30) usleep(20000);
+    assert_non_null(victim);
+    usleep(300000);
+    snprintf(killed, cap, "%s", victim);
+    tc_kill(c, killed);
+}
+
 static void test_prefill_killed_mid_transfer(void **state)
 {
     if (!tc_available()) skip();
@@ -255,14 +268,8 @@ static void test_prefill_killed_mid_transfer(void **state)
     fy_client_stream_t s = submit(&c, p, len, mt);
     /* wait until it is prefilling (the prompt takes seconds on one thread,
      * and its first chunks are shipped while later ones compute) */
-    const char *victim = NULL;
-    double t0 = tc_now();
-    while (!(victim = busy_prefill(&c)) && tc_now() - t0 < 30) usleep(20000);
-    assert_non_null(victim);
-    usleep(300000);
     char killed[64];
-    snprintf(killed, sizeof(killed), "%s", victim);
-    tc_kill(&c, killed);
+    kill_busy_prefill(&c, killed, sizeof(killed));
     memset(&got, 0, sizeof(got));
     tc_collect(&c, &s, &got, 1, 120);
     print_message("killed %s; the request %s after %d retries\n", killed, got.error ? "failed" : "finished",
@@ -1316,14 +1323,8 @@ static void test_staged_peer_dies(void **state)
     int32_t adm[8];
     int nd = decode_admittable(&c, names, adm);
     fy_client_stream_t s = submit(&c, p, len, mt);
-    const char *victim = NULL;
-    double t0 = tc_now();
-    while (!(victim = busy_prefill(&c)) && tc_now() - t0 < 30) usleep(20000);
-    assert_non_null(victim);
-    usleep(300000);
     char killed[64];
-    snprintf(killed, sizeof(killed), "%s", victim);
-    tc_kill(&c, killed);
+    kill_busy_prefill(&c, killed, sizeof(killed));
     memset(&got, 0, sizeof(got));
     tc_collect(&c, &s, &got, 1, 120);
     print_message("killed %s mid staged transfer; the request %s after %d retries\n", killed,
@@ -1337,7 +1338,7 @@ static void test_staged_peer_dies(void **state)
     make_prompt(p, len, 89);
     s = submit(&c, p, len, mt);
     char dead[64] = "";
-    for (t0 = tc_now(); !dead[0] && tc_now() - t0 < 30; usleep(20000)) {
+    for (double t0 = tc_now(); !dead[0] && tc_now() - t0 < 30; usleep(20000)) {
         fy_client_status_t st;
         tc_status(&c, &st);
         for (int i = 0; i < st.n_workers; i++)
@@ -1347,7 +1348,7 @@ static void test_staged_peer_dies(void **state)
     assert_true(dead[0] != '\0');
     /* once the survivor has put some of it */
     double sent0 = worker_metric(&c, live, "ferry:kv_transfer_path_blocks_total{path=\"staged\"}"), sent = sent0;
-    for (t0 = tc_now(); sent < sent0 + 8 && tc_now() - t0 < 60; usleep(20000))
+    for (double t0 = tc_now(); sent < sent0 + 8 && tc_now() - t0 < 60; usleep(20000))
         sent = worker_metric(&c, live, "ferry:kv_transfer_path_blocks_total{path=\"staged\"}");
     assert_true(sent >= sent0 + 8);
     tc_kill(&c, dead);
