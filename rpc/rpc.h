@@ -25,6 +25,7 @@
 #ifndef FY_RPC_H
 #define FY_RPC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -33,6 +34,15 @@
 #include "status.h"
 
 #define FY_RPC_MAX_MSG (8u << 20) /* bytes a socket accepts in one message */
+
+/* The nng this process links, as nng_version() says ("1.11.0"), and
+ * whether it is at least 1.6.0: Debian 12's 1.5.2 has a use-after-free on
+ * push sockets (nng issue 1653) and a receive that can hang a close (see
+ * close_socket in rpc.c); `make deps` builds 1.11 (docs/architecture.md,
+ * "Dependencies").  The first server a process opens logs the version
+ * (a warning where it is older than 1.6). */
+const char *fy_rpc_nng_version(void);
+bool fy_rpc_nng_fixed(void);
 
 /* Which sender roles a receiving socket takes: a mask of 1u << fy_env_role_t. */
 #define FY_RPC_FROM(role) (1u << (role))

@@ -9,7 +9,7 @@
  * named, status 2); ferry-bench's concurrency is -C and -c is refused
  * with a hint.  Options that parse reach the work: a model that is not
  * there is named, status 1.  Log lines carry the time and the process's
- * name.
+ * name.  `ferry --version` names the nng linked.
  *
  * Nothing here listens or loads a model; each run has a deadline.
  */
@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "mem.h"
+#include "rpc.h"
 #include "testutil.h"
 
 #define RUN_DEADLINE_S 30.0
@@ -178,6 +179,22 @@ static void test_help(void **state)
             run_free(&r);
         }
     }
+}
+
+/* `ferry --version` names the nng it links (build/nng's from make deps,
+ * or the system's): the one this test links, built by the same make. */
+static void test_version(void **state)
+{
+    if (!have_bins()) skip();
+    const char *args[] = {"ferry", "--version", NULL};
+    run_t r = run_argv(args);
+    char want[96];
+    snprintf(want, sizeof(want), "ferry: nng %s%s\n", fy_rpc_nng_version(),
+             fy_rpc_nng_fixed() ? "" : " (older than 1.6: nng issue 1653; make deps builds nng 1.11)");
+    if (r.status != 0 || strcmp(r.out, want) || r.err[0])
+        fail_msg("ferry --version: status %d (want 0), stdout:\n%s\n(want %s)stderr:\n%s", r.status, r.out, want,
+                 r.err);
+    run_free(&r);
 }
 
 static void test_unknown_option(void **state)
@@ -353,8 +370,11 @@ static void test_log_line(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_help),        cmocka_unit_test(test_unknown_option),
-        cmocka_unit_test(test_config_flag), cmocka_unit_test(test_options_reach_the_work),
+        cmocka_unit_test(test_help),
+        cmocka_unit_test(test_version),
+        cmocka_unit_test(test_unknown_option),
+        cmocka_unit_test(test_config_flag),
+        cmocka_unit_test(test_options_reach_the_work),
         cmocka_unit_test(test_log_line),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

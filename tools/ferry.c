@@ -26,6 +26,7 @@
 #include "log.h"
 #include "mem.h"
 #include "model.h"
+#include "rpc.h"
 #include "runner.h"
 #include "stop.h"
 
@@ -490,7 +491,7 @@ static void usage(FILE *f)
                "  plan       how much KV cache fits a memory budget\n"
                "  chaos      kill a local cluster's processes under load and check nothing is lost\n"
                "  config     print a configuration as the processes read it, or check one\n"
-               "run 'ferry COMMAND --help' for a command's options\n");
+               "run 'ferry COMMAND --help' for a command's options; 'ferry --version' names the nng linked\n");
 }
 
 static const struct {
@@ -534,6 +535,12 @@ int main(int argc, char **argv)
         snprintf(name, sizeof(name), "ferry %s", cmd);
         argv[1] = name;
         return COMMANDS[i].run(argc - 1, argv + 1);
+    }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+        /* which nng is linked: build/nng's (make deps) or the system's (rpc.h) */
+        printf("ferry: nng %s%s\n", fy_rpc_nng_version(),
+               fy_rpc_nng_fixed() ? "" : " (older than 1.6: nng issue 1653; make deps builds nng 1.11)");
+        return 0;
     }
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
