@@ -52,6 +52,9 @@
 # the host.  Debian keeps curl's headers in usr/include/x86_64-linux-gnu:
 # use-debs.sh puts /opt/debs/usr/include/x86_64-linux-gnu on CPATH, and the
 # Makefile adds $PKG_CONFIG_SYSROOT_DIR/usr/include/<multiarch> itself.
+# nng: build/nng (make deps builds nng 1.11 there) is git-ignored and does
+# not travel unless carried; without it the build links the .debs'
+# libnng 1.5.2 (-lnng), and print-flags, in build.log, says which.
 # Then, from the working tree:
 #     . .debs/use-debs.sh .debs && sh tools/gpu_check.sh
 # (or make gpu-check).  nvcc is looked for on PATH and at /usr/local/cuda/bin.
