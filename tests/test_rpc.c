@@ -680,8 +680,34 @@ static void *churn_pusher(void *arg)
     return NULL;
 }
 
+/* A close that nng never returns from (no watchdog covers the closes of
+ * sockets that failed to dial or listen) would hang the binary until the
+ * runner's timeout: end it at once, naming the cause. */
+static pthread_mutex_t churn_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t churn_cv = PTHREAD_COND_INITIALIZER;
+static bool churn_done;
+
+static void *churn_watchdog(void *arg)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 90;
+    pthread_mutex_lock(&churn_mu);
+    while (!churn_done)
+        if (pthread_cond_timedwait(&churn_cv, &churn_mu, &ts)) break;
+    bool done = churn_done;
+    pthread_mutex_unlock(&churn_mu);
+    if (!done) {
+        fprintf(stderr, "test_close_in_flight: not done after 90 s: an nng close or create never returned\n");
+        abort();
+    }
+    return NULL;
+}
+
 static void test_close_in_flight(void **state)
 {
+    pthread_t wd;
+    assert_int_equal(pthread_create(&wd, NULL, churn_watchdog, NULL), 0);
     char u[160];
     snprintf(u, sizeof(u), "ipc://%s/churn", fy_test_tmpdir());
     churn_t c[3];
@@ -708,6 +734,11 @@ static void test_close_in_flight(void **state)
     for (int i = 0; i < 3; i++) atomic_store(&c[i].stop, true);
     for (int i = 0; i < 3; i++) pthread_join(t[i], NULL);
     fy_log_set_sink(NULL, NULL);
+    pthread_mutex_lock(&churn_mu);
+    churn_done = true;
+    pthread_cond_signal(&churn_cv);
+    pthread_mutex_unlock(&churn_mu);
+    pthread_join(wd, NULL);
     int rounds = c[0].rounds + c[1].rounds + c[2].rounds;
     printf("close_in_flight: %d pull sockets and %d push sockets closed, %d events arrived, %d closes stuck\n", pulls,
            rounds, atomic_load(&churn_events), atomic_load(&stuck_closes));
