@@ -788,7 +788,7 @@ struct fy_membership {
     pthread_t th;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    bool stop, registered, up, ever_up, conflict;
+    bool stop, registered, up, ever_up, conflict, displaced;
     int64_t lease;
     double last_keepalive;
     uint64_t n_refused_total; /* under mu */
@@ -931,10 +931,7 @@ static fy_status_t keep_registered(fy_membership_t *m, double now)
         m->last_keepalive = now;
         if (left <= 0) lease_lost(m); /* expired while etcd was away */
     }
-    if (m->lease) {
-        if (now - m->signed_at >= m->p.ttl_s) put_record(m, now, "record refresh"); /* never stale to readers */
-        return FY_OK;
-    }
+    if (m->lease) return FY_OK; /* the record is kept (and signed anew) by the watch round */
     int64_t id;
     if (fy_etcd_grant(m->etcd, ttl, &id)) {
         etcd_failed(m, "lease grant");
@@ -1005,6 +1002,21 @@ static void watch_round(fy_membership_t *m)
         if (!strcmp(kvs.kv[i].key, m->key)) {
             own_seen = true;
             own_same = kvs.kv[i].value_len == m->record_len && !memcmp(kvs.kv[i].value, m->record, m->record_len);
+            /* a newer process of this name (a restart while this one was
+             * stopped): its record stands; fighting over the key would
+             * only flap it every round */
+            if (!own_same && !fy_member_read(kvs.kv[i].value, kvs.kv[i].value_len, &r, err, sizeof(err)) &&
+                !fy_member_verify(&r, m->p.key, m->key, now_ms, FY_MEMBER_MAX_AGE(m->p.ttl_s), err, sizeof(err)) &&
+                r.inc != m->p.self.inc && r.ts_ms > m->p.self.ts_ms) {
+                if (!m->displaced)
+                    fy_error("etcd: %s now holds the record of another process of this name (incarnation %016llx, "
+                             "signed later): not writing over it",
+                             m->key, (unsigned long long)r.inc);
+                m->displaced = true;
+                own_same = true;
+            } else {
+                m->displaced = false;
+            }
             continue;
         }
         if (strncmp(kvs.kv[i].key, m->prefix, plen)) continue; /* not a record we watch */
@@ -1027,10 +1039,13 @@ static void watch_round(fy_membership_t *m)
         live[n++] = r;
     }
     fy_etcd_kvs_free(&kvs);
+    if (!own_seen) m->displaced = false;        /* gone: ours to write again */
     if (m->lease && (!own_seen || !own_same)) { /* deleted or overwritten by someone else: ours again at once */
         fy_warn("etcd: this process's record %s was %s; writing it again", m->key,
                 own_seen ? "changed by someone else" : "deleted");
         put_record(m, mono_s(), "record rewrite");
+    } else if (m->lease && !m->displaced && mono_s() - m->signed_at >= m->p.ttl_s) {
+        put_record(m, mono_s(), "record refresh"); /* signed anew every TTL: never stale to readers */
     }
     m->p.fn(m->p.arg, live, n);
     fy_free(live);

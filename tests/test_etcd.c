@@ -475,6 +475,7 @@ static void test_membership_attacks(void **state)
     }
     fy_etcd_t *ec;
     assert_int_equal(fy_etcd_create(e.url, 1.0, &ec), FY_OK);
+    char err[256];
 
     /* a forged router record carrying the real router's tag, and the
      * forger's address: unsigned, then signed with another secret, then
@@ -529,6 +530,25 @@ static void test_membership_attacks(void **state)
     took = wait_value(ec, wk, real, 2.0);
     print_message("an overwritten worker record was its own again after %.3f s\n", took);
     while (!seen_has(&sr, "w0")) usleep(10000);
+
+    /* a newer process of the same name (w0 restarted while the old one
+     * still runs, or was stopped): its record stands, no flapping */
+    seen_t sn = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    fy_membership_params_t pn = params_for(e.url, "decode", "w0", 0, key, &sn);
+    pn.self.inc = 0x2000;
+    fy_membership_t *mn;
+    assert_int_equal(fy_membership_start(&pn, &mn), FY_OK);
+    usleep(500000);
+    int theirs = 0, samples = 0;
+    for (double t1 = tc_now(); tc_now() - t1 < 1.0; samples++) {
+        fy_member_t cur;
+        value_of(ec, wk, mine, sizeof(mine));
+        if (!fy_member_read(mine, strlen(mine), &cur, err, sizeof(err)) && cur.inc == 0x2000) theirs++;
+        usleep(10000);
+    }
+    print_message("a second process named w0: its record held in %d of %d samples over 1 s\n", theirs, samples);
+    assert_int_equal(theirs, samples);
+    fy_membership_stop(mn);
 
     /* the router stops: its tag goes with its lease */
     fy_membership_stop(mr);
