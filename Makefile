@@ -387,15 +387,16 @@ ubsan:
 	$(Q)$(MAKE) --no-print-directory SAN=ubsan test
 
 # ---- chaos -----------------------------------------------------------------------
-# 100 rounds of faults under load against a local cluster (tools/chaos.c);
-# a 5-round version is tests/test_chaos.c.
+# 100 rounds of faults under load against a local cluster (tools/chaos.c)
+# with membership in etcd and two routers (configs/chaos-etcd.ini: the
+# rounds include stop-etcd); a 5-round version is tests/test_chaos.c.
 CHAOS_ROUNDS ?= 100
 # a 5-s crash-loop window: the rounds kill each worker about every half
 # minute, which serve's default 60-s window treats as a crash loop (its
 # restarts back off to 30 s, and the rounds would time the backoff)
 CHAOS_SETS ?= --set serve.restart_window=5s
 chaos: $(TOOL_BIN) $(MODEL_FILE)
-	$(Q)$(BINDIR)/ferry chaos -c configs/local.ini --rounds $(CHAOS_ROUNDS) $(CHAOS_SETS) --json build/chaos.json
+	$(Q)$(BINDIR)/ferry chaos -c configs/chaos-etcd.ini --rounds $(CHAOS_ROUNDS) $(CHAOS_SETS) --json build/chaos.json
 
 # ---- fuzzing ------------------------------------------------------------------
 # One libFuzzer target per tests/fuzz/fuzz_NAME.c (picked up by wildcard),

@@ -219,6 +219,9 @@ static const fy_conf_key_t KEYS[] = {
     STR("serve", "etcd_data", NULL,
         "with cluster.etcd on this host's loopback, `ferry serve` runs etcd with its data here; unset: RUN_DIR/etcd; "
         "empty: etcd is someone else's to run"),
+    DUR("serve", "etcd_health_timeout", "120s", 0, 86400,
+        "silence on etcd's /health before `ferry serve` restarts it (0: serve.health_timeout); longer than the "
+        "others': a restart loses every lease, and routers and workers serve on through an etcd outage"),
 
     STR("cluster", "etcd", "",
         "etcd endpoints (http://HOST:PORT[,...]): routers and workers find each other there; empty: one router at "

@@ -74,6 +74,7 @@ typedef struct worker {
     char listen[256];
     fy_push_t *push;
     bool up, incompatible;
+    bool unlisted; /* cluster.etcd: up, but its record is not in etcd now: no new requests */
     double last_seen;
     /* the last load report */
     int32_t running, waiting, max_seqs, total_blocks, admittable, capacity, leases;
@@ -162,6 +163,7 @@ typedef struct router {
     pthread_mutex_t mu;
     fy_config_t *cfg;
     /* settings */
+    double last_tick; /* housekeeping thread: its last tick (a gap: the router did not run) */
     double health_timeout, request_timeout, prefill_timeout, command_timeout, lease_s, client_timeout, drain_timeout;
     int32_t max_queue, max_retries;
     int64_t prefill_queue_tokens;
@@ -451,7 +453,10 @@ static int32_t blocks_for(const router_t *R, const rreq_t *q)
     return n > INT32_MAX ? INT32_MAX : (int32_t)n;
 }
 
-static bool usable(const worker_t *w, wrole_t role) { return w->up && !w->incompatible && w->role == role && w->push; }
+static bool usable(const worker_t *w, wrole_t role)
+{
+    return w->up && !w->incompatible && !w->unlisted && w->role == role && w->push;
+}
 
 /* The least-loaded decode worker that looks able to admit q; -1 if none. */
 static int pick_decode(router_t *R, const rreq_t *q)
@@ -630,9 +635,12 @@ static bool worker_listed(const router_t *R, const char *name)
 }
 
 /* membership thread: the workers etcd lists now.  Those that left get no
- * new requests (their running ones end as for a worker that went
- * silent); those that appeared are dialled at once, and join with their
- * first load report. */
+ * new requests; their running ones end as for a worker that went silent,
+ * unless it still reports (within router.health_timeout): a record can
+ * vanish while its worker runs (etcd lost its lease in an outage, or
+ * someone deleted it) and the worker writes it again, so those requests
+ * go on, and the worker stops reporting when it really ends.  Those that
+ * appeared are dialled at once, and join with their first load report. */
 static void on_workers(void *arg, const fy_member_t *live, int n_live)
 {
     router_t *R = arg;
@@ -647,9 +655,21 @@ static void on_workers(void *arg, const fy_member_t *live, int n_live)
     R->n_listed = n;
     if (!R->listed_once) fy_info("etcd lists %d worker(s)", n);
     R->listed_once = true;
-    for (int i = 0; i < R->n_workers; i++)
-        if (R->workers[i].up && !worker_listed(R, R->workers[i].name))
+    double now = now_s();
+    for (int i = 0; i < R->n_workers; i++) {
+        worker_t *w = &R->workers[i];
+        bool is_listed = worker_listed(R, w->name);
+        if (w->up && !is_listed && now - w->last_seen > R->health_timeout) {
             worker_lost(R, i, "left the cluster (its etcd record is gone)");
+        } else if (w->up && !is_listed && !w->unlisted) {
+            fy_warn("worker %s: its etcd record is gone but it still reports: its requests go on, new ones go "
+                    "elsewhere until it is listed again",
+                    w->name);
+        } else if (w->up && is_listed && w->unlisted) {
+            fy_info("worker %s is listed in etcd again", w->name);
+        }
+        w->unlisted = !is_listed;
+    }
     for (int k = 0; k < n_live; k++) {
         const fy_member_t *m = &live[k];
         if (!strcmp(m->kind, "router")) continue;
@@ -680,7 +700,10 @@ static void on_load(router_t *R, fy_msgr_t *r, const fy_env_hdr_t *from, const c
     }
     const char *role = m.role, *listen = m.listen, *model = m.model;
     int32_t bs = m.block_size, capacity = m.has_capacity ? m.capacity : m.total_blocks;
-    if (R->etcd && !worker_listed(R, name)) return; /* it joins through etcd, or not at all */
+    if (R->etcd && !worker_listed(R, name)) { /* it joins through etcd, or not at all */
+        const worker_t *k = worker_by_name(R, name, false);
+        if (!k || k->inc != inc || !k->up) return; /* one already up goes on reporting (on_workers) */
+    }
     const void *bloom = m.bloom;
     size_t bloom_len = m.bloom_len;
     worker_t *w = worker_by_name(R, name, true);
@@ -1838,9 +1861,28 @@ void fy_router_workers_up(router_t *R, int *prefill_up, int *decode_up, bool *co
 
 /* ---- housekeeping -------------------------------------------------------------------------------------- */
 
+/* The router itself did not run for a while (SIGSTOP, a stalled host):
+ * what workers sent meanwhile waits in the sockets, so silence measured
+ * across the gap says nothing of them; they get a fresh health window,
+ * and command and poll deadlines move by the gap. */
+static void after_own_stall(router_t *R, double now, double gap)
+{
+    fy_warn("this router did not run for %.1f s (stopped or starved): workers get a fresh health window", gap);
+    for (int i = 0; i < R->n_workers; i++)
+        if (R->workers[i].up && R->workers[i].last_seen < now) R->workers[i].last_seen = now;
+    for (rreq_t *q = R->all; q; q = q->next) {
+        if (q->state == RQ_DONE) continue;
+        q->rid_deadline += gap;
+        q->prefill_deadline += gap;
+        q->last_poll += gap;
+    }
+}
+
 static void tick(router_t *R)
 {
     double now = now_s();
+    if (R->last_tick > 0 && now - R->last_tick > R->health_timeout / 2) after_own_stall(R, now, now - R->last_tick);
+    R->last_tick = now;
     for (int i = 0; i < R->n_workers; i++) {
         worker_t *w = &R->workers[i];
         if (w->up && now - w->last_seen > R->health_timeout) {
@@ -1900,20 +1942,19 @@ static void *hk_main(void *arg)
 
 /* ---- the process ------------------------------------------------------------------------------------------ */
 
-/* membership thread: this router's lease expired, so every worker saw it
- * leave and ended what it held for it: its requests cannot go on */
+/* membership thread: this router's lease expired (etcd lost it, most
+ * likely in an outage): it registers again next.  Its requests go on:
+ * workers that still hold its connection keep them (node.c), and one
+ * that dropped them stops reporting to it, which ends them here after
+ * router.health_timeout. */
 static void on_lease_lost(void *arg)
 {
     router_t *R = arg;
-    int n = 0;
     pthread_mutex_lock(&R->mu);
-    for (rreq_t *q = R->all; q; q = q->next) {
-        if (q->state == RQ_DONE) continue;
-        finish_req(R, q, FY_ERR_PEER, "this router lost its etcd registration; the workers dropped its requests");
-        n++;
-    }
+    int n = 0;
+    for (rreq_t *q = R->all; q; q = q->next) n += q->state != RQ_DONE;
     pthread_mutex_unlock(&R->mu);
-    if (n) fy_warn("etcd: %d request(s) ended: the workers dropped them when this router's record expired", n);
+    fy_warn("etcd: this router's record expired; %d request(s) go on with the workers that still hear it", n);
 }
 
 /* cluster.etcd: registers this router and watches the workers */
@@ -1939,7 +1980,18 @@ static fy_status_t membership_start(router_t *R, const char *etcd)
     snprintf(mp.self.model, sizeof(mp.self.model), "%s", R->model_id);
     mp.self.layout = fy_member_layout_hash(R->lay.block_size, (int32_t)R->lay.dtype, R->lay.n_layers, R->lay.n_kv_heads,
                                            R->lay.head_dim, R->lay.block_bytes, fy_kv_layout_groups_digest(&R->lay));
-    return fy_membership_start(&mp, &R->members);
+    uint8_t secret[64];
+    size_t n_secret = 0;
+    if ((st = fy_cluster_secret(c, secret, sizeof(secret), &n_secret))) return st;
+    st = fy_member_key(secret, n_secret, mp.key);
+    sodium_memzero(secret, sizeof(secret));
+    if (!st)
+        st = fy_metrics_counter(R->reg, "ferry:etcd_records_refused_total",
+                                "etcd records refused (unsigned, forged, stale, malformed or incompatible), each once",
+                                NULL, &mp.refused);
+    if (!st) st = fy_membership_start(&mp, &R->members);
+    sodium_memzero(mp.key, sizeof(mp.key));
+    return st;
 }
 
 static fy_status_t setup(router_t *R)

@@ -24,6 +24,7 @@
 
 #include "log.h"
 #include "mem.h"
+#include "metrics.h"
 #include "version.h"
 
 /* ---- parsing ------------------------------------------------------------------------------------- */
@@ -110,16 +111,11 @@ static bool b64_decode(json_t *j, size_t max, uint8_t **out_p, size_t *len_p)
     return true;
 }
 
-fy_status_t fy_etcd_parse_range(const void *json, size_t len, fy_etcd_kvs_t *out_p, char *err, size_t cap)
+/* the pairs of a range answer's object (its "kvs") */
+static fy_status_t kvs_of(json_t *j, fy_etcd_kvs_t *out_p, char *err, size_t cap)
 {
-    json_t *j = parse_json(json, len, err, cap);
-    if (!j) return FY_ERR_FORMAT;
     fy_status_t st = FY_ERR_FORMAT;
     fy_etcd_kvs_t k = {0};
-    if (is_error(j, err, cap)) {
-        st = FY_ERR_PEER;
-        goto out;
-    }
     json_t *kvs = json_object_get(j, "kvs");
     if (!kvs) { /* no key under the prefix: the gateway leaves "kvs" out */
         st = FY_OK;
@@ -169,11 +165,57 @@ fy_status_t fy_etcd_parse_range(const void *json, size_t len, fy_etcd_kvs_t *out
     }
     st = FY_OK;
 out:
-    json_decref(j);
     if (st == FY_OK)
         *out_p = k;
     else
         fy_etcd_kvs_free(&k);
+    return st;
+}
+
+fy_status_t fy_etcd_parse_range(const void *json, size_t len, fy_etcd_kvs_t *out_p, char *err, size_t cap)
+{
+    json_t *j = parse_json(json, len, err, cap);
+    if (!j) return FY_ERR_FORMAT;
+    fy_status_t st = is_error(j, err, cap) ? FY_ERR_PEER : kvs_of(j, out_p, err, cap);
+    json_decref(j);
+    return st;
+}
+
+fy_status_t fy_etcd_parse_txn(const void *json, size_t len, bool *succeeded_p, fy_etcd_kvs_t *out_p, char *err,
+                              size_t cap)
+{
+    json_t *j = parse_json(json, len, err, cap);
+    if (!j) return FY_ERR_FORMAT;
+    fy_status_t st = FY_ERR_FORMAT;
+    fy_etcd_kvs_t k = {0};
+    if (is_error(j, err, cap)) {
+        st = FY_ERR_PEER;
+        goto out;
+    }
+    json_t *ok = json_object_get(j, "succeeded"); /* false is left out */
+    if (ok && !json_is_boolean(ok)) {
+        ERR("\"succeeded\" is not a boolean");
+        goto out;
+    }
+    bool succeeded = ok && json_is_true(ok);
+    json_t *rs = json_object_get(j, "responses");
+    if (rs && !json_is_array(rs)) {
+        ERR("\"responses\" is not an array");
+        goto out;
+    }
+    if (!succeeded) { /* the failure branch: one range */
+        json_t *r = json_object_get(json_array_get(rs, 0), "response_range");
+        if (!json_is_object(r)) {
+            ERR("a failed transaction without its range");
+            goto out;
+        }
+        if ((st = kvs_of(r, &k, err, cap))) goto out;
+    }
+    *succeeded_p = succeeded;
+    *out_p = k;
+    st = FY_OK;
+out:
+    json_decref(j);
     return st;
 }
 
@@ -229,15 +271,41 @@ fy_status_t fy_etcd_parse_ok(const void *json, size_t len, char *err, size_t cap
 
 static const char *const KINDS[] = {"router", "prefill", "decode"};
 
-fy_status_t fy_member_write(const fy_member_t *m, char **json_p, size_t *len_p)
+/* crypto_kdf's context for the membership key: 8 bytes of its own, so it
+ * never coincides with the control-plane key (envelope.c) or the prefix
+ * hasher's, all taken from the same secret */
+static const char MEMBER_KDF_CTX[crypto_kdf_CONTEXTBYTES + 1] = "fymembr1";
+
+fy_status_t fy_member_key(const uint8_t *secret, size_t len, uint8_t key[FY_MEMBER_KEY_BYTES])
 {
-    char inc[17], layout[17];
+    if (len < 16 || len > 64) {
+        fy_error("etcd: the deployment's secret must be 16 to 64 bytes, not %zu", len);
+        return FY_ERR_INVALID;
+    }
+    if (sodium_init() < 0) return FY_ERR_INTERNAL;
+    uint8_t master[crypto_kdf_KEYBYTES];
+    crypto_generichash(master, sizeof(master), secret, len, NULL, 0);
+    crypto_kdf_derive_from_key(key, FY_MEMBER_KEY_BYTES, 1, MEMBER_KDF_CTX, master);
+    sodium_memzero(master, sizeof(master));
+    return FY_OK;
+}
+
+/* the record as JSON, sorted and compact; with_mac false: what the MAC covers */
+static fy_status_t write_json(const fy_member_t *m, bool with_mac, char **json_p, size_t *len_p)
+{
+    char inc[17], layout[17], mac[2 * FY_MEMBER_MAC_BYTES + 1];
     snprintf(inc, sizeof(inc), "%016" PRIx64, m->inc);
     snprintf(layout, sizeof(layout), "%016" PRIx64, m->layout);
-    json_t *j = json_pack("{s:i,s:s,s:s,s:s,s:s,s:s,s:s,s:I,s:s,s:s,s:s}", "v", FY_MEMBER_VERSION, "kind", m->kind,
-                          "name", m->name, "inc", inc, "addr", m->addr, "client", m->client, "http", m->http, "tag",
-                          (json_int_t)m->tag, "model", m->model, "layout", layout, "version", m->version);
+    sodium_bin2hex(mac, sizeof(mac), m->mac, sizeof(m->mac));
+    json_t *j =
+        json_pack("{s:i,s:s,s:s,s:s,s:s,s:s,s:s,s:I,s:s,s:s,s:s,s:I}", "v", FY_MEMBER_VERSION, "kind", m->kind, "name",
+                  m->name, "inc", inc, "addr", m->addr, "client", m->client, "http", m->http, "tag", (json_int_t)m->tag,
+                  "model", m->model, "layout", layout, "version", m->version, "ts", (json_int_t)m->ts_ms);
     if (!j) return FY_ERR_NOMEM;
+    if (with_mac && json_object_set_new(j, "mac", json_string(mac))) {
+        json_decref(j);
+        return FY_ERR_NOMEM;
+    }
     char *s = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(j);
     if (!s) return FY_ERR_NOMEM;
@@ -246,6 +314,58 @@ fy_status_t fy_member_write(const fy_member_t *m, char **json_p, size_t *len_p)
     if (!out) return FY_ERR_NOMEM;
     *json_p = out;
     *len_p = strlen(out);
+    return FY_OK;
+}
+
+fy_status_t fy_member_write(const fy_member_t *m, char **json_p, size_t *len_p)
+{
+    return write_json(m, true, json_p, len_p);
+}
+
+/* keyed BLAKE2b over the etcd key, a NUL, and the record without its mac */
+static fy_status_t member_mac(const fy_member_t *m, const uint8_t key[FY_MEMBER_KEY_BYTES], const char *etcd_key,
+                              uint8_t out[FY_MEMBER_MAC_BYTES])
+{
+    char *json;
+    size_t len;
+    fy_status_t st = write_json(m, false, &json, &len);
+    if (st) return st;
+    crypto_generichash_state h;
+    crypto_generichash_init(&h, key, FY_MEMBER_KEY_BYTES, FY_MEMBER_MAC_BYTES);
+    crypto_generichash_update(&h, (const uint8_t *)etcd_key, strlen(etcd_key) + 1);
+    crypto_generichash_update(&h, (const uint8_t *)json, len);
+    crypto_generichash_final(&h, out, FY_MEMBER_MAC_BYTES);
+    fy_free(json);
+    return FY_OK;
+}
+
+fy_status_t fy_member_sign(fy_member_t *m, const uint8_t key[FY_MEMBER_KEY_BYTES], const char *etcd_key, int64_t now_ms,
+                           char **json_p, size_t *len_p)
+{
+    m->ts_ms = now_ms;
+    fy_status_t st = member_mac(m, key, etcd_key, m->mac);
+    return st ? st : write_json(m, true, json_p, len_p);
+}
+
+fy_status_t fy_member_verify(const fy_member_t *m, const uint8_t key[FY_MEMBER_KEY_BYTES], const char *etcd_key,
+                             int64_t now_ms, double max_age_s, char *err, size_t cap)
+{
+    uint8_t mac[FY_MEMBER_MAC_BYTES];
+    fy_status_t st = member_mac(m, key, etcd_key, mac);
+    if (st) return st;
+    if (sodium_memcmp(mac, m->mac, sizeof(mac))) {
+        ERR("bad MAC (not signed with this deployment's secret, or altered)");
+        return FY_ERR_MISMATCH;
+    }
+    double age = (double)(now_ms - m->ts_ms) / 1e3;
+    if (age > max_age_s) {
+        ERR("signed %.1f s ago, more than %.1f s: stale (replayed, or its owner stopped signing)", age, max_age_s);
+        return FY_ERR_MISMATCH;
+    }
+    if (-age > FY_MEMBER_SKEW_S) {
+        ERR("signed %.1f s in the future, more than the %.0f s of clock skew allowed", -age, FY_MEMBER_SKEW_S);
+        return FY_ERR_MISMATCH;
+    }
     return FY_OK;
 }
 
@@ -315,6 +435,24 @@ fy_status_t fy_member_read(const void *buf, size_t len, fy_member_t *out, char *
         !get_str(j, "version", false, m.version, sizeof(m.version), err, cap) ||
         !get_hex64(j, "inc", &m.inc, err, cap) || !get_hex64(j, "layout", &m.layout, err, cap))
         goto out;
+    json_t *ts = json_object_get(j, "ts"), *mac = json_object_get(j, "mac");
+    if (!json_is_integer(ts) || json_integer_value(ts) < 0) {
+        ERR("\"ts\" is missing or not a time in ms");
+        goto out;
+    }
+    m.ts_ms = json_integer_value(ts);
+    size_t mac_len = 0;
+    if (!json_is_string(mac) || json_string_length(mac) != 2 * FY_MEMBER_MAC_BYTES ||
+        sodium_hex2bin(m.mac, sizeof(m.mac), json_string_value(mac), json_string_length(mac), NULL, &mac_len, NULL) ||
+        mac_len != FY_MEMBER_MAC_BYTES) {
+        ERR("\"mac\" is missing or not %d hex digits", 2 * FY_MEMBER_MAC_BYTES);
+        goto out;
+    }
+    for (const char *c = json_string_value(mac); *c; c++)
+        if (*c >= 'A' && *c <= 'F') { /* one spelling: a record reads back as it was written */
+            ERR("\"mac\" is not lowercase hex");
+            goto out;
+        }
     int kind = -1;
     for (int i = 0; i < 3; i++)
         if (!strcmp(m.kind, KINDS[i])) kind = i;
@@ -612,6 +750,29 @@ fy_status_t fy_etcd_range_prefix(fy_etcd_t *e, const char *prefix, fy_etcd_kvs_t
     return st;
 }
 
+fy_status_t fy_etcd_create_key(fy_etcd_t *e, const char *key, const void *value, size_t len, int64_t lease,
+                               bool *created_p, fy_etcd_kvs_t *held_p)
+{
+    char *k = b64(key, strlen(key)), *v = b64(value, len), *json = NULL;
+    fy_status_t st = FY_ERR_NOMEM;
+    if (k && v) {
+        size_t cap = 2 * strlen(k) + strlen(v) + 320;
+        if ((json = fy_malloc(cap))) {
+            snprintf(json, cap,
+                     "{\"compare\":[{\"key\":\"%s\",\"target\":\"CREATE\",\"result\":\"EQUAL\",\"create_revision\":"
+                     "\"0\"}],\"success\":[{\"request_put\":{\"key\":\"%s\",\"value\":\"%s\",\"lease\":\"%lld\"}}],"
+                     "\"failure\":[{\"request_range\":{\"key\":\"%s\"}}]}",
+                     k, k, v, (long long)lease, k);
+            st = call(e, "/v3/kv/txn", json);
+            if (!st) st = fy_etcd_parse_txn(e->body, e->body_len, created_p, held_p, e->err, sizeof(e->err));
+        }
+    }
+    fy_free(k);
+    fy_free(v);
+    fy_free(json);
+    return st;
+}
+
 /* ---- the membership thread ------------------------------------------------------------------------ */
 
 #define MAX_REFUSED 64
@@ -619,16 +780,18 @@ fy_status_t fy_etcd_range_prefix(fy_etcd_t *e, const char *prefix, fy_etcd_kvs_t
 struct fy_membership {
     fy_membership_params_t p;
     char cluster[128], dir[64], watch[64];
-    char key[512], prefix[512];
-    char *record;
+    char key[512], prefix[512], all[512], tag_key[512];
+    char *record; /* as last signed and put */
     size_t record_len;
+    double signed_at; /* monotonic: the record is signed again every TTL */
     fy_etcd_t *etcd;
     pthread_t th;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    bool stop, registered, up, ever_up;
+    bool stop, registered, up, ever_up, conflict, displaced;
     int64_t lease;
     double last_keepalive;
+    uint64_t n_refused_total; /* under mu */
     /* records refused, so that each is logged once (by key and content) */
     struct {
         char key[FY_ETCD_MAX_KEY + 1];
@@ -642,6 +805,13 @@ static double mono_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static void etcd_failed(fy_membership_t *m, const char *what)
@@ -659,44 +829,131 @@ static void etcd_answered(fy_membership_t *m)
     m->up = m->ever_up = true;
 }
 
-static void keep_registered(fy_membership_t *m, double now)
+static void set_registered(fy_membership_t *m, bool r)
+{
+    pthread_mutex_lock(&m->mu);
+    m->registered = r;
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* signs the record anew (a fresh time) into m->record */
+static fy_status_t sign_record(fy_membership_t *m, double now)
+{
+    char *json;
+    size_t len;
+    fy_status_t st = fy_member_sign(&m->p.self, m->p.key, m->key, wall_ms(), &json, &len);
+    if (st) return st;
+    fy_free(m->record);
+    m->record = json;
+    m->record_len = len;
+    m->signed_at = now;
+    return FY_OK;
+}
+
+/* the lease is gone (expired while etcd was away, or revoked): register anew */
+static void lease_lost(fy_membership_t *m)
+{
+    fy_warn("etcd: lease %llx expired; registering %s again", (unsigned long long)m->lease, m->key);
+    m->lease = 0;
+    set_registered(m, false);
+    if (m->p.lost) m->p.lost(m->p.arg);
+}
+
+/* puts the record (signed anew) under the lease; a lease etcd no longer
+ * knows means registering anew */
+static void put_record(fy_membership_t *m, double now, const char *why)
+{
+    if (sign_record(m, now)) return;
+    if (fy_etcd_put(m->etcd, m->key, m->record, m->record_len, m->lease)) {
+        if (strstr(fy_etcd_last_error(m->etcd), "lease not found")) {
+            etcd_answered(m);
+            lease_lost(m);
+        } else {
+            etcd_failed(m, why);
+        }
+        return;
+    }
+    etcd_answered(m);
+}
+
+/* A router's tag, claimed under lease: created if absent, or taken over
+ * when what is there is this router's own signed record.  FY_ERR_MISMATCH:
+ * another holds it. */
+static fy_status_t claim_tag(fy_membership_t *m, int64_t lease)
+{
+    fy_member_t self = m->p.self;
+    char *json;
+    size_t len;
+    fy_status_t st = fy_member_sign(&self, m->p.key, m->tag_key, wall_ms(), &json, &len);
+    if (st) return st;
+    bool created = false;
+    fy_etcd_kvs_t held = {0};
+    st = fy_etcd_create_key(m->etcd, m->tag_key, json, len, lease, &created, &held);
+    if (!st && !created) {
+        fy_member_t h;
+        char err[256] = "the key is empty";
+        bool ours =
+            held.n == 1 && !fy_member_read(held.kv[0].value, held.kv[0].value_len, &h, err, sizeof(err)) &&
+            !fy_member_verify(&h, m->p.key, m->tag_key, wall_ms(), FY_MEMBER_MAX_AGE(m->p.ttl_s), err, sizeof(err));
+        if (ours && !strcmp(h.name, self.name) && h.inc == self.inc) { /* ours, from an earlier lease */
+            st = fy_etcd_put(m->etcd, m->tag_key, json, len, lease);
+        } else {
+            if (!m->conflict) {
+                if (ours)
+                    fy_error("etcd: router tag %05x is held by router %s (incarnation %016llx): a second router with "
+                             "this tag is refused",
+                             (unsigned)self.tag, h.name, (unsigned long long)h.inc);
+                else
+                    fy_error("etcd: router tag %05x is held by a record that is not this router's (%s): a second "
+                             "router with this tag is refused",
+                             (unsigned)self.tag, err);
+            }
+            m->conflict = true;
+            st = FY_ERR_MISMATCH;
+        }
+    }
+    fy_etcd_kvs_free(&held);
+    fy_free(json);
+    if (!st) m->conflict = false;
+    return st;
+}
+
+static fy_status_t keep_registered(fy_membership_t *m, double now)
 {
     int64_t ttl = (int64_t)(m->p.ttl_s + 0.999);
     if (m->lease && now - m->last_keepalive >= m->p.ttl_s / 3) {
         int64_t left = 0;
         if (fy_etcd_keepalive(m->etcd, m->lease, &left)) {
             etcd_failed(m, "lease keepalive");
-            return;
+            return FY_ERR_PEER;
         }
         etcd_answered(m);
         m->last_keepalive = now;
-        if (left <= 0) { /* expired while etcd was away: register anew */
-            fy_warn("etcd: lease %llx expired; registering %s again", (unsigned long long)m->lease, m->key);
-            m->lease = 0;
-            if (m->p.lost) m->p.lost(m->p.arg);
-            pthread_mutex_lock(&m->mu);
-            m->registered = false;
-            pthread_mutex_unlock(&m->mu);
-        }
+        if (left <= 0) lease_lost(m); /* expired while etcd was away */
     }
-    if (m->lease) return;
+    if (m->lease) return FY_OK; /* the record is kept (and signed anew) by the watch round */
     int64_t id;
     if (fy_etcd_grant(m->etcd, ttl, &id)) {
         etcd_failed(m, "lease grant");
-        return;
+        return FY_ERR_PEER;
     }
-    if (fy_etcd_put(m->etcd, m->key, m->record, m->record_len, id)) {
-        etcd_failed(m, "registration");
+    fy_status_t st = m->p.self.tag ? claim_tag(m, id) : FY_OK;
+    if (st == FY_ERR_MISMATCH) {
         fy_etcd_revoke(m->etcd, id);
-        return;
+        return st;
+    }
+    if (!st) st = sign_record(m, now);
+    if (!st && (st = fy_etcd_put(m->etcd, m->key, m->record, m->record_len, id))) etcd_failed(m, "registration");
+    if (st) {
+        fy_etcd_revoke(m->etcd, id);
+        return st;
     }
     etcd_answered(m);
     m->lease = id;
     m->last_keepalive = now;
-    pthread_mutex_lock(&m->mu);
-    m->registered = true;
-    pthread_mutex_unlock(&m->mu);
+    set_registered(m, true);
     fy_info("etcd: registered %s (lease %llx, %llds)", m->key, (unsigned long long)id, (long long)ttl);
+    return FY_OK;
 }
 
 static uint64_t digest(const void *p, size_t n)
@@ -706,7 +963,7 @@ static uint64_t digest(const void *p, size_t n)
     return h;
 }
 
-/* logs a refused record once (per key and content) */
+/* logs and counts a refused record once (per key and content) */
 static void refuse(fy_membership_t *m, const fy_etcd_kv_t *kv, const char *why)
 {
     uint64_t d = digest(kv->value, kv->value_len);
@@ -716,12 +973,16 @@ static void refuse(fy_membership_t *m, const fy_etcd_kv_t *kv, const char *why)
     int i = m->n_refused < MAX_REFUSED ? m->n_refused++ : (int)(d % MAX_REFUSED);
     snprintf(m->refused[i].key, sizeof(m->refused[i].key), "%s", kv->key);
     m->refused[i].digest = d;
+    pthread_mutex_lock(&m->mu);
+    m->n_refused_total++;
+    pthread_mutex_unlock(&m->mu);
+    if (m->p.refused) fy_metric_inc(m->p.refused);
 }
 
 static void watch_round(fy_membership_t *m)
 {
     fy_etcd_kvs_t kvs = {0};
-    if (fy_etcd_range_prefix(m->etcd, m->prefix, &kvs)) {
+    if (fy_etcd_range_prefix(m->etcd, m->all, &kvs)) { /* the cluster's records: ours and those we watch */
         etcd_failed(m, "watch");
         return;
     }
@@ -732,11 +993,36 @@ static void watch_round(fy_membership_t *m)
         fy_etcd_kvs_free(&kvs);
         return;
     }
+    bool own_seen = false, own_same = false;
+    size_t plen = strlen(m->prefix);
+    int64_t now_ms = wall_ms();
     for (int i = 0; i < kvs.n; i++) {
         fy_member_t r;
         char err[256];
+        if (!strcmp(kvs.kv[i].key, m->key)) {
+            own_seen = true;
+            own_same = kvs.kv[i].value_len == m->record_len && !memcmp(kvs.kv[i].value, m->record, m->record_len);
+            /* a newer process of this name (a restart while this one was
+             * stopped): its record stands; fighting over the key would
+             * only flap it every round */
+            if (!own_same && !fy_member_read(kvs.kv[i].value, kvs.kv[i].value_len, &r, err, sizeof(err)) &&
+                !fy_member_verify(&r, m->p.key, m->key, now_ms, FY_MEMBER_MAX_AGE(m->p.ttl_s), err, sizeof(err)) &&
+                r.inc != m->p.self.inc && r.ts_ms > m->p.self.ts_ms) {
+                if (!m->displaced)
+                    fy_error("etcd: %s now holds the record of another process of this name (incarnation %016llx, "
+                             "signed later): not writing over it",
+                             m->key, (unsigned long long)r.inc);
+                m->displaced = true;
+                own_same = true;
+            } else {
+                m->displaced = false;
+            }
+            continue;
+        }
+        if (strncmp(kvs.kv[i].key, m->prefix, plen)) continue; /* not a record we watch */
         const char *last = strrchr(kvs.kv[i].key, '/');
-        if (fy_member_read(kvs.kv[i].value, kvs.kv[i].value_len, &r, err, sizeof(err))) {
+        if (fy_member_read(kvs.kv[i].value, kvs.kv[i].value_len, &r, err, sizeof(err)) ||
+            fy_member_verify(&r, m->p.key, kvs.kv[i].key, now_ms, FY_MEMBER_MAX_AGE(m->p.ttl_s), err, sizeof(err))) {
             refuse(m, &kvs.kv[i], err);
             continue;
         }
@@ -753,6 +1039,14 @@ static void watch_round(fy_membership_t *m)
         live[n++] = r;
     }
     fy_etcd_kvs_free(&kvs);
+    if (!own_seen) m->displaced = false;        /* gone: ours to write again */
+    if (m->lease && (!own_seen || !own_same)) { /* deleted or overwritten by someone else: ours again at once */
+        fy_warn("etcd: this process's record %s was %s; writing it again", m->key,
+                own_seen ? "changed by someone else" : "deleted");
+        put_record(m, mono_s(), "record rewrite");
+    } else if (m->lease && !m->displaced && mono_s() - m->signed_at >= m->p.ttl_s) {
+        put_record(m, mono_s(), "record refresh"); /* signed anew every TTL: never stale to readers */
+    }
     m->p.fn(m->p.arg, live, n);
     fy_free(live);
 }
@@ -801,8 +1095,10 @@ fy_status_t fy_membership_start(const fy_membership_params_t *p, fy_membership_t
     m->p = *p;
     snprintf(m->key, sizeof(m->key), "/ferry/%s/%s/%s", p->cluster, p->dir, p->self.name);
     snprintf(m->prefix, sizeof(m->prefix), "/ferry/%s/%s", p->cluster, p->watch);
+    snprintf(m->all, sizeof(m->all), "/ferry/%s/", p->cluster);
+    snprintf(m->tag_key, sizeof(m->tag_key), "/ferry/%s/tags/%05x", p->cluster, (unsigned)p->self.tag);
     snprintf(m->p.self.version, sizeof(m->p.self.version), "%s", FY_VERSION);
-    fy_status_t st = fy_member_write(&m->p.self, &m->record, &m->record_len);
+    fy_status_t st = sign_record(m, mono_s());
     if (!st) st = fy_etcd_create(p->endpoints, p->ttl_s / 3 > 1 ? 1 : p->ttl_s / 3, &m->etcd);
     if (st) {
         fy_free(m->record);
@@ -815,11 +1111,16 @@ fy_status_t fy_membership_start(const fy_membership_params_t *p, fy_membership_t
     pthread_cond_init(&m->cv, &ca);
     pthread_condattr_destroy(&ca);
     pthread_mutex_init(&m->mu, NULL);
-    if (pthread_create(&m->th, NULL, membership_main, m)) {
+    /* the first registration here: a router whose tag is taken does not start */
+    if (keep_registered(m, mono_s()) == FY_ERR_MISMATCH || pthread_create(&m->th, NULL, membership_main, m)) {
+        st = m->conflict ? FY_ERR_MISMATCH : FY_ERR_INTERNAL;
         fy_etcd_destroy(m->etcd);
         fy_free(m->record);
+        pthread_cond_destroy(&m->cv);
+        pthread_mutex_destroy(&m->mu);
+        sodium_memzero(m->p.key, sizeof(m->p.key));
         fy_free(m);
-        return FY_ERR_INTERNAL;
+        return st;
     }
     fy_info("etcd: %s registers as %s and watches %s every %.0f ms", p->endpoints, m->key, m->prefix, p->poll_s * 1e3);
     *m_p = m;
@@ -840,6 +1141,7 @@ void fy_membership_stop(fy_membership_t *m)
     fy_free(m->record);
     pthread_cond_destroy(&m->cv);
     pthread_mutex_destroy(&m->mu);
+    sodium_memzero(m->p.key, sizeof(m->p.key));
     fy_free(m);
 }
 
@@ -849,4 +1151,12 @@ bool fy_membership_registered(fy_membership_t *m)
     bool r = m->registered;
     pthread_mutex_unlock(&m->mu);
     return r;
+}
+
+uint64_t fy_membership_refused(fy_membership_t *m)
+{
+    pthread_mutex_lock(&m->mu);
+    uint64_t n = m->n_refused_total;
+    pthread_mutex_unlock(&m->mu);
+    return n;
 }

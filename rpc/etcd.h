@@ -14,7 +14,17 @@
  * Membership: a process registers its record (fy_member_t, JSON) under
  * /ferry/<cluster>/<dir>/<name>, attached to a lease it keeps alive, and
  * reads the prefix it watches every watch round; a process that dies
- * disappears from the others' view when its lease expires.  Not here:
+ * disappears from the others' view when its lease expires.  Every record
+ * is signed: a keyed BLAKE2b MAC (a key derived from the deployment's
+ * secret, kv.secret_file, with a KDF context of its own) over its etcd key,
+ * all of its fields and the time it was signed; a reader acts only on
+ * records that verify and are neither older than FY_MEMBER_MAX_AGE(ttl)
+ * nor from further in the future than FY_MEMBER_SKEW_S.  Whoever can reach
+ * etcd without the secret can delete records but not forge one: a process
+ * whose own record vanishes or changes writes it again in its next round,
+ * and peers that still hear each other over nng do not drop each other
+ * for a record's absence alone (router.c, node.c).  A router claims its
+ * tag exclusively (/ferry/<cluster>/tags/<tag>, an etcd transaction).  Not here:
  * what a router or worker does with a member (router.c, node.c), and any
  * consensus of our own (etcd is the store).
  */
@@ -57,6 +67,10 @@ fy_status_t fy_etcd_parse_lease(const void *json, size_t len, int64_t *id_p, int
 /* Any other answer (put, delete, revoke): FY_OK unless it is an error
  * object, whose message goes into err. */
 fy_status_t fy_etcd_parse_ok(const void *json, size_t len, char *err, size_t cap);
+/* A /v3/kv/txn answer: whether the comparison held, and (failure branch
+ * of one range) the pairs it read (the caller frees *out_p). */
+fy_status_t fy_etcd_parse_txn(const void *json, size_t len, bool *succeeded_p, fy_etcd_kvs_t *out_p, char *err,
+                              size_t cap);
 
 /* ---- the client ---- */
 
@@ -77,10 +91,21 @@ fy_status_t fy_etcd_put(fy_etcd_t *e, const char *key, const void *value, size_t
 fy_status_t fy_etcd_delete(fy_etcd_t *e, const char *key);
 /* Every key beginning with prefix (the caller frees *out_p). */
 fy_status_t fy_etcd_range_prefix(fy_etcd_t *e, const char *prefix, fy_etcd_kvs_t *out_p);
+/* Puts key = value under lease if the key does not exist; otherwise
+ * *created_p is false and *held_p holds what is there (the caller frees
+ * it).  One etcd transaction. */
+fy_status_t fy_etcd_create_key(fy_etcd_t *e, const char *key, const void *value, size_t len, int64_t lease,
+                               bool *created_p, fy_etcd_kvs_t *held_p);
 
 /* ---- the registration record ---- */
 
-#define FY_MEMBER_VERSION 1
+#define FY_MEMBER_VERSION 2
+#define FY_MEMBER_KEY_BYTES 32
+#define FY_MEMBER_MAC_BYTES 32
+/* a record signed longer ago than this is refused (its owner signs it
+ * again every TTL); FY_MEMBER_SKEW_S: the clocks' disagreement allowed */
+#define FY_MEMBER_SKEW_S 30.0
+#define FY_MEMBER_MAX_AGE(ttl_s) (3 * (ttl_s) + FY_MEMBER_SKEW_S)
 
 typedef struct fy_member {
     char kind[16];    /* "router", "prefill" or "decode" */
@@ -93,12 +118,26 @@ typedef struct fy_member {
     char model[64];   /* the model id (fy_model_id) */
     uint64_t layout;  /* fy_member_layout_hash of the KV layout */
     char version[32]; /* ferry's version */
+    int64_t ts_ms;    /* when it was signed (Unix time, ms) */
+    uint8_t mac[FY_MEMBER_MAC_BYTES];
 } fy_member_t;
 
-/* The record as JSON (NUL-terminated; the caller fy_frees *json_p). */
+/* The membership key from the deployment's secret (16 to 64 bytes). */
+fy_status_t fy_member_key(const uint8_t *secret, size_t len, uint8_t key[FY_MEMBER_KEY_BYTES]);
+/* The record as JSON, its ts and mac as they are (NUL-terminated; the
+ * caller fy_frees *json_p). */
 fy_status_t fy_member_write(const fy_member_t *m, char **json_p, size_t *len_p);
-/* Reads a record; every field is checked (type, length, range, kind). */
+/* Signs m for etcd key at now_ms (sets ts_ms and mac), then writes it. */
+fy_status_t fy_member_sign(fy_member_t *m, const uint8_t key[FY_MEMBER_KEY_BYTES], const char *etcd_key, int64_t now_ms,
+                           char **json_p, size_t *len_p);
+/* Reads a record; every field is checked (type, length, range, kind).
+ * It says nothing of who wrote it: fy_member_verify does. */
 fy_status_t fy_member_read(const void *buf, size_t len, fy_member_t *m, char *err, size_t cap);
+/* FY_OK when m's MAC verifies for etcd key under key, and it was signed
+ * no more than max_age_s before now_ms nor more than FY_MEMBER_SKEW_S
+ * after; otherwise FY_ERR_MISMATCH and err says which. */
+fy_status_t fy_member_verify(const fy_member_t *m, const uint8_t key[FY_MEMBER_KEY_BYTES], const char *etcd_key,
+                             int64_t now_ms, double max_age_s, char *err, size_t cap);
 /* FY_OK when m serves model with layout; otherwise FY_ERR_MISMATCH and
  * err says which differs, naming the member. */
 fy_status_t fy_member_compatible(const fy_member_t *m, const char *model, uint64_t layout, char *err, size_t cap);
@@ -121,8 +160,10 @@ typedef struct fy_membership_params {
     const char *dir;       /* where this process registers: "routers", "workers/prefill", "workers/decode" */
     const char *watch;     /* the prefix it watches under the cluster: "workers/" or "routers/" */
     fy_member_t self;
-    double ttl_s;  /* the lease's TTL (cluster.etcd_ttl) */
-    double poll_s; /* the watch round (cluster.etcd_poll) */
+    uint8_t key[FY_MEMBER_KEY_BYTES]; /* fy_member_key: signs this record, verifies the others */
+    struct fy_metric *refused;        /* optional: counts records refused (each once) */
+    double ttl_s;                     /* the lease's TTL (cluster.etcd_ttl) */
+    double poll_s;                    /* the watch round (cluster.etcd_poll) */
     fy_members_fn fn;
     /* optional: the record's lease expired (etcd lost us for longer than
      * the TTL: the others saw this process leave), called before it
@@ -131,12 +172,15 @@ typedef struct fy_membership_params {
     void *arg;
 } fy_membership_params_t;
 
-/* Starts the thread; etcd need not be up (the thread keeps trying, and
- * the process serves on what it knew last). */
+/* Registers once, then starts the thread; etcd need not be up (the
+ * thread keeps trying, and the process serves on what it knew last).  A
+ * router whose tag another router holds in etcd: FY_ERR_MISMATCH, logged. */
 fy_status_t fy_membership_start(const fy_membership_params_t *p, fy_membership_t **m_p);
 /* Stops the thread and revokes the lease (the record goes at once). */
 void fy_membership_stop(fy_membership_t *m); /* accepts NULL */
 /* Whether the record is registered under a live lease now. */
 bool fy_membership_registered(fy_membership_t *m);
+/* Records refused so far (each distinct one once). */
+uint64_t fy_membership_refused(fy_membership_t *m);
 
 #endif /* FY_ETCD_H */

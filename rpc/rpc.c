@@ -1061,6 +1061,7 @@ fy_status_t fy_rpc_call(fy_rpc_client_t *c, const void *buf, size_t len, double 
 struct fy_push {
     nng_socket sock;
     atomic_uint_fast64_t dropped;
+    atomic_int pipes;   /* connections up now (fy_push_connected) */
     pthread_mutex_t mu; /* sequence numbers reach the pipe in order */
     fy_env_auth_t auth;
     fy_env_hdr_t self;
@@ -1068,6 +1069,20 @@ struct fy_push {
     uint64_t seq;
     char url[256];
 };
+
+static void push_pipe_added(nng_pipe pipe, nng_pipe_ev ev, void *arg)
+{
+    (void)pipe, (void)ev;
+    atomic_fetch_add(&((fy_push_t *)arg)->pipes, 1);
+}
+
+static void push_pipe_removed(nng_pipe pipe, nng_pipe_ev ev, void *arg)
+{
+    (void)pipe, (void)ev;
+    atomic_fetch_sub(&((fy_push_t *)arg)->pipes, 1);
+}
+
+bool fy_push_connected(fy_push_t *p) { return atomic_load(&p->pipes) > 0; }
 
 fy_status_t fy_push_create(const char *url, int queue, const fy_env_auth_t *auth, fy_push_t **p_p)
 {
@@ -1090,6 +1105,8 @@ fy_status_t fy_push_create(const char *url, int queue, const fy_env_auth_t *auth
     nng_socket_set_int(p->sock, NNG_OPT_SENDBUF, queue < 1 ? 1 : queue > 8192 ? 8192 : queue);
     nng_socket_set_ms(p->sock, NNG_OPT_RECONNMINT, 50);
     nng_socket_set_ms(p->sock, NNG_OPT_RECONNMAXT, 1000);
+    nng_pipe_notify(p->sock, NNG_PIPE_EV_ADD_POST, push_pipe_added, p);
+    nng_pipe_notify(p->sock, NNG_PIPE_EV_REM_POST, push_pipe_removed, p);
     if ((rv = nng_dial(p->sock, url, NULL, NNG_FLAG_NONBLOCK))) {
         fy_error("rpc: cannot dial %s: %s", url, nng_strerror(rv));
         nng_close(p->sock);

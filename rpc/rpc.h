@@ -120,6 +120,9 @@ void fy_push_destroy(fy_push_t *p); /* accepts NULL */
 fy_status_t fy_push_send(fy_push_t *p, const void *buf, size_t len);
 fy_status_t fy_push_msgw(fy_push_t *p, fy_msgw_t *w);
 uint64_t fy_push_dropped(fy_push_t *p);
+/* Whether a connection to the peer is up now: a process that runs (or is
+ * stopped) holds it; one that died does not. */
+bool fy_push_connected(fy_push_t *p);
 
 /* Called for each authenticated message, on an nng thread; must not
  * block.  from and buf are valid during the call only. */

@@ -240,9 +240,12 @@ static void test_push_pull(void **state)
     /* the pusher may come first: messages wait in its queue */
     fy_push_t *p;
     assert_int_equal(fy_push_create(u, 1024, &AUTH_DECODE, &p), FY_OK);
+    assert_false(fy_push_connected(p)); /* nobody listens yet */
     for (int i = 0; i < 100; i++) assert_int_equal(fy_push_send(p, &i, sizeof(i)), FY_OK);
     fy_pull_t *q;
     assert_int_equal(fy_pull_create(u, &AUTH_ROUTER, FROM_WORKERS, on_event, &k, &q), FY_OK);
+    for (double tc = mono(); !fy_push_connected(p); usleep(1000)) /* within a redial (at most 1 s) */
+        if (mono() - tc > 3) fail_msg("the push socket did not connect within 3 s");
     for (int i = 100; i < 2000; i++) {
         while (fy_push_send(p, &i, sizeof(i)) == FY_ERR_NO_SPACE) usleep(1000);
     }
@@ -258,6 +261,8 @@ static void test_push_pull(void **state)
     assert_int_equal(k.n, 2000);
     assert_true(k.in_order);
     fy_pull_destroy(q);
+    for (double tc = mono(); fy_push_connected(p); usleep(1000)) /* the peer gone: its connection with it */
+        if (mono() - tc > 3) fail_msg("the push socket still connected 3 s after its peer closed");
 
     /* nobody reads: the queue fills and sends are refused at once, never blocking */
     double t1 = mono();

@@ -1046,6 +1046,74 @@ static void test_health_wedge(void **state)
     assert_no_children();
 }
 
+/* A child with a health timeout of its own (fy_sup_set_health_timeout,
+ * as serve gives etcd): stopped together with one under the supervisor's
+ * 1 s, only the other is killed; it is left alone for its own 4 s. */
+typedef struct own {
+    int short_idx, long_idx, phase;
+    pid_t short_pid, long_pid;
+    double t_stop, deadline;
+    char fail[256];
+} own_t;
+
+static void own_cb(void *arg, fy_sup_t *s)
+{
+    own_t *o = arg;
+    double t = now();
+    fy_sup_info_t a, b;
+    fy_sup_info(s, o->short_idx, &a);
+    fy_sup_info(s, o->long_idx, &b);
+    if (t > o->deadline) {
+        snprintf(o->fail, sizeof(o->fail), "phase %d not over within the deadline", o->phase);
+        fy_sup_request_stop(s);
+        return;
+    }
+    if (o->phase == 0) {
+        if (a.state != FY_SUP_RUNNING || b.state != FY_SUP_RUNNING) return;
+        o->short_pid = a.pid;
+        o->long_pid = b.pid;
+        assert_int_equal(kill(o->short_pid, SIGSTOP), 0);
+        assert_int_equal(kill(o->long_pid, SIGSTOP), 0);
+        o->t_stop = t;
+        o->phase = 1;
+        return;
+    }
+    if (b.health_kills || b.pid != o->long_pid) {
+        snprintf(o->fail, sizeof(o->fail), "the child with a 4 s health timeout was killed %.2f s after its stop",
+                 t - o->t_stop);
+        fy_sup_request_stop(s);
+        return;
+    }
+    if (t - o->t_stop < 3.0) return; /* past the short one's 1 s, short of the long one's 4 s */
+    if (a.health_kills != 1) snprintf(o->fail, sizeof(o->fail), "the other child: %d kills", a.health_kills);
+    kill(o->long_pid, SIGCONT);
+    fy_sup_request_stop(s);
+}
+
+static void test_health_own_timeout(void **state)
+{
+    fy_sup_params_t p;
+    fy_sup_params_default(&p);
+    p.fatal_startup = true;
+    p.health_timeout_s = 1;
+    p.health_interval_s = 0.1;
+    p.restart_backoff_s = p.restart_backoff_max_s = 0.01;
+    p.stop_grace_s = 2;
+    fy_sup_t *s = make_sup_p(&p);
+    own_t o = {.short_idx = add_http_child(s, "short", free_port()),
+               .long_idx = add_http_child(s, "long", free_port()),
+               .deadline = now() + 30};
+    assert_int_equal(fy_sup_set_health_timeout(s, o.long_idx, 4), FY_OK);
+    assert_int_equal(fy_sup_set_health_timeout(s, o.long_idx, -1), FY_ERR_INVALID);
+    assert_int_equal(fy_sup_start(s), FY_OK);
+    fy_test_log_begin();
+    assert_int_equal(fy_sup_run(s, own_cb, &o, 0.05), FY_OK);
+    fy_test_log_end();
+    if (o.fail[0]) fail_msg("%s; log:\n%s", o.fail, fy_test_log_text());
+    fy_sup_destroy(s);
+    assert_no_children();
+}
+
 /* The supervisor itself is stopped (Ctrl-Z, a debugger) for longer than
  * the health timeout: its children did nothing wrong. */
 static void own_stall_cb(void *arg, fy_sup_t *s)
@@ -1280,6 +1348,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ready),
         cmocka_unit_test(test_startup_failure),
         cmocka_unit_test(test_health_wedge),
+        cmocka_unit_test(test_health_own_timeout),
         cmocka_unit_test(test_supervisor_stopped),
         cmocka_unit_test(test_restarts_forever),
         cmocka_unit_test(test_stop_stages),

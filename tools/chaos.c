@@ -22,6 +22,14 @@
  *                  rank group serves (worker.tp/pp; skipped without one):
  *                  the worker goes out of service, exits, and is started
  *                  again with its whole group
+ *   stop-etcd      SIGSTOP etcd (cluster.etcd; skipped without it) for
+ *                  cluster.etcd_ttl + 2 s, then SIGCONT: every lease
+ *                  expires; routers and workers that hear each other serve
+ *                  on, and register again
+ *
+ * With cluster.etcd in the configuration, etcd (which `ferry serve`
+ * starts) gets a free loopback port too, and with serve.routers = N the
+ * load goes to every router in turn (configs/chaos-etcd.ini: two).
  *
  * A request "ends" when the server answers (any status, or a stream that
  * reaches [DONE]), when the connection fails at once (the router is down:
@@ -72,9 +80,9 @@
 #define BURST 16
 #define RESP_CAP (1 << 20)
 
-enum { K_KILL_PREFILL, K_KILL_DECODE, K_KILL_ROUTER, K_BURST, K_STOP_DECODE, K_KILL_RANK, N_KINDS };
-static const char *const KIND_NAMES[N_KINDS] = {"kill-prefill", "kill-decode", "kill-router",
-                                                "burst",        "stop-decode", "kill-rank"};
+enum { K_KILL_PREFILL, K_KILL_DECODE, K_KILL_ROUTER, K_BURST, K_STOP_DECODE, K_KILL_RANK, K_STOP_ETCD, N_KINDS };
+static const char *const KIND_NAMES[N_KINDS] = {"kill-prefill", "kill-decode", "kill-router", "burst",
+                                                "stop-decode",  "kill-rank",   "stop-etcd"};
 
 /* how a request ended */
 enum { O_OK, O_HTTP_ERROR, O_STREAM_ERROR, O_REFUSED, O_CUT, O_HUNG, N_OUTCOMES };
@@ -199,6 +207,9 @@ typedef struct chaos {
     pid_t serve;
     int http_port, prefill_metrics, decode_metrics, serve_metrics;
     int n_prefill, n_decode;
+    int n_routers; /* serve.routers: router i's HTTP on http_port + 2i */
+    bool etcd;     /* cluster.etcd: serve runs etcd (stop-etcd can run) */
+    double etcd_ttl_s;
     double lease_s; /* router.lease: how long an orphaned lease can hold blocks */
     /* load */
     pthread_mutex_t mu;
@@ -277,17 +288,38 @@ static bool start_cluster(chaos_t *c)
 {
     static char sets[16][256];
     int ns = 0;
-    int router = free_ports(3), pl = free_ports(MAX_WORKERS), dl = free_ports(MAX_WORKERS);
+    /* the counts the cluster will run with: the file, then every --set */
+    fy_config_t *cfg;
+    if (fy_config_create(&cfg) || fy_config_load(cfg, c->config)) return false;
+    for (int i = 0; i < c->n_sets; i++) fy_config_set(cfg, c->sets[i]);
+    int64_t np = 0, nd = 0, nr = 1, shape[6] = {0};
+    const char *etcd = NULL;
+    bool counts = !fy_conf_int(cfg, "prefill", "count", &np) && !fy_conf_int(cfg, "decode", "count", &nd) &&
+                  !fy_conf_int(cfg, "serve", "routers", &nr) && !fy_conf_string(cfg, "cluster", "etcd", &etcd) &&
+                  !fy_conf_duration(cfg, "cluster", "etcd_ttl", &c->etcd_ttl_s) &&
+                  !fy_conf_duration(cfg, "router", "lease", &c->lease_s) &&
+                  !fy_conf_int(cfg, "worker", "tp", &shape[0]) && !fy_conf_int(cfg, "worker", "pp", &shape[1]) &&
+                  !fy_conf_int(cfg, "prefill", "tp", &shape[2]) && !fy_conf_int(cfg, "prefill", "pp", &shape[3]) &&
+                  !fy_conf_int(cfg, "decode", "tp", &shape[4]) && !fy_conf_int(cfg, "decode", "pp", &shape[5]);
+    c->etcd = etcd && *etcd;
+    fy_config_destroy(cfg);
+    if (!counts) return false;
+    c->n_routers = (int)nr;
+    /* router i listens on each router address + 2i: three blocks of 2N ports */
+    int router = free_ports(2 * c->n_routers), events = free_ports(2 * c->n_routers), pl = free_ports(MAX_WORKERS),
+        dl = free_ports(MAX_WORKERS), etcd_port = c->etcd ? free_ports(2) : 0;
     c->prefill_metrics = free_ports(MAX_WORKERS);
     c->decode_metrics = free_ports(MAX_WORKERS);
     c->serve_metrics = free_ports(1);
-    if (router < 0 || pl < 0 || dl < 0 || c->prefill_metrics < 0 || c->decode_metrics < 0 || c->serve_metrics < 0) {
+    c->http_port = free_ports(2 * c->n_routers);
+    if (router < 0 || events < 0 || c->http_port < 0 || pl < 0 || dl < 0 || c->prefill_metrics < 0 ||
+        c->decode_metrics < 0 || c->serve_metrics < 0 || etcd_port < 0) {
         fprintf(stderr, "ferry: chaos: no free loopback ports\n");
         return false;
     }
-    c->http_port = router + 2;
     bool ok = add_set(c, sets[ns++], 256, "router.listen=tcp://127.0.0.1:%d", router) &&
-              add_set(c, sets[ns++], 256, "router.events=tcp://127.0.0.1:%d", router + 1) &&
+              add_set(c, sets[ns++], 256, "router.events=tcp://127.0.0.1:%d", events) &&
+              (!c->etcd || add_set(c, sets[ns++], 256, "cluster.etcd=http://127.0.0.1:%d", etcd_port)) &&
               add_set(c, sets[ns++], 256, "router.http=http://127.0.0.1:%d", c->http_port) &&
               add_set(c, sets[ns++], 256, "prefill.listen=tcp://127.0.0.1:%d", pl) &&
               add_set(c, sets[ns++], 256, "decode.listen=tcp://127.0.0.1:%d", dl) &&
@@ -299,18 +331,6 @@ static bool start_cluster(chaos_t *c)
         fprintf(stderr, "ferry: chaos: too many --set options\n");
         return false;
     }
-    /* the counts the cluster will run with: the file, then every --set */
-    fy_config_t *cfg;
-    if (fy_config_create(&cfg) || fy_config_load(cfg, c->config)) return false;
-    for (int i = 0; i < c->n_sets; i++) fy_config_set(cfg, c->sets[i]);
-    int64_t np = 0, nd = 0, shape[6] = {0};
-    bool counts = !fy_conf_int(cfg, "prefill", "count", &np) && !fy_conf_int(cfg, "decode", "count", &nd) &&
-                  !fy_conf_duration(cfg, "router", "lease", &c->lease_s) &&
-                  !fy_conf_int(cfg, "worker", "tp", &shape[0]) && !fy_conf_int(cfg, "worker", "pp", &shape[1]) &&
-                  !fy_conf_int(cfg, "prefill", "tp", &shape[2]) && !fy_conf_int(cfg, "prefill", "pp", &shape[3]) &&
-                  !fy_conf_int(cfg, "decode", "tp", &shape[4]) && !fy_conf_int(cfg, "decode", "pp", &shape[5]);
-    fy_config_destroy(cfg);
-    if (!counts) return false;
     /* a role's ranks: its own tp/pp, else worker.tp/pp */
     int64_t pre = (shape[2] ? shape[2] : shape[0]) * (shape[3] ? shape[3] : shape[1]);
     int64_t dec = (shape[4] ? shape[4] : shape[0]) * (shape[5] ? shape[5] : shape[1]);
@@ -344,16 +364,17 @@ static bool start_cluster(chaos_t *c)
         _exit(127);
     }
     c->serve = pid;
-    fprintf(stderr, "ferry: chaos: cluster in %s (%d prefill, %d decode), HTTP on 127.0.0.1:%d, serve pid %d\n", c->dir,
-            c->n_prefill, c->n_decode, c->http_port, (int)pid);
+    fprintf(stderr,
+            "ferry: chaos: cluster in %s (%d router(s)%s, %d prefill, %d decode), HTTP on 127.0.0.1:%d, serve pid %d\n",
+            c->dir, c->n_routers, c->etcd ? " and etcd" : "", c->n_prefill, c->n_decode, c->http_port, (int)pid);
     return true;
 }
 
-/* The router answers /health 200 with every worker up. */
-static bool healthy(chaos_t *c)
+/* Router i answers /health 200 with every worker up. */
+static bool router_healthy(chaos_t *c, int i)
 {
     http_res_t r;
-    http_do(c->http_port, "GET", "/health", NULL, now_s() + 2, NULL, &r);
+    http_do(c->http_port + 2 * i, "GET", "/health", NULL, now_s() + 2, NULL, &r);
     bool ok = false;
     if (r.status == 200 && r.body) {
         json_t *j = json_loads(r.body, 0, NULL);
@@ -365,6 +386,14 @@ static bool healthy(chaos_t *c)
         }
     }
     fy_free(r.body);
+    return ok;
+}
+
+/* Every router answers /health 200 with every worker up. */
+static bool healthy(chaos_t *c)
+{
+    bool ok = true;
+    for (int i = 0; i < c->n_routers && ok; i++) ok = router_healthy(c, i);
     return ok;
 }
 
@@ -603,7 +632,8 @@ static int one_request(chaos_t *c, uint64_t *rng, bool stream, int max_tokens, v
     pthread_mutex_unlock(&c->mu);
     char *body = make_body(rng, stream, max_tokens, c->kv_budget);
     http_res_t r;
-    http_do(c->http_port, "POST", "/v1/completions", body, now_s() + c->request_s, started, &r);
+    int port = c->http_port + 2 * (int)(rng_next(rng) % (uint64_t)c->n_routers); /* every router in turn */
+    http_do(port, "POST", "/v1/completions", body, now_s() + c->request_s, started, &r);
     int o = body ? classify(&r, stream) : O_HTTP_ERROR;
     if (c->verbose && o != O_OK)
         fprintf(stderr, "ferry: chaos: %s (status %d): %.200s\n", OUTCOME_NAMES[o], r.status, r.body ? r.body : "");
@@ -771,6 +801,13 @@ static void round_run(chaos_t *c, int r, int kind, uint64_t *rng)
         if (kill_rank(c, victim, &pid)) watch_start(c, &w, pid, t);
         break;
     }
+    case K_STOP_ETCD:
+        if (signal_child(c, "etcd", 0, SIGSTOP, &pid)) { /* past every lease */
+            nap(c->etcd_ttl_s + 2);
+            kill(pid, SIGCONT);
+            watch_start(c, &w, 0, now_s());
+        }
+        break;
     case K_STOP_DECODE:
         if (signal_child(c, "ferry-decode", victim, SIGSTOP, &pid)) {
             nap(c->stop_s);
@@ -864,7 +901,7 @@ static void usage(FILE *f)
            "      --stop S              how long a stopped (SIGSTOP) process stays stopped (default 4)\n"
            "      --load S              seconds of load before each fault and after it (default 1.5)\n"
            "      --faults LIST         the kinds of rounds, in turn (default every kind that applies): kill-prefill,\n"
-           "                            kill-decode, kill-router, burst, stop-decode, kill-rank\n"
+           "                            kill-decode, kill-router, burst, stop-decode, kill-rank, stop-etcd\n"
            "      --json FILE           the outcomes as JSON\n"
            "  -v, --verbose             a line for every request that did not end well\n"
            "  -h, --help\n");
@@ -1001,10 +1038,11 @@ int fy_cmd_chaos(int argc, char **argv)
     int kinds[N_KINDS], nk = 0;
     for (int k = 0; k < N_KINDS; k++)
         if ((k != K_KILL_PREFILL || c->n_prefill > 0) && (k != K_KILL_RANK || c->has_ranks) &&
-            (!c->kinds || (c->kinds >> k & 1)))
+            (k != K_STOP_ETCD || c->etcd) && (!c->kinds || (c->kinds >> k & 1)))
             kinds[nk++] = k;
     if (nk == 0) {
-        fail(c, "no fault of --faults can run on this cluster (kill-rank needs worker.tp or pp above 1)");
+        fail(c, "no fault of --faults can run on this cluster (kill-rank needs worker.tp or pp above 1, stop-etcd "
+                "cluster.etcd)");
         goto out;
     }
     for (int r = 1; r <= c->rounds; r++) round_run(c, r, kinds[(r - 1) % nk], &rng);

@@ -29,7 +29,9 @@
  * router's addresses' port + 2i), and, when the first etcd endpoint is on
  * this host's loopback and serve.etcd_data is not empty, etcd itself as a
  * child (its data in serve.etcd_data, by default RUN_DIR/etcd; its peer
- * port the client port + 1), stopped last.
+ * port the client port + 1), stopped last, and restarted only after
+ * serve.etcd_health_timeout of silence (120 s): routers and workers serve
+ * on through an etcd outage, while a restart would lose every lease.
  *
  * Stopping (SIGINT, SIGTERM): the routers first, with serve.stop_grace to
  * drain its requests (router.drain_timeout) and a margin to end the rest,
@@ -417,9 +419,9 @@ static int parse_serve(int argc, char **argv, serve_t *s, char **cargv, int cap,
 }
 
 /* etcd as a child (cluster.etcd on this host's loopback): stopped last,
- * after the workers; probed on its own /health */
+ * after the workers; probed on its own /health, with a timeout of its own */
 static fy_status_t add_etcd(serve_t *s, const char *endpoints, const char *data, const char *run_dir,
-                            const char *log_dir)
+                            const char *log_dir, double health_timeout)
 {
     char first[256], host[200], dir[PATH_MAX], client[256], peer[256], cluster[300], logp[PATH_MAX];
     snprintf(first, sizeof(first), "%.*s", (int)strcspn(endpoints, ","), endpoints);
@@ -464,7 +466,7 @@ static fy_status_t add_etcd(serve_t *s, const char *endpoints, const char *data,
     int idx;
     rotate_log(logp);
     if (fy_sup_add(s->sup, "etcd", argv, logp, true, &idx) || fy_sup_set_health(s->sup, idx, client) ||
-        fy_sup_set_stop(s->sup, idx, 2, -1))
+        fy_sup_set_health_timeout(s->sup, idx, health_timeout) || fy_sup_set_stop(s->sup, idx, 2, -1))
         return FY_ERR_INVALID;
     return FY_OK;
 }
@@ -486,7 +488,7 @@ int fy_cmd_serve(int argc, char **argv)
         *serve_metrics;
     const char *etcd, *etcd_data, *router_events;
     int64_t n_prefill, n_decode, max_restarts, n_routers;
-    double backoff, backoff_max, window, grace, health_timeout, start_timeout;
+    double backoff, backoff_max, window, grace, health_timeout, start_timeout, etcd_health_timeout;
     if (fy_conf_string(cfg, "serve", "run_dir", &run_dir) || fy_conf_string(cfg, "serve", "logs", &logs) ||
         fy_conf_int(cfg, "serve", "max_restarts", &max_restarts) ||
         fy_conf_duration(cfg, "serve", "restart_backoff", &backoff) ||
@@ -494,6 +496,7 @@ int fy_cmd_serve(int argc, char **argv)
         fy_conf_duration(cfg, "serve", "restart_window", &window) ||
         fy_conf_duration(cfg, "serve", "stop_grace", &grace) ||
         fy_conf_duration(cfg, "serve", "health_timeout", &health_timeout) ||
+        fy_conf_duration(cfg, "serve", "etcd_health_timeout", &etcd_health_timeout) ||
         fy_conf_duration(cfg, "serve", "start_timeout", &start_timeout) ||
         fy_conf_string(cfg, "serve", "metrics", &serve_metrics) || fy_conf_string(cfg, "kv", "secret_file", &secret) ||
         fy_conf_string(cfg, "router", "listen", &router_listen) ||
@@ -572,7 +575,8 @@ int fy_cmd_serve(int argc, char **argv)
     char set_drain[64];
     snprintf(set_drain, sizeof(set_drain), "router.drain_timeout=%g", grace);
     int idx;
-    if (*etcd && (!etcd_data || *etcd_data) && add_etcd(&s, etcd, etcd_data, run_dir, log_dir)) goto out;
+    if (*etcd && (!etcd_data || *etcd_data) && add_etcd(&s, etcd, etcd_data, run_dir, log_dir, etcd_health_timeout))
+        goto out;
     for (int r = 0; r < n_routers; r++) {
         /* router r: every address of the router's at port + 2r */
         char rname[32], sets[3][320], a[256];

@@ -89,6 +89,7 @@ typedef struct child {
     bool ready_at_exit; /* its report was still in the pipe when it exited */
     /* liveness */
     char *health_url;      /* NULL: no probe */
+    double health_timeout; /* > 0: this child's own (fy_sup_set_health_timeout) */
     char health_host[300]; /* HOST:PORT, for the Host header */
     struct sockaddr_storage health_addr;
     socklen_t health_addr_len;
@@ -437,6 +438,11 @@ static void on_ready(fy_sup_t *s, child_t *k, double t)
     fy_info("supervise: %s (pid %d) is ready (%.1f s after its start)", k->name, (int)k->pid, t - k->started_at);
 }
 
+static double health_timeout(const fy_sup_t *s, const child_t *k)
+{
+    return k->health_timeout > 0 ? k->health_timeout : s->p.health_timeout_s;
+}
+
 static double probe_timeout(const fy_sup_t *s)
 {
     double q = s->p.health_timeout_s / 4;
@@ -524,7 +530,7 @@ static void watch_children(fy_sup_t *s, double t)
         }
         if (!k->health_url || s->p.health_timeout_s <= 0) continue;
         probe_step(s, k, t);
-        if (t - k->last_alive > s->p.health_timeout_s) {
+        if (t - k->last_alive > health_timeout(s, k)) {
             char why[96];
             snprintf(why, sizeof(why), "had not answered /health for %.1f s", t - k->last_alive);
             kill_hung(k, why);
@@ -849,6 +855,14 @@ fy_status_t fy_sup_set_ready(fy_sup_t *s, int index, const char *env_name)
     return FY_OK;
 }
 
+fy_status_t fy_sup_set_health_timeout(fy_sup_t *s, int index, double timeout_s)
+{
+    child_t *k = settable(s, index, "health timeout");
+    if (!k || !(timeout_s >= 0 && timeout_s <= 86400)) return FY_ERR_INVALID;
+    k->health_timeout = timeout_s;
+    return FY_OK;
+}
+
 fy_status_t fy_sup_set_health(fy_sup_t *s, int index, const char *url)
 {
     child_t *k = settable(s, index, "health");
@@ -1039,7 +1053,7 @@ fy_status_t fy_sup_run(fy_sup_t *s, void (*poll_cb)(void *arg, fy_sup_t *s), voi
                 continue;
             }
             if (!k->health_url || s->p.health_timeout_s <= 0) continue;
-            double dl = k->last_alive + s->p.health_timeout_s;
+            double dl = k->last_alive + health_timeout(s, k);
             if (k->probe_fd >= 0) {
                 s->pfds[nfds++] = (struct pollfd){.fd = k->probe_fd, .events = k->probe_sent ? POLLIN : POLLOUT};
                 if (k->probe_started + probe_timeout(s) < dl) dl = k->probe_started + probe_timeout(s);

@@ -152,6 +152,9 @@ fy_status_t fy_sup_set_ready(fy_sup_t *s, int index, const char *env_name);
 /* Probe url's GET /health for liveness (http://HOST:PORT or
  * tcp://HOST:PORT; HOST resolved now); see Liveness.  NULL: no probe. */
 fy_status_t fy_sup_set_health(fy_sup_t *s, int index, const char *url);
+/* This child's silence on /health before a SIGKILL (> 0), instead of
+ * health_timeout_s (0: that one again); probes only with health_timeout_s > 0. */
+fy_status_t fy_sup_set_health_timeout(fy_sup_t *s, int index, double timeout_s);
 /* Stop stage (default 0) and grace period (< 0: stop_grace_s); see Stop
  * order. */
 fy_status_t fy_sup_set_stop(fy_sup_t *s, int index, int stage, double grace_s);

@@ -64,7 +64,12 @@ typedef struct router_link {
     char name[64];
     uint64_t inc;
     uint32_t tag; /* the high bits of its request ids: events about a request go to its router alone */
+    char addr[256];
     fy_push_t *push;
+    /* its record is not in etcd, but the router still holds its connection
+     * (it runs, or is stopped): its requests go on, as after an etcd
+     * outage or a deleted record, which its router writes again */
+    bool unlisted;
     /* its record went (its requests here were ended): no more load
      * reports, but replies to what it still sends get through, should it
      * come back under the same identity before LINK_LINGER_S (a router
@@ -442,8 +447,19 @@ static void run_forget(fy_engine_t *e, void *arg)
     fy_free(f);
 }
 
+/* whether a live record other than l's own names l's events address (a
+ * new router there: a connection to it says nothing of l's) */
+static bool addr_taken(const router_link_t *l, const fy_member_t *live, int n_live)
+{
+    for (int k = 0; k < n_live; k++)
+        if (!strcmp(live[k].addr, l->addr) && (strcmp(live[k].name, l->name) || live[k].inc != l->inc)) return true;
+    return false;
+}
+
 /* membership thread: after every watch round that reached etcd, the live
- * routers; links to the gone ones close (their requests end), new ones open */
+ * routers; links to the gone ones close (their requests end), new ones
+ * open.  A router is gone when its record is and it no longer holds its
+ * connection: an etcd outage or a deleted record alone end nothing. */
 static void on_routers(void *arg, const fy_member_t *live, int n_live)
 {
     fy_node_t *n = arg;
@@ -459,6 +475,18 @@ static void on_routers(void *arg, const fy_member_t *live, int n_live)
         bool listed = false;
         for (int k = 0; k < n_live && !listed; k++)
             listed = !strcmp(live[k].name, l->name) && live[k].inc == l->inc && live[k].tag == l->tag;
+        bool replaced = false;
+        for (int k = 0; k < n_live && !replaced; k++) replaced = !listed && !strcmp(live[k].name, l->name);
+        if (!listed && !l->gone && !replaced && fy_push_connected(l->push) && !addr_taken(l, live, n_live)) {
+            if (!l->unlisted)
+                fy_warn("router %s: its etcd record is gone, but it still holds its connection: its requests go on",
+                        l->name);
+            l->unlisted = true;
+            i++;
+            continue;
+        }
+        if (listed && l->unlisted) fy_info("router %s is listed in etcd again", l->name);
+        l->unlisted = false;
         if (listed && l->gone) { /* back under the same identity */
             l->gone = false;
             added = true;
@@ -470,8 +498,6 @@ static void on_routers(void *arg, const fy_member_t *live, int n_live)
             gone[n_gone++] = l->tag;
         }
         /* a link another identity of the same name replaces, or one gone for long, closes */
-        bool replaced = false;
-        for (int k = 0; k < n_live && !replaced; k++) replaced = !listed && !strcmp(live[k].name, l->name);
         if (l->gone && (replaced || now - l->gone_at > LINK_LINGER_S)) {
             closed[n_closed++] = l->push;
             n->links[i] = n->links[--n->n_links];
@@ -496,6 +522,7 @@ static void on_routers(void *arg, const fy_member_t *live, int n_live)
             continue;
         }
         snprintf(l->name, sizeof(l->name), "%s", m->name);
+        snprintf(l->addr, sizeof(l->addr), "%s", m->addr);
         l->inc = m->inc;
         l->tag = m->tag;
         n->n_links++;
@@ -928,7 +955,19 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
         const fy_kv_layout_t *wl = &n->whole; /* the model's, whatever this worker's shape */
         mp.self.layout = fy_member_layout_hash(wl->block_size, (int32_t)wl->dtype, wl->n_layers, wl->n_kv_heads,
                                                wl->head_dim, wl->block_bytes, fy_kv_layout_groups_digest(wl));
-        if ((st = fy_membership_start(&mp, &n->members))) return st;
+        uint8_t secret[64];
+        size_t n_secret = 0;
+        if ((st = fy_cluster_secret(c, secret, sizeof(secret), &n_secret))) return st;
+        st = fy_member_key(secret, n_secret, mp.key);
+        sodium_memzero(secret, sizeof(secret));
+        if (!st)
+            st = fy_metrics_counter(
+                n->metrics, "ferry:etcd_records_refused_total",
+                "etcd records refused (unsigned, forged, stale, malformed or incompatible), each once", NULL,
+                &mp.refused);
+        if (!st) st = fy_membership_start(&mp, &n->members);
+        sodium_memzero(mp.key, sizeof(mp.key));
+        if (st) return st;
     }
     n->up = true;
     char desc[256];

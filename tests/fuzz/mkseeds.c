@@ -1022,11 +1022,24 @@ static void etcd_answers(void)
     snprintf(w.name, sizeof(w.name), "decode-0");
     snprintf(w.addr, sizeof(w.addr), "tcp://10.0.0.2:7500");
     w.client[0] = 0;
-    char *rj, *wj;
-    size_t rl, wl;
-    if (fy_member_write(&r, &rj, &rl) || fy_member_write(&w, &wj, &wl)) exit(1);
+    char *rj, *wj, *uj;
+    size_t rl, wl, ul;
+    /* signed as a cluster with FZ_MEMBER_SECRET signs them (fuzz_etcd verifies with it) */
+    uint8_t key[FY_MEMBER_KEY_BYTES];
+    if (fy_member_key((const uint8_t *)FZ_MEMBER_SECRET, strlen(FZ_MEMBER_SECRET), key) ||
+        fy_member_sign(&r, key, "/ferry/t/routers/router-a", 1700000000000, &rj, &rl) ||
+        fy_member_sign(&w, key, "/ferry/t/workers/decode/decode-0", 1700000000000, &wj, &wl))
+        exit(1);
     put("etcd", "record-router", rj, rl);
     put("etcd", "record-decode", wj, wl);
+    w.mac[0] ^= 1; /* a forged one: reads, does not verify */
+    if (fy_member_write(&w, &uj, &ul)) exit(1);
+    put("etcd", "record-forged", uj, ul);
+    fy_free(uj);
+    /* a router's tag claim (/v3/kv/txn): won, and lost to the record there */
+    put_str("etcd", "txn-won",
+            "{\"header\":{\"revision\":\"4\"},\"succeeded\":true,\"responses\":[{\"response_put\":{\"header\":"
+            "{\"revision\":\"4\"}}}]}");
     char rb[2048], wb[2048], json[8192];
     sodium_bin2base64(rb, sizeof(rb), (const unsigned char *)rj, rl, sodium_base64_VARIANT_ORIGINAL);
     sodium_bin2base64(wb, sizeof(wb), (const unsigned char *)wj, wl, sodium_base64_VARIANT_ORIGINAL);
@@ -1036,6 +1049,12 @@ static void etcd_answers(void)
              "{\"key\":\"L2ZlcnJ5L3Qvd29ya2Vycy9kZWNvZGUvZGVjb2RlLTA=\",\"value\":\"%s\"}],\"count\":\"2\"}",
              rb, wb);
     put_str("etcd", "range", json);
+    snprintf(json, sizeof(json),
+             "{\"header\":{\"revision\":\"5\"},\"responses\":[{\"response_range\":{\"header\":{\"revision\":"
+             "\"5\"},\"kvs\":[{\"key\":\"L2ZlcnJ5L3QvdGFncy8wMTA5Mg==\",\"create_revision\":\"4\",\"value\":\"%s\","
+             "\"lease\":\"7\"}],\"count\":\"1\"}}]}",
+             rb);
+    put_str("etcd", "txn-lost", json);
     fy_free(rj);
     fy_free(wj);
 }

@@ -50,6 +50,10 @@ char *fz_strndup(const void *p, size_t n);
  * the dictionaries list it so that the fuzzer makes and keeps it. */
 #define FZ_SEP "\n--ferry-fuzz-file--\n"
 
+/* the deployment's secret the etcd seeds are signed with (mkseeds.c) and
+ * fuzz_etcd verifies records with */
+#define FZ_MEMBER_SECRET "ferry-fuzz-membership-secret-16+"
+
 /* Splits data at each occurrence of sep into at most max parts (the last
  * part takes the rest); returns the count (at least 1). */
 typedef struct fz_part {
