@@ -48,7 +48,9 @@
 #include "msg.h"
 #include "prompt.h"
 #include "rpc.h"
+#include "tokenizer.h"
 #include "wire.h"
+#include "workq.h"
 
 #define MAX_WORKERS 64
 #define N_BUCKETS 1024
@@ -173,6 +175,8 @@ typedef struct router {
     fy_kv_hasher_t *hasher;
     fy_kv_layout_t lay;
     int32_t vocab, max_ctx;
+    size_t max_prompt_bytes; /* text longer than this cannot fit max_ctx (0: no bound; workq.h) */
+    fy_workq_t *parse;       /* tokenizing and parsing of clients' prompts, off nng's and HTTP's threads */
     int32_t step;            /* decode.max_batch_tokens: a sliding KV group's bound (fy_kv_blocks_held) */
     fy_evict_params_t evict; /* the deployment's KV budget (kv.evict): the decode workers' admission bound */
     /* sockets, and the credentials they carry */
@@ -1421,6 +1425,61 @@ static fy_status_t enqueue(router_t *R, const char *tenant, int32_t *ids, int32_
     return FY_OK;
 }
 
+/* A generate message waiting for a parse worker: the call holds msg
+ * until it is answered. */
+typedef struct gen_job {
+    router_t *R;
+    fy_rpc_call_t *call;
+    fy_env_hdr_t from;
+    const void *msg;
+    size_t len;
+} gen_job_t;
+
+static void client_generate(router_t *R, fy_rpc_call_t *call, const fy_env_hdr_t *from, fy_msgr_t *r);
+
+/* A parse worker: the message read and its prompt tokenized there. */
+static void gen_job_run(void *arg, bool run)
+{
+    gen_job_t *j = arg;
+    if (!run) {
+        fy_rpc_reply_error(j->call, 0, FY_ERR_OVERLOADED, "the router is shutting down; send this request again");
+        fy_free(j);
+        return;
+    }
+    fy_msgr_t r;
+    if (fy_msgr_parse(&r, j->msg, j->len) != FY_OK)
+        fy_rpc_reply_error(j->call, 0, r.status, r.err);
+    else
+        client_generate(j->R, j->call, &j->from, &r);
+    fy_msgr_free(&r);
+    fy_free(j);
+}
+
+/* nng's thread: a generate goes to the parse workers, or is refused at
+ * once when they are all busy and their queue is full. */
+static void client_generate_queue(router_t *R, fy_rpc_call_t *call, const fy_env_hdr_t *from, const void *msg,
+                                  size_t len)
+{
+    gen_job_t *j = fy_malloc(sizeof(*j));
+    if (!j) {
+        fy_rpc_reply_error(call, 0, FY_ERR_NOMEM, "router out of memory");
+        return;
+    }
+    *j = (gen_job_t){.R = R, .call = call, .from = *from, .msg = msg, .len = len};
+    fy_status_t st = fy_workq_push(R->parse, len <= FY_WORKQ_QUICK_BYTES, gen_job_run, j);
+    if (st == FY_OK) return;
+    fy_free(j);
+    pthread_mutex_lock(&R->mu);
+    R->refused++;
+    pthread_mutex_unlock(&R->mu);
+    fy_metric_inc(R->m.refused[0]);
+    fy_rpc_reply_error(call, 0, FY_ERR_OVERLOADED,
+                       st == FY_ERR_CANCELLED ? "the router is shutting down; send this request again"
+                                              : "overloaded: the router's prompt parsers are all busy; try again");
+}
+
+/* A parse worker (gen_job_run): reads the message, tokenizes its prompt
+ * and queues the request. */
 static void client_generate(router_t *R, fy_rpc_call_t *call, const fy_env_hdr_t *from, fy_msgr_t *r)
 {
     char *prompt_text = NULL, *system = NULL;
@@ -1441,6 +1500,21 @@ static void client_generate(router_t *R, fy_rpc_call_t *call, const fy_env_hdr_t
     }
     int32_t *ids = m.tokens, n = m.n_tokens; /* taken: enqueue owns them */
     m.tokens = NULL;
+    size_t text = m.prompt ? m.prompt_len + (m.chat && m.system ? m.system_len : 0) : 0;
+    if (R->max_prompt_bytes && text > R->max_prompt_bytes) { /* before any tokenizing (workq.h) */
+        fy_wire_generate_clear(&m);
+        fy_free(ids);
+        char msg[256];
+        snprintf(msg, sizeof(msg),
+                 "the prompt is %zu bytes of text; it cannot fit the context of %d tokens (at most %zu bytes)", text,
+                 R->max_ctx, R->max_prompt_bytes);
+        pthread_mutex_lock(&R->mu);
+        R->refused++;
+        pthread_mutex_unlock(&R->mu);
+        fy_metric_inc(R->m.refused[1]);
+        fy_rpc_reply_error(call, 0, FY_ERR_INVALID, msg);
+        return;
+    }
     if (m.prompt) { /* tokenizing takes the model's tokenizer, not the router's lock */
         prompt_text = fy_strndup(m.prompt, m.prompt_len);
         system = m.system ? fy_strndup(m.system, m.system_len) : NULL;
@@ -1602,7 +1676,7 @@ static void on_client(void *arg, fy_rpc_call_t *call, const fy_env_hdr_t *from, 
     if (fy_msgr_parse(&r, buf, len) != FY_OK) {
         fy_rpc_reply_error(call, 0, r.status, r.err);
     } else if (fy_wire_generate_is(&r)) {
-        client_generate(R, call, from, &r);
+        client_generate_queue(R, call, from, buf, len);
     } else if (fy_wire_poll_is(&r)) {
         client_poll(R, call, from, &r);
     } else if (fy_wire_cancel_is(&r)) {
@@ -1623,6 +1697,11 @@ void fy_router_lock(router_t *R) { pthread_mutex_lock(&R->mu); }
 void fy_router_unlock(router_t *R) { pthread_mutex_unlock(&R->mu); }
 const fy_model_t *fy_router_model(const router_t *R) { return R->model; }
 const char *fy_router_model_id(const router_t *R) { return R->model_id; }
+size_t fy_router_max_prompt_bytes(const router_t *R) { return R->max_prompt_bytes; }
+fy_status_t fy_router_offload(router_t *R, size_t bytes, void (*fn)(void *arg, bool run), void *arg)
+{
+    return fy_workq_push(R->parse, bytes <= FY_WORKQ_QUICK_BYTES, fn, arg);
+}
 int32_t fy_router_max_ctx(const router_t *R) { return R->max_ctx; }
 const fy_config_t *fy_router_config(const router_t *R) { return R->cfg; }
 
@@ -1946,7 +2025,7 @@ static fy_status_t setup(router_t *R)
 {
     const fy_config_t *c = R->cfg;
     const char *model_path, *listen, *events;
-    int64_t max_queue, retries, pq_tokens, n_prefill, step, sink, recent, heavy;
+    int64_t max_queue, retries, pq_tokens, n_prefill, step, sink, recent, heavy, parse_threads, parse_queue;
     int evict;
     bool sliding_groups;
     int32_t bs;
@@ -1963,6 +2042,8 @@ static fy_status_t setup(router_t *R)
         (st = fy_conf_duration(c, "router", "client_timeout", &R->client_timeout)) ||
         (st = fy_conf_duration(c, "router", "drain_timeout", &R->drain_timeout)) ||
         (st = fy_conf_int(c, "router", "max_queue", &max_queue)) ||
+        (st = fy_conf_int(c, "router", "parse_threads", &parse_threads)) ||
+        (st = fy_conf_int(c, "router", "parse_queue", &parse_queue)) ||
         (st = fy_conf_int(c, "router", "retries", &retries)) ||
         (st = fy_conf_int(c, "router", "prefill_queue_tokens", &pq_tokens)) ||
         (st = fy_conf_float(c, "router", "prefix_weight", &R->prefix_weight)) ||
@@ -1989,6 +2070,7 @@ static fy_status_t setup(router_t *R)
     const fy_model_config_t *mc = fy_model_config(R->model);
     R->vocab = mc->vocab_size;
     R->max_ctx = mc->max_ctx;
+    R->max_prompt_bytes = (size_t)R->max_ctx * fy_tokenizer_max_token_text(fy_model_tokenizer(R->model));
     if ((st = fy_kv_layout_init(&R->lay, mc->n_layers, mc->n_kv_heads, mc->head_dim, bs, dt))) return st;
     if (sliding_groups) { /* the workers' KV groups (fy_runner_layout_for): names and block counts agree */
         int32_t win[FY_KV_MAX_LAYERS];
@@ -2019,6 +2101,11 @@ static fy_status_t setup(router_t *R)
         fy_log_set_prefix(R->name);
     }
     if ((st = fy_cluster_auth(c, FY_ROLE_ROUTER, R->name, R->inc, &R->auth))) return st;
+    if ((st = fy_workq_create((int32_t)parse_threads, (int32_t)parse_queue, &R->parse))) return st;
+    if (R->max_prompt_bytes)
+        fy_info("prompts of more than %zu bytes of text cannot fit %d tokens: refused before tokenizing; %lld parse "
+                "threads, %lld queued at most",
+                R->max_prompt_bytes, R->max_ctx, (long long)parse_threads, (long long)parse_queue);
     /* the sockets are published under the lock: their callbacks read them there */
     fy_pull_t *pull;
     fy_rpc_server_t *srv;
@@ -2045,6 +2132,9 @@ static fy_status_t setup(router_t *R)
 
 static void teardown(router_t *R)
 {
+    /* prompts not yet parsed are answered while the sockets still carry answers */
+    fy_workq_destroy(R->parse);
+    R->parse = NULL;
     fy_membership_stop(R->members); /* the record goes: workers end what they still hold of ours */
     R->members = NULL;
     if (R->door) R->door->stop(R->door_h); /* its requests cancelled, its sockets closed */
