@@ -40,6 +40,7 @@
 #include "etcd.h"
 #include "evict.h"
 #include "genspec.h"
+#include "grammar.h"
 #include "kv.h"
 #include "log.h"
 #include "mem.h"
@@ -175,10 +176,11 @@ typedef struct router {
     fy_kv_hasher_t *hasher;
     fy_kv_layout_t lay;
     int32_t vocab, max_ctx;
-    size_t max_prompt_bytes; /* text longer than this cannot fit max_ctx (0: no bound; workq.h) */
-    fy_workq_t *parse;       /* tokenizing and parsing of clients' prompts, off nng's and HTTP's threads */
-    int32_t step;            /* decode.max_batch_tokens: a sliding KV group's bound (fy_kv_blocks_held) */
-    fy_evict_params_t evict; /* the deployment's KV budget (kv.evict): the decode workers' admission bound */
+    size_t max_prompt_bytes;      /* text longer than this cannot fit max_ctx (0: no bound; workq.h) */
+    fy_workq_t *parse;            /* tokenizing and parsing of clients' prompts, off nng's and HTTP's threads */
+    fy_grammar_cache_t *grammars; /* nng clients' structured outputs, compiled as the workers will (thread-safe) */
+    int32_t step;                 /* decode.max_batch_tokens: a sliding KV group's bound (fy_kv_blocks_held) */
+    fy_evict_params_t evict;      /* the deployment's KV budget (kv.evict): the decode workers' admission bound */
     /* sockets, and the credentials they carry */
     fy_env_auth_t auth;
     fy_rpc_server_t *srv;
@@ -1498,6 +1500,22 @@ static void client_generate(router_t *R, fy_rpc_call_t *call, const fy_env_hdr_t
             "field 'prompt_logprobs': served on the HTTP API only (a client's events do not carry them)");
         return;
     }
+    if (m.gen.grammar_kind != FY_GEN_GRAMMAR_NONE) { /* what the workers will compile, with the same limits */
+        fy_grammar_kind_t kind;
+        fy_grammar_t *g = NULL;
+        char gerr[FY_GRAMMAR_ERR_LEN] = "", msg[FY_GRAMMAR_ERR_LEN + 64];
+        fy_status_t gst = !fy_grammar_kind_of_gen(m.gen.grammar_kind, &kind)
+                              ? FY_ERR_INVALID
+                              : fy_grammar_cache_get(R->grammars, kind, m.gen.grammar, (size_t)m.gen.grammar_len, &g,
+                                                     NULL, gerr, sizeof(gerr));
+        fy_grammar_unref(g);
+        if (gst) {
+            fy_wire_generate_clear(&m);
+            snprintf(msg, sizeof(msg), "field 'grammar': %s", gerr[0] ? gerr : fy_status_str(gst));
+            fy_rpc_reply_error(call, 0, gst == FY_ERR_NOMEM ? FY_ERR_NOMEM : FY_ERR_INVALID, msg);
+            return;
+        }
+    }
     int32_t *ids = m.tokens, n = m.n_tokens; /* taken: enqueue owns them */
     m.tokens = NULL;
     size_t text = m.prompt ? m.prompt_len + (m.chat && m.system ? m.system_len : 0) : 0;
@@ -2102,6 +2120,7 @@ static fy_status_t setup(router_t *R)
     }
     if ((st = fy_cluster_auth(c, FY_ROLE_ROUTER, R->name, R->inc, &R->auth))) return st;
     if ((st = fy_workq_create((int32_t)parse_threads, (int32_t)parse_queue, &R->parse))) return st;
+    if ((st = fy_grammar_cache_create(64, &R->grammars))) return st;
     if (R->max_prompt_bytes)
         fy_info("prompts of more than %zu bytes of text cannot fit %d tokens: refused before tokenizing; %lld parse "
                 "threads, %lld queued at most",
@@ -2170,6 +2189,7 @@ static void teardown(router_t *R)
     }
     fy_free(R->listed);
     fy_kv_hasher_destroy(R->hasher);
+    fy_grammar_cache_destroy(R->grammars);
     fy_env_auth_wipe(&R->auth);
     fy_metrics_destroy(R->reg);
     fy_model_destroy(R->model);
