@@ -124,7 +124,7 @@ static const fy_conf_key_t KEYS[] = {
     INT("router", "parse_threads", "2", 1, 64,
         "threads that parse and tokenize clients' prompts (HTTP and nng), plus one for bodies of at most 32 KiB; "
         "apart from /health and the workers' events"),
-    INT("router", "parse_queue", "32", 1, 4096,
+    INT("router", "parse_queue", "8", 1, 4096,
         "prompts waiting for a parse thread, per lane (bodies up to 32 KiB, larger), before new ones are refused at "
         "once (HTTP 503 with Retry-After, nng overloaded)"),
     INT("router", "retries", "1", 0, 10, "tries of a failed prefill on another worker"),

@@ -422,8 +422,8 @@ static void *flood_http(void *arg)
         else if (st == 503) {
             __atomic_add_fetch(&f->busy503, 1, __ATOMIC_RELAXED);
             if (strcasestr(out, "Retry-After:")) __atomic_add_fetch(&f->retry_after, 1, __ATOMIC_RELAXED);
-        } else {
-            __atomic_add_fetch(&f->other, 1, __ATOMIC_RELAXED);
+        } else if (__atomic_add_fetch(&f->other, 1, __ATOMIC_RELAXED) <= 3) {
+            print_message("flood answer %d: %.300s\n", st, out);
         }
     }
     fy_free(out);
@@ -516,8 +516,12 @@ static double median3(double *v)
     return a > b ? (b > c ? b : a > c ? c : a) : (a > c ? a : b > c ? c : b);
 }
 
+/* The test's flood; a benchmark run (BENCHMARKS.md) sets
+ * FERRY_FLOOD="SECONDS HTTP_CLIENTS NNG_CLIENTS" and the router's
+ * default parse settings. */
 #define FLOOD_S 8
 #define N_FLOOD_HTTP 12
+#define MAX_FLOOD 128
 #define N_FLOOD_NNG 4
 #ifdef FY_DEBUG
 #define HEALTH_BOUND_S 2.0 /* sanitizer builds: every thread several times slower */
@@ -534,9 +538,15 @@ static void test_large_prompt_flood(void **state)
     char http[128];
     snprintf(http, sizeof(http), "router.http=http://127.0.0.1:%d", port);
     /* a small general lane, so that the flood fills it: 503s with Retry-After */
+    int flood_s = FLOOD_S, n_http = N_FLOOD_HTTP, n_nng = N_FLOOD_NNG;
+    const char *bench = getenv("FERRY_FLOOD");
+    if (bench && (sscanf(bench, "%d %d %d", &flood_s, &n_http, &n_nng) != 3 || flood_s < 1 || flood_s > 120 ||
+                  n_http < 1 || n_nng < 0 || n_http + n_nng > MAX_FLOOD))
+        fail_msg("FERRY_FLOOD='%s': SECONDS (1-120) HTTP_CLIENTS NNG_CLIENTS (at most %d together)", bench, MAX_FLOOD);
     tc_opts_t o = {.n_prefill = 1,
                    .n_decode = 1,
-                   .common = {http, "router.max_body=2MiB", "router.parse_threads=1", "router.parse_queue=2"}};
+                   .common = {http, "router.max_body=2MiB", bench ? NULL : "router.parse_threads=1",
+                              bench ? NULL : "router.parse_queue=2"}};
     tc_start(&c, &o);
     /* the byte bound the router works out from its tokenizer and context */
     fy_model_t *m;
@@ -557,22 +567,25 @@ static void test_large_prompt_flood(void **state)
     /* alone: a text too long to fit is refused as OpenAI refuses it, without tokenizing */
     char *out = fy_malloc(8192);
     double t1 = tc_now();
-    assert_int_equal(raw_http(port, req_big, f.len_big, out, 8192), 400);
-    print_message("a prompt of %zu bytes (more than %zu): 400 in %.3f s\n", big_len, bound, tc_now() - t1);
-    assert_non_null(strstr(out, "\"code\":\"context_length_exceeded\""));
-    assert_non_null(strstr(out, "\"param\":\"prompt\""));
+    int st1 = raw_http(port, req_big, f.len_big, out, 8192);
+    bool code = strstr(out, "\"code\":\"context_length_exceeded\"") && strstr(out, "\"param\":\"prompt\"");
+    print_message("a prompt of %zu bytes (more than %zu): %d in %.3f s%s\n", big_len, bound, st1, tc_now() - t1,
+                  code ? ", context_length_exceeded" : "");
+    if (!bench) { /* (a benchmark run may measure a router from before) */
+        assert_int_equal(st1, 400);
+        assert_true(code);
+    }
     fy_free(out);
 
     double before[3], during[3];
     for (int i = 0; i < 3; i++) assert_true((before[i] = stream_ttft(port)) >= 0);
 
     double t0 = tc_now();
-    f.until = t0 + FLOOD_S;
+    f.until = t0 + flood_s;
     health_poll_t hp = {.port = port, .until = f.until};
-    pthread_t th[N_FLOOD_HTTP + N_FLOOD_NNG], hth;
-    for (int i = 0; i < N_FLOOD_HTTP; i++) assert_int_equal(pthread_create(&th[i], NULL, flood_http, &f), 0);
-    for (int i = 0; i < N_FLOOD_NNG; i++)
-        assert_int_equal(pthread_create(&th[N_FLOOD_HTTP + i], NULL, flood_nng, &f), 0);
+    pthread_t th[MAX_FLOOD], hth;
+    for (int i = 0; i < n_http; i++) assert_int_equal(pthread_create(&th[i], NULL, flood_http, &f), 0);
+    for (int i = 0; i < n_nng; i++) assert_int_equal(pthread_create(&th[n_http + i], NULL, flood_nng, &f), 0);
     usleep(500000); /* the flood under way */
     assert_int_equal(pthread_create(&hth, NULL, poll_health, &hp), 0);
     /* normal requests during the flood: streamed over HTTP, and one over nng */
@@ -586,13 +599,13 @@ static void test_large_prompt_flood(void **state)
     fy_status_t nst = fy_client_generate(c.client, &nreq, &ns, err, sizeof(err));
     tc_result_t nres;
     if (nst == FY_OK) tc_collect(&c, &ns, &nres, 1, 30);
-    for (int i = 0; i < N_FLOOD_HTTP + N_FLOOD_NNG; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < n_http + n_nng; i++) pthread_join(th[i], NULL);
     pthread_join(hth, NULL);
-    double flood_s = tc_now() - t0;
+    double flood_wall = tc_now() - t0;
 
     print_message("flood of %.1f s: HTTP %d refused 400, %d 503 (%d with Retry-After), %d other; nng %d refused, %d "
                   "other\n",
-                  flood_s, f.ok400, f.busy503, f.retry_after, f.other, f.nng_refused, f.nng_other);
+                  flood_wall, f.ok400, f.busy503, f.retry_after, f.other, f.nng_refused, f.nng_other);
     print_message("/health during the flood: %d polls, %d not 200, worst %.3f s (bound %.1f s)\n", hp.n, hp.bad,
                   hp.worst, HEALTH_BOUND_S);
     print_message("streamed TTFT, median of 3: %.1f ms without the flood, %.1f ms during it (x%.1f)\n",
@@ -607,8 +620,9 @@ static void test_large_prompt_flood(void **state)
                  during[0] < 0 || during[1] < 0 || during[2] < 0 ? "failed" : "ok", fy_status_str(nst), err, f.other,
                  f.nng_other);
     }
-    assert_true(f.ok400 > 0 && f.nng_refused > 0);
-    assert_true(f.busy503 > 0 && f.retry_after == f.busy503); /* the general lane filled, refused at once */
+    assert_true(f.ok400 > 0 && (f.nng_refused > 0 || !n_nng));
+    assert_true(f.retry_after == f.busy503);
+    if (!bench) assert_true(f.busy503 > 0); /* the general lane filled, refused at once */
     fy_free(big_text);
     fy_free(near_text);
     fy_free(req_big);
