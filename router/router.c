@@ -2119,12 +2119,15 @@ static fy_status_t setup(router_t *R)
         fy_log_set_prefix(R->name);
     }
     if ((st = fy_cluster_auth(c, FY_ROLE_ROUTER, R->name, R->inc, &R->auth))) return st;
-    if ((st = fy_workq_create((int32_t)parse_threads, (int32_t)parse_queue, &R->parse))) return st;
+    /* small bodies wait as requests wait for placement (router.max_queue):
+     * a burst of ordinary requests is never refused here */
+    int32_t quick_cap = (int32_t)(max_queue > parse_queue ? max_queue : parse_queue);
+    if ((st = fy_workq_create((int32_t)parse_threads, quick_cap, (int32_t)parse_queue, &R->parse))) return st;
     if ((st = fy_grammar_cache_create(64, &R->grammars))) return st;
     if (R->max_prompt_bytes)
         fy_info("prompts of more than %zu bytes of text cannot fit %d tokens: refused before tokenizing; %lld parse "
-                "threads, %lld queued at most",
-                R->max_prompt_bytes, R->max_ctx, (long long)parse_threads, (long long)parse_queue);
+                "threads, %lld queued at most (%d small ones)",
+                R->max_prompt_bytes, R->max_ctx, (long long)parse_threads, (long long)parse_queue, quick_cap);
     /* the sockets are published under the lock: their callbacks read them there */
     fy_pull_t *pull;
     fy_rpc_server_t *srv;
@@ -2151,9 +2154,10 @@ static fy_status_t setup(router_t *R)
 
 static void teardown(router_t *R)
 {
-    /* prompts not yet parsed are answered while the sockets still carry answers */
-    fy_workq_destroy(R->parse);
-    R->parse = NULL;
+    /* prompts not yet parsed are answered while the sockets still carry
+     * answers; the queue refuses what comes after, until it is freed once
+     * nothing can push to it (the client port and the front door gone) */
+    fy_workq_stop(R->parse);
     fy_membership_stop(R->members); /* the record goes: workers end what they still hold of ours */
     R->members = NULL;
     if (R->door) R->door->stop(R->door_h); /* its requests cancelled, its sockets closed */
@@ -2182,6 +2186,8 @@ static void teardown(router_t *R)
     }
     pthread_mutex_unlock(&R->mu);
     fy_rpc_server_destroy(R->srv);
+    fy_workq_destroy(R->parse);
+    R->parse = NULL;
     while (R->all) req_free(R, R->all);
     for (int i = 0; i < R->n_workers; i++) {
         fy_push_destroy(R->workers[i].push);

@@ -22,15 +22,14 @@ typedef struct job {
 
 typedef struct lane {
     job_t *ring;
-    int32_t head, n;
+    int32_t cap, head, n;
 } lane_t;
 
 struct fy_workq {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     lane_t lane[2]; /* [0] quick, [1] the others */
-    int32_t cap;
-    bool stop;
+    bool stop, joined;
     pthread_t *th;
     int32_t n_th;
 };
@@ -40,7 +39,7 @@ static bool lane_pop(fy_workq_t *q, int i, job_t *j)
     lane_t *l = &q->lane[i];
     if (!l->n) return false;
     *j = l->ring[l->head];
-    l->head = (l->head + 1) % q->cap;
+    l->head = (l->head + 1) % l->cap;
     l->n--;
     return true;
 }
@@ -70,14 +69,16 @@ static void *worker(fy_workq_t *q, bool quick_only)
 static void *general_main(void *arg) { return worker(arg, false); }
 static void *quick_main(void *arg) { return worker(arg, true); }
 
-fy_status_t fy_workq_create(int32_t threads, int32_t capacity, fy_workq_t **q_p)
+fy_status_t fy_workq_create(int32_t threads, int32_t quick_cap, int32_t cap, fy_workq_t **q_p)
 {
     *q_p = NULL;
-    if (threads < 1 || capacity < 1) return FY_ERR_INVALID;
+    if (threads < 1 || quick_cap < 1 || cap < 1) return FY_ERR_INVALID;
     fy_workq_t *q = fy_calloc(1, sizeof(*q));
     if (!q) return FY_ERR_NOMEM;
-    q->lane[0].ring = fy_calloc((size_t)capacity, sizeof(job_t));
-    q->lane[1].ring = fy_calloc((size_t)capacity, sizeof(job_t));
+    q->lane[0].ring = fy_calloc((size_t)quick_cap, sizeof(job_t));
+    q->lane[1].ring = fy_calloc((size_t)cap, sizeof(job_t));
+    q->lane[0].cap = quick_cap;
+    q->lane[1].cap = cap;
     q->th = fy_calloc((size_t)threads + 1, sizeof(pthread_t));
     if (!q->lane[0].ring || !q->lane[1].ring || !q->th) {
         fy_free(q->lane[0].ring);
@@ -86,7 +87,6 @@ fy_status_t fy_workq_create(int32_t threads, int32_t capacity, fy_workq_t **q_p)
         fy_free(q);
         return FY_ERR_NOMEM;
     }
-    q->cap = capacity;
     pthread_mutex_init(&q->mu, NULL);
     pthread_cond_init(&q->cv, NULL);
     for (; q->n_th < threads + 1; q->n_th++)
@@ -106,10 +106,10 @@ fy_status_t fy_workq_push(fy_workq_t *q, bool quick, fy_workq_fn fn, void *arg)
     pthread_mutex_lock(&q->mu);
     if (q->stop) {
         st = FY_ERR_CANCELLED;
-    } else if (l->n >= q->cap) {
+    } else if (l->n >= l->cap) {
         st = FY_ERR_OVERLOADED;
     } else {
-        l->ring[(l->head + l->n) % q->cap] = (job_t){fn, arg};
+        l->ring[(l->head + l->n) % l->cap] = (job_t){fn, arg};
         l->n++;
         /* every waiter: a quick-only thread cannot take a general job */
         pthread_cond_broadcast(&q->cv);
@@ -126,17 +126,31 @@ int32_t fy_workq_waiting(fy_workq_t *q)
     return n;
 }
 
-void fy_workq_destroy(fy_workq_t *q)
+void fy_workq_stop(fy_workq_t *q)
 {
     if (!q) return;
     pthread_mutex_lock(&q->mu);
-    q->stop = true;
+    bool joined = q->joined;
+    q->stop = q->joined = true;
     pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);
+    if (joined) return;
     for (int32_t i = 0; i < q->n_th; i++) pthread_join(q->th[i], NULL);
     /* no thread left: what still waits is told so */
-    job_t j;
-    while (lane_pop(q, 0, &j) || lane_pop(q, 1, &j)) j.fn(j.arg, false);
+    for (;;) {
+        job_t j;
+        pthread_mutex_lock(&q->mu);
+        bool got = lane_pop(q, 0, &j) || lane_pop(q, 1, &j);
+        pthread_mutex_unlock(&q->mu);
+        if (!got) break;
+        j.fn(j.arg, false);
+    }
+}
+
+void fy_workq_destroy(fy_workq_t *q)
+{
+    if (!q) return;
+    fy_workq_stop(q);
     pthread_cond_destroy(&q->cv);
     pthread_mutex_destroy(&q->mu);
     fy_free(q->lane[0].ring);

@@ -8,8 +8,10 @@
  * and the others.  Every worker takes a quick job first, and one more
  * thread takes quick jobs only, so that a flood of long prompts delays a
  * short one by at most one quick job's time, never by a long one's.  A
- * job that does not fit its lane (capacity jobs waiting) is refused at
- * once (the caller answers 503/overloaded).  The workers run at a lower
+ * job that does not fit its lane (its capacity of jobs waiting: deep for
+ * the quick lane, where a burst of ordinary requests waits milliseconds,
+ * shallow for the other, where each waits for whole prompts) is refused
+ * at once (the caller answers 503/overloaded).  The workers run at a lower
  * scheduling priority than the process's other threads (nice + 5), so
  * that on a busy machine a flood of prompts takes the CPU the rest
  * leaves.
@@ -32,8 +34,9 @@ typedef void (*fy_workq_fn)(void *arg, bool run);
 /* A body of at most this many bytes is a quick job. */
 #define FY_WORKQ_QUICK_BYTES (32 * 1024)
 
-/* threads general workers and one quick-only; capacity jobs per lane. */
-fy_status_t fy_workq_create(int32_t threads, int32_t capacity, fy_workq_t **q_p);
+/* threads general workers and one quick-only; quick_cap jobs wait in the
+ * quick lane at most, cap in the other. */
+fy_status_t fy_workq_create(int32_t threads, int32_t quick_cap, int32_t cap, fy_workq_t **q_p);
 /* Queues fn(arg, true) in its lane.  FY_ERR_OVERLOADED when capacity jobs
  * already wait there, FY_ERR_CANCELLED once destroy has begun: fn is not
  * called and the caller keeps arg.  Never blocks beyond the queue's own
@@ -41,8 +44,12 @@ fy_status_t fy_workq_create(int32_t threads, int32_t capacity, fy_workq_t **q_p)
 fy_status_t fy_workq_push(fy_workq_t *q, bool quick, fy_workq_fn fn, void *arg);
 /* Jobs waiting (not yet started), both lanes. */
 int32_t fy_workq_waiting(fy_workq_t *q);
-/* New jobs refused; the running ones finish; those still waiting get
- * fn(arg, false) on this thread; the threads are joined.  Accepts NULL. */
+/* New jobs refused (FY_ERR_CANCELLED) from now on; the running ones
+ * finish; the threads are joined; those still waiting get fn(arg, false)
+ * on this thread.  The queue stays valid for fy_workq_push (which
+ * refuses) until destroyed.  Accepts NULL; a second call does nothing. */
+void fy_workq_stop(fy_workq_t *q);
+/* fy_workq_stop, then frees it: no push may come after.  Accepts NULL. */
 void fy_workq_destroy(fy_workq_t *q);
 
 #endif /* FY_WORKQ_H */
