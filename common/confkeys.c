@@ -121,6 +121,12 @@ static const fy_conf_key_t KEYS[] = {
     DUR("router", "drain_timeout", "10s", 0, 3600,
         "on SIGINT/SIGTERM running requests get this long, then end with an error; keep it below serve.stop_grace"),
     INT("router", "max_queue", "256", 0, 1 << 20, "requests waiting for placement before new ones are refused"),
+    INT("router", "parse_threads", "2", 1, 64,
+        "threads that parse and tokenize clients' prompts (HTTP and nng), plus one for bodies of at most 32 KiB; "
+        "apart from /health and the workers' events"),
+    INT("router", "parse_queue", "8", 1, 4096,
+        "bodies over 32 KiB waiting for a parse thread before new ones are refused at once (HTTP 503 with "
+        "Retry-After, nng overloaded); smaller ones wait up to router.max_queue"),
     INT("router", "retries", "1", 0, 10, "tries of a failed prefill on another worker"),
     INT("router", "prefill_queue_tokens", "4096", 1, 1 << 24,
         "prompt tokens queued at a prefill worker before requests wait in the router"),

@@ -549,7 +549,7 @@ static void cmd_generate(decode_t *d, fy_msgr_t *r, uint64_t rid)
         fy_free(q);
         if (st == FY_ERR_OVERLOADED) d->refused++;
         fy_node_error(n, rid, id, st == FY_ERR_OVERLOADED ? FY_ERR_NO_SPACE : st, "cannot take the request: %s",
-                      fy_status_str(st));
+                      st == FY_ERR_INVALID && *fy_engine_refusal() ? fy_engine_refusal() : fy_status_str(st));
         return;
     }
     d->generated++;

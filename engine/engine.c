@@ -581,12 +581,16 @@ void fy_engine_destroy(fy_engine_t *e)
 
 static fy_status_t refuse(fy_engine_t *e, fy_status_t st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+static _Thread_local char t_refusal[256]; /* fy_engine_refusal */
+
+const char *fy_engine_refusal(void) { return t_refusal; }
+
 static fy_status_t refuse(fy_engine_t *e, fy_status_t st, const char *fmt, ...)
 {
-    char msg[256];
+    char *msg = t_refusal;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
+    vsnprintf(msg, sizeof(t_refusal), fmt, ap);
     va_end(ap);
     fy_error("engine: %s", msg);
     pthread_mutex_lock(&e->mu);

@@ -215,6 +215,10 @@ void fy_engine_destroy(fy_engine_t *engine); /* accepts NULL */
  */
 fy_status_t fy_engine_submit(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_request_params_t *rp,
                              fy_event_fn cb, void *arg, uint64_t *id_p);
+/* Why the last fy_engine_submit (or adopt) on this thread refused its
+ * request ("response_format (regex): ..."), for the worker's answer;
+ * empty when none has. */
+const char *fy_engine_refusal(void);
 /* Asks for a request to end (error event FY_ERR_CANCELLED) and free its
  * blocks at the next step; unknown or finished ids are ignored. */
 void fy_engine_cancel(fy_engine_t *e, uint64_t id);

@@ -1014,6 +1014,12 @@ static fy_status_t compile_with(gb_t *b, fy_grammar_kind_t kind, const char *src
     return b->st;
 }
 
+/* (the matcher's STATE_MAX_TOPS and ADVANCE_MAX_WORK, below) */
+#define START_LIMIT_MSG                                                                                                \
+    "its start is beyond the matcher's limits: more than 4096 alternatives alive at once (or 16384 expansions), "      \
+    "such as a choice among that many; make it smaller"
+static fy_status_t gmatch_start(fy_grammar_t *g, fy_gmatch_t **m_p);
+
 static fy_status_t compile(fy_grammar_kind_t kind, const char *src, size_t len, const void *json, fy_grammar_t **g_p,
                            char *err, size_t err_cap)
 {
@@ -1039,6 +1045,16 @@ static fy_status_t compile(fy_grammar_kind_t kind, const char *src, size_t len, 
     else
         st = gb_error(b, err, err_cap);
     gb_destroy(b);
+    /* a matcher can start on it (where the worker's would fail) */
+    fy_gmatch_t *m = NULL;
+    fy_status_t ms = st ? FY_OK : gmatch_start(*g_p, &m);
+    fy_gmatch_destroy(m);
+    if (ms) {
+        fy_grammar_unref(*g_p);
+        *g_p = NULL;
+        if (err) snprintf(err, err_cap, "%s: %s", fy_grammar_kind_str(kind), START_LIMIT_MSG);
+        return ms;
+    }
     return st;
 }
 
@@ -1610,7 +1626,11 @@ nomem:
     return FY_ERR_NOMEM;
 }
 
-fy_status_t fy_gmatch_create(fy_grammar_t *g, fy_gmatch_t **m_p)
+/* A matcher at g's start; FY_ERR_INVALID (nothing logged) when the start
+ * state is beyond the matcher's limits.  What compile() checks and
+ * fy_gmatch_create does: one function, so a grammar that compiles
+ * (the router's check, docs/protocol.md) is one every worker can run. */
+static fy_status_t gmatch_start(fy_grammar_t *g, fy_gmatch_t **m_p)
 {
     fy_gmatch_t *m;
     fy_status_t st = gmatch_new(g, &m);
@@ -1632,11 +1652,17 @@ fy_status_t fy_gmatch_create(fy_grammar_t *g, fy_gmatch_t **m_p)
     if (nt >= 0) m->cur = intern(m, m->tmp, nt, complete);
     if (nt < 0 || m->cur < 0) {
         fy_gmatch_destroy(m);
-        fy_error("grammar: the start state is beyond the matcher's limits");
         return FY_ERR_INVALID;
     }
     *m_p = m;
     return FY_OK;
+}
+
+fy_status_t fy_gmatch_create(fy_grammar_t *g, fy_gmatch_t **m_p)
+{
+    fy_status_t st = gmatch_start(g, m_p);
+    if (st == FY_ERR_INVALID) fy_error("grammar: %s", START_LIMIT_MSG);
+    return st;
 }
 
 void fy_gmatch_destroy(fy_gmatch_t *m)

@@ -1208,6 +1208,20 @@ fy_status_t fy_tokenizer_encode(const fy_tokenizer_t *tok, const char *text, siz
 
 /* ---- decoding ------------------------------------------------------------------------ */
 
+size_t fy_tokenizer_max_token_text(const fy_tokenizer_t *tok)
+{
+    /* a byte is dropped when it has no token, is not spelled as U+FFFD
+     * (byte-level, spell_bytes()) and there is no unknown token */
+    for (int b = 0; b < 256 && tok->unk < 0; b++)
+        if (tok->byte_tok[b] < 0 && !(tok->kind == FY_TOKENIZER_BPE_BYTE && tok->byte_spell_len[b] == 3)) return 0;
+    size_t most = 4;
+    for (int32_t id = 0; id < tok->n_vocab; id++) {
+        const tok_entry_t *t = &tok->tokens[id];
+        most = FY_MAX(most, (size_t)FY_MAX(t->len, t->n_bytes));
+    }
+    return most;
+}
+
 void fy_tokenizer_token_bytes(const fy_tokenizer_t *tok, int32_t id, bool render_special, const char **bytes_p,
                               size_t *len_p)
 {

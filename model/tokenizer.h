@@ -58,6 +58,16 @@ bool fy_tokenizer_wants_bos(const fy_tokenizer_t *tok);
 bool fy_tokenizer_is_eog(const fy_tokenizer_t *tok, int32_t id);
 /* Control, user-defined or otherwise special (not plain text). */
 bool fy_tokenizer_is_special(const fy_tokenizer_t *tok, int32_t id);
+/*
+ * The most bytes of text one token of encode's output can stand for: the
+ * longest token (as stored or as decoded, special tokens' text included),
+ * and at least 4 (the unknown token stands for one UTF-8 character).  A
+ * text of more than max_ctx times this many bytes needs more than max_ctx
+ * tokens, so it can be refused without tokenizing it.  0 when there is no
+ * such bound: a vocabulary with neither every byte's token nor an unknown
+ * token drops bytes it cannot spell.
+ */
+size_t fy_tokenizer_max_token_text(const fy_tokenizer_t *tok);
 /* Id of the token whose vocabulary string is exactly text, or -1. */
 int32_t fy_tokenizer_find(const fy_tokenizer_t *tok, const char *text);
 /* The vocabulary string of a token (as stored, not decoded). */

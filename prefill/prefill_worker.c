@@ -583,8 +583,8 @@ static void cmd_prefill(prefill_t *p, fy_msgr_t *r, uint64_t rid)
         j->engine_status = st;
         snprintf(j->engine_msg, sizeof(j->engine_msg), "%s",
                  st == FY_ERR_OVERLOADED ? "overloaded: too many prompts waiting"
-                 : st == FY_ERR_INVALID
-                     ? "the engine refused the prompt (too long for this worker's context or kv cache)"
+                 : st == FY_ERR_INVALID && *fy_engine_refusal()
+                     ? fy_engine_refusal() /* the engine's reason: the prompt's length, a grammar */
                      : fy_status_str(st));
         j->engine_done = true;
         job_close_xfer(j, false);

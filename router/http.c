@@ -132,6 +132,11 @@ struct hreq {
     fy_tenant_t *tenant;
     int64_t charged, max_tokens;
     bool ready, head_sent, final, released;
+    /* the body waits for a parse worker (parse_job): h_end leaves h to it */
+    bool parsing, listed;
+    char *body;
+    size_t body_len;
+    fy_tenant_t *key_tenant; /* the API key's, until admitted */
     hreq_t *prev, *next;
 };
 
@@ -177,15 +182,13 @@ static json_t *jstr(const char *s, size_t n)
     return j ? j : json_string("");
 }
 
-static json_t *error_body(const char *type, const char *param, const char *fmt, va_list ap)
+static json_t *error_body_msg(const char *type, const char *param, const char *code, const char *msg)
 {
-    char msg[512];
-    vsnprintf(msg, sizeof(msg), fmt, ap);
     json_t *e = json_object();
     json_object_set_new(e, "message", jstr(msg, strlen(msg)));
     json_object_set_new(e, "type", json_string(type));
     json_object_set_new(e, "param", param ? json_string(param) : json_null());
-    json_object_set_new(e, "code", json_null());
+    json_object_set_new(e, "code", code ? json_string(code) : json_null());
     json_t *o = json_object();
     json_object_set_new(o, "error", e);
     return o;
@@ -226,9 +229,29 @@ static void respond_error(fy_http_t *H, fy_httpd_req_t *r, uint16_t status, cons
 {
     va_list ap;
     va_start(ap, fmt);
-    json_t *b = error_body(type, param, fmt, ap);
+    char msg[512];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    answer_json(H, r, status, b, retry_after);
+    answer_json(H, r, status, error_body_msg(type, param, NULL, msg), retry_after);
+}
+
+/* A body the parser refused (st FY_ERR_INVALID: *f says why), or 500. */
+static void respond_fault(fy_http_t *H, fy_httpd_req_t *r, fy_status_t st, const fy_http_fault_t *f)
+{
+    if (st == FY_ERR_INVALID)
+        answer_json(H, r, f->status, error_body_msg(f->type, f->param, f->code, f->msg), 0);
+    else
+        respond_error(H, r, 500, "server_error", NULL, 0, "out of memory");
+}
+
+/* Server thread: the parse workers' queue is full (or the router is
+ * stopping), answered at once: the client comes back later. */
+static void refuse_busy(fy_http_t *H, fy_httpd_req_t *r, fy_status_t st)
+{
+    respond_error(H, r, 503, "server_overloaded", NULL, H->retry_after_s > 0 ? H->retry_after_s : 1, "%s",
+                  st == FY_ERR_CANCELLED ? "the server is shutting down; try again shortly"
+                                         : "overloaded: every prompt parser is busy and their queue is full; try "
+                                           "again shortly");
 }
 
 /* ---- generations ------------------------------------------------------------------------------------ */
@@ -766,31 +789,52 @@ static void h_pump(hreq_t *h)
 
 static void watch(void *arg) { h_pump(arg); }
 
-/* Server thread: the generation's answer went out (complete), or its
- * client left first.  The only place a generation is freed. */
-static void h_end(void *arg, bool complete)
+static void hreq_free(hreq_t *h)
 {
-    hreq_t *h = arg;
+    fy_free(h->wbuf);
+    fy_free(h->prompt);
+    for (int i = 0; i < MAX_N; i++) fy_tools_stream_destroy(h->tools[i]);
+    fy_free(h->tool_names);
+    fy_free(h->body);
+    fy_free(h);
+}
+
+/* Lock held: its requests end (if still running), their blocks go back,
+ * and it is no longer live. */
+static void h_unlist(hreq_t *h)
+{
     fy_http_t *H = h->H;
-    fy_router_lock(H->R);
-    h->r = NULL;
-    if (!complete && !H->stopping) {
-        fy_metric_inc(H->responses[5]);
-        fy_info("http %s: the client went away%s", h->oid, h->final ? " before the answer was out" : "; cancelling");
-    }
-    h_release(h, true); /* its requests end (if still running), their blocks go back */
+    h_release(h, true);
+    if (!h->listed) return;
+    h->listed = false;
     if (h->prev)
         h->prev->next = h->next;
     else
         H->live = h->next;
     if (h->next) h->next->prev = h->prev;
     H->n_live--;
+}
+
+/* Server thread: the generation's answer went out (complete), or its
+ * client left first.  Where a generation is freed (or, while its body
+ * waits for a parse worker, that worker). */
+static void h_end(void *arg, bool complete)
+{
+    hreq_t *h = arg;
+    fy_http_t *H = h->H;
+    fy_router_lock(H->R);
+    h->r = NULL;
+    if (h->parsing) { /* its parse worker sees the client gone and frees it */
+        fy_router_unlock(H->R);
+        return;
+    }
+    if (!complete && !H->stopping && h->listed) {
+        fy_metric_inc(H->responses[5]);
+        fy_info("http %s: the client went away%s", h->oid, h->final ? " before the answer was out" : "; cancelling");
+    }
+    h_unlist(h);
     fy_router_unlock(H->R);
-    fy_free(h->wbuf);
-    fy_free(h->prompt);
-    for (int i = 0; i < MAX_N; i++) fy_tools_stream_destroy(h->tools[i]);
-    fy_free(h->tool_names);
-    fy_free(h);
+    hreq_free(h);
 }
 
 /* ---- handlers ------------------------------------------------------------------------------------- */
@@ -813,24 +857,9 @@ static fy_http_front_t front_of(const fy_http_t *H)
                              .model_id = fy_router_model_id(H->R),
                              .served = H->served,
                              .max_ctx = fy_router_max_ctx(H->R),
+                             .max_prompt_bytes = fy_router_max_prompt_bytes(H->R),
                              .default_max_tokens = H->default_max_tokens,
                              .grammars = H->grammars};
-}
-
-/* The body of a generation, parsed: false with the error answered. */
-static bool parse_body(fy_http_t *H, fy_httpd_req_t *r, bool chat, fy_http_gen_t *g)
-{
-    if (!json_body(H, r)) return false;
-    size_t len;
-    const char *body = fy_httpd_req_body(r, &len);
-    fy_http_front_t f = front_of(H);
-    fy_http_fault_t fault;
-    fy_status_t st = fy_http_parse_generation(&f, body, len, chat, g, &fault);
-    if (st == FY_ERR_INVALID)
-        respond_error(H, r, fault.status, fault.type, fault.param, 0, "%s", fault.msg);
-    else if (st)
-        respond_error(H, r, 500, "server_error", NULL, 0, "out of memory");
-    return st == FY_OK;
 }
 
 /* The tenant of the request's key; false with a 401 sent when keys are
@@ -863,23 +892,13 @@ static void refuse_draining(fy_http_t *H, fy_httpd_req_t *r)
                   "the server is shutting down; try again shortly (another replica, or this one once restarted)");
 }
 
-/* A held request for g, with its own copy of the prompt when it has
- * more samples to submit later; NULL (500 answered) when out of memory. */
-static hreq_t *hreq_new(fy_http_t *H, fy_httpd_req_t *r, bool chat, fy_http_gen_t *g)
+/* h takes g's settings, with its own copy of the prompt when it has
+ * more samples to submit later; false when out of memory. */
+static bool hreq_fill(hreq_t *h, fy_http_gen_t *g)
 {
-    hreq_t *h = fy_calloc(1, sizeof(*h));
-    if (h && g->n > 1 && !(h->prompt = fy_malloc((size_t)g->n_prompt * sizeof(int32_t)))) {
-        fy_free(h);
-        h = NULL;
-    }
-    if (!h) {
-        respond_error(H, r, 500, "server_error", NULL, 0, "out of memory");
-        return NULL;
-    }
+    bool chat = h->chat;
+    if (g->n > 1 && !(h->prompt = fy_malloc((size_t)g->n_prompt * sizeof(int32_t)))) return false;
     if (h->prompt) memcpy(h->prompt, g->ids, (size_t)g->n_prompt * sizeof(int32_t));
-    h->H = H;
-    h->r = r;
-    h->chat = chat;
     h->stream = g->stream;
     h->include_usage = g->include_usage;
     h->logprobs = g->gen.logprobs;
@@ -903,7 +922,7 @@ static hreq_t *hreq_new(fy_http_t *H, fy_httpd_req_t *r, bool chat, fy_http_gen_
     randombytes_buf(rnd, sizeof(rnd));
     int k = snprintf(h->oid, sizeof(h->oid), "%s-", chat ? "chatcmpl" : "cmpl");
     for (size_t i = 0; i < sizeof(rnd); i++) k += snprintf(h->oid + k, sizeof(h->oid) - (size_t)k, "%02x", rnd[i]);
-    return h;
+    return true;
 }
 
 /* Why a request was not admitted, for the answer given after the lock. */
@@ -913,8 +932,8 @@ typedef struct refusal {
     int64_t cost;
 } refusal_t;
 
-/* Under the router's lock: lists h as live and holds its HTTP request,
- * after which h lives until h_end; false (h untouched, *why said) while
+/* Under the router's lock: lists h as live (its HTTP request is held
+ * already, h lives until h_end); false (h untouched, *why said) while
  * draining or past its tenant's limits. */
 static bool hreq_admit(fy_http_t *H, hreq_t *h, fy_tenant_t *tenant, const fy_http_gen_t *g, refusal_t *why)
 {
@@ -930,7 +949,7 @@ static bool hreq_admit(fy_http_t *H, hreq_t *h, fy_tenant_t *tenant, const fy_ht
     if (H->live) H->live->prev = h;
     H->live = h;
     H->n_live++;
-    fy_httpd_hold(h->r, h_end, h);
+    h->listed = true;
     return true;
 }
 
@@ -966,6 +985,93 @@ static void refuse_submitted(hreq_t *h, fy_status_t st, const char *err)
     raw_response(h, status_of(st), e);
 }
 
+/* A parse worker: the body parsed and its prompt tokenized, then the
+ * request admitted and submitted; run false: the router is stopping
+ * before it ran.  h->parsing stays set until the first sample is
+ * submitted, so that a client leaving meanwhile (h_end) leaves h to this
+ * function rather than free it under it. */
+static void parse_job(void *arg, bool run)
+{
+    hreq_t *h = arg;
+    fy_http_t *H = h->H;
+    router_t *R = H->R;
+    fy_http_gen_t g;
+    fy_http_fault_t fault;
+    fy_status_t pst = FY_ERR_CANCELLED;
+    if (run) {
+        fy_http_front_t f = front_of(H);
+        pst = fy_http_parse_generation(&f, h->body, h->body_len, h->chat, &g, &fault);
+    }
+    fy_free(h->body);
+    h->body = NULL;
+    fy_router_lock(R);
+    if (!h->r) { /* the client left while it waited */
+        fy_router_unlock(R);
+        if (pst == FY_OK) {
+            fy_free(g.ids);
+            fy_free(g.tool_names);
+        }
+        hreq_free(h);
+        return;
+    }
+    refusal_t why;
+    fy_tenant_t *tenant = h->key_tenant;
+    bool filled = pst == FY_OK && hreq_fill(h, &g);
+    if (!filled || !hreq_admit(H, h, tenant, &g, &why)) { /* answered now; h_end frees h once it is out */
+        h->parsing = false;
+        if (pst == FY_ERR_CANCELLED)
+            refuse_draining(H, h->r);
+        else if (pst)
+            respond_fault(H, h->r, pst, &fault);
+        else if (!filled)
+            respond_error(H, h->r, 500, "server_error", NULL, 0, "out of memory");
+        else
+            refuse_admission(H, h->r, tenant, &why);
+        fy_router_unlock(R);
+        if (pst == FY_OK) {
+            fy_free(g.ids);
+            fy_free(g.tool_names);
+        }
+        return;
+    }
+    fy_router_unlock(R);
+
+    /* the first sample now; the others (same prompt, seeds apart) once its
+     * prompt is in the workers' prefix caches, where they find it */
+    const char *tname = tenant ? fy_tenant_name(tenant) : "";
+    char err[256] = "";
+    fy_status_t st = fy_router_submit(R, tname, g.ids, g.n_prompt, &g.gen, 0, watch, h, &h->ids[0], err, sizeof(err));
+    fy_router_lock(R);
+    h->parsing = false;
+    h->ready = true;
+    if (!h->r) { /* the client left while this was submitted: as h_end would */
+        h_unlist(h);
+        fy_router_unlock(R);
+        hreq_free(h);
+        return;
+    }
+    if (!st && H->stopping) { /* the server stopped while this was submitted */
+        h_release(h, true);
+        st = FY_ERR_CANCELLED;
+        snprintf(err, sizeof(err), "the router is shutting down");
+    }
+    if (st) {
+        refuse_submitted(h, st, err);
+    } else {
+        if (h->stream) {
+            const char *hdr[] = {"Cache-Control", "no-cache", NULL};
+            fy_httpd_stream_begin(h->r, 200, "text/event-stream", hdr);
+            fy_metric_inc(H->responses[0]);
+        }
+        h_pump(h);
+    }
+    fy_router_unlock(R);
+}
+
+/* Server thread: what is cheap (draining, the API key, the content type)
+ * is checked here; the body, copied, waits for a parse worker, or is
+ * refused at once (503) when their queue is full.  The request is held
+ * from here on: its client leaving is noticed while it waits. */
 static void generation(fy_http_t *H, fy_httpd_req_t *r, bool chat)
 {
     router_t *R = H->R;
@@ -977,50 +1083,32 @@ static void generation(fy_http_t *H, fy_httpd_req_t *r, bool chat)
         return;
     }
     fy_tenant_t *tenant;
-    if (!authenticate(H, r, &tenant)) return;
-    fy_http_gen_t g;
-    if (!parse_body(H, r, chat, &g)) return;
-    hreq_t *h = hreq_new(H, r, chat, &g);
-    if (!h) {
-        fy_free(g.ids);
-        fy_free(g.tool_names);
-        return;
-    }
-    /* tenant limits; then the request is held, and h lives until h_end */
-    refusal_t why;
-    fy_router_lock(R);
-    bool admitted = hreq_admit(H, h, tenant, &g, &why);
-    fy_router_unlock(R);
-    if (!admitted) {
-        fy_free(h->prompt);
-        fy_free(h->tool_names);
+    if (!authenticate(H, r, &tenant) || !json_body(H, r)) return;
+    size_t len;
+    const char *body = fy_httpd_req_body(r, &len);
+    hreq_t *h = fy_calloc(1, sizeof(*h));
+    if (h && !(h->body = fy_malloc(len + 1))) {
         fy_free(h);
-        fy_free(g.ids);
-        refuse_admission(H, r, tenant, &why);
+        h = NULL;
+    }
+    if (!h) {
+        respond_error(H, r, 500, "server_error", NULL, 0, "out of memory");
         return;
     }
-
-    /* the first sample now; the others (same prompt, seeds apart) once its
-     * prompt is in the workers' prefix caches, where they find it */
-    const char *tname = tenant ? fy_tenant_name(tenant) : "";
-    char err[256] = "";
-    fy_status_t st = fy_router_submit(R, tname, g.ids, g.n_prompt, &g.gen, 0, watch, h, &h->ids[0], err, sizeof(err));
+    memcpy(h->body, body, len);
+    h->body[len] = 0;
+    h->body_len = len;
+    h->H = H;
+    h->r = r;
+    h->chat = chat;
+    h->key_tenant = tenant;
+    h->parsing = true;
     fy_router_lock(R);
-    h->ready = true;
-    if (!st && H->stopping) { /* the server stopped while this was submitted */
-        h_release(h, true);
-        st = FY_ERR_CANCELLED;
-        snprintf(err, sizeof(err), "the router is shutting down");
-    }
-    if (st) {
-        refuse_submitted(h, st, err);
-    } else {
-        if (h->stream) {
-            const char *hdr[] = {"Cache-Control", "no-cache", NULL};
-            fy_httpd_stream_begin(r, 200, "text/event-stream", hdr);
-            fy_metric_inc(H->responses[0]);
-        }
-        h_pump(h);
+    fy_httpd_hold(r, h_end, h);
+    fy_status_t st = fy_router_offload(R, len, parse_job, h);
+    if (st) { /* answered now; h_end frees h once the answer is out */
+        h->parsing = false;
+        refuse_busy(H, r, st);
     }
     fy_router_unlock(R);
 }
@@ -1063,25 +1151,32 @@ static void on_model(void *arg, fy_httpd_req_t *r)
 }
 
 /* POST /tokenize and /detokenize (vLLM's shapes), behind the API keys:
- * no cluster work, the router's own tokenizer. */
-static void tokenize(fy_http_t *H, fy_httpd_req_t *r, bool detok)
-{
-    fy_tenant_t *tenant;
-    if (!authenticate(H, r, &tenant) || !json_body(H, r)) return;
+ * no cluster work, the router's own tokenizer, on a parse worker (a
+ * long text takes as long as a prompt's).  The job is the held request's
+ * end argument: whichever of the worker and end() comes second frees it. */
+typedef struct tjob {
+    fy_http_t *H;
+    fy_httpd_req_t *r; /* NULL once the server ended it */
+    bool detok, queued;
+    char *body;
     size_t len;
-    const char *body = fy_httpd_req_body(r, &len);
+} tjob_t;
+
+/* The answer to a /tokenize or /detokenize body: status and JSON. */
+static json_t *tokenize_answer(fy_http_t *H, const char *body, size_t len, bool detok, uint16_t *status_p)
+{
     fy_http_front_t f = front_of(H);
     fy_http_fault_t fault;
     fy_http_tok_t t;
     fy_status_t st =
         detok ? fy_http_parse_detokenize(&f, body, len, &t, &fault) : fy_http_parse_tokenize(&f, body, len, &t, &fault);
     if (st == FY_ERR_INVALID) {
-        respond_error(H, r, fault.status, fault.type, fault.param, 0, "%s", fault.msg);
-        return;
+        *status_p = fault.status;
+        return error_body_msg(fault.type, fault.param, fault.code, fault.msg);
     }
     if (st) {
-        respond_error(H, r, 500, "server_error", NULL, 0, "out of memory");
-        return;
+        *status_p = 500;
+        return error_body_msg("server_error", NULL, NULL, "out of memory");
     }
     const fy_tokenizer_t *tok = fy_model_tokenizer(f.model);
     json_t *o = json_object();
@@ -1107,7 +1202,67 @@ static void tokenize(fy_http_t *H, fy_httpd_req_t *r, bool detok)
         json_object_set_new(o, "token_strs", strs);
     }
     fy_free(t.ids);
-    answer_json(H, r, 200, o, 0);
+    *status_p = 200;
+    return o;
+}
+
+static void tjob_end(void *arg, bool complete)
+{
+    (void)complete;
+    tjob_t *j = arg;
+    fy_router_lock(j->H->R);
+    j->r = NULL;
+    bool mine = !j->queued;
+    fy_router_unlock(j->H->R);
+    if (!mine) return; /* its worker frees it */
+    fy_free(j->body);
+    fy_free(j);
+}
+
+static void tjob_run(void *arg, bool run)
+{
+    tjob_t *j = arg;
+    fy_http_t *H = j->H;
+    uint16_t status = 503;
+    json_t *o = run ? tokenize_answer(H, j->body, j->len, j->detok, &status)
+                    : error_body_msg("server_overloaded", NULL, NULL, "the server is shutting down");
+    fy_router_lock(H->R);
+    j->queued = false;
+    bool gone = !j->r;
+    if (!gone) answer_json(H, j->r, status, o, status == 503 ? 1 : 0); /* end() frees j after this */
+    fy_router_unlock(H->R);
+    if (!gone) return;
+    json_decref(o);
+    fy_free(j->body);
+    fy_free(j);
+}
+
+static void tokenize(fy_http_t *H, fy_httpd_req_t *r, bool detok)
+{
+    fy_tenant_t *tenant;
+    if (!authenticate(H, r, &tenant) || !json_body(H, r)) return;
+    size_t len;
+    const char *body = fy_httpd_req_body(r, &len);
+    tjob_t *j = fy_calloc(1, sizeof(*j));
+    if (j && !(j->body = fy_malloc(len + 1))) {
+        fy_free(j);
+        j = NULL;
+    }
+    if (!j) {
+        respond_error(H, r, 500, "server_error", NULL, 0, "out of memory");
+        return;
+    }
+    memcpy(j->body, body, len);
+    j->body[len] = 0;
+    *j = (tjob_t){.H = H, .r = r, .detok = detok, .queued = true, .body = j->body, .len = len};
+    fy_router_lock(H->R);
+    fy_httpd_hold(r, tjob_end, j);
+    fy_status_t st = fy_router_offload(H->R, len, tjob_run, j);
+    if (st) {
+        j->queued = false;
+        refuse_busy(H, r, st);
+    }
+    fy_router_unlock(H->R);
 }
 
 static void on_tokenize(void *arg, fy_httpd_req_t *r) { tokenize(arg, r, false); }
@@ -1201,7 +1356,7 @@ static fy_status_t http_start(router_t *R, fy_http_t **h_p)
         (st = fy_conf_string(c, "model", "path", &path)) || (st = fy_httpd_limits_read(c, "router", &lim)))
         return st;
     if (!*url) return FY_OK;
-    lim.threads = 2; /* a long prompt's tokenizing does not hold up /health */
+    lim.threads = 2; /* prompts are parsed on the router's parse workers (fy_router_offload), not here */
     fy_http_t *H = fy_calloc(1, sizeof(*H));
     if (!H) return FY_ERR_NOMEM;
     H->R = R;

@@ -611,6 +611,17 @@ static char *join(const char *a, const char *sep, const char *b)
     return s;
 }
 
+/* A prompt of bytes bytes of text needs more tokens than the context
+ * holds: refused as OpenAI refuses one, before any tokenizing. */
+static void too_long(const fy_http_front_t *H, parsed_t *p, const char *param, size_t bytes)
+{
+    bad(p, 400, param,
+        "This model's maximum context length is %d tokens. However, your %s is %zu bytes of text, and no %zu bytes "
+        "fit in %d tokens (a token stands for at most %zu bytes)",
+        H->max_ctx, param, bytes, bytes, H->max_ctx, H->max_prompt_bytes / (size_t)(H->max_ctx > 0 ? H->max_ctx : 1));
+    p->code = "context_length_exceeded";
+}
+
 /* The chat messages to token ids through the model's template.  A
  * template that renders tools (it mentions 'tools': Qwen's, Llama 3's,
  * Mistral's) is given them and the messages' tool calls and ids, and its
@@ -764,6 +775,11 @@ static int32_t *chat_ids(const fy_http_front_t *H, parsed_t *p, json_t *o, const
         if (!(tools_json = json_dumps(tr->tools, JSON_PRESERVE_ORDER))) goto out;
         if (holds_special(tok, tools_json)) bad(p, 400, "tools", "'tools' holds the text of a special token");
     }
+    if (!p->status && H->max_prompt_bytes) { /* the template renders each text once, whole (prompt.h) */
+        size_t bytes = 0;
+        for (size_t x = 0; x < k; x++) bytes += cm[x].content ? strlen(cm[x].content) : 0;
+        if (bytes > H->max_prompt_bytes) too_long(H, p, "messages", bytes);
+    }
     if (!p->status && fy_prompt_chat_tools(m, cm, (const char *const *)extras, k, tools_json, &ids, n_p) != FY_OK)
         bad(p, 400, "messages", "the chat template cannot render these messages");
 out: /* (out of memory: no fault, no ids) */
@@ -791,6 +807,10 @@ static int32_t *prompt_ids(const fy_http_front_t *H, parsed_t *p, json_t *o, boo
     if (json_is_string(pr)) {
         if (!json_string_length(pr)) {
             bad(p, 400, "prompt", "'prompt' is empty");
+            return NULL;
+        }
+        if (H->max_prompt_bytes && json_string_length(pr) > H->max_prompt_bytes) {
+            too_long(H, p, "prompt", json_string_length(pr));
             return NULL;
         }
         char *t = fy_strndup(json_string_value(pr), json_string_length(pr));

@@ -22,10 +22,14 @@
 
 /* What the parsing needs to know of the server. */
 typedef struct fy_http_front {
-    const fy_model_t *model;    /* its tokenizer and chat template */
-    const char *model_id;       /* accepted as "model", besides served */
-    const char *served;         /* the name the API serves the model under */
-    int32_t max_ctx;            /* tokens of context */
+    const fy_model_t *model; /* its tokenizer and chat template */
+    const char *model_id;    /* accepted as "model", besides served */
+    const char *served;      /* the name the API serves the model under */
+    int32_t max_ctx;         /* tokens of context */
+    /* a prompt's text (chat: its messages' text together) longer than
+     * this cannot fit the context and is refused before it is tokenized
+     * (max_ctx times fy_tokenizer_max_token_text); 0: no bound */
+    size_t max_prompt_bytes;
     int64_t default_max_tokens; /* chat completions without max_tokens */
     /* structured outputs are compiled here first, so a schema the workers
      * would refuse is a 400 naming its field (NULL: compiled uncached) */
@@ -37,6 +41,7 @@ typedef struct fy_http_front {
 typedef struct fy_http_fault {
     uint16_t status;
     const char *type, *param;
+    const char *code; /* OpenAI's error code ("context_length_exceeded"), or NULL */
     char msg[384];
 } fy_http_fault_t;
 

@@ -40,6 +40,7 @@
 #include "etcd.h"
 #include "evict.h"
 #include "genspec.h"
+#include "grammar.h"
 #include "kv.h"
 #include "log.h"
 #include "mem.h"
@@ -48,7 +49,9 @@
 #include "msg.h"
 #include "prompt.h"
 #include "rpc.h"
+#include "tokenizer.h"
 #include "wire.h"
+#include "workq.h"
 
 #define MAX_WORKERS 64
 #define N_BUCKETS 1024
@@ -175,8 +178,11 @@ typedef struct router {
     fy_kv_hasher_t *hasher;
     fy_kv_layout_t lay;
     int32_t vocab, max_ctx;
-    int32_t step;            /* decode.max_batch_tokens: a sliding KV group's bound (fy_kv_blocks_held) */
-    fy_evict_params_t evict; /* the deployment's KV budget (kv.evict): the decode workers' admission bound */
+    size_t max_prompt_bytes;      /* text longer than this cannot fit max_ctx (0: no bound; workq.h) */
+    fy_workq_t *parse;            /* tokenizing and parsing of clients' prompts, off nng's and HTTP's threads */
+    fy_grammar_cache_t *grammars; /* nng clients' structured outputs, compiled as the workers will (thread-safe) */
+    int32_t step;                 /* decode.max_batch_tokens: a sliding KV group's bound (fy_kv_blocks_held) */
+    fy_evict_params_t evict;      /* the deployment's KV budget (kv.evict): the decode workers' admission bound */
     /* sockets, and the credentials they carry */
     fy_env_auth_t auth;
     fy_rpc_server_t *srv;
@@ -1444,6 +1450,61 @@ static fy_status_t enqueue(router_t *R, const char *tenant, int32_t *ids, int32_
     return FY_OK;
 }
 
+/* A generate message waiting for a parse worker: the call holds msg
+ * until it is answered. */
+typedef struct gen_job {
+    router_t *R;
+    fy_rpc_call_t *call;
+    fy_env_hdr_t from;
+    const void *msg;
+    size_t len;
+} gen_job_t;
+
+static void client_generate(router_t *R, fy_rpc_call_t *call, const fy_env_hdr_t *from, fy_msgr_t *r);
+
+/* A parse worker: the message read and its prompt tokenized there. */
+static void gen_job_run(void *arg, bool run)
+{
+    gen_job_t *j = arg;
+    if (!run) {
+        fy_rpc_reply_error(j->call, 0, FY_ERR_OVERLOADED, "the router is shutting down; send this request again");
+        fy_free(j);
+        return;
+    }
+    fy_msgr_t r;
+    if (fy_msgr_parse(&r, j->msg, j->len) != FY_OK)
+        fy_rpc_reply_error(j->call, 0, r.status, r.err);
+    else
+        client_generate(j->R, j->call, &j->from, &r);
+    fy_msgr_free(&r);
+    fy_free(j);
+}
+
+/* nng's thread: a generate goes to the parse workers, or is refused at
+ * once when they are all busy and their queue is full. */
+static void client_generate_queue(router_t *R, fy_rpc_call_t *call, const fy_env_hdr_t *from, const void *msg,
+                                  size_t len)
+{
+    gen_job_t *j = fy_malloc(sizeof(*j));
+    if (!j) {
+        fy_rpc_reply_error(call, 0, FY_ERR_NOMEM, "router out of memory");
+        return;
+    }
+    *j = (gen_job_t){.R = R, .call = call, .from = *from, .msg = msg, .len = len};
+    fy_status_t st = fy_workq_push(R->parse, len <= FY_WORKQ_QUICK_BYTES, gen_job_run, j);
+    if (st == FY_OK) return;
+    fy_free(j);
+    pthread_mutex_lock(&R->mu);
+    R->refused++;
+    pthread_mutex_unlock(&R->mu);
+    fy_metric_inc(R->m.refused[0]);
+    fy_rpc_reply_error(call, 0, FY_ERR_OVERLOADED,
+                       st == FY_ERR_CANCELLED ? "the router is shutting down; send this request again"
+                                              : "overloaded: the router's prompt parsers are all busy; try again");
+}
+
+/* A parse worker (gen_job_run): reads the message, tokenizes its prompt
+ * and queues the request. */
 static void client_generate(router_t *R, fy_rpc_call_t *call, const fy_env_hdr_t *from, fy_msgr_t *r)
 {
     char *prompt_text = NULL, *system = NULL;
@@ -1462,8 +1523,39 @@ static void client_generate(router_t *R, fy_rpc_call_t *call, const fy_env_hdr_t
             "field 'prompt_logprobs': served on the HTTP API only (a client's events do not carry them)");
         return;
     }
+    if (m.gen.grammar_kind != FY_GEN_GRAMMAR_NONE) { /* what the workers will compile, with the same limits */
+        fy_grammar_kind_t kind;
+        fy_grammar_t *g = NULL;
+        char gerr[FY_GRAMMAR_ERR_LEN] = "", msg[FY_GRAMMAR_ERR_LEN + 64];
+        fy_status_t gst = !fy_grammar_kind_of_gen(m.gen.grammar_kind, &kind)
+                              ? FY_ERR_INVALID
+                              : fy_grammar_cache_get(R->grammars, kind, m.gen.grammar, (size_t)m.gen.grammar_len, &g,
+                                                     NULL, gerr, sizeof(gerr));
+        fy_grammar_unref(g);
+        if (gst) {
+            fy_wire_generate_clear(&m);
+            snprintf(msg, sizeof(msg), "field 'grammar': %s", gerr[0] ? gerr : fy_status_str(gst));
+            fy_rpc_reply_error(call, 0, gst == FY_ERR_NOMEM ? FY_ERR_NOMEM : FY_ERR_INVALID, msg);
+            return;
+        }
+    }
     int32_t *ids = m.tokens, n = m.n_tokens; /* taken: enqueue owns them */
     m.tokens = NULL;
+    size_t text = m.prompt ? m.prompt_len + (m.chat && m.system ? m.system_len : 0) : 0;
+    if (R->max_prompt_bytes && text > R->max_prompt_bytes) { /* before any tokenizing (workq.h) */
+        fy_wire_generate_clear(&m);
+        fy_free(ids);
+        char msg[256];
+        snprintf(msg, sizeof(msg),
+                 "the prompt is %zu bytes of text; it cannot fit the context of %d tokens (at most %zu bytes)", text,
+                 R->max_ctx, R->max_prompt_bytes);
+        pthread_mutex_lock(&R->mu);
+        R->refused++;
+        pthread_mutex_unlock(&R->mu);
+        fy_metric_inc(R->m.refused[1]);
+        fy_rpc_reply_error(call, 0, FY_ERR_INVALID, msg);
+        return;
+    }
     if (m.prompt) { /* tokenizing takes the model's tokenizer, not the router's lock */
         prompt_text = fy_strndup(m.prompt, m.prompt_len);
         system = m.system ? fy_strndup(m.system, m.system_len) : NULL;
@@ -1625,7 +1717,7 @@ static void on_client(void *arg, fy_rpc_call_t *call, const fy_env_hdr_t *from, 
     if (fy_msgr_parse(&r, buf, len) != FY_OK) {
         fy_rpc_reply_error(call, 0, r.status, r.err);
     } else if (fy_wire_generate_is(&r)) {
-        client_generate(R, call, from, &r);
+        client_generate_queue(R, call, from, buf, len);
     } else if (fy_wire_poll_is(&r)) {
         client_poll(R, call, from, &r);
     } else if (fy_wire_cancel_is(&r)) {
@@ -1646,6 +1738,11 @@ void fy_router_lock(router_t *R) { pthread_mutex_lock(&R->mu); }
 void fy_router_unlock(router_t *R) { pthread_mutex_unlock(&R->mu); }
 const fy_model_t *fy_router_model(const router_t *R) { return R->model; }
 const char *fy_router_model_id(const router_t *R) { return R->model_id; }
+size_t fy_router_max_prompt_bytes(const router_t *R) { return R->max_prompt_bytes; }
+fy_status_t fy_router_offload(router_t *R, size_t bytes, void (*fn)(void *arg, bool run), void *arg)
+{
+    return fy_workq_push(R->parse, bytes <= FY_WORKQ_QUICK_BYTES, fn, arg);
+}
 int32_t fy_router_max_ctx(const router_t *R) { return R->max_ctx; }
 const fy_config_t *fy_router_config(const router_t *R) { return R->cfg; }
 
@@ -1998,7 +2095,7 @@ static fy_status_t setup(router_t *R)
 {
     const fy_config_t *c = R->cfg;
     const char *model_path, *listen, *events;
-    int64_t max_queue, retries, pq_tokens, n_prefill, step, sink, recent, heavy;
+    int64_t max_queue, retries, pq_tokens, n_prefill, step, sink, recent, heavy, parse_threads, parse_queue;
     int evict;
     bool sliding_groups;
     int32_t bs;
@@ -2015,6 +2112,8 @@ static fy_status_t setup(router_t *R)
         (st = fy_conf_duration(c, "router", "client_timeout", &R->client_timeout)) ||
         (st = fy_conf_duration(c, "router", "drain_timeout", &R->drain_timeout)) ||
         (st = fy_conf_int(c, "router", "max_queue", &max_queue)) ||
+        (st = fy_conf_int(c, "router", "parse_threads", &parse_threads)) ||
+        (st = fy_conf_int(c, "router", "parse_queue", &parse_queue)) ||
         (st = fy_conf_int(c, "router", "retries", &retries)) ||
         (st = fy_conf_int(c, "router", "prefill_queue_tokens", &pq_tokens)) ||
         (st = fy_conf_float(c, "router", "prefix_weight", &R->prefix_weight)) ||
@@ -2041,6 +2140,7 @@ static fy_status_t setup(router_t *R)
     const fy_model_config_t *mc = fy_model_config(R->model);
     R->vocab = mc->vocab_size;
     R->max_ctx = mc->max_ctx;
+    R->max_prompt_bytes = (size_t)R->max_ctx * fy_tokenizer_max_token_text(fy_model_tokenizer(R->model));
     if ((st = fy_kv_layout_init(&R->lay, mc->n_layers, mc->n_kv_heads, mc->head_dim, bs, dt))) return st;
     if (sliding_groups) { /* the workers' KV groups (fy_runner_layout_for): names and block counts agree */
         int32_t win[FY_KV_MAX_LAYERS];
@@ -2071,6 +2171,15 @@ static fy_status_t setup(router_t *R)
         fy_log_set_prefix(R->name);
     }
     if ((st = fy_cluster_auth(c, FY_ROLE_ROUTER, R->name, R->inc, &R->auth))) return st;
+    /* small bodies wait as requests wait for placement (router.max_queue):
+     * a burst of ordinary requests is never refused here */
+    int32_t quick_cap = (int32_t)(max_queue > parse_queue ? max_queue : parse_queue);
+    if ((st = fy_workq_create((int32_t)parse_threads, quick_cap, (int32_t)parse_queue, &R->parse))) return st;
+    if ((st = fy_grammar_cache_create(64, &R->grammars))) return st;
+    if (R->max_prompt_bytes)
+        fy_info("prompts of more than %zu bytes of text cannot fit %d tokens: refused before tokenizing; %lld parse "
+                "threads, %lld queued at most (%d small ones)",
+                R->max_prompt_bytes, R->max_ctx, (long long)parse_threads, (long long)parse_queue, quick_cap);
     /* the sockets are published under the lock: their callbacks read them there */
     fy_pull_t *pull;
     fy_rpc_server_t *srv;
@@ -2097,6 +2206,10 @@ static fy_status_t setup(router_t *R)
 
 static void teardown(router_t *R)
 {
+    /* prompts not yet parsed are answered while the sockets still carry
+     * answers; the queue refuses what comes after, until it is freed once
+     * nothing can push to it (the client port and the front door gone) */
+    fy_workq_stop(R->parse);
     fy_membership_stop(R->members); /* the record goes: workers end what they still hold of ours */
     R->members = NULL;
     if (R->door) R->door->stop(R->door_h); /* its requests cancelled, its sockets closed */
@@ -2125,6 +2238,8 @@ static void teardown(router_t *R)
     }
     pthread_mutex_unlock(&R->mu);
     fy_rpc_server_destroy(R->srv);
+    fy_workq_destroy(R->parse);
+    R->parse = NULL;
     while (R->all) req_free(R, R->all);
     for (int i = 0; i < R->n_workers; i++) {
         fy_push_destroy(R->workers[i].push);
@@ -2132,6 +2247,7 @@ static void teardown(router_t *R)
     }
     fy_free(R->listed);
     fy_kv_hasher_destroy(R->hasher);
+    fy_grammar_cache_destroy(R->grammars);
     fy_env_auth_wipe(&R->auth);
     fy_metrics_destroy(R->reg);
     fy_model_destroy(R->model);

@@ -34,6 +34,19 @@ const fy_model_t *fy_router_model(const router_t *R);
 const char *fy_router_model_id(const router_t *R);
 int32_t fy_router_max_ctx(const router_t *R);
 const fy_config_t *fy_router_config(const router_t *R);
+/* Bytes of prompt text that cannot fit max_ctx tokens, and more (0: no
+ * such bound): refused before tokenizing. */
+size_t fy_router_max_prompt_bytes(const router_t *R);
+
+/* Lock NOT held (or held: the queue's lock nests inside).  Hands
+ * fn(arg, true) to the router's parse workers (router.parse_threads),
+ * away from the threads that carry /health and the workers' events; a
+ * job of at most FY_WORKQ_QUICK_BYTES bytes (the body's) goes in the
+ * quick lane (router/workq.h);
+ * fn(arg, false) when the router stops before it ran.  FY_ERR_OVERLOADED
+ * when router.parse_queue jobs already wait, FY_ERR_CANCELLED when the
+ * router is stopping: fn is not called. */
+fy_status_t fy_router_offload(router_t *R, size_t bytes, void (*fn)(void *arg, bool run), void *arg);
 
 /*
  * Queues a request; lock NOT held.  ids (fy_malloc'd) are taken in every

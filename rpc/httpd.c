@@ -599,6 +599,31 @@ static enum MHD_Result add_header_size(void *cls, enum MHD_ValueKind kind, const
     return MHD_YES;
 }
 
+/* How a request frames its body: its Content-Length fields (all of them:
+ * MHD keeps each) and whether it has Transfer-Encoding. */
+typedef struct framing {
+    int n_length;
+    bool conflict, bad, chunked;
+    char first[32];
+} framing_t;
+
+static enum MHD_Result add_framing(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind;
+    framing_t *f = cls;
+    if (!strcasecmp(key, "Transfer-Encoding")) f->chunked = true;
+    if (strcasecmp(key, "Content-Length")) return MHD_YES;
+    value = value ? value : "";
+    /* digits only: "5, 6" or "+5" is no length (RFC 9112, 6.3) */
+    size_t n = strlen(value);
+    if (!n || n >= sizeof(f->first) || strspn(value, "0123456789") != n) f->bad = true;
+    if (f->n_length++ == 0)
+        snprintf(f->first, sizeof(f->first), "%s", value);
+    else if (strcmp(f->first, value))
+        f->conflict = true;
+    return MHD_YES;
+}
+
 /* MHD thread: the answer to a request no route takes (no such path, a
  * route's path with another method, OPTIONS), once its body is dropped;
  * close_after: the body was too long to drop, the connection goes. */
@@ -689,6 +714,21 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
             snprintf(msg, sizeof(msg), "the request line and headers are %zu bytes; at most %lld", hbytes,
                      (long long)S->lim.max_header);
             return queue_error(S, mc, 431, "invalid_request_error", msg, NULL, NULL, true);
+        }
+        /* a body framed two ways is refused, and the connection closed: a
+         * proxy in front may have read it the other way, and what this
+         * server would take for the next request is the rest of this one
+         * (request smuggling; RFC 9112, 6.1 and 6.3) */
+        framing_t fr = {0};
+        MHD_get_connection_values(mc, MHD_HEADER_KIND, add_framing, &fr);
+        if (fr.conflict || fr.bad || (fr.n_length && fr.chunked)) {
+            set_phase(S, c, PH_ANSWER);
+            const char *why = fr.conflict ? "Content-Length fields that disagree"
+                              : fr.bad    ? "a Content-Length that is not a number"
+                                          : "both Content-Length and Transfer-Encoding";
+            char msg[128];
+            snprintf(msg, sizeof(msg), "the request's body is framed ambiguously: %s", why);
+            return queue_error(S, mc, 400, "invalid_request_error", msg, NULL, NULL, true);
         }
         bool is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
         unsigned long long declared = declared_length(mc);

@@ -28,7 +28,10 @@
  * client that stops reading its answer; an answer that waits for its
  * data is not idle); request lines and headers over max_header bytes are
  * answered 431 (414 for a request line alone), bodies over a route's
- * max_body 413.  At most max_connections are served: a new connection
+ * max_body 413.  A body framed two ways (Content-Length fields that
+ * disagree, Content-Length with Transfer-Encoding) is answered 400 and
+ * its connection closed, so that nothing of it is read as a request of
+ * its own (request smuggling behind a proxy; RFC 9112, 6.1 and 6.3).  At most max_connections are served: a new connection
  * beyond that closes the oldest one that has no request under way, or,
  * when every one is busy answering, is answered 503 with a JSON body and
  * closed (GET routes such as /health are still answered on it).

@@ -945,6 +945,18 @@ static void test_structured_outputs(void **state)
     fy_test_log_begin();
     assert_int_equal(fy_engine_submit(g.e, p, 4, &rp, on_top, &a, &id), FY_ERR_INVALID);
     assert_true(fy_test_log_has("patternProperties", NULL));
+    assert_non_null(strstr(fy_engine_refusal(), "patternProperties")); /* what a worker answers with */
+    /* a regex of 5,000 alternatives: beyond what the matcher starts on,
+     * refused with the limit named (issue 32, item 11; the workers said
+     * the prompt was too long) */
+    char *alts = fy_malloc(32768);
+    size_t n = 0;
+    for (int i = 0; i < 5000; i++) n += (size_t)snprintf(alts + n, 32768 - n, "%s%d", i ? "|" : "", i);
+    rp.grammar_kind = FY_GEN_GRAMMAR_REGEX, rp.grammar = alts, rp.grammar_len = (int32_t)n;
+    assert_int_equal(fy_engine_submit(g.e, p, 4, &rp, on_top, &a, &id), FY_ERR_INVALID);
+    print_message("5000 alternatives: %s\n", fy_engine_refusal());
+    assert_non_null(strstr(fy_engine_refusal(), "matcher's limits"));
+    fy_free(alts);
     fy_test_log_end();
     rig_close(&g);
 }

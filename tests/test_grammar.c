@@ -985,6 +985,56 @@ static void test_alloc_failure(void **state)
     fy_token_trie_destroy(t);
 }
 
+/* issue 32, item 11: a regex of 5,000 alternatives (what a worker's
+ * matcher cannot start on: more stacks alive at once than it follows)
+ * is refused by the compiler, which the router runs at the door and the
+ * workers run again, with the limit named; 4,000 compile and their
+ * matcher starts and takes a whole one.  The same for GBNF and a deep
+ * nesting of optional parts: refused or run, never a crash. */
+static void test_matcher_start_limit(void **state)
+{
+    (void)state;
+    char err[FY_GRAMMAR_ERR_LEN];
+    fy_grammar_t *g = NULL;
+    size_t cap = 64 * 1024, n;
+    char *s = fy_malloc(cap);
+    assert_non_null(s);
+    static const int counts[] = {5000, 4000};
+    for (int k = 0; k < 2; k++) {
+        n = 0;
+        for (int i = 0; i < counts[k]; i++) n += (size_t)snprintf(s + n, cap - n, "%s%d", i ? "|" : "", i);
+        assert_true(n < 32768); /* within a generation's grammar bytes: only the matcher's limit refuses it */
+        fy_status_t st = fy_grammar_compile(FY_GRAMMAR_REGEX, s, n, &g, err, sizeof(err));
+        print_message("%d alternatives (%zu bytes): %s %s\n", counts[k], n, fy_status_str(st), st ? err : "");
+        if (k == 0) {
+            assert_int_equal(st, FY_ERR_INVALID);
+            assert_null(g);
+            assert_non_null(strstr(err, "matcher's limits"));
+            continue;
+        }
+        assert_int_equal(st, FY_OK);
+        fy_gmatch_t *m;
+        assert_int_equal(fy_gmatch_create(g, &m), FY_OK);
+        assert_true(fy_gmatch_accept_bytes(m, "3999", 4));
+        assert_true(fy_gmatch_is_complete(m));
+        fy_gmatch_destroy(m);
+        fy_grammar_unref(g);
+        g = NULL;
+    }
+    /* GBNF: the same choice as a rule */
+    n = (size_t)snprintf(s, cap, "root ::= ");
+    for (int i = 0; i < 5000; i++) n += (size_t)snprintf(s + n, cap - n, "%s\"%d\"", i ? " | " : "", i);
+    assert_int_equal(fy_grammar_compile(FY_GRAMMAR_GBNF, s, n, &g, err, sizeof(err)), FY_ERR_INVALID);
+    assert_non_null(strstr(err, "matcher's limits"));
+    /* 20,000 optional parts in a row: many alive at the start */
+    n = 0;
+    for (int i = 0; i < 20000 && n + 3 < cap; i++) n += (size_t)snprintf(s + n, cap - n, "a?");
+    fy_status_t st = fy_grammar_compile(FY_GRAMMAR_REGEX, s, n, &g, err, sizeof(err));
+    print_message("20000 optional parts: %s %s\n", fy_status_str(st), st ? err : "");
+    assert_int_equal(st, FY_ERR_INVALID);
+    fy_free(s);
+}
+
 static void test_compile_time(void **state)
 {
     (void)state;
@@ -1019,6 +1069,7 @@ int main(void)
         cmocka_unit_test(test_gbnf),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_matcher_start_limit),
         cmocka_unit_test(test_cache),
         cmocka_unit_test(test_cache_threads),
         cmocka_unit_test(test_mask_tiny),

@@ -406,6 +406,30 @@ static void test_bad_requests(void **state)
     char *big = token_prompt_json(9000, 5, "");
     CHECK("POST", "/v1/completions", KEY_A, big, 400, "prompt", NULL);
     fy_free(big);
+    /* a regex of 5,000 alternatives: within the grammar's bytes, beyond what
+     * a worker's matcher starts on; refused here by name (issue 32, item
+     * 11: it used to pass the door, fail on the workers and come back as
+     * another error after a retry), and on the nng port too */
+    size_t rcap = 40000, rn = (size_t)snprintf(big = fy_malloc(rcap), rcap, "{\"prompt\":\"hi\",\"guided_regex\":\"");
+    char *alts = big + rn;
+    for (int i = 0; i < 5000; i++) rn += (size_t)snprintf(big + rn, rcap - rn, "%s%d", i ? "|" : "", i);
+    size_t alts_len = (size_t)(big + rn - alts);
+    snprintf(big + rn, rcap - rn, "\"}");
+    CHECK("POST", "/v1/completions", KEY_A, big, 400, "guided_regex", "matcher's limits");
+    fy_client_req_t greq = {.prompt = "hi"};
+    fy_genspec_default(&greq.gen);
+    greq.gen.max_tokens = 4;
+    greq.gen.grammar_kind = FY_GEN_GRAMMAR_REGEX;
+    greq.gen.grammar_len = (int32_t)alts_len;
+    memcpy(greq.gen.grammar, alts, alts_len);
+    greq.gen.grammar[alts_len] = 0;
+    fy_client_stream_t gs;
+    char gerr[512] = "";
+    assert_int_equal(fy_client_generate(C.client, &greq, &gs, gerr, sizeof(gerr)), FY_ERR_INVALID);
+    print_message("nng, 5000 alternatives: %s\n", gerr);
+    assert_non_null(strstr(gerr, "field 'grammar'"));
+    assert_non_null(strstr(gerr, "matcher's limits"));
+    fy_free(big);
 #undef CHECK
     /* wrong content type */
     int s = dial();

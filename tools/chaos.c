@@ -26,6 +26,13 @@
  *                  cluster.etcd_ttl + 2 s, then SIGCONT: every lease
  *                  expires; routers and workers that hear each other serve
  *                  on, and register again
+ *   flood          16 clients send prompts of almost router.max_body
+ *                  bytes (max_tokens 1) to the HTTP API for FLOOD_S
+ *                  seconds while the load runs: the router must keep its
+ *                  pid (serve kills a router whose /health stalls), every
+ *                  flood request must get an answer, and short streamed
+ *                  requests' time to first token during the flood is
+ *                  recorded beside the same just before it
  *
  * With cluster.etcd in the configuration, etcd (which `ferry serve`
  * starts) gets a free loopback port too, and with serve.routers = N the
@@ -80,9 +87,9 @@
 #define BURST 16
 #define RESP_CAP (1 << 20)
 
-enum { K_KILL_PREFILL, K_KILL_DECODE, K_KILL_ROUTER, K_BURST, K_STOP_DECODE, K_KILL_RANK, K_STOP_ETCD, N_KINDS };
+enum { K_KILL_PREFILL, K_KILL_DECODE, K_KILL_ROUTER, K_BURST, K_STOP_DECODE, K_KILL_RANK, K_STOP_ETCD, K_FLOOD, N_KINDS };
 static const char *const KIND_NAMES[N_KINDS] = {"kill-prefill", "kill-decode", "kill-router", "burst",
-                                                "stop-decode",  "kill-rank",   "stop-etcd"};
+                                                "stop-decode",  "kill-rank",   "stop-etcd",   "flood"};
 
 /* how a request ended */
 enum { O_OK, O_HTTP_ERROR, O_STREAM_ERROR, O_REFUSED, O_CUT, O_HUNG, N_OUTCOMES };
@@ -226,6 +233,10 @@ typedef struct chaos {
     double recover[1024];
     int n_recover;
     int64_t leaked_blocks;
+    /* flood rounds: short streams' time to the first token, before and during */
+    double ttft_before[256], ttft_during[256];
+    int n_before, n_during;
+    int64_t max_body;
     int failures;
     char first_failure[512];
 } chaos_t;
@@ -298,6 +309,7 @@ static bool start_cluster(chaos_t *c)
                   !fy_conf_int(cfg, "serve", "routers", &nr) && !fy_conf_string(cfg, "cluster", "etcd", &etcd) &&
                   !fy_conf_duration(cfg, "cluster", "etcd_ttl", &c->etcd_ttl_s) &&
                   !fy_conf_duration(cfg, "router", "lease", &c->lease_s) &&
+                  !fy_conf_size(cfg, "router", "max_body", &c->max_body) &&
                   !fy_conf_int(cfg, "worker", "tp", &shape[0]) && !fy_conf_int(cfg, "worker", "pp", &shape[1]) &&
                   !fy_conf_int(cfg, "prefill", "tp", &shape[2]) && !fy_conf_int(cfg, "prefill", "pp", &shape[3]) &&
                   !fy_conf_int(cfg, "decode", "tp", &shape[4]) && !fy_conf_int(cfg, "decode", "pp", &shape[5]);
@@ -745,6 +757,111 @@ static void watch_start(chaos_t *c, watch_t *w, pid_t gone, double t_fault)
     w->running = pthread_create(&w->t, NULL, watch_main, w) == 0;
 }
 
+/* ---- the flood round ---- */
+
+#define FLOOD_S 5
+#define FLOOD_CLIENTS 16
+
+typedef struct flood {
+    chaos_t *c;
+    char *body; /* a prompt of almost router.max_body bytes */
+    double until;
+    int answered, hung;
+} flood_t;
+
+static void *flood_main(void *arg)
+{
+    flood_t *f = arg;
+    while (now_s() < f->until) {
+        http_res_t r;
+        http_do(f->c->http_port, "POST", "/v1/completions", f->body, now_s() + f->c->request_s, NULL, &r);
+        __atomic_add_fetch(r.timed_out ? &f->hung : &f->answered, 1, __ATOMIC_RELAXED);
+        fy_free(r.body);
+        if (r.refused) nap(0.05);
+    }
+    return NULL;
+}
+
+/* A short streamed completion's time to its first token: to the first
+ * event that carries text (-1: none, or the stream did not end well). */
+static double probe_ttft(chaos_t *c)
+{
+    static const char req[] =
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: "
+        "application/json\r\nContent-Length: 67\r\n\r\n{\"prompt\":\"The river\",\"max_tokens\":4,"
+        "\"stream\":true,\"temperature\":0}";
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {
+        .sin_family = AF_INET, .sin_port = htons((uint16_t)c->http_port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    double t0 = now_s(), first = -1, end = t0 + c->request_s;
+    char b[8192];
+    size_t n = 0;
+    if (fd >= 0 && !connect(fd, (struct sockaddr *)&a, sizeof(a)) &&
+        send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL) == (ssize_t)sizeof(req) - 1) {
+        while (now_s() < end && n + 1 < sizeof(b)) {
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+            if (poll(&p, 1, 100) <= 0) continue;
+            ssize_t k = recv(fd, b + n, sizeof(b) - 1 - n, 0);
+            if (k <= 0) break;
+            n += (size_t)k;
+            b[n] = 0;
+            if (first < 0 && strstr(b, "\"text\"")) first = now_s() - t0;
+        }
+    }
+    if (fd >= 0) close(fd);
+    b[n] = 0;
+    return strstr(b, "data: [DONE]") && !strstr(b, "data: {\"error\"") ? first : -1;
+}
+
+static double median(double *v, int n)
+{
+    if (n <= 0) return 0;
+    double t[256];
+    memcpy(t, v, (size_t)n * sizeof(double));
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            double x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    return t[n / 2];
+}
+
+static void flood_round(chaos_t *c, int r, pid_t *pid_p)
+{
+    pid_t router = find_child(c, "ferry-router", 0);
+    *pid_p = router;
+    for (int i = 0; i < 3 && c->n_before < 256; i++) {
+        double t = probe_ttft(c);
+        if (t >= 0) c->ttft_before[c->n_before++] = t;
+    }
+    flood_t f = {.c = c, .until = now_s() + FLOOD_S};
+    size_t len = c->max_body > 4096 ? (size_t)c->max_body - 256 : 4096;
+    f.body = fy_malloc(len + 64);
+    if (!f.body) return;
+    size_t n = (size_t)snprintf(f.body, len, "{\"max_tokens\":1,\"prompt\":\"");
+    for (unsigned i = 0; n + 16 < len; i++) n += (size_t)snprintf(f.body + n, len - n, "%s ", WORDS[i * 7 % 16]);
+    snprintf(f.body + n, len + 64 - n, "\"}");
+    pthread_t t[FLOOD_CLIENTS];
+    int nt = 0;
+    for (; nt < FLOOD_CLIENTS; nt++)
+        if (pthread_create(&t[nt], NULL, flood_main, &f)) break;
+    nap(0.5);
+    while (now_s() < f.until - 0.5 && c->n_during < 256) {
+        double p = probe_ttft(c);
+        if (p >= 0) c->ttft_during[c->n_during++] = p;
+    }
+    for (int i = 0; i < nt; i++) pthread_join(t[i], NULL);
+    fy_free(f.body);
+    pid_t after = find_child(c, "ferry-router", 0);
+    if (router <= 0 || after != router)
+        fail(c, "round %d (flood): the router was replaced (pid %d, now %d): serve killed it or it died", r,
+             (int)router, (int)after);
+    if (f.hung) fail(c, "round %d (flood): %d flood requests got no answer within %.0f s", r, f.hung, c->request_s);
+    fprintf(stderr, "ferry: chaos: flood: %d large prompts answered; short streams %.0f ms before, %.0f ms during\n",
+            f.answered, median(c->ttft_before, c->n_before) * 1e3, median(c->ttft_during, c->n_during) * 1e3);
+}
+
 /* One round: load for a while, the fault, more load, then the checks. */
 static void round_run(chaos_t *c, int r, int kind, uint64_t *rng)
 {
@@ -808,6 +925,10 @@ static void round_run(chaos_t *c, int r, int kind, uint64_t *rng)
             watch_start(c, &w, 0, now_s());
         }
         break;
+    case K_FLOOD:
+        flood_round(c, r, &pid);
+        watch_start(c, &w, 0, now_s());
+        break;
     case K_STOP_DECODE:
         if (signal_child(c, "ferry-decode", victim, SIGSTOP, &pid)) {
             nap(c->stop_s);
@@ -852,6 +973,11 @@ static void summary(chaos_t *c, double wall)
     printf("\nchaos: healthy again after mean %.2f s, max %.2f s; blocks leaked %lld; %s\n",
            c->n_recover ? sum / c->n_recover : 0, mx, (long long)c->leaked_blocks,
            c->failures ? c->first_failure : "every check passed");
+    if (c->n_during)
+        printf("chaos: flood: short streams' time to first token, median %.0f ms before the flood (%d), %.0f ms "
+               "during it (%d)\n",
+               median(c->ttft_before, c->n_before) * 1e3, c->n_before, median(c->ttft_during, c->n_during) * 1e3,
+               c->n_during);
     printf("%-14s", "round kind");
     for (int o = 0; o < N_OUTCOMES; o++) printf(" %12s", OUTCOME_NAMES[o]);
     printf("\n");
@@ -875,6 +1001,11 @@ static void summary(chaos_t *c, double wall)
     json_object_set_new(j, "recover_mean_s", json_real(c->n_recover ? sum / c->n_recover : 0));
     json_object_set_new(j, "recover_max_s", json_real(mx));
     json_object_set_new(j, "leaked_blocks", json_integer(c->leaked_blocks));
+    if (c->n_during)
+        json_object_set_new(j, "flood_ttft_ms",
+                            json_pack("{s:f, s:f, s:i, s:i}", "before", median(c->ttft_before, c->n_before) * 1e3,
+                                      "during", median(c->ttft_during, c->n_during) * 1e3, "probes_before", c->n_before,
+                                      "probes_during", c->n_during));
     json_object_set_new(j, "failures", json_integer(c->failures));
     json_object_set_new(j, "first_failure", json_string(c->first_failure));
     if (json_dump_file(j, c->json_path, JSON_INDENT(2)))
@@ -901,7 +1032,7 @@ static void usage(FILE *f)
            "      --stop S              how long a stopped (SIGSTOP) process stays stopped (default 4)\n"
            "      --load S              seconds of load before each fault and after it (default 1.5)\n"
            "      --faults LIST         the kinds of rounds, in turn (default every kind that applies): kill-prefill,\n"
-           "                            kill-decode, kill-router, burst, stop-decode, kill-rank, stop-etcd\n"
+           "                            kill-decode, kill-router, burst, stop-decode, kill-rank, stop-etcd, flood\n"
            "      --json FILE           the outcomes as JSON\n"
            "  -v, --verbose             a line for every request that did not end well\n"
            "  -h, --help\n");

@@ -66,6 +66,7 @@ static int tokenize(const fy_http_front_t *f, bool detok, const char *body, size
     if (st == FY_ERR_INVALID) {
         FZ_CHECK(fault.status == 400 || fault.status == 404, "status %u", fault.status);
         FZ_CHECK(fault.type && fault.msg[0], "a refusal without a type or a message");
+        FZ_CHECK(!fault.code || (fault.status == 400 && fault.param), "a coded refusal without its field");
         return 0;
     }
     FZ_CHECK(st == FY_OK, "parse: %s", fy_status_str(st));
@@ -84,7 +85,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1) return 0;
     bool chat = data[0] & 1;
-    const fy_http_front_t *f = &g_front;
+    /* bit 7: a context of 8 tokens and its bound in bytes, so that the
+     * refusal by bytes before tokenizing (context_length_exceeded) is
+     * reached by inputs this short */
+    fy_http_front_t small = g_front;
+    small.max_ctx = 8;
+    small.max_prompt_bytes = 8 * fy_tokenizer_max_token_text(fy_model_tokenizer(g_front.model));
+    const fy_http_front_t *f = data[0] & 0x80 ? &small : &g_front;
     if (data[0] % 4 >= 2) return tokenize(f, data[0] % 4 == 3, (const char *)data + 1, size - 1);
     fy_http_gen_t g;
     fy_http_fault_t fault;
@@ -92,6 +99,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (st == FY_ERR_INVALID) {
         FZ_CHECK(fault.status == 400 || fault.status == 404, "status %u", fault.status);
         FZ_CHECK(fault.type && fault.msg[0], "a refusal without a type or a message");
+        FZ_CHECK(!fault.code || (fault.status == 400 && fault.param), "a coded refusal without its field");
         return 0;
     }
     FZ_CHECK(st == FY_OK, "parse: %s", fy_status_str(st));
