@@ -177,7 +177,8 @@ static const fy_conf_key_t KEYS[] = {
     STR("worker", "name", NULL, "the worker's name in logs, metrics and the router; unset: ROLE-PID"),
     DUR("worker", "heartbeat", "200ms", 0.01, 60, "between load reports to the router"),
     DUR("worker", "stall_timeout", "10s", 0.01, 3600,
-        "/health says 503 when the engine has not ticked, or the transfer thread answered no ping, for this long"),
+        "/health says 503 when the engine has not ticked, or the transfer thread answered no ping, for this long; a "
+        "rank of the worker's group that does not arrive this long breaks the group (out of service)"),
     STR("worker", "transports", NULL, "UCX transports (UCX_TLS); unset or empty: UCX's choice"),
     STR("worker", "net_devices", NULL,
         "UCX network devices (UCX_NET_DEVICES, e.g. eth0,mlx5_0:1); unset: the listen address's interface"),

@@ -237,6 +237,7 @@ fy_status_t fy_engine_stack_create(const fy_model_t *m, const fy_engine_build_t 
         fy_group_params_t gp;
         int32_t rank;
         if ((st = fy_runner_group_params(m, &rp, &gp))) return st;
+        if (b->group_timeout_ms > 0) gp.timeout_ms = b->group_timeout_ms;
         if (b->shared_arenas) { /* every rank's arena where rank 0 sees it too: mapped before the fork */
             size_t stride, all;
             if ((st = fy_runner_group_arena_bytes(m, &rp, &stride))) return st;

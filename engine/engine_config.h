@@ -57,6 +57,9 @@ typedef struct fy_engine_build {
      * before the fork (runner.kv_arenas), so that rank 0's transfer engine
      * can put into and read from every rank's KV (a worker's group) */
     bool shared_arenas;
+    /* with ranks: a rank that does not arrive at a collective within this
+     * is stuck, and the group breaks (group.h's timeout_ms); 0: its 30 s */
+    int32_t group_timeout_ms;
 } fy_engine_build_t;
 
 /* The runner's and engine's defaults, cpu, one thread per core, prefix

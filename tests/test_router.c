@@ -10,13 +10,19 @@
  *  - a decode worker that sends load reports but never answers a command:
  *    its circuit breaker opens on the first timeout, the request that
  *    timed out is retried on the real worker, a trial request later finds
- *    it answering and closes the breaker again.
+ *    it answering and closes the breaker again;
+ *  - a stuck rank (SIGSTOP) of a decode worker's group: the worker calls
+ *    itself out of service when its /health turns 503 for the stall
+ *    (worker.stall_timeout), and the router stops placing there.
  */
+#include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cluster.h"
@@ -85,9 +91,7 @@ static void test_churn_forgets_gone_workers(void **state)
     tc_result_t ref;
     tc_reference(tc_model(), pp, &len, &max_tokens, 1, &ref);
     tc_cluster_t c;
-    tc_opts_t o = {.n_prefill = 0,
-                   .n_decode = 1,
-                   .common = {"router.health_timeout=1s", "router.forget_after=1s"}};
+    tc_opts_t o = {.n_prefill = 0, .n_decode = 1, .common = {"router.health_timeout=1s", "router.forget_after=1s"}};
     tc_start(&c, &o);
     fy_client_status_t s;
     char listen[600];
@@ -108,8 +112,7 @@ static void test_churn_forgets_gone_workers(void **state)
         double t0 = tc_now();
         int seen = 0;
         while (seen < CHURN_BATCH && tc_now() - t0 < 20) {
-            for (int k = 0; k < CHURN_BATCH; k++)
-                send_load(push[k], names[k], auth[k].inc, "another-model", listen);
+            for (int k = 0; k < CHURN_BATCH; k++) send_load(push[k], names[k], auth[k].inc, "another-model", listen);
             usleep(200000);
             tc_status(&c, &s);
             seen = 0;
@@ -205,8 +208,8 @@ static void deaf_start(deaf_t *d, tc_cluster_t *c, const char *model)
     snprintf(d->listen, sizeof(d->listen), "ipc://%s/deaf-0", c->dir);
     snprintf(d->model, sizeof(d->model), "%s", model);
     assert_int_equal(fy_cluster_auth_file(c->secret, FY_ROLE_DECODE, d->name, 0, &d->auth), FY_OK);
-    assert_int_equal(
-        fy_pull_create(d->listen, &d->auth, FY_RPC_FROM(FY_ROLE_ROUTER), deaf_command, d, &d->cmds), FY_OK);
+    assert_int_equal(fy_pull_create(d->listen, &d->auth, FY_RPC_FROM(FY_ROLE_ROUTER), deaf_command, d, &d->cmds),
+                     FY_OK);
     assert_int_equal(fy_push_create(c->events_url, 64, &d->auth, &d->events), FY_OK);
     assert_int_equal(pthread_create(&d->th, NULL, deaf_main, d), 0);
 }
@@ -244,9 +247,8 @@ static void test_breaker_skips_deaf_worker(void **state)
     char http[64];
     snprintf(http, sizeof(http), "router.http=http://127.0.0.1:%d", port);
     tc_cluster_t c;
-    tc_opts_t o = {.n_prefill = 0,
-                   .n_decode = 1,
-                   .common = {"router.command_timeout=1s", "router.breaker_cooldown=2s", http}};
+    tc_opts_t o = {
+        .n_prefill = 0, .n_decode = 1, .common = {"router.command_timeout=1s", "router.breaker_cooldown=2s", http}};
     tc_start(&c, &o);
     fy_client_status_t s;
     tc_status(&c, &s);
@@ -298,6 +300,83 @@ static void test_breaker_skips_deaf_worker(void **state)
     tc_stop(&c);
 }
 
+/* ---- a stuck rank ---- */
+
+static void test_stuck_rank_out_of_service(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    int32_t prompt[32];
+    make_prompt(prompt, 32, 5);
+    tc_cluster_t c;
+    tc_opts_t o = {.n_prefill = 1,
+                   .n_decode = 1,
+                   .common = {"decode.kv_mem=64MiB", "prefill.kv_mem=64MiB", "worker.stall_timeout=2s"},
+                   .per_worker = {{NULL}, {"decode.tp=3"}}};
+    tc_start(&c, &o);
+    tc_proc_t *dp = NULL;
+    for (int i = 0; i < c.n_procs; i++)
+        if (!strcmp(c.procs[i].name, "decode-0")) dp = &c.procs[i];
+    assert_non_null(dp);
+    pid_t ranks[8];
+    assert_int_equal(tc_children_of(dp->pid, ranks, 8), 2);
+    fy_client_stream_t st = submit(&c, prompt, 32, 4000);
+    fy_client_update_t u;
+    double t0 = tc_now();
+    int32_t seen = 0;
+    while (seen < 4 && tc_now() - t0 < 30) { /* it streams from the group */
+        assert_int_equal(fy_client_poll(c.client, &st, 0.2, &u), FY_OK);
+        seen += u.n_tokens;
+        assert_false(u.done);
+    }
+    assert_true(seen >= 4);
+    assert_int_equal(kill(ranks[1], SIGSTOP), 0);
+    double t_stop = tc_now(), t_out = -1;
+    fy_client_status_t s;
+    /* out of service on its own word within the stall bound and a margin
+     * (the group's default is 30 s) */
+    while (t_out < 0 && tc_now() - t_stop < 10) {
+        tc_status(&c, &s);
+        for (int i = 0; i < s.n_workers; i++)
+            if (!strcmp(s.workers[i].name, "decode-0") && s.workers[i].out_of_service && !s.workers[i].up)
+                t_out = tc_now();
+        (void)fy_client_poll(c.client, &st, 0.1, &u);
+    }
+    if (t_out < 0) {
+        kill(ranks[1], SIGKILL);
+        tc_print_logs(&c);
+        fail_msg("decode-0 was still in placement %.1f s after a rank stopped", tc_now() - t_stop);
+    }
+    print_message("decode-0 out of service %.2f s after its rank stopped (worker.stall_timeout = 2 s)\n",
+                  t_out - t_stop);
+    tc_result_t res = {0};
+    tc_collect(&c, &st, &res, 1, 30);
+    print_message("the stream ended: %s\n", res.message);
+    assert_int_not_equal(res.error, FY_OK);
+    /* nothing is placed on it: a new request waits (no decode worker up) */
+    fy_client_stream_t st2 = submit(&c, prompt, 32, 4);
+    usleep(500000);
+    tc_status(&c, &s);
+    assert_int_equal(s.decode_up, 0);
+    assert_int_equal(fy_client_cancel(c.client, st2.id), FY_OK);
+    /* the worker leaves with status 3, its stopped rank killed by its group's destroy */
+    int status = 0;
+    pid_t r = 0;
+    for (t0 = tc_now(); r == 0 && tc_now() - t0 < 15; usleep(20000)) r = waitpid(dp->pid, &status, WNOHANG);
+    if (r != dp->pid) {
+        kill(ranks[1], SIGKILL);
+        tc_print_logs(&c);
+        fail_msg("decode-0 did not exit after its rank got stuck");
+    }
+    dp->pid = 0;
+    dp->killed = true;
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 3);
+    for (t0 = tc_now(); kill(ranks[1], 0) == 0 && tc_now() - t0 < 5;) usleep(20000);
+    assert_true(kill(ranks[1], 0) < 0 && errno == ESRCH);
+    tc_stop(&c);
+}
+
 static int teardown(void **state)
 {
     (void)state;
@@ -310,6 +389,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_churn_forgets_gone_workers, teardown),
         cmocka_unit_test_teardown(test_breaker_skips_deaf_worker, teardown),
+        cmocka_unit_test_teardown(test_stuck_rank_out_of_service, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
