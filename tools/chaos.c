@@ -232,21 +232,29 @@ static void fail(chaos_t *c, const char *fmt, ...)
     if (!c->failures++) snprintf(c->first_failure, sizeof(c->first_failure), "%s", msg);
 }
 
-/* A free loopback port, with the count - 1 ports after it free as well. */
+/*
+ * A free loopback port, with the count - 1 ports after it free as well,
+ * drawn at random below the kernel's ephemeral range: a port bound to 0
+ * and closed came from that range, where any process's next connect()
+ * could take it before serve's children bind it (1 start in 4 failed).
+ * Another run can still draw the same ports; main starts again then.
+ */
 static int free_ports(int count)
 {
+    static uint64_t rng;
+    if (!rng) rng = ((uint64_t)getpid() << 32 ^ (uint64_t)(now_s() * 1e6)) | 1;
+    int lo = 10000, hi = 32768; /* the ephemeral range's usual start; the kernel's own when it says */
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f) {
+        int a = 0, b = 0;
+        if (fscanf(f, "%d %d", &a, &b) == 2 && a > lo + 2 * count) hi = a;
+        fclose(f);
+    }
     for (int tries = 0; tries < 200; tries++) {
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        socklen_t al = sizeof(a);
-        if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) || getsockname(fd, (struct sockaddr *)&a, &al)) {
-            if (fd >= 0) close(fd);
-            continue;
-        }
-        int base = ntohs(a.sin_port);
-        close(fd);
-        bool ok = base + count < 65536;
-        for (int i = 1; ok && i < count; i++) {
+        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+        int base = lo + (int)(rng % (uint64_t)(hi - lo - count));
+        bool ok = true;
+        for (int i = 0; ok && i < count; i++) {
             int f2 = socket(AF_INET, SOCK_STREAM, 0);
             struct sockaddr_in b = {.sin_family = AF_INET,
                                     .sin_port = htons((uint16_t)(base + i)),
@@ -277,14 +285,15 @@ static bool start_cluster(chaos_t *c)
 {
     static char sets[16][256];
     int ns = 0;
-    int router = free_ports(3), pl = free_ports(MAX_WORKERS), dl = free_ports(MAX_WORKERS);
-    c->prefill_metrics = free_ports(MAX_WORKERS);
-    c->decode_metrics = free_ports(MAX_WORKERS);
-    c->serve_metrics = free_ports(1);
-    if (router < 0 || pl < 0 || dl < 0 || c->prefill_metrics < 0 || c->decode_metrics < 0 || c->serve_metrics < 0) {
+    int router = free_ports(4 + 4 * MAX_WORKERS); /* one run of ports, no two roles' overlapping */
+    if (router < 0) {
         fprintf(stderr, "ferry: chaos: no free loopback ports\n");
         return false;
     }
+    int pl = router + 4, dl = pl + MAX_WORKERS;
+    c->prefill_metrics = dl + MAX_WORKERS;
+    c->decode_metrics = c->prefill_metrics + MAX_WORKERS;
+    c->serve_metrics = router + 3;
     c->http_port = router + 2;
     bool ok = add_set(c, sets[ns++], 256, "router.listen=tcp://127.0.0.1:%d", router) &&
               add_set(c, sets[ns++], 256, "router.events=tcp://127.0.0.1:%d", router + 1) &&
@@ -335,7 +344,7 @@ static bool start_cluster(chaos_t *c)
     if (pid < 0) return false;
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGTERM); /* a chaos run that dies stops its cluster */
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644); /* a failed start's log stays */
         if (fd >= 0) {
             dup2(fd, 1);
             dup2(fd, 2);
@@ -990,8 +999,18 @@ int fy_cmd_chaos(int argc, char **argv)
     double t0 = now_s();
     int rc = 1;
     int n_threads = 0;
-    if (!start_cluster(c)) goto out;
-    if (!wait_healthy(c, 180)) {
+    /* a port drawn free can be taken before serve's children bind it (by
+     * another run): serve exits at start-up, and a start on other ports
+     * follows, 4 tries in all */
+    int n_sets = c->n_sets;
+    for (int attempt = 1;; attempt++) {
+        c->n_sets = n_sets; /* the ports of the try before go */
+        if (!start_cluster(c)) goto out;
+        if (wait_healthy(c, 180)) break;
+        if (c->serve < 0 && attempt < 4) {
+            fprintf(stderr, "ferry: chaos: start %d failed (a port taken?); starting again on other ports\n", attempt);
+            continue;
+        }
         fail(c, "the cluster did not become healthy within 180 s (see %s)", c->dir);
         goto out;
     }
