@@ -93,6 +93,11 @@ static const fy_conf_key_t KEYS[] = {
     INT("kv", "sink_tokens", "64", 0, 1 << 20, "eviction: the first tokens, always kept"),
     INT("kv", "recent_tokens", "1024", 1, 1 << 20, "eviction: the last tokens, always kept"),
     INT("kv", "heavy_tokens", "512", 0, 1 << 20, "h2o: middle tokens kept by accumulated attention"),
+    STR("kv", "disk_dir", "",
+        "decode workers' disk tier, under their host tier (decode.host_kv_mem): an existing folder of ours or "
+        "root's, not writable by others without the sticky bit; each worker makes a private file there, unlinked "
+        "at once; empty: none"),
+    SIZE("kv", "disk_bytes", "1GiB", 0, 1024 * TIB, "the disk tier's size, in whole blocks (with kv.disk_dir)"),
 
     STR("router", "listen", "tcp://127.0.0.1:7400", "the router's client address (ferry request, ferry-bench)"),
     STR("router", "events", "tcp://127.0.0.1:7401",

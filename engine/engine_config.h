@@ -40,7 +40,9 @@ typedef struct fy_engine_build {
     bool attn_bf16;  /* worker.attn = bf16: CPU prefill attention in bf16 arithmetic */
     /* runner */
     fy_runner_params_t runner;
-    int64_t host_kv_mem; /* bytes of host tier for swapped blocks, in whole blocks; 0: none */
+    int64_t host_kv_mem;  /* bytes of host tier for swapped blocks, in whole blocks; 0: none */
+    const char *disk_dir; /* the disk tier under the host tier (kv.h); NULL: none */
+    int64_t disk_bytes;
     /* hasher: kv.secret_file of this configuration (fy_kv_hasher_from_config); NULL: a key private to the process */
     const fy_config_t *cluster;
     /* block manager */
