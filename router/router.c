@@ -96,6 +96,7 @@ typedef struct worker {
     double breaker_until; /* open: half-open from then */
     double breaker_wait;  /* how long it stayed open the last time */
     uint64_t trial;       /* half-open: the request placed there to try it (0: none yet) */
+    uint64_t n_loads;     /* load reports taken: its engine thread, which answers commands, ticks */
 } worker_t;
 
 #define MAX_TENANT_SERIES 64
@@ -125,6 +126,7 @@ typedef struct rreq {
     void *target;
     size_t target_len;
     uint64_t rid;
+    uint64_t rid_loads; /* the load reports of the worker rid went to, when it went */
     double rid_deadline, prefill_deadline, deadline;
     int retries;
     /* timings (router clock) and the prefill worker's */
@@ -481,8 +483,10 @@ static bool usable(const worker_t *w, wrole_t role)
            !(w->breaker == BR_HALF_OPEN && w->trial);
 }
 
-/* Worker wi let a command of q time out: its breaker opens (again, for
- * twice as long, when this was its trial), up to 16 cooldowns. */
+/* Worker wi let a command time out while its engine thread went on
+ * ticking: its breaker opens (again, for twice as long, when this was its
+ * trial), up to 16 cooldowns.  A worker in one long engine step (it sends
+ * no load report then, only "alive") is slow, not deaf: no breaker. */
 static void breaker_trip(router_t *R, int wi, double now)
 {
     worker_t *w = &R->workers[wi];
@@ -576,6 +580,7 @@ static void send_to_decode(router_t *R, rreq_t *q, int di)
     worker_t *d = &R->workers[di];
     fy_msgw_t w;
     q->rid = ++R->next_rid;
+    q->rid_loads = d->n_loads;
     q->rid_deadline = now_s() + R->command_timeout;
     fy_wire_reserve_t m = {
         .cmd = cmd_to(d, q->rid), .id = q->id, .tokens = q->prompt, .n_tokens = q->n_prompt, .gen = q->gen};
@@ -807,6 +812,7 @@ static void on_load(router_t *R, fy_msgr_t *r, const fy_env_hdr_t *from, const c
     w->role = wrole;
     w->up = true;
     w->last_seen = now_s();
+    w->n_loads++;
     w->running = m.running;
     w->waiting = m.waiting;
     w->max_seqs = m.max_seqs;
@@ -851,6 +857,7 @@ static void send_prefill(router_t *R, rreq_t *q)
     worker_t *p = &R->workers[pi];
     fy_msgw_t w;
     q->rid = ++R->next_rid;
+    q->rid_loads = p->n_loads;
     q->rid_deadline = now_s() + R->command_timeout;
     /* the prefill worker stops putting a second before the lease ends */
     double left = q->lease_end - now_s() - 1.0;
@@ -1029,6 +1036,7 @@ static void on_prefilled(router_t *R, rreq_t *q, fy_msgr_t *r)
     worker_t *d = &R->workers[q->dw];
     fy_msgw_t w;
     q->rid = ++R->next_rid;
+    q->rid_loads = d->n_loads;
     q->rid_deadline = now_s() + R->command_timeout;
     fy_wire_adopt_t a = {.cmd = cmd_to(d, q->rid),
                          .id = q->id,
@@ -2020,7 +2028,9 @@ static void tick(router_t *R)
                 char why[160];
                 snprintf(why, sizeof(why), "%s worker %s did not answer within %.1f s", who,
                          wi >= 0 ? R->workers[wi].name : "?", R->command_timeout);
-                if (wi >= 0) breaker_trip(R, wi, now);
+                /* deaf, not slow: its engine thread, which runs commands and
+                 * answers them at once, sent two load reports since */
+                if (wi >= 0 && R->workers[wi].n_loads - q->rid_loads >= 2) breaker_trip(R, wi, now);
                 retry_side(R, q, FY_ERR_TIMEOUT, why, q->state != RQ_PREFILLING);
             } else if (q->state == RQ_PREFILLING && now > q->prefill_deadline) {
                 retry_or_fail(R, q, FY_ERR_TIMEOUT, "prefill took too long");
