@@ -110,7 +110,7 @@ typedef struct rreq {
     int32_t n_hashes;
     fy_genspec_t gen;
     rstate_t state;
-    int dw, pw, excluded_pw;
+    int dw, pw, excluded_pw, excluded_dw; /* excluded: the worker of the last failed try */
     uint64_t d_inc, p_inc;
     uint64_t lease;
     /* the lease the decode worker granted (its decode.max_lease caps the
@@ -434,12 +434,13 @@ static void retry_side(router_t *R, rreq_t *q, fy_status_t err, const char *why,
     if (q->retries < R->max_retries && q->deadline > now_s() && (!decode_side || q->n_out == 0)) {
         fy_warn("request %llu: %s; retrying on another %s worker", (unsigned long long)q->id, why,
                 decode_side ? "decode" : "prefill");
-        int failed_pw = q->pw;
+        int failed_pw = q->pw, failed_dw = q->dw;
         let_go(R, q);
         q->retries++;
         R->retried++;
         fy_metric_inc(R->m.retries);
         q->excluded_pw = decode_side ? -1 : failed_pw;
+        q->excluded_dw = decode_side ? failed_dw : -1;
         q->lease = 0;
         set_state(R, q, RQ_QUEUED);
         return;
@@ -521,14 +522,18 @@ static void breaker_placed(worker_t *w, const rreq_t *q)
     if (w->breaker == BR_HALF_OPEN && !w->trial) w->trial = q->id;
 }
 
-/* The least-loaded decode worker that looks able to admit q; -1 if none. */
+/* The least-loaded decode worker that looks able to admit q (not the one
+ * its last try timed out on, unless it is the only one); -1 if none. */
 static int pick_decode(router_t *R, const rreq_t *q)
 {
     int best = -1;
     double best_load = 1e300;
+    bool other = false;
+    for (int i = 0; i < R->n_workers && q->excluded_dw >= 0; i++)
+        other |= i != q->excluded_dw && usable(&R->workers[i], W_DECODE);
     for (int i = 0; i < R->n_workers; i++) {
         worker_t *w = &R->workers[i];
-        if (!usable(w, W_DECODE) || w->full) continue;
+        if (!usable(w, W_DECODE) || w->full || (i == q->excluded_dw && other)) continue;
         if (w->assigned >= w->max_seqs) continue;
         if (q->need_blocks > w->admittable - w->blocks_since) continue;
         double load = (double)w->assigned / (double)(w->max_seqs > 0 ? w->max_seqs : 1) -
@@ -1462,7 +1467,7 @@ static fy_status_t enqueue(router_t *R, const char *tenant, int32_t *ids, int32_
     q->prompt = ids;
     q->n_prompt = n;
     q->gen = *gen;
-    q->dw = q->pw = q->excluded_pw = -1;
+    q->dw = q->pw = q->excluded_pw = q->excluded_dw = -1;
     q->watch = watch;
     q->watch_arg = watch_arg;
     /* the tenant comes from the server side (an API key's), never from the client */
@@ -1974,7 +1979,7 @@ static bool slot_held(const router_t *R, int wi)
  * theirs in flight (and, with etcd, no record): pod churn brings new names
  * all the time, and the table holds 64.  Nothing keeps a slot's index past
  * this: running requests hold none (slot_held), a queued one's excluded
- * prefill worker is let go, and the status table is rebuilt per call.
+ * workers are let go, and the status table is rebuilt per call.
  */
 static void forget_workers(router_t *R, double now)
 {
@@ -1985,8 +1990,10 @@ static void forget_workers(router_t *R, double now)
         if ((R->etcd && worker_listed(R, w->name)) || slot_held(R, i)) continue;
         fy_info("worker %s forgotten: down for %.0f s (router.forget_after); its slot is free", w->name,
                 now - w->last_seen);
-        for (rreq_t *q = R->all; q; q = q->next)
+        for (rreq_t *q = R->all; q; q = q->next) {
             if (q->excluded_pw == i) q->excluded_pw = -1;
+            if (q->excluded_dw == i) q->excluded_dw = -1;
+        }
         fy_push_destroy(w->push);
         fy_free(w->bloom);
         memset(w, 0, sizeof(*w));

@@ -165,6 +165,7 @@ typedef struct deaf {
     pthread_t th;
     atomic_bool stop;
     atomic_bool answer; /* refuses each command as no_space (an answer) instead of keeping silent */
+    bool slow;          /* one load report, then "alive" only: a worker in one long engine step */
     atomic_int commands;
 } deaf_t;
 
@@ -193,16 +194,26 @@ static void deaf_command(void *arg, const fy_env_hdr_t *from, const void *buf, s
 static void *deaf_main(void *arg)
 {
     deaf_t *d = arg;
-    while (!atomic_load(&d->stop)) { /* every worker.heartbeat */
-        send_load(d->events, d->name, d->auth.inc, d->model, d->listen);
+    double t0 = tc_now();
+    for (int k = 0; !atomic_load(&d->stop); k++) { /* every worker.heartbeat */
+        if (!d->slow || k == 0) {
+            send_load(d->events, d->name, d->auth.inc, d->model, d->listen);
+        } else {
+            fy_wire_alive_t m = {.ev = {.inc = d->auth.inc}, .busy_s = tc_now() - t0};
+            snprintf(m.ev.worker, sizeof(m.ev.worker), "%s", d->name);
+            fy_msgw_t w;
+            fy_wire_alive_write(&w, &m);
+            (void)fy_push_msgw(d->events, &w);
+        }
         usleep(200000);
     }
     return NULL;
 }
 
-static void deaf_start(deaf_t *d, tc_cluster_t *c, const char *model)
+static void deaf_start(deaf_t *d, tc_cluster_t *c, const char *model, bool slow)
 {
     memset(d, 0, sizeof(*d));
+    d->slow = slow;
     d->c = c;
     snprintf(d->name, sizeof(d->name), "deaf-0");
     snprintf(d->listen, sizeof(d->listen), "ipc://%s/deaf-0", c->dir);
@@ -253,7 +264,7 @@ static void test_breaker_skips_deaf_worker(void **state)
     fy_client_status_t s;
     tc_status(&c, &s);
     deaf_t d;
-    deaf_start(&d, &c, s.model);
+    deaf_start(&d, &c, s.model, false);
     double t0 = tc_now();
     do {
         usleep(50000);
@@ -296,6 +307,47 @@ static void test_breaker_skips_deaf_worker(void **state)
     }
     assert_int_equal(breakers_open(port), 0);
     assert_true(atomic_load(&d.commands) > before);
+    deaf_stop(&d);
+    tc_stop(&c);
+}
+
+/* A worker in one long engine step (alive, no load report, no answer) is
+ * slow, not deaf: its breaker stays closed; the request that timed out
+ * there is served elsewhere all the same. */
+static void test_breaker_spares_slow_worker(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    int32_t prompt[24];
+    make_prompt(prompt, 24, 13);
+    int port = tc_free_port();
+    char http[64];
+    snprintf(http, sizeof(http), "router.http=http://127.0.0.1:%d", port);
+    tc_cluster_t c;
+    tc_opts_t o = {
+        .n_prefill = 0, .n_decode = 1, .common = {"router.command_timeout=1s", "router.breaker_cooldown=2s", http}};
+    tc_start(&c, &o);
+    fy_client_status_t s;
+    tc_status(&c, &s);
+    deaf_t d;
+    deaf_start(&d, &c, s.model, true);
+    double t0 = tc_now();
+    do {
+        usleep(50000);
+        tc_status(&c, &s);
+    } while (s.decode_up < 2 && tc_now() - t0 < 20);
+    assert_int_equal(s.decode_up, 2);
+    for (int i = 0; i < 2; i++) {
+        fy_client_stream_t st = submit(&c, prompt, 24, 4);
+        tc_result_t got = {0};
+        tc_collect(&c, &st, &got, 1, 60);
+        if (got.error) fail_msg("request %d: %s", i, got.message);
+        assert_int_equal(got.n, 4);
+    }
+    print_message("the slow worker got %d commands; breakers open: %.0f\n", atomic_load(&d.commands),
+                  breakers_open(port));
+    assert_true(atomic_load(&d.commands) >= 2);
+    assert_int_equal(breakers_open(port), 0);
     deaf_stop(&d);
     tc_stop(&c);
 }
@@ -389,6 +441,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_churn_forgets_gone_workers, teardown),
         cmocka_unit_test_teardown(test_breaker_skips_deaf_worker, teardown),
+        cmocka_unit_test_teardown(test_breaker_spares_slow_worker, teardown),
         cmocka_unit_test_teardown(test_stuck_rank_out_of_service, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
