@@ -93,6 +93,11 @@ static const fy_conf_key_t KEYS[] = {
     INT("kv", "sink_tokens", "64", 0, 1 << 20, "eviction: the first tokens, always kept"),
     INT("kv", "recent_tokens", "1024", 1, 1 << 20, "eviction: the last tokens, always kept"),
     INT("kv", "heavy_tokens", "512", 0, 1 << 20, "h2o: middle tokens kept by accumulated attention"),
+    STR("kv", "disk_dir", "",
+        "decode workers' disk tier, under their host tier (decode.host_kv_mem): an existing folder of ours or "
+        "root's, not writable by others without the sticky bit; each worker makes a private file there, unlinked "
+        "at once; empty: none"),
+    SIZE("kv", "disk_bytes", "1GiB", 0, 1024 * TIB, "the disk tier's size, in whole blocks (with kv.disk_dir)"),
 
     STR("router", "listen", "tcp://127.0.0.1:7400", "the router's client address (ferry request, ferry-bench)"),
     STR("router", "events", "tcp://127.0.0.1:7401",
@@ -115,6 +120,11 @@ static const fy_conf_key_t KEYS[] = {
     DUR("router", "prefill_timeout", "60s", 0.1, 3600,
         "a prefill whose worker reports no new prompt tokens for this long fails"),
     DUR("router", "command_timeout", "10s", 0.05, 3600, "a worker's answer to a command must come within this"),
+    DUR("router", "breaker_cooldown", "5s", 0.05, 3600,
+        "a worker that let a command time out gets no new requests for this long, then one trial request (doubling "
+        "up to 16 times this while trials time out)"),
+    DUR("router", "forget_after", "300s", 0.1, 86400 * 30,
+        "a worker down this long with nothing of it in flight loses its slot in the router's table of 64"),
     DUR("router", "lease", "30s", 0.1, 3600,
         "how long a decode worker holds blocks for an incoming prompt; renewed while the prefill goes on"),
     DUR("router", "client_timeout", "30s", 0.5, 86400, "a client that stops polling is cancelled"),
@@ -127,7 +137,9 @@ static const fy_conf_key_t KEYS[] = {
     INT("router", "parse_queue", "8", 1, 4096,
         "bodies over 32 KiB waiting for a parse thread before new ones are refused at once (HTTP 503 with "
         "Retry-After, nng overloaded); smaller ones wait up to router.max_queue"),
-    INT("router", "retries", "1", 0, 10, "tries of a failed prefill on another worker"),
+    INT("router", "retries", "1", 0, 10,
+        "tries of a request on another worker after its prefill failed or a worker let a command time out (never "
+        "after a token reached the client)"),
     INT("router", "prefill_queue_tokens", "4096", 1, 1 << 24,
         "prompt tokens queued at a prefill worker before requests wait in the router"),
     FLT("router", "prefix_weight", "1", 0, 1e6,
@@ -176,7 +188,8 @@ static const fy_conf_key_t KEYS[] = {
     STR("worker", "name", NULL, "the worker's name in logs, metrics and the router; unset: ROLE-PID"),
     DUR("worker", "heartbeat", "200ms", 0.01, 60, "between load reports to the router"),
     DUR("worker", "stall_timeout", "10s", 0.01, 3600,
-        "/health says 503 when the engine has not ticked, or the transfer thread answered no ping, for this long"),
+        "/health says 503 when the engine has not ticked, or the transfer thread answered no ping, for this long; a "
+        "rank of the worker's group that does not arrive this long breaks the group (out of service)"),
     STR("worker", "transports", NULL, "UCX transports (UCX_TLS); unset or empty: UCX's choice"),
     STR("worker", "net_devices", NULL,
         "UCX network devices (UCX_NET_DEVICES, e.g. eth0,mlx5_0:1); unset: the listen address's interface"),

@@ -69,6 +69,37 @@ static fy_status_t spec_read(const fy_config_t *c, fy_spec_params_t *sp, const c
     return FY_OK;
 }
 
+/* kv.disk_dir and kv.disk_bytes: a decode worker's disk tier, under its
+ * host tier; refused at start, naming the key, where it cannot serve. */
+static fy_status_t disk_read(const fy_config_t *c, const char *role, int64_t host_mem, int64_t ranks,
+                             fy_engine_build_t *b)
+{
+    const char *dir;
+    int64_t bytes;
+    fy_status_t st;
+    if ((st = fy_conf_string(c, "kv", "disk_dir", &dir)) || (st = fy_conf_size(c, "kv", "disk_bytes", &bytes)))
+        return st;
+    if (!dir || !*dir) return FY_OK;
+    char why[200];
+    if (fy_kv_disk_dir_check(dir, why, sizeof(why)) != FY_OK) {
+        fy_error("kv.disk_dir = '%s': the folder %s", dir, why);
+        return FY_ERR_INVALID;
+    }
+    if (host_mem <= 0) {
+        fy_error("kv.disk_dir = '%s': the disk tier takes what the host tier evicts; set %s.host_kv_mem", dir, role);
+        return FY_ERR_INVALID;
+    }
+    if (ranks > 1) {
+        fy_error("kv.disk_dir = '%s': not with a rank group (%lld ranks): only rank 0's host arena would reach the "
+                 "disk",
+                 dir, (long long)ranks);
+        return FY_ERR_UNSUPPORTED;
+    }
+    b->disk_dir = dir;
+    b->disk_bytes = bytes;
+    return FY_OK;
+}
+
 fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engine_build_t *b_p)
 {
     bool decode = !strcmp(role, "decode");
@@ -146,6 +177,8 @@ fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engi
     rp->pp = (int32_t)(role_pp ? role_pp : pp);
     b.shared_arenas = rp->tp * rp->pp > 1; /* the worker's transfer engine puts into every rank's arena */
     b.host_kv_mem = host_mem;
+    if (decode && (st = disk_read(c, role, host_mem, (rp->tp > 1 ? rp->tp : 1) * (rp->pp > 1 ? rp->pp : 1), &b)))
+        return st;
     b.draft = draft;
     b.draft_kv_mem = draft ? (int64_t)((double)kv_mem * draft_frac) : 0;
     *b_p = b;
@@ -237,6 +270,7 @@ fy_status_t fy_engine_stack_create(const fy_model_t *m, const fy_engine_build_t 
         fy_group_params_t gp;
         int32_t rank;
         if ((st = fy_runner_group_params(m, &rp, &gp))) return st;
+        if (b->group_timeout_ms > 0) gp.timeout_ms = b->group_timeout_ms;
         if (b->shared_arenas) { /* every rank's arena where rank 0 sees it too: mapped before the fork */
             size_t stride, all;
             if ((st = fy_runner_group_arena_bytes(m, &rp, &stride))) return st;
@@ -271,6 +305,8 @@ fy_status_t fy_engine_stack_create(const fy_model_t *m, const fy_engine_build_t 
     fy_runner_kvm_params(s.runner, &kp);
     kp.hasher = s.hasher;
     kp.prefix_caching = b->prefix_caching;
+    kp.disk_dir = b->disk_dir;
+    kp.disk_bytes = b->disk_bytes;
     if (b->watermark >= 0) kp.watermark = b->watermark;
     if ((st = fy_kvm_create(&kp, &s.kvm))) goto fail;
     fy_engine_params_t ep = b->engine;

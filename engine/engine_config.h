@@ -40,7 +40,9 @@ typedef struct fy_engine_build {
     bool attn_bf16;  /* worker.attn = bf16: CPU prefill attention in bf16 arithmetic */
     /* runner */
     fy_runner_params_t runner;
-    int64_t host_kv_mem; /* bytes of host tier for swapped blocks, in whole blocks; 0: none */
+    int64_t host_kv_mem;  /* bytes of host tier for swapped blocks, in whole blocks; 0: none */
+    const char *disk_dir; /* the disk tier under the host tier (kv.h); NULL: none */
+    int64_t disk_bytes;
     /* hasher: kv.secret_file of this configuration (fy_kv_hasher_from_config); NULL: a key private to the process */
     const fy_config_t *cluster;
     /* block manager */
@@ -57,6 +59,9 @@ typedef struct fy_engine_build {
      * before the fork (runner.kv_arenas), so that rank 0's transfer engine
      * can put into and read from every rank's KV (a worker's group) */
     bool shared_arenas;
+    /* with ranks: a rank that does not arrive at a collective within this
+     * is stuck, and the group breaks (group.h's timeout_ms); 0: its 30 s */
+    int32_t group_timeout_ms;
 } fy_engine_build_t;
 
 /* The runner's and engine's defaults, cpu, one thread per core, prefix

@@ -503,11 +503,19 @@ static void take_cached(tier_t *t, int32_t b)
 #define CHECK_BOOKS(m) ((void)0)
 #endif
 
+#define DISK_SUM_BYTES 16
+
 struct fy_kvm {
     fy_kv_layout_t lay;
     tier_t tier[FY_KV_TIERS];
     char *host_arena;
     int disk_fd;
+    /* each disk slot's keyed BLAKE2b of what was written there (the key is
+     * this process's, the sums in its memory): a slot read back that does
+     * not match is dropped, never served */
+    uint8_t disk_key[crypto_generichash_KEYBYTES];
+    uint8_t (*disk_sum)[DISK_SUM_BYTES];
+    uint64_t disk_bad;
     fy_kv_copy_fn copy;
     void *copy_arg;
     const fy_kv_hasher_t *hasher;
@@ -542,25 +550,89 @@ static void kvm_books_assert(const fy_kvm_t *m)
 }
 #endif
 
-static fy_status_t open_disk(fy_kvm_t *m, const char *dir, int32_t slots)
+fy_status_t fy_kv_disk_dir_check(const char *dir, char *why, size_t cap)
 {
-    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
-        fy_error("kv: disk tier: cannot create %s: %m", dir);
-        return FY_ERR_IO;
+    struct stat st;
+    if (!dir || !*dir) {
+        snprintf(why, cap, "is empty");
+        return FY_ERR_INVALID;
     }
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/ferry-kv-%ld.bin", dir, (long)getpid());
-    m->disk_fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (m->disk_fd < 0) {
-        fy_error("kv: disk tier: cannot open %s: %m", path);
-        return FY_ERR_IO;
+    if (lstat(dir, &st) != 0) {
+        snprintf(why, cap, "cannot be read: %s", strerror(errno));
+        return FY_ERR_INVALID;
     }
-    unlink(path); /* the space goes back when the process ends, however it ends */
-    if (ftruncate(m->disk_fd, (off_t)slots * (off_t)m->lay.block_bytes) != 0) {
-        fy_error("kv: disk tier: cannot size %s to %d blocks: %m", path, slots);
-        return FY_ERR_IO;
+    if (S_ISLNK(st.st_mode)) {
+        snprintf(why, cap, "is a symbolic link; name the directory itself");
+        return FY_ERR_INVALID;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        snprintf(why, cap, "is not a directory");
+        return FY_ERR_INVALID;
+    }
+    if (st.st_uid != geteuid() && st.st_uid != 0) {
+        snprintf(why, cap, "is owned by uid %d, neither this process's (%d) nor root", (int)st.st_uid, (int)geteuid());
+        return FY_ERR_INVALID;
+    }
+    if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX)) {
+        snprintf(why, cap, "is writable by %s without the sticky bit (mode %04o): others could replace what we create",
+                 st.st_mode & S_IWOTH ? "everyone" : "its group", (unsigned)(st.st_mode & 07777));
+        return FY_ERR_INVALID;
     }
     return FY_OK;
+}
+
+/*
+ * The disk tier's file: in a fresh private folder (mkdtemp, 0700) under
+ * dir, created exclusively and never through a link, then unlinked with
+ * its folder at once: nobody can plant a link to a victim file where it
+ * will be, and its space goes back when the process ends, however it
+ * ends.
+ */
+static fy_status_t open_disk(fy_kvm_t *m, const char *dir, int32_t slots)
+{
+    char why[200], sub[4096];
+    if (fy_kv_disk_dir_check(dir, why, sizeof(why)) != FY_OK) {
+        fy_error("kv: disk tier: kv.disk_dir '%s' %s", dir, why);
+        return FY_ERR_INVALID;
+    }
+    int k = snprintf(sub, sizeof(sub), "%s/ferry-kv-XXXXXX", dir);
+    if (k < 0 || (size_t)k >= sizeof(sub)) {
+        fy_error("kv: disk tier: kv.disk_dir '%.64s...' is too long", dir);
+        return FY_ERR_INVALID;
+    }
+    if (sodium_init() < 0) return FY_ERR_INTERNAL;
+    if (!mkdtemp(sub)) {
+        fy_error("kv: disk tier: cannot create a folder in %s: %m", dir);
+        return FY_ERR_IO;
+    }
+    int dfd = open(sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (dfd < 0 || fstat(dfd, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & 077)) {
+        fy_error("kv: disk tier: the folder %s is not this process's private folder after creating it", sub);
+        if (dfd >= 0) close(dfd);
+        rmdir(sub);
+        return FY_ERR_IO;
+    }
+    m->disk_fd = openat(dfd, "blocks", O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (m->disk_fd < 0) fy_error("kv: disk tier: cannot create %s/blocks: %m", sub);
+    unlinkat(dfd, "blocks", 0);
+    close(dfd);
+    rmdir(sub);
+    if (m->disk_fd < 0) return FY_ERR_IO;
+    if (ftruncate(m->disk_fd, (off_t)slots * (off_t)m->lay.block_bytes) != 0) {
+        fy_error("kv: disk tier: cannot size its file in %s to %d blocks: %m", dir, slots);
+        return FY_ERR_IO;
+    }
+    m->disk_sum = fy_calloc((size_t)slots, sizeof(*m->disk_sum));
+    if (!m->disk_sum) return FY_ERR_NOMEM;
+    randombytes_buf(m->disk_key, sizeof(m->disk_key));
+    return FY_OK;
+}
+
+/* The keyed sum of a block's bytes. */
+static void disk_sum(const fy_kvm_t *m, const void *block, uint8_t out[DISK_SUM_BYTES])
+{
+    crypto_generichash(out, DISK_SUM_BYTES, block, m->lay.block_bytes, m->disk_key, sizeof(m->disk_key));
 }
 
 fy_status_t fy_kvm_create(const fy_kvm_params_t *p, fy_kvm_t **m_p)
@@ -606,9 +678,10 @@ fy_status_t fy_kvm_create(const fy_kvm_params_t *p, fy_kvm_t **m_p)
     int32_t n[FY_KV_TIERS] = {p->n_device_blocks, p->n_host_blocks, disk_slots};
     for (int t = 0; t < FY_KV_TIERS; t++)
         if (tier_init(&m->tier[t], n[t]) != FY_OK) goto nomem;
-    if (disk_slots && open_disk(m, p->disk_dir, disk_slots) != FY_OK) {
+    fy_status_t dst = disk_slots ? open_disk(m, p->disk_dir, disk_slots) : FY_OK;
+    if (dst != FY_OK) {
         fy_kvm_destroy(m);
-        return FY_ERR_IO;
+        return dst;
     }
     *m_p = m;
     return FY_OK;
@@ -623,6 +696,8 @@ void fy_kvm_destroy(fy_kvm_t *m)
     if (!m) return;
     for (int t = 0; t < FY_KV_TIERS; t++) tier_deinit(&m->tier[t]);
     if (m->disk_fd >= 0) close(m->disk_fd);
+    fy_free(m->disk_sum);
+    sodium_memzero(m->disk_key, sizeof(m->disk_key));
     fy_free(m);
 }
 
@@ -660,6 +735,8 @@ static void evict_one(fy_kvm_t *m, fy_kv_tier_t t)
             if (w != (ssize_t)m->lay.block_bytes) {
                 fy_warn("kv: disk tier: write failed (%s); dropping the block", w < 0 ? strerror(errno) : "short");
                 ok = false;
+            } else {
+                disk_sum(m, host_block(m, b), m->disk_sum[nb]);
             }
         }
         if (ok) {
@@ -887,8 +964,21 @@ static int32_t stage_disk(fy_kvm_t *m, int32_t kb)
     }
     int32_t hb = alloc_block(m, FY_KV_HOST);
     ssize_t r = pread(m->disk_fd, host_block(m, hb), m->lay.block_bytes, (off_t)kb * (off_t)m->lay.block_bytes);
-    if (r != (ssize_t)m->lay.block_bytes) {
+    uint8_t sum[DISK_SUM_BYTES];
+    bool ok = r == (ssize_t)m->lay.block_bytes;
+    if (!ok) {
         fy_warn("kv: disk tier: read failed (%s); dropping the block", r < 0 ? strerror(errno) : "short");
+    } else {
+        disk_sum(m, host_block(m, hb), sum);
+        if (sodium_memcmp(sum, m->disk_sum[kb], sizeof(sum)) != 0) {
+            m->disk_bad++;
+            fy_warn("kv: disk tier: slot %d does not hold what was written there (its checksum differs); dropping "
+                    "the block: the prompt is computed from there",
+                    kb);
+            ok = false;
+        }
+    }
+    if (!ok) {
         unref(m, FY_KV_HOST, hb);
         make_free(K, kb);
         return -1;
@@ -1593,6 +1683,7 @@ void fy_kvm_stats(const fy_kvm_t *m, fy_kvm_stats_t *o)
     o->swap_in_blocks = m->swap_in_blocks;
     o->demotions = m->demotions;
     o->promotions = m->promotions;
+    o->disk_bad_blocks = m->disk_bad;
     o->slid_blocks = m->slid_blocks;
     o->evicted_blocks = m->evicted_blocks;
     for (int32_t g = 0; g < m->lay.n_groups; g++) {

@@ -199,7 +199,8 @@ typedef struct fy_kvm_params {
     int32_t n_device_blocks;
     int32_t n_host_blocks; /* 0: no host tier */
     void *host_arena;      /* n_host_blocks * block_bytes of host memory (the caller's; pinned beside a GPU) */
-    const char *disk_dir;  /* NULL: no disk tier */
+    const char *disk_dir;  /* NULL: no disk tier; else an existing folder (fy_kv_disk_dir_check) where the
+                              tier's file is made in a private folder of its own, both unlinked at once */
     int64_t disk_bytes;    /* size bound of the disk tier */
     fy_kv_copy_fn copy;    /* device <-> host, and within a tier (copy-on-write); required */
     void *copy_arg;
@@ -433,12 +434,18 @@ typedef struct fy_kvm_stats {
     uint64_t cow_copies;
     uint64_t swap_out_blocks, swap_in_blocks;
     uint64_t demotions, promotions;
+    uint64_t disk_bad_blocks;              /* disk blocks dropped when read back: their checksum differed */
     uint64_t slid_blocks;                  /* blocks sliding groups dropped while their sequences ran */
     uint64_t evicted_blocks;               /* blocks KV budgets evicted (fy_kvm_seq_evict; each group's copy) */
     int32_t groups_global, groups_sliding; /* the layout's KV groups */
 } fy_kvm_stats_t;
 
 void fy_kvm_stats(const fy_kvm_t *m, fy_kvm_stats_t *out);
+
+/* Whether dir may hold a disk tier: a directory (not a link to one), owned
+ * by this process's user or root, not writable by others without the
+ * sticky bit.  FY_ERR_INVALID with why ("is not a directory") otherwise. */
+fy_status_t fy_kv_disk_dir_check(const char *dir, char *why, size_t cap);
 int32_t fy_kvm_n_free(const fy_kvm_t *m, fy_kv_tier_t tier);
 int32_t fy_kvm_refcount(const fy_kvm_t *m, fy_kv_tier_t tier, int32_t block);
 /* Full scan: states, refcounts, free list, LRU list and index agree, and

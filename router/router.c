@@ -70,7 +70,13 @@ static const char *const STATE_NAMES[] = {"queued", "reserving", "prefilling", "
 
 typedef enum wrole { W_PREFILL = 0, W_DECODE } wrole_t;
 
+/* A worker's circuit breaker: a command it let time out opens it (no new
+ * requests for a while), then one trial request goes there (half-open)
+ * and its answer closes it, its timeout opens it again for longer. */
+typedef enum wbreaker { BR_CLOSED = 0, BR_OPEN, BR_HALF_OPEN } wbreaker_t;
+
 typedef struct worker {
+    bool used; /* a free slot (never used, or forgotten) is not */
     char name[64];
     wrole_t role;
     uint64_t inc;
@@ -90,6 +96,11 @@ typedef struct worker {
     int64_t pending_tokens;   /* prefill: prompt tokens of jobs sent, not yet finished */
     int32_t ranks;            /* tp * pp of its rank group (1: one process) */
     char out_of_service[160]; /* its own word that it serves nothing (a rank died); "" when it serves */
+    wbreaker_t breaker;
+    double breaker_until; /* open: half-open from then */
+    double breaker_wait;  /* how long it stayed open the last time */
+    uint64_t trial;       /* half-open: the request placed there to try it (0: none yet) */
+    uint64_t n_loads;     /* load reports taken: its engine thread, which answers commands, ticks */
 } worker_t;
 
 #define MAX_TENANT_SERIES 64
@@ -103,7 +114,7 @@ typedef struct rreq {
     int32_t n_hashes;
     fy_genspec_t gen;
     rstate_t state;
-    int dw, pw, excluded_pw;
+    int dw, pw, excluded_pw, excluded_dw; /* excluded: the worker of the last failed try */
     uint64_t d_inc, p_inc;
     uint64_t lease;
     /* the lease the decode worker granted (its decode.max_lease caps the
@@ -119,6 +130,7 @@ typedef struct rreq {
     void *target;
     size_t target_len;
     uint64_t rid;
+    uint64_t rid_loads; /* the load reports of the worker rid went to, when it went */
     double rid_deadline, prefill_deadline, deadline;
     int retries;
     /* timings (router clock) and the prefill worker's */
@@ -168,6 +180,7 @@ typedef struct router {
     /* settings */
     double last_tick; /* housekeeping thread: its last tick (a gap: the router did not run) */
     double health_timeout, request_timeout, prefill_timeout, command_timeout, lease_s, client_timeout, drain_timeout;
+    double breaker_cooldown, forget_after;
     int32_t max_queue, max_retries;
     int64_t prefill_queue_tokens;
     double prefix_weight;
@@ -212,11 +225,13 @@ typedef struct router {
     bool hk_on, stop;
     bool draining; /* shutting down: new requests refused, running ones finish */
     /* figures */
-    uint64_t accepted, refused, completed, failed, retried, bad_events, renewals;
+    uint64_t accepted, refused, completed, failed, retried, bad_events, renewals, breaker_trips, forgotten;
     fy_metrics_t *reg;
     struct {
         fy_metric_t *running, *waiting, *prefill_up, *decode_up, *generation, *retries, *bad_events;
         fy_metric_t *renewals;
+        fy_metric_t *breaker_open[2], *breaker_trips; /* [wrole_t] */
+        fy_metric_t *forgotten;
         fy_metric_t *ttft, *itl, *e2e, *queue, *xfer_s, *xfer_bytes;
         fy_metric_t *prompt_len, *gen_len, *prefill_s, *decode_s, *inference_s;
         fy_metric_t *success[4];                   /* length, stop, eos, context */
@@ -418,22 +433,32 @@ static void finish_req(router_t *R, rreq_t *q, fy_status_t err, const char *fmt,
     wake_poll(R, q);
 }
 
-/* A failure on the prefill side: once more from the queue, or the end. */
-static void retry_or_fail(router_t *R, rreq_t *q, fy_status_t err, const char *why)
+/* A failure on the prefill side, or a decode worker that let a command
+ * time out before any token reached the client (decode_side: its open
+ * breaker keeps the next try off it): once more from the queue, or the
+ * end.  Never after a token was delivered: the client has seen them. */
+static void retry_side(router_t *R, rreq_t *q, fy_status_t err, const char *why, bool decode_side)
 {
-    if (q->retries < R->max_retries && q->deadline > now_s()) {
-        fy_warn("request %llu: %s; retrying on another prefill worker", (unsigned long long)q->id, why);
-        int failed_pw = q->pw;
+    if (q->retries < R->max_retries && q->deadline > now_s() && (!decode_side || q->n_out == 0)) {
+        fy_warn("request %llu: %s; retrying on another %s worker", (unsigned long long)q->id, why,
+                decode_side ? "decode" : "prefill");
+        int failed_pw = q->pw, failed_dw = q->dw;
         let_go(R, q);
         q->retries++;
         R->retried++;
         fy_metric_inc(R->m.retries);
-        q->excluded_pw = failed_pw;
+        q->excluded_pw = decode_side ? -1 : failed_pw;
+        q->excluded_dw = decode_side ? failed_dw : -1;
         q->lease = 0;
         set_state(R, q, RQ_QUEUED);
         return;
     }
     finish_req(R, q, err, "%s%s", why, q->retries ? " (after a retry)" : "");
+}
+
+static void retry_or_fail(router_t *R, rreq_t *q, fy_status_t err, const char *why)
+{
+    retry_side(R, q, err, why, false);
 }
 
 /* ---- placement ---------------------------------------------------------------------------------------- */
@@ -459,19 +484,64 @@ static int32_t blocks_for(const router_t *R, const rreq_t *q)
     return n > INT32_MAX ? INT32_MAX : (int32_t)n;
 }
 
+/* Up, compatible, listed, of the role, and not shut off by its breaker
+ * (half-open: until its trial request is placed). */
 static bool usable(const worker_t *w, wrole_t role)
 {
-    return w->up && !w->incompatible && !w->unlisted && w->role == role && w->push;
+    return w->used && w->up && !w->incompatible && !w->unlisted && w->role == role && w->push &&
+           w->breaker != BR_OPEN && !(w->breaker == BR_HALF_OPEN && w->trial);
 }
 
-/* The least-loaded decode worker that looks able to admit q; -1 if none. */
+/* Worker wi let a command time out while its engine thread went on
+ * ticking: its breaker opens (again, for twice as long, when this was its
+ * trial), up to 16 cooldowns.  A worker in one long engine step (it sends
+ * no load report then, only "alive") is slow, not deaf: no breaker. */
+static void breaker_trip(router_t *R, int wi, double now)
+{
+    worker_t *w = &R->workers[wi];
+    double wait = R->breaker_cooldown;
+    if (w->breaker == BR_HALF_OPEN && w->breaker_wait > 0)
+        wait = w->breaker_wait * 2 < R->breaker_cooldown * 16 ? w->breaker_wait * 2 : R->breaker_cooldown * 16;
+    if (w->breaker != BR_OPEN) {
+        R->breaker_trips++;
+        fy_metric_inc(R->m.breaker_trips);
+        fy_warn("worker %s let a command time out: no new requests for %.1f s, then one trial (circuit breaker open)",
+                w->name, wait);
+    }
+    w->breaker = BR_OPEN;
+    w->breaker_wait = wait;
+    w->breaker_until = now + wait;
+    w->trial = 0;
+}
+
+/* An answer to a command from worker w: it is listening again. */
+static void breaker_answer(worker_t *w)
+{
+    if (w->breaker == BR_CLOSED) return;
+    fy_info("worker %s answers commands again (circuit breaker closed)", w->name);
+    w->breaker = BR_CLOSED;
+    w->breaker_wait = 0;
+    w->trial = 0;
+}
+
+/* A request placed on worker w: the trial, when its breaker is half-open. */
+static void breaker_placed(worker_t *w, const rreq_t *q)
+{
+    if (w->breaker == BR_HALF_OPEN && !w->trial) w->trial = q->id;
+}
+
+/* The least-loaded decode worker that looks able to admit q (not the one
+ * its last try timed out on, unless it is the only one); -1 if none. */
 static int pick_decode(router_t *R, const rreq_t *q)
 {
     int best = -1;
     double best_load = 1e300;
+    bool other = false;
+    for (int i = 0; i < R->n_workers && q->excluded_dw >= 0; i++)
+        other |= i != q->excluded_dw && usable(&R->workers[i], W_DECODE);
     for (int i = 0; i < R->n_workers; i++) {
         worker_t *w = &R->workers[i];
-        if (!usable(w, W_DECODE) || w->full) continue;
+        if (!usable(w, W_DECODE) || w->full || (i == q->excluded_dw && other)) continue;
         if (w->assigned >= w->max_seqs) continue;
         if (q->need_blocks > w->admittable - w->blocks_since) continue;
         double load = (double)w->assigned / (double)(w->max_seqs > 0 ? w->max_seqs : 1) -
@@ -523,6 +593,7 @@ static void send_to_decode(router_t *R, rreq_t *q, int di)
     worker_t *d = &R->workers[di];
     fy_msgw_t w;
     q->rid = ++R->next_rid;
+    q->rid_loads = d->n_loads;
     q->rid_deadline = now_s() + R->command_timeout;
     fy_wire_reserve_t m = {
         .cmd = cmd_to(d, q->rid), .id = q->id, .tokens = q->prompt, .n_tokens = q->n_prompt, .gen = q->gen};
@@ -535,6 +606,7 @@ static void send_to_decode(router_t *R, rreq_t *q, int di)
     }
     q->lease_s = R->lease_s;
     cmd_send(d, &w);
+    breaker_placed(d, q);
     q->dw = di;
     q->d_inc = d->inc;
     d->assigned++;
@@ -597,13 +669,23 @@ static void pump(router_t *R)
 
 /* ---- events from workers ---------------------------------------------------------------------------- */
 
+/* The worker of that name; with create, a new one in a free slot (one
+ * forgotten by forget_workers, or past the last) when there is one. */
 static worker_t *worker_by_name(router_t *R, const char *name, bool create)
 {
-    for (int i = 0; i < R->n_workers; i++)
-        if (!strcmp(R->workers[i].name, name)) return &R->workers[i];
-    if (!create || R->n_workers >= MAX_WORKERS) return NULL;
-    worker_t *w = &R->workers[R->n_workers++];
+    int free_slot = -1;
+    for (int i = 0; i < R->n_workers; i++) {
+        if (R->workers[i].used && !strcmp(R->workers[i].name, name)) return &R->workers[i];
+        if (!R->workers[i].used && free_slot < 0) free_slot = i;
+    }
+    if (!create) return NULL;
+    if (free_slot < 0) {
+        if (R->n_workers >= MAX_WORKERS) return NULL;
+        free_slot = R->n_workers++;
+    }
+    worker_t *w = &R->workers[free_slot];
     memset(w, 0, sizeof(*w));
+    w->used = true;
     snprintf(w->name, sizeof(w->name), "%s", name);
     return w;
 }
@@ -714,7 +796,9 @@ static void on_load(router_t *R, fy_msgr_t *r, const fy_env_hdr_t *from, const c
     size_t bloom_len = m.bloom_len;
     worker_t *w = worker_by_name(R, name, true);
     if (!w) {
-        fy_warn("load report from %s ignored: %d workers already", name, MAX_WORKERS);
+        fy_warn("load report from %s ignored: %d workers already (a worker's slot is freed router.forget_after "
+                "after it went down)",
+                name, MAX_WORKERS);
         return;
     }
     int wi = (int)(w - R->workers);
@@ -722,6 +806,9 @@ static void on_load(router_t *R, fy_msgr_t *r, const fy_env_hdr_t *from, const c
     if (w->inc && w->inc != inc && w->up) worker_lost(R, wi, "restarted");
     if (w->inc != inc) {
         bool compatible = !strcmp(model, R->model_id) && bs == R->lay.block_size;
+        w->breaker = BR_CLOSED; /* a new incarnation starts with a clean record */
+        w->breaker_wait = 0;
+        w->trial = 0;
         if (!compatible)
             fy_error("worker %s refused: model %s with %d-token blocks; this deployment runs %s with %d", name, model,
                      bs, R->model_id, R->lay.block_size);
@@ -756,6 +843,7 @@ static void on_load(router_t *R, fy_msgr_t *r, const fy_env_hdr_t *from, const c
     w->role = wrole;
     w->up = true;
     w->last_seen = now_s();
+    w->n_loads++;
     w->running = m.running;
     w->waiting = m.waiting;
     w->max_seqs = m.max_seqs;
@@ -800,6 +888,7 @@ static void send_prefill(router_t *R, rreq_t *q)
     worker_t *p = &R->workers[pi];
     fy_msgw_t w;
     q->rid = ++R->next_rid;
+    q->rid_loads = p->n_loads;
     q->rid_deadline = now_s() + R->command_timeout;
     /* the prefill worker stops putting a second before the lease ends */
     double left = q->lease_end - now_s() - 1.0;
@@ -819,6 +908,7 @@ static void send_prefill(router_t *R, rreq_t *q)
     snprintf(m.tenant, sizeof(m.tenant), "%s", q->tenant);
     fy_wire_prefill_write(&w, &m);
     cmd_send(p, &w);
+    breaker_placed(p, q);
     q->pw = pi;
     q->p_inc = p->inc;
     p->pending_tokens += q->n_prompt;
@@ -977,6 +1067,7 @@ static void on_prefilled(router_t *R, rreq_t *q, fy_msgr_t *r)
     worker_t *d = &R->workers[q->dw];
     fy_msgw_t w;
     q->rid = ++R->next_rid;
+    q->rid_loads = d->n_loads;
     q->rid_deadline = now_s() + R->command_timeout;
     fy_wire_adopt_t a = {.cmd = cmd_to(d, q->rid),
                          .id = q->id,
@@ -1216,6 +1307,11 @@ static void on_event(void *arg, const fy_env_hdr_t *from, const void *buf, size_
     const char *name = ev.worker, *type = fy_msgr_type(&r);
     uint64_t inc = ev.inc, id = ev.id, rid = ev.rid;
     pthread_mutex_lock(&R->mu);
+    if (fy_msgr_ok(&r) && rid && !strcmp(name, from->name) && inc == from->inc) {
+        /* an answer to a command (only those carry a rid): the worker listens */
+        worker_t *bw = worker_by_name(R, name, false);
+        if (bw && bw->inc == inc) breaker_answer(bw);
+    }
     if (fy_msgr_ok(&r) && (strcmp(name, from->name) || inc != from->inc)) {
         /* a worker speaks for itself only: its events name the sender of the envelope */
         char why[160];
@@ -1397,7 +1493,7 @@ static fy_status_t enqueue(router_t *R, const char *tenant, int32_t *ids, int32_
     q->prompt = ids;
     q->n_prompt = n;
     q->gen = *gen;
-    q->dw = q->pw = q->excluded_pw = -1;
+    q->dw = q->pw = q->excluded_pw = q->excluded_dw = -1;
     q->watch = watch;
     q->watch_arg = watch_arg;
     /* the tenant comes from the server side (an API key's), never from the client */
@@ -1676,26 +1772,29 @@ static void client_status(router_t *R, fy_rpc_call_t *call)
     m->refused = R->refused;
     m->retried = R->retried;
     m->bad_events = R->bad_events;
+    int n = 0; /* the slots in use, packed (a forgotten worker's is free) */
     for (int i = 0; i < R->n_workers; i++) {
         const worker_t *k = &R->workers[i];
+        if (!k->used) continue;
         if (k->up && !k->incompatible) {
             if (k->role == W_PREFILL)
                 m->prefill_up++;
             else
                 m->decode_up++;
         }
-        snprintf(m->workers[i], sizeof(m->workers[i]), "%s", k->name);
-        m->up[i] = k->up && !k->incompatible;
-        m->assigned[i] = k->assigned;
-        m->admittable[i] = k->admittable;
-        m->total_blocks[i] = k->total_blocks;
-        m->decode[i] = k->role == W_DECODE;
-        m->pending_tokens[i] = k->pending_tokens > INT32_MAX ? INT32_MAX : (int32_t)k->pending_tokens;
-        m->ranks[i] = k->ranks;
-        m->out[i] = k->out_of_service[0] != '\0';
+        snprintf(m->workers[n], sizeof(m->workers[n]), "%s", k->name);
+        m->up[n] = k->up && !k->incompatible;
+        m->assigned[n] = k->assigned;
+        m->admittable[n] = k->admittable;
+        m->total_blocks[n] = k->total_blocks;
+        m->decode[n] = k->role == W_DECODE;
+        m->pending_tokens[n] = k->pending_tokens > INT32_MAX ? INT32_MAX : (int32_t)k->pending_tokens;
+        m->ranks[n] = k->ranks;
+        m->out[n] = k->out_of_service[0] != '\0';
+        n++;
     }
     m->n_workers = m->n_up = m->n_assigned = m->n_admittable = m->n_total_blocks = m->n_decode = m->n_pending_tokens =
-        m->n_ranks = m->n_out = R->n_workers;
+        m->n_ranks = m->n_out = n;
     uint64_t refused[FY_ENV_N_FAULTS];
     refused_messages(R, refused);
     m->refused_messages = (fy_wire_refused_t){.format = refused[FY_ENV_FORMAT],
@@ -1833,6 +1932,14 @@ void fy_router_metrics_refresh(router_t *R)
     fy_metric_set(R->m.decode_up, d);
     fy_metric_set(R->m.bad_events, (double)R->bad_events);
     fy_metric_set(R->m.renewals, (double)R->renewals);
+    int open[2] = {0, 0};
+    for (int i = 0; i < R->n_workers; i++) {
+        const worker_t *k = &R->workers[i];
+        if (k->used && k->breaker != BR_CLOSED) open[k->role]++;
+    }
+    fy_metric_set(R->m.breaker_open[W_PREFILL], open[W_PREFILL]);
+    fy_metric_set(R->m.breaker_open[W_DECODE], open[W_DECODE]);
+    fy_metric_set(R->m.forgotten, (double)R->forgotten);
     uint64_t refused[FY_ENV_N_FAULTS];
     refused_messages(R, refused);
     for (int i = 1; i < FY_ENV_N_FAULTS; i++) fy_metric_set(R->m.ctl_refused[i], (double)refused[i]);
@@ -1864,6 +1971,24 @@ static fy_status_t metrics_setup(router_t *R)
     if (!st)
         st = fy_metrics_counter(g, "ferry:router_retries_total", "Requests retried on another prefill worker", NULL,
                                 &R->m.retries);
+    if (!st)
+        st = fy_metrics_gauge(g, "ferry:worker_breakers_open",
+                              "Workers shut off from new requests after a command timed out (open or half-open), "
+                              "by role",
+                              up_p, &R->m.breaker_open[W_PREFILL]);
+    if (!st)
+        st = fy_metrics_gauge(g, "ferry:worker_breakers_open",
+                              "Workers shut off from new requests after a command timed out (open or half-open), "
+                              "by role",
+                              up_d, &R->m.breaker_open[W_DECODE]);
+    if (!st)
+        st = fy_metrics_counter(g, "ferry:worker_breaker_trips_total",
+                                "Times a worker's circuit breaker opened (a command it let time out)", NULL,
+                                &R->m.breaker_trips);
+    if (!st)
+        st = fy_metrics_counter(g, "ferry:workers_forgotten_total",
+                                "Workers whose table slot was freed, down for router.forget_after", NULL,
+                                &R->m.forgotten);
     if (!st)
         st = fy_metrics_counter(g, "ferry:bad_events_total", "Malformed or unexpected worker events", NULL,
                                 &R->m.bad_events);
@@ -1975,6 +2100,42 @@ static void after_own_stall(router_t *R, double now, double gap)
     }
 }
 
+/* Whether a request still running holds slot wi (as its decode or prefill worker). */
+static bool slot_held(const router_t *R, int wi)
+{
+    for (const rreq_t *q = R->all; q; q = q->next)
+        if (q->state != RQ_DONE && (q->dw == wi || q->pw == wi)) return true;
+    return false;
+}
+
+/*
+ * Frees the slots of workers down for router.forget_after with nothing of
+ * theirs in flight (and, with etcd, no record): pod churn brings new names
+ * all the time, and the table holds 64.  Nothing keeps a slot's index past
+ * this: running requests hold none (slot_held), a queued one's excluded
+ * workers are let go, and the status table is rebuilt per call.
+ */
+static void forget_workers(router_t *R, double now)
+{
+    for (int i = 0; i < R->n_workers; i++) {
+        worker_t *w = &R->workers[i];
+        if (!w->used || w->up || now - w->last_seen < R->forget_after || w->assigned > 0 || w->pending_tokens > 0)
+            continue;
+        if ((R->etcd && worker_listed(R, w->name)) || slot_held(R, i)) continue;
+        fy_info("worker %s forgotten: down for %.0f s (router.forget_after); its slot is free", w->name,
+                now - w->last_seen);
+        for (rreq_t *q = R->all; q; q = q->next) {
+            if (q->excluded_pw == i) q->excluded_pw = -1;
+            if (q->excluded_dw == i) q->excluded_dw = -1;
+        }
+        fy_push_destroy(w->push);
+        fy_free(w->bloom);
+        memset(w, 0, sizeof(*w));
+        R->forgotten++;
+    }
+    while (R->n_workers > 0 && !R->workers[R->n_workers - 1].used) R->n_workers--;
+}
+
 static void tick(router_t *R)
 {
     double now = now_s();
@@ -1987,7 +2148,17 @@ static void tick(router_t *R)
             snprintf(why, sizeof(why), "stopped answering (no report for %.1f s)", now - w->last_seen);
             worker_lost(R, i, why);
         }
+        if (w->breaker == BR_OPEN && now >= w->breaker_until) {
+            fy_info("worker %s: one trial request after %.1f s (circuit breaker half-open)", w->name, w->breaker_wait);
+            w->breaker = BR_HALF_OPEN;
+            w->trial = 0;
+        } else if (w->breaker == BR_HALF_OPEN && w->trial) {
+            /* its trial ended without a verdict (cancelled, its deadline): the next request tries */
+            const rreq_t *t = req_find(R, w->trial);
+            if (!t || t->state == RQ_DONE || (t->dw != i && t->pw != i)) w->trial = 0;
+        }
     }
+    forget_workers(R, now);
     rreq_t *next;
     for (rreq_t *q = R->all; q; q = next) {
         next = q->next;
@@ -2000,10 +2171,10 @@ static void tick(router_t *R)
                 char why[160];
                 snprintf(why, sizeof(why), "%s worker %s did not answer within %.1f s", who,
                          wi >= 0 ? R->workers[wi].name : "?", R->command_timeout);
-                if (q->state == RQ_PREFILLING)
-                    retry_or_fail(R, q, FY_ERR_TIMEOUT, why);
-                else
-                    finish_req(R, q, FY_ERR_TIMEOUT, "%s", why);
+                /* deaf, not slow: its engine thread, which runs commands and
+                 * answers them at once, sent two load reports since */
+                if (wi >= 0 && R->workers[wi].n_loads - q->rid_loads >= 2) breaker_trip(R, wi, now);
+                retry_side(R, q, FY_ERR_TIMEOUT, why, q->state != RQ_PREFILLING);
             } else if (q->state == RQ_PREFILLING && now > q->prefill_deadline) {
                 retry_or_fail(R, q, FY_ERR_TIMEOUT, "prefill took too long");
             } else if (!q->watch && now - q->last_poll > R->client_timeout) {
@@ -2108,6 +2279,8 @@ static fy_status_t setup(router_t *R)
         (st = fy_conf_duration(c, "router", "request_timeout", &R->request_timeout)) ||
         (st = fy_conf_duration(c, "router", "prefill_timeout", &R->prefill_timeout)) ||
         (st = fy_conf_duration(c, "router", "command_timeout", &R->command_timeout)) ||
+        (st = fy_conf_duration(c, "router", "breaker_cooldown", &R->breaker_cooldown)) ||
+        (st = fy_conf_duration(c, "router", "forget_after", &R->forget_after)) ||
         (st = fy_conf_duration(c, "router", "lease", &R->lease_s)) ||
         (st = fy_conf_duration(c, "router", "client_timeout", &R->client_timeout)) ||
         (st = fy_conf_duration(c, "router", "drain_timeout", &R->drain_timeout)) ||

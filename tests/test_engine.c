@@ -8,11 +8,14 @@
  * the one function that builds an engine, from a worker's configuration
  * (engine_config.h).
  */
+#include <dirent.h>
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <jansson.h>
 #include <unistd.h>
@@ -106,6 +109,7 @@ static int teardown(void **state)
 typedef struct rig_opts {
     const char *model;
     int32_t blocks, host_blocks, max_seqs, batch_tokens;
+    int32_t disk_blocks; /* a disk tier of this many blocks in the test's folder "kvdisk"; 0: none */
     fy_engine_params_t ep;
     bool caching;
     int32_t graphs; /* the runner's: 2 pads decode batches as for recorded steps */
@@ -148,6 +152,11 @@ static void rig_open(rig_t *g, const rig_opts_t *o)
     kp.hasher = g->hasher;
     kp.prefix_caching = o->caching;
     kp.watermark = 0;
+    if (o->disk_blocks) {
+        kp.disk_dir = fy_test_path("kvdisk");
+        assert_true(mkdir(kp.disk_dir, 0700) == 0 || errno == EEXIST);
+        kp.disk_bytes = (int64_t)o->disk_blocks * (int64_t)kp.layout.block_bytes;
+    }
     assert_int_equal(fy_kvm_create(&kp, &g->kvm), FY_OK);
     assert_int_equal(fy_engine_create(g->r, g->kvm, fy_model_tokenizer(g->m), &o->ep, &g->e), FY_OK);
 }
@@ -349,6 +358,88 @@ static void preemption(fy_preempt_mode_t mode)
 }
 
 static void test_preempt_recompute(void **state) { preemption(FY_PREEMPT_RECOMPUTE); }
+
+/* The disk tier's file, as anyone with our uid finds it (/proc/self/fd). */
+static int disk_tier_fd(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    int found = -1;
+    for (struct dirent *e; (e = readdir(d));) {
+        char path[300], target[600];
+        snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+        ssize_t n = readlink(path, target, sizeof(target) - 1);
+        if (n <= 0) continue;
+        target[n] = '\0';
+        if (strstr(target, "ferry-kv")) found = atoi(e->d_name);
+    }
+    closedir(d);
+    assert_true(found >= 0);
+    return found;
+}
+
+/*
+ * A disk tier whose file is overwritten behind the engine's back: the
+ * first prompt's blocks went down to disk (a tight device and host tier),
+ * the file's bytes are changed, and the prompt again gives the tokens of
+ * an engine without any cache: every block read back is dropped on its
+ * checksum and computed again, not served.
+ */
+static void test_disk_tier_corrupted(void **state)
+{
+    (void)state;
+    enum { N_P = 8, LEN = 64 };
+    workload_t *w = calloc(1, sizeof(*w));
+    rig_opts_t o;
+    rig_opts(&o, g_tiny);
+    rig_t g;
+    rig_open(&g, &o);
+    int vocab = g.vocab;
+    rig_close(&g);
+    for (int i = 0; i < N_REQ; i++) {
+        w->len[i] = LEN;
+        make_prompt(w->prompt[i], LEN, vocab, 7000 + (uint64_t)(i % N_P));
+        fy_request_params_default(&w->rp[i]);
+        w->rp[i].max_tokens = 8;
+    }
+    result_t *alone = calloc(N_REQ, sizeof(result_t)), *got = calloc(N_REQ, sizeof(result_t));
+    run_alone(g_tiny, w, alone);
+    o.blocks = 12; /* a request's 5; the rest cached, pushed down as new prompts come */
+    o.host_blocks = 8;
+    o.disk_blocks = 64;
+    o.ep.max_num_seqs = 1;
+    rig_open(&g, &o);
+    for (int i = 0; i < N_P; i++) { /* 4 named blocks each: the first ones end up on disk */
+        uint64_t id;
+        assert_int_equal(fy_engine_submit(g.e, w->prompt[i], LEN, &w->rp[i], on_event, &got[i], &id), FY_OK);
+        rig_drain(&g);
+    }
+    fy_kvm_stats_t ks;
+    fy_kvm_stats(g.kvm, &ks);
+    assert_true(ks.tier[FY_KV_DISK].cached >= 4);
+    int fd = disk_tier_fd();
+    struct stat sb;
+    assert_int_equal(fstat(fd, &sb), 0);
+    unsigned char *junk = malloc((size_t)sb.st_size);
+    assert_non_null(junk);
+    uint64_t seed = 99;
+    for (off_t k = 0; k < sb.st_size; k++) junk[k] = (unsigned char)fy_test_rand_u64(&seed);
+    assert_int_equal(pwrite(fd, junk, (size_t)sb.st_size, 0), (ssize_t)sb.st_size);
+    free(junk);
+    /* the same prompts again, the first ones' blocks on the disk */
+    for (int i = N_P; i < N_REQ; i++) {
+        uint64_t id;
+        assert_int_equal(fy_engine_submit(g.e, w->prompt[i], LEN, &w->rp[i], on_event, &got[i], &id), FY_OK);
+        rig_drain(&g);
+    }
+    fy_kvm_stats(g.kvm, &ks);
+    fprintf(stderr, "disk tier: %llu hits, %llu blocks dropped on their checksum\n",
+            (unsigned long long)ks.tier[FY_KV_DISK].hits, (unsigned long long)ks.disk_bad_blocks);
+    assert_true(ks.disk_bad_blocks >= 1);
+    check_same(alone, got);
+    rig_close(&g);
+    free(w), free(alone), free(got);
+}
 static void test_preempt_swap(void **state) { preemption(FY_PREEMPT_SWAP); }
 
 /* ---- KV budgets (evict.h) ---------------------------------------------------------------------------- */
@@ -1549,6 +1640,7 @@ int main(void)
         cmocka_unit_test(test_batch_invariance_default),
         cmocka_unit_test(test_preempt_recompute),
         cmocka_unit_test(test_preempt_swap),
+        cmocka_unit_test(test_disk_tier_corrupted),
         cmocka_unit_test(test_cancel_and_errors),
         cmocka_unit_test(test_overload),
         cmocka_unit_test(test_priority_and_timings),

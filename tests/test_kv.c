@@ -9,10 +9,17 @@
  * copy-on-write that modified a block another sequence reads, a prefix hit
  * from another tenant, and a demotion or promotion that lost bytes.
  */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "config.h"
+#include "engine_config.h"
 #include "kv.h"
 #include "mem.h"
 #include "testutil.h"
@@ -62,6 +69,7 @@ static void fixture_open_groups(fixture_t *f, int dev, int host, int disk_blocks
     assert_int_equal(fy_kv_hasher_create(secret, sizeof(secret), &f->hasher), FY_OK);
     const char *tenants[3] = {"alice", "bob", "carol"};
     for (int i = 0; i < 3; i++) fy_kv_ns_make(f->hasher, tenants[i], "tiny", &f->ar.lay, NULL, &f->ns[i]);
+    if (disk_blocks) assert_true(mkdir(fy_test_path("kvdisk"), 0700) == 0 || errno == EEXIST); /* kv.disk_dir exists */
     fy_kvm_params_t p = {
         .layout = f->ar.lay,
         .n_device_blocks = dev,
@@ -532,6 +540,180 @@ static void test_tiers(void **state)
     assert_int_equal(fy_kvm_seq_swap_out(f.m, &s.bt), FY_ERR_UNSUPPORTED);
     drop(&f, &s);
     fixture_close(&f);
+}
+
+/* Pushes six 33-token prompts through 4 device and 4 host blocks: the
+ * oldest ones' blocks land on the disk tier. */
+static void fill_disk(fixture_t *f, int32_t p[6][33])
+{
+    seq_t s = {0};
+    int32_t hit;
+    for (int k = 0; k < 6; k++) {
+        for (int i = 0; i < 33; i++) p[k][i] = 100 * k + i;
+        prefill(f, &s, 0, p[k], 33, &hit);
+        drop(f, &s);
+    }
+    fy_kvm_stats_t st;
+    fy_kvm_stats(f->m, &st);
+    assert_true(st.tier[FY_KV_DISK].cached >= 2);
+}
+
+/* A link planted where a disk tier's file used to go (kv.disk_dir/ferry-kv-PID.bin,
+ * opened with O_CREAT | O_TRUNC through links) leads nowhere now: the
+ * file is made exclusively in a fresh private folder. */
+static void test_disk_tier_planted_link(void **state)
+{
+    (void)state;
+    const char *dir = fy_test_path("kvdisk");
+    assert_true(mkdir(dir, 0700) == 0 || errno == EEXIST);
+    char victim[600], link[600];
+    snprintf(victim, sizeof(victim), "%s", fy_test_path("victim"));
+    static const char precious[] = "a file the worker must never touch";
+    assert_true(fy_test_write_file(victim, precious, sizeof(precious)));
+    snprintf(link, sizeof(link), "%s/ferry-kv-%ld.bin", dir, (long)getpid());
+    unlink(link);
+    assert_int_equal(symlink(victim, link), 0);
+    fixture_t f;
+    fixture_open(&f, 4, 4, 8, 16);
+    int32_t p[6][33];
+    fill_disk(&f, p);
+    fixture_close(&f);
+    char buf[256];
+    int fd = open(victim, O_RDONLY);
+    assert_true(fd >= 0);
+    ssize_t n = read(fd, buf, sizeof(buf));
+    close(fd);
+    assert_int_equal(n, (ssize_t)sizeof(precious));
+    assert_memory_equal(buf, precious, sizeof(precious));
+    /* nothing of the tier is left in the folder: the planted link alone */
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int entries = 0;
+    for (struct dirent *e; (e = readdir(d));) entries += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    assert_int_equal(entries, 1);
+    unlink(link);
+}
+
+/* The disk tier's open file, found the way anyone with our uid could
+ * find it: /proc/self/fd (its name ends "(deleted)"). */
+static int disk_tier_fd(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    int found = -1;
+    for (struct dirent *e; (e = readdir(d));) {
+        char path[300], target[600];
+        snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+        ssize_t n = readlink(path, target, sizeof(target) - 1);
+        if (n <= 0) continue;
+        target[n] = '\0';
+        if (strstr(target, "ferry-kv")) found = atoi(e->d_name);
+    }
+    closedir(d);
+    assert_true(found >= 0);
+    return found;
+}
+
+/* A byte flipped in every disk slot: each block read back is dropped (a
+ * prefix miss, counted), never served; the prompt is computed again and
+ * reads what it wrote. */
+static void test_disk_tier_corruption(void **state)
+{
+    (void)state;
+    fixture_t f;
+    fixture_open(&f, 4, 4, 8, 16);
+    int32_t p[6][33], hit;
+    fill_disk(&f, p);
+    int fd = disk_tier_fd();
+    size_t bb = f.ar.lay.block_bytes;
+    for (int k = 0; k < 8; k++) {
+        unsigned char c;
+        off_t at = (off_t)k * (off_t)bb + (off_t)(bb / 2);
+        assert_int_equal(pread(fd, &c, 1, at), 1);
+        c ^= 0x5a;
+        assert_int_equal(pwrite(fd, &c, 1, at), 1);
+    }
+    /* the oldest prompt's blocks are on disk: all dropped, nothing served from there */
+    seq_t s = {0};
+    prefill(&f, &s, 0, p[0], 33, &hit); /* verifies what the lookup gave */
+    verify(&f, &s);
+    drop(&f, &s);
+    fy_kvm_stats_t st;
+    fy_kvm_stats(f.m, &st);
+    print_message("a hit of %d tokens; %llu disk blocks dropped\n", hit, (unsigned long long)st.disk_bad_blocks);
+    assert_int_equal(hit, 0);
+    assert_true(st.disk_bad_blocks >= 1);
+    assert_int_equal(fy_kvm_check(f.m), FY_OK);
+    /* written again and read back intact: the tier still serves */
+    fixture_close(&f);
+    fixture_open(&f, 4, 4, 8, 16);
+    fill_disk(&f, p);
+    prefill(&f, &s, 0, p[0], 33, &hit);
+    assert_int_equal(hit, 32);
+    drop(&f, &s);
+    fy_kvm_stats(f.m, &st);
+    assert_int_equal(st.disk_bad_blocks, 0);
+    fixture_close(&f);
+}
+
+/* kv.disk_dir refused at start, naming the key and the fault. */
+static void disk_dir_refused(const char *dir, const char *host_mem, const char *fault)
+{
+    fy_config_t *c;
+    assert_int_equal(fy_config_create(&c), FY_OK);
+    char set[700];
+    snprintf(set, sizeof(set), "kv.disk_dir=%s", dir);
+    assert_int_equal(fy_config_set(c, set), FY_OK);
+    snprintf(set, sizeof(set), "decode.host_kv_mem=%s", host_mem);
+    assert_int_equal(fy_config_set(c, set), FY_OK);
+    fy_engine_build_t b;
+    fy_test_log_begin();
+    fy_status_t st = fy_engine_build_read(c, "decode", &b);
+    fy_test_log_end();
+    if (st == FY_OK || !fy_test_log_has("kv.disk_dir", fault, NULL))
+        fail_msg("kv.disk_dir = %s: status %s, log: %s", dir, fy_status_str(st), fy_test_log_text());
+    fy_config_destroy(c);
+}
+
+static void test_disk_dir_refusals(void **state)
+{
+    (void)state;
+    char missing[600], file[600], open_dir[600], link[600], ok[600];
+    snprintf(missing, sizeof(missing), "%s", fy_test_path("no-such-dir"));
+    snprintf(file, sizeof(file), "%s", fy_test_path("a-file"));
+    snprintf(open_dir, sizeof(open_dir), "%s", fy_test_path("open-dir"));
+    snprintf(link, sizeof(link), "%s", fy_test_path("link-dir"));
+    snprintf(ok, sizeof(ok), "%s", fy_test_path("ok-dir"));
+    assert_true(fy_test_write_file(file, "x", 1));
+    assert_int_equal(mkdir(open_dir, 0700), 0);
+    assert_int_equal(chmod(open_dir, 0777), 0); /* world-writable, no sticky bit */
+    assert_int_equal(mkdir(ok, 0700), 0);
+    assert_int_equal(symlink(ok, link), 0);
+    disk_dir_refused(missing, "1MiB", "cannot be read");
+    disk_dir_refused(file, "1MiB", "is not a directory");
+    disk_dir_refused(open_dir, "1MiB", "without the sticky bit");
+    disk_dir_refused(link, "1MiB", "symbolic link");
+    disk_dir_refused(ok, "0", "decode.host_kv_mem");
+    if (geteuid() == 0) { /* someone else's folder (root may give it away) */
+        char theirs[600];
+        snprintf(theirs, sizeof(theirs), "%s", fy_test_path("theirs"));
+        assert_int_equal(mkdir(theirs, 0700), 0);
+        assert_int_equal(chown(theirs, 65534, 65534), 0);
+        disk_dir_refused(theirs, "1MiB", "owned by uid 65534");
+    }
+    /* sticky and world-writable (as /tmp), and our own: accepted */
+    assert_int_equal(chmod(open_dir, 01777), 0);
+    fy_config_t *c;
+    assert_int_equal(fy_config_create(&c), FY_OK);
+    char set[700];
+    snprintf(set, sizeof(set), "kv.disk_dir=%s", open_dir);
+    assert_int_equal(fy_config_set(c, set), FY_OK);
+    assert_int_equal(fy_config_set(c, "decode.host_kv_mem=1MiB"), FY_OK);
+    fy_engine_build_t b;
+    assert_int_equal(fy_engine_build_read(c, "decode", &b), FY_OK);
+    assert_string_equal(b.disk_dir, open_dir);
+    fy_config_destroy(c);
 }
 
 /* ---- KV groups ---------------------------------------------------------------------------------------- */
@@ -1023,21 +1205,15 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tenant_isolation),
-        cmocka_unit_test(test_lru_order),
-        cmocka_unit_test(test_copy_on_write),
-        cmocka_unit_test(test_tiers),
-        cmocka_unit_test(test_admission),
-        cmocka_unit_test(test_waste_and_stats),
-        cmocka_unit_test(test_bad_params),
-        cmocka_unit_test(test_random_operations),
-        cmocka_unit_test(test_random_operations_groups),
-        cmocka_unit_test(test_groups_layout),
-        cmocka_unit_test(test_groups_window_and_promise),
-        cmocka_unit_test(test_groups_prefix),
-        cmocka_unit_test(test_evict_blocks),
-        cmocka_unit_test(test_evicted_kv_never_named),
-        cmocka_unit_test(test_place_kept),
+        cmocka_unit_test(test_tenant_isolation),       cmocka_unit_test(test_lru_order),
+        cmocka_unit_test(test_copy_on_write),          cmocka_unit_test(test_tiers),
+        cmocka_unit_test(test_disk_tier_planted_link), cmocka_unit_test(test_disk_tier_corruption),
+        cmocka_unit_test(test_disk_dir_refusals),      cmocka_unit_test(test_admission),
+        cmocka_unit_test(test_waste_and_stats),        cmocka_unit_test(test_bad_params),
+        cmocka_unit_test(test_random_operations),      cmocka_unit_test(test_random_operations_groups),
+        cmocka_unit_test(test_groups_layout),          cmocka_unit_test(test_groups_window_and_promise),
+        cmocka_unit_test(test_groups_prefix),          cmocka_unit_test(test_evict_blocks),
+        cmocka_unit_test(test_evicted_kv_never_named), cmocka_unit_test(test_place_kept),
         cmocka_unit_test(test_place_kept_groups),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);

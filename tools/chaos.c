@@ -87,7 +87,17 @@
 #define BURST 16
 #define RESP_CAP (1 << 20)
 
-enum { K_KILL_PREFILL, K_KILL_DECODE, K_KILL_ROUTER, K_BURST, K_STOP_DECODE, K_KILL_RANK, K_STOP_ETCD, K_FLOOD, N_KINDS };
+enum {
+    K_KILL_PREFILL,
+    K_KILL_DECODE,
+    K_KILL_ROUTER,
+    K_BURST,
+    K_STOP_DECODE,
+    K_KILL_RANK,
+    K_STOP_ETCD,
+    K_FLOOD,
+    N_KINDS
+};
 static const char *const KIND_NAMES[N_KINDS] = {"kill-prefill", "kill-decode", "kill-router", "burst",
                                                 "stop-decode",  "kill-rank",   "stop-etcd",   "flood"};
 
@@ -254,21 +264,29 @@ static void fail(chaos_t *c, const char *fmt, ...)
     if (!c->failures++) snprintf(c->first_failure, sizeof(c->first_failure), "%s", msg);
 }
 
-/* A free loopback port, with the count - 1 ports after it free as well. */
+/*
+ * A free loopback port, with the count - 1 ports after it free as well,
+ * drawn at random below the kernel's ephemeral range: a port bound to 0
+ * and closed came from that range, where any process's next connect()
+ * could take it before serve's children bind it (1 start in 4 failed).
+ * Another run can still draw the same ports; main starts again then.
+ */
 static int free_ports(int count)
 {
+    static uint64_t rng;
+    if (!rng) rng = ((uint64_t)getpid() << 32 ^ (uint64_t)(now_s() * 1e6)) | 1;
+    int lo = 10000, hi = 32768; /* the ephemeral range's usual start; the kernel's own when it says */
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f) {
+        int a = 0, b = 0;
+        if (fscanf(f, "%d %d", &a, &b) == 2 && a > lo + 2 * count) hi = a;
+        fclose(f);
+    }
     for (int tries = 0; tries < 200; tries++) {
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        socklen_t al = sizeof(a);
-        if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) || getsockname(fd, (struct sockaddr *)&a, &al)) {
-            if (fd >= 0) close(fd);
-            continue;
-        }
-        int base = ntohs(a.sin_port);
-        close(fd);
-        bool ok = base + count < 65536;
-        for (int i = 1; ok && i < count; i++) {
+        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+        int base = lo + (int)(rng % (uint64_t)(hi - lo - count));
+        bool ok = true;
+        for (int i = 0; ok && i < count; i++) {
             int f2 = socket(AF_INET, SOCK_STREAM, 0);
             struct sockaddr_in b = {.sin_family = AF_INET,
                                     .sin_port = htons((uint16_t)(base + i)),
@@ -317,18 +335,20 @@ static bool start_cluster(chaos_t *c)
     fy_config_destroy(cfg);
     if (!counts) return false;
     c->n_routers = (int)nr;
-    /* router i listens on each router address + 2i: three blocks of 2N ports */
-    int router = free_ports(2 * c->n_routers), events = free_ports(2 * c->n_routers), pl = free_ports(MAX_WORKERS),
-        dl = free_ports(MAX_WORKERS), etcd_port = c->etcd ? free_ports(2) : 0;
-    c->prefill_metrics = free_ports(MAX_WORKERS);
-    c->decode_metrics = free_ports(MAX_WORKERS);
-    c->serve_metrics = free_ports(1);
-    c->http_port = free_ports(2 * c->n_routers);
-    if (router < 0 || events < 0 || c->http_port < 0 || pl < 0 || dl < 0 || c->prefill_metrics < 0 ||
-        c->decode_metrics < 0 || c->serve_metrics < 0 || etcd_port < 0) {
+    /* one run of ports, no two roles' overlapping: router i listens on each
+     * router address + 2i (client, events and HTTP blocks of 2N), then
+     * serve's metrics, etcd's client and peer ports, the workers' blocks */
+    int n2 = 2 * c->n_routers, base = free_ports(3 * n2 + 3 + 4 * MAX_WORKERS);
+    if (base < 0) {
         fprintf(stderr, "ferry: chaos: no free loopback ports\n");
         return false;
     }
+    int router = base, events = base + n2, etcd_port = base + 3 * n2 + 1;
+    int pl = base + 3 * n2 + 3, dl = pl + MAX_WORKERS;
+    c->http_port = base + 2 * n2;
+    c->serve_metrics = base + 3 * n2;
+    c->prefill_metrics = dl + MAX_WORKERS;
+    c->decode_metrics = c->prefill_metrics + MAX_WORKERS;
     bool ok = add_set(c, sets[ns++], 256, "router.listen=tcp://127.0.0.1:%d", router) &&
               add_set(c, sets[ns++], 256, "router.events=tcp://127.0.0.1:%d", events) &&
               (!c->etcd || add_set(c, sets[ns++], 256, "cluster.etcd=http://127.0.0.1:%d", etcd_port)) &&
@@ -367,7 +387,7 @@ static bool start_cluster(chaos_t *c)
     if (pid < 0) return false;
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGTERM); /* a chaos run that dies stops its cluster */
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644); /* a failed start's log stays */
         if (fd >= 0) {
             dup2(fd, 1);
             dup2(fd, 2);
@@ -1158,8 +1178,18 @@ int fy_cmd_chaos(int argc, char **argv)
     double t0 = now_s();
     int rc = 1;
     int n_threads = 0;
-    if (!start_cluster(c)) goto out;
-    if (!wait_healthy(c, 180)) {
+    /* a port drawn free can be taken before serve's children bind it (by
+     * another run): serve exits at start-up, and a start on other ports
+     * follows, 4 tries in all */
+    int n_sets = c->n_sets;
+    for (int attempt = 1;; attempt++) {
+        c->n_sets = n_sets; /* the ports of the try before go */
+        if (!start_cluster(c)) goto out;
+        if (wait_healthy(c, 180)) break;
+        if (c->serve < 0 && attempt < 4) {
+            fprintf(stderr, "ferry: chaos: start %d failed (a port taken?); starting again on other ports\n", attempt);
+            continue;
+        }
         fail(c, "the cluster did not become healthy within 180 s (see %s)", c->dir);
         goto out;
     }

@@ -789,6 +789,10 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     eb.engine.tick_fn = on_tick;
     eb.engine.tick_arg = n;
     eb.engine.tick_s = heartbeat < 0.05 ? heartbeat : 0.05; /* leases are reaped at least this often */
+    /* a stuck rank (SIGSTOP, a hung device call) breaks the group when the
+     * worker's /health turns 503 for the stall, so that the router hears
+     * "out of service" then, not 30 s later while it goes on placing here */
+    eb.group_timeout_ms = stall < 0.1 ? 100 : (int32_t)(stall * 1000); /* worker.stall_timeout is at most 1 h */
     if ((st = fy_engine_stack_create(n->model, &eb, &n->stack))) return st;
     n->kvm = n->stack.kvm;
     n->engine = n->stack.engine;

@@ -19,7 +19,7 @@ struct fy_node_series {
     fy_metric_t *prefix_queries, *prefix_hits;
     fy_metric_t *preempt_recompute, *preempt_swap, *swap_out, *swap_in;
     fy_metric_t *grammar_compiled, *grammar_cached;
-    fy_metric_t *window_dropped, *evicted, *groups[2];
+    fy_metric_t *window_dropped, *evicted, *groups[2], *disk_bad;
     fy_metric_t *running, *waiting, *swapped;
     fy_metric_t *prompt_tokens, *computed_tokens, *generation_tokens;
     fy_metric_t *refused_overloaded, *refused_invalid;
@@ -91,6 +91,8 @@ fy_status_t fy_node_series_create(fy_metrics_t *reg, const char *worker, const c
       "KV blocks sliding-window groups gave back while their requests ran (no query could see them).", NULL);
     C(evicted, "ferry:kv_evicted_blocks_total",
       "KV blocks evicted by KV budgets (kv.evict: StreamingLLM or H2O), each group's copy counted.", NULL);
+    C(disk_bad, "ferry:kv_disk_blocks_dropped_total",
+      "KV blocks of the disk tier (kv.disk_dir) dropped when read back: they did not match their checksum.", NULL);
     G(groups[0], "ferry:kv_groups", "KV groups of the layout (block tables per request), by window.", "window",
       "global");
     G(groups[1], "ferry:kv_groups", "KV groups of the layout (block tables per request), by window.", "window",
@@ -163,6 +165,7 @@ void fy_node_series_sync(fy_node_series_t *s, const fy_engine_stats_t *es, const
     fy_metric_set(s->swap_in, (double)ks->swap_in_blocks);
     fy_metric_set(s->window_dropped, (double)ks->slid_blocks);
     fy_metric_set(s->evicted, (double)ks->evicted_blocks);
+    fy_metric_set(s->disk_bad, (double)ks->disk_bad_blocks);
     fy_metric_set(s->groups[0], ks->groups_global);
     fy_metric_set(s->groups[1], ks->groups_sliding);
     fy_metric_set(s->running, es->running);
