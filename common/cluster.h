@@ -31,10 +31,15 @@
  * FY_ERR_INVALID (exit 2).  argv[0] names the program in messages. */
 fy_status_t fy_cluster_config(int argc, char **argv, const char *usage, fy_config_t **cfg_p);
 
-/* The deployment's secret (kv.secret_file: at least 16 bytes, the first
- * cap used) into key, its length in *n_p; *n_p = 0 without kv.secret_file.
- * A secret file that its group or others may read or write is refused,
- * naming the file and its mode.  The caller wipes key. */
+#define FY_CLUSTER_SECRET_MAX 64 /* bytes of the deployment's secret, at most */
+
+/* The deployment's secret (kv.secret_file: 16 to FY_CLUSTER_SECRET_MAX
+ * bytes; cap at least that) into key, its length in *n_p; *n_p = 0
+ * without kv.secret_file.  Refused with an error naming the file: not a
+ * regular file (a FIFO is never waited on), owned by someone other than
+ * this user or root, readable or writable by its group or others (naming
+ * the mode), or longer than the maximum (naming its size: never cut).
+ * The caller wipes key. */
 fy_status_t fy_cluster_secret(const fy_config_t *cfg, uint8_t *key, size_t cap, size_t *n_p);
 
 /* Creates path (O_EXCL, mode 0600) holding 32 random bytes, or, when it

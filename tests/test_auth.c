@@ -405,11 +405,76 @@ static void test_secret_file(void **state)
     fy_test_tmpdir_remove();
 }
 
+/* fy_cluster_auth_file(path) in a child that gets 3 s: its status, or -1
+ * when it blocked (killed by the alarm). */
+static int auth_file_in_child(const char *path)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(3);
+        fy_env_auth_t a;
+        fy_status_t st = fy_cluster_auth_file(path, FY_ROLE_ROUTER, "router", 0, &a);
+        _exit(st == FY_OK ? 0 : 10 + (int)-st);
+    }
+    int ws;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    return WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
+}
+
+/* Issue 32 item 13: a FIFO blocked open() forever, a file over 64 bytes
+ * was cut to its first 64 silently, and a file owned by another user was
+ * taken.  Each is refused now, naming kv.secret_file, the path and why. */
+static void test_secret_file_kinds(void **state)
+{
+    (void)state;
+    const char *dir = fy_test_tmpdir();
+    char path[320];
+    fy_env_auth_t a;
+    /* a FIFO: refused at once, not waited on */
+    snprintf(path, sizeof(path), "%s/fifo.secret", dir);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    double t0 = tc_now();
+    int rc = auth_file_in_child(path);
+    assert_int_not_equal(rc, -1); /* before the fix: blocked in open() until the alarm */
+    assert_int_not_equal(rc, 0);
+    assert_true(tc_now() - t0 < 2.0);
+    fy_test_log_begin();
+    assert_int_equal(fy_cluster_auth_file(path, FY_ROLE_ROUTER, "router", 0, &a), FY_ERR_INVALID);
+    fy_test_log_end();
+    assert_true(fy_test_log_has("kv.secret_file", path, "not a regular file", "FIFO", NULL));
+    /* 65 bytes: refused naming the size, never cut to the first 64 */
+    char big[65];
+    memset(big, 'k', sizeof(big));
+    snprintf(path, sizeof(path), "%s/long.secret", dir);
+    assert_true(fy_test_write_file(path, big, sizeof(big)));
+    assert_int_equal(chmod(path, 0600), 0);
+    fy_test_log_begin();
+    assert_int_equal(fy_cluster_auth_file(path, FY_ROLE_ROUTER, "router", 0, &a), FY_ERR_FORMAT);
+    fy_test_log_end();
+    assert_true(fy_test_log_has("kv.secret_file", path, "65 bytes", "at most 64", NULL));
+    /* exactly 64: taken */
+    assert_true(fy_test_write_file(path, big, 64));
+    assert_int_equal(chmod(path, 0600), 0);
+    assert_int_equal(fy_cluster_auth_file(path, FY_ROLE_ROUTER, "router", 0, &a), FY_OK);
+    /* owned by another user (only root can make one): refused naming the owner */
+    if (geteuid() == 0) {
+        assert_int_equal(chown(path, 4321, 4321), 0);
+        fy_test_log_begin();
+        assert_int_equal(fy_cluster_auth_file(path, FY_ROLE_ROUTER, "router", 0, &a), FY_ERR_INVALID);
+        fy_test_log_end();
+        assert_true(fy_test_log_has("kv.secret_file", path, "owned by uid 4321", NULL));
+    }
+    fy_env_auth_wipe(&a);
+    fy_test_tmpdir_remove();
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_secret_file),
+        cmocka_unit_test(test_secret_file_kinds),
         cmocka_unit_test(test_open_files_refused_at_start),
         cmocka_unit_test(test_decode_worker_commands),
     };
