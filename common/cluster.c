@@ -227,16 +227,79 @@ bool fy_cluster_secret_path(const fy_config_t *cfg, char *out, size_t cap)
 fy_status_t fy_cluster_auth_file(const char *path, fy_env_role_t role, const char *name, uint64_t inc,
                                  fy_env_auth_t *auth_p)
 {
-    uint8_t key[64];
+    /* a client key file is longer than any secret: read up to its size, then tell them apart */
+    uint8_t buf[FY_ENV_KEYFILE_MAX];
     size_t n;
-    fy_status_t st = read_secret(path, key, sizeof(key), &n);
+    const char *what = role == FY_ROLE_CLIENT ? "secret or client key file" : "kv.secret_file";
+    fy_status_t st = read_secret_max(path, what, buf, sizeof(buf), &n);
     if (st) return st;
+    size_t ml = sizeof(FY_ENV_KEYFILE_MAGIC) - 1;
     fy_env_auth_t a;
-    st = fy_env_auth_init(&a, key, n, role, name, inc);
-    sodium_memzero(key, sizeof(key));
+    if (n >= ml && !memcmp(buf, FY_ENV_KEYFILE_MAGIC, ml)) {
+        char kname[FY_ENV_NAME_MAX + 1];
+        fy_env_key_t key;
+        st = fy_env_keyfile_parse(buf, n, kname, &key);
+        sodium_memzero(buf, sizeof(buf));
+        if (st) {
+            fy_error("client key file %s: not a key file as `ferry key --client NAME` writes it "
+                     "(\"%sNAME HEX\", one line)",
+                     path, FY_ENV_KEYFILE_MAGIC);
+            return FY_ERR_FORMAT;
+        }
+        if (role != FY_ROLE_CLIENT) {
+            sodium_memzero(&key, sizeof(key));
+            fy_error("client key file %s: a client's key speaks only as a client, not as %s; give the "
+                     "deployment's secret (kv.secret_file)",
+                     path, fy_env_role_str(role));
+            return FY_ERR_INVALID;
+        }
+        st = fy_env_auth_client(&a, &key, kname, inc); /* the file names the client */
+        sodium_memzero(&key, sizeof(key));
+    } else if (n > FY_CLUSTER_SECRET_MAX) {
+        sodium_memzero(buf, sizeof(buf));
+        fy_error("%s %s: %zu bytes; at most %d are allowed (nothing is cut off a secret)", what, path, n,
+                 FY_CLUSTER_SECRET_MAX);
+        return FY_ERR_FORMAT;
+    } else {
+        st = fy_env_auth_init(&a, buf, n, role, name, inc);
+        sodium_memzero(buf, sizeof(buf));
+    }
     if (st) return st;
     *auth_p = a;
     fy_env_auth_wipe(&a);
+    return FY_OK;
+}
+
+fy_status_t fy_cluster_write_client_key(const char *secret_path, const char *name, const char *out_path)
+{
+    uint8_t key[FY_CLUSTER_SECRET_MAX];
+    size_t n;
+    fy_status_t st = read_secret(secret_path, key, sizeof(key), &n);
+    if (st) return st;
+    fy_env_auth_t a;
+    st = fy_env_auth_init(&a, key, n, FY_ROLE_CLIENT, name, 0);
+    sodium_memzero(key, sizeof(key));
+    if (st) return st;
+    char text[FY_ENV_KEYFILE_MAX];
+    size_t len = fy_env_keyfile_format(a.name, &a.key, text, sizeof(text));
+    fy_env_auth_wipe(&a);
+    if (!len) return FY_ERR_INTERNAL;
+    /* O_EXCL | O_NOFOLLOW: never write through a file or a link someone else put there */
+    int fd = open(out_path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        fy_error("client key file %s: cannot create: %m%s", out_path,
+                 errno == EEXIST ? " (it is never overwritten: remove it first)" : "");
+        sodium_memzero(text, sizeof(text));
+        return errno == EEXIST ? FY_ERR_INVALID : FY_ERR_IO;
+    }
+    ssize_t w = write(fd, text, len);
+    sodium_memzero(text, sizeof(text));
+    if (w != (ssize_t)len || close(fd) != 0) {
+        fy_error("client key file %s: cannot write: %m", out_path);
+        if (w != (ssize_t)len) close(fd);
+        unlink(out_path);
+        return FY_ERR_IO;
+    }
     return FY_OK;
 }
 

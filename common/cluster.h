@@ -52,11 +52,19 @@ fy_status_t fy_cluster_make_secret(const char *path);
  * ("run/kv.secret").  False if it does not fit in cap. */
 bool fy_cluster_secret_path(const fy_config_t *cfg, char *out, size_t cap);
 
-/* The control plane's credentials of this process (envelope.h): the key
+/* The control plane's credentials of this process (envelope.h): the keys
  * derived from the secret file at path, with role, name and incarnation
- * (0: a random one).  The file is checked as fy_cluster_secret does. */
+ * (0: a random one).  The file is checked as fy_cluster_secret does.  For
+ * role client, path may also be a client key file (`ferry key`): the
+ * client is then the one the file names (name is not used), holding its
+ * own key only; a key file for any other role is refused. */
 fy_status_t fy_cluster_auth_file(const char *path, fy_env_role_t role, const char *name, uint64_t inc,
                                  fy_env_auth_t *auth_p);
+/* Writes a client key file for name at out_path (created O_EXCL,
+ * O_NOFOLLOW, mode 0600; never overwritten), from the deployment's secret
+ * at secret_path: what `ferry key --client NAME` does. */
+fy_status_t fy_cluster_write_client_key(const char *secret_path, const char *name, const char *out_path);
+
 /* The same from kv.secret_file, which a router and workers must have. */
 fy_status_t fy_cluster_auth(const fy_config_t *cfg, fy_env_role_t role, const char *name, uint64_t inc,
                             fy_env_auth_t *auth_p);

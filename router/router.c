@@ -658,7 +658,9 @@ static void on_workers(void *arg, const fy_member_t *live, int n_live)
         fy_push_destroy(w->push);
         w->push = NULL;
         snprintf(w->listen, sizeof(w->listen), "%s", m->addr);
-        if (fy_push_create(m->addr, 4096, &R->auth, &w->push) != FY_OK)
+        fy_env_peer_t to = {.role = strcmp(m->kind, "prefill") ? FY_ROLE_DECODE : FY_ROLE_PREFILL};
+        snprintf(to.name, sizeof(to.name), "%s", m->name);
+        if (fy_push_create(m->addr, 4096, &R->auth, &to, &w->push) != FY_OK)
             fy_error("cannot reach worker %s at %s", m->name, m->addr);
     }
     pthread_mutex_unlock(&R->mu);
@@ -706,7 +708,9 @@ static void on_load(router_t *R, fy_msgr_t *r, const fy_env_hdr_t *from, const c
         fy_push_destroy(w->push);
         w->push = NULL;
         snprintf(w->listen, sizeof(w->listen), "%s", listen);
-        if (fy_push_create(listen, 4096, &R->auth, &w->push) != FY_OK)
+        fy_env_peer_t to = {.role = from->role}; /* commands for that worker alone */
+        snprintf(to.name, sizeof(to.name), "%s", name);
+        if (fy_push_create(listen, 4096, &R->auth, &to, &w->push) != FY_OK)
             fy_error("cannot reach worker %s at %s", name, listen);
     }
     w->ranks = (m.tp > 0 ? m.tp : 1) * (m.pp > 0 ? m.pp : 1);

@@ -82,7 +82,12 @@ typedef struct fy_rpc_client fy_rpc_client_t;
 typedef void (*fy_rpc_reply_fn)(void *arg, fy_status_t st, const void *reply, size_t len);
 
 /* Dials url in the background; calls made before the peer is up wait for
- * it until their timeout.  Replies are taken from a router role only. */
+ * it until their timeout.  Replies are taken from a router role only.
+ * The first call asks the server who it is (a hello, answered by its
+ * socket) and the calls made meanwhile wait for the answer; every request
+ * then names that server (role, name, incarnation), so no other server
+ * takes it.  A refusal as "identity" (the router restarted, or another
+ * took the address) makes the next call ask again. */
 fy_status_t fy_rpc_client_create(const char *url, const fy_env_auth_t *auth, fy_rpc_client_t **c_p);
 /* Ends every outstanding call (callback with FY_ERR_CANCELLED) first,
  * then lets replies to requests already sent, timed-out ones included,
@@ -103,8 +108,11 @@ fy_status_t fy_rpc_call(fy_rpc_client_t *c, const void *buf, size_t len, double 
 typedef struct fy_push fy_push_t;
 typedef struct fy_pull fy_pull_t;
 
-/* Dials url; up to queue messages wait while the peer is slow or away. */
-fy_status_t fy_push_create(const char *url, int queue, const fy_env_auth_t *auth, fy_push_t **p_p);
+/* Dials url; up to queue messages wait while the peer is slow or away.
+ * Each is addressed to "to" (its role and name; inc 0: any incarnation),
+ * and the receiver takes only what is addressed to itself. */
+fy_status_t fy_push_create(const char *url, int queue, const fy_env_auth_t *auth, const fy_env_peer_t *to,
+                           fy_push_t **p_p);
 void fy_push_destroy(fy_push_t *p); /* accepts NULL */
 /* Never blocks: FY_ERR_NO_SPACE when the queue is full (counted, logged once). */
 fy_status_t fy_push_send(fy_push_t *p, const void *buf, size_t len);

@@ -29,6 +29,7 @@ static const uint8_t SECRET[32] = "test_rpc's deployment secret...";
 static const uint8_t OTHER[32] = "somebody else's secret.........";
 
 static fy_env_auth_t AUTH_CLIENT, AUTH_ROUTER, AUTH_DECODE, AUTH_WRONG;
+static const fy_env_peer_t TO_ROUTER = {.role = FY_ROLE_ROUTER, .name = "router"}; /* AUTH_ROUTER's identity */
 
 #define FROM_CLIENT FY_RPC_FROM(FY_ROLE_CLIENT)
 #define FROM_WORKERS (FY_RPC_FROM(FY_ROLE_PREFILL) | FY_RPC_FROM(FY_ROLE_DECODE))
@@ -236,7 +237,7 @@ static void test_push_pull(void **state)
     sink_t k = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .last = -1, .in_order = true};
     /* the pusher may come first: messages wait in its queue */
     fy_push_t *p;
-    assert_int_equal(fy_push_create(u, 1024, &AUTH_DECODE, &p), FY_OK);
+    assert_int_equal(fy_push_create(u, 1024, &AUTH_DECODE, &TO_ROUTER, &p), FY_OK);
     for (int i = 0; i < 100; i++) assert_int_equal(fy_push_send(p, &i, sizeof(i)), FY_OK);
     fy_pull_t *q;
     assert_int_equal(fy_pull_create(u, &AUTH_ROUTER, FROM_WORKERS, on_event, &k, &q), FY_OK);
@@ -335,11 +336,11 @@ static void test_server_refuses(void **state)
     size_t n = raw_call(sk, "hello", 5, rep, sizeof(rep));
     expect_refusal(rep, n, FY_ENV_FORMAT);
     /* sealed with another deployment's secret */
-    n = fy_test_seal(&AUTH_WRONG, 11, 1, 0, "hello", 5, msg);
+    n = fy_test_seal(&AUTH_WRONG, &TO_ROUTER, 11, 1, 0, "hello", 5, msg);
     n = raw_call(sk, msg, n, rep, sizeof(rep));
     expect_refusal(rep, n, FY_ENV_MAC);
     /* the real thing: answered, as a router, bound to this request */
-    size_t m1 = fy_test_seal(&AUTH_CLIENT, 11, 1, 0, "hello", 5, msg);
+    size_t m1 = fy_test_seal(&AUTH_CLIENT, &TO_ROUTER, 11, 1, 0, "hello", 5, msg);
     n = raw_call(sk, msg, m1, rep, sizeof(rep));
     fy_env_hdr_t h;
     size_t off;
@@ -353,7 +354,7 @@ static void test_server_refuses(void **state)
     n = raw_call(sk, msg, m1, rep, sizeof(rep));
     expect_refusal(rep, n, FY_ENV_REPLAY);
     /* one byte of the payload altered; the unaltered message still goes (the forgery used up nothing) */
-    size_t m2 = fy_test_seal(&AUTH_CLIENT, 11, 2, 0, "hellp", 5, msg);
+    size_t m2 = fy_test_seal(&AUTH_CLIENT, &TO_ROUTER, 11, 2, 0, "hellp", 5, msg);
     memcpy(alt, msg, m2);
     alt[m2 - 1] ^= 1;
     n = raw_call(sk, alt, m2, rep, sizeof(rep));
@@ -361,11 +362,11 @@ static void test_server_refuses(void **state)
     n = raw_call(sk, msg, m2, rep, sizeof(rep));
     assert_int_equal(fy_env_open(&AUTH_CLIENT.key, rep, n, &h, &off), FY_ENV_OK);
     /* a role this server does not take */
-    n = fy_test_seal(&AUTH_DECODE, 12, 1, 0, "hello", 5, msg);
+    n = fy_test_seal(&AUTH_DECODE, &TO_ROUTER, 12, 1, 0, "hello", 5, msg);
     n = raw_call(sk, msg, n, rep, sizeof(rep));
     expect_refusal(rep, n, FY_ENV_IDENTITY);
     /* a first message of a new channel, ten minutes old */
-    n = fy_test_seal(&AUTH_CLIENT, 13, 1, fy_env_now_ms() - 600000, "hello", 5, msg);
+    n = fy_test_seal(&AUTH_CLIENT, &TO_ROUTER, 13, 1, fy_env_now_ms() - 600000, "hello", 5, msg);
     n = raw_call(sk, msg, n, rep, sizeof(rep));
     expect_refusal(rep, n, FY_ENV_STALE);
     fy_test_log_end();
@@ -438,11 +439,11 @@ static void test_pull_refuses(void **state)
     nng_socket sk = raw_dial(u, false);
     uint8_t m1[256], m2[256], alt[256], x[256];
     int one = 1, two = 2, bad = 99;
-    size_t n1 = fy_test_seal(&AUTH_DECODE, 21, 1, 0, &one, sizeof(int), m1);
-    size_t n2 = fy_test_seal(&AUTH_DECODE, 21, 2, 0, &two, sizeof(int), m2);
+    size_t n1 = fy_test_seal(&AUTH_DECODE, &TO_ROUTER, 21, 1, 0, &one, sizeof(int), m1);
+    size_t n2 = fy_test_seal(&AUTH_DECODE, &TO_ROUTER, 21, 2, 0, &two, sizeof(int), m2);
     fy_test_log_begin();
     assert_int_equal(nng_send(sk, "junk", 4, 0), 0); /* format */
-    size_t n = fy_test_seal(&AUTH_WRONG, 22, 1, 0, &bad, sizeof(int), x);
+    size_t n = fy_test_seal(&AUTH_WRONG, &TO_ROUTER, 22, 1, 0, &bad, sizeof(int), x);
     assert_int_equal(nng_send(sk, x, n, 0), 0);   /* mac */
     assert_int_equal(nng_send(sk, m1, n1, 0), 0); /* delivered */
     assert_int_equal(nng_send(sk, m1, n1, 0), 0); /* replay */
@@ -450,14 +451,14 @@ static void test_pull_refuses(void **state)
     alt[7] ^= 0x20;                                /* the sender's name: "Decode-0" */
     assert_int_equal(nng_send(sk, alt, n2, 0), 0); /* mac */
     assert_int_equal(nng_send(sk, m2, n2, 0), 0);  /* delivered */
-    n = fy_test_seal(&AUTH_CLIENT, 23, 1, 0, &bad, sizeof(int), x);
+    n = fy_test_seal(&AUTH_CLIENT, &TO_ROUTER, 23, 1, 0, &bad, sizeof(int), x);
     assert_int_equal(nng_send(sk, x, n, 0), 0); /* identity: a client */
-    n = fy_test_seal(&AUTH_DECODE, 24, 1, fy_env_now_ms() + 3600000, &bad, sizeof(int), x);
+    n = fy_test_seal(&AUTH_DECODE, &TO_ROUTER, 24, 1, fy_env_now_ms() + 3600000, &bad, sizeof(int), x);
     assert_int_equal(nng_send(sk, x, n, 0), 0); /* stale: from the future */
     wait_values(&k, q, 2, 6);
     fy_env_hdr_t who;
     size_t off;
-    assert_int_equal(fy_env_open(&AUTH_ROUTER.key, m1, n1, &who, &off), FY_ENV_OK);
+    assert_int_equal(fy_env_open_as(&AUTH_ROUTER, NULL, m1, n1, &who, &off), FY_ENV_OK);
     fy_pull_refuse(q, &who, "the test says so"); /* the owner's refusal counts too */
     fy_test_log_end();
     assert_int_equal(k.n, 2);
@@ -478,6 +479,75 @@ static void test_pull_refuses(void **state)
     fy_pull_destroy(q);
 }
 
+/* Issue 32 item 4: a generate captured on its way to router A and
+ * replayed to router B (same deployment, within the freshness window) was
+ * taken by B.  Now it names A (role, name, incarnation): B refuses it as
+ * identity, and A still takes it once.  A client learns whom it talks to
+ * with a hello, so clients of A and of B both work. */
+static void test_receiver_binding(void **state)
+{
+    (void)state;
+    fy_env_auth_t a, b;
+    assert_int_equal(fy_env_auth_init(&a, SECRET, sizeof(SECRET), FY_ROLE_ROUTER, "router-a", 0), FY_OK);
+    assert_int_equal(fy_env_auth_init(&b, SECRET, sizeof(SECRET), FY_ROLE_ROUTER, "router-b", 0), FY_OK);
+    srv_t sa = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    srv_t sb = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    fy_rpc_server_t *A, *B;
+    char ua[160], ub[160];
+    snprintf(ua, sizeof(ua), "ipc://%s/bind-a", fy_test_tmpdir());
+    snprintf(ub, sizeof(ub), "ipc://%s/bind-b", fy_test_tmpdir());
+    assert_int_equal(fy_rpc_server_create(ua, 4, &a, FROM_CLIENT, handler, &sa, &A), FY_OK);
+    assert_int_equal(fy_rpc_server_create(ub, 4, &b, FROM_CLIENT, handler, &sb, &B), FY_OK);
+    /* real clients of each: a hello, then calls addressed to that router */
+    fy_rpc_client_t *ca, *cb;
+    assert_int_equal(fy_rpc_client_create(ua, &AUTH_CLIENT, &ca), FY_OK);
+    assert_int_equal(fy_rpc_client_create(ub, &AUTH_CLIENT, &cb), FY_OK);
+    void *rep;
+    size_t rl;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(fy_rpc_call(ca, "hello", 5, 5.0, &rep, &rl), FY_OK);
+        fy_free(rep);
+        assert_int_equal(fy_rpc_call(cb, "hello", 5, 5.0, &rep, &rl), FY_OK);
+        fy_free(rep);
+    }
+    /* a generate for A, as the client seals it, captured */
+    fy_env_peer_t to_a = {.role = FY_ROLE_ROUTER, .name = "router-a", .inc = a.inc};
+    uint8_t msg[512], rep2[512];
+    size_t m = fy_test_seal(&AUTH_CLIENT, &to_a, 41, 1, 0, "hello", 5, msg);
+    nng_socket ska = raw_dial(ua, true), skb = raw_dial(ub, true);
+    fy_test_log_begin();
+    int taken_by_b = 0;
+    for (int i = 0; i < 3; i++) { /* replayed to B 3 times: refused each time */
+        size_t n = raw_call(skb, msg, m, rep2, sizeof(rep2));
+        fy_env_hdr_t h;
+        size_t off;
+        if (fy_env_parse(rep2, n, &h, &off) == FY_ENV_OK && h.kind == FY_ENV_REFUSAL)
+            assert_int_equal(h.reason, FY_ENV_IDENTITY);
+        else
+            taken_by_b++;
+    }
+    fy_test_log_end();
+    print_message("a generate captured for router A, replayed to router B: %d of 3 taken\n", taken_by_b);
+    assert_int_equal(taken_by_b, 0);
+    assert_true(fy_test_log_has("bind-b", "addressed to another receiver", NULL));
+    size_t n = raw_call(ska, msg, m, rep2, sizeof(rep2)); /* A takes it */
+    fy_env_hdr_t h;
+    size_t off;
+    assert_int_equal(fy_env_open_as(&AUTH_CLIENT, NULL, rep2, n, &h, &off), FY_ENV_OK);
+    assert_string_equal(h.name, "router-a");
+    uint64_t r[FY_ENV_N_FAULTS] = {0};
+    fy_rpc_server_refused(B, r);
+    assert_int_equal(r[FY_ENV_IDENTITY], 3);
+    nng_close(ska);
+    nng_close(skb);
+    fy_rpc_client_destroy(ca);
+    fy_rpc_client_destroy(cb);
+    fy_rpc_server_destroy(A);
+    fy_rpc_server_destroy(B);
+    fy_env_auth_wipe(&a);
+    fy_env_auth_wipe(&b);
+}
+
 /* A raw reply server: answers each request as its payload says. */
 typedef struct raw_srv {
     nng_socket sk;
@@ -496,7 +566,7 @@ static void *raw_srv_main(void *arg)
         size_t off;
         uint8_t out[512];
         size_t n = 0;
-        if (fy_env_open(&AUTH_ROUTER.key, m, len, &h, &off) == FY_ENV_OK) {
+        if (fy_env_open_as(&AUTH_ROUTER, NULL, m, len, &h, &off) == FY_ENV_OK) {
             char what[16] = "";
             snprintf(what, sizeof(what), "%.*s", (int)(len - off), (const char *)m + off);
             const fy_env_auth_t *me = !strcmp(what, "wrongrole") ? &AUTH_DECODE : &AUTH_ROUTER;
@@ -505,20 +575,26 @@ static void *raw_srv_main(void *arg)
             rh.kind = FY_ENV_REPLY;
             rh.role = me->role;
             snprintf(rh.name, sizeof(rh.name), "%s", me->name);
+            rh.to = (fy_env_peer_t){.role = h.role, .inc = h.inc};
+            snprintf(rh.to.name, sizeof(rh.to.name), "%s", h.name);
             rh.inc = me->inc;
             rh.chan = 77;
             rh.seq = (uint64_t)++r->served;
             rh.ts_ms = fy_env_now_ms();
             rh.re_chan = h.chan;
             rh.re_seq = h.seq + !strcmp(what, "wrongseq");
-            if (!strcmp(what, "junk")) {
+            if (h.kind == FY_ENV_HELLO) { /* who we are: a plain reply, always */
+                size_t hl = fy_env_header_bytes(&rh);
+                assert_true(fy_env_seal_as(&AUTH_ROUTER, NULL, &rh, out + hl, 0, out));
+                n = hl;
+            } else if (!strcmp(what, "junk")) {
                 memcpy(out, "junk", 4), n = 4;
             } else if (!strcmp(what, "refuse")) {
                 n = fy_env_refusal(&rh, FY_ENV_MAC, out, sizeof(out));
             } else {
                 size_t hl = fy_env_header_bytes(&rh);
                 memcpy(out + hl, "fine", 4);
-                fy_env_seal(&me->key, &rh, out + hl, 4, out);
+                assert_true(fy_env_seal_as(me, NULL, &rh, out + hl, 4, out));
                 n = hl + 4;
             }
         }
@@ -579,7 +655,7 @@ static void test_many_threads_one_socket(void **state)
     fy_pull_t *q;
     assert_int_equal(fy_pull_create(u, &AUTH_ROUTER, FROM_WORKERS, on_value, &k, &q), FY_OK);
     fy_push_t *p;
-    assert_int_equal(fy_push_create(u, 256, &AUTH_DECODE, &p), FY_OK);
+    assert_int_equal(fy_push_create(u, 256, &AUTH_DECODE, &TO_ROUTER, &p), FY_OK);
     pthread_t t[THREADS];
     pusher_t w[THREADS];
     for (int i = 0; i < THREADS; i++) {
@@ -629,15 +705,11 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_call_now_and_later),
-        cmocka_unit_test(test_timeouts_and_absent_peer),
-        cmocka_unit_test(test_destroy_cancels),
-        cmocka_unit_test(test_push_pull),
-        cmocka_unit_test(test_error_messages),
-        cmocka_unit_test(test_server_refuses),
-        cmocka_unit_test(test_pull_refuses),
-        cmocka_unit_test(test_client_checks_replies),
-        cmocka_unit_test(test_many_threads_one_socket),
+        cmocka_unit_test(test_call_now_and_later),    cmocka_unit_test(test_timeouts_and_absent_peer),
+        cmocka_unit_test(test_destroy_cancels),       cmocka_unit_test(test_push_pull),
+        cmocka_unit_test(test_error_messages),        cmocka_unit_test(test_server_refuses),
+        cmocka_unit_test(test_receiver_binding),      cmocka_unit_test(test_pull_refuses),
+        cmocka_unit_test(test_client_checks_replies), cmocka_unit_test(test_many_threads_one_socket),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);
     /* nng frees a closed socket's dialers and pipes on its reaper thread;

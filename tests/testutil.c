@@ -182,20 +182,22 @@ float fy_test_rand_uniform(uint64_t *s)
     return (float)((fy_test_rand_u64(s) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
 }
 
-size_t fy_test_seal(const fy_env_auth_t *a, uint64_t chan, uint64_t seq, uint64_t ts_ms, const void *payload,
-                    size_t len, uint8_t *out)
+size_t fy_test_seal(const fy_env_auth_t *a, const fy_env_peer_t *to, uint64_t chan, uint64_t seq, uint64_t ts_ms,
+                    const void *payload, size_t len, uint8_t *out)
 {
     fy_env_hdr_t h;
     memset(&h, 0, sizeof(h));
     h.kind = FY_ENV_MSG;
     h.role = a->role;
     snprintf(h.name, sizeof(h.name), "%s", a->name);
+    if (to) h.to = *to;
     h.inc = a->inc;
     h.chan = chan;
     h.seq = seq;
     h.ts_ms = ts_ms ? ts_ms : fy_env_now_ms();
     size_t hl = fy_env_header_bytes(&h);
     memmove(out + hl, payload, len);
-    fy_env_seal(&a->key, &h, out + hl, len, out);
+    /* the key the receiver expects; a client forging for another identity has only its own */
+    if (!fy_env_seal_as(a, NULL, &h, out + hl, len, out)) fy_env_seal(&a->key, &h, out + hl, len, out);
     return hl + len;
 }

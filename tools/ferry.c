@@ -490,6 +490,7 @@ static void usage(FILE *f)
                "  plan       how much KV cache fits a memory budget\n"
                "  chaos      kill a local cluster's processes under load and check nothing is lost\n"
                "  config     print a configuration as the processes read it, or check one\n"
+               "  key        write a client's key file (it speaks as that client only)\n"
                "run 'ferry COMMAND --help' for a command's options\n");
 }
 
@@ -518,6 +519,7 @@ static const struct {
     {"serve", fy_cmd_serve},
     {"chaos", fy_cmd_chaos},
     {"config", fy_cmd_config},
+    {"key", fy_cmd_key},
 };
 
 int main(int argc, char **argv)

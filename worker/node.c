@@ -491,7 +491,9 @@ static void on_routers(void *arg, const fy_member_t *live, int n_live)
         }
         router_link_t *l = &n->links[n->n_links];
         memset(l, 0, sizeof(*l));
-        if (fy_push_create(m->addr, 8192, &n->auth, &l->push) != FY_OK) {
+        fy_env_peer_t to = {.role = FY_ROLE_ROUTER}; /* its events are for that router alone */
+        snprintf(to.name, sizeof(to.name), "%s", m->name);
+        if (fy_push_create(m->addr, 8192, &n->auth, &to, &l->push) != FY_OK) {
             fy_error("router %s: cannot push events to %s", m->name, m->addr);
             continue;
         }
@@ -886,7 +888,9 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     const char *etcd;
     if ((st = fy_conf_string(c, "cluster", "etcd", &etcd))) return st;
     n->etcd = etcd && *etcd;
-    if (!n->etcd && (st = fy_push_create(n->events, 8192, &n->auth, &n->out))) return st;
+    /* without etcd there is one router, and its name is "router" (router.c) */
+    static const fy_env_peer_t the_router = {.role = FY_ROLE_ROUTER, .name = "router"};
+    if (!n->etcd && (st = fy_push_create(n->events, 8192, &n->auth, &the_router, &n->out))) return st;
     n->last_tick = fy_node_now();
     n->last_kv_check = n->last_tick - KV_CHECK_S; /* the first sync scans */
     sync_metrics(n, n->last_tick);
