@@ -33,9 +33,12 @@ int fy_cmd_key(int argc, char **argv)
 {
     enum { O_CLIENT = 256, O_SECRET };
     static const struct option opts[] = {
-        {"client", required_argument, 0, O_CLIENT}, {"out", required_argument, 0, 'o'},
-        {"config", required_argument, 0, 'c'},      {"secret", required_argument, 0, O_SECRET},
-        {"help", no_argument, 0, 'h'},              {0, 0, 0, 0},
+        {"client", required_argument, 0, O_CLIENT},
+        {"out", required_argument, 0, 'o'},
+        {"config", required_argument, 0, 'c'},
+        {"secret", required_argument, 0, O_SECRET},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     const char *name = NULL, *out = NULL, *config = NULL, *secret = NULL;
     int opt;
