@@ -216,14 +216,14 @@ static void *closer_main(void *p)
     return NULL;
 }
 
-static void close_socket(nng_socket sock, const char *what)
+static bool close_socket(nng_socket sock, const char *what)
 {
     closer_t *k = fy_calloc(1, sizeof(*k));
     pthread_t t;
     pthread_attr_t attr;
     if (!k) {
         nng_close(sock);
-        return;
+        return true;
     }
     k->sock = sock;
     k->refs = 2;
@@ -237,7 +237,7 @@ static void close_socket(nng_socket sock, const char *what)
         pthread_cond_destroy(&k->cv);
         pthread_mutex_destroy(&k->mu);
         fy_free(k);
-        return;
+        return true;
     }
     pthread_attr_destroy(&attr);
     struct timespec ts;
@@ -246,8 +246,192 @@ static void close_socket(nng_socket sock, const char *what)
     pthread_mutex_lock(&k->mu);
     while (!k->done)
         if (pthread_cond_timedwait(&k->cv, &k->mu, &ts)) break;
-    if (!k->done) fy_warn("rpc: closing the socket of %s is stuck (an nng 1.5 bug); left behind", what);
+    bool done = k->done;
+    if (!done) fy_warn("rpc: closing the socket of %s is stuck (an nng 1.5 bug); left behind", what);
     closer_unref(k);
+    return done;
+}
+
+/* ---- a listening socket's connections, before they authenticate ------------------------------------------ */
+
+/*
+ * nng reads a frame's length and allocates that much before a byte of it
+ * is checked, per connection, with no limit on connections and no
+ * deadline on a frame.  So each listening socket has a receive limit
+ * sized to the largest message its port takes (NNG_OPT_RECVMAXSZ: a
+ * longer frame closes the connection before anything is allocated), a
+ * cap on connections and a smaller one on those not authenticated yet
+ * (one over either is closed as it is added, before it can receive), and
+ * a deadline: a connection that has not delivered an authenticated
+ * message within auth_s of connecting is closed.  What unauthenticated
+ * connections can hold is then at most max_pending times the limit, for
+ * auth_s at most.  Pipes are tracked from nng's pipe notifications;
+ * the deadline is checked every CONN_TICK_MS on an nng timer.
+ */
+#define CONN_TICK_MS 250
+
+typedef struct conn {
+    nng_pipe pipe;
+    double t0;   /* when it was added */
+    bool authed; /* it delivered an authenticated message */
+} conn_t;
+
+typedef struct conns {
+    pthread_mutex_t mu;
+    conn_t *v;
+    int n, cap_v;
+    int n_unauthed;
+    int max_conns;   /* 0: no cap */
+    int max_pending; /* of those not authenticated yet; 0: no cap */
+    double auth_s;   /* 0: no deadline */
+    uint64_t over_cap, late;
+    double last_log;
+    nng_aio *timer;
+    atomic_bool stopping;
+    char what[280];
+} conns_t;
+
+static void conns_log(conns_t *g, const char *why)
+{
+    /* mu held: one line every REFUSAL_LOG_S at most */
+    double now = mono_s();
+    if (g->last_log && now - g->last_log < REFUSAL_LOG_S) return;
+    g->last_log = now;
+    fy_warn("rpc: %s: closed a connection %s (%llu over the caps of %d connections and %d unauthenticated, %llu past "
+            "the deadline of %.1f s so far)",
+            g->what, why, (unsigned long long)g->over_cap, g->max_conns, g->max_pending, (unsigned long long)g->late,
+            g->auth_s);
+}
+
+static void conns_event(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    conns_t *g = arg;
+    bool close_it = false;
+    pthread_mutex_lock(&g->mu);
+    if (ev == NNG_PIPE_EV_ADD_PRE) {
+        if ((g->max_conns && g->n >= g->max_conns) || (g->max_pending && g->n_unauthed >= g->max_pending)) {
+            g->over_cap++;
+            conns_log(g, "over the cap");
+            close_it = true;
+        } else {
+            if (g->n == g->cap_v) {
+                int nc = g->cap_v ? 2 * g->cap_v : 64;
+                conn_t *nv = fy_realloc(g->v, (size_t)nc * sizeof(*nv));
+                if (nv) g->v = nv, g->cap_v = nc;
+            }
+            if (g->n < g->cap_v) {
+                g->v[g->n++] = (conn_t){.pipe = p, .t0 = mono_s()};
+                g->n_unauthed++;
+            } else {
+                close_it = true; /* out of memory: not taken */
+            }
+        }
+    } else if (ev == NNG_PIPE_EV_REM_POST) {
+        for (int i = 0; i < g->n; i++)
+            if (nng_pipe_id(g->v[i].pipe) == nng_pipe_id(p)) {
+                if (!g->v[i].authed) g->n_unauthed--;
+                g->v[i] = g->v[--g->n];
+                break;
+            }
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (close_it) nng_pipe_close(p);
+}
+
+/* m arrived authenticated: its connection is past the deadline's reach. */
+static void conns_authed(conns_t *g, nng_msg *m)
+{
+    if (!g) return;
+    nng_pipe p = nng_msg_get_pipe(m);
+    pthread_mutex_lock(&g->mu);
+    for (int i = 0; g->n_unauthed && i < g->n; i++)
+        if (nng_pipe_id(g->v[i].pipe) == nng_pipe_id(p)) {
+            if (!g->v[i].authed) g->v[i].authed = true, g->n_unauthed--;
+            break;
+        }
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void conns_tick(void *arg)
+{
+    conns_t *g = arg;
+    if (nng_aio_result(g->timer) || atomic_load(&g->stopping)) return;
+    nng_pipe late[64];
+    int n_late = 0;
+    double now = mono_s();
+    pthread_mutex_lock(&g->mu);
+    for (int i = 0; g->auth_s > 0 && i < g->n && n_late < 64; i++)
+        if (!g->v[i].authed && now - g->v[i].t0 > g->auth_s) {
+            late[n_late++] = g->v[i].pipe;
+            g->v[i].authed = true; /* closed once; REM_POST drops it */
+            g->n_unauthed--;
+            g->late++;
+        }
+    if (n_late) conns_log(g, "past the deadline without an authenticated message");
+    pthread_mutex_unlock(&g->mu);
+    for (int i = 0; i < n_late; i++) nng_pipe_close(late[i]);
+    if (!atomic_load(&g->stopping)) nng_sleep_aio(CONN_TICK_MS, g->timer);
+}
+
+/* Watches sock's connections (before it listens); NULL when out of memory. */
+static conns_t *conns_create(nng_socket sock, const char *kind, const char *url, int max_conns, int max_pending,
+                             double auth_s)
+{
+    conns_t *g = fy_calloc(1, sizeof(*g));
+    if (!g) return NULL;
+    pthread_mutex_init(&g->mu, NULL);
+    g->max_conns = max_conns;
+    g->max_pending = max_pending;
+    g->auth_s = auth_s;
+    snprintf(g->what, sizeof(g->what), "%s %s", kind, url);
+    if (nng_aio_alloc(&g->timer, conns_tick, g) || nng_pipe_notify(sock, NNG_PIPE_EV_ADD_PRE, conns_event, g) ||
+        nng_pipe_notify(sock, NNG_PIPE_EV_REM_POST, conns_event, g)) {
+        if (g->timer) nng_aio_free(g->timer);
+        pthread_mutex_destroy(&g->mu);
+        fy_free(g);
+        return NULL;
+    }
+    nng_sleep_aio(CONN_TICK_MS, g->timer);
+    return g;
+}
+
+/* Stops the deadline's timer (before the socket closes). */
+static void conns_stop(conns_t *g)
+{
+    if (!g) return;
+    atomic_store(&g->stopping, true);
+    nng_aio_stop(g->timer);
+}
+
+/* After the socket closed (closed: it did; else nng may still call us: leak). */
+static void conns_free(conns_t *g, bool closed)
+{
+    if (!g || !closed) return;
+    nng_aio_free(g->timer);
+    pthread_mutex_destroy(&g->mu);
+    fy_free(g->v);
+    fy_free(g);
+}
+
+static void conns_set(conns_t *g, int max_conns, int max_pending, double auth_s)
+{
+    if (!g) return;
+    pthread_mutex_lock(&g->mu);
+    g->max_conns = max_conns;
+    g->max_pending = max_pending;
+    g->auth_s = auth_s;
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void conns_counts(conns_t *g, fy_rpc_conns_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (!g) return;
+    pthread_mutex_lock(&g->mu);
+    out->open = g->n;
+    out->over_cap = g->over_cap;
+    out->late = g->late;
+    pthread_mutex_unlock(&g->mu);
 }
 
 /* ---- status tags on the wire ---------------------------------------------------------------- */
@@ -313,6 +497,7 @@ struct fy_rpc_server {
     atomic_bool closing;
     fy_env_auth_t auth;
     fy_env_keys_t *keys; /* the clients' keys, derived once */
+    conns_t *conns;      /* its connections before they authenticate */
     unsigned roles;
     uint64_t chan;
     atomic_uint_fast64_t seq;
@@ -386,6 +571,7 @@ static void slot_cb(void *arg)
         slot_refuse(c, f);
         return;
     }
+    conns_authed(s->conns, m);
     c->req = m;
     c->re_chan = h.chan;
     c->re_seq = h.seq;
@@ -494,6 +680,10 @@ fy_status_t fy_rpc_server_create(const char *url, int n_slots, const fy_env_auth
         return from_nng(rv);
     }
     nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, FY_RPC_MAX_MSG + FY_ENV_MAX_HEADER);
+    if (!(s->conns = conns_create(s->sock, "requests on", url, FY_RPC_SERVER_CONNS, FY_RPC_PENDING, FY_RPC_AUTH_S))) {
+        fy_rpc_server_destroy(s);
+        return FY_ERR_NOMEM;
+    }
     s->slots = fy_calloc((size_t)n_slots, sizeof(*s->slots));
     if (!s->slots) {
         fy_rpc_server_destroy(s);
@@ -527,7 +717,8 @@ void fy_rpc_server_destroy(fy_rpc_server_t *s)
     /* stopped slots run no callback afterwards and start nothing new */
     for (int i = 0; i < s->n_slots; i++)
         if (s->slots[i].aio) nng_aio_stop(s->slots[i].aio);
-    close_socket(s->sock, s->url);
+    conns_stop(s->conns);
+    conns_free(s->conns, close_socket(s->sock, s->url));
     for (int i = 0; i < s->n_slots; i++) {
         fy_rpc_call_t *c = &s->slots[i];
         if (c->aio) nng_aio_free(c->aio);
@@ -542,6 +733,14 @@ void fy_rpc_server_destroy(fy_rpc_server_t *s)
 }
 
 void fy_rpc_server_refused(fy_rpc_server_t *s, uint64_t out[FY_ENV_N_FAULTS]) { refusals_add(&s->refusals, out); }
+
+void fy_rpc_server_limit(fy_rpc_server_t *s, const fy_rpc_limits_t *l)
+{
+    nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, l->max_msg + FY_ENV_MAX_HEADER);
+    conns_set(s->conns, l->max_conns, l->max_pending, l->auth_s);
+}
+
+void fy_rpc_server_conns(fy_rpc_server_t *s, fy_rpc_conns_t *out) { conns_counts(s->conns, out); }
 
 /* ---- client ------------------------------------------------------------------------------------ */
 
@@ -1229,6 +1428,7 @@ struct fy_pull {
     atomic_bool closing;
     fy_env_auth_t auth;
     fy_env_keys_t *keys; /* the senders' keys, derived once */
+    conns_t *conns;      /* its connections before they authenticate */
     unsigned roles;
     fy_env_guard_t *guard;
     refusals_t refusals;
@@ -1243,8 +1443,10 @@ static void pull_cb(void *arg)
         fy_env_hdr_t h;
         size_t off;
         if (open_incoming(&p->auth, p->keys, p->guard, p->roles, false, &p->refusals, nng_msg_body(m), nng_msg_len(m),
-                          &h, &off) == FY_ENV_OK)
+                          &h, &off) == FY_ENV_OK) {
+            conns_authed(p->conns, m);
             p->fn(p->arg, &h, (const uint8_t *)nng_msg_body(m) + off, nng_msg_len(m) - off);
+        }
         nng_msg_free(m);
     } else if (rv == NNG_ECLOSED || atomic_load(&p->closing)) {
         return;
@@ -1283,14 +1485,23 @@ fy_status_t fy_pull_create(const char *url, const fy_env_auth_t *auth, unsigned 
         return from_nng(rv);
     }
     nng_socket_set_size(p->sock, NNG_OPT_RECVMAXSZ, FY_RPC_MAX_MSG + FY_ENV_MAX_HEADER);
+    if (!(p->conns = conns_create(p->sock, "messages on", url, FY_RPC_PULL_CONNS, FY_RPC_PENDING, FY_RPC_AUTH_S))) {
+        nng_close(p->sock);
+        pull_free(p);
+        return FY_ERR_NOMEM;
+    }
     if ((rv = nng_aio_alloc(&p->aio, pull_cb, p))) {
+        conns_stop(p->conns);
+        conns_free(p->conns, true);
         nng_close(p->sock);
         pull_free(p);
         return from_nng(rv);
     }
     fy_status_t st = listen_on(p->sock, url, "event stream");
     if (st) {
+        conns_stop(p->conns);
         nng_close(p->sock);
+        conns_free(p->conns, true);
         nng_aio_free(p->aio);
         pull_free(p);
         return st;
@@ -1305,7 +1516,8 @@ void fy_pull_destroy(fy_pull_t *p)
     if (!p) return;
     atomic_store(&p->closing, true);
     nng_aio_stop(p->aio);
-    close_socket(p->sock, "an event stream");
+    conns_stop(p->conns);
+    conns_free(p->conns, close_socket(p->sock, "an event stream"));
     nng_aio_free(p->aio);
     pull_free(p);
 }
@@ -1316,3 +1528,11 @@ void fy_pull_refuse(fy_pull_t *p, const fy_env_hdr_t *from, const char *why)
 }
 
 void fy_pull_refused(fy_pull_t *p, uint64_t out[FY_ENV_N_FAULTS]) { refusals_add(&p->refusals, out); }
+
+void fy_pull_limit(fy_pull_t *p, const fy_rpc_limits_t *l)
+{
+    nng_socket_set_size(p->sock, NNG_OPT_RECVMAXSZ, l->max_msg + FY_ENV_MAX_HEADER);
+    conns_set(p->conns, l->max_conns, l->max_pending, l->auth_s);
+}
+
+void fy_pull_conns(fy_pull_t *p, fy_rpc_conns_t *out) { conns_counts(p->conns, out); }

@@ -8,8 +8,12 @@
  * refusal), replies must answer their own request, and many threads
  * sending through one socket are never mistaken for a replay.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -548,6 +552,99 @@ static void test_receiver_binding(void **state)
     fy_env_auth_wipe(&b);
 }
 
+/* ---- pre-authentication memory (issue 32 item 5) ---- */
+
+static void close_all(int *fds, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (fds[i] >= 0) close(fds[i]), fds[i] = -1;
+}
+
+/* 40 connections each announcing an 8 MiB frame (its bytes all sent but
+ * the last) grew the router 20 -> 340 MiB: nng allocated every frame's
+ * announced size before anything was checked, with no cap on connections
+ * and no deadline.  With a receive limit sized to the port's largest
+ * message, a cap and a deadline: frames over the limit close their
+ * connection before anything is allocated, connections over the cap are
+ * closed as they come, and the rest are closed at the deadline.  The
+ * control (the old socket: 8 MiB, no cap, no deadline) runs last. */
+static void test_preauth_memory(void **state)
+{
+    (void)state;
+    enum { N = 40 };
+    int fds[N];
+    srv_t sv = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    fy_rpc_server_t *srv;
+    char u[200];
+    snprintf(u, sizeof(u), "ipc://%s/preauth", fy_test_tmpdir());
+    const char *path = u + 6;
+    assert_int_equal(fy_rpc_server_create(u, 8, &AUTH_ROUTER, FROM_CLIENT, handler, &sv, &srv), FY_OK);
+    fy_rpc_limits_t lim = {.max_msg = 2u << 20, .max_conns = 64, .max_pending = 16, .auth_s = 1.0};
+    fy_rpc_server_limit(srv, &lim);
+    fy_test_log_begin();
+    long r0 = fy_test_rss_kib(0);
+    /* 1. 8 MiB frames: over the limit, refused before any allocation */
+    for (int i = 0; i < N; i++) fds[i] = fy_test_hold_frame(path, 0x30, (8u << 20) - 1, (8u << 20) - 2);
+    usleep(300000);
+    long big = fy_test_rss_kib(0) - r0;
+    int open_big = fy_test_still_open(fds, N);
+    close_all(fds, N);
+    /* 2. frames under the limit (2 MiB less a little), held: at most the cap stay, until the deadline */
+    usleep(300000);
+    r0 = fy_test_rss_kib(0);
+    for (int i = 0; i < N; i++) fds[i] = fy_test_hold_frame(path, 0x30, (2u << 20) - 4096, (2u << 20) - 4097);
+    usleep(300000);
+    long held = fy_test_rss_kib(0) - r0;
+    int open_held = fy_test_still_open(fds, N);
+    fy_rpc_conns_t cs;
+    fy_rpc_server_conns(srv, &cs);
+    double t0 = mono();
+    while (fy_test_still_open(fds, N) && mono() - t0 < 5) usleep(50000);
+    int open_late = fy_test_still_open(fds, N);
+    double t_late = mono() - t0;
+    close_all(fds, N);
+    /* a real client still gets through afterwards */
+    fy_rpc_client_t *c;
+    assert_int_equal(fy_rpc_client_create(u, &AUTH_CLIENT, &c), FY_OK);
+    void *rep;
+    size_t rl;
+    assert_int_equal(fy_rpc_call(c, "hello", 5, 5.0, &rep, &rl), FY_OK);
+    fy_free(rep);
+    fy_rpc_client_destroy(c);
+    fy_rpc_server_destroy(srv);
+    fy_test_log_end();
+    print_message("after: %d connections announcing 8 MiB: %d held open, RSS +%ld KiB; announcing 2 MiB: %d held "
+                  "open (cap 16; %llu closed over it), RSS +%ld KiB, all closed %.1f s later (deadline 1 s): %d "
+                  "open\n",
+                  N, open_big, big, open_held, (unsigned long long)cs.over_cap, held, t_late, open_late);
+    assert_int_equal(open_big, 0);
+    assert_true(big < 16 * 1024);
+    assert_true(open_held <= 16);
+    assert_true(cs.over_cap >= N - 16);
+    assert_true(held < (16 * 2 + 16) * 1024);
+    assert_int_equal(open_late, 0);
+    assert_true(fy_test_log_has("over the cap", NULL));
+    assert_true(fy_test_log_has("past the deadline", NULL));
+
+    /* the control: the socket as it was (8 MiB, no cap, no deadline) */
+    snprintf(u, sizeof(u), "ipc://%s/preauth-old", fy_test_tmpdir());
+    assert_int_equal(fy_rpc_server_create(u, 8, &AUTH_ROUTER, FROM_CLIENT, handler, &sv, &srv), FY_OK);
+    fy_rpc_limits_t old = {.max_msg = FY_RPC_MAX_MSG, .max_conns = 0, .max_pending = 0, .auth_s = 0};
+    fy_rpc_server_limit(srv, &old);
+    r0 = fy_test_rss_kib(0);
+    enum { NC = 20 };
+    for (int i = 0; i < NC; i++) fds[i] = fy_test_hold_frame(u + 6, 0x30, (8u << 20) - 1, (8u << 20) - 2);
+    usleep(500000);
+    long before = fy_test_rss_kib(0) - r0;
+    int open_before = fy_test_still_open(fds, NC);
+    close_all(fds, NC);
+    fy_rpc_server_destroy(srv);
+    print_message("before (the old socket): %d connections announcing 8 MiB: %d held open, RSS +%ld KiB\n", NC,
+                  open_before, before);
+    assert_int_equal(open_before, NC);
+    assert_true(before > NC * 4 * 1024); /* the control shows what the limits prevent */
+}
+
 /* A raw reply server: answers each request as its payload says. */
 typedef struct raw_srv {
     nng_socket sk;
@@ -705,11 +802,17 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_call_now_and_later),    cmocka_unit_test(test_timeouts_and_absent_peer),
-        cmocka_unit_test(test_destroy_cancels),       cmocka_unit_test(test_push_pull),
-        cmocka_unit_test(test_error_messages),        cmocka_unit_test(test_server_refuses),
-        cmocka_unit_test(test_receiver_binding),      cmocka_unit_test(test_pull_refuses),
-        cmocka_unit_test(test_client_checks_replies), cmocka_unit_test(test_many_threads_one_socket),
+        cmocka_unit_test(test_call_now_and_later),
+        cmocka_unit_test(test_timeouts_and_absent_peer),
+        cmocka_unit_test(test_destroy_cancels),
+        cmocka_unit_test(test_push_pull),
+        cmocka_unit_test(test_error_messages),
+        cmocka_unit_test(test_server_refuses),
+        cmocka_unit_test(test_receiver_binding),
+        cmocka_unit_test(test_preauth_memory),
+        cmocka_unit_test(test_pull_refuses),
+        cmocka_unit_test(test_client_checks_replies),
+        cmocka_unit_test(test_many_threads_one_socket),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);
     /* nng frees a closed socket's dialers and pipes on its reaper thread;
