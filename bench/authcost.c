@@ -130,6 +130,7 @@ typedef struct raw_server {
     pthread_t t;
     bool sealed;
     fy_env_auth_t me;
+    fy_env_keys_t *keys; /* the clients' keys, derived once, as rpc.c's server keeps them */
     fy_env_guard_t *guard;
 } raw_server_t;
 
@@ -146,7 +147,8 @@ static void *raw_server_main(void *arg)
             size_t off;
             uint8_t *b = nng_msg_body(m);
             size_t len = nng_msg_len(m);
-            if (fy_env_open(&s->me.key, b, len, &h, &off) || fy_env_guard_admit(s->guard, &h, fy_env_now_ms())) {
+            if (fy_env_open_as(&s->me, s->keys, b, len, &h, &off) ||
+                fy_env_guard_admit(s->guard, &h, fy_env_now_ms())) {
                 nng_msg_free(m);
                 return NULL;
             }
@@ -155,6 +157,8 @@ static void *raw_server_main(void *arg)
             r.kind = FY_ENV_REPLY;
             r.role = s->me.role;
             snprintf(r.name, sizeof(r.name), "%s", s->me.name);
+            r.to = (fy_env_peer_t){.role = h.role, .inc = h.inc};
+            snprintf(r.to.name, sizeof(r.to.name), "%s", h.name);
             r.inc = s->me.inc;
             r.chan = 2;
             r.seq = ++seq;
@@ -166,7 +170,7 @@ static void *raw_server_main(void *arg)
             if (nng_msg_alloc(&out, rh + len - off)) return NULL;
             uint8_t *ob = nng_msg_body(out);
             memcpy(ob + rh, b + off, len - off);
-            fy_env_seal(&s->me.key, &r, ob + rh, len - off, ob);
+            fy_env_seal_as(&s->me, s->keys, &r, ob + rh, len - off, ob);
             nng_msg_free(m);
             m = out;
         }
@@ -189,6 +193,7 @@ static bool raw_call(nng_socket sk, const fy_env_auth_t *me, bool sealed, uint64
         h.kind = FY_ENV_MSG;
         h.role = me->role;
         snprintf(h.name, sizeof(h.name), "%s", me->name);
+        h.to = (fy_env_peer_t){.role = FY_ROLE_ROUTER, .name = "router"}; /* the raw server's identity */
         h.inc = me->inc;
         h.chan = 3;
         h.seq = seq;
@@ -268,8 +273,9 @@ static fy_status_t round_trips(const char *base, const fy_env_auth_t *client, co
     for (int v = 0; v < 2 && !st; v++) {
         srv[v].sealed = v == 1;
         srv[v].me = *router;
-        if (fy_env_guard_create(64, fy_env_now_ms(), &srv[v].guard) || nng_rep0_open(&srv[v].sk) ||
-            nng_listen(srv[v].sk, url[v], NULL, 0) || pthread_create(&srv[v].t, NULL, raw_server_main, &srv[v])) {
+        if (fy_env_keys_create(&srv[v].keys) || fy_env_guard_create(64, fy_env_now_ms(), &srv[v].guard) ||
+            nng_rep0_open(&srv[v].sk) || nng_listen(srv[v].sk, url[v], NULL, 0) ||
+            pthread_create(&srv[v].t, NULL, raw_server_main, &srv[v])) {
             fprintf(stderr, "ferry-bench auth: cannot serve %s\n", url[v]);
             st = FY_ERR_IO;
             break;
@@ -308,6 +314,7 @@ static fy_status_t round_trips(const char *base, const fy_env_auth_t *client, co
             pthread_join(srv[v].t, NULL);
         }
         fy_env_guard_destroy(srv[v].guard);
+        fy_env_keys_destroy(srv[v].keys);
     }
     if (!st) {
         summarize("raw nng req/rep, bare (reference)", lat[0], reps);

@@ -84,45 +84,95 @@ fy_status_t fy_cluster_config(int argc, char **argv, const char *usage, fy_confi
     return FY_OK;
 }
 
-/* Reads a secret file: a regular file its owner alone may read or write
- * (the mode is checked on the open descriptor), 16 bytes or more. */
-static fy_status_t read_secret(const char *path, uint8_t *buf, size_t cap, size_t *len_p)
+/* Reads a secret file (what: "kv.secret_file", "client key file", for the
+ * error lines): a regular file (a FIFO or a device would block or never
+ * end: refused, never waited on), owned by this user or root (as ssh
+ * requires of a private key), that its owner alone may read or write, of
+ * 16 to max bytes (a longer one is refused, never cut).  O_NONBLOCK: the
+ * open of a FIFO returns at once, and fstat refuses it.  Links are
+ * followed: Kubernetes mounts a secret as a link into ..data/. */
+#define READ_SECRET_MAX 256 /* bytes of the largest secret file: a client key file */
+
+static fy_status_t read_secret_max(const char *path, const char *what, uint8_t *buf, size_t max, size_t *len_p)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
-        fy_error("kv secret %s: cannot open: %m", path);
+        fy_error("%s %s: cannot open: %m", what, path);
         return errno == ENOENT ? FY_ERR_NOT_FOUND : FY_ERR_IO;
     }
     struct stat sb;
     if (fstat(fd, &sb)) {
-        fy_error("kv secret %s: cannot stat: %m", path);
+        fy_error("%s %s: cannot stat: %m", what, path);
         close(fd);
         return FY_ERR_IO;
     }
     if (!S_ISREG(sb.st_mode)) {
-        fy_error("kv secret %s: not a regular file", path);
+        fy_error("%s %s: not a regular file (%s); a secret must be a plain file", what, path,
+                 S_ISFIFO(sb.st_mode)                         ? "a FIFO"
+                 : S_ISDIR(sb.st_mode)                        ? "a directory"
+                 : S_ISCHR(sb.st_mode) || S_ISBLK(sb.st_mode) ? "a device"
+                 : S_ISSOCK(sb.st_mode)                       ? "a socket"
+                                                              : "not a file");
+        close(fd);
+        return FY_ERR_INVALID;
+    }
+    if (sb.st_uid != geteuid() && sb.st_uid != 0) {
+        fy_error("%s %s: owned by uid %u, not by this user (uid %u) or root; someone else could replace it "
+                 "(chown it, or make your own)",
+                 what, path, (unsigned)sb.st_uid, (unsigned)geteuid());
         close(fd);
         return FY_ERR_INVALID;
     }
     if (sb.st_mode & 077) {
-        fy_error("kv secret %s: mode %04o lets its group or others at it; it must be the owner's alone "
+        fy_error("%s %s: mode %04o lets its group or others at it; it must be the owner's alone "
                  "(chmod 600 %s)",
-                 path, (unsigned)(sb.st_mode & 07777), path);
+                 what, path, (unsigned)(sb.st_mode & 07777), path);
         close(fd);
         return FY_ERR_INVALID;
     }
-    ssize_t n = read(fd, buf, cap);
-    close(fd);
-    if (n < 0) {
-        fy_error("kv secret %s: cannot read: %m", path);
-        return FY_ERR_IO;
-    }
-    if (n < 16) {
-        fy_error("kv secret %s: %zd bytes; at least 16 are needed", path, n);
+    if (sb.st_size > (off_t)max) {
+        fy_error("%s %s: %lld bytes; at most %zu are allowed (nothing is cut off a secret)", what, path,
+                 (long long)sb.st_size, max);
+        close(fd);
         return FY_ERR_FORMAT;
     }
-    *len_p = (size_t)n;
+    /* one byte more than allowed: a file that grew after fstat is caught too */
+    uint8_t tmp[READ_SECRET_MAX + 1];
+    size_t n = 0;
+    if (max > READ_SECRET_MAX) max = READ_SECRET_MAX;
+    while (n <= max) {
+        ssize_t r = read(fd, tmp + n, max + 1 - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            fy_error("%s %s: cannot read: %m", what, path);
+            close(fd);
+            sodium_memzero(tmp, sizeof(tmp));
+            return FY_ERR_IO;
+        }
+        if (r == 0) break;
+        n += (size_t)r;
+    }
+    close(fd);
+    if (n <= max) memcpy(buf, tmp, n);
+    sodium_memzero(tmp, sizeof(tmp));
+    if (n > max) {
+        fy_error("%s %s: more than %zu bytes; at most %zu are allowed (nothing is cut off a secret)", what, path, max,
+                 max);
+        return FY_ERR_FORMAT;
+    }
+    if (n < 16) {
+        fy_error("%s %s: %zu bytes; at least 16 are needed", what, path, n);
+        return FY_ERR_FORMAT;
+    }
+    *len_p = n;
     return FY_OK;
+}
+
+/* The deployment's secret: 16 to FY_CLUSTER_SECRET_MAX bytes. */
+static fy_status_t read_secret(const char *path, uint8_t *buf, size_t cap, size_t *len_p)
+{
+    return read_secret_max(path, "kv.secret_file", buf, cap < FY_CLUSTER_SECRET_MAX ? cap : FY_CLUSTER_SECRET_MAX,
+                           len_p);
 }
 
 fy_status_t fy_cluster_secret(const fy_config_t *cfg, uint8_t *key, size_t cap, size_t *n_p)
@@ -177,16 +227,79 @@ bool fy_cluster_secret_path(const fy_config_t *cfg, char *out, size_t cap)
 fy_status_t fy_cluster_auth_file(const char *path, fy_env_role_t role, const char *name, uint64_t inc,
                                  fy_env_auth_t *auth_p)
 {
-    uint8_t key[64];
+    /* a client key file is longer than any secret: read up to its size, then tell them apart */
+    uint8_t buf[FY_ENV_KEYFILE_MAX];
     size_t n;
-    fy_status_t st = read_secret(path, key, sizeof(key), &n);
+    const char *what = role == FY_ROLE_CLIENT ? "secret or client key file" : "kv.secret_file";
+    fy_status_t st = read_secret_max(path, what, buf, sizeof(buf), &n);
     if (st) return st;
+    size_t ml = sizeof(FY_ENV_KEYFILE_MAGIC) - 1;
     fy_env_auth_t a;
-    st = fy_env_auth_init(&a, key, n, role, name, inc);
-    sodium_memzero(key, sizeof(key));
+    if (n >= ml && !memcmp(buf, FY_ENV_KEYFILE_MAGIC, ml)) {
+        char kname[FY_ENV_NAME_MAX + 1];
+        fy_env_key_t key;
+        st = fy_env_keyfile_parse(buf, n, kname, &key);
+        sodium_memzero(buf, sizeof(buf));
+        if (st) {
+            fy_error("client key file %s: not a key file as `ferry key --client NAME` writes it "
+                     "(\"%sNAME HEX\", one line)",
+                     path, FY_ENV_KEYFILE_MAGIC);
+            return FY_ERR_FORMAT;
+        }
+        if (role != FY_ROLE_CLIENT) {
+            sodium_memzero(&key, sizeof(key));
+            fy_error("client key file %s: a client's key speaks only as a client, not as %s; give the "
+                     "deployment's secret (kv.secret_file)",
+                     path, fy_env_role_str(role));
+            return FY_ERR_INVALID;
+        }
+        st = fy_env_auth_client(&a, &key, kname, inc); /* the file names the client */
+        sodium_memzero(&key, sizeof(key));
+    } else if (n > FY_CLUSTER_SECRET_MAX) {
+        sodium_memzero(buf, sizeof(buf));
+        fy_error("%s %s: %zu bytes; at most %d are allowed (nothing is cut off a secret)", what, path, n,
+                 FY_CLUSTER_SECRET_MAX);
+        return FY_ERR_FORMAT;
+    } else {
+        st = fy_env_auth_init(&a, buf, n, role, name, inc);
+        sodium_memzero(buf, sizeof(buf));
+    }
     if (st) return st;
     *auth_p = a;
     fy_env_auth_wipe(&a);
+    return FY_OK;
+}
+
+fy_status_t fy_cluster_write_client_key(const char *secret_path, const char *name, const char *out_path)
+{
+    uint8_t key[FY_CLUSTER_SECRET_MAX];
+    size_t n;
+    fy_status_t st = read_secret(secret_path, key, sizeof(key), &n);
+    if (st) return st;
+    fy_env_auth_t a;
+    st = fy_env_auth_init(&a, key, n, FY_ROLE_CLIENT, name, 0);
+    sodium_memzero(key, sizeof(key));
+    if (st) return st;
+    char text[FY_ENV_KEYFILE_MAX];
+    size_t len = fy_env_keyfile_format(a.name, &a.key, text, sizeof(text));
+    fy_env_auth_wipe(&a);
+    if (!len) return FY_ERR_INTERNAL;
+    /* O_EXCL | O_NOFOLLOW: never write through a file or a link someone else put there */
+    int fd = open(out_path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        fy_error("client key file %s: cannot create: %m%s", out_path,
+                 errno == EEXIST ? " (it is never overwritten: remove it first)" : "");
+        sodium_memzero(text, sizeof(text));
+        return errno == EEXIST ? FY_ERR_INVALID : FY_ERR_IO;
+    }
+    ssize_t w = write(fd, text, len);
+    sodium_memzero(text, sizeof(text));
+    if (w != (ssize_t)len || close(fd) != 0) {
+        fy_error("client key file %s: cannot write: %m", out_path);
+        if (w != (ssize_t)len) close(fd);
+        unlink(out_path);
+        return FY_ERR_IO;
+    }
     return FY_OK;
 }
 

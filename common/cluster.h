@@ -31,10 +31,15 @@
  * FY_ERR_INVALID (exit 2).  argv[0] names the program in messages. */
 fy_status_t fy_cluster_config(int argc, char **argv, const char *usage, fy_config_t **cfg_p);
 
-/* The deployment's secret (kv.secret_file: at least 16 bytes, the first
- * cap used) into key, its length in *n_p; *n_p = 0 without kv.secret_file.
- * A secret file that its group or others may read or write is refused,
- * naming the file and its mode.  The caller wipes key. */
+#define FY_CLUSTER_SECRET_MAX 64 /* bytes of the deployment's secret, at most */
+
+/* The deployment's secret (kv.secret_file: 16 to FY_CLUSTER_SECRET_MAX
+ * bytes; cap at least that) into key, its length in *n_p; *n_p = 0
+ * without kv.secret_file.  Refused with an error naming the file: not a
+ * regular file (a FIFO is never waited on), owned by someone other than
+ * this user or root, readable or writable by its group or others (naming
+ * the mode), or longer than the maximum (naming its size: never cut).
+ * The caller wipes key. */
 fy_status_t fy_cluster_secret(const fy_config_t *cfg, uint8_t *key, size_t cap, size_t *n_p);
 
 /* Creates path (O_EXCL, mode 0600) holding 32 random bytes, or, when it
@@ -47,11 +52,19 @@ fy_status_t fy_cluster_make_secret(const char *path);
  * ("run/kv.secret").  False if it does not fit in cap. */
 bool fy_cluster_secret_path(const fy_config_t *cfg, char *out, size_t cap);
 
-/* The control plane's credentials of this process (envelope.h): the key
+/* The control plane's credentials of this process (envelope.h): the keys
  * derived from the secret file at path, with role, name and incarnation
- * (0: a random one).  The file is checked as fy_cluster_secret does. */
+ * (0: a random one).  The file is checked as fy_cluster_secret does.  For
+ * role client, path may also be a client key file (`ferry key`): the
+ * client is then the one the file names (name is not used), holding its
+ * own key only; a key file for any other role is refused. */
 fy_status_t fy_cluster_auth_file(const char *path, fy_env_role_t role, const char *name, uint64_t inc,
                                  fy_env_auth_t *auth_p);
+/* Writes a client key file for name at out_path (created O_EXCL,
+ * O_NOFOLLOW, mode 0600; never overwritten), from the deployment's secret
+ * at secret_path: what `ferry key --client NAME` does. */
+fy_status_t fy_cluster_write_client_key(const char *secret_path, const char *name, const char *out_path);
+
 /* The same from kv.secret_file, which a router and workers must have. */
 fy_status_t fy_cluster_auth(const fy_config_t *cfg, fy_env_role_t role, const char *name, uint64_t inc,
                             fy_env_auth_t *auth_p);

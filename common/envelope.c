@@ -51,6 +51,9 @@ const char *fy_env_role_str(int role)
 
 static bool role_ok(int role) { return role >= FY_ROLE_CLIENT && role <= FY_ROLE_DECODE; }
 
+/* crypto's domain for identity keys: "fyid" | role | name under the control-plane key */
+static const uint8_t ID_DOMAIN[4] = {'f', 'y', 'i', 'd'};
+
 static bool name_ok(const char *s, size_t n)
 {
     if (n < 1 || n > FY_ENV_NAME_MAX) return false;
@@ -93,8 +96,10 @@ fy_status_t fy_env_auth_init(fy_env_auth_t *a, const uint8_t *secret, size_t len
     }
     uint8_t master[crypto_kdf_KEYBYTES];
     crypto_generichash(master, sizeof(master), secret, len, NULL, 0);
-    crypto_kdf_derive_from_key(a->key.k, FY_ENV_KEY_BYTES, KDF_SUBKEY_ID, KDF_CTX, master);
+    crypto_kdf_derive_from_key(a->ctl.k, FY_ENV_KEY_BYTES, KDF_SUBKEY_ID, KDF_CTX, master);
     sodium_memzero(master, sizeof(master));
+    a->master = true;
+    fy_env_identity_key(&a->ctl, role, name, &a->key);
     a->role = role;
     memcpy(a->name, name, nl + 1);
     a->inc = inc;
@@ -102,7 +107,82 @@ fy_status_t fy_env_auth_init(fy_env_auth_t *a, const uint8_t *secret, size_t len
     return FY_OK;
 }
 
+fy_status_t fy_env_auth_client(fy_env_auth_t *a, const fy_env_key_t *key, const char *name, uint64_t inc)
+{
+    size_t nl = name ? strlen(name) : 0;
+    if (!name_ok(name ? name : "", nl)) {
+        fy_error("auth: '%s' cannot name a client (1 to %d printable ASCII characters, no spaces)", name ? name : "",
+                 FY_ENV_NAME_MAX);
+        return FY_ERR_INVALID;
+    }
+    if (sodium_init() < 0) {
+        fy_error("auth: libsodium failed to initialize");
+        return FY_ERR_INTERNAL;
+    }
+    memset(a, 0, sizeof(*a));
+    a->key = *key;
+    a->master = false;
+    a->role = FY_ROLE_CLIENT;
+    memcpy(a->name, name, nl + 1);
+    a->inc = inc;
+    while (!a->inc) randombytes_buf(&a->inc, sizeof(a->inc));
+    return FY_OK;
+}
+
 void fy_env_auth_wipe(fy_env_auth_t *a) { sodium_memzero(a, sizeof(*a)); }
+
+void fy_env_identity_key(const fy_env_key_t *ctl, int role, const char *name, fy_env_key_t *out)
+{
+    uint8_t r = (uint8_t)role;
+    crypto_generichash_blake2b_state st;
+    crypto_generichash_blake2b_init(&st, ctl->k, FY_ENV_KEY_BYTES, FY_ENV_KEY_BYTES);
+    crypto_generichash_blake2b_update(&st, ID_DOMAIN, sizeof(ID_DOMAIN));
+    crypto_generichash_blake2b_update(&st, &r, 1);
+    crypto_generichash_blake2b_update(&st, (const uint8_t *)name, strlen(name));
+    crypto_generichash_blake2b_final(&st, out->k, FY_ENV_KEY_BYTES);
+    sodium_memzero(&st, sizeof(st));
+}
+
+/* ---- client key files ---------------------------------------------------------------------------- */
+
+size_t fy_env_keyfile_format(const char *name, const fy_env_key_t *key, char *out, size_t cap)
+{
+    size_t nl = strlen(name);
+    if (!name_ok(name, nl)) return 0;
+    char hex[2 * FY_ENV_KEY_BYTES + 1];
+    sodium_bin2hex(hex, sizeof(hex), key->k, FY_ENV_KEY_BYTES);
+    int n = snprintf(out, cap, "%s%s %s\n", FY_ENV_KEYFILE_MAGIC, name, hex);
+    sodium_memzero(hex, sizeof(hex));
+    return n > 0 && (size_t)n < cap ? (size_t)n : 0;
+}
+
+static int hexval(uint8_t c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; }
+
+fy_status_t fy_env_keyfile_parse(const void *buf, size_t len, char name[FY_ENV_NAME_MAX + 1], fy_env_key_t *key)
+{
+    const uint8_t *b = buf;
+    size_t ml = sizeof(FY_ENV_KEYFILE_MAGIC) - 1;
+    if (len > FY_ENV_KEYFILE_MAX || len < ml || memcmp(b, FY_ENV_KEYFILE_MAGIC, ml)) return FY_ERR_FORMAT;
+    if (b[len - 1] == '\n') len--; /* one line, its newline optional */
+    size_t i = ml, nl = 0;
+    while (i + nl < len && b[i + nl] != ' ') nl++;
+    if (!name_ok((const char *)b + i, nl) || len != i + nl + 1 + 2 * FY_ENV_KEY_BYTES) return FY_ERR_FORMAT;
+    const uint8_t *h = b + i + nl + 1;
+    fy_env_key_t k;
+    for (int j = 0; j < FY_ENV_KEY_BYTES; j++) {
+        int hi = hexval(h[2 * j]), lo = hexval(h[2 * j + 1]);
+        if (hi < 0 || lo < 0) {
+            sodium_memzero(&k, sizeof(k));
+            return FY_ERR_FORMAT;
+        }
+        k.k[j] = (uint8_t)(hi << 4 | lo);
+    }
+    memcpy(name, b + i, nl);
+    name[nl] = 0;
+    *key = k;
+    sodium_memzero(&k, sizeof(k));
+    return FY_OK;
+}
 
 /* ---- bytes ------------------------------------------------------------------------------------- */
 
@@ -120,20 +200,20 @@ static uint64_t get64(const uint8_t *p)
 }
 
 /* Bytes from the start to the tag (or to the reason of a refusal). */
-static size_t fixed_bytes(const fy_env_hdr_t *h, size_t name_len)
+static size_t fixed_bytes(const fy_env_hdr_t *h, size_t name_len, size_t to_len)
 {
-    return 7 + name_len + 32 + (h->kind == FY_ENV_REPLY ? 16 : 0);
+    return 7 + name_len + 2 + to_len + 40 + (h->kind == FY_ENV_REPLY ? 16 : 0);
 }
 
 size_t fy_env_header_bytes(const fy_env_hdr_t *h)
 {
-    return fixed_bytes(h, strlen(h->name)) + (h->kind == FY_ENV_REFUSAL ? 1 : FY_ENV_TAG_BYTES);
+    return fixed_bytes(h, strlen(h->name), strlen(h->to.name)) + (h->kind == FY_ENV_REFUSAL ? 1 : FY_ENV_TAG_BYTES);
 }
 
 /* Everything before the tag; returns where the tag goes. */
 static uint8_t *write_header(const fy_env_hdr_t *h, uint8_t *p)
 {
-    size_t nl = strlen(h->name);
+    size_t nl = strlen(h->name), tl = strlen(h->to.name);
     memcpy(p, MAGIC, 3);
     p[3] = FY_ENV_VERSION;
     p[4] = (uint8_t)h->kind;
@@ -141,7 +221,12 @@ static uint8_t *write_header(const fy_env_hdr_t *h, uint8_t *p)
     p[6] = (uint8_t)nl;
     memcpy(p + 7, h->name, nl);
     p += 7 + nl;
+    p[0] = (uint8_t)h->to.role;
+    p[1] = (uint8_t)tl;
+    memcpy(p + 2, h->to.name, tl);
+    p += 2 + tl;
     p = put64(p, h->inc);
+    p = put64(p, h->to.inc);
     p = put64(p, h->chan);
     p = put64(p, h->seq);
     p = put64(p, h->ts_ms);
@@ -188,23 +273,34 @@ fy_env_fault_t fy_env_parse(const void *buf, size_t len, fy_env_hdr_t *h, size_t
     x.kind = (fy_env_kind_t)b[4];
     x.role = b[5];
     size_t nl = b[6];
-    if ((x.kind != FY_ENV_MSG && x.kind != FY_ENV_REPLY && x.kind != FY_ENV_REFUSAL) || !role_ok(x.role) ||
-        nl > FY_ENV_NAME_MAX)
+    if ((x.kind != FY_ENV_MSG && x.kind != FY_ENV_REPLY && x.kind != FY_ENV_REFUSAL && x.kind != FY_ENV_HELLO) ||
+        !role_ok(x.role) || nl > FY_ENV_NAME_MAX)
         return FY_ENV_FORMAT;
-    size_t fixed = fixed_bytes(&x, nl), end = fixed + (x.kind == FY_ENV_REFUSAL ? 1 : FY_ENV_TAG_BYTES);
-    if (len < end || !name_ok((const char *)b + 7, nl)) return FY_ENV_FORMAT;
+    if (len < 7 + nl + 2 || !name_ok((const char *)b + 7, nl)) return FY_ENV_FORMAT;
+    const uint8_t *t = b + 7 + nl;
+    size_t tl = t[1];
+    x.to.role = t[0];
+    /* "to": a role and a name, or nothing at all (a hello's, or a refusal of one) */
+    if (tl > FY_ENV_NAME_MAX || (tl ? !role_ok(x.to.role) : x.to.role != 0)) return FY_ENV_FORMAT;
+    size_t fixed = fixed_bytes(&x, nl, tl), end = fixed + (x.kind == FY_ENV_REFUSAL ? 1 : FY_ENV_TAG_BYTES);
+    if (len < end || (tl && !name_ok((const char *)t + 2, tl))) return FY_ENV_FORMAT;
     memcpy(x.name, b + 7, nl);
     x.name[nl] = 0;
-    const uint8_t *p = b + 7 + nl;
+    memcpy(x.to.name, t + 2, tl);
+    x.to.name[tl] = 0;
+    const uint8_t *p = t + 2 + tl;
     x.inc = get64(p);
-    x.chan = get64(p + 8);
-    x.seq = get64(p + 16);
-    x.ts_ms = get64(p + 24);
+    x.to.inc = get64(p + 8);
+    x.chan = get64(p + 16);
+    x.seq = get64(p + 24);
+    x.ts_ms = get64(p + 32);
     if (x.kind == FY_ENV_REPLY) {
-        x.re_chan = get64(p + 32);
-        x.re_seq = get64(p + 40);
+        x.re_chan = get64(p + 40);
+        x.re_seq = get64(p + 48);
     }
     if (!x.inc || !x.chan || !x.seq) return FY_ENV_FORMAT;
+    if (!tl && x.to.inc) return FY_ENV_FORMAT;
+    if (x.kind == FY_ENV_HELLO && (tl || len != end)) return FY_ENV_FORMAT; /* a hello: nobody yet, nothing said */
     if (x.kind == FY_ENV_REFUSAL) {
         x.reason = (fy_env_fault_t)b[fixed];
         if (len != end || x.reason <= FY_ENV_OK || x.reason >= FY_ENV_N_FAULTS) return FY_ENV_FORMAT;
@@ -226,6 +322,105 @@ fy_env_fault_t fy_env_open(const fy_env_key_t *key, const void *buf, size_t len,
     size_t tag_at = off - FY_ENV_TAG_BYTES;
     mac(key, b, tag_at, b + off, len - off, tag);
     if (sodium_memcmp(tag, b + tag_at, FY_ENV_TAG_BYTES)) return FY_ENV_MAC;
+    *h = x;
+    *off_p = off;
+    return FY_ENV_OK;
+}
+
+/* ---- sealing and opening with credentials ------------------------------------------------------- */
+
+#define KEYS_SLOTS 256 /* identities a receiver remembers keys of (direct-mapped) */
+
+typedef struct key_slot {
+    bool used;
+    uint8_t role;
+    char name[FY_ENV_NAME_MAX + 1];
+    fy_env_key_t key;
+} key_slot_t;
+
+struct fy_env_keys {
+    pthread_mutex_t mu;
+    key_slot_t slot[KEYS_SLOTS];
+};
+
+fy_status_t fy_env_keys_create(fy_env_keys_t **k_p)
+{
+    fy_env_keys_t *k = fy_calloc(1, sizeof(*k));
+    if (!k) return FY_ERR_NOMEM;
+    pthread_mutex_init(&k->mu, NULL);
+    *k_p = k;
+    return FY_OK;
+}
+
+void fy_env_keys_destroy(fy_env_keys_t *k)
+{
+    if (!k) return;
+    pthread_mutex_destroy(&k->mu);
+    sodium_memzero(k->slot, sizeof(k->slot));
+    fy_free(k);
+}
+
+/* The key of (role, name) for a: its own, or derived from ctl (remembered in keys). */
+static bool key_for(const fy_env_auth_t *a, fy_env_keys_t *keys, int role, const char *name, fy_env_key_t *out)
+{
+    if (role == (int)a->role && !strcmp(name, a->name)) {
+        *out = a->key;
+        return true;
+    }
+    if (!a->master) return false;
+    if (!keys) {
+        fy_env_identity_key(&a->ctl, role, name, out);
+        return true;
+    }
+    uint32_t h = 2166136261u ^ (uint32_t)role; /* FNV-1a: a table index, nothing secret */
+    for (const char *c = name; *c; c++) h = (h ^ (uint8_t)*c) * 16777619u;
+    key_slot_t *s = &keys->slot[h % KEYS_SLOTS];
+    pthread_mutex_lock(&keys->mu);
+    if (!s->used || s->role != (uint8_t)role || strcmp(s->name, name)) {
+        fy_env_identity_key(&a->ctl, role, name, &s->key);
+        s->used = true;
+        s->role = (uint8_t)role;
+        snprintf(s->name, sizeof(s->name), "%s", name);
+    }
+    *out = s->key;
+    pthread_mutex_unlock(&keys->mu);
+    return true;
+}
+
+bool fy_env_key_of(const fy_env_auth_t *a, fy_env_keys_t *keys, const fy_env_hdr_t *h, fy_env_key_t *out)
+{
+    if (h->role == FY_ROLE_CLIENT) return key_for(a, keys, FY_ROLE_CLIENT, h->name, out);
+    if (h->to.role == FY_ROLE_CLIENT) return key_for(a, keys, FY_ROLE_CLIENT, h->to.name, out);
+    return key_for(a, keys, h->role, h->name, out);
+}
+
+bool fy_env_seal_as(const fy_env_auth_t *a, fy_env_keys_t *keys, const fy_env_hdr_t *h, const void *payload, size_t len,
+                    uint8_t *out)
+{
+    fy_env_key_t k;
+    if (!fy_env_key_of(a, keys, h, &k)) return false;
+    fy_env_seal(&k, h, payload, len, out);
+    sodium_memzero(&k, sizeof(k));
+    return true;
+}
+
+fy_env_fault_t fy_env_open_as(const fy_env_auth_t *a, fy_env_keys_t *keys, const void *buf, size_t len, fy_env_hdr_t *h,
+                              size_t *off_p)
+{
+    fy_env_hdr_t x;
+    size_t off;
+    fy_env_fault_t f = fy_env_parse(buf, len, &x, &off);
+    if (f) return f;
+    if (x.kind == FY_ENV_REFUSAL) return FY_ENV_FORMAT;
+    fy_env_key_t k;
+    if (!fy_env_key_of(a, keys, &x, &k)) return FY_ENV_MAC; /* a client: not between it and us */
+    f = fy_env_open(&k, buf, len, &x, &off);
+    sodium_memzero(&k, sizeof(k));
+    if (f) return f;
+    bool to_me = x.kind == FY_ENV_HELLO
+                     ? !x.to.role
+                     : x.to.role == (int)a->role && !strcmp(x.to.name, a->name) && (!x.to.inc || x.to.inc == a->inc);
+    if (!to_me) return FY_ENV_IDENTITY;
     *h = x;
     *off_p = off;
     return FY_ENV_OK;

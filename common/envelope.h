@@ -6,13 +6,27 @@
  * Every message on every nng socket of a cluster (client calls and their
  * replies, the router's commands, the workers' events) travels as
  *
- *   "FYE" 1 | kind | role | name length, name | incarnation | channel | sequence | time (ms)
+ *   "FYE" 2 | kind | role | name length, name | to role | to name length, to name
+ *         | incarnation | to incarnation | channel | sequence | time (ms)
  *         | [reply: the answered request's channel and sequence] | tag (16 B) | payload
  *
- * integers big-endian.  The tag is BLAKE2b-128 keyed with the control-plane
- * key (derived from kv.secret_file with crypto_kdf, a context of its own:
- * never the prefix-cache naming key) over every header byte before it and
- * the payload.  A channel is one sending socket (random, 64 bits); its
+ * integers big-endian.  "to" is the receiver's identity (role, name, and
+ * its incarnation or 0 for any): a receiver takes only what is addressed
+ * to itself, so a message captured on its way to one router cannot be
+ * replayed to another.  A client that does not know its router's identity
+ * yet asks with a hello (kind 4, "to" empty, no payload), which the
+ * server's socket answers itself.
+ *
+ * Keys are per identity: the control-plane key (derived from
+ * kv.secret_file with crypto_kdf, a context of its own: never the
+ * prefix-cache naming key) keys BLAKE2b over role || name to give each
+ * identity's key.  Routers and workers hold the deployment's secret and
+ * so can derive every identity's key; a client holds only its own (a
+ * client key file, `ferry key --client NAME`).  The tag is BLAKE2b-128,
+ * keyed with the key of the client end when one end is a client (either
+ * way), else with the sender's key, over every header byte before it and
+ * the payload: a client key cannot speak as a router or a worker, nor as
+ * another client.  A channel is one sending socket (random, 64 bits); its
  * sequence numbers start at 1.  A receiver keeps a window per channel
  * (the highest sequence seen and a 64-bit bitmap of those below it, as
  * IPsec does), so messages sent from several threads may arrive a little
@@ -32,11 +46,11 @@
 
 #include "status.h"
 
-#define FY_ENV_VERSION 1
+#define FY_ENV_VERSION 2
 #define FY_ENV_KEY_BYTES 32
 #define FY_ENV_TAG_BYTES 16
 #define FY_ENV_NAME_MAX 63    /* bytes of a sender's name, printable ASCII */
-#define FY_ENV_MAX_HEADER 160 /* bytes before the payload, at most */
+#define FY_ENV_MAX_HEADER 224 /* bytes before the payload, at most (207 with two 63-byte names) */
 #define FY_ENV_WINDOW 64      /* sequence numbers a channel may arrive out of order by */
 #define FY_ENV_SKEW_MS 2000   /* clock difference between hosts tolerated */
 #define FY_ENV_FRESH_MS 60000 /* how old the first message of an unknown channel may be */
@@ -45,6 +59,7 @@ typedef enum fy_env_kind {
     FY_ENV_MSG = 1,     /* a request or a pushed message */
     FY_ENV_REPLY = 2,   /* a reply, bound to the request it answers */
     FY_ENV_REFUSAL = 3, /* a server's answer to a request it could not authenticate: no tag */
+    FY_ENV_HELLO = 4,   /* a client asks the server who it is: "to" empty, no payload */
 } fy_env_kind_t;
 
 typedef enum fy_env_role {
@@ -76,27 +91,58 @@ typedef struct fy_env_key {
     uint8_t k[FY_ENV_KEY_BYTES];
 } fy_env_key_t;
 
-/* A process's credentials: the control-plane key and who it is.  Copied by
+/* A process's credentials: its identity's key and who it is, and the
+ * control-plane key when it holds the deployment's secret.  Copied by
  * value into each socket; wipe with fy_env_auth_wipe. */
 typedef struct fy_env_auth {
-    fy_env_key_t key;
+    fy_env_key_t key; /* this identity's (role, name) */
+    fy_env_key_t ctl; /* the control-plane key: every identity's key derives from it (master only) */
+    bool master;      /* holds ctl: a router or a worker; false: a client with its key file */
     fy_env_role_t role;
     char name[FY_ENV_NAME_MAX + 1];
     uint64_t inc; /* the process's incarnation: random, never 0 */
 } fy_env_auth_t;
 
 /* Derives the control-plane key from the deployment's secret (16 to 64
- * bytes, as kv.secret_file holds) and fills a: role, name (printable
- * ASCII, 1 to 63 bytes) and inc (0: a random one). */
+ * bytes, as kv.secret_file holds) and this identity's key from it, and
+ * fills a: role, name (printable ASCII, 1 to 63 bytes) and inc (0: a
+ * random one). */
 fy_status_t fy_env_auth_init(fy_env_auth_t *a, const uint8_t *secret, size_t len, fy_env_role_t role, const char *name,
                              uint64_t inc);
+/* A client's credentials from its key alone (a client key file): it can
+ * seal and open only what is between it and a server. */
+fy_status_t fy_env_auth_client(fy_env_auth_t *a, const fy_env_key_t *key, const char *name, uint64_t inc);
 void fy_env_auth_wipe(fy_env_auth_t *a);
+
+/* The key of identity (role, name): keyed BLAKE2b-256 under ctl over
+ * "fyid" | role | name. */
+void fy_env_identity_key(const fy_env_key_t *ctl, int role, const char *name, fy_env_key_t *out);
+
+/* ---- client key files: "ferry-client-key 1 NAME HEX\n" (HEX: the key, 64 lowercase hex digits) ---- */
+
+#define FY_ENV_KEYFILE_MAGIC "ferry-client-key 1 "
+#define FY_ENV_KEYFILE_MAX 160 /* bytes of a key file, at most */
+
+/* The file's text for (name, key) into out; its length, 0 when it does not fit. */
+size_t fy_env_keyfile_format(const char *name, const fy_env_key_t *key, char *out, size_t cap);
+/* Reads a key file's bytes: FY_OK with name and key, else FY_ERR_FORMAT
+ * (a line that is not exactly the format: nothing else is taken). */
+fy_status_t fy_env_keyfile_parse(const void *buf, size_t len, char name[FY_ENV_NAME_MAX + 1], fy_env_key_t *key);
+
+/* An identity a message is addressed to: role (0: nobody yet, a hello),
+ * name, incarnation (0: any). */
+typedef struct fy_env_peer {
+    int role;
+    char name[FY_ENV_NAME_MAX + 1];
+    uint64_t inc;
+} fy_env_peer_t;
 
 /* One envelope's header, as written or as read. */
 typedef struct fy_env_hdr {
     fy_env_kind_t kind;
     int role;
     char name[FY_ENV_NAME_MAX + 1];
+    fy_env_peer_t to; /* the receiver; empty (role 0, no name, inc 0) only in a hello */
     uint64_t inc, chan, seq, ts_ms;
     uint64_t re_chan, re_seq; /* FY_ENV_REPLY: the request answered */
     fy_env_fault_t reason;    /* FY_ENV_REFUSAL: why */
@@ -122,6 +168,28 @@ fy_env_fault_t fy_env_parse(const void *buf, size_t len, fy_env_hdr_t *h, size_t
 /* fy_env_parse, then the tag (in constant time): FY_ENV_OK only for a
  * message or reply sealed with key.  Refusals are FY_ENV_FORMAT here. */
 fy_env_fault_t fy_env_open(const fy_env_key_t *key, const void *buf, size_t len, fy_env_hdr_t *h, size_t *off_p);
+
+/* ---- sealing and opening with a process's credentials ---- */
+
+/* Identity keys a master derived, remembered (a small table; thread-safe). */
+typedef struct fy_env_keys fy_env_keys_t;
+fy_status_t fy_env_keys_create(fy_env_keys_t **k_p);
+void fy_env_keys_destroy(fy_env_keys_t *k); /* accepts NULL */
+
+/* The key that seals h: the client end's if either end is a client, else
+ * the sender's.  False when a cannot have it (a client asked for another
+ * identity's key).  keys may be NULL (no table: derived each time). */
+bool fy_env_key_of(const fy_env_auth_t *a, fy_env_keys_t *keys, const fy_env_hdr_t *h, fy_env_key_t *out);
+/* fy_env_seal under fy_env_key_of(h); false (nothing written) when a has no such key. */
+bool fy_env_seal_as(const fy_env_auth_t *a, fy_env_keys_t *keys, const fy_env_hdr_t *h, const void *payload, size_t len,
+                    uint8_t *out);
+/* Opens what a received: FY_ENV_FORMAT as fy_env_parse; FY_ENV_MAC when
+ * the tag is not the one fy_env_key_of gives (or a cannot have that
+ * key); FY_ENV_IDENTITY when it is authentic but addressed to someone
+ * else (its "to" is not a's role and name, and a's incarnation or 0; an
+ * empty "to" only in a hello). */
+fy_env_fault_t fy_env_open_as(const fy_env_auth_t *a, fy_env_keys_t *keys, const void *buf, size_t len, fy_env_hdr_t *h,
+                              size_t *off_p);
 
 /* ---- replay protection: what a receiver remembers of its senders ---- */
 

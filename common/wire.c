@@ -1268,6 +1268,64 @@ static int32_t describe(const field_t *t, int32_t n, const char *parent, const f
     return k;
 }
 
+/* ---- the largest message ------------------------------------------------------------------------------------ */
+
+/* msgpack's worst case for a string or bytes of n: a 5-byte header */
+static size_t str_max(size_t n) { return 5 + n; }
+
+static size_t fields_max(const field_t *t, int32_t n, const fy_wire_lim_t *lim)
+{
+    size_t total = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const field_t *f = &t[i];
+        if (f->kind == K_HDR) {
+            total += fields_max(f->sub, f->n_sub, lim);
+            continue;
+        }
+        size_t key = f->kind == K_GEN ? 0 : str_max(strlen(f->name));
+        int64_t cap = f->limcap == L_MSG_NBLOCKS ? cap_of(f, lim, lim ? lim->max_prompt : 0) : cap_of(f, lim, 0);
+        if (cap < 0) cap = 0;
+        size_t v = 0;
+        switch (f->kind) {
+        case K_U64:
+        case K_I64:
+        case K_I32:
+        case K_F64:
+        case K_BOOL: v = 9; break;
+        case K_STR: v = str_max((size_t)cap); break;
+        case K_TEXT:
+        case K_BIN: v = str_max((size_t)cap); break;
+        case K_I32S:
+        case K_U64S:
+        case K_F32S: v = 5 + (size_t)cap * 9; break;
+        case K_STRS: v = 5 + (size_t)cap * str_max((size_t)f->len); break;
+        case K_MAP: v = 5 + fields_max(f->sub, f->n_sub, lim); break;
+        case K_HDR: break;
+        case K_GEN: v = FY_WIRE_GEN_MAX_BYTES; break;
+        }
+        total += key + v;
+    }
+    return total;
+}
+
+size_t fy_wire_max_bytes(const fy_wire_schema_t *s, const fy_wire_lim_t *lim)
+{
+    /* the map's header, "v" and "type" (at most 32 bytes), then the fields */
+    return 5 + 2 + 9 + 5 + 5 + 32 + fields_max(s->fields, s->n_fields, lim);
+}
+
+size_t fy_wire_max_route(const char *const *routes, int n_routes, const fy_wire_lim_t *lim)
+{
+    size_t most = 0;
+    for (int32_t i = 0; i < fy_wire_n_all; i++)
+        for (int j = 0; j < n_routes; j++)
+            if (!strcmp(fy_wire_all[i]->route, routes[j])) {
+                size_t b = fy_wire_max_bytes(fy_wire_all[i], lim);
+                if (b > most) most = b;
+            }
+    return most;
+}
+
 int32_t fy_wire_fields(const fy_wire_schema_t *s, const fy_wire_lim_t *lim, fy_wire_field_t *out, int32_t cap)
 {
     return describe(s->fields, s->n_fields, NULL, lim, out, cap, 0);

@@ -135,7 +135,20 @@ typedef struct fy_wire_field {
  * would; NULL: the static ones); returns how many s has. */
 int32_t fy_wire_fields(const fy_wire_schema_t *s, const fy_wire_lim_t *lim, fy_wire_field_t *out, int32_t cap);
 
-/* Typed functions for message name with struct T. */
+/* The generation parameters' largest encoding (genspec.c's fields at
+ * their limits: the grammar's 32 KiB, 300 logit biases, 8 stop strings,
+ * bad words...), rounded up: test_wire checks a maximal genspec fits. */
+#define FY_WIRE_GEN_MAX_BYTES (64 * 1024)
+
+/* An upper bound on the bytes of any s message a reader with lim takes
+ * (every field present at its largest; lim NULL: the static bounds):
+ * what a socket's receive limit is sized from. */
+size_t fy_wire_max_bytes(const fy_wire_schema_t *s, const fy_wire_lim_t *lim);
+/* The largest fy_wire_max_bytes of the messages whose route is one of
+ * routes ("client → router", ...: fy_wire_route). */
+size_t fy_wire_max_route(const char *const *routes, int n_routes, const fy_wire_lim_t *lim);
+
+/* Typed functions for message name with struct T. */ /* Typed functions for message name with struct T. */
 #define FY_WIRE_MESSAGE(name, T)                                                                                       \
     extern const fy_wire_schema_t fy_wire_##name##_schema;                                                             \
     static inline void fy_wire_##name##_init(T *m) { fy_wire_init(&fy_wire_##name##_schema, m); }                      \

@@ -4,9 +4,11 @@
  * serve`'s first request and readiness check, the tests and the load
  * harness.  Blocking calls with timeouts; one client per thread.
  *
- * A client proves it holds the deployment's secret (kv.secret_file, the
- * same file as the router's) on every call; each client is its own
- * identity, and may poll and cancel only the requests it made.
+ * A client proves on every call that it holds its identity's key: a
+ * client key file (`ferry key --client NAME`), or the deployment's secret
+ * (kv.secret_file, the same file as the router's: the operator's tools);
+ * each client is its own identity, and may poll and cancel only the
+ * requests it made.
  */
 #ifndef FY_CLIENT_H
 #define FY_CLIENT_H
@@ -21,9 +23,9 @@
 
 typedef struct fy_client fy_client_t;
 
-/* secret_file: the deployment's secret (fy_cluster_secret_path says
- * where a configuration keeps it); refused, naming the file, when it is
- * missing, short, or readable by others. */
+/* secret_file: a client key file, or the deployment's secret
+ * (fy_cluster_secret_path says where a configuration keeps it); refused,
+ * naming the file, when it is missing, short, or readable by others. */
 fy_status_t fy_client_create(const char *router_url, const char *secret_file, double timeout_s, fy_client_t **c_p);
 void fy_client_destroy(fy_client_t *c); /* accepts NULL */
 

@@ -766,7 +766,9 @@ static void on_workers(void *arg, const fy_member_t *live, int n_live)
         fy_push_destroy(w->push);
         w->push = NULL;
         snprintf(w->listen, sizeof(w->listen), "%s", m->addr);
-        if (fy_push_create(m->addr, 4096, &R->auth, &w->push) != FY_OK)
+        fy_env_peer_t to = {.role = strcmp(m->kind, "prefill") ? FY_ROLE_DECODE : FY_ROLE_PREFILL};
+        snprintf(to.name, sizeof(to.name), "%s", m->name);
+        if (fy_push_create(m->addr, 4096, &R->auth, &to, &w->push) != FY_OK)
             fy_error("cannot reach worker %s at %s", m->name, m->addr);
     }
     pthread_mutex_unlock(&R->mu);
@@ -822,7 +824,9 @@ static void on_load(router_t *R, fy_msgr_t *r, const fy_env_hdr_t *from, const c
         fy_push_destroy(w->push);
         w->push = NULL;
         snprintf(w->listen, sizeof(w->listen), "%s", listen);
-        if (fy_push_create(listen, 4096, &R->auth, &w->push) != FY_OK)
+        fy_env_peer_t to = {.role = from->role}; /* commands for that worker alone */
+        snprintf(to.name, sizeof(to.name), "%s", name);
+        if (fy_push_create(listen, 4096, &R->auth, &to, &w->push) != FY_OK)
             fy_error("cannot reach worker %s at %s", name, listen);
     }
     w->ranks = (m.tp > 0 ? m.tp : 1) * (m.pp > 0 ? m.pp : 1);
@@ -2364,6 +2368,32 @@ static fy_status_t setup(router_t *R)
     pthread_mutex_unlock(&R->mu);
     if ((st = fy_rpc_server_create(R->listen, 256, &R->auth, FY_RPC_FROM(FY_ROLE_CLIENT), on_client, R, &srv)))
         return st;
+    /* before authentication a connection can hold at most a frame of the
+     * largest message its port takes (wire.c's bounds): a generate of
+     * MAX_PROMPT_TOKENS or 1 MiB of text on the client port; any worker
+     * event about a prompt that long on the events port */
+    static const char *const from_clients[] = {"client → router"};
+    static const char *const from_workers[] = {"worker → router", "decode worker → router", "prefill worker → router"};
+    fy_wire_lim_t wl = {.token_hi = R->vocab - 1,
+                        .max_prompt = MAX_PROMPT_TOKENS,
+                        .n_prompt = MAX_PROMPT_TOKENS,
+                        .block_size = R->lay.block_size,
+                        .kv_groups = R->lay.n_groups};
+    fy_rpc_limits_t cl = {.max_msg = fy_wire_max_route(from_clients, 1, &wl),
+                          .max_conns = FY_RPC_SERVER_CONNS,
+                          .max_pending = FY_RPC_PENDING,
+                          .auth_s = FY_RPC_AUTH_S};
+    fy_rpc_limits_t el = {.max_msg = fy_wire_max_route(from_workers, 3, &wl),
+                          .max_conns = FY_RPC_PULL_CONNS,
+                          .max_pending = FY_RPC_PENDING,
+                          .auth_s = FY_RPC_AUTH_S};
+    if (cl.max_msg > FY_RPC_MAX_MSG) cl.max_msg = FY_RPC_MAX_MSG;
+    if (el.max_msg > FY_RPC_MAX_MSG) el.max_msg = FY_RPC_MAX_MSG;
+    fy_rpc_server_limit(srv, &cl);
+    fy_pull_limit(pull, &el);
+    fy_info("before authentication: frames of at most %zu KiB from a client, %zu KiB from a worker; %d connections "
+            "not yet authenticated per port, %.0f s to authenticate",
+            cl.max_msg >> 10, el.max_msg >> 10, cl.max_pending, cl.auth_s);
     pthread_mutex_lock(&R->mu);
     R->srv = srv;
     pthread_mutex_unlock(&R->mu);

@@ -130,14 +130,17 @@ static void refused(refusals_t *r, fy_env_fault_t f, const fy_env_hdr_t *h, cons
             why ? why : "", more);
 }
 
-/* Opens what arrived: FY_ENV_OK with the sender's header and where the
- * payload starts, else the fault (counted and logged). */
-static fy_env_fault_t open_incoming(const fy_env_key_t *key, fy_env_guard_t *g, unsigned roles, refusals_t *r,
-                                    const void *buf, size_t len, fy_env_hdr_t *h, size_t *off_p)
+/* Opens what arrived (a hello too when hello): FY_ENV_OK with the
+ * sender's header and where the payload starts, else the fault (counted
+ * and logged). */
+static fy_env_fault_t open_incoming(const fy_env_auth_t *a, fy_env_keys_t *keys, fy_env_guard_t *g, unsigned roles,
+                                    bool hello, refusals_t *r, const void *buf, size_t len, fy_env_hdr_t *h,
+                                    size_t *off_p)
 {
-    fy_env_fault_t f = fy_env_open(key, buf, len, h, off_p);
-    const char *why = NULL;
-    if (!f && h->kind != FY_ENV_MSG) f = FY_ENV_FORMAT, why = "a reply where a request belongs";
+    fy_env_fault_t f = fy_env_open_as(a, keys, buf, len, h, off_p);
+    const char *why = f == FY_ENV_IDENTITY ? "addressed to another receiver" : NULL;
+    if (!f && h->kind != FY_ENV_MSG && !(hello && h->kind == FY_ENV_HELLO))
+        f = FY_ENV_FORMAT, why = "a reply where a request belongs";
     if (!f && !(roles & FY_RPC_FROM(h->role))) f = FY_ENV_IDENTITY, why = "its role does not send here";
     if (!f) f = fy_env_guard_admit(g, h, fy_env_now_ms());
     if (f) {
@@ -149,13 +152,16 @@ static fy_env_fault_t open_incoming(const fy_env_key_t *key, fy_env_guard_t *g, 
     return f;
 }
 
-/* This socket's header for what it sends next (sequence and time are set by the caller). */
-static void self_header(const fy_env_auth_t *a, uint64_t chan, fy_env_kind_t kind, fy_env_hdr_t *h)
+/* This socket's header for what it sends next to "to" (NULL: nobody yet;
+ * sequence and time are set by the caller). */
+static void self_header(const fy_env_auth_t *a, uint64_t chan, fy_env_kind_t kind, const fy_env_peer_t *to,
+                        fy_env_hdr_t *h)
 {
     memset(h, 0, sizeof(*h));
     h->kind = kind;
     h->role = a->role;
     snprintf(h->name, sizeof(h->name), "%s", a->name);
+    if (to) h->to = *to;
     h->inc = a->inc;
     h->chan = chan;
 }
@@ -267,14 +273,14 @@ static void *closer_main(void *p)
     return NULL;
 }
 
-static void close_socket(nng_socket sock, const char *what)
+static bool close_socket(nng_socket sock, const char *what)
 {
     closer_t *k = fy_calloc(1, sizeof(*k));
     pthread_t t;
     pthread_attr_t attr;
     if (!k) {
         nng_close(sock);
-        return;
+        return true;
     }
     k->sock = sock;
     k->refs = 2;
@@ -288,7 +294,7 @@ static void close_socket(nng_socket sock, const char *what)
         pthread_cond_destroy(&k->cv);
         pthread_mutex_destroy(&k->mu);
         fy_free(k);
-        return;
+        return true;
     }
     pthread_attr_destroy(&attr);
     struct timespec ts;
@@ -297,8 +303,192 @@ static void close_socket(nng_socket sock, const char *what)
     pthread_mutex_lock(&k->mu);
     while (!k->done)
         if (pthread_cond_timedwait(&k->cv, &k->mu, &ts)) break;
-    if (!k->done) fy_warn("rpc: closing the socket of %s is stuck (an nng 1.5 bug); left behind", what);
+    bool done = k->done;
+    if (!done) fy_warn("rpc: closing the socket of %s is stuck (an nng 1.5 bug); left behind", what);
     closer_unref(k);
+    return done;
+}
+
+/* ---- a listening socket's connections, before they authenticate ------------------------------------------ */
+
+/*
+ * nng reads a frame's length and allocates that much before a byte of it
+ * is checked, per connection, with no limit on connections and no
+ * deadline on a frame.  So each listening socket has a receive limit
+ * sized to the largest message its port takes (NNG_OPT_RECVMAXSZ: a
+ * longer frame closes the connection before anything is allocated), a
+ * cap on connections and a smaller one on those not authenticated yet
+ * (one over either is closed as it is added, before it can receive), and
+ * a deadline: a connection that has not delivered an authenticated
+ * message within auth_s of connecting is closed.  What unauthenticated
+ * connections can hold is then at most max_pending times the limit, for
+ * auth_s at most.  Pipes are tracked from nng's pipe notifications;
+ * the deadline is checked every CONN_TICK_MS on an nng timer.
+ */
+#define CONN_TICK_MS 250
+
+typedef struct conn {
+    nng_pipe pipe;
+    double t0;   /* when it was added */
+    bool authed; /* it delivered an authenticated message */
+} conn_t;
+
+typedef struct conns {
+    pthread_mutex_t mu;
+    conn_t *v;
+    int n, cap_v;
+    int n_unauthed;
+    int max_conns;   /* 0: no cap */
+    int max_pending; /* of those not authenticated yet; 0: no cap */
+    double auth_s;   /* 0: no deadline */
+    uint64_t over_cap, late;
+    double last_log;
+    nng_aio *timer;
+    atomic_bool stopping;
+    char what[280];
+} conns_t;
+
+static void conns_log(conns_t *g, const char *why)
+{
+    /* mu held: one line every REFUSAL_LOG_S at most */
+    double now = mono_s();
+    if (g->last_log && now - g->last_log < REFUSAL_LOG_S) return;
+    g->last_log = now;
+    fy_warn("rpc: %s: closed a connection %s (%llu over the caps of %d connections and %d unauthenticated, %llu past "
+            "the deadline of %.1f s so far)",
+            g->what, why, (unsigned long long)g->over_cap, g->max_conns, g->max_pending, (unsigned long long)g->late,
+            g->auth_s);
+}
+
+static void conns_event(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    conns_t *g = arg;
+    bool close_it = false;
+    pthread_mutex_lock(&g->mu);
+    if (ev == NNG_PIPE_EV_ADD_PRE) {
+        if ((g->max_conns && g->n >= g->max_conns) || (g->max_pending && g->n_unauthed >= g->max_pending)) {
+            g->over_cap++;
+            conns_log(g, "over the cap");
+            close_it = true;
+        } else {
+            if (g->n == g->cap_v) {
+                int nc = g->cap_v ? 2 * g->cap_v : 64;
+                conn_t *nv = fy_realloc(g->v, (size_t)nc * sizeof(*nv));
+                if (nv) g->v = nv, g->cap_v = nc;
+            }
+            if (g->n < g->cap_v) {
+                g->v[g->n++] = (conn_t){.pipe = p, .t0 = mono_s()};
+                g->n_unauthed++;
+            } else {
+                close_it = true; /* out of memory: not taken */
+            }
+        }
+    } else if (ev == NNG_PIPE_EV_REM_POST) {
+        for (int i = 0; i < g->n; i++)
+            if (nng_pipe_id(g->v[i].pipe) == nng_pipe_id(p)) {
+                if (!g->v[i].authed) g->n_unauthed--;
+                g->v[i] = g->v[--g->n];
+                break;
+            }
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (close_it) nng_pipe_close(p);
+}
+
+/* m arrived authenticated: its connection is past the deadline's reach. */
+static void conns_authed(conns_t *g, nng_msg *m)
+{
+    if (!g) return;
+    nng_pipe p = nng_msg_get_pipe(m);
+    pthread_mutex_lock(&g->mu);
+    for (int i = 0; g->n_unauthed && i < g->n; i++)
+        if (nng_pipe_id(g->v[i].pipe) == nng_pipe_id(p)) {
+            if (!g->v[i].authed) g->v[i].authed = true, g->n_unauthed--;
+            break;
+        }
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void conns_tick(void *arg)
+{
+    conns_t *g = arg;
+    if (nng_aio_result(g->timer) || atomic_load(&g->stopping)) return;
+    nng_pipe late[64];
+    int n_late = 0;
+    double now = mono_s();
+    pthread_mutex_lock(&g->mu);
+    for (int i = 0; g->auth_s > 0 && i < g->n && n_late < 64; i++)
+        if (!g->v[i].authed && now - g->v[i].t0 > g->auth_s) {
+            late[n_late++] = g->v[i].pipe;
+            g->v[i].authed = true; /* closed once; REM_POST drops it */
+            g->n_unauthed--;
+            g->late++;
+        }
+    if (n_late) conns_log(g, "past the deadline without an authenticated message");
+    pthread_mutex_unlock(&g->mu);
+    for (int i = 0; i < n_late; i++) nng_pipe_close(late[i]);
+    if (!atomic_load(&g->stopping)) nng_sleep_aio(CONN_TICK_MS, g->timer);
+}
+
+/* Watches sock's connections (before it listens); NULL when out of memory. */
+static conns_t *conns_create(nng_socket sock, const char *kind, const char *url, int max_conns, int max_pending,
+                             double auth_s)
+{
+    conns_t *g = fy_calloc(1, sizeof(*g));
+    if (!g) return NULL;
+    pthread_mutex_init(&g->mu, NULL);
+    g->max_conns = max_conns;
+    g->max_pending = max_pending;
+    g->auth_s = auth_s;
+    snprintf(g->what, sizeof(g->what), "%s %s", kind, url);
+    if (nng_aio_alloc(&g->timer, conns_tick, g) || nng_pipe_notify(sock, NNG_PIPE_EV_ADD_PRE, conns_event, g) ||
+        nng_pipe_notify(sock, NNG_PIPE_EV_REM_POST, conns_event, g)) {
+        if (g->timer) nng_aio_free(g->timer);
+        pthread_mutex_destroy(&g->mu);
+        fy_free(g);
+        return NULL;
+    }
+    nng_sleep_aio(CONN_TICK_MS, g->timer);
+    return g;
+}
+
+/* Stops the deadline's timer (before the socket closes). */
+static void conns_stop(conns_t *g)
+{
+    if (!g) return;
+    atomic_store(&g->stopping, true);
+    nng_aio_stop(g->timer);
+}
+
+/* After the socket closed (closed: it did; else nng may still call us: leak). */
+static void conns_free(conns_t *g, bool closed)
+{
+    if (!g || !closed) return;
+    nng_aio_free(g->timer);
+    pthread_mutex_destroy(&g->mu);
+    fy_free(g->v);
+    fy_free(g);
+}
+
+static void conns_set(conns_t *g, int max_conns, int max_pending, double auth_s)
+{
+    if (!g) return;
+    pthread_mutex_lock(&g->mu);
+    g->max_conns = max_conns;
+    g->max_pending = max_pending;
+    g->auth_s = auth_s;
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void conns_counts(conns_t *g, fy_rpc_conns_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (!g) return;
+    pthread_mutex_lock(&g->mu);
+    out->open = g->n;
+    out->over_cap = g->over_cap;
+    out->late = g->late;
+    pthread_mutex_unlock(&g->mu);
 }
 
 /* ---- status tags on the wire ---------------------------------------------------------------- */
@@ -351,6 +541,7 @@ struct fy_rpc_call {
     nng_aio *aio;
     nng_msg *req;
     uint64_t re_chan, re_seq; /* the request being answered */
+    fy_env_peer_t from;       /* its sender: the reply's receiver */
     int state;
 };
 
@@ -362,6 +553,8 @@ struct fy_rpc_server {
     int n_slots;
     atomic_bool closing;
     fy_env_auth_t auth;
+    fy_env_keys_t *keys; /* the clients' keys, derived once */
+    conns_t *conns;      /* its connections before they authenticate */
     unsigned roles;
     uint64_t chan;
     atomic_uint_fast64_t seq;
@@ -390,7 +583,7 @@ static void slot_refuse(fy_rpc_call_t *c, fy_env_fault_t f)
 {
     fy_rpc_server_t *s = c->s;
     fy_env_hdr_t h;
-    self_header(&s->auth, s->chan, FY_ENV_REFUSAL, &h);
+    self_header(&s->auth, s->chan, FY_ENV_REFUSAL, NULL, &h);
     h.seq = atomic_fetch_add(&s->seq, 1) + 1;
     h.ts_ms = fy_env_now_ms();
     uint8_t buf[FY_ENV_MAX_HEADER];
@@ -428,17 +621,24 @@ static void slot_cb(void *arg)
     nng_msg *m = nng_aio_get_msg(c->aio);
     fy_env_hdr_t h;
     size_t off;
-    fy_env_fault_t f =
-        open_incoming(&s->auth.key, s->guard, s->roles, &s->refusals, nng_msg_body(m), nng_msg_len(m), &h, &off);
+    fy_env_fault_t f = open_incoming(&s->auth, s->keys, s->guard, s->roles, true, &s->refusals, nng_msg_body(m),
+                                     nng_msg_len(m), &h, &off);
     if (f) {
         nng_msg_free(m);
         slot_refuse(c, f);
         return;
     }
+    conns_authed(s->conns, m);
     c->req = m;
     c->re_chan = h.chan;
     c->re_seq = h.seq;
+    c->from = (fy_env_peer_t){.role = h.role, .inc = h.inc};
+    snprintf(c->from.name, sizeof(c->from.name), "%s", h.name);
     c->state = SLOT_BUSY;
+    if (h.kind == FY_ENV_HELLO) { /* who we are: the reply's header says it, sealed for the asker */
+        fy_rpc_reply(c, "", 0);
+        return;
+    }
     s->fn(s->arg, c, &h, (const uint8_t *)nng_msg_body(m) + off, nng_msg_len(m) - off);
 }
 
@@ -447,7 +647,7 @@ void fy_rpc_reply(fy_rpc_call_t *c, const void *buf, size_t len)
     /* the reply is built before the request goes: buf may point into it */
     fy_rpc_server_t *s = c->s;
     fy_env_hdr_t h;
-    self_header(&s->auth, s->chan, FY_ENV_REPLY, &h);
+    self_header(&s->auth, s->chan, FY_ENV_REPLY, &c->from, &h);
     h.re_chan = c->re_chan;
     h.re_seq = c->re_seq;
     size_t hl = fy_env_header_bytes(&h);
@@ -458,7 +658,10 @@ void fy_rpc_reply(fy_rpc_call_t *c, const void *buf, size_t len)
         memcpy(body + hl, buf, len);
         h.seq = atomic_fetch_add(&s->seq, 1) + 1;
         h.ts_ms = fy_env_now_ms();
-        fy_env_seal(&s->auth.key, &h, body + hl, len, body);
+        if (!fy_env_seal_as(&s->auth, s->keys, &h, body + hl, len, body)) {
+            nng_msg_free(m);
+            rv = NNG_EPERM; /* a server without the deployment's secret cannot answer a client */
+        }
     }
     nng_msg_free(c->req);
     c->req = NULL;
@@ -516,7 +719,9 @@ fy_status_t fy_rpc_server_create(const char *url, int n_slots, const fy_env_auth
     s->auth = *auth;
     s->roles = roles;
     refusals_init(&s->refusals, "requests on", url);
-    if (!(s->chan = fy_env_random_id()) || fy_env_guard_create(SERVER_CHANNELS, fy_env_now_ms(), &s->guard)) {
+    if (!(s->chan = fy_env_random_id()) || fy_env_keys_create(&s->keys) ||
+        fy_env_guard_create(SERVER_CHANNELS, fy_env_now_ms(), &s->guard)) {
+        fy_env_keys_destroy(s->keys);
         refusals_destroy(&s->refusals);
         fy_env_auth_wipe(&s->auth);
         fy_free(s);
@@ -526,12 +731,17 @@ fy_status_t fy_rpc_server_create(const char *url, int n_slots, const fy_env_auth
     if (rv) {
         fy_error("rpc: cannot open a reply socket: %s", nng_strerror(rv));
         fy_env_guard_destroy(s->guard);
+        fy_env_keys_destroy(s->keys);
         refusals_destroy(&s->refusals);
         fy_env_auth_wipe(&s->auth);
         fy_free(s);
         return from_nng(rv);
     }
     nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, FY_RPC_MAX_MSG + FY_ENV_MAX_HEADER);
+    if (!(s->conns = conns_create(s->sock, "requests on", url, FY_RPC_SERVER_CONNS, FY_RPC_PENDING, FY_RPC_AUTH_S))) {
+        fy_rpc_server_destroy(s);
+        return FY_ERR_NOMEM;
+    }
     s->slots = fy_calloc((size_t)n_slots, sizeof(*s->slots));
     if (!s->slots) {
         fy_rpc_server_destroy(s);
@@ -565,7 +775,8 @@ void fy_rpc_server_destroy(fy_rpc_server_t *s)
     /* stopped slots run no callback afterwards and start nothing new */
     for (int i = 0; i < s->n_slots; i++)
         if (s->slots[i].aio) nng_aio_stop(s->slots[i].aio);
-    close_socket(s->sock, s->url);
+    conns_stop(s->conns);
+    conns_free(s->conns, close_socket(s->sock, s->url));
     for (int i = 0; i < s->n_slots; i++) {
         fy_rpc_call_t *c = &s->slots[i];
         if (c->aio) nng_aio_free(c->aio);
@@ -573,12 +784,21 @@ void fy_rpc_server_destroy(fy_rpc_server_t *s)
     }
     fy_free(s->slots);
     fy_env_guard_destroy(s->guard);
+    fy_env_keys_destroy(s->keys);
     refusals_destroy(&s->refusals);
     fy_env_auth_wipe(&s->auth);
     fy_free(s);
 }
 
 void fy_rpc_server_refused(fy_rpc_server_t *s, uint64_t out[FY_ENV_N_FAULTS]) { refusals_add(&s->refusals, out); }
+
+void fy_rpc_server_limit(fy_rpc_server_t *s, const fy_rpc_limits_t *l)
+{
+    nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, l->max_msg + FY_ENV_MAX_HEADER);
+    conns_set(s->conns, l->max_conns, l->max_pending, l->auth_s);
+}
+
+void fy_rpc_server_conns(fy_rpc_server_t *s, fy_rpc_conns_t *out) { conns_counts(s->conns, out); }
 
 /* ---- client ------------------------------------------------------------------------------------ */
 
@@ -602,10 +822,11 @@ void fy_rpc_server_refused(fy_rpc_server_t *s, uint64_t out[FY_ENV_N_FAULTS]) { 
 #define CLOSE_DRAIN_S 1.0 /* destroy waits this long for replies still on their way */
 
 typedef struct pending {
-    nng_msg *msg;
+    nng_msg *msg; /* the payload: the header goes in front when it is sent */
     double deadline;
     fy_rpc_reply_fn cb;
     void *arg;
+    bool hello;
     struct pending *next;
 } pending_t;
 
@@ -623,6 +844,7 @@ typedef struct cslot {
     bool waiting;   /* aio has an operation outstanding */
     bool timing;    /* timer is running */
     bool told;      /* the caller has had its answer */
+    bool hello;     /* the call asks the server who it is */
     double deadline;
     uint64_t seq; /* the request's sequence number: its reply must name it */
     fy_rpc_reply_fn cb;
@@ -639,8 +861,11 @@ struct fy_rpc_client {
     bool closing;  /* no new calls; calls still waiting were told FY_ERR_CANCELLED */
     bool stopping; /* no new operations: every outstanding one is being cancelled */
     fy_env_auth_t auth;
-    fy_env_hdr_t self; /* this client's request header, less sequence and time */
-    size_t hlen;       /* its bytes: each message keeps this much room in front */
+    fy_env_hdr_t self;  /* this client's request header, less receiver, sequence and time */
+    fy_env_peer_t peer; /* the server, as its answer to our hello named it */
+    bool peer_known;    /* else calls wait in held while a hello asks */
+    bool hello_busy;    /* a hello is on its way */
+    pending_t *held, *held_tail;
     atomic_uint_fast64_t seq;
     refusals_t refusals;
     char url[256];
@@ -653,8 +878,9 @@ static nng_duration ms_left(double deadline)
 }
 
 /* Gives slot k to a call (mu held). */
-static void slot_assign(cslot_t *k, double deadline, fy_rpc_reply_fn cb, void *arg)
+static void slot_assign(cslot_t *k, double deadline, fy_rpc_reply_fn cb, void *arg, bool hello)
 {
+    k->hello = hello;
     k->busy = true;
     k->receiving = false;
     k->waiting = true; /* from here on: slot_start sends, or ends the call */
@@ -700,7 +926,7 @@ static void cslot_release(cslot_t *k)
             return;
         }
         fy_status_t why = c->closing ? FY_ERR_CANCELLED : p->deadline <= mono_s() ? FY_ERR_TIMEOUT : FY_OK;
-        if (why == FY_OK) slot_assign(k, p->deadline, p->cb, p->arg);
+        if (why == FY_OK) slot_assign(k, p->deadline, p->cb, p->arg, p->hello);
         pthread_mutex_unlock(&c->mu);
         if (why == FY_OK) {
             slot_start(k, p->msg);
@@ -726,32 +952,43 @@ static void cslot_done(cslot_t *k, bool *which)
     if (idle) cslot_release(k);
 }
 
-/* Seals m (its payload behind hlen bytes of room) as the next request
- * and sends it on slot k, which slot_assign gave to this call. */
+/* Seals m (its payload) as the next request, to the server the hello
+ * named (a hello: to nobody yet), and sends it on slot k, which
+ * slot_assign gave to this call. */
 static void slot_start(cslot_t *k, nng_msg *m)
 {
     fy_rpc_client_t *c = k->c;
     /* sequence numbers go out in about the order they are taken: at most
      * CLIENT_SLOTS calls race, well inside the receiver's window */
     fy_env_hdr_t h = c->self;
+    pthread_mutex_lock(&c->mu);
+    if (k->hello)
+        h.kind = FY_ENV_HELLO;
+    else
+        h.to = c->peer;
+    pthread_mutex_unlock(&c->mu);
     h.seq = k->seq = atomic_fetch_add(&c->seq, 1) + 1;
     h.ts_ms = fy_env_now_ms();
-    uint8_t *body = nng_msg_body(m);
-    fy_env_seal(&c->auth.key, &h, body + c->hlen, nng_msg_len(m) - c->hlen, body);
+    uint8_t hdr[FY_ENV_MAX_HEADER];
+    fy_status_t st = FY_OK;
+    if (!fy_env_seal_as(&c->auth, NULL, &h, nng_msg_body(m), nng_msg_len(m), hdr))
+        st = FY_ERR_INTERNAL; /* a client always holds its own key */
+    else if (nng_msg_insert(m, hdr, fy_env_header_bytes(&h)))
+        st = FY_ERR_NOMEM;
     /* operations start under mu, so that none starts once destroy has
      * cancelled them all (nng 1.5 ignores an operation on a stopped aio
      * without a callback); nng completes them on its own threads */
     pthread_mutex_lock(&c->mu);
-    bool stopping = c->stopping;
-    if (!stopping) {
+    if (!st && c->stopping) st = FY_ERR_CANCELLED;
+    if (!st) {
         nng_aio_set_msg(k->aio, m);
         nng_aio_set_timeout(k->aio, ms_left(k->deadline));
         nng_ctx_send(k->ctx, k->aio);
     }
     pthread_mutex_unlock(&c->mu);
-    if (stopping) {
+    if (st) {
         nng_msg_free(m);
-        cslot_tell(k, FY_ERR_CANCELLED, NULL, 0);
+        cslot_tell(k, st, NULL, 0);
         cslot_done(k, &k->waiting);
     }
 }
@@ -771,11 +1008,18 @@ static fy_status_t cslot_check(cslot_t *k, nng_msg *m, const uint8_t **payload_p
     const uint8_t *body = nng_msg_body(m);
     size_t len = nng_msg_len(m), off;
     fy_env_hdr_t h;
-    fy_env_fault_t f = fy_env_open(&c->auth.key, body, len, &h, &off);
+    fy_env_fault_t f = fy_env_open_as(&c->auth, NULL, body, len, &h, &off);
     if (f) {
         fy_env_hdr_t r;
         if (fy_env_parse(body, len, &r, &off) == FY_ENV_OK && r.kind == FY_ENV_REFUSAL) {
-            /* the server could not authenticate our request: say why, once in a while */
+            /* the server could not authenticate our request: say why, once in a while.
+             * Not addressed to it: a router restarted (another incarnation) or
+             * another took its address; the next call asks who is there */
+            if (r.reason == FY_ENV_IDENTITY) {
+                pthread_mutex_lock(&c->mu);
+                c->peer_known = false;
+                pthread_mutex_unlock(&c->mu);
+            }
             uint64_t quiet;
             if (refusal_count(&c->refusals, r.reason, &quiet))
                 fy_error("rpc: %s refused our request: %s (does this process read the same kv.secret_file as "
@@ -789,6 +1033,13 @@ static fy_status_t cslot_check(cslot_t *k, nng_msg *m, const uint8_t **payload_p
     if (h.kind != FY_ENV_REPLY || h.role != FY_ROLE_ROUTER || h.re_chan != c->self.chan || h.re_seq != k->seq) {
         refused(&c->refusals, FY_ENV_IDENTITY, &h, "not a router's reply to this request");
         return FY_ERR_PEER;
+    }
+    if (k->hello) { /* the server's identity, authenticated: every request from now on names it */
+        pthread_mutex_lock(&c->mu);
+        c->peer = (fy_env_peer_t){.role = h.role, .inc = h.inc};
+        snprintf(c->peer.name, sizeof(c->peer.name), "%s", h.name);
+        c->peer_known = true;
+        pthread_mutex_unlock(&c->mu);
     }
     *payload_p = body + off;
     *len_p = len - off;
@@ -846,8 +1097,7 @@ fy_status_t fy_rpc_client_create(const char *url, const fy_env_auth_t *auth, fy_
     if (!c) return FY_ERR_NOMEM;
     snprintf(c->url, sizeof(c->url), "%s", url);
     c->auth = *auth;
-    self_header(auth, chan, FY_ENV_MSG, &c->self);
-    c->hlen = fy_env_header_bytes(&c->self);
+    self_header(auth, chan, FY_ENV_MSG, NULL, &c->self);
     refusals_init(&c->refusals, "replies from", url);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
@@ -892,6 +1142,8 @@ fy_status_t fy_rpc_client_create(const char *url, const fy_env_auth_t *auth, fy_
     return FY_OK;
 }
 
+static void end_calls(pending_t *p, fy_status_t st);
+
 static bool any_busy(fy_rpc_client_t *c)
 {
     for (int i = 0; i < c->n_slots; i++)
@@ -918,8 +1170,11 @@ void fy_rpc_client_destroy(fy_rpc_client_t *c)
         if (k->timing) nng_aio_cancel(k->timer);
         if (k->waiting && !k->receiving) nng_aio_cancel(k->aio);
     }
+    pending_t *held = c->held;
+    c->held = c->held_tail = NULL;
     pthread_mutex_unlock(&c->mu);
     for (int i = 0; i < n; i++) cbs[i](args[i], FY_ERR_CANCELLED, NULL, 0);
+    end_calls(held, FY_ERR_CANCELLED);
     /* replies to requests that went out may still come: let them arrive
      * rather than close the socket under them (see close_socket) */
     struct timespec ts;
@@ -962,19 +1217,23 @@ void fy_rpc_client_destroy(fy_rpc_client_t *c)
     fy_free(c);
 }
 
-fy_status_t fy_rpc_call_async(fy_rpc_client_t *c, const void *buf, size_t len, double timeout_s, fy_rpc_reply_fn cb,
-                              void *arg)
+/* Ends each call of a list with st (their messages freed). */
+static void end_calls(pending_t *p, fy_status_t st)
 {
-    if (len > FY_RPC_MAX_MSG) return FY_ERR_INVALID;
-    nng_msg *m = NULL; /* the header is written in front when the call goes out */
-    int rv = nng_msg_alloc(&m, c->hlen + len);
-    if (rv) {
-        fy_error("rpc: cannot build a call to %s: %s", c->url, nng_strerror(rv));
-        return from_nng(rv);
+    while (p) {
+        pending_t *next = p->next;
+        nng_msg_free(p->msg);
+        p->cb(p->arg, st, NULL, 0);
+        fy_free(p);
+        p = next;
     }
-    memcpy((uint8_t *)nng_msg_body(m) + c->hlen, buf, len);
-    double deadline = mono_s() + timeout_s;
-    pthread_mutex_lock(&c->mu);
+}
+
+/* Starts a call on a free slot, or queues it for the next one (mu held;
+ * releases it).  On an error m is freed and cb does not run. */
+static fy_status_t submit_locked(fy_rpc_client_t *c, nng_msg *m, double deadline, fy_rpc_reply_fn cb, void *arg,
+                                 bool hello)
+{
     if (c->closing) {
         pthread_mutex_unlock(&c->mu);
         nng_msg_free(m);
@@ -984,7 +1243,7 @@ fy_status_t fy_rpc_call_async(fy_rpc_client_t *c, const void *buf, size_t len, d
     for (int i = 0; i < c->n_slots && !k; i++)
         if (!c->slots[i].busy) k = &c->slots[i];
     if (k) {
-        slot_assign(k, deadline, cb, arg);
+        slot_assign(k, deadline, cb, arg, hello);
         pthread_mutex_unlock(&c->mu);
         slot_start(k, m);
         return FY_OK;
@@ -995,13 +1254,78 @@ fy_status_t fy_rpc_call_async(fy_rpc_client_t *c, const void *buf, size_t len, d
         nng_msg_free(m);
         return FY_ERR_NOMEM;
     }
-    *p = (pending_t){m, deadline, cb, arg, NULL};
+    *p = (pending_t){m, deadline, cb, arg, hello, NULL};
     if (c->tail)
         c->tail->next = p;
     else
         c->head = p;
     c->tail = p;
     pthread_mutex_unlock(&c->mu);
+    return FY_OK;
+}
+
+/* The hello's answer came (or not): the calls held for it go out to the
+ * server it named, or end with its status. */
+static void hello_done(void *arg, fy_status_t st, const void *reply, size_t len)
+{
+    (void)reply, (void)len;
+    fy_rpc_client_t *c = arg;
+    pthread_mutex_lock(&c->mu);
+    c->hello_busy = false;
+    bool known = c->peer_known;
+    pending_t *p = c->held;
+    c->held = c->held_tail = NULL;
+    pthread_mutex_unlock(&c->mu);
+    if (!known) {
+        end_calls(p, st ? st : FY_ERR_PEER);
+        return;
+    }
+    while (p) {
+        pending_t *next = p->next;
+        pthread_mutex_lock(&c->mu);
+        fy_status_t sst = submit_locked(c, p->msg, p->deadline, p->cb, p->arg, false);
+        if (sst) p->cb(p->arg, sst, NULL, 0);
+        fy_free(p);
+        p = next;
+    }
+}
+
+fy_status_t fy_rpc_call_async(fy_rpc_client_t *c, const void *buf, size_t len, double timeout_s, fy_rpc_reply_fn cb,
+                              void *arg)
+{
+    if (len > FY_RPC_MAX_MSG) return FY_ERR_INVALID;
+    nng_msg *m = NULL, *hm = NULL; /* the header is put in front when the call goes out */
+    int rv = nng_msg_alloc(&m, len);
+    if (rv) {
+        fy_error("rpc: cannot build a call to %s: %s", c->url, nng_strerror(rv));
+        return from_nng(rv);
+    }
+    memcpy(nng_msg_body(m), buf, len);
+    double deadline = mono_s() + timeout_s;
+    pthread_mutex_lock(&c->mu);
+    if (c->peer_known || c->closing) return submit_locked(c, m, deadline, cb, arg, false);
+    /* whom to address it to is not known yet: it waits while a hello asks */
+    pending_t *p = fy_calloc(1, sizeof(*p));
+    bool ask = p && !c->hello_busy;
+    if (ask && nng_msg_alloc(&hm, 0)) ask = false, fy_free(p), p = NULL;
+    if (!p) {
+        pthread_mutex_unlock(&c->mu);
+        nng_msg_free(m);
+        return FY_ERR_NOMEM;
+    }
+    *p = (pending_t){m, deadline, cb, arg, false, NULL};
+    if (c->held_tail)
+        c->held_tail->next = p;
+    else
+        c->held = p;
+    c->held_tail = p;
+    if (!ask) {
+        pthread_mutex_unlock(&c->mu);
+        return FY_OK;
+    }
+    c->hello_busy = true;
+    fy_status_t st = submit_locked(c, hm, deadline, hello_done, c, true);
+    if (st) hello_done(c, st, NULL, 0);
     return FY_OK;
 }
 
@@ -1084,16 +1408,17 @@ static void push_pipe_removed(nng_pipe pipe, nng_pipe_ev ev, void *arg)
 
 bool fy_push_connected(fy_push_t *p) { return atomic_load(&p->pipes) > 0; }
 
-fy_status_t fy_push_create(const char *url, int queue, const fy_env_auth_t *auth, fy_push_t **p_p)
+fy_status_t fy_push_create(const char *url, int queue, const fy_env_auth_t *auth, const fy_env_peer_t *to,
+                           fy_push_t **p_p)
 {
-    if (!auth) return FY_ERR_INVALID;
+    if (!auth || !to || !to->role || !to->name[0]) return FY_ERR_INVALID;
     uint64_t chan = fy_env_random_id();
     if (!chan) return FY_ERR_INTERNAL;
     fy_push_t *p = fy_calloc(1, sizeof(*p));
     if (!p) return FY_ERR_NOMEM;
     snprintf(p->url, sizeof(p->url), "%s", url);
     p->auth = *auth;
-    self_header(auth, chan, FY_ENV_MSG, &p->self);
+    self_header(auth, chan, FY_ENV_MSG, to, &p->self);
     p->hlen = fy_env_header_bytes(&p->self);
     int rv = nng_push0_open(&p->sock);
     if (rv) {
@@ -1140,8 +1465,11 @@ fy_status_t fy_push_send(fy_push_t *p, const void *buf, size_t len)
         pthread_mutex_lock(&p->mu);
         h.seq = ++p->seq;
         h.ts_ms = fy_env_now_ms();
-        fy_env_seal(&p->auth.key, &h, body + p->hlen, len, body);
-        if ((rv = nng_sendmsg(p->sock, m, NNG_FLAG_NONBLOCK))) nng_msg_free(m);
+        if (!fy_env_seal_as(&p->auth, NULL, &h, body + p->hlen, len, body))
+            rv = NNG_EPERM; /* a client's credentials push nothing */
+        else
+            rv = nng_sendmsg(p->sock, m, NNG_FLAG_NONBLOCK);
+        if (rv) nng_msg_free(m);
         pthread_mutex_unlock(&p->mu);
     }
     if (rv) {
@@ -1174,6 +1502,8 @@ struct fy_pull {
     void *arg;
     atomic_bool closing;
     fy_env_auth_t auth;
+    fy_env_keys_t *keys; /* the senders' keys, derived once */
+    conns_t *conns;      /* its connections before they authenticate */
     unsigned roles;
     fy_env_guard_t *guard;
     refusals_t refusals;
@@ -1187,9 +1517,11 @@ static void pull_cb(void *arg)
         nng_msg *m = nng_aio_get_msg(p->aio);
         fy_env_hdr_t h;
         size_t off;
-        if (open_incoming(&p->auth.key, p->guard, p->roles, &p->refusals, nng_msg_body(m), nng_msg_len(m), &h, &off) ==
-            FY_ENV_OK)
+        if (open_incoming(&p->auth, p->keys, p->guard, p->roles, false, &p->refusals, nng_msg_body(m), nng_msg_len(m),
+                          &h, &off) == FY_ENV_OK) {
+            conns_authed(p->conns, m);
             p->fn(p->arg, &h, (const uint8_t *)nng_msg_body(m) + off, nng_msg_len(m) - off);
+        }
         nng_msg_free(m);
     } else if (rv == NNG_ECLOSED || atomic_load(&p->closing)) {
         return;
@@ -1200,6 +1532,7 @@ static void pull_cb(void *arg)
 static void pull_free(fy_pull_t *p)
 {
     fy_env_guard_destroy(p->guard);
+    fy_env_keys_destroy(p->keys);
     refusals_destroy(&p->refusals);
     fy_env_auth_wipe(&p->auth);
     fy_free(p);
@@ -1216,7 +1549,7 @@ fy_status_t fy_pull_create(const char *url, const fy_env_auth_t *auth, unsigned 
     p->auth = *auth;
     p->roles = roles;
     refusals_init(&p->refusals, "messages on", url);
-    if (fy_env_guard_create(PULL_CHANNELS, fy_env_now_ms(), &p->guard)) {
+    if (fy_env_keys_create(&p->keys) || fy_env_guard_create(PULL_CHANNELS, fy_env_now_ms(), &p->guard)) {
         pull_free(p);
         return FY_ERR_NOMEM;
     }
@@ -1227,14 +1560,23 @@ fy_status_t fy_pull_create(const char *url, const fy_env_auth_t *auth, unsigned 
         return from_nng(rv);
     }
     nng_socket_set_size(p->sock, NNG_OPT_RECVMAXSZ, FY_RPC_MAX_MSG + FY_ENV_MAX_HEADER);
+    if (!(p->conns = conns_create(p->sock, "messages on", url, FY_RPC_PULL_CONNS, FY_RPC_PENDING, FY_RPC_AUTH_S))) {
+        nng_close(p->sock);
+        pull_free(p);
+        return FY_ERR_NOMEM;
+    }
     if ((rv = nng_aio_alloc(&p->aio, pull_cb, p))) {
+        conns_stop(p->conns);
+        conns_free(p->conns, true);
         nng_close(p->sock);
         pull_free(p);
         return from_nng(rv);
     }
     fy_status_t st = listen_on(p->sock, url, "event stream");
     if (st) {
+        conns_stop(p->conns);
         nng_close(p->sock);
+        conns_free(p->conns, true);
         nng_aio_free(p->aio);
         pull_free(p);
         return st;
@@ -1249,7 +1591,8 @@ void fy_pull_destroy(fy_pull_t *p)
     if (!p) return;
     atomic_store(&p->closing, true);
     nng_aio_stop(p->aio);
-    close_socket(p->sock, "an event stream");
+    conns_stop(p->conns);
+    conns_free(p->conns, close_socket(p->sock, "an event stream"));
     nng_aio_free(p->aio);
     pull_free(p);
 }
@@ -1260,3 +1603,11 @@ void fy_pull_refuse(fy_pull_t *p, const fy_env_hdr_t *from, const char *why)
 }
 
 void fy_pull_refused(fy_pull_t *p, uint64_t out[FY_ENV_N_FAULTS]) { refusals_add(&p->refusals, out); }
+
+void fy_pull_limit(fy_pull_t *p, const fy_rpc_limits_t *l)
+{
+    nng_socket_set_size(p->sock, NNG_OPT_RECVMAXSZ, l->max_msg + FY_ENV_MAX_HEADER);
+    conns_set(p->conns, l->max_conns, l->max_pending, l->auth_s);
+}
+
+void fy_pull_conns(fy_pull_t *p, fy_rpc_conns_t *out) { conns_counts(p->conns, out); }

@@ -44,6 +44,30 @@
 const char *fy_rpc_nng_version(void);
 bool fy_rpc_nng_fixed(void);
 
+/* A listening socket's limits before authentication (rpc.c, "a listening
+ * socket's connections"): a frame longer than max_msg payload bytes
+ * closes its connection before nng allocates it; at most max_conns
+ * connections at once, of which at most max_pending not authenticated
+ * yet (0: no cap), one more is closed as it arrives; a connection that
+ * has not delivered an authenticated message auth_s seconds after
+ * connecting is closed (0: never).  Defaults: FY_RPC_MAX_MSG,
+ * FY_RPC_SERVER_CONNS or FY_RPC_PULL_CONNS, FY_RPC_PENDING, FY_RPC_AUTH_S. */
+typedef struct fy_rpc_limits {
+    size_t max_msg;
+    int max_conns, max_pending;
+    double auth_s;
+} fy_rpc_limits_t;
+
+#define FY_RPC_SERVER_CONNS 512 /* clients of one router's port at once */
+#define FY_RPC_PULL_CONNS 256   /* senders to one event stream at once */
+#define FY_RPC_PENDING 32       /* connections of a socket not authenticated yet */
+#define FY_RPC_AUTH_S 10.0      /* seconds a new connection has to authenticate */
+
+/* A listening socket's connections: open now, closed over the cap, closed past the deadline. */
+typedef struct fy_rpc_conns {
+    uint64_t open, over_cap, late;
+} fy_rpc_conns_t;
+
 /* Which sender roles a receiving socket takes: a mask of 1u << fy_env_role_t. */
 #define FY_RPC_FROM(role) (1u << (role))
 
@@ -68,6 +92,9 @@ fy_status_t fy_rpc_server_create(const char *url, int n_slots, const fy_env_auth
 void fy_rpc_server_destroy(fy_rpc_server_t *s); /* accepts NULL */
 /* Adds the requests refused so far, by fault, to out. */
 void fy_rpc_server_refused(fy_rpc_server_t *s, uint64_t out[FY_ENV_N_FAULTS]);
+/* Sets the server's limits (new connections and frames get them). */
+void fy_rpc_server_limit(fy_rpc_server_t *s, const fy_rpc_limits_t *l);
+void fy_rpc_server_conns(fy_rpc_server_t *s, fy_rpc_conns_t *out);
 
 /* Sends the reply (copied); the call is gone afterwards. */
 void fy_rpc_reply(fy_rpc_call_t *call, const void *buf, size_t len);
@@ -92,7 +119,12 @@ typedef struct fy_rpc_client fy_rpc_client_t;
 typedef void (*fy_rpc_reply_fn)(void *arg, fy_status_t st, const void *reply, size_t len);
 
 /* Dials url in the background; calls made before the peer is up wait for
- * it until their timeout.  Replies are taken from a router role only. */
+ * it until their timeout.  Replies are taken from a router role only.
+ * The first call asks the server who it is (a hello, answered by its
+ * socket) and the calls made meanwhile wait for the answer; every request
+ * then names that server (role, name, incarnation), so no other server
+ * takes it.  A refusal as "identity" (the router restarted, or another
+ * took the address) makes the next call ask again. */
 fy_status_t fy_rpc_client_create(const char *url, const fy_env_auth_t *auth, fy_rpc_client_t **c_p);
 /* Ends every outstanding call (callback with FY_ERR_CANCELLED) first,
  * then lets replies to requests already sent, timed-out ones included,
@@ -113,8 +145,11 @@ fy_status_t fy_rpc_call(fy_rpc_client_t *c, const void *buf, size_t len, double 
 typedef struct fy_push fy_push_t;
 typedef struct fy_pull fy_pull_t;
 
-/* Dials url; up to queue messages wait while the peer is slow or away. */
-fy_status_t fy_push_create(const char *url, int queue, const fy_env_auth_t *auth, fy_push_t **p_p);
+/* Dials url; up to queue messages wait while the peer is slow or away.
+ * Each is addressed to "to" (its role and name; inc 0: any incarnation),
+ * and the receiver takes only what is addressed to itself. */
+fy_status_t fy_push_create(const char *url, int queue, const fy_env_auth_t *auth, const fy_env_peer_t *to,
+                           fy_push_t **p_p);
 void fy_push_destroy(fy_push_t *p); /* accepts NULL */
 /* Never blocks: FY_ERR_NO_SPACE when the queue is full (counted, logged once). */
 fy_status_t fy_push_send(fy_push_t *p, const void *buf, size_t len);
@@ -137,5 +172,8 @@ void fy_pull_destroy(fy_pull_t *p); /* accepts NULL; no callback runs after it r
 void fy_pull_refuse(fy_pull_t *p, const fy_env_hdr_t *from, const char *why);
 /* Adds the messages refused so far, by fault, to out. */
 void fy_pull_refused(fy_pull_t *p, uint64_t out[FY_ENV_N_FAULTS]);
+/* Sets the stream's limits (new connections and frames get them). */
+void fy_pull_limit(fy_pull_t *p, const fy_rpc_limits_t *l);
+void fy_pull_conns(fy_pull_t *p, fy_rpc_conns_t *out);
 
 #endif /* FY_RPC_H */

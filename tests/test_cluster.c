@@ -36,6 +36,8 @@
 
 #define VOCAB 49152
 
+static const fy_env_peer_t TO_ROUTER = {.role = FY_ROLE_ROUTER, .name = "router"}; /* a cluster without etcd */
+
 static void make_prompt(int32_t *p, int32_t n, uint64_t seed)
 {
     for (int32_t i = 0; i < n; i++) p[i] = 100 + (int32_t)(fy_test_rand_u64(&seed) % 40000);
@@ -736,7 +738,9 @@ static void test_garbage_everywhere(void **state)
         /* workers take commands from a router; the router takes events from a worker */
         fy_env_auth_t worker_auth;
         assert_int_equal(fy_cluster_auth_file(c.secret, FY_ROLE_DECODE, "decode-0", 0, &worker_auth), FY_OK);
-        assert_int_equal(fy_push_create(urls[u], 256, u ? &router_auth : &worker_auth, &p), FY_OK);
+        fy_env_peer_t to[3] = {
+            {FY_ROLE_ROUTER, "router", 0}, {FY_ROLE_PREFILL, "prefill-0", 0}, {FY_ROLE_DECODE, "decode-0", 0}};
+        assert_int_equal(fy_push_create(urls[u], 256, u ? &router_auth : &worker_auth, &to[u], &p), FY_OK);
         for (int k = 0; k < 100; k++) {
             size_t n = 1 + fy_test_rand_u64(&seed) % sizeof(junk);
             for (size_t i = 0; i < n; i++) junk[i] = (unsigned char)fy_test_rand_u64(&seed);
@@ -864,7 +868,7 @@ static void test_forged_messages(void **state)
     static const uint8_t other[32] = "not this deployment's secret...";
     assert_int_equal(fy_env_auth_init(&wrong, other, sizeof(other), FY_ROLE_DECODE, "evil-wrongkey", 0), FY_OK);
     n = load_report("evil-wrongkey", wrong.inc, s0.model, listen, payload, sizeof(payload));
-    n = fy_test_seal(&wrong, 5, 1, 0, payload, n, msg);
+    n = fy_test_seal(&wrong, &TO_ROUTER, 5, 1, 0, payload, n, msg);
     assert_int_equal(nng_send(ev, msg, n, 0), 0);
     want[FY_ENV_MAC]++;
     /* 3. the positive control: the right secret joins (as an incompatible
@@ -873,7 +877,7 @@ static void test_forged_messages(void **state)
     fy_env_auth_t good;
     assert_int_equal(fy_cluster_auth_file(c.secret, FY_ROLE_DECODE, "evil-ok", 0, &good), FY_OK);
     n = load_report("evil-ok", good.inc, "not-this-model", listen, payload, sizeof(payload));
-    size_t n_ok = fy_test_seal(&good, 6, 1, 0, payload, n, msg);
+    size_t n_ok = fy_test_seal(&good, &TO_ROUTER, 6, 1, 0, payload, n, msg);
     memcpy(copy, msg, n_ok);
     assert_int_equal(nng_send(ev, msg, n_ok, 0), 0);
     double t0 = tc_now();
@@ -887,7 +891,7 @@ static void test_forged_messages(void **state)
     want[FY_ENV_REPLAY]++;
     /* 5. the same report with one byte altered (the worker's name inside) */
     n = load_report("evil-ok", good.inc, "not-this-model", listen, payload, sizeof(payload));
-    n = fy_test_seal(&good, 6, 2, 0, payload, n, msg);
+    n = fy_test_seal(&good, &TO_ROUTER, 6, 2, 0, payload, n, msg);
     char *at = memmem(msg, n, "evil-ok", 7);
     assert_non_null(at);
     at = memmem(at + 7, n - (size_t)(at + 7 - (char *)msg), "evil-ok", 7); /* the payload's, after the header's */
@@ -897,14 +901,14 @@ static void test_forged_messages(void **state)
     want[FY_ENV_MAC]++;
     /* 6. authentic, but in the name of the real decode worker */
     n = load_report(names[0], 12345, s0.model, listen, payload, sizeof(payload));
-    n = fy_test_seal(&good, 6, 3, 0, payload, n, msg);
+    n = fy_test_seal(&good, &TO_ROUTER, 6, 3, 0, payload, n, msg);
     assert_int_equal(nng_send(ev, msg, n, 0), 0);
     want[FY_ENV_IDENTITY]++;
     /* 7. authentic, but a client's: clients do not send events */
     fy_env_auth_t client;
     assert_int_equal(fy_cluster_auth_file(c.secret, FY_ROLE_CLIENT, "evil-client", 0, &client), FY_OK);
     n = load_report("evil-client", client.inc, s0.model, listen, payload, sizeof(payload));
-    n = fy_test_seal(&client, 7, 1, 0, payload, n, msg);
+    n = fy_test_seal(&client, &TO_ROUTER, 7, 1, 0, payload, n, msg);
     assert_int_equal(nng_send(ev, msg, n, 0), 0);
     want[FY_ENV_IDENTITY]++;
     wait_refused(&c, s0.refused_messages, want, &s);

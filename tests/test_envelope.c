@@ -51,14 +51,16 @@ static void test_seal_open(void **state)
     (void)state;
     fy_env_auth_t a = auth_of(SECRET, FY_ROLE_DECODE, "decode-0");
     fy_env_auth_t b = auth_of(SECRET, FY_ROLE_ROUTER, "router");
-    assert_memory_equal(a.key.k, b.key.k, FY_ENV_KEY_BYTES); /* one secret, one key */
+    assert_memory_equal(a.ctl.k, b.ctl.k, FY_ENV_KEY_BYTES);     /* one secret, one control-plane key */
+    assert_memory_not_equal(a.key.k, b.key.k, FY_ENV_KEY_BYTES); /* a key per identity */
     assert_true(a.inc != 0 && a.inc != b.inc);
     uint8_t buf[512];
     fy_env_hdr_t h = hdr_of(&a, FY_ENV_MSG, 77, 5, fy_env_now_ms());
+    h.to = (fy_env_peer_t){.role = FY_ROLE_ROUTER, .name = "router"};
     size_t n = seal(&a, &h, "a load report", buf);
     fy_env_hdr_t got;
     size_t off;
-    assert_int_equal(fy_env_open(&b.key, buf, n, &got, &off), FY_ENV_OK);
+    assert_int_equal(fy_env_open_as(&b, NULL, buf, n, &got, &off), FY_ENV_OK);
     assert_int_equal(got.kind, FY_ENV_MSG);
     assert_int_equal(got.role, FY_ROLE_DECODE);
     assert_string_equal(got.name, "decode-0");
@@ -67,14 +69,15 @@ static void test_seal_open(void **state)
     assert_memory_equal(buf + off, "a load report", n - off);
     /* an empty payload is a message too */
     n = seal(&a, &h, "", buf);
-    assert_int_equal(fy_env_open(&b.key, buf, n, &got, &off), FY_ENV_OK);
+    assert_int_equal(fy_env_open_as(&b, NULL, buf, n, &got, &off), FY_ENV_OK);
     assert_int_equal(off, n);
     /* a reply names the request it answers */
     fy_env_hdr_t r = hdr_of(&b, FY_ENV_REPLY, 9, 1, fy_env_now_ms());
+    r.to = (fy_env_peer_t){.role = FY_ROLE_DECODE, .name = "decode-0", .inc = a.inc};
     r.re_chan = 77;
     r.re_seq = 5;
     n = seal(&b, &r, "events", buf);
-    assert_int_equal(fy_env_open(&a.key, buf, n, &got, &off), FY_ENV_OK);
+    assert_int_equal(fy_env_open_as(&a, NULL, buf, n, &got, &off), FY_ENV_OK);
     assert_int_equal(got.kind, FY_ENV_REPLY);
     assert_true(got.re_chan == 77 && got.re_seq == 5);
     fy_env_auth_wipe(&a);
@@ -170,6 +173,161 @@ static void test_names_and_keys(void **state)
     fy_env_hdr_t r = hdr_of(&a, FY_ENV_REPLY, 1, 1, 1);
     assert_true(fy_env_header_bytes(&r) <= FY_ENV_MAX_HEADER);
     fy_env_auth_wipe(&a);
+}
+
+/* Issue 32 item 3: keys per identity.  A client holds only its own key
+ * (what `ferry key --client` writes): with it, it cannot speak as a
+ * router, a worker or another client, nor read what is between a router
+ * and another client.  The deployment's secret (what every client held
+ * before) could do all of it: the controls below. */
+static void test_identity_keys(void **state)
+{
+    (void)state;
+    fy_env_auth_t router = auth_of(SECRET, FY_ROLE_ROUTER, "router");
+    fy_env_auth_t decode = auth_of(SECRET, FY_ROLE_DECODE, "decode-0");
+    fy_env_key_t k;
+    fy_env_identity_key(&router.ctl, FY_ROLE_CLIENT, "mallory", &k);
+    fy_env_auth_t mallory;
+    assert_int_equal(fy_env_auth_client(&mallory, &k, "mallory", 0), FY_OK);
+    assert_false(mallory.master);
+    fy_env_auth_t root = auth_of(SECRET, FY_ROLE_CLIENT, "mallory"); /* the secret in a client's hands */
+    assert_memory_equal(root.key.k, k.k, FY_ENV_KEY_BYTES);          /* the same identity key */
+    uint8_t buf[512];
+    fy_env_hdr_t got;
+    size_t off;
+    const fy_env_peer_t to_router = {.role = FY_ROLE_ROUTER, .name = "router"};
+    const fy_env_peer_t to_decode = {.role = FY_ROLE_DECODE, .name = "decode-0"};
+    /* as itself, to the router: taken */
+    fy_env_hdr_t h = hdr_of(&mallory, FY_ENV_MSG, 5, 1, fy_env_now_ms());
+    h.to = to_router;
+    size_t hl = fy_env_header_bytes(&h);
+    assert_true(fy_env_seal_as(&mallory, NULL, &h, buf + hl, 0, buf));
+    assert_int_equal(fy_env_open_as(&router, NULL, buf, hl, &got, &off), FY_ENV_OK);
+    /* as a router to a worker (a release, a reserve), as a worker to the
+     * router (a load report, a fake decode worker), as another client (its
+     * polls and cancels): the client key has none of those keys */
+    struct {
+        int role;
+        const char *name;
+        const fy_env_peer_t *to;
+        const fy_env_auth_t *rx;
+    } forged[] = {{FY_ROLE_ROUTER, "router", &to_decode, &decode},
+                  {FY_ROLE_DECODE, "decode-0", &to_router, &router},
+                  {FY_ROLE_DECODE, "fake-decode", &to_router, &router},
+                  {FY_ROLE_CLIENT, "alice", &to_router, &router}};
+    for (size_t i = 0; i < sizeof(forged) / sizeof(forged[0]); i++) {
+        fy_env_hdr_t f = h;
+        f.role = forged[i].role;
+        snprintf(f.name, sizeof(f.name), "%s", forged[i].name);
+        f.to = *forged[i].to;
+        hl = fy_env_header_bytes(&f);
+        assert_false(fy_env_seal_as(&mallory, NULL, &f, buf + hl, 0, buf)); /* no such key */
+        fy_env_seal(&mallory.key, &f, buf + hl, 0, buf);                    /* its own, then */
+        assert_int_equal(fy_env_open_as(forged[i].rx, NULL, buf, hl, &got, &off), FY_ENV_MAC);
+        /* the control: the secret forges it */
+        assert_true(fy_env_seal_as(&root, NULL, &f, buf + hl, 0, buf));
+        assert_int_equal(fy_env_open_as(forged[i].rx, NULL, buf, hl, &got, &off), FY_ENV_OK);
+    }
+    /* a reply from the router to alice: mallory cannot open it */
+    fy_env_hdr_t r = hdr_of(&router, FY_ENV_REPLY, 9, 1, fy_env_now_ms());
+    r.to = (fy_env_peer_t){.role = FY_ROLE_CLIENT, .name = "alice", .inc = 7};
+    hl = fy_env_header_bytes(&r);
+    memcpy(buf + hl, "tokens", 6);
+    assert_true(fy_env_seal_as(&router, NULL, &r, buf + hl, 6, buf));
+    assert_int_equal(fy_env_open_as(&mallory, NULL, buf, hl + 6, &got, &off), FY_ENV_MAC);
+    /* the key table gives what derivation gives, for many identities */
+    fy_env_keys_t *keys;
+    assert_int_equal(fy_env_keys_create(&keys), FY_OK);
+    for (int i = 0; i < 600; i++) {
+        fy_env_hdr_t c = hdr_of(&mallory, FY_ENV_MSG, 5, 1, 1);
+        snprintf(c.name, sizeof(c.name), "client-%d", i % 300);
+        fy_env_key_t a, b;
+        assert_true(fy_env_key_of(&router, keys, &c, &a));
+        fy_env_identity_key(&router.ctl, FY_ROLE_CLIENT, c.name, &b);
+        assert_memory_equal(a.k, b.k, FY_ENV_KEY_BYTES);
+    }
+    fy_env_keys_destroy(keys);
+    fy_env_auth_wipe(&router);
+    fy_env_auth_wipe(&decode);
+    fy_env_auth_wipe(&mallory);
+    fy_env_auth_wipe(&root);
+}
+
+/* Issue 32 item 4: a message names its receiver; another receiver (other
+ * name, or the same name in another incarnation) refuses it as identity. */
+static void test_receiver_binding(void **state)
+{
+    (void)state;
+    fy_env_auth_t a, b, a2;
+    assert_int_equal(fy_env_auth_init(&a, SECRET, 32, FY_ROLE_ROUTER, "router-a", 11), FY_OK);
+    assert_int_equal(fy_env_auth_init(&b, SECRET, 32, FY_ROLE_ROUTER, "router-b", 12), FY_OK);
+    assert_int_equal(fy_env_auth_init(&a2, SECRET, 32, FY_ROLE_ROUTER, "router-a", 13), FY_OK); /* restarted */
+    fy_env_auth_t cl = auth_of(SECRET, FY_ROLE_CLIENT, "client");
+    uint8_t buf[512];
+    fy_env_hdr_t got;
+    size_t off;
+    fy_env_hdr_t h = hdr_of(&cl, FY_ENV_MSG, 5, 1, fy_env_now_ms());
+    h.to = (fy_env_peer_t){.role = FY_ROLE_ROUTER, .name = "router-a", .inc = 11};
+    size_t n = seal(&cl, &h, "generate", buf);
+    assert_int_equal(fy_env_open_as(&a, NULL, buf, n, &got, &off), FY_ENV_OK);
+    assert_int_equal(fy_env_open_as(&b, NULL, buf, n, &got, &off), FY_ENV_IDENTITY);
+    assert_int_equal(fy_env_open_as(&a2, NULL, buf, n, &got, &off), FY_ENV_IDENTITY);
+    /* inc 0: any incarnation of that name (the workers' pushes) */
+    h.to.inc = 0;
+    n = seal(&cl, &h, "generate", buf);
+    assert_int_equal(fy_env_open_as(&a2, NULL, buf, n, &got, &off), FY_ENV_OK);
+    assert_int_equal(fy_env_open_as(&b, NULL, buf, n, &got, &off), FY_ENV_IDENTITY);
+    /* to nobody: only a hello, which carries nothing */
+    memset(&h.to, 0, sizeof(h.to));
+    n = seal(&cl, &h, "generate", buf);
+    assert_int_equal(fy_env_open_as(&a, NULL, buf, n, &got, &off), FY_ENV_IDENTITY);
+    h.kind = FY_ENV_HELLO;
+    n = seal(&cl, &h, "", buf);
+    assert_int_equal(fy_env_open_as(&a, NULL, buf, n, &got, &off), FY_ENV_OK);
+    assert_int_equal(got.kind, FY_ENV_HELLO);
+    n = seal(&cl, &h, "x", buf); /* a hello with a payload does not parse */
+    assert_int_equal(fy_env_parse(buf, n, &got, &off), FY_ENV_FORMAT);
+    h.kind = FY_ENV_MSG; /* a name without a role, an incarnation without a name: not a header */
+    h.to.inc = 5;
+    n = seal(&cl, &h, "", buf);
+    assert_int_equal(fy_env_parse(buf, n, &got, &off), FY_ENV_FORMAT);
+    fy_env_auth_wipe(&a);
+    fy_env_auth_wipe(&b);
+    fy_env_auth_wipe(&a2);
+    fy_env_auth_wipe(&cl);
+}
+
+static void test_keyfile(void **state)
+{
+    (void)state;
+    fy_env_key_t k, got;
+    for (int i = 0; i < FY_ENV_KEY_BYTES; i++) k.k[i] = (uint8_t)(i * 37 + 1);
+    char text[FY_ENV_KEYFILE_MAX], name[FY_ENV_NAME_MAX + 1];
+    size_t n = fy_env_keyfile_format("alice", &k, text, sizeof(text));
+    assert_true(n > 0 && n <= FY_ENV_KEYFILE_MAX);
+    assert_int_equal(strncmp(text, FY_ENV_KEYFILE_MAGIC "alice ", strlen(FY_ENV_KEYFILE_MAGIC) + 6), 0);
+    assert_int_equal(fy_env_keyfile_parse(text, n, name, &got), FY_OK);
+    assert_string_equal(name, "alice");
+    assert_memory_equal(got.k, k.k, FY_ENV_KEY_BYTES);
+    assert_int_equal(fy_env_keyfile_parse(text, n - 1, name, &got), FY_OK); /* the newline is optional */
+    char alt[FY_ENV_KEYFILE_MAX + 2];
+    for (size_t i = 0; i + 1 < n; i++) { /* any byte changed to a space, an upper-case digit, a NUL: refused */
+        const char subs[3] = {' ', 'A', 0};
+        for (int j = 0; j < 3; j++) {
+            memcpy(alt, text, n);
+            if (alt[i] == subs[j] ||
+                (i >= strlen(FY_ENV_KEYFILE_MAGIC) && i < strlen(FY_ENV_KEYFILE_MAGIC) + 5 && subs[j] == 'A'))
+                continue; /* 'A' is a fine letter of a name */
+            alt[i] = subs[j];
+            assert_int_equal(fy_env_keyfile_parse(alt, n, name, &got), FY_ERR_FORMAT);
+        }
+    }
+    memcpy(alt, text, n);
+    alt[n] = '\n'; /* two newlines */
+    assert_int_equal(fy_env_keyfile_parse(alt, n + 1, name, &got), FY_ERR_FORMAT);
+    assert_int_equal(fy_env_keyfile_parse("ferry-client-key 1 ", 19, name, &got), FY_ERR_FORMAT);
+    assert_int_equal(fy_env_keyfile_format("has space", &k, text, sizeof(text)), 0);
+    assert_int_equal(fy_env_keyfile_format("alice", &k, text, 40), 0);
 }
 
 static fy_env_hdr_t at(uint64_t chan, uint64_t seq, uint64_t ts)
@@ -279,9 +437,15 @@ static void test_forgetting(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_seal_open),     cmocka_unit_test(test_forged_and_altered),
-        cmocka_unit_test(test_refusal),       cmocka_unit_test(test_names_and_keys),
-        cmocka_unit_test(test_replay_window), cmocka_unit_test(test_times),
+        cmocka_unit_test(test_seal_open),
+        cmocka_unit_test(test_identity_keys),
+        cmocka_unit_test(test_receiver_binding),
+        cmocka_unit_test(test_keyfile),
+        cmocka_unit_test(test_forged_and_altered),
+        cmocka_unit_test(test_refusal),
+        cmocka_unit_test(test_names_and_keys),
+        cmocka_unit_test(test_replay_window),
+        cmocka_unit_test(test_times),
         cmocka_unit_test(test_forgetting),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

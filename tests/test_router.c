@@ -34,6 +34,9 @@
 #include "testutil.h"
 #include "wire.h"
 
+/* without etcd there is one router, named "router" (worker/node.c addresses it so) */
+static const fy_env_peer_t TO_ROUTER = {.role = FY_ROLE_ROUTER, .name = "router"};
+
 static void make_prompt(int32_t *p, int32_t n, uint64_t seed)
 {
     for (int32_t i = 0; i < n; i++) p[i] = 100 + (int32_t)(fy_test_rand_u64(&seed) % 40000);
@@ -106,7 +109,7 @@ static void test_churn_forgets_gone_workers(void **state)
         for (int k = 0; k < CHURN_BATCH; k++) {
             snprintf(names[k], sizeof(names[k]), "pod-%d", b * CHURN_BATCH + k);
             assert_int_equal(fy_cluster_auth_file(c.secret, FY_ROLE_DECODE, names[k], 0, &auth[k]), FY_OK);
-            assert_int_equal(fy_push_create(c.events_url, 16, &auth[k], &push[k]), FY_OK);
+            assert_int_equal(fy_push_create(c.events_url, 16, &auth[k], &TO_ROUTER, &push[k]), FY_OK);
         }
         /* each pod reports (of another model: nothing is placed there) until the router lists it */
         double t0 = tc_now();
@@ -221,7 +224,7 @@ static void deaf_start(deaf_t *d, tc_cluster_t *c, const char *model, bool slow)
     assert_int_equal(fy_cluster_auth_file(c->secret, FY_ROLE_DECODE, d->name, 0, &d->auth), FY_OK);
     assert_int_equal(fy_pull_create(d->listen, &d->auth, FY_RPC_FROM(FY_ROLE_ROUTER), deaf_command, d, &d->cmds),
                      FY_OK);
-    assert_int_equal(fy_push_create(c->events_url, 64, &d->auth, &d->events), FY_OK);
+    assert_int_equal(fy_push_create(c->events_url, 64, &d->auth, &TO_ROUTER, &d->events), FY_OK);
     assert_int_equal(pthread_create(&d->th, NULL, deaf_main, d), 0);
 }
 

@@ -10,10 +10,13 @@
  * nng linked is one without the push socket's use-after-free (>= 1.6),
  * whose closes do not hang while messages are in flight.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -32,6 +35,7 @@ static const uint8_t SECRET[32] = "test_rpc's deployment secret...";
 static const uint8_t OTHER[32] = "somebody else's secret.........";
 
 static fy_env_auth_t AUTH_CLIENT, AUTH_ROUTER, AUTH_DECODE, AUTH_WRONG;
+static const fy_env_peer_t TO_ROUTER = {.role = FY_ROLE_ROUTER, .name = "router"}; /* AUTH_ROUTER's identity */
 
 #define FROM_CLIENT FY_RPC_FROM(FY_ROLE_CLIENT)
 #define FROM_WORKERS (FY_RPC_FROM(FY_ROLE_PREFILL) | FY_RPC_FROM(FY_ROLE_DECODE))
@@ -239,7 +243,7 @@ static void test_push_pull(void **state)
     sink_t k = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .last = -1, .in_order = true};
     /* the pusher may come first: messages wait in its queue */
     fy_push_t *p;
-    assert_int_equal(fy_push_create(u, 1024, &AUTH_DECODE, &p), FY_OK);
+    assert_int_equal(fy_push_create(u, 1024, &AUTH_DECODE, &TO_ROUTER, &p), FY_OK);
     assert_false(fy_push_connected(p)); /* nobody listens yet */
     for (int i = 0; i < 100; i++) assert_int_equal(fy_push_send(p, &i, sizeof(i)), FY_OK);
     fy_pull_t *q;
@@ -343,11 +347,11 @@ static void test_server_refuses(void **state)
     size_t n = raw_call(sk, "hello", 5, rep, sizeof(rep));
     expect_refusal(rep, n, FY_ENV_FORMAT);
     /* sealed with another deployment's secret */
-    n = fy_test_seal(&AUTH_WRONG, 11, 1, 0, "hello", 5, msg);
+    n = fy_test_seal(&AUTH_WRONG, &TO_ROUTER, 11, 1, 0, "hello", 5, msg);
     n = raw_call(sk, msg, n, rep, sizeof(rep));
     expect_refusal(rep, n, FY_ENV_MAC);
     /* the real thing: answered, as a router, bound to this request */
-    size_t m1 = fy_test_seal(&AUTH_CLIENT, 11, 1, 0, "hello", 5, msg);
+    size_t m1 = fy_test_seal(&AUTH_CLIENT, &TO_ROUTER, 11, 1, 0, "hello", 5, msg);
     n = raw_call(sk, msg, m1, rep, sizeof(rep));
     fy_env_hdr_t h;
     size_t off;
@@ -361,7 +365,7 @@ static void test_server_refuses(void **state)
     n = raw_call(sk, msg, m1, rep, sizeof(rep));
     expect_refusal(rep, n, FY_ENV_REPLAY);
     /* one byte of the payload altered; the unaltered message still goes (the forgery used up nothing) */
-    size_t m2 = fy_test_seal(&AUTH_CLIENT, 11, 2, 0, "hellp", 5, msg);
+    size_t m2 = fy_test_seal(&AUTH_CLIENT, &TO_ROUTER, 11, 2, 0, "hellp", 5, msg);
     memcpy(alt, msg, m2);
     alt[m2 - 1] ^= 1;
     n = raw_call(sk, alt, m2, rep, sizeof(rep));
@@ -369,11 +373,11 @@ static void test_server_refuses(void **state)
     n = raw_call(sk, msg, m2, rep, sizeof(rep));
     assert_int_equal(fy_env_open(&AUTH_CLIENT.key, rep, n, &h, &off), FY_ENV_OK);
     /* a role this server does not take */
-    n = fy_test_seal(&AUTH_DECODE, 12, 1, 0, "hello", 5, msg);
+    n = fy_test_seal(&AUTH_DECODE, &TO_ROUTER, 12, 1, 0, "hello", 5, msg);
     n = raw_call(sk, msg, n, rep, sizeof(rep));
     expect_refusal(rep, n, FY_ENV_IDENTITY);
     /* a first message of a new channel, ten minutes old */
-    n = fy_test_seal(&AUTH_CLIENT, 13, 1, fy_env_now_ms() - 600000, "hello", 5, msg);
+    n = fy_test_seal(&AUTH_CLIENT, &TO_ROUTER, 13, 1, fy_env_now_ms() - 600000, "hello", 5, msg);
     n = raw_call(sk, msg, n, rep, sizeof(rep));
     expect_refusal(rep, n, FY_ENV_STALE);
     fy_test_log_end();
@@ -446,11 +450,11 @@ static void test_pull_refuses(void **state)
     nng_socket sk = raw_dial(u, false);
     uint8_t m1[256], m2[256], alt[256], x[256];
     int one = 1, two = 2, bad = 99;
-    size_t n1 = fy_test_seal(&AUTH_DECODE, 21, 1, 0, &one, sizeof(int), m1);
-    size_t n2 = fy_test_seal(&AUTH_DECODE, 21, 2, 0, &two, sizeof(int), m2);
+    size_t n1 = fy_test_seal(&AUTH_DECODE, &TO_ROUTER, 21, 1, 0, &one, sizeof(int), m1);
+    size_t n2 = fy_test_seal(&AUTH_DECODE, &TO_ROUTER, 21, 2, 0, &two, sizeof(int), m2);
     fy_test_log_begin();
     assert_int_equal(nng_send(sk, "junk", 4, 0), 0); /* format */
-    size_t n = fy_test_seal(&AUTH_WRONG, 22, 1, 0, &bad, sizeof(int), x);
+    size_t n = fy_test_seal(&AUTH_WRONG, &TO_ROUTER, 22, 1, 0, &bad, sizeof(int), x);
     assert_int_equal(nng_send(sk, x, n, 0), 0);   /* mac */
     assert_int_equal(nng_send(sk, m1, n1, 0), 0); /* delivered */
     assert_int_equal(nng_send(sk, m1, n1, 0), 0); /* replay */
@@ -458,14 +462,14 @@ static void test_pull_refuses(void **state)
     alt[7] ^= 0x20;                                /* the sender's name: "Decode-0" */
     assert_int_equal(nng_send(sk, alt, n2, 0), 0); /* mac */
     assert_int_equal(nng_send(sk, m2, n2, 0), 0);  /* delivered */
-    n = fy_test_seal(&AUTH_CLIENT, 23, 1, 0, &bad, sizeof(int), x);
+    n = fy_test_seal(&AUTH_CLIENT, &TO_ROUTER, 23, 1, 0, &bad, sizeof(int), x);
     assert_int_equal(nng_send(sk, x, n, 0), 0); /* identity: a client */
-    n = fy_test_seal(&AUTH_DECODE, 24, 1, fy_env_now_ms() + 3600000, &bad, sizeof(int), x);
+    n = fy_test_seal(&AUTH_DECODE, &TO_ROUTER, 24, 1, fy_env_now_ms() + 3600000, &bad, sizeof(int), x);
     assert_int_equal(nng_send(sk, x, n, 0), 0); /* stale: from the future */
     wait_values(&k, q, 2, 6);
     fy_env_hdr_t who;
     size_t off;
-    assert_int_equal(fy_env_open(&AUTH_ROUTER.key, m1, n1, &who, &off), FY_ENV_OK);
+    assert_int_equal(fy_env_open_as(&AUTH_ROUTER, NULL, m1, n1, &who, &off), FY_ENV_OK);
     fy_pull_refuse(q, &who, "the test says so"); /* the owner's refusal counts too */
     fy_test_log_end();
     assert_int_equal(k.n, 2);
@@ -486,6 +490,168 @@ static void test_pull_refuses(void **state)
     fy_pull_destroy(q);
 }
 
+/* Issue 32 item 4: a generate captured on its way to router A and
+ * replayed to router B (same deployment, within the freshness window) was
+ * taken by B.  Now it names A (role, name, incarnation): B refuses it as
+ * identity, and A still takes it once.  A client learns whom it talks to
+ * with a hello, so clients of A and of B both work. */
+static void test_receiver_binding(void **state)
+{
+    (void)state;
+    fy_env_auth_t a, b;
+    assert_int_equal(fy_env_auth_init(&a, SECRET, sizeof(SECRET), FY_ROLE_ROUTER, "router-a", 0), FY_OK);
+    assert_int_equal(fy_env_auth_init(&b, SECRET, sizeof(SECRET), FY_ROLE_ROUTER, "router-b", 0), FY_OK);
+    srv_t sa = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    srv_t sb = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    fy_rpc_server_t *A, *B;
+    char ua[160], ub[160];
+    snprintf(ua, sizeof(ua), "ipc://%s/bind-a", fy_test_tmpdir());
+    snprintf(ub, sizeof(ub), "ipc://%s/bind-b", fy_test_tmpdir());
+    assert_int_equal(fy_rpc_server_create(ua, 4, &a, FROM_CLIENT, handler, &sa, &A), FY_OK);
+    assert_int_equal(fy_rpc_server_create(ub, 4, &b, FROM_CLIENT, handler, &sb, &B), FY_OK);
+    /* real clients of each: a hello, then calls addressed to that router */
+    fy_rpc_client_t *ca, *cb;
+    assert_int_equal(fy_rpc_client_create(ua, &AUTH_CLIENT, &ca), FY_OK);
+    assert_int_equal(fy_rpc_client_create(ub, &AUTH_CLIENT, &cb), FY_OK);
+    void *rep;
+    size_t rl;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(fy_rpc_call(ca, "hello", 5, 5.0, &rep, &rl), FY_OK);
+        fy_free(rep);
+        assert_int_equal(fy_rpc_call(cb, "hello", 5, 5.0, &rep, &rl), FY_OK);
+        fy_free(rep);
+    }
+    /* a generate for A, as the client seals it, captured */
+    fy_env_peer_t to_a = {.role = FY_ROLE_ROUTER, .name = "router-a", .inc = a.inc};
+    uint8_t msg[512], rep2[512];
+    size_t m = fy_test_seal(&AUTH_CLIENT, &to_a, 41, 1, 0, "hello", 5, msg);
+    nng_socket ska = raw_dial(ua, true), skb = raw_dial(ub, true);
+    fy_test_log_begin();
+    int taken_by_b = 0;
+    for (int i = 0; i < 3; i++) { /* replayed to B 3 times: refused each time */
+        size_t n = raw_call(skb, msg, m, rep2, sizeof(rep2));
+        fy_env_hdr_t h;
+        size_t off;
+        if (fy_env_parse(rep2, n, &h, &off) == FY_ENV_OK && h.kind == FY_ENV_REFUSAL)
+            assert_int_equal(h.reason, FY_ENV_IDENTITY);
+        else
+            taken_by_b++;
+    }
+    fy_test_log_end();
+    print_message("a generate captured for router A, replayed to router B: %d of 3 taken\n", taken_by_b);
+    assert_int_equal(taken_by_b, 0);
+    assert_true(fy_test_log_has("bind-b", "addressed to another receiver", NULL));
+    size_t n = raw_call(ska, msg, m, rep2, sizeof(rep2)); /* A takes it */
+    fy_env_hdr_t h;
+    size_t off;
+    assert_int_equal(fy_env_open_as(&AUTH_CLIENT, NULL, rep2, n, &h, &off), FY_ENV_OK);
+    assert_string_equal(h.name, "router-a");
+    uint64_t r[FY_ENV_N_FAULTS] = {0};
+    fy_rpc_server_refused(B, r);
+    assert_int_equal(r[FY_ENV_IDENTITY], 3);
+    nng_close(ska);
+    nng_close(skb);
+    fy_rpc_client_destroy(ca);
+    fy_rpc_client_destroy(cb);
+    fy_rpc_server_destroy(A);
+    fy_rpc_server_destroy(B);
+    fy_env_auth_wipe(&a);
+    fy_env_auth_wipe(&b);
+}
+
+/* ---- pre-authentication memory (issue 32 item 5) ---- */
+
+static void close_all(int *fds, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (fds[i] >= 0) close(fds[i]), fds[i] = -1;
+}
+
+/* 40 connections each announcing an 8 MiB frame (its bytes all sent but
+ * the last) grew the router 20 -> 340 MiB: nng allocated every frame's
+ * announced size before anything was checked, with no cap on connections
+ * and no deadline.  With a receive limit sized to the port's largest
+ * message, a cap and a deadline: frames over the limit close their
+ * connection before anything is allocated, connections over the cap are
+ * closed as they come, and the rest are closed at the deadline.  The
+ * control (the old socket: 8 MiB, no cap, no deadline) runs last. */
+static void test_preauth_memory(void **state)
+{
+    (void)state;
+    enum { N = 40 };
+    int fds[N];
+    srv_t sv = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    fy_rpc_server_t *srv;
+    char u[200];
+    snprintf(u, sizeof(u), "ipc://%s/preauth", fy_test_tmpdir());
+    const char *path = u + 6;
+    assert_int_equal(fy_rpc_server_create(u, 8, &AUTH_ROUTER, FROM_CLIENT, handler, &sv, &srv), FY_OK);
+    fy_rpc_limits_t lim = {.max_msg = 2u << 20, .max_conns = 64, .max_pending = 16, .auth_s = 1.0};
+    fy_rpc_server_limit(srv, &lim);
+    fy_test_log_begin();
+    long r0 = fy_test_rss_kib(0);
+    /* 1. 8 MiB frames: over the limit, refused before any allocation */
+    for (int i = 0; i < N; i++) fds[i] = fy_test_hold_frame(path, 0x30, (8u << 20) - 1, (8u << 20) - 2);
+    usleep(300000);
+    long big = fy_test_rss_kib(0) - r0;
+    int open_big = fy_test_still_open(fds, N);
+    close_all(fds, N);
+    /* 2. frames under the limit (2 MiB less a little), held: at most the cap stay, until the deadline */
+    usleep(300000);
+    r0 = fy_test_rss_kib(0);
+    for (int i = 0; i < N; i++) fds[i] = fy_test_hold_frame(path, 0x30, (2u << 20) - 4096, (2u << 20) - 4097);
+    usleep(300000);
+    long held = fy_test_rss_kib(0) - r0;
+    int open_held = fy_test_still_open(fds, N);
+    fy_rpc_conns_t cs;
+    fy_rpc_server_conns(srv, &cs);
+    double t0 = mono();
+    while (fy_test_still_open(fds, N) && mono() - t0 < 5) usleep(50000);
+    int open_late = fy_test_still_open(fds, N);
+    double t_late = mono() - t0;
+    close_all(fds, N);
+    /* a real client still gets through afterwards */
+    fy_rpc_client_t *c;
+    assert_int_equal(fy_rpc_client_create(u, &AUTH_CLIENT, &c), FY_OK);
+    void *rep;
+    size_t rl;
+    assert_int_equal(fy_rpc_call(c, "hello", 5, 5.0, &rep, &rl), FY_OK);
+    fy_free(rep);
+    fy_rpc_client_destroy(c);
+    fy_rpc_server_destroy(srv);
+    fy_test_log_end();
+    print_message("after: %d connections announcing 8 MiB: %d held open, RSS +%ld KiB; announcing 2 MiB: %d held "
+                  "open (cap 16; %llu closed over it), RSS +%ld KiB, all closed %.1f s later (deadline 1 s): %d "
+                  "open\n",
+                  N, open_big, big, open_held, (unsigned long long)cs.over_cap, held, t_late, open_late);
+    assert_int_equal(open_big, 0);
+    assert_true(big < 16 * 1024);
+    assert_true(open_held <= 16);
+    assert_true(cs.over_cap >= N - 16);
+    assert_true(held < (16 * 2 + 16) * 1024);
+    assert_int_equal(open_late, 0);
+    assert_true(fy_test_log_has("over the cap", NULL));
+    assert_true(fy_test_log_has("past the deadline", NULL));
+
+    /* the control: the socket as it was (8 MiB, no cap, no deadline) */
+    snprintf(u, sizeof(u), "ipc://%s/preauth-old", fy_test_tmpdir());
+    assert_int_equal(fy_rpc_server_create(u, 8, &AUTH_ROUTER, FROM_CLIENT, handler, &sv, &srv), FY_OK);
+    fy_rpc_limits_t old = {.max_msg = FY_RPC_MAX_MSG, .max_conns = 0, .max_pending = 0, .auth_s = 0};
+    fy_rpc_server_limit(srv, &old);
+    r0 = fy_test_rss_kib(0);
+    enum { NC = 20 };
+    for (int i = 0; i < NC; i++) fds[i] = fy_test_hold_frame(u + 6, 0x30, (8u << 20) - 1, (8u << 20) - 2);
+    usleep(500000);
+    long before = fy_test_rss_kib(0) - r0;
+    int open_before = fy_test_still_open(fds, NC);
+    close_all(fds, NC);
+    fy_rpc_server_destroy(srv);
+    print_message("before (the old socket): %d connections announcing 8 MiB: %d held open, RSS +%ld KiB\n", NC,
+                  open_before, before);
+    assert_int_equal(open_before, NC);
+    assert_true(before > NC * 4 * 1024); /* the control shows what the limits prevent */
+}
+
 /* A raw reply server: answers each request as its payload says. */
 typedef struct raw_srv {
     nng_socket sk;
@@ -504,7 +670,7 @@ static void *raw_srv_main(void *arg)
         size_t off;
         uint8_t out[512];
         size_t n = 0;
-        if (fy_env_open(&AUTH_ROUTER.key, m, len, &h, &off) == FY_ENV_OK) {
+        if (fy_env_open_as(&AUTH_ROUTER, NULL, m, len, &h, &off) == FY_ENV_OK) {
             char what[16] = "";
             snprintf(what, sizeof(what), "%.*s", (int)(len - off), (const char *)m + off);
             const fy_env_auth_t *me = !strcmp(what, "wrongrole") ? &AUTH_DECODE : &AUTH_ROUTER;
@@ -513,20 +679,26 @@ static void *raw_srv_main(void *arg)
             rh.kind = FY_ENV_REPLY;
             rh.role = me->role;
             snprintf(rh.name, sizeof(rh.name), "%s", me->name);
+            rh.to = (fy_env_peer_t){.role = h.role, .inc = h.inc};
+            snprintf(rh.to.name, sizeof(rh.to.name), "%s", h.name);
             rh.inc = me->inc;
             rh.chan = 77;
             rh.seq = (uint64_t)++r->served;
             rh.ts_ms = fy_env_now_ms();
             rh.re_chan = h.chan;
             rh.re_seq = h.seq + !strcmp(what, "wrongseq");
-            if (!strcmp(what, "junk")) {
+            if (h.kind == FY_ENV_HELLO) { /* who we are: a plain reply, always */
+                size_t hl = fy_env_header_bytes(&rh);
+                assert_true(fy_env_seal_as(&AUTH_ROUTER, NULL, &rh, out + hl, 0, out));
+                n = hl;
+            } else if (!strcmp(what, "junk")) {
                 memcpy(out, "junk", 4), n = 4;
             } else if (!strcmp(what, "refuse")) {
                 n = fy_env_refusal(&rh, FY_ENV_MAC, out, sizeof(out));
             } else {
                 size_t hl = fy_env_header_bytes(&rh);
                 memcpy(out + hl, "fine", 4);
-                fy_env_seal(&me->key, &rh, out + hl, 4, out);
+                assert_true(fy_env_seal_as(me, NULL, &rh, out + hl, 4, out));
                 n = hl + 4;
             }
         }
@@ -587,7 +759,7 @@ static void test_many_threads_one_socket(void **state)
     fy_pull_t *q;
     assert_int_equal(fy_pull_create(u, &AUTH_ROUTER, FROM_WORKERS, on_value, &k, &q), FY_OK);
     fy_push_t *p;
-    assert_int_equal(fy_push_create(u, 256, &AUTH_DECODE, &p), FY_OK);
+    assert_int_equal(fy_push_create(u, 256, &AUTH_DECODE, &TO_ROUTER, &p), FY_OK);
     pthread_t t[THREADS];
     pusher_t w[THREADS];
     for (int i = 0; i < THREADS; i++) {
@@ -673,7 +845,8 @@ static void *churn_pusher(void *arg)
     memset(buf, 'x', sizeof(buf));
     while (!atomic_load(&c->stop)) {
         fy_push_t *p;
-        if (fy_push_create(c->url, 64, &AUTH_DECODE, &p) != FY_OK) { /* cmocka asserts only on its own thread */
+        if (fy_push_create(c->url, 64, &AUTH_DECODE, &TO_ROUTER, &p) !=
+            FY_OK) { /* cmocka asserts only on its own thread */
             atomic_fetch_add(&c->failed, 1);
             break;
         }
@@ -777,6 +950,8 @@ int main(void)
         cmocka_unit_test(test_push_pull),
         cmocka_unit_test(test_error_messages),
         cmocka_unit_test(test_server_refuses),
+        cmocka_unit_test(test_receiver_binding),
+        cmocka_unit_test(test_preauth_memory),
         cmocka_unit_test(test_pull_refuses),
         cmocka_unit_test(test_client_checks_replies),
         cmocka_unit_test(test_many_threads_one_socket),

@@ -1276,6 +1276,85 @@ static char *ref_section(const char *text, size_t *len_p)
     return (char *)a;
 }
 
+/* Issue 32 item 5: a socket's receive limit comes from fy_wire_max_bytes:
+ * a message with every field at its largest must fit under it (or the
+ * limit would refuse real traffic), and the generation parameters at
+ * their limits fit FY_WIRE_GEN_MAX_BYTES. */
+static void test_max_bytes(void **state)
+{
+    (void)state;
+    static fy_wire_generate_t g;
+    fy_wire_generate_init(&g);
+    fy_genspec_t *gs = &g.gen;
+    gs->max_tokens = INT32_MAX;
+    gs->n_stop = FY_GEN_MAX_STOP;
+    for (int i = 0; i < FY_GEN_MAX_STOP; i++) memset(gs->stop[i], 'x', FY_GEN_STOP_LEN);
+    gs->n_logit_bias = FY_GEN_MAX_LOGIT_BIAS;
+    for (int i = 0; i < FY_GEN_MAX_LOGIT_BIAS; i++) gs->logit_bias_id[i] = INT32_MAX - i, gs->logit_bias[i] = -99.5f;
+    gs->n_stop_ids = FY_GEN_MAX_STOP_IDS;
+    for (int i = 0; i < FY_GEN_MAX_STOP_IDS; i++) gs->stop_ids[i] = INT32_MAX - i;
+    gs->grammar_kind = FY_GEN_GRAMMAR_REGEX;
+    gs->grammar_len = FY_GEN_MAX_GRAMMAR;
+    memset(gs->grammar, 'a', FY_GEN_MAX_GRAMMAR);
+    gs->n_bad = FY_GEN_MAX_BAD_SEQS;
+    for (int i = 0; i < FY_GEN_MAX_BAD_SEQS; i++) gs->bad_lens[i] = FY_GEN_MAX_BAD_TOKENS / FY_GEN_MAX_BAD_SEQS;
+    for (int i = 0; i < FY_GEN_MAX_BAD_TOKENS; i++) gs->bad_ids[i] = INT32_MAX - i;
+    gs->presence_penalty = gs->frequency_penalty = 1.5f;
+    gs->repetition_penalty = 3.25f;
+    gs->priority = -FY_GEN_PRIORITY_MAX;
+    gs->kv_budget = FY_GEN_KV_BUDGET_MAX;
+    gs->logprobs = gs->prompt_logprobs = gs->ignore_eos = true;
+    gs->top_logprobs = FY_GEN_MAX_TOP_LOGPROBS;
+    gs->prompt_top = FY_GEN_MAX_PROMPT_LOGPROBS;
+    gs->sampling.temperature = 99.5f;
+    gs->sampling.top_k = FY_GEN_TOP_K_MAX;
+    gs->sampling.top_p = 0.999f;
+    gs->sampling.min_p = 0.999f;
+    gs->sampling.seed = UINT64_MAX;
+    fy_msgw_t w;
+    fy_msgw_init(&w, "g");
+    fy_genspec_write(&w, gs);
+    void *buf;
+    size_t len;
+    assert_int_equal(fy_msgw_finish(&w, &buf, &len), FY_OK);
+    print_message("generation parameters at their limits: %zu bytes (bound %d)\n", len, FY_WIRE_GEN_MAX_BYTES);
+    assert_true(len <= FY_WIRE_GEN_MAX_BYTES);
+    fy_free(buf);
+    /* a generate at its largest: 1 MiB of prompt and of system text */
+    char *text = fy_malloc(FY_WIRE_MAX_PROMPT_BYTES);
+    assert_non_null(text);
+    memset(text, 'p', FY_WIRE_MAX_PROMPT_BYTES);
+    g.prompt = text, g.prompt_len = FY_WIRE_MAX_PROMPT_BYTES;
+    g.chat = true;
+    g.system = text, g.system_len = FY_WIRE_MAX_PROMPT_BYTES;
+    g.deadline_s = 86400;
+    fy_msgw_init(&w, "generate");
+    fy_wire_generate_write(&w, &g);
+    assert_int_equal(fy_msgw_finish(&w, &buf, &len), FY_OK);
+    fy_wire_lim_t lim = {.max_prompt = 32768};
+    size_t bound = fy_wire_max_bytes(&fy_wire_generate_schema, &lim);
+    print_message("a generate at its largest: %zu bytes; the bound %zu\n", len, bound);
+    assert_true(len <= bound);
+    assert_true(bound < 3u << 20); /* and the bound is not the 8 MiB of old */
+    fy_free(buf);
+    /* and a prompt of max_prompt token ids, each at its widest */
+    g.prompt = NULL, g.prompt_len = 0;
+    g.has_tokens = true;
+    g.n_tokens = 32768;
+    g.tokens = fy_malloc(sizeof(int32_t) * 32768);
+    for (int i = 0; i < 32768; i++) g.tokens[i] = INT32_MAX;
+    fy_msgw_init(&w, "generate");
+    fy_wire_generate_write(&w, &g);
+    assert_int_equal(fy_msgw_finish(&w, &buf, &len), FY_OK);
+    assert_true(len <= bound);
+    fy_free(buf);
+    fy_free(g.tokens);
+    fy_free(text);
+    /* the routes: every message of a route fits its route's bound */
+    static const char *const c2r[] = {"client → router"};
+    assert_int_equal(fy_wire_max_route(c2r, 1, &lim), bound);
+}
+
 static void test_protocol_md(void **state)
 {
     size_t len;
@@ -1376,6 +1455,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_reader_bounds),      cmocka_unit_test(test_presets_kept),
         cmocka_unit_test(test_alloc_failure),      cmocka_unit_test(test_schema_sanity),
         cmocka_unit_test(test_protocol_md),        cmocka_unit_test(test_fuzz_dict),
+        cmocka_unit_test(test_max_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,12 +2,16 @@
 #include "testutil.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -182,20 +186,85 @@ float fy_test_rand_uniform(uint64_t *s)
     return (float)((fy_test_rand_u64(s) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
 }
 
-size_t fy_test_seal(const fy_env_auth_t *a, uint64_t chan, uint64_t seq, uint64_t ts_ms, const void *payload,
-                    size_t len, uint8_t *out)
+size_t fy_test_seal(const fy_env_auth_t *a, const fy_env_peer_t *to, uint64_t chan, uint64_t seq, uint64_t ts_ms,
+                    const void *payload, size_t len, uint8_t *out)
 {
     fy_env_hdr_t h;
     memset(&h, 0, sizeof(h));
     h.kind = FY_ENV_MSG;
     h.role = a->role;
     snprintf(h.name, sizeof(h.name), "%s", a->name);
+    if (to) h.to = *to;
     h.inc = a->inc;
     h.chan = chan;
     h.seq = seq;
     h.ts_ms = ts_ms ? ts_ms : fy_env_now_ms();
     size_t hl = fy_env_header_bytes(&h);
     memmove(out + hl, payload, len);
-    fy_env_seal(&a->key, &h, out + hl, len, out);
+    /* the key the receiver expects; a client forging for another identity has only its own */
+    if (!fy_env_seal_as(a, NULL, &h, out + hl, len, out)) fy_env_seal(&a->key, &h, out + hl, len, out);
     return hl + len;
+}
+
+long fy_test_rss_kib(int pid)
+{
+    char path[64];
+    if (pid)
+        snprintf(path, sizeof(path), "/proc/%d/status", pid);
+    else
+        snprintf(path, sizeof(path), "/proc/self/status");
+    FILE *f = fopen(path, "r");
+    char line[256];
+    long kib = -1;
+    while (f && fgets(line, sizeof(line), f))
+        if (!strncmp(line, "VmRSS:", 6)) kib = strtol(line + 6, NULL, 10);
+    if (f) fclose(f);
+    return kib;
+}
+
+int fy_test_hold_frame(const char *path, int proto, uint64_t announced, size_t sent)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    struct timeval tv = {.tv_sec = 2};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    uint8_t hello[8] = {0, 'S', 'P', 0, (uint8_t)(proto >> 8), (uint8_t)proto, 0, 0}; /* the SP header */
+    uint8_t peer[8];
+    if (send(fd, hello, 8, MSG_NOSIGNAL) != 8 || recv(fd, peer, 8, MSG_WAITALL) != 8) {
+        close(fd);
+        return -1;
+    }
+    uint8_t hdr[9] = {1}; /* ipc: a message, then its length */
+    for (int i = 0; i < 8; i++) hdr[1 + i] = (uint8_t)(announced >> (56 - 8 * i));
+    if (send(fd, hdr, 9, MSG_NOSIGNAL) != 9) {
+        close(fd);
+        return -1;
+    }
+    static uint8_t junk[1 << 16];
+    memset(junk, 0x5a, sizeof(junk));
+    for (size_t done = 0; done < sent;) {
+        size_t n = sent - done < sizeof(junk) ? sent - done : sizeof(junk);
+        ssize_t w = send(fd, junk, n, MSG_NOSIGNAL);
+        if (w <= 0) break; /* closed on us: the frame was refused */
+        done += (size_t)w;
+    }
+    return fd;
+}
+
+int fy_test_still_open(const int *fds, int n)
+{
+    int open = 0;
+    for (int i = 0; i < n; i++) {
+        if (fds[i] < 0) continue;
+        char b;
+        ssize_t r = recv(fds[i], &b, 1, MSG_DONTWAIT);
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) open++;
+    }
+    return open;
 }

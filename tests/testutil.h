@@ -44,11 +44,24 @@ bool fy_test_write_file(const char *path, const void *data, size_t len);
 uint64_t fy_test_rand_u64(uint64_t *state);
 float fy_test_rand_uniform(uint64_t *state); /* [-1, 1) */
 
-/* payload as identity a sends it on channel chan as its seq-th message,
- * sealed at ts_ms (0: now), into out (payload may lie in out); the
- * envelope's length.  For tests that forge, replay and misaddress. */
+/* payload as identity a sends it to "to" (NULL: nobody) on channel chan
+ * as its seq-th message, sealed at ts_ms (0: now) with the key the
+ * receiver expects (a's own when a cannot have that one), into out
+ * (payload may lie in out); the envelope's length.  For tests that
+ * forge, replay and misaddress. */
+/* VmRSS of process pid (0: this one) in KiB; -1 if unknown. */
+long fy_test_rss_kib(int pid);
+/* An nng ipc connection to path that says it is a peer of SP protocol
+ * proto (0x30 req0, 0x50 push0) and announces a frame of announced bytes,
+ * sending up to sent of them: what an attacker holds open.  Its socket,
+ * or -1 when refused at once. */
+int fy_test_hold_frame(const char *path, int proto, uint64_t announced, size_t sent);
+/* How many of fds the far end still holds open (a closed one reads EOF). */
+int fy_test_still_open(const int *fds, int n);
+
 struct fy_env_auth;
-size_t fy_test_seal(const struct fy_env_auth *a, uint64_t chan, uint64_t seq, uint64_t ts_ms, const void *payload,
-                    size_t len, uint8_t *out);
+struct fy_env_peer;
+size_t fy_test_seal(const struct fy_env_auth *a, const struct fy_env_peer *to, uint64_t chan, uint64_t seq,
+                    uint64_t ts_ms, const void *payload, size_t len, uint8_t *out);
 
 #endif /* FY_TESTUTIL_H */

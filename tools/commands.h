@@ -27,5 +27,6 @@ int fy_cmd_bench_gpu(int argc, char **argv);
 int fy_cmd_cmp_devices(int argc, char **argv);
 int fy_cmd_chaos(int argc, char **argv);
 int fy_cmd_config(int argc, char **argv);
+int fy_cmd_key(int argc, char **argv);
 
 #endif /* FY_COMMANDS_H */

@@ -491,6 +491,7 @@ static void usage(FILE *f)
                "  plan       how much KV cache fits a memory budget\n"
                "  chaos      kill a local cluster's processes under load and check nothing is lost\n"
                "  config     print a configuration as the processes read it, or check one\n"
+               "  key        write a client's key file (it speaks as that client only)\n"
                "run 'ferry COMMAND --help' for a command's options; 'ferry --version' names the nng linked\n");
 }
 
@@ -519,6 +520,7 @@ static const struct {
     {"serve", fy_cmd_serve},
     {"chaos", fy_cmd_chaos},
     {"config", fy_cmd_config},
+    {"key", fy_cmd_key},
 };
 
 int main(int argc, char **argv)

@@ -23,13 +23,15 @@ static void on_sigint(int sig) { interrupted = 1; }
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: ferry request [-c CONFIG] [-r ADDR] [--secret FILE] (-p PROMPT | -f FILE) [options]\n"
-            "       ferry request [-c CONFIG] [-r ADDR] [--secret FILE] --status\n"
+            "usage: ferry request [-c CONFIG] [-r ADDR] [--key FILE] (-p PROMPT | -f FILE) [options]\n"
+            "       ferry request [-c CONFIG] [-r ADDR] [--key FILE] --status\n"
             "  -c, --config FILE     take the router's address and the secret's path from a cluster's configuration\n"
             "  -r, --router ADDR     the router's client address (default router.listen, or tcp://127.0.0.1:7400);\n"
             "                        ADDR,ADDR...: several routers of one cluster (cluster.etcd), tried in turn\n"
             "                        while one cannot be reached or goes away before the answer began\n"
-            "      --secret FILE     the deployment's secret, which authenticates every call (default\n"
+            "      --key FILE        this client's key file (`ferry key --client NAME` writes it), which\n"
+            "                        authenticates every call as that client and nothing else\n"
+            "      --secret FILE     the deployment's secret instead (the operator's: it speaks for anyone; default\n"
             "                        kv.secret_file, or RUN_DIR/kv.secret as `ferry serve` makes it: run/kv.secret)\n"
             "  -p, --prompt TEXT     the prompt\n"
             "  -f, --file PATH       read the prompt from a file\n"
@@ -80,7 +82,9 @@ static int request_on(const char *router, const char *secret, double call_timeou
     fy_client_req_t req = *reqp;
     fy_client_t *cl;
     if (fy_client_create(router, secret, call_timeout, &cl) != FY_OK) {
-        fprintf(stderr, "ferry: request: cannot use the secret %s (see above); give --secret FILE or -c CONFIG\n",
+        fprintf(stderr,
+                "ferry: request: cannot use the key or secret %s (see above); give --key FILE, --secret FILE or -c "
+                "CONFIG\n",
                 secret);
         return 1;
     }
@@ -163,7 +167,8 @@ int fy_cmd_request(int argc, char **argv)
         O_PRIO,
         O_TIMEOUT,
         O_STATUS,
-        O_SECRET
+        O_SECRET,
+        O_KEY
     };
     static const struct option opts[] = {
         {"router", required_argument, 0, 'r'},
@@ -186,6 +191,7 @@ int fy_cmd_request(int argc, char **argv)
         {"help", no_argument, 0, 'h'},
         {"config", required_argument, 0, 'c'},
         {"secret", required_argument, 0, O_SECRET},
+        {"key", required_argument, 0, O_KEY},
         {0, 0, 0, 0},
     };
     const char *router = NULL, *file = NULL, *secret = NULL, *config = NULL;
@@ -201,7 +207,8 @@ int fy_cmd_request(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "c:r:p:f:n:qh", opts, NULL)) != -1) {
         switch (c) {
         case 'c': config = optarg; break;
-        case O_SECRET: secret = optarg; break;
+        case O_SECRET:
+        case O_KEY: secret = optarg; break; /* the loader tells a key file from a secret by its first line */
         case 'r': router = optarg; break;
         case 'p': req.prompt = optarg; break;
         case 'f': file = optarg; break;
@@ -282,7 +289,7 @@ int fy_cmd_request(int argc, char **argv)
     if (!secret && fy_cluster_secret_path(cfg, secret_buf, sizeof(secret_buf))) secret = secret_buf;
     fy_config_destroy(cfg);
     if (!router || !secret) {
-        fprintf(stderr, "ferry: request: give the router's address (-r) and the secret (--secret)\n");
+        fprintf(stderr, "ferry: request: give the router's address (-r) and a client key (--key) or the secret\n");
         fy_free(prompt_file);
         return 2;
     }

@@ -49,14 +49,17 @@
 #include "metrics.h"
 #include "node_metrics.h"
 #include "rpc.h"
+#include "wire.h"
 #include "spec.h"
 #include "xgroup.h"
 #include "xstage.h"
 
-#define RANK_SYNC_S 1.0     /* a timing report is a command to every rank: not every tick */
-#define METRICS_SYNC_S 0.05 /* figures in /metrics are at most this much older than a tick */
-#define KV_CHECK_S 10.0     /* between full scans of the block manager for /health */
-#define MAX_ROUTERS 16      /* live routers a worker reports to (cluster.etcd) */
+#define RANK_SYNC_S 1.0       /* a timing report is a command to every rank: not every tick */
+#define METRICS_SYNC_S 0.05   /* figures in /metrics are at most this much older than a tick */
+#define KV_CHECK_S 10.0       /* between full scans of the block manager for /health */
+#define MAX_ROUTERS 16        /* live routers a worker reports to (cluster.etcd) */
+#define NODE_AUTH_S 30.0      /* seconds a connection to the command port has to authenticate */
+#define NODE_MAX_PROMPT 32768 /* prompt tokens a command carries at most (the router's MAX_PROMPT_TOKENS) */
 
 /* A router this worker reports to (cluster.etcd): its record's identity
  * and the push socket to its events address. */
@@ -517,7 +520,9 @@ static void on_routers(void *arg, const fy_member_t *live, int n_live)
         }
         router_link_t *l = &n->links[n->n_links];
         memset(l, 0, sizeof(*l));
-        if (fy_push_create(m->addr, 8192, &n->auth, &l->push) != FY_OK) {
+        fy_env_peer_t to = {.role = FY_ROLE_ROUTER}; /* its events are for that router alone */
+        snprintf(to.name, sizeof(to.name), "%s", m->name);
+        if (fy_push_create(m->addr, 8192, &n->auth, &to, &l->push) != FY_OK) {
             fy_error("router %s: cannot push events to %s", m->name, m->addr);
             continue;
         }
@@ -917,13 +922,38 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     const char *etcd;
     if ((st = fy_conf_string(c, "cluster", "etcd", &etcd))) return st;
     n->etcd = etcd && *etcd;
-    if (!n->etcd && (st = fy_push_create(n->events, 8192, &n->auth, &n->out))) return st;
+    /* without etcd there is one router, and its name is "router" (router.c) */
+    static const fy_env_peer_t the_router = {.role = FY_ROLE_ROUTER, .name = "router"};
+    if (!n->etcd && (st = fy_push_create(n->events, 8192, &n->auth, &the_router, &n->out))) return st;
     n->last_tick = fy_node_now();
     n->last_kv_check = n->last_tick - KV_CHECK_S; /* the first sync scans */
     sync_metrics(n, n->last_tick);
     send_load(n);
     if ((st = fy_engine_start(n->engine))) return st;
     if ((st = fy_pull_create(n->listen, &n->auth, FY_RPC_FROM(FY_ROLE_ROUTER), on_command, n, &n->cmds))) return st;
+    /* only routers dial here: a few connections not authenticated yet,
+     * each holding at most a frame of the largest command for a prompt
+     * this worker can take (wire.c's bounds; rpc.h), for NODE_AUTH_S at
+     * most.  The deadline is long: a router may stay silent for a while
+     * before its first command (its connection is then made again, and a
+     * command lost in that moment is the router's timeout to handle) */
+    {
+        static const char *const to_decode[] = {"router → decode worker"}, *const to_prefill[] = {
+                                                                               "router → prefill worker"};
+        const fy_kv_layout_t *kl = fy_kvm_layout(n->kvm);
+        int32_t ctx = fy_runner_params(n->stack.runner)->max_ctx;
+        int32_t mp = ctx < NODE_MAX_PROMPT ? ctx : NODE_MAX_PROMPT;
+        fy_wire_lim_t wl = {.max_prompt = mp, .n_prompt = mp, .block_size = kl->block_size, .kv_groups = kl->n_groups};
+        fy_rpc_limits_t cl = {.max_msg =
+                                  fy_wire_max_route(n->auth.role == FY_ROLE_DECODE ? to_decode : to_prefill, 1, &wl),
+                              .max_conns = 2 * MAX_ROUTERS,
+                              .max_pending = MAX_ROUTERS,
+                              .auth_s = NODE_AUTH_S};
+        if (cl.max_msg > FY_RPC_MAX_MSG) cl.max_msg = FY_RPC_MAX_MSG;
+        fy_pull_limit(n->cmds, &cl);
+        fy_debug("commands before authentication: frames of at most %zu KiB, %d connections", cl.max_msg >> 10,
+                 cl.max_conns);
+    }
     pthread_mutex_lock(&n->health_mu);
     n->cmds_stats = n->cmds;
     pthread_mutex_unlock(&n->health_mu);

@@ -1,23 +1,27 @@
 /*
  * fuzz_envelope.c - the control plane's envelope (common/envelope.h), the
  * first thing every nng socket of a cluster does with bytes from the
- * network: fy_env_parse, fy_env_open with the deployment's key, and the
- * replay guard on whatever opens.
+ * network: fy_env_parse, fy_env_open with one identity's key,
+ * fy_env_open_as with a router's credentials (each sender's key derived
+ * from the deployment's, the receiver checked), and the replay guard on
+ * whatever opens.
  *
  * Checks: a header that parses is canonical (sealing the parsed header
  * over the same payload gives back the very same header bytes, and a
  * refusal re-encodes to the input); fy_env_open accepts exactly the inputs
  * whose tag is the one the key gives (so the fuzzer can only get past the
- * MAC with the seeds' own tags); what opens agrees with what parses; the
- * guard never crashes on any time or sequence, and never takes the same
- * message twice.
+ * MAC with the seeds' own tags); what opens agrees with what parses;
+ * fy_env_open_as accepts only what opens under the key fy_env_key_of
+ * names and is addressed to the router (or is a hello); the guard never
+ * crashes on any time or sequence, and never takes the same message
+ * twice.
  *
  * Builds on its own (the project's libFuzzer rules pick up tests/fuzz/fuzz_*.c):
  *   clang -fsanitize=fuzzer,address,undefined -Icommon tests/fuzz/fuzz_envelope.c \
  *         common/envelope.c common/log.c common/mem.c -lsodium -lpthread -o fuzz_envelope
  * Seeds: FY_FUZZ_SEEDS=tests/fuzz/corpus/envelope ./fuzz_envelope writes
- * them (messages, replies, a refusal, another secret's message, plain
- * msgpack) and exits.
+ * them (messages, replies, a hello, a refusal, another secret's message,
+ * one for another router, plain msgpack) and exits.
  */
 #include <stdbool.h>
 #include <stdint.h>
@@ -30,6 +34,7 @@
 
 static const uint8_t SECRET[32] = "fuzz_envelope's deployment key.";
 static fy_env_auth_t g_me;
+static fy_env_keys_t *g_keys;
 static fy_env_guard_t *g_guard;
 
 static void quiet(fy_log_level_t level, const char *line, void *arg) { (void)level, (void)line, (void)arg; }
@@ -50,13 +55,16 @@ static void write_seed(const char *dir, const char *name, const uint8_t *buf, si
     if (!f || fwrite(buf, 1, len, f) != len || fclose(f)) fail("cannot write a seed");
 }
 
-static size_t seal_seed(const fy_env_auth_t *a, fy_env_kind_t kind, uint64_t seq, const char *payload, uint8_t *out)
+static size_t seal_seed(const fy_env_auth_t *a, fy_env_kind_t kind, int to_role, const char *to_name, uint64_t seq,
+                        const char *payload, uint8_t *out)
 {
     fy_env_hdr_t h;
     memset(&h, 0, sizeof(h));
     h.kind = kind;
     h.role = a->role;
     snprintf(h.name, sizeof(h.name), "%s", a->name);
+    h.to.role = to_role;
+    snprintf(h.to.name, sizeof(h.to.name), "%s", to_name);
     h.inc = a->inc;
     h.chan = 0x1122334455667788ull;
     h.seq = seq;
@@ -64,7 +72,7 @@ static size_t seal_seed(const fy_env_auth_t *a, fy_env_kind_t kind, uint64_t seq
     if (kind == FY_ENV_REPLY) h.re_chan = 99, h.re_seq = seq;
     size_t hl = fy_env_header_bytes(&h), n = strlen(payload);
     memcpy(out + hl, payload, n);
-    fy_env_seal(&a->key, &h, out + hl, n, out);
+    if (!fy_env_seal_as(a, NULL, &h, out + hl, n, out)) fail("a seed's key");
     return hl + n;
 }
 
@@ -89,12 +97,14 @@ static void write_seeds(const char *dir)
     static const char events[] = "\x83\xa1v\x01\xa4type\xa6"
                                  "events\xa4"
                                  "done\xc3";
-    write_seed(dir, "load", buf, seal_seed(&dec, FY_ENV_MSG, 1, load, buf));
-    write_seed(dir, "reserve", buf, seal_seed(&rtr, FY_ENV_MSG, 2, reserve, buf));
-    write_seed(dir, "poll-long-name", buf, seal_seed(&cli, FY_ENV_MSG, 3, poll, buf));
-    write_seed(dir, "reply", buf, seal_seed(&rtr, FY_ENV_REPLY, 4, events, buf));
-    write_seed(dir, "empty", buf, seal_seed(&dec, FY_ENV_MSG, 5, "", buf));
-    write_seed(dir, "another-secret", buf, seal_seed(&stranger, FY_ENV_MSG, 6, load, buf));
+    write_seed(dir, "load", buf, seal_seed(&dec, FY_ENV_MSG, FY_ROLE_ROUTER, "router", 1, load, buf));
+    write_seed(dir, "reserve", buf, seal_seed(&rtr, FY_ENV_MSG, FY_ROLE_DECODE, "decode-0", 2, reserve, buf));
+    write_seed(dir, "poll-long-name", buf, seal_seed(&cli, FY_ENV_MSG, FY_ROLE_ROUTER, "router", 3, poll, buf));
+    write_seed(dir, "reply", buf, seal_seed(&rtr, FY_ENV_REPLY, FY_ROLE_CLIENT, longname, 4, events, buf));
+    write_seed(dir, "empty", buf, seal_seed(&dec, FY_ENV_MSG, FY_ROLE_ROUTER, "router", 5, "", buf));
+    write_seed(dir, "another-secret", buf, seal_seed(&stranger, FY_ENV_MSG, FY_ROLE_ROUTER, "router", 6, load, buf));
+    write_seed(dir, "hello", buf, seal_seed(&cli, FY_ENV_HELLO, 0, "", 7, "", buf));
+    write_seed(dir, "another-router", buf, seal_seed(&cli, FY_ENV_MSG, FY_ROLE_ROUTER, "router-b", 8, poll, buf));
     write_seed(dir, "plain-msgpack", (const uint8_t *)load, sizeof(load) - 1);
     fy_env_hdr_t h;
     memset(&h, 0, sizeof(h));
@@ -118,7 +128,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         write_seeds(seeds);
         exit(0);
     }
-    if (fy_env_auth_init(&g_me, SECRET, sizeof(SECRET), FY_ROLE_ROUTER, "router", 1) ||
+    if (fy_env_auth_init(&g_me, SECRET, sizeof(SECRET), FY_ROLE_ROUTER, "router", 1) || fy_env_keys_create(&g_keys) ||
         fy_env_guard_create(64, 0, &g_guard))
         fail("cannot set up");
     return 0;
@@ -152,6 +162,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (of != FY_ENV_OK && of != FY_ENV_MAC) fail("open of a parsed message: neither ok nor mac");
             /* and what we seal opens */
             if (fy_env_open(&g_me.key, buf, size, &o, &ooff) != FY_ENV_OK || ooff != off) fail("own seal refused");
+            /* with credentials: authentic under the sender's key and for the router, or refused */
+            fy_env_key_t k;
+            if (!fy_env_key_of(&g_me, NULL, &h, &k)) fail("a master lacks a key");
+            bool auth_ok = fy_env_open(&k, data, size, &o, &ooff) == FY_ENV_OK;
+            bool to_me = h.kind == FY_ENV_HELLO ? !h.to.role
+                                                : h.to.role == FY_ROLE_ROUTER && !strcmp(h.to.name, "router") &&
+                                                      (!h.to.inc || h.to.inc == g_me.inc);
+            fy_env_fault_t af = fy_env_open_as(&g_me, g_keys, data, size, &o, &ooff);
+            if (af != (!auth_ok ? FY_ENV_MAC : !to_me ? FY_ENV_IDENTITY : FY_ENV_OK)) fail("open_as disagrees");
+            if (h.kind == FY_ENV_HELLO && (h.to.role || h.to.name[0] || h.to.inc || off != size))
+                fail("a hello with a receiver or a payload parsed");
         }
         free(buf);
     }
