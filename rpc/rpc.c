@@ -1447,9 +1447,11 @@ fy_status_t fy_push_create(const char *url, int queue, const fy_env_auth_t *auth
 void fy_push_destroy(fy_push_t *p)
 {
     if (!p) return;
-    close_socket(p->sock, p->url);
-    pthread_mutex_destroy(&p->mu);
     fy_env_auth_wipe(&p->auth);
+    /* a close left behind may still run the pipe callbacks, which count
+     * into p: p stays allocated with it (as conns_free keeps a server's) */
+    if (!close_socket(p->sock, p->url)) return;
+    pthread_mutex_destroy(&p->mu);
     fy_free(p);
 }
 
