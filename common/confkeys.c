@@ -250,6 +250,15 @@ static const fy_conf_key_t KEYS[] = {
         "the lease on a process's record: a process that dies leaves the cluster this long after"),
     DUR("cluster", "etcd_poll", "250ms", 0.01, 60, "between reads of the membership (a watch round)"),
     STR("cluster", "router_name", NULL, "a router's name in etcd and in its messages; unset: router-HOST-PID"),
+    STR("cluster", "etcd_ca", "",
+        "PEM file of the CA that signed etcd's server certificate: an https:// endpoint is verified against it "
+        "(required with https); empty: none"),
+    STR("cluster", "etcd_cert", "",
+        "PEM file of this process's client certificate, presented to etcd (its CN is the etcd user under "
+        "--client-cert-auth); needs cluster.etcd_key and https endpoints; empty: none"),
+    STR("cluster", "etcd_key", "",
+        "PEM file of the client certificate's private key: the owner's alone (mode 600), as the secret file; "
+        "empty: none"),
 };
 
 const fy_conf_key_t *fy_conf_keys(int *n_p)

@@ -2240,7 +2240,7 @@ static fy_status_t membership_start(router_t *R, const char *etcd)
     if ((st = fy_conf_string(c, "cluster", "name", &mp.cluster)) ||
         (st = fy_conf_duration(c, "cluster", "etcd_ttl", &mp.ttl_s)) ||
         (st = fy_conf_duration(c, "cluster", "etcd_poll", &mp.poll_s)) ||
-        (st = fy_conf_string(c, "router", "http", &http)))
+        (st = fy_conf_string(c, "router", "http", &http)) || (st = fy_etcd_tls_config(c, etcd, &mp.tls)))
         return st;
     snprintf(mp.self.kind, sizeof(mp.self.kind), "router");
     snprintf(mp.self.name, sizeof(mp.self.name), "%s", R->name);

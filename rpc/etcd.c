@@ -13,6 +13,7 @@
 
 #include <curl/curl.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -20,8 +21,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "config.h"
 #include "log.h"
 #include "mem.h"
 #include "metrics.h"
@@ -516,6 +520,7 @@ uint64_t fy_member_layout_hash(int32_t block_size, int32_t dtype, int32_t n_laye
 
 struct fy_etcd {
     CURL *curl;
+    fy_etcd_tls_t tls;
     char *ep[MAX_ENDPOINTS];
     int n_ep, cur;
     long timeout_ms;
@@ -528,11 +533,106 @@ struct fy_etcd {
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static void curl_init_once(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
 
+/* One of the TLS files (what: its key): a regular file this process can
+ * open; a private key also the owner's alone (someone who reads it is
+ * this process to etcd).  O_NONBLOCK: a FIFO is refused, never waited on. */
+static fy_status_t tls_file_ok(const char *path, const char *what, bool secret)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) {
+        fy_error("%s %s: cannot open: %m", what, path);
+        return errno == ENOENT ? FY_ERR_NOT_FOUND : FY_ERR_IO;
+    }
+    struct stat sb;
+    fy_status_t st = FY_OK;
+    if (fstat(fd, &sb)) {
+        fy_error("%s %s: cannot stat: %m", what, path);
+        st = FY_ERR_IO;
+    } else if (!S_ISREG(sb.st_mode)) {
+        fy_error("%s %s: not a regular file", what, path);
+        st = FY_ERR_INVALID;
+    } else if (secret && sb.st_uid != geteuid() && sb.st_uid != 0) {
+        fy_error("%s %s: owned by uid %u, not by this user (uid %u) or root; someone else could replace it", what, path,
+                 (unsigned)sb.st_uid, (unsigned)geteuid());
+        st = FY_ERR_INVALID;
+    } else if (secret && (sb.st_mode & 077)) {
+        fy_error("%s %s: mode %04o lets its group or others read this process's etcd identity; it must be the "
+                 "owner's alone (chmod 600 %s)",
+                 what, path, (unsigned)(sb.st_mode & 07777), path);
+        st = FY_ERR_INVALID;
+    } else if (sb.st_size == 0) {
+        fy_error("%s %s: empty; a PEM file was expected", what, path);
+        st = FY_ERR_FORMAT;
+    }
+    close(fd);
+    return st;
+}
+
+fy_status_t fy_etcd_tls_check(const fy_etcd_tls_t *t, const char *endpoints)
+{
+    bool https = false, http = false;
+    for (const char *s = endpoints ? endpoints : ""; *s;) {
+        while (*s == ' ' || *s == ',') s++;
+        if (!*s) break;
+        if (!strncmp(s, "https://", 8))
+            https = true;
+        else
+            http = true; /* "http://" or no scheme (http) */
+        s += strcspn(s, ",");
+    }
+    fy_status_t st;
+    if (t->ca[0] && (st = tls_file_ok(t->ca, "cluster.etcd_ca", false))) return st;
+    if (t->cert[0] && (st = tls_file_ok(t->cert, "cluster.etcd_cert", false))) return st;
+    if (t->key[0] && (st = tls_file_ok(t->key, "cluster.etcd_key", true))) return st;
+    if (!t->cert[0] != !t->key[0]) {
+        fy_error("%s is set but %s is not: a client certificate needs both",
+                 t->cert[0] ? "cluster.etcd_cert" : "cluster.etcd_key",
+                 t->cert[0] ? "cluster.etcd_key" : "cluster.etcd_cert");
+        return FY_ERR_INVALID;
+    }
+    if (https && !t->ca[0]) {
+        fy_error("cluster.etcd '%s' has an https endpoint but cluster.etcd_ca is empty: etcd's certificate would be "
+                 "checked against no CA of this deployment's",
+                 endpoints);
+        return FY_ERR_INVALID;
+    }
+    if (http && (t->ca[0] || t->cert[0])) {
+        fy_error("%s is set but cluster.etcd '%s' has an http endpoint: it would go without TLS (use https://)",
+                 t->cert[0] ? "cluster.etcd_cert" : "cluster.etcd_ca", endpoints);
+        return FY_ERR_INVALID;
+    }
+    return FY_OK;
+}
+
+fy_status_t fy_etcd_tls_config(const struct fy_config *cfg, const char *endpoints, fy_etcd_tls_t *t)
+{
+    static const char *const KEYS[3] = {"etcd_ca", "etcd_cert", "etcd_key"};
+    char *dst[3] = {t->ca, t->cert, t->key};
+    memset(t, 0, sizeof(*t));
+    for (int i = 0; i < 3; i++) {
+        const char *v = NULL;
+        fy_status_t st = fy_conf_string(cfg, "cluster", KEYS[i], &v);
+        if (st) return st;
+        if (v && strlen(v) >= FY_ETCD_PATH_MAX) {
+            fy_error("cluster.%s: a path of at most %d bytes", KEYS[i], FY_ETCD_PATH_MAX - 1);
+            return FY_ERR_INVALID;
+        }
+        snprintf(dst[i], FY_ETCD_PATH_MAX, "%s", v ? v : "");
+    }
+    return fy_etcd_tls_check(t, endpoints);
+}
+
 fy_status_t fy_etcd_create(const char *endpoints, double timeout_s, fy_etcd_t **e_p)
+{
+    return fy_etcd_create_tls(endpoints, NULL, timeout_s, e_p);
+}
+
+fy_status_t fy_etcd_create_tls(const char *endpoints, const fy_etcd_tls_t *tls, double timeout_s, fy_etcd_t **e_p)
 {
     pthread_once(&curl_once, curl_init_once);
     fy_etcd_t *e = fy_calloc(1, sizeof(*e));
     if (!e) return FY_ERR_NOMEM;
+    if (tls) e->tls = *tls;
     e->timeout_ms = (long)(timeout_s * 1000);
     if (e->timeout_ms < 50) e->timeout_ms = 50;
     const char *s = endpoints ? endpoints : "";
@@ -629,6 +729,12 @@ static fy_status_t call(fy_etcd_t *e, const char *path, const char *json)
         curl_easy_setopt(e->curl, CURLOPT_CONNECTTIMEOUT_MS, e->timeout_ms);
         curl_easy_setopt(e->curl, CURLOPT_NOSIGNAL, 1L);
         curl_easy_setopt(e->curl, CURLOPT_PROTOCOLS_STR, "http,https");
+        /* verification is curl's default; the CA is this deployment's, not the system's store */
+        if (e->tls.ca[0]) curl_easy_setopt(e->curl, CURLOPT_CAINFO, e->tls.ca);
+        if (e->tls.cert[0]) {
+            curl_easy_setopt(e->curl, CURLOPT_SSLCERT, e->tls.cert);
+            curl_easy_setopt(e->curl, CURLOPT_SSLKEY, e->tls.key);
+        }
         CURLcode rc = curl_easy_perform(e->curl);
         long code = 0;
         curl_easy_getinfo(e->curl, CURLINFO_RESPONSE_CODE, &code);
@@ -1099,7 +1205,7 @@ fy_status_t fy_membership_start(const fy_membership_params_t *p, fy_membership_t
     snprintf(m->tag_key, sizeof(m->tag_key), "/ferry/%s/tags/%05x", p->cluster, (unsigned)p->self.tag);
     snprintf(m->p.self.version, sizeof(m->p.self.version), "%s", FY_VERSION);
     fy_status_t st = sign_record(m, mono_s());
-    if (!st) st = fy_etcd_create(p->endpoints, p->ttl_s / 3 > 1 ? 1 : p->ttl_s / 3, &m->etcd);
+    if (!st) st = fy_etcd_create_tls(p->endpoints, &p->tls, p->ttl_s / 3 > 1 ? 1 : p->ttl_s / 3, &m->etcd);
     if (st) {
         fy_free(m->record);
         fy_free(m);

@@ -79,6 +79,27 @@ typedef struct fy_etcd fy_etcd_t;
 /* endpoints: "http://host:port[,http://host:port]..." (the scheme may be
  * left out); each call gives up after timeout_s per endpoint. */
 fy_status_t fy_etcd_create(const char *endpoints, double timeout_s, fy_etcd_t **e_p);
+
+/* TLS towards etcd (cluster.etcd_ca, etcd_cert, etcd_key): PEM file paths,
+ * "" for none.  With a CA the server's certificate is verified against it
+ * (and its name or IP against the endpoint's); with cert and key this
+ * process presents a client certificate (etcd --client-cert-auth takes
+ * its CN as the user, whose roles RBAC checks). */
+#define FY_ETCD_PATH_MAX 512
+typedef struct fy_etcd_tls {
+    char ca[FY_ETCD_PATH_MAX], cert[FY_ETCD_PATH_MAX], key[FY_ETCD_PATH_MAX];
+} fy_etcd_tls_t;
+/* Checks tls against the endpoints, each refusal naming its key: a file
+ * that cannot be opened or is not a regular file; a key file that is not
+ * the owner's alone (as the secret file); a cert without a key or a key
+ * without a cert; an https endpoint without a CA; a CA or cert with an
+ * http endpoint (it would never be used). */
+fy_status_t fy_etcd_tls_check(const fy_etcd_tls_t *tls, const char *endpoints);
+/* Reads the three keys of cfg (a fy_config_t) and checks them. */
+struct fy_config;
+fy_status_t fy_etcd_tls_config(const struct fy_config *cfg, const char *endpoints, fy_etcd_tls_t *tls);
+/* fy_etcd_create with TLS (tls may be NULL: none); tls is copied. */
+fy_status_t fy_etcd_create_tls(const char *endpoints, const fy_etcd_tls_t *tls, double timeout_s, fy_etcd_t **e_p);
 void fy_etcd_destroy(fy_etcd_t *e); /* accepts NULL */
 /* The last failure's cause, for a log line (valid until the next call). */
 const char *fy_etcd_last_error(const fy_etcd_t *e);
@@ -156,6 +177,7 @@ typedef void (*fy_members_fn)(void *arg, const fy_member_t *live, int n);
 
 typedef struct fy_membership_params {
     const char *endpoints; /* cluster.etcd */
+    fy_etcd_tls_t tls;     /* cluster.etcd_ca, etcd_cert, etcd_key (fy_etcd_tls_config); zero: none */
     const char *cluster;   /* cluster.name */
     const char *dir;       /* where this process registers: "routers", "workers/prefill", "workers/decode" */
     const char *watch;     /* the prefix it watches under the cluster: "workers/" or "routers/" */

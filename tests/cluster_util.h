@@ -12,6 +12,7 @@
 #include <sys/types.h>
 
 #include "client.h"
+#include "etcd.h"
 #include "evict.h"
 
 #define TC_MAX_PROCS 8
@@ -165,9 +166,22 @@ typedef struct tc_etcd {
     pid_t pid;
     int port, peer_port;
     char host[64], url[96], dir[512], log[600];
+    char certs[512]; /* tc_etcd_start_tls: the CA and certificates here (tc_etcd_certs) */
 } tc_etcd_t;
 bool tc_etcd_available(void);
 void tc_etcd_start(tc_etcd_t *e, const char *dir, const char *host);
+/* Makes with the openssl CLI, in dir (created 0700): a CA (ca.pem,
+ * ca.key), etcd's server certificate for IP 127.0.0.1 (server.pem,
+ * server.key) and a client certificate per name (NAME.pem, NAME.key,
+ * CN=NAME); keys mode 0600. */
+void tc_etcd_certs(const char *dir, const char *const *names, int n);
+/* etcd on https://127.0.0.1 with certs (tc_etcd_certs'): its certificate
+ * server.pem, --client-cert-auth against ca.pem (a client without a
+ * certificate of that CA cannot connect); waits with certs/root.pem
+ * (which tc_etcd_certs must have made). */
+void tc_etcd_start_tls(tc_etcd_t *e, const char *dir, const char *certs);
+/* certs' files for a client NAME (ca.pem, NAME.pem, NAME.key) */
+fy_etcd_tls_t tc_etcd_tls_of(const char *certs, const char *name);
 void tc_etcd_spawn(tc_etcd_t *e);
 void tc_etcd_kill(tc_etcd_t *e);
 

@@ -1005,6 +1005,146 @@ static void test_two_routers(void **state)
     tc_etcd_kill(&e);
 }
 
+/* cluster.etcd_ca, etcd_cert, etcd_key: etcd with TLS and --client-cert-auth.
+ * A router and a worker holding certificates of the deployment's CA list
+ * each other; a client without a certificate, with one of another CA
+ * (even under the same name), or trusting the system's CAs instead of the
+ * deployment's cannot read or write /ferry/. */
+static void test_tls(void **state)
+{
+    if (!tc_etcd_available()) skip();
+    char certs[300], other[300];
+    snprintf(certs, sizeof(certs), "%s/pki", fy_test_tmpdir());
+    snprintf(other, sizeof(other), "%s/other-pki", fy_test_tmpdir());
+    static const char *const names[] = {"root", "ferry-router", "ferry-worker"};
+    tc_etcd_certs(certs, names, 3);
+    tc_etcd_certs(other, names, 3);
+    tc_etcd_t e;
+    tc_etcd_start_tls(&e, fy_test_tmpdir(), certs);
+
+    uint8_t secret[32], key[FY_MEMBER_KEY_BYTES];
+    memset(secret, 5, sizeof(secret));
+    assert_int_equal(fy_member_key(secret, sizeof(secret), key), FY_OK);
+    seen_t sr = {.mu = PTHREAD_MUTEX_INITIALIZER}, sw = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    fy_membership_params_t pr = params_for(e.url, "router", "r0", 0x321, key, &sr);
+    fy_membership_params_t pw = params_for(e.url, "decode", "w0", 0, key, &sw);
+    pr.tls = tc_etcd_tls_of(certs, "ferry-router");
+    pw.tls = tc_etcd_tls_of(certs, "ferry-worker");
+    assert_int_equal(fy_etcd_tls_check(&pr.tls, e.url), FY_OK);
+    fy_membership_t *mr, *mw;
+    assert_int_equal(fy_membership_start(&pr, &mr), FY_OK);
+    assert_int_equal(fy_membership_start(&pw, &mw), FY_OK);
+    double t0 = tc_now();
+    while (!(seen_has(&sr, "w0") && seen_has(&sw, "r0")) && tc_now() - t0 < 10) usleep(20000);
+    assert_true(seen_has(&sr, "w0"));
+    assert_true(seen_has(&sw, "r0"));
+    assert_true(fy_membership_registered(mr) && fy_membership_registered(mw));
+
+    /* the ones etcd refuses: each read and write of /ferry/ fails */
+    struct {
+        const char *what;
+        fy_etcd_tls_t tls;
+        bool with_tls;
+    } bad[] = {
+        {"no client certificate", tc_etcd_tls_of(certs, NULL), true},
+        {"a certificate of another CA", tc_etcd_tls_of(other, "ferry-router"), true},
+        {"the system's CAs", {.ca = ""}, false},
+    };
+    /* another CA's certificate, presented with the right CA for the server */
+    snprintf(bad[1].tls.ca, sizeof(bad[1].tls.ca), "%s/ca.pem", certs);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        fy_etcd_t *c;
+        assert_int_equal(fy_etcd_create_tls(e.url, bad[i].with_tls ? &bad[i].tls : NULL, 1.0, &c), FY_OK);
+        fy_etcd_kvs_t k = {0};
+        fy_status_t rd = fy_etcd_range_prefix(c, "/ferry/", &k);
+        fy_etcd_kvs_free(&k);
+        fy_status_t wr = fy_etcd_put(c, "/ferry/m/routers/r0", "{}", 2, 0);
+        fy_status_t del = fy_etcd_delete(c, "/ferry/m/workers/decode/w0");
+        print_message("%s: read %s, write %s (%s)\n", bad[i].what, fy_status_str(rd), fy_status_str(wr),
+                      fy_etcd_last_error(c));
+        if (rd != FY_ERR_PEER || wr != FY_ERR_PEER || del != FY_ERR_PEER)
+            fail_msg("%s: read %s, write %s, delete %s: etcd let it in", bad[i].what, fy_status_str(rd),
+                     fy_status_str(wr), fy_status_str(del));
+        fy_etcd_destroy(c);
+    }
+    /* and nothing of theirs landed: both records are still there, signed */
+    usleep(300000);
+    assert_true(seen_has(&sr, "w0"));
+    assert_true(seen_has(&sw, "r0"));
+    assert_int_equal(fy_membership_refused(mr), 0);
+    assert_int_equal(fy_membership_refused(mw), 0);
+    fy_membership_stop(mw);
+    fy_membership_stop(mr);
+    tc_etcd_kill(&e);
+}
+
+/* The refusals at start, each naming its key. */
+static void test_tls_config(void **state)
+{
+    const char *d = fy_test_tmpdir();
+    char certs[300], path[400];
+    snprintf(certs, sizeof(certs), "%s/pki", d);
+    static const char *const names[] = {"ferry-router"};
+    tc_etcd_certs(certs, names, 1);
+    const char *https = "https://127.0.0.1:2379", *http = "http://127.0.0.1:2379";
+    fy_etcd_tls_t ok = tc_etcd_tls_of(certs, "ferry-router");
+    assert_int_equal(fy_etcd_tls_check(&ok, https), FY_OK);
+    fy_etcd_tls_t none = {.ca = ""};
+    assert_int_equal(fy_etcd_tls_check(&none, http), FY_OK); /* today's default */
+    assert_int_equal(fy_etcd_tls_check(&none, "127.0.0.1:2379"), FY_OK);
+
+    typedef struct {
+        const char *why;
+        fy_etcd_tls_t t;
+        const char *endpoints;
+        fy_status_t st;
+        const char *key, *says;
+    } tls_case_t;
+    tls_case_t cases[8];
+    int n = 0;
+    cases[n] = (tls_case_t){"https without a CA", none, https, FY_ERR_INVALID, "cluster.etcd_ca", "https"};
+    n++;
+    cases[n] = (tls_case_t){"cert without key", ok, https, FY_ERR_INVALID, "cluster.etcd_key", "needs both"};
+    cases[n].t.key[0] = 0;
+    n++;
+    cases[n] = (tls_case_t){"key without cert", ok, https, FY_ERR_INVALID, "cluster.etcd_key", "needs both"};
+    cases[n].t.cert[0] = 0;
+    n++;
+    cases[n] = (tls_case_t){"certificate over http", ok, http, FY_ERR_INVALID, "cluster.etcd_cert", "http"};
+    n++;
+    cases[n] = (tls_case_t){"missing CA file", ok, https, FY_ERR_NOT_FOUND, "cluster.etcd_ca", "cannot open"};
+    snprintf(cases[n].t.ca, sizeof(cases[n].t.ca), "%s/nope.pem", certs);
+    n++;
+    cases[n] = (tls_case_t){"key readable by others", ok, https, FY_ERR_INVALID, "cluster.etcd_key", "0644"};
+    snprintf(path, sizeof(path), "%s/open.key", certs);
+    {
+        char *pem = fy_test_read_file(ok.key, NULL);
+        assert_non_null(pem);
+        assert_true(fy_test_write_file(path, pem, strlen(pem)));
+        fy_free(pem);
+        assert_int_equal(chmod(path, 0644), 0);
+    }
+    snprintf(cases[n].t.key, sizeof(cases[n].t.key), "%s", path);
+    n++;
+    cases[n] = (tls_case_t){"a FIFO as the key", ok, https, FY_ERR_INVALID, "cluster.etcd_key", "regular"};
+    char fifo[400];
+    snprintf(fifo, sizeof(fifo), "%s/fifo.key", certs);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    snprintf(cases[n].t.key, sizeof(cases[n].t.key), "%s", fifo);
+    n++;
+    cases[n] = (tls_case_t){"a directory as the CA", ok, https, FY_ERR_INVALID, "cluster.etcd_ca", "regular"};
+    snprintf(cases[n].t.ca, sizeof(cases[n].t.ca), "%s", certs);
+    n++;
+    for (int i = 0; i < n; i++) {
+        fy_test_log_begin();
+        fy_status_t st = fy_etcd_tls_check(&cases[i].t, cases[i].endpoints);
+        fy_test_log_end();
+        if (st != cases[i].st || !fy_test_log_has(cases[i].key, cases[i].says, NULL))
+            fail_msg("%s: %s, log '%s' (wanted %s naming %s, '%s')", cases[i].why, fy_status_str(st),
+                     fy_test_log_text(), fy_status_str(cases[i].st), cases[i].key, cases[i].says);
+    }
+}
+
 static int teardown(void **state)
 {
     fy_test_tmpdir_remove();
@@ -1022,6 +1162,8 @@ int main(void)
         cmocka_unit_test_teardown(test_client, teardown),
         cmocka_unit_test_teardown(test_membership_attacks, teardown),
         cmocka_unit_test_teardown(test_two_routers, teardown),
+        cmocka_unit_test_teardown(test_tls, teardown),
+        cmocka_unit_test_teardown(test_tls_config, teardown),
     };
     const char *only = getenv("FY_TEST_FILTER");
     if (only) cmocka_set_test_filter(only);

@@ -978,7 +978,8 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
         mp.dir = dir;
         if ((st = fy_conf_string(c, "cluster", "name", &mp.cluster)) ||
             (st = fy_conf_duration(c, "cluster", "etcd_ttl", &mp.ttl_s)) ||
-            (st = fy_conf_duration(c, "cluster", "etcd_poll", &mp.poll_s)))
+            (st = fy_conf_duration(c, "cluster", "etcd_poll", &mp.poll_s)) ||
+            (st = fy_etcd_tls_config(c, etcd, &mp.tls)))
             return st;
         snprintf(mp.self.kind, sizeof(mp.self.kind), "%s", sec);
         snprintf(mp.self.name, sizeof(mp.self.name), "%s", n->name);
