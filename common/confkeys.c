@@ -238,6 +238,10 @@ static const fy_conf_key_t KEYS[] = {
     STR("serve", "etcd_data", NULL,
         "with cluster.etcd on this host's loopback, `ferry serve` runs etcd with its data here; unset: RUN_DIR/etcd; "
         "empty: etcd is someone else's to run"),
+    BOOL("serve", "etcd_tls", "false",
+         "the etcd `ferry serve` runs: TLS with a CA made in RUN_DIR/etcd-pki, --client-cert-auth (a process "
+         "without a certificate of that CA cannot connect), a client certificate for the routers and one for the "
+         "workers (set as cluster.etcd_ca, etcd_cert, etcd_key); needs cluster.etcd = https://127.0.0.1:PORT"),
     DUR("serve", "etcd_health_timeout", "120s", 0, 86400,
         "silence on etcd's /health before `ferry serve` restarts it (0: serve.health_timeout); longer than the "
         "others': a restart loses every lease, and routers and workers serve on through an etcd outage"),

@@ -464,8 +464,11 @@ static void test_rank_group_restarted(void **state)
 }
 
 /* cluster.etcd on loopback with serve.routers = 2: etcd runs as a child,
- * both routers serve, and on SIGTERM the routers stop first, etcd last */
-static void test_etcd_two_routers(void **state)
+ * both routers serve, and on SIGTERM the routers stop first, etcd last.
+ * tls (serve.etcd_tls): the same over TLS with client certificates serve
+ * made; a client with the CA but no certificate reads and writes nothing,
+ * one with the routers' certificate lists the members. */
+static void etcd_two_routers(bool tls)
 {
     if (!have_ferry() || !tc_available()) skip();
     if (system("command -v etcd >/dev/null 2>&1")) {
@@ -478,13 +481,15 @@ static void test_etcd_two_routers(void **state)
     char run[PATH_MAX + 32], metrics[64], etcd[96];
     snprintf(run, sizeof(run), "serve.run_dir=%s/run-e", fy_test_tmpdir());
     snprintf(metrics, sizeof(metrics), "serve.metrics=http://127.0.0.1:%d", ports.serve);
-    snprintf(etcd, sizeof(etcd), "cluster.etcd=http://127.0.0.1:%d", tc_free_port());
+    int etcd_port = tc_free_port();
+    snprintf(etcd, sizeof(etcd), "cluster.etcd=%s://127.0.0.1:%d", tls ? "https" : "http", etcd_port);
     const char *args[] = {"-c",    ini,
                           "--set", run,
                           "--set", metrics,
                           "--set", etcd,
                           "--set", "serve.routers=2",
                           "--set", "cluster.etcd_ttl=2s",
+                          "--set", tls ? "serve.etcd_tls=true" : "serve.etcd_tls=false",
                           NULL};
     proc_t e;
     serve_spawn(&e, "e.out", args);
@@ -511,6 +516,32 @@ static void test_etcd_two_routers(void **state)
     char *t = read_text(fy_test_path("req.out"));
     if (rc != 0 || !strstr(t, "trying tcp://127.0.0.1:")) fail_msg("ferry request: status %d, output:\n%s", rc, t);
     fy_free(t);
+    if (tls) {
+        char pki[PATH_MAX];
+        snprintf(pki, sizeof(pki), "%s/run-e/etcd-pki", fy_test_tmpdir());
+        fy_etcd_tls_t anon = tc_etcd_tls_of(pki, NULL), router = tc_etcd_tls_of(pki, "ferry-router");
+        fy_etcd_t *c;
+        fy_etcd_kvs_t kv = {0};
+        assert_int_equal(fy_etcd_create_tls(etcd + strlen("cluster.etcd="), &anon, 1.0, &c), FY_OK);
+        assert_int_equal(fy_etcd_range_prefix(c, "/ferry/", &kv), FY_ERR_PEER);
+        assert_int_equal(fy_etcd_put(c, "/ferry/ferry/routers/x", "{}", 2, 0), FY_ERR_PEER);
+        print_message("without a certificate: %s\n", fy_etcd_last_error(c));
+        fy_etcd_destroy(c);
+        assert_int_equal(fy_etcd_create_tls(etcd + strlen("cluster.etcd="), &router, 1.0, &c), FY_OK);
+        assert_int_equal(fy_etcd_range_prefix(c, "/ferry/", &kv), FY_OK);
+        int n_routers = 0;
+        for (int i = 0; i < kv.n; i++) n_routers += strstr(kv.kv[i].key, "/routers/") != NULL;
+        assert_int_equal(n_routers, 2);
+        fy_etcd_kvs_free(&kv);
+        fy_etcd_destroy(c);
+        struct stat sb;
+        char key[PATH_MAX + 32];
+        snprintf(key, sizeof(key), "%s/ferry-worker.key", pki);
+        assert_int_equal(stat(pki, &sb), 0);
+        assert_int_equal(sb.st_mode & 077, 0);
+        assert_int_equal(stat(key, &sb), 0);
+        assert_int_equal(sb.st_mode & 077, 0);
+    }
     assert_int_equal(kill(e.pid, SIGTERM), 0);
     int st = serve_wait(&e, 60);
     t = read_text(e.err);
@@ -521,14 +552,16 @@ static void test_etcd_two_routers(void **state)
     fy_test_tmpdir_remove();
 }
 
+static void test_etcd_two_routers(void **state) { etcd_two_routers(false); }
+
+static void test_etcd_tls(void **state) { etcd_two_routers(true); }
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_usage),
-        cmocka_unit_test(test_bad_setting),
-        cmocka_unit_test(test_cluster),
-        cmocka_unit_test(test_etcd_two_routers),
-        cmocka_unit_test(test_rank_group_restarted),
+        cmocka_unit_test(test_usage),    cmocka_unit_test(test_bad_setting),
+        cmocka_unit_test(test_cluster),  cmocka_unit_test(test_etcd_two_routers),
+        cmocka_unit_test(test_etcd_tls), cmocka_unit_test(test_rank_group_restarted),
     };
     const char *only = getenv("FY_TEST_FILTER"); /* e.g. FY_TEST_FILTER=test_etcd* */
     if (only) cmocka_set_test_filter(only);

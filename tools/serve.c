@@ -50,6 +50,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -418,14 +419,108 @@ static int parse_serve(int argc, char **argv, serve_t *s, char **cargv, int cap,
     return 0;
 }
 
+/* the openssl CLI with argv in dir; its output into dir/openssl.log */
+static bool run_openssl(const char *dir, char *const *argv)
+{
+    pid_t pid = fork();
+    if (pid < 0) return false;
+    if (pid == 0) {
+        char logp[PATH_MAX];
+        if (chdir(dir) || snprintf(logp, sizeof(logp), "openssl.log") < 0 || !freopen(logp, "a", stdout)) _exit(126);
+        dup2(1, 2);
+        umask(077);
+        execvp("openssl", argv);
+        _exit(127);
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR) return false;
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+static bool write_small(const char *dir, const char *name, const char *text)
+{
+    char p[PATH_MAX];
+    if (!fmt(p, sizeof(p), "%s/%s", dir, name)) return false;
+    FILE *f = fopen(p, "w");
+    if (!f) return false;
+    bool ok = fputs(text, f) >= 0;
+    return fclose(f) == 0 && ok;
+}
+
+#define ETCD_TLS_USERS 2
+static const char *const ETCD_TLS_USER[ETCD_TLS_USERS] = {"ferry-router", "ferry-worker"};
+
+/* serve.etcd_tls: in dir (0700, files 0600): a CA, etcd's server
+ * certificate for 127.0.0.1 (also clientAuth: etcd's JSON gateway dials
+ * its own gRPC port with it under --client-cert-auth) and a client
+ * certificate per user (CN = ETCD_TLS_USER[i]), each made once: a restart
+ * keeps them (running children hold them).  P-256 keys, 10 years: the CA
+ * key never leaves this folder. */
+static fy_status_t make_etcd_pki(const char *dir)
+{
+    if (mkdir(dir, 0700) && errno != EEXIST) {
+        fprintf(stderr, "ferry: serve: serve.etcd_tls: cannot create %s: %s\n", dir, strerror(errno));
+        return FY_ERR_IO;
+    }
+    struct stat sb;
+    if (lstat(dir, &sb) || !S_ISDIR(sb.st_mode) || sb.st_uid != geteuid() || (sb.st_mode & 077)) {
+        fprintf(stderr, "ferry: serve: serve.etcd_tls: %s must be a folder of this user's alone (mode 700)\n", dir);
+        return FY_ERR_INVALID;
+    }
+    char p[PATH_MAX];
+    if (!fmt(p, sizeof(p), "%s/ca.pem", dir)) return FY_ERR_INVALID;
+    if (!access(p, R_OK)) return FY_OK; /* made before */
+    char *ca[] = {
+        "openssl", "req",  "-x509",      "-newkey", "ec",   "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout",
+        "ca.key",  "-out", "ca.pem.new", "-days",   "3650", "-subj",    "/CN=ferry-etcd-ca",       NULL};
+    bool ok = write_small(dir, "server.ext", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n") &&
+              write_small(dir, "client.ext", "extendedKeyUsage=clientAuth\n") && run_openssl(dir, ca);
+    for (int i = -1; ok && i < ETCD_TLS_USERS; i++) {
+        const char *who = i < 0 ? "server" : ETCD_TLS_USER[i];
+        char key[96], csr[96], pem[96], subj[96];
+        snprintf(key, sizeof(key), "%s.key", who);
+        snprintf(csr, sizeof(csr), "%s.csr", who);
+        snprintf(pem, sizeof(pem), "%s.pem", who);
+        snprintf(subj, sizeof(subj), "/CN=%s", i < 0 ? "ferry-etcd" : who);
+        char *req[] = {"openssl", "req",     "-newkey", "ec",   "-pkeyopt", "ec_paramgen_curve:P-256",
+                       "-nodes",  "-keyout", key,       "-out", csr,        "-subj",
+                       subj,      NULL};
+        char *sign[] = {"openssl",    "x509",
+                        "-req",       "-in",
+                        csr,          "-CA",
+                        "ca.pem.new", "-CAkey",
+                        "ca.key",     "-CAcreateserial",
+                        "-out",       pem,
+                        "-days",      "3650",
+                        "-extfile",   i < 0 ? "server.ext" : "client.ext",
+                        NULL};
+        ok = run_openssl(dir, req) && run_openssl(dir, sign);
+    }
+    char np[PATH_MAX];
+    if (ok) ok = fmt(np, sizeof(np), "%s/ca.pem.new", dir) && !rename(np, p); /* last: the mark of a whole set */
+    if (!ok) {
+        fprintf(stderr,
+                "ferry: serve: serve.etcd_tls: making the CA and certificates in %s failed (see "
+                "openssl.log there; is openssl installed?)\n",
+                dir);
+        return FY_ERR_IO;
+    }
+    return FY_OK;
+}
+
 /* etcd as a child (cluster.etcd on this host's loopback): stopped last,
- * after the workers; probed on its own /health, with a timeout of its own */
+ * after the workers; probed on its own /health, with a timeout of its own.
+ * pki: serve.etcd_tls's folder (NULL: plain http): TLS on the client
+ * port, --client-cert-auth, and /health on plain http at port + 2
+ * (--listen-metrics-urls: the probe holds no certificate). */
 static fy_status_t add_etcd(serve_t *s, const char *endpoints, const char *data, const char *run_dir,
-                            const char *log_dir, double health_timeout)
+                            const char *log_dir, double health_timeout, const char *pki)
 {
     char first[256], host[200], dir[PATH_MAX], client[256], peer[256], cluster[300], logp[PATH_MAX];
+    char cert[PATH_MAX], key[PATH_MAX], ca[PATH_MAX], metrics[256];
     snprintf(first, sizeof(first), "%.*s", (int)strcspn(endpoints, ","), endpoints);
-    const char *hp = strncmp(first, "http://", 7) ? first : first + 7;
+    const char *hp = !strncmp(first, "http://", 7) ? first + 7 : !strncmp(first, "https://", 8) ? first + 8 : first;
     const char *colon = strrchr(hp, ':');
     int port = colon ? atoi(colon + 1) : 0;
     snprintf(host, sizeof(host), "%.*s", colon ? (int)(colon - hp) : 0, hp);
@@ -438,8 +533,12 @@ static fy_status_t add_etcd(serve_t *s, const char *endpoints, const char *data,
     }
     if (!fmt(dir, sizeof(dir), "%s/etcd", run_dir)) return FY_ERR_INVALID;
     if (data) snprintf(dir, sizeof(dir), "%s", data);
-    snprintf(client, sizeof(client), "http://%s:%d", host, port);
+    snprintf(client, sizeof(client), "%s://%s:%d", pki ? "https" : "http", host, port);
+    snprintf(metrics, sizeof(metrics), "http://%s:%d", host, port + 2);
     snprintf(peer, sizeof(peer), "http://%s:%d", host, port + 1);
+    if (pki && (!fmt(cert, sizeof(cert), "%s/server.pem", pki) || !fmt(key, sizeof(key), "%s/server.key", pki) ||
+                !fmt(ca, sizeof(ca), "%s/ca.pem", pki)))
+        return FY_ERR_INVALID;
     snprintf(cluster, sizeof(cluster), "ferry-etcd=%s", peer);
     if (!fmt(logp, sizeof(logp), "%s/etcd.log", log_dir)) return FY_ERR_INVALID;
     char exe[PATH_MAX] = "";
@@ -462,10 +561,20 @@ static fy_status_t add_etcd(serve_t *s, const char *endpoints, const char *data,
                     peer,         "--initial-advertise-peer-urls",
                     peer,         "--initial-cluster",
                     cluster,      "--log-level",
-                    "warn",       NULL};
+                    "warn",       NULL,
+                    NULL,         NULL,
+                    NULL,         NULL,
+                    NULL,         NULL,
+                    NULL,         NULL,
+                    NULL,         NULL};
+    if (pki) {
+        char **a = argv + 17;
+        *a++ = "--cert-file", *a++ = cert, *a++ = "--key-file", *a++ = key, *a++ = "--trusted-ca-file", *a++ = ca;
+        *a++ = "--client-cert-auth", *a++ = "--listen-metrics-urls", *a++ = metrics;
+    }
     int idx;
     rotate_log(logp);
-    if (fy_sup_add(s->sup, "etcd", argv, logp, true, &idx) || fy_sup_set_health(s->sup, idx, client) ||
+    if (fy_sup_add(s->sup, "etcd", argv, logp, true, &idx) || fy_sup_set_health(s->sup, idx, pki ? metrics : client) ||
         fy_sup_set_health_timeout(s->sup, idx, health_timeout) || fy_sup_set_stop(s->sup, idx, 2, -1))
         return FY_ERR_INVALID;
     return FY_OK;
@@ -489,6 +598,7 @@ int fy_cmd_serve(int argc, char **argv)
     const char *etcd, *etcd_data, *router_events;
     int64_t n_prefill, n_decode, max_restarts, n_routers;
     double backoff, backoff_max, window, grace, health_timeout, start_timeout, etcd_health_timeout;
+    bool etcd_tls;
     if (fy_conf_string(cfg, "serve", "run_dir", &run_dir) || fy_conf_string(cfg, "serve", "logs", &logs) ||
         fy_conf_int(cfg, "serve", "max_restarts", &max_restarts) ||
         fy_conf_duration(cfg, "serve", "restart_backoff", &backoff) ||
@@ -505,8 +615,15 @@ int fy_cmd_serve(int argc, char **argv)
         fy_conf_string(cfg, "decode", "metrics", &d_metrics) || fy_conf_int(cfg, "prefill", "count", &n_prefill) ||
         fy_conf_int(cfg, "decode", "count", &n_decode) || fy_conf_int(cfg, "serve", "routers", &n_routers) ||
         fy_conf_string(cfg, "serve", "etcd_data", &etcd_data) || fy_conf_string(cfg, "cluster", "etcd", &etcd) ||
-        fy_conf_string(cfg, "router", "events", &router_events))
+        fy_conf_string(cfg, "router", "events", &router_events) || fy_conf_bool(cfg, "serve", "etcd_tls", &etcd_tls))
         goto out;
+    if (etcd_tls && (strncmp(etcd, "https://127.0.0.1:", 18) || strchr(etcd, ',') || (etcd_data && !*etcd_data))) {
+        fprintf(stderr,
+                "ferry: serve: serve.etcd_tls = true needs cluster.etcd = https://127.0.0.1:PORT (one endpoint, not "
+                "'%s') and an etcd of serve's own (serve.etcd_data not empty): it sets up that etcd's TLS\n",
+                etcd);
+        goto out;
+    }
     if (n_routers > 1 && !*etcd) {
         fprintf(stderr, "ferry: serve: serve.routers = %lld needs cluster.etcd: routers find workers there\n",
                 (long long)n_routers);
@@ -539,6 +656,17 @@ int fy_cmd_serve(int argc, char **argv)
         secret = path;
     }
     if (fy_cluster_make_secret(secret)) goto out; /* O_EXCL, 0600; an existing one must be the owner's alone */
+    /* serve.etcd_tls: the CA for everyone (cluster.ini); each child's certificate by --set below */
+    char pki[PATH_MAX], set_ecert[2][PATH_MAX + 32], set_ekey[2][PATH_MAX + 32];
+    if (etcd_tls) {
+        if (!fmt(pki, sizeof(pki), "%s/etcd-pki", run_dir) || make_etcd_pki(pki) ||
+            !fmt(set, sizeof(set), "cluster.etcd_ca=%s/ca.pem", pki) || fy_config_set(cfg, set))
+            goto out;
+        for (int u = 0; u < ETCD_TLS_USERS; u++)
+            if (!fmt(set_ecert[u], sizeof(set_ecert[u]), "cluster.etcd_cert=%s/%s.pem", pki, ETCD_TLS_USER[u]) ||
+                !fmt(set_ekey[u], sizeof(set_ekey[u]), "cluster.etcd_key=%s/%s.key", pki, ETCD_TLS_USER[u]))
+                goto out;
+    }
     snprintf(s.secret, sizeof(s.secret), "%s", secret);
     char conf[PATH_MAX];
     if (!fmt(conf, sizeof(conf), "%s/cluster.ini", run_dir) || fy_config_write(cfg, conf)) goto out;
@@ -575,7 +703,8 @@ int fy_cmd_serve(int argc, char **argv)
     char set_drain[64];
     snprintf(set_drain, sizeof(set_drain), "router.drain_timeout=%g", grace);
     int idx;
-    if (*etcd && (!etcd_data || *etcd_data) && add_etcd(&s, etcd, etcd_data, run_dir, log_dir, etcd_health_timeout))
+    if (*etcd && (!etcd_data || *etcd_data) &&
+        add_etcd(&s, etcd, etcd_data, run_dir, log_dir, etcd_health_timeout, etcd_tls ? pki : NULL))
         goto out;
     for (int r = 0; r < n_routers; r++) {
         /* router r: every address of the router's at port + 2r */
@@ -583,7 +712,7 @@ int fy_cmd_serve(int argc, char **argv)
         const char *base[3] = {router_listen, router_events, router_http};
         const char *key[3] = {"listen", "events", "http"};
         snprintf(rname, sizeof(rname), r ? "router-%d" : "router", r);
-        char *rargv[12] = {bin, "-c", conf, "--set", set_drain};
+        char *rargv[16] = {bin, "-c", conf, "--set", set_drain};
         int na = 5;
         for (int k = 0; k < 3 && r > 0; k++) {
             if (!*base[k]) continue;
@@ -595,6 +724,8 @@ int fy_cmd_serve(int argc, char **argv)
             snprintf(sets[k], sizeof(sets[k]), "router.%s=%s", key[k], a);
             rargv[na++] = "--set", rargv[na++] = sets[k];
         }
+        if (etcd_tls)
+            rargv[na++] = "--set", rargv[na++] = set_ecert[0], rargv[na++] = "--set", rargv[na++] = set_ekey[0];
         rargv[na] = NULL;
         char rhttp[256] = "";
         if (*router_http && !fy_cluster_addr_plus(router_http, 2 * r, rhttp, sizeof(rhttp))) goto out;
@@ -635,8 +766,12 @@ int fy_cmd_serve(int argc, char **argv)
                 goto out;
             }
             if (mbase && *mbase && !fmt(set_maddr, sizeof(set_maddr), "%s.metrics=%s", rname, maddr)) goto out;
-            char *wargv[] = {bin, "-c", conf, "--set", set_name, "--set", set_addr, NULL, NULL, NULL};
-            if (mbase && *mbase) wargv[7] = "--set", wargv[8] = set_maddr;
+            char *wargv[14] = {bin, "-c", conf, "--set", set_name, "--set", set_addr, NULL};
+            int nw = 7;
+            if (mbase && *mbase) wargv[nw++] = "--set", wargv[nw++] = set_maddr;
+            if (etcd_tls)
+                wargv[nw++] = "--set", wargv[nw++] = set_ecert[1], wargv[nw++] = "--set", wargv[nw++] = set_ekey[1];
+            wargv[nw] = NULL;
             rotate_log(logp);
             if (fy_sup_add(s.sup, name, wargv, logp, false, &idx) ||
                 fy_sup_set_ready(s.sup, idx, FY_CLUSTER_READY_ENV) ||
