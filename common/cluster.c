@@ -168,6 +168,11 @@ static fy_status_t read_secret_max(const char *path, const char *what, uint8_t *
     return FY_OK;
 }
 
+fy_status_t fy_cluster_read_secret_file(const char *path, const char *what, uint8_t *buf, size_t max, size_t *len_p)
+{
+    return read_secret_max(path, what, buf, max, len_p);
+}
+
 /* The deployment's secret: 16 to FY_CLUSTER_SECRET_MAX bytes. */
 static fy_status_t read_secret(const char *path, uint8_t *buf, size_t cap, size_t *len_p)
 {

@@ -47,6 +47,10 @@ fy_status_t fy_cluster_secret(const fy_config_t *cfg, uint8_t *key, size_t cap, 
  * readable by its owner only). */
 fy_status_t fy_cluster_make_secret(const char *path);
 
+/* Reads a secret file as fy_cluster_secret does (what names it in the
+ * errors: "cluster.etcd_password_file"): 16 to max bytes (at most 256). */
+fy_status_t fy_cluster_read_secret_file(const char *path, const char *what, uint8_t *buf, size_t max, size_t *len_p);
+
 /* Where the deployment's secret is: kv.secret_file, else serve.run_dir +
  * "/kv.secret", the file `ferry serve` makes.  cfg NULL: the defaults
  * ("run/kv.secret").  False if it does not fit in cap. */

@@ -260,6 +260,12 @@ static const fy_conf_key_t KEYS[] = {
     STR("cluster", "etcd_cert", "",
         "PEM file of this process's client certificate, presented to etcd (its CN is the etcd user under "
         "--client-cert-auth); needs cluster.etcd_key and https endpoints; empty: none"),
+    STR("cluster", "etcd_user", "",
+        "the etcd user this process authenticates as (etcd's RBAC; its JSON gateway ignores a certificate's CN "
+        "once auth is on, so a password it is); needs cluster.etcd_password_file and https endpoints; empty: none"),
+    STR("cluster", "etcd_password_file", "",
+        "the file holding cluster.etcd_user's password (16 to 128 printable bytes, a final newline dropped; the "
+        "owner's alone, as the secret file); empty: none"),
     STR("cluster", "etcd_key", "",
         "PEM file of the client certificate's private key: the owner's alone (mode 600), as the secret file; "
         "empty: none"),

@@ -2263,6 +2263,7 @@ static fy_status_t membership_start(router_t *R, const char *etcd)
                                 NULL, &mp.refused);
     if (!st) st = fy_membership_start(&mp, &R->members);
     sodium_memzero(mp.key, sizeof(mp.key));
+    sodium_memzero(&mp.tls, sizeof(mp.tls));
     return st;
 }
 

@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "config.h"
 #include "log.h"
 #include "mem.h"
@@ -524,6 +525,8 @@ struct fy_etcd {
     char *ep[MAX_ENDPOINTS];
     int n_ep, cur;
     long timeout_ms;
+    char token[512]; /* etcd's auth token (tls.user) */
+    long code;       /* the last answer's HTTP status */
     char *body;
     size_t body_len, body_cap;
     bool body_over;
@@ -596,6 +599,24 @@ fy_status_t fy_etcd_tls_check(const fy_etcd_tls_t *t, const char *endpoints)
                  endpoints);
         return FY_ERR_INVALID;
     }
+    if (!t->user[0] != !t->password[0]) {
+        fy_error("%s is set but %s is not: etcd's password auth needs both",
+                 t->user[0] ? "cluster.etcd_user" : "cluster.etcd_password_file",
+                 t->user[0] ? "cluster.etcd_password_file" : "cluster.etcd_user");
+        return FY_ERR_INVALID;
+    }
+    if (http && t->user[0]) {
+        fy_error("cluster.etcd_password_file is set but cluster.etcd '%s' has an http endpoint: the password would "
+                 "cross the network in the clear (use https://)",
+                 endpoints);
+        return FY_ERR_INVALID;
+    }
+    for (const char *c = t->password; *c; c++)
+        if ((unsigned char)*c < 0x21 || (unsigned char)*c > 0x7e || *c == '"' || *c == '\\') {
+            fy_error("cluster.etcd_password_file: the password must be printable ASCII without spaces, '\"' or '\\' "
+                     "(the error names no byte of it)");
+            return FY_ERR_FORMAT;
+        }
     if (http && (t->ca[0] || t->cert[0])) {
         fy_error("%s is set but cluster.etcd '%s' has an http endpoint: it would go without TLS (use https://)",
                  t->cert[0] ? "cluster.etcd_cert" : "cluster.etcd_ca", endpoints);
@@ -619,7 +640,37 @@ fy_status_t fy_etcd_tls_config(const struct fy_config *cfg, const char *endpoint
         }
         snprintf(dst[i], FY_ETCD_PATH_MAX, "%s", v ? v : "");
     }
-    return fy_etcd_tls_check(t, endpoints);
+    const char *user = NULL, *pwf = NULL;
+    fy_status_t st;
+    if ((st = fy_conf_string(cfg, "cluster", "etcd_user", &user)) ||
+        (st = fy_conf_string(cfg, "cluster", "etcd_password_file", &pwf)))
+        return st;
+    if (user && strlen(user) >= sizeof(t->user)) {
+        fy_error("cluster.etcd_user: at most %zu bytes", sizeof(t->user) - 1);
+        return FY_ERR_INVALID;
+    }
+    snprintf(t->user, sizeof(t->user), "%s", user ? user : "");
+    for (const char *c = t->user; *c; c++)
+        if ((unsigned char)*c < 0x21 || (unsigned char)*c > 0x7e || *c == '"' || *c == '\\') {
+            fy_error("cluster.etcd_user '%s': printable ASCII without '\"' or '\\' only", t->user);
+            return FY_ERR_INVALID;
+        }
+    if (pwf && *pwf) {
+        size_t n = 0;
+        if ((st = fy_cluster_read_secret_file(pwf, "cluster.etcd_password_file", (uint8_t *)t->password,
+                                              FY_ETCD_PASSWORD_MAX, &n)))
+            return st;
+        t->password[n] = 0;
+        if (n && t->password[n - 1] == '\n') t->password[--n] = 0;
+        if (strlen(t->password) != n) {
+            sodium_memzero(t->password, sizeof(t->password));
+            fy_error("cluster.etcd_password_file %s: a NUL byte in the password", pwf);
+            return FY_ERR_FORMAT;
+        }
+    }
+    st = fy_etcd_tls_check(t, endpoints);
+    if (st) sodium_memzero(t->password, sizeof(t->password));
+    return st;
 }
 
 fy_status_t fy_etcd_create(const char *endpoints, double timeout_s, fy_etcd_t **e_p)
@@ -680,6 +731,8 @@ void fy_etcd_destroy(fy_etcd_t *e)
 {
     if (!e) return;
     if (e->curl) curl_easy_cleanup(e->curl);
+    sodium_memzero(&e->tls, sizeof(e->tls));
+    sodium_memzero(e->token, sizeof(e->token));
     for (int i = 0; i < e->n_ep; i++) fy_free(e->ep[i]);
     fy_free(e->body);
     fy_free(e);
@@ -709,8 +762,8 @@ static size_t on_body(char *p, size_t size, size_t n, void *arg)
 }
 
 /* POSTs a JSON body to path at the first endpoint that answers; on
- * success e->body holds the answer. */
-static fy_status_t call(fy_etcd_t *e, const char *path, const char *json)
+ * success e->body holds the answer and e->code its status. */
+static fy_status_t call_once(fy_etcd_t *e, const char *path, const char *json)
 {
     for (int k = 0; k < e->n_ep; k++) {
         int i = (e->cur + k) % e->n_ep;
@@ -720,6 +773,11 @@ static fy_status_t call(fy_etcd_t *e, const char *path, const char *json)
         e->body_over = false;
         curl_easy_reset(e->curl);
         struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+        char auth[sizeof(e->token) + 32];
+        if (e->token[0]) {
+            snprintf(auth, sizeof(auth), "Authorization: %s", e->token);
+            h = curl_slist_append(h, auth);
+        }
         curl_easy_setopt(e->curl, CURLOPT_URL, url);
         curl_easy_setopt(e->curl, CURLOPT_HTTPHEADER, h);
         curl_easy_setopt(e->curl, CURLOPT_POSTFIELDS, json);
@@ -739,8 +797,10 @@ static fy_status_t call(fy_etcd_t *e, const char *path, const char *json)
         long code = 0;
         curl_easy_getinfo(e->curl, CURLINFO_RESPONSE_CODE, &code);
         curl_slist_free_all(h);
+        sodium_memzero(auth, sizeof(auth));
         if (rc == CURLE_OK && code >= 200 && code < 500) { /* 4xx: etcd's error object, parsed by the caller */
             e->cur = i;
+            e->code = code;
             if (!e->body) on_body((char *)"", 1, 0, e);
             return e->body ? FY_OK : FY_ERR_NOMEM;
         }
@@ -752,6 +812,55 @@ static fy_status_t call(fy_etcd_t *e, const char *path, const char *json)
             snprintf(e->err, sizeof(e->err), "%.200s: HTTP %ld", url, code);
     }
     return FY_ERR_PEER;
+}
+
+/* etcd's token for tls.user: from /v3/auth/authenticate, into e->token */
+static fy_status_t authenticate(fy_etcd_t *e)
+{
+    char json[sizeof(e->tls.user) + sizeof(e->tls.password) + 64];
+    snprintf(json, sizeof(json), "{\"name\":\"%s\",\"password\":\"%s\"}", e->tls.user, e->tls.password);
+    e->token[0] = 0;
+    fy_status_t st = call_once(e, "/v3/auth/authenticate", json);
+    sodium_memzero(json, sizeof(json));
+    if (st) return st;
+    json_t *j = parse_json(e->body, e->body_len, e->err, sizeof(e->err));
+    if (!j) return FY_ERR_FORMAT;
+    if (is_error(j, e->err, sizeof(e->err))) {
+        json_decref(j);
+        return FY_ERR_PEER;
+    }
+    const char *tok = json_string_value(json_object_get(j, "token"));
+    if (!tok || !*tok || strlen(tok) >= sizeof(e->token) || strpbrk(tok, "\r\n")) {
+        snprintf(e->err, sizeof(e->err), "authenticate as %s: no usable token in etcd's answer", e->tls.user);
+        json_decref(j);
+        return FY_ERR_FORMAT;
+    }
+    snprintf(e->token, sizeof(e->token), "%s", tok);
+    json_decref(j);
+    return FY_OK;
+}
+
+/* call_once, authenticated where tls.user is set: a token is fetched
+ * first, and once more when etcd answers 401 (it expired, or etcd
+ * restarted) */
+static fy_status_t call(fy_etcd_t *e, const char *path, const char *json)
+{
+    if (!e->tls.user[0]) return call_once(e, path, json);
+    for (int k = 0; k < 2; k++) {
+        fy_status_t st = e->token[0] ? FY_OK : authenticate(e);
+        if (st) return st;
+        st = call_once(e, path, json);
+        if (st || e->code != 401) return st;
+        e->token[0] = 0;
+    }
+    return FY_OK; /* the second 401: etcd's error object, for the caller */
+}
+
+fy_status_t fy_etcd_post(fy_etcd_t *e, const char *path, const char *json)
+{
+    fy_status_t st = call(e, path, json);
+    if (!st) st = fy_etcd_parse_ok(e->body, e->body_len, e->err, sizeof(e->err));
+    return st;
 }
 
 static char *b64(const void *p, size_t n)
@@ -1225,6 +1334,7 @@ fy_status_t fy_membership_start(const fy_membership_params_t *p, fy_membership_t
         pthread_cond_destroy(&m->cv);
         pthread_mutex_destroy(&m->mu);
         sodium_memzero(m->p.key, sizeof(m->p.key));
+        sodium_memzero(&m->p.tls, sizeof(m->p.tls));
         fy_free(m);
         return st;
     }
@@ -1248,6 +1358,7 @@ void fy_membership_stop(fy_membership_t *m)
     pthread_cond_destroy(&m->cv);
     pthread_mutex_destroy(&m->mu);
     sodium_memzero(m->p.key, sizeof(m->p.key));
+    sodium_memzero(&m->p.tls, sizeof(m->p.tls));
     fy_free(m);
 }
 

@@ -86,8 +86,14 @@ fy_status_t fy_etcd_create(const char *endpoints, double timeout_s, fy_etcd_t **
  * process presents a client certificate (etcd --client-cert-auth takes
  * its CN as the user, whose roles RBAC checks). */
 #define FY_ETCD_PATH_MAX 512
+/* user and password (cluster.etcd_user, etcd_password_file's content):
+ * etcd's RBAC through its JSON gateway, which takes no user from a client
+ * certificate once auth is on: each call carries a token from
+ * /v3/auth/authenticate, made again when etcd answers 401. */
+#define FY_ETCD_PASSWORD_MAX 128
 typedef struct fy_etcd_tls {
     char ca[FY_ETCD_PATH_MAX], cert[FY_ETCD_PATH_MAX], key[FY_ETCD_PATH_MAX];
+    char user[128], password[FY_ETCD_PASSWORD_MAX + 1];
 } fy_etcd_tls_t;
 /* Checks tls against the endpoints, each refusal naming its key: a file
  * that cannot be opened or is not a regular file; a key file that is not
@@ -95,11 +101,16 @@ typedef struct fy_etcd_tls {
  * without a cert; an https endpoint without a CA; a CA or cert with an
  * http endpoint (it would never be used). */
 fy_status_t fy_etcd_tls_check(const fy_etcd_tls_t *tls, const char *endpoints);
-/* Reads the three keys of cfg (a fy_config_t) and checks them. */
+/* Reads the keys of cfg (a fy_config_t) and checks them; the password
+ * too: a user without one or one without a user, a password over http, or
+ * one with a byte that is not printable or is '"' or '\\' is refused. */
 struct fy_config;
 fy_status_t fy_etcd_tls_config(const struct fy_config *cfg, const char *endpoints, fy_etcd_tls_t *tls);
 /* fy_etcd_create with TLS (tls may be NULL: none); tls is copied. */
 fy_status_t fy_etcd_create_tls(const char *endpoints, const fy_etcd_tls_t *tls, double timeout_s, fy_etcd_t **e_p);
+/* POSTs json to a gateway path (e.g. /v3/auth/user/add): FY_OK unless it
+ * failed or etcd answered an error (fy_etcd_last_error says which). */
+fy_status_t fy_etcd_post(fy_etcd_t *e, const char *path, const char *json);
 void fy_etcd_destroy(fy_etcd_t *e); /* accepts NULL */
 /* The last failure's cause, for a log line (valid until the next call). */
 const char *fy_etcd_last_error(const fy_etcd_t *e);

@@ -173,7 +173,8 @@ void tc_etcd_start(tc_etcd_t *e, const char *dir, const char *host);
 /* Makes with the openssl CLI, in dir (created 0700): a CA (ca.pem,
  * ca.key), etcd's server certificate for IP 127.0.0.1 (server.pem,
  * server.key) and a client certificate per name (NAME.pem, NAME.key,
- * CN=NAME); keys mode 0600. */
+ * O=NAME, no CN: etcd 3.4's gateway refuses one with a CN once auth is
+ * on); keys mode 0600. */
 void tc_etcd_certs(const char *dir, const char *const *names, int n);
 /* etcd on https://127.0.0.1 with certs (tc_etcd_certs'): its certificate
  * server.pem, --client-cert-auth against ca.pem (a client without a

@@ -1078,6 +1078,93 @@ static void test_tls(void **state)
     tc_etcd_kill(&e);
 }
 
+static void post_ok(fy_etcd_t *c, const char *path, const char *json)
+{
+    if (fy_etcd_post(c, path, json) != FY_OK) fail_msg("%s %s: %s", path, json, fy_etcd_last_error(c));
+}
+
+/* etcd's RBAC on top of the certificates (cluster.etcd_user,
+ * etcd_password_file): users ferry-router and ferry-worker hold
+ * readwrite on /ferry/m/ alone.  They list each other; a client with a
+ * certificate but no user (etcd's gateway takes no user from a
+ * certificate once auth is on), a wrong password, or a user writing
+ * outside /ferry/m/ is refused. */
+static void test_rbac(void **state)
+{
+    if (!tc_etcd_available()) skip();
+    char certs[300];
+    snprintf(certs, sizeof(certs), "%s/pki", fy_test_tmpdir());
+    static const char *const names[] = {"root", "ferry-router", "ferry-worker"};
+    tc_etcd_certs(certs, names, 3);
+    tc_etcd_t e;
+    tc_etcd_start_tls(&e, fy_test_tmpdir(), certs);
+    fy_etcd_tls_t admin = tc_etcd_tls_of(certs, "root");
+    fy_etcd_t *c;
+    assert_int_equal(fy_etcd_create_tls(e.url, &admin, 1.0, &c), FY_OK);
+    post_ok(c, "/v3/auth/user/add", "{\"name\":\"root\",\"password\":\"root-pass-0123456789\"}");
+    post_ok(c, "/v3/auth/user/grant", "{\"user\":\"root\",\"role\":\"root\"}");
+    post_ok(c, "/v3/auth/role/add", "{\"name\":\"ferry-m\"}");
+    /* /ferry/m/ up to /ferry/m0 ('/' + 1): the prefix (base64) */
+    post_ok(c, "/v3/auth/role/grant",
+            "{\"name\":\"ferry-m\",\"perm\":{\"permType\":\"READWRITE\",\"key\":\"L2ZlcnJ5L20v\","
+            "\"range_end\":\"L2ZlcnJ5L20w\"}}");
+    for (int i = 1; i < 3; i++) {
+        char json[256];
+        snprintf(json, sizeof(json), "{\"name\":\"%s\",\"password\":\"%s-pass-0123456789\"}", names[i], names[i]);
+        post_ok(c, "/v3/auth/user/add", json);
+        snprintf(json, sizeof(json), "{\"user\":\"%s\",\"role\":\"ferry-m\"}", names[i]);
+        post_ok(c, "/v3/auth/user/grant", json);
+    }
+    post_ok(c, "/v3/auth/enable", "{}");
+    /* now the certificate alone is no user */
+    fy_etcd_kvs_t k = {0};
+    assert_int_not_equal(fy_etcd_range_prefix(c, "/ferry/", &k), FY_OK);
+    print_message("a certificate without a user: %s\n", fy_etcd_last_error(c));
+    assert_int_not_equal(fy_etcd_put(c, "/ferry/m/routers/x", "{}", 2, 0), FY_OK);
+    fy_etcd_destroy(c);
+
+    uint8_t secret[32], key[FY_MEMBER_KEY_BYTES];
+    memset(secret, 6, sizeof(secret));
+    assert_int_equal(fy_member_key(secret, sizeof(secret), key), FY_OK);
+    seen_t sr = {.mu = PTHREAD_MUTEX_INITIALIZER}, sw = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    fy_membership_params_t pr = params_for(e.url, "router", "r0", 0x231, key, &sr);
+    fy_membership_params_t pw = params_for(e.url, "decode", "w0", 0, key, &sw);
+    pr.tls = tc_etcd_tls_of(certs, "ferry-router");
+    pw.tls = tc_etcd_tls_of(certs, "ferry-worker");
+    snprintf(pr.tls.user, sizeof(pr.tls.user), "ferry-router");
+    snprintf(pr.tls.password, sizeof(pr.tls.password), "ferry-router-pass-0123456789");
+    snprintf(pw.tls.user, sizeof(pw.tls.user), "ferry-worker");
+    snprintf(pw.tls.password, sizeof(pw.tls.password), "ferry-worker-pass-0123456789");
+    fy_membership_t *mr, *mw;
+    assert_int_equal(fy_membership_start(&pr, &mr), FY_OK);
+    assert_int_equal(fy_membership_start(&pw, &mw), FY_OK);
+    double t0 = tc_now();
+    while (!(seen_has(&sr, "w0") && seen_has(&sw, "r0")) && tc_now() - t0 < 10) usleep(20000);
+    assert_true(seen_has(&sr, "w0"));
+    assert_true(seen_has(&sw, "r0"));
+
+    /* the router's user: in /ferry/m/ yes, elsewhere no */
+    assert_int_equal(fy_etcd_create_tls(e.url, &pr.tls, 1.0, &c), FY_OK);
+    assert_int_equal(fy_etcd_range_prefix(c, "/ferry/m/", &k), FY_OK);
+    assert_true(k.n >= 2);
+    fy_etcd_kvs_free(&k);
+    assert_int_equal(fy_etcd_put(c, "/ferry/other/routers/x", "{}", 2, 0), FY_ERR_PEER);
+    print_message("outside its prefix: %s\n", fy_etcd_last_error(c));
+    assert_non_null(strstr(fy_etcd_last_error(c), "permission denied"));
+    assert_int_equal(fy_etcd_range_prefix(c, "/", &k), FY_ERR_PEER);
+    fy_etcd_destroy(c);
+    /* a wrong password */
+    fy_etcd_tls_t wrong = pr.tls;
+    snprintf(wrong.password, sizeof(wrong.password), "not-the-password-0123");
+    assert_int_equal(fy_etcd_create_tls(e.url, &wrong, 1.0, &c), FY_OK);
+    assert_int_not_equal(fy_etcd_range_prefix(c, "/ferry/m/", &k), FY_OK);
+    print_message("a wrong password: %s\n", fy_etcd_last_error(c));
+    fy_etcd_destroy(c);
+    fy_membership_stop(mw);
+    fy_membership_stop(mr);
+    tc_etcd_kill(&e);
+}
+
 /* The refusals at start, each naming its key. */
 static void test_tls_config(void **state)
 {
@@ -1100,7 +1187,7 @@ static void test_tls_config(void **state)
         fy_status_t st;
         const char *key, *says;
     } tls_case_t;
-    tls_case_t cases[8];
+    tls_case_t cases[12];
     int n = 0;
     cases[n] = (tls_case_t){"https without a CA", none, https, FY_ERR_INVALID, "cluster.etcd_ca", "https"};
     n++;
@@ -1135,6 +1222,20 @@ static void test_tls_config(void **state)
     cases[n] = (tls_case_t){"a directory as the CA", ok, https, FY_ERR_INVALID, "cluster.etcd_ca", "regular"};
     snprintf(cases[n].t.ca, sizeof(cases[n].t.ca), "%s", certs);
     n++;
+    cases[n] = (tls_case_t){"a user without a password",  ok,          https, FY_ERR_INVALID,
+                            "cluster.etcd_password_file", "needs both"};
+    snprintf(cases[n].t.user, sizeof(cases[n].t.user), "ferry-router");
+    n++;
+    cases[n] =
+        (tls_case_t){"a password over http", none, http, FY_ERR_INVALID, "cluster.etcd_password_file", "in the clear"};
+    snprintf(cases[n].t.user, sizeof(cases[n].t.user), "ferry-router");
+    snprintf(cases[n].t.password, sizeof(cases[n].t.password), "0123456789abcdef");
+    n++;
+    cases[n] =
+        (tls_case_t){"a quote in the password", ok, https, FY_ERR_FORMAT, "cluster.etcd_password_file", "printable"};
+    snprintf(cases[n].t.user, sizeof(cases[n].t.user), "ferry-router");
+    snprintf(cases[n].t.password, sizeof(cases[n].t.password), "0123456789\"abcdef");
+    n++;
     for (int i = 0; i < n; i++) {
         fy_test_log_begin();
         fy_status_t st = fy_etcd_tls_check(&cases[i].t, cases[i].endpoints);
@@ -1164,6 +1265,7 @@ int main(void)
         cmocka_unit_test_teardown(test_two_routers, teardown),
         cmocka_unit_test_teardown(test_tls, teardown),
         cmocka_unit_test_teardown(test_tls_config, teardown),
+        cmocka_unit_test_teardown(test_rbac, teardown),
     };
     const char *only = getenv("FY_TEST_FILTER");
     if (only) cmocka_set_test_filter(only);

@@ -1002,6 +1002,7 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
                 &mp.refused);
         if (!st) st = fy_membership_start(&mp, &n->members);
         sodium_memzero(mp.key, sizeof(mp.key));
+        sodium_memzero(&mp.tls, sizeof(mp.tls));
         if (st) return st;
     }
     n->up = true;
