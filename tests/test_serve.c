@@ -527,8 +527,22 @@ static void etcd_two_routers(bool tls)
         assert_int_equal(fy_etcd_put(c, "/ferry/ferry/routers/x", "{}", 2, 0), FY_ERR_PEER);
         print_message("without a certificate: %s\n", fy_etcd_last_error(c));
         fy_etcd_destroy(c);
+        /* the routers' certificate without its user: etcd's RBAC says no */
         assert_int_equal(fy_etcd_create_tls(etcd + strlen("cluster.etcd="), &router, 1.0, &c), FY_OK);
-        assert_int_equal(fy_etcd_range_prefix(c, "/ferry/", &kv), FY_OK);
+        assert_int_not_equal(fy_etcd_range_prefix(c, "/ferry/", &kv), FY_OK);
+        print_message("a certificate without a user: %s\n", fy_etcd_last_error(c));
+        fy_etcd_destroy(c);
+        /* with the user serve made: /ferry/ferry/ yes, outside it no */
+        char pwp[PATH_MAX + 32], *pw;
+        snprintf(pwp, sizeof(pwp), "%s/ferry-router.password", pki);
+        assert_non_null(pw = read_text(pwp));
+        snprintf(router.user, sizeof(router.user), "ferry-router");
+        snprintf(router.password, sizeof(router.password), "%s", pw);
+        fy_free(pw);
+        assert_int_equal(fy_etcd_create_tls(etcd + strlen("cluster.etcd="), &router, 1.0, &c), FY_OK);
+        assert_int_not_equal(fy_etcd_put(c, "/elsewhere", "x", 1, 0), FY_OK);
+        assert_non_null(strstr(fy_etcd_last_error(c), "permission denied"));
+        assert_int_equal(fy_etcd_range_prefix(c, "/ferry/ferry/", &kv), FY_OK);
         int n_routers = 0;
         for (int i = 0; i < kv.n; i++) n_routers += strstr(kv.kv[i].key, "/routers/") != NULL;
         assert_int_equal(n_routers, 2);
@@ -536,11 +550,15 @@ static void etcd_two_routers(bool tls)
         fy_etcd_destroy(c);
         struct stat sb;
         char key[PATH_MAX + 32];
-        snprintf(key, sizeof(key), "%s/ferry-worker.key", pki);
         assert_int_equal(stat(pki, &sb), 0);
         assert_int_equal(sb.st_mode & 077, 0);
-        assert_int_equal(stat(key, &sb), 0);
-        assert_int_equal(sb.st_mode & 077, 0);
+        static const char *const secret_files[] = {"ca.key", "ferry-worker.key", "ferry-worker.password",
+                                                   "root.password"};
+        for (size_t i = 0; i < FY_ARRAY_LEN(secret_files); i++) {
+            snprintf(key, sizeof(key), "%s/%s", pki, secret_files[i]);
+            assert_int_equal(stat(key, &sb), 0);
+            if (sb.st_mode & 077) fail_msg("%s: mode %04o", key, (unsigned)(sb.st_mode & 07777));
+        }
     }
     assert_int_equal(kill(e.pid, SIGTERM), 0);
     int st = serve_wait(&e, 60);

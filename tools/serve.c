@@ -41,6 +41,7 @@
  * Not here: the supervision itself (supervise.c), the children.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
 #include <pthread.h>
@@ -55,12 +56,14 @@
 #include <unistd.h>
 
 #include <jansson.h>
+#include <sodium.h>
 
 #include "cli.h"
 #include "client.h"
 #include "cluster.h"
 #include "commands.h"
 #include "config.h"
+#include "etcd.h"
 #include "httpd.h"
 #include "log.h"
 #include "mem.h"
@@ -482,7 +485,8 @@ static fy_status_t make_etcd_pki(const char *dir)
         snprintf(key, sizeof(key), "%s.key", who);
         snprintf(csr, sizeof(csr), "%s.csr", who);
         snprintf(pem, sizeof(pem), "%s.pem", who);
-        snprintf(subj, sizeof(subj), "/CN=%s", i < 0 ? "ferry-etcd" : who);
+        /* clients: O=, no CN: with auth on, etcd 3.4's JSON gateway refuses a certificate with a CN */
+        snprintf(subj, sizeof(subj), i < 0 ? "/CN=%s" : "/O=%s", i < 0 ? "ferry-etcd" : who);
         char *req[] = {"openssl", "req",     "-newkey", "ec",   "-pkeyopt", "ec_paramgen_curve:P-256",
                        "-nodes",  "-keyout", key,       "-out", csr,        "-subj",
                        subj,      NULL};
@@ -509,13 +513,116 @@ static fy_status_t make_etcd_pki(const char *dir)
     return FY_OK;
 }
 
+/* a random password (hex) into dir/NAME.password, 0600, made once */
+static bool make_password(const char *dir, const char *name, char out[65])
+{
+    char p[PATH_MAX];
+    if (!fmt(p, sizeof(p), "%s/%s.password", dir, name)) return false;
+    int fd = open(p, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t n = read(fd, out, 64);
+        close(fd);
+        if (n != 64) return false;
+        out[64] = 0;
+        return true;
+    }
+    uint8_t r[32];
+    randombytes_buf(r, sizeof(r));
+    sodium_bin2hex(out, 65, r, sizeof(r));
+    sodium_memzero(r, sizeof(r));
+    fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    bool ok = fd >= 0 && write(fd, out, 64) == 64;
+    if (fd >= 0) ok = !close(fd) && ok;
+    return ok;
+}
+
+/* serve.etcd_tls's RBAC, once (the mark: pki/rbac.done): runs etcd by
+ * itself (argv), and through its gateway with the routers' certificate
+ * (before auth is on, any certificate of the CA may) adds root (a random
+ * password it keeps), a role ferry-CLUSTER with readwrite on
+ * /ferry/CLUSTER/ alone, the users ETCD_TLS_USER with random passwords
+ * (pki/USER.password) in that role, and turns auth on; then stops it.
+ * etcd's prefix model has no finer grant that fits: a worker writes its
+ * own record and a router its own and its tag, all under that prefix. */
+static fy_status_t setup_rbac(const char *pki, char *const *argv, const char *client, const char *cluster)
+{
+    char mark[PATH_MAX];
+    if (!fmt(mark, sizeof(mark), "%s/rbac.done", pki)) return FY_ERR_INVALID;
+    if (!access(mark, F_OK)) return FY_OK;
+    pid_t pid = fork();
+    if (pid < 0) return FY_ERR_INTERNAL;
+    if (pid == 0) {
+        char logp[PATH_MAX];
+        if (fmt(logp, sizeof(logp), "%s/etcd-setup.log", pki) && freopen(logp, "a", stdout)) dup2(1, 2);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    fy_etcd_tls_t t = {.ca = ""};
+    fy_etcd_t *e = NULL;
+    fy_status_t st = fmt(t.ca, sizeof(t.ca), "%s/ca.pem", pki) &&
+                             fmt(t.cert, sizeof(t.cert), "%s/%s.pem", pki, ETCD_TLS_USER[0]) &&
+                             fmt(t.key, sizeof(t.key), "%s/%s.key", pki, ETCD_TLS_USER[0])
+                         ? fy_etcd_create_tls(client, &t, 1.0, &e)
+                         : FY_ERR_INVALID;
+    fy_etcd_kvs_t k = {0};
+    double t0 = mono();
+    while (!st && fy_etcd_range_prefix(e, "/", &k)) { /* until it answers */
+        if (mono() - t0 > 30) st = FY_ERR_TIMEOUT;
+        struct timespec ts = {.tv_nsec = 100000000};
+        nanosleep(&ts, NULL);
+    }
+    fy_etcd_kvs_free(&k);
+    char pw[65] = "", json[1024], role[160], b64k[256], b64e[256], pfx[160];
+    snprintf(role, sizeof(role), "ferry-%s", cluster);
+    snprintf(pfx, sizeof(pfx), "/ferry/%s/", cluster);
+    sodium_bin2base64(b64k, sizeof(b64k), (const uint8_t *)pfx, strlen(pfx), sodium_base64_VARIANT_ORIGINAL);
+    pfx[strlen(pfx) - 1] = '0'; /* the range's end: '/' + 1 */
+    sodium_bin2base64(b64e, sizeof(b64e), (const uint8_t *)pfx, strlen(pfx), sodium_base64_VARIANT_ORIGINAL);
+    const char *step = "reaching it";
+#define POST(what, path, ...)                                                                                          \
+    if (!st) {                                                                                                         \
+        step = what;                                                                                                   \
+        snprintf(json, sizeof(json), __VA_ARGS__);                                                                     \
+        st = fy_etcd_post(e, path, json);                                                                              \
+    }
+    if (!st && !make_password(pki, "root", pw)) st = FY_ERR_IO;
+    POST("adding root", "/v3/auth/user/add", "{\"name\":\"root\",\"password\":\"%s\"}", pw);
+    POST("granting root", "/v3/auth/user/grant", "{\"user\":\"root\",\"role\":\"root\"}");
+    POST("adding the role", "/v3/auth/role/add", "{\"name\":\"%s\"}", role);
+    POST("granting the role", "/v3/auth/role/grant",
+         "{\"name\":\"%s\",\"perm\":{\"permType\":\"READWRITE\",\"key\":\"%s\",\"range_end\":\"%s\"}}", role, b64k,
+         b64e);
+    for (int u = 0; u < ETCD_TLS_USERS; u++) {
+        if (!st && !make_password(pki, ETCD_TLS_USER[u], pw)) st = FY_ERR_IO;
+        POST("adding a user", "/v3/auth/user/add", "{\"name\":\"%s\",\"password\":\"%s\"}", ETCD_TLS_USER[u], pw);
+        POST("granting a user", "/v3/auth/user/grant", "{\"user\":\"%s\",\"role\":\"%s\"}", ETCD_TLS_USER[u], role);
+    }
+    POST("enabling auth", "/v3/auth/enable", "{}");
+#undef POST
+    sodium_memzero(pw, sizeof(pw));
+    sodium_memzero(json, sizeof(json));
+    if (st)
+        fprintf(stderr,
+                "ferry: serve: serve.etcd_tls: setting up etcd's users failed at %s: %s (etcd's log: "
+                "%s/etcd-setup.log)\n",
+                step, e ? fy_etcd_last_error(e) : "no client", pki);
+    fy_etcd_destroy(e);
+    kill(pid, SIGTERM);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
+    if (!st) {
+        int fd = open(mark, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        if (fd < 0 || close(fd)) st = FY_ERR_IO;
+    }
+    return st;
+}
+
 /* etcd as a child (cluster.etcd on this host's loopback): stopped last,
  * after the workers; probed on its own /health, with a timeout of its own.
  * pki: serve.etcd_tls's folder (NULL: plain http): TLS on the client
  * port, --client-cert-auth, and /health on plain http at port + 2
  * (--listen-metrics-urls: the probe holds no certificate). */
 static fy_status_t add_etcd(serve_t *s, const char *endpoints, const char *data, const char *run_dir,
-                            const char *log_dir, double health_timeout, const char *pki)
+                            const char *log_dir, double health_timeout, const char *pki, const char *cluster_name)
 {
     char first[256], host[200], dir[PATH_MAX], client[256], peer[256], cluster[300], logp[PATH_MAX];
     char cert[PATH_MAX], key[PATH_MAX], ca[PATH_MAX], metrics[256];
@@ -572,6 +679,7 @@ static fy_status_t add_etcd(serve_t *s, const char *endpoints, const char *data,
         *a++ = "--cert-file", *a++ = cert, *a++ = "--key-file", *a++ = key, *a++ = "--trusted-ca-file", *a++ = ca;
         *a++ = "--client-cert-auth", *a++ = "--listen-metrics-urls", *a++ = metrics;
     }
+    if (pki && setup_rbac(pki, argv, client, cluster_name)) return FY_ERR_IO;
     int idx;
     rotate_log(logp);
     if (fy_sup_add(s->sup, "etcd", argv, logp, true, &idx) || fy_sup_set_health(s->sup, idx, pki ? metrics : client) ||
@@ -595,7 +703,7 @@ int fy_cmd_serve(int argc, char **argv)
     int rc = 1;
     const char *run_dir, *logs, *secret, *router_listen, *router_http, *p_listen, *d_listen, *p_metrics, *d_metrics,
         *serve_metrics;
-    const char *etcd, *etcd_data, *router_events;
+    const char *etcd, *etcd_data, *router_events, *cluster_name;
     int64_t n_prefill, n_decode, max_restarts, n_routers;
     double backoff, backoff_max, window, grace, health_timeout, start_timeout, etcd_health_timeout;
     bool etcd_tls;
@@ -615,7 +723,8 @@ int fy_cmd_serve(int argc, char **argv)
         fy_conf_string(cfg, "decode", "metrics", &d_metrics) || fy_conf_int(cfg, "prefill", "count", &n_prefill) ||
         fy_conf_int(cfg, "decode", "count", &n_decode) || fy_conf_int(cfg, "serve", "routers", &n_routers) ||
         fy_conf_string(cfg, "serve", "etcd_data", &etcd_data) || fy_conf_string(cfg, "cluster", "etcd", &etcd) ||
-        fy_conf_string(cfg, "router", "events", &router_events) || fy_conf_bool(cfg, "serve", "etcd_tls", &etcd_tls))
+        fy_conf_string(cfg, "router", "events", &router_events) || fy_conf_bool(cfg, "serve", "etcd_tls", &etcd_tls) ||
+        fy_conf_string(cfg, "cluster", "name", &cluster_name))
         goto out;
     if (etcd_tls && (strncmp(etcd, "https://127.0.0.1:", 18) || strchr(etcd, ',') || (etcd_data && !*etcd_data))) {
         fprintf(stderr,
@@ -657,14 +766,18 @@ int fy_cmd_serve(int argc, char **argv)
     }
     if (fy_cluster_make_secret(secret)) goto out; /* O_EXCL, 0600; an existing one must be the owner's alone */
     /* serve.etcd_tls: the CA for everyone (cluster.ini); each child's certificate by --set below */
-    char pki[PATH_MAX], set_ecert[2][PATH_MAX + 32], set_ekey[2][PATH_MAX + 32];
+    char pki[PATH_MAX], set_ecert[2][PATH_MAX + 32], set_ekey[2][PATH_MAX + 32], set_euser[2][64],
+        set_epw[2][PATH_MAX + 40];
     if (etcd_tls) {
         if (!fmt(pki, sizeof(pki), "%s/etcd-pki", run_dir) || make_etcd_pki(pki) ||
             !fmt(set, sizeof(set), "cluster.etcd_ca=%s/ca.pem", pki) || fy_config_set(cfg, set))
             goto out;
         for (int u = 0; u < ETCD_TLS_USERS; u++)
             if (!fmt(set_ecert[u], sizeof(set_ecert[u]), "cluster.etcd_cert=%s/%s.pem", pki, ETCD_TLS_USER[u]) ||
-                !fmt(set_ekey[u], sizeof(set_ekey[u]), "cluster.etcd_key=%s/%s.key", pki, ETCD_TLS_USER[u]))
+                !fmt(set_ekey[u], sizeof(set_ekey[u]), "cluster.etcd_key=%s/%s.key", pki, ETCD_TLS_USER[u]) ||
+                !fmt(set_euser[u], sizeof(set_euser[u]), "cluster.etcd_user=%s", ETCD_TLS_USER[u]) ||
+                !fmt(set_epw[u], sizeof(set_epw[u]), "cluster.etcd_password_file=%s/%s.password", pki,
+                     ETCD_TLS_USER[u]))
                 goto out;
     }
     snprintf(s.secret, sizeof(s.secret), "%s", secret);
@@ -704,7 +817,7 @@ int fy_cmd_serve(int argc, char **argv)
     snprintf(set_drain, sizeof(set_drain), "router.drain_timeout=%g", grace);
     int idx;
     if (*etcd && (!etcd_data || *etcd_data) &&
-        add_etcd(&s, etcd, etcd_data, run_dir, log_dir, etcd_health_timeout, etcd_tls ? pki : NULL))
+        add_etcd(&s, etcd, etcd_data, run_dir, log_dir, etcd_health_timeout, etcd_tls ? pki : NULL, cluster_name))
         goto out;
     for (int r = 0; r < n_routers; r++) {
         /* router r: every address of the router's at port + 2r */
@@ -712,7 +825,7 @@ int fy_cmd_serve(int argc, char **argv)
         const char *base[3] = {router_listen, router_events, router_http};
         const char *key[3] = {"listen", "events", "http"};
         snprintf(rname, sizeof(rname), r ? "router-%d" : "router", r);
-        char *rargv[16] = {bin, "-c", conf, "--set", set_drain};
+        char *rargv[20] = {bin, "-c", conf, "--set", set_drain};
         int na = 5;
         for (int k = 0; k < 3 && r > 0; k++) {
             if (!*base[k]) continue;
@@ -724,8 +837,10 @@ int fy_cmd_serve(int argc, char **argv)
             snprintf(sets[k], sizeof(sets[k]), "router.%s=%s", key[k], a);
             rargv[na++] = "--set", rargv[na++] = sets[k];
         }
-        if (etcd_tls)
+        if (etcd_tls) {
             rargv[na++] = "--set", rargv[na++] = set_ecert[0], rargv[na++] = "--set", rargv[na++] = set_ekey[0];
+            rargv[na++] = "--set", rargv[na++] = set_euser[0], rargv[na++] = "--set", rargv[na++] = set_epw[0];
+        }
         rargv[na] = NULL;
         char rhttp[256] = "";
         if (*router_http && !fy_cluster_addr_plus(router_http, 2 * r, rhttp, sizeof(rhttp))) goto out;
@@ -766,11 +881,13 @@ int fy_cmd_serve(int argc, char **argv)
                 goto out;
             }
             if (mbase && *mbase && !fmt(set_maddr, sizeof(set_maddr), "%s.metrics=%s", rname, maddr)) goto out;
-            char *wargv[14] = {bin, "-c", conf, "--set", set_name, "--set", set_addr, NULL};
+            char *wargv[18] = {bin, "-c", conf, "--set", set_name, "--set", set_addr, NULL};
             int nw = 7;
             if (mbase && *mbase) wargv[nw++] = "--set", wargv[nw++] = set_maddr;
-            if (etcd_tls)
+            if (etcd_tls) {
                 wargv[nw++] = "--set", wargv[nw++] = set_ecert[1], wargv[nw++] = "--set", wargv[nw++] = set_ekey[1];
+                wargv[nw++] = "--set", wargv[nw++] = set_euser[1], wargv[nw++] = "--set", wargv[nw++] = set_epw[1];
+            }
             wargv[nw] = NULL;
             rotate_log(logp);
             if (fy_sup_add(s.sup, name, wargv, logp, false, &idx) ||
