@@ -240,8 +240,9 @@ static const fy_conf_key_t KEYS[] = {
         "empty: etcd is someone else's to run"),
     BOOL("serve", "etcd_tls", "false",
          "the etcd `ferry serve` runs: TLS with a CA made in RUN_DIR/etcd-pki, --client-cert-auth (a process "
-         "without a certificate of that CA cannot connect), a client certificate for the routers and one for the "
-         "workers (set as cluster.etcd_ca, etcd_cert, etcd_key); needs cluster.etcd = https://127.0.0.1:PORT"),
+         "without a certificate of that CA cannot connect), and RBAC: users ferry-router and ferry-worker (random "
+         "passwords there) with readwrite on /ferry/CLUSTER/ alone; each child gets its certificate, user and "
+         "password file; needs cluster.etcd = https://127.0.0.1:PORT and /health on http at PORT + 2"),
     DUR("serve", "etcd_health_timeout", "120s", 0, 86400,
         "silence on etcd's /health before `ferry serve` restarts it (0: serve.health_timeout); longer than the "
         "others': a restart loses every lease, and routers and workers serve on through an etcd outage"),
@@ -258,8 +259,9 @@ static const fy_conf_key_t KEYS[] = {
         "PEM file of the CA that signed etcd's server certificate: an https:// endpoint is verified against it "
         "(required with https); empty: none"),
     STR("cluster", "etcd_cert", "",
-        "PEM file of this process's client certificate, presented to etcd (its CN is the etcd user under "
-        "--client-cert-auth); needs cluster.etcd_key and https endpoints; empty: none"),
+        "PEM file of this process's client certificate, presented to etcd (with --client-cert-auth etcd lets no "
+        "one without a certificate of its CA connect; the etcd user is cluster.etcd_user, and etcd 3.4's gateway "
+        "refuses a certificate with a CN once auth is on); needs cluster.etcd_key and https endpoints; empty: none"),
     STR("cluster", "etcd_user", "",
         "the etcd user this process authenticates as (etcd's RBAC; its JSON gateway ignores a certificate's CN "
         "once auth is on, so a password it is); needs cluster.etcd_password_file and https endpoints; empty: none"),
