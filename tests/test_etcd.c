@@ -1153,6 +1153,26 @@ static void test_rbac(void **state)
     assert_non_null(strstr(fy_etcd_last_error(c), "permission denied"));
     assert_int_equal(fy_etcd_range_prefix(c, "/", &k), FY_ERR_PEER);
     fy_etcd_destroy(c);
+    /* tokens expire (etcd restarts, --auth-token-ttl): a client fetches a new
+     * one on the 401.  auth off and on again drops every token etcd gave */
+    fy_etcd_t *rc;
+    assert_int_equal(fy_etcd_create_tls(e.url, &pr.tls, 1.0, &rc), FY_OK);
+    assert_int_equal(fy_etcd_range_prefix(rc, "/ferry/m/", &k), FY_OK); /* it holds a token now */
+    fy_etcd_kvs_free(&k);
+    fy_etcd_tls_t root = admin;
+    snprintf(root.user, sizeof(root.user), "root");
+    snprintf(root.password, sizeof(root.password), "root-pass-0123456789");
+    assert_int_equal(fy_etcd_create_tls(e.url, &root, 1.0, &c), FY_OK);
+    post_ok(c, "/v3/auth/disable", "{}");
+    fy_etcd_destroy(c);
+    assert_int_equal(fy_etcd_create_tls(e.url, &admin, 1.0, &c), FY_OK);
+    post_ok(c, "/v3/auth/enable", "{}");
+    fy_etcd_destroy(c);
+    if (fy_etcd_range_prefix(rc, "/ferry/m/", &k) != FY_OK)
+        fail_msg("after the token was dropped: %s", fy_etcd_last_error(rc));
+    assert_true(k.n >= 2);
+    fy_etcd_kvs_free(&k);
+    fy_etcd_destroy(rc);
     /* a wrong password */
     fy_etcd_tls_t wrong = pr.tls;
     snprintf(wrong.password, sizeof(wrong.password), "not-the-password-0123");
