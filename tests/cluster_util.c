@@ -23,6 +23,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
 #include "backend.h"
 #include "cluster.h"
 #include "metrics.h"
@@ -166,7 +168,7 @@ void tc_start(tc_cluster_t *c, const tc_opts_t *o)
             o->model ? o->model : tc_model(), secret, c->router_url, c->events_url, o->n_prefill, o->n_decode);
     fclose(f);
     char bin[512];
-    char *argv[40];
+    char *argv[64]; /* 3 + 2 + 2 + 2 * 16 common + 2 + 2 * 8 per worker + NULL */
     char sets[20][640];
     int na;
     /* the router */
@@ -217,7 +219,7 @@ void tc_start(tc_cluster_t *c, const tc_opts_t *o)
                      c->metrics_port[w]);
             argv[na++] = "--set", argv[na++] = sets[ns++];
         }
-        for (int k = 0; k < 4 && o->per_worker[w][k]; k++)
+        for (int k = 0; k < 8 && o->per_worker[w][k]; k++)
             argv[na++] = "--set", argv[na++] = (char *)o->per_worker[w][k];
         argv[na] = NULL;
         add_proc(c, name, o->wrap[w + 1], argv);
@@ -674,7 +676,9 @@ bool tc_etcd_available(void)
     return false;
 }
 
-void tc_etcd_certs(const char *dir, const char *const *names, int n)
+void tc_etcd_certs(const char *dir, const char *const *names, int n) { tc_etcd_certs_ip(dir, "127.0.0.1", names, n); }
+
+void tc_etcd_certs_ip(const char *dir, const char *ip, const char *const *names, int n)
 {
     mkdir(dir, 0700);
     /* P-256 keys: quick to make; SAN IP:127.0.0.1 (curl checks it against the URL); the server's also
@@ -685,12 +689,12 @@ void tc_etcd_certs(const char *dir, const char *const *names, int n)
                      "set -e; cd '%s'; umask 077; o() { openssl \"$@\" >>openssl.log 2>&1; }; "
                      "K='-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes'; "
                      "o req -x509 $K -keyout ca.key -out ca.pem -days 2 -subj /CN=test-ca; "
-                     "printf 'subjectAltName=IP:127.0.0.1\\nextendedKeyUsage=serverAuth,clientAuth\\n' >server.ext; "
+                     "printf 'subjectAltName=IP:%s\\nextendedKeyUsage=serverAuth,clientAuth\\n' >server.ext; "
                      "o req $K -keyout server.key -out server.csr -subj /CN=etcd; "
                      "o x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2 "
                      "-extfile server.ext; printf 'extendedKeyUsage=clientAuth\\n' >client.ext; "
                      "for u in",
-                     dir);
+                     dir, ip);
     for (int i = 0; i < n; i++) k += snprintf(cmd + k, sizeof(cmd) - (size_t)k, " '%s'", names[i]);
     snprintf(cmd + k, sizeof(cmd) - (size_t)k,
              "; do o req $K -keyout \"$u.key\" -out \"$u.csr\" -subj \"/O=$u\"; "
@@ -713,12 +717,17 @@ fy_etcd_tls_t tc_etcd_tls_of(const char *certs, const char *name)
 
 void tc_etcd_start_tls(tc_etcd_t *e, const char *dir, const char *certs)
 {
+    tc_etcd_start_tls_on(e, dir, certs, "127.0.0.1");
+}
+
+void tc_etcd_start_tls_on(tc_etcd_t *e, const char *dir, const char *certs, const char *host)
+{
     memset(e, 0, sizeof(*e));
     e->port = tc_free_port();
     do e->peer_port = tc_free_port();
     while (e->peer_port == e->port);
-    snprintf(e->host, sizeof(e->host), "127.0.0.1");
-    snprintf(e->url, sizeof(e->url), "https://127.0.0.1:%d", e->port);
+    snprintf(e->host, sizeof(e->host), "%s", host);
+    snprintf(e->url, sizeof(e->url), "https://%s:%d", host, e->port);
     snprintf(e->dir, sizeof(e->dir), "%s/etcd", dir);
     snprintf(e->log, sizeof(e->log), "%s/etcd.log", dir);
     snprintf(e->certs, sizeof(e->certs), "%s", certs);
@@ -774,6 +783,45 @@ void tc_etcd_start(tc_etcd_t *e, const char *dir, const char *host)
     snprintf(e->dir, sizeof(e->dir), "%s/etcd", dir);
     snprintf(e->log, sizeof(e->log), "%s/etcd.log", dir);
     tc_etcd_spawn(e);
+}
+
+static void rbac_post(fy_etcd_t *c, const char *path, const char *json)
+{
+    if (fy_etcd_post(c, path, json) != FY_OK) fail_msg("etcd %s %s: %s", path, json, fy_etcd_last_error(c));
+}
+
+void tc_etcd_rbac(tc_etcd_t *e, const char *cluster, const char *const *users, int n)
+{
+    fy_etcd_tls_t admin = tc_etcd_tls_of(e->certs, "root");
+    fy_etcd_t *c;
+    assert_int_equal(fy_etcd_create_tls(e->url, &admin, 2.0, &c), FY_OK);
+    char json[1024], pfx[128], b64k[200], b64e[200], role[128], path[700];
+    snprintf(role, sizeof(role), "ferry-%s", cluster);
+    snprintf(pfx, sizeof(pfx), "/ferry/%s/", cluster);
+    sodium_bin2base64(b64k, sizeof(b64k), (const uint8_t *)pfx, strlen(pfx), sodium_base64_VARIANT_ORIGINAL);
+    pfx[strlen(pfx) - 1] = '0';
+    sodium_bin2base64(b64e, sizeof(b64e), (const uint8_t *)pfx, strlen(pfx), sodium_base64_VARIANT_ORIGINAL);
+    rbac_post(c, "/v3/auth/user/add", "{\"name\":\"root\",\"password\":\"root-pass-0123456789\"}");
+    rbac_post(c, "/v3/auth/user/grant", "{\"user\":\"root\",\"role\":\"root\"}");
+    snprintf(json, sizeof(json), "{\"name\":\"%s\"}", role);
+    rbac_post(c, "/v3/auth/role/add", json);
+    snprintf(json, sizeof(json),
+             "{\"name\":\"%s\",\"perm\":{\"permType\":\"READWRITE\",\"key\":\"%s\",\"range_end\":\"%s\"}}", role, b64k,
+             b64e);
+    rbac_post(c, "/v3/auth/role/grant", json);
+    for (int i = 0; i < n; i++) {
+        char pw[64];
+        snprintf(pw, sizeof(pw), "%s-pass-0123456789", users[i]);
+        snprintf(json, sizeof(json), "{\"name\":\"%s\",\"password\":\"%s\"}", users[i], pw);
+        rbac_post(c, "/v3/auth/user/add", json);
+        snprintf(json, sizeof(json), "{\"user\":\"%s\",\"role\":\"%s\"}", users[i], role);
+        rbac_post(c, "/v3/auth/user/grant", json);
+        snprintf(path, sizeof(path), "%s/%s.password", e->certs, users[i]);
+        assert_true(fy_test_write_file(path, pw, strlen(pw)));
+        assert_int_equal(chmod(path, 0600), 0);
+    }
+    rbac_post(c, "/v3/auth/enable", "{}");
+    fy_etcd_destroy(c);
 }
 
 void tc_etcd_kill(tc_etcd_t *e)

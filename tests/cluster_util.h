@@ -48,7 +48,7 @@ typedef struct tc_opts {
     /* extra "section.key=value" settings for every process, and per worker
      * (indexed prefill 0.., then decode 0..) */
     const char *common[16];
-    const char *per_worker[TC_MAX_PROCS][4];
+    const char *per_worker[TC_MAX_PROCS][8];
     /* addresses: NULL for ipc:// in the test's directory */
     const char *router_url, *events_url;
     const char *worker_url[TC_MAX_PROCS];
@@ -176,11 +176,19 @@ void tc_etcd_start(tc_etcd_t *e, const char *dir, const char *host);
  * O=NAME, no CN: etcd 3.4's gateway refuses one with a CN once auth is
  * on); keys mode 0600. */
 void tc_etcd_certs(const char *dir, const char *const *names, int n);
+/* the same with etcd's certificate for IP ip */
+void tc_etcd_certs_ip(const char *dir, const char *ip, const char *const *names, int n);
 /* etcd on https://127.0.0.1 with certs (tc_etcd_certs'): its certificate
  * server.pem, --client-cert-auth against ca.pem (a client without a
  * certificate of that CA cannot connect); waits with certs/root.pem
  * (which tc_etcd_certs must have made). */
 void tc_etcd_start_tls(tc_etcd_t *e, const char *dir, const char *certs);
+/* the same on host (an IP tc_etcd_certs_ip made the certificate for) */
+void tc_etcd_start_tls_on(tc_etcd_t *e, const char *dir, const char *certs, const char *host);
+/* etcd's RBAC on a tc_etcd_start_tls one: root, a role ferry-CLUSTER with
+ * readwrite on /ferry/CLUSTER/ alone, and each user (password in
+ * certs/USER.password, mode 0600) in it; then auth on. */
+void tc_etcd_rbac(tc_etcd_t *e, const char *cluster, const char *const *users, int n);
 /* certs' files for a client NAME (ca.pem, NAME.pem, NAME.key) */
 fy_etcd_tls_t tc_etcd_tls_of(const char *certs, const char *name);
 void tc_etcd_spawn(tc_etcd_t *e);

@@ -103,8 +103,11 @@ static bool join(const char *ns)
 }
 
 /* with_etcd: no router address in the workers' configuration; etcd runs
- * on the router's host and every process finds the others there */
-static void three_hosts(bool with_etcd)
+ * on the router's host and every process finds the others there.  tls:
+ * that etcd with TLS, client certificates and RBAC, each process with
+ * its role's certificate and etcd user (cluster.etcd_ca, etcd_cert,
+ * etcd_key, etcd_user, etcd_password_file) */
+static void three_hosts(bool with_etcd, bool tls)
 {
     enum { N = 6 };
     static int32_t prompts[N][400];
@@ -138,15 +141,35 @@ static void three_hosts(bool with_etcd)
                    .common = {"worker.transports=tcp"},
                    .wrap = {wr, wp, wd}};
     tc_etcd_t e = {0};
-    char set_etcd[128];
+    char set_etcd[128], certs[300], sets[8][400];
     if (with_etcd) { /* started from here: in the router's namespace, on its address */
         char host[32];
         snprintf(host, sizeof(host), "10.213.%d.1", g_subnet);
-        tc_etcd_start(&e, fy_test_tmpdir(), host);
+        if (tls) {
+            static const char *const names[] = {"root", "ferry-router", "ferry-worker"};
+            snprintf(certs, sizeof(certs), "%s/pki", fy_test_tmpdir());
+            tc_etcd_certs_ip(certs, host, names, 3);
+            tc_etcd_start_tls_on(&e, fy_test_tmpdir(), certs, host);
+            tc_etcd_rbac(&e, "ferry", names + 1, 2);
+            snprintf(sets[0], sizeof(sets[0]), "cluster.etcd_ca=%s/ca.pem", certs);
+            for (int r = 0; r < 2; r++) { /* the router's in per_router, the workers' in per_worker */
+                const char *u = names[1 + r];
+                snprintf(sets[1 + 4 * r], sizeof(sets[0]), "cluster.etcd_cert=%s/%s.pem", certs, u);
+                snprintf(sets[2 + 4 * r], sizeof(sets[0]), "cluster.etcd_key=%s/%s.key", certs, u);
+                snprintf(sets[3 + 4 * r], sizeof(sets[0]), "cluster.etcd_user=%s", u);
+                snprintf(sets[4 + 4 * r], sizeof(sets[0]), "cluster.etcd_password_file=%s/%s.password", certs, u);
+            }
+        } else
+            tc_etcd_start(&e, fy_test_tmpdir(), host);
         snprintf(set_etcd, sizeof(set_etcd), "cluster.etcd=%s", e.url);
         o.common[1] = set_etcd;
         o.common[2] = "cluster.etcd_poll=100ms";
         o.per_worker[0][0] = o.per_worker[1][0] = "router.events=tcp://10.213.0.9:1"; /* the workers must not need it */
+        if (tls) { /* everyone: the CA and the router's user; the workers: theirs (a later --set wins) */
+            for (int k = 0; k < 5; k++) o.common[3 + k] = sets[k];
+            for (int w = 0; w < 2; w++)
+                for (int k = 0; k < 4; k++) o.per_worker[w][1 + k] = sets[5 + k];
+        }
     }
     tc_cluster_t c;
     tc_start(&c, &o);
@@ -169,7 +192,10 @@ static void three_hosts(bool with_etcd)
         bytes += got[i].timings.transfer_bytes;
     }
     print_message("%d requests across three namespaces%s, %.1f MB of KV over UCX/TCP\n", N,
-                  with_etcd ? " (membership through etcd)" : "", (double)bytes / 1e6);
+                  !with_etcd ? ""
+                  : tls      ? " (membership through etcd with TLS, client certificates and RBAC)"
+                             : " (membership through etcd)",
+                  (double)bytes / 1e6);
     assert_true(bytes > 0);
     tc_stop(&c);
     tc_etcd_kill(&e);
@@ -179,14 +205,21 @@ static void test_three_hosts(void **state)
 {
     if (!tc_available()) skip();
     if (!net_up()) skip();
-    three_hosts(false);
+    three_hosts(false, false);
 }
 
 static void test_three_hosts_etcd(void **state)
 {
     if (!tc_available() || !tc_etcd_available()) skip();
     if (!net_up()) skip();
-    three_hosts(true);
+    three_hosts(true, false);
+}
+
+static void test_three_hosts_etcd_tls(void **state)
+{
+    if (!tc_available() || !tc_etcd_available()) skip();
+    if (!net_up()) skip();
+    three_hosts(true, true);
 }
 
 static int teardown(void **state)
@@ -207,6 +240,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_three_hosts, teardown),
         cmocka_unit_test_teardown(test_three_hosts_etcd, teardown),
+        cmocka_unit_test_teardown(test_three_hosts_etcd_tls, teardown),
     };
     const char *only = getenv("FY_TEST_FILTER");
     if (only) cmocka_set_test_filter(only);
