@@ -418,7 +418,6 @@ static void test_client_key_attacks(void **state)
     g.gen.max_tokens = 8192;
     g.gen.ignore_eos = true;
     fy_msgw_t w;
-    fy_msgw_init(&w, "generate");
     fy_wire_generate_write(&w, &g);
     uint8_t buf[4096];
     size_t n = msgw_bytes(&w, buf, sizeof(buf));
@@ -453,7 +452,6 @@ static void test_client_key_attacks(void **state)
     fy_test_log_begin();
     /* 1. poll and cancel alice's request, in her name (her incarnation sniffed) */
     fy_wire_poll_t pm = {.id = id, .wait_s = 0};
-    fy_msgw_init(&w, "poll");
     fy_wire_poll_write(&w, &pm);
     size_t np = msgw_bytes(&w, buf, sizeof(buf));
     uint8_t poll[512];
@@ -463,7 +461,6 @@ static void test_client_key_attacks(void **state)
     assert_int_equal(polled, 0);
     assert_int_equal(why, FY_ENV_MAC);
     fy_wire_cancel_t cm = {.id = id};
-    fy_msgw_init(&w, "cancel");
     fy_wire_cancel_write(&w, &cm);
     size_t nc = msgw_bytes(&w, buf, sizeof(buf));
     int cancelled = forge(rq_sk, &mallory, FY_ROLE_CLIENT, "alice", alice.inc, &to_router, 102, buf, nc, true, &why);
@@ -507,7 +504,6 @@ static void test_client_key_attacks(void **state)
     assert_int_equal(polled_root, 1);
     assert_true(fake_root);
     /* alice's request was neither cancelled nor released: she still reads it */
-    fy_msgw_init(&w, "poll");
     fy_wire_poll_write(&w, &pm);
     n = msgw_bytes(&w, buf, sizeof(buf));
     assert_int_equal(fy_rpc_call(ac, buf, n, 10.0, &rep, &rl), FY_OK);
@@ -516,7 +512,6 @@ static void test_client_key_attacks(void **state)
     fy_msgr_free(&r);
     fy_free(rep);
     fy_wire_cancel_t own = {.id = id};
-    fy_msgw_init(&w, "cancel");
     fy_wire_cancel_write(&w, &own);
     n = msgw_bytes(&w, buf, sizeof(buf));
     assert_int_equal(fy_rpc_call(ac, buf, n, 10.0, &rep, &rl), FY_OK);

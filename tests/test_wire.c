@@ -1328,7 +1328,6 @@ static void test_max_bytes(void **state)
     g.chat = true;
     g.system = text, g.system_len = FY_WIRE_MAX_PROMPT_BYTES;
     g.deadline_s = 86400;
-    fy_msgw_init(&w, "generate");
     fy_wire_generate_write(&w, &g);
     assert_int_equal(fy_msgw_finish(&w, &buf, &len), FY_OK);
     fy_wire_lim_t lim = {.max_prompt = 32768};
@@ -1343,7 +1342,6 @@ static void test_max_bytes(void **state)
     g.n_tokens = 32768;
     g.tokens = fy_malloc(sizeof(int32_t) * 32768);
     for (int i = 0; i < 32768; i++) g.tokens[i] = INT32_MAX;
-    fy_msgw_init(&w, "generate");
     fy_wire_generate_write(&w, &g);
     assert_int_equal(fy_msgw_finish(&w, &buf, &len), FY_OK);
     assert_true(len <= bound);
