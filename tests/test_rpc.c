@@ -575,6 +575,14 @@ static void close_all(int *fds, int n)
  * connection before anything is allocated, connections over the cap are
  * closed as they come, and the rest are closed at the deadline.  The
  * control (the old socket: 8 MiB, no cap, no deadline) runs last. */
+/* ThreadSanitizer shadows every byte a receive writes four times over (and
+ * its metadata), so a held frame's pages count about five times in RSS */
+#ifdef __SANITIZE_THREAD__
+#define RSS_SCALE 6
+#else
+#define RSS_SCALE 1
+#endif
+
 static void test_preauth_memory(void **state)
 {
     (void)state;
@@ -628,7 +636,7 @@ static void test_preauth_memory(void **state)
     assert_true(big < 16 * 1024);
     assert_true(open_held <= 16);
     assert_true(cs.over_cap >= N - 16);
-    assert_true(held < (16 * 2 + 16) * 1024);
+    assert_true(held < (16 * 2 + 16) * 1024 * RSS_SCALE);
     assert_int_equal(open_late, 0);
     assert_true(fy_test_log_has("over the cap", NULL));
     assert_true(fy_test_log_has("past the deadline", NULL));
