@@ -2252,11 +2252,7 @@ static fy_status_t membership_start(router_t *R, const char *etcd)
     snprintf(mp.self.model, sizeof(mp.self.model), "%s", R->model_id);
     mp.self.layout = fy_member_layout_hash(R->lay.block_size, (int32_t)R->lay.dtype, R->lay.n_layers, R->lay.n_kv_heads,
                                            R->lay.head_dim, R->lay.block_bytes, fy_kv_layout_groups_digest(&R->lay));
-    uint8_t secret[64];
-    size_t n_secret = 0;
-    if ((st = fy_cluster_secret(c, secret, sizeof(secret), &n_secret))) return st;
-    st = fy_member_key(secret, n_secret, mp.key);
-    sodium_memzero(secret, sizeof(secret));
+    if ((st = fy_member_key_cfg(c, mp.key))) return st;
     if (!st)
         st = fy_metrics_counter(R->reg, "ferry:etcd_records_refused_total",
                                 "etcd records refused (unsigned, forged, stale, malformed or incompatible), each once",

@@ -295,6 +295,16 @@ fy_status_t fy_member_key(const uint8_t *secret, size_t len, uint8_t key[FY_MEMB
     return FY_OK;
 }
 
+fy_status_t fy_member_key_cfg(const struct fy_config *cfg, uint8_t key[FY_MEMBER_KEY_BYTES])
+{
+    uint8_t secret[64];
+    size_t n = 0;
+    fy_status_t st = fy_cluster_secret(cfg, secret, sizeof(secret), &n);
+    if (!st) st = fy_member_key(secret, n, key);
+    sodium_memzero(secret, sizeof(secret));
+    return st;
+}
+
 /* the record as JSON, sorted and compact; with_mac false: what the MAC covers */
 static fy_status_t write_json(const fy_member_t *m, bool with_mac, char **json_p, size_t *len_p)
 {

@@ -156,6 +156,9 @@ typedef struct fy_member {
 
 /* The membership key from the deployment's secret (16 to 64 bytes). */
 fy_status_t fy_member_key(const uint8_t *secret, size_t len, uint8_t key[FY_MEMBER_KEY_BYTES]);
+/* The same from the configuration's kv.secret_file (fy_cluster_secret),
+ * the secret wiped after: what routers and workers call. */
+fy_status_t fy_member_key_cfg(const struct fy_config *cfg, uint8_t key[FY_MEMBER_KEY_BYTES]);
 /* The record as JSON, its ts and mac as they are (NUL-terminated; the
  * caller fy_frees *json_p). */
 fy_status_t fy_member_write(const fy_member_t *m, char **json_p, size_t *len_p);

@@ -990,11 +990,7 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
         const fy_kv_layout_t *wl = &n->whole; /* the model's, whatever this worker's shape */
         mp.self.layout = fy_member_layout_hash(wl->block_size, (int32_t)wl->dtype, wl->n_layers, wl->n_kv_heads,
                                                wl->head_dim, wl->block_bytes, fy_kv_layout_groups_digest(wl));
-        uint8_t secret[64];
-        size_t n_secret = 0;
-        if ((st = fy_cluster_secret(c, secret, sizeof(secret), &n_secret))) return st;
-        st = fy_member_key(secret, n_secret, mp.key);
-        sodium_memzero(secret, sizeof(secret));
+        if ((st = fy_member_key_cfg(c, mp.key))) return st;
         if (!st)
             st = fy_metrics_counter(
                 n->metrics, "ferry:etcd_records_refused_total",
