@@ -55,6 +55,8 @@ typedef enum lim_ref {
     L_PROMPT_BLOCKS, /* hi: max_prompt / block_size */
     L_MAX_PROMPT,    /* cap: lim->max_prompt */
     L_NBLOCKS,       /* cap: the prompt's blocks, times the kv groups */
+    L_MAX_NBLOCKS,   /* cap: the blocks of the longest prompt (max_prompt), times the kv groups */
+    L_MAX_CTX,       /* cap: lim->max_ctx (one entry per token a sequence can hold) */
     L_MSG_NBLOCKS,   /* cap: the blocks of the "tokens" read before it in this message (block_size), times the
                         kv groups */
 } lim_ref_t;
@@ -157,6 +159,11 @@ struct fy_wire_schema {
 #define F32S(T, nm, m, n, nd, pt, max)                                                                                 \
     {                                                                                                                  \
         .name = nm, .kind = K_F32S, .need = nd, .put = pt, .off = OFF(T, m), .aux = OFF(T, n), .cap = max              \
+    }
+#define F32S_LIM(T, nm, m, n, nd, pt, max, lc)                                                                         \
+    {                                                                                                                  \
+        .name = nm, .kind = K_F32S, .need = nd, .put = pt, .off = OFF(T, m), .aux = OFF(T, n), .cap = max,             \
+        .limcap = lc                                                                                                   \
     }
 #define STRS_IN(T, nm, m, n, nd, pt)                                                                                   \
     {                                                                                                                  \
@@ -335,8 +342,8 @@ static const field_t ADOPT[] = {
     I32_LIM(T, "first_token", first_token, FY_REQ, P_ALWAYS, 0, INT32_MAX, L_TOKEN),
     F64(T, "logprob", logprob, FY_OPT, P_ALWAYS, -1e30, 0),
     U64S_IN(T, "rng", rng, n_rng, FY_OPT, P_ALWAYS),
-    I32S(T, "kept", kept, n_kept, FY_OPT, P_NONZERO, 0, INT32_MAX, MAX_ARRAY),
-    F32S(T, "scores", scores, n_scores, FY_OPT, P_NONZERO, MAX_ARRAY),
+    I32S_LIM(T, "kept", kept, n_kept, FY_OPT, P_NONZERO, 0, INT32_MAX, MAX_ARRAY, L_NONE, L_MAX_NBLOCKS),
+    F32S_LIM(T, "scores", scores, n_scores, FY_OPT, P_NONZERO, MAX_ARRAY, L_MAX_NBLOCKS),
     I32S_LIM(T, "top_ids", top_ids, n_top_ids, FY_OPT, P_NONZERO, 0, INT32_MAX, FY_GEN_MAX_TOP_LOGPROBS, L_TOKEN,
              L_NONE),
     F32S(T, "top_logprobs", top_logprobs, n_top_logprobs, FY_OPT, P_NONZERO, FY_GEN_MAX_TOP_LOGPROBS),
@@ -469,7 +476,7 @@ static const field_t PREFILLED[] = {
     I32_LIM(T, "cached", cached, FY_OPT, P_ALWAYS, 0, INT32_MAX, L_NPROMPT),
     MAP(T, "timings", timings, FY_OPT, P_ALWAYS, JOB_TIMINGS),
     I32S_LIM(T, "kept", kept, n_kept, FY_OPT, P_NONZERO, 0, INT32_MAX, MAX_ARRAY, L_NBLOCKS_M1, L_NBLOCKS),
-    F32S(T, "scores", scores, n_scores, FY_OPT, P_NONZERO, MAX_ARRAY),
+    F32S_LIM(T, "scores", scores, n_scores, FY_OPT, P_NONZERO, MAX_ARRAY, L_NBLOCKS),
     I32S_LIM(T, "top_ids", top_ids, n_top_ids, FY_OPT, P_NONZERO, 0, INT32_MAX, FY_GEN_MAX_TOP_LOGPROBS, L_TOKEN,
              L_NONE),
     F32S(T, "top_logprobs", top_logprobs, n_top_logprobs, FY_OPT, P_NONZERO, FY_GEN_MAX_TOP_LOGPROBS),
@@ -507,7 +514,7 @@ static const field_t FINISH_TIMINGS[] = {
     I32(T, "n_generated", n_generated, FY_OPT, P_ALWAYS, 0, INT32_MAX),
     I32(T, "n_preempted", n_preempted, FY_OPT, P_ALWAYS, 0, INT32_MAX),
     I32_LIM(T, "n_cached", n_cached, FY_OPT, P_ALWAYS, 0, INT32_MAX, L_NPROMPT),
-    F32S(T, "itl_s", itl_s, n_itl, FY_OPT, P_ALWAYS, 1 << 21),
+    F32S_LIM(T, "itl_s", itl_s, n_itl, FY_OPT, P_ALWAYS, 1 << 21, L_MAX_CTX),
 };
 #undef T
 #define T fy_wire_finish_t
@@ -800,6 +807,9 @@ static int64_t cap_of(const field_t *f, const fy_wire_lim_t *lim, int32_t n_toke
     switch (f->limcap) {
     case L_MAX_PROMPT: return lim->max_prompt > 0 ? min64(f->cap, lim->max_prompt) : f->cap;
     case L_NBLOCKS: return np > 0 && bs > 0 ? min64(f->cap, (int64_t)blocks_of(np, bs) * groups) : f->cap;
+    case L_MAX_CTX: return lim->max_ctx > 0 ? min64(f->cap, lim->max_ctx) : f->cap;
+    case L_MAX_NBLOCKS:
+        return lim->max_prompt > 0 && bs > 0 ? min64(f->cap, (int64_t)blocks_of(lim->max_prompt, bs) * groups) : f->cap;
     case L_MSG_NBLOCKS: return bs > 0 ? min64(f->cap, (int64_t)blocks_of(n_tokens, bs) * groups) : f->cap;
     default: return f->cap;
     }
@@ -1228,6 +1238,8 @@ static const char *bound_words(lim_ref_t l)
     case L_MAX_PROMPT: return "the longest prompt";
     case L_NBLOCKS: return "the prompt's blocks";
     case L_MSG_NBLOCKS: return "the blocks of `tokens`";
+    case L_MAX_NBLOCKS: return "the longest prompt's blocks";
+    case L_MAX_CTX: return "the context";
     default: return NULL;
     }
 }

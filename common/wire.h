@@ -69,7 +69,7 @@
 typedef struct fy_wire_lim {
     int32_t token_hi;   /* token ids: [0, token_hi] (the vocabulary less one) */
     int32_t max_prompt; /* tokens in a prompt: at most this many */
-    int32_t max_ctx;    /* max_tokens: at most this (genspec's cap; 0: INT32_MAX) */
+    int32_t max_ctx;    /* max_tokens: at most this (genspec's cap; 0: INT32_MAX); per-token arrays too */
     int32_t n_prompt;   /* a reply about a request: its prompt's tokens */
     int32_t block_size; /* tokens per KV block (with n_prompt or max_prompt: block counts) */
     int32_t kv_groups;  /* KV groups (kv.h): block lists hold one table per group; 0: any count */

@@ -1214,7 +1214,7 @@ static void on_prompt_logprobs(router_t *R, rreq_t *q, fy_msgr_t *r)
 
 static void on_finish(router_t *R, rreq_t *q, fy_msgr_t *r)
 {
-    fy_wire_lim_t lim = {.n_prompt = q->n_prompt};
+    fy_wire_lim_t lim = {.n_prompt = q->n_prompt, .max_ctx = R->max_ctx};
     fy_wire_finish_t m;
     fy_wire_finish_init(&m);
     fy_wire_finish_read(r, &lim, &m);
@@ -2374,6 +2374,7 @@ static fy_status_t setup(router_t *R)
     fy_wire_lim_t wl = {.token_hi = R->vocab - 1,
                         .max_prompt = MAX_PROMPT_TOKENS,
                         .n_prompt = MAX_PROMPT_TOKENS,
+                        .max_ctx = R->max_ctx,
                         .block_size = R->lay.block_size,
                         .kv_groups = R->lay.n_groups};
     fy_rpc_limits_t cl = {.max_msg = fy_wire_max_route(from_clients, 1, &wl),

@@ -1353,6 +1353,70 @@ static void test_max_bytes(void **state)
     assert_int_equal(fy_wire_max_route(c2r, 1, &lim), bound);
 }
 
+/* The worker ports' receive limits come from their routes' bounds: an
+ * H2O adopt's kept blocks and scores are bounded by the longest prompt's
+ * blocks, a finish's inter-token latencies by the context (both were 2^20
+ * entries: 18 MB a frame, so nng's 8 MiB cap was the only limit before
+ * authentication).  A message at its largest fits; one over is refused. */
+static void test_worker_route_bounds(void **state)
+{
+    (void)state;
+    static const char *const r2d[] = {"router → decode worker"}, *const d2r[] = {"decode worker → router"};
+    fy_wire_lim_t lim = {
+        .token_hi = 49151, .max_prompt = 8191, .n_prompt = 8191, .max_ctx = 8192, .block_size = 16, .kv_groups = 2};
+    size_t to_decode = fy_wire_max_route(r2d, 1, &lim), from_decode = fy_wire_max_route(d2r, 1, &lim);
+    print_message("bounds at an 8k context: router -> decode %zu bytes, decode -> router %zu bytes\n", to_decode,
+                  from_decode);
+    assert_true(to_decode < 1u << 20);
+    assert_true(from_decode < 1u << 20);
+
+    fy_wire_adopt_t a, a2;
+    fy_test_wire_example(&fy_wire_adopt_schema, &a);
+    int32_t n = (8191 + 15) / 16 * 2; /* every block of the longest prompt, both groups */
+    int32_t *kept = fy_malloc(sizeof(int32_t) * (size_t)(n + 1));
+    float *scores = fy_malloc(sizeof(float) * (size_t)(n + 1));
+    assert_true(kept && scores);
+    for (int32_t i = 0; i <= n; i++) kept[i] = INT32_MAX - n + i, scores[i] = 3.0e38f;
+    a.kept = kept, a.n_kept = n, a.scores = scores, a.n_scores = n;
+    size_t len;
+    void *buf = write_msg(&fy_wire_adopt_schema, &a, &len);
+    assert_true(len <= fy_wire_max_bytes(&fy_wire_adopt_schema, &lim));
+    fy_msgr_t r;
+    assert_int_equal(read_msg(&fy_wire_adopt_schema, buf, len, &lim, &a2, &r), FY_OK);
+    fy_wire_adopt_clear(&a2);
+    fy_msgr_free(&r);
+    fy_free(buf);
+    a.n_kept = a.n_scores = n + 1; /* one block more than the longest prompt has */
+    buf = write_msg(&fy_wire_adopt_schema, &a, &len);
+    assert_int_equal(read_msg(&fy_wire_adopt_schema, buf, len, &lim, &a2, &r), FY_ERR_FORMAT);
+    print_message("%s\n", r.err);
+    assert_non_null(strstr(r.err, "kept"));
+    fy_wire_adopt_clear(&a2);
+    fy_msgr_free(&r);
+    fy_free(buf);
+    fy_free(kept);
+    fy_free(scores);
+
+    fy_wire_finish_t f, f2;
+    fy_test_wire_example(&fy_wire_finish_schema, &f);
+    float *itl = fy_calloc(8193, sizeof(float));
+    assert_non_null(itl);
+    f.timings.itl_s = itl, f.timings.n_itl = 8192;
+    buf = write_msg(&fy_wire_finish_schema, &f, &len);
+    assert_int_equal(read_msg(&fy_wire_finish_schema, buf, len, &lim, &f2, &r), FY_OK);
+    fy_wire_finish_clear(&f2);
+    fy_msgr_free(&r);
+    fy_free(buf);
+    f.timings.n_itl = 8193; /* more gaps than the context has tokens */
+    buf = write_msg(&fy_wire_finish_schema, &f, &len);
+    assert_int_equal(read_msg(&fy_wire_finish_schema, buf, len, &lim, &f2, &r), FY_ERR_FORMAT);
+    assert_non_null(strstr(r.err, "itl_s"));
+    fy_wire_finish_clear(&f2);
+    fy_msgr_free(&r);
+    fy_free(buf);
+    fy_free(itl);
+}
+
 static void test_protocol_md(void **state)
 {
     size_t len;
@@ -1453,7 +1517,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_reader_bounds),      cmocka_unit_test(test_presets_kept),
         cmocka_unit_test(test_alloc_failure),      cmocka_unit_test(test_schema_sanity),
         cmocka_unit_test(test_protocol_md),        cmocka_unit_test(test_fuzz_dict),
-        cmocka_unit_test(test_max_bytes),
+        cmocka_unit_test(test_max_bytes),          cmocka_unit_test(test_worker_route_bounds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
