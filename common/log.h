@@ -34,6 +34,17 @@ void fy_log_set_sink(fy_log_sink_fn sink, void *arg);
  * NULL: the program's name again. */
 void fy_log_set_prefix(const char *prefix);
 
+/* A serving process's crash report: on SIGSEGV, SIGBUS, SIGILL, SIGFPE or
+ * SIGABRT, one error line ("NAME: error: fatal signal 11 (SIGSEGV) at
+ * address 0x...", stamped as fy_log stamps) and the stack as "BINARY(+OFFSET)" lines for addr2line,
+ * on stderr (the handler writes with write(2) only; in the main thread
+ * on a stack of its own, so an overflow there is reported too);
+ * then the signal's default action, so the process still ends by it and
+ * leaves its core.  A router that died in a chaos round with no core and no
+ * trace is why.  Not installed in ASan and TSan builds (their reports are
+ * better).  Call once, early in main. */
+void fy_log_crash_reports(void);
+
 void fy_log(fy_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #define fy_error(...) fy_log(FY_LOG_ERROR, __VA_ARGS__)

@@ -2515,6 +2515,7 @@ static void drain(router_t *R, sigset_t *sigs)
 
 int fy_router_run(int argc, char **argv, const fy_router_door_t *door)
 {
+    fy_log_crash_reports();
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);

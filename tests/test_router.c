@@ -355,6 +355,45 @@ static void test_breaker_spares_slow_worker(void **state)
     tc_stop(&c);
 }
 
+/* ---- a crash leaves a report ---- */
+
+/* A router and a decode worker that die of SIGSEGV say so on stderr, with
+ * the stack, and still end by the signal (their cores are kept).  The
+ * router of a chaos round once died of SIGSEGV with no core and no trace. */
+static void test_crash_report(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    skip(); /* the sanitizer's handler reports instead (log.h) */
+#endif
+    tc_cluster_t c;
+    tc_opts_t o = {.n_prefill = 0, .n_decode = 1};
+    tc_start(&c, &o);
+    for (int i = 0; i < c.n_procs; i++) {
+        tc_proc_t *p = &c.procs[i];
+        p->killed = true;
+        assert_int_equal(kill(p->pid, SIGSEGV), 0);
+        int status = 0;
+        assert_int_equal(waitpid(p->pid, &status, 0), p->pid);
+        p->pid = 0;
+        assert_true(WIFSIGNALED(status));
+        assert_int_equal(WTERMSIG(status), SIGSEGV);
+        char *log = fy_test_read_file(p->log, NULL);
+        assert_non_null(log);
+        char want[96];
+        snprintf(want, sizeof(want), "error: fatal signal 11 (SIGSEGV) sent by pid %d", (int)getpid());
+        const char *at = strstr(log, want);
+        if (!at || !strstr(at, "(+0x")) {
+            tc_print_logs(&c);
+            fail_msg("%s: no crash report with a stack in its log", p->name);
+        }
+        print_message("%s: %.*s\n", p->name, (int)strcspn(at, "\n"), at);
+        fy_free(log);
+    }
+    tc_stop(&c);
+}
+
 /* ---- a stuck rank ---- */
 
 static void test_stuck_rank_out_of_service(void **state)
@@ -446,6 +485,7 @@ int main(void)
         cmocka_unit_test_teardown(test_breaker_skips_deaf_worker, teardown),
         cmocka_unit_test_teardown(test_breaker_spares_slow_worker, teardown),
         cmocka_unit_test_teardown(test_stuck_rank_out_of_service, teardown),
+        cmocka_unit_test_teardown(test_crash_report, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

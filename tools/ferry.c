@@ -525,6 +525,7 @@ static const struct {
 
 int main(int argc, char **argv)
 {
+    fy_log_crash_reports();
     if (argc < 2) {
         usage(stderr);
         return 2;

@@ -1062,6 +1062,7 @@ static void teardown(fy_node_t *n)
 
 int fy_node_main(int argc, char **argv, const fy_node_role_t *role)
 {
+    fy_log_crash_reports();
     /* SIGINT and SIGTERM are taken by sigwait below; every thread started
      * from here on inherits the blocked mask */
     sigset_t sigs;
