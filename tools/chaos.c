@@ -27,7 +27,9 @@
  *                  expires; routers and workers that hear each other serve
  *                  on, and register again
  *   flood          16 clients send prompts of almost router.max_body
- *                  bytes (max_tokens 1) to the HTTP API for FLOOD_S
+ *                  bytes (max_tokens 1) to the HTTP API, and 8 clients
+ *                  holding the deployment's secret prompts of almost
+ *                  1 MiB to the nng client port, for FLOOD_S
  *                  seconds while the load runs: the router must keep its
  *                  pid (serve kills a router whose /health stalls), every
  *                  flood request must get an answer, and short streamed
@@ -76,10 +78,12 @@
 #include <jansson.h>
 
 #include "cli.h"
+#include "client.h"
 #include "commands.h"
 #include "config.h"
 #include "metrics.h"
 #include "mem.h"
+#include "wire.h"
 
 #define MAX_CLIENTS 32
 #define MAX_SETS 64
@@ -247,6 +251,8 @@ typedef struct chaos {
     double ttft_before[256], ttft_during[256];
     int n_before, n_during;
     int64_t max_body;
+    int router_port;  /* router 0's client (nng) port */
+    char secret[512]; /* the deployment's secret: the nng flood's clients hold it */
     int failures;
     char first_failure[512];
 } chaos_t;
@@ -332,6 +338,11 @@ static bool start_cluster(chaos_t *c)
                   !fy_conf_int(cfg, "prefill", "tp", &shape[2]) && !fy_conf_int(cfg, "prefill", "pp", &shape[3]) &&
                   !fy_conf_int(cfg, "decode", "tp", &shape[4]) && !fy_conf_int(cfg, "decode", "pp", &shape[5]);
     c->etcd = etcd && *etcd;
+    const char *secret = NULL; /* kv.secret_file, else the one serve makes in its run_dir (set below) */
+    if (!fy_conf_string(cfg, "kv", "secret_file", &secret) && secret && *secret)
+        snprintf(c->secret, sizeof(c->secret), "%s", secret);
+    else
+        snprintf(c->secret, sizeof(c->secret), "%s/run/kv.secret", c->dir);
     fy_config_destroy(cfg);
     if (!counts) return false;
     c->n_routers = (int)nr;
@@ -349,6 +360,7 @@ static bool start_cluster(chaos_t *c)
     c->serve_metrics = base + 3 * n2;
     c->prefill_metrics = dl + MAX_WORKERS;
     c->decode_metrics = c->prefill_metrics + MAX_WORKERS;
+    c->router_port = router;
     bool ok = add_set(c, sets[ns++], 256, "router.listen=tcp://127.0.0.1:%d", router) &&
               add_set(c, sets[ns++], 256, "router.events=tcp://127.0.0.1:%d", events) &&
               (!c->etcd || add_set(c, sets[ns++], 256, "cluster.etcd=http://127.0.0.1:%d", etcd_port)) &&
@@ -780,14 +792,54 @@ static void watch_start(chaos_t *c, watch_t *w, pid_t gone, double t_fault)
 /* ---- the flood round ---- */
 
 #define FLOOD_S 5
-#define FLOOD_CLIENTS 16
+#define FLOOD_CLIENTS 16    /* over HTTP */
+#define FLOOD_NNG_CLIENTS 8 /* over the nng client port, with the deployment's secret */
 
 typedef struct flood {
     chaos_t *c;
-    char *body; /* a prompt of almost router.max_body bytes */
+    char *body;   /* a prompt of almost router.max_body bytes */
+    char *prompt; /* one of almost FY_WIRE_MAX_PROMPT_BYTES for the nng clients */
     double until;
     int answered, hung;
+    int nng_answered, nng_hung, nng_errors;
 } flood_t;
+
+/* An authenticated nng client sending prompts of almost the largest
+ * message the client port takes (max_tokens 1), as the issue's attack
+ * did: the router refuses them by length, or runs them; either way each
+ * gets its answer and health, heartbeats and events never wait behind
+ * them (router.parse_threads). */
+static void *flood_nng_main(void *arg)
+{
+    flood_t *f = arg;
+    chaos_t *c = f->c;
+    char url[64];
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", c->router_port);
+    fy_client_t *cl = NULL;
+    if (fy_client_create(url, c->secret, c->request_s, &cl) != FY_OK) {
+        __atomic_add_fetch(&f->nng_errors, 1, __ATOMIC_RELAXED);
+        return NULL;
+    }
+    fy_client_req_t req = {.prompt = f->prompt};
+    fy_genspec_default(&req.gen);
+    req.gen.max_tokens = 1;
+    while (now_s() < f->until) {
+        fy_client_stream_t st;
+        char err[256];
+        double t0 = now_s();
+        fy_status_t s = fy_client_generate(cl, &req, &st, err, sizeof(err));
+        bool ended = s != FY_OK && s != FY_ERR_TIMEOUT;
+        while (s == FY_OK && !ended && now_s() - t0 < c->request_s) {
+            fy_client_update_t u;
+            if (fy_client_poll(cl, &st, 1.0, &u) != FY_OK) break;
+            ended = u.done;
+        }
+        __atomic_add_fetch(ended ? &f->nng_answered : &f->nng_hung, 1, __ATOMIC_RELAXED);
+        if (!ended) break; /* a hung one is counted; the next would wait behind it */
+    }
+    fy_client_destroy(cl);
+    return NULL;
+}
 
 static void *flood_main(void *arg)
 {
@@ -862,10 +914,24 @@ static void flood_round(chaos_t *c, int r, pid_t *pid_p)
     size_t n = (size_t)snprintf(f.body, len, "{\"max_tokens\":1,\"prompt\":\"");
     for (unsigned i = 0; n + 16 < len; i++) n += (size_t)snprintf(f.body + n, len - n, "%s ", WORDS[i * 7 % 16]);
     snprintf(f.body + n, len + 64 - n, "\"}");
-    pthread_t t[FLOOD_CLIENTS];
+    size_t plen = FY_WIRE_MAX_PROMPT_BYTES - 4096;
+    f.prompt = fy_malloc(plen + 1);
+    if (!f.prompt) {
+        fy_free(f.body);
+        return;
+    }
+    for (size_t k = 0, i = 0; k < plen; i++) {
+        const char *w = WORDS[i * 5 % 16];
+        for (; *w && k < plen; w++) f.prompt[k++] = *w;
+        if (k < plen) f.prompt[k++] = ' ';
+    }
+    f.prompt[plen] = 0;
+    pthread_t t[FLOOD_CLIENTS + FLOOD_NNG_CLIENTS];
     int nt = 0;
     for (; nt < FLOOD_CLIENTS; nt++)
         if (pthread_create(&t[nt], NULL, flood_main, &f)) break;
+    for (int k = 0; k < FLOOD_NNG_CLIENTS && nt == FLOOD_CLIENTS + k; k++)
+        if (!pthread_create(&t[nt], NULL, flood_nng_main, &f)) nt++;
     nap(0.5);
     while (now_s() < f.until - 0.5 && c->n_during < 256) {
         double p = probe_ttft(c);
@@ -873,13 +939,22 @@ static void flood_round(chaos_t *c, int r, pid_t *pid_p)
     }
     for (int i = 0; i < nt; i++) pthread_join(t[i], NULL);
     fy_free(f.body);
+    fy_free(f.prompt);
     pid_t after = find_child(c, "ferry-router", 0);
     if (router <= 0 || after != router)
         fail(c, "round %d (flood): the router was replaced (pid %d, now %d): serve killed it or it died", r,
              (int)router, (int)after);
     if (f.hung) fail(c, "round %d (flood): %d flood requests got no answer within %.0f s", r, f.hung, c->request_s);
-    fprintf(stderr, "ferry: chaos: flood: %d large prompts answered; short streams %.0f ms before, %.0f ms during\n",
-            f.answered, median(c->ttft_before, c->n_before) * 1e3, median(c->ttft_during, c->n_during) * 1e3);
+    if (f.nng_hung)
+        fail(c, "round %d (flood): %d flood requests on the nng port got no answer within %.0f s", r, f.nng_hung,
+             c->request_s);
+    if (f.nng_errors)
+        fail(c, "round %d (flood): %d nng flood clients could not connect with %s", r, f.nng_errors, c->secret);
+    fprintf(stderr,
+            "ferry: chaos: flood: %d large prompts answered over HTTP, %d over nng; short streams %.0f ms before, "
+            "%.0f ms during\n",
+            f.answered, f.nng_answered, median(c->ttft_before, c->n_before) * 1e3,
+            median(c->ttft_during, c->n_during) * 1e3);
 }
 
 /* One round: load for a while, the fault, more load, then the checks. */
