@@ -4,6 +4,8 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 static _Atomic long g_fail_after; /* 0: off; 1: next one fails */
 
@@ -58,3 +60,14 @@ char *fy_strndup(const char *s, size_t n)
 char *fy_strdup(const char *s) { return fy_strndup(s, strlen(s)); }
 
 void fy_free(void *ptr) { free(ptr); }
+
+size_t fy_mem_drop_file_pages(const void *map, size_t map_size, const void *p, size_t len)
+{
+    uintptr_t m0 = (uintptr_t)map, m1 = m0 + map_size, a = (uintptr_t)p, b = a + len;
+    if (!map || !p || a < m0 || b > m1 || b < a) return 0;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    a = (a + page - 1) & ~(page - 1); /* whole pages only: a neighbour's bytes stay */
+    b &= ~(page - 1);
+    if (b <= a || madvise((void *)a, b - a, MADV_DONTNEED)) return 0;
+    return b - a;
+}

@@ -23,6 +23,15 @@ char *fy_strdup(const char *s);
 char *fy_strndup(const char *s, size_t n);
 void fy_free(void *ptr); /* accepts NULL */
 
+/* Drops from memory the whole pages of [p, p + len) that lie inside map
+ * (a read-only, private mapping of a file, of map_size bytes): a backend
+ * copied those bytes (packed, or to a device) and the process reads them
+ * no more, so they stop counting in its resident memory.  A later read
+ * faults them in again from the file: never wrong, only slower.  Nothing
+ * outside the mapping is touched (an anonymous page dropped would be
+ * zeroed).  Returns the bytes dropped. */
+size_t fy_mem_drop_file_pages(const void *map, size_t map_size, const void *p, size_t len);
+
 /* Tests: the n-th allocation from now fails, and every one after it until
  * fy_mem_fail_after(0) turns injection off. */
 void fy_mem_fail_after(long n);

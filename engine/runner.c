@@ -49,6 +49,7 @@ struct fy_runner {
     fy_runner_params_t p;
     int32_t n_layers;          /* layers run: the model's, or fewer for a self-draft */
     const fy_runner_t *shared; /* the runner whose device weights this one borrows, or NULL */
+    size_t dropped;            /* bytes of the file's mapping dropped after their copy (fy_model_drop_host) */
     fy_backend_reserve_t res;  /* what this runner asked of the backend */
     fy_kv_layout_t kv;
     void *arena;         /* device: n_pages * kv.block_bytes */
@@ -495,6 +496,7 @@ static fy_status_t upload_weights(fy_runner_t *r, const shard_t *S)
         if ((st = fy_backend_upload(r->be, &w->out_norm, FY_USE_VECTOR, &r->out_norm)) ||
             (st = fy_backend_upload(r->be, &w->output, FY_USE_MATMUL, &r->output)))
             return st;
+        if (r->output.data != w->output.data) r->dropped += fy_model_drop_host(r->model, &w->output);
         r->has_head = true;
     }
     for (int32_t l = 0; l < r->n_layers; l++) {
@@ -514,6 +516,8 @@ static fy_status_t upload_weights(fy_runner_t *r, const shard_t *S)
             if (!s[i]->data) continue; /* a tensor this architecture has not */
             fy_tensor_use_t use = s[i]->ne[1] == 1 ? FY_USE_VECTOR : FY_USE_MATMUL;
             if ((st = fy_backend_upload(r->be, s[i], use, d[i]))) return st;
+            /* copied (packed, or to a device): the mapping's pages go (model.h) */
+            if (d[i]->data != s[i]->data) r->dropped += fy_model_drop_host(r->model, s[i]);
         }
     }
     return FY_OK;
@@ -681,6 +685,9 @@ static fy_status_t runner_create(const fy_model_t *model, fy_backend_t *be, cons
     if (st != FY_OK) goto fail;
 
     if ((st = upload_weights(r, &S))) goto fail;
+    if (r->dropped)
+        fy_debug("runner: %.1f MiB of the model file's mapping released (the backend holds its own copy)",
+                 (double)r->dropped / (1 << 20));
     /* activations and the backend's scratch before the KV arena, which may
      * be sized from the memory left free */
     size_t T = (size_t)p.max_batch_tokens, L = (size_t)p.max_logits;

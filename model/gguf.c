@@ -399,6 +399,11 @@ void fy_gguf_close(fy_gguf_t *g)
     fy_free(g);
 }
 
+size_t fy_gguf_drop(const fy_gguf_t *g, const void *p, size_t len)
+{
+    return g ? fy_mem_drop_file_pages(g->map, g->size, p, len) : 0;
+}
+
 const char *fy_gguf_path(const fy_gguf_t *g) { return g->path; }
 uint32_t fy_gguf_version(const fy_gguf_t *g) { return g->version; }
 uint64_t fy_gguf_file_size(const fy_gguf_t *g) { return g->size; }

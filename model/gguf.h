@@ -66,6 +66,10 @@ void fy_gguf_close(fy_gguf_t *gguf); /* accepts NULL */
 const char *fy_gguf_path(const fy_gguf_t *gguf);
 uint32_t fy_gguf_version(const fy_gguf_t *gguf);
 uint64_t fy_gguf_file_size(const fy_gguf_t *gguf);
+/* The bytes [p, p + len) of the file's mapping are read no more: its whole
+ * pages leave resident memory (fy_mem_drop_file_pages); 0 when the range
+ * is not in this file's mapping.  Returns the bytes dropped. */
+size_t fy_gguf_drop(const fy_gguf_t *gguf, const void *p, size_t len);
 uint64_t fy_gguf_n_tensors(const fy_gguf_t *gguf);
 const fy_gguf_tensor_t *fy_gguf_tensor(const fy_gguf_t *gguf, uint64_t i);
 const fy_gguf_tensor_t *fy_gguf_find_tensor(const fy_gguf_t *gguf, const char *name);

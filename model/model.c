@@ -1258,6 +1258,12 @@ static fy_status_t model_open(const char *path, bool inspect, fy_model_t **model
 
 fy_status_t fy_model_load(const char *path, fy_model_t **model_p) { return model_open(path, false, model_p); }
 
+size_t fy_model_drop_host(const fy_model_t *m, const fy_tensor_t *t)
+{
+    if (!m || !t || !t->data) return 0;
+    return fy_gguf_drop(m->gguf, t->data, t->nbytes) + fy_safetensors_drop(m->st, t->data, t->nbytes);
+}
+
 void fy_model_destroy(fy_model_t *m)
 {
     if (!m) return;

@@ -121,6 +121,13 @@ typedef struct fy_model fy_model_t;
  * FY_ERR_UNSUPPORTED, FY_ERR_NOT_FOUND or FY_ERR_NOMEM. */
 fy_status_t fy_model_load(const char *path, fy_model_t **model_p);
 void fy_model_destroy(fy_model_t *model); /* accepts NULL */
+/* A backend made its own copy of weight t (packed, sliced or uploaded to
+ * a device) and this process reads t's host bytes no more: where they
+ * are the file's mapping, their pages leave resident memory (read again
+ * from the file if anything does touch them).  Without this a CPU worker
+ * held a 4.4 GB file twice (the mapping and its packed copy).  Returns
+ * the bytes dropped. */
+size_t fy_model_drop_host(const fy_model_t *model, const fy_tensor_t *t);
 
 /*
  * A description of the model at path for people (`ferry info`): its

@@ -309,6 +309,14 @@ void fy_safetensors_close(fy_safetensors_t *st)
     fy_free(st);
 }
 
+size_t fy_safetensors_drop(const fy_safetensors_t *st, const void *p, size_t len)
+{
+    size_t n = 0;
+    for (int i = 0; st && i < st->n_files; i++)
+        n += fy_mem_drop_file_pages(st->files[i].map, st->files[i].size, p, len);
+    return n;
+}
+
 const fy_st_tensor_t *fy_safetensors_find(const fy_safetensors_t *st, const char *name)
 {
     for (int64_t i = 0; i < st->n_tensors; i++)

@@ -41,6 +41,8 @@ void fy_safetensors_close(fy_safetensors_t *st); /* accepts NULL */
 
 const fy_st_tensor_t *fy_safetensors_find(const fy_safetensors_t *st, const char *name);
 int64_t fy_safetensors_n_tensors(const fy_safetensors_t *st);
+/* As fy_gguf_drop, over every file of the checkpoint. */
+size_t fy_safetensors_drop(const fy_safetensors_t *st, const void *p, size_t len);
 const fy_st_tensor_t *fy_safetensors_tensor(const fy_safetensors_t *st, int64_t i);
 
 #endif /* FY_SAFETENSORS_H */
