@@ -490,6 +490,118 @@ static void test_pull_refuses(void **state)
     fy_pull_destroy(q);
 }
 
+/* Issue 32 (privacy): cluster.encrypt on the sockets.  A server or pull
+ * socket that must encrypt (always; auto on a connection that is not on
+ * loopback) refuses a payload in clear as "clear" and counts it; what is
+ * encrypted opens, and the answer is encrypted too (also from a server
+ * that would not encrypt of its own accord); a hello carries no payload
+ * and goes in clear.  Encrypted bytes on the wire hold no plaintext. */
+static void test_encryption(void **state)
+{
+    (void)state;
+    fy_env_auth_t r_always = AUTH_ROUTER, r_off = AUTH_ROUTER, c_off = AUTH_CLIENT, c_always = AUTH_CLIENT;
+    fy_env_auth_t d_off = AUTH_DECODE, d_always = AUTH_DECODE;
+    r_always.crypt = c_always.crypt = d_always.crypt = FY_ENV_CRYPT_ALWAYS;
+    r_off.crypt = c_off.crypt = d_off.crypt = FY_ENV_CRYPT_OFF;
+    srv_t s = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    static const char secret_text[] = "the prompt nobody may read";
+    size_t tl = sizeof(secret_text) - 1;
+
+    /* a server that requires encryption */
+    fy_rpc_server_t *srv;
+    assert_int_equal(fy_rpc_server_create(url(0), 4, &r_always, FROM_CLIENT, handler, &s, &srv), FY_OK);
+    fy_rpc_client_t *c;
+    void *rep;
+    size_t len;
+    fy_test_log_begin();
+    assert_int_equal(fy_rpc_client_create(url(0), &c_off, &c), FY_OK);
+    assert_int_equal(fy_rpc_call(c, secret_text, tl, 5.0, &rep, &len), FY_ERR_MISMATCH); /* refused: clear */
+    fy_rpc_client_destroy(c);
+    fy_test_log_end();
+    assert_true(fy_test_log_has("refused our request", "not encrypted", NULL));
+    uint64_t refused[FY_ENV_N_FAULTS] = {0};
+    fy_rpc_server_refused(srv, refused);
+    assert_int_equal(refused[FY_ENV_CLEAR], 1); /* the request; its hello went */
+    assert_int_equal(refused[FY_ENV_MAC] + refused[FY_ENV_FORMAT] + refused[FY_ENV_IDENTITY], 0);
+    assert_int_equal(fy_rpc_client_create(url(0), &c_always, &c), FY_OK);
+    assert_int_equal(fy_rpc_call(c, secret_text, tl, 5.0, &rep, &len), FY_OK);
+    assert_int_equal(len, tl);
+    assert_memory_equal(rep, secret_text, tl);
+    fy_free(rep);
+    fy_rpc_client_destroy(c);
+    memset(refused, 0, sizeof(refused));
+    fy_rpc_server_refused(srv, refused);
+    assert_int_equal(refused[FY_ENV_CLEAR], 1);
+
+    /* byte for byte: the request and the reply are ciphertext, and both open to the text */
+    nng_socket sk = raw_dial(url(0), true);
+    uint8_t msg[512], rep2[512];
+    size_t n = fy_test_seal(&c_always, &TO_ROUTER, 31, 1, 0, secret_text, tl, msg);
+    assert_null(memmem(msg, n, "nobody", 6));
+    size_t rn = raw_call(sk, msg, n, rep2, sizeof(rep2));
+    assert_null(memmem(rep2, rn, "nobody", 6));
+    fy_env_hdr_t h;
+    size_t off;
+    assert_int_equal(fy_env_open(&AUTH_CLIENT.key, rep2, rn, &h, &off), FY_ENV_OK);
+    assert_true(h.aead && h.kind == FY_ENV_REPLY);
+    assert_int_equal(rn - off, tl);
+    assert_memory_equal(rep2 + off, secret_text, tl);
+    /* and a clear one, raw: refused as clear */
+    n = fy_test_seal(&c_off, &TO_ROUTER, 31, 2, 0, secret_text, tl, msg);
+    rn = raw_call(sk, msg, n, rep2, sizeof(rep2));
+    expect_refusal(rep2, rn, FY_ENV_CLEAR);
+    nng_close(sk);
+    fy_rpc_server_destroy(srv);
+
+    /* a server with encryption off takes an encrypted request, and answers it encrypted */
+    assert_int_equal(fy_rpc_server_create(url(1), 4, &r_off, FROM_CLIENT, handler, &s, &srv), FY_OK);
+    sk = raw_dial(url(1), true);
+    n = fy_test_seal(&c_always, &TO_ROUTER, 32, 1, 0, secret_text, tl, msg);
+    rn = raw_call(sk, msg, n, rep2, sizeof(rep2));
+    assert_null(memmem(rep2, rn, "nobody", 6));
+    assert_int_equal(fy_env_open(&AUTH_CLIENT.key, rep2, rn, &h, &off), FY_ENV_OK);
+    assert_true(h.aead);
+    assert_memory_equal(rep2 + off, secret_text, tl);
+    /* and a clear one in clear */
+    n = fy_test_seal(&c_off, &TO_ROUTER, 32, 2, 0, secret_text, tl, msg);
+    rn = raw_call(sk, msg, n, rep2, sizeof(rep2));
+    assert_int_equal(fy_env_open(&AUTH_CLIENT.key, rep2, rn, &h, &off), FY_ENV_OK);
+    assert_false(h.aead);
+    assert_memory_equal(rep2 + off, secret_text, tl);
+    nng_close(sk);
+    /* auto on loopback (ipc) is clear both ways, and works */
+    assert_int_equal(fy_rpc_client_create(url(1), &AUTH_CLIENT, &c), FY_OK);
+    assert_int_equal(fy_rpc_call(c, "plain", 5, 5.0, &rep, &len), FY_OK);
+    fy_free(rep);
+    fy_rpc_client_destroy(c);
+    fy_rpc_server_destroy(srv);
+
+    /* an event stream that requires encryption: a clear push is refused, an encrypted one delivered */
+    char u[160];
+    snprintf(u, sizeof(u), "ipc://%s/crypt-events", fy_test_tmpdir());
+    values_t k = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    fy_pull_t *q;
+    assert_int_equal(fy_pull_create(u, &r_always, FROM_WORKERS, on_value, &k, &q), FY_OK);
+    fy_push_t *p_off, *p_on;
+    assert_int_equal(fy_push_create(u, 16, &d_off, &TO_ROUTER, &p_off), FY_OK);
+    assert_int_equal(fy_push_create(u, 16, &d_always, &TO_ROUTER, &p_on), FY_OK);
+    int one = 1, two = 2;
+    fy_test_log_begin();
+    assert_int_equal(fy_push_send(p_off, &one, sizeof(int)), FY_OK);
+    assert_int_equal(fy_push_send(p_on, &two, sizeof(int)), FY_OK);
+    wait_values(&k, q, 1, 1);
+    fy_test_log_end();
+    assert_true(fy_test_log_has("refused a message", "decode-0", "not encrypted", NULL));
+    uint64_t r[FY_ENV_N_FAULTS] = {0};
+    fy_pull_refused(q, r);
+    assert_int_equal(r[FY_ENV_CLEAR], 1);
+    assert_int_equal(k.n, 1);
+    assert_int_equal(k.v[0], 2);
+    fy_push_destroy(p_off);
+    fy_push_destroy(p_on);
+    fy_pull_destroy(q);
+}
+
 /* Issue 32 item 4: a generate captured on its way to router A and
  * replayed to router B (same deployment, within the freshness window) was
  * taken by B.  Now it names A (role, name, incarnation): B refuses it as
@@ -961,6 +1073,7 @@ int main(void)
         cmocka_unit_test(test_receiver_binding),
         cmocka_unit_test(test_preauth_memory),
         cmocka_unit_test(test_pull_refuses),
+        cmocka_unit_test(test_encryption),
         cmocka_unit_test(test_client_checks_replies),
         cmocka_unit_test(test_many_threads_one_socket),
         cmocka_unit_test(test_close_in_flight), /* last: on nng 1.5 it can leave nng unable to close anything */
