@@ -223,13 +223,17 @@ size_t fy_env_header_bytes(const fy_env_hdr_t *h)
     return fixed_bytes(h, strlen(h->name), strlen(h->to.name)) + (h->kind == FY_ENV_REFUSAL ? 1 : FY_ENV_TAG_BYTES);
 }
 
+/* Whether h's payload is encrypted: only a message's or a reply's can be
+ * (a hello and a refusal carry none). */
+static bool aead_of(const fy_env_hdr_t *h) { return h->aead && (h->kind == FY_ENV_MSG || h->kind == FY_ENV_REPLY); }
+
 /* Everything before the tag; returns where the tag goes. */
 static uint8_t *write_header(const fy_env_hdr_t *h, uint8_t *p)
 {
     size_t nl = strlen(h->name), tl = strlen(h->to.name);
     memcpy(p, MAGIC, 3);
     p[3] = FY_ENV_VERSION;
-    p[4] = (uint8_t)(h->kind | (h->aead ? FY_ENV_KIND_AEAD : 0));
+    p[4] = (uint8_t)(h->kind | (aead_of(h) ? FY_ENV_KIND_AEAD : 0));
     p[5] = (uint8_t)h->role;
     p[6] = (uint8_t)nl;
     memcpy(p + 7, h->name, nl);
@@ -280,7 +284,7 @@ static void aead_nonce(const fy_env_hdr_t *h, uint8_t n[crypto_aead_xchacha20pol
 void fy_env_seal(const fy_env_key_t *key, const fy_env_hdr_t *h, void *payload, size_t len, uint8_t *out)
 {
     uint8_t *tag = write_header(h, out);
-    if (!h->aead) {
+    if (!aead_of(h)) {
         mac(key, out, (size_t)(tag - out), payload, len, tag);
         return;
     }
@@ -296,8 +300,7 @@ void fy_env_seal(const fy_env_key_t *key, const fy_env_hdr_t *h, void *payload, 
 size_t fy_env_refusal(const fy_env_hdr_t *h, fy_env_fault_t reason, uint8_t *out, size_t cap)
 {
     fy_env_hdr_t r = *h;
-    r.kind = FY_ENV_REFUSAL;
-    r.aead = false; /* a refusal carries nothing to hide */
+    r.kind = FY_ENV_REFUSAL; /* in clear: it carries nothing to hide */
     size_t need = fy_env_header_bytes(&r);
     if (need > cap) return 0;
     uint8_t *p = write_header(&r, out);

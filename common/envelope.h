@@ -181,7 +181,7 @@ typedef struct fy_env_hdr {
     uint64_t inc, chan, seq, ts_ms;
     uint64_t re_chan, re_seq; /* FY_ENV_REPLY: the request answered */
     fy_env_fault_t reason;    /* FY_ENV_REFUSAL: why */
-    bool aead;                /* the payload is (to be) encrypted: FY_ENV_MSG and FY_ENV_REPLY only */
+    bool aead;                /* the payload is (to be) encrypted: FY_ENV_MSG and FY_ENV_REPLY only (else ignored) */
 } fy_env_hdr_t;
 
 /* Milliseconds since the Unix epoch (CLOCK_REALTIME): envelopes' time. */

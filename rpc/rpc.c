@@ -1084,10 +1084,10 @@ static fy_status_t cslot_check(cslot_t *k, nng_msg *m, const uint8_t **payload_p
                 pthread_mutex_unlock(&c->mu);
             }
             uint64_t quiet;
-            if (refusal_count(&c->refusals, r.reason, &quiet))
-                fy_error("rpc: %s refused our request: %s (does this process read the same kv.secret_file as "
-                         "the router?)",
-                         c->url, fy_env_fault_words(r.reason));
+            if (refusal_count(&c->refusals, r.reason, &quiet)) /* "clear" names its remedy itself */
+                fy_error("rpc: %s refused our request: %s%s", c->url, fy_env_fault_words(r.reason),
+                         r.reason == FY_ENV_CLEAR ? ""
+                                                  : " (does this process read the same kv.secret_file as the router?)");
             return FY_ERR_MISMATCH;
         }
         refused(&c->refusals, f, NULL, "a reply");
