@@ -229,7 +229,8 @@ bool fy_env_seal_as(const fy_env_auth_t *a, fy_env_keys_t *keys, const fy_env_hd
  * the tag is not the one fy_env_key_of gives (or a cannot have that
  * key); FY_ENV_IDENTITY when it is authentic but addressed to someone
  * else (its "to" is not a's role and name, and a's incarnation or 0; an
- * empty "to" only in a hello). */
+ * empty "to" only in a hello).  An encrypted payload is decrypted in
+ * place, as fy_env_open does. */
 fy_env_fault_t fy_env_open_as(const fy_env_auth_t *a, fy_env_keys_t *keys, void *buf, size_t len, fy_env_hdr_t *h,
                               size_t *off_p);
 
