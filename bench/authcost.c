@@ -1,13 +1,16 @@
 /*
  * authcost.c - `ferry-bench auth`: what the control plane's envelope
- * (common/envelope.h) costs.  Per message: sealing, opening (parse and
- * tag check) and the replay guard, at payload sizes a control message
- * has (200 B: a command or a poll; 2 KiB: a reserve with a prompt; 64 KiB:
- * a long prompt or a load report with a big digest).  Per round trip: one
- * request and its reply over nng req/rep, bare (the reference) and with
- * the envelope sealed and opened on both sides (the same raw sockets, so
- * the difference is the envelope alone), and through fy_rpc (the sockets
- * ferry uses, which add their own slots and callbacks).
+ * (common/envelope.h) costs, in clear with its MAC and encrypted
+ * (cluster.encrypt: XChaCha20-Poly1305).  Per message: sealing, opening
+ * (parse and tag check; encrypted: and decryption) and the replay guard,
+ * at payload sizes a control message has (200 B: a command or a poll;
+ * 2 KiB: a reserve with a prompt; 64 KiB: a long prompt or a load report
+ * with a big digest).  Per round trip: one request and its reply over nng
+ * req/rep, bare (the reference) and with the envelope sealed and opened
+ * on both sides, MAC or AEAD (the same raw sockets, so the difference is
+ * the envelope alone), and through fy_rpc (the sockets ferry uses, which
+ * add their own slots and callbacks) with cluster.encrypt auto (clear on
+ * loopback) and always.
  *
  * Not here: the load harness (ferry_bench.c), anything about models.
  */
@@ -66,7 +69,7 @@ static int cmp_d(const void *a, const void *b)
 
 /* ---- per message ---- */
 
-static void per_message(const fy_env_auth_t *me, size_t size, int reps)
+static void per_message(const fy_env_auth_t *me, size_t size, int reps, bool aead)
 {
     size_t cap = FY_ENV_MAX_HEADER + size;
     uint8_t *buf = fy_malloc(cap);
@@ -80,6 +83,7 @@ static void per_message(const fy_env_auth_t *me, size_t size, int reps)
     h.inc = me->inc;
     h.chan = 1;
     h.ts_ms = fy_env_now_ms();
+    h.aead = aead;
     size_t hl = fy_env_header_bytes(&h);
     uint8_t *msg = buf + FY_ENV_MAX_HEADER - hl; /* header right before the payload */
     fy_env_guard_t *g;
@@ -96,9 +100,20 @@ static void per_message(const fy_env_auth_t *me, size_t size, int reps)
     double t_seal = (cpu_s() - t0) / reps;
     fy_env_hdr_t o;
     size_t off;
+    double t_open;
     t0 = cpu_s();
-    for (int r = 0; r < reps; r++) sink += fy_env_open(&me->key, msg, hl + size, &o, &off) == FY_ENV_OK ? off : 0;
-    double t_open = (cpu_s() - t0) / reps;
+    if (!aead) {
+        for (int r = 0; r < reps; r++) sink += fy_env_open(&me->key, msg, hl + size, &o, &off) == FY_ENV_OK ? off : 0;
+        t_open = (cpu_s() - t0) / reps;
+    } else { /* opening decrypts in place: each open follows a seal of its own, whose time is taken off */
+        for (int r = 0; r < reps; r++) {
+            h.seq = (uint64_t)r + 1;
+            fy_env_seal(&me->key, &h, msg + hl, size, msg);
+            sink += fy_env_open(&me->key, msg, hl + size, &o, &off) == FY_ENV_OK ? off : 0;
+        }
+        t_open = (cpu_s() - t0) / reps - t_seal;
+        if (sink < (size_t)reps * hl) printf("  (an encrypted message did not open)\n");
+    }
     t0 = cpu_s();
     for (int r = 0; r < reps; r++) {
         o.seq = (uint64_t)r + 1;
@@ -114,9 +129,9 @@ static void per_message(const fy_env_auth_t *me, size_t size, int reps)
     }
     double t_copy = (cpu_s() - t0) / reps;
     (void)sink;
-    printf("  %6zu B   seal %8.0f ns   open %8.0f ns   guard %5.0f ns   seal+open+guard %8.0f ns   "
+    printf("  %-4s %6zu B   seal %8.0f ns   open %8.0f ns   guard %5.0f ns   seal+open+guard %8.0f ns   "
            "(%5.2f GB/s; a memcpy of the payload: %6.0f ns)\n",
-           size, t_seal * 1e9, t_open * 1e9, t_guard * 1e9, (t_seal + t_open + t_guard) * 1e9,
+           aead ? "aead" : "mac", size, t_seal * 1e9, t_open * 1e9, t_guard * 1e9, (t_seal + t_open + t_guard) * 1e9,
            2.0 * (double)size / ((t_seal + t_open) * 1e9), t_copy * 1e9);
     fy_free(copy);
     fy_env_guard_destroy(g);
@@ -128,7 +143,7 @@ static void per_message(const fy_env_auth_t *me, size_t size, int reps)
 typedef struct raw_server {
     nng_socket sk;
     pthread_t t;
-    bool sealed;
+    bool sealed; /* with the envelope (its replies encrypted when the request was) */
     fy_env_auth_t me;
     fy_env_keys_t *keys; /* the clients' keys, derived once, as rpc.c's server keeps them */
     fy_env_guard_t *guard;
@@ -165,6 +180,7 @@ static void *raw_server_main(void *arg)
             r.ts_ms = fy_env_now_ms();
             r.re_chan = h.chan;
             r.re_seq = h.seq;
+            r.aead = h.aead;
             size_t rh = fy_env_header_bytes(&r);
             nng_msg *out;
             if (nng_msg_alloc(&out, rh + len - off)) return NULL;
@@ -181,9 +197,9 @@ static void *raw_server_main(void *arg)
     }
 }
 
-/* One round trip on a raw req socket; sealed: the client side of the envelope too. */
-static bool raw_call(nng_socket sk, const fy_env_auth_t *me, bool sealed, uint64_t seq, const uint8_t *payload,
-                     size_t size)
+/* One round trip on a raw req socket; sealed: the client side of the envelope too (aead: encrypted). */
+static bool raw_call(nng_socket sk, const fy_env_auth_t *me, bool sealed, bool aead, uint64_t seq,
+                     const uint8_t *payload, size_t size)
 {
     nng_msg *m;
     fy_env_hdr_t h;
@@ -198,6 +214,7 @@ static bool raw_call(nng_socket sk, const fy_env_auth_t *me, bool sealed, uint64
         h.chan = 3;
         h.seq = seq;
         h.ts_ms = fy_env_now_ms();
+        h.aead = aead;
         hl = fy_env_header_bytes(&h);
     }
     if (nng_msg_alloc(&m, hl + size)) return false;
@@ -214,7 +231,7 @@ static bool raw_call(nng_socket sk, const fy_env_auth_t *me, bool sealed, uint64
         fy_env_hdr_t r;
         size_t off;
         ok = fy_env_open(&me->key, nng_msg_body(m), nng_msg_len(m), &r, &off) == FY_ENV_OK && r.re_seq == seq &&
-             nng_msg_len(m) - off == size;
+             r.aead == aead && nng_msg_len(m) - off == size;
     } else {
         ok = nng_msg_len(m) == size;
     }
@@ -237,7 +254,7 @@ static void summarize(const char *what, double *lat, int n)
            lat[(int)(n * 0.99)] * 1e6);
 }
 
-/* One URL per variant: a base URL's "-bare", "-sealed", "-rpc" forms (ipc), or three free TCP ports. */
+/* One URL per variant: a base URL's "-V" forms (ipc), or free TCP ports. */
 static void variant_url(const char *base, int v, char *out, size_t cap)
 {
     if (!strncmp(base, "ipc://", 6))
@@ -246,32 +263,36 @@ static void variant_url(const char *base, int v, char *out, size_t cap)
         snprintf(out, cap, "tcp://127.0.0.1:%d", free_port());
 }
 
+enum { V_RAW = 3, V_ALL = 5 }; /* raw: bare, MAC, AEAD; then fy_rpc with cluster.encrypt auto and always */
+
 /*
- * The three variants run side by side, in alternating blocks of 50 calls,
- * so that whatever else the machine does falls on all three alike: a raw
- * req/rep pair bare (the reference), the same with the envelope, and
- * fy_rpc's server and client.
+ * The variants run side by side, in alternating blocks of 50 calls, so
+ * that whatever else the machine does falls on all of them alike: a raw
+ * req/rep pair bare (the reference), the same with the envelope (MAC) and
+ * with the envelope encrypted (AEAD), and fy_rpc's server and client with
+ * cluster.encrypt auto (on loopback: the MAC) and always (AEAD).
  */
 static fy_status_t round_trips(const char *base, const fy_env_auth_t *client, const fy_env_auth_t *router, size_t size,
                                int reps)
 {
     enum { BLOCK = 50 };
     uint8_t *payload = fy_malloc(size ? size : 1);
-    double *lat[3] = {fy_malloc((size_t)reps * sizeof(double)), fy_malloc((size_t)reps * sizeof(double)),
-                      fy_malloc((size_t)reps * sizeof(double))};
-    raw_server_t srv[2];
+    double *lat[V_ALL];
+    bool have_lat = true;
+    for (int v = 0; v < V_ALL; v++) have_lat &= (lat[v] = fy_malloc((size_t)reps * sizeof(double))) != NULL;
+    raw_server_t srv[V_RAW];
     memset(srv, 0, sizeof(srv));
-    nng_socket cs[2];
-    bool up[2] = {false, false}, dialed[2] = {false, false};
-    fy_rpc_server_t *rsrv = NULL;
-    fy_rpc_client_t *rc = NULL;
-    fy_status_t st = payload && lat[0] && lat[1] && lat[2] ? FY_OK : FY_ERR_NOMEM;
+    nng_socket cs[V_RAW];
+    bool up[V_RAW] = {false}, dialed[V_RAW] = {false};
+    fy_rpc_server_t *rsrv[2] = {NULL, NULL};
+    fy_rpc_client_t *rc[2] = {NULL, NULL};
+    fy_status_t st = payload && have_lat ? FY_OK : FY_ERR_NOMEM;
     for (size_t i = 0; i < size; i++) payload[i] = (uint8_t)i;
-    char url[3][160];
-    for (int v = 0; v < 3; v++) variant_url(base, v, url[v], sizeof(url[v]));
+    char url[V_ALL][160];
+    for (int v = 0; v < V_ALL; v++) variant_url(base, v, url[v], sizeof(url[v]));
     printf("  %zu B over %s:\n", size, !strncmp(base, "ipc://", 6) ? "ipc" : "tcp loopback");
-    for (int v = 0; v < 2 && !st; v++) {
-        srv[v].sealed = v == 1;
+    for (int v = 0; v < V_RAW && !st; v++) {
+        srv[v].sealed = v > 0;
         srv[v].me = *router;
         if (fy_env_keys_create(&srv[v].keys) || fy_env_guard_create(64, fy_env_now_ms(), &srv[v].guard) ||
             nng_rep0_open(&srv[v].sk) || nng_listen(srv[v].sk, url[v], NULL, 0) ||
@@ -286,28 +307,36 @@ static fy_status_t round_trips(const char *base, const fy_env_auth_t *client, co
         else
             dialed[v] = true;
     }
-    if (!st) st = fy_rpc_server_create(url[2], 8, router, FY_RPC_FROM(FY_ROLE_CLIENT), fy_rpc_echo, NULL, &rsrv);
-    if (!st) st = fy_rpc_client_create(url[2], client, &rc);
+    for (int k = 0; k < 2 && !st; k++) { /* k = 1: cluster.encrypt = always on both ends */
+        fy_env_auth_t r = *router, c = *client;
+        r.crypt = c.crypt = k ? FY_ENV_CRYPT_ALWAYS : FY_ENV_CRYPT_AUTO;
+        st = fy_rpc_server_create(url[V_RAW + k], 8, &r, FY_RPC_FROM(FY_ROLE_CLIENT), fy_rpc_echo, NULL, &rsrv[k]);
+        if (!st) st = fy_rpc_client_create(url[V_RAW + k], &c, &rc[k]);
+        fy_env_auth_wipe(&r);
+        fy_env_auth_wipe(&c);
+    }
     uint64_t seq = 0;
     for (int r = -reps / 10; r < reps && !st; r += BLOCK) { /* r < 0: warm-up */
-        for (int v = 0; v < 3 && !st; v++) {
+        for (int v = 0; v < V_ALL && !st; v++) {
             for (int k = 0; k < BLOCK && !st; k++) {
                 double t0 = now_s();
-                if (v < 2) {
-                    if (!raw_call(cs[v], client, v == 1, ++seq, payload, size)) st = FY_ERR_PEER;
+                if (v < V_RAW) {
+                    if (!raw_call(cs[v], client, v > 0, v == 2, ++seq, payload, size)) st = FY_ERR_PEER;
                 } else {
                     void *rep;
                     size_t rl;
-                    st = fy_rpc_call(rc, payload, size, 10.0, &rep, &rl);
+                    st = fy_rpc_call(rc[v - V_RAW], payload, size, 10.0, &rep, &rl);
                     if (!st) fy_free(rep);
                 }
                 if (r + k >= 0 && r + k < reps) lat[v][r + k] = now_s() - t0;
             }
         }
     }
-    fy_rpc_client_destroy(rc);
-    fy_rpc_server_destroy(rsrv);
-    for (int v = 0; v < 2; v++) {
+    for (int k = 0; k < 2; k++) {
+        fy_rpc_client_destroy(rc[k]);
+        fy_rpc_server_destroy(rsrv[k]);
+    }
+    for (int v = 0; v < V_RAW; v++) {
         if (dialed[v]) nng_close(cs[v]);
         if (up[v]) {
             nng_close(srv[v].sk);
@@ -318,11 +347,13 @@ static fy_status_t round_trips(const char *base, const fy_env_auth_t *client, co
     }
     if (!st) {
         summarize("raw nng req/rep, bare (reference)", lat[0], reps);
-        summarize("raw nng req/rep, with the envelope", lat[1], reps);
-        summarize("fy_rpc (ferry's sockets, envelope)", lat[2], reps);
+        summarize("raw nng req/rep, envelope (MAC)", lat[1], reps);
+        summarize("raw nng req/rep, envelope (AEAD)", lat[2], reps);
+        summarize("fy_rpc, encrypt=auto (MAC here)", lat[3], reps);
+        summarize("fy_rpc, encrypt=always (AEAD)", lat[4], reps);
     }
     fy_free(payload);
-    for (int v = 0; v < 3; v++) fy_free(lat[v]);
+    for (int v = 0; v < V_ALL; v++) fy_free(lat[v]);
     return st;
 }
 
@@ -375,8 +406,10 @@ int fy_bench_auth_main(int argc, char **argv)
         fy_env_auth_init(&router, SECRET, sizeof(SECRET), FY_ROLE_ROUTER, "router", 0))
         return 1;
     static const size_t sizes[] = {200, 2048, 65536};
-    printf("per message (one thread's CPU time; BLAKE2b-128 keyed, libsodium):\n");
-    for (int k = 0; k < 3; k++) per_message(&router, sizes[k], sizes[k] > 8192 ? reps / 20 : reps);
+    printf("per message (one thread's CPU time; mac: BLAKE2b-128 keyed, aead: XChaCha20-Poly1305 with its key "
+           "derived per message; libsodium):\n");
+    for (int a = 0; a < 2; a++)
+        for (int k = 0; k < 3; k++) per_message(&router, sizes[k], sizes[k] > 8192 ? reps / 20 : reps, a == 1);
     char dir[] = "/tmp/ferry-bench-auth-XXXXXX", url[128];
     if (!mkdtemp(dir)) {
         perror("ferry-bench auth: mkdtemp");
@@ -397,7 +430,7 @@ int fy_bench_auth_main(int argc, char **argv)
     }
     char sock[200];
     for (int k = 0; k < 3; k++)
-        for (int v = 0; v < 3; v++) {
+        for (int v = 0; v < V_ALL; v++) {
             snprintf(sock, sizeof(sock), "%s/s%d-%d", dir, k, v);
             remove(sock);
         }

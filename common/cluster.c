@@ -319,7 +319,11 @@ fy_status_t fy_cluster_auth(const fy_config_t *cfg, fy_env_role_t role, const ch
                  "every process of the cluster (`ferry serve` makes RUN_DIR/kv.secret)");
         return FY_ERR_INVALID;
     }
-    return fy_cluster_auth_file(path, role, name, inc, auth_p);
+    int crypt;
+    if ((st = fy_conf_enum(cfg, "cluster", "encrypt", &crypt))) return st; /* the table's choices, in enum order */
+    if ((st = fy_cluster_auth_file(path, role, name, inc, auth_p))) return st;
+    auth_p->crypt = (fy_env_crypt_t)crypt;
+    return FY_OK;
 }
 
 fy_status_t fy_cluster_kv(const fy_config_t *cfg, int32_t *block_size_p, fy_dtype_t *dtype_p)

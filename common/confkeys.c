@@ -255,6 +255,12 @@ static const fy_conf_key_t KEYS[] = {
         "the lease on a process's record: a process that dies leaves the cluster this long after"),
     DUR("cluster", "etcd_poll", "250ms", 0.01, 60, "between reads of the membership (a watch round)"),
     STR("cluster", "router_name", NULL, "a router's name in etcd and in its messages; unset: router-HOST-PID"),
+    ENUM("cluster", "encrypt", "auto", "auto|always|off",
+         "whether control-plane payloads (prompts, tokens, commands, events) are encrypted on the nng sockets "
+         "(XChaCha20-Poly1305 under a per-identity key): auto on every connection whose address is not loopback, "
+         "always on every one, off never of its own accord; a process that encrypts a connection refuses a clear "
+         "payload on it (a reply to an encrypted request is encrypted whatever this says); the same on every "
+         "process. The UCX KV transfer is not covered"),
     STR("cluster", "etcd_ca", "",
         "PEM file of the CA that signed etcd's server certificate: an https:// endpoint is verified against it "
         "(required with https); empty: none"),

@@ -25,7 +25,12 @@ static const uint8_t MAGIC[3] = {'F', 'Y', 'E'};
 static const char KDF_CTX[crypto_kdf_CONTEXTBYTES + 1] = "fyctlpl1";
 #define KDF_SUBKEY_ID 1
 
-static const char *const FAULTS[FY_ENV_N_FAULTS] = {"ok", "format", "mac", "stale", "replay", "identity"};
+/* crypto_kdf's context for an identity's AEAD key, taken from its MAC key:
+ * the two are never the same key */
+static const char AEAD_CTX[crypto_kdf_CONTEXTBYTES + 1] = "fyaead01";
+#define AEAD_SUBKEY_ID 1
+
+static const char *const FAULTS[FY_ENV_N_FAULTS] = {"ok", "format", "mac", "stale", "replay", "identity", "clear"};
 static const char *const FAULT_WORDS[FY_ENV_N_FAULTS] = {
     "ok",
     "not an envelope (a client or peer without authentication, or garbage)",
@@ -33,6 +38,8 @@ static const char *const FAULT_WORDS[FY_ENV_N_FAULTS] = {
     "stale (its time is outside the window or before this process started: clocks apart, or a replay)",
     "replayed (a sequence number seen before, or behind the window)",
     "sender not allowed (its role or name does not fit the message)",
+    "not encrypted (a payload in clear from a peer that is not on loopback: set cluster.encrypt alike on every "
+    "process)",
 };
 
 const char *fy_env_fault_str(fy_env_fault_t f) { return f >= 0 && f < FY_ENV_N_FAULTS ? FAULTS[f] : "?"; }
@@ -104,6 +111,7 @@ fy_status_t fy_env_auth_init(fy_env_auth_t *a, const uint8_t *secret, size_t len
     memcpy(a->name, name, nl + 1);
     a->inc = inc;
     while (!a->inc) randombytes_buf(&a->inc, sizeof(a->inc));
+    a->crypt = FY_ENV_CRYPT_AUTO;
     return FY_OK;
 }
 
@@ -141,6 +149,11 @@ void fy_env_identity_key(const fy_env_key_t *ctl, int role, const char *name, fy
     crypto_generichash_blake2b_update(&st, (const uint8_t *)name, strlen(name));
     crypto_generichash_blake2b_final(&st, out->k, FY_ENV_KEY_BYTES);
     sodium_memzero(&st, sizeof(st));
+}
+
+void fy_env_aead_key(const fy_env_key_t *id, fy_env_key_t *out)
+{
+    crypto_kdf_derive_from_key(out->k, FY_ENV_KEY_BYTES, AEAD_SUBKEY_ID, AEAD_CTX, id->k);
 }
 
 /* ---- client key files ---------------------------------------------------------------------------- */
@@ -210,13 +223,17 @@ size_t fy_env_header_bytes(const fy_env_hdr_t *h)
     return fixed_bytes(h, strlen(h->name), strlen(h->to.name)) + (h->kind == FY_ENV_REFUSAL ? 1 : FY_ENV_TAG_BYTES);
 }
 
+/* Whether h's payload is encrypted: only a message's or a reply's can be
+ * (a hello and a refusal carry none). */
+static bool aead_of(const fy_env_hdr_t *h) { return h->aead && (h->kind == FY_ENV_MSG || h->kind == FY_ENV_REPLY); }
+
 /* Everything before the tag; returns where the tag goes. */
 static uint8_t *write_header(const fy_env_hdr_t *h, uint8_t *p)
 {
     size_t nl = strlen(h->name), tl = strlen(h->to.name);
     memcpy(p, MAGIC, 3);
     p[3] = FY_ENV_VERSION;
-    p[4] = (uint8_t)h->kind;
+    p[4] = (uint8_t)(h->kind | (aead_of(h) ? FY_ENV_KIND_AEAD : 0));
     p[5] = (uint8_t)h->role;
     p[6] = (uint8_t)nl;
     memcpy(p + 7, h->name, nl);
@@ -247,16 +264,43 @@ static void mac(const fy_env_key_t *key, const uint8_t *hdr, size_t hlen, const 
     crypto_generichash_blake2b_final(&st, tag, FY_ENV_TAG_BYTES);
 }
 
-void fy_env_seal(const fy_env_key_t *key, const fy_env_hdr_t *h, const void *payload, size_t len, uint8_t *out)
+/* The AEAD's nonce: incarnation | channel | sequence, as the header
+ * carries them.  It never repeats under one key.  A key is one identity's
+ * (a client end's, or a router's or a worker's own), and everyone who
+ * seals with it picks a random nonzero incarnation per process and a
+ * random nonzero channel per sending socket, whose sequence numbers count
+ * up from 1 and are taken once per message (rpc.c takes a new one for
+ * every seal, resends included); so a repeat needs two sockets sealing
+ * under one key to draw the same 128 random bits.  That is why it is
+ * XChaCha20 (24-byte nonces) and not ChaCha20-IETF: 12 bytes would hold
+ * the channel and 32 bits of sequence only, leaving 64 random bits (a
+ * birthday bound of 2^32 sockets of one identity, restarts included) and
+ * a sequence that could wrap. */
+static void aead_nonce(const fy_env_hdr_t *h, uint8_t n[crypto_aead_xchacha20poly1305_ietf_NPUBBYTES])
+{
+    put64(put64(put64(n, h->inc), h->chan), h->seq);
+}
+
+void fy_env_seal(const fy_env_key_t *key, const fy_env_hdr_t *h, void *payload, size_t len, uint8_t *out)
 {
     uint8_t *tag = write_header(h, out);
-    mac(key, out, (size_t)(tag - out), payload, len, tag);
+    if (!aead_of(h)) {
+        mac(key, out, (size_t)(tag - out), payload, len, tag);
+        return;
+    }
+    fy_env_key_t ek;
+    uint8_t nonce[crypto_aead_xchacha20poly1305_ietf_NPUBBYTES];
+    fy_env_aead_key(key, &ek);
+    aead_nonce(h, nonce);
+    crypto_aead_xchacha20poly1305_ietf_encrypt_detached(payload, tag, NULL, payload, len, out, (size_t)(tag - out),
+                                                        NULL, nonce, ek.k);
+    sodium_memzero(&ek, sizeof(ek));
 }
 
 size_t fy_env_refusal(const fy_env_hdr_t *h, fy_env_fault_t reason, uint8_t *out, size_t cap)
 {
     fy_env_hdr_t r = *h;
-    r.kind = FY_ENV_REFUSAL;
+    r.kind = FY_ENV_REFUSAL; /* in clear: it carries nothing to hide */
     size_t need = fy_env_header_bytes(&r);
     if (need > cap) return 0;
     uint8_t *p = write_header(&r, out);
@@ -270,11 +314,12 @@ fy_env_fault_t fy_env_parse(const void *buf, size_t len, fy_env_hdr_t *h, size_t
     if (len < 7 || memcmp(b, MAGIC, 3) || b[3] != FY_ENV_VERSION) return FY_ENV_FORMAT;
     fy_env_hdr_t x;
     memset(&x, 0, sizeof(x));
-    x.kind = (fy_env_kind_t)b[4];
+    x.kind = (fy_env_kind_t)(b[4] & ~FY_ENV_KIND_AEAD);
+    x.aead = b[4] & FY_ENV_KIND_AEAD;
     x.role = b[5];
     size_t nl = b[6];
     if ((x.kind != FY_ENV_MSG && x.kind != FY_ENV_REPLY && x.kind != FY_ENV_REFUSAL && x.kind != FY_ENV_HELLO) ||
-        !role_ok(x.role) || nl > FY_ENV_NAME_MAX)
+        (x.aead && x.kind != FY_ENV_MSG && x.kind != FY_ENV_REPLY) || !role_ok(x.role) || nl > FY_ENV_NAME_MAX)
         return FY_ENV_FORMAT;
     if (len < 7 + nl + 2 || !name_ok((const char *)b + 7, nl)) return FY_ENV_FORMAT;
     const uint8_t *t = b + 7 + nl;
@@ -310,18 +355,29 @@ fy_env_fault_t fy_env_parse(const void *buf, size_t len, fy_env_hdr_t *h, size_t
     return FY_ENV_OK;
 }
 
-fy_env_fault_t fy_env_open(const fy_env_key_t *key, const void *buf, size_t len, fy_env_hdr_t *h, size_t *off_p)
+fy_env_fault_t fy_env_open(const fy_env_key_t *key, void *buf, size_t len, fy_env_hdr_t *h, size_t *off_p)
 {
     fy_env_hdr_t x;
     size_t off;
     fy_env_fault_t f = fy_env_parse(buf, len, &x, &off);
     if (f) return f;
     if (x.kind == FY_ENV_REFUSAL) return FY_ENV_FORMAT;
-    const uint8_t *b = buf;
-    uint8_t tag[FY_ENV_TAG_BYTES];
+    uint8_t *b = buf;
     size_t tag_at = off - FY_ENV_TAG_BYTES;
-    mac(key, b, tag_at, b + off, len - off, tag);
-    if (sodium_memcmp(tag, b + tag_at, FY_ENV_TAG_BYTES)) return FY_ENV_MAC;
+    if (x.aead) { /* verified before anything is decrypted (libsodium's detached open) */
+        fy_env_key_t ek;
+        uint8_t nonce[crypto_aead_xchacha20poly1305_ietf_NPUBBYTES];
+        fy_env_aead_key(key, &ek);
+        aead_nonce(&x, nonce);
+        int rc = crypto_aead_xchacha20poly1305_ietf_decrypt_detached(b + off, NULL, b + off, len - off, b + tag_at, b,
+                                                                     tag_at, nonce, ek.k);
+        sodium_memzero(&ek, sizeof(ek));
+        if (rc) return FY_ENV_MAC;
+    } else {
+        uint8_t tag[FY_ENV_TAG_BYTES];
+        mac(key, b, tag_at, b + off, len - off, tag);
+        if (sodium_memcmp(tag, b + tag_at, FY_ENV_TAG_BYTES)) return FY_ENV_MAC;
+    }
     *h = x;
     *off_p = off;
     return FY_ENV_OK;
@@ -394,7 +450,7 @@ bool fy_env_key_of(const fy_env_auth_t *a, fy_env_keys_t *keys, const fy_env_hdr
     return key_for(a, keys, h->role, h->name, out);
 }
 
-bool fy_env_seal_as(const fy_env_auth_t *a, fy_env_keys_t *keys, const fy_env_hdr_t *h, const void *payload, size_t len,
+bool fy_env_seal_as(const fy_env_auth_t *a, fy_env_keys_t *keys, const fy_env_hdr_t *h, void *payload, size_t len,
                     uint8_t *out)
 {
     fy_env_key_t k;
@@ -404,7 +460,7 @@ bool fy_env_seal_as(const fy_env_auth_t *a, fy_env_keys_t *keys, const fy_env_hd
     return true;
 }
 
-fy_env_fault_t fy_env_open_as(const fy_env_auth_t *a, fy_env_keys_t *keys, const void *buf, size_t len, fy_env_hdr_t *h,
+fy_env_fault_t fy_env_open_as(const fy_env_auth_t *a, fy_env_keys_t *keys, void *buf, size_t len, fy_env_hdr_t *h,
                               size_t *off_p)
 {
     fy_env_hdr_t x;

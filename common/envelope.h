@@ -10,7 +10,11 @@
  *         | incarnation | to incarnation | channel | sequence | time (ms)
  *         | [reply: the answered request's channel and sequence] | tag (16 B) | payload
  *
- * integers big-endian.  "to" is the receiver's identity (role, name, and
+ * integers big-endian.  The kind's top bit (FY_ENV_KIND_AEAD) says the
+ * payload is encrypted: then the tag is XChaCha20-Poly1305's over the
+ * header before it (associated data) and the ciphertext, under the
+ * AEAD key of the same identity (below); else it is the BLAKE2b MAC and
+ * the payload travels in clear.  "to" is the receiver's identity (role, name, and
  * its incarnation or 0 for any): a receiver takes only what is addressed
  * to itself, so a message captured on its way to one router cannot be
  * replayed to another.  A client that does not know its router's identity
@@ -26,7 +30,12 @@
  * keyed with the key of the client end when one end is a client (either
  * way), else with the sender's key, over every header byte before it and
  * the payload: a client key cannot speak as a router or a worker, nor as
- * another client.  A channel is one sending socket (random, 64 bits); its
+ * another client.  The AEAD key of an identity is crypto_kdf's subkey of
+ * its key under a context of its own ("fyaead01"): never the MAC key, and
+ * a client derives its own from its key file while it cannot derive
+ * another's.  The nonce is incarnation | channel | sequence (24 bytes,
+ * all in the header): see envelope.c for why it never repeats under one
+ * key.  A channel is one sending socket (random, 64 bits); its
  * sequence numbers start at 1.  A receiver keeps a window per channel
  * (the highest sequence seen and a 64-bit bitmap of those below it, as
  * IPsec does), so messages sent from several threads may arrive a little
@@ -47,6 +56,7 @@
 #include "status.h"
 
 #define FY_ENV_VERSION 2
+#define FY_ENV_KIND_AEAD 0x80 /* in the kind byte: the payload is encrypted (XChaCha20-Poly1305) */
 #define FY_ENV_KEY_BYTES 32
 #define FY_ENV_TAG_BYTES 16
 #define FY_ENV_NAME_MAX 63    /* bytes of a sender's name, printable ASCII */
@@ -77,10 +87,11 @@ typedef enum fy_env_fault {
     FY_ENV_STALE,    /* its time is outside the window, or before this receiver started */
     FY_ENV_REPLAY,   /* its sequence number was seen already, or is behind the window */
     FY_ENV_IDENTITY, /* authentic, but this sender may not send it here */
+    FY_ENV_CLEAR,    /* authentic, but its payload is in clear where cluster.encrypt requires encryption */
     FY_ENV_N_FAULTS
 } fy_env_fault_t;
 
-/* "ok", "format", "mac", "stale", "replay", "identity" (the metric's label). */
+/* "ok", "format", "mac", "stale", "replay", "identity", "clear" (the metric's label). */
 const char *fy_env_fault_str(fy_env_fault_t f);
 /* In words, for log lines: "bad MAC (another secret, or altered bytes)". */
 const char *fy_env_fault_words(fy_env_fault_t f);
@@ -91,6 +102,26 @@ typedef struct fy_env_key {
     uint8_t k[FY_ENV_KEY_BYTES];
 } fy_env_key_t;
 
+/* cluster.encrypt: when a socket encrypts payloads.  AUTO (the zero
+ * value): on every connection whose address is not loopback (a dialer
+ * judges by its URL, a listener by each message's remote address);
+ * ALWAYS: on every connection; OFF: never of its own accord (a reply to
+ * an encrypted request is still encrypted).  A receiver requires
+ * encryption where it would encrypt itself: a clear message with a
+ * payload from such a peer is refused (FY_ENV_CLEAR). */
+typedef enum fy_env_crypt {
+    FY_ENV_CRYPT_AUTO = 0,
+    FY_ENV_CRYPT_ALWAYS = 1,
+    FY_ENV_CRYPT_OFF = 2,
+} fy_env_crypt_t;
+
+/* Whether policy c encrypts (and requires encryption) on a connection
+ * whose peer is on loopback (or not). */
+static inline bool fy_env_crypt_wanted(fy_env_crypt_t c, bool loopback)
+{
+    return c == FY_ENV_CRYPT_ALWAYS || (c == FY_ENV_CRYPT_AUTO && !loopback);
+}
+
 /* A process's credentials: its identity's key and who it is, and the
  * control-plane key when it holds the deployment's secret.  Copied by
  * value into each socket; wipe with fy_env_auth_wipe. */
@@ -100,7 +131,8 @@ typedef struct fy_env_auth {
     bool master;      /* holds ctl: a router or a worker; false: a client with its key file */
     fy_env_role_t role;
     char name[FY_ENV_NAME_MAX + 1];
-    uint64_t inc; /* the process's incarnation: random, never 0 */
+    uint64_t inc;         /* the process's incarnation: random, never 0 */
+    fy_env_crypt_t crypt; /* cluster.encrypt (the init functions set AUTO) */
 } fy_env_auth_t;
 
 /* Derives the control-plane key from the deployment's secret (16 to 64
@@ -117,6 +149,9 @@ void fy_env_auth_wipe(fy_env_auth_t *a);
 /* The key of identity (role, name): keyed BLAKE2b-256 under ctl over
  * "fyid" | role | name. */
 void fy_env_identity_key(const fy_env_key_t *ctl, int role, const char *name, fy_env_key_t *out);
+/* The AEAD key of the identity whose key is id: crypto_kdf subkey 1 of id
+ * under the context "fyaead01" (one-way: it does not give id back). */
+void fy_env_aead_key(const fy_env_key_t *id, fy_env_key_t *out);
 
 /* ---- client key files: "ferry-client-key 1 NAME HEX\n" (HEX: the key, 64 lowercase hex digits) ---- */
 
@@ -146,6 +181,7 @@ typedef struct fy_env_hdr {
     uint64_t inc, chan, seq, ts_ms;
     uint64_t re_chan, re_seq; /* FY_ENV_REPLY: the request answered */
     fy_env_fault_t reason;    /* FY_ENV_REFUSAL: why */
+    bool aead;                /* the payload is (to be) encrypted: FY_ENV_MSG and FY_ENV_REPLY only (else ignored) */
 } fy_env_hdr_t;
 
 /* Milliseconds since the Unix epoch (CLOCK_REALTIME): envelopes' time. */
@@ -156,8 +192,11 @@ uint64_t fy_env_random_id(void);
 /* Bytes of h's header (tag included): what goes before the payload. */
 size_t fy_env_header_bytes(const fy_env_hdr_t *h);
 /* Writes h (FY_ENV_MSG or FY_ENV_REPLY) and its tag over the payload into
- * out, which holds fy_env_header_bytes(h) bytes. */
-void fy_env_seal(const fy_env_key_t *key, const fy_env_hdr_t *h, const void *payload, size_t len, uint8_t *out);
+ * out, which holds fy_env_header_bytes(h) bytes; key is the identity's
+ * key.  h->aead: the payload is encrypted in place under the AEAD key
+ * derived from key, the tag is the AEAD's; else it is left as it is and
+ * the tag is the MAC. */
+void fy_env_seal(const fy_env_key_t *key, const fy_env_hdr_t *h, void *payload, size_t len, uint8_t *out);
 /* A whole refusal (no tag, no payload) into out; its length, or 0 when out is too small. */
 size_t fy_env_refusal(const fy_env_hdr_t *h, fy_env_fault_t reason, uint8_t *out, size_t cap);
 
@@ -166,8 +205,11 @@ size_t fy_env_refusal(const fy_env_hdr_t *h, fy_env_fault_t reason, uint8_t *out
  * is checked against len; a refusal must end where its header does. */
 fy_env_fault_t fy_env_parse(const void *buf, size_t len, fy_env_hdr_t *h, size_t *off_p);
 /* fy_env_parse, then the tag (in constant time): FY_ENV_OK only for a
- * message or reply sealed with key.  Refusals are FY_ENV_FORMAT here. */
-fy_env_fault_t fy_env_open(const fy_env_key_t *key, const void *buf, size_t len, fy_env_hdr_t *h, size_t *off_p);
+ * message or reply sealed with key.  Refusals are FY_ENV_FORMAT here.  An
+ * encrypted payload (h->aead) is decrypted in place when it is authentic;
+ * when it is not, the payload's bytes may be overwritten (zeros): never
+ * with anything of the plaintext. */
+fy_env_fault_t fy_env_open(const fy_env_key_t *key, void *buf, size_t len, fy_env_hdr_t *h, size_t *off_p);
 
 /* ---- sealing and opening with a process's credentials ---- */
 
@@ -181,14 +223,15 @@ void fy_env_keys_destroy(fy_env_keys_t *k); /* accepts NULL */
  * identity's key).  keys may be NULL (no table: derived each time). */
 bool fy_env_key_of(const fy_env_auth_t *a, fy_env_keys_t *keys, const fy_env_hdr_t *h, fy_env_key_t *out);
 /* fy_env_seal under fy_env_key_of(h); false (nothing written) when a has no such key. */
-bool fy_env_seal_as(const fy_env_auth_t *a, fy_env_keys_t *keys, const fy_env_hdr_t *h, const void *payload, size_t len,
+bool fy_env_seal_as(const fy_env_auth_t *a, fy_env_keys_t *keys, const fy_env_hdr_t *h, void *payload, size_t len,
                     uint8_t *out);
 /* Opens what a received: FY_ENV_FORMAT as fy_env_parse; FY_ENV_MAC when
  * the tag is not the one fy_env_key_of gives (or a cannot have that
  * key); FY_ENV_IDENTITY when it is authentic but addressed to someone
  * else (its "to" is not a's role and name, and a's incarnation or 0; an
- * empty "to" only in a hello). */
-fy_env_fault_t fy_env_open_as(const fy_env_auth_t *a, fy_env_keys_t *keys, const void *buf, size_t len, fy_env_hdr_t *h,
+ * empty "to" only in a hello).  An encrypted payload is decrypted in
+ * place, as fy_env_open does. */
+fy_env_fault_t fy_env_open_as(const fy_env_auth_t *a, fy_env_keys_t *keys, void *buf, size_t len, fy_env_hdr_t *h,
                               size_t *off_p);
 
 /* ---- replay protection: what a receiver remembers of its senders ---- */

@@ -279,6 +279,7 @@ static const field_t REFUSED[] = {
     U64(T, "stale", stale, FY_OPT, P_ALWAYS, 0, UINT64_MAX),
     U64(T, "replay", replay, FY_OPT, P_ALWAYS, 0, UINT64_MAX),
     U64(T, "identity", identity, FY_OPT, P_ALWAYS, 0, UINT64_MAX),
+    U64(T, "clear", clear, FY_OPT, P_ALWAYS, 0, UINT64_MAX),
 };
 #undef T
 #define T fy_wire_status_reply_t

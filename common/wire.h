@@ -266,7 +266,7 @@ FY_WIRE_MESSAGE(cancelled, fy_wire_cancelled_t)
 
 /* Control messages the router refused, by envelope fault (fy_env_fault_str). */
 typedef struct fy_wire_refused {
-    uint64_t format, mac, stale, replay, identity;
+    uint64_t format, mac, stale, replay, identity, clear;
 } fy_wire_refused_t;
 
 /* status: router -> client, the answer to status (per-worker arrays in

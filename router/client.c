@@ -266,6 +266,7 @@ fy_status_t fy_client_status(fy_client_t *c, fy_client_status_t *s)
         s->refused_messages[FY_ENV_STALE] = f->stale;
         s->refused_messages[FY_ENV_REPLAY] = f->replay;
         s->refused_messages[FY_ENV_IDENTITY] = f->identity;
+        s->refused_messages[FY_ENV_CLEAR] = f->clear;
         s->n_workers = m->n_workers;
         for (int32_t i = 0; i < m->n_workers; i++) {
             fy_client_worker_t *wk = &s->workers[i];

@@ -1805,7 +1805,8 @@ static void client_status(router_t *R, fy_rpc_call_t *call)
                                               .mac = refused[FY_ENV_MAC],
                                               .stale = refused[FY_ENV_STALE],
                                               .replay = refused[FY_ENV_REPLAY],
-                                              .identity = refused[FY_ENV_IDENTITY]};
+                                              .identity = refused[FY_ENV_IDENTITY],
+                                              .clear = refused[FY_ENV_CLEAR]};
     pthread_mutex_unlock(&R->mu);
     fy_msgw_t w;
     fy_wire_status_reply_write(&w, m);

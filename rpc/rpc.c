@@ -130,11 +130,67 @@ static void refused(refusals_t *r, fy_env_fault_t f, const fy_env_hdr_t *h, cons
             why ? why : "", more);
 }
 
+/* ---- which connections are encrypted (cluster.encrypt) -------------------------------------- */
+
+/* Whether host (a URL's, brackets removed) is this machine's loopback:
+ * 127.0.0.0/8, ::1 or "localhost". */
+static bool host_loopback(const char *host, size_t n)
+{
+    if (n == 9 && !strncmp(host, "localhost", 9)) return true;
+    if (n == 3 && !strncmp(host, "::1", 3)) return true;
+    if (n >= 4 && !strncmp(host, "127.", 4)) {
+        for (size_t i = 4; i < n; i++)
+            if (!(host[i] == '.' || (host[i] >= '0' && host[i] <= '9'))) return false;
+        return true;
+    }
+    return false;
+}
+
+/* A dialer's judgement: whether url's peer is on this machine's loopback
+ * (ipc:// and inproc:// are; a tcp host is when it is 127.x.y.z, [::1] or
+ * localhost; anything else is not). */
+static bool url_loopback(const char *url)
+{
+    if (!strncmp(url, "ipc://", 6) || !strncmp(url, "inproc://", 9) || !strncmp(url, "abstract://", 11)) return true;
+    const char *h = strstr(url, "://");
+    if (!h || strncmp(url, "tcp", 3)) return false;
+    h += 3;
+    if (*h == '[') {
+        const char *e = strchr(h, ']');
+        return e && host_loopback(h + 1, (size_t)(e - h - 1));
+    }
+    const char *e = strrchr(h, ':');
+    return host_loopback(h, e ? (size_t)(e - h) : strlen(h));
+}
+
+/* A listener's judgement, for each message: whether the connection it
+ * came on has a loopback (or local ipc) peer; false when that cannot be
+ * told. */
+static bool msg_loopback(nng_msg *m)
+{
+    nng_sockaddr sa;
+    if (nng_pipe_get_addr(nng_msg_get_pipe(m), NNG_OPT_REMADDR, &sa)) return false;
+    switch (sa.s_family) {
+    case NNG_AF_IPC:
+    case NNG_AF_INPROC:
+    case NNG_AF_ABSTRACT: return true;
+    case NNG_AF_INET: return ((const uint8_t *)&sa.s_in.sa_addr)[0] == 127; /* network byte order */
+    case NNG_AF_INET6: {
+        static const uint8_t one[16] = {[15] = 1}, v4[12] = {[10] = 0xff, [11] = 0xff};
+        const uint8_t *a = sa.s_in6.sa_addr;
+        return !memcmp(a, one, 16) || (!memcmp(a, v4, 12) && a[12] == 127);
+    }
+    default: return false;
+    }
+}
+
 /* Opens what arrived (a hello too when hello): FY_ENV_OK with the
- * sender's header and where the payload starts, else the fault (counted
- * and logged). */
+ * sender's header and where the payload starts (decrypted in place when
+ * it came encrypted), else the fault (counted and logged).  need_aead:
+ * this connection must encrypt (cluster.encrypt), so a payload in clear
+ * is refused. */
 static fy_env_fault_t open_incoming(const fy_env_auth_t *a, fy_env_keys_t *keys, fy_env_guard_t *g, unsigned roles,
-                                    bool hello, refusals_t *r, const void *buf, size_t len, fy_env_hdr_t *h,
+                                    bool hello, bool need_aead, refusals_t *r, void *buf, size_t len, fy_env_hdr_t *h,
                                     size_t *off_p)
 {
     fy_env_fault_t f = fy_env_open_as(a, keys, buf, len, h, off_p);
@@ -142,6 +198,8 @@ static fy_env_fault_t open_incoming(const fy_env_auth_t *a, fy_env_keys_t *keys,
     if (!f && h->kind != FY_ENV_MSG && !(hello && h->kind == FY_ENV_HELLO))
         f = FY_ENV_FORMAT, why = "a reply where a request belongs";
     if (!f && !(roles & FY_RPC_FROM(h->role))) f = FY_ENV_IDENTITY, why = "its role does not send here";
+    /* a hello carries no payload: nothing to hide, and the answer says who we are */
+    if (!f && need_aead && !h->aead && *off_p < len) f = FY_ENV_CLEAR;
     if (!f) f = fy_env_guard_admit(g, h, fy_env_now_ms());
     if (f) {
         fy_env_hdr_t claim;
@@ -542,6 +600,7 @@ struct fy_rpc_call {
     nng_msg *req;
     uint64_t re_chan, re_seq; /* the request being answered */
     fy_env_peer_t from;       /* its sender: the reply's receiver */
+    bool aead;                /* the reply is encrypted: the request was, or the connection must be */
     int state;
 };
 
@@ -621,7 +680,8 @@ static void slot_cb(void *arg)
     nng_msg *m = nng_aio_get_msg(c->aio);
     fy_env_hdr_t h;
     size_t off;
-    fy_env_fault_t f = open_incoming(&s->auth, s->keys, s->guard, s->roles, true, &s->refusals, nng_msg_body(m),
+    bool need = fy_env_crypt_wanted(s->auth.crypt, msg_loopback(m));
+    fy_env_fault_t f = open_incoming(&s->auth, s->keys, s->guard, s->roles, true, need, &s->refusals, nng_msg_body(m),
                                      nng_msg_len(m), &h, &off);
     if (f) {
         nng_msg_free(m);
@@ -632,6 +692,7 @@ static void slot_cb(void *arg)
     c->req = m;
     c->re_chan = h.chan;
     c->re_seq = h.seq;
+    c->aead = need || h.aead;
     c->from = (fy_env_peer_t){.role = h.role, .inc = h.inc};
     snprintf(c->from.name, sizeof(c->from.name), "%s", h.name);
     c->state = SLOT_BUSY;
@@ -650,6 +711,7 @@ void fy_rpc_reply(fy_rpc_call_t *c, const void *buf, size_t len)
     self_header(&s->auth, s->chan, FY_ENV_REPLY, &c->from, &h);
     h.re_chan = c->re_chan;
     h.re_seq = c->re_seq;
+    h.aead = c->aead;
     size_t hl = fy_env_header_bytes(&h);
     nng_msg *m;
     int rv = nng_msg_alloc(&m, hl + len);
@@ -863,6 +925,7 @@ struct fy_rpc_client {
     fy_env_auth_t auth;
     fy_env_hdr_t self;  /* this client's request header, less receiver, sequence and time */
     fy_env_peer_t peer; /* the server, as its answer to our hello named it */
+    bool aead;          /* requests are encrypted and replies must be (cluster.encrypt and the URL) */
     bool peer_known;    /* else calls wait in held while a hello asks */
     bool hello_busy;    /* a hello is on its way */
     pending_t *held, *held_tail;
@@ -965,7 +1028,7 @@ static void slot_start(cslot_t *k, nng_msg *m)
     if (k->hello)
         h.kind = FY_ENV_HELLO;
     else
-        h.to = c->peer;
+        h.to = c->peer, h.aead = c->aead;
     pthread_mutex_unlock(&c->mu);
     h.seq = k->seq = atomic_fetch_add(&c->seq, 1) + 1;
     h.ts_ms = fy_env_now_ms();
@@ -1005,7 +1068,7 @@ static void cslot_timer_cb(void *arg)
 static fy_status_t cslot_check(cslot_t *k, nng_msg *m, const uint8_t **payload_p, size_t *len_p)
 {
     fy_rpc_client_t *c = k->c;
-    const uint8_t *body = nng_msg_body(m);
+    uint8_t *body = nng_msg_body(m);
     size_t len = nng_msg_len(m), off;
     fy_env_hdr_t h;
     fy_env_fault_t f = fy_env_open_as(&c->auth, NULL, body, len, &h, &off);
@@ -1021,10 +1084,10 @@ static fy_status_t cslot_check(cslot_t *k, nng_msg *m, const uint8_t **payload_p
                 pthread_mutex_unlock(&c->mu);
             }
             uint64_t quiet;
-            if (refusal_count(&c->refusals, r.reason, &quiet))
-                fy_error("rpc: %s refused our request: %s (does this process read the same kv.secret_file as "
-                         "the router?)",
-                         c->url, fy_env_fault_words(r.reason));
+            if (refusal_count(&c->refusals, r.reason, &quiet)) /* "clear" names its remedy itself */
+                fy_error("rpc: %s refused our request: %s%s", c->url, fy_env_fault_words(r.reason),
+                         r.reason == FY_ENV_CLEAR ? ""
+                                                  : " (does this process read the same kv.secret_file as the router?)");
             return FY_ERR_MISMATCH;
         }
         refused(&c->refusals, f, NULL, "a reply");
@@ -1032,6 +1095,10 @@ static fy_status_t cslot_check(cslot_t *k, nng_msg *m, const uint8_t **payload_p
     }
     if (h.kind != FY_ENV_REPLY || h.role != FY_ROLE_ROUTER || h.re_chan != c->self.chan || h.re_seq != k->seq) {
         refused(&c->refusals, FY_ENV_IDENTITY, &h, "not a router's reply to this request");
+        return FY_ERR_PEER;
+    }
+    if (c->aead && !h.aead && off < len) { /* a hello's answer has no payload */
+        refused(&c->refusals, FY_ENV_CLEAR, &h, "a reply");
         return FY_ERR_PEER;
     }
     if (k->hello) { /* the server's identity, authenticated: every request from now on names it */
@@ -1097,6 +1164,7 @@ fy_status_t fy_rpc_client_create(const char *url, const fy_env_auth_t *auth, fy_
     if (!c) return FY_ERR_NOMEM;
     snprintf(c->url, sizeof(c->url), "%s", url);
     c->auth = *auth;
+    c->aead = fy_env_crypt_wanted(auth->crypt, url_loopback(url));
     self_header(auth, chan, FY_ENV_MSG, NULL, &c->self);
     refusals_init(&c->refusals, "replies from", url);
     pthread_mutex_init(&c->mu, NULL);
@@ -1419,6 +1487,7 @@ fy_status_t fy_push_create(const char *url, int queue, const fy_env_auth_t *auth
     snprintf(p->url, sizeof(p->url), "%s", url);
     p->auth = *auth;
     self_header(auth, chan, FY_ENV_MSG, to, &p->self);
+    p->self.aead = fy_env_crypt_wanted(auth->crypt, url_loopback(url));
     p->hlen = fy_env_header_bytes(&p->self);
     int rv = nng_push0_open(&p->sock);
     if (rv) {
@@ -1519,8 +1588,9 @@ static void pull_cb(void *arg)
         nng_msg *m = nng_aio_get_msg(p->aio);
         fy_env_hdr_t h;
         size_t off;
-        if (open_incoming(&p->auth, p->keys, p->guard, p->roles, false, &p->refusals, nng_msg_body(m), nng_msg_len(m),
-                          &h, &off) == FY_ENV_OK) {
+        bool need = fy_env_crypt_wanted(p->auth.crypt, msg_loopback(m));
+        if (open_incoming(&p->auth, p->keys, p->guard, p->roles, false, need, &p->refusals, nng_msg_body(m),
+                          nng_msg_len(m), &h, &off) == FY_ENV_OK) {
             conns_authed(p->conns, m);
             p->fn(p->arg, &h, (const uint8_t *)nng_msg_body(m) + off, nng_msg_len(m) - off);
         }

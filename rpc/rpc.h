@@ -21,6 +21,13 @@
  * refusal (no payload, the fault's code) rather than silence.  Handlers
  * and pull callbacks get the sender's authenticated header.  Replies are
  * bound to their request (its channel and sequence number).
+ *
+ * The credentials' crypt (cluster.encrypt) says which connections encrypt
+ * the payload: a client or push socket decides once by its URL (not
+ * loopback: encrypted, under auto), a server or pull socket per message by
+ * the connection's remote address, and a server answers an encrypted
+ * request encrypted.  Where a socket would encrypt, a payload in clear is
+ * refused as FY_ENV_CLEAR.  Handlers and callbacks see plaintext.
  */
 #ifndef FY_RPC_H
 #define FY_RPC_H

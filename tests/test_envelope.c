@@ -4,7 +4,8 @@
  * byte is refused; replies carry the request they answer; refusals parse;
  * the replay guard takes messages a little out of order and never one
  * twice, refuses stale and future times, and stays safe when it forgets
- * a channel; keys differ by secret and never equal the secret itself.
+ * a channel; keys differ by secret and never equal the secret itself;
+ * encrypted envelopes open only under their identity's AEAD key.
  */
 #include <stdio.h>
 #include <string.h>
@@ -253,6 +254,158 @@ static void test_identity_keys(void **state)
     fy_env_auth_wipe(&root);
 }
 
+/* Issue 32 (privacy): an encrypted envelope (XChaCha20-Poly1305, the
+ * header as associated data).  It round-trips and its bytes hold no
+ * plaintext; every altered bit (header, tag or ciphertext), a cut, the
+ * flag dropped (a downgrade to the MAC) or another secret is refused as
+ * mac and never yields plaintext; the AEAD key is neither the MAC key nor
+ * another identity's; a client key cannot read what is between the
+ * router and another client; the guard still refuses a replay; and only a
+ * message or a reply may carry the flag. */
+static void test_aead(void **state)
+{
+    (void)state;
+    static const char text[] = "a distinctive prompt: zebra umbrella quantum";
+    const size_t tl = sizeof(text) - 1;
+    fy_env_auth_t router = auth_of(SECRET, FY_ROLE_ROUTER, "router");
+    fy_env_auth_t decode = auth_of(SECRET, FY_ROLE_DECODE, "decode-0");
+    fy_env_auth_t stranger = auth_of(OTHER, FY_ROLE_DECODE, "decode-0");
+    uint8_t buf[512], alt[512];
+    fy_env_hdr_t got;
+    size_t off;
+
+    /* keys: distinct from the MAC key, per identity, and one-way from it */
+    fy_env_key_t ea, eb;
+    fy_env_aead_key(&decode.key, &ea);
+    fy_env_aead_key(&router.key, &eb);
+    assert_memory_not_equal(ea.k, decode.key.k, FY_ENV_KEY_BYTES);
+    assert_memory_not_equal(ea.k, eb.k, FY_ENV_KEY_BYTES);
+
+    /* round trip: a message, decrypted in place */
+    fy_env_hdr_t h = hdr_of(&decode, FY_ENV_MSG, 77, 5, fy_env_now_ms());
+    h.to = (fy_env_peer_t){.role = FY_ROLE_ROUTER, .name = "router"};
+    h.aead = true;
+    size_t hl = fy_env_header_bytes(&h), n = hl + tl;
+    memcpy(buf + hl, text, tl);
+    assert_true(fy_env_seal_as(&decode, NULL, &h, buf + hl, tl, buf));
+    assert_null(memmem(buf, n, "zebra", 5));
+    assert_int_equal(buf[4], FY_ENV_MSG | FY_ENV_KIND_AEAD);
+    memcpy(alt, buf, n);
+    assert_int_equal(fy_env_parse(buf, n, &got, &off), FY_ENV_OK); /* parsing decrypts nothing */
+    assert_true(got.aead);
+    assert_memory_equal(buf, alt, n);
+    assert_int_equal(fy_env_open_as(&router, NULL, buf, n, &got, &off), FY_ENV_OK);
+    assert_true(got.aead && got.kind == FY_ENV_MSG && got.seq == 5);
+    assert_int_equal(n - off, tl);
+    assert_memory_equal(buf + off, text, tl);
+    /* the guard: once, not twice */
+    fy_env_guard_t *g;
+    assert_int_equal(fy_env_guard_create(16, fy_env_now_ms() - 1000, &g), FY_OK);
+    assert_int_equal(fy_env_guard_admit(g, &got, fy_env_now_ms()), FY_ENV_OK);
+    memcpy(buf, alt, n);
+    assert_int_equal(fy_env_open_as(&router, NULL, buf, n, &got, &off), FY_ENV_OK);
+    assert_int_equal(fy_env_guard_admit(g, &got, fy_env_now_ms()), FY_ENV_REPLAY);
+    fy_env_guard_destroy(g);
+
+    /* every single bit altered, anywhere: refused, and no plaintext comes out */
+    for (size_t i = 0; i < n; i++)
+        for (int bit = 0; bit < 8; bit++) {
+            memcpy(buf, alt, n);
+            buf[i] ^= (uint8_t)(1u << bit);
+            fy_env_fault_t f = fy_env_open_as(&router, NULL, buf, n, &got, &off);
+            if (f == FY_ENV_OK) fail_msg("byte %zu bit %d altered: opened", i, bit);
+            if (memmem(buf, n, "zebra", 5)) fail_msg("byte %zu bit %d altered: plaintext came out", i, bit);
+        }
+    /* the flag dropped: the AEAD's tag is no MAC (a downgrade to clear opens nothing) */
+    memcpy(buf, alt, n);
+    buf[4] = FY_ENV_MSG;
+    assert_int_equal(fy_env_open_as(&router, NULL, buf, n, &got, &off), FY_ENV_MAC);
+    /* the associated data: the header's receiver changed, tag kept */
+    memcpy(buf, alt, n);
+    buf[7 + strlen("decode-0") + 2] ^= 1; /* "router" -> "souter" */
+    assert_int_equal(fy_env_open(&decode.key, buf, n, &got, &off), FY_ENV_MAC);
+    /* cut short, or a byte added */
+    for (size_t k = 0; k < n; k++) {
+        memcpy(buf, alt, n);
+        assert_int_not_equal(fy_env_open_as(&router, NULL, buf, k, &got, &off), FY_ENV_OK);
+    }
+    memcpy(buf, alt, n);
+    buf[n] = 0;
+    assert_int_equal(fy_env_open_as(&router, NULL, buf, n + 1, &got, &off), FY_ENV_MAC);
+    /* another deployment's secret, same identity */
+    memcpy(buf, alt, n);
+    assert_int_equal(fy_env_open(&stranger.key, buf, n, &got, &off), FY_ENV_MAC);
+    /* the MAC key used as the AEAD key, or the AEAD key as the identity key: nothing opens */
+    memcpy(buf, alt, n);
+    assert_int_equal(fy_env_open(&ea, buf, n, &got, &off), FY_ENV_MAC);
+    memcpy(buf, alt, n);
+    assert_int_equal(fy_env_open(&eb, buf, n, &got, &off), FY_ENV_MAC);
+
+    /* a reply to alice, encrypted with alice's key: alice reads it, mallory's key does not */
+    fy_env_key_t ka, km;
+    fy_env_identity_key(&router.ctl, FY_ROLE_CLIENT, "alice", &ka);
+    fy_env_identity_key(&router.ctl, FY_ROLE_CLIENT, "mallory", &km);
+    fy_env_auth_t alice, mallory;
+    assert_int_equal(fy_env_auth_client(&alice, &ka, "alice", 7), FY_OK);
+    assert_int_equal(fy_env_auth_client(&mallory, &km, "mallory", 8), FY_OK);
+    assert_int_equal(alice.crypt, FY_ENV_CRYPT_AUTO);
+    fy_env_hdr_t r = hdr_of(&router, FY_ENV_REPLY, 9, 1, fy_env_now_ms());
+    r.to = (fy_env_peer_t){.role = FY_ROLE_CLIENT, .name = "alice", .inc = 7};
+    r.re_chan = 3, r.re_seq = 4;
+    r.aead = true;
+    hl = fy_env_header_bytes(&r);
+    n = hl + tl;
+    memcpy(buf + hl, text, tl);
+    assert_true(fy_env_seal_as(&router, NULL, &r, buf + hl, tl, buf));
+    memcpy(alt, buf, n);
+    assert_null(memmem(buf, n, "zebra", 5));
+    assert_int_equal(fy_env_open_as(&mallory, NULL, buf, n, &got, &off), FY_ENV_MAC);
+    assert_null(memmem(buf, n, "zebra", 5));
+    memcpy(buf, alt, n);
+    assert_int_equal(fy_env_open(&mallory.key, buf, n, &got, &off), FY_ENV_MAC); /* its own key, forcibly */
+    assert_null(memmem(buf, n, "zebra", 5));
+    memcpy(buf, alt, n);
+    assert_int_equal(fy_env_open_as(&alice, NULL, buf, n, &got, &off), FY_ENV_OK);
+    assert_true(got.aead && got.kind == FY_ENV_REPLY && got.re_chan == 3 && got.re_seq == 4);
+    assert_memory_equal(buf + off, text, tl);
+    /* and alice's own request, encrypted with her key, opens at the router and not with mallory's key */
+    fy_env_hdr_t q = hdr_of(&alice, FY_ENV_MSG, 11, 1, fy_env_now_ms());
+    q.to = (fy_env_peer_t){.role = FY_ROLE_ROUTER, .name = "router"};
+    q.aead = true;
+    hl = fy_env_header_bytes(&q);
+    n = hl + tl;
+    memcpy(buf + hl, text, tl);
+    assert_true(fy_env_seal_as(&alice, NULL, &q, buf + hl, tl, buf));
+    memcpy(alt, buf, n);
+    assert_int_equal(fy_env_open(&mallory.key, buf, n, &got, &off), FY_ENV_MAC);
+    memcpy(buf, alt, n);
+    assert_int_equal(fy_env_open_as(&router, NULL, buf, n, &got, &off), FY_ENV_OK);
+    assert_memory_equal(buf + off, text, tl);
+
+    /* the flag on a hello or a refusal: not an envelope */
+    fy_env_hdr_t he = hdr_of(&alice, FY_ENV_HELLO, 12, 1, fy_env_now_ms());
+    hl = fy_env_header_bytes(&he);
+    assert_true(fy_env_seal_as(&alice, NULL, &he, buf + hl, 0, buf));
+    assert_int_equal(fy_env_open_as(&router, NULL, buf, hl, &got, &off), FY_ENV_OK);
+    buf[4] |= FY_ENV_KIND_AEAD;
+    assert_int_equal(fy_env_parse(buf, hl, &got, &off), FY_ENV_FORMAT);
+    n = fy_env_refusal(&r, FY_ENV_MAC, buf, sizeof(buf));
+    assert_int_equal(fy_env_parse(buf, n, &got, &off), FY_ENV_OK);
+    buf[4] |= FY_ENV_KIND_AEAD;
+    assert_int_equal(fy_env_parse(buf, n, &got, &off), FY_ENV_FORMAT);
+
+    /* the policy: auto encrypts off loopback only, always everywhere, off nowhere */
+    assert_false(fy_env_crypt_wanted(FY_ENV_CRYPT_AUTO, true));
+    assert_true(fy_env_crypt_wanted(FY_ENV_CRYPT_AUTO, false));
+    assert_true(fy_env_crypt_wanted(FY_ENV_CRYPT_ALWAYS, true));
+    assert_false(fy_env_crypt_wanted(FY_ENV_CRYPT_OFF, false));
+    fy_env_auth_wipe(&router);
+    fy_env_auth_wipe(&decode);
+    fy_env_auth_wipe(&stranger);
+    fy_env_auth_wipe(&alice);
+    fy_env_auth_wipe(&mallory);
+}
+
 /* Issue 32 item 4: a message names its receiver; another receiver (other
  * name, or the same name in another incarnation) refuses it as identity. */
 static void test_receiver_binding(void **state)
@@ -437,15 +590,11 @@ static void test_forgetting(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_seal_open),
-        cmocka_unit_test(test_identity_keys),
-        cmocka_unit_test(test_receiver_binding),
-        cmocka_unit_test(test_keyfile),
-        cmocka_unit_test(test_forged_and_altered),
-        cmocka_unit_test(test_refusal),
-        cmocka_unit_test(test_names_and_keys),
-        cmocka_unit_test(test_replay_window),
-        cmocka_unit_test(test_times),
+        cmocka_unit_test(test_seal_open),     cmocka_unit_test(test_identity_keys),
+        cmocka_unit_test(test_aead),          cmocka_unit_test(test_receiver_binding),
+        cmocka_unit_test(test_keyfile),       cmocka_unit_test(test_forged_and_altered),
+        cmocka_unit_test(test_refusal),       cmocka_unit_test(test_names_and_keys),
+        cmocka_unit_test(test_replay_window), cmocka_unit_test(test_times),
         cmocka_unit_test(test_forgetting),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

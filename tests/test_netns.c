@@ -4,15 +4,28 @@
  * pairs on a bridge (in a namespace of its own), so nng and UCX really
  * go over TCP between addresses that only meet through the bridge.  The
  * test creates and removes the namespaces, and skips with a message where
- * it lacks the rights (not root, no ip(8), no netns support).
+ * it lacks the rights (not root, no ip(8), no netns support).  And the
+ * control plane's privacy: a capture of every interface of the three
+ * namespaces (raw packet sockets the test opens itself) while a request
+ * runs holds none of its prompt's tokens, text or generated tokens with
+ * cluster.encrypt = auto; with off it does hold the prompt's tokens
+ * (proof that the capture sees the traffic).
  */
+#include <arpa/inet.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <linux/if_ether.h>
+#include <linux/if_packet.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/select.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -201,6 +214,204 @@ static void three_hosts(bool with_etcd, bool tls)
     tc_etcd_kill(&e);
 }
 
+/* ---- capture: AF_PACKET sockets, one per namespace, read on a thread ---- */
+
+#define CAP_MAX (256u << 20) /* bytes kept at most */
+
+typedef struct capture {
+    int fd[3];
+    pthread_t th;
+    atomic_bool stop;
+    uint8_t *buf;
+    size_t len, cap;
+    uint64_t frames, kept_out; /* frames read; bytes not kept (over CAP_MAX) */
+    uint64_t drops;            /* frames the kernel dropped (the socket's queue full) */
+} capture_t;
+
+static void *capture_main(void *arg)
+{
+    capture_t *c = arg;
+    static uint8_t frame[1 << 16];
+    while (!atomic_load(&c->stop)) {
+        fd_set rd;
+        FD_ZERO(&rd);
+        int top = -1;
+        for (int i = 0; i < 3; i++) FD_SET(c->fd[i], &rd), top = c->fd[i] > top ? c->fd[i] : top;
+        struct timeval tv = {.tv_sec = 0, .tv_usec = 100000};
+        if (select(top + 1, &rd, NULL, NULL, &tv) <= 0) continue;
+        for (int i = 0; i < 3; i++) {
+            if (!FD_ISSET(c->fd[i], &rd)) continue;
+            ssize_t n = recv(c->fd[i], frame, sizeof(frame), MSG_DONTWAIT);
+            if (n <= 0) continue;
+            c->frames++;
+            if (c->len + (size_t)n > CAP_MAX) {
+                c->kept_out += (uint64_t)n;
+                continue;
+            }
+            if (c->len + (size_t)n > c->cap) {
+                size_t nc = c->cap ? 2 * c->cap : 1u << 20;
+                while (nc < c->len + (size_t)n) nc *= 2;
+                uint8_t *b = realloc(c->buf, nc);
+                if (!b) {
+                    c->kept_out += (uint64_t)n;
+                    continue;
+                }
+                c->buf = b, c->cap = nc;
+            }
+            memcpy(c->buf + c->len, frame, (size_t)n);
+            c->len += (size_t)n;
+        }
+    }
+    return NULL;
+}
+
+/* A raw socket on every interface of each of the three hosts' namespaces
+ * (made in the namespace, it stays there), read from now on; this thread
+ * is back in the router's namespace after. */
+static void capture_start(capture_t *c)
+{
+    memset(c, 0, sizeof(*c));
+    for (int i = 0; i < 3; i++) {
+        assert_true(join(g_ns[i]));
+        c->fd[i] = socket(AF_PACKET, SOCK_RAW | SOCK_CLOEXEC, htons(ETH_P_ALL));
+        if (c->fd[i] < 0) fail_msg("a raw packet socket in %s: %s", g_ns[i], strerror(errno));
+        int big = 64 << 20;
+        setsockopt(c->fd[i], SOL_SOCKET, SO_RCVBUFFORCE, &big, sizeof(big));
+    }
+    assert_true(join(g_ns[0]));
+    assert_int_equal(pthread_create(&c->th, NULL, capture_main, c), 0);
+}
+
+static void capture_stop(capture_t *c)
+{
+    atomic_store(&c->stop, true);
+    pthread_join(c->th, NULL);
+    for (int i = 0; i < 3; i++) { /* the kernel's count of frames it could not queue to us */
+        struct tpacket_stats st;
+        socklen_t sl = sizeof(st);
+        if (!getsockopt(c->fd[i], SOL_PACKET, PACKET_STATISTICS, &st, &sl)) c->drops += st.tp_drops;
+        close(c->fd[i]);
+    }
+}
+
+/* msgpack's int as fy_msgw_i32s writes it (the smallest form) */
+static size_t mp_int(int32_t v, uint8_t *out)
+{
+    if (v >= 0 && v < 128) return out[0] = (uint8_t)v, 1;
+    if (v >= 0 && v < 256) return out[0] = 0xcc, out[1] = (uint8_t)v, 2;
+    if (v >= 0 && v < 65536) return out[0] = 0xcd, out[1] = (uint8_t)(v >> 8), out[2] = (uint8_t)v, 3;
+    out[0] = v >= 0 ? 0xce : 0xd2;
+    for (int i = 0; i < 4; i++) out[1 + i] = (uint8_t)((uint32_t)v >> (24 - 8 * i));
+    return 5;
+}
+
+/* How many times the msgpack form of tokens[0..n) occurs in the capture. */
+static int count_tokens(const capture_t *c, const int32_t *tokens, int n)
+{
+    uint8_t needle[5 * 64];
+    size_t nl = 0;
+    for (int i = 0; i < n && i < 64; i++) nl += mp_int(tokens[i], needle + nl);
+    int k = 0;
+    for (const uint8_t *p = c->buf, *e = c->buf + c->len; p && (p = memmem(p, (size_t)(e - p), needle, nl)); p++) k++;
+    return k;
+}
+
+static int count_text(const capture_t *c, const char *text)
+{
+    int k = 0;
+    size_t tl = strlen(text);
+    for (const uint8_t *p = c->buf, *e = c->buf + c->len; p && (p = memmem(p, (size_t)(e - p), text, tl)); p++) k++;
+    return k;
+}
+
+/* One cluster across the three namespaces with cluster.encrypt = mode; a
+ * request with distinctive prompt tokens and one with a distinctive text,
+ * under capture.  auto: nothing of either in the capture, nor any
+ * generated token; off: the prompt's tokens (the router's command to the
+ * prefill worker) and the generated ones (the decode worker's events) are
+ * there.  The test's own client
+ * keeps auto (it dials the router's address, not loopback): its requests
+ * and the router's answers are encrypted in both runs. */
+static void capture_run(const char *mode)
+{
+    assert_true(join(g_ns[0]));
+    char router[64], events[64], purl[64], durl[64], set_mode[64];
+    snprintf(router, sizeof(router), "tcp://10.213.%d.1:7402", g_subnet);
+    snprintf(events, sizeof(events), "tcp://10.213.%d.1:7403", g_subnet);
+    snprintf(purl, sizeof(purl), "tcp://10.213.%d.2:7412", g_subnet);
+    snprintf(durl, sizeof(durl), "tcp://10.213.%d.3:7422", g_subnet);
+    snprintf(set_mode, sizeof(set_mode), "cluster.encrypt=%s", mode);
+    const char *wr[] = {"ip", "netns", "exec", g_ns[0], NULL};
+    const char *wp[] = {"ip", "netns", "exec", g_ns[1], NULL};
+    const char *wd[] = {"ip", "netns", "exec", g_ns[2], NULL};
+    tc_opts_t o = {.n_prefill = 1,
+                   .n_decode = 1,
+                   .router_url = router,
+                   .events_url = events,
+                   .worker_url = {purl, durl},
+                   .common = {"worker.transports=tcp", set_mode},
+                   .wrap = {wr, wp, wd}};
+    /* tokens no tokenizer run would give in this order: 100 of them, from 1000 up */
+    static int32_t prompt[100];
+    uint64_t seed = 0x5eed0f32;
+    for (int k = 0; k < 100; k++) prompt[k] = 1000 + (int32_t)(fy_test_rand_u64(&seed) % 30000);
+    static const char text[] = "Quixotic zebras juggle ultramarine pomegranates beside xylophones";
+    capture_t cap;
+    capture_start(&cap);
+    tc_cluster_t c;
+    tc_start(&c, &o);
+    fy_client_stream_t s[2];
+    fy_client_req_t q[2] = {{.tokens = prompt, .n_tokens = 100}, {.prompt = text}};
+    for (int i = 0; i < 2; i++) {
+        fy_genspec_default(&q[i].gen);
+        q[i].gen.max_tokens = 8;
+        q[i].gen.ignore_eos = true;
+        char err[256];
+        assert_int_equal(fy_client_generate(c.client, &q[i], &s[i], err, sizeof(err)), FY_OK);
+    }
+    static tc_result_t got[2];
+    memset(got, 0, sizeof(got));
+    tc_collect(&c, s, got, 2, 180);
+    tc_stop(&c);
+    capture_stop(&cap);
+    for (int i = 0; i < 2; i++)
+        if (got[i].error || got[i].n < 2) fail_msg("request %d: %s", i, got[i].message);
+    int in_prompt = count_tokens(&cap, prompt + 40, 12), in_text = count_text(&cap, "ultramarine pomegranates");
+    /* generated tokens: each goes from the decode worker to the router in a "token" event, as
+     * "token": ID (a bare ID of a byte or three turns up by chance in 6 MB of KV and ciphertext) */
+    int in_out = 0;
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < got[i].n; k++) {
+            uint8_t needle[16] = "\xa5token";
+            size_t nl = 6 + mp_int(got[i].tokens[k], needle + 6);
+            for (const uint8_t *p = cap.buf, *e = cap.buf + cap.len; p && (p = memmem(p, (size_t)(e - p), needle, nl));
+                 p++)
+                in_out++;
+        }
+    print_message("cluster.encrypt=%s: %llu frames, %.1f MB captured (%llu bytes not kept, %llu frames dropped); "
+                  "the prompt's tokens %d times, its text %d times, generated tokens %d times\n",
+                  mode, (unsigned long long)cap.frames, (double)cap.len / 1e6, (unsigned long long)cap.kept_out,
+                  (unsigned long long)cap.drops, in_prompt, in_text, in_out);
+    if (!strcmp(mode, "off")) {
+        if (!in_prompt || !in_out)
+            fail_msg("with cluster.encrypt=off the capture holds no prompt or no generated tokens: it sees nothing");
+    } else {
+        if (in_prompt || in_text || in_out) fail_msg("with cluster.encrypt=%s the capture holds plaintext", mode);
+        /* and it saw everything: nothing dropped or left out where a leak could hide */
+        if (cap.kept_out || cap.drops) fail_msg("the capture missed frames: the check proves nothing");
+        assert_true(cap.len > 0);
+    }
+    free(cap.buf);
+}
+
+static void test_capture_encrypted(void **state)
+{
+    if (!tc_available()) skip();
+    if (!net_up()) skip();
+    capture_run("off"); /* first: the capture sees the prompt in clear */
+    capture_run("auto");
+}
+
 static void test_three_hosts(void **state)
 {
     if (!tc_available()) skip();
@@ -241,6 +452,7 @@ int main(void)
         cmocka_unit_test_teardown(test_three_hosts, teardown),
         cmocka_unit_test_teardown(test_three_hosts_etcd, teardown),
         cmocka_unit_test_teardown(test_three_hosts_etcd_tls, teardown),
+        cmocka_unit_test_teardown(test_capture_encrypted, teardown),
     };
     const char *only = getenv("FY_TEST_FILTER");
     if (only) cmocka_set_test_filter(only);

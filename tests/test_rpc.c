@@ -10,7 +10,11 @@
  * nng linked is one without the push socket's use-after-free (>= 1.6),
  * whose closes do not hang while messages are in flight.
  */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -490,6 +494,253 @@ static void test_pull_refuses(void **state)
     fy_pull_destroy(q);
 }
 
+/* Issue 32 (privacy): cluster.encrypt on the sockets.  A server or pull
+ * socket that must encrypt (always; auto on a connection that is not on
+ * loopback) refuses a payload in clear as "clear" and counts it; what is
+ * encrypted opens, and the answer is encrypted too (also from a server
+ * that would not encrypt of its own accord); a hello carries no payload
+ * and goes in clear.  Encrypted bytes on the wire hold no plaintext. */
+static void test_encryption(void **state)
+{
+    (void)state;
+    fy_env_auth_t r_always = AUTH_ROUTER, r_off = AUTH_ROUTER, c_off = AUTH_CLIENT, c_always = AUTH_CLIENT;
+    fy_env_auth_t d_off = AUTH_DECODE, d_always = AUTH_DECODE;
+    r_always.crypt = c_always.crypt = d_always.crypt = FY_ENV_CRYPT_ALWAYS;
+    r_off.crypt = c_off.crypt = d_off.crypt = FY_ENV_CRYPT_OFF;
+    srv_t s = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    static const char secret_text[] = "the prompt nobody may read";
+    size_t tl = sizeof(secret_text) - 1;
+
+    /* a server that requires encryption */
+    fy_rpc_server_t *srv;
+    assert_int_equal(fy_rpc_server_create(url(0), 4, &r_always, FROM_CLIENT, handler, &s, &srv), FY_OK);
+    fy_rpc_client_t *c;
+    void *rep;
+    size_t len;
+    fy_test_log_begin();
+    assert_int_equal(fy_rpc_client_create(url(0), &c_off, &c), FY_OK);
+    assert_int_equal(fy_rpc_call(c, secret_text, tl, 5.0, &rep, &len), FY_ERR_MISMATCH); /* refused: clear */
+    fy_rpc_client_destroy(c);
+    fy_test_log_end();
+    assert_true(fy_test_log_has("refused our request", "not encrypted", NULL));
+    assert_false(fy_test_log_has("kv.secret_file", NULL)); /* not a secret's fault: no such hint */
+    uint64_t refused[FY_ENV_N_FAULTS] = {0};
+    fy_rpc_server_refused(srv, refused);
+    assert_int_equal(refused[FY_ENV_CLEAR], 1); /* the request; its hello went */
+    assert_int_equal(refused[FY_ENV_MAC] + refused[FY_ENV_FORMAT] + refused[FY_ENV_IDENTITY], 0);
+    assert_int_equal(fy_rpc_client_create(url(0), &c_always, &c), FY_OK);
+    assert_int_equal(fy_rpc_call(c, secret_text, tl, 5.0, &rep, &len), FY_OK);
+    assert_int_equal(len, tl);
+    assert_memory_equal(rep, secret_text, tl);
+    fy_free(rep);
+    fy_rpc_client_destroy(c);
+    memset(refused, 0, sizeof(refused));
+    fy_rpc_server_refused(srv, refused);
+    assert_int_equal(refused[FY_ENV_CLEAR], 1);
+
+    /* byte for byte: the request and the reply are ciphertext, and both open to the text */
+    nng_socket sk = raw_dial(url(0), true);
+    uint8_t msg[512], rep2[512];
+    size_t n = fy_test_seal(&c_always, &TO_ROUTER, 31, 1, 0, secret_text, tl, msg);
+    assert_null(memmem(msg, n, "nobody", 6));
+    size_t rn = raw_call(sk, msg, n, rep2, sizeof(rep2));
+    assert_null(memmem(rep2, rn, "nobody", 6));
+    fy_env_hdr_t h;
+    size_t off;
+    assert_int_equal(fy_env_open(&AUTH_CLIENT.key, rep2, rn, &h, &off), FY_ENV_OK);
+    assert_true(h.aead && h.kind == FY_ENV_REPLY);
+    assert_int_equal(rn - off, tl);
+    assert_memory_equal(rep2 + off, secret_text, tl);
+    /* and a clear one, raw: refused as clear */
+    n = fy_test_seal(&c_off, &TO_ROUTER, 31, 2, 0, secret_text, tl, msg);
+    rn = raw_call(sk, msg, n, rep2, sizeof(rep2));
+    expect_refusal(rep2, rn, FY_ENV_CLEAR);
+    nng_close(sk);
+    fy_rpc_server_destroy(srv);
+
+    /* a server with encryption off takes an encrypted request, and answers it encrypted */
+    assert_int_equal(fy_rpc_server_create(url(1), 4, &r_off, FROM_CLIENT, handler, &s, &srv), FY_OK);
+    sk = raw_dial(url(1), true);
+    n = fy_test_seal(&c_always, &TO_ROUTER, 32, 1, 0, secret_text, tl, msg);
+    rn = raw_call(sk, msg, n, rep2, sizeof(rep2));
+    assert_null(memmem(rep2, rn, "nobody", 6));
+    assert_int_equal(fy_env_open(&AUTH_CLIENT.key, rep2, rn, &h, &off), FY_ENV_OK);
+    assert_true(h.aead);
+    assert_memory_equal(rep2 + off, secret_text, tl);
+    /* and a clear one in clear */
+    n = fy_test_seal(&c_off, &TO_ROUTER, 32, 2, 0, secret_text, tl, msg);
+    rn = raw_call(sk, msg, n, rep2, sizeof(rep2));
+    assert_int_equal(fy_env_open(&AUTH_CLIENT.key, rep2, rn, &h, &off), FY_ENV_OK);
+    assert_false(h.aead);
+    assert_memory_equal(rep2 + off, secret_text, tl);
+    nng_close(sk);
+    /* auto on loopback (ipc) is clear both ways, and works */
+    assert_int_equal(fy_rpc_client_create(url(1), &AUTH_CLIENT, &c), FY_OK);
+    assert_int_equal(fy_rpc_call(c, "plain", 5, 5.0, &rep, &len), FY_OK);
+    fy_free(rep);
+    fy_rpc_client_destroy(c);
+    fy_rpc_server_destroy(srv);
+
+    /* an event stream that requires encryption: a clear push is refused, an encrypted one delivered */
+    char u[160];
+    snprintf(u, sizeof(u), "ipc://%s/crypt-events", fy_test_tmpdir());
+    values_t k = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    fy_pull_t *q;
+    assert_int_equal(fy_pull_create(u, &r_always, FROM_WORKERS, on_value, &k, &q), FY_OK);
+    fy_push_t *p_off, *p_on;
+    assert_int_equal(fy_push_create(u, 16, &d_off, &TO_ROUTER, &p_off), FY_OK);
+    assert_int_equal(fy_push_create(u, 16, &d_always, &TO_ROUTER, &p_on), FY_OK);
+    int one = 1, two = 2;
+    fy_test_log_begin();
+    assert_int_equal(fy_push_send(p_off, &one, sizeof(int)), FY_OK);
+    assert_int_equal(fy_push_send(p_on, &two, sizeof(int)), FY_OK);
+    wait_values(&k, q, 1, 1);
+    fy_test_log_end();
+    assert_true(fy_test_log_has("refused a message", "decode-0", "not encrypted", NULL));
+    uint64_t r[FY_ENV_N_FAULTS] = {0};
+    fy_pull_refused(q, r);
+    assert_int_equal(r[FY_ENV_CLEAR], 1);
+    assert_int_equal(k.n, 1);
+    assert_int_equal(k.v[0], 2);
+    fy_push_destroy(p_off);
+    fy_push_destroy(p_on);
+    fy_pull_destroy(q);
+}
+
+/* A loopback TCP port that was free a moment ago. */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof(a);
+    int port = 0;
+    if (fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof(a)) && !getsockname(fd, (struct sockaddr *)&a, &l))
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    assert_true(port > 0);
+    return port;
+}
+
+/* An IPv4 address of this host that is not loopback; false if it has none. */
+static bool local_ip(char *out, size_t cap)
+{
+    struct ifaddrs *ifs, *i;
+    bool found = false;
+    if (getifaddrs(&ifs)) return false;
+    for (i = ifs; i && !found; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) ||
+            (i->ifa_flags & IFF_LOOPBACK))
+            continue;
+        const struct sockaddr_in *a = (const struct sockaddr_in *)i->ifa_addr;
+        if ((ntohl(a->sin_addr.s_addr) >> 24) == 127) continue;
+        found = inet_ntop(AF_INET, &a->sin_addr, out, (socklen_t)cap) != NULL;
+    }
+    freeifaddrs(ifs);
+    return found;
+}
+
+/* cluster.encrypt = auto, the default: a listening socket judges each
+ * message by the address it came from, a dialing one by its URL.  Over
+ * 127.0.0.1 clear messages are taken (and answered in clear); over this
+ * host's own non-loopback address a clear one is refused as "clear", and
+ * a client or pusher dialing that address encrypts of itself. */
+static void test_encryption_auto(void **state)
+{
+    (void)state;
+    char ip[64], u_lo[96], u_ip[96], any[96], e_lo[96], e_ip[96], e_any[96];
+    int port = free_port(), eport = free_port();
+    snprintf(any, sizeof(any), "tcp://0.0.0.0:%d", port);
+    snprintf(u_lo, sizeof(u_lo), "tcp://127.0.0.1:%d", port);
+    snprintf(e_any, sizeof(e_any), "tcp://0.0.0.0:%d", eport);
+    snprintf(e_lo, sizeof(e_lo), "tcp://127.0.0.1:%d", eport);
+    bool have_ip = local_ip(ip, sizeof(ip));
+    if (!have_ip) print_message("this host has no IPv4 address but loopback: only the loopback half runs\n");
+    snprintf(u_ip, sizeof(u_ip), "tcp://%s:%d", ip, port);
+    snprintf(e_ip, sizeof(e_ip), "tcp://%s:%d", ip, eport);
+    srv_t s = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    fy_rpc_server_t *srv;
+    assert_int_equal(fy_rpc_server_create(any, 4, &AUTH_ROUTER, FROM_CLIENT, handler, &s, &srv), FY_OK);
+    uint8_t msg[512], rep[512];
+    fy_env_hdr_t h;
+    size_t off;
+    /* over loopback: clear both ways */
+    nng_socket sk = raw_dial(u_lo, true);
+    size_t n = fy_test_seal(&AUTH_CLIENT, &TO_ROUTER, 41, 1, 0, "in clear", 8, msg);
+    n = raw_call(sk, msg, n, rep, sizeof(rep));
+    assert_int_equal(fy_env_open(&AUTH_CLIENT.key, rep, n, &h, &off), FY_ENV_OK);
+    assert_false(h.aead);
+    assert_memory_equal(rep + off, "in clear", 8);
+    nng_close(sk);
+    fy_rpc_client_t *c;
+    void *r;
+    size_t len;
+    assert_int_equal(fy_rpc_client_create(u_lo, &AUTH_CLIENT, &c), FY_OK);
+    assert_int_equal(fy_rpc_call(c, "lo", 2, 5.0, &r, &len), FY_OK);
+    fy_free(r);
+    fy_rpc_client_destroy(c);
+    uint64_t refused[FY_ENV_N_FAULTS] = {0};
+    if (have_ip) {
+        /* over the host's address: a clear request is refused, an encrypted one answered encrypted */
+        sk = raw_dial(u_ip, true);
+        n = fy_test_seal(&AUTH_CLIENT, &TO_ROUTER, 42, 1, 0, "in clear", 8, msg);
+        fy_test_log_begin();
+        n = raw_call(sk, msg, n, rep, sizeof(rep));
+        fy_test_log_end();
+        expect_refusal(rep, n, FY_ENV_CLEAR);
+        fy_env_auth_t c_always = AUTH_CLIENT;
+        c_always.crypt = FY_ENV_CRYPT_ALWAYS;
+        n = fy_test_seal(&c_always, &TO_ROUTER, 42, 2, 0, "sealed", 6, msg);
+        n = raw_call(sk, msg, n, rep, sizeof(rep));
+        assert_int_equal(fy_env_open(&AUTH_CLIENT.key, rep, n, &h, &off), FY_ENV_OK);
+        assert_true(h.aead);
+        nng_close(sk);
+        /* and ferry's client, on auto, encrypts of itself when it dials that address */
+        assert_int_equal(fy_rpc_client_create(u_ip, &AUTH_CLIENT, &c), FY_OK);
+        assert_int_equal(fy_rpc_call(c, "remote", 6, 5.0, &r, &len), FY_OK);
+        assert_int_equal(len, 6);
+        assert_memory_equal(r, "remote", 6);
+        fy_free(r);
+        fy_rpc_client_destroy(c);
+    }
+    fy_rpc_server_refused(srv, refused);
+    assert_int_equal(refused[FY_ENV_CLEAR], have_ip ? 1 : 0);
+    fy_rpc_server_destroy(srv);
+
+    /* an event stream on auto: the same by each message's remote address */
+    values_t k = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    fy_pull_t *q;
+    assert_int_equal(fy_pull_create(e_any, &AUTH_ROUTER, FROM_WORKERS, on_value, &k, &q), FY_OK);
+    fy_env_auth_t d_off = AUTH_DECODE;
+    d_off.crypt = FY_ENV_CRYPT_OFF;
+    fy_push_t *p[3] = {NULL, NULL, NULL};
+    int vals[3] = {1, 2, 3};
+    assert_int_equal(fy_push_create(e_lo, 16, &d_off, &TO_ROUTER, &p[0]), FY_OK); /* loopback, clear: taken */
+    if (have_ip) {
+        assert_int_equal(fy_push_create(e_ip, 16, &d_off, &TO_ROUTER, &p[1]), FY_OK);       /* refused */
+        assert_int_equal(fy_push_create(e_ip, 16, &AUTH_DECODE, &TO_ROUTER, &p[2]), FY_OK); /* encrypts */
+    }
+    fy_test_log_begin();
+    for (int i = 0; i < 3; i++)
+        if (p[i]) {
+            for (double t0 = mono(); !fy_push_connected(p[i]); usleep(1000))
+                if (mono() - t0 > 5) fail_msg("push %d did not connect", i);
+            assert_int_equal(fy_push_send(p[i], &vals[i], sizeof(int)), FY_OK);
+        }
+    wait_values(&k, q, have_ip ? 2 : 1, have_ip ? 1 : 0);
+    fy_test_log_end();
+    memset(refused, 0, sizeof(refused));
+    fy_pull_refused(q, refused);
+    assert_int_equal(refused[FY_ENV_CLEAR], have_ip ? 1 : 0);
+    pthread_mutex_lock(&k.mu);
+    int got = k.n, sum = 0;
+    for (int i = 0; i < k.n && i < 4096; i++) sum += k.v[i];
+    pthread_mutex_unlock(&k.mu);
+    assert_int_equal(got, have_ip ? 2 : 1);
+    assert_int_equal(sum, have_ip ? 1 + 3 : 1);
+    for (int i = 0; i < 3; i++) fy_push_destroy(p[i]);
+    fy_pull_destroy(q);
+}
+
 /* Issue 32 item 4: a generate captured on its way to router A and
  * replayed to router B (same deployment, within the freshness window) was
  * taken by B.  Now it names A (role, name, incarnation): B refuses it as
@@ -961,6 +1212,8 @@ int main(void)
         cmocka_unit_test(test_receiver_binding),
         cmocka_unit_test(test_preauth_memory),
         cmocka_unit_test(test_pull_refuses),
+        cmocka_unit_test(test_encryption),
+        cmocka_unit_test(test_encryption_auto),
         cmocka_unit_test(test_client_checks_replies),
         cmocka_unit_test(test_many_threads_one_socket),
         cmocka_unit_test(test_close_in_flight), /* last: on nng 1.5 it can leave nng unable to close anything */

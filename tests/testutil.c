@@ -199,6 +199,7 @@ size_t fy_test_seal(const fy_env_auth_t *a, const fy_env_peer_t *to, uint64_t ch
     h.chan = chan;
     h.seq = seq;
     h.ts_ms = ts_ms ? ts_ms : fy_env_now_ms();
+    h.aead = a->crypt == FY_ENV_CRYPT_ALWAYS;
     size_t hl = fy_env_header_bytes(&h);
     memmove(out + hl, payload, len);
     /* the key the receiver expects; a client forging for another identity has only its own */

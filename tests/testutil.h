@@ -61,6 +61,8 @@ int fy_test_still_open(const int *fds, int n);
 
 struct fy_env_auth;
 struct fy_env_peer;
+/* A message from a to to (chan, seq, ts_ms: now when 0) into out, its
+ * length; its payload encrypted when a->crypt is always. */
 size_t fy_test_seal(const struct fy_env_auth *a, const struct fy_env_peer *to, uint64_t chan, uint64_t seq,
                     uint64_t ts_ms, const void *payload, size_t len, uint8_t *out);
 

@@ -150,7 +150,8 @@ void fy_test_wire_example(const fy_wire_schema_t *s, void *p)
         m->admittable[1] = 1000;
         m->total_blocks[0] = 2048, m->total_blocks[1] = 4096;
         m->pending_tokens[0] = 512;
-        m->refused_messages = (fy_wire_refused_t){.format = 1, .mac = 2, .stale = 3, .replay = 4, .identity = 5};
+        m->refused_messages =
+            (fy_wire_refused_t){.format = 1, .mac = 2, .stale = 3, .replay = 4, .identity = 5, .clear = 6};
     } else if (s == &fy_wire_error_schema) {
         fy_wire_error_t *m = p;
         m->id = 7;

@@ -10,7 +10,10 @@
  * over the same payload gives back the very same header bytes, and a
  * refusal re-encodes to the input); fy_env_open accepts exactly the inputs
  * whose tag is the one the key gives (so the fuzzer can only get past the
- * MAC with the seeds' own tags); what opens agrees with what parses;
+ * MAC with the seeds' own tags); an encrypted message (the kind's AEAD
+ * bit) that opens seals back, from its plaintext, to exactly the input,
+ * and what we encrypt opens to what we encrypted; what opens agrees with
+ * what parses;
  * fy_env_open_as accepts only what opens under the key fy_env_key_of
  * names and is addressed to the router (or is a hello); the guard never
  * crashes on any time or sequence, and never takes the same message
@@ -21,7 +24,9 @@
  *         common/envelope.c common/log.c common/mem.c -lsodium -lpthread -o fuzz_envelope
  * Seeds: FY_FUZZ_SEEDS=tests/fuzz/corpus/envelope ./fuzz_envelope writes
  * them (messages, replies, a hello, a refusal, another secret's message,
- * one for another router, plain msgpack) and exits.
+ * one for another router, plain msgpack, encrypted messages and an
+ * encrypted reply) and exits.  fy_env_open decrypts in place: every open
+ * here works on a copy of the input.
  */
 #include <stdbool.h>
 #include <stdint.h>
@@ -55,6 +60,8 @@ static void write_seed(const char *dir, const char *name, const uint8_t *buf, si
     if (!f || fwrite(buf, 1, len, f) != len || fclose(f)) fail("cannot write a seed");
 }
 
+static bool g_seed_aead; /* seal_seed encrypts */
+
 static size_t seal_seed(const fy_env_auth_t *a, fy_env_kind_t kind, int to_role, const char *to_name, uint64_t seq,
                         const char *payload, uint8_t *out)
 {
@@ -70,6 +77,7 @@ static size_t seal_seed(const fy_env_auth_t *a, fy_env_kind_t kind, int to_role,
     h.seq = seq;
     h.ts_ms = 1700000000000ull + seq;
     if (kind == FY_ENV_REPLY) h.re_chan = 99, h.re_seq = seq;
+    h.aead = g_seed_aead && (kind == FY_ENV_MSG || kind == FY_ENV_REPLY);
     size_t hl = fy_env_header_bytes(&h), n = strlen(payload);
     memcpy(out + hl, payload, n);
     if (!fy_env_seal_as(a, NULL, &h, out + hl, n, out)) fail("a seed's key");
@@ -106,6 +114,12 @@ static void write_seeds(const char *dir)
     write_seed(dir, "hello", buf, seal_seed(&cli, FY_ENV_HELLO, 0, "", 7, "", buf));
     write_seed(dir, "another-router", buf, seal_seed(&cli, FY_ENV_MSG, FY_ROLE_ROUTER, "router-b", 8, poll, buf));
     write_seed(dir, "plain-msgpack", (const uint8_t *)load, sizeof(load) - 1);
+    g_seed_aead = true; /* the same, encrypted (cluster.encrypt off loopback) */
+    write_seed(dir, "aead-load", buf, seal_seed(&dec, FY_ENV_MSG, FY_ROLE_ROUTER, "router", 11, load, buf));
+    write_seed(dir, "aead-poll", buf, seal_seed(&cli, FY_ENV_MSG, FY_ROLE_ROUTER, "router", 12, poll, buf));
+    write_seed(dir, "aead-reply", buf, seal_seed(&rtr, FY_ENV_REPLY, FY_ROLE_CLIENT, longname, 13, events, buf));
+    write_seed(dir, "aead-empty", buf, seal_seed(&dec, FY_ENV_MSG, FY_ROLE_ROUTER, "router", 14, "", buf));
+    g_seed_aead = false;
     fy_env_hdr_t h;
     memset(&h, 0, sizeof(h));
     h.role = FY_ROLE_ROUTER;
@@ -145,38 +159,57 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         size_t nl = strnlen(h.name, sizeof(h.name));
         if (nl < 1 || nl > FY_ENV_NAME_MAX) fail("name length");
         if (!h.inc || !h.chan || !h.seq) fail("a zero id parsed");
-        uint8_t *buf = malloc(size ? size : 1);
-        if (!buf) return 0;
+        uint8_t *buf = malloc(size ? size : 1), *cp = malloc(size ? size : 1), *re = malloc(size ? size : 1);
+        if (!buf || !cp || !re) {
+            free(buf), free(cp), free(re);
+            return 0;
+        }
         if (h.kind == FY_ENV_REFUSAL) {
             if (off != size) fail("bytes after a refusal");
             if (fy_env_refusal(&h, h.reason, buf, size) != size || memcmp(buf, data, size))
                 fail("refusal not canonical");
         } else {
-            /* sealing what was parsed over the same payload gives the same header */
+            /* sealing what was parsed over the same payload gives the same header
+             * (encrypted: the input's payload taken for plaintext) */
             memcpy(buf + off, data + off, size - off);
             fy_env_seal(&g_me.key, &h, buf + off, size - off, buf);
             if (memcmp(buf, data, off - FY_ENV_TAG_BYTES)) fail("header not canonical");
-            bool tag_ok = !memcmp(buf + off - FY_ENV_TAG_BYTES, data + off - FY_ENV_TAG_BYTES, FY_ENV_TAG_BYTES);
-            fy_env_fault_t of = fy_env_open(&g_me.key, data, size, &o, &ooff);
-            if ((of == FY_ENV_OK) != tag_ok) fail("open disagrees with the tag");
+            memcpy(cp, data, size);
+            fy_env_fault_t of = fy_env_open(&g_me.key, cp, size, &o, &ooff);
+            if (!h.aead) {
+                bool tag_ok = !memcmp(buf + off - FY_ENV_TAG_BYTES, data + off - FY_ENV_TAG_BYTES, FY_ENV_TAG_BYTES);
+                if ((of == FY_ENV_OK) != tag_ok) fail("open disagrees with the tag");
+                if (memcmp(cp, data, size)) fail("opening a clear message changed it");
+            } else if (of == FY_ENV_OK) { /* decrypted in cp: encrypting that again gives the input */
+                memcpy(re + off, cp + off, size - off);
+                fy_env_seal(&g_me.key, &h, re + off, size - off, re);
+                if (memcmp(re, data, size)) fail("an opened encrypted message does not seal back to itself");
+            }
             if (of != FY_ENV_OK && of != FY_ENV_MAC) fail("open of a parsed message: neither ok nor mac");
-            /* and what we seal opens */
+            /* and what we seal opens, to what was sealed */
             if (fy_env_open(&g_me.key, buf, size, &o, &ooff) != FY_ENV_OK || ooff != off) fail("own seal refused");
+            if (memcmp(buf + off, data + off, size - off)) fail("own seal opened to other bytes");
             /* with credentials: authentic under the sender's key and for the router, or refused */
             fy_env_key_t k;
             if (!fy_env_key_of(&g_me, NULL, &h, &k)) fail("a master lacks a key");
-            bool auth_ok = fy_env_open(&k, data, size, &o, &ooff) == FY_ENV_OK;
+            memcpy(cp, data, size);
+            bool auth_ok = fy_env_open(&k, cp, size, &o, &ooff) == FY_ENV_OK;
             bool to_me = h.kind == FY_ENV_HELLO ? !h.to.role
                                                 : h.to.role == FY_ROLE_ROUTER && !strcmp(h.to.name, "router") &&
                                                       (!h.to.inc || h.to.inc == g_me.inc);
-            fy_env_fault_t af = fy_env_open_as(&g_me, g_keys, data, size, &o, &ooff);
+            memcpy(cp, data, size);
+            fy_env_fault_t af = fy_env_open_as(&g_me, g_keys, cp, size, &o, &ooff);
             if (af != (!auth_ok ? FY_ENV_MAC : !to_me ? FY_ENV_IDENTITY : FY_ENV_OK)) fail("open_as disagrees");
             if (h.kind == FY_ENV_HELLO && (h.to.role || h.to.name[0] || h.to.inc || off != size))
                 fail("a hello with a receiver or a payload parsed");
         }
-        free(buf);
+        free(buf), free(cp), free(re);
     }
-    fy_env_fault_t f = fy_env_open(&g_me.key, data, size, &o, &ooff);
+    uint8_t *cp = malloc(size ? size : 1);
+    if (!cp) return 0;
+    memcpy(cp, data, size);
+    fy_env_fault_t f = fy_env_open(&g_me.key, cp, size, &o, &ooff);
+    free(cp);
     if (f == FY_ENV_OK) {
         if (pf != FY_ENV_OK || ooff != off || o.seq != h.seq || o.chan != h.chan || strcmp(o.name, h.name))
             fail("open and parse disagree");
