@@ -14,7 +14,10 @@
  *     the router serves the next client;
  *   - ferry-router refuses to start with a key file that is missing, or
  *     readable by its group, naming router.tls_key, and with https:// and
- *     no certificate naming router.tls_cert.
+ *     no certificate naming router.tls_cert; ferry serve refuses an open
+ *     key before it starts anything;
+ *   - ferry-bench loads the https door with --cacert (and is refused
+ *     without it).
  */
 #include <arpa/inet.h>
 #include <curl/curl.h>
@@ -122,9 +125,8 @@ static void test_curl_https(void **state)
     (void)state;
     if (!tc_available()) skip();
     got_t g;
-    assert_int_equal(post("/v1/completions", "{\"prompt\": \"Once upon a time\", \"max_tokens\": 6, \"temperature\": 0}",
-                          &g),
-                     200);
+    assert_int_equal(
+        post("/v1/completions", "{\"prompt\": \"Once upon a time\", \"max_tokens\": 6, \"temperature\": 0}", &g), 200);
     json_error_t e;
     json_t *j = json_loads(g.buf, 0, &e);
     assert_non_null(j);
@@ -180,8 +182,8 @@ static void test_plain_http_refused(void **state)
     (void)state;
     if (!tc_available()) skip();
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)PORT),
-                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in sa = {
+        .sin_family = AF_INET, .sin_port = htons((uint16_t)PORT), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
     const char req[] = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
     assert_int_equal(send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL), (ssize_t)(sizeof(req) - 1));
@@ -252,13 +254,75 @@ static void test_router_refuses_bad_tls(void **state)
     if (!strstr(out, "router.tls_cert")) fail_msg("no router.tls_cert in:\n%s", out);
 }
 
+/* ferry-bench loads the https door with --cacert; without it the router is not trusted */
+static void test_bench_https(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    const char *bin = getenv("FERRY_BIN") ? getenv("FERRY_BIN") : "bin";
+    char cmd[2048], json[640];
+    snprintf(json, sizeof(json), "%s/bench.json", C.dir);
+    snprintf(cmd, sizeof(cmd),
+             "timeout 120 %s/ferry-bench --backend http --url %s --cacert %s -n 6 -C 3 --input-len 8 --output-len 4 "
+             "--no-progress --json %s >%s/bench.out 2>&1",
+             bin, URL, CA, json, C.dir);
+    assert_int_equal(system(cmd), 0);
+    json_error_t e;
+    json_t *j = json_load_file(json, 0, &e);
+    if (!j) fail_msg("%s: %s", json, e.text);
+    char *dump = json_dumps(j, JSON_COMPACT);
+    /* every request completed, none failed */
+    if (!strstr(dump, "\"n_ok\":6") || !strstr(dump, "\"n_failed\":0")) fail_msg("ferry-bench's report: %.2000s", dump);
+    free(dump);
+    json_decref(j);
+    snprintf(cmd, sizeof(cmd),
+             "timeout 120 %s/ferry-bench --backend http --url %s -n 2 --input-len 8 --output-len 4 --no-progress "
+             "--json %s >%s/bench.out 2>&1",
+             bin, URL, json, C.dir);
+    unlink(json);
+    int rc = system(cmd);
+    j = json_load_file(json, 0, &e);
+    assert_true(rc != 0 || j); /* refused at once, or a report of failures */
+    if (j) {
+        dump = json_dumps(j, JSON_COMPACT);
+        if (!strstr(dump, "\"n_ok\":0")) fail_msg("served without the CA: %.2000s", dump);
+        free(dump);
+        json_decref(j);
+    }
+}
+
+/* ferry serve refuses a key its group can read before it starts anything */
+static void test_serve_refuses_open_key(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    char open_key[640], cmd[4096], out[640];
+    snprintf(open_key, sizeof(open_key), "%s/serve-open.key", C.dir);
+    size_t n;
+    char *k = fy_test_read_file(KEY, &n);
+    assert_true(fy_test_write_file(open_key, k, n));
+    fy_free(k);
+    chmod(open_key, 0640);
+    snprintf(out, sizeof(out), "%s/serve.out", C.dir);
+    snprintf(cmd, sizeof(cmd),
+             "timeout 60 %s/ferry serve -c %s --set serve.run_dir=%s/serve-run --set router.tls_cert=%s "
+             "--set router.tls_key=%s >%s 2>&1",
+             getenv("FERRY_BIN") ? getenv("FERRY_BIN") : "bin", C.conf, C.dir, CERT, open_key, out);
+    int rc = system(cmd);
+    char *t = fy_test_read_file(out, &n);
+    assert_non_null(t);
+    if (!WIFEXITED(rc) || WEXITSTATUS(rc) == 0 || WEXITSTATUS(rc) == 124 || !strstr(t, "router.tls_key") ||
+        !strstr(t, "mode 0640"))
+        fail_msg("ferry serve with an open key: status %d:\n%s", rc, t);
+    fy_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_curl_https),
-        cmocka_unit_test(test_openai_python_https),
-        cmocka_unit_test(test_plain_http_refused),
-        cmocka_unit_test(test_router_refuses_bad_tls),
+        cmocka_unit_test(test_curl_https),         cmocka_unit_test(test_openai_python_https),
+        cmocka_unit_test(test_plain_http_refused), cmocka_unit_test(test_router_refuses_bad_tls),
+        cmocka_unit_test(test_bench_https),        cmocka_unit_test(test_serve_refuses_open_key),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

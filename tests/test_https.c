@@ -33,6 +33,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "cluster_util.h"
 #include "httpd.h"
 #include "mem.h"
@@ -214,9 +215,8 @@ static void test_answers_and_keepalive(void **state)
     CURL *c = curl_easy_init();
     got_t g;
     long status;
-    assert_int_equal(fetch(c, url, "/echo", "the prompt text", cert_path("ca.pem"), CURL_SSLVERSION_TLSv1_2, &status,
-                           &g),
-                     CURLE_OK);
+    assert_int_equal(
+        fetch(c, url, "/echo", "the prompt text", cert_path("ca.pem"), CURL_SSLVERSION_TLSv1_2, &status, &g), CURLE_OK);
     assert_int_equal(status, 200);
     assert_string_equal(g.buf, "the prompt text");
     assert_int_equal(fetch(c, url, "/health", NULL, cert_path("ca.pem"), CURL_SSLVERSION_TLSv1_2, &status, &g),
@@ -273,8 +273,8 @@ static void test_streamed(void **state)
 static int connect_to(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in sa = {
+        .sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
     return fd;
 }
@@ -472,12 +472,23 @@ static void test_refused_at_start(void **state)
     fy_free(k);
 }
 
+/* ferry serve gives router r port + 2r on an https:// router.http too */
+static void test_addr_plus_https(void **state)
+{
+    (void)state;
+    char out[64];
+    assert_true(fy_cluster_addr_plus("https://127.0.0.1:8443", 2, out, sizeof(out)));
+    assert_string_equal(out, "https://127.0.0.1:8445");
+    assert_false(fy_cluster_addr_plus("ftp://127.0.0.1:21", 1, out, sizeof(out)));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_answers_and_keepalive), cmocka_unit_test(test_streamed),
         cmocka_unit_test(test_plain_http_refused),    cmocka_unit_test(test_stalled_handshake),
         cmocka_unit_test(test_min_version),           cmocka_unit_test(test_refused_at_start),
+        cmocka_unit_test(test_addr_plus_https),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
