@@ -228,6 +228,7 @@ static fy_status_t tls_file_read(const char *path, const char *what, bool secret
         st = FY_ERR_NOMEM;
     } else {
         size_t n = 0;
+        errno = 0;
         while (n < (size_t)sb.st_size) {
             ssize_t r = read(fd, buf + n, (size_t)sb.st_size - n);
             if (r < 0 && errno == EINTR) continue;

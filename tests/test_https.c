@@ -12,7 +12,8 @@
  *   - plain HTTP to the TLS port: no HTTP answer, the connection closed,
  *     and the server serves the next client;
  *   - a client that opens TCP and never finishes its handshake (nothing
- *     sent, or half a ClientHello) is closed at the header timeout;
+ *     sent, or half a ClientHello) is closed at the header timeout; at
+ *     the connection cap such connections make room for a newcomer;
  *   - router.tls_min_version 1.3 refuses a TLS 1.2 client;
  *   - the keys refused at start, each naming itself: a missing key file,
  *     one its group can read, a file that is no PEM key, a key that is
@@ -359,6 +360,37 @@ static void test_stalled_handshake(void **state)
     fy_httpd_destroy(h);
 }
 
+/* At the connection cap, connections still in their handshake make room
+ * for a newcomer as idle ones do: four held open, then a client served. */
+static void test_cap_evicts_handshakes(void **state)
+{
+    (void)state;
+    fy_httpd_limits_t l = tls_limits(30);
+    l.max_connections = 4;
+    char url[64];
+    fy_httpd_t *h = start(&l, url, sizeof(url));
+    int fds[4];
+    for (int i = 0; i < 4; i++) fds[i] = connect_to(fy_httpd_port(h));
+    fy_httpd_stats_t s;
+    for (int i = 0; i < 100; i++) { /* the server has taken them all */
+        fy_httpd_stats(h, &s);
+        if (s.open == 4) break;
+        usleep(10000);
+    }
+    assert_int_equal(s.open, 4);
+    CURL *c = curl_easy_init();
+    got_t g;
+    long status;
+    assert_int_equal(fetch(c, url, "/health", NULL, cert_path("ca.pem"), CURL_SSLVERSION_TLSv1_2, &status, &g),
+                     CURLE_OK);
+    assert_int_equal(status, 200);
+    curl_easy_cleanup(c);
+    fy_httpd_stats(h, &s);
+    assert_true(s.evicted >= 1);
+    for (int i = 0; i < 4; i++) close(fds[i]);
+    fy_httpd_destroy(h);
+}
+
 /* router.tls_min_version 1.3: a client that offers 1.2 at most is refused. */
 static void test_min_version(void **state)
 {
@@ -488,7 +520,7 @@ int main(void)
         cmocka_unit_test(test_answers_and_keepalive), cmocka_unit_test(test_streamed),
         cmocka_unit_test(test_plain_http_refused),    cmocka_unit_test(test_stalled_handshake),
         cmocka_unit_test(test_min_version),           cmocka_unit_test(test_refused_at_start),
-        cmocka_unit_test(test_addr_plus_https),
+        cmocka_unit_test(test_addr_plus_https),       cmocka_unit_test(test_cap_evicts_handshakes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
