@@ -373,7 +373,7 @@ asan:
 # tests/tsan.supp says what is suppressed and why.  Each binary gets 40
 # minutes, not the suite's 15: test_engine takes a quarter of an hour
 # under TSan alone on 2 cores, and passed 15 beside other work.
-TSAN_TESTS := test_engine test_xfer test_xstage test_rpc test_envelope test_httpd test_bench test_supervise test_http_robust test_grammar \
+TSAN_TESTS := test_engine test_xfer test_xstage test_rpc test_envelope test_httpd test_https test_bench test_supervise test_http_robust test_grammar \
               test_group test_parallel
 tsan:
 	$(Q)$(MAKE) --no-print-directory SAN=tsan tests

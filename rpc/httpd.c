@@ -158,8 +158,8 @@ struct srv {
      * bytes are wiped before they are freed */
     char *tls_cert, *tls_key;
     size_t tls_key_len;
-    bool starting; /* MHD_start_daemon runs: its log lines are kept */
-    char start_log[256];
+    bool starting;       /* MHD_start_daemon runs: its log lines are kept */
+    char start_log[512]; /* as long as a line of on_mhd_log */
     pthread_t guard;
     bool guard_on, guard_stop;
     srv_t *next;
