@@ -7,7 +7,7 @@
 # ferry-bench, closed loop at CONC in flight over kept-alive connections;
 # then the cost of a new connection: NCONN fresh `curl` GETs of /health on
 # each, connect, TLS handshake and total time (medians).
-#   sh bench/exp_tls.sh            results in bench/results/tls/
+#   sh bench/exp_tls.sh            results in bench/results/tls/ (summary.txt)
 set -u
 cd "$(dirname "$0")/.." || exit 1
 BENCH=${BENCH:-bin/ferry-bench}
@@ -43,7 +43,9 @@ P1=$!
 start https $((BASE + 100)) "$TLS" --set router.tls_cert="$OUT/pki/server.pem" \
     --set router.tls_key="$OUT/pki/server.key"
 P2=$!
-trap 'kill -TERM $P1 $P2 2>/dev/null; wait $P1 $P2 2>/dev/null' EXIT INT TERM
+# the private keys and the clusters' run folders do not outlive the run
+trap 'kill -TERM $P1 $P2 2>/dev/null; wait $P1 $P2 2>/dev/null; rm -rf "$OUT/pki" "$OUT/run-http" "$OUT/run-https"' \
+    EXIT INT TERM
 for name in http https; do
     for _ in $(seq 600); do grep -q "cluster ready" "$OUT/serve-$name.log" && break; sleep 0.2; done
     grep -q "cluster ready" "$OUT/serve-$name.log" || { cat "$OUT/serve-$name.log"; exit 1; }
@@ -57,6 +59,7 @@ for round in $(seq "$ROUNDS"); do
             { cat "$OUT/$name-$round.txt"; exit 1; }
     done
 done
+{
 python3 - "$OUT" "$ROUNDS" <<'PY'
 import json, sys, statistics as st
 out, rounds = sys.argv[1], int(sys.argv[2])
@@ -76,5 +79,6 @@ for name in http https; do
             "$url/health"
     done >"$OUT/conn-$name.txt"
     sort -n -k3 "$OUT/conn-$name.txt" | awk -v n="$name" '{c[NR]=$1; a[NR]=$2; t[NR]=$3}
-        END {m=int((NR+1)/2); printf "%-5s: a new connection and GET /health: total p50 %.2f ms (TCP connect %.2f ms, TLS handshake done at %.2f ms), %d connections\n", n, t[m]*1e3, c[m]*1e3, a[m]*1e3, NR}'
+        END {m=int((NR+1)/2); printf "%-5s: a new connection and GET /health, the median of %d by total: %.2f ms (TCP connect at %.2f ms, TLS handshake done at %.2f ms)\n", n, NR, t[m]*1e3, c[m]*1e3, a[m]*1e3}'
 done
+} | tee "$OUT/summary.txt"
