@@ -246,9 +246,10 @@ static void door_capture(bool tls)
     static const char secret[] = "the purple elephant whispers ferry-door-7731";
     char out[512];
     snprintf(out, sizeof(out), "%s/door.out", fy_test_tmpdir());
-    int rc = sh("ip netns exec %s curl -sS -f --max-time 120 %s %s://10.213.%d.1:8080/v1/completions "
-                "-H 'Content-Type: application/json' -d '{\"prompt\": \"%s\", \"max_tokens\": 4}' >%s",
-                g_ns[1], tls ? ca : "", tls ? "https" : "http", g_subnet, secret, out);
+    int rc = sh(
+        "ip netns exec %s curl -sS -f --max-time 120 %s %s://10.213.%d.1:8080/v1/completions "
+        "-H 'Content-Type: application/json' -d '{\"prompt\": \"%s\", \"max_tokens\": 12, \"ignore_eos\": true}' >%s",
+        g_ns[1], tls ? ca : "", tls ? "https" : "http", g_subnet, secret, out);
     size_t len, n;
     int segments;
     char *bytes = tc_cap_stop(cap, &len, &segments);
