@@ -8,7 +8,8 @@
  *     connection, verified against the CA; a client without the CA
  *     refuses the server, one asking for TLS 1.3 alone is served;
  *   - a streamed answer whose chunks arrive as they are written (each
- *     one flushed through TLS, not held until the end);
+ *     one flushed through TLS, not held until the end); a client that
+ *     leaves while its answer waits is noticed at once;
  *   - plain HTTP to the TLS port: no HTTP answer, the connection closed,
  *     and the server serves the next client;
  *   - a client that opens TCP and never finishes its handshake (nothing
@@ -90,10 +91,13 @@ typedef struct streamer {
 static streamer_t g_st;
 static atomic_int g_ended;
 
+static atomic_int g_gone, g_held;
+static fy_httpd_req_t *g_held_r;
+
 static void on_end(void *arg, bool complete)
 {
     (void)arg;
-    (void)complete;
+    if (!complete) atomic_fetch_add(&g_gone, 1);
     atomic_fetch_add(&g_ended, 1);
 }
 
@@ -121,6 +125,11 @@ static void on_post(void *arg, fy_httpd_req_t *r)
         return;
     }
     fy_httpd_hold(r, on_end, NULL);
+    if (!strcmp(arg, "hold")) { /* never answered: the client leaves */
+        g_held_r = r;
+        atomic_fetch_add(&g_held, 1);
+        return;
+    }
     g_st.r = r;
     assert_int_equal(pthread_create(&g_st.th, NULL, stream_main, &g_st), 0);
 }
@@ -153,6 +162,7 @@ static fy_httpd_t *start(const fy_httpd_limits_t *l, char *url, size_t cap)
     assert_true(fy_httpd_tls(h));
     assert_int_equal(fy_httpd_handle(h, "POST", "/echo", 1 << 16, on_post, "echo"), FY_OK);
     assert_int_equal(fy_httpd_handle(h, "POST", "/stream", 1 << 16, on_post, "stream"), FY_OK);
+    assert_int_equal(fy_httpd_handle(h, "POST", "/hold", 1 << 16, on_post, "hold"), FY_OK);
     assert_int_equal(fy_httpd_route(h, "/health", on_health, NULL), FY_OK);
     return h;
 }
@@ -300,6 +310,45 @@ static double read_to_close(int fd, double limit_s, char *buf, size_t cap, size_
     buf[len] = 0;
     *len_p = len;
     return -1;
+}
+
+/* A client that leaves while its answer waits is noticed at once over
+ * TLS too (its FIN under the TLS records): the request ends, not complete. */
+static void test_gone_while_held(void **state)
+{
+    (void)state;
+    fy_httpd_limits_t l = tls_limits(10);
+    char url[64];
+    fy_httpd_t *h = start(&l, url, sizeof(url));
+    atomic_store(&g_ended, 0);
+    atomic_store(&g_gone, 0);
+    atomic_store(&g_held, 0);
+    CURL *c = curl_easy_init();
+    got_t g;
+    char u[128];
+    snprintf(u, sizeof(u), "%s/hold", url);
+    memset(&g, 0, sizeof(g));
+    curl_easy_setopt(c, CURLOPT_URL, u);
+    curl_easy_setopt(c, CURLOPT_NOPROXY, "*");
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_CAINFO, cert_path("ca.pem"));
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, "{}");
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &g);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 800L); /* the client gives up */
+    double t0 = now_s();
+    assert_int_equal(curl_easy_perform(c), CURLE_OPERATION_TIMEDOUT);
+    curl_easy_cleanup(c); /* closes the connection */
+    double t_closed = now_s();
+    assert_int_equal(atomic_load(&g_held), 1);
+    for (int i = 0; i < 200 && atomic_load(&g_ended) < 1; i++) usleep(5000);
+    double t_end = now_s();
+    print_message("held request over TLS: client left after %.2f s, noticed %.3f s later\n", t_closed - t0,
+                  t_end - t_closed);
+    assert_int_equal(atomic_load(&g_ended), 1);
+    assert_int_equal(atomic_load(&g_gone), 1);
+    assert_true(t_end - t_closed < 0.5);
+    fy_httpd_destroy(h);
 }
 
 /* Plain HTTP to the TLS port gets no HTTP answer and is closed; the server goes on. */
@@ -521,6 +570,7 @@ int main(void)
         cmocka_unit_test(test_plain_http_refused),    cmocka_unit_test(test_stalled_handshake),
         cmocka_unit_test(test_min_version),           cmocka_unit_test(test_refused_at_start),
         cmocka_unit_test(test_addr_plus_https),       cmocka_unit_test(test_cap_evicts_handshakes),
+        cmocka_unit_test(test_gone_while_held),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
