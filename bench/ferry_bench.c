@@ -10,6 +10,7 @@
  * protocol.
  */
 #include <curl/curl.h>
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <signal.h>
@@ -41,7 +42,8 @@ static void usage(FILE *f)
             "       ferry-bench auth [options]    what the control plane's authentication costs per message\n"
             "target:\n"
             "  -b, --backend nng|http   the router's nng protocol (default) or the OpenAI HTTP API\n"
-            "  -u, --url ADDR           default tcp://127.0.0.1:7400 (nng), http://127.0.0.1:8080 (http);\n"
+            "  -u, --url ADDR           default tcp://127.0.0.1:7400 (nng), http://127.0.0.1:8080 (http;\n"
+            "                           https://HOST:PORT for a router with router.tls_cert);\n"
             "                           nng: ADDR,ADDR... routers of one cluster (cluster.etcd), client thread k\n"
             "                           on router k mod N, moving on when one is unreachable or dies\n"
             "      --chat               /v1/chat/completions (http) or the chat template (nng)\n"
@@ -49,6 +51,8 @@ static void usage(FILE *f)
             "      --api-key KEY        Authorization: Bearer KEY (http; or FERRY_BENCH_API_KEY)\n"
             "      --secret FILE        the deployment's secret that authenticates nng calls\n"
             "                           (default: run/kv.secret, where `ferry serve` puts it)\n"
+            "      --cacert FILE        https: verify the router against this CA (PEM) instead of the\n"
+            "                           system's store\n"
             "      --no-ignore-eos      let answers end early (default: exactly the output length)\n"
             "      --allow-remote       allow an address that is not loopback (refused otherwise)\n"
             "workload (lengths are N, LO-HI uniform, or @FILE of 'LENGTH [WEIGHT]' lines):\n"
@@ -320,6 +324,7 @@ enum {
     O_LABEL,
     O_NOPROG,
     O_SECRET,
+    O_CACERT,
     O_NOT_MINE
 };
 
@@ -411,6 +416,7 @@ static int load_run_opt(int c, const char *arg, opts_t *o)
     case O_MODEL: o->target.model = arg; return 0;
     case O_KEY: o->target.api_key = arg; return 0;
     case O_SECRET: o->target.secret_file = arg; return 0;
+    case O_CACERT: o->target.ca_file = arg; return 0;
     case O_NOEOS: o->target.ignore_eos = false; return 0;
     case O_REMOTE: o->allow_remote = true; return 0;
     case 'r': return (o->n_rates = parse_rates(arg, o->rates)) < 0 ? 2 : 0;
@@ -449,6 +455,14 @@ static int load_check(opts_t *o)
     if (!o->url) o->url = o->target.proto == FY_BENCH_PROTO_HTTP ? "http://127.0.0.1:8080" : "tcp://127.0.0.1:7400";
     if (o->target.proto == FY_BENCH_PROTO_HTTP && strncmp(o->url, "http://", 7) && strncmp(o->url, "https://", 8)) {
         fprintf(stderr, "ferry-bench: the http backend needs an http:// address, not '%s'\n", o->url);
+        return 2;
+    }
+    if (o->target.ca_file && strncmp(o->url, "https://", 8)) {
+        fprintf(stderr, "ferry-bench: --cacert is for an https:// address, not '%s'\n", o->url);
+        return 2;
+    }
+    if (o->target.ca_file && access(o->target.ca_file, R_OK)) {
+        fprintf(stderr, "ferry-bench: --cacert %s: %s\n", o->target.ca_file, strerror(errno));
         return 2;
     }
     if (o->target.proto == FY_BENCH_PROTO_NNG && !strncmp(o->url, "http", 4)) {
@@ -491,6 +505,7 @@ static int load_parse(int argc, char **argv, opts_t *o)
         {"model", required_argument, 0, O_MODEL},
         {"api-key", required_argument, 0, O_KEY},
         {"secret", required_argument, 0, O_SECRET},
+        {"cacert", required_argument, 0, O_CACERT},
         {"no-ignore-eos", no_argument, 0, O_NOEOS},
         {"allow-remote", no_argument, 0, O_REMOTE},
         {"num-requests", required_argument, 0, 'n'},

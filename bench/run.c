@@ -730,6 +730,7 @@ static hreq_t *http_start(run_t *R, CURLM *m, int32_t ci, int32_t turn, double d
     curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+    if (R->t->ca_file) curl_easy_setopt(h, CURLOPT_CAINFO, R->t->ca_file);
     r->sent_s = now_s() - R->t0;
     CURLMcode mc = curl_multi_add_handle(m, h);
     if (mc != CURLM_OK) {
@@ -847,6 +848,7 @@ static fy_status_t http_model(const fy_bench_target_t *t, char *out, size_t cap)
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 10000L);
     curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
+    if (t->ca_file) curl_easy_setopt(h, CURLOPT_CAINFO, t->ca_file);
     CURLcode cc = curl_easy_perform(h);
     long status = 0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);

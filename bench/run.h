@@ -36,6 +36,7 @@ typedef struct fy_bench_target {
     const char *model;       /* http: the "model" field; NULL: the first of GET /v1/models */
     const char *api_key;     /* http: Authorization: Bearer KEY; NULL: none */
     const char *secret_file; /* nng: the deployment's secret (kv.secret_file) that authenticates each call */
+    const char *ca_file;     /* https: the CA (PEM) the router's certificate is verified against; NULL: the system's */
     bool ignore_eos;         /* ask for exactly n_out tokens */
 } fy_bench_target_t;
 

@@ -346,8 +346,8 @@ fy_status_t fy_cluster_kv(const fy_config_t *cfg, int32_t *block_size_p, fy_dtyp
 bool fy_cluster_addr_plus(const char *base, int i, char *out, size_t cap)
 {
     const char *colon = strrchr(base, ':');
-    bool tcp = !strncmp(base, "tcp://", 6), http = !strncmp(base, "http://", 7);
-    if ((tcp || http) && colon && colon > base + (tcp ? 6 : 7)) {
+    bool tcp = !strncmp(base, "tcp://", 6), http = !strncmp(base, "http://", 7), https = !strncmp(base, "https://", 8);
+    if ((tcp || http || https) && colon && colon > base + (tcp ? 6 : http ? 7 : 8)) {
         char *end;
         long port = strtol(colon + 1, &end, 10);
         if (*end || port < 1 || port + i > 65535) return false;

@@ -96,7 +96,7 @@ fy_status_t fy_cluster_kv(const fy_config_t *cfg, int32_t *block_size_p, fy_dtyp
 void fy_cluster_notify_ready(void);
 
 /* Worker i's address from its role's base address: "tcp://host:port"
- * (or "http://host:port") -> the same with port + i, "ipc:///p" ->
+ * (or "http://host:port", "https://host:port") -> the same with port + i, "ipc:///p" ->
  * "ipc:///p-i".  False for anything else, a port past 65535, or out too
  * small. */
 bool fy_cluster_addr_plus(const char *base, int i, char *out, size_t cap);

@@ -150,6 +150,13 @@ static const fy_conf_key_t KEYS[] = {
     INT("router", "http_max_connections", "512", 1, 1 << 20,
         "HTTP connections served at once; beyond it idle ones make room, 503 when all are busy"),
     SIZE("router", "http_max_header", "16KiB", KIB, MIB, "bytes of request line and headers; beyond it 431"),
+    STR("router", "tls_cert", "",
+        "PEM file of the OpenAI API's certificate (then its chain): set, router.http speaks HTTPS only (needs "
+        "router.tls_key); empty: plain HTTP"),
+    STR("router", "tls_key", "",
+        "PEM file of router.tls_cert's private key: the owner's alone (mode 600), as the secret file"),
+    ENUM("router", "tls_min_version", "1.2", "1.2|1.3",
+         "the lowest TLS version router.http accepts (1.2 for clients without 1.3; 1.3 is preferred either way)"),
 
     INT("prefill", "count", "1", 0, 16,
         "prefill workers `ferry serve` starts; 0: colocated (the router sends whole requests to decode workers)"),

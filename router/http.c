@@ -1406,7 +1406,8 @@ static fy_status_t http_start(router_t *R, fy_http_t **h_p)
         fy_free(H);
         return st;
     }
-    fy_info("http: OpenAI API on %s (model '%s'%s)", url, H->served,
+    fy_info("http: OpenAI API on %s (%s, model '%s'%s)", url,
+            fy_httpd_tls(H->srv) ? "HTTPS only: router.tls_cert" : "plain HTTP", H->served,
             H->tenants ? ", API keys required" : ", no API keys: one tenant");
     *h_p = H;
     return FY_OK;

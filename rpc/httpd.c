@@ -53,6 +53,8 @@
 #include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <fcntl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -152,6 +154,12 @@ struct srv {
     bool closing;
     uint64_t timed_out, evicted, refused;
     int ep, evfd;
+    /* TLS: the PEM texts MHD reads from (it keeps the pointers); the key's
+     * bytes are wiped before they are freed */
+    char *tls_cert, *tls_key;
+    size_t tls_key_len;
+    bool starting;       /* MHD_start_daemon runs: its log lines are kept */
+    char start_log[512]; /* as long as a line of on_mhd_log */
     pthread_t guard;
     bool guard_on, guard_stop;
     srv_t *next;
@@ -180,6 +188,108 @@ static double now_s(void)
 
 /* ---- limits ---------------------------------------------------------------------------------------- */
 
+/* PEM files at most this long: a certificate chain of a few certificates */
+#define TLS_FILE_MAX (1u << 20)
+
+/*
+ * Reads a TLS file (what: "router.tls_key") into a NUL-terminated buffer
+ * (*out_p, fy_free; NULL with out_p NULL: only checked).  A regular file
+ * (a FIFO would block) of at most TLS_FILE_MAX bytes holding the PEM
+ * marker want ("CERTIFICATE-----", "PRIVATE KEY-----"); a key (secret)
+ * also owned by this user or root and not open to its group or others,
+ * as kv.secret_file.  O_NONBLOCK: opening a FIFO returns at once.
+ */
+static fy_status_t tls_file_read(const char *path, const char *what, bool secret, const char *want, char **out_p)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) {
+        fy_error("%s %s: cannot open: %s", what, path, strerror(errno));
+        return FY_ERR_INVALID;
+    }
+    struct stat sb;
+    fy_status_t st = FY_ERR_INVALID;
+    char *buf = NULL;
+    if (fstat(fd, &sb)) {
+        fy_error("%s %s: cannot stat: %s", what, path, strerror(errno));
+    } else if (!S_ISREG(sb.st_mode)) {
+        fy_error("%s %s: not a regular file; a PEM file was expected", what, path);
+    } else if (secret && sb.st_uid != geteuid() && sb.st_uid != 0) {
+        fy_error("%s %s: owned by uid %u, not by this user (uid %u) or root; someone else could replace it", what, path,
+                 (unsigned)sb.st_uid, (unsigned)geteuid());
+    } else if (secret && (sb.st_mode & 077)) {
+        fy_error("%s %s: mode %04o lets its group or others read the server's private key; it must be the owner's "
+                 "alone (chmod 600 %s)",
+                 what, path, (unsigned)(sb.st_mode & 07777), path);
+    } else if (sb.st_size == 0 || sb.st_size > (off_t)TLS_FILE_MAX) {
+        fy_error("%s %s: %lld bytes; a PEM file of 1 to %u bytes was expected", what, path, (long long)sb.st_size,
+                 TLS_FILE_MAX);
+    } else if (!(buf = fy_malloc((size_t)sb.st_size + 1))) {
+        fy_error("%s %s: out of memory", what, path);
+        st = FY_ERR_NOMEM;
+    } else {
+        size_t n = 0;
+        errno = 0;
+        while (n < (size_t)sb.st_size) {
+            ssize_t r = read(fd, buf + n, (size_t)sb.st_size - n);
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) break;
+            n += (size_t)r;
+        }
+        buf[n] = 0;
+        if (n < (size_t)sb.st_size)
+            fy_error("%s %s: cannot read it whole: %s", what, path, errno ? strerror(errno) : "it shrank");
+        else if (!strstr(buf, "-----BEGIN ") || !strstr(buf, want))
+            fy_error("%s %s: no PEM %s in it (\"-----BEGIN ...%s\" expected)", what, path,
+                     secret ? "private key" : "certificate", want);
+        else
+            st = FY_OK;
+    }
+    close(fd);
+    if (buf && (st || !out_p)) {
+        memset(buf, 0, (size_t)sb.st_size + 1); /* a key's bytes do not linger in freed memory */
+        fy_free(buf);
+        buf = NULL;
+    }
+    if (out_p) *out_p = buf;
+    return st;
+}
+
+/* SECTION.tls_* in force, the files checked (the router's alone has them). */
+static fy_status_t tls_read(const fy_config_t *c, const char *section, fy_httpd_limits_t *l)
+{
+    const char *cert, *key;
+    int minv;
+    fy_status_t st;
+    if ((st = fy_conf_string(c, section, "tls_cert", &cert)) || (st = fy_conf_string(c, section, "tls_key", &key)) ||
+        (st = fy_conf_enum(c, section, "tls_min_version", &minv)))
+        return st;
+    l->tls_min = minv == 1 ? 13 : 12;
+    if (!*cert && !*key) return FY_OK;
+    if (!*cert || !*key) {
+        fy_error("%s.%s is set but %s.%s is not: HTTPS needs both", section, *cert ? "tls_cert" : "tls_key", section,
+                 *cert ? "tls_key" : "tls_cert");
+        return FY_ERR_INVALID;
+    }
+    char what_c[48], what_k[48];
+    snprintf(what_c, sizeof(what_c), "%s.tls_cert", section);
+    snprintf(what_k, sizeof(what_k), "%s.tls_key", section);
+    if (strlen(cert) >= sizeof(l->tls_cert) || strlen(key) >= sizeof(l->tls_key)) {
+        fy_error("%s: path longer than %zu bytes", strlen(cert) >= sizeof(l->tls_cert) ? what_c : what_k,
+                 sizeof(l->tls_cert) - 1);
+        return FY_ERR_INVALID;
+    }
+    if ((st = tls_file_read(cert, what_c, false, "CERTIFICATE-----", NULL)) ||
+        (st = tls_file_read(key, what_k, true, "PRIVATE KEY-----", NULL)))
+        return st;
+    if (!MHD_is_feature_supported(MHD_FEATURE_TLS)) {
+        fy_error("%s is set but this libmicrohttpd was built without TLS: HTTPS cannot be served", what_c);
+        return FY_ERR_INVALID;
+    }
+    snprintf(l->tls_cert, sizeof(l->tls_cert), "%s", cert);
+    snprintf(l->tls_key, sizeof(l->tls_key), "%s", key);
+    return FY_OK;
+}
+
 /* SECTION.http_* in force; c NULL: the key table's defaults (confkeys.c). */
 static fy_status_t limits_read(const fy_config_t *c, const char *section, fy_httpd_limits_t *l)
 {
@@ -195,12 +305,13 @@ static fy_status_t limits_read(const fy_config_t *c, const char *section, fy_htt
     l->idle_timeout_s = idle_s;
     l->max_connections = (int32_t)conns;
     l->max_header = hdr;
-    return FY_OK;
+    l->section = !strcmp(section, "router") ? "router" : "worker";
+    return c && !strcmp(section, "router") ? tls_read(c, section, l) : FY_OK;
 }
 
 void fy_httpd_limits_default(fy_httpd_limits_t *l)
 {
-    *l = (fy_httpd_limits_t){.threads = 1};
+    *l = (fy_httpd_limits_t){.threads = 1, .tls_min = 12, .section = "worker"};
     limits_read(NULL, "worker", l); /* cannot fail but for a broken table, which it logs */
 }
 
@@ -881,6 +992,10 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     vsnprintf(line, sizeof(line), fmt, ap);
     size_t n = strlen(line);
     while (n && (line[n - 1] == '\n' || line[n - 1] == '.')) line[--n] = 0;
+    srv_t *S = cls;
+    pthread_mutex_lock(&S->mu);
+    if (S->starting) snprintf(S->start_log, sizeof(S->start_log), "%s", line); /* why a start failed */
+    pthread_mutex_unlock(&S->mu);
     fy_debug("http: %s", line);
 }
 
@@ -939,12 +1054,17 @@ static void *guard_main(void *arg)
 
 /* ---- servers ------------------------------------------------------------------------------------------ */
 
-/* "http://HOST:PORT" or "tcp://HOST:PORT" (a trailing "/" allowed). */
-static fy_status_t parse_url(const char *url, char *host, size_t host_cap, int *port_p)
+/* "http://HOST:PORT", "https://HOST:PORT" (*https_p) or "tcp://HOST:PORT"
+ * (a trailing "/" allowed). */
+static fy_status_t parse_url(const char *url, char *host, size_t host_cap, int *port_p, bool *https_p)
 {
-    const char *p = !strncmp(url, "http://", 7) ? url + 7 : !strncmp(url, "tcp://", 6) ? url + 6 : NULL;
+    *https_p = !strncmp(url, "https://", 8);
+    const char *p = !strncmp(url, "http://", 7)  ? url + 7
+                    : *https_p                   ? url + 8
+                    : !strncmp(url, "tcp://", 6) ? url + 6
+                                                 : NULL;
     if (!p) {
-        fy_error("http: '%s': expected http://HOST:PORT or tcp://HOST:PORT", url);
+        fy_error("http: '%s': expected http://HOST:PORT, https://HOST:PORT or tcp://HOST:PORT", url);
         return FY_ERR_INVALID;
     }
     const char *colon, *hs = p, *he;
@@ -971,7 +1091,7 @@ static fy_status_t parse_url(const char *url, char *host, size_t host_cap, int *
     *port_p = (int)port;
     return FY_OK;
 bad:
-    fy_error("http: '%s': expected http://HOST:PORT or tcp://HOST:PORT", url);
+    fy_error("http: '%s': expected http://HOST:PORT, https://HOST:PORT or tcp://HOST:PORT", url);
     return FY_ERR_INVALID;
 }
 
@@ -1023,6 +1143,9 @@ static void srv_free(srv_t *S)
         S->routes = rt->next;
         fy_free(rt);
     }
+    if (S->tls_key) memset(S->tls_key, 0, S->tls_key_len);
+    fy_free(S->tls_key);
+    fy_free(S->tls_cert);
     pthread_mutex_destroy(&S->mu);
     pthread_cond_destroy(&S->cv);
     fy_free(S);
@@ -1052,6 +1175,17 @@ static fy_status_t srv_start(const char *url, const char *host, int port, const 
         srv_free(S);
         return FY_ERR_IO;
     }
+    const char *sec = lim->section ? lim->section : "worker";
+    char what_c[48], what_k[48];
+    snprintf(what_c, sizeof(what_c), "%s.tls_cert", sec);
+    snprintf(what_k, sizeof(what_k), "%s.tls_key", sec);
+    fy_status_t st;
+    if (lim->tls_cert[0] && ((st = tls_file_read(lim->tls_cert, what_c, false, "CERTIFICATE-----", &S->tls_cert)) ||
+                             (st = tls_file_read(lim->tls_key, what_k, true, "PRIVATE KEY-----", &S->tls_key)))) {
+        srv_free(S);
+        return st;
+    }
+    if (S->tls_key) S->tls_key_len = strlen(S->tls_key);
     bool v6 = false;
     int lfd = listen_on(url, host, port, &v6);
     if (lfd < 0) {
@@ -1066,6 +1200,11 @@ static fy_status_t srv_start(const char *url, const char *host, int port, const 
                                                  : ((struct sockaddr_in *)&sa)->sin_port);
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (v6) flags |= MHD_USE_IPv6;
+    if (S->tls_cert) flags |= MHD_USE_TLS;
+    /* GnuTLS's defaults without the versions below the floor; TLS 1.3 is
+     * preferred whenever the client has it */
+    const char *prio =
+        lim->tls_min >= 13 ? "NORMAL:-VERS-ALL:+VERS-TLS1.3" : "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2";
     unsigned headroom = (unsigned)(S->cap / 8 > 4 ? S->cap / 8 : 4);
     /* MHD's memory per connection holds the request's line and headers and
      * the answer's buffers: the limit on headers is checked exactly in
@@ -1083,10 +1222,36 @@ static fy_status_t srv_start(const char *url, const char *host, int port, const 
         {MHD_OPTION_CONNECTION_MEMORY_LIMIT, (intptr_t)pool, NULL},
         {MHD_OPTION_CONNECTION_LIMIT, (intptr_t)((unsigned)S->cap + headroom), NULL},
         {MHD_OPTION_CONNECTION_TIMEOUT, (intptr_t)timeout, NULL},
-        {threads > 1 ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END, (intptr_t)threads, NULL},
+        {MHD_OPTION_END, 0, NULL}, /* the optional ones below, then the end */
+        {MHD_OPTION_END, 0, NULL},
+        {MHD_OPTION_END, 0, NULL},
+        {MHD_OPTION_END, 0, NULL},
         {MHD_OPTION_END, 0, NULL},
     };
+    size_t no = FY_ARRAY_LEN(opts) - 5;
+    if (threads > 1) opts[no++] = (struct MHD_OptionItem){MHD_OPTION_THREAD_POOL_SIZE, (intptr_t)threads, NULL};
+    if (S->tls_cert) {
+        opts[no++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, S->tls_cert};
+        opts[no++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, S->tls_key};
+        opts[no++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_PRIORITIES, 0, (void *)prio};
+    }
+    pthread_mutex_lock(&S->mu);
+    S->starting = true;
+    pthread_mutex_unlock(&S->mu);
     S->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, S, MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
+    pthread_mutex_lock(&S->mu);
+    S->starting = false;
+    pthread_mutex_unlock(&S->mu);
+    if (!S->d && S->tls_cert) {
+        /* the files were PEM of the right kinds: GnuTLS refused their
+         * contents, or the key is not the certificate's */
+        fy_error("http %s: %s %s and %s %s refused by the TLS library: %s (is the key the certificate's, "
+                 "both unencrypted PEM?)",
+                 url, what_c, lim->tls_cert, what_k, lim->tls_key, S->start_log[0] ? S->start_log : "no reason given");
+        close(lfd);
+        srv_free(S);
+        return FY_ERR_INVALID;
+    }
     if (!S->d) {
         fy_error("http %s: cannot start the server (libmicrohttpd refused its options)", url);
         close(lfd);
@@ -1159,8 +1324,14 @@ fy_status_t fy_httpd_create_with(const char *url, const fy_httpd_limits_t *limit
 {
     char host[128];
     int port;
-    fy_status_t st = parse_url(url ? url : "(null)", host, sizeof(host), &port);
+    bool https;
+    fy_status_t st = parse_url(url ? url : "(null)", host, sizeof(host), &port, &https);
     if (st) return st;
+    const char *sec = limits && limits->section ? limits->section : "worker";
+    if (https && !(limits && limits->tls_cert[0])) {
+        fy_error("http: '%s' is https:// but %s.tls_cert is empty: nothing to serve HTTPS with", url, sec);
+        return FY_ERR_INVALID;
+    }
     fy_httpd_t *h = fy_calloc(1, sizeof(*h));
     if (!h) {
         fy_error("http: out of memory");
@@ -1171,6 +1342,12 @@ fy_status_t fy_httpd_create_with(const char *url, const fy_httpd_limits_t *limit
     srv_t *S = NULL;
     if (port)
         for (S = g_servers; S && !(S->port == port && !strcmp(S->host, host)); S = S->next) {}
+    if (S && !S->tls_cert && limits && limits->tls_cert[0]) { /* joining a TLS server is fine: more private */
+        pthread_mutex_unlock(&g_mu);
+        fy_free(h);
+        fy_error("http %s: already served without TLS by another holder of this process", url);
+        return FY_ERR_INVALID;
+    }
     if (!S) {
         fy_httpd_limits_t def;
         fy_httpd_limits_default(&def);
@@ -1193,6 +1370,8 @@ fy_status_t fy_httpd_create_with(const char *url, const fy_httpd_limits_t *limit
 fy_status_t fy_httpd_create(const char *url, fy_httpd_t **h_p) { return fy_httpd_create_with(url, NULL, h_p); }
 
 int fy_httpd_port(const fy_httpd_t *h) { return h ? h->S->port : -1; }
+
+bool fy_httpd_tls(const fy_httpd_t *h) { return h && h->S->tls_cert; }
 
 void fy_httpd_stats(const fy_httpd_t *h, fy_httpd_stats_t *s)
 {

@@ -36,8 +36,16 @@
  * when every one is busy answering, is answered 503 with a JSON body and
  * closed (GET routes such as /health are still answered on it).
  *
- * Not a general web server: no TLS (put a proxy in front), no HTTP/2, no
- * uploads beyond a route's max_body.
+ * TLS (HTTPS only on the port) when the limits name a certificate and key
+ * (router.tls_cert, tls_key): libmicrohttpd's own, on GnuTLS, TLS 1.2 and
+ * 1.3 (or 1.3 alone), no 0-RTT early data, no client certificates.  The
+ * header deadline counts from the TCP accept, so a client that never
+ * finishes its handshake is closed at it like one that never sends its
+ * request; a plain-HTTP request to a TLS port fails its handshake and the
+ * connection is closed without an answer.
+ *
+ * Not a general web server: no HTTP/2, no uploads beyond a route's
+ * max_body.
  */
 #ifndef FY_HTTPD_H
 #define FY_HTTPD_H
@@ -59,27 +67,41 @@ typedef struct fy_httpd_limits {
     int32_t max_connections; /* served at once (further capped by the descriptor limit) */
     int64_t max_header;      /* bytes of request line and headers */
     int32_t threads;         /* the server's event threads */
+    /* TLS: empty tls_cert, plain HTTP.  Files checked by fy_httpd_limits_read. */
+    char tls_cert[512];  /* PEM: the server's certificate, then its chain */
+    char tls_key[512];   /* PEM: its private key */
+    int tls_min;         /* lowest TLS version: 12 (1.2) or 13 (1.3) */
+    const char *section; /* names the keys in errors ("router"); a string literal */
 } fy_httpd_limits_t;
 
 /* The key table's defaults of worker.http_* (common/confkeys.c), 1 thread. */
 void fy_httpd_limits_default(fy_httpd_limits_t *l);
 /* SECTION.http_header_timeout, http_idle_timeout, http_max_connections and
- * http_max_header in force (SECTION "router" or "worker"), 1 thread.
- * FY_ERR_INVALID (logged, naming the key) for a value out of range. */
+ * http_max_header in force (SECTION "router" or "worker"), 1 thread; for
+ * "router" also tls_cert, tls_key and tls_min_version, whose files are
+ * checked here: regular files holding a PEM certificate and a PEM private
+ * key, the key owned by this user (or root) and not readable by its group
+ * or others.  FY_ERR_INVALID (logged, naming the key) for a value out of
+ * range or a file refused. */
 fy_status_t fy_httpd_limits_read(const fy_config_t *c, const char *section, fy_httpd_limits_t *l);
 
 /*
  * Holds the server for url ("http://HOST:PORT", or "tcp://HOST:PORT",
- * which means the same here) and starts it (binding the port) unless
- * another holder already runs it, in which case its limits stay.
- * FY_ERR_INVALID for a URL that is not one of those, FY_ERR_IO (logged
- * with the system's reason, "Address already in use") when the port
- * cannot be bound.  fy_httpd_create takes the default limits.
+ * which means the same here; "https://HOST:PORT" with limits naming a
+ * certificate) and starts it (binding the port) unless another holder
+ * already runs it, in which case its limits stay.  FY_ERR_INVALID for a
+ * URL that is not one of those, for https:// without a certificate, and
+ * for a certificate and key the TLS library refuses (a mismatch: logged
+ * naming SECTION.tls_cert and tls_key); FY_ERR_IO (logged with the
+ * system's reason, "Address already in use") when the port cannot be
+ * bound.  fy_httpd_create takes the default limits.
  */
 fy_status_t fy_httpd_create_with(const char *url, const fy_httpd_limits_t *limits, fy_httpd_t **h_p);
 fy_status_t fy_httpd_create(const char *url, fy_httpd_t **h_p);
 /* The bound TCP port (useful with port 0), or -1. */
 int fy_httpd_port(const fy_httpd_t *h);
+/* Whether the server speaks TLS. */
+bool fy_httpd_tls(const fy_httpd_t *h);
 /* Removes this object's routes, waits for callbacks running in them to
  * return and ends their held requests (end(arg, false)), stops the
  * server unless another holder still runs it, and lets go of it.  No

@@ -9,7 +9,9 @@
  * namespaces (raw packet sockets the test opens itself) while a request
  * runs holds none of its prompt's tokens, text or generated tokens with
  * cluster.encrypt = auto; with off it does hold the prompt's tokens
- * (proof that the capture sees the traffic).
+ * (proof that the capture sees the traffic).  The router's OpenAI door
+ * is reached from another namespace with its veth captured: behind
+ * router.tls_cert no prompt text crosses it.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -29,7 +31,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "capture_util.h"
 #include "cluster_util.h"
+#include "mem.h"
 #include "testutil.h"
 
 static char g_ns[4][32]; /* router, prefill, decode, bridge */
@@ -412,6 +416,93 @@ static void test_capture_encrypted(void **state)
     capture_run("auto");
 }
 
+/* The router's OpenAI door reached from another "host" (a client in the
+ * prefill's namespace, curl), a decode worker in the third; the router's
+ * veth captured (capture_util.h) for the door's port while a completion
+ * goes through.  Over HTTPS (router.tls_cert) the prompt's text must not
+ * be among the captured bytes; over plain HTTP it must be (so the
+ * capture sees what it should, and the HTTPS check can fail). */
+static void door_capture(bool tls)
+{
+    assert_true(join(g_ns[0]));
+    char router[64], events[64], durl[64], http[96], certs[300], set_cert[400], set_key[400], ca[400];
+    snprintf(router, sizeof(router), "tcp://10.213.%d.1:7400", g_subnet);
+    snprintf(events, sizeof(events), "tcp://10.213.%d.1:7401", g_subnet);
+    snprintf(durl, sizeof(durl), "tcp://10.213.%d.3:7420", g_subnet);
+    snprintf(http, sizeof(http), "router.http=%s://10.213.%d.1:8080", tls ? "https" : "http", g_subnet);
+    const char *wr[] = {"ip", "netns", "exec", g_ns[0], NULL};
+    const char *wd[] = {"ip", "netns", "exec", g_ns[2], NULL};
+    tc_opts_t o = {.n_prefill = 0,
+                   .n_decode = 1,
+                   .router_url = router,
+                   .events_url = events,
+                   .worker_url = {durl},
+                   .common = {"worker.transports=tcp", http},
+                   .wrap = {wr, wd}};
+    if (tls) { /* a certificate for the router's address */
+        char host[32];
+        snprintf(host, sizeof(host), "10.213.%d.1", g_subnet);
+        snprintf(certs, sizeof(certs), "%s/door-pki", fy_test_tmpdir());
+        tc_etcd_certs_ip(certs, host, NULL, 0);
+        snprintf(set_cert, sizeof(set_cert), "router.tls_cert=%s/server.pem", certs);
+        snprintf(set_key, sizeof(set_key), "router.tls_key=%s/server.key", certs);
+        snprintf(ca, sizeof(ca), "--cacert %s/ca.pem", certs);
+        o.common[2] = set_cert;
+        o.common[3] = set_key;
+    }
+    tc_cluster_t c;
+    tc_start(&c, &o);
+    tc_cap_t *cap = tc_cap_start(g_if[0], 8080);
+    if (!cap) fail_msg("cannot capture on %s", g_if[0]);
+    static const char secret[] = "the purple elephant whispers ferry-door-7731";
+    char out[512];
+    snprintf(out, sizeof(out), "%s/door.out", fy_test_tmpdir());
+    int rc = sh(
+        "ip netns exec %s curl -sS -f --max-time 120 %s %s://10.213.%d.1:8080/v1/completions "
+        "-H 'Content-Type: application/json' -d '{\"prompt\": \"%s\", \"max_tokens\": 12, \"ignore_eos\": true}' >%s",
+        g_ns[1], tls ? ca : "", tls ? "https" : "http", g_subnet, secret, out);
+    size_t len, n;
+    int segments;
+    char *bytes = tc_cap_stop(cap, &len, &segments);
+    char *answer = fy_test_read_file(out, &n);
+    if (rc != 0 || !answer || !strstr(answer, "\"choices\"")) {
+        tc_print_logs(&c);
+        fail_msg("the completion from the client's namespace failed (curl %d): %s", rc, answer ? answer : "");
+    }
+    bool seen = memmem(bytes, len, secret, strlen(secret)) != NULL;
+    /* the answer's text too, as the JSON has it */
+    char text[256] = "";
+    const char *t = strstr(answer, "\"text\":\"");
+    if (t) snprintf(text, sizeof(text), "%.*s", (int)strcspn(t + 8, "\""), t + 8);
+    bool text_seen = strlen(text) >= 6 && memmem(bytes, len, text, strlen(text)) != NULL;
+    print_message("%s door: %d segments, %zu bytes captured on the router's veth; the prompt %s among them, the "
+                  "answer's text ('%s') %s\n",
+                  tls ? "HTTPS" : "plain HTTP", segments, len, seen ? "IS" : "is not", text,
+                  text_seen ? "IS" : "is not");
+    assert_true(len > strlen(secret));
+    if (tls && (seen || text_seen))
+        fail_msg("the prompt or the answer crossed the wire in the clear behind router.tls_cert");
+    if (!tls && !seen) fail_msg("the capture missed the plain-HTTP prompt: it would not see a leak either");
+    if (!tls && strlen(text) >= 6 && !text_seen) fail_msg("the capture missed the plain-HTTP answer '%s'", text);
+    fy_free(answer);
+    fy_free(bytes);
+    tc_stop(&c);
+}
+
+static void test_door_plain_http_capture(void **state)
+{
+    if (!tc_available()) skip();
+    if (!net_up()) skip();
+    door_capture(false);
+}
+
+static void test_door_https_capture(void **state)
+{
+    if (!tc_available()) skip();
+    if (!net_up()) skip();
+    door_capture(true);
+}
+
 static void test_three_hosts(void **state)
 {
     if (!tc_available()) skip();
@@ -453,6 +544,8 @@ int main(void)
         cmocka_unit_test_teardown(test_three_hosts_etcd, teardown),
         cmocka_unit_test_teardown(test_three_hosts_etcd_tls, teardown),
         cmocka_unit_test_teardown(test_capture_encrypted, teardown),
+        cmocka_unit_test_teardown(test_door_plain_http_capture, teardown),
+        cmocka_unit_test_teardown(test_door_https_capture, teardown),
     };
     const char *only = getenv("FY_TEST_FILTER");
     if (only) cmocka_set_test_filter(only);

@@ -574,12 +574,61 @@ static void test_etcd_two_routers(void **state) { etcd_two_routers(false); }
 
 static void test_etcd_tls(void **state) { etcd_two_routers(true); }
 
+/* A router behind TLS (router.tls_cert): serve's health probe speaks
+ * plain HTTP, which a TLS port never answers, so serve must not probe it
+ * (it would SIGKILL a healthy router every serve.health_timeout); it says
+ * so at start, and the router stays up and serves HTTPS. */
+static void test_tls_router_not_probed(void **state)
+{
+    (void)state;
+    if (!have_ferry() || !tc_available()) skip();
+    ports_t ports;
+    pick_ports(&ports);
+    const char *ini = write_ini("tls.ini", &ports);
+    char certs[PATH_MAX], run[PATH_MAX + 32], metrics[64], http[64], cert[PATH_MAX + 32], key[PATH_MAX + 32];
+    snprintf(certs, sizeof(certs), "%s/pki", fy_test_tmpdir());
+    tc_etcd_certs(certs, NULL, 0);
+    snprintf(run, sizeof(run), "serve.run_dir=%s/run-tls", fy_test_tmpdir());
+    snprintf(metrics, sizeof(metrics), "serve.metrics=http://127.0.0.1:%d", ports.serve);
+    snprintf(http, sizeof(http), "router.http=https://127.0.0.1:%d", ports.http);
+    snprintf(cert, sizeof(cert), "router.tls_cert=%s/server.pem", certs);
+    snprintf(key, sizeof(key), "router.tls_key=%s/server.key", certs);
+    const char *args[] = {"-c",    ini,  "--set", run,  "--set", metrics, "--set", "serve.health_timeout=2s",
+                          "--set", http, "--set", cert, "--set", key,     "--set", "prefill.count=0",
+                          NULL};
+    proc_t p;
+    serve_spawn(&p, "tls.out", args);
+    wait_text(&p, "cluster ready", START_DEADLINE_S);
+    char *t = read_text(p.err);
+    if (!strstr(t, "router.http speaks HTTPS")) fail_msg("serve did not say the router is not probed:\n%s", t);
+    fy_free(t);
+    sleep(5); /* more than twice the health timeout */
+    kid_t router;
+    assert_int_equal(serve_health(ports.serve, "router", &router), 200);
+    if (strcmp(router.state, "running") || router.restarts || router.health_kills) {
+        t = read_text(p.err);
+        fail_msg("the TLS router: state '%s', %d restarts, %d health kills; serve's output:\n%s", router.state,
+                 router.restarts, router.health_kills, t);
+    }
+    char cmd[PATH_MAX * 2];
+    snprintf(cmd, sizeof(cmd), "curl -sS -f --max-time 20 --cacert %s/ca.pem https://127.0.0.1:%d/health >/dev/null",
+             certs, ports.http);
+    assert_int_equal(system(cmd), 0);
+    kill(p.pid, SIGTERM);
+    int st = serve_wait(&p, 60);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_usage),    cmocka_unit_test(test_bad_setting),
-        cmocka_unit_test(test_cluster),  cmocka_unit_test(test_etcd_two_routers),
-        cmocka_unit_test(test_etcd_tls), cmocka_unit_test(test_rank_group_restarted),
+        cmocka_unit_test(test_usage),
+        cmocka_unit_test(test_bad_setting),
+        cmocka_unit_test(test_cluster),
+        cmocka_unit_test(test_etcd_two_routers),
+        cmocka_unit_test(test_etcd_tls),
+        cmocka_unit_test(test_rank_group_restarted),
+        cmocka_unit_test(test_tls_router_not_probed),
     };
     const char *only = getenv("FY_TEST_FILTER"); /* e.g. FY_TEST_FILTER=test_etcd* */
     if (only) cmocka_set_test_filter(only);

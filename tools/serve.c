@@ -733,6 +733,11 @@ int fy_cmd_serve(int argc, char **argv)
                 etcd);
         goto out;
     }
+    /* the routers' HTTPS files, checked once here (each router checks them
+     * again): a missing or open key is refused before anything starts */
+    fy_httpd_limits_t router_lim;
+    if (fy_httpd_limits_read(cfg, "router", &router_lim)) goto out;
+    bool router_tls = router_lim.tls_cert[0] != 0;
     if (n_routers > 1 && !*etcd) {
         fprintf(stderr, "ferry: serve: serve.routers = %lld needs cluster.etcd: routers find workers there\n",
                 (long long)n_routers);
@@ -846,13 +851,17 @@ int fy_cmd_serve(int argc, char **argv)
         if (*router_http && !fy_cluster_addr_plus(router_http, 2 * r, rhttp, sizeof(rhttp))) goto out;
         if (!fmt(logp, sizeof(logp), "%s/%s.log", log_dir, rname)) goto out;
         rotate_log(logp);
+        /* the probe speaks plain HTTP: a router behind TLS is watched for its exit alone */
         if (fy_sup_add(s.sup, rname, rargv, logp, true, &idx) || fy_sup_set_ready(s.sup, idx, FY_CLUSTER_READY_ENV) ||
-            (*rhttp && fy_sup_set_health(s.sup, idx, rhttp)) ||
+            (*rhttp && !router_tls && fy_sup_set_health(s.sup, idx, rhttp)) ||
             fy_sup_set_stop(s.sup, idx, 0, grace + ROUTER_STOP_MARGIN_S))
             goto out;
     }
     if (!*router_http && health_timeout > 0)
         fprintf(stderr, "ferry: serve: router.http is empty: a wedged router goes unnoticed (only its exit is seen)\n");
+    else if (router_tls && health_timeout > 0)
+        fprintf(stderr, "ferry: serve: router.http speaks HTTPS (router.tls_cert) and the health probe plain HTTP: a "
+                        "wedged router goes unnoticed (only its exit is seen)\n");
     for (int role = 0; role < 2; role++) {
         const char *rname = role ? "decode" : "prefill", *base = role ? d_listen : p_listen;
         const char *mbase = role ? d_metrics : p_metrics;
