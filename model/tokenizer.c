@@ -87,8 +87,9 @@ typedef struct index_slot {
 
 /* Tokens matched as whole strings in the text before the model runs. */
 typedef struct special_set {
-    int32_t *ids;     /* by first byte, longer first */
+    int32_t *ids;     /* sorted by text (bytes, a prefix first); a repeated text's first id last */
     uint32_t at[257]; /* ids[at[c] .. at[c + 1]) start with byte c */
+    uint32_t max_len; /* of the longest */
 } special_set_t;
 
 typedef enum spm_prefix {
@@ -665,8 +666,15 @@ static fy_status_t build_token_bytes(fy_tokenizer_t *tok, const char *src)
     return FY_OK;
 }
 
+/* Byte order of a and b; a prefix comes first. */
+static int text_cmp(const char *a, size_t alen, const char *b, size_t blen)
+{
+    int c = memcmp(a, b, FY_MIN(alen, blen));
+    return c ? c : alen < blen ? -1 : alen > blen;
+}
+
 typedef struct special_ref {
-    uint8_t first;
+    const char *text;
     uint32_t len;
     int32_t id;
 } special_ref_t;
@@ -674,9 +682,8 @@ typedef struct special_ref {
 static int special_ref_cmp(const void *pa, const void *pb)
 {
     const special_ref_t *a = pa, *b = pb;
-    if (a->first != b->first) return a->first < b->first ? -1 : 1;
-    if (a->len != b->len) return a->len > b->len ? -1 : 1; /* longest first */
-    return a->id < b->id ? -1 : a->id > b->id;
+    int c = text_cmp(a->text, a->len, b->text, b->len);
+    return c ? c : a->id > b->id ? -1 : a->id < b->id; /* the first id last: special_match() takes it */
 }
 
 /* The tokens matched whole in text (type_is_matched), bucketed by their
@@ -699,14 +706,15 @@ static fy_status_t build_special_set(fy_tokenizer_t *tok, special_set_t *set, bo
     for (int32_t id = 0; id < tok->n_vocab; id++) {
         const tok_entry_t *t = &tok->tokens[id];
         if (t->len && type_is_matched(t->type, parse_special))
-            refs[k++] = (special_ref_t){.first = (uint8_t)t->text[0], .len = t->len, .id = id};
+            refs[k++] = (special_ref_t){.text = t->text, .len = t->len, .id = id};
     }
     qsort(refs, n, sizeof(*refs), special_ref_cmp);
     size_t at = 0;
     for (unsigned c = 0; c < 256; c++) {
         set->at[c] = (uint32_t)at;
-        while (at < n && refs[at].first == c) {
+        while (at < n && (uint8_t)refs[at].text[0] == c) {
             set->ids[at] = refs[at].id;
+            set->max_len = FY_MAX(set->max_len, refs[at].len);
             at++;
         }
     }
@@ -1158,17 +1166,40 @@ static fy_status_t encode_fragment(enc_t *e, const char *s, size_t len, bool at_
     return split(e, e->norm, n, 0);
 }
 
-/* The longest token of set at s, or -1. */
+/*
+ * The longest token of set at s, or -1.  The last token not after the key
+ * (s, cut to the longest token) in byte order is the longest match when
+ * it is a prefix of the key; when it is not, no match is longer than what
+ * it shares with the key, so the key is cut to that and the search runs
+ * again.  A few binary searches, where a scan would compare each of
+ * Gemma's 6,000 "<unused…>" tokens at every "<".
+ */
 static int32_t special_match(const fy_tokenizer_t *tok, const special_set_t *set, const char *s, size_t len,
                              size_t *match_len_p)
 {
     uint8_t c = (uint8_t)s[0];
-    for (uint32_t i = set->at[c]; i < set->at[c + 1]; i++) {
-        const tok_entry_t *t = &tok->tokens[set->ids[i]];
-        if (t->len <= len && memcmp(t->text, s, t->len) == 0) {
-            *match_len_p = t->len;
-            return set->ids[i];
+    uint32_t first = set->at[c], end = set->at[c + 1];
+    size_t key = FY_MIN(len, (size_t)set->max_len);
+    while (first < end && key > 0) {
+        uint32_t lo = first, hi = end; /* the first token after the key */
+        while (lo < hi) {
+            uint32_t mid = lo + (hi - lo) / 2;
+            const tok_entry_t *t = &tok->tokens[set->ids[mid]];
+            if (text_cmp(t->text, t->len, s, key) <= 0)
+                lo = mid + 1;
+            else
+                hi = mid;
         }
+        if (lo == first) return -1;
+        const tok_entry_t *t = &tok->tokens[set->ids[lo - 1]];
+        size_t shared = 0;
+        while (shared < t->len && shared < key && t->text[shared] == s[shared]) shared++;
+        if (shared == t->len) {
+            *match_len_p = t->len;
+            return set->ids[lo - 1];
+        }
+        key = shared; /* < key: t is no prefix of the key, and not after it */
+        end = lo - 1; /* what comes after t comes after the shorter key too */
     }
     return -1;
 }

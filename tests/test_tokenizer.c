@@ -357,7 +357,11 @@ static void test_bytelevel_special(void **state)
         EXPECT(tok, "a<|tool|>", parse_special, 'a', BL_TOOL);
         EXPECT(tok, "<|tool|>call", parse_special, BL_TOOL_CALL);
         EXPECT(tok, "<|tool|>cal", parse_special, BL_TOOL, 'c', 'a', 'l');
+        /* "<|tool|>call" sorts before the text, shares "<|tool|>ca": the match is shorter */
+        EXPECT(tok, "<|tool|>cax", parse_special, BL_TOOL, 'c', 'a', 'x');
+        EXPECT(tok, "<|tool|<|tool|>", parse_special, '<', '|', 't', 'o', 'o', 'l', '|', BL_TOOL);
     }
+    EXPECT(tok, "<|im_end|x<|endoftext|>", true, '<', '|', 'i', 'm', '_', 'e', 'n', 'd', '|', 'x', BL_EOT);
     EXPECT(tok, "<|im_start|><|im_start|>", true, BL_IM_START, BL_IM_START);
     EXPECT(tok, "<|im_start", true, '<', '|', 'i', 'm', '_', 's', 't', 'a', 'r', 't');
     fy_tokenizer_destroy(tok);
@@ -1375,6 +1379,46 @@ static void test_models_no_control_from_text(void **state)
     if (!tested) skip();
 }
 
+/*
+ * Matching a special token costs a few binary searches, not a pass over
+ * every token that starts with the same byte: 100 KB of "<" (Gemma has
+ * 6,300 special tokens starting with "<") took 21 s with parse_special
+ * before, 0.1 s after.
+ */
+static void test_models_special_match_speed(void **state)
+{
+    (void)state;
+    int tested = 0;
+    size_t len = 100 * 1000;
+    char *text = fy_malloc(len);
+    int32_t *ids = fy_calloc(len + 1, sizeof(*ids));
+    assert_non_null(text);
+    assert_non_null(ids);
+    for (int k = 0; k < N_BUILTIN; k++) {
+        const char *path = builtin_model_path(k);
+        if (!path) continue;
+        fy_tokenizer_t *tok = tok_from_model(path);
+        for (int form = 0; form < 2; form++) {
+            static const char k_near[] = "<unused1<start_of_tur<|im_star<b"; /* near misses */
+            for (size_t i = 0; i < len; i++) text[i] = form == 0 ? '<' : k_near[i % (sizeof(k_near) - 1)];
+            for (int parse_special = 0; parse_special < 2; parse_special++) {
+                size_t n = 0;
+                double t0 = now_s();
+                assert_int_equal(fy_tokenizer_encode(tok, text, len, false, parse_special, ids, len + 1, &n), FY_OK);
+                double took = now_s() - t0;
+                fprintf(stderr, "note: %s: 100 KB of %s, parse_special %d: %.1f ms\n", strrchr(path, '/') + 1,
+                        form ? "near misses" : "'<'", parse_special, took * 1e3);
+                assert_true(took < 3.0);
+            }
+        }
+        fy_tokenizer_destroy(tok);
+        tested++;
+    }
+    fy_free(ids);
+    fy_free(text);
+    if (!tested) skip();
+}
+
 static int teardown(void **state)
 {
     (void)state;
@@ -1409,6 +1453,7 @@ int main(void)
         cmocka_unit_test(test_default_model_long_prompt),
         cmocka_unit_test(test_models_match_oracle),
         cmocka_unit_test(test_models_no_control_from_text),
+        cmocka_unit_test(test_models_special_match_speed),
     };
     fprintf(stderr, "note: seed 0x%x\n", SEED);
     return cmocka_run_group_tests(tests, NULL, teardown);
