@@ -829,6 +829,25 @@ static void test_json_bytelevel(void **state)
     assert_int_equal(n, 2);
     assert_int_equal(got[0], 13);
     fy_tokenizer_destroy(tok);
+
+    /* an added token that is not special is user-defined: text, matched
+     * with or without parse_special, decoded as written (as Hugging Face
+     * does; before, only with parse_special and decoded to nothing) */
+    static const char k_last_added[] = "\"special\": true}],";
+    const char *at = strstr(k_json_bytelevel, k_last_added);
+    assert_non_null(at);
+    char json[sizeof(k_json_bytelevel) + 128];
+    snprintf(json, sizeof(json), "%.*s\"special\": true}, {\"id\": 23, \"content\": \"  \", \"special\": false}],%s",
+             (int)(at - k_json_bytelevel), k_json_bytelevel, at + strlen(k_last_added));
+    assert_int_equal(tok_from_json_text(json, NULL, &tok), FY_OK);
+    assert_int_equal(fy_tokenizer_vocab_size(tok), 24);
+    EXPECT(tok, "hello  world", false, 16, 23, 5, 18, 20);
+    EXPECT(tok, "hello  world", true, 16, 23, 5, 18, 20);
+    assert_false(fy_tokenizer_is_special(tok, 23));
+    const int32_t spaced[] = {16, 23, 5, 18, 20};
+    assert_int_equal(fy_tokenizer_decode(tok, spaced, 5, false, out, sizeof(out)), 12);
+    assert_string_equal(out, "hello  world");
+    fy_tokenizer_destroy(tok);
 }
 
 /* Llama-2's layout: Prepend and Replace normalizers, byte fallback, <s> from the template. */
