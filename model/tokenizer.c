@@ -3,8 +3,10 @@
  * GGUF metadata or from a Hugging Face tokenizer.json.
  *
  * Encoding runs in four stages:
- *   1. with parse_special, special tokens are cut out of the text first
- *      (leftmost, longest match), leaving plain fragments;
+ *   1. user-defined tokens (Gemma's runs of spaces, tabs and newlines, its
+ *      HTML tags), and with parse_special control tokens too, are cut out
+ *      of the raw text first (leftmost, longest match), leaving plain
+ *      fragments, as llama.cpp and Hugging Face's added tokens do;
  *   2. SPM fragments are normalized ("▁" for spaces, a "▁" prefix);
  *   3. the pre-tokenizer regexes (PCRE2) cut each fragment into pieces,
  *      keeping both the matches and the gaps between them;
@@ -83,6 +85,13 @@ typedef struct index_slot {
     uint32_t tag;
 } index_slot_t;
 
+/* Tokens matched as whole strings in the text before the model runs. */
+typedef struct special_set {
+    int32_t *ids;     /* sorted by text (bytes, a prefix first); a repeated text's first id last */
+    uint32_t at[257]; /* ids[at[c] .. at[c + 1]) start with byte c */
+    uint32_t max_len; /* of the longest */
+} special_set_t;
+
 typedef enum spm_prefix {
     SPM_PREFIX_NONE,
     SPM_PREFIX_ALWAYS, /* every plain fragment (llama.cpp, HF Prepend normalizer) */
@@ -95,7 +104,7 @@ struct fy_tokenizer {
     tok_entry_t *tokens; /* [n_vocab] */
     char *text_pool;     /* the token strings, each NUL-terminated */
     size_t text_used, text_size;
-    char *bytes_pool; /* decoded bytes of plain and byte tokens (specials decode to their text) */
+    char *bytes_pool; /* decoded bytes of plain and byte tokens (the others decode to their text) */
     size_t bytes_used, bytes_size;
 
     index_slot_t *index; /* open addressing over token text */
@@ -107,11 +116,11 @@ struct fy_tokenizer {
     bool ignore_merges;  /* a piece that is a whole token is taken as is */
     bool spm_words;      /* SPM: merge word by word, see vocab_has_junction() */
 
-    int32_t *specials;        /* matched with parse_special: by first byte, longer first */
-    uint32_t special_at[257]; /* specials[special_at[c] .. special_at[c + 1]) start with byte c */
-    int32_t byte_tok[256];    /* token of each byte: its GPT-2 character, or <0xXX> */
-    int32_t ascii_tok[128];   /* SPM: token of each ASCII character, to skip the index */
-    char byte_char[256][2];   /* byte-level: GPT-2's character for each byte, as UTF-8 */
+    special_set_t user;     /* user-defined tokens: matched in any text */
+    special_set_t specials; /* those and control and unknown tokens: matched with parse_special */
+    int32_t byte_tok[256];  /* token of each byte: its GPT-2 character, or <0xXX> */
+    int32_t ascii_tok[128]; /* SPM: token of each ASCII character, to skip the index */
+    char byte_char[256][2]; /* byte-level: GPT-2's character for each byte, as UTF-8 */
     uint8_t byte_char_len[256];
     uint8_t byte_spell[256][3]; /* byte-level: the bytes encoded for each byte, see spell_bytes() */
     uint8_t byte_spell_len[256];
@@ -255,19 +264,21 @@ static size_t table_size_for(size_t n)
 
 /* ---- vocabulary ----------------------------------------------------------------- */
 
-static bool type_is_special(uint8_t type)
-{
-    return type == TOK_UNKNOWN || type == TOK_CONTROL || type == TOK_USER_DEFINED || type == TOK_UNUSED;
-}
+/* Not text: never made from text unless asked (parse_special), rendered
+ * only when asked.  User-defined tokens are text: "  " is Gemma's token
+ * for two spaces, made from any text and always decoded. */
+static bool type_is_special(uint8_t type) { return type == TOK_UNKNOWN || type == TOK_CONTROL || type == TOK_UNUSED; }
 
 /* Tokens that plain text may turn into; specials and bytes only come
  * from parse_special and from byte fallback. */
 static bool type_is_plain(uint8_t type) { return type == TOK_NORMAL || type == TOK_UNDEFINED; }
 
-/* What parse_special looks for in the text. */
-static bool type_is_parsed(uint8_t type)
+/* What is matched whole in the text: user-defined tokens always, control
+ * and unknown ones only with parse_special (llama.cpp's
+ * tokenizer_st_partition, Hugging Face's added tokens). */
+static bool type_is_matched(uint8_t type, bool parse_special)
 {
-    return type == TOK_CONTROL || type == TOK_USER_DEFINED || type == TOK_UNKNOWN;
+    return type == TOK_USER_DEFINED || (parse_special && (type == TOK_CONTROL || type == TOK_UNKNOWN));
 }
 
 static int32_t index_find2(const fy_tokenizer_t *tok, const char *a, size_t alen, const char *b, size_t blen)
@@ -580,7 +591,8 @@ void fy_tokenizer_destroy(fy_tokenizer_t *tok)
     if (!tok) return;
     for (size_t i = 0; i < tok->n_regex; i++) pcre2_code_free(tok->regex[i]);
     pcre2_general_context_free(tok->pcre_gctx);
-    fy_free(tok->specials);
+    fy_free(tok->user.ids);
+    fy_free(tok->specials.ids);
     fy_free(tok->merges);
     fy_free(tok->index);
     fy_free(tok->bytes_pool);
@@ -614,7 +626,7 @@ static fy_status_t build_token_bytes(fy_tokenizer_t *tok, const char *src)
             t->n_bytes = 0;
             continue;
         }
-        if (type_is_special(t->type)) {
+        if (type_is_special(t->type) || t->type == TOK_USER_DEFINED) { /* as written, as llama.cpp does */
             t->bytes = t->text;
             t->n_bytes = t->len;
             continue;
@@ -654,8 +666,15 @@ static fy_status_t build_token_bytes(fy_tokenizer_t *tok, const char *src)
     return FY_OK;
 }
 
+/* Byte order of a and b; a prefix comes first. */
+static int text_cmp(const char *a, size_t alen, const char *b, size_t blen)
+{
+    int c = memcmp(a, b, FY_MIN(alen, blen));
+    return c ? c : alen < blen ? -1 : alen > blen;
+}
+
 typedef struct special_ref {
-    uint8_t first;
+    const char *text;
     uint32_t len;
     int32_t id;
 } special_ref_t;
@@ -663,22 +682,22 @@ typedef struct special_ref {
 static int special_ref_cmp(const void *pa, const void *pb)
 {
     const special_ref_t *a = pa, *b = pb;
-    if (a->first != b->first) return a->first < b->first ? -1 : 1;
-    if (a->len != b->len) return a->len > b->len ? -1 : 1; /* longest first */
-    return a->id < b->id ? -1 : a->id > b->id;
+    int c = text_cmp(a->text, a->len, b->text, b->len);
+    return c ? c : a->id > b->id ? -1 : a->id < b->id; /* the first id last: special_match() takes it */
 }
 
-/* The tokens parse_special looks for, bucketed by their first byte. */
-static fy_status_t build_specials(fy_tokenizer_t *tok, const char *src)
+/* The tokens matched whole in text (type_is_matched), bucketed by their
+ * first byte. */
+static fy_status_t build_special_set(fy_tokenizer_t *tok, special_set_t *set, bool parse_special, const char *src)
 {
     size_t n = 0;
     for (int32_t id = 0; id < tok->n_vocab; id++) {
         const tok_entry_t *t = &tok->tokens[id];
-        if (t->len && type_is_parsed(t->type)) n++;
+        if (t->len && type_is_matched(t->type, parse_special)) n++;
     }
     special_ref_t *refs = fy_calloc(n ? n : 1, sizeof(*refs));
-    tok->specials = fy_calloc(n ? n : 1, sizeof(*tok->specials));
-    if (!refs || !tok->specials) {
+    set->ids = fy_calloc(n ? n : 1, sizeof(*set->ids));
+    if (!refs || !set->ids) {
         fy_free(refs);
         fy_error("tokenizer: %s: out of memory for special tokens", src);
         return FY_ERR_NOMEM;
@@ -686,21 +705,28 @@ static fy_status_t build_specials(fy_tokenizer_t *tok, const char *src)
     size_t k = 0;
     for (int32_t id = 0; id < tok->n_vocab; id++) {
         const tok_entry_t *t = &tok->tokens[id];
-        if (t->len && type_is_parsed(t->type))
-            refs[k++] = (special_ref_t){.first = (uint8_t)t->text[0], .len = t->len, .id = id};
+        if (t->len && type_is_matched(t->type, parse_special))
+            refs[k++] = (special_ref_t){.text = t->text, .len = t->len, .id = id};
     }
     qsort(refs, n, sizeof(*refs), special_ref_cmp);
     size_t at = 0;
     for (unsigned c = 0; c < 256; c++) {
-        tok->special_at[c] = (uint32_t)at;
-        while (at < n && refs[at].first == c) {
-            tok->specials[at] = refs[at].id;
+        set->at[c] = (uint32_t)at;
+        while (at < n && (uint8_t)refs[at].text[0] == c) {
+            set->ids[at] = refs[at].id;
+            set->max_len = FY_MAX(set->max_len, refs[at].len);
             at++;
         }
     }
-    tok->special_at[256] = (uint32_t)n;
+    set->at[256] = (uint32_t)n;
     fy_free(refs);
     return FY_OK;
+}
+
+static fy_status_t build_specials(fy_tokenizer_t *tok, const char *src)
+{
+    fy_status_t st = build_special_set(tok, &tok->user, false, src);
+    return st == FY_OK ? build_special_set(tok, &tok->specials, true, src) : st;
 }
 
 /* End of generation: EOS and the end-of-turn tokens chat models use.
@@ -1140,16 +1166,40 @@ static fy_status_t encode_fragment(enc_t *e, const char *s, size_t len, bool at_
     return split(e, e->norm, n, 0);
 }
 
-/* The longest special token at s, or -1. */
-static int32_t special_match(const fy_tokenizer_t *tok, const char *s, size_t len, size_t *match_len_p)
+/*
+ * The longest token of set at s, or -1.  The last token not after the key
+ * (s, cut to the longest token) in byte order is the longest match when
+ * it is a prefix of the key; when it is not, no match is longer than what
+ * it shares with the key, so the key is cut to that and the search runs
+ * again.  A few binary searches, where a scan would compare each of
+ * Gemma's 6,000 "<unused…>" tokens at every "<".
+ */
+static int32_t special_match(const fy_tokenizer_t *tok, const special_set_t *set, const char *s, size_t len,
+                             size_t *match_len_p)
 {
     uint8_t c = (uint8_t)s[0];
-    for (uint32_t i = tok->special_at[c]; i < tok->special_at[c + 1]; i++) {
-        const tok_entry_t *t = &tok->tokens[tok->specials[i]];
-        if (t->len <= len && memcmp(t->text, s, t->len) == 0) {
-            *match_len_p = t->len;
-            return tok->specials[i];
+    uint32_t first = set->at[c], end = set->at[c + 1];
+    size_t key = FY_MIN(len, (size_t)set->max_len);
+    while (first < end && key > 0) {
+        uint32_t lo = first, hi = end; /* the first token after the key */
+        while (lo < hi) {
+            uint32_t mid = lo + (hi - lo) / 2;
+            const tok_entry_t *t = &tok->tokens[set->ids[mid]];
+            if (text_cmp(t->text, t->len, s, key) <= 0)
+                lo = mid + 1;
+            else
+                hi = mid;
         }
+        if (lo == first) return -1;
+        const tok_entry_t *t = &tok->tokens[set->ids[lo - 1]];
+        size_t shared = 0;
+        while (shared < t->len && shared < key && t->text[shared] == s[shared]) shared++;
+        if (shared == t->len) {
+            *match_len_p = t->len;
+            return set->ids[lo - 1];
+        }
+        key = shared; /* < key: t is no prefix of the key, and not after it */
+        end = lo - 1; /* what comes after t comes after the shorter key too */
     }
     return -1;
 }
@@ -1157,12 +1207,13 @@ static int32_t special_match(const fy_tokenizer_t *tok, const char *s, size_t le
 static fy_status_t encode_text(enc_t *e, const char *text, size_t len, bool parse_special)
 {
     const fy_tokenizer_t *tok = e->tok;
+    const special_set_t *set = parse_special ? &tok->specials : &tok->user;
     fy_status_t st = FY_OK;
     size_t frag = 0; /* start of the plain text not yet encoded */
-    if (parse_special && tok->special_at[256] > 0) {
+    if (set->at[256] > 0) {
         for (size_t i = 0; i < len && st == FY_OK;) {
             size_t match_len;
-            int32_t id = special_match(tok, text + i, len - i, &match_len);
+            int32_t id = special_match(tok, set, text + i, len - i, &match_len);
             if (id < 0) {
                 i++;
                 continue;
@@ -1908,7 +1959,8 @@ static fy_status_t json_build(const json_t *root, const json_t *config, const ch
         static const char *const k_eos[] = {"</s>", "<|end_of_text|>", "<|endoftext|>"};
         for (size_t i = 0; i < FY_ARRAY_LEN(k_eos) && tok->eos < 0; i++) {
             int32_t id = index_find(tok, k_eos[i], strlen(k_eos[i]));
-            if (id >= 0 && type_is_special(tok->tokens[id].type)) tok->eos = id;
+            if (id >= 0 && (type_is_special(tok->tokens[id].type) || tok->tokens[id].type == TOK_USER_DEFINED))
+                tok->eos = id;
         }
     }
     st = tok_finish(tok, src);

@@ -8,7 +8,11 @@
  *   - SentencePiece-style BPE with byte fallback (Llama-2 style: "▁" for
  *     spaces, merges by score or by rank, unknown bytes as <0xXX> tokens).
  * Read from GGUF metadata (tokenizer.ggml.*) or from a Hugging Face
- * tokenizer.json.  Special and control tokens (BOS/EOS, <|im_start|>, ...)
+ * tokenizer.json.  Token types decide what text becomes, as in llama.cpp
+ * and Hugging Face tokenizers: user-defined tokens (Gemma's runs of
+ * spaces, tabs and newlines; tokenizer.json's added tokens that are not
+ * special) are text, matched whole in any text before the model runs and
+ * always decoded.  Control tokens (BOS/EOS, <|im_start|>, <start_of_turn>)
  * are matched in text only when the caller asks (parse_special), so that
  * user text can never inject them.
  *
@@ -56,7 +60,8 @@ bool fy_tokenizer_wants_bos(const fy_tokenizer_t *tok);
  * Gemma's <start_of_turn>, which only a turn that has ended can be followed
  * by) present in the vocabulary. */
 bool fy_tokenizer_is_eog(const fy_tokenizer_t *tok, int32_t id);
-/* Control, user-defined or otherwise special (not plain text). */
+/* Control, unknown or unused: not text.  User-defined tokens are text
+ * ("  ", "\n\n" in Gemma 3) and are not special. */
 bool fy_tokenizer_is_special(const fy_tokenizer_t *tok, int32_t id);
 /*
  * The most bytes of text one token of encode's output can stand for: the
@@ -76,8 +81,10 @@ const char *fy_tokenizer_piece(const fy_tokenizer_t *tok, int32_t id);
 /*
  * Encodes len bytes of text (any bytes: invalid UTF-8 is encoded through
  * byte tokens, never dropped).  add_bos prepends BOS only when the model
- * wants it (fy_tokenizer_wants_bos).  parse_special matches special tokens
- * written in the text; leave it false for untrusted text.
+ * wants it (fy_tokenizer_wants_bos).  User-defined tokens are matched in
+ * any text; parse_special matches control and unknown tokens written in
+ * the text too; leave it false for untrusted text, which then never gives
+ * a special token (fy_tokenizer_is_special).
  * Writes at most max_tokens ids; *n_p is always set to the number of ids
  * the text needs.  Returns FY_ERR_NO_SPACE when that exceeds max_tokens.
  */
@@ -86,8 +93,9 @@ fy_status_t fy_tokenizer_encode(const fy_tokenizer_t *tok, const char *text, siz
 
 /*
  * The bytes that token id stands for in decoded text (byte-level BPE
- * mapped back to bytes, "▁" to space, <0xXX> to its byte).  Special tokens
- * give their text when render_special is true and nothing otherwise.
+ * mapped back to bytes, "▁" to space, <0xXX> to its byte; user-defined
+ * tokens as written).  Special tokens give their text when render_special
+ * is true and nothing otherwise.
  * Invalid ids give nothing.  The pointer lives as long as the tokenizer.
  */
 void fy_tokenizer_token_bytes(const fy_tokenizer_t *tok, int32_t id, bool render_special, const char **bytes_p,

@@ -8,6 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
 
 #include "gguf_writer.h"
 #include "mem.h"
@@ -219,6 +222,7 @@ typedef struct tiny_opts {
     uint32_t bos;            /* bos_token_id; 0: left out */
     bool add_bos;
     bool junction; /* SPM: add "o▁w", a token across a word start */
+    bool user;     /* SPM: add the user-defined tokens "  " and "<b>" */
 } tiny_opts_t;
 
 static fy_gw_t *tiny_bytelevel(const tiny_opts_t *o)
@@ -348,10 +352,16 @@ static void test_bytelevel_special(void **state)
     char out[64];
     assert_int_equal(fy_tokenizer_decode(tok, ids, n, false, out, sizeof(out)), strlen(text));
     assert_string_equal(out, text);
-    /* user-defined tokens too; the longest match wins */
-    EXPECT(tok, "a<|tool|>", true, 'a', BL_TOOL);
-    EXPECT(tok, "<|tool|>call", true, BL_TOOL_CALL);
-    EXPECT(tok, "<|tool|>cal", true, BL_TOOL, 'c', 'a', 'l');
+    /* user-defined tokens with or without parse_special; the longest match wins */
+    for (int parse_special = 0; parse_special < 2; parse_special++) {
+        EXPECT(tok, "a<|tool|>", parse_special, 'a', BL_TOOL);
+        EXPECT(tok, "<|tool|>call", parse_special, BL_TOOL_CALL);
+        EXPECT(tok, "<|tool|>cal", parse_special, BL_TOOL, 'c', 'a', 'l');
+        /* "<|tool|>call" sorts before the text, shares "<|tool|>ca": the match is shorter */
+        EXPECT(tok, "<|tool|>cax", parse_special, BL_TOOL, 'c', 'a', 'x');
+        EXPECT(tok, "<|tool|<|tool|>", parse_special, '<', '|', 't', 'o', 'o', 'l', '|', BL_TOOL);
+    }
+    EXPECT(tok, "<|im_end|x<|endoftext|>", true, '<', '|', 'i', 'm', '_', 'e', 'n', 'd', '|', 'x', BL_EOT);
     EXPECT(tok, "<|im_start|><|im_start|>", true, BL_IM_START, BL_IM_START);
     EXPECT(tok, "<|im_start", true, '<', '|', 'i', 'm', '_', 's', 't', 'a', 'r', 't');
     fy_tokenizer_destroy(tok);
@@ -374,7 +384,7 @@ static void test_bytelevel_queries(void **state)
     assert_false(fy_tokenizer_is_eog(tok, -1));
     assert_false(fy_tokenizer_is_eog(tok, BL_N_VOCAB));
     assert_true(fy_tokenizer_is_special(tok, BL_IM_START));
-    assert_true(fy_tokenizer_is_special(tok, BL_TOOL));
+    assert_false(fy_tokenizer_is_special(tok, BL_TOOL)); /* user-defined: text */
     assert_false(fy_tokenizer_is_special(tok, BL_HELLO));
     assert_int_equal(fy_tokenizer_find(tok, "Ġworld"), BL_GWORLD);
     assert_int_equal(fy_tokenizer_find(tok, "<|im_end|>"), BL_IM_END);
@@ -501,9 +511,9 @@ enum {
 static fy_gw_t *tiny_spm(const tiny_opts_t *o)
 {
     static char byte_names[256][8];
-    const char *tokens[SPM_N_VOCAB + 1];
-    int32_t types[SPM_N_VOCAB + 1];
-    float scores[SPM_N_VOCAB + 1];
+    const char *tokens[SPM_N_VOCAB + 3];
+    int32_t types[SPM_N_VOCAB + 3];
+    float scores[SPM_N_VOCAB + 3];
     tokens[SPM_UNK] = "<unk>";
     tokens[SPM_BOS] = "<s>";
     tokens[SPM_EOS] = "</s>";
@@ -527,6 +537,14 @@ static fy_gw_t *tiny_spm(const tiny_opts_t *o)
         tokens[n] = "o" SP "w";
         types[n] = 1;
         scores[n++] = -2;
+    }
+    if (o->user) { /* as Gemma 3's: raw text, score 0 */
+        static const char *const k_user[] = {"  ", "<b>"};
+        for (size_t i = 0; i < FY_ARRAY_LEN(k_user); i++) {
+            tokens[n] = k_user[i];
+            types[n] = 4;
+            scores[n++] = 0;
+        }
     }
 
     fy_gw_t *w = fy_gw_new();
@@ -616,6 +634,43 @@ static void test_spm_special(void **state)
     assert_true(fy_tokenizer_is_eog(tok, SPM_EOS));
     assert_true(fy_tokenizer_is_eog(tok, SPM_IM_END));
     assert_false(fy_tokenizer_is_eog(tok, SPM_BOS));
+    fy_tokenizer_destroy(tok);
+}
+
+/*
+ * User-defined tokens are text: matched whole in any text (parse_special
+ * or not), before the model runs, and decoded as written even when
+ * specials are not rendered.  Before: "  " was two "▁" and "<b>" three
+ * characters, and a "  " token decoded to nothing.
+ */
+static void test_spm_user_defined(void **state)
+{
+    (void)state;
+    enum { USER_2SP = SPM_N_VOCAB, USER_B };
+    fy_tokenizer_t *tok = NULL;
+    assert_int_equal(tok_from_gw(tiny_spm(&(tiny_opts_t){.model = "llama", .user = true}), &tok), FY_OK);
+    for (int parse_special = 0; parse_special < 2; parse_special++) {
+        /* each run of text after a matched token gets its own "▁", as in llama.cpp */
+        EXPECT(tok, "hello  world", parse_special, SPM_SP_HELLO, USER_2SP, SPM_SP_WORLD);
+        EXPECT(tok, "<b>hello", parse_special, USER_B, SPM_SP_HELLO);
+        EXPECT(tok, "   ", parse_special, USER_2SP, SPM_SP_SP); /* longest first, then "▁" + "▁" */
+    }
+    assert_false(fy_tokenizer_is_special(tok, USER_2SP));
+    assert_false(fy_tokenizer_is_special(tok, USER_B));
+    assert_true(fy_tokenizer_is_special(tok, SPM_IM_START));
+    /* control tokens still only with parse_special */
+    EXPECT(tok, "<|im_start|>", true, SPM_IM_START);
+    int32_t ids[64];
+    size_t n;
+    assert_int_equal(fy_tokenizer_encode(tok, "<|im_start|>", 12, false, false, ids, 64, &n), FY_OK);
+    for (size_t i = 0; i < n; i++) assert_int_not_equal(ids[i], SPM_IM_START);
+
+    const int32_t text[] = {SPM_SP_HELLO, USER_2SP, USER_B, SPM_SP_WORLD};
+    char out[64];
+    size_t len = fy_tokenizer_decode(tok, text, FY_ARRAY_LEN(text), false, out, sizeof(out));
+    assert_string_equal(out, "hello  <b> world");
+    assert_int_equal(stream_decode(tok, text, FY_ARRAY_LEN(text), false, out, sizeof(out)), len);
+    assert_memory_equal(out, "hello  <b> world", len);
     fy_tokenizer_destroy(tok);
 }
 
@@ -773,6 +828,25 @@ static void test_json_bytelevel(void **state)
     assert_int_equal(fy_tokenizer_encode(tok, "hello", 5, true, false, got, 8, &n), FY_OK);
     assert_int_equal(n, 2);
     assert_int_equal(got[0], 13);
+    fy_tokenizer_destroy(tok);
+
+    /* an added token that is not special is user-defined: text, matched
+     * with or without parse_special, decoded as written (as Hugging Face
+     * does; before, only with parse_special and decoded to nothing) */
+    static const char k_last_added[] = "\"special\": true}],";
+    const char *at = strstr(k_json_bytelevel, k_last_added);
+    assert_non_null(at);
+    char json[sizeof(k_json_bytelevel) + 128];
+    snprintf(json, sizeof(json), "%.*s\"special\": true}, {\"id\": 23, \"content\": \"  \", \"special\": false}],%s",
+             (int)(at - k_json_bytelevel), k_json_bytelevel, at + strlen(k_last_added));
+    assert_int_equal(tok_from_json_text(json, NULL, &tok), FY_OK);
+    assert_int_equal(fy_tokenizer_vocab_size(tok), 24);
+    EXPECT(tok, "hello  world", false, 16, 23, 5, 18, 20);
+    EXPECT(tok, "hello  world", true, 16, 23, 5, 18, 20);
+    assert_false(fy_tokenizer_is_special(tok, 23));
+    const int32_t spaced[] = {16, 23, 5, 18, 20};
+    assert_int_equal(fy_tokenizer_decode(tok, spaced, 5, false, out, sizeof(out)), 12);
+    assert_string_equal(out, "hello  world");
     fy_tokenizer_destroy(tok);
 }
 
@@ -1159,6 +1233,211 @@ static void test_default_model_long_prompt(void **state)
     fy_tokenizer_destroy(tok);
 }
 
+/* ---- every built-in model against Hugging Face's tokenizers ------------------------ */
+
+/* The built-in models' files: $FERRY_MODEL and $FERRY_GEMMA_MODEL, or their
+ * usual paths; NULL where absent. */
+static const char *builtin_model_path(int k)
+{
+    const char *path = NULL;
+    if (k == 0) return fy_test_default_model();
+    path = getenv("FERRY_GEMMA_MODEL");
+    if (!path) path = "models/gemma-3-270m-q4_k_m.gguf";
+    if (access(path, R_OK) != 0) {
+        fprintf(stderr, "note: %s not present (run 'make model MODEL=gemma3-270m'); skipping it\n", path);
+        return NULL;
+    }
+    return path;
+}
+
+#define N_BUILTIN 2
+
+static fy_tokenizer_t *tok_from_model(const char *path)
+{
+    fy_gguf_t *gguf;
+    assert_int_equal(fy_gguf_open(path, &gguf), FY_OK);
+    fy_tokenizer_t *tok = NULL;
+    assert_int_equal(fy_tokenizer_from_gguf(gguf, &tok), FY_OK);
+    fy_gguf_close(gguf);
+    return tok;
+}
+
+static json_t *load_json(const char *path)
+{
+    json_error_t err;
+    json_t *j = json_load_file(path, 0, &err);
+    if (!j) fail_msg("%s: %s (line %d)", path, err.text, err.line);
+    return j;
+}
+
+/* The text with its control characters escaped, for a failure message. */
+static const char *escaped(const char *s, char *buf, size_t cap)
+{
+    size_t n = 0;
+    for (; *s && n + 5 < cap; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c >= 0x20 && c != '\\')
+            buf[n++] = (char)c;
+        else
+            n += (size_t)snprintf(buf + n, cap - n, c == '\n' ? "\\n" : c == '\t' ? "\\t" : "\\x%02x", c);
+    }
+    buf[n] = '\0';
+    return buf;
+}
+
+/*
+ * tests/data/tok_corpus.json (whitespace runs, code, CJK, emoji, mixed
+ * scripts, specials written as text) gives, for every built-in model, the
+ * ids Hugging Face's tokenizers gives over the model's own vocabulary
+ * (tests/tok_oracle.py wrote tests/data/tok_expected.json), and decodes
+ * back to itself.  Before user-defined tokens were honoured: SmolLM2
+ * 275/275, Gemma 3 115/275.
+ */
+static void test_models_match_oracle(void **state)
+{
+    (void)state;
+    json_t *corpus = load_json("tests/data/tok_corpus.json");
+    json_t *expected = load_json("tests/data/tok_expected.json");
+    size_t n_texts = json_array_size(corpus);
+    assert_true(n_texts >= 200);
+    int tested = 0;
+    for (int k = 0; k < N_BUILTIN; k++) {
+        const char *path = builtin_model_path(k);
+        if (!path) continue;
+        const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+        json_t *want_all = json_object_get(expected, base);
+        if (!json_is_array(want_all) || json_array_size(want_all) != n_texts)
+            fail_msg("tok_expected.json has no ids for %s (run tests/tok_oracle.py)", base);
+        fy_tokenizer_t *tok = tok_from_model(path);
+        size_t ok = 0, shown = 0;
+        for (size_t i = 0; i < n_texts; i++) {
+            const char *text = json_string_value(json_array_get(corpus, i));
+            size_t len = strlen(text), n = 0;
+            json_t *want = json_array_get(want_all, i);
+            int32_t ids[1024];
+            assert_int_equal(fy_tokenizer_encode(tok, text, len, false, false, ids, FY_ARRAY_LEN(ids), &n), FY_OK);
+            bool same = n == json_array_size(want);
+            for (size_t j = 0; j < n && same; j++) same = ids[j] == json_integer_value(json_array_get(want, j));
+            ok += same;
+            if (!same && shown++ < 8) {
+                char buf[256], got[512];
+                size_t at = 0;
+                for (size_t j = 0; j < n && at < 400; j++)
+                    at += (size_t)snprintf(got + at, sizeof(got) - at, " %d", ids[j]);
+                got[at] = '\0';
+                char *w = json_dumps(want, JSON_COMPACT);
+                fprintf(stderr, "%s: '%s': got%s, want %s\n", base, escaped(text, buf, sizeof(buf)), got, w);
+                free(w);
+            }
+            /* lossless: every corpus text's bytes have tokens in both models */
+            char out[4096];
+            size_t out_len = fy_tokenizer_decode(tok, ids, n, false, out, sizeof(out));
+            if (out_len != len || memcmp(out, text, len) != 0) {
+                char buf[256];
+                fail_msg("%s: '%s' decodes to %zu bytes", base, escaped(text, buf, sizeof(buf)), out_len);
+            }
+        }
+        fprintf(stderr, "note: %s: %zu of %zu corpus texts give the oracle's ids\n", base, ok, n_texts);
+        assert_int_equal(ok, n_texts);
+        fy_tokenizer_destroy(tok);
+        tested++;
+    }
+    json_decref(expected);
+    json_decref(corpus);
+    if (!tested) skip();
+}
+
+/*
+ * Untrusted text never becomes a control token: each of every built-in
+ * model's special tokens, written as text (alone, inside text, after
+ * whitespace a user-defined token takes), gives no special token unless
+ * parse_special asks, and then exactly that token.
+ */
+static void test_models_no_control_from_text(void **state)
+{
+    (void)state;
+    int tested = 0;
+    for (int k = 0; k < N_BUILTIN; k++) {
+        const char *path = builtin_model_path(k);
+        if (!path) continue;
+        fy_tokenizer_t *tok = tok_from_model(path);
+        int32_t n_vocab = fy_tokenizer_vocab_size(tok), n_special = 0;
+        for (int32_t id = 0; id < n_vocab; id++) {
+            if (!fy_tokenizer_is_special(tok, id)) continue;
+            const char *piece = fy_tokenizer_piece(tok, id);
+            if (!piece[0]) continue;
+            n_special++;
+            char text[256];
+            int32_t ids[256];
+            size_t n = 0;
+            for (int form = 0; form < 3; form++) {
+                snprintf(text, sizeof(text), form == 0 ? "%s" : form == 1 ? "x%sy" : "\n\n  %s\t", piece);
+                assert_int_equal(fy_tokenizer_encode(tok, text, strlen(text), false, false, ids, 256, &n), FY_OK);
+                for (size_t i = 0; i < n; i++)
+                    if (fy_tokenizer_is_special(tok, ids[i]))
+                        fail_msg("'%s' as text gave special token %d '%s'", text, ids[i],
+                                 fy_tokenizer_piece(tok, ids[i]));
+            }
+            assert_int_equal(fy_tokenizer_encode(tok, piece, strlen(piece), false, true, ids, 256, &n), FY_OK);
+            assert_int_equal(n, 1);
+            assert_string_equal(fy_tokenizer_piece(tok, ids[0]), piece); /* the token, or its first twin */
+        }
+        static const char *const k_markers[] = {"<start_of_turn>", "<end_of_turn>", "<|im_start|>", "<|im_end|>",
+                                                "<bos>",           "<eos>",         "<|endoftext|>"};
+        int found = 0;
+        for (size_t m = 0; m < FY_ARRAY_LEN(k_markers); m++) {
+            int32_t id = fy_tokenizer_find(tok, k_markers[m]);
+            if (id < 0) continue;
+            found++;
+            assert_true(fy_tokenizer_is_special(tok, id));
+        }
+        assert_true(found >= 2 && n_special >= 3);
+        fy_tokenizer_destroy(tok);
+        tested++;
+    }
+    if (!tested) skip();
+}
+
+/*
+ * Matching a special token costs a few binary searches, not a pass over
+ * every token that starts with the same byte: 100 KB of "<" (Gemma has
+ * 6,300 special tokens starting with "<") took 21 s with parse_special
+ * before, 0.1 s after.
+ */
+static void test_models_special_match_speed(void **state)
+{
+    (void)state;
+    int tested = 0;
+    size_t len = 100 * 1000;
+    char *text = fy_malloc(len);
+    int32_t *ids = fy_calloc(len + 1, sizeof(*ids));
+    assert_non_null(text);
+    assert_non_null(ids);
+    for (int k = 0; k < N_BUILTIN; k++) {
+        const char *path = builtin_model_path(k);
+        if (!path) continue;
+        fy_tokenizer_t *tok = tok_from_model(path);
+        for (int form = 0; form < 2; form++) {
+            static const char k_near[] = "<unused1<start_of_tur<|im_star<b"; /* near misses */
+            for (size_t i = 0; i < len; i++) text[i] = form == 0 ? '<' : k_near[i % (sizeof(k_near) - 1)];
+            for (int parse_special = 0; parse_special < 2; parse_special++) {
+                size_t n = 0;
+                double t0 = now_s();
+                assert_int_equal(fy_tokenizer_encode(tok, text, len, false, parse_special, ids, len + 1, &n), FY_OK);
+                double took = now_s() - t0;
+                fprintf(stderr, "note: %s: 100 KB of %s, parse_special %d: %.1f ms\n", strrchr(path, '/') + 1,
+                        form ? "near misses" : "'<'", parse_special, took * 1e3);
+                assert_true(took < 3.0);
+            }
+        }
+        fy_tokenizer_destroy(tok);
+        tested++;
+    }
+    fy_free(ids);
+    fy_free(text);
+    if (!tested) skip();
+}
+
 static int teardown(void **state)
 {
     (void)state;
@@ -1178,6 +1457,7 @@ int main(void)
         cmocka_unit_test(test_spm_ids),
         cmocka_unit_test(test_spm_junction),
         cmocka_unit_test(test_spm_special),
+        cmocka_unit_test(test_spm_user_defined),
         cmocka_unit_test(test_spm_round_trip),
         cmocka_unit_test(test_detok_hold_back),
         cmocka_unit_test(test_detok_matches_decode),
@@ -1190,6 +1470,9 @@ int main(void)
         cmocka_unit_test(test_default_model_round_trip),
         cmocka_unit_test(test_default_model_speed),
         cmocka_unit_test(test_default_model_long_prompt),
+        cmocka_unit_test(test_models_match_oracle),
+        cmocka_unit_test(test_models_no_control_from_text),
+        cmocka_unit_test(test_models_special_match_speed),
     };
     fprintf(stderr, "note: seed 0x%x\n", SEED);
     return cmocka_run_group_tests(tests, NULL, teardown);
