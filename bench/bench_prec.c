@@ -16,7 +16,8 @@
  * of its next-token distribution from the reference's, the relative error
  * of its logits, and the relative error ||x - x_ref|| / ||x_ref|| of the
  * residual stream after attention and after the MLP of chosen layers
- * (fy_runner_set_taps).  What the last row (every switch on) leaves is the
+ * (fy_runner_set_taps).  A last row runs the default with two-pass
+ * activations (fy_backend_params_t.act_q8x2).  What the last row (every switch on) leaves is the
  * f32 arithmetic itself: norms, rope tables, attention's softmax and P.V,
  * the MLP's activation.
  *
@@ -69,18 +70,20 @@ typedef struct conf {
     const char *name;
     fy_dtype_t kv;
     uint32_t f32;
+    bool x2; /* two-pass activations (fy_backend_params_t.act_q8x2) */
 } conf_t;
 
 static const conf_t CONFS[] = {
-    {"ferry (q8 activations, f16 KV)", FY_DTYPE_F16, 0},
-    {"f32 KV", FY_DTYPE_F32, 0},
-    {"f32 x: q, k, v", FY_DTYPE_F16, FY_RUNNER_F32_QKV},
-    {"f32 x: o", FY_DTYPE_F16, FY_RUNNER_F32_O},
-    {"f32 x: gate, up", FY_DTYPE_F16, FY_RUNNER_F32_GATE_UP},
-    {"f32 x: down", FY_DTYPE_F16, FY_RUNNER_F32_DOWN},
-    {"f32 x: output head", FY_DTYPE_F16, FY_RUNNER_F32_HEAD},
-    {"f32 x: every matmul", FY_DTYPE_F16, FY_RUNNER_F32_ALL},
-    {"f32 x: every matmul, f32 KV", FY_DTYPE_F32, FY_RUNNER_F32_ALL},
+    {"ferry (q8 activations, f16 KV)", FY_DTYPE_F16, 0, false},
+    {"f32 KV", FY_DTYPE_F32, 0, false},
+    {"f32 x: q, k, v", FY_DTYPE_F16, FY_RUNNER_F32_QKV, false},
+    {"f32 x: o", FY_DTYPE_F16, FY_RUNNER_F32_O, false},
+    {"f32 x: gate, up", FY_DTYPE_F16, FY_RUNNER_F32_GATE_UP, false},
+    {"f32 x: down", FY_DTYPE_F16, FY_RUNNER_F32_DOWN, false},
+    {"f32 x: output head", FY_DTYPE_F16, FY_RUNNER_F32_HEAD, false},
+    {"f32 x: every matmul", FY_DTYPE_F16, FY_RUNNER_F32_ALL, false},
+    {"f32 x: every matmul, f32 KV", FY_DTYPE_F32, FY_RUNNER_F32_ALL, false},
+    {"two-pass activations (q8x2)", FY_DTYPE_F16, 0, true},
 };
 
 /* One configuration of ferry over tok[0..n) in chunks: its residual taps
@@ -197,12 +200,13 @@ int fy_cmd_bench_prec(int argc, char **argv)
     if (!text) return 1;
     size_t tlen = strlen(text), n_text = 0;
     fy_model_t *m = NULL;
-    fy_backend_t *be = NULL;
-    fy_backend_params_t bp = {.n_threads = (int)threads};
+    fy_backend_t *be = NULL, *be2 = NULL;
+    fy_backend_params_t bp = {.n_threads = (int)threads}, bp2 = {.n_threads = (int)threads, .act_q8x2 = true};
     int32_t *tok = NULL;
     float *ref_a = NULL, *ref_m = NULL, *ref_lg = NULL, *got_a = NULL, *got_m = NULL, *got_lg = NULL;
     int rc = 1;
-    if (fy_model_load(model_path, &m) || fy_backend_create("cpu", &bp, &be)) goto out;
+    if (fy_model_load(model_path, &m) || fy_backend_create("cpu", &bp, &be) || fy_backend_create("cpu", &bp2, &be2))
+        goto out;
     const fy_model_config_t *c = fy_model_config(m);
     tok = fy_malloc((tlen + 2) * sizeof(int32_t));
     if (!tok || fy_tokenizer_encode(fy_model_tokenizer(m), text, tlen, true, false, tok, tlen + 2, &n_text)) goto out;
@@ -242,7 +246,8 @@ int fy_cmd_bench_prec(int argc, char **argv)
     printf(" %7s\n", "s");
     for (size_t ci = 0; ci < sizeof(CONFS) / sizeof(CONFS[0]); ci++) {
         double secs = 0;
-        if (ferry_run(m, be, &CONFS[ci], tok, n, (int32_t)chunk, got_a, got_m, got_lg, &secs)) goto out;
+        if (ferry_run(m, CONFS[ci].x2 ? be2 : be, &CONFS[ci], tok, n, (int32_t)chunk, got_a, got_m, got_lg, &secs))
+            goto out;
         double p = ppl_of(got_lg, tok, n, V), kl = 0;
         for (int32_t t = 0; t + 1 < n; t++) kl += fy_exact_kl(ref_lg + (size_t)t * V, got_lg + (size_t)t * V, V);
         printf("%-32s %10.4f %+7.3f%% %10.2e %9.2e", CONFS[ci].name, p, 100 * (p / ref_ppl - 1), kl / (n - 1),
@@ -261,6 +266,7 @@ out:
     fy_free(text);
     fy_free(ref_a), fy_free(ref_m), fy_free(ref_lg), fy_free(got_a), fy_free(got_m), fy_free(got_lg);
     fy_backend_destroy(be);
+    fy_backend_destroy(be2);
     fy_model_destroy(m);
     return rc;
 }
