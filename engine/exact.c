@@ -55,7 +55,7 @@ static void par_for(int nt, int64_t n, rows_fn fn, void *arg)
 typedef double v4d __attribute__((vector_size(32)));
 
 typedef struct mm {
-    int *fail; /* set when a thread's buffer could not be had */
+    int *fail;       /* set when a thread's buffer could not be had */
     const double *x; /* [n, in] */
     const float *w;  /* [rows, in] */
     double *y;       /* [n, rows] */
@@ -312,4 +312,3 @@ double fy_exact_rel_err(const float *a, const float *b, size_t n)
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
-
