@@ -292,6 +292,7 @@ void fy_runner_set_taps(fy_runner_t *r, float *attn, float *mlp)
 {
     r->tap_attn = attn;
     r->tap_mlp = mlp;
+    if (attn || mlp) r->p.graphs = 0; /* a recorded step cannot sync and copy between its ops */
 }
 const fy_runner_params_t *fy_runner_params(const fy_runner_t *r) { return &r->p; }
 const fy_model_t *fy_runner_model(const fy_runner_t *r) { return r->model; }

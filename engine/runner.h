@@ -205,7 +205,8 @@ void fy_runner_set_graphs(fy_runner_t *runner, int32_t graphs);
  * each layer's attention into attn + (l * max_tokens) * dim and after its
  * MLP into mlp + (l * max_tokens) * dim (host memory, n_layers x
  * max_batch_tokens x dim floats each), syncing the backend after every
- * layer.  NULL, NULL: off (the default).  A single rank only. */
+ * layer.  NULL, NULL: off (the default).  A single rank only; turns
+ * recorded steps off (fy_runner_set_graphs 0). */
 void fy_runner_set_taps(fy_runner_t *runner, float *attn, float *mlp);
 /* Ranks of this runner's group (1 alone). */
 int32_t fy_runner_n_ranks(const fy_runner_t *runner);
