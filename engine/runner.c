@@ -91,6 +91,11 @@ struct fy_runner {
     bool broken;                      /* rank 0: a rank failed; every later call fails */
     int32_t n_forwards;
     fy_runner_timing_t tm;
+    /* precision measurements: f32 copies of the weights params.f32_weights
+     * names, and the residual taps (fy_runner_set_taps) */
+    float **f32_copies;
+    int32_t n_f32_copies;
+    float *tap_attn, *tap_mlp;
     /* commands: rank 0 encodes into cmd, followers decode into the rest */
     size_t cmd_cap;           /* bytes */
     int32_t *cmd;             /* [cmd_cap / 4] */
@@ -284,6 +289,12 @@ void fy_runner_params_default(fy_runner_params_t *p)
 
 const fy_kv_layout_t *fy_runner_kv_layout(const fy_runner_t *r) { return &r->kv; }
 void fy_runner_set_graphs(fy_runner_t *r, int32_t graphs) { r->p.graphs = graphs; }
+void fy_runner_set_taps(fy_runner_t *r, float *attn, float *mlp)
+{
+    r->tap_attn = attn;
+    r->tap_mlp = mlp;
+    if (attn || mlp) r->p.graphs = 0; /* a recorded step cannot sync and copy between its ops */
+}
 const fy_runner_params_t *fy_runner_params(const fy_runner_t *r) { return &r->p; }
 const fy_model_t *fy_runner_model(const fy_runner_t *r) { return r->model; }
 void *fy_runner_kv_arena(fy_runner_t *r) { return r->arena; }
@@ -475,6 +486,27 @@ static fy_status_t layer_shard(fy_runner_t *r, const shard_t *S, const fy_layer_
     return FY_OK;
 }
 
+/* A matmul weight, through an f32 copy of its values when params.f32_weights
+ * names its class (cls): its matmuls then take f32 activations. */
+static fy_status_t upload_matmul(fy_runner_t *r, const fy_tensor_t *host, uint32_t cls, fy_tensor_t *dev)
+{
+    if (!(r->p.f32_weights & cls) || host->dtype == FY_DTYPE_F32)
+        return fy_backend_upload(r->be, host, FY_USE_MATMUL, dev);
+    size_t n = (size_t)host->ne[0] * (size_t)host->ne[1];
+    float *f = fy_malloc(n * sizeof(float));
+    if (!f) return FY_ERR_NOMEM;
+    r->f32_copies[r->n_f32_copies++] = f;
+    for (int64_t i = 0; i < host->ne[1]; i++)
+        fy_dequantize_row(host->dtype, (const char *)host->data + (size_t)i * host->row_bytes,
+                          f + (size_t)i * (size_t)host->ne[0], host->ne[0]);
+    fy_tensor_t t = {.dtype = FY_DTYPE_F32,
+                     .ne = {host->ne[0], host->ne[1]},
+                     .row_bytes = (size_t)host->ne[0] * sizeof(float),
+                     .nbytes = n * sizeof(float),
+                     .data = f};
+    return fy_backend_upload(r->be, &t, FY_USE_MATMUL, dev);
+}
+
 static fy_status_t upload_weights(fy_runner_t *r, const shard_t *S)
 {
     const fy_model_weights_t *w = fy_model_weights(r->model);
@@ -489,12 +521,13 @@ static fy_status_t upload_weights(fy_runner_t *r, const shard_t *S)
     }
     r->layers = fy_calloc((size_t)r->n_layers, sizeof(*r->layers));
     r->owned = fy_calloc(2 * (size_t)r->n_layers, sizeof(*r->owned));
-    if (!r->layers || !r->owned) return FY_ERR_NOMEM;
+    r->f32_copies = fy_calloc(7 * (size_t)r->n_layers + 1, sizeof(*r->f32_copies));
+    if (!r->layers || !r->owned || !r->f32_copies) return FY_ERR_NOMEM;
     /* stage 0 embeds; rank 0 alone applies the final norm and the head */
     if (S->stage == 0 && (st = fy_backend_upload(r->be, &w->tok_embd, FY_USE_ROWS, &r->tok_embd))) return st;
     if (r->rank == 0) {
         if ((st = fy_backend_upload(r->be, &w->out_norm, FY_USE_VECTOR, &r->out_norm)) ||
-            (st = fy_backend_upload(r->be, &w->output, FY_USE_MATMUL, &r->output)))
+            (st = upload_matmul(r, &w->output, FY_RUNNER_F32_HEAD, &r->output)))
             return st;
         if (r->output.data != w->output.data) r->dropped += fy_model_drop_host(r->model, &w->output);
         r->has_head = true;
@@ -512,11 +545,15 @@ static fy_status_t upload_weights(fy_runner_t *r, const shard_t *S)
                             &dst->ffn_norm,     &dst->w_gate, &dst->w_up,   &dst->w_down, &dst->bq,
                             &dst->bk,           &dst->bv,     &dst->q_norm, &dst->k_norm, &dst->post_attn_norm,
                             &dst->post_ffn_norm};
+        const uint32_t cls[] = {0, FY_RUNNER_F32_QKV,     FY_RUNNER_F32_QKV,     FY_RUNNER_F32_QKV, FY_RUNNER_F32_O,
+                                0, FY_RUNNER_F32_GATE_UP, FY_RUNNER_F32_GATE_UP, FY_RUNNER_F32_DOWN};
         for (size_t i = 0; i < FY_ARRAY_LEN(s); i++) {
             if (!s[i]->data) continue; /* a tensor this architecture has not */
             fy_tensor_use_t use = s[i]->ne[1] == 1 ? FY_USE_VECTOR : FY_USE_MATMUL;
-            if ((st = fy_backend_upload(r->be, s[i], use, d[i]))) return st;
-            /* copied (packed, or to a device): the mapping's pages go (model.h) */
+            if ((st = use == FY_USE_MATMUL && i < FY_ARRAY_LEN(cls) ? upload_matmul(r, s[i], cls[i], d[i])
+                                                                    : fy_backend_upload(r->be, s[i], use, d[i])))
+                return st;
+            /* copied (packed, dequantized, or to a device): the mapping's pages go (model.h) */
             if (d[i]->data != s[i]->data) r->dropped += fy_model_drop_host(r->model, s[i]);
         }
     }
@@ -650,6 +687,10 @@ static fy_status_t runner_create(const fy_model_t *model, fy_backend_t *be, cons
     if (group && p.n_kv_blocks == 0 && p.kv_mem == 0) {
         fy_error("runner: a rank group needs a kv block count or a kv_mem budget (ranks sizing from the memory each "
                  "finds free could get unequal pools)");
+        return FY_ERR_INVALID;
+    }
+    if (p.f32_weights & ~(uint32_t)FY_RUNNER_F32_ALL || (p.f32_weights && (n_ranks > 1 || shared))) {
+        fy_error("runner: f32_weights 0x%x: unknown classes, or with ranks or a self-draft", p.f32_weights);
         return FY_ERR_INVALID;
     }
     shard_t S;
@@ -902,6 +943,8 @@ void fy_runner_destroy(fy_runner_t *r)
     if (r->owned) /* after the device tensors that may alias them */
         for (int32_t i = 0; i < 2 * r->n_layers; i++) fy_free(r->owned[i]);
     fy_free(r->owned);
+    for (int32_t i = 0; i < r->n_f32_copies; i++) fy_free(r->f32_copies[i]);
+    fy_free(r->f32_copies);
     fy_free(r->layers);
     fy_free(r->tokens);
     fy_free(r->pos);
@@ -1077,6 +1120,16 @@ static fy_status_t stage_recv(fy_runner_t *r, int32_t src, float *x, size_t n)
  * (or the previous stage's x) to the logits of the nl rows in r->logits
  * (*head_p: rank 0 made them).  Only compute ops on a single rank: what a
  * recorded step (fy_backend_graph_begin) holds. */
+/* fy_runner_set_taps: layer l's x (nd floats) into its place in dst */
+static fy_status_t tap(fy_runner_t *r, float *dst, int32_t l, size_t nd)
+{
+    if (!dst) return FY_OK;
+    fy_status_t st = fy_backend_sync(r->be);
+    if (st) return st;
+    return fy_backend_memcpy(r->be, dst + (size_t)l * (size_t)r->p.max_batch_tokens * (size_t)r->cfg->dim, r->x,
+                             nd * sizeof(float), FY_COPY_D2H);
+}
+
 static fy_status_t run_layers(fy_runner_t *r, int32_t n, int32_t nl, bool *head_p)
 {
     const fy_model_config_t *c = r->cfg;
@@ -1118,7 +1171,7 @@ static fy_status_t run_layers(fy_runner_t *r, int32_t n, int32_t nl, bool *head_
             return st;
         if (a->post_norms && (st = fy_backend_rmsnorm(be, r->xb2, &L->post_attn_norm, n, c->norm_eps, r->xb2)))
             return st;
-        if ((st = fy_backend_add(be, r->x, r->xb2, nd))) return st;
+        if ((st = fy_backend_add(be, r->x, r->xb2, nd)) || (st = tap(r, r->tap_attn, l, nd))) return st;
         /* MLP */
         if ((st = fy_backend_rmsnorm_matmul(be, r->x, &L->ffn_norm, c->norm_eps, 2, gu_w, n, r->xb, gu_y)) ||
             (st = a->act == FY_ACT_GELU_TANH ? fy_backend_geglu(be, r->hb, r->hb2, r->hb, nf)
@@ -1127,7 +1180,7 @@ static fy_status_t run_layers(fy_runner_t *r, int32_t n, int32_t nl, bool *head_
             return st;
         if (a->post_norms && (st = fy_backend_rmsnorm(be, r->xb2, &L->post_ffn_norm, n, c->norm_eps, r->xb2)))
             return st;
-        if ((st = fy_backend_add(be, r->x, r->xb2, nd))) return st;
+        if ((st = fy_backend_add(be, r->x, r->xb2, nd)) || (st = tap(r, r->tap_mlp, l, nd))) return st;
     }
     const bool last = r->stage == r->pp - 1;
     if (!last && (st = stage_send(r, r->rank + r->tp, r->x, nd))) return st; /* on to the next stage */

@@ -96,7 +96,22 @@ typedef struct fy_runner_params {
      * (fy_backend_graph_begin); 2 pads such batches on every backend (for
      * tests: a padded batch gives the unpadded batch's logits) */
     int32_t graphs;
+    /* for precision measurements (`ferry bench-prec`): the weight classes
+     * (FY_RUNNER_F32_*) whose quantized matrices are dequantized to f32 at
+     * creation, so their matmuls take f32 activations instead of 8-bit
+     * ones (the same weight values; 4 bytes per weight and slower).  0: none,
+     * the default.  A single rank only. */
+    uint32_t f32_weights;
 } fy_runner_params_t;
+
+enum {
+    FY_RUNNER_F32_QKV = 1u << 0,     /* wq, wk, wv */
+    FY_RUNNER_F32_O = 1u << 1,       /* wo */
+    FY_RUNNER_F32_GATE_UP = 1u << 2, /* w_gate, w_up */
+    FY_RUNNER_F32_DOWN = 1u << 3,    /* w_down */
+    FY_RUNNER_F32_HEAD = 1u << 4,    /* the output head */
+    FY_RUNNER_F32_ALL = (1u << 5) - 1,
+};
 
 /* Defaults: 512-token batches, 64 sequences, f16 KV in 16-token blocks,
  * the arena 90% of the device memory left free after the weights. */
@@ -185,6 +200,14 @@ fy_status_t fy_runner_timing(fy_runner_t *runner, fy_runner_timing_t *out, int32
 /* Recorded decode steps on (1) or off (0) from the next forward pass on
  * (fy_runner_params_t.graphs; benchmarks compare the two).  Main thread. */
 void fy_runner_set_graphs(fy_runner_t *runner, int32_t graphs);
+/* For precision measurements: while set, each forward pass copies the
+ * residual stream x ([n_tokens, dim] of the batch, in batch order) after
+ * each layer's attention into attn + (l * max_tokens) * dim and after its
+ * MLP into mlp + (l * max_tokens) * dim (host memory, n_layers x
+ * max_batch_tokens x dim floats each), syncing the backend after every
+ * layer.  NULL, NULL: off (the default).  A single rank only; turns
+ * recorded steps off (fy_runner_set_graphs 0). */
+void fy_runner_set_taps(fy_runner_t *runner, float *attn, float *mlp);
 /* Ranks of this runner's group (1 alone). */
 int32_t fy_runner_n_ranks(const fy_runner_t *runner);
 void fy_runner_destroy(fy_runner_t *runner); /* accepts NULL */

@@ -40,6 +40,12 @@ typedef struct fy_backend_params {
     const char *isa; /* CPU: "auto" (default), "avx512vnni", "avxvnni", "avx2" or "scalar" */
     bool no_repack;  /* CPU: use matmul weights in their file layout */
     bool attn_bf16;  /* CPU: prefill attention in bf16 arithmetic where the CPU has AVX512_BF16 (worker.attn) */
+    /* CPU: two-pass activations: each 8-bit activation row's rounding error
+     * is quantized to 8 bits again and every quantized matmul multiplies
+     * both (about 15 bits; the exact model's next-token distribution to
+     * about 1e-6 nats instead of 4e-3, at twice the integer work; also
+     * FY_CPU_ACT=q8x2).  BENCHMARKS.md, issue 33. */
+    bool act_q8x2;
 } fy_backend_params_t;
 
 /* One sequence of a batch: its query tokens are rows [q_start, q_start +

@@ -126,7 +126,7 @@ static const cmd_t COMMANDS[] = {
     {{"ferry-decode"}},           {{"ferry-bench"}},
     {{"ferry-bench", "echo"}},    {{"ferry-bench", "auth"}},
     {{"ferry", "config"}},        {{"ferry", "bench-group"}},
-    {{"ferry", "bench-reshard"}},
+    {{"ferry", "bench-reshard"}}, {{"ferry", "bench-prec"}},
 };
 #define N_COMMANDS (int)(sizeof(COMMANDS) / sizeof(COMMANDS[0]))
 

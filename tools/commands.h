@@ -13,6 +13,7 @@ int fy_cmd_plan(int argc, char **argv);
 int fy_cmd_bench_kv(int argc, char **argv);
 int fy_cmd_bench_window(int argc, char **argv);
 int fy_cmd_bench_evict(int argc, char **argv);
+int fy_cmd_bench_prec(int argc, char **argv);
 int fy_cmd_bench_grammar(int argc, char **argv);
 int fy_cmd_bench_batch(int argc, char **argv);
 int fy_cmd_request(int argc, char **argv);

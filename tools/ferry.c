@@ -480,6 +480,7 @@ static void usage(FILE *f)
                "  bench-kv   block manager: waste, allocation and prefix-lookup speed\n"
                "  bench-window  KV a request holds with sliding-window KV groups and without\n"
                "  bench-evict   KV budgets (StreamingLLM, H2O): perplexity, a retrieval probe, decode speed\n"
+               "  bench-prec    numerical error per approximation against an exact double-precision forward\n"
                "  bench-grammar structured outputs: token-mask time per step against a decode step\n"
                "  bench-xfer KV transfer throughput over UCX against ucx_perftest\n"
                "  bench-group  the rank group's all-reduce, barrier and send/recv against memcpy\n"
@@ -505,6 +506,7 @@ static const struct {
     {"bench-kv", fy_cmd_bench_kv},
     {"bench-window", fy_cmd_bench_window},
     {"bench-evict", fy_cmd_bench_evict},
+    {"bench-prec", fy_cmd_bench_prec},
     {"bench-grammar", fy_cmd_bench_grammar},
     {"bench-batch", fy_cmd_bench_batch},
     {"bench-xfer", fy_cmd_bench_xfer},

@@ -122,6 +122,15 @@ typedef struct cpu_ctx {
     float *tile_ws;    /* [n_threads][tile_ws_per] */
     size_t tile_ws_per;
     bool no_fuse; /* FY_CPU_FUSE=0: rmsnorm_matmul runs the two ops */
+    /* two-pass activations (fy_backend_params_t.act_q8x2, FY_CPU_ACT=q8x2):
+     * each quantized row's rounding error quantized again (xq2, rows2), and
+     * each weight unit multiplied by both while in cache (x2_ws: a
+     * thread's outputs of the second pass, [n_threads][max_tokens][16]) */
+    bool act_x2;
+    char *xq2;
+    fy_q8a_t *rows2;
+    float *x2_ws;
+    float *x2_res; /* [n_threads][max_row]: a row's rounding error */
 } cpu_ctx_t;
 
 /* ---- memory ---------------------------------------------------------------------- */
@@ -132,6 +141,10 @@ static void cpu_destroy(void *p)
     if (!c) return;
     fy_threadpool_destroy(c->tp);
     fy_free(c->xq);
+    fy_free(c->xq2);
+    fy_free(c->rows2);
+    fy_free(c->x2_ws);
+    fy_free(c->x2_res);
     fy_free(c->tokens);
     fy_free(c->pos);
     fy_free(c->slots);
@@ -212,6 +225,12 @@ static fy_status_t cpu_reserve(void *p, const fy_backend_reserve_t *r)
         {(void **)&c->tile_ws, (size_t)c->n_threads * tile_ws_per * sizeof(float)},
         {(void **)&c->rope_cs, ROPE_SLOTS * (size_t)r->max_tokens * (size_t)(r->head_dim / 2 + 1) * sizeof(float)},
         {(void **)&c->rope_sn, ROPE_SLOTS * (size_t)r->max_tokens * (size_t)(r->head_dim / 2 + 1) * sizeof(float)},
+        /* two-pass activations only (a byte otherwise) */
+        {(void **)&c->xq2, c->act_x2 ? xq_bytes : 1},
+        {(void **)&c->rows2, c->act_x2 ? (size_t)r->max_tokens * sizeof(fy_q8a_t) : 1},
+        {(void **)&c->x2_ws, c->act_x2 ? (size_t)c->n_threads * (size_t)r->max_tokens * 16 * sizeof(float) : 1},
+        {(void **)&c->x2_res,
+         c->act_x2 ? (size_t)c->n_threads * FY_ALIGN_UP((size_t)r->max_row, FY_QK) * sizeof(float) : 1},
     };
     for (size_t i = 0; i < FY_ARRAY_LEN(bufs); i++) {
         fy_free(*bufs[i].slot);
@@ -649,10 +668,30 @@ typedef struct mm_job {
     const float *x;
     char *xq;       /* workspace: one quantized row per token */
     fy_q8a_t *rows; /* [n] views of the quantized rows */
-    int64_t in;     /* input width */
-    size_t xq_row;  /* workspace bytes per token */
-    int32_t n;      /* tokens */
+    /* two-pass activations (cpu_ctx_t.act_x2), else NULL: the rows'
+     * rounding errors quantized, a thread's second-pass outputs, and its
+     * row of rounding errors */
+    char *xq2;
+    fy_q8a_t *rows2;
+    float *x2_ws;
+    float *x2_res;
+    size_t x2_ws_per, x2_res_per;
+    int64_t in;    /* input width */
+    size_t xq_row; /* workspace bytes per token */
+    int32_t n;     /* tokens */
 } mm_job_t;
+
+/* Two-pass activations: row t's rounding error x - d q, quantized again
+ * into rows2[t] (its scales about 1/254 of the first's), so that w . x =
+ * w . (d q) + w . (d2 q2) up to the second rounding. */
+static void quant_residual(const mm_job_t *j, const float *x, int64_t t, int thread)
+{
+    float *res = j->x2_res + (size_t)thread * j->x2_res_per;
+    const fy_q8a_t *q = &j->rows[t];
+    for (int64_t i = 0; i < j->in; i++) res[i] = x[i] - q->d[i / FY_QK] * (float)q->qs[i];
+    j->rows2[t] = fy_q8a_at(j->xq2 + (size_t)t * j->xq_row, j->in);
+    j->k->quantize_q8a(res, &j->rows2[t], j->in);
+}
 
 static void quant_rows(void *arg, int64_t b, int64_t e, int thread)
 {
@@ -660,6 +699,7 @@ static void quant_rows(void *arg, int64_t b, int64_t e, int thread)
     for (int64_t t = b; t < e; t++) {
         j->rows[t] = fy_q8a_at(j->xq + (size_t)t * j->xq_row, j->in);
         j->k->quantize_q8a(j->x + t * j->in, &j->rows[t], j->in);
+        if (j->rows2) quant_residual(j, j->x + t * j->in, t, thread);
     }
 }
 
@@ -684,15 +724,23 @@ static void mm_units(void *arg, int64_t b, int64_t e, int thread)
              * ferry bench-batch) the 256-bit kernel streams faster */
             fy_gemm_x16_fn gemm2 = j->n >= X16_MIN_TOKENS ? j->k->gemm_x16[w->dtype] : NULL;
             size_t group = 8 * w->row_bytes;
+            float *ws = j->x2_ws ? j->x2_ws + (size_t)thread * j->x2_ws_per : NULL;
             for (; u < stop; u++) {
                 int64_t g = u - first;
                 const char *wg = (const char *)w->data + (size_t)g * group;
+                int width = 8;
                 if (gemm2 && u + 1 < stop) {
                     gemm2(wg, wg + group, j->in / FY_QK, j->rows, j->n, y + g * 8, rows);
-                    u++;
+                    if (ws) gemm2(wg, wg + group, j->in / FY_QK, j->rows2, j->n, ws, 16);
+                    width = 16;
                 } else {
                     gemm(wg, j->in / FY_QK, j->rows, j->n, y + g * 8, rows);
+                    if (ws) gemm(wg, j->in / FY_QK, j->rows2, j->n, ws, 8);
                 }
+                /* the second pass while the unit's weights are in cache */
+                for (int32_t t = 0; ws && t < j->n; t++)
+                    for (int c = 0; c < width; c++) y[t * rows + g * 8 + c] += ws[t * width + c];
+                if (width == 16) u++;
             }
             continue;
         }
@@ -703,7 +751,9 @@ static void mm_units(void *arg, int64_t b, int64_t e, int thread)
             const void *wrow = (const char *)w->data + (size_t)lr * w->row_bytes;
             for (int32_t t = 0; t < j->n; t++) {
                 const void *xr = quant ? (const void *)&j->rows[t] : (const void *)(j->x + t * j->in);
-                y[t * rows + lr] = dot(wrow, xr, j->in);
+                float v = dot(wrow, xr, j->in);
+                if (quant && j->rows2) v += dot(wrow, &j->rows2[t], j->in);
+                y[t * rows + lr] = v;
             }
         }
     }
@@ -740,6 +790,14 @@ static fy_status_t mm_prepare(cpu_ctx_t *c, int n_w, const fy_tensor_t *const *w
     if (any_quant) {
         j->xq_row = fy_q8a_bytes(j->in);
         j->rows = c->rows;
+        if (c->act_x2) {
+            j->xq2 = c->xq2;
+            j->rows2 = c->rows2;
+            j->x2_ws = c->x2_ws;
+            j->x2_res = c->x2_res;
+            j->x2_ws_per = (size_t)c->res.max_tokens * 16;
+            j->x2_res_per = FY_ALIGN_UP((size_t)c->res.max_row, FY_QK);
+        }
     }
     *quant_p = any_quant;
     return FY_OK;
@@ -787,6 +845,7 @@ static void rms_quant_rows(void *arg, int64_t b, int64_t e, int thread)
         if (!j->quant) continue;
         m->rows[t] = fy_q8a_at(m->xq + (size_t)t * m->xq_row, m->in);
         m->k->quantize_q8a(h, &m->rows[t], m->in);
+        if (m->rows2) quant_residual(m, h, t, thread);
     }
 }
 
@@ -1387,6 +1446,8 @@ fy_status_t fy_backend_cpu_init(const fy_backend_params_t *params, const fy_back
     const char *ak = getenv("FY_CPU_ATTN"); /* read once: the reference kernel for benchmarks */
     c->attn_rows = ak && !strcmp(ak, "rows");
     read_switches(c);
+    const char *act = getenv("FY_CPU_ACT"); /* read once: q8 or q8x2, for measurements */
+    c->act_x2 = act && *act ? !strcmp(act, "q8x2") : params->act_q8x2;
     c->attn_bf16 = ak && *ak ? !strcmp(ak, "bf16") : params->attn_bf16;
     c->attn_i8 = ak && !strcmp(ak, "int8") && k == &fy_cpu_kernels_avx512vnni; /* an experiment: env only */
     if (ak && !strcmp(ak, "int8") && !c->attn_i8)
@@ -1400,10 +1461,12 @@ fy_status_t fy_backend_cpu_init(const fy_backend_params_t *params, const fy_back
         cpu_destroy(c);
         return st;
     }
-    snprintf(desc, desc_cap, "cpu/%s x%d%s%s", k->name, n, c->no_repack || !k->gemm_x8[FY_DTYPE_Q4_1] ? "" : ", packed",
+    snprintf(desc, desc_cap, "cpu/%s x%d%s%s%s", k->name, n,
+             c->no_repack || !k->gemm_x8[FY_DTYPE_Q4_1] ? "" : ", packed",
              c->attn_bf16 ? ", bf16 attention"
              : c->attn_i8 ? ", int8 vnni decode attention"
-                          : "");
+                          : "",
+             c->act_x2 ? ", two-pass activations" : "");
     *ops_p = &g_cpu_ops;
     *ctx_p = c;
     *n_threads_p = n;
