@@ -284,6 +284,13 @@ void fy_runner_params_default(fy_runner_params_t *p)
 const fy_kv_layout_t *fy_runner_kv_layout(const fy_runner_t *r) { return &r->kv; }
 void fy_runner_set_graphs(fy_runner_t *r, int32_t graphs) { r->p.graphs = graphs; }
 const fy_runner_params_t *fy_runner_params(const fy_runner_t *r) { return &r->p; }
+
+fy_status_t fy_runner_lower_ctx(fy_runner_t *r, int32_t ctx)
+{
+    if (ctx < 1 || ctx > r->p.max_ctx) return FY_ERR_INVALID;
+    r->p.max_ctx = ctx; /* buffers sized for the longer one stay; every check of positions tightens */
+    return FY_OK;
+}
 const fy_model_t *fy_runner_model(const fy_runner_t *r) { return r->model; }
 void *fy_runner_kv_arena(fy_runner_t *r) { return r->arena; }
 
@@ -380,6 +387,14 @@ fy_status_t fy_runner_layout_for(const fy_model_t *model, int32_t n_layers, cons
     return FY_OK;
 }
 
+int32_t fy_runner_pool_blocks(const fy_model_t *model, const fy_runner_params_t *p, int64_t tokens, int32_t requests,
+                              int32_t step, float watermark)
+{
+    fy_kv_layout_t lay;
+    if (fy_runner_layout_for(model, fy_model_config(model)->n_layers, p, &lay)) return -1;
+    return fy_kv_pool_blocks(&lay, tokens, requests, step, watermark);
+}
+
 void fy_runner_kvm_params(fy_runner_t *r, fy_kvm_params_t *p)
 {
     *p = (fy_kvm_params_t){
@@ -390,7 +405,7 @@ void fy_runner_kvm_params(fy_runner_t *r, fy_kvm_params_t *p)
         .copy = kv_copy,
         .copy_arg = r,
         .prefix_caching = true,
-        .watermark = 0.01f,
+        .watermark = FY_KVM_WATERMARK,
         .max_step_tokens = r->p.max_batch_tokens,
         .n_ranks = fy_runner_n_ranks(r),
     };
