@@ -50,8 +50,8 @@ static fy_status_t no_copy(void *arg, fy_kv_tier_t dt, const int32_t *dst, fy_kv
 
 /* Whether a pool of `blocks` blocks of every layer admits `requests`
  * requests of `tokens` tokens at once. */
-static bool admits(const fy_kv_layout_t *lay, const fy_kv_hasher_t *h, int32_t blocks, int64_t tokens,
-                   int32_t requests, int32_t step, float wm)
+static bool admits(const fy_kv_layout_t *lay, const fy_kv_hasher_t *h, int32_t blocks, int64_t tokens, int32_t requests,
+                   int32_t step, float wm)
 {
     fy_kvm_params_t p = {.layout = *lay,
                          .n_device_blocks = blocks * lay->n_groups,
@@ -196,7 +196,8 @@ static run_t ferry(const char *const *args)
 /* `ferry generate` of the prompt file on model with extra options (up to
  * 6, NULL-terminated): it must succeed with `prompt` prompt tokens and
  * `gen` generated. */
-static void generate_ok(const char *model, const char *file, int prompt, int gen, const char *n, const char *const *extra)
+static void generate_ok(const char *model, const char *file, int prompt, int gen, const char *n,
+                        const char *const *extra)
 {
     const char *args[24] = {"generate", "-m", model, "-f", file, "-n", n, "--temp", "0", "--ignore-eos"};
     int k = 10;
@@ -244,8 +245,8 @@ static void test_generate_every_arch(void **state)
         {"mistral", FY_ARCH_LLAMA, 0, true},
         {"qwen2", FY_ARCH_QWEN2, 0, false},
         {"qwen3", FY_ARCH_QWEN3, 0, false},
-        {"gemma3", FY_ARCH_GEMMA3, 0, false},            /* five sliding groups of a 7-token window, one global */
-        {"gemma3-wide", FY_ARCH_GEMMA3, 2048, false},     /* windows past the context: every group holds it all */
+        {"gemma3", FY_ARCH_GEMMA3, 0, false},         /* five sliding groups of a 7-token window, one global */
+        {"gemma3-wide", FY_ARCH_GEMMA3, 2048, false}, /* windows past the context: every group holds it all */
     };
     char full[PATH_MAX], room1[PATH_MAX], none[PATH_MAX]; /* fy_test_path's buffers rotate */
     snprintf(full, sizeof(full), "%s", letters(TINY_CTX - 8));
@@ -406,7 +407,8 @@ static void test_engine_refuses_past_the_watermark(void **state)
     fy_test_log_begin();
     assert_int_equal(fy_engine_submit(s.engine, prompt, 1016, &rp, on_event, &d, &id), FY_ERR_INVALID);
     fy_test_log_end();
-    assert_true(fy_test_log_has("request needs 128 kv blocks; the cache has 128, of which admission promises 127", NULL));
+    assert_true(
+        fy_test_log_has("request needs 128 kv blocks; the cache has 128, of which admission promises 127", NULL));
     /* one block less is admitted and runs to its length */
     assert_int_equal(fy_engine_submit(s.engine, prompt, 1008, &rp, on_event, &d, &id), FY_OK);
     for (int i = 0; i < 1000 && !fy_engine_idle(s.engine); i++) assert_int_equal(fy_engine_step(s.engine), FY_OK);
@@ -451,8 +453,7 @@ static void test_worker_pool_against_its_context(void **state)
             fail_msg("ctx %d:\n%s", ctxs[i], fy_test_log_text());
     }
     /* one that fits starts */
-    assert_int_equal(
-        worker_stack(m, "[prefill]\nkv_mem = 1MiB\nctx = 4064\nthreads = 1\nmax_seqs = 2\n", &s), FY_OK);
+    assert_int_equal(worker_stack(m, "[prefill]\nkv_mem = 1MiB\nctx = 4064\nthreads = 1\nmax_seqs = 2\n", &s), FY_OK);
     assert_int_equal(fy_runner_params(s.runner)->max_ctx, 4064);
     fy_engine_stack_destroy(&s);
     /* the model's context by default: lowered to what the pool admits, said */
