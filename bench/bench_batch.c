@@ -77,7 +77,7 @@ static fy_status_t run_batch(const fy_model_t *m, int threads, const char *isa, 
     rp->max_batch_tokens = 512 > B ? 512 : B;
     rp->max_ctx = prompt_len + gen + 1;
     /* B requests of the whole context admitted at once (watermark 0, below) */
-    if ((rp->n_kv_blocks = fy_runner_pool_blocks(m, rp, rp->max_ctx, B, rp->max_batch_tokens, 0)) < 1) {
+    if ((rp->n_kv_blocks = fy_runner_pool_blocks(m, 0, rp, rp->max_ctx, B, rp->max_batch_tokens, 0)) < 1) {
         st = FY_ERR_INVALID;
         goto out;
     }

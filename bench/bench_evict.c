@@ -105,7 +105,7 @@ static fy_status_t rig_open(rig_t *g, const fy_model_t *m, fy_backend_t *be, int
     rp.max_ctx = max_ctx;
     fy_status_t st;
     /* one sequence of the whole context, reserved as it goes, no admission */
-    if ((rp.n_kv_blocks = fy_runner_pool_blocks(m, &rp, max_ctx, 1, 0, 0)) < 1) return FY_ERR_INVALID;
+    if ((rp.n_kv_blocks = fy_runner_pool_blocks(m, 0, &rp, max_ctx, 1, 0, 0)) < 1) return FY_ERR_INVALID;
     if ((st = fy_runner_create(m, be, &rp, &g->r)) || (st = fy_kv_hasher_create_random(&g->h))) goto fail;
     fy_kvm_params_t kp;
     fy_runner_kvm_params(g->r, &kp);

@@ -195,9 +195,9 @@ static run_t ferry(const char *const *args)
 
 /* `ferry generate` of the prompt file on model with extra options (up to
  * 6, NULL-terminated): it must succeed with `prompt` prompt tokens and
- * `gen` generated. */
-static void generate_ok(const char *model, const char *file, int prompt, int gen, const char *n,
-                        const char *const *extra)
+ * `gen` generated.  Returns its stderr (fy_free). */
+static char *generate_run(const char *model, const char *file, int prompt, int gen, const char *n,
+                          const char *const *extra)
 {
     const char *args[24] = {"generate", "-m", model, "-f", file, "-n", n, "--temp", "0", "--ignore-eos"};
     int k = 10;
@@ -209,7 +209,13 @@ static void generate_ok(const char *model, const char *file, int prompt, int gen
     if (r.status != 0 || !strstr(r.err, want))
         fail_msg("generate on %s (%d prompt tokens): status %d, want '%s'; stderr:\n%s", model, prompt, r.status, want,
                  r.err);
-    fy_free(r.err);
+    return r.err;
+}
+
+static void generate_ok(const char *model, const char *file, int prompt, int gen, const char *n,
+                        const char *const *extra)
+{
+    fy_free(generate_run(model, file, prompt, gen, n, extra));
 }
 
 /* A file of n bytes of letters: n tokens of the tiny models' byte tokenizer. */
@@ -281,6 +287,17 @@ static void test_generate_every_arch(void **state)
             fail_msg("%s: a prompt of the whole context: status %d; stderr:\n%s", cases[i].name, r.status, r.err);
         fy_free(r.err);
     }
+    /* a draft of global layers for a target of sliding ones: the target's
+     * pool counts few blocks of every layer, the draft's is sized in its
+     * own groups (it had the target's count, 77 blocks for 128, and proposed nothing) */
+    char target[PATH_MAX], draft[PATH_MAX + 8];
+    snprintf(target, sizeof(target), "%s", fy_test_path("gemma3.gguf"));
+    snprintf(draft, sizeof(draft), "draft:%s", fy_test_path("llama.gguf"));
+    const char *spec[] = {"-t", "1", "--block-size", "8", "--spec", draft, NULL};
+    char *err = generate_run(target, full, TINY_CTX - 8, 8, "8", spec);
+    if (!strstr(err, "ferry: speculative (") || strstr(err, "proposed 0,")) /* a draft out of blocks proposes nothing */
+        fail_msg("a draft of global layers proposed nothing; stderr:\n%s", err);
+    fy_free(err);
 }
 
 /* A prompt file of exactly n tokens of model (BOS included when it adds
@@ -499,5 +516,7 @@ int main(void)
         cmocka_unit_test(test_generate_every_arch),
         cmocka_unit_test(test_generate_real_models),
     };
+    const char *only = getenv("FY_TEST_FILTER"); /* e.g. FY_TEST_FILTER=test_generate* */
+    if (only) cmocka_set_test_filter(only);
     return cmocka_run_group_tests(tests, NULL, teardown);
 }

@@ -365,7 +365,7 @@ static int cmd_generate(int argc, char **argv)
     }
     /* a pool that admits one request of the whole context, as the block
      * manager counts it (the watermark; with KV groups, pages of each) */
-    if ((rpm->n_kv_blocks = fy_runner_pool_blocks(m, rpm, ctx, 1, rpm->max_batch_tokens, FY_KVM_WATERMARK)) < 1)
+    if ((rpm->n_kv_blocks = fy_runner_pool_blocks(m, 0, rpm, ctx, 1, rpm->max_batch_tokens, FY_KVM_WATERMARK)) < 1)
         goto out;
     eb.draft = o.spec && strcmp(o.spec, "ngram") && strcmp(o.spec, "none") ? o.spec : NULL;
     eb.no_engine = true;
