@@ -216,9 +216,14 @@ static fy_status_t group_check(const fy_model_t *m, const fy_engine_build_t *b, 
  * admit one request of the whole context (what the block manager counts:
  * fy_kvm_blocks_for, less the watermark), else a prompt the worker
  * advertises could never run.  An explicit ROLE.ctx is refused (the
- * operator asked for it: vLLM refuses too); the default, the model's
+ * operator asked for it: vLLM refuses too).  The default, the model's
  * trained context (32k, 128k), would make the default kv_mem refuse most
- * models, so it is lowered to what the pool admits, with a warning. */
+ * models: a warning says how long a request the pool admits, and longer
+ * ones are refused as needing more blocks than the worker holds (the
+ * router's placement).  The context itself is not lowered: a prefill
+ * worker's bounds the max_tokens it accepts (the wire's limits), and its
+ * pool holds only prompts while the decode worker's holds their outputs
+ * too. */
 static fy_status_t pool_check(const fy_model_t *m, const fy_engine_build_t *b, fy_engine_stack_t *s)
 {
     const fy_runner_params_t *rp = fy_runner_params(s->runner);
@@ -253,9 +258,9 @@ static fy_status_t pool_check(const fy_model_t *m, const fy_engine_build_t *b, f
         return FY_ERR_INVALID;
     }
     fy_warn("%s.ctx: the model's context of %d tokens does not fit %s.kv_mem (its pool of %d kv blocks admits %d "
-            "pages; such a request needs %d): serving a context of %d tokens%s",
+            "pages; such a request needs %d): requests of up to %d tokens are served, longer ones refused%s",
             b->role, ctx, b->role, rp->n_kv_blocks, most, need, lo, ask);
-    return fy_runner_lower_ctx(s->runner, lo);
+    return FY_OK;
 }
 
 /* Can the backend the worker got serve this model and configuration?

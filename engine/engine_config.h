@@ -62,8 +62,8 @@ typedef struct fy_engine_build {
     /* a worker's role ("prefill", "decode": fy_engine_build_read): its pool,
      * sized from ROLE.kv_mem, must admit one request of the whole context;
      * else refused at start naming ROLE.kv_mem and ROLE.ctx, or, with
-     * ROLE.ctx = 0 (the model's trained context), the context lowered to
-     * what the pool admits, with a warning.  NULL: not checked (the caller
+     * ROLE.ctx = 0 (the model's trained context), a warning naming the
+     * longest request it admits.  NULL: not checked (the caller
      * sized the pool for its context: fy_kv_pool_blocks) */
     const char *role;
     /* with ranks: a rank that does not arrive at a collective within this

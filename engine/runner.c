@@ -284,13 +284,6 @@ void fy_runner_params_default(fy_runner_params_t *p)
 const fy_kv_layout_t *fy_runner_kv_layout(const fy_runner_t *r) { return &r->kv; }
 void fy_runner_set_graphs(fy_runner_t *r, int32_t graphs) { r->p.graphs = graphs; }
 const fy_runner_params_t *fy_runner_params(const fy_runner_t *r) { return &r->p; }
-
-fy_status_t fy_runner_lower_ctx(fy_runner_t *r, int32_t ctx)
-{
-    if (ctx < 1 || ctx > r->p.max_ctx) return FY_ERR_INVALID;
-    r->p.max_ctx = ctx; /* buffers sized for the longer one stay; every check of positions tightens */
-    return FY_OK;
-}
 const fy_model_t *fy_runner_model(const fy_runner_t *r) { return r->model; }
 void *fy_runner_kv_arena(fy_runner_t *r) { return r->arena; }
 

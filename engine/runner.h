@@ -215,11 +215,6 @@ const fy_runner_params_t *fy_runner_params(const fy_runner_t *runner);
  * (logged) when it cannot be. */
 int32_t fy_runner_pool_blocks(const fy_model_t *model, int32_t n_layers, const fy_runner_params_t *p, int64_t tokens,
                               int32_t requests, int32_t step, float watermark);
-/* Lowers the longest sequence to ctx (1 .. max_ctx), before any forward
- * pass: a pool that admits no longer request (engine_config.c).  Rank 0
- * of a group alone: it places every position the others compute.
- * FY_ERR_INVALID otherwise. */
-fy_status_t fy_runner_lower_ctx(fy_runner_t *runner, int32_t ctx);
 const fy_model_t *fy_runner_model(const fy_runner_t *runner);
 void *fy_runner_kv_arena(fy_runner_t *runner);
 

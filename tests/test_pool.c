@@ -473,22 +473,24 @@ static void test_worker_pool_against_its_context(void **state)
     assert_int_equal(worker_stack(m, "[prefill]\nkv_mem = 1MiB\nctx = 4064\nthreads = 1\nmax_seqs = 2\n", &s), FY_OK);
     assert_int_equal(fy_runner_params(s.runner)->max_ctx, 4064);
     fy_engine_stack_destroy(&s);
-    /* the model's context by default: lowered to what the pool admits, said */
+    /* the model's context by default: the longest request the pool admits
+     * is said (the context stays: a prefill worker's bounds the max_tokens
+     * it accepts, which its own pool never holds) */
     fy_test_log_begin();
     fy_status_t st = worker_stack(m, "[prefill]\nkv_mem = 1MiB\nthreads = 1\nmax_seqs = 2\n", &s);
     fy_test_log_end();
     assert_int_equal(st, FY_OK);
     assert_true(fy_test_log_has("prefill.ctx: the model's context of 8192 tokens does not fit prefill.kv_mem",
-                                "serving a context of 4064 tokens", NULL));
-    assert_int_equal(fy_runner_params(s.runner)->max_ctx, 4064);
-    /* and a request of that context is admitted */
+                                "requests of up to 4064 tokens are served", NULL));
+    assert_int_equal(fy_runner_params(s.runner)->max_ctx, 8192);
+    /* and a request of that length is admitted */
     int32_t *prompt = fy_calloc(4064, sizeof(int32_t));
     assert_non_null(prompt);
     for (int i = 0; i < 4064; i++) prompt[i] = 'a' + i % 26;
     fy_request_params_t rp;
     fy_request_params_default(&rp);
     rp.sampling.temperature = 0;
-    rp.max_tokens = 8;
+    rp.max_tokens = 4; /* 4,064 tokens in all */
     rp.ignore_eos = true;
     done_t d = {0};
     uint64_t id;
