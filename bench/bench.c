@@ -154,7 +154,8 @@ static fy_status_t run_model(const fy_model_t *m, int threads, const char *isa, 
     rp.max_seqs = 1;
     rp.max_logits = 1;
     rp.max_ctx = n_prompt + n_gen + 1;
-    rp.n_kv_blocks = (rp.max_ctx + rp.block_size - 1) / rp.block_size;
+    /* the sequence's whole context reserved at once, no admission */
+    if ((rp.n_kv_blocks = fy_runner_pool_blocks(m, 0, &rp, rp.max_ctx, 1, 0, 0)) < 1) return FY_ERR_INVALID;
     fy_engine_build_t eb; /* no engine: the loops below drive the runner */
     fy_engine_build_default(&eb);
     eb.threads = threads;
@@ -271,7 +272,11 @@ static fy_status_t run_alternate(const fy_model_t *m, int threads, const char *i
     rp.max_seqs = 1;
     rp.max_logits = 1;
     rp.max_ctx = n_prompt + n_gen + 1;
-    rp.n_kv_blocks = (rp.max_ctx + rp.block_size - 1) / rp.block_size;
+    /* the sequence's whole context reserved at once, no admission */
+    if ((rp.n_kv_blocks = fy_runner_pool_blocks(m, 0, &rp, rp.max_ctx, 1, 0, 0)) < 1) {
+        st = FY_ERR_INVALID;
+        goto out;
+    }
     fy_engine_build_t eb;
     fy_engine_build_default(&eb);
     eb.threads = threads;

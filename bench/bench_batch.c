@@ -76,7 +76,11 @@ static fy_status_t run_batch(const fy_model_t *m, int threads, const char *isa, 
     rp->max_seqs = rp->max_logits = B;
     rp->max_batch_tokens = 512 > B ? 512 : B;
     rp->max_ctx = prompt_len + gen + 1;
-    rp->n_kv_blocks = B * ((rp->max_ctx + rp->block_size - 1) / rp->block_size);
+    /* B requests of the whole context admitted at once (watermark 0, below) */
+    if ((rp->n_kv_blocks = fy_runner_pool_blocks(m, 0, rp, rp->max_ctx, B, rp->max_batch_tokens, 0)) < 1) {
+        st = FY_ERR_INVALID;
+        goto out;
+    }
     eb.prefix_caching = false; /* every prompt is computed */
     eb.watermark = 0;
     eb.engine.max_num_seqs = B;

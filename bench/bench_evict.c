@@ -103,8 +103,9 @@ static fy_status_t rig_open(rig_t *g, const fy_model_t *m, fy_backend_t *be, int
     rp.max_seqs = 1;
     rp.max_logits = chunk;
     rp.max_ctx = max_ctx;
-    rp.n_kv_blocks = (max_ctx + rp.block_size - 1) / rp.block_size;
     fy_status_t st;
+    /* one sequence of the whole context, reserved as it goes, no admission */
+    if ((rp.n_kv_blocks = fy_runner_pool_blocks(m, 0, &rp, max_ctx, 1, 0, 0)) < 1) return FY_ERR_INVALID;
     if ((st = fy_runner_create(m, be, &rp, &g->r)) || (st = fy_kv_hasher_create_random(&g->h))) goto fail;
     fy_kvm_params_t kp;
     fy_runner_kvm_params(g->r, &kp);

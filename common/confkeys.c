@@ -68,7 +68,9 @@
         INT(S, "max_seqs", "32", 1, 1024, "sequences in the running batch at most"),                                   \
         INT(S, "max_batch_tokens", "512", 1, 65536, "tokens per forward pass at most (raised to max_seqs if below)"),  \
         INT(S, "max_waiting", "256", 0, 1 << 20, "requests queued in the engine before new ones are refused"),         \
-        INT(S, "ctx", "0", 0, 1 << 20, "longest sequence in tokens; 0: the model's trained context"),                  \
+        INT(S, "ctx", "0", 0, 1 << 20,                                                                                 \
+            "longest sequence in tokens; 0: the model's trained context (a warning at start names the longest "        \
+            "request kv_mem admits); a ctx that kv_mem cannot admit is refused at start"),                             \
         INT(S, "tp", "0", 0, 64, "tensor-parallel ranks of this role's workers; 0: worker.tp"),                        \
         INT(S, "pp", "0", 0, 64, "pipeline stages of this role's workers; 0: worker.pp")
 

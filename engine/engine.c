@@ -692,8 +692,13 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
     }
     /* a request the cache could never hold would wait forever: refuse it */
     int32_t need = fy_kvm_blocks_for_capped(e->kvm, n_prompt, e->p.predict_output ? 1 : max_tokens, 0, kv_cap);
-    if (need > e->total_blocks) {
-        *st_p = refuse(e, FY_ERR_INVALID, "request needs %d kv blocks; the cache has %d", need, e->total_blocks);
+    /* (admission keeps the watermark free: a request needing more than the
+     * rest was once queued and never admitted) */
+    int32_t most = fy_kvm_capacity(e->kvm);
+    if (need > most) {
+        *st_p =
+            refuse(e, FY_ERR_INVALID, "request needs %d kv blocks; the cache has %d, of which admission promises %d",
+                   need, e->total_blocks, most);
         return NULL;
     }
     /* structured output: compiled once per source (the cache), a matcher per request */

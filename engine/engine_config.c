@@ -11,6 +11,7 @@
 
 #include "cluster.h"
 #include "cpuset.h"
+#include "kvplan.h"
 #include "log.h"
 #include "mem.h"
 
@@ -181,6 +182,7 @@ fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engi
         return st;
     b.draft = draft;
     b.draft_kv_mem = draft ? (int64_t)((double)kv_mem * draft_frac) : 0;
+    b.role = role;
     *b_p = b;
     return FY_OK;
 }
@@ -207,6 +209,57 @@ static fy_status_t group_check(const fy_model_t *m, const fy_engine_build_t *b, 
                  rp->tp, rp->pp);
         return FY_ERR_INVALID;
     }
+    return FY_OK;
+}
+
+/* A worker's pool, sized from ROLE.kv_mem, against its context: it must
+ * admit one request of the whole context (what the block manager counts:
+ * fy_kvm_blocks_for, less the watermark), else a prompt the worker
+ * advertises could never run.  An explicit ROLE.ctx is refused (the
+ * operator asked for it: vLLM refuses too).  The default, the model's
+ * trained context (32k, 128k), would make the default kv_mem refuse most
+ * models: a warning says how long a request the pool admits, and longer
+ * ones are refused as needing more blocks than the worker holds (the
+ * router's placement).  The context itself is not lowered: a prefill
+ * worker's bounds the max_tokens it accepts (the wire's limits), and its
+ * pool holds only prompts while the decode worker's holds their outputs
+ * too. */
+static fy_status_t pool_check(const fy_model_t *m, const fy_engine_build_t *b, fy_engine_stack_t *s)
+{
+    const fy_runner_params_t *rp = fy_runner_params(s->runner);
+    const fy_kv_layout_t *lay = fy_kvm_layout(s->kvm);
+    /* a KV budget (kv.evict) caps what any request holds, as the engine counts it */
+    int32_t cap = fy_evict_max_blocks(&b->engine.evict, lay->block_size, b->engine.max_num_batched_tokens);
+    int32_t most = fy_kvm_capacity(s->kvm), ctx = rp->max_ctx, need = fy_kvm_blocks_for_capped(s->kvm, ctx, 0, 0, cap);
+    if (need <= most) return FY_OK;
+    int32_t lo = 0, hi = ctx; /* what a request needs grows with its length: the longest that fits */
+    while (hi - lo > 1) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (fy_kvm_blocks_for_capped(s->kvm, mid, 0, 0, cap) <= most)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    /* the pool that would serve the whole context, in bytes of kv_mem (a
+     * budget holds fewer pages than the pool function counts: no figure) */
+    float wm = b->watermark >= 0 ? b->watermark : FY_KVM_WATERMARK;
+    int32_t want = fy_kv_pool_blocks(lay, ctx, 1, rp->max_batch_tokens, wm);
+    fy_runner_params_t full = *rp;
+    full.n_kv_blocks = want;
+    size_t bytes = 0;
+    char ask[96] = "";
+    if (b->engine.evict.policy == FY_EVICT_NONE && want > 0 && !fy_runner_group_arena_bytes(m, &full, &bytes))
+        snprintf(ask, sizeof(ask), "; %zu MiB of KV would serve the whole of it", (bytes + (1 << 20) - 1) >> 20);
+    if (b->runner.max_ctx > 0 || lo < 2) {
+        fy_error(
+            "%s.kv_mem: its pool of %d kv blocks admits %d pages, and one request of %s.ctx = %d tokens needs %d%s; "
+            "raise %s.kv_mem or lower %s.ctx to %d",
+            b->role, rp->n_kv_blocks, most, b->role, ctx, need, ask, b->role, b->role, lo);
+        return FY_ERR_INVALID;
+    }
+    fy_warn("%s.ctx: the model's context of %d tokens does not fit %s.kv_mem (its pool of %d kv blocks admits %d "
+            "pages; such a request needs %d): requests of up to %d tokens are served, longer ones refused%s",
+            b->role, ctx, b->role, rp->n_kv_blocks, most, need, lo, ask);
     return FY_OK;
 }
 
@@ -309,6 +362,7 @@ fy_status_t fy_engine_stack_create(const fy_model_t *m, const fy_engine_build_t 
     kp.disk_bytes = b->disk_bytes;
     if (b->watermark >= 0) kp.watermark = b->watermark;
     if ((st = fy_kvm_create(&kp, &s.kvm))) goto fail;
+    if (b->role && (st = pool_check(m, b, &s))) goto fail;
     fy_engine_params_t ep = b->engine;
     if (b->draft) {
         if ((st = fy_spec_draft_open(b->draft, s.runner, b->draft_kv_mem, s.hasher, &s.draft))) goto fail;

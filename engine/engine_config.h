@@ -59,6 +59,13 @@ typedef struct fy_engine_build {
      * before the fork (runner.kv_arenas), so that rank 0's transfer engine
      * can put into and read from every rank's KV (a worker's group) */
     bool shared_arenas;
+    /* a worker's role ("prefill", "decode": fy_engine_build_read): its pool,
+     * sized from ROLE.kv_mem, must admit one request of the whole context;
+     * else refused at start naming ROLE.kv_mem and ROLE.ctx, or, with
+     * ROLE.ctx = 0 (the model's trained context), a warning naming the
+     * longest request it admits.  NULL: not checked (the caller
+     * sized the pool for its context: fy_kv_pool_blocks) */
+    const char *role;
     /* with ranks: a rank that does not arrive at a collective within this
      * is stuck, and the group breaks (group.h's timeout_ms); 0: its 30 s */
     int32_t group_timeout_ms;

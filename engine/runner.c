@@ -392,6 +392,14 @@ fy_status_t fy_runner_layout_for(const fy_model_t *model, int32_t n_layers, cons
     return FY_OK;
 }
 
+int32_t fy_runner_pool_blocks(const fy_model_t *model, int32_t n_layers, const fy_runner_params_t *p, int64_t tokens,
+                              int32_t requests, int32_t step, float watermark)
+{
+    fy_kv_layout_t lay;
+    if (fy_runner_layout_for(model, n_layers > 0 ? n_layers : fy_model_config(model)->n_layers, p, &lay)) return -1;
+    return fy_kv_pool_blocks(&lay, tokens, requests, step, watermark);
+}
+
 void fy_runner_kvm_params(fy_runner_t *r, fy_kvm_params_t *p)
 {
     *p = (fy_kvm_params_t){
@@ -402,7 +410,7 @@ void fy_runner_kvm_params(fy_runner_t *r, fy_kvm_params_t *p)
         .copy = kv_copy,
         .copy_arg = r,
         .prefix_caching = true,
-        .watermark = 0.01f,
+        .watermark = FY_KVM_WATERMARK,
         .max_step_tokens = r->p.max_batch_tokens,
         .n_ranks = fy_runner_n_ranks(r),
     };

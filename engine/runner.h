@@ -229,6 +229,15 @@ int32_t fy_runner_n_layers(const fy_runner_t *runner);
 
 const fy_kv_layout_t *fy_runner_kv_layout(const fy_runner_t *runner);
 const fy_runner_params_t *fy_runner_params(const fy_runner_t *runner);
+/* fy_kv_pool_blocks over the layout a runner of the first n_layers
+ * layers of model (0: every layer) with params p keeps
+ * (fy_runner_layout_for): the n_kv_blocks that admit
+ * `requests` requests of `tokens` tokens at once, with the block
+ * manager's step (p->max_batch_tokens; 0: sliding groups counted whole,
+ * for a caller that reserves whole sequences itself) and watermark.  -1
+ * (logged) when it cannot be. */
+int32_t fy_runner_pool_blocks(const fy_model_t *model, int32_t n_layers, const fy_runner_params_t *p, int64_t tokens,
+                              int32_t requests, int32_t step, float watermark);
 const fy_model_t *fy_runner_model(const fy_runner_t *runner);
 void *fy_runner_kv_arena(fy_runner_t *runner);
 

@@ -424,6 +424,15 @@ fy_status_t fy_spec_draft_open(const char *spec, fy_runner_t *target, int64_t kv
     if (kv_mem > 0) { /* the runner sizes the arena from the bytes */
         rp.n_kv_blocks = 0;
         rp.kv_mem = kv_mem;
+    } else { /* at least the target's sequences of its whole context, in the draft's own KV groups (a target's
+                pool sized for sliding groups holds too few blocks for a draft of global layers) */
+        const fy_model_t *dm = d->model ? d->model : tm;
+        int32_t want = fy_runner_pool_blocks(dm, layers, &rp, rp.max_ctx, rp.max_seqs, rp.max_batch_tokens, 0);
+        if (want < 1) {
+            st = FY_ERR_INVALID;
+            goto fail;
+        }
+        if (want > rp.n_kv_blocks) rp.n_kv_blocks = want;
     }
     if ((st = fy_runner_create_draft(target, d->model, layers, &rp, &d->r)) != FY_OK) goto fail;
     fy_kvm_params_t kp;

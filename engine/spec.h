@@ -202,7 +202,9 @@ typedef struct fy_spec_draft fy_spec_draft_t;
  * Opens a draft for the target runner from "draft:FILE" (a model file
  * sharing the target's vocabulary) or "self:L" (the target's first L
  * layers with its final norm and output head, sharing its weights), with
- * a KV arena of kv_mem bytes (0: as many blocks as the target's) in the
+ * a KV arena of kv_mem bytes (0: as many blocks as the target's, and at
+ * least what the target's max_seqs requests of its context take in the
+ * draft's own KV groups: fy_runner_pool_blocks) in the
  * target's block size and dtype, on the target's backend.  Errors name
  * the fault (FY_ERR_INVALID for a bad spec or a vocabulary mismatch).
  * The target runner and hasher must outlive the draft.

@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kvplan.h"
 #include "log.h"
 #include "mem.h"
 
@@ -138,13 +139,7 @@ uint32_t fy_kv_layout_groups_digest(const fy_kv_layout_t *lay)
 
 int64_t fy_kv_blocks_held(const fy_kv_layout_t *lay, int64_t n, int32_t step)
 {
-    int64_t bs = lay->block_size, all = (n + bs - 1) / bs, held = 0;
-    for (int32_t g = 0; g < lay->n_groups; g++) {
-        int64_t w = lay->group_window[g];
-        int64_t most = w && step > 0 ? (w - 1 + step + bs - 1) / bs + 1 : all;
-        held += most < all ? most : all;
-    }
-    return held;
+    return fy_kv_blocks_needed(lay, n, 0, step, INT64_MAX);
 }
 
 void fy_kv_row_write(const fy_kv_layout_t *lay, const float *x, void *row)
@@ -673,7 +668,7 @@ fy_status_t fy_kvm_create(const fy_kvm_params_t *p, fy_kvm_t **m_p)
     m->copy_arg = p->copy_arg;
     m->hasher = p->hasher;
     m->prefix_caching = p->prefix_caching;
-    m->watermark_blocks = (int32_t)((double)p->watermark * p->n_device_blocks);
+    m->watermark_blocks = fy_kv_watermark_pages(p->watermark, p->n_device_blocks);
     m->max_step = p->max_step_tokens > 0 ? p->max_step_tokens : 0;
     int32_t n[FY_KV_TIERS] = {p->n_device_blocks, p->n_host_blocks, disk_slots};
     for (int t = 0; t < FY_KV_TIERS; t++)
@@ -1605,18 +1600,8 @@ int32_t fy_kvm_blocks_for(const fy_kvm_t *m, int32_t prompt_tokens, int32_t max_
 int32_t fy_kvm_blocks_for_capped(const fy_kvm_t *m, int32_t prompt_tokens, int32_t max_tokens, int32_t cached_tokens,
                                  int32_t cap)
 {
-    const fy_kv_layout_t *lay = &m->lay;
-    int64_t bs = lay->block_size, total = (int64_t)prompt_tokens + max_tokens, need = 0;
-    int64_t all = (total + bs - 1) / bs - cached_tokens / bs;
-    if (all > cap) all = cap; /* a budget holds at most cap blocks however long the request runs */
-    for (int32_t g = 0; g < lay->n_groups; g++) {
-        int64_t w = lay->group_window[g];
-        /* a sliding group's cached blocks (its window at the hit) are
-         * held, not new, but its bound counts them: conservative */
-        int64_t most = w && m->max_step > 0 ? (w - 1 + m->max_step + bs - 1) / bs + 1 : all;
-        need += most < all ? most : all;
-    }
-    return need < 0 ? 0 : need > INT32_MAX ? INT32_MAX : (int32_t)need;
+    int64_t need = fy_kv_blocks_needed(&m->lay, (int64_t)prompt_tokens + max_tokens, cached_tokens, m->max_step, cap);
+    return need > INT32_MAX ? INT32_MAX : (int32_t)need;
 }
 
 fy_status_t fy_kvm_admit(fy_kvm_t *m, int32_t blocks, fy_kv_resv_t *resv)

@@ -194,6 +194,11 @@ const char *fy_kv_tier_name(fy_kv_tier_t tier);
 typedef fy_status_t (*fy_kv_copy_fn)(void *arg, fy_kv_tier_t dst_tier, const int32_t *dst, fy_kv_tier_t src_tier,
                                      const int32_t *src, int32_t n);
 
+/* The share of device blocks admission keeps free unless told otherwise
+ * (fy_runner_kvm_params; a pool for a context must count it:
+ * fy_kv_pool_blocks). */
+#define FY_KVM_WATERMARK 0.01f
+
 typedef struct fy_kvm_params {
     fy_kv_layout_t layout;
     int32_t n_device_blocks;

@@ -194,3 +194,50 @@ fy_status_t fy_kv_plan(const fy_kv_plan_in_t *in, fy_kv_plan_t *out)
     *out = p;
     return FY_OK;
 }
+
+int64_t fy_kv_blocks_needed(const fy_kv_layout_t *lay, int64_t tokens, int64_t cached_tokens, int32_t step, int64_t cap)
+{
+    int64_t bs = lay->block_size, need = 0;
+    int64_t all = (tokens + bs - 1) / bs - cached_tokens / bs;
+    if (all > cap) all = cap; /* a budget holds at most cap blocks however long the request runs */
+    for (int32_t g = 0; g < lay->n_groups; g++) {
+        int64_t w = lay->group_window[g];
+        /* a sliding group's cached blocks (its window at the hit) are
+         * held, not new, but its bound counts them: conservative */
+        int64_t most = w && step > 0 ? (w - 1 + step + bs - 1) / bs + 1 : all;
+        need += most < all ? most : all;
+    }
+    return need < 0 ? 0 : need;
+}
+
+int32_t fy_kv_watermark_pages(float watermark, int32_t n) { return (int32_t)((double)watermark * n); }
+
+int32_t fy_kv_pool_blocks(const fy_kv_layout_t *lay, int64_t tokens, int32_t requests, int32_t step, float watermark)
+{
+    if (lay->n_groups < 1 || lay->block_size < 1 || tokens < 1 || requests < 1 || step < 0 ||
+        !(watermark >= 0.0f && watermark < 1.0f)) {
+        fy_error("kv pool: bad request (%lld tokens, %d requests, step %d, watermark %g)", (long long)tokens, requests,
+                 step, (double)watermark);
+        return -1;
+    }
+    const int64_t G = lay->n_groups, most = INT32_MAX / 2;
+    int64_t want = fy_kv_blocks_needed(lay, tokens, 0, step, INT64_MAX) * requests;
+    if (want > most) goto too_big;
+    /* the fewest whole blocks of every layer whose pages, less the
+     * watermark's, cover the requests: start from the real-valued answer
+     * and step to the exact one (the watermark rounds down, so at most a
+     * few steps either way) */
+    int64_t blocks = (int64_t)ceil((double)want / (1.0 - (double)watermark) / (double)G);
+    if (blocks < 1) blocks = 1;
+    if (blocks * G > most) goto too_big;
+    while (blocks > 1 && (blocks - 1) * G - fy_kv_watermark_pages(watermark, (int32_t)((blocks - 1) * G)) >= want)
+        blocks--;
+    while (blocks * G - fy_kv_watermark_pages(watermark, (int32_t)(blocks * G)) < want) {
+        if (++blocks * G > most) goto too_big;
+    }
+    return (int32_t)blocks;
+too_big:
+    fy_error("kv pool: %d requests of %lld tokens need more than %lld pages", requests, (long long)tokens,
+             (long long)most);
+    return -1;
+}

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kv.h"
 #include "size.h"
 #include "status.h"
 
@@ -73,5 +74,35 @@ typedef struct fy_kv_plan {
 /* FY_ERR_INVALID (logged) for shapes or budgets that make no sense, or
  * ranks the model cannot be split over. */
 fy_status_t fy_kv_plan(const fy_kv_plan_in_t *in, fy_kv_plan_t *out);
+
+/* ---- what admission asks, and the pool that grants it ---- */
+
+/*
+ * Pages (blocks of one KV group) a request of `tokens` tokens (prompt plus
+ * new) needs at most, less the blocks its cached prefix of cached_tokens
+ * covers: every block of a global group; of a sliding group no more than
+ * its window and one forward pass of up to `step` tokens see (step 0:
+ * sliding groups counted whole); no group more than cap blocks (a KV
+ * budget, evict.h; INT64_MAX: none).  The one formula of what a request
+ * needs: the block manager's admission (fy_kvm_blocks_for_capped), the
+ * router's placement (fy_kv_blocks_held) and the pools below use it.
+ */
+int64_t fy_kv_blocks_needed(const fy_kv_layout_t *lay, int64_t tokens, int64_t cached_tokens, int32_t step,
+                            int64_t cap);
+/* Pages admission keeps free in a pool of n pages (fy_kvm_params_t's
+ * watermark, a share in [0, 1)): the block manager's own count. */
+int32_t fy_kv_watermark_pages(float watermark, int32_t n);
+/*
+ * The pool (fy_runner_params_t.n_kv_blocks: blocks of every layer, each
+ * n_groups pages) that admits `requests` requests of `tokens` tokens each
+ * at once: their fy_kv_blocks_needed pages plus the watermark admission
+ * keeps free, rounded up to whole blocks of every layer.  step and
+ * watermark as the block manager gets them (fy_runner_kvm_params:
+ * max_batch_tokens, 1%).  Every tool that sizes a pool for a context
+ * (`ferry generate`, the bench commands) calls this, and a worker's pool
+ * sized from kv_mem is checked against it at start.  -1 (logged) for a
+ * bad argument or a pool past INT32_MAX / 2 pages.
+ */
+int32_t fy_kv_pool_blocks(const fy_kv_layout_t *lay, int64_t tokens, int32_t requests, int32_t step, float watermark);
 
 #endif /* FY_KVPLAN_H */

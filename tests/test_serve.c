@@ -33,6 +33,8 @@
 
 #include "cluster_util.h"
 #include "mem.h"
+#include "model.h"
+#include "prompt.h"
 #include "testutil.h"
 
 #define START_DEADLINE_S 90.0 /* model loads on a loaded 2-core machine */
@@ -463,6 +465,81 @@ static void test_rank_group_restarted(void **state)
     fy_test_tmpdir_remove();
 }
 
+/* A prompt file of exactly n tokens of the default model: common words,
+ * one token each. */
+static const char *words_prompt(int n, const char *name)
+{
+    fy_model_t *m;
+    assert_int_equal(fy_model_load(tc_model(), &m), FY_OK);
+    static const char *const words[] = {" the", " of", " and", " to", " in", " is", " it", " that"};
+    size_t cap = (size_t)n * 8 + 16, len = 0;
+    char *text = fy_malloc(cap);
+    assert_non_null(text);
+    int32_t *ids = NULL, got = 0;
+    for (int i = 0; i < n * 2 && got < n; i++) {
+        len += (size_t)snprintf(text + len, cap - len, "%s", words[i % FY_ARRAY_LEN(words)]);
+        assert_true(len < cap);
+        assert_int_equal(fy_prompt_tokens(m, NULL, text, false, &ids, &got), FY_OK);
+        fy_free(ids);
+    }
+    fy_model_destroy(m);
+    if (got != n) fail_msg("no prompt of exactly %d tokens (%d)", n, got);
+    const char *path = fy_test_path(name);
+    assert_true(fy_test_write_file(path, text, len));
+    fy_free(text);
+    return path;
+}
+
+/* Workers whose kv_mem holds exactly their ctx's blocks (1024 tokens of
+ * 8, 128 blocks) once started and then never admitted a prompt that
+ * filled the context: admission keeps 1% of the pages free.  Now such a
+ * worker is refused at start, naming the keys; with one block more, a
+ * prompt that fills the context is served (issue 33). */
+static void test_pool_holds_the_context(void **state)
+{
+    if (!have_ferry() || !tc_available()) skip();
+    ports_t ports;
+    pick_ports(&ports);
+    const char *ini = write_ini("pool.ini", &ports);
+    char run[PATH_MAX + 32];
+    snprintf(run, sizeof(run), "serve.run_dir=%s/run-pool", fy_test_tmpdir());
+    /* SmolLM2 at f16: 30 layers of 3 kv heads of 64, 23,040 bytes a token */
+    const int64_t block = 8 * 23040;
+    char pm[64], dm[64];
+    snprintf(pm, sizeof(pm), "prefill.kv_mem=%lld", (long long)(128 * block));
+    snprintf(dm, sizeof(dm), "decode.kv_mem=%lld", (long long)(128 * block));
+    const char *args[] = {
+        "-c",    ini, "--set", run, "--set", "kv.block_size=8", "--set", "prefill.ctx=1024", "--set", "decode.ctx=1024",
+        "--set", pm,  "--set", dm,  NULL};
+    proc_t p;
+    serve_spawn(&p, "pool.out", args);
+    int st = serve_wait(&p, START_DEADLINE_S);
+    char *t = read_text(p.err);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) == 0 || strstr(t, "cluster ready") ||
+        !line_has(t, ".kv_mem: its pool of 128 kv blocks admits 127 pages", "ctx = 1024 tokens needs 128") ||
+        !line_has(t, "raise ", "ctx to 1016"))
+        fail_msg("kv_mem of 128 blocks for ctx 1024: wait status 0x%x, output:\n%s", st, t);
+    fy_free(t);
+
+    snprintf(pm, sizeof(pm), "prefill.kv_mem=%lld", (long long)(129 * block));
+    snprintf(dm, sizeof(dm), "decode.kv_mem=%lld", (long long)(129 * block));
+    serve_spawn(&p, "pool2.out", args);
+    wait_text(&p, "cluster ready", START_DEADLINE_S);
+    const char *file = words_prompt(1016, "pool-1016.txt");
+    char cmd[3 * PATH_MAX];
+    snprintf(cmd, sizeof(cmd),
+             "%s/ferry request -r tcp://127.0.0.1:%d --secret %s/run-pool/kv.secret -f %s -n 8 --ignore-eos --timeout "
+             "120 >%s 2>&1",
+             bindir(), ports.router, fy_test_tmpdir(), file, fy_test_path("pool-req.out"));
+    int rc = system(cmd);
+    t = read_text(fy_test_path("pool-req.out"));
+    if (rc != 0 || !strstr(t, "generated tokens: 8")) fail_msg("ferry request: status %d, output:\n%s", rc, t);
+    fy_free(t);
+    assert_int_equal(kill(p.pid, SIGTERM), 0);
+    st = serve_wait(&p, 60);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 /* cluster.etcd on loopback with serve.routers = 2: etcd runs as a child,
  * both routers serve, and on SIGTERM the routers stop first, etcd last.
  * tls (serve.etcd_tls): the same over TLS with client certificates serve
@@ -629,6 +706,7 @@ int main(void)
         cmocka_unit_test(test_etcd_tls),
         cmocka_unit_test(test_rank_group_restarted),
         cmocka_unit_test(test_tls_router_not_probed),
+        cmocka_unit_test(test_pool_holds_the_context),
     };
     const char *only = getenv("FY_TEST_FILTER"); /* e.g. FY_TEST_FILTER=test_etcd* */
     if (only) cmocka_set_test_filter(only);

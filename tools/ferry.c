@@ -350,7 +350,6 @@ static int cmd_generate(int argc, char **argv)
     rpm->max_ctx = (int32_t)ctx;
     rpm->block_size = o.block_size;
     rpm->kv_dtype = o.kv_dtype;
-    rpm->n_kv_blocks = (int32_t)((ctx + o.block_size - 1) / o.block_size);
     rpm->tp = o.tp;
     rpm->pp = o.pp;
     if (o.tp * o.pp > 1) {
@@ -364,6 +363,10 @@ static int cmd_generate(int argc, char **argv)
             goto out;
         }
     }
+    /* a pool that admits one request of the whole context, as the block
+     * manager counts it (the watermark; with KV groups, pages of each) */
+    if ((rpm->n_kv_blocks = fy_runner_pool_blocks(m, 0, rpm, ctx, 1, rpm->max_batch_tokens, FY_KVM_WATERMARK)) < 1)
+        goto out;
     eb.draft = o.spec && strcmp(o.spec, "ngram") && strcmp(o.spec, "none") ? o.spec : NULL;
     eb.no_engine = true;
     if (fy_engine_stack_create(m, &eb, &s) != FY_OK) goto out;
