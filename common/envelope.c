@@ -38,8 +38,7 @@ static const char *const FAULT_WORDS[FY_ENV_N_FAULTS] = {
     "stale (its time is outside the window or before this process started: clocks apart, or a replay)",
     "replayed (a sequence number seen before, or behind the window)",
     "sender not allowed (its role or name does not fit the message)",
-    "not encrypted (a payload in clear from a peer that is not on loopback: set cluster.encrypt alike on every "
-    "process)",
+    "not encrypted (a clear payload from a peer off loopback: set cluster.encrypt alike everywhere)",
 };
 
 const char *fy_env_fault_str(fy_env_fault_t f) { return f >= 0 && f < FY_ENV_N_FAULTS ? FAULTS[f] : "?"; }

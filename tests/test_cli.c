@@ -39,74 +39,17 @@ static const char *bindir(void)
     return b && *b ? b : "bin";
 }
 
-typedef struct run {
-    int status; /* the exit status; -1 when killed */
-    char *out, *err;
-} run_t;
+typedef fy_test_run_t run_t;
 
-static void run_free(run_t *r)
-{
-    fy_free(r->out);
-    fy_free(r->err);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+static void run_free(run_t *r) { fy_test_run_free(r); }
 
 /* bin/PROG ARGS... (NULL-terminated), stdout and stderr to files, stdin
  * from /dev/null; fails the test past the deadline. */
 static run_t run_argv(const char *const *args)
 {
-    char prog[PATH_MAX], out_path[PATH_MAX], err_path[PATH_MAX];
+    char prog[PATH_MAX];
     snprintf(prog, sizeof(prog), "%s/%s", bindir(), args[0]);
-    snprintf(out_path, sizeof(out_path), "%s", fy_test_path("stdout"));
-    snprintf(err_path, sizeof(err_path), "%s", fy_test_path("stderr"));
-    char *argv[32];
-    int n = 0;
-    argv[n++] = prog;
-    for (int i = 1; args[i] && n < 31; i++) argv[n++] = (char *)args[i];
-    argv[n] = NULL;
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int in = open("/dev/null", O_RDONLY);
-        if (o < 0 || e < 0 || in < 0) _exit(126);
-        dup2(o, 1);
-        dup2(e, 2);
-        dup2(in, 0);
-        execv(prog, argv);
-        _exit(127);
-    }
-    run_t r = {.status = -1};
-    int st = 0;
-    int fd = (int)syscall(SYS_pidfd_open, pid, 0); /* readable once the child has exited */
-    assert_true(fd >= 0);
-    double deadline = now_s() + RUN_DEADLINE_S;
-    for (double left; (left = deadline - now_s()) > 0;) {
-        struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        if (poll(&pfd, 1, (int)(left * 1000) + 1) > 0) break;
-    }
-    close(fd);
-    pid_t w = waitpid(pid, &st, WNOHANG);
-    if (w != pid) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &st, 0);
-        fail_msg("%s did not end within %.0f s", args[0], RUN_DEADLINE_S);
-    }
-    if (WIFEXITED(st)) r.status = WEXITSTATUS(st);
-    r.out = fy_test_read_file(out_path, NULL);
-    r.err = fy_test_read_file(err_path, NULL);
-    if (!r.out) r.out = fy_strdup("");
-    if (!r.err) r.err = fy_strdup("");
-    assert_non_null(r.out);
-    assert_non_null(r.err);
-    return r;
+    return fy_test_run(prog, args + 1, RUN_DEADLINE_S);
 }
 
 /* The commands: the program, then the subcommand's words (NULL-padded). */

@@ -136,61 +136,14 @@ static bool have_ferry(void)
     return true;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+typedef fy_test_run_t run_t;
 
-typedef struct run {
-    int status; /* the exit status; -1 when killed by a signal */
-    char *err;
-} run_t;
-
-/* bin/ferry ARGS... (NULL-terminated), stdout to /dev/null, stderr to a
- * file; fails the test past the deadline. */
+/* bin/ferry ARGS... (NULL-terminated); fails the test past the deadline. */
 static run_t ferry(const char *const *args)
 {
-    char prog[PATH_MAX], err_path[PATH_MAX];
+    char prog[PATH_MAX];
     snprintf(prog, sizeof(prog), "%s/ferry", bindir());
-    snprintf(err_path, sizeof(err_path), "%s", fy_test_path("stderr"));
-    char *argv[40];
-    int n = 0;
-    argv[n++] = prog;
-    for (int i = 0; args[i] && n < 39; i++) argv[n++] = (char *)args[i];
-    argv[n] = NULL;
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int o = open("/dev/null", O_RDWR);
-        int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (o < 0 || e < 0) _exit(126);
-        dup2(o, 0);
-        dup2(o, 1);
-        dup2(e, 2);
-        execv(prog, argv);
-        _exit(127);
-    }
-    int fd = (int)syscall(SYS_pidfd_open, pid, 0); /* readable once the child has exited */
-    assert_true(fd >= 0);
-    double deadline = now_s() + RUN_DEADLINE_S;
-    for (double left; (left = deadline - now_s()) > 0;) {
-        struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        if (poll(&pfd, 1, (int)(left * 1000) + 1) > 0) break;
-    }
-    close(fd);
-    int st = 0;
-    if (waitpid(pid, &st, WNOHANG) != pid) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &st, 0);
-        fail_msg("ferry %s did not end within %.0f s", args[0], RUN_DEADLINE_S);
-    }
-    run_t r = {.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1};
-    r.err = fy_test_read_file(err_path, NULL);
-    if (!r.err) r.err = fy_strdup("");
-    assert_non_null(r.err);
-    return r;
+    return fy_test_run(prog, args, RUN_DEADLINE_S);
 }
 
 /* `ferry generate` of the prompt file on model with extra options (up to
@@ -209,6 +162,7 @@ static char *generate_run(const char *model, const char *file, int prompt, int g
     if (r.status != 0 || !strstr(r.err, want))
         fail_msg("generate on %s (%d prompt tokens): status %d, want '%s'; stderr:\n%s", model, prompt, r.status, want,
                  r.err);
+    fy_free(r.out);
     return r.err;
 }
 
@@ -285,7 +239,7 @@ static void test_generate_every_arch(void **state)
         run_t r = ferry(args);
         if (r.status != 1 || !strstr(r.err, "the prompt has 1024 tokens; the context window is 1024"))
             fail_msg("%s: a prompt of the whole context: status %d; stderr:\n%s", cases[i].name, r.status, r.err);
-        fy_free(r.err);
+        fy_test_run_free(&r);
     }
     /* a draft of global layers for a target of sliding ones: the target's
      * pool counts few blocks of every layer, the draft's is sized in its

@@ -4,14 +4,19 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -268,4 +273,65 @@ int fy_test_still_open(const int *fds, int n)
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) open++;
     }
     return open;
+}
+
+static double run_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+fy_test_run_t fy_test_run(const char *prog, const char *const *args, double deadline_s)
+{
+    char out_path[4096], err_path[4096];
+    snprintf(out_path, sizeof(out_path), "%s", fy_test_path("stdout"));
+    snprintf(err_path, sizeof(err_path), "%s", fy_test_path("stderr"));
+    char *argv[62];
+    int n = 0;
+    argv[n++] = (char *)prog;
+    for (int i = 0; args[i] && n < 61; i++) argv[n++] = (char *)args[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int in = open("/dev/null", O_RDONLY);
+        if (o < 0 || e < 0 || in < 0) _exit(126);
+        dup2(o, 1);
+        dup2(e, 2);
+        dup2(in, 0);
+        execv(prog, argv);
+        _exit(127);
+    }
+    int fd = (int)syscall(SYS_pidfd_open, pid, 0); /* readable once the child has exited */
+    assert_true(fd >= 0);
+    double deadline = run_now() + deadline_s;
+    for (double left; (left = deadline - run_now()) > 0;) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (poll(&pfd, 1, (int)(left * 1000) + 1) > 0) break;
+    }
+    close(fd);
+    int st = 0;
+    if (waitpid(pid, &st, WNOHANG) != pid) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+        fail_msg("%s %s did not end within %.0f s", prog, args[0] ? args[0] : "", deadline_s);
+    }
+    fy_test_run_t r = {.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1};
+    r.out = fy_test_read_file(out_path, NULL);
+    r.err = fy_test_read_file(err_path, NULL);
+    if (!r.out) r.out = fy_strdup("");
+    if (!r.err) r.err = fy_strdup("");
+    assert_non_null(r.out);
+    assert_non_null(r.err);
+    return r;
+}
+
+void fy_test_run_free(fy_test_run_t *r)
+{
+    fy_free(r->out);
+    fy_free(r->err);
+    r->out = r->err = NULL;
 }

@@ -1,6 +1,7 @@
 /*
  * testutil.h - shared helpers for ferry's cmocka tests: log capture,
- * temporary directories, the default model's path, a fixed seed.
+ * temporary directories, the default model's path, a fixed seed, a
+ * program's run with a deadline.
  */
 #ifndef FY_TESTUTIL_H
 #define FY_TESTUTIL_H
@@ -44,11 +45,19 @@ bool fy_test_write_file(const char *path, const void *data, size_t len);
 uint64_t fy_test_rand_u64(uint64_t *state);
 float fy_test_rand_uniform(uint64_t *state); /* [-1, 1) */
 
-/* payload as identity a sends it to "to" (NULL: nobody) on channel chan
- * as its seq-th message, sealed at ts_ms (0: now) with the key the
- * receiver expects (a's own when a cannot have that one), into out
- * (payload may lie in out); the envelope's length.  For tests that
- * forge, replay and misaddress. */
+/* A program's run: its exit status (-1: ended by a signal), what it
+ * wrote to stdout and to stderr (NUL-terminated; fy_test_run_free). */
+typedef struct fy_test_run {
+    int status;
+    char *out, *err;
+} fy_test_run_t;
+/* Runs prog (a path) with args as its argv[1..] (NULL-terminated, at most
+ * 60), stdin from /dev/null, stdout and stderr into files of the test's
+ * directory; a run still going after deadline_s is killed and fails the
+ * test, naming prog and args[0]. */
+fy_test_run_t fy_test_run(const char *prog, const char *const *args, double deadline_s);
+void fy_test_run_free(fy_test_run_t *r);
+
 /* VmRSS of process pid (0: this one) in KiB; -1 if unknown. */
 long fy_test_rss_kib(int pid);
 /* An nng ipc connection to path that says it is a peer of SP protocol
@@ -61,8 +70,11 @@ int fy_test_still_open(const int *fds, int n);
 
 struct fy_env_auth;
 struct fy_env_peer;
-/* A message from a to to (chan, seq, ts_ms: now when 0) into out, its
- * length; its payload encrypted when a->crypt is always. */
+/* payload as identity a sends it to "to" (NULL: nobody) on channel chan
+ * as its seq-th message, sealed at ts_ms (0: now) with the key the
+ * receiver expects (a's own when a cannot have that one), into out
+ * (payload may lie in out); the envelope's length; encrypted when
+ * a->crypt is always.  For tests that forge, replay and misaddress. */
 size_t fy_test_seal(const struct fy_env_auth *a, const struct fy_env_peer *to, uint64_t chan, uint64_t seq,
                     uint64_t ts_ms, const void *payload, size_t len, uint8_t *out);
 
