@@ -42,18 +42,12 @@ double tc_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static const char *bindir(void)
-{
-    const char *b = getenv("FERRY_BIN");
-    return b && *b ? b : "bin";
-}
-
 const char *tc_model(void) { return fy_test_default_model(); }
 
 bool tc_bins_available(void)
 {
     char path[512];
-    snprintf(path, sizeof(path), "%s/ferry-router", bindir());
+    snprintf(path, sizeof(path), "%s/ferry-router", fy_test_bindir());
     if (access(path, X_OK)) {
         print_message("skipped: %s is not built\n", path);
         return false;
@@ -172,7 +166,7 @@ void tc_start(tc_cluster_t *c, const tc_opts_t *o)
     char sets[20][640];
     int na;
     /* the router */
-    snprintf(bin, sizeof(bin), "%s/ferry-router", bindir());
+    snprintf(bin, sizeof(bin), "%s/ferry-router", fy_test_bindir());
     na = 0;
     argv[na++] = bin, argv[na++] = "-c", argv[na++] = c->conf;
     for (int k = 0; k < 16 && o->common[k]; k++) argv[na++] = "--set", argv[na++] = (char *)o->common[k];
@@ -201,7 +195,7 @@ void tc_start(tc_cluster_t *c, const tc_opts_t *o)
         int idx = decode ? w - o->n_prefill : w;
         char name[32];
         snprintf(name, sizeof(name), "%s-%d", decode ? "decode" : "prefill", idx);
-        snprintf(bin, sizeof(bin), "%s/ferry-%s", bindir(), decode ? "decode" : "prefill");
+        snprintf(bin, sizeof(bin), "%s/ferry-%s", fy_test_bindir(), decode ? "decode" : "prefill");
         int ns = 0;
         na = 0;
         argv[na++] = bin, argv[na++] = "-c", argv[na++] = c->conf;

@@ -33,12 +33,6 @@
 
 #define RUN_DEADLINE_S 30.0
 
-static const char *bindir(void)
-{
-    const char *b = getenv("FERRY_BIN");
-    return b && *b ? b : "bin";
-}
-
 typedef fy_test_run_t run_t;
 
 static void run_free(run_t *r) { fy_test_run_free(r); }
@@ -48,7 +42,7 @@ static void run_free(run_t *r) { fy_test_run_free(r); }
 static run_t run_argv(const char *const *args)
 {
     char prog[PATH_MAX];
-    snprintf(prog, sizeof(prog), "%s/%s", bindir(), args[0]);
+    snprintf(prog, sizeof(prog), "%s/%s", fy_test_bindir(), args[0]);
     return fy_test_run(prog, args + 1, RUN_DEADLINE_S);
 }
 
@@ -78,7 +72,7 @@ static bool have_bins(void)
     const char *need[] = {"ferry", "ferry-router", "ferry-prefill", "ferry-decode", "ferry-bench"};
     for (size_t i = 0; i < sizeof(need) / sizeof(need[0]); i++) {
         char path[PATH_MAX];
-        snprintf(path, sizeof(path), "%s/%s", bindir(), need[i]);
+        snprintf(path, sizeof(path), "%s/%s", fy_test_bindir(), need[i]);
         if (access(path, X_OK)) {
             print_message("skipped: %s is not built\n", path);
             return false;

@@ -119,30 +119,13 @@ static void test_pool_admits_its_context(void **state)
 
 /* ---- ferry generate ---------------------------------------------------------------------------- */
 
-static const char *bindir(void)
-{
-    const char *b = getenv("FERRY_BIN");
-    return b && *b ? b : "bin";
-}
-
-static bool have_ferry(void)
-{
-    char path[PATH_MAX];
-    snprintf(path, sizeof(path), "%s/ferry", bindir());
-    if (access(path, X_OK)) {
-        print_message("skipped: %s is not built\n", path);
-        return false;
-    }
-    return true;
-}
-
 typedef fy_test_run_t run_t;
 
 /* bin/ferry ARGS... (NULL-terminated); fails the test past the deadline. */
 static run_t ferry(const char *const *args)
 {
     char prog[PATH_MAX];
-    snprintf(prog, sizeof(prog), "%s/ferry", bindir());
+    snprintf(prog, sizeof(prog), "%s/ferry", fy_test_bindir());
     return fy_test_run(prog, args, RUN_DEADLINE_S);
 }
 
@@ -192,7 +175,7 @@ static const char *letters(int n)
 
 static void test_generate_every_arch(void **state)
 {
-    if (!have_ferry()) skip();
+    if (!fy_test_have_bin("ferry")) skip();
     typedef struct {
         const char *name;
         fy_arch_t arch;
@@ -282,7 +265,7 @@ static const char *words_prompt(const char *model, int n, const char *name)
 
 static void test_generate_real_models(void **state)
 {
-    if (!have_ferry()) skip();
+    if (!fy_test_have_bin("ferry")) skip();
     const char *gemma = getenv("FERRY_GEMMA_MODEL");
     bool ran = false;
     if (gemma && *gemma && access(gemma, R_OK) == 0) {

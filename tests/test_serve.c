@@ -39,23 +39,6 @@
 
 #define START_DEADLINE_S 90.0 /* model loads on a loaded 2-core machine */
 
-static const char *bindir(void)
-{
-    const char *b = getenv("FERRY_BIN");
-    return b && *b ? b : "bin";
-}
-
-static bool have_ferry(void)
-{
-    char path[PATH_MAX];
-    snprintf(path, sizeof(path), "%s/ferry", bindir());
-    if (access(path, X_OK)) {
-        print_message("skipped: %s is not built\n", path);
-        return false;
-    }
-    return true;
-}
-
 /* ---- a `ferry serve` process ----------------------------------------------------------------- */
 
 typedef struct proc {
@@ -69,7 +52,7 @@ static void serve_spawn(proc_t *p, const char *name, const char *const *args)
     snprintf(p->err, sizeof(p->err), "%s", fy_test_path(name));
     unlink(p->err);
     char ferry[PATH_MAX];
-    snprintf(ferry, sizeof(ferry), "%s/ferry", bindir());
+    snprintf(ferry, sizeof(ferry), "%s/ferry", fy_test_bindir());
     char *argv[40];
     int n = 0;
     argv[n++] = ferry;
@@ -249,7 +232,7 @@ static bool pid_gone(int pid) { return kill(pid, 0) < 0 && errno == ESRCH; }
 
 static void test_usage(void **state)
 {
-    if (!have_ferry()) skip();
+    if (!fy_test_have_bin("ferry")) skip();
     const char *none[] = {NULL}, *once[] = {"--once", "--set", "decode.count=1", NULL};
     const char *const *cases[] = {none, once};
     for (int i = 0; i < 2; i++) {
@@ -266,7 +249,7 @@ static void test_usage(void **state)
 
 static void test_bad_setting(void **state)
 {
-    if (!have_ferry() || !tc_available()) skip();
+    if (!fy_test_have_bin("ferry") || !tc_available()) skip();
     ports_t ports;
     pick_ports(&ports);
     const char *ini = write_ini("bad.ini", &ports);
@@ -304,7 +287,7 @@ static void test_bad_setting(void **state)
 /* One cluster, several lives. */
 static void test_cluster(void **state)
 {
-    if (!have_ferry() || !tc_available()) skip();
+    if (!fy_test_have_bin("ferry") || !tc_available()) skip();
     ports_t ports;
     pick_ports(&ports);
     const char *ini = write_ini("a.ini", &ports);
@@ -409,7 +392,7 @@ static void test_cluster(void **state)
  * up with its three ranks and a request is answered. */
 static void test_rank_group_restarted(void **state)
 {
-    if (!have_ferry() || !tc_available()) skip();
+    if (!fy_test_have_bin("ferry") || !tc_available()) skip();
     ports_t ports;
     pick_ports(&ports);
     const char *ini = write_ini("g.ini", &ports);
@@ -437,7 +420,7 @@ static void test_rank_group_restarted(void **state)
     fy_free(t);
     char cmd[2 * PATH_MAX];
     snprintf(cmd, sizeof(cmd), "%s/ferry request -r tcp://127.0.0.1:%d --secret %s/run-g/kv.secret --status >%s 2>&1",
-             bindir(), ports.router, fy_test_tmpdir(), fy_test_path("status.out"));
+             fy_test_bindir(), ports.router, fy_test_tmpdir(), fy_test_path("status.out"));
     double t0 = tc_now();
     int rc = -1;
     for (;;) { /* until the router has the new incarnation up */
@@ -452,8 +435,8 @@ static void test_rank_group_restarted(void **state)
         fail_msg("ferry request --status: status %d, output:\n%s", rc, t);
     fy_free(t);
     snprintf(cmd, sizeof(cmd),
-             "%s/ferry request -r tcp://127.0.0.1:%d --secret %s/run-g/kv.secret -p hello -n 4 >%s 2>&1", bindir(),
-             ports.router, fy_test_tmpdir(), fy_test_path("req.out"));
+             "%s/ferry request -r tcp://127.0.0.1:%d --secret %s/run-g/kv.secret -p hello -n 4 >%s 2>&1",
+             fy_test_bindir(), ports.router, fy_test_tmpdir(), fy_test_path("req.out"));
     rc = system(cmd);
     t = read_text(fy_test_path("req.out"));
     if (rc != 0 || !strstr(t, "generated tokens: 4")) fail_msg("ferry request: status %d, output:\n%s", rc, t);
@@ -497,7 +480,7 @@ static const char *words_prompt(int n, const char *name)
  * prompt that fills the context is served (issue 33). */
 static void test_pool_holds_the_context(void **state)
 {
-    if (!have_ferry() || !tc_available()) skip();
+    if (!fy_test_have_bin("ferry") || !tc_available()) skip();
     ports_t ports;
     pick_ports(&ports);
     const char *ini = write_ini("pool.ini", &ports);
@@ -530,7 +513,7 @@ static void test_pool_holds_the_context(void **state)
     snprintf(cmd, sizeof(cmd),
              "%s/ferry request -r tcp://127.0.0.1:%d --secret %s/run-pool/kv.secret -f %s -n 8 --ignore-eos --timeout "
              "120 >%s 2>&1",
-             bindir(), ports.router, fy_test_tmpdir(), file, fy_test_path("pool-req.out"));
+             fy_test_bindir(), ports.router, fy_test_tmpdir(), file, fy_test_path("pool-req.out"));
     int rc = system(cmd);
     t = read_text(fy_test_path("pool-req.out"));
     if (rc != 0 || !strstr(t, "generated tokens: 8")) fail_msg("ferry request: status %d, output:\n%s", rc, t);
@@ -547,7 +530,7 @@ static void test_pool_holds_the_context(void **state)
  * one with the routers' certificate lists the members. */
 static void etcd_two_routers(bool tls)
 {
-    if (!have_ferry() || !tc_available()) skip();
+    if (!fy_test_have_bin("ferry") || !tc_available()) skip();
     if (system("command -v etcd >/dev/null 2>&1")) {
         print_message("skipped: etcd is not installed (make deps installs etcd-server)\n");
         skip();
@@ -583,7 +566,7 @@ static void etcd_two_routers(bool tls)
     snprintf(cmd, sizeof(cmd),
              "%s/ferry request -r tcp://127.0.0.1:%d,tcp://127.0.0.1:%d --secret %s/run-e/kv.secret -p hello -n 4 "
              ">%s 2>&1",
-             bindir(), tc_free_port(), ports.router + 2, fy_test_tmpdir(), fy_test_path("req.out"));
+             fy_test_bindir(), tc_free_port(), ports.router + 2, fy_test_tmpdir(), fy_test_path("req.out"));
     double t0 = tc_now();
     int rc = -1;
     while ((rc = system(cmd)) != 0 && tc_now() - t0 < 30) { /* until router-1 has seen both workers */
@@ -658,7 +641,7 @@ static void test_etcd_tls(void **state) { etcd_two_routers(true); }
 static void test_tls_router_not_probed(void **state)
 {
     (void)state;
-    if (!have_ferry() || !tc_available()) skip();
+    if (!fy_test_have_bin("ferry") || !tc_available()) skip();
     ports_t ports;
     pick_ports(&ports);
     const char *ini = write_ini("tls.ini", &ports);

@@ -275,6 +275,23 @@ int fy_test_still_open(const int *fds, int n)
     return open;
 }
 
+const char *fy_test_bindir(void)
+{
+    const char *b = getenv("FERRY_BIN");
+    return b && *b ? b : "bin";
+}
+
+bool fy_test_have_bin(const char *name)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/%s", fy_test_bindir(), name);
+    if (access(path, X_OK)) {
+        print_message("skipped: %s is not built\n", path);
+        return false;
+    }
+    return true;
+}
+
 static double run_now(void)
 {
     struct timespec ts;

@@ -45,6 +45,11 @@ bool fy_test_write_file(const char *path, const void *data, size_t len);
 uint64_t fy_test_rand_u64(uint64_t *state);
 float fy_test_rand_uniform(uint64_t *state); /* [-1, 1) */
 
+/* Where the binaries are: $FERRY_BIN, else "bin". */
+const char *fy_test_bindir(void);
+/* True when fy_test_bindir()/name is an executable; else says it is skipped. */
+bool fy_test_have_bin(const char *name);
+
 /* A program's run: its exit status (-1: ended by a signal), what it
  * wrote to stdout and to stderr (NUL-terminated; fy_test_run_free). */
 typedef struct fy_test_run {
