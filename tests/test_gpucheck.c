@@ -3,7 +3,7 @@
  * rot: its dry run, on this machine without a GPU, goes through every
  * step (the CUDA build as make test made it, mkbench's tiny models,
  * test_cuda, cmp-devices cpu,cpu bit for bit, bench-gpu on the CPU
- * backend) and leaves its table and its seven files under $OUT.  The
+ * backend) and leaves its table and its eight files under $OUT.  The
  * same script without --dry-run here, where no GPU is, must fail every
  * GPU step (a skipped test_cuda is a failure there, and cuda is never
  * replaced by the CPU), with a stand-in compute-sanitizer whose memcheck
@@ -96,6 +96,8 @@ static void test_dry_run(void **state)
     expect_in(table, "| memcheck | SKIP | 0 | dry run: needs a GPU |", "the table");
     expect_in(table, "| racecheck | SKIP | 0 | dry run: needs a GPU |", "the table");
     expect_in(table, "| bench-gpu | PASS |", "the table");
+    expect_in(table, "| cluster cpu,cpu | PASS | ", "the table");
+    expect_in(table, " | 3 answers equal (staged auto), every block back |", "the table");
     assert_true(strstr(table, "| test_cuda | SKIP |") || strstr(table, "| test_cuda | PASS |"));
     expect_in(table, "; 0 failed; logs in", "the table");
     const char *end = out + strlen(out);
@@ -103,9 +105,9 @@ static void test_dry_run(void **state)
     const char *last = end;
     while (last > out && last[-1] != '\n') last--;
     assert_true(!strncmp(last, "total ", 6));
-    /* exactly its seven files under $OUT, none empty */
+    /* exactly its eight files under $OUT, none empty */
     static const char *const files[] = {"summary.txt", "build.log",     "models.log", "test_cuda.log",
-                                        "compare.log", "sanitizer.log", "bench.log"};
+                                        "compare.log", "sanitizer.log", "bench.log",  "cluster.log"};
     int n = 0;
     DIR *d = opendir(dir);
     assert_non_null(d);
@@ -118,10 +120,10 @@ static void test_dry_run(void **state)
         n++;
     }
     closedir(d);
-    assert_int_equal(n, 7);
+    assert_int_equal(n, 8);
     char path[600];
-    char *t[7];
-    for (int i = 0; i < 7; i++) {
+    char *t[8];
+    for (int i = 0; i < 8; i++) {
         snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
         t[i] = slurp(path);
         assert_true(strlen(t[i]) > 0);
@@ -143,7 +145,12 @@ static void test_dry_run(void **state)
     expect_in(t[6], "| batch | step ms", "bench.log");
     expect_in(t[6], "| 64 | ", "bench.log");       /* attention at context 64 */
     expect_in(t[6], "| 32 | bf16 |", "bench.log"); /* matmul at 32 tokens */
-    for (int i = 0; i < 7; i++) fy_free(t[i]);
+    /* the staged cluster and the direct one: their answers, every block back */
+    expect_in(t[7], "cpu (staged): 3 of 3 answered", "cluster.log");
+    expect_in(t[7], "cpu (auto): 3 of 3 answered", "cluster.log");
+    expect_in(t[7], "path=\"staged\"} ", "cluster.log");
+    expect_in(t[7], "state=\"used\"} 0", "cluster.log");
+    for (int i = 0; i < 8; i++) fy_free(t[i]);
     fy_free(out);
 }
 
@@ -190,8 +197,10 @@ static void test_no_gpu_fails(void **state)
     expect_in(out, "exit status 3; ERROR SUMMARY: 2 errors |", "the output");
     expect_in(out, "| racecheck | PASS |", "the output");
     expect_in(out, "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings) |", "the output");
-    expect_in(out, "; 4 failed; logs in", "the output");
-    /* both sanitizers' logs merged into one file; still seven files */
+    expect_in(out, "| cluster cuda,cpu | FAIL |", "the output");
+    expect_in(out, "a worker fell back to the cpu |", "the output");
+    expect_in(out, "; 5 failed; logs in", "the output");
+    /* both sanitizers' logs merged into one file; still eight files */
     char path[600];
     snprintf(path, sizeof(path), "%s/sanitizer.log", dir);
     char *slog = slurp(path);
@@ -205,7 +214,7 @@ static void test_no_gpu_fails(void **state)
     assert_non_null(d);
     for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
     closedir(d);
-    assert_int_equal(n, 7);
+    assert_int_equal(n, 8);
     fy_free(out);
 }
 

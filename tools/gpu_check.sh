@@ -17,12 +17,15 @@
 #   5. bench     ferry bench-gpu on the Llama-shaped model, alone on the GPU:
 #                device-to-device copy, decode steps at batch 1/8/64, paged decode
 #                attention at 4k-32k context, prefill matmuls
+#   6. cluster   tools/gpu_cluster.sh: a prefill and a decode worker on the GPU, KV
+#                staged through pinned host memory, against the same on the CPU: the
+#                same answers, every block back
 # GPU_CHECK_SIZES=tiny writes the dry run's tiny models instead (a quick look
 # on a GPU host; tests/test_gpucheck.c runs it where there is no GPU, to see
 # every GPU step fail).  Every step has its own timeout, clipped so that all of them end within
 # GPU_CHECK_BUDGET seconds (default 400).  Output lands under $OUT (default
-# build/gpu-check/DATE) in seven files: summary.txt, build.log, models.log,
-# test_cuda.log, compare.log, sanitizer.log, bench.log; nothing is deleted.  The
+# build/gpu-check/DATE) in eight files: summary.txt, build.log, models.log,
+# test_cuda.log, compare.log, sanitizer.log, bench.log, cluster.log; nothing is deleted.  The
 # table (PASS/FAIL/SKIP per step) is printed last, after the tail of every
 # failed step's log; the exit status is 0 when no step failed.
 #
@@ -345,6 +348,67 @@ if [ "$models" = 0 ]; then
     [ "$rc" = 0 ] || failed_logs="$failed_logs $belog"
 else
     row bench-gpu SKIP 0 "no models"
+fi
+
+# ---- 6. cluster ----------------------------------------------------------------------------------------------
+# a disaggregated cluster on this host (tools/gpu_cluster.sh: 1 prefill and 1
+# decode worker, each a process) on the GPU with KV staged through pinned host
+# memory, then on the CPU: the same answers, transfers that passed the layout
+# handshake, and every block back in its pool
+ulog=$out/cluster.log
+: >"$ulog"
+if [ "$models" = 0 ]; then
+    udir=build/gpu-check-cluster
+    rm -rf "$udir"
+    if [ $dry = 1 ]; then
+        udev="cpu cpu" ux="staged auto"
+    else
+        udev="cuda cpu" ux="${GPU_CLUSTER_XFER:-staged} auto"
+    fi
+    s=$(date +%s)
+    urc=0
+    set -- $ux
+    for d in $udev; do
+        lim=$(limit 90)
+        dd=$d
+        [ -e "$udir/$d" ] && dd=$d-2
+        mkdir -p "$udir/$dd"
+        GPU_CLUSTER_XFER=$1 FERRY_BIN=$bin run "$ulog" "$lim" sh tools/gpu_cluster.sh "$llama" "$d" "$udir/$dd"
+        shift
+        [ "$rc" = 0 ] || urc=$rc
+        for f in answers status metrics; do
+            echo "---- $dd.$f" >>"$ulog"
+            cat "$udir/$dd/$d.$f" >>"$ulog" 2>/dev/null
+        done
+        for w in prefill-0 decode-0; do
+            echo "---- $dd: the end of $w.log" >>"$ulog"
+            tail -n 25 "$udir/$dd/$d-run/logs/$w.log" >>"$ulog" 2>/dev/null
+        done
+    done
+    set -- $udev
+    a1=$(ls "$udir"/*/"$1".answers 2>/dev/null | head -1)
+    a2=$(ls "$udir"/*/"$2".answers 2>/dev/null | tail -1)
+    unote=""
+    if [ "$urc" = 0 ]; then
+        if grep -q 'falling back to the cpu' "$udir"/*/*-run/logs/*.log 2>/dev/null; then
+            urc=1 unote="a worker fell back to the cpu"
+        elif ! cmp -s "$a1" "$a2"; then
+            urc=1 unote="answers differ (cluster.log)"
+        elif grep -E 'state="(used|promised)"} [1-9]' "$udir"/*/*.metrics >/dev/null; then
+            urc=1 unote="blocks still held after the requests"
+        elif grep -E '(copy_failures_total|peer_failures_total|result="failed")[^ ]* [1-9]' "$udir"/*/*.metrics >/dev/null; then
+            urc=1 unote="failed transfers"
+        else
+            unote="3 answers equal ($ux), every block back"
+        fi
+    fi
+    rc=$urc
+    dt=$(($(date +%s) - s))
+    row "cluster $(echo $udev | tr ' ' ,)" "$(verdict)" "$dt" "$(note_rc "$unote")"
+    [ "$rc" = 0 ] || failed_logs="$failed_logs $ulog"
+else
+    echo "no models" >"$ulog"
+    row cluster SKIP 0 "no models"
 fi
 
 # ---- the table -----------------------------------------------------------------------------------------------
