@@ -27,8 +27,8 @@
  * (the runner's forward returns with its logits on the host), medians of
  * --reps after warm-up calls; inputs are random, never zeros.
  *
- * NEVER RUN ON A GPU YET: written and checked on the CPU backend only;
- * tools/gpu_check.sh runs it on the GPU host.
+ * First run on a GPU (an H200) on 2026-11-28 by tools/gpu_check.sh;
+ * figures in BENCHMARKS.md, raw output under bench/results/gpu/.
  */
 #include <getopt.h>
 #include <math.h>
@@ -61,6 +61,7 @@ typedef struct gpu_opts {
     int matmul_n[MAX_LIST], n_matmul_n;
     long copy_mib;
     bool do_copy, do_decode, do_attn, do_matmul;
+    bool profile; /* decode: where a step's time goes, by op */
 } gpu_opts_t;
 
 static fy_status_t make_backend(const gpu_opts_t *o, fy_backend_t **be_p)
@@ -128,8 +129,9 @@ static fy_status_t bench_decode(const gpu_opts_t *o, const fy_model_t *m, double
     int maxB = 0;
     for (int i = 0; i < o->n_batches; i++)
         if (o->batches[i] > maxB) maxB = o->batches[i];
-    /* every batch size runs 1 + 2 warm-up and 2 x `steps` timed steps on the first B sequences */
-    int32_t extra = o->n_batches * (2 * o->steps + 3) + 1, cap = o->ctx + extra; /* with graphs and without */
+    /* every batch size runs 1 + 2 warm-up and 2 x `steps` timed steps on the first B sequences (with graphs
+     * and without), and `steps` more profiled */
+    int32_t extra = o->n_batches * ((o->profile ? 3 : 2) * o->steps + 3) + 1, cap = o->ctx + extra;
     if (cap > c->max_ctx) {
         fy_error("bench-gpu: --ctx %d plus %d decode steps is past the model's context of %d", o->ctx, extra,
                  c->max_ctx);
@@ -196,6 +198,7 @@ static fy_status_t bench_decode(const gpu_opts_t *o, const fy_model_t *m, double
         "graphs save |\n",
         o->steps);
     printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    fy_backend_profile_t prof[MAX_LIST];
     for (int i = 0; i < o->n_batches; i++) {
         int B = o->batches[i];
         double kv_sum = 0, direct = 0;
@@ -240,8 +243,42 @@ static fy_status_t bench_decode(const gpu_opts_t *o, const fy_model_t *m, double
                bytes / 1048576.0, bytes / med / 1e9, copy_bw > 0 ? 100.0 * bytes / med / copy_bw : 0, direct * 1e3,
                save);
         fflush(stdout);
+        if (o->profile) { /* steps launched directly, each op synchronized and timed by the dispatch layer */
+            fy_runner_set_graphs(s.runner, 0);
+            fy_backend_profile_enable(s.be, true);
+            for (int k = 0; k < o->steps; k++) {
+                for (int b = 0; b < B; b++) {
+                    tok[b] = (int32_t)(fy_rng_next(&rng) % (uint64_t)c->vocab_size);
+                    f[b] = (fy_forward_seq_t){&bt[b], &tok[b], 1, pos[b], 1, NULL};
+                }
+                if ((st = fy_runner_forward(s.runner, f, B, logits))) goto out;
+                for (int b = 0; b < B; b++) pos[b]++;
+            }
+            fy_backend_profile_get(s.be, &prof[i]);
+            fy_backend_profile_enable(s.be, false);
+            fy_runner_set_graphs(s.runner, 1);
+        }
     }
     printf("\n");
+    if (o->profile) {
+        printf("decode step by op (--profile: each op synchronized and timed on the host, launch and wait included; "
+               "ms per step, mean of %d steps without graphs; calls per step)\n\n| op |",
+               o->steps);
+        for (int i = 0; i < o->n_batches; i++) printf(" batch %d ms | calls |", o->batches[i]);
+        printf("\n|---|");
+        for (int i = 0; i < o->n_batches; i++) printf("---:|---:|");
+        printf("\n");
+        for (int op = 0; op < FY_OP_COUNT; op++) {
+            bool any = false;
+            for (int i = 0; i < o->n_batches; i++) any |= prof[i].calls[op] > 0;
+            if (!any) continue;
+            printf("| %s |", fy_backend_op_name((fy_backend_op_t)op));
+            for (int i = 0; i < o->n_batches; i++)
+                printf(" %.3f | %.0f |", (double)prof[i].ns[op] / 1e6 / o->steps, (double)prof[i].calls[op] / o->steps);
+            printf("\n");
+        }
+        printf("\n");
+    }
     st = FY_OK;
 out:
     for (int b = 0; b < n_init; b++) {
@@ -400,7 +437,7 @@ static fy_status_t bench_matmul(const gpu_opts_t *o, const fy_model_t *m)
     void *keep[7] = {0};
     int n_up[2] = {0, 0};
     float *x = NULL, *y[7] = {0};
-    double t[MAX_REPS], flop_per_tok = 0;
+    double t[MAX_REPS], flop_per_tok = 0, wbytes[2] = {0, 0};
     fy_status_t st;
     memset(dev, 0, sizeof(dev));
     if ((st = make_backend(o, &be))) return st;
@@ -416,6 +453,8 @@ static fy_status_t bench_matmul(const gpu_opts_t *o, const fy_model_t *m)
     for (int w = 0; w < 7; w++, n_up[0]++) {
         if ((st = fy_backend_upload(be, host[w], FY_USE_MATMUL, &dev[0][w]))) goto out;
         flop_per_tok += 2.0 * (double)host[w]->ne[0] * (double)host[w]->ne[1];
+        wbytes[0] += (double)host[w]->nbytes;
+        wbytes[1] += 2.0 * (double)host[w]->ne[0] * (double)host[w]->ne[1];
     }
     for (int w = 0; w < 7; w++, n_up[1]++) {
         fy_tensor_t b16;
@@ -426,11 +465,12 @@ static fy_status_t bench_matmul(const gpu_opts_t *o, const fy_model_t *m)
     for (int w = 0; w < 7; w++)
         if ((st = fy_backend_alloc(be, (size_t)maxn * host[w]->ne[1] * sizeof(float), (void **)&y[w]))) goto out;
     if ((st = upload_random_f32(be, x, (size_t)maxn * widest, 11))) goto out;
-    printf("matmul: layer 0's seven matrices (q, k, v, o, gate, up, down: %.1f M weights) of %s, as the x of "
-           "prefill; four calls, as the runner groups them\n\n",
-           flop_per_tok / 2e6, c->name);
-    printf("| tokens | weights | ms (median of %d) | TFLOP/s |\n", o->reps);
-    printf("|---:|---|---:|---:|\n");
+    printf("matmul: layer 0's seven matrices (q, k, v, o, gate, up, down: %.1f M weights, %.1f MiB as stored) of %s, "
+           "x of n tokens; four calls, as the runner groups them; weight GB/s: the weights' bytes (as stored or "
+           "bf16) over the time\n\n",
+           flop_per_tok / 2e6, wbytes[0] / 1048576.0, c->name);
+    printf("| tokens | weights | ms (median of %d) | TFLOP/s | weight GB/s |\n", o->reps);
+    printf("|---:|---|---:|---:|---:|\n");
     for (int i = 0; i < o->n_matmul_n; i++) {
         int32_t n = o->matmul_n[i];
         for (int v = 0; v < 2; v++) {
@@ -453,8 +493,8 @@ static fy_status_t bench_matmul(const gpu_opts_t *o, const fy_model_t *m)
                 goto out;
             }
             double med = median(t, o->reps);
-            printf("| %d | %s | %.3f | %.2f |\n", n, v ? "bf16" : "as stored", med * 1e3,
-                   flop_per_tok * n / med / 1e12);
+            printf("| %d | %s | %.3f | %.2f | %.1f |\n", n, v ? "bf16" : "as stored", med * 1e3,
+                   flop_per_tok * n / med / 1e12, wbytes[v] / med / 1e9);
             fflush(stdout);
         }
     }
@@ -476,7 +516,7 @@ static void usage(FILE *f)
             "usage: ferry bench-gpu -m MODEL [--device cuda|cpu] [--only copy,decode,attn,matmul]\n"
             "                       [--batches 1,8,64] [--ctx 1024] [--steps 16] [--attn-ctx 4096,8192,16384,32768]\n"
             "                       [--attn-batch 64] [--matmul-n 512,1024,2048] [--copy-mib 1024] [--reps 10]\n"
-            "                       [--threads N]\n"
+            "                       [--profile] [--threads N]\n"
             "  a backend's decode steps, paged attention and prefill matmuls against its device-to-device copy\n"
             "  -m, --model PATH     the model whose shapes and weights are measured (a llama-shaped .gguf)\n"
             "      --device D       cuda (refused where no GPU can be used) or cpu (default cuda)\n"
@@ -489,6 +529,7 @@ static void usage(FILE *f)
             "      --matmul-n LIST  prefill tokens of the matmul section\n"
             "      --copy-mib N     bytes of the reference copy\n"
             "      --reps N         timed calls of copy, attention and matmul (median)\n"
+            "      --profile        decode: also --steps steps without graphs, each op synchronized and timed\n"
             "  -t, --threads N      CPU threads (cpu device; default one per core)\n"
             "  -h, --help\n");
 }
@@ -517,7 +558,19 @@ static bool parse_only(const char *s, gpu_opts_t *o)
 
 int fy_cmd_bench_gpu(int argc, char **argv)
 {
-    enum { O_DEVICE = 256, O_ONLY, O_BATCHES, O_CTX, O_STEPS, O_ATTN_CTX, O_ATTN_BATCH, O_MATMUL_N, O_COPY, O_REPS };
+    enum {
+        O_DEVICE = 256,
+        O_ONLY,
+        O_BATCHES,
+        O_CTX,
+        O_STEPS,
+        O_ATTN_CTX,
+        O_ATTN_BATCH,
+        O_MATMUL_N,
+        O_COPY,
+        O_REPS,
+        O_PROFILE
+    };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
         {"device", required_argument, 0, O_DEVICE},
@@ -530,6 +583,7 @@ int fy_cmd_bench_gpu(int argc, char **argv)
         {"matmul-n", required_argument, 0, O_MATMUL_N},
         {"copy-mib", required_argument, 0, O_COPY},
         {"reps", required_argument, 0, O_REPS},
+        {"profile", no_argument, 0, O_PROFILE},
         {"threads", required_argument, 0, 't'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -595,6 +649,7 @@ int fy_cmd_bench_gpu(int argc, char **argv)
             if (!fy_cli_parse_int("--reps", optarg, 1, MAX_REPS, &v)) return 2;
             o.reps = (int)v;
             break;
+        case O_PROFILE: o.profile = true; break;
         case 't':
             if (!fy_cli_parse_int("--threads", optarg, 1, 256, &v)) return 2;
             o.threads = (int)v;

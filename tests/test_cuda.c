@@ -1170,7 +1170,9 @@ static void test_quant_matmul(void **state)
     assert_int_equal(fy_backend_reserve(cpu, &res), FY_OK);
     assert_int_equal(fy_backend_reserve(gpu, &res), FY_OK);
     const int32_t ns[] = {1, 3, 8, 9, 64};
-    for (size_t ti = 0; ti < N_WTYPES; ti++) {
+    /* both vector kernels (FY_CUDA_MMV, read at each call): lanes, and staged through shared memory */
+    for (size_t vi = 0, ti = 0; vi < 2; vi += ti == N_WTYPES - 1, ti = (ti + 1) % N_WTYPES) {
+        setenv("FY_CUDA_MMV", vi ? "staged" : "lanes", 1);
         const fy_dtype_t dt = g_wtypes[ti];
         const bool quant = fy_dtype_is_quantized(dt);
         /* Q4_K also as an output head of 9000 rows: three tiles of the GEMM (4096 rows of 4096 each) */
@@ -1215,9 +1217,9 @@ static void test_quant_matmul(void **state)
                     for (size_t k = 0; k < o; k++) {
                         double tol = f * amag[i][k] + 1e-6;
                         if (!isfinite(got[i][k]) || !(fabs((double)got[i][k] - ref[i][k]) <= tol))
-                            fail_msg("matmul %s, %d weights of width %d, n %d: weight %d row %lld token %lld is %.9g, "
-                                     "the cpu says %.9g (tolerance %g) seed %u",
-                                     fy_dtype_name(dt), n_w, in, n, i, (long long)(k % rows[i]),
+                            fail_msg("matmul %s (%s), %d weights of width %d, n %d: weight %d row %lld token %lld is "
+                                     "%.9g, the cpu says %.9g (tolerance %g) seed %u",
+                                     fy_dtype_name(dt), getenv("FY_CUDA_MMV"), n_w, in, n, i, (long long)(k % rows[i]),
                                      (long long)(k / rows[i]), got[i][k], ref[i][k], tol, SEED);
                     }
                     fy_backend_free(gpu, yd[i]);
@@ -1229,6 +1231,7 @@ static void test_quant_matmul(void **state)
             for (int i = 0; i < n_w; i++) qweight_drop(cpu, gpu, &w[i]);
         }
     }
+    unsetenv("FY_CUDA_MMV");
     fy_backend_destroy(cpu);
     fy_backend_destroy(gpu);
 }

@@ -24,6 +24,8 @@
 
 #include <cuda_bf16.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* the project's headers are C11; their one C-only construct, spelled for C++ */
 #define _Static_assert static_assert
@@ -103,6 +105,111 @@ static __global__ void __launch_bounds__(32 * FY_CUDA_MMV_WARPS)
     }
 }
 
+/* The staged variant (FY_CUDA_MMV=staged): the same arithmetic per block,
+ * but a warp first copies a stretch of its row (whole iterations of 32
+ * blocks, up to MMV_STAGE bytes) into shared memory with 16-byte loads
+ * where the stretch is 16-byte aligned (4- or 1-byte loads otherwise),
+ * all issued before the first is used, then each lane decodes its block
+ * from shared memory.  The lane kernel above reads a block with 2-byte
+ * loads, so a warp has few bytes in flight; this one has a whole stretch.
+ * Blocks are summed in the same order as the lane kernel, lane by lane,
+ * so both give the same bits. */
+#define MMV_STAGE 4352 /* bytes a warp stages: 4 iterations of Q8_0 (32 blocks of 34 bytes) */
+
+/* elements and bytes of type T's block as stored (a K-quant's super-block) */
+static constexpr __host__ __device__ int mmv_blk_elems(int t)
+{
+    return t == FY_DTYPE_Q2_K || t == FY_DTYPE_Q3_K || t == FY_DTYPE_Q4_K || t == FY_DTYPE_Q5_K || t == FY_DTYPE_Q6_K
+               ? 256
+               : 32;
+}
+static constexpr __host__ __device__ int mmv_blk_bytes(int t)
+{
+    return t == FY_DTYPE_Q8_0     ? 34
+           : t == FY_DTYPE_Q4_0   ? 18
+           : t == FY_DTYPE_Q4_1   ? 20
+           : t == FY_DTYPE_Q5_0   ? 22
+           : t == FY_DTYPE_Q5_1   ? 24
+           : t == FY_DTYPE_IQ4_NL ? 18
+           : t == FY_DTYPE_Q2_K   ? 84
+           : t == FY_DTYPE_Q3_K   ? 110
+           : t == FY_DTYPE_Q4_K   ? 144
+           : t == FY_DTYPE_Q5_K   ? 176
+           : t == FY_DTYPE_Q6_K   ? 210
+                                  : 0;
+}
+
+/* n bytes from src (global) to dst (shared, 16-byte aligned) by the warp's lanes */
+static __device__ __forceinline__ void warp_stage(uint8_t *dst, const uint8_t *src, int n, int lane)
+{
+    if (((uintptr_t)src & 15) == 0 && (n & 15) == 0) {
+        const int4 *s4 = (const int4 *)src;
+        int4 *d4 = (int4 *)dst;
+        int4 v[MMV_STAGE / 16 / 32 + 1];
+#pragma unroll
+        for (int k = 0; k < MMV_STAGE / 16 / 32 + 1; k++)
+            if (lane + 32 * k < n / 16) v[k] = __ldg(s4 + lane + 32 * k);
+#pragma unroll
+        for (int k = 0; k < MMV_STAGE / 16 / 32 + 1; k++)
+            if (lane + 32 * k < n / 16) d4[lane + 32 * k] = v[k];
+    } else if (((uintptr_t)src & 3) == 0 && (n & 3) == 0) {
+        const uint32_t *s1 = (const uint32_t *)src;
+        uint32_t *d1 = (uint32_t *)dst;
+        for (int k = lane; k < n / 4; k += 32) d1[k] = __ldg(s1 + k);
+    } else {
+        for (int k = lane; k < n; k += 32) dst[k] = __ldg(src + k);
+    }
+}
+
+template <int T>
+static __global__ void __launch_bounds__(32 * FY_CUDA_MMV_WARPS)
+    mmv_q8_staged_kernel(const uint8_t *w, size_t row_bytes, int64_t rows, int32_t in, const int8_t *xq,
+                         const float *xd, int32_t n, float *y)
+{
+    constexpr int BE = mmv_blk_elems(T), BB = mmv_blk_bytes(T);
+    constexpr int IB = 1024 / BE * BB; /* bytes of 32 blocks of 32 */
+    constexpr int U = MMV_STAGE / IB;  /* iterations a stretch holds */
+    static_assert(U >= 1, "a stretch holds an iteration");
+    __shared__ __align__(16) uint8_t stage[FY_CUDA_MMV_WARPS][MMV_STAGE];
+    const int lane = threadIdx.x % 32, wi = threadIdx.x / 32;
+    const int64_t r = (int64_t)blockIdx.x * FY_CUDA_MMV_WARPS + wi;
+    if (r >= rows) return; /* the whole warp */
+    const uint8_t *row = w + r * (int64_t)row_bytes;
+    uint8_t *sm = stage[wi];
+    const int32_t nb = in / FY_QK;
+    float acc[FY_CUDA_MMV_MAX_N];
+#pragma unroll
+    for (int t = 0; t < FY_CUDA_MMV_MAX_N; t++) acc[t] = 0.0f;
+    for (int32_t b0 = 0; b0 < nb; b0 += 32 * U) {
+        const int32_t cnt = nb - b0 < 32 * U ? nb - b0 : 32 * U; /* blocks of 32 in this stretch */
+        const int64_t off = (int64_t)b0 * FY_QK / BE * BB;
+        const int bytes = cnt * FY_QK / BE * BB;
+        __syncwarp();
+        warp_stage(sm, row + off, bytes, lane);
+        __syncwarp();
+        for (int32_t b = lane; b < cnt; b += 32) {
+            fyq_sub_t sb;
+            fyq_sub_load((fy_dtype_t)T, sm, b, &sb);
+#pragma unroll
+            for (int t = 0; t < FY_CUDA_MMV_MAX_N; t++) {
+                if (t < n) {
+                    const int4 *xv = (const int4 *)(xq + (int64_t)t * in + (int64_t)(b0 + b) * FY_QK);
+                    const int4 v0 = xv[0], v1 = xv[1];
+                    const int32_t xw[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+                    acc[t] += fyq_sub_dot(&sb, xw, xd[(int64_t)t * nb + b0 + b], fyq_needs_xsum((fy_dtype_t)T));
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < FY_CUDA_MMV_MAX_N; t++) {
+        if (t < n) {
+            const float v = warp_sum(acc[t]);
+            if (lane == 0) y[(int64_t)t * rows + r] = v;
+        }
+    }
+}
+
 /* float weights: lane l takes elements l, l + 32, ... (coalesced), x as it is */
 template <int T>
 static __global__ void __launch_bounds__(32 * FY_CUDA_MMV_WARPS)
@@ -151,11 +258,16 @@ extern "C" cudaError_t fy_cuda_mmv(int dtype, const void *w, size_t row_bytes, i
     if (n < 1 || n > FY_CUDA_MMV_MAX_N || rows < 1) return cudaErrorInvalidValue;
     const fy_cuda_launch_t l = fy_cuda_mmv_launch(rows);
     const uint8_t *wb = (const uint8_t *)w;
+    const char *v = getenv("FY_CUDA_MMV"); /* lanes (default) or staged: read at each call, for tests and benches */
+    const bool staged = v && !strcmp(v, "staged");
     switch (dtype) {
 #define MMV_Q(T)                                                                                                       \
     case T:                                                                                                            \
         if (in % FY_QK) return cudaErrorInvalidValue;                                                                  \
-        mmv_q8_kernel<T><<<l.grid, l.block, 0, s>>>(wb, row_bytes, rows, in, xq, xd, n, y);                            \
+        if (staged)                                                                                                    \
+            mmv_q8_staged_kernel<T><<<l.grid, l.block, 0, s>>>(wb, row_bytes, rows, in, xq, xd, n, y);                 \
+        else                                                                                                           \
+            mmv_q8_kernel<T><<<l.grid, l.block, 0, s>>>(wb, row_bytes, rows, in, xq, xd, n, y);                        \
         break;
         FY_QUANT_TYPES(MMV_Q)
 #undef MMV_Q
