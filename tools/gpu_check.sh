@@ -267,23 +267,21 @@ slog=$out/sanitizer.log
 part=build/gpu-check-parts
 mkdir -p "$part"
 lim=$(limit 120)
+slim=$(limit 170) # racecheck over test_cuda took 107 s on the first run
 pids=""
 if [ "$built" = 0 ] && [ $dry = 0 ] && [ -n "$san" ]; then
     rm -f "$part"/*.rc
     : >"$part/memcheck"
     : >"$part/racecheck"
-    (run "$part/memcheck" "$lim" "$san" --tool memcheck --leak-check full --error-exitcode 3 "$build/tests/test_cuda"
+    (run "$part/memcheck" "$slim" "$san" --tool memcheck --leak-check full --error-exitcode 3 "$build/tests/test_cuda"
      echo "$rc $dt" >"$part/memcheck.rc") &
     pids="$pids $!"
-    # cuBLAS's own kernels (nvjet_*, Hopper's GEMMs) are left out: the first
-    # GPU run found racecheck reporting hazards inside them only (82, none in
-    # ferry's kernels), and they took most of its time; a sanitizer that does
-    # not know the option checks them all
-    (run "$part/racecheck" "$lim" "$san" --tool racecheck --kernel-name-exclude kns=nvjet --error-exitcode 3 \
-        "$build/tests/test_cuda"
-     if [ "$rc" != 0 ] && ! grep -q 'SUMMARY' "$part/racecheck"; then
-         run "$part/racecheck" "$(limit "$lim")" "$san" --tool racecheck --error-exitcode 3 "$build/tests/test_cuda"
-     fi
+    # every kernel, cuBLAS's too: the first GPU run's 82 hazards were all
+    # inside cuBLAS's nvjet_* GEMM kernels; leaving those out
+    # (--kernel-name-exclude kns=nvjet) made the sanitizer itself fail ("failed
+    # to handle a hardware exception") in the second.  The verdict below
+    # counts the hazards by kernel.
+    (run "$part/racecheck" "$slim" "$san" --tool racecheck --error-exitcode 3 "$build/tests/test_cuda"
      echo "$rc $dt" >"$part/racecheck.rc") &
     pids="$pids $!"
 fi
@@ -336,9 +334,15 @@ for tool in memcheck racecheck; do
         # its last summary line ("ERROR SUMMARY: 0 errors", "RACECHECK SUMMARY: 0 hazards ...")
         summ=$(grep -o '[A-Z]* SUMMARY: .*' "$part/$tool" | tail -n 1)
         unsupported=$(grep -c 'Device not supported' "$part/$tool")
+        races_lib=$(grep 'Race reported' "$part/$tool" | grep -c 'nvjet')
+        races_own=$(grep -E 'Race reported|Sanitizer Error' "$part/$tool" | grep -vc 'nvjet')
+        tests_failed=$(grep -c '^\[  FAILED  \]' "$part/$tool")
         rm -f "$part/$tool" "$part/$tool.rc" # merged into sanitizer.log
         if [ "$unsupported" != 0 ] && [ "$rc" != 0 ]; then
             row "$tool" SKIP "$dt" "compute-sanitizer: device not supported on this host"
+        elif [ "$tool" = racecheck ] && [ "$rc" = 3 ] && [ -n "$summ" ] && [ "$races_own" = 0 ] &&
+            [ "$tests_failed" = 0 ] && [ "$races_lib" -gt 0 ]; then
+            row "$tool" PASS "$dt" "$summ: all $races_lib reports inside cuBLAS's nvjet kernels, none in ferry's"
         else
             row "$tool" "$(verdict)" "$dt" "$(note_rc "${summ:-no summary}")"
             [ "$rc" = 0 ] || failed_logs="$failed_logs $slog"
