@@ -22,9 +22,38 @@ ncu=$(command -v ncu 2>/dev/null || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsigh
 metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size
 metrics=$metrics,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed
 metrics=$metrics,sm__throughput.avg.pct_of_peak_sustained_elapsed
+# the raw page has a column per metric and device attribute: keep the kernel's
+# name, grid and the metrics asked for, and DRAM bytes read over its time
+table() {
+    python3 -c '
+import csv, sys
+want = ["Kernel Name", "Grid Size", "gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
+        "sm__warps_active.avg.pct_of_peak_sustained_active", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+        "sm__throughput.avg.pct_of_peak_sustained_elapsed"]
+hdr = None
+for r in csv.reader(sys.stdin):
+    if hdr is None:
+        if r and r[0] == "ID":
+            hdr = r
+            print("| kernel | grid | ns | DRAM read B | DRAM write B | warps active % | DRAM % of peak | SM % of peak | read GB/s |")
+            print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        elif r:
+            print(",".join(r)[:300])
+        continue
+    if len(r) != len(hdr) or not r[0].isdigit():
+        continue
+    v = [r[hdr.index(w)] if w in hdr else "?" for w in want]
+    name = v[0].split("(")[0].replace("void ", "")
+    try:
+        gbs = "%.0f" % (float(v[3].replace(",", "")) / float(v[2].replace(",", "")))
+    except ValueError:
+        gbs = "?"
+    print("| " + " | ".join([name] + v[1:] + [gbs]) + " |")
+' 2>&1 || echo "(python3 failed: the raw csv is not shown)"
+}
 prof() {
     timeout -k 5 120 "$ncu" --clock-control none --metrics "$metrics" --csv --page raw --print-units base "$@" 2>&1 |
-        grep -v '^==PROF==' | cut -c1-400
+        grep -v '^==PROF==' | table
 }
 echo "==== ncu: vector matmuls of decode steps at batch 1 (lanes)"
 prof -k regex:mmv_q8 --launch-count 24 "$bin/ferry" bench-gpu -m "$m" --device cuda --only decode --batches 1 --steps 2
