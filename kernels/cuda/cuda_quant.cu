@@ -258,8 +258,13 @@ extern "C" cudaError_t fy_cuda_mmv(int dtype, const void *w, size_t row_bytes, i
     if (n < 1 || n > FY_CUDA_MMV_MAX_N || rows < 1) return cudaErrorInvalidValue;
     const fy_cuda_launch_t l = fy_cuda_mmv_launch(rows);
     const uint8_t *wb = (const uint8_t *)w;
-    const char *v = getenv("FY_CUDA_MMV"); /* lanes (default) or staged: read at each call, for tests and benches */
-    const bool staged = v && !strcmp(v, "staged");
+    /* FY_CUDA_MMV = lanes or staged forces a kernel (read at each call, for
+     * tests and benches); otherwise the staged one where it was faster on an
+     * H200 (ncu, BENCHMARKS.md): one x row over a tall matrix (the output
+     * head 1.41x, gate/up 1.08x); the lanes kernel for the rest (short
+     * matrices, the long rows of down, n > 1) */
+    const char *v = getenv("FY_CUDA_MMV");
+    const bool staged = v && !strcmp(v, "staged") ? true : v && !strcmp(v, "lanes") ? false : n == 1 && rows >= 8192;
     switch (dtype) {
 #define MMV_Q(T)                                                                                                       \
     case T:                                                                                                            \
