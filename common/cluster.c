@@ -141,7 +141,7 @@ static fy_status_t read_secret_max(const char *path, const char *what, uint8_t *
     size_t n = 0;
     if (max > READ_SECRET_MAX) max = READ_SECRET_MAX;
     while (n <= max) {
-        ssize_t r = read(fd, tmp + n, max + 1 - n);
+        ssize_t r = read(fd, tmp + n, sizeof(tmp) - n); /* n <= max < sizeof(tmp) */
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) {
             fy_error("%s %s: cannot read: %m", what, path);

@@ -158,7 +158,7 @@ static void three_hosts(bool with_etcd, bool tls)
                    .common = {"worker.transports=tcp"},
                    .wrap = {wr, wp, wd}};
     tc_etcd_t e = {0};
-    char set_etcd[128], certs[300], sets[8][400];
+    char set_etcd[128], certs[300], sets[9][400];
     if (with_etcd) { /* started from here: in the router's namespace, on its address */
         char host[32];
         snprintf(host, sizeof(host), "10.213.%d.1", g_subnet);
