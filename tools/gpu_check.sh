@@ -34,8 +34,8 @@
 # bench-gpu on the CPU backend; test_cuda may skip, the sanitizers are left
 # out.  make test runs it (tests/test_gpucheck.c), so it cannot rot.
 #
-# NEVER RUN ON A GPU YET: written without one; the first run on a GPU host is
-# the first time the CUDA kernels execute.
+# First run on an H200 on 2026-11-28 (issue 31): its output is under
+# bench/results/gpu/, its figures in BENCHMARKS.md.
 #
 # A GPU host has no package registry: bring ferry's Debian libraries along as
 # ../shared/device/README.md says, into the git-ignored .debs/ of the working
@@ -389,12 +389,18 @@ ulog=$out/cluster.log
 if [ "$models" = 0 ]; then
     udir=build/gpu-check-cluster
     rm -rf "$udir"
+    # the Llama shape with the byte tokenizer's 259 tokens as its vocabulary:
+    # every generated token is a byte of the answer, so equal answers are
+    # equal tokens (with the 128k vocabulary most tokens print nothing)
+    umodel=$mdir/llama3-8b-shape-bytes.gguf
+    s=$(date +%s)
+    echo "\$ mkbench $umodel q4_k_m $largs --vocab 259" >>"$ulog"
+    timeout -k 5 "$(limit 60)" "$build/tests/mkbench" "$umodel" q4_k_m $largs --vocab 259 >>"$ulog" 2>&1
     if [ $dry = 1 ]; then
         udev="cpu cpu" ux="staged auto"
     else
         udev="cuda cpu" ux="${GPU_CLUSTER_XFER:-staged} auto"
     fi
-    s=$(date +%s)
     urc=0
     set -- $ux
     for d in $udev; do
@@ -402,7 +408,7 @@ if [ "$models" = 0 ]; then
         dd=$d
         [ -e "$udir/$d" ] && dd=$d-2
         mkdir -p "$udir/$dd"
-        GPU_CLUSTER_XFER=$1 FERRY_BIN=$bin run "$ulog" "$lim" sh tools/gpu_cluster.sh "$llama" "$d" "$udir/$dd"
+        GPU_CLUSTER_XFER=$1 FERRY_BIN=$bin run "$ulog" "$lim" sh tools/gpu_cluster.sh "$umodel" "$d" "$udir/$dd"
         shift
         [ "$rc" = 0 ] || urc=$rc
         for f in answers status metrics; do

@@ -3,11 +3,15 @@
 # worker, each its own process) on one host, on DEVICE (cuda or cpu), KV moved
 # between them as worker.kv_transfer says (GPU_CLUSTER_XFER, default staged for
 # cuda, auto for cpu): 3 greedy prompts of 32 tokens, then the cluster's status
-# (every worker's blocks) and the decode worker's KV and staging metrics.
+# (every worker's blocks) and both workers' KV and staging metrics (curl, or
+# python3 where there is no curl).  Use a model whose vocabulary is the byte
+# tokenizer's 259 tokens (tests/mkbench --vocab 259), so that every generated
+# token is a byte of the answer and equal answers mean equal tokens.
 # Writes OUTDIR/DEVICE.answers (one answer a line), OUTDIR/DEVICE.status,
 # OUTDIR/DEVICE.metrics and the workers' logs under OUTDIR/DEVICE-run/logs.
 # Run it for cuda and cpu and compare the .answers files (tools/gpu_check.sh
-# step 6 does).  Exit status 0 when the cluster answered all 3 prompts.
+# step 6 does).  Exit status 0 when the cluster answered all 3 prompts and
+# both workers' metrics were read.
 set -u
 [ $# = 3 ] || { echo "usage: sh tools/gpu_cluster.sh MODEL cuda|cpu OUTDIR" >&2 && exit 2; }
 m=$1 dev=$2 od=$3
@@ -56,9 +60,15 @@ for p in "The quick brown fox jumps over the lazy dog. Once upon a time" \
 done
 sleep 1
 req --status >"$od/$dev.status" 2>&1
-curl -s http://127.0.0.1:7820/metrics 2>/dev/null | grep -E '^ferry:(kv_blocks|kv_staging|kv_transfer|layout)' | grep -v _bucket >"$od/$dev.metrics"
-curl -s http://127.0.0.1:7810/metrics 2>/dev/null | grep -E '^ferry:(kv_blocks|kv_staging|kv_transfer|layout)' | grep -v _bucket >>"$od/$dev.metrics"
+# a GPU host may have no curl (the first GPU run's had none, and this read nothing): python3 then
+scrape() {
+    { curl -s "$1" 2>/dev/null ||
+        python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' \
+            "$1" 2>/dev/null; } | grep -E '^ferry:(kv_blocks|kv_staging|kv_transfer|layout)' | grep -v _bucket
+}
+scrape http://127.0.0.1:7820/metrics >"$od/$dev.metrics"
+scrape http://127.0.0.1:7810/metrics >>"$od/$dev.metrics"
 kill -INT $sp 2>/dev/null
 wait $sp 2>/dev/null
-echo "$dev ($xfer): $ok of 3 answered"
-[ $ok = 3 ]
+echo "$dev ($xfer): $ok of 3 answered; $(grep -c 'state="used"' "$od/$dev.metrics") pools' metrics read"
+[ $ok = 3 ] && [ "$(grep -c 'state="used"' "$od/$dev.metrics")" = 2 ]

@@ -38,8 +38,9 @@
  * queue pump on the thread that owns the backend's stream (the engine
  * thread).  The wake function runs on whichever thread gave slots back.
  *
- * Never run on a GPU: the CUDA path (cudaHostAlloc'd staging, copies on
- * the backend's copy stream) compiles but has not been executed.
+ * The CUDA path (cudaHostAlloc'd staging, copies on the backend's copy
+ * stream) first ran on an H200 on 2026-11-28 (tools/gpu_check.sh step 6:
+ * a staged prefill and decode worker answered every prompt).
  */
 #ifndef FY_XSTAGE_H
 #define FY_XSTAGE_H

@@ -15,10 +15,11 @@
  * blocks front to back, 32 consecutive blocks per step: every byte of the
  * weight is read once, in whole sectors.  Not tuned: llama.cpp's mmvq
  * loads several 32-bit words per lane per step and splits a block among
- * lanes; this keeps a block per lane for the plainest indexing.
- *
- * Never run on a GPU yet (compiled for sm_80 and sm_90, warnings as
- * errors).
+ * lanes; this keeps a block per lane for the plainest indexing.  On an
+ * H200 (ncu, BENCHMARKS.md issue 31) it reads 1.0-1.8 TB/s of the 4.1 TB/s
+ * a copy gets: the 2-byte loads keep few bytes in flight, and a short
+ * matrix is one wave of latency.  The staged variant below is faster on
+ * tall matrices only, and is taken there.
  */
 #include "cuda_quant.h"
 

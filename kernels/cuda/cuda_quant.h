@@ -7,8 +7,9 @@
  * synchronize or allocate.  w / table: rows of row_bytes bytes
  * (fy_dtype_row_bytes of their width), row r at w + r * row_bytes.
  *
- * None of this has run on a GPU yet: it is compiled for sm_80 and sm_90
- * with warnings as errors, and its block reading is tested on the CPU.
+ * Compiled for sm_80 and sm_90 with warnings as errors; its block reading
+ * is tested on the CPU, and every kernel against the CPU backend on a GPU
+ * (test_cuda; first run on an H200, 2026-11-28).
  *
  * Only kernels/cuda/ includes this header.
  */
