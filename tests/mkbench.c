@@ -6,18 +6,22 @@
  * uniform random numbers through ferry's reference quantizer: valid
  * blocks at realistic scales, no model's knowledge.
  *
- *   mkbench OUT.gguf TYPE [--shape llama3-8b|gemma3-4b] [--dim N] [--ffn N] [--layers N] [--heads N]
- *           [--kv-heads N] [--head-dim N] [--vocab N] [--window N] [--ctx N] [--pooled 0|1]
+ *   mkbench OUT.gguf TYPE [--shape llama3-8b|qwen2-7b|gemma3-4b] [--dim N] [--ffn N] [--layers N] [--heads N]
+ *           [--kv-heads N] [--head-dim N] [--vocab N] [--window N] [--ctx N] [--pooled 0|1] [--full-vocab 0|1]
  *
  * TYPE is a weight dtype's name (q4_k, q8_0, ...) or q4_k_m, llama.cpp's
  * mix (Q4_K, with Q6_K for the output head and some layers' attn_v and
  * ffn_down).  Without --shape: a Llama of dim 1024, ffn 2816, 16 layers,
  * 16 heads, 4 KV heads (bench-quant's).  --shape llama3-8b is
  * Llama-3-8B's layer shape (dim 4096, 32 heads, 8 KV heads of 128, ffn
- * 14336, vocabulary 128256), 4 layers unless --layers says; gemma3-4b is
+ * 14336, vocabulary 128256), 4 layers unless --layers says; qwen2-7b is
+ * Qwen2-7B's (dim 3584, 28 heads, 4 KV heads of 128, ffn 18944,
+ * 28 layers, vocabulary 152064, q/k/v biases); gemma3-4b is
  * Gemma-3-4B's (dim 2560, 8 heads, 4 KV heads of 256, ffn 10240,
  * vocabulary 262144, tied, window 1024 on five layers of six), 6 layers.
- * The options after --shape change it.  A shape writes its matrices from
+ * The options after --shape change it.  --full-vocab 1 lists every row of
+ * the vocabulary in the tokenizer (unused tokens past the byte-level
+ * 259), which llama.cpp needs to load the file.  A shape writes its matrices from
  * a pool of random blocks (--pooled 1: seconds for gigabytes); without
  * one every row is quantized from its own random values (--pooled 0).
  * Not here: tokenizers worth the name (the byte-level one of tinymodel.c,
@@ -44,8 +48,10 @@ static const struct {
 static int usage(void)
 {
     fprintf(stderr,
-            "usage: mkbench OUT.gguf TYPE [--shape llama3-8b|gemma3-4b] [--dim N] [--ffn N] [--layers N] [--heads N]\n"
-            "               [--kv-heads N] [--head-dim N] [--vocab N] [--window N] [--ctx N] [--pooled 0|1]\n"
+            "usage: mkbench OUT.gguf TYPE [--shape llama3-8b|qwen2-7b|gemma3-4b] [--dim N] [--ffn N] [--layers N] "
+            "[--heads N]\n"
+            "               [--kv-heads N] [--head-dim N] [--vocab N] [--window N] [--ctx N] [--pooled 0|1] "
+            "[--full-vocab 0|1]\n"
             "  TYPE: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k, or q4_k_m (the mix)\n");
     return 2;
 }
@@ -58,6 +64,11 @@ static bool set_shape(const char *name, fy_tiny_cfg_t *c, fy_tiny_random_t *r)
         c->dim = 4096, c->ffn = 14336, c->n_layers = 4, c->n_heads = 32, c->n_kv_heads = 8, c->max_ctx = 8192;
         c->theta = 500000.0f;
         r->vocab = 128256;
+    } else if (!strcmp(name, "qwen2-7b")) { /* q/k/v biases; head 128 = dim / heads */
+        fy_tiny_cfg_arch(c, FY_ARCH_QWEN2);
+        c->dim = 3584, c->ffn = 18944, c->n_layers = 28, c->n_heads = 28, c->n_kv_heads = 4, c->max_ctx = 32768;
+        c->theta = 1000000.0f;
+        r->vocab = 152064;
     } else if (!strcmp(name, "gemma3-4b")) {
         fy_tiny_cfg_arch(c, FY_ARCH_GEMMA3); /* tied, window with its period of 6, both rope bases */
         c->dim = 2560, c->ffn = 10240, c->n_layers = 6, c->n_heads = 8, c->n_kv_heads = 4, c->head_dim = 256;
@@ -92,14 +103,14 @@ int main(int argc, char **argv)
     for (int i = 3; i + 1 < argc; i += 2) { /* the shape first: the other options change it */
         if (strcmp(argv[i], "--shape")) continue;
         if (!set_shape(argv[i + 1], &c, &r)) {
-            fprintf(stderr, "mkbench: unknown shape '%s' (llama3-8b, gemma3-4b)\n", argv[i + 1]);
+            fprintf(stderr, "mkbench: unknown shape '%s' (llama3-8b, qwen2-7b, gemma3-4b)\n", argv[i + 1]);
             return 2;
         }
     }
     for (int i = 3; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--shape")) continue;
         int v = atoi(argv[i + 1]);
-        if (v < (strcmp(argv[i], "--pooled") ? 1 : 0)) return usage();
+        if (v < (strcmp(argv[i], "--pooled") && strcmp(argv[i], "--full-vocab") ? 1 : 0)) return usage();
         if (!strcmp(argv[i], "--dim"))
             c.dim = v;
         else if (!strcmp(argv[i], "--ffn"))
@@ -120,6 +131,8 @@ int main(int argc, char **argv)
             c.max_ctx = v;
         else if (!strcmp(argv[i], "--pooled"))
             r.pooled = v != 0;
+        else if (!strcmp(argv[i], "--full-vocab"))
+            r.full_vocab = v != 0;
         else
             return usage();
     }

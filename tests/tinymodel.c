@@ -316,8 +316,16 @@ static void put_header(fy_gw_t *w, const fy_tiny_cfg_t *c, int hd, int vocab)
     fy_gw_str(w, "tokenizer.ggml.model", "gpt2");
     fy_gw_str(w, "tokenizer.ggml.pre", "default");
     char strs[256][4];
-    const char *toks[256 + N_SPECIAL];
-    int32_t types[256 + N_SPECIAL];
+    const char **toks = malloc((size_t)vocab * sizeof(*toks));
+    int32_t *types = malloc((size_t)vocab * sizeof(*types));
+    char *unused = vocab > 256 + N_SPECIAL ? malloc((size_t)(vocab - 256 - N_SPECIAL) * 24) : NULL;
+    if (!toks || !types || (vocab > 256 + N_SPECIAL && !unused)) abort();
+    for (int i = 256 + N_SPECIAL; i < vocab; i++) {
+        char *u = unused + (size_t)(i - 256 - N_SPECIAL) * 24;
+        snprintf(u, 24, "<unused_%d>", i);
+        toks[i] = u;
+        types[i] = 5; /* UNUSED */
+    }
     for (int b = 0; b < 256; b++) {
         cp_to_utf8(byte_to_cp(b), strs[b]);
         toks[b] = strs[b];
@@ -329,6 +337,7 @@ static void put_header(fy_gw_t *w, const fy_tiny_cfg_t *c, int hd, int vocab)
     }
     fy_gw_str_arr(w, "tokenizer.ggml.tokens", toks, (size_t)vocab);
     fy_gw_i32_arr(w, "tokenizer.ggml.token_type", types, (size_t)vocab);
+    free(toks), free(types), free(unused);
     fy_gw_str_arr(w, "tokenizer.ggml.merges", NULL, 0);
     fy_gw_u32(w, "tokenizer.ggml.bos_token_id", 257);
     fy_gw_u32(w, "tokenizer.ggml.eos_token_id", 258);
@@ -463,12 +472,15 @@ bool fy_tiny_write_random_gguf_as(const fy_tiny_cfg_t *c, const char *path, cons
     float *ones = malloc((size_t)big * sizeof(float));
     if (!ones) abort();
     for (long i = 0; i < big; i++) ones[i] = 1.0f;
+    /* qwen2's q/k/v biases: one small random vector, every layer the same */
+    bool qwen2 = c->arch == FY_ARCH_QWEN2;
+    float *bias = qwen2 ? rand_mat(&s, (long)c->n_heads * hd, 0.02f) : NULL;
     uint32_t t = r->q4_k_m ? GW_Q4_K : r->type, t6 = r->q4_k_m ? GW_Q6_K : r->type;
     void (*mat)(fy_gw_t *, const char *, long, long, uint32_t, float, uint64_t *) =
         r->pooled ? add_pooled_matrix : add_random_matrix;
     bool gemma = c->arch == FY_ARCH_GEMMA3;
     fy_gw_t *w = fy_gw_new();
-    put_header(w, c, hd, 256 + N_SPECIAL); /* the tokenizer's; the matrices may have more rows */
+    put_header(w, c, hd, r->full_vocab ? vocab : 256 + N_SPECIAL); /* the matrices may have more rows */
     /* Q4_K_M: a tied embedding is the output head, kept in Q6_K; and at the
      * output head's scale, or (gemma3 multiplying it by sqrt(dim)) the
      * embedding would swamp every layer and each token predict itself */
@@ -483,6 +495,11 @@ bool fy_tiny_write_random_gguf_as(const fy_tiny_cfg_t *c, const char *path, cons
         mat(w, NAME("attn_q.weight"), (long)c->n_heads * hd, D, t, sd, &s);
         mat(w, NAME("attn_k.weight"), (long)c->n_kv_heads * hd, D, t, sd, &s);
         mat(w, NAME("attn_v.weight"), (long)c->n_kv_heads * hd, D, more ? t6 : t, sd, &s);
+        if (qwen2) {
+            add_vector(w, NAME("attn_q.bias"), bias, (long)c->n_heads * hd);
+            add_vector(w, NAME("attn_k.bias"), bias, (long)c->n_kv_heads * hd);
+            add_vector(w, NAME("attn_v.bias"), bias, (long)c->n_kv_heads * hd);
+        }
         if (gemma) {
             add_vector(w, NAME("attn_q_norm.weight"), ones, hd);
             add_vector(w, NAME("attn_k_norm.weight"), ones, hd);
@@ -498,7 +515,7 @@ bool fy_tiny_write_random_gguf_as(const fy_tiny_cfg_t *c, const char *path, cons
     }
     bool ok = fy_gw_write(w, path);
     fy_gw_free(w);
-    free(ones);
+    free(ones), free(bias);
     return ok;
 }
 

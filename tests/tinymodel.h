@@ -104,6 +104,11 @@ typedef struct fy_tiny_random {
      * quantized random blocks: a model of real size (Llama-3-8B's layers,
      * a 128k vocabulary) in about the time its bytes take to copy */
     bool pooled;
+    /* the tokenizer lists every row of vocab: the byte tokenizer's 259
+     * tokens, then "<unused_N>" of type UNUSED, as a real model's padded
+     * vocabulary does; llama.cpp refuses a file whose token list is shorter
+     * than its embedding (what the llama.cpp comparisons need) */
+    bool full_vocab;
 } fy_tiny_random_t;
 
 void fy_tiny_random_default(fy_tiny_random_t *r, uint32_t ggml_type);
