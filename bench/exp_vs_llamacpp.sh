@@ -4,7 +4,9 @@
 # odd rounds, llama.cpp first in even ones), so the shared machine's load
 # falls on both (issue 33):
 #   prefill  tok/s of a PREFILL-token prompt (default 512) at 2 threads
-#   decode   tok/s of 16 tokens after the prompt at 1 and 2 threads
+#   decode   tok/s of 16 tokens at 1 and 2 threads (ferry after a 16-token
+#            prompt, llama-bench's tg16 after none), with ferry's bandwidth
+#            bounds measured in the same run
 #   batched  decode tok/s of BATCHES sequences (default 8,32) of 16-token
 #            prompts, 8 tokens each (ferry bench-batch; llama-batched-bench)
 #   load     wall seconds and peak resident memory of loading the file and
@@ -28,13 +30,20 @@ mkdir -p "$OUT"
 has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 ferry_run() {
     r=$1
-    if has prefill || has decode; then
-        bin/ferry bench -m "$m" --threads 1,2 --prompt-tokens "$PREFILL" --gen-tokens 16 --reps 1 \
-            >"$OUT/ferry-bench-r$r.md" 2>&1
+    if has prefill; then
+        bin/ferry bench -m "$m" --threads 2 --prompt-tokens "$PREFILL" --gen-tokens 1 --reps 1 \
+            >"$OUT/ferry-prefill-r$r.md" 2>&1
         # | prompt | attention | threads | copy | read | bound | prefill tok/s | vs | decode tok/s | ...
-        awk -F'|' -v r="$r" '$2 ~ /^ *[0-9]+ *$/ && $3 ~ /[a-z]/ {gsub(/ /, "", $4); gsub(/ /, "", $8);
-            gsub(/ /, "", $10); printf "ferry round %s threads %s prefill %s decode %s\n", r, $4, $8, $10}' \
-            "$OUT/ferry-bench-r$r.md"
+        awk -F'|' -v r="$r" '$2 ~ /^ *[0-9]+ *$/ && $3 ~ /[a-z]/ {gsub(/ /, "", $2); gsub(/ /, "", $8);
+            printf "ferry round %s prefill pp%s %s\n", r, $2, $8}' "$OUT/ferry-prefill-r$r.md"
+    fi
+    if has decode; then
+        bin/ferry bench -m "$m" --threads 1,2 --prompt-tokens 16 --gen-tokens 16 --reps 1 \
+            >"$OUT/ferry-decode-r$r.md" 2>&1
+        awk -F'|' -v r="$r" '$2 ~ /^ *[0-9]+ *$/ && $3 ~ /[a-z]/ {gsub(/ /, "", $4); gsub(/ /, "", $10);
+            gsub(/ /, "", $11); gsub(/ /, "", $12);
+            printf "ferry round %s decode threads %s %s tok/s (copy bound %s, read bound %s)\n", r, $4, $10, $11, $12}' \
+            "$OUT/ferry-decode-r$r.md"
     fi
     if has batched; then
         bin/ferry bench-batch -m "$m" --batches "$BATCHES" --prompt-tokens 16 --gen-tokens 8 --threads 2 \
@@ -54,7 +63,7 @@ llama_run() {
         grep -E '\| *pp[0-9]+ *\|' "$OUT/llama-prefill-r$r.md" | sed "s/^/llama round $r prefill /"
     fi
     if has decode; then
-        "$L/llama-bench" -m "$m" -t 1,2 -p 0 -n 16 -d "$PREFILL" -r 1 -o md >"$OUT/llama-decode-r$r.md" 2>&1
+        "$L/llama-bench" -m "$m" -t 1,2 -p 0 -n 16 -r 1 -o md >"$OUT/llama-decode-r$r.md" 2>&1
         grep -E '\| *tg[0-9]+' "$OUT/llama-decode-r$r.md" | sed "s/^/llama round $r decode /"
     fi
     if has batched; then
