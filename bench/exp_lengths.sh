@@ -29,12 +29,5 @@ llama_run() {
     "$L/llama-bench" -m "$m" -t 2 -p 0 -n 16 -d "$lens" -r 1 -o md >"$OUT/llama-decode-r$1.md" 2>&1
     grep -E '\| *tg[0-9]+' "$OUT/llama-decode-r$1.md" | sed "s/^/llama round $1 /"
 }
-for r in $(seq 1 "$ROUNDS"); do
-    if [ $((r % 2)) = 1 ]; then
-        ferry_run "$r"
-        llama_run "$r"
-    else
-        llama_run "$r"
-        ferry_run "$r"
-    fi
-done
+. bench/rounds.sh
+alternate "$ROUNDS" ferry_run llama_run

@@ -77,12 +77,5 @@ llama_run() {
         tail -n 1 "$OUT/llama-load-r$r.txt"
     fi
 }
-for r in $(seq 1 "$ROUNDS"); do
-    if [ $((r % 2)) = 1 ]; then
-        ferry_run "$r"
-        llama_run "$r"
-    else
-        llama_run "$r"
-        ferry_run "$r"
-    fi
-done
+. bench/rounds.sh
+alternate "$ROUNDS" ferry_run llama_run
