@@ -186,7 +186,8 @@ static void on_fatal_signal(int sig, siginfo_t *si, void *uctx)
 void fy_log_crash_reports(void)
 {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-    return; /* the sanitizer's own report is better */
+    (void)on_fatal_signal; /* not installed: the sanitizer's own report is better */
+    return;
 #else
     static char alt[64 * 1024]; /* a stack overflow still gets its report */
     void *warm[1];
