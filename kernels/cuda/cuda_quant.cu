@@ -70,6 +70,25 @@ static __device__ __forceinline__ float warp_sum(float v)
     return v;
 }
 
+/* acc[t] += the dot product of decoded block sb with block b (of 32) of
+ * x row t, for each t < n; both vector kernels' inner step */
+template <int T>
+static __device__ __forceinline__ void mmv_block(const fyq_sub_t *sb, const int8_t *xq, const float *xd, int32_t in,
+                                                 int32_t b, int32_t n, float acc[FY_CUDA_MMV_MAX_N])
+{
+    const int32_t nb = in / FY_QK;
+#pragma unroll
+    for (int t = 0; t < FY_CUDA_MMV_MAX_N; t++) {
+        if (t < n) { /* n is the same in every lane */
+            /* 32 quants at a 32-byte boundary: in is a multiple of 32 */
+            const int4 *xv = (const int4 *)(xq + (int64_t)t * in + (int64_t)b * FY_QK);
+            const int4 v0 = xv[0], v1 = xv[1];
+            const int32_t xw[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+            acc[t] += fyq_sub_dot(sb, xw, xd[(int64_t)t * nb + b], fyq_needs_xsum((fy_dtype_t)T));
+        }
+    }
+}
+
 template <int T>
 static __global__ void __launch_bounds__(32 * FY_CUDA_MMV_WARPS)
     mmv_q8_kernel(const uint8_t *w, size_t row_bytes, int64_t rows, int32_t in, const int8_t *xq, const float *xd,
@@ -86,16 +105,7 @@ static __global__ void __launch_bounds__(32 * FY_CUDA_MMV_WARPS)
     for (int32_t b = lane; b < nb; b += 32) {
         fyq_sub_t sb;
         fyq_sub_load((fy_dtype_t)T, row, b, &sb);
-#pragma unroll
-        for (int t = 0; t < FY_CUDA_MMV_MAX_N; t++) {
-            if (t < n) {
-                /* 32 quants at a 32-byte boundary: in is a multiple of 32 */
-                const int4 *xv = (const int4 *)(xq + (int64_t)t * in + (int64_t)b * FY_QK);
-                const int4 v0 = xv[0], v1 = xv[1];
-                const int32_t xw[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-                acc[t] += fyq_sub_dot(&sb, xw, xd[(int64_t)t * nb + b], fyq_needs_xsum((fy_dtype_t)T));
-            }
-        }
+        mmv_block<T>(&sb, xq, xd, in, b, n, acc);
     }
 #pragma unroll
     for (int t = 0; t < FY_CUDA_MMV_MAX_N; t++) {
@@ -190,16 +200,8 @@ static __global__ void __launch_bounds__(32 * FY_CUDA_MMV_WARPS)
         __syncwarp();
         for (int32_t b = lane; b < cnt; b += 32) {
             fyq_sub_t sb;
-            fyq_sub_load((fy_dtype_t)T, sm, b, &sb);
-#pragma unroll
-            for (int t = 0; t < FY_CUDA_MMV_MAX_N; t++) {
-                if (t < n) {
-                    const int4 *xv = (const int4 *)(xq + (int64_t)t * in + (int64_t)(b0 + b) * FY_QK);
-                    const int4 v0 = xv[0], v1 = xv[1];
-                    const int32_t xw[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-                    acc[t] += fyq_sub_dot(&sb, xw, xd[(int64_t)t * nb + b0 + b], fyq_needs_xsum((fy_dtype_t)T));
-                }
-            }
+            fyq_sub_load((fy_dtype_t)T, sm, b, &sb); /* block b of the stretch, b0 + b of the row */
+            mmv_block<T>(&sb, xq, xd, in, b0 + b, n, acc);
         }
     }
 #pragma unroll
