@@ -453,7 +453,7 @@ bench-quant: $(TOOL_BIN) $(BUILD)/tests/mkbench
 
 # The one-shot device check (tools/gpu_check.sh; docs/architecture.md,
 # "Backends"): on a GPU host, with Debian's libraries from .debs/,
-#     . .debs/use-debs.sh .debs && make gpu-check
+#     . tools/use-debs.sh .debs && make gpu-check
 # builds with every core, writes its models, runs test_cuda (and
 # compute-sanitizer), cuda against cpu, and the GPU benchmarks; output
 # under $$OUT (default build/gpu-check).  GPU_CHECK_ARGS=--dry-run: the same
@@ -474,7 +474,7 @@ print-flags:
 	@echo "CPATH=$$CPATH LIBRARY_PATH=$$LIBRARY_PATH PKG_CONFIG_PATH=$$PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR=$$PKG_CONFIG_SYSROOT_DIR"
 
 # ---- format -------------------------------------------------------------------
-# One .clang-format for every C, header and CUDA file (STYLE.md); CI runs
+# One .clang-format for every C, header and CUDA file (docs/style.md); CI runs
 # format-check before the tests.
 CLANG_FORMAT ?= clang-format
 FORMAT_SRC = $(shell git ls-files '*.c' '*.h' '*.cu' 2>/dev/null)

@@ -37,29 +37,23 @@
 # First run on an H200 on 2026-11-28 (issue 31): its output is under
 # bench/results/gpu/, its figures in BENCHMARKS.md.
 #
-# A GPU host has no package registry: bring ferry's Debian libraries along as
-# ../shared/device/README.md says, into the git-ignored .debs/ of the working
-# tree, with its use-debs.sh.  The packages this script needs (their runtime
-# libraries follow by dependency), checked against the Makefile's PKGS, nng
-# (no .pc: -lnng) and what the tests link (cmocka):
-#   echo /.debs/ >> .git/info/exclude   # (.gitignore has it already)
-#   ../shared/device/fetch-debs.sh .debs libucx-dev libnng-dev libmsgpack-dev \
-#       libpcre2-dev libjansson-dev libsodium-dev libinih-dev libmicrohttpd-dev \
-#       libgnutls28-dev libp11-kit-dev nettle-dev libtasn1-6-dev libidn2-dev \
-#       libcurl4-openssl-dev libcmocka-dev make pkgconf pkgconf-bin
-#   cp ../shared/device/use-debs.sh .debs/
-# (61 .deb files, 15 MiB, bookworm).  libmicrohttpd's .pc requires gnutls,
+# A GPU host has no package registry: bring ferry's Debian libraries along
+# in the git-ignored .debs/ of the working tree, fetched here with
+#   tools/fetch-debs.sh .debs
+# (the list is in that script: the Makefile's PKGS, nng, gnutls and the .pc
+# files its .pc requires, cmocka, make, pkgconf; their runtime libraries
+# follow by dependency; 61 .deb files, 16 MiB, bookworm).  libmicrohttpd's .pc requires gnutls,
 # whose .pc requires p11-kit-1, nettle, hogweed, libtasn1 and libidn2: with
 # one missing `pkg-config --cflags` fails as a whole, and the Makefile then
 # asks package by package and warns.  make and pkg-config may be missing on
 # the host.  Debian keeps curl's headers in usr/include/x86_64-linux-gnu:
-# use-debs.sh puts /opt/debs/usr/include/x86_64-linux-gnu on CPATH, and the
+# tools/use-debs.sh puts /opt/debs/usr/include/x86_64-linux-gnu on CPATH, and the
 # Makefile adds $PKG_CONFIG_SYSROOT_DIR/usr/include/<multiarch> itself.
 # nng: build/nng (make deps builds nng 1.11 there) is git-ignored and does
 # not travel unless carried; without it the build links the .debs'
 # libnng 1.5.2 (-lnng), and print-flags, in build.log, says which.
 # Then, from the working tree:
-#     . .debs/use-debs.sh .debs && sh tools/gpu_check.sh
+#     . tools/use-debs.sh .debs && sh tools/gpu_check.sh
 # (or make gpu-check).  nvcc is looked for on PATH and at /usr/local/cuda/bin.
 set -u
 usage() {
@@ -159,7 +153,7 @@ say ""
 blog=$out/build.log
 : >"$blog"
 if ! command -v make >/dev/null 2>&1; then
-    echo "make not found: it is in the .debs list (../shared/device/README.md)" >>"$blog"
+    echo "make not found: it is in the .debs list (tools/fetch-debs.sh)" >>"$blog"
     rc=127 dt=0
 else
     run "$blog" 5 make -s --no-print-directory print-flags
