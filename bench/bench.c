@@ -136,7 +136,7 @@ typedef struct bench_result {
 } bench_result_t;
 
 static fy_status_t run_model(const fy_model_t *m, int threads, const char *isa, int n_prompt, int n_gen, int reps,
-                             bench_result_t *res)
+                             bool profile, bench_result_t *res)
 {
     const fy_model_config_t *c = fy_model_config(m);
     fy_engine_stack_t s = {0};
@@ -200,7 +200,9 @@ static fy_status_t run_model(const fy_model_t *m, int threads, const char *isa, 
     }
     res->prefill_tps = median(pre, reps);
     res->decode_tps = median(dec, reps);
-    /* one more decode run with per-op timing, for the breakdown */
+    /* one more run with per-op timing, for the breakdown (skipped with --no-profile: at 8B and
+     * 2,048 tokens one prefill takes minutes) */
+    if (!profile) goto out;
     if ((st = fy_kvm_seq_reserve(kvm, &bt, rp.max_ctx, NULL))) goto out;
     {
         fy_forward_seq_t f = {&bt, prompt, n_prompt, 0, 1, NULL};
@@ -371,12 +373,13 @@ static void usage(FILE *f)
                "      --alternate VAR=A,B  instead: one process, decode runs with the environment variable\n"
                "                         VAR set to A and to B in turn (ABBA, --reps rounds), the median ratio\n"
                "                         B / A; for variables the backend reads at every batch (FY_CPU_FUSE)\n"
+               "      --no-profile       skip the profiled run and the per-op tables (one prefill fewer)\n"
                "  -h, --help\n");
 }
 
 int fy_cmd_bench(int argc, char **argv)
 {
-    enum { O_PROMPT = 256, O_GEN, O_REPS, O_ISA, O_ATTN, O_ALT };
+    enum { O_PROMPT = 256, O_GEN, O_REPS, O_ISA, O_ATTN, O_ALT, O_NOPROF };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
         {"threads", required_argument, 0, 't'},
@@ -386,6 +389,7 @@ int fy_cmd_bench(int argc, char **argv)
         {"isa", required_argument, 0, O_ISA},
         {"attn", required_argument, 0, O_ATTN},
         {"alternate", required_argument, 0, O_ALT},
+        {"no-profile", no_argument, 0, O_NOPROF},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -396,6 +400,7 @@ int fy_cmd_bench(int argc, char **argv)
     const char *attns[3] = {"tiles"};
     int n_attns = 1;
     long n_gen = 64, reps = 3;
+    bool profile = true;
     char alt_var[64] = "";
     const char *alt_vals[2] = {NULL, NULL};
     char alt_buf[256];
@@ -417,6 +422,7 @@ int fy_cmd_bench(int argc, char **argv)
             if (!fy_cli_parse_int("--reps", optarg, 1, 100, &reps)) return 2;
             break;
         case O_ISA: isa = optarg; break;
+        case O_NOPROF: profile = false; break;
         case O_ATTN: {
             static const char *const known[] = {"tiles", "rows", "bf16"};
             n_attns = 0;
@@ -521,7 +527,7 @@ int fy_cmd_bench(int argc, char **argv)
                  * makes the bound the stricter one */
                 res.copy_bw = measure_bw(a, b, counts[i], 0);
                 res.read_bw = measure_bw(a, b, counts[i], 1);
-                if (run_model(m, counts[i], isa, prompts[p], (int)n_gen, (int)reps, &res) != FY_OK) {
+                if (run_model(m, counts[i], isa, prompts[p], (int)n_gen, (int)reps, profile, &res) != FY_OK) {
                     rc = 1;
                     break;
                 }
@@ -544,7 +550,7 @@ int fy_cmd_bench(int argc, char **argv)
         }
     }
     unsetenv("FY_CPU_ATTN");
-    for (int pass = 0; pass < 2 && rc == 0; pass++) {
+    for (int pass = 0; pass < 2 && rc == 0 && profile; pass++) {
         printf("\n%s time per token by op (ms, one profiled run; columns: prompt / attention / threads)\n\n| op |",
                pass ? "decode" : "prefill");
         for (int i = 0; i < n_res; i++)

@@ -31,7 +31,7 @@ has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 ferry_run() {
     r=$1
     if has prefill; then
-        bin/ferry bench -m "$m" --threads 2 --prompt-tokens "$PREFILL" --gen-tokens 1 --reps 1 \
+        bin/ferry bench -m "$m" --threads 2 --prompt-tokens "$PREFILL" --gen-tokens 1 --reps 1 --no-profile \
             >"$OUT/ferry-prefill-r$r.md" 2>&1
         # | prompt | attention | threads | copy | read | bound | prefill tok/s | vs | decode tok/s | ...
         awk -F'|' -v r="$r" '$2 ~ /^ *[0-9]+ *$/ && $3 ~ /[a-z]/ {gsub(/ /, "", $2); gsub(/ /, "", $8);
