@@ -97,12 +97,12 @@ static fy_status_t run_batch(const fy_model_t *m, int threads, const char *isa, 
         }
         tr[b].cap = gen;
         tr[b].t = itls + (size_t)b * (size_t)gen;
-        fy_request_params_t req;
-        fy_request_params_default(&req);
+        fy_genspec_t req;
+        fy_genspec_default(&req);
         req.max_tokens = gen;
         req.ignore_eos = true;
         uint64_t id;
-        if ((st = fy_engine_submit(e, prompt, prompt_len, &req, on_event, &tr[b], &id))) goto out;
+        if ((st = fy_engine_submit(e, prompt, prompt_len, &req, NULL, on_event, &tr[b], &id))) goto out;
     }
     fy_backend_profile_enable(be, profile);
     double w0 = now_s();

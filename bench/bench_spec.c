@@ -131,11 +131,11 @@ static fy_status_t run_group(rig_t *g, fy_engine_t *e, int w, int first, int n, 
         track_t *k = &res->tr[i];
         k->n = 0;
         k->done = k->failed = false;
-        fy_request_params_t rq;
-        fy_request_params_default(&rq);
+        fy_genspec_t rq;
+        fy_genspec_default(&rq);
         rq.max_tokens = g->gen;
         uint64_t id;
-        if ((st = fy_engine_submit(e, g->ids[w][i], g->n_ids[w][i], &rq, on_event, k, &id)) != FY_OK) return st;
+        if ((st = fy_engine_submit(e, g->ids[w][i], g->n_ids[w][i], &rq, NULL, on_event, k, &id)) != FY_OK) return st;
     }
     while (st == FY_OK && !fy_engine_idle(e)) st = fy_engine_step(e);
     for (int i = first; i < first + n; i++)

@@ -87,13 +87,13 @@ static fy_status_t colocated(const char *model, int threads, int32_t *const *pro
     if ((st = fy_engine_stack_create(m, &eb, &s))) goto out;
     e = s.engine;
     for (int i = 0; i < n; i++) {
-        fy_request_params_t q;
-        fy_request_params_default(&q);
+        fy_genspec_t q;
+        fy_genspec_default(&q);
         q.max_tokens = 1;
         first_t f = {0};
         double t0 = now_s();
         uint64_t id;
-        if ((st = fy_engine_submit(e, prompts[i], lens[i], &q, on_event, &f, &id))) goto out;
+        if ((st = fy_engine_submit(e, prompts[i], lens[i], &q, NULL, on_event, &f, &id))) goto out;
         while (!f.done)
             if ((st = fy_engine_step(e))) goto out;
         ttft[i] = f.t - t0;

@@ -45,8 +45,14 @@ void fy_genspec_default(fy_genspec_t *g)
 {
     memset(g, 0, sizeof(*g));
     fy_sampling_params_default(&g->sampling);
-    g->max_tokens = 128;
+    g->max_tokens = FY_GEN_MAX_TOKENS_DEFAULT;
     g->repetition_penalty = 1.0f;
+}
+
+int32_t fy_genspec_max_tokens(const fy_genspec_t *g, int32_t n_prompt, int32_t max_ctx)
+{
+    int64_t room = (int64_t)max_ctx - n_prompt;
+    return g->max_tokens < room ? g->max_tokens : (int32_t)(room > INT32_MIN ? room : INT32_MIN);
 }
 
 bool fy_genspec_processes_logits(const fy_genspec_t *g)

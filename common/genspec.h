@@ -110,8 +110,16 @@ typedef struct fy_genspec {
  * minimum length, stop token ids, bad words). */
 bool fy_genspec_processes_logits(const fy_genspec_t *g);
 
-/* greedy, 128 tokens, no stop strings, priority 0, no penalties (repetition 1) */
+/* greedy, FY_GEN_MAX_TOKENS_DEFAULT tokens, no stop strings, priority 0,
+ * no penalties (repetition 1) */
+#define FY_GEN_MAX_TOKENS_DEFAULT 128
 void fy_genspec_default(fy_genspec_t *g);
+/* The tokens g may generate after an n_prompt-token prompt in a context of
+ * max_ctx: its max_tokens, at most the room the context leaves.  The one
+ * clamp of a request's length: the door applies it to a max_tokens the
+ * client left out, a decode worker to its reservation, the engine to every
+ * request.  Below 1 when the prompt fills the context. */
+int32_t fy_genspec_max_tokens(const fy_genspec_t *g, int32_t n_prompt, int32_t max_ctx);
 /* Adds the fields to an open message: temperature, top_k, top_p, min_p,
  * seed, max_tokens, stop, ignore_eos, logprobs, priority, spec, kv_budget,
  * and those of logits processing, prompt_logprobs and bad_words where set. */

@@ -196,7 +196,7 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
         fy_free(l);
         return;
     }
-    int32_t max_tokens = l->gen.max_tokens < rp->max_ctx - l->n_prompt ? l->gen.max_tokens : rp->max_ctx - l->n_prompt;
+    int32_t max_tokens = fy_genspec_max_tokens(&l->gen, l->n_prompt, rp->max_ctx);
     fy_node_ns(n, m.tenant, &l->ns);
     fy_status_t st = fy_kvm_seq_init(kvm, &l->bt, l->n_prompt + max_tokens, &l->ns);
     if (st) {
@@ -471,20 +471,18 @@ static void cmd_adopt(decode_t *d, fy_msgr_t *r, uint64_t rid)
     }
     /* the prefill worker's K/V are in the blocks now: name the full ones */
     fy_kvm_seq_commit(fy_node_kvm(n), &l->bt, l->prompt, l->n_prompt, &l->resv);
-    fy_request_params_t rq;
-    const char *stops[FY_GEN_MAX_STOP];
-    fy_node_request_params(&l->gen, &l->ns, stops, &rq);
-    rq.kv_scores = scores;
-    rq.first_top_ids = m.top_ids;
-    rq.first_top_logprobs = m.top_logprobs;
-    rq.n_first_top = m.n_top_ids;
+    fy_request_ctx_t ctx = {.ns = l->ns,
+                            .kv_scores = scores,
+                            .first_top_ids = m.top_ids,
+                            .first_top_logprobs = m.top_logprobs,
+                            .n_first_top = m.n_top_ids};
     fy_rng_t rng;
     memcpy(rng.s, m.rng, sizeof(rng.s));
     fy_wire_ack_t a = {.ev = fy_node_ev(n, rid, id)};
     fy_msgw_t w;
     fy_wire_adopted_write(&w, &a);
     fy_node_push(n, &w); /* before the first token's event: the router reads them in order */
-    st = fy_engine_adopt(fy_node_engine(n), l->prompt, l->n_prompt, &rq, &l->bt, &l->resv, first, logprob,
+    st = fy_engine_adopt(fy_node_engine(n), l->prompt, l->n_prompt, &l->gen, &ctx, &l->bt, &l->resv, first, logprob,
                          ns ? &rng : NULL, on_event, q, &q->engine_id);
     fy_free(scores);
     fy_wire_adopt_clear(&m); /* the engine copied what it keeps */
@@ -531,18 +529,15 @@ static void cmd_generate(decode_t *d, fy_msgr_t *r, uint64_t rid)
         fy_free(prompt);
         return;
     }
-    fy_kv_ns_t ns;
-    fy_node_ns(n, m.tenant, &ns);
-    fy_request_params_t rq;
-    const char *stops[FY_GEN_MAX_STOP];
-    fy_node_request_params(&m.gen, &ns, stops, &rq);
+    fy_request_ctx_t ctx = {0};
+    fy_node_ns(n, m.tenant, &ctx.ns);
     dreq_t *q = req_link(d, id, m.gen.logprobs);
     if (!q) {
         fy_free(prompt);
         fy_node_error(n, rid, id, FY_ERR_NOMEM, "out of memory for a request");
         return;
     }
-    fy_status_t st = fy_engine_submit(fy_node_engine(n), prompt, n_prompt, &rq, on_event, q, &q->engine_id);
+    fy_status_t st = fy_engine_submit(fy_node_engine(n), prompt, n_prompt, &m.gen, &ctx, on_event, q, &q->engine_id);
     fy_free(prompt); /* the engine copied it */
     if (st) {
         req_unlink(d, q);

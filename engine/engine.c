@@ -217,14 +217,6 @@ void fy_engine_params_default(fy_engine_params_t *p)
     fy_spec_params_default(&p->spec);
 }
 
-void fy_request_params_default(fy_request_params_t *p)
-{
-    memset(p, 0, sizeof(*p));
-    fy_sampling_params_default(&p->sampling);
-    p->max_tokens = 128;
-    p->logits.repetition_penalty = 1.0f;
-}
-
 /* ---- requests ----------------------------------------------------------------------------- */
 
 static void request_free(request_t *q)
@@ -603,11 +595,16 @@ static fy_status_t refuse(fy_engine_t *e, fy_status_t st, const char *fmt, ...)
 }
 
 /* Checks a request and builds it (not yet queued); NULL after refusing. */
-static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_request_params_t *rp,
-                              fy_event_fn cb, void *arg, bool init_bt, fy_status_t *st_p)
+static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_genspec_t *gen,
+                              const fy_request_ctx_t *ctx, fy_event_fn cb, void *arg, bool adopted, fy_status_t *st_p)
 {
-    if (!cb || n_prompt < 1) {
-        *st_p = refuse(e, FY_ERR_INVALID, "a request needs a prompt and a callback");
+    static const fy_request_ctx_t no_ctx;
+    if (!ctx) ctx = &no_ctx;
+    /* an adopted request's prompt ran elsewhere: no prompt logprobs here,
+     * so nothing stops it speculating */
+    const bool plp = gen && gen->prompt_logprobs && !adopted;
+    if (!cb || n_prompt < 1 || !gen) {
+        *st_p = refuse(e, FY_ERR_INVALID, "a request needs a prompt, its parameters and a callback");
         return NULL;
     }
     if (n_prompt >= e->max_ctx) {
@@ -622,22 +619,38 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
             return NULL;
         }
     }
-    if (rp->max_tokens < 1) {
-        *st_p = refuse(e, FY_ERR_INVALID, "max_tokens %d is below 1", rp->max_tokens);
+    if (gen->max_tokens < 1) {
+        *st_p = refuse(e, FY_ERR_INVALID, "max_tokens %d is below 1", gen->max_tokens);
         return NULL;
     }
-    if (fy_sampling_params_check(&rp->sampling) != FY_OK) {
+    if (fy_sampling_params_check(&gen->sampling) != FY_OK) {
         *st_p = refuse(e, FY_ERR_INVALID, "bad sampling parameters (see above)");
         return NULL;
     }
-    fy_logits_params_t lpv = rp->logits; /* a zeroed one: repetition penalty 0 means off too */
-    if (lpv.repetition_penalty == 0) lpv.repetition_penalty = 1.0f;
+    if (gen->n_stop < 0 || gen->n_stop > FY_GEN_MAX_STOP) {
+        *st_p = refuse(e, FY_ERR_INVALID, "%d stop strings; at most %d", gen->n_stop, FY_GEN_MAX_STOP);
+        return NULL;
+    }
+    /* logits processing (logits.h; vLLM's definitions), as the client asked */
+    fy_logits_params_t lpv = {.presence_penalty = gen->presence_penalty,
+                              .frequency_penalty = gen->frequency_penalty,
+                              .repetition_penalty = gen->repetition_penalty,
+                              .bias_ids = gen->logit_bias_id,
+                              .bias = gen->logit_bias,
+                              .n_bias = gen->n_logit_bias,
+                              .min_tokens = gen->min_tokens,
+                              .stop_ids = gen->stop_ids,
+                              .n_stop_ids = gen->n_stop_ids,
+                              .bad_lens = gen->bad_lens,
+                              .bad_ids = gen->bad_ids,
+                              .n_bad = gen->n_bad};
+    if (lpv.repetition_penalty == 0) lpv.repetition_penalty = 1.0f; /* a zeroed genspec's: off */
     const fy_logits_params_t *lp = &lpv;
     if (lp->n_bias < 0 || lp->n_bias > FY_LOGITS_MAX_BIAS || lp->n_stop_ids < 0 ||
-        lp->n_stop_ids > FY_LOGITS_MAX_STOP_IDS || rp->top_logprobs < 0 || rp->top_logprobs > FY_LOGITS_MAX_TOP ||
+        lp->n_stop_ids > FY_LOGITS_MAX_STOP_IDS || gen->top_logprobs < 0 || gen->top_logprobs > FY_LOGITS_MAX_TOP ||
         lp->min_tokens < 0 || !(lp->repetition_penalty > 0)) {
         *st_p = refuse(e, FY_ERR_INVALID, "logits processing: %d biases, %d stop ids, %d alternatives, min_tokens %d",
-                       lp->n_bias, lp->n_stop_ids, rp->top_logprobs, lp->min_tokens);
+                       lp->n_bias, lp->n_stop_ids, gen->top_logprobs, lp->min_tokens);
         return NULL;
     }
     int32_t n_bad_ids = 0;
@@ -648,10 +661,10 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
         }
         n_bad_ids += lp->bad_lens[i];
     }
-    if (lp->n_bad < 0 || lp->n_bad > FY_LOGITS_MAX_BAD || n_bad_ids < 0 || rp->prompt_top < 0 ||
-        rp->prompt_top > FY_LOGITS_MAX_TOP) {
+    if (lp->n_bad < 0 || lp->n_bad > FY_LOGITS_MAX_BAD || n_bad_ids < 0 || gen->prompt_top < 0 ||
+        gen->prompt_top > FY_LOGITS_MAX_TOP) {
         *st_p = refuse(e, FY_ERR_INVALID, "%d bad words (at most %d, of %d tokens in all), %d prompt alternatives",
-                       lp->n_bad, FY_LOGITS_MAX_BAD, FY_LOGITS_MAX_BAD_IDS, rp->prompt_top);
+                       lp->n_bad, FY_LOGITS_MAX_BAD, FY_LOGITS_MAX_BAD_IDS, gen->prompt_top);
         return NULL;
     }
     for (int32_t i = 0; i < n_bad_ids; i++) {
@@ -673,21 +686,21 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
      * says so (spec.h: its seed then no longer fixes its tokens under load);
      * processed logits and reported alternatives are per position, which a
      * verification step does not do: no speculation for them */
-    fy_spec_method_t spec = rp->spec;
+    fy_spec_method_t spec = ctx->first_only ? FY_SPEC_NONE : gen->spec;
     if (spec == FY_SPEC_DEFAULT)
-        spec = fy_sampling_is_greedy(&rp->sampling) || e->p.spec.sampled ? e->p.spec.method : FY_SPEC_NONE;
-    if (fy_logits_active(lp) || rp->top_logprobs > 0 || rp->prompt_logprobs) spec = FY_SPEC_NONE;
+        spec = fy_sampling_is_greedy(&gen->sampling) || e->p.spec.sampled ? e->p.spec.method : FY_SPEC_NONE;
+    if (fy_logits_active(lp) || gen->top_logprobs > 0 || plp) spec = FY_SPEC_NONE;
     if (spec > FY_SPEC_DRAFT || (spec == FY_SPEC_DRAFT && !e->p.spec.draft)) {
         *st_p = refuse(e, FY_ERR_INVALID, "speculative decoding '%s' asked for; this engine has no draft model",
                        fy_spec_method_str(spec));
         return NULL;
     }
-    int32_t max_tokens = rp->max_tokens < e->max_ctx - n_prompt ? rp->max_tokens : e->max_ctx - n_prompt;
+    int32_t max_tokens = ctx->first_only ? 1 : fy_genspec_max_tokens(gen, n_prompt, e->max_ctx);
     /* its KV budget: the engine's, or a smaller one it asks for */
     fy_evict_params_t evict;
     int32_t kv_cap;
-    if (fy_engine_request_evict(e, rp->kv_budget, &evict, &kv_cap) != FY_OK) {
-        *st_p = refuse(e, FY_ERR_INVALID, "kv_budget %d refused (see above)", rp->kv_budget);
+    if (fy_engine_request_evict(e, gen->kv_budget, &evict, &kv_cap) != FY_OK) {
+        *st_p = refuse(e, FY_ERR_INVALID, "kv_budget %d refused (see above)", gen->kv_budget);
         return NULL;
     }
     /* a request the cache could never hold would wait forever: refuse it */
@@ -703,20 +716,21 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
     }
     /* structured output: compiled once per source (the cache), a matcher per request */
     fy_gmatch_t *gm = NULL;
-    if (rp->grammar_kind != FY_GEN_GRAMMAR_NONE) {
+    if (gen->grammar_kind != FY_GEN_GRAMMAR_NONE) {
         char err[FY_GRAMMAR_ERR_LEN] = "";
         fy_grammar_t *g = NULL;
         fy_grammar_kind_t kind;
         bool hit = false;
-        fy_status_t gst = !fy_grammar_kind_of_gen(rp->grammar_kind, &kind) || rp->grammar_len < 0
+        fy_status_t gst = !fy_grammar_kind_of_gen(gen->grammar_kind, &kind) || gen->grammar_len < 0 ||
+                                  gen->grammar_len > FY_GEN_MAX_GRAMMAR
                               ? FY_ERR_INVALID
-                              : fy_grammar_cache_get(e->gcache, kind, rp->grammar ? rp->grammar : "",
-                                                     (size_t)rp->grammar_len, &g, &hit, err, sizeof(err));
+                              : fy_grammar_cache_get(e->gcache, kind, gen->grammar, (size_t)gen->grammar_len, &g, &hit,
+                                                     err, sizeof(err));
         if (!gst) gst = fy_gmatch_create(g, &gm);
         fy_grammar_unref(g);
         if (gst) {
             *st_p = refuse(e, gst == FY_ERR_NOMEM ? FY_ERR_NOMEM : FY_ERR_INVALID, "response_format (%s): %s",
-                           fy_gen_grammar_str(rp->grammar_kind), err[0] ? err : fy_status_str(gst));
+                           fy_gen_grammar_str(gen->grammar_kind), err[0] ? err : fy_status_str(gst));
             return NULL;
         }
         pthread_mutex_lock(&e->mu);
@@ -755,15 +769,18 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
     }
     q->lp.bad_lens = q->bad_lens;
     q->lp.bad_ids = q->bad_ids;
-    q->plp = rp->prompt_logprobs;
-    q->plp_top = rp->prompt_top < e->vocab ? rp->prompt_top : e->vocab;
+    q->plp = plp;
+    q->plp_top = gen->prompt_top < e->vocab ? gen->prompt_top : e->vocab;
     q->lp_on = fy_logits_active(lp);
-    q->top_logprobs = rp->top_logprobs;
-    q->defer_stops = rp->defer_stops;
+    q->top_logprobs = gen->top_logprobs;
+    q->defer_stops = ctx->first_only;
+    /* stop strings are the decode worker's when the request is one token here */
+    const char *stops[FY_GEN_MAX_STOP];
+    int32_t n_stop = ctx->first_only ? 0 : fy_genspec_stops(gen, stops);
     if (!q->tokens || !q->itl || (evict.policy == FY_EVICT_H2O && !q->scores) ||
         (lp->n_bias && (!q->bias_ids || !q->bias)) ||
-        (init_bt && (st = fy_kvm_seq_init(e->kvm, &q->bt, q->cap, &rp->ns))) ||
-        (st = fy_stopper_init(&q->stopper, rp->stop, rp->n_stop, FY_DETOK_MAX_OUT))) {
+        (!adopted && (st = fy_kvm_seq_init(e->kvm, &q->bt, q->cap, &ctx->ns))) ||
+        (st = fy_stopper_init(&q->stopper, stops, n_stop, FY_DETOK_MAX_OUT))) {
         request_free(q);
         *st_p = refuse(e, st, "cannot set up the request: %s", fy_status_str(st));
         return NULL;
@@ -771,20 +788,20 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
     memcpy(q->tokens, prompt, (size_t)n_prompt * sizeof(int32_t));
     q->n_prompt = q->n_total = n_prompt;
     q->max_tokens = max_tokens;
-    q->sampling = rp->sampling;
-    q->ignore_eos = rp->ignore_eos;
-    q->logprobs = rp->logprobs;
-    q->progress = rp->progress;
-    q->priority = rp->priority;
+    q->sampling = gen->sampling;
+    q->ignore_eos = gen->ignore_eos || ctx->first_only;
+    q->logprobs = gen->logprobs || gen->top_logprobs > 0;
+    q->progress = ctx->progress;
+    q->priority = gen->priority;
     q->cb = cb;
     q->cb_arg = arg;
-    fy_rng_seed(&q->rng, rp->sampling.seed);
+    fy_rng_seed(&q->rng, gen->sampling.seed);
     q->spec = spec;
     fy_spec_ctl_init(&q->ctl, &e->p.spec);
     q->est = e->west;
     q->qslot = -1;
     /* the draft's draws must not move the request's own generator */
-    fy_rng_seed(&q->drng, rp->sampling.seed ^ 0x5bd1e9955bd1e995ull);
+    fy_rng_seed(&q->drng, gen->sampling.seed ^ 0x5bd1e9955bd1e995ull);
     fy_detok_init(&q->detok, e->tok, false);
     q->t_submit = now_s();
     q->state = RQ_INBOX;
@@ -801,11 +818,11 @@ fy_status_t fy_engine_request_evict(const fy_engine_t *e, int32_t kv_budget, fy_
     return FY_OK;
 }
 
-fy_status_t fy_engine_submit(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_request_params_t *rp,
-                             fy_event_fn cb, void *arg, uint64_t *id_p)
+fy_status_t fy_engine_submit(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_genspec_t *gen,
+                             const fy_request_ctx_t *ctx, fy_event_fn cb, void *arg, uint64_t *id_p)
 {
     fy_status_t st;
-    request_t *q = request_new(e, prompt, n_prompt, rp, cb, arg, true, &st);
+    request_t *q = request_new(e, prompt, n_prompt, gen, ctx, cb, arg, false, &st);
     if (!q) return st;
     pthread_mutex_lock(&e->mu);
     if (e->queued >= e->p.max_waiting) {
@@ -1571,18 +1588,18 @@ static void spec_verify(fy_engine_t *e, request_t *q, const float *lg, double t)
         if (!on_token(e, q, out[i], lp[i], t)) return;
 }
 
-fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_request_params_t *rp,
-                            fy_block_table_t *bt, fy_kv_resv_t *resv, int32_t first, float logprob, const fy_rng_t *rng,
-                            fy_event_fn cb, void *arg, uint64_t *id_p)
+fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_genspec_t *gen,
+                            const fy_request_ctx_t *ctx, fy_block_table_t *bt, fy_kv_resv_t *resv, int32_t first,
+                            float logprob, const fy_rng_t *rng, fy_event_fn cb, void *arg, uint64_t *id_p)
 {
     if (e->n_running >= e->p.max_num_seqs) return FY_ERR_NO_SPACE;
     if (bt->n_tokens != n_prompt || bt->tier != FY_KV_DEVICE || first < 0 || first >= e->vocab)
         return refuse(e, FY_ERR_INVALID, "adopted request: %d tokens in its blocks for a prompt of %d, first token %d",
                       bt->n_tokens, n_prompt, first);
     fy_status_t st;
-    fy_request_params_t rq = *rp;
-    rq.prompt_logprobs = false; /* its prompt ran elsewhere: nothing stops it speculating */
-    request_t *q = request_new(e, prompt, n_prompt, &rq, cb, arg, false, &st);
+    static const fy_request_ctx_t no_ctx;
+    if (!ctx) ctx = &no_ctx;
+    request_t *q = request_new(e, prompt, n_prompt, gen, ctx, cb, arg, true, &st);
     if (!q) return st;
     if ((int64_t)bt->max_blocks * e->block_size < q->cap) {
         request_free(q);
@@ -1606,15 +1623,15 @@ fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_pro
      * prompt's last chunk, with the scores the prompt's blocks received
      * where it ran (a decode worker's placed blocks are within the budget
      * already: nothing goes) */
-    if (q->scores && rp->kv_scores) memcpy(q->scores, rp->kv_scores, (size_t)q->bt.n_blocks * sizeof(float));
+    if (q->scores && ctx->kv_scores) memcpy(q->scores, ctx->kv_scores, (size_t)q->bt.n_blocks * sizeof(float));
     kv_evict(e, q);
     q->state = RQ_RUNNING;
     e->running[e->n_running++] = q;
     double t = now_s();
     q->t_sched = t;
     if (id_p) *id_p = q->id;
-    int32_t n_top = rp->n_first_top < q->top_logprobs ? rp->n_first_top : q->top_logprobs;
-    (void)on_token_top(e, q, first, logprob, rp->first_top_ids, rp->first_top_logprobs, n_top, t); /* may end it */
+    int32_t n_top = ctx->n_first_top < q->top_logprobs ? ctx->n_first_top : q->top_logprobs;
+    (void)on_token_top(e, q, first, logprob, ctx->first_top_ids, ctx->first_top_logprobs, n_top, t); /* may end it */
     return FY_OK;
 }
 

@@ -37,6 +37,7 @@
 #include <stdint.h>
 
 #include "evict.h"
+#include "genspec.h"
 #include "kv.h"
 #include "logits.h"
 #include "runner.h"
@@ -89,51 +90,32 @@ typedef struct fy_engine_params {
  * guardrail, pessimistic admission.  Bounded by the runner's sizes. */
 void fy_engine_params_default(fy_engine_params_t *p);
 
-typedef struct fy_request_params {
-    fy_sampling_params_t sampling;
-    int32_t max_tokens;
-    const char *const *stop; /* copied at submit */
-    int n_stop;
-    bool ignore_eos;
-    bool logprobs;         /* report each token's log-probability (costs a pass over the vocabulary) */
-    int32_t priority;      /* larger runs first and is preempted last */
-    fy_kv_ns_t ns;         /* prefix-cache namespace: the tenant's, set by the server */
-    bool progress;         /* FY_EVENT_PROGRESS after each forward pass that computed prompt tokens */
-    fy_spec_method_t spec; /* proposer for this request; FY_SPEC_DEFAULT: the engine's */
-    int32_t kv_budget;     /* KV tokens kept (evict.h), at most the engine's budget; 0: the engine's */
+/*
+ * What the place a request runs adds to it.  What the client asked is
+ * fy_genspec_t (common/genspec.h), the one request type from the HTTP door
+ * to here: the router parses it, the wire carries it, the engine takes it
+ * as it is and applies its limits at submission (fy_genspec_max_tokens).
+ * This is the rest, set by the server, never by the client.  Zeroed: the
+ * zero namespace, no progress events, no scores, a whole generation.
+ */
+typedef struct fy_request_ctx {
+    fy_kv_ns_t ns; /* prefix-cache namespace: the tenant's */
+    bool progress; /* FY_EVENT_PROGRESS after each forward pass that computed prompt tokens */
+    /* a prefill worker's request: one token, whatever the client's
+     * max_tokens, with no stop strings, no end of turn and no stop token
+     * ids ending it (min_tokens still bans them) and no speculation: the
+     * decode worker decides what the first token means */
+    bool first_only;
     /* fy_engine_adopt under H2O: the attention each prompt block received
      * where the prompt ran ([the prompt's blocks], copied); NULL: none, and
      * H2O's first choice here is by position */
     const float *kv_scores;
-    /* logits processing (logits.h; its arrays copied at submit) and the
-     * alternatives each token's event reports (0 to 20); either turns
-     * speculation off for the request */
-    fy_logits_params_t logits;
-    int32_t top_logprobs;
-    bool defer_stops; /* never ends on a stop token id (a prefill worker's one token: the decode worker decides) */
     /* fy_engine_adopt: the first token's alternatives, as the prefill
      * worker reported them */
     const int32_t *first_top_ids;
     const float *first_top_logprobs;
     int32_t n_first_top;
-    /* structured output (grammar.h): every token is drawn from what the
-     * grammar allows next; the source is compiled (through the engine's
-     * cache) at submission, which refuses what it cannot compile */
-    fy_gen_grammar_t grammar_kind;
-    const char *grammar;
-    int32_t grammar_len;
-    /* prompt logprobs (vLLM's): FY_EVENT_PROMPT_LOGPROBS events give each
-     * prompt token's log-probability under the raw logits of the row
-     * before it, its rank and prompt_top (0 to 20) alternatives.  The
-     * prompt then computes every row's logits (its chunks take at most the
-     * step's free logit rows), takes nothing from the prefix cache until
-     * the whole prompt is computed, and does not speculate.  Ignored by
-     * fy_engine_adopt (the prompt ran elsewhere). */
-    bool prompt_logprobs;
-    int32_t prompt_top;
-} fy_request_params_t;
-
-void fy_request_params_default(fy_request_params_t *p);
+} fy_request_ctx_t;
 
 typedef struct fy_request_timings {
     double queue_s;     /* submitted to first scheduled */
@@ -207,14 +189,16 @@ fy_status_t fy_engine_create(fy_runner_t *runner, fy_kvm_t *kvm, const fy_tokeni
 void fy_engine_destroy(fy_engine_t *engine); /* accepts NULL */
 
 /*
- * Queues a request.  FY_ERR_OVERLOADED when the queue is at its bound,
+ * Queues a request: gen is what the client asked (copied; its max_tokens
+ * clamped to the context), ctx what the server adds (NULL: zeroed).
+ * FY_ERR_OVERLOADED when the queue is at its bound,
  * FY_ERR_INVALID (message logged) for a bad prompt or parameters or a
  * request the KV cache could never hold, FY_ERR_NOMEM.  On success the
  * request will produce exactly one terminal event and *id_p names it;
  * otherwise no event is produced.
  */
-fy_status_t fy_engine_submit(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_request_params_t *rp,
-                             fy_event_fn cb, void *arg, uint64_t *id_p);
+fy_status_t fy_engine_submit(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_genspec_t *gen,
+                             const fy_request_ctx_t *ctx, fy_event_fn cb, void *arg, uint64_t *id_p);
 /* Why the last fy_engine_submit (or adopt) on this thread refused its
  * request ("response_format (regex): ..."), for the worker's answer;
  * empty when none has. */
@@ -251,9 +235,9 @@ fy_status_t fy_engine_post(fy_engine_t *e, fy_engine_fn fn, void *arg);
  * success bt and resv are taken over (left empty); on failure
  * (FY_ERR_NO_SPACE: max_num_seqs running; FY_ERR_INVALID) nothing is.
  */
-fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_request_params_t *rp,
-                            fy_block_table_t *bt, fy_kv_resv_t *resv, int32_t first, float logprob, const fy_rng_t *rng,
-                            fy_event_fn cb, void *arg, uint64_t *id_p);
+fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_genspec_t *gen,
+                            const fy_request_ctx_t *ctx, fy_block_table_t *bt, fy_kv_resv_t *resv, int32_t first,
+                            float logprob, const fy_rng_t *rng, fy_event_fn cb, void *arg, uint64_t *id_p);
 
 /* A request's KV budget here (evict.h): the engine's policy scaled to
  * kv_budget tokens (0: the engine's own), and the most blocks a KV group

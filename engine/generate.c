@@ -11,8 +11,7 @@
 void fy_gen_params_default(fy_gen_params_t *p)
 {
     memset(p, 0, sizeof(*p));
-    fy_sampling_params_default(&p->sampling);
-    p->max_tokens = 128;
+    fy_genspec_default(&p->gen);
     fy_spec_params_default(&p->spec);
 }
 
@@ -73,15 +72,9 @@ fy_status_t fy_generate(fy_runner_t *r, fy_kvm_t *kvm, const fy_tokenizer_t *tok
     gen_ctx_t g = {.on_text = on_text, .arg = arg, .out = out_tokens, .max_out = max_out};
     fy_status_t st = fy_engine_create(r, kvm, tok, &ep, &g.engine);
     if (st != FY_OK) return st;
-    fy_request_params_t req;
-    fy_request_params_default(&req);
-    req.sampling = gp->sampling;
-    req.max_tokens = gp->max_tokens;
-    req.stop = gp->stop;
-    req.n_stop = gp->n_stop;
-    req.ignore_eos = gp->ignore_eos;
-    if (gp->ns) req.ns = *gp->ns;
-    if ((st = fy_engine_submit(g.engine, prompt, n_prompt, &req, on_event, &g, &g.id)) != FY_OK) goto out;
+    fy_request_ctx_t ctx = {0};
+    if (gp->ns) ctx.ns = *gp->ns;
+    if ((st = fy_engine_submit(g.engine, prompt, n_prompt, &gp->gen, &ctx, on_event, &g, &g.id)) != FY_OK) goto out;
     while (!g.done) {
         fy_engine_stats_t es;
         if ((st = fy_engine_step(g.engine)) != FY_OK && !g.done) break;

@@ -19,15 +19,11 @@
 #include "tokenizer.h"
 
 typedef struct fy_gen_params {
-    fy_sampling_params_t sampling;
-    const fy_kv_ns_t *ns;    /* prefix-cache namespace (the tenant's); NULL: the zero namespace */
-    int32_t max_tokens;      /* tokens to generate at most */
-    const char *const *stop; /* stop strings */
-    int n_stop;
+    fy_genspec_t gen;      /* the request (sampling, max_tokens, stop strings, ...): the serving path's type */
+    const fy_kv_ns_t *ns;  /* prefix-cache namespace (the tenant's); NULL: the zero namespace */
     int32_t prefill_chunk; /* prompt tokens per forward; 0: the runner's batch size */
-    bool ignore_eos;
     fy_spec_params_t spec; /* speculative decoding (default none); the runner needs
-                               * max_logits >= spec.k_max + 1 to use it fully */
+                            * max_logits >= spec.k_max + 1 to use it fully */
 } fy_gen_params_t;
 
 void fy_gen_params_default(fy_gen_params_t *p);

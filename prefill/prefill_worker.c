@@ -549,17 +549,11 @@ static void cmd_prefill(prefill_t *p, fy_msgr_t *r, uint64_t rid)
     j->n_dst = m.n_blocks;
     j->slots = m.slots;
     j->t_recv = fy_node_now();
-    fy_request_params_t rq;
-    fy_kv_ns_t ns;
-    fy_node_ns(n, m.tenant, &ns);
-    fy_node_request_params(&m.gen, &ns, NULL, &rq); /* m.gen outlives the submission below */
-    rq.stop = NULL, rq.n_stop = 0;                  /* stop strings are the decode worker's */
-    rq.max_tokens = 1;
-    rq.ignore_eos = true;   /* the decode worker decides what the first token means */
-    rq.defer_stops = true;  /* and whether it is a stop token id; min_tokens still bans them here */
-    rq.spec = FY_SPEC_NONE; /* one token */
-    rq.progress = true;
-    fy_status_t st = fy_kvm_seq_init(kvm, &j->hold, n_prompt + 1, &rq.ns);
+    /* one token: the decode worker decides what it means (stop strings, end
+     * of turn, stop token ids); progress events drive the transfer */
+    fy_request_ctx_t ctx = {.progress = true, .first_only = true};
+    fy_node_ns(n, m.tenant, &ctx.ns);
+    fy_status_t st = fy_kvm_seq_init(kvm, &j->hold, n_prompt + 1, &ctx.ns);
     if (!st)
         st = fy_xgroup_job_begin(fy_node_xfer(n), m.target, m.target_len, j->t_recv + m.deadline_s, on_xfer_done, j,
                                  &j->xj);
@@ -576,7 +570,7 @@ static void cmd_prefill(prefill_t *p, fy_msgr_t *r, uint64_t rid)
     p->jobs = j;
     p->n_jobs++;
     open_add(p, j);
-    st = fy_engine_submit(fy_node_engine(n), prompt, n_prompt, &rq, on_event, j, &j->engine_id);
+    st = fy_engine_submit(fy_node_engine(n), prompt, n_prompt, &m.gen, &ctx, on_event, j, &j->engine_id);
     fy_free(prompt);
     if (st) {
         /* no engine events will come: end the transfer; its completion frees the job */

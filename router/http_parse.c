@@ -969,8 +969,10 @@ fy_status_t fy_http_parse_generation(const fy_http_front_t *f, const char *body,
         return FY_ERR_INVALID;
     }
     /* the chat default: what the context has room for, within the configured cap */
-    if (!g->max_tokens_set && g->gen.max_tokens > f->max_ctx - n_prompt)
-        g->gen.max_tokens = f->max_ctx - n_prompt > 1 ? f->max_ctx - n_prompt : 1;
+    if (!g->max_tokens_set) {
+        int32_t room = fy_genspec_max_tokens(&g->gen, n_prompt, f->max_ctx);
+        g->gen.max_tokens = room > 1 ? room : 1;
+    }
     g->ids = ids;
     g->n_prompt = n_prompt;
     return FY_OK;

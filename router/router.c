@@ -468,8 +468,8 @@ static void retry_or_fail(router_t *R, rreq_t *q, fy_status_t err, const char *w
  * sliding ones. */
 static int32_t blocks_for(const router_t *R, const rreq_t *q)
 {
-    int64_t total = (int64_t)q->n_prompt + q->gen.max_tokens;
-    if (total > R->max_ctx) total = R->max_ctx;
+    int32_t gen = fy_genspec_max_tokens(&q->gen, q->n_prompt, R->max_ctx);
+    int64_t total = (int64_t)q->n_prompt + (gen > 0 ? gen : 0);
     int64_t n = fy_kv_blocks_held(&R->lay, total, R->step);
     /* a KV budget holds at most its blocks in every group (the engine's
      * fy_kvm_blocks_for_capped); a budget the deployment refuses is the

@@ -458,13 +458,13 @@ void tc_reference_opts(const char *model, int32_t *const *prompts, const int32_t
     assert_int_equal(fy_engine_create(r, kvm, fy_model_tokenizer(m), &ep, &e), FY_OK);
     for (int i = 0; i < n; i++) {
         memset(&res[i], 0, sizeof(res[i]));
-        fy_request_params_t q;
-        fy_request_params_default(&q);
+        fy_genspec_t q;
+        fy_genspec_default(&q);
         q.max_tokens = max_tokens[i];
         q.ignore_eos = true;
         if (o && o->kv_budget) q.kv_budget = o->kv_budget[i];
         uint64_t id;
-        assert_int_equal(fy_engine_submit(e, prompts[i], lens[i], &q, on_ref, &res[i], &id), FY_OK);
+        assert_int_equal(fy_engine_submit(e, prompts[i], lens[i], &q, NULL, on_ref, &res[i], &id), FY_OK);
         for (int k = 0; o && k < 1000000 && !fy_engine_idle(e); k++) assert_int_equal(fy_engine_step(e), FY_OK);
     }
     for (int k = 0; k < 1000000 && !fy_engine_idle(e); k++) assert_int_equal(fy_engine_step(e), FY_OK);

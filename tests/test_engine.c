@@ -194,7 +194,7 @@ enum { N_REQ = 16 };
 typedef struct workload {
     int32_t prompt[N_REQ][400];
     int32_t len[N_REQ];
-    fy_request_params_t rp[N_REQ];
+    fy_genspec_t rp[N_REQ];
     int arrive[N_REQ]; /* step at which each arrives */
 } workload_t;
 
@@ -205,7 +205,7 @@ static void make_workload(workload_t *w, int vocab, bool sampled, bool long_prom
     for (int i = 0; i < N_REQ; i++) {
         w->len[i] = long_prompts ? 5 + (i * 37) % 300 : 10 + (i * 7) % 30;
         make_prompt(w->prompt[i], w->len[i], vocab, 1000 + (uint64_t)i);
-        fy_request_params_default(&w->rp[i]);
+        fy_genspec_default(&w->rp[i]);
         w->rp[i].max_tokens = long_prompts ? 8 + (i * 13) % 40 : 60 + (i * 11) % 40;
         w->rp[i].ignore_eos = true;
         if (sampled && i % 2) {
@@ -226,7 +226,8 @@ static void run_alone(const char *model, const workload_t *w, result_t *res)
     rig_open(&g, &o);
     for (int i = 0; i < N_REQ; i++) {
         uint64_t id;
-        assert_int_equal(fy_engine_submit(g.e, w->prompt[i], w->len[i], &w->rp[i], on_event, &res[i], &id), FY_OK);
+        assert_int_equal(fy_engine_submit(g.e, w->prompt[i], w->len[i], &w->rp[i], NULL, on_event, &res[i], &id),
+                         FY_OK);
         rig_drain(&g);
         assert_int_equal(res[i].terminal, 1);
         assert_int_equal(res[i].kind, FY_EVENT_FINISH);
@@ -266,7 +267,7 @@ static void batch_invariance(const char *model, int n_checked, int32_t graphs)
         for (int i = 0; i < N_REQ; i++) {
             if (w->arrive[i] != step) continue;
             uint64_t id;
-            assert_int_equal(fy_engine_submit(g.e, w->prompt[i], w->len[i], &w->rp[i], on_event, &batch[i], &id),
+            assert_int_equal(fy_engine_submit(g.e, w->prompt[i], w->len[i], &w->rp[i], NULL, on_event, &batch[i], &id),
                              FY_OK);
             submitted++;
         }
@@ -329,16 +330,17 @@ static void preemption(fy_preempt_mode_t mode)
     make_prompt(p, 8, g.vocab, 5);
     result_t warm[8] = {0};
     for (int i = 0; i < 8; i++) {
-        fy_request_params_t rp;
-        fy_request_params_default(&rp);
+        fy_genspec_t rp;
+        fy_genspec_default(&rp);
         rp.max_tokens = 1;
         uint64_t id;
-        assert_int_equal(fy_engine_submit(g.e, p, 8, &rp, on_event, &warm[i], &id), FY_OK);
+        assert_int_equal(fy_engine_submit(g.e, p, 8, &rp, NULL, on_event, &warm[i], &id), FY_OK);
     }
     rig_drain(&g);
     for (int i = 0; i < N_REQ; i++) {
         uint64_t id;
-        assert_int_equal(fy_engine_submit(g.e, w->prompt[i], w->len[i], &w->rp[i], on_event, &batch[i], &id), FY_OK);
+        assert_int_equal(fy_engine_submit(g.e, w->prompt[i], w->len[i], &w->rp[i], NULL, on_event, &batch[i], &id),
+                         FY_OK);
     }
     rig_drain(&g);
     fy_engine_stats_t st;
@@ -399,7 +401,7 @@ static void test_disk_tier_corrupted(void **state)
     for (int i = 0; i < N_REQ; i++) {
         w->len[i] = LEN;
         make_prompt(w->prompt[i], LEN, vocab, 7000 + (uint64_t)(i % N_P));
-        fy_request_params_default(&w->rp[i]);
+        fy_genspec_default(&w->rp[i]);
         w->rp[i].max_tokens = 8;
     }
     result_t *alone = calloc(N_REQ, sizeof(result_t)), *got = calloc(N_REQ, sizeof(result_t));
@@ -411,7 +413,7 @@ static void test_disk_tier_corrupted(void **state)
     rig_open(&g, &o);
     for (int i = 0; i < N_P; i++) { /* 4 named blocks each: the first ones end up on disk */
         uint64_t id;
-        assert_int_equal(fy_engine_submit(g.e, w->prompt[i], LEN, &w->rp[i], on_event, &got[i], &id), FY_OK);
+        assert_int_equal(fy_engine_submit(g.e, w->prompt[i], LEN, &w->rp[i], NULL, on_event, &got[i], &id), FY_OK);
         rig_drain(&g);
     }
     fy_kvm_stats_t ks;
@@ -429,7 +431,7 @@ static void test_disk_tier_corrupted(void **state)
     /* the same prompts again, the first ones' blocks on the disk */
     for (int i = N_P; i < N_REQ; i++) {
         uint64_t id;
-        assert_int_equal(fy_engine_submit(g.e, w->prompt[i], LEN, &w->rp[i], on_event, &got[i], &id), FY_OK);
+        assert_int_equal(fy_engine_submit(g.e, w->prompt[i], LEN, &w->rp[i], NULL, on_event, &got[i], &id), FY_OK);
         rig_drain(&g);
     }
     fy_kvm_stats(g.kvm, &ks);
@@ -504,15 +506,15 @@ static void kv_budget_run(const fy_engine_params_t *ep, int32_t kv_budget, resul
     rig_t g;
     rig_open(&g, &o);
     static int32_t p[4][300];
-    fy_request_params_t rp;
-    fy_request_params_default(&rp);
+    fy_genspec_t rp;
+    fy_genspec_default(&rp);
     rp.max_tokens = 40;
     rp.ignore_eos = true;
     rp.kv_budget = kv_budget;
     for (int i = 0; i < 4; i++) {
         make_prompt(p[i], 300, g.vocab, 70 + (uint64_t)i);
         uint64_t id;
-        assert_int_equal(fy_engine_submit(g.e, p[i], 300, &rp, on_event, &res[i], &id), FY_OK);
+        assert_int_equal(fy_engine_submit(g.e, p[i], 300, &rp, NULL, on_event, &res[i], &id), FY_OK);
     }
     int32_t cap = fy_evict_max_blocks(&ep->evict, 16, o.ep.max_num_batched_tokens);
     for (int s = 0; s < 100000 && !fy_engine_idle(g.e); s++) {
@@ -580,13 +582,13 @@ static void test_kv_budget_streaming(void **state)
     rig_t g;
     rig_open(&g, &o);
     int32_t p[20] = {1, 2, 3};
-    fy_request_params_t rp;
-    fy_request_params_default(&rp);
+    fy_genspec_t rp;
+    fy_genspec_default(&rp);
     rp.kv_budget = 517;
     result_t r = {0};
     uint64_t id;
     fy_test_log_begin();
-    assert_int_equal(fy_engine_submit(g.e, p, 20, &rp, on_event, &r, &id), FY_ERR_INVALID);
+    assert_int_equal(fy_engine_submit(g.e, p, 20, &rp, NULL, on_event, &r, &id), FY_ERR_INVALID);
     assert_true(fy_test_log_has("allows 1 to 516", NULL));
     fy_test_log_end();
     rig_close(&g);
@@ -619,13 +621,13 @@ static void kv_budget_preempted(fy_preempt_mode_t mode)
     int32_t cap = fy_evict_max_blocks(&o.ep.evict, 16, 32);
     int32_t p[6][40];
     result_t warm[8] = {0}, res[6] = {0};
-    fy_request_params_t rp;
-    fy_request_params_default(&rp);
+    fy_genspec_t rp;
+    fy_genspec_default(&rp);
     rp.max_tokens = 1;
     for (int i = 0; i < 8; i++) { /* teach the predictor that outputs are short */
         make_prompt(p[0], 8, g.vocab, 9);
         uint64_t id;
-        assert_int_equal(fy_engine_submit(g.e, p[0], 8, &rp, on_event, &warm[i], &id), FY_OK);
+        assert_int_equal(fy_engine_submit(g.e, p[0], 8, &rp, NULL, on_event, &warm[i], &id), FY_OK);
     }
     rig_drain(&g);
     rp.max_tokens = 400; /* 440 tokens: 28 blocks without eviction, more than the pool */
@@ -633,7 +635,7 @@ static void kv_budget_preempted(fy_preempt_mode_t mode)
     for (int i = 0; i < 6; i++) {
         make_prompt(p[i], 40, g.vocab, 300 + (uint64_t)i);
         uint64_t id;
-        assert_int_equal(fy_engine_submit(g.e, p[i], 40, &rp, on_event, &res[i], &id), FY_OK);
+        assert_int_equal(fy_engine_submit(g.e, p[i], 40, &rp, NULL, on_event, &res[i], &id), FY_OK);
     }
     for (int s = 0; s < 200000 && !fy_engine_idle(g.e); s++) {
         assert_int_equal(fy_engine_step(g.e), FY_OK);
@@ -684,11 +686,11 @@ static void on_top(void *arg, const fy_event_t *ev)
     on_event(&t->r, ev);
 }
 
-static void run_one(rig_t *g, const int32_t *p, int32_t n, const fy_request_params_t *rp, top_rec_t *t)
+static void run_one(rig_t *g, const int32_t *p, int32_t n, const fy_genspec_t *rp, top_rec_t *t)
 {
     memset(t, 0, sizeof(*t));
     uint64_t id;
-    assert_int_equal(fy_engine_submit(g->e, p, n, rp, on_top, t, &id), FY_OK);
+    assert_int_equal(fy_engine_submit(g->e, p, n, rp, NULL, on_top, t, &id), FY_OK);
     rig_drain(g);
     assert_int_equal(t->r.terminal, 1);
     assert_int_equal(t->r.kind, FY_EVENT_FINISH);
@@ -709,8 +711,8 @@ static void test_logits_processing_engine(void **state)
     rig_open(&g, &o);
     int32_t p[24];
     make_prompt(p, 24, g.vocab, 404);
-    fy_request_params_t rp;
-    fy_request_params_default(&rp);
+    fy_genspec_t rp;
+    fy_genspec_default(&rp);
     rp.max_tokens = 40;
     rp.ignore_eos = true;
     static top_rec_t base, t;
@@ -719,29 +721,29 @@ static void test_logits_processing_engine(void **state)
     /* stop token id: the base run's 6th token */
     int32_t stop = base.r.tokens[5], first_at = 0;
     while (base.r.tokens[first_at] != stop) first_at++;
-    fy_request_params_t q = rp;
-    q.logits.stop_ids = &stop, q.logits.n_stop_ids = 1;
+    fy_genspec_t q = rp;
+    q.stop_ids[0] = stop, q.n_stop_ids = 1;
     run_one(&g, p, 24, &q, &t);
     assert_int_equal(t.r.reason, FY_FINISH_STOP);
     assert_int_equal(t.r.n, first_at); /* the tokens before it, not it */
     assert_memory_equal(t.r.tokens, base.r.tokens, sizeof(int32_t) * (size_t)first_at);
     /* min_tokens past it: the stop id is banned until then */
-    q.logits.min_tokens = first_at + 3;
+    q.min_tokens = first_at + 3;
     run_one(&g, p, 24, &q, &t);
     assert_true(t.r.n >= first_at + 3);
     for (int32_t i = 0; i < first_at + 3; i++) assert_int_not_equal(t.r.tokens[i], stop);
     /* +100 on one token: every greedy pick; -100 on the base's first: never first */
-    fy_request_params_t b = rp;
+    fy_genspec_t b = rp;
     int32_t ids[2] = {17, base.r.tokens[0]};
     float bias[2] = {100.0f, -100.0f};
-    b.logits.bias_ids = ids, b.logits.bias = bias, b.logits.n_bias = 1;
+    b.logit_bias_id[0] = ids[0], b.logit_bias[0] = bias[0], b.n_logit_bias = 1;
     run_one(&g, p, 24, &b, &t);
     for (int32_t i = 0; i < t.r.n; i++) assert_int_equal(t.r.tokens[i], 17);
-    b.logits.bias_ids = ids + 1, b.logits.bias = bias + 1;
+    b.logit_bias_id[0] = ids[1], b.logit_bias[0] = bias[1];
     run_one(&g, p, 24, &b, &t);
     assert_int_not_equal(t.r.tokens[0], base.r.tokens[0]);
     /* alternatives: greedy picks the first; its logprob is the event's */
-    fy_request_params_t a = rp;
+    fy_genspec_t a = rp;
     a.logprobs = true, a.top_logprobs = 5;
     run_one(&g, p, 24, &a, &t);
     assert_memory_equal(t.r.tokens, base.r.tokens, sizeof(int32_t) * 40); /* alternatives change nothing */
@@ -754,8 +756,8 @@ static void test_logits_processing_engine(void **state)
      * earlier token while fresh ones are far more likely (greedy on the
      * tiny model loops otherwise) */
     int distinct_base = 0, distinct_pen = 0;
-    fy_request_params_t r = rp;
-    r.logits.repetition_penalty = 10.0f, r.logits.presence_penalty = 2.0f, r.logits.frequency_penalty = 2.0f;
+    fy_genspec_t r = rp;
+    r.repetition_penalty = 10.0f, r.presence_penalty = 2.0f, r.frequency_penalty = 2.0f;
     run_one(&g, p, 24, &r, &t);
     for (int32_t i = 0; i < 40; i++) {
         bool seen_b = false, seen_p = false;
@@ -767,11 +769,11 @@ static void test_logits_processing_engine(void **state)
     assert_true(distinct_pen > distinct_base);
     /* ids outside the vocabulary: refused by name */
     int32_t far = g.vocab;
-    fy_request_params_t bad = rp;
-    bad.logits.stop_ids = &far, bad.logits.n_stop_ids = 1;
+    fy_genspec_t bad = rp;
+    bad.stop_ids[0] = far, bad.n_stop_ids = 1;
     uint64_t id;
     fy_test_log_begin();
-    assert_int_equal(fy_engine_submit(g.e, p, 24, &bad, on_top, &t, &id), FY_ERR_INVALID);
+    assert_int_equal(fy_engine_submit(g.e, p, 24, &bad, NULL, on_top, &t, &id), FY_ERR_INVALID);
     assert_true(fy_test_log_has("stop_token_ids names token", NULL));
     fy_test_log_end();
     rig_close(&g);
@@ -812,11 +814,11 @@ static void on_plp(void *arg, const fy_event_t *ev)
     on_top(&p->t, ev);
 }
 
-static void run_plp(rig_t *g, const int32_t *p, int32_t n, const fy_request_params_t *rp, plp_rec_t *t)
+static void run_plp(rig_t *g, const int32_t *p, int32_t n, const fy_genspec_t *rp, plp_rec_t *t)
 {
     memset(t, 0, sizeof(*t));
     uint64_t id;
-    assert_int_equal(fy_engine_submit(g->e, p, n, rp, on_plp, t, &id), FY_OK);
+    assert_int_equal(fy_engine_submit(g->e, p, n, rp, NULL, on_plp, t, &id), FY_OK);
     rig_drain(g);
     assert_int_equal(t->t.r.terminal, 1);
     assert_int_equal(t->t.r.kind, FY_EVENT_FINISH);
@@ -853,14 +855,14 @@ static void test_prompt_logprobs_engine(void **state)
     }
     fy_kvm_seq_release(g.kvm, &bt);
     fy_kvm_seq_deinit(&bt);
-    fy_request_params_t rp;
-    fy_request_params_default(&rp);
+    fy_genspec_t rp;
+    fy_genspec_default(&rp);
     rp.max_tokens = 6;
     rp.ignore_eos = true;
     static top_rec_t plain;
     run_one(&g, p, PLP_N, &rp, &plain); /* and its blocks are in the prefix cache now */
     assert_true(plain.r.n_cached > 0);
-    fy_request_params_t q = rp;
+    fy_genspec_t q = rp;
     q.prompt_logprobs = true, q.prompt_top = PLP_K;
     static plp_rec_t a, b;
     for (int run = 0; run < 2; run++) {
@@ -898,7 +900,7 @@ static void test_prompt_logprobs_engine(void **state)
     uint64_t id;
     for (int i = 0; i < 3; i++) {
         memset(&m[i], 0, sizeof(m[i]));
-        assert_int_equal(fy_engine_submit(g.e, p, PLP_N, i == 1 ? &q : &rp, on_plp, &m[i], &id), FY_OK);
+        assert_int_equal(fy_engine_submit(g.e, p, PLP_N, i == 1 ? &q : &rp, NULL, on_plp, &m[i], &id), FY_OK);
     }
     rig_drain(&g);
     for (int i = 0; i < 3; i++) {
@@ -910,7 +912,7 @@ static void test_prompt_logprobs_engine(void **state)
     /* out of range: refused */
     q.prompt_top = FY_LOGITS_MAX_TOP + 1;
     fy_test_log_begin();
-    assert_int_equal(fy_engine_submit(g.e, p, PLP_N, &q, on_plp, &a, &id), FY_ERR_INVALID);
+    assert_int_equal(fy_engine_submit(g.e, p, PLP_N, &q, NULL, on_plp, &a, &id), FY_ERR_INVALID);
     fy_test_log_end();
     fy_free(ref);
     rig_close(&g);
@@ -929,8 +931,8 @@ static void test_bad_words_engine(void **state)
     rig_open(&g, &o);
     int32_t p[16];
     make_prompt(p, 16, g.vocab, 515);
-    fy_request_params_t rp;
-    fy_request_params_default(&rp);
+    fy_genspec_t rp;
+    fy_genspec_default(&rp);
     rp.max_tokens = 30;
     rp.ignore_eos = true;
     static top_rec_t base, t;
@@ -938,22 +940,23 @@ static void test_bad_words_engine(void **state)
     /* a pair from the output whose first token came out before it alone */
     int32_t at = 3;
     int32_t lens[2] = {2, 1}, ids[3] = {base.r.tokens[at], base.r.tokens[at + 1], base.r.tokens[0]};
-    fy_request_params_t q = rp;
-    q.logits.bad_lens = lens, q.logits.bad_ids = ids, q.logits.n_bad = 1;
+    fy_genspec_t q = rp;
+    memcpy(q.bad_lens, lens, sizeof(lens)), memcpy(q.bad_ids, ids, sizeof(ids));
+    q.n_bad = 1;
     run_one(&g, p, 16, &q, &t);
     assert_memory_equal(t.r.tokens, base.r.tokens, sizeof(int32_t) * (size_t)(at + 1));
     assert_int_not_equal(t.r.tokens[at + 1], base.r.tokens[at + 1]);
     for (int32_t i = 1; i < t.r.n; i++) assert_false(t.r.tokens[i - 1] == ids[0] && t.r.tokens[i] == ids[1]);
     /* and a one-token word: the greedy first token, never */
-    q.logits.n_bad = 2;
+    q.n_bad = 2;
     run_one(&g, p, 16, &q, &t);
     for (int32_t i = 0; i < t.r.n; i++) assert_int_not_equal(t.r.tokens[i], base.r.tokens[0]);
     /* a token outside the vocabulary: refused by name */
     int32_t far = g.vocab, one = 1;
-    q.logits.bad_lens = &one, q.logits.bad_ids = &far, q.logits.n_bad = 1;
+    q.bad_lens[0] = one, q.bad_ids[0] = far, q.n_bad = 1;
     uint64_t id;
     fy_test_log_begin();
-    assert_int_equal(fy_engine_submit(g.e, p, 16, &q, on_top, &t, &id), FY_ERR_INVALID);
+    assert_int_equal(fy_engine_submit(g.e, p, 16, &q, NULL, on_top, &t, &id), FY_ERR_INVALID);
     assert_true(fy_test_log_has("bad_words names token", NULL));
     fy_test_log_end();
     rig_close(&g);
@@ -973,10 +976,11 @@ static void run_grammar(bool spec, fy_gen_grammar_t kind, const char *src, top_r
     rig_open(&g, &o);
     int32_t p[16];
     make_prompt(p, 16, g.vocab, 808);
-    fy_request_params_t rp;
-    fy_request_params_default(&rp);
+    fy_genspec_t rp;
+    fy_genspec_default(&rp);
     rp.max_tokens = 400;
-    rp.grammar_kind = kind, rp.grammar = src, rp.grammar_len = (int32_t)strlen(src);
+    rp.grammar_kind = kind, rp.grammar_len = (int32_t)strlen(src);
+    memcpy(rp.grammar, src, strlen(src) + 1);
     run_one(&g, p, 16, &rp, t);
     t->r.text[t->r.len] = 0;
     rig_close(&g);
@@ -1028,26 +1032,26 @@ static void test_structured_outputs(void **state)
     rig_t g;
     rig_open(&g, &o);
     int32_t p[4] = {5, 6, 7, 8};
-    fy_request_params_t rp;
-    fy_request_params_default(&rp);
+    fy_genspec_t rp;
+    fy_genspec_default(&rp);
     const char *bad = "{\"type\":\"object\",\"patternProperties\":{\"^x\":{\"type\":\"string\"}}}";
-    rp.grammar_kind = FY_GEN_GRAMMAR_JSON_SCHEMA, rp.grammar = bad, rp.grammar_len = (int32_t)strlen(bad);
+    rp.grammar_kind = FY_GEN_GRAMMAR_JSON_SCHEMA, rp.grammar_len = (int32_t)strlen(bad);
+    memcpy(rp.grammar, bad, strlen(bad) + 1);
     uint64_t id;
     fy_test_log_begin();
-    assert_int_equal(fy_engine_submit(g.e, p, 4, &rp, on_top, &a, &id), FY_ERR_INVALID);
+    assert_int_equal(fy_engine_submit(g.e, p, 4, &rp, NULL, on_top, &a, &id), FY_ERR_INVALID);
     assert_true(fy_test_log_has("patternProperties", NULL));
     assert_non_null(strstr(fy_engine_refusal(), "patternProperties")); /* what a worker answers with */
     /* a regex of 5,000 alternatives: beyond what the matcher starts on,
      * refused with the limit named (issue 32, item 11; the workers said
      * the prompt was too long) */
-    char *alts = fy_malloc(32768);
+    char *alts = rp.grammar;
     size_t n = 0;
     for (int i = 0; i < 5000; i++) n += (size_t)snprintf(alts + n, 32768 - n, "%s%d", i ? "|" : "", i);
-    rp.grammar_kind = FY_GEN_GRAMMAR_REGEX, rp.grammar = alts, rp.grammar_len = (int32_t)n;
-    assert_int_equal(fy_engine_submit(g.e, p, 4, &rp, on_top, &a, &id), FY_ERR_INVALID);
+    rp.grammar_kind = FY_GEN_GRAMMAR_REGEX, rp.grammar_len = (int32_t)n;
+    assert_int_equal(fy_engine_submit(g.e, p, 4, &rp, NULL, on_top, &a, &id), FY_ERR_INVALID);
     print_message("5000 alternatives: %s\n", fy_engine_refusal());
     assert_non_null(strstr(fy_engine_refusal(), "matcher's limits"));
-    fy_free(alts);
     fy_test_log_end();
     rig_close(&g);
 }
@@ -1061,18 +1065,18 @@ static void test_cancel_and_errors(void **state)
     rig_open(&g, &o);
     int32_t p[100];
     make_prompt(p, 100, g.vocab, 3);
-    fy_request_params_t rp;
-    fy_request_params_default(&rp);
+    fy_genspec_t rp;
+    fy_genspec_default(&rp);
     rp.max_tokens = 200;
     rp.ignore_eos = true;
     result_t a = {0}, b = {0}, c = {0};
     uint64_t ida, idb, idc;
-    assert_int_equal(fy_engine_submit(g.e, p, 100, &rp, on_event, &a, &ida), FY_OK);
-    assert_int_equal(fy_engine_submit(g.e, p, 50, &rp, on_event, &b, &idb), FY_OK);
+    assert_int_equal(fy_engine_submit(g.e, p, 100, &rp, NULL, on_event, &a, &ida), FY_OK);
+    assert_int_equal(fy_engine_submit(g.e, p, 50, &rp, NULL, on_event, &b, &idb), FY_OK);
     for (int i = 0; i < 5; i++) assert_int_equal(fy_engine_step(g.e), FY_OK);
     assert_true(a.n > 0);
     fy_engine_cancel(g.e, ida); /* mid-stream */
-    assert_int_equal(fy_engine_submit(g.e, p, 30, &rp, on_event, &c, &idc), FY_OK);
+    assert_int_equal(fy_engine_submit(g.e, p, 30, &rp, NULL, on_event, &c, &idc), FY_OK);
     fy_engine_cancel(g.e, idc);    /* still queued */
     fy_engine_cancel(g.e, 999999); /* unknown: ignored */
     assert_int_equal(fy_engine_step(g.e), FY_OK);
@@ -1093,19 +1097,19 @@ static void test_cancel_and_errors(void **state)
     uint64_t id;
     fy_test_log_begin();
     int32_t bad[2] = {5, g.vocab};
-    assert_int_equal(fy_engine_submit(g.e, bad, 2, &rp, on_event, &d, &id), FY_ERR_INVALID);
+    assert_int_equal(fy_engine_submit(g.e, bad, 2, &rp, NULL, on_event, &d, &id), FY_ERR_INVALID);
     assert_true(fy_test_log_has("outside the vocabulary", NULL));
     int32_t *huge = calloc(2000, sizeof(int32_t));
-    assert_int_equal(fy_engine_submit(g.e, huge, 2000, &rp, on_event, &d, &id), FY_ERR_INVALID);
+    assert_int_equal(fy_engine_submit(g.e, huge, 2000, &rp, NULL, on_event, &d, &id), FY_ERR_INVALID);
     assert_true(fy_test_log_has("leaves no room in the context", NULL));
     free(huge);
-    fy_request_params_t bad_rp = rp;
+    fy_genspec_t bad_rp = rp;
     bad_rp.max_tokens = 0;
-    assert_int_equal(fy_engine_submit(g.e, p, 10, &bad_rp, on_event, &d, &id), FY_ERR_INVALID);
+    assert_int_equal(fy_engine_submit(g.e, p, 10, &bad_rp, NULL, on_event, &d, &id), FY_ERR_INVALID);
     bad_rp = rp;
     bad_rp.sampling.top_p = 7;
-    assert_int_equal(fy_engine_submit(g.e, p, 10, &bad_rp, on_event, &d, &id), FY_ERR_INVALID);
-    assert_int_equal(fy_engine_submit(g.e, p, 0, &rp, on_event, &d, &id), FY_ERR_INVALID);
+    assert_int_equal(fy_engine_submit(g.e, p, 10, &bad_rp, NULL, on_event, &d, &id), FY_ERR_INVALID);
+    assert_int_equal(fy_engine_submit(g.e, p, 0, &rp, NULL, on_event, &d, &id), FY_ERR_INVALID);
     fy_test_log_end();
     assert_int_equal(d.terminal, 0);
     rig_close(&g);
@@ -1113,7 +1117,7 @@ static void test_cancel_and_errors(void **state)
     o.blocks = 4;
     rig_open(&g, &o);
     fy_test_log_begin();
-    assert_int_equal(fy_engine_submit(g.e, p, 100, &rp, on_event, &d, &id), FY_ERR_INVALID);
+    assert_int_equal(fy_engine_submit(g.e, p, 100, &rp, NULL, on_event, &d, &id), FY_ERR_INVALID);
     assert_true(fy_test_log_has("kv blocks; the cache has 4", NULL));
     fy_test_log_end();
     rig_close(&g);
@@ -1135,8 +1139,8 @@ static void test_overload(void **state)
     fy_status_t *st = calloc(BURST, sizeof(fy_status_t));
     int32_t p[40];
     make_prompt(p, 40, g.vocab, 9);
-    fy_request_params_t rp;
-    fy_request_params_default(&rp);
+    fy_genspec_t rp;
+    fy_genspec_default(&rp);
     rp.max_tokens = 16;
     rp.ignore_eos = true;
     int accepted = 0, refused = 0;
@@ -1144,7 +1148,7 @@ static void test_overload(void **state)
     fy_log_set_level(FY_LOG_ERROR); /* 190 overload warnings are expected */
     for (int i = 0; i < BURST; i++) {
         uint64_t id;
-        st[i] = fy_engine_submit(g.e, p, 10 + i % 30, &rp, on_event, &res[i], &id);
+        st[i] = fy_engine_submit(g.e, p, 10 + i % 30, &rp, NULL, on_event, &res[i], &id);
         if (st[i] == FY_OK)
             accepted++;
         else
@@ -1180,16 +1184,16 @@ static void test_priority_and_timings(void **state)
     rig_open(&g, &o);
     int32_t p[20];
     make_prompt(p, 20, g.vocab, 11);
-    fy_request_params_t rp;
-    fy_request_params_default(&rp);
+    fy_genspec_t rp;
+    fy_genspec_default(&rp);
     rp.max_tokens = 10;
     rp.ignore_eos = true;
     result_t low = {0}, high = {0}, first = {0};
     uint64_t id;
-    assert_int_equal(fy_engine_submit(g.e, p, 20, &rp, on_event, &first, &id), FY_OK);
-    assert_int_equal(fy_engine_submit(g.e, p, 20, &rp, on_event, &low, &id), FY_OK);
+    assert_int_equal(fy_engine_submit(g.e, p, 20, &rp, NULL, on_event, &first, &id), FY_OK);
+    assert_int_equal(fy_engine_submit(g.e, p, 20, &rp, NULL, on_event, &low, &id), FY_OK);
     rp.priority = 5;
-    assert_int_equal(fy_engine_submit(g.e, p, 20, &rp, on_event, &high, &id), FY_OK);
+    assert_int_equal(fy_engine_submit(g.e, p, 20, &rp, NULL, on_event, &high, &id), FY_OK);
     rig_drain(&g);
     assert_true(high.e2e < low.e2e); /* queued later, served earlier */
     assert_int_equal(first.n_itl, 9);
@@ -1209,13 +1213,14 @@ static void test_guardrail(void **state)
     rig_open(&g, &o);
     int32_t p[300];
     make_prompt(p, 300, g.vocab, 13);
-    fy_request_params_t rp;
-    fy_request_params_default(&rp);
+    fy_genspec_t rp;
+    fy_genspec_default(&rp);
     rp.max_tokens = 60;
     rp.ignore_eos = true;
     result_t res[6] = {0};
     uint64_t id;
-    for (int i = 0; i < 6; i++) assert_int_equal(fy_engine_submit(g.e, p + i, 250, &rp, on_event, &res[i], &id), FY_OK);
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(fy_engine_submit(g.e, p + i, 250, &rp, NULL, on_event, &res[i], &id), FY_OK);
     rig_drain(&g);
     fy_engine_stats_t st;
     fy_engine_stats(g.e, &st);
@@ -1240,14 +1245,14 @@ static void test_engine_thread(void **state)
     memset(res, 0, sizeof(res));
     int32_t p[64];
     make_prompt(p, 64, g.vocab, 17);
-    fy_request_params_t rp;
-    fy_request_params_default(&rp);
+    fy_genspec_t rp;
+    fy_genspec_default(&rp);
     rp.max_tokens = 20;
     rp.ignore_eos = true;
     for (int i = 0; i < N; i++) {
         res[i].mu = &mu, res[i].cv = &cv;
         uint64_t id;
-        assert_int_equal(fy_engine_submit(g.e, p, 20 + i, &rp, on_event, &res[i], &id), FY_OK);
+        assert_int_equal(fy_engine_submit(g.e, p, 20 + i, &rp, NULL, on_event, &res[i], &id), FY_OK);
     }
     pthread_mutex_lock(&mu);
     for (int i = 0; i < N; i++) {
@@ -1262,7 +1267,7 @@ static void test_engine_thread(void **state)
     /* requests still in the engine when it is destroyed end with an error */
     result_t late = {0};
     uint64_t id;
-    assert_int_equal(fy_engine_submit(g.e, p, 20, &rp, on_event, &late, &id), FY_OK);
+    assert_int_equal(fy_engine_submit(g.e, p, 20, &rp, NULL, on_event, &late, &id), FY_OK);
     rig_close(&g);
     assert_int_equal(late.terminal, 1);
     assert_int_equal(late.status, FY_ERR_CANCELLED);
@@ -1294,8 +1299,8 @@ static void test_submit_handoff(void **state)
     pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
     int32_t p[8];
     make_prompt(p, 8, g.vocab, 5);
-    fy_request_params_t rp;
-    fy_request_params_default(&rp);
+    fy_genspec_t rp;
+    fy_genspec_default(&rp);
     rp.max_tokens = 1;
     rp.ignore_eos = true;
     for (int i = 0; i < 200; i++) {
@@ -1303,7 +1308,7 @@ static void test_submit_handoff(void **state)
         assert_non_null(res);
         res->mu = &mu, res->cv = &cv;
         uint64_t id = 0;
-        assert_int_equal(fy_engine_submit(g.e, p, 4 + i % 4, &rp, on_event, res, &id), FY_OK);
+        assert_int_equal(fy_engine_submit(g.e, p, 4 + i % 4, &rp, NULL, on_event, res, &id), FY_OK);
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_sec += 60;
@@ -1359,7 +1364,7 @@ static void on_prefill(void *arg, const fy_event_t *ev)
 typedef struct adopt_job {
     const int32_t *prompt;
     int32_t n;
-    const fy_request_params_t *rp;
+    const fy_genspec_t *rp;
     fy_block_table_t *bt;
     fy_kv_resv_t *resv;
     handoff_t *h;
@@ -1371,8 +1376,8 @@ static void do_adopt(fy_engine_t *e, void *arg)
 {
     adopt_job_t *a = arg;
     uint64_t id;
-    a->st = fy_engine_adopt(e, a->prompt, a->n, a->rp, a->bt, a->resv, a->h->first, a->h->logprob, &a->h->rng, on_event,
-                            a->res, &id);
+    a->st = fy_engine_adopt(e, a->prompt, a->n, a->rp, NULL, a->bt, a->resv, a->h->first, a->h->logprob, &a->h->rng,
+                            on_event, a->res, &id);
 }
 
 static void disaggregated(const char *model)
@@ -1394,12 +1399,10 @@ static void disaggregated(const char *model)
     for (int i = 0; i < N_REQ; i++) {
         /* prefill: the first token only, as a prefill worker runs it */
         handoff_t h = {.kvm = P.kvm};
-        assert_int_equal(fy_kvm_seq_init(P.kvm, &h.hold, w->len[i] + 1, &w->rp[i].ns), FY_OK);
-        fy_request_params_t pr = w->rp[i];
-        pr.max_tokens = 1;
-        pr.progress = true;
+        const fy_request_ctx_t pr = {.progress = true, .first_only = true};
+        assert_int_equal(fy_kvm_seq_init(P.kvm, &h.hold, w->len[i] + 1, &pr.ns), FY_OK);
         uint64_t id;
-        assert_int_equal(fy_engine_submit(P.e, w->prompt[i], w->len[i], &pr, on_prefill, &h, &id), FY_OK);
+        assert_int_equal(fy_engine_submit(P.e, w->prompt[i], w->len[i], &w->rp[i], &pr, on_prefill, &h, &id), FY_OK);
         rig_drain(&P);
         assert_int_equal(h.terminal, 1);
         assert_int_equal(h.last_computed, w->len[i]);
@@ -1408,7 +1411,7 @@ static void disaggregated(const char *model)
         fy_block_table_t bt;
         fy_kv_resv_t resv = {0};
         int32_t cap = w->len[i] + w->rp[i].max_tokens;
-        assert_int_equal(fy_kvm_seq_init(D.kvm, &bt, cap, &w->rp[i].ns), FY_OK);
+        assert_int_equal(fy_kvm_seq_init(D.kvm, &bt, cap, &pr.ns), FY_OK);
         assert_int_equal(fy_kvm_admit(D.kvm, fy_kvm_blocks_for(D.kvm, w->len[i], w->rp[i].max_tokens, 0), &resv),
                          FY_OK);
         assert_int_equal(fy_kvm_seq_reserve(D.kvm, &bt, w->len[i], &resv), FY_OK);
@@ -1564,13 +1567,13 @@ static void test_build_from_config(void **state)
     assert_int_equal(fy_runner_params(s.runner)->n_host_blocks, (int32_t)((1 << 20) / (int64_t)lay->block_bytes));
     assert_int_equal(fy_runner_params(s.runner)->max_seqs, 4);
     int32_t prompt[5] = {72, 101, 108, 108, 111};
-    fy_request_params_t q;
-    fy_request_params_default(&q);
+    fy_genspec_t q;
+    fy_genspec_default(&q);
     q.max_tokens = 4;
     q.ignore_eos = true;
     result_t r = {0};
     uint64_t id;
-    assert_int_equal(fy_engine_submit(s.engine, prompt, 5, &q, on_event, &r, &id), FY_OK);
+    assert_int_equal(fy_engine_submit(s.engine, prompt, 5, &q, NULL, on_event, &r, &id), FY_OK);
     for (int i = 0; i < 1000 && !fy_engine_idle(s.engine); i++) assert_int_equal(fy_engine_step(s.engine), FY_OK);
     assert_int_equal(r.terminal, 1);
     assert_int_equal(r.n, 4);

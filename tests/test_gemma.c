@@ -344,8 +344,8 @@ static void generate(const int32_t *ids, int32_t n, int threads, int max_tokens,
     engine_open(&e, threads, 64, 1, 1);
     fy_gen_params_t gp;
     fy_gen_params_default(&gp);
-    gp.max_tokens = max_tokens;
-    gp.ignore_eos = ignore_eos;
+    gp.gen.max_tokens = max_tokens;
+    gp.gen.ignore_eos = ignore_eos;
     memset(out, 0, sizeof(*out));
     assert_int_equal(
         fy_generate(e.r, e.kvm, fy_model_tokenizer(g_model), ids, n, &gp, collect, out, out->tokens, 128, &out->stats),

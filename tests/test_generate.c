@@ -135,8 +135,8 @@ static void test_greedy_deterministic_across_threads(void **state)
     if (!g_model) skip();
     fy_gen_params_t gp;
     fy_gen_params_default(&gp);
-    gp.max_tokens = 48;
-    gp.ignore_eos = true;
+    gp.gen.max_tokens = 48;
+    gp.gen.ignore_eos = true;
     run_t *a = malloc(sizeof(run_t)), *b = malloc(sizeof(run_t));
     const char *prompt = "The capital of France is";
     generate(prompt, false, 1, &gp, a);
@@ -174,7 +174,7 @@ static void test_chat_reads_as_english(void **state)
     if (!g_model) skip();
     fy_gen_params_t gp;
     fy_gen_params_default(&gp);
-    gp.max_tokens = 96;
+    gp.gen.max_tokens = 96;
     run_t *r = malloc(sizeof(run_t));
     generate("Explain in a few sentences why the sky is blue.", true, 2, &gp, r);
     fprintf(stderr, "chat answer: %s\n", r->text);
@@ -189,14 +189,15 @@ static void test_seeded_sampling(void **state)
     if (!g_model) skip();
     fy_gen_params_t gp;
     fy_gen_params_default(&gp);
-    gp.max_tokens = 32;
-    gp.ignore_eos = true;
-    gp.sampling = (fy_sampling_params_t){.temperature = 0.9f, .top_k = 50, .top_p = 0.95f, .min_p = 0.0f, .seed = 7};
+    gp.gen.max_tokens = 32;
+    gp.gen.ignore_eos = true;
+    gp.gen.sampling =
+        (fy_sampling_params_t){.temperature = 0.9f, .top_k = 50, .top_p = 0.95f, .min_p = 0.0f, .seed = 7};
     run_t *a = malloc(sizeof(run_t)), *b = malloc(sizeof(run_t)), *c = malloc(sizeof(run_t));
     generate("Once upon a time", false, 2, &gp, a);
     generate("Once upon a time", false, 1, &gp, b);
     assert_memory_equal(a->tokens, b->tokens, sizeof(int32_t) * 32);
-    gp.sampling.seed = 8;
+    gp.gen.sampling.seed = 8;
     generate("Once upon a time", false, 2, &gp, c);
     assert_memory_not_equal(a->tokens, c->tokens, sizeof(int32_t) * 32);
     free(a), free(b), free(c);
@@ -207,17 +208,16 @@ static void test_stop_string(void **state)
     if (!g_model) skip();
     fy_gen_params_t gp;
     fy_gen_params_default(&gp);
-    gp.max_tokens = 48;
-    gp.ignore_eos = true;
+    gp.gen.max_tokens = 48;
+    gp.gen.ignore_eos = true;
     run_t *full = malloc(sizeof(run_t)), *cut = malloc(sizeof(run_t));
     generate("The capital of France is", false, 2, &gp, full);
     /* stop at the first line break of the greedy output */
     const char *p = strstr(full->text, "\n");
     assert_non_null(p);
     assert_true(p - full->text > 3);
-    const char *stops[] = {"\n"};
-    gp.stop = stops;
-    gp.n_stop = 1;
+    strcpy(gp.gen.stop[0], "\n");
+    gp.gen.n_stop = 1;
     generate("The capital of France is", false, 2, &gp, cut);
     assert_int_equal(cut->stats.finish, FY_FINISH_STOP);
     assert_int_equal(cut->len, (size_t)(p - full->text));
@@ -267,8 +267,8 @@ static void test_prefix_cache_same_tokens(void **state)
     tokenize(text, false, ids, 256, &n);
     fy_gen_params_t gp;
     fy_gen_params_default(&gp);
-    gp.max_tokens = 24;
-    gp.ignore_eos = true;
+    gp.gen.max_tokens = 24;
+    gp.gen.ignore_eos = true;
     fy_kv_ns_t ns;
     fy_kv_ns_make(g_hasher, "other-tenant", "smollm2", fy_runner_kv_layout(e.r), NULL, &ns);
     run_t *runs = calloc(3, sizeof(run_t));

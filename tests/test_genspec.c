@@ -295,13 +295,29 @@ static void test_prompt_logprobs_bad_words(void **state)
     fy_free(buf);
 }
 
+/* The one clamp of a request's length (door, decode worker, engine). */
+static void test_max_tokens_clamp(void **state)
+{
+    (void)state;
+    static fy_genspec_t g;
+    fy_genspec_default(&g);
+    assert_int_equal(g.max_tokens, FY_GEN_MAX_TOKENS_DEFAULT);
+    assert_int_equal(fy_genspec_max_tokens(&g, 10, 2048), FY_GEN_MAX_TOKENS_DEFAULT); /* room enough */
+    assert_int_equal(fy_genspec_max_tokens(&g, 2000, 2048), 48);                      /* the context's room */
+    assert_int_equal(fy_genspec_max_tokens(&g, 2047, 2048), 1);
+    assert_true(fy_genspec_max_tokens(&g, 2048, 2048) < 1); /* a full context: nothing */
+    assert_true(fy_genspec_max_tokens(&g, 5000, 2048) < 1);
+    g.max_tokens = INT32_MAX; /* no overflow at the extremes */
+    assert_int_equal(fy_genspec_max_tokens(&g, 0, INT32_MAX), INT32_MAX);
+    assert_true(fy_genspec_max_tokens(&g, INT32_MAX, 0) < 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_check_agrees_with_wire),
-        cmocka_unit_test(test_stop_strings),
-        cmocka_unit_test(test_logits_fields),
-        cmocka_unit_test(test_prompt_logprobs_bad_words),
+        cmocka_unit_test(test_check_agrees_with_wire), cmocka_unit_test(test_stop_strings),
+        cmocka_unit_test(test_logits_fields),          cmocka_unit_test(test_prompt_logprobs_bad_words),
+        cmocka_unit_test(test_max_tokens_clamp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

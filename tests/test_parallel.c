@@ -362,14 +362,14 @@ static void test_follower_fails(void **state)
     int32_t prompt[3][10];
     for (int r = 0; r < 3; r++)
         for (int i = 0; i < 10; i++) prompt[r][i] = 3 + 17 * r + i;
-    fy_request_params_t rq;
-    fy_request_params_default(&rq);
+    fy_genspec_t rq;
+    fy_genspec_default(&rq);
     rq.max_tokens = 20;
     rq.ignore_eos = true;
     rq.sampling.temperature = 0;
     uint64_t id;
     for (int r = 0; r < 3; r++)
-        assert_int_equal(fy_engine_submit(s.engine, prompt[r], 10, &rq, on_event, &o, &id), FY_OK);
+        assert_int_equal(fy_engine_submit(s.engine, prompt[r], 10, &rq, NULL, on_event, &o, &id), FY_OK);
     fy_test_log_begin();
     for (int steps = 0; !fy_engine_idle(s.engine) && steps < 200; steps++) fy_engine_step(s.engine);
     fy_test_log_end();
@@ -384,7 +384,7 @@ static void test_follower_fails(void **state)
     assert_int_equal(fy_kvm_check(s.kvm), FY_OK);
     /* the group is out of service: a new request ends at once */
     o = (outcome_t){0};
-    assert_int_equal(fy_engine_submit(s.engine, prompt[0], 10, &rq, on_event, &o, &id), FY_OK);
+    assert_int_equal(fy_engine_submit(s.engine, prompt[0], 10, &rq, NULL, on_event, &o, &id), FY_OK);
     fy_test_log_begin();
     for (int steps = 0; !fy_engine_idle(s.engine) && steps < 10; steps++) fy_engine_step(s.engine);
     fy_test_log_end();
@@ -427,8 +427,8 @@ static void swap_run(fy_model_t *m, int tp, int pp, tokens_t *out, uint64_t *swa
     b.engine.predict_quantile = 0.1;
     fy_engine_stack_t s;
     assert_int_equal(fy_engine_stack_create(m, &b, &s), FY_OK);
-    fy_request_params_t rq;
-    fy_request_params_default(&rq);
+    fy_genspec_t rq;
+    fy_genspec_default(&rq);
     rq.sampling.temperature = 0;
     rq.ignore_eos = true;
     uint64_t id;
@@ -438,13 +438,13 @@ static void swap_run(fy_model_t *m, int tp, int pp, tokens_t *out, uint64_t *swa
     tokens_t warm[8] = {0};
     rq.max_tokens = 1; /* teach the predictor that outputs are short */
     for (int r = 0; r < 8; r++)
-        assert_int_equal(fy_engine_submit(s.engine, p[r], 16, &rq, on_token, &warm[r], &id), FY_OK);
+        assert_int_equal(fy_engine_submit(s.engine, p[r], 16, &rq, NULL, on_token, &warm[r], &id), FY_OK);
     for (int steps = 0; !fy_engine_idle(s.engine) && steps < 1000; steps++)
         assert_int_equal(fy_engine_step(s.engine), FY_OK);
     rq.max_tokens = 24;
     memset(out, 0, 8 * sizeof(*out));
     for (int r = 0; r < 8; r++)
-        assert_int_equal(fy_engine_submit(s.engine, p[r], 16, &rq, on_token, &out[r], &id), FY_OK);
+        assert_int_equal(fy_engine_submit(s.engine, p[r], 16, &rq, NULL, on_token, &out[r], &id), FY_OK);
     for (int steps = 0; !fy_engine_idle(s.engine) && steps < 5000; steps++)
         assert_int_equal(fy_engine_step(s.engine), FY_OK);
     fy_engine_stats_t st;
@@ -602,9 +602,9 @@ static void test_smollm2_greedy(void **state)
             assert_int_equal(fy_prompt_tokens(m, NULL, prompts[p], false, &ids, &n), FY_OK);
             fy_gen_params_t gp;
             fy_gen_params_default(&gp);
-            gp.max_tokens = 16;
-            gp.ignore_eos = true;
-            gp.sampling.temperature = 0;
+            gp.gen.max_tokens = 16;
+            gp.gen.ignore_eos = true;
+            gp.gen.sampling.temperature = 0;
             fy_gen_stats_t st;
             assert_int_equal(
                 fy_generate(s.runner, s.kvm, fy_model_tokenizer(m), ids, n, &gp, NULL, NULL, got[k][p], 16, &st),

@@ -351,20 +351,20 @@ static void test_engine_refuses_past_the_watermark(void **state)
     assert_int_equal(fy_kvm_capacity(s.kvm), 127);
     int32_t prompt[1024];
     for (int i = 0; i < 1024; i++) prompt[i] = 'a' + i % 26;
-    fy_request_params_t rp;
-    fy_request_params_default(&rp);
+    fy_genspec_t rp;
+    fy_genspec_default(&rp);
     rp.sampling.temperature = 0;
     rp.max_tokens = 8;
     rp.ignore_eos = true;
     done_t d = {0};
     uint64_t id;
     fy_test_log_begin();
-    assert_int_equal(fy_engine_submit(s.engine, prompt, 1016, &rp, on_event, &d, &id), FY_ERR_INVALID);
+    assert_int_equal(fy_engine_submit(s.engine, prompt, 1016, &rp, NULL, on_event, &d, &id), FY_ERR_INVALID);
     fy_test_log_end();
     assert_true(
         fy_test_log_has("request needs 128 kv blocks; the cache has 128, of which admission promises 127", NULL));
     /* one block less is admitted and runs to its length */
-    assert_int_equal(fy_engine_submit(s.engine, prompt, 1008, &rp, on_event, &d, &id), FY_OK);
+    assert_int_equal(fy_engine_submit(s.engine, prompt, 1008, &rp, NULL, on_event, &d, &id), FY_OK);
     for (int i = 0; i < 1000 && !fy_engine_idle(s.engine); i++) assert_int_equal(fy_engine_step(s.engine), FY_OK);
     assert_int_equal(d.terminal, 1);
     assert_int_equal(d.reason, FY_FINISH_LENGTH);
@@ -424,14 +424,14 @@ static void test_worker_pool_against_its_context(void **state)
     int32_t *prompt = fy_calloc(4064, sizeof(int32_t));
     assert_non_null(prompt);
     for (int i = 0; i < 4064; i++) prompt[i] = 'a' + i % 26;
-    fy_request_params_t rp;
-    fy_request_params_default(&rp);
+    fy_genspec_t rp;
+    fy_genspec_default(&rp);
     rp.sampling.temperature = 0;
     rp.max_tokens = 4; /* 4,064 tokens in all */
     rp.ignore_eos = true;
     done_t d = {0};
     uint64_t id;
-    assert_int_equal(fy_engine_submit(s.engine, prompt, 4060, &rp, on_event, &d, &id), FY_OK);
+    assert_int_equal(fy_engine_submit(s.engine, prompt, 4060, &rp, NULL, on_event, &d, &id), FY_OK);
     for (int i = 0; i < 1000 && !fy_engine_idle(s.engine); i++) assert_int_equal(fy_engine_step(s.engine), FY_OK);
     assert_int_equal(d.terminal, 1);
     assert_int_equal(d.reason, FY_FINISH_LENGTH);

@@ -480,7 +480,7 @@ static void rig_close(rig_t *g, fy_engine_stats_t *st_p)
 typedef struct workload {
     int32_t prompt[N_REQ][200];
     int32_t len[N_REQ];
-    fy_request_params_t rp[N_REQ];
+    fy_genspec_t rp[N_REQ];
 } workload_t;
 
 /* Prompts that repeat a phrase (text to copy) and random ones, of
@@ -494,7 +494,7 @@ static void make_workload(workload_t *w, int vocab, int32_t max_tokens, bool sam
             w->prompt[i][j] = i % 2 && j >= phrase ? w->prompt[i][j % phrase]
                                                    : (int32_t)(fy_test_rand_u64(&s) % (uint64_t)(vocab - 3));
         w->len[i] = n;
-        fy_request_params_default(&w->rp[i]);
+        fy_genspec_default(&w->rp[i]);
         w->rp[i].max_tokens = max_tokens - 7 * i;
         w->rp[i].ignore_eos = true;
         if (sampled)
@@ -512,7 +512,8 @@ static void run(const char *model, const char *spec, const fy_spec_params_t *sp,
     memset(res, 0, sizeof(result_t) * (size_t)n_req);
     for (int i = 0; i < n_req; i++) {
         uint64_t id;
-        assert_int_equal(fy_engine_submit(g.e, w->prompt[i], w->len[i], &w->rp[i], on_event, &res[i], &id), FY_OK);
+        assert_int_equal(fy_engine_submit(g.e, w->prompt[i], w->len[i], &w->rp[i], NULL, on_event, &res[i], &id),
+                         FY_OK);
         if (!batch) rig_drain(&g);
     }
     rig_drain(&g);
@@ -621,7 +622,7 @@ static void test_greedy_chat_default(void **state)
         memcpy(w->prompt[i], ids, (size_t)n * sizeof(int32_t));
         w->len[i] = n;
         fy_free(ids);
-        fy_request_params_default(&w->rp[i]);
+        fy_genspec_default(&w->rp[i]);
         w->rp[i].max_tokens = 48;
     }
     fy_model_destroy(m);
@@ -749,10 +750,11 @@ static void test_request_override(void **state)
     memset(res, 0, sizeof(res));
     w->rp[1].spec = FY_SPEC_NGRAM;
     uint64_t id;
-    assert_int_equal(fy_engine_submit(g.e, w->prompt[1], w->len[1], &w->rp[1], on_event, &res[0], &id), FY_OK);
+    assert_int_equal(fy_engine_submit(g.e, w->prompt[1], w->len[1], &w->rp[1], NULL, on_event, &res[0], &id), FY_OK);
     w->rp[1].spec = FY_SPEC_DRAFT;
     fy_test_log_begin();
-    assert_int_equal(fy_engine_submit(g.e, w->prompt[1], w->len[1], &w->rp[1], on_event, &res[1], &id), FY_ERR_INVALID);
+    assert_int_equal(fy_engine_submit(g.e, w->prompt[1], w->len[1], &w->rp[1], NULL, on_event, &res[1], &id),
+                     FY_ERR_INVALID);
     fy_test_log_end();
     assert_true(fy_test_log_has("no draft model", NULL));
     rig_drain(&g);
@@ -763,7 +765,7 @@ static void test_request_override(void **state)
     rig_open(&g, g_tiny, "ngram", &sp, 512);
     memset(res, 0, sizeof(res));
     w->rp[1].spec = FY_SPEC_NONE;
-    assert_int_equal(fy_engine_submit(g.e, w->prompt[1], w->len[1], &w->rp[1], on_event, &res[0], &id), FY_OK);
+    assert_int_equal(fy_engine_submit(g.e, w->prompt[1], w->len[1], &w->rp[1], NULL, on_event, &res[0], &id), FY_OK);
     rig_drain(&g);
     rig_close(&g, &st);
     assert_int_equal(st.spec_proposed, 0);
@@ -776,7 +778,8 @@ static void test_request_override(void **state)
         rig_open(&g, g_tiny, "ngram", &sp, 512);
         memset(res, 0, sizeof(res));
         w->rp[1].spec = ask ? FY_SPEC_NGRAM : FY_SPEC_DEFAULT;
-        assert_int_equal(fy_engine_submit(g.e, w->prompt[1], w->len[1], &w->rp[1], on_event, &res[0], &id), FY_OK);
+        assert_int_equal(fy_engine_submit(g.e, w->prompt[1], w->len[1], &w->rp[1], NULL, on_event, &res[0], &id),
+                         FY_OK);
         rig_drain(&g);
         rig_close(&g, &st);
         if (ask)
@@ -816,7 +819,8 @@ static void test_backoff(void **state)
     uint64_t id;
     memset(res, 0, sizeof(result_t) * N_REQ);
     for (int i = 0; i < N_REQ; i++)
-        assert_int_equal(fy_engine_submit(g.e, w->prompt[i], w->len[i], &w->rp[i], on_event, &res[i], &id), FY_OK);
+        assert_int_equal(fy_engine_submit(g.e, w->prompt[i], w->len[i], &w->rp[i], NULL, on_event, &res[i], &id),
+                         FY_OK);
     rig_drain(&g);
     rig_close(&g, &st);
     report("ngram, batch_tokens 6", &st);

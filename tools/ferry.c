@@ -74,7 +74,6 @@ typedef struct gen_opts {
     const char *system;
     bool chat;
     fy_gen_params_t gp;
-    const char *stops[FY_STOP_MAX];
     bool seeded;
     int threads;
     const char *isa;
@@ -128,36 +127,40 @@ static int generate_sampling_opt(int c, const char *arg, gen_opts_t *o)
     switch (c) {
     case 'n':
         if (!fy_cli_parse_int("--max-tokens", arg, 0, 1 << 20, &l)) return 2;
-        o->gp.max_tokens = (int32_t)l;
+        o->gp.gen.max_tokens = (int32_t)l;
         return 0;
     case O_TEMP:
         if (!fy_cli_parse_float("--temp", arg, 0, 100, &d)) return 2;
-        o->gp.sampling.temperature = (float)d;
+        o->gp.gen.sampling.temperature = (float)d;
         return 0;
     case O_TOPK:
         if (!fy_cli_parse_int("--top-k", arg, 0, INT32_MAX, &l)) return 2;
-        o->gp.sampling.top_k = (int32_t)l;
+        o->gp.gen.sampling.top_k = (int32_t)l;
         return 0;
     case O_TOPP:
         if (!fy_cli_parse_float("--top-p", arg, 1e-6, 1, &d)) return 2;
-        o->gp.sampling.top_p = (float)d;
+        o->gp.gen.sampling.top_p = (float)d;
         return 0;
     case O_MINP:
         if (!fy_cli_parse_float("--min-p", arg, 0, 1, &d)) return 2;
-        o->gp.sampling.min_p = (float)d;
+        o->gp.gen.sampling.min_p = (float)d;
         return 0;
     case O_SEED:
-        if (!fy_cli_parse_u64("--seed", arg, &o->gp.sampling.seed)) return 2;
+        if (!fy_cli_parse_u64("--seed", arg, &o->gp.gen.sampling.seed)) return 2;
         o->seeded = true;
         return 0;
-    case O_STOP:
-        if (o->gp.n_stop >= FY_STOP_MAX) {
-            fprintf(stderr, "ferry: at most %d --stop strings\n", FY_STOP_MAX);
+    case O_STOP: {
+        fy_genspec_t *g = &o->gp.gen;
+        size_t len = strlen(arg);
+        if (g->n_stop >= FY_GEN_MAX_STOP || len < 1 || len > FY_GEN_STOP_LEN) {
+            fprintf(stderr, "ferry: at most %d --stop strings, each of 1 to %d bytes\n", FY_GEN_MAX_STOP,
+                    FY_GEN_STOP_LEN);
             return 2;
         }
-        o->stops[o->gp.n_stop++] = arg;
+        memcpy(g->stop[g->n_stop++], arg, len + 1);
         return 0;
-    case O_IGNORE_EOS: o->gp.ignore_eos = true; return 0;
+    }
+    case O_IGNORE_EOS: o->gp.gen.ignore_eos = true; return 0;
     case O_SPEC_K:
         if (!fy_cli_parse_int("--spec-k", arg, 1, FY_SPEC_MAX_K, &l)) return 2;
         o->gp.spec.k_max = (int32_t)l;
@@ -291,7 +294,6 @@ static int parse_generate(int argc, char **argv, gen_opts_t *o)
         generate_usage(stderr);
         return 2;
     }
-    o->gp.stop = o->stops;
     return 0;
 }
 
@@ -309,11 +311,11 @@ static int cmd_generate(int argc, char **argv)
     if (fy_conf_string(NULL, "model", "path", &o.model) || fy_cluster_kv(NULL, &block_size, &o.kv_dtype)) return 1;
     o.block_size = block_size;
     fy_gen_params_default(&o.gp);
-    o.gp.max_tokens = 256;
-    o.gp.sampling.temperature = 0.8f;
-    o.gp.sampling.top_k = 40;
-    o.gp.sampling.top_p = 0.95f;
-    o.gp.sampling.min_p = 0.05f;
+    o.gp.gen.max_tokens = 256;
+    o.gp.gen.sampling.temperature = 0.8f;
+    o.gp.gen.sampling.top_k = 40;
+    o.gp.gen.sampling.top_p = 0.95f;
+    o.gp.gen.sampling.min_p = 0.05f;
     int rc = parse_generate(argc, argv, &o);
     if (rc) {
         fy_free(o.prompt);
@@ -322,7 +324,7 @@ static int cmd_generate(int argc, char **argv)
     if (!o.seeded) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        o.gp.sampling.seed = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)getpid();
+        o.gp.gen.sampling.seed = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)getpid();
     }
     fy_model_t *m = NULL;
     fy_engine_stack_t s = {0};
@@ -331,7 +333,7 @@ static int cmd_generate(int argc, char **argv)
     if (fy_model_load(o.model, &m) != FY_OK) goto out;
     const fy_model_config_t *cfg = fy_model_config(m);
     if (tokenize_prompt(m, &o, &ids, &n_ids) != FY_OK) goto out;
-    long ctx = o.ctx ? o.ctx : (long)n_ids + o.gp.max_tokens + 1;
+    long ctx = o.ctx ? o.ctx : (long)n_ids + o.gp.gen.max_tokens + 1;
     if (ctx > cfg->max_ctx) ctx = cfg->max_ctx;
     if (n_ids >= ctx) {
         fy_error("generate: the prompt has %d tokens; the context window is %ld", n_ids, ctx);
@@ -399,7 +401,7 @@ static int cmd_generate(int argc, char **argv)
             stats.n_prompt, stats.n_generated, stats.n_prompt / (stats.prefill_s > 0 ? stats.prefill_s : 1e-9),
             stats.prefill_s,
             stats.n_generated > 1 ? (stats.n_generated - 1) / (stats.decode_s > 0 ? stats.decode_s : 1e-9) : 0.0,
-            stats.decode_s, fy_finish_reason_str(stats.finish), (unsigned long long)o.gp.sampling.seed);
+            stats.decode_s, fy_finish_reason_str(stats.finish), (unsigned long long)o.gp.gen.sampling.seed);
     fy_runner_timing_t rt[64];
     int32_t n_ranks = fy_runner_n_ranks(s.runner);
     if (s.group && fy_runner_timing(s.runner, rt, n_ranks, false) == FY_OK)

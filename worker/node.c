@@ -1099,36 +1099,3 @@ int fy_node_main(int argc, char **argv, const fy_node_role_t *role)
     teardown(&n);
     return code;
 }
-
-void fy_node_request_params(const fy_genspec_t *gen, const fy_kv_ns_t *ns, const char **stops, fy_request_params_t *rq)
-{
-    fy_request_params_default(rq);
-    rq->sampling = gen->sampling;
-    rq->max_tokens = gen->max_tokens;
-    rq->stop = stops;
-    rq->n_stop = stops ? fy_genspec_stops(gen, stops) : 0;
-    rq->ignore_eos = gen->ignore_eos;
-    rq->logprobs = gen->logprobs || gen->top_logprobs > 0;
-    rq->priority = gen->priority;
-    rq->spec = gen->spec;
-    rq->kv_budget = gen->kv_budget;
-    rq->ns = *ns;
-    rq->logits = (fy_logits_params_t){.presence_penalty = gen->presence_penalty,
-                                      .frequency_penalty = gen->frequency_penalty,
-                                      .repetition_penalty = gen->repetition_penalty,
-                                      .bias_ids = gen->logit_bias_id,
-                                      .bias = gen->logit_bias,
-                                      .n_bias = gen->n_logit_bias,
-                                      .min_tokens = gen->min_tokens,
-                                      .stop_ids = gen->stop_ids,
-                                      .n_stop_ids = gen->n_stop_ids};
-    rq->top_logprobs = gen->top_logprobs;
-    rq->grammar_kind = gen->grammar_kind;
-    rq->grammar = gen->grammar;
-    rq->grammar_len = gen->grammar_len;
-    rq->logits.bad_lens = gen->bad_lens;
-    rq->logits.bad_ids = gen->bad_ids;
-    rq->logits.n_bad = gen->n_bad;
-    rq->prompt_logprobs = gen->prompt_logprobs;
-    rq->prompt_top = gen->prompt_top;
-}

@@ -104,9 +104,4 @@ void fy_node_push_prompt_logprobs(fy_node_t *n, uint64_t id, int64_t attempt, co
  * its ids with its tag in the high 32 bits; 0 for a single router). */
 static inline uint32_t fy_node_id_tag(uint64_t id) { return (uint32_t)(id >> 32); }
 
-/* The engine's parameters for a request from its wire parameters (stops
- * and the logits processing's arrays point into gen, which must outlive
- * the submission; stops NULL: none; ns: its prefix-cache namespace). */
-void fy_node_request_params(const fy_genspec_t *gen, const fy_kv_ns_t *ns, const char **stops, fy_request_params_t *rq);
-
 #endif /* FY_NODE_H */
