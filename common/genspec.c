@@ -58,7 +58,7 @@ int32_t fy_genspec_max_tokens(const fy_genspec_t *g, int32_t n_prompt, int32_t m
 bool fy_genspec_processes_logits(const fy_genspec_t *g)
 {
     return g->presence_penalty != 0 || g->frequency_penalty != 0 || g->repetition_penalty != 1.0f ||
-           g->n_logit_bias > 0 || g->min_tokens > 0 || g->n_stop_ids > 0 || g->n_bad > 0;
+           g->n_logit_bias > 0 || g->min_tokens > 0 || g->n_stop_ids > 0 || g->n_bad > 0 || g->n_allowed > 0;
 }
 
 void fy_genspec_write(fy_msgw_t *w, const fy_genspec_t *g)
@@ -98,6 +98,9 @@ void fy_genspec_write(fy_msgw_t *w, const fy_genspec_t *g)
         fy_msgw_i32s(w, "bad_words_lens", g->bad_lens, g->n_bad);
         fy_msgw_i32s(w, "bad_words_ids", g->bad_ids, total);
     }
+    if (g->n_allowed) fy_msgw_i32s(w, "allowed_token_ids", g->allowed_ids, g->n_allowed);
+    if (g->include_stop) fy_msgw_bool(w, "include_stop", true);
+    if (g->render_special) fy_msgw_bool(w, "render_special", true);
 }
 
 void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap)
@@ -205,6 +208,12 @@ void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap)
             g->n_bad = nl;
         }
     }
+    if (fy_msgr_has(r, "allowed_token_ids")) {
+        int32_t n = fy_msgr_i32s(r, "allowed_token_ids", FY_OPT, g->allowed_ids, FY_GEN_MAX_ALLOWED_IDS, 0, INT32_MAX);
+        if (fy_msgr_ok(r)) g->n_allowed = n;
+    }
+    g->include_stop = fy_msgr_bool(r, "include_stop", FY_OPT, g->include_stop);
+    g->render_special = fy_msgr_bool(r, "render_special", FY_OPT, g->render_special);
     if (fy_msgr_has(r, "spec")) {
         char buf[16];
         fy_msgr_str(r, "spec", FY_OPT, NULL, buf, sizeof(buf));
@@ -283,7 +292,15 @@ fy_status_t fy_genspec_check(const fy_genspec_t *g, int32_t max_tokens_cap, cons
     } else if (g->n_bad < 0 || g->n_bad > FY_GEN_MAX_BAD_SEQS) {
         f = "bad_words";
         snprintf(err, err_cap, "%d bad word sequences; at most %d", g->n_bad, FY_GEN_MAX_BAD_SEQS);
+    } else if (g->n_allowed < 0 || g->n_allowed > FY_GEN_MAX_ALLOWED_IDS) {
+        f = "allowed_token_ids";
+        snprintf(err, err_cap, "%d allowed_token_ids; at most %d", g->n_allowed, FY_GEN_MAX_ALLOWED_IDS);
     }
+    for (int32_t i = 0; !f && i < g->n_allowed; i++)
+        if (g->allowed_ids[i] < 0) {
+            f = "allowed_token_ids";
+            snprintf(err, err_cap, "allowed_token_ids: %d is not a token id", g->allowed_ids[i]);
+        }
     for (int32_t i = 0, total = 0; !f && i < g->n_bad; i++) {
         if (g->bad_lens[i] < 1 || g->bad_lens[i] > FY_GEN_BAD_SEQ_MAX ||
             (total += g->bad_lens[i]) > FY_GEN_MAX_BAD_TOKENS) {

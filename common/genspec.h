@@ -43,6 +43,7 @@
 #define FY_GEN_MAX_BAD_SEQS 64         /* bad_words: token sequences (a word tokenized two ways: 32 words) */
 #define FY_GEN_MAX_BAD_TOKENS 512      /* bad_words: their tokens in all */
 #define FY_GEN_BAD_SEQ_MAX 32          /* bad_words: tokens in one sequence */
+#define FY_GEN_MAX_ALLOWED_IDS 1024    /* allowed_token_ids */
 
 /* Structured outputs: what constrains the text (grammar/grammar.h compiles it). */
 typedef enum fy_gen_grammar {
@@ -104,10 +105,20 @@ typedef struct fy_genspec {
     int32_t n_bad;
     int32_t bad_lens[FY_GEN_MAX_BAD_SEQS];
     int32_t bad_ids[FY_GEN_MAX_BAD_TOKENS];
+    /* allowed_token_ids (vLLM's): with n_allowed above 0, only these
+     * tokens may be generated (every other one banned, end of turn too) */
+    int32_t n_allowed;
+    int32_t allowed_ids[FY_GEN_MAX_ALLOWED_IDS];
+    /* include_stop_str_in_output (vLLM's): the stop string that ended the
+     * text is part of it */
+    bool include_stop;
+    /* skip_special_tokens false (vLLM's): special tokens' text (<|im_end|>)
+     * is part of the output; by default it is left out */
+    bool render_special;
 } fy_genspec_t;
 
 /* Whether g changes the logits the sampler sees (penalties, a bias, a
- * minimum length, stop token ids, bad words). */
+ * minimum length, stop token ids, bad words, allowed tokens). */
 bool fy_genspec_processes_logits(const fy_genspec_t *g);
 
 /* greedy, FY_GEN_MAX_TOKENS_DEFAULT tokens, no stop strings, priority 0,

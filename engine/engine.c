@@ -70,6 +70,7 @@ typedef struct request {
     bool lp_on;
     int32_t *bias_ids;
     float *bias;
+    int32_t *allowed_ids;
     int32_t stop_ids[FY_LOGITS_MAX_STOP_IDS];
     int32_t top_logprobs;
     int32_t bad_lens[FY_LOGITS_MAX_BAD];
@@ -230,6 +231,7 @@ static void request_free(request_t *q)
     fy_free(q->scores);
     fy_free(q->bias_ids);
     fy_free(q->bias);
+    fy_free(q->allowed_ids);
     fy_gmatch_destroy(q->gm);
     fy_free(q);
 }
@@ -643,7 +645,9 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
                               .n_stop_ids = gen->n_stop_ids,
                               .bad_lens = gen->bad_lens,
                               .bad_ids = gen->bad_ids,
-                              .n_bad = gen->n_bad};
+                              .n_bad = gen->n_bad,
+                              .allowed_ids = gen->allowed_ids,
+                              .n_allowed = gen->n_allowed};
     if (lpv.repetition_penalty == 0) lpv.repetition_penalty = 1.0f; /* a zeroed genspec's: off */
     const fy_logits_params_t *lp = &lpv;
     if (lp->n_bias < 0 || lp->n_bias > FY_LOGITS_MAX_BIAS || lp->n_stop_ids < 0 ||
@@ -674,11 +678,19 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
             return NULL;
         }
     }
-    for (int32_t i = 0; i < lp->n_bias + lp->n_stop_ids; i++) {
-        int32_t t = i < lp->n_bias ? lp->bias_ids[i] : lp->stop_ids[i - lp->n_bias];
+    if (lp->n_allowed < 0 || lp->n_allowed > FY_GEN_MAX_ALLOWED_IDS) {
+        *st_p = refuse(e, FY_ERR_INVALID, "%d allowed_token_ids; at most %d", lp->n_allowed, FY_GEN_MAX_ALLOWED_IDS);
+        return NULL;
+    }
+    for (int32_t i = 0; i < lp->n_bias + lp->n_stop_ids + lp->n_allowed; i++) {
+        int32_t n1 = lp->n_bias, n2 = n1 + lp->n_stop_ids;
+        int32_t t = i < n1 ? lp->bias_ids[i] : i < n2 ? lp->stop_ids[i - n1] : lp->allowed_ids[i - n2];
         if (t < 0 || t >= e->vocab) {
             *st_p = refuse(e, FY_ERR_INVALID, "%s names token %d; the vocabulary has %d",
-                           i < lp->n_bias ? "logit_bias" : "stop_token_ids", t, e->vocab);
+                           i < n1   ? "logit_bias"
+                           : i < n2 ? "stop_token_ids"
+                                    : "allowed_token_ids",
+                           t, e->vocab);
             return NULL;
         }
     }
@@ -763,6 +775,9 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
     }
     q->lp.bias_ids = q->bias_ids;
     q->lp.bias = q->bias;
+    if (lp->n_allowed && (q->allowed_ids = fy_malloc((size_t)lp->n_allowed * sizeof(int32_t))))
+        memcpy(q->allowed_ids, lp->allowed_ids, (size_t)lp->n_allowed * sizeof(int32_t));
+    q->lp.allowed_ids = q->allowed_ids;
     if (lp->n_bad) {
         memcpy(q->bad_lens, lp->bad_lens, (size_t)lp->n_bad * sizeof(int32_t));
         memcpy(q->bad_ids, lp->bad_ids, (size_t)n_bad_ids * sizeof(int32_t));
@@ -778,7 +793,7 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
     const char *stops[FY_GEN_MAX_STOP];
     int32_t n_stop = ctx->first_only ? 0 : fy_genspec_stops(gen, stops);
     if (!q->tokens || !q->itl || (evict.policy == FY_EVICT_H2O && !q->scores) ||
-        (lp->n_bias && (!q->bias_ids || !q->bias)) ||
+        (lp->n_bias && (!q->bias_ids || !q->bias)) || (lp->n_allowed && !q->allowed_ids) ||
         (!adopted && (st = fy_kvm_seq_init(e->kvm, &q->bt, q->cap, &ctx->ns))) ||
         (st = fy_stopper_init(&q->stopper, stops, n_stop, FY_DETOK_MAX_OUT))) {
         request_free(q);
@@ -802,7 +817,8 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
     q->qslot = -1;
     /* the draft's draws must not move the request's own generator */
     fy_rng_seed(&q->drng, gen->sampling.seed ^ 0x5bd1e9955bd1e995ull);
-    fy_detok_init(&q->detok, e->tok, false);
+    fy_detok_init(&q->detok, e->tok, gen->render_special);
+    q->stopper.include_stop = gen->include_stop;
     q->t_submit = now_s();
     q->state = RQ_INBOX;
     *st_p = FY_OK;

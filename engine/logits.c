@@ -14,7 +14,7 @@
 bool fy_logits_active(const fy_logits_params_t *p)
 {
     return p->presence_penalty != 0 || p->frequency_penalty != 0 || p->repetition_penalty != 1.0f || p->n_bias > 0 ||
-           p->min_tokens > 0 || p->n_bad > 0;
+           p->min_tokens > 0 || p->n_bad > 0 || p->n_allowed > 0;
 }
 
 fy_status_t fy_logits_scratch_init(fy_logits_scratch_t *s, int32_t vocab)
@@ -37,6 +37,14 @@ void fy_logits_apply(const fy_logits_params_t *p, fy_logits_scratch_t *s, const 
                      int32_t n_total, const int32_t *eog, int32_t n_eog, float *logits)
 {
     int32_t V = s->vocab;
+    if (p->n_allowed > 0) { /* marks in the scratch counters, zero again after */
+        for (int32_t i = 0; i < p->n_allowed; i++)
+            if (p->allowed_ids[i] >= 0 && p->allowed_ids[i] < V) s->count[p->allowed_ids[i]] = 1;
+        for (int32_t t = 0; t < V; t++)
+            if (!s->count[t]) logits[t] = BANNED;
+        for (int32_t i = 0; i < p->n_allowed; i++)
+            if (p->allowed_ids[i] >= 0 && p->allowed_ids[i] < V) s->count[p->allowed_ids[i]] = 0;
+    }
     for (int32_t i = 0; i < p->n_bias; i++) {
         int32_t t = p->bias_ids[i];
         if (t < 0 || t >= V) continue;

@@ -14,13 +14,15 @@
  *   bad words (vLLM's NoBadWordsLogitsProcessor): token sequences the
  *       output must not contain: a one-token sequence is always banned,
  *       a longer one's last token is banned whenever the output so far
- *       ends with all its other tokens.
+ *       ends with all its other tokens;
+ *   allowed token ids (vLLM's allowed_token_ids): every other token is
+ *       banned.
  *
- * The order is vLLM's: the bias and the minimum length first, then the
- * penalties, then the bad words.  Cost: one pass over the request's tokens
- * per step (counts in a scratch array of the vocabulary's size, reset
- * afterwards), plus the bias entries and the bad words' tokens: no pass
- * over the vocabulary.
+ * The order is vLLM's: the allowed tokens, the bias and the minimum length
+ * first, then the penalties, then the bad words.  Cost: one pass over the
+ * request's tokens per step (counts in a scratch array of the
+ * vocabulary's size, reset afterwards), plus the bias entries and the bad
+ * words' tokens; a pass over the vocabulary only with allowed tokens.
  *
  * Not here: drawing the token (sampler.h), stop strings (stop.h), the
  * engine's bookkeeping of which requests process their logits (engine.c).
@@ -40,6 +42,8 @@
 #define FY_LOGITS_MAX_BAD_IDS 512 /* their tokens in all */
 
 typedef struct fy_logits_params {
+    const int32_t *allowed_ids; /* [n_allowed] the only tokens that may be drawn; n_allowed 0: every token */
+    int32_t n_allowed;
     float presence_penalty, frequency_penalty; /* 0: off */
     float repetition_penalty;                  /* 1: off; above 0 */
     const int32_t *bias_ids;                   /* [n_bias] token ids */

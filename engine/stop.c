@@ -74,14 +74,16 @@ bool fy_stopper_feed(fy_stopper_t *s, const char *text, size_t len, fy_stop_emit
         s->n_held += take;
         text += take;
         len -= take;
-        /* earliest complete match */
-        size_t at = s->n_held;
+        /* earliest complete match (the longest stop string there, when it is kept) */
+        size_t at = s->n_held, end = 0;
         for (int i = 0; i < s->n_stops; i++) {
             void *p = memmem(s->held, s->n_held, s->stops[i], s->stop_len[i]);
-            if (p && (size_t)((char *)p - s->held) < at) at = (size_t)((char *)p - s->held);
+            size_t pos = p ? (size_t)((char *)p - s->held) : s->n_held;
+            if (p && (pos < at || (pos == at && pos + s->stop_len[i] > end))) at = pos, end = pos + s->stop_len[i];
         }
         if (at < s->n_held) {
-            if (at) emit(arg, s->held, at);
+            size_t out = s->include_stop ? end : at;
+            if (out) emit(arg, s->held, out);
             s->n_held = 0;
             s->stopped = true;
             return true;

@@ -5,7 +5,9 @@
  * matcher passes on everything that cannot be the start of a stop string
  * and holds back a suffix that still might be; when a stop string
  * completes, the text before it is released and the rest dropped, so the
- * stop string itself never reaches the client (OpenAI semantics).
+ * stop string itself never reaches the client (OpenAI semantics), unless
+ * include_stop is set (vLLM's include_stop_str_in_output): then the text
+ * ends with it.
  * Buffers are sized at init: feeding never allocates.
  */
 #ifndef FY_STOP_H
@@ -29,6 +31,7 @@ typedef struct fy_stopper {
     char *held; /* text that may still start a stop string */
     size_t n_held, cap;
     bool stopped;
+    bool include_stop; /* set after init: a matched stop string is released with the text before it */
 } fy_stopper_t;
 
 /* Copies the stop strings; FY_ERR_INVALID (logged) for too many, empty or

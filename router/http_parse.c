@@ -150,6 +150,26 @@ static void logits_fields(const fy_http_front_t *H, parsed_t *p, json_t *o, fy_g
             g->stop_ids[g->n_stop_ids++] = (int32_t)json_integer_value(v);
         }
     }
+    /* allowed_token_ids (vLLM's): the only tokens the answer may hold */
+    json_t *al = json_object_get(o, "allowed_token_ids");
+    if (al && !json_is_null(al)) {
+        if (!json_is_array(al) || json_array_size(al) < 1 || json_array_size(al) > FY_GEN_MAX_ALLOWED_IDS) {
+            bad(p, 400, "allowed_token_ids", "'allowed_token_ids' must be an array of 1 to %d token ids",
+                FY_GEN_MAX_ALLOWED_IDS);
+            return;
+        }
+        size_t i;
+        json_t *v;
+        json_array_foreach(al, i, v)
+        {
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab) {
+                bad(p, 400, "allowed_token_ids", "'allowed_token_ids' entry %zu is not a token id (0 to %d)", i,
+                    vocab - 1);
+                return;
+            }
+            g->allowed_ids[g->n_allowed++] = (int32_t)json_integer_value(v);
+        }
+    }
 }
 
 /* "model": absent, null, the served name or the model's id; else 404. */
@@ -421,6 +441,17 @@ static void parse_common(const fy_http_front_t *H, parsed_t *p, json_t *o, bool 
             bool_field(p, so, "include_usage", &g->include_usage);
     }
     bool_field(p, o, "ignore_eos", &g->gen.ignore_eos);
+    bool_field(p, o, "include_stop_str_in_output", &g->gen.include_stop); /* vLLM's */
+    bool skip_special = true;                                             /* vLLM's, and its default */
+    bool_field(p, o, "skip_special_tokens", &skip_special);
+    g->gen.render_special = !skip_special;
+    /* truncate_prompt_tokens (vLLM's): keep the prompt's last N tokens; -1:
+     * as many as the context holds with room for one more */
+    json_int_t trunc = 0;
+    int_field(p, o, "truncate_prompt_tokens", -1, H->max_ctx - 1, &trunc);
+    if (!p->status && json_is_integer(json_object_get(o, "truncate_prompt_tokens")) && trunc == 0)
+        bad(p, 400, "truncate_prompt_tokens", "'truncate_prompt_tokens' keeps at least 1 token (-1: the context's)");
+    g->truncate = trunc < 0 ? H->max_ctx - 1 : (int32_t)trunc;
     json_t *sp = json_object_get(o, "speculative"); /* ferry's: none, ngram, draft, default */
     if (sp && !json_is_null(sp)) {
         if (!json_is_string(sp) || fy_spec_method_parse(json_string_value(sp), true, &g->gen.spec) != FY_OK)
@@ -795,7 +826,7 @@ out: /* (out of memory: no fault, no ids) */
 /* The prompt's token ids (fy_malloc'd) or a fault in p; chat: with the
  * tools of tr (NULL: none) and *fmt_p the format their calls come in. */
 static int32_t *prompt_ids(const fy_http_front_t *H, parsed_t *p, json_t *o, bool chat, const fy_tools_req_t *tr,
-                           int32_t *n_p, fy_tool_format_t *fmt_p)
+                           int32_t keep, int32_t *n_p, fy_tool_format_t *fmt_p)
 {
     const fy_model_t *m = H->model;
     int32_t vocab = fy_tokenizer_vocab_size(fy_model_tokenizer(m));
@@ -821,7 +852,7 @@ static int32_t *prompt_ids(const fy_http_front_t *H, parsed_t *p, json_t *o, boo
     }
     if (json_is_array(pr) && json_array_size(pr) > 0 && json_is_integer(json_array_get(pr, 0))) {
         size_t n = json_array_size(pr);
-        if (n >= (size_t)H->max_ctx) {
+        if (n >= (size_t)H->max_ctx && !keep) {
             bad(p, 400, "prompt", "'prompt' has %zu tokens; the context holds %d", n, H->max_ctx);
             return NULL;
         }
@@ -950,7 +981,11 @@ fy_status_t fy_http_parse_generation(const fy_http_front_t *f, const char *body,
         grammar_compiles(f, fault, o, tr.choice == FY_TOOL_CHOICE_REQUIRED || tr.choice == FY_TOOL_CHOICE_NAMED,
                          &g->gen);
     int32_t n_prompt = 0;
-    int32_t *ids = fault->status ? NULL : prompt_ids(f, fault, o, chat, &tr, &n_prompt, &g->tool_format);
+    int32_t *ids = fault->status ? NULL : prompt_ids(f, fault, o, chat, &tr, g->truncate, &n_prompt, &g->tool_format);
+    if (ids && g->truncate > 0 && n_prompt > g->truncate) { /* the last truncate tokens */
+        memmove(ids, ids + (n_prompt - g->truncate), (size_t)g->truncate * sizeof(int32_t));
+        n_prompt = g->truncate;
+    }
     fy_tools_req_clear(&tr);
     json_decref(o);
     if (fault->status || !ids) {
@@ -1013,7 +1048,7 @@ fy_status_t fy_http_parse_tokenize(const fy_http_front_t *f, const char *body, s
         if (fy_tools_request(o, &tr, &param, why, sizeof(why)) != FY_OK)
             bad(fault, 400, param, "%s", why);
         else
-            ids = prompt_ids(f, fault, o, true, &tr, &n, &fmt);
+            ids = prompt_ids(f, fault, o, true, &tr, 0, &n, &fmt);
         fy_tools_req_clear(&tr);
     } else if (!fault->status) {
         json_t *pr = json_object_get(o, "prompt");

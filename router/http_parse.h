@@ -50,6 +50,7 @@ typedef struct fy_http_gen {
     fy_genspec_t gen;
     int n;
     bool stream, include_usage, max_tokens_set;
+    int32_t truncate; /* truncate_prompt_tokens: the prompt keeps its last this many tokens; 0: all */
     json_int_t top_logprobs;
     /* completions' echo: the prompt comes back before the completion (its
      * logprobs too, with logprobs); echo_only: max_tokens 0, the prompt

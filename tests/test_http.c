@@ -1717,6 +1717,148 @@ static char *run_capture(const char *cmd)
     return out;
 }
 
+/* A completion's first choice and usage (fails the test unless HTTP 200). */
+static json_t *completion(const char *body, const char **text_p, const char **finish_p, json_int_t *prompt_tokens_p)
+{
+    resp_t r = call("POST", "/v1/completions", KEY_A, body);
+    if (r.status != 200) fail_msg("%s: HTTP %d %s", body, r.status, r.body);
+    json_t *j = json_of(&r);
+    free(r.body);
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+    *text_p = json_string_value(json_object_get(c, "text"));
+    *finish_p = json_string_value(json_object_get(c, "finish_reason"));
+    if (prompt_tokens_p)
+        *prompt_tokens_p = json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens"));
+    assert_non_null(*text_p);
+    return j;
+}
+
+/* The id of a token by its text, from a chat prompt's tokens (special
+ * tokens included: the template writes them). */
+static json_int_t chat_token_id(const char *piece)
+{
+    resp_t r = call("POST", "/tokenize", KEY_A,
+                    "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"return_token_strs\":true}");
+    if (r.status != 200) fail_msg("tokenize: HTTP %d %s", r.status, r.body);
+    json_t *j = json_of(&r);
+    free(r.body);
+    json_t *toks = json_object_get(j, "tokens"), *strs = json_object_get(j, "token_strs");
+    json_int_t id = -1;
+    for (size_t i = 0; i < json_array_size(strs) && id < 0; i++)
+        if (!strcmp(json_string_value(json_array_get(strs, i)), piece))
+            id = json_integer_value(json_array_get(toks, i));
+    json_decref(j);
+    if (id < 0) fail_msg("no token '%s' in the chat prompt", piece);
+    return id;
+}
+
+/* vLLM's output controls through the cluster (issue 34's proof of the one
+ * request type): allowed_token_ids, include_stop_str_in_output,
+ * skip_special_tokens and truncate_prompt_tokens, each against the answer
+ * without it. */
+static void test_vllm_output_controls(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    char body[1024];
+    const char *text, *finish;
+    json_int_t np;
+    /* allowed_token_ids: one token, sampled at temperature 1: the answer is
+     * that token five times, and the end of turn, banned too, never comes */
+    resp_t r = call("POST", "/tokenize", KEY_A, "{\"prompt\":\" the\"}");
+    assert_int_equal(r.status, 200);
+    json_t *j = json_of(&r);
+    free(r.body);
+    assert_int_equal(json_array_size(json_object_get(j, "tokens")), 1);
+    json_int_t the = json_integer_value(json_array_get(json_object_get(j, "tokens"), 0));
+    json_decref(j);
+    snprintf(body, sizeof(body),
+             "{\"prompt\":\"" EPROMPT "\",\"max_tokens\":5,\"temperature\":1,\"seed\":3,\"allowed_token_ids\":[%lld]}",
+             (long long)the);
+    j = completion(body, &text, &finish, NULL);
+    assert_string_equal(text, " the the the the the");
+    assert_string_equal(finish, "length");
+    json_decref(j);
+    /* include_stop_str_in_output: the greedy answer cut at its second word,
+     * without and with the stop string */
+    char *full = greedy_text(NULL);
+    const char *sp = strchr(full + 1, ' ');
+    assert_non_null(sp);
+    char stop[16] = "";
+    size_t sl = strcspn(sp + 1, " ");
+    assert_true(sl > 0 && sl < 8);
+    snprintf(stop, sizeof(stop), "%.*s", (int)sl + 1, sp); /* " word" */
+    const char *at = strstr(full, stop);
+    assert_non_null(at);
+    for (int incl = 0; incl < 2; incl++) {
+        snprintf(body, sizeof(body),
+                 "{\"prompt\":\"" EPROMPT "\",\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true,"
+                 "\"stop\":[\"%s\"]%s}",
+                 stop, incl ? ",\"include_stop_str_in_output\":true" : "");
+        j = completion(body, &text, &finish, NULL);
+        size_t want = (size_t)(at - full) + (incl ? strlen(stop) : 0);
+        if (strlen(text) != want || strncmp(text, full, want))
+            fail_msg("stop '%s' (include %d): '%s' from '%s'", stop, incl, text, full);
+        assert_string_equal(finish, "stop");
+        json_decref(j);
+    }
+    fy_free(full);
+    /* skip_special_tokens: the end-of-turn token alone, kept going with
+     * ignore_eos: its text only when special tokens are not skipped */
+    json_int_t end = chat_token_id("<|im_end|>");
+    for (int skip = 0; skip < 2; skip++) {
+        snprintf(body, sizeof(body),
+                 "{\"prompt\":\"Hi\",\"max_tokens\":3,\"ignore_eos\":true,\"allowed_token_ids\":[%lld]%s}",
+                 (long long)end, skip ? "" : ",\"skip_special_tokens\":false");
+        j = completion(body, &text, &finish, NULL);
+        assert_string_equal(text, skip ? "" : "<|im_end|><|im_end|><|im_end|>");
+        json_decref(j);
+    }
+    /* truncate_prompt_tokens: the prompt's last N tokens, text or ids; an
+     * id prompt longer than the context is taken when truncated */
+    snprintf(body, sizeof(body), "{\"prompt\":\"" EPROMPT "\",\"max_tokens\":1,\"truncate_prompt_tokens\":3}");
+    j = completion(body, &text, &finish, &np);
+    assert_int_equal(np, 3);
+    json_decref(j);
+    r = call("GET", "/v1/models/SmolLM2-135M-Instruct.Q4_1", NULL, NULL);
+    j = json_of(&r);
+    free(r.body);
+    json_int_t ctx = json_integer_value(json_object_get(j, "max_model_len"));
+    json_decref(j);
+    assert_true(ctx > 8);
+    size_t cap = (size_t)(ctx + 16) * 8 + 256;
+    char *big = malloc(cap);
+    size_t n = (size_t)snprintf(big, cap, "{\"max_tokens\":1,\"truncate_prompt_tokens\":5,\"prompt\":[");
+    for (json_int_t i = 0; i < ctx + 16; i++)
+        n += (size_t)snprintf(big + n, cap - n, "%s%lld", i ? "," : "", (long long)(100 + i % 50));
+    snprintf(big + n, cap - n, "]}");
+    j = completion(big, &text, &finish, &np);
+    assert_int_equal(np, 5);
+    json_decref(j);
+    strstr(big, ",\"truncate_prompt_tokens\":5")[0] = ' '; /* without it: too long */
+    memset(strstr(big, " \"truncate_prompt_tokens\":5"), ' ', strlen(" \"truncate_prompt_tokens\":5"));
+    r = call("POST", "/v1/completions", KEY_A, big);
+    assert_int_equal(r.status, 400);
+    free(r.body);
+    free(big);
+    /* refused naming the field */
+    static const char *const bad[][2] = {
+        {"allowed_token_ids", "[]"},
+        {"allowed_token_ids", "[-1]"},
+        {"allowed_token_ids", "\"1\""},
+        {"truncate_prompt_tokens", "0"},
+        {"truncate_prompt_tokens", "-2"},
+        {"skip_special_tokens", "1"},
+        {"include_stop_str_in_output", "\"yes\""},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(body, sizeof(body), "{\"prompt\":\"Hi\",\"max_tokens\":1,\"%s\":%s}", bad[i][0], bad[i][1]);
+        r = call("POST", "/v1/completions", KEY_A, body);
+        expect_error(&r, 400, bad[i][0], NULL);
+        free(r.body);
+    }
+}
+
 static void test_curl(void **state)
 {
     (void)state;
@@ -1799,6 +1941,7 @@ int main(void)
         cmocka_unit_test(test_max_completion_tokens),
         cmocka_unit_test(test_sampling_controls),
         cmocka_unit_test(test_echo_prompt_logprobs_bad_words),
+        cmocka_unit_test(test_vllm_output_controls),
         cmocka_unit_test(test_field_table),
         cmocka_unit_test(test_tool_calls),
         cmocka_unit_test(test_keepalive_after_refusals),

@@ -1242,6 +1242,11 @@ static char *reference(void)
            "| `bad_words_lens`, `bad_words_ids` | [int], [int] | when any | at most %d sequences of 1 to %d tokens, "
            "%d tokens in all; the ids the sequences one after another (as many as the lengths add up to) |\n",
            FY_GEN_MAX_BAD_SEQS, FY_GEN_BAD_SEQ_MAX, FY_GEN_MAX_BAD_TOKENS);
+    sb_add(&b,
+           "| `allowed_token_ids` | [int] | when any | at most %d token ids: the only tokens that may be generated |\n",
+           FY_GEN_MAX_ALLOWED_IDS);
+    sb_add(&b, "| `include_stop` | bool | not zero | the stop string that ended the text is part of it |\n");
+    sb_add(&b, "| `render_special` | bool | not zero | special tokens' text is part of the output |\n");
     for (int32_t i = 0; i < fy_wire_n_all; i++) {
         const fy_wire_schema_t *s = fy_wire_all[i];
         sb_add(&b, "\n#### `%s` (%s)\n\n", fy_wire_type(s), fy_wire_route(s));
@@ -1299,6 +1304,9 @@ static void test_max_bytes(void **state)
     gs->n_bad = FY_GEN_MAX_BAD_SEQS;
     for (int i = 0; i < FY_GEN_MAX_BAD_SEQS; i++) gs->bad_lens[i] = FY_GEN_MAX_BAD_TOKENS / FY_GEN_MAX_BAD_SEQS;
     for (int i = 0; i < FY_GEN_MAX_BAD_TOKENS; i++) gs->bad_ids[i] = INT32_MAX - i;
+    gs->n_allowed = FY_GEN_MAX_ALLOWED_IDS;
+    for (int i = 0; i < FY_GEN_MAX_ALLOWED_IDS; i++) gs->allowed_ids[i] = INT32_MAX - i;
+    gs->include_stop = gs->render_special = true;
     gs->presence_penalty = gs->frequency_penalty = 1.5f;
     gs->repetition_penalty = 3.25f;
     gs->priority = -FY_GEN_PRIORITY_MAX;
