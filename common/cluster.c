@@ -326,6 +326,18 @@ fy_status_t fy_cluster_auth(const fy_config_t *cfg, fy_env_role_t role, const ch
     return FY_OK;
 }
 
+fy_status_t fy_cluster_ranks(const fy_config_t *cfg, const char *role, int32_t *tp_p, int32_t *pp_p)
+{
+    int64_t tp, pp, role_tp, role_pp;
+    fy_status_t st;
+    if ((st = fy_conf_int(cfg, "worker", "tp", &tp)) || (st = fy_conf_int(cfg, "worker", "pp", &pp)) ||
+        (st = fy_conf_int(cfg, role, "tp", &role_tp)) || (st = fy_conf_int(cfg, role, "pp", &role_pp)))
+        return st;
+    *tp_p = (int32_t)(role_tp ? role_tp : tp);
+    *pp_p = (int32_t)(role_pp ? role_pp : pp);
+    return FY_OK;
+}
+
 fy_status_t fy_cluster_kv(const fy_config_t *cfg, int32_t *block_size_p, fy_dtype_t *dtype_p)
 {
     int64_t bs;

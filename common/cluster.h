@@ -81,6 +81,11 @@ fy_status_t fy_cluster_auth(const fy_config_t *cfg, fy_env_role_t role, const ch
  * cap; cfg NULL: the defaults. */
 fy_status_t fy_cluster_served_model_name(const fy_config_t *cfg, char *out, size_t cap);
 
+/* A role's rank group ("prefill" or "decode"): its own tp and pp where
+ * set, else worker.tp and worker.pp (cfg NULL: the defaults, 1 and 1).
+ * The one place the rule lives: workers and `ferry chaos` call it. */
+fy_status_t fy_cluster_ranks(const fy_config_t *cfg, const char *role, int32_t *tp_p, int32_t *pp_p);
+
 /* kv.block_size and kv.dtype (cfg NULL: their defaults). */
 fy_status_t fy_cluster_kv(const fy_config_t *cfg, int32_t *block_size_p, fy_dtype_t *dtype_p);
 

@@ -126,10 +126,8 @@ fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engi
         (st = fy_conf_int(c, "kv", "recent_tokens", &recent)) || (st = fy_conf_int(c, "kv", "heavy_tokens", &heavy)) ||
         (decode && (st = fy_conf_size(c, role, "host_kv_mem", &host_mem))))
         return st;
-    int64_t tp, pp, role_tp, role_pp;
-    if ((st = fy_conf_int(c, "worker", "tp", &tp)) || (st = fy_conf_int(c, "worker", "pp", &pp)) ||
-        (st = fy_conf_int(c, role, "tp", &role_tp)) || (st = fy_conf_int(c, role, "pp", &role_pp)))
-        return st;
+    int32_t tp, pp;
+    if ((st = fy_cluster_ranks(c, role, &tp, &pp))) return st;
     if (max_batch < max_seqs) max_batch = max_seqs;
 
     fy_engine_build_t b;
@@ -174,8 +172,8 @@ fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engi
     rp->kv_dtype = kv_dtype;
     rp->kv_one_group = !sliding_groups;
     rp->graphs = graphs ? 1 : 0;
-    rp->tp = (int32_t)(role_tp ? role_tp : tp);
-    rp->pp = (int32_t)(role_pp ? role_pp : pp);
+    rp->tp = tp;
+    rp->pp = pp;
     b.shared_arenas = rp->tp * rp->pp > 1; /* the worker's transfer engine puts into every rank's arena */
     b.host_kv_mem = host_mem;
     if (decode && (st = disk_read(c, role, host_mem, (rp->tp > 1 ? rp->tp : 1) * (rp->pp > 1 ? rp->pp : 1), &b)))

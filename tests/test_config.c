@@ -1163,6 +1163,25 @@ static void test_command(void **state)
     run_free(&r);
 }
 
+/* A role's rank group: its own tp/pp where set, else worker.tp/pp. */
+static void test_cluster_ranks(void **state)
+{
+    (void)state;
+    int32_t tp, pp;
+    assert_int_equal(fy_cluster_ranks(NULL, "decode", &tp, &pp), FY_OK);
+    assert_true(tp == 1 && pp == 1);
+    fy_config_t *c;
+    assert_int_equal(fy_config_create(&c), FY_OK);
+    assert_int_equal(fy_config_set(c, "worker.tp=2"), FY_OK);
+    assert_int_equal(fy_config_set(c, "worker.pp=3"), FY_OK);
+    assert_int_equal(fy_config_set(c, "prefill.tp=4"), FY_OK);
+    assert_int_equal(fy_cluster_ranks(c, "prefill", &tp, &pp), FY_OK);
+    assert_true(tp == 4 && pp == 3); /* its own tp, the workers' pp */
+    assert_int_equal(fy_cluster_ranks(c, "decode", &tp, &pp), FY_OK);
+    assert_true(tp == 2 && pp == 3);
+    fy_config_destroy(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1189,6 +1208,7 @@ int main(void)
         cmocka_unit_test(test_docs),
         cmocka_unit_test(test_command),
         cmocka_unit_test(test_write_full_line),
+        cmocka_unit_test(test_cluster_ranks),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fy_test_tmpdir_remove();

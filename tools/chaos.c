@@ -78,6 +78,7 @@
 #include <jansson.h>
 
 #include "cli.h"
+#include "cluster.h"
 #include "client.h"
 #include "commands.h"
 #include "config.h"
@@ -327,16 +328,16 @@ static bool start_cluster(chaos_t *c)
     fy_config_t *cfg;
     if (fy_config_create(&cfg) || fy_config_load(cfg, c->config)) return false;
     for (int i = 0; i < c->n_sets; i++) fy_config_set(cfg, c->sets[i]);
-    int64_t np = 0, nd = 0, nr = 1, shape[6] = {0};
+    int64_t np = 0, nd = 0, nr = 1;
+    int32_t shape[4] = {0}; /* prefill tp, pp, decode tp, pp */
     const char *etcd = NULL;
     bool counts = !fy_conf_int(cfg, "prefill", "count", &np) && !fy_conf_int(cfg, "decode", "count", &nd) &&
                   !fy_conf_int(cfg, "serve", "routers", &nr) && !fy_conf_string(cfg, "cluster", "etcd", &etcd) &&
                   !fy_conf_duration(cfg, "cluster", "etcd_ttl", &c->etcd_ttl_s) &&
                   !fy_conf_duration(cfg, "router", "lease", &c->lease_s) &&
                   !fy_conf_size(cfg, "router", "max_body", &c->max_body) &&
-                  !fy_conf_int(cfg, "worker", "tp", &shape[0]) && !fy_conf_int(cfg, "worker", "pp", &shape[1]) &&
-                  !fy_conf_int(cfg, "prefill", "tp", &shape[2]) && !fy_conf_int(cfg, "prefill", "pp", &shape[3]) &&
-                  !fy_conf_int(cfg, "decode", "tp", &shape[4]) && !fy_conf_int(cfg, "decode", "pp", &shape[5]);
+                  !fy_cluster_ranks(cfg, "prefill", &shape[0], &shape[1]) &&
+                  !fy_cluster_ranks(cfg, "decode", &shape[2], &shape[3]);
     c->etcd = etcd && *etcd;
     const char *secret = NULL; /* kv.secret_file, else the one serve makes in its run_dir (set below) */
     if (!fy_conf_string(cfg, "kv", "secret_file", &secret) && secret && *secret)
@@ -375,9 +376,7 @@ static bool start_cluster(chaos_t *c)
         fprintf(stderr, "ferry: chaos: too many --set options\n");
         return false;
     }
-    /* a role's ranks: its own tp/pp, else worker.tp/pp */
-    int64_t pre = (shape[2] ? shape[2] : shape[0]) * (shape[3] ? shape[3] : shape[1]);
-    int64_t dec = (shape[4] ? shape[4] : shape[0]) * (shape[5] ? shape[5] : shape[1]);
+    int64_t pre = (int64_t)shape[0] * shape[1], dec = (int64_t)shape[2] * shape[3];
     c->has_ranks = (np > 0 && pre > 1) || (nd > 0 && dec > 1);
     c->n_prefill = (int)np;
     c->n_decode = (int)nd;
