@@ -229,14 +229,9 @@ static fy_status_t stage_layout(const fy_model_t *m, int32_t l0, int32_t l1, int
                                 const fy_runner_params_t *p, bool one_group, fy_kv_layout_t *lay)
 {
     const fy_model_config_t *c = fy_model_config(m);
-    fy_status_t st = fy_kv_layout_init(lay, l1 - l0, n_kv_heads, c->head_dim, p->block_size, p->kv_dtype);
-    if (st != FY_OK) return st;
-    if (!one_group) { /* KV groups by window: sliding layers give blocks back */
-        int32_t win[FY_KV_MAX_LAYERS];
-        for (int32_t l = l0; l < l1; l++) win[l - l0] = c->layer[l].window;
-        if ((st = fy_kv_layout_set_windows(lay, win))) return st;
-    }
-    return FY_OK;
+    int32_t win[FY_KV_MAX_LAYERS]; /* KV groups by window: sliding layers give blocks back */
+    for (int32_t l = l0; l < l1 && l - l0 < FY_KV_MAX_LAYERS; l++) win[l - l0] = c->layer[l].window;
+    return fy_kv_layout_make(lay, l1 - l0, n_kv_heads, c->head_dim, p->block_size, p->kv_dtype, one_group ? NULL : win);
 }
 
 static bool same_grouping(const fy_kv_layout_t *a, const fy_kv_layout_t *b)

@@ -74,6 +74,13 @@ static int32_t gcd32(int32_t a, int32_t b)
     return a;
 }
 
+fy_status_t fy_kv_layout_make(fy_kv_layout_t *lay, int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,
+                              int32_t block_size, fy_dtype_t dtype, const int32_t *window)
+{
+    fy_status_t st = fy_kv_layout_init(lay, n_layers, n_kv_heads, head_dim, block_size, dtype);
+    return st || !window ? st : fy_kv_layout_set_windows(lay, window);
+}
+
 fy_status_t fy_kv_layout_set_windows(fy_kv_layout_t *lay, const int32_t *window)
 {
     int32_t n = lay->n_layers;

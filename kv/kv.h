@@ -121,6 +121,14 @@ fy_status_t fy_kv_layout_init(fy_kv_layout_t *lay, int32_t n_layers, int32_t n_k
  * negative window. */
 fy_status_t fy_kv_layout_set_windows(fy_kv_layout_t *lay, const int32_t *window);
 
+/* A worker's layout, the one rule for it: fy_kv_layout_init, then grouped
+ * by window[n_layers] (the model's layers' windows) unless window is NULL
+ * (kv.sliding_groups false, or a draft's one group).  The runner (for each
+ * rank's stage and heads) and the router (the whole model, to count blocks
+ * as workers do) both call it, so their block counts and names agree. */
+fy_status_t fy_kv_layout_make(fy_kv_layout_t *lay, int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,
+                              int32_t block_size, fy_dtype_t dtype, const int32_t *window);
+
 /* A digest of the grouping (each layer's group and place, each group's
  * window) for the transfer layout descriptor; 0 for one group of every
  * layer in order with no window. */

@@ -2316,12 +2316,11 @@ static fy_status_t setup(router_t *R)
     R->vocab = mc->vocab_size;
     R->max_ctx = mc->max_ctx;
     R->max_prompt_bytes = (size_t)R->max_ctx * fy_tokenizer_max_token_text(fy_model_tokenizer(R->model));
-    if ((st = fy_kv_layout_init(&R->lay, mc->n_layers, mc->n_kv_heads, mc->head_dim, bs, dt))) return st;
-    if (sliding_groups) { /* the workers' KV groups (fy_runner_layout_for): names and block counts agree */
-        int32_t win[FY_KV_MAX_LAYERS];
-        for (int32_t l = 0; l < mc->n_layers; l++) win[l] = mc->layer[l].window;
-        if ((st = fy_kv_layout_set_windows(&R->lay, win))) return st;
-    }
+    int32_t win[FY_KV_MAX_LAYERS]; /* the workers' KV groups: names and block counts agree */
+    for (int32_t l = 0; l < mc->n_layers && l < FY_KV_MAX_LAYERS; l++) win[l] = mc->layer[l].window;
+    if ((st = fy_kv_layout_make(&R->lay, mc->n_layers, mc->n_kv_heads, mc->head_dim, bs, dt,
+                                sliding_groups ? win : NULL)))
+        return st;
     if ((st = fy_kv_hasher_from_config(c, &R->hasher))) return st;
     const char *etcd, *rname;
     if ((st = fy_conf_string(c, "cluster", "etcd", &etcd)) ||
