@@ -131,12 +131,12 @@ void fy_genspec_default(fy_genspec_t *g);
  * client left out, a decode worker to its reservation, the engine to every
  * request.  Below 1 when the prompt fills the context. */
 int32_t fy_genspec_max_tokens(const fy_genspec_t *g, int32_t n_prompt, int32_t max_ctx);
-/* Adds the fields to an open message: temperature, top_k, top_p, min_p,
- * seed, max_tokens, stop, ignore_eos, logprobs, priority, spec, kv_budget,
- * and those of logits processing, prompt_logprobs and bad_words where set. */
+/* Adds the fields to an open message, as common/wire.c's table of them
+ * says (docs/protocol.md, "Generation parameters"): the sampler's always,
+ * the rest where they differ from the default. */
 void fy_genspec_write(fy_msgw_t *w, const fy_genspec_t *g);
-/* Reads them (absent ones keep g's values); errors land in r and name
- * the field.  max_tokens must be in [1, max_tokens_cap]. */
+/* Reads them by the same table (absent ones keep g's values); errors land
+ * in r and name the field.  max_tokens must be in [1, max_tokens_cap]. */
 void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap);
 /* Every field of g in the ranges above (temperature 0 to its max, top_p
  * FY_GEN_TOP_P_MIN to 1, top_k 0 to its max, min_p 0 to 1, max_tokens 1

@@ -27,22 +27,26 @@ typedef enum kind {
     K_I32,     /* int32_t, written as an integer */
     K_F64,     /* double */
     K_BOOL,
-    K_STR,  /* char[size]: a string of at most size - 1 bytes without NUL */
-    K_TEXT, /* const char * and size_t: a string (or bytes) in the message, written as a string */
-    K_BIN,  /* const void * and size_t: bytes (or a string), written as bytes */
-    K_I32S, /* int32_t * (or int32_t[cap] inline) and an int32_t count */
-    K_U64S, /* uint64_t * (or inline) and a count */
-    K_F32S, /* float * and a count */
-    K_STRS, /* char[cap][len] inline and a count: strings of 1 to len - 1 bytes */
-    K_MAP,  /* a nested map: the struct at off, its fields in sub */
-    K_HDR,  /* a header: the fields of sub at off, in this map */
-    K_GEN,  /* fy_genspec_t: genspec.c's fields, in this map */
+    K_STR,   /* char[size]: a string of at most size - 1 bytes without NUL */
+    K_TEXT,  /* const char * and size_t: a string (or bytes) in the message, written as a string */
+    K_BIN,   /* const void * and size_t: bytes (or a string), written as bytes */
+    K_I32S,  /* int32_t * (or int32_t[cap] inline) and an int32_t count */
+    K_U64S,  /* uint64_t * (or inline) and a count */
+    K_F32S,  /* float * and a count */
+    K_STRS,  /* char[cap][len] inline and a count: strings of 1 to len - 1 bytes */
+    K_MAP,   /* a nested map: the struct at off, its fields in sub */
+    K_HDR,   /* a header: the fields of sub at off, in this map (gen: the generation parameters) */
+    K_F32,   /* float, written as a double */
+    K_ENUM,  /* an enum (int), written as its name: ename(0 .. cap - 1) */
+    K_BYTES, /* char[cap + 1] inline and an int32_t length: a string of at most cap bytes without NUL, kept
+                NUL-terminated */
 } kind_t;
 
 typedef enum put {
     P_ALWAYS = 0, /* written every time */
     P_NONZERO,    /* written when not zero (0, false, "", NULL) */
     P_HAS,        /* written when the bool at has is true; a read sets it when the field is there */
+    P_NOTDEF,     /* K_F32: written when not def */
 } put_t;
 
 /* Bounds that come from the reader's fy_wire_lim_t (each narrows the static one). */
@@ -57,6 +61,7 @@ typedef enum lim_ref {
     L_NBLOCKS,       /* cap: the prompt's blocks, times the kv groups */
     L_MAX_NBLOCKS,   /* cap: the blocks of the longest prompt (max_prompt), times the kv groups */
     L_MAX_CTX,       /* cap: lim->max_ctx (one entry per token a sequence can hold) */
+    L_CTX,           /* hi: lim->max_ctx (max_tokens) */
     L_MSG_NBLOCKS,   /* cap: the blocks of the "tokens" read before it in this message (block_size), times the
                         kv groups */
 } lim_ref_t;
@@ -78,6 +83,14 @@ typedef struct field {
     int64_t len; /* K_STRS: each entry's buffer size */
     const struct field *sub;
     int32_t n_sub;
+    double def;                  /* P_NOTDEF: the value not written */
+    const char *(*ename)(int v); /* K_ENUM: the name of each value */
+    bool gen;                    /* K_HDR: the generation parameters (one row in the docs, genspec defaults) */
+    /* inline arrays whose count is derived from other fields (no aux): written with countf(m) entries, read
+     * without storing a count (the K_HDR's check compares) */
+    int32_t (*countf)(const void *m);
+    /* K_HDR: checks across its fields once they are read (the first fault into r) */
+    void (*check)(fy_msgr_t *r, const void *m);
 } field_t;
 
 struct fy_wire_schema {
@@ -179,9 +192,101 @@ struct fy_wire_schema {
     {                                                                                                                  \
         .name = "", .kind = K_HDR, .off = OFF(T, m), .sub = tab, .n_sub = (int32_t)FY_ARRAY_LEN(tab)                   \
     }
+#define F32(T, nm, m, nd, pt, lo, hi)                                                                                  \
+    {                                                                                                                  \
+        .name = nm, .kind = K_F32, .need = nd, .put = pt, .off = OFF(T, m), .dlo = lo, .dhi = hi                       \
+    }
+/* written when not d */
+#define F32_DEF(T, nm, m, nd, lo, hi, d)                                                                               \
+    {                                                                                                                  \
+        .name = nm, .kind = K_F32, .need = nd, .put = P_NOTDEF, .off = OFF(T, m), .dlo = lo, .dhi = hi, .def = d       \
+    }
+#define ENUM(T, nm, m, nd, pt, fn, n)                                                                                  \
+    {                                                                                                                  \
+        .name = nm, .kind = K_ENUM, .need = nd, .put = pt, .off = OFF(T, m), .ename = fn, .cap = n                     \
+    }
+#define BYTES_IN(T, nm, m, n, nd, pt)                                                                                  \
+    {                                                                                                                  \
+        .name = nm, .kind = K_BYTES, .need = nd, .put = pt, .off = OFF(T, m), .aux = OFF(T, n),                        \
+        .cap = (int64_t)MSIZE(T, m) - 1                                                                                \
+    }
+#define F32S_IN(T, nm, m, n, nd, pt)                                                                                   \
+    {                                                                                                                  \
+        .name = nm, .kind = K_F32S, .need = nd, .put = pt, .off = OFF(T, m), .aux = OFF(T, n),                         \
+        .cap = (int64_t)(MSIZE(T, m) / sizeof(float)), .inl = true                                                     \
+    }
+
+/* The generation parameters (common/genspec.h): in the map of every
+ * message that carries a request (generate, reserve, prefill), as
+ * fy_genspec_write and fy_genspec_read put and take them. */
+static const char *spec_name(int v) { return fy_spec_method_str((fy_spec_method_t)v); }
+static const char *grammar_name(int v) { return fy_gen_grammar_str((fy_gen_grammar_t)v); }
+static void genspec_check(fy_msgr_t *r, const void *m);
+static int32_t bad_ids_count(const void *m)
+{
+    const fy_genspec_t *g = m;
+    int32_t total = 0;
+    for (int32_t i = 0; i < g->n_bad && i < FY_GEN_MAX_BAD_SEQS; i++) total += g->bad_lens[i];
+    return total < FY_GEN_MAX_BAD_TOKENS ? total : FY_GEN_MAX_BAD_TOKENS;
+}
+
+#define T fy_genspec_t
+static const field_t GENSPEC[] = {
+    F32(T, "temperature", sampling.temperature, FY_OPT, P_ALWAYS, 0, FY_GEN_TEMPERATURE_MAX),
+    I32(T, "top_k", sampling.top_k, FY_OPT, P_ALWAYS, 0, FY_GEN_TOP_K_MAX),
+    /* the bound is a float: top_p is kept and forwarded as a float, and 1e-6
+     * is not one (the float nearest a top_p of 1e-6 is just below it) */
+    F32(T, "top_p", sampling.top_p, FY_OPT, P_ALWAYS, FY_GEN_TOP_P_MIN, 1),
+    F32(T, "min_p", sampling.min_p, FY_OPT, P_ALWAYS, 0, 1),
+    U64(T, "seed", sampling.seed, FY_OPT, P_ALWAYS, 0, UINT64_MAX),
+    {.name = "max_tokens",
+     .kind = K_I32,
+     .need = FY_OPT,
+     .put = P_ALWAYS,
+     .off = OFF(T, max_tokens),
+     .ilo = 1,
+     .ihi = INT32_MAX,
+     .lim = L_CTX},
+    STRS_IN(T, "stop", stop, n_stop, FY_OPT, P_NONZERO),
+    BOOL(T, "ignore_eos", ignore_eos, FY_OPT, P_NONZERO),
+    BOOL(T, "logprobs", logprobs, FY_OPT, P_NONZERO),
+    I32(T, "priority", priority, FY_OPT, P_NONZERO, -FY_GEN_PRIORITY_MAX, FY_GEN_PRIORITY_MAX),
+    ENUM(T, "spec", spec, FY_OPT, P_NONZERO, spec_name, FY_SPEC_DRAFT + 1),
+    I32(T, "kv_budget", kv_budget, FY_OPT, P_NONZERO, 0, FY_GEN_KV_BUDGET_MAX),
+    F32(T, "presence_penalty", presence_penalty, FY_OPT, P_NONZERO, -FY_GEN_PENALTY_MAX, FY_GEN_PENALTY_MAX),
+    F32(T, "frequency_penalty", frequency_penalty, FY_OPT, P_NONZERO, -FY_GEN_PENALTY_MAX, FY_GEN_PENALTY_MAX),
+    F32_DEF(T, "repetition_penalty", repetition_penalty, FY_OPT, FY_GEN_REP_PENALTY_MIN, FY_GEN_REP_PENALTY_MAX, 1),
+    /* as many of each (genspec_check) */
+    I32S_IN(T, "logit_bias_ids", logit_bias_id, n_logit_bias, FY_OPT, P_NONZERO, 0, INT32_MAX),
+    F32S_IN(T, "logit_bias", logit_bias, n_logit_bias, FY_OPT, P_NONZERO),
+    I32(T, "min_tokens", min_tokens, FY_OPT, P_NONZERO, 0, INT32_MAX), /* at most max_tokens (genspec_check) */
+    I32(T, "top_logprobs", top_logprobs, FY_OPT, P_NONZERO, 0, FY_GEN_MAX_TOP_LOGPROBS),
+    I32S_IN(T, "stop_token_ids", stop_ids, n_stop_ids, FY_OPT, P_NONZERO, 0, INT32_MAX),
+    ENUM(T, "grammar_kind", grammar_kind, FY_OPT, P_NONZERO, grammar_name, FY_GEN_GRAMMAR_CHOICE + 1),
+    BYTES_IN(T, "grammar", grammar, grammar_len, FY_OPT, P_NONZERO),
+    /* present: the prompt's logprobs are wanted, with this many alternatives */
+    I32(T, "prompt_logprobs", prompt_top, FY_OPT, WHEN(T, prompt_logprobs), 0, FY_GEN_MAX_PROMPT_LOGPROBS),
+    /* the ids are the sequences one after another (genspec_check) */
+    I32S_IN(T, "bad_words_lens", bad_lens, n_bad, FY_OPT, P_NONZERO, 1, FY_GEN_BAD_SEQ_MAX),
+    {.name = "bad_words_ids",
+     .kind = K_I32S,
+     .need = FY_OPT,
+     .put = P_NONZERO,
+     .off = OFF(T, bad_ids),
+     .ilo = 0,
+     .ihi = INT32_MAX,
+     .cap = FY_GEN_MAX_BAD_TOKENS,
+     .inl = true,
+     .countf = bad_ids_count},
+    I32S_IN(T, "allowed_token_ids", allowed_ids, n_allowed, FY_OPT, P_NONZERO, 0, INT32_MAX),
+    BOOL(T, "include_stop", include_stop, FY_OPT, P_NONZERO),
+    BOOL(T, "render_special", render_special, FY_OPT, P_NONZERO),
+};
+#undef T
 #define GEN(T, m)                                                                                                      \
     {                                                                                                                  \
-        .name = "", .kind = K_GEN, .off = OFF(T, m)                                                                    \
+        .name = "", .kind = K_HDR, .off = OFF(T, m), .sub = GENSPEC, .n_sub = (int32_t)FY_ARRAY_LEN(GENSPEC),          \
+        .gen = true, .check = genspec_check                                                                            \
     }
 
 /* ids the router hands out start at 1; the router tries a request at most 1000 times */
@@ -795,6 +900,7 @@ static int64_t ihi_of(const field_t *f, const fy_wire_lim_t *lim)
     case L_NPROMPT_M1: return np > 0 ? min64(f->ihi, np - 1) : f->ihi;
     case L_NBLOCKS_M1: return np > 0 && bs > 0 ? min64(f->ihi, blocks_of(np, bs) - 1) : f->ihi;
     case L_PROMPT_BLOCKS: return lim->max_prompt > 0 && bs > 0 ? min64(f->ihi, lim->max_prompt / bs) : f->ihi;
+    case L_CTX: return lim->max_ctx > 0 ? min64(f->ihi, lim->max_ctx) : f->ihi;
     default: return f->ihi;
     }
 }
@@ -830,6 +936,9 @@ static bool is_zero(const field_t *f, const char *m)
     case K_I64: return CAT(m, f->off, int64_t) == 0;
     case K_I32: return CAT(m, f->off, int32_t) == 0;
     case K_F64: return CAT(m, f->off, double) == 0;
+    case K_F32: return CAT(m, f->off, float) == 0;
+    case K_ENUM: return CAT(m, f->off, int) == 0;
+    case K_BYTES: return CAT(m, f->aux, int32_t) == 0;
     case K_BOOL: return !CAT(m, f->off, bool);
     case K_STR: return !m[f->off];
     case K_TEXT:
@@ -837,7 +946,7 @@ static bool is_zero(const field_t *f, const char *m)
     case K_I32S:
     case K_U64S:
     case K_F32S:
-    case K_STRS: return CAT(m, f->aux, int32_t) == 0;
+    case K_STRS: return (f->countf ? f->countf(m) : CAT(m, f->aux, int32_t)) == 0;
     default: return false;
     }
 }
@@ -848,9 +957,10 @@ static void write_fields(fy_msgw_t *w, const field_t *t, int32_t n, const char *
         const field_t *f = &t[i];
         if (f->put == P_HAS && !CAT(m, f->has, bool)) continue;
         if (f->put == P_NONZERO && is_zero(f, m)) continue;
+        if (f->put == P_NOTDEF && CAT(m, f->off, float) == (float)f->def) continue;
         bool array = f->kind == K_I32S || f->kind == K_U64S || f->kind == K_F32S || f->kind == K_STRS;
         const void *arr = !array ? NULL : f->inl ? (const void *)(m + f->off) : CAT(m, f->off, cptr_t);
-        int32_t count = array ? CAT(m, f->aux, int32_t) : 0;
+        int32_t count = !array ? 0 : f->countf ? f->countf(m) : CAT(m, f->aux, int32_t);
         switch (f->kind) {
         case K_U64: fy_msgw_u64(w, f->name, CAT(m, f->off, uint64_t)); break;
         case K_I64: fy_msgw_i64(w, f->name, CAT(m, f->off, int64_t)); break;
@@ -884,7 +994,17 @@ static void write_fields(fy_msgw_t *w, const field_t *t, int32_t n, const char *
             fy_msgw_map_end(w);
             break;
         case K_HDR: write_fields(w, f->sub, f->n_sub, m + f->off); break;
-        case K_GEN: fy_genspec_write(w, &CAT(m, f->off, fy_genspec_t)); break;
+        case K_F32: fy_msgw_f64(w, f->name, CAT(m, f->off, float)); break;
+        case K_ENUM: {
+            int v = CAT(m, f->off, int);
+            fy_msgw_str(w, f->name, v >= 0 && v < f->cap ? f->ename(v) : "?");
+            break;
+        }
+        case K_BYTES: {
+            int32_t len = CAT(m, f->aux, int32_t);
+            fy_msgw_strn(w, f->name, m + f->off, len > 0 && len <= f->cap ? (size_t)len : 0);
+            break;
+        }
         }
     }
 }
@@ -952,7 +1072,8 @@ static void read_array(reader_t *c, const field_t *f, char *m)
         }
         AT(m, f->off, void *) = took ? buf : NULL;
     }
-    if (!f->inl || fy_msgr_present(r, f->name)) AT(m, f->aux, int32_t) = got; /* an inline one keeps its preset */
+    if (!f->countf && (!f->inl || fy_msgr_present(r, f->name)))
+        AT(m, f->aux, int32_t) = got;                  /* an inline one keeps its preset */
     if (!strcmp(f->name, "tokens")) c->n_tokens = got; /* for the blocks after it (L_MSG_NBLOCKS) */
 }
 
@@ -976,6 +1097,28 @@ static void read_strs(reader_t *c, const field_t *f, char *m)
         dst[l[i]] = 0;
     }
     AT(m, f->aux, int32_t) = n;
+}
+
+/* An enum by its name (one of ename(0 .. cap - 1)). */
+static void read_enum(fy_msgr_t *r, const field_t *f, char *m)
+{
+    if (!fy_msgr_present(r, f->name)) {
+        if (f->need == FY_REQ) fy_msgr_fail(r, FY_ERR_FORMAT, "field '%s' is missing", f->name);
+        return;
+    }
+    char buf[32];
+    fy_msgr_str(r, f->name, f->need, NULL, buf, sizeof(buf));
+    int v = 0;
+    while (r->ok && v < f->cap && strcmp(buf, f->ename(v))) v++;
+    if (r->ok && v < f->cap) {
+        AT(m, f->off, int) = v;
+    } else if (r->ok) {
+        char names[160] = "";
+        for (int k = 0, at = 0; k < f->cap && at < (int)sizeof(names); k++)
+            at += snprintf(names + at, sizeof(names) - (size_t)at, "%s%s", k ? (k + 1 < f->cap ? ", " : " or ") : "",
+                           f->ename(k));
+        fy_msgr_fail(r, FY_ERR_FORMAT, "field '%s': '%s' is not %s", f->name, buf, names);
+    }
 }
 
 static void read_fields(reader_t *c, const field_t *t, int32_t n, char *m)
@@ -1030,11 +1173,28 @@ static void read_fields(reader_t *c, const field_t *t, int32_t n, char *m)
                 fy_msgr_leave(r);
             }
             break;
-        case K_HDR: read_fields(c, f->sub, f->n_sub, m + f->off); break;
-        case K_GEN:
-            fy_genspec_read(r, &AT(m, f->off, fy_genspec_t),
-                            c->lim && c->lim->max_ctx > 0 ? c->lim->max_ctx : INT32_MAX);
+        case K_HDR:
+            read_fields(c, f->sub, f->n_sub, m + f->off);
+            if (r->ok && f->check) f->check(r, m + f->off);
             break;
+        case K_F32:
+            AT(m, f->off, float) = (float)fy_msgr_f64(r, f->name, f->need, AT(m, f->off, float), f->dlo, f->dhi);
+            break;
+        case K_ENUM: read_enum(r, f, m); break;
+        case K_BYTES: {
+            size_t len = 0;
+            const char *p =
+                fy_msgr_present(r, f->name) ? fy_msgr_bytes(r, f->name, f->need, (size_t)f->cap, &len) : NULL;
+            if (!p) break; /* absent: the preset stays */
+            if (memchr(p, 0, len)) {
+                fy_msgr_fail(r, FY_ERR_FORMAT, "field '%s' holds a NUL byte", f->name);
+                break;
+            }
+            memcpy(m + f->off, p, len);
+            m[f->off + len] = 0;
+            AT(m, f->aux, int32_t) = (int32_t)len;
+            break;
+        }
         }
     }
 }
@@ -1083,7 +1243,7 @@ void fy_wire_clear(const fy_wire_schema_t *s, void *m) { clear_fields(s->fields,
 static void init_fields(const field_t *t, int32_t n, char *m)
 {
     for (int32_t i = 0; i < n; i++) {
-        if (t[i].kind == K_GEN)
+        if (t[i].gen)
             fy_genspec_default(&AT(m, t[i].off, fy_genspec_t));
         else if (t[i].kind == K_MAP || t[i].kind == K_HDR)
             init_fields(t[i].sub, t[i].n_sub, m + t[i].off);
@@ -1114,28 +1274,6 @@ fy_status_t fy_wire_ev_read(fy_msgr_t *r, fy_wire_ev_t *h)
 
 static bool same_f(double a, double b) { return a == b || (isnan(a) && isnan(b)); }
 
-static bool same_gen(const fy_genspec_t *a, const fy_genspec_t *b)
-{
-    const fy_sampling_params_t *x = &a->sampling, *y = &b->sampling;
-    if (x->temperature != y->temperature || x->top_k != y->top_k || x->top_p != y->top_p || x->min_p != y->min_p ||
-        x->seed != y->seed)
-        return false;
-    if (a->max_tokens != b->max_tokens || a->n_stop != b->n_stop || a->ignore_eos != b->ignore_eos ||
-        a->logprobs != b->logprobs || a->priority != b->priority || a->spec != b->spec)
-        return false;
-    for (int32_t i = 0; i < a->n_stop && i < FY_GEN_MAX_STOP; i++)
-        if (strcmp(a->stop[i], b->stop[i])) return false;
-    if (a->prompt_logprobs != b->prompt_logprobs || (a->prompt_logprobs && a->prompt_top != b->prompt_top) ||
-        a->n_bad != b->n_bad)
-        return false;
-    int32_t total = 0;
-    for (int32_t i = 0; i < a->n_bad && i < FY_GEN_MAX_BAD_SEQS; i++) {
-        if (a->bad_lens[i] != b->bad_lens[i]) return false;
-        total += a->bad_lens[i];
-    }
-    return total <= FY_GEN_MAX_BAD_TOKENS && !memcmp(a->bad_ids, b->bad_ids, (size_t)total * sizeof(int32_t));
-}
-
 static bool same_array(const field_t *f, const void *x, const void *y, int32_t n)
 {
     if (n == 0) return true;
@@ -1160,6 +1298,13 @@ static const char *diff_fields(const field_t *t, int32_t n, const char *a, const
         case K_I64: same = CAT(a, f->off, int64_t) == CAT(b, f->off, int64_t); break;
         case K_I32: same = CAT(a, f->off, int32_t) == CAT(b, f->off, int32_t); break;
         case K_F64: same = same_f(CAT(a, f->off, double), CAT(b, f->off, double)); break;
+        case K_F32: same = same_f(CAT(a, f->off, float), CAT(b, f->off, float)); break;
+        case K_ENUM: same = CAT(a, f->off, int) == CAT(b, f->off, int); break;
+        case K_BYTES: {
+            int32_t la = CAT(a, f->aux, int32_t), lb = CAT(b, f->aux, int32_t);
+            same = la == lb && (la <= 0 || la > f->cap || !memcmp(a + f->off, b + f->off, (size_t)la));
+            break;
+        }
         case K_BOOL: same = CAT(a, f->off, bool) == CAT(b, f->off, bool); break;
         case K_STR: same = !strncmp(a + f->off, b + f->off, (size_t)f->cap); break;
         case K_TEXT:
@@ -1172,7 +1317,8 @@ static const char *diff_fields(const field_t *t, int32_t n, const char *a, const
         case K_I32S:
         case K_U64S:
         case K_F32S: {
-            int32_t na = CAT(a, f->aux, int32_t), nb = CAT(b, f->aux, int32_t);
+            int32_t na = f->countf ? f->countf(a) : CAT(a, f->aux, int32_t);
+            int32_t nb = f->countf ? f->countf(b) : CAT(b, f->aux, int32_t);
             const void *xa = f->inl ? (const void *)(a + f->off) : CAT(a, f->off, cptr_t);
             const void *xb = f->inl ? (const void *)(b + f->off) : CAT(b, f->off, cptr_t);
             same = na == nb && same_array(f, xa, xb, na);
@@ -1192,9 +1338,8 @@ static const char *diff_fields(const field_t *t, int32_t n, const char *a, const
             if (d) return d;
             break;
         }
-        case K_GEN: same = same_gen(&CAT(a, f->off, fy_genspec_t), &CAT(b, f->off, fy_genspec_t)); break;
         }
-        if (!same) return f->kind == K_GEN ? "(generation parameters)" : f->name;
+        if (!same) return f->name;
     }
     return NULL;
 }
@@ -1214,7 +1359,10 @@ static fy_wire_vtype_t vtype_of(kind_t k)
     case K_U64: return FY_WIRE_UINT;
     case K_I64:
     case K_I32: return FY_WIRE_INT;
-    case K_F64: return FY_WIRE_FLOAT;
+    case K_F64:
+    case K_F32: return FY_WIRE_FLOAT;
+    case K_ENUM: return FY_WIRE_ENUM;
+    case K_BYTES: return FY_WIRE_TEXT;
     case K_BOOL: return FY_WIRE_BOOL;
     case K_STR: return FY_WIRE_STR;
     case K_TEXT: return FY_WIRE_TEXT;
@@ -1224,7 +1372,7 @@ static fy_wire_vtype_t vtype_of(kind_t k)
     case K_F32S: return FY_WIRE_FLOATS;
     case K_STRS: return FY_WIRE_STRS;
     case K_MAP: return FY_WIRE_MAP;
-    default: return FY_WIRE_GEN;
+    default: return FY_WIRE_GEN; /* a K_HDR of the generation parameters */
     }
 }
 
@@ -1240,7 +1388,8 @@ static const char *bound_words(lim_ref_t l)
     case L_NBLOCKS: return "the prompt's blocks";
     case L_MSG_NBLOCKS: return "the blocks of `tokens`";
     case L_MAX_NBLOCKS: return "the longest prompt's blocks";
-    case L_MAX_CTX: return "the context";
+    case L_MAX_CTX:
+    case L_CTX: return "the context";
     default: return NULL;
     }
 }
@@ -1248,16 +1397,16 @@ static const char *bound_words(lim_ref_t l)
 static int32_t describe(const field_t *t, int32_t n, const char *parent, const fy_wire_lim_t *lim, fy_wire_field_t *out,
                         int32_t cap, int32_t k)
 {
-    static const char *const puts[] = {"always", "not zero", "when set"};
+    static const char *const puts[] = {"always", "not zero", "when set", "not default"};
     for (int32_t i = 0; i < n; i++) {
         const field_t *f = &t[i];
-        if (f->kind == K_HDR) {
+        if (f->kind == K_HDR && !f->gen) {
             k = describe(f->sub, f->n_sub, parent, lim, out, cap, k);
             continue;
         }
         if (k < cap) {
             fy_wire_field_t *o = &out[k];
-            *o = (fy_wire_field_t){.name = f->kind == K_GEN ? "(generation parameters)" : f->name,
+            *o = (fy_wire_field_t){.name = f->gen ? "(generation parameters)" : f->name,
                                    .parent = parent,
                                    .type = vtype_of(f->kind),
                                    .required = f->need == FY_REQ,
@@ -1271,7 +1420,9 @@ static int32_t describe(const field_t *t, int32_t n, const char *parent, const f
                                    .cap = f->kind == K_STR ? f->cap - 1 : f->cap,
                                    .len = f->len ? f->len - 1 : 0,
                                    .bound = bound_words(f->lim),
-                                   .cap_bound = bound_words(f->limcap)};
+                                   .cap_bound = bound_words(f->limcap),
+                                   .def = f->def,
+                                   .name_of = f->ename};
             if (f->limcap && f->limcap != L_MSG_NBLOCKS)
                 o->cap = cap_of(f, lim, 0); /* that one depends on the message */
         }
@@ -1295,7 +1446,7 @@ static size_t fields_max(const field_t *t, int32_t n, const fy_wire_lim_t *lim)
             total += fields_max(f->sub, f->n_sub, lim);
             continue;
         }
-        size_t key = f->kind == K_GEN ? 0 : str_max(strlen(f->name));
+        size_t key = f->kind == K_HDR ? 0 : str_max(strlen(f->name));
         int64_t cap = f->limcap == L_MSG_NBLOCKS ? cap_of(f, lim, lim ? lim->max_prompt : 0) : cap_of(f, lim, 0);
         if (cap < 0) cap = 0;
         size_t v = 0;
@@ -1304,7 +1455,10 @@ static size_t fields_max(const field_t *t, int32_t n, const fy_wire_lim_t *lim)
         case K_I64:
         case K_I32:
         case K_F64:
+        case K_F32:
         case K_BOOL: v = 9; break;
+        case K_ENUM: v = str_max(32); break;
+        case K_BYTES:
         case K_STR: v = str_max((size_t)cap); break;
         case K_TEXT:
         case K_BIN: v = str_max((size_t)cap); break;
@@ -1313,8 +1467,7 @@ static size_t fields_max(const field_t *t, int32_t n, const fy_wire_lim_t *lim)
         case K_F32S: v = 5 + (size_t)cap * 9; break;
         case K_STRS: v = 5 + (size_t)cap * str_max((size_t)f->len); break;
         case K_MAP: v = 5 + fields_max(f->sub, f->n_sub, lim); break;
-        case K_HDR: break;
-        case K_GEN: v = FY_WIRE_GEN_MAX_BYTES; break;
+        case K_HDR: v = fields_max(f->sub, f->n_sub, lim); break;
         }
         total += key + v;
     }
@@ -1342,4 +1495,67 @@ size_t fy_wire_max_route(const char *const *routes, int n_routes, const fy_wire_
 int32_t fy_wire_fields(const fy_wire_schema_t *s, const fy_wire_lim_t *lim, fy_wire_field_t *out, int32_t cap)
 {
     return describe(s->fields, s->n_fields, NULL, lim, out, cap, 0);
+}
+
+int32_t fy_wire_gen_fields(const fy_wire_lim_t *lim, fy_wire_field_t *out, int32_t cap)
+{
+    return describe(GENSPEC, (int32_t)FY_ARRAY_LEN(GENSPEC), NULL, lim, out, cap, 0);
+}
+
+size_t fy_wire_gen_max_bytes(void) { return fields_max(GENSPEC, (int32_t)FY_ARRAY_LEN(GENSPEC), NULL); }
+
+/* ---- the generation parameters ------------------------------------------------------------------------------- */
+
+/* What the table cannot say: pairs of arrays, sums and orders across fields. */
+static void genspec_check(fy_msgr_t *r, const void *m)
+{
+    const fy_genspec_t *g = m;
+    bool ids = fy_msgr_present(r, "logit_bias_ids"), vals = fy_msgr_present(r, "logit_bias");
+    if (ids != vals || (ids && fy_msgr_count(r, "logit_bias_ids") != fy_msgr_count(r, "logit_bias"))) {
+        fy_msgr_fail(r, FY_ERR_FORMAT, "%d logit_bias_ids for %d logit_bias values",
+                     ids ? fy_msgr_count(r, "logit_bias_ids") : 0, vals ? fy_msgr_count(r, "logit_bias") : 0);
+        return;
+    }
+    for (int32_t i = 0; i < g->n_logit_bias; i++)
+        if (!(g->logit_bias[i] >= -FY_GEN_LOGIT_BIAS_MAX && g->logit_bias[i] <= FY_GEN_LOGIT_BIAS_MAX)) {
+            fy_msgr_fail(r, FY_ERR_FORMAT, "field 'logit_bias': entry %d is out of -100 to 100", i);
+            return;
+        }
+    if (g->min_tokens > g->max_tokens) {
+        fy_msgr_fail(r, FY_ERR_FORMAT, "field 'min_tokens' is %d; it must be between 0 and max_tokens (%d)",
+                     g->min_tokens, g->max_tokens);
+        return;
+    }
+    bool lens = fy_msgr_present(r, "bad_words_lens"), bad = fy_msgr_present(r, "bad_words_ids");
+    int32_t total = 0;
+    for (int32_t i = 0; i < g->n_bad; i++) total += g->bad_lens[i];
+    if (lens != bad || (bad && fy_msgr_count(r, "bad_words_ids") != total)) {
+        fy_msgr_fail(r, FY_ERR_FORMAT, "field 'bad_words_ids': %d ids for sequences of %d tokens in all",
+                     bad ? fy_msgr_count(r, "bad_words_ids") : 0, total);
+        return;
+    }
+    if (g->grammar_len && g->grammar_kind == FY_GEN_GRAMMAR_NONE)
+        fy_msgr_fail(r, FY_ERR_FORMAT, "field 'grammar' without a 'grammar_kind'");
+}
+
+void fy_genspec_write(fy_msgw_t *w, const fy_genspec_t *g)
+{
+    write_fields(w, GENSPEC, (int32_t)FY_ARRAY_LEN(GENSPEC), (const char *)g);
+}
+
+void fy_genspec_read(fy_msgr_t *r, fy_genspec_t *g, int32_t max_tokens_cap)
+{
+    /* into a copy: g keeps its values unless the whole read succeeds */
+    fy_genspec_t *t = r->ok ? fy_malloc(sizeof(*t)) : NULL;
+    if (!t) {
+        if (r->ok) fy_msgr_fail(r, FY_ERR_NOMEM, "out of memory reading the generation parameters");
+        return;
+    }
+    *t = *g;
+    fy_wire_lim_t lim = {.max_ctx = max_tokens_cap};
+    reader_t c = {.r = r, .lim = &lim};
+    read_fields(&c, GENSPEC, (int32_t)FY_ARRAY_LEN(GENSPEC), (char *)t);
+    if (r->ok) genspec_check(r, t);
+    if (r->ok) *g = *t;
+    fy_free(t);
 }

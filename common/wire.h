@@ -41,9 +41,14 @@
  * context, the prompt a reply is about): lim gives them; a member left 0,
  * or lim NULL, leaves that bound at its static value.
  *
- * Not here: the msgpack codec (msg.h), the generation parameters'
- * encoding (genspec.h), sockets and envelopes (rpc/rpc.h,
- * envelope.h), and what a handler does with a message.
+ * The generation parameters (fy_genspec_t) are one more table here, its
+ * fields in the map of every message that carries a request, with the
+ * rules across fields (pairs of arrays, min_tokens under max_tokens) in
+ * one check; fy_genspec_write and fy_genspec_read use the same table.
+ *
+ * Not here: the msgpack codec (msg.h), what the generation parameters
+ * mean and the door's checks of them (genspec.h), sockets and envelopes
+ * (rpc/rpc.h, envelope.h), and what a handler does with a message.
  */
 #ifndef FY_WIRE_H
 #define FY_WIRE_H
@@ -113,7 +118,8 @@ typedef enum fy_wire_vtype {
     FY_WIRE_FLOATS,
     FY_WIRE_STRS, /* at most cap strings of 1 to len bytes */
     FY_WIRE_MAP,  /* a nested map: its fields follow with parent set */
-    FY_WIRE_GEN,  /* the generation parameters (genspec.h) */
+    FY_WIRE_GEN,  /* the generation parameters (genspec.h): their fields are fy_wire_gen_fields' */
+    FY_WIRE_ENUM, /* a string: one of name_of(0 .. cap - 1) */
 } fy_wire_vtype_t;
 
 typedef struct fy_wire_field {
@@ -121,24 +127,29 @@ typedef struct fy_wire_field {
     const char *parent; /* the nested map it is in, or NULL */
     fy_wire_vtype_t type;
     bool required;
-    const char *put;       /* when it is written: "always", "not zero", "when set" */
-    int64_t ilo, ihi;      /* FY_WIRE_INT(S) */
-    uint64_t ulo, uhi;     /* FY_WIRE_UINT */
-    double dlo, dhi;       /* FY_WIRE_FLOAT */
-    int64_t cap;           /* strings, bytes: most bytes; arrays: most entries */
-    int64_t len;           /* FY_WIRE_STRS: most bytes per entry */
-    const char *bound;     /* what narrows the upper bound of a value (from lim), in words, or NULL */
-    const char *cap_bound; /* what narrows cap (from lim), or NULL */
+    const char *put;               /* when it is written: "always", "not zero", "when set" */
+    int64_t ilo, ihi;              /* FY_WIRE_INT(S) */
+    uint64_t ulo, uhi;             /* FY_WIRE_UINT */
+    double dlo, dhi;               /* FY_WIRE_FLOAT */
+    int64_t cap;                   /* strings, bytes: most bytes; arrays: most entries */
+    int64_t len;                   /* FY_WIRE_STRS: most bytes per entry */
+    const char *bound;             /* what narrows the upper bound of a value (from lim), in words, or NULL */
+    const char *cap_bound;         /* what narrows cap (from lim), or NULL */
+    double def;                    /* put "not default": the value not written */
+    const char *(*name_of)(int v); /* FY_WIRE_ENUM: the names of its cap values */
 } fy_wire_field_t;
 
 /* Up to cap fields of s into out (lim narrows the bounds as a reader's
  * would; NULL: the static ones); returns how many s has. */
 int32_t fy_wire_fields(const fy_wire_schema_t *s, const fy_wire_lim_t *lim, fy_wire_field_t *out, int32_t cap);
 
-/* The generation parameters' largest encoding (genspec.c's fields at
- * their limits: the grammar's 32 KiB, 300 logit biases, 8 stop strings,
- * bad words...), rounded up: test_wire checks a maximal genspec fits. */
-#define FY_WIRE_GEN_MAX_BYTES (64 * 1024)
+/* The generation parameters (fy_genspec_t): their fields as the table
+ * describes them (what the docs list once, where a message's own list
+ * says "generation parameters"), and their largest encoding (every field
+ * at its limit: the grammar's 32 KiB, 1,024 allowed tokens, 300 logit
+ * biases, 8 stop strings, bad words...). */
+int32_t fy_wire_gen_fields(const fy_wire_lim_t *lim, fy_wire_field_t *out, int32_t cap);
+size_t fy_wire_gen_max_bytes(void);
 
 /* An upper bound on the bytes of any s message a reader with lim takes
  * (every field present at its largest; lim NULL: the static bounds):

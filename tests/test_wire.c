@@ -1151,8 +1151,8 @@ static void fmt_int(char *out, size_t cap, int64_t v)
 
 static const char *type_words(fy_wire_vtype_t t)
 {
-    static const char *const w[] = {"uint",   "int",     "float", "bool", "str", "str or bin", "bin or str", "[int]",
-                                    "[uint]", "[float]", "[str]", "map",  ""};
+    static const char *const w[] = {"uint",  "int",    "float",   "bool",  "str", "str or bin", "bin or str",
+                                    "[int]", "[uint]", "[float]", "[str]", "map", "",           "str"};
     return w[t];
 }
 
@@ -1199,6 +1199,9 @@ static void values(sb_t *b, const fy_wire_field_t *f)
     case FY_WIRE_STRS: sb_add(b, "at most %s, each of 1 to %lld bytes, no NUL", n, (long long)f->len); break;
     case FY_WIRE_MAP: sb_add(b, "the fields `%s.*` below", f->name); break;
     case FY_WIRE_GEN: sb_add(b, "the generation parameters (above)"); break;
+    case FY_WIRE_ENUM:
+        for (int64_t k = 0; k < f->cap; k++) sb_add(b, "%s`%s`", k ? ", " : "", f->name_of((int)k));
+        break;
     }
 }
 
@@ -1208,45 +1211,43 @@ static char *reference(void)
     sb_t b = {0};
     sb_add(&b, "%s\n\n", REF_BEGIN);
     sb_add(&b, "#### Generation parameters\n\n");
-    sb_add(&b, "In `generate`, `reserve`, `prefill` (common/genspec.c): all optional; absent, the default.\n\n");
+    sb_add(&b, "In `generate`, `reserve`, `prefill` (common/wire.c's GENSPEC table): all optional; absent, the "
+               "default.\n\n");
     sb_add(&b, "| field | type | written | values |\n|---|---|---|---|\n");
-    sb_add(&b, "| `temperature` | float | always | 0 to %g (default 0: greedy) |\n", (double)FY_GEN_TEMPERATURE_MAX);
-    sb_add(&b, "| `top_k` | int | always | 0 (off) to %d |\n", FY_GEN_TOP_K_MAX);
-    sb_add(&b, "| `top_p` | float | always | %g to 1 |\n", (double)FY_GEN_TOP_P_MIN);
-    sb_add(&b, "| `min_p` | float | always | 0 to 1 |\n");
-    sb_add(&b, "| `seed` | uint | always | 0 to 2^64-1 |\n");
-    sb_add(&b, "| `max_tokens` | int | always | 1 to the reader's context (default 128) |\n");
-    sb_add(&b, "| `stop` | [str] | when any | at most %d, each of 1 to %d bytes, no NUL |\n", FY_GEN_MAX_STOP,
-           FY_GEN_STOP_LEN);
-    sb_add(&b, "| `ignore_eos`, `logprobs` | bool | not zero | |\n");
-    sb_add(&b, "| `priority` | int | not zero | %d to %d |\n", -FY_GEN_PRIORITY_MAX, FY_GEN_PRIORITY_MAX);
-    sb_add(&b, "| `spec` | str | not `default` | `default`, `none`, `ngram`, `draft` |\n");
-    sb_add(&b, "| `kv_budget` | int | not zero | 0 to %d (tokens; the engine refuses more than `kv.evict` allows) |\n",
-           FY_GEN_KV_BUDGET_MAX);
-    sb_add(&b, "| `presence_penalty`, `frequency_penalty` | float | not zero | %g to %g |\n",
-           -(double)FY_GEN_PENALTY_MAX, (double)FY_GEN_PENALTY_MAX);
-    sb_add(&b, "| `repetition_penalty` | float | not 1 | %g to %g (1: off) |\n", (double)FY_GEN_REP_PENALTY_MIN,
-           (double)FY_GEN_REP_PENALTY_MAX);
-    sb_add(&b,
-           "| `logit_bias_ids`, `logit_bias` | [int], [float] | when any | at most %d of each, as many; token ids "
-           "(the engine refuses one past its vocabulary), biases %g to %g |\n",
-           FY_GEN_MAX_LOGIT_BIAS, -(double)FY_GEN_LOGIT_BIAS_MAX, (double)FY_GEN_LOGIT_BIAS_MAX);
-    sb_add(&b, "| `min_tokens` | int | not zero | 0 to `max_tokens` |\n");
-    sb_add(&b, "| `top_logprobs` | int | not zero | 0 to %d |\n", FY_GEN_MAX_TOP_LOGPROBS);
-    sb_add(&b, "| `stop_token_ids` | [int] | when any | at most %d token ids |\n", FY_GEN_MAX_STOP_IDS);
-    sb_add(&b,
-           "| `prompt_logprobs` | int | when asked | 0 to %d: alternatives per prompt token (present: the prompt's "
-           "logprobs are wanted; the worker running the prompt sends `prompt_logprobs` events) |\n",
-           FY_GEN_MAX_PROMPT_LOGPROBS);
-    sb_add(&b,
-           "| `bad_words_lens`, `bad_words_ids` | [int], [int] | when any | at most %d sequences of 1 to %d tokens, "
-           "%d tokens in all; the ids the sequences one after another (as many as the lengths add up to) |\n",
-           FY_GEN_MAX_BAD_SEQS, FY_GEN_BAD_SEQ_MAX, FY_GEN_MAX_BAD_TOKENS);
-    sb_add(&b,
-           "| `allowed_token_ids` | [int] | when any | at most %d token ids: the only tokens that may be generated |\n",
-           FY_GEN_MAX_ALLOWED_IDS);
-    sb_add(&b, "| `include_stop` | bool | not zero | the stop string that ended the text is part of it |\n");
-    sb_add(&b, "| `render_special` | bool | not zero | special tokens' text is part of the output |\n");
+    /* from common/wire.c's table; what a range cannot say, said here */
+    static const char *const notes[][2] = {
+        {"temperature", "default 0: greedy"},
+        {"top_k", "0: off"},
+        {"max_tokens", "default 128"},
+        {"spec", "the decode worker's proposer unless `default`"},
+        {"kv_budget", "tokens; the engine refuses more than `kv.evict` allows"},
+        {"repetition_penalty", "1: off"},
+        {"logit_bias_ids", "token ids (the engine refuses one past its vocabulary); as many as `logit_bias`"},
+        {"logit_bias", "biases -100 to 100, as many as `logit_bias_ids`"},
+        {"min_tokens", "at most `max_tokens`"},
+        {"grammar_kind", "a structured output's kind"},
+        {"grammar", "its source (a JSON Schema, a regex, a JSON array of choices); only with `grammar_kind`"},
+        {"prompt_logprobs", "present: the prompt's logprobs are wanted, with this many alternatives per token; the "
+                            "worker running the prompt sends `prompt_logprobs` events"},
+        {"bad_words_lens", "each bad word's tokens"},
+        {"bad_words_ids", "the words one after another: as many as `bad_words_lens` adds up to"},
+        {"allowed_token_ids", "the only tokens that may be generated"},
+        {"include_stop", "the stop string that ended the text is part of it"},
+        {"render_special", "special tokens' text is part of the output"},
+    };
+    fy_wire_field_t gf[64];
+    int32_t ng = fy_wire_gen_fields(NULL, gf, 64);
+    for (int32_t k = 0; k < ng; k++) {
+        const fy_wire_field_t *f = &gf[k];
+        char put[48];
+        snprintf(put, sizeof(put), "%s", f->put);
+        if (!strcmp(f->put, "not default")) snprintf(put, sizeof(put), "not %g", f->def);
+        sb_add(&b, "| `%s` | %s | %s | ", f->name, type_words(f->type), put);
+        values(&b, f);
+        for (size_t x = 0; x < sizeof(notes) / sizeof(notes[0]); x++)
+            if (!strcmp(notes[x][0], f->name)) sb_add(&b, "%s%s", f->type == FY_WIRE_BOOL ? "" : "; ", notes[x][1]);
+        sb_add(&b, " |\n");
+    }
     for (int32_t i = 0; i < fy_wire_n_all; i++) {
         const fy_wire_schema_t *s = fy_wire_all[i];
         sb_add(&b, "\n#### `%s` (%s)\n\n", fy_wire_type(s), fy_wire_route(s));
@@ -1325,8 +1326,8 @@ static void test_max_bytes(void **state)
     void *buf;
     size_t len;
     assert_int_equal(fy_msgw_finish(&w, &buf, &len), FY_OK);
-    print_message("generation parameters at their limits: %zu bytes (bound %d)\n", len, FY_WIRE_GEN_MAX_BYTES);
-    assert_true(len <= FY_WIRE_GEN_MAX_BYTES);
+    print_message("generation parameters at their limits: %zu bytes (bound %zu)\n", len, fy_wire_gen_max_bytes());
+    assert_true(len <= fy_wire_gen_max_bytes());
     fy_free(buf);
     /* a generate at its largest: 1 MiB of prompt and of system text */
     char *text = fy_malloc(FY_WIRE_MAX_PROMPT_BYTES);

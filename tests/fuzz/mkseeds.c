@@ -710,6 +710,18 @@ static void messages(void)
     fy_msgw_init(&w, "prefill");
     fy_genspec_write(&w, &g);
     put_msg("genspec", "edges", &w);
+    /* vLLM's output controls and a structured output with bad words */
+    fy_genspec_default(&g);
+    g.n_allowed = 3, g.allowed_ids[0] = 5, g.allowed_ids[1] = 17, g.allowed_ids[2] = 49151;
+    g.include_stop = g.render_special = true, g.n_stop = 1;
+    strcpy(g.stop[0], "END");
+    g.grammar_kind = FY_GEN_GRAMMAR_REGEX, g.grammar_len = 4;
+    memcpy(g.grammar, "a+b?", 5);
+    g.n_bad = 2, g.bad_lens[0] = 1, g.bad_lens[1] = 2, g.bad_ids[0] = 9, g.bad_ids[1] = 10, g.bad_ids[2] = 11;
+    g.prompt_logprobs = true, g.prompt_top = 2, g.repetition_penalty = 1.2f;
+    fy_msgw_init(&w, "generate");
+    fy_genspec_write(&w, &g);
+    put_msg("genspec", "controls", &w);
 
     /* what the fuzzer found (docs/fuzzing.md): kept so that every run checks them */
     fy_genspec_default(&g);
