@@ -1,14 +1,15 @@
 /*
  * engine_config.h - one function that builds an engine and what it runs
  * on: the backend, the runner (its KV arena), the prefix hasher, the
- * block manager, a speculative draft when asked, and the engine; and one
- * that reads what to build from a worker's configuration.
+ * block manager, a speculative draft when asked, and the engine, from a
+ * typed build.
  *
- * A worker fills the build from its configuration (fy_engine_build_read:
- * ROLE.*, kv.*, worker.device and isa, decode.spec*); a command that
- * takes its own options (`ferry generate`, the bench commands) starts
- * from fy_engine_build_default and sets what it needs.  Both end in
- * fy_engine_stack_create, so every engine is put together the same way.
+ * A worker fills the build from its configuration, read once at start
+ * (worker/worker_config.h: ROLE.*, kv.*, worker.*, decode.spec*); a
+ * command that takes its own options (`ferry generate`, the bench
+ * commands) starts from fy_engine_build_default and sets what it needs.
+ * Both end in fy_engine_stack_create, so every engine is put together the
+ * same way.  No configuration keys are read here.
  *
  * Not here: the model (the caller loads it and keeps it for the stack's
  * life), the worker around the engine (node.c), the engine itself
@@ -21,7 +22,6 @@
 #include <stdint.h>
 
 #include "backend.h"
-#include "config.h"
 #include "engine.h"
 #include "group.h"
 #include "kv.h"
@@ -43,8 +43,11 @@ typedef struct fy_engine_build {
     int64_t host_kv_mem;  /* bytes of host tier for swapped blocks, in whole blocks; 0: none */
     const char *disk_dir; /* the disk tier under the host tier (kv.h); NULL: none */
     int64_t disk_bytes;
-    /* hasher: kv.secret_file of this configuration (fy_kv_hasher_from_config); NULL: a key private to the process */
-    const fy_config_t *cluster;
+    /* the prefix hasher's key: the deployment's secret (kv.secret_file, as the
+     * worker read it), so every worker and the router name blocks alike;
+     * hash_key_len 0: a key private to the process */
+    uint8_t hash_key[64];
+    size_t hash_key_len;
     /* block manager */
     bool prefix_caching;
     float watermark; /* share of device blocks admission keeps free; < 0: the block manager's default */
@@ -59,7 +62,7 @@ typedef struct fy_engine_build {
      * before the fork (runner.kv_arenas), so that rank 0's transfer engine
      * can put into and read from every rank's KV (a worker's group) */
     bool shared_arenas;
-    /* a worker's role ("prefill", "decode": fy_engine_build_read): its pool,
+    /* a worker's role ("prefill", "decode": fy_worker_build_read): its pool,
      * sized from ROLE.kv_mem, must admit one request of the whole context;
      * else refused at start naming ROLE.kv_mem and ROLE.ctx, or, with
      * ROLE.ctx = 0 (the model's trained context), a warning naming the
@@ -74,18 +77,6 @@ typedef struct fy_engine_build {
 /* The runner's and engine's defaults, cpu, one thread per core, prefix
  * caching on, a random hasher, no draft. */
 void fy_engine_build_default(fy_engine_build_t *b);
-
-/*
- * What a worker of role ("prefill" or "decode") builds, from c through the
- * key table: ROLE.threads, kv_mem, max_seqs, max_batch_tokens (at least
- * max_seqs), max_waiting, ctx; kv.block_size, dtype, prefix_cache and the
- * hasher's secret; worker.device and isa; for decode also host_kv_mem,
- * preempt, itl_target and the speculative decoding of decode.spec* (a
- * draft takes decode.spec_draft_kv_fraction of kv_mem).  The caller adds
- * the engine's tick.  FY_ERR_INVALID (logged, naming the key) for a bad
- * value; *b_p is set on success only.
- */
-fy_status_t fy_engine_build_read(const fy_config_t *c, const char *role, fy_engine_build_t *b_p);
 
 /* What fy_engine_stack_create makes; members are NULL where not made. */
 typedef struct fy_engine_stack {

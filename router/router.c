@@ -2321,7 +2321,14 @@ static fy_status_t setup(router_t *R)
     if ((st = fy_kv_layout_make(&R->lay, mc->n_layers, mc->n_kv_heads, mc->head_dim, bs, dt,
                                 sliding_groups ? win : NULL)))
         return st;
-    if ((st = fy_kv_hasher_from_config(c, &R->hasher))) return st;
+    /* the deployment's hasher (kv.secret_file): the workers name blocks with the same key */
+    uint8_t key[64];
+    size_t key_len = 0;
+    if ((st = fy_cluster_secret(c, key, sizeof(key), &key_len))) return st;
+    if (!key_len) fy_warn("kv.secret_file is not set: prefix-block names are private to this process");
+    st = key_len ? fy_kv_hasher_create(key, key_len, &R->hasher) : fy_kv_hasher_create_random(&R->hasher);
+    sodium_memzero(key, sizeof(key));
+    if (st) return st;
     const char *etcd, *rname;
     if ((st = fy_conf_string(c, "cluster", "etcd", &etcd)) ||
         (st = fy_conf_string(c, "cluster", "router_name", &rname)))

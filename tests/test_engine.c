@@ -24,6 +24,7 @@
 #include "config.h"
 #include "engine.h"
 #include "engine_config.h"
+#include "worker_config.h"
 #include "gguf_writer.h"
 #include "mem.h"
 #include "model.h"
@@ -1499,7 +1500,7 @@ static void test_build_from_config(void **state)
      * defaults are the engine's own */
     fy_config_t *c = config_of((const char *const[]){NULL});
     fy_engine_build_t b;
-    assert_int_equal(fy_engine_build_read(c, "prefill", &b), FY_OK);
+    assert_int_equal(fy_worker_build_read(c, "prefill", &b), FY_OK);
     assert_int_equal(b.runner.max_seqs, table_int("prefill", "max_seqs"));
     assert_int_equal(b.runner.max_logits, b.runner.max_seqs);
     assert_int_equal(b.runner.max_batch_tokens, table_int("prefill", "max_batch_tokens"));
@@ -1510,8 +1511,8 @@ static void test_build_from_config(void **state)
     assert_int_equal(b.engine.spec.method, FY_SPEC_NONE); /* prefill workers do not speculate */
     assert_true(b.prefix_caching);
     assert_null(b.draft);
-    assert_ptr_equal(b.cluster, c);
-    assert_int_equal(fy_engine_build_read(c, "decode", &b), FY_OK);
+    assert_int_equal(b.hash_key_len, 0); /* no kv.secret_file: a private hasher */
+    assert_int_equal(fy_worker_build_read(c, "decode", &b), FY_OK);
     fy_spec_params_t sp;
     fy_spec_params_default(&sp);
     assert_int_equal(b.engine.spec.method, FY_SPEC_NGRAM);
@@ -1536,7 +1537,7 @@ static void test_build_from_config(void **state)
                                         "kv.prefix_cache=false", "decode.spec=none", "decode.preempt=swap",
                                         "decode.itl_target=50ms", "decode.max_waiting=7", "decode.ctx=512",
                                         "decode.threads=2", "worker.device=cpu", NULL});
-    assert_int_equal(fy_engine_build_read(c, "decode", &b), FY_OK);
+    assert_int_equal(fy_worker_build_read(c, "decode", &b), FY_OK);
     assert_int_equal(b.runner.max_batch_tokens, 4); /* raised to max_seqs */
     assert_int_equal(b.runner.max_logits, 4);
     assert_int_equal(b.runner.kv_mem, 8 << 20);
@@ -1585,12 +1586,12 @@ static void test_build_from_config(void **state)
     /* a draft takes its share of kv_mem; the stack opens it and wires it in */
     c = config_of(
         (const char *const[]){"decode.spec=self:1", "decode.kv_mem=8MiB", "decode.spec_draft_kv_fraction=0.25", NULL});
-    assert_int_equal(fy_engine_build_read(c, "decode", &b), FY_OK);
+    assert_int_equal(fy_worker_build_read(c, "decode", &b), FY_OK);
     assert_string_equal(b.draft, "self:1");
     assert_int_equal(b.engine.spec.method, FY_SPEC_DRAFT);
     assert_int_equal(b.runner.kv_mem, 6 << 20);
     assert_int_equal(b.draft_kv_mem, 2 << 20);
-    b.cluster = NULL; /* a private hasher, quietly */
+    b.hash_key_len = 0; /* a private hasher */
     assert_int_equal(fy_engine_stack_create(m, &b, &s), FY_OK);
     assert_non_null(s.draft);
     assert_non_null(s.engine);
@@ -1612,7 +1613,7 @@ static void test_build_from_config(void **state)
         c = config_of((const char *const[]){bad[i].set, NULL});
         fy_engine_build_t keep = {.threads = -7};
         fy_test_log_begin();
-        assert_int_equal(fy_engine_build_read(c, "decode", &keep), FY_ERR_INVALID);
+        assert_int_equal(fy_worker_build_read(c, "decode", &keep), FY_ERR_INVALID);
         fy_test_log_end();
         if (!fy_test_log_has(bad[i].msg, NULL))
             fail_msg("%s: no '%s' in:\n%s", bad[i].set, bad[i].msg, fy_test_log_text());

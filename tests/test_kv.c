@@ -20,6 +20,7 @@
 
 #include "config.h"
 #include "engine_config.h"
+#include "worker_config.h"
 #include "kv.h"
 #include "mem.h"
 #include "testutil.h"
@@ -669,7 +670,7 @@ static void disk_dir_refused(const char *dir, const char *host_mem, const char *
     assert_int_equal(fy_config_set(c, set), FY_OK);
     fy_engine_build_t b;
     fy_test_log_begin();
-    fy_status_t st = fy_engine_build_read(c, "decode", &b);
+    fy_status_t st = fy_worker_build_read(c, "decode", &b);
     fy_test_log_end();
     if (st == FY_OK || !fy_test_log_has("kv.disk_dir", fault, NULL))
         fail_msg("kv.disk_dir = %s: status %s, log: %s", dir, fy_status_str(st), fy_test_log_text());
@@ -711,7 +712,7 @@ static void test_disk_dir_refusals(void **state)
     assert_int_equal(fy_config_set(c, set), FY_OK);
     assert_int_equal(fy_config_set(c, "decode.host_kv_mem=1MiB"), FY_OK);
     fy_engine_build_t b;
-    assert_int_equal(fy_engine_build_read(c, "decode", &b), FY_OK);
+    assert_int_equal(fy_worker_build_read(c, "decode", &b), FY_OK);
     assert_string_equal(b.disk_dir, open_dir);
     fy_config_destroy(c);
 }

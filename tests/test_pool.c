@@ -29,6 +29,7 @@
 
 #include "config.h"
 #include "engine_config.h"
+#include "worker_config.h"
 #include "gguf_writer.h"
 #include "kvplan.h"
 #include "mem.h"
@@ -379,8 +380,8 @@ static fy_status_t worker_stack(fy_model_t *m, const char *ini, fy_engine_stack_
     assert_int_equal(fy_config_create(&c), FY_OK);
     assert_int_equal(fy_config_load_string(c, ini, "pool.ini"), FY_OK);
     fy_engine_build_t b;
-    assert_int_equal(fy_engine_build_read(c, "prefill", &b), FY_OK);
-    b.cluster = NULL; /* a private hasher: no secret file */
+    assert_int_equal(fy_worker_build_read(c, "prefill", &b), FY_OK);
+    b.hash_key_len = 0; /* a private hasher: no secret file */
     fy_status_t st = fy_engine_stack_create(m, &b, s);
     fy_config_destroy(c);
     return st;

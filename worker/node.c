@@ -53,6 +53,7 @@
 #include "spec.h"
 #include "xgroup.h"
 #include "xstage.h"
+#include "worker_config.h"
 
 #define RANK_SYNC_S 1.0       /* a timing report is a command to every rank: not every tick */
 #define METRICS_SYNC_S 0.05   /* figures in /metrics are at most this much older than a tick */
@@ -762,7 +763,7 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
         (st = fy_conf_string(c, sec, "metrics", &metrics_url)) ||
         (st = fy_conf_string(c, "worker", "kv_transfer", &kv_transfer)) ||
         (st = fy_conf_int(c, "worker", "kv_staging_blocks", &staging_blocks)) ||
-        (st = fy_engine_build_read(c, sec, &eb)))
+        (st = fy_worker_build_read(c, sec, &eb)))
         return st;
     /* a rank group's arenas lie in one shared mapping that rank 0's
      * engines register directly (xgroup.h), and groups run on the CPU
@@ -798,7 +799,9 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
      * worker's /health turns 503 for the stall, so that the router hears
      * "out of service" then, not 30 s later while it goes on placing here */
     eb.group_timeout_ms = stall < 0.1 ? 100 : (int32_t)(stall * 1000); /* worker.stall_timeout is at most 1 h */
-    if ((st = fy_engine_stack_create(n->model, &eb, &n->stack))) return st;
+    st = fy_engine_stack_create(n->model, &eb, &n->stack);
+    sodium_memzero(eb.hash_key, sizeof(eb.hash_key)); /* the hasher holds its own copy */
+    if (st) return st;
     n->kvm = n->stack.kvm;
     n->engine = n->stack.engine;
 
