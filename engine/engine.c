@@ -1,6 +1,9 @@
 /*
- * engine.c - continuous batching: queues, admission, the step, preemption,
- * the inter-token-latency guardrail, per-request streaming.
+ * engine.c - continuous batching: the engine's thread, its inbox, submit,
+ * adopt and cancel, the step's loop (plan, forward pass, outputs) and a
+ * request's life to its one terminal event.  The plan is sched.c's, the
+ * outputs output.c's, speculation's part of a step spec_step.c's
+ * (engine_int.h says how they meet).
  *
  * A request's tokens are prompt then generated tokens; n_computed of them
  * have their K/V in the cache.  Each step a running request computes
@@ -11,7 +14,7 @@
  * cached prefix blocks make that cheap) and, having computed all its known
  * tokens, samples exactly the token it would have sampled unpreempted.
  */
-#include "engine.h"
+#include "engine_int.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -25,163 +28,7 @@
 #include "log.h"
 #include "mem.h"
 
-#define OUT_CAP (FY_DETOK_MAX_OUT + FY_STOP_MAX_LEN + 16)
-#define OUTPUT_RING 128
-/* sampled requests whose draft distributions one step can keep (each
- * k_max rows of the vocabulary); greedy ones need none */
-#define SPEC_QSLOTS 8
-/* suffix lookup: a tenant's finished texts it searches at most, and the
- * tokens kept of each (the tail); a search reads them all each step */
-#define SPEC_HIST_MAX 8
-#define SPEC_HIST_TOKENS 2048
-/* forward-pass costs are tracked per token count below this */
-#define COST_N 512
-
-typedef enum rq_state {
-    RQ_INBOX = 0,
-    RQ_WAITING,
-    RQ_RUNNING,
-    RQ_SWAPPED,
-} rq_state_t;
-
-typedef struct request {
-    uint64_t id, seq;
-    int32_t priority;
-    rq_state_t state;
-    fy_event_fn cb;
-    void *cb_arg;
-    /* what to do */
-    fy_sampling_params_t sampling;
-    bool logprobs, ignore_eos, progress;
-    int32_t max_tokens;
-    /* tokens: prompt then generated; n_computed of them are in the cache */
-    int32_t *tokens;
-    int32_t cap, n_prompt, n_total, n_computed, n_generated;
-    int32_t sched; /* tokens scheduled this step */
-    fy_block_table_t bt;
-    fy_kv_resv_t resv;
-    bool looked_up;
-    /* KV budget: its policy, the most blocks a group holds, H2O's scores */
-    fy_evict_params_t evict;
-    int32_t kv_cap;
-    float *scores; /* [blocks of cap tokens] attention mass each block received (H2O) */
-    /* logits processing (logits.h): lp's arrays point at its own copies */
-    fy_logits_params_t lp;
-    bool lp_on;
-    int32_t *bias_ids;
-    float *bias;
-    int32_t *allowed_ids;
-    int32_t stop_ids[FY_LOGITS_MAX_STOP_IDS];
-    int32_t top_logprobs;
-    int32_t bad_lens[FY_LOGITS_MAX_BAD];
-    int32_t bad_ids[FY_LOGITS_MAX_BAD_IDS];
-    /* prompt logprobs: wanted, with this many alternatives; done once
-     * every prompt row has been reported (the prefix cache is skipped
-     * until then) */
-    bool plp, plp_done;
-    int32_t plp_top;
-    bool defer_stops;
-    fy_gmatch_t *gm; /* structured output: the grammar's state after the generated tokens; NULL: none */
-    /* output */
-    fy_rng_t rng;
-    fy_detok_t detok;
-    fy_stopper_t stopper;
-    char out[OUT_CAP];
-    size_t n_out;
-    /* timing */
-    double t_submit, t_sched, t_first, t_last;
-    float *itl;
-    fy_request_timings_t timings;
-    /* speculative decoding: proposals of this step sit at tokens[n_total,
-     * n_total + spec_k), verified after the forward pass */
-    fy_spec_method_t spec; /* FY_SPEC_NONE: off */
-    fy_spec_ctl_t ctl;
-    int32_t spec_k;                 /* tokens proposed this step */
-    int32_t spec_drawn;             /* blocks this step's extra reservation drew from resv */
-    int32_t qslot;                  /* draft distributions' slot (sampled requests with a draft), -1: none */
-    fy_block_table_t dbt;           /* the draft's KV (FY_SPEC_DRAFT) */
-    int32_t d_computed;             /* leading tokens with draft K/V */
-    fy_rng_t drng;                  /* the draft's own draws */
-    fy_spec_est_t est;              /* suffix lookup: how its proposals fare */
-    int32_t spec_match;             /* suffix lookup: this step's matched length */
-    bool spec_own;                  /* suffix lookup: the match is in the request's own text */
-    float spec_gain[FY_SPEC_MAX_K]; /* suffix lookup: P(proposals 0..i all accepted) */
-    struct request *next;           /* inbox and queue links */
-} request_t;
-
-struct fy_engine {
-    fy_runner_t *r;
-    fy_kvm_t *kvm;
-    const fy_tokenizer_t *tok;
-    fy_engine_params_t p;
-    int32_t vocab, max_ctx, block_size, total_blocks;
-    fy_sampler_t *sampler;
-    float *logits;      /* [logit_rows, vocab] */
-    int32_t logit_rows; /* the runner's max_logits */
-    /* speculative decoding */
-    fy_spec_ctl_t wctl;   /* the worker's acceptance and off switch */
-    float *probs;         /* [k_max + 1, vocab] target distributions of one sampled verification */
-    float *qprobs;        /* [SPEC_QSLOTS, k_max, vocab] draft distributions (sampled requests) */
-    float *scratch;       /* [vocab] */
-    fy_spec_hist_t *hist; /* suffix lookup: tenants' recent texts; NULL: none */
-    fy_spec_est_t west;   /* suffix lookup: all requests' outcomes, a new request's prior */
-    fy_logits_scratch_t lscratch;
-    int32_t top_ids[FY_LOGITS_MAX_TOP];
-    float top_lps[FY_LOGITS_MAX_TOP];
-    /* prompt logprobs of one request's rows in a step */
-    float *plp_lps;    /* [logit_rows] */
-    int32_t *plp_rank; /* [logit_rows] */
-    int32_t *plp_ids;  /* [logit_rows, FY_LOGITS_MAX_TOP] */
-    float *plp_tlps;   /* [logit_rows, FY_LOGITS_MAX_TOP] */
-    /* structured outputs: the vocabulary's trie, compiled grammars, a mask */
-    fy_token_trie_t *trie;
-    fy_grammar_cache_t *gcache;
-    uint32_t *gmask;        /* [mask words] */
-    fy_forward_seq_t *dfwd; /* [max_num_seqs] draft batch */
-    request_t **dreq;       /* [max_num_seqs] */
-    int32_t *dk;            /* [max_num_seqs] tokens each wants proposed */
-    double cost[COST_N];    /* seconds of a forward pass of n tokens (moving average) */
-    uint32_t cost_n[COST_N];
-    double dcost;                /* seconds of one draft pass (moving average) */
-    fy_forward_seq_t *fwd;       /* [max_num_seqs] */
-    int32_t *evict_buf;          /* [evict_cap] blocks kv_evict drops */
-    fy_evict_cand_t *evict_cand; /* [evict_cap] its scratch */
-    int32_t evict_cap;
-    request_t **fwd_req; /* [max_num_seqs] */
-    /* queues: the engine thread's */
-    request_t *waiting, *swapped; /* sorted: priority down, then arrival */
-    request_t **running;          /* [max_num_seqs] */
-    int32_t n_running, n_waiting, n_swapped;
-    /* inbox: any thread, under mu */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    request_t *inbox, *inbox_tail;
-    struct post *posts, *posts_tail;
-    bool dying; /* destroy began: no more posts */
-    uint64_t *cancels;
-    int32_t n_cancels, cap_cancels;
-    int32_t queued; /* inbox + waiting, for the overload bound */
-    uint64_t next_id, next_seq;
-    pthread_t thread;
-    bool thread_on, stop;
-    /* guardrail */
-    float *itl_ring;
-    int32_t itl_n, itl_pos, itl_since_change;
-    int32_t prefill_budget;
-    float *itl_scratch;
-    /* output lengths for prediction */
-    int32_t out_ring[OUTPUT_RING];
-    int32_t out_n, out_pos;
-    fy_engine_stats_t st; /* counters; submit-side ones under mu */
-};
-
-typedef struct post {
-    fy_engine_fn fn;
-    void *arg;
-    struct post *next;
-} post_t;
-
-static double now_s(void)
+double eng_now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -237,19 +84,19 @@ static void request_free(request_t *q)
 }
 
 /* ordering of queues and of the running set: priority down, then arrival */
-static bool before(const request_t *a, const request_t *b)
+bool eng_before(const request_t *a, const request_t *b)
 {
     return a->priority > b->priority || (a->priority == b->priority && a->seq < b->seq);
 }
 
-static void list_insert(request_t **head, request_t *q)
+void eng_list_insert(request_t **head, request_t *q)
 {
-    while (*head && before(*head, q)) head = &(*head)->next;
+    while (*head && eng_before(*head, q)) head = &(*head)->next;
     q->next = *head;
     *head = q;
 }
 
-static bool list_remove(request_t **head, request_t *q)
+bool eng_list_remove(request_t **head, request_t *q)
 {
     for (; *head; head = &(*head)->next) {
         if (*head == q) {
@@ -261,7 +108,7 @@ static bool list_remove(request_t **head, request_t *q)
     return false;
 }
 
-static void emit_text(void *arg, const char *text, size_t len)
+void eng_emit_text(void *arg, const char *text, size_t len)
 {
     request_t *q = arg;
     size_t room = sizeof(q->out) - q->n_out;
@@ -286,25 +133,25 @@ static void fill_timings(request_t *q, double t_end)
 
 /* Gives the draft's blocks back; the draft recomputes from the start
  * when the request speculates again. */
-static void draft_drop(fy_engine_t *e, request_t *q)
+void eng_draft_drop(fy_engine_t *e, request_t *q)
 {
     if (q->dbt.blocks) fy_kvm_seq_release(e->p.spec.draft_kvm, &q->dbt);
     q->d_computed = 0;
 }
 
 /* Takes the request out of whichever queue holds it. */
-static void unlink_request(fy_engine_t *e, request_t *q)
+void eng_unlink_request(fy_engine_t *e, request_t *q)
 {
     switch (q->state) {
     case RQ_WAITING:
-        list_remove(&e->waiting, q);
+        eng_list_remove(&e->waiting, q);
         e->n_waiting--;
         pthread_mutex_lock(&e->mu);
         e->queued--;
         pthread_mutex_unlock(&e->mu);
         break;
     case RQ_SWAPPED:
-        list_remove(&e->swapped, q);
+        eng_list_remove(&e->swapped, q);
         e->n_swapped--;
         break;
     case RQ_RUNNING:
@@ -333,18 +180,18 @@ static int32_t kv_kept_tokens(const fy_block_table_t *bt)
 }
 
 /* The one terminal event: the request leaves, its blocks and promise go back. */
-static void end_request(fy_engine_t *e, request_t *q, fy_event_kind_t kind, fy_finish_reason_t reason,
-                        fy_status_t status, const char *message)
+void eng_end_request(fy_engine_t *e, request_t *q, fy_event_kind_t kind, fy_finish_reason_t reason, fy_status_t status,
+                     const char *message)
 {
-    unlink_request(e, q);
+    eng_unlink_request(e, q);
     /* its text is what the tenant's next requests may repeat */
     if (e->hist && kind == FY_EVENT_FINISH && q->spec == FY_SPEC_NGRAM)
         fy_spec_hist_add(e->hist, &q->bt.ns, q->tokens, q->n_total);
     q->timings.n_kv_kept = kv_kept_tokens(&q->bt);
     fy_kvm_seq_release(e->kvm, &q->bt);
     fy_kvm_resv_release(e->kvm, &q->resv);
-    draft_drop(e, q);
-    double t = now_s();
+    eng_draft_drop(e, q);
+    double t = eng_now_s();
     fill_timings(q, t);
     fy_event_t ev = {.kind = kind,
                      .id = q->id,
@@ -358,10 +205,10 @@ static void end_request(fy_engine_t *e, request_t *q, fy_event_kind_t kind, fy_f
         if (reason != FY_FINISH_STOP) {
             char piece[FY_DETOK_MAX_OUT];
             size_t n = fy_detok_flush(&q->detok, piece, sizeof(piece));
-            if (fy_stopper_feed(&q->stopper, piece, n, emit_text, q))
+            if (fy_stopper_feed(&q->stopper, piece, n, eng_emit_text, q))
                 ev.reason = FY_FINISH_STOP;
             else
-                fy_stopper_flush(&q->stopper, emit_text, q);
+                fy_stopper_flush(&q->stopper, eng_emit_text, q);
         }
         ev.text = q->out;
         ev.len = q->n_out;
@@ -377,9 +224,9 @@ static void end_request(fy_engine_t *e, request_t *q, fy_event_kind_t kind, fy_f
     request_free(q);
 }
 
-static void end_error(fy_engine_t *e, request_t *q, fy_status_t status, const char *message)
+void eng_end_error(fy_engine_t *e, request_t *q, fy_status_t status, const char *message)
 {
-    end_request(e, q, FY_EVENT_ERROR, FY_FINISH_NONE, status, message);
+    eng_end_request(e, q, FY_EVENT_ERROR, FY_FINISH_NONE, status, message);
 }
 
 /* ---- creation ------------------------------------------------------------------------------- */
@@ -536,11 +383,11 @@ void fy_engine_destroy(fy_engine_t *e)
         request_t *q = in;
         in = q->next;
         q->next = NULL;
-        end_error(e, q, FY_ERR_CANCELLED, "engine shutting down");
+        eng_end_error(e, q, FY_ERR_CANCELLED, "engine shutting down");
     }
-    while (e->n_running) end_error(e, e->running[e->n_running - 1], FY_ERR_CANCELLED, "engine shutting down");
-    while (e->waiting) end_error(e, e->waiting, FY_ERR_CANCELLED, "engine shutting down");
-    while (e->swapped) end_error(e, e->swapped, FY_ERR_CANCELLED, "engine shutting down");
+    while (e->n_running) eng_end_error(e, e->running[e->n_running - 1], FY_ERR_CANCELLED, "engine shutting down");
+    while (e->waiting) eng_end_error(e, e->waiting, FY_ERR_CANCELLED, "engine shutting down");
+    while (e->swapped) eng_end_error(e, e->swapped, FY_ERR_CANCELLED, "engine shutting down");
     fy_sampler_destroy(e->sampler);
     fy_spec_hist_destroy(e->hist);
     fy_free(e->logits);
@@ -819,7 +666,7 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
     fy_rng_seed(&q->drng, gen->sampling.seed ^ 0x5bd1e9955bd1e995ull);
     fy_detok_init(&q->detok, e->tok, gen->render_special);
     q->stopper.include_stop = gen->include_stop;
-    q->t_submit = now_s();
+    q->t_submit = eng_now_s();
     q->state = RQ_INBOX;
     *st_p = FY_OK;
     return q;
@@ -917,691 +764,13 @@ static void take_inbox(fy_engine_t *e)
         in = q->next;
         q->next = NULL;
         q->state = RQ_WAITING;
-        list_insert(&e->waiting, q);
+        eng_list_insert(&e->waiting, q);
         e->n_waiting++;
     }
     for (int32_t i = 0; i < take; i++) {
         request_t *q = find_request(e, cancels[i]);
-        if (q) end_error(e, q, FY_ERR_CANCELLED, "cancelled");
+        if (q) eng_end_error(e, q, FY_ERR_CANCELLED, "cancelled");
     }
-}
-
-static int cmp_running(const void *a, const void *b)
-{
-    const request_t *x = *(request_t *const *)a, *y = *(request_t *const *)b;
-    return before(x, y) ? -1 : before(y, x) ? 1 : 0;
-}
-
-/* Output tokens admission plans for: max_tokens, or a quantile of recent
- * output lengths when prediction is on (never more than max_tokens). */
-static int32_t planned_output(const fy_engine_t *e, const request_t *q)
-{
-    int32_t left = q->max_tokens - q->n_generated;
-    if (!e->p.predict_output || e->out_n < 8) return left;
-    int32_t s[OUTPUT_RING];
-    memcpy(s, e->out_ring, (size_t)e->out_n * sizeof(int32_t));
-    for (int32_t i = 1; i < e->out_n; i++) /* insertion sort: at most 128 */
-        for (int32_t j = i; j > 0 && s[j - 1] > s[j]; j--) {
-            int32_t t = s[j];
-            s[j] = s[j - 1];
-            s[j - 1] = t;
-        }
-    int32_t k = (int32_t)ceil(e->p.predict_quantile * e->out_n) - 1;
-    int32_t pred = s[k < 0 ? 0 : k] - q->n_generated;
-    if (pred < 1) pred = 1;
-    return pred < left ? pred : left;
-}
-
-/* Blocks a request's promise must cover from here: its known tokens and
- * the output it plans for, less the full blocks it already holds. */
-static int32_t blocks_needed(const fy_engine_t *e, const request_t *q)
-{
-    return fy_kvm_blocks_for_capped(e->kvm, q->n_total, planned_output(e, q), q->n_computed, q->kv_cap);
-}
-
-/* A request past its KV budget drops the blocks its policy does not keep
- * (after a commit: the blocks it names are the full prefix's). */
-static void kv_evict(fy_engine_t *e, request_t *q)
-{
-    if (q->evict.policy == FY_EVICT_NONE) return;
-    int32_t n = fy_evict_choose(&q->evict, &q->bt, q->scores, e->evict_buf, e->evict_cand, e->evict_cap);
-    if (n > 0) (void)fy_kvm_seq_evict(e->kvm, &q->bt, e->evict_buf, n, &q->resv); /* refusal: logged, a bug */
-}
-
-static void preempt(fy_engine_t *e, request_t *q)
-{
-    unlink_request(e, q); /* from running */
-    fy_kvm_resv_release(e->kvm, &q->resv);
-    draft_drop(e, q);
-    q->timings.n_preempted++;
-    if (e->p.preempt == FY_PREEMPT_SWAP && fy_kvm_seq_swap_out(e->kvm, &q->bt) == FY_OK) {
-        q->state = RQ_SWAPPED;
-        list_insert(&e->swapped, q);
-        e->n_swapped++;
-        e->st.preemptions_swap++;
-        return;
-    }
-    /* recompute: the full blocks stay in the prefix cache for the retry */
-    fy_kvm_seq_release(e->kvm, &q->bt);
-    q->n_computed = 0;
-    q->looked_up = false;
-    q->state = RQ_WAITING;
-    list_insert(&e->waiting, q);
-    e->n_waiting++;
-    pthread_mutex_lock(&e->mu);
-    e->queued++;
-    pthread_mutex_unlock(&e->mu);
-    e->st.preemptions_recompute++;
-}
-
-/* Schedules k tokens of running request i, preempting from the end of the
- * running set (lowest priority, latest) until its blocks fit.  Returns
- * false when the request itself left the running set. */
-static bool schedule(fy_engine_t *e, int32_t i, int32_t k)
-{
-    request_t *q = e->running[i];
-    for (;;) {
-        fy_status_t st = fy_kvm_seq_reserve(e->kvm, &q->bt, q->n_computed + k, &q->resv);
-        if (st == FY_OK) break;
-        if (st != FY_ERR_NO_SPACE) { /* a bug, not a shortage: end the request, keep serving */
-            end_error(e, q, st, "kv cache reservation failed");
-            return false;
-        }
-        request_t *victim = e->running[e->n_running - 1];
-        if (victim == q && e->n_running == 1) {
-            /* alone and still out of blocks: it would come back forever */
-            end_error(e, q, FY_ERR_NO_SPACE, "the kv cache cannot hold this request");
-            return false;
-        }
-        preempt(e, victim);
-        if (victim == q) return false;
-    }
-    q->sched = k;
-    if (q->t_sched == 0) q->t_sched = now_s();
-    return true;
-}
-
-/* Swapped-out requests come back first, while their promise fits. */
-static void admit_swapped(fy_engine_t *e)
-{
-    while (e->swapped && e->n_running < e->p.max_num_seqs) {
-        request_t *q = e->swapped;
-        /* a budgeted request's promise is capped as at its admission: its
-         * whole length might never fit again */
-        if (fy_kvm_admit(e->kvm, fy_kvm_blocks_for_capped(e->kvm, q->n_total, planned_output(e, q), 0, q->kv_cap),
-                         &q->resv) != FY_OK)
-            return;
-        if (fy_kvm_seq_swap_in(e->kvm, &q->bt, &q->resv) != FY_OK) {
-            fy_kvm_resv_release(e->kvm, &q->resv);
-            return;
-        }
-        list_remove(&e->swapped, q);
-        e->n_swapped--;
-        q->state = RQ_RUNNING;
-        e->running[e->n_running++] = q;
-    }
-}
-
-/* Whether q's next chunk is prompt rows whose logprobs it reports (every
- * row of the chunk wants logits). */
-static bool plp_rows(const request_t *q) { return q->plp && !q->plp_done && q->n_computed < q->n_prompt; }
-
-/* Admits waiting requests while their promise, a first chunk and its
- * logit rows fit, and schedules that chunk. */
-static void admit_waiting(fy_engine_t *e, int32_t *budget, int32_t *prefill_left, int32_t *rows_left)
-{
-    while (e->waiting && e->n_running<e->p.max_num_seqs && * budget> 0 && *prefill_left > 0 && *rows_left > 0) {
-        request_t *q = e->waiting;
-        if (!q->looked_up) {
-            int32_t hit = 0;
-            /* prompt logprobs need every prompt row's logits: no cached prefix */
-            if ((!q->plp || q->plp_done) && fy_kvm_seq_lookup(e->kvm, &q->bt, q->tokens, q->n_total, &hit) != FY_OK) {
-                end_error(e, q, FY_ERR_INTERNAL, "prefix lookup failed");
-                continue;
-            }
-            q->n_computed = hit;
-            if (q->timings.n_preempted == 0) q->timings.n_cached = hit;
-            q->looked_up = true;
-        }
-        if (fy_kvm_admit(e->kvm, blocks_needed(e, q), &q->resv) != FY_OK) {
-            /* let the prefix go back to the cache while it waits */
-            fy_kvm_seq_release(e->kvm, &q->bt);
-            q->n_computed = 0;
-            q->looked_up = false;
-            return;
-        }
-        list_remove(&e->waiting, q);
-        e->n_waiting--;
-        pthread_mutex_lock(&e->mu);
-        e->queued--;
-        pthread_mutex_unlock(&e->mu);
-        q->state = RQ_RUNNING;
-        e->running[e->n_running++] = q;
-        int32_t k = q->n_total - q->n_computed;
-        if (k > *budget) k = *budget;
-        if (k > 1 && k > *prefill_left) k = *prefill_left;
-        if (plp_rows(q) && k > *rows_left) k = *rows_left;
-        if (schedule(e, e->n_running - 1, k)) {
-            *budget -= k;
-            *rows_left -= plp_rows(q) ? k : 1;
-            if (q->n_total - q->n_computed > 1) *prefill_left -= k;
-        }
-    }
-}
-
-static void guardrail(fy_engine_t *e, float itl)
-{
-    if (e->p.itl_target_s <= 0) return;
-    int32_t w = e->p.itl_window;
-    e->itl_ring[e->itl_pos] = itl;
-    e->itl_pos = (e->itl_pos + 1) % w;
-    if (e->itl_n < w) e->itl_n++;
-    e->itl_since_change++;
-}
-
-static double itl_p95(fy_engine_t *e)
-{
-    if (e->itl_n == 0) return 0.0;
-    memcpy(e->itl_scratch, e->itl_ring, (size_t)e->itl_n * sizeof(float));
-    int32_t n = e->itl_n, k = (int32_t)ceil(0.95 * n) - 1;
-    /* quickselect for the k-th smallest */
-    float *a = e->itl_scratch;
-    int32_t lo = 0, hi = n - 1;
-    while (lo < hi) {
-        float pivot = a[(lo + hi) / 2];
-        int32_t i = lo, j = hi;
-        while (i <= j) {
-            while (a[i] < pivot) i++;
-            while (a[j] > pivot) j--;
-            if (i <= j) {
-                float t = a[i];
-                a[i++] = a[j];
-                a[j--] = t;
-            }
-        }
-        if (k <= j)
-            hi = j;
-        else if (k >= i)
-            lo = i;
-        else
-            break;
-    }
-    return a[k];
-}
-
-/* Halve the prompt tokens a step may take when p95 inter-token latency is
- * over target; give back a sixteenth at a time when it is comfortably
- * under.  Changes wait for a quarter window of fresh samples. */
-static void adjust_budget(fy_engine_t *e)
-{
-    if (e->p.itl_target_s <= 0 || e->itl_since_change < e->p.itl_window / 4) return;
-    double p95 = itl_p95(e);
-    e->st.itl_p95_s = p95;
-    int32_t max = e->p.max_num_batched_tokens, b = e->prefill_budget;
-    if (p95 > e->p.itl_target_s && b > e->p.min_prefill_budget) {
-        b = b / 2 > e->p.min_prefill_budget ? b / 2 : e->p.min_prefill_budget;
-    } else if (p95 < 0.8 * e->p.itl_target_s && b < max) {
-        b += max / 16 > 1 ? max / 16 : 1;
-        if (b > max) b = max;
-    } else {
-        return;
-    }
-    fy_debug("engine: p95 inter-token latency %.1f ms; prompt tokens per step %d -> %d", p95 * 1e3, e->prefill_budget,
-             b);
-    e->prefill_budget = b;
-    e->itl_since_change = 0;
-}
-
-/* Structured output: the tokens q's grammar does not allow next (and any
- * logit past the tokenizer's vocabulary) cannot be drawn from row lg. */
-static fy_status_t grammar_mask(fy_engine_t *e, request_t *q, float *lg)
-{
-    fy_status_t st = fy_gmatch_mask(q->gm, e->trie, e->gmask);
-    if (st != FY_OK) return st;
-    int32_t n = fy_token_trie_n_vocab(e->trie);
-    for (int32_t w = 0; w * 32 < n; w++) {
-        uint32_t m = e->gmask[w];
-        if (m == UINT32_MAX) continue;
-        for (int32_t b = 0; b < 32 && w * 32 + b < n; b++)
-            if (!(m >> b & 1u)) lg[w * 32 + b] = FY_LOGPROB_MIN;
-    }
-    for (int32_t i = n; i < e->vocab; i++) lg[i] = FY_LOGPROB_MIN;
-    return FY_OK;
-}
-
-/* A token was sampled for q: stream it (with n_top alternatives), and
- * end q if it is done (then false: q is gone). */
-static bool on_token_top(fy_engine_t *e, request_t *q, int32_t tok, float logprob, const int32_t *top_ids,
-                         const float *top_lps, int32_t n_top, double t)
-{
-    if (q->t_first == 0) {
-        q->t_first = t;
-    } else {
-        float itl = (float)(t - q->t_last);
-        if (q->timings.n_itl < q->max_tokens) q->itl[q->timings.n_itl++] = itl;
-        guardrail(e, itl);
-    }
-    q->t_last = t;
-    /* structured output: the token moves the grammar on (it was drawn
-     * from its mask; an adopted first token is checked here) */
-    if (q->gm && fy_gmatch_accept_token(q->gm, e->trie, tok) != FY_OK) {
-        end_error(e, q, FY_ERR_INVALID, "a token the structured output does not allow");
-        return false;
-    }
-    if (q->gm && fy_gmatch_is_ended(q->gm) && !q->defer_stops) { /* its end token, whatever ignore_eos says */
-        end_request(e, q, FY_EVENT_FINISH, FY_FINISH_EOS, FY_OK, NULL);
-        return false;
-    }
-    /* min_tokens: nothing ends it earlier (the logits banned the end
-     * tokens; stop strings are not looked for: vLLM's rule) */
-    bool may_stop = q->n_generated >= q->lp.min_tokens;
-    if (!q->ignore_eos && may_stop && fy_tokenizer_is_eog(e->tok, tok)) {
-        end_request(e, q, FY_EVENT_FINISH, FY_FINISH_EOS, FY_OK, NULL);
-        return false;
-    }
-    for (int32_t i = 0; i < q->lp.n_stop_ids && may_stop && !q->defer_stops; i++)
-        if (tok == q->lp.stop_ids[i]) { /* like an end token: not part of the text */
-            end_request(e, q, FY_EVENT_FINISH, FY_FINISH_STOP, FY_OK, NULL);
-            return false;
-        }
-    q->tokens[q->n_total++] = tok;
-    q->n_generated++;
-    e->st.generation_tokens++;
-    char piece[FY_DETOK_MAX_OUT];
-    size_t n = fy_detok_push(&q->detok, tok, piece, sizeof(piece));
-    q->n_out = 0;
-    bool stopped = false;
-    if (may_stop) {
-        stopped = fy_stopper_feed(&q->stopper, piece, n, emit_text, q);
-    } else {
-        fy_stopper_flush(&q->stopper, emit_text, q);
-        emit_text(q, piece, n);
-    }
-    fy_event_t ev = {.kind = FY_EVENT_TOKEN,
-                     .id = q->id,
-                     .token = tok,
-                     .logprob = logprob,
-                     .text = q->out,
-                     .len = q->n_out,
-                     .rng = &q->rng,
-                     .top_ids = top_ids,
-                     .top_logprobs = top_lps,
-                     .n_top = n_top};
-    q->cb(q->cb_arg, &ev);
-    if (stopped)
-        end_request(e, q, FY_EVENT_FINISH, FY_FINISH_STOP, FY_OK, NULL);
-    else if (q->n_generated >= q->max_tokens)
-        end_request(e, q, FY_EVENT_FINISH, FY_FINISH_LENGTH, FY_OK, NULL);
-    else if (q->n_total >= e->max_ctx)
-        end_request(e, q, FY_EVENT_FINISH, FY_FINISH_CONTEXT, FY_OK, NULL);
-    else
-        return true;
-    return false;
-}
-
-static bool on_token(fy_engine_t *e, request_t *q, int32_t tok, float logprob, double t)
-{
-    return on_token_top(e, q, tok, logprob, NULL, NULL, 0, t);
-}
-
-/* ---- speculative decoding ------------------------------------------------------------------------- */
-
-/* Gives back the target blocks reserved for proposals beyond the first m
- * (all of them at m = 0 ... the decode token's stay). */
-static void spec_shrink(fy_engine_t *e, request_t *q, int32_t m)
-{
-    q->spec_drawn -= fy_kvm_seq_rollback(e->kvm, &q->bt, q->n_computed + 1 + m, &q->resv, q->spec_drawn);
-    q->spec_k = m;
-    q->sched = 1 + m;
-    if (q->dbt.blocks) fy_kvm_seq_truncate(e->p.spec.draft_kvm, &q->dbt, q->d_computed);
-}
-
-/* Picks the draft's token from one row of draft logits: its argmax for a
- * greedy request, else a draw from its distribution (kept for the
- * verification in the request's slot). */
-static int32_t draft_pick(fy_engine_t *e, request_t *q, const float *lg, int32_t j)
-{
-    if (q->qslot < 0) return fy_argmax(lg, e->vocab);
-    float *qp = e->qprobs + ((size_t)q->qslot * (size_t)e->p.spec.k_max + (size_t)j) * (size_t)e->vocab;
-    fy_sampler_probs(e->sampler, &q->sampling, lg, qp);
-    double r = fy_rng_uniform(&q->drng), acc = 0.0;
-    int32_t pick = -1;
-    for (int32_t v = 0; v < e->vocab; v++) {
-        if (qp[v] <= 0.0f) continue;
-        pick = v;
-        acc += qp[v];
-        if (r < acc) break;
-    }
-    return pick;
-}
-
-/*
- * Runs the draft model for the n requests in e->dreq, each wanting
- * e->dk[i] tokens: first the tokens its draft KV lacks (the whole text
- * the first time, then what the last verification accepted, in chunks
- * that fit the draft's batch), whose last logits give the first
- * proposal, then one token a pass.  Proposals land at tokens[n_total ..].
- * A request whose draft KV cannot grow, or whose pass fails, proposes
- * nothing.
- */
-static void draft_propose(fy_engine_t *e, int32_t n)
-{
-    fy_runner_t *dr = e->p.spec.draft;
-    fy_kvm_t *dk = e->p.spec.draft_kvm;
-    const fy_runner_params_t *dp = fy_runner_params(dr);
-    int32_t max_k = 0;
-    for (int32_t i = 0; i < n; i++) {
-        request_t *q = e->dreq[i];
-        /* KV for the text, then for proposals 1 .. k-1 */
-        if (!q->dbt.blocks && fy_kvm_seq_init(dk, &q->dbt, q->cap, NULL) != FY_OK) {
-            e->dk[i] = 0;
-            continue;
-        }
-        if (fy_kvm_seq_reserve(dk, &q->dbt, q->n_total + e->dk[i] - 1, NULL) != FY_OK) {
-            draft_drop(e, q); /* the draft pool is full: start over later */
-            e->dk[i] = 0;
-            continue;
-        }
-        if (e->dk[i] > max_k) max_k = e->dk[i];
-    }
-    /* catch up: the first proposal comes from the last known token */
-    for (;;) {
-        int32_t nf = 0, tokens = 0;
-        for (int32_t i = 0; i < n && nf < dp->max_seqs; i++) {
-            request_t *q = e->dreq[i];
-            if (e->dk[i] <= 0 || q->d_computed >= q->n_total) continue;
-            int32_t rem = q->n_total - q->d_computed, take = rem;
-            if (take > dp->max_batch_tokens - tokens) take = dp->max_batch_tokens - tokens;
-            if (take <= 0) break;
-            e->fwd_req[nf] = q;
-            e->dfwd[nf++] = (fy_forward_seq_t){.bt = &q->dbt,
-                                               .tokens = q->tokens + q->d_computed,
-                                               .n_tokens = take,
-                                               .pos = q->d_computed,
-                                               .n_logits = take == rem ? 1 : 0};
-            tokens += take;
-        }
-        if (nf == 0) break;
-        if (fy_runner_forward(dr, e->dfwd, nf, e->logits) != FY_OK) {
-            for (int32_t i = 0; i < n; i++) {
-                if (e->dk[i] > 0) draft_drop(e, e->dreq[i]);
-                e->dk[i] = 0;
-            }
-            return;
-        }
-        int32_t row = 0;
-        for (int32_t f = 0; f < nf; f++) {
-            request_t *q = e->fwd_req[f];
-            q->d_computed += e->dfwd[f].n_tokens;
-            fy_kvm_seq_commit(dk, &q->dbt, q->tokens, q->d_computed, NULL);
-            if (e->dfwd[f].n_logits)
-                q->tokens[q->n_total] = draft_pick(e, q, e->logits + (size_t)row++ * (size_t)e->vocab, 0);
-        }
-    }
-    /* then one token a pass: proposal j feeds proposal j + 1 */
-    for (int32_t j = 1; j < max_k; j++) {
-        int32_t nf = 0;
-        for (int32_t i = 0; i < n; i++) {
-            request_t *q = e->dreq[i];
-            if (e->dk[i] <= j) continue;
-            int32_t pos = q->n_total + j - 1;
-            e->fwd_req[nf] = q;
-            e->dfwd[nf++] =
-                (fy_forward_seq_t){.bt = &q->dbt, .tokens = q->tokens + pos, .n_tokens = 1, .pos = pos, .n_logits = 1};
-        }
-        if (nf == 0) break;
-        double td = now_s();
-        fy_status_t st = fy_runner_forward(dr, e->dfwd, nf, e->logits);
-        td = now_s() - td;
-        e->dcost = e->dcost > 0 ? e->dcost + 0.2 * (td - e->dcost) : td;
-        if (st != FY_OK) {
-            /* keep what was proposed so far */
-            for (int32_t i = 0; i < n; i++)
-                if (e->dk[i] > j) e->dk[i] = j;
-            break;
-        }
-        for (int32_t f = 0; f < nf; f++) {
-            request_t *q = e->fwd_req[f];
-            q->d_computed = q->n_total + j;
-            fy_kvm_seq_commit(dk, &q->dbt, q->tokens, q->d_computed, NULL);
-            q->tokens[q->n_total + j] = draft_pick(e, q, e->logits + (size_t)f * (size_t)e->vocab, j);
-        }
-    }
-}
-
-/* Seconds a forward pass of n tokens takes, from the passes measured so
- * far (moving averages per token count); a count not seen yet is scaled
- * from the nearest one seen by a prior in which each token adds a quarter
- * of a one-token pass (measured at batch 1 on a 2-vCPU Zen 5). */
-static double prior_cost(int32_t n) { return 1.0 + 0.25 * (n - 1); }
-
-static double step_cost(const fy_engine_t *e, int32_t n)
-{
-    if (n < 1) n = 1;
-    if (n < COST_N && e->cost_n[n]) return e->cost[n];
-    int32_t top = n < COST_N ? n : COST_N - 1;
-    for (int32_t a = top; a >= 1; a--)
-        if (e->cost_n[a]) return e->cost[a] * prior_cost(n) / prior_cost(a);
-    for (int32_t b = top; b < COST_N; b++)
-        if (e->cost_n[b]) return e->cost[b] * prior_cost(n) / prior_cost(b);
-    return prior_cost(n) * 1e-3;
-}
-
-static void cost_note(fy_engine_t *e, int32_t n, double s)
-{
-    if (n < 1 || n >= COST_N) return;
-    e->cost[n] = e->cost_n[n] ? e->cost[n] + 0.2 * (s - e->cost[n]) : s;
-    if (e->cost_n[n] < UINT32_MAX) e->cost_n[n]++;
-}
-
-/* The request's proposals come from the suffix lookup (sized by its own
- * confidence), not issue 8's n-gram lookup or a draft. */
-static bool suffix_lookup(const fy_engine_t *e, const request_t *q)
-{
-    return q->spec == FY_SPEC_NGRAM && e->p.spec.lookup == FY_SPEC_LOOKUP_SUFFIX;
-}
-
-/*
- * After scheduling: gives decoding requests that speculate their
- * proposals.  Tokens are handed out one at a time, each to the request
- * most likely to have it accepted (its acceptance rate to the power of
- * its next position), while the expected tokens the step emits per
- * second of its (measured) cost still grow: cheap while a step is
- * bandwidth-bound, not at all once the batch makes it compute-bound, so
- * speculation backs off by itself.  Also bounded by the step's token
- * budget, its logit rows and batch_tokens.  Each request's extra blocks
- * come from its own promise; one that cannot get them just decodes.
- * Never preempts.
- */
-static void spec_plan(fy_engine_t *e, int32_t budget)
-{
-    const fy_spec_params_t *sp = &e->p.spec;
-    for (int32_t i = 0; i < e->n_running; i++) e->running[i]->spec_k = 0;
-    if (fy_spec_ctl_want(&e->wctl) == 0) return; /* the worker's speculation is off for now */
-    double t0 = now_s();
-    int32_t rows = 0, tokens = 0;
-    for (int32_t i = 0; i < e->n_running; i++) {
-        request_t *q = e->running[i];
-        if (q->sched <= 0) continue;
-        tokens += q->sched;
-        rows += plp_rows(q) ? q->sched : q->n_computed + q->sched == q->n_total;
-    }
-    int32_t spare = e->logit_rows - rows;
-    if (spare > budget) spare = budget;
-    if (sp->batch_tokens > 0 && spare > sp->batch_tokens - tokens) spare = sp->batch_tokens - tokens;
-    /* candidates and how many tokens each could take */
-    int32_t nc = 0, slots = 0;
-    for (int32_t i = 0; i < e->n_running && spare > 0 && nc < 64; i++) {
-        request_t *q = e->running[i];
-        if (q->spec == FY_SPEC_NONE || q->sched != 1 || q->n_total - q->n_computed != 1) continue;
-        int32_t k = fy_spec_ctl_want(&q->ctl);
-        if (k > q->max_tokens - q->n_generated - 1) k = q->max_tokens - q->n_generated - 1;
-        if (k > e->max_ctx - q->n_total) k = e->max_ctx - q->n_total;
-        if (k <= 0) continue;
-        if (q->spec == FY_SPEC_NGRAM && sp->lookup == FY_SPEC_LOOKUP_SUFFIX) {
-            /* sized by its own confidence, not the controller's k */
-            fy_spec_text_t src[SPEC_HIST_MAX];
-            float freq[FY_SPEC_MAX_K];
-            int32_t ns = e->hist ? fy_spec_hist_texts(e->hist, &q->bt.ns, src, SPEC_HIST_MAX) : 0;
-            int32_t kk =
-                sp->k_max < q->max_tokens - q->n_generated - 1 ? sp->k_max : q->max_tokens - q->n_generated - 1;
-            if (kk > e->max_ctx - q->n_total) kk = e->max_ctx - q->n_total;
-            k = fy_spec_suffix_propose(q->tokens, q->n_total, src, ns, kk, q->tokens + q->n_total, freq, &q->spec_match,
-                                       &q->spec_own);
-            if (k == 0) continue;
-            fy_spec_est_gains(&q->est, q->spec_match, q->spec_own, freq, k, q->spec_gain);
-        } else if (q->spec == FY_SPEC_NGRAM) {
-            k = fy_spec_ngram_propose(q->tokens, q->n_total, sp->ngram_max, k, q->tokens + q->n_total);
-            if (k == 0) continue;
-        } else {
-            q->qslot = -1;
-            if (!fy_sampling_is_greedy(&q->sampling)) {
-                if (slots == SPEC_QSLOTS) continue;
-                q->qslot = slots++;
-            }
-        }
-        e->dreq[nc] = q;
-        e->dk[nc] = k; /* the most it may take */
-        q->spec_k = 0;
-        nc++;
-    }
-    /* hand out tokens while they pay */
-    double G = rows, g_next[64];
-    int32_t draft_k = 0;
-    double dcost = e->dcost > 0 ? e->dcost : 0.5 * step_cost(e, 1);
-    for (int32_t c = 0; c < nc; c++) {
-        double a = suffix_lookup(e, e->dreq[c]) ? e->dreq[c]->spec_gain[0] : e->dreq[c]->ctl.rate;
-        g_next[c] = a < 0.02 ? 0.02 : a > 0.98 ? 0.98 : a;
-    }
-    for (int32_t T = tokens; spare > 0;) {
-        int32_t best = -1;
-        for (int32_t c = 0; c < nc; c++)
-            if (e->dreq[c]->spec_k < e->dk[c] && (best < 0 || g_next[c] > g_next[best])) best = c;
-        if (best < 0) break;
-        request_t *q = e->dreq[best];
-        bool draft = q->spec == FY_SPEC_DRAFT;
-        double before = step_cost(e, T) + dcost * draft_k;
-        double after = step_cost(e, T + 1) + dcost * (draft && q->spec_k + 1 > draft_k ? q->spec_k + 1 : draft_k);
-        double g = g_next[best];
-        if (sp->cost_aware && (G + g) * before <= G * after) break;
-        q->spec_k++;
-        if (draft && q->spec_k > draft_k) draft_k = q->spec_k;
-        G += g;
-        T++;
-        spare--;
-        if (suffix_lookup(e, q)) {
-            if (q->spec_k < e->dk[best]) g_next[best] = q->spec_gain[q->spec_k];
-        } else {
-            double a = q->ctl.rate < 0.02 ? 0.02 : q->ctl.rate > 0.98 ? 0.98 : q->ctl.rate;
-            g_next[best] *= a;
-        }
-    }
-    /* blocks for the proposals; the draft runs for those that use one */
-    int32_t nd = 0;
-    for (int32_t c = 0; c < nc; c++) {
-        request_t *q = e->dreq[c];
-        int32_t m = q->spec_k;
-        q->spec_k = 0;
-        if (m == 0) continue;
-        int32_t before = q->resv.blocks;
-        if (fy_kvm_seq_reserve(e->kvm, &q->bt, q->n_computed + 1 + m, &q->resv) != FY_OK) continue;
-        q->spec_drawn = before - q->resv.blocks;
-        q->spec_k = m;
-        q->sched = 1 + m;
-        if (q->spec == FY_SPEC_DRAFT) {
-            e->dreq[nd] = q;
-            e->dk[nd++] = m;
-        }
-    }
-    if (nd > 0) {
-        draft_propose(e, nd);
-        for (int32_t i = 0; i < nd; i++)
-            if (e->dk[i] < e->dreq[i]->spec_k) spec_shrink(e, e->dreq[i], e->dk[i]);
-    }
-    e->st.propose_s += now_s() - t0;
-}
-
-/*
- * Verifies q's proposals against the target's k + 1 rows of logits,
- * keeps the K/V of the accepted ones (rolling back the rest in both
- * caches), adapts, and streams the accepted tokens and the one the target
- * gives after them.  Greedy: the proposals are kept while they equal the
- * argmax, so the text is the target's own.  Sampled: rejection sampling,
- * so the text is distributed as the target's.
- */
-static void spec_verify(fy_engine_t *e, request_t *q, const float *lg, double t)
-{
-    int32_t k = q->spec_k, V = e->vocab, base = q->n_total;
-    const int32_t *draft = q->tokens + base;
-    int32_t out[FY_SPEC_MAX_K + 1];
-    float lp[FY_SPEC_MAX_K + 1] = {0};
-    int32_t a = 0;
-    /* structured output: row i is masked in the grammar's state after the
-     * first i proposals; a proposal it does not allow ends the masking
-     * (verification rejects it there: it is out of that row's mask) */
-    if (q->gm) {
-        int32_t taken = 0;
-        for (int32_t i = 0; i <= k; i++) {
-            if (grammar_mask(e, q, e->logits + (lg - e->logits) + (size_t)i * (size_t)V) != FY_OK) {
-                (void)fy_gmatch_rollback(q->gm, taken);
-                end_error(e, q, FY_ERR_INTERNAL, "the structured output's mask failed");
-                return;
-            }
-            if (i == k || fy_gmatch_accept_token(q->gm, e->trie, draft[i]) != FY_OK) break;
-            taken++;
-        }
-        (void)fy_gmatch_rollback(q->gm, taken); /* on_token takes the accepted ones for good */
-    }
-    if (fy_sampling_is_greedy(&q->sampling)) {
-        for (;;) {
-            out[a] = fy_argmax(lg + (size_t)a * (size_t)V, V);
-            if (a == k || out[a] != draft[a]) break;
-            a++;
-        }
-    } else {
-        const float *p[FY_SPEC_MAX_K + 1], *qq[FY_SPEC_MAX_K];
-        for (int32_t i = 0; i <= k; i++) {
-            float *row = e->probs + (size_t)i * (size_t)V;
-            fy_sampler_probs(e->sampler, &q->sampling, lg + (size_t)i * (size_t)V, row);
-            p[i] = row;
-        }
-        for (int32_t i = 0; i < k && q->qslot >= 0; i++)
-            qq[i] = e->qprobs + ((size_t)q->qslot * (size_t)e->p.spec.k_max + (size_t)i) * (size_t)V;
-        a = fy_spec_verify_sampled(p, q->qslot >= 0 ? qq : NULL, draft, k, V, &q->rng, e->scratch, out);
-    }
-    if (q->logprobs)
-        for (int32_t i = 0; i <= a; i++) lp[i] = fy_logprob(lg + (size_t)i * (size_t)V, V, &q->sampling, out[i]);
-    /* K/V stays for the decode token and the accepted proposals */
-    q->n_computed = base + a;
-    q->sched = 0;
-    q->spec_k = 0;
-    fy_kvm_seq_rollback(e->kvm, &q->bt, q->n_computed, &q->resv, q->spec_drawn);
-    q->spec_drawn = 0;
-    fy_kvm_seq_commit(e->kvm, &q->bt, q->tokens, q->n_computed, &q->resv);
-    kv_evict(e, q);
-    if (q->dbt.blocks) {
-        if (q->d_computed > q->n_computed) q->d_computed = q->n_computed;
-        fy_kvm_seq_truncate(e->p.spec.draft_kvm, &q->dbt, q->d_computed);
-    }
-    if (suffix_lookup(e, q)) {
-        fy_spec_est_note(&q->est, q->spec_match, q->spec_own, k, a);
-        fy_spec_est_note(&e->west, q->spec_match, q->spec_own, k, a);
-    }
-    e->st.spec_proposed += (uint64_t)k;
-    e->st.spec_accepted += (uint64_t)a;
-    e->st.spec_steps++;
-    if (fy_spec_ctl_update(&q->ctl, &e->p.spec, k, a)) {
-        e->st.spec_request_offs++;
-        fy_debug("engine: request %llu: acceptance %.2f under %.2f; speculation off for %d steps",
-                 (unsigned long long)q->id, q->ctl.rate, e->p.spec.min_accept, e->p.spec.probe_steps);
-    }
-    if (fy_spec_ctl_update(&e->wctl, &e->p.spec, k, a)) {
-        e->st.spec_worker_offs++;
-        fy_info("engine: acceptance %.2f under %.2f across requests; speculation off for %d steps", e->wctl.rate,
-                e->p.spec.min_accept, e->p.spec.probe_steps);
-    }
-    for (int32_t i = 0; i <= a; i++)
-        if (!on_token(e, q, out[i], lp[i], t)) return;
 }
 
 fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_genspec_t *gen,
@@ -1640,173 +809,37 @@ fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_pro
      * where it ran (a decode worker's placed blocks are within the budget
      * already: nothing goes) */
     if (q->scores && ctx->kv_scores) memcpy(q->scores, ctx->kv_scores, (size_t)q->bt.n_blocks * sizeof(float));
-    kv_evict(e, q);
+    eng_kv_evict(e, q);
     q->state = RQ_RUNNING;
     e->running[e->n_running++] = q;
-    double t = now_s();
+    double t = eng_now_s();
     q->t_sched = t;
     if (id_p) *id_p = q->id;
     int32_t n_top = ctx->n_first_top < q->top_logprobs ? ctx->n_first_top : q->top_logprobs;
-    (void)on_token_top(e, q, first, logprob, ctx->first_top_ids, ctx->first_top_logprobs, n_top, t); /* may end it */
+    (void)eng_on_token_top(e, q, first, logprob, ctx->first_top_ids, ctx->first_top_logprobs, n_top,
+                           t); /* may end it */
     return FY_OK;
-}
-
-/* Reports the prompt logprobs of q's chunk this step: rows [n_rows, vocab]
- * of raw logits, row r the distribution of token n_computed + r + 1 (the
- * prompt's tokens only; a last row past them is the first token's). */
-static void plp_report(fy_engine_t *e, request_t *q, const float *logits, int32_t n_rows)
-{
-    int32_t first = q->n_computed + 1, n = q->n_prompt - first;
-    if (n > n_rows) n = n_rows;
-    int32_t k = q->plp_top;
-    for (int32_t r = 0; r < n; r++) {
-        const float *lg = logits + (size_t)r * (size_t)e->vocab;
-        e->plp_lps[r] =
-            fy_logits_token_logprob(lg, e->vocab, q->tokens[first + r], k, e->plp_ids + (size_t)r * (size_t)k,
-                                    e->plp_tlps + (size_t)r * (size_t)k, &e->plp_rank[r]);
-    }
-    if (first + n >= q->n_prompt) q->plp_done = true;
-    if (n < 1) return;
-    fy_event_t ev = {.kind = FY_EVENT_PROMPT_LOGPROBS,
-                     .id = q->id,
-                     .token = -1,
-                     .first = first,
-                     .n_rows = n,
-                     .prompt_lps = e->plp_lps,
-                     .prompt_rank = e->plp_rank,
-                     .top_ids = e->plp_ids,
-                     .top_logprobs = e->plp_tlps,
-                     .n_top = k,
-                     .n_prompt = q->n_prompt};
-    q->cb(q->cb_arg, &ev);
 }
 
 fy_status_t fy_engine_step(fy_engine_t *e)
 {
     run_posts(e);
     take_inbox(e);
-    admit_swapped(e);
-    qsort(e->running, (size_t)e->n_running, sizeof(request_t *), cmp_running);
-    int32_t budget = e->p.max_num_batched_tokens, prefill_left = e->prefill_budget;
-    /* logit rows: one for each request scheduled (at most max_num_seqs,
-     * which the runner's rows cover), a chunk's worth for prompt logprobs,
-     * which take only rows no later running request could need */
-    int32_t rows_left = e->logit_rows;
-    /* running requests in priority order; a token for every decoding
-     * request is set aside before prompt chunks take the rest */
-    int32_t decodes = 0;
-    for (int32_t i = 0; i < e->n_running; i++) {
-        e->running[i]->sched = 0;
-        decodes += e->running[i]->n_total - e->running[i]->n_computed == 1;
-    }
-    for (int32_t i = 0; i < e->n_running; i++) {
-        request_t *q = e->running[i];
-        int32_t k = q->n_total - q->n_computed;
-        bool decode = k == 1;
-        if (decode) {
-            decodes--;
-        } else {
-            if (k > budget - decodes) k = budget - decodes;
-            if (k > prefill_left) k = prefill_left;
-            if (plp_rows(q) && k > rows_left - (e->n_running - i - 1)) k = rows_left - (e->n_running - i - 1);
-        }
-        if (k <= 0) continue;
-        if (!schedule(e, i, k)) {
-            /* q left the running set: preempted (it was the last) or failed */
-            if (i < e->n_running && e->running[i] != q) i--;
-            continue;
-        }
-        rows_left -= plp_rows(q) ? k : 1;
-        budget -= k;
-        if (!decode) prefill_left -= k;
-    }
-    admit_waiting(e, &budget, &prefill_left, &rows_left);
-    spec_plan(e, budget);
-
-    int32_t n = 0;
-    for (int32_t i = 0; i < e->n_running; i++) {
-        request_t *q = e->running[i];
-        if (q->sched <= 0) continue;
-        e->fwd_req[n] = q;
-        e->fwd[n] = (fy_forward_seq_t){
-            .bt = &q->bt,
-            .tokens = q->tokens + q->n_computed,
-            .n_tokens = q->sched,
-            .pos = q->n_computed,
-            .n_logits = q->spec_k > 0                            ? q->spec_k + 1
-                        : plp_rows(q)                            ? q->sched
-                        : q->n_computed + q->sched == q->n_total ? 1
-                                                                 : 0,
-            .scores = q->scores,
-        };
-        n++;
-    }
+    int32_t n = eng_plan(e); /* sched.c */
     if (n == 0) return FY_OK;
     e->st.steps++;
     int32_t n_tok = 0;
     for (int32_t i = 0; i < n; i++) n_tok += e->fwd[i].n_tokens;
     e->st.forward_tokens += (uint64_t)n_tok;
-    double t_fwd = now_s();
+    double t_fwd = eng_now_s();
     fy_status_t st = fy_runner_forward(e->r, e->fwd, n, e->logits);
-    cost_note(e, n_tok, now_s() - t_fwd);
+    eng_cost_note(e, n_tok, eng_now_s() - t_fwd);
     if (st != FY_OK) { /* logged; the requests in this batch end, the engine keeps serving */
-        for (int32_t i = 0; i < n; i++) end_error(e, e->fwd_req[i], st, "forward pass failed");
+        for (int32_t i = 0; i < n; i++) eng_end_error(e, e->fwd_req[i], st, "forward pass failed");
         return st;
     }
-    double t = now_s();
-    int32_t row = 0;
-    for (int32_t i = 0; i < n; i++) {
-        request_t *q = e->fwd_req[i];
-        if (q->spec_k > 0) {
-            const float *lg = e->logits + (size_t)row * (size_t)e->vocab;
-            row += q->spec_k + 1;
-            spec_verify(e, q, lg, t); /* may end it */
-            continue;
-        }
-        int32_t before = q->n_computed, n_rows = e->fwd[i].n_logits;
-        if (plp_rows(q)) {
-            plp_report(e, q, e->logits + (size_t)row * (size_t)e->vocab, n_rows);
-            row += n_rows - 1; /* the last row: the first token's, when the chunk ends the prompt */
-        }
-        q->n_computed += q->sched;
-        q->sched = 0;
-        if (before < q->n_prompt)
-            e->st.computed_prompt_tokens +=
-                (uint64_t)((q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt) - before);
-        fy_kvm_seq_commit(e->kvm, &q->bt, q->tokens, q->n_computed, &q->resv);
-        kv_evict(e, q);
-        if (q->progress && before < q->n_prompt) {
-            fy_event_t ev = {.kind = FY_EVENT_PROGRESS,
-                             .id = q->id,
-                             .token = -1,
-                             .bt = &q->bt,
-                             .n_computed = q->n_computed,
-                             .n_prompt = q->n_prompt,
-                             .kv_scores = q->scores};
-            q->cb(q->cb_arg, &ev);
-        }
-        if (n_rows == 0) continue;
-        if (q->n_computed < q->n_total) { /* a prompt-logprobs chunk short of the prompt's end */
-            row++;
-            continue;
-        }
-        float *lg = e->logits + (size_t)row++ * (size_t)e->vocab;
-        if (q->lp_on)
-            fy_logits_apply(&q->lp, &e->lscratch, q->tokens, q->n_prompt, q->n_total, e->trie->eog, e->trie->n_eog, lg);
-        if (q->gm && grammar_mask(e, q, lg) != FY_OK) {
-            end_error(e, q, FY_ERR_INTERNAL, "the structured output's mask failed");
-            continue;
-        }
-        float lp = 0.0f;
-        int32_t tok = fy_sampler_sample(e->sampler, &q->sampling, &q->rng, lg, q->logprobs ? &lp : NULL);
-        int32_t n_top =
-            q->top_logprobs
-                ? fy_logits_top(lg, e->vocab, fy_sampling_is_greedy(&q->sampling) ? 1.0f : q->sampling.temperature,
-                                q->top_logprobs, e->top_ids, e->top_lps)
-                : 0;
-        (void)on_token_top(e, q, tok, lp, e->top_ids, e->top_lps, n_top, t);
-    }
-    adjust_budget(e);
+    eng_outputs(e, n, eng_now_s()); /* output.c */
+    eng_adjust_budget(e);
     return FY_OK;
 }
 
@@ -1831,7 +864,7 @@ static void deadline_in(struct timespec *ts, double s)
 static void *engine_main(void *p)
 {
     fy_engine_t *e = p;
-    double last_tick = now_s();
+    double last_tick = eng_now_s();
     for (;;) {
         pthread_mutex_lock(&e->mu);
         while (!e->stop && !e->inbox && !e->n_cancels && !e->posts && !e->n_running && !e->n_waiting && !e->n_swapped) {
@@ -1839,7 +872,7 @@ static void *engine_main(void *p)
                 pthread_cond_wait(&e->cv, &e->mu);
                 continue;
             }
-            double left = last_tick + e->p.tick_s - now_s();
+            double left = last_tick + e->p.tick_s - eng_now_s();
             if (left <= 0) break;
             struct timespec ts;
             deadline_in(&ts, left);
@@ -1852,7 +885,7 @@ static void *engine_main(void *p)
         fy_engine_step(e);
         if (e->p.tick_fn) {
             e->p.tick_fn(e->p.tick_arg);
-            last_tick = now_s();
+            last_tick = eng_now_s();
         }
         /* waiting requests that cannot be admitted yet, with nothing
          * running to free blocks: sleep until something is handed in */
