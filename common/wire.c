@@ -210,6 +210,12 @@ struct fy_wire_schema {
         .name = nm, .kind = K_BYTES, .need = nd, .put = pt, .off = OFF(T, m), .aux = OFF(T, n),                        \
         .cap = (int64_t)MSIZE(T, m) - 1                                                                                \
     }
+/* an inline int32 array written with countf(m) entries (no count of its own; optional, when not zero) */
+#define I32S_DERIVED(T, nm, m, fn, lo, hi)                                                                             \
+    {                                                                                                                  \
+        .name = nm, .kind = K_I32S, .need = FY_OPT, .put = P_NONZERO, .off = OFF(T, m), .ilo = lo, .ihi = hi,          \
+        .cap = (int64_t)(MSIZE(T, m) / sizeof(int32_t)), .inl = true, .countf = fn                                     \
+    }
 #define F32S_IN(T, nm, m, n, nd, pt)                                                                                   \
     {                                                                                                                  \
         .name = nm, .kind = K_F32S, .need = nd, .put = pt, .off = OFF(T, m), .aux = OFF(T, n),                         \
@@ -239,14 +245,7 @@ static const field_t GENSPEC[] = {
     F32(T, "top_p", sampling.top_p, FY_OPT, P_ALWAYS, FY_GEN_TOP_P_MIN, 1),
     F32(T, "min_p", sampling.min_p, FY_OPT, P_ALWAYS, 0, 1),
     U64(T, "seed", sampling.seed, FY_OPT, P_ALWAYS, 0, UINT64_MAX),
-    {.name = "max_tokens",
-     .kind = K_I32,
-     .need = FY_OPT,
-     .put = P_ALWAYS,
-     .off = OFF(T, max_tokens),
-     .ilo = 1,
-     .ihi = INT32_MAX,
-     .lim = L_CTX},
+    I32_LIM(T, "max_tokens", max_tokens, FY_OPT, P_ALWAYS, 1, INT32_MAX, L_CTX),
     STRS_IN(T, "stop", stop, n_stop, FY_OPT, P_NONZERO),
     BOOL(T, "ignore_eos", ignore_eos, FY_OPT, P_NONZERO),
     BOOL(T, "logprobs", logprobs, FY_OPT, P_NONZERO),
@@ -268,16 +267,7 @@ static const field_t GENSPEC[] = {
     I32(T, "prompt_logprobs", prompt_top, FY_OPT, WHEN(T, prompt_logprobs), 0, FY_GEN_MAX_PROMPT_LOGPROBS),
     /* the ids are the sequences one after another (genspec_check) */
     I32S_IN(T, "bad_words_lens", bad_lens, n_bad, FY_OPT, P_NONZERO, 1, FY_GEN_BAD_SEQ_MAX),
-    {.name = "bad_words_ids",
-     .kind = K_I32S,
-     .need = FY_OPT,
-     .put = P_NONZERO,
-     .off = OFF(T, bad_ids),
-     .ilo = 0,
-     .ihi = INT32_MAX,
-     .cap = FY_GEN_MAX_BAD_TOKENS,
-     .inl = true,
-     .countf = bad_ids_count},
+    I32S_DERIVED(T, "bad_words_ids", bad_ids, bad_ids_count, 0, INT32_MAX),
     I32S_IN(T, "allowed_token_ids", allowed_ids, n_allowed, FY_OPT, P_NONZERO, 0, INT32_MAX),
     BOOL(T, "include_stop", include_stop, FY_OPT, P_NONZERO),
     BOOL(T, "render_special", render_special, FY_OPT, P_NONZERO),

@@ -188,7 +188,8 @@ bool eng_before(const request_t *a, const request_t *b);
 void eng_draft_drop(fy_engine_t *e, request_t *q);
 void eng_emit_text(void *arg, const char *text, size_t len);
 void eng_end_error(fy_engine_t *e, request_t *q, fy_status_t status, const char *message);
-void eng_end_request(fy_engine_t *e, request_t *q, fy_event_kind_t kind, fy_finish_reason_t reason, fy_status_t status, const char *message);
+void eng_end_request(fy_engine_t *e, request_t *q, fy_event_kind_t kind, fy_finish_reason_t reason, fy_status_t status,
+                     const char *message);
 void eng_list_insert(request_t **head, request_t *q);
 bool eng_list_remove(request_t **head, request_t *q);
 double eng_now_s(void);
@@ -209,7 +210,8 @@ void eng_spec_verify(fy_engine_t *e, request_t *q, const float *lg, double t);
 /* output.c */
 fy_status_t eng_grammar_mask(fy_engine_t *e, request_t *q, float *lg);
 bool eng_on_token(fy_engine_t *e, request_t *q, int32_t tok, float logprob, double t);
-bool eng_on_token_top(fy_engine_t *e, request_t *q, int32_t tok, float logprob, const int32_t *top_ids, const float *top_lps, int32_t n_top, double t);
+bool eng_on_token_top(fy_engine_t *e, request_t *q, int32_t tok, float logprob, const int32_t *top_ids,
+                      const float *top_lps, int32_t n_top, double t);
 void eng_outputs(fy_engine_t *e, int32_t n, double t);
 
 #endif /* FY_ENGINE_INT_H */

@@ -32,7 +32,7 @@ fy_status_t eng_grammar_mask(fy_engine_t *e, request_t *q, float *lg)
 /* A token was sampled for q: stream it (with n_top alternatives), and
  * end q if it is done (then false: q is gone). */
 bool eng_on_token_top(fy_engine_t *e, request_t *q, int32_t tok, float logprob, const int32_t *top_ids,
-                         const float *top_lps, int32_t n_top, double t)
+                      const float *top_lps, int32_t n_top, double t)
 {
     if (q->t_first == 0) {
         q->t_first = t;
@@ -133,7 +133,6 @@ static void plp_report(fy_engine_t *e, request_t *q, const float *logits, int32_
                      .n_prompt = q->n_prompt};
     q->cb(q->cb_arg, &ev);
 }
-
 
 /* After the forward pass: every planned request's rows of e->logits
  * become its tokens and events (verification, prompt logprobs, KV commit

@@ -238,7 +238,6 @@ void eng_adjust_budget(fy_engine_t *e)
     e->itl_since_change = 0;
 }
 
-
 /* The step's plan: takes swapped and waiting requests in, sets every
  * running request's tokens this step (decodes first, then prompt chunks
  * within the budgets, proposals last) and writes the batch the runner
@@ -294,7 +293,7 @@ int32_t eng_plan(fy_engine_t *e)
             .n_tokens = q->sched,
             .pos = q->n_computed,
             .n_logits = q->spec_k > 0                            ? q->spec_k + 1
-                        : eng_plp_rows(q)                            ? q->sched
+                        : eng_plp_rows(q)                        ? q->sched
                         : q->n_computed + q->sched == q->n_total ? 1
                                                                  : 0,
             .scores = q->scores,

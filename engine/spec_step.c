@@ -370,4 +370,3 @@ void eng_spec_verify(fy_engine_t *e, request_t *q, const float *lg, double t)
     for (int32_t i = 0; i <= a; i++)
         if (!eng_on_token(e, q, out[i], lp[i], t)) return;
 }
-

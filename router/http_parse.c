@@ -91,6 +91,28 @@ static void bool_field(parsed_t *p, json_t *o, const char *name, bool *out)
 
 typedef fy_http_gen_t gen_req_t;
 
+/* An array of lo to hi token ids below vocab into out[*n_p] (absent or null: untouched). */
+static void token_ids_field(parsed_t *p, json_t *o, const char *name, size_t lo, size_t hi, int32_t vocab, int32_t *out,
+                            int32_t *n_p)
+{
+    json_t *a = json_object_get(o, name);
+    if (!a || json_is_null(a) || p->status) return;
+    if (!json_is_array(a) || json_array_size(a) < lo || json_array_size(a) > hi) {
+        bad(p, 400, name, "'%s' must be an array of %zu to %zu token ids", name, lo, hi);
+        return;
+    }
+    size_t i;
+    json_t *v;
+    json_array_foreach(a, i, v)
+    {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab) {
+            bad(p, 400, name, "'%s' entry %zu is not a token id (0 to %d)", name, i, vocab - 1);
+            return;
+        }
+        out[(*n_p)++] = (int32_t)json_integer_value(v);
+    }
+}
+
 /* The logits processing fields (vLLM's and OpenAI's names): penalties,
  * logit_bias ({"token id": bias}), stop_token_ids. */
 static void logits_fields(const fy_http_front_t *H, parsed_t *p, json_t *o, fy_genspec_t *g)
@@ -132,44 +154,9 @@ static void logits_fields(const fy_http_front_t *H, parsed_t *p, json_t *o, fy_g
             }
         }
     }
-    json_t *si = json_object_get(o, "stop_token_ids");
-    if (si && !json_is_null(si)) {
-        if (!json_is_array(si) || json_array_size(si) > FY_GEN_MAX_STOP_IDS) {
-            bad(p, 400, "stop_token_ids", "'stop_token_ids' must be an array of at most %d token ids",
-                FY_GEN_MAX_STOP_IDS);
-            return;
-        }
-        size_t i;
-        json_t *v;
-        json_array_foreach(si, i, v)
-        {
-            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab) {
-                bad(p, 400, "stop_token_ids", "'stop_token_ids' entry %zu is not a token id (0 to %d)", i, vocab - 1);
-                return;
-            }
-            g->stop_ids[g->n_stop_ids++] = (int32_t)json_integer_value(v);
-        }
-    }
+    token_ids_field(p, o, "stop_token_ids", 0, FY_GEN_MAX_STOP_IDS, vocab, g->stop_ids, &g->n_stop_ids);
     /* allowed_token_ids (vLLM's): the only tokens the answer may hold */
-    json_t *al = json_object_get(o, "allowed_token_ids");
-    if (al && !json_is_null(al)) {
-        if (!json_is_array(al) || json_array_size(al) < 1 || json_array_size(al) > FY_GEN_MAX_ALLOWED_IDS) {
-            bad(p, 400, "allowed_token_ids", "'allowed_token_ids' must be an array of 1 to %d token ids",
-                FY_GEN_MAX_ALLOWED_IDS);
-            return;
-        }
-        size_t i;
-        json_t *v;
-        json_array_foreach(al, i, v)
-        {
-            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab) {
-                bad(p, 400, "allowed_token_ids", "'allowed_token_ids' entry %zu is not a token id (0 to %d)", i,
-                    vocab - 1);
-                return;
-            }
-            g->allowed_ids[g->n_allowed++] = (int32_t)json_integer_value(v);
-        }
-    }
+    token_ids_field(p, o, "allowed_token_ids", 1, FY_GEN_MAX_ALLOWED_IDS, vocab, g->allowed_ids, &g->n_allowed);
 }
 
 /* "model": absent, null, the served name or the model's id; else 404. */

@@ -178,4 +178,3 @@ fy_status_t fy_worker_build_read(const fy_config_t *c, const char *role, fy_engi
     sodium_memzero(&b, sizeof(b));
     return FY_OK;
 }
-
