@@ -30,6 +30,7 @@
 #include "cluster_util.h"
 #include "envelope.h"
 #include "mem.h"
+#include "metrics.h"
 #include "msg.h"
 #include "rpc.h"
 #include "testutil.h"
@@ -240,15 +241,22 @@ static const char *busy_prefill(tc_cluster_t *c)
     return NULL;
 }
 
+static double worker_metric(tc_cluster_t *c, int k, const char *series);
+
 /* Waits (up to 30 s) for a prefill worker to be busy with a job, lets it
- * ship part of it, and kills it; its name into killed. */
+ * ship part of it (its /metrics count KV bytes put: the cluster serves
+ * metrics), and kills it; its name into killed. */
 static void kill_busy_prefill(tc_cluster_t *c, char *killed, size_t cap)
 {
     const char *victim = NULL;
     double t0 = tc_now();
     while (!(victim = busy_prefill(c)) && tc_now() - t0 < 30) usleep(20000);
     assert_non_null(victim);
-    usleep(300000);
+    int k = -1;
+    assert_int_equal(sscanf(victim, "prefill-%d", &k), 1);
+    assert_true(k >= 0 && k < c->n_prefill && c->metrics_port[k] > 0);
+    for (t0 = tc_now(); worker_metric(c, k, "ferry:kv_transfer_bytes_total") <= 0; usleep(20000))
+        if (tc_now() - t0 > 30) fail_msg("%s shipped nothing of its job within 30 s", victim);
     snprintf(killed, cap, "%s", victim);
     tc_kill(c, killed);
 }
@@ -262,7 +270,8 @@ static void test_prefill_killed_mid_transfer(void **state)
     static tc_result_t ref, got;
     tc_reference(tc_model(), &pp, &len, &mt, 1, &ref);
     tc_cluster_t c;
-    tc_opts_t o = {.n_prefill = 2, .n_decode = 1, .common = {"decode.kv_mem=96MiB", "prefill.kv_mem=96MiB"}};
+    tc_opts_t o = {
+        .n_prefill = 2, .n_decode = 1, .common = {"decode.kv_mem=96MiB", "prefill.kv_mem=96MiB"}, .metrics = true};
     tc_start(&c, &o);
     char names[8][64];
     int32_t adm[8];
@@ -674,11 +683,23 @@ static void send_raw_unix(const char *url, const void *buf, size_t len)
     close(fd);
 }
 
+/* What listener u of test_garbage_everywhere counted as bad so far: the
+ * router's bad and refused events (0), a worker's bad commands (1, 2). */
+static double bad_count(tc_cluster_t *c, int u)
+{
+    if (u) return worker_metric(c, u - 1, "ferry:bad_commands_total");
+    fy_client_status_t st;
+    tc_status(c, &st);
+    double n = (double)st.bad_events;
+    for (int f = 1; f < FY_ENV_N_FAULTS; f++) n += (double)st.refused_messages[f];
+    return n;
+}
+
 static void test_garbage_everywhere(void **state)
 {
     if (!tc_available()) skip();
     tc_cluster_t c;
-    tc_opts_t o = {.n_prefill = 1, .n_decode = 1};
+    tc_opts_t o = {.n_prefill = 1, .n_decode = 1, .metrics = true};
     tc_start(&c, &o);
     char names[8][64];
     int32_t adm[8];
@@ -741,6 +762,7 @@ static void test_garbage_everywhere(void **state)
         fy_env_peer_t to[3] = {
             {FY_ROLE_ROUTER, "router", 0}, {FY_ROLE_PREFILL, "prefill-0", 0}, {FY_ROLE_DECODE, "decode-0", 0}};
         assert_int_equal(fy_push_create(urls[u], 256, u ? &router_auth : &worker_auth, &to[u], &p), FY_OK);
+        double bad0 = bad_count(&c, u);
         for (int k = 0; k < 100; k++) {
             size_t n = 1 + fy_test_rand_u64(&seed) % sizeof(junk);
             for (size_t i = 0; i < n; i++) junk[i] = (unsigned char)fy_test_rand_u64(&seed);
@@ -754,7 +776,9 @@ static void test_garbage_everywhere(void **state)
         int32_t bad[3] = {1, -5, 2};
         fy_msgw_i32s(&w, "tokens", bad, 3);
         fy_push_msgw(p, &w);
-        usleep(200000); /* nng delivers after connecting */
+        /* nng delivers after connecting: all 101 counted before the socket closes */
+        for (double t0 = tc_now(); bad_count(&c, u) < bad0 + 101; usleep(20000))
+            if (tc_now() - t0 > 20) fail_msg("%s counted %.0f of 101 bad messages", urls[u], bad_count(&c, u) - bad0);
         fy_push_destroy(p);
     }
     /* 3. bytes that are not even nng, on every listener */
@@ -1048,10 +1072,25 @@ static void test_ranks_between_shapes(void **state)
             int32_t total = 0;
             for (int i = 0; i < st.n_workers; i++)
                 if (!strcmp(st.workers[i].name, "decode-0")) total = st.workers[i].total_blocks;
-            usleep(1300 * 1000); /* a timing report (every second) after the work */
-            char *text = NULL;
-            assert_int_equal(tc_http(c.metrics_port[1], "GET", "/metrics", &text), 200);
             const double rank_block = 2.0 * 30 * 1 * 16 * 64 * 2; /* K and V, 30 layers, 1 head, f16 */
+            /* the ranks report their timings every second: until every rank's are in (10 s) */
+            char *text = NULL;
+            for (double t0 = tc_now();; usleep(50000)) {
+                assert_int_equal(tc_http(c.metrics_port[1], "GET", "/metrics", &text), 200);
+                bool all = true;
+                for (int r = 0; r < 3; r++) {
+                    char series[128];
+                    double v = 0;
+                    snprintf(series, sizeof(series), "ferry:rank_kv_bytes{rank=\"%d\"}", r);
+                    all &= fy_metrics_sample(text, series, &v) == FY_OK && v == total * rank_block;
+                    snprintf(series, sizeof(series), "ferry:rank_seconds_total{rank=\"%d\",phase=\"compute\"}", r);
+                    all &= fy_metrics_sample(text, series, &v) == FY_OK && v > 0;
+                    snprintf(series, sizeof(series), "ferry:rank_seconds_total{rank=\"%d\",phase=\"collective\"}", r);
+                    all &= fy_metrics_sample(text, series, &v) == FY_OK && v > 0;
+                }
+                if (all || tc_now() - t0 > 10) break;
+                fy_free(text);
+            }
             for (int r = 0; r < 3; r++) {
                 char series[128];
                 snprintf(series, sizeof(series), "ferry:rank_kv_bytes{rank=\"%d\"}", r);

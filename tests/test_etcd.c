@@ -538,7 +538,12 @@ static void test_membership_attacks(void **state)
     pn.self.inc = 0x2000;
     fy_membership_t *mn;
     assert_int_equal(fy_membership_start(&pn, &mn), FY_OK);
-    usleep(500000);
+    for (double t1 = tc_now();; usleep(10000)) { /* its record written: the old w0 sees it from now on */
+        fy_member_t cur;
+        value_of(ec, wk, mine, sizeof(mine));
+        if (!fy_member_read(mine, strlen(mine), &cur, err, sizeof(err)) && cur.inc == 0x2000) break;
+        if (tc_now() - t1 > 5) fail_msg("the second w0's record was not written within 5 s");
+    }
     int theirs = 0, samples = 0;
     for (double t1 = tc_now(); tc_now() - t1 < 1.0; samples++) {
         fy_member_t cur;
@@ -973,7 +978,7 @@ static void test_two_routers(void **state)
         got += u.n_tokens;
     }
     assert_int_equal(kill(r1pid, SIGSTOP), 0);
-    usleep(4000000);
+    usleep(4000000); /* a fixed time: the stop must outlast router.health_timeout and the lease (2 s each) */
     assert_int_equal(kill(r1pid, SIGCONT), 0);
     collect_on(&c, c1, &s, &r, 1, 60);
     {
@@ -1075,8 +1080,11 @@ static void test_tls(void **state)
                      fy_status_str(wr), fy_status_str(del));
         fy_etcd_destroy(c);
     }
-    /* and nothing of theirs landed: both records are still there, signed */
-    usleep(300000);
+    /* and nothing of theirs landed: both records are still there, signed,
+     * in lists both threads made after those attempts */
+    int rr = seen_rounds(&sr), rw = seen_rounds(&sw);
+    for (double t1 = tc_now(); seen_rounds(&sr) < rr + 2 || seen_rounds(&sw) < rw + 2; usleep(10000))
+        if (tc_now() - t1 > 5) fail_msg("the membership threads did not list again within 5 s");
     assert_true(seen_has(&sr, "w0"));
     assert_true(seen_has(&sw, "r0"));
     assert_int_equal(fy_membership_refused(mr), 0);

@@ -1201,7 +1201,7 @@ static void test_slow_and_departing_clients(void **state)
     assert_int_equal(r.status, 200);
     free(r.body);
     /* and is answered once it finishes, a second later */
-    sleep(1);
+    sleep(1); /* a fixed time: the slow client's pause is what the test is about */
     char rest[256];
     const char *body = "{\"prompt\":\"Hi\",\"max_tokens\":2}";
     int n = snprintf(rest, sizeof(rest), "Authorization: Bearer %s\r\nContent-Length: %zu\r\n\r\n%s", KEY_A,
@@ -1409,6 +1409,20 @@ static void test_router_metrics(void **state)
 
 /* ---- overload: 503 with Retry-After, and the router keeps serving ---- */
 
+/* Waits (up to 10 s) until the router of c holds requests requests,
+ * queued of them in its queue (the rest placed on workers). */
+static void wait_router_queue(tc_cluster_t *c, int32_t requests, int32_t queued)
+{
+    fy_client_status_t st;
+    double t0 = tc_now();
+    for (tc_status(c, &st); st.requests != requests || st.queued != queued; tc_status(c, &st)) {
+        if (tc_now() - t0 > 10)
+            fail_msg("the router holds %d requests, %d queued; waited for %d, %d queued", st.requests, st.queued,
+                     requests, queued);
+        usleep(10000);
+    }
+}
+
 static void test_overload_503(void **state)
 {
     (void)state;
@@ -1428,9 +1442,9 @@ static void test_overload_503(void **state)
     char *body = token_prompt_json(1500, 9, ",\"max_tokens\":4");
     int s1 = dial(), s2 = dial();
     send_request(s1, "POST", "/v1/completions", NULL, "application/json", body, strlen(body)); /* prefilling */
-    usleep(200000);
+    wait_router_queue(&c2, 1, 0);
     send_request(s2, "POST", "/v1/completions", NULL, "application/json", body, strlen(body)); /* queued */
-    usleep(200000);
+    wait_router_queue(&c2, 2, 1);
     resp_t r = call("POST", "/v1/completions", NULL, body); /* refused */
     expect_error(&r, 503, NULL, "overloaded");
     assert_non_null(strcasestr(r.head, "Retry-After: 3"));

@@ -595,7 +595,11 @@ static void test_large_prompt_flood(void **state)
     pthread_t th[MAX_FLOOD], hth;
     for (int i = 0; i < n_http; i++) assert_int_equal(pthread_create(&th[i], NULL, flood_http, &f), 0);
     for (int i = 0; i < n_nng; i++) assert_int_equal(pthread_create(&th[n_http + i], NULL, flood_nng, &f), 0);
-    usleep(500000); /* the flood under way */
+    /* the flood under way: the general lane full (a 503), or for a
+     * benchmark's larger lane, the router answering the flood */
+    while (tc_now() < f.until && !(__atomic_load_n(&f.busy503, __ATOMIC_RELAXED) > 0 ||
+                                   (bench && __atomic_load_n(&f.ok400, __ATOMIC_RELAXED) > 0)))
+        usleep(10000);
     assert_int_equal(pthread_create(&hth, NULL, poll_health, &hp), 0);
     /* normal requests during the flood: streamed over HTTP, and one over nng */
     for (int i = 0; i < 3; i++) during[i] = stream_ttft(port);

@@ -449,7 +449,7 @@ static void test_stuck_rank_out_of_service(void **state)
     assert_int_not_equal(res.error, FY_OK);
     /* nothing is placed on it: a new request waits (no decode worker up) */
     fy_client_stream_t st2 = submit(&c, prompt, 32, 4);
-    usleep(500000);
+    usleep(500000); /* a fixed time: nothing brings decode-0 back into placement within it */
     tc_status(&c, &s);
     assert_int_equal(s.decode_up, 0);
     assert_int_equal(fy_client_cancel(c.client, st2.id), FY_OK);

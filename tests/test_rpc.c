@@ -818,6 +818,15 @@ static void close_all(int *fds, int n)
         if (fds[i] >= 0) close(fds[i]), fds[i] = -1;
 }
 
+/* Waits (up to 5 s) until at most most of fds are still open: the server
+ * has closed what it refuses; the count then. */
+static int wait_open_at_most(const int *fds, int n, int most)
+{
+    int open = fy_test_still_open(fds, n);
+    for (double t0 = mono(); open > most && mono() - t0 < 5; open = fy_test_still_open(fds, n)) usleep(20000);
+    return open;
+}
+
 /* 40 connections each announcing an 8 MiB frame (its bytes all sent but
  * the last) grew the router 20 -> 340 MiB: nng allocated every frame's
  * announced size before anything was checked, with no cap on connections
@@ -851,18 +860,19 @@ static void test_preauth_memory(void **state)
     long r0 = fy_test_rss_kib(0);
     /* 1. 8 MiB frames: over the limit, refused before any allocation */
     for (int i = 0; i < N; i++) fds[i] = fy_test_hold_frame(path, 0x30, (8u << 20) - 1, (8u << 20) - 2);
-    usleep(300000);
+    int open_big = wait_open_at_most(fds, N, 0);
     long big = fy_test_rss_kib(0) - r0;
-    int open_big = fy_test_still_open(fds, N);
     close_all(fds, N);
     /* 2. frames under the limit (2 MiB less a little), held: at most the cap stay, until the deadline */
-    usleep(300000);
+    fy_rpc_conns_t cs;
+    fy_rpc_server_conns(srv, &cs);
+    for (double t1 = mono(); cs.open && mono() - t1 < 5; fy_rpc_server_conns(srv, &cs))
+        usleep(20000); /* the server saw those go: none counts against the cap */
+    assert_int_equal(cs.open, 0);
     r0 = fy_test_rss_kib(0);
     for (int i = 0; i < N; i++) fds[i] = fy_test_hold_frame(path, 0x30, (2u << 20) - 4096, (2u << 20) - 4097);
-    usleep(300000);
+    int open_held = wait_open_at_most(fds, N, 16);
     long held = fy_test_rss_kib(0) - r0;
-    int open_held = fy_test_still_open(fds, N);
-    fy_rpc_conns_t cs;
     fy_rpc_server_conns(srv, &cs);
     double t0 = mono();
     while (fy_test_still_open(fds, N) && mono() - t0 < 5) usleep(50000);
@@ -900,7 +910,7 @@ static void test_preauth_memory(void **state)
     r0 = fy_test_rss_kib(0);
     enum { NC = 20 };
     for (int i = 0; i < NC; i++) fds[i] = fy_test_hold_frame(u + 6, 0x30, (8u << 20) - 1, (8u << 20) - 2);
-    usleep(500000);
+    usleep(500000); /* a fixed time: the old socket closes none of them, however long the test waits */
     long before = fy_test_rss_kib(0) - r0;
     int open_before = fy_test_still_open(fds, NC);
     close_all(fds, NC);

@@ -1137,7 +1137,7 @@ static void test_xgroup(void **state)
     fy_test_log_begin();
     assert_int_equal(fy_xgroup_job_begin(s.g, copy, len, fy_xfer_now() + 5, on_done, &dn, &j), FY_ERR_FORMAT);
     fy_test_log_end();
-    usleep(100000);
+    usleep(100000); /* a fixed time: no callback comes within it (nor ever) */
     assert_int_equal(done_calls(&dn), 0);
     done_fini(&dn);
     for (int32_t r = 0; r < d.n; r++)
