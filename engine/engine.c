@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "grammar.h"
 #include "log.h"
 #include "mem.h"
@@ -179,13 +180,6 @@ typedef struct post {
     void *arg;
     struct post *next;
 } post_t;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 const char *fy_finish_reason_str(fy_finish_reason_t r)
 {
@@ -350,7 +344,7 @@ static void end_request(fy_engine_t *e, request_t *q, fy_event_kind_t kind, fy_f
     fy_kvm_seq_release(e->kvm, &q->bt);
     fy_kvm_resv_release(e->kvm, &q->resv);
     draft_drop(e, q);
-    double t = now_s();
+    double t = fy_now_s();
     fill_timings(q, t);
     fy_event_t ev = {.kind = kind,
                      .id = q->id,
@@ -786,7 +780,7 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
     /* the draft's draws must not move the request's own generator */
     fy_rng_seed(&q->drng, rp->sampling.seed ^ 0x5bd1e9955bd1e995ull);
     fy_detok_init(&q->detok, e->tok, false);
-    q->t_submit = now_s();
+    q->t_submit = fy_now_s();
     q->state = RQ_INBOX;
     *st_p = FY_OK;
     return q;
@@ -984,7 +978,7 @@ static bool schedule(fy_engine_t *e, int32_t i, int32_t k)
         if (victim == q) return false;
     }
     q->sched = k;
-    if (q->t_sched == 0) q->t_sched = now_s();
+    if (q->t_sched == 0) q->t_sched = fy_now_s();
     return true;
 }
 
@@ -1317,9 +1311,9 @@ static void draft_propose(fy_engine_t *e, int32_t n)
                 (fy_forward_seq_t){.bt = &q->dbt, .tokens = q->tokens + pos, .n_tokens = 1, .pos = pos, .n_logits = 1};
         }
         if (nf == 0) break;
-        double td = now_s();
+        double td = fy_now_s();
         fy_status_t st = fy_runner_forward(dr, e->dfwd, nf, e->logits);
-        td = now_s() - td;
+        td = fy_now_s() - td;
         e->dcost = e->dcost > 0 ? e->dcost + 0.2 * (td - e->dcost) : td;
         if (st != FY_OK) {
             /* keep what was proposed so far */
@@ -1385,7 +1379,7 @@ static void spec_plan(fy_engine_t *e, int32_t budget)
     const fy_spec_params_t *sp = &e->p.spec;
     for (int32_t i = 0; i < e->n_running; i++) e->running[i]->spec_k = 0;
     if (fy_spec_ctl_want(&e->wctl) == 0) return; /* the worker's speculation is off for now */
-    double t0 = now_s();
+    double t0 = fy_now_s();
     int32_t rows = 0, tokens = 0;
     for (int32_t i = 0; i < e->n_running; i++) {
         request_t *q = e->running[i];
@@ -1485,7 +1479,7 @@ static void spec_plan(fy_engine_t *e, int32_t budget)
         for (int32_t i = 0; i < nd; i++)
             if (e->dk[i] < e->dreq[i]->spec_k) spec_shrink(e, e->dreq[i], e->dk[i]);
     }
-    e->st.propose_s += now_s() - t0;
+    e->st.propose_s += fy_now_s() - t0;
 }
 
 /*
@@ -1610,7 +1604,7 @@ fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_pro
     kv_evict(e, q);
     q->state = RQ_RUNNING;
     e->running[e->n_running++] = q;
-    double t = now_s();
+    double t = fy_now_s();
     q->t_sched = t;
     if (id_p) *id_p = q->id;
     int32_t n_top = rp->n_first_top < q->top_logprobs ? rp->n_first_top : q->top_logprobs;
@@ -1713,14 +1707,14 @@ fy_status_t fy_engine_step(fy_engine_t *e)
     int32_t n_tok = 0;
     for (int32_t i = 0; i < n; i++) n_tok += e->fwd[i].n_tokens;
     e->st.forward_tokens += (uint64_t)n_tok;
-    double t_fwd = now_s();
+    double t_fwd = fy_now_s();
     fy_status_t st = fy_runner_forward(e->r, e->fwd, n, e->logits);
-    cost_note(e, n_tok, now_s() - t_fwd);
+    cost_note(e, n_tok, fy_now_s() - t_fwd);
     if (st != FY_OK) { /* logged; the requests in this batch end, the engine keeps serving */
         for (int32_t i = 0; i < n; i++) end_error(e, e->fwd_req[i], st, "forward pass failed");
         return st;
     }
-    double t = now_s();
+    double t = fy_now_s();
     int32_t row = 0;
     for (int32_t i = 0; i < n; i++) {
         request_t *q = e->fwd_req[i];
@@ -1787,18 +1781,10 @@ bool fy_engine_idle(fy_engine_t *e)
 
 /* ---- the engine's own thread ------------------------------------------------------------------------ */
 
-static void deadline_in(struct timespec *ts, double s)
-{
-    clock_gettime(CLOCK_REALTIME, ts);
-    double ns = (double)ts->tv_nsec + s * 1e9;
-    ts->tv_sec += (time_t)(ns / 1e9);
-    ts->tv_nsec = (long)fmod(ns, 1e9);
-}
-
 static void *engine_main(void *p)
 {
     fy_engine_t *e = p;
-    double last_tick = now_s();
+    double last_tick = fy_now_s();
     for (;;) {
         pthread_mutex_lock(&e->mu);
         while (!e->stop && !e->inbox && !e->n_cancels && !e->posts && !e->n_running && !e->n_waiting && !e->n_swapped) {
@@ -1806,10 +1792,10 @@ static void *engine_main(void *p)
                 pthread_cond_wait(&e->cv, &e->mu);
                 continue;
             }
-            double left = last_tick + e->p.tick_s - now_s();
+            double left = last_tick + e->p.tick_s - fy_now_s();
             if (left <= 0) break;
             struct timespec ts;
-            deadline_in(&ts, left);
+            fy_deadline_in(CLOCK_REALTIME, left, &ts);
             pthread_cond_timedwait(&e->cv, &e->mu, &ts);
         }
         bool stop = e->stop;
@@ -1819,7 +1805,7 @@ static void *engine_main(void *p)
         fy_engine_step(e);
         if (e->p.tick_fn) {
             e->p.tick_fn(e->p.tick_arg);
-            last_tick = now_s();
+            last_tick = fy_now_s();
         }
         /* waiting requests that cannot be admitted yet, with nothing
          * running to free blocks: sleep until something is handed in */
@@ -1827,7 +1813,7 @@ static void *engine_main(void *p)
             pthread_mutex_lock(&e->mu);
             if (!e->stop && !e->inbox && !e->n_cancels && !e->posts) {
                 struct timespec ts;
-                deadline_in(&ts, 0.010); /* and look again in 10 ms */
+                fy_deadline_in(CLOCK_REALTIME, 0.010, &ts); /* and look again in 10 ms */
                 pthread_cond_timedwait(&e->cv, &e->mu, &ts);
             }
             pthread_mutex_unlock(&e->mu);

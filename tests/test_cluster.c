@@ -26,6 +26,7 @@
 #include <nng/protocol/pipeline0/push.h>
 #include <nng/protocol/reqrep0/req.h>
 
+#include "clock.h"
 #include "cluster.h"
 #include "cluster_util.h"
 #include "envelope.h"
@@ -147,9 +148,9 @@ static void test_loopback_same_tokens(void **state)
     fy_client_stream_t s[N_LOOP];
     memset(got, 0, sizeof(got));
     for (int i = 0; i < N_LOOP; i++) s[i] = submit(&c, prompts[i], lens[i], max_tokens[i]);
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     tc_collect(&c, s, got, N_LOOP, 240);
-    double dt = tc_now() - t0;
+    double dt = fy_now_s() - t0;
     int cached_p = 0, cached_d = 0;
     for (int i = 0; i < N_LOOP; i++) {
         expect_same(&ref[i], &got[i], i);
@@ -245,8 +246,8 @@ static const char *busy_prefill(tc_cluster_t *c)
 static void kill_busy_prefill(tc_cluster_t *c, char *killed, size_t cap)
 {
     const char *victim = NULL;
-    double t0 = tc_now();
-    while (!(victim = busy_prefill(c)) && tc_now() - t0 < 30) usleep(20000);
+    double t0 = fy_now_s();
+    while (!(victim = busy_prefill(c)) && fy_now_s() - t0 < 30) usleep(20000);
     assert_non_null(victim);
     usleep(300000);
     snprintf(killed, cap, "%s", victim);
@@ -303,9 +304,9 @@ static void test_decode_killed_mid_stream(void **state)
     fy_client_stream_t s = submit(&c, p, 64, 1500);
     tc_result_t got = {0};
     /* tokens flow, then the worker streaming them dies */
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     int32_t seen = 0;
-    while (seen < 5 && tc_now() - t0 < 60) {
+    while (seen < 5 && fy_now_s() - t0 < 60) {
         fy_client_update_t u;
         assert_int_equal(fy_client_poll(c.client, &s, 0.5, &u), FY_OK);
         seen += u.n_tokens;
@@ -320,10 +321,10 @@ static void test_decode_killed_mid_stream(void **state)
     assert_non_null(victim);
     char killed[64];
     snprintf(killed, sizeof(killed), "%s", victim);
-    double t_kill = tc_now();
+    double t_kill = fy_now_s();
     tc_kill(&c, killed);
     tc_collect(&c, &s, &got, 1, 30);
-    double dt = tc_now() - t_kill;
+    double dt = fy_now_s() - t_kill;
     print_message("killed %s; the request ended in %.2f s: %s\n", killed, dt, got.message);
     assert_int_equal(got.error, FY_ERR_PEER);
     assert_non_null(strstr(got.message, killed));
@@ -819,13 +820,13 @@ static bool has_worker(const fy_client_status_t *s, const char *name)
 /* Waits until the router counted at least want[f] refusals of each fault. */
 static void wait_refused(tc_cluster_t *c, const uint64_t *base, const uint64_t *want, fy_client_status_t *s)
 {
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     for (;;) {
         tc_status(c, s);
         bool all = true;
         for (int f = 1; f < FY_ENV_N_FAULTS; f++) all &= s->refused_messages[f] - base[f] >= want[f];
         if (all) return;
-        if (tc_now() - t0 > 20) {
+        if (fy_now_s() - t0 > 20) {
             tc_print_logs(c);
             fail_msg("the router refused format %llu, mac %llu, stale %llu, replay %llu, identity %llu new messages",
                      (unsigned long long)(s->refused_messages[1] - base[1]),
@@ -880,11 +881,11 @@ static void test_forged_messages(void **state)
     size_t n_ok = fy_test_seal(&good, &TO_ROUTER, 6, 1, 0, payload, n, msg);
     memcpy(copy, msg, n_ok);
     assert_int_equal(nng_send(ev, msg, n_ok, 0), 0);
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     do {
         usleep(20000);
         tc_status(&c, &s);
-    } while (!has_worker(&s, "evil-ok") && tc_now() - t0 < 20);
+    } while (!has_worker(&s, "evil-ok") && fy_now_s() - t0 < 20);
     assert_true(has_worker(&s, "evil-ok"));
     /* 4. those very bytes again: a replay */
     assert_int_equal(nng_send(ev, copy, n_ok, 0), 0);
@@ -1106,9 +1107,9 @@ static void test_rank_killed(void **state)
     assert_int_equal(tc_children_of(dp->pid, ranks, 8), 2);
     fy_client_stream_t s = submit(&c, prompts[0], lens[0], 4000);
     fy_client_update_t u;
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     int32_t seen = 0;
-    while (seen < 4 && tc_now() - t0 < 30) { /* it streams from the group */
+    while (seen < 4 && fy_now_s() - t0 < 30) { /* it streams from the group */
         assert_int_equal(fy_client_poll(c.client, &s, 0.2, &u), FY_OK);
         seen += u.n_tokens;
         assert_false(u.done);
@@ -1122,7 +1123,7 @@ static void test_rank_killed(void **state)
     /* out of service, then gone with status 3 and no rank left */
     int status = 0;
     pid_t r = 0;
-    for (t0 = tc_now(); r == 0 && tc_now() - t0 < 10; usleep(20000)) r = waitpid(dp->pid, &status, WNOHANG);
+    for (t0 = fy_now_s(); r == 0 && fy_now_s() - t0 < 10; usleep(20000)) r = waitpid(dp->pid, &status, WNOHANG);
     if (r != dp->pid) {
         tc_print_logs(&c);
         fail_msg("decode-0 did not exit after losing a rank");
@@ -1139,7 +1140,7 @@ static void test_rank_killed(void **state)
     /* started again: the group serves */
     tc_restart(&c, "decode-0");
     fy_client_status_t st;
-    for (t0 = tc_now(); tc_now() - t0 < 30; usleep(50000)) {
+    for (t0 = fy_now_s(); fy_now_s() - t0 < 30; usleep(50000)) {
         tc_status(&c, &st);
         if (st.decode_up == 1) break;
     }
@@ -1173,7 +1174,7 @@ static double worker_metric(tc_cluster_t *c, int k, const char *series)
 static double wait_metric(tc_cluster_t *c, int k, const char *series, double want)
 {
     double v = worker_metric(c, k, series);
-    for (double t0 = tc_now(); v < want && tc_now() - t0 < 5; usleep(50000)) v = worker_metric(c, k, series);
+    for (double t0 = fy_now_s(); v < want && fy_now_s() - t0 < 5; usleep(50000)) v = worker_metric(c, k, series);
     return v;
 }
 
@@ -1181,7 +1182,7 @@ static double wait_metric(tc_cluster_t *c, int k, const char *series, double wan
 static void expect_staging_back(tc_cluster_t *c, int k, const char *who)
 {
     double total = worker_metric(c, k, "ferry:kv_staging_blocks"), free = -1;
-    for (double t0 = tc_now(); tc_now() - t0 < 10; usleep(50000))
+    for (double t0 = fy_now_s(); fy_now_s() - t0 < 10; usleep(50000))
         if ((free = worker_metric(c, k, "ferry:kv_staging_free_blocks")) == total) return;
     tc_print_logs(c);
     fail_msg("%s: %.0f of %.0f staging blocks free", who, free, total);
@@ -1342,7 +1343,7 @@ static void test_staged_peer_dies(void **state)
     make_prompt(p, len, 89);
     s = submit(&c, p, len, mt);
     char dead[64] = "";
-    for (double t0 = tc_now(); !dead[0] && tc_now() - t0 < 30; usleep(20000)) {
+    for (double t0 = fy_now_s(); !dead[0] && fy_now_s() - t0 < 30; usleep(20000)) {
         fy_client_status_t st;
         tc_status(&c, &st);
         for (int i = 0; i < st.n_workers; i++)
@@ -1352,7 +1353,7 @@ static void test_staged_peer_dies(void **state)
     assert_true(dead[0] != '\0');
     /* once the survivor has put some of it */
     double sent0 = worker_metric(&c, live, "ferry:kv_transfer_path_blocks_total{path=\"staged\"}"), sent = sent0;
-    for (double t0 = tc_now(); sent < sent0 + 8 && tc_now() - t0 < 60; usleep(20000))
+    for (double t0 = fy_now_s(); sent < sent0 + 8 && fy_now_s() - t0 < 60; usleep(20000))
         sent = worker_metric(&c, live, "ferry:kv_transfer_path_blocks_total{path=\"staged\"}");
     assert_true(sent >= sent0 + 8);
     tc_kill(&c, dead);

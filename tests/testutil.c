@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "config.h"
 #include "envelope.h"
 #include "mem.h"
@@ -292,13 +293,6 @@ bool fy_test_have_bin(const char *name)
     return true;
 }
 
-static double run_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 fy_test_run_t fy_test_run(const char *prog, const char *const *args, double deadline_s)
 {
     char out_path[4096], err_path[4096];
@@ -324,8 +318,8 @@ fy_test_run_t fy_test_run(const char *prog, const char *const *args, double dead
     }
     int fd = (int)syscall(SYS_pidfd_open, pid, 0); /* readable once the child has exited */
     assert_true(fd >= 0);
-    double deadline = run_now() + deadline_s;
-    for (double left; (left = deadline - run_now()) > 0;) {
+    double deadline = fy_now_s() + deadline_s;
+    for (double left; (left = deadline - fy_now_s()) > 0;) {
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
         if (poll(&pfd, 1, (int)(left * 1000) + 1) > 0) break;
     }
