@@ -31,6 +31,7 @@
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/protocol/reqrep0/req.h>
 
+#include "clock.h"
 #include "envelope.h"
 #include "mem.h"
 #include "rpc.h"
@@ -319,7 +320,7 @@ static fy_status_t round_trips(const char *base, const fy_env_auth_t *client, co
     for (int r = -reps / 10; r < reps && !st; r += BLOCK) { /* r < 0: warm-up */
         for (int v = 0; v < V_ALL && !st; v++) {
             for (int k = 0; k < BLOCK && !st; k++) {
-                double t0 = now_s();
+                double t0 = fy_now_s();
                 if (v < V_RAW) {
                     if (!raw_call(cs[v], client, v > 0, v == 2, ++seq, payload, size)) st = FY_ERR_PEER;
                 } else {
@@ -328,7 +329,7 @@ static fy_status_t round_trips(const char *base, const fy_env_auth_t *client, co
                     st = fy_rpc_call(rc[v - V_RAW], payload, size, 10.0, &rep, &rl);
                     if (!st) fy_free(rep);
                 }
-                if (r + k >= 0 && r + k < reps) lat[v][r + k] = now_s() - t0;
+                if (r + k >= 0 && r + k < reps) lat[v][r + k] = fy_now_s() - t0;
             }
         }
     }

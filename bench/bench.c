@@ -25,6 +25,7 @@
 
 #include "backend.h"
 #include "cli.h"
+#include "clock.h"
 #include "commands.h"
 #include "engine_config.h"
 #include "log.h"
@@ -112,9 +113,9 @@ static double measure_bw(char *a, char *b, int n_threads, int read_only)
             pthread_create(&th[i], NULL, bw_thread, &jobs[i]);
         }
         pthread_barrier_wait(&barrier);
-        double t = now_s();
+        double t = fy_now_s();
         for (int i = 0; i < n_threads; i++) pthread_join(th[i], NULL);
-        t = now_s() - t;
+        t = fy_now_s() - t;
         pthread_barrier_destroy(&barrier);
         double moved = (double)share * n_threads * (read_only ? 1.0 : 2.0);
         if (moved / t > best) best = moved / t;
@@ -181,17 +182,17 @@ static fy_status_t run_model(const fy_model_t *m, int threads, const char *isa, 
     for (int rep = -1; rep < reps; rep++) { /* rep -1 warms caches and page tables */
         if ((st = fy_kvm_seq_reserve(kvm, &bt, rp.max_ctx, NULL))) goto out;
         fy_forward_seq_t f = {&bt, prompt, n_prompt, 0, 1, NULL};
-        double t = now_s();
+        double t = fy_now_s();
         if ((st = fy_runner_forward(r, &f, 1, logits))) goto out;
-        t = now_s() - t;
+        t = fy_now_s() - t;
         int32_t tok = fy_argmax(logits, c->vocab_size);
-        double t2 = now_s();
+        double t2 = fy_now_s();
         for (int i = 0; i < n_gen; i++) {
             fy_forward_seq_t d = {&bt, &tok, 1, n_prompt + i, 1, NULL};
             if ((st = fy_runner_forward(r, &d, 1, logits))) goto out;
             tok = fy_argmax(logits, c->vocab_size);
         }
-        t2 = now_s() - t2;
+        t2 = fy_now_s() - t2;
         fy_kvm_seq_release(kvm, &bt);
         if (rep >= 0) {
             pre[rep] = n_prompt / t;
@@ -299,13 +300,13 @@ static fy_status_t run_alternate(const fy_model_t *m, int threads, const char *i
             fy_forward_seq_t f = {&bt, prompt, n_prompt, 0, 1, NULL};
             if ((st = fy_runner_forward(s.runner, &f, 1, logits))) goto out;
             int32_t tok = fy_argmax(logits, c->vocab_size);
-            double t = now_s(), tc = cpu_s();
+            double t = fy_now_s(), tc = cpu_s();
             for (int i = 0; i < n_gen; i++) {
                 fy_forward_seq_t d = {&bt, &tok, 1, n_prompt + i, 1, NULL};
                 if ((st = fy_runner_forward(s.runner, &d, 1, logits))) goto out;
                 tok = fy_argmax(logits, c->vocab_size);
             }
-            t = now_s() - t, tc = cpu_s() - tc;
+            t = fy_now_s() - t, tc = cpu_s() - tc;
             fy_kvm_seq_release(s.kvm, &bt);
             if (r >= 0) wall[2 * r + v] = n_gen / t, cpu[2 * r + v] = n_gen / tc;
         }

@@ -17,6 +17,7 @@
 
 #include "backend.h"
 #include "cli.h"
+#include "clock.h"
 #include "commands.h"
 #include "engine.h"
 #include "engine_config.h"
@@ -38,7 +39,7 @@ typedef struct track {
 static void on_event(void *arg, const fy_event_t *ev)
 {
     track_t *k = arg;
-    if (ev->kind == FY_EVENT_TOKEN && k->n < k->cap) k->t[k->n++] = now_s();
+    if (ev->kind == FY_EVENT_TOKEN && k->n < k->cap) k->t[k->n++] = fy_now_s();
     if (ev->kind != FY_EVENT_TOKEN) k->done = true;
     if (ev->kind == FY_EVENT_ERROR) fprintf(stderr, "ferry: bench-batch: request failed: %s\n", ev->message);
 }
@@ -105,10 +106,10 @@ static fy_status_t run_batch(const fy_model_t *m, int threads, const char *isa, 
         if ((st = fy_engine_submit(e, prompt, prompt_len, &req, NULL, on_event, &tr[b], &id))) goto out;
     }
     fy_backend_profile_enable(be, profile);
-    double w0 = now_s();
+    double w0 = fy_now_s();
     while (!fy_engine_idle(e))
         if ((st = fy_engine_step(e))) goto out;
-    row->wall_s = now_s() - w0;
+    row->wall_s = fy_now_s() - w0;
     fy_backend_profile_get(be, &row->prof);
     /* steady state: after the last first token, before the first last one */
     double t0 = 0, t1 = 1e300;

@@ -26,6 +26,7 @@
 
 #include "backend.h"
 #include "cli.h"
+#include "clock.h"
 #include "commands.h"
 #include "evict.h"
 #include "kv.h"
@@ -152,9 +153,9 @@ static fy_status_t run_seq(rig_t *g, const fy_evict_params_t *p, const int32_t *
         int32_t want = nll ? k : (done + k == n || decoding ? 1 : 0);
         if ((st = fy_kvm_seq_reserve(g->kvm, &bt, done + k, NULL))) break;
         fy_forward_seq_t f = {&bt, all + done, k, done, want, sc};
-        double t = now_s();
+        double t = fy_now_s();
         if ((st = fy_runner_forward(g->r, &f, 1, g->logits))) break;
-        if (decoding) t_dec += now_s() - t;
+        if (decoding) t_dec += fy_now_s() - t;
         for (int32_t i = 0; nll && i < k; i++) { /* row i predicts token done + i + 1 */
             if (done + i + 1 >= n) break;
             const float *lg = g->logits + (size_t)i * (size_t)g->vocab;

@@ -39,6 +39,7 @@
 
 #include "backend.h"
 #include "cli.h"
+#include "clock.h"
 #include "commands.h"
 #include "engine_config.h"
 #include "kv.h"
@@ -107,9 +108,9 @@ static fy_status_t bench_copy(const gpu_opts_t *o, double *bw_p)
     if ((st = upload_random_f32(be, a, bytes / sizeof(float), 7))) goto out;
     for (int r = -2; r < o->reps; r++) { /* two warm-up copies */
         if ((st = fy_backend_sync(be))) goto out;
-        double t0 = now_s();
+        double t0 = fy_now_s();
         if ((st = fy_backend_memcpy(be, b, a, bytes, FY_COPY_D2D)) || (st = fy_backend_sync(be))) goto out;
-        if (r >= 0) t[r] = now_s() - t0;
+        if (r >= 0) t[r] = fy_now_s() - t0;
     }
     double med = median(t, o->reps);
     *bw_p = 2.0 * (double)bytes / med;
@@ -176,7 +177,7 @@ static fy_status_t bench_decode(const gpu_opts_t *o, const fy_model_t *m, double
     /* prompts: random ids, prefilled in chunks the runner takes */
     fy_rng_t rng;
     fy_rng_seed(&rng, 4321);
-    double tp = now_s();
+    double tp = fy_now_s();
     for (int b = 0; b < maxB; b++) {
         if ((st = fy_kvm_seq_init(s.kvm, &bt[b], cap, NULL))) goto out;
         n_init++;
@@ -189,7 +190,7 @@ static fy_status_t bench_decode(const gpu_opts_t *o, const fy_model_t *m, double
         }
         pos[b] = o->ctx;
     }
-    printf("prefill of %d sequences of %d tokens: %.2f s\n\n", maxB, o->ctx, now_s() - tp);
+    printf("prefill of %d sequences of %d tokens: %.2f s\n\n", maxB, o->ctx, fy_now_s() - tp);
     /* each batch size with recorded steps (CUDA graphs, the default) and
      * with every kernel launched directly; the first recorded step of a
      * bucket records it (a warm-up step) */
@@ -209,9 +210,9 @@ static fy_status_t bench_decode(const gpu_opts_t *o, const fy_model_t *m, double
                 tok[b] = (int32_t)(fy_rng_next(&rng) % (uint64_t)c->vocab_size);
                 f[b] = (fy_forward_seq_t){&bt[b], &tok[b], 1, pos[b], 1, NULL};
             }
-            double t0 = now_s();
+            double t0 = fy_now_s();
             if ((st = fy_runner_forward(s.runner, f, B, logits))) goto out;
-            if (k >= 0) t[k] = now_s() - t0;
+            if (k >= 0) t[k] = fy_now_s() - t0;
             for (int b = 0; b < B; b++) pos[b]++;
         }
         direct = median(t, o->steps);
@@ -224,9 +225,9 @@ static fy_status_t bench_decode(const gpu_opts_t *o, const fy_model_t *m, double
                 f[b] = (fy_forward_seq_t){&bt[b], &tok[b], 1, pos[b], 1, NULL};
                 kv_sum += (double)(pos[b] + 1) * kv_tok;
             }
-            double t0 = now_s();
+            double t0 = fy_now_s();
             if ((st = fy_runner_forward(s.runner, f, B, logits))) goto out;
-            if (k >= 0) t[k] = now_s() - t0;
+            if (k >= 0) t[k] = fy_now_s() - t0;
             for (int b = 0; b < B; b++) pos[b]++;
         }
         for (size_t j = 0; j < (size_t)B * (size_t)c->vocab_size; j++)
@@ -371,11 +372,11 @@ static fy_status_t bench_attn(const gpu_opts_t *o, const fy_model_config_t *c, d
         if ((st = fy_backend_set_batch(be, &meta))) goto out;
         for (int k = -2; k < o->reps; k++) {
             if ((st = fy_backend_sync(be))) goto out;
-            double t0 = now_s();
+            double t0 = fy_now_s();
             if ((st = fy_backend_attention(be, &lay, arena, 0, n_heads, 1.0f / sqrtf((float)hd), 0, q, out)) ||
                 (st = fy_backend_sync(be)))
                 goto out;
-            if (k >= 0) t[k] = now_s() - t0;
+            if (k >= 0) t[k] = fy_now_s() - t0;
         }
         if (!all_finite(be, out, (size_t)B * n_heads * hd)) {
             fy_error("bench-gpu: attention at context %d gave values that are not finite", ctx);
@@ -480,12 +481,12 @@ static fy_status_t bench_matmul(const gpu_opts_t *o, const fy_model_t *m)
             float *yqkv[3] = {y[0], y[1], y[2]}, *yo[1] = {y[3]}, *ygu[2] = {y[4], y[5]}, *ydn[1] = {y[6]};
             for (int k = -1; k < o->reps; k++) {
                 if ((st = fy_backend_sync(be))) goto out;
-                double t0 = now_s();
+                double t0 = fy_now_s();
                 if ((st = fy_backend_matmul(be, 3, qkv, x, n, yqkv)) || (st = fy_backend_matmul(be, 1, wo, x, n, yo)) ||
                     (st = fy_backend_matmul(be, 2, gu, x, n, ygu)) || (st = fy_backend_matmul(be, 1, dn, x, n, ydn)) ||
                     (st = fy_backend_sync(be)))
                     goto out;
-                if (k >= 0) t[k] = now_s() - t0;
+                if (k >= 0) t[k] = fy_now_s() - t0;
             }
             if (!all_finite(be, y[6], (size_t)n * host[6]->ne[1])) {
                 fy_error("bench-gpu: matmul at %d tokens gave values that are not finite", n);

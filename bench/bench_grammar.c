@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "clock.h"
 #include "commands.h"
 #include "engine_config.h"
 #include "grammar.h"
@@ -140,9 +141,9 @@ static double decode_step_s(const fy_model_t *model, int threads)
         int32_t tok = fy_argmax(logits, c->vocab_size);
         for (int i = 0; i < n_gen; i++) {
             fy_forward_seq_t d = {&bt, &tok, 1, n_prompt + i, 1, NULL};
-            double a = now_s();
+            double a = fy_now_s();
             if (fy_runner_forward(s.runner, &d, 1, logits)) goto out;
-            t[i] = now_s() - a;
+            t[i] = fy_now_s() - a;
             tok = fy_argmax(logits, c->vocab_size);
         }
         fy_kvm_seq_release(s.kvm, &bt);
@@ -209,35 +210,35 @@ int fy_cmd_bench_grammar(int argc, char **argv)
     step_times_t doc_t = {0}, rnd_t = {0};
     char err[FY_GRAMMAR_ERR_LEN];
 
-    double t0 = now_s();
+    double t0 = fy_now_s();
     if (fy_token_trie_from_tokenizer(tok, &trie)) goto out;
-    double trie_s = now_s() - t0;
+    double trie_s = fy_now_s() - t0;
     printf("vocabulary %d tokens, %d in the trie (%d nodes, longest %d bytes), %d eog; trie built in %.1f ms\n",
            trie->n_vocab, trie->n_toks, trie->n_nodes, trie->max_len, trie->n_eog, trie_s * 1e3);
 
     /* compile: cold (each a fresh compile), cached (a hit) */
     double cold[50], hit[50], create[50];
     for (int i = 0; i < 50; i++) {
-        double a = now_s();
+        double a = fy_now_s();
         if (fy_grammar_compile(FY_GRAMMAR_JSON_SCHEMA, g_schema, strlen(g_schema), &g, err, sizeof(err))) {
             fprintf(stderr, "ferry: bench-grammar: %s\n", err);
             goto out;
         }
-        cold[i] = now_s() - a;
+        cold[i] = fy_now_s() - a;
         fy_gmatch_t *m;
-        a = now_s();
+        a = fy_now_s();
         if (fy_gmatch_create(g, &m)) goto out;
-        create[i] = now_s() - a;
+        create[i] = fy_now_s() - a;
         fy_gmatch_destroy(m);
         fy_grammar_unref(g);
         g = NULL;
     }
     if (fy_grammar_cache_create(64, &cache)) goto out;
     for (int i = 0; i < 51; i++) {
-        double a = now_s();
+        double a = fy_now_s();
         if (fy_grammar_cache_get(cache, FY_GRAMMAR_JSON_SCHEMA, g_schema, strlen(g_schema), &g, NULL, err, sizeof(err)))
             goto out;
-        if (i) hit[i - 1] = now_s() - a;
+        if (i) hit[i - 1] = fy_now_s() - a;
         fy_grammar_unref(g);
     }
     if (fy_grammar_cache_get(cache, FY_GRAMMAR_JSON_SCHEMA, g_schema, strlen(g_schema), &g, NULL, err, sizeof(err)))
@@ -263,9 +264,9 @@ int fy_cmd_bench_grammar(int argc, char **argv)
         fy_gmatch_t *m;
         if (fy_gmatch_create(g, &m)) goto out;
         for (size_t i = 0; i < n_ids; i++) {
-            double a = now_s();
+            double a = fy_now_s();
             if (fy_gmatch_mask(m, trie, mask)) goto out;
-            add_time(&doc_t, now_s() - a);
+            add_time(&doc_t, fy_now_s() - a);
             if (!((mask[ids[i] >> 5] >> (ids[i] & 31)) & 1) || fy_gmatch_accept_token(m, trie, ids[i])) {
                 fprintf(stderr, "ferry: bench-grammar: the document's token %zu (%d) is not allowed\n", i, ids[i]);
                 fy_gmatch_destroy(m);
@@ -282,9 +283,9 @@ int fy_cmd_bench_grammar(int argc, char **argv)
         fy_gmatch_t *m;
         if (fy_gmatch_create(g, &m)) goto out;
         for (int step = 0; step < 400 && !fy_gmatch_is_ended(m); step++) {
-            double a = now_s();
+            double a = fy_now_s();
             if (fy_gmatch_mask(m, trie, mask)) goto out;
-            add_time(&rnd_t, now_s() - a);
+            add_time(&rnd_t, fy_now_s() - a);
             int32_t n = 0;
             for (size_t w = 0; w < words; w++) n += __builtin_popcount(mask[w]);
             rng = rng * 6364136223846793005ull + 1442695040888963407ull;

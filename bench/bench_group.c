@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "clock.h"
 #include "commands.h"
 #include "group.h"
 #include "log.h"
@@ -78,10 +79,10 @@ static void memcpy_ref(double *ref_s, int base)
         size_t bytes = AR_FLOATS[k] * sizeof(float);
         int reps = reps_for(bytes, base);
         for (int i = 0; i < reps; i++) {
-            double t0 = now_s();
+            double t0 = fy_now_s();
             memcpy(b, a, bytes);
             __asm__ __volatile__("" ::"r"(b) : "memory"); /* keep the copy */
-            t[i] = now_s() - t0;
+            t[i] = fy_now_s() - t0;
         }
         ref_s[k] = median(t, reps);
     }
@@ -117,9 +118,9 @@ static fy_status_t run_rank(fy_group_t *g, int base, figures_t *f)
         for (int i = 0; i < 3; i++) /* warm-up: pages, caches */
             if ((st = fy_group_allreduce_f32(g, 0, n, x, nf)) != FY_OK) goto out;
         for (int i = 0; i < reps; i++) {
-            double t0 = now_s();
+            double t0 = fy_now_s();
             if ((st = fy_group_allreduce_f32(g, 0, n, x, nf)) != FY_OK) goto out;
-            t[i] = now_s() - t0;
+            t[i] = fy_now_s() - t0;
             /* keep the values finite: they grow n-fold every rep (identically on every rank) */
             if (x[0] > 1e30f)
                 for (size_t j = 0; j < nf; j++) x[j] = 1e-3f;
@@ -131,17 +132,17 @@ static fy_status_t run_rank(fy_group_t *g, int base, figures_t *f)
         size_t piece = AR_FLOATS[k] / (size_t)n * sizeof(float);
         int reps = reps_for(piece * (size_t)n, base);
         for (int i = 0; i < 3 + reps; i++) { /* three warm-up calls first */
-            double t0 = now_s();
+            double t0 = fy_now_s();
             if ((st = fy_group_allgather(g, 0, n, x, 1, piece, all)) != FY_OK) goto out;
-            if (i >= 3) t[i - 3] = now_s() - t0;
+            if (i >= 3) t[i - 3] = fy_now_s() - t0;
         }
         f->ag_s[k] = median(t, reps);
     }
 
     for (int i = 0; i < base; i++) {
-        double t0 = now_s();
+        double t0 = fy_now_s();
         if ((st = fy_group_barrier(g)) != FY_OK) goto out;
-        t[i] = now_s() - t0;
+        t[i] = fy_now_s() - t0;
     }
     f->barrier_s = median(t, base);
 
@@ -149,7 +150,7 @@ static fy_status_t run_rank(fy_group_t *g, int base, figures_t *f)
         size_t bytes = P2P_BYTES[k];
         int reps = reps_for(bytes, base);
         for (int i = 0; i < reps + 2; i++) {
-            double t0 = now_s();
+            double t0 = fy_now_s();
             if (rank == 0)
                 st = fy_group_send(g, 1, buf, bytes);
             else if (rank == 1)
@@ -157,7 +158,7 @@ static fy_status_t run_rank(fy_group_t *g, int base, figures_t *f)
             else
                 st = FY_OK;
             if (st != FY_OK) goto out;
-            if (i >= 2) t[i - 2] = now_s() - t0;
+            if (i >= 2) t[i - 2] = fy_now_s() - t0;
         }
         f->p2p_s[k] = median(t, reps);
         if ((st = fy_group_barrier(g)) != FY_OK) goto out;

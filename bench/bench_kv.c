@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "clock.h"
 #include "commands.h"
 #include "kv.h"
 #include "log.h"
@@ -106,12 +107,12 @@ int fy_cmd_bench_kv(int argc, char **argv)
             fy_kvm_destroy(m);
             goto out;
         }
-        double t = now_s();
+        double t = fy_now_s();
         for (int r = 0; r < ROUNDS; r++) {
             for (int b = 1; b <= BLOCKS; b++) fy_kvm_seq_reserve(m, &bt, b * 16, NULL);
             fy_kvm_seq_release(m, &bt);
         }
-        t = now_s() - t;
+        t = fy_now_s() - t;
         printf("\nallocate + free: %.1f million blocks/s (%d rounds of %d blocks, one block per reserve call)\n",
                (double)BLOCKS * ROUNDS / t / 1e6, ROUNDS, BLOCKS);
         fy_kvm_seq_deinit(&bt);
@@ -138,14 +139,14 @@ int fy_cmd_bench_kv(int argc, char **argv)
         int32_t hit = 0, miss = 0;
         for (int r = 0; r < REPS; r++) {
             bt.ns = ns;
-            double t = now_s();
+            double t = fy_now_s();
             fy_kvm_seq_lookup(m, &bt, tokens, 32768, &hit);
-            hit_t[r] = now_s() - t;
+            hit_t[r] = fy_now_s() - t;
             fy_kvm_seq_release(m, &bt);
             bt.ns = other;
-            t = now_s();
+            t = fy_now_s();
             fy_kvm_seq_lookup(m, &bt, tokens, 32768, &miss);
-            miss_t[r] = now_s() - t;
+            miss_t[r] = fy_now_s() - t;
             fy_kvm_seq_release(m, &bt);
         }
         qsort(hit_t, REPS, sizeof(double), cmp_double);

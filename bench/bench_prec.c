@@ -34,6 +34,7 @@
 
 #include "backend.h"
 #include "cli.h"
+#include "clock.h"
 #include "commands.h"
 #include "exact.h"
 #include "kv.h"
@@ -57,13 +58,6 @@ static void usage(FILE *f)
                "  --threads N        CPU threads, ferry's and the reference's (default 2)\n"
                "  --layers LIST      layers whose residual error is printed (default: first, middle, last)\n"
                "  -h, --help\n");
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 typedef struct conf {
@@ -119,7 +113,7 @@ static fy_status_t ferry_run(const fy_model_t *m, fy_backend_t *be, const conf_t
     if ((st = fy_kvm_create(&kp, &kvm)) || (st = fy_kvm_seq_init(kvm, &bt, n + 1, NULL))) goto out;
     bt_init = true;
     fy_runner_set_taps(r, ta, tm);
-    double t0 = now_s();
+    double t0 = fy_now_s();
     for (int32_t done = 0; done < n;) {
         int32_t k = n - done < chunk ? n - done : chunk;
         if ((st = fy_kvm_seq_reserve(kvm, &bt, done + k, NULL))) break;
@@ -132,7 +126,7 @@ static fy_status_t ferry_run(const fy_model_t *m, fy_backend_t *be, const conf_t
         done += k;
         fy_kvm_seq_commit(kvm, &bt, tok, done, NULL);
     }
-    *secs = now_s() - t0;
+    *secs = fy_now_s() - t0;
     fy_kvm_seq_release(kvm, &bt);
 out:
     if (bt_init) fy_kvm_seq_deinit(&bt);
@@ -234,13 +228,14 @@ int fy_cmd_bench_prec(int argc, char **argv)
     }
     printf("ferry bench-prec: %s, the first %d tokens of %s (BOS included), chunks of %ld, %ld threads, %s\n", c->name,
            n, text_path, chunk, threads, fy_backend_describe(be));
-    double t0 = now_s();
+    double t0 = fy_now_s();
     if (!fy_exact_forward(m, (int)threads, tok, n, ref_a, ref_m, ref_lg)) {
         fy_error("bench-prec: out of memory for the reference");
         goto out;
     }
     double ref_ppl = ppl_of(ref_lg, tok, n, V);
-    printf("exact (double-precision forward, dequantized weights): perplexity %.4f (%.1f s)\n", ref_ppl, now_s() - t0);
+    printf("exact (double-precision forward, dequantized weights): perplexity %.4f (%.1f s)\n", ref_ppl,
+           fy_now_s() - t0);
     printf("\n%-32s %10s %8s %10s %9s", "configuration", "perplexity", "vs exact", "KL (nats)", "logit err");
     for (int i = 0; i < n_layers_arg; i++) printf("  L%-2d attn  L%-2d mlp", layers[i], layers[i]);
     printf(" %7s\n", "s");

@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "clock.h"
 #include "commands.h"
 #include "engine_config.h"
 #include "log.h"
@@ -83,7 +84,7 @@ static int run_shape(const fy_model_t *m, int tp, int pp, int n_prompt, int n_to
     if (!logits || !tok || fy_kvm_seq_init(s.kvm, &bt, rp->max_ctx, NULL) != FY_OK) goto out;
     bt_open = true;
     for (int i = 0; i < n_prompt; i++) tok[i] = 100 + (i * 37) % (c->vocab_size - 200);
-    double t0 = now_s(), t1 = 0;
+    double t0 = fy_now_s(), t1 = 0;
     for (int done = 0; done < n_prompt + n_tokens;) {
         int k = done == 0 ? n_prompt : 1;
         if (fy_kvm_seq_reserve(s.kvm, &bt, done + k, NULL) != FY_OK) goto out;
@@ -96,11 +97,11 @@ static int run_shape(const fy_model_t *m, int tp, int pp, int n_prompt, int n_to
         fy_kvm_seq_commit(s.kvm, &bt, tok, done, NULL);
         tok[done] = best;
         if (done == n_prompt) { /* the decode steps' counters from zero */
-            t1 = now_s();
+            t1 = fy_now_s();
             if (fy_runner_timing(s.runner, pt, n_ranks, true) != FY_OK) goto out;
         }
     }
-    double t2 = now_s();
+    double t2 = fy_now_s();
     if (fy_runner_timing(s.runner, t, n_ranks, false) != FY_OK) goto out;
     double dtps = n_tokens / (t2 - t1);
     if (dtps > res->decode_tps) {

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "clock.h"
 #include "commands.h"
 #include "kvplan.h"
 #include "log.h"
@@ -131,7 +132,7 @@ static fy_status_t round_once(side_t *src, int32_t na, side_t *dst, int32_t nb, 
     for (int32_t d = 0; d < nb; d++) ld[d] = dst[d].l;
     bool whole = na == 1 && nb == 1 && !fy_xfer_layout_diff(&src[0].l, &dst[0].l);
     int64_t puts = 0;
-    double t0 = fy_xfer_now();
+    double t0 = fy_now_s();
     fy_status_t st = FY_OK;
     for (int32_t s = 0; s < na && st == FY_OK; s++) {
         int32_t np = 0;
@@ -147,7 +148,7 @@ static fy_status_t round_once(side_t *src, int32_t na, side_t *dst, int32_t nb, 
             pthread_mutex_lock(&w.mu);
             w.left++;
             pthread_mutex_unlock(&w.mu);
-            if ((st = fy_xfer_job_begin(src[s].x, blob, len, fy_xfer_now() + 60, on_done, &w, &j))) {
+            if ((st = fy_xfer_job_begin(src[s].x, blob, len, fy_now_s() + 60, on_done, &w, &j))) {
                 pthread_mutex_lock(&w.mu);
                 w.left--;
                 pthread_mutex_unlock(&w.mu);
@@ -168,7 +169,7 @@ static fy_status_t round_once(side_t *src, int32_t na, side_t *dst, int32_t nb, 
     pthread_mutex_lock(&w.mu);
     while (w.left > 0) pthread_cond_wait(&w.cv, &w.mu);
     pthread_mutex_unlock(&w.mu);
-    *secs_p = fy_xfer_now() - t0;
+    *secs_p = fy_now_s() - t0;
     *puts_p = puts;
     if (st == FY_OK && w.st != FY_OK) {
         fy_error("bench-reshard: a job failed: %s: %s", fy_status_str(w.st), w.msg);

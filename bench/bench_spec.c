@@ -24,6 +24,7 @@
 
 #include "backend.h"
 #include "cli.h"
+#include "clock.h"
 #include "commands.h"
 #include "engine.h"
 #include "engine_config.h"
@@ -82,7 +83,7 @@ static void on_event(void *arg, const fy_event_t *ev)
     track_t *k = arg;
     if (ev->kind == FY_EVENT_TOKEN && k->n < k->cap) {
         k->tok[k->n] = ev->token;
-        k->t[k->n++] = now_s();
+        k->t[k->n++] = fy_now_s();
     }
     if (ev->kind != FY_EVENT_TOKEN) k->done = true;
     if (ev->kind == FY_EVENT_ERROR) {

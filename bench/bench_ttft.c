@@ -21,6 +21,7 @@
 #include "backend.h"
 #include "cli.h"
 #include "client.h"
+#include "clock.h"
 #include "commands.h"
 #include "engine.h"
 #include "engine_config.h"
@@ -63,7 +64,7 @@ typedef struct first {
 static void on_event(void *arg, const fy_event_t *ev)
 {
     first_t *f = arg;
-    if (ev->kind == FY_EVENT_TOKEN && f->t == 0) f->t = now_s();
+    if (ev->kind == FY_EVENT_TOKEN && f->t == 0) f->t = fy_now_s();
     if (ev->kind == FY_EVENT_FINISH || ev->kind == FY_EVENT_ERROR) f->done = true;
 }
 
@@ -91,7 +92,7 @@ static fy_status_t colocated(const char *model, int threads, int32_t *const *pro
         fy_genspec_default(&q);
         q.max_tokens = 1;
         first_t f = {0};
-        double t0 = now_s();
+        double t0 = fy_now_s();
         uint64_t id;
         if ((st = fy_engine_submit(e, prompts[i], lens[i], &q, NULL, on_event, &f, &id))) goto out;
         while (!f.done)
@@ -194,7 +195,7 @@ int fy_cmd_bench_ttft(int argc, char **argv)
             req.gen.ignore_eos = true;
             fy_client_stream_t s;
             char err[256];
-            double t0 = now_s();
+            double t0 = fy_now_s();
             if (fy_client_generate(c, &req, &s, err, sizeof(err)) != FY_OK) {
                 fprintf(stderr, "ferry: bench-ttft: refused: %s\n", err);
                 rc = 1;
@@ -208,7 +209,7 @@ int fy_cmd_bench_ttft(int argc, char **argv)
                     rc = 1;
                     break;
                 }
-                if (u.n_tokens && t_first == 0) t_first = now_s();
+                if (u.n_tokens && t_first == 0) t_first = fy_now_s();
                 if (!u.done) continue;
                 const fy_client_timings_t *t = &u.timings;
                 dis[k] = t_first - t0;

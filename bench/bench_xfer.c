@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "clock.h"
 #include "commands.h"
 #include "log.h"
 #include "mem.h"
@@ -362,14 +363,14 @@ static fy_status_t run_job(fy_xfer_t *x, const void *blob, size_t len, const pat
 {
     fy_xfer_job_t *j;
     w->done = 0;
-    double t0 = fy_xfer_now();
+    double t0 = fy_now_s();
     fy_status_t st = fy_xfer_job_begin(x, blob, len, t0 + 30, on_done, w, &j);
     if (st != FY_OK) return st;
     st = fy_xfer_job_put(j, p->src, p->dst, n);
     fy_xfer_job_finish(j);
     char c;
     if (!read_all(w->fd[0], &c, 1)) return FY_ERR_IO;
-    double t1 = fy_xfer_now();
+    double t1 = fy_now_s();
     if (st == FY_OK) st = w->st;
     if (st != FY_OK) fy_error("bench-xfer: %s job failed: %s: %s", p->name, fy_status_str(st), w->msg);
     *secs_p = t1 - t0;

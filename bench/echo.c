@@ -25,6 +25,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 
+#include "clock.h"
 #include "cluster.h"
 #include "log.h"
 #include "mem.h"
@@ -169,7 +170,7 @@ static void on_generate(fy_bench_echo_t *e, fy_rpc_call_t *call, fy_msgr_t *r)
         e->cap = nc;
     }
     uint64_t id = ++e->n;
-    e->reqs[id - 1] = (ereq_t){.live = true, .n_prompt = n_prompt, .max_tokens = max_tokens, .t0 = now_s()};
+    e->reqs[id - 1] = (ereq_t){.live = true, .n_prompt = n_prompt, .max_tokens = max_tokens, .t0 = fy_now_s()};
     pthread_mutex_unlock(&e->mu);
     fy_wire_accepted_t a = {.id = id, .n_prompt = n_prompt};
     fy_msgw_t w;
@@ -188,7 +189,7 @@ static void on_poll(fy_bench_echo_t *e, fy_rpc_call_t *call, fy_msgr_t *r)
     uint64_t id = m.id;
     int32_t from = m.from;
     double wait = m.wait_s;
-    double t = now_s();
+    double t = fy_now_s();
     pthread_mutex_lock(&e->mu);
     if (id > e->n || !e->reqs[id - 1].live) {
         pthread_mutex_unlock(&e->mu);
@@ -221,7 +222,7 @@ static void *timer_main(void *arg)
     fy_bench_echo_t *e = arg;
     pthread_mutex_lock(&e->mu);
     while (!e->stopping || e->parked) {
-        double t = now_s(), soonest = t + 1.0;
+        double t = fy_now_s(), soonest = t + 1.0;
         parked_t **pp = &e->parked, *ready = NULL;
         while (*pp) {
             parked_t *pk = *pp;
@@ -328,11 +329,11 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         int n = 0;
         if (s->phase == 0) {
             ereq_t q = {.max_tokens = s->max_tokens, .t0 = s->t0};
-            int32_t have = due_tokens(e, &q, now_s());
+            int32_t have = due_tokens(e, &q, fy_now_s());
             if (have <= s->sent) {
                 if (o) break; /* send what is written; come back for the rest */
                 /* in slices, so a stopping server does not wait out a long delay */
-                double d = next_due(e, &q, s->sent) - now_s();
+                double d = next_due(e, &q, s->sent) - fy_now_s();
                 if (d > 0.02) d = 0.02;
                 if (d > 0) usleep((useconds_t)(d * 1e6) + 1);
                 if (atomic_load(&e->http_stopping)) return MHD_CONTENT_READER_END_WITH_ERROR;
@@ -495,8 +496,13 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *c, const char *
     }
     hstream_t *s = fy_calloc(1, sizeof(*s));
     if (!s) return MHD_NO;
-    *s = (hstream_t){
-        .e = e, .chat = chat, .usage = usage, .n_prompt = n_prompt, .max_tokens = max_tokens, .t0 = now_s(), .id = id};
+    *s = (hstream_t){.e = e,
+                     .chat = chat,
+                     .usage = usage,
+                     .n_prompt = n_prompt,
+                     .max_tokens = max_tokens,
+                     .t0 = fy_now_s(),
+                     .id = id};
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, s, stream_free);
     if (!r) {
         fy_free(s);

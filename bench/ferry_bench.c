@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "authcost.h"
+#include "clock.h"
 #include "echo.h"
 #include "log.h"
 #include "mem.h"
@@ -234,13 +235,10 @@ static int cmd_echo(int argc, char **argv)
     printf("echo: nng %s, http %s%d\n", p.nng_url ? p.nng_url : "-", p.http ? "127.0.0.1:" : "-",
            p.http ? fy_bench_echo_http_port(e) : 0);
     fflush(stdout);
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = fy_now_s();
     while (!interrupted) {
         usleep(100000);
-        struct timespec t;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        if (for_s > 0 && (double)(t.tv_sec - t0.tv_sec) + (double)(t.tv_nsec - t0.tv_nsec) * 1e-9 > for_s) break;
+        if (for_s > 0 && fy_now_s() - t0 > for_s) break;
     }
     fprintf(stderr, "echo: %llu requests served, %llu refused\n", (unsigned long long)fy_bench_echo_served(e),
             (unsigned long long)fy_bench_echo_refused(e));

@@ -27,6 +27,7 @@
 #include <jansson.h>
 
 #include "client.h"
+#include "clock.h"
 #include "log.h"
 #include "mem.h"
 #include "rpc.h"
@@ -214,7 +215,7 @@ static void *progress_main(void *arg)
     int32_t total = R->w->n_reqs;
     while (!atomic_load(&R->stop_progress)) {
         usleep(250000);
-        double t = now_s() - R->t0;
+        double t = fy_now_s() - R->t0;
         if (!tty && t - last_line < 5.0) continue;
         last_line = t;
         int done = atomic_load(&R->done), failed = atomic_load(&R->failed), sent = atomic_load(&R->sent);
@@ -330,13 +331,13 @@ static void nng_request_on(run_t *R, fy_client_t *c, int32_t i, char **answer, f
     req.gen.ignore_eos = R->t->ignore_eos;
     fy_client_stream_t s;
     char err[256] = "";
-    double start = now_s();
+    double start = fy_now_s();
     r->sent_s = start - R->t0;
     count_start(R);
     fy_status_t st = fy_client_generate(c, &req, &s, err, sizeof(err));
     if (owned) fy_free(prompt);
     if (st) {
-        r->end_s = now_s() - R->t0;
+        r->end_s = fy_now_s() - R->t0;
         result_fail(r, status_kind(st), "%s", err[0] ? err : fy_status_str(st));
         *transport_p = st;
         return;
@@ -346,10 +347,10 @@ static void nng_request_on(run_t *R, fy_client_t *c, int32_t i, char **answer, f
     size_t alen = 0, acap = 0;
     double deadline = start + R->p->timeout_s;
     for (;;) {
-        double left = deadline - now_s();
+        double left = deadline - fy_now_s();
         if (left <= 0 || aborted(R)) {
             fy_client_cancel(c, s.id);
-            r->end_s = now_s() - R->t0;
+            r->end_s = fy_now_s() - R->t0;
             if (left <= 0)
                 result_fail(r, "timeout", "no end within %.1f s", R->p->timeout_s);
             else
@@ -358,7 +359,7 @@ static void nng_request_on(run_t *R, fy_client_t *c, int32_t i, char **answer, f
         }
         fy_client_update_t u;
         st = fy_client_poll(c, &s, left < 2.0 ? left : 2.0, &u);
-        double t = now_s() - R->t0;
+        double t = fy_now_s() - R->t0;
         if (st) {
             r->end_s = t;
             result_fail(r, status_kind(st), "poll: %s", u.message[0] ? u.message : fy_status_str(st));
@@ -399,7 +400,7 @@ static void nng_conv(run_t *R, nng_conn_t *c, int32_t ci, double due)
         int32_t i = cv->first + k;
         fy_bench_result_t *r = &R->res[i];
         if (k > 0) {
-            due = now_s() + R->w->think_s;
+            due = fy_now_s() + R->w->think_s;
             if (R->w->think_s > 0) {
                 struct timespec ts;
                 abs_time(due, &ts);
@@ -407,7 +408,7 @@ static void nng_conv(run_t *R, nng_conn_t *c, int32_t ci, double due)
             }
         }
         result_reset(r, due - R->t0, R->w->reqs[i].n_in);
-        if (aborted(R) || (k > 0 && past_duration(R, now_s() - R->t0))) {
+        if (aborted(R) || (k > 0 && past_duration(R, fy_now_s() - R->t0))) {
             conv_not_sent(R, ci, k, aborted(R) ? "interrupted" : "not_sent",
                           aborted(R) ? "the run was interrupted" : "past --duration");
             return;
@@ -471,11 +472,11 @@ static fy_status_t run_nng(run_t *R, const int32_t *order, const double *at)
         /* closed loop and the concurrency limit: wait for a free worker */
         while (R->n_idle - (R->q_tail - R->q_head) <= 0 && R->n_workers == R->max_inflight && !aborted(R)) {
             struct timespec tw;
-            abs_time(now_s() + 0.1, &tw);
+            abs_time(fy_now_s() + 0.1, &tw);
             pthread_cond_timedwait(&R->idle, &R->mu, &tw);
         }
         pthread_mutex_unlock(&R->mu);
-        double t = now_s() - R->t0;
+        double t = fy_now_s() - R->t0;
         if (aborted(R) || past_duration(R, t)) {
             for (int32_t j = k; j < w->n_convs; j++) {
                 R->res[w->convs[order[j]].first].sched_s = at[order[j]];
@@ -601,7 +602,7 @@ static size_t on_data(char *p, size_t size, size_t nmemb, void *arg)
 {
     hreq_t *q = arg;
     size_t n = size * nmemb;
-    double t = now_s() - q->R->t0;
+    double t = fy_now_s() - q->R->t0;
     if (!q->status) curl_easy_getinfo(q->h, CURLINFO_RESPONSE_CODE, &q->status);
     if (!grow(&q->buf, &q->cap, q->len + n + 1)) return 0; /* curl ends the transfer: CURLE_WRITE_ERROR */
     memcpy(q->buf + q->len, p, n);
@@ -731,7 +732,7 @@ static hreq_t *http_start(run_t *R, CURLM *m, int32_t ci, int32_t turn, double d
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
     if (R->t->ca_file) curl_easy_setopt(h, CURLOPT_CAINFO, R->t->ca_file);
-    r->sent_s = now_s() - R->t0;
+    r->sent_s = fy_now_s() - R->t0;
     CURLMcode mc = curl_multi_add_handle(m, h);
     if (mc != CURLM_OK) {
         r->end_s = r->sent_s;
@@ -749,7 +750,7 @@ static hreq_t *http_start(run_t *R, CURLM *m, int32_t ci, int32_t turn, double d
 static bool http_end(run_t *R, hreq_t *q, CURLcode cc)
 {
     fy_bench_result_t *r = &R->res[q->i];
-    r->end_s = now_s() - R->t0;
+    r->end_s = fy_now_s() - R->t0;
     if (!q->status) curl_easy_getinfo(q->h, CURLINFO_RESPONSE_CODE, &q->status);
     if (q->usage_out >= 0 && q->usage_out != r->n_out && r->n_chunks > 0) {
         /* the server counted the tokens: spread its count over the chunks seen */
@@ -885,7 +886,7 @@ static fy_status_t run_http(run_t *R, const int32_t *order, const double *at)
     int32_t n_later = 0, next = 0, inflight = 0;
     hreq_t *active = NULL;
     for (;;) {
-        double t = now_s();
+        double t = fy_now_s();
         bool stop_new = aborted(R) || past_duration(R, t - R->t0);
         /* start what is due, later turns first (they were waiting on an answer) */
         for (int32_t k = 0; k < n_later && inflight < R->max_inflight;) {
@@ -941,7 +942,7 @@ static fy_status_t run_http(run_t *R, const int32_t *order, const double *at)
             const fy_bench_conv_t *cv = &w->convs[q->conv];
             if (q->turn + 1 < cv->n_turns) {
                 if (ok)
-                    later[n_later++] = (due_turn_t){now_s() + w->think_s, q->conv, q->turn + 1};
+                    later[n_later++] = (due_turn_t){fy_now_s() + w->think_s, q->conv, q->turn + 1};
                 else
                     conv_not_sent(R, q->conv, q->turn + 1, "not_sent", "an earlier turn failed");
             }
@@ -954,7 +955,7 @@ static fy_status_t run_http(run_t *R, const int32_t *order, const double *at)
                 curl_multi_remove_handle(m, q->h);
                 inflight--;
                 fy_bench_result_t *r = &R->res[q->i];
-                r->end_s = now_s() - R->t0;
+                r->end_s = fy_now_s() - R->t0;
                 result_fail(r, "interrupted", "the run was interrupted");
                 count_end(R, r);
                 conv_not_sent(R, q->conv, q->turn + 1, "interrupted", "the run was interrupted");
@@ -966,7 +967,7 @@ static fy_status_t run_http(run_t *R, const int32_t *order, const double *at)
             wake = R->t0 + at[order[next]];
         for (int32_t k = 0; k < n_later; k++)
             if (later[k].due < wake) wake = later[k].due;
-        int ms = (int)ceil((wake - now_s()) * 1000.0);
+        int ms = (int)ceil((wake - fy_now_s()) * 1000.0);
         if (ms > 0) curl_multi_poll(m, NULL, 0, ms, NULL);
     }
     curl_multi_cleanup(m);
@@ -1049,7 +1050,7 @@ fy_status_t fy_bench_run(const fy_bench_target_t *t, const fy_bench_workload_t *
         pthread_mutex_unlock(&R.mu);
     }
     pthread_t prog;
-    R.t0 = now_s();
+    R.t0 = fy_now_s();
     bool have_prog = p->progress && pthread_create(&prog, NULL, progress_main, &R) == 0;
     fy_status_t st = t->proto == FY_BENCH_PROTO_HTTP ? run_http(&R, order, at) : run_nng(&R, order, at);
     double end = 0;

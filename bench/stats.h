@@ -1,21 +1,13 @@
 /*
- * stats.h - the clock and the order statistics every bench command
- * uses: CLOCK_MONOTONIC seconds, a qsort comparator for doubles, and the
- * median (the mean of the middle two for an even count).  Static inline,
- * so each command file stays one translation unit.
+ * stats.h - the order statistics every bench command uses: a qsort
+ * comparator for doubles and the median (the mean of the middle two for
+ * an even count).  Static inline, so each command file stays one
+ * translation unit.  The clock is common/clock.h's fy_now_s.
  */
 #ifndef FY_BENCH_STATS_H
 #define FY_BENCH_STATS_H
 
 #include <stdlib.h>
-#include <time.h>
-
-static inline double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static inline int cmp_double(const void *a, const void *b)
 {

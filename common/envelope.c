@@ -14,6 +14,7 @@
 
 #include <sodium.h>
 
+#include "clock.h"
 #include "log.h"
 #include "mem.h"
 
@@ -68,12 +69,7 @@ static bool name_ok(const char *s, size_t n)
     return true;
 }
 
-uint64_t fy_env_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
+uint64_t fy_env_now_ms(void) { return (uint64_t)fy_wall_ms(); }
 
 uint64_t fy_env_random_id(void)
 {

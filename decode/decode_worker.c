@@ -39,6 +39,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "clock.h"
 #include "genspec.h"
 #include "log.h"
 #include "mem.h"
@@ -299,7 +300,7 @@ static void cmd_reserve(decode_t *d, fy_msgr_t *r, uint64_t rid)
     l->n_cached = hit;
     l->id = id;
     l->lease = ++d->next_lease;
-    l->t_reserved = fy_node_now();
+    l->t_reserved = fy_now_s();
     l->deadline = l->t_reserved + lease_s;
     l->next = d->leases;
     d->leases = l;
@@ -429,7 +430,7 @@ static void cmd_adopt(decode_t *d, fy_msgr_t *r, uint64_t rid)
         return;
     }
     lease_unlink(d, l);
-    fy_metric_observe(d->m.lease_wait, fy_node_now() - l->t_reserved);
+    fy_metric_observe(d->m.lease_wait, fy_now_s() - l->t_reserved);
     /* staged: the prompt's blocks from the staging slots into the pool,
      * before they are placed or read */
     fy_status_t st = FY_OK;
@@ -575,7 +576,7 @@ static void cmd_renew(decode_t *d, fy_msgr_t *r, uint64_t rid)
         return;
     }
     if (lease_s > d->max_lease) lease_s = d->max_lease; /* the cap holds for renewals too */
-    double until = fy_node_now() + lease_s;
+    double until = fy_now_s() + lease_s;
     if (until > l->deadline) l->deadline = until;
     d->renewed++;
     fy_wire_renewed_t rm = {.ev = fy_node_ev(d->n, rid, id), .lease = l->lease, .lease_s = lease_s};

@@ -24,16 +24,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "grammar.h"
 #include "log.h"
 #include "mem.h"
-
-double eng_now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 const char *fy_finish_reason_str(fy_finish_reason_t r)
 {
@@ -191,7 +185,7 @@ void eng_end_request(fy_engine_t *e, request_t *q, fy_event_kind_t kind, fy_fini
     fy_kvm_seq_release(e->kvm, &q->bt);
     fy_kvm_resv_release(e->kvm, &q->resv);
     eng_draft_drop(e, q);
-    double t = eng_now_s();
+    double t = fy_now_s();
     fill_timings(q, t);
     fy_event_t ev = {.kind = kind,
                      .id = q->id,
@@ -666,7 +660,7 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
     fy_rng_seed(&q->drng, gen->sampling.seed ^ 0x5bd1e9955bd1e995ull);
     fy_detok_init(&q->detok, e->tok, gen->render_special);
     q->stopper.include_stop = gen->include_stop;
-    q->t_submit = eng_now_s();
+    q->t_submit = fy_now_s();
     q->state = RQ_INBOX;
     *st_p = FY_OK;
     return q;
@@ -812,7 +806,7 @@ fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_pro
     eng_kv_evict(e, q);
     q->state = RQ_RUNNING;
     e->running[e->n_running++] = q;
-    double t = eng_now_s();
+    double t = fy_now_s();
     q->t_sched = t;
     if (id_p) *id_p = q->id;
     int32_t n_top = ctx->n_first_top < q->top_logprobs ? ctx->n_first_top : q->top_logprobs;
@@ -831,14 +825,14 @@ fy_status_t fy_engine_step(fy_engine_t *e)
     int32_t n_tok = 0;
     for (int32_t i = 0; i < n; i++) n_tok += e->fwd[i].n_tokens;
     e->st.forward_tokens += (uint64_t)n_tok;
-    double t_fwd = eng_now_s();
+    double t_fwd = fy_now_s();
     fy_status_t st = fy_runner_forward(e->r, e->fwd, n, e->logits);
-    eng_cost_note(e, n_tok, eng_now_s() - t_fwd);
+    eng_cost_note(e, n_tok, fy_now_s() - t_fwd);
     if (st != FY_OK) { /* logged; the requests in this batch end, the engine keeps serving */
         for (int32_t i = 0; i < n; i++) eng_end_error(e, e->fwd_req[i], st, "forward pass failed");
         return st;
     }
-    eng_outputs(e, n, eng_now_s()); /* output.c */
+    eng_outputs(e, n, fy_now_s()); /* output.c */
     eng_adjust_budget(e);
     return FY_OK;
 }
@@ -853,18 +847,10 @@ bool fy_engine_idle(fy_engine_t *e)
 
 /* ---- the engine's own thread ------------------------------------------------------------------------ */
 
-static void deadline_in(struct timespec *ts, double s)
-{
-    clock_gettime(CLOCK_REALTIME, ts);
-    double ns = (double)ts->tv_nsec + s * 1e9;
-    ts->tv_sec += (time_t)(ns / 1e9);
-    ts->tv_nsec = (long)fmod(ns, 1e9);
-}
-
 static void *engine_main(void *p)
 {
     fy_engine_t *e = p;
-    double last_tick = eng_now_s();
+    double last_tick = fy_now_s();
     for (;;) {
         pthread_mutex_lock(&e->mu);
         while (!e->stop && !e->inbox && !e->n_cancels && !e->posts && !e->n_running && !e->n_waiting && !e->n_swapped) {
@@ -872,10 +858,10 @@ static void *engine_main(void *p)
                 pthread_cond_wait(&e->cv, &e->mu);
                 continue;
             }
-            double left = last_tick + e->p.tick_s - eng_now_s();
+            double left = last_tick + e->p.tick_s - fy_now_s();
             if (left <= 0) break;
             struct timespec ts;
-            deadline_in(&ts, left);
+            fy_deadline_in(CLOCK_REALTIME, left, &ts);
             pthread_cond_timedwait(&e->cv, &e->mu, &ts);
         }
         bool stop = e->stop;
@@ -885,7 +871,7 @@ static void *engine_main(void *p)
         fy_engine_step(e);
         if (e->p.tick_fn) {
             e->p.tick_fn(e->p.tick_arg);
-            last_tick = eng_now_s();
+            last_tick = fy_now_s();
         }
         /* waiting requests that cannot be admitted yet, with nothing
          * running to free blocks: sleep until something is handed in */
@@ -893,7 +879,7 @@ static void *engine_main(void *p)
             pthread_mutex_lock(&e->mu);
             if (!e->stop && !e->inbox && !e->n_cancels && !e->posts) {
                 struct timespec ts;
-                deadline_in(&ts, 0.010); /* and look again in 10 ms */
+                fy_deadline_in(CLOCK_REALTIME, 0.010, &ts); /* and look again in 10 ms */
                 pthread_cond_timedwait(&e->cv, &e->mu, &ts);
             }
             pthread_mutex_unlock(&e->mu);

@@ -192,7 +192,6 @@ void eng_end_request(fy_engine_t *e, request_t *q, fy_event_kind_t kind, fy_fini
                      const char *message);
 void eng_list_insert(request_t **head, request_t *q);
 bool eng_list_remove(request_t **head, request_t *q);
-double eng_now_s(void);
 void eng_unlink_request(fy_engine_t *e, request_t *q);
 
 /* sched.c */

@@ -46,6 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "log.h"
 #include "mem.h"
 
@@ -117,14 +118,7 @@ struct fy_group {
     pid_t pids[GRP_MAX_RANKS]; /* rank 0's children */
 };
 
-/* ---- time, futex ------------------------------------------------------------ */
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
+/* ---- futex ------------------------------------------------------------------ */
 
 static void futex_wait(_Atomic uint32_t *word, uint32_t val, int64_t ns)
 {
@@ -209,8 +203,8 @@ static fy_status_t grp_peer(fy_group_t *g)
         if (g->rank == 0) grp_check_peers(g, NULL, -1);
         /* the breaker writes the reason right after its flag; a breaker
          * killed in between leaves it unwritten */
-        int64_t until = now_ns() + 10 * 1000000;
-        while (!atomic_load(&h->broken_ready) && now_ns() < until) cpu_relax();
+        int64_t until = (int64_t)fy_now_ns() + 10 * 1000000;
+        while (!atomic_load(&h->broken_ready) && (int64_t)fy_now_ns() < until) cpu_relax();
         if (atomic_load(&h->broken_ready))
             fy_error("group: rank %d: the group is broken: %s", (int)g->rank, h->reason);
         else
@@ -373,7 +367,7 @@ static fy_status_t grp_wait(fy_group_t *g, const grp_want_t *w)
     /* commands take as long as their work: their waits say nothing
      * about how soon a peer posts */
     bool adapt = !w->idle && !w->cmd;
-    int64_t start = now_ns();
+    int64_t start = (int64_t)fy_now_ns();
     for (uint32_t i = 0;; i++) {
         /* breakage first: once broken, every wait says so; rank 0 leaving
          * only ends waits that would not end otherwise */
@@ -383,7 +377,7 @@ static fy_status_t grp_wait(fy_group_t *g, const grp_want_t *w)
             return r > 0 ? FY_OK : FY_ERR_MISMATCH;
         }
         if ((st = grp_state(g)) != FY_OK) return st;
-        if ((i & 15) == 15 && now_ns() - start >= g->spin_ns) break;
+        if ((i & 15) == 15 && (int64_t)fy_now_ns() - start >= g->spin_ns) break;
         cpu_relax();
     }
     if (adapt) g->spin_ns = FY_MAX((int64_t)GRP_SPIN_MIN_NS, g->spin_ns / 2);
@@ -403,7 +397,7 @@ static fy_status_t grp_wait(fy_group_t *g, const grp_want_t *w)
         /* not ready, just now: a peer that is gone (lag, the one waited
          * for) will never post; one that posted and then left is ready
          * above */
-        int64_t now = now_ns();
+        int64_t now = (int64_t)fy_now_ns();
         if (now >= next_check) {
             grp_check_peers(g, w, lag);
             next_check = now + nap_ns;
@@ -556,7 +550,7 @@ void fy_group_destroy(fy_group_t *g)
         wake_all(h);
         /* a broken group's followers are on their way out, or stuck */
         int64_t wait_ms = atomic_load(&h->broken) ? FY_MIN(g->timeout_ms, 2000) : g->timeout_ms;
-        int64_t deadline = now_ns() + wait_ms * 1000000;
+        int64_t deadline = (int64_t)fy_now_ns() + wait_ms * 1000000;
         int64_t nap_us = 200;
         for (;;) {
             bool left = false;
@@ -568,7 +562,7 @@ void fy_group_destroy(fy_group_t *g)
                 else
                     left = true;
             }
-            if (!left || now_ns() >= deadline) break;
+            if (!left || (int64_t)fy_now_ns() >= deadline) break;
             struct timespec ts = {.tv_sec = 0, .tv_nsec = nap_us * 1000};
             nanosleep(&ts, NULL);
             nap_us = FY_MIN(nap_us * 2, (int64_t)20000);

@@ -38,6 +38,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "kvplan.h"
 #include "log.h"
 #include "mem.h"
@@ -113,13 +114,6 @@ enum { CMD_FORWARD = 1, CMD_COPY, CMD_TIMING };
 #define CMD_FORWARD_HEAD 2 /* type, n_seqs */
 #define CMD_SEQ_HEAD 5     /* n_tokens, pos, n_logits, n_groups, n_blocks; then lo[n_groups], blocks, tokens */
 #define CMD_COPY_HEAD 4    /* type, dst tier, src tier, n; then dst[n], src[n] */
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* ---- shapes ---- */
 
@@ -1061,9 +1055,9 @@ static fy_status_t reduce(fy_runner_t *r, float *x, size_t n)
     if (r->tp == 1) return FY_OK;
     fy_status_t st = fy_backend_sync(r->be);
     if (st != FY_OK) return st;
-    uint64_t t = now_ns();
+    uint64_t t = fy_now_ns();
     st = fy_group_allreduce_f32(r->group, r->stage * r->tp, r->tp, x, n);
-    r->tm.allreduce_ns += now_ns() - t;
+    r->tm.allreduce_ns += fy_now_ns() - t;
     return st;
 }
 
@@ -1075,9 +1069,9 @@ static fy_status_t gather(fy_runner_t *r, const float *src, size_t w, float *dst
 {
     fy_status_t st = fy_backend_sync(r->be);
     if (st != FY_OK) return st;
-    uint64_t t = now_ns();
+    uint64_t t = fy_now_ns();
     st = fy_group_allgather(r->group, r->stage * r->tp, r->tp, src, (size_t)n, w * sizeof(float), dst);
-    r->tm.allreduce_ns += now_ns() - t;
+    r->tm.allreduce_ns += fy_now_ns() - t;
     return st;
 }
 
@@ -1105,17 +1099,17 @@ static fy_status_t stage_send(fy_runner_t *r, int32_t dst, const float *x, size_
 {
     fy_status_t st = fy_backend_sync(r->be);
     if (st != FY_OK) return st;
-    uint64_t t = now_ns();
+    uint64_t t = fy_now_ns();
     st = fy_group_send(r->group, dst, x, n * sizeof(float));
-    r->tm.send_ns += now_ns() - t;
+    r->tm.send_ns += fy_now_ns() - t;
     return st;
 }
 
 static fy_status_t stage_recv(fy_runner_t *r, int32_t src, float *x, size_t n)
 {
-    uint64_t t = now_ns();
+    uint64_t t = fy_now_ns();
     fy_status_t st = fy_group_recv(r->group, src, x, n * sizeof(float));
-    r->tm.wait_ns += now_ns() - t;
+    r->tm.wait_ns += fy_now_ns() - t;
     return st;
 }
 
@@ -1306,9 +1300,9 @@ static fy_status_t compute(fy_runner_t *r, const fy_forward_seq_t *seqs, int32_t
 static fy_status_t compute_timed(fy_runner_t *r, const fy_forward_seq_t *seqs, int32_t n_seqs, int32_t n, int32_t nl,
                                  bool scores, float *logits)
 {
-    uint64_t t0 = now_ns(), other = r->tm.allreduce_ns + r->tm.wait_ns + r->tm.send_ns;
+    uint64_t t0 = fy_now_ns(), other = r->tm.allreduce_ns + r->tm.wait_ns + r->tm.send_ns;
     fy_status_t st = compute(r, seqs, n_seqs, n, nl, scores, logits);
-    uint64_t spent = now_ns() - t0, waited = r->tm.allreduce_ns + r->tm.wait_ns + r->tm.send_ns - other;
+    uint64_t spent = fy_now_ns() - t0, waited = r->tm.allreduce_ns + r->tm.wait_ns + r->tm.send_ns - other;
     r->tm.compute_ns += spent > waited ? spent - waited : 0;
     r->tm.forwards++;
     return st;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "log.h"
 #include "mem.h"
 
@@ -103,7 +104,7 @@ static bool schedule(fy_engine_t *e, int32_t i, int32_t k)
         if (victim == q) return false;
     }
     q->sched = k;
-    if (q->t_sched == 0) q->t_sched = eng_now_s();
+    if (q->t_sched == 0) q->t_sched = fy_now_s();
     return true;
 }
 

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "log.h"
 #include "mem.h"
 
@@ -117,9 +118,9 @@ static void draft_propose(fy_engine_t *e, int32_t n)
                 (fy_forward_seq_t){.bt = &q->dbt, .tokens = q->tokens + pos, .n_tokens = 1, .pos = pos, .n_logits = 1};
         }
         if (nf == 0) break;
-        double td = eng_now_s();
+        double td = fy_now_s();
         fy_status_t st = fy_runner_forward(dr, e->dfwd, nf, e->logits);
-        td = eng_now_s() - td;
+        td = fy_now_s() - td;
         e->dcost = e->dcost > 0 ? e->dcost + 0.2 * (td - e->dcost) : td;
         if (st != FY_OK) {
             /* keep what was proposed so far */
@@ -185,7 +186,7 @@ void eng_spec_plan(fy_engine_t *e, int32_t budget)
     const fy_spec_params_t *sp = &e->p.spec;
     for (int32_t i = 0; i < e->n_running; i++) e->running[i]->spec_k = 0;
     if (fy_spec_ctl_want(&e->wctl) == 0) return; /* the worker's speculation is off for now */
-    double t0 = eng_now_s();
+    double t0 = fy_now_s();
     int32_t rows = 0, tokens = 0;
     for (int32_t i = 0; i < e->n_running; i++) {
         request_t *q = e->running[i];
@@ -285,7 +286,7 @@ void eng_spec_plan(fy_engine_t *e, int32_t budget)
         for (int32_t i = 0; i < nd; i++)
             if (e->dk[i] < e->dreq[i]->spec_k) spec_shrink(e, e->dreq[i], e->dk[i]);
     }
-    e->st.propose_s += eng_now_s() - t0;
+    e->st.propose_s += fy_now_s() - t0;
 }
 
 /*

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "log.h"
 #include "mem.h"
 
@@ -24,13 +25,6 @@ struct fy_backend {
     bool profiling;
     fy_backend_profile_t prof;
 };
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 void fy_backend_profile_enable(fy_backend_t *be, bool on)
 {
@@ -122,10 +116,10 @@ static fy_status_t missing(const fy_backend_t *be, const char *op)
 #define TIMED(kind, op, ...)                                                                                           \
     do {                                                                                                               \
         if (!be->profiling) return CALL(op, __VA_ARGS__);                                                              \
-        uint64_t t0_ = now_ns();                                                                                       \
+        uint64_t t0_ = fy_now_ns();                                                                                    \
         fy_status_t st_ = CALL(op, __VA_ARGS__);                                                                       \
         if (st_ == FY_OK && be->ops->sync) st_ = be->ops->sync(be->ctx);                                               \
-        be->prof.ns[kind] += now_ns() - t0_;                                                                           \
+        be->prof.ns[kind] += fy_now_ns() - t0_;                                                                        \
         be->prof.calls[kind]++;                                                                                        \
         return st_;                                                                                                    \
     } while (0)

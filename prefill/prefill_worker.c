@@ -45,6 +45,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "clock.h"
 #include "genspec.h"
 #include "log.h"
 #include "mem.h"
@@ -201,7 +202,7 @@ static void job_maybe_end(pjob_t *j)
     if (!j->engine_done || !j->xfer_done) return;
     prefill_t *p = j->p;
     fy_node_t *n = p->n;
-    double now = fy_node_now();
+    double now = fy_now_s();
     fy_metric_observe(p->m.e2e, now - j->t_recv);
     if (j->xfer_status == FY_OK && j->engine_status == FY_OK && j->have_token && !j->cancelled) {
         fy_metric_inc(p->m.ok);
@@ -350,7 +351,7 @@ static int32_t put_blocks(pjob_t *j, const int32_t *src, const int32_t *dst, int
         fy_xgroup_job_put(j->xj, src, dst, n); /* an error is remembered and reported at the end */
         fy_node_kv_moved(j->p->n, n, (int64_t)n * (int64_t)fy_xgroup_job_block_bytes(j->xj));
     }
-    if (j->t_first_put == 0) j->t_first_put = fy_node_now();
+    if (j->t_first_put == 0) j->t_first_put = fy_now_s();
     int64_t b = (int64_t)n * (int64_t)fy_xgroup_job_block_bytes(j->xj); /* every rank's share */
     j->bytes += b;
     j->p->bytes += b;
@@ -468,7 +469,7 @@ static void on_event(void *arg, const fy_event_t *ev)
     case FY_EVENT_FINISH:
     case FY_EVENT_ERROR:
         j->engine_done = true;
-        j->t_computed = fy_node_now();
+        j->t_computed = fy_now_s();
         if (ev->timings) {
             j->queue_s = ev->timings->queue_s;
             j->n_cached = ev->timings->n_cached;
@@ -548,7 +549,7 @@ static void cmd_prefill(prefill_t *p, fy_msgr_t *r, uint64_t rid)
     j->first_block = m.first_block;
     j->n_dst = m.n_blocks;
     j->slots = m.slots;
-    j->t_recv = fy_node_now();
+    j->t_recv = fy_now_s();
     /* one token: the decode worker decides what it means (stop strings, end
      * of turn, stop token ids); progress events drive the transfer */
     fy_request_ctx_t ctx = {.progress = true, .first_only = true};
@@ -600,7 +601,7 @@ static bool p_direct(fy_node_t *n, void *state, const char *type, fy_msgr_t *r)
     fy_wire_extend_init(&m);
     if (!fy_wire_extend_is(r)) return false;
     if (fy_wire_extend_read(r, NULL, &m)) return false; /* the engine thread's pass reports it */
-    double until = fy_node_now() + m.deadline_s;
+    double until = fy_now_s() + m.deadline_s;
     pthread_mutex_lock(&p->open_mu);
     for (pjob_t *j = p->open; j; j = j->xnext)
         if (j->id == m.id && j->attempt == m.attempt) fy_xgroup_job_extend(j->xj, until);

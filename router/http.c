@@ -60,6 +60,7 @@
 #include <jansson.h>
 #include <sodium.h>
 
+#include "clock.h"
 #include "cluster.h"
 #include "grammar.h"
 #include "http_parse.h"
@@ -139,13 +140,6 @@ struct hreq {
     fy_tenant_t *key_tenant; /* the API key's, until admitted */
     hreq_t *prev, *next;
 };
-
-static double mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ---- JSON helpers ------------------------------------------------------------------------------ */
 
@@ -741,7 +735,7 @@ static void h_release(hreq_t *h, bool cancel)
     }
     if (h->tenant) {
         int64_t unused = h->max_tokens * h->n - generated;
-        fy_tenant_release(h->tenant, h->n, unused > 0 ? unused : 0, mono());
+        fy_tenant_release(h->tenant, h->n, unused > 0 ? unused : 0, fy_now_s());
     }
 }
 
@@ -941,7 +935,7 @@ static bool hreq_admit(fy_http_t *H, hreq_t *h, fy_tenant_t *tenant, const fy_ht
     if (H->draining) return false;
     if (tenant) {
         why->cost = (int64_t)g->n_prompt + (int64_t)g->gen.max_tokens * g->n;
-        why->verdict = fy_tenant_admit(tenant, g->n, why->cost, mono(), &why->retry);
+        why->verdict = fy_tenant_admit(tenant, g->n, why->cost, fy_now_s(), &why->retry);
         if (why->verdict != FY_TENANT_OK) return false;
         h->tenant = tenant;
     }

@@ -36,6 +36,7 @@
 #include <sodium.h>
 
 #include "bloom.h"
+#include "clock.h"
 #include "cluster.h"
 #include "etcd.h"
 #include "evict.h"
@@ -249,13 +250,6 @@ typedef struct router {
     } m;
 } router_t;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* ---- requests ------------------------------------------------------------------------------------ */
 
 static rreq_t *req_find(router_t *R, uint64_t id)
@@ -401,7 +395,7 @@ static void finish_req(router_t *R, rreq_t *q, fy_status_t err, const char *fmt,
     }
     set_state(R, q, RQ_DONE);
     q->done = true;
-    q->t_done = now_s();
+    q->t_done = fy_now_s();
     fy_metric_observe(R->m.e2e, q->t_done - q->t_arrive);
     /* vLLM's per-request phases, on the router's clock: queue (arrival to
      * the last placement), prefill (placement to the first token),
@@ -439,7 +433,7 @@ static void finish_req(router_t *R, rreq_t *q, fy_status_t err, const char *fmt,
  * end.  Never after a token was delivered: the client has seen them. */
 static void retry_side(router_t *R, rreq_t *q, fy_status_t err, const char *why, bool decode_side)
 {
-    if (q->retries < R->max_retries && q->deadline > now_s() && (!decode_side || q->n_out == 0)) {
+    if (q->retries < R->max_retries && q->deadline > fy_now_s() && (!decode_side || q->n_out == 0)) {
         fy_warn("request %llu: %s; retrying on another %s worker", (unsigned long long)q->id, why,
                 decode_side ? "decode" : "prefill");
         int failed_pw = q->pw, failed_dw = q->dw;
@@ -594,7 +588,7 @@ static void send_to_decode(router_t *R, rreq_t *q, int di)
     fy_msgw_t w;
     q->rid = ++R->next_rid;
     q->rid_loads = d->n_loads;
-    q->rid_deadline = now_s() + R->command_timeout;
+    q->rid_deadline = fy_now_s() + R->command_timeout;
     fy_wire_reserve_t m = {
         .cmd = cmd_to(d, q->rid), .id = q->id, .tokens = q->prompt, .n_tokens = q->n_prompt, .gen = q->gen};
     snprintf(m.tenant, sizeof(m.tenant), "%s", q->tenant);
@@ -611,7 +605,7 @@ static void send_to_decode(router_t *R, rreq_t *q, int di)
     q->d_inc = d->inc;
     d->assigned++;
     d->blocks_since += q->need_blocks;
-    q->t_reserve = now_s();
+    q->t_reserve = fy_now_s();
     set_state(R, q, R->colocated ? RQ_ADOPTING : RQ_RESERVING);
 }
 
@@ -743,7 +737,7 @@ static void on_workers(void *arg, const fy_member_t *live, int n_live)
     R->n_listed = n;
     if (!R->listed_once) fy_info("etcd lists %d worker(s)", n);
     R->listed_once = true;
-    double now = now_s();
+    double now = fy_now_s();
     for (int i = 0; i < R->n_workers; i++) {
         worker_t *w = &R->workers[i];
         bool is_listed = worker_listed(R, w->name);
@@ -838,7 +832,7 @@ static void on_load(router_t *R, fy_msgr_t *r, const fy_env_hdr_t *from, const c
         w->inc = inc;
         w->role = wrole;
         w->up = false;
-        w->last_seen = now_s();
+        w->last_seen = fy_now_s();
         return;
     }
     w->out_of_service[0] = '\0';
@@ -846,7 +840,7 @@ static void on_load(router_t *R, fy_msgr_t *r, const fy_env_hdr_t *from, const c
     w->inc = inc;
     w->role = wrole;
     w->up = true;
-    w->last_seen = now_s();
+    w->last_seen = fy_now_s();
     w->n_loads++;
     w->running = m.running;
     w->waiting = m.waiting;
@@ -893,9 +887,9 @@ static void send_prefill(router_t *R, rreq_t *q)
     fy_msgw_t w;
     q->rid = ++R->next_rid;
     q->rid_loads = p->n_loads;
-    q->rid_deadline = now_s() + R->command_timeout;
+    q->rid_deadline = fy_now_s() + R->command_timeout;
     /* the prefill worker stops putting a second before the lease ends */
-    double left = q->lease_end - now_s() - 1.0;
+    double left = q->lease_end - fy_now_s() - 1.0;
     fy_wire_prefill_t m = {.cmd = cmd_to(p, q->rid),
                            .id = q->id,
                            .attempt = q->retries,
@@ -916,7 +910,7 @@ static void send_prefill(router_t *R, rreq_t *q)
     q->pw = pi;
     q->p_inc = p->inc;
     p->pending_tokens += q->n_prompt;
-    q->t_prefill = now_s();
+    q->t_prefill = fy_now_s();
     q->prefill_deadline = q->t_prefill + R->prefill_timeout;
     set_state(R, q, RQ_PREFILLING);
 }
@@ -957,7 +951,7 @@ static void on_reserved(router_t *R, rreq_t *q, fy_msgr_t *r)
     q->first_block = first;
     q->slots = m.slots;
     q->cached_d = cached;
-    q->t_reserved = now_s();
+    q->t_reserved = fy_now_s();
     q->rid = 0;
     send_prefill(R, q);
 }
@@ -998,7 +992,7 @@ static void on_progress(router_t *R, fy_msgr_t *r, const char *name, uint64_t in
         fy_warn("bad progress report from %s: %s", name, r->err);
         return;
     }
-    double now = now_s();
+    double now = fy_now_s();
     for (int32_t i = 0; i < m.n_ids; i++) {
         rreq_t *q = req_of(R, m.ids[i], name, inc, false);
         if (!q || q->state != RQ_PREFILLING || m.attempts[i] != q->retries) continue;
@@ -1031,7 +1025,7 @@ static void on_renewed(router_t *R, rreq_t *q, fy_msgr_t *r, uint64_t rid)
     worker_t *p = &R->workers[q->pw];
     if (p->inc != q->p_inc) return;
     fy_msgw_t w;
-    double left = q->lease_end - now_s() - 1.0;
+    double left = q->lease_end - fy_now_s() - 1.0;
     fy_wire_extend_t m2 = {
         .cmd = cmd_to(p, 0), .id = q->id, .attempt = q->retries, .deadline_s = left > 0.05 ? left : 0.05};
     fy_wire_extend_write(&w, &m2);
@@ -1065,14 +1059,14 @@ static void on_prefilled(router_t *R, rreq_t *q, fy_msgr_t *r)
     worker_t *p = &R->workers[q->pw];
     p->pending_tokens -= q->n_prompt;
     q->pw = -1;
-    q->t_prefilled = now_s();
+    q->t_prefilled = fy_now_s();
     fy_metric_add(R->m.xfer_bytes, (double)q->bytes);
     if (q->bytes > 0) fy_metric_observe(R->m.xfer_s, q->p_transfer);
     worker_t *d = &R->workers[q->dw];
     fy_msgw_t w;
     q->rid = ++R->next_rid;
     q->rid_loads = d->n_loads;
-    q->rid_deadline = now_s() + R->command_timeout;
+    q->rid_deadline = fy_now_s() + R->command_timeout;
     fy_wire_adopt_t a = {.cmd = cmd_to(d, q->rid),
                          .id = q->id,
                          .lease = q->lease,
@@ -1150,7 +1144,7 @@ static void on_token(router_t *R, rreq_t *q, fy_msgr_t *r)
         return;
     }
     if (q->state == RQ_ADOPTING) set_state(R, q, RQ_DECODING); /* the token overtook nothing: adopted came first */
-    double now = now_s();
+    double now = fy_now_s();
     if (q->t_first == 0) {
         q->t_first = now;
         fy_metric_observe(R->m.ttft, now - q->t_arrive);
@@ -1233,7 +1227,7 @@ static void on_finish(router_t *R, rreq_t *q, fy_msgr_t *r)
     }
     if (len) text_append(q, text, len);
     snprintf(q->finish, sizeof(q->finish), "%s", m.reason);
-    if (q->t_first == 0) q->t_first = now_s();
+    if (q->t_first == 0) q->t_first = fy_now_s();
     if (q->gen.prompt_logprobs && q->plp_have != q->n_prompt - 1) { /* asked for, and not all came */
         finish_req(R, q, FY_ERR_PEER, "prompt logprobs of %d of the prompt's %d tokens arrived", q->plp_have,
                    q->n_prompt - 1);
@@ -1337,17 +1331,17 @@ static void on_event(void *arg, const fy_env_hdr_t *from, const void *buf, size_
         } else if (w && w->inc == inc && !w->incompatible) {
             if (!w->up && !w->out_of_service[0]) fy_info("worker %s is back", name);
             w->up = !w->out_of_service[0]; /* alive, but it said it serves nothing */
-            w->last_seen = now_s();
+            w->last_seen = fy_now_s();
         }
     } else if (fy_wire_ev_error_is(&r)) {
         on_error_event(R, &r, name, inc, id, rid);
     } else if (fy_wire_progress_is(&r)) {
         worker_t *w = worker_by_name(R, name, false);
-        if (w && w->inc == inc) w->last_seen = now_s();
+        if (w && w->inc == inc) w->last_seen = fy_now_s();
         on_progress(R, &r, name, inc);
     } else {
         worker_t *w = worker_by_name(R, name, false);
-        if (w && w->inc == inc) w->last_seen = now_s();
+        if (w && w->inc == inc) w->last_seen = fy_now_s();
         /* prompt logprobs: a prefill worker's name their try */
         bool decode_side = !fy_wire_ev_accepted_is(&r) && !fy_wire_prefilled_is(&r) &&
                            !(fy_wire_prompt_logprobs_is(&r) && fy_msgr_has(&r, "attempt"));
@@ -1532,7 +1526,7 @@ static fy_status_t enqueue(router_t *R, const char *tenant, int32_t *ids, int32_
         fy_metric_inc(R->m.refused[0]);
         return FY_ERR_OVERLOADED;
     }
-    double now = now_s();
+    double now = fy_now_s();
     q->id = ++R->next_id; /* cluster.etcd: under this router's tag (fy_router_start) */
     q->t_arrive = q->last_poll = now;
     q->deadline = now + deadline_s;
@@ -1717,7 +1711,7 @@ static void client_poll(router_t *R, fy_rpc_call_t *call, const fy_env_hdr_t *se
                            "made)");
         return;
     }
-    q->last_poll = now_s();
+    q->last_poll = fy_now_s();
     if (q->poll) { /* a newer poll replaces a held one, which gets what there is */
         fy_rpc_call_t *old = q->poll;
         q->poll = NULL;
@@ -2143,7 +2137,7 @@ static void forget_workers(router_t *R, double now)
 
 static void tick(router_t *R)
 {
-    double now = now_s();
+    double now = fy_now_s();
     if (R->last_tick > 0 && now - R->last_tick > R->health_timeout / 2) after_own_stall(R, now, now - R->last_tick);
     R->last_tick = now;
     for (int i = 0; i < R->n_workers; i++) {
@@ -2472,7 +2466,7 @@ static void teardown(router_t *R)
  */
 static void drain(router_t *R, sigset_t *sigs)
 {
-    double t0 = now_s();
+    double t0 = fy_now_s();
     const struct timespec tick_ts = {0, 20 * 1000 * 1000};
     int running = 0, live;
     bool hurry = false;
@@ -2489,7 +2483,7 @@ static void drain(router_t *R, sigset_t *sigs)
         for (rreq_t *q = R->all; q; q = q->next) running += q->state != RQ_DONE;
         live = R->door ? R->door->live(R->door_h) : 0;
         pthread_mutex_unlock(&R->mu);
-        if ((!running && !live) || now_s() - t0 >= R->drain_timeout) break;
+        if ((!running && !live) || fy_now_s() - t0 >= R->drain_timeout) break;
         if (sigtimedwait(sigs, NULL, &tick_ts) > 0) {
             fy_info("a second signal: ending the running requests now");
             hurry = true;
@@ -2507,8 +2501,8 @@ static void drain(router_t *R, sigset_t *sigs)
     pthread_mutex_unlock(&R->mu);
     if (cut) fy_warn("drain: %d request%s cut short", cut, cut == 1 ? "" : "s");
     /* the clients see their ends: HTTP answers written, nng clients' next polls answered */
-    double t1 = now_s();
-    while (!hurry && now_s() - t1 < 2.0) {
+    double t1 = fy_now_s();
+    while (!hurry && fy_now_s() - t1 < 2.0) {
         int unseen = 0;
         pthread_mutex_lock(&R->mu);
         live = R->door ? R->door->live(R->door_h) : 0;
@@ -2517,7 +2511,7 @@ static void drain(router_t *R, sigset_t *sigs)
         if (!live && !unseen) break;
         if (sigtimedwait(sigs, NULL, &tick_ts) > 0) break;
     }
-    fy_info("drained in %.2f s", now_s() - t0);
+    fy_info("drained in %.2f s", fy_now_s() - t0);
 }
 
 int fy_router_run(int argc, char **argv, const fy_router_door_t *door)

@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "cluster.h"
 #include "config.h"
 #include "log.h"
@@ -1025,20 +1026,6 @@ struct fy_membership {
     int n_refused;
 };
 
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void etcd_failed(fy_membership_t *m, const char *what)
 {
     if (m->up || !m->ever_up) /* once per outage */
@@ -1066,7 +1053,7 @@ static fy_status_t sign_record(fy_membership_t *m, double now)
 {
     char *json;
     size_t len;
-    fy_status_t st = fy_member_sign(&m->p.self, m->p.key, m->key, wall_ms(), &json, &len);
+    fy_status_t st = fy_member_sign(&m->p.self, m->p.key, m->key, fy_wall_ms(), &json, &len);
     if (st) return st;
     fy_free(m->record);
     m->record = json;
@@ -1109,7 +1096,7 @@ static fy_status_t claim_tag(fy_membership_t *m, int64_t lease)
     fy_member_t self = m->p.self;
     char *json;
     size_t len;
-    fy_status_t st = fy_member_sign(&self, m->p.key, m->tag_key, wall_ms(), &json, &len);
+    fy_status_t st = fy_member_sign(&self, m->p.key, m->tag_key, fy_wall_ms(), &json, &len);
     if (st) return st;
     bool created = false;
     fy_etcd_kvs_t held = {0};
@@ -1119,7 +1106,7 @@ static fy_status_t claim_tag(fy_membership_t *m, int64_t lease)
         char err[256] = "the key is empty";
         bool ours =
             held.n == 1 && !fy_member_read(held.kv[0].value, held.kv[0].value_len, &h, err, sizeof(err)) &&
-            !fy_member_verify(&h, m->p.key, m->tag_key, wall_ms(), FY_MEMBER_MAX_AGE(m->p.ttl_s), err, sizeof(err));
+            !fy_member_verify(&h, m->p.key, m->tag_key, fy_wall_ms(), FY_MEMBER_MAX_AGE(m->p.ttl_s), err, sizeof(err));
         if (ours && !strcmp(h.name, self.name) && h.inc == self.inc) { /* ours, from an earlier lease */
             st = fy_etcd_put(m->etcd, m->tag_key, json, len, lease);
         } else {
@@ -1220,7 +1207,7 @@ static void watch_round(fy_membership_t *m)
     }
     bool own_seen = false, own_same = false;
     size_t plen = strlen(m->prefix);
-    int64_t now_ms = wall_ms();
+    int64_t now_ms = fy_wall_ms();
     for (int i = 0; i < kvs.n; i++) {
         fy_member_t r;
         char err[256];
@@ -1268,9 +1255,9 @@ static void watch_round(fy_membership_t *m)
     if (m->lease && (!own_seen || !own_same)) { /* deleted or overwritten by someone else: ours again at once */
         fy_warn("etcd: this process's record %s was %s; writing it again", m->key,
                 own_seen ? "changed by someone else" : "deleted");
-        put_record(m, mono_s(), "record rewrite");
-    } else if (m->lease && !m->displaced && mono_s() - m->signed_at >= m->p.ttl_s) {
-        put_record(m, mono_s(), "record refresh"); /* signed anew every TTL: never stale to readers */
+        put_record(m, fy_now_s(), "record rewrite");
+    } else if (m->lease && !m->displaced && fy_now_s() - m->signed_at >= m->p.ttl_s) {
+        put_record(m, fy_now_s(), "record refresh"); /* signed anew every TTL: never stale to readers */
     }
     m->p.fn(m->p.arg, live, n);
     fy_free(live);
@@ -1282,15 +1269,12 @@ static void *membership_main(void *arg)
     pthread_mutex_lock(&m->mu);
     while (!m->stop) {
         pthread_mutex_unlock(&m->mu);
-        keep_registered(m, mono_s());
+        keep_registered(m, fy_now_s());
         watch_round(m);
         pthread_mutex_lock(&m->mu);
         if (m->stop) break;
         struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        double ns = (double)ts.tv_nsec + m->p.poll_s * 1e9;
-        ts.tv_sec += (time_t)(ns / 1e9);
-        ts.tv_nsec = (long)(ns - (double)(time_t)(ns / 1e9) * 1e9);
+        fy_deadline_in(CLOCK_MONOTONIC, m->p.poll_s, &ts);
         pthread_cond_timedwait(&m->cv, &m->mu, &ts);
     }
     pthread_mutex_unlock(&m->mu);
@@ -1323,7 +1307,7 @@ fy_status_t fy_membership_start(const fy_membership_params_t *p, fy_membership_t
     snprintf(m->all, sizeof(m->all), "/ferry/%s/", p->cluster);
     snprintf(m->tag_key, sizeof(m->tag_key), "/ferry/%s/tags/%05x", p->cluster, (unsigned)p->self.tag);
     snprintf(m->p.self.version, sizeof(m->p.self.version), "%s", FY_VERSION);
-    fy_status_t st = sign_record(m, mono_s());
+    fy_status_t st = sign_record(m, fy_now_s());
     if (!st) st = fy_etcd_create_tls(p->endpoints, &p->tls, p->ttl_s / 3 > 1 ? 1 : p->ttl_s / 3, &m->etcd);
     if (st) {
         fy_free(m->record);
@@ -1337,7 +1321,7 @@ fy_status_t fy_membership_start(const fy_membership_params_t *p, fy_membership_t
     pthread_condattr_destroy(&ca);
     pthread_mutex_init(&m->mu, NULL);
     /* the first registration here: a router whose tag is taken does not start */
-    if (keep_registered(m, mono_s()) == FY_ERR_MISMATCH || pthread_create(&m->th, NULL, membership_main, m)) {
+    if (keep_registered(m, fy_now_s()) == FY_ERR_MISMATCH || pthread_create(&m->th, NULL, membership_main, m)) {
         st = m->conflict ? FY_ERR_MISMATCH : FY_ERR_INTERNAL;
         fy_etcd_destroy(m->etcd);
         fy_free(m->record);

@@ -60,6 +60,7 @@
 
 #include <microhttpd.h>
 
+#include "clock.h"
 #include "log.h"
 #include "mem.h"
 #include "metrics.h"
@@ -178,13 +179,6 @@ static char g_refused;
 /* the servers of this process, by address (see the file's head) */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static srv_t *g_servers;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ---- limits ---------------------------------------------------------------------------------------- */
 
@@ -531,7 +525,7 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
         c->fd = ci ? ci->connect_fd : -1;
         c->fresh = true;
         c->phase = PH_WAIT;
-        c->deadline = now_s() + S->lim.header_timeout_s;
+        c->deadline = fy_now_s() + S->lim.header_timeout_s;
         pthread_mutex_lock(&S->mu);
         c->prev = S->conns_tail;
         if (S->conns_tail)
@@ -586,7 +580,7 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *mc)
     if (!c) return NULL;
     pthread_mutex_lock(&S->mu);
     c->phase = PH_READ;
-    if (!c->fresh) c->deadline = now_s() + S->lim.header_timeout_s;
+    if (!c->fresh) c->deadline = fy_now_s() + S->lim.header_timeout_s;
     pthread_mutex_unlock(&S->mu);
     return NULL;
 }
@@ -951,7 +945,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
     if (c) { /* kept alive: the next request may take the idle timeout to start */
         c->phase = PH_WAIT;
         c->fresh = false;
-        c->deadline = now_s() + S->lim.idle_timeout_s;
+        c->deadline = fy_now_s() + S->lim.idle_timeout_s;
     }
     if (!r) {
         pthread_mutex_unlock(&S->mu);
@@ -1037,7 +1031,7 @@ static void *guard_main(void *arg)
         }
         bool more = S->rq != NULL;
         /* requests not complete in time */
-        double now = now_s();
+        double now = fy_now_s();
         for (conn_t *c = S->conns; c; c = c->next) {
             if (c->phase != PH_ANSWER && !c->killed && now > c->deadline) {
                 conn_kill(S, c);
@@ -1274,10 +1268,10 @@ static fy_status_t srv_start(const char *url, const char *host, int port, const 
  * finish, then its connection is shut.  False when some are still there. */
 static bool end_held(srv_t *S, fy_httpd_t *owner)
 {
-    double t0 = now_s();
+    double t0 = fy_now_s();
     pthread_mutex_lock(&S->mu);
     for (;;) {
-        bool any = false, sig = false, late = now_s() - t0 > 1.0;
+        bool any = false, sig = false, late = fy_now_s() - t0 > 1.0;
         for (fy_httpd_req_t *r = S->reqs; r; r = r->next) {
             if (owner && r->route->owner != owner) continue;
             any = true;
@@ -1287,7 +1281,7 @@ static bool end_held(srv_t *S, fy_httpd_t *owner)
             if (late && writing && r->c) conn_kill(S, r->c);
         }
         if (!any) break;
-        if (now_s() - t0 > STOP_WAIT_S) {
+        if (fy_now_s() - t0 > STOP_WAIT_S) {
             pthread_mutex_unlock(&S->mu);
             return false;
         }

@@ -31,6 +31,7 @@
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/protocol/reqrep0/req.h>
 
+#include "clock.h"
 #include "envelope.h"
 #include "log.h"
 #include "mem.h"
@@ -59,13 +60,6 @@ static fy_status_t from_nng(int rv)
     case NNG_EPROTO: return FY_ERR_PEER;
     default: return FY_ERR_IO;
     }
-}
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* ---- refused messages: counted by fault, logged rate-limited ---------------------------------- */
@@ -98,7 +92,7 @@ static void refusals_add(refusals_t *r, uint64_t out[FY_ENV_N_FAULTS])
  * (*quiet_p: how many went unlogged since the last). */
 static bool refusal_count(refusals_t *r, fy_env_fault_t f, uint64_t *quiet_p)
 {
-    double now = mono_s();
+    double now = fy_now_s();
     pthread_mutex_lock(&r->mu);
     r->n[f]++;
     bool say = r->last[f] == 0 || now - r->last[f] >= REFUSAL_LOG_S;
@@ -356,8 +350,7 @@ static bool close_socket(nng_socket sock, const char *what)
     }
     pthread_attr_destroy(&attr);
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += 2;
+    fy_deadline_in(CLOCK_REALTIME, 2, &ts);
     pthread_mutex_lock(&k->mu);
     while (!k->done)
         if (pthread_cond_timedwait(&k->cv, &k->mu, &ts)) break;
@@ -409,7 +402,7 @@ typedef struct conns {
 static void conns_log(conns_t *g, const char *why)
 {
     /* mu held: one line every REFUSAL_LOG_S at most */
-    double now = mono_s();
+    double now = fy_now_s();
     if (g->last_log && now - g->last_log < REFUSAL_LOG_S) return;
     g->last_log = now;
     fy_warn("rpc: %s: closed a connection %s (%llu over the caps of %d connections and %d unauthenticated, %llu past "
@@ -435,7 +428,7 @@ static void conns_event(nng_pipe p, nng_pipe_ev ev, void *arg)
                 if (nv) g->v = nv, g->cap_v = nc;
             }
             if (g->n < g->cap_v) {
-                g->v[g->n++] = (conn_t){.pipe = p, .t0 = mono_s()};
+                g->v[g->n++] = (conn_t){.pipe = p, .t0 = fy_now_s()};
                 g->n_unauthed++;
             } else {
                 close_it = true; /* out of memory: not taken */
@@ -473,7 +466,7 @@ static void conns_tick(void *arg)
     if (nng_aio_result(g->timer) || atomic_load(&g->stopping)) return;
     nng_pipe late[64];
     int n_late = 0;
-    double now = mono_s();
+    double now = fy_now_s();
     pthread_mutex_lock(&g->mu);
     for (int i = 0; g->auth_s > 0 && i < g->n && n_late < 64; i++)
         if (!g->v[i].authed && now - g->v[i].t0 > g->auth_s) {
@@ -936,7 +929,7 @@ struct fy_rpc_client {
 
 static nng_duration ms_left(double deadline)
 {
-    double left = deadline - mono_s();
+    double left = deadline - fy_now_s();
     return left <= 0 ? 1 : (nng_duration)(left * 1000.0 + 1.0);
 }
 
@@ -988,7 +981,7 @@ static void cslot_release(cslot_t *k)
             pthread_mutex_unlock(&c->mu);
             return;
         }
-        fy_status_t why = c->closing ? FY_ERR_CANCELLED : p->deadline <= mono_s() ? FY_ERR_TIMEOUT : FY_OK;
+        fy_status_t why = c->closing ? FY_ERR_CANCELLED : p->deadline <= fy_now_s() ? FY_ERR_TIMEOUT : FY_OK;
         if (why == FY_OK) slot_assign(k, p->deadline, p->cb, p->arg, p->hello);
         pthread_mutex_unlock(&c->mu);
         if (why == FY_OK) {
@@ -1246,10 +1239,7 @@ void fy_rpc_client_destroy(fy_rpc_client_t *c)
     /* replies to requests that went out may still come: let them arrive
      * rather than close the socket under them (see close_socket) */
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += (time_t)CLOSE_DRAIN_S;
-    ts.tv_nsec += (long)((CLOSE_DRAIN_S - (double)(time_t)CLOSE_DRAIN_S) * 1e9);
-    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    fy_deadline_in(CLOCK_REALTIME, CLOSE_DRAIN_S, &ts);
     pthread_mutex_lock(&c->mu);
     while (any_busy(c))
         if (pthread_cond_timedwait(&c->cv, &c->mu, &ts)) break;
@@ -1369,7 +1359,7 @@ fy_status_t fy_rpc_call_async(fy_rpc_client_t *c, const void *buf, size_t len, d
         return from_nng(rv);
     }
     memcpy(nng_msg_body(m), buf, len);
-    double deadline = mono_s() + timeout_s;
+    double deadline = fy_now_s() + timeout_s;
     pthread_mutex_lock(&c->mu);
     if (c->peer_known || c->closing) return submit_locked(c, m, deadline, cb, arg, false);
     /* whom to address it to is not known yet: it waits while a hello asks */

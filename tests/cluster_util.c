@@ -26,6 +26,7 @@
 #include <sodium.h>
 
 #include "backend.h"
+#include "clock.h"
 #include "cluster.h"
 #include "metrics.h"
 #include "engine.h"
@@ -34,13 +35,6 @@
 #include "model.h"
 #include "runner.h"
 #include "testutil.h"
-
-double tc_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 const char *tc_model(void) { return fy_test_default_model(); }
 
@@ -220,14 +214,14 @@ void tc_start(tc_cluster_t *c, const tc_opts_t *o)
     }
     if (o->no_router) return;
     assert_int_equal(fy_client_create(c->router_url, c->secret, 5.0, &c->client), FY_OK);
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     for (;;) {
         fy_client_status_t s;
         fy_status_t sst = fy_client_status(c->client, &s);
         if (sst == FY_OK && s.prefill_up == o->n_prefill && s.decode_up == o->n_decode) break;
         static double last_said;
-        if (tc_now() - last_said > 10) { /* what it waits for, now and then */
-            last_said = tc_now();
+        if (fy_now_s() - last_said > 10) { /* what it waits for, now and then */
+            last_said = fy_now_s();
             if (sst)
                 print_message("waiting for the router: %s\n", fy_status_str(sst));
             else
@@ -241,7 +235,7 @@ void tc_start(tc_cluster_t *c, const tc_opts_t *o)
                 fail_msg("%s exited during start-up (status 0x%x)", c->procs[i].name, status);
             }
         }
-        if (tc_now() - t0 > 60) {
+        if (fy_now_s() - t0 > 60) {
             tc_print_logs(c);
             fail_msg("the cluster did not come up within 60 s");
         }
@@ -328,7 +322,7 @@ void tc_stop(tc_cluster_t *c)
     /* workers first, then the router */
     for (int i = c->n_procs - 1; i >= 0; i--)
         if (c->procs[i].pid) kill(c->procs[i].pid, SIGTERM);
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     bool bad = false;
     char why[512] = "";
     for (int i = 0; i < c->n_procs; i++) {
@@ -336,7 +330,7 @@ void tc_stop(tc_cluster_t *c)
         if (!p->pid) continue;
         int status = 0;
         pid_t r;
-        while ((r = waitpid(p->pid, &status, WNOHANG)) == 0 && tc_now() - t0 < 20) usleep(20000);
+        while ((r = waitpid(p->pid, &status, WNOHANG)) == 0 && fy_now_s() - t0 < 20) usleep(20000);
         if (r == 0) {
             kill(p->pid, SIGKILL);
             waitpid(p->pid, &status, 0);
@@ -356,7 +350,7 @@ void tc_stop(tc_cluster_t *c)
 
 bool tc_wait_admittable(tc_cluster_t *c, const char *name, int32_t want, double timeout_s)
 {
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     int32_t last = -1;
     for (;;) {
         fy_client_status_t s;
@@ -364,7 +358,7 @@ bool tc_wait_admittable(tc_cluster_t *c, const char *name, int32_t want, double 
         for (int i = 0; i < s.n_workers; i++)
             if (!strcmp(s.workers[i].name, name)) last = s.workers[i].admittable;
         if (last == want) return true;
-        if (tc_now() - t0 > timeout_s) {
+        if (fy_now_s() - t0 > timeout_s) {
             print_message("%s: %d blocks admittable, expected %d\n", name, last, want);
             return false;
         }
@@ -374,7 +368,7 @@ bool tc_wait_admittable(tc_cluster_t *c, const char *name, int32_t want, double 
 
 void tc_collect(tc_cluster_t *c, fy_client_stream_t *s, tc_result_t *res, int n, double timeout_s)
 {
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     int left = n;
     for (int i = 0; i < n; i++) left -= res[i].done;
     while (left > 0) {
@@ -397,7 +391,7 @@ void tc_collect(tc_cluster_t *c, fy_client_stream_t *s, tc_result_t *res, int n,
                 left--;
             }
         }
-        if (tc_now() - t0 > timeout_s) {
+        if (fy_now_s() - t0 > timeout_s) {
             tc_print_logs(c);
             fail_msg("%d requests still running after %.0f s", left, timeout_s);
         }
@@ -506,10 +500,10 @@ int tc_http(int port, const char *method, const char *path, char **body_p)
     size_t cap = 1 << 16, len = 0;
     char *buf = fy_malloc(cap);
     assert_non_null(buf);
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     for (;;) {
         struct pollfd p = {.fd = fd, .events = POLLIN};
-        if (poll(&p, 1, 100) < 0 || tc_now() - t0 > 5) break;
+        if (poll(&p, 1, 100) < 0 || fy_now_s() - t0 > 5) break;
         if (!p.revents) continue;
         if (len + 1 == cap) {
             cap *= 2;
@@ -756,10 +750,10 @@ void tc_etcd_spawn(tc_etcd_t *e)
     fy_etcd_t *c;
     fy_etcd_tls_t tls = tc_etcd_tls_of(e->certs, "root");
     assert_int_equal(fy_etcd_create_tls(e->url, e->certs[0] ? &tls : NULL, 0.5, &c), FY_OK);
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     fy_etcd_kvs_t k = {0};
     while (fy_etcd_range_prefix(c, "/", &k) != FY_OK) {
-        if (tc_now() - t0 > 20) fail_msg("etcd did not answer within 20 s (%s)", fy_etcd_last_error(c));
+        if (fy_now_s() - t0 > 20) fail_msg("etcd did not answer within 20 s (%s)", fy_etcd_last_error(c));
         usleep(50000);
     }
     fy_etcd_kvs_free(&k);

@@ -123,8 +123,6 @@ typedef struct tc_ref_opts {
 void tc_reference_opts(const char *model, int32_t *const *prompts, const int32_t *lens, const int32_t *max_tokens,
                        int n, const tc_ref_opts_t *o, tc_result_t *res);
 
-double tc_now(void);
-
 /* A TCP port on 127.0.0.1 that was free a moment ago. */
 int tc_free_port(void);
 /* One HTTP/1.1 request over a plain socket to 127.0.0.1:port (5 s

@@ -28,6 +28,7 @@
 #include <nng/protocol/pipeline0/push.h>
 #include <nng/protocol/reqrep0/req.h>
 
+#include "clock.h"
 #include "cluster.h"
 #include "cluster_util.h"
 #include "envelope.h"
@@ -69,7 +70,7 @@ static void on_event(void *arg, const fy_env_hdr_t *from, const void *buf, size_
     fy_msgr_str(&r, "worker", FY_OPT, "", worker, sizeof(worker));
     uint64_t inc = fy_msgr_u64(&r, "inc", FY_OPT, 0, 0, UINT64_MAX);
     uint64_t id = fy_msgr_u64(&r, "id", FY_OPT, 0, 0, UINT64_MAX);
-    double now = tc_now();
+    double now = fy_now_s();
     pthread_mutex_lock(&s->mu);
     if (strcmp(worker, from->name) || inc != from->inc || from->role != FY_ROLE_DECODE) s->wrong_sender++;
     if (!strcmp(type, "load")) {
@@ -97,13 +98,13 @@ static void on_event(void *arg, const fy_env_hdr_t *from, const void *buf, size_
 /* Waits (deadline_s) until cond holds of s; false past it. */
 static bool wait_for(seen_t *s, bool (*cond)(seen_t *, void *), void *arg, double deadline_s)
 {
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     for (;;) {
         pthread_mutex_lock(&s->mu);
         bool ok = cond(s, arg);
         pthread_mutex_unlock(&s->mu);
         if (ok) return true;
-        if (tc_now() - t0 > deadline_s) return false;
+        if (fy_now_s() - t0 > deadline_s) return false;
         usleep(10000);
     }
 }
@@ -243,11 +244,11 @@ static void test_decode_worker_commands(void **state)
     assert_int_equal(nng_send(raw, copy, n, 0), 0); /* replayed */
     copy[n - 3] ^= 0x01;                            /* one byte of the payload altered */
     assert_int_equal(nng_send(raw, copy, n, 0), 0);
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     int port = c.metrics_port[0];
     while (refused_metric(port, "format") < 1 || refused_metric(port, "mac") < 2 ||
            refused_metric(port, "identity") < 1 || refused_metric(port, "replay") < 1) {
-        if (tc_now() - t0 > 20) {
+        if (fy_now_s() - t0 > 20) {
             tc_print_logs(&c);
             fail_msg("the worker did not count every forged command");
         }
@@ -480,11 +481,11 @@ static void test_client_key_attacks(void **state)
     /* the control: the secret registers a fake decode worker */
     n = load_as("fake-decode-root", 79, "not-this-model", buf, sizeof(buf));
     forge(ev_sk, &root, FY_ROLE_DECODE, "fake-decode-root", 79, &to_router, 108, buf, n, false, NULL);
-    double t0 = tc_now();
-    while (!listed(&c, "fake-decode-root") && tc_now() - t0 < 20) usleep(50000);
+    double t0 = fy_now_s();
+    while (!listed(&c, "fake-decode-root") && fy_now_s() - t0 < 20) usleep(50000);
     int port = c.metrics_port[1]; /* decode-0's */
-    t0 = tc_now();
-    while (refused_metric(port, "mac") < 2 && tc_now() - t0 < 20) usleep(50000);
+    t0 = fy_now_s();
+    while (refused_metric(port, "mac") < 2 && fy_now_s() - t0 < 20) usleep(50000);
     fy_test_log_end();
     fy_client_status_t s1;
     tc_status(&c, &s1);
@@ -538,15 +539,6 @@ static void test_client_key_attacks(void **state)
  * largest message at once and takes at most 32 connections that have not
  * authenticated, closed at its deadline (10 s); the decode worker's
  * command port takes at most 16 (30 s). */
-/* Waits (up to 5 s) until at most most of fds are still open: the
- * process has closed what it refuses; the count then. */
-static int wait_open_at_most(const int *fds, int n, int most)
-{
-    int open = fy_test_still_open(fds, n);
-    for (double t0 = tc_now(); open > most && tc_now() - t0 < 5; open = fy_test_still_open(fds, n)) usleep(20000);
-    return open;
-}
-
 static void test_preauth_memory_processes(void **state)
 {
     (void)state;
@@ -568,21 +560,21 @@ static void test_preauth_memory_processes(void **state)
     /* the router: 8 MiB frames (over the client port's largest message) */
     long r0 = fy_test_rss_kib(router_pid);
     for (int i = 0; i < NR; i++) fds[i] = fy_test_hold_frame(c.router_url + 6, 0x30, (8u << 20) - 1, (8u << 20) - 2);
-    int r_open_big = wait_open_at_most(fds, NR, 0);
+    int r_open_big = fy_test_wait_open_at_most(fds, NR, 0);
     long r_big = fy_test_rss_kib(router_pid) - r0;
     for (int i = 0; i < NR; i++)
         if (fds[i] >= 0) close(fds[i]);
     /* and 1 MiB frames (under it): at most FY_RPC_PENDING held */
     r0 = fy_test_rss_kib(router_pid);
     for (int i = 0; i < NR; i++) fds[i] = fy_test_hold_frame(c.router_url + 6, 0x30, 1u << 20, (1u << 20) - 1);
-    int r_open_small = wait_open_at_most(fds, NR, FY_RPC_PENDING);
+    int r_open_small = fy_test_wait_open_at_most(fds, NR, FY_RPC_PENDING);
     long r_small = fy_test_rss_kib(router_pid) - r0;
     for (int i = 0; i < NR; i++)
         if (fds[i] >= 0) close(fds[i]);
     /* the decode worker's command port: 80 connections with 8 MiB frames */
     long d0 = fy_test_rss_kib(decode_pid);
     for (int i = 0; i < ND; i++) fds[i] = fy_test_hold_frame(cmd_path, 0x50, (8u << 20) - 1, (8u << 20) - 2);
-    int d_open = wait_open_at_most(fds, ND, 15);
+    int d_open = fy_test_wait_open_at_most(fds, ND, 15);
     long d_big = fy_test_rss_kib(decode_pid) - d0;
     for (int i = 0; i < ND; i++)
         if (fds[i] >= 0) close(fds[i]);
@@ -632,10 +624,10 @@ static int run_daemon(const char *bin, const char *conf, const char *const *sets
         execv(path, argv);
         _exit(127);
     }
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     int status;
     while (waitpid(pid, &status, WNOHANG) == 0) {
-        if (tc_now() - t0 > 60) {
+        if (fy_now_s() - t0 > 60) {
             kill(pid, SIGKILL);
             waitpid(pid, &status, 0);
             fail_msg("%s did not stop by itself", bin);
@@ -769,11 +761,11 @@ static void test_secret_file_kinds(void **state)
     /* a FIFO: refused at once, not waited on */
     snprintf(path, sizeof(path), "%s/fifo.secret", dir);
     assert_int_equal(mkfifo(path, 0600), 0);
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     int rc = auth_file_in_child(path);
     assert_int_not_equal(rc, -1); /* before the fix: blocked in open() until the alarm */
     assert_int_not_equal(rc, 0);
-    assert_true(tc_now() - t0 < 2.0);
+    assert_true(fy_now_s() - t0 < 2.0);
     fy_test_log_begin();
     assert_int_equal(fy_cluster_auth_file(path, FY_ROLE_ROUTER, "router", 0, &a), FY_ERR_INVALID);
     fy_test_log_end();

@@ -26,6 +26,7 @@
 #include <nng/protocol/pipeline0/push.h>
 #include <nng/protocol/reqrep0/req.h>
 
+#include "clock.h"
 #include "cluster.h"
 #include "cluster_util.h"
 #include "envelope.h"
@@ -148,9 +149,9 @@ static void test_loopback_same_tokens(void **state)
     fy_client_stream_t s[N_LOOP];
     memset(got, 0, sizeof(got));
     for (int i = 0; i < N_LOOP; i++) s[i] = submit(&c, prompts[i], lens[i], max_tokens[i]);
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     tc_collect(&c, s, got, N_LOOP, 240);
-    double dt = tc_now() - t0;
+    double dt = fy_now_s() - t0;
     int cached_p = 0, cached_d = 0;
     for (int i = 0; i < N_LOOP; i++) {
         expect_same(&ref[i], &got[i], i);
@@ -249,14 +250,14 @@ static double worker_metric(tc_cluster_t *c, int k, const char *series);
 static void kill_busy_prefill(tc_cluster_t *c, char *killed, size_t cap)
 {
     const char *victim = NULL;
-    double t0 = tc_now();
-    while (!(victim = busy_prefill(c)) && tc_now() - t0 < 30) usleep(20000);
+    double t0 = fy_now_s();
+    while (!(victim = busy_prefill(c)) && fy_now_s() - t0 < 30) usleep(20000);
     assert_non_null(victim);
     int k = -1;
     assert_int_equal(sscanf(victim, "prefill-%d", &k), 1);
     assert_true(k >= 0 && k < c->n_prefill && c->metrics_port[k] > 0);
-    for (t0 = tc_now(); worker_metric(c, k, "ferry:kv_transfer_bytes_total") <= 0; usleep(20000))
-        if (tc_now() - t0 > 30) fail_msg("%s shipped nothing of its job within 30 s", victim);
+    for (t0 = fy_now_s(); worker_metric(c, k, "ferry:kv_transfer_bytes_total") <= 0; usleep(20000))
+        if (fy_now_s() - t0 > 30) fail_msg("%s shipped nothing of its job within 30 s", victim);
     snprintf(killed, cap, "%s", victim);
     tc_kill(c, killed);
 }
@@ -312,9 +313,9 @@ static void test_decode_killed_mid_stream(void **state)
     fy_client_stream_t s = submit(&c, p, 64, 1500);
     tc_result_t got = {0};
     /* tokens flow, then the worker streaming them dies */
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     int32_t seen = 0;
-    while (seen < 5 && tc_now() - t0 < 60) {
+    while (seen < 5 && fy_now_s() - t0 < 60) {
         fy_client_update_t u;
         assert_int_equal(fy_client_poll(c.client, &s, 0.5, &u), FY_OK);
         seen += u.n_tokens;
@@ -329,10 +330,10 @@ static void test_decode_killed_mid_stream(void **state)
     assert_non_null(victim);
     char killed[64];
     snprintf(killed, sizeof(killed), "%s", victim);
-    double t_kill = tc_now();
+    double t_kill = fy_now_s();
     tc_kill(&c, killed);
     tc_collect(&c, &s, &got, 1, 30);
-    double dt = tc_now() - t_kill;
+    double dt = fy_now_s() - t_kill;
     print_message("killed %s; the request ended in %.2f s: %s\n", killed, dt, got.message);
     assert_int_equal(got.error, FY_ERR_PEER);
     assert_non_null(strstr(got.message, killed));
@@ -777,8 +778,8 @@ static void test_garbage_everywhere(void **state)
         fy_msgw_i32s(&w, "tokens", bad, 3);
         fy_push_msgw(p, &w);
         /* nng delivers after connecting: all 101 counted before the socket closes */
-        for (double t0 = tc_now(); bad_count(&c, u) < bad0 + 101; usleep(20000))
-            if (tc_now() - t0 > 20) fail_msg("%s counted %.0f of 101 bad messages", urls[u], bad_count(&c, u) - bad0);
+        for (double t0 = fy_now_s(); bad_count(&c, u) < bad0 + 101; usleep(20000))
+            if (fy_now_s() - t0 > 20) fail_msg("%s counted %.0f of 101 bad messages", urls[u], bad_count(&c, u) - bad0);
         fy_push_destroy(p);
     }
     /* 3. bytes that are not even nng, on every listener */
@@ -843,13 +844,13 @@ static bool has_worker(const fy_client_status_t *s, const char *name)
 /* Waits until the router counted at least want[f] refusals of each fault. */
 static void wait_refused(tc_cluster_t *c, const uint64_t *base, const uint64_t *want, fy_client_status_t *s)
 {
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     for (;;) {
         tc_status(c, s);
         bool all = true;
         for (int f = 1; f < FY_ENV_N_FAULTS; f++) all &= s->refused_messages[f] - base[f] >= want[f];
         if (all) return;
-        if (tc_now() - t0 > 20) {
+        if (fy_now_s() - t0 > 20) {
             tc_print_logs(c);
             fail_msg("the router refused format %llu, mac %llu, stale %llu, replay %llu, identity %llu new messages",
                      (unsigned long long)(s->refused_messages[1] - base[1]),
@@ -904,11 +905,11 @@ static void test_forged_messages(void **state)
     size_t n_ok = fy_test_seal(&good, &TO_ROUTER, 6, 1, 0, payload, n, msg);
     memcpy(copy, msg, n_ok);
     assert_int_equal(nng_send(ev, msg, n_ok, 0), 0);
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     do {
         usleep(20000);
         tc_status(&c, &s);
-    } while (!has_worker(&s, "evil-ok") && tc_now() - t0 < 20);
+    } while (!has_worker(&s, "evil-ok") && fy_now_s() - t0 < 20);
     assert_true(has_worker(&s, "evil-ok"));
     /* 4. those very bytes again: a replay */
     assert_int_equal(nng_send(ev, copy, n_ok, 0), 0);
@@ -1075,7 +1076,7 @@ static void test_ranks_between_shapes(void **state)
             const double rank_block = 2.0 * 30 * 1 * 16 * 64 * 2; /* K and V, 30 layers, 1 head, f16 */
             /* the ranks report their timings every second: until every rank's are in (10 s) */
             char *text = NULL;
-            for (double t0 = tc_now();; usleep(50000)) {
+            for (double t0 = fy_now_s();; usleep(50000)) {
                 assert_int_equal(tc_http(c.metrics_port[1], "GET", "/metrics", &text), 200);
                 bool all = true;
                 for (int r = 0; r < 3; r++) {
@@ -1088,7 +1089,7 @@ static void test_ranks_between_shapes(void **state)
                     snprintf(series, sizeof(series), "ferry:rank_seconds_total{rank=\"%d\",phase=\"collective\"}", r);
                     all &= fy_metrics_sample(text, series, &v) == FY_OK && v > 0;
                 }
-                if (all || tc_now() - t0 > 10) break;
+                if (all || fy_now_s() - t0 > 10) break;
                 fy_free(text);
             }
             for (int r = 0; r < 3; r++) {
@@ -1145,9 +1146,9 @@ static void test_rank_killed(void **state)
     assert_int_equal(tc_children_of(dp->pid, ranks, 8), 2);
     fy_client_stream_t s = submit(&c, prompts[0], lens[0], 4000);
     fy_client_update_t u;
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     int32_t seen = 0;
-    while (seen < 4 && tc_now() - t0 < 30) { /* it streams from the group */
+    while (seen < 4 && fy_now_s() - t0 < 30) { /* it streams from the group */
         assert_int_equal(fy_client_poll(c.client, &s, 0.2, &u), FY_OK);
         seen += u.n_tokens;
         assert_false(u.done);
@@ -1161,7 +1162,7 @@ static void test_rank_killed(void **state)
     /* out of service, then gone with status 3 and no rank left */
     int status = 0;
     pid_t r = 0;
-    for (t0 = tc_now(); r == 0 && tc_now() - t0 < 10; usleep(20000)) r = waitpid(dp->pid, &status, WNOHANG);
+    for (t0 = fy_now_s(); r == 0 && fy_now_s() - t0 < 10; usleep(20000)) r = waitpid(dp->pid, &status, WNOHANG);
     if (r != dp->pid) {
         tc_print_logs(&c);
         fail_msg("decode-0 did not exit after losing a rank");
@@ -1178,7 +1179,7 @@ static void test_rank_killed(void **state)
     /* started again: the group serves */
     tc_restart(&c, "decode-0");
     fy_client_status_t st;
-    for (t0 = tc_now(); tc_now() - t0 < 30; usleep(50000)) {
+    for (t0 = fy_now_s(); fy_now_s() - t0 < 30; usleep(50000)) {
         tc_status(&c, &st);
         if (st.decode_up == 1) break;
     }
@@ -1212,7 +1213,7 @@ static double worker_metric(tc_cluster_t *c, int k, const char *series)
 static double wait_metric(tc_cluster_t *c, int k, const char *series, double want)
 {
     double v = worker_metric(c, k, series);
-    for (double t0 = tc_now(); v < want && tc_now() - t0 < 5; usleep(50000)) v = worker_metric(c, k, series);
+    for (double t0 = fy_now_s(); v < want && fy_now_s() - t0 < 5; usleep(50000)) v = worker_metric(c, k, series);
     return v;
 }
 
@@ -1220,7 +1221,7 @@ static double wait_metric(tc_cluster_t *c, int k, const char *series, double wan
 static void expect_staging_back(tc_cluster_t *c, int k, const char *who)
 {
     double total = worker_metric(c, k, "ferry:kv_staging_blocks"), free = -1;
-    for (double t0 = tc_now(); tc_now() - t0 < 10; usleep(50000))
+    for (double t0 = fy_now_s(); fy_now_s() - t0 < 10; usleep(50000))
         if ((free = worker_metric(c, k, "ferry:kv_staging_free_blocks")) == total) return;
     tc_print_logs(c);
     fail_msg("%s: %.0f of %.0f staging blocks free", who, free, total);
@@ -1381,7 +1382,7 @@ static void test_staged_peer_dies(void **state)
     make_prompt(p, len, 89);
     s = submit(&c, p, len, mt);
     char dead[64] = "";
-    for (double t0 = tc_now(); !dead[0] && tc_now() - t0 < 30; usleep(20000)) {
+    for (double t0 = fy_now_s(); !dead[0] && fy_now_s() - t0 < 30; usleep(20000)) {
         fy_client_status_t st;
         tc_status(&c, &st);
         for (int i = 0; i < st.n_workers; i++)
@@ -1391,7 +1392,7 @@ static void test_staged_peer_dies(void **state)
     assert_true(dead[0] != '\0');
     /* once the survivor has put some of it */
     double sent0 = worker_metric(&c, live, "ferry:kv_transfer_path_blocks_total{path=\"staged\"}"), sent = sent0;
-    for (double t0 = tc_now(); sent < sent0 + 8 && tc_now() - t0 < 60; usleep(20000))
+    for (double t0 = fy_now_s(); sent < sent0 + 8 && fy_now_s() - t0 < 60; usleep(20000))
         sent = worker_metric(&c, live, "ferry:kv_transfer_path_blocks_total{path=\"staged\"}");
     assert_true(sent >= sent0 + 8);
     tc_kill(&c, dead);

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "clock.h"
 #include "config.h"
 #include "engine.h"
 #include "engine_config.h"
@@ -1258,8 +1259,7 @@ static void test_engine_thread(void **state)
     pthread_mutex_lock(&mu);
     for (int i = 0; i < N; i++) {
         struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += 60; /* a deadline, so a hang fails */
+        fy_deadline_in(CLOCK_REALTIME, 60, &ts); /* a deadline, so a hang fails */
         while (!res[i].terminal) assert_int_equal(pthread_cond_timedwait(&cv, &mu, &ts), 0);
     }
     pthread_mutex_unlock(&mu);
@@ -1311,8 +1311,7 @@ static void test_submit_handoff(void **state)
         uint64_t id = 0;
         assert_int_equal(fy_engine_submit(g.e, p, 4 + i % 4, &rp, NULL, on_event, res, &id), FY_OK);
         struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += 60;
+        fy_deadline_in(CLOCK_REALTIME, 60, &ts);
         pthread_mutex_lock(&mu);
         while (!res->terminal) assert_int_equal(pthread_cond_timedwait(&cv, &mu, &ts), 0);
         pthread_mutex_unlock(&mu);

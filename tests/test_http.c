@@ -31,6 +31,7 @@
 
 #include <jansson.h>
 
+#include "clock.h"
 #include "cluster_util.h"
 #include "mem.h"
 #include "metrics.h"
@@ -1232,14 +1233,14 @@ static void test_slow_and_departing_clients(void **state)
         if (got > sizeof(buf) / 2) got = 0, buf[0] = 0;
     }
     close(s);
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     fy_client_status_t st;
     for (;;) {
         tc_status(&C, &st);
-        if (st.failed > st0.failed || tc_now() - t0 > 10) break;
+        if (st.failed > st0.failed || fy_now_s() - t0 > 10) break;
         usleep(20000);
     }
-    print_message("disconnected client: request ended in %.2f s\n", tc_now() - t0);
+    print_message("disconnected client: request ended in %.2f s\n", fy_now_s() - t0);
     assert_int_equal(st.failed, st0.failed + 1); /* cancelled, not run to 400 tokens */
     assert_true(tc_wait_admittable(&C, "decode-0", before, 5.0));
     r = call("GET", "/health", NULL, NULL);
@@ -1268,13 +1269,13 @@ static void test_tenant_limits(void **state)
     assert_int_equal(r.status, 200);
     free(r.body);
     close(s); /* the stream is cancelled; beta's slot comes back */
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     do {
         r = call("POST", "/v1/completions", KEY_B, "{\"prompt\":\"Hi\",\"max_tokens\":2}");
         if (r.status == 200) break;
         free(r.body);
         usleep(50000);
-    } while (tc_now() - t0 < 5);
+    } while (fy_now_s() - t0 < 5);
     assert_int_equal(r.status, 200);
     free(r.body);
     /* gamma has 150 tokens a minute: 2 + 100 fits once, not twice */
@@ -1296,7 +1297,7 @@ static void test_tenant_limits(void **state)
 static double stream_ttft(const char *key, const char *body, json_int_t *cached)
 {
     int s = dial();
-    double t0 = tc_now(), ttft = -1;
+    double t0 = fy_now_s(), ttft = -1;
     send_request(s, "POST", "/v1/completions", key, "application/json", body, strlen(body));
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
@@ -1308,7 +1309,7 @@ static double stream_ttft(const char *key, const char *body, json_int_t *cached)
         buf[n] = 0;
         if (ttft < 0 && strstr(buf, "\"text\":\"")) {
             /* the first chunk with text (an empty text is possible: any chunk counts) */
-            ttft = tc_now() - t0;
+            ttft = fy_now_s() - t0;
         }
     }
     close(s);
@@ -1414,9 +1415,9 @@ static void test_router_metrics(void **state)
 static void wait_router_queue(tc_cluster_t *c, int32_t requests, int32_t queued)
 {
     fy_client_status_t st;
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     for (tc_status(c, &st); st.requests != requests || st.queued != queued; tc_status(c, &st)) {
-        if (tc_now() - t0 > 10)
+        if (fy_now_s() - t0 > 10)
             fail_msg("the router holds %d requests, %d queued; waited for %d, %d queued", st.requests, st.queued,
                      requests, queued);
         usleep(10000);

@@ -39,6 +39,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "cluster_util.h"
 #include "mem.h"
 #include "model.h"
@@ -80,8 +81,8 @@ static void test_worker_killed_under_http_load(void **state)
         tc_http_send(fds[i], "POST", "/v1/completions", NULL, "application/json", body, strlen(body));
     }
     /* every one decoding on decode-0, the streams' first bytes out */
-    double t0 = tc_now();
-    while (decode_assigned(&c) < N_GEN && tc_now() - t0 < 30) usleep(20000);
+    double t0 = fy_now_s();
+    while (decode_assigned(&c) < N_GEN && fy_now_s() - t0 < 30) usleep(20000);
     assert_int_equal(decode_assigned(&c), N_GEN);
     for (int i = 1; i < N_GEN; i += 2) { /* a token chunk, not just the headers (peeked: left for later) */
         char b[8192];
@@ -171,14 +172,14 @@ static void test_idle_flood_and_slow_clients(void **state)
     fd = tc_http_dial(port, 5);
     const char *line = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ";
     send(fd, line, strlen(line), MSG_NOSIGNAL);
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     for (;;) {
-        if (tc_now() - t0 > 10 || send(fd, "a", 1, MSG_NOSIGNAL) != 1) break;
+        if (fy_now_s() - t0 > 10 || send(fd, "a", 1, MSG_NOSIGNAL) != 1) break;
         struct pollfd p = {.fd = fd, .events = POLLIN};
         char b[64];
         if (poll(&p, 1, 200) > 0 && recv(fd, b, sizeof(b), 0) <= 0) break;
     }
-    double closed = tc_now() - t0;
+    double closed = fy_now_s() - t0;
     close(fd);
     print_message("a client trickling its headers: closed after %.2f s (router.http_header_timeout 1.5 s)\n", closed);
     assert_true(closed >= 1.3 && closed < 6);
@@ -259,12 +260,12 @@ static void test_sigterm_drains(void **state)
     assert_true(k > 0);
 
     pid_t rp = router_pid(&c);
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     assert_int_equal(kill(rp, SIGTERM), 0);
     /* while it drains: /health 503 "draining", new work refused */
     char *body = NULL;
     int st = -1;
-    while (tc_now() - t0 < DRAIN_S) {
+    while (fy_now_s() - t0 < DRAIN_S) {
         st = tc_http(port, "GET", "/health", &body);
         if (st == 503 && strstr(body, "draining")) break;
         fy_free(body);
@@ -299,7 +300,7 @@ static void test_sigterm_drains(void **state)
     close(shortfd);
     /* the long stream ends with its terminal events at the drain time */
     assert_int_equal(tc_http_read(longfd, &r), 200);
-    double t_end = tc_now() - t0;
+    double t_end = fy_now_s() - t0;
     close(longfd);
     if (!strstr(r.body, "\"finish_reason\":\"abort\"") || !strstr(r.body, "data: {\"error\"") ||
         !strstr(r.body, "data: [DONE]"))
@@ -325,12 +326,12 @@ static void test_sigterm_drains(void **state)
     /* and the router exits 0 */
     int status = 0;
     pid_t w;
-    while ((w = waitpid(rp, &status, WNOHANG)) == 0 && tc_now() - t0 < 3 * DRAIN_S) usleep(20000);
+    while ((w = waitpid(rp, &status, WNOHANG)) == 0 && fy_now_s() - t0 < 3 * DRAIN_S) usleep(20000);
     if (w != rp || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         tc_print_logs(&c);
         fail_msg("the router did not exit 0 after draining (status 0x%x)", w == rp ? status : -1);
     }
-    print_message("the router exited 0 after %.2f s\n", tc_now() - t0);
+    print_message("the router exited 0 after %.2f s\n", fy_now_s() - t0);
     for (int i = 0; i < c.n_procs; i++)
         if (c.procs[i].pid == rp) c.procs[i].pid = 0;
     tc_stop(&c);
@@ -423,7 +424,7 @@ static void *flood_http(void *arg)
 {
     flood_t *f = arg;
     char *out = fy_malloc(8192);
-    for (int i = 0; tc_now() < f->until; i++) {
+    for (int i = 0; fy_now_s() < f->until; i++) {
         bool big = i % 2;
         int st = raw_http(f->port, big ? f->req_big : f->req_near, big ? f->len_big : f->len_near, out, 8192);
         if (st == 400 && (!big || strstr(out, "context_length_exceeded")))
@@ -447,7 +448,7 @@ static void *flood_nng(void *arg)
         __atomic_add_fetch(&f->nng_other, 1, __ATOMIC_RELAXED);
         return NULL;
     }
-    while (tc_now() < f->until) {
+    while (fy_now_s() < f->until) {
         fy_client_req_t req = {.prompt = f->nng_text};
         fy_genspec_default(&req.gen);
         req.gen.max_tokens = 1;
@@ -477,10 +478,10 @@ static void *poll_health(void *arg)
     health_poll_t *h = arg;
     static const char req[] = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
     char out[2048];
-    while (tc_now() < h->until) {
-        double t0 = tc_now();
+    while (fy_now_s() < h->until) {
+        double t0 = fy_now_s();
         int st = raw_http(h->port, req, sizeof(req) - 1, out, sizeof(out));
-        double dt = tc_now() - t0;
+        double dt = fy_now_s() - t0;
         h->n++;
         if (st != 200) h->bad++;
         if (dt > h->worst) h->worst = dt;
@@ -501,7 +502,7 @@ static double stream_ttft(int port)
                      strlen(body), body);
     int fd = tc_http_dial(port, 30);
     assert_true(fd >= 0);
-    double t0 = tc_now(), first = -1;
+    double t0 = fy_now_s(), first = -1;
     assert_int_equal(send(fd, req, (size_t)n, MSG_NOSIGNAL), n);
     char b[16384];
     size_t got = 0;
@@ -509,7 +510,7 @@ static double stream_ttft(int port)
     while (got + 1 < sizeof(b) && (k = recv(fd, b + got, sizeof(b) - 1 - got, 0)) > 0) {
         got += (size_t)k;
         b[got] = 0;
-        if (first < 0 && strstr(b, "\"text\"")) first = tc_now() - t0;
+        if (first < 0 && strstr(b, "\"text\"")) first = fy_now_s() - t0;
     }
     close(fd);
     if (!strstr(b, "data: [DONE]") || !strstr(b, " 200 ")) {
@@ -575,10 +576,10 @@ static void test_large_prompt_flood(void **state)
 
     /* alone: a text too long to fit is refused as OpenAI refuses it, without tokenizing */
     char *out = fy_malloc(8192);
-    double t1 = tc_now();
+    double t1 = fy_now_s();
     int st1 = raw_http(port, req_big, f.len_big, out, 8192);
     bool code = strstr(out, "\"code\":\"context_length_exceeded\"") && strstr(out, "\"param\":\"prompt\"");
-    print_message("a prompt of %zu bytes (more than %zu): %d in %.3f s%s\n", big_len, bound, st1, tc_now() - t1,
+    print_message("a prompt of %zu bytes (more than %zu): %d in %.3f s%s\n", big_len, bound, st1, fy_now_s() - t1,
                   code ? ", context_length_exceeded" : "");
     if (!bench) { /* (a benchmark run may measure a router from before) */
         assert_int_equal(st1, 400);
@@ -589,7 +590,7 @@ static void test_large_prompt_flood(void **state)
     double before[3], during[3];
     for (int i = 0; i < 3; i++) assert_true((before[i] = stream_ttft(port)) >= 0);
 
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     f.until = t0 + flood_s;
     health_poll_t hp = {.port = port, .until = f.until};
     pthread_t th[MAX_FLOOD], hth;
@@ -597,8 +598,8 @@ static void test_large_prompt_flood(void **state)
     for (int i = 0; i < n_nng; i++) assert_int_equal(pthread_create(&th[n_http + i], NULL, flood_nng, &f), 0);
     /* the flood under way: the general lane full (a 503), or for a
      * benchmark's larger lane, the router answering the flood */
-    while (tc_now() < f.until && !(__atomic_load_n(&f.busy503, __ATOMIC_RELAXED) > 0 ||
-                                   (bench && __atomic_load_n(&f.ok400, __ATOMIC_RELAXED) > 0)))
+    while (fy_now_s() < f.until && !(__atomic_load_n(&f.busy503, __ATOMIC_RELAXED) > 0 ||
+                                     (bench && __atomic_load_n(&f.ok400, __ATOMIC_RELAXED) > 0)))
         usleep(10000);
     assert_int_equal(pthread_create(&hth, NULL, poll_health, &hp), 0);
     /* normal requests during the flood: streamed over HTTP, and one over nng */
@@ -614,7 +615,7 @@ static void test_large_prompt_flood(void **state)
     if (nst == FY_OK) tc_collect(&c, &ns, &nres, 1, 30);
     for (int i = 0; i < n_http + n_nng; i++) pthread_join(th[i], NULL);
     pthread_join(hth, NULL);
-    double flood_wall = tc_now() - t0;
+    double flood_wall = fy_now_s() - t0;
 
     print_message("flood of %.1f s: HTTP %d refused 400, %d 503 (%d with Retry-After), %d other; nng %d refused, %d "
                   "other\n",

@@ -34,6 +34,7 @@
 
 #include <jansson.h>
 
+#include "clock.h"
 #include "cluster_util.h"
 #include "mem.h"
 #include "testutil.h"
@@ -189,9 +190,9 @@ static void test_plain_http_refused(void **state)
     assert_int_equal(send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL), (ssize_t)(sizeof(req) - 1));
     char buf[4096];
     size_t len = 0;
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     bool closed = false;
-    while (!closed && tc_now() - t0 < 5) {
+    while (!closed && fy_now_s() - t0 < 5) {
         struct pollfd p = {.fd = fd, .events = POLLIN};
         if (poll(&p, 1, 100) <= 0) continue;
         ssize_t n = recv(fd, buf + len, sizeof(buf) - 1 - len, 0);

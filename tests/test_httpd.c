@@ -19,6 +19,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "cluster_util.h"
 #include "httpd.h"
 #include "mem.h"
@@ -149,16 +150,16 @@ static int post(int port, const char *path, const char *body, tc_http_resp_t *r)
 /* Seconds until the server closes fd (reading and dropping what comes), or -1 after limit_s. */
 static double until_closed(int fd, double limit_s, size_t *got_p)
 {
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     size_t got = 0;
-    while (tc_now() - t0 < limit_s) {
+    while (fy_now_s() - t0 < limit_s) {
         struct pollfd p = {.fd = fd, .events = POLLIN};
         if (poll(&p, 1, 50) <= 0) continue;
         char b[4096];
         ssize_t k = recv(fd, b, sizeof(b), 0);
         if (k <= 0) {
             if (got_p) *got_p = got;
-            return tc_now() - t0;
+            return fy_now_s() - t0;
         }
         got += (size_t)k;
     }
@@ -223,8 +224,8 @@ static void test_held_and_streamed(void **state)
         tc_http_free(&r);
     }
     close(fd);
-    double t0 = tc_now();
-    while (atomic_load(&X.ended) < 1 + 1 + N + 2 + 400 && tc_now() - t0 < 5) usleep(1000);
+    double t0 = fy_now_s();
+    while (atomic_load(&X.ended) < 1 + 1 + N + 2 + 400 && fy_now_s() - t0 < 5) usleep(1000);
     assert_int_equal(atomic_load(&X.ended_complete), 1 + 1 + N + 2 + 400);
     stop(h);
 }
@@ -240,21 +241,21 @@ static void test_gone_and_stopped(void **state)
     fy_httpd_t *h = start(&lim, &port);
     int fd = tc_http_dial(port, 10);
     tc_http_send(fd, "POST", "/never", NULL, "text/plain", "", 0);
-    double t0 = tc_now();
-    while (atomic_load(&X.held) < 1 && tc_now() - t0 < 5) usleep(1000);
+    double t0 = fy_now_s();
+    while (atomic_load(&X.held) < 1 && fy_now_s() - t0 < 5) usleep(1000);
     close(fd);
-    t0 = tc_now();
-    while (atomic_load(&X.ended_gone) < 1 && tc_now() - t0 < 5) usleep(1000);
+    t0 = fy_now_s();
+    while (atomic_load(&X.ended_gone) < 1 && fy_now_s() - t0 < 5) usleep(1000);
     assert_int_equal(atomic_load(&X.ended_gone), 1);
-    print_message("a client that hung up: noticed in %.0f ms\n", (tc_now() - t0) * 1e3);
+    print_message("a client that hung up: noticed in %.0f ms\n", (fy_now_s() - t0) * 1e3);
     /* a half-close counts as gone too */
     fd = tc_http_dial(port, 10);
     tc_http_send(fd, "POST", "/never", NULL, "text/plain", "", 0);
-    t0 = tc_now();
-    while (atomic_load(&X.held) < 2 && tc_now() - t0 < 5) usleep(1000);
+    t0 = fy_now_s();
+    while (atomic_load(&X.held) < 2 && fy_now_s() - t0 < 5) usleep(1000);
     shutdown(fd, SHUT_WR);
-    t0 = tc_now();
-    while (atomic_load(&X.ended_gone) < 2 && tc_now() - t0 < 5) usleep(1000);
+    t0 = fy_now_s();
+    while (atomic_load(&X.ended_gone) < 2 && fy_now_s() - t0 < 5) usleep(1000);
     assert_int_equal(atomic_load(&X.ended_gone), 2);
     close(fd);
     /* three held forever: stopping the server ends them */
@@ -263,11 +264,11 @@ static void test_gone_and_stopped(void **state)
         fds[i] = tc_http_dial(port, 10);
         tc_http_send(fds[i], "POST", "/never", NULL, "text/plain", "", 0);
     }
-    t0 = tc_now();
-    while (atomic_load(&X.held) < 5 && tc_now() - t0 < 5) usleep(1000);
-    t0 = tc_now();
+    t0 = fy_now_s();
+    while (atomic_load(&X.held) < 5 && fy_now_s() - t0 < 5) usleep(1000);
+    t0 = fy_now_s();
     stop(h);
-    assert_true(tc_now() - t0 < 4);
+    assert_true(fy_now_s() - t0 < 4);
     assert_int_equal(atomic_load(&X.ended_gone), 5);
     for (int i = 0; i < 3; i++) {
         assert_true(until_closed(fds[i], 5, NULL) >= 0);
@@ -291,8 +292,8 @@ static void test_header_timeout_and_idle(void **state)
     int fd = tc_http_dial(port, 10);
     const char *line = "GET /health HTTP/1.1\r\nX-Slow: ";
     send(fd, line, strlen(line), MSG_NOSIGNAL);
-    double t0 = tc_now(), closed = -1;
-    while (tc_now() - t0 < 6) {
+    double t0 = fy_now_s(), closed = -1;
+    while (fy_now_s() - t0 < 6) {
         if (send(fd, "a", 1, MSG_NOSIGNAL) != 1) break;
         struct pollfd p = {.fd = fd, .events = POLLIN};
         if (poll(&p, 1, 200) > 0) {
@@ -300,7 +301,7 @@ static void test_header_timeout_and_idle(void **state)
             if (recv(fd, b, sizeof(b), 0) <= 0) break;
         }
     }
-    closed = tc_now() - t0;
+    closed = fy_now_s() - t0;
     close(fd);
     print_message("a client trickling its headers: closed after %.2f s (header timeout 1 s)\n", closed);
     assert_true(closed >= 0.9 && closed < 4);
@@ -313,14 +314,14 @@ static void test_header_timeout_and_idle(void **state)
     fd = tc_http_dial(port, 10);
     const char *head = "POST /now HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n";
     send(fd, head, strlen(head), MSG_NOSIGNAL);
-    t0 = tc_now();
-    while (tc_now() - t0 < 6 && send(fd, "b", 1, MSG_NOSIGNAL) == 1) {
+    t0 = fy_now_s();
+    while (fy_now_s() - t0 < 6 && send(fd, "b", 1, MSG_NOSIGNAL) == 1) {
         struct pollfd p = {.fd = fd, .events = POLLIN};
         if (poll(&p, 1, 200) > 0) break;
     }
     closed = until_closed(fd, 6, NULL);
     close(fd);
-    assert_true(closed >= 0 && tc_now() - t0 < 4);
+    assert_true(closed >= 0 && fy_now_s() - t0 < 4);
     /* kept alive after an answer, then idle: closed at the idle timeout */
     fd = tc_http_dial(port, 10);
     const char *req = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
@@ -470,10 +471,10 @@ static void test_connection_cap(void **state)
     /* an evicted connection is counted open until the server's thread has
      * closed it, which under TSan's slowdown comes a little later */
     fy_httpd_stats_t s;
-    double t_settle = tc_now();
+    double t_settle = fy_now_s();
     do {
         fy_httpd_stats(h, &s);
-    } while (s.open > 9 && tc_now() - t_settle < 5 && usleep(10000) == 0);
+    } while (s.open > 9 && fy_now_s() - t_settle < 5 && usleep(10000) == 0);
     print_message("40 idle connections with a cap of 8: %d open, %llu evicted\n", s.open,
                   (unsigned long long)s.evicted);
     assert_true(s.evicted >= 32);
@@ -486,8 +487,8 @@ static void test_connection_cap(void **state)
         busy[i] = tc_http_dial(port, 10);
         tc_http_send(busy[i], "POST", "/never", NULL, "text/plain", "", 0);
     }
-    double t0 = tc_now();
-    while (atomic_load(&X.held) < 8 && tc_now() - t0 < 5) usleep(1000);
+    double t0 = fy_now_s();
+    while (atomic_load(&X.held) < 8 && fy_now_s() - t0 < 5) usleep(1000);
     assert_int_equal(atomic_load(&X.held), 8);
     tc_http_resp_t r;
     assert_int_equal(post(port, "/now", "x", &r), 503);
@@ -498,8 +499,8 @@ static void test_connection_cap(void **state)
     fy_httpd_stats(h, &s);
     assert_true(s.refused >= 1);
     for (int i = 0; i < 8; i++) close(busy[i]);
-    t0 = tc_now();
-    while (atomic_load(&X.ended_gone) < 8 && tc_now() - t0 < 5) usleep(1000);
+    t0 = fy_now_s();
+    while (atomic_load(&X.ended_gone) < 8 && fy_now_s() - t0 < 5) usleep(1000);
     assert_int_equal(atomic_load(&X.ended_gone), 8);
     assert_int_equal(post(port, "/now", "back", &r), 200);
     tc_http_free(&r);

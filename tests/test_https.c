@@ -35,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "cluster.h"
 #include "cluster_util.h"
 #include "httpd.h"
@@ -43,13 +44,6 @@
 
 static char g_certs[512];
 static char g_other_ca[600]; /* another deployment's CA */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static const char *cert_path(const char *name)
 {
@@ -180,7 +174,7 @@ static size_t on_data(char *p, size_t sz, size_t n, void *arg)
 {
     got_t *g = arg;
     size_t k = sz * n;
-    if (g->n_writes < 8) g->t_first[g->n_writes] = now_s();
+    if (g->n_writes < 8) g->t_first[g->n_writes] = fy_now_s();
     g->n_writes++;
     if (g->len + k < sizeof(g->buf)) {
         memcpy(g->buf + g->len, p, k);
@@ -264,10 +258,10 @@ static void test_streamed(void **state)
     CURL *c = curl_easy_init();
     got_t g;
     long status;
-    double t0 = now_s();
+    double t0 = fy_now_s();
     assert_int_equal(fetch(c, url, "/stream", "{}", cert_path("ca.pem"), CURL_SSLVERSION_TLSv1_2, &status, &g),
                      CURLE_OK);
-    double t1 = now_s();
+    double t1 = fy_now_s();
     pthread_join(g_st.th, NULL);
     assert_int_equal(status, 200);
     assert_string_equal(g.buf, "data: chunk 0\n\ndata: chunk 1\n\ndata: chunk 2\n\n");
@@ -293,16 +287,16 @@ static int connect_to(int port)
 /* Reads fd until the server closes it (or limit_s): the bytes, and when it closed (-1: still open). */
 static double read_to_close(int fd, double limit_s, char *buf, size_t cap, size_t *len_p)
 {
-    double t0 = now_s();
+    double t0 = fy_now_s();
     size_t len = 0;
-    while (now_s() - t0 < limit_s) {
+    while (fy_now_s() - t0 < limit_s) {
         struct pollfd p = {.fd = fd, .events = POLLIN};
         if (poll(&p, 1, 50) <= 0) continue;
         ssize_t n = recv(fd, buf + len, cap - 1 - len, 0);
         if (n <= 0) {
             buf[len] = 0;
             *len_p = len;
-            return now_s() - t0;
+            return fy_now_s() - t0;
         }
         len += (size_t)n;
         if (len >= cap - 1) len = 0; /* only the end matters */
@@ -336,13 +330,13 @@ static void test_gone_while_held(void **state)
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &g);
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 800L); /* the client gives up */
-    double t0 = now_s();
+    double t0 = fy_now_s();
     assert_int_equal(curl_easy_perform(c), CURLE_OPERATION_TIMEDOUT);
     curl_easy_cleanup(c); /* closes the connection */
-    double t_closed = now_s();
+    double t_closed = fy_now_s();
     assert_int_equal(atomic_load(&g_held), 1);
     for (int i = 0; i < 200 && atomic_load(&g_ended) < 1; i++) usleep(5000);
-    double t_end = now_s();
+    double t_end = fy_now_s();
     print_message("held request over TLS: client left after %.2f s, noticed %.3f s later\n", t_closed - t0,
                   t_end - t_closed);
     assert_int_equal(atomic_load(&g_ended), 1);
@@ -388,7 +382,7 @@ static void test_stalled_handshake(void **state)
     char url[64];
     fy_httpd_t *h = start(&l, url, sizeof(url));
     int fds[2];
-    double t0 = now_s();
+    double t0 = fy_now_s();
     fds[0] = connect_to(fy_httpd_port(h));
     fds[1] = connect_to(fy_httpd_port(h));
     /* a TLS record header announcing a 512-byte handshake, and 4 bytes of it */
@@ -398,7 +392,7 @@ static void test_stalled_handshake(void **state)
         char buf[256];
         size_t len;
         double t = read_to_close(fds[i], 6, buf, sizeof(buf), &len);
-        if (t >= 0) t = now_s() - t0;
+        if (t >= 0) t = fy_now_s() - t0;
         print_message("stalled handshake %d: closed after %.2f s\n", i, t);
         assert_true(t >= 0.5 && t < 3.5);
         close(fds[i]);

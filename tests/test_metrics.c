@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "cluster_util.h"
 #include "httpd.h"
 #include "mem.h"
@@ -464,7 +465,7 @@ static void test_cluster_metrics(void **state)
 
     /* counters are copied on the engine tick: wait for the last copy */
     char *tp = NULL, *td = NULL;
-    double t_start = tc_now();
+    double t_start = fy_now_s();
     for (;;) {
         fy_free(tp);
         fy_free(td);
@@ -474,7 +475,7 @@ static void test_cluster_metrics(void **state)
             tc_metric(td, "ferry:kv_blocks{tier=\"device\",state=\"used\"}") == 0 &&
             tc_metric(tp, "ferry:engine_prompt_tokens_total") == sum_prompt)
             break;
-        if (tc_now() - t_start > 5) {
+        if (fy_now_s() - t_start > 5) {
             print_message("prefill:\n%s\ndecode:\n%s\n", tp, td);
             fail_msg("the counters did not settle");
         }
@@ -558,7 +559,7 @@ static void test_cluster_metrics(void **state)
     assert_true(wt.n_stalled > 0);
     for (int w = 0; w < 2; w++) {
         int st = 0;
-        for (double t1 = tc_now(); tc_now() - t1 < 5;) { /* the transfer ping may still be settling */
+        for (double t1 = fy_now_s(); fy_now_s() - t1 < 5;) { /* the transfer ping may still be settling */
             if ((st = tc_http(c.metrics_port[w], "GET", "/health", NULL)) == 200) break;
             usleep(20000);
         }

@@ -28,6 +28,7 @@
 
 #include <jansson.h>
 
+#include "clock.h"
 #include "cluster_util.h"
 #include "genspec.h"
 #include "mem.h"
@@ -81,7 +82,7 @@ static void prom_stop(pid_t pid)
 {
     if (pid <= 0) return;
     kill(pid, SIGTERM);
-    for (double t0 = tc_now(); tc_now() - t0 < 10;) {
+    for (double t0 = fy_now_s(); fy_now_s() - t0 < 10;) {
         if (waitpid(pid, NULL, WNOHANG) == pid) return;
         usleep(20000);
     }
@@ -142,7 +143,7 @@ static bool prom_wait_value(int port, const char *expr, double want, double time
     char err[512];
     int n = 0;
     double v = -1;
-    for (double t0 = tc_now(); tc_now() - t0 < timeout_s; usleep(250000)) {
+    for (double t0 = fy_now_s(); fy_now_s() - t0 < timeout_s; usleep(250000)) {
         if (!prom_query(port, expr, &n, &v, err, sizeof(err))) fail_msg("query %s: %s", expr, err);
         if (n > 0 && v == want) break;
     }
@@ -277,7 +278,7 @@ static void test_dashboard_queries(void **state)
 
     /* ready, and every target scraped once */
     int st = 0;
-    for (double t0 = tc_now(); tc_now() - t0 < 30 && st != 200; usleep(100000))
+    for (double t0 = fy_now_s(); fy_now_s() - t0 < 30 && st != 200; usleep(100000))
         st = tc_http(prom_port, "GET", "/-/ready", NULL);
     if (st != 200) {
         prom_stop(prom);
@@ -343,7 +344,7 @@ static void test_dashboard_queries(void **state)
      * worker scraped once), so an empty answer is asked again until 20 s have
      * passed since the first query. */
     int empty = 0;
-    double q0 = tc_now();
+    double q0 = fy_now_s();
     for (int i = 0; i < n_targets; i++) {
         char err[1024];
         int n = 0;
@@ -353,7 +354,7 @@ static void test_dashboard_queries(void **state)
                 prom_stop(prom);
                 fail_msg("panel '%s': %s: %s", targets[i].panel, targets[i].expr, err);
             }
-            if (n > 0 || tc_now() - q0 > 20) break;
+            if (n > 0 || fy_now_s() - q0 > 20) break;
             usleep(250000);
         }
         if (n == 0) {

@@ -25,6 +25,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "cluster.h"
 #include "cluster_util.h"
 #include "envelope.h"
@@ -112,9 +113,9 @@ static void test_churn_forgets_gone_workers(void **state)
             assert_int_equal(fy_push_create(c.events_url, 16, &auth[k], &TO_ROUTER, &push[k]), FY_OK);
         }
         /* each pod reports (of another model: nothing is placed there) until the router lists it */
-        double t0 = tc_now();
+        double t0 = fy_now_s();
         int seen = 0;
-        while (seen < CHURN_BATCH && tc_now() - t0 < 20) {
+        while (seen < CHURN_BATCH && fy_now_s() - t0 < 20) {
             for (int k = 0; k < CHURN_BATCH; k++) send_load(push[k], names[k], auth[k].inc, "another-model", listen);
             usleep(200000);
             tc_status(&c, &s);
@@ -132,13 +133,13 @@ static void test_churn_forgets_gone_workers(void **state)
             fy_env_auth_wipe(&auth[k]);
         }
         /* the pods are gone: down after 1 s, forgotten 1 s later */
-        t0 = tc_now();
+        t0 = fy_now_s();
         do {
             usleep(200000);
             tc_status(&c, &s);
             seen = 0;
             for (int k = 0; k < CHURN_BATCH; k++) seen += has_worker(&s, names[k]);
-        } while (seen && tc_now() - t0 < 15); /* still listed: the next batch finds no room */
+        } while (seen && fy_now_s() - t0 < 15); /* still listed: the next batch finds no room */
         /* the real worker, busy or not, keeps its slot, and its stream its tokens */
         assert_true(has_worker(&s, "decode-0"));
         tc_result_t got = {0};
@@ -197,12 +198,12 @@ static void deaf_command(void *arg, const fy_env_hdr_t *from, const void *buf, s
 static void *deaf_main(void *arg)
 {
     deaf_t *d = arg;
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     for (int k = 0; !atomic_load(&d->stop); k++) { /* every worker.heartbeat */
         if (!d->slow || k == 0) {
             send_load(d->events, d->name, d->auth.inc, d->model, d->listen);
         } else {
-            fy_wire_alive_t m = {.ev = {.inc = d->auth.inc}, .busy_s = tc_now() - t0};
+            fy_wire_alive_t m = {.ev = {.inc = d->auth.inc}, .busy_s = fy_now_s() - t0};
             snprintf(m.ev.worker, sizeof(m.ev.worker), "%s", d->name);
             fy_msgw_t w;
             fy_wire_alive_write(&w, &m);
@@ -268,17 +269,17 @@ static void test_breaker_skips_deaf_worker(void **state)
     tc_status(&c, &s);
     deaf_t d;
     deaf_start(&d, &c, s.model, false);
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     do {
         usleep(50000);
         tc_status(&c, &s);
-    } while (s.decode_up < 2 && tc_now() - t0 < 20);
+    } while (s.decode_up < 2 && fy_now_s() - t0 < 20);
     assert_int_equal(s.decode_up, 2);
     /* one request at a time: each looks for the least-loaded decode worker,
      * and the deaf one (nothing assigned, the most room) is it every time
      * unless its breaker keeps it out */
     int ok = 0;
-    double t_start = tc_now();
+    double t_start = fy_now_s();
     for (int i = 0; i < N_DEAF; i++) {
         fy_client_stream_t st = submit(&c, prompt, len, max_tokens);
         tc_result_t got = {0};
@@ -292,7 +293,7 @@ static void test_breaker_skips_deaf_worker(void **state)
         ok++;
     }
     print_message("%d of %d requests served in %.1f s; the deaf worker got %d commands\n", ok, N_DEAF,
-                  tc_now() - t_start, atomic_load(&d.commands));
+                  fy_now_s() - t_start, atomic_load(&d.commands));
     assert_int_equal(ok, N_DEAF);
     assert_true(atomic_load(&d.commands) >= 1); /* it was chosen, and the breaker took it out */
     assert_int_equal(breakers_open(port), 1);
@@ -300,8 +301,8 @@ static void test_breaker_skips_deaf_worker(void **state)
      * the same): the next trial request closes the breaker */
     atomic_store(&d.answer, true);
     int before = atomic_load(&d.commands);
-    t0 = tc_now();
-    while (breakers_open(port) != 0 && tc_now() - t0 < 30) {
+    t0 = fy_now_s();
+    while (breakers_open(port) != 0 && fy_now_s() - t0 < 30) {
         fy_client_stream_t st = submit(&c, prompt, len, max_tokens);
         tc_result_t got = {0};
         tc_collect(&c, &st, &got, 1, 60);
@@ -334,11 +335,11 @@ static void test_breaker_spares_slow_worker(void **state)
     tc_status(&c, &s);
     deaf_t d;
     deaf_start(&d, &c, s.model, true);
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     do {
         usleep(50000);
         tc_status(&c, &s);
-    } while (s.decode_up < 2 && tc_now() - t0 < 20);
+    } while (s.decode_up < 2 && fy_now_s() - t0 < 20);
     assert_int_equal(s.decode_up, 2);
     for (int i = 0; i < 2; i++) {
         fy_client_stream_t st = submit(&c, prompt, 24, 4);
@@ -416,30 +417,30 @@ static void test_stuck_rank_out_of_service(void **state)
     assert_int_equal(tc_children_of(dp->pid, ranks, 8), 2);
     fy_client_stream_t st = submit(&c, prompt, 32, 4000);
     fy_client_update_t u;
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     int32_t seen = 0;
-    while (seen < 4 && tc_now() - t0 < 30) { /* it streams from the group */
+    while (seen < 4 && fy_now_s() - t0 < 30) { /* it streams from the group */
         assert_int_equal(fy_client_poll(c.client, &st, 0.2, &u), FY_OK);
         seen += u.n_tokens;
         assert_false(u.done);
     }
     assert_true(seen >= 4);
     assert_int_equal(kill(ranks[1], SIGSTOP), 0);
-    double t_stop = tc_now(), t_out = -1;
+    double t_stop = fy_now_s(), t_out = -1;
     fy_client_status_t s;
     /* out of service on its own word within the stall bound and a margin
      * (the group's default is 30 s) */
-    while (t_out < 0 && tc_now() - t_stop < 10) {
+    while (t_out < 0 && fy_now_s() - t_stop < 10) {
         tc_status(&c, &s);
         for (int i = 0; i < s.n_workers; i++)
             if (!strcmp(s.workers[i].name, "decode-0") && s.workers[i].out_of_service && !s.workers[i].up)
-                t_out = tc_now();
+                t_out = fy_now_s();
         (void)fy_client_poll(c.client, &st, 0.1, &u);
     }
     if (t_out < 0) {
         kill(ranks[1], SIGKILL);
         tc_print_logs(&c);
-        fail_msg("decode-0 was still in placement %.1f s after a rank stopped", tc_now() - t_stop);
+        fail_msg("decode-0 was still in placement %.1f s after a rank stopped", fy_now_s() - t_stop);
     }
     print_message("decode-0 out of service %.2f s after its rank stopped (worker.stall_timeout = 2 s)\n",
                   t_out - t_stop);
@@ -456,7 +457,7 @@ static void test_stuck_rank_out_of_service(void **state)
     /* the worker leaves with status 3, its stopped rank killed by its group's destroy */
     int status = 0;
     pid_t r = 0;
-    for (t0 = tc_now(); r == 0 && tc_now() - t0 < 15; usleep(20000)) r = waitpid(dp->pid, &status, WNOHANG);
+    for (t0 = fy_now_s(); r == 0 && fy_now_s() - t0 < 15; usleep(20000)) r = waitpid(dp->pid, &status, WNOHANG);
     if (r != dp->pid) {
         kill(ranks[1], SIGKILL);
         tc_print_logs(&c);
@@ -466,7 +467,7 @@ static void test_stuck_rank_out_of_service(void **state)
     dp->killed = true;
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 3);
-    for (t0 = tc_now(); kill(ranks[1], 0) == 0 && tc_now() - t0 < 5;) usleep(20000);
+    for (t0 = fy_now_s(); kill(ranks[1], 0) == 0 && fy_now_s() - t0 < 5;) usleep(20000);
     assert_true(kill(ranks[1], 0) < 0 && errno == ESRCH);
     tc_stop(&c);
 }

@@ -30,6 +30,7 @@
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/protocol/reqrep0/req.h>
 
+#include "clock.h"
 #include "envelope.h"
 #include "mem.h"
 #include "rpc.h"
@@ -50,13 +51,6 @@ static const char *url(int i)
 {
     snprintf(url_buf[i], sizeof(url_buf[i]), "ipc://%s/s%d", fy_test_tmpdir(), i);
     return url_buf[i];
-}
-
-static double mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* Echoes requests at once, except "later" (held until release_held) and
@@ -173,9 +167,9 @@ static void test_timeouts_and_absent_peer(void **state)
     assert_int_equal(fy_rpc_client_create(url(1), &AUTH_CLIENT, &c), FY_OK);
     void *rep;
     size_t len;
-    double t0 = mono();
+    double t0 = fy_now_s();
     assert_int_equal(fy_rpc_call(c, "never", 5, 0.2, &rep, &len), FY_ERR_TIMEOUT);
-    double dt = mono() - t0;
+    double dt = fy_now_s() - t0;
     assert_true(dt >= 0.15 && dt < 2.0);
     /* the server still serves; the abandoned call's slot is replied later */
     assert_int_equal(fy_rpc_call(c, "ping", 4, 5.0, &rep, &len), FY_OK);
@@ -192,9 +186,9 @@ static void test_timeouts_and_absent_peer(void **state)
 
     /* nobody listens: the call ends at its deadline */
     assert_int_equal(fy_rpc_client_create(url(2), &AUTH_CLIENT, &c), FY_OK);
-    t0 = mono();
+    t0 = fy_now_s();
     assert_int_equal(fy_rpc_call(c, "ping", 4, 0.2, &rep, &len), FY_ERR_TIMEOUT);
-    assert_true(mono() - t0 < 2.0);
+    assert_true(fy_now_s() - t0 < 2.0);
     /* a peer that comes up later is reached by the same client */
     assert_int_equal(fy_rpc_server_create(url(2), 4, &AUTH_ROUTER, FROM_CLIENT, handler, &s, &srv), FY_OK);
     assert_int_equal(fy_rpc_call(c, "ping", 4, 5.0, &rep, &len), FY_OK);
@@ -252,33 +246,32 @@ static void test_push_pull(void **state)
     for (int i = 0; i < 100; i++) assert_int_equal(fy_push_send(p, &i, sizeof(i)), FY_OK);
     fy_pull_t *q;
     assert_int_equal(fy_pull_create(u, &AUTH_ROUTER, FROM_WORKERS, on_event, &k, &q), FY_OK);
-    for (double tc = mono(); !fy_push_connected(p); usleep(1000)) /* within a redial (at most 1 s) */
-        if (mono() - tc > 3) fail_msg("the push socket did not connect within 3 s");
+    for (double tc = fy_now_s(); !fy_push_connected(p); usleep(1000)) /* within a redial (at most 1 s) */
+        if (fy_now_s() - tc > 3) fail_msg("the push socket did not connect within 3 s");
     for (int i = 100; i < 2000; i++) {
         while (fy_push_send(p, &i, sizeof(i)) == FY_ERR_NO_SPACE) usleep(1000);
     }
     pthread_mutex_lock(&k.mu);
-    double t0 = mono();
-    while (k.n < 2000 && mono() - t0 < 20) {
+    double t0 = fy_now_s();
+    while (k.n < 2000 && fy_now_s() - t0 < 20) {
         struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += 1;
+        fy_deadline_in(CLOCK_REALTIME, 1, &ts);
         pthread_cond_timedwait(&k.cv, &k.mu, &ts);
     }
     pthread_mutex_unlock(&k.mu);
     assert_int_equal(k.n, 2000);
     assert_true(k.in_order);
     fy_pull_destroy(q);
-    for (double tc = mono(); fy_push_connected(p); usleep(1000)) /* the peer gone: its connection with it */
-        if (mono() - tc > 3) fail_msg("the push socket still connected 3 s after its peer closed");
+    for (double tc = fy_now_s(); fy_push_connected(p); usleep(1000)) /* the peer gone: its connection with it */
+        if (fy_now_s() - tc > 3) fail_msg("the push socket still connected 3 s after its peer closed");
 
     /* nobody reads: the queue fills and sends are refused at once, never blocking */
-    double t1 = mono();
+    double t1 = fy_now_s();
     int refused = 0;
     for (int i = 0; i < 3000 && !refused; i++) refused = fy_push_send(p, &i, sizeof(i)) == FY_ERR_NO_SPACE;
     assert_true(refused);
     assert_true(fy_push_dropped(p) >= 1);
-    assert_true(mono() - t1 < 5.0);
+    assert_true(fy_now_s() - t1 < 5.0);
     fy_push_destroy(p);
 }
 
@@ -431,13 +424,13 @@ static uint64_t refused_total(fy_pull_t *q)
 /* Waits (10 s at most) for n values and `refused` refusals. */
 static void wait_values(values_t *k, fy_pull_t *q, int n, uint64_t refused)
 {
-    double t0 = mono();
+    double t0 = fy_now_s();
     for (;;) {
         pthread_mutex_lock(&k->mu);
         int have = k->n;
         pthread_mutex_unlock(&k->mu);
         if (have >= n && refused_total(q) >= refused) return;
-        if (mono() - t0 > 10)
+        if (fy_now_s() - t0 > 10)
             fail_msg("%d of %d messages, %llu of %llu refusals", have, n, (unsigned long long)refused_total(q),
                      (unsigned long long)refused);
         usleep(2000);
@@ -722,8 +715,8 @@ static void test_encryption_auto(void **state)
     fy_test_log_begin();
     for (int i = 0; i < 3; i++)
         if (p[i]) {
-            for (double t0 = mono(); !fy_push_connected(p[i]); usleep(1000))
-                if (mono() - t0 > 5) fail_msg("push %d did not connect", i);
+            for (double t0 = fy_now_s(); !fy_push_connected(p[i]); usleep(1000))
+                if (fy_now_s() - t0 > 5) fail_msg("push %d did not connect", i);
             assert_int_equal(fy_push_send(p[i], &vals[i], sizeof(int)), FY_OK);
         }
     wait_values(&k, q, have_ip ? 2 : 1, have_ip ? 1 : 0);
@@ -818,15 +811,6 @@ static void close_all(int *fds, int n)
         if (fds[i] >= 0) close(fds[i]), fds[i] = -1;
 }
 
-/* Waits (up to 5 s) until at most most of fds are still open: the server
- * has closed what it refuses; the count then. */
-static int wait_open_at_most(const int *fds, int n, int most)
-{
-    int open = fy_test_still_open(fds, n);
-    for (double t0 = mono(); open > most && mono() - t0 < 5; open = fy_test_still_open(fds, n)) usleep(20000);
-    return open;
-}
-
 /* 40 connections each announcing an 8 MiB frame (its bytes all sent but
  * the last) grew the router 20 -> 340 MiB: nng allocated every frame's
  * announced size before anything was checked, with no cap on connections
@@ -860,24 +844,24 @@ static void test_preauth_memory(void **state)
     long r0 = fy_test_rss_kib(0);
     /* 1. 8 MiB frames: over the limit, refused before any allocation */
     for (int i = 0; i < N; i++) fds[i] = fy_test_hold_frame(path, 0x30, (8u << 20) - 1, (8u << 20) - 2);
-    int open_big = wait_open_at_most(fds, N, 0);
+    int open_big = fy_test_wait_open_at_most(fds, N, 0);
     long big = fy_test_rss_kib(0) - r0;
     close_all(fds, N);
     /* 2. frames under the limit (2 MiB less a little), held: at most the cap stay, until the deadline */
     fy_rpc_conns_t cs;
     fy_rpc_server_conns(srv, &cs);
-    for (double t1 = mono(); cs.open && mono() - t1 < 5; fy_rpc_server_conns(srv, &cs))
+    for (double t1 = fy_now_s(); cs.open && fy_now_s() - t1 < 5; fy_rpc_server_conns(srv, &cs))
         usleep(20000); /* the server saw those go: none counts against the cap */
     assert_int_equal(cs.open, 0);
     r0 = fy_test_rss_kib(0);
     for (int i = 0; i < N; i++) fds[i] = fy_test_hold_frame(path, 0x30, (2u << 20) - 4096, (2u << 20) - 4097);
-    int open_held = wait_open_at_most(fds, N, 16);
+    int open_held = fy_test_wait_open_at_most(fds, N, 16);
     long held = fy_test_rss_kib(0) - r0;
     fy_rpc_server_conns(srv, &cs);
-    double t0 = mono();
-    while (fy_test_still_open(fds, N) && mono() - t0 < 5) usleep(50000);
+    double t0 = fy_now_s();
+    while (fy_test_still_open(fds, N) && fy_now_s() - t0 < 5) usleep(50000);
     int open_late = fy_test_still_open(fds, N);
-    double t_late = mono() - t0;
+    double t_late = fy_now_s() - t0;
     close_all(fds, N);
     /* a real client still gets through afterwards */
     fy_rpc_client_t *c;
@@ -1119,8 +1103,8 @@ static void *churn_pusher(void *arg)
             atomic_fetch_add(&c->failed, 1);
             break;
         }
-        double end = mono() + (rand_r(&seed) % 10) * 1e-3;
-        while (mono() < end) fy_push_send(p, buf, 64 + rand_r(&seed) % (sizeof(buf) - 64));
+        double end = fy_now_s() + (rand_r(&seed) % 10) * 1e-3;
+        while (fy_now_s() < end) fy_push_send(p, buf, 64 + rand_r(&seed) % (sizeof(buf) - 64));
         fy_push_destroy(p); /* sends still queued */
         atomic_fetch_add(&c->rounds, 1);
     }
@@ -1137,8 +1121,7 @@ static bool churn_done;
 static void *churn_watchdog(void *arg)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += 90;
+    fy_deadline_in(CLOCK_REALTIME, 90, &ts);
     pthread_mutex_lock(&churn_mu);
     while (!churn_done)
         if (pthread_cond_timedwait(&churn_cv, &churn_mu, &ts)) break;
@@ -1167,8 +1150,8 @@ static void test_close_in_flight(void **state)
     }
     unsigned seed = 1;
     int pulls = 0;
-    double end = mono() + 4.0;
-    while (mono() < end && atomic_load(&stuck_closes) == 0) {
+    double end = fy_now_s() + 4.0;
+    while (fy_now_s() < end && atomic_load(&stuck_closes) == 0) {
         fy_pull_t *q;
         if (fy_pull_create(u, &AUTH_ROUTER, FROM_WORKERS, on_churn_event, NULL, &q) != FY_OK) {
             usleep(1000);

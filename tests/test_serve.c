@@ -31,6 +31,7 @@
 
 #include <jansson.h>
 
+#include "clock.h"
 #include "cluster_util.h"
 #include "mem.h"
 #include "model.h"
@@ -87,9 +88,9 @@ static int serve_wait(proc_t *p, double timeout_s)
 {
     int fd = (int)syscall(SYS_pidfd_open, p->pid, 0);
     assert_true(fd >= 0);
-    double deadline = tc_now() + timeout_s;
+    double deadline = fy_now_s() + timeout_s;
     for (;;) {
-        double left = deadline - tc_now();
+        double left = deadline - fy_now_s();
         if (left <= 0) break;
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
         if (poll(&pfd, 1, (int)(left * 1000) + 1) > 0) break;
@@ -108,7 +109,7 @@ static int serve_wait(proc_t *p, double timeout_s)
  * when it ends first or after timeout_s. */
 static void wait_text(proc_t *p, const char *text, double timeout_s)
 {
-    double deadline = tc_now() + timeout_s;
+    double deadline = fy_now_s() + timeout_s;
     for (;;) {
         char *t = read_text(p->err);
         bool found = strstr(t, text) != NULL;
@@ -118,7 +119,7 @@ static void wait_text(proc_t *p, const char *text, double timeout_s)
             fy_free(t);
             return;
         }
-        if (ended || tc_now() > deadline)
+        if (ended || fy_now_s() > deadline)
             fail_msg("no '%s' from ferry serve (%s); its output:\n%s", text, ended ? "it exited" : "timed out", t);
         fy_free(t);
         struct timespec ts = {.tv_nsec = 50000000};
@@ -212,11 +213,11 @@ static int serve_health(int port, const char *name, kid_t *k)
 /* Waits until the named child runs as a process other than old_pid. */
 static void wait_back(proc_t *p, int port, const char *name, int old_pid, kid_t *k, double timeout_s)
 {
-    double deadline = tc_now() + timeout_s;
+    double deadline = fy_now_s() + timeout_s;
     for (;;) {
         serve_health(port, name, k);
         if (!strcmp(k->state, "running") && k->pid && k->pid != old_pid) return;
-        if (tc_now() > deadline) {
+        if (fy_now_s() > deadline) {
             char *t = read_text(p->err);
             fail_msg("%s did not come back within %.0f s (state '%s', pid %d); serve's output:\n%s", name, timeout_s,
                      k->state, k->pid, t);
@@ -421,12 +422,12 @@ static void test_rank_group_restarted(void **state)
     char cmd[2 * PATH_MAX];
     snprintf(cmd, sizeof(cmd), "%s/ferry request -r tcp://127.0.0.1:%d --secret %s/run-g/kv.secret --status >%s 2>&1",
              fy_test_bindir(), ports.router, fy_test_tmpdir(), fy_test_path("status.out"));
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     int rc = -1;
     for (;;) { /* until the router has the new incarnation up */
         rc = system(cmd);
         t = read_text(fy_test_path("status.out"));
-        if ((rc == 0 && line_has(t, "decode-0", "up")) || tc_now() - t0 > 30) break;
+        if ((rc == 0 && line_has(t, "decode-0", "up")) || fy_now_s() - t0 > 30) break;
         fy_free(t);
         struct timespec ts = {.tv_nsec = 100000000};
         nanosleep(&ts, NULL);
@@ -567,9 +568,9 @@ static void etcd_two_routers(bool tls)
              "%s/ferry request -r tcp://127.0.0.1:%d,tcp://127.0.0.1:%d --secret %s/run-e/kv.secret -p hello -n 4 "
              ">%s 2>&1",
              fy_test_bindir(), tc_free_port(), ports.router + 2, fy_test_tmpdir(), fy_test_path("req.out"));
-    double t0 = tc_now();
+    double t0 = fy_now_s();
     int rc = -1;
-    while ((rc = system(cmd)) != 0 && tc_now() - t0 < 30) { /* until router-1 has seen both workers */
+    while ((rc = system(cmd)) != 0 && fy_now_s() - t0 < 30) { /* until router-1 has seen both workers */
         struct timespec ts = {.tv_nsec = 200000000};
         nanosleep(&ts, NULL);
     }

@@ -12,6 +12,7 @@
 
 #include <jansson.h>
 
+#include "clock.h"
 #include "gguf_writer.h"
 #include "mem.h"
 #include "testutil.h"
@@ -1167,13 +1168,6 @@ static char *make_english(size_t len, uint64_t seed)
     return text;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* 100 KB in well under 100 ms (optimized build); generous bounds here so
  * sanitizer builds pass, while a quadratic merge would still blow them. */
 static void test_default_model_speed(void **state)
@@ -1187,9 +1181,9 @@ static void test_default_model_speed(void **state)
     assert_non_null(ids);
     double best = 1e9;
     for (int rep = 0; rep < 3; rep++) {
-        double t0 = now_s();
+        double t0 = fy_now_s();
         assert_int_equal(fy_tokenizer_encode(tok, text, len, false, false, ids, cap, &n), FY_OK);
-        best = FY_MIN(best, now_s() - t0);
+        best = FY_MIN(best, fy_now_s() - t0);
     }
     fprintf(stderr, "note: encoded %zu bytes into %zu tokens in %.2f ms (%.1f MB/s)\n", len, n, best * 1e3,
             (double)len / best / 1e6);
@@ -1197,9 +1191,9 @@ static void test_default_model_speed(void **state)
 
     /* one 100 KB piece (no spaces): merging must not be quadratic */
     memset(text, 'a', len);
-    double t0 = now_s();
+    double t0 = fy_now_s();
     assert_int_equal(fy_tokenizer_encode(tok, text, len, false, false, ids, cap, &n), FY_OK);
-    double one_piece = now_s() - t0;
+    double one_piece = fy_now_s() - t0;
     fprintf(stderr, "note: a single %zu-byte piece took %.2f ms\n", len, one_piece * 1e3);
     assert_true(one_piece < 2.0);
     fy_free(ids);
@@ -1422,9 +1416,9 @@ static void test_models_special_match_speed(void **state)
             for (size_t i = 0; i < len; i++) text[i] = form == 0 ? '<' : k_near[i % (sizeof(k_near) - 1)];
             for (int parse_special = 0; parse_special < 2; parse_special++) {
                 size_t n = 0;
-                double t0 = now_s();
+                double t0 = fy_now_s();
                 assert_int_equal(fy_tokenizer_encode(tok, text, len, false, parse_special, ids, len + 1, &n), FY_OK);
-                double took = now_s() - t0;
+                double took = fy_now_s() - t0;
                 fprintf(stderr, "note: %s: 100 KB of %s, parse_special %d: %.1f ms\n", strrchr(path, '/') + 1,
                         form ? "near misses" : "'<'", parse_special, took * 1e3);
                 assert_true(took < 3.0);

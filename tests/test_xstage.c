@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "clock.h"
 #include "mem.h"
 #include "testutil.h"
 #include "xfer.h"
@@ -92,8 +93,7 @@ static void on_wake(void *arg)
 static int wake_wait(wake_t *w, int seen)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += 5;
+    fy_deadline_in(CLOCK_REALTIME, 5, &ts);
     pthread_mutex_lock(&w->mu);
     while (w->n <= seen)
         if (pthread_cond_timedwait(&w->cv, &w->mu, &ts)) break;
@@ -243,8 +243,7 @@ static void on_done(void *arg, fy_status_t st, const char *message)
 static fy_status_t done_wait(done_t *d, double timeout_s)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += (time_t)timeout_s;
+    fy_deadline_in(CLOCK_REALTIME, timeout_s, &ts);
     pthread_mutex_lock(&d->mu);
     while (d->calls == 0)
         if (pthread_cond_timedwait(&d->cv, &d->mu, &ts)) break;
@@ -317,7 +316,7 @@ static void run_transfer(run_kind_t kind)
     memcpy(copy, blob, len);
     done_t d = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .stage = s};
     fy_xgroup_job_t *j;
-    assert_int_equal(fy_xgroup_job_begin(tx, copy, len, fy_xfer_now() + 30, on_done, &d, &j), FY_OK);
+    assert_int_equal(fy_xgroup_job_begin(tx, copy, len, fy_now_s() + 30, on_done, &d, &j), FY_OK);
     int32_t src[N_MOVE], to[N_MOVE];
     for (int32_t i = 0; i < N_MOVE; i++) {
         src[i] = (i * 7) % N_POOL; /* scattered on both sides */

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "config.h"
 #include "envelope.h"
 #include "mem.h"
@@ -275,6 +276,13 @@ int fy_test_still_open(const int *fds, int n)
     return open;
 }
 
+int fy_test_wait_open_at_most(const int *fds, int n, int most)
+{
+    int open = fy_test_still_open(fds, n);
+    for (double t0 = fy_now_s(); open > most && fy_now_s() - t0 < 5; open = fy_test_still_open(fds, n)) usleep(20000);
+    return open;
+}
+
 const char *fy_test_bindir(void)
 {
     const char *b = getenv("FERRY_BIN");
@@ -290,13 +298,6 @@ bool fy_test_have_bin(const char *name)
         return false;
     }
     return true;
-}
-
-static double run_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 fy_test_run_t fy_test_run(const char *prog, const char *const *args, double deadline_s)
@@ -324,8 +325,8 @@ fy_test_run_t fy_test_run(const char *prog, const char *const *args, double dead
     }
     int fd = (int)syscall(SYS_pidfd_open, pid, 0); /* readable once the child has exited */
     assert_true(fd >= 0);
-    double deadline = run_now() + deadline_s;
-    for (double left; (left = deadline - run_now()) > 0;) {
+    double deadline = fy_now_s() + deadline_s;
+    for (double left; (left = deadline - fy_now_s()) > 0;) {
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
         if (poll(&pfd, 1, (int)(left * 1000) + 1) > 0) break;
     }

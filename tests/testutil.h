@@ -72,6 +72,9 @@ long fy_test_rss_kib(int pid);
 int fy_test_hold_frame(const char *path, int proto, uint64_t announced, size_t sent);
 /* How many of fds the far end still holds open (a closed one reads EOF). */
 int fy_test_still_open(const int *fds, int n);
+/* Waits (up to 5 s) until at most most of fds are still open: the far end
+ * has closed what it refuses; the count then. */
+int fy_test_wait_open_at_most(const int *fds, int n, int most);
 
 struct fy_env_auth;
 struct fy_env_peer;

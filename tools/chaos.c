@@ -80,6 +80,7 @@
 #include "cli.h"
 #include "cluster.h"
 #include "client.h"
+#include "clock.h"
 #include "commands.h"
 #include "config.h"
 #include "metrics.h"
@@ -109,13 +110,6 @@ static const char *const KIND_NAMES[N_KINDS] = {"kill-prefill", "kill-decode", "
 /* how a request ended */
 enum { O_OK, O_HTTP_ERROR, O_STREAM_ERROR, O_REFUSED, O_CUT, O_HUNG, N_OUTCOMES };
 static const char *const OUTCOME_NAMES[N_OUTCOMES] = {"ok", "http_error", "stream_error", "refused", "cut", "hung"};
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void nap(double s)
 {
@@ -173,7 +167,7 @@ static void http_do(int port, const char *method, const char *path, const char *
         return;
     }
     for (;;) {
-        double left = deadline - now_s();
+        double left = deadline - fy_now_s();
         if (left <= 0) {
             res->timed_out = true;
             break;
@@ -189,7 +183,7 @@ static void http_do(int port, const char *method, const char *path, const char *
             break;
         }
         if (n == 0) {
-            res->t_first = now_s();
+            res->t_first = fy_now_s();
             if (started) *started = 1;
         }
         n += (size_t)k;
@@ -281,7 +275,7 @@ static void fail(chaos_t *c, const char *fmt, ...)
 static int free_ports(int count)
 {
     static uint64_t rng;
-    if (!rng) rng = ((uint64_t)getpid() << 32 ^ (uint64_t)(now_s() * 1e6)) | 1;
+    if (!rng) rng = ((uint64_t)getpid() << 32 ^ (uint64_t)(fy_now_s() * 1e6)) | 1;
     int lo = 10000, hi = 32768; /* the ephemeral range's usual start; the kernel's own when it says */
     FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
     if (f) {
@@ -417,7 +411,7 @@ static bool start_cluster(chaos_t *c)
 static bool router_healthy(chaos_t *c, int i)
 {
     http_res_t r;
-    http_do(c->http_port + 2 * i, "GET", "/health", NULL, now_s() + 2, NULL, &r);
+    http_do(c->http_port + 2 * i, "GET", "/health", NULL, fy_now_s() + 2, NULL, &r);
     bool ok = false;
     if (r.status == 200 && r.body) {
         json_t *j = json_loads(r.body, 0, NULL);
@@ -445,7 +439,7 @@ static bool healthy(chaos_t *c)
 static bool children_running(chaos_t *c, pid_t gone)
 {
     http_res_t r;
-    http_do(c->serve_metrics, "GET", "/health", NULL, now_s() + 2, NULL, &r);
+    http_do(c->serve_metrics, "GET", "/health", NULL, fy_now_s() + 2, NULL, &r);
     bool ok = false;
     if (r.status == 200 && r.body) {
         json_t *j = json_loads(r.body, 0, NULL);
@@ -479,9 +473,9 @@ typedef struct watch {
 static void *watch_main(void *arg)
 {
     watch_t *w = arg;
-    while (now_s() < w->deadline) {
+    while (fy_now_s() < w->deadline) {
         if (children_running(w->c, w->gone) && healthy(w->c)) {
-            w->t_recovered = now_s();
+            w->t_recovered = fy_now_s();
             break;
         }
         nap(0.1);
@@ -491,8 +485,8 @@ static void *watch_main(void *arg)
 
 static bool wait_healthy(chaos_t *c, double timeout_s)
 {
-    double end = now_s() + timeout_s;
-    while (now_s() < end) {
+    double end = fy_now_s() + timeout_s;
+    while (fy_now_s() < end) {
         int status;
         if (waitpid(c->serve, &status, WNOHANG) == c->serve) {
             c->serve = -1;
@@ -517,7 +511,7 @@ static double metric(const char *text, const char *series)
 static int64_t held_blocks(int port, char *what, size_t cap)
 {
     http_res_t r;
-    http_do(port, "GET", "/metrics", NULL, now_s() + 3, NULL, &r);
+    http_do(port, "GET", "/metrics", NULL, fy_now_s() + 3, NULL, &r);
     if (r.status != 200 || !r.body) {
         fy_free(r.body);
         return -1;
@@ -534,7 +528,7 @@ static int64_t held_blocks(int port, char *what, size_t cap)
 /* Every worker's blocks back to zero (the load is paused). */
 static bool blocks_back(chaos_t *c, double timeout_s)
 {
-    double end = now_s() + timeout_s;
+    double end = fy_now_s() + timeout_s;
     char what[256] = "";
     int64_t total = 0;
     for (;;) {
@@ -556,7 +550,7 @@ static bool blocks_back(chaos_t *c, double timeout_s)
             }
         }
         if (answered && total == 0) return true;
-        if (now_s() > end) break;
+        if (fy_now_s() > end) break;
         nap(0.2);
     }
     fail(c, "blocks still held %.0f s after the load stopped: %s", timeout_s, what);
@@ -676,7 +670,7 @@ static int one_request(chaos_t *c, uint64_t *rng, bool stream, int max_tokens, v
     char *body = make_body(rng, stream, max_tokens, c->kv_budget);
     http_res_t r;
     int port = c->http_port + 2 * (int)(rng_next(rng) % (uint64_t)c->n_routers); /* every router in turn */
-    http_do(port, "POST", "/v1/completions", body, now_s() + c->request_s, started, &r);
+    http_do(port, "POST", "/v1/completions", body, fy_now_s() + c->request_s, started, &r);
     int o = body ? classify(&r, stream) : O_HTTP_ERROR;
     if (c->verbose && o != O_OK)
         fprintf(stderr, "ferry: chaos: %s (status %d): %.200s\n", OUTCOME_NAMES[o], r.status, r.body ? r.body : "");
@@ -719,8 +713,7 @@ static bool drain(chaos_t *c)
 {
     set_paused(c, true);
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += (time_t)c->request_s + 10;
+    fy_deadline_in(CLOCK_REALTIME, c->request_s + 10, &ts);
     pthread_mutex_lock(&c->mu);
     int rc = 0;
     while (c->in_flight > 0 && rc == 0) rc = pthread_cond_timedwait(&c->cv, &c->mu, &ts);
@@ -822,13 +815,13 @@ static void *flood_nng_main(void *arg)
     fy_client_req_t req = {.prompt = f->prompt};
     fy_genspec_default(&req.gen);
     req.gen.max_tokens = 1;
-    while (now_s() < f->until) {
+    while (fy_now_s() < f->until) {
         fy_client_stream_t st;
         char err[256];
-        double t0 = now_s();
+        double t0 = fy_now_s();
         fy_status_t s = fy_client_generate(cl, &req, &st, err, sizeof(err));
         bool ended = s != FY_OK && s != FY_ERR_TIMEOUT;
-        while (s == FY_OK && !ended && now_s() - t0 < c->request_s) {
+        while (s == FY_OK && !ended && fy_now_s() - t0 < c->request_s) {
             fy_client_update_t u;
             if (fy_client_poll(cl, &st, 1.0, &u) != FY_OK) break;
             ended = u.done;
@@ -843,9 +836,9 @@ static void *flood_nng_main(void *arg)
 static void *flood_main(void *arg)
 {
     flood_t *f = arg;
-    while (now_s() < f->until) {
+    while (fy_now_s() < f->until) {
         http_res_t r;
-        http_do(f->c->http_port, "POST", "/v1/completions", f->body, now_s() + f->c->request_s, NULL, &r);
+        http_do(f->c->http_port, "POST", "/v1/completions", f->body, fy_now_s() + f->c->request_s, NULL, &r);
         __atomic_add_fetch(r.timed_out ? &f->hung : &f->answered, 1, __ATOMIC_RELAXED);
         fy_free(r.body);
         if (r.refused) nap(0.05);
@@ -864,19 +857,19 @@ static double probe_ttft(chaos_t *c)
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in a = {
         .sin_family = AF_INET, .sin_port = htons((uint16_t)c->http_port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    double t0 = now_s(), first = -1, end = t0 + c->request_s;
+    double t0 = fy_now_s(), first = -1, end = t0 + c->request_s;
     char b[8192];
     size_t n = 0;
     if (fd >= 0 && !connect(fd, (struct sockaddr *)&a, sizeof(a)) &&
         send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL) == (ssize_t)sizeof(req) - 1) {
-        while (now_s() < end && n + 1 < sizeof(b)) {
+        while (fy_now_s() < end && n + 1 < sizeof(b)) {
             struct pollfd p = {.fd = fd, .events = POLLIN};
             if (poll(&p, 1, 100) <= 0) continue;
             ssize_t k = recv(fd, b + n, sizeof(b) - 1 - n, 0);
             if (k <= 0) break;
             n += (size_t)k;
             b[n] = 0;
-            if (first < 0 && strstr(b, "\"text\"")) first = now_s() - t0;
+            if (first < 0 && strstr(b, "\"text\"")) first = fy_now_s() - t0;
         }
     }
     if (fd >= 0) close(fd);
@@ -906,7 +899,7 @@ static void flood_round(chaos_t *c, int r, pid_t *pid_p)
         double t = probe_ttft(c);
         if (t >= 0) c->ttft_before[c->n_before++] = t;
     }
-    flood_t f = {.c = c, .until = now_s() + FLOOD_S};
+    flood_t f = {.c = c, .until = fy_now_s() + FLOOD_S};
     size_t len = c->max_body > 4096 ? (size_t)c->max_body - 256 : 4096;
     f.body = fy_malloc(len + 64);
     if (!f.body) return;
@@ -932,7 +925,7 @@ static void flood_round(chaos_t *c, int r, pid_t *pid_p)
     for (int k = 0; k < FLOOD_NNG_CLIENTS && nt == FLOOD_CLIENTS + k; k++)
         if (!pthread_create(&t[nt], NULL, flood_nng_main, &f)) nt++;
     nap(0.5);
-    while (now_s() < f.until - 0.5 && c->n_during < 256) {
+    while (fy_now_s() < f.until - 0.5 && c->n_during < 256) {
         double p = probe_ttft(c);
         if (p >= 0) c->ttft_during[c->n_during++] = p;
     }
@@ -974,7 +967,7 @@ static void round_run(chaos_t *c, int r, int kind, uint64_t *rng)
         const char *exe = kind == K_KILL_PREFILL  ? "ferry-prefill"
                           : kind == K_KILL_DECODE ? "ferry-decode"
                                                   : "ferry-router";
-        double t = now_s();
+        double t = fy_now_s();
         if (signal_child(c, exe, victim, SIGKILL, &pid)) watch_start(c, &w, pid, t);
         break;
     }
@@ -990,25 +983,25 @@ static void round_run(chaos_t *c, int r, int kind, uint64_t *rng)
                 break;
         }
         /* the burst is streaming (or has ended) before the kill */
-        double until = now_s() + 30;
+        double until = fy_now_s() + 30;
         for (;;) {
             int s = 0;
             for (int i = 0; i < n; i++) s += b[i].started;
-            if (s == n || now_s() > until) break;
+            if (s == n || fy_now_s() > until) break;
             nap(0.05);
         }
-        double tk = now_s();
+        double tk = fy_now_s();
         if (signal_child(c, "ferry-decode", victim, SIGKILL, &pid)) watch_start(c, &w, pid, tk);
         for (int i = 0; i < n; i++) pthread_join(t[i], NULL);
         /* the router must still answer at once, with a status */
         http_res_t h;
-        http_do(c->http_port, "GET", "/health", NULL, now_s() + 5, NULL, &h);
+        http_do(c->http_port, "GET", "/health", NULL, fy_now_s() + 5, NULL, &h);
         if (h.status < 0) fail(c, "round %d: the router's /health does not answer after the burst", r);
         fy_free(h.body);
         break;
     }
     case K_KILL_RANK: {
-        double t = now_s();
+        double t = fy_now_s();
         if (kill_rank(c, victim, &pid)) watch_start(c, &w, pid, t);
         break;
     }
@@ -1016,18 +1009,18 @@ static void round_run(chaos_t *c, int r, int kind, uint64_t *rng)
         if (signal_child(c, "etcd", 0, SIGSTOP, &pid)) { /* past every lease */
             nap(c->etcd_ttl_s + 2);
             kill(pid, SIGCONT);
-            watch_start(c, &w, 0, now_s());
+            watch_start(c, &w, 0, fy_now_s());
         }
         break;
     case K_FLOOD:
         flood_round(c, r, &pid);
-        watch_start(c, &w, 0, now_s());
+        watch_start(c, &w, 0, fy_now_s());
         break;
     case K_STOP_DECODE:
         if (signal_child(c, "ferry-decode", victim, SIGSTOP, &pid)) {
             nap(c->stop_s);
             kill(pid, SIGCONT);
-            watch_start(c, &w, 0, now_s());
+            watch_start(c, &w, 0, fy_now_s());
         }
         break;
     }
@@ -1249,7 +1242,7 @@ int fy_cmd_chaos(int argc, char **argv)
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     c->paused = true;
-    double t0 = now_s();
+    double t0 = fy_now_s();
     int rc = 1;
     int n_threads = 0;
     /* a port drawn free can be taken before serve's children bind it (by
@@ -1291,10 +1284,10 @@ out:
     if (c->serve > 0) {
         /* a clean stop is part of the run: serve must end within its grace */
         kill(c->serve, SIGTERM);
-        double end = now_s() + 60;
+        double end = fy_now_s() + 60;
         int status = 0;
         pid_t w = 0;
-        while ((w = waitpid(c->serve, &status, WNOHANG)) == 0 && now_s() < end) nap(0.1);
+        while ((w = waitpid(c->serve, &status, WNOHANG)) == 0 && fy_now_s() < end) nap(0.1);
         if (w != c->serve) {
             fail(c, "ferry serve did not stop within 60 s of SIGTERM");
             kill(c->serve, SIGKILL);
@@ -1304,7 +1297,7 @@ out:
             fprintf(stderr, "ferry: chaos: ferry serve ended with status 0x%x\n", status);
         }
     }
-    summary(c, now_s() - t0);
+    summary(c, fy_now_s() - t0);
     if (c->failures) fprintf(stderr, "ferry: chaos: logs are in %s\n", c->dir);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);

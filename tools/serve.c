@@ -60,6 +60,7 @@
 
 #include "cli.h"
 #include "client.h"
+#include "clock.h"
 #include "cluster.h"
 #include "commands.h"
 #include "config.h"
@@ -159,13 +160,6 @@ static void *first_request(void *arg)
     return NULL;
 }
 
-static double mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Copies the supervisor's view of every child for /health and /metrics. */
 static void snapshot(serve_t *s)
 {
@@ -205,7 +199,7 @@ static void on_poll(void *arg, fy_sup_t *sup)
         }
     }
     if (!ok) {
-        if (mono() - s->t_start > s->ready_timeout) {
+        if (fy_now_s() - s->t_start > s->ready_timeout) {
             fprintf(stderr, "ferry: serve: the cluster is not up after %.0f s (see the logs); stopping\n",
                     s->ready_timeout);
             s->first_rc = 1;
@@ -216,7 +210,7 @@ static void on_poll(void *arg, fy_sup_t *sup)
     s->ready = true;
     snapshot(s);
     fprintf(stderr, "ferry: serve: cluster ready in %.1f s: router at %s, %d prefill and %d decode workers\n",
-            mono() - s->t_start, s->router_url, s->n_prefill, s->n_decode);
+            fy_now_s() - s->t_start, s->router_url, s->n_prefill, s->n_decode);
     if (s->prompt) {
         if (pthread_create(&s->first, NULL, first_request, s) == 0) s->first_started = true;
     } else if (s->once) {
@@ -565,9 +559,9 @@ static fy_status_t setup_rbac(const char *pki, char *const *argv, const char *cl
                          ? fy_etcd_create_tls(client, &t, 1.0, &e)
                          : FY_ERR_INVALID;
     fy_etcd_kvs_t k = {0};
-    double t0 = mono();
+    double t0 = fy_now_s();
     while (!st && fy_etcd_range_prefix(e, "/", &k)) { /* until it answers */
-        if (mono() - t0 > 30) st = FY_ERR_TIMEOUT;
+        if (fy_now_s() - t0 > 30) st = FY_ERR_TIMEOUT;
         struct timespec ts = {.tv_nsec = 100000000};
         nanosleep(&ts, NULL);
     }
@@ -919,7 +913,7 @@ int fy_cmd_serve(int argc, char **argv)
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    s.t_start = mono();
+    s.t_start = fy_now_s();
     if (fy_sup_start(s.sup)) goto out;
     fprintf(stderr, "ferry: serve: started %d router(s)%s and %d prefill and %d decode workers; logs in %s%s%s\n",
             (int)n_routers, *etcd ? " (membership in etcd)" : "", s.n_prefill, s.n_decode, log_dir,

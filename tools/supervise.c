@@ -36,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "log.h"
 #include "mem.h"
 
@@ -121,13 +122,6 @@ struct fy_sup {
 };
 
 static bool running(const child_t *k) { return k->state == FY_SUP_STARTING || k->state == FY_SUP_RUNNING; }
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* poll(2) timeout for a deadline, rounded up so we never wake early and spin */
 static int timeout_ms(double deadline, double t)
@@ -374,7 +368,7 @@ static fy_status_t spawn(child_t *k)
     k->pid = pid;
     k->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
     if (k->pidfd < 0) fy_debug("supervise: %s: no pidfd (%m); checking it every %g s", k->name, SUP_BLIND_TICK_S);
-    k->started_at = now_s();
+    k->started_at = fy_now_s();
     k->ready_fd = rp[0];
     k->ready_len = 0;
     k->hung = false;
@@ -994,10 +988,10 @@ fy_status_t fy_sup_run(fy_sup_t *s, void (*poll_cb)(void *arg, fy_sup_t *s), voi
         return FY_ERR_INVALID;
     }
     fy_status_t result = FY_OK;
-    double next_cb = now_s() + poll_s;
+    double next_cb = fy_now_s() + poll_s;
     s->planned_wake = INFINITY;
     while (!atomic_load(&s->stop)) {
-        double t = now_s();
+        double t = fy_now_s();
         check_own_stall(s, t);
         for (int i = 0; i < s->n; i++) {
             child_t *k = &s->kids[i];
@@ -1031,7 +1025,7 @@ fy_status_t fy_sup_run(fy_sup_t *s, void (*poll_cb)(void *arg, fy_sup_t *s), voi
              * blocks for less than health_timeout_s / 2 does no harm */
             s->planned_wake = t;
             poll_cb(arg, s);
-            next_cb = now_s() + poll_s;
+            next_cb = fy_now_s() + poll_s;
             continue; /* it may have asked us to stop */
         }
         double wake_at = poll_cb ? next_cb : INFINITY;
@@ -1105,7 +1099,7 @@ static int wait_exits(fy_sup_t *s, double deadline, int requests, int stage)
             else
                 blind = true;
         }
-        double t = now_s();
+        double t = fy_now_s();
         if (!live || t >= deadline) return live;
         if (requests >= 0 && atomic_load(&s->stop) > requests) return live;
         double until = blind && t + SUP_BLIND_TICK_S < deadline ? t + SUP_BLIND_TICK_S : deadline;
@@ -1133,7 +1127,7 @@ static void kill_stage(fy_sup_t *s, int stage)
         signal_child(k, SIGKILL);
         any = true;
     }
-    if (!any || wait_exits(s, now_s() + SUP_KILL_WAIT_S, -1, stage) == 0) return;
+    if (!any || wait_exits(s, fy_now_s() + SUP_KILL_WAIT_S, -1, stage) == 0) return;
     for (int i = 0; i < s->n; i++) {
         child_t *k = &s->kids[i];
         if (!running(k) || (stage >= 0 && k->stop_stage != stage)) continue;
@@ -1181,7 +1175,7 @@ void fy_sup_stop_all(fy_sup_t *s)
             signal_child(k, SIGCONT); /* a stopped child (SIGTTOU, SIGSTOP) would sit on its SIGTERM */
             if (grace_of(s, k) > grace) grace = grace_of(s, k);
         }
-        if (wait_exits(s, now_s() + grace, requests, stage) == 0) continue;
+        if (wait_exits(s, fy_now_s() + grace, requests, stage) == 0) continue;
         if (atomic_load(&s->stop) > requests) {
             fy_warn("supervise: asked again to stop: not waiting out the grace period");
             cut = true;
@@ -1241,7 +1235,7 @@ void fy_sup_info(const fy_sup_t *s, int index, fy_sup_info_t *info)
         info->name = "";
         return;
     }
-    double t = now_s();
+    double t = fy_now_s();
     info->name = k->name;
     info->state = k->state;
     info->pid = running(k) ? k->pid : 0;

@@ -44,6 +44,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include "clock.h"
 #include "log.h"
 #include "mem.h"
 #include "reshard.h"
@@ -189,13 +190,6 @@ struct fy_xfer {
     _Atomic uint64_t ping_sent, ping_seen;
     double ping_t; /* when the unanswered ping was sent (the caller's) */
 };
-
-double fy_xfer_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ---- jobs: state changes (transfer thread) ------------------------------------------------- */
 
@@ -534,7 +528,7 @@ static xfer_peer_t *peer_connect(fy_xfer_t *x, fy_xfer_job_t *j)
     p->arena_bytes = t->arena_bytes;
     p->block_bytes = t->block_bytes;
     memcpy(p->name, t->name, sizeof(p->name));
-    p->hs_deadline = fy_xfer_now() + x->connect_timeout_s;
+    p->hs_deadline = fy_now_s() + x->connect_timeout_s;
 
     ucp_ep_params_t ep_params = {
         .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
@@ -990,11 +984,11 @@ static void shutdown_all(fy_xfer_t *x)
         x->dead = p;
         peer_close(p, false);
     }
-    double limit = fy_xfer_now() + SHUTDOWN_LIMIT_S;
+    double limit = fy_now_s() + SHUTDOWN_LIMIT_S;
     for (;;) {
         progress(x);
         if (!shutdown_busy(x)) break;
-        if (fy_xfer_now() > limit) {
+        if (fy_now_s() > limit) {
             fy_warn("xfer: UCX still holds requests %.0f s after closing every endpoint; shutting down anyway",
                     SHUTDOWN_LIMIT_S);
             break;
@@ -1013,7 +1007,7 @@ static void *xfer_main(void *arg)
         bool stop = take_commands(x);
         atomic_store(&x->ping_seen, atomic_load(&x->ping_sent));
         progress(x);
-        double now = fy_xfer_now();
+        double now = fy_now_s();
         handle_events(x, now);
         progress(x); /* closes by force complete their requests here */
         complete_jobs(x, now);

@@ -197,11 +197,11 @@ typedef void (*fy_xfer_done_fn)(void *arg, fy_status_t st, const char *message);
 typedef struct fy_xfer_job fy_xfer_job_t;
 
 /* Opens a transfer to one target (a blob from the peer's
- * fy_xfer_target_desc).  deadline: CLOCK_MONOTONIC seconds (absolute; see
- * fy_xfer_now); past it no new put is issued and the job fails with
- * FY_ERR_TIMEOUT.  The first job to a target connects and runs the layout
- * handshake (bounded by connect_timeout_s as well); later jobs reuse the
- * connection.  A blob that does not parse gives FY_ERR_FORMAT and no job
+ * fy_xfer_target_desc).  deadline: CLOCK_MONOTONIC seconds (absolute, on
+ * fy_now_s's clock: common/clock.h); past it no new put is issued and the
+ * job fails with FY_ERR_TIMEOUT.  The first job to a target connects and
+ * runs the layout handshake (bounded by connect_timeout_s as well); later
+ * jobs reuse the connection.  A blob that does not parse gives FY_ERR_FORMAT and no job
  * (cb is never called then). */
 fy_status_t fy_xfer_job_begin(fy_xfer_t *x, const void *target_blob, size_t len, double deadline, fy_xfer_done_fn cb,
                               void *arg, fy_xfer_job_t **job_p);
@@ -296,8 +296,5 @@ void fy_xfer_stats(fy_xfer_t *x, fy_xfer_stats_t *out); /* any thread */
  * FY_ERR_TIMEOUT, and once fy_xfer_destroy has begun FY_ERR_CANCELLED.
  * *waited_p: how long the unanswered ping has waited (0 when none). */
 fy_status_t fy_xfer_health(fy_xfer_t *x, double now, double timeout_s, double *waited_p);
-
-/* CLOCK_MONOTONIC in seconds: the clock of job deadlines. */
-double fy_xfer_now(void);
 
 #endif /* FY_XFER_H */

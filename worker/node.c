@@ -39,6 +39,7 @@
 
 #include "backend.h"
 #include "bloom.h"
+#include "clock.h"
 #include "cluster.h"
 #include "cpuset.h"
 #include "engine_config.h"
@@ -167,13 +168,6 @@ struct fy_node {
     fy_health_t health;
     _Atomic bool up;
 };
-
-double fy_node_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 const fy_config_t *fy_node_config(const fy_node_t *n) { return n->cfg; }
 fy_engine_t *fy_node_engine(fy_node_t *n) { return n->engine; }
@@ -417,16 +411,13 @@ static void *hb_main(void *arg)
                 fy_push_send(n->out, n->snap, n->snap_len);
             n->snap_new = false;
         } else {
-            fy_wire_alive_t m = {.ev = fy_node_ev(n, 0, 0), .busy_s = fy_node_now() - n->last_tick};
+            fy_wire_alive_t m = {.ev = fy_node_ev(n, 0, 0), .busy_s = fy_now_s() - n->last_tick};
             fy_msgw_t w;
             fy_wire_alive_write(&w, &m);
             fy_node_push(n, &w);
         }
         struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        double ns = (double)ts.tv_nsec + n->heartbeat_s * 1e9;
-        ts.tv_sec += (time_t)(ns / 1e9);
-        ts.tv_nsec = (long)(ns - (double)(time_t)(ns / 1e9) * 1e9);
+        fy_deadline_in(CLOCK_REALTIME, n->heartbeat_s, &ts);
         pthread_cond_timedwait(&n->hb_cv, &n->hb_mu, &ts);
     }
     pthread_mutex_unlock(&n->hb_mu);
@@ -472,7 +463,7 @@ static void on_routers(void *arg, const fy_member_t *live, int n_live)
     fy_push_t *closed[MAX_ROUTERS];
     int n_gone = 0, n_closed = 0;
     bool added = false;
-    double now = fy_node_now();
+    double now = fy_now_s();
     pthread_mutex_lock(&n->links_mu);
     for (int i = 0; i < n->n_links;) {
         router_link_t *l = &n->links[i];
@@ -623,7 +614,7 @@ static void on_health(void *arg, const char *path, fy_http_reply_t *reply)
         reply->status = 503;
         return;
     }
-    reply->status = fy_health_eval(&h, fy_node_now(), body, 512);
+    reply->status = fy_health_eval(&h, fy_now_s(), body, 512);
     reply->content_type = "application/json";
     reply->body = body;
     reply->body_len = strlen(body);
@@ -713,7 +704,7 @@ static void check_group(fy_node_t *n, const fy_engine_stats_t *es, double now)
 static void on_tick(void *arg)
 {
     fy_node_t *n = arg;
-    double now = fy_node_now();
+    double now = fy_now_s();
     n->last_tick = now; /* read by the heartbeat and HTTP threads */
     fy_engine_stats_t es;
     fy_engine_stats(n->engine, &es);
@@ -928,7 +919,7 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     /* without etcd there is one router, and its name is "router" (router.c) */
     static const fy_env_peer_t the_router = {.role = FY_ROLE_ROUTER, .name = "router"};
     if (!n->etcd && (st = fy_push_create(n->events, 8192, &n->auth, &the_router, &n->out))) return st;
-    n->last_tick = fy_node_now();
+    n->last_tick = fy_now_s();
     n->last_kv_check = n->last_tick - KV_CHECK_S; /* the first sync scans */
     sync_metrics(n, n->last_tick);
     send_load(n);

@@ -96,7 +96,6 @@ fy_wire_ev_t fy_node_ev(const fy_node_t *n, uint64_t rid, uint64_t id);
 /* Sends {type: error, rid, id, code, message}; the message is also logged. */
 void fy_node_error(fy_node_t *n, uint64_t rid, uint64_t id, fy_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
-double fy_node_now(void); /* CLOCK_MONOTONIC seconds */
 /* Sends an engine's FY_EVENT_PROMPT_LOGPROBS of request id as a
  * "prompt_logprobs" event (attempt < 0: none, a colocated request). */
 void fy_node_push_prompt_logprobs(fy_node_t *n, uint64_t id, int64_t attempt, const fy_event_t *ev);
