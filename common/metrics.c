@@ -21,6 +21,7 @@
 
 #include "log.h"
 #include "mem.h"
+#include "strbuf.h"
 
 #define MAX_LABELS 12 /* the registry's own and the series' */
 
@@ -149,86 +150,43 @@ void fy_metrics_destroy(fy_metrics_t *r)
 
 /* ---- text building ------------------------------------------------------------------------------ */
 
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    bool oom;
-} sbuf_t;
-
-static void sb_grow(sbuf_t *b, size_t more)
-{
-    if (b->oom || b->len + more + 1 <= b->cap) return;
-    size_t cap = b->cap ? b->cap : 1024;
-    while (cap < b->len + more + 1) cap *= 2;
-    char *p = fy_realloc(b->p, cap);
-    if (!p) {
-        b->oom = true;
-        return;
-    }
-    p[b->len] = 0;
-    b->p = p;
-    b->cap = cap;
-}
-
-static void sb_put(sbuf_t *b, const char *s, size_t n)
-{
-    sb_grow(b, n);
-    if (b->oom) return;
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-static void sb_str(sbuf_t *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-static void sb_printf(sbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf_t *b, const char *fmt, ...)
-{
-    char tmp[128];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
-    va_end(ap);
-    if (n > 0) sb_put(b, tmp, (size_t)n < sizeof(tmp) ? (size_t)n : sizeof(tmp) - 1);
-}
-
 /* Help text escapes backslash and newline; label values also the double quote. */
-static void sb_escaped(sbuf_t *b, const char *s, bool quote)
+static void sb_escaped(fy_strbuf_t *b, const char *s, bool quote)
 {
     for (; *s; s++) {
         if (*s == '\\')
-            sb_str(b, "\\\\");
+            fy_strbuf_puts(b, "\\\\");
         else if (*s == '\n')
-            sb_str(b, "\\n");
+            fy_strbuf_puts(b, "\\n");
         else if (quote && *s == '"')
-            sb_str(b, "\\\"");
+            fy_strbuf_puts(b, "\\\"");
         else
-            sb_put(b, s, 1);
+            fy_strbuf_append(b, s, 1);
     }
 }
 
 /* The shortest text that reads back as v; Prometheus spells the infinities and NaN its own way. */
-static void sb_value(sbuf_t *b, double v)
+static void sb_value(fy_strbuf_t *b, double v)
 {
     if (isnan(v)) {
-        sb_str(b, "NaN");
+        fy_strbuf_puts(b, "NaN");
         return;
     }
     if (isinf(v)) {
-        sb_str(b, v > 0 ? "+Inf" : "-Inf");
+        fy_strbuf_puts(b, v > 0 ? "+Inf" : "-Inf");
         return;
     }
     char tmp[40];
     if (v == floor(v) && fabs(v) < 9007199254740992.0) { /* whole numbers (most counters) in full, no exponent */
         snprintf(tmp, sizeof(tmp), "%.0f", v);
-        sb_str(b, tmp);
+        fy_strbuf_puts(b, tmp);
         return;
     }
     for (int prec = 1; prec <= 17; prec++) {
         snprintf(tmp, sizeof(tmp), "%.*g", prec, v);
         if (strtod(tmp, NULL) == v) break;
     }
-    sb_str(b, tmp);
+    fy_strbuf_puts(b, tmp);
 }
 
 /* ---- registration -------------------------------------------------------------------------------- */
@@ -271,21 +229,20 @@ static fy_status_t render_labels(const char *what, const char *const *labels, bo
             }
         }
     }
-    sbuf_t lb = {0};
-    sb_grow(&lb, 0);
+    fy_strbuf_t lb = {0};
     for (int i = 0; i < n_labels; i++) {
-        if (i) sb_str(&lb, ",");
-        sb_str(&lb, labels[2 * i]);
-        sb_str(&lb, "=\"");
+        if (i) fy_strbuf_puts(&lb, ",");
+        fy_strbuf_puts(&lb, labels[2 * i]);
+        fy_strbuf_puts(&lb, "=\"");
         sb_escaped(&lb, labels[2 * i + 1], true);
-        sb_str(&lb, "\"");
+        fy_strbuf_puts(&lb, "\"");
     }
-    if (lb.oom) {
-        fy_free(lb.p);
+    char *text = fy_strbuf_take(&lb, NULL);
+    if (!text) {
         fy_error("metrics: out of memory registering %s", what);
         return FY_ERR_NOMEM;
     }
-    *text_p = lb.p;
+    *text_p = text;
     *n_p = n_labels;
     return FY_OK;
 }
@@ -313,21 +270,21 @@ static fy_status_t add_series(fy_metrics_t *r, kind_t kind, const char *name, co
     int n_own = 0;
     fy_status_t lst = render_labels(name, labels, kind == KIND_HISTOGRAM, r->const_names, r->n_const, &own, &n_own);
     if (lst) return lst;
-    sbuf_t lb = {0};
-    sb_grow(&lb, 0);
-    sb_str(&lb, r->const_labels);
-    if (*r->const_labels && *own) sb_str(&lb, ",");
-    sb_str(&lb, own);
+    fy_strbuf_t lb = {0};
+    fy_strbuf_puts(&lb, r->const_labels);
+    if (*r->const_labels && *own) fy_strbuf_puts(&lb, ",");
+    fy_strbuf_puts(&lb, own);
     fy_free(own);
+    char *all = fy_strbuf_take(&lb, NULL);
     fy_metric_t *m = fy_calloc(1, sizeof(*m));
-    if (lb.oom || !m || (kind == KIND_HISTOGRAM && !(m->buckets = fy_calloc((size_t)n_bounds + 1, sizeof(uint64_t))))) {
-        fy_free(lb.p);
+    if (!all || !m || (kind == KIND_HISTOGRAM && !(m->buckets = fy_calloc((size_t)n_bounds + 1, sizeof(uint64_t))))) {
+        fy_free(all);
         if (m) fy_free(m->buckets);
         fy_free(m);
         fy_error("metrics: out of memory registering %s", name);
         return FY_ERR_NOMEM;
     }
-    m->labels = lb.p;
+    m->labels = all;
     atomic_init(&m->bits, d2u(0.0));
 
     fy_status_t st = FY_OK;
@@ -486,28 +443,28 @@ void fy_metrics_batch_end(fy_metrics_t *r) { pthread_rwlock_unlock(&r->lock); }
 
 /* ---- rendering ---------------------------------------------------------------------------------- */
 
-static void sb_series(sbuf_t *b, const char *name, const char *suffix, const char *labels, const char *extra)
+static void sb_series(fy_strbuf_t *b, const char *name, const char *suffix, const char *labels, const char *extra)
 {
-    sb_str(b, name);
-    sb_str(b, suffix);
+    fy_strbuf_puts(b, name);
+    fy_strbuf_puts(b, suffix);
     if (*labels || extra) {
-        sb_str(b, "{");
-        sb_str(b, labels);
+        fy_strbuf_puts(b, "{");
+        fy_strbuf_puts(b, labels);
         if (extra) {
-            if (*labels) sb_str(b, ",");
-            sb_str(b, extra);
+            if (*labels) fy_strbuf_puts(b, ",");
+            fy_strbuf_puts(b, extra);
         }
-        sb_str(b, "}");
+        fy_strbuf_puts(b, "}");
     }
-    sb_str(b, " ");
+    fy_strbuf_puts(b, " ");
 }
 
-static void render_histogram(sbuf_t *b, fy_metric_t *m)
+static void render_histogram(fy_strbuf_t *b, fy_metric_t *m)
 {
     const family_t *f = m->fam;
     uint64_t counts[64], *c = counts;
     if (f->n_bounds + 1 > 64 && !(c = fy_malloc(sizeof(uint64_t) * ((size_t)f->n_bounds + 1)))) {
-        b->oom = true;
+        fy_strbuf_fail(b);
         return;
     }
     pthread_mutex_lock(&m->mu);
@@ -518,45 +475,45 @@ static void render_histogram(sbuf_t *b, fy_metric_t *m)
     uint64_t cum = 0;
     for (int i = 0; i <= f->n_bounds; i++) {
         cum += c[i];
-        sbuf_t le = {0};
-        sb_str(&le, "le=\"");
+        fy_strbuf_t le = {0};
+        fy_strbuf_puts(&le, "le=\"");
         if (i < f->n_bounds)
             sb_value(&le, f->bounds[i]);
         else
-            sb_str(&le, "+Inf");
-        sb_str(&le, "\"");
-        if (le.oom) b->oom = true;
+            fy_strbuf_puts(&le, "+Inf");
+        fy_strbuf_puts(&le, "\"");
+        if (le.oom) fy_strbuf_fail(b);
         sb_series(b, f->name, "_bucket", m->labels, le.oom ? "" : le.p);
-        fy_free(le.p);
-        sb_printf(b, "%llu\n", (unsigned long long)cum);
+        fy_strbuf_free(&le);
+        fy_strbuf_printf(b, "%llu\n", (unsigned long long)cum);
     }
     sb_series(b, f->name, "_sum", m->labels, NULL);
     sb_value(b, sum);
-    sb_str(b, "\n");
+    fy_strbuf_puts(b, "\n");
     sb_series(b, f->name, "_count", m->labels, NULL);
-    sb_printf(b, "%llu\n", (unsigned long long)count);
+    fy_strbuf_printf(b, "%llu\n", (unsigned long long)count);
     if (c != counts) fy_free(c);
 }
 
 fy_status_t fy_metrics_render(fy_metrics_t *r, char **text_p, size_t *len_p)
 {
-    sbuf_t b = {0};
-    sb_grow(&b, 4096);
+    fy_strbuf_t b = {0};
+    fy_strbuf_reserve(&b, 4096);
     pthread_rwlock_wrlock(&r->lock);
     for (const family_t *f = r->fams; f && !b.oom; f = f->next) {
         bool any = false;
         for (fy_metric_t *m = r->series; m && !b.oom; m = m->next) {
             if (m->fam != f) continue;
             if (!any) {
-                sb_str(&b, "# HELP ");
-                sb_str(&b, f->name);
-                sb_str(&b, " ");
+                fy_strbuf_puts(&b, "# HELP ");
+                fy_strbuf_puts(&b, f->name);
+                fy_strbuf_puts(&b, " ");
                 sb_escaped(&b, f->help, false);
-                sb_str(&b, "\n# TYPE ");
-                sb_str(&b, f->name);
-                sb_str(&b, " ");
-                sb_str(&b, KIND_NAME[f->kind]);
-                sb_str(&b, "\n");
+                fy_strbuf_puts(&b, "\n# TYPE ");
+                fy_strbuf_puts(&b, f->name);
+                fy_strbuf_puts(&b, " ");
+                fy_strbuf_puts(&b, KIND_NAME[f->kind]);
+                fy_strbuf_puts(&b, "\n");
                 any = true;
             }
             if (f->kind == KIND_HISTOGRAM) {
@@ -564,18 +521,19 @@ fy_status_t fy_metrics_render(fy_metrics_t *r, char **text_p, size_t *len_p)
             } else {
                 sb_series(&b, f->name, "", m->labels, NULL);
                 sb_value(&b, u2d(atomic_load_explicit(&m->bits, memory_order_relaxed)));
-                sb_str(&b, "\n");
+                fy_strbuf_puts(&b, "\n");
             }
         }
     }
     pthread_rwlock_unlock(&r->lock);
-    if (b.oom) {
-        fy_free(b.p);
+    size_t len;
+    char *text = fy_strbuf_take(&b, &len);
+    if (!text) {
         fy_error("metrics: out of memory rendering the registry");
         return FY_ERR_NOMEM;
     }
-    *text_p = b.p;
-    *len_p = b.len;
+    *text_p = text;
+    *len_p = len;
     return FY_OK;
 }
 

@@ -30,6 +30,7 @@
 #include "genspec.h"
 #include "log.h"
 #include "mem.h"
+#include "strbuf.h"
 
 /* ======================================================================================================== */
 /* builder                                                                                                  */
@@ -1071,39 +1072,7 @@ fy_status_t fy_grammar_from_json_schema(const void *schema_json, fy_grammar_t **
 
 /* ---- dump ------------------------------------------------------------------------------------------------- */
 
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-    bool oom;
-} sbuf_t;
-
-static void sb_printf(sbuf_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf_t *s, const char *fmt, ...)
-{
-    if (s->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(s->p ? s->p + s->n : NULL, s->p ? s->cap - s->n : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0) return;
-        if (s->p && s->n + (size_t)k < s->cap) {
-            s->n += (size_t)k;
-            return;
-        }
-        size_t c = s->cap ? s->cap * 2 : 1024;
-        while (c < s->n + (size_t)k + 1) c *= 2;
-        char *q = fy_realloc(s->p, c);
-        if (!q) {
-            s->oom = true;
-            return;
-        }
-        s->p = q;
-        s->cap = c;
-    }
-}
-
-static void dump_set(sbuf_t *s, const uint32_t set[8])
+static void dump_set(fy_strbuf_t *s, const uint32_t set[8])
 {
     int n = 0;
     for (int c = 0; c < 256; c++) n += (set[c >> 5] >> (c & 31)) & 1;
@@ -1111,13 +1080,13 @@ static void dump_set(sbuf_t *s, const uint32_t set[8])
         for (int c = 0; c < 256; c++)
             if ((set[c >> 5] >> (c & 31)) & 1) {
                 if (c >= 0x21 && c < 0x7f && c != '"' && c != '\\')
-                    sb_printf(s, "\"%c\"", c);
+                    fy_strbuf_printf(s, "\"%c\"", c);
                 else
-                    sb_printf(s, "\"\\x%02X\"", c);
+                    fy_strbuf_printf(s, "\"\\x%02X\"", c);
             }
         return;
     }
-    sb_printf(s, "[");
+    fy_strbuf_printf(s, "[");
     for (int c = 0; c < 256;) {
         if (!((set[c >> 5] >> (c & 31)) & 1)) {
             c++;
@@ -1126,45 +1095,41 @@ static void dump_set(sbuf_t *s, const uint32_t set[8])
         int e = c;
         while (e + 1 < 256 && ((set[(e + 1) >> 5] >> ((e + 1) & 31)) & 1)) e++;
         if (c >= 0x21 && c < 0x7f && c != ']' && c != '\\' && c != '-')
-            sb_printf(s, "%c", c);
+            fy_strbuf_printf(s, "%c", c);
         else
-            sb_printf(s, "\\x%02X", c);
+            fy_strbuf_printf(s, "\\x%02X", c);
         if (e > c) {
-            sb_printf(s, "-");
+            fy_strbuf_printf(s, "-");
             if (e >= 0x21 && e < 0x7f && e != ']' && e != '\\' && e != '-')
-                sb_printf(s, "%c", e);
+                fy_strbuf_printf(s, "%c", e);
             else
-                sb_printf(s, "\\x%02X", e);
+                fy_strbuf_printf(s, "\\x%02X", e);
         }
         c = e + 1;
     }
-    sb_printf(s, "]");
+    fy_strbuf_printf(s, "]");
 }
 
 char *fy_grammar_dump(const fy_grammar_t *g)
 {
-    sbuf_t s = {0};
+    fy_strbuf_t s = {0};
     for (int32_t r = 0; r < g->n_rules; r++) {
-        sb_printf(&s, "%s%s-%d ::=", r == g->root ? "root:" : "", g->rules[r].name, r);
+        fy_strbuf_printf(&s, "%s%s-%d ::=", r == g->root ? "root:" : "", g->rules[r].name, r);
         for (int32_t a = 0; a < g->rules[r].n_alts; a++) {
-            if (a) sb_printf(&s, " |");
+            if (a) fy_strbuf_printf(&s, " |");
             int32_t p = g->alts[g->rules[r].alt_first + a];
-            if (g->elems[p].type == GE_END) sb_printf(&s, " \"\"");
+            if (g->elems[p].type == GE_END) fy_strbuf_printf(&s, " \"\"");
             for (; g->elems[p].type != GE_END; p++) {
-                sb_printf(&s, " ");
+                fy_strbuf_printf(&s, " ");
                 if (g->elems[p].type == GE_REF)
-                    sb_printf(&s, "%s-%d", g->rules[g->elems[p].v].name, g->elems[p].v);
+                    fy_strbuf_printf(&s, "%s-%d", g->rules[g->elems[p].v].name, g->elems[p].v);
                 else
                     dump_set(&s, g->sets[g->elems[p].v]);
             }
         }
-        sb_printf(&s, "\n");
+        fy_strbuf_printf(&s, "\n");
     }
-    if (s.oom) {
-        fy_free(s.p);
-        return NULL;
-    }
-    return s.p ? s.p : fy_strdup("");
+    return fy_strbuf_take(&s, NULL);
 }
 
 /* ======================================================================================================== */

@@ -31,6 +31,7 @@
 #include "log.h"
 #include "mem.h"
 #include "safetensors.h"
+#include "strbuf.h"
 
 #define MAX_BAD_TYPES 16
 #define MAX_ISSUES 64 /* faults listed by an inspection; the rest are counted */
@@ -1331,36 +1332,6 @@ void fy_model_id(const fy_model_t *m, char *buf, size_t cap)
 
 /* ---- inspection ------------------------------------------------------------------ */
 
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    bool failed;
-} sbuf_t;
-
-static void __attribute__((format(printf, 2, 3))) sb_printf(sbuf_t *b, const char *fmt, ...)
-{
-    if (b->failed) return;
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if (b->len + (size_t)n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 1024;
-        while (cap < b->len + (size_t)n + 1) cap *= 2;
-        char *p = fy_realloc(b->p, cap);
-        if (!p) {
-            b->failed = true;
-            return;
-        }
-        b->p = p, b->cap = cap;
-    }
-    va_start(ap, fmt);
-    vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)n;
-}
-
 static const char *yes(bool v) { return v ? "yes" : "no"; }
 
 typedef struct type_count {
@@ -1368,14 +1339,14 @@ typedef struct type_count {
     int n;
 } type_count_t;
 
-static void describe_rope(sbuf_t *b, const fy_rope_t *r)
+static void describe_rope(fy_strbuf_t *b, const fy_rope_t *r)
 {
-    sb_printf(b, "rope base %g %s", (double)r->theta, r->style == FY_ROPE_NEOX ? "neox" : "norm");
-    if (r->freq_scale != 1.0f) sb_printf(b, ", linear scaling x%g", 1.0 / (double)r->freq_scale);
-    if (r->freq_factors) sb_printf(b, ", per-frequency factors (llama3)");
+    fy_strbuf_printf(b, "rope base %g %s", (double)r->theta, r->style == FY_ROPE_NEOX ? "neox" : "norm");
+    if (r->freq_scale != 1.0f) fy_strbuf_printf(b, ", linear scaling x%g", 1.0 / (double)r->freq_scale);
+    if (r->freq_factors) fy_strbuf_printf(b, ", per-frequency factors (llama3)");
 }
 
-static void describe_layers(sbuf_t *b, const fy_model_config_t *c)
+static void describe_layers(fy_strbuf_t *b, const fy_model_config_t *c)
 {
     for (int l = 0; l < c->n_layers;) {
         const fy_layer_config_t *L = &c->layer[l];
@@ -1388,13 +1359,13 @@ static void describe_layers(sbuf_t *b, const fy_model_config_t *c)
             snprintf(range, sizeof(range), "%d-%d", l, e - 1);
         else
             snprintf(range, sizeof(range), "%d", l);
-        sb_printf(b, "  %-8s ", range);
+        fy_strbuf_printf(b, "  %-8s ", range);
         if (L->window)
-            sb_printf(b, "sliding window %d, ", L->window);
+            fy_strbuf_printf(b, "sliding window %d, ", L->window);
         else
-            sb_printf(b, "global, ");
+            fy_strbuf_printf(b, "global, ");
         describe_rope(b, &L->rope);
-        sb_printf(b, "\n");
+        fy_strbuf_printf(b, "\n");
         l = e;
     }
 }
@@ -1407,32 +1378,34 @@ fy_status_t fy_model_inspect(const char *path, char **report_p)
     const fy_model_config_t *c = &m->cfg;
     bool known = m->arch_known;
     bool runs = !m->issues && !m->n_bad_types && m->tokenizer && known;
-    sbuf_t b = {0};
-    sb_printf(&b, "model: %s (%s)\n", c->name, c->arch);
-    sb_printf(&b, "file: %s", path);
+    fy_strbuf_t b = {0};
+    fy_strbuf_printf(&b, "model: %s (%s)\n", c->name, c->arch);
+    fy_strbuf_printf(&b, "file: %s", path);
     if (m->gguf)
-        sb_printf(&b, " (gguf v%u, %.1f MiB)\n", fy_gguf_version(m->gguf),
-                  (double)fy_gguf_file_size(m->gguf) / (1 << 20));
+        fy_strbuf_printf(&b, " (gguf v%u, %.1f MiB)\n", fy_gguf_version(m->gguf),
+                         (double)fy_gguf_file_size(m->gguf) / (1 << 20));
     else
-        sb_printf(&b, " (hugging face folder, tensors under '%s')\n", m->prefix);
-    sb_printf(&b, "shape: %d layers, dim %d, %d heads / %d kv heads of %d, ffn %d, vocab %d, context %d\n", c->n_layers,
-              c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, c->vocab_size, c->max_ctx);
+        fy_strbuf_printf(&b, " (hugging face folder, tensors under '%s')\n", m->prefix);
+    fy_strbuf_printf(&b, "shape: %d layers, dim %d, %d heads / %d kv heads of %d, ffn %d, vocab %d, context %d\n",
+                     c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, c->vocab_size,
+                     c->max_ctx);
     const fy_arch_traits_t *a = &c->traits;
-    sb_printf(&b, "architecture: %s%s\n", a->name, known ? "" : " key names (the file's own is unknown)");
-    sb_printf(&b, "  norms           rms, eps %g%s\n", (double)c->norm_eps,
-              a->norm_plus_one ? (m->st ? ", (1 + w): 1 added to the stored weights at load"
-                                        : ", (1 + w): the file stores 1 + w (llama.cpp's converter)")
-                               : "");
-    sb_printf(&b, "  qkv bias        %s\n", yes(a->qkv_bias));
-    sb_printf(&b, "  q/k norm        %s\n", yes(a->qk_norm));
-    sb_printf(&b, "  post norms      %s\n", yes(a->post_norms));
-    sb_printf(&b, "  mlp             %s\n",
-              a->act == FY_ACT_GELU_TANH ? "gelu-tanh gated (geglu)" : "silu gated (swiglu)");
-    sb_printf(&b, "  embedding scale %g%s\n", (double)c->embed_scale, a->embed_scale ? " (sqrt(dim))" : "");
-    sb_printf(&b, "  attention scale %g (1/sqrt(head_dim) = %g)\n", (double)c->attn_scale,
-              1.0 / sqrt((double)c->head_dim));
-    if (m->w.layers) sb_printf(&b, "  output          %s\n", c->tied_embeddings ? "tied to the embeddings" : "its own");
-    sb_printf(&b, "layers:\n");
+    fy_strbuf_printf(&b, "architecture: %s%s\n", a->name, known ? "" : " key names (the file's own is unknown)");
+    fy_strbuf_printf(&b, "  norms           rms, eps %g%s\n", (double)c->norm_eps,
+                     a->norm_plus_one ? (m->st ? ", (1 + w): 1 added to the stored weights at load"
+                                               : ", (1 + w): the file stores 1 + w (llama.cpp's converter)")
+                                      : "");
+    fy_strbuf_printf(&b, "  qkv bias        %s\n", yes(a->qkv_bias));
+    fy_strbuf_printf(&b, "  q/k norm        %s\n", yes(a->qk_norm));
+    fy_strbuf_printf(&b, "  post norms      %s\n", yes(a->post_norms));
+    fy_strbuf_printf(&b, "  mlp             %s\n",
+                     a->act == FY_ACT_GELU_TANH ? "gelu-tanh gated (geglu)" : "silu gated (swiglu)");
+    fy_strbuf_printf(&b, "  embedding scale %g%s\n", (double)c->embed_scale, a->embed_scale ? " (sqrt(dim))" : "");
+    fy_strbuf_printf(&b, "  attention scale %g (1/sqrt(head_dim) = %g)\n", (double)c->attn_scale,
+                     1.0 / sqrt((double)c->head_dim));
+    if (m->w.layers)
+        fy_strbuf_printf(&b, "  output          %s\n", c->tied_embeddings ? "tied to the embeddings" : "its own");
+    fy_strbuf_printf(&b, "layers:\n");
     if (c->layer) describe_layers(&b, c);
     if (m->gguf) {
         type_count_t types[48];
@@ -1444,46 +1417,47 @@ fy_status_t fy_model_inspect(const char *path, char **report_p)
             if (j == nt && nt < 48) types[nt++] = (type_count_t){tn, 0};
             if (j < nt) types[j].n++;
         }
-        sb_printf(&b, "tensors: %llu (", (unsigned long long)fy_gguf_n_tensors(m->gguf));
-        for (int j = 0; j < nt; j++) sb_printf(&b, "%s%s %d", j ? ", " : "", types[j].name, types[j].n);
-        sb_printf(&b, ")\n");
+        fy_strbuf_printf(&b, "tensors: %llu (", (unsigned long long)fy_gguf_n_tensors(m->gguf));
+        for (int j = 0; j < nt; j++) fy_strbuf_printf(&b, "%s%s %d", j ? ", " : "", types[j].name, types[j].n);
+        fy_strbuf_printf(&b, ")\n");
     } else {
-        sb_printf(&b, "tensors: %lld\n", (long long)fy_safetensors_n_tensors(m->st));
+        fy_strbuf_printf(&b, "tensors: %lld\n", (long long)fy_safetensors_n_tensors(m->st));
     }
     if (m->w.layers && runs) {
         char desc[512];
         fy_model_describe(m, desc, sizeof(desc));
         const char *w = strstr(desc, "weights ");
-        if (w) sb_printf(&b, "%s\n", w);
+        if (w) fy_strbuf_printf(&b, "%s\n", w);
     }
     if (m->tokenizer)
-        sb_printf(&b, "tokenizer: %s, %d tokens, bos %d, eos %d\n",
-                  fy_tokenizer_kind(m->tokenizer) == FY_TOKENIZER_BPE_BYTE ? "byte-level bpe" : "sentencepiece bpe",
-                  fy_tokenizer_vocab_size(m->tokenizer), fy_tokenizer_bos(m->tokenizer),
-                  fy_tokenizer_eos(m->tokenizer));
+        fy_strbuf_printf(
+            &b, "tokenizer: %s, %d tokens, bos %d, eos %d\n",
+            fy_tokenizer_kind(m->tokenizer) == FY_TOKENIZER_BPE_BYTE ? "byte-level bpe" : "sentencepiece bpe",
+            fy_tokenizer_vocab_size(m->tokenizer), fy_tokenizer_bos(m->tokenizer), fy_tokenizer_eos(m->tokenizer));
     else
-        sb_printf(&b, "tokenizer: unusable (see the error above)\n");
-    if (m->chat) sb_printf(&b, "chat template: %s\n", m->chat_origin);
+        fy_strbuf_printf(&b, "tokenizer: unusable (see the error above)\n");
+    if (m->chat) fy_strbuf_printf(&b, "chat template: %s\n", m->chat_origin);
     if (runs) {
-        sb_printf(&b, "ferry runs it: yes\n");
+        fy_strbuf_printf(&b, "ferry runs it: yes\n");
     } else {
-        sb_printf(&b, "ferry runs it: no\n");
-        if (m->issues) sb_printf(&b, "%s", m->issues);
-        if (m->n_issues > MAX_ISSUES) sb_printf(&b, "- and %d more faults like these\n", m->n_issues - MAX_ISSUES);
+        fy_strbuf_printf(&b, "ferry runs it: no\n");
+        if (m->issues) fy_strbuf_printf(&b, "%s", m->issues);
+        if (m->n_issues > MAX_ISSUES)
+            fy_strbuf_printf(&b, "- and %d more faults like these\n", m->n_issues - MAX_ISSUES);
         for (int i = 0; i < m->n_bad_types; i++)
-            sb_printf(&b,
-                      "- tensor type %s is not supported (%d tensor%s, the first '%s'; ferry reads " SUPPORTED_TYPES
-                      ")\n",
-                      m->bad_types[i].type, m->bad_types[i].count, m->bad_types[i].count == 1 ? "" : "s",
-                      m->bad_types[i].first);
-        if (!m->tokenizer) sb_printf(&b, "- the tokenizer cannot be read\n");
+            fy_strbuf_printf(
+                &b,
+                "- tensor type %s is not supported (%d tensor%s, the first '%s'; ferry reads " SUPPORTED_TYPES ")\n",
+                m->bad_types[i].type, m->bad_types[i].count, m->bad_types[i].count == 1 ? "" : "s",
+                m->bad_types[i].first);
+        if (!m->tokenizer) fy_strbuf_printf(&b, "- the tokenizer cannot be read\n");
     }
     fy_model_destroy(m);
-    if (b.failed || !b.p) {
-        fy_free(b.p);
+    char *report = fy_strbuf_take(&b, NULL);
+    if (!report) {
         fy_error("model: %s: out of memory describing the model", path);
         return FY_ERR_NOMEM;
     }
-    *report_p = b.p;
+    *report_p = report;
     return FY_OK;
 }
