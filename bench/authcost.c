@@ -62,12 +62,6 @@ static int free_port(void)
     return port;
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* ---- per message ---- */
 
 static void per_message(const fy_env_auth_t *me, size_t size, int reps, bool aead)
@@ -248,7 +242,7 @@ static void fy_rpc_echo(void *arg, fy_rpc_call_t *call, const fy_env_hdr_t *from
 
 static void summarize(const char *what, double *lat, int n)
 {
-    qsort(lat, (size_t)n, sizeof(double), cmp_d);
+    qsort(lat, (size_t)n, sizeof(double), cmp_double);
     double sum = 0;
     for (int i = 0; i < n; i++) sum += lat[i];
     printf("    %-34s mean %7.1f us   p50 %7.1f us   p99 %7.1f us\n", what, sum / n * 1e6, lat[n / 2] * 1e6,

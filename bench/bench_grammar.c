@@ -63,19 +63,6 @@ static const char g_doc[] =
     "  \"notes\": \"Leave the parcel at the front desk, please.\"\n"
     "}";
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* the upper median, v[n / 2]: what this command's figures have always used */
-static double median_upper(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(double), cmp_d);
-    return n ? v[n / 2] : 0;
-}
-
 static void usage(FILE *f)
 {
     fprintf(f, "usage: ferry bench-grammar -m FILE [--runs N] [--samples N] [--threads N]\n"

@@ -35,19 +35,6 @@
 #define MAX_LENS 8
 #define MAX_REPS 64
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* the upper median, v[n / 2]: what this command's figures have always used */
-static double median_upper(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(double), cmp_d);
-    return n ? v[n / 2] : 0;
-}
-
 static void make_prompt(int32_t *p, int32_t n, uint64_t seed)
 {
     for (int32_t i = 0; i < n; i++) {

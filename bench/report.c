@@ -13,6 +13,7 @@
 
 #include "log.h"
 #include "mem.h"
+#include "stats.h"
 
 static void say(char *err, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void say(char *err, size_t cap, const char *fmt, ...)
@@ -38,17 +39,11 @@ static double percentile(const double *s, size_t n, double q)
     return s[lo] + frac * (s[lo + 1] - s[lo]);
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 void fy_bench_dist_of(double *v, size_t n, fy_bench_dist_t *d)
 {
     memset(d, 0, sizeof(*d));
     if (!n) return;
-    qsort(v, n, sizeof(double), cmp_d);
+    qsort(v, n, sizeof(double), cmp_double);
     double sum = 0;
     for (size_t i = 0; i < n; i++) sum += v[i];
     double mean = sum / (double)n, ss = 0;
@@ -401,7 +396,7 @@ static fy_status_t write_cdf(const char *path, const fy_bench_result_t *res, int
         if (metric == 1) v[k++] = fy_bench_e2e(r) * 1e3;
         if (metric == 2 && r->n_out > 1) v[k++] = fy_bench_tpot(r) * 1e3;
     }
-    qsort(v, k, sizeof(double), cmp_d);
+    qsort(v, k, sizeof(double), cmp_double);
     FILE *f = fopen(path, "w");
     if (!f) {
         fy_error("bench: cannot write %s: %m", path);

@@ -1,7 +1,7 @@
 /*
  * stats.h - the order statistics every bench command uses: a qsort
- * comparator for doubles and the median (the mean of the middle two for
- * an even count).  Static inline, so each command file stays one
+ * comparator for doubles, the median (the mean of the middle two for an
+ * even count) and the upper median.  Static inline, so each command file stays one
  * translation unit.  The clock is common/clock.h's fy_now_s.
  */
 #ifndef FY_BENCH_STATS_H
@@ -20,6 +20,14 @@ static inline double median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof(double), cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* The upper median, v[n / 2] (0 for none); sorts v[0..n) in place: the
+ * figures of bench-ttft and bench-grammar have always used it. */
+static inline double median_upper(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n ? v[n / 2] : 0;
 }
 
 #endif /* FY_BENCH_STATS_H */

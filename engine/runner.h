@@ -9,9 +9,11 @@
  * device copies of the weights, the KV arena and every work buffer, all
  * allocated at creation: a forward pass allocates nothing.
  *
- * The runner does not own block tables or the block pool: its caller (the
- * generate loop now, the engine's scheduler later) reserves blocks before
- * calling forward.  Not thread-safe: one engine thread drives it.
+ * The runner does not own block tables or the block pool: its caller
+ * reserves blocks before calling forward: the engine's scheduler
+ * (engine.c, for the target model and the draft model), or a bench
+ * command or tools/cmp_devices.c driving a runner directly.  Not
+ * thread-safe: one thread drives it (the engine's).
  *
  * Ranks (tp, pp > 1).  A runner can be one rank of a group (group.h) that
  * serves the model together: tp ranks per pipeline stage split the

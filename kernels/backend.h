@@ -1,8 +1,12 @@
 /*
  * backend.h - the compute backend: an ops table plus a context, behind an
  * opaque handle (ggml-backend's shape).  Callers (the model runner) see
- * only these functions; each backend lives in its own folder (cpu/ now,
- * cuda/ in its own issue) and is compiled only when enabled.
+ * only these functions; each backend lives in its own folder: cpu/, in
+ * every build, and cuda/, compiled by nvcc with CUDA=1 (FY_HAVE_CUDA is
+ * defined for backend.c alone, which picks a backend by name).  The CUDA
+ * backend's host-side plans (cuda_plan.h, cuda_attn.h) are plain C beside
+ * this file, in every build, so tests/test_cuda.c checks them without a
+ * GPU.
  *
  * Memory.  "Device" pointers are what fy_backend_alloc returns: host
  * memory for the CPU backend, GPU memory for CUDA.  Every compute op takes

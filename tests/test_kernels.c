@@ -17,6 +17,7 @@
 #include "dtype.h"
 #include "kv.h"
 #include "mem.h"
+#include "stats.h" /* bench/: cmp_double */
 #include "testutil.h"
 #include "threadpool.h"
 
@@ -1130,12 +1131,6 @@ static void test_attention_scores_api(void **state)
     }
     free(arena);
     fy_backend_destroy(be);
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 /*
