@@ -1,8 +1,11 @@
 /*
- * clock.h - the project's clocks: every duration, deadline and timestamp
- * that stays inside a process is read from CLOCK_MONOTONIC here, so a
- * wall-clock step (NTP, an operator's date) never stretches a timeout or
- * makes a measured interval negative.
+ * clock.h - the project's clocks.  Durations, deadlines and timestamps
+ * that stay inside a process come from CLOCK_MONOTONIC (fy_now_s,
+ * fy_now_ns), so a wall-clock step (NTP, an operator's date) never
+ * stretches a timeout or makes a measured interval negative.  A wait on a
+ * condition variable takes its deadline on the variable's own clock
+ * (fy_deadline_in): CLOCK_MONOTONIC where pthread_condattr_setclock chose
+ * it, the wall clock for a default one.
  *
  * The wall clock (CLOCK_REALTIME) has one use of its own: times that
  * another host reads, such as the signing time of an etcd membership
