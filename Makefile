@@ -19,6 +19,10 @@
 #   make gpu-check   the one-shot device check on a GPU host (tools/gpu_check.sh)
 #   make fuzz        build the libFuzzer targets (tests/fuzz/) with clang and run
 #                    each for FUZZ_TIME seconds (default 60); docs/fuzzing.md
+#   make layers      check that each layer's include path shows exactly the
+#                    folders its USES_* names and that every include names
+#                    its folder (each build does both before archiving the
+#                    library; tools/layers.sh)
 #   make WERROR=1    warnings are errors (CI)
 #   make CUDA=0      never build CUDA code, even where nvcc exists
 #                    (CUDA=1 is the default where nvcc is found: kernels/cuda/*.cu
@@ -133,12 +137,19 @@ SAN_FLAGS_fuzz  := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-rec
                    -DFY_DEBUG
 SAN_FLAGS := $(SAN_FLAGS_$(SAN))
 
-# Layers (docs/architecture.md): each folder sees only the headers of the
-# folders it may use, so an include that crosses a layer the wrong way
-# fails to compile.  Tests, tools and bench see everything.
+# Layers (docs/architecture.md): every include names its folder from the
+# repository root ("kv/kv.h", "kernels/cpu/cpu_kernels.h"), and each layer
+# is compiled with -I$(BUILD)/inc/LAYER alone: links to the headers of
+# the folders it may use (USES_LAYER), made by tools/layers.sh.  An
+# include that crosses a layer the wrong way finds no file and fails to
+# build; a folder's subfolders are not in it (kernels/cpu/ is seen only
+# where named).  tests/, tools/, bench/ and the fuzz targets see
+# everything (-I.).  The library is archived only after `make layers`
+# found each layer sees exactly what its USES names.
 USES_common   := common
 USES_kv       := common kv
 USES_kernels  := common kv model kernels kernels/cpu
+USES_kernels/cuda := common kv model kernels kernels/cuda
 USES_model    := common model
 USES_grammar  := common model grammar
 USES_engine   := common kv kernels model grammar engine
@@ -148,8 +159,14 @@ USES_worker   := common kv kernels model grammar engine transfer rpc worker
 USES_decode   := $(USES_worker) decode
 USES_prefill  := $(USES_worker) prefill
 USES_router   := common kv model grammar rpc router
-USES_all      := common kv kernels kernels/cpu model grammar engine transfer rpc worker decode prefill router tools bench
-INCLUDES := $(USES_all:%=-I%)
+# the folders a layer's USES applies to (kernels/cpu/ is kernels'), and
+# every folder that tests/, tools/ and bench/ may name
+LAYERS        := common kv kernels kernels/cuda model grammar engine transfer rpc worker decode prefill router
+USES_all      := common kv kernels kernels/cpu kernels/cuda model grammar engine transfer rpc worker decode prefill \
+                 router tools bench
+INC_DIR  := $(BUILD)/inc
+layer_inc = -I$(INC_DIR)/$(subst /,-,$(1))
+INCLUDES := -I.
 CFLAGS  ?=
 CFLAGS  += -std=c11 $(OPT) -g -D_GNU_SOURCE -pthread $(WARN) $(INCLUDES) $(PKG_CFLAGS) $(SAN_FLAGS) -MMD -MP
 LDFLAGS += -pthread $(SAN_FLAGS)
@@ -177,7 +194,7 @@ NVCC_WARN := -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
 ifeq ($(WERROR),1)
 NVCC_WARN += -Werror all-warnings -Xcompiler -Werror
 endif
-NVCC_FLAGS := -std=c++17 -O3 -g -Xcompiler -fPIC $(CUDA_ARCHS) $(NVCC_WARN) -D_GNU_SOURCE $(INCLUDES) -Ikernels/cuda
+NVCC_FLAGS := -std=c++17 -O3 -g -Xcompiler -fPIC $(CUDA_ARCHS) $(NVCC_WARN) -D_GNU_SOURCE
 CUDA_SRC := $(wildcard kernels/cuda/*.cu)
 CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
@@ -230,7 +247,7 @@ MODEL_FILES := smollm2=$(MODEL_FILE) gemma3-270m=$(GEMMA_FILE)
 MODEL_PICK  := $(patsubst $(MODEL)=%,%,$(filter $(MODEL)=%,$(MODEL_FILES)))
 
 .PHONY: all deps nng model model-optional pyenv pyenv-optional test check asan ubsan tsan chaos bench bench-quant clean info tests FORCE \
-        fuzz fuzz-build fuzz-bins fuzz-seeds format format-check gpu-check print-dirs print-flags
+        fuzz fuzz-build fuzz-bins fuzz-seeds format format-check gpu-check print-dirs print-flags layers
 all: $(TOOL_BIN) $(BENCH_BIN)
 
 info:
@@ -240,13 +257,14 @@ info:
 	@echo "nng:   $(NNG_DESC)"
 
 # ---- compile ------------------------------------------------------------------
-# Objects depend on the flags they were built with: changing SAN, WERROR
-# or CFLAGS rebuilds them.
+# Objects depend on the flags they were built with: changing SAN, WERROR,
+# CFLAGS or a layer's USES rebuilds them (so each object is compiled
+# again against what its layer may now use).
 FLAGS_STAMP := $(BUILD)/flags.txt
+FLAGS_TEXT   = $(CC) $(CFLAGS) $(LDFLAGS) CUDA=$(CUDA) $(NVCC_FLAGS) $(foreach m,$(LAYERS),[$(m): $(USES_$(m))])
 $(FLAGS_STAMP): FORCE
 	@mkdir -p $(dir $@)
-	@echo '$(CC) $(CFLAGS) $(LDFLAGS) CUDA=$(CUDA) $(NVCC_FLAGS)' | cmp -s - $@ || \
-	  echo '$(CC) $(CFLAGS) $(LDFLAGS) CUDA=$(CUDA) $(NVCC_FLAGS)' > $@
+	@echo '$(FLAGS_TEXT)' | cmp -s - $@ || echo '$(FLAGS_TEXT)' > $@
 FORCE:
 
 $(BUILD)/%_avx2.o: %_avx2.c $(FLAGS_STAMP)
@@ -275,11 +293,37 @@ $(BUILD)/kernels/backend.o: CFLAGS += -DFY_HAVE_CUDA
 $(BUILD)/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC   $<")
-	$(Q)$(NVCC) $(NVCC_FLAGS) -MMD -MP -c $< -o $@
+	$(Q)$(NVCC) $(NVCC_FLAGS) $(INCLUDES) -MMD -MP -c $< -o $@
 endif
 
-$(foreach m,common kv kernels model grammar engine transfer rpc worker decode prefill router,\
-  $(eval $(BUILD)/$(m)/%.o: INCLUDES := $(USES_$(m):%=-I%)))
+# Each layer's objects see $(INC_DIR)/LAYER alone (the longer stem wins:
+# kernels/cuda/ is not kernels').  The link trees are remade before any
+# object compiles, and only when a USES or a folder's headers change.
+$(foreach m,$(LAYERS),$(eval $(BUILD)/$(m)/%.o: INCLUDES := $(call layer_inc,$(m))))
+LAYER_SPECS = $(foreach m,$(LAYERS),'$(m)=$(USES_$(m))')
+$(INC_DIR)/links.txt: FORCE
+	$(Q)sh tools/layers.sh links $(INC_DIR) $(LAYER_SPECS)
+$(LIB_OBJ): | $(INC_DIR)/links.txt
+
+# make layers: every layer finds exactly the headers its USES names, and a
+# wrong-way include fails (tools/layers.sh check); every quoted include
+# in the tree is a path from the root (tools/layers.sh names: a bare
+# "kv.h" would still be found in the includer's own folder).  The library
+# is archived only after both passed for what it was built from.
+LAYERS_OK := $(BUILD)/layers.ok
+NAMES_OK  := $(BUILD)/names.ok
+NAMES_DIRS := $(sort $(foreach f,$(USES_all),$(firstword $(subst /, ,$(f)))) tests)
+NAMES_SRC  := $(shell find $(NAMES_DIRS) -path bench/results -prune -o -type f \
+                \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) -print 2>/dev/null)
+$(LAYERS_OK): $(INC_DIR)/links.txt tools/layers.sh
+	@$(if $(Q),echo "  LAYERS $(INC_DIR)")
+	$(Q)sh tools/layers.sh check '$(CC)' $(INC_DIR) $(LAYER_SPECS) >/dev/null && touch $@
+$(NAMES_OK): $(NAMES_SRC) tools/layers.sh
+	@mkdir -p $(dir $@)
+	$(Q)sh tools/layers.sh names $(NAMES_DIRS) >/dev/null && touch $@
+layers: $(INC_DIR)/links.txt
+	$(Q)sh tools/layers.sh check '$(CC)' $(INC_DIR) $(LAYER_SPECS)
+	$(Q)sh tools/layers.sh names $(NAMES_DIRS)
 
 $(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
@@ -287,7 +331,7 @@ $(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	$(Q)$(CC) $(CFLAGS) -c $< -o $@
 
 # a new build/nng relinks everything that links the library
-$(LIB): $(LIB_OBJ) $(NNG_DEP)
+$(LIB): $(LIB_OBJ) $(NNG_DEP) $(LAYERS_OK) $(NAMES_OK)
 	@$(if $(Q),echo "  AR     $@")
 	$(Q)rm -f $@ && ar rcs $@ $(LIB_OBJ)
 
@@ -300,8 +344,6 @@ $(BINDIR)/ferry-%: $(BUILD)/tools/main/ferry-%.o $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD     $@")
 	$(Q)$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
-
-$(BENCH_OBJ) $(BUILD)/bench/ferry_bench.o $(BUILD)/tests/test_bench.o: CFLAGS += -Ibench
 
 $(BENCH_A): $(BENCH_OBJ)
 	@$(if $(Q),echo "  AR     $@")
@@ -471,6 +513,7 @@ print-flags:
 	@echo "PKG_LIBS=$(strip $(PKG_LIBS))"
 	@echo "NNG=$(NNG): $(NNG_DESC)"
 	@echo "CUDA_ARCHS=$(strip $(if $(filter 1,$(CUDA)),$(CUDA_ARCHS)))"
+	@echo "INCLUDES=$(INCLUDES) for tests, tools, bench; $(call layer_inc,LAYER) for each of $(LAYERS)"
 	@echo "CPATH=$$CPATH LIBRARY_PATH=$$LIBRARY_PATH PKG_CONFIG_PATH=$$PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR=$$PKG_CONFIG_SYSROOT_DIR"
 
 # ---- format -------------------------------------------------------------------

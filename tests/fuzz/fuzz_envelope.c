@@ -20,7 +20,7 @@
  * twice.
  *
  * Builds on its own (the project's libFuzzer rules pick up tests/fuzz/fuzz_*.c):
- *   clang -fsanitize=fuzzer,address,undefined -Icommon tests/fuzz/fuzz_envelope.c \
+ *   clang -fsanitize=fuzzer,address,undefined -I. tests/fuzz/fuzz_envelope.c \
  *         common/envelope.c common/log.c common/mem.c -lsodium -lpthread -o fuzz_envelope
  * Seeds: FY_FUZZ_SEEDS=tests/fuzz/corpus/envelope ./fuzz_envelope writes
  * them (messages, replies, a hello, a refusal, another secret's message,
@@ -34,8 +34,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "envelope.h"
-#include "log.h"
+#include "common/envelope.h"
+#include "common/log.h"
 
 static const uint8_t SECRET[32] = "fuzz_envelope's deployment key.";
 static fy_env_auth_t g_me;

@@ -8,7 +8,7 @@
  * an absent newline: one text per key, nothing else taken.
  *
  * Builds on its own (the project's libFuzzer rules pick up tests/fuzz/fuzz_*.c):
- *   clang -fsanitize=fuzzer,address,undefined -Icommon tests/fuzz/fuzz_keyfile.c \
+ *   clang -fsanitize=fuzzer,address,undefined -I. tests/fuzz/fuzz_keyfile.c \
  *         common/envelope.c common/log.c common/mem.c -lsodium -lpthread -o fuzz_keyfile
  * Seeds: FY_FUZZ_SEEDS=tests/fuzz/corpus/keyfile ./fuzz_keyfile writes
  * them (a key file, one without its newline, one with a long name, a
@@ -20,8 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "envelope.h"
-#include "log.h"
+#include "common/envelope.h"
+#include "common/log.h"
 
 static void quiet(fy_log_level_t level, const char *line, void *arg) { (void)level, (void)line, (void)arg; }
 
