@@ -288,7 +288,7 @@ $(BUILD)/%_avx512bf16.o: %_avx512bf16.c $(FLAGS_STAMP)
 	$(Q)$(CC) $(CFLAGS) $(AVX512BF16_FLAGS) -c $< -o $@
 
 ifeq ($(CUDA),1)
-$(BUILD)/kernels/backend.o: CFLAGS += -DFY_HAVE_CUDA
+$(BUILD)/kernels/backend.o: private CFLAGS += -DFY_HAVE_CUDA
 
 $(BUILD)/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
@@ -297,9 +297,12 @@ $(BUILD)/%.o: %.cu $(FLAGS_STAMP)
 endif
 
 # Each layer's objects see $(INC_DIR)/LAYER alone (the longer stem wins:
-# kernels/cuda/ is not kernels').  The link trees are remade before any
-# object compiles, and only when a USES or a folder's headers change.
-$(foreach m,$(LAYERS),$(eval $(BUILD)/$(m)/%.o: INCLUDES := $(call layer_inc,$(m))))
+# kernels/cuda/ is not kernels').  private: flags.txt, a prerequisite,
+# must not take the include path of whichever object asked for it first
+# (it did: make tests, then make of one object, rebuilt everything).
+# The link trees are remade before any object compiles, and only when a
+# USES or a folder's headers change.
+$(foreach m,$(LAYERS),$(eval $(BUILD)/$(m)/%.o: private INCLUDES := $(call layer_inc,$(m))))
 LAYER_SPECS = $(foreach m,$(LAYERS),'$(m)=$(USES_$(m))')
 $(INC_DIR)/links.txt: FORCE
 	$(Q)sh tools/layers.sh links $(INC_DIR) $(LAYER_SPECS)
