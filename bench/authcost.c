@@ -14,7 +14,7 @@
  *
  * Not here: the load harness (ferry_bench.c), anything about models.
  */
-#include "authcost.h"
+#include "bench/authcost.h"
 
 #include <arpa/inet.h>
 #include <getopt.h>
@@ -31,11 +31,11 @@
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/protocol/reqrep0/req.h>
 
-#include "clock.h"
-#include "envelope.h"
-#include "mem.h"
-#include "rpc.h"
-#include "stats.h"
+#include "common/clock.h"
+#include "common/envelope.h"
+#include "common/mem.h"
+#include "rpc/rpc.h"
+#include "bench/stats.h"
 
 static const uint8_t SECRET[32] = "ferry-bench auth: a test secret";
 

@@ -23,17 +23,17 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "cli.h"
-#include "clock.h"
-#include "commands.h"
-#include "engine_config.h"
-#include "log.h"
-#include "mem.h"
-#include "model.h"
-#include "runner.h"
-#include "sampler.h"
-#include "stats.h"
+#include "kernels/backend.h"
+#include "tools/cli.h"
+#include "common/clock.h"
+#include "tools/commands.h"
+#include "engine/engine_config.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "engine/runner.h"
+#include "engine/sampler.h"
+#include "bench/stats.h"
 
 #define BW_BYTES ((size_t)512 << 20)
 #define MAX_THREAD_COUNTS 8

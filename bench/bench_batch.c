@@ -15,18 +15,18 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend.h"
-#include "cli.h"
-#include "clock.h"
-#include "commands.h"
-#include "engine.h"
-#include "engine_config.h"
-#include "kv.h"
-#include "log.h"
-#include "mem.h"
-#include "model.h"
-#include "runner.h"
-#include "stats.h"
+#include "kernels/backend.h"
+#include "tools/cli.h"
+#include "common/clock.h"
+#include "tools/commands.h"
+#include "engine/engine.h"
+#include "engine/engine_config.h"
+#include "kv/kv.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "engine/runner.h"
+#include "bench/stats.h"
 
 #define MAX_BATCHES 16
 

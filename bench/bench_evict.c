@@ -24,18 +24,18 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend.h"
-#include "cli.h"
-#include "clock.h"
-#include "commands.h"
-#include "evict.h"
-#include "kv.h"
-#include "log.h"
-#include "mem.h"
-#include "model.h"
-#include "runner.h"
-#include "tokenizer.h"
-#include "stats.h"
+#include "kernels/backend.h"
+#include "tools/cli.h"
+#include "common/clock.h"
+#include "tools/commands.h"
+#include "kv/evict.h"
+#include "kv/kv.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "engine/runner.h"
+#include "model/tokenizer.h"
+#include "bench/stats.h"
 
 enum { CHUNK = 16, SINK = 64, MAX_BUDGETS = 8, MAX_CTX = 8 };
 

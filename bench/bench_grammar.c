@@ -18,19 +18,19 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli.h"
-#include "clock.h"
-#include "commands.h"
-#include "engine_config.h"
-#include "grammar.h"
-#include "log.h"
-#include "mem.h"
-#include "model.h"
-#include "runner.h"
-#include "sampler.h"
-#include "token_trie.h"
-#include "tokenizer.h"
-#include "stats.h"
+#include "tools/cli.h"
+#include "common/clock.h"
+#include "tools/commands.h"
+#include "engine/engine_config.h"
+#include "grammar/grammar.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "engine/runner.h"
+#include "engine/sampler.h"
+#include "grammar/token_trie.h"
+#include "model/tokenizer.h"
+#include "bench/stats.h"
 
 static const char g_schema[] =
     "{\"title\":\"Order\",\"type\":\"object\",\"additionalProperties\":false,"

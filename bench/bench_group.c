@@ -29,13 +29,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "clock.h"
-#include "commands.h"
-#include "group.h"
-#include "log.h"
-#include "mem.h"
-#include "stats.h"
+#include "tools/cli.h"
+#include "common/clock.h"
+#include "tools/commands.h"
+#include "engine/group.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "bench/stats.h"
 
 enum { MAX_RANK_SETS = 8, MAX_REPS = 100000 };
 

@@ -13,13 +13,13 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli.h"
-#include "clock.h"
-#include "commands.h"
-#include "kv.h"
-#include "log.h"
-#include "mem.h"
-#include "stats.h"
+#include "tools/cli.h"
+#include "common/clock.h"
+#include "tools/commands.h"
+#include "kv/kv.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "bench/stats.h"
 
 static fy_status_t no_copy(void *arg, fy_kv_tier_t dt, const int32_t *d, fy_kv_tier_t st, const int32_t *s, int32_t n)
 {

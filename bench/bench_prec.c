@@ -32,17 +32,17 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend.h"
-#include "cli.h"
-#include "clock.h"
-#include "commands.h"
-#include "exact.h"
-#include "kv.h"
-#include "log.h"
-#include "mem.h"
-#include "model.h"
-#include "runner.h"
-#include "tokenizer.h"
+#include "kernels/backend.h"
+#include "tools/cli.h"
+#include "common/clock.h"
+#include "tools/commands.h"
+#include "engine/exact.h"
+#include "kv/kv.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "engine/runner.h"
+#include "model/tokenizer.h"
 
 enum { MAX_THREADS = 64 };
 

@@ -19,15 +19,15 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli.h"
-#include "clock.h"
-#include "commands.h"
-#include "engine_config.h"
-#include "log.h"
-#include "mem.h"
-#include "model.h"
-#include "runner.h"
-#include "stats.h"
+#include "tools/cli.h"
+#include "common/clock.h"
+#include "tools/commands.h"
+#include "engine/engine_config.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "engine/runner.h"
+#include "bench/stats.h"
 
 enum { MAX_SHAPES = 8, MAX_RANKS = 64 };
 

@@ -23,15 +23,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "clock.h"
-#include "commands.h"
-#include "kvplan.h"
-#include "log.h"
-#include "mem.h"
-#include "reshard.h"
-#include "xfer.h"
-#include "stats.h"
+#include "tools/cli.h"
+#include "common/clock.h"
+#include "tools/commands.h"
+#include "kv/kvplan.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "transfer/reshard.h"
+#include "transfer/xfer.h"
+#include "bench/stats.h"
 
 enum { MAX_RANKS = 8, MAX_SHAPES = 8 };
 

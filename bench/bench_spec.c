@@ -22,20 +22,20 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend.h"
-#include "cli.h"
-#include "clock.h"
-#include "commands.h"
-#include "engine.h"
-#include "engine_config.h"
-#include "kv.h"
-#include "log.h"
-#include "mem.h"
-#include "model.h"
-#include "prompt.h"
-#include "runner.h"
-#include "spec.h"
-#include "stats.h"
+#include "kernels/backend.h"
+#include "tools/cli.h"
+#include "common/clock.h"
+#include "tools/commands.h"
+#include "engine/engine.h"
+#include "engine/engine_config.h"
+#include "kv/kv.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "model/prompt.h"
+#include "engine/runner.h"
+#include "engine/spec.h"
+#include "bench/stats.h"
 
 #define N_PROMPTS 8
 #define MAX_CFG 5

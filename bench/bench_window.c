@@ -19,15 +19,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "cli.h"
-#include "commands.h"
-#include "kv.h"
-#include "log.h"
-#include "mem.h"
-#include "model.h"
-#include "runner.h"
-#include "size.h"
+#include "kernels/backend.h"
+#include "tools/cli.h"
+#include "tools/commands.h"
+#include "kv/kv.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "engine/runner.h"
+#include "common/size.h"
 
 typedef struct window_run {
     int64_t held_end, held_peak, promised; /* bytes */

@@ -30,13 +30,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "clock.h"
-#include "commands.h"
-#include "log.h"
-#include "mem.h"
-#include "xfer.h"
-#include "stats.h"
+#include "tools/cli.h"
+#include "common/clock.h"
+#include "tools/commands.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "transfer/xfer.h"
+#include "bench/stats.h"
 
 #define MAX_TLS 8
 

@@ -8,7 +8,7 @@
  * whose reader writes the events as their tokens fall due (sleeping when
  * paced, which is why paced serving takes a thread per connection).
  */
-#include "echo.h"
+#include "bench/echo.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -25,15 +25,15 @@
 #include <jansson.h>
 #include <microhttpd.h>
 
-#include "clock.h"
-#include "cluster.h"
-#include "log.h"
-#include "mem.h"
-#include "msg.h"
-#include "rpc.h"
-#include "wire.h"
-#include "workload.h"
-#include "stats.h"
+#include "common/clock.h"
+#include "common/cluster.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "common/msg.h"
+#include "rpc/rpc.h"
+#include "common/wire.h"
+#include "bench/workload.h"
+#include "bench/stats.h"
 
 typedef struct ereq {
     bool live;

@@ -16,7 +16,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "status.h"
+#include "common/status.h"
 
 typedef struct fy_bench_echo_params {
     const char *nng_url;     /* NULL: no nng side */

@@ -20,14 +20,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "authcost.h"
-#include "clock.h"
-#include "echo.h"
-#include "log.h"
-#include "mem.h"
-#include "report.h"
-#include "run.h"
-#include "workload.h"
+#include "bench/authcost.h"
+#include "common/clock.h"
+#include "bench/echo.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "bench/report.h"
+#include "bench/run.h"
+#include "bench/workload.h"
 
 #define MAX_RATES 32
 

@@ -1,7 +1,7 @@
 /*
  * report.c - figures from a run's results (report.h).
  */
-#include "report.h"
+#include "bench/report.h"
 
 #include <errno.h>
 #include <math.h>
@@ -11,9 +11,9 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
-#include "log.h"
-#include "mem.h"
-#include "stats.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "bench/stats.h"
 
 static void say(char *err, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void say(char *err, size_t cap, const char *fmt, ...)

@@ -14,8 +14,8 @@
 
 #include <jansson.h>
 
-#include "run.h"
-#include "status.h"
+#include "bench/run.h"
+#include "common/status.h"
 
 typedef struct fy_bench_dist {
     int64_t n;

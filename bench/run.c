@@ -9,7 +9,7 @@
  * transfer through curl's multi interface and starts released
  * conversations while fewer than the limit are in flight.
  */
-#include "run.h"
+#include "bench/run.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -26,12 +26,12 @@
 #include <curl/curl.h>
 #include <jansson.h>
 
-#include "client.h"
-#include "clock.h"
-#include "log.h"
-#include "mem.h"
-#include "rpc.h"
-#include "stats.h"
+#include "router/client.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "rpc/rpc.h"
+#include "bench/stats.h"
 
 static void abs_time(double t, struct timespec *ts)
 {

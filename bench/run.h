@@ -21,8 +21,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "status.h"
-#include "workload.h"
+#include "common/status.h"
+#include "bench/workload.h"
 
 typedef enum fy_bench_proto {
     FY_BENCH_PROTO_NNG = 0,

@@ -1,7 +1,7 @@
 /*
  * workload.c - requests and arrival times for ferry-bench (workload.h).
  */
-#include "workload.h"
+#include "bench/workload.h"
 
 #include <errno.h>
 #include <math.h>
@@ -12,7 +12,7 @@
 
 #include <jansson.h>
 
-#include "mem.h"
+#include "common/mem.h"
 
 static const char *const WORDS[FY_BENCH_N_WORDS] = {
     "the",      "of",      "and",    "to",      "in",      "is",       "was",     "for",        "on",        "that",

@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "status.h"
+#include "common/status.h"
 
 /* ---- random numbers (splitmix64: small, seedable, good enough here) ---- */
 

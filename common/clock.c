@@ -1,6 +1,6 @@
 /* clock.c - the monotonic clock, the wall clock's epoch milliseconds and
  * condition-variable deadlines. */
-#include "clock.h"
+#include "common/clock.h"
 
 double fy_now_s(void)
 {

@@ -2,7 +2,7 @@
  * cluster.c - configuration shared by every process of a deployment
  * (see cluster.h).
  */
-#include "cluster.h"
+#include "common/cluster.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,8 +17,8 @@
 
 #include <sodium.h>
 
-#include "log.h"
-#include "mem.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 static void cluster_usage(FILE *f, const char *prog, const char *usage)
 {

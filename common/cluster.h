@@ -16,10 +16,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config.h"
-#include "dtype.h"
-#include "envelope.h"
-#include "status.h"
+#include "common/config.h"
+#include "common/dtype.h"
+#include "common/envelope.h"
+#include "common/status.h"
 
 /* Loads -c FILE (at most one, optional when defaults suffice) and every
  * --set assignment from argv (getopt_long), in order, then checks that

@@ -9,7 +9,7 @@
  * Entries live in one flat array; everything here runs at start-up over a
  * few hundred keys, so lookups are linear.
  */
-#include "config.h"
+#include "common/config.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -22,9 +22,9 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "log.h"
-#include "size.h"
-#include "mem.h"
+#include "common/log.h"
+#include "common/size.h"
+#include "common/mem.h"
 
 /* inih copies each line into a buffer of INI_MAX_LINE bytes that must also
  * hold "\r\n\0"; a longer line would be split and the rest read as a line

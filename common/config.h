@@ -46,7 +46,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "status.h"
+#include "common/status.h"
 
 /* model.path's default (the key table, confkeys.c; commands' usage text) */
 #define FY_DEFAULT_MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"

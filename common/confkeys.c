@@ -18,8 +18,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "config.h"
-#include "mem.h"
+#include "common/config.h"
+#include "common/mem.h"
 
 #define KIB 1024.0
 #define MIB (1024.0 * KIB)

@@ -2,7 +2,7 @@
  * cpuset.c - CPU lists: parse, count, apply (see cpuset.h).
  * Not here: choosing which CPUs a role gets (the configuration does).
  */
-#include "cpuset.h"
+#include "common/cpuset.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "common/log.h"
 
 static bool parse_num(const char **s, long *v_p)
 {

@@ -14,7 +14,7 @@
 
 #include <stdint.h>
 
-#include "status.h"
+#include "common/status.h"
 
 #define FY_CPUSET_MAX 1024 /* CPU numbers 0..FY_CPUSET_MAX-1 */
 

@@ -1,9 +1,9 @@
 /* dtype.c - type table and the reference (scalar) quantizers. */
-#include "dtype.h"
+#include "common/dtype.h"
 
 #include <math.h>
 
-#include "mem.h"
+#include "common/mem.h"
 
 static const fy_dtype_info_t g_info[FY_DTYPE_COUNT] = {
     [FY_DTYPE_F32] = {"f32", 1, 4},

@@ -21,7 +21,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "status.h"
+#include "common/status.h"
 
 typedef enum fy_dtype {
     FY_DTYPE_F32 = 0,

@@ -6,7 +6,7 @@
  * Not here: sockets (rpc/rpc.c), what a message says (msg.h), who may
  * send what (the router and the workers check identities).
  */
-#include "envelope.h"
+#include "common/envelope.h"
 
 #include <pthread.h>
 #include <string.h>
@@ -14,9 +14,9 @@
 
 #include <sodium.h>
 
-#include "clock.h"
-#include "log.h"
-#include "mem.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 static const uint8_t MAGIC[3] = {'F', 'Y', 'E'};
 

@@ -53,7 +53,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "status.h"
+#include "common/status.h"
 
 #define FY_ENV_VERSION 2
 #define FY_ENV_KIND_AEAD 0x80 /* in the kind byte: the payload is encrypted (XChaCha20-Poly1305) */

@@ -1,7 +1,7 @@
 /*
  * genspec.c - generation parameters on the wire (see genspec.h).
  */
-#include "genspec.h"
+#include "common/genspec.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -13,8 +13,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "msg.h"
-#include "sampling.h"
+#include "common/msg.h"
+#include "common/sampling.h"
 
 #define FY_GEN_MAX_STOP 8
 #define FY_GEN_STOP_LEN 64 /* bytes per stop string on the wire */

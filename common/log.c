@@ -1,5 +1,5 @@
 /* log.c - leveled one-line logging to stderr or a sink (log.h). */
-#include "log.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <execinfo.h>

@@ -1,5 +1,5 @@
 /* mem.c - allocation wrappers with failure injection for tests. */
-#include "mem.h"
+#include "common/mem.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>

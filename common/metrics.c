@@ -7,7 +7,7 @@
  * reading by batches of updates and for writing by render, so a render
  * never sees half a batch; single updates outside a batch take no lock.
  */
-#include "metrics.h"
+#include "common/metrics.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -19,9 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
-#include "mem.h"
-#include "strbuf.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "common/strbuf.h"
 
 #define MAX_LABELS 12 /* the registry's own and the series' */
 

@@ -21,7 +21,7 @@
 
 #include <stddef.h>
 
-#include "status.h"
+#include "common/status.h"
 
 typedef struct fy_metrics fy_metrics_t; /* the registry */
 typedef struct fy_metric fy_metric_t;   /* one series; owned by its registry */

@@ -12,13 +12,13 @@
  * claiming four billion elements is refused before msgpack-c would
  * allocate for them.
  */
-#include "msg.h"
+#include "common/msg.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "mem.h"
+#include "common/mem.h"
 
 /* ---- writing ------------------------------------------------------------------------------ */
 

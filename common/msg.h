@@ -22,7 +22,7 @@
 
 #include <msgpack.h>
 
-#include "status.h"
+#include "common/status.h"
 
 #define FY_PROTO_VERSION 1
 #define FY_MSG_MAX_DEPTH 8 /* nesting of maps and arrays */

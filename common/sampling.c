@@ -1,9 +1,9 @@
 /* sampling.c - a request's sampling parameters: defaults and checks. */
-#include "sampling.h"
+#include "common/sampling.h"
 
 #include <math.h>
 
-#include "log.h"
+#include "common/log.h"
 
 void fy_sampling_params_default(fy_sampling_params_t *p)
 {

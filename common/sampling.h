@@ -11,7 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "status.h"
+#include "common/status.h"
 
 /* Temperatures below this are greedy (vLLM's _SAMPLING_EPS): 1/t of a
  * tiny temperature overflows, and the distribution it would give is the

@@ -1,5 +1,5 @@
 /* size.c - parsing and formatting byte sizes. */
-#include "size.h"
+#include "common/size.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
+#include "common/log.h"
 
 fy_status_t fy_parse_size(const char *what, const char *s, int64_t *bytes_p)
 {

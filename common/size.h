@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "status.h"
+#include "common/status.h"
 
 /* "4096", "50GiB", "50Gi", "1.5G", "512MB": K, M, G, T are powers of 1000,
  * Ki, Mi, Gi, Ti powers of 1024, a trailing B optional.  FY_ERR_INVALID

@@ -1,5 +1,5 @@
 /* status.c - names of ferry's status codes. */
-#include "status.h"
+#include "common/status.h"
 
 const char *fy_status_str(fy_status_t status)
 {

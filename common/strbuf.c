@@ -1,11 +1,11 @@
 /* strbuf.c - a growing string with a sticky out-of-memory flag. */
-#include "strbuf.h"
+#include "common/strbuf.h"
 
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "mem.h"
+#include "common/mem.h"
 
 /* the first allocation: a line or two of a report without growing */
 #define STRBUF_MIN 1024

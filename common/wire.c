@@ -11,13 +11,13 @@
  * range checks themselves are msg.c's getters, so their error texts are
  * the ones the handlers gave when they read the fields by hand.
  */
-#include "wire.h"
+#include "common/wire.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "mem.h"
+#include "common/mem.h"
 
 /* ---- tables ------------------------------------------------------------------------------------------- */
 

@@ -57,9 +57,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "genspec.h"
-#include "msg.h"
-#include "status.h"
+#include "common/genspec.h"
+#include "common/msg.h"
+#include "common/status.h"
 
 /* The largest prefix digest a load report may carry (kv/bloom.h's
  * FY_BLOOM_MAX_BYTES is this: the wire's bound is the digest's). */

@@ -34,18 +34,18 @@
  * token and queue time are not measured here: the first token is sampled
  * by the prefill worker (the router and the prefill worker time them).
  */
-#include "decode_worker.h"
+#include "decode/decode_worker.h"
 
 #include <stdio.h>
 #include <string.h>
 
-#include "clock.h"
-#include "genspec.h"
-#include "log.h"
-#include "mem.h"
-#include "rpc.h"
-#include "xgroup.h"
-#include "xstage.h"
+#include "common/clock.h"
+#include "common/genspec.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "rpc/rpc.h"
+#include "transfer/xgroup.h"
+#include "worker/xstage.h"
 
 #define MAX_PROMPT 32768
 

@@ -6,7 +6,7 @@
 #ifndef FY_DECODE_WORKER_H
 #define FY_DECODE_WORKER_H
 
-#include "node.h"
+#include "worker/node.h"
 
 extern const fy_node_role_t fy_decode_role;
 

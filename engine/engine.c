@@ -14,7 +14,7 @@
  * cached prefix blocks make that cheap) and, having computed all its known
  * tokens, samples exactly the token it would have sampled unpreempted.
  */
-#include "engine_int.h"
+#include "engine/engine_int.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -24,10 +24,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "clock.h"
-#include "grammar.h"
-#include "log.h"
-#include "mem.h"
+#include "common/clock.h"
+#include "grammar/grammar.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 const char *fy_finish_reason_str(fy_finish_reason_t r)
 {

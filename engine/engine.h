@@ -36,16 +36,16 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "evict.h"
-#include "genspec.h"
-#include "kv.h"
-#include "logits.h"
-#include "runner.h"
-#include "sampler.h"
-#include "spec.h"
-#include "status.h"
-#include "stop.h"
-#include "tokenizer.h"
+#include "kv/evict.h"
+#include "common/genspec.h"
+#include "kv/kv.h"
+#include "engine/logits.h"
+#include "engine/runner.h"
+#include "engine/sampler.h"
+#include "engine/spec.h"
+#include "common/status.h"
+#include "engine/stop.h"
+#include "model/tokenizer.h"
 
 typedef enum fy_finish_reason {
     FY_FINISH_NONE = 0,

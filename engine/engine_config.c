@@ -3,17 +3,17 @@
  * read from its configuration or a command set from its options (see
  * engine_config.h).
  */
-#include "engine_config.h"
+#include "engine/engine_config.h"
 
 #include <errno.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "cpuset.h"
-#include "kvplan.h"
-#include "log.h"
-#include "mem.h"
+#include "common/cpuset.h"
+#include "kv/kvplan.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 void fy_engine_build_default(fy_engine_build_t *b)
 {

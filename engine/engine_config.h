@@ -21,14 +21,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "backend.h"
-#include "engine.h"
-#include "group.h"
-#include "kv.h"
-#include "model.h"
-#include "runner.h"
-#include "spec.h"
-#include "status.h"
+#include "kernels/backend.h"
+#include "engine/engine.h"
+#include "engine/group.h"
+#include "kv/kv.h"
+#include "model/model.h"
+#include "engine/runner.h"
+#include "engine/spec.h"
+#include "common/status.h"
 
 typedef struct fy_engine_build {
     /* backend */

@@ -24,8 +24,8 @@
 
 #include <pthread.h>
 
-#include "engine.h"
-#include "grammar.h"
+#include "engine/engine.h"
+#include "grammar/grammar.h"
 
 #define OUT_CAP (FY_DETOK_MAX_OUT + FY_STOP_MAX_LEN + 16)
 #define OUTPUT_RING 128

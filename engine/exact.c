@@ -1,7 +1,7 @@
 /*
  * exact.c - the exact forward pass (exact.h).
  */
-#include "exact.h"
+#include "engine/exact.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
-#include "mem.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 enum { MAX_THREADS = 64 };
 

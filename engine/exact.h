@@ -19,7 +19,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "model.h"
+#include "model/model.h"
 
 /* tok[0..n) at positions 0..n-1 on n_threads threads: the residual stream
  * after each layer's attention (tap_attn) and after its MLP (tap_mlp),

@@ -1,12 +1,12 @@
 /* generate.c - the single-sequence generation loop. */
-#include "generate.h"
+#include "engine/generate.h"
 
 #include <string.h>
 #include <time.h>
 
-#include "engine.h"
-#include "log.h"
-#include "mem.h"
+#include "engine/engine.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 void fy_gen_params_default(fy_gen_params_t *p)
 {

@@ -11,12 +11,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "engine.h"
-#include "kv.h"
-#include "runner.h"
-#include "sampler.h"
-#include "status.h"
-#include "tokenizer.h"
+#include "engine/engine.h"
+#include "kv/kv.h"
+#include "engine/runner.h"
+#include "engine/sampler.h"
+#include "common/status.h"
+#include "model/tokenizer.h"
 
 typedef struct fy_gen_params {
     fy_genspec_t gen;      /* the request (sampling, max_tokens, stop strings, ...): the serving path's type */

@@ -29,7 +29,7 @@
  * Not here: what the ranks compute (runner.c), threads (a rank calls its
  * group from one thread at a time).
  */
-#include "group.h"
+#include "engine/group.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -46,9 +46,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "log.h"
-#include "mem.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 enum {
     GRP_MAX_RANKS = 64,

@@ -34,7 +34,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "status.h"
+#include "common/status.h"
 
 typedef struct fy_group fy_group_t;
 

@@ -1,11 +1,11 @@
 /* logits.c - logits processing and top alternatives (logits.h). */
-#include "logits.h"
+#include "engine/logits.h"
 
 #include <math.h>
 #include <string.h>
 
-#include "mem.h"
-#include "sampling.h"
+#include "common/mem.h"
+#include "common/sampling.h"
 
 /* A banned token's logit: far below any real one, yet finite (exp of it
  * less the row's maximum is 0, and no arithmetic meets an infinity). */

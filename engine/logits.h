@@ -33,7 +33,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "status.h"
+#include "common/status.h"
 
 #define FY_LOGITS_MAX_BIAS 300    /* bias entries a request may give */
 #define FY_LOGITS_MAX_STOP_IDS 16 /* stop token ids */

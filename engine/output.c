@@ -3,14 +3,14 @@
  * logits processing, the structured output's mask, sampling, alternatives,
  * stop strings and streaming (engine_int.h).
  */
-#include "engine_int.h"
+#include "engine/engine_int.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
-#include "mem.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 /* Structured output: the tokens q's grammar does not allow next (and any
  * logit past the tokenizer's vocabulary) cannot be drawn from row lg. */

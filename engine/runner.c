@@ -32,16 +32,16 @@
  * Not here: the kernels (kernels/), the weights' reading and the
  * description's making (model/model.c), the transport (group.c).
  */
-#include "runner.h"
+#include "engine/runner.h"
 
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
-#include "clock.h"
-#include "kvplan.h"
-#include "log.h"
-#include "mem.h"
+#include "common/clock.h"
+#include "kv/kvplan.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 struct fy_runner {
     const fy_model_t *model;

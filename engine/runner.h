@@ -40,11 +40,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "backend.h"
-#include "group.h"
-#include "kv.h"
-#include "model.h"
-#include "status.h"
+#include "kernels/backend.h"
+#include "engine/group.h"
+#include "kv/kv.h"
+#include "model/model.h"
+#include "common/status.h"
 
 typedef struct fy_runner_params {
     int32_t max_batch_tokens; /* tokens per forward (prefill chunk + decodes) */

@@ -1,12 +1,12 @@
 /* sampler.c - sampling from logits. */
-#include "sampler.h"
+#include "engine/sampler.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
-#include "mem.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 typedef struct cand {
     float logit;

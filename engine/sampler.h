@@ -13,8 +13,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "sampling.h"
-#include "status.h"
+#include "common/sampling.h"
+#include "common/status.h"
 
 /* xoshiro256** seeded through splitmix64. */
 typedef struct fy_rng {

@@ -3,15 +3,15 @@
  * under the token and prefill budgets, preemption, KV eviction and the
  * inter-token-latency guardrail (engine_int.h).
  */
-#include "engine_int.h"
+#include "engine/engine_int.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
-#include "log.h"
-#include "mem.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 static int cmp_running(const void *a, const void *b)
 {

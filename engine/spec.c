@@ -2,7 +2,7 @@
  * spec.c - proposers, verification rules and the adaptive controller of
  * speculative decoding (see spec.h; the engine drives them).
  */
-#include "spec.h"
+#include "engine/spec.h"
 
 #include <errno.h>
 #include <math.h>
@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
-#include "mem.h"
-#include "tokenizer.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "model/tokenizer.h"
 
 void fy_spec_params_default(fy_spec_params_t *p)
 {

@@ -19,13 +19,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "backend.h"
-#include "genspec.h"
-#include "kv.h"
-#include "model.h"
-#include "runner.h"
-#include "sampler.h"
-#include "status.h"
+#include "kernels/backend.h"
+#include "common/genspec.h"
+#include "kv/kv.h"
+#include "model/model.h"
+#include "engine/runner.h"
+#include "engine/sampler.h"
+#include "common/status.h"
 
 #define FY_SPEC_MAX_K 16 /* proposed tokens per step at most */
 #define FY_SPEC_MAX_NGRAM 8

@@ -4,15 +4,15 @@
  * model that sizes them, and verification (engine_int.h; the proposers
  * themselves are spec.c).
  */
-#include "engine_int.h"
+#include "engine/engine_int.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
-#include "log.h"
-#include "mem.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 /* Gives back the target blocks reserved for proposals beyond the first m
  * (all of them at m = 0 ... the decode token's stay). */

@@ -1,10 +1,10 @@
 /* stop.c - stop-string matching over streamed text. */
-#include "stop.h"
+#include "engine/stop.h"
 
 #include <string.h>
 
-#include "log.h"
-#include "mem.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 fy_status_t fy_stopper_init(fy_stopper_t *s, const char *const *stops, int n_stops, size_t piece_max)
 {

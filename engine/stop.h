@@ -16,7 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "status.h"
+#include "common/status.h"
 
 #define FY_STOP_MAX 16      /* stop strings per request */
 #define FY_STOP_MAX_LEN 256 /* bytes per stop string */

@@ -19,7 +19,7 @@
  * grammar_gbnf.c), the trie
  * (token_trie.c).
  */
-#include "grammar_int.h"
+#include "grammar/grammar_int.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -27,10 +27,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "genspec.h"
-#include "log.h"
-#include "mem.h"
-#include "strbuf.h"
+#include "common/genspec.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "common/strbuf.h"
 
 /* ======================================================================================================== */
 /* builder                                                                                                  */

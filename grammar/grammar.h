@@ -38,8 +38,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "status.h"
-#include "token_trie.h"
+#include "common/status.h"
+#include "grammar/token_trie.h"
 
 /* Limits: input beyond these is refused with a message, never a crash or
  * an exponential blow-up. */

@@ -20,7 +20,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "grammar.h"
+#include "grammar/grammar.h"
 
 /* ---- compiled form ---------------------------------------------------------------------------------------- */
 

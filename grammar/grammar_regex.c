@@ -25,8 +25,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "grammar_int.h"
-#include "mem.h"
+#include "grammar/grammar_int.h"
+#include "common/mem.h"
 
 typedef struct rx {
     gb_t *b;

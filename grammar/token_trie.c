@@ -4,14 +4,14 @@
  *
  * Not here: walking it against a grammar (grammar.c's mask).
  */
-#include "token_trie.h"
+#include "grammar/token_trie.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
-#include "mem.h"
-#include "tokenizer.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "model/tokenizer.h"
 
 typedef struct sort_ctx {
     const uint8_t *const *bytes;

@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "status.h"
+#include "common/status.h"
 
 typedef struct fy_tokenizer fy_tokenizer_t;
 

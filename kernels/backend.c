@@ -1,14 +1,14 @@
 /* backend.c - backend selection and dispatch through the ops table. */
-#include "backend_impl.h"
+#include "kernels/backend_impl.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
-#include "clock.h"
-#include "log.h"
-#include "mem.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 #ifdef FY_HAVE_CUDA
 #define BUILT_BACKENDS "cpu, cuda"

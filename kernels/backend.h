@@ -32,10 +32,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dtype.h"
-#include "kv.h"
-#include "rope.h"
-#include "status.h"
+#include "common/dtype.h"
+#include "kv/kv.h"
+#include "model/rope.h"
+#include "common/status.h"
 
 typedef struct fy_backend fy_backend_t;
 

@@ -6,7 +6,7 @@
 #ifndef FY_BACKEND_IMPL_H
 #define FY_BACKEND_IMPL_H
 
-#include "backend.h"
+#include "kernels/backend.h"
 
 typedef struct fy_backend_ops {
     const char *name;

@@ -1,7 +1,7 @@
 /*
  * cuda_attn.c - the CUDA attention's host-side plans (cuda_attn.h).
  */
-#include "cuda_attn.h"
+#include "kernels/cuda_attn.h"
 
 #include <stdio.h>
 

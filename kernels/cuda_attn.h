@@ -28,7 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dtype.h"
+#include "common/dtype.h"
 
 /* query rows (tokens x heads of a group) one attention block serves */
 #define FY_CUDA_ATTN_ROWS 32

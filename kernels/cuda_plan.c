@@ -1,10 +1,10 @@
 /* cuda_plan.c - the CUDA backend's host-side decisions for weights (cuda_plan.h). */
-#include "cuda_plan.h"
+#include "kernels/cuda_plan.h"
 
 #include <stdio.h>
 #include <string.h>
 
-#include "mem.h"
+#include "common/mem.h"
 
 bool fy_cuda_weight_type(fy_dtype_t t)
 {

@@ -26,9 +26,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend.h"
-#include "dtype.h"
-#include "status.h"
+#include "kernels/backend.h"
+#include "common/dtype.h"
+#include "common/status.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -39,7 +39,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "dtype.h"
+#include "common/dtype.h"
 
 #ifdef __CUDACC__
 #include <cuda_fp16.h>

@@ -15,8 +15,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "kv.h"
-#include "wire.h"
+#include "kv/kv.h"
+#include "common/wire.h"
 
 #define FY_BLOOM_K 5
 #define FY_BLOOM_MAX_BYTES FY_WIRE_BLOOM_MAX_BYTES

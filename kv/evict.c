@@ -1,9 +1,9 @@
 /* evict.c - KV budgets: which blocks to evict (evict.h says why whole blocks). */
-#include "evict.h"
+#include "kv/evict.h"
 
 #include <stdlib.h>
 
-#include "log.h"
+#include "common/log.h"
 
 const char *fy_evict_policy_name(fy_evict_policy_t p)
 {

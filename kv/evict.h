@@ -27,8 +27,8 @@
 
 #include <stdint.h>
 
-#include "kv.h"
-#include "status.h"
+#include "kv/kv.h"
+#include "common/status.h"
 
 typedef enum fy_evict_policy {
     FY_EVICT_NONE = 0,

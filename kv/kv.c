@@ -9,7 +9,7 @@
  * free stack, a doubly linked LRU list of cached blocks (head = least
  * recently used) and an open-addressing index from name to block.
  */
-#include "kv.h"
+#include "kv/kv.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -21,9 +21,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "kvplan.h"
-#include "log.h"
-#include "mem.h"
+#include "kv/kvplan.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 fy_status_t fy_kv_layout_init(fy_kv_layout_t *lay, int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,
                               int32_t block_size, fy_dtype_t dtype)

@@ -44,8 +44,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dtype.h"
-#include "status.h"
+#include "common/dtype.h"
+#include "common/status.h"
 
 /* ---- layout ------------------------------------------------------------------------------ */
 

@@ -1,5 +1,5 @@
 /* kvplan.c - KV capacity arithmetic. */
-#include "kvplan.h"
+#include "kv/kvplan.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
+#include "common/log.h"
 
 fy_status_t fy_kv_dtype_bytes(const char *name, int32_t *bytes_p)
 {

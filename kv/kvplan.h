@@ -10,9 +10,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kv.h"
-#include "size.h"
-#include "status.h"
+#include "kv/kv.h"
+#include "common/size.h"
+#include "common/status.h"
 
 /* Bytes per element of a KV dtype name: f32 4, f16 and bf16 2, fp8 and
  * int8 1.  FY_ERR_INVALID for other names. */

@@ -20,7 +20,7 @@
  * parse or a render allocates only from one arena, which the function that
  * called setjmp frees.
  */
-#include "chat.h"
+#include "model/chat.h"
 
 #include <errno.h>
 #include <math.h>
@@ -34,8 +34,8 @@
 
 #include <jansson.h>
 
-#include "log.h"
-#include "mem.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 #define CHAT_MAX_SOURCE ((size_t)1 << 20)   /* template bytes */
 #define CHAT_MAX_DEPTH 200                  /* nesting: parse, render, values */

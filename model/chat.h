@@ -18,7 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "status.h"
+#include "common/status.h"
 
 typedef struct fy_chat_msg {
     const char *role;    /* "system", "user", "assistant", "tool", ... */

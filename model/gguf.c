@@ -7,7 +7,7 @@
  * A string is u64 length + bytes; an array is u32 elem type + u64 count + elems.
  * Every read goes through a cursor that checks the bytes left.
  */
-#include "gguf.h"
+#include "model/gguf.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,8 +17,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "log.h"
-#include "mem.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 #define GGUF_MAGIC 0x46554747u /* "GGUF" */
 #define GGUF_DEFAULT_ALIGNMENT 32

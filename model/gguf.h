@@ -15,8 +15,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "dtype.h"
-#include "status.h"
+#include "common/dtype.h"
+#include "common/status.h"
 
 typedef struct fy_gguf fy_gguf_t;
 

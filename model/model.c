@@ -14,7 +14,7 @@
  * Not here: the forward pass (engine/runner.c) and the file formats'
  * parsers (gguf.c, safetensors.c).
  */
-#include "model.h"
+#include "model/model.h"
 
 #include <sodium.h>
 
@@ -27,11 +27,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "gguf.h"
-#include "log.h"
-#include "mem.h"
-#include "safetensors.h"
-#include "strbuf.h"
+#include "model/gguf.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "model/safetensors.h"
+#include "common/strbuf.h"
 
 #define MAX_BAD_TYPES 16
 #define MAX_ISSUES 64 /* faults listed by an inspection; the rest are counted */

@@ -24,11 +24,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "chat.h"
-#include "dtype.h"
-#include "rope.h"
-#include "status.h"
-#include "tokenizer.h"
+#include "model/chat.h"
+#include "common/dtype.h"
+#include "model/rope.h"
+#include "common/status.h"
+#include "model/tokenizer.h"
 
 typedef enum fy_arch {
     FY_ARCH_LLAMA = 0, /* llama, mistral */

@@ -1,16 +1,16 @@
 /*
  * prompt.c - prompts to token ids (see prompt.h).
  */
-#include "prompt.h"
+#include "model/prompt.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "chat.h"
-#include "log.h"
-#include "mem.h"
-#include "tokenizer.h"
+#include "model/chat.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "model/tokenizer.h"
 
 /* Bytes no chat template writes and no tokenizer merges across. */
 #define SENT_OPEN "\x01\x02fy-msg-"

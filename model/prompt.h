@@ -15,9 +15,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "chat.h"
-#include "model.h"
-#include "status.h"
+#include "model/chat.h"
+#include "model/model.h"
+#include "common/status.h"
 
 /* system may be NULL; with chat false the user text is the whole prompt
  * (BOS added when the model wants it).  *ids_p is fy_free'd by the caller.

@@ -4,7 +4,7 @@
  * [begin, end]}, "__metadata__": {...} }, then the data; offsets are
  * relative to the end of the header.
  */
-#include "safetensors.h"
+#include "model/safetensors.h"
 
 #include <fcntl.h>
 #include <jansson.h>
@@ -15,8 +15,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "log.h"
-#include "mem.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 #define ST_MAX_HEADER (100u << 20) /* the format's own limit */
 #define ST_MAX_FILES 1024

@@ -14,8 +14,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "dtype.h"
-#include "status.h"
+#include "common/dtype.h"
+#include "common/status.h"
 
 #define FY_ST_MAX_DIMS 4
 

@@ -24,7 +24,7 @@
  */
 #define PCRE2_CODE_UNIT_WIDTH 8
 
-#include "tokenizer.h"
+#include "model/tokenizer.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -34,8 +34,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
-#include "mem.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 #define TOK_MAX_VOCAB (1 << 24) /* keeps ids, offsets and ranks far from int32 limits */
 #define TOK_MAX_MERGES (1 << 26)

@@ -26,8 +26,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gguf.h"
-#include "status.h"
+#include "model/gguf.h"
+#include "common/status.h"
 
 typedef struct fy_tokenizer fy_tokenizer_t;
 

@@ -37,7 +37,7 @@
  * "prefilled" or the error reported, transfer tail included), the KV
  * transfer (first put to flush done) and the job's outcome.
  */
-#include "prefill_worker.h"
+#include "prefill/prefill_worker.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -45,13 +45,13 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "clock.h"
-#include "genspec.h"
-#include "log.h"
-#include "mem.h"
-#include "rpc.h"
-#include "xgroup.h"
-#include "xstage.h"
+#include "common/clock.h"
+#include "common/genspec.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "rpc/rpc.h"
+#include "transfer/xgroup.h"
+#include "worker/xstage.h"
 
 #define MAX_PROMPT 32768
 

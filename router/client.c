@@ -4,18 +4,18 @@
  * as a client role named after the program; the router answers only the
  * client that made a request about it.
  */
-#include "client.h"
+#include "router/client.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "cluster.h"
-#include "log.h"
-#include "mem.h"
-#include "msg.h"
-#include "rpc.h"
-#include "wire.h"
+#include "common/cluster.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "common/msg.h"
+#include "rpc/rpc.h"
+#include "common/wire.h"
 
 struct fy_client {
     fy_rpc_client_t *rpc;

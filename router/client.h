@@ -17,9 +17,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "envelope.h"
-#include "genspec.h"
-#include "status.h"
+#include "common/envelope.h"
+#include "common/genspec.h"
+#include "common/status.h"
 
 typedef struct fy_client fy_client_t;
 

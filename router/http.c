@@ -45,7 +45,7 @@
  * Not here: TLS (put a proxy in front), CORS and the refusals made
  * before a handler runs (404, 405, 413: rpc/httpd.c).
  */
-#include "http.h"
+#include "router/http.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -60,20 +60,20 @@
 #include <jansson.h>
 #include <sodium.h>
 
-#include "clock.h"
-#include "cluster.h"
-#include "grammar.h"
-#include "http_parse.h"
-#include "httpd.h"
-#include "log.h"
-#include "mem.h"
-#include "prompt.h"
-#include "rpc.h"
-#include "router_int.h"
-#include "tenants.h"
-#include "tokenizer.h"
-#include "tools.h"
-#include "version.h"
+#include "common/clock.h"
+#include "common/cluster.h"
+#include "grammar/grammar.h"
+#include "router/http_parse.h"
+#include "rpc/httpd.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "model/prompt.h"
+#include "rpc/rpc.h"
+#include "router/router_int.h"
+#include "router/tenants.h"
+#include "model/tokenizer.h"
+#include "router/tools.h"
+#include "common/version.h"
 
 typedef struct fy_http fy_http_t;
 

@@ -10,7 +10,7 @@
 #ifndef FY_HTTP_H
 #define FY_HTTP_H
 
-#include "router_int.h"
+#include "router/router_int.h"
 
 /* What fy_router_run is given to start, drain and stop the front door. */
 extern const fy_router_door_t fy_http_door;

@@ -9,7 +9,7 @@
  *
  * Not here: the HTTP exchange, API keys, the router.
  */
-#include "http_parse.h"
+#include "router/http_parse.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -19,11 +19,11 @@
 
 #include <sodium.h>
 
-#include "grammar.h"
-#include "mem.h"
-#include "prompt.h"
-#include "tokenizer.h"
-#include "tools.h"
+#include "grammar/grammar.h"
+#include "common/mem.h"
+#include "model/prompt.h"
+#include "model/tokenizer.h"
+#include "router/tools.h"
 
 #define MAX_N FY_HTTP_MAX_N
 #define DEFAULT_MAX_TOKENS_COMPLETION 16 /* OpenAI's default for /v1/completions */

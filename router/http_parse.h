@@ -13,10 +13,10 @@
 
 #include <jansson.h>
 
-#include "genspec.h"
-#include "model.h"
-#include "status.h"
-#include "tools.h"
+#include "common/genspec.h"
+#include "model/model.h"
+#include "common/status.h"
+#include "router/tools.h"
 
 #define FY_HTTP_MAX_N 16 /* samples per request ("n") */
 

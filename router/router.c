@@ -21,7 +21,7 @@
  * under one mutex; nothing under it blocks (pushes never block, replies
  * are asynchronous).
  */
-#include "router_int.h"
+#include "router/router_int.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -35,24 +35,24 @@
 
 #include <sodium.h>
 
-#include "bloom.h"
-#include "clock.h"
-#include "cluster.h"
-#include "etcd.h"
-#include "evict.h"
-#include "genspec.h"
-#include "grammar.h"
-#include "kv.h"
-#include "log.h"
-#include "mem.h"
-#include "metrics.h"
-#include "model.h"
-#include "msg.h"
-#include "prompt.h"
-#include "rpc.h"
-#include "tokenizer.h"
-#include "wire.h"
-#include "workq.h"
+#include "kv/bloom.h"
+#include "common/clock.h"
+#include "common/cluster.h"
+#include "rpc/etcd.h"
+#include "kv/evict.h"
+#include "common/genspec.h"
+#include "grammar/grammar.h"
+#include "kv/kv.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "common/metrics.h"
+#include "model/model.h"
+#include "common/msg.h"
+#include "model/prompt.h"
+#include "rpc/rpc.h"
+#include "model/tokenizer.h"
+#include "common/wire.h"
+#include "router/workq.h"
 
 #define MAX_WORKERS 64
 #define N_BUCKETS 1024

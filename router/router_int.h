@@ -17,11 +17,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config.h"
-#include "genspec.h"
-#include "metrics.h"
-#include "model.h"
-#include "status.h"
+#include "common/config.h"
+#include "common/genspec.h"
+#include "common/metrics.h"
+#include "model/model.h"
+#include "common/status.h"
 
 typedef struct router router_t;
 typedef void (*fy_router_watch_fn)(void *arg);

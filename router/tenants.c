@@ -1,7 +1,7 @@
 /*
  * tenants.c - API keys to tenants, per-tenant limits (see tenants.h).
  */
-#include "tenants.h"
+#include "router/tenants.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -12,8 +12,8 @@
 
 #include <sodium.h>
 
-#include "log.h"
-#include "mem.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 #define KEY_MIN 8
 #define KEY_MAX 256

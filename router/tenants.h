@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "status.h"
+#include "common/status.h"
 
 typedef struct fy_tenants fy_tenants_t;
 typedef struct fy_tenant fy_tenant_t;

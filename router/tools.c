@@ -11,7 +11,7 @@
  *
  * Not here: the chat template (model/chat.c), HTTP (router/http*.c).
  */
-#include "tools.h"
+#include "router/tools.h"
 
 #include <errno.h>
 #include <math.h>
@@ -23,7 +23,7 @@
 
 #include <sodium.h>
 
-#include "mem.h"
+#include "common/mem.h"
 
 #define JSON_OUT (JSON_COMPACT | JSON_PRESERVE_ORDER)
 

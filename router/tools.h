@@ -19,7 +19,7 @@
 
 #include <jansson.h>
 
-#include "status.h"
+#include "common/status.h"
 
 #define FY_TOOL_NAME_MAX 64 /* bytes of a function's name (OpenAI's) */
 #define FY_TOOLS_MAX 128    /* tools per request (OpenAI's) */

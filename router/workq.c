@@ -3,15 +3,15 @@
  * (workq.h): general workers take the quick lane first, one thread takes
  * only it.
  */
-#include "workq.h"
+#include "router/workq.h"
 
 #include <pthread.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "log.h"
-#include "mem.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 #define NICE_STEP 5 /* below the process's other threads: /health and events first */
 

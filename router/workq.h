@@ -22,7 +22,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "status.h"
+#include "common/status.h"
 
 typedef struct fy_workq fy_workq_t;
 

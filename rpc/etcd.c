@@ -9,7 +9,7 @@
  * default); a streaming watch would tell of a change sooner by at most
  * that round.
  */
-#include "etcd.h"
+#include "rpc/etcd.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -25,13 +25,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "cluster.h"
-#include "config.h"
-#include "log.h"
-#include "mem.h"
-#include "metrics.h"
-#include "version.h"
+#include "common/clock.h"
+#include "common/cluster.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "common/metrics.h"
+#include "common/version.h"
 
 /* ---- parsing ------------------------------------------------------------------------------------- */
 

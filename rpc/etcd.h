@@ -35,7 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "status.h"
+#include "common/status.h"
 
 /* ---- the JSON gateway's answers (untrusted input) ---- */
 

@@ -37,7 +37,7 @@
  * Servers are kept in a process-wide list by address so that two holders
  * share one listener, as the router's API and a metrics route do.
  */
-#include "httpd.h"
+#include "rpc/httpd.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -60,10 +60,10 @@
 
 #include <microhttpd.h>
 
-#include "clock.h"
-#include "log.h"
-#include "mem.h"
-#include "metrics.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "common/metrics.h"
 
 #define MAX_PENDING (8u << 20) /* streamed bytes the client has not taken */
 #define STREAM_BLOCK 16384

@@ -54,8 +54,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config.h"
-#include "status.h"
+#include "common/config.h"
+#include "common/status.h"
 
 typedef struct fy_httpd fy_httpd_t;
 

@@ -16,7 +16,7 @@
  * it.  Not here: which fields a message holds, and whether its sender may
  * say them (the router and the workers check that).
  */
-#include "rpc.h"
+#include "rpc/rpc.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -31,11 +31,11 @@
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/protocol/reqrep0/req.h>
 
-#include "clock.h"
-#include "envelope.h"
-#include "log.h"
-#include "mem.h"
-#include "wire.h"
+#include "common/clock.h"
+#include "common/envelope.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "common/wire.h"
 
 #define SERVER_CHANNELS 4096 /* client channels a server remembers */
 #define PULL_CHANNELS 1024   /* sender channels an event stream remembers */

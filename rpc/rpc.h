@@ -36,9 +36,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "envelope.h"
-#include "msg.h"
-#include "status.h"
+#include "common/envelope.h"
+#include "common/msg.h"
+#include "common/status.h"
 
 #define FY_RPC_MAX_MSG (8u << 20) /* bytes a socket accepts in one message */
 

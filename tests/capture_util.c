@@ -9,7 +9,7 @@
  * the one asked for.  The payload is kept in the order packets arrived,
  * retransmissions included: enough to ask whether some text crossed.
  */
-#include "capture_util.h"
+#include "tests/capture_util.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -26,7 +26,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "mem.h"
+#include "common/mem.h"
 
 #define CAP_MAX (64u << 20) /* payload bytes kept at most */
 

@@ -3,7 +3,7 @@
  * cluster_util.h).
  */
 #include <dirent.h>
-#include "cluster_util.h"
+#include "tests/cluster_util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -25,16 +25,16 @@
 
 #include <sodium.h>
 
-#include "backend.h"
-#include "clock.h"
-#include "cluster.h"
-#include "metrics.h"
-#include "engine.h"
-#include "etcd.h"
-#include "mem.h"
-#include "model.h"
-#include "runner.h"
-#include "testutil.h"
+#include "kernels/backend.h"
+#include "common/clock.h"
+#include "common/cluster.h"
+#include "common/metrics.h"
+#include "engine/engine.h"
+#include "rpc/etcd.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "engine/runner.h"
+#include "tests/testutil.h"
 
 const char *tc_model(void) { return fy_test_default_model(); }
 

@@ -11,9 +11,9 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "client.h"
-#include "etcd.h"
-#include "evict.h"
+#include "router/client.h"
+#include "rpc/etcd.h"
+#include "kv/evict.h"
 
 #define TC_MAX_PROCS 8
 #define TC_MAX_ROUTERS 2

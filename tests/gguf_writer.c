@@ -1,5 +1,5 @@
 /* gguf_writer.c - GGUF v3 serializer for tests. */
-#include "gguf_writer.h"
+#include "tests/gguf_writer.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -31,9 +31,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dtype.h"
-#include "gguf_writer.h"
-#include "tinymodel.h"
+#include "common/dtype.h"
+#include "tests/gguf_writer.h"
+#include "tests/tinymodel.h"
 
 static const struct {
     fy_dtype_t t;

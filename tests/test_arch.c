@@ -15,16 +15,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "gguf.h"
-#include "gguf_writer.h"
-#include "kv.h"
-#include "mem.h"
-#include "model.h"
-#include "prompt.h"
-#include "runner.h"
-#include "testutil.h"
-#include "tinymodel.h"
+#include "kernels/backend.h"
+#include "model/gguf.h"
+#include "tests/gguf_writer.h"
+#include "kv/kv.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "model/prompt.h"
+#include "engine/runner.h"
+#include "tests/testutil.h"
+#include "tests/tinymodel.h"
 
 #define SEED 20261123u
 #define MAX_CTX 256

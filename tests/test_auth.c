@@ -28,15 +28,15 @@
 #include <nng/protocol/pipeline0/push.h>
 #include <nng/protocol/reqrep0/req.h>
 
-#include "clock.h"
-#include "cluster.h"
-#include "cluster_util.h"
-#include "envelope.h"
-#include "mem.h"
-#include "msg.h"
-#include "rpc.h"
-#include "testutil.h"
-#include "wire.h"
+#include "common/clock.h"
+#include "common/cluster.h"
+#include "tests/cluster_util.h"
+#include "common/envelope.h"
+#include "common/mem.h"
+#include "common/msg.h"
+#include "rpc/rpc.h"
+#include "tests/testutil.h"
+#include "common/wire.h"
 
 /* ---- the test as the worker's router ---- */
 

@@ -13,14 +13,14 @@
 
 #include <curl/curl.h>
 
-#include "clock.h"
-#include "cluster.h"
-#include "echo.h"
-#include "mem.h"
-#include "report.h"
-#include "run.h"
-#include "testutil.h"
-#include "workload.h"
+#include "common/clock.h"
+#include "common/cluster.h"
+#include "bench/echo.h"
+#include "common/mem.h"
+#include "bench/report.h"
+#include "bench/run.h"
+#include "tests/testutil.h"
+#include "bench/workload.h"
 
 /* The deployment's secret the nng echo and its clients share (in the test's directory). */
 static const char *bench_secret(void)

@@ -21,8 +21,8 @@
 
 #include <jansson.h>
 
-#include "cluster_util.h"
-#include "testutil.h"
+#include "tests/cluster_util.h"
+#include "tests/testutil.h"
 
 /* Runs `ferry chaos` with args (NULL-terminated, after the binary and
  * "chaos"); its JSON summary must show no failure and no leaked block,

@@ -13,10 +13,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "chat.h"
-#include "gguf.h"
-#include "mem.h"
-#include "testutil.h"
+#include "model/chat.h"
+#include "model/gguf.h"
+#include "common/mem.h"
+#include "tests/testutil.h"
 
 /* ---- templates, as the models ship them (tokenizer.chat_template) -------- */
 

@@ -27,9 +27,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "mem.h"
-#include "rpc.h"
-#include "testutil.h"
+#include "common/mem.h"
+#include "rpc/rpc.h"
+#include "tests/testutil.h"
 
 #define RUN_DEADLINE_S 30.0
 

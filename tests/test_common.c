@@ -13,11 +13,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "clock.h"
-#include "envelope.h"
-#include "mem.h"
-#include "strbuf.h"
-#include "testutil.h"
+#include "common/clock.h"
+#include "common/envelope.h"
+#include "common/mem.h"
+#include "common/strbuf.h"
+#include "tests/testutil.h"
 
 /* ---- clock ---- */
 

@@ -24,11 +24,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cluster.h"
-#include "config.h"
-#include "cpuset.h"
-#include "mem.h"
-#include "testutil.h"
+#include "common/cluster.h"
+#include "common/config.h"
+#include "common/cpuset.h"
+#include "common/mem.h"
+#include "tests/testutil.h"
 
 static fy_config_t *make(const char *text)
 {

@@ -12,12 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "cuda_attn.h"
-#include "cuda_plan.h"
-#include "cuda_qblock.h"
-#include "mem.h"
-#include "testutil.h"
+#include "kernels/backend.h"
+#include "kernels/cuda_attn.h"
+#include "kernels/cuda_plan.h"
+#include "kernels/cuda_qblock.h"
+#include "common/mem.h"
+#include "tests/testutil.h"
 
 #define SEED 20240909u
 #define DIM 256

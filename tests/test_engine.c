@@ -20,18 +20,18 @@
 #include <jansson.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "clock.h"
-#include "config.h"
-#include "engine.h"
-#include "engine_config.h"
-#include "worker_config.h"
-#include "gguf_writer.h"
-#include "mem.h"
-#include "model.h"
-#include "runner.h"
-#include "testutil.h"
-#include "tinymodel.h"
+#include "kernels/backend.h"
+#include "common/clock.h"
+#include "common/config.h"
+#include "engine/engine.h"
+#include "engine/engine_config.h"
+#include "worker/worker_config.h"
+#include "tests/gguf_writer.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "engine/runner.h"
+#include "tests/testutil.h"
+#include "tests/tinymodel.h"
 
 #define MAX_OUT 256
 

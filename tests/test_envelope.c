@@ -10,9 +10,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "envelope.h"
-#include "mem.h"
-#include "testutil.h"
+#include "common/envelope.h"
+#include "common/mem.h"
+#include "tests/testutil.h"
 
 static const uint8_t SECRET[32] = "the deployment secret, 32 bytes";
 static const uint8_t OTHER[32] = "another deployment's secret....";

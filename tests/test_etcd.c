@@ -37,13 +37,13 @@
 
 #include <jansson.h>
 
-#include "clock.h"
-#include "cluster.h"
-#include "cluster_util.h"
-#include "etcd.h"
-#include "mem.h"
-#include "rpc.h"
-#include "testutil.h"
+#include "common/clock.h"
+#include "common/cluster.h"
+#include "tests/cluster_util.h"
+#include "rpc/etcd.h"
+#include "common/mem.h"
+#include "rpc/rpc.h"
+#include "tests/testutil.h"
 
 /* ---- the parsers ---- */
 

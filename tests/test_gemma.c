@@ -21,14 +21,14 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "generate.h"
-#include "kv.h"
-#include "mem.h"
-#include "model.h"
-#include "prompt.h"
-#include "runner.h"
-#include "testutil.h"
+#include "kernels/backend.h"
+#include "engine/generate.h"
+#include "kv/kv.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "model/prompt.h"
+#include "engine/runner.h"
+#include "tests/testutil.h"
 
 static fy_model_t *g_model;
 static const char *g_path;

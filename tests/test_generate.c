@@ -10,13 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "chat.h"
-#include "generate.h"
-#include "mem.h"
-#include "model.h"
-#include "runner.h"
-#include "testutil.h"
+#include "kernels/backend.h"
+#include "model/chat.h"
+#include "engine/generate.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "engine/runner.h"
+#include "tests/testutil.h"
 
 typedef struct run {
     int32_t tokens[256];

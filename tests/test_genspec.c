@@ -10,9 +10,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "genspec.h"
-#include "mem.h"
-#include "testutil.h"
+#include "common/genspec.h"
+#include "common/mem.h"
+#include "tests/testutil.h"
 
 #define CAP 1000 /* max_tokens cap on both sides */
 

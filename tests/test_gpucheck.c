@@ -21,8 +21,8 @@
 #include <sys/wait.h>
 #include <dirent.h>
 
-#include "mem.h"
-#include "testutil.h"
+#include "common/mem.h"
+#include "tests/testutil.h"
 
 /* runs cmd (a shell line) with its output into out_file; the exit status */
 static int run_sh(const char *cmd, const char *out_file)

@@ -19,13 +19,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "gguf.h"
-#include "grammar.h"
-#include "mem.h"
-#include "testutil.h"
-#include "token_trie.h"
-#include "tokenizer.h"
+#include "common/clock.h"
+#include "model/gguf.h"
+#include "grammar/grammar.h"
+#include "common/mem.h"
+#include "tests/testutil.h"
+#include "grammar/token_trie.h"
+#include "model/tokenizer.h"
 
 #define SEED 0x6a5d17u
 

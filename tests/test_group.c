@@ -24,10 +24,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "group.h"
-#include "mem.h"
-#include "testutil.h"
+#include "common/clock.h"
+#include "engine/group.h"
+#include "common/mem.h"
+#include "tests/testutil.h"
 
 enum { MAX_RANKS = 64, SEED = 21 };
 

@@ -31,13 +31,13 @@
 
 #include <jansson.h>
 
-#include "clock.h"
-#include "cluster_util.h"
-#include "mem.h"
-#include "metrics.h"
-#include "model.h"
-#include "testutil.h"
-#include "tokenizer.h"
+#include "common/clock.h"
+#include "tests/cluster_util.h"
+#include "common/mem.h"
+#include "common/metrics.h"
+#include "model/model.h"
+#include "tests/testutil.h"
+#include "model/tokenizer.h"
 
 static tc_cluster_t C;
 static int PORT;

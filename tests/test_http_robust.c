@@ -39,12 +39,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "cluster_util.h"
-#include "mem.h"
-#include "model.h"
-#include "testutil.h"
-#include "tokenizer.h"
+#include "common/clock.h"
+#include "tests/cluster_util.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "tests/testutil.h"
+#include "model/tokenizer.h"
 
 static int32_t decode_assigned(tc_cluster_t *c)
 {

@@ -34,10 +34,10 @@
 
 #include <jansson.h>
 
-#include "clock.h"
-#include "cluster_util.h"
-#include "mem.h"
-#include "testutil.h"
+#include "common/clock.h"
+#include "tests/cluster_util.h"
+#include "common/mem.h"
+#include "tests/testutil.h"
 
 static tc_cluster_t C;
 static int PORT;

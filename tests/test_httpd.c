@@ -19,11 +19,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "cluster_util.h"
-#include "httpd.h"
-#include "mem.h"
-#include "testutil.h"
+#include "common/clock.h"
+#include "tests/cluster_util.h"
+#include "rpc/httpd.h"
+#include "common/mem.h"
+#include "tests/testutil.h"
 
 /* ---- a server whose handlers the tests steer ---- */
 

@@ -35,12 +35,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "cluster.h"
-#include "cluster_util.h"
-#include "httpd.h"
-#include "mem.h"
-#include "testutil.h"
+#include "common/clock.h"
+#include "common/cluster.h"
+#include "tests/cluster_util.h"
+#include "rpc/httpd.h"
+#include "common/mem.h"
+#include "tests/testutil.h"
 
 static char g_certs[512];
 static char g_other_ca[600]; /* another deployment's CA */

@@ -11,15 +11,15 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend.h"
-#include "clock.h"
-#include "cpu_kernels.h"
-#include "dtype.h"
-#include "kv.h"
-#include "mem.h"
-#include "stats.h" /* bench/: cmp_double */
-#include "testutil.h"
-#include "threadpool.h"
+#include "kernels/backend.h"
+#include "common/clock.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "common/dtype.h"
+#include "kv/kv.h"
+#include "common/mem.h"
+#include "bench/stats.h" /* bench/: cmp_double */
+#include "tests/testutil.h"
+#include "kernels/cpu/threadpool.h"
 
 /* ---- formats ------------------------------------------------------------------------ */
 

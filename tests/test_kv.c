@@ -18,12 +18,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "engine_config.h"
-#include "worker_config.h"
-#include "kv.h"
-#include "mem.h"
-#include "testutil.h"
+#include "common/config.h"
+#include "engine/engine_config.h"
+#include "worker/worker_config.h"
+#include "kv/kv.h"
+#include "common/mem.h"
+#include "tests/testutil.h"
 
 typedef struct arenas {
     fy_kv_layout_t lay;

@@ -10,13 +10,13 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "gguf.h"
-#include "gguf_writer.h"
-#include "mem.h"
-#include "model.h"
-#include "safetensors.h"
-#include "testutil.h"
-#include "tinymodel.h"
+#include "model/gguf.h"
+#include "tests/gguf_writer.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+#include "tests/testutil.h"
+#include "tests/tinymodel.h"
 
 static uint8_t *g_good;
 static size_t g_good_len;

@@ -14,13 +14,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "cluster_util.h"
-#include "httpd.h"
-#include "mem.h"
-#include "metrics.h"
-#include "node_metrics.h"
-#include "testutil.h"
+#include "common/clock.h"
+#include "tests/cluster_util.h"
+#include "rpc/httpd.h"
+#include "common/mem.h"
+#include "common/metrics.h"
+#include "worker/node_metrics.h"
+#include "tests/testutil.h"
 
 /* ---- the registry ---------------------------------------------------------------------------- */
 

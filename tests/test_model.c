@@ -9,17 +9,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "cpu_kernels.h"
-#include "exact.h"
-#include "gguf_writer.h"
-#include "kv.h"
-#include "mem.h"
-#include "model.h"
-#include "runner.h"
-#include "testutil.h"
-#include "tinymodel.h"
-#include "tokenizer.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "engine/exact.h"
+#include "tests/gguf_writer.h"
+#include "kv/kv.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "engine/runner.h"
+#include "tests/testutil.h"
+#include "tests/tinymodel.h"
+#include "model/tokenizer.h"
 
 #define N_TOK 45 /* straddles block boundaries at 8, 16 and 32 */
 

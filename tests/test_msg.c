@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "genspec.h"
-#include "mem.h"
-#include "msg.h"
-#include "testutil.h"
+#include "common/genspec.h"
+#include "common/mem.h"
+#include "common/msg.h"
+#include "tests/testutil.h"
 
 static void *build_sample(size_t *len)
 {

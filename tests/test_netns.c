@@ -31,10 +31,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "capture_util.h"
-#include "cluster_util.h"
-#include "mem.h"
-#include "testutil.h"
+#include "tests/capture_util.h"
+#include "tests/cluster_util.h"
+#include "common/mem.h"
+#include "tests/testutil.h"
 
 static char g_ns[4][32]; /* router, prefill, decode, bridge */
 static char g_if[3][16];

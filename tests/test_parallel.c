@@ -19,17 +19,17 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine.h"
-#include "engine_config.h"
-#include "generate.h"
-#include "gguf_writer.h"
-#include "kv.h"
-#include "mem.h"
-#include "prompt.h"
-#include "model.h"
-#include "runner.h"
-#include "testutil.h"
-#include "tinymodel.h"
+#include "engine/engine.h"
+#include "engine/engine_config.h"
+#include "engine/generate.h"
+#include "tests/gguf_writer.h"
+#include "kv/kv.h"
+#include "common/mem.h"
+#include "model/prompt.h"
+#include "model/model.h"
+#include "engine/runner.h"
+#include "tests/testutil.h"
+#include "tests/tinymodel.h"
 
 #define N_PROMPT 13 /* prefilled in one chunk of 13: straddles a block of 8 */
 #define N_DECODE 6  /* then one token a step */

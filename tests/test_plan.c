@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvplan.h"
-#include "mem.h"
-#include "testutil.h"
+#include "kv/kvplan.h"
+#include "common/mem.h"
+#include "tests/testutil.h"
 
 static void test_parse_size(void **state)
 {

@@ -27,16 +27,16 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "engine_config.h"
-#include "worker_config.h"
-#include "gguf_writer.h"
-#include "kvplan.h"
-#include "mem.h"
-#include "model.h"
-#include "prompt.h"
-#include "testutil.h"
-#include "tinymodel.h"
+#include "common/config.h"
+#include "engine/engine_config.h"
+#include "worker/worker_config.h"
+#include "tests/gguf_writer.h"
+#include "kv/kvplan.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "model/prompt.h"
+#include "tests/testutil.h"
+#include "tests/tinymodel.h"
 
 #define RUN_DEADLINE_S 120.0 /* a real model's prompt on a loaded 2-core machine */
 

@@ -28,11 +28,11 @@
 
 #include <jansson.h>
 
-#include "clock.h"
-#include "cluster_util.h"
-#include "genspec.h"
-#include "mem.h"
-#include "testutil.h"
+#include "common/clock.h"
+#include "tests/cluster_util.h"
+#include "common/genspec.h"
+#include "common/mem.h"
+#include "tests/testutil.h"
 
 #define DASHBOARD "docs/grafana/ferry.json"
 #define MODEL_NAME "ferry-test-model"

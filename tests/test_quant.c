@@ -19,13 +19,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "cpu_kernels.h"
-#include "dtype.h"
-#include "gguf.h"
-#include "gguf_writer.h"
-#include "mem.h"
-#include "testutil.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "common/dtype.h"
+#include "model/gguf.h"
+#include "tests/gguf_writer.h"
+#include "common/mem.h"
+#include "tests/testutil.h"
 
 typedef struct qtype {
     fy_dtype_t t;

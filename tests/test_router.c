@@ -25,15 +25,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "cluster.h"
-#include "cluster_util.h"
-#include "envelope.h"
-#include "mem.h"
-#include "msg.h"
-#include "rpc.h"
-#include "testutil.h"
-#include "wire.h"
+#include "common/clock.h"
+#include "common/cluster.h"
+#include "tests/cluster_util.h"
+#include "common/envelope.h"
+#include "common/mem.h"
+#include "common/msg.h"
+#include "rpc/rpc.h"
+#include "tests/testutil.h"
+#include "common/wire.h"
 
 /* without etcd there is one router, named "router" (worker/node.c addresses it so) */
 static const fy_env_peer_t TO_ROUTER = {.role = FY_ROLE_ROUTER, .name = "router"};

@@ -30,11 +30,11 @@
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/protocol/reqrep0/req.h>
 
-#include "clock.h"
-#include "envelope.h"
-#include "mem.h"
-#include "rpc.h"
-#include "testutil.h"
+#include "common/clock.h"
+#include "common/envelope.h"
+#include "common/mem.h"
+#include "rpc/rpc.h"
+#include "tests/testutil.h"
 
 static const uint8_t SECRET[32] = "test_rpc's deployment secret...";
 static const uint8_t OTHER[32] = "somebody else's secret.........";

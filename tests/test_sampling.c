@@ -9,11 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mem.h"
-#include "logits.h"
-#include "sampler.h"
-#include "stop.h"
-#include "testutil.h"
+#include "common/mem.h"
+#include "engine/logits.h"
+#include "engine/sampler.h"
+#include "engine/stop.h"
+#include "tests/testutil.h"
 
 #define V 8
 

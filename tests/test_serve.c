@@ -31,12 +31,12 @@
 
 #include <jansson.h>
 
-#include "clock.h"
-#include "cluster_util.h"
-#include "mem.h"
-#include "model.h"
-#include "prompt.h"
-#include "testutil.h"
+#include "common/clock.h"
+#include "tests/cluster_util.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "model/prompt.h"
+#include "tests/testutil.h"
 
 #define START_DEADLINE_S 90.0 /* model loads on a loaded 2-core machine */
 

@@ -15,17 +15,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "engine.h"
-#include "genspec.h"
-#include "gguf_writer.h"
-#include "mem.h"
-#include "model.h"
-#include "prompt.h"
-#include "runner.h"
-#include "spec.h"
-#include "testutil.h"
-#include "tinymodel.h"
+#include "kernels/backend.h"
+#include "engine/engine.h"
+#include "common/genspec.h"
+#include "tests/gguf_writer.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "model/prompt.h"
+#include "engine/runner.h"
+#include "engine/spec.h"
+#include "tests/testutil.h"
+#include "tests/tinymodel.h"
 
 #define SEED 20261121ull
 #define MAX_OUT 160

@@ -35,13 +35,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "cluster.h"
-#include "mem.h"
-#include "testutil.h"
+#include "common/clock.h"
+#include "common/cluster.h"
+#include "common/mem.h"
+#include "tests/testutil.h"
 
 /* tools/ objects are linked into bin/ferry only, not into libferry.a */
-#include "supervise.c"
+#include "tools/supervise.c"
 
 #define DEADLINE_S 10.0
 

@@ -8,8 +8,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "tenants.h"
-#include "testutil.h"
+#include "router/tenants.h"
+#include "tests/testutil.h"
 
 static fy_tenants_t *load(const char *text, fy_status_t want)
 {

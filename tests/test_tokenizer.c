@@ -12,11 +12,11 @@
 
 #include <jansson.h>
 
-#include "clock.h"
-#include "gguf_writer.h"
-#include "mem.h"
-#include "testutil.h"
-#include "tokenizer.h"
+#include "common/clock.h"
+#include "tests/gguf_writer.h"
+#include "common/mem.h"
+#include "tests/testutil.h"
+#include "model/tokenizer.h"
 
 #define SEED 0x7e57c0de
 #define SP "\xe2\x96\x81" /* U+2581, "▁" */

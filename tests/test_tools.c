@@ -27,15 +27,15 @@
 #include <jansson.h>
 #include <sodium.h>
 
-#include "cluster_util.h"
-#include "gguf_writer.h"
-#include "http_parse.h"
-#include "mem.h"
-#include "model.h"
-#include "testutil.h"
-#include "tinymodel.h"
-#include "tokenizer.h"
-#include "tools.h"
+#include "tests/cluster_util.h"
+#include "tests/gguf_writer.h"
+#include "router/http_parse.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "tests/testutil.h"
+#include "tests/tinymodel.h"
+#include "model/tokenizer.h"
+#include "router/tools.h"
 
 /* ---- output parsing ------------------------------------------------------ */
 

@@ -16,12 +16,12 @@
 
 #include <msgpack.h>
 
-#include "envelope.h"
-#include "mem.h"
-#include "rpc.h"
-#include "testutil.h"
-#include "wire.h"
-#include "wire_examples.h"
+#include "common/envelope.h"
+#include "common/mem.h"
+#include "rpc/rpc.h"
+#include "tests/testutil.h"
+#include "common/wire.h"
+#include "tests/wire_examples.h"
 
 #define PROTOCOL_MD "docs/protocol.md"
 #define WIRE_DICT "tests/fuzz/wire.dict"

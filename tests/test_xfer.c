@@ -21,14 +21,14 @@
 
 #include <ucp/api/ucp.h>
 
-#include "clock.h"
-#include "kvplan.h"
-#include "mem.h"
-#include "reshard.h"
-#include "testutil.h"
-#include "xfer.h"
-#include "xgroup.h"
-#include "xfer_wire.h"
+#include "common/clock.h"
+#include "kv/kvplan.h"
+#include "common/mem.h"
+#include "transfer/reshard.h"
+#include "tests/testutil.h"
+#include "transfer/xfer.h"
+#include "transfer/xgroup.h"
+#include "transfer/xfer_wire.h"
 
 #define SEED 0x5eedf00dull
 

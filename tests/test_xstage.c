@@ -14,13 +14,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "clock.h"
-#include "mem.h"
-#include "testutil.h"
-#include "xfer.h"
-#include "xgroup.h"
-#include "xstage.h"
+#include "kernels/backend.h"
+#include "common/clock.h"
+#include "common/mem.h"
+#include "tests/testutil.h"
+#include "transfer/xfer.h"
+#include "transfer/xgroup.h"
+#include "worker/xstage.h"
 
 #define BB 256u   /* bytes of a block */
 #define N_POOL 64 /* the sender's pool blocks */

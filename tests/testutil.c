@@ -1,5 +1,5 @@
 /* testutil.c - shared helpers for the tests. */
-#include "testutil.h"
+#include "tests/testutil.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -19,10 +19,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "config.h"
-#include "envelope.h"
-#include "mem.h"
+#include "common/clock.h"
+#include "common/config.h"
+#include "common/envelope.h"
+#include "common/mem.h"
 
 #define LOG_CAP (64 * 1024)
 /* lines arrive from any thread (nng's, the transfer's, the engine's) */

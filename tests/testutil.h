@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "log.h"
+#include "common/log.h"
 
 /* Captures log lines (all levels) until fy_test_log_end(); the text of the
  * captured lines, newline-separated, is in fy_test_log_text() (read it

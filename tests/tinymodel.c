@@ -1,5 +1,5 @@
 /* tinymodel.c - tiny random models of every architecture for tests, and their reference forward pass. */
-#include "tinymodel.h"
+#include "tests/tinymodel.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -8,9 +8,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "dtype.h"
-#include "gguf_writer.h"
-#include "testutil.h"
+#include "common/dtype.h"
+#include "tests/gguf_writer.h"
+#include "tests/testutil.h"
 
 #define N_SPECIAL 3
 

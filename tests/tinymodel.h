@@ -19,7 +19,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "model.h"
+#include "model/model.h"
 
 typedef enum fy_tiny_rope_scaling {
     FY_TINY_ROPE_NONE = 0,

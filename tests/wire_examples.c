@@ -2,7 +2,7 @@
  * wire_examples.c - an example of every control-plane message (see
  * wire_examples.h).
  */
-#include "wire_examples.h"
+#include "tests/wire_examples.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -10,7 +10,7 @@
 #ifndef FY_WIRE_EXAMPLES_H
 #define FY_WIRE_EXAMPLES_H
 
-#include "wire.h"
+#include "common/wire.h"
 
 /* What the examples assume of their reader: a 49152-token vocabulary,
  * 4096-token prompts, an 8192-token context, 16-token blocks, replies

@@ -77,15 +77,15 @@
 
 #include <jansson.h>
 
-#include "cli.h"
-#include "cluster.h"
-#include "client.h"
-#include "clock.h"
-#include "commands.h"
-#include "config.h"
-#include "metrics.h"
-#include "mem.h"
-#include "wire.h"
+#include "tools/cli.h"
+#include "common/cluster.h"
+#include "router/client.h"
+#include "common/clock.h"
+#include "tools/commands.h"
+#include "common/config.h"
+#include "common/metrics.h"
+#include "common/mem.h"
+#include "common/wire.h"
 
 #define MAX_CLIENTS 32
 #define MAX_SETS 64

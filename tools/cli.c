@@ -2,7 +2,7 @@
  * cli.c - option-value parsers and the file reader the ferry subcommands
  * share (cli.h).  A leaf: it knows no subcommand.
  */
-#include "cli.h"
+#include "tools/cli.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mem.h"
+#include "common/mem.h"
 
 bool fy_cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out)
 {

@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "config.h"
+#include "common/config.h"
 
 /* The model a command runs when given none (`make model` fetches it). */
 #define FY_CLI_DEFAULT_MODEL FY_DEFAULT_MODEL_PATH /* the key table's model.path (config.h) */

@@ -27,16 +27,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "cli.h"
-#include "commands.h"
-#include "engine_config.h"
-#include "kv.h"
-#include "log.h"
-#include "mem.h"
-#include "model.h"
-#include "runner.h"
-#include "sampler.h"
+#include "kernels/backend.h"
+#include "tools/cli.h"
+#include "tools/commands.h"
+#include "engine/engine_config.h"
+#include "kv/kv.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "engine/runner.h"
+#include "engine/sampler.h"
 
 typedef struct side {
     const char *device;

@@ -16,9 +16,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli.h"
-#include "commands.h"
-#include "config.h"
+#include "tools/cli.h"
+#include "tools/commands.h"
+#include "common/config.h"
 
 static void usage(FILE *f)
 {

@@ -16,19 +16,19 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "commands.h"
-#include "prompt.h"
-#include "cli.h"
-#include "cluster.h"
-#include "engine_config.h"
-#include "generate.h"
-#include "log.h"
-#include "mem.h"
-#include "model.h"
-#include "rpc.h"
-#include "runner.h"
-#include "stop.h"
+#include "kernels/backend.h"
+#include "tools/commands.h"
+#include "model/prompt.h"
+#include "tools/cli.h"
+#include "common/cluster.h"
+#include "engine/engine_config.h"
+#include "engine/generate.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "rpc/rpc.h"
+#include "engine/runner.h"
+#include "engine/stop.h"
 
 /* ---- ferry generate --------------------------------------------------------------- */
 

@@ -13,10 +13,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli.h"
-#include "cluster.h"
-#include "commands.h"
-#include "config.h"
+#include "tools/cli.h"
+#include "common/cluster.h"
+#include "tools/commands.h"
+#include "common/config.h"
 
 static void usage(FILE *f)
 {

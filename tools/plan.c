@@ -8,12 +8,12 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli.h"
-#include "commands.h"
-#include "kv.h"
-#include "kvplan.h"
-#include "log.h"
-#include "model.h"
+#include "tools/cli.h"
+#include "tools/commands.h"
+#include "kv/kv.h"
+#include "kv/kvplan.h"
+#include "common/log.h"
+#include "model/model.h"
 
 static void usage(FILE *f)
 {

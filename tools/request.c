@@ -9,12 +9,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "client.h"
-#include "cluster.h"
-#include "commands.h"
-#include "log.h"
-#include "mem.h"
+#include "tools/cli.h"
+#include "router/client.h"
+#include "common/cluster.h"
+#include "tools/commands.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 static volatile sig_atomic_t interrupted;
 

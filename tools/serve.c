@@ -58,18 +58,18 @@
 #include <jansson.h>
 #include <sodium.h>
 
-#include "cli.h"
-#include "client.h"
-#include "clock.h"
-#include "cluster.h"
-#include "commands.h"
-#include "config.h"
-#include "etcd.h"
-#include "httpd.h"
-#include "log.h"
-#include "mem.h"
-#include "metrics.h"
-#include "supervise.h"
+#include "tools/cli.h"
+#include "router/client.h"
+#include "common/clock.h"
+#include "common/cluster.h"
+#include "tools/commands.h"
+#include "common/config.h"
+#include "rpc/etcd.h"
+#include "rpc/httpd.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "common/metrics.h"
+#include "tools/supervise.h"
 
 #define MAX_CHILDREN 64
 #define ROUTER_STOP_MARGIN_S 5.0 /* after its drain, for the router to end what is left and exit */

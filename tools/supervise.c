@@ -15,7 +15,7 @@
  *
  * Not here: what the children are (tools/serve.c).
  */
-#include "supervise.h"
+#include "tools/supervise.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -36,9 +36,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "log.h"
-#include "mem.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434 /* the same number on every architecture */

@@ -109,7 +109,7 @@
 #include <stdbool.h>
 #include <sys/types.h>
 
-#include "status.h"
+#include "common/status.h"
 
 typedef struct fy_sup fy_sup_t;
 

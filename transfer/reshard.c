@@ -1,11 +1,11 @@
 /* reshard.c - KV pieces between rank groups of different shapes (reshard.h). */
-#include "reshard.h"
+#include "transfer/reshard.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "log.h"
+#include "common/log.h"
 
 /* Bytes of one head of one layer's K (or V) in a block, from the shard. */
 static bool head_bytes(const fy_xfer_layout_t *l, uint64_t *hb_p)

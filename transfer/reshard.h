@@ -26,8 +26,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "status.h"
-#include "xfer.h"
+#include "common/status.h"
+#include "transfer/xfer.h"
 
 /* fy_xfer_piece_t (xfer.h): len bytes at src_off of a source block go to dst_off of dst_rank's block. */
 

@@ -20,7 +20,7 @@
  *
  * Not here: the byte formats (xfer_wire.c).
  */
-#include "xfer.h"
+#include "transfer/xfer.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -44,11 +44,11 @@
 
 #include <ucp/api/ucp.h>
 
-#include "clock.h"
-#include "log.h"
-#include "mem.h"
-#include "reshard.h"
-#include "xfer_wire.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "transfer/reshard.h"
+#include "transfer/xfer_wire.h"
 
 #define DEFAULT_CONNECT_TIMEOUT_S 5.0
 #define SHUTDOWN_LIMIT_S 2.0 /* forced closes complete at once; graceful ones need a live peer */

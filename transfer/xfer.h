@@ -38,7 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "status.h"
+#include "common/status.h"
 
 /* ---- the layout descriptor ----------------------------------------------------------------- */
 

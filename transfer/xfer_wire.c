@@ -4,14 +4,14 @@
  * Explicit little-endian so that the format does not depend on the
  * compiler's struct layout or the host's byte order.
  */
-#include "xfer_wire.h"
+#include "transfer/xfer_wire.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "log.h"
-#include "mem.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 /* ---- little-endian helpers ------------------------------------------------------------------- */
 

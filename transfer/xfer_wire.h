@@ -13,8 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "status.h"
-#include "xfer.h"
+#include "common/status.h"
+#include "transfer/xfer.h"
 
 #define FY_XFER_WIRE_VERSION 3 /* 2: the layout carries the KV groups; 3: and the rank's shard */
 #define FY_XFER_NAME_LEN 64    /* peer names in blobs and hellos, NUL-padded */

@@ -1,15 +1,15 @@
 /* xgroup.c - a rank group's KV data plane: an engine per rank, jobs per rank pair (xgroup.h). */
-#include "xgroup.h"
+#include "transfer/xgroup.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "log.h"
-#include "mem.h"
-#include "reshard.h"
-#include "xfer_wire.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "transfer/reshard.h"
+#include "transfer/xfer_wire.h"
 
 /* ---- the group descriptor ---------------------------------------------------------------------- */
 

@@ -37,8 +37,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "status.h"
-#include "xfer.h"
+#include "common/status.h"
+#include "transfer/xfer.h"
 
 #define FY_XGROUP_MAX_RANKS 64
 

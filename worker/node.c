@@ -26,7 +26,7 @@
  * The HTTP server comes up last and goes after the engine: /health says
  * 503 while the worker drains.
  */
-#include "node.h"
+#include "worker/node.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -37,24 +37,24 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "bloom.h"
-#include "clock.h"
-#include "cluster.h"
-#include "cpuset.h"
-#include "engine_config.h"
-#include "etcd.h"
-#include "log.h"
-#include "httpd.h"
-#include "mem.h"
-#include "metrics.h"
-#include "node_metrics.h"
-#include "rpc.h"
-#include "wire.h"
-#include "spec.h"
-#include "xgroup.h"
-#include "xstage.h"
-#include "worker_config.h"
+#include "kernels/backend.h"
+#include "kv/bloom.h"
+#include "common/clock.h"
+#include "common/cluster.h"
+#include "common/cpuset.h"
+#include "engine/engine_config.h"
+#include "rpc/etcd.h"
+#include "common/log.h"
+#include "rpc/httpd.h"
+#include "common/mem.h"
+#include "common/metrics.h"
+#include "worker/node_metrics.h"
+#include "rpc/rpc.h"
+#include "common/wire.h"
+#include "engine/spec.h"
+#include "transfer/xgroup.h"
+#include "worker/xstage.h"
+#include "worker/worker_config.h"
 
 #define RANK_SYNC_S 1.0       /* a timing report is a command to every rank: not every tick */
 #define METRICS_SYNC_S 0.05   /* figures in /metrics are at most this much older than a tick */

@@ -20,16 +20,16 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "config.h"
-#include "engine.h"
-#include "genspec.h"
-#include "kv.h"
-#include "metrics.h"
-#include "model.h"
-#include "msg.h"
-#include "runner.h"
-#include "status.h"
-#include "wire.h"
+#include "common/config.h"
+#include "engine/engine.h"
+#include "common/genspec.h"
+#include "kv/kv.h"
+#include "common/metrics.h"
+#include "model/model.h"
+#include "common/msg.h"
+#include "engine/runner.h"
+#include "common/status.h"
+#include "common/wire.h"
 
 typedef struct fy_node fy_node_t;
 typedef struct fy_xgroup fy_xgroup_t;

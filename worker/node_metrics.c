@@ -3,13 +3,13 @@
  * verdict (see node_metrics.h).  Names follow vLLM's where the meaning is
  * the same, under ferry:; docs/operations.md lists them.
  */
-#include "node_metrics.h"
+#include "worker/node_metrics.h"
 
 #include <stdio.h>
 #include <string.h>
 
-#include "log.h"
-#include "mem.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 struct fy_node_series {
     fy_metrics_t *reg;

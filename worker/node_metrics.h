@@ -15,11 +15,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "engine.h"
-#include "kv.h"
-#include "metrics.h"
-#include "status.h"
-#include "xfer.h"
+#include "engine/engine.h"
+#include "kv/kv.h"
+#include "common/metrics.h"
+#include "common/status.h"
+#include "transfer/xfer.h"
 
 typedef struct fy_node_series fy_node_series_t;
 

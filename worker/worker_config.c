@@ -2,14 +2,14 @@
  * worker_config.c - a worker's engine build from its configuration (see
  * worker_config.h).
  */
-#include "worker_config.h"
+#include "worker/worker_config.h"
 
 #include <errno.h>
 #include <sodium.h>
 #include <string.h>
 
-#include "cluster.h"
-#include "log.h"
+#include "common/cluster.h"
+#include "common/log.h"
 
 /* A decode worker's speculative decoding from decode.spec*: the method and
  * its controller into sp, the draft's spec ("draft:FILE", "self:L") and

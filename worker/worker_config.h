@@ -7,9 +7,9 @@
 #ifndef FY_WORKER_CONFIG_H
 #define FY_WORKER_CONFIG_H
 
-#include "config.h"
-#include "engine_config.h"
-#include "status.h"
+#include "common/config.h"
+#include "engine/engine_config.h"
+#include "common/status.h"
 
 /*
  * What a worker of role ("prefill" or "decode") builds, from c through the

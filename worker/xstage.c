@@ -1,12 +1,12 @@
 /* xstage.c - KV through pinned host staging slots (xstage.h). */
-#include "xstage.h"
+#include "worker/xstage.h"
 
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "log.h"
-#include "mem.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 fy_status_t fy_xstage_choose(const char *asked, bool device_memory, bool ucx_cuda, fy_xfer_mem_t *mem_p, char *why,
                              size_t cap)

@@ -49,11 +49,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend.h"
-#include "kv.h"
-#include "status.h"
-#include "xfer.h"
-#include "xgroup.h"
+#include "kernels/backend.h"
+#include "kv/kv.h"
+#include "common/status.h"
+#include "transfer/xfer.h"
+#include "transfer/xgroup.h"
 
 /* What worker.kv_transfer asks for ("auto", "direct", "staged"), for a KV
  * pool that is device memory or not (fy_backend_device_memory) and a UCX

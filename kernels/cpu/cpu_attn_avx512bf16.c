@@ -11,8 +11,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "cpu_attn_x512.h"
-#include "cpu_kernels.h"
+#include "kernels/cpu/cpu_attn_x512.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 /* 16 K/V elements of a row as f32 */
 static inline __attribute__((always_inline)) __m512 load16(const void *p, int64_t i, const int f16)

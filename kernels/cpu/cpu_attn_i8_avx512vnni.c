@@ -9,8 +9,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "cpu_attn_x512.h"
-#include "cpu_kernels.h"
+#include "kernels/cpu/cpu_attn_x512.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 void fy_attn_q8_quantize(const float *q, int G, int hd, int8_t *qc, float *qs, int32_t *qsum)
 {

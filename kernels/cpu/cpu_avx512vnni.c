@@ -3,4 +3,4 @@
 #define FY_X86_TABLE fy_cpu_kernels_avx512vnni
 #define FY_X86_NAME "avx512vnni"
 #define FY_X86_VNNI 2
-#include "cpu_x86.h"
+#include "kernels/cpu/cpu_x86.h"

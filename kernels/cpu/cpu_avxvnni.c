@@ -2,4 +2,4 @@
 #define FY_X86_TABLE fy_cpu_kernels_avxvnni
 #define FY_X86_NAME "avxvnni"
 #define FY_X86_VNNI 1
-#include "cpu_x86.h"
+#include "kernels/cpu/cpu_x86.h"

@@ -14,13 +14,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backend_impl.h"
-#include "cpu_kernels.h"
-#include "cpuset.h"
-#include "log.h"
-#include "mem.h"
-#include "threadpool.h"
-#include "cpuset.h"
+#include "kernels/backend_impl.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "common/cpuset.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "kernels/cpu/threadpool.h"
+#include "common/cpuset.h"
 
 #define MAX_GROUP FY_ATTN_MAX_GROUP /* query heads per kv head */
 #define MAX_HEAD_DIM 512

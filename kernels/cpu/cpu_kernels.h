@@ -42,7 +42,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dtype.h"
+#include "common/dtype.h"
 
 /* An activation row quantized to 8 bits, as a structure of arrays so that
  * the scales of 8 consecutive blocks load as one vector: block b holds

@@ -6,9 +6,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "mem.h"
+#include "common/mem.h"
 
-#include "cpu_kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 size_t fy_q8a_bytes(int64_t n)
 {

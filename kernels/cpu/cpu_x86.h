@@ -10,7 +10,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "cpu_kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 /* acc + sum over each 4 bytes of u (unsigned) times s (signed), per int32
  * lane.  Without VNNI the 16-bit intermediate sums saturate past 32767:

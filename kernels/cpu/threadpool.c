@@ -11,15 +11,15 @@
  * scheduler time slice.  The caller waits only for chunks claimed but not
  * finished (done counter), yielding the CPU if that takes long.
  */
-#include "threadpool.h"
+#include "kernels/cpu/threadpool.h"
 
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 
-#include "log.h"
-#include "mem.h"
+#include "common/log.h"
+#include "common/mem.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

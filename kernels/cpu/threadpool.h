@@ -16,7 +16,7 @@
 
 #include <stdint.h>
 
-#include "status.h"
+#include "common/status.h"
 
 typedef struct fy_threadpool fy_threadpool_t;
 

@@ -51,14 +51,14 @@
 /* the project's headers are C11; their one C-only construct, spelled for C++ */
 #define _Static_assert static_assert
 extern "C" {
-#include "backend_impl.h"
-#include "cuda_plan.h"
-#include "log.h"
-#include "mem.h"
+#include "kernels/backend_impl.h"
+#include "kernels/cuda_plan.h"
+#include "common/log.h"
+#include "common/mem.h"
 }
 
-#include "cuda_kernels.h"
-#include "cuda_quant.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_quant.h"
 
 #define FY_CUDA_PACK_STORED 0x53 /* fy_tensor_t.packing: a matmul/rows weight on the device as its file stores it */
 #define MAX_HEAD_DIM FY_CUDA_MAX_HEAD_DIM

@@ -9,7 +9,7 @@
  * Not here: the projections and the embedding lookup (cuda_quant.cu,
  * on weights as their file stores them) and anything that allocates.
  */
-#include "cuda_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

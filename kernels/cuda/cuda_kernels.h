@@ -26,7 +26,7 @@ extern "C" {
 #if defined(__cplusplus) && !defined(_Static_assert)
 #define _Static_assert static_assert
 #endif
-#include "cuda_attn.h"
+#include "kernels/cuda_attn.h"
 
 /* One sequence of the batch as the device sees it. */
 typedef struct fy_cuda_seq {

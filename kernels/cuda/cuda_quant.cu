@@ -21,7 +21,7 @@
  * matrix is one wave of latency.  The staged variant below is faster on
  * tall matrices only, and is taken there.
  */
-#include "cuda_quant.h"
+#include "kernels/cuda/cuda_quant.h"
 
 #include <cuda_bf16.h>
 #include <math.h>
@@ -31,10 +31,10 @@
 /* the project's headers are C11; their one C-only construct, spelled for C++ */
 #define _Static_assert static_assert
 extern "C" {
-#include "cuda_plan.h"
-#include "dtype.h"
+#include "kernels/cuda_plan.h"
+#include "common/dtype.h"
 }
-#include "cuda_qblock.h"
+#include "kernels/cuda_qblock.h"
 
 /* ---- activations ------------------------------------------------------------------ */
 

@@ -15,10 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bloom.h"
-#include "mem.h"
-#include "msg.h"
-#include "util.h"
+#include "kv/bloom.h"
+#include "common/mem.h"
+#include "common/msg.h"
+#include "tests/fuzz/util.h"
 
 static volatile uint8_t g_sink;
 

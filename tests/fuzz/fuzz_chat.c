@@ -16,9 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "chat.h"
-#include "mem.h"
-#include "util.h"
+#include "model/chat.h"
+#include "common/mem.h"
+#include "tests/fuzz/util.h"
 
 #define MAX_MSGS 8
 

@@ -18,8 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "util.h"
+#include "common/config.h"
+#include "tests/fuzz/util.h"
 
 #define MAX_NAMES 48
 

@@ -17,11 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mem.h"
-#include "msg.h"
-#include "rpc.h"
-#include "util.h"
-#include "wire.h"
+#include "common/mem.h"
+#include "common/msg.h"
+#include "rpc/rpc.h"
+#include "tests/fuzz/util.h"
+#include "common/wire.h"
 
 /* router/client.c, call(): the status and text of an error reply */
 static fy_status_t client_read_error(fy_msgr_t *r, char *msg, size_t cap)

@@ -21,9 +21,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "etcd.h"
-#include "mem.h"
-#include "util.h"
+#include "rpc/etcd.h"
+#include "common/mem.h"
+#include "tests/fuzz/util.h"
 
 static uint8_t key[FY_MEMBER_KEY_BYTES];
 

@@ -14,10 +14,10 @@
 #include <math.h>
 #include <string.h>
 
-#include "genspec.h"
-#include "mem.h"
-#include "sampler.h"
-#include "util.h"
+#include "common/genspec.h"
+#include "common/mem.h"
+#include "engine/sampler.h"
+#include "tests/fuzz/util.h"
 
 #define VOCAB 16
 #define CAP 4096

@@ -12,9 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gguf.h"
-#include "mem.h"
-#include "util.h"
+#include "model/gguf.h"
+#include "common/mem.h"
+#include "tests/fuzz/util.h"
 
 static const char *const k_keys[] = {
     "general.architecture",

@@ -18,10 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "grammar.h"
-#include "mem.h"
-#include "token_trie.h"
-#include "util.h"
+#include "grammar/grammar.h"
+#include "common/mem.h"
+#include "grammar/token_trie.h"
+#include "tests/fuzz/util.h"
 
 static fy_token_trie_t *g_trie;
 

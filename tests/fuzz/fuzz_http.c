@@ -24,14 +24,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "genspec.h"
-#include "http_parse.h"
-#include "msg.h"
-#include "mem.h"
-#include "model.h"
-#include "prompt.h"
-#include "tokenizer.h"
-#include "util.h"
+#include "common/genspec.h"
+#include "router/http_parse.h"
+#include "common/msg.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "model/prompt.h"
+#include "model/tokenizer.h"
+#include "tests/fuzz/util.h"
 
 static fy_http_front_t g_front;
 static char g_model_id[64];

@@ -16,9 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mem.h"
-#include "model.h"
-#include "util.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "tests/fuzz/util.h"
 
 static volatile uint8_t g_sink;
 

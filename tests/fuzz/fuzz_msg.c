@@ -18,9 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mem.h"
-#include "msg.h"
-#include "util.h"
+#include "common/mem.h"
+#include "common/msg.h"
+#include "tests/fuzz/util.h"
 
 #define CAP 64
 

@@ -13,9 +13,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "mem.h"
-#include "safetensors.h"
-#include "util.h"
+#include "common/mem.h"
+#include "model/safetensors.h"
+#include "tests/fuzz/util.h"
 
 #define MAX_SHARDS 6
 

@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tenants.h"
-#include "util.h"
+#include "router/tenants.h"
+#include "tests/fuzz/util.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {

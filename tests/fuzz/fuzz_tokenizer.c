@@ -27,11 +27,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "mem.h"
-#include "model.h"
-#include "prompt.h"
-#include "tokenizer.h"
-#include "util.h"
+#include "common/mem.h"
+#include "model/model.h"
+#include "model/prompt.h"
+#include "model/tokenizer.h"
+#include "tests/fuzz/util.h"
 
 typedef struct fz_model {
     fy_model_t *model;

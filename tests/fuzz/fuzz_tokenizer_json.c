@@ -17,9 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mem.h"
-#include "tokenizer.h"
-#include "util.h"
+#include "common/mem.h"
+#include "model/tokenizer.h"
+#include "tests/fuzz/util.h"
 
 #define MAX_IDS 1024
 

@@ -24,9 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mem.h"
-#include "tools.h"
-#include "util.h"
+#include "common/mem.h"
+#include "router/tools.h"
+#include "tests/fuzz/util.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {

@@ -18,9 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mem.h"
-#include "util.h"
-#include "wire.h"
+#include "common/mem.h"
+#include "tests/fuzz/util.h"
+#include "common/wire.h"
 
 /* tests/wire_examples.c's fy_test_wire_lim: the seeds read under it */
 static const fy_wire_lim_t LIM = {

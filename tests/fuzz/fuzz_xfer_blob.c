@@ -12,9 +12,9 @@
  */
 #include <string.h>
 
-#include "mem.h"
-#include "util.h"
-#include "xfer_wire.h"
+#include "common/mem.h"
+#include "tests/fuzz/util.h"
+#include "transfer/xfer_wire.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {

@@ -13,8 +13,8 @@
  */
 #include <string.h>
 
-#include "util.h"
-#include "xfer_wire.h"
+#include "tests/fuzz/util.h"
+#include "transfer/xfer_wire.h"
 
 static bool layout_eq(const fy_xfer_layout_t *a, const fy_xfer_layout_t *b)
 {

@@ -12,9 +12,9 @@
  */
 #include <string.h>
 
-#include "mem.h"
-#include "util.h"
-#include "xgroup.h"
+#include "common/mem.h"
+#include "tests/fuzz/util.h"
+#include "transfer/xgroup.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {

@@ -21,20 +21,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../gguf_writer.h"
-#include "../tinymodel.h"
-#include "../wire_examples.h"
-#include "bloom.h"
-#include "genspec.h"
-#include "gguf.h"
-#include "mem.h"
-#include "msg.h"
-#include "rpc.h"
-#include "etcd.h"
-#include "util.h"
-#include "wire.h"
-#include "xfer_wire.h"
-#include "xgroup.h"
+#include "tests/gguf_writer.h"
+#include "tests/tinymodel.h"
+#include "tests/wire_examples.h"
+#include "kv/bloom.h"
+#include "common/genspec.h"
+#include "model/gguf.h"
+#include "common/mem.h"
+#include "common/msg.h"
+#include "rpc/rpc.h"
+#include "rpc/etcd.h"
+#include "tests/fuzz/util.h"
+#include "common/wire.h"
+#include "transfer/xfer_wire.h"
+#include "transfer/xgroup.h"
 
 static const char *g_root;
 static int g_files;

@@ -1,7 +1,7 @@
 /*
  * util.c - helpers shared by the fuzz targets (see util.h).
  */
-#include "util.h"
+#include "tests/fuzz/util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -15,7 +15,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "common/log.h"
 
 /* ---- log ------------------------------------------------------------------------------------------ */
 

@@ -1,4 +1,4 @@
 /* ferry-decode - a decode worker process: fy_node_main with the decode role. */
-#include "decode_worker.h"
+#include "decode/decode_worker.h"
 
 int main(int argc, char **argv) { return fy_node_main(argc, argv, &fy_decode_role); }
