@@ -437,6 +437,12 @@ static fy_status_t refuse(fy_engine_t *e, fy_status_t st, const char *fmt, ...)
     return st;
 }
 
+/* request_t's copies hold whatever fy_genspec_check lets through */
+_Static_assert(FY_GEN_MAX_STOP_IDS <= FY_LOGITS_MAX_STOP_IDS && FY_GEN_MAX_BAD_SEQS <= FY_LOGITS_MAX_BAD &&
+                   FY_GEN_MAX_BAD_TOKENS <= FY_LOGITS_MAX_BAD_IDS && FY_GEN_MAX_TOP_LOGPROBS <= FY_LOGITS_MAX_TOP &&
+                   FY_GEN_MAX_PROMPT_LOGPROBS <= FY_LOGITS_MAX_TOP && FY_GEN_MAX_STOP <= FY_STOP_MAX,
+               "the engine's per-request arrays are smaller than what a genspec may hold");
+
 /* Checks a request and builds it (not yet queued); NULL after refusing. */
 static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_prompt, const fy_genspec_t *gen,
                               const fy_request_ctx_t *ctx, fy_event_fn cb, void *arg, bool adopted, fy_status_t *st_p)
@@ -462,66 +468,39 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
             return NULL;
         }
     }
-    if (gen->max_tokens < 1) {
-        *st_p = refuse(e, FY_ERR_INVALID, "max_tokens %d is below 1", gen->max_tokens);
-        return NULL;
-    }
-    if (fy_sampling_params_check(&gen->sampling) != FY_OK) {
-        *st_p = refuse(e, FY_ERR_INVALID, "bad sampling parameters (see above)");
-        return NULL;
-    }
-    if (gen->n_stop < 0 || gen->n_stop > FY_GEN_MAX_STOP) {
-        *st_p = refuse(e, FY_ERR_INVALID, "%d stop strings; at most %d", gen->n_stop, FY_GEN_MAX_STOP);
+    /* every range (sampling, lengths, counts of stops, biases, bad words,
+     * allowed tokens, alternatives): the wire's and the door's own check;
+     * what only the engine knows, its vocabulary, below */
+    const char *field = NULL;
+    char why[160];
+    if (fy_genspec_check(gen, INT32_MAX, &field, why, sizeof(why)) != FY_OK) {
+        *st_p = refuse(e, FY_ERR_INVALID, "%s", why);
         return NULL;
     }
     /* logits processing (logits.h; vLLM's definitions), as the client asked */
-    fy_logits_params_t lpv = {.presence_penalty = gen->presence_penalty,
-                              .frequency_penalty = gen->frequency_penalty,
-                              .repetition_penalty = gen->repetition_penalty,
-                              .bias_ids = gen->logit_bias_id,
-                              .bias = gen->logit_bias,
-                              .n_bias = gen->n_logit_bias,
-                              .min_tokens = gen->min_tokens,
-                              .stop_ids = gen->stop_ids,
-                              .n_stop_ids = gen->n_stop_ids,
-                              .bad_lens = gen->bad_lens,
-                              .bad_ids = gen->bad_ids,
-                              .n_bad = gen->n_bad,
-                              .allowed_ids = gen->allowed_ids,
-                              .n_allowed = gen->n_allowed};
-    if (lpv.repetition_penalty == 0) lpv.repetition_penalty = 1.0f; /* a zeroed genspec's: off */
+    const fy_logits_params_t lpv = {.presence_penalty = gen->presence_penalty,
+                                    .frequency_penalty = gen->frequency_penalty,
+                                    .repetition_penalty = gen->repetition_penalty,
+                                    .bias_ids = gen->logit_bias_id,
+                                    .bias = gen->logit_bias,
+                                    .n_bias = gen->n_logit_bias,
+                                    .min_tokens = gen->min_tokens,
+                                    .stop_ids = gen->stop_ids,
+                                    .n_stop_ids = gen->n_stop_ids,
+                                    .bad_lens = gen->bad_lens,
+                                    .bad_ids = gen->bad_ids,
+                                    .n_bad = gen->n_bad,
+                                    .allowed_ids = gen->allowed_ids,
+                                    .n_allowed = gen->n_allowed};
     const fy_logits_params_t *lp = &lpv;
-    if (lp->n_bias < 0 || lp->n_bias > FY_LOGITS_MAX_BIAS || lp->n_stop_ids < 0 ||
-        lp->n_stop_ids > FY_LOGITS_MAX_STOP_IDS || gen->top_logprobs < 0 || gen->top_logprobs > FY_LOGITS_MAX_TOP ||
-        lp->min_tokens < 0 || !(lp->repetition_penalty > 0)) {
-        *st_p = refuse(e, FY_ERR_INVALID, "logits processing: %d biases, %d stop ids, %d alternatives, min_tokens %d",
-                       lp->n_bias, lp->n_stop_ids, gen->top_logprobs, lp->min_tokens);
-        return NULL;
-    }
     int32_t n_bad_ids = 0;
-    for (int32_t i = 0; i < lp->n_bad && lp->n_bad <= FY_LOGITS_MAX_BAD; i++) {
-        if (lp->bad_lens[i] < 1 || n_bad_ids + lp->bad_lens[i] > FY_LOGITS_MAX_BAD_IDS) {
-            n_bad_ids = -1;
-            break;
-        }
-        n_bad_ids += lp->bad_lens[i];
-    }
-    if (lp->n_bad < 0 || lp->n_bad > FY_LOGITS_MAX_BAD || n_bad_ids < 0 || gen->prompt_top < 0 ||
-        gen->prompt_top > FY_LOGITS_MAX_TOP) {
-        *st_p = refuse(e, FY_ERR_INVALID, "%d bad words (at most %d, of %d tokens in all), %d prompt alternatives",
-                       lp->n_bad, FY_LOGITS_MAX_BAD, FY_LOGITS_MAX_BAD_IDS, gen->prompt_top);
-        return NULL;
-    }
+    for (int32_t i = 0; i < lp->n_bad; i++) n_bad_ids += lp->bad_lens[i];
     for (int32_t i = 0; i < n_bad_ids; i++) {
         if (lp->bad_ids[i] < 0 || lp->bad_ids[i] >= e->vocab) {
             *st_p =
                 refuse(e, FY_ERR_INVALID, "bad_words names token %d; the vocabulary has %d", lp->bad_ids[i], e->vocab);
             return NULL;
         }
-    }
-    if (lp->n_allowed < 0 || lp->n_allowed > FY_GEN_MAX_ALLOWED_IDS) {
-        *st_p = refuse(e, FY_ERR_INVALID, "%d allowed_token_ids; at most %d", lp->n_allowed, FY_GEN_MAX_ALLOWED_IDS);
-        return NULL;
     }
     for (int32_t i = 0; i < lp->n_bias + lp->n_stop_ids + lp->n_allowed; i++) {
         int32_t n1 = lp->n_bias, n2 = n1 + lp->n_stop_ids;
@@ -574,8 +553,7 @@ static request_t *request_new(fy_engine_t *e, const int32_t *prompt, int32_t n_p
         fy_grammar_t *g = NULL;
         fy_grammar_kind_t kind;
         bool hit = false;
-        fy_status_t gst = !fy_grammar_kind_of_gen(gen->grammar_kind, &kind) || gen->grammar_len < 0 ||
-                                  gen->grammar_len > FY_GEN_MAX_GRAMMAR
+        fy_status_t gst = !fy_grammar_kind_of_gen(gen->grammar_kind, &kind)
                               ? FY_ERR_INVALID
                               : fy_grammar_cache_get(e->gcache, kind, gen->grammar, (size_t)gen->grammar_len, &g, &hit,
                                                      err, sizeof(err));
