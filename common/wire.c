@@ -1496,7 +1496,10 @@ size_t fy_wire_gen_max_bytes(void) { return fields_max(GENSPEC, (int32_t)FY_ARRA
 
 /* ---- the generation parameters ------------------------------------------------------------------------------- */
 
-/* What the table cannot say: pairs of arrays, sums and orders across fields. */
+/* What the table cannot say: arrays that come in pairs on the wire (their
+ * counts compared here, as only the message knows them), then every rule
+ * across fields (min_tokens under max_tokens, the biases' range, the bad
+ * words' lengths...) by genspec.h's own check, the door's. */
 static void genspec_check(fy_msgr_t *r, const void *m)
 {
     const fy_genspec_t *g = m;
@@ -1506,22 +1509,16 @@ static void genspec_check(fy_msgr_t *r, const void *m)
                      ids ? fy_msgr_count(r, "logit_bias_ids") : 0, vals ? fy_msgr_count(r, "logit_bias") : 0);
         return;
     }
-    for (int32_t i = 0; i < g->n_logit_bias; i++)
-        if (!(g->logit_bias[i] >= -FY_GEN_LOGIT_BIAS_MAX && g->logit_bias[i] <= FY_GEN_LOGIT_BIAS_MAX)) {
-            fy_msgr_fail(r, FY_ERR_FORMAT, "field 'logit_bias': entry %d is out of -100 to 100", i);
-            return;
-        }
-    if (g->min_tokens > g->max_tokens) {
-        fy_msgr_fail(r, FY_ERR_FORMAT, "field 'min_tokens' is %d; it must be between 0 and max_tokens (%d)",
-                     g->min_tokens, g->max_tokens);
+    const char *field = NULL;
+    char why[160];
+    if (fy_genspec_check(g, INT32_MAX, &field, why, sizeof(why)) != FY_OK) {
+        fy_msgr_fail(r, FY_ERR_FORMAT, "field '%s': %s", field, why);
         return;
     }
     bool lens = fy_msgr_present(r, "bad_words_lens"), bad = fy_msgr_present(r, "bad_words_ids");
-    int32_t total = 0;
-    for (int32_t i = 0; i < g->n_bad; i++) total += g->bad_lens[i];
-    if (lens != bad || (bad && fy_msgr_count(r, "bad_words_ids") != total)) {
+    if (lens != bad || (bad && fy_msgr_count(r, "bad_words_ids") != bad_ids_count(g))) {
         fy_msgr_fail(r, FY_ERR_FORMAT, "field 'bad_words_ids': %d ids for sequences of %d tokens in all",
-                     bad ? fy_msgr_count(r, "bad_words_ids") : 0, total);
+                     bad ? fy_msgr_count(r, "bad_words_ids") : 0, bad_ids_count(g));
         return;
     }
     if (g->grammar_len && g->grammar_kind == FY_GEN_GRAMMAR_NONE)
