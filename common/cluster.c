@@ -326,6 +326,13 @@ fy_status_t fy_cluster_auth(const fy_config_t *cfg, fy_env_role_t role, const ch
     return FY_OK;
 }
 
+fy_status_t fy_cluster_prefix_secret(const fy_config_t *cfg, uint8_t *key, size_t cap, size_t *n_p)
+{
+    fy_status_t st = fy_cluster_secret(cfg, key, cap, n_p);
+    if (!st && !*n_p) fy_warn("kv.secret_file is not set: prefix-block names are private to this process");
+    return st;
+}
+
 fy_status_t fy_cluster_ranks(const fy_config_t *cfg, const char *role, int32_t *tp_p, int32_t *pp_p)
 {
     int64_t tp, pp, role_tp, role_pp;

@@ -41,6 +41,10 @@ fy_status_t fy_cluster_config(int argc, char **argv, const char *usage, fy_confi
  * the mode), or longer than the maximum (naming its size: never cut).
  * The caller wipes key. */
 fy_status_t fy_cluster_secret(const fy_config_t *cfg, uint8_t *key, size_t cap, size_t *n_p);
+/* fy_cluster_secret for naming prefix blocks: without kv.secret_file
+ * (*n_p = 0) it warns that names are private to this process, so the
+ * router and workers cannot share them. */
+fy_status_t fy_cluster_prefix_secret(const fy_config_t *cfg, uint8_t *key, size_t cap, size_t *n_p);
 
 /* Creates path (O_EXCL, mode 0600) holding 32 random bytes, or, when it
  * exists, checks that it is a usable secret (regular, at least 16 bytes,

@@ -187,8 +187,7 @@ fy_status_t fy_engine_stack_create(const fy_model_t *m, const fy_engine_build_t 
     if ((st = fy_backend_create_device(b->device, &bp, &s.be)) || (st = backend_check(m, b, &rp, s.be)) ||
         (st = fy_runner_create_rank(m, s.be, &rp, s.group, &s.runner)))
         goto fail;
-    st = b->hash_key_len ? fy_kv_hasher_create(b->hash_key, b->hash_key_len, &s.hasher)
-                         : fy_kv_hasher_create_random(&s.hasher);
+    st = fy_kv_hasher_for(b->hash_key, b->hash_key_len, &s.hasher);
     if (st) goto fail;
     fy_kvm_params_t kp;
     fy_runner_kvm_params(s.runner, &kp);

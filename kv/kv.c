@@ -210,6 +210,11 @@ struct fy_kv_hasher {
 
 _Static_assert(FY_KV_HASH_BYTES >= crypto_generichash_blake2b_BYTES_MIN, "hash length");
 
+fy_status_t fy_kv_hasher_for(const uint8_t *secret, size_t len, fy_kv_hasher_t **h_p)
+{
+    return len ? fy_kv_hasher_create(secret, len, h_p) : fy_kv_hasher_create_random(h_p);
+}
+
 fy_status_t fy_kv_hasher_create(const uint8_t *secret, size_t len, fy_kv_hasher_t **h_p)
 {
     if (len < 16 || len > crypto_generichash_blake2b_KEYBYTES_MAX) {

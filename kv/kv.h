@@ -175,6 +175,9 @@ typedef struct fy_kv_hasher fy_kv_hasher_t;
 fy_status_t fy_kv_hasher_create(const uint8_t *secret, size_t len, fy_kv_hasher_t **h_p);
 /* With a fresh random secret: for a process whose cache nobody else names. */
 fy_status_t fy_kv_hasher_create_random(fy_kv_hasher_t **h_p);
+/* The deployment's hasher: keyed by secret (fy_cluster_prefix_secret's),
+ * or, with len 0, a random key private to the process. */
+fy_status_t fy_kv_hasher_for(const uint8_t *secret, size_t len, fy_kv_hasher_t **h_p);
 void fy_kv_hasher_destroy(fy_kv_hasher_t *h);
 
 /* The namespace of (tenant, model, layout, adapter); adapter may be NULL.

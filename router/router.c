@@ -2318,9 +2318,8 @@ static fy_status_t setup(router_t *R)
     /* the deployment's hasher (kv.secret_file): the workers name blocks with the same key */
     uint8_t key[64];
     size_t key_len = 0;
-    if ((st = fy_cluster_secret(c, key, sizeof(key), &key_len))) return st;
-    if (!key_len) fy_warn("kv.secret_file is not set: prefix-block names are private to this process");
-    st = key_len ? fy_kv_hasher_create(key, key_len, &R->hasher) : fy_kv_hasher_create_random(&R->hasher);
+    if ((st = fy_cluster_prefix_secret(c, key, sizeof(key), &key_len))) return st;
+    st = fy_kv_hasher_for(key, key_len, &R->hasher);
     sodium_memzero(key, sizeof(key));
     if (st) return st;
     const char *etcd, *rname;

@@ -127,9 +127,8 @@ fy_status_t fy_worker_build_read(const fy_config_t *c, const char *role, fy_engi
     b.attn_bf16 = attn == 1; /* "f32|bf16" */
     /* the deployment's prefix-hash secret: blocks are named alike on every worker and the router */
     size_t key_len = 0;
-    if ((st = fy_cluster_secret(c, b.hash_key, sizeof(b.hash_key), &key_len))) return st;
+    if ((st = fy_cluster_prefix_secret(c, b.hash_key, sizeof(b.hash_key), &key_len))) return st;
     b.hash_key_len = key_len;
-    if (!key_len) fy_warn("kv.secret_file is not set: prefix-block names are private to this process");
     /* kv.prefix_cache = false: no block is named or kept after its request
      * (the baseline of the harness's prefix-caching experiment) */
     b.prefix_caching = prefix_caching;
