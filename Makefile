@@ -114,7 +114,8 @@ ifeq ($(NNG),source)
 NNG_CFLAGS := -I$(NNG_DIR)/include -DNNG_STATIC_LIB
 NNG_LIBS   := $(NNG_A) -latomic
 NNG_DEP    := $(NNG_A)
-NNG_DESC   := nng $(firstword $(shell cat $(NNG_DIR)/VERSION 2>/dev/null)) from $(NNG_DIR) (static)
+NNG_VER    := $(shell cat $(NNG_DIR)/VERSION 2>/dev/null)
+NNG_DESC   := nng $(firstword $(NNG_VER)) from $(NNG_DIR) (static$(if $(filter $(shell sh tools/nng-patches.sh),$(word 3,$(NNG_VER))),,; WITHOUT the fixes in tools/nng-patches/: make nng rebuilds it))
 else
 NNG_CFLAGS := $(shell pkg-config --cflags nng 2>/dev/null)
 NNG_LIBS   := $(shell pkg-config --libs nng 2>/dev/null || echo -lnng)
@@ -554,13 +555,15 @@ deps:
 	$(Q)$(MAKE) --no-print-directory nng
 
 # nng from source into build/nng (tools/build-nng.sh), unless the one
-# there is the pinned one already.  Only make deps (and make nng) build
+# there is the pinned one already, with tools/nng-patches/ applied as
+# they are now (VERSION's third field: tools/nng-patches.sh).  Only make deps (and make nng) build
 # it: a plain make never downloads.  libnng-dev stays in DEBS: the
 # fallback where build/nng is absent links it.
 nng:
 	$(Q)want=$$(awk '$$2 == "pynng-$(NNG_PYNNG).tar.gz" { print $$1 }' $(NNG_SUMS)); \
-	if [ -f $(NNG_A) ] && [ -n "$$want" ] && [ "$$(cut -d' ' -f2 $(NNG_DIR)/VERSION 2>/dev/null)" = "$$want" ]; then \
-	  echo "nng: $(NNG_A) is nng $$(cut -d' ' -f1 $(NNG_DIR)/VERSION), the pinned one"; \
+	patches=$$(sh tools/nng-patches.sh); \
+	if [ -f $(NNG_A) ] && [ -n "$$want" ] && [ "$$(cut -d' ' -f2,3 $(NNG_DIR)/VERSION 2>/dev/null)" = "$$want $$patches" ]; then \
+	  echo "nng: $(NNG_A) is nng $$(cut -d' ' -f1 $(NNG_DIR)/VERSION), the pinned one with tools/nng-patches/"; \
 	else sh tools/build-nng.sh $(NNG_PYNNG) $(NNG_SUMS) $(NNG_DIR); fi
 
 model:

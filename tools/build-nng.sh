@@ -7,6 +7,12 @@
 # closes mid-message (nng pull request 1636), both fixed in 1.6; see
 # docs/architecture.md, "Dependencies".
 #
+# The patches in tools/nng-patches/ (in name order) are applied to the
+# source before it is built: fixes ferry needs that no release on PyPI
+# carries yet (each patch says what it fixes).  VERSION records the
+# release, the sdist's sha256 and the patches' (`make nng` rebuilds when
+# either differs).
+#
 # The sdist is downloaded only (nothing is installed), in pip's
 # hash-checking mode: pip refuses a file whose sha256 is not the one
 # SHA256FILE pins before it runs any of the package's code, and the file
@@ -46,7 +52,12 @@ tar -xzf "$tmp/$name" -C "$src" --strip-components=1 "pynng-$version/nng"
 hdr="$src/nng/include/nng/nng.h"
 [ -f "$hdr" ] || { echo "nng: $name holds no nng/include/nng/nng.h" >&2; exit 1; }
 nver=$(awk '/#define NNG_(MAJOR|MINOR|PATCH)_VERSION/ { v = v (v == "" ? "" : ".") $3 } END { print v }' "$hdr")
-echo "nng: building nng $nver from $name (sha256 $got) into $prefix"
+patches=$(ls tools/nng-patches/*.patch 2>/dev/null | sort || true)
+for p in $patches; do
+    patch -s -p1 -d "$src/nng" <"$p" || { echo "nng: $p does not apply to nng $nver" >&2; exit 1; }
+done
+psum=$(sh tools/nng-patches.sh)
+echo "nng: building nng $nver from $name (sha256 $got) with $(echo $patches | wc -w) patch(es) into $prefix"
 cmake -S "$src/nng" -B "$obj" -DCMAKE_BUILD_TYPE=Release -DCMAKE_POSITION_INDEPENDENT_CODE=ON \
     -DCMAKE_INSTALL_PREFIX="$(pwd)/$prefix.part" -DCMAKE_INSTALL_LIBDIR=lib -DBUILD_SHARED_LIBS=OFF \
     -DNNG_TESTS=OFF -DNNG_TOOLS=OFF -DNNG_ENABLE_NNGCAT=OFF -DNNG_ENABLE_TLS=OFF -DNNG_ENABLE_HTTP=OFF \
@@ -56,7 +67,7 @@ rm -rf "$prefix.part"
 cmake --build "$obj" -j "${NNG_JOBS:-2}" >>"$obj.log" 2>&1 && cmake --install "$obj" >>"$obj.log" 2>&1 ||
     { tail -n 40 "$obj.log" >&2; echo "nng: building nng failed (above; all of it in $obj.log)" >&2; exit 1; }
 [ -f "$prefix.part/lib/libnng.a" ] || { echo "nng: the build left no $prefix.part/lib/libnng.a" >&2; exit 1; }
-printf '%s %s\n' "$nver" "$got" >"$prefix.part/VERSION"
+printf '%s %s %s\n' "$nver" "$got" "$psum" >"$prefix.part/VERSION"
 rm -rf "$prefix" "$obj" "$src"
 mv "$prefix.part" "$prefix"
 echo "nng: $prefix/lib/libnng.a is nng $nver"
