@@ -5,6 +5,7 @@
 # counts one failure beyond what it reported.  With FERRY_FUZZ_DIR set,
 # each fuzz target there runs briefly and counts as one test.
 dir=${1:?usage: run.sh BUILD/tests}
+suite_start=$(date +%s)
 limit=${FERRY_TEST_TIMEOUT:-900}
 passed=0
 failed=0
@@ -16,9 +17,11 @@ for t in "$dir"/test_*; do
     name=$(basename "$t")
     echo "=== $name"
     log=$(mktemp)
+    t0=$(date +%s)
     timeout "$limit" "$t" >"$log" 2>&1
     rc=$?
     cat "$log"
+    echo "=== $name: $(( $(date +%s) - t0 )) s"
     p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -n 1)
     f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -n 1)
     s=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$log" | tail -n 1)
@@ -56,6 +59,7 @@ if [ -n "$FERRY_FUZZ_DIR" ]; then
     done
     echo "=== fuzz targets: $(( $(date +%s) - fuzz_start )) s"
 fi
+echo "=== the suite: $(( $(date +%s) - suite_start )) s"
 [ -n "$bad" ] && echo "failing binaries:$bad"
 [ "$skipped" -gt 0 ] && echo "($skipped skipped)"
 echo "$passed passed, $failed failed"
