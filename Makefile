@@ -328,6 +328,7 @@ $(NAMES_OK): $(NAMES_SRC) tools/layers.sh
 layers: $(INC_DIR)/links.txt
 	$(Q)sh tools/layers.sh check '$(CC)' $(INC_DIR) $(LAYER_SPECS)
 	$(Q)sh tools/layers.sh names $(NAMES_DIRS)
+	$(Q)sh tools/layers.sh noconfig kv model grammar kernels engine transfer rpc
 
 $(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)

@@ -1347,7 +1347,8 @@ static fy_status_t http_start(router_t *R, fy_http_t **h_p)
         (st = fy_conf_size(c, "router", "max_body", &max_body)) ||
         (st = fy_conf_int(c, "router", "default_max_tokens", &max_tokens)) ||
         (st = fy_conf_duration(c, "router", "retry_after", &retry)) ||
-        (st = fy_conf_string(c, "model", "path", &path)) || (st = fy_httpd_limits_read(c, "router", &lim)))
+        (st = fy_conf_string(c, "model", "path", &path)) || (st = fy_netconf_httpd(c, "router", &lim)) ||
+        (st = fy_httpd_limits_check(&lim)))
         return st;
     if (!*url) return FY_OK;
     lim.threads = 2; /* prompts are parsed on the router's parse workers (fy_router_offload), not here */

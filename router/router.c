@@ -2224,6 +2224,17 @@ static void on_lease_lost(void *arg)
     fy_warn("etcd: this router's record expired; %d request(s) go on with the workers that still hear it", n);
 }
 
+/* the membership key from kv.secret_file, the secret wiped after */
+static fy_status_t member_key(const fy_config_t *c, uint8_t key[FY_MEMBER_KEY_BYTES])
+{
+    uint8_t secret[64];
+    size_t n = 0;
+    fy_status_t st = fy_cluster_secret(c, secret, sizeof(secret), &n);
+    if (!st) st = fy_member_key(secret, n, key);
+    sodium_memzero(secret, sizeof(secret));
+    return st;
+}
+
 /* cluster.etcd: registers this router and watches the workers */
 static fy_status_t membership_start(router_t *R, const char *etcd)
 {
@@ -2235,8 +2246,12 @@ static fy_status_t membership_start(router_t *R, const char *etcd)
     if ((st = fy_conf_string(c, "cluster", "name", &mp.cluster)) ||
         (st = fy_conf_duration(c, "cluster", "etcd_ttl", &mp.ttl_s)) ||
         (st = fy_conf_duration(c, "cluster", "etcd_poll", &mp.poll_s)) ||
-        (st = fy_conf_string(c, "router", "http", &http)) || (st = fy_etcd_tls_config(c, etcd, &mp.tls)))
+        (st = fy_conf_string(c, "router", "http", &http)) || (st = fy_netconf_etcd_tls(c, &mp.tls)) ||
+        (st = fy_etcd_tls_check(&mp.tls, etcd)) || (st = member_key(c, mp.key))) {
+        sodium_memzero(&mp.tls, sizeof(mp.tls));
+        sodium_memzero(mp.key, sizeof(mp.key));
         return st;
+    }
     snprintf(mp.self.kind, sizeof(mp.self.kind), "router");
     snprintf(mp.self.name, sizeof(mp.self.name), "%s", R->name);
     mp.self.inc = R->inc;
@@ -2247,11 +2262,9 @@ static fy_status_t membership_start(router_t *R, const char *etcd)
     snprintf(mp.self.model, sizeof(mp.self.model), "%s", R->model_id);
     mp.self.layout = fy_member_layout_hash(R->lay.block_size, (int32_t)R->lay.dtype, R->lay.n_layers, R->lay.n_kv_heads,
                                            R->lay.head_dim, R->lay.block_bytes, fy_kv_layout_groups_digest(&R->lay));
-    if ((st = fy_member_key_cfg(c, mp.key))) return st;
-    if (!st)
-        st = fy_metrics_counter(R->reg, "ferry:etcd_records_refused_total",
-                                "etcd records refused (unsigned, forged, stale, malformed or incompatible), each once",
-                                NULL, &mp.refused);
+    st = fy_metrics_counter(R->reg, "ferry:etcd_records_refused_total",
+                            "etcd records refused (unsigned, forged, stale, malformed or incompatible), each once",
+                            NULL, &mp.refused);
     if (!st) st = fy_membership_start(&mp, &R->members);
     sodium_memzero(mp.key, sizeof(mp.key));
     sodium_memzero(&mp.tls, sizeof(mp.tls));

@@ -26,8 +26,6 @@
 #include <unistd.h>
 
 #include "common/clock.h"
-#include "common/cluster.h"
-#include "common/config.h"
 #include "common/log.h"
 #include "common/mem.h"
 #include "common/metrics.h"
@@ -294,16 +292,6 @@ fy_status_t fy_member_key(const uint8_t *secret, size_t len, uint8_t key[FY_MEMB
     crypto_kdf_derive_from_key(key, FY_MEMBER_KEY_BYTES, 1, MEMBER_KDF_CTX, master);
     sodium_memzero(master, sizeof(master));
     return FY_OK;
-}
-
-fy_status_t fy_member_key_cfg(const struct fy_config *cfg, uint8_t key[FY_MEMBER_KEY_BYTES])
-{
-    uint8_t secret[64];
-    size_t n = 0;
-    fy_status_t st = fy_cluster_secret(cfg, secret, sizeof(secret), &n);
-    if (!st) st = fy_member_key(secret, n, key);
-    sodium_memzero(secret, sizeof(secret));
-    return st;
 }
 
 /* the record as JSON, sorted and compact; with_mac false: what the MAC covers */
@@ -634,54 +622,6 @@ fy_status_t fy_etcd_tls_check(const fy_etcd_tls_t *t, const char *endpoints)
         return FY_ERR_INVALID;
     }
     return FY_OK;
-}
-
-fy_status_t fy_etcd_tls_config(const struct fy_config *cfg, const char *endpoints, fy_etcd_tls_t *t)
-{
-    static const char *const KEYS[3] = {"etcd_ca", "etcd_cert", "etcd_key"};
-    char *dst[3] = {t->ca, t->cert, t->key};
-    memset(t, 0, sizeof(*t));
-    for (int i = 0; i < 3; i++) {
-        const char *v = NULL;
-        fy_status_t st = fy_conf_string(cfg, "cluster", KEYS[i], &v);
-        if (st) return st;
-        if (v && strlen(v) >= FY_ETCD_PATH_MAX) {
-            fy_error("cluster.%s: a path of at most %d bytes", KEYS[i], FY_ETCD_PATH_MAX - 1);
-            return FY_ERR_INVALID;
-        }
-        snprintf(dst[i], FY_ETCD_PATH_MAX, "%s", v ? v : "");
-    }
-    const char *user = NULL, *pwf = NULL;
-    fy_status_t st;
-    if ((st = fy_conf_string(cfg, "cluster", "etcd_user", &user)) ||
-        (st = fy_conf_string(cfg, "cluster", "etcd_password_file", &pwf)))
-        return st;
-    if (user && strlen(user) >= sizeof(t->user)) {
-        fy_error("cluster.etcd_user: at most %zu bytes", sizeof(t->user) - 1);
-        return FY_ERR_INVALID;
-    }
-    snprintf(t->user, sizeof(t->user), "%s", user ? user : "");
-    for (const char *c = t->user; *c; c++)
-        if ((unsigned char)*c < 0x21 || (unsigned char)*c > 0x7e || *c == '"' || *c == '\\') {
-            fy_error("cluster.etcd_user '%s': printable ASCII without '\"' or '\\' only", t->user);
-            return FY_ERR_INVALID;
-        }
-    if (pwf && *pwf) {
-        size_t n = 0;
-        if ((st = fy_cluster_read_secret_file(pwf, "cluster.etcd_password_file", (uint8_t *)t->password,
-                                              FY_ETCD_PASSWORD_MAX, &n)))
-            return st;
-        t->password[n] = 0;
-        if (n && t->password[n - 1] == '\n') t->password[--n] = 0;
-        if (strlen(t->password) != n) {
-            sodium_memzero(t->password, sizeof(t->password));
-            fy_error("cluster.etcd_password_file %s: a NUL byte in the password", pwf);
-            return FY_ERR_FORMAT;
-        }
-    }
-    st = fy_etcd_tls_check(t, endpoints);
-    if (st) sodium_memzero(t->password, sizeof(t->password));
-    return st;
 }
 
 fy_status_t fy_etcd_create(const char *endpoints, double timeout_s, fy_etcd_t **e_p)

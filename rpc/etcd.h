@@ -35,6 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/netconf.h"
 #include "common/status.h"
 
 /* ---- the JSON gateway's answers (untrusted input) ---- */
@@ -80,32 +81,16 @@ typedef struct fy_etcd fy_etcd_t;
  * left out); each call gives up after timeout_s per endpoint. */
 fy_status_t fy_etcd_create(const char *endpoints, double timeout_s, fy_etcd_t **e_p);
 
-/* TLS towards etcd (cluster.etcd_ca, etcd_cert, etcd_key): PEM file paths,
- * "" for none.  With a CA the server's certificate is verified against it
- * (and its name or IP against the endpoint's); with cert and key this
- * process presents a client certificate (etcd --client-cert-auth takes
- * its CN as the user, whose roles RBAC checks). */
-#define FY_ETCD_PATH_MAX 512
-/* user and password (cluster.etcd_user, etcd_password_file's content):
- * etcd's RBAC through its JSON gateway, which takes no user from a client
- * certificate once auth is on: each call carries a token from
- * /v3/auth/authenticate, made again when etcd answers 401. */
-#define FY_ETCD_PASSWORD_MAX 128
-typedef struct fy_etcd_tls {
-    char ca[FY_ETCD_PATH_MAX], cert[FY_ETCD_PATH_MAX], key[FY_ETCD_PATH_MAX];
-    char user[128], password[FY_ETCD_PASSWORD_MAX + 1];
-} fy_etcd_tls_t;
-/* Checks tls against the endpoints, each refusal naming its key: a file
- * that cannot be opened or is not a regular file; a key file that is not
- * the owner's alone (as the secret file); a cert without a key or a key
- * without a cert; an https endpoint without a CA; a CA or cert with an
- * http endpoint (it would never be used). */
+/* Checks tls (fy_etcd_tls_t, read by fy_netconf_etcd_tls in
+ * common/netconf.h) against the endpoints, each refusal naming its key: a
+ * file that cannot be opened or is not a regular file; a key file that is
+ * not the owner's alone (as the secret file); a cert without a key or a
+ * key without a cert; an https endpoint without a CA; a CA or cert with
+ * an http endpoint (it would never be used); a user without a password or
+ * one without a user, a password over http, or one with a byte that is
+ * not printable or is '"' or '\\'.  The caller wipes the password when
+ * it is refused. */
 fy_status_t fy_etcd_tls_check(const fy_etcd_tls_t *tls, const char *endpoints);
-/* Reads the keys of cfg (a fy_config_t) and checks them; the password
- * too: a user without one or one without a user, a password over http, or
- * one with a byte that is not printable or is '"' or '\\' is refused. */
-struct fy_config;
-fy_status_t fy_etcd_tls_config(const struct fy_config *cfg, const char *endpoints, fy_etcd_tls_t *tls);
 /* fy_etcd_create with TLS (tls may be NULL: none); tls is copied. */
 fy_status_t fy_etcd_create_tls(const char *endpoints, const fy_etcd_tls_t *tls, double timeout_s, fy_etcd_t **e_p);
 /* POSTs json to a gateway path (e.g. /v3/auth/user/add): FY_OK unless it
@@ -156,9 +141,6 @@ typedef struct fy_member {
 
 /* The membership key from the deployment's secret (16 to 64 bytes). */
 fy_status_t fy_member_key(const uint8_t *secret, size_t len, uint8_t key[FY_MEMBER_KEY_BYTES]);
-/* The same from the configuration's kv.secret_file (fy_cluster_secret),
- * the secret wiped after: what routers and workers call. */
-fy_status_t fy_member_key_cfg(const struct fy_config *cfg, uint8_t key[FY_MEMBER_KEY_BYTES]);
 /* The record as JSON, its ts and mac as they are (NUL-terminated; the
  * caller fy_frees *json_p). */
 fy_status_t fy_member_write(const fy_member_t *m, char **json_p, size_t *len_p);
@@ -191,7 +173,7 @@ typedef void (*fy_members_fn)(void *arg, const fy_member_t *live, int n);
 
 typedef struct fy_membership_params {
     const char *endpoints; /* cluster.etcd */
-    fy_etcd_tls_t tls;     /* cluster.etcd_ca, etcd_cert, etcd_key (fy_etcd_tls_config); zero: none */
+    fy_etcd_tls_t tls;     /* cluster.etcd_ca, etcd_cert, etcd_key (fy_netconf_etcd_tls); zero: none */
     const char *cluster;   /* cluster.name */
     const char *dir;       /* where this process registers: "routers", "workers/prefill", "workers/decode" */
     const char *watch;     /* the prefix it watches under the cluster: "workers/" or "routers/" */

@@ -248,71 +248,21 @@ static fy_status_t tls_file_read(const char *path, const char *what, bool secret
     return st;
 }
 
-/* SECTION.tls_* in force, the files checked (the router's alone has them). */
-static fy_status_t tls_read(const fy_config_t *c, const char *section, fy_httpd_limits_t *l)
+fy_status_t fy_httpd_limits_check(const fy_httpd_limits_t *l)
 {
-    const char *cert, *key;
-    int minv;
-    fy_status_t st;
-    if ((st = fy_conf_string(c, section, "tls_cert", &cert)) || (st = fy_conf_string(c, section, "tls_key", &key)) ||
-        (st = fy_conf_enum(c, section, "tls_min_version", &minv)))
-        return st;
-    l->tls_min = minv == 1 ? 13 : 12;
-    if (!*cert && !*key) return FY_OK;
-    if (!*cert || !*key) {
-        fy_error("%s.%s is set but %s.%s is not: HTTPS needs both", section, *cert ? "tls_cert" : "tls_key", section,
-                 *cert ? "tls_key" : "tls_cert");
-        return FY_ERR_INVALID;
-    }
+    if (!l->tls_cert[0]) return FY_OK;
     char what_c[48], what_k[48];
-    snprintf(what_c, sizeof(what_c), "%s.tls_cert", section);
-    snprintf(what_k, sizeof(what_k), "%s.tls_key", section);
-    if (strlen(cert) >= sizeof(l->tls_cert) || strlen(key) >= sizeof(l->tls_key)) {
-        fy_error("%s: path longer than %zu bytes", strlen(cert) >= sizeof(l->tls_cert) ? what_c : what_k,
-                 sizeof(l->tls_cert) - 1);
-        return FY_ERR_INVALID;
-    }
-    if ((st = tls_file_read(cert, what_c, false, "CERTIFICATE-----", NULL)) ||
-        (st = tls_file_read(key, what_k, true, "PRIVATE KEY-----", NULL)))
+    snprintf(what_c, sizeof(what_c), "%s.tls_cert", l->section ? l->section : "router");
+    snprintf(what_k, sizeof(what_k), "%s.tls_key", l->section ? l->section : "router");
+    fy_status_t st;
+    if ((st = tls_file_read(l->tls_cert, what_c, false, "CERTIFICATE-----", NULL)) ||
+        (st = tls_file_read(l->tls_key, what_k, true, "PRIVATE KEY-----", NULL)))
         return st;
     if (!MHD_is_feature_supported(MHD_FEATURE_TLS)) {
         fy_error("%s is set but this libmicrohttpd was built without TLS: HTTPS cannot be served", what_c);
         return FY_ERR_INVALID;
     }
-    snprintf(l->tls_cert, sizeof(l->tls_cert), "%s", cert);
-    snprintf(l->tls_key, sizeof(l->tls_key), "%s", key);
     return FY_OK;
-}
-
-/* SECTION.http_* in force; c NULL: the key table's defaults (confkeys.c). */
-static fy_status_t limits_read(const fy_config_t *c, const char *section, fy_httpd_limits_t *l)
-{
-    double header_s, idle_s;
-    int64_t conns, hdr;
-    fy_status_t st;
-    if ((st = fy_conf_duration(c, section, "http_header_timeout", &header_s)) ||
-        (st = fy_conf_duration(c, section, "http_idle_timeout", &idle_s)) ||
-        (st = fy_conf_int(c, section, "http_max_connections", &conns)) ||
-        (st = fy_conf_size(c, section, "http_max_header", &hdr)))
-        return st;
-    l->header_timeout_s = header_s;
-    l->idle_timeout_s = idle_s;
-    l->max_connections = (int32_t)conns;
-    l->max_header = hdr;
-    l->section = !strcmp(section, "router") ? "router" : "worker";
-    return c && !strcmp(section, "router") ? tls_read(c, section, l) : FY_OK;
-}
-
-void fy_httpd_limits_default(fy_httpd_limits_t *l)
-{
-    *l = (fy_httpd_limits_t){.threads = 1, .tls_min = 12, .section = "worker"};
-    limits_read(NULL, "worker", l); /* cannot fail but for a broken table, which it logs */
-}
-
-fy_status_t fy_httpd_limits_read(const fy_config_t *c, const char *section, fy_httpd_limits_t *l)
-{
-    fy_httpd_limits_default(l);
-    return limits_read(c, section, l);
 }
 
 /* ---- small helpers (lock held where they say so) ----------------------------------------------------- */

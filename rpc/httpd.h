@@ -54,36 +54,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/config.h"
+#include "common/netconf.h"
 #include "common/status.h"
 
 typedef struct fy_httpd fy_httpd_t;
 
 /* ---- the server ---------------------------------------------------------------------------------- */
 
-typedef struct fy_httpd_limits {
-    double header_timeout_s; /* request line, headers and body complete within this */
-    double idle_timeout_s;   /* nothing moving either way for this long: closed */
-    int32_t max_connections; /* served at once (further capped by the descriptor limit) */
-    int64_t max_header;      /* bytes of request line and headers */
-    int32_t threads;         /* the server's event threads */
-    /* TLS: empty tls_cert, plain HTTP.  Files checked by fy_httpd_limits_read. */
-    char tls_cert[512];  /* PEM: the server's certificate, then its chain */
-    char tls_key[512];   /* PEM: its private key */
-    int tls_min;         /* lowest TLS version: 12 (1.2) or 13 (1.3) */
-    const char *section; /* names the keys in errors ("router"); a string literal */
-} fy_httpd_limits_t;
-
-/* The key table's defaults of worker.http_* (common/confkeys.c), 1 thread. */
-void fy_httpd_limits_default(fy_httpd_limits_t *l);
-/* SECTION.http_header_timeout, http_idle_timeout, http_max_connections and
- * http_max_header in force (SECTION "router" or "worker"), 1 thread; for
- * "router" also tls_cert, tls_key and tls_min_version, whose files are
- * checked here: regular files holding a PEM certificate and a PEM private
- * key, the key owned by this user (or root) and not readable by its group
- * or others.  FY_ERR_INVALID (logged, naming the key) for a value out of
- * range or a file refused. */
-fy_status_t fy_httpd_limits_read(const fy_config_t *c, const char *section, fy_httpd_limits_t *l);
+/* The limits (fy_httpd_limits_t, the key table's defaults and what the
+ * configuration says: common/netconf.h) checked for what only this layer
+ * knows: with tls_cert set, both files are regular files holding a PEM
+ * certificate and a PEM private key, the key owned by this user (or root)
+ * and not readable by its group or others, and this libmicrohttpd speaks
+ * TLS.  FY_ERR_INVALID (logged, naming the key: SECTION.tls_cert) for a
+ * file refused.  fy_httpd_create_with checks the same again when it
+ * starts a server; a process calls this to refuse its configuration
+ * before anything starts. */
+fy_status_t fy_httpd_limits_check(const fy_httpd_limits_t *l);
 
 /*
  * Holds the server for url ("http://HOST:PORT", or "tcp://HOST:PORT",

@@ -19,6 +19,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/config.h"
 #include "common/clock.h"
 #include "tests/cluster_util.h"
 #include "rpc/httpd.h"
@@ -608,17 +609,17 @@ static void test_limits_config(void **state)
     fy_config_t *c;
     assert_int_equal(fy_config_create(&c), FY_OK);
     fy_httpd_limits_t l;
-    assert_int_equal(fy_httpd_limits_read(c, "router", &l), FY_OK);
+    assert_int_equal(fy_netconf_httpd(c, "router", &l), FY_OK);
     assert_true(l.header_timeout_s == 10 && l.idle_timeout_s == 30 && l.max_connections == 512 &&
                 l.max_header == 16384);
     assert_int_equal(fy_config_set(c, "router.http_header_timeout=2500ms"), FY_OK);
     assert_int_equal(fy_config_set(c, "router.http_max_connections=64"), FY_OK);
     assert_int_equal(fy_config_set(c, "router.http_max_header=32KiB"), FY_OK);
-    assert_int_equal(fy_httpd_limits_read(c, "router", &l), FY_OK);
+    assert_int_equal(fy_netconf_httpd(c, "router", &l), FY_OK);
     assert_true(l.header_timeout_s == 2.5 && l.max_connections == 64 && l.max_header == 32768);
     assert_int_equal(fy_config_set(c, "router.http_max_connections=0"), FY_OK);
     fy_test_log_begin();
-    assert_int_equal(fy_httpd_limits_read(c, "router", &l), FY_ERR_INVALID);
+    assert_int_equal(fy_netconf_httpd(c, "router", &l), FY_ERR_INVALID);
     fy_test_log_end();
     fy_config_destroy(c);
 }

@@ -35,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/config.h"
 #include "common/clock.h"
 #include "common/cluster.h"
 #include "tests/cluster_util.h"
@@ -447,7 +448,8 @@ static void test_min_version(void **state)
     assert_int_equal(fy_config_set(cfg, kv), FY_OK);
     assert_int_equal(fy_config_set(cfg, "router.tls_min_version=1.3"), FY_OK);
     fy_httpd_limits_t l;
-    assert_int_equal(fy_httpd_limits_read(cfg, "router", &l), FY_OK);
+    assert_int_equal(fy_netconf_httpd(cfg, "router", &l), FY_OK);
+    assert_int_equal(fy_httpd_limits_check(&l), FY_OK);
     assert_int_equal(l.tls_min, 13);
     char url[64];
     fy_httpd_t *h = start(&l, url, sizeof(url));
@@ -477,7 +479,8 @@ static void test_min_version(void **state)
     fy_config_destroy(cfg);
 }
 
-/* what fy_httpd_limits_read makes of router.tls_cert=cert and tls_key=key */
+/* what fy_netconf_httpd and fy_httpd_limits_check make of router.tls_cert=cert
+ * and tls_key=key, as a router or `ferry serve` does before it starts */
 static fy_status_t read_tls(const char *cert, const char *key, fy_httpd_limits_t *l)
 {
     fy_config_t *cfg;
@@ -488,7 +491,8 @@ static fy_status_t read_tls(const char *cert, const char *key, fy_httpd_limits_t
     snprintf(kv, sizeof(kv), "router.tls_key=%s", key);
     assert_int_equal(fy_config_set(cfg, kv), FY_OK);
     fy_test_log_begin();
-    fy_status_t st = fy_httpd_limits_read(cfg, "router", l);
+    fy_status_t st = fy_netconf_httpd(cfg, "router", l);
+    if (!st) st = fy_httpd_limits_check(l);
     fy_test_log_end();
     fy_config_destroy(cfg);
     return st;

@@ -22,10 +22,15 @@
 #       a FOLDER includes a quoted name that is not the path of a file
 #       from the repository root ("kv.h", "../tinymodel.h"): such a name
 #       resolves from the includer's own folder and hides the layer.
+#   sh tools/layers.sh noconfig FOLDER...
+#       fails, naming file and line, where a C, header or CUDA file under
+#       a FOLDER includes common/config.h or names fy_config_t or a
+#       fy_conf_ getter: configuration is read once, in worker/, router/
+#       and tools/, into typed structs (docs/architecture.md).
 set -eu
 
 usage() {
-    echo "usage: sh tools/layers.sh links DIR 'LAYER=FOLDER...' ... | check CC DIR 'LAYER=FOLDER...' ... | names FOLDER..." >&2
+    echo "usage: sh tools/layers.sh links DIR 'LAYER=FOLDER...' ... | check CC DIR 'LAYER=FOLDER...' ... | names FOLDER... | noconfig FOLDER..." >&2
     exit 2
 }
 
@@ -145,6 +150,17 @@ names() {
     cat "$tmp/out"
 }
 
+noconfig() {
+    hits=$(find "$@" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) -print | sort |
+        xargs grep -nE '#[[:space:]]*include[[:space:]]*"common/config\.h"|\bfy_config_t\b|\bfy_conf_[a-z]+\(' /dev/null ||
+        true)
+    if [ -n "$hits" ]; then
+        echo "$hits" | sed 's/^/layers: reads the configuration below worker\/: /' >&2
+        exit 1
+    fi
+    echo "layers: no configuration read under $*"
+}
+
 [ $# -ge 1 ] || usage
 cmd=$1
 shift
@@ -152,5 +168,6 @@ case $cmd in
 links) [ $# -ge 1 ] || usage; links "$@" ;;
 check) [ $# -ge 2 ] || usage; check "$@" ;;
 names) [ $# -ge 1 ] || usage; names "$@" ;;
+noconfig) [ $# -ge 1 ] || usage; noconfig "$@" ;;
 *) usage ;;
 esac

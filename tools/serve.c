@@ -730,7 +730,7 @@ int fy_cmd_serve(int argc, char **argv)
     /* the routers' HTTPS files, checked once here (each router checks them
      * again): a missing or open key is refused before anything starts */
     fy_httpd_limits_t router_lim;
-    if (fy_httpd_limits_read(cfg, "router", &router_lim)) goto out;
+    if (fy_netconf_httpd(cfg, "router", &router_lim) || fy_httpd_limits_check(&router_lim)) goto out;
     bool router_tls = router_lim.tls_cert[0] != 0;
     if (n_routers > 1 && !*etcd) {
         fprintf(stderr, "ferry: serve: serve.routers = %lld needs cluster.etcd: routers find workers there\n",

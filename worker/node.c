@@ -727,6 +727,17 @@ static void on_tick(void *arg)
 
 /* ---- start-up and shutdown ------------------------------------------------------------------------- */
 
+/* the membership key from kv.secret_file, the secret wiped after */
+static fy_status_t member_key(const fy_config_t *c, uint8_t key[FY_MEMBER_KEY_BYTES])
+{
+    uint8_t secret[64];
+    size_t n = 0;
+    fy_status_t st = fy_cluster_secret(c, secret, sizeof(secret), &n);
+    if (!st) st = fy_member_key(secret, n, key);
+    sodium_memzero(secret, sizeof(secret));
+    return st;
+}
+
 static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
 {
     const fy_config_t *c = n->cfg;
@@ -953,7 +964,7 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     pthread_mutex_unlock(&n->health_mu);
     if (n->metrics_url[0]) {
         fy_httpd_limits_t lim; /* slow or idle scrapers cannot take the worker's descriptors */
-        if ((st = fy_httpd_limits_read(n->cfg, "worker", &lim)) ||
+        if ((st = fy_netconf_httpd(n->cfg, "worker", &lim)) ||
             (st = fy_httpd_create_with(n->metrics_url, &lim, &n->http)) ||
             (st = fy_httpd_route(n->http, "/metrics", on_metrics, n)) ||
             (st = fy_httpd_route(n->http, "/health", on_health, n)))
@@ -972,9 +983,12 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
         mp.dir = dir;
         if ((st = fy_conf_string(c, "cluster", "name", &mp.cluster)) ||
             (st = fy_conf_duration(c, "cluster", "etcd_ttl", &mp.ttl_s)) ||
-            (st = fy_conf_duration(c, "cluster", "etcd_poll", &mp.poll_s)) ||
-            (st = fy_etcd_tls_config(c, etcd, &mp.tls)))
+            (st = fy_conf_duration(c, "cluster", "etcd_poll", &mp.poll_s)) || (st = fy_netconf_etcd_tls(c, &mp.tls)) ||
+            (st = fy_etcd_tls_check(&mp.tls, etcd)) || (st = member_key(c, mp.key))) {
+            sodium_memzero(&mp.tls, sizeof(mp.tls));
+            sodium_memzero(mp.key, sizeof(mp.key));
             return st;
+        }
         snprintf(mp.self.kind, sizeof(mp.self.kind), "%s", sec);
         snprintf(mp.self.name, sizeof(mp.self.name), "%s", n->name);
         mp.self.inc = n->incarnation;
@@ -984,12 +998,9 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
         const fy_kv_layout_t *wl = &n->whole; /* the model's, whatever this worker's shape */
         mp.self.layout = fy_member_layout_hash(wl->block_size, (int32_t)wl->dtype, wl->n_layers, wl->n_kv_heads,
                                                wl->head_dim, wl->block_bytes, fy_kv_layout_groups_digest(wl));
-        if ((st = fy_member_key_cfg(c, mp.key))) return st;
-        if (!st)
-            st = fy_metrics_counter(
-                n->metrics, "ferry:etcd_records_refused_total",
-                "etcd records refused (unsigned, forged, stale, malformed or incompatible), each once", NULL,
-                &mp.refused);
+        st = fy_metrics_counter(n->metrics, "ferry:etcd_records_refused_total",
+                                "etcd records refused (unsigned, forged, stale, malformed or incompatible), each once",
+                                NULL, &mp.refused);
         if (!st) st = fy_membership_start(&mp, &n->members);
         sodium_memzero(mp.key, sizeof(mp.key));
         sodium_memzero(&mp.tls, sizeof(mp.tls));
