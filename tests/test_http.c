@@ -2073,6 +2073,16 @@ static void test_prompt_arrays(void **state)
     }
     fy_free(want[0]);
     fy_free(want[1]);
+    /* echo: each choice's own prompt (max_tokens 0: the prompt alone) */
+    snprintf(body, sizeof(body), "{\"prompt\":[\"%s\",\"%s\"],\"n\":2,\"max_tokens\":0,\"echo\":true}", P[0], P[1]);
+    resp_t e = call("POST", "/v1/completions", KEY_A, body);
+    if (e.status != 200) fail_msg("%s: HTTP %d %s", body, e.status, e.body);
+    json_t *ej = json_of(&e);
+    for (size_t i = 0; i < 4; i++)
+        assert_string_equal(
+            json_string_value(json_object_get(json_array_get(json_object_get(ej, "choices"), i), "text")), P[i / 2]);
+    json_decref(ej);
+    free(e.body);
 
     /* the bounds and the faults, each naming 'prompt' (and where) */
     static const struct {
