@@ -2,7 +2,7 @@
 router: the model list and one model retrieved by id (and an unknown id's
 404), plain and streamed completions and chat, max_completion_tokens on
 both endpoints, echo with logprobs and prompt_logprobs on completions,
-the errors it raises, and structured outputs and tool calls
+prompt arrays (strings and token ids, whole and streamed), the errors it raises, and structured outputs and tool calls
 (tools with tool_choice required and named, the stream helper accumulating
 tool-call deltas, the raw deltas' shape (id and name first, then argument
 fragments), parallel_tool_calls=False, a tool result turn after the SDK's
