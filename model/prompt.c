@@ -44,16 +44,20 @@ static fy_status_t finish(ids_t *o, fy_status_t st, int32_t **ids_p, int32_t *n_
 fy_status_t fy_prompt_tokens(const fy_model_t *m, const char *system, const char *user, bool chat, int32_t **ids_p,
                              int32_t *n_p)
 {
-    if (!chat) {
-        ids_t o = {0};
-        fy_status_t st = append(fy_model_tokenizer(m), &o, user, strlen(user), true, false);
-        return finish(&o, st, ids_p, n_p);
-    }
+    if (!chat) return fy_prompt_text(m, user, strlen(user), false, ids_p, n_p);
     fy_chat_msg_t msgs[2];
     size_t nm = 0;
     if (system) msgs[nm++] = (fy_chat_msg_t){"system", system};
     msgs[nm++] = (fy_chat_msg_t){"user", user};
     return fy_prompt_chat(m, msgs, nm, ids_p, n_p);
+}
+
+fy_status_t fy_prompt_text(const fy_model_t *m, const char *text, size_t len, bool parse_special, int32_t **ids_p,
+                           int32_t *n_p)
+{
+    ids_t o = {0};
+    fy_status_t st = append(fy_model_tokenizer(m), &o, text, len, true, parse_special);
+    return finish(&o, st, ids_p, n_p);
 }
 
 fy_status_t fy_prompt_chat(const fy_model_t *m, const fy_chat_msg_t *in, size_t nm, int32_t **ids_p, int32_t *n_p)

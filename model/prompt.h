@@ -26,6 +26,16 @@
 fy_status_t fy_prompt_tokens(const fy_model_t *m, const char *system, const char *user, bool chat, int32_t **ids_p,
                              int32_t *n_p);
 
+/* A raw prompt of len bytes (a completion's, not a chat's), BOS added
+ * when the model wants it.  parse_special: the tokenizer's control tokens
+ * written in the text (<|im_start|>, <start_of_turn>) are matched whole,
+ * as vLLM's /v1/completions and /tokenize do (the client writes the whole
+ * prompt, template markers and all, and could send their ids anyway);
+ * false: the text is plain text (fy_prompt_tokens with chat false).
+ * FY_ERR_INVALID for text that gives no token. */
+fy_status_t fy_prompt_text(const fy_model_t *m, const char *text, size_t len, bool parse_special, int32_t **ids_p,
+                           int32_t *n_p);
+
 #define FY_PROMPT_MAX_MSGS 256
 
 /* A conversation (system, user and assistant turns) through the model's

@@ -77,7 +77,7 @@
 
 typedef struct fy_http fy_http_t;
 
-#define MAX_N FY_HTTP_MAX_N /* samples per request */
+#define MAX_N FY_HTTP_MAX_CHOICES /* choices per request: prompts times samples */
 
 typedef struct hreq hreq_t;
 
@@ -115,16 +115,21 @@ struct hreq {
     char *tool_names; /* the tools' names (fy_tools_names) */
     bool tool_parallel;
     fy_tools_stream_t *tools[MAX_N]; /* each sample's text read into tool calls as it grows */
-    int n;
+    int n;                           /* choices: n_prompts times per */
+    int per;                         /* samples per prompt (the request's "n"); choice i is prompt i / per's */
+    int n_prompts;
     uint64_t ids[MAX_N];
     int32_t from_tok[MAX_N];
     size_t from_text[MAX_N];
     bool done_sent[MAX_N];
     int n_done_sent;
-    /* samples after the first wait until its prompt is in the caches */
+    /* a prompt's samples after its first wait until its prompt is in the
+     * caches; the prompts' ids one after another, prompt p's from
+     * prompt_off[p] to prompt_off[p + 1] (NULL: one choice alone) */
     int n_submitted;
     int32_t *prompt;
     int32_t n_prompt;
+    int32_t prompt_off[FY_HTTP_MAX_PROMPTS + 1];
     fy_genspec_t gen;
     fy_status_t sample_err[MAX_N];
     char sample_msg[MAX_N][96];
@@ -502,16 +507,22 @@ static json_t *envelope(const hreq_t *h, bool chunk)
     return o;
 }
 
+/* A prompt array's usage sums its prompts' (each counted once, however
+ * many samples it has). */
 static json_t *usage_json(hreq_t *h)
 {
-    int64_t completion = 0;
-    int32_t prompt = 0, cached = 0;
-    for (int i = 0; i < h->n; i++) {
-        fy_router_view_t v;
-        if (!h_view(h, i, &v)) continue;
-        completion += v.n_tokens;
-        if (v.n_prompt) prompt = v.n_prompt;
-        if (v.cached > cached) cached = v.cached;
+    int64_t completion = 0, prompt = 0, cached = 0;
+    for (int p = 0; p < h->n_prompts; p++) {
+        int32_t pp = 0, pc = 0;
+        for (int i = p * h->per; i < (p + 1) * h->per; i++) {
+            fy_router_view_t v;
+            if (!h_view(h, i, &v)) continue;
+            completion += v.n_tokens;
+            if (v.n_prompt) pp = v.n_prompt;
+            if (v.cached > pc) pc = v.cached;
+        }
+        prompt += pp;
+        cached += pc;
     }
     json_t *u = json_object(), *d = json_object();
     json_object_set_new(u, "prompt_tokens", json_integer(prompt));
@@ -556,6 +567,16 @@ static bool blank(const char *s, size_t n)
 
 static void stream_chunk_delta(hreq_t *h, int i, const char *text, size_t len, json_t *lp, const char *fin, bool role,
                                json_t *tool_calls);
+
+/* Why choice i failed; a prompt array's message names the choice and its
+ * prompt, so that the client knows which of its prompts had no answer. */
+static json_t *choice_message(const hreq_t *h, int i, const fy_router_view_t *v)
+{
+    if (h->n_prompts <= 1) return jstr(v->message, strlen(v->message));
+    char m[256];
+    snprintf(m, sizeof(m), "choice %d ('prompt'[%d]): %s", i, i / h->per, v->message);
+    return jstr(m, strlen(m));
+}
 
 static void stream_chunk(hreq_t *h, int i, const char *text, size_t len, json_t *lp, const char *fin, bool role)
 {
@@ -632,7 +653,7 @@ static void build_stream(hreq_t *h)
             stream_chunk(h, i, "", 0, NULL, "abort", false);
             json_t *e = json_object();
             json_t *eb = json_object();
-            json_object_set_new(eb, "message", jstr(v.message, strlen(v.message)));
+            json_object_set_new(eb, "message", choice_message(h, i, &v));
             json_object_set_new(eb, "type", json_string(fy_status_tag(v.error)));
             json_object_set_new(eb, "param", json_null());
             json_object_set_new(eb, "code", json_integer(status_of(v.error)));
@@ -674,7 +695,7 @@ static void build_whole(hreq_t *h)
         if (v.error != FY_OK) {
             json_decref(choices);
             json_t *e = json_object(), *eb = json_object();
-            json_object_set_new(eb, "message", jstr(v.message, strlen(v.message)));
+            json_object_set_new(eb, "message", choice_message(h, i, &v));
             json_object_set_new(eb, "type", json_string(fy_status_tag(v.error)));
             json_object_set_new(eb, "param", json_null());
             json_object_set_new(eb, "code", json_null());
@@ -741,26 +762,32 @@ static void h_release(hreq_t *h, bool cancel)
 
 static void watch(void *arg);
 
-/* Lock held.  The other samples, once the first one's prompt is cached. */
+/* Lock held.  The other choices: each prompt's first at once, its other
+ * samples once that one's prompt is cached.  Sample k of a prompt has the
+ * seed plus k, as it would in a request of that prompt alone. */
 static void h_submit_rest(hreq_t *h)
 {
-    fy_router_view_t v;
-    if (h->n_submitted >= h->n || !h->r || !h_view(h, 0, &v) || (!v.t_first && !v.done)) return;
+    if (h->n_submitted >= h->n || !h->r) return;
     const char *tname = h->tenant ? fy_tenant_name(h->tenant) : "";
-    for (int i = h->n_submitted; i < h->n; i++) {
-        int32_t *copy = fy_malloc((size_t)h->n_prompt * sizeof(int32_t));
+    for (int i = 1; i < h->n; i++) {
+        fy_router_view_t v;
+        int p = i / h->per, k = i % h->per;
+        if (h->ids[i] || h->sample_err[i]) continue; /* submitted */
+        if (k && (!h_view(h, i - k, &v) || (!v.t_first && !v.done))) continue;
+        int32_t len = h->prompt_off[p + 1] - h->prompt_off[p];
+        int32_t *copy = fy_malloc((size_t)len * sizeof(int32_t));
         fy_genspec_t gi = h->gen;
-        gi.sampling.seed += (uint64_t)i;
+        gi.sampling.seed += (uint64_t)k;
         fy_status_t st = FY_ERR_NOMEM;
         snprintf(h->sample_msg[i], sizeof(h->sample_msg[i]), "router out of memory");
         if (copy) {
-            memcpy(copy, h->prompt, (size_t)h->n_prompt * sizeof(int32_t));
-            st = fy_router_submit_locked(h->H->R, tname, copy, h->n_prompt, &gi, 0, watch, h, &h->ids[i],
-                                         h->sample_msg[i], sizeof(h->sample_msg[i]));
+            memcpy(copy, h->prompt + h->prompt_off[p], (size_t)len * sizeof(int32_t));
+            st = fy_router_submit_locked(h->H->R, tname, copy, len, &gi, 0, watch, h, &h->ids[i], h->sample_msg[i],
+                                         sizeof(h->sample_msg[i]));
         }
         h->sample_err[i] = st;
+        h->n_submitted++;
     }
-    h->n_submitted = h->n;
 }
 
 /* Lock held.  Hands the server what is new: a stream's next events (and
@@ -891,8 +918,11 @@ static void refuse_draining(fy_http_t *H, fy_httpd_req_t *r)
 static bool hreq_fill(hreq_t *h, fy_http_gen_t *g)
 {
     bool chat = h->chat;
-    if (g->n > 1 && !(h->prompt = fy_malloc((size_t)g->n_prompt * sizeof(int32_t)))) return false;
+    int choices = g->n * g->n_prompts;
+    if (choices > 1 && !(h->prompt = fy_malloc((size_t)g->n_prompt * sizeof(int32_t)))) return false;
     if (h->prompt) memcpy(h->prompt, g->ids, (size_t)g->n_prompt * sizeof(int32_t));
+    h->n_prompts = g->n_prompts;
+    for (int p = 0; p < g->n_prompts; p++) h->prompt_off[p + 1] = h->prompt_off[p] + g->prompt_len[p];
     h->stream = g->stream;
     h->include_usage = g->include_usage;
     h->logprobs = g->gen.logprobs;
@@ -906,7 +936,8 @@ static bool hreq_fill(hreq_t *h, fy_http_gen_t *g)
     h->tool_names = g->tool_names; /* (h's now) */
     g->tool_names = NULL;
     h->tool_parallel = g->tool_parallel;
-    h->n = g->n;
+    h->n = choices;
+    h->per = g->n;
     h->max_tokens = g->gen.max_tokens;
     h->gen = g->gen;
     h->n_prompt = g->n_prompt;
@@ -934,8 +965,9 @@ static bool hreq_admit(fy_http_t *H, hreq_t *h, fy_tenant_t *tenant, const fy_ht
     *why = (refusal_t){.verdict = FY_TENANT_OK};
     if (H->draining) return false;
     if (tenant) {
-        why->cost = (int64_t)g->n_prompt + (int64_t)g->gen.max_tokens * g->n;
-        why->verdict = fy_tenant_admit(tenant, g->n, why->cost, fy_now_s(), &why->retry);
+        int choices = g->n * g->n_prompts;
+        why->cost = (int64_t)g->n_prompt + (int64_t)g->gen.max_tokens * choices;
+        why->verdict = fy_tenant_admit(tenant, choices, why->cost, fy_now_s(), &why->retry);
         if (why->verdict != FY_TENANT_OK) return false;
         h->tenant = tenant;
     }
@@ -967,7 +999,9 @@ static void refuse_submitted(hreq_t *h, fy_status_t st, const char *err)
 {
     h_release(h, true);
     json_t *e = json_object(), *eb = json_object();
-    json_object_set_new(eb, "message", jstr(err, strlen(err)));
+    char m[320];
+    snprintf(m, sizeof(m), "%s%s", h->n_prompts > 1 ? "'prompt'[0]: " : "", err); /* (the first submitted) */
+    json_object_set_new(eb, "message", jstr(m, strlen(m)));
     json_object_set_new(eb, "type",
                         json_string(st == FY_ERR_OVERLOADED ? "server_overloaded" : "invalid_request_error"));
     /* the router refuses a prompt it cannot hold, or a kv_budget the
@@ -1034,7 +1068,8 @@ static void parse_job(void *arg, bool run)
      * prompt is in the workers' prefix caches, where they find it */
     const char *tname = tenant ? fy_tenant_name(tenant) : "";
     char err[256] = "";
-    fy_status_t st = fy_router_submit(R, tname, g.ids, g.n_prompt, &g.gen, 0, watch, h, &h->ids[0], err, sizeof(err));
+    fy_status_t st =
+        fy_router_submit(R, tname, g.ids, g.prompt_len[0], &g.gen, 0, watch, h, &h->ids[0], err, sizeof(err));
     fy_router_lock(R);
     h->parsing = false;
     h->ready = true;

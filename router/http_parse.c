@@ -810,59 +810,108 @@ out: /* (out of memory: no fault, no ids) */
     return p->status ? (fy_free(ids), NULL) : ids;
 }
 
-/* The prompt's token ids (fy_malloc'd) or a fault in p; chat: with the
- * tools of tr (NULL: none) and *fmt_p the format their calls come in. */
-static int32_t *prompt_ids(const fy_http_front_t *H, parsed_t *p, json_t *o, bool chat, const fy_tools_req_t *tr,
-                           int32_t keep, int32_t *n_p, fy_tool_format_t *fmt_p)
+/* One completion prompt, pr (a string or an array of token ids), its
+ * last keep tokens when keep > 0, appended to *all (n_all ids; grown);
+ * *len_p its tokens.  at: its place in the prompt array, for the
+ * messages (-1: the prompt is no array).  False with a fault in p, or
+ * without one when out of memory. */
+static bool one_prompt(const fy_http_front_t *H, parsed_t *p, json_t *pr, int at, int32_t keep, int32_t **all,
+                       int32_t *n_all, int32_t *len_p)
 {
     const fy_model_t *m = H->model;
     int32_t vocab = fy_tokenizer_vocab_size(fy_model_tokenizer(m));
-    int32_t *ids = NULL;
-    if (chat) return chat_ids(H, p, o, tr, n_p, fmt_p);
-    json_t *pr = json_object_get(o, "prompt");
-    if (json_is_array(pr) && json_array_size(pr) == 1 && json_is_string(json_array_get(pr, 0)))
-        pr = json_array_get(pr, 0);
+    char nm[32];
+    if (at < 0)
+        snprintf(nm, sizeof(nm), "'prompt'");
+    else
+        snprintf(nm, sizeof(nm), "'prompt'[%d]", at);
+    int32_t *ids = NULL, n = 0;
     if (json_is_string(pr)) {
         if (!json_string_length(pr)) {
-            bad(p, 400, "prompt", "'prompt' is empty");
-            return NULL;
+            bad(p, 400, "prompt", "%s is empty", nm);
+            return false;
         }
         if (H->max_prompt_bytes && json_string_length(pr) > H->max_prompt_bytes) {
             too_long(H, p, "prompt", json_string_length(pr));
-            return NULL;
+            return false;
         }
-        char *t = fy_strndup(json_string_value(pr), json_string_length(pr));
-        if (!t || fy_prompt_tokens(m, NULL, t, false, &ids, n_p) != FY_OK)
-            bad(p, 400, "prompt", "cannot tokenize 'prompt'");
-        fy_free(t);
-        return p->status ? (fy_free(ids), NULL) : ids;
-    }
-    if (json_is_array(pr) && json_array_size(pr) > 0 && json_is_integer(json_array_get(pr, 0))) {
-        size_t n = json_array_size(pr);
-        if (n >= (size_t)H->max_ctx && !keep) {
-            bad(p, 400, "prompt", "'prompt' has %zu tokens; the context holds %d", n, H->max_ctx);
-            return NULL;
+        /* a raw prompt's special tokens are parsed (vLLM's): prompt.h */
+        if (fy_prompt_text(m, json_string_value(pr), json_string_length(pr), true, &ids, &n) != FY_OK) {
+            bad(p, 400, "prompt", "cannot tokenize %s", nm);
+            return false;
         }
-        ids = fy_malloc(n * sizeof(int32_t));
-        if (!ids) return NULL;
-        for (size_t i = 0; i < n; i++) {
+    } else if (json_is_array(pr) && json_array_size(pr) > 0) {
+        size_t k = json_array_size(pr);
+        if (k >= (size_t)H->max_ctx && !keep) {
+            bad(p, 400, "prompt", "%s has %zu tokens; the context holds %d", nm, k, H->max_ctx);
+            return false;
+        }
+        if (!(ids = fy_malloc(k * sizeof(int32_t)))) return false;
+        for (size_t i = 0; i < k; i++) {
             json_t *v = json_array_get(pr, i);
             if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab) {
-                bad(p, 400, "prompt", "'prompt'[%zu] is not a token id below %d", i, vocab);
+                bad(p, 400, "prompt", "%s[%zu] is not a token id below %d", nm, i, vocab);
                 fy_free(ids);
-                return NULL;
+                return false;
             }
             ids[i] = (int32_t)json_integer_value(v);
         }
-        *n_p = (int32_t)n;
+        n = (int32_t)k;
+    } else {
+        bad(p, 400, "prompt", "%s %s", nm,
+            json_is_array(pr) ? "is empty" : "must be a string or an array of token ids");
+        return false;
+    }
+    int32_t from = keep > 0 && n > keep ? n - keep : 0; /* truncate_prompt_tokens */
+    int32_t *grown = fy_realloc(*all, (size_t)(*n_all + n - from) * sizeof(int32_t));
+    if (grown) {
+        memcpy(grown + *n_all, ids + from, (size_t)(n - from) * sizeof(int32_t));
+        *all = grown;
+        *n_all += n - from;
+        *len_p = n - from;
+    }
+    fy_free(ids);
+    return grown != NULL;
+}
+
+/* A completion's prompt: a string, an array of token ids, or an array of
+ * either (OpenAI's and vLLM's batch, at most FY_HTTP_MAX_PROMPTS and
+ * FY_HTTP_MAX_CHOICES choices with g->n each): the prompts' ids one after
+ * another (fy_malloc'd; g->n_prompts and g->prompt_len say where each
+ * is, *n_p how many in all) or a fault in p (or NULL alone: out of memory). */
+static int32_t *completion_ids(const fy_http_front_t *H, parsed_t *p, json_t *o, gen_req_t *g, int32_t keep,
+                               int32_t *n_p)
+{
+    json_t *pr = json_object_get(o, "prompt");
+    int32_t *ids = NULL;
+    *n_p = 0;
+    g->n_prompts = 0;
+    if (json_is_string(pr) || (json_is_array(pr) && json_is_integer(json_array_get(pr, 0)))) {
+        if (!one_prompt(H, p, pr, -1, keep, &ids, n_p, &g->prompt_len[0])) return fy_free(ids), NULL;
+        g->n_prompts = 1;
         return ids;
     }
-    if (json_is_array(pr) && json_array_size(pr) > 1)
-        bad(p, 400, "prompt",
-            "one prompt per request (a string or an array of token ids); send batches as separate requests");
-    else
-        bad(p, 400, "prompt", "'prompt' must be a string or an array of token ids");
-    return NULL;
+    size_t np = json_is_array(pr) ? json_array_size(pr) : 0;
+    if (!json_is_array(pr))
+        bad(p, 400, "prompt", "'prompt' must be a string, an array of token ids, or an array of either");
+    else if (!np)
+        bad(p, 400, "prompt", "'prompt' is an empty array; give at least one prompt");
+    else if (np > FY_HTTP_MAX_PROMPTS)
+        bad(p, 400, "prompt", "'prompt' has %zu prompts; at most %d in one request", np, FY_HTTP_MAX_PROMPTS);
+    else if (np * (size_t)g->n > FY_HTTP_MAX_CHOICES)
+        bad(p, 400, "prompt", "'prompt' has %zu prompts and 'n' is %d: %zu choices; at most %d in one request", np,
+            g->n, np * (size_t)g->n, FY_HTTP_MAX_CHOICES);
+    if (p->status) return NULL;
+    for (size_t i = 0; i < np; i++) {
+        json_t *e = json_array_get(pr, i);
+        if (!json_is_string(e) && !json_is_array(e)) {
+            bad(p, 400, "prompt", "'prompt'[%zu] must be a string or an array of token ids", i);
+            return fy_free(ids), NULL;
+        }
+        if (!one_prompt(H, p, e, (int)i, keep, &ids, n_p, &g->prompt_len[i])) return fy_free(ids), NULL;
+    }
+    g->n_prompts = (int)np;
+    return ids;
 }
 
 /* The body as a JSON object, or NULL with the fault said. */
@@ -968,10 +1017,16 @@ fy_status_t fy_http_parse_generation(const fy_http_front_t *f, const char *body,
         grammar_compiles(f, fault, o, tr.choice == FY_TOOL_CHOICE_REQUIRED || tr.choice == FY_TOOL_CHOICE_NAMED,
                          &g->gen);
     int32_t n_prompt = 0;
-    int32_t *ids = fault->status ? NULL : prompt_ids(f, fault, o, chat, &tr, g->truncate, &n_prompt, &g->tool_format);
-    if (ids && g->truncate > 0 && n_prompt > g->truncate) { /* the last truncate tokens */
+    int32_t *ids = fault->status ? NULL
+                   : chat        ? chat_ids(f, fault, o, &tr, &n_prompt, &g->tool_format)
+                                 : completion_ids(f, fault, o, g, g->truncate, &n_prompt);
+    if (ids && chat && g->truncate > 0 && n_prompt > g->truncate) { /* the last truncate tokens */
         memmove(ids, ids + (n_prompt - g->truncate), (size_t)g->truncate * sizeof(int32_t));
         n_prompt = g->truncate;
+    }
+    if (chat) {
+        g->n_prompts = 1;
+        g->prompt_len[0] = n_prompt;
     }
     fy_tools_req_clear(&tr);
     json_decref(o);
@@ -992,7 +1047,10 @@ fy_status_t fy_http_parse_generation(const fy_http_front_t *f, const char *body,
     }
     /* the chat default: what the context has room for, within the configured cap */
     if (!g->max_tokens_set) {
-        int32_t room = fy_genspec_max_tokens(&g->gen, n_prompt, f->max_ctx);
+        int32_t longest = 0; /* (a prompt array's: the longest prompt's room) */
+        for (int i = 0; i < g->n_prompts; i++)
+            if (g->prompt_len[i] > longest) longest = g->prompt_len[i];
+        int32_t room = fy_genspec_max_tokens(&g->gen, longest, f->max_ctx);
         g->gen.max_tokens = room > 1 ? room : 1;
     }
     g->ids = ids;
@@ -1035,7 +1093,7 @@ fy_status_t fy_http_parse_tokenize(const fy_http_front_t *f, const char *body, s
         if (fy_tools_request(o, &tr, &param, why, sizeof(why)) != FY_OK)
             bad(fault, 400, param, "%s", why);
         else
-            ids = prompt_ids(f, fault, o, true, &tr, 0, &n, &fmt);
+            ids = chat_ids(f, fault, o, &tr, &n, &fmt);
         fy_tools_req_clear(&tr);
     } else if (!fault->status) {
         json_t *pr = json_object_get(o, "prompt");
@@ -1047,10 +1105,9 @@ fy_status_t fy_http_parse_tokenize(const fy_http_front_t *f, const char *body, s
             if (ids && special && fy_tokenizer_wants_bos(tok) && fy_tokenizer_bos(tok) >= 0)
                 ids[n++] = fy_tokenizer_bos(tok);
         } else {
-            char *txt = fy_strndup(json_string_value(pr), json_string_length(pr));
-            if (!txt || fy_prompt_tokens(f->model, NULL, txt, false, &ids, &n) != FY_OK)
+            /* special tokens parsed, as /v1/completions does (prompt.h) */
+            if (fy_prompt_text(f->model, json_string_value(pr), json_string_length(pr), true, &ids, &n) != FY_OK)
                 bad(fault, 400, "prompt", "cannot tokenize 'prompt'");
-            fy_free(txt);
             if (ids && !special && n > 0 && fy_tokenizer_wants_bos(tok) && ids[0] == fy_tokenizer_bos(tok)) {
                 memmove(ids, ids + 1, (size_t)(n - 1) * sizeof(int32_t));
                 n--;

@@ -19,6 +19,10 @@
 #include "router/tools.h"
 
 #define FY_HTTP_MAX_N 16 /* samples per request ("n") */
+/* A completion's prompt array: at most this many prompts, and at most
+ * FY_HTTP_MAX_CHOICES choices (prompts times n) in one answer */
+#define FY_HTTP_MAX_PROMPTS 32
+#define FY_HTTP_MAX_CHOICES 64
 
 /* What the parsing needs to know of the server. */
 typedef struct fy_http_front {
@@ -62,6 +66,12 @@ typedef struct fy_http_gen {
     int32_t prompt_top;
     int32_t *ids; /* [n_prompt] the prompt's token ids (fy_free) */
     int32_t n_prompt;
+    /* a completion's prompt array (OpenAI's and vLLM's): n_prompts prompts,
+     * their ids one after another in ids (n_prompt in all), prompt_len[p]
+     * tokens each; choice p * n + k is prompt p's k-th sample.  One prompt
+     * (chat, or a completion's single prompt): n_prompts 1 */
+    int n_prompts;
+    int32_t prompt_len[FY_HTTP_MAX_PROMPTS];
     /* chat with tools: how the output becomes tool calls (router/tools.h) */
     fy_tool_choice_t tool_choice;
     fy_tool_format_t tool_format;

@@ -2,7 +2,7 @@
 router: the model list and one model retrieved by id (and an unknown id's
 404), plain and streamed completions and chat, max_completion_tokens on
 both endpoints, echo with logprobs and prompt_logprobs on completions,
-the errors it raises, and structured outputs and tool calls
+prompt arrays (strings and token ids, whole and streamed), the errors it raises, and structured outputs and tool calls
 (tools with tool_choice required and named, the stream helper accumulating
 tool-call deltas, the raw deltas' shape (id and name first, then argument
 fragments), parallel_tool_calls=False, a tool result turn after the SDK's
@@ -95,6 +95,34 @@ parts = [x.choices[0].text for x in client.completions.create(
     extra_body={"ignore_eos": True}) if x.choices]
 assert parts[0] == "The sky is" and "".join(parts) == ch.text, (parts, ch.text)
 
+# prompt arrays: strings, token ids, arrays of token ids; choice index =
+# prompt index * n + k, each prompt's greedy answer the one it gets alone;
+# streamed, each chunk's index says whose it is; usage sums the prompts
+alone = [client.completions.create(model=model, prompt=p, max_tokens=4, temperature=0,
+                                   extra_body={"ignore_eos": True}) for p in ("The sky is", "Two plus two")]
+root = openai.OpenAI(base_url=base[:-len("/v1")] if base.endswith("/v1") else base, api_key=key, max_retries=0)
+ids = [root.post("/tokenize", body={"prompt": p}, cast_to=object)["tokens"] for p in ("The sky is", "Two plus two")]
+for prompt in (["The sky is", "Two plus two"], ids):
+    b = client.completions.create(model=model, prompt=prompt, n=2, max_tokens=4, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert [x.index for x in b.choices] == [0, 1, 2, 3], b
+    assert [x.text for x in b.choices] == [alone[i // 2].choices[0].text for i in range(4)], (b, alone)
+    assert b.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone) and b.usage.completion_tokens == 16, b
+    got = ["", "", "", ""]
+    for x in client.completions.create(model=model, prompt=prompt, n=2, max_tokens=4, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True}):
+        for y in x.choices:
+            got[y.index] += y.text
+    assert got == [x.text for x in b.choices], (got, b)
+one = client.completions.create(model=model, prompt=ids[0], max_tokens=4, temperature=0,
+                                extra_body={"ignore_eos": True})
+assert one.choices[0].text == alone[0].choices[0].text, (one, alone[0])
+try:
+    client.completions.create(model=model, prompt=[], max_tokens=2)
+    raise SystemExit("an empty prompt array was accepted")
+except openai.BadRequestError as e3:
+    assert "'prompt'" in str(e3), e3
+
 bad = openai.OpenAI(base_url=base, api_key="wrong-key-123", max_retries=0)
 try:
     bad.completions.create(model=model, prompt="x", max_tokens=2)
@@ -102,7 +130,8 @@ try:
 except openai.AuthenticationError:
     pass
 
-print("openai %s: models, completions, chat, streaming, max_completion_tokens, echo and logprobs, errors: ok" %
+print("openai %s: models, completions, chat, streaming, max_completion_tokens, echo and logprobs, prompt arrays, "
+      "errors: ok" %
       openai.__version__)
 
 # ---- structured outputs and tool calls ----

@@ -36,6 +36,7 @@
 #include "common/mem.h"
 #include "common/metrics.h"
 #include "model/model.h"
+#include "router/http_parse.h"
 #include "tests/testutil.h"
 #include "model/tokenizer.h"
 
@@ -1945,6 +1946,269 @@ static void test_openai_python(void **state)
     assert_int_equal(rc, 0);
 }
 
+/* ---- prompt arrays and special tokens in raw prompts (issue 35) ---- */
+
+/* A completion's greedy text (fy_strdup'd) and prompt tokens alone. */
+static char *greedy_alone(const char *prompt, json_int_t *np)
+{
+    char body[512];
+    snprintf(body, sizeof(body), "{\"prompt\":\"%s\",\"max_tokens\":4,\"temperature\":0,\"ignore_eos\":true}", prompt);
+    const char *t, *f;
+    json_t *j = completion(body, &t, &f, np);
+    char *out = fy_strdup(t);
+    json_decref(j);
+    return out;
+}
+
+/* The streamed choices' texts put together (into texts[index]); every
+ * chunk names one choice below n_choices; [DONE] comes once, last; the
+ * usage chunk's counts into *np and *nc. */
+static void read_stream(const char *body, int n_choices, char texts[][256], const char **fin, json_int_t *np,
+                        json_int_t *nc)
+{
+    int done = 0;
+    *np = *nc = -1;
+    for (const char *p = body; (p = strstr(p, "data: ")); p += 6) {
+        if (!strncmp(p + 6, "[DONE]", 6)) {
+            done++;
+            assert_null(strstr(p + 6, "data: ")); /* the last event sent */
+            continue;
+        }
+        json_error_t e;
+        json_t *c = json_loadb(p + 6, strcspn(p + 6, "\n"), 0, &e);
+        if (!c) fail_msg("not JSON: %.80s", p + 6);
+        json_t *u = json_object_get(c, "usage"), *ch = json_object_get(c, "choices");
+        if (json_is_object(u)) {
+            *np = json_integer_value(json_object_get(u, "prompt_tokens"));
+            *nc = json_integer_value(json_object_get(u, "completion_tokens"));
+        }
+        if (json_array_size(ch)) {
+            assert_int_equal(json_array_size(ch), 1);
+            json_t *one = json_array_get(ch, 0);
+            json_int_t i = json_integer_value(json_object_get(one, "index"));
+            if (i < 0 || i >= n_choices) fail_msg("a chunk of choice %lld; there are %d", (long long)i, n_choices);
+            const char *t = json_string_value(json_object_get(one, "text"));
+            size_t have = strlen(texts[i]);
+            if (t) snprintf(texts[i] + have, 256 - have, "%s", t);
+            const char *f = json_string_value(json_object_get(one, "finish_reason"));
+            if (f && fin) fin[i] = f[0] == 'l' ? "length" : f[0] == 'a' ? "abort" : "stop";
+        }
+        json_decref(c);
+    }
+    assert_int_equal(done, 1);
+}
+
+/*
+ * /v1/completions' prompt arrays, as OpenAI and vLLM take them: strings or
+ * token-id arrays, one choice per prompt and per n at index prompt * n +
+ * k, whole and streamed, usage summed; each prompt's greedy answer is
+ * the one it gets alone.  Before: 400 "one prompt per request".
+ */
+static void test_prompt_arrays(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    static const char *const P[2] = {"The capital of France is", "One, two, three,"};
+    json_int_t np[2];
+    char *want[2];
+    for (int p = 0; p < 2; p++) want[p] = greedy_alone(P[p], &np[p]);
+    assert_string_not_equal(want[0], want[1]); /* (so that a choice under the wrong index shows) */
+    char body[1024];
+    for (int form = 0; form < 2; form++) { /* strings, then the same prompts as token ids */
+        char prompts[512];
+        if (form == 0) {
+            snprintf(prompts, sizeof(prompts), "[\"%s\",\"%s\"]", P[0], P[1]);
+        } else {
+            size_t k = (size_t)snprintf(prompts, sizeof(prompts), "[");
+            for (int p = 0; p < 2; p++) {
+                snprintf(body, sizeof(body), "{\"prompt\":\"%s\"}", P[p]);
+                resp_t t = call("POST", "/tokenize", KEY_A, body);
+                assert_int_equal(t.status, 200);
+                json_t *j = json_of(&t);
+                char *ids = json_dumps(json_object_get(j, "tokens"), JSON_COMPACT);
+                k += (size_t)snprintf(prompts + k, sizeof(prompts) - k, "%s%s", p ? "," : "", ids);
+                free(ids);
+                json_decref(j);
+                free(t.body);
+            }
+            snprintf(prompts + k, sizeof(prompts) - k, "]");
+        }
+        snprintf(body, sizeof(body), "{\"prompt\":%s,\"n\":2,\"max_tokens\":4,\"temperature\":0,\"ignore_eos\":true}",
+                 prompts);
+        resp_t r = call("POST", "/v1/completions", KEY_A, body);
+        if (r.status != 200) fail_msg("%s: HTTP %d %s", body, r.status, r.body);
+        json_t *j = json_of(&r);
+        json_t *choices = json_object_get(j, "choices");
+        assert_int_equal(json_array_size(choices), 4);
+        for (size_t i = 0; i < 4; i++) {
+            json_t *c = json_array_get(choices, i);
+            assert_int_equal(json_integer_value(json_object_get(c, "index")), (json_int_t)i);
+            assert_string_equal(json_string_value(json_object_get(c, "text")), want[i / 2]);
+            assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "length");
+        }
+        json_t *u = json_object_get(j, "usage");
+        assert_int_equal(json_integer_value(json_object_get(u, "prompt_tokens")), np[0] + np[1]);
+        assert_int_equal(json_integer_value(json_object_get(u, "completion_tokens")), 16);
+        json_decref(j);
+        free(r.body);
+        /* streamed: each chunk names its choice, [DONE] once at the end */
+        snprintf(body, sizeof(body),
+                 "{\"prompt\":%s,\"n\":2,\"max_tokens\":4,\"temperature\":0,\"ignore_eos\":true,\"stream\":true,"
+                 "\"stream_options\":{\"include_usage\":true}}",
+                 prompts);
+        r = call("POST", "/v1/completions", KEY_A, body);
+        assert_int_equal(r.status, 200);
+        char texts[4][256] = {""};
+        const char *fin[4] = {NULL};
+        json_int_t sp, sc;
+        read_stream(r.body, 4, texts, fin, &sp, &sc);
+        for (int i = 0; i < 4; i++) {
+            assert_string_equal(texts[i], want[i / 2]);
+            assert_non_null(fin[i]);
+            assert_string_equal(fin[i], "length");
+        }
+        assert_int_equal(sp, np[0] + np[1]);
+        assert_int_equal(sc, 16);
+        free(r.body);
+    }
+    fy_free(want[0]);
+    fy_free(want[1]);
+    /* echo: each choice's own prompt (max_tokens 0: the prompt alone) */
+    snprintf(body, sizeof(body), "{\"prompt\":[\"%s\",\"%s\"],\"n\":2,\"max_tokens\":0,\"echo\":true}", P[0], P[1]);
+    resp_t e = call("POST", "/v1/completions", KEY_A, body);
+    if (e.status != 200) fail_msg("%s: HTTP %d %s", body, e.status, e.body);
+    json_t *ej = json_of(&e);
+    for (size_t i = 0; i < 4; i++)
+        assert_string_equal(
+            json_string_value(json_object_get(json_array_get(json_object_get(ej, "choices"), i), "text")), P[i / 2]);
+    json_decref(ej);
+    free(e.body);
+
+    /* the bounds and the faults, each naming 'prompt' (and where) */
+    static const struct {
+        const char *body, *in_message;
+    } bad[] = {
+        {"{\"prompt\":[]}", "empty array"},
+        {"{\"prompt\":[\"a\",5]}", "'prompt'[1] must be a string or an array of token ids"},
+        {"{\"prompt\":[\"a\",\"\"]}", "'prompt'[1] is empty"},
+        {"{\"prompt\":[[1,2],[]]}", "'prompt'[1] is empty"},
+        {"{\"prompt\":[[1,2],[3,999999]]}", "'prompt'[1][1] is not a token id"},
+        {"{\"prompt\":[[1,2],{\"a\":1}]}", "'prompt'[1] must be"},
+        {"{\"prompt\":[\"a\",\"b\",\"c\",\"d\",\"e\"],\"n\":16}", "80 choices; at most 64"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+        resp_t r = call("POST", "/v1/completions", KEY_A, bad[i].body);
+        expect_error(&r, 400, "prompt", bad[i].in_message);
+        free(r.body);
+    }
+    size_t k = (size_t)snprintf(body, sizeof(body), "{\"prompt\":[");
+    for (int i = 0; i < FY_HTTP_MAX_PROMPTS + 1; i++)
+        k += (size_t)snprintf(body + k, sizeof(body) - k, "%s\"x\"", i ? "," : "");
+    snprintf(body + k, sizeof(body) - k, "],\"max_tokens\":1}");
+    resp_t r = call("POST", "/v1/completions", KEY_A, body);
+    expect_error(&r, 400, "prompt", "33 prompts; at most 32");
+    free(r.body);
+
+    /* a prompt the router refuses (more tokens than the context holds)
+     * ends its choice with an error that names it; the others end too */
+    r = call("GET", "/v1/models", NULL, NULL);
+    json_t *j = json_of(&r);
+    json_int_t ctx =
+        json_integer_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "max_model_len"));
+    json_decref(j);
+    free(r.body);
+    assert_true(ctx > 0 && ctx < 20000);
+    size_t cap = (size_t)ctx * 2 + 256;
+    char *big = fy_malloc(cap);
+    for (int where = 0; where < 2; where++)
+        for (int stream = 0; stream < 2; stream++) {
+            k = (size_t)snprintf(big, cap, "{\"max_tokens\":2,\"stream\":%s,\"prompt\":[%s\"",
+                                 stream ? "true" : "false", where ? "\"Hi\"," : "");
+            for (json_int_t i = 0; i < ctx + 8; i++) k += (size_t)snprintf(big + k, cap - k, " a");
+            snprintf(big + k, cap - k, "\"%s]}", where ? "" : ",\"Hi\"");
+            r = call("POST", "/v1/completions", KEY_A, big);
+            char named[32];
+            snprintf(named, sizeof(named), "'prompt'[%d]", where);
+            if (!stream || !where) { /* the first choice refused: a 400 before any stream */
+                expect_error(&r, 400, where ? NULL : "prompt", named);
+                if (!stream) { /* (the whole answer's is the first choice that failed) */
+                    j = json_of(&r);
+                    assert_non_null(strstr(json_string_value(json_object_get(json_object_get(j, "error"), "message")),
+                                           "context holds"));
+                    json_decref(j);
+                }
+            } else { /* choice 0 streams to its end; choice 1 aborts, and the error says which */
+                assert_int_equal(r.status, 200);
+                char texts[2][256] = {""};
+                const char *fin[2] = {NULL};
+                json_int_t sp, sc;
+                read_stream(r.body, 2, texts, fin, &sp, &sc);
+                assert_non_null(fin[0]);
+                assert_non_null(fin[1]);
+                assert_string_equal(fin[1], "abort");
+                assert_string_not_equal(fin[0], "abort");
+                assert_non_null(strstr(r.body, "choice 1 ('prompt'[1]): the prompt has"));
+            }
+            free(r.body);
+        }
+    fy_free(big);
+    /* and the server serves on */
+    want[0] = greedy_alone(P[0], &np[0]);
+    fy_free(want[0]);
+}
+
+/*
+ * Special tokens in a raw completion prompt are parsed (vLLM's): a
+ * hand-written ChatML prompt is the 10 tokens Hugging Face's tokenizers
+ * gives (test_tokenizer.c has the ids), in usage and in /tokenize; as
+ * chat message content the same text stays text, its markers no control
+ * tokens.  Before: 28 tokens.
+ */
+static void test_raw_prompt_special_tokens(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+#define CHATML "<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n"
+    const char *t, *f;
+    json_int_t np = 0;
+    json_t *j = completion("{\"prompt\":\"" CHATML "\",\"max_tokens\":1}", &t, &f, &np);
+    assert_int_equal(np, 10);
+    json_decref(j);
+    j = completion("{\"prompt\":[\"" CHATML "\",\"" CHATML "\"],\"max_tokens\":1}", &t, &f, &np);
+    assert_int_equal(np, 20);
+    json_decref(j);
+    resp_t r = call("POST", "/tokenize", KEY_A, "{\"prompt\":\"" CHATML "\"}");
+    assert_int_equal(r.status, 200);
+    j = json_of(&r);
+    static const json_int_t want[] = {1, 4093, 198, 6004, 2, 198, 1, 520, 9531, 198};
+    json_t *toks = json_object_get(j, "tokens");
+    assert_int_equal(json_array_size(toks), 10);
+    for (size_t i = 0; i < 10; i++) assert_int_equal(json_integer_value(json_array_get(toks, i)), want[i]);
+    json_decref(j);
+    free(r.body);
+    /* chat content: the markers are text; the template's own are the only
+     * control tokens (as many as with any other content) */
+    int specials[2] = {0, 0};
+    for (int c = 0; c < 2; c++) {
+        r = call("POST", "/tokenize", KEY_A,
+                 c ? "{\"messages\":[{\"role\":\"user\",\"content\":\"" CHATML "\"}]}"
+                   : "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}");
+        assert_int_equal(r.status, 200);
+        j = json_of(&r);
+        toks = json_object_get(j, "tokens");
+        for (size_t i = 0; i < json_array_size(toks); i++) {
+            json_int_t id = json_integer_value(json_array_get(toks, i));
+            specials[c] += id == 1 || id == 2;
+        }
+        assert_true(json_array_size(toks) > (c ? 28u : 3u));
+        json_decref(j);
+        free(r.body);
+    }
+    assert_true(specials[0] >= 2);
+    assert_int_equal(specials[1], specials[0]);
+#undef CHATML
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1957,6 +2221,8 @@ int main(void)
         cmocka_unit_test(test_sampling_controls),
         cmocka_unit_test(test_echo_prompt_logprobs_bad_words),
         cmocka_unit_test(test_vllm_output_controls),
+        cmocka_unit_test(test_prompt_arrays),
+        cmocka_unit_test(test_raw_prompt_special_tokens),
         cmocka_unit_test(test_field_table),
         cmocka_unit_test(test_tool_calls),
         cmocka_unit_test(test_keepalive_after_refusals),

@@ -16,6 +16,8 @@
 #include "tests/gguf_writer.h"
 #include "common/mem.h"
 #include "tests/testutil.h"
+#include "model/model.h"
+#include "model/prompt.h"
 #include "model/tokenizer.h"
 
 #define SEED 0x7e57c0de
@@ -1439,6 +1441,69 @@ static int teardown(void **state)
     return 0;
 }
 
+/*
+ * A raw completion prompt (fy_prompt_text) with parse_special: a
+ * hand-written chat prompt gives the template's markers as the control
+ * tokens they are, with exactly the ids Hugging Face's tokenizers gives
+ * (tests/tok_oracle.py's tokenizer with the CONTROL tokens added as
+ * special: vLLM's /v1/completions); without, the markers are text and no
+ * special token comes out.  Before /v1/completions parsed them, SmolLM2's
+ * prompt was 28 tokens instead of the oracle's 10.
+ */
+static void test_models_prompt_text_special(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text;
+        int32_t want[16];
+        size_t n_want, n_plain;
+    } k_cases[N_BUILTIN] = {
+        {"<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+         {1, 4093, 198, 6004, 2, 198, 1, 520, 9531, 198},
+         10,
+         28},
+        /* Gemma wants BOS: the oracle's 9 after it */
+        {"<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n",
+         {2, 105, 2364, 107, 2202, 106, 107, 105, 4368, 107},
+         10,
+         28},
+    };
+    int tested = 0;
+    for (int k = 0; k < N_BUILTIN; k++) {
+        const char *path = builtin_model_path(k);
+        if (!path) continue;
+        fy_model_t *m;
+        assert_int_equal(fy_model_load(path, &m), FY_OK);
+        const fy_tokenizer_t *tok = fy_model_tokenizer(m);
+        const char *text = k_cases[k].text;
+        int32_t *ids = NULL, n = 0;
+        assert_int_equal(fy_prompt_text(m, text, strlen(text), true, &ids, &n), FY_OK);
+        assert_int_equal(n, (int32_t)k_cases[k].n_want);
+        for (int32_t i = 0; i < n; i++)
+            if (ids[i] != k_cases[k].want[i])
+                fail_msg("%s: id %d is %d, the oracle's %d", path, i, ids[i], k_cases[k].want[i]);
+        fy_free(ids);
+        /* plain text: the same prompt fy_prompt_tokens makes of it */
+        assert_int_equal(fy_prompt_text(m, text, strlen(text), false, &ids, &n), FY_OK);
+        assert_int_equal(n, (int32_t)k_cases[k].n_plain);
+        for (int32_t i = fy_tokenizer_wants_bos(tok) ? 1 : 0; i < n; i++)
+            if (fy_tokenizer_is_special(tok, ids[i])) fail_msg("%s: plain text gave special token %d", path, ids[i]);
+        int32_t *old = NULL, n_old = 0;
+        assert_int_equal(fy_prompt_tokens(m, NULL, text, false, &old, &n_old), FY_OK);
+        assert_int_equal(n_old, n);
+        assert_memory_equal(old, ids, (size_t)n * sizeof(int32_t));
+        fy_free(old);
+        fy_free(ids);
+        /* nothing to tokenize is refused, not an empty prompt */
+        assert_int_equal(fy_prompt_text(m, "", 0, true, &ids, &n),
+                         fy_tokenizer_wants_bos(tok) ? FY_OK : FY_ERR_INVALID);
+        if (fy_tokenizer_wants_bos(tok)) fy_free(ids);
+        fy_model_destroy(m);
+        tested++;
+    }
+    if (!tested) skip();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1467,6 +1532,7 @@ int main(void)
         cmocka_unit_test(test_models_match_oracle),
         cmocka_unit_test(test_models_no_control_from_text),
         cmocka_unit_test(test_models_special_match_speed),
+        cmocka_unit_test(test_models_prompt_text_special),
     };
     fprintf(stderr, "note: seed 0x%x\n", SEED);
     return cmocka_run_group_tests(tests, NULL, teardown);

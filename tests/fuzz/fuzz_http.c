@@ -10,7 +10,9 @@
  * Checks: a refused body has a status (400 or 404), a message, and no
  * prompt; an accepted one has a prompt of 1 or more ids inside the
  * vocabulary, sampling parameters that pass the sampler's check,
- * max_tokens in [1, the context], n in [1, 16], at most 8 stop strings
+ * max_tokens in [1, the context], n in [1, 16], a completion's prompt
+ * array's prompts (1 to 32, each 1 or more ids, 64 choices at most)
+ * filling the ids exactly, at most 8 stop strings
  * of 1 to 64 bytes, and parameters that the workers' decoder takes back
  * exactly as written (what HTTP accepts, the wire accepts).  Tokenize
  * and detokenize: a refusal as above; accepted ids inside the vocabulary,
@@ -109,6 +111,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FZ_CHECK(fy_sampling_params_check(&g.gen.sampling) == FY_OK, "accepted sampling parameters fail the sampler");
     FZ_CHECK(g.gen.max_tokens >= 1 && g.gen.max_tokens <= f->max_ctx, "max_tokens %d", g.gen.max_tokens);
     FZ_CHECK(g.n >= 1 && g.n <= FY_HTTP_MAX_N, "n %d", g.n);
+    /* a prompt array: its prompts fill ids exactly, none empty, within the bounds */
+    FZ_CHECK(g.n_prompts >= 1 && g.n_prompts <= FY_HTTP_MAX_PROMPTS, "%d prompts", g.n_prompts);
+    FZ_CHECK(g.n_prompts * g.n <= FY_HTTP_MAX_CHOICES, "%d prompts times n %d", g.n_prompts, g.n);
+    FZ_CHECK(chat ? g.n_prompts == 1 : true, "a chat with %d prompts", g.n_prompts);
+    int64_t sum = 0;
+    for (int i = 0; i < g.n_prompts; i++) {
+        FZ_CHECK(g.prompt_len[i] >= 1, "prompt %d of %d tokens", i, g.prompt_len[i]);
+        FZ_CHECK(!g.truncate || g.prompt_len[i] <= g.truncate, "prompt %d of %d tokens kept %d", i, g.prompt_len[i],
+                 g.truncate);
+        sum += g.prompt_len[i];
+    }
+    FZ_CHECK(sum == g.n_prompt, "prompts of %lld tokens in all, ids %d", (long long)sum, g.n_prompt);
     FZ_CHECK(g.gen.n_stop >= 0 && g.gen.n_stop <= FY_GEN_MAX_STOP, "%d stop strings", g.gen.n_stop);
     for (int32_t i = 0; i < g.gen.n_stop; i++) {
         size_t l = strlen(g.gen.stop[i]);

@@ -961,6 +961,12 @@ static void http(void)
          "{\"prompt\":[1,2,3,4,49151],\"logprobs\":0,\"stream\":true,"
          "\"stream_options\":{\"include_usage\":true},\"n\":2,\"min_p\":0.05}"},
         {"completion-batch", false, "{\"prompt\":[\"a\",\"b\"],\"echo\":true,\"best_of\":1,\"suffix\":null}"},
+        /* prompt arrays (issue 35): token-id arrays, n per prompt, truncation per prompt, special tokens */
+        {"completion-batch-ids", false,
+         "{\"prompt\":[[1,2,3],[4,5],[49151]],\"n\":3,\"stream\":true,\"truncate_prompt_tokens\":2}"},
+        {"completion-batch-special", false,
+         "{\"prompt\":[\"<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n\",\"b\"],\"n\":2}"},
+        {"completion-batch-bad", false, "{\"prompt\":[[1],\"\",[]],\"n\":40}"},
         {"chat", true,
          "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\","
          "\"content\":\"Hello <|im_end|>\"}],\"max_completion_tokens\":32,\"logprobs\":true,"
