@@ -297,8 +297,8 @@ static void test_parse_chat(void **state)
         {"think", FY_REASONING_AUTO, ", \"chat_template_kwargs\": {\"enable_thinking\": true}", FY_REASONING_QWEN3,
          "<|im_start|>assistant\n", true},
         /* thinking off: the prompt closes an empty block; what comes is content */
-        {"think", FY_REASONING_AUTO, ", \"chat_template_kwargs\": {\"enable_thinking\": false}",
-         FY_REASONING_QWEN3, "<|im_start|>assistant\n<think>\n\n</think>\n\n", true},
+        {"think", FY_REASONING_AUTO, ", \"chat_template_kwargs\": {\"enable_thinking\": false}", FY_REASONING_QWEN3,
+         "<|im_start|>assistant\n<think>\n\n</think>\n\n", true},
         /* the prompt opens <think>: deepseek_r1's rule */
         {"think", FY_REASONING_AUTO, ", \"chat_template_kwargs\": {\"open_think\": true}", FY_REASONING_DEEPSEEK_R1,
          "<|im_start|>assistant\n<think>\n", true},
@@ -321,8 +321,8 @@ static void test_parse_chat(void **state)
         snprintf(body, sizeof(body), "{" USER "%s}", cases[i].extra);
         fy_http_gen_t *g = fy_calloc(1, sizeof(*g));
         fy_http_fault_t fault;
-        fy_status_t st = parse_chat(!strcmp(cases[i].path_of, "think") ? g_think_path : g_chatml_path,
-                                    cases[i].parser, body, g, &fault, text, sizeof(text));
+        fy_status_t st = parse_chat(!strcmp(cases[i].path_of, "think") ? g_think_path : g_chatml_path, cases[i].parser,
+                                    body, g, &fault, text, sizeof(text));
         if (st) fail_msg("case %zu: %s", i, fault.msg);
         size_t tl = strlen(text), el = strlen(cases[i].prompt_end);
         if (tl < el || strcmp(text + tl - el, cases[i].prompt_end))
@@ -509,8 +509,9 @@ static void test_served(void **state)
     assert_true(letters(json_string_value(json_object_get(msg, "content")), 3, 3));
     json_decref(msg);
     /* two samples, streamed: each its own split */
-    json_t *chunks = post_json("{" USER ", \"guided_regex\": \"<think>[a-z]{2,5}</think>[a-z]{3}\", \"max_tokens\": 40, "
-                               "\"n\": 2, \"temperature\": 1, \"seed\": 3, \"stream\": true}");
+    json_t *chunks =
+        post_json("{" USER ", \"guided_regex\": \"<think>[a-z]{2,5}</think>[a-z]{3}\", \"max_tokens\": 40, "
+                  "\"n\": 2, \"temperature\": 1, \"seed\": 3, \"stream\": true}");
     for (int i = 0; i < 2; i++) {
         joined_t s;
         join(chunks, i, &s);
@@ -539,18 +540,19 @@ static void test_served(void **state)
 
     /* tool calls after the thinking (tool_choice auto): the calls are read
      * from the content */
-    msg = ask_both(
-        "{" USER ", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"now\", \"parameters\": "
-        "{\"type\": \"object\", \"properties\": {}}}}], \"guided_regex\": \"<think>[a-z]{2}</think><tool_call>"
-        "\\\\{\\\"name\\\": \\\"now\\\", \\\"arguments\\\": \\\\{\\\\}\\\\}</tool_call>\", "
-        "\"max_tokens\": 120, \"temperature\": 0",
-        fin, sizeof(fin));
+    msg =
+        ask_both("{" USER ", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"now\", \"parameters\": "
+                 "{\"type\": \"object\", \"properties\": {}}}}], \"guided_regex\": \"<think>[a-z]{2}</think><tool_call>"
+                 "\\\\{\\\"name\\\": \\\"now\\\", \\\"arguments\\\": \\\\{\\\\}\\\\}</tool_call>\", "
+                 "\"max_tokens\": 120, \"temperature\": 0",
+                 fin, sizeof(fin));
     if (!letters(json_string_value(json_object_get(msg, "reasoning_content")), 2, 2) ||
         json_array_size(json_object_get(msg, "tool_calls")) != 1)
         fail_msg("no call after the thinking: %s", json_dumps(msg, 0));
-    assert_string_equal(json_string_value(json_object_get(
-                            json_object_get(json_array_get(json_object_get(msg, "tool_calls"), 0), "function"), "name")),
-                        "now");
+    assert_string_equal(
+        json_string_value(json_object_get(
+            json_object_get(json_array_get(json_object_get(msg, "tool_calls"), 0), "function"), "name")),
+        "now");
     assert_true(json_is_null(json_object_get(msg, "content")));
     assert_string_equal(fin, "tool_calls");
     json_decref(msg);
@@ -573,9 +575,8 @@ int main(void)
 {
     if (sodium_init() < 0) return 1;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_whole),         cmocka_unit_test(test_every_cut),
-        cmocka_unit_test(test_held_back),     cmocka_unit_test(test_prompt_opens),
-        cmocka_unit_test(test_parse_chat),    cmocka_unit_test(test_parse_refused),
+        cmocka_unit_test(test_whole),        cmocka_unit_test(test_every_cut),  cmocka_unit_test(test_held_back),
+        cmocka_unit_test(test_prompt_opens), cmocka_unit_test(test_parse_chat), cmocka_unit_test(test_parse_refused),
         cmocka_unit_test(test_served),
     };
     return cmocka_run_group_tests(tests, setup_models, NULL);
