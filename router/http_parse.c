@@ -1004,10 +1004,13 @@ static fy_reasoning_parser_t reasoning_of(const fy_http_front_t *f, const fy_gen
         if (!fy_reasoning_template_thinks(fy_chat_template_source(fy_model_chat_template(f->model))))
             return FY_REASONING_NONE;
         enum { TAIL = 16 }; /* tokens: the last tag and the white space after it */
+        const fy_tokenizer_t *tok = fy_model_tokenizer(f->model);
         int32_t k = n < TAIL ? n : TAIL;
         char tail[TAIL * 64];
-        size_t tl =
-            fy_tokenizer_decode(fy_model_tokenizer(f->model), ids + (n - k), (size_t)k, true, tail, sizeof(tail));
+        size_t tl;
+        while ((tl = fy_tokenizer_decode(tok, ids + (n - k), (size_t)k, true, tail, sizeof(tail))) >= sizeof(tail) &&
+               k > 1)
+            k--; /* long tokens: fewer of them, so that the text read is the prompt's end */
         if (tl >= sizeof(tail)) tl = sizeof(tail) - 1;
         p = fy_reasoning_prompt_opens(tail, tl) ? FY_REASONING_DEEPSEEK_R1 : FY_REASONING_QWEN3;
     }
