@@ -570,7 +570,7 @@ static bool h_split(hreq_t *h, int i, fy_router_view_t *v, const char **r_p, siz
 }
 
 /* The reasoning under both the names clients read: "reasoning" (vLLM's
- * since its 0.11, OpenAI's advice for chain of thought) and
+ * newer name, after OpenAI's advice for chain of thought) and
  * "reasoning_content" (DeepSeek's, which LiteLLM and most SDKs read). */
 static void set_reasoning(json_t *o, json_t *text)
 {
