@@ -116,6 +116,11 @@ static const fy_conf_key_t KEYS[] = {
         "empty: none"),
     INT("router", "default_max_tokens", "1024", 1, 1 << 20,
         "max_tokens of chat completions that give none (completions default to 16, as OpenAI's)"),
+    ENUM("router", "reasoning_parser", "auto", "auto|none|deepseek_r1|qwen3",
+         "how chat answers split into reasoning (reasoning_content) and content, as vLLM's parsers do: auto when the "
+         "model's chat template writes `<think>` (deepseek_r1 if the rendered prompt opens `<think>`, else qwen3); "
+         "none: "
+         "all content"),
     DUR("router", "retry_after", "1s", 0, 3600, "the Retry-After of HTTP 503 answers"),
     DUR("router", "health_timeout", "2s", 0.05, 3600, "a worker silent this long is down"),
     DUR("router", "request_timeout", "600s", 0.1, 86400, "a request's deadline when the client gives none"),

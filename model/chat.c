@@ -2639,10 +2639,22 @@ static val_t from_json(render_t *r, json_t *j, int depth)
 }
 
 static fy_status_t render_guarded(render_t *r, const fy_chat_template_t *t, const fy_chat_msg_t *msgs, size_t n_msgs,
-                                  json_t *const *extra, json_t *tools, bool add_generation_prompt, frame_t *root)
+                                  json_t *const *extra, json_t *tools, json_t *vars, bool add_generation_prompt,
+                                  frame_t *root)
 {
     if (setjmp(r->c.jmp)) return r->c.status;
     r->root = r->top = root;
+    if (vars) { /* first, so that the caller's own variables below win */
+        const char *key;
+        json_t *v;
+        json_object_foreach(vars, key, v)
+        {
+            size_t n = strlen(key);
+            char *kc = alloc(&r->c, n + 1);
+            memcpy(kc, key, n + 1);
+            dict_set(r, &root->vars, (str_t){kc, n}, from_json(r, v, 1));
+        }
+    }
     list_t *l = list_new(r, n_msgs);
     for (size_t k = 0; k < n_msgs; k++) {
         if (!msgs[k].role) ERR(r, NULL, "message %zu has no role", k);
@@ -2697,15 +2709,26 @@ fy_status_t fy_chat_template_apply_tools(const fy_chat_template_t *tmpl, const f
                                          const char *const *extra_json, size_t n_msgs, const char *tools_json,
                                          bool add_generation_prompt, char **out_p)
 {
+    return fy_chat_template_apply_vars(tmpl, msgs, extra_json, n_msgs, tools_json, NULL, add_generation_prompt, out_p);
+}
+
+fy_status_t fy_chat_template_apply_vars(const fy_chat_template_t *tmpl, const fy_chat_msg_t *msgs,
+                                        const char *const *extra_json, size_t n_msgs, const char *tools_json,
+                                        const char *vars_json, bool add_generation_prompt, char **out_p)
+{
     if (!tmpl || !out_p || (n_msgs && !msgs)) {
         fy_error("chat template: apply: no template, messages or output");
         return FY_ERR_INVALID;
     }
     /* the JSON parsed before the render, which may unwind with longjmp,
      * so that everything here is released on every path */
-    json_t *tools = NULL, **extra = NULL;
+    json_t *tools = NULL, **extra = NULL, *vars = NULL;
     fy_status_t st = FY_OK;
     if (tools_json && !(tools = load_json(tools_json, false, "tools", 0))) return FY_ERR_INVALID;
+    if (vars_json && !(vars = load_json(vars_json, true, "the variables", 0))) {
+        json_decref(tools);
+        return FY_ERR_INVALID;
+    }
     for (size_t k = 0; k < n_msgs && st == FY_OK; k++) {
         if (!extra_json || !extra_json[k]) continue;
         if (!extra && !(extra = fy_calloc(n_msgs, sizeof(*extra)))) {
@@ -2719,10 +2742,11 @@ fy_status_t fy_chat_template_apply_tools(const fy_chat_template_t *tmpl, const f
     buf_t out = {0};
     frame_t root = {0};
     render_t r = {.c = {.arena = &arena, .src = tmpl->src}, .out = &out};
-    if (st == FY_OK) st = render_guarded(&r, tmpl, msgs, n_msgs, extra, tools, add_generation_prompt, &root);
+    if (st == FY_OK) st = render_guarded(&r, tmpl, msgs, n_msgs, extra, tools, vars, add_generation_prompt, &root);
     for (size_t k = 0; extra && k < n_msgs; k++) json_decref(extra[k]);
     fy_free(extra);
     json_decref(tools);
+    json_decref(vars);
     char *s = NULL;
     if (st == FY_OK && !(s = fy_malloc(out.n + 1))) {
         fy_error("chat template: out of memory");

@@ -55,6 +55,15 @@ fy_status_t fy_chat_template_apply_tools(const fy_chat_template_t *tmpl, const f
                                          const char *const *extra, size_t n_msgs, const char *tools_json,
                                          bool add_generation_prompt, char **out_p);
 
+/* The same with vars_json (NULL: none) a JSON object whose members the
+ * template sees as variables of its own (a request's chat_template_kwargs:
+ * Qwen3's enable_thinking, ...); messages, tools, add_generation_prompt,
+ * bos_token and eos_token are the caller's and win over a member of the
+ * same name.  JSON that is not an object is FY_ERR_INVALID (logged). */
+fy_status_t fy_chat_template_apply_vars(const fy_chat_template_t *tmpl, const fy_chat_msg_t *msgs,
+                                        const char *const *extra, size_t n_msgs, const char *tools_json,
+                                        const char *vars_json, bool add_generation_prompt, char **out_p);
+
 /* The template's source (normalized), for callers that pick a format by
  * what it mentions (a tool-call syntax). */
 const char *fy_chat_template_source(const fy_chat_template_t *tmpl);

@@ -95,6 +95,12 @@ static char *json_escaped(const char *s)
 fy_status_t fy_prompt_chat_tools(const fy_model_t *m, const fy_chat_msg_t *in, const char *const *extra, size_t nm,
                                  const char *tools_json, int32_t **ids_p, int32_t *n_p)
 {
+    return fy_prompt_chat_vars(m, in, extra, nm, tools_json, NULL, ids_p, n_p);
+}
+
+fy_status_t fy_prompt_chat_vars(const fy_model_t *m, const fy_chat_msg_t *in, const char *const *extra, size_t nm,
+                                const char *tools_json, const char *vars_json, int32_t **ids_p, int32_t *n_p)
+{
     const fy_tokenizer_t *tok = fy_model_tokenizer(m);
     ids_t o = {0};
     fy_status_t st;
@@ -114,7 +120,7 @@ fy_status_t fy_prompt_chat_tools(const fy_model_t *m, const fy_chat_msg_t *in, c
         msgs[i] = (fy_chat_msg_t){in[i].role, text ? sent[i] : in[i].content};
     }
     char *r = NULL;
-    if ((st = fy_chat_template_apply_tools(fy_model_chat_template(m), msgs, extra, nm, tools_json, true, &r)))
+    if ((st = fy_chat_template_apply_vars(fy_model_chat_template(m), msgs, extra, nm, tools_json, vars_json, true, &r)))
         return finish(&o, st, ids_p, n_p);
     /* template text (special tokens on) between the messages (special off);
      * BOS where the model wants one, unless the template wrote it already

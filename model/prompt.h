@@ -54,4 +54,11 @@ fy_status_t fy_prompt_chat(const fy_model_t *m, const fy_chat_msg_t *msgs, size_
 fy_status_t fy_prompt_chat_tools(const fy_model_t *m, const fy_chat_msg_t *msgs, const char *const *extra,
                                  size_t n_msgs, const char *tools_json, int32_t **ids_p, int32_t *n_p);
 
+/* The same with vars_json (NULL: none) the template's variables of the
+ * request (chat.h's fy_chat_template_apply_vars: chat_template_kwargs).
+ * What the template writes of them is template text, whose special tokens
+ * count: the caller keeps special tokens' text out of them. */
+fy_status_t fy_prompt_chat_vars(const fy_model_t *m, const fy_chat_msg_t *msgs, const char *const *extra, size_t n_msgs,
+                                const char *tools_json, const char *vars_json, int32_t **ids_p, int32_t *n_p);
+
 #endif /* FY_PROMPT_H */

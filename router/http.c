@@ -64,6 +64,7 @@
 #include "common/cluster.h"
 #include "grammar/grammar.h"
 #include "router/http_parse.h"
+#include "router/reasoning.h"
 #include "rpc/httpd.h"
 #include "common/log.h"
 #include "common/mem.h"
@@ -89,6 +90,7 @@ struct fy_http {
     fy_grammar_cache_t *grammars; /* structured outputs compiled at the door (thread-safe) */
     fy_tenants_t *tenants;        /* NULL: no keys, everyone is tenant "" */
     int64_t default_max_tokens;
+    fy_reasoning_parser_t reasoning_parser; /* router.reasoning_parser */
     double retry_after_s;
     time_t model_created; /* the model file's time, for /v1/models */
     /* guarded by the router's lock */
@@ -115,8 +117,15 @@ struct hreq {
     char *tool_names; /* the tools' names (fy_tools_names) */
     bool tool_parallel;
     fy_tools_stream_t *tools[MAX_N]; /* each sample's text read into tool calls as it grows */
-    int n;                           /* choices: n_prompts times per */
-    int per;                         /* samples per prompt (the request's "n"); choice i is prompt i / per's */
+    /* chat with a reasoning parser: each sample's answer split into
+     * reasoning and content (router/reasoning.h), and the reasoning's
+     * bytes streamed so far */
+    fy_reasoning_parser_t reasoning;
+    bool include_reasoning;
+    fy_reasoning_t think[MAX_N];
+    size_t from_reason[MAX_N];
+    int n;         /* choices: n_prompts times per */
+    int per;       /* samples per prompt (the request's "n"); choice i is prompt i / per's */
     int n_prompts;
     uint64_t ids[MAX_N];
     int32_t from_tok[MAX_N];
@@ -549,6 +558,37 @@ static fy_tools_stream_t *h_tools(hreq_t *h, int i, const fy_router_view_t *v)
     return h->tools[i];
 }
 
+/* Chat with a reasoning parser: sample i's answer split.  v's text
+ * becomes the content alone (nothing while the answer thinks), which the
+ * tool-call parser and the content chunks read as they read a whole
+ * answer; *r_p and *rl_p the reasoning sure so far.  false: no parser,
+ * v untouched. */
+static bool h_split(hreq_t *h, int i, fy_router_view_t *v, const char **r_p, size_t *rl_p)
+{
+    if (!h->chat || h->reasoning == FY_REASONING_NONE) return false;
+    fy_reasoning_feed(&h->think[i], v->text, v->text_len, v->done);
+    size_t from, to, cf;
+    fy_reasoning_span(&h->think[i], &from, &to);
+    *r_p = v->text + from;
+    *rl_p = to - from;
+    if (fy_reasoning_content_from(&h->think[i], &cf)) {
+        v->text += cf;
+        v->text_len -= cf;
+    } else {
+        v->text_len = 0;
+    }
+    return true;
+}
+
+/* The reasoning under both the names clients read: "reasoning" (vLLM's
+ * newer name, after OpenAI's advice for chain of thought) and
+ * "reasoning_content" (DeepSeek's, which LiteLLM and most SDKs read). */
+static void set_reasoning(json_t *o, json_t *text)
+{
+    json_object_set(o, "reasoning", text);
+    json_object_set_new(o, "reasoning_content", text);
+}
+
 /* The finish reason of a done sample: "tool_calls" when it made calls
  * (unless cut short by max_tokens: "length", as OpenAI says). */
 static const char *h_finish(const fy_tools_stream_t *ts, const fy_router_view_t *v)
@@ -606,6 +646,21 @@ static void stream_chunk_delta(hreq_t *h, int i, const char *text, size_t len, j
     wappend_json(h, "data: ", o, "\n\n");
 }
 
+/* One chunk of choice i with reasoning (len > 0) in its delta. */
+static void stream_reasoning(hreq_t *h, int i, const char *text, size_t len)
+{
+    json_t *o = envelope(h, true), *ch = json_object(), *delta = json_object();
+    json_object_set_new(ch, "index", json_integer(i));
+    set_reasoning(delta, jstr(text, len));
+    json_object_set_new(ch, "delta", delta);
+    json_object_set_new(ch, "logprobs", json_null());
+    json_object_set_new(ch, "finish_reason", json_null());
+    json_t *arr = json_array();
+    json_array_append_new(arr, ch);
+    json_object_set_new(o, "choices", arr);
+    wappend_json(h, "data: ", o, "\n\n");
+}
+
 /* What is new for the client, as SSE chunks; the [DONE] after the last. */
 static void build_stream(hreq_t *h)
 {
@@ -617,6 +672,13 @@ static void build_stream(hreq_t *h)
     for (int i = 0; i < h->n; i++) {
         fy_router_view_t v;
         if (h->done_sent[i] || !h_view(h, i, &v)) continue;
+        /* a thinking answer: its reasoning first, as it becomes sure */
+        const char *rt;
+        size_t rl;
+        if (h_split(h, i, &v, &rt, &rl) && rl > h->from_reason[i]) {
+            if (h->include_reasoning) stream_reasoning(h, i, rt + h->from_reason[i], rl - h->from_reason[i]);
+            h->from_reason[i] = rl;
+        }
         /* with tools, the content the parser is sure of, then the calls'
          * deltas as they grow (what may begin a call is held back) */
         fy_tools_stream_t *ts = h_tools(h, i, &v);
@@ -705,13 +767,20 @@ static void build_whole(hreq_t *h)
         }
         json_t *c = json_object();
         json_object_set_new(c, "index", json_integer(i));
+        const char *rt = NULL;
+        size_t rl = 0;
+        bool split = h_split(h, i, &v, &rt, &rl), thought = split && fy_reasoning_thought(&h->think[i]);
         fy_tools_stream_t *ts = h_tools(h, i, &v);
         size_t clen = ts ? fy_tools_stream_content(ts, v.text) : v.text_len;
         json_t *calls = ts && fy_tools_stream_n_calls(ts) ? fy_tools_stream_calls(ts) : NULL;
         if (h->chat) {
             json_t *msg = json_object();
             json_object_set_new(msg, "role", json_string("assistant"));
-            json_object_set_new(msg, "content", calls && blank(v.text, clen) ? json_null() : jstr(v.text, clen));
+            /* null: calls alone, or thinking alone (vLLM's) */
+            json_object_set_new(msg, "content",
+                                (calls && blank(v.text, clen)) || (thought && !clen) ? json_null()
+                                                                                     : jstr(v.text, clen));
+            if (split && h->include_reasoning) set_reasoning(msg, thought ? jstr(rt, rl) : json_null());
             if (calls) json_object_set_new(msg, "tool_calls", calls);
             json_object_set_new(c, "message", msg);
         } else if (h->echo) { /* the prompt, then the completion */
@@ -880,7 +949,8 @@ static fy_http_front_t front_of(const fy_http_t *H)
                              .max_ctx = fy_router_max_ctx(H->R),
                              .max_prompt_bytes = fy_router_max_prompt_bytes(H->R),
                              .default_max_tokens = H->default_max_tokens,
-                             .grammars = H->grammars};
+                             .grammars = H->grammars,
+                             .reasoning_parser = H->reasoning_parser};
 }
 
 /* The tenant of the request's key; false with a 401 sent when keys are
@@ -936,6 +1006,9 @@ static bool hreq_fill(hreq_t *h, fy_http_gen_t *g)
     h->tool_names = g->tool_names; /* (h's now) */
     g->tool_names = NULL;
     h->tool_parallel = g->tool_parallel;
+    h->reasoning = g->reasoning;
+    h->include_reasoning = g->include_reasoning;
+    for (int i = 0; i < MAX_N; i++) fy_reasoning_init(&h->think[i], g->reasoning);
     h->n = choices;
     h->per = g->n;
     h->max_tokens = g->gen.max_tokens;
@@ -1371,7 +1444,7 @@ static void on_metrics(void *arg, fy_httpd_req_t *r)
 static fy_status_t http_start(router_t *R, fy_http_t **h_p)
 {
     const fy_config_t *c = fy_router_config(R);
-    const char *url, *keys, *path, *cors;
+    const char *url, *keys, *path, *cors, *think;
     int64_t max_body, max_tokens;
     double retry;
     fy_httpd_limits_t lim;
@@ -1381,16 +1454,23 @@ static fy_status_t http_start(router_t *R, fy_http_t **h_p)
         (st = fy_conf_string(c, "router", "cors_origins", &cors)) ||
         (st = fy_conf_size(c, "router", "max_body", &max_body)) ||
         (st = fy_conf_int(c, "router", "default_max_tokens", &max_tokens)) ||
+        (st = fy_conf_string(c, "router", "reasoning_parser", &think)) ||
         (st = fy_conf_duration(c, "router", "retry_after", &retry)) ||
         (st = fy_conf_string(c, "model", "path", &path)) || (st = fy_netconf_httpd(c, "router", &lim)) ||
         (st = fy_httpd_limits_check(&lim)))
         return st;
     if (!*url) return FY_OK;
+    fy_reasoning_parser_t parser;
+    if (!fy_reasoning_parser_of(think, &parser)) { /* (the schema's choices are these) */
+        fy_error("router.reasoning_parser: '%s' is not auto, none, deepseek_r1 or qwen3", think);
+        return FY_ERR_INVALID;
+    }
     lim.threads = 2; /* prompts are parsed on the router's parse workers (fy_router_offload), not here */
     fy_http_t *H = fy_calloc(1, sizeof(*H));
     if (!H) return FY_ERR_NOMEM;
     H->R = R;
     H->default_max_tokens = max_tokens;
+    H->reasoning_parser = parser;
     H->retry_after_s = retry;
     snprintf(H->url, sizeof(H->url), "%s", url);
     struct stat sb;

@@ -640,6 +640,38 @@ static void too_long(const fy_http_front_t *H, parsed_t *p, const char *param, s
     p->code = "context_length_exceeded";
 }
 
+/* chat_template_kwargs (vLLM's): an object whose members the template
+ * sees as variables (Qwen3's enable_thinking), as JSON text (free()), or
+ * NULL (absent, or a fault said).  The server's own variables cannot be
+ * set, and what the template writes of them is template text, so no
+ * special token's text may be in them. */
+static char *template_kwargs(parsed_t *p, const fy_tokenizer_t *tok, json_t *o)
+{
+    static const char *const reserved[] = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"};
+    json_t *kw = json_object_get(o, "chat_template_kwargs");
+    if (!kw || json_is_null(kw)) return NULL;
+    if (!json_is_object(kw)) {
+        bad(p, 400, "chat_template_kwargs",
+            "'chat_template_kwargs' must be an object (such as {\"enable_thinking\": "
+            "false})");
+        return NULL;
+    }
+    for (size_t i = 0; i < sizeof(reserved) / sizeof(*reserved); i++)
+        if (json_object_get(kw, reserved[i])) {
+            bad(p, 400, "chat_template_kwargs", "'chat_template_kwargs' cannot set '%s': the server does", reserved[i]);
+            return NULL;
+        }
+    char *text = json_dumps(kw, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (!text) {
+        bad(p, 500, NULL, "out of memory");
+    } else if (holds_special(tok, text)) {
+        bad(p, 400, "chat_template_kwargs", "'chat_template_kwargs' holds the text of a special token");
+        free(text);
+        text = NULL;
+    }
+    return text;
+}
+
 /* The chat messages to token ids through the model's template.  A
  * template that renders tools (it mentions 'tools': Qwen's, Llama 3's,
  * Mistral's) is given them and the messages' tool calls and ids, and its
@@ -798,8 +830,10 @@ static int32_t *chat_ids(const fy_http_front_t *H, parsed_t *p, json_t *o, const
         for (size_t x = 0; x < k; x++) bytes += cm[x].content ? strlen(cm[x].content) : 0;
         if (bytes > H->max_prompt_bytes) too_long(H, p, "messages", bytes);
     }
-    if (!p->status && fy_prompt_chat_tools(m, cm, (const char *const *)extras, k, tools_json, &ids, n_p) != FY_OK)
+    char *vars = p->status ? NULL : template_kwargs(p, tok, o);
+    if (!p->status && fy_prompt_chat_vars(m, cm, (const char *const *)extras, k, tools_json, vars, &ids, n_p) != FY_OK)
         bad(p, 400, "messages", "the chat template cannot render these messages");
+    free(vars);
 out: /* (out of memory: no fault, no ids) */
     for (size_t x = 0; x < FY_PROMPT_MAX_MSGS; x++) {
         fy_free(texts[x]);
@@ -1003,6 +1037,36 @@ static void grammar_compiles(const fy_http_front_t *f, parsed_t *p, json_t *o, b
         bad(p, 400, param, "'%s': %s", param, err[0] ? err : "not a structured output this server can enforce");
 }
 
+/* The parser a chat answer is split by.  AUTO: none unless the template
+ * writes a thinking block; then deepseek_r1's rule when the rendered
+ * prompt leaves the answer inside <think> (the template opened it), else
+ * qwen3's (the answer opens its own, or does not think: Qwen3 with
+ * enable_thinking false closes the block in the prompt).  A structured
+ * output or a forced tool call constrains the answer from its first token,
+ * so it cannot begin inside a thinking: deepseek_r1's rule becomes
+ * qwen3's (a grammar that writes <think>...</think> first is still split). */
+static fy_reasoning_parser_t reasoning_of(const fy_http_front_t *f, const fy_genspec_t *gen, const int32_t *ids,
+                                          int32_t n)
+{
+    fy_reasoning_parser_t p = f->reasoning_parser;
+    if (p == FY_REASONING_AUTO) {
+        if (!fy_reasoning_template_thinks(fy_chat_template_source(fy_model_chat_template(f->model))))
+            return FY_REASONING_NONE;
+        enum { TAIL = 16 }; /* tokens: the last tag and the white space after it */
+        const fy_tokenizer_t *tok = fy_model_tokenizer(f->model);
+        int32_t k = n < TAIL ? n : TAIL;
+        char tail[TAIL * 64];
+        size_t tl;
+        while ((tl = fy_tokenizer_decode(tok, ids + (n - k), (size_t)k, true, tail, sizeof(tail))) >= sizeof(tail) &&
+               k > 1)
+            k--; /* long tokens: fewer of them, so that the text read is the prompt's end */
+        if (tl >= sizeof(tail)) tl = sizeof(tail) - 1;
+        p = fy_reasoning_prompt_opens(tail, tl) ? FY_REASONING_DEEPSEEK_R1 : FY_REASONING_QWEN3;
+    }
+    if (p == FY_REASONING_DEEPSEEK_R1 && gen->grammar_kind != FY_GEN_GRAMMAR_NONE) p = FY_REASONING_QWEN3;
+    return p;
+}
+
 fy_status_t fy_http_parse_generation(const fy_http_front_t *f, const char *body, size_t len, bool chat,
                                      fy_http_gen_t *g, fy_http_fault_t *fault)
 {
@@ -1011,6 +1075,8 @@ fy_status_t fy_http_parse_generation(const fy_http_front_t *f, const char *body,
     json_t *o = load_object(body, len, fault);
     if (!o) return FY_ERR_INVALID;
     parse_common(f, fault, o, chat, g);
+    g->include_reasoning = true;
+    if (chat) bool_field(fault, o, "include_reasoning", &g->include_reasoning);
     fy_tools_req_t tr = {0};
     if (chat && !fault->status) tools_fields(fault, o, &tr, g);
     if (!fault->status && g->gen.grammar_kind != FY_GEN_GRAMMAR_NONE)
@@ -1053,6 +1119,7 @@ fy_status_t fy_http_parse_generation(const fy_http_front_t *f, const char *body,
         int32_t room = fy_genspec_max_tokens(&g->gen, longest, f->max_ctx);
         g->gen.max_tokens = room > 1 ? room : 1;
     }
+    if (chat) g->reasoning = reasoning_of(f, &g->gen, ids, n_prompt);
     g->ids = ids;
     g->n_prompt = n_prompt;
     return FY_OK;

@@ -16,6 +16,7 @@
 #include "common/genspec.h"
 #include "model/model.h"
 #include "common/status.h"
+#include "router/reasoning.h"
 #include "router/tools.h"
 
 #define FY_HTTP_MAX_N 16 /* samples per request ("n") */
@@ -38,6 +39,9 @@ typedef struct fy_http_front {
     /* structured outputs are compiled here first, so a schema the workers
      * would refuse is a 400 naming its field (NULL: compiled uncached) */
     struct fy_grammar_cache *grammars;
+    /* router.reasoning_parser: how chat answers split into reasoning and
+     * content (AUTO: by the model's template; NONE in a zeroed front) */
+    fy_reasoning_parser_t reasoning_parser;
 } fy_http_front_t;
 
 /* Why a body was refused: an HTTP status (400, 404), an OpenAI error type,
@@ -78,6 +82,11 @@ typedef struct fy_http_gen {
     char tool_named[FY_TOOL_NAME_MAX + 1];
     char *tool_names; /* the tools' names (fy_tools_names; fy_free); NULL: no tools */
     bool tool_parallel;
+    /* chat: the parser its answer is split by (NONE: all of it content),
+     * AUTO resolved by the rendered prompt; include_reasoning (vLLM's,
+     * default true) false leaves the reasoning out of the answer */
+    fy_reasoning_parser_t reasoning;
+    bool include_reasoning;
 } fy_http_gen_t;
 
 /* The most prompt logprob entries (prompt tokens times one plus the

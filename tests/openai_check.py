@@ -17,6 +17,34 @@ import openai
 base, key = sys.argv[1], sys.argv[2]
 client = openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=120)
 
+if sys.argv[3:] == ["reasoning"]:
+    # tests/test_reasoning.c's tiny model, whose template thinks (Qwen3's
+    # enable_thinking); a grammar writes the <think> block its random
+    # weights would not: reasoning_content (and vLLM's 'reasoning') beside
+    # the content, whole and streamed, and none with thinking switched off
+    import re
+    model = client.models.list().data[0].id
+    ask = dict(model=model, messages=[{"role": "user", "content": "2+2?"}], max_tokens=40, temperature=0)
+    r = client.chat.completions.create(**ask, extra_body={"guided_regex": "<think>[a-z]{2,5}</think>[a-z]{3}"})
+    msg = r.choices[0].message
+    extra = msg.model_extra or {}
+    assert re.fullmatch("[a-z]{2,5}", extra.get("reasoning_content") or ""), msg
+    assert extra.get("reasoning") == extra["reasoning_content"], msg
+    assert re.fullmatch("[a-z]{3}", msg.content or ""), msg
+    thought, said = "", ""
+    for ch in client.chat.completions.create(**ask, stream=True,
+                                             extra_body={"guided_regex": "<think>[a-z]{2,5}</think>[a-z]{3}"}):
+        if ch.choices:
+            thought += (ch.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
+            said += ch.choices[0].delta.content or ""
+    assert (thought, said) == (extra["reasoning_content"], msg.content), (thought, said, msg)
+    r = client.chat.completions.create(**ask, extra_body={"guided_regex": "[a-z]{3}",
+                                                          "chat_template_kwargs": {"enable_thinking": False}})
+    msg = r.choices[0].message
+    assert (msg.model_extra or {}).get("reasoning_content") is None and re.fullmatch("[a-z]{3}", msg.content), msg
+    print("openai_check: reasoning: ok")
+    sys.exit(0)
+
 models = [m.id for m in client.models.list()]
 assert models, models
 model = models[0]

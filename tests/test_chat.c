@@ -1131,6 +1131,49 @@ static char *nest(const char *head, const char *open, size_t n, const char *mid,
     return s;
 }
 
+/* A request's template variables (chat_template_kwargs): a Qwen3-style
+ * switch that closes an empty thinking block, other values as the template
+ * sees them, the caller's own variables winning over a member of the same
+ * name, and vars that are not a JSON object refused. */
+static void test_template_vars(void **state)
+{
+    (void)state;
+    static const char SRC[] =
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n"
+        "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+        "{% endif %}{% if style is defined %}[{{ style.tone }} {{ style.n + 1 }} {{ bos_token }}]{% endif %}";
+    static const fy_chat_msg_t msgs[] = {{"user", "2+2?"}};
+    static const struct {
+        const char *vars, *want;
+    } cases[] = {
+        {NULL, "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"},
+        {"{}", "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"},
+        {"{\"enable_thinking\": true}", "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"},
+        {"{\"enable_thinking\": false}",
+         "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"},
+        /* a 0 is not false (Jinja's 'is false' is the boolean) */
+        {"{\"enable_thinking\": 0}", "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"},
+        {"{\"style\": {\"tone\": \"dry\", \"n\": 41}, \"bos_token\": \"mine\", \"messages\": []}",
+         "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n[dry 42 <s>]"},
+    };
+    fy_chat_template_t *t = NULL;
+    assert_int_equal(fy_chat_template_create(SRC, "<s>", "</s>", &t), FY_OK);
+    for (size_t i = 0; i < FY_ARRAY_LEN(cases); i++) {
+        char *out = NULL;
+        assert_int_equal(fy_chat_template_apply_vars(t, msgs, NULL, 1, NULL, cases[i].vars, true, &out), FY_OK);
+        if (strcmp(out, cases[i].want)) fail_msg("vars %s: [%s], want [%s]", cases[i].vars, out, cases[i].want);
+        fy_free(out);
+    }
+    fy_test_log_begin();
+    char *out = NULL;
+    assert_int_equal(fy_chat_template_apply_vars(t, msgs, NULL, 1, NULL, "[true]", true, &out), FY_ERR_INVALID);
+    assert_int_equal(fy_chat_template_apply_vars(t, msgs, NULL, 1, "[]", "{\"a\":", true, &out), FY_ERR_INVALID);
+    fy_test_log_end();
+    assert_null(out);
+    fy_chat_template_destroy(t);
+}
+
 static void test_limits(void **state)
 {
     (void)state;
@@ -1367,6 +1410,7 @@ int main(void)
         cmocka_unit_test(test_misc),
         cmocka_unit_test(test_render_errors),
         cmocka_unit_test(test_parse_errors),
+        cmocka_unit_test(test_template_vars),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_alloc_failures),
         cmocka_unit_test(test_fuzz),
