@@ -235,6 +235,8 @@ print("openai: structured outputs and tools (grammars %s): %s" % (
     ", ".join("%s: %s" % kv for kv in results.items())))
 
 # ---- the Responses API (POST /v1/responses) ----
+import typing
+
 rsp = client.responses.create(model=model, input="Count to fifty.", instructions="Be brief.",
                               max_output_tokens=6, temperature=0)
 assert rsp.object == "response" and rsp.id.startswith("resp_"), rsp
@@ -283,7 +285,7 @@ if enforced:
 
 # responses.parse with a Pydantic model (its schema through text.format)
 class YesNo(pydantic.BaseModel):
-    answer: str
+    answer: typing.Literal["yes", "no"]
 
 
 p = client.responses.parse(model=model, input="Is the sky blue? Answer as JSON.", text_format=YesNo,
@@ -328,4 +330,4 @@ for kwargs, param in (({"previous_response_id": "resp_x"}, "previous_response_id
         assert e.status_code == 400 and e.param == param, e
 
 print("openai: responses (text, instructions, max_output_tokens, create(stream=True), the stream helper, "
-      "text.format json_schema, a function tool and its output): ok")
+      "text.format json_schema, responses.parse, a function tool and its output): ok")
