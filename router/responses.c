@@ -49,8 +49,8 @@ struct fy_responses {
     int n_out;      /* output indices given */
     int msg_index;  /* the message item open; -1: none */
     char msg_id[32];
-    buf_t text;    /* its text so far */
-    size_t held;   /* the first held bytes of text are white space not yet sent */
+    buf_t text;     /* its text so far */
+    size_t held;    /* the first held bytes of text are white space not yet sent */
     int call_index; /* the function_call item open; -1: none */
     char call_id_item[32];
     json_t *call; /* its call_id and name */
@@ -181,8 +181,7 @@ static json_t *content_of(fy_http_fault_t *f, size_t i, json_t *c)
         json_t *type = json_object_get(p, "type"), *text = json_object_get(p, "text");
         const char *t = json_is_string(type) ? json_string_value(type) : "";
         if (strcmp(t, "input_text") && strcmp(t, "output_text") && strcmp(t, "text")) {
-            bad(f, "input", "input[%zu].content[%zu]: part type '%.40s' is not supported (text parts only)", i, k,
-                t);
+            bad(f, "input", "input[%zu].content[%zu]: part type '%.40s' is not supported (text parts only)", i, k, t);
             break;
         }
         if (!json_is_string(text)) {
@@ -251,16 +250,16 @@ static void input_messages(fy_http_fault_t *f, json_t *o, json_t *msgs)
             json_t *id = item_string(f, item, i, "call_id"), *name = item_string(f, item, i, "name");
             json_t *args = item_string(f, item, i, "arguments");
             if (!id || !name || !args) return;
-            json_t *call = json_pack("{s:O, s:s, s:{s:O, s:O}}", "id", id, "type", "function", "function", "name",
-                                     name, "arguments", args);
+            json_t *call = json_pack("{s:O, s:s, s:{s:O, s:O}}", "id", id, "type", "function", "function", "name", name,
+                                     "arguments", args);
             json_t *role = json_object_get(last, "role");
             if (json_is_string(role) && !strcmp(json_string_value(role), "assistant")) {
                 json_t *calls = json_object_get(last, "tool_calls");
                 if (!calls) json_object_set_new(last, "tool_calls", calls = json_array());
                 json_array_append_new(calls, call);
             } else {
-                json_array_append_new(msgs, json_pack("{s:s, s:n, s:[o]}", "role", "assistant", "content",
-                                                      "tool_calls", call));
+                json_array_append_new(
+                    msgs, json_pack("{s:s, s:n, s:[o]}", "role", "assistant", "content", "tool_calls", call));
             }
         } else if (!strcmp(t, "function_call_output")) {
             json_t *id = item_string(f, item, i, "call_id"), *out = json_object_get(item, "output");
@@ -273,8 +272,10 @@ static void input_messages(fy_http_fault_t *f, json_t *o, json_t *msgs)
             }
             json_array_append_new(msgs, json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", id, "content", c));
         } else {
-            bad(f, "input", "input[%zu]: item type '%.40s' is not supported (message, function_call and "
-                "function_call_output are)", i, t);
+            bad(f, "input",
+                "input[%zu]: item type '%.40s' is not supported (message, function_call and "
+                "function_call_output are)",
+                i, t);
             return;
         }
     }
@@ -297,8 +298,10 @@ static json_t *chat_tools(fy_http_fault_t *f, json_t *tools)
         json_t *type = json_object_get(t, "type");
         const char *ty = json_is_string(type) ? json_string_value(type) : "";
         if (!json_is_object(t) || strcmp(ty, "function")) {
-            bad(f, "tools", "tools[%zu]: tool type '%.40s' is not supported (ferry runs no built-in tools; "
-                "function tools only)", i, ty);
+            bad(f, "tools",
+                "tools[%zu]: tool type '%.40s' is not supported (ferry runs no built-in tools; "
+                "function tools only)",
+                i, ty);
             break;
         }
         json_t *fn = json_object();
@@ -420,6 +423,11 @@ static void rename_fault(fy_http_fault_t *f)
             snprintf(at, sizeof(f->msg) - (size_t)(at - f->msg), "'%s%s", names[i].resp, rest);
         }
     }
+    /* a tool's fields are the tool's own here, not its 'function' object's */
+    char *at;
+    while (f->param && !strcmp(f->param, "tools") && (at = strstr(f->msg, "].function."))) {
+        memmove(at + 2, at + 11, strlen(at + 11) + 1);
+    }
 }
 
 /* What the response object repeats of the request (OpenAI's fields,
@@ -440,9 +448,9 @@ static json_t *echo_of(json_t *o, const fy_http_gen_t *g)
     json_object_set_new(e, "tools", json_is_array(tools) ? json_deep_copy(tools) : json_array());
     json_object_set_new(e, "tool_choice", tc && !json_is_null(tc) ? json_deep_copy(tc) : json_string("auto"));
     json_t *fmt = json_object_get(text, "format");
-    json_object_set_new(e, "text",
-                        json_pack("{s:o}", "format",
-                                  json_is_object(fmt) ? json_deep_copy(fmt) : json_pack("{s:s}", "type", "text")));
+    json_object_set_new(
+        e, "text",
+        json_pack("{s:o}", "format", json_is_object(fmt) ? json_deep_copy(fmt) : json_pack("{s:s}", "type", "text")));
     return e;
 }
 
@@ -547,7 +555,8 @@ static json_t *usage_of(json_t *u)
 {
     json_int_t in = json_integer_value(json_object_get(u, "prompt_tokens"));
     json_int_t out = json_integer_value(json_object_get(u, "completion_tokens"));
-    json_int_t cached = json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
+    json_int_t cached =
+        json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
     return json_pack("{s:I, s:{s:I}, s:I, s:{s:i}, s:I}", "input_tokens", in, "input_tokens_details", "cached_tokens",
                      cached, "output_tokens", out, "output_tokens_details", "reasoning_tokens", 0, "total_tokens",
                      in + out);
@@ -588,8 +597,7 @@ json_t *fy_responses_whole(fy_responses_t *rs, const char *content, size_t len, 
         json_array_append_new(out, call_item(id, json_object_get(c, "id"), json_object_get(fn, "name"),
                                              json_object_get(fn, "arguments"), status));
     }
-    if (incomplete)
-        json_object_set_new(o, "incomplete_details", json_pack("{s:s}", "reason", "max_output_tokens"));
+    if (incomplete) json_object_set_new(o, "incomplete_details", json_pack("{s:s}", "reason", "max_output_tokens"));
     json_object_set_new(o, "usage", usage_of(usage));
     return o;
 }
@@ -670,8 +678,9 @@ static void close_message(fy_responses_t *rs, const char *status, fy_responses_w
     json_object_set_new(ev, "logprobs", json_array());
     emit(rs, ev, write, arg);
     ev = msg_event(rs, "response.content_part.done", true);
-    json_object_set_new(ev, "part", json_pack("{s:s, s:o, s:[]}", "type", "output_text", "text",
-                                              text_json(text, rs->text.n), "annotations"));
+    json_object_set_new(
+        ev, "part",
+        json_pack("{s:s, s:o, s:[]}", "type", "output_text", "text", text_json(text, rs->text.n), "annotations"));
     emit(rs, ev, write, arg);
     json_t *item = message_item(rs->msg_id, status, text, rs->text.n);
     ev = event(rs, "response.output_item.done");
@@ -708,8 +717,7 @@ static void close_call(fy_responses_t *rs, const char *status, fy_responses_writ
     rs->args.n = 0;
 }
 
-void fy_responses_stream_text(fy_responses_t *rs, const char *text, size_t len, fy_responses_write_fn write,
-                              void *arg)
+void fy_responses_stream_text(fy_responses_t *rs, const char *text, size_t len, fy_responses_write_fn write, void *arg)
 {
     start(rs, write, arg);
     if (!len || rs->msg_done) return; /* (the tool parser sends no content after a call) */
@@ -743,11 +751,12 @@ void fy_responses_stream_calls(fy_responses_t *rs, json_t *deltas, fy_responses_
             rs->call_index = rs->n_out++;
             rand_id("fc_", rs->call_id_item, sizeof(rs->call_id_item));
             json_t *name = json_object_get(fn, "name");
-            rs->call = json_pack("{s:O, s:s}", "call_id", id, "name", json_is_string(name) ? json_string_value(name) : "");
+            rs->call =
+                json_pack("{s:O, s:s}", "call_id", id, "name", json_is_string(name) ? json_string_value(name) : "");
             json_t *ev = event(rs, "response.output_item.added"), *empty = json_string("");
             json_object_set_new(ev, "output_index", json_integer(rs->call_index));
-            json_object_set_new(ev, "item", call_item(rs->call_id_item, id, json_object_get(rs->call, "name"), empty,
-                                                      "in_progress"));
+            json_object_set_new(
+                ev, "item", call_item(rs->call_id_item, id, json_object_get(rs->call, "name"), empty, "in_progress"));
             json_decref(empty);
             emit(rs, ev, write, arg);
         }
@@ -778,14 +787,11 @@ void fy_responses_stream_end(fy_responses_t *rs, const char *finish, json_t *usa
     json_t *o = response_object(rs, status);
     json_object_set(o, "output", rs->output);
     json_object_set_new(o, "usage", usage_of(usage));
-    if (incomplete)
-        json_object_set_new(o, "incomplete_details", json_pack("{s:s}", "reason", "max_output_tokens"));
+    if (incomplete) json_object_set_new(o, "incomplete_details", json_pack("{s:s}", "reason", "max_output_tokens"));
     if (error)
-        json_object_set_new(o, "error", json_pack("{s:s, s:o}", "code", "server_error", "message",
-                                                  text_json(error, strlen(error))));
-    json_t *ev = event(rs, error        ? "response.failed"
-                           : incomplete ? "response.incomplete"
-                                        : "response.completed");
+        json_object_set_new(
+            o, "error", json_pack("{s:s, s:o}", "code", "server_error", "message", text_json(error, strlen(error))));
+    json_t *ev = event(rs, error ? "response.failed" : incomplete ? "response.incomplete" : "response.completed");
     json_object_set_new(ev, "response", o);
     emit(rs, ev, write, arg);
 }

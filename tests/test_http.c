@@ -1148,6 +1148,7 @@ static void test_responses(void **state)
         {"{\"input\":\"x\",\"previous_response_id\":\"resp_1\"}", "previous_response_id", "keeps no responses"},
         {"{\"input\":\"x\",\"tools\":[{\"type\":\"web_search\"}]}", "tools", "'web_search'"},
         {"{\"input\":\"x\",\"tool_choice\":{\"type\":\"file_search\"}}", "tool_choice", "file_search"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"a b\"}]}", "tools", "tools[0].name"},
         {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\",\"image_url\":\"x\"}]}]}", "input",
          "input_image"},
         {"{\"input\":[{\"type\":\"reasoning\",\"summary\":[]}]}", "input", "'reasoning'"},
