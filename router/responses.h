@@ -58,8 +58,7 @@ typedef bool (*fy_responses_write_fn)(void *arg, const char *s, size_t n);
 /* More content (len bytes, 0: none): the first call sends
  * response.created and response.in_progress, content opens the message
  * item and goes as response.output_text.delta. */
-void fy_responses_stream_text(fy_responses_t *rs, const char *text, size_t len, fy_responses_write_fn write,
-                              void *arg);
+void fy_responses_stream_text(fy_responses_t *rs, const char *text, size_t len, fy_responses_write_fn write, void *arg);
 /* Chat's tool_calls deltas (fy_tools_stream_deltas, borrowed): a call's
  * first opens a function_call item (closing the message or the call
  * before it), the others go as response.function_call_arguments.delta. */
