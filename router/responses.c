@@ -31,6 +31,7 @@
 
 #include <sodium.h>
 
+#include "common/log.h"
 #include "common/mem.h"
 
 typedef struct buf {
@@ -43,7 +44,7 @@ struct fy_responses {
     time_t created;
     json_t *echo; /* the request's fields the response object repeats */
     /* a stream */
-    bool started, msg_done, failed_oom;
+    bool started, msg_done, oom; /* oom: said once in the log */
     json_int_t seq;
     json_t *output; /* the items done, in order */
     int n_out;      /* output indices given */
@@ -56,6 +57,14 @@ struct fy_responses {
     json_t *call; /* its call_id and name */
     buf_t args;   /* its arguments so far */
 };
+
+/* Out of memory while streaming: the client's events miss a piece,
+ * which the log says once. */
+static void stream_oom(fy_responses_t *rs)
+{
+    if (!rs->oom) fy_error("http %s: out of memory writing the Responses stream; its client misses events", rs->id);
+    rs->oom = true;
+}
 
 static bool buf_add(buf_t *b, const char *s, size_t n)
 {
@@ -617,8 +626,7 @@ static void emit(fy_responses_t *rs, json_t *ev, fy_responses_write_fn write, vo
     const char *type = json_string_value(json_object_get(ev, "type"));
     char head[96];
     int hl = snprintf(head, sizeof(head), "event: %s\ndata: ", type ? type : "error");
-    if (!t || !write(arg, head, (size_t)hl) || !write(arg, t, strlen(t)) || !write(arg, "\n\n", 2))
-        rs->failed_oom = true;
+    if (!t || !write(arg, head, (size_t)hl) || !write(arg, t, strlen(t)) || !write(arg, "\n\n", 2)) stream_oom(rs);
     free(t);
     json_decref(ev);
 }
@@ -723,7 +731,7 @@ void fy_responses_stream_text(fy_responses_t *rs, const char *text, size_t len, 
     if (!len || rs->msg_done) return; /* (the tool parser sends no content after a call) */
     size_t from = rs->text.n - rs->held;
     if (!buf_add(&rs->text, text, len)) {
-        rs->failed_oom = true;
+        stream_oom(rs);
         return;
     }
     if (rs->msg_index < 0 && blank(rs->text.s, rs->text.n)) { /* held until something else comes */
@@ -761,7 +769,7 @@ void fy_responses_stream_calls(fy_responses_t *rs, json_t *deltas, fy_responses_
             emit(rs, ev, write, arg);
         }
         if (rs->call_index < 0 || !more || !*more) continue;
-        if (!buf_add(&rs->args, more, strlen(more))) rs->failed_oom = true;
+        if (!buf_add(&rs->args, more, strlen(more))) stream_oom(rs);
         json_t *ev = event(rs, "response.function_call_arguments.delta");
         json_object_set_new(ev, "item_id", json_string(rs->call_id_item));
         json_object_set_new(ev, "output_index", json_integer(rs->call_index));

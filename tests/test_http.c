@@ -36,6 +36,8 @@
 #include "common/mem.h"
 #include "common/metrics.h"
 #include "model/model.h"
+#include "router/http_parse.h"
+#include "router/responses.h"
 #include "tests/testutil.h"
 #include "model/tokenizer.h"
 
@@ -1175,6 +1177,103 @@ static void test_responses(void **state)
     free(r.body);
 }
 
+/* ---- the Responses stream's ends, driven without a cluster (what a live
+ * model seldom shows: calls after white space, a failure mid-answer) ---- */
+
+typedef struct sse_buf {
+    char s[65536];
+    size_t n;
+} sse_buf_t;
+
+static bool sse_add(void *arg, const char *s, size_t n)
+{
+    sse_buf_t *b = arg;
+    assert_true(b->n + n < sizeof(b->s));
+    memcpy(b->s + b->n, s, n);
+    b->n += n;
+    b->s[b->n] = 0;
+    return true;
+}
+
+static void test_responses_stream_ends(void **state)
+{
+    (void)state;
+    const char *path = fy_test_default_model();
+    if (!path) skip();
+    fy_model_t *m = NULL;
+    assert_int_equal(fy_model_load(path, &m), FY_OK);
+    fy_http_front_t f = {.model = m, .model_id = "", .served = "served", .max_ctx = 2048, .default_max_tokens = 64};
+    static const char body[] = "{\"input\":\"Weather?\"," WEATHER_RESP "}";
+    json_t *usage = json_pack("{s:i, s:i, s:{s:i}}", "prompt_tokens", 7, "completion_tokens", 5,
+                              "prompt_tokens_details", "cached_tokens", 2);
+    json_t *first = json_pack("[{s:i, s:s, s:s, s:{s:s, s:s}}]", "index", 0, "id", "call_1", "type", "function",
+                              "function", "name", "get_weather", "arguments", "");
+    json_t *more = json_pack("[{s:i, s:{s:s}}]", "index", 0, "function", "arguments", "{\"city\":\"Paris\"}");
+    for (int q = 0; q < 4; q++) {
+        fy_http_gen_t g;
+        fy_http_fault_t fault;
+        fy_responses_t *rs = NULL;
+        assert_int_equal(fy_responses_parse(&f, body, strlen(body), &g, &rs, &fault), FY_OK);
+        fy_free(g.ids);
+        fy_free(g.tool_names);
+        sse_buf_t *b = calloc(1, sizeof(*b));
+        /* 0: white space, then a call; 1: text, then a call; 2: text, then a
+         * failure; 3: nothing at all */
+        if (q < 3) fy_responses_stream_text(rs, q ? "Hello" : " \n", q ? 5 : 2, sse_add, b);
+        if (q < 2) {
+            fy_responses_stream_calls(rs, first, sse_add, b);
+            fy_responses_stream_calls(rs, more, sse_add, b);
+        }
+        fy_responses_stream_end(rs, q < 2 ? "tool_calls" : "stop", usage, q == 2 ? "worker lost" : NULL, sse_add, b);
+        json_t *evs = resp_events(b->s);
+        size_t n = json_array_size(evs);
+        json_t *fin = json_object_get(json_array_get(evs, n - 1), "response"), *out = json_object_get(fin, "output");
+        assert_string_equal(ev_type(evs, 0), "response.created");
+        assert_string_equal(ev_type(evs, 1), "response.in_progress");
+        assert_string_equal(ev_type(evs, n - 1), q == 2 ? "response.failed" : "response.completed");
+        assert_int_equal(json_integer_value(json_object_get(json_object_get(fin, "usage"), "total_tokens")), 12);
+        assert_int_equal(json_array_size(out), q == 1 ? 2 : 1);
+        const char *t0 = json_string_value(json_object_get(json_array_get(out, 0), "type"));
+        assert_string_equal(t0, q == 0 ? "function_call" : "message"); /* white space before a call is no message */
+        if (q < 2) {
+            json_t *fc = json_array_get(out, q);
+            assert_string_equal(json_string_value(json_object_get(fc, "call_id")), "call_1");
+            assert_string_equal(json_string_value(json_object_get(fc, "arguments")), "{\"city\":\"Paris\"}");
+            /* the whole answer of the same text and call agrees */
+            json_t *calls = json_pack("[{s:s, s:s, s:{s:s, s:s}}]", "id", "call_1", "type", "function", "function",
+                                      "name", "get_weather", "arguments", "{\"city\":\"Paris\"}");
+            json_t *w = fy_responses_whole(rs, q ? "Hello" : " \n", q ? 5 : 2, calls, "tool_calls", usage);
+            assert_int_equal(json_array_size(json_object_get(w, "output")), json_array_size(out));
+            assert_string_equal(
+                json_string_value(json_object_get(json_array_get(json_object_get(w, "output"), 0), "type")), t0);
+            json_decref(w);
+            json_decref(calls);
+        }
+        if (q == 1) { /* the message closed before the call opened */
+            assert_string_equal(ev_type(evs, 7), "response.output_item.done");
+            assert_string_equal(ev_type(evs, 8), "response.output_item.added");
+            assert_int_equal(json_integer_value(json_object_get(json_array_get(evs, 8), "output_index")), 1);
+        }
+        if (q == 2) { /* the message ends incomplete, the response failed naming why */
+            assert_string_equal(json_string_value(json_object_get(fin, "status")), "failed");
+            assert_string_equal(json_string_value(json_object_get(json_array_get(out, 0), "status")), "incomplete");
+            assert_string_equal(json_string_value(json_object_get(json_object_get(fin, "error"), "message")),
+                                "worker lost");
+        }
+        if (q == 3) { /* an empty answer is an empty message */
+            assert_string_equal(resp_text(fin), "");
+            assert_string_equal(json_string_value(json_object_get(fin, "status")), "completed");
+        }
+        json_decref(evs);
+        free(b);
+        fy_responses_free(rs);
+    }
+    json_decref(first);
+    json_decref(more);
+    json_decref(usage);
+    fy_model_destroy(m);
+}
+
 /* ---- docs/protocol.md's field table, as the code treats each field ---- */
 
 static void test_field_table(void **state)
@@ -2210,6 +2309,7 @@ int main(void)
         cmocka_unit_test(test_field_table),
         cmocka_unit_test(test_tool_calls),
         cmocka_unit_test(test_responses),
+        cmocka_unit_test(test_responses_stream_ends),
         cmocka_unit_test(test_keepalive_after_refusals),
         cmocka_unit_test(test_cors),
         cmocka_unit_test(test_slow_and_departing_clients),
