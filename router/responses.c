@@ -26,6 +26,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -213,21 +214,30 @@ static json_t *item_string(fy_http_fault_t *f, json_t *item, size_t i, const cha
     return NULL;
 }
 
+/* Appends chat message m (taken) made of input item i (-1: the
+ * instructions), which origin records for the faults' names. */
+static void add_message(json_t *msgs, json_t *origin, json_t *m, json_int_t i)
+{
+    json_array_append_new(msgs, m);
+    json_array_append_new(origin, json_integer(i));
+}
+
 /* 'input' (and 'instructions' first) as chat messages: a string is the
  * user's message; a list holds messages, an assistant's function_call
  * items (those in a row, and a message of the assistant's before them,
- * one assistant turn) and function_call_output items (tool results). */
-static void input_messages(fy_http_fault_t *f, json_t *o, json_t *msgs)
+ * one assistant turn) and function_call_output items (tool results).
+ * origin: each message's input item. */
+static void input_messages(fy_http_fault_t *f, json_t *o, json_t *msgs, json_t *origin)
 {
     json_t *ins = json_object_get(o, "instructions"), *in = json_object_get(o, "input");
     if (ins && !json_is_null(ins)) {
         if (!json_is_string(ins))
             bad(f, "instructions", "'instructions' must be a string");
         else
-            json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "system", "content", ins));
+            add_message(msgs, origin, json_pack("{s:s, s:O}", "role", "system", "content", ins), -1);
     }
     if (json_is_string(in)) {
-        json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "user", "content", in));
+        add_message(msgs, origin, json_pack("{s:s, s:O}", "role", "user", "content", in), 0);
         return;
     }
     if (!json_is_array(in) || !json_array_size(in)) {
@@ -254,7 +264,7 @@ static void input_messages(fy_http_fault_t *f, json_t *o, json_t *msgs)
                 return;
             }
             json_t *c = content_of(f, i, json_object_get(item, "content"));
-            if (c) json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", r, "content", c));
+            if (c) add_message(msgs, origin, json_pack("{s:s, s:o}", "role", r, "content", c), (json_int_t)i);
         } else if (!strcmp(t, "function_call")) {
             json_t *id = item_string(f, item, i, "call_id"), *name = item_string(f, item, i, "name");
             json_t *args = item_string(f, item, i, "arguments");
@@ -267,8 +277,9 @@ static void input_messages(fy_http_fault_t *f, json_t *o, json_t *msgs)
                 if (!calls) json_object_set_new(last, "tool_calls", calls = json_array());
                 json_array_append_new(calls, call);
             } else {
-                json_array_append_new(
-                    msgs, json_pack("{s:s, s:n, s:[o]}", "role", "assistant", "content", "tool_calls", call));
+                add_message(msgs, origin,
+                            json_pack("{s:s, s:n, s:[o]}", "role", "assistant", "content", "tool_calls", call),
+                            (json_int_t)i);
             }
         } else if (!strcmp(t, "function_call_output")) {
             json_t *id = item_string(f, item, i, "call_id"), *out = json_object_get(item, "output");
@@ -279,7 +290,8 @@ static void input_messages(fy_http_fault_t *f, json_t *o, json_t *msgs)
                 bad(f, "input", "input[%zu].output must be a string or an array of input_text parts", i);
                 return;
             }
-            json_array_append_new(msgs, json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", id, "content", c));
+            add_message(msgs, origin, json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", id, "content", c),
+                        (json_int_t)i);
         } else {
             bad(f, "input",
                 "input[%zu]: item type '%.40s' is not supported (message, function_call and "
@@ -371,14 +383,15 @@ static json_t *chat_format(fy_http_fault_t *f, json_t *text)
     return NULL;
 }
 
-/* The chat completion's body of Responses body o (NULL: *f says why). */
-static json_t *chat_body(fy_http_fault_t *f, json_t *o)
+/* The chat completion's body of Responses body o (NULL: *f says why);
+ * origin: each chat message's input item (add_message). */
+static json_t *chat_body(fy_http_fault_t *f, json_t *o, json_t *origin)
 {
     refused_fields(f, o);
     if (f->status) return NULL;
     json_t *c = json_object(), *msgs = json_array();
     json_object_set_new(c, "messages", msgs);
-    input_messages(f, o, msgs);
+    input_messages(f, o, msgs, origin);
     /* the same meaning under chat's names */
     static const struct {
         const char *from, *to;
@@ -412,8 +425,22 @@ static json_t *chat_body(fy_http_fault_t *f, json_t *o)
 }
 
 /* A fault of the chat parser, renamed to the field the client wrote. */
-static void rename_fault(fy_http_fault_t *f)
+static void rename_fault(fy_http_fault_t *f, json_t *origin)
 {
+    /* chat's "message N" is the input item it came from, or the instructions */
+    char *at = f->param && !strcmp(f->param, "messages") ? strstr(f->msg, "message ") : NULL;
+    char *end;
+    unsigned long k = at ? strtoul(at + 8, &end, 10) : 0;
+    if (at && end > at + 8 && k < json_array_size(origin)) {
+        json_int_t item = json_integer_value(json_array_get(origin, k));
+        char rest[sizeof(f->msg)], name[40];
+        snprintf(rest, sizeof(rest), "%s", end);
+        if (item < 0)
+            snprintf(name, sizeof(name), "'instructions'");
+        else
+            snprintf(name, sizeof(name), "input[%lld]", (long long)item);
+        snprintf(at, sizeof(f->msg) - (size_t)(at - f->msg), "%s%s", name, rest);
+    }
     static const struct {
         const char *chat, *resp;
     } names[] = {{"messages", "input"},
@@ -425,7 +452,6 @@ static void rename_fault(fy_http_fault_t *f)
         /* and its name quoted in the message ('response_format.json_schema.name' too) */
         char q[40];
         int ql = snprintf(q, sizeof(q), "'%s", names[i].chat);
-        char *at;
         while ((at = strstr(f->msg, q)) && (at[ql] == '\'' || at[ql] == '.')) {
             char rest[sizeof(f->msg)];
             snprintf(rest, sizeof(rest), "%s", at + ql);
@@ -433,7 +459,6 @@ static void rename_fault(fy_http_fault_t *f)
         }
     }
     /* a tool's fields are the tool's own here, not its 'function' object's */
-    char *at;
     while (f->param && !strcmp(f->param, "tools") && (at = strstr(f->msg, "].function."))) {
         memmove(at + 2, at + 11, strlen(at + 11) + 1);
     }
@@ -479,8 +504,9 @@ fy_status_t fy_responses_parse(const fy_http_front_t *f, const char *body, size_
         json_decref(o);
         return FY_ERR_INVALID;
     }
-    json_t *c = chat_body(fault, o);
+    json_t *origin = json_array(), *c = chat_body(fault, o, origin);
     if (!c) {
+        json_decref(origin);
         json_decref(o);
         return FY_ERR_INVALID;
     }
@@ -490,13 +516,15 @@ fy_status_t fy_responses_parse(const fy_http_front_t *f, const char *body, size_
     if (!cb || !rs) {
         free(cb);
         fy_free(rs);
+        json_decref(origin);
         json_decref(o);
         return FY_ERR_NOMEM;
     }
     fy_status_t st = fy_http_parse_generation(f, cb, strlen(cb), true, g, fault);
     free(cb);
+    if (st == FY_ERR_INVALID) rename_fault(fault, origin);
+    json_decref(origin);
     if (st != FY_OK) {
-        if (st == FY_ERR_INVALID) rename_fault(fault);
         fy_free(rs);
         json_decref(o);
         return st;

@@ -1154,6 +1154,10 @@ static void test_responses(void **state)
         {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\",\"image_url\":\"x\"}]}]}", "input",
          "input_image"},
         {"{\"input\":[{\"type\":\"reasoning\",\"summary\":[]}]}", "input", "'reasoning'"},
+        /* chat's message 2 is input item 1 (the instructions came first) */
+        {"{\"instructions\":\"x\",\"input\":[{\"role\":\"user\",\"content\":\"a\"},{\"type\":"
+         "\"function_call\",\"call_id\":\"c1\",\"name\":\"f\",\"arguments\":\"nope\"}]}",
+         "input", "input[1]: tool_calls[0]"},
         {"{\"input\":[{\"type\":\"function_call_output\",\"output\":\"x\"}]}", "input", "call_id"},
         {"{\"input\":[{\"role\":\"tool\",\"content\":\"x\"}]}", "input", "role"},
         {"{\"input\":\"x\",\"max_output_tokens\":0}", "max_output_tokens", "'max_output_tokens'"},
