@@ -5,6 +5,7 @@
  *
  *   POST /v1/completions        prompt (text, or token ids) -> text
  *   POST /v1/chat/completions   messages through the model's chat template
+ *   POST /v1/responses          OpenAI's Responses API, run as a chat completion (router/responses.h)
  *   GET  /v1/models             the one model served
  *   GET  /v1/models/{id}        that model (404 for another id)
  *   POST /tokenize, /detokenize text or messages <-> token ids (vLLM's)
@@ -65,6 +66,7 @@
 #include "grammar/grammar.h"
 #include "router/http_parse.h"
 #include "router/reasoning.h"
+#include "router/responses.h"
 #include "rpc/httpd.h"
 #include "common/log.h"
 #include "common/mem.h"
@@ -152,6 +154,8 @@ struct hreq {
     char *body;
     size_t body_len;
     fy_tenant_t *key_tenant; /* the API key's, until admitted */
+    bool responses;          /* POST /v1/responses: parsed and answered by router/responses.c */
+    fy_responses_t *resp;    /* its request, once parsed */
     hreq_t *prev, *next;
 };
 
@@ -745,6 +749,48 @@ static void raw_response(hreq_t *h, uint16_t status, json_t *body)
     answer_json(h->H, h->r, status, body, status == 503 ? h->H->retry_after_s : 0);
 }
 
+/* ---- the Responses API (router/responses.h): its one sample's text and tool calls as its output items */
+
+static bool resp_write(void *arg, const char *s, size_t n) { return wappend(arg, s, n); }
+
+/* What is new as the Responses stream's events (no [DONE]: its last
+ * event is the response's end). */
+static void resp_stream(hreq_t *h)
+{
+    fy_router_view_t v;
+    if (!h_view(h, 0, &v)) return;
+    fy_tools_stream_t *ts = h_tools(h, 0, &v);
+    size_t avail = ts ? fy_tools_stream_content(ts, v.text) : v.text_len;
+    if (avail < h->from_text[0]) avail = h->from_text[0];
+    fy_responses_stream_text(h->resp, v.text + h->from_text[0], avail - h->from_text[0], resp_write, h);
+    h->from_text[0] = avail;
+    json_t *deltas = ts ? fy_tools_stream_deltas(ts) : NULL;
+    if (deltas) fy_responses_stream_calls(h->resp, deltas, resp_write, h);
+    json_decref(deltas);
+    if (!v.done) return;
+    json_t *usage = usage_json(h);
+    fy_responses_stream_end(h->resp, v.error == FY_OK ? h_finish(ts, &v) : NULL, usage,
+                            v.error == FY_OK ? NULL : v.message, resp_write, h);
+    json_decref(usage);
+    h->final = true;
+}
+
+/* The whole response of a done sample (v). */
+static void resp_whole(hreq_t *h, const fy_router_view_t *v)
+{
+    fy_tools_stream_t *ts = h_tools(h, 0, v);
+    size_t clen = ts ? fy_tools_stream_content(ts, v->text) : v->text_len;
+    json_t *calls = ts && fy_tools_stream_n_calls(ts) ? fy_tools_stream_calls(ts) : NULL;
+    json_t *usage = usage_json(h);
+    json_t *o = fy_responses_whole(h->resp, v->text, clen, calls, h_finish(ts, v), usage);
+    json_decref(usage);
+    json_decref(calls);
+    if (o)
+        raw_response(h, 200, o);
+    else
+        raw_response(h, 500, error_body_msg("server_error", NULL, NULL, "out of memory"));
+}
+
 /* The whole answer, once every sample is done. */
 static void build_whole(hreq_t *h)
 {
@@ -763,6 +809,11 @@ static void build_whole(hreq_t *h)
             json_object_set_new(eb, "code", json_null());
             json_object_set_new(e, "error", eb);
             raw_response(h, status_of(v.error), e);
+            return;
+        }
+        if (h->resp) { /* the Responses API's answer (its n is 1) */
+            json_decref(choices);
+            resp_whole(h, &v);
             return;
         }
         json_t *c = json_object();
@@ -869,7 +920,10 @@ static void h_pump(hreq_t *h)
         build_whole(h); /* answers when every sample is done */
     } else {
         h->wlen = 0;
-        build_stream(h);
+        if (h->resp)
+            resp_stream(h);
+        else
+            build_stream(h);
         if (h->wlen && fy_httpd_stream_write(h->r, h->wbuf, h->wlen) != FY_OK)
             return; /* the client is gone (or reads nothing): end() follows */
         if (h->final) fy_httpd_stream_end(h->r);
@@ -886,6 +940,7 @@ static void hreq_free(hreq_t *h)
     for (int i = 0; i < MAX_N; i++) fy_tools_stream_destroy(h->tools[i]);
     fy_free(h->tool_names);
     fy_free(h->body);
+    fy_responses_free(h->resp);
     fy_free(h);
 }
 
@@ -1079,7 +1134,10 @@ static void refuse_submitted(hreq_t *h, fy_status_t st, const char *err)
                         json_string(st == FY_ERR_OVERLOADED ? "server_overloaded" : "invalid_request_error"));
     /* the router refuses a prompt it cannot hold, or a kv_budget the
      * deployment does not allow (its message starts with the field) */
-    const char *param = !strncmp(err, "'kv_budget'", 11) ? "kv_budget" : h->chat ? "messages" : "prompt";
+    const char *param = !strncmp(err, "'kv_budget'", 11) ? "kv_budget"
+                        : h->resp                        ? "input"
+                        : h->chat                        ? "messages"
+                                                         : "prompt";
     json_object_set_new(eb, "param", st == FY_ERR_INVALID ? json_string(param) : json_null());
     json_object_set_new(eb, "code", json_null());
     json_object_set_new(e, "error", eb);
@@ -1101,7 +1159,8 @@ static void parse_job(void *arg, bool run)
     fy_status_t pst = FY_ERR_CANCELLED;
     if (run) {
         fy_http_front_t f = front_of(H);
-        pst = fy_http_parse_generation(&f, h->body, h->body_len, h->chat, &g, &fault);
+        pst = h->responses ? fy_responses_parse(&f, h->body, h->body_len, &g, &h->resp, &fault)
+                           : fy_http_parse_generation(&f, h->body, h->body_len, h->chat, &g, &fault);
     }
     fy_free(h->body);
     h->body = NULL;
@@ -1118,6 +1177,7 @@ static void parse_job(void *arg, bool run)
     refusal_t why;
     fy_tenant_t *tenant = h->key_tenant;
     bool filled = pst == FY_OK && hreq_fill(h, &g);
+    if (filled && h->resp) snprintf(h->oid, sizeof(h->oid), "%s", fy_responses_id(h->resp));
     if (!filled || !hreq_admit(H, h, tenant, &g, &why)) { /* answered now; h_end frees h once it is out */
         h->parsing = false;
         if (pst == FY_ERR_CANCELLED)
@@ -1174,7 +1234,7 @@ static void parse_job(void *arg, bool run)
  * is checked here; the body, copied, waits for a parse worker, or is
  * refused at once (503) when their queue is full.  The request is held
  * from here on: its client leaving is noticed while it waits. */
-static void generation(fy_http_t *H, fy_httpd_req_t *r, bool chat)
+static void generation_as(fy_http_t *H, fy_httpd_req_t *r, bool chat, bool responses)
 {
     router_t *R = H->R;
     fy_router_lock(R);
@@ -1203,6 +1263,7 @@ static void generation(fy_http_t *H, fy_httpd_req_t *r, bool chat)
     h->H = H;
     h->r = r;
     h->chat = chat;
+    h->responses = responses;
     h->key_tenant = tenant;
     h->parsing = true;
     fy_router_lock(R);
@@ -1215,8 +1276,11 @@ static void generation(fy_http_t *H, fy_httpd_req_t *r, bool chat)
     fy_router_unlock(R);
 }
 
+static void generation(fy_http_t *H, fy_httpd_req_t *r, bool chat) { generation_as(H, r, chat, false); }
+
 static void on_completions(void *arg, fy_httpd_req_t *r) { generation(arg, r, false); }
 static void on_chat(void *arg, fy_httpd_req_t *r) { generation(arg, r, true); }
+static void on_responses(void *arg, fy_httpd_req_t *r) { generation_as(arg, r, true, true); }
 
 /* The model object of /v1/models and /v1/models/{id}. */
 static json_t *model_json(const fy_http_t *H)
@@ -1502,6 +1566,7 @@ static fy_status_t http_start(router_t *R, fy_http_t **h_p)
     if (!st) st = fy_httpd_cors(H->srv, cors);
     if (!st) st = fy_httpd_handle(H->srv, "POST", "/v1/completions", (size_t)max_body, on_completions, H);
     if (!st) st = fy_httpd_handle(H->srv, "POST", "/v1/chat/completions", (size_t)max_body, on_chat, H);
+    if (!st) st = fy_httpd_handle(H->srv, "POST", "/v1/responses", (size_t)max_body, on_responses, H);
     if (!st) st = fy_httpd_handle(H->srv, "GET", "/v1/models", 0, on_models, H);
     if (!st) st = fy_httpd_handle(H->srv, "GET", "/v1/models/*", 0, on_model, H);
     if (!st) st = fy_httpd_handle(H->srv, "POST", "/tokenize", (size_t)max_body, on_tokenize, H);

@@ -1,6 +1,6 @@
 /*
  * http.h - the router's HTTP front door: OpenAI's API (/v1/completions,
- * /v1/chat/completions, /v1/models), /health and /metrics, on
+ * /v1/chat/completions, /v1/responses, /v1/models), /health and /metrics, on
  * router.http.  docs/operations.md lists the routes; router/http.c says
  * how a request and its stream are driven.
  *

@@ -7,7 +7,11 @@ prompt arrays (strings and token ids, whole and streamed), the errors it raises,
 tool-call deltas, the raw deltas' shape (id and name first, then argument
 fragments), parallel_tool_calls=False, a tool result turn after the SDK's
 own message, beta.chat.completions.parse with a Pydantic model: strict
-where the workers apply grammars, shape only where not, and said so).
+where the workers apply grammars, shape only where not, and said so),
+and the Responses API (responses.create with instructions,
+max_output_tokens, text.format json_schema and a function tool with its
+output on the next turn; create(stream=True)'s events and the
+responses.stream helper to its final response; refused fields).
 Run by tests/test_http.c in a virtual environment; exits non-zero on a
 failed check."""
 import sys
@@ -286,3 +290,101 @@ except (pydantic.ValidationError, openai.LengthFinishReasonError, AssertionError
 print("openai: structured outputs and tools (grammars %s): %s" % (
     "applied" if enforced else "NOT applied by the workers",
     ", ".join("%s: %s" % kv for kv in results.items())))
+
+# ---- the Responses API (POST /v1/responses) ----
+import typing
+
+rsp = client.responses.create(model=model, input="Count to fifty.", instructions="Be brief.",
+                              max_output_tokens=6, temperature=0)
+assert rsp.object == "response" and rsp.id.startswith("resp_"), rsp
+assert rsp.output_text and rsp.output[0].type == "message", rsp
+assert rsp.usage.input_tokens > 0 and 0 < rsp.usage.output_tokens <= 6, rsp.usage
+assert rsp.usage.total_tokens == rsp.usage.input_tokens + rsp.usage.output_tokens, rsp.usage
+if rsp.usage.output_tokens == 6:
+    assert rsp.status == "incomplete" and rsp.incomplete_details.reason == "max_output_tokens", rsp
+else:
+    assert rsp.status == "completed", rsp
+# the same messages as a chat completion: the same engine path, the same text
+r = client.chat.completions.create(model=model, messages=[{"role": "system", "content": "Be brief."},
+                                                          {"role": "user", "content": "Count to fifty."}],
+                                   max_completion_tokens=6, temperature=0)
+assert r.choices[0].message.content == rsp.output_text, (r.choices[0].message.content, rsp.output_text)
+
+# streamed with create(stream=True): the raw events, numbered, and the same text
+events = list(client.responses.create(model=model, input="Count to fifty.", instructions="Be brief.",
+                                      max_output_tokens=6, temperature=0, stream=True))
+types = [e.type for e in events]
+assert types[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.content_part.added"], types
+assert types[-4:-1] == ["response.output_text.done", "response.content_part.done",
+                        "response.output_item.done"], types
+assert types[-1] in ("response.completed", "response.incomplete"), types
+assert [e.sequence_number for e in events] == list(range(len(events))), events
+assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == rsp.output_text
+
+# the stream helper, to its final response (a schema-forced short answer completes)
+yn = {"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+      "required": ["answer"], "additionalProperties": False}
+with client.responses.stream(model=model, input="Is the sky blue?", max_output_tokens=32, temperature=0,
+                             text={"format": {"type": "json_schema", "name": "yn", "schema": yn,
+                                              "strict": True}}) as stream:
+    deltas = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+    final = stream.get_final_response()
+assert final.status == "completed" and final.output_text == deltas, (final, deltas)
+if enforced:
+    assert json.loads(final.output_text)["answer"] in ("yes", "no"), final.output_text
+
+# text.format json_schema, whole
+rsp = client.responses.create(model=model, input="Is the sky blue?", max_output_tokens=32, temperature=0,
+                              text={"format": {"type": "json_schema", "name": "yn", "schema": yn, "strict": True}})
+if enforced:
+    assert json.loads(rsp.output_text)["answer"] in ("yes", "no"), rsp.output_text
+
+# responses.parse with a Pydantic model (its schema through text.format)
+class YesNo(pydantic.BaseModel):
+    answer: typing.Literal["yes", "no"]
+
+
+p = client.responses.parse(model=model, input="Is the sky blue? Answer as JSON.", text_format=YesNo,
+                           max_output_tokens=32, temperature=0)
+if enforced:
+    assert isinstance(p.output_parsed, YesNo), p
+
+# a function tool: a function_call item, then its output on the next turn
+rtools = [{"type": "function", "name": "get_weather", "description": "The current weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+rsp = client.responses.create(model=model, input="What is the weather in Paris?", tools=rtools,
+                              tool_choice={"type": "function", "name": "get_weather"},
+                              max_output_tokens=48, temperature=0)
+fcs = [o for o in rsp.output if o.type == "function_call"]
+if enforced:
+    assert fcs and fcs[0].name == "get_weather" and "city" in json.loads(fcs[0].arguments), rsp
+for fc in fcs:
+    assert fc.call_id and json.loads(fc.arguments) is not None, fc
+if fcs:
+    fc = fcs[0]
+    rsp2 = client.responses.create(model=model, tools=rtools, max_output_tokens=16, temperature=0, input=[
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"type": "function_call", "call_id": fc.call_id, "name": fc.name, "arguments": fc.arguments},
+        {"type": "function_call_output", "call_id": fc.call_id, "output": "21 C and sunny"}])
+    assert rsp2.output, rsp2
+    # streamed through the helper: the call's argument deltas add up to its arguments
+    with client.responses.stream(model=model, input="What is the weather in Paris?", tools=rtools,
+                                 tool_choice={"type": "function", "name": "get_weather"},
+                                 max_output_tokens=48, temperature=0) as stream:
+        args = "".join(e.delta for e in stream if e.type == "response.function_call_arguments.delta")
+        final = stream.get_final_response()
+    sfc = [o for o in final.output if o.type == "function_call"]
+    assert sfc and sfc[0].arguments == args == fc.arguments, (final, args)
+
+# what ferry does not keep or run: 400s naming the field
+for kwargs, param in (({"previous_response_id": "resp_x"}, "previous_response_id"),
+                      ({"tools": [{"type": "web_search"}]}, "tools")):
+    try:
+        client.responses.create(model=model, input="x", **kwargs)
+        raise SystemExit("/v1/responses took %s" % kwargs)
+    except openai.BadRequestError as e:
+        assert e.status_code == 400 and e.param == param, e
+
+print("openai: responses (text, instructions, max_output_tokens, create(stream=True), the stream helper, "
+      "text.format json_schema, responses.parse, a function tool and its output): ok")

@@ -37,6 +37,7 @@
 #include "common/metrics.h"
 #include "model/model.h"
 #include "router/http_parse.h"
+#include "router/responses.h"
 #include "tests/testutil.h"
 #include "model/tokenizer.h"
 
@@ -924,6 +925,357 @@ static void test_tool_calls(void **state)
         json_decref(j);
         free(r.body);
     }
+}
+
+/* ---- the Responses API (router/responses.c) ---- */
+
+#define WEATHER_RESP                                                                                                   \
+    "\"tools\":[{\"type\":\"function\",\"name\":\"get_weather\",\"description\":\"The weather in a city\","            \
+    "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}}]"
+
+/* A stream's events, checked as OpenAI sends them: each "event: TYPE"
+ * line and its data's "type" agree, sequence_number counts from 0, no
+ * [DONE].  Returns them in order (a new array). */
+static json_t *resp_events(const char *body)
+{
+    json_t *evs = json_array();
+    assert_null(strstr(body, "[DONE]"));
+    for (const char *e = strstr(body, "event: "); e; e = strstr(e + 1, "\nevent: ")) {
+        if (*e == '\n') e++;
+        const char *d = strstr(e, "\ndata: ");
+        assert_non_null(d);
+        json_t *j = json_loadb(d + 7, strcspn(d + 7, "\n"), 0, NULL);
+        if (!j) fail_msg("an event's data is not JSON: %.200s", d);
+        const char *type = json_string_value(json_object_get(j, "type"));
+        assert_non_null(type);
+        if (strncmp(e + 7, type, strlen(type)) || e[7 + strlen(type)] != '\n')
+            fail_msg("event line %.60s for data of type %s", e, type);
+        assert_int_equal(json_integer_value(json_object_get(j, "sequence_number")), (json_int_t)json_array_size(evs));
+        json_array_append_new(evs, j);
+    }
+    return evs;
+}
+
+static const char *ev_type(json_t *evs, size_t i)
+{
+    return json_string_value(json_object_get(json_array_get(evs, i), "type"));
+}
+
+/* A whole response's first output item of type (NULL: none). */
+static json_t *resp_item(json_t *j, const char *type)
+{
+    json_t *out = json_object_get(j, "output"), *it;
+    size_t i;
+    json_array_foreach(out, i, it) if (!strcmp(json_string_value(json_object_get(it, "type")), type)) return it;
+    return NULL;
+}
+
+/* The message item's text (the item's one output_text part). */
+static const char *resp_text(json_t *j)
+{
+    json_t *m = resp_item(j, "message");
+    assert_non_null(m);
+    assert_string_equal(json_string_value(json_object_get(m, "role")), "assistant");
+    json_t *part = json_array_get(json_object_get(m, "content"), 0);
+    assert_string_equal(json_string_value(json_object_get(part, "type")), "output_text");
+    const char *t = json_string_value(json_object_get(part, "text"));
+    assert_non_null(t);
+    return t;
+}
+
+static void test_responses(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    /* text with instructions: the chat completion of the same messages,
+     * as a response object with usage, and incomplete at its limit */
+    resp_t r = call("POST", "/v1/responses", KEY_A,
+                    "{\"input\":\"Count to fifty.\",\"instructions\":\"Be brief.\",\"max_output_tokens\":6,"
+                    "\"temperature\":0,\"store\":true,\"metadata\":{\"run\":\"t1\"}}");
+    if (r.status != 200) fail_msg("%s", r.body);
+    json_t *j = json_of(&r);
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "response");
+    assert_true(!strncmp(json_string_value(json_object_get(j, "id")), "resp_", 5));
+    assert_string_equal(json_string_value(json_object_get(j, "instructions")), "Be brief.");
+    assert_int_equal(json_integer_value(json_object_get(j, "max_output_tokens")), 6);
+    assert_true(json_is_false(json_object_get(j, "store"))); /* ferry keeps none */
+    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "metadata"), "run")), "t1");
+    json_t *u = json_object_get(j, "usage");
+    json_int_t in = json_integer_value(json_object_get(u, "input_tokens"));
+    json_int_t out = json_integer_value(json_object_get(u, "output_tokens"));
+    assert_true(in > 0 && out > 0 && out <= 6);
+    assert_int_equal(json_integer_value(json_object_get(u, "total_tokens")), in + out);
+    const char *status = json_string_value(json_object_get(j, "status"));
+    if (out == 6) {
+        assert_string_equal(status, "incomplete");
+        assert_string_equal(json_string_value(json_object_get(json_object_get(j, "incomplete_details"), "reason")),
+                            "max_output_tokens");
+    } else {
+        assert_string_equal(status, "completed");
+    }
+    const char *text = resp_text(j);
+    resp_t c = call("POST", "/v1/chat/completions", KEY_A,
+                    "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":"
+                    "\"Count to fifty.\"}],\"max_completion_tokens\":6,\"temperature\":0}");
+    json_t *cj = json_of(&c);
+    json_t *c0 = json_array_get(json_object_get(cj, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(c0, "message"), "content")), text);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(cj, "usage"), "prompt_tokens")), in);
+    json_decref(cj);
+    free(c.body);
+
+    /* streamed: the events in OpenAI's order, their deltas the same text */
+    resp_t s = call("POST", "/v1/responses", KEY_A,
+                    "{\"input\":[{\"role\":\"developer\",\"content\":\"Be brief.\"},{\"type\":\"message\",\"role\":"
+                    "\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"Count to fifty.\"}]}],"
+                    "\"max_output_tokens\":6,\"temperature\":0,\"stream\":true}");
+    assert_int_equal(s.status, 200);
+    assert_non_null(strcasestr(s.head, "text/event-stream"));
+    json_t *evs = resp_events(s.body);
+    static const char *const head[] = {"response.created", "response.in_progress", "response.output_item.added",
+                                       "response.content_part.added"};
+    size_t n = json_array_size(evs), k = 0;
+    assert_true(n >= 9);
+    for (; k < 4; k++) assert_string_equal(ev_type(evs, k), head[k]);
+    char deltas[4096] = "";
+    for (; k < n && !strcmp(ev_type(evs, k), "response.output_text.delta"); k++)
+        strncat(deltas, json_string_value(json_object_get(json_array_get(evs, k), "delta")),
+                sizeof(deltas) - strlen(deltas) - 1);
+    static const char *const tail[] = {"response.output_text.done", "response.content_part.done",
+                                       "response.output_item.done"};
+    assert_int_equal(n - k, 4);
+    for (int q = 0; q < 3; q++, k++) assert_string_equal(ev_type(evs, k), tail[q]);
+    assert_string_equal(ev_type(evs, k), out == 6 ? "response.incomplete" : "response.completed");
+    assert_string_equal(deltas, text);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(evs, n - 4), "text")), text);
+    json_t *fin = json_object_get(json_array_get(evs, n - 1), "response");
+    assert_string_equal(resp_text(fin), text);
+    assert_string_equal(json_string_value(json_object_get(fin, "status")), status);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(fin, "usage"), "output_tokens")), out);
+    json_t *added = json_object_get(json_array_get(evs, 2), "item");
+    assert_string_equal(json_string_value(json_object_get(added, "id")),
+                        json_string_value(json_object_get(resp_item(fin, "message"), "id")));
+    json_decref(evs);
+    free(s.body);
+    json_decref(j);
+    free(r.body);
+
+    /* a named function tool: a function_call item, whole and streamed
+     * (its argument deltas add up to the whole's arguments) */
+    const char *named = "{\"input\":\"What is the weather in Paris?\"," WEATHER_RESP
+                        ",\"tool_choice\":{\"type\":\"function\",\"name\":\"get_weather\"},\"max_output_tokens\":48,"
+                        "\"temperature\":0%s}";
+    char b[1024];
+    snprintf(b, sizeof(b), named, "");
+    r = call("POST", "/v1/responses", KEY_A, b);
+    if (r.status != 200) fail_msg("%s", r.body);
+    j = json_of(&r);
+    json_t *fc = resp_item(j, "function_call");
+    if (!fc) fail_msg("a named tool choice gave no function_call: %s", r.body);
+    assert_string_equal(json_string_value(json_object_get(fc, "name")), "get_weather");
+    assert_true(!strncmp(json_string_value(json_object_get(fc, "call_id")), "call_", 5));
+    const char *args = json_string_value(json_object_get(fc, "arguments"));
+    json_t *a = json_loads(args, 0, NULL);
+    assert_true(json_is_string(json_object_get(a, "city")));
+    json_decref(a);
+    snprintf(b, sizeof(b), named, ",\"stream\":true");
+    s = call("POST", "/v1/responses", KEY_A, b);
+    assert_int_equal(s.status, 200);
+    evs = resp_events(s.body);
+    n = json_array_size(evs);
+    char argd[4096] = "";
+    const char *done_args = NULL;
+    bool call_added = false;
+    for (k = 0; k < n; k++) {
+        json_t *e = json_array_get(evs, k);
+        const char *t = ev_type(evs, k);
+        if (!strcmp(t, "response.output_item.added"))
+            call_added =
+                !strcmp(json_string_value(json_object_get(json_object_get(e, "item"), "type")), "function_call");
+        if (!strcmp(t, "response.function_call_arguments.delta")) {
+            assert_true(call_added);
+            strncat(argd, json_string_value(json_object_get(e, "delta")), sizeof(argd) - strlen(argd) - 1);
+        }
+        if (!strcmp(t, "response.function_call_arguments.done"))
+            done_args = json_string_value(json_object_get(e, "arguments"));
+        assert_true(strcmp(t, "response.output_text.delta")); /* no message: the answer is the call */
+    }
+    assert_non_null(done_args);
+    assert_string_equal(argd, args);
+    assert_string_equal(done_args, args);
+    assert_string_equal(ev_type(evs, n - 1), "response.completed");
+    fin = json_object_get(json_array_get(evs, n - 1), "response");
+    assert_string_equal(json_string_value(json_object_get(resp_item(fin, "function_call"), "arguments")), args);
+    json_decref(evs);
+    free(s.body);
+
+    /* the next turn: the call and its output as input items */
+    char turn[2048], *fargs = json_dumps(json_object_get(fc, "arguments"), JSON_ENCODE_ANY);
+    snprintf(turn, sizeof(turn),
+             "{\"input\":[{\"role\":\"user\",\"content\":\"What is the weather in Paris?\"},{\"type\":"
+             "\"function_call\",\"call_id\":\"%s\",\"name\":\"get_weather\",\"arguments\":%s},{\"type\":"
+             "\"function_call_output\",\"call_id\":\"%s\",\"output\":\"21 C and sunny\"}]," WEATHER_RESP
+             ",\"max_output_tokens\":8}",
+             json_string_value(json_object_get(fc, "call_id")), fargs,
+             json_string_value(json_object_get(fc, "call_id")));
+    free(fargs);
+    json_decref(j);
+    free(r.body);
+    r = call("POST", "/v1/responses", KEY_A, turn);
+    if (r.status != 200) fail_msg("%s", r.body);
+    j = json_of(&r);
+    assert_true(json_array_size(json_object_get(j, "output")) >= 1);
+    json_decref(j);
+    free(r.body);
+
+    /* structured output through text.format */
+    r = call("POST", "/v1/responses", KEY_A,
+             "{\"input\":\"Is the sky blue?\",\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"yn\","
+             "\"schema\":{\"type\":\"object\",\"properties\":{\"answer\":{\"enum\":[\"yes\",\"no\"]}},\"required\":"
+             "[\"answer\"],\"additionalProperties\":false},\"strict\":true}},\"max_output_tokens\":32}");
+    if (r.status != 200) fail_msg("%s", r.body);
+    j = json_of(&r);
+    a = json_loads(resp_text(j), 0, NULL);
+    if (!json_is_string(json_object_get(a, "answer"))) fail_msg("not the schema's: %s", r.body);
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(json_object_get(j, "text"), "format"), "name")), "yn");
+    json_decref(a);
+    json_decref(j);
+    free(r.body);
+
+    /* what ferry does not do is refused naming the field, and it goes on serving */
+    static const struct {
+        const char *body, *param, *in_message;
+    } bad[] = {
+        {"{\"input\":\"x\",\"previous_response_id\":\"resp_1\"}", "previous_response_id", "keeps no responses"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"web_search\"}]}", "tools", "'web_search'"},
+        {"{\"input\":\"x\",\"tool_choice\":{\"type\":\"file_search\"}}", "tool_choice", "file_search"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"a b\"}]}", "tools", "tools[0].name"},
+        {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\",\"image_url\":\"x\"}]}]}", "input",
+         "input_image"},
+        {"{\"input\":[{\"type\":\"reasoning\",\"summary\":[]}]}", "input", "'reasoning'"},
+        /* chat's message 2 is input item 1 (the instructions came first) */
+        {"{\"instructions\":\"x\",\"input\":[{\"role\":\"user\",\"content\":\"a\"},{\"type\":"
+         "\"function_call\",\"call_id\":\"c1\",\"name\":\"f\",\"arguments\":\"nope\"}]}",
+         "input", "input[1]: tool_calls[0]"},
+        {"{\"input\":[{\"type\":\"function_call_output\",\"output\":\"x\"}]}", "input", "call_id"},
+        {"{\"input\":[{\"role\":\"tool\",\"content\":\"x\"}]}", "input", "role"},
+        {"{\"input\":\"x\",\"max_output_tokens\":0}", "max_output_tokens", "'max_output_tokens'"},
+        {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"xml\"}}}", "text.format", "xml"},
+        {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"n\",\"schema\":3}}}",
+         "text.format", "'text.format"},
+        {"{\"input\":\"x\",\"include\":[\"message.output_text.logprobs\"]}", "include", NULL},
+        {"{\"input\":\"x\",\"background\":true}", "background", NULL},
+        {"{\"input\":\"x\",\"truncation\":\"auto\"}", "truncation", NULL},
+        {"{\"instructions\":\"x\"}", "input", NULL},
+        {"{\"input\":\"x\",\"model\":\"no-such-model\"}", "model", NULL},
+    };
+    for (size_t q = 0; q < sizeof(bad) / sizeof(bad[0]); q++) {
+        r = call("POST", "/v1/responses", KEY_A, bad[q].body);
+        int want = strstr(bad[q].body, "no-such-model") ? 404 : 400;
+        expect_error(&r, want, bad[q].param, bad[q].in_message);
+        free(r.body);
+    }
+    r = call("POST", "/v1/responses", KEY_A, "{\"input\":\"Hi\",\"max_output_tokens\":2}");
+    assert_int_equal(r.status, 200);
+    free(r.body);
+}
+
+/* ---- the Responses stream's ends, driven without a cluster (what a live
+ * model seldom shows: calls after white space, a failure mid-answer) ---- */
+
+typedef struct sse_buf {
+    char s[65536];
+    size_t n;
+} sse_buf_t;
+
+static bool sse_add(void *arg, const char *s, size_t n)
+{
+    sse_buf_t *b = arg;
+    assert_true(b->n + n < sizeof(b->s));
+    memcpy(b->s + b->n, s, n);
+    b->n += n;
+    b->s[b->n] = 0;
+    return true;
+}
+
+static void test_responses_stream_ends(void **state)
+{
+    (void)state;
+    const char *path = fy_test_default_model();
+    if (!path) skip();
+    fy_model_t *m = NULL;
+    assert_int_equal(fy_model_load(path, &m), FY_OK);
+    fy_http_front_t f = {.model = m, .model_id = "", .served = "served", .max_ctx = 2048, .default_max_tokens = 64};
+    static const char body[] = "{\"input\":\"Weather?\"," WEATHER_RESP "}";
+    json_t *usage = json_pack("{s:i, s:i, s:{s:i}}", "prompt_tokens", 7, "completion_tokens", 5,
+                              "prompt_tokens_details", "cached_tokens", 2);
+    json_t *first = json_pack("[{s:i, s:s, s:s, s:{s:s, s:s}}]", "index", 0, "id", "call_1", "type", "function",
+                              "function", "name", "get_weather", "arguments", "");
+    json_t *more = json_pack("[{s:i, s:{s:s}}]", "index", 0, "function", "arguments", "{\"city\":\"Paris\"}");
+    for (int q = 0; q < 4; q++) {
+        fy_http_gen_t g;
+        fy_http_fault_t fault;
+        fy_responses_t *rs = NULL;
+        assert_int_equal(fy_responses_parse(&f, body, strlen(body), &g, &rs, &fault), FY_OK);
+        fy_free(g.ids);
+        fy_free(g.tool_names);
+        sse_buf_t *b = calloc(1, sizeof(*b));
+        /* 0: white space, then a call; 1: text, then a call; 2: text, then a
+         * failure; 3: nothing at all */
+        if (q < 3) fy_responses_stream_text(rs, q ? "Hello" : " \n", q ? 5 : 2, sse_add, b);
+        if (q < 2) {
+            fy_responses_stream_calls(rs, first, sse_add, b);
+            fy_responses_stream_calls(rs, more, sse_add, b);
+        }
+        fy_responses_stream_end(rs, q < 2 ? "tool_calls" : "stop", usage, q == 2 ? "worker lost" : NULL, sse_add, b);
+        json_t *evs = resp_events(b->s);
+        size_t n = json_array_size(evs);
+        json_t *fin = json_object_get(json_array_get(evs, n - 1), "response"), *out = json_object_get(fin, "output");
+        assert_string_equal(ev_type(evs, 0), "response.created");
+        assert_string_equal(ev_type(evs, 1), "response.in_progress");
+        assert_string_equal(ev_type(evs, n - 1), q == 2 ? "response.failed" : "response.completed");
+        assert_int_equal(json_integer_value(json_object_get(json_object_get(fin, "usage"), "total_tokens")), 12);
+        assert_int_equal(json_array_size(out), q == 1 ? 2 : 1);
+        const char *t0 = json_string_value(json_object_get(json_array_get(out, 0), "type"));
+        assert_string_equal(t0, q == 0 ? "function_call" : "message"); /* white space before a call is no message */
+        if (q < 2) {
+            json_t *fc = json_array_get(out, q);
+            assert_string_equal(json_string_value(json_object_get(fc, "call_id")), "call_1");
+            assert_string_equal(json_string_value(json_object_get(fc, "arguments")), "{\"city\":\"Paris\"}");
+            /* the whole answer of the same text and call agrees */
+            json_t *calls = json_pack("[{s:s, s:s, s:{s:s, s:s}}]", "id", "call_1", "type", "function", "function",
+                                      "name", "get_weather", "arguments", "{\"city\":\"Paris\"}");
+            json_t *w = fy_responses_whole(rs, q ? "Hello" : " \n", q ? 5 : 2, calls, "tool_calls", usage);
+            assert_int_equal(json_array_size(json_object_get(w, "output")), json_array_size(out));
+            assert_string_equal(
+                json_string_value(json_object_get(json_array_get(json_object_get(w, "output"), 0), "type")), t0);
+            json_decref(w);
+            json_decref(calls);
+        }
+        if (q == 1) { /* the message closed before the call opened */
+            assert_string_equal(ev_type(evs, 7), "response.output_item.done");
+            assert_string_equal(ev_type(evs, 8), "response.output_item.added");
+            assert_int_equal(json_integer_value(json_object_get(json_array_get(evs, 8), "output_index")), 1);
+        }
+        if (q == 2) { /* the message ends incomplete, the response failed naming why */
+            assert_string_equal(json_string_value(json_object_get(fin, "status")), "failed");
+            assert_string_equal(json_string_value(json_object_get(json_array_get(out, 0), "status")), "incomplete");
+            assert_string_equal(json_string_value(json_object_get(json_object_get(fin, "error"), "message")),
+                                "worker lost");
+        }
+        if (q == 3) { /* an empty answer is an empty message */
+            assert_string_equal(resp_text(fin), "");
+            assert_string_equal(json_string_value(json_object_get(fin, "status")), "completed");
+        }
+        json_decref(evs);
+        free(b);
+        fy_responses_free(rs);
+    }
+    json_decref(first);
+    json_decref(more);
+    json_decref(usage);
+    fy_model_destroy(m);
 }
 
 /* ---- docs/protocol.md's field table, as the code treats each field ---- */
@@ -2225,6 +2577,8 @@ int main(void)
         cmocka_unit_test(test_raw_prompt_special_tokens),
         cmocka_unit_test(test_field_table),
         cmocka_unit_test(test_tool_calls),
+        cmocka_unit_test(test_responses),
+        cmocka_unit_test(test_responses_stream_ends),
         cmocka_unit_test(test_keepalive_after_refusals),
         cmocka_unit_test(test_cors),
         cmocka_unit_test(test_slow_and_departing_clients),

@@ -5,7 +5,8 @@
  * every field checked with the wire's ranges, the prompt tokenized or
  * rendered with the default model's tokenizer and chat template).  The
  * first byte of an input picks the endpoint (modulo 4: 0 completions,
- * 1 chat, 2 tokenize, 3 detokenize); the rest is the body.
+ * 1 chat, 2 tokenize, 3 detokenize; with bit 6 set, POST /v1/responses
+ * through router/responses.c); the rest is the body.
  *
  * Checks: a refused body has a status (400 or 404), a message, and no
  * prompt; an accepted one has a prompt of 1 or more ids inside the
@@ -16,7 +17,11 @@
  * of 1 to 64 bytes, and parameters that the workers' decoder takes back
  * exactly as written (what HTTP accepts, the wire accepts).  Tokenize
  * and detokenize: a refusal as above; accepted ids inside the vocabulary,
- * which decode.  Needs the default model; skipped without it.
+ * which decode.  Responses: a refusal as above, an acceptance as a chat
+ * completion's, and its answer built from the body's own bytes as the
+ * model's text (whole, and streamed in two pieces with a tool call):
+ * JSON objects, events that end with the response's end.  Needs the
+ * default model; skipped without it.
  */
 #include <jansson.h>
 #include <math.h>
@@ -28,6 +33,7 @@
 
 #include "common/genspec.h"
 #include "router/http_parse.h"
+#include "router/responses.h"
 #include "common/msg.h"
 #include "common/mem.h"
 #include "model/model.h"
@@ -83,6 +89,39 @@ static int tokenize(const fy_http_front_t *f, bool detok, const char *body, size
     return 0;
 }
 
+static bool out_add(void *arg, const char *s, size_t n)
+{
+    size_t *total = arg;
+    (void)s;
+    *total += n;
+    return true;
+}
+
+/* An accepted Responses request's answer, the text being text (any bytes). */
+static void responses_answer(fy_responses_t *rs, const char *text, size_t len)
+{
+    json_t *usage = json_pack("{s:i, s:i, s:{s:i}}", "prompt_tokens", 3, "completion_tokens", 2,
+                              "prompt_tokens_details", "cached_tokens", 0);
+    json_t *calls = json_pack("[{s:s, s:s, s:{s:s, s:s}}]", "id", "call_1", "type", "function", "function", "name", "f",
+                              "arguments", "{}");
+    json_t *o = fy_responses_whole(rs, text, len, len & 1 ? calls : NULL, len & 2 ? "length" : "stop", usage);
+    FZ_CHECK(json_is_object(o) && json_is_array(json_object_get(o, "output")), "no whole response");
+    json_decref(o);
+    size_t total = 0, half = len / 2;
+    fy_responses_stream_text(rs, text, half, out_add, &total);
+    fy_responses_stream_text(rs, text + half, len - half, out_add, &total);
+    json_t *deltas =
+        json_pack("[{s:i, s:s, s:s, s:{s:s, s:s}}, {s:i, s:{s:s%}}]", "index", 0, "id", "call_1", "type", "function",
+                  "function", "name", "f", "arguments", "", "index", 0, "function", "arguments", text, half);
+    if (deltas && len & 4) fy_responses_stream_calls(rs, deltas, out_add, &total);
+    size_t before = total;
+    fy_responses_stream_end(rs, len & 2 ? "length" : "stop", usage, len & 8 ? "failed" : NULL, out_add, &total);
+    FZ_CHECK(total > before, "no end event");
+    json_decref(deltas);
+    json_decref(calls);
+    json_decref(usage);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1) return 0;
@@ -97,14 +136,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (data[0] % 4 >= 2) return tokenize(f, data[0] % 4 == 3, (const char *)data + 1, size - 1);
     fy_http_gen_t g;
     fy_http_fault_t fault;
-    fy_status_t st = fy_http_parse_generation(f, (const char *)data + 1, size - 1, chat, &g, &fault);
+    fy_responses_t *rs = NULL;
+    fy_status_t st = data[0] & 0x40 ? fy_responses_parse(f, (const char *)data + 1, size - 1, &g, &rs, &fault)
+                                    : fy_http_parse_generation(f, (const char *)data + 1, size - 1, chat, &g, &fault);
     if (st == FY_ERR_INVALID) {
         FZ_CHECK(fault.status == 400 || fault.status == 404, "status %u", fault.status);
         FZ_CHECK(fault.type && fault.msg[0], "a refusal without a type or a message");
         FZ_CHECK(!fault.code || (fault.status == 400 && fault.param), "a coded refusal without its field");
+        FZ_CHECK(!rs, "a refused Responses body left its state");
         return 0;
     }
     FZ_CHECK(st == FY_OK, "parse: %s", fy_status_str(st));
+    FZ_CHECK(!(data[0] & 0x40) || (rs && g.n == 1), "an accepted Responses body without its state, or n %d", g.n);
+    if (rs) responses_answer(rs, (const char *)data + 1, size - 1);
+    fy_responses_free(rs);
     FZ_CHECK(g.ids != NULL && g.n_prompt >= 1, "an accepted request without a prompt");
     int32_t vocab = fy_tokenizer_vocab_size(fy_model_tokenizer(f->model));
     for (int32_t i = 0; i < g.n_prompt; i++) FZ_CHECK(g.ids[i] >= 0 && g.ids[i] < vocab, "prompt id %d", g.ids[i]);

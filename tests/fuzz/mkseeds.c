@@ -997,6 +997,25 @@ static void http(void)
          "\"content\":[{\"type\":\"text\",\"text\":\"x\"}]}],\"add_generation_prompt\":true}"},
         {"detokenize", 3, "{\"model\":null,\"tokens\":[1,2,3,49151,0,198]}"},
         {"detokenize-bad", 3, "{\"tokens\":[1,-1,\"x\"]}"},
+        /* POST /v1/responses (bit 6) */
+        {"responses", 0x41,
+         "{\"model\":\"SmolLM2-135M-Instruct.Q4_1\",\"input\":\"Say hi\",\"instructions\":\"Be brief.\","
+         "\"max_output_tokens\":16,\"temperature\":0.5,\"top_p\":0.9,\"seed\":2,\"stream\":true,\"store\":true,"
+         "\"metadata\":{\"a\":\"b\"},\"text\":{\"format\":{\"type\":\"json_object\"}}}"},
+        {"responses-items", 0x41,
+         "{\"input\":[{\"role\":\"developer\",\"content\":\"x\"},{\"type\":\"message\",\"role\":\"user\","
+         "\"content\":[{\"type\":\"input_text\",\"text\":\"Weather?\"}]},{\"type\":\"function_call\","
+         "\"call_id\":\"call_1\",\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"},"
+         "{\"type\":\"function_call_output\",\"call_id\":\"call_1\",\"output\":\"21 C\"}],\"tools\":[{\"type\":"
+         "\"function\",\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":"
+         "{\"type\":\"string\"}}},\"strict\":true}],\"tool_choice\":{\"type\":\"function\",\"name\":"
+         "\"get_weather\"},\"parallel_tool_calls\":false}"},
+        {"responses-schema", 0x41,
+         "{\"input\":\"Is it?\",\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"yn\",\"strict\":"
+         "true,\"schema\":{\"type\":\"object\",\"properties\":{\"answer\":{\"enum\":[\"yes\",\"no\"]}}}}}}"},
+        {"responses-bad", 0xc1,
+         "{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\"}]}],\"previous_response_id\":"
+         "\"resp_1\",\"tools\":[{\"type\":\"web_search\"}],\"max_output_tokens\":0}"},
     };
     for (size_t i = 0; i < FY_ARRAY_LEN(b); i++) {
         size_t n = strlen(b[i].body);
