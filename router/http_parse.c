@@ -387,6 +387,8 @@ static void parse_common(const fy_http_front_t *H, parsed_t *p, json_t *o, bool 
     if (mct || old) {
         g->max_tokens_set = true;
         mt = mct ? mct : old;
+    } else if (mt > H->max_ctx) { /* the default: at most the context (and the room it leaves, once tokenized) */
+        mt = H->max_ctx;
     }
     g->gen.max_tokens = (int32_t)mt;
     /* min_tokens: EOS, stop token ids and stop strings held back until then */
@@ -640,6 +642,25 @@ static void too_long(const fy_http_front_t *H, parsed_t *p, const char *param, s
     p->code = "context_length_exceeded";
 }
 
+/* A prompt of n tokens and the completion asked for (completion tokens;
+ * 0: none asked for) that the context does not hold: refused as OpenAI
+ * and vLLM refuse one, in their words. */
+static void context_exceeded(const fy_http_front_t *H, parsed_t *p, bool chat, int32_t n, int32_t completion)
+{
+    const char *what = chat ? "messages" : "prompt";
+    if (completion > 0)
+        bad(p, 400, what,
+            "This model's maximum context length is %d tokens. However, you requested %lld tokens (%d in the %s, "
+            "%d in the completion). Please reduce the length of the %s or completion.",
+            H->max_ctx, (long long)n + completion, n, what, completion, what);
+    else
+        bad(p, 400, what,
+            "This model's maximum context length is %d tokens. However, your %s resulted in %d tokens, which "
+            "leaves no room for the completion. Please reduce the length of the %s.",
+            H->max_ctx, what, n, what);
+    p->code = "context_length_exceeded";
+}
+
 /* The chat messages to token ids through the model's template.  A
  * template that renders tools (it mentions 'tools': Qwen's, Llama 3's,
  * Mistral's) is given them and the messages' tool calls and ids, and its
@@ -840,7 +861,7 @@ static int32_t *prompt_ids(const fy_http_front_t *H, parsed_t *p, json_t *o, boo
     if (json_is_array(pr) && json_array_size(pr) > 0 && json_is_integer(json_array_get(pr, 0))) {
         size_t n = json_array_size(pr);
         if (n >= (size_t)H->max_ctx && !keep) {
-            bad(p, 400, "prompt", "'prompt' has %zu tokens; the context holds %d", n, H->max_ctx);
+            context_exceeded(H, p, false, n > INT32_MAX ? INT32_MAX : (int32_t)n, 0);
             return NULL;
         }
         ids = fy_malloc(n * sizeof(int32_t));
@@ -981,6 +1002,16 @@ fy_status_t fy_http_parse_generation(const fy_http_front_t *f, const char *body,
     }
     if (fault->status) return FY_ERR_INVALID;
     if (!ids) return FY_ERR_NOMEM;
+    /* the context (the workers', front_of's): the prompt, and the
+     * completion when the client said how long, must fit; without
+     * max_tokens the completion takes the room left (below) */
+    if (n_prompt >= f->max_ctx || (g->max_tokens_set && (int64_t)n_prompt + g->gen.max_tokens > f->max_ctx)) {
+        context_exceeded(f, fault, chat, n_prompt, g->max_tokens_set && !g->echo_only ? g->gen.max_tokens : 0);
+        fy_free(ids);
+        fy_free(g->tool_names);
+        g->tool_names = NULL;
+        return FY_ERR_INVALID;
+    }
     /* prompt logprobs: bounded, so is the answer */
     int64_t entries = (int64_t)n_prompt * (g->gen.prompt_top + 1);
     if (g->gen.prompt_logprobs && entries > FY_HTTP_MAX_PLP_ENTRIES) {
