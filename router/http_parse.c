@@ -367,10 +367,12 @@ static void parse_common(const fy_http_front_t *H, parsed_t *p, json_t *o, bool 
     /* echo (completions only: chat's is another thing, refused below) */
     if (!chat) bool_field(p, o, "echo", &g->echo);
     /* max_tokens, or its newer name max_completion_tokens, on both
-     * endpoints; 0 with echo: the prompt alone (vLLM's) */
+     * endpoints; 0 with echo: the prompt alone (vLLM's); past the context:
+     * refused once the prompt is tokenized, in OpenAI's words with both
+     * counts (fy_http_parse_generation) */
     json_int_t mt = chat ? H->default_max_tokens : DEFAULT_MAX_TOKENS_COMPLETION, old = -1, mct = -1;
-    int_field(p, o, "max_tokens", g->echo ? 0 : 1, H->max_ctx, &old);
-    int_field(p, o, "max_completion_tokens", g->echo ? 0 : 1, H->max_ctx, &mct);
+    int_field(p, o, "max_tokens", g->echo ? 0 : 1, INT32_MAX, &old);
+    int_field(p, o, "max_completion_tokens", g->echo ? 0 : 1, INT32_MAX, &mct);
     if (old == 0 || mct == 0) {
         if (old > 0 || mct > 0)
             bad(p, 400, "max_completion_tokens",
@@ -527,7 +529,7 @@ static void parse_common(const fy_http_front_t *H, parsed_t *p, json_t *o, bool 
      * accepted here is refused by a worker */
     const char *field;
     char why[160];
-    if (!p->status && fy_genspec_check(&g->gen, H->max_ctx, &field, why, sizeof(why)) != FY_OK)
+    if (!p->status && fy_genspec_check(&g->gen, INT32_MAX, &field, why, sizeof(why)) != FY_OK) /* max_tokens: below */
         bad(p, 400, field, "%s", why);
 }
 

@@ -11,7 +11,9 @@
  * /detokenize, /version and /v1/models/{id}, max_completion_tokens and
  * min_tokens, tool calls (auto answers well formed and the same streamed,
  * required and named choices enforced where the workers apply grammars),
- * structured-output fields, refusals (404, 405, 413, OPTIONS) that leave a kept-alive
+ * structured-output fields, the workers' context (max_model_len, OpenAI's
+ * context_length_exceeded at the door, on a cluster of small ctx),
+ * refusals (404, 405, 413, OPTIONS) that leave a kept-alive
  * connection usable for the next request, CORS, and curl and the
  * `openai` Python package against it (the latter skipped where it cannot
  * be installed).  The router answers the next request after each.
@@ -1954,7 +1956,8 @@ static void test_workers_context(void **state)
     char *p384 = token_prompt_json(384, 11, ""), *p300 = token_prompt_json(300, 12, ",\"max_tokens\":100"),
          *p300s = token_prompt_json(300, 12, ",\"max_completion_tokens\":100,\"stream\":true"),
          *p450s = token_prompt_json(450, 13, ",\"stream\":true"), *long_chat_s = chat_words("river", 420, true, ""),
-         *chat_mt = chat_words("river", 200, false, ",\"max_tokens\":200");
+         *chat_mt = chat_words("river", 200, false, ",\"max_tokens\":200"),
+         *p10 = token_prompt_json(10, 15, ",\"max_tokens\":500");
     r = call("POST", "/v1/completions", NULL, p384);
     expect_context_error(&r, "prompt",
                          "This model's maximum context length is 384 tokens. However, your prompt "
@@ -1979,6 +1982,9 @@ static void test_workers_context(void **state)
     r = call("POST", "/v1/chat/completions", NULL, chat_mt);
     expect_context_error(&r, "messages", "in the messages, 200 in the completion)");
     free(r.body);
+    r = call("POST", "/v1/completions", NULL, p10); /* max_tokens past the context alone: the same rule */
+    expect_context_error(&r, "prompt", "you requested 510 tokens (10 in the prompt, 500 in the completion)");
+    free(r.body);
     tc_status(&c2, &s1);
     assert_int_equal(s1.completed, s0.completed); /* no worker was asked */
     assert_int_equal(s1.failed, s0.failed);
@@ -1990,6 +1996,7 @@ static void test_workers_context(void **state)
     fy_free(long_chat);
     fy_free(long_chat_s);
     fy_free(chat_mt);
+    fy_free(p10);
 
     /* what fits: the whole context exactly; a chat without max_tokens gets the room left */
     char *p370 = token_prompt_json(370, 14, ",\"max_tokens\":14,\"ignore_eos\":true");

@@ -108,6 +108,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int32_t i = 0; i < g.n_prompt; i++) FZ_CHECK(g.ids[i] >= 0 && g.ids[i] < vocab, "prompt id %d", g.ids[i]);
     FZ_CHECK(fy_sampling_params_check(&g.gen.sampling) == FY_OK, "accepted sampling parameters fail the sampler");
     FZ_CHECK(g.gen.max_tokens >= 1 && g.gen.max_tokens <= f->max_ctx, "max_tokens %d", g.gen.max_tokens);
+    FZ_CHECK((int64_t)g.n_prompt + g.gen.max_tokens <= f->max_ctx,
+             "%d prompt tokens and max_tokens %d past the context", g.n_prompt,
+             g.gen.max_tokens); /* OpenAI's rule: refused, or the default clamped to the room */
     FZ_CHECK(g.n >= 1 && g.n <= FY_HTTP_MAX_N, "n %d", g.n);
     FZ_CHECK(g.gen.n_stop >= 0 && g.gen.n_stop <= FY_GEN_MAX_STOP, "%d stop strings", g.gen.n_stop);
     for (int32_t i = 0; i < g.gen.n_stop; i++) {
