@@ -70,7 +70,8 @@
         INT(S, "max_waiting", "256", 0, 1 << 20, "requests queued in the engine before new ones are refused"),         \
         INT(S, "ctx", "0", 0, 1 << 20,                                                                                 \
             "longest sequence in tokens; 0: the model's trained context (a warning at start names the longest "        \
-            "request kv_mem admits); a ctx that kv_mem cannot admit is refused at start"),                             \
+            "request kv_mem admits); a ctx that kv_mem cannot admit is refused at start; the router's door takes "     \
+            "the smallest ctx of the workers up (max_model_len)"),                                                     \
         INT(S, "tp", "0", 0, 64, "tensor-parallel ranks of this role's workers; 0: worker.tp"),                        \
         INT(S, "pp", "0", 0, 64, "pipeline stages of this role's workers; 0: worker.pp")
 

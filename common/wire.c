@@ -513,6 +513,7 @@ static const field_t LOAD[] = {
     I32(T, "tp", tp, FY_OPT, P_NONZERO, 0, 64),
     I32(T, "pp", pp, FY_OPT, P_NONZERO, 0, 64),
     STR(T, "out_of_service", out_of_service, FY_OPT, P_NONZERO),
+    I32(T, "ctx", ctx, FY_OPT, P_NONZERO, 0, 1 << 24),
 };
 #undef T
 #define T fy_wire_alive_t

@@ -422,6 +422,9 @@ typedef struct fy_wire_load {
      * there has ended; "" when it serves) */
     int32_t tp, pp;
     char out_of_service[160];
+    /* the longest sequence it holds (its ROLE.ctx, or the model's
+     * context); 0: not sent (an older worker): the model's */
+    int32_t ctx;
 } fy_wire_load_t;
 FY_WIRE_MESSAGE(load, fy_wire_load_t)
 

@@ -996,13 +996,26 @@ static bool json_body(fy_http_t *H, fy_httpd_req_t *r)
     return true;
 }
 
+/* The pool's context now (lock NOT held): what max_model_len says and
+ * what a request must fit. */
+static int32_t pool_ctx(const fy_http_t *H)
+{
+    fy_router_lock(H->R);
+    int32_t ctx = fy_router_pool_ctx(H->R);
+    fy_router_unlock(H->R);
+    return ctx;
+}
+
+/* Lock NOT held. */
 static fy_http_front_t front_of(const fy_http_t *H)
 {
+    int32_t ctx = pool_ctx(H), model_ctx = fy_router_max_ctx(H->R);
+    size_t bytes = fy_router_max_prompt_bytes(H->R); /* the model's context's: a token's most bytes times it */
     return (fy_http_front_t){.model = fy_router_model(H->R),
                              .model_id = fy_router_model_id(H->R),
                              .served = H->served,
-                             .max_ctx = fy_router_max_ctx(H->R),
-                             .max_prompt_bytes = fy_router_max_prompt_bytes(H->R),
+                             .max_ctx = ctx,
+                             .max_prompt_bytes = bytes / (size_t)model_ctx * (size_t)ctx,
                              .default_max_tokens = H->default_max_tokens,
                              .grammars = H->grammars,
                              .reasoning_parser = H->reasoning_parser};
@@ -1138,8 +1151,9 @@ static void refuse_submitted(hreq_t *h, fy_status_t st, const char *err)
                         : h->resp                        ? "input"
                         : h->chat                        ? "messages"
                                                          : "prompt";
+    bool ctx = !strncmp(err, "This model's maximum context length", 35); /* the workers' context changed since */
     json_object_set_new(eb, "param", st == FY_ERR_INVALID ? json_string(param) : json_null());
-    json_object_set_new(eb, "code", json_null());
+    json_object_set_new(eb, "code", ctx ? json_string("context_length_exceeded") : json_null());
     json_object_set_new(e, "error", eb);
     raw_response(h, status_of(st), e);
 }
@@ -1291,7 +1305,7 @@ static json_t *model_json(const fy_http_t *H)
     json_object_set_new(m, "created", json_integer((json_int_t)H->model_created));
     json_object_set_new(m, "owned_by", json_string("ferry"));
     json_object_set_new(m, "root", json_string(fy_router_model_id(H->R)));
-    json_object_set_new(m, "max_model_len", json_integer(fy_router_max_ctx(H->R)));
+    json_object_set_new(m, "max_model_len", json_integer(pool_ctx(H)));
     return m;
 }
 

@@ -367,10 +367,12 @@ static void parse_common(const fy_http_front_t *H, parsed_t *p, json_t *o, bool 
     /* echo (completions only: chat's is another thing, refused below) */
     if (!chat) bool_field(p, o, "echo", &g->echo);
     /* max_tokens, or its newer name max_completion_tokens, on both
-     * endpoints; 0 with echo: the prompt alone (vLLM's) */
+     * endpoints; 0 with echo: the prompt alone (vLLM's); past the context:
+     * refused once the prompt is tokenized, in OpenAI's words with both
+     * counts (fy_http_parse_generation) */
     json_int_t mt = chat ? H->default_max_tokens : DEFAULT_MAX_TOKENS_COMPLETION, old = -1, mct = -1;
-    int_field(p, o, "max_tokens", g->echo ? 0 : 1, H->max_ctx, &old);
-    int_field(p, o, "max_completion_tokens", g->echo ? 0 : 1, H->max_ctx, &mct);
+    int_field(p, o, "max_tokens", g->echo ? 0 : 1, INT32_MAX, &old);
+    int_field(p, o, "max_completion_tokens", g->echo ? 0 : 1, INT32_MAX, &mct);
     if (old == 0 || mct == 0) {
         if (old > 0 || mct > 0)
             bad(p, 400, "max_completion_tokens",
@@ -387,6 +389,8 @@ static void parse_common(const fy_http_front_t *H, parsed_t *p, json_t *o, bool 
     if (mct || old) {
         g->max_tokens_set = true;
         mt = mct ? mct : old;
+    } else if (mt > H->max_ctx) { /* the default: at most the context (and the room it leaves, once tokenized) */
+        mt = H->max_ctx;
     }
     g->gen.max_tokens = (int32_t)mt;
     /* min_tokens: EOS, stop token ids and stop strings held back until then */
@@ -525,7 +529,7 @@ static void parse_common(const fy_http_front_t *H, parsed_t *p, json_t *o, bool 
      * accepted here is refused by a worker */
     const char *field;
     char why[160];
-    if (!p->status && fy_genspec_check(&g->gen, H->max_ctx, &field, why, sizeof(why)) != FY_OK)
+    if (!p->status && fy_genspec_check(&g->gen, INT32_MAX, &field, why, sizeof(why)) != FY_OK) /* max_tokens: below */
         bad(p, 400, field, "%s", why);
 }
 
@@ -670,6 +674,25 @@ static char *template_kwargs(parsed_t *p, const fy_tokenizer_t *tok, json_t *o)
         text = NULL;
     }
     return text;
+}
+
+/* A prompt of n tokens and the completion asked for (completion tokens;
+ * 0: none asked for) that the context does not hold: refused as OpenAI
+ * and vLLM refuse one, in their words. */
+static void context_exceeded(const fy_http_front_t *H, parsed_t *p, bool chat, int32_t n, int32_t completion)
+{
+    const char *what = chat ? "messages" : "prompt";
+    if (completion > 0)
+        bad(p, 400, what,
+            "This model's maximum context length is %d tokens. However, you requested %lld tokens (%d in the %s, "
+            "%d in the completion). Please reduce the length of the %s or completion.",
+            H->max_ctx, (long long)n + completion, n, what, completion, what);
+    else
+        bad(p, 400, what,
+            "This model's maximum context length is %d tokens. However, your %s resulted in %d tokens, which "
+            "leaves no room for the completion. Please reduce the length of the %s.",
+            H->max_ctx, what, n, what);
+    p->code = "context_length_exceeded";
 }
 
 /* The chat messages to token ids through the model's template.  A
@@ -877,7 +900,7 @@ static bool one_prompt(const fy_http_front_t *H, parsed_t *p, json_t *pr, int at
     } else if (json_is_array(pr) && json_array_size(pr) > 0) {
         size_t k = json_array_size(pr);
         if (k >= (size_t)H->max_ctx && !keep) {
-            bad(p, 400, "prompt", "%s has %zu tokens; the context holds %d", nm, k, H->max_ctx);
+            context_exceeded(H, p, false, k > INT32_MAX ? INT32_MAX : (int32_t)k, 0);
             return false;
         }
         if (!(ids = fy_malloc(k * sizeof(int32_t)))) return false;
@@ -1102,6 +1125,20 @@ fy_status_t fy_http_parse_generation(const fy_http_front_t *f, const char *body,
     }
     if (fault->status) return FY_ERR_INVALID;
     if (!ids) return FY_ERR_NOMEM;
+    /* the context (the workers', front_of's): each prompt, and the
+     * completion when the client said how long, must fit; without
+     * max_tokens the completion takes the room left (below).  A prompt
+     * array's prompts run apart: its longest must fit. */
+    int32_t longest = 0;
+    for (int i = 0; i < g->n_prompts; i++)
+        if (g->prompt_len[i] > longest) longest = g->prompt_len[i];
+    if (longest >= f->max_ctx || (g->max_tokens_set && (int64_t)longest + g->gen.max_tokens > f->max_ctx)) {
+        context_exceeded(f, fault, chat, longest, g->max_tokens_set && !g->echo_only ? g->gen.max_tokens : 0);
+        fy_free(ids);
+        fy_free(g->tool_names);
+        g->tool_names = NULL;
+        return FY_ERR_INVALID;
+    }
     /* prompt logprobs: bounded, so is the answer */
     int64_t entries = (int64_t)n_prompt * (g->gen.prompt_top + 1);
     if (g->gen.prompt_logprobs && entries > FY_HTTP_MAX_PLP_ENTRIES) {
@@ -1112,10 +1149,7 @@ fy_status_t fy_http_parse_generation(const fy_http_front_t *f, const char *body,
         return FY_ERR_INVALID;
     }
     /* the chat default: what the context has room for, within the configured cap */
-    if (!g->max_tokens_set) {
-        int32_t longest = 0; /* (a prompt array's: the longest prompt's room) */
-        for (int i = 0; i < g->n_prompts; i++)
-            if (g->prompt_len[i] > longest) longest = g->prompt_len[i];
+    if (!g->max_tokens_set) { /* (a prompt array's: the longest prompt's room) */
         int32_t room = fy_genspec_max_tokens(&g->gen, longest, f->max_ctx);
         g->gen.max_tokens = room > 1 ? room : 1;
     }

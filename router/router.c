@@ -88,6 +88,7 @@ typedef struct worker {
     double last_seen;
     /* the last load report */
     int32_t running, waiting, max_seqs, total_blocks, admittable, capacity, leases;
+    int32_t ctx; /* the longest sequence it holds (its ROLE.ctx; an older worker's: the model's) */
     uint8_t *bloom;
     uint32_t bloom_bytes;
     /* the router's own view since that report */
@@ -192,6 +193,7 @@ typedef struct router {
     fy_kv_hasher_t *hasher;
     fy_kv_layout_t lay;
     int32_t vocab, max_ctx;
+    int32_t pool_ctx;             /* fy_router_pool_ctx's last answer from workers up (the model's until one is) */
     size_t max_prompt_bytes;      /* text longer than this cannot fit max_ctx (0: no bound; workq.h) */
     fy_workq_t *parse;            /* tokenizing and parsing of clients' prompts, off nng's and HTTP's threads */
     fy_grammar_cache_t *grammars; /* nng clients' structured outputs, compiled as the workers will (thread-safe) */
@@ -849,6 +851,7 @@ static void on_load(router_t *R, fy_msgr_t *r, const fy_env_hdr_t *from, const c
     w->admittable = m.admittable;
     w->capacity = capacity;
     w->leases = m.leases;
+    w->ctx = m.ctx > 0 && m.ctx < R->max_ctx ? m.ctx : R->max_ctx;
     w->blocks_since = 0;
     w->full = false;
     if (bloom) {
@@ -1452,6 +1455,24 @@ static void wake_poll(router_t *R, rreq_t *q)
     }
 }
 
+/* A prompt of n tokens, or max_tokens, that the context of ctx tokens
+ * cannot hold, in OpenAI's words (the HTTP door's too: it answers
+ * "context_length_exceeded" for a message that starts so). */
+static void context_refusal(int32_t n, int32_t max_tokens, int32_t ctx, char *err, size_t err_cap)
+{
+    if (n >= ctx)
+        snprintf(err, err_cap,
+                 "This model's maximum context length is %d tokens. However, the prompt has %d tokens, which leaves "
+                 "no room for the completion (the workers' context: prefill.ctx, decode.ctx). Please reduce the "
+                 "length of the prompt.",
+                 ctx, n);
+    else
+        snprintf(err, err_cap,
+                 "This model's maximum context length is %d tokens. However, 'max_tokens' is %d (the workers' "
+                 "context: prefill.ctx, decode.ctx). Please reduce the completion.",
+                 ctx, max_tokens);
+}
+
 /*
  * A new request for the queue: ids (fy_malloc'd) are taken in every case.
  * On success the request is queued and the lock is HELD (the caller
@@ -1463,7 +1484,10 @@ static fy_status_t enqueue(router_t *R, const char *tenant, int32_t *ids, int32_
                            char *err, size_t err_cap)
 {
     if (n < 1 || n >= R->max_ctx || n > MAX_PROMPT_TOKENS) {
-        snprintf(err, err_cap, "the prompt has %d tokens; the context holds %d", n, R->max_ctx);
+        if (n >= R->max_ctx)
+            context_refusal(n, gen->max_tokens, R->max_ctx, err, err_cap);
+        else
+            snprintf(err, err_cap, "the prompt has %d tokens; the router takes 1 to %d", n, MAX_PROMPT_TOKENS);
         fy_free(ids);
         fy_metric_inc(R->m.refused[1]);
         return FY_ERR_INVALID;
@@ -1504,6 +1528,19 @@ static fy_status_t enqueue(router_t *R, const char *tenant, int32_t *ids, int32_
     q->need_blocks = blocks_for(R, q);
 
     if (!held) pthread_mutex_lock(&R->mu);
+    /* the workers' context (they refuse what does not fit it): said here
+     * in the door's words, before any worker is asked */
+    int32_t ctx = fy_router_pool_ctx(R);
+    if (n >= ctx || gen->max_tokens > ctx) {
+        R->refused++;
+        if (!held) pthread_mutex_unlock(&R->mu);
+        fy_free(q->hashes);
+        fy_free(q->prompt);
+        fy_free(q);
+        context_refusal(n, gen->max_tokens, ctx, err, err_cap);
+        fy_metric_inc(R->m.refused[1]);
+        return FY_ERR_INVALID;
+    }
     /* draining: nothing new (a watch function's submission, held, belongs
      * to a request already running: HTTP's samples after the first) */
     if (R->draining && !held) {
@@ -1842,6 +1879,19 @@ fy_status_t fy_router_offload(router_t *R, size_t bytes, void (*fn)(void *arg, b
     return fy_workq_push(R->parse, bytes <= FY_WORKQ_QUICK_BYTES, fn, arg);
 }
 int32_t fy_router_max_ctx(const router_t *R) { return R->max_ctx; }
+
+int32_t fy_router_pool_ctx(router_t *R)
+{
+    int32_t ctx = 0;
+    for (int i = 0; i < R->n_workers; i++) {
+        const worker_t *w = &R->workers[i];
+        if (!w->used || !w->up || w->incompatible || w->unlisted || (R->colocated && w->role == W_PREFILL)) continue;
+        int32_t c = w->ctx > 0 ? w->ctx : R->max_ctx;
+        if (!ctx || c < ctx) ctx = c;
+    }
+    if (ctx) R->pool_ctx = ctx; /* none up: the last pool's (a worker that comes back is the same, most likely) */
+    return R->pool_ctx;
+}
 const fy_config_t *fy_router_config(const router_t *R) { return R->cfg; }
 
 fy_status_t fy_router_submit(router_t *R, const char *tenant, int32_t *ids, int32_t n, const fy_genspec_t *gen,
@@ -2322,6 +2372,7 @@ static fy_status_t setup(router_t *R)
     const fy_model_config_t *mc = fy_model_config(R->model);
     R->vocab = mc->vocab_size;
     R->max_ctx = mc->max_ctx;
+    R->pool_ctx = R->max_ctx;
     R->max_prompt_bytes = (size_t)R->max_ctx * fy_tokenizer_max_token_text(fy_model_tokenizer(R->model));
     int32_t win[FY_KV_MAX_LAYERS]; /* the workers' KV groups: names and block counts agree */
     for (int32_t l = 0; l < mc->n_layers && l < FY_KV_MAX_LAYERS; l++) win[l] = mc->layer[l].window;

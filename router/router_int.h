@@ -104,6 +104,14 @@ bool fy_router_view(router_t *R, uint64_t id, fy_router_view_t *v);
  * let go of its blocks).  The request is forgotten once done (at the
  * router's next tick: a watch function may call this). */
 void fy_router_detach(router_t *R, uint64_t id, bool cancel);
+/* Lock held.  The longest sequence (prompt and completion) the pool
+ * takes: the smallest context (ROLE.ctx) among the workers up that a
+ * request may land on (prefill and decode workers; colocated: decode
+ * workers), at most the model's (fy_router_max_ctx); with none up, the
+ * last such answer (the model's before any worker reported).  The HTTP
+ * door's max_model_len; a longer request is refused before any worker is
+ * asked. */
+int32_t fy_router_pool_ctx(router_t *R);
 /* Lock held.  Workers reporting and compatible, by role. */
 void fy_router_workers_up(router_t *R, int *prefill_up, int *decode_up, bool *colocated);
 

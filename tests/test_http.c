@@ -11,7 +11,9 @@
  * /detokenize, /version and /v1/models/{id}, max_completion_tokens and
  * min_tokens, tool calls (auto answers well formed and the same streamed,
  * required and named choices enforced where the workers apply grammars),
- * structured-output fields, refusals (404, 405, 413, OPTIONS) that leave a kept-alive
+ * structured-output fields, the workers' context (max_model_len, OpenAI's
+ * context_length_exceeded at the door, on a cluster of small ctx),
+ * refusals (404, 405, 413, OPTIONS) that leave a kept-alive
  * connection usable for the next request, CORS, and curl and the
  * `openai` Python package against it (the latter skipped where it cannot
  * be installed).  The router answers the next request after each.
@@ -2227,6 +2229,177 @@ static void test_vllm_output_controls(void **state)
     }
 }
 
+/* ---- the workers' context ---- */
+
+/* An error answer of OpenAI's context-length kind: 400, param and code,
+ * its message holding in_message. */
+static void expect_context_error(const resp_t *r, const char *param, const char *in_message)
+{
+    expect_error(r, 400, param, in_message);
+    json_t *j = json_of(r);
+    const char *code = json_string_value(json_object_get(json_object_get(j, "error"), "code"));
+    if (!code || strcmp(code, "context_length_exceeded"))
+        fail_msg("code '%s', expected 'context_length_exceeded': %s", code ? code : "null", r->body);
+    json_decref(j);
+}
+
+/* A chat body whose one user message is word n times (stream, then extra). */
+static char *chat_words(const char *word, int n, bool stream, const char *extra)
+{
+    size_t cap = (size_t)n * (strlen(word) + 1) + 256;
+    char *b = fy_malloc(cap);
+    size_t k = (size_t)snprintf(b, cap, "{\"stream\":%s%s,\"messages\":[{\"role\":\"user\",\"content\":\"",
+                                stream ? "true" : "false", extra);
+    for (int i = 0; i < n; i++) k += (size_t)snprintf(b + k, cap - k, "%s ", word);
+    snprintf(b + k, cap - k, "\"}]}");
+    return b;
+}
+
+/* With prefill.ctx and decode.ctx below the model's (issue 35), the door
+ * knows the pool's context, the smallest of the workers' (the prefill
+ * worker's 384 here): /v1/models and /tokenize say it as max_model_len; a
+ * request that does not fit it (its prompt, or its prompt and max_tokens)
+ * is refused with OpenAI's context_length_exceeded, whole and streamed,
+ * before any worker is asked (the router's counts do not move); without
+ * max_tokens a chat gets the room left, not the configured default; what
+ * fits exactly is served; and the nng client's port refuses the same
+ * naming the context, not with a worker's "bad reserve". */
+static void test_workers_context(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    tc_cluster_t c2;
+    int port2 = free_port(), keep = PORT;
+    char http[128];
+    snprintf(http, sizeof(http), "router.http=http://127.0.0.1:%d", port2);
+    tc_opts_t o = {.n_prefill = 1,
+                   .n_decode = 1,
+                   .common = {http, "decode.kv_mem=64MiB"},
+                   .per_worker = {{"prefill.ctx=384"}, {"decode.ctx=512"}}};
+    tc_start(&c2, &o);
+    PORT = port2;
+    resp_t r = call("GET", "/v1/models", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    json_t *j = json_of(&r);
+    free(r.body);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "max_model_len")), 384);
+    json_decref(j);
+    r = call("POST", "/tokenize", NULL, "{\"prompt\":\"Hi\"}");
+    assert_int_equal(r.status, 200);
+    j = json_of(&r);
+    free(r.body);
+    assert_int_equal(json_integer_value(json_object_get(j, "max_model_len")), 384);
+    json_decref(j);
+    /* the long chat message's tokens: between the prefill worker's context and the decode worker's */
+    char *long_chat = chat_words("river", 420, false, "");
+    char *tok_body = fy_malloc(strlen(long_chat) + 2);
+    sprintf(tok_body, "{%s", strstr(long_chat, "\"messages\""));
+    r = call("POST", "/tokenize", NULL, tok_body);
+    fy_free(tok_body);
+    j = json_of(&r);
+    free(r.body);
+    json_int_t n_long = json_integer_value(json_object_get(j, "count"));
+    json_decref(j);
+    if (n_long <= 384 || n_long >= 512) fail_msg("the long chat is %lld tokens", (long long)n_long);
+
+    fy_client_status_t s0, s1;
+    tc_status(&c2, &s0);
+    char msg[160];
+    char *p384 = token_prompt_json(384, 11, ""), *p300 = token_prompt_json(300, 12, ",\"max_tokens\":100"),
+         *p300s = token_prompt_json(300, 12, ",\"max_completion_tokens\":100,\"stream\":true"),
+         *p450s = token_prompt_json(450, 13, ",\"stream\":true"), *long_chat_s = chat_words("river", 420, true, ""),
+         *chat_mt = chat_words("river", 200, false, ",\"max_tokens\":200"),
+         *p10 = token_prompt_json(10, 15, ",\"max_tokens\":500");
+    r = call("POST", "/v1/completions", NULL, p384);
+    expect_context_error(&r, "prompt",
+                         "This model's maximum context length is 384 tokens. However, your prompt "
+                         "resulted in 384 tokens");
+    free(r.body);
+    r = call("POST", "/v1/completions", NULL, p300);
+    expect_context_error(&r, "prompt", "you requested 400 tokens (300 in the prompt, 100 in the completion)");
+    free(r.body);
+    r = call("POST", "/v1/completions", NULL, p300s);
+    expect_context_error(&r, "prompt", "you requested 400 tokens (300 in the prompt, 100 in the completion)");
+    free(r.body);
+    r = call("POST", "/v1/completions", NULL, p450s);
+    expect_context_error(&r, "prompt", "is 384 tokens");
+    free(r.body);
+    snprintf(msg, sizeof(msg), "your messages resulted in %lld tokens", (long long)n_long);
+    r = call("POST", "/v1/chat/completions", NULL, long_chat);
+    expect_context_error(&r, "messages", msg);
+    free(r.body);
+    r = call("POST", "/v1/chat/completions", NULL, long_chat_s);
+    expect_context_error(&r, "messages", msg);
+    free(r.body);
+    r = call("POST", "/v1/chat/completions", NULL, chat_mt);
+    expect_context_error(&r, "messages", "in the messages, 200 in the completion)");
+    free(r.body);
+    r = call("POST", "/v1/completions", NULL, p10); /* max_tokens past the context alone: the same rule */
+    expect_context_error(&r, "prompt", "you requested 510 tokens (10 in the prompt, 500 in the completion)");
+    free(r.body);
+    tc_status(&c2, &s1);
+    assert_int_equal(s1.completed, s0.completed); /* no worker was asked */
+    assert_int_equal(s1.failed, s0.failed);
+    assert_int_equal(s1.retried, s0.retried);
+    fy_free(p384);
+    fy_free(p300);
+    fy_free(p300s);
+    fy_free(p450s);
+    fy_free(long_chat);
+    fy_free(long_chat_s);
+    fy_free(chat_mt);
+    fy_free(p10);
+
+    /* what fits: the whole context exactly; a chat without max_tokens gets the room left */
+    char *p370 = token_prompt_json(370, 14, ",\"max_tokens\":14,\"ignore_eos\":true");
+    r = call("POST", "/v1/completions", NULL, p370);
+    if (r.status != 200) fail_msg("HTTP %d: %s", r.status, r.body);
+    j = json_of(&r);
+    free(r.body);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 14);
+    json_decref(j);
+    fy_free(p370);
+    char *fits = chat_words("river", 300, false, ",\"ignore_eos\":true");
+    r = call("POST", "/v1/chat/completions", NULL, fits);
+    if (r.status != 200) fail_msg("HTTP %d: %s", r.status, r.body);
+    j = json_of(&r);
+    free(r.body);
+    json_t *u = json_object_get(j, "usage");
+    json_int_t pt = json_integer_value(json_object_get(u, "prompt_tokens")),
+               ct = json_integer_value(json_object_get(u, "completion_tokens"));
+    if (pt >= 384 || ct < 1 || pt + ct != 384)
+        fail_msg("%lld prompt and %lld completion tokens", (long long)pt, (long long)ct);
+    assert_string_equal(
+        json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "finish_reason")),
+        "length");
+    json_decref(j);
+    fy_free(fits);
+
+    /* the nng client's port: the same context, in words that name it */
+    int32_t ids[450];
+    for (int i = 0; i < 450; i++) ids[i] = 100 + i;
+    fy_client_req_t q = {.tokens = ids, .n_tokens = 450};
+    fy_genspec_default(&q.gen);
+    q.gen.max_tokens = 4;
+    fy_client_stream_t cs;
+    char err[256] = "";
+    assert_int_equal(fy_client_generate(c2.client, &q, &cs, err, sizeof(err)), FY_ERR_INVALID);
+    if (!strstr(err, "maximum context length is 384 tokens") || !strstr(err, "450 tokens")) fail_msg("%s", err);
+    q.n_tokens = 10;
+    q.gen.max_tokens = 400;
+    assert_int_equal(fy_client_generate(c2.client, &q, &cs, err, sizeof(err)), FY_ERR_INVALID);
+    if (!strstr(err, "maximum context length is 384 tokens") || !strstr(err, "'max_tokens' is 400"))
+        fail_msg("%s", err);
+    q.gen.max_tokens = 4;
+    assert_int_equal(fy_client_generate(c2.client, &q, &cs, err, sizeof(err)), FY_OK);
+    tc_result_t res = {0};
+    tc_collect(&c2, &cs, &res, 1, 60);
+    assert_int_equal(res.error, FY_OK);
+    PORT = keep;
+    tc_stop(&c2);
+}
+
 static void test_curl(void **state)
 {
     (void)state;
@@ -2587,6 +2760,7 @@ int main(void)
         cmocka_unit_test(test_router_metrics),
         cmocka_unit_test(test_created_is_the_answer_time),
         cmocka_unit_test(test_overload_503),
+        cmocka_unit_test(test_workers_context),
         cmocka_unit_test(test_curl),
         cmocka_unit_test(test_openai_python),
     };

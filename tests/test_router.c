@@ -10,7 +10,9 @@
  *  - a decode worker that sends load reports but never answers a command:
  *    its circuit breaker opens on the first timeout, the request that
  *    timed out is retried on the real worker, a trial request later finds
- *    it answering and closes the breaker again;
+ *    it answering and closes the breaker again; its reports are an older
+ *    worker's (no ctx), and the pool's context (max_model_len) stays the
+ *    model's;
  *  - a stuck rank (SIGSTOP) of a decode worker's group: the worker calls
  *    itself out of service when its /health turns 503 for the stall
  *    (worker.stall_timeout), and the router stops placing there.
@@ -24,6 +26,8 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <jansson.h>
 
 #include "common/clock.h"
 #include "common/cluster.h"
@@ -238,6 +242,20 @@ static void deaf_stop(deaf_t *d)
     fy_env_auth_wipe(&d->auth);
 }
 
+/* The HTTP door's max_model_len: the pool's context. */
+static json_int_t max_model_len(int port)
+{
+    char *body = NULL;
+    assert_int_equal(tc_http(port, "GET", "/v1/models", &body), 200);
+    json_error_t e;
+    json_t *j = json_loads(body, 0, &e);
+    fy_free(body);
+    assert_non_null(j);
+    json_int_t n = json_integer_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "max_model_len"));
+    json_decref(j);
+    return n;
+}
+
 static double breakers_open(int port)
 {
     char *body = NULL;
@@ -267,6 +285,8 @@ static void test_breaker_skips_deaf_worker(void **state)
     tc_start(&c, &o);
     fy_client_status_t s;
     tc_status(&c, &s);
+    json_int_t ctx = max_model_len(port); /* the real worker's: the model's (decode.ctx 0) */
+    assert_true(ctx >= 2048);
     deaf_t d;
     deaf_start(&d, &c, s.model, false);
     double t0 = fy_now_s();
@@ -275,6 +295,8 @@ static void test_breaker_skips_deaf_worker(void **state)
         tc_status(&c, &s);
     } while (s.decode_up < 2 && fy_now_s() - t0 < 20);
     assert_int_equal(s.decode_up, 2);
+    /* its load reports are an older worker's (no ctx): it counts as holding the model's context */
+    assert_int_equal(max_model_len(port), ctx);
     /* one request at a time: each looks for the least-loaded decode worker,
      * and the deaf one (nothing assigned, the most room) is it every time
      * unless its breaker keeps it out */

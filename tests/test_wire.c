@@ -339,6 +339,7 @@ static bool old_write(const fy_wire_schema_t *s, const void *p, fy_msgw_t *w)
         if (m->tp) fy_msgw_i64(w, "tp", m->tp); /* issue 21: a rank group's shape and state */
         if (m->pp) fy_msgw_i64(w, "pp", m->pp);
         if (m->out_of_service[0]) fy_msgw_str(w, "out_of_service", m->out_of_service);
+        if (m->ctx) fy_msgw_i64(w, "ctx", m->ctx); /* issue 35: the context it holds */
     } else if (s == &fy_wire_alive_schema) {
         const fy_wire_alive_t *m = p;
         old_ev(w, "alive", &m->ev);

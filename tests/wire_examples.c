@@ -234,7 +234,8 @@ void fy_test_wire_example(const fy_wire_schema_t *s, void *p)
                               .jobs_failed = 1,
                               .bytes_shipped = 1 << 24,
                               .tp = 3,
-                              .pp = 2};
+                              .pp = 2,
+                              .ctx = 2048};
         snprintf(m->out_of_service, sizeof(m->out_of_service), "rank group broken: rank 4 (pid 1234) died");
         snprintf(m->role, sizeof(m->role), "decode");
         snprintf(m->listen, sizeof(m->listen), "tcp://127.0.0.1:7500");

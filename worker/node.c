@@ -359,6 +359,7 @@ static void send_load(fy_node_t *n)
     fy_kvm_foreach_name(n->kvm, FY_KV_DEVICE, bloom_add, n);
     fy_wire_load_t m = {.ev = fy_node_ev(n, 0, 0),
                         .block_size = fy_kvm_layout(n->kvm)->block_size,
+                        .ctx = fy_runner_params(n->stack.runner)->max_ctx,
                         .running = es.running,
                         .waiting = es.waiting,
                         .swapped = es.swapped,

@@ -155,6 +155,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int32_t i = 0; i < g.n_prompt; i++) FZ_CHECK(g.ids[i] >= 0 && g.ids[i] < vocab, "prompt id %d", g.ids[i]);
     FZ_CHECK(fy_sampling_params_check(&g.gen.sampling) == FY_OK, "accepted sampling parameters fail the sampler");
     FZ_CHECK(g.gen.max_tokens >= 1 && g.gen.max_tokens <= f->max_ctx, "max_tokens %d", g.gen.max_tokens);
+    FZ_CHECK((int64_t)g.n_prompt + g.gen.max_tokens <= f->max_ctx,
+             "%d prompt tokens and max_tokens %d past the context", g.n_prompt,
+             g.gen.max_tokens); /* OpenAI's rule: refused, or the default clamped to the room */
     FZ_CHECK(g.n >= 1 && g.n <= FY_HTTP_MAX_N, "n %d", g.n);
     /* a prompt array: its prompts fill ids exactly, none empty, within the bounds */
     FZ_CHECK(g.n_prompts >= 1 && g.n_prompts <= FY_HTTP_MAX_PROMPTS, "%d prompts", g.n_prompts);
