@@ -126,8 +126,8 @@ struct hreq {
     bool include_reasoning;
     fy_reasoning_t think[MAX_N];
     size_t from_reason[MAX_N];
-    int n;         /* choices: n_prompts times per */
-    int per;       /* samples per prompt (the request's "n"); choice i is prompt i / per's */
+    int n;   /* choices: n_prompts times per */
+    int per; /* samples per prompt (the request's "n"); choice i is prompt i / per's */
     int n_prompts;
     uint64_t ids[MAX_N];
     int32_t from_tok[MAX_N];

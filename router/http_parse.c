@@ -695,6 +695,18 @@ static void context_exceeded(const fy_http_front_t *H, parsed_t *p, bool chat, i
     p->code = "context_length_exceeded";
 }
 
+/* the same for prompt at of a prompt array, which the message names first */
+static void context_exceeded_at(const fy_http_front_t *H, parsed_t *p, int at, int32_t n, int32_t completion)
+{
+    if (p->status) return;
+    context_exceeded(H, p, false, n, completion);
+    char m[sizeof(p->msg) + 32];
+    int k = snprintf(m, sizeof(m), "'prompt'[%d]: %s", at, p->msg);
+    size_t len = k < 0 ? 0 : (size_t)k < sizeof(p->msg) ? (size_t)k : sizeof(p->msg) - 1;
+    memcpy(p->msg, m, len);
+    p->msg[len] = 0;
+}
+
 /* The chat messages to token ids through the model's template.  A
  * template that renders tools (it mentions 'tools': Qwen's, Llama 3's,
  * Mistral's) is given them and the messages' tool calls and ids, and its
@@ -900,7 +912,11 @@ static bool one_prompt(const fy_http_front_t *H, parsed_t *p, json_t *pr, int at
     } else if (json_is_array(pr) && json_array_size(pr) > 0) {
         size_t k = json_array_size(pr);
         if (k >= (size_t)H->max_ctx && !keep) {
-            context_exceeded(H, p, false, k > INT32_MAX ? INT32_MAX : (int32_t)k, 0);
+            int32_t nk = k > INT32_MAX ? INT32_MAX : (int32_t)k;
+            if (at < 0)
+                context_exceeded(H, p, false, nk, 0);
+            else
+                context_exceeded_at(H, p, at, nk, 0);
             return false;
         }
         if (!(ids = fy_malloc(k * sizeof(int32_t)))) return false;
@@ -1129,11 +1145,15 @@ fy_status_t fy_http_parse_generation(const fy_http_front_t *f, const char *body,
      * completion when the client said how long, must fit; without
      * max_tokens the completion takes the room left (below).  A prompt
      * array's prompts run apart: its longest must fit. */
-    int32_t longest = 0;
+    int32_t longest = 0, at = 0;
     for (int i = 0; i < g->n_prompts; i++)
-        if (g->prompt_len[i] > longest) longest = g->prompt_len[i];
+        if (g->prompt_len[i] > longest) longest = g->prompt_len[at = i];
     if (longest >= f->max_ctx || (g->max_tokens_set && (int64_t)longest + g->gen.max_tokens > f->max_ctx)) {
-        context_exceeded(f, fault, chat, longest, g->max_tokens_set && !g->echo_only ? g->gen.max_tokens : 0);
+        int32_t completion = g->max_tokens_set && !g->echo_only ? g->gen.max_tokens : 0;
+        if (g->n_prompts > 1)
+            context_exceeded_at(f, fault, at, longest, completion);
+        else
+            context_exceeded(f, fault, chat, longest, completion);
         fy_free(ids);
         fy_free(g->tool_names);
         g->tool_names = NULL;
