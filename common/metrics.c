@@ -61,8 +61,12 @@ struct fy_metrics {
 const double fy_metrics_ttft_buckets[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
                                           1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
 const int fy_metrics_n_ttft_buckets = (int)(sizeof(fy_metrics_ttft_buckets) / sizeof(double));
-const double fy_metrics_itl_buckets[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
-                                         0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+/* vLLM's from 10 ms up, and finer below: a small model's step on a GPU
+ * (and a CPU's, for the smallest) takes a few milliseconds, and vLLM's
+ * first bound put every such gap in one bucket */
+const double fy_metrics_itl_buckets[] = {0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05,
+                                         0.075,  0.1,   0.15,  0.2,   0.3,   0.4,    0.5,  0.75,  1.0,
+                                         2.5,    5.0,   7.5,   10.0,  20.0,  40.0,   80.0};
 const int fy_metrics_n_itl_buckets = (int)(sizeof(fy_metrics_itl_buckets) / sizeof(double));
 const double fy_metrics_e2e_buckets[] = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
                                          30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};

@@ -79,10 +79,10 @@ fy_status_t fy_metrics_render(fy_metrics_t *reg, char **text_p, size_t *len_p);
 /* The content type of that text. */
 #define FY_METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 
-/* vLLM's bucket bounds, in seconds. */
+/* vLLM's bucket bounds, in seconds (a superset: its queries work on them). */
 extern const double fy_metrics_ttft_buckets[]; /* time to first token */
 extern const int fy_metrics_n_ttft_buckets;
-extern const double fy_metrics_itl_buckets[]; /* inter-token latency */
+extern const double fy_metrics_itl_buckets[]; /* inter-token latency (finer below 10 ms than vLLM's) */
 extern const int fy_metrics_n_itl_buckets;
 extern const double fy_metrics_e2e_buckets[]; /* whole requests, queue time, transfers */
 extern const int fy_metrics_n_e2e_buckets;

@@ -589,6 +589,7 @@ static const field_t TOKEN[] = {
     I32S_LIM(T, "top_ids", top_ids, n_top_ids, FY_OPT, P_NONZERO, 0, INT32_MAX, FY_GEN_MAX_TOP_LOGPROBS, L_TOKEN,
              L_NONE),
     F32S(T, "top_logprobs", top_logprobs, n_top_logprobs, FY_OPT, P_NONZERO, FY_GEN_MAX_TOP_LOGPROBS),
+    BOOL(T, "more", more, FY_OPT, P_NONZERO),
 };
 #undef T
 #define T fy_wire_prompt_logprobs_t

@@ -518,6 +518,7 @@ typedef struct fy_wire_token {
     int32_t n_top_ids;
     float *top_logprobs; /* their log-probabilities (as many) */
     int32_t n_top_logprobs;
+    bool more; /* more tokens of the same engine step follow at once (fy_event_t's more) */
 } fy_wire_token_t;
 FY_WIRE_MESSAGE(token, fy_wire_token_t)
 

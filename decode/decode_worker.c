@@ -346,7 +346,8 @@ static void on_event(void *arg, const fy_event_t *ev)
                              .top_ids = (int32_t *)ev->top_ids, /* written, not kept */
                              .n_top_ids = ev->n_top,
                              .top_logprobs = (float *)ev->top_logprobs,
-                             .n_top_logprobs = ev->n_top};
+                             .n_top_logprobs = ev->n_top,
+                             .more = ev->more};
         fy_wire_token_write(&w, &m);
         fy_node_push(n, &w);
         return;

@@ -157,6 +157,11 @@ typedef struct fy_event {
     const int32_t *top_ids;
     const float *top_logprobs;
     int32_t n_top;
+    /* FY_EVENT_TOKEN: more tokens of this request from the same step
+     * follow at once (a speculative step's accepted run, all but its
+     * last token); a receiver may hold this one to send with them.  The
+     * run's last token, or the request's end event, comes next. */
+    bool more;
     /* FY_EVENT_PROGRESS: the request's block table (valid during the
      * callback; the callback may fork it to keep its blocks) and how many
      * tokens of it have their K/V written */

@@ -88,6 +88,9 @@ typedef struct request {
     fy_rng_t rng;
     fy_detok_t detok;
     fy_stopper_t stopper;
+    /* the token being streamed is not this step's last for q: a
+     * speculative step's accepted run (its event's more) */
+    bool step_more;
     char out[OUT_CAP];
     size_t n_out;
     /* timing */

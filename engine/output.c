@@ -86,7 +86,8 @@ bool eng_on_token_top(fy_engine_t *e, request_t *q, int32_t tok, float logprob, 
                      .rng = &q->rng,
                      .top_ids = top_ids,
                      .top_logprobs = top_lps,
-                     .n_top = n_top};
+                     .n_top = n_top,
+                     .more = q->step_more};
     q->cb(q->cb_arg, &ev);
     if (stopped)
         eng_end_request(e, q, FY_EVENT_FINISH, FY_FINISH_STOP, FY_OK, NULL);

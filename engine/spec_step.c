@@ -368,6 +368,12 @@ void eng_spec_verify(fy_engine_t *e, request_t *q, const float *lg, double t)
         fy_info("engine: acceptance %.2f under %.2f across requests; speculation off for %d steps", e->wctl.rate,
                 e->p.spec.min_accept, e->p.spec.probe_steps);
     }
-    for (int32_t i = 0; i <= a; i++)
+    /* the run goes out as one step: every token but the last says more
+     * follow, so a stream can carry them in one chunk (vLLM's one output
+     * per step); a token that ends q ends the run, and its end event
+     * tells the receiver as much */
+    for (int32_t i = 0; i <= a; i++) {
+        q->step_more = i < a;
         if (!eng_on_token(e, q, out[i], lp[i], t)) return;
+    }
 }

@@ -106,6 +106,9 @@ typedef struct worker {
 } worker_t;
 
 #define MAX_TENANT_SERIES 64
+/* Tokens of one engine step held for its last (decode.spec_k is at most
+ * 16: a run is at most 17); a longer run goes out in pieces. */
+#define MAX_HELD_TOKENS 64
 
 typedef struct rreq {
     uint64_t id;
@@ -137,6 +140,10 @@ typedef struct rreq {
     int retries;
     /* timings (router clock) and the prefill worker's */
     double t_arrive, t_reserve, t_reserved, t_prefill, t_prefilled, t_first, t_last, t_done, last_poll;
+    /* the last n_held tokens (an engine step's run, until its last: a
+     * token event's more) are not shown yet, nor the text from held_text */
+    int32_t n_held;
+    size_t held_text;
     double p_queue, p_compute, p_tail, p_transfer;
     int64_t bytes;
     /* output */
@@ -236,7 +243,7 @@ typedef struct router {
         fy_metric_t *breaker_open[2], *breaker_trips; /* [wrole_t] */
         fy_metric_t *forgotten;
         fy_metric_t *ttft, *itl, *e2e, *queue, *xfer_s, *xfer_bytes;
-        fy_metric_t *prompt_len, *gen_len, *prefill_s, *decode_s, *inference_s;
+        fy_metric_t *prompt_len, *gen_len, *max_gen, *prefill_s, *decode_s, *inference_s;
         fy_metric_t *success[4];                   /* length, stop, eos, context */
         fy_metric_t *failure[6];                   /* cancelled, timeout, peer, invalid, overloaded, other */
         fy_metric_t *refused[2];                   /* overloaded, invalid */
@@ -253,6 +260,10 @@ typedef struct router {
 } router_t;
 
 /* ---- requests ------------------------------------------------------------------------------------ */
+
+/* What clients may see of q's output: less a step's run being held. */
+static int32_t vis_out(const rreq_t *q) { return q->n_out - q->n_held; }
+static size_t vis_text(const rreq_t *q) { return q->n_held ? q->held_text : q->text_len; }
 
 static rreq_t *req_find(router_t *R, uint64_t id)
 {
@@ -397,6 +408,7 @@ static void finish_req(router_t *R, rreq_t *q, fy_status_t err, const char *fmt,
     }
     set_state(R, q, RQ_DONE);
     q->done = true;
+    q->n_held = 0; /* the end shows what a run held */
     q->t_done = fy_now_s();
     fy_metric_observe(R->m.e2e, q->t_done - q->t_arrive);
     /* vLLM's per-request phases, on the router's clock: queue (arrival to
@@ -406,6 +418,7 @@ static void finish_req(router_t *R, rreq_t *q, fy_status_t err, const char *fmt,
     if (err == FY_OK) {
         fy_metric_observe(R->m.prompt_len, q->n_prompt);
         fy_metric_observe(R->m.gen_len, q->n_out);
+        if (!q->watch) fy_metric_observe(R->m.max_gen, q->n_out); /* a front door's: fy_router_observe_max_generation */
         if (q->t_reserve > 0 && q->t_first > 0) {
             fy_metric_observe(R->m.prefill_s, q->t_first - q->t_reserve);
             fy_metric_observe(R->m.decode_s, q->t_done - q->t_first);
@@ -1098,6 +1111,7 @@ static void on_token(router_t *R, rreq_t *q, fy_msgr_t *r)
     fy_wire_token_init(&m);
     fy_wire_token_read(r, &lim, &m);
     int32_t n = m.n, tok = m.token;
+    bool more = m.more;
     float lp = (float)m.logprob;
     size_t len = m.text_len;
     const char *text = m.text;
@@ -1141,12 +1155,24 @@ static void on_token(router_t *R, rreq_t *q, fy_msgr_t *r)
         }
     }
     fy_wire_token_clear(&m);
+    size_t text_before = q->text_len;
     q->out[q->n_out++] = tok;
     if (len && !text_append(q, text, len)) {
         finish_req(R, q, FY_ERR_NOMEM, "router out of memory");
         return;
     }
     if (q->state == RQ_ADOPTING) set_state(R, q, RQ_DECODING); /* the token overtook nothing: adopted came first */
+    fy_metric_inc(R->m.generation);
+    /* A speculative step's accepted run arrives as one event per token,
+     * microseconds apart: all but its last say more.  They are held and
+     * go to the client with the last (one SSE chunk, one poll answer per
+     * step, as vLLM sends them), and the step is one inter-token gap.  A
+     * worker that never ends a run is not waited on for long. */
+    if (more && q->n_held < MAX_HELD_TOKENS) {
+        if (!q->n_held++) q->held_text = text_before;
+        return;
+    }
+    q->n_held = 0;
     double now = fy_now_s();
     if (q->t_first == 0) {
         q->t_first = now;
@@ -1157,7 +1183,6 @@ static void on_token(router_t *R, rreq_t *q, fy_msgr_t *r)
         fy_metric_observe(R->m.itl, now - q->t_last);
     }
     q->t_last = now;
-    fy_metric_inc(R->m.generation);
     wake_poll(R, q);
 }
 
@@ -1395,15 +1420,17 @@ static void on_event(void *arg, const fy_env_hdr_t *from, const void *buf, size_
 
 static void reply_events(router_t *R, rreq_t *q, fy_rpc_call_t *call, int32_t from, size_t from_text)
 {
-    if (from > q->n_out) from = q->n_out;
-    if (from_text > q->text_len) from_text = q->text_len;
+    int32_t n_out = vis_out(q);
+    size_t text_len = vis_text(q);
+    if (from > n_out) from = n_out;
+    if (from_text > text_len) from_text = text_len;
     fy_wire_events_t m;
     fy_wire_events_init(&m);
     m.id = q->id;
     m.tokens = q->out ? q->out + from : NULL;
-    m.n_tokens = q->n_out - from;
+    m.n_tokens = n_out - from;
     m.text = q->text ? q->text + from_text : "";
-    m.text_len = q->text_len - from_text;
+    m.text_len = text_len - from_text;
     m.n_prompt = q->n_prompt;
     snprintf(m.state, sizeof(m.state), "%s", STATE_NAMES[q->state]);
     m.done = q->done;
@@ -1448,7 +1475,7 @@ static void wake_poll(router_t *R, rreq_t *q)
 {
     if (q->watch) q->watch(q->watch_arg);
     if (!q->poll) return;
-    if (q->n_out > q->poll_from || q->text_len > q->poll_text || q->done) {
+    if (vis_out(q) > q->poll_from || vis_text(q) > q->poll_text || q->done) {
         fy_rpc_call_t *c = q->poll;
         q->poll = NULL;
         reply_events(R, q, c, q->poll_from, q->poll_text);
@@ -1754,7 +1781,7 @@ static void client_poll(router_t *R, fy_rpc_call_t *call, const fy_env_hdr_t *se
         q->poll = NULL;
         reply_events(R, q, old, q->poll_from, q->poll_text);
     }
-    if (q->n_out > from || q->text_len > (size_t)from_text || q->done || wait <= 0) {
+    if (vis_out(q) > from || vis_text(q) > (size_t)from_text || q->done || wait <= 0) {
         reply_events(R, q, call, from, (size_t)from_text);
     } else {
         q->poll = call;
@@ -1927,7 +1954,7 @@ bool fy_router_view(router_t *R, uint64_t id, fy_router_view_t *v)
     memset(v, 0, sizeof(*v));
     v->tokens = q->out;
     v->logprobs = q->lps;
-    v->n_tokens = q->n_out;
+    v->n_tokens = vis_out(q);
     v->top_k = q->n_tops ? q->gen.top_logprobs : 0;
     v->top_ids = q->tops;
     v->top_logprobs = q->top_lps;
@@ -1940,7 +1967,7 @@ bool fy_router_view(router_t *R, uint64_t id, fy_router_view_t *v)
     v->plp_ids = q->plp_ids;
     v->plp_tlps = q->plp_tlps;
     v->text = q->text ? q->text : "";
-    v->text_len = q->text_len;
+    v->text_len = vis_text(q);
     v->n_prompt = q->n_prompt;
     v->cached = q->cached_p > q->cached_d ? q->cached_p : q->cached_d;
     v->done = q->done;
@@ -2104,6 +2131,10 @@ static fy_status_t metrics_setup(router_t *R)
         st = fy_metrics_histogram(g, "ferry:request_generation_tokens", "Finished requests: generated tokens", NULL,
                                   lens, n_lens, &R->m.gen_len);
     if (!st)
+        st = fy_metrics_histogram(g, "ferry:request_max_num_generation_tokens",
+                                  "Finished requests: the most tokens one of a request's samples generated (n)", NULL,
+                                  lens, n_lens, &R->m.max_gen);
+    if (!st)
         st = fy_metrics_histogram(g, "ferry:request_kv_transfer_seconds",
                                   "A prompt's KV transfer, as its prefill worker timed it", NULL,
                                   fy_metrics_e2e_buckets, fy_metrics_n_e2e_buckets, &R->m.xfer_s);
@@ -2113,6 +2144,8 @@ static fy_status_t metrics_setup(router_t *R)
                                 &R->m.xfer_bytes);
     return st;
 }
+
+void fy_router_observe_max_generation(router_t *R, int32_t n_tokens) { fy_metric_observe(R->m.max_gen, n_tokens); }
 
 void fy_router_workers_up(router_t *R, int *prefill_up, int *decode_up, bool *colocated)
 {

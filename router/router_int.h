@@ -119,6 +119,12 @@ void fy_router_workers_up(router_t *R, int *prefill_up, int *decode_up, bool *co
  * move); refresh (lock held) sets the gauges before a render. */
 fy_metrics_t *fy_router_metrics(router_t *R);
 void fy_router_metrics_refresh(router_t *R);
+/* Any thread.  vLLM's request_max_num_generation_tokens: one observation
+ * per client request that finished, the most tokens any of its samples
+ * generated.  The router observes it for requests submitted without a
+ * watch (nng clients: one sample each); a front door, whose request may
+ * be several samples, calls this once every sample is done. */
+void fy_router_observe_max_generation(router_t *R, int32_t n_tokens);
 
 /*
  * A front door (router/http.c is the one there is), handed to

@@ -194,6 +194,7 @@ static int setup(void **state)
     snprintf(keyset, sizeof(keyset), "router.api_keys=%s", KEYS);
     tc_opts_t o = {.n_prefill = 1,
                    .n_decode = 1,
+                   .metrics = true, /* the decode worker's steps (test_stream_chunk_per_step) */
                    .common = {http, keyset, "router.max_body=64KiB", "decode.kv_mem=64MiB",
                               "router.cors_origins=https://app.example, http://localhost:3000/"}};
     tc_start(&C, &o);
@@ -1511,6 +1512,146 @@ static void test_cors(void **state)
 
 /* ---- created: each answer's own time, not the router's start ---- */
 
+static double sample(const char *text, const char *series);
+
+/* The decode worker's metrics text (the worker after the prefill one). */
+static char *decode_metrics(void)
+{
+    char *body = NULL;
+    assert_int_equal(tc_http(C.metrics_port[1], "GET", "/metrics", &body), 200);
+    return body;
+}
+
+/* A speculative step's accepted run reaches the client as one chunk (one
+ * SSE event per engine step per choice, as vLLM sends them), and the
+ * router's inter-token latency has one gap per step.  The decode worker's
+ * forward passes count the steps: every chunk but the first (the prefill
+ * worker's token) is one of them.  Before the runs were held, every token
+ * was its own chunk: 48 chunks for 48 tokens, the run's gaps microseconds. */
+static void test_stream_chunk_per_step(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    /* the worker copies its engine's figures on its tick: the earlier
+     * tests' last tokens may still be on their way into them */
+    char *m0 = decode_metrics(), *r0 = NULL;
+    for (double t0 = fy_now_s(); fy_now_s() - t0 < 5;) {
+        usleep(200000);
+        char *again = decode_metrics();
+        bool same = tc_metric(again, "ferry:engine_generation_tokens_total") ==
+                    tc_metric(m0, "ferry:engine_generation_tokens_total");
+        fy_free(m0);
+        m0 = again;
+        if (same) break;
+    }
+    assert_int_equal(tc_http(PORT, "GET", "/metrics", &r0), 200);
+    /* greedy, on a text that repeats: n-gram proposals are accepted */
+    resp_t r = call("POST", "/v1/completions", KEY_A,
+                    "{\"prompt\":\"one two three four five one two three four five one two three four five one\","
+                    "\"max_tokens\":48,\"temperature\":0,\"ignore_eos\":true,\"stream\":true,\"logprobs\":0,"
+                    "\"speculative\":\"ngram\"}");
+    assert_int_equal(r.status, 200);
+    int chunks = 0, tokens = 0, most = 0;
+    for (char *p = r.body; (p = strstr(p, "data: ")); p += 6) {
+        if (!strncmp(p + 6, "[DONE]", 6)) break;
+        json_error_t e;
+        json_t *c = json_loadb(p + 6, strcspn(p + 6, "\n"), 0, &e);
+        assert_non_null(c);
+        json_t *lp = json_object_get(json_array_get(json_object_get(c, "choices"), 0), "logprobs");
+        int n = (int)json_array_size(json_object_get(lp, "tokens"));
+        if (n) {
+            chunks++;
+            tokens += n;
+            most = n > most ? n : most;
+            /* a chunk's text is its tokens' (their logprobs line up with it) */
+            assert_int_equal(json_array_size(json_object_get(lp, "token_logprobs")), n);
+        }
+        json_decref(c);
+    }
+    free(r.body);
+    assert_int_equal(tokens, 48);
+    /* and this request's: wait for all 48 */
+    char *m1 = NULL;
+    double gen = 0;
+    for (double t0 = fy_now_s(); fy_now_s() - t0 < 10; usleep(50000)) {
+        fy_free(m1);
+        m1 = decode_metrics();
+        gen = tc_metric(m1, "ferry:engine_generation_tokens_total") -
+              tc_metric(m0, "ferry:engine_generation_tokens_total");
+        if (gen >= 48) break;
+    }
+    if (gen != 48) fail_msg("the decode worker generated %.0f tokens, the client got 48", gen);
+    double steps = tc_metric(m1, "ferry:engine_steps_total") - tc_metric(m0, "ferry:engine_steps_total");
+    double accepted = tc_metric(m1, "ferry:spec_decode_num_accepted_tokens_total") -
+                      tc_metric(m0, "ferry:spec_decode_num_accepted_tokens_total");
+    print_message("48 tokens streamed in %d chunks (at most %d a chunk); %.0f decode steps, %.0f proposals accepted\n",
+                  chunks, most, steps, accepted);
+    assert_true(accepted > 0);        /* the test means nothing without speculation */
+    assert_true(chunks < 48);         /* fewer chunks than tokens ... */
+    assert_true(most > 1);            /* ... some carrying a run ... */
+    assert_true(chunks == 1 + steps); /* ... one per step, the first token's from the prefill worker */
+    char *r1 = NULL;
+    assert_int_equal(tc_http(PORT, "GET", "/metrics", &r1), 200);
+    /* one inter-token gap per step at the router, not one per token */
+    assert_true(tc_metric(r1, "ferry:inter_token_latency_seconds_count") -
+                    tc_metric(r0, "ferry:inter_token_latency_seconds_count") ==
+                chunks - 1);
+    fy_free(m0);
+    fy_free(m1);
+    fy_free(r0);
+    fy_free(r1);
+}
+
+/* vLLM's request_max_num_generation_tokens: once per request, the most
+ * tokens one of its samples generated (n = 3 here, each sample's count
+ * read from its logprobs); request_generation_tokens counts each sample. */
+static void test_max_num_generation_tokens(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    resp_t a = call("GET", "/metrics", NULL, NULL);
+    resp_t r = call("POST", "/v1/completions", KEY_A,
+                    "{\"prompt\":\"Name a colour:\",\"max_tokens\":8,\"n\":3,\"temperature\":1.5,\"seed\":11,"
+                    "\"logprobs\":0}");
+    assert_int_equal(r.status, 200);
+    json_t *j = json_of(&r);
+    int most = 0, sum = 0;
+    for (size_t i = 0; i < 3; i++) {
+        json_t *ch = json_array_get(json_object_get(j, "choices"), i);
+        int n = (int)json_array_size(json_object_get(json_object_get(ch, "logprobs"), "tokens"));
+        sum += n;
+        most = n > most ? n : most;
+    }
+    assert_int_equal(sum, json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")));
+    json_decref(j);
+    free(r.body);
+    /* a request over nng (one sample) is observed by the router itself */
+    fy_client_req_t q = {0};
+    int32_t prompt[12];
+    for (int i = 0; i < 12; i++) prompt[i] = 300 + i;
+    q.tokens = prompt;
+    q.n_tokens = 12;
+    fy_genspec_default(&q.gen);
+    q.gen.max_tokens = 6;
+    q.gen.ignore_eos = true;
+    fy_client_stream_t st;
+    char err[256];
+    assert_int_equal(fy_client_generate(C.client, &q, &st, err, sizeof(err)), FY_OK);
+    tc_result_t res = {0};
+    tc_collect(&C, &st, &res, 1, 60);
+    assert_int_equal(res.error, FY_OK);
+    resp_t b = call("GET", "/metrics", NULL, NULL);
+#define DELTA(series) (sample(b.body, series) - sample(a.body, series))
+    print_message("n=3: samples of %d tokens at most, %d in all\n", most, sum);
+    assert_true(DELTA("ferry:request_max_num_generation_tokens_count") == 2);
+    assert_true(DELTA("ferry:request_max_num_generation_tokens_sum") == most + 6);
+    assert_true(DELTA("ferry:request_generation_tokens_count") == 4);
+    assert_true(DELTA("ferry:request_generation_tokens_sum") == sum + 6);
+#undef DELTA
+    free(a.body);
+    free(b.body);
+}
+
 static void test_created_is_the_answer_time(void **state)
 {
     (void)state;
@@ -2747,6 +2888,8 @@ int main(void)
         cmocka_unit_test(test_tenant_limits),
         cmocka_unit_test(test_tenants_never_share_prefixes),
         cmocka_unit_test(test_router_metrics),
+        cmocka_unit_test(test_stream_chunk_per_step),
+        cmocka_unit_test(test_max_num_generation_tokens),
         cmocka_unit_test(test_created_is_the_answer_time),
         cmocka_unit_test(test_overload_503),
         cmocka_unit_test(test_workers_context),

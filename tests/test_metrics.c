@@ -140,6 +140,35 @@ static void test_const_labels_and_sample(void **state)
     assert_true(b[11] == 5000);
     assert_int_equal(fy_metrics_buckets_125(0, b, 40), 1);
     assert_int_equal(fy_metrics_buckets_125(1e30, b, 4), 4);
+    /* inter-token latency resolves gaps under 10 ms (vLLM's first bound),
+     * and keeps every bound of vLLM's, so its dashboards' quantiles hold */
+    assert_int_equal(fy_metrics_create(&r), FY_OK);
+    fy_metric_t *itl;
+    assert_int_equal(fy_metrics_histogram(r, "itl", "", NULL, fy_metrics_itl_buckets, fy_metrics_n_itl_buckets, &itl),
+                     FY_OK);
+    fy_metric_observe(itl, 0.0004);
+    fy_metric_observe(itl, 0.0018);
+    fy_metric_observe(itl, 0.0042);
+    fy_metric_observe(itl, 0.02);
+    t = render(r);
+    static const struct {
+        const char *le;
+        double n;
+    } itl_want[] = {{"0.0005", 1}, {"0.001", 1}, {"0.002", 2}, {"0.005", 3}, {"0.01", 3}, {"0.025", 4}, {"80", 4}};
+    for (size_t i = 0; i < sizeof(itl_want) / sizeof(itl_want[0]); i++) {
+        char series[64];
+        snprintf(series, sizeof(series), "itl_bucket{le=\"%s\"}", itl_want[i].le);
+        if (fy_metrics_sample(t, series, &v) != FY_OK || v != itl_want[i].n)
+            fail_msg("%s: %g, expected %g", series, v, itl_want[i].n);
+    }
+    static const double vllm_itl[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+                                      0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+    for (size_t i = 0, j = 0; i < sizeof(vllm_itl) / sizeof(vllm_itl[0]); i++) {
+        while ((int)j < fy_metrics_n_itl_buckets && fy_metrics_itl_buckets[j] < vllm_itl[i]) j++;
+        assert_true((int)j < fy_metrics_n_itl_buckets && fy_metrics_itl_buckets[j] == vllm_itl[i]);
+    }
+    fy_free(t);
+    fy_metrics_destroy(r);
 }
 
 static void test_register_errors(void **state)

@@ -10,6 +10,14 @@
  * model_name, and a sum over the whole job of the router's series counts
  * each token once (workers' figures have their own names).
  *
+ * vLLM's dashboard: a second job scrapes the same targets with the
+ * relabelling docs/operations.md gives ("vLLM's Grafana dashboards on
+ * ferry", read from its yaml block), and every query vLLM's published
+ * dashboard makes (examples/observability/prometheus_grafana/grafana.json
+ * in vLLM's repository: its metric names and query shapes, written out
+ * below) returns data, the totals what the test sent, and no ferry: name
+ * is left in that job.
+ *
  * Not here: the exposition text itself (test_metrics.c), the router's
  * series one by one (test_http.c).  Skips with a message where the
  * prometheus binary ($FERRY_PROMETHEUS, else prometheus on PATH) or the
@@ -35,6 +43,7 @@
 #include "tests/testutil.h"
 
 #define DASHBOARD "docs/grafana/ferry.json"
+#define OPERATIONS "docs/operations.md"
 #define MODEL_NAME "ferry-test-model"
 enum { N_REQ = 5 };
 
@@ -180,6 +189,68 @@ static void substitute(const char *expr, char *out, size_t cap)
     if (strchr(out, '$')) fail_msg("a variable the test does not know in: %s", out);
 }
 
+/* The metric_relabel_configs of docs/operations.md's vLLM job, as written
+ * there (indented for a job of scrape_configs), into out[cap]. */
+static void vllm_relabel_rules(char *out, size_t cap)
+{
+    size_t len = 0;
+    char *doc = fy_test_read_file(OPERATIONS, &len);
+    if (!doc) fail_msg("cannot read %s", OPERATIONS);
+    const char *from = strstr(doc, "    metric_relabel_configs:\n");
+    const char *to = from ? strstr(from, "```") : NULL;
+    if (!from || !to) fail_msg("%s has no yaml block with metric_relabel_configs", OPERATIONS);
+    if ((size_t)(to - from) >= cap) fail_msg("the relabel rules are longer than %zu bytes", cap);
+    memcpy(out, from, (size_t)(to - from));
+    out[to - from] = 0;
+    assert_non_null(strstr(out, "vllm:"));
+    fy_free(doc);
+}
+
+/* The queries of vLLM's dashboard, by the shape each panel uses: 0 the
+ * quantiles over a histogram's buckets (and the mean: rate of _sum over
+ * rate of _count), 1 a rate, 2 the value, 3 the buckets' increase by le
+ * (a heatmap), 4 the increase by finished_reason. */
+static const struct {
+    int shape;
+    const char *metric;
+} VLLM_QUERIES[] = {
+    {0, "vllm:e2e_request_latency_seconds"},
+    {1, "vllm:prompt_tokens_total"},
+    {1, "vllm:generation_tokens_total"},
+    {0, "vllm:inter_token_latency_seconds"},
+    {2, "vllm:num_requests_running"},
+    {2, "vllm:num_requests_waiting"},
+    {0, "vllm:time_to_first_token_seconds"},
+    {2, "vllm:kv_cache_usage_perc"},
+    {3, "vllm:request_prompt_tokens"},
+    {3, "vllm:request_generation_tokens"},
+    {4, "vllm:request_success_total"},
+    {1, "vllm:request_queue_time_seconds_sum"},
+    {1, "vllm:request_prefill_time_seconds_sum"},
+    {1, "vllm:request_decode_time_seconds_sum"},
+    {1, "vllm:request_max_num_generation_tokens_sum"},
+};
+
+/* Query k of shape s for metric m, as the dashboard writes it (its
+ * variables filled in as substitute() does). */
+static bool vllm_query(int shape, const char *m, int k, char *out, size_t cap)
+{
+    static const double q[] = {0.99, 0.95, 0.9, 0.5};
+    const char *sel = "{model_name=\"" MODEL_NAME "\"}[1m]";
+    switch (shape) {
+    case 0:
+        if (k < 4)
+            snprintf(out, cap, "histogram_quantile(%g, sum by(le) (rate(%s_bucket%s)))", q[k], m, sel);
+        else if (k == 4)
+            snprintf(out, cap, "rate(%s_sum%s)\n/\nrate(%s_count%s)", m, sel, m, sel);
+        return k <= 4;
+    case 1: snprintf(out, cap, "rate(%s%s)", m, sel); return k == 0;
+    case 2: snprintf(out, cap, "%s{model_name=\"" MODEL_NAME "\"}", m); return k == 0;
+    case 3: snprintf(out, cap, "sum by(le) (increase(%s_bucket%s))", m, sel); return k == 0;
+    default: snprintf(out, cap, "sum by(finished_reason) (increase(%s%s))", m, sel); return k == 0;
+    }
+}
+
 typedef struct target {
     char panel[128];
     char expr[2048];
@@ -266,12 +337,16 @@ static void test_dashboard_queries(void **state)
         .n_prefill = 1, .n_decode = 1, .metrics = true, .common = {http_set, "router.served_model_name=" MODEL_NAME}};
     tc_start(&c, &o);
 
-    char yml[1024], path[600];
+    static char yml[8192], rules[4096];
+    char path[600];
+    vllm_relabel_rules(rules, sizeof(rules));
     snprintf(yml, sizeof(yml),
              "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
              "scrape_configs:\n  - job_name: ferry\n    static_configs:\n"
-             "      - targets: [\"127.0.0.1:%d\", \"127.0.0.1:%d\", \"127.0.0.1:%d\"]\n",
-             http_port, c.metrics_port[0], c.metrics_port[1]);
+             "      - targets: [\"127.0.0.1:%d\", \"127.0.0.1:%d\", \"127.0.0.1:%d\"]\n"
+             "  - job_name: vllm\n    static_configs:\n"
+             "      - targets: [\"127.0.0.1:%d\", \"127.0.0.1:%d\", \"127.0.0.1:%d\"]\n%s",
+             http_port, c.metrics_port[0], c.metrics_port[1], http_port, c.metrics_port[0], c.metrics_port[1], rules);
     snprintf(path, sizeof(path), "%s/prometheus.yml", c.dir);
     assert_true(fy_test_write_file(path, yml, strlen(yml)));
     pid_t prom = prom_start(bin, c.dir, prom_port);
@@ -285,7 +360,8 @@ static void test_dashboard_queries(void **state)
         fail_msg("prometheus did not get ready in 30 s (see %s/prometheus.log)", c.dir);
     }
     double got;
-    if (!prom_wait_value(prom_port, "sum(up{job=\"ferry\"})", 3, 20, &got)) {
+    if (!prom_wait_value(prom_port, "sum(up{job=\"ferry\"})", 3, 20, &got) ||
+        !prom_wait_value(prom_port, "sum(up{job=\"vllm\"})", 3, 20, &got)) {
         prom_stop(prom);
         fail_msg("prometheus sees %.0f of 3 targets up", got);
     }
@@ -338,6 +414,38 @@ static void test_dashboard_queries(void **state)
     assert_true(
         prom_wait_value(prom_port, "count(count by (model_name) ({job=\"ferry\",model_name!=\"\"}))", 1, 5, &got));
 
+    /* the vLLM job: vLLM's names, ferry's figures, no ferry: name left */
+    static const struct {
+        const char *expr;
+        int what; /* 0 requests, 1 generated, 2 prompt */
+    } vtotals[] = {
+        {"sum(vllm:request_success_total{job=\"vllm\"})", 0},
+        {"sum(vllm:generation_tokens_total{job=\"vllm\"})", 1},
+        {"sum(vllm:prompt_tokens_total{job=\"vllm\"})", 2},
+        {"sum(vllm:request_generation_tokens_sum{job=\"vllm\"})", 1},
+        {"sum(vllm:request_max_num_generation_tokens_count{job=\"vllm\"})", 0},
+        {"sum(vllm:request_max_num_generation_tokens_sum{job=\"vllm\"})", 1}, /* n = 1: each request's own */
+        {"sum(vllm:time_to_first_token_seconds_count{job=\"vllm\"})", 0},
+    };
+    for (size_t i = 0; i < sizeof(vtotals) / sizeof(vtotals[0]); i++) {
+        double want = vtotals[i].what == 0 ? N_REQ : vtotals[i].what == 1 ? sum_gen : sum_prompt;
+        if (!prom_wait_value(prom_port, vtotals[i].expr, want, 5, &got)) {
+            prom_stop(prom);
+            fail_msg("%s gives %g, sent %g", vtotals[i].expr, got, want);
+        }
+    }
+    {
+        char err[512];
+        int n = 0;
+        double v;
+        /* vLLM's _total name of the iteration histogram: the workers' steps */
+        assert_true(
+            prom_query(prom_port, "sum(vllm:iteration_tokens_total_count{job=\"vllm\"})", &n, &v, err, sizeof(err)));
+        assert_true(n == 1 && v > 0);
+        assert_true(prom_query(prom_port, "count({job=\"vllm\",__name__=~\"ferry:.+\"})", &n, &v, err, sizeof(err)));
+        if (n) fail_msg("%.0f series of the vllm job keep a ferry: name", v);
+    }
+
     /* every query of the dashboard is valid PromQL and returns data. A rate()
      * needs two scrapes of a series after it appears: with a 1 s interval a
      * fast run can query before a target's second scrape (CI saw the prefill
@@ -362,7 +470,31 @@ static void test_dashboard_queries(void **state)
             empty++;
         }
     }
-    print_message("%d dashboard queries checked against prometheus, %d empty\n", n_targets, empty);
+    /* vLLM's dashboard, with the same grace for its rates */
+    int n_vllm = 0;
+    for (size_t i = 0; i < sizeof(VLLM_QUERIES) / sizeof(VLLM_QUERIES[0]); i++) {
+        char expr[1024];
+        for (int k = 0; vllm_query(VLLM_QUERIES[i].shape, VLLM_QUERIES[i].metric, k, expr, sizeof(expr)); k++) {
+            char err[1024];
+            int n = 0;
+            double v;
+            for (;;) {
+                if (!prom_query(prom_port, expr, &n, &v, err, sizeof(err))) {
+                    prom_stop(prom);
+                    fail_msg("vLLM's dashboard: %s: %s", expr, err);
+                }
+                if (n > 0 || fy_now_s() - q0 > 20) break;
+                usleep(250000);
+            }
+            n_vllm++;
+            if (n == 0) {
+                print_message("vLLM's dashboard: no data from %s\n", expr);
+                empty++;
+            }
+        }
+    }
+    print_message("%d dashboard queries and %d of vLLM's dashboard checked against prometheus, %d empty\n", n_targets,
+                  n_vllm, empty);
     if (empty) { /* what the scrapes looked like */
         static const char *const dbg[] = {"up{job=\"ferry\"}", "count_over_time(up{job=\"ferry\"}[30s])",
                                           "scrape_duration_seconds{job=\"ferry\"}",

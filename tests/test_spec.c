@@ -8,7 +8,9 @@
  * the control that must fail); the n-gram proposer, the suffix lookup
  * against a brute-force reference, its tenant isolation, and the adaptive
  * controller; both KV pools holding exactly what their sequences need
- * after every step, and every block back at the end.
+ * after every step, and every block back at the end; a step's accepted
+ * run streamed as one (every token but its last says more follow, and
+ * the next token of the request comes from the same step).
  */
 #include <math.h>
 #include <stdio.h>
@@ -372,12 +374,27 @@ typedef struct result {
     int terminal;
     fy_event_kind_t kind;
     int32_t n_proposed, n_accepted;
+    int32_t n_more; /* tokens whose event said more of the step follow */
+    bool prev_more; /* the last token's */
+    long prev_step; /* and the step it came in */
 } result_t;
+
+static long g_step; /* the engine steps rig_drain made */
 
 static void on_event(void *arg, const fy_event_t *ev)
 {
     result_t *r = arg;
     assert_int_equal(r->terminal, 0);
+    if (ev->kind == FY_EVENT_TOKEN) { /* more: the request's next token is of the same step */
+        if (r->n > 0 && r->prev_more && g_step != r->prev_step)
+            fail_msg("token %d said more follow in step %ld; the next came in step %ld", r->n - 1, r->prev_step,
+                     g_step);
+        if (r->n > 0 && !r->prev_more && g_step == r->prev_step)
+            fail_msg("token %d was its step's last, yet token %d came in the same step", r->n - 1, r->n);
+        r->prev_more = ev->more;
+        r->prev_step = g_step;
+        r->n_more += ev->more;
+    }
     if (ev->kind == FY_EVENT_TOKEN && r->n < MAX_OUT) r->tokens[r->n++] = ev->token;
     if (ev->kind != FY_EVENT_TOKEN) {
         r->terminal++;
@@ -447,6 +464,7 @@ static void rig_open(rig_t *g, const char *model, const char *spec, const fy_spe
 static void rig_drain(rig_t *g)
 {
     for (int i = 0; i < 100000 && !fy_engine_idle(g->e); i++) {
+        g_step++;
         assert_int_equal(fy_engine_step(g->e), FY_OK);
         assert_int_equal(fy_engine_check(g->e), FY_OK);
     }
@@ -561,6 +579,7 @@ static void greedy_identity(const char *model, int n_req, int32_t max_tokens, co
     fy_engine_stats_t st;
     run(model, NULL, NULL, w, n_req, false, ref, &st);
     assert_int_equal(st.spec_proposed, 0);
+    for (int i = 0; i < n_req; i++) assert_int_equal(ref[i].n_more, 0); /* a token a step */
     fy_spec_params_t sp;
     fy_spec_params_default(&sp);
     sp.min_accept = 0;     /* never off: every step verifies */
@@ -574,6 +593,11 @@ static void greedy_identity(const char *model, int n_req, int32_t max_tokens, co
             report(name, &st);
             check_same(name, ref, got, n_req);
             assert_true(st.spec_accepted > 0);
+            /* accepted runs went out as runs: each accepted token but
+             * those past a request's end said more follow */
+            int64_t more = 0;
+            for (int i = 0; i < n_req; i++) more += got[i].n_more;
+            assert_true(more > 0 && more <= (int64_t)st.spec_accepted);
             if (strncmp(specs[s], "draft:", 6))
                 assert_true(st.spec_accepted < st.spec_proposed);
             else
