@@ -1158,12 +1158,62 @@ static const fy_conf_key_t *suggest(const entry_t *e, const char *full)
     return near ? near : prefix ? prefix : moved;
 }
 
+/* Does the table hold a key of section s? */
+static bool known_section(const char *s)
+{
+    int n;
+    const fy_conf_key_t *keys = fy_conf_keys(&n);
+    for (int i = 0; i < n; i++)
+        if (!strcmp(keys[i].section, s)) return true;
+    return false;
+}
+
+/* The table's section nearest to an unknown one, a typo or two away
+ * ("decod": "decode"), or NULL. */
+static const char *near_section(const char *s)
+{
+    int n, best = 3;
+    const fy_conf_key_t *keys = fy_conf_keys(&n);
+    const char *near = NULL;
+    for (int i = 0; i < n; i++) {
+        int d = distance(s, keys[i].section);
+        if (d < best) best = d, near = keys[i].section;
+    }
+    return near;
+}
+
+/* Entry i is in a section the table does not know: one line for the
+ * whole section, at its first entry, rather than one per key (a misspelt
+ * [decod] would otherwise give a line for each of its keys).  False for a
+ * later entry of a section already reported. */
+static bool report_section(const fy_config_t *c, int i)
+{
+    const entry_t *e = c->l.v[i];
+    int keys = 0;
+    for (int j = 0; j < c->l.n; j++) {
+        if (strcmp(c->l.v[j]->section, e->section)) continue;
+        if (j < i) return false;
+        keys++;
+    }
+    const char *near = near_section(e->section);
+    if (near)
+        fy_error("config: unknown section '%s' (%s, %d key%s); did you mean '%s'?", e->section, e->origin, keys,
+                 keys == 1 ? "" : "s", near);
+    else
+        fy_error("config: unknown section '%s' (%s, %d key%s)", e->section, e->origin, keys, keys == 1 ? "" : "s");
+    return true;
+}
+
 fy_status_t fy_conf_check(const fy_config_t *c, bool values)
 {
     int bad = 0;
     for (int i = 0; i < c->l.n; i++) {
         const entry_t *e = c->l.v[i];
         const fy_conf_key_t *k = fy_conf_key(e->section, e->key);
+        if (!k && !known_section(e->section)) {
+            bad += report_section(c, i);
+            continue;
+        }
         if (!k) {
             char full[FY_CONFIG_MAX_SECTION + FY_CONFIG_MAX_KEY + 2];
             snprintf(full, sizeof(full), "%s.%s", e->section, e->key);

@@ -821,8 +821,8 @@ static void test_conf_check(void **state)
     assert_true(fy_test_log_has("unknown key 'router.threads' (t.ini:6); did you mean 'prefill.threads'?", NULL));
     assert_true(
         fy_test_log_has("unknown key 'prefill.host_kv_mem' (t.ini:11); did you mean 'decode.host_kv_mem'?", NULL));
-    assert_true(fy_test_log_has("unknown key 'zzz.qqqqqqq' (t.ini:9)", NULL));
-    assert_false(fy_test_log_has("zzz.qqqqqqq", "did you mean", NULL));
+    assert_true(fy_test_log_has("unknown section 'zzz' (t.ini:9, 1 key)", NULL));
+    assert_false(fy_test_log_has("zzz", "did you mean", NULL));
     assert_false(fy_test_log_has("3000", NULL)); /* values are not looked at */
     fy_test_log_begin();
     assert_int_equal(fy_conf_check(c, true), FY_ERR_INVALID);
@@ -836,6 +836,34 @@ static void test_conf_check(void **state)
     assert_int_equal(fy_conf_check(c, true), FY_OK);
     fy_test_log_end();
     assert_string_equal(fy_test_log_text(), "");
+    fy_config_destroy(c);
+}
+
+/* A misspelt section is one line naming it and the nearest section, not
+ * one "unknown key" line for each of its keys (a [decod] of 18 keys gave
+ * 18); a section nothing is near is one line too, and keys of known
+ * sections are still reported one by one. */
+static void test_unknown_section(void **state)
+{
+    fy_config_t *c = make("[decod]\ncount = 2\nlisten = tcp://127.0.0.1:7420\nthreads = 1\nkv_mem = 256MiB\n"
+                          "max_seqs = 32\nmax_batch_tokens = 256\npreempt = recompute\nspec = ngram\nspec_k = 8\n"
+                          "spec_ngram_max = 3\nspec_lookup = suffix\nspec_history = 0\nspec_min_accept = 0.3\n"
+                          "spec_probe_steps = 64\nspec_batch_tokens = 64\nspec_sampled = false\n"
+                          "spec_draft_kv_fraction = 0.25\nmetrics = http://127.0.0.1:7520\n"
+                          "[qqqqqqqq]\na = 1\nb = 2\n[router]\nlisen = x\n");
+    assert_int_equal(fy_config_set(c, "decod.ctx=4"), FY_OK);
+    fy_test_log_begin();
+    assert_int_equal(fy_conf_check(c, true), FY_ERR_INVALID);
+    fy_test_log_end();
+    const char *log = fy_test_log_text();
+    int lines = 0;
+    for (const char *p = log; (p = strstr(p, "decod")); p++) lines += p[5] == '\'' || p[5] == '.';
+    if (lines != 1) fail_msg("%d mentions of 'decod', expected 1 line:\n%s", lines, log);
+    assert_true(fy_test_log_has("unknown section 'decod' (t.ini:2, 19 keys); did you mean 'decode'?", NULL));
+    assert_true(fy_test_log_has("unknown section 'qqqqqqqq' (t.ini:21, 2 keys)", NULL));
+    assert_false(fy_test_log_has("qqqqqqqq", "did you mean", NULL));
+    assert_true(fy_test_log_has("unknown key 'router.lisen' (t.ini:24); did you mean 'router.listen'?", NULL));
+    assert_false(fy_test_log_has("unknown key 'decod", NULL));
     fy_config_destroy(c);
 }
 
@@ -1344,6 +1372,7 @@ int main(void)
         cmocka_unit_test(test_conf_check),
         cmocka_unit_test(test_shipped_configs),
         cmocka_unit_test(test_relative_paths),
+        cmocka_unit_test(test_unknown_section),
         cmocka_unit_test(test_docs),
         cmocka_unit_test(test_command),
         cmocka_unit_test(test_write_full_line),
