@@ -130,16 +130,16 @@ static void *first_request(void *arg)
             fprintf(stderr, "ferry: serve: the first request was refused: %s\n", err);
         } else {
             printf("%s\n--\n", s->prompt);
+            fy_cli_answer_t answer = {.out = stdout};
             for (;;) {
                 fy_client_update_t u;
                 if ((st = fy_client_poll(c, &sm, 1.0, &u))) {
                     fprintf(stderr, "ferry: serve: polling the first request: %s\n", u.message);
                     break;
                 }
-                fwrite(u.text, 1, u.text_len, stdout);
-                fflush(stdout);
+                fy_cli_answer_put(&answer, u.text, u.text_len);
                 if (!u.done) continue;
-                printf("\n");
+                fy_cli_answer_end(&answer); /* the summary below starts a line of its own */
                 if (u.error) {
                     fprintf(stderr, "ferry: serve: the first request failed: %s\n", u.message);
                 } else {
