@@ -362,6 +362,9 @@ $(BENCH_BIN): $(BUILD)/bench/ferry_bench.o $(BENCH_A) $(LIB)
 $(BUILD)/tests/test_bench: $(BENCH_A)
 $(BUILD)/tests/test_bench: LDLIBS := $(BENCH_A) $(LIB) $(BENCH_LIBS) $(LDLIBS)
 
+# test_cli checks the subcommands' shared answer output (tools/cli.c) too
+$(BUILD)/tests/test_cli: $(BUILD)/tools/cli.o
+
 $(TEST_BIN): $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_UTIL_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD     $@")

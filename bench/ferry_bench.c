@@ -48,7 +48,7 @@ static void usage(FILE *f)
             "                           nng: ADDR,ADDR... routers of one cluster (cluster.etcd), client thread k\n"
             "                           on router k mod N, moving on when one is unreachable or dies\n"
             "      --chat               /v1/chat/completions (http) or the chat template (nng)\n"
-            "      --model NAME         the \"model\" field (http; default \"default\")\n"
+            "      --model NAME         the \"model\" field (http; default: the first model GET /v1/models lists)\n"
             "      --api-key KEY        Authorization: Bearer KEY (http; or FERRY_BENCH_API_KEY)\n"
             "      --secret FILE        the deployment's secret that authenticates nng calls\n"
             "                           (default: run/kv.secret, where `ferry serve` puts it)\n"
@@ -635,7 +635,9 @@ static int load_point(opts_t *o, int k, fy_bench_workload_t **w, double *at, swe
         fprintf(stderr, "ferry-bench: the run could not happen: %s\n", fy_status_str(st));
         return 1;
     }
-    if (fy_bench_summarize(sw->res[k], (*w)->n_reqs, dur, o->rates[k], &o->slo, &sw->sums[k])) return 1;
+    if (fy_bench_summarize(sw->res[k], (*w)->n_reqs, dur, o->rates[k], fy_bench_closed_loop(*w, o->rates[k]), &o->slo,
+                           &sw->sums[k]))
+        return 1;
     sw->n_done = k + 1;
     fy_bench_print_summary(stdout, o->label, &sw->sums[k], &o->slo);
     fflush(stdout);

@@ -143,10 +143,11 @@ static bool slo_met(const fy_bench_slo_t *slo, const fy_bench_result_t *r)
 /* ---- summary ----------------------------------------------------------------------------------- */
 
 fy_status_t fy_bench_summarize(const fy_bench_result_t *res, int32_t n, double duration_s, double rate,
-                               const fy_bench_slo_t *slo, fy_bench_summary_t *s)
+                               bool closed_loop, const fy_bench_slo_t *slo, fy_bench_summary_t *s)
 {
     memset(s, 0, sizeof(*s));
     s->rate = rate;
+    s->closed_loop = closed_loop;
     s->duration_s = duration_s;
     s->n_total = n;
     int64_t n_itl = 0;
@@ -174,7 +175,7 @@ fy_status_t fy_bench_summarize(const fy_bench_result_t *res, int32_t n, double d
     DIST(ttft, r->ok && r->first_s >= 0, fy_bench_ttft(r));
     DIST(tpot, r->ok && r->n_out > 1, fy_bench_tpot(r));
     DIST(e2e, r->ok, fy_bench_e2e(r));
-    DIST(lag, r->sent_s >= 0, r->sent_s - r->sched_s);
+    DIST(lag, !closed_loop && r->sent_s >= 0, r->sent_s - r->sched_s);
 #undef DIST
     k = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -277,7 +278,11 @@ void fy_bench_print_summary(FILE *f, const char *title, const fy_bench_summary_t
     dist_row(f, "TPOT", &s->tpot);
     dist_row(f, "ITL (chunks)", &s->itl);
     dist_row(f, "E2E", &s->e2e);
-    dist_row(f, "send lag", &s->lag);
+    if (s->closed_loop) /* every request due at once: its "lag" would be its wait for a slot */
+        fprintf(f, "%-14s %10s  (closed loop: each request is sent when a slot frees; no schedule to lag)\n",
+                "send lag", "n/a");
+    else
+        dist_row(f, "send lag", &s->lag);
     fprintf(f, "%-42s %.2f\n", "tokens per chunk (mean):", s->chunks ? (double)s->out_tokens / (double)s->chunks : 0);
     if (s->counted_in)
         fprintf(f, "%-42s %.1f%% (%lld of %lld)\n",
@@ -335,16 +340,16 @@ json_t *fy_bench_json_run(const fy_bench_summary_t *s, const fy_bench_workload_t
                           const fy_bench_slo_t *slo)
 {
     json_t *errs = json_object(), *reqs = json_array();
-    json_t *o =
-        json_pack("{s:f, s:f, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:f, s:f, s:f, s:o, s:o, s:o, s:o, s:o, "
-                  "s:o, s:f}",
-                  "rate", s->rate, "duration_s", s->duration_s, "n_total", s->n_total, "n_sent", s->n_sent, "n_ok",
-                  s->n_ok, "n_failed", s->n_failed, "n_good", s->n_good, "input_tokens", (json_int_t)s->in_tokens,
-                  "output_tokens", (json_int_t)s->out_tokens, "request_throughput", s->req_tput, "input_throughput",
-                  s->in_tput, "output_throughput", s->out_tput, "goodput",
-                  s->goodput >= 0 ? json_real(s->goodput) : json_null(), "ttft", json_dist(&s->ttft), "tpot",
-                  json_dist(&s->tpot), "itl_chunks", json_dist(&s->itl), "e2e", json_dist(&s->e2e), "send_lag",
-                  json_dist(&s->lag), "tokens_per_chunk", s->chunks ? (double)s->out_tokens / (double)s->chunks : 0.0);
+    json_t *o = json_pack("{s:f, s:f, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:f, s:f, s:f, s:o, s:o, s:o, s:o, s:o, "
+                          "s:o, s:f}",
+                          "rate", s->rate, "duration_s", s->duration_s, "n_total", s->n_total, "n_sent", s->n_sent,
+                          "n_ok", s->n_ok, "n_failed", s->n_failed, "n_good", s->n_good, "input_tokens",
+                          (json_int_t)s->in_tokens, "output_tokens", (json_int_t)s->out_tokens, "request_throughput",
+                          s->req_tput, "input_throughput", s->in_tput, "output_throughput", s->out_tput, "goodput",
+                          s->goodput >= 0 ? json_real(s->goodput) : json_null(), "ttft", json_dist(&s->ttft), "tpot",
+                          json_dist(&s->tpot), "itl_chunks", json_dist(&s->itl), "e2e", json_dist(&s->e2e), "send_lag",
+                          s->closed_loop ? json_null() : json_dist(&s->lag), "tokens_per_chunk",
+                          s->chunks ? (double)s->out_tokens / (double)s->chunks : 0.0);
     if (!o || !errs || !reqs) goto fail;
     for (int32_t i = 0; i < s->n_kinds; i++)
         json_object_set_new(errs, s->kinds[i].kind,

@@ -42,13 +42,16 @@ double fy_bench_tpot(const fy_bench_result_t *r);
 
 typedef struct fy_bench_summary {
     double rate;       /* requested (0: all at once / trace times) */
+    bool closed_loop;  /* all at once under --concurrency: each request sent when a slot frees, no schedule */
     double drawn_rate; /* what the drawn arrivals offer: (sent - 1) / (last due - first due) */
     double duration_s;
     int32_t n_total, n_sent, n_ok, n_failed, n_good;
     int64_t in_tokens, out_tokens, chunks;
     int64_t cached_tokens, counted_in; /* prompt tokens found cached, of counted_in where the server said */
     double req_tput, in_tput, out_tput, goodput;
-    fy_bench_dist_t ttft, tpot, itl, e2e, lag; /* lag: send time less due time (the harness's own delay) */
+    /* lag: send time less due time, open loop only (empty in a closed loop, where nothing is due at a time):
+     * the harness's own delay, plus the wait for a free slot where --concurrency is reached */
+    fy_bench_dist_t ttft, tpot, itl, e2e, lag;
     int32_t n_kinds;
     struct {
         char kind[FY_BENCH_KIND_LEN];
@@ -57,8 +60,11 @@ typedef struct fy_bench_summary {
     } kinds[FY_BENCH_MAX_KINDS];
 } fy_bench_summary_t;
 
+/* closed_loop: every request was due at once (rate 0, no trace times),
+ * sent as a slot freed; its send lag would be the wait for a slot, not a
+ * delay against a schedule, and is not reported. */
 fy_status_t fy_bench_summarize(const fy_bench_result_t *res, int32_t n, double duration_s, double rate,
-                               const fy_bench_slo_t *slo, fy_bench_summary_t *s);
+                               bool closed_loop, const fy_bench_slo_t *slo, fy_bench_summary_t *s);
 
 void fy_bench_print_summary(FILE *f, const char *title, const fy_bench_summary_t *s, const fy_bench_slo_t *slo);
 /* One line per rate: the sweep at a glance. */

@@ -647,6 +647,8 @@ fy_status_t fy_bench_workload_sharegpt(const char *path, int32_t max_requests, i
 
 /* ---- arrivals ---------------------------------------------------------------------------------- */
 
+bool fy_bench_closed_loop(const fy_bench_workload_t *w, double rate) { return rate <= 0 && !w->timed; }
+
 void fy_bench_arrivals(const fy_bench_workload_t *w, double rate, double burstiness, uint64_t seed, double *at)
 {
     if (rate <= 0) {

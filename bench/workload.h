@@ -139,6 +139,9 @@ void fy_bench_workload_destroy(fy_bench_workload_t *w); /* accepts NULL */
  * when it has them, else all at 0 (closed loop: the concurrency limit
  * paces them). */
 void fy_bench_arrivals(const fy_bench_workload_t *w, double rate, double burstiness, uint64_t seed, double *at);
+/* Whether a run of w at rate is a closed loop: rate 0 and no trace times,
+ * every request due at once and sent as a slot frees (no schedule). */
+bool fy_bench_closed_loop(const fy_bench_workload_t *w, double rate);
 
 /* The word list (exposed for the tests and the echo server). */
 #define FY_BENCH_N_WORDS 256

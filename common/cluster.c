@@ -24,8 +24,10 @@ static void cluster_usage(FILE *f, const char *prog, const char *usage)
 {
     fprintf(f,
             "usage: %s %s\n"
-            "  -c, --config FILE      the cluster's configuration (configs/local.ini documents every key)\n"
-            "      --set S.KEY=VALUE  override a key (repeatable; files and overrides apply in order)\n"
+            "  -c, --config FILE      the cluster's configuration (relative paths in it: to its folder); every\n"
+            "                         key: `ferry config --markdown`, or docs/operations.md's key reference\n"
+            "      --set S.KEY=VALUE  override a key (repeatable; files and overrides apply in order; relative paths\n"
+            "                         in it: to the working directory)\n"
             "%s"
             "  -h, --help\n",
             prog, usage,

@@ -14,12 +14,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ini.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -211,6 +213,83 @@ static bool starts_comment(const char *v)
     return false;
 }
 
+/* ---- relative paths -------------------------------------------------------------------------- */
+
+/* base (an absolute folder without links: realpath's or getcwd's) joined
+ * with rel into out.  Leading "./" and "../" are taken off against base
+ * itself: base holds no links, so ".." is its parent by name.  Later ones
+ * stay (a "../" after a link is not the link's folder's parent).  False
+ * when the result does not fit cap. */
+static bool join_path(const char *base, const char *rel, char *out, size_t cap)
+{
+    size_t n = strlen(base);
+    if (n >= cap) return false;
+    memcpy(out, base, n + 1);
+    for (;;) {
+        if (rel[0] == '.' && (rel[1] == '/' || !rel[1])) {
+            rel += 1;
+        } else if (rel[0] == '.' && rel[1] == '.' && (rel[2] == '/' || !rel[2])) {
+            rel += 2;
+            char *slash = strrchr(out, '/');
+            if (slash) n = slash == out ? 1 : (size_t)(slash - out), out[n] = '\0';
+        } else {
+            break;
+        }
+        while (*rel == '/') rel++;
+    }
+    if (!*rel) return true;
+    int w = snprintf(out + n, cap - n, "%s%s", out[n - 1] == '/' ? "" : "/", rel);
+    return w >= 0 && (size_t)w < cap - n;
+}
+
+/* section.key = value with the relative path it names (fy_conf_path_at)
+ * made absolute against base, into out.  *changed_p false: value names no
+ * relative path, out untouched.  FY_ERR_INVALID (logged, naming the key,
+ * where it was set and the path) when the result would not fit a line of
+ * a written configuration (fy_config_write). */
+static fy_status_t resolve_path(const char *section, const char *key, const char *value, const char *origin,
+                                const char *base, char out[FY_CONFIG_MAX_LINE + 1], bool *changed_p)
+{
+    *changed_p = false;
+    int at = fy_conf_path_at(section, key, value);
+    if (at < 0 || value[at] == '/') return FY_OK;
+    char joined[PATH_MAX + FY_CONFIG_MAX_LINE];
+    size_t room = FY_CONFIG_MAX_LINE - strlen(key) - 3; /* "key = value" on one line */
+    if (!join_path(base, value + at, joined, sizeof(joined)) || (size_t)at + strlen(joined) > room) {
+        fy_error("config: %s.%s = '%s' (%s): resolved against %s, the path is longer than the %zu bytes a value "
+                 "may hold; give it as an absolute path, or move the file nearer",
+                 section, key, value, origin, base, room);
+        return FY_ERR_INVALID;
+    }
+    memcpy(out, value, (size_t)at); /* "draft:" */
+    memcpy(out + at, joined, strlen(joined) + 1);
+    *changed_p = true;
+    return FY_OK;
+}
+
+/* The folder a file's relative paths are resolved against: the one that
+ * holds path, as a canonical absolute name; the working directory for a
+ * file that is no plain file (a pipe, <(...)), which has no folder of its
+ * own.  False (logged) when neither can be had. */
+static bool config_folder(const char *path, int fd, char out[PATH_MAX])
+{
+    struct stat sb;
+    if (fstat(fd, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+        if (getcwd(out, PATH_MAX)) return true;
+        fy_error("config: %s: cannot get the working directory to resolve its paths against: %m", path);
+        return false;
+    }
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(dir, sizeof(dir), ".");
+    else
+        snprintf(dir, sizeof(dir), "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    if (realpath(dir, out)) return true;
+    fy_error("config: %s: cannot resolve its folder %s: %m", path, dir);
+    return false;
+}
+
 /* ---- parsing a file -------------------------------------------------------------------------- */
 
 typedef struct parse {
@@ -352,7 +431,32 @@ static void explain_syntax(const parse_t *p, int line)
     fy_error("config: %s:%d: %s: '%.*s%s'", p->name, line, why, (int)show, s, show < n ? "..." : "");
 }
 
-static fy_status_t parse_buffer(fy_config_t *c, const char *buf, size_t len, const char *name)
+/* Every staged entry that names a relative path, made absolute against
+ * base (its file's folder), so that the value means the same whatever the
+ * working directory and wherever the merged configuration is written. */
+static fy_status_t resolve_staged(list_t *st, const char *base)
+{
+    for (int i = 0; i < st->n; i++) {
+        entry_t *e = st->v[i];
+        char value[FY_CONFIG_MAX_LINE + 1];
+        bool changed;
+        fy_status_t r = resolve_path(e->section, e->key, e->value, e->origin, base, value, &changed);
+        if (r) return FY_ERR_FORMAT;
+        if (!changed) continue;
+        entry_t *n = entry_new(e->section, e->key, value, e->origin, 0);
+        if (!n) {
+            fy_error("config: %s: out of memory", e->origin);
+            return FY_ERR_NOMEM;
+        }
+        fy_free(e);
+        st->v[i] = n;
+    }
+    return FY_OK;
+}
+
+/* Parses buf and merges it into c; base: the folder its relative paths
+ * are resolved against, NULL to keep them as written. */
+static fy_status_t parse_buffer(fy_config_t *c, const char *buf, size_t len, const char *name, const char *base)
 {
     parse_t *p = fy_calloc(1, sizeof(*p));
     if (!p) {
@@ -374,7 +478,8 @@ static fy_status_t parse_buffer(fy_config_t *c, const char *buf, size_t len, con
         fy_error("config: %s: the ini parser failed (%d)", name, r);
         st = r == -2 ? FY_ERR_NOMEM : FY_ERR_INTERNAL;
     } else {
-        st = merge(c, &p->staged, name, FY_ERR_FORMAT);
+        st = base ? resolve_staged(&p->staged, base) : FY_OK;
+        if (st == FY_OK) st = merge(c, &p->staged, name, FY_ERR_FORMAT);
     }
     list_clear(&p->staged);
     fy_free(p);
@@ -409,7 +514,7 @@ fy_status_t fy_config_load_string(fy_config_t *c, const char *text, const char *
         fy_error("config: %s: larger than %d bytes", name, FY_CONFIG_MAX_FILE);
         return FY_ERR_FORMAT;
     }
-    return parse_buffer(c, text, len, name);
+    return parse_buffer(c, text, len, name, NULL);
 }
 
 fy_status_t fy_config_load(fy_config_t *c, const char *path)
@@ -453,7 +558,12 @@ fy_status_t fy_config_load(fy_config_t *c, const char *path)
         st = FY_ERR_FORMAT;
         goto out;
     }
-    st = parse_buffer(c, buf, len, path);
+    char base[PATH_MAX];
+    if (!config_folder(path, fd, base)) {
+        st = FY_ERR_IO;
+        goto out;
+    }
+    st = parse_buffer(c, buf, len, path, base);
     goto out;
 nomem:
     fy_error("config: %s: out of memory reading it", path);
@@ -533,7 +643,20 @@ fy_status_t fy_config_set(fy_config_t *c, const char *assignment)
                  section, key, value);
         return FY_ERR_INVALID;
     }
-    entry_t *e = entry_new(section, key, value, "--set", 0);
+    /* a path on the command line means what it does to the user typing it:
+     * relative to the working directory */
+    char resolved[FY_CONFIG_MAX_LINE + 1], cwd[PATH_MAX];
+    bool changed = false;
+    int at = fy_conf_path_at(section, key, value);
+    if (at >= 0 && value[at] != '/') {
+        if (!getcwd(cwd, sizeof(cwd))) {
+            fy_error("config: --set %s.%s: cannot get the working directory to resolve '%s' against: %m", section, key,
+                     value);
+            return FY_ERR_INVALID;
+        }
+        if (resolve_path(section, key, value, "--set", cwd, resolved, &changed)) return FY_ERR_INVALID;
+    }
+    entry_t *e = entry_new(section, key, changed ? resolved : value, "--set", 0);
     if (!e) {
         fy_error("config: --set %s.%s: out of memory", section, key);
         return FY_ERR_NOMEM;
@@ -1035,12 +1158,62 @@ static const fy_conf_key_t *suggest(const entry_t *e, const char *full)
     return near ? near : prefix ? prefix : moved;
 }
 
+/* Does the table hold a key of section s? */
+static bool known_section(const char *s)
+{
+    int n;
+    const fy_conf_key_t *keys = fy_conf_keys(&n);
+    for (int i = 0; i < n; i++)
+        if (!strcmp(keys[i].section, s)) return true;
+    return false;
+}
+
+/* The table's section nearest to an unknown one, a typo or two away
+ * ("decod": "decode"), or NULL. */
+static const char *near_section(const char *s)
+{
+    int n, best = 3;
+    const fy_conf_key_t *keys = fy_conf_keys(&n);
+    const char *near = NULL;
+    for (int i = 0; i < n; i++) {
+        int d = distance(s, keys[i].section);
+        if (d < best) best = d, near = keys[i].section;
+    }
+    return near;
+}
+
+/* Entry i is in a section the table does not know: one line for the
+ * whole section, at its first entry, rather than one per key (a misspelt
+ * [decod] would otherwise give a line for each of its keys).  False for a
+ * later entry of a section already reported. */
+static bool report_section(const fy_config_t *c, int i)
+{
+    const entry_t *e = c->l.v[i];
+    int keys = 0;
+    for (int j = 0; j < c->l.n; j++) {
+        if (strcmp(c->l.v[j]->section, e->section)) continue;
+        if (j < i) return false;
+        keys++;
+    }
+    const char *near = near_section(e->section);
+    if (near)
+        fy_error("config: unknown section '%s' (%s, %d key%s); did you mean '%s'?", e->section, e->origin, keys,
+                 keys == 1 ? "" : "s", near);
+    else
+        fy_error("config: unknown section '%s' (%s, %d key%s)", e->section, e->origin, keys, keys == 1 ? "" : "s");
+    return true;
+}
+
 fy_status_t fy_conf_check(const fy_config_t *c, bool values)
 {
     int bad = 0;
     for (int i = 0; i < c->l.n; i++) {
         const entry_t *e = c->l.v[i];
         const fy_conf_key_t *k = fy_conf_key(e->section, e->key);
+        if (!k && !known_section(e->section)) {
+            bad += report_section(c, i);
+            continue;
+        }
         if (!k) {
             char full[FY_CONFIG_MAX_SECTION + FY_CONFIG_MAX_KEY + 2];
             snprintf(full, sizeof(full), "%s.%s", e->section, e->key);

@@ -65,10 +65,15 @@ void fy_config_destroy(fy_config_t *c); /* accepts NULL */
 
 /* Merges the file at path into c; its values replace earlier ones.  On any
  * error c is unchanged and one error line names path:line and the fault.
+ * A relative path in a key that names a file or folder (fy_conf_path_at:
+ * model.path, kv.secret_file, serve.run_dir, ...) is resolved against the
+ * folder that holds the file (the working directory for a pipe) and
+ * stored absolute, so it means the same from any working directory and
+ * in a configuration written elsewhere (RUN_DIR/cluster.ini).
  * FY_ERR_NOT_FOUND (no such file), FY_ERR_IO, FY_ERR_FORMAT, FY_ERR_NOMEM. */
 fy_status_t fy_config_load(fy_config_t *c, const char *path);
 /* The same from memory; name stands for the file in errors and origins
- * (NULL: "<string>"). */
+ * (NULL: "<string>").  Text has no folder: its paths stay as written. */
 fy_status_t fy_config_load_string(fy_config_t *c, const char *text, const char *name);
 
 /* Applies one "section.key=value" override (the --set option).  The key is
@@ -76,7 +81,9 @@ fy_status_t fy_config_load_string(fy_config_t *c, const char *text, const char *
  * ("prefill.0.threads=4").  Space around the key and the value is dropped.
  * The value must survive fy_config_write and a reload: bounded by
  * FY_CONFIG_MAX_LINE, no control characters, no ';' that would start a
- * comment.  FY_ERR_INVALID (logged, naming the problem) or FY_ERR_NOMEM;
+ * comment.  A relative path in a key that names one is resolved against
+ * the working directory, as the user typing it means it, and stored
+ * absolute.  FY_ERR_INVALID (logged, naming the problem) or FY_ERR_NOMEM;
  * c is unchanged on error. */
 fy_status_t fy_config_set(fy_config_t *c, const char *assignment);
 
@@ -140,6 +147,17 @@ typedef enum fy_conf_type {
     FY_CONF_ENUM,     /* one of choices */
 } fy_conf_type_t;
 
+/* What a string key's value names, for resolving relative paths and for
+ * `ferry config --check` (what it must find there). */
+typedef enum fy_conf_path {
+    FY_PATH_NONE,   /* not a path */
+    FY_PATH_FILE,   /* a file that must exist (a certificate, a CA) */
+    FY_PATH_SECRET, /* a file that must exist, be ours (or root's) and the owner's alone (mode 0600) */
+    FY_PATH_MODEL,  /* a model: a file or a folder that must exist */
+    FY_PATH_DIR,    /* a folder that must exist */
+    FY_PATH_MADE,   /* a folder ferry makes when it is missing */
+} fy_conf_path_t;
+
 typedef struct fy_conf_key {
     const char *section, *key;
     fy_conf_type_t type;
@@ -151,6 +169,7 @@ typedef struct fy_conf_key {
     double lo, hi;       /* INT, FLOAT, SIZE, DURATION: the allowed range */
     const char *choices; /* ENUM, or INT with a fixed set: "recompute|swap", "8|16|32" */
     const char *help;    /* one line */
+    fy_conf_path_t path; /* STRING: what the value names; a relative one is resolved (fy_config_load) */
 } fy_conf_key_t;
 
 /* The table, in the order of the reference (section by section). */
@@ -161,6 +180,11 @@ const fy_conf_key_t *fy_conf_key(const char *section, const char *key);
  * for a command's own option that defaults to a key's value; NULL for a
  * key unset by default or not in the table. */
 const char *fy_conf_default(const char *section, const char *key);
+/* Where the file or folder a value of section.key names begins in it: 0
+ * for a path key (fy_conf_key_t.path), 6 for decode.spec's
+ * "draft:MODEL_FILE"; -1 when the value names none (another key, an empty
+ * value, spec = ngram). */
+int fy_conf_path_at(const char *section, const char *key, const char *value);
 /* "string", "int", "float", "bool", "size", "duration", "enum". */
 const char *fy_conf_type_str(fy_conf_type_t t);
 

@@ -28,31 +28,37 @@
 /* Row makers, one per type: section, key, default, range or choices, help. */
 #define STR(s, k, d, h)                                                                                                \
     {                                                                                                                  \
-        s, k, FY_CONF_STRING, d, NULL, 0, 0, NULL, h                                                                   \
+        s, k, FY_CONF_STRING, d, NULL, 0, 0, NULL, h, FY_PATH_NONE                                                     \
+    }
+/* A string that names a file or folder (kind: fy_conf_path_t): a relative
+ * one is resolved against the folder of the file that sets it. */
+#define PATH(s, k, d, kind, h)                                                                                         \
+    {                                                                                                                  \
+        s, k, FY_CONF_STRING, d, NULL, 0, 0, NULL, h, kind                                                             \
     }
 #define INT(s, k, d, lo, hi, h)                                                                                        \
     {                                                                                                                  \
-        s, k, FY_CONF_INT, d, NULL, lo, hi, NULL, h                                                                    \
+        s, k, FY_CONF_INT, d, NULL, lo, hi, NULL, h, FY_PATH_NONE                                                      \
     }
 #define FLT(s, k, d, lo, hi, h)                                                                                        \
     {                                                                                                                  \
-        s, k, FY_CONF_FLOAT, d, NULL, lo, hi, NULL, h                                                                  \
+        s, k, FY_CONF_FLOAT, d, NULL, lo, hi, NULL, h, FY_PATH_NONE                                                    \
     }
 #define BOOL(s, k, d, h)                                                                                               \
     {                                                                                                                  \
-        s, k, FY_CONF_BOOL, d, NULL, 0, 0, NULL, h                                                                     \
+        s, k, FY_CONF_BOOL, d, NULL, 0, 0, NULL, h, FY_PATH_NONE                                                       \
     }
 #define SIZE(s, k, d, lo, hi, h)                                                                                       \
     {                                                                                                                  \
-        s, k, FY_CONF_SIZE, d, NULL, lo, hi, NULL, h                                                                   \
+        s, k, FY_CONF_SIZE, d, NULL, lo, hi, NULL, h, FY_PATH_NONE                                                     \
     }
 #define DUR(s, k, d, lo, hi, h)                                                                                        \
     {                                                                                                                  \
-        s, k, FY_CONF_DURATION, d, NULL, lo, hi, NULL, h                                                               \
+        s, k, FY_CONF_DURATION, d, NULL, lo, hi, NULL, h, FY_PATH_NONE                                                 \
     }
 #define ENUM(s, k, d, ch, h)                                                                                           \
     {                                                                                                                  \
-        s, k, FY_CONF_ENUM, d, NULL, 0, 0, ch, h                                                                       \
+        s, k, FY_CONF_ENUM, d, NULL, 0, 0, ch, h, FY_PATH_NONE                                                         \
     }
 
 /* The keys both worker roles read from their own section. */
@@ -76,16 +82,16 @@
         INT(S, "pp", "0", 0, 64, "pipeline stages of this role's workers; 0: worker.pp")
 
 static const fy_conf_key_t KEYS[] = {
-    STR("model", "path", FY_DEFAULT_MODEL_PATH,
-        "the model: a .gguf file or a Hugging Face folder (the router loads its tokenizer, the workers all of it)"),
+    PATH("model", "path", FY_DEFAULT_MODEL_PATH, FY_PATH_MODEL,
+         "the model: a .gguf file or a Hugging Face folder (the router loads its tokenizer, the workers all of it)"),
 
     {"kv", "block_size", FY_CONF_INT, "16", NULL, 8, 32, "8|16|32",
-     "tokens per KV block; every process of a cluster must agree"},
+     "tokens per KV block; every process of a cluster must agree", FY_PATH_NONE},
     ENUM("kv", "dtype", "f16", "f16|f32|fp8|int8",
          "KV cache element type; fp8 (e4m3) and int8 keep a scale per token and head (about 0.53x of f16)"),
-    STR("kv", "secret_file", NULL,
-        "the deployment's secret (mode 0600, 16 bytes or more): keys prefix-block names and authenticates every "
-        "control-plane message; unset: `ferry serve` makes RUN_DIR/kv.secret, the router and workers refuse to start"),
+    PATH("kv", "secret_file", NULL, FY_PATH_SECRET,
+         "the deployment's secret (mode 0600, 16 bytes or more): keys prefix-block names and authenticates every "
+         "control-plane message; unset: `ferry serve` makes RUN_DIR/kv.secret, the router and workers refuse to start"),
     BOOL("kv", "prefix_cache", "true", "false: workers keep no prompt blocks for later requests"),
     BOOL("kv", "sliding_groups", "true",
          "sliding-window layers in KV groups of their own that give blocks back as the window moves; false: one "
@@ -96,18 +102,18 @@ static const fy_conf_key_t KEYS[] = {
     INT("kv", "sink_tokens", "64", 0, 1 << 20, "eviction: the first tokens, always kept"),
     INT("kv", "recent_tokens", "1024", 1, 1 << 20, "eviction: the last tokens, always kept"),
     INT("kv", "heavy_tokens", "512", 0, 1 << 20, "h2o: middle tokens kept by accumulated attention"),
-    STR("kv", "disk_dir", "",
-        "decode workers' disk tier, under their host tier (decode.host_kv_mem): an existing folder of ours or "
-        "root's, not writable by others without the sticky bit; each worker makes a private file there, unlinked "
-        "at once; empty: none"),
+    PATH("kv", "disk_dir", "", FY_PATH_DIR,
+         "decode workers' disk tier, under their host tier (decode.host_kv_mem): an existing folder of ours or "
+         "root's, not writable by others without the sticky bit; each worker makes a private file there, unlinked "
+         "at once; empty: none"),
     SIZE("kv", "disk_bytes", "1GiB", 0, 1024 * TIB, "the disk tier's size, in whole blocks (with kv.disk_dir)"),
 
     STR("router", "listen", "tcp://127.0.0.1:7400", "the router's client address (ferry request, ferry-bench)"),
     STR("router", "events", "tcp://127.0.0.1:7401",
         "where workers push tokens, completions and load reports (the router listens, workers connect)"),
     STR("router", "http", "", "the OpenAI-compatible HTTP API and the router's /health and /metrics; empty: none"),
-    STR("router", "api_keys", "",
-        "file of \"KEY TENANT [max_concurrent=N] [tokens_per_minute=N]\" lines, mode 0600; empty: no keys asked"),
+    PATH("router", "api_keys", "", FY_PATH_SECRET,
+         "file of \"KEY TENANT [max_concurrent=N] [tokens_per_minute=N]\" lines, mode 0600; empty: no keys asked"),
     STR("router", "served_model_name", "",
         "the model's name in the HTTP API and the model_name label on every process's metrics; empty: the model "
         "file's name"),
@@ -158,11 +164,11 @@ static const fy_conf_key_t KEYS[] = {
     INT("router", "http_max_connections", "512", 1, 1 << 20,
         "HTTP connections served at once; beyond it idle ones make room, 503 when all are busy"),
     SIZE("router", "http_max_header", "16KiB", KIB, MIB, "bytes of request line and headers; beyond it 431"),
-    STR("router", "tls_cert", "",
-        "PEM file of the OpenAI API's certificate (then its chain): set, router.http speaks HTTPS only (needs "
-        "router.tls_key); empty: plain HTTP"),
-    STR("router", "tls_key", "",
-        "PEM file of router.tls_cert's private key: the owner's alone (mode 600), as the secret file"),
+    PATH("router", "tls_cert", "", FY_PATH_FILE,
+         "PEM file of the OpenAI API's certificate (then its chain): set, router.http speaks HTTPS only (needs "
+         "router.tls_key); empty: plain HTTP"),
+    PATH("router", "tls_key", "", FY_PATH_SECRET,
+         "PEM file of router.tls_cert's private key: the owner's alone (mode 600), as the secret file"),
     ENUM("router", "tls_min_version", "1.2", "1.2|1.3",
          "the lowest TLS version router.http accepts (1.2 for clients without 1.3; 1.3 is preferred either way)"),
 
@@ -182,7 +188,7 @@ static const fy_conf_key_t KEYS[] = {
     DUR("decode", "itl_target", "0s", 0, 60,
         "p95 inter-token latency above which the prefill budget of a step shrinks; 0: off"),
     {"decode", "max_lease", FY_CONF_DURATION, NULL, "router.lease", 0.1, 3600, NULL,
-     "no lease lasts longer, whatever a reserve asks"},
+     "no lease lasts longer, whatever a reserve asks", FY_PATH_NONE},
     STR("decode", "spec", "ngram",
         "speculative decoding: none, ngram, draft:MODEL_FILE or self:LAYERS (the target's first layers)"),
     INT("decode", "spec_k", "8", 1, 16, "proposed tokens per step at most; adapted per request"),
@@ -232,8 +238,9 @@ static const fy_conf_key_t KEYS[] = {
     INT("worker", "http_max_connections", "512", 1, 1 << 20, "the metrics server's router.http_max_connections"),
     SIZE("worker", "http_max_header", "16KiB", KIB, MIB, "the metrics server's router.http_max_header"),
 
-    STR("serve", "run_dir", "run", "the resolved configuration (cluster.ini), the KV secret and the logs"),
-    STR("serve", "logs", NULL, "each child's log file; unset: RUN_DIR/logs"),
+    PATH("serve", "run_dir", "run", FY_PATH_MADE,
+         "the resolved configuration (cluster.ini), the KV secret and the logs"),
+    PATH("serve", "logs", NULL, FY_PATH_MADE, "each child's log file; unset: RUN_DIR/logs"),
     STR("serve", "metrics", NULL,
         "`ferry serve`'s own /health and /metrics (tcp:// or http://HOST:PORT); unset or empty: none"),
     DUR("serve", "stop_grace", "10s", 0, 3600,
@@ -250,9 +257,9 @@ static const fy_conf_key_t KEYS[] = {
     INT("serve", "routers", "1", 1, 16,
         "routers `ferry serve` starts (more than one needs cluster.etcd); router i listens on each of the router's "
         "addresses' port + 2i"),
-    STR("serve", "etcd_data", NULL,
-        "with cluster.etcd on this host's loopback, `ferry serve` runs etcd with its data here; unset: RUN_DIR/etcd; "
-        "empty: etcd is someone else's to run"),
+    PATH("serve", "etcd_data", NULL, FY_PATH_MADE,
+         "with cluster.etcd on this host's loopback, `ferry serve` runs etcd with its data here; unset: RUN_DIR/etcd; "
+         "empty: etcd is someone else's to run"),
     BOOL("serve", "etcd_tls", "false",
          "the etcd `ferry serve` runs: TLS with a CA made in RUN_DIR/etcd-pki, --client-cert-auth (a process "
          "without a certificate of that CA cannot connect), and RBAC: users ferry-router and ferry-worker (random "
@@ -276,22 +283,22 @@ static const fy_conf_key_t KEYS[] = {
          "always on every one, off never of its own accord; a process that encrypts a connection refuses a clear "
          "payload on it (a reply to an encrypted request is encrypted whatever this says); the same on every "
          "process. The UCX KV transfer is not covered"),
-    STR("cluster", "etcd_ca", "",
-        "PEM file of the CA that signed etcd's server certificate: an https:// endpoint is verified against it "
-        "(required with https); empty: none"),
-    STR("cluster", "etcd_cert", "",
-        "PEM file of this process's client certificate, presented to etcd (with --client-cert-auth etcd lets no "
-        "one without a certificate of its CA connect; the etcd user is cluster.etcd_user, and etcd 3.4's gateway "
-        "refuses a certificate with a CN once auth is on); needs cluster.etcd_key and https endpoints; empty: none"),
+    PATH("cluster", "etcd_ca", "", FY_PATH_FILE,
+         "PEM file of the CA that signed etcd's server certificate: an https:// endpoint is verified against it "
+         "(required with https); empty: none"),
+    PATH("cluster", "etcd_cert", "", FY_PATH_FILE,
+         "PEM file of this process's client certificate, presented to etcd (with --client-cert-auth etcd lets no "
+         "one without a certificate of its CA connect; the etcd user is cluster.etcd_user, and etcd 3.4's gateway "
+         "refuses a certificate with a CN once auth is on); needs cluster.etcd_key and https endpoints; empty: none"),
     STR("cluster", "etcd_user", "",
         "the etcd user this process authenticates as (etcd's RBAC; its JSON gateway ignores a certificate's CN "
         "once auth is on, so a password it is); needs cluster.etcd_password_file and https endpoints; empty: none"),
-    STR("cluster", "etcd_password_file", "",
-        "the file holding cluster.etcd_user's password (16 to 128 printable bytes, a final newline dropped; the "
-        "owner's alone, as the secret file); empty: none"),
-    STR("cluster", "etcd_key", "",
-        "PEM file of the client certificate's private key: the owner's alone (mode 600), as the secret file; "
-        "empty: none"),
+    PATH("cluster", "etcd_password_file", "", FY_PATH_SECRET,
+         "the file holding cluster.etcd_user's password (16 to 128 printable bytes, a final newline dropped; the "
+         "owner's alone, as the secret file); empty: none"),
+    PATH("cluster", "etcd_key", "", FY_PATH_SECRET,
+         "PEM file of the client certificate's private key: the owner's alone (mode 600), as the secret file; "
+         "empty: none"),
 };
 
 const fy_conf_key_t *fy_conf_keys(int *n_p)
@@ -311,6 +318,16 @@ const char *fy_conf_default(const char *section, const char *key)
 {
     const fy_conf_key_t *k = fy_conf_key(section, key);
     return k ? k->def : NULL;
+}
+
+int fy_conf_path_at(const char *section, const char *key, const char *value)
+{
+    const fy_conf_key_t *k = fy_conf_key(section, key);
+    if (!k || !value || !*value) return -1;
+    if (k->path != FY_PATH_NONE) return 0;
+    /* the draft model of speculative decoding */
+    if (!strcmp(section, "decode") && !strcmp(key, "spec") && !strncmp(value, "draft:", 6) && value[6]) return 6;
+    return -1;
 }
 
 const char *fy_conf_type_str(fy_conf_type_t t)
@@ -414,8 +431,9 @@ void fy_conf_markdown(FILE *f)
             snprintf(def, sizeof(def), "empty");
         else
             snprintf(def, sizeof(def), "`%s`", k->def);
-        fprintf(f, "| `%s.%s` | %s | %s | %s | %s |\n", k->section, k->key, fy_conf_type_str(k->type), def, range,
-                k->help);
+        /* "path": a relative one is resolved against its file's folder (docs/operations.md) */
+        fprintf(f, "| `%s.%s` | %s | %s | %s | %s |\n", k->section, k->key,
+                k->path != FY_PATH_NONE ? "path" : fy_conf_type_str(k->type), def, range, k->help);
     }
 }
 

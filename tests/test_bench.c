@@ -209,6 +209,8 @@ static void test_arrivals(void **state)
     }
     fy_bench_arrivals(w, 0, 1, SEED, at); /* all at once */
     for (int32_t i = 0; i < w->n_convs; i++) assert_true(at[i] == 0);
+    assert_true(fy_bench_closed_loop(w, 0)); /* paced by the concurrency limit, not a schedule */
+    assert_false(fy_bench_closed_loop(w, 2.5));
     fy_free(at);
     fy_bench_workload_destroy(w);
     fy_bench_class_free(&p.classes[0]);
@@ -244,6 +246,7 @@ static void test_trace(void **state)
     double at[3];
     fy_bench_arrivals(w, 0, 1, SEED, at); /* rate 0: the trace's own times */
     assert_true(fabs(at[2] - 2.0) < 1e-9);
+    assert_false(fy_bench_closed_loop(w, 0)); /* a trace is a schedule: its send lag means something */
     fy_bench_workload_destroy(w);
 
     /* every malformed line names its file and line and what is wrong */
@@ -350,7 +353,7 @@ static void test_slo_goodput(void **state)
     set_result(&r[5], 5.0, 0.1, 0.2, 2, false, "overloaded");
     assert_true(fabs(fy_bench_tpot(&r[0]) - 0.04) < 1e-9);
     fy_bench_summary_t s;
-    assert_int_equal(fy_bench_summarize(r, 6, 10.0, 1.0, &slo, &s), FY_OK);
+    assert_int_equal(fy_bench_summarize(r, 6, 10.0, 1.0, false, &slo, &s), FY_OK);
     assert_int_equal(s.n_ok, 4);
     assert_int_equal(s.n_failed, 2);
     assert_int_equal(s.n_good, 2);
@@ -363,8 +366,38 @@ static void test_slo_goodput(void **state)
     assert_true((!strcmp(s.kinds[0].kind, "timeout") && s.kinds[0].n == 1) &&
                 (!strcmp(s.kinds[1].kind, "overloaded") && s.kinds[1].n == 1));
     fy_bench_slo_t none = {0};
-    assert_int_equal(fy_bench_summarize(r, 6, 10.0, 1.0, &none, &s), FY_OK);
+    assert_int_equal(fy_bench_summarize(r, 6, 10.0, 1.0, false, &none, &s), FY_OK);
     assert_true(s.goodput < 0); /* no SLO: no goodput figure */
+
+    /* send lag: an open loop's delay against its schedule; a closed loop
+     * (all due at 0, each sent as a slot frees: here up to 5 s later) has
+     * no schedule, and its "lag" (the wait for a slot, once reported as
+     * the harness's delay) is not reported, in the table or the JSON */
+    for (int i = 0; i < 6; i++) r[i].sched_s = 0;
+    assert_int_equal(fy_bench_summarize(r, 6, 10.0, 0, false, &none, &s), FY_OK); /* a trace due at 0 */
+    assert_int_equal(s.lag.n, 6);
+    assert_true(fabs(s.lag.max - 5.0) < 1e-9);
+    assert_int_equal(fy_bench_summarize(r, 6, 10.0, 0, true, &none, &s), FY_OK);
+    assert_int_equal(s.lag.n, 0);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    fy_bench_print_summary(f, "closed", &s, &none);
+    fclose(f);
+    if (!strstr(buf, "send lag") || !strstr(buf, "n/a  (closed loop") || strstr(buf, "5000.00"))
+        fail_msg("a closed loop's summary:\n%s", buf);
+    free(buf);
+    fy_bench_synth_t p = {.n_requests = 6, .n_classes = 1, .turns = 1, .seed = SEED};
+    assert_int_equal(fy_bench_class_parse("10/5", &p.classes[0], err, sizeof(err)), FY_OK);
+    fy_bench_workload_t *w;
+    assert_int_equal(fy_bench_workload_synth(&p, &w, err, sizeof(err)), FY_OK);
+    fy_bench_class_free(&p.classes[0]);
+    json_t *j = fy_bench_json_run(&s, w, r, &none);
+    assert_non_null(j);
+    assert_true(json_is_null(json_object_get(j, "send_lag")));
+    json_decref(j);
+    fy_bench_workload_destroy(w);
 }
 
 static void test_addresses(void **state)
@@ -409,7 +442,9 @@ static void run_echo(const fy_bench_target_t *t, const char *cls, int32_t n, int
     fy_bench_run_params_t rp = {.timeout_s = timeout, .max_concurrency = 64};
     assert_int_equal(fy_bench_run(t, o->w, at, &rp, o->res, &o->duration), FY_OK);
     fy_bench_slo_t slo = {.ttft_s = 10};
-    assert_int_equal(fy_bench_summarize(o->res, o->w->n_reqs, o->duration, rate, &slo, &o->s), FY_OK);
+    assert_int_equal(
+        fy_bench_summarize(o->res, o->w->n_reqs, o->duration, rate, fy_bench_closed_loop(o->w, rate), &slo, &o->s),
+        FY_OK);
     fy_free(at);
 }
 

@@ -29,6 +29,7 @@
 
 #include "common/mem.h"
 #include "rpc/rpc.h"
+#include "tools/cli.h"
 #include "tests/testutil.h"
 
 #define RUN_DEADLINE_S 30.0
@@ -113,6 +114,14 @@ static void test_help(void **state)
             /* the usage names the command it is for */
             if (!strstr(r.out, COMMANDS[i].argv[1] ? COMMANDS[i].argv[1] : COMMANDS[i].argv[0]))
                 fail_msg("%s %s: the usage does not name it:\n%s", name, flags[f], r.out);
+            /* where it points for the keys, it points to the complete reference: configs/local.ini sets
+             * some 50 of the table's keys; ferry-bench's --model asks the server, not for a "default" */
+            if (strstr(r.out, "documents every key") ||
+                (strstr(r.out, "--config FILE      the cluster's configuration") &&
+                 !strstr(r.out, "ferry config --markdown")) ||
+                strstr(r.out, "default \"default\""))
+                fail_msg("%s %s: the usage points to an incomplete reference or a wrong default:\n%s", name, flags[f],
+                         r.out);
             run_free(&r);
         }
     }
@@ -252,6 +261,57 @@ static void test_options_reach_the_work(void **state)
     run_free(&r);
 }
 
+/* Without -m, generate and info run the default model (relative to the
+ * working directory); where it is not there they say which file they
+ * looked for, where, and that `make model` fetches it, rather than the
+ * loader's bare "cannot open". */
+static void test_no_default_model(void **state)
+{
+    if (!have_bins()) skip();
+    char prog[PATH_MAX], cwd[PATH_MAX];
+    assert_non_null(realpath(fy_test_bindir(), prog));
+    strncat(prog, "/ferry", sizeof(prog) - strlen(prog) - 1);
+    assert_non_null(getcwd(cwd, sizeof(cwd)));
+    assert_int_equal(chdir(fy_test_tmpdir()), 0); /* no models/ here */
+    const char *const runs[][8] = {{"generate", "-p", "hi", "-n", "1", NULL}, {"info", NULL}};
+    for (size_t i = 0; i < FY_ARRAY_LEN(runs); i++) {
+        run_t r = fy_test_run(prog, runs[i], RUN_DEADLINE_S);
+        if (r.status != 1 || !strstr(r.err, "-m was not given") || !strstr(r.err, "make model") ||
+            !strstr(r.err, "models/SmolLM2-135M-Instruct.Q4_1.gguf") || !strstr(r.err, fy_test_tmpdir()))
+            fail_msg("ferry %s without a model: status %d (want 1), stderr:\n%s", runs[i][0], r.status, r.err);
+        run_free(&r);
+    }
+    assert_int_equal(chdir(cwd), 0);
+}
+
+/* The answer ends its line before the summary: one newline where its text
+ * did not end with one, none where it did, none for an empty answer. */
+static void test_answer_line(void **state)
+{
+    static const struct {
+        const char *pieces[3], *want;
+    } cases[] = {
+        {{"Blue", " sky", NULL}, "Blue sky\n"},
+        {{"Blue", " sky\n", NULL}, "Blue sky\n"},
+        {{"a\n", "", NULL}, "a\n"},
+        {{NULL}, ""},
+    };
+    for (size_t i = 0; i < FY_ARRAY_LEN(cases); i++) {
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        assert_non_null(f);
+        fy_cli_answer_t a = {.out = f};
+        for (int k = 0; k < 3 && cases[i].pieces[k]; k++)
+            fy_cli_answer_put(&a, cases[i].pieces[k], strlen(cases[i].pieces[k]));
+        fy_cli_answer_end(&a);
+        assert_int_equal(len, strlen(cases[i].want)); /* flushed: all of it there before the summary */
+        fclose(f);
+        assert_string_equal(buf, cases[i].want);
+        free(buf);
+    }
+}
+
 /* "TIME NAME: LEVEL: MESSAGE", time in UTC with milliseconds; a %m sees
  * the caller's errno, which logging leaves as it was. */
 static void test_log_line(void **state)
@@ -313,6 +373,8 @@ int main(void)
         cmocka_unit_test(test_config_flag),
         cmocka_unit_test(test_options_reach_the_work),
         cmocka_unit_test(test_log_line),
+        cmocka_unit_test(test_no_default_model),
+        cmocka_unit_test(test_answer_line),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fy_test_tmpdir_remove();

@@ -562,6 +562,7 @@ static void test_write_full_line(void **state)
     char text[FY_CONFIG_MAX_LINE + 32], value[FY_CONFIG_MAX_LINE];
     memset(value, 'x', FY_CONFIG_MAX_LINE - 5);
     value[FY_CONFIG_MAX_LINE - 5] = '\0';
+    value[0] = '/'; /* absolute: a relative path would be resolved, and grow */
     snprintf(text, sizeof(text), "[model]\npath=%s\n", value); /* "path=" + value: a full line */
     fy_config_t *c = make(text);
     const char *path = fy_test_path("full.ini");
@@ -820,8 +821,8 @@ static void test_conf_check(void **state)
     assert_true(fy_test_log_has("unknown key 'router.threads' (t.ini:6); did you mean 'prefill.threads'?", NULL));
     assert_true(
         fy_test_log_has("unknown key 'prefill.host_kv_mem' (t.ini:11); did you mean 'decode.host_kv_mem'?", NULL));
-    assert_true(fy_test_log_has("unknown key 'zzz.qqqqqqq' (t.ini:9)", NULL));
-    assert_false(fy_test_log_has("zzz.qqqqqqq", "did you mean", NULL));
+    assert_true(fy_test_log_has("unknown section 'zzz' (t.ini:9, 1 key)", NULL));
+    assert_false(fy_test_log_has("zzz", "did you mean", NULL));
     assert_false(fy_test_log_has("3000", NULL)); /* values are not looked at */
     fy_test_log_begin();
     assert_int_equal(fy_conf_check(c, true), FY_ERR_INVALID);
@@ -835,6 +836,117 @@ static void test_conf_check(void **state)
     assert_int_equal(fy_conf_check(c, true), FY_OK);
     fy_test_log_end();
     assert_string_equal(fy_test_log_text(), "");
+    fy_config_destroy(c);
+}
+
+/* A misspelt section is one line naming it and the nearest section, not
+ * one "unknown key" line for each of its keys (a [decod] of 18 keys gave
+ * 18); a section nothing is near is one line too, and keys of known
+ * sections are still reported one by one. */
+static void test_unknown_section(void **state)
+{
+    fy_config_t *c = make("[decod]\ncount = 2\nlisten = tcp://127.0.0.1:7420\nthreads = 1\nkv_mem = 256MiB\n"
+                          "max_seqs = 32\nmax_batch_tokens = 256\npreempt = recompute\nspec = ngram\nspec_k = 8\n"
+                          "spec_ngram_max = 3\nspec_lookup = suffix\nspec_history = 0\nspec_min_accept = 0.3\n"
+                          "spec_probe_steps = 64\nspec_batch_tokens = 64\nspec_sampled = false\n"
+                          "spec_draft_kv_fraction = 0.25\nmetrics = http://127.0.0.1:7520\n"
+                          "[qqqqqqqq]\na = 1\nb = 2\n[router]\nlisen = x\n");
+    assert_int_equal(fy_config_set(c, "decod.ctx=4"), FY_OK);
+    fy_test_log_begin();
+    assert_int_equal(fy_conf_check(c, true), FY_ERR_INVALID);
+    fy_test_log_end();
+    const char *log = fy_test_log_text();
+    int lines = 0;
+    for (const char *p = log; (p = strstr(p, "decod")); p++) lines += p[5] == '\'' || p[5] == '.';
+    if (lines != 1) fail_msg("%d mentions of 'decod', expected 1 line:\n%s", lines, log);
+    assert_true(fy_test_log_has("unknown section 'decod' (t.ini:2, 19 keys); did you mean 'decode'?", NULL));
+    assert_true(fy_test_log_has("unknown section 'qqqqqqqq' (t.ini:21, 2 keys)", NULL));
+    assert_false(fy_test_log_has("qqqqqqqq", "did you mean", NULL));
+    assert_true(fy_test_log_has("unknown key 'router.lisen' (t.ini:24); did you mean 'router.listen'?", NULL));
+    assert_false(fy_test_log_has("unknown key 'decod", NULL));
+    fy_config_destroy(c);
+}
+
+/* A relative path in a file is relative to the file's folder, whatever the
+ * working directory (`ferry serve -c ../configs/local.ini` from bin/); one
+ * given with --set, to the working directory; both are stored absolute, so
+ * a configuration written elsewhere (RUN_DIR/cluster.ini) means the same.
+ * Keys that name no path, empty values and absolute paths stay as written. */
+static void test_relative_paths(void **state)
+{
+    char tmp[PATH_MAX], cwd[PATH_MAX], want[PATH_MAX + 64], sub[PATH_MAX + 8];
+    assert_non_null(realpath(fy_test_tmpdir(), tmp));
+    assert_non_null(getcwd(cwd, sizeof(cwd)));
+    snprintf(sub, sizeof(sub), "%s/etc", tmp);
+    assert_true(mkdir(sub, 0700) == 0 || errno == EEXIST);
+    const char *ini = fy_test_path("etc/rel.ini");
+    const char *text = "[model]\npath = ../models/m.gguf\n[serve]\nrun_dir = run\nlogs = ./a/./b\n"
+                       "etcd_data = /abs/etcd\n[kv]\nsecret_file = ..\n[cluster]\netcd_ca =\n"
+                       "[decode]\nspec = draft:d.gguf\n[prefill]\nlisten = tcp://127.0.0.1:1\n";
+    assert_true(fy_test_write_file(ini, text, strlen(text)));
+    for (int round = 0; round < 2; round++) {
+        /* the same file by an absolute name, then by a relative one from its parent folder */
+        assert_int_equal(chdir(round ? tmp : cwd), 0);
+        fy_config_t *c = make(NULL);
+        assert_int_equal(fy_config_load(c, round ? "etc/rel.ini" : ini), FY_OK);
+        snprintf(want, sizeof(want), "%s/models/m.gguf", tmp);
+        assert_string_equal(fy_config_get(c, "model", "path"), want);
+        snprintf(want, sizeof(want), "%s/etc/run", tmp);
+        assert_string_equal(fy_config_get(c, "serve", "run_dir"), want);
+        snprintf(want, sizeof(want), "%s/etc/a/./b", tmp); /* only leading ./ and ../ are taken off */
+        assert_string_equal(fy_config_get(c, "serve", "logs"), want);
+        assert_string_equal(fy_config_get(c, "kv", "secret_file"), tmp);
+        snprintf(want, sizeof(want), "draft:%s/etc/d.gguf", tmp);
+        assert_string_equal(fy_config_get(c, "decode", "spec"), want);
+        assert_string_equal(fy_config_get(c, "serve", "etcd_data"), "/abs/etcd");
+        assert_string_equal(fy_config_get(c, "cluster", "etcd_ca"), "");
+        assert_string_equal(fy_config_get(c, "prefill", "listen"), "tcp://127.0.0.1:1");
+        snprintf(want, sizeof(want), "%s:2", round ? "etc/rel.ini" : ini);
+        assert_string_equal(fy_config_origin(c, "model", "path"), want); /* the file as named */
+        /* --set: against the working directory */
+        assert_int_equal(fy_config_set(c, "router.api_keys = keys.txt"), FY_OK);
+        assert_int_equal(fy_config_set(c, "decode.spec=ngram"), FY_OK);
+        snprintf(want, sizeof(want), "%s/keys.txt", round ? tmp : cwd);
+        assert_string_equal(fy_config_get(c, "router", "api_keys"), want);
+        assert_string_equal(fy_config_get(c, "decode", "spec"), "ngram");
+        /* written and read back from another folder: the same values */
+        const char *out = fy_test_path("etc/written.ini");
+        assert_int_equal(fy_config_write(c, out), FY_OK);
+        assert_int_equal(chdir("/"), 0);
+        fy_config_t *d = make(NULL);
+        assert_int_equal(fy_config_load(d, out), FY_OK);
+        assert_string_equal(fy_config_get(d, "router", "api_keys"), want);
+        assert_string_equal(fy_config_get(d, "model", "path"), fy_config_get(c, "model", "path"));
+        fy_config_destroy(d);
+        fy_config_destroy(c);
+    }
+    assert_int_equal(chdir(cwd), 0);
+    /* text has no folder: its paths stay as written */
+    fy_config_t *c = make("[model]\npath = models/m.gguf\n");
+    assert_string_equal(fy_config_get(c, "model", "path"), "models/m.gguf");
+    fy_config_destroy(c);
+    /* a path that would not fit a written line once resolved is refused, naming the key */
+    char deep[PATH_MAX + 128];
+    snprintf(deep, sizeof(deep), "%s/%0120d", tmp, 0);
+    assert_true(mkdir(deep, 0700) == 0 || errno == EEXIST);
+    char long_ini[PATH_MAX + 160];
+    snprintf(long_ini, sizeof(long_ini), "%s/l.ini", deep);
+    char body[256];
+    snprintf(body, sizeof(body), "[kv]\nblock_size = 16\n[model]\npath = %080d.gguf\n", 0);
+    assert_true(fy_test_write_file(long_ini, body, strlen(body)));
+    c = make(NULL);
+    fy_test_log_begin();
+    assert_int_equal(fy_config_load(c, long_ini), FY_ERR_FORMAT);
+    fy_test_log_end();
+    assert_true(fy_test_log_has("model.path = '0000", "l.ini:4", "the path is longer than", NULL));
+    assert_int_equal(fy_config_count(c), 0); /* the file merged not at all */
+    assert_int_equal(chdir(deep), 0);
+    fy_test_log_begin();
+    snprintf(body, sizeof(body), "model.path=%080d.gguf", 0);
+    assert_int_equal(fy_config_set(c, body), FY_ERR_INVALID);
+    fy_test_log_end();
+    assert_int_equal(chdir(cwd), 0);
+    assert_true(fy_test_log_has("model.path = '0000", "(--set)", "the path is longer than", NULL));
     fy_config_destroy(c);
 }
 
@@ -1010,13 +1122,16 @@ static const char *ferry_bin(void)
     return path;
 }
 
-/* bin/ferry config ARGS... with its stdout and stderr, within 30 s. */
-static run_t run_config(const char *const *args)
+/* bin/ferry config ARGS... with its stdout and stderr, within 30 s; run
+ * in folder dir (NULL: this one). */
+static run_t run_config_at(const char *dir, const char *const *args)
 {
+    char bin[PATH_MAX];
+    assert_non_null(realpath(ferry_bin(), bin));
     const char *out = fy_test_path("config.out"), *err = fy_test_path("config.err");
     char *argv[32];
     int n = 0;
-    argv[n++] = (char *)ferry_bin();
+    argv[n++] = bin;
     argv[n++] = "config";
     for (int i = 0; args[i] && n < 31; i++) argv[n++] = (char *)args[i];
     argv[n] = NULL;
@@ -1027,6 +1142,7 @@ static run_t run_config(const char *const *args)
         if (o < 0 || e < 0) _exit(127);
         dup2(o, 1);
         dup2(e, 2);
+        if (dir && chdir(dir)) _exit(127);
         execv(argv[0], argv);
         _exit(127);
     }
@@ -1045,6 +1161,8 @@ static run_t run_config(const char *const *args)
     assert_non_null(r.err);
     return r;
 }
+
+static run_t run_config(const char *const *args) { return run_config_at(NULL, args); }
 
 static void run_free(run_t *r)
 {
@@ -1135,6 +1253,54 @@ static void test_command(void **state)
     EXPECT_LINE(r.err, "bad.ini:2", "expected 'key = value'");
     run_free(&r);
 
+    /* --check looks at every file and folder the keys name, each fault naming the key and the file */
+    char dir[PATH_MAX], model[PATH_MAX + 16], secret[PATH_MAX + 16], plain[PATH_MAX + 16], files[PATH_MAX + 16];
+    assert_non_null(realpath(fy_test_tmpdir(), dir));
+    snprintf(model, sizeof(model), "%s/m.gguf", dir);
+    snprintf(secret, sizeof(secret), "%s/s.key", dir);
+    snprintf(plain, sizeof(plain), "%s/plain", dir);
+    snprintf(files, sizeof(files), "%s/files.ini", dir);
+    assert_true(fy_test_write_file(model, "GGUF", 4));
+    assert_true(fy_test_write_file(plain, "x", 1));
+    assert_true(fy_test_write_file(secret, "0123456789abcdef0123", 20));
+    assert_int_equal(chmod(secret, 0640), 0);
+    text = "[model]\npath = m.gguf\n[kv]\nsecret_file = s.key\ndisk_dir = plain\n[router]\napi_keys = keys.txt\n"
+           "[serve]\nrun_dir = run/a/b\n[decode]\nspec = draft:none.gguf\n";
+    assert_true(fy_test_write_file(files, text, strlen(text)));
+    r = run_config((const char *const[]){"--check", files, NULL});
+    assert_int_equal(r.status, 1);
+    EXPECT_LINE(r.err, "kv.secret_file = '/", "/s.key' (");
+    EXPECT_LINE(r.err, "kv.secret_file = '/", "files.ini:4): mode 0640 lets its group or others at it");
+    EXPECT_LINE(r.err, "kv.disk_dir = '/", "/plain' (");
+    EXPECT_LINE(r.err, "kv.disk_dir = '/", "files.ini:5): not a folder");
+    EXPECT_LINE(r.err, "router.api_keys = '/", "/keys.txt' (");
+    EXPECT_LINE(r.err, "router.api_keys = '/", "files.ini:7): no such file");
+    EXPECT_LINE(r.err, "decode.spec = '/", "/none.gguf' (");
+    EXPECT_LINE(r.err, "decode.spec = '/", "files.ini:11): no such file");
+    if (strstr(r.err, "model.path") || strstr(r.err, "run_dir")) fail_msg("a good path refused:\n%s", r.err);
+    run_free(&r);
+    assert_int_equal(chmod(secret, 0600), 0);
+    r = run_config((const char *const[]){"--check", files, "--set", "kv.disk_dir=", "--set", "decode.spec=ngram",
+                                         "--set", "router.api_keys=", NULL});
+    if (r.status != 0) fail_msg("status %d:\n%s", r.status, r.err);
+    EXPECT_LINE(r.out, "files.ini: ok", NULL);
+    run_free(&r);
+    /* printing does not look at files: a file that is not there yet is no fault of the configuration's text */
+    r = run_config((const char *const[]){"-c", files, "--set", "router.api_keys=keys.txt", NULL});
+    assert_int_equal(r.status, 0);
+    run_free(&r);
+    /* the shipped configuration from bin/: its paths are relative to configs/, not to the working directory */
+    if (!access("models/SmolLM2-135M-Instruct.Q4_1.gguf", R_OK)) {
+        char cfg[PATH_MAX];
+        assert_non_null(realpath("configs/local.ini", cfg));
+        r = run_config_at(dir, (const char *const[]){"--check", cfg, NULL});
+        if (r.status != 0) fail_msg("status %d:\n%s", r.status, r.err);
+        run_free(&r);
+        r = run_config_at(dir, (const char *const[]){"--check", cfg, "--set", "model.path=m.gguf", NULL});
+        if (r.status != 0) fail_msg("status %d:\n%s", r.status, r.err); /* --set: against the working directory */
+        run_free(&r);
+    }
+
     /* usage errors: 2 */
     static const char *const usage[][4] = {
         {"--check", NULL},        {"--bogus", NULL}, {"--markdown", "-c", "configs/local.ini"},
@@ -1205,6 +1371,8 @@ int main(void)
         cmocka_unit_test(test_conf_read),
         cmocka_unit_test(test_conf_check),
         cmocka_unit_test(test_shipped_configs),
+        cmocka_unit_test(test_relative_paths),
+        cmocka_unit_test(test_unknown_section),
         cmocka_unit_test(test_docs),
         cmocka_unit_test(test_command),
         cmocka_unit_test(test_write_full_line),

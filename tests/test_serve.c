@@ -47,8 +47,9 @@ typedef struct proc {
     char err[PATH_MAX]; /* its stdout and stderr */
 } proc_t;
 
-/* bin/ferry serve ARGS..., dying with the test */
-static void serve_spawn(proc_t *p, const char *name, const char *const *args)
+/* bin/ferry CMD ARGS..., its stdout and stderr into one file, dying with
+ * the test */
+static void ferry_spawn(proc_t *p, const char *name, const char *cmd, const char *const *args)
 {
     snprintf(p->err, sizeof(p->err), "%s", fy_test_path(name));
     unlink(p->err);
@@ -57,7 +58,7 @@ static void serve_spawn(proc_t *p, const char *name, const char *const *args)
     char *argv[40];
     int n = 0;
     argv[n++] = ferry;
-    argv[n++] = "serve";
+    argv[n++] = (char *)cmd;
     for (int i = 0; args[i] && n < 39; i++) argv[n++] = (char *)args[i];
     argv[n] = NULL;
     pid_t parent = getpid();
@@ -75,6 +76,9 @@ static void serve_spawn(proc_t *p, const char *name, const char *const *args)
     execv(ferry, argv);
     _exit(127);
 }
+
+/* bin/ferry serve ARGS... */
+static void serve_spawn(proc_t *p, const char *name, const char *const *args) { ferry_spawn(p, name, "serve", args); }
 
 static char *read_text(const char *path)
 {
@@ -311,6 +315,21 @@ static void test_cluster(void **state)
     serve_health(ports.serve, "decode-0", &decode);
     assert_string_equal(router.state, "running");
     assert_true(router.pid > 0 && prefill.pid > 0 && decode.pid > 0);
+
+    /* `ferry request` with its stdout and stderr in one file (a pipe, a
+     * log): the answer ends its line before the summary, which once
+     * followed the answer's last word on the same line (stdout fully
+     * buffered, its final newline written at exit) */
+    char conf[PATH_MAX + 32];
+    snprintf(conf, sizeof(conf), "%s/run-a/cluster.ini", fy_test_tmpdir());
+    const char *req_args[] = {"-c", conf, "-p", "The capital of France is", "-n", "6", "--ignore-eos", NULL};
+    proc_t q;
+    ferry_spawn(&q, "request.out", "request", req_args);
+    int qst = serve_wait(&q, 60);
+    char *qt = read_text(q.err);
+    if (!WIFEXITED(qst) || WEXITSTATUS(qst) != 0 || !strstr(qt, "\nferry: request "))
+        fail_msg("ferry request: wait status 0x%x, output:\n%s", qst, qt);
+    fy_free(qt);
 
     /* the router drains for serve.stop_grace when told to stop */
     char path[64];

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -143,7 +144,10 @@ const char *fy_test_default_model(void)
         fprintf(stderr, "note: default model %s not present (run 'make model'); skipping\n", p);
         return NULL;
     }
-    return p;
+    /* absolute: a configuration file written elsewhere (a test's folder)
+     * resolves a relative model.path against its own folder */
+    static char abs[PATH_MAX];
+    return realpath(p, abs) ? abs : p;
 }
 
 char *fy_test_read_file(const char *path, size_t *len_p)

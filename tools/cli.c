@@ -1,6 +1,6 @@
 /*
- * cli.c - option-value parsers and the file reader the ferry subcommands
- * share (cli.h).  A leaf: it knows no subcommand.
+ * cli.c - option-value parsers, the file reader and the answer's output
+ * the ferry subcommands share (cli.h).  A leaf: it knows no subcommand.
  */
 #include "tools/cli.h"
 
@@ -112,4 +112,19 @@ bool fy_cli_no_operands(const char *cmd, int argc, char **argv, void (*usage)(FI
     fprintf(stderr, "ferry: %s: unexpected argument '%s'\n", cmd, argv[optind]);
     usage(stderr);
     return false;
+}
+
+void fy_cli_answer_put(fy_cli_answer_t *a, const char *text, size_t len)
+{
+    if (!len) return;
+    fwrite(text, 1, len, a->out);
+    fflush(a->out);
+    a->mid_line = text[len - 1] != '\n';
+}
+
+void fy_cli_answer_end(fy_cli_answer_t *a)
+{
+    if (a->mid_line) fputc('\n', a->out);
+    a->mid_line = false;
+    fflush(a->out);
 }

@@ -33,4 +33,19 @@ bool fy_cli_no_operands(const char *cmd, int argc, char **argv, void (*usage)(FI
 /* A whole file as a NUL-terminated string (fy_free it); NULL and a message on error. */
 char *fy_cli_read_file(const char *path);
 
+/* An answer streamed to out (stdout) with a summary on stderr after it.
+ * The answer ends its own line before the summary: a newline only where
+ * its text did not end with one, and out flushed, so that the summary
+ * starts a line even where stdout and stderr share a pipe or a file
+ * (stdout is then fully buffered and would otherwise be written after
+ * it). */
+typedef struct fy_cli_answer {
+    FILE *out;
+    bool mid_line; /* the text so far does not end with a newline */
+} fy_cli_answer_t;
+/* Writes len bytes of the answer and flushes (the user watches it grow). */
+void fy_cli_answer_put(fy_cli_answer_t *a, const char *text, size_t len);
+/* Ends the answer's line where it is open, and flushes. */
+void fy_cli_answer_end(fy_cli_answer_t *a);
+
 #endif /* FY_CLI_H */

@@ -88,8 +88,7 @@ typedef struct gen_opts {
 
 static bool on_text(void *arg, const char *text, size_t len)
 {
-    fwrite(text, 1, len, stdout);
-    fflush(stdout);
+    fy_cli_answer_put(arg, text, len);
     return true;
 }
 
@@ -297,6 +296,24 @@ static int parse_generate(int argc, char **argv, gen_opts_t *o)
     return 0;
 }
 
+/* Without -m a command runs the default model; where it is not there,
+ * say which file was looked for, where, and how to get it, rather than
+ * the loader's "cannot open". */
+static bool default_model_here(const char *cmd, const char *path)
+{
+    if (access(path, F_OK) == 0) return true;
+    char cwd[PATH_MAX];
+    fprintf(stderr,
+            "ferry: %s: no model: -m was not given, and the default, %s, is not under %s; `make model` at the "
+            "repository's root fetches that file (then run ferry from there), or give -m PATH (a .gguf file or a "
+            "Hugging Face folder)\n",
+            cmd, path,
+            path[0] == '/'             ? "/"
+            : getcwd(cwd, sizeof(cwd)) ? cwd
+                                       : "the working directory");
+    return false;
+}
+
 /* Builds the prompt's token ids (chat template applied when asked). */
 static fy_status_t tokenize_prompt(const fy_model_t *m, const gen_opts_t *o, int32_t **ids_p, int32_t *n_p)
 {
@@ -316,10 +333,15 @@ static int cmd_generate(int argc, char **argv)
     o.gp.gen.sampling.top_k = 40;
     o.gp.gen.sampling.top_p = 0.95f;
     o.gp.gen.sampling.min_p = 0.05f;
+    const char *def_model = o.model;
     int rc = parse_generate(argc, argv, &o);
     if (rc) {
         fy_free(o.prompt);
         return rc < 0 ? 0 : rc;
+    }
+    if (o.model == def_model && !default_model_here("generate", def_model)) {
+        fy_free(o.prompt);
+        return 1;
     }
     if (!o.seeded) {
         struct timespec ts;
@@ -390,10 +412,10 @@ static int cmd_generate(int argc, char **argv)
     if (s.group) fy_info("ranks: tp %d, pp %d (%d processes)", o.tp, o.pp, o.tp * o.pp);
 
     fy_gen_stats_t stats;
+    fy_cli_answer_t answer = {.out = stdout};
     fy_status_t st =
-        fy_generate(s.runner, s.kvm, fy_model_tokenizer(m), ids, n_ids, &o.gp, on_text, NULL, NULL, 0, &stats);
-    printf("\n");
-    fflush(stdout);
+        fy_generate(s.runner, s.kvm, fy_model_tokenizer(m), ids, n_ids, &o.gp, on_text, &answer, NULL, 0, &stats);
+    fy_cli_answer_end(&answer); /* the summary below starts a line of its own */
     if (st != FY_OK) goto out;
     fprintf(stderr,
             "ferry: prompt tokens: %d, generated tokens: %d, prefill: %.1f tok/s (%.3f s), decode: %.1f tok/s "
@@ -459,6 +481,7 @@ static int cmd_info(int argc, char **argv)
         info_usage(stderr);
         return 2;
     }
+    if (!path && optind == argc && !default_model_here("info", FY_CLI_DEFAULT_MODEL)) return 1;
     if (!path) path = optind < argc ? argv[optind] : FY_CLI_DEFAULT_MODEL;
     /* a description of anything that reads as a model file, with what
      * ferry cannot run listed, not a refusal at the first fault */

@@ -109,6 +109,7 @@ static int request_on(const char *router, const char *secret, double call_timeou
     struct sigaction sa = {.sa_handler = on_sigint};
     sigaction(SIGINT, &sa, NULL);
     int32_t generated = 0;
+    fy_cli_answer_t answer = {.out = stdout};
     for (;;) {
         if (interrupted) {
             fy_client_cancel(cl, id);
@@ -125,12 +126,9 @@ static int request_on(const char *router, const char *secret, double call_timeou
             break;
         }
         generated += upd.n_tokens;
-        if (upd.text_len) {
-            fwrite(upd.text, 1, upd.text_len, stdout);
-            fflush(stdout);
-        }
+        fy_cli_answer_put(&answer, upd.text, upd.text_len);
         if (!upd.done) continue;
-        printf("\n");
+        fy_cli_answer_end(&answer); /* the summary below starts a line of its own */
         const fy_client_timings_t *t = &upd.timings;
         if (upd.error) {
             fprintf(stderr, "ferry: request %llu failed: %s (%s)\n", (unsigned long long)id, upd.message,

@@ -130,16 +130,16 @@ static void *first_request(void *arg)
             fprintf(stderr, "ferry: serve: the first request was refused: %s\n", err);
         } else {
             printf("%s\n--\n", s->prompt);
+            fy_cli_answer_t answer = {.out = stdout};
             for (;;) {
                 fy_client_update_t u;
                 if ((st = fy_client_poll(c, &sm, 1.0, &u))) {
                     fprintf(stderr, "ferry: serve: polling the first request: %s\n", u.message);
                     break;
                 }
-                fwrite(u.text, 1, u.text_len, stdout);
-                fflush(stdout);
+                fy_cli_answer_put(&answer, u.text, u.text_len);
                 if (!u.done) continue;
-                printf("\n");
+                fy_cli_answer_end(&answer); /* the summary below starts a line of its own */
                 if (u.error) {
                     fprintf(stderr, "ferry: serve: the first request failed: %s\n", u.message);
                 } else {
@@ -348,8 +348,10 @@ static void usage(FILE *f)
     fprintf(f, "usage: ferry serve " USAGE "\n"
                "  a router, prefill.count prefill and decode.count decode workers from one configuration,\n"
                "  each its own process, supervised: restarted when they exit or their /health goes silent\n"
-               "  -c, --config FILE      the cluster's configuration (configs/local.ini documents every key)\n"
-               "      --set S.KEY=VALUE  override a key (repeatable, applied in order)\n"
+               "  -c, --config FILE      the cluster's configuration (relative paths in it: to its folder); every\n"
+               "                         key: `ferry config --markdown`, or docs/operations.md's key reference\n"
+               "      --set S.KEY=VALUE  override a key (repeatable, applied in order; relative paths in it: to the\n"
+               "                         working directory)\n"
                "      --spec SPEC        short for --set decode.spec=SPEC\n"
                "      --prompt TEXT      once the cluster is ready, send this prompt and stream the answer\n"
                "      --chat             apply the model's chat template to --prompt\n"

@@ -11,7 +11,9 @@
  * (fy_conf_check) run over all of it; the configuration written by
  * fy_config_write reads back to the same entries and values, and so does
  * the effective configuration of `ferry config` (fy_conf_print) for every
- * key of the table.  Seeds: configs/local.ini and the cases test_config.c uses.
+ * key of the table.  The file is loaded from a file (fy_config_load, which
+ * resolves relative paths against its folder).  Seeds: configs/local.ini
+ * and the cases test_config.c uses.
  */
 #include <math.h>
 #include <stdio.h>
@@ -118,7 +120,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* something to keep when the file is refused */
     if (fy_config_load_string(c, "[router]\nport = 7400\n[decode]\nkv_mem = 1GiB\n", "base") != FY_OK) abort();
     int before = fy_config_count(c);
-    fy_status_t st = fy_config_load_string(c, text, "fuzz.ini");
+    /* from a file, as the processes read one: its relative paths are
+     * resolved against its folder, so that the configuration written below
+     * reads back to the same values from another file */
+    fy_status_t st = fy_config_load(c, fz_write("fuzz.ini", text, strlen(text)));
     FZ_CHECK(st == FY_OK || st == FY_ERR_FORMAT, "load returned %s", fy_status_str(st));
     if (st != FY_OK) FZ_CHECK(fy_config_count(c) == before, "a refused file changed the configuration");
 
