@@ -869,18 +869,24 @@ static void h_release(hreq_t *h, bool cancel)
     if (h->released) return;
     h->released = true;
     int64_t generated = 0;
-    /* vLLM's max_num_generation_tokens: once per request whose samples all finished */
-    int32_t most = 0;
-    bool finished = h->n_submitted == h->n;
+    /* vLLM's max_num_generation_tokens: once per prompt (vLLM counts a
+     * prompt array's prompts as requests of their own) whose samples all
+     * finished; choice i is prompt i / per's */
+    int32_t most[MAX_N] = {0};
+    bool finished[MAX_N];
+    int per = h->per > 0 ? h->per : 1;
     for (int i = 0; i < h->n; i++) {
         fy_router_view_t v;
         bool seen = h_view(h, i, &v);
-        finished = finished && seen && v.done && v.error == FY_OK;
-        if (seen && v.n_tokens > most) most = v.n_tokens;
+        int p = i / per;
+        if (i % per == 0) finished[p] = true;
+        finished[p] = finished[p] && h->ids[i] && seen && v.done && v.error == FY_OK;
+        if (seen && v.n_tokens > most[p]) most[p] = v.n_tokens;
         if (h->ids[i] && fy_router_view(h->H->R, h->ids[i], &v)) generated += v.n_tokens;
         if (h->ids[i]) fy_router_detach(h->H->R, h->ids[i], cancel);
     }
-    if (finished) fy_router_observe_max_generation(h->H->R, most);
+    for (int p = 0; p * per < h->n; p++)
+        if (finished[p]) fy_router_observe_max_generation(h->H->R, most[p]);
     if (h->tenant) {
         int64_t unused = h->max_tokens * h->n - generated;
         fy_tenant_release(h->tenant, h->n, unused > 0 ? unused : 0, fy_now_s());

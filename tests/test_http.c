@@ -1610,18 +1610,24 @@ static void test_max_num_generation_tokens(void **state)
     (void)state;
     if (!tc_available()) skip();
     resp_t a = call("GET", "/metrics", NULL, NULL);
+    /* two prompts, two samples each: vLLM observes each prompt (as a
+     * request of its own) once, with its longest sample */
     resp_t r = call("POST", "/v1/completions", KEY_A,
-                    "{\"prompt\":\"Name a colour:\",\"max_tokens\":8,\"n\":3,\"temperature\":1.5,\"seed\":11,"
-                    "\"logprobs\":0}");
+                    "{\"prompt\":[\"Name a colour:\",\"Count to ten:\"],\"max_tokens\":8,\"n\":2,"
+                    "\"temperature\":1.5,\"seed\":11,\"logprobs\":0}");
     assert_int_equal(r.status, 200);
     json_t *j = json_of(&r);
-    int most = 0, sum = 0;
-    for (size_t i = 0; i < 3; i++) {
+    int most = 0, sum = 0, most_p[2] = {0, 0};
+    assert_int_equal(json_array_size(json_object_get(j, "choices")), 4);
+    for (size_t i = 0; i < 4; i++) {
         json_t *ch = json_array_get(json_object_get(j, "choices"), i);
         int n = (int)json_array_size(json_object_get(json_object_get(ch, "logprobs"), "tokens"));
+        size_t at = (size_t)json_integer_value(json_object_get(ch, "index"));
+        assert_true(at < 4);
         sum += n;
-        most = n > most ? n : most;
+        most_p[at / 2] = n > most_p[at / 2] ? n : most_p[at / 2];
     }
+    most = most_p[0] + most_p[1];
     assert_int_equal(sum, json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")));
     json_decref(j);
     free(r.body);
@@ -1642,10 +1648,10 @@ static void test_max_num_generation_tokens(void **state)
     assert_int_equal(res.error, FY_OK);
     resp_t b = call("GET", "/metrics", NULL, NULL);
 #define DELTA(series) (sample(b.body, series) - sample(a.body, series))
-    print_message("n=3: samples of %d tokens at most, %d in all\n", most, sum);
-    assert_true(DELTA("ferry:request_max_num_generation_tokens_count") == 2);
+    print_message("2 prompts, n=2: samples of %d and %d tokens at most, %d in all\n", most_p[0], most_p[1], sum);
+    assert_true(DELTA("ferry:request_max_num_generation_tokens_count") == 3);
     assert_true(DELTA("ferry:request_max_num_generation_tokens_sum") == most + 6);
-    assert_true(DELTA("ferry:request_generation_tokens_count") == 4);
+    assert_true(DELTA("ferry:request_generation_tokens_count") == 5);
     assert_true(DELTA("ferry:request_generation_tokens_sum") == sum + 6);
 #undef DELTA
     free(a.body);
