@@ -12,9 +12,12 @@
  * min_tokens, tool calls (auto answers well formed and the same streamed,
  * required and named choices enforced where the workers apply grammars),
  * structured-output fields, refusals (404, 405, 413, OPTIONS) that leave a kept-alive
- * connection usable for the next request, CORS, and curl and the
- * `openai` Python package against it (the latter skipped where it cannot
- * be installed).  The router answers the next request after each.
+ * connection usable for the next request, CORS, what two peer projects'
+ * OpenAI test suites found (stream_options without stream, codes and
+ * params of faults, the routes without /v1, the served name as root and
+ * in `ferry request --status`), and curl and the `openai` Python package
+ * against it (the latter skipped where it cannot be installed).  The
+ * router answers the next request after each.
  */
 #include <arpa/inet.h>
 #include <errno.h>
