@@ -380,6 +380,7 @@ static const field_t REFUSED[] = {
 #define T fy_wire_status_reply_t
 static const field_t STATUS_REPLY[] = {
     STR(T, "model", model, FY_OPT, P_ALWAYS),
+    STR(T, "served_model", served_model, FY_OPT, P_ALWAYS),
     I32(T, "requests", requests, FY_OPT, P_ALWAYS, 0, INT32_MAX),
     I32(T, "queued", queued, FY_OPT, P_ALWAYS, 0, INT32_MAX),
     U64(T, "completed", completed, FY_OPT, P_ALWAYS, 0, UINT64_MAX),

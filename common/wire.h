@@ -283,7 +283,8 @@ typedef struct fy_wire_refused {
 /* status: router -> client, the answer to status (per-worker arrays in
  * the order of workers). */
 typedef struct fy_wire_status_reply {
-    char model[64];
+    char model[64];         /* the model's id: its name and a hash of its weights (fy_model_id) */
+    char served_model[128]; /* its name in the API (router.served_model_name or the file's); "": an older router */
     int32_t requests, queued;
     uint64_t completed, failed, refused, retried, bad_events;
     int32_t prefill_up, decode_up;

@@ -14,10 +14,14 @@
  * minLength/maxLength, pattern (grammar_regex.c, ECMA-262 search
  * semantics: unanchored sides may hold any text), format date, time,
  * date-time and uuid, and a lower bound of 0 or 1 on integers (0 on
- * numbers) by minimum/exclusiveMinimum.  Annotations (title,
- * description, default, examples, $comment, ...) are ignored.  Every
- * other keyword is refused by name.  Numbers have at most 16 integer and
- * 16 fraction digits, whitespace is bounded (FY_GRAMMAR_JSON_WS_MAX).
+ * numbers) by minimum/exclusiveMinimum.  A keyword that would constrain
+ * the value and is not enforced here (the list refused[]: maximum,
+ * patternProperties, not, if, ...) is refused by name; every other one
+ * is ignored, as JSON Schema says of keywords a validator does not know:
+ * annotations (title, description, default, examples, $comment, ...),
+ * OpenAI's "strict", vendor keys (x-order, any x-...).  Numbers have at
+ * most 16 integer and 16 fraction digits, whitespace is bounded
+ * (FY_GRAMMAR_JSON_WS_MAX).
  *
  * Not here: validation of documents against a schema (the grammar makes
  * them valid as they are generated).
@@ -43,9 +47,34 @@ typedef struct js {
     int depth;
 } js_t;
 
-static const char *const annotations[] = {"title", "description", "default",       "examples", "$schema",
-                                          "$id",   "$comment",    "deprecated",    "readOnly", "writeOnly",
-                                          "$defs", "definitions", "discriminator", "example",  NULL};
+/* The keywords of drafts 4 to 2020-12 that constrain a value and that
+ * nothing here enforces: each is refused by name (docs/protocol.md lists
+ * them), since ignoring one would let through text the schema forbids. */
+static const char *const refused[] = {"maximum",
+                                      "exclusiveMaximum",
+                                      "multipleOf",
+                                      "uniqueItems",
+                                      "contains",
+                                      "minContains",
+                                      "maxContains",
+                                      "prefixItems",
+                                      "additionalItems",
+                                      "unevaluatedItems",
+                                      "patternProperties",
+                                      "propertyNames",
+                                      "minProperties",
+                                      "maxProperties",
+                                      "dependentRequired",
+                                      "dependentSchemas",
+                                      "dependencies",
+                                      "unevaluatedProperties",
+                                      "not",
+                                      "if",
+                                      "then",
+                                      "else",
+                                      "$dynamicRef",
+                                      "$recursiveRef",
+                                      NULL};
 static const char *const handled[] = {"type",
                                       "properties",
                                       "required",
@@ -304,6 +333,8 @@ static int32_t array(js_t *j, json_t *s, const char *path)
     if (min == -2 || max == -2) return -1;
     if (max >= 0 && max < min) return fail(j, FY_ERR_INVALID, path, "%s", "maxItems is below minItems");
     json_t *items = json_object_get(s, "items");
+    if (json_is_array(items)) /* drafts 4 to 7's tuple: one schema per position */
+        return fail(j, FY_ERR_UNSUPPORTED, path, "keyword '%s' as an array (a tuple) is not supported", "items");
     subpath(sub, sizeof(sub), path, "items");
     int32_t item = items ? schema(j, items, sub) : gb_json_value(b);
     int32_t ws = gb_json_ws(b);
@@ -444,9 +475,11 @@ static int32_t schema(js_t *j, json_t *s, const char *path)
     int n_valid = 0;
     json_object_foreach(s, key, v)
     {
-        if (in(annotations, key)) continue;
-        if (!in(handled, key)) return fail(j, FY_ERR_UNSUPPORTED, path, "keyword '%.64s' is not supported", key);
-        n_valid++;
+        if (in(refused, key))
+            return fail(j, FY_ERR_UNSUPPORTED, path,
+                        "keyword '%.64s' is not supported (it constrains the value and the grammar cannot enforce it)",
+                        key);
+        if (in(handled, key)) n_valid++; /* else an annotation or a keyword no draft has: no constraint */
     }
     j->depth++;
     int32_t r;

@@ -260,6 +260,7 @@ fy_status_t fy_client_status(fy_client_t *c, fy_client_status_t *s)
         s->retried = m->retried;
         s->bad_events = m->bad_events;
         snprintf(s->model, sizeof(s->model), "%s", m->model);
+        snprintf(s->served_model, sizeof(s->served_model), "%s", m->served_model);
         const fy_wire_refused_t *f = &m->refused_messages;
         s->refused_messages[FY_ENV_FORMAT] = f->format;
         s->refused_messages[FY_ENV_MAC] = f->mac;

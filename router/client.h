@@ -99,7 +99,8 @@ typedef struct fy_client_status {
     int32_t prefill_up, decode_up, requests, queued;
     uint64_t completed, failed, refused, retried, bad_events;
     uint64_t refused_messages[FY_ENV_N_FAULTS]; /* control messages the router refused, by fault (0 unused) */
-    char model[64];
+    char model[64];                             /* the model's id: its name and a hash of its weights */
+    char served_model[128];                     /* its name in the API ("": a router that does not say) */
     int32_t n_workers;
     fy_client_worker_t workers[FY_CLIENT_MAX_WORKERS];
 } fy_client_status_t;

@@ -8,6 +8,7 @@
  *   POST /v1/responses          OpenAI's Responses API, run as a chat completion (router/responses.h)
  *   GET  /v1/models             the one model served
  *   GET  /v1/models/{id}        that model (404 for another id)
+ *   (the four also without /v1, as llama.cpp's server answers them)
  *   POST /tokenize, /detokenize text or messages <-> token ids (vLLM's)
  *   GET  /version               {"version": ferry's}
  *   GET  /health                200 while requests can be served, else 503
@@ -1317,7 +1318,10 @@ static json_t *model_json(const fy_http_t *H)
     json_object_set_new(m, "object", json_string("model"));
     json_object_set_new(m, "created", json_integer((json_int_t)H->model_created));
     json_object_set_new(m, "owned_by", json_string("ferry"));
-    json_object_set_new(m, "root", json_string(fy_router_model_id(H->R)));
+    /* root: the served name, as vLLM's is the model it was started with;
+     * model_id: ferry's name and hash of the weights ("model" takes both) */
+    json_object_set_new(m, "root", json_string(H->served));
+    json_object_set_new(m, "model_id", json_string(fy_router_model_id(H->R)));
     json_object_set_new(m, "max_model_len", json_integer(pool_ctx(H)));
     return m;
 }
@@ -1327,7 +1331,8 @@ static json_t *model_json(const fy_http_t *H)
 static void on_model(void *arg, fy_httpd_req_t *r)
 {
     fy_http_t *H = arg;
-    const char *id = fy_httpd_req_path(r) + strlen("/v1/models/");
+    const char *path = fy_httpd_req_path(r);
+    const char *id = path + (strncmp(path, "/v1/", 4) ? 0 : 3) + strlen("/models/"); /* routed with or without /v1 */
     if (!strcmp(id, H->served) || !strcmp(id, fy_router_model_id(H->R))) {
         answer_json(H, r, 200, model_json(H), 0);
         return;
@@ -1596,6 +1601,13 @@ static fy_status_t http_start(router_t *R, fy_http_t **h_p)
     if (!st) st = fy_httpd_handle(H->srv, "POST", "/v1/responses", (size_t)max_body, on_responses, H);
     if (!st) st = fy_httpd_handle(H->srv, "GET", "/v1/models", 0, on_models, H);
     if (!st) st = fy_httpd_handle(H->srv, "GET", "/v1/models/*", 0, on_model, H);
+    /* the same without /v1, as llama.cpp's server answers them: clients
+     * configured with a bare host (http://host:8080) call these */
+    if (!st) st = fy_httpd_handle(H->srv, "POST", "/completions", (size_t)max_body, on_completions, H);
+    if (!st) st = fy_httpd_handle(H->srv, "POST", "/chat/completions", (size_t)max_body, on_chat, H);
+    if (!st) st = fy_httpd_handle(H->srv, "POST", "/responses", (size_t)max_body, on_responses, H);
+    if (!st) st = fy_httpd_handle(H->srv, "GET", "/models", 0, on_models, H);
+    if (!st) st = fy_httpd_handle(H->srv, "GET", "/models/*", 0, on_model, H);
     if (!st) st = fy_httpd_handle(H->srv, "POST", "/tokenize", (size_t)max_body, on_tokenize, H);
     if (!st) st = fy_httpd_handle(H->srv, "POST", "/detokenize", (size_t)max_body, on_detokenize, H);
     if (!st) st = fy_httpd_handle(H->srv, "GET", "/version", 0, on_version, H);

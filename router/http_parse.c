@@ -159,16 +159,19 @@ static void logits_fields(const fy_http_front_t *H, parsed_t *p, json_t *o, fy_g
     token_ids_field(p, o, "allowed_token_ids", 1, FY_GEN_MAX_ALLOWED_IDS, vocab, g->allowed_ids, &g->n_allowed);
 }
 
-/* "model": absent, null, the served name or the model's id; else 404. */
+/* "model": absent, null, the served name or the model's id; else 404,
+ * code "model_not_found". */
 static void model_field(const fy_http_front_t *H, parsed_t *p, json_t *o)
 {
     json_t *m = json_object_get(o, "model");
     if (m && !json_is_null(m)) {
         if (!json_is_string(m))
             bad(p, 400, "model", "'model' must be a string");
-        else if (strcmp(json_string_value(m), H->served) && strcmp(json_string_value(m), H->model_id))
+        else if (strcmp(json_string_value(m), H->served) && strcmp(json_string_value(m), H->model_id) && !p->status) {
             bad(p, 404, "model", "the model '%s' does not exist; this server serves '%s'", json_string_value(m),
                 H->served);
+            p->code = "model_not_found"; /* OpenAI's, as GET /v1/models/{id} answers */
+        }
     }
 }
 
@@ -428,6 +431,8 @@ static void parse_common(const fy_http_front_t *H, parsed_t *p, json_t *o, bool 
     if (so && !json_is_null(so)) {
         if (!json_is_object(so))
             bad(p, 400, "stream_options", "'stream_options' must be an object");
+        else if (!g->stream) /* OpenAI's and vLLM's 400: it says how to stream, and nothing streams */
+            bad(p, 400, "stream_options", "'stream_options' is allowed only with 'stream': true");
         else
             bool_field(p, so, "include_usage", &g->include_usage);
     }
@@ -758,7 +763,7 @@ static int32_t *chat_ids(const fy_http_front_t *H, parsed_t *p, json_t *o, const
         if (!json_is_object(msg) || !r ||
             (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "developer") &&
              strcmp(r, "tool"))) {
-            bad(p, 400, "messages", "message %zu needs a 'role' of system, user, assistant or tool", i);
+            bad(p, 400, "messages", "message %zu needs a 'role' of system, developer, user, assistant or tool", i);
             break;
         }
         if (!strcmp(r, "developer")) r = "system";
@@ -987,13 +992,67 @@ static int32_t *completion_ids(const fy_http_front_t *H, parsed_t *p, json_t *o,
     return ids;
 }
 
+/* v holds the number x (as a real: jansson parsed integers so). */
+static bool holds_number(json_t *v, double x, int depth)
+{
+    if (json_is_real(v)) return json_real_value(v) == x;
+    if (depth >= 16) return false;
+    size_t i;
+    const char *k;
+    json_t *e;
+    json_array_foreach(v, i, e)
+    {
+        if (holds_number(e, x, depth + 1)) return true;
+    }
+    json_object_foreach(v, k, e)
+    {
+        if (holds_number(e, x, depth + 1)) return true;
+    }
+    return false;
+}
+
+/* jansson refuses an integer beyond int64 before any field is read ("too
+ * big integer"), with the offset just past it: the body read again with
+ * integers as reals finds the top-level field that holds that number, so
+ * that the fault names it as OpenAI's does ('seed').  Its name into out,
+ * or false. */
+static bool huge_integer_field(const char *body, size_t len, const json_error_t *je, char *out, size_t cap)
+{
+    size_t end = je->position > 0 && (size_t)je->position <= len ? (size_t)je->position : 0, at = end;
+    while (at > 0 && end - at < 320 && ((body[at - 1] >= '0' && body[at - 1] <= '9') || body[at - 1] == '-')) at--;
+    if (at == end) return false;
+    char lit[328];
+    snprintf(lit, sizeof(lit), "%.*s", (int)(end - at), body + at);
+    double x = strtod(lit, NULL);
+    json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL, NULL);
+    bool found = false;
+    const char *k;
+    json_t *v;
+    json_object_foreach(o, k, v)
+    {
+        if (!holds_number(v, x, 0)) continue;
+        snprintf(out, cap, "%s", k);
+        found = true;
+        break;
+    }
+    json_decref(o);
+    return found;
+}
+
 /* The body as a JSON object, or NULL with the fault said. */
 static json_t *load_object(const char *body, size_t len, parsed_t *fault)
 {
     json_error_t je;
     json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!o) {
-        bad(fault, 400, NULL, "malformed JSON at line %d column %d: %s", je.line, je.column, je.text);
+        if (strstr(je.text, "too big") &&
+            huge_integer_field(body, len, &je, fault->param_buf, sizeof(fault->param_buf))) {
+            bad(fault, 400, fault->param_buf,
+                "'%s' holds an integer beyond the 64-bit range (-2^63 to 2^63-1; line %d column %d)", fault->param_buf,
+                je.line, je.column);
+        } else {
+            bad(fault, 400, NULL, "malformed JSON at line %d column %d: %s", je.line, je.column, je.text);
+        }
         return NULL;
     }
     if (!json_is_object(o)) {

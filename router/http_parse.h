@@ -51,6 +51,7 @@ typedef struct fy_http_fault {
     const char *type, *param;
     const char *code; /* OpenAI's error code ("context_length_exceeded"), or NULL */
     char msg[384];
+    char param_buf[64]; /* param, when it is a name read from the body (an integer beyond int64's) */
 } fy_http_fault_t;
 
 /* An accepted body. */

@@ -1827,6 +1827,7 @@ static void client_status(router_t *R, fy_rpc_call_t *call)
     }
     pthread_mutex_lock(&R->mu);
     snprintf(m->model, sizeof(m->model), "%s", R->model_id);
+    if (fy_cluster_served_model_name(R->cfg, m->served_model, sizeof(m->served_model))) m->served_model[0] = 0;
     m->requests = R->n_reqs;
     m->queued = R->n_queued;
     m->completed = R->completed;

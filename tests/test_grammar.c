@@ -125,6 +125,37 @@ static void test_schema_scalars(void **state)
     run_cases(FY_GRAMMAR_JSON_SCHEMA, cases, FY_ARRAY_LEN(cases));
 }
 
+/* Keywords that constrain nothing (annotations, OpenAI's "strict", vendor
+ * keys, keywords no draft has) are ignored, as JSON Schema says: a tool's
+ * parameters as OpenAI's and Pydantic's clients write them compile, and
+ * the structure is still enforced (issue 35: 'strict' and 'x-order' were
+ * refused by name, so tool_choice "required" answered 400). */
+static void test_schema_ignored_keywords(void **state)
+{
+    (void)state;
+    static const tcase_t cases[] = {
+        {"{\"type\":\"object\",\"strict\":true,\"title\":\"Weather\",\"description\":\"d\",\"$comment\":\"c\","
+         "\"x-order\":[\"city\"],\"properties\":{\"city\":{\"type\":\"string\",\"title\":\"City\",\"x-order\":0,"
+         "\"examples\":[\"Paris\"],\"default\":\"Paris\",\"x-vendor-hint\":{\"not\":{}}},\"days\":{\"type\":"
+         "\"integer\","
+         "\"minimum\":1,\"deprecated\":false,\"readOnly\":false,\"contentMediaType\":\"text/plain\"}},"
+         "\"required\":[\"city\",\"days\"],\"additionalProperties\":false}",
+         {"{\"city\":\"Paris\",\"days\":3}"},
+         {"{\"city\":\"Paris\"}", "{\"city\":\"Paris\",\"days\":0}", "{\"city\":1,\"days\":3}",
+          "{\"city\":\"Paris\",\"days\":3,\"x\":1}"}},
+        /* beside a keyword that must stand alone, an ignored one is no company */
+        {"{\"$ref\":\"#/$defs/"
+         "c\",\"strict\":true,\"$defs\":{\"c\":{\"enum\":[\"a\",\"b\"],\"x-enum-names\":[\"A\",\"B\"]}}}",
+         {"\"a\"", "\"b\""},
+         {"\"c\""}},
+        {"{\"anyOf\":[{\"type\":\"null\"},{\"type\":\"boolean\"}],\"x-nullable\":true,\"$anchor\":\"n\"}",
+         {"null", "true"},
+         {"1"}},
+        {"{\"type\":\"string\",\"strict\":false,\"nonsense-keyword\":[1,2]}", {"\"s\""}, {"1"}},
+    };
+    run_cases(FY_GRAMMAR_JSON_SCHEMA, cases, FY_ARRAY_LEN(cases));
+}
+
 static void test_schema_objects(void **state)
 {
     (void)state;
@@ -336,7 +367,14 @@ static void test_refusals(void **state)
          "{\"anyOf\":[{\"type\":\"null\"},{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/anyOf/"
          "1\"}},\"required\":[\"a\"]}]}",
          FY_ERR_INVALID, "never finish"},
-        {FY_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"x-vendor\":1}", FY_ERR_UNSUPPORTED, "'x-vendor'"},
+        {FY_GRAMMAR_JSON_SCHEMA, "{\"type\":\"array\",\"items\":[{},{}]}", FY_ERR_UNSUPPORTED, "'items' as an array"},
+        {FY_GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"dependentRequired\":{\"a\":[\"b\"]}}", FY_ERR_UNSUPPORTED,
+         "'dependentRequired'"},
+        {FY_GRAMMAR_JSON_SCHEMA, "{\"type\":\"string\",\"x-order\":1,\"propertyNames\":{}}", FY_ERR_UNSUPPORTED,
+         "'propertyNames'"},
+        {FY_GRAMMAR_JSON_SCHEMA,
+         "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\",\"exclusiveMaximum\":3}}}",
+         FY_ERR_UNSUPPORTED, "keyword 'exclusiveMaximum' is not supported (it constrains"},
         {FY_GRAMMAR_REGEX, "(?=a)b", FY_ERR_UNSUPPORTED, "lookahead"},
         {FY_GRAMMAR_REGEX, "(?<!a)b", FY_ERR_UNSUPPORTED, "lookbehind"},
         {FY_GRAMMAR_REGEX, "a\\bb", FY_ERR_UNSUPPORTED, "word boundary"},
@@ -1060,6 +1098,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_schema_scalars),
+        cmocka_unit_test(test_schema_ignored_keywords),
         cmocka_unit_test(test_schema_objects),
         cmocka_unit_test(test_schema_arrays_refs),
         cmocka_unit_test(test_json_object),

@@ -14,9 +14,12 @@
  * structured-output fields, the workers' context (max_model_len, OpenAI's
  * context_length_exceeded at the door, on a cluster of small ctx),
  * refusals (404, 405, 413, OPTIONS) that leave a kept-alive
- * connection usable for the next request, CORS, and curl and the
- * `openai` Python package against it (the latter skipped where it cannot
- * be installed).  The router answers the next request after each.
+ * connection usable for the next request, CORS, what two peer projects'
+ * OpenAI test suites found (stream_options without stream, codes and
+ * params of faults, the routes without /v1, the served name as root and
+ * in `ferry request --status`), and curl and the `openai` Python package
+ * against it (the latter skipped where it cannot be installed).  The
+ * router answers the next request after each.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -928,6 +931,34 @@ static void test_tool_calls(void **state)
         json_decref(j);
         free(r.body);
     }
+    /* issue 35: parameters as OpenAI's and Pydantic's clients write them
+     * (strict, titles, descriptions, examples, defaults, vendor keys)
+     * constrain nothing beyond their structure, and are served (they were
+     * a 400 "keyword 'strict' is not supported" under required) */
+    r = call(
+        "POST", "/v1/chat/completions", KEY_A,
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"What is the weather in Paris?\"}],"
+        "\"tool_choice\":\"required\",\"parallel_tool_calls\":false,\"max_tokens\":64,\"temperature\":0.7,\"seed\":1,"
+        "\"tools\":[{\"type\":"
+        "\"function\","
+        "\"function\":{\"name\":\"get_weather\",\"strict\":true,\"parameters\":{\"type\":\"object\",\"strict\":true,"
+        "\"title\":\"GetWeather\",\"description\":\"Arguments\",\"$comment\":\"c\",\"x-order\":[\"city\"],"
+        "\"properties\":{\"city\":{\"type\":\"string\",\"title\":\"City\",\"description\":\"a city\","
+        "\"examples\":[\"Paris\"],\"default\":\"Paris\",\"x-order\":0}},\"required\":[\"city\"],"
+        "\"additionalProperties\":false}}}]}");
+    if (r.status != 200) fail_msg("annotated parameters under tool_choice required: HTTP %d %s", r.status, r.body);
+    j = json_of(&r);
+    json_t *am = checked_message(j);
+    if (enforced && !json_object_get(am, "tool_calls")) fail_msg("annotated parameters gave no tool call: %s", r.body);
+    json_decref(j);
+    free(r.body);
+    /* what would constrain and cannot be enforced is still refused by name */
+    r = call("POST", "/v1/chat/completions", KEY_A,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\",\"tools\":[{"
+             "\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"x-order\":1,"
+             "\"properties\":{\"n\":{\"type\":\"integer\",\"title\":\"N\",\"maximum\":9}}}}}]}");
+    expect_error(&r, 400, "tools", "keyword 'maximum'");
+    free(r.body);
 }
 
 /* ---- the Responses API (router/responses.c) ---- */
@@ -2547,6 +2578,156 @@ static void test_workers_context(void **state)
     tc_stop(&c2);
 }
 
+/* ---- what two peer projects' OpenAI test suites found (issue 35) ---- */
+
+static void test_peer_suite_findings(void **state)
+{
+    (void)state;
+    if (!tc_available()) skip();
+    const char *served = "SmolLM2-135M-Instruct.Q4_1";
+    resp_t r;
+    json_t *j;
+    /* stream_options says how to stream: without "stream": true it is
+     * OpenAI's and vLLM's 400 naming it (null is no options) */
+    static const char *const no_stream[] = {
+        "{\"prompt\":\"hi\",\"max_tokens\":1,\"stream_options\":{\"include_usage\":true}}",
+        "{\"prompt\":\"hi\",\"max_tokens\":1,\"stream\":false,\"stream_options\":{\"include_usage\":true}}",
+        "{\"prompt\":\"hi\",\"max_tokens\":1,\"stream\":null,\"stream_options\":{}}",
+    };
+    for (size_t i = 0; i < 3; i++) {
+        r = call("POST", "/v1/completions", KEY_A, no_stream[i]);
+        expect_error(&r, 400, "stream_options", "'stream': true");
+        free(r.body);
+    }
+    r = call("POST", "/v1/chat/completions", KEY_A,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":1,\"stream\":false,"
+             "\"stream_options\":{\"include_usage\":true}}");
+    expect_error(&r, 400, "stream_options", NULL);
+    free(r.body);
+    r = call("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"max_tokens\":1,\"stream_options\":null}");
+    if (r.status != 200) fail_msg("stream_options null: HTTP %d %s", r.status, r.body);
+    free(r.body);
+    r = call("POST", "/v1/completions", KEY_A,
+             "{\"prompt\":\"hi\",\"max_tokens\":1,\"stream\":true,\"stream_options\":{\"include_usage\":true}}");
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"usage\":{"));
+    free(r.body);
+    /* an unknown model in a body is OpenAI's 404 with code model_not_found,
+     * as GET /v1/models/{id} answers */
+    static const char *const unknown_model[][2] = {
+        {"/v1/completions", "{\"prompt\":\"hi\",\"model\":\"gpt-4\"}"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"model\":\"gpt-4\"}"},
+        {"/tokenize", "{\"prompt\":\"hi\",\"model\":\"gpt-4\"}"},
+    };
+    for (size_t i = 0; i < 3; i++) {
+        r = call("POST", unknown_model[i][0], KEY_A, unknown_model[i][1]);
+        expect_error(&r, 404, "model", "gpt-4");
+        j = json_of(&r);
+        json_t *code = json_object_get(json_object_get(j, "error"), "code");
+        if (!json_is_string(code) || strcmp(json_string_value(code), "model_not_found"))
+            fail_msg("%s: code is not model_not_found: %s", unknown_model[i][0], r.body);
+        json_decref(j);
+        free(r.body);
+    }
+    /* a seed beyond 64 bits: jansson refuses the number before any field
+     * is read; the fault still names the field */
+    static const char *const huge[] = {"18446744073709551616", "9223372036854775808", "-99999999999999999999"};
+    for (size_t i = 0; i < 3; i++) {
+        char b[256];
+        snprintf(b, sizeof(b), "{\"prompt\":\"hi\",\"max_tokens\":1,\"temperature\":1e30,\"seed\":%s}", huge[i]);
+        r = call("POST", "/v1/completions", KEY_A, b);
+        expect_error(&r, 400, "seed", "64-bit");
+        free(r.body);
+    }
+    r = call("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"logit_bias\":{\"5\":1e999999999999999999999}}");
+    expect_error(&r, 400, NULL, "malformed JSON"); /* not an integer: as before */
+    free(r.body);
+    r = call("POST", "/v1/completions", KEY_A, "{\"prompt\":\"hi\",\"max_tokens\":1,\"seed\":9223372036854775807}");
+    if (r.status != 200) fail_msg("seed 2^63-1: HTTP %d %s", r.status, r.body);
+    free(r.body);
+    /* the role list of the refusal names developer, which is served */
+    r = call("POST", "/v1/chat/completions", KEY_A, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}");
+    expect_error(&r, 400, "messages", "system, developer, user, assistant or tool");
+    free(r.body);
+    r = call("POST", "/v1/chat/completions", KEY_A,
+             "{\"messages\":[{\"role\":\"developer\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":"
+             "\"hi\"}],\"max_tokens\":1}");
+    if (r.status != 200) fail_msg("developer role: HTTP %d %s", r.status, r.body);
+    free(r.body);
+    /* the routes without /v1, as llama.cpp's server answers them */
+    r = call("POST", "/completions", KEY_A, "{\"prompt\":\"hi\",\"max_tokens\":2}");
+    if (r.status != 200) fail_msg("/completions: HTTP %d %s", r.status, r.body);
+    j = json_of(&r);
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "text_completion");
+    json_decref(j);
+    free(r.body);
+    r = call("POST", "/chat/completions", KEY_A,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2,\"stream\":true}");
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "chat.completion.chunk"));
+    assert_non_null(strstr(r.body, "data: [DONE]"));
+    free(r.body);
+    r = call("POST", "/responses", KEY_A, "{\"input\":\"hi\",\"max_output_tokens\":2}");
+    if (r.status != 200) fail_msg("/responses: HTTP %d %s", r.status, r.body);
+    j = json_of(&r);
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "response");
+    json_decref(j);
+    free(r.body);
+    r = call("POST", "/completions", NULL, "{\"prompt\":\"hi\"}");
+    expect_error(&r, 401, NULL, "API key"); /* behind the keys as /v1's */
+    free(r.body);
+    r = call("POST", "/chat/completions", KEY_A, "{\"messages\":[]}");
+    expect_error(&r, 400, "messages", NULL);
+    free(r.body);
+    resp_t rv = call("GET", "/v1/models", NULL, NULL);
+    r = call("GET", "/models", NULL, NULL);
+    assert_int_equal(rv.status, 200);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.body, rv.body);
+    /* root is the served name; the id (name and hash) is model_id */
+    j = json_of(&r);
+    json_t *m = json_array_get(json_object_get(j, "data"), 0);
+    assert_string_equal(json_string_value(json_object_get(m, "id")), served);
+    assert_string_equal(json_string_value(json_object_get(m, "root")), served);
+    const char *model_id = json_string_value(json_object_get(m, "model_id"));
+    assert_non_null(model_id);
+    assert_non_null(strchr(model_id, '@'));
+    char path[256], id_copy[128];
+    snprintf(id_copy, sizeof(id_copy), "%s", model_id);
+    json_decref(j);
+    free(r.body);
+    free(rv.body);
+    snprintf(path, sizeof(path), "/models/%s", served);
+    r = call("GET", path, NULL, NULL);
+    assert_int_equal(r.status, 200);
+    j = json_of(&r);
+    assert_string_equal(json_string_value(json_object_get(j, "root")), served);
+    json_decref(j);
+    free(r.body);
+    snprintf(path, sizeof(path), "/models/%s", id_copy); /* the model's id names it too */
+    r = call("GET", path, NULL, NULL);
+    assert_int_equal(r.status, 200);
+    free(r.body);
+    r = call("GET", "/models/gpt-4", NULL, NULL);
+    expect_error(&r, 404, "model", "'gpt-4' does not exist");
+    free(r.body);
+    /* the nng status and `ferry request --status` name the served model
+     * first, with the id beside it */
+    fy_client_status_t st;
+    assert_int_equal(fy_client_status(C.client, &st), FY_OK);
+    assert_string_equal(st.served_model, served);
+    assert_string_equal(st.model, id_copy);
+    const char *bin = getenv("FERRY_BIN") ? getenv("FERRY_BIN") : "bin";
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "%s/ferry request -r '%s' --secret '%s' --status 2>&1", bin, C.router_url, C.secret);
+    char *out = run_capture(cmd);
+    char want[256];
+    snprintf(want, sizeof(want), "model %s (id %s): ", served, id_copy);
+    if (strncmp(out, want, strlen(want)))
+        fail_msg("ferry request --status says '%s', expected it to start '%s'", out, want);
+    free(out);
+}
+
 static void test_curl(void **state)
 {
     (void)state;
@@ -2899,6 +3080,7 @@ int main(void)
         cmocka_unit_test(test_created_is_the_answer_time),
         cmocka_unit_test(test_overload_503),
         cmocka_unit_test(test_workers_context),
+        cmocka_unit_test(test_peer_suite_findings),
         cmocka_unit_test(test_curl),
         cmocka_unit_test(test_openai_python),
     };

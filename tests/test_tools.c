@@ -1115,17 +1115,82 @@ static void test_format_of_template(void **state)
     }
 }
 
+/* Faults the door named wrongly or not at all (issue 35, what two peer
+ * projects' OpenAI test suites found): each case's status, param, code
+ * and words; every case is tried, then the test fails listing those that
+ * differ. */
+static void test_door_faults(void **state)
+{
+    (void)state;
+    if (!M) skip();
+    static const struct {
+        const char *body;
+        bool chat;
+        uint16_t status; /* 0: accepted */
+        const char *param, *code, *words;
+    } cases[] = {
+        /* stream_options only with stream true, as OpenAI and vLLM */
+        {COMPL(", \"stream_options\": {\"include_usage\": true}"), false, 400, "stream_options", NULL,
+         "'stream': true"},
+        {CHAT(", \"stream\": false, \"stream_options\": {}"), true, 400, "stream_options", NULL, "'stream': true"},
+        {COMPL(", \"stream\": true, \"stream_options\": {\"include_usage\": true}"), false, 0, NULL, NULL, NULL},
+        {COMPL(", \"stream_options\": null"), false, 0, NULL, NULL, NULL},
+        /* an unknown model: OpenAI's 404 and code */
+        {COMPL(", \"model\": \"gpt-4\""), false, 404, "model", "model_not_found", "'gpt-4' does not exist"},
+        {CHAT(", \"model\": \"gpt-4\""), true, 404, "model", "model_not_found", "serves 'smol'"},
+        {COMPL(", \"model\": \"smol\""), false, 0, NULL, NULL, NULL},
+        /* an integer beyond int64: named, even after a real beyond it */
+        {COMPL(", \"seed\": 18446744073709551616"), false, 400, "seed", NULL, "64-bit"},
+        {COMPL(", \"temperature\": 1e30, \"seed\": 9223372036854775808"), false, 400, "seed", NULL, "64-bit"},
+        {CHAT(", \"seed\": -99999999999999999999"), true, 400, "seed", NULL, "64-bit"},
+        {COMPL(", \"logit_bias\": {\"5\": 99999999999999999999}"), false, 400, "logit_bias", NULL, "64-bit"},
+        {COMPL(", \"seed\": 9223372036854775807"), false, 0, NULL, NULL, NULL},
+        {COMPL(", \"seed\": 1e999"), false, 400, NULL, NULL, "malformed JSON"},
+        /* the roles the refusal lists are the roles served */
+        {"{\"messages\": [{\"role\": \"wizard\", \"content\": \"x\"}]}", true, 400, "messages", NULL,
+         "system, developer, user, assistant or tool"},
+        {"{\"messages\": [{\"role\": \"developer\", \"content\": \"x\"}, {\"role\": \"user\", \"content\": \"y\"}]}",
+         true, 0, NULL, NULL, NULL},
+    };
+    int wrong = 0;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        fy_http_gen_t *g = fy_calloc(1, sizeof(*g));
+        fy_http_fault_t f;
+        fy_status_t st = fy_http_parse_generation(&F, cases[i].body, strlen(cases[i].body), cases[i].chat, g, &f);
+        bool ok;
+        if (!cases[i].status) {
+            ok = st == FY_OK;
+            fy_free(g->ids);
+            fy_free(g->tool_names);
+        } else {
+            ok = st == FY_ERR_INVALID && f.status == cases[i].status &&
+                 (cases[i].param ? f.param && !strcmp(f.param, cases[i].param) : !f.param) &&
+                 (cases[i].code ? f.code && !strcmp(f.code, cases[i].code) : !f.code) && strstr(f.msg, cases[i].words);
+        }
+        if (!ok) {
+            print_message("%s: %s %d param %s code %s '%s'; want %d param %s code %s '...%s...'\n", cases[i].body,
+                          fy_status_str(st), st ? f.status : 0, st && f.param ? f.param : "null",
+                          st && f.code ? f.code : "null", st ? f.msg : "", cases[i].status,
+                          cases[i].param ? cases[i].param : "null", cases[i].code ? cases[i].code : "null",
+                          cases[i].words ? cases[i].words : "");
+            wrong++;
+        }
+        fy_free(g);
+    }
+    assert_int_equal(wrong, 0);
+}
+
 int main(void)
 {
     if (sodium_init() < 0) return 1;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse_hermes),       cmocka_unit_test(test_parse_llama3),
-        cmocka_unit_test(test_parse_names),        cmocka_unit_test(test_parse_mistral),
-        cmocka_unit_test(test_parse_forced),       cmocka_unit_test(test_content_prefix),
-        cmocka_unit_test(test_stream_split),       cmocka_unit_test(test_tools_request),
-        cmocka_unit_test(test_tools_schema),       cmocka_unit_test(test_structured_outputs),
-        cmocka_unit_test(test_tool_requests),      cmocka_unit_test(test_tiny_served),
-        cmocka_unit_test(test_format_of_template),
+        cmocka_unit_test(test_parse_hermes),  cmocka_unit_test(test_parse_llama3),
+        cmocka_unit_test(test_parse_names),   cmocka_unit_test(test_parse_mistral),
+        cmocka_unit_test(test_parse_forced),  cmocka_unit_test(test_content_prefix),
+        cmocka_unit_test(test_stream_split),  cmocka_unit_test(test_tools_request),
+        cmocka_unit_test(test_tools_schema),  cmocka_unit_test(test_structured_outputs),
+        cmocka_unit_test(test_tool_requests), cmocka_unit_test(test_door_faults),
+        cmocka_unit_test(test_tiny_served),   cmocka_unit_test(test_format_of_template),
     };
     return cmocka_run_group_tests(tests, setup_model, teardown_model);
 }

@@ -229,6 +229,7 @@ static bool old_write(const fy_wire_schema_t *s, const void *p, fy_msgw_t *w)
         const fy_wire_status_reply_t *m = p;
         fy_msgw_init(w, "status");
         fy_msgw_str(w, "model", m->model);
+        fy_msgw_str(w, "served_model", m->served_model); /* issue 35: the name in the API, beside the id */
         fy_msgw_i64(w, "requests", m->requests);
         fy_msgw_i64(w, "queued", m->queued);
         fy_msgw_u64(w, "completed", m->completed);

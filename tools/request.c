@@ -59,10 +59,12 @@ static int print_status(fy_client_t *c)
                                       : fy_status_str(st));
         return 1;
     }
-    printf("model %s: %d prefill and %d decode workers up; %d requests (%d queued); %llu completed, %llu failed, "
-           "%llu refused, %llu retried\n",
-           s.model, s.prefill_up, s.decode_up, s.requests, s.queued, (unsigned long long)s.completed,
-           (unsigned long long)s.failed, (unsigned long long)s.refused, (unsigned long long)s.retried);
+    /* the name clients ask for first; the id (name and hash) says which weights */
+    printf("model %s (id %s): %d prefill and %d decode workers up; %d requests (%d queued); %llu completed, %llu "
+           "failed, %llu refused, %llu retried\n",
+           s.served_model[0] ? s.served_model : s.model, s.model, s.prefill_up, s.decode_up, s.requests, s.queued,
+           (unsigned long long)s.completed, (unsigned long long)s.failed, (unsigned long long)s.refused,
+           (unsigned long long)s.retried);
     for (int32_t i = 0; i < s.n_workers; i++) {
         const fy_client_worker_t *w = &s.workers[i];
         printf("  %-24s %-7s %-14s %d rank%s, %d assigned\n", w->name, w->decode ? "decode" : "prefill",

@@ -988,6 +988,12 @@ static void http(void)
         {"completion-echo", false,
          "{\"prompt\":\"The sky is\",\"max_tokens\":0,\"echo\":true,\"logprobs\":2,\"prompt_logprobs\":3,"
          "\"bad_words\":[\"blue\",\" green sky\"]}"},
+        /* issue 35: an integer beyond int64 is named by its field (found again with integers as
+         * reals, after a real beyond it); stream_options without stream */
+        {"completion-huge-seed", false, "{\"prompt\":\"hi\",\"temperature\":1e30,\"seed\":18446744073709551616}"},
+        {"chat-huge-bias", true,
+         "{\"messages\":[{\"role\":\"developer\",\"content\":\"x\"}],\"stream\":false,"
+         "\"stream_options\":{\"include_usage\":true},\"logit_bias\":{\"5\":-99999999999999999999}}"},
         {"tokenize", 2,
          "{\"model\":\"SmolLM2-135M-Instruct.Q4_1\",\"prompt\":\"Hello <|im_end|> \\u00e9\","
          "\"add_special_tokens\":false,\"return_token_strs\":true}"},
