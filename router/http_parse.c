@@ -1222,6 +1222,8 @@ fy_status_t fy_http_parse_generation(const fy_http_front_t *f, const char *body,
     int64_t entries = (int64_t)n_prompt * (g->gen.prompt_top + 1);
     if (g->gen.prompt_logprobs && entries > FY_HTTP_MAX_PLP_ENTRIES) {
         fy_free(ids);
+        fy_free(g->tool_names);
+        g->tool_names = NULL;
         bad(fault, 400, g->prompt_logprobs ? "prompt_logprobs" : "logprobs",
             "prompt logprobs of %d tokens with %d alternatives each are %lld entries; at most %d", n_prompt,
             g->gen.prompt_top, (long long)entries, FY_HTTP_MAX_PLP_ENTRIES);

@@ -1178,6 +1178,23 @@ static void test_door_faults(void **state)
         fy_free(g);
     }
     assert_int_equal(wrong, 0);
+    /* prompt logprobs over their bound on a chat with tools: refused, and
+     * the tools' names parsed before it freed (a leak LeakSanitizer saw
+     * in fuzz_http's seed chat-tools-plp-over; make asan runs this) */
+    size_t cap = 6400 * 3 + 512, k = 0;
+    char *big = fy_malloc(cap);
+    k += (size_t)snprintf(big + k, cap - k, "{\"messages\": [{\"role\": \"user\", \"content\": \"");
+    for (int i = 0; i < 6400; i++) k += (size_t)snprintf(big + k, cap - k, "hi ");
+    snprintf(big + k, cap - k,
+             "\"}], \"prompt_logprobs\": 20, \"tools\": [{\"type\": \"function\", \"function\": {\"name\": "
+             "\"get_time\", \"parameters\": {\"type\": \"object\", \"properties\": {}}}}]}");
+    fy_http_gen_t *g = fy_calloc(1, sizeof(*g));
+    fy_http_fault_t f;
+    assert_int_equal(fy_http_parse_generation(&F, big, strlen(big), true, g, &f), FY_ERR_INVALID);
+    assert_string_equal(f.param, "prompt_logprobs");
+    assert_null(g->tool_names);
+    fy_free(g);
+    fy_free(big);
 }
 
 int main(void)
