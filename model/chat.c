@@ -2599,6 +2599,13 @@ static void exec(render_t *r, const nodes_t *body)
 
 /* A JSON value (jansson's) as a template value, copied into the arena;
  * objects keep their members' order (jansson iterates in insertion order). */
+static str_t arena_str(render_t *r, const char *src, size_t n)
+{
+    char *s = alloc(&r->c, n + 1);
+    memcpy(s, src, n + 1);
+    return (str_t){s, n};
+}
+
 static val_t from_json(render_t *r, json_t *j, int depth)
 {
     charge(r, NULL, 1);
@@ -2608,13 +2615,7 @@ static val_t from_json(render_t *r, json_t *j, int depth)
         dict_t *d = dict_new(r);
         const char *k;
         json_t *v;
-        json_object_foreach(j, k, v)
-        {
-            size_t n = strlen(k);
-            char *kc = alloc(&r->c, n + 1);
-            memcpy(kc, k, n + 1);
-            dict_set(r, d, (str_t){kc, n}, from_json(r, v, depth + 1));
-        }
+        json_object_foreach(j, k, v) dict_set(r, d, arena_str(r, k, strlen(k)), from_json(r, v, depth + 1));
         return (val_t){V_DICT, {.d = d}};
     }
     case JSON_ARRAY: {
@@ -2624,12 +2625,7 @@ static val_t from_json(render_t *r, json_t *j, int depth)
         json_array_foreach(j, i, v) list_push(r, l, from_json(r, v, depth + 1));
         return vlist(l);
     }
-    case JSON_STRING: {
-        size_t n = json_string_length(j);
-        char *s = alloc(&r->c, n + 1);
-        memcpy(s, json_string_value(j), n + 1);
-        return vstr((str_t){s, n});
-    }
+    case JSON_STRING: return vstr(arena_str(r, json_string_value(j), json_string_length(j)));
     case JSON_INTEGER: return vint((int64_t)json_integer_value(j));
     case JSON_REAL: return (val_t){V_FLOAT, {.f = json_real_value(j)}};
     case JSON_TRUE: return vbool(true);
@@ -2647,13 +2643,7 @@ static fy_status_t render_guarded(render_t *r, const fy_chat_template_t *t, cons
     if (vars) { /* first, so that the caller's own variables below win */
         const char *key;
         json_t *v;
-        json_object_foreach(vars, key, v)
-        {
-            size_t n = strlen(key);
-            char *kc = alloc(&r->c, n + 1);
-            memcpy(kc, key, n + 1);
-            dict_set(r, &root->vars, (str_t){kc, n}, from_json(r, v, 1));
-        }
+        json_object_foreach(vars, key, v) dict_set(r, &root->vars, arena_str(r, key, strlen(key)), from_json(r, v, 1));
     }
     list_t *l = list_new(r, n_msgs);
     for (size_t k = 0; k < n_msgs; k++) {

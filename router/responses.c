@@ -705,6 +705,15 @@ static void send_text(fy_responses_t *rs, size_t from, fy_responses_write_fn wri
     emit(rs, ev, write, arg);
 }
 
+/* response.output_item.done for item at index, which joins the output */
+static void item_done(fy_responses_t *rs, int index, json_t *item, fy_responses_write_fn write, void *arg)
+{
+    json_t *ev = event(rs, "response.output_item.done");
+    json_object_set_new(ev, "output_index", json_integer(index));
+    json_object_set(ev, "item", item);
+    emit(rs, ev, write, arg);
+    json_array_append_new(rs->output, item);
+}
 static void close_message(fy_responses_t *rs, const char *status, fy_responses_write_fn write, void *arg)
 {
     if (rs->msg_index < 0) return;
@@ -718,12 +727,7 @@ static void close_message(fy_responses_t *rs, const char *status, fy_responses_w
         ev, "part",
         json_pack("{s:s, s:o, s:[]}", "type", "output_text", "text", text_json(text, rs->text.n), "annotations"));
     emit(rs, ev, write, arg);
-    json_t *item = message_item(rs->msg_id, status, text, rs->text.n);
-    ev = event(rs, "response.output_item.done");
-    json_object_set_new(ev, "output_index", json_integer(rs->msg_index));
-    json_object_set(ev, "item", item);
-    emit(rs, ev, write, arg);
-    json_array_append_new(rs->output, item);
+    item_done(rs, rs->msg_index, message_item(rs->msg_id, status, text, rs->text.n), write, arg);
     rs->msg_index = -1;
     rs->msg_done = true;
 }
@@ -742,11 +746,7 @@ static void close_call(fy_responses_t *rs, const char *status, fy_responses_writ
     json_t *item = call_item(rs->call_id_item, json_object_get(rs->call, "call_id"), json_object_get(rs->call, "name"),
                              args, status);
     json_decref(args);
-    ev = event(rs, "response.output_item.done");
-    json_object_set_new(ev, "output_index", json_integer(rs->call_index));
-    json_object_set(ev, "item", item);
-    emit(rs, ev, write, arg);
-    json_array_append_new(rs->output, item);
+    item_done(rs, rs->call_index, item, write, arg);
     rs->call_index = -1;
     json_decref(rs->call);
     rs->call = NULL;
