@@ -1350,22 +1350,31 @@ static inline __attribute__((always_inline)) void attn_head(const float *q, cons
 {
     float sc[32] __attribute__((aligned(32)));
     for (int i0 = 0; i0 < nk; i0 += 8) {
-        __m256 s8[8];
-        for (int i = 0; i < 8; i++) s8[i] = _mm256_setzero_ps();
+        __m256 s;
         if (nk - i0 >= 8) {
+            /* every index constant after unrolling: the 8 accumulators
+             * stay in registers (one array indexed by a variable, as the
+             * partial group needs, put them on the stack for every group) */
+            __m256 s8[8];
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) s8[i] = _mm256_setzero_ps();
             for (int j = 0; j < hd; j += 8) {
                 __m256 qv = _mm256_loadu_ps(q + j);
 #pragma GCC unroll 8
                 for (int i = 0; i < 8; i++) s8[i] = _mm256_fmadd_ps(load8(k, (int64_t)(i0 + i) * hd + j), qv, s8[i]);
             }
+            s = hsum8_ps(s8);
         } else { /* the last, partial group of a sequence's last block */
+            __m256 p8[8];
+            for (int i = 0; i < 8; i++) p8[i] = _mm256_setzero_ps();
             for (int j = 0; j < hd; j += 8) {
                 __m256 qv = _mm256_loadu_ps(q + j);
                 for (int i = 0; i < nk - i0; i++)
-                    s8[i] = _mm256_fmadd_ps(load8(k, (int64_t)(i0 + i) * hd + j), qv, s8[i]);
+                    p8[i] = _mm256_fmadd_ps(load8(k, (int64_t)(i0 + i) * hd + j), qv, p8[i]);
             }
+            s = hsum8_ps(p8);
         }
-        _mm256_store_ps(sc + i0, _mm256_mul_ps(hsum8_ps(s8), _mm256_set1_ps(scale)));
+        _mm256_store_ps(sc + i0, _mm256_mul_ps(s, _mm256_set1_ps(scale)));
     }
     float mb = *m;
     for (int i = 0; i < nk; i++) mb = sc[i] > mb ? sc[i] : mb;
