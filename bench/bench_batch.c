@@ -48,8 +48,8 @@ typedef struct row {
     int batch;
     double tps, itl_mean, itl_p50, itl_p95;
     int steps;
-    double wall_s;             /* all steps */
-    fy_backend_profile_t prof; /* all steps */
+    double wall_s;             /* the steady state's steps */
+    fy_backend_profile_t prof; /* the steady state's steps */
 } row_t;
 
 static int cmp_row_tps(const void *a, const void *b)
@@ -105,12 +105,26 @@ static fy_status_t run_batch(const fy_model_t *m, int threads, const char *isa, 
         uint64_t id;
         if ((st = fy_engine_submit(e, prompt, prompt_len, &req, NULL, on_event, &tr[b], &id))) goto out;
     }
-    fy_backend_profile_enable(be, profile);
-    double w0 = fy_now_s();
-    while (!fy_engine_idle(e))
+    /* the profile covers the steady state only: from the step after the
+     * last request's first token to the step in which one finishes (the
+     * prompts' prefill chunks would otherwise dominate it at long prompts) */
+    double w0 = 0;
+    bool steady = false, ended = false;
+    while (!fy_engine_idle(e)) {
         if ((st = fy_engine_step(e))) goto out;
-    row->wall_s = fy_now_s() - w0;
-    fy_backend_profile_get(be, &row->prof);
+        bool all_started = true, any_done = false;
+        for (int b = 0; b < B; b++) all_started &= tr[b].n > 0, any_done |= tr[b].done;
+        if (any_done && steady && !ended) {
+            row->wall_s = fy_now_s() - w0;
+            fy_backend_profile_get(be, &row->prof);
+            ended = true;
+        }
+        if (all_started && !any_done && !steady) {
+            steady = true;
+            fy_backend_profile_enable(be, profile);
+            w0 = fy_now_s();
+        }
+    }
     /* steady state: after the last first token, before the first last one */
     double t0 = 0, t1 = 1e300;
     for (int b = 0; b < B; b++) {
@@ -131,6 +145,17 @@ static fy_status_t run_batch(const fy_model_t *m, int threads, const char *isa, 
             tokens++;
             sum += gaps[n_itl++] = tr[b].t[i] - tr[b].t[i - 1];
         }
+    }
+    if (!ended || t1 <= t0 || n_itl < B) {
+        /* the first request finished before the last one's first token:
+         * every step mixed prefill chunks in, there is no decode-only window */
+        fprintf(stderr,
+                "ferry: bench-batch: batch %d: no steady state (a request finished before the last one started "
+                "decoding); raise --gen-tokens above about %d\n",
+                B, 2 * (int)(((int64_t)B * prompt_len + 511) / 512) + 16);
+        fy_free(gaps);
+        st = FY_ERR_INVALID;
+        goto out;
     }
     qsort(gaps, (size_t)n_itl, sizeof(double), cmp_double);
     row->batch = B;
@@ -239,7 +264,7 @@ int fy_cmd_bench_batch(int argc, char **argv)
         if (i == 0) base = row.tps;
         printf("| %d | %.1f | %.2fx | %.2f | %.2f | %.2f |\n", row.batch, row.tps, base > 0 ? row.tps / base : 0,
                row.itl_mean * 1e3, row.itl_p50 * 1e3, row.itl_p95 * 1e3);
-        if (profile) { /* where the whole run went: ops, and the rest (engine, sampling) */
+        if (profile) { /* where the steady state went: ops, and the rest (engine, sampling) */
             uint64_t ops = 0;
             printf("|   | ");
             for (int op = 0; op < FY_OP_COUNT; op++) {

@@ -252,6 +252,16 @@ static void test_options_reach_the_work(void **state)
         if (r.status != 2 || !strstr(r.err, "tp 2 does not divide the model's 9 attention heads"))
             fail_msg("generate --tp 2: status %d (want 2), stderr:\n%s", r.status, r.err);
         run_free(&r);
+        /* a decode benchmark without a decode-only window (16 prompts of 160
+         * tokens take 5 prefill steps of 512; each request ends after 4
+         * tokens) says so instead of printing a row of zeros */
+        const char *nosteady[] = {"ferry", "bench-batch",  "-m", model, "--batches", "16", "--prompt-tokens",
+                                  "160",   "--gen-tokens", "4",  "-t",  "2",         NULL};
+        r = run_argv(nosteady);
+        if (r.status != 1 || !strstr(r.err, "batch 16: no steady state") || strstr(r.out, "| 16 |"))
+            fail_msg("bench-batch without a steady state: status %d (want 1), stdout:\n%s\nstderr:\n%s", r.status,
+                     r.out, r.err);
+        run_free(&r);
     }
     /* an operand where none is taken */
     const char *extra[] = {"ferry", "bench-kv", "now", NULL};
