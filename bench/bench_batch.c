@@ -148,11 +148,13 @@ static fy_status_t run_batch(const fy_model_t *m, int threads, const char *isa, 
     }
     if (!ended || t1 <= t0 || n_itl < B) {
         /* the first request finished before the last one's first token:
-         * every step mixed prefill chunks in, there is no decode-only window */
+         * every step mixed prefill chunks in, there is no decode-only window;
+         * the prompts take about B * prompt / (512 - B) steps (the token
+         * budget less the decoding requests' tokens) */
         fprintf(stderr,
                 "ferry: bench-batch: batch %d: no steady state (a request finished before the last one started "
                 "decoding); raise --gen-tokens above about %d\n",
-                B, 2 * (int)(((int64_t)B * prompt_len + 511) / 512) + 16);
+                B, (int)(((int64_t)B * prompt_len + 511 - B) / (512 > 2 * B ? 512 - B : B)) + 16);
         fy_free(gaps);
         st = FY_ERR_INVALID;
         goto out;
