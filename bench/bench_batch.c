@@ -189,7 +189,7 @@ static void usage(FILE *f)
            "  -t, --threads N        CPU threads (default: one per core)\n"
            "      --reps N           runs per batch size; the median is kept (default 1)\n"
            "      --isa NAME         CPU kernels (default auto)\n"
-           "      --profile          where each run's time went, by op\n"
+           "      --profile          where the steady state's time went, by op\n"
            "  -h, --help\n");
 }
 
