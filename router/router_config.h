@@ -31,13 +31,13 @@ typedef struct fy_router_conf {
     double lease_s, client_timeout, drain_timeout; /* router.*, seconds */
     int64_t max_queue, parse_threads, parse_queue, retries, prefill_queue_tokens;
     double prefix_weight;
-    int64_t n_prefill;       /* prefill.count: 0 colocated */
-    int32_t block_size;      /* kv.block_size */
-    fy_dtype_t dtype;        /* kv.dtype */
-    bool sliding_groups;     /* kv.sliding_groups */
-    int64_t step;            /* decode.max_batch_tokens */
-    int evict;               /* kv.evict's index (fy_evict_policy_t) */
-    int64_t sink, recent, heavy;          /* kv.sink_tokens, recent_tokens, heavy_tokens */
+    int64_t n_prefill;                         /* prefill.count: 0 colocated */
+    int32_t block_size;                        /* kv.block_size */
+    fy_dtype_t dtype;                          /* kv.dtype */
+    bool sliding_groups;                       /* kv.sliding_groups */
+    int64_t step;                              /* decode.max_batch_tokens */
+    int evict;                                 /* kv.evict's index (fy_evict_policy_t) */
+    int64_t sink, recent, heavy;               /* kv.sink_tokens, recent_tokens, heavy_tokens */
     uint8_t prefix_key[FY_NETCONF_SECRET_MAX]; /* kv.secret_file's bytes, for the prefix hasher */
     size_t prefix_key_len;                     /* 0: not set (warned: names private to this process) */
     char secret_file[FY_CONF_VALUE_MAX];       /* kv.secret_file: the control plane's credentials */
