@@ -329,6 +329,8 @@ layers: $(INC_DIR)/links.txt
 	$(Q)sh tools/layers.sh check '$(CC)' $(INC_DIR) $(LAYER_SPECS)
 	$(Q)sh tools/layers.sh names $(NAMES_DIRS)
 	$(Q)sh tools/layers.sh noconfig kv model grammar kernels engine transfer rpc
+	$(Q)sh tools/layers.sh noconfig router worker decode prefill --except router/router_config.c worker/worker_config.c
+	$(Q)sh tools/layers.sh nogetters tools/serve.c
 
 $(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)

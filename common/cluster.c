@@ -310,21 +310,17 @@ fy_status_t fy_cluster_write_client_key(const char *secret_path, const char *nam
     return FY_OK;
 }
 
-fy_status_t fy_cluster_auth(const fy_config_t *cfg, fy_env_role_t role, const char *name, uint64_t inc,
+fy_status_t fy_cluster_auth(const char *path, int crypt, fy_env_role_t role, const char *name, uint64_t inc,
                             fy_env_auth_t *auth_p)
 {
-    const char *path;
-    fy_status_t st = fy_conf_string(cfg, "kv", "secret_file", &path);
-    if (st) return st;
     if (!path || !*path) {
         fy_error("kv.secret_file is not set: the control plane needs the deployment's secret, the same file for "
                  "every process of the cluster (`ferry serve` makes RUN_DIR/kv.secret)");
         return FY_ERR_INVALID;
     }
-    int crypt;
-    if ((st = fy_conf_enum(cfg, "cluster", "encrypt", &crypt))) return st; /* the table's choices, in enum order */
-    if ((st = fy_cluster_auth_file(path, role, name, inc, auth_p))) return st;
-    auth_p->crypt = (fy_env_crypt_t)crypt;
+    fy_status_t st = fy_cluster_auth_file(path, role, name, inc, auth_p);
+    if (st) return st;
+    auth_p->crypt = (fy_env_crypt_t)crypt; /* the table's choices, in enum order */
     return FY_OK;
 }
 

@@ -73,9 +73,11 @@ fy_status_t fy_cluster_auth_file(const char *path, fy_env_role_t role, const cha
  * at secret_path: what `ferry key --client NAME` does. */
 fy_status_t fy_cluster_write_client_key(const char *secret_path, const char *name, const char *out_path);
 
-/* The same from kv.secret_file, which a router and workers must have,
- * with cluster.encrypt's policy (fy_cluster_auth_file leaves auto). */
-fy_status_t fy_cluster_auth(const fy_config_t *cfg, fy_env_role_t role, const char *name, uint64_t inc,
+/* The same from kv.secret_file's path, which a router and workers must
+ * have ("" or NULL: refused, naming the key), with cluster.encrypt's
+ * policy, its index among the key's choices (fy_cluster_auth_file leaves
+ * auto); both read once at start into the process's typed struct. */
+fy_status_t fy_cluster_auth(const char *secret_file, int encrypt, fy_env_role_t role, const char *name, uint64_t inc,
                             fy_env_auth_t *auth_p);
 
 /* The name the deployment serves its model under: router.served_model_name,

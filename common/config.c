@@ -1021,6 +1021,21 @@ fy_status_t fy_conf_string(const fy_config_t *c, const char *section, const char
     return FY_OK;
 }
 
+fy_status_t fy_conf_copy(const fy_config_t *c, const char *section, const char *key, char *out, size_t cap)
+{
+    const char *v;
+    fy_status_t st = fy_conf_string(c, section, key, &v);
+    if (st) return st;
+    if (!v) v = "";
+    size_t n = strlen(v);
+    if (n >= cap) {
+        fy_error("config: %s.%s: %zu bytes; at most %zu fit here", section, key, n, cap - 1);
+        return FY_ERR_INVALID;
+    }
+    memcpy(out, v, n + 1);
+    return FY_OK;
+}
+
 fy_status_t fy_conf_enum(const fy_config_t *c, const char *section, const char *key, int *out)
 {
     const fy_conf_key_t *k = schema_key(section, key, FY_CONF_ENUM);

@@ -203,6 +203,11 @@ fy_status_t fy_conf_float(const fy_config_t *c, const char *section, const char 
 fy_status_t fy_conf_bool(const fy_config_t *c, const char *section, const char *key, bool *out);
 fy_status_t fy_conf_size(const fy_config_t *c, const char *section, const char *key, int64_t *out);
 fy_status_t fy_conf_duration(const fy_config_t *c, const char *section, const char *key, double *out_s);
+/* STRING or ENUM copied into out (cap bytes; FY_CONFIG_MAX_LINE + 1 holds
+ * any value): "" for a key unset without a default; a value longer than
+ * cap - 1 is FY_ERR_INVALID, logged naming section.key.  For the typed
+ * structs a process reads once at start (docs/architecture.md). */
+fy_status_t fy_conf_copy(const fy_config_t *c, const char *section, const char *key, char *out, size_t cap);
 /* ENUM: the index of the value among the choices ("recompute|swap": 0, 1). */
 fy_status_t fy_conf_enum(const fy_config_t *c, const char *section, const char *key, int *out);
 

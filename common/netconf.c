@@ -121,3 +121,21 @@ fy_status_t fy_netconf_etcd_tls(const fy_config_t *c, fy_etcd_tls_t *t)
     }
     return FY_OK;
 }
+
+_Static_assert(FY_CONF_VALUE_MAX == FY_CONFIG_MAX_LINE + 1, "a configuration value fits FY_CONF_VALUE_MAX");
+_Static_assert(FY_NETCONF_SECRET_MAX == FY_CLUSTER_SECRET_MAX, "the secret fits fy_member_conf_t");
+
+fy_status_t fy_netconf_members(const fy_config_t *c, fy_member_conf_t *m)
+{
+    memset(m, 0, sizeof(*m));
+    fy_status_t st = fy_conf_copy(c, "cluster", "etcd", m->etcd, sizeof(m->etcd));
+    if (st || !m->etcd[0]) return st;
+    if ((st = fy_conf_copy(c, "cluster", "name", m->cluster, sizeof(m->cluster))) ||
+        (st = fy_conf_duration(c, "cluster", "etcd_ttl", &m->ttl_s)) ||
+        (st = fy_conf_duration(c, "cluster", "etcd_poll", &m->poll_s)) || (st = fy_netconf_etcd_tls(c, &m->tls)) ||
+        (st = fy_cluster_secret(c, m->secret, sizeof(m->secret), &m->secret_len)))
+        fy_netconf_members_wipe(m);
+    return st;
+}
+
+void fy_netconf_members_wipe(fy_member_conf_t *m) { sodium_memzero(m, sizeof(*m)); }

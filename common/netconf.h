@@ -17,6 +17,7 @@
 #ifndef FY_NETCONF_H
 #define FY_NETCONF_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/status.h"
@@ -71,5 +72,36 @@ typedef struct fy_etcd_tls {
  * What the keys mean together with cluster.etcd's endpoints, and the
  * files, fy_etcd_tls_check (rpc/etcd.h) checks. */
 fy_status_t fy_netconf_etcd_tls(const struct fy_config *c, fy_etcd_tls_t *t);
+
+/* ---- membership in etcd ---- */
+
+/* A configuration value's bytes with its NUL (common/config.h's
+ * FY_CONFIG_MAX_LINE + 1; netconf.c asserts it): a string key copied into
+ * a typed struct never loses a byte. */
+#define FY_CONF_VALUE_MAX 197
+#define FY_NETCONF_SECRET_MAX 64 /* common/cluster.h's FY_CLUSTER_SECRET_MAX */
+
+/* What a router's or a worker's membership in etcd reads: cluster.etcd's
+ * endpoints ("": no etcd, and nothing else is read), cluster.name,
+ * etcd_ttl, etcd_poll, the TLS settings (fy_netconf_etcd_tls) and the
+ * deployment's secret (kv.secret_file's bytes) from which the membership
+ * key is derived; rpc/etcd.h's fy_membership_params_conf takes it. */
+typedef struct fy_member_conf {
+    char etcd[FY_CONF_VALUE_MAX];
+    char cluster[FY_CONF_VALUE_MAX];
+    double ttl_s, poll_s;
+    fy_etcd_tls_t tls;
+    uint8_t secret[FY_NETCONF_SECRET_MAX];
+    size_t secret_len; /* 0: kv.secret_file is not set */
+} fy_member_conf_t;
+
+/* Reads m (above) once at start.  FY_ERR_INVALID, FY_ERR_IO or
+ * FY_ERR_FORMAT (logged, naming the key or the file) as
+ * fy_netconf_etcd_tls and the secret file's reader refuse; m is wiped
+ * then.  The caller wipes m (fy_netconf_members_wipe) once the membership
+ * started. */
+fy_status_t fy_netconf_members(const struct fy_config *c, fy_member_conf_t *m);
+/* Wipes m's secret and etcd password. */
+void fy_netconf_members_wipe(fy_member_conf_t *m);
 
 #endif

@@ -610,15 +610,11 @@ static void cmd_release(decode_t *d, fy_msgr_t *r, uint64_t rid)
 
 static fy_status_t d_start(fy_node_t *n, void **state_p)
 {
-    const fy_config_t *cfg = fy_node_config(n);
     decode_t *d = fy_calloc(1, sizeof(*d));
     fy_status_t st = d ? FY_OK : FY_ERR_NOMEM;
+    if (st) return st;
     /* by default as long as the router asks (router.lease, the same file) */
-    if (!st) st = fy_conf_duration(cfg, "decode", "max_lease", &d->max_lease);
-    if (st) {
-        fy_free(d);
-        return st;
-    }
+    d->max_lease = fy_node_conf(n)->max_lease;
     d->n = n;
     fy_metrics_t *reg = fy_node_metrics(n);
     st = fy_metrics_histogram(

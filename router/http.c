@@ -1539,22 +1539,15 @@ static void on_metrics(void *arg, fy_httpd_req_t *r)
 
 static fy_status_t http_start(router_t *R, fy_http_t **h_p)
 {
-    const fy_config_t *c = fy_router_config(R);
-    const char *url, *keys, *path, *cors, *think;
-    int64_t max_body, max_tokens;
-    double retry;
-    fy_httpd_limits_t lim;
+    const fy_router_conf_t *rc = fy_router_conf(R); /* read once at start */
+    const char *url = rc->http, *keys = rc->api_keys, *path = rc->model_path, *cors = rc->cors_origins;
+    const char *think = rc->reasoning_parser;
+    int64_t max_body = rc->max_body, max_tokens = rc->default_max_tokens;
+    double retry = rc->retry_after;
+    fy_httpd_limits_t lim = rc->http_lim;
     fy_status_t st;
     *h_p = NULL;
-    if ((st = fy_conf_string(c, "router", "http", &url)) || (st = fy_conf_string(c, "router", "api_keys", &keys)) ||
-        (st = fy_conf_string(c, "router", "cors_origins", &cors)) ||
-        (st = fy_conf_size(c, "router", "max_body", &max_body)) ||
-        (st = fy_conf_int(c, "router", "default_max_tokens", &max_tokens)) ||
-        (st = fy_conf_string(c, "router", "reasoning_parser", &think)) ||
-        (st = fy_conf_duration(c, "router", "retry_after", &retry)) ||
-        (st = fy_conf_string(c, "model", "path", &path)) || (st = fy_netconf_httpd(c, "router", &lim)) ||
-        (st = fy_httpd_limits_check(&lim)))
-        return st;
+    if ((st = fy_httpd_limits_check(&lim))) return st;
     if (!*url) return FY_OK;
     fy_reasoning_parser_t parser;
     if (!fy_reasoning_parser_of(think, &parser)) { /* (the schema's choices are these) */
@@ -1572,8 +1565,8 @@ static fy_status_t http_start(router_t *R, fy_http_t **h_p)
     struct stat sb;
     H->model_created = stat(path, &sb) == 0 ? sb.st_mtime : time(NULL);
     /* the same name the model_name label of every process's metrics carries */
-    st = fy_cluster_served_model_name(c, H->served, sizeof(H->served));
-    if (!st && sodium_init() < 0) st = FY_ERR_INTERNAL;
+    snprintf(H->served, sizeof(H->served), "%s", rc->served);
+    st = sodium_init() < 0 ? FY_ERR_INTERNAL : FY_OK;
     if (!st && *keys) st = fy_tenants_load(keys, &H->tenants);
     if (!st) st = fy_grammar_cache_create(64, &H->grammars);
     static const char *const classes[] = {"2xx", "400", "4xx", "429", "5xx", "client_gone"};

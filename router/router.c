@@ -185,7 +185,7 @@ typedef struct rreq {
 
 typedef struct router {
     pthread_mutex_t mu;
-    fy_config_t *cfg;
+    fy_router_conf_t conf; /* read once at start (router_config.h); its secrets wiped once used */
     /* settings */
     double last_tick; /* housekeeping thread: its last tick (a gap: the router did not run) */
     double health_timeout, request_timeout, prefill_timeout, command_timeout, lease_s, client_timeout, drain_timeout;
@@ -1827,7 +1827,7 @@ static void client_status(router_t *R, fy_rpc_call_t *call)
     }
     pthread_mutex_lock(&R->mu);
     snprintf(m->model, sizeof(m->model), "%s", R->model_id);
-    if (fy_cluster_served_model_name(R->cfg, m->served_model, sizeof(m->served_model))) m->served_model[0] = 0;
+    snprintf(m->served_model, sizeof(m->served_model), "%s", R->conf.served);
     m->requests = R->n_reqs;
     m->queued = R->n_queued;
     m->completed = R->completed;
@@ -1920,7 +1920,7 @@ int32_t fy_router_pool_ctx(router_t *R)
     if (ctx) R->pool_ctx = ctx; /* none up: the last pool's (a worker that comes back is the same, most likely) */
     return R->pool_ctx;
 }
-const fy_config_t *fy_router_config(const router_t *R) { return R->cfg; }
+const fy_router_conf_t *fy_router_conf(const router_t *R) { return &R->conf; }
 
 fy_status_t fy_router_submit(router_t *R, const char *tenant, int32_t *ids, int32_t n, const fy_genspec_t *gen,
                              double deadline_s, fy_router_watch_fn watch, void *arg, uint64_t *id_p, char *err,
@@ -2025,10 +2025,8 @@ void fy_router_metrics_refresh(router_t *R)
 /* The router's series (docs/operations.md). */
 static fy_status_t metrics_setup(router_t *R)
 {
-    char served[128];
-    fy_status_t st = fy_cluster_served_model_name(R->cfg, served, sizeof(served));
-    if (!st)
-        st = fy_metrics_create_labeled((const char *const[]){"model_name", served, "role", "router", NULL}, &R->reg);
+    fy_status_t st =
+        fy_metrics_create_labeled((const char *const[]){"model_name", R->conf.served, "role", "router", NULL}, &R->reg);
     if (st) return st;
     fy_metrics_t *g = R->reg;
     static const char *const up_p[] = {"worker_role", "prefill", NULL}, *const up_d[] = {"worker_role", "decode", NULL};
@@ -2308,41 +2306,20 @@ static void on_lease_lost(void *arg)
     fy_warn("etcd: this router's record expired; %d request(s) go on with the workers that still hear it", n);
 }
 
-/* the membership key from kv.secret_file, the secret wiped after */
-static fy_status_t member_key(const fy_config_t *c, uint8_t key[FY_MEMBER_KEY_BYTES])
-{
-    uint8_t secret[64];
-    size_t n = 0;
-    fy_status_t st = fy_cluster_secret(c, secret, sizeof(secret), &n);
-    if (!st) st = fy_member_key(secret, n, key);
-    sodium_memzero(secret, sizeof(secret));
-    return st;
-}
-
 /* cluster.etcd: registers this router and watches the workers */
-static fy_status_t membership_start(router_t *R, const char *etcd)
+static fy_status_t membership_start(router_t *R)
 {
-    const fy_config_t *c = R->cfg;
-    const char *http;
     fy_membership_params_t mp = {
-        .endpoints = etcd, .dir = "routers", .watch = "workers/", .fn = on_workers, .lost = on_lease_lost, .arg = R};
-    fy_status_t st;
-    if ((st = fy_conf_string(c, "cluster", "name", &mp.cluster)) ||
-        (st = fy_conf_duration(c, "cluster", "etcd_ttl", &mp.ttl_s)) ||
-        (st = fy_conf_duration(c, "cluster", "etcd_poll", &mp.poll_s)) ||
-        (st = fy_conf_string(c, "router", "http", &http)) || (st = fy_netconf_etcd_tls(c, &mp.tls)) ||
-        (st = fy_etcd_tls_check(&mp.tls, etcd)) || (st = member_key(c, mp.key))) {
-        sodium_memzero(&mp.tls, sizeof(mp.tls));
-        sodium_memzero(mp.key, sizeof(mp.key));
-        return st;
-    }
+        .dir = "routers", .watch = "workers/", .fn = on_workers, .lost = on_lease_lost, .arg = R};
+    fy_status_t st = fy_membership_params_conf(&mp, &R->conf.members);
+    if (st) return st;
     snprintf(mp.self.kind, sizeof(mp.self.kind), "router");
     snprintf(mp.self.name, sizeof(mp.self.name), "%s", R->name);
     mp.self.inc = R->inc;
     mp.self.tag = R->tag;
     snprintf(mp.self.addr, sizeof(mp.self.addr), "%s", R->events_url);
     snprintf(mp.self.client, sizeof(mp.self.client), "%s", R->listen);
-    snprintf(mp.self.http, sizeof(mp.self.http), "%s", http ? http : "");
+    snprintf(mp.self.http, sizeof(mp.self.http), "%s", R->conf.http);
     snprintf(mp.self.model, sizeof(mp.self.model), "%s", R->model_id);
     mp.self.layout = fy_member_layout_hash(R->lay.block_size, (int32_t)R->lay.dtype, R->lay.n_layers, R->lay.n_kv_heads,
                                            R->lay.head_dim, R->lay.block_bytes, fy_kv_layout_groups_digest(&R->lay));
@@ -2357,51 +2334,34 @@ static fy_status_t membership_start(router_t *R, const char *etcd)
 
 static fy_status_t setup(router_t *R)
 {
-    const fy_config_t *c = R->cfg;
-    const char *model_path, *listen, *events;
-    int64_t max_queue, retries, pq_tokens, n_prefill, step, sink, recent, heavy, parse_threads, parse_queue;
-    int evict;
-    bool sliding_groups;
-    int32_t bs;
-    fy_dtype_t dt;
+    const fy_router_conf_t *rc = &R->conf;
     fy_status_t st;
-    if ((st = fy_conf_string(c, "model", "path", &model_path)) ||
-        (st = fy_conf_string(c, "router", "listen", &listen)) ||
-        (st = fy_conf_string(c, "router", "events", &events)) ||
-        (st = fy_conf_duration(c, "router", "health_timeout", &R->health_timeout)) ||
-        (st = fy_conf_duration(c, "router", "request_timeout", &R->request_timeout)) ||
-        (st = fy_conf_duration(c, "router", "prefill_timeout", &R->prefill_timeout)) ||
-        (st = fy_conf_duration(c, "router", "command_timeout", &R->command_timeout)) ||
-        (st = fy_conf_duration(c, "router", "breaker_cooldown", &R->breaker_cooldown)) ||
-        (st = fy_conf_duration(c, "router", "forget_after", &R->forget_after)) ||
-        (st = fy_conf_duration(c, "router", "lease", &R->lease_s)) ||
-        (st = fy_conf_duration(c, "router", "client_timeout", &R->client_timeout)) ||
-        (st = fy_conf_duration(c, "router", "drain_timeout", &R->drain_timeout)) ||
-        (st = fy_conf_int(c, "router", "max_queue", &max_queue)) ||
-        (st = fy_conf_int(c, "router", "parse_threads", &parse_threads)) ||
-        (st = fy_conf_int(c, "router", "parse_queue", &parse_queue)) ||
-        (st = fy_conf_int(c, "router", "retries", &retries)) ||
-        (st = fy_conf_int(c, "router", "prefill_queue_tokens", &pq_tokens)) ||
-        (st = fy_conf_float(c, "router", "prefix_weight", &R->prefix_weight)) ||
-        (st = fy_conf_int(c, "prefill", "count", &n_prefill)) || (st = fy_cluster_kv(c, &bs, &dt)) ||
-        (st = fy_conf_bool(c, "kv", "sliding_groups", &sliding_groups)) ||
-        (st = fy_conf_int(c, "decode", "max_batch_tokens", &step)) || (st = fy_conf_enum(c, "kv", "evict", &evict)) ||
-        (st = fy_conf_int(c, "kv", "sink_tokens", &sink)) || (st = fy_conf_int(c, "kv", "recent_tokens", &recent)) ||
-        (st = fy_conf_int(c, "kv", "heavy_tokens", &heavy)))
-        return st;
+    R->health_timeout = rc->health_timeout;
+    R->request_timeout = rc->request_timeout;
+    R->prefill_timeout = rc->prefill_timeout;
+    R->command_timeout = rc->command_timeout;
+    R->breaker_cooldown = rc->breaker_cooldown;
+    R->forget_after = rc->forget_after;
+    R->lease_s = rc->lease_s;
+    R->client_timeout = rc->client_timeout;
+    R->drain_timeout = rc->drain_timeout;
+    R->prefix_weight = rc->prefix_weight;
+    int64_t max_queue = rc->max_queue, parse_threads = rc->parse_threads, parse_queue = rc->parse_queue;
+    int64_t step = rc->step, n_prefill = rc->n_prefill;
+    int evict = rc->evict;
     R->step = (int32_t)step;
     R->evict = (fy_evict_params_t){.policy = (fy_evict_policy_t)evict,
-                                   .sink_tokens = (int32_t)sink,
-                                   .recent_tokens = (int32_t)recent,
-                                   .heavy_tokens = evict == FY_EVICT_H2O ? (int32_t)heavy : 0};
+                                   .sink_tokens = (int32_t)rc->sink,
+                                   .recent_tokens = (int32_t)rc->recent,
+                                   .heavy_tokens = evict == FY_EVICT_H2O ? (int32_t)rc->heavy : 0};
     R->colocated = n_prefill == 0;
     R->max_queue = (int32_t)max_queue;
-    R->max_retries = (int32_t)retries;
-    R->prefill_queue_tokens = pq_tokens;
-    snprintf(R->listen, sizeof(R->listen), "%s", listen);
-    snprintf(R->events_url, sizeof(R->events_url), "%s", events);
+    R->max_retries = (int32_t)rc->retries;
+    R->prefill_queue_tokens = rc->prefill_queue_tokens;
+    snprintf(R->listen, sizeof(R->listen), "%s", rc->listen);
+    snprintf(R->events_url, sizeof(R->events_url), "%s", rc->events);
     fy_log_set_prefix("router");
-    if ((st = fy_model_load(model_path, &R->model))) return st;
+    if ((st = fy_model_load(rc->model_path, &R->model))) return st;
     fy_model_id(R->model, R->model_id, sizeof(R->model_id));
     const fy_model_config_t *mc = fy_model_config(R->model);
     R->vocab = mc->vocab_size;
@@ -2410,26 +2370,18 @@ static fy_status_t setup(router_t *R)
     R->max_prompt_bytes = (size_t)R->max_ctx * fy_tokenizer_max_token_text(fy_model_tokenizer(R->model));
     int32_t win[FY_KV_MAX_LAYERS]; /* the workers' KV groups: names and block counts agree */
     for (int32_t l = 0; l < mc->n_layers && l < FY_KV_MAX_LAYERS; l++) win[l] = mc->layer[l].window;
-    if ((st = fy_kv_layout_make(&R->lay, mc->n_layers, mc->n_kv_heads, mc->head_dim, bs, dt,
-                                sliding_groups ? win : NULL)))
+    if ((st = fy_kv_layout_make(&R->lay, mc->n_layers, mc->n_kv_heads, mc->head_dim, rc->block_size, rc->dtype,
+                                rc->sliding_groups ? win : NULL)))
         return st;
     /* the deployment's hasher (kv.secret_file): the workers name blocks with the same key */
-    uint8_t key[64];
-    size_t key_len = 0;
-    if ((st = fy_cluster_prefix_secret(c, key, sizeof(key), &key_len))) return st;
-    st = fy_kv_hasher_for(key, key_len, &R->hasher);
-    sodium_memzero(key, sizeof(key));
-    if (st) return st;
-    const char *etcd, *rname;
-    if ((st = fy_conf_string(c, "cluster", "etcd", &etcd)) ||
-        (st = fy_conf_string(c, "cluster", "router_name", &rname)))
-        return st;
-    R->etcd = etcd && *etcd;
+    if ((st = fy_kv_hasher_for(rc->prefix_key, rc->prefix_key_len, &R->hasher))) return st;
+    const char *rname = rc->router_name;
+    R->etcd = rc->members.etcd[0] != 0;
     snprintf(R->name, sizeof(R->name), "router");
     if (R->etcd) { /* one of several: a name, an incarnation and request ids of its own */
         if (sodium_init() < 0) return FY_ERR_INTERNAL;
-        if (rname && *rname) {
-            snprintf(R->name, sizeof(R->name), "%s", rname);
+        if (*rname) {
+            snprintf(R->name, sizeof(R->name), "%.*s", (int)sizeof(R->name) - 1, rname); /* cut as before */
         } else {
             char host[64] = "host";
             gethostname(host, sizeof(host) - 1);
@@ -2442,7 +2394,7 @@ static fy_status_t setup(router_t *R)
         R->next_id = (uint64_t)R->tag << 32;
         fy_log_set_prefix(R->name);
     }
-    if ((st = fy_cluster_auth(c, FY_ROLE_ROUTER, R->name, R->inc, &R->auth))) return st;
+    if ((st = fy_cluster_auth(rc->secret_file, rc->encrypt, FY_ROLE_ROUTER, R->name, R->inc, &R->auth))) return st;
     /* small bodies wait as requests wait for placement (router.max_queue):
      * a burst of ordinary requests is never refused here */
     int32_t quick_cap = (int32_t)(max_queue > parse_queue ? max_queue : parse_queue);
@@ -2497,7 +2449,7 @@ static fy_status_t setup(router_t *R)
     if (R->door && (st = R->door->start(R, &R->door_h))) return st;
     if (pthread_create(&R->hk, NULL, hk_main, R)) return FY_ERR_INTERNAL;
     R->hk_on = true;
-    if (R->etcd && (st = membership_start(R, etcd))) return st;
+    if (R->etcd && (st = membership_start(R))) return st;
     fy_info("router up: clients on %s, worker events on %s, model %s%s", R->listen, R->events_url, R->model_id,
             R->colocated ? " (colocated: decode workers run whole requests)" : "");
     return FY_OK;
@@ -2550,7 +2502,7 @@ static void teardown(router_t *R)
     fy_env_auth_wipe(&R->auth);
     fy_metrics_destroy(R->reg);
     fy_model_destroy(R->model);
-    fy_config_destroy(R->cfg);
+    fy_router_conf_wipe_secrets(&R->conf);
 }
 
 /*
@@ -2625,10 +2577,13 @@ int fy_router_run(int argc, char **argv, const fy_router_door_t *door)
     if (!R) return 1;
     R->door = door;
     pthread_mutex_init(&R->mu, NULL);
-    fy_status_t st = fy_cluster_config(argc, argv, "-c FILE [--set section.key=value]...", &R->cfg);
+    /* the configuration is read once, here (router_config.h) */
+    bool loaded;
+    fy_status_t st = fy_router_conf_load(argc, argv, "-c FILE [--set section.key=value]...", &R->conf, &loaded);
     int rc = 0;
-    if (st == FY_OK) {
-        st = setup(R);
+    if (loaded) {
+        if (!st) st = setup(R);
+        fy_router_conf_wipe_secrets(&R->conf); /* the hasher, credentials and membership hold what they need */
         if (st) {
             fy_error("router: start-up failed: %s", fy_status_str(st));
             rc = 1;

@@ -17,10 +17,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/config.h"
 #include "common/genspec.h"
 #include "common/metrics.h"
 #include "model/model.h"
+#include "router/router_config.h"
 #include "common/status.h"
 
 typedef struct router router_t;
@@ -33,7 +33,7 @@ void fy_router_unlock(router_t *R);
 const fy_model_t *fy_router_model(const router_t *R);
 const char *fy_router_model_id(const router_t *R);
 int32_t fy_router_max_ctx(const router_t *R);
-const fy_config_t *fy_router_config(const router_t *R);
+const fy_router_conf_t *fy_router_conf(const router_t *R); /* read once at start: router_config.h */
 /* Bytes of prompt text that cannot fit max_ctx tokens, and more (0: no
  * such bound): refused before tokenizing. */
 size_t fy_router_max_prompt_bytes(const router_t *R);

@@ -294,6 +294,22 @@ fy_status_t fy_member_key(const uint8_t *secret, size_t len, uint8_t key[FY_MEMB
     return FY_OK;
 }
 
+fy_status_t fy_membership_params_conf(fy_membership_params_t *p, const fy_member_conf_t *m)
+{
+    p->endpoints = m->etcd;
+    p->cluster = m->cluster;
+    p->ttl_s = m->ttl_s;
+    p->poll_s = m->poll_s;
+    p->tls = m->tls;
+    fy_status_t st = fy_etcd_tls_check(&p->tls, p->endpoints);
+    if (!st) st = fy_member_key(m->secret, m->secret_len, p->key);
+    if (st) {
+        sodium_memzero(&p->tls, sizeof(p->tls));
+        sodium_memzero(p->key, sizeof(p->key));
+    }
+    return st;
+}
+
 /* the record as JSON, sorted and compact; with_mac false: what the MAC covers */
 static fy_status_t write_json(const fy_member_t *m, bool with_mac, char **json_p, size_t *len_p)
 {

@@ -190,6 +190,14 @@ typedef struct fy_membership_params {
     void *arg;
 } fy_membership_params_t;
 
+/* p's endpoints, cluster, ttl_s, poll_s, tls and key from m (read once at
+ * start: fy_netconf_members), the TLS settings checked against the
+ * endpoints (fy_etcd_tls_check) and the key derived from the deployment's
+ * secret (fy_member_key): what a router and a worker do alike.  p's
+ * strings point into m.  On failure (logged) p's TLS settings and key are
+ * wiped; on success the caller wipes them after fy_membership_start. */
+fy_status_t fy_membership_params_conf(fy_membership_params_t *p, const fy_member_conf_t *m);
+
 /* Registers once, then starts the thread; etcd need not be up (the
  * thread keeps trying, and the process serves on what it knew last).  A
  * router whose tag another router holds in etcd: FY_ERR_MISMATCH, logged. */

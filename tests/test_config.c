@@ -766,6 +766,14 @@ static void test_conf_read(void **state)
     assert_string_equal(s, "tcp://127.0.0.1:7400");
     assert_int_equal(fy_conf_string(c, "kv", "secret_file", &s), FY_OK);
     assert_null(s);
+    /* copied into a typed struct: unset is "", a value that does not fit is refused naming the key */
+    char buf[FY_CONFIG_MAX_LINE + 1] = "x";
+    assert_int_equal(fy_conf_copy(c, "kv", "secret_file", buf, sizeof(buf)), FY_OK);
+    assert_string_equal(buf, "");
+    assert_int_equal(fy_conf_copy(c, "router", "listen", buf, sizeof(buf)), FY_OK);
+    assert_string_equal(buf, "tcp://127.0.0.1:7400");
+    EXPECT_REFUSED(fy_conf_copy(c, "router", "listen", buf, 20), "router.listen: 20 bytes; at most 19 fit here");
+    EXPECT_REFUSED(fy_conf_copy(c, "decode", "preempt", buf, sizeof(buf)), "expected recompute or swap");
     assert_int_equal(fy_conf_size(NULL, "decode", "kv_mem", &v), FY_OK);
     assert_int_equal(v, 256 << 20);
     assert_int_equal(fy_conf_enum(c, "kv", "dtype", &idx), FY_OK);

@@ -39,6 +39,8 @@
 
 #include "common/clock.h"
 #include "common/cluster.h"
+#include "common/config.h"
+#include "common/netconf.h"
 #include "tests/cluster_util.h"
 #include "rpc/etcd.h"
 #include "common/mem.h"
@@ -238,6 +240,82 @@ static void test_member_record(void **state)
     assert_int_equal(fy_member_compatible(&m, "smollm2-abc", 1, err, sizeof(err)), FY_ERR_MISMATCH);
     assert_non_null(strstr(err, "decode decode-0 has KV layout 0000000000abcdef"));
     assert_true(fy_member_layout_hash(16, 1, 30, 3, 64, 1000, 0) != fy_member_layout_hash(32, 1, 30, 3, 64, 1000, 0));
+}
+
+/* the membership a router and a worker start from their configuration
+ * (fy_netconf_members, then fy_membership_params_conf): the key is
+ * fy_member_key of kv.secret_file's bytes, the rest cluster.*'s; without
+ * cluster.etcd nothing else is read; a TLS setting the endpoints refuse or
+ * a short secret leaves no key or password behind */
+static void test_membership_from_config(void **state)
+{
+    (void)state;
+    uint8_t secret[40], want[FY_MEMBER_KEY_BYTES];
+    for (size_t i = 0; i < sizeof(secret); i++) secret[i] = (uint8_t)(i * 7 + 1);
+    char sf[512], shortf[512], text[2048];
+    snprintf(sf, sizeof(sf), "%s", fy_test_path("member.secret"));
+    snprintf(shortf, sizeof(shortf), "%s", fy_test_path("short.secret"));
+    assert_true(fy_test_write_file(sf, secret, sizeof(secret)));
+    assert_true(fy_test_write_file(shortf, secret, 8));
+    assert_int_equal(fy_member_key(secret, sizeof(secret), want), FY_OK);
+
+    fy_config_t *c = NULL;
+    fy_member_conf_t m;
+    fy_membership_params_t p;
+    assert_int_equal(fy_config_create(&c), FY_OK);
+    snprintf(text, sizeof(text),
+             "[cluster]\netcd = http://127.0.0.1:1\nname = blue\netcd_ttl = 7s\netcd_poll = 250ms\n"
+             "[kv]\nsecret_file = %s\n",
+             sf);
+    assert_int_equal(fy_config_load_string(c, text, "t"), FY_OK);
+    assert_int_equal(fy_netconf_members(c, &m), FY_OK);
+    assert_string_equal(m.etcd, "http://127.0.0.1:1");
+    assert_string_equal(m.cluster, "blue");
+    assert_int_equal(m.secret_len, sizeof(secret));
+    memset(&p, 0, sizeof(p));
+    assert_int_equal(fy_membership_params_conf(&p, &m), FY_OK);
+    assert_string_equal(p.endpoints, "http://127.0.0.1:1");
+    assert_string_equal(p.cluster, "blue");
+    assert_true(p.ttl_s == 7.0 && p.poll_s == 0.25);
+    assert_memory_equal(p.key, want, sizeof(want));
+    /* an https endpoint without cluster.etcd_ca: refused, nothing kept */
+    snprintf(m.etcd, sizeof(m.etcd), "https://127.0.0.1:1");
+    snprintf(m.tls.user, sizeof(m.tls.user), "root");
+    snprintf(m.tls.password, sizeof(m.tls.password), "hunter2");
+    memset(&p, 0, sizeof(p));
+    assert_int_not_equal(fy_membership_params_conf(&p, &m), FY_OK);
+    static const fy_membership_params_t zero;
+    assert_memory_equal(p.key, zero.key, sizeof(p.key));
+    assert_memory_equal(&p.tls, &zero.tls, sizeof(p.tls));
+    /* a secret too short for a key */
+    m.secret_len = 8;
+    snprintf(m.etcd, sizeof(m.etcd), "http://127.0.0.1:1");
+    memset(m.tls.password, 0, sizeof(m.tls.password));
+    memset(m.tls.user, 0, sizeof(m.tls.user));
+    assert_int_equal(fy_membership_params_conf(&p, &m), FY_ERR_INVALID);
+    assert_memory_equal(p.key, zero.key, sizeof(p.key));
+    fy_netconf_members_wipe(&m);
+    assert_int_equal(m.secret_len, 0);
+    assert_int_equal(m.secret[0], 0);
+    fy_config_destroy(c);
+
+    /* without cluster.etcd: not even the secret file is read */
+    assert_int_equal(fy_config_create(&c), FY_OK);
+    assert_int_equal(fy_config_load_string(c, "[kv]\nsecret_file = /nonexistent/kv.secret\n", "t"), FY_OK);
+    assert_int_equal(fy_netconf_members(c, &m), FY_OK);
+    assert_string_equal(m.etcd, "");
+    assert_int_equal(m.secret_len, 0);
+    fy_config_destroy(c);
+    /* with it, a secret file too short is refused naming it, m wiped */
+    assert_int_equal(fy_config_create(&c), FY_OK);
+    snprintf(text, sizeof(text), "[cluster]\netcd = http://127.0.0.1:1\n[kv]\nsecret_file = %s\n", shortf);
+    assert_int_equal(fy_config_load_string(c, text, "t"), FY_OK);
+    fy_test_log_begin();
+    assert_int_equal(fy_netconf_members(c, &m), FY_ERR_FORMAT);
+    fy_test_log_end();
+    assert_true(fy_test_log_has("kv.secret_file", "short.secret", "at least 16", NULL));
+    assert_string_equal(m.etcd, "");
+    fy_config_destroy(c);
 }
 
 /* a record signed, then checked: any field changed, another key, another
@@ -1288,6 +1366,7 @@ int main(void)
         cmocka_unit_test(test_parse_lease),
         cmocka_unit_test(test_member_record),
         cmocka_unit_test(test_member_signed),
+        cmocka_unit_test(test_membership_from_config),
         cmocka_unit_test_teardown(test_client, teardown),
         cmocka_unit_test_teardown(test_membership_attacks, teardown),
         cmocka_unit_test_teardown(test_two_routers, teardown),

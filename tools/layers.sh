@@ -22,15 +22,23 @@
 #       a FOLDER includes a quoted name that is not the path of a file
 #       from the repository root ("kv.h", "../tinymodel.h"): such a name
 #       resolves from the includer's own folder and hides the layer.
-#   sh tools/layers.sh noconfig FOLDER...
+#   sh tools/layers.sh noconfig FOLDER... [--except FILE...]
 #       fails, naming file and line, where a C, header or CUDA file under
 #       a FOLDER includes common/config.h or names fy_config_t or a
 #       fy_conf_ getter: configuration is read once, in worker/, router/
-#       and tools/, into typed structs (docs/architecture.md).
+#       and tools/, into typed structs (docs/architecture.md).  With
+#       --except, the FILEs (paths from the root) are the folders'
+#       readers, the only files there that may.
+#   sh tools/layers.sh nogetters FILE...
+#       fails, naming file and line, where a FILE reads a key itself: a
+#       fy_conf_ getter, a fy_netconf_ reader or a fy_cluster_ helper that
+#       takes the configuration.  For a file that holds the configuration
+#       to change and write it (tools/serve.c) but reads its keys once,
+#       through its reader.
 set -eu
 
 usage() {
-    echo "usage: sh tools/layers.sh links DIR 'LAYER=FOLDER...' ... | check CC DIR 'LAYER=FOLDER...' ... | names FOLDER... | noconfig FOLDER..." >&2
+    echo "usage: sh tools/layers.sh links DIR 'LAYER=FOLDER...' ... | check CC DIR 'LAYER=FOLDER...' ... | names FOLDER... | noconfig FOLDER... [--except FILE...] | nogetters FILE..." >&2
     exit 2
 }
 
@@ -151,14 +159,35 @@ names() {
 }
 
 noconfig() {
-    hits=$(find "$@" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) -print | sort |
+    folders='' except=''
+    while [ $# -gt 0 ] && [ "$1" != --except ]; do
+        folders="$folders $1"
+        shift
+    done
+    [ $# -gt 0 ] && shift && except="$*"
+    [ -n "$folders" ] || usage
+    hits=$(find $folders -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) -print | sort |
+        { if [ -n "$except" ]; then grep -vxF "$(printf '%s\n' $except)"; else cat; fi; } |
         xargs grep -nE '#[[:space:]]*include[[:space:]]*"common/config\.h"|\bfy_config_t\b|\bfy_conf_[a-z]+\(' /dev/null ||
         true)
     if [ -n "$hits" ]; then
-        echo "$hits" | sed 's/^/layers: reads the configuration below worker\/: /' >&2
+        if [ -n "$except" ]; then
+            echo "$hits" | sed "s|^|layers: reads the configuration outside its reader ($except): |" >&2
+        else
+            echo "$hits" | sed 's/^/layers: reads the configuration below worker\/: /' >&2
+        fi
         exit 1
     fi
-    echo "layers: no configuration read under $*"
+    echo "layers: no configuration read under$folders${except:+ but in $except}"
+}
+
+nogetters() {
+    hits=$(grep -nE '\bfy_conf_[a-z]+\(|\bfy_netconf_[a-z_]+\(|\bfy_cluster_(secret|prefix_secret|auth|served_model_name|ranks|kv|secret_path)\(' "$@" /dev/null || true)
+    if [ -n "$hits" ]; then
+        echo "$hits" | sed 's/^/layers: reads a configuration key outside its reader: /' >&2
+        exit 1
+    fi
+    echo "layers: no key read in $*"
 }
 
 [ $# -ge 1 ] || usage
@@ -169,5 +198,6 @@ links) [ $# -ge 1 ] || usage; links "$@" ;;
 check) [ $# -ge 2 ] || usage; check "$@" ;;
 names) [ $# -ge 1 ] || usage; names "$@" ;;
 noconfig) [ $# -ge 1 ] || usage; noconfig "$@" ;;
+nogetters) [ $# -ge 1 ] || usage; nogetters "$@" ;;
 *) usage ;;
 esac

@@ -64,6 +64,7 @@
 #include "common/cluster.h"
 #include "tools/commands.h"
 #include "common/config.h"
+#include "tools/serve_config.h"
 #include "rpc/etcd.h"
 #include "rpc/httpd.h"
 #include "common/log.h"
@@ -268,12 +269,10 @@ static void on_metrics(void *arg, const char *path, fy_http_reply_t *reply)
 }
 
 /* The series of every child added so far (docs/operations.md, "ferry serve"). */
-static fy_status_t metrics_setup(serve_t *s, const fy_config_t *cfg)
+static fy_status_t metrics_setup(serve_t *s, const char *served)
 {
-    char served[128];
-    fy_status_t st = fy_cluster_served_model_name(cfg, served, sizeof(served));
-    if (!st)
-        st = fy_metrics_create_labeled((const char *const[]){"model_name", served, "role", "serve", NULL}, &s->reg);
+    fy_status_t st =
+        fy_metrics_create_labeled((const char *const[]){"model_name", served, "role", "serve", NULL}, &s->reg);
     if (!st)
         st = fy_metrics_gauge(s->reg, "ferry:serve_cluster_ready",
                               "1 once every child was ready and the router saw every worker", NULL, &s->cluster_ready);
@@ -697,31 +696,20 @@ int fy_cmd_serve(int argc, char **argv)
     if (st) return 2;
     pthread_mutex_init(&s.mu, NULL);
     int rc = 1;
-    const char *run_dir, *logs, *secret, *router_listen, *router_http, *p_listen, *d_listen, *p_metrics, *d_metrics,
-        *serve_metrics;
-    const char *etcd, *etcd_data, *router_events, *cluster_name;
-    int64_t n_prefill, n_decode, max_restarts, n_routers;
-    double backoff, backoff_max, window, grace, health_timeout, start_timeout, etcd_health_timeout;
-    bool etcd_tls;
-    if (fy_conf_string(cfg, "serve", "run_dir", &run_dir) || fy_conf_string(cfg, "serve", "logs", &logs) ||
-        fy_conf_int(cfg, "serve", "max_restarts", &max_restarts) ||
-        fy_conf_duration(cfg, "serve", "restart_backoff", &backoff) ||
-        fy_conf_duration(cfg, "serve", "restart_backoff_max", &backoff_max) ||
-        fy_conf_duration(cfg, "serve", "restart_window", &window) ||
-        fy_conf_duration(cfg, "serve", "stop_grace", &grace) ||
-        fy_conf_duration(cfg, "serve", "health_timeout", &health_timeout) ||
-        fy_conf_duration(cfg, "serve", "etcd_health_timeout", &etcd_health_timeout) ||
-        fy_conf_duration(cfg, "serve", "start_timeout", &start_timeout) ||
-        fy_conf_string(cfg, "serve", "metrics", &serve_metrics) || fy_conf_string(cfg, "kv", "secret_file", &secret) ||
-        fy_conf_string(cfg, "router", "listen", &router_listen) ||
-        fy_conf_string(cfg, "router", "http", &router_http) || fy_conf_string(cfg, "prefill", "listen", &p_listen) ||
-        fy_conf_string(cfg, "decode", "listen", &d_listen) || fy_conf_string(cfg, "prefill", "metrics", &p_metrics) ||
-        fy_conf_string(cfg, "decode", "metrics", &d_metrics) || fy_conf_int(cfg, "prefill", "count", &n_prefill) ||
-        fy_conf_int(cfg, "decode", "count", &n_decode) || fy_conf_int(cfg, "serve", "routers", &n_routers) ||
-        fy_conf_string(cfg, "serve", "etcd_data", &etcd_data) || fy_conf_string(cfg, "cluster", "etcd", &etcd) ||
-        fy_conf_string(cfg, "router", "events", &router_events) || fy_conf_bool(cfg, "serve", "etcd_tls", &etcd_tls) ||
-        fy_conf_string(cfg, "cluster", "name", &cluster_name))
-        goto out;
+    /* every key read once, here (serve_config.h); cfg is kept to be added to and written out */
+    fy_serve_conf_t *sc = fy_calloc(1, sizeof(*sc));
+    if (!sc || fy_serve_conf_read(cfg, sc)) goto out;
+    const char *run_dir = sc->run_dir, *logs = sc->logs, *secret = sc->secret, *router_listen = sc->router_listen;
+    const char *router_http = sc->router_http, *p_listen = sc->p_listen, *d_listen = sc->d_listen;
+    const char *p_metrics = sc->p_metrics, *d_metrics = sc->d_metrics, *serve_metrics = sc->serve_metrics;
+    const char *etcd = sc->etcd, *etcd_data = sc->etcd_data, *router_events = sc->router_events;
+    const char *cluster_name = sc->cluster_name;
+    int64_t n_prefill = sc->n_prefill, n_decode = sc->n_decode, max_restarts = sc->max_restarts;
+    int64_t n_routers = sc->n_routers;
+    double backoff = sc->backoff, backoff_max = sc->backoff_max, window = sc->window, grace = sc->grace;
+    double health_timeout = sc->health_timeout, start_timeout = sc->start_timeout;
+    double etcd_health_timeout = sc->etcd_health_timeout;
+    bool etcd_tls = sc->etcd_tls;
     if (etcd_tls && (strncmp(etcd, "https://127.0.0.1:", 18) || strchr(etcd, ',') || (etcd_data && !*etcd_data))) {
         fprintf(stderr,
                 "ferry: serve: serve.etcd_tls = true needs cluster.etcd = https://127.0.0.1:PORT (one endpoint, not "
@@ -731,8 +719,8 @@ int fy_cmd_serve(int argc, char **argv)
     }
     /* the routers' HTTPS files, checked once here (each router checks them
      * again): a missing or open key is refused before anything starts */
-    fy_httpd_limits_t router_lim;
-    if (fy_netconf_httpd(cfg, "router", &router_lim) || fy_httpd_limits_check(&router_lim)) goto out;
+    fy_httpd_limits_t router_lim = sc->router_lim;
+    if (fy_httpd_limits_check(&router_lim)) goto out;
     bool router_tls = router_lim.tls_cert[0] != 0;
     if (n_routers > 1 && !*etcd) {
         fprintf(stderr, "ferry: serve: serve.routers = %lld needs cluster.etcd: routers find workers there\n",
@@ -902,7 +890,7 @@ int fy_cmd_serve(int argc, char **argv)
         }
     }
     s.n_children = fy_sup_count(s.sup);
-    if (metrics_setup(&s, cfg)) goto out;
+    if (metrics_setup(&s, sc->served)) goto out;
     if (serve_metrics && *serve_metrics) { /* before any child: a port taken is our own start-up error */
         if (fy_httpd_create(serve_metrics, &s.http) || fy_httpd_route(s.http, "/health", on_health, &s) ||
             fy_httpd_route(s.http, "/metrics", on_metrics, &s)) {
@@ -934,6 +922,7 @@ out:
     fy_sup_destroy(s.sup);
     fy_metrics_destroy(s.reg);
     fy_config_destroy(cfg);
+    fy_free(sc);
     pthread_mutex_destroy(&s.mu);
     return rc;
 }

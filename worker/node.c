@@ -101,7 +101,7 @@ struct fy_node {
     volatile sig_atomic_t exit_code;
     const fy_node_role_t *role;
     void *state;
-    fy_config_t *cfg;
+    fy_node_conf_t conf; /* read once at start (worker_config.h); its secrets wiped once used */
     char name[64];
     char listen[256], events[256];
     uint64_t incarnation;
@@ -169,7 +169,7 @@ struct fy_node {
     _Atomic bool up;
 };
 
-const fy_config_t *fy_node_config(const fy_node_t *n) { return n->cfg; }
+const fy_node_conf_t *fy_node_conf(const fy_node_t *n) { return &n->conf; }
 fy_engine_t *fy_node_engine(fy_node_t *n) { return n->engine; }
 fy_kvm_t *fy_node_kvm(fy_node_t *n) { return n->kvm; }
 fy_runner_t *fy_node_runner(fy_node_t *n) { return n->stack.runner; }
@@ -728,72 +728,49 @@ static void on_tick(void *arg)
 
 /* ---- start-up and shutdown ------------------------------------------------------------------------- */
 
-/* the membership key from kv.secret_file, the secret wiped after */
-static fy_status_t member_key(const fy_config_t *c, uint8_t key[FY_MEMBER_KEY_BYTES])
-{
-    uint8_t secret[64];
-    size_t n = 0;
-    fy_status_t st = fy_cluster_secret(c, secret, sizeof(secret), &n);
-    if (!st) st = fy_member_key(secret, n, key);
-    sodium_memzero(secret, sizeof(secret));
-    return st;
-}
-
 static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
 {
-    const fy_config_t *c = n->cfg;
-    const char *sec = role->name, *model_path, *name, *listen, *events, *transports, *net_devices, *metrics_url;
-    const char *kv_transfer;
-    int64_t staging_blocks;
-    double heartbeat, stall;
-    fy_engine_build_t eb;
+    fy_node_conf_t *nc = &n->conf;
+    const char *sec = role->name, *listen = nc->listen, *transports = nc->transports;
+    const char *net_devices = nc->net_devices, *kv_transfer = nc->kv_transfer, *cpus = nc->cpus;
+    int64_t staging_blocks = nc->staging_blocks;
+    double heartbeat = nc->heartbeat, stall = nc->stall;
+    fy_engine_build_t *ebp = &nc->eb, eb; /* eb: a copy for the stack, the tick added */
     fy_status_t st;
-    const char *cpus;
-    if ((st = fy_conf_string(c, sec, "cpus", &cpus))) return st;
-    if (cpus && *cpus) { /* first, so that every thread started below inherits the mask */
+    if (*cpus) { /* first, so that every thread started below inherits the mask */
         char what[32];
         fy_cpuset_t set;
         snprintf(what, sizeof(what), "%s.cpus", sec);
         if ((st = fy_cpuset_parse(what, cpus, &set)) || (st = fy_cpuset_apply(what, &set))) return st;
         fy_info("%s = %s: pinned to %d CPU(s)", what, cpus, fy_cpuset_count(&set));
     }
-    if ((st = fy_conf_string(c, "model", "path", &model_path)) || (st = fy_conf_string(c, "worker", "name", &name)) ||
-        (st = fy_conf_string(c, sec, "listen", &listen)) || (st = fy_conf_string(c, "router", "events", &events)) ||
-        (st = fy_conf_string(c, "worker", "transports", &transports)) ||
-        (st = fy_conf_string(c, "worker", "net_devices", &net_devices)) ||
-        (st = fy_conf_duration(c, "worker", "heartbeat", &heartbeat)) ||
-        (st = fy_conf_duration(c, "worker", "stall_timeout", &stall)) ||
-        (st = fy_conf_string(c, sec, "metrics", &metrics_url)) ||
-        (st = fy_conf_string(c, "worker", "kv_transfer", &kv_transfer)) ||
-        (st = fy_conf_int(c, "worker", "kv_staging_blocks", &staging_blocks)) ||
-        (st = fy_worker_build_read(c, sec, &eb)))
-        return st;
+    eb = *ebp;
     /* a rank group's arenas lie in one shared mapping that rank 0's
      * engines register directly (xgroup.h), and groups run on the CPU
      * alone: staging them is refused before anything is loaded */
     int32_t shape = (eb.runner.tp > 1 ? eb.runner.tp : 1) * (eb.runner.pp > 1 ? eb.runner.pp : 1);
-    if (kv_transfer && !strcmp(kv_transfer, "staged") && shape > 1) {
+    if (!strcmp(kv_transfer, "staged") && shape > 1) {
         fy_error("worker.kv_transfer = staged cannot serve a rank group (worker.tp = %d, worker.pp = %d, or %s.tp/pp): "
                  "its ranks' KV is moved directly from their shared mapping; use worker.kv_transfer = auto or direct",
                  eb.runner.tp, eb.runner.pp, sec);
         return FY_ERR_UNSUPPORTED;
     }
-    snprintf(n->name, sizeof(n->name), "%s", name ? name : "");
+    snprintf(n->name, sizeof(n->name), "%.*s", (int)sizeof(n->name) - 1, nc->name);
     if (!n->name[0]) snprintf(n->name, sizeof(n->name), "%s-%d", sec, (int)getpid());
     fy_log_set_prefix(n->name);
     snprintf(n->listen, sizeof(n->listen), "%s", listen);
-    snprintf(n->events, sizeof(n->events), "%s", events);
+    snprintf(n->events, sizeof(n->events), "%s", nc->events);
     n->heartbeat_s = heartbeat;
     n->stall_s = stall;
-    snprintf(n->metrics_url, sizeof(n->metrics_url), "%s", metrics_url ? metrics_url : "");
+    snprintf(n->metrics_url, sizeof(n->metrics_url), "%s", nc->metrics);
     n->max_seqs = eb.engine.max_num_seqs;
     if (sodium_init() < 0) return FY_ERR_INTERNAL;
     while (!n->incarnation) randombytes_buf(&n->incarnation, sizeof(n->incarnation));
-    if ((st = fy_cluster_auth(c, strcmp(sec, "decode") ? FY_ROLE_PREFILL : FY_ROLE_DECODE, n->name, n->incarnation,
-                              &n->auth)))
+    if ((st = fy_cluster_auth(nc->secret_file, nc->encrypt, strcmp(sec, "decode") ? FY_ROLE_PREFILL : FY_ROLE_DECODE,
+                              n->name, n->incarnation, &n->auth)))
         return st;
 
-    if ((st = fy_model_load(model_path, &n->model))) return st;
+    if ((st = fy_model_load(nc->model_path, &n->model))) return st;
     fy_model_id(n->model, n->model_id, sizeof(n->model_id));
     eb.engine.tick_fn = on_tick;
     eb.engine.tick_arg = n;
@@ -804,6 +781,7 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     eb.group_timeout_ms = stall < 0.1 ? 100 : (int32_t)(stall * 1000); /* worker.stall_timeout is at most 1 h */
     st = fy_engine_stack_create(n->model, &eb, &n->stack);
     sodium_memzero(eb.hash_key, sizeof(eb.hash_key)); /* the hasher holds its own copy */
+    sodium_memzero(ebp->hash_key, sizeof(ebp->hash_key));
     if (st) return st;
     n->kvm = n->stack.kvm;
     n->engine = n->stack.engine;
@@ -845,7 +823,7 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
         xp.arenas = fy_runner_kv_arena(n->stack.runner);
     }
     xp.n_pages = ks.tier[FY_KV_DEVICE].total;
-    xp.transports = transports && *transports ? transports : NULL;
+    xp.transports = *transports ? transports : NULL;
     /* how the KV moves: the pool itself, or a staging area of host memory */
     bool dev_mem = fy_backend_device_memory(n->stack.be);
     char why[256];
@@ -876,7 +854,7 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
      * interface: worker.net_devices, else UCX_NET_DEVICES, else the
      * interface of the listen address */
     char devs[1024];
-    if (net_devices && *net_devices)
+    if (*net_devices)
         xp.net_devices = net_devices;
     else if (!getenv("UCX_NET_DEVICES")) {
         if ((st = fy_xfer_devices_for(listen, devs, sizeof(devs)))) return st;
@@ -892,11 +870,8 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     n->bloom_bytes = fy_bloom_bytes_for(ks.tier[FY_KV_DEVICE].total);
     if (!(n->bloom = fy_calloc(n->bloom_bytes, 1))) return FY_ERR_NOMEM;
     /* the registry before the role, which adds its own series */
-    char served[128];
-    bool prefix_caching;
-    if ((st = fy_cluster_served_model_name(c, served, sizeof(served))) ||
-        (st = fy_conf_bool(c, "kv", "prefix_cache", &prefix_caching)))
-        return st;
+    const char *served = nc->served;
+    bool prefix_caching = nc->prefix_cache;
     fy_node_cache_info_t cache = {.block_size = lay->block_size,
                                   .device_blocks = ks.tier[FY_KV_DEVICE].total,
                                   .host_blocks = ks.tier[FY_KV_HOST].total,
@@ -925,9 +900,7 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     n->kv_check = FY_OK;
     if ((st = role->start(n, &n->state))) return st;
     n->role = role;
-    const char *etcd;
-    if ((st = fy_conf_string(c, "cluster", "etcd", &etcd))) return st;
-    n->etcd = etcd && *etcd;
+    n->etcd = nc->members.etcd[0] != 0;
     /* without etcd there is one router, and its name is "router" (router.c) */
     static const fy_env_peer_t the_router = {.role = FY_ROLE_ROUTER, .name = "router"};
     if (!n->etcd && (st = fy_push_create(n->events, 8192, &n->auth, &the_router, &n->out))) return st;
@@ -964,9 +937,8 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     n->cmds_stats = n->cmds;
     pthread_mutex_unlock(&n->health_mu);
     if (n->metrics_url[0]) {
-        fy_httpd_limits_t lim; /* slow or idle scrapers cannot take the worker's descriptors */
-        if ((st = fy_netconf_httpd(n->cfg, "worker", &lim)) ||
-            (st = fy_httpd_create_with(n->metrics_url, &lim, &n->http)) ||
+        fy_httpd_limits_t lim = nc->http_lim; /* slow or idle scrapers cannot take the worker's descriptors */
+        if ((st = fy_httpd_create_with(n->metrics_url, &lim, &n->http)) ||
             (st = fy_httpd_route(n->http, "/metrics", on_metrics, n)) ||
             (st = fy_httpd_route(n->http, "/health", on_health, n)))
             return st;
@@ -978,18 +950,11 @@ static fy_status_t setup(fy_node_t *n, const fy_node_role_t *role)
     if (pthread_create(&n->hb, NULL, hb_main, n)) return FY_ERR_INTERNAL;
     n->hb_on = true;
     if (n->etcd) { /* the routers are whoever etcd lists */
-        fy_membership_params_t mp = {.endpoints = etcd, .watch = "routers/", .fn = on_routers, .arg = n};
+        fy_membership_params_t mp = {.watch = "routers/", .fn = on_routers, .arg = n};
         char dir[32];
         snprintf(dir, sizeof(dir), "workers/%s", sec);
         mp.dir = dir;
-        if ((st = fy_conf_string(c, "cluster", "name", &mp.cluster)) ||
-            (st = fy_conf_duration(c, "cluster", "etcd_ttl", &mp.ttl_s)) ||
-            (st = fy_conf_duration(c, "cluster", "etcd_poll", &mp.poll_s)) || (st = fy_netconf_etcd_tls(c, &mp.tls)) ||
-            (st = fy_etcd_tls_check(&mp.tls, etcd)) || (st = member_key(c, mp.key))) {
-            sodium_memzero(&mp.tls, sizeof(mp.tls));
-            sodium_memzero(mp.key, sizeof(mp.key));
-            return st;
-        }
+        if ((st = fy_membership_params_conf(&mp, &nc->members))) return st;
         snprintf(mp.self.kind, sizeof(mp.self.kind), "%s", sec);
         snprintf(mp.self.name, sizeof(mp.self.name), "%s", n->name);
         mp.self.inc = n->incarnation;
@@ -1061,7 +1026,7 @@ static void teardown(fy_node_t *n)
     fy_engine_stack_destroy(&n->stack); /* the block manager, hasher, runner and backend */
     n->kvm = NULL;
     fy_model_destroy(n->model);
-    fy_config_destroy(n->cfg);
+    fy_node_conf_wipe_secrets(&n->conf);
     fy_free(n->bloom);
     fy_env_auth_wipe(&n->auth);
 }
@@ -1084,14 +1049,17 @@ int fy_node_main(int argc, char **argv, const fy_node_role_t *role)
     pthread_cond_init(&n.hb_cv, NULL);
     pthread_mutex_init(&n.health_mu, NULL);
     pthread_mutex_init(&n.links_mu, NULL);
-    fy_status_t st = fy_cluster_config(
+    /* the configuration is read once, here (worker_config.h) */
+    bool loaded;
+    fy_status_t st = fy_node_conf_load(
         argc, argv,
         strcmp(role->name, "decode") ? "-c FILE [--set section.key=value]..."
                                      : "-c FILE [--set section.key=value]... [--spec none|ngram|draft:FILE|self:L]",
-        &n.cfg);
-    if (st == FY_ERR_CANCELLED) return 0;
-    if (st) return 2;
-    st = setup(&n, role);
+        role->name, &n.conf, &loaded);
+    if (!loaded && st == FY_ERR_CANCELLED) return 0;
+    if (!loaded) return 2;
+    if (!st) st = setup(&n, role);
+    fy_node_conf_wipe_secrets(&n.conf); /* the hasher, credentials and membership hold what they need */
     if (st) {
         fy_error("%s worker: start-up failed: %s", role->name, fy_status_str(st));
         teardown(&n);

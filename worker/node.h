@@ -20,7 +20,6 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "common/config.h"
 #include "engine/engine.h"
 #include "common/genspec.h"
 #include "kv/kv.h"
@@ -30,6 +29,7 @@
 #include "engine/runner.h"
 #include "common/status.h"
 #include "common/wire.h"
+#include "worker/worker_config.h"
 
 typedef struct fy_node fy_node_t;
 typedef struct fy_xgroup fy_xgroup_t;
@@ -66,7 +66,7 @@ int fy_node_main(int argc, char **argv, const fy_node_role_t *role);
 
 /* ---- for role code ---- */
 
-const fy_config_t *fy_node_config(const fy_node_t *n);
+const fy_node_conf_t *fy_node_conf(const fy_node_t *n); /* read once at start: worker_config.h */
 fy_engine_t *fy_node_engine(fy_node_t *n);
 fy_kvm_t *fy_node_kvm(fy_node_t *n);
 fy_runner_t *fy_node_runner(fy_node_t *n);

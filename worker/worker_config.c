@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/cluster.h"
+#include "common/config.h"
 #include "common/log.h"
 
 /* A decode worker's speculative decoding from decode.spec*: the method and
@@ -176,4 +177,69 @@ fy_status_t fy_worker_build_read(const fy_config_t *c, const char *role, fy_engi
     *b_p = b;
     sodium_memzero(&b, sizeof(b));
     return FY_OK;
+}
+
+/* a string the build points at, moved into nc's own copy (NULL stays NULL) */
+static fy_status_t own(const char **p, char *buf, size_t cap, const char *key)
+{
+    if (!*p) return FY_OK;
+    size_t n = strlen(*p);
+    if (n >= cap) {
+        fy_error("config: %s: %zu bytes; at most %zu fit here", key, n, cap - 1);
+        return FY_ERR_INVALID;
+    }
+    memcpy(buf, *p, n + 1);
+    *p = buf;
+    return FY_OK;
+}
+
+fy_status_t fy_node_conf_read(const fy_config_t *c, const char *role, fy_node_conf_t *nc)
+{
+    memset(nc, 0, sizeof(*nc));
+    fy_status_t st;
+    if ((st = fy_conf_copy(c, role, "cpus", nc->cpus, sizeof(nc->cpus))) ||
+        (st = fy_conf_copy(c, "model", "path", nc->model_path, sizeof(nc->model_path))) ||
+        (st = fy_conf_copy(c, "worker", "name", nc->name, sizeof(nc->name))) ||
+        (st = fy_conf_copy(c, role, "listen", nc->listen, sizeof(nc->listen))) ||
+        (st = fy_conf_copy(c, "router", "events", nc->events, sizeof(nc->events))) ||
+        (st = fy_conf_copy(c, "worker", "transports", nc->transports, sizeof(nc->transports))) ||
+        (st = fy_conf_copy(c, "worker", "net_devices", nc->net_devices, sizeof(nc->net_devices))) ||
+        (st = fy_conf_duration(c, "worker", "heartbeat", &nc->heartbeat)) ||
+        (st = fy_conf_duration(c, "worker", "stall_timeout", &nc->stall)) ||
+        (st = fy_conf_copy(c, role, "metrics", nc->metrics, sizeof(nc->metrics))) ||
+        (st = fy_conf_copy(c, "worker", "kv_transfer", nc->kv_transfer, sizeof(nc->kv_transfer))) ||
+        (st = fy_conf_int(c, "worker", "kv_staging_blocks", &nc->staging_blocks)) ||
+        (st = fy_worker_build_read(c, role, &nc->eb)) ||
+        (st = own(&nc->eb.device, nc->device, sizeof(nc->device), "worker.device")) ||
+        (st = own(&nc->eb.isa, nc->isa, sizeof(nc->isa), "worker.isa")) ||
+        (st = own(&nc->eb.disk_dir, nc->disk_dir, sizeof(nc->disk_dir), "kv.disk_dir")) ||
+        (st = own(&nc->eb.draft, nc->draft, sizeof(nc->draft), "decode.spec")) ||
+        (st = fy_conf_copy(c, "kv", "secret_file", nc->secret_file, sizeof(nc->secret_file))) ||
+        (st = fy_conf_enum(c, "cluster", "encrypt", &nc->encrypt)) ||
+        (st = fy_cluster_served_model_name(c, nc->served, sizeof(nc->served))) ||
+        (st = fy_conf_bool(c, "kv", "prefix_cache", &nc->prefix_cache)) || (st = fy_netconf_members(c, &nc->members)) ||
+        (nc->metrics[0] && (st = fy_netconf_httpd(c, "worker", &nc->http_lim))) ||
+        (!strcmp(role, "decode") && (st = fy_conf_duration(c, "decode", "max_lease", &nc->max_lease)))) {
+        sodium_memzero(nc, sizeof(*nc));
+        return st;
+    }
+    return FY_OK;
+}
+
+void fy_node_conf_wipe_secrets(fy_node_conf_t *nc)
+{
+    sodium_memzero(nc->eb.hash_key, sizeof(nc->eb.hash_key));
+    fy_netconf_members_wipe(&nc->members);
+}
+
+fy_status_t fy_node_conf_load(int argc, char **argv, const char *usage, const char *role, fy_node_conf_t *nc,
+                              bool *loaded)
+{
+    fy_config_t *cfg = NULL;
+    fy_status_t st = fy_cluster_config(argc, argv, usage, &cfg);
+    *loaded = st == FY_OK;
+    if (st) return st;
+    st = fy_node_conf_read(cfg, role, nc);
+    fy_config_destroy(cfg);
+    return st;
 }
