@@ -202,6 +202,9 @@ static const fy_conf_key_t KEYS[] = {
     INT("decode", "spec_warmup", "16", 1, 1 << 20, "proposed tokens before an acceptance rate is judged"),
     INT("decode", "spec_probe_steps", "64", 1, 1 << 20, "steps speculation stays off before a probe"),
     INT("decode", "spec_batch_tokens", "64", 0, 1 << 20, "tokens per step with proposals at most; 0: no cap"),
+    BOOL("decode", "spec_cost_aware", "true",
+         "proposals only while the step costs the engine measures say they raise tokens per second; false: as many "
+         "as each request's controller allows, whatever the timing"),
     BOOL("decode", "spec_sampled", "false",
          "sampled requests speculate without asking (their seeds then depend on the load)"),
     FLT("decode", "spec_draft_kv_fraction", "0.25", 0.01, 0.9, "share of kv_mem a draft model's cache takes"),

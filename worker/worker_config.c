@@ -21,7 +21,7 @@ static fy_status_t spec_read(const fy_config_t *c, fy_spec_params_t *sp, const c
     int64_t k, ngram, warmup, probe, batch, history;
     int lookup;
     double min_accept, frac;
-    bool sampled;
+    bool sampled, cost_aware;
     fy_status_t st;
     if ((st = fy_conf_string(c, "decode", "spec", &spec)) || (st = fy_conf_int(c, "decode", "spec_k", &k)) ||
         (st = fy_conf_int(c, "decode", "spec_ngram_max", &ngram)) ||
@@ -32,6 +32,7 @@ static fy_status_t spec_read(const fy_config_t *c, fy_spec_params_t *sp, const c
         (st = fy_conf_int(c, "decode", "spec_probe_steps", &probe)) ||
         (st = fy_conf_int(c, "decode", "spec_batch_tokens", &batch)) ||
         (st = fy_conf_bool(c, "decode", "spec_sampled", &sampled)) ||
+        (st = fy_conf_bool(c, "decode", "spec_cost_aware", &cost_aware)) ||
         (st = fy_conf_float(c, "decode", "spec_draft_kv_fraction", &frac)))
         return st;
     const char *draft = NULL;
@@ -55,6 +56,7 @@ static fy_status_t spec_read(const fy_config_t *c, fy_spec_params_t *sp, const c
     sp->probe_steps = (int32_t)probe;
     sp->batch_tokens = (int32_t)batch;
     sp->sampled = sampled;
+    sp->cost_aware = cost_aware;
     *draft_p = draft;
     *frac_p = frac;
     return FY_OK;
