@@ -36,6 +36,15 @@
 #include "engine/runner.h"
 #include "tests/testutil.h"
 
+/* a command a worker does not answer within this is retried elsewhere or
+ * failed: a sanitizer build (FY_DEBUG) on a loaded 2-core machine has
+ * missed 5 s (test_loopback_same_tokens in the full ASan run at load 8) */
+#ifdef FY_DEBUG
+#define TC_COMMAND_TIMEOUT "15s"
+#else
+#define TC_COMMAND_TIMEOUT "5s"
+#endif
+
 const char *tc_model(void) { return fy_test_default_model(); }
 
 bool tc_bins_available(void)
@@ -148,12 +157,13 @@ void tc_start(tc_cluster_t *c, const tc_opts_t *o)
     assert_non_null(f);
     fprintf(f,
             "[model]\npath = %s\n[kv]\nsecret_file = %s\n"
-            "[router]\nlisten = %s\nevents = %s\nhealth_timeout = 2s\nlease = 60s\ncommand_timeout = 5s\n"
+            "[router]\nlisten = %s\nevents = %s\nhealth_timeout = 2s\nlease = 60s\ncommand_timeout = %s\n"
             "client_timeout = 120s\n"
             "[prefill]\ncount = %d\nthreads = 1\nkv_mem = 48MiB\nmax_seqs = 8\nmax_batch_tokens = 256\n"
             "[decode]\ncount = %d\nthreads = 1\nkv_mem = 48MiB\nmax_seqs = 32\nmax_batch_tokens = 128\n"
             "[worker]\nheartbeat = 100ms\n",
-            o->model ? o->model : tc_model(), secret, c->router_url, c->events_url, o->n_prefill, o->n_decode);
+            o->model ? o->model : tc_model(), secret, c->router_url, c->events_url, TC_COMMAND_TIMEOUT, o->n_prefill,
+            o->n_decode);
     fclose(f);
     char bin[512];
     char *argv[64]; /* 3 + 2 + 2 + 2 * 16 common + 2 + 2 * 8 per worker + NULL */
