@@ -7,9 +7,10 @@
  * token set aside, preemption of the latest request by recompute and by
  * swap with its blocks all back in the pool, a swapped request's
  * readmission where it stopped, the guardrail's prompt budget following
- * the inter-token latency it observes), and logits written by hand into
- * eng_outputs (stop strings, max_tokens, the end of turn, a structured
- * output's mask).  The tokenizer is the tiny models' byte-level one
+ * the inter-token latency it observes, prompt-logprobs chunks cut to the
+ * logit rows, n-gram proposals planned), and logits written by hand into
+ * eng_outputs (their verification, stop strings, max_tokens, the end of
+ * turn, a structured output's mask).  The tokenizer is the tiny models' byte-level one
  * (token b is byte b; 258 <|im_end|> ends a turn), read from a GGUF this
  * test writes; no weights are ever loaded.
  */
@@ -191,9 +192,12 @@ static const eng_plan_t *step(fix_t *f)
             float *lg = f->logits + (size_t)row * VOCAB;
             /* a slope, so the best token a mask allows is the highest byte */
             for (int32_t v = 0; v < VOCAB; v++) lg[v] = (float)v * 1e-3f;
-            char c = r->script && r->n < (int32_t)strlen(r->script) ? r->script[r->n] : 'x';
-            int32_t want = c == '\1' ? EOT : (uint8_t)c;    /* \1 in a script: the end of turn */
-            if (j < plan->seqs[i].n_logits - 1) want = '#'; /* a prompt row, not the next token's */
+            /* a verification's row j follows j accepted proposals; other
+             * rows before the last are prompt rows, not the next token's */
+            int32_t at = r->n + (q->spec_k > 0 ? j : 0);
+            char c = r->script && at < (int32_t)strlen(r->script) ? r->script[at] : 'x';
+            if (q->spec_k == 0 && j < plan->seqs[i].n_logits - 1) c = '#';
+            int32_t want = c == '\1' ? EOT : (uint8_t)c; /* \1 in a script: the end of turn */
             lg[want] = 10.0f;
         }
     }
@@ -529,6 +533,53 @@ static void test_prompt_logprobs(void **state)
     fix_close(&f);
 }
 
+/* N-gram speculation planned and verified without a model: a decode
+ * takes its proposals (k + 1 tokens, k + 1 rows); rows that agree with
+ * them accept them all and give a bonus token, a row that disagrees keeps
+ * the proposals before it and its own token, and the rest's K/V is
+ * rolled back (fy_engine_check after every step). */
+static void test_speculation(void **state)
+{
+    (void)state;
+    fix_t f;
+    fy_engine_params_t p;
+    params(&p, 8, 64);
+    p.spec.method = FY_SPEC_NGRAM;
+    p.spec.lookup = FY_SPEC_LOOKUP_NGRAM;
+    p.spec.cost_aware = false;
+    fix_open(&f, &p, 64, 0);
+    result_t r = {.script = "cabcabXab"};
+    fy_genspec_t g;
+    fy_genspec_default(&g);
+    g.max_tokens = 16;
+    submit_gen(&f, "abcabcab", &g, &r);
+    const eng_plan_t *plan = step(&f); /* the prompt, and 'c' */
+    assert_int_equal(plan->n_rows, 1);
+    assert_int_equal(r.n, 1);
+    plan = step(&f); /* 'c' and "abc" proposed after "abcabcabc": all taken, and 'a' */
+    int32_t k = plan->seqs[0].n_logits - 1;
+    assert_int_equal(k, 3);
+    assert_int_equal(plan->seqs[0].n_tokens, k + 1);
+    assert_int_equal(plan->n_tokens, k + 1);
+    assert_int_equal(plan->n_rows, k + 1);
+    assert_int_equal(plan->n_prefill, 0);
+    assert_int_equal(r.n, 5);
+    assert_int_equal(f.e->st.spec_proposed, 3);
+    assert_int_equal(f.e->st.spec_accepted, 3);
+    plan = step(&f); /* proposals "bca..." against 'b', 'X': one taken, and 'X' */
+    int32_t k2 = plan->seqs[0].n_logits - 1;
+    assert_true(k2 >= 2);
+    assert_int_equal(r.n, 7);
+    assert_int_equal(f.e->st.spec_proposed, (uint64_t)(3 + k2));
+    assert_int_equal(f.e->st.spec_accepted, 4);
+    assert_int_equal(req_of(f.e, &r)->n_computed, 8 + 6); /* the K/V of what was taken, not of the rest */
+    for (int i = 0; i < 32 && !r.terminal; i++) step(&f);
+    assert_int_equal(r.reason, FY_FINISH_LENGTH);
+    assert_int_equal(r.n, 16);
+    assert_memory_equal(r.text, "cabcabXab", 9);
+    fix_close(&f);
+}
+
 /* ---- the outputs ---------------------------------------------------------------------------------- */
 
 /* Stop strings, max_tokens, the end of turn and a structured output's
@@ -615,7 +666,7 @@ int main(void)
         cmocka_unit_test(test_admission_order),   cmocka_unit_test(test_chunked_prefill),
         cmocka_unit_test(test_preempt_recompute), cmocka_unit_test(test_preempt_swap),
         cmocka_unit_test(test_guardrail),         cmocka_unit_test(test_prompt_logprobs),
-        cmocka_unit_test(test_outputs),
+        cmocka_unit_test(test_speculation),       cmocka_unit_test(test_outputs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
