@@ -10,11 +10,11 @@
  * the inter-token latency it observes, prompt-logprobs chunks cut to the
  * logit rows, n-gram proposals planned), and logits written by hand into
  * eng_outputs (their verification, stop strings, max_tokens, the end of
- * turn, a structured output's mask).  The tokenizer is the tiny models' byte-level one
- * (token b is byte b; 258 <|im_end|> ends a turn), read from a GGUF this
- * test writes; no weights are ever loaded.
+ * turn, a structured output's mask).  The tokenizer is the tiny models'
+ * byte-level one (token b is byte b; 258 <|im_end|> ends a turn), read
+ * from a GGUF this test writes; no weights are loaded.  Each test takes
+ * milliseconds.
  */
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
