@@ -228,7 +228,12 @@ void eng_end_error(fy_engine_t *e, request_t *q, fy_status_t status, const char 
 fy_status_t fy_engine_create(fy_runner_t *r, fy_kvm_t *kvm, const fy_tokenizer_t *tok, const fy_engine_params_t *p,
                              fy_engine_t **e_p)
 {
-    const fy_runner_params_t *rp = fy_runner_params(r);
+    return eng_create(r, fy_runner_params(r), fy_model_config(fy_runner_model(r))->vocab_size, kvm, tok, p, e_p);
+}
+
+fy_status_t eng_create(fy_runner_t *r, const fy_runner_params_t *rp, int32_t vocab, fy_kvm_t *kvm,
+                       const fy_tokenizer_t *tok, const fy_engine_params_t *p, fy_engine_t **e_p)
+{
     if (p->max_num_seqs < 1 || p->max_num_seqs > rp->max_seqs || p->max_num_seqs > rp->max_logits ||
         p->max_num_batched_tokens < p->max_num_seqs || p->max_num_batched_tokens > rp->max_batch_tokens ||
         p->max_waiting < 0 || p->itl_target_s < 0 || (p->itl_target_s > 0 && p->itl_window < 8) ||
@@ -256,7 +261,7 @@ fy_status_t fy_engine_create(fy_runner_t *r, fy_kvm_t *kvm, const fy_tokenizer_t
     e->kvm = kvm;
     e->tok = tok;
     e->p = *p;
-    e->vocab = fy_model_config(fy_runner_model(r))->vocab_size;
+    e->vocab = vocab;
     e->max_ctx = rp->max_ctx;
     e->block_size = rp->block_size;
     fy_kvm_stats_t ks;
@@ -298,13 +303,15 @@ fy_status_t fy_engine_create(fy_runner_t *r, fy_kvm_t *kvm, const fy_tokenizer_t
     e->dfwd = fy_calloc((size_t)n, sizeof(*e->dfwd));
     e->dreq = fy_calloc((size_t)n, sizeof(*e->dreq));
     e->dk = fy_calloc((size_t)n, sizeof(*e->dk));
+    e->dfwd_req = fy_calloc((size_t)n, sizeof(*e->dfwd_req));
     if (p->spec.draft) e->qprobs = fy_malloc((size_t)SPEC_QSLOTS * (size_t)K * (size_t)e->vocab * sizeof(float));
-    if (!e->probs || !e->scratch || !e->dfwd || !e->dreq || !e->dk || (p->spec.draft && !e->qprobs)) goto nomem;
+    if (!e->probs || !e->scratch || !e->dfwd || !e->dfwd_req || !e->dreq || !e->dk || (p->spec.draft && !e->qprobs))
+        goto nomem;
     if (p->spec.lookup == FY_SPEC_LOOKUP_SUFFIX && p->spec.history > 0 &&
         fy_spec_hist_create(p->spec.history, SPEC_HIST_TOKENS, &e->hist) != FY_OK)
         goto nomem;
-    e->fwd = fy_calloc((size_t)n, sizeof(*e->fwd));
-    e->fwd_req = fy_calloc((size_t)n, sizeof(*e->fwd_req));
+    e->plan.seqs = fy_calloc((size_t)n, sizeof(*e->plan.seqs));
+    e->plan.reqs = fy_calloc((size_t)n, sizeof(*e->plan.reqs));
     e->evict_cap = rp->max_ctx / rp->block_size + 1;
     e->evict_buf = fy_calloc((size_t)e->evict_cap, sizeof(int32_t));
     e->evict_cand = fy_calloc((size_t)e->evict_cap, sizeof(fy_evict_cand_t));
@@ -312,7 +319,7 @@ fy_status_t fy_engine_create(fy_runner_t *r, fy_kvm_t *kvm, const fy_tokenizer_t
     e->running = fy_calloc((size_t)n, sizeof(*e->running));
     e->itl_ring = fy_calloc((size_t)w, sizeof(float));
     e->itl_scratch = fy_calloc((size_t)w, sizeof(float));
-    if (!e->logits || !e->fwd || !e->fwd_req || !e->running || !e->itl_ring || !e->itl_scratch) goto nomem;
+    if (!e->logits || !e->plan.seqs || !e->plan.reqs || !e->running || !e->itl_ring || !e->itl_scratch) goto nomem;
     if (fy_sampler_create(e->vocab, &e->sampler) != FY_OK) goto fail;
     *e_p = e;
     return FY_OK;
@@ -389,8 +396,8 @@ void fy_engine_destroy(fy_engine_t *e)
     fy_free(e->plp_rank);
     fy_free(e->plp_ids);
     fy_free(e->plp_tlps);
-    fy_free(e->fwd);
-    fy_free(e->fwd_req);
+    fy_free(e->plan.seqs);
+    fy_free(e->plan.reqs);
     fy_free(e->evict_buf);
     fy_free(e->evict_cand);
     fy_free(e->running);
@@ -405,6 +412,7 @@ void fy_engine_destroy(fy_engine_t *e)
     fy_grammar_cache_destroy(e->gcache);
     fy_token_trie_destroy(e->trie);
     fy_free(e->dfwd);
+    fy_free(e->dfwd_req);
     fy_free(e->dreq);
     fy_free(e->dk);
     pthread_cond_destroy(&e->cv);
@@ -716,8 +724,7 @@ static request_t *find_request(fy_engine_t *e, uint64_t id)
     return NULL;
 }
 
-/* Moves what other threads handed in into the queues. */
-static void take_inbox(fy_engine_t *e)
+void eng_take_inbox(fy_engine_t *e)
 {
     pthread_mutex_lock(&e->mu);
     request_t *in = e->inbox;
@@ -796,21 +803,20 @@ fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_pro
 fy_status_t fy_engine_step(fy_engine_t *e)
 {
     run_posts(e);
-    take_inbox(e);
-    int32_t n = eng_plan(e); /* sched.c */
-    if (n == 0) return FY_OK;
+    eng_take_inbox(e);
+    eng_plan_t *plan = &e->plan;
+    eng_plan(e, plan); /* sched.c */
+    if (plan->n == 0) return FY_OK;
     e->st.steps++;
-    int32_t n_tok = 0;
-    for (int32_t i = 0; i < n; i++) n_tok += e->fwd[i].n_tokens;
-    e->st.forward_tokens += (uint64_t)n_tok;
+    e->st.forward_tokens += (uint64_t)plan->n_tokens;
     double t_fwd = fy_now_s();
-    fy_status_t st = fy_runner_forward(e->r, e->fwd, n, e->logits);
-    eng_cost_note(e, n_tok, fy_now_s() - t_fwd);
+    fy_status_t st = fy_runner_forward(e->r, plan->seqs, plan->n, e->logits);
+    eng_cost_note(e, plan->n_tokens, fy_now_s() - t_fwd);
     if (st != FY_OK) { /* logged; the requests in this batch end, the engine keeps serving */
-        for (int32_t i = 0; i < n; i++) eng_end_error(e, e->fwd_req[i], st, "forward pass failed");
+        for (int32_t i = 0; i < plan->n; i++) eng_end_error(e, plan->reqs[i], st, "forward pass failed");
         return st;
     }
-    eng_outputs(e, n, fy_now_s()); /* output.c */
+    eng_outputs(e, plan, e->logits, fy_now_s()); /* output.c */
     eng_adjust_budget(e);
     return FY_OK;
 }

@@ -13,11 +13,19 @@
  *   output.c     logits into tokens and events: prompt logprobs, logits
  *                processing, the grammar's mask, sampling, alternatives,
  *                stop strings and streaming (eng_outputs).
- * The contract between them is the plan: eng_plan sets each running
- * request's sched (and spec_k) and writes the batch into e->fwd and
- * e->fwd_req; the runner computes it; eng_outputs reads e->logits row by
- * row in the same order.  All of it runs on the engine thread, except
- * what engine.c says runs under mu.
+ * The contract between them is the plan, eng_plan_t: eng_plan fills it
+ * (and sets each planned request's sched and spec_k, which the plan's
+ * sequences describe); the runner computes plan->seqs into the logits;
+ * eng_outputs reads the plan and those logits, plan->n_rows rows in the
+ * plan's order.  The planner never reads logits; the output stage takes
+ * its requests and rows from the plan alone (a request it ends leaves the
+ * queues through eng_end_request).  All of it runs on the engine thread,
+ * except what engine.c says runs under mu.
+ *
+ * tests/test_sched.c drives the pieces without a model or a runner: an
+ * engine made by eng_create with no runner, a real KV manager, requests
+ * submitted as any caller's, eng_plan's plans checked, and logits written
+ * by hand into eng_outputs.
  */
 #ifndef FY_ENGINE_INT_H
 #define FY_ENGINE_INT_H
@@ -114,6 +122,20 @@ typedef struct request {
     struct request *next;           /* inbox and queue links */
 } request_t;
 
+/* A step's plan.  Its arrays are the engine's, sized max_num_seqs at
+ * creation: planning a step allocates nothing.  Valid from eng_plan to
+ * the end of eng_outputs, which may end (free) the requests it names. */
+typedef struct eng_plan {
+    fy_forward_seq_t *seqs; /* [n] the batch the runner computes, in the running set's order */
+    request_t **reqs;       /* [n] seqs[i]'s request: sched tokens from n_computed, spec_k of them proposals */
+    int32_t n;              /* sequences */
+    int32_t n_tokens;       /* tokens over seqs */
+    int32_t n_rows;         /* logit rows over seqs: the runner writes seqs[i].n_logits rows for each, in order */
+    int32_t n_prefill;      /* of n_tokens, prompt chunks' (not decode tokens or proposals) */
+    int32_t n_admitted;     /* requests that came in from waiting or swapped this step */
+    int32_t n_preempted;    /* requests preempted for blocks this step (by recompute or swap) */
+} eng_plan_t;
+
 struct fy_engine {
     fy_runner_t *r;
     fy_kvm_t *kvm;
@@ -147,12 +169,12 @@ struct fy_engine {
     int32_t *dk;            /* [max_num_seqs] tokens each wants proposed */
     double cost[COST_N];    /* seconds of a forward pass of n tokens (moving average) */
     uint32_t cost_n[COST_N];
+    request_t **dfwd_req;        /* [max_num_seqs] dfwd[i]'s request */
     double dcost;                /* seconds of one draft pass (moving average) */
-    fy_forward_seq_t *fwd;       /* [max_num_seqs] */
+    eng_plan_t plan;             /* the step's plan, its arrays [max_num_seqs] */
     int32_t *evict_buf;          /* [evict_cap] blocks kv_evict drops */
     fy_evict_cand_t *evict_cand; /* [evict_cap] its scratch */
     int32_t evict_cap;
-    request_t **fwd_req; /* [max_num_seqs] */
     /* queues: the engine thread's */
     request_t *waiting, *swapped; /* sorted: priority down, then arrival */
     request_t **running;          /* [max_num_seqs] */
@@ -187,6 +209,14 @@ typedef struct post {
 } post_t;
 
 /* engine.c */
+/* fy_engine_create's body, for a runner of parameters rp and vocabulary
+ * vocab.  r may be NULL: an engine that plans steps and takes their
+ * outputs (eng_plan, eng_outputs) but has no forward pass, so
+ * fy_engine_step and fy_engine_start are not for it (test_sched). */
+fy_status_t eng_create(fy_runner_t *r, const fy_runner_params_t *rp, int32_t vocab, fy_kvm_t *kvm,
+                       const fy_tokenizer_t *tok, const fy_engine_params_t *p, fy_engine_t **e_p);
+/* Moves what other threads handed in (requests, cancels) into the queues. */
+void eng_take_inbox(fy_engine_t *e);
 bool eng_before(const request_t *a, const request_t *b);
 void eng_draft_drop(fy_engine_t *e, request_t *q);
 void eng_emit_text(void *arg, const char *text, size_t len);
@@ -202,18 +232,18 @@ void eng_adjust_budget(fy_engine_t *e);
 void eng_guardrail(fy_engine_t *e, float itl);
 void eng_kv_evict(fy_engine_t *e, request_t *q);
 bool eng_plp_rows(const request_t *q);
-int32_t eng_plan(fy_engine_t *e);
+void eng_plan(fy_engine_t *e, eng_plan_t *plan);
 
 /* spec_step.c */
 void eng_cost_note(fy_engine_t *e, int32_t n, double s);
 void eng_spec_plan(fy_engine_t *e, int32_t budget);
-void eng_spec_verify(fy_engine_t *e, request_t *q, const float *lg, double t);
+void eng_spec_verify(fy_engine_t *e, request_t *q, float *lg, double t);
 
 /* output.c */
 fy_status_t eng_grammar_mask(fy_engine_t *e, request_t *q, float *lg);
 bool eng_on_token(fy_engine_t *e, request_t *q, int32_t tok, float logprob, double t);
 bool eng_on_token_top(fy_engine_t *e, request_t *q, int32_t tok, float logprob, const int32_t *top_ids,
                       const float *top_lps, int32_t n_top, double t);
-void eng_outputs(fy_engine_t *e, int32_t n, double t);
+void eng_outputs(fy_engine_t *e, const eng_plan_t *plan, float *logits, double t);
 
 #endif /* FY_ENGINE_INT_H */

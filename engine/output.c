@@ -135,24 +135,25 @@ static void plp_report(fy_engine_t *e, request_t *q, const float *logits, int32_
     q->cb(q->cb_arg, &ev);
 }
 
-/* After the forward pass: every planned request's rows of e->logits
- * become its tokens and events (verification, prompt logprobs, KV commit
- * and eviction, progress, logits processing, the grammar's mask,
+/* After the forward pass: every planned request's rows of logits (the
+ * plan's n_rows rows of the vocabulary, in the plan's order; processed in
+ * place) become its tokens and events (verification, prompt logprobs, KV
+ * commit and eviction, progress, logits processing, the grammar's mask,
  * sampling, alternatives); t is when the pass ended. */
-void eng_outputs(fy_engine_t *e, int32_t n, double t)
+void eng_outputs(fy_engine_t *e, const eng_plan_t *plan, float *logits, double t)
 {
     int32_t row = 0;
-    for (int32_t i = 0; i < n; i++) {
-        request_t *q = e->fwd_req[i];
+    for (int32_t i = 0; i < plan->n; i++) {
+        request_t *q = plan->reqs[i];
         if (q->spec_k > 0) {
-            const float *lg = e->logits + (size_t)row * (size_t)e->vocab;
+            float *lg = logits + (size_t)row * (size_t)e->vocab;
             row += q->spec_k + 1;
             eng_spec_verify(e, q, lg, t); /* may end it */
             continue;
         }
-        int32_t before = q->n_computed, n_rows = e->fwd[i].n_logits;
+        int32_t before = q->n_computed, n_rows = plan->seqs[i].n_logits;
         if (eng_plp_rows(q)) {
-            plp_report(e, q, e->logits + (size_t)row * (size_t)e->vocab, n_rows);
+            plp_report(e, q, logits + (size_t)row * (size_t)e->vocab, n_rows);
             row += n_rows - 1; /* the last row: the first token's, when the chunk ends the prompt */
         }
         q->n_computed += q->sched;
@@ -177,7 +178,7 @@ void eng_outputs(fy_engine_t *e, int32_t n, double t)
             row++;
             continue;
         }
-        float *lg = e->logits + (size_t)row++ * (size_t)e->vocab;
+        float *lg = logits + (size_t)row++ * (size_t)e->vocab;
         if (q->lp_on)
             fy_logits_apply(&q->lp, &e->lscratch, q->tokens, q->n_prompt, q->n_total, e->trie->eog, e->trie->n_eog, lg);
         if (q->gm && eng_grammar_mask(e, q, lg) != FY_OK) {

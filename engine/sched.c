@@ -108,25 +108,29 @@ static bool schedule(fy_engine_t *e, int32_t i, int32_t k)
     return true;
 }
 
-/* Swapped-out requests come back first, while their promise fits. */
-static void admit_swapped(fy_engine_t *e)
+/* Swapped-out requests come back first, while their promise fits.
+ * Returns the requests that came back. */
+static int32_t admit_swapped(fy_engine_t *e)
 {
+    int32_t n = 0;
     while (e->swapped && e->n_running < e->p.max_num_seqs) {
         request_t *q = e->swapped;
         /* a budgeted request's promise is capped as at its admission: its
          * whole length might never fit again */
         if (fy_kvm_admit(e->kvm, fy_kvm_blocks_for_capped(e->kvm, q->n_total, planned_output(e, q), 0, q->kv_cap),
                          &q->resv) != FY_OK)
-            return;
+            break;
         if (fy_kvm_seq_swap_in(e->kvm, &q->bt, &q->resv) != FY_OK) {
             fy_kvm_resv_release(e->kvm, &q->resv);
-            return;
+            break;
         }
         eng_list_remove(&e->swapped, q);
         e->n_swapped--;
         q->state = RQ_RUNNING;
         e->running[e->n_running++] = q;
+        n++;
     }
+    return n;
 }
 
 /* Whether q's next chunk is prompt rows whose logprobs it reports (every
@@ -134,9 +138,11 @@ static void admit_swapped(fy_engine_t *e)
 bool eng_plp_rows(const request_t *q) { return q->plp && !q->plp_done && q->n_computed < q->n_prompt; }
 
 /* Admits waiting requests while their promise, a first chunk and its
- * logit rows fit, and schedules that chunk. */
-static void admit_waiting(fy_engine_t *e, int32_t *budget, int32_t *prefill_left, int32_t *rows_left)
+ * logit rows fit, and schedules that chunk.  Returns the requests taken
+ * in. */
+static int32_t admit_waiting(fy_engine_t *e, int32_t *budget, int32_t *prefill_left, int32_t *rows_left)
 {
+    int32_t n = 0;
     while (e->waiting && e->n_running<e->p.max_num_seqs && * budget> 0 && *prefill_left > 0 && *rows_left > 0) {
         request_t *q = e->waiting;
         if (!q->looked_up) {
@@ -155,7 +161,7 @@ static void admit_waiting(fy_engine_t *e, int32_t *budget, int32_t *prefill_left
             fy_kvm_seq_release(e->kvm, &q->bt);
             q->n_computed = 0;
             q->looked_up = false;
-            return;
+            break;
         }
         eng_list_remove(&e->waiting, q);
         e->n_waiting--;
@@ -164,6 +170,7 @@ static void admit_waiting(fy_engine_t *e, int32_t *budget, int32_t *prefill_left
         pthread_mutex_unlock(&e->mu);
         q->state = RQ_RUNNING;
         e->running[e->n_running++] = q;
+        n++;
         int32_t k = q->n_total - q->n_computed;
         if (k > *budget) k = *budget;
         if (k > 1 && k > *prefill_left) k = *prefill_left;
@@ -174,6 +181,7 @@ static void admit_waiting(fy_engine_t *e, int32_t *budget, int32_t *prefill_left
             if (q->n_total - q->n_computed > 1) *prefill_left -= k;
         }
     }
+    return n;
 }
 
 void eng_guardrail(fy_engine_t *e, float itl)
@@ -242,10 +250,11 @@ void eng_adjust_budget(fy_engine_t *e)
 /* The step's plan: takes swapped and waiting requests in, sets every
  * running request's tokens this step (decodes first, then prompt chunks
  * within the budgets, proposals last) and writes the batch the runner
- * computes into e->fwd and e->fwd_req.  Returns the batch's sequences. */
-int32_t eng_plan(fy_engine_t *e)
+ * computes into plan (whose arrays hold max_num_seqs). */
+void eng_plan(fy_engine_t *e, eng_plan_t *plan)
 {
-    admit_swapped(e);
+    uint64_t preempted = e->st.preemptions_swap + e->st.preemptions_recompute;
+    int32_t admitted = admit_swapped(e);
     qsort(e->running, (size_t)e->n_running, sizeof(request_t *), cmp_running);
     int32_t budget = e->p.max_num_batched_tokens, prefill_left = e->prefill_budget;
     /* logit rows: one for each request scheduled (at most max_num_seqs,
@@ -280,26 +289,31 @@ int32_t eng_plan(fy_engine_t *e)
         budget -= k;
         if (!decode) prefill_left -= k;
     }
-    admit_waiting(e, &budget, &prefill_left, &rows_left);
+    admitted += admit_waiting(e, &budget, &prefill_left, &rows_left);
     eng_spec_plan(e, budget);
 
-    int32_t n = 0;
+    *plan = (eng_plan_t){.seqs = plan->seqs,
+                         .reqs = plan->reqs,
+                         .n_admitted = admitted,
+                         .n_preempted = (int32_t)(e->st.preemptions_swap + e->st.preemptions_recompute - preempted)};
     for (int32_t i = 0; i < e->n_running; i++) {
         request_t *q = e->running[i];
         if (q->sched <= 0) continue;
-        e->fwd_req[n] = q;
-        e->fwd[n] = (fy_forward_seq_t){
+        int32_t n_logits = q->spec_k > 0                            ? q->spec_k + 1
+                           : eng_plp_rows(q)                        ? q->sched
+                           : q->n_computed + q->sched == q->n_total ? 1
+                                                                    : 0;
+        plan->reqs[plan->n] = q;
+        plan->seqs[plan->n++] = (fy_forward_seq_t){
             .bt = &q->bt,
             .tokens = q->tokens + q->n_computed,
             .n_tokens = q->sched,
             .pos = q->n_computed,
-            .n_logits = q->spec_k > 0                            ? q->spec_k + 1
-                        : eng_plp_rows(q)                        ? q->sched
-                        : q->n_computed + q->sched == q->n_total ? 1
-                                                                 : 0,
+            .n_logits = n_logits,
             .scores = q->scores,
         };
-        n++;
+        plan->n_tokens += q->sched;
+        plan->n_rows += n_logits;
+        if (q->n_total - q->n_computed > 1) plan->n_prefill += q->sched;
     }
-    return n;
 }

@@ -81,7 +81,7 @@ static void draft_propose(fy_engine_t *e, int32_t n)
             int32_t rem = q->n_total - q->d_computed, take = rem;
             if (take > dp->max_batch_tokens - tokens) take = dp->max_batch_tokens - tokens;
             if (take <= 0) break;
-            e->fwd_req[nf] = q;
+            e->dfwd_req[nf] = q;
             e->dfwd[nf++] = (fy_forward_seq_t){.bt = &q->dbt,
                                                .tokens = q->tokens + q->d_computed,
                                                .n_tokens = take,
@@ -99,7 +99,7 @@ static void draft_propose(fy_engine_t *e, int32_t n)
         }
         int32_t row = 0;
         for (int32_t f = 0; f < nf; f++) {
-            request_t *q = e->fwd_req[f];
+            request_t *q = e->dfwd_req[f];
             q->d_computed += e->dfwd[f].n_tokens;
             fy_kvm_seq_commit(dk, &q->dbt, q->tokens, q->d_computed, NULL);
             if (e->dfwd[f].n_logits)
@@ -113,7 +113,7 @@ static void draft_propose(fy_engine_t *e, int32_t n)
             request_t *q = e->dreq[i];
             if (e->dk[i] <= j) continue;
             int32_t pos = q->n_total + j - 1;
-            e->fwd_req[nf] = q;
+            e->dfwd_req[nf] = q;
             e->dfwd[nf++] =
                 (fy_forward_seq_t){.bt = &q->dbt, .tokens = q->tokens + pos, .n_tokens = 1, .pos = pos, .n_logits = 1};
         }
@@ -129,7 +129,7 @@ static void draft_propose(fy_engine_t *e, int32_t n)
             break;
         }
         for (int32_t f = 0; f < nf; f++) {
-            request_t *q = e->fwd_req[f];
+            request_t *q = e->dfwd_req[f];
             q->d_computed = q->n_total + j;
             fy_kvm_seq_commit(dk, &q->dbt, q->tokens, q->d_computed, NULL);
             q->tokens[q->n_total + j] = draft_pick(e, q, e->logits + (size_t)f * (size_t)e->vocab, j);
@@ -297,7 +297,7 @@ void eng_spec_plan(fy_engine_t *e, int32_t budget)
  * argmax, so the text is the target's own.  Sampled: rejection sampling,
  * so the text is distributed as the target's.
  */
-void eng_spec_verify(fy_engine_t *e, request_t *q, const float *lg, double t)
+void eng_spec_verify(fy_engine_t *e, request_t *q, float *lg, double t)
 {
     int32_t k = q->spec_k, V = e->vocab, base = q->n_total;
     const int32_t *draft = q->tokens + base;
@@ -310,7 +310,7 @@ void eng_spec_verify(fy_engine_t *e, request_t *q, const float *lg, double t)
     if (q->gm) {
         int32_t taken = 0;
         for (int32_t i = 0; i <= k; i++) {
-            if (eng_grammar_mask(e, q, e->logits + (lg - e->logits) + (size_t)i * (size_t)V) != FY_OK) {
+            if (eng_grammar_mask(e, q, lg + (size_t)i * (size_t)V) != FY_OK) {
                 (void)fy_gmatch_rollback(q->gm, taken);
                 eng_end_error(e, q, FY_ERR_INTERNAL, "the structured output's mask failed");
                 return;
