@@ -802,6 +802,10 @@ fy_status_t fy_engine_adopt(fy_engine_t *e, const int32_t *prompt, int32_t n_pro
 
 fy_status_t fy_engine_step(fy_engine_t *e)
 {
+    if (!e->r) { /* eng_create without a runner (test_sched): it plans, it has no forward pass */
+        fy_error("engine: step of an engine without a runner");
+        return FY_ERR_INVALID;
+    }
     run_posts(e);
     eng_take_inbox(e);
     eng_plan_t *plan = &e->plan;
@@ -874,6 +878,10 @@ static void *engine_main(void *p)
 
 fy_status_t fy_engine_start(fy_engine_t *e)
 {
+    if (!e->r) {
+        fy_error("engine: start of an engine without a runner");
+        return FY_ERR_INVALID;
+    }
     if (e->thread_on) return FY_OK;
     e->stop = false;
     int rc = pthread_create(&e->thread, NULL, engine_main, e);

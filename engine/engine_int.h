@@ -212,7 +212,7 @@ typedef struct post {
 /* fy_engine_create's body, for a runner of parameters rp and vocabulary
  * vocab.  r may be NULL: an engine that plans steps and takes their
  * outputs (eng_plan, eng_outputs) but has no forward pass, so
- * fy_engine_step and fy_engine_start are not for it (test_sched). */
+ * fy_engine_step and fy_engine_start refuse it (test_sched). */
 fy_status_t eng_create(fy_runner_t *r, const fy_runner_params_t *rp, int32_t vocab, fy_kvm_t *kvm,
                        const fy_tokenizer_t *tok, const fy_engine_params_t *p, fy_engine_t **e_p);
 /* Moves what other threads handed in (requests, cancels) into the queues. */

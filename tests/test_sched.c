@@ -119,6 +119,9 @@ static void fix_open(fix_t *f, const fy_engine_params_t *p, int32_t dev, int32_t
                              .max_ctx = MAX_CTX,
                              .block_size = BS};
     assert_int_equal(eng_create(NULL, &rp, VOCAB, f->kvm, g_tok, p, &f->e), FY_OK);
+    /* it plans and takes outputs; it has no forward pass to step or start */
+    assert_int_equal(fy_engine_step(f->e), FY_ERR_INVALID);
+    assert_int_equal(fy_engine_start(f->e), FY_ERR_INVALID);
     f->logits = calloc((size_t)p->max_num_seqs * VOCAB, sizeof(float));
     f->t = 1000.0;
     f->dt = 0.01;
