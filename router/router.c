@@ -980,8 +980,9 @@ static void on_reserved(router_t *R, rreq_t *q, fy_msgr_t *r)
  * decode worker once a quarter of it has passed ("renew" -> "renewed"), and the
  * new end goes on to the prefill worker as its transfer deadline
  * ("extend").  The prefill deadline here (router.prefill_timeout) counts
- * from the last report that showed new prompt tokens computed, so a job
- * that stops moving still fails.
+ * from the last report that showed new prompt tokens computed, of the job
+ * itself or, for a job still waiting its turn, of any job on its worker; a
+ * job that started and stops moving still fails.
  */
 static void maybe_renew(router_t *R, rreq_t *q, double now)
 {
@@ -1009,10 +1010,19 @@ static void on_progress(router_t *R, fy_msgr_t *r, const char *name, uint64_t in
         return;
     }
     double now = fy_now_s();
+    /* a job not yet started (none of its prompt computed) waits its turn
+     * behind the worker's other jobs: while one of those moves, the worker
+     * is working through its queue and the waiting job's deadline moves
+     * too; a job that started and then stops still fails */
+    bool moved = false;
+    for (int32_t i = 0; i < m.n_ids && !moved; i++) {
+        rreq_t *q = req_of(R, m.ids[i], name, inc, false);
+        moved = q && q->state == RQ_PREFILLING && m.attempts[i] == q->retries && m.computed[i] > q->p_computed;
+    }
     for (int32_t i = 0; i < m.n_ids; i++) {
         rreq_t *q = req_of(R, m.ids[i], name, inc, false);
         if (!q || q->state != RQ_PREFILLING || m.attempts[i] != q->retries) continue;
-        if (m.computed[i] > q->p_computed) {
+        if (m.computed[i] > q->p_computed || (moved && m.computed[i] == 0)) {
             q->p_computed = m.computed[i];
             q->prefill_deadline = now + R->prefill_timeout;
         }

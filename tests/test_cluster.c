@@ -126,8 +126,17 @@ static void test_loopback_same_tokens(void **state)
     static char pin[2][64];
     snprintf(pin[0], sizeof(pin[0]), "prefill.cpus=%d", first);
     snprintf(pin[1], sizeof(pin[1]), "decode.cpus=%d", last);
+    /* a prefill timeout shorter than the wait of the last jobs queued at a
+     * worker (up to router.prefill_queue_tokens of prompts on a shared
+     * CPU): waiting behind jobs that move is not a stall (router.c, "Lease
+     * renewal"); before, those jobs failed with "prefill took too long" */
+#ifdef FY_DEBUG
+    const char *ptime = "router.prefill_timeout=20s";
+#else
+    const char *ptime = "router.prefill_timeout=3s";
+#endif
     tc_cluster_t c;
-    tc_opts_t o = {.n_prefill = 2, .n_decode = 2, .common = {pin[0], pin[1]}};
+    tc_opts_t o = {.n_prefill = 2, .n_decode = 2, .common = {pin[0], pin[1], ptime}};
     tc_start(&c, &o);
     for (int k = 0; k < c.n_procs; k++) { /* what the kernel says each worker may run on */
         bool pre = !strncmp(c.procs[k].name, "prefill", 7), dec = !strncmp(c.procs[k].name, "decode", 6);
