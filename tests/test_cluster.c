@@ -83,9 +83,14 @@ static fy_client_stream_t submit(tc_cluster_t *c, const int32_t *p, int32_t n, i
     return s;
 }
 
-static void expect_same(const tc_result_t *ref, const tc_result_t *got, int i)
+/* Request i's tokens from cluster c equal the engine's; a failed request
+ * prints the processes' logs first (the test's directory goes with it). */
+static void expect_same(const tc_cluster_t *c, const tc_result_t *ref, const tc_result_t *got, int i)
 {
-    if (got->error) fail_msg("request %d failed: %s", i, got->message);
+    if (got->error) {
+        tc_print_logs(c);
+        fail_msg("request %d failed: %s", i, got->message);
+    }
     int32_t k = 0;
     while (k < got->n && k < ref->n && got->tokens[k] == ref->tokens[k]) k++;
     if (got->n != ref->n || k < ref->n)
@@ -163,7 +168,7 @@ static void test_loopback_same_tokens(void **state)
     double dt = fy_now_s() - t0;
     int cached_p = 0, cached_d = 0;
     for (int i = 0; i < N_LOOP; i++) {
-        expect_same(&ref[i], &got[i], i);
+        expect_same(&c, &ref[i], &got[i], i);
         cached_p += got[i].timings.cached_prefill > 0;
         cached_d += got[i].timings.cached_decode > 0;
     }
@@ -208,7 +213,7 @@ static void test_colocated_same_tokens(void **state)
     for (int i = 0; i < N_COLO; i++) s[i] = submit(&c, prompts[i], lens[i], max_tokens[i]);
     tc_collect(&c, s, got, N_COLO, 240);
     for (int i = 0; i < N_COLO; i++) {
-        expect_same(&ref[i], &got[i], i);
+        expect_same(&c, &ref[i], &got[i], i);
         assert_int_equal(got[i].timings.transfer_bytes, 0); /* nothing crossed between workers */
     }
     fy_client_status_t st;
@@ -295,7 +300,7 @@ static void test_prefill_killed_mid_transfer(void **state)
     tc_collect(&c, &s, &got, 1, 120);
     print_message("killed %s; the request %s after %d retries\n", killed, got.error ? "failed" : "finished",
                   got.timings.retries);
-    expect_same(&ref, &got, 0); /* retried on the other prefill worker */
+    expect_same(&c, &ref, &got, 0); /* retried on the other prefill worker */
     assert_int_equal(got.timings.retries, 1);
     expect_pools_back(&c, names, adm, nd);
     /* the cluster keeps serving */
@@ -508,7 +513,7 @@ static void test_sliding_groups_across_transfer(void **state)
         tc_collect(&c, &s, &got[i], 1, 240);
         if (got[i].n != ref[i].n || memcmp(got[i].tokens, ref[i].tokens, sizeof(int32_t) * (size_t)ref[i].n))
             tc_print_logs(&c);
-        expect_same(&ref[i], &got[i], i);
+        expect_same(&c, &ref[i], &got[i], i);
     }
     char *body = NULL;
     assert_int_equal(tc_http(c.metrics_port[0], "GET", "/metrics", &body), 200);
@@ -541,7 +546,7 @@ static void test_sliding_groups_across_transfer(void **state)
         fy_client_stream_t s = submit(&c, prompts[i], lens[i], max_tokens[i]);
         memset(&got[i], 0, sizeof(got[i]));
         tc_collect(&c, &s, &got[i], 1, 240);
-        expect_same(&ref[i], &got[i], i);
+        expect_same(&c, &ref[i], &got[i], i);
     }
     expect_pools_back(&c, names, adm, nd);
     tc_stop(&c);
@@ -618,7 +623,7 @@ static void kv_budget_across_transfer(fy_evict_policy_t policy)
         tc_collect(&c, &s, &got[i], 1, 240);
         if (got[i].n != ref[i].n || memcmp(got[i].tokens, ref[i].tokens, sizeof(int32_t) * (size_t)ref[i].n))
             tc_print_logs(&c);
-        expect_same(&ref[i], &got[i], i);
+        expect_same(&c, &ref[i], &got[i], i);
     }
     char *body = NULL;
     assert_int_equal(tc_http(c.metrics_port[0], "GET", "/metrics", &body), 200);
@@ -1072,7 +1077,7 @@ static void test_ranks_between_shapes(void **state)
         memset(got, 0, sizeof(got));
         for (int i = 0; i < N_RANKS; i++) s[i] = submit(&c, prompts[i], lens[i], max_tokens[i]);
         tc_collect(&c, s, got, N_RANKS, 120);
-        for (int i = 0; i < N_RANKS; i++) expect_same(&ref[i], &got[i], i);
+        for (int i = 0; i < N_RANKS; i++) expect_same(&c, &ref[i], &got[i], i);
         fy_client_status_t st;
         tc_status(&c, &st);
         assert_int_equal(st.completed, N_RANKS);
@@ -1200,7 +1205,7 @@ static void test_rank_killed(void **state)
     s = submit(&c, prompts[0], lens[0], max_tokens[0]);
     memset(got, 0, sizeof(got));
     tc_collect(&c, &s, got, 1, 60);
-    expect_same(&ref[0], &got[0], 0);
+    expect_same(&c, &ref[0], &got[0], 0);
     expect_pools_back(&c, names, adm, nd);
     tc_stop(&c);
 }
@@ -1286,7 +1291,7 @@ static void test_staged_same_tokens(void **state)
     tc_collect(&c, s, got, N_STAGED, 240);
     for (int i = 0; i < N_STAGED; i++) {
         if (got[i].error) tc_print_logs(&c);
-        expect_same(&ref[i], &got[i], i);
+        expect_same(&c, &ref[i], &got[i], i);
     }
     fy_client_status_t st;
     tc_status(&c, &st);
@@ -1341,7 +1346,7 @@ static void test_staging_exhausted(void **state)
     assert_true(wait_metric(&c, 1, "ferry:kv_staging_exhausted_total", 1) >= 1);
     for (int i = 1; i < 3; i++) s[i] = submit(&c, p[i], lens[i], mt[i]);
     tc_collect(&c, s + 1, got + 1, 2, 120);
-    for (int i = 1; i < 3; i++) expect_same(&ref[i], &got[i], i);
+    for (int i = 1; i < 3; i++) expect_same(&c, &ref[i], &got[i], i);
     double busy = worker_metric(&c, 1, "ferry:kv_staging_exhausted_total") - 1;
     print_message("two prompts for one staging area: %.0f busy refusal(s), then both served\n", busy);
     assert_true(busy >= 1);
@@ -1382,7 +1387,7 @@ static void test_staged_peer_dies(void **state)
     tc_collect(&c, &s, &got, 1, 120);
     print_message("killed %s mid staged transfer; the request %s after %d retries\n", killed,
                   got.error ? got.message : "finished", got.timings.retries);
-    expect_same(&ref, &got, 0);
+    expect_same(&c, &ref, &got, 0);
     expect_pools_back(&c, names, adm, nd);
     expect_staging_back(&c, 2, "decode-0");
     expect_staging_back(&c, 3, "decode-1");
