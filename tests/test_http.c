@@ -159,6 +159,20 @@ static json_t *json_of(const resp_t *r)
     return j;
 }
 
+/* The next SSE event's data from *at on (a "data: {" line), parsed, with
+ * *at moved past it; NULL when there is none left ("data: [DONE]" is not
+ * one).  Data that is not JSON fails the test.  A walk over a stream:
+ * for (json_t *c; (c = sse_next(&at)); json_decref(c)) */
+static json_t *sse_next(const char **at)
+{
+    const char *d = strstr(*at, "data: {");
+    if (!d) return NULL;
+    *at = d + 6;
+    json_t *c = json_loadb(d + 6, strcspn(d + 6, "\n"), 0, NULL);
+    if (!c) fail_msg("an event's data is not JSON: %.80s", d + 6);
+    return c;
+}
+
 /* An error response: the status, and an OpenAI error body naming param. */
 static void expect_error(const resp_t *r, int status, const char *param, const char *in_message)
 {
@@ -301,14 +315,10 @@ static void test_completion_matches_nng_client(void **state)
     assert_non_null(strstr(r2.head, "text/event-stream"));
     /* the streamed deltas put together equal the plain text; the stream ends with [DONE] */
     size_t k = 0;
-    for (char *p = r2.body; (p = strstr(p, "data: ")); p += 6) {
-        if (!strncmp(p + 6, "[DONE]", 6)) break;
-        json_error_t e;
-        json_t *c = json_loadb(p + 6, strcspn(p + 6, "\n"), 0, &e);
-        assert_non_null(c);
+    const char *at = r2.body;
+    for (json_t *c; (c = sse_next(&at)); json_decref(c)) {
         const char *t = json_string_value(json_object_get(json_array_get(json_object_get(c, "choices"), 0), "text"));
         if (t) k += (size_t)snprintf(streamed + k, sizeof(streamed) - k, "%s", t);
-        json_decref(c);
     }
     assert_non_null(strstr(r2.body, "data: [DONE]\n\n"));
     assert_string_equal(streamed, text);
@@ -702,13 +712,11 @@ static void test_sampling_controls(void **state)
              "{\"prompt\":\"One, two,\",\"max_tokens\":4,\"temperature\":0,\"logprobs\":2,\"stream\":true}");
     assert_int_equal(r.status, 200);
     int maps = 0;
-    for (const char *d = strstr(r.body, "data: {"); d; d = strstr(d + 1, "data: {")) {
-        json_error_t e;
-        json_t *c = json_loadb(d + 6, strcspn(d + 6, "\n"), 0, &e);
+    const char *at = r.body;
+    for (json_t *c; (c = sse_next(&at)); json_decref(c)) {
         json_t *tl = json_object_get(json_object_get(json_array_get(json_object_get(c, "choices"), 0), "logprobs"),
                                      "top_logprobs");
         for (size_t k = 0; k < json_array_size(tl); k++) maps += json_object_size(json_array_get(tl, k)) >= 1;
-        json_decref(c);
     }
     assert_int_equal(maps, 4);
     free(r.body);
@@ -805,9 +813,8 @@ static json_t *checked_message(json_t *j)
 static void accumulate(const char *body, char *content, size_t cap, json_t *calls, const char **fin_p)
 {
     content[0] = 0;
-    for (const char *d = strstr(body, "data: {"); d; d = strstr(d + 1, "data: {")) {
-        json_t *c = json_loadb(d + 6, strcspn(d + 6, "\n"), 0, NULL);
-        assert_non_null(c);
+    const char *at = body;
+    for (json_t *c; (c = sse_next(&at)); json_decref(c)) {
         json_t *ch = json_array_get(json_object_get(c, "choices"), 0), *delta = json_object_get(ch, "delta");
         const char *t = json_string_value(json_object_get(delta, "content"));
         if (t) strncat(content, t, cap - strlen(content) - 1);
@@ -830,7 +837,6 @@ static void accumulate(const char *body, char *content, size_t cap, json_t *call
         }
         const char *f = json_string_value(json_object_get(ch, "finish_reason"));
         if (f) *fin_p = strdup(f);
-        json_decref(c);
     }
 }
 
@@ -1600,11 +1606,8 @@ static void test_stream_chunk_per_step(void **state)
                         "\"speculative\":\"ngram\"}");
         assert_int_equal(r.status, 200);
         int tokens = 0;
-        for (char *p = r.body; (p = strstr(p, "data: ")); p += 6) {
-            if (!strncmp(p + 6, "[DONE]", 6)) break;
-            json_error_t e;
-            json_t *c = json_loadb(p + 6, strcspn(p + 6, "\n"), 0, &e);
-            assert_non_null(c);
+        const char *at = r.body;
+        for (json_t *c; (c = sse_next(&at)); json_decref(c)) {
             json_t *lp = json_object_get(json_array_get(json_object_get(c, "choices"), 0), "logprobs");
             int n = (int)json_array_size(json_object_get(lp, "tokens"));
             if (n) {
@@ -1614,7 +1617,6 @@ static void test_stream_chunk_per_step(void **state)
                 /* a chunk's text is its tokens' (their logprobs line up with it) */
                 assert_int_equal(json_array_size(json_object_get(lp, "token_logprobs")), n);
             }
-            json_decref(c);
         }
         free(r.body);
         assert_int_equal(tokens, 48);
@@ -2166,17 +2168,15 @@ static void test_echo_prompt_logprobs_bad_words(void **state)
     assert_int_equal(r.status, 200);
     char all[1024] = "";
     int chunk = 0;
-    for (const char *d = strstr(r.body, "data: {"); d; d = strstr(d + 1, "data: {")) {
-        json_error_t e;
-        json_t *c = json_loadb(d + 6, strcspn(d + 6, "\n"), 0, &e),
-               *ch = json_array_get(json_object_get(c, "choices"), 0);
+    const char *at = r.body;
+    for (json_t *c; (c = sse_next(&at)); json_decref(c)) {
+        json_t *ch = json_array_get(json_object_get(c, "choices"), 0);
         const char *t = json_string_value(json_object_get(ch, "text"));
         if (chunk++ == 0) {
             assert_string_equal(t, EPROMPT);
             assert_int_equal(json_array_size(json_object_get(json_object_get(ch, "logprobs"), "tokens")), np);
         }
         strncat(all, t ? t : "", sizeof(all) - strlen(all) - 1);
-        json_decref(c);
     }
     assert_string_equal(all, json_string_value(json_object_get(a, "text")));
     free(r.body);
@@ -2774,12 +2774,10 @@ static void test_curl(void **state)
     char *streamed = run_capture(cmd);
     char joined[1024] = "";
     size_t k = 0;
-    for (char *p = streamed; (p = strstr(p, "data: {")); p += 6) {
-        json_t *c = json_loadb(p + 6, strcspn(p + 6, "\n"), 0, &e);
-        assert_non_null(c);
+    const char *at = streamed;
+    for (json_t *c; (c = sse_next(&at)); json_decref(c)) {
         const char *t = json_string_value(json_object_get(json_array_get(json_object_get(c, "choices"), 0), "text"));
         if (t) k += (size_t)snprintf(joined + k, sizeof(joined) - k, "%s", t);
-        json_decref(c);
     }
     assert_non_null(strstr(streamed, "data: [DONE]"));
     assert_string_equal(joined, text);
