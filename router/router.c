@@ -980,9 +980,9 @@ static void on_reserved(router_t *R, rreq_t *q, fy_msgr_t *r)
  * decode worker once a quarter of it has passed ("renew" -> "renewed"), and the
  * new end goes on to the prefill worker as its transfer deadline
  * ("extend").  The prefill deadline here (router.prefill_timeout) counts
- * from the last report that showed new prompt tokens computed, of the job
- * itself or, for a job still waiting its turn, of any job on its worker; a
- * job that started and stops moving still fails.
+ * from the last report in which the job's worker showed new prompt tokens
+ * computed (for any of its jobs), so a worker that stops moving fails its
+ * jobs while one working through a long queue does not.
  */
 static void maybe_renew(router_t *R, rreq_t *q, double now)
 {
@@ -1010,10 +1010,11 @@ static void on_progress(router_t *R, fy_msgr_t *r, const char *name, uint64_t in
         return;
     }
     double now = fy_now_s();
-    /* a job not yet started (none of its prompt computed) waits its turn
-     * behind the worker's other jobs: while one of those moves, the worker
-     * is working through its queue and the waiting job's deadline moves
-     * too; a job that started and then stops still fails */
+    /* a worker moves through its jobs a step at a time (a step's prompt
+     * tokens go to the earliest jobs first), so a job can wait several
+     * steps behind others, not yet started or between its chunks: while
+     * any of the worker's jobs moves, every job it reports has a new
+     * deadline; a worker none of whose jobs moves fails them */
     bool moved = false;
     for (int32_t i = 0; i < m.n_ids && !moved; i++) {
         rreq_t *q = req_of(R, m.ids[i], name, inc, false);
@@ -1022,10 +1023,8 @@ static void on_progress(router_t *R, fy_msgr_t *r, const char *name, uint64_t in
     for (int32_t i = 0; i < m.n_ids; i++) {
         rreq_t *q = req_of(R, m.ids[i], name, inc, false);
         if (!q || q->state != RQ_PREFILLING || m.attempts[i] != q->retries) continue;
-        if (m.computed[i] > q->p_computed || (moved && m.computed[i] == 0)) {
-            q->p_computed = m.computed[i];
-            q->prefill_deadline = now + R->prefill_timeout;
-        }
+        if (m.computed[i] > q->p_computed) q->p_computed = m.computed[i];
+        if (moved) q->prefill_deadline = now + R->prefill_timeout;
         maybe_renew(R, q, now);
     }
     fy_wire_progress_clear(&m);

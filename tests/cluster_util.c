@@ -159,11 +159,11 @@ void tc_start(tc_cluster_t *c, const tc_opts_t *o)
             "[model]\npath = %s\n[kv]\nsecret_file = %s\n"
             "[router]\nlisten = %s\nevents = %s\nhealth_timeout = 2s\nlease = 60s\ncommand_timeout = %s\n"
             "client_timeout = 120s\n"
-            "[prefill]\ncount = %d\nthreads = 1\nkv_mem = 48MiB\nmax_seqs = 8\nmax_batch_tokens = 256\n"
+            "[prefill]\ncount = %d\nthreads = 1\nkv_mem = 48MiB\nmax_seqs = 8\nmax_batch_tokens = %d\n"
             "[decode]\ncount = %d\nthreads = 1\nkv_mem = 48MiB\nmax_seqs = 32\nmax_batch_tokens = 128\n"
             "[worker]\nheartbeat = 100ms\n",
             o->model ? o->model : tc_model(), secret, c->router_url, c->events_url, TC_COMMAND_TIMEOUT, o->n_prefill,
-            o->n_decode);
+            TC_PREFILL_STEP, o->n_decode);
     fclose(f);
     char bin[512];
     char *argv[64]; /* 3 + 2 + 2 + 2 * 16 common + 2 + 2 * 8 per worker + NULL */

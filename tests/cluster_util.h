@@ -17,6 +17,17 @@
 
 #define TC_MAX_PROCS 8
 #define TC_MAX_ROUTERS 2
+/* prefill.max_batch_tokens of tc_start's clusters.  A worker answers
+ * commands between engine steps, and a sanitizer build's step is several
+ * times slower (ASan prefill of SmolLM2 on one CPU: 47 against 311 tok/s
+ * in release, 2026-11-29): at 256 tokens, two prefill workers sharing a
+ * CPU took 11 s a step and missed the 15-s command timeout
+ * (test_loopback_same_tokens), so sanitizer builds step 64 tokens. */
+#ifdef FY_DEBUG
+#define TC_PREFILL_STEP 64
+#else
+#define TC_PREFILL_STEP 256
+#endif
 
 typedef struct tc_proc {
     char name[32];

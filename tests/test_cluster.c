@@ -594,7 +594,7 @@ static void kv_budget_across_transfer(fy_evict_policy_t policy)
                                   .recent_tokens = 128,
                                   .heavy_tokens = policy == FY_EVICT_H2O ? 64 : 0},
                         .kv_budget = budget,
-                        .max_batch_tokens = 256}; /* tc_start's prefill.max_batch_tokens */
+                        .max_batch_tokens = TC_PREFILL_STEP}; /* tc_start's prefill.max_batch_tokens */
     static tc_result_t ref[N], got[N];
     memset(got, 0, sizeof(got)); /* the other policy's run left its tokens */
     tc_reference_opts(tc_model(), pp, lens, max_tokens, N, &ro, ref);
