@@ -1,7 +1,8 @@
 /*
  * engine_int.h - what the engine's files share, and nothing outside
- * engine/ includes: the request and the engine's state, and the functions
- * one part of a step calls in another.
+ * engine/ includes but its tests (tests/test_sched.c drives the planner
+ * and the output stage without a model): the request and the engine's
+ * state, and the functions one part of a step calls in another.
  *
  * The step is cut along its seams (docs/architecture.md, "The engine"):
  *   engine.c     the thread, the inbox, submission, the loop, a request's

@@ -10,8 +10,8 @@
  * allocated at creation: a forward pass allocates nothing.
  *
  * The runner does not own block tables or the block pool: its caller
- * reserves blocks before calling forward: the engine's scheduler
- * (engine.c, for the target model and the draft model), or a bench
+ * reserves blocks before calling forward: the engine's planner
+ * (sched.c, for the target model; spec_step.c for the draft model), or a bench
  * command or tools/cmp_devices.c driving a runner directly.  Not
  * thread-safe: one thread drives it (the engine's).
  *
