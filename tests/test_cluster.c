@@ -311,6 +311,64 @@ static void test_prefill_killed_mid_transfer(void **state)
     tc_stop(&c);
 }
 
+/* ---- a prefill worker that stops moving: router.prefill_timeout ---- */
+
+/*
+ * The prefill deadline counts from the worker's last report of new prompt
+ * tokens (router.c, "Lease renewal"); a worker whose engine is stuck in
+ * one step reports none, though its heartbeat thread says it is alive.
+ * One step of a 2,000-token prompt on one thread outlasts the timeout
+ * (seconds in release, far more under a sanitizer): the request is
+ * retried, times out again, and ends with an error naming the fault; the
+ * decode worker's lease comes back, and once the worker is idle again a
+ * short prompt goes through.
+ */
+static void test_prefill_stops_moving(void **state)
+{
+    if (!tc_available()) skip();
+    static int32_t p[2000];
+    make_prompt(p, 2000, 4242);
+#ifdef FY_DEBUG
+    const char *ptime = "router.prefill_timeout=4s";
+#else
+    const char *ptime = "router.prefill_timeout=1s";
+#endif
+    tc_cluster_t c;
+    tc_opts_t o = {.n_prefill = 1,
+                   .n_decode = 1,
+                   .common = {ptime, "prefill.max_batch_tokens=2048", "prefill.kv_mem=96MiB", "decode.kv_mem=96MiB"},
+                   .metrics = true};
+    tc_start(&c, &o);
+    char names[8][64];
+    int32_t adm[8];
+    int nd = decode_admittable(&c, names, adm);
+    fy_client_stream_t s = submit(&c, p, 2000, 8);
+    tc_result_t got = {0};
+    tc_collect(&c, &s, &got, 1, 120);
+    if (got.error != FY_ERR_TIMEOUT || !strstr(got.message, "prefill took too long (after a retry)")) {
+        tc_print_logs(&c);
+        fail_msg("a prefill that does not move: %s (%s), want a timeout naming it", got.message,
+                 fy_status_str(got.error));
+    }
+    assert_int_equal(got.timings.retries, 1);
+    expect_pools_back(&c, names, adm, nd);
+    /* the worker ends both tries as cancelled once its step is over (its
+     * gauges say nothing of a step in flight), then serves */
+    const char *cancelled = "ferry:prefill_jobs_total{outcome=\"cancelled\"}";
+    double ended = 0;
+    for (double t0 = fy_now_s(); ended < 2 && fy_now_s() - t0 < 300; usleep(50000))
+        ended = worker_metric(&c, 0, cancelled);
+    if (ended < 2) fail_msg("%s is %.0f, want the 2 tries", cancelled, ended);
+    fy_client_stream_t s2 = submit(&c, p, 32, 4);
+    tc_result_t r2 = {0};
+    tc_collect(&c, &s2, &r2, 1, 60);
+    if (r2.error) {
+        tc_print_logs(&c);
+        fail_msg("after the timeouts: %s", r2.message);
+    }
+    tc_stop(&c);
+}
+
 /* ---- a decode worker killed while it streams ---- */
 
 static void test_decode_killed_mid_stream(void **state)
@@ -1470,6 +1528,7 @@ int main(void)
         cmocka_unit_test_teardown(test_loopback_same_tokens, teardown),
         cmocka_unit_test_teardown(test_colocated_same_tokens, teardown),
         cmocka_unit_test_teardown(test_prefill_killed_mid_transfer, teardown),
+        cmocka_unit_test_teardown(test_prefill_stops_moving, teardown),
         cmocka_unit_test_teardown(test_decode_killed_mid_stream, teardown),
         cmocka_unit_test_teardown(test_lease_renewed_and_expires, teardown),
         cmocka_unit_test_teardown(test_layout_mismatch, teardown),
