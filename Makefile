@@ -428,9 +428,10 @@ asan:
 # workers miss the commands' 5-s timeouts, which tests nothing about races.  UCX's memory
 # hooks (libucm) crash under TSan, so they are off (UCX_MEM_EVENTS=no);
 # tests/tsan.supp says what is suppressed and why.  Each binary gets an
-# hour, not the suite's 15 minutes: test_engine takes a quarter of an hour
-# under TSan alone on 2 cores, and beside the ASan and UBSan suites on the
-# same cores (2026-11-29) 40 minutes took it through 13 of its 24 tests.
+# hour, not the suite's 15 minutes: under TSan test_engine's _default
+# cases run the real model's forward passes, and on 2 cores (2026-11-29)
+# it passed 13 of its 24 tests in 40 minutes beside the ASan and UBSan
+# suites, and in 47 with the machine nearly to itself.
 TSAN_TESTS := test_engine test_xfer test_xstage test_rpc test_envelope test_httpd test_https test_bench test_supervise test_http_robust test_grammar \
               test_group test_parallel
 tsan:
