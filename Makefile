@@ -429,9 +429,11 @@ asan:
 # hooks (libucm) crash under TSan, so they are off (UCX_MEM_EVENTS=no);
 # tests/tsan.supp says what is suppressed and why.  Each binary gets an
 # hour, not the suite's 15 minutes: under TSan test_engine's _default
-# cases run the real model's forward passes, and on 2 cores (2026-11-29)
-# it passed 13 of its 24 tests in 40 minutes beside the ASan and UBSan
-# suites, and in 47 with the machine nearly to itself.
+# cases run the real model's forward passes.  With the full workload it
+# passed 13 of its 24 tests in 47 minutes on 2 cores (2026-11-29); under
+# TSan its prompts and answers are now shorter (tests/test_engine.c,
+# LONG_PROMPT_SPAN), and it passed all 24 in 26 minutes beside the ASan
+# suite.
 TSAN_TESTS := test_engine test_xfer test_xstage test_rpc test_envelope test_httpd test_https test_bench test_supervise test_http_robust test_grammar \
               test_group test_parallel
 tsan:
