@@ -15,7 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1489,6 +1491,87 @@ static void test_destroy_pending(void **state)
     fy_xfer_destroy(NULL);
 }
 
+/* Destroying the initiator flushes its connections first, so that no
+ * target is still answering puts when they close (xfer.c,
+ * shutdown_flush); a target that cannot answer (a stopped process) holds
+ * the destroy for the flush's 2 s, no longer, and the warning names it. */
+static void test_destroy_stuck_target(void **state)
+{
+    fy_xfer_layout_t l = small_layout(16);
+    int fds[2], go[2];
+    assert_int_equal(pipe(fds), 0);
+    assert_int_equal(pipe(go), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) { /* the target, in its own process so that it can be stopped */
+        close(fds[0]);
+        close(go[1]);
+        /* no cmocka assertion here: one failing would run the rest of
+         * the suite in this process */
+        fy_xfer_params_t p = {
+            .layout = l, .arena_bytes = 8 * l.block_bytes, .transports = "tcp", .connect_timeout_s = 5};
+        fy_xfer_t *x;
+        const void *blob;
+        size_t len;
+        if (fy_xfer_create(&p, &x) != FY_OK || fy_xfer_target_desc(x, &blob, &len) != FY_OK) _exit(1);
+        uint32_t n = (uint32_t)len;
+        if (write(fds[1], &n, 4) != 4 || write(fds[1], blob, len) != (ssize_t)len) _exit(1);
+        char c;
+        while (read(go[0], &c, 1) < 0) {} /* until the parent closes its end, or kills us */
+        _exit(0);
+    }
+    close(fds[1]);
+    close(go[0]);
+    uint32_t n = 0;
+    assert_int_equal(read(fds[0], &n, 4), 4);
+    assert_true(n > 0 && n < 65536);
+    uint8_t *blob = fy_malloc(n);
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fds[0], blob + got, n - got);
+        assert_true(r > 0);
+        got += (size_t)r;
+    }
+    close(fds[0]);
+    side_t pf;
+    side_open(&pf, &l, 8, "tcp", 0x11);
+    int32_t a[2] = {0, 1};
+    done_t d;
+    fy_xfer_job_t *j;
+    done_init(&d);
+    assert_int_equal(fy_xfer_job_begin(pf.x, blob, n, fy_now_s() + 20, on_done, &d, &j), FY_OK);
+    assert_int_equal(fy_xfer_job_put(j, a, a, 2), FY_OK);
+    fy_xfer_job_finish(j);
+    assert_int_equal(done_wait(&d, 20), FY_OK); /* connected, and the target answers */
+    done_fini(&d);
+    assert_int_equal(kill(child, SIGSTOP), 0);
+    /* puts issued to the stopped target (their release says they left),
+     * then an abort: the job ends without a flush */
+    done_init(&d);
+    rel_t r = {.lock = PTHREAD_MUTEX_INITIALIZER};
+    assert_int_equal(fy_xfer_job_begin(pf.x, blob, n, fy_now_s() + 20, on_done, &d, &j), FY_OK);
+    assert_int_equal(fy_xfer_job_put_then(j, a, a, 2, NULL, on_release, &r), FY_OK);
+    for (int i = 0; i < 1000 && rel_count(&r) == 0; i++) usleep(10000);
+    assert_int_equal(rel_count(&r), 1);
+    fy_xfer_job_abort(j);
+    assert_int_equal(done_wait(&d, 20), FY_ERR_CANCELLED);
+    done_fini(&d);
+    log_begin();
+    double t0 = fy_now_s();
+    fy_xfer_destroy(pf.x);
+    double took = fy_now_s() - t0;
+    log_end();
+    pf.x = NULL;
+    kill(child, SIGKILL);
+    int wst;
+    assert_int_equal(waitpid(child, &wst, 0), child);
+    close(go[1]);
+    if (took < 1.9 || took > 8) fail_msg("destroy took %.2f s: the flush's bound is 2 s", took);
+    assert_true(log_has("did not confirm its puts within 2 s of shutting down"));
+    fy_free(blob);
+    side_close(&pf);
+}
+
 static void test_bad_params(void **state)
 {
     fy_xfer_layout_t l = small_layout(16);
@@ -1685,6 +1768,7 @@ int main(void)
         cmocka_unit_test(test_target_dies_shm),
         cmocka_unit_test(test_handshake_timeout),
         cmocka_unit_test(test_destroy_pending),
+        cmocka_unit_test(test_destroy_stuck_target),
         cmocka_unit_test(test_idle_uses_no_cpu),
     };
     if (getenv("FERRY_TEST_DEBUG")) fy_log_set_level(FY_LOG_DEBUG);

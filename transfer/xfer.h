@@ -171,7 +171,9 @@ fy_status_t fy_xfer_create(const fy_xfer_params_t *p, fy_xfer_t **x_p);
 /* Accepts NULL.  Every unfinished job first ends with
  * cb(arg, FY_ERR_CANCELLED, "transfer engine shut down"), also those whose
  * caller has not yet called finish or abort (it must not call them any
- * more).  Connections are closed by force (FY_XFER_ERRMODE_PEER) or
+ * more).  Connections that are up are flushed first, for at most 2 s
+ * (the target is then done with every put: xfer.c, shutdown_flush, says
+ * why it must be), then closed by force (FY_XFER_ERRMODE_PEER) or
  * gracefully, waiting at most 2 s (NONE). */
 void fy_xfer_destroy(fy_xfer_t *x);
 
