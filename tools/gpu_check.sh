@@ -94,8 +94,8 @@ row() {
 }
 # run LOG SECONDS CMD...: runs CMD under timeout, appending to LOG; sets rc
 # and dt (124 or 137: timed out; 125: no time was left to start it, and
-# dt is 0: a step not started took no time, although the clock may have
-# turned a second while the script said so, as it did under load)
+# dt is 0: a step not started took no time, although the clock may turn
+# a second while the script says so, which under load it can)
 run() {
     log=$1 lim=$2
     shift 2
